@@ -1,0 +1,1 @@
+"""The ``hetplan`` command: one typer app, one module per subcommand group."""

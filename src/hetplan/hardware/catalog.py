@@ -1,0 +1,210 @@
+"""The GPU catalog: one :class:`GPUSpec` per GPU type, read from ``data/gpus.toml``.
+
+Conventions (also stated at the top of the data file):
+
+* FLOP/s are **dense** (no 2:4 sparsity), tensor-core rates with FP32 accumulation.
+* ``gpu_link_bandwidth_bytes_per_s`` is the **unidirectional** GPU-to-GPU bandwidth of one GPU, all its links
+  summed (NVLink3 on A100: 600 GB/s bidirectional -> 300 GB/s here). GPUs without NVLink/Infinity Fabric talk
+  over PCIe, so their value is the PCIe unidirectional rate.
+* ``host_link_bandwidth_bytes_per_s`` is the unidirectional host<->GPU bandwidth (PCIe4 x16: 32 GB/s).
+* Prices are on-demand $/GPU-hour with provider and date: they change, so they are data, never code.
+
+A user TOML file with the same layout extends the catalog or overrides fields of an existing entry
+(``load_catalog(user_file)``; the CLI takes ``--catalog FILE``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hetplan.errors import HetplanError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+GB = 1e9
+TERA = 1e12
+
+
+class GPUSpec(BaseModel):
+    """One GPU type. All fields SI; the data file uses GB, GB/s and TFLOP/s (converted on load).
+
+    Attributes:
+        name: canonical name, e.g. ``"A100-SXM-80GB"``.
+        aliases: other accepted names (matched case-insensitively).
+        vendor, architecture, form_factor: descriptive.
+        memory_bytes: device memory as reported by the driver's total (bytes).
+        hbm_bandwidth_bytes_per_s: device memory bandwidth (bytes/s).
+        dense_flops_per_s: peak dense tensor FLOP/s per dtype (``"bf16"``, ``"fp16"``, ``"fp8"``, ``"fp32"``).
+        gpu_link, gpu_link_bandwidth_bytes_per_s: GPU-GPU interconnect inside a node and its unidirectional bandwidth.
+        host_link, host_link_bandwidth_bytes_per_s: host interface and its unidirectional bandwidth.
+        tdp_w: board power limit (W); idle_power_w: power when idle/blocked (W).
+        price_usd_per_hour, price_provider, price_date, price_source: default on-demand price per GPU-hour.
+        compute_efficiency: fraction of the dense peak that large transformer GEMMs reach on this GPU (calibration,
+            see ``calibration_source``).
+        sources: where each figure comes from.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    vendor: str
+    architecture: str
+    form_factor: str
+    memory_bytes: int = Field(gt=0)
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
+    dense_flops_per_s: Mapping[str, float]
+    gpu_link: str
+    gpu_link_bandwidth_bytes_per_s: float = Field(gt=0)
+    host_link: str
+    host_link_bandwidth_bytes_per_s: float = Field(gt=0)
+    tdp_w: float = Field(gt=0)
+    idle_power_w: float = Field(gt=0)
+    price_usd_per_hour: float = Field(ge=0)
+    price_provider: str
+    price_date: str
+    price_source: str
+    compute_efficiency: float = Field(gt=0, le=1)
+    calibration_source: str
+    sources: tuple[str, ...] = ()
+
+    def peak_flops_per_s(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``.
+
+        Raises:
+            HetplanError: the GPU has no tensor-core rate for that dtype (e.g. bf16 on V100).
+        """
+        try:
+            return self.dense_flops_per_s[dtype]
+        except KeyError:
+            have = ", ".join(sorted(self.dense_flops_per_s))
+            raise HetplanError(
+                f"GPU {self.name} has no {dtype} support (it supports {have})",
+                field="job.dtype",
+                fix=f"use one of: {have}",
+            ) from None
+
+
+def _spec_from_toml(name: str, raw: Mapping) -> GPUSpec:
+    data = dict(raw)
+    conv = {
+        "memory_gib": ("memory_bytes", 2**30),
+        "hbm_bandwidth_gb_per_s": ("hbm_bandwidth_bytes_per_s", GB),
+        "gpu_link_bandwidth_gb_per_s": ("gpu_link_bandwidth_bytes_per_s", GB),
+        "host_link_bandwidth_gb_per_s": ("host_link_bandwidth_bytes_per_s", GB),
+    }
+    for key, (si_key, factor) in conv.items():
+        if key in data:
+            value = data.pop(key)
+            data[si_key] = int(value * factor) if si_key == "memory_bytes" else value * factor
+    if "dense_tflops" in data:
+        data["dense_flops_per_s"] = {k: v * TERA for k, v in data.pop("dense_tflops").items()}
+    data["name"] = name
+    for key in ("aliases", "sources"):
+        if key in data:
+            data[key] = tuple(data[key])
+    return GPUSpec(**data)
+
+
+class Catalog:
+    """All known GPU types, looked up case-insensitively by name or alias."""
+
+    def __init__(self, gpus: Mapping[str, GPUSpec], date: str):
+        self.gpus = dict(gpus)
+        self.date = date
+        self._index: dict[str, str] = {}
+        for spec in self.gpus.values():
+            for key in (spec.name, *spec.aliases):
+                self._index[_norm(key)] = spec.name
+
+    def get(self, name: str, field: str = "gpu") -> GPUSpec:
+        """The GPU called ``name`` (or one of its aliases).
+
+        Raises:
+            HetplanError: unknown name; the message suggests the nearest known names.
+        """
+        key = _norm(name)
+        if key in self._index:
+            return self.gpus[self._index[key]]
+        close = difflib.get_close_matches(key, list(self._index), n=3, cutoff=0.4)
+        suggestions = sorted({self._index[c] for c in close})
+        hint = f"did you mean {', '.join(suggestions)}?" if suggestions else "run `hetplan catalog gpus` for the list"
+        raise HetplanError(f"unknown GPU type {name!r}", field=field, fix=hint)
+
+    def names(self) -> list[str]:
+        """Canonical names, in catalog order."""
+        return list(self.gpus)
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def _read_toml(text: str, origin: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise HetplanError(f"malformed TOML in {origin}: {exc}", field=origin, fix="fix the TOML syntax at that line") from None
+
+
+def _merge(base: dict, override: Mapping) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+@lru_cache(maxsize=8)
+def _load(user_file: str | None) -> Catalog:
+    text = resources.files("hetplan.hardware").joinpath("data/gpus.toml").read_text()
+    data = _read_toml(text, "gpus.toml")
+    gpus_raw: dict = dict(data["gpus"])
+    if user_file is not None:
+        path = Path(user_file)
+        if not path.is_file():
+            raise HetplanError(f"catalog file {user_file} does not exist", field="--catalog", fix="give a path to a TOML file")
+        user = _read_toml(path.read_text(), user_file)
+        for name, entry in user.get("gpus", {}).items():
+            existing = next((k for k in gpus_raw if _norm(k) == _norm(name)), None)
+            if existing is not None:
+                gpus_raw[existing] = _merge(gpus_raw[existing], entry)
+            else:
+                gpus_raw[name] = entry
+    gpus = {}
+    for name, raw in gpus_raw.items():
+        try:
+            gpus[name] = _spec_from_toml(name, raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise HetplanError(
+                f"{err['msg']}", field=f"gpus.{name}.{loc}", fix="see src/hetplan/hardware/data/gpus.toml for the fields"
+            ) from None
+    return Catalog(gpus, str(data.get("meta", {}).get("date", "unknown")))
+
+
+def load_catalog(user_file: str | Path | None = None) -> Catalog:
+    """The package catalog, extended/overridden by ``user_file`` (TOML, same layout) if given.
+
+    Raises:
+        HetplanError: the user file is missing, malformed or has a bad field.
+    """
+    return _load(None if user_file is None else str(user_file))
+
+
+def get_gpu(name: str, user_file: str | Path | None = None) -> GPUSpec:
+    """Shortcut for ``load_catalog(user_file).get(name)``."""
+    return load_catalog(user_file).get(name)
