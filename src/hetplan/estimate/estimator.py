@@ -1,0 +1,222 @@
+"""Estimate a fully pinned :class:`~hetplan.plan.Plan`: iteration time with its breakdown, throughput, MFU,
+memory per GPU per stage, money and job duration.
+
+Definitions: tokens/s = global_batch · seq_len / iteration time; MFU = model FLOPs per iteration (no
+recomputation, :func:`hetplan.model.counts.model_flops_per_iteration`) / (iteration time · Σ GPUs · dense peak)
+(Chowdhery et al. 2022, PaLM, App. B); HFU adds the recomputed FLOPs. Money = Σ_pools GPUs · $/GPU-hour ·
+time; job time = iterations · iteration time, iterations = train_tokens / (global_batch · seq_len).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from hetplan.estimate.pipeline import pipeline_time_s
+from hetplan.estimate.stage import Link, p2p_bytes, stage_costs
+from hetplan.estimate.comm import p2p_time_s
+from hetplan.estimate.compute import RECOMPUTE_CODES
+from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
+from hetplan.model import counts
+from hetplan.model.spec import ModelSpec, load_model
+from hetplan.plan import GPUPool, Plan
+
+
+class LayerTimeSource(Protocol):
+    """Where measured layer times come from (the profile database implements it)."""
+
+    def layer_time_s(self, gpu: str, model: ModelSpec, dtype: str, mbs: int, seq_len: int, tp: int) -> tuple[float, float] | None:
+        """Measured ``(forward_s, backward_s)`` of one transformer layer (TP communication included), or None."""
+
+
+class MemoryBreakdown(BaseModel):
+    """Bytes per GPU."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    overhead: float
+    total: float
+
+
+class StageEstimate(BaseModel):
+    """One stage: its GPUs, layers, per-micro-batch times (s) and memory per GPU (bytes)."""
+
+    gpu: str
+    tp: int
+    dp: int
+    num_layers: int
+    recompute: str
+    forward_s: float
+    backward_s: float
+    tp_comm_s: float
+    dp_exposed_s: float
+    time_source: str
+    memory: MemoryBreakdown
+    memory_capacity_bytes: float
+    fits: bool
+
+
+class Estimate(BaseModel):
+    """The estimator's answer for one plan (seconds, bytes, USD)."""
+
+    iteration_time_s: float
+    pipeline_time_s: float
+    bubble_time_s: float
+    bubble_fraction: float
+    tp_comm_fraction: float
+    p2p_time_s: float
+    dp_exposed_time_s: float
+    optimizer_time_s: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    memory_bytes_per_gpu: MemoryBreakdown
+    fits: bool
+    stages: list[StageEstimate]
+    usd_per_hour: float
+    usd_per_iteration: float
+    iterations: float
+    job_time_s: float
+    job_usd: float
+
+
+def pool_link(pool: GPUPool, gpu: GPUSpec) -> Link:
+    """The :class:`Link` of a pool (intra-node bandwidth defaults to the catalog's GPU link)."""
+    intra = pool.intra_node_bandwidth_bytes_per_s or gpu.gpu_link_bandwidth_bytes_per_s
+    return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s)
+
+
+def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
+    """$ per GPU-hour of a pool: its own price or the catalog default."""
+    return gpu.price_usd_per_hour if pool.price_usd_per_hour is None else pool.price_usd_per_hour
+
+
+def hardware_flops_per_iteration(m: ModelSpec, s: int, global_batch, recompute_code, num_layers_weight=1.0):
+    """FLOPs executed per iteration including recomputation: model FLOPs plus one extra forward of each layer
+    (full) or of the attention core (selective), times ``global_batch`` sequences."""
+    rc = np.asarray(recompute_code)
+    layer_f = counts.layer_forward_flops(m, global_batch, s)
+    core_f = 4 * global_batch * s * s * m.q_dim
+    extra = np.where(rc == 2, layer_f, np.where(rc == 1, core_f, 0.0)) * m.num_layers * num_layers_weight
+    return counts.model_flops_per_iteration(m, global_batch, s) + extra
+
+
+def estimate(
+    plan: Plan,
+    catalog: Catalog | None = None,
+    model: ModelSpec | None = None,
+    profiles: LayerTimeSource | None = None,
+) -> Estimate:
+    """Estimate ``plan`` (see module doc).
+
+    Args:
+        catalog: GPU catalog (default: the package catalog).
+        model: the model spec (default: ``load_model(plan.job.model)``).
+        profiles: measured layer times; stages whose (GPU, shape) it knows use them (``time_source``
+            ``"profiled"``), the others the analytic model (``"analytic"``).
+    Raises:
+        HetplanError: unknown GPU or model, a dtype the GPU lacks, layers that do not add up.
+    """
+    from hetplan.errors import HetplanError
+
+    catalog = catalog or load_catalog()
+    m = model or load_model(plan.job.model)
+    job = plan.job
+    if sum(st.num_layers for st in plan.stages) != m.num_layers:
+        raise HetplanError(
+            f"stages hold {sum(st.num_layers for st in plan.stages)} layers but {m.name} has {m.num_layers}",
+            field="plan.stages[].num_layers",
+            fix=f"make the stages' num_layers add up to {m.num_layers}",
+        )
+    p = plan.pp
+    gpus = [catalog.get(plan.pools[st.pool].gpu, field=f"plan.pools[{st.pool}].gpu") for st in plan.stages]
+    links = [pool_link(plan.pools[st.pool], g) for st, g in zip(plan.stages, gpus)]
+    costs, sources = [], []
+    for i, (st, gpu, link) in enumerate(zip(plan.stages, gpus, links)):
+        measured = profiles.layer_time_s(gpu.name, m, job.dtype, plan.mbs, job.seq_len, st.tp) if profiles else None
+        sources.append("analytic" if measured is None else "profiled")
+        mb = plan.num_microbatches(i)
+        in_flight = mb if plan.schedule == "gpipe" else min(p - i, mb)
+        costs.append(
+            stage_costs(
+                m, gpu, link, job.dtype,
+                s=job.seq_len, b=plan.mbs, t=st.tp, dp=st.dp, num_layers=st.num_layers,
+                has_embedding=i == 0, has_head=i == p - 1, single_stage=p == 1, in_flight=in_flight,
+                num_microbatches=mb, zero=plan.zero, recompute_code=RECOMPUTE_CODES[st.recompute],
+                sequence_parallel=plan.sequence_parallel and st.tp > 1,
+                overlap_grad_reduce=plan.overlap_grad_reduce, measured_layer_time_s=measured,
+            )
+        )
+    # p2p across each boundary: intra-node only if the whole pipeline fits in one node of one pool.
+    p2p_total = 0.0
+    for i in range(p - 1):
+        a, bst = plan.stages[i], plan.stages[i + 1]
+        same_node = (
+            a.pool == bst.pool and sum(st.tp * st.dp for st in plan.stages) <= links[i].gpus_per_node
+        )
+        if same_node:
+            bw = links[i].intra_node_bandwidth_bytes_per_s
+        else:
+            senders = max(1, min(links[i].gpus_per_node, a.tp * a.dp))
+            bw = min(links[i].inter_node_bandwidth_bytes_per_s, links[i + 1].inter_node_bandwidth_bytes_per_s) / senders
+        msg = p2p_bytes(m, plan.mbs, job.seq_len, max(a.tp, bst.tp), plan.sequence_parallel)
+        p2p_total += float(p2p_time_s(msg, bw))
+    fwd = np.array([c["forward_s"] for c in costs], dtype=float)
+    bwd = np.array([c["backward_s"] for c in costs], dtype=float)
+    mb0 = plan.num_microbatches(0)
+    t_pipe, bottleneck, bubble = pipeline_time_s(fwd, bwd, np.ones(p), p2p_total, mb0)
+    dp_exposed = max(float(c["dp_exposed_s"]) for c in costs)
+    optimizer = max(float(c["optimizer_s"]) for c in costs)
+    iteration = float(t_pipe) + dp_exposed + optimizer
+
+    stages_out = []
+    for st, gpu, c, source in zip(plan.stages, gpus, costs, sources):
+        mem = MemoryBreakdown(**{k: float(v) for k, v in c["memory"].items()})
+        stages_out.append(
+            StageEstimate(
+                gpu=gpu.name, tp=st.tp, dp=st.dp, num_layers=st.num_layers, recompute=st.recompute,
+                forward_s=float(c["forward_s"]), backward_s=float(c["backward_s"]), tp_comm_s=float(c["tp_comm_s"]),
+                dp_exposed_s=float(c["dp_exposed_s"]), time_source=source, memory=mem, memory_capacity_bytes=gpu.memory_bytes,
+                fits=mem.total <= gpu.memory_bytes,
+            )
+        )
+    peak = max(stages_out, key=lambda se: se.memory.total / se.memory_capacity_bytes).memory
+    tokens = job.global_batch * job.seq_len
+    peak_flops = sum(st.tp * st.dp * g.peak_flops_per_s(job.dtype) for st, g in zip(plan.stages, gpus))
+    model_flops = float(counts.model_flops_per_iteration(m, job.global_batch, job.seq_len))
+    # HFU: recompute FLOPs are per stage; weight each stage's share of layers.
+    hw_flops = model_flops + sum(
+        float(hardware_flops_per_iteration(m, job.seq_len, job.global_batch, RECOMPUTE_CODES[st.recompute],
+                                           st.num_layers / m.num_layers)) - model_flops
+        for st in plan.stages
+    )
+    usd_per_hour = sum(
+        st.tp * st.dp * pool_price_usd_per_hour(plan.pools[st.pool], g) for st, g in zip(plan.stages, gpus)
+    )
+    iterations = job.iterations()
+    tp_comm = sum(float(c["tp_comm_s"]) for c in costs) * mb0
+    return Estimate(
+        iteration_time_s=iteration,
+        pipeline_time_s=float(t_pipe),
+        bubble_time_s=float(bubble),
+        bubble_fraction=float(bubble) / iteration,
+        tp_comm_fraction=min(1.0, tp_comm / p / iteration),
+        p2p_time_s=2 * p2p_total,
+        dp_exposed_time_s=dp_exposed,
+        optimizer_time_s=optimizer,
+        tokens_per_s=tokens / iteration,
+        mfu=model_flops / (iteration * peak_flops),
+        hfu=hw_flops / (iteration * peak_flops),
+        memory_bytes_per_gpu=peak,
+        fits=all(se.fits for se in stages_out),
+        stages=stages_out,
+        usd_per_hour=usd_per_hour,
+        usd_per_iteration=usd_per_hour * iteration / 3600,
+        iterations=iterations,
+        job_time_s=iterations * iteration,
+        job_usd=usd_per_hour * iterations * iteration / 3600,
+    )

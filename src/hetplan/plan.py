@@ -1,0 +1,177 @@
+"""The job, the GPU inventory and the plan schema (pydantic), shared by the estimator, the searches and the runtime.
+
+One schema serves homogeneous and heterogeneous plans: a :class:`Plan` is a list of pipeline :class:`Stage` s in
+order, each on one GPU type with its own TP and DP degree and its own number of layers; the first stage also holds
+the embedding, the last stage the final norm and output head.
+
+Glossary (DESIGN.md): TP/PP/DP degrees, micro-batch size (``mbs``, sequences), global batch (``global_batch``,
+sequences per iteration), number of micro-batches per pipeline (``global_batch / (dp * mbs)``), ZeRO stage,
+activation recomputation ``none`` / ``selective`` / ``full``, sequence parallelism.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "gpipe"]
+
+#: Default inter-node bandwidth per node (bytes/s, unidirectional): 200 Gb/s, one HDR InfiniBand NIC.
+DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S = 25e9
+
+
+class Job(BaseModel):
+    """What to train.
+
+    Attributes:
+        model: preset name (``hetplan catalog models``) or path to a Hugging Face ``config.json``.
+        seq_len: tokens per sequence.
+        global_batch: sequences per iteration (all data-parallel replicas together).
+        train_tokens: total training tokens (the job length); or give ``train_iterations``.
+        train_iterations: number of iterations (used if ``train_tokens`` is not given).
+        dtype: compute dtype of weights and activations (``bf16`` or ``fp16``).
+        optimizer: ``adam`` (mixed precision: fp32 master weights, fp32 momentum and variance; Megatron-LM's
+            fp32 gradient accumulation buffer).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    seq_len: int = Field(gt=0)
+    global_batch: int = Field(gt=0)
+    train_tokens: float | None = Field(default=None, gt=0)
+    train_iterations: int | None = Field(default=None, gt=0)
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    optimizer: Literal["adam"] = "adam"
+
+    def iterations(self) -> float:
+        """Iterations in the whole job: ``train_tokens / (global_batch * seq_len)`` or ``train_iterations``; 1 if neither."""
+        if self.train_tokens is not None:
+            return self.train_tokens / (self.global_batch * self.seq_len)
+        if self.train_iterations is not None:
+            return float(self.train_iterations)
+        return 1.0
+
+
+class GPUPool(BaseModel):
+    """GPUs of one type that the user can rent.
+
+    Attributes:
+        gpu: catalog name.
+        count: how many are available.
+        gpus_per_node: GPUs in one server (they share the intra-node link and the node's NICs).
+        intra_node_bandwidth_bytes_per_s: unidirectional GPU-GPU bandwidth inside a node (default: the catalog link).
+        inter_node_bandwidth_bytes_per_s: unidirectional network bandwidth of one node (all its NICs).
+        price_usd_per_hour: $ per GPU-hour (default: the catalog price).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str
+    count: int = Field(gt=0)
+    gpus_per_node: int = Field(default=8, gt=0)
+    intra_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    inter_node_bandwidth_bytes_per_s: float = Field(default=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, gt=0)
+    price_usd_per_hour: float | None = Field(default=None, ge=0)
+
+
+class Inventory(BaseModel):
+    """All GPU pools available to the job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pools: list[GPUPool] = Field(min_length=1)
+
+
+class Stage(BaseModel):
+    """One pipeline stage: ``num_layers`` consecutive transformer layers on ``tp * dp`` GPUs of one pool.
+
+    Attributes:
+        pool: index into :attr:`Plan.pools`.
+        num_layers: transformer layers in this stage (the first stage adds the embedding, the last the head).
+        tp: tensor-parallel degree; dp: data-parallel degree of this stage.
+        recompute: activation recomputation of this stage's layers.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    pool: int = Field(default=0, ge=0)
+    num_layers: int = Field(ge=0)
+    tp: int = Field(default=1, gt=0)
+    dp: int = Field(default=1, gt=0)
+    recompute: Recompute = "none"
+
+
+class Plan(BaseModel):
+    """A fully pinned training plan: everything the estimator and the runtime need.
+
+    Attributes:
+        job: the job.
+        pools: the GPU pools the stages run on (with bandwidths and prices).
+        stages: pipeline stages in order.
+        mbs: micro-batch size (sequences).
+        zero: ZeRO stage 0-3 over each stage's data-parallel group (1 = Megatron-LM's distributed optimizer).
+        sequence_parallel: Megatron sequence parallelism in TP groups (Korthikanti et al. 2023).
+        schedule: pipeline schedule.
+        overlap_grad_reduce: data-parallel gradient reduction overlapped with the backward pass.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: Job
+    pools: list[GPUPool] = Field(min_length=1)
+    stages: list[Stage] = Field(min_length=1)
+    mbs: int = Field(gt=0)
+    zero: int = Field(default=0, ge=0, le=3)
+    sequence_parallel: bool = False
+    schedule: Schedule = "1f1b"
+    overlap_grad_reduce: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> "Plan":
+        for i, st in enumerate(self.stages):
+            if st.pool >= len(self.pools):
+                raise ValueError(f"stages[{i}].pool = {st.pool} but only {len(self.pools)} pools are given")
+            if self.job.global_batch % (st.dp * self.mbs):
+                raise ValueError(
+                    f"global_batch {self.job.global_batch} is not divisible by dp * mbs = {st.dp} * {self.mbs} "
+                    f"(stage {i})"
+                )
+        return self
+
+    @property
+    def pp(self) -> int:
+        """Pipeline-parallel degree (number of stages)."""
+        return len(self.stages)
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs used: sum over stages of tp * dp."""
+        return sum(st.tp * st.dp for st in self.stages)
+
+    def num_microbatches(self, stage: int = 0) -> int:
+        """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs)."""
+        return self.job.global_batch // (self.stages[stage].dp * self.mbs)
+
+
+def balanced_split(num_layers: int, pp: int) -> list[int]:
+    """Layers per stage for a balanced split of ``num_layers`` identical layers over ``pp`` stages.
+
+    Each stage gets ``q = num_layers // pp`` layers; the ``r`` remaining layers go first to the middle stages
+    (1 .. pp-2, which carry neither embedding nor head), then to the first stage, then to the last (which carries
+    the output head, the heaviest non-layer work). Under 1F1B the middle stages also hold fewer micro-batches in
+    flight than the first.
+
+    Raises:
+        ValueError: ``pp`` < 1 or ``pp`` > ``num_layers``.
+    """
+    if not 1 <= pp <= num_layers:
+        raise ValueError(f"pp must be in 1..{num_layers}, got {pp}")
+    q, r = divmod(num_layers, pp)
+    split = [q] * pp
+    order = list(range(1, pp - 1)) + [0] + ([pp - 1] if pp > 1 else [])
+    for i in order[:r]:
+        split[i] += 1
+    return split
