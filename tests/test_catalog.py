@@ -1,0 +1,240 @@
+"""The GPU catalog data (src/hetplan/hardware/data/gpus.toml) and its loader: names, aliases, dense rates,
+unidirectional links, completeness of every entry, user overrides and bad input."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hetplan.errors import HetplanError
+from hetplan.hardware.catalog import load_catalog
+
+REQUIRED = [
+    "V100-SXM-32GB", "V100-PCIE-32GB", "T4", "A10", "A10G", "L4", "A40", "RTX-A6000", "RTX-3090", "RTX-4090",
+    "L40S", "A100-SXM-40GB", "A100-SXM-80GB", "A100-PCIE-40GB", "A100-PCIE-80GB", "H100-SXM", "H100-PCIE", "H200",
+    "B200", "MI300X", "A30", "RTX-A4000",
+]
+
+ALIASES = {
+    "v100": "V100-SXM-32GB",
+    "v100-32gb": "V100-SXM-32GB",
+    "v100-sxm2-32gb": "V100-SXM-32GB",
+    "Tesla V100-SXM2-32GB": "V100-SXM-32GB",
+    "a6000": "RTX-A6000",
+    "a6000-pcie4-48gb": "RTX-A6000",
+    "3090": "RTX-3090",
+    "3090-pcie4-24gb": "RTX-3090",
+    "4090": "RTX-4090",
+    "a30-pcie-24gb": "A30",
+    "a4000": "RTX-A4000",
+    "a4000-pcie4-16gb": "RTX-A4000",
+    "h100": "H100-SXM",
+    "A100_SXM4_80GB": "A100-SXM-80GB",
+    "a100-40gb": "A100-SXM-40GB",
+    "h200-141gb": "H200",
+    "tesla-t4": "T4",
+}
+
+# Dense peak (TFLOP/s) per datasheet, next to the sparse/FP16-accumulate figure a careless entry would carry.
+DENSE_NOT_SPARSE = {
+    ("H100-SXM", "bf16"): (989.4, 1979),
+    ("H100-SXM", "fp8"): (1978.9, 3958),
+    ("H200", "bf16"): (989.4, 1979),
+    ("H100-PCIE", "bf16"): (756, 1513),
+    ("A100-SXM-80GB", "bf16"): (312, 624),
+    ("A100-SXM-40GB", "fp16"): (312, 624),
+    ("A10", "bf16"): (125, 250),
+    ("A40", "bf16"): (149.7, 299.4),
+    ("RTX-A6000", "bf16"): (154.8, 309.7),
+    ("RTX-A4000", "fp16"): (76.7, 153.4),
+    ("A30", "bf16"): (165, 330),
+    ("L4", "bf16"): (121, 242),
+    ("L40S", "bf16"): (362.05, 733),
+    ("B200", "bf16"): (2250, 4500),
+    ("MI300X", "bf16"): (1307.4, 2614.9),
+    ("RTX-3090", "fp16"): (71, 142),  # GeForce: FP32-accumulate rate, not the FP16-accumulate 142
+    ("RTX-4090", "bf16"): (165.2, 330.3),
+}
+
+# Unidirectional GPU-GPU bandwidth per GPU (GB/s), all links summed (catalog convention).
+LINK_GB_PER_S = {
+    "V100-SXM-32GB": 150,  # NVLink2 300 bidirectional
+    "A100-SXM-80GB": 300,  # NVLink3 600
+    "A100-SXM-40GB": 300,
+    "H100-SXM": 450,  # NVLink4 900
+    "H200": 450,
+    "B200": 900,  # NVLink5 1800
+    "MI300X": 448,  # Infinity Fabric 896
+    "RTX-4090": 32,  # no NVLink: PCIe4 x16
+    "T4": 16,  # PCIe3 x16
+}
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_required_names_resolve_case_insensitively(catalog, name):
+    assert name in catalog.names()
+    for variant in (name, name.lower(), name.upper(), f"  {name.lower()} "):
+        assert catalog.get(variant).name == name
+
+
+@pytest.mark.parametrize("alias,canonical", sorted(ALIASES.items()))
+def test_aliases_resolve(catalog, alias, canonical):
+    assert catalog.get(alias).name == canonical
+
+
+def test_aliases_are_unambiguous(catalog):
+    seen: dict[str, str] = {}
+    for spec in catalog.gpus.values():
+        for key in (spec.name, *spec.aliases):
+            norm = key.strip().lower().replace("_", "-").replace(" ", "-")
+            assert seen.setdefault(norm, spec.name) == spec.name, f"{key!r} names both {seen[norm]} and {spec.name}"
+
+
+def test_unknown_name_raises_with_suggestion(catalog):
+    with pytest.raises(HetplanError) as info:
+        catalog.get("H100-SMX")
+    assert info.value.field == "gpu"
+    assert "H100-SXM" in info.value.fix
+    with pytest.raises(HetplanError) as info:
+        catalog.get("qqqqzzzz")
+    assert "hetplan catalog gpus" in info.value.fix
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_every_entry_is_complete_and_sourced(catalog, name):
+    g = catalog.get(name)
+    assert g.sources and all(s.strip() for s in g.sources)
+    for text in (g.price_provider, g.price_date, g.price_source, g.calibration_source, g.vendor, g.architecture,
+                 g.form_factor, g.gpu_link, g.host_link):
+        assert text.strip()
+    assert 0 < g.idle_power_w < g.tdp_w
+    assert 0.3 <= g.compute_efficiency <= 0.7  # documented first guesses, not calibrated values
+    assert 10 * 2**30 < g.memory_bytes < 200 * 2**30
+    assert 1e11 < g.hbm_bandwidth_bytes_per_s < 1e13
+    assert g.host_link_bandwidth_bytes_per_s <= 128e9
+    assert "fp16" in g.dense_flops_per_s and "fp32" in g.dense_flops_per_s
+    # fp32 is the CUDA-core rate: far below the tensor rate
+    assert g.dense_flops_per_s["fp32"] < g.dense_flops_per_s["fp16"]
+    assert 0 < g.price_usd_per_hour < 20
+
+
+def test_catalog_is_dated(catalog):
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", catalog.date)
+
+
+@pytest.mark.parametrize("key", sorted(DENSE_NOT_SPARSE))
+def test_dense_not_sparse(catalog, key):
+    name, dtype = key
+    dense, wrong = DENSE_NOT_SPARSE[key]
+    got = catalog.get(name).peak_flops_per_s(dtype)
+    assert got == pytest.approx(dense * 1e12, rel=1e-6)
+    assert got != pytest.approx(wrong * 1e12, rel=0.01)
+
+
+def test_h100_bf16_is_dense(catalog):
+    assert catalog.get("H100-SXM").dense_flops_per_s["bf16"] == pytest.approx(989.4e12)
+
+
+@pytest.mark.parametrize("name", ["V100-SXM-32GB", "V100-PCIE-32GB", "T4"])
+def test_no_bf16_before_ampere(catalog, name):
+    g = catalog.get(name)
+    assert "bf16" not in g.dense_flops_per_s
+    with pytest.raises(HetplanError) as info:
+        g.peak_flops_per_s("bf16")
+    assert "fp16" in info.value.fix
+
+
+@pytest.mark.parametrize("name,gb_per_s", sorted(LINK_GB_PER_S.items()))
+def test_links_are_unidirectional(catalog, name, gb_per_s):
+    assert catalog.get(name).gpu_link_bandwidth_bytes_per_s == pytest.approx(gb_per_s * 1e9)
+
+
+def test_memory_is_driver_total(catalog):
+    # nvidia-smi totals (MiB): not the marketing GB
+    assert catalog.get("H100-SXM").memory_bytes == 81559 * 2**20
+    assert catalog.get("A100-SXM-80GB").memory_bytes == 80 * 2**30
+    assert catalog.get("B200").memory_bytes == 183359 * 2**20
+    assert catalog.get("T4").memory_bytes == 15360 * 2**20
+
+
+def test_perseus_idle_powers(catalog):
+    assert catalog.get("A100-SXM-80GB").idle_power_w == pytest.approx(83.64)
+    assert catalog.get("A40").idle_power_w == pytest.approx(70.38)
+
+
+NEW_GPU = """
+[gpus.h100-sxm]
+price_usd_per_hour = 1.5
+price_provider = "my reserved contract"
+price_date = "2026-11"
+
+[gpus.TOY-GPU]
+aliases = ["toy"]
+vendor = "acme"
+architecture = "Toy"
+form_factor = "PCIe"
+memory_gib = 12
+hbm_bandwidth_gb_per_s = 400
+dense_tflops = { bf16 = 50, fp16 = 50, fp32 = 10 }
+gpu_link = "PCIe4 x16"
+gpu_link_bandwidth_gb_per_s = 32
+host_link = "PCIe4 x16"
+host_link_bandwidth_gb_per_s = 32
+tdp_w = 200
+idle_power_w = 40
+price_usd_per_hour = 0.3
+price_provider = "lab"
+price_date = "2026"
+price_source = "test"
+compute_efficiency = 0.5
+calibration_source = "test"
+sources = ["test"]
+"""
+
+
+def test_user_file_overrides_price_and_adds_gpu(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(NEW_GPU)
+    cat = load_catalog(path)
+    h100 = cat.get("H100-SXM")
+    assert h100.price_usd_per_hour == 1.5
+    assert h100.price_provider == "my reserved contract"
+    assert h100.dense_flops_per_s["bf16"] == pytest.approx(989.4e12)  # untouched fields kept
+    toy = cat.get("toy")
+    assert toy.name == "TOY-GPU"
+    assert toy.memory_bytes == 12 * 2**30
+    assert toy.peak_flops_per_s("bf16") == pytest.approx(50e12)
+    assert set(REQUIRED) <= set(cat.names())
+    # the package catalog itself is unchanged
+    assert load_catalog().get("H100-SXM").price_usd_per_hour == pytest.approx(12.29)
+    with pytest.raises(HetplanError):
+        load_catalog().get("toy")
+
+
+def test_malformed_toml_names_the_line(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[gpus.H100-SXM]\nprice_usd_per_hour = \n')
+    with pytest.raises(HetplanError) as info:
+        load_catalog(path)
+    assert "line 2" in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_bad_field_names_the_field(tmp_path):
+    path = tmp_path / "neg.toml"
+    path.write_text("[gpus.A10]\nprice_usd_per_hour = -1\n")
+    with pytest.raises(HetplanError) as info:
+        load_catalog(path)
+    assert info.value.field == "gpus.A10.price_usd_per_hour"
+
+
+def test_missing_user_file(tmp_path):
+    with pytest.raises(HetplanError) as info:
+        load_catalog(tmp_path / "nope.toml")
+    assert info.value.field == "--catalog"
