@@ -175,3 +175,25 @@ def balanced_split(num_layers: int, pp: int) -> list[int]:
     for i in order[:r]:
         split[i] += 1
     return split
+
+
+def boundary_is_intra_node(stage_sizes: list[int], stage_pools: list[int], gpus_per_node: list[int]) -> list[bool]:
+    """For each of the p-1 stage boundaries: do both stages sit in one node?
+
+    Stages take consecutive GPUs of their pool in order (stage i after stage i-1 of the same pool), ``size``
+    GPUs each (tp * dp); node k of a pool holds its GPUs ``[k*G, (k+1)*G)``. A boundary is intra-node when the
+    two stages share a pool and the GPUs of both lie in one node; stages of different pools never share a node.
+    """
+    starts, used = [], {}
+    for size, pool in zip(stage_sizes, stage_pools):
+        starts.append(used.get(pool, 0))
+        used[pool] = used.get(pool, 0) + size
+    out = []
+    for i in range(len(stage_sizes) - 1):
+        if stage_pools[i] != stage_pools[i + 1]:
+            out.append(False)
+            continue
+        g = gpus_per_node[stage_pools[i]]
+        first, last = starts[i], starts[i + 1] + stage_sizes[i + 1] - 1
+        out.append(first // g == last // g)
+    return out

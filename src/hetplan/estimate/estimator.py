@@ -15,13 +15,13 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from hetplan.estimate.pipeline import pipeline_time_s
-from hetplan.estimate.stage import Link, p2p_bytes, stage_costs
+from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import RECOMPUTE_CODES
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import GPUPool, Plan
+from hetplan.plan import GPUPool, Plan, boundary_is_intra_node
 
 
 class LayerTimeSource(Protocol):
@@ -151,24 +151,20 @@ def estimate(
                 overlap_grad_reduce=plan.overlap_grad_reduce, measured_layer_time_s=measured,
             )
         )
-    # p2p across each boundary: intra-node only if the whole pipeline fits in one node of one pool.
+    # p2p across each boundary, over the intra-node link or the (slower) node NICs shared by the sending GPUs.
+    intra = boundary_is_intra_node(
+        [st.tp * st.dp for st in plan.stages], [st.pool for st in plan.stages], [pl.gpus_per_node for pl in plan.pools]
+    )
     p2p_total = 0.0
     for i in range(p - 1):
-        a, bst = plan.stages[i], plan.stages[i + 1]
-        same_node = (
-            a.pool == bst.pool and sum(st.tp * st.dp for st in plan.stages) <= links[i].gpus_per_node
-        )
-        if same_node:
-            bw = links[i].intra_node_bandwidth_bytes_per_s
-        else:
-            senders = max(1, min(links[i].gpus_per_node, a.tp * a.dp))
-            bw = min(links[i].inter_node_bandwidth_bytes_per_s, links[i + 1].inter_node_bandwidth_bytes_per_s) / senders
-        msg = p2p_bytes(m, plan.mbs, job.seq_len, max(a.tp, bst.tp), plan.sequence_parallel)
-        p2p_total += float(p2p_time_s(msg, bw))
+        a, nxt = plan.stages[i], plan.stages[i + 1]
+        msg = p2p_bytes(m, plan.mbs, job.seq_len, max(a.tp, nxt.tp), plan.sequence_parallel)
+        p2p_total += float(p2p_time_s(msg, boundary_bandwidth_bytes_per_s(links[i], links[i + 1], a.tp * a.dp, intra[i])))
     fwd = np.array([c["forward_s"] for c in costs], dtype=float)
     bwd = np.array([c["backward_s"] for c in costs], dtype=float)
     mb0 = plan.num_microbatches(0)
     t_pipe, bottleneck, bubble = pipeline_time_s(fwd, bwd, np.ones(p), p2p_total, mb0)
+    bubble = float(bubble) - 2 * p2p_total  # reported apart from the p2p transfers
     dp_exposed = max(float(c["dp_exposed_s"]) for c in costs)
     optimizer = max(float(c["optimizer_s"]) for c in costs)
     iteration = float(t_pipe) + dp_exposed + optimizer
