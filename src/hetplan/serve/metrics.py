@@ -1,0 +1,146 @@
+"""Latency statistics (percentiles, SLO attainment, goodput) and Prometheus text exposition.
+
+* Percentiles: linear interpolation between order statistics (numpy ``percentile`` default, Hyndman & Fan 1996
+  definition 7).
+* SLO attainment of a model: fraction of its *submitted* requests that completed within the latency SLO
+  (refused and unfinished requests count as misses), as in AlpaServe (Li et al., OSDI'23, Sec. 6).
+* Goodput: requests completed within the SLO per second of workload duration.
+* :class:`PromRegistry`: counters, gauges and histograms rendered in the Prometheus text format 0.0.4
+  (https://prometheus.io/docs/instrumenting/exposition_formats/), thread-safe, no dependency.
+
+This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Record:
+    """Outcome of one request: ``finish_s`` is ``None`` when it was refused or never finished (times in s)."""
+
+    id: int
+    model: str
+    arrival_s: float
+    finish_s: float | None
+    refused: bool = False
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.finish_s is None else self.finish_s - self.arrival_s
+
+
+def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 90, 99)) -> dict[str, float | None]:
+    """``{"p50": ..., ...}`` of ``values`` (``None`` when empty)."""
+    arr = np.asarray(values, dtype=float)
+    return {f"p{q:g}": (float(np.percentile(arr, q)) if arr.size else None) for q in qs}
+
+
+def summarize(records: Sequence[Record], slo_s: Mapping[str, float], duration_s: float) -> dict:
+    """Per-model and overall report: count, completed, refused, mean and p50/p90/p99 latency (s), SLO attainment,
+    goodput (requests/s within SLO) and throughput (completed requests/s)."""
+    out: dict = {"models": {}, "duration_s": duration_s}
+    names = list(dict.fromkeys([r.model for r in records] + list(slo_s)))
+    for name in names + ["all"]:
+        rs = [r for r in records if name == "all" or r.model == name]
+        lat = [r.latency_s for r in rs if r.latency_s is not None]
+        if name == "all":
+            ok = sum(1 for r in rs if r.latency_s is not None and r.latency_s <= slo_s.get(r.model, math.inf))
+        else:
+            ok = sum(1 for x in lat if x <= slo_s.get(name, math.inf))
+        entry = {
+            "requests": len(rs),
+            "completed": len(lat),
+            "refused": sum(1 for r in rs if r.refused),
+            "mean_latency_s": float(np.mean(lat)) if lat else None,
+            **{f"{k}_latency_s": v for k, v in percentiles(lat).items()},
+            "slo_attainment": ok / len(rs) if rs else 1.0,
+            "goodput_per_s": ok / duration_s if duration_s > 0 else 0.0,
+            "throughput_per_s": len(lat) / duration_s if duration_s > 0 else 0.0,
+        }
+        if name != "all":
+            entry["slo_s"] = slo_s.get(name)
+            out["models"][name] = entry
+        else:
+            out["all"] = entry
+    return out
+
+
+DEFAULT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class PromRegistry:
+    """Minimal Prometheus metrics: ``inc`` (counter), ``set`` (gauge), ``observe`` (histogram), ``render``."""
+
+    def __init__(self, buckets_s: Sequence[float] = DEFAULT_BUCKETS_S):
+        self._lock = threading.Lock()
+        self._help: dict[str, tuple[str, str]] = {}
+        self._values: dict[tuple[str, tuple], float] = {}
+        self._hist: dict[tuple[str, tuple], list] = {}
+        self.buckets_s = tuple(buckets_s)
+
+    def describe(self, name: str, kind: str, text: str) -> None:
+        """Declare metric ``name`` of type ``counter`` | ``gauge`` | ``histogram`` with a help text."""
+        self._help[name] = (kind, text)
+
+    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + value
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        with self._lock:
+            self._values[(name, tuple(sorted(labels.items())))] = float(value)
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            h = self._hist.setdefault(key, [[0] * len(self.buckets_s), 0.0, 0])
+            for i, b in enumerate(self.buckets_s):
+                if value <= b:
+                    h[0][i] += 1
+            h[1] += value
+            h[2] += 1
+
+    def get(self, name: str, **labels: str) -> float:
+        """Current value of a counter or gauge (0 when never set)."""
+        return self._values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def render(self) -> str:
+        """All metrics in the Prometheus text format 0.0.4."""
+        lines: list[str] = []
+        with self._lock:
+            names = sorted({k[0] for k in self._values} | {k[0] for k in self._hist} | set(self._help))
+            for name in names:
+                kind, text = self._help.get(name, ("untyped", name))
+                lines.append(f"# HELP {name} {text}")
+                lines.append(f"# TYPE {name} {kind}")
+                for (n, labels), v in sorted(self._values.items()):
+                    if n == name:
+                        lines.append(f"{name}{_labels(labels)} {_num(v)}")
+                for (n, labels), (counts, total, count) in sorted(self._hist.items()):
+                    if n != name:
+                        continue
+                    for b, c in zip(self.buckets_s, counts):
+                        lines.append(f"{name}_bucket{_labels(labels + (('le', _num(b)),))} {c}")
+                    lines.append(f"{name}_bucket{_labels(labels + (('le', '+Inf'),))} {count}")
+                    lines.append(f"{name}_sum{_labels(labels)} {_num(total)}")
+                    lines.append(f"{name}_count{_labels(labels)} {count}")
+        return "\n".join(lines) + "\n"
+
+
+def _labels(labels: tuple) -> str:
+    if not labels:
+        return ""
+    esc = (str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for _, v in labels)
+    return "{" + ",".join(f'{k}="{v}"' for (k, _), v in zip(labels, esc)) + "}"
+
+
+def _num(v: float) -> str:
+    return repr(float(v)) if not float(v).is_integer() else str(int(v)) if abs(v) < 1e15 else repr(float(v))
