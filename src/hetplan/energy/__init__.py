@@ -1,0 +1,1 @@
+"""Perseus-style GPU frequency planning on the iteration time–energy frontier (see ``docs/energy.md``)."""
