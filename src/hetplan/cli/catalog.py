@@ -1,7 +1,62 @@
-"""Placeholder, filled in by the core planner work."""
+"""``hetplan catalog gpus|models``: what the bundled catalog knows."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from hetplan.hardware.catalog import load_catalog
+from hetplan.model import counts
+from hetplan.model.spec import list_presets, load_model
+
+catalog_app = typer.Typer(help="List the GPU types and model presets hetplan knows.", no_args_is_help=True)
+
+
+@catalog_app.command("gpus")
+def gpus(
+    catalog: Optional[str] = typer.Option(None, "--catalog", help="User TOML extending/overriding the GPU catalog."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (SI units)."),
+) -> None:
+    """GPU types: memory, bandwidths, dense TFLOP/s, TDP and default price."""
+    cat = load_catalog(catalog)
+    if as_json:
+        print(json.dumps({"date": cat.date, "gpus": [g.model_dump(mode="json") for g in cat.gpus.values()]}, indent=1))
+        return
+    t = Table(title=f"GPU catalog ({cat.date}); links unidirectional per GPU; TFLOP/s dense")
+    for col in ("name", "memory GiB", "HBM GB/s", "bf16 TF/s", "fp16 TF/s", "GPU link GB/s", "host GB/s", "TDP W", "$/GPU-h", "price as of"):
+        t.add_column(col, justify="left" if col in ("name", "price as of") else "right")
+    for g in cat.gpus.values():
+        f = g.dense_flops_per_s
+        t.add_row(
+            g.name, f"{g.memory_bytes / 2**30:.0f}", f"{g.hbm_bandwidth_bytes_per_s / 1e9:.0f}",
+            f"{f['bf16'] / 1e12:.0f}" if "bf16" in f else "-", f"{f['fp16'] / 1e12:.0f}" if "fp16" in f else "-",
+            f"{g.gpu_link_bandwidth_bytes_per_s / 1e9:.0f}", f"{g.host_link_bandwidth_bytes_per_s / 1e9:.0f}",
+            f"{g.tdp_w:.0f}", f"{g.price_usd_per_hour:.2f}", f"{g.price_provider.split(',')[0]} {g.price_date}",
+        )
+    Console().print(t)
+
+
+@catalog_app.command("models")
+def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Bundled model presets with their shapes and parameter counts."""
+    specs = [load_model(n) for n in list_presets()]
+    if as_json:
+        print(json.dumps([dict(m.model_dump(mode="json"), parameters=counts.total_parameters(m)) for m in specs], indent=1))
+        return
+    t = Table(title="Model presets (config.json files; any HF config.json path works too)")
+    for col in ("name", "family", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "max seq", "parameters"):
+        t.add_column(col, justify="left" if col in ("name", "family") else "right")
+    for m in specs:
+        t.add_row(m.name, m.family, str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads),
+                  str(m.num_kv_heads), str(m.ffn_hidden_size), str(m.vocab_size), str(m.max_seq_len),
+                  f"{counts.total_parameters(m) / 1e9:.2f} B")
+    Console().print(t)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    """Add ``hetplan catalog``."""
+    app.add_typer(catalog_app, name="catalog")

@@ -1,7 +1,225 @@
-"""Placeholder, filled in by the core planner work."""
+"""``hetplan plan`` (search and rank plans) and ``hetplan estimate`` (cost of one pinned plan)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from hetplan.errors import HetplanError
+from hetplan.estimate.estimator import estimate as estimate_plan
+from hetplan.hardware.catalog import load_catalog
+from hetplan.jobfile import load_job_file, read_structured, validated
+from hetplan.plan import GPUPool, Inventory, Job, Plan
+from hetplan.report import plan_summary
+from hetplan.search.objective import Objective
+from hetplan.search.planner import Pins, check_job, search_plans
+from hetplan.model.spec import load_model
+
+GIB = 2**30
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds:.1f} s"
+
+
+def _mem(b: float) -> str:
+    return f"{b / GIB:.1f}"
+
+
+def _positive(value: Optional[float], name: str) -> None:
+    if value is not None and value <= 0:
+        raise HetplanError(f"must be positive, got {value}", field=name, fix=f"give {name} > 0")
+
+
+def plan_command(
+    job_file: Optional[Path] = typer.Argument(None, help="Job TOML: [job], [[inventory]], [objective], [pin]."),
+    model: Optional[str] = typer.Option(None, "--model", help="Preset name or path to a HF config.json."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per iteration."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", help="Total training tokens (job length), e.g. 1e12."),
+    iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 or fp16."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (one pool; see `hetplan catalog gpus`)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs available of that type."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 8)."),
+    inter_node_gbit: Optional[float] = typer.Option(None, "--inter-node-gbit", help="Network Gb/s per node."),
+    price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON with [[inventory]] pools."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML (extends/overrides)."),
+    objective: Optional[str] = typer.Option(None, "--objective", help="fastest | cheapest | budget."),
+    deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="For cheapest: finish within."),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="For budget: spend at most."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Pin the tensor-parallel degree."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pin the pipeline-parallel degree."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Pin the data-parallel degree."),
+    mbs: Optional[int] = typer.Option(None, "--mbs", help="Pin the micro-batch size."),
+    zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage (0-3)."),
+    recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recomputation: none|selective|full."),
+    use_gpus: Optional[int] = typer.Option(None, "--use-gpus", help="Pin the number of GPUs the plan uses."),
+    top: int = typer.Option(5, "--top", help="How many plans to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
+) -> None:
+    """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
+
+    Give a job file, or the same job through flags (flags override the file). Example:
+    hetplan plan --model llama2-7b --seq-len 4096 --global-batch 1024 --tokens 1e12 --gpu H100-SXM --gpus 64
+    """
+    data = load_job_file(job_file) if job_file else {"job": {}, "inventory": [], "objective": {}, "pin": {}}
+    job_raw = data["job"]
+    for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
+                     ("train_iterations", iterations), ("dtype", dtype)):
+        if val is not None:
+            job_raw[key] = val
+    for key in ("model", "seq_len", "global_batch"):
+        if key not in job_raw:
+            raise HetplanError("is required", field=f"job.{key}", fix=f"pass --{key.replace('_', '-')} or set it in [job]")
+    _positive(gpus, "--gpus")
+    _positive(tokens, "--tokens")
+    job = validated(Job, job_raw, "job")
+    pools_raw = data["inventory"]
+    if inventory is not None:
+        pools_raw = load_job_file(inventory)["inventory"]
+    if gpu is not None:
+        if gpus is None:
+            raise HetplanError("--gpu needs --gpus", field="--gpus", fix="say how many GPUs of that type are available")
+        pool = {"gpu": gpu, "count": gpus}
+        if gpus_per_node is not None:
+            pool["gpus_per_node"] = gpus_per_node
+        if inter_node_gbit is not None:
+            pool["inter_node_bandwidth_bytes_per_s"] = inter_node_gbit * 1e9 / 8
+        if price is not None:
+            pool["price_usd_per_hour"] = price
+        pools_raw = [pool]
+    if not pools_raw:
+        raise HetplanError("no GPUs given", field="inventory", fix="pass --gpu TYPE --gpus N, --inventory FILE, or [[inventory]]")
+    inv = validated(Inventory, {"pools": pools_raw}, "inventory")
+    obj_raw = data["objective"]
+    if objective is not None:
+        obj_raw["goal"] = objective
+    if deadline_days is not None:
+        obj_raw["deadline_s"] = deadline_days * 86400
+    if budget_usd is not None:
+        obj_raw["budget_usd"] = budget_usd
+    obj = validated(Objective, obj_raw, "objective")
+    pin_raw = data["pin"]
+    for key, val in (("tp", tp), ("pp", pp), ("dp", dp), ("mbs", mbs), ("zero", zero), ("recompute", recompute),
+                     ("num_gpus", use_gpus)):
+        if val is not None:
+            pin_raw[key] = val
+    pins = _pins(pin_raw)
+    if top < 1:
+        raise HetplanError(f"must be at least 1, got {top}", field="--top", fix="use --top 1 or more")
+    cat = load_catalog(catalog)
+    result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat)
+    summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
+    if output is not None:
+        output.write_text(result.plans[0].plan.model_dump_json(indent=2) + "\n")
+    if as_json:
+        print(json.dumps({
+            "plans": summaries,
+            "explanation": result.explanation,
+            "configurations_evaluated": result.configurations_evaluated,
+            "configurations_fitting_memory": result.configurations_fitting_memory,
+            "search_time_s": result.search_time_s,
+        }, indent=1))
+        return
+    _print_ranking(job, obj, summaries, result)
+    if output is not None:
+        Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+
+
+def _pins(raw: dict) -> Pins:
+    allowed = {"tp", "pp", "dp", "mbs", "zero", "recompute", "num_gpus"}
+    for key, val in raw.items():
+        if key not in allowed:
+            raise HetplanError("unknown pin", field=f"pin.{key}", fix=f"pins are {', '.join(sorted(allowed))}")
+        if key == "recompute":
+            if val not in ("none", "selective", "full"):
+                raise HetplanError(f"got {val!r}", field="--recompute", fix="use none, selective or full")
+        elif key == "zero":
+            if val not in (0, 1, 2, 3):
+                raise HetplanError(f"got {val!r}", field="--zero", fix="use 0, 1, 2 or 3")
+        elif not isinstance(val, int) or val < 1:
+            raise HetplanError(f"must be a positive integer, got {val!r}", field=f"--{key.replace('_', '-')}", fix="give a value >= 1")
+    return Pins(**raw)
+
+
+def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> None:
+    con = Console(width=None if Console().is_terminal else 160)
+    goal = {"fastest": "fastest job", "cheapest": "cheapest job" + (" by the deadline" if obj.deadline_s else ""),
+            "budget": f"fastest job within ${obj.budget_usd:,.0f}" if obj.budget_usd else "budget"}[obj.goal]
+    t = Table(title=f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {job.iterations():,.0f} iterations — {goal}")
+    for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU",
+                "$/h", "job time", "job $"):
+        t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
+    for i, s in enumerate(summaries, start=1):
+        t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", f"{s['tp']}x{s['pp']}x{s['dp']}", str(s["mbs"]),
+                  str(s["zero"]), str(s["recompute"]), f"{s['iteration_time_s']:.2f}", f"{s['tokens_per_s']:,.0f}",
+                  f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]), f"{s['usd_per_hour']:,.0f}",
+                  _duration(s["job_time_s"]), f"{s['job_usd']:,.0f}")
+    con.print(t)
+    best = summaries[0]
+    mem = best["memory_bytes_per_gpu"]
+    con.print(
+        f"Memory per GPU of #1 (peak stage): weights {_mem(mem['weights'])} + gradients {_mem(mem['gradients'])} + "
+        f"optimizer {_mem(mem['optimizer'])} + activations {_mem(mem['activations'])} + overhead {_mem(mem['overhead'])} "
+        f"= {_mem(mem['total'])} GiB"
+    )
+    con.print("Stages of #1: " + ", ".join(f"[{s['gpu']} tp{s['tp']}xdp{s['dp']}: {s['num_layers']} layers]" for s in best["stages"]))
+    con.print("[bold]Why:[/]")
+    con.print(f"  {result.explanation[0]}", highlight=False)
+    for i, s in enumerate(summaries[1:], start=2):
+        con.print(f"  #{i}: {s['reason']}", highlight=False)
+    for line in result.explanation[1:]:
+        con.print(f"  {line}", highlight=False)
+    con.print(f"Searched {result.configurations_evaluated:,} configurations ({result.configurations_fitting_memory:,} fit in memory) "
+              f"in {result.search_time_s:.2f} s.")
+
+
+def estimate_command(
+    plan_file: Path = typer.Argument(..., help="A plan JSON (as written by `hetplan plan -o`)."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
+    as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
+) -> None:
+    """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
+    plan = validated(Plan, read_structured(plan_file), "plan")
+    m = load_model(plan.job.model)
+    check_job(plan.job, m)
+    est = estimate_plan(plan, load_catalog(catalog), m)
+    summary = plan_summary(plan, est)
+    if as_json:
+        print(json.dumps(dict(summary, estimate=est.model_dump()), indent=1))
+        return
+    con = Console(width=None if Console().is_terminal else 160)
+    t = Table(title=f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
+                    f"{plan.num_microbatches(0)} micro-batches, ZeRO-{plan.zero}")
+    for col in ("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd ms", "bwd ms", "mem GiB", "capacity GiB", "fits"):
+        t.add_column(col)
+    for i, se in enumerate(est.stages):
+        t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, f"{se.forward_s * 1e3:.1f}",
+                  f"{se.backward_s * 1e3:.1f}", _mem(se.memory.total), _mem(se.memory_capacity_bytes),
+                  "yes" if se.fits else "[red]NO[/]")
+    con.print(t)
+    con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "
+              f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
+              f"${est.usd_per_hour:,.2f}/h, ${est.usd_per_iteration:.4f}/iteration; job {_duration(est.job_time_s)}, "
+              f"${est.job_usd:,.0f}")
+    if not est.fits:
+        raise HetplanError("the plan does not fit in GPU memory (see the table)", field="plan",
+                           fix="raise tp/pp, use recompute or ZeRO, or lower mbs")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    """Add ``hetplan plan`` and ``hetplan estimate``."""
+    app.command("plan")(plan_command)
+    app.command("estimate")(estimate_command)

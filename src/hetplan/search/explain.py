@@ -1,0 +1,123 @@
+"""Why the winner won and what held the others back, in sentences.
+
+For two configurations the reason is read off their time breakdown (:data:`hetplan.search.homogeneous.COMPONENTS`):
+the component whose share of the iteration grew the most against the winner (pipeline bubble, TP communication,
+exposed DP synchronisation, compute including recomputation, ...), together with the dimensions that differ.
+Also reported: the best configuration that would beat the winner but does not fit in memory, and the best
+configuration for each other value of TP, PP, micro-batch size, recomputation, ZeRO stage and GPU type.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetplan.search.homogeneous import COMPONENTS, PoolResult
+from hetplan.search.space import RECOMPUTE_NAMES
+
+GIB = 2**30
+COMPONENT_NAMES = {
+    "compute_s": "compute (incl. recomputation)",
+    "tp_comm_s": "TP communication",
+    "bubble_s": "pipeline bubble",
+    "p2p_s": "pipeline p2p transfers",
+    "dp_exposed_s": "exposed DP gradient sync",
+    "optimizer_s": "optimizer step",
+}
+DIMENSIONS = ("tp", "pp", "dp", "mbs", "zero", "recompute")
+
+
+def _row(results: list[PoolResult], cat, idx: int) -> dict:
+    res = results[cat["pool"][idx]]
+    r = int(cat["row"][idx])
+    out = {k: int(v[r]) for k, v in res.config.items()}
+    out["gpu"] = res.gpu.name
+    out["num_gpus"] = int(res.num_gpus[r])
+    out["iteration_time_s"] = float(res.iteration_time_s[r])
+    out["components"] = {k: float(v[r]) for k, v in res.components.items()}
+    out["memory_total"] = float(res.memory["total"][r])
+    out["memory_capacity"] = float(res.gpu.memory_bytes)
+    out["usd_per_hour"] = float(res.usd_per_hour[r])
+    out["mfu"] = float(res.mfu[r])
+    return out
+
+
+def describe(c: dict) -> str:
+    """Short text of a configuration: ``A100-SXM-80GB x64 tp=2 pp=1 dp=32 mbs=1 zero=1 recompute=none``."""
+    return (
+        f"{c['gpu']} x{c['num_gpus']} tp={c['tp']} pp={c['pp']} dp={c['dp']} mbs={c['mbs']} zero={c['zero']} "
+        f"recompute={RECOMPUTE_NAMES[c['recompute']]}"
+    )
+
+
+def why_behind(loser: dict, winner: dict, goal: str) -> str:
+    """One sentence: how much worse ``loser`` is than ``winner`` and the component that explains it."""
+    shares = {k: loser["components"][k] / loser["iteration_time_s"] - winner["components"][k] / winner["iteration_time_s"] for k in COMPONENTS}
+    key = max(shares, key=shares.get)
+    diffs = [f"{d} {loser[d] if d != 'recompute' else RECOMPUTE_NAMES[loser[d]]} vs "
+             f"{winner[d] if d != 'recompute' else RECOMPUTE_NAMES[winner[d]]}"
+             for d in DIMENSIONS if loser[d] != winner[d]]
+    if loser["gpu"] != winner["gpu"]:
+        diffs.insert(0, f"{loser['gpu']} vs {winner['gpu']}")
+    if goal == "cheapest":
+        lc = loser["usd_per_hour"] * loser["iteration_time_s"]
+        wc = winner["usd_per_hour"] * winner["iteration_time_s"]
+        head = f"{lc / wc - 1:+.1%} $ per iteration"
+    else:
+        head = f"{loser['iteration_time_s'] / winner['iteration_time_s'] - 1:+.1%} iteration time"
+    if abs(loser["iteration_time_s"] / winner["iteration_time_s"] - 1) < 1e-3 and goal != "cheapest":
+        return "ties with #1 on time, ranked lower on $" + (f" ({', '.join(diffs)})" if diffs else "")
+    share_l = loser["components"][key] / loser["iteration_time_s"]
+    share_w = winner["components"][key] / winner["iteration_time_s"]
+    text = f"{head}: {COMPONENT_NAMES[key]} {share_l:.0%} of the iteration vs {share_w:.0%}"
+    return text + (f" ({', '.join(diffs)})" if diffs else "")
+
+
+def explain_ranking(objective, results, cat, primary, order, ranked, skipped) -> list[str]:
+    """Fill ``ranked[k].reason`` and return the explanation lines (see module doc)."""
+    goal = objective.goal
+    win_idx = int(order[0])
+    winner = _row(results, cat, win_idx)
+    comp = winner["components"]
+    it = winner["iteration_time_s"]
+    top = sorted(comp, key=comp.get, reverse=True)
+    ranked[0].reason = (
+        f"best {'job $' if goal == 'cheapest' else 'job time'}; MFU {winner['mfu']:.1%}; "
+        + ", ".join(f"{COMPONENT_NAMES[k]} {comp[k] / it:.0%}" for k in top[:3])
+    )
+    for k, rp in enumerate(ranked[1:], start=1):
+        rp.reason = why_behind(_row(results, cat, int(order[k])), winner, goal)
+    lines = [f"#1 {describe(winner)}: {ranked[0].reason}."]
+    # The best plan that would beat the winner but does not fit in memory.
+    better_no_fit = np.flatnonzero(~cat["fits"] & (_unconstrained_key(goal, cat) < _unconstrained_key(goal, cat)[win_idx]))
+    if len(better_no_fit):
+        key = _unconstrained_key(goal, cat)
+        j = int(better_no_fit[np.argmin(key[better_no_fit])])
+        c = _row(results, cat, j)
+        gain = 1 - key[j] / key[win_idx]
+        lines.append(
+            f"Stopped by memory: {describe(c)} would be {gain:.0%} {'cheaper' if goal == 'cheapest' else 'faster'} "
+            f"but needs {c['memory_total'] / GIB:.1f} GiB per GPU > {c['memory_capacity'] / GIB:.1f} GiB."
+        )
+    # Best alternative for every other value of each dimension.
+    finite = np.isfinite(primary)
+    rank_of = np.empty(len(order), dtype=np.int64)
+    rank_of[order] = np.arange(len(order))
+    dims = {d: np.concatenate([r.config[d] for r in results]) for d in DIMENSIONS}
+    dims["gpu"] = cat["pool"]
+    for d, values in dims.items():
+        other = finite & (values != values[win_idx])
+        if not other.any():
+            continue
+        j = int(np.flatnonzero(other)[np.argmin(rank_of[other])])
+        c = _row(results, cat, j)
+        label = {"gpu": "GPU type", "recompute": "recomputation", "mbs": "micro-batch size"}.get(d, d.upper() if d != "zero" else "ZeRO stage")
+        lines.append(f"Best with another {label} (rank {rank_of[j] + 1}): {describe(c)}: {why_behind(c, winner, goal)}.")
+    lines.extend(skipped)
+    return lines
+
+
+def _unconstrained_key(goal: str, cat) -> np.ndarray:
+    """The objective without memory or deadline/budget constraints: job $ (cheapest) or iteration time."""
+    if goal == "cheapest":
+        return cat["usd_per_hour"] * cat["iteration_time_s"]
+    return cat["iteration_time_s"]

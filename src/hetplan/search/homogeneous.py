@@ -1,0 +1,146 @@
+"""Vectorised evaluation of every homogeneous configuration of one GPU pool.
+
+Each configuration's p stages (balanced split, :func:`hetplan.plan.balanced_split`) fall into at most four
+kinds that share costs: the first stage (embedding), the middle stages with one extra layer, the other middle
+stages, and the last stage (head). :func:`evaluate_pool` calls :func:`hetplan.estimate.stage.stage_costs` once on
+arrays of shape (configurations, 4) and combines the kinds with their multiplicities through
+:func:`hetplan.estimate.pipeline.pipeline_time_s` — the same formulas, term for term, as
+:func:`hetplan.estimate.estimator.estimate` applies to one plan (a test checks they agree).
+
+Cost: O(rows) numpy work with a small constant; no pruning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetplan.estimate.comm import p2p_time_s
+from hetplan.estimate.estimator import hardware_flops_per_iteration, pool_link, pool_price_usd_per_hour
+from hetplan.estimate.pipeline import pipeline_time_s
+from hetplan.estimate.stage import boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.hardware.catalog import GPUSpec
+from hetplan.model import counts
+from hetplan.model.spec import ModelSpec
+from hetplan.plan import GPUPool, Job, boundary_is_intra_node
+from hetplan.search.space import Pins, enumerate_space
+
+#: Names of the time components reported per configuration (seconds per iteration).
+COMPONENTS = ("compute_s", "tp_comm_s", "bubble_s", "p2p_s", "dp_exposed_s", "optimizer_s")
+
+
+@dataclass
+class PoolResult:
+    """Arrays over the configurations of one pool (all of the same length).
+
+    ``config``: tp, pp, dp, mbs, zero, recompute (codes); ``num_gpus``; ``iteration_time_s`` and the
+    :data:`COMPONENTS`; ``memory`` (peak stage, bytes per GPU: weights, gradients, optimizer, activations,
+    overhead, total); ``fits``; ``usd_per_hour``; ``mfu``.
+    """
+
+    pool_index: int
+    gpu: GPUSpec
+    config: dict[str, np.ndarray]
+    num_gpus: np.ndarray
+    iteration_time_s: np.ndarray
+    components: dict[str, np.ndarray]
+    memory: dict[str, np.ndarray]
+    fits: np.ndarray
+    usd_per_hour: np.ndarray
+    mfu: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.num_gpus)
+
+
+def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray):
+    """Layers, multiplicity, embedding/head flags and in-flight micro-batches of the 4 stage kinds, (n, 4)."""
+    q, r = L // pp, L % pp
+    mids = np.maximum(pp - 2, 0)
+    r_mid = np.minimum(r, mids)
+    r_rest = r - r_mid
+    single = pp == 1
+    layers = np.stack([q + (r_rest >= 1), q + 1, q, q + (r_rest >= 2)], axis=1)
+    layers[single, 0] = L
+    count = np.stack([np.ones_like(pp), r_mid, mids - r_mid, (~single).astype(np.int64)], axis=1)
+    in_flight = np.stack(
+        [np.minimum(pp, mb), np.minimum(pp - 1, mb), np.minimum(pp - 1 - r_mid, mb), np.ones_like(pp)], axis=1
+    )
+    has_emb = np.zeros((len(pp), 4), dtype=bool)
+    has_emb[:, 0] = True
+    has_head = np.zeros((len(pp), 4), dtype=bool)
+    has_head[:, 3] = True
+    has_head[single, 0] = True
+    return layers, count, has_emb, has_head, in_flight
+
+
+def _intra_boundaries(stage_gpus: np.ndarray, pp: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Number of intra-node stage boundaries per configuration (via :func:`boundary_is_intra_node`)."""
+    out = np.zeros(len(pp), dtype=np.int64)
+    keys = np.stack([stage_gpus, pp], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    vals = np.array(
+        [sum(boundary_is_intra_node([int(s)] * int(p), [0] * int(p), [gpus_per_node])) for s, p in uniq],
+        dtype=np.int64,
+    )
+    out[:] = vals[inverse.reshape(-1)]
+    return out
+
+
+def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pins, pool_index: int = 0) -> PoolResult:
+    """Evaluate every configuration of ``pool`` for ``job`` (see module doc)."""
+    cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins)
+    tp, pp, dp, mbs, zero, rc = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "recompute"))
+    mb = job.global_batch // (dp * mbs)
+    layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb)
+    link = pool_link(pool, gpu)
+    col = lambda a: a[:, None]  # noqa: E731
+    c = stage_costs(
+        m, gpu, link, job.dtype,
+        s=job.seq_len, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers, has_embedding=has_emb,
+        has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
+        zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1),
+    )
+    stage_gpus = tp * dp
+    n_intra = _intra_boundaries(stage_gpus, pp, pool.gpus_per_node)
+    msg = p2p_bytes(m, mbs, job.seq_len, tp, tp > 1)
+    p2p_one_intra = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, True))
+    p2p_one_inter = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, False))
+    p2p_total = n_intra * p2p_one_intra + (pp - 1 - n_intra) * p2p_one_inter
+    t_pipe, bottleneck, bubble = pipeline_time_s(c["forward_s"], c["backward_s"], count, p2p_total, mb)
+    present = count > 0
+    dp_exposed = np.max(np.where(present, c["dp_exposed_s"], 0.0), axis=1)
+    optimizer = np.max(np.where(present, c["optimizer_s"], 0.0), axis=1)
+    iteration = t_pipe + dp_exposed + optimizer
+
+    per = c["forward_s"] + c["backward_s"]
+    slowest = np.argmax(np.where(present, per, -1.0), axis=1)
+    rows = np.arange(len(pp))
+    tp_comm = mb * np.broadcast_to(c["tp_comm_s"], per.shape)[rows, slowest]
+    components = {
+        "compute_s": mb * bottleneck - tp_comm,
+        "tp_comm_s": tp_comm,
+        "bubble_s": bubble - 2 * p2p_total,
+        "p2p_s": 2 * p2p_total,
+        "dp_exposed_s": dp_exposed,
+        "optimizer_s": optimizer,
+    }
+    mem_total = np.where(present, c["memory"]["total"], -1.0)
+    peak_kind = np.argmax(mem_total, axis=1)
+    memory = {k: np.broadcast_to(v, per.shape)[rows, peak_kind] for k, v in c["memory"].items()}
+    num_gpus = tp * pp * dp
+    price = pool_price_usd_per_hour(pool, gpu)
+    model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)
+    return PoolResult(
+        pool_index=pool_index,
+        gpu=gpu,
+        config=cfg,
+        num_gpus=num_gpus,
+        iteration_time_s=iteration,
+        components=components,
+        memory=memory,
+        fits=memory["total"] <= gpu.memory_bytes,
+        usd_per_hour=num_gpus * price,
+        mfu=model_flops / (iteration * num_gpus * gpu.peak_flops_per_s(job.dtype)),
+    )

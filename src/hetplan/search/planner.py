@@ -1,0 +1,184 @@
+"""``hetplan plan``: from a job, an inventory and an objective to ranked, explained plans.
+
+Search v1 is exhaustive over the homogeneous space of each pool (:mod:`hetplan.search.space`): every
+configuration is evaluated with the vectorised cost model (:mod:`hetplan.search.homogeneous`), ranked by the
+objective (:mod:`hetplan.search.objective`), and the top K are re-estimated one by one with
+:func:`hetplan.estimate.estimator.estimate`, whose numbers are the ones reported.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from pydantic import BaseModel
+
+from hetplan.errors import HetplanError, InfeasibleError
+from hetplan.estimate.estimator import Estimate, estimate
+from hetplan.hardware.catalog import Catalog, load_catalog
+from hetplan.model.spec import ModelSpec, load_model
+from hetplan.plan import Inventory, Job, Plan, Stage, balanced_split
+from hetplan.search.explain import explain_ranking
+from hetplan.search.homogeneous import COMPONENTS, PoolResult, evaluate_pool
+from hetplan.search.objective import Objective, rank_keys
+from hetplan.search.space import RECOMPUTE_NAMES, Pins
+
+GIB = 2**30
+
+
+class RankedPlan(BaseModel):
+    """One plan of the ranking, with its estimate and, for runners-up, what held it back."""
+
+    rank: int
+    plan: Plan
+    estimate: Estimate
+    reason: str
+
+
+class SearchResult(BaseModel):
+    """The ranking and how it was obtained."""
+
+    plans: list[RankedPlan]
+    explanation: list[str]
+    configurations_evaluated: int
+    configurations_fitting_memory: int
+    search_time_s: float
+
+
+def check_job(job: Job, m: ModelSpec) -> None:
+    """Reject a job the model cannot run.
+
+    Raises:
+        HetplanError: sequence longer than the model's position limit.
+    """
+    if job.seq_len > m.max_seq_len:
+        raise HetplanError(
+            f"seq_len {job.seq_len} is longer than {m.name} allows ({m.max_seq_len})",
+            field="job.seq_len",
+            fix=f"use seq_len <= {m.max_seq_len}, or a model config with a larger max_position_embeddings",
+        )
+
+
+def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult, i: int) -> Plan:
+    c = {k: int(v[i]) for k, v in res.config.items()}
+    split = balanced_split(m.num_layers, c["pp"])
+    recompute = RECOMPUTE_NAMES[c["recompute"]]
+    pool = inventory.pools[res.pool_index]
+    return Plan(
+        job=job,
+        pools=[pool],
+        stages=[Stage(pool=0, num_layers=n, tp=c["tp"], dp=c["dp"], recompute=recompute) for n in split],
+        mbs=c["mbs"],
+        zero=c["zero"],
+        sequence_parallel=c["tp"] > 1,
+    )
+
+
+def search_plans(
+    job: Job,
+    inventory: Inventory,
+    objective: Objective | None = None,
+    pins: Pins | None = None,
+    top_k: int = 5,
+    catalog: Catalog | None = None,
+) -> SearchResult:
+    """Search the plans of every pool and rank them (see module doc).
+
+    Args:
+        top_k: how many plans to return (best first).
+    Raises:
+        HetplanError: bad job (sequence too long, no pool supporting the dtype, pins matching nothing).
+        InfeasibleError: nothing fits in memory (says the smallest footprint found and the largest GPU memory),
+            or nothing meets the deadline / budget (says the best achievable).
+    """
+    t0 = time.perf_counter()
+    objective = objective or Objective()
+    pins = pins or Pins()
+    catalog = catalog or load_catalog()
+    m = load_model(job.model)
+    check_job(job, m)
+    results: list[PoolResult] = []
+    skipped = []
+    for i, pool in enumerate(inventory.pools):
+        gpu = catalog.get(pool.gpu, field=f"inventory[{i}].gpu")
+        if job.dtype not in gpu.dense_flops_per_s:
+            skipped.append(f"{gpu.name} skipped: no {job.dtype} support")
+            continue
+        results.append(evaluate_pool(m, job, pool, gpu, pins, pool_index=i))
+    if not results:
+        raise HetplanError(
+            f"no GPU in the inventory supports {job.dtype}", field="job.dtype", fix="use dtype = \"fp16\""
+        )
+    n_total = sum(len(r) for r in results)
+    if n_total == 0:
+        raise HetplanError(
+            "no configuration matches the pinned dimensions and the inventory",
+            field="pins",
+            fix="check that tp*pp*dp fits the GPU count, tp divides the heads and is at most gpus_per_node, "
+            "and global_batch is divisible by dp*mbs",
+        )
+    iterations = job.iterations()
+    cat = {
+        "pool": np.concatenate([np.full(len(r), k) for k, r in enumerate(results)]),
+        "row": np.concatenate([np.arange(len(r)) for r in results]),
+        "iteration_time_s": np.concatenate([r.iteration_time_s for r in results]),
+        "usd_per_hour": np.concatenate([r.usd_per_hour for r in results]),
+        "fits": np.concatenate([r.fits for r in results]),
+        "memory_total": np.concatenate([r.memory["total"] for r in results]),
+    }
+    job_time = cat["iteration_time_s"] * iterations
+    job_usd = cat["usd_per_hour"] * job_time / 3600
+    primary, secondary = rank_keys(objective, job_time, job_usd, cat["fits"])
+    order = np.lexsort((secondary, primary))
+    n_fit = int(cat["fits"].sum())
+    if not np.isfinite(primary[order[0]]):
+        _raise_infeasible(objective, results, cat, job_time, job_usd)
+    top = [int(i) for i in order[:top_k] if np.isfinite(primary[i])]
+    ranked = []
+    for rank, idx in enumerate(top, start=1):
+        res = results[cat["pool"][idx]]
+        plan = _plan_from_row(job, inventory, m, res, int(cat["row"][idx]))
+        ranked.append(RankedPlan(rank=rank, plan=plan, estimate=estimate(plan, catalog, m), reason=""))
+    explanation = explain_ranking(objective, results, cat, primary, order, ranked, skipped)
+    return SearchResult(
+        plans=ranked,
+        explanation=explanation,
+        configurations_evaluated=n_total,
+        configurations_fitting_memory=n_fit,
+        search_time_s=time.perf_counter() - t0,
+    )
+
+
+def _raise_infeasible(objective, results, cat, job_time, job_usd):
+    if not cat["fits"].any():
+        i = int(np.argmin(cat["memory_total"]))
+        res = results[cat["pool"][i]]
+        row = int(cat["row"][i])
+        c = {k: int(v[row]) for k, v in res.config.items()}
+        largest = max(r.gpu.memory_bytes for r in results)
+        raise InfeasibleError(
+            f"the model fits on no GPU of the inventory: the smallest per-GPU footprint found is "
+            f"{cat['memory_total'][i] / GIB:.1f} GiB (on {res.gpu.name}, tp={c['tp']} pp={c['pp']} dp={c['dp']} "
+            f"mbs={c['mbs']} zero={c['zero']} recompute={RECOMPUTE_NAMES[c['recompute']]}) but the largest GPU "
+            f"memory available is {largest / GIB:.1f} GiB",
+            field="inventory",
+            fix="add GPUs (more pipeline/tensor parallelism), GPUs with more memory, or shorten seq_len",
+        )
+    fits = cat["fits"]
+    if objective.goal == "cheapest":
+        best = float(job_time[fits].min())
+        raise InfeasibleError(
+            f"no plan finishes by the deadline of {objective.deadline_s / 86400:.2f} days; the fastest plan that fits "
+            f"takes {best / 86400:.2f} days",
+            field="objective.deadline_s",
+            fix="extend the deadline, add GPUs, or train on fewer tokens",
+        )
+    best = float(job_usd[fits].min())
+    raise InfeasibleError(
+        f"no plan stays within the budget of ${objective.budget_usd:,.0f}; the cheapest plan that fits costs ${best:,.0f}",
+        field="objective.budget_usd",
+        fix="raise the budget, use cheaper GPUs, or train on fewer tokens",
+    )
+
+
+__all__ = ["search_plans", "SearchResult", "RankedPlan", "Pins", "Objective", "COMPONENTS", "check_job"]
