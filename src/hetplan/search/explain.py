@@ -65,7 +65,8 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
     else:
         head = f"{loser['iteration_time_s'] / winner['iteration_time_s'] - 1:+.1%} iteration time"
     if abs(loser["iteration_time_s"] / winner["iteration_time_s"] - 1) < 1e-3 and goal != "cheapest":
-        return "ties with #1 on time, ranked lower on $" + (f" ({', '.join(diffs)})" if diffs else "")
+        return (f"ties with #1 on time and $, needs more memory per GPU ({loser['memory_total'] / GIB:.1f} vs "
+                f"{winner['memory_total'] / GIB:.1f} GiB)" + (f" ({', '.join(diffs)})" if diffs else ""))
     share_l = loser["components"][key] / loser["iteration_time_s"]
     share_w = winner["components"][key] / winner["iteration_time_s"]
     text = f"{head}: {COMPONENT_NAMES[key]} {share_l:.0%} of the iteration vs {share_w:.0%}"

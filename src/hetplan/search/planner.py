@@ -129,7 +129,7 @@ def search_plans(
     job_time = cat["iteration_time_s"] * iterations
     job_usd = cat["usd_per_hour"] * job_time / 3600
     primary, secondary = rank_keys(objective, job_time, job_usd, cat["fits"])
-    order = np.lexsort((secondary, primary))
+    order = np.lexsort((cat["memory_total"], secondary, primary))  # ties: less memory per GPU first
     n_fit = int(cat["fits"].sum())
     if not np.isfinite(primary[order[0]]):
         _raise_infeasible(objective, results, cat, job_time, job_usd)
