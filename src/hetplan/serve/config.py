@@ -1,0 +1,234 @@
+"""``SERVE.toml`` and ``WORKLOAD.toml``: the serving and workload specs, validated with clear errors.
+
+Both files share ``[cluster]``, ``[scheduler]`` and ``[[models]]``; ``SERVE.toml`` adds ``[api]``, ``WORKLOAD.toml``
+adds ``[workload]``, ``[swap]`` and ``[capacity]``. Examples: ``examples/serve/``. Model paths ending in ``.json``
+are resolved relative to the TOML file. Unknown keys are errors (typos never pass silently).
+
+This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hetplan.errors import HetplanError
+from hetplan.model.spec import ModelSpec, load_model
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelEntry(_Strict):
+    """One served model: ``name`` (API name), ``model`` (preset or config.json), weights ``seed``,
+    ``num_layers`` override (to shrink a preset for tests), and for workloads its own ``rate_per_s``, ``cv`` and
+    latency ``slo_s``."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    model: str
+    seed: int = 0
+    num_layers: int | None = Field(default=None, gt=0)
+    rate_per_s: float | None = Field(default=None, ge=0)
+    cv: float | None = Field(default=None, gt=0)
+    slo_s: float | None = Field(default=None, gt=0)
+
+    def spec(self) -> ModelSpec:
+        """The model's shapes (with the ``num_layers`` override applied).
+
+        Raises:
+            HetplanError: unknown preset or bad config file.
+        """
+        try:
+            spec = load_model(self.model)
+        except HetplanError as exc:
+            raise HetplanError(exc.message, field=f"models.{self.name}.model", fix=exc.fix) from None
+        if self.num_layers is not None:
+            spec = spec.model_copy(update={"num_layers": self.num_layers})
+        return spec
+
+
+class ClusterConfig(_Strict):
+    """Workers: ``device`` (``cpu`` or ``cuda``), ``gpu`` (catalog name, for memory and the cost models),
+    ``tp`` x ``pp`` workers, weights ``dtype``, weight memory per worker ``memory_bytes`` (default
+    ``memory_fraction`` of the GPU's memory)."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    gpu: str | None = None
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp16"
+    memory_bytes: int | None = Field(default=None, gt=0)
+    memory_fraction: float = Field(default=0.9, gt=0, le=1)
+
+    def capacity_bytes(self) -> int:
+        """Weight memory per worker (bytes).
+
+        Raises:
+            HetplanError: neither ``memory_bytes`` nor ``gpu`` given, or an unknown GPU.
+        """
+        if self.memory_bytes is not None:
+            return self.memory_bytes
+        if self.gpu is None:
+            raise HetplanError("no memory size for the workers", field="cluster.memory_bytes",
+                               fix="set cluster.memory_bytes or cluster.gpu")
+        from hetplan.hardware.catalog import get_gpu
+
+        return int(get_gpu(self.gpu).memory_bytes * self.memory_fraction)
+
+
+class SchedulerConfig(_Strict):
+    """``policy`` (``lru`` | ``load_aware``), largest batch, per-model queue bound (beyond it: HTTP 429 / refused),
+    whether swap-out writes weights back to host (``write_back``), models loaded at start (``preload``)."""
+
+    policy: str = "lru"
+    max_batch_size: int = Field(default=8, ge=1)
+    max_queue_len: int = Field(default=256, ge=1)
+    write_back: bool = True
+    preload: list[str] = []
+    rate_window_s: float = Field(default=10.0, gt=0)
+
+
+class ApiConfig(_Strict):
+    """HTTP server address, default tokens per request, and the drain time on shutdown (s)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    default_max_new_tokens: int = Field(default=1, ge=1)
+    max_new_tokens_limit: int = Field(default=64, ge=1)
+    shutdown_timeout_s: float = Field(default=10.0, ge=0)
+
+
+class WorkloadConfig(_Strict):
+    """Arrivals: ``duration_s``, ``seed``, Gamma ``cv``, total rate shared by Zipf rank (``zipf_exponent``) among
+    models without their own ``rate_per_s``, or a CSV ``trace``; request shape; default latency ``slo_s``."""
+
+    duration_s: float = Field(default=60.0, gt=0)
+    seed: int = 0
+    total_rate_per_s: float = Field(default=1.0, ge=0)
+    cv: float = Field(default=1.0, gt=0)
+    zipf_exponent: float = Field(default=1.0, ge=0)
+    trace: str | None = None
+    prompt_len: int = Field(default=64, ge=1)
+    max_new_tokens: int = Field(default=1, ge=1)
+    slo_s: float = Field(default=1.0, gt=0)
+
+
+class SwapConfig(_Strict):
+    """Swap-model calibration (see :mod:`hetplan.serve.swap_model`); defaults are the Computron A100 fit."""
+
+    efficiency: float = Field(default=0.743, gt=0, le=1)
+    overhead_s: float = Field(default=0.251, ge=0)
+    gpus_per_switch: int = Field(default=1, ge=1)
+    switch_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+
+
+class CapacityConfig(_Strict):
+    """Capacity search: candidate ``gpus`` (default: whole catalog), largest cluster ``max_gpus``, required
+    fraction of requests within SLO for every model (``target_attainment``)."""
+
+    gpus: list[str] = []
+    max_gpus: int = Field(default=8, ge=1)
+    target_attainment: float = Field(default=0.99, gt=0, le=1)
+
+
+class _Common(_Strict):
+    cluster: ClusterConfig = ClusterConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    models: list[ModelEntry]
+
+    @model_validator(mode="after")
+    def _names(self):
+        names = [m.name for m in self.models]
+        if not names:
+            raise ValueError("at least one [[models]] entry is needed")
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate model names {sorted(dup)}")
+        for p in self.scheduler.preload:
+            if p not in names:
+                raise ValueError(f"preload names unknown model {p!r}")
+        return self
+
+
+class ServeConfig(_Common):
+    """``SERVE.toml``: cluster, scheduler, api, models."""
+
+    api: ApiConfig = ApiConfig()
+
+
+class WorkloadFile(_Common):
+    """``WORKLOAD.toml``: cluster, scheduler, swap, workload, capacity, models."""
+
+    workload: WorkloadConfig = WorkloadConfig()
+    swap: SwapConfig = SwapConfig()
+    capacity: CapacityConfig = CapacityConfig()
+
+
+def _resolve(data: dict, base: Path) -> dict:
+    for m in data.get("models", []) or []:
+        if isinstance(m, dict) and isinstance(m.get("model"), str) and m["model"].endswith(".json"):
+            p = Path(m["model"])
+            if not p.is_absolute() and (base / p).is_file():
+                m["model"] = str(base / p)
+    wl = data.get("workload")
+    if isinstance(wl, dict) and isinstance(wl.get("trace"), str):
+        p = Path(wl["trace"])
+        if not p.is_absolute() and (base / p).is_file():
+            wl["trace"] = str(base / p)
+    return data
+
+
+def _load(path: str | Path, cls):
+    p = Path(path)
+    if not p.is_file():
+        raise HetplanError(f"file {path} does not exist", field=str(path), fix="give the path of a TOML file")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise HetplanError(f"malformed TOML in {path}: {exc}", field=str(path), fix="fix the TOML syntax at that line") from None
+    data = _resolve(data, p.parent)
+    return parse(data, cls, origin=str(path))
+
+
+def parse(data: dict, cls, origin: str = "config"):
+    """Validate a parsed TOML dictionary as ``cls``.
+
+    Raises:
+        HetplanError: the first invalid field, named by its TOML path (e.g. ``models.0.rate_per_s``).
+    """
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise HetplanError(f"{msg} (in {origin})", field=loc, fix="see examples/serve/ for the accepted keys and values") from None
+
+
+def load_serve_config(path: str | Path) -> ServeConfig:
+    """Read and validate ``SERVE.toml``.
+
+    Raises:
+        HetplanError: missing file, TOML syntax error (with line and column), or an invalid field.
+    """
+    return _load(path, ServeConfig)
+
+
+def load_workload_config(path: str | Path) -> WorkloadFile:
+    """Read and validate ``WORKLOAD.toml``.
+
+    Raises:
+        HetplanError: missing file, TOML syntax error (with line and column), or an invalid field.
+    """
+    return _load(path, WorkloadFile)

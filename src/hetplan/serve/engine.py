@@ -1,0 +1,488 @@
+"""The real serving engine: a controller (scheduler + policies) driving TP x PP worker processes.
+
+The controller lives in the caller's process; :meth:`Engine.submit` is thread-safe and returns a
+``concurrent.futures.Future``. The workers (:mod:`hetplan.serve.worker`, one process per device, spawned) hold
+every model's shard in host memory; the scheduler (:mod:`hetplan.serve.scheduler`, the same one the simulator
+runs) decides swaps and batches, and the controller sends each action to every worker:
+
+* ``Swap(load, evict)`` -> every worker swaps its own shard, out and in overlapped; the model becomes resident
+  when all workers acknowledge (requests for it wait in its queue meanwhile);
+* ``Execute(model, batch)`` -> every worker runs its stage on the batch; the last stage returns the tokens.
+
+Bounded queues: :meth:`submit` raises :class:`QueueFull` when the model's queue holds ``max_queue_len``
+requests (the API answers 429). :meth:`shutdown` stops intake, drains queued work up to a timeout, then stops the
+workers. Metrics are kept in a :class:`hetplan.serve.metrics.PromRegistry`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import queue
+import socket
+import statistics
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Sequence
+
+from hetplan.errors import HetplanError
+from hetplan.serve.config import ModelEntry, ServeConfig
+from hetplan.serve.metrics import PromRegistry
+from hetplan.serve.policies import make_policy
+from hetplan.serve.scheduler import Execute, Scheduler, Swap
+from hetplan.serve.worker import WorkerArgs, worker_main
+from hetplan.serve.workload import Request
+
+
+class QueueFull(Exception):
+    """The model's queue is at its bound (HTTP 429)."""
+
+
+class EngineClosed(Exception):
+    """The engine is shutting down or stopped (HTTP 503)."""
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process raised or died."""
+
+
+@dataclass
+class Result:
+    """Answer to one request: generated ``tokens``, ``latency_s`` from submit to answer, ``queue_s`` waiting
+    before its batch started, and the ``batch_size`` it ran in."""
+
+    id: int
+    model: str
+    tokens: list[int]
+    latency_s: float
+    queue_s: float
+    batch_size: int
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Engine:
+    """Computron-style engine over ``tp`` x ``pp`` worker processes.
+
+    Args:
+        models: served models (:class:`hetplan.serve.config.ModelEntry`).
+        tp, pp: tensor- and pipeline-parallel degrees (``tp * pp`` worker processes).
+        device: ``"cpu"`` or ``"cuda"``.
+        dtype: ``"fp32"`` | ``"fp16"`` | ``"bf16"``.
+        capacity_bytes: weight memory per worker (bytes).
+        policy: ``"lru"`` | ``"load_aware"``.
+        max_batch_size, max_queue_len, write_back: scheduler settings.
+        preload: models swapped in at start (while they fit).
+
+    Raises:
+        HetplanError: bad settings (unknown policy, model does not fit a worker, ...).
+    """
+
+    def __init__(self, models: Sequence[ModelEntry], *, tp: int = 1, pp: int = 1, device: str = "cpu",
+                 dtype: str = "fp32", capacity_bytes: int, policy: str = "lru", max_batch_size: int = 8,
+                 max_queue_len: int = 256, write_back: bool = True, preload: Sequence[str] = (),
+                 rate_window_s: float = 10.0, threads_per_worker: int = 1):
+        self.entries = list(models)
+        self.tp, self.pp, self.world = tp, pp, tp * pp
+        self.device, self.dtype = device, dtype
+        self.capacity_bytes = capacity_bytes
+        self.policy = make_policy(policy, rate_window_s=rate_window_s)
+        self.max_batch_size, self.max_queue_len = max_batch_size, max_queue_len
+        self.write_back = write_back
+        self.preload = list(preload)
+        self.threads_per_worker = threads_per_worker
+        self.specs = {m.name: m.spec() for m in self.entries}
+        for s in self.specs.values():  # fail early, in this process, on shapes that do not split
+            from hetplan.serve.swap_model import shard_parameters
+
+            shard_parameters(s, tp, pp)
+        self.vocab_sizes = {n: s.vocab_size for n, s in self.specs.items()}
+        self.metrics = PromRegistry()
+        self._describe_metrics()
+        self._lock = threading.RLock()
+        self._ids = itertools.count()
+        self._swap_ids = itertools.count(1)
+        self._pending: dict[int, tuple[Future, Request, float]] = {}
+        self._batches: dict[int, tuple[Execute, float]] = {}
+        self._swap_acks: dict[int, list] = {}
+        self._swap_started: dict[int, tuple[Swap, float]] = {}
+        self._sync: dict[tuple[str, int], tuple[threading.Event, list]] = {}
+        self._stats_waiters: dict[int, tuple[threading.Event, list]] = {}
+        self._closing = False
+        self._stopped = False
+        self._error: str | None = None
+        self.shard_bytes: dict[str, list[int]] = {}
+        self.scheduler: Scheduler | None = None
+        self._t0 = time.monotonic()
+
+    @classmethod
+    def from_config(cls, cfg: ServeConfig, **overrides) -> "Engine":
+        """An engine for a ``SERVE.toml`` (see :mod:`hetplan.serve.config`)."""
+        c, s = cfg.cluster, cfg.scheduler
+        kw = dict(tp=c.tp, pp=c.pp, device=c.device, dtype=c.dtype, capacity_bytes=c.capacity_bytes(),
+                  policy=s.policy, max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len,
+                  write_back=s.write_back, preload=s.preload, rate_window_s=s.rate_window_s)
+        kw.update(overrides)
+        return cls(cfg.models, **kw)
+
+    def now_s(self) -> float:
+        """Engine clock (s since construction, monotonic)."""
+        return time.monotonic() - self._t0
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 180.0) -> "Engine":
+        """Spawn the workers, build their shards, and preload models.
+
+        Raises:
+            WorkerFailed: a worker failed to start (its traceback in the message) or timed out.
+        """
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise HetplanError("cluster.device is cuda but torch sees no GPU", field="cluster.device", fix="use device = \"cpu\"")
+        ctx = mp.get_context("spawn")
+        self._result_q = ctx.Queue()
+        self._cmd_qs = [ctx.Queue() for _ in range(self.world)]
+        self._swap_qs = [ctx.Queue() for _ in range(self.world)]
+        port = free_port()
+        models = [(m.name, m.model, m.seed, m.num_layers) for m in self.entries]
+        self._procs = []
+        for r in range(self.world):
+            a = WorkerArgs(r, self.tp, self.pp, port, models, self.device, self.dtype, self.capacity_bytes,
+                           self.write_back, self.threads_per_worker)
+            p = ctx.Process(target=worker_main, args=(a, self._cmd_qs[r], self._swap_qs[r], self._result_q),
+                            daemon=True, name=f"hetplan-serve-worker-{r}")
+            p.start()
+            self._procs.append(p)
+        ready: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(ready) < self.world:
+            try:
+                msg = self._result_q.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() > deadline or any(not p.is_alive() for p in self._procs):
+                    self._kill()
+                    raise WorkerFailed("workers did not start in time or died during start") from None
+                continue
+            if msg[0] == "error":
+                self._kill()
+                raise WorkerFailed(f"worker {msg[1]} failed to start:\n{msg[2]}")
+            if msg[0] == "ready":
+                ready[msg[1]] = msg[2]
+        for name in self.specs:
+            self.shard_bytes[name] = [ready[r][name] for r in range(self.world)]
+        est_bw = 5e9  # initial guess of copy bandwidth for swap-time estimates, replaced by measurements
+        self.scheduler = Scheduler({n: (max(b), max(b) / est_bw) for n, b in self.shard_bytes.items()},
+                                   self.capacity_bytes, self.policy, max_batch_size=self.max_batch_size,
+                                   max_queue_len=self.max_queue_len)
+        self._reader = threading.Thread(target=self._read_loop, daemon=True, name="hetplan-serve-reader")
+        self._reader.start()
+        for name in self.preload:
+            st = self.scheduler.models[name]
+            if self.scheduler.used_bytes() + st.bytes <= self.capacity_bytes:
+                self._sync_swap(name, [])
+                st.state = "resident"
+        self._refresh_gauges()
+        return self
+
+    def shutdown(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop intake, let queued and running work finish (up to ``drain_timeout_s``), stop the workers; requests
+        still pending then fail with :class:`EngineClosed`."""
+        if self._stopped:
+            return
+        self._closing = True
+        deadline = time.monotonic() + drain_timeout_s
+        while time.monotonic() < deadline and self._error is None:
+            with self._lock:
+                if self.scheduler is None or (self.scheduler.idle() and not self._pending):
+                    break
+            time.sleep(0.01)
+        self._stopped = True
+        for q in getattr(self, "_cmd_qs", []) + getattr(self, "_swap_qs", []):
+            q.put(("stop",))
+        for p in getattr(self, "_procs", []):
+            p.join(timeout=10)
+        self._kill()
+        with self._lock:
+            for fut, _, _ in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(EngineClosed("engine shut down before the request finished"))
+            self._pending.clear()
+
+    def _kill(self) -> None:
+        for p in getattr(self, "_procs", []):
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def submit(self, model: str, prompt: Sequence[int], max_new_tokens: int = 1) -> Future:
+        """Queue a request; the future resolves to a :class:`Result`.
+
+        Raises:
+            HetplanError: unknown model, empty prompt or token id outside the vocabulary.
+            QueueFull: the model's queue is full.
+            EngineClosed: the engine is shutting down.
+            WorkerFailed: a worker has failed.
+        """
+        if self._error is not None:
+            raise WorkerFailed(self._error)
+        if self._closing or self.scheduler is None:
+            raise EngineClosed("engine is not accepting requests")
+        if model not in self.specs:
+            raise HetplanError(f"unknown model {model!r}", field="model", fix=f"use one of {', '.join(self.specs)}")
+        spec = self.specs[model]
+        prompt = [int(t) for t in prompt]
+        if not prompt or min(prompt) < 0 or max(prompt) >= spec.vocab_size:
+            raise HetplanError(f"prompt must be a non-empty list of token ids in [0, {spec.vocab_size})",
+                               field="prompt", fix="send token ids within the model's vocabulary")
+        if len(prompt) + max_new_tokens > spec.max_seq_len:
+            raise HetplanError(f"prompt + max_new_tokens exceeds the model's {spec.max_seq_len} positions",
+                               field="max_new_tokens", fix="send a shorter prompt or fewer new tokens")
+        fut: Future = Future()
+        with self._lock:
+            now = self.now_s()
+            req = Request(next(self._ids), model, now, len(prompt), max_new_tokens, prompt)
+            if not self.scheduler.submit(req, now):
+                self.metrics.inc("hetplan_serve_requests_total", model=model, status="refused")
+                raise QueueFull(f"queue of model {model} is full ({self.max_queue_len} requests)")
+            self._pending[req.id] = (fut, req, now)
+            self._step_locked(now)
+        return fut
+
+    def generate(self, model: str, prompt: Sequence[int], max_new_tokens: int = 1, timeout_s: float = 60.0) -> Result:
+        """Blocking :meth:`submit`."""
+        return self.submit(model, prompt, max_new_tokens).result(timeout=timeout_s)
+
+    # -- dispatch ---------------------------------------------------------------------------------------------
+    def _step_locked(self, now: float) -> None:
+        for act in self.scheduler.step(now):
+            if isinstance(act, Swap):
+                sid = next(self._swap_ids)
+                self._swap_acks[sid] = []
+                self._swap_started[sid] = (act, time.monotonic())
+                for q in self._swap_qs:
+                    q.put(("swap", sid, act.load, list(act.evict)))
+            else:
+                bid = act.requests[0].id
+                self._batches[bid] = (act, now)
+                n = max(r.max_new_tokens for r in act.requests)
+                prompts = [r.prompt for r in act.requests]
+                for q in self._cmd_qs:
+                    q.put(("exec", bid, act.model, prompts, n))
+                self.metrics.inc("hetplan_serve_batches_total", model=act.model)
+                self.metrics.observe("hetplan_serve_batch_size", len(act.requests), model=act.model)
+        self._refresh_gauges()
+
+    def _refresh_gauges(self) -> None:
+        if self.scheduler is None:
+            return
+        for n, m in self.scheduler.models.items():
+            self.metrics.set("hetplan_serve_queue_length", len(m.queue), model=n)
+            self.metrics.set("hetplan_serve_model_resident", 1 if m.state == "resident" else 0, model=n)
+        self.metrics.set("hetplan_serve_used_bytes", self.scheduler.used_bytes())
+
+    def _read_loop(self) -> None:
+        while not self._stopped:
+            try:
+                msg = self._result_q.get(timeout=0.2)
+            except queue.Empty:
+                if not self._stopped and any(not p.is_alive() for p in self._procs):
+                    self._fail("a worker process died")
+                    return
+                continue
+            except (EOFError, OSError):
+                return
+            kind = msg[0]
+            if kind == "error":
+                self._fail(f"worker {msg[1]}:\n{msg[2]}")
+                return
+            if kind == "stats":
+                ev, out = self._stats_waiters.get(msg[2], (None, None))
+                if ev is not None:
+                    out.append(msg[3])
+                    if len(out) == self.world:
+                        ev.set()
+            elif kind == "swap_done":
+                self._on_swap_done(msg[2], msg[3])
+            elif kind == "exec_done":
+                self._on_exec_done(msg[2], msg[3])
+
+    def _fail(self, text: str) -> None:
+        self._error = text
+        with self._lock:
+            for fut, _, _ in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(WorkerFailed(text))
+            self._pending.clear()
+            for ev, _ in list(self._sync.values()):
+                ev.set()
+
+    def _on_swap_done(self, sid: int, times: dict) -> None:
+        with self._lock:
+            if ("swap", sid) in self._sync:
+                ev, out = self._sync[("swap", sid)]
+                out.append(times)
+                if len(out) == self.world:
+                    ev.set()
+                return
+            acks = self._swap_acks[sid]
+            acks.append(times)
+            if len(acks) < self.world:
+                return
+            act, t_start = self._swap_started.pop(sid)
+            del self._swap_acks[sid]
+            wall = time.monotonic() - t_start
+            bytes_in = sum(a.get("in_bytes", 0) for a in acks)
+            bytes_out = sum(a.get("out_bytes", 0) for a in acks)
+            m = self.metrics
+            m.inc("hetplan_serve_swaps_total")
+            m.inc("hetplan_serve_swap_bytes_total", bytes_in, direction="in")
+            m.inc("hetplan_serve_swap_bytes_total", bytes_out, direction="out")
+            m.observe("hetplan_serve_swap_seconds", wall)
+            if wall > 0:
+                m.set("hetplan_serve_swap_bandwidth_bytes_per_s", bytes_in / wall)
+            st = self.scheduler.models[act.load]
+            st.swap_in_s = 0.5 * st.swap_in_s + 0.5 * wall if st.swap_in_s else wall
+            now = self.now_s()
+            self.scheduler.swap_done(now)
+            self._step_locked(now)
+
+    def _on_exec_done(self, bid: int, tokens: list[list[int]]) -> None:
+        with self._lock:
+            if ("exec", bid) in self._sync:
+                ev, out = self._sync[("exec", bid)]
+                out.append(tokens)
+                ev.set()
+                return
+            act, t_start = self._batches.pop(bid)
+            now = self.now_s()
+            for req, toks in zip(act.requests, tokens):
+                fut, _, t_sub = self._pending.pop(req.id)
+                lat = now - t_sub
+                self.metrics.inc("hetplan_serve_requests_total", model=req.model, status="ok")
+                self.metrics.observe("hetplan_serve_request_latency_seconds", lat, model=req.model)
+                if not fut.done():
+                    fut.set_result(Result(req.id, req.model, toks[: req.max_new_tokens], lat, t_start - t_sub,
+                                          len(act.requests)))
+            self.scheduler.exec_done(now)
+            self._step_locked(now)
+
+    # -- synchronous helpers (engine idle) --------------------------------------------------------------------
+    def _sync_call(self, key: tuple[str, int], send, timeout_s: float) -> list:
+        ev, out = threading.Event(), []
+        with self._lock:
+            self._sync[key] = (ev, out)
+        send()
+        if not ev.wait(timeout_s) or self._error:
+            raise WorkerFailed(self._error or f"{key[0]} timed out after {timeout_s} s")
+        with self._lock:
+            del self._sync[key]
+        return out
+
+    def _sync_swap(self, load: str | None, evict: list[str], timeout_s: float = 120.0) -> tuple[float, list]:
+        sid = -next(self._swap_ids)
+        t0 = time.monotonic()
+
+        def send():
+            for q in self._swap_qs:
+                q.put(("swap", sid, load, evict))
+
+        out = self._sync_call(("swap", sid), send, timeout_s)
+        return time.monotonic() - t0, out
+
+    def _sync_exec(self, model: str, prompts: list[list[int]], n: int, timeout_s: float = 120.0) -> tuple[float, list]:
+        bid = -next(self._swap_ids)
+        t0 = time.monotonic()
+
+        def send():
+            for q in self._cmd_qs:
+                q.put(("exec", bid, model, prompts, n))
+
+        out = self._sync_call(("exec", bid), send, timeout_s)
+        return time.monotonic() - t0, out[0]
+
+    def memory_stats(self, timeout_s: float = 30.0) -> list[dict]:
+        """Each worker's memory statistics (rank order): resident models, ``live_device_bytes`` (bytes of live
+        device weight tensors, counted by finalizers), ``cuda_memory_allocated_bytes`` on GPU."""
+        key = next(self._swap_ids)
+        ev, out = threading.Event(), []
+        self._stats_waiters[key] = (ev, out)
+        for q in self._swap_qs:
+            q.put(("stats", key))
+        if not ev.wait(timeout_s):
+            raise WorkerFailed("memory statistics timed out")
+        del self._stats_waiters[key]
+        return sorted(out, key=lambda d: d["rank"])
+
+    def profile(self, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_len: int = 16, max_new_tokens: int = 1,
+                repeats: int = 3) -> dict:
+        """Measure, with the engine idle, each model's load and write-back time (s, wall clock at the controller,
+        median of ``repeats``) and its batch time (s) per batch size, for the simulator's profiled cost models.
+        Leaves every model offloaded, then re-applies ``preload``.
+
+        Raises:
+            EngineClosed: requests are in flight (profile only an idle engine).
+        """
+        with self._lock:
+            if not self.scheduler.idle():
+                raise EngineClosed("profile needs an idle engine")
+        names = list(self.specs)
+        resident = self.scheduler.resident()
+        if resident:
+            self._sync_swap(None, resident)
+        out: dict = {}
+        for name in names:
+            ins, outs, exec_t = [], [], {b: [] for b in batch_sizes}
+            for _ in range(repeats):
+                t, _ = self._sync_swap(name, [])
+                ins.append(t)
+                prompts_by_b = {b: [[(7 * i + j) % self.vocab_sizes[name] for j in range(prompt_len)] for i in range(b)]
+                                for b in batch_sizes}
+                for b in batch_sizes:
+                    t, _ = self._sync_exec(name, prompts_by_b[b], max_new_tokens)
+                    exec_t[b].append(t)
+                t, _ = self._sync_swap(None, [name])
+                outs.append(t)
+            out[name] = {"swap_in_s": statistics.median(ins), "swap_out_s": statistics.median(outs),
+                         "exec_s": {b: statistics.median(v) for b, v in exec_t.items()},
+                         "worker_bytes": self.shard_bytes[name]}
+        with self._lock:
+            for m in self.scheduler.models.values():
+                m.state = "offloaded"
+                m.swap_in_s = out[m.name]["swap_in_s"]
+        for name in self.preload:
+            st = self.scheduler.models[name]
+            if self.scheduler.used_bytes() + st.bytes <= self.capacity_bytes:
+                self._sync_swap(name, [])
+                st.state = "resident"
+        self._refresh_gauges()
+        return out
+
+    def _describe_metrics(self) -> None:
+        d = self.metrics.describe
+        d("hetplan_serve_requests_total", "counter", "Requests by model and status (ok, refused)")
+        d("hetplan_serve_swaps_total", "counter", "Swaps performed (each loads one model, evicting victims)")
+        d("hetplan_serve_swap_bytes_total", "counter", "Bytes moved by swaps, summed over workers, by direction")
+        d("hetplan_serve_swap_seconds", "histogram", "Wall time of a swap (s)")
+        d("hetplan_serve_swap_bandwidth_bytes_per_s", "gauge", "Aggregate swap-in bandwidth of the last swap (bytes/s)")
+        d("hetplan_serve_queue_length", "gauge", "Queued requests per model")
+        d("hetplan_serve_model_resident", "gauge", "1 when the model is resident on the workers")
+        d("hetplan_serve_used_bytes", "gauge", "Weight bytes per worker held by resident and loading models")
+        d("hetplan_serve_request_latency_seconds", "histogram", "Request latency from submit to answer (s)")
+        d("hetplan_serve_batches_total", "counter", "Batches executed per model")
+        d("hetplan_serve_batch_size", "histogram", "Requests per batch")

@@ -1,0 +1,284 @@
+"""One engine worker process: holds its shard of every model in host memory and swaps it to/from the device.
+
+One process per device (rank = pp_rank · TP + tp_rank), on ``torch.distributed`` (NCCL on GPU, Gloo on CPU; the
+same code path). Each worker runs two threads:
+
+* the **exec thread** (main) runs batches: embedding / layers / head of its pipeline stage with its TP slice
+  (:class:`hetplan.model.torch_transformer.TransformerStage` through ``torch.func.functional_call`` on the
+  device copy of the weights), all-reduces over its TP group, hidden states sent to the next stage with p2p
+  send/recv; greedy generation loops the last stage's tokens back to the first stage;
+* the **swap thread** evicts and loads shards: swap-out (device -> host write-back) and swap-in (host -> device)
+  run in two threads at once, tensor by tensor; a tensor is allocated only when the bytes already freed leave room
+  for it, so the worker never holds more than its ``capacity_bytes`` of weights. On GPU the host copies are
+  pinned and each direction has its own CUDA stream.
+
+Memory statistics: on GPU ``torch.cuda.memory_allocated``; on CPU the bytes of live device tensors counted by
+``weakref.finalize`` callbacks, which fire only when torch actually releases the tensor.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import traceback
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.func import functional_call
+
+from hetplan.model.spec import load_model
+from hetplan.model.torch_transformer import Partition, TransformerStage, split_layers
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class WorkerArgs:
+    """Everything a worker needs (picklable)."""
+
+    rank: int
+    tp: int
+    pp: int
+    master_port: int
+    models: list  # list of (name, model_path_or_preset, seed, num_layers_override | None)
+    device: str  # "cpu" | "cuda"
+    dtype: str
+    capacity_bytes: int
+    write_back: bool = True
+    threads: int = 1
+
+
+class _Budget:
+    """Bytes of weight memory still free on this worker (condition variable)."""
+
+    def __init__(self, free: int):
+        self.free = free
+        self.cv = threading.Condition()
+
+    def take(self, n: int) -> None:
+        with self.cv:
+            while self.free < n:
+                if not self.cv.wait(timeout=30):
+                    raise RuntimeError("swap-in waited 30 s for memory that swap-out never freed")
+            self.free -= n
+
+    def give(self, n: int) -> None:
+        with self.cv:
+            self.free += n
+            self.cv.notify_all()
+
+
+class Worker:
+    def __init__(self, a: WorkerArgs, cmd_q, swap_q, result_q):
+        self.a, self.cmd_q, self.swap_q, self.result_q = a, cmd_q, swap_q, result_q
+        self.rank = a.rank
+        self.tp_rank, self.pp_rank = a.rank % a.tp, a.rank // a.tp
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if a.device == "cuda" else "cpu")
+        self.dtype = DTYPES[a.dtype]
+        self.stages: dict[str, TransformerStage] = {}
+        self.host: dict[str, dict[str, torch.Tensor]] = {}
+        self.resident: dict[str, dict[str, torch.Tensor]] = {}
+        self.budget = _Budget(a.capacity_bytes)
+        self._live = 0
+        self._live_lock = threading.Lock()
+        self.tp_group = None
+
+    # -- setup ------------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        a = self.a
+        backend = "nccl" if a.device == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{a.master_port}", rank=a.rank,
+                                world_size=a.tp * a.pp)
+        for s in range(a.pp):  # every rank creates every group, in the same order
+            g = dist.new_group(list(range(s * a.tp, (s + 1) * a.tp))) if a.tp > 1 else None
+            if s == self.pp_rank:
+                self.tp_group = g
+        for name, path, seed, layers in a.models:
+            spec = load_model(path)
+            if layers is not None:
+                spec = spec.model_copy(update={"num_layers": int(layers)})
+            lo, hi = split_layers(spec.num_layers, a.pp)[self.pp_rank]
+            part = Partition(lo, hi, self.pp_rank == 0, self.pp_rank == a.pp - 1, self.tp_rank, a.tp, self.tp_group)
+            stage = TransformerStage(spec, part, seed=seed, dtype=self.dtype).eval()
+            params = {n: p.detach() for n, p in stage.named_parameters()}
+            if a.device == "cuda":
+                params = {n: p.pin_memory() for n, p in params.items()}
+            self.stages[name], self.host[name] = stage, params
+
+    def shard_bytes(self, name: str) -> int:
+        return sum(t.numel() * t.element_size() for t in self.host[name].values())
+
+    # -- memory -----------------------------------------------------------------------------------------------
+    def _track(self, t: torch.Tensor) -> None:
+        n = t.numel() * t.element_size()
+        with self._live_lock:
+            self._live += n
+
+        def _freed(n=n):
+            with self._live_lock:
+                self._live -= n
+
+        weakref.finalize(t, _freed)
+
+    def memory_stats(self) -> dict:
+        out = {"rank": self.rank, "resident": sorted(self.resident), "live_device_bytes": self._live,
+               "budget_free_bytes": self.budget.free}
+        if self.device.type == "cuda":
+            out["cuda_memory_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+        return out
+
+    # -- swapping ---------------------------------------------------------------------------------------------
+    def _swap_out(self, name: str, times: dict) -> None:
+        t0 = time.perf_counter()
+        dev = self.resident.pop(name)
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        nbytes = 0
+        with torch.cuda.stream(stream) if stream is not None else _nullctx():
+            for key in list(dev):
+                t = dev.pop(key)
+                n = t.numel() * t.element_size()
+                if self.a.write_back:
+                    self.host[name][key].copy_(t, non_blocking=stream is not None)
+                    if stream is not None:
+                        stream.synchronize()
+                del t
+                nbytes += n
+                self.budget.give(n)
+        times["out_s"] = times.get("out_s", 0.0) + time.perf_counter() - t0
+        times["out_bytes"] = times.get("out_bytes", 0) + nbytes
+
+    def _swap_in(self, name: str, times: dict) -> None:
+        t0 = time.perf_counter()
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        dev: dict[str, torch.Tensor] = {}
+        nbytes = 0
+        with torch.cuda.stream(stream) if stream is not None else _nullctx():
+            for key, h in self.host[name].items():
+                n = h.numel() * h.element_size()
+                self.budget.take(n)
+                t = torch.empty_like(h, device=self.device)
+                t.copy_(h, non_blocking=stream is not None)
+                self._track(t)
+                dev[key] = t
+                nbytes += n
+        if stream is not None:
+            stream.synchronize()
+        self.resident[name] = dev
+        times["in_s"] = time.perf_counter() - t0
+        times["in_bytes"] = nbytes
+
+    def swap(self, swap_id: int, load: str | None, evict: list[str]) -> None:
+        times: dict = {}
+        t0 = time.perf_counter()
+        outs = [threading.Thread(target=self._swap_out, args=(v, times)) for v in evict if v in self.resident]
+        for th in outs:
+            th.start()
+        if load is not None and load not in self.resident:
+            self._swap_in(load, times)
+        for th in outs:
+            th.join()
+        times["wall_s"] = time.perf_counter() - t0
+        self.result_q.put(("swap_done", self.rank, swap_id, times, self.memory_stats()))
+
+    def swap_loop(self) -> None:
+        while True:
+            msg = self.swap_q.get()
+            if msg[0] == "stop":
+                return
+            try:
+                if msg[0] == "swap":
+                    self.swap(*msg[1:])
+                elif msg[0] == "stats":
+                    self.result_q.put(("stats", self.rank, msg[1], self.memory_stats()))
+            except Exception:  # report and keep the process alive for shutdown
+                self.result_q.put(("error", self.rank, traceback.format_exc()))
+
+    # -- execution --------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch_id: int, name: str, prompts: list[list[int]], max_new_tokens: int) -> None:
+        a = self.a
+        stage = self.stages[name]
+        params = self.resident[name]
+        first, last = self.pp_rank == 0, self.pp_rank == a.pp - 1
+        seqs = [list(p) for p in prompts]
+        b, h = len(seqs), stage.spec.hidden_size
+        prev_rank = self.rank - a.tp
+        next_rank = self.rank + a.tp
+        first_peer = self.tp_rank  # rank of this TP index on stage 0
+        last_peer = (a.pp - 1) * a.tp + self.tp_rank
+        for step in range(max_new_tokens):
+            lengths = [len(s) for s in seqs]
+            s_max = max(lengths)
+            if first:
+                x = torch.zeros(b, s_max, dtype=torch.long)
+                for i, sq in enumerate(seqs):
+                    x[i, : len(sq)] = torch.tensor(sq)
+                x = x.to(self.device)
+            else:
+                x = torch.empty(b, s_max, h, dtype=self.dtype, device=self.device)
+                dist.recv(x, src=prev_rank)
+            y = functional_call(stage, params, (x,))
+            if not last:
+                dist.send(y.contiguous(), dst=next_rank)
+            if last:
+                idx = torch.tensor([n - 1 for n in lengths], device=y.device)
+                nxt = y[torch.arange(b, device=y.device), idx].argmax(-1)
+                if a.pp > 1 and step < max_new_tokens - 1:
+                    dist.send(nxt.to(torch.long).contiguous(), dst=first_peer)
+                new = nxt.tolist()
+            elif first and step < max_new_tokens - 1:
+                buf = torch.empty(b, dtype=torch.long, device=self.device)
+                dist.recv(buf, src=last_peer)
+                new = buf.tolist()
+            else:
+                new = [0] * b  # middle stages only need the lengths
+            for sq, t in zip(seqs, new):
+                sq.append(int(t))
+        if last and self.tp_rank == 0:
+            out = [sq[len(p):] for sq, p in zip(seqs, prompts)]
+            self.result_q.put(("exec_done", self.rank, batch_id, out))
+
+    def exec_loop(self) -> None:
+        while True:
+            msg = self.cmd_q.get()
+            if msg[0] == "stop":
+                return
+            try:
+                if msg[0] == "exec":
+                    self.execute(*msg[1:])
+            except Exception:
+                self.result_q.put(("error", self.rank, traceback.format_exc()))
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def worker_main(a: WorkerArgs, cmd_q, swap_q, result_q) -> None:
+    """Process entry point: set up, report ``ready``, then serve exec and swap commands until ``stop``."""
+    try:
+        torch.set_num_threads(a.threads)
+        if a.device == "cuda":
+            torch.cuda.set_device(a.rank % torch.cuda.device_count())
+        w = Worker(a, cmd_q, swap_q, result_q)
+        w.setup()
+        result_q.put(("ready", a.rank, {n: w.shard_bytes(n) for n in w.host}, os.getpid()))
+    except Exception:
+        result_q.put(("error", a.rank, traceback.format_exc()))
+        return
+    swapper = threading.Thread(target=w.swap_loop, daemon=True)
+    swapper.start()
+    w.exec_loop()
+    swapper.join(timeout=10)
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
