@@ -77,15 +77,14 @@ def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray):
 
 def _intra_boundaries(stage_gpus: np.ndarray, pp: np.ndarray, gpus_per_node: int) -> np.ndarray:
     """Number of intra-node stage boundaries per configuration (via :func:`boundary_is_intra_node`)."""
-    out = np.zeros(len(pp), dtype=np.int64)
-    keys = np.stack([stage_gpus, pp], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    keys = stage_gpus * (int(pp.max()) + 1) + pp
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    width = int(pp.max()) + 1
     vals = np.array(
-        [sum(boundary_is_intra_node([int(s)] * int(p), [0] * int(p), [gpus_per_node])) for s, p in uniq],
+        [sum(boundary_is_intra_node([int(k // width)] * int(k % width), [0] * int(k % width), [gpus_per_node])) for k in uniq],
         dtype=np.int64,
     )
-    out[:] = vals[inverse.reshape(-1)]
-    return out
+    return vals[inverse]
 
 
 def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pins, pool_index: int = 0) -> PoolResult:

@@ -55,30 +55,40 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int) -> list[int]:
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute`` (recompute as codes
     0/1/2), honouring ``pins``. Empty arrays if nothing matches."""
-    rows = []
     tps = tp_degrees(m, gpus_per_node, available)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
-    rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2]
+    dps = divisors(global_batch)
+    triples, mbs_lists = [], []
     for t in tps:
-        pps = range(1, min(m.num_layers, available // t) + 1)
-        for p in pps if pins.pp is None else [pins.pp]:
-            if t * p > available:
-                continue
-            for d in divisors(global_batch):
+        for p in range(1, min(m.num_layers, available // t) + 1) if pins.pp is None else [pins.pp]:
+            for d in dps:
                 n = t * p * d
                 if n > available:
                     break
                 if (pins.dp is not None and d != pins.dp) or (pins.num_gpus is not None and n != pins.num_gpus):
                     continue
-                zeros = [0, 1] if p > 1 else [0, 1, 2, 3]
-                if pins.zero is not None:
-                    zeros = [z for z in zeros if z == pins.zero]
-                for b in divisors(global_batch // d):
-                    if pins.mbs is not None and b != pins.mbs:
-                        continue
-                    for z in zeros:
-                        for rc in rcs:
-                            rows.append((t, p, d, b, z, rc))
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 6)
-    return {k: arr[:, i] for i, k in enumerate(("tp", "pp", "dp", "mbs", "zero", "recompute"))}
+                mbs = divisors(global_batch // d) if pins.mbs is None else [pins.mbs] if (global_batch // d) % pins.mbs == 0 else []
+                if mbs:
+                    triples.append((t, p, d))
+                    mbs_lists.append(mbs)
+    names = ("tp", "pp", "dp", "mbs", "zero", "recompute")
+    if not triples:
+        return {k: np.zeros(0, dtype=np.int64) for k in names}
+    tri = np.array(triples, dtype=np.int64)
+    counts = np.array([len(x) for x in mbs_lists])
+    base = np.repeat(tri, counts, axis=0)
+    mbs = np.concatenate([np.asarray(x, dtype=np.int64) for x in mbs_lists])
+    rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2], dtype=np.int64)
+    parts = []
+    for single, zeros in ((True, [0, 1, 2, 3]), (False, [0, 1])):
+        if pins.zero is not None:
+            zeros = [z for z in zeros if z == pins.zero]
+        sel = (base[:, 1] == 1) == single
+        if not zeros or not sel.any():
+            continue
+        zr = np.array([(z, r) for z in zeros for r in rcs], dtype=np.int64)
+        rows = np.repeat(np.column_stack([base[sel], mbs[sel]]), len(zr), axis=0)
+        parts.append(np.column_stack([rows, np.tile(zr, (int(sel.sum()), 1))]))
+    arr = np.concatenate(parts) if parts else np.zeros((0, 6), dtype=np.int64)
+    return {k: arr[:, i] for i, k in enumerate(names)}
