@@ -9,7 +9,8 @@ weights (plus a gathered-layer prefetch buffer of two layers).
 Activations per layer from :func:`hetplan.model.counts.layer_activation_bytes` (Korthikanti et al. 2023) times the
 micro-batches in flight: under 1F1B stage i of p holds ``min(p - i, m)`` (Narayanan et al. SC'21 Sec. 2.2.1); under
 GPipe all m. Full recomputation also needs one layer's full activations while it is recomputed. The first stage
-keeps the token ids (8 bytes each) and the embedding dropout mask per micro-batch in flight; the last stage the
+keeps the token ids (8 bytes each) and the embedding dropout mask per micro-batch in flight (split over TP
+ranks with sequence parallelism, as Megatron-LM's theoretical memory divides all activations by TP); the last stage the
 logits and loss buffers ``4·s·b·(h + V)/t`` (Megatron-LM theoretical memory, output layer term).
 
 Overhead: a fixed :data:`CUDA_CONTEXT_BYTES` (CUDA context, cuBLAS workspace, NCCL buffers) plus
@@ -91,7 +92,8 @@ def stage_memory_bytes(
     activations = in_flight * num_layers * per_layer
     activations = activations + np.where(rc == 2, act("none"), 0)  # the layer being recomputed
     sbh = s * b * m.hidden_size
-    activations = activations + np.where(has_embedding, in_flight * (8 * s * b + sbh), 0)
+    emb = in_flight * (8 * s * b + sbh) / np.where(sp, t, 1)  # sequence-parallel: split like the layers
+    activations = activations + np.where(has_embedding, emb, 0)
     activations = activations + np.where(has_head, 4 * s * b * (m.hidden_size + m.padded_vocab_size()) / t, 0)
     tensors = weights + grads + optim + activations
     overhead = CUDA_CONTEXT_BYTES + ALLOCATOR_MARGIN * tensors
