@@ -46,7 +46,7 @@ def summarize(records: Sequence[Record], slo_s: Mapping[str, float], duration_s:
     """Per-model and overall report: count, completed, refused, mean and p50/p90/p99 latency (s), SLO attainment,
     goodput (requests/s within SLO) and throughput (completed requests/s)."""
     out: dict = {"models": {}, "duration_s": duration_s}
-    names = list(dict.fromkeys([r.model for r in records] + list(slo_s)))
+    names = list(dict.fromkeys(list(slo_s) + [r.model for r in records]))
     for name in names + ["all"]:
         rs = [r for r in records if name == "all" or r.model == name]
         lat = [r.latency_s for r in rs if r.latency_s is not None]
