@@ -26,6 +26,7 @@ app = typer.Typer(
 SUBCOMMAND_MODULES = [
     "hetplan.cli.catalog",
     "hetplan.cli.plan",
+    "hetplan.cli.serve",
 ]
 
 for _name in SUBCOMMAND_MODULES:
