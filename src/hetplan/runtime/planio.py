@@ -1,0 +1,176 @@
+"""Read a plan JSON and decide whether (and how) the reference runtime can run it. No torch.
+
+A plan file is the JSON form of :class:`hetplan.plan.Plan`. A relative ``job.model`` path (a ``config.json``) is
+resolved against the plan file's folder, so a plan and its model config can travel together
+(``examples/tiny-pp2-dp2.json`` + ``examples/tiny-model.json``).
+
+The runtime's layout (:class:`Layout`): ranks are ordered pipeline-major, then data-parallel, then
+tensor-parallel (``rank = (pp_rank * dp + dp_rank) * tp + tp_rank``, the ``("pp", "dp", "tp")`` device mesh of
+torchtitan), so TP groups are consecutive ranks (inside a node) and pipeline stages are blocks of ``dp * tp`` ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from hetplan.errors import HetplanError
+from hetplan.model.spec import ModelSpec, load_model
+from hetplan.plan import Plan
+
+#: Pipeline schedules the runtime offers (the plan's ``schedule`` or the ``--schedule`` override).
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan JSON file; a relative ``job.model`` path is made relative to the plan's folder.
+
+    Raises:
+        HetplanError: missing file, malformed JSON (with line and column), or a field that fails validation
+            (named as ``plan.<dotted.path>``).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise HetplanError(f"plan file {p} does not exist", field="PLAN", fix="give the path of a plan JSON file")
+    text = p.read_text()
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HetplanError(f"malformed JSON in {p} (line {exc.lineno}, column {exc.colno}): {exc.msg}", field="PLAN",
+                           fix="fix the JSON syntax at that line") from None
+    if not isinstance(raw, dict):
+        raise HetplanError(f"{p} must hold a JSON object (a plan)", field="PLAN",
+                           fix="write the plan as {\"job\": ..., \"pools\": ..., \"stages\": ..., \"mbs\": ...}")
+    model = raw.get("job", {}).get("model") if isinstance(raw.get("job"), dict) else None
+    if isinstance(model, str) and model.endswith(".json") and not Path(model).is_absolute():
+        cand = (p.parent / model)
+        if cand.is_file():
+            raw["job"]["model"] = str(cand)
+    try:
+        return Plan.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise HetplanError(f"{err['msg']}", field=f"plan.{loc}" if loc else "plan",
+                           fix="see `hetplan plan --help` / docs/runtime.md for the plan fields") from None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the runtime places a plan on ranks.
+
+    Attributes:
+        pp, dp, tp: pipeline, data and tensor parallel degrees (the same on every stage).
+        world_size: pp * dp * tp ranks.
+        stage_layers: ``[start, end)`` layer range of each pipeline stage (the plan's uneven split).
+        num_microbatches: micro-batches per pipeline per iteration (global_batch / (dp * mbs)).
+        schedule: ``1f1b``, ``gpipe`` or ``interleaved``; virtual_stages: model chunks per rank (interleaved).
+        chunk_layers: ``[start, end)`` of each model chunk in pipeline order (``pp * virtual_stages`` chunks;
+            chunk ``k`` runs on pipeline rank ``k % pp``).
+    """
+
+    pp: int
+    dp: int
+    tp: int
+    world_size: int
+    stage_layers: tuple[tuple[int, int], ...]
+    num_microbatches: int
+    schedule: str
+    virtual_stages: int
+    chunk_layers: tuple[tuple[int, int], ...]
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """``(pp_rank, dp_rank, tp_rank)`` of a global rank."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+
+def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_stages: int = 1,
+           max_world_size: int | None = None) -> Layout:
+    """Check that the runtime can run ``plan`` and return its :class:`Layout`.
+
+    Args:
+        schedule: override of the plan's schedule (``1f1b``, ``gpipe``, ``interleaved``).
+        virtual_stages: model chunks per pipeline rank for the interleaved schedule (>= 2 there, 1 otherwise).
+        max_world_size: the most ranks allowed (e.g. GPUs available, or a CPU process cap).
+    Raises:
+        HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages), TP
+            that does not divide heads / key-value heads / MLP width, layers that do not add up to the model,
+            a stage too small to interleave, an unknown schedule, or more ranks than ``max_world_size``.
+    """
+    sched = (schedule or plan.schedule).lower()
+    if sched not in SCHEDULES:
+        raise HetplanError(f"unknown schedule {sched!r}", field="--schedule", fix=f"use one of {', '.join(SCHEDULES)}")
+    tps = {st.tp for st in plan.stages}
+    dps = {st.dp for st in plan.stages}
+    if len(tps) > 1 or len(dps) > 1:
+        raise HetplanError(
+            f"stages have different TP degrees {sorted(tps)} or DP degrees {sorted(dps)}; the runtime runs one "
+            "(dp, tp) for all stages (torch.distributed.pipelining needs matching DP replicas across stages)",
+            field="plan.stages[].tp/dp", fix="give every stage the same tp and dp (layer counts may differ)")
+    tp, dp, pp = tps.pop(), dps.pop(), plan.pp
+    for what, n in (("num_attention_heads", spec.num_attention_heads), ("num_kv_heads", spec.num_kv_heads),
+                    ("ffn_hidden_size", spec.ffn_hidden_size)):
+        if n % tp:
+            raise HetplanError(f"TP = {tp} does not divide {what} = {n} of model {spec.name}",
+                               field="plan.stages[].tp", fix=f"choose a TP degree that divides {n}")
+    total = sum(st.num_layers for st in plan.stages)
+    if total != spec.num_layers:
+        raise HetplanError(f"stages hold {total} layers but {spec.name} has {spec.num_layers}",
+                           field="plan.stages[].num_layers", fix=f"make the stages' num_layers add up to {spec.num_layers}")
+    if plan.job.seq_len > spec.max_seq_len and spec.learned_positions:
+        raise HetplanError(f"seq_len {plan.job.seq_len} exceeds the model's {spec.max_seq_len} learned positions",
+                           field="plan.job.seq_len", fix=f"use seq_len <= {spec.max_seq_len}")
+    world = pp * dp * tp
+    if max_world_size is not None and world > max_world_size:
+        raise HetplanError(f"the plan needs {world} ranks (pp {pp} x dp {dp} x tp {tp}) but at most {max_world_size} "
+                           "are allowed here", field="plan.stages",
+                           fix="use fewer stages / smaller dp or tp, add nodes (--nnodes), or raise --max-procs")
+    bounds, start = [], 0
+    for st in plan.stages:
+        bounds.append((start, start + st.num_layers))
+        start += st.num_layers
+    v = virtual_stages if sched == "interleaved" else 1
+    if sched == "interleaved":
+        if v < 2:
+            raise HetplanError("the interleaved schedule needs at least 2 virtual stages per rank",
+                               field="--virtual-stages", fix="pass --virtual-stages 2 (or more)")
+        if pp < 2:
+            raise HetplanError("the interleaved schedule needs pipeline parallelism", field="--schedule",
+                               fix="use 1f1b or gpipe for a single-stage plan")
+    small = [i for i, st in enumerate(plan.stages) if st.num_layers < v]
+    if small:
+        raise HetplanError(f"stages {small} hold fewer layers than the {v} virtual stages per rank",
+                           field="plan.stages[].num_layers", fix="give each stage at least --virtual-stages layers")
+    chunks: list[tuple[int, int] | None] = [None] * (pp * v)
+    for i, (a, b) in enumerate(bounds):
+        n = b - a
+        q, r = divmod(n, v)
+        s0 = a
+        for j in range(v):
+            size = q + (1 if j < r else 0)
+            chunks[j * pp + i] = (s0, s0 + size)
+            s0 += size
+    # Chunks must cover layers in pipeline order; rebuild contiguously in chunk order with the per-chunk sizes.
+    ordered, s0 = [], 0
+    for c in chunks:
+        size = c[1] - c[0]
+        ordered.append((s0, s0 + size))
+        s0 += size
+    mb = plan.num_microbatches(0)
+    if pp > 1 and sched == "interleaved" and mb % pp:
+        raise HetplanError(f"the interleaved schedule needs the micro-batches per pipeline ({mb}) to be a multiple of "
+                           f"pp = {pp}", field="plan.job.global_batch", fix="change global_batch or mbs")
+    return Layout(pp=pp, dp=dp, tp=tp, world_size=world, stage_layers=tuple(bounds), num_microbatches=mb,
+                  schedule=sched, virtual_stages=v, chunk_layers=tuple(ordered))
+
+
+def plan_model(plan: Plan) -> ModelSpec:
+    """The plan's model spec (preset or config path).
+
+    Raises:
+        HetplanError: unknown model / bad config (from :func:`hetplan.model.spec.load_model`).
+    """
+    return load_model(plan.job.model)

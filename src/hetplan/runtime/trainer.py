@@ -1,0 +1,280 @@
+"""The reference trainer: one rank of a plan on ``torch.distributed`` (start it with torchrun, see
+:mod:`hetplan.runtime.launcher`). Imports torch.
+
+Per rank:
+
+1. ``init_process_group`` (``nccl`` on GPU, ``gloo`` on CPU) and a ``("pp", "dp", "tp")`` device mesh
+   (:class:`~hetplan.runtime.planio.Layout`).
+2. Its model chunk(s) (:func:`hetplan.runtime.torchparts.build_stage`: random weights, the plan's uneven layer
+   split; TP with DTensor); DP with DDP (``--dp-mode ddp``, ZeRO-0) or FSDP2 ``fully_shard`` (``fsdp``, the
+   default when the plan asks for ZeRO-3).
+3. ``torch.distributed.pipelining``: :class:`PipelineStage` per chunk and ``Schedule1F1B`` / ``ScheduleGPipe`` /
+   ``ScheduleInterleaved1F1B`` over the plan's micro-batches (single-stage plans run a plain gradient-accumulation
+   loop); AdamW; synthetic tokens (seeded per DP replica).
+4. ``warmup`` untimed and ``iterations`` timed iterations (``time.perf_counter`` after a barrier, CUDA synchronised).
+5. Stage timing in isolation: ranks take turns (one at a time, so ranks sharing CPU cores do not slow each other)
+   timing forward and backward of one micro-batch through their own chunk(s), median of repeats.
+6. Memory per rank: ``torch.cuda.max_memory_allocated`` on GPU; on both, a tensor account: parameter, gradient and
+   optimizer-state bytes plus the peak of activation bytes saved for backward during a timed iteration
+   (:class:`~hetplan.runtime.torchparts.SavedTensorMeter`); and the process's peak RSS.
+
+Rank 0 gathers every rank's numbers and writes them as JSON (``--out``), see :func:`run_rank`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hetplan.runtime import planio, torchparts
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m hetplan.runtime.trainer", description=__doc__.splitlines()[0])
+    ap.add_argument("plan")
+    ap.add_argument("--out", default=None, help="JSON file rank 0 writes the results to")
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--schedule", default=None, choices=planio.SCHEDULES)
+    ap.add_argument("--virtual-stages", type=int, default=2)
+    ap.add_argument("--dp-mode", default=None, choices=("ddp", "fsdp"))
+    ap.add_argument("--dtype", default=None, choices=tuple(torchparts.DTYPES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stage-repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank on CPU")
+    return ap.parse_args(argv)
+
+
+def run_rank(argv: list[str] | None = None) -> dict | None:
+    """Run this rank (environment from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+
+    Returns (on rank 0; None elsewhere) and writes to ``--out``::
+
+        {"world_size", "pp", "dp", "tp", "schedule", "dp_mode", "dtype", "device", "software",
+         "iteration_time_s" (median over timed iterations, max over ranks), "iteration_times_s" (rank 0),
+         "loss" (last iteration, last stage), "ranks": [{"rank", "pp_rank", "dp_rank", "tp_rank", "layers",
+         "forward_s", "backward_s" (one micro-batch through the rank's chunks, isolated), "weights_bytes",
+         "gradients_bytes", "optimizer_bytes", "activation_peak_bytes", "tensor_bytes", "cuda_max_allocated_bytes",
+         "peak_rss_bytes"}]}
+    """
+    args = _parse(argv)
+    plan = planio.load_plan(args.plan)
+    spec = planio.plan_model(plan)
+    lay = planio.layout(plan, spec, schedule=args.schedule, virtual_stages=args.virtual_stages)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if world != lay.world_size:
+        raise SystemExit(f"plan needs {lay.world_size} ranks, torchrun started {world}")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, args.threads))
+    backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=300))
+    try:
+        return _train(args, plan, spec, lay, rank, device, backend)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device, backend: str) -> dict | None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dtype_name = args.dtype or (plan.job.dtype if device.type == "cuda" else "fp32")
+    dtype = torchparts.torch_dtype(dtype_name)
+    mesh = init_device_mesh(device.type, (lay.pp, lay.dp, lay.tp), mesh_dim_names=("pp", "dp", "tp"))
+    pp_rank, dp_rank, tp_rank = lay.coords(rank)
+    dp_mode = args.dp_mode or ("fsdp" if plan.zero == 3 else "ddp")
+    nchunks = lay.pp * lay.virtual_stages
+    my_chunks = [k for k in range(nchunks) if k % lay.pp == pp_rank]
+    raw, wrapped = [], []
+    for k in my_chunks:
+        a, b = lay.chunk_layers[k]
+        mod = torchparts.build_stage(spec, a, b, k == 0, k == nchunks - 1, tp_mesh=mesh["tp"], dtype=dtype,
+                                     device=device, seed=args.seed)
+        raw.append(mod)
+        if lay.dp > 1 and dp_mode == "ddp" and lay.pp == 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            if lay.tp > 1:
+                from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+                _pre_dp_module_transform(mod)
+            mod = DDP(mod, process_group=mesh["dp"].get_group(),
+                      device_ids=[device.index] if device.type == "cuda" else None)
+        elif lay.dp > 1 and dp_mode == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(mod, mesh=mesh["dp"])
+        wrapped.append(mod)
+    params = [p for m in raw for p in m.parameters()]
+    # Under pipelining, DP = DDP's gradient all-reduce done once after the last backward (the DDP wrapper inside
+    # torch.distributed.pipelining left the last stage's replicas out of sync in our tests with torch 2.13).
+    manual_dp = lay.dp > 1 and dp_mode == "ddp" and lay.pp > 1
+    opt = torch.optim.AdamW(params, lr=1e-4)
+
+    mbs, s, nmb = plan.mbs, plan.job.seq_len, lay.num_microbatches
+    g = torch.Generator().manual_seed(1000 + dp_rank)
+    tokens = torch.randint(0, spec.vocab_size, (mbs * nmb, s), generator=g).to(device)
+    target = torch.randint(0, spec.vocab_size, (mbs * nmb, s), generator=g).to(device)
+    first_rank, last_rank = pp_rank == 0, pp_rank == lay.pp - 1
+
+    schedule = None
+    if lay.pp > 1:
+        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                  ScheduleInterleaved1F1B)
+
+        stages = [PipelineStage(m, k, nchunks, device, group=mesh["pp"].get_group())
+                  for k, m in zip(my_chunks, wrapped)]
+        if lay.schedule == "interleaved":
+            schedule = ScheduleInterleaved1F1B(stages, n_microbatches=nmb, loss_fn=torchparts.loss_fn)
+        else:
+            cls = Schedule1F1B if lay.schedule == "1f1b" else ScheduleGPipe
+            schedule = cls(stages[0], n_microbatches=nmb, loss_fn=torchparts.loss_fn)
+
+    meter = torchparts.SavedTensorMeter(exclude=raw)
+
+    def step() -> float | None:
+        opt.zero_grad(set_to_none=True)
+        loss_val = None
+        if schedule is not None:
+            losses: list = []
+            if first_rank:
+                schedule.step(tokens, target=target if last_rank else None, losses=losses)
+            elif last_rank:
+                schedule.step(target=target, losses=losses)
+            else:
+                schedule.step()
+            if losses:
+                loss_val = float(torch.stack([l.detach().float() for l in losses]).mean())
+        else:
+            model = wrapped[0]
+            for i in range(nmb):
+                sl = slice(i * mbs, (i + 1) * mbs)
+                sync = i == nmb - 1 or not hasattr(model, "no_sync")
+                ctx = model.no_sync() if not sync else _null()
+                with ctx:
+                    loss = torchparts.loss_fn(model(tokens[sl]), target[sl]) / nmb
+                    loss.backward()
+                loss_val = (loss_val or 0.0) + float(loss.detach()) 
+        if manual_dp:
+            _allreduce_grads(params, mesh["dp"].get_group(), lay.dp)
+        opt.step()
+        return loss_val
+
+    for _ in range(args.warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times, loss_val = [], None
+    for it in range(args.iterations):
+        dist.barrier()
+        torchparts._sync(device)
+        t0 = time.perf_counter()
+        if it == 0:
+            with meter.track():
+                loss_val = step()
+        else:
+            loss_val = step()
+        torchparts._sync(device)
+        times.append(time.perf_counter() - t0)
+    torchparts.collect()
+    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    states = torchparts.model_state_bytes(raw, opt)
+
+    # DP replicas must hold the same weights after the updates (each saw different tokens): checks gradient sync.
+    with torch.no_grad():
+        checksum = float(sum(torchparts._local(p).double().sum() for p in params))
+    sums: list = [None] * lay.dp
+    dist.all_gather_object(sums, checksum, group=mesh["dp"].get_group())
+    in_sync = max(sums) - min(sums) <= 1e-6 * max(1.0, abs(checksum))
+
+    # Isolated stage timing, one rank at a time.
+    fwd = bwd = 0.0
+    for turn in range(dist.get_world_size()):
+        dist.barrier()
+        if turn != rank:
+            continue
+        for k, mod in zip(my_chunks, raw):
+            x = torchparts.sample_input(spec, k == 0, mbs, s, dtype, device, seed=k)
+            f, b = torchparts.time_forward_backward(mod, x, last=k == nchunks - 1, target=target[:mbs],
+                                                    warmup=2, repeats=args.stage_repeats)
+            fwd, bwd = fwd + f, bwd + b
+    dist.barrier()
+    mine = {
+        "rank": rank, "pp_rank": pp_rank, "dp_rank": dp_rank, "tp_rank": tp_rank,
+        "layers": [list(lay.chunk_layers[k]) for k in my_chunks],
+        "forward_s": fwd, "backward_s": bwd,
+        "iteration_time_s": statistics.median(times),
+        "weights_bytes": states["weights"], "gradients_bytes": states["gradients"],
+        "optimizer_bytes": states["optimizer"], "activation_peak_bytes": meter.peak_bytes,
+        "tensor_bytes": states["weights"] + states["gradients"] + states["optimizer"] + meter.peak_bytes,
+        "cuda_max_allocated_bytes": cuda_peak, "peak_rss_bytes": torchparts.peak_rss_bytes(),
+        "loss": loss_val, "param_checksum": checksum, "dp_replicas_in_sync": in_sync,
+    }
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return None
+    result = {
+        "world_size": lay.world_size, "pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "schedule": lay.schedule,
+        "virtual_stages": lay.virtual_stages, "dp_mode": dp_mode if lay.dp > 1 else "none", "dtype": dtype_name,
+        "backend": backend, "device": torchparts.device_name(device), "software": torchparts.software_version(),
+        "mbs": mbs, "seq_len": s, "num_microbatches": nmb, "iterations": args.iterations,
+        "iteration_time_s": max(r["iteration_time_s"] for r in everyone), "iteration_times_s": times,
+        "loss": next((r["loss"] for r in reversed(everyone) if r["loss"] is not None), None),
+        "dp_replicas_in_sync": all(r["dp_replicas_in_sync"] for r in everyone),
+        "ranks": everyone,
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _allreduce_grads(params, group, dp: int) -> None:
+    """Average gradients over the DP group: one flat all-reduce per dtype (DDP's result, without overlap)."""
+    by_dtype: dict = {}
+    for p in params:
+        if p.grad is not None:
+            by_dtype.setdefault(p.grad.dtype, []).append(p)
+    for ps in by_dtype.values():
+        grads = [torchparts._local(p.grad) for p in ps]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat /= dp
+        off = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[off:off + n].view_as(g))
+            off += n
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point for ``python -m hetplan.runtime.trainer PLAN.json [--out FILE] ...`` under torchrun."""
+    result = run_rank(argv)
+    if result is not None and not _parse(argv).out:
+        json.dump(result, sys.stdout, indent=2)
+
+
+if __name__ == "__main__":
+    main()
