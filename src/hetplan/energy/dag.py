@@ -17,6 +17,7 @@ Schedules (per stage ``s`` of ``S``, ``M`` micro-batches):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -82,13 +83,21 @@ class PipelineDAG:
         """Number of instructions ``n``."""
         return int(self.stage.size)
 
-    def pred_matrix(self) -> np.ndarray:
-        """shape (n, K): predecessors of each instruction, padded with ``n`` (a sentinel)."""
+    @cached_property
+    def _pred(self) -> np.ndarray:
         return _padded(self.dst, self.src, self.num_ops)
 
-    def succ_matrix(self) -> np.ndarray:
-        """shape (n, K): successors of each instruction, padded with ``n`` (a sentinel)."""
+    @cached_property
+    def _succ(self) -> np.ndarray:
         return _padded(self.src, self.dst, self.num_ops)
+
+    def pred_matrix(self) -> np.ndarray:
+        """shape (n, K): predecessors of each instruction, padded with ``n`` (a sentinel). Cached; do not modify."""
+        return self._pred
+
+    def succ_matrix(self) -> np.ndarray:
+        """shape (n, K): successors of each instruction, padded with ``n`` (a sentinel). Cached; do not modify."""
+        return self._succ
 
 
 def _padded(keys: np.ndarray, vals: np.ndarray, n: int) -> np.ndarray:

@@ -42,15 +42,47 @@ def min_cut_source_side(num_nodes: int, rows: np.ndarray, cols: np.ndarray, caps
     too_big = caps.size > 0 and (int(caps.max()) > INT32_MAX or out_of_source > INT32_MAX)
     if backend == "python" or (backend == "auto" and too_big):
         return _python_dinic(num_nodes, rows, cols, caps, source, sink)
-    g = csr_array((caps.astype(np.int32), (rows.astype(np.int32), cols.astype(np.int32))),
-                  shape=(num_nodes, num_nodes))
-    res = maximum_flow(g, source, sink, method="dinic")
-    resid = (g - res.flow).tocsr()
-    resid.data[resid.data < 0] = 0
-    resid.eliminate_zeros()
-    reach = breadth_first_order(resid, source, directed=True, return_predecessors=False)
+    # relabel to the nodes that are used, add explicit reverse edges (capacity 0) so that SciPy's flow matrix
+    # has exactly our sparsity structure, then read the residual graph off it without sparse arithmetic
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    used = np.zeros(num_nodes, dtype=bool)
+    used[rows] = True
+    used[cols] = True
+    used[source] = used[sink] = True
+    ids = np.cumsum(used) - 1
+    nodes = np.nonzero(used)[0]
+    m = int(nodes.size)
+    r, c = ids[rows], ids[cols]
+    R = np.concatenate((r, c))
+    C = np.concatenate((c, r))
+    K = np.concatenate((caps, np.zeros_like(caps)))
+    keys = R * m + C
+    order = np.argsort(keys, kind="stable")
+    keys, R, C, K = keys[order], R[order], C[order], K[order]
+    if keys.size > 1 and (dup := keys[1:] == keys[:-1]).any():  # antiparallel input edges: merge
+        first = np.concatenate(([True], ~dup))
+        grp = np.cumsum(first) - 1
+        K = np.bincount(grp, weights=K).astype(np.int64)
+        R, C = R[first], C[first]
+    indptr = np.zeros(m + 1, dtype=np.int32)
+    np.cumsum(np.bincount(R, minlength=m), out=indptr[1:])
+    g = csr_array((K.astype(np.int32), C.astype(np.int32), indptr), shape=(m, m))
+    s, t = int(ids[source]), int(ids[sink])
+    res = maximum_flow(g, s, t, method="dinic")
+    fl = res.flow
+    if fl.indices.size == C.size and np.array_equal(fl.indptr, indptr) and np.array_equal(fl.indices, C):
+        resid = K - fl.data
+    else:  # pragma: no cover - SciPy changed its output structure; fall back to sparse arithmetic
+        coo = (g - fl).tocoo()
+        R, C, resid = coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data
+    keep = resid > 0
+    ind2 = np.zeros(m + 1, dtype=np.int32)
+    np.cumsum(np.bincount(R[keep], minlength=m), out=ind2[1:])
+    rg = csr_array((np.ones(int(keep.sum()), dtype=np.int8), C[keep].astype(np.int32), ind2), shape=(m, m))
+    reach = breadth_first_order(rg, s, directed=True, return_predecessors=False)
     side = np.zeros(num_nodes, dtype=bool)
-    side[reach] = True
+    side[nodes[reach]] = True
     return int(res.flow_value), side
 
 

@@ -1,0 +1,218 @@
+"""High-level energy planning: profile in, iteration time–energy frontier and frequency plans out.
+
+:func:`compute_frontier` runs the Perseus planner (Chung et al., SOSP'24) end to end:
+options (:mod:`~hetplan.energy.options`) → DAG (:mod:`~hetplan.energy.dag`) → Phillips–Dessouky
+(:mod:`~hetplan.energy.solver`). Each frontier point becomes a :class:`FrequencyPlan`: for every instruction
+the slowest kept frequency whose quantized time fits the duration the solver assigned (Perseus §4.4).
+
+Energies on the frontier are the planner's model energies (fitted effective energy + idle power, exactly
+what the published ``frontier_reference`` files contain). :meth:`Frontier.simulate` replays a plan on the
+measured profile instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hetplan.energy.dag import KIND_NAMES, PipelineDAG, build_pipeline_dag
+from hetplan.energy.options import OperationOptions, build_options
+from hetplan.energy.profile import INSTRUCTIONS, StageProfile
+from hetplan.energy.simulate import simulate_plan
+from hetplan.energy.solver import PhillipsDessoukySolver, SolverResult
+from hetplan.errors import HetplanError
+
+
+@dataclass
+class FrequencyPlan:
+    """One frequency per instruction, per stage, in the stage's schedule order.
+
+    Attributes:
+        time_s: planned iteration time (quantized, s). energy_j: planned iteration energy (model, J).
+        frequencies_mhz: ``[stage][position]`` SM frequency (MHz).
+        instructions: ``[stage][position]`` like ``"forward:3"`` (instruction:micro-batch).
+        schedule, num_stages, num_microbatches, unit_time_s, idle_power_w: the pipeline it was planned for.
+        index: position of the point on the frontier (0 = slowest).
+    """
+
+    time_s: float
+    energy_j: float
+    frequencies_mhz: list[list[int]]
+    instructions: list[list[str]]
+    schedule: str
+    num_stages: int
+    num_microbatches: int
+    unit_time_s: float
+    idle_power_w: float
+    index: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The plan as JSON text (all fields above)."""
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "FrequencyPlan":
+        """Parse :meth:`to_json` output.
+
+        Raises:
+            HetplanError: malformed JSON or missing fields.
+        """
+        try:
+            data = json.loads(text)
+            return cls(**data)
+        except (ValueError, TypeError) as exc:
+            raise HetplanError(f"not a frequency plan: {exc}", field="plan",
+                               fix="give a plan JSON written by 'hetplan energy frontier'") from None
+
+
+@dataclass
+class Frontier:
+    """The iteration time–energy frontier of a pipeline and the plan of each point.
+
+    Attributes:
+        profile: the stage profile. dag: the instruction DAG. options: per ``2*stage + kind``.
+        idle_power_w, unit_time_s: planner inputs. result: raw solver output.
+        time_s: shape (p,), iteration times, slowest first (s). energy_j: shape (p,), energies (J).
+    """
+
+    profile: StageProfile
+    dag: PipelineDAG
+    options: list[OperationOptions]
+    idle_power_w: float
+    unit_time_s: float
+    result: SolverResult
+
+    @property
+    def time_s(self) -> np.ndarray:
+        return self.result.quant_time * self.unit_time_s
+
+    @property
+    def energy_j(self) -> np.ndarray:
+        return self.result.energy_j
+
+    def __len__(self) -> int:
+        return int(self.result.quant_time.size)
+
+    def frequencies(self, index: int) -> np.ndarray:
+        """shape (n,): frequency (MHz) of every DAG instruction at frontier point ``index``."""
+        d = self.result.durations[index]
+        spec = 2 * self.dag.stage + self.dag.kind
+        out = np.empty(self.dag.num_ops, np.int64)
+        cache: dict[tuple[int, int], int] = {}
+        for i in range(self.dag.num_ops):
+            key = (int(spec[i]), int(d[i]))
+            if key not in cache:
+                cache[key] = self.options[key[0]].frequency_for(key[1])
+            out[i] = cache[key]
+        return out
+
+    def plan(self, index: int) -> FrequencyPlan:
+        """The :class:`FrequencyPlan` of frontier point ``index`` (0 = slowest; negative counts from the end).
+
+        Raises:
+            HetplanError: index out of range.
+        """
+        p = len(self)
+        if not -p <= index < p:
+            raise HetplanError(f"frontier point {index} does not exist (there are {p})", field="index",
+                               fix=f"use 0..{p - 1}")
+        index %= p
+        f = self.frequencies(index)
+        dag = self.dag
+        return FrequencyPlan(
+            time_s=float(self.time_s[index]),
+            energy_j=float(self.energy_j[index]),
+            frequencies_mhz=[[int(f[i]) for i in ids] for ids in dag.stage_ops],
+            instructions=[[f"{KIND_NAMES[dag.kind[i]]}:{int(dag.microbatch[i])}" for i in ids] for ids in dag.stage_ops],
+            schedule=dag.schedule,
+            num_stages=dag.num_stages,
+            num_microbatches=dag.num_microbatches,
+            unit_time_s=self.unit_time_s,
+            idle_power_w=self.idle_power_w,
+            index=index,
+        )
+
+    def simulate(self, index: int) -> tuple[float, float]:
+        """Measured-profile ``(time_s, energy_j)`` of point ``index`` (see :mod:`~hetplan.energy.simulate`)."""
+        return simulate_plan(self.profile, self.dag, self.frequencies(index), self.idle_power_w)
+
+    def pareto_indices(self) -> np.ndarray:
+        """Indices of points no other point beats in both time and energy (slow non-Pareto end trimmed)."""
+        order = np.argsort(self.time_s, kind="stable")
+        best = math.inf
+        keep = []
+        for i in order:
+            if self.energy_j[i] < best:
+                keep.append(i)
+                best = self.energy_j[i]
+        return np.array(sorted(keep, key=lambda i: -self.time_s[i]), dtype=np.int64)
+
+    def index_for_time(self, deadline_s: float) -> int:
+        """Point of least energy, counting idle power up to ``deadline_s``, among those finishing by it.
+
+        Raises:
+            HetplanError: the deadline is faster than the fastest point.
+        """
+        t, e = self.time_s, self.energy_j
+        ok = np.nonzero(t <= deadline_s + 1e-12)[0]
+        if ok.size == 0:
+            raise HetplanError(f"no plan finishes within {deadline_s:.6g} s (fastest is {t.min():.6g} s)",
+                               field="target_time_s", fix=f"use a target time ≥ {t.min():.6g} s")
+        padded = e[ok] + self.dag.num_stages * self.idle_power_w * (deadline_s - t[ok])
+        return int(ok[int(np.argmin(padded))])
+
+    def write_csv(self, path: str | Path) -> None:
+        """Write ``time,energy`` (s, J per iteration; slowest first) like ``frontier_reference``."""
+        with open(path, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["time", "energy"])
+            for t, e in zip(self.time_s, self.energy_j):
+                w.writerow([repr(float(t)), repr(float(e))])
+
+    def write_plans(self, directory: str | Path) -> list[Path]:
+        """Write ``plan_00000.json`` … (one per point) into ``directory``; returns the paths."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for i in range(len(self)):
+            p = d / f"plan_{i:05d}.json"
+            p.write_text(self.plan(i).to_json())
+            paths.append(p)
+        return paths
+
+
+def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w: float,
+                     unit_time_s: float = 0.001, schedule: str = "1f1b", *,
+                     maxflow_backend: str = "auto", max_points: int | None = None) -> Frontier:
+    """Compute the iteration time–energy frontier of a pipeline (Perseus, SOSP'24, §4).
+
+    Args:
+        profile: per-stage forward/backward time and energy at each frequency.
+        num_microbatches: micro-batches per iteration (≥ 1).
+        idle_power_w: GPU power while blocked on communication (W, ≥ 0), e.g. 83.64 for A100-SXM.
+        unit_time_s: time quantum (s, > 0); 0.001 reproduces the published frontiers.
+        schedule: ``"1f1b"`` or ``"gpipe"``.
+        maxflow_backend: see :func:`hetplan.energy.maxflow.min_cut_source_side`.
+        max_points: stop after this many points (None: the whole frontier).
+
+    Returns:
+        The :class:`Frontier`, slowest point first.
+
+    Raises:
+        HetplanError: bad counts, idle power, unit time or schedule.
+    """
+    if isinstance(num_microbatches, bool) or int(num_microbatches) != num_microbatches or num_microbatches < 1:
+        raise HetplanError(f"number of micro-batches must be a positive integer, got {num_microbatches}",
+                           field="num_microbatches", fix="use e.g. --num-microbatches 12")
+    dag = build_pipeline_dag(profile.num_stages, int(num_microbatches), schedule)
+    options = [build_options(profile.get(s, inst), unit_time_s, idle_power_w)
+               for s in range(profile.num_stages) for inst in INSTRUCTIONS]
+    solver = PhillipsDessoukySolver(dag, options, idle_power_w, maxflow_backend=maxflow_backend)
+    result = solver.run(max_points=max_points)
+    return Frontier(profile, dag, options, float(idle_power_w), float(unit_time_s), result)

@@ -1,0 +1,83 @@
+"""Replay a frequency plan on the measured profile: real iteration time and energy.
+
+Given one SM frequency per instruction, each instruction takes its *measured* time and energy at that
+frequency (no quantization, no model). The iteration time is the longest path of the DAG; the energy is
+computation energy plus idle power on every GPU for the time it is not computing (Perseus §4.1):
+``E = Σ_v e_v + P_idle · (S · T − Σ_v t_v)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetplan.energy.dag import KIND_NAMES, PipelineDAG
+from hetplan.energy.profile import StageProfile
+from hetplan.errors import HetplanError
+
+
+def longest_path_s(dag: PipelineDAG, duration_s: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """Iteration time and per-instruction earliest finish / latest start for real durations.
+
+    Args:
+        duration_s: shape (n,), seconds.
+
+    Returns:
+        ``(T, earliest_finish, latest_start)``, seconds; shapes (n,).
+    """
+    n = dag.num_ops
+    pred, succ = dag.pred_matrix(), dag.succ_matrix()
+    ef = np.zeros(n + 1)
+    for idx in dag.levels:
+        ef[idx] = ef[pred[idx]].max(axis=1) + duration_s[idx]
+    T = float(ef[:n].max())
+    ls = np.full(n + 1, T)
+    for idx in reversed(dag.levels):
+        ls[idx] = ls[succ[idx]].min(axis=1) - duration_s[idx]
+    return T, ef[:n], ls[:n]
+
+
+def op_time_energy(profile: StageProfile, dag: PipelineDAG, frequency_mhz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Measured (time_s, energy_j) of every instruction at its planned frequency; shapes (n,).
+
+    Raises:
+        HetplanError: a frequency was not profiled for that stage/instruction, or the plan has the wrong size.
+    """
+    freq = np.asarray(frequency_mhz).astype(np.int64)
+    if freq.shape != (dag.num_ops,):
+        raise HetplanError(f"plan has {freq.size} frequencies, the pipeline has {dag.num_ops} instructions",
+                           field="frequencies_mhz", fix="give one frequency per instruction of every stage")
+    t = np.empty(dag.num_ops)
+    e = np.empty(dag.num_ops)
+    cache: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for i in range(dag.num_ops):
+        key = (int(dag.stage[i]), int(dag.kind[i]), int(freq[i]))
+        if key not in cache:
+            cache[key] = profile.get(key[0], KIND_NAMES[key[1]]).at_frequency(key[2])
+        t[i], e[i] = cache[key]
+    return t, e
+
+
+def simulate_plan(profile: StageProfile, dag: PipelineDAG, frequency_mhz: np.ndarray,
+                  idle_power_w: float) -> tuple[float, float]:
+    """Real ``(iteration_time_s, iteration_energy_j)`` of a plan (one frequency per instruction, DAG order)."""
+    t, e = op_time_energy(profile, dag, frequency_mhz)
+    T, _, _ = longest_path_s(dag, t)
+    return T, float(e.sum() + idle_power_w * (dag.num_stages * T - t.sum()))
+
+
+def plan_to_op_array(dag: PipelineDAG, per_stage: list[list[int]]) -> np.ndarray:
+    """Flatten per-stage frequency lists (schedule order) into one value per DAG instruction.
+
+    Raises:
+        HetplanError: wrong number of stages or of instructions in a stage.
+    """
+    if len(per_stage) != dag.num_stages:
+        raise HetplanError(f"plan has {len(per_stage)} stages, the pipeline has {dag.num_stages}",
+                           field="frequencies_mhz", fix="give one list per stage")
+    out = np.empty(dag.num_ops, np.int64)
+    for s, ids in enumerate(dag.stage_ops):
+        if len(per_stage[s]) != ids.size:
+            raise HetplanError(f"stage {s} has {len(per_stage[s])} frequencies, needs {ids.size}",
+                               field="frequencies_mhz", fix="one frequency per forward/backward in schedule order")
+        out[ids] = per_stage[s]
+    return out
