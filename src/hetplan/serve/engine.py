@@ -211,6 +211,12 @@ class Engine:
         for p in getattr(self, "_procs", []):
             p.join(timeout=10)
         self._kill()
+        if getattr(self, "_reader", None) is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
+        for q in getattr(self, "_cmd_qs", []) + getattr(self, "_swap_qs", []) + [getattr(self, "_result_q", None)]:
+            if q is not None:
+                q.close()
+                q.join_thread()
         with self._lock:
             for fut, _, _ in self._pending.values():
                 if not fut.done():
@@ -305,7 +311,7 @@ class Engine:
                     self._fail("a worker process died")
                     return
                 continue
-            except (EOFError, OSError):
+            except (EOFError, OSError, ValueError):
                 return
             kind = msg[0]
             if kind == "error":
@@ -432,7 +438,8 @@ class Engine:
     def profile(self, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_len: int = 16, max_new_tokens: int = 1,
                 repeats: int = 3) -> dict:
         """Measure, with the engine idle, each model's load and write-back time (s, wall clock at the controller,
-        median of ``repeats``) and its batch time (s) per batch size, for the simulator's profiled cost models.
+        median of ``repeats``), the time of a swap loading it while evicting another model (``swap_pair_s``) and
+        its batch time (s) per batch size, for the simulator's profiled cost models.
         Leaves every model offloaded, then re-applies ``preload``.
 
         Raises:
@@ -461,6 +468,16 @@ class Engine:
             out[name] = {"swap_in_s": statistics.median(ins), "swap_out_s": statistics.median(outs),
                          "exec_s": {b: statistics.median(v) for b, v in exec_t.items()},
                          "worker_bytes": self.shard_bytes[name]}
+        if len(names) > 1:  # a swap that loads each model while evicting the previous one (out and in overlapped)
+            for i, name in enumerate(names):
+                prev = names[i - 1]
+                pair = []
+                for _ in range(repeats):
+                    self._sync_swap(prev, [])
+                    t, _ = self._sync_swap(name, [prev])
+                    pair.append(t)
+                    self._sync_swap(None, [name])
+                out[name]["swap_pair_s"] = statistics.median(pair)
         with self._lock:
             for m in self.scheduler.models.values():
                 m.state = "offloaded"
@@ -485,4 +502,4 @@ class Engine:
         d("hetplan_serve_used_bytes", "gauge", "Weight bytes per worker held by resident and loading models")
         d("hetplan_serve_request_latency_seconds", "histogram", "Request latency from submit to answer (s)")
         d("hetplan_serve_batches_total", "counter", "Batches executed per model")
-        d("hetplan_serve_batch_size", "histogram", "Requests per batch")
+        d("hetplan_serve_batch_size", "histogram", "Requests per batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128))

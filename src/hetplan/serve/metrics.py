@@ -81,13 +81,17 @@ class PromRegistry:
     def __init__(self, buckets_s: Sequence[float] = DEFAULT_BUCKETS_S):
         self._lock = threading.Lock()
         self._help: dict[str, tuple[str, str]] = {}
+        self._buckets: dict[str, tuple[float, ...]] = {}
         self._values: dict[tuple[str, tuple], float] = {}
         self._hist: dict[tuple[str, tuple], list] = {}
         self.buckets_s = tuple(buckets_s)
 
-    def describe(self, name: str, kind: str, text: str) -> None:
-        """Declare metric ``name`` of type ``counter`` | ``gauge`` | ``histogram`` with a help text."""
+    def describe(self, name: str, kind: str, text: str, buckets: Sequence[float] | None = None) -> None:
+        """Declare metric ``name`` of type ``counter`` | ``gauge`` | ``histogram`` with a help text (and, for a
+        histogram, its bucket upper bounds; default :data:`DEFAULT_BUCKETS_S`)."""
         self._help[name] = (kind, text)
+        if buckets is not None:
+            self._buckets[name] = tuple(buckets)
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         key = (name, tuple(sorted(labels.items())))
@@ -100,9 +104,10 @@ class PromRegistry:
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         key = (name, tuple(sorted(labels.items())))
+        buckets = self._buckets.get(name, self.buckets_s)
         with self._lock:
-            h = self._hist.setdefault(key, [[0] * len(self.buckets_s), 0.0, 0])
-            for i, b in enumerate(self.buckets_s):
+            h = self._hist.setdefault(key, [[0] * len(buckets), 0.0, 0])
+            for i, b in enumerate(buckets):
                 if value <= b:
                     h[0][i] += 1
             h[1] += value
@@ -127,7 +132,7 @@ class PromRegistry:
                 for (n, labels), (counts, total, count) in sorted(self._hist.items()):
                     if n != name:
                         continue
-                    for b, c in zip(self.buckets_s, counts):
+                    for b, c in zip(self._buckets.get(name, self.buckets_s), counts):
                         lines.append(f"{name}_bucket{_labels(labels + (('le', _num(b)),))} {c}")
                     lines.append(f"{name}_bucket{_labels(labels + (('le', '+Inf'),))} {count}")
                     lines.append(f"{name}_sum{_labels(labels)} {_num(total)}")
