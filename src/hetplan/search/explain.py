@@ -26,13 +26,16 @@ COMPONENT_NAMES = {
 DIMENSIONS = ("tp", "pp", "dp", "mbs", "zero", "recompute")
 
 
-def _row(results: list[PoolResult], cat, idx: int) -> dict:
+def _row(results: list[PoolResult], cat, idx: int, exact_time_s: float | None = None) -> dict:
+    """One configuration as a dict; ``exact_time_s`` (from estimate()) replaces the closed-form time if given,
+    the closed-form breakdown still gives the shares of each component."""
     res = results[cat["pool"][idx]]
     r = int(cat["row"][idx])
     out = {k: int(v[r]) for k, v in res.config.items()}
     out["gpu"] = res.gpu.name
     out["num_gpus"] = int(res.num_gpus[r])
-    out["iteration_time_s"] = float(res.iteration_time_s[r])
+    out["closed_form_time_s"] = float(res.iteration_time_s[r])
+    out["iteration_time_s"] = float(res.iteration_time_s[r]) if exact_time_s is None else exact_time_s
     out["components"] = {k: float(v[r]) for k, v in res.components.items()}
     out["memory_total"] = float(res.memory["total"][r])
     out["memory_capacity"] = float(res.gpu.memory_bytes)
@@ -51,7 +54,8 @@ def describe(c: dict) -> str:
 
 def why_behind(loser: dict, winner: dict, goal: str) -> str:
     """One sentence: how much worse ``loser`` is than ``winner`` and the component that explains it."""
-    shares = {k: loser["components"][k] / loser["iteration_time_s"] - winner["components"][k] / winner["iteration_time_s"] for k in COMPONENTS}
+    share = lambda c, k: c["components"][k] / c["closed_form_time_s"]  # noqa: E731
+    shares = {k: share(loser, k) - share(winner, k) for k in COMPONENTS}
     key = max(shares, key=shares.get)
     diffs = [f"{d} {loser[d] if d != 'recompute' else RECOMPUTE_NAMES[loser[d]]} vs "
              f"{winner[d] if d != 'recompute' else RECOMPUTE_NAMES[winner[d]]}"
@@ -67,26 +71,27 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
     if abs(loser["iteration_time_s"] / winner["iteration_time_s"] - 1) < 1e-3 and goal != "cheapest":
         return (f"ties with #1 on time and $, needs more memory per GPU ({loser['memory_total'] / GIB:.1f} vs "
                 f"{winner['memory_total'] / GIB:.1f} GiB)" + (f" ({', '.join(diffs)})" if diffs else ""))
-    share_l = loser["components"][key] / loser["iteration_time_s"]
-    share_w = winner["components"][key] / winner["iteration_time_s"]
-    text = f"{head}: {COMPONENT_NAMES[key]} {share_l:.0%} of the iteration vs {share_w:.0%}"
+    text = f"{head}: {COMPONENT_NAMES[key]} {share(loser, key):.0%} of the iteration vs {share(winner, key):.0%}"
     return text + (f" ({', '.join(diffs)})" if diffs else "")
 
 
-def explain_ranking(objective, results, cat, primary, order, ranked, skipped) -> list[str]:
-    """Fill ``ranked[k].reason`` and return the explanation lines (see module doc)."""
+def explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx, skipped) -> list[str]:
+    """Fill ``ranked[k].reason`` and return the explanation lines (see module doc).
+
+    ``ranked_idx``: row indices (into ``cat``) of the ranked plans; ``order``: all rows by ``primary``.
+    """
     goal = objective.goal
-    win_idx = int(order[0])
-    winner = _row(results, cat, win_idx)
+    win_idx = int(ranked_idx[0])
+    winner = _row(results, cat, win_idx, ranked[0].estimate.iteration_time_s)
     comp = winner["components"]
-    it = winner["iteration_time_s"]
+    it = winner["closed_form_time_s"]
     top = sorted(comp, key=comp.get, reverse=True)
     ranked[0].reason = (
-        f"best {'job $' if goal == 'cheapest' else 'job time'}; MFU {winner['mfu']:.1%}; "
+        f"best {'job $' if goal == 'cheapest' else 'job time'}; MFU {ranked[0].estimate.mfu:.1%}; "
         + ", ".join(f"{COMPONENT_NAMES[k]} {comp[k] / it:.0%}" for k in top[:3])
     )
     for k, rp in enumerate(ranked[1:], start=1):
-        rp.reason = why_behind(_row(results, cat, int(order[k])), winner, goal)
+        rp.reason = why_behind(_row(results, cat, int(ranked_idx[k]), rp.estimate.iteration_time_s), winner, goal)
     lines = [f"#1 {describe(winner)}: {ranked[0].reason}."]
     # The best plan that would beat the winner but does not fit in memory.
     better_no_fit = np.flatnonzero(~cat["fits"] & (_unconstrained_key(goal, cat) < _unconstrained_key(goal, cat)[win_idx]))

@@ -34,8 +34,9 @@ COMPONENTS = ("compute_s", "tp_comm_s", "bubble_s", "p2p_s", "dp_exposed_s", "op
 class PoolResult:
     """Arrays over the configurations of one pool (all of the same length).
 
-    ``config``: tp, pp, dp, mbs, zero, recompute (codes); ``num_gpus``; ``iteration_time_s`` and the
-    :data:`COMPONENTS`; ``memory`` (peak stage, bytes per GPU: weights, gradients, optimizer, activations,
+    ``config``: tp, pp, dp, mbs, zero, recompute (codes); ``num_gpus``; ``iteration_time_s`` (closed-form
+    pipeline, :func:`hetplan.estimate.pipeline.pipeline_time_s`) and its :data:`COMPONENTS`;
+    ``lower_bound_time_s`` (a bound no schedule can beat, :func:`pipeline_lower_bound_s`); ``memory`` (peak stage, bytes per GPU: weights, gradients, optimizer, activations,
     overhead, total); ``fits``; ``usd_per_hour``; ``mfu``.
     """
 
@@ -44,6 +45,7 @@ class PoolResult:
     config: dict[str, np.ndarray]
     num_gpus: np.ndarray
     iteration_time_s: np.ndarray
+    lower_bound_time_s: np.ndarray
     components: dict[str, np.ndarray]
     memory: dict[str, np.ndarray]
     fits: np.ndarray
@@ -87,6 +89,31 @@ def _intra_boundaries(stage_gpus: np.ndarray, pp: np.ndarray, gpus_per_node: int
     return vals[inverse]
 
 
+def pipeline_lower_bound_s(per_stage_s, count, p2p_s, num_microbatches):
+    """A lower bound on the pipeline time of any schedule, per configuration.
+
+    Stage i processes all m micro-batches one operation at a time (``m · (f_i + b_i)`` of work); its first operation
+    cannot start before micro-batch 1's forward has crossed stages 0..i-1 (``Σ_{j<i} f_j`` plus i transfers), and
+    after its last operation (a backward) that micro-batch's backward still has to cross stages i-1..0
+    (``Σ_{j<i} b_j`` plus i transfers). Hence ``T ≥ max_i [ Σ_{j<i} (f_j + b_j) + 2 i c + m (f_i + b_i) ]`` with c
+    the cheapest transfer. For each stage kind the last stage of that kind has the largest prefix, so the bound is
+    evaluated on those four stages. Arrays (n, 4) as in :func:`_stage_kinds`; ``p2p_s`` and ``num_microbatches``
+    shape (n,).
+    """
+    n1, n2 = count[:, 1], count[:, 2]
+    p0, p1, p2 = per_stage_s[:, 0], per_stage_s[:, 1], per_stage_s[:, 2]
+    m = num_microbatches
+    before = np.stack([
+        np.zeros_like(p0),
+        p0 + np.maximum(n1 - 1, 0) * p1,
+        p0 + n1 * p1 + np.maximum(n2 - 1, 0) * p2,
+        p0 + n1 * p1 + n2 * p2,
+    ], axis=1)
+    index = np.stack([np.zeros_like(n1), n1, n1 + n2, n1 + n2 + 1], axis=1)
+    bound = before + 2 * index * p2p_s[:, None] + m[:, None] * per_stage_s
+    return np.max(np.where(count > 0, bound, 0.0), axis=1)
+
+
 def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pins, pool_index: int = 0) -> PoolResult:
     """Evaluate every configuration of ``pool`` for ``job`` (see module doc)."""
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins)
@@ -112,8 +139,10 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     dp_exposed = np.max(np.where(present, c["dp_exposed_s"], 0.0), axis=1)
     optimizer = np.max(np.where(present, c["optimizer_s"], 0.0), axis=1)
     iteration = t_pipe + dp_exposed + optimizer
-
     per = c["forward_s"] + c["backward_s"]
+    c_min = np.where(n_intra > 0, np.minimum(p2p_one_intra, p2p_one_inter), p2p_one_inter)
+    lower = pipeline_lower_bound_s(per, count, c_min, mb) + dp_exposed + optimizer
+
     slowest = np.argmax(np.where(present, per, -1.0), axis=1)
     rows = np.arange(len(pp))
     tp_comm = mb * np.broadcast_to(c["tp_comm_s"], per.shape)[rows, slowest]
@@ -137,6 +166,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         config=cfg,
         num_gpus=num_gpus,
         iteration_time_s=iteration,
+        lower_bound_time_s=lower,
         components=components,
         memory=memory,
         fits=memory["total"] <= gpu.memory_bytes,

@@ -122,6 +122,7 @@ def search_plans(
         "pool": np.concatenate([np.full(len(r), k) for k, r in enumerate(results)]),
         "row": np.concatenate([np.arange(len(r)) for r in results]),
         "iteration_time_s": np.concatenate([r.iteration_time_s for r in results]),
+        "lower_bound_time_s": np.concatenate([r.lower_bound_time_s for r in results]),
         "usd_per_hour": np.concatenate([r.usd_per_hour for r in results]),
         "fits": np.concatenate([r.fits for r in results]),
         "memory_total": np.concatenate([r.memory["total"] for r in results]),
@@ -133,13 +134,10 @@ def search_plans(
     n_fit = int(cat["fits"].sum())
     if not np.isfinite(primary[order[0]]):
         _raise_infeasible(objective, results, cat, job_time, job_usd)
-    top = [int(i) for i in order[:top_k] if np.isfinite(primary[i])]
-    ranked = []
-    for rank, idx in enumerate(top, start=1):
-        res = results[cat["pool"][idx]]
-        plan = _plan_from_row(job, inventory, m, res, int(cat["row"][idx]))
-        ranked.append(RankedPlan(rank=rank, plan=plan, estimate=estimate(plan, catalog, m), reason=""))
-    explanation = explain_ranking(objective, results, cat, primary, order, ranked, skipped)
+    ranked, ranked_idx = _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog)
+    if not ranked:
+        _raise_infeasible(objective, results, cat, job_time, job_usd)
+    explanation = explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx, skipped)
     return SearchResult(
         plans=ranked,
         explanation=explanation,
@@ -147,6 +145,37 @@ def search_plans(
         configurations_fitting_memory=n_fit,
         search_time_s=time.perf_counter() - t0,
     )
+
+
+def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog):
+    """The ``top_k`` best configurations by :func:`estimate` itself, found exactly.
+
+    The vectorised pass gives for each configuration a lower bound on its iteration time that no pipeline schedule
+    can beat (:func:`hetplan.search.homogeneous.pipeline_lower_bound_s`) and the memory, which is exact. Because
+    job time and job $ grow with the iteration time, the objective evaluated at the bound is a lower bound on the
+    objective, and the deadline/budget test at the bound is optimistic. Configurations are therefore estimated in
+    increasing order of their bound, and the scan stops as soon as the next bound is worse than the K-th best
+    exact value found: every configuration left unseen is provably no better (a relative slack of 1e-6 covers
+    floating-point rounding between the two computations).
+    """
+    iterations = job.iterations()
+    lb_time = cat["lower_bound_time_s"] * iterations
+    lb_key, _ = rank_keys(objective, lb_time, cat["usd_per_hour"] * lb_time / 3600, cat["fits"])
+    scan = np.argsort(lb_key, kind="stable")
+    found: list[tuple] = []
+    for idx in scan:
+        idx = int(idx)
+        if not np.isfinite(lb_key[idx]) or (len(found) >= top_k and lb_key[idx] * (1 - 1e-6) > found[top_k - 1][0]):
+            break
+        res = results[cat["pool"][idx]]
+        plan = _plan_from_row(job, inventory, m, res, int(cat["row"][idx]))
+        est = estimate(plan, catalog, m)
+        key, second = rank_keys(objective, np.array([est.job_time_s]), np.array([est.job_usd]), np.array([est.fits]))
+        if np.isfinite(key[0]):
+            found.append((float(key[0]), float(second[0]), est.memory_bytes_per_gpu.total, idx, plan, est))
+            found.sort(key=lambda x: x[:3])
+    ranked = [RankedPlan(rank=r, plan=f[4], estimate=f[5], reason="") for r, f in enumerate(found[:top_k], start=1)]
+    return ranked, [f[3] for f in found[:top_k]]
 
 
 def _raise_infeasible(objective, results, cat, job_time, job_usd):

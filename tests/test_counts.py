@@ -1,0 +1,111 @@
+"""FLOPs, parameters, activation and model-state memory against the published formulas (exact)."""
+
+import pytest
+
+from hetplan.estimate.memory import stage_memory_bytes
+from hetplan.model import counts
+from hetplan.model.spec import ModelSpec, load_model
+
+
+def megatron_num_floating_point_operations(batch, s, L, h, a, g, f, V, swiglu, kv_channels):
+    """Megatron-LM ``training.py::num_floating_point_operations`` (dense, no MoE), transcribed as a formula:
+    12 b s L h^2 [ (1 + g/a + s/h) (a d / h) + (f/h) (3/2 if SwiGLU) + V / (2 L h) ]."""
+    ratio = kv_channels * a / h
+    gated = 1.5 if swiglu else 1.0
+    return 12 * batch * s * L * h * h * ((1 + g / a + s / h) * ratio + f / h * gated + V / (2 * L * h))
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama2-7b", "llama2-70b", "llama3-8b", "mistral-7b", "gpt2-xl", "megatron-gpt-1t"])
+@pytest.mark.parametrize("batch,seq", [(1, 2048), (8, 4096), (1536, 2048)])
+def test_flops_match_megatron(name, batch, seq):
+    m = load_model(name)
+    ours = counts.model_flops_per_iteration(m, batch, seq)
+    ref = megatron_num_floating_point_operations(
+        batch, seq, m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size,
+        m.padded_vocab_size(), m.gated_mlp, m.head_dim,
+    )
+    assert ours == pytest.approx(ref, rel=1e-12)
+
+
+def test_narayanan_eq3_with_full_recompute():
+    # Narayanan et al. SC'21 Eq. 3 (full recomputation = one more forward of every layer):
+    # 96 B s L h^2 (1 + s/6h + V/16Lh).
+    m = load_model("gpt3-175b")
+    b, s, L, h, V = 1536, 2048, 96, 12288, m.padded_vocab_size()
+    eq3 = 96 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    ours = counts.model_flops_per_iteration(m, b, s) + L * counts.layer_forward_flops(m, b, s)
+    assert ours == pytest.approx(eq3, rel=1e-12)
+
+
+def gpt(**kw):
+    base = dict(name="t", family="megatron_gpt", num_layers=24, hidden_size=2048, num_attention_heads=16, num_kv_heads=16,
+                head_dim=128, ffn_hidden_size=8192, vocab_size=51200, max_seq_len=2048, gated_mlp=False, norm="layernorm",
+                linear_bias=False, learned_positions=0, tied_embeddings=False, dropout=True)
+    base.update(kw)
+    return ModelSpec(**base)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_korthikanti_table2(t):
+    m = gpt()
+    s, b, h, a = 2048, 4, m.hidden_size, m.num_attention_heads
+    sbh = s * b * h
+    no_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False)
+    assert no_sp == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True) == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)))
+    assert counts.layer_activation_bytes(m, b, s, t, True, "selective") == pytest.approx(sbh * 34 / t)
+    assert counts.layer_activation_bytes(m, b, s, t, False, "full") == pytest.approx(2 * sbh)
+
+
+def megatron_weight_and_optimizer_bytes(m, tp, pp, dp, distributed_optimizer):
+    """Megatron-LM ``theoretical_memory_usage.compute_weight_and_optimizer_memory`` (no MoE), as a formula."""
+    L, h, a, g, f = m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size
+    p_layers = 2 * L * h * h * ((1 + g / a) * (m.q_dim / h) + f / h + 2 / h + 1 / (L * h))
+    emb = h * m.vocab_size
+    shard = (p_layers / pp + emb) / tp
+    if pp == 1:
+        shard += emb / tp
+    per_param = 6 + 12 / dp if distributed_optimizer else 18
+    return shard * per_param
+
+
+def megatron_activation_bytes(m, s, b, tp, pp, num_microbatches):
+    """Megatron-LM ``theoretical_memory_usage.compute_activation_memory`` (selective recompute + SP, 1F1B)."""
+    h, L, V = m.hidden_size, m.num_layers, m.vocab_size
+    act = s * b * h * (18 + 4 * m.ffn_hidden_size / h) * L
+    act += 8 * s * b * pp + s * b * h * pp
+    if pp > 1:
+        act *= min(1, num_microbatches / pp)
+    else:
+        act += s * b * h * 4 * (1 + V / h)
+    return act / tp
+
+
+@pytest.mark.parametrize("tp,pp,dp", [(1, 1, 1), (2, 1, 4), (8, 1, 16), (4, 4, 8), (8, 8, 2), (1, 2, 64)])
+@pytest.mark.parametrize("zero", [0, 1])
+def test_memory_matches_megatron_theoretical(tp, pp, dp, zero):
+    m = gpt()
+    s, b, mb = 2048, 2, 16
+    first = stage_memory_bytes(
+        m, num_layers=m.num_layers // pp, has_embedding=True, has_head=pp == 1, single_stage=pp == 1, b=b, s=s, t=tp,
+        dp=dp, zero=zero, recompute="selective", sequence_parallel=True, in_flight=min(pp, mb),
+    )
+    states = first["weights"] + first["gradients"] + first["optimizer"]
+    # Megatron spreads the final LayerNorm (2h parameters) over all stages (its 1/(Lh) term); we put it on the
+    # last stage only: the two agree up to those 2h parameters.
+    assert abs(states - megatron_weight_and_optimizer_bytes(m, tp, pp, dp, zero == 1)) <= 2 * m.hidden_size * 18 / tp
+    assert first["activations"] == pytest.approx(megatron_activation_bytes(m, s, b, tp, pp, mb), rel=1e-12)
+    assert first["total"] > states + first["activations"]  # overhead is added on top
+
+
+def test_zero_stages_shard_model_states():
+    m = gpt()
+    kw = dict(num_layers=24, has_embedding=True, has_head=True, single_stage=True, b=1, s=2048, t=1, dp=8,
+              recompute="full", sequence_parallel=False, in_flight=1)
+    mem = [stage_memory_bytes(m, zero=z, **kw) for z in range(4)]
+    p = counts.total_parameters(m)
+    assert mem[0]["optimizer"] == 12 * p and mem[1]["optimizer"] == 12 * p / 8
+    assert mem[1]["gradients"] == 4 * p and mem[2]["gradients"] == 4 * p / 8
+    assert mem[2]["weights"] == 2 * p
+    assert mem[3]["weights"] == pytest.approx(2 * p / 8 + 2 * 2 * counts.layer_parameters(m))  # + prefetch buffer
+    assert [x["total"] for x in mem] == sorted((x["total"] for x in mem), reverse=True)

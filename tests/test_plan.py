@@ -1,0 +1,39 @@
+"""Plan schema helpers: balanced layer split and stage placement on nodes."""
+
+import pytest
+from hypothesis import given, strategies as st
+
+from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split, boundary_is_intra_node
+
+
+@given(st.integers(1, 200), st.integers(1, 200))
+def test_balanced_split_properties(layers, pp):
+    if pp > layers:
+        with pytest.raises(ValueError):
+            balanced_split(layers, pp)
+        return
+    split = balanced_split(layers, pp)
+    assert sum(split) == layers and len(split) == pp
+    assert max(split) - min(split) <= 1
+    if pp > 2 and layers % pp <= pp - 2:  # extras go to middle stages first
+        assert split[0] == split[-1] == layers // pp
+
+
+def test_balanced_split_examples():
+    assert balanced_split(26, 3) == [9, 9, 8]
+    assert balanced_split(10, 4) == [2, 3, 3, 2]
+    assert balanced_split(11, 4) == [3, 3, 3, 2]
+    assert balanced_split(7, 1) == [7]
+
+
+def test_boundaries_on_nodes():
+    assert boundary_is_intra_node([2, 2, 2, 2], [0] * 4, [8]) == [True, True, True]
+    assert boundary_is_intra_node([4, 4, 4, 4], [0] * 4, [8]) == [True, False, True]
+    assert boundary_is_intra_node([8, 8], [0, 0], [8]) == [False]
+    assert boundary_is_intra_node([2, 2], [0, 1], [8, 8]) == [False]
+
+
+def test_plan_rejects_indivisible_global_batch():
+    job = Job(model="gpt2-xl", seq_len=1024, global_batch=10)
+    with pytest.raises(ValueError, match="not divisible by dp"):
+        Plan(job=job, pools=[GPUPool(gpu="A10G", count=8)], stages=[Stage(num_layers=48, dp=4)], mbs=1)

@@ -1,0 +1,143 @@
+"""The homogeneous search: agreement with the per-plan estimator, and optimality against brute force."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hetplan.errors import InfeasibleError
+from hetplan.estimate.estimator import estimate
+from hetplan.hardware.catalog import load_catalog
+from hetplan.model.spec import load_model
+from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage, balanced_split
+from hetplan.search.homogeneous import evaluate_pool
+from hetplan.search.objective import Objective
+from hetplan.search.planner import Pins, search_plans
+from hetplan.search.space import RECOMPUTE_NAMES, divisors, tp_degrees
+
+CAT = load_catalog()
+
+
+def _plan(job, pool, tp, pp, dp, mbs, zero, rc, L):
+    return Plan(job=job, pools=[pool], mbs=mbs, zero=zero, sequence_parallel=tp > 1,
+                stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rc) for n in balanced_split(L, pp)])
+
+
+@pytest.mark.parametrize("model,gpu,count,gpn,gbs,seq", [
+    ("gpt2-xl", "A10G", 8, 4, 16, 1024),
+    ("llama2-7b", "A100-SXM-40GB", 16, 8, 32, 4096),
+    ("open-llama-3b-v2", "RTX-3090", 12, 4, 24, 2048),
+])
+def test_vectorised_rows_equal_plan_estimates(model, gpu, count, gpn, gbs, seq):
+    """Each row of the vectorised pass agrees with estimate() of the same plan: memory exactly, and its time lower
+    bound never exceeds the estimate (the exact search relies on both); the closed form is within 15 %."""
+    m = load_model(model)
+    job = Job(model=model, seq_len=seq, global_batch=gbs, train_iterations=10, dtype="fp16")
+    pool = GPUPool(gpu=gpu, count=count, gpus_per_node=gpn)
+    res = evaluate_pool(m, job, pool, CAT.get(gpu), Pins())
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(res), size=min(60, len(res)), replace=False):
+        c = {k: int(v[i]) for k, v in res.config.items()}
+        e = estimate(_plan(job, pool, c["tp"], c["pp"], c["dp"], c["mbs"], c["zero"], RECOMPUTE_NAMES[c["recompute"]], m.num_layers), CAT, m)
+        assert res.lower_bound_time_s[i] <= e.iteration_time_s * (1 + 1e-6), c
+        assert res.iteration_time_s[i] == pytest.approx(e.iteration_time_s, rel=0.15), c
+        assert res.memory["total"][i] == pytest.approx(e.memory_bytes_per_gpu.total, rel=1e-9), c
+        assert bool(res.fits[i]) == e.fits
+
+
+def brute_force(job, pool, m, objective):
+    """Every plan of the space built one by one and estimated with estimate(); the best by the objective."""
+    best = None
+    for tp in tp_degrees(m, pool.gpus_per_node, pool.count):
+        for pp in range(1, m.num_layers + 1):
+            for dp in divisors(job.global_batch):
+                if tp * pp * dp > pool.count:
+                    continue
+                for mbs in divisors(job.global_batch // dp):
+                    for zero in ([0, 1] if pp > 1 else [0, 1, 2, 3]):
+                        for rc in RECOMPUTE_NAMES:
+                            e = estimate(_plan(job, pool, tp, pp, dp, mbs, zero, rc, m.num_layers), CAT, m)
+                            if not e.fits:
+                                continue
+                            if objective.goal == "cheapest":
+                                if objective.deadline_s and e.job_time_s > objective.deadline_s:
+                                    continue
+                                key = e.job_usd
+                            else:
+                                if objective.goal == "budget" and e.job_usd > objective.budget_usd:
+                                    continue
+                                key = e.job_time_s
+                            best = key if best is None else min(best, key)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_search_finds_brute_force_optimum(seed):
+    rng = np.random.default_rng(seed)
+    model = ["gpt2-xl", "open-llama-3b-v2", "opt-1.3b"][seed % 3]
+    gpu = ["A10G", "RTX-3090", "T4", "L4"][seed % 4]
+    m = load_model(model)
+    gbs = int(rng.choice([8, 12, 16]))
+    job = Job(model=model, seq_len=int(rng.choice([512, 1024, 2048])), global_batch=gbs, train_iterations=1000, dtype="fp16")
+    pool = GPUPool(gpu=gpu, count=int(rng.integers(2, 9)), gpus_per_node=int(rng.choice([2, 4, 8])))
+    fast = brute_force(job, pool, m, Objective())
+    if fast is None:
+        with pytest.raises(InfeasibleError):
+            search_plans(job, Inventory(pools=[pool]), catalog=CAT)
+        return
+    res = search_plans(job, Inventory(pools=[pool]), catalog=CAT)
+    assert res.plans[0].estimate.job_time_s == pytest.approx(fast, rel=1e-9)
+    deadline = fast * 1.5
+    cheap_obj = Objective(goal="cheapest", deadline_s=deadline)
+    res = search_plans(job, Inventory(pools=[pool]), cheap_obj, catalog=CAT)
+    assert res.plans[0].estimate.job_usd == pytest.approx(brute_force(job, pool, m, cheap_obj), rel=1e-9)
+    assert res.plans[0].estimate.job_time_s <= deadline
+
+
+def test_ranking_is_sorted_and_pins_are_honoured():
+    job = Job(model="llama2-7b", seq_len=4096, global_batch=512, train_tokens=1e11)
+    inv = Inventory(pools=[GPUPool(gpu="H100-SXM", count=64)])
+    res = search_plans(job, inv, top_k=8, catalog=CAT)
+    times = [p.estimate.job_time_s for p in res.plans]
+    assert times == sorted(times)
+    assert all(p.estimate.fits for p in res.plans)
+    pinned = search_plans(job, inv, pins=Pins(tp=4, pp=2, recompute="full"), top_k=3, catalog=CAT)
+    for p in pinned.plans:
+        assert p.plan.pp == 2 and all(s.tp == 4 and s.recompute == "full" for s in p.plan.stages)
+    assert pinned.plans[0].estimate.job_time_s >= res.plans[0].estimate.job_time_s
+
+
+def test_budget_objective_respects_budget():
+    job = Job(model="llama2-7b", seq_len=4096, global_batch=512, train_tokens=1e11)
+    inv = Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=128)])
+    fastest = search_plans(job, inv, catalog=CAT).plans[0].estimate
+    budget = fastest.job_usd * 0.97
+    res = search_plans(job, inv, Objective(goal="budget", budget_usd=budget), catalog=CAT)
+    assert res.plans[0].estimate.job_usd <= budget
+    assert res.plans[0].estimate.job_time_s >= fastest.job_time_s
+    with pytest.raises(InfeasibleError, match="cheapest plan that fits costs"):
+        search_plans(job, inv, Objective(goal="budget", budget_usd=1.0), catalog=CAT)
+
+
+def test_infeasible_memory_reports_smallest_footprint():
+    job = Job(model="llama3-405b", seq_len=8192, global_batch=64, train_iterations=10)
+    with pytest.raises(InfeasibleError, match=r"smallest per-GPU footprint found is .* GiB .* largest GPU memory available is 22\.\d GiB"):
+        search_plans(job, Inventory(pools=[GPUPool(gpu="A10G", count=8)]), catalog=CAT)
+
+
+@pytest.mark.parametrize("n_small,n_large", [(8, 16), (16, 64), (32, 128)])
+def test_more_gpus_never_slower(n_small, n_large):
+    """Adding GPUs to the inventory can only keep or improve the fastest plan (the old plans stay available)."""
+    job = Job(model="llama2-13b", seq_len=4096, global_batch=256, train_iterations=10)
+    t = [search_plans(job, Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=n)]), catalog=CAT).plans[0].estimate.iteration_time_s
+         for n in (n_small, n_large)]
+    assert t[1] <= t[0]
+
+
+def test_more_tp_never_raises_memory_per_gpu():
+    m = load_model("llama2-70b")
+    job = Job(model="llama2-70b", seq_len=4096, global_batch=64, train_iterations=10)
+    pool = GPUPool(gpu="H100-SXM", count=64)
+    for pp, rc, zero in itertools.product([1, 4, 8], RECOMPUTE_NAMES, [0, 1]):
+        mem = [estimate(_plan(job, pool, tp, pp, 8, 1, zero, rc, m.num_layers), CAT, m).memory_bytes_per_gpu.total for tp in (1, 2, 4, 8)]
+        assert mem == sorted(mem, reverse=True)
