@@ -24,6 +24,7 @@ app = typer.Typer(
 
 # Subcommand modules, each with a ``register(app: typer.Typer) -> None`` function.
 SUBCOMMAND_MODULES = [
+    "hetplan.cli.energy",
     "hetplan.cli.catalog",
     "hetplan.cli.plan",
     "hetplan.cli.serve",
