@@ -1,0 +1,175 @@
+"""Scheduler, policies and simulator: a worked timeline, residency by bytes, policies, properties."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetplan.errors import HetplanError
+from hetplan.serve.exec_model import AnalyticExecModel, TableExecModel
+from hetplan.serve.policies import LoadAwarePolicy, ModelState, Policy, make_policy
+from hetplan.serve.scheduler import Execute, Scheduler, Swap
+from hetplan.serve.simulator import SimModel, simulate, swap_cost_fn
+from hetplan.serve.swap_model import SwapModel
+from hetplan.serve.workload import Request
+
+
+def _models(sizes, exec_s=0.5):
+    return [SimModel(n, [b], TableExecModel({1: exec_s, 8: exec_s})) for n, b in sizes.items()]
+
+
+def _const_swap(t_in):
+    return lambda load, evict: t_in
+
+
+def test_worked_timeline():
+    """3 models of 10 bytes, 20 bytes per worker, swap 1 s, batch 0.5 s (hand-computed in the docstring of
+    docs/serving.md): A@0, B@0, C@0.1, A@0.2."""
+    reqs = [Request(0, "A", 0.0), Request(1, "B", 0.0), Request(2, "C", 0.1), Request(3, "A", 0.2)]
+    res = simulate(_models({"A": 10, "B": 10, "C": 10}), reqs, capacity_bytes=20, policy=Policy(),
+                   swap_cost=_const_swap(1.0))
+    lat = {r.id: r.latency_s for r in res.records}
+    # load A [0,1]; run A(0,3) [1,1.5]; load B [1,2]; run B [2,2.5]; evict A + load C [2,3]; run C [3,3.5]
+    assert lat == pytest.approx({0: 1.5, 1: 2.5, 2: 3.4, 3: 1.3})
+    assert (res.swaps, res.bytes_swapped_in, res.bytes_swapped_out) == (3, 30, 10)
+    assert res.batches == [("A", 2), ("B", 1), ("C", 1)]
+
+
+def test_residency_is_limited_by_bytes_not_count():
+    small = {f"s{i}": 10 for i in range(3)}
+    reqs = [Request(i, f"s{i % 3}", 0.01 * i) for i in range(9)]
+    res = simulate(_models(small), reqs, capacity_bytes=30, policy=Policy(), swap_cost=_const_swap(0.1))
+    assert res.swaps == 3 and res.bytes_swapped_out == 0  # all three fit: loaded once each
+    big = dict(small, big=20)
+    reqs = reqs + [Request(9, "big", 1.0)]
+    res = simulate(_models(big), reqs, capacity_bytes=30, policy=Policy(), swap_cost=_const_swap(0.1))
+    assert res.swaps == 4 and res.bytes_swapped_out == 20  # the 20-byte model evicts exactly two 10-byte ones
+
+
+def test_model_larger_than_worker_is_an_error():
+    with pytest.raises(HetplanError) as e:
+        Scheduler({"x": (100, 1.0)}, 50, Policy())
+    assert e.value.field == "models.x"
+
+
+def test_queue_bound_refuses():
+    s = Scheduler({"a": (1, 1.0)}, 10, Policy(), max_queue_len=2)
+    assert [s.submit(Request(i, "a", 0.0), 0.0) for i in range(3)] == [True, True, False]
+    with pytest.raises(HetplanError):
+        s.submit(Request(9, "zz", 0.0), 0.0)
+
+
+def test_batches_up_to_max_in_arrival_order():
+    s = Scheduler({"a": (1, 1.0)}, 10, Policy(), max_batch_size=3)
+    s.preload(["a"])
+    for i in range(5):
+        s.submit(Request(i, "a", 0.1 * i), 0.1 * i)
+    acts = s.step(1.0)
+    assert len(acts) == 1 and isinstance(acts[0], Execute) and [r.id for r in acts[0].requests] == [0, 1, 2]
+    assert s.step(1.0) == []  # one batch at a time
+    s.exec_done(2.0)
+    assert [r.id for r in s.step(2.0)[0].requests] == [3, 4]
+
+
+def test_executing_model_is_never_evicted_and_loading_model_waits():
+    s = Scheduler({"a": (10, 1.0), "b": (10, 1.0)}, 10, Policy())
+    s.preload(["a"])
+    s.submit(Request(0, "a", 0.0), 0.0)
+    s.submit(Request(1, "b", 0.0), 0.0)
+    acts = s.step(0.0)
+    assert [type(a) for a in acts] == [Execute]  # b cannot evict a while a runs
+    s.exec_done(0.5)
+    acts = s.step(0.5)
+    assert acts == [Swap("b", ["a"])]
+    s.submit(Request(2, "b", 0.6), 0.6)
+    assert s.step(0.6) == []  # b is loading: its requests wait in its queue
+    s.swap_done(1.5)
+    assert [r.id for r in s.step(1.5)[0].requests] == [1, 2]
+
+
+def test_lru_and_load_aware_victims():
+    def st(name, last, queue=0, rate_arrivals=0, swap=1.0):
+        m = ModelState(name, 10, swap, state="resident", last_used_s=last)
+        m.queue.extend([Request(i, name, 0.0) for i in range(queue)])
+        m.arrivals.extend([9.5] * rate_arrivals)
+        return m
+
+    a, b, c = st("a", 1.0, queue=0, rate_arrivals=50), st("b", 2.0, queue=0), st("c", 3.0, queue=0)
+    assert [m.name for m in Policy().pick_victims([a, b, c], 10, 10.0)] == ["a"]  # least recently used
+    # load-aware spares 'a': it gets 5 req/s, so evicting it costs (0 + 5 x 1) x 1
+    assert [m.name for m in LoadAwarePolicy().pick_victims([a, b, c], 10, 10.0)] == ["b"]
+    assert Policy().pick_victims([a], 20, 10.0) is None
+    with pytest.raises(HetplanError) as e:
+        make_policy("fifo")
+    assert e.value.field == "scheduler.policy"
+
+
+def test_load_aware_loads_longest_queue_per_second():
+    a = ModelState("a", 10, 1.0)
+    a.queue.extend([Request(0, "a", 0.0)])
+    b = ModelState("b", 10, 1.0)
+    b.queue.extend([Request(i, "b", 1.0) for i in range(1, 4)])
+    assert Policy().pick_load([a, b], 2.0).name == "a"  # FCFS
+    assert LoadAwarePolicy().pick_load([a, b], 2.0).name == "b"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 10), min_size=1, max_size=5),
+    arrivals=st.lists(st.tuples(st.floats(0, 5), st.integers(0, 4)), min_size=1, max_size=40),
+    cap_extra=st.integers(0, 15),
+    batch=st.integers(1, 4),
+    qlen=st.integers(1, 6),
+    policy=st.sampled_from(["lru", "load_aware"]),
+)
+def test_every_request_answered_once_and_memory_bounded(sizes, arrivals, cap_extra, batch, qlen, policy):
+    names = [f"m{i}" for i in range(len(sizes))]
+    cap = max(sizes) + cap_extra
+    models = [SimModel(n, [b], TableExecModel({1: 0.1, 4: 0.25})) for n, b in zip(names, sizes)]
+    reqs = [Request(i, names[k % len(names)], t) for i, (t, k) in enumerate(arrivals)]
+    used = []
+    orig_step = Scheduler.step
+
+    def spy(self, now):
+        out = orig_step(self, now)
+        used.append(self.used_bytes())
+        return out
+
+    Scheduler.step = spy
+    try:
+        res = simulate(models, reqs, capacity_bytes=cap, policy=make_policy(policy), swap_cost=_const_swap(0.3),
+                       max_batch_size=batch, max_queue_len=qlen)
+    finally:
+        Scheduler.step = orig_step
+    assert max(used) <= cap
+    assert sorted(r.id for r in res.records) == [r.id for r in reqs]
+    for r in res.records:
+        assert r.refused != (r.finish_s is not None)  # refused xor answered
+        if r.finish_s is not None:
+            assert r.latency_s >= 0.1 - 1e-12  # at least one batch
+    assert sum(b for _, b in res.batches) == sum(1 for r in res.records if not r.refused)
+
+
+def test_analytic_exec_model_scales_with_tp_and_batch():
+    from hetplan.hardware.catalog import get_gpu
+    from hetplan.model.spec import load_model
+
+    spec, gpu = load_model("llama2-7b"), get_gpu("A100-SXM-80GB")
+    t1 = AnalyticExecModel(spec, gpu, 1, 1).batch_time_s(1, 128, 8)
+    t2 = AnalyticExecModel(spec, gpu, 2, 1).batch_time_s(1, 128, 8)
+    # a decode step of one sequence reads all weights: >= 13.5 GB / 2.039 TB/s = 6.6 ms
+    assert AnalyticExecModel(spec, gpu).pass_time_s(1, 1, 129) >= 6.738e9 * 2 / 2039e9
+    assert t2 < t1 and AnalyticExecModel(spec, gpu).batch_time_s(8, 128, 8) > t1
+
+
+def test_simulator_is_deterministic_and_policies_differ_in_swaps():
+    from hetplan.serve.workload import ModelLoad, generate
+
+    loads = [ModelLoad(f"m{i}", r, 2.0) for i, r in enumerate([6.0, 3.0, 2.0, 1.0])]
+    reqs = generate(loads, 60.0, seed=2)
+    models = _models({f"m{i}": 10 for i in range(4)}, exec_s=0.05)
+    sm = SwapModel(1e3, overhead_s=0.0)  # 10 bytes at 1 kB/s: 10 ms per swap
+    kw = dict(capacity_bytes=20, swap_cost=swap_cost_fn(sm))
+    a = simulate(models, reqs, policy=Policy(), **kw)
+    b = simulate(models, reqs, policy=Policy(), **kw)
+    assert [r.finish_s for r in a.records] == [r.finish_s for r in b.records]
+    assert a.swaps > 4
