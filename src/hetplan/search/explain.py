@@ -3,7 +3,8 @@
 For two configurations the reason is read off their time breakdown (:data:`hetplan.search.homogeneous.COMPONENTS`):
 the component whose share of the iteration grew the most against the winner (pipeline bubble, TP communication,
 exposed DP synchronisation, compute including recomputation, ...), together with the dimensions that differ.
-Also reported: the best configuration that would beat the winner but does not fit in memory, and the best
+Also reported: of the configurations that would beat the winner but do not fit in memory, the one that misses by
+the least, and the best
 configuration for each other value of TP, PP, micro-batch size, recomputation, ZeRO stage and GPU type.
 """
 
@@ -62,12 +63,15 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
              for d in DIMENSIONS if loser[d] != winner[d]]
     if loser["gpu"] != winner["gpu"]:
         diffs.insert(0, f"{loser['gpu']} vs {winner['gpu']}")
+    lc = loser["usd_per_hour"] * loser["iteration_time_s"]
+    wc = winner["usd_per_hour"] * winner["iteration_time_s"]
     if goal == "cheapest":
-        lc = loser["usd_per_hour"] * loser["iteration_time_s"]
-        wc = winner["usd_per_hour"] * winner["iteration_time_s"]
-        head = f"{lc / wc - 1:+.1%} $ per iteration"
+        head = f"{lc / wc - 1:+.1%} $ for the job"
     else:
         head = f"{loser['iteration_time_s'] / winner['iteration_time_s'] - 1:+.1%} iteration time"
+    if goal == "cheapest" and abs(lc / wc - 1) < 1e-3:
+        return (f"same $ as #1 within 0.1 %, iteration {loser['iteration_time_s']:.2f} s instead of "
+                f"{winner['iteration_time_s']:.2f} s" + (f" ({', '.join(diffs)})" if diffs else ""))
     if abs(loser["iteration_time_s"] / winner["iteration_time_s"] - 1) < 1e-3 and goal != "cheapest":
         return (f"ties with #1 on time and $, needs more memory per GPU ({loser['memory_total'] / GIB:.1f} vs "
                 f"{winner['memory_total'] / GIB:.1f} GiB)" + (f" ({', '.join(diffs)})" if diffs else ""))
@@ -93,11 +97,13 @@ def explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx,
     for k, rp in enumerate(ranked[1:], start=1):
         rp.reason = why_behind(_row(results, cat, int(ranked_idx[k]), rp.estimate.iteration_time_s), winner, goal)
     lines = [f"#1 {describe(winner)}: {ranked[0].reason}."]
-    # The best plan that would beat the winner but does not fit in memory.
-    better_no_fit = np.flatnonzero(~cat["fits"] & (_unconstrained_key(goal, cat) < _unconstrained_key(goal, cat)[win_idx]))
+    # Of the plans that would beat the winner and meet the deadline/budget but do not fit in memory, the one that
+    # misses by the least.
+    key = _unconstrained_key(goal, cat)
+    better_no_fit = np.flatnonzero(~cat["fits"] & _meets_constraint(objective, cat) & (key < key[win_idx]))
     if len(better_no_fit):
-        key = _unconstrained_key(goal, cat)
-        j = int(better_no_fit[np.argmin(key[better_no_fit])])
+        capacity = np.array([r.gpu.memory_bytes for r in results], dtype=float)[cat["pool"][better_no_fit]]
+        j = int(better_no_fit[np.argmin(cat["memory_total"][better_no_fit] / capacity)])
         c = _row(results, cat, j)
         gain = 1 - key[j] / key[win_idx]
         lines.append(
@@ -120,6 +126,16 @@ def explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx,
         lines.append(f"Best with another {label} (rank {rank_of[j] + 1}): {describe(c)}: {why_behind(c, winner, goal)}.")
     lines.extend(skipped)
     return lines
+
+
+def _meets_constraint(objective, cat) -> np.ndarray:
+    """Deadline / budget test on the closed-form times (memory ignored)."""
+    job_time = cat["iteration_time_s"] * cat["iterations"]
+    if objective.goal == "cheapest" and objective.deadline_s is not None:
+        return job_time <= objective.deadline_s
+    if objective.goal == "budget":
+        return cat["usd_per_hour"] * job_time / 3600 <= objective.budget_usd
+    return np.ones(len(job_time), dtype=bool)
 
 
 def _unconstrained_key(goal: str, cat) -> np.ndarray:

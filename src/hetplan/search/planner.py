@@ -126,6 +126,7 @@ def search_plans(
         "usd_per_hour": np.concatenate([r.usd_per_hour for r in results]),
         "fits": np.concatenate([r.fits for r in results]),
         "memory_total": np.concatenate([r.memory["total"] for r in results]),
+        "iterations": iterations,
     }
     job_time = cat["iteration_time_s"] * iterations
     job_usd = cat["usd_per_hour"] * job_time / 3600

@@ -1,0 +1,492 @@
+"""Heterogeneous GPU allocation and stage placement: which GPUs, how many, in which stage order, with which layers.
+
+**Space.** A plan uses one micro-batch size ``b``, one data-parallel degree ``d`` for every stage (the 1F1B closed
+form of :func:`hetplan.estimate.pipeline.pipeline_time_s` counts the micro-batches of the first stage; with
+different DP degrees per stage the stages would not process the same micro-batches) and a ZeRO stage 0 or 1
+(the pipeline engines of Megatron-LM and DeepSpeed support no more). From each pool ``k`` it takes ``s_k >= 0``
+stages of ``tp_k x d`` GPUs each (TP differs between pools, is the same within one pool; a power of two dividing
+the heads, at most the pool's GPUs per node, ``s_k tp_k d <= count_k``). The stages of one pool form one
+contiguous block of the pipeline, and the blocks come in any order (``K!`` orders for ``K`` pools used): stages
+of a pool take consecutive GPUs (nodes), so consecutive stages of one pool may share a node and talk over the
+intra-node link (:func:`hetplan.plan.boundary_is_intra_node`); a boundary between pools uses the slower of the
+two nodes' NICs. Each stage holds ``n_i >= 1`` layers (the first also the embedding, the last the head); its
+recomputation is the lightest that fits in memory at its position (stage ``i`` of ``p`` holds
+``min(p - i, m)`` micro-batches in flight under 1F1B). Homogeneous plans (one pool) are in the space.
+
+Choosing the lightest recomputation that fits is exact: a heavier one adds ``Δ`` to the stage's backward, which
+adds at least ``Δ`` to the iteration (the sum term) and can lower the exposed DP time by at most ``Δ``.
+
+**Search** (exact over this space). Every allocation (``b, d``, ZeRO, ``(tp_k, s_k)`` per pool) gets a lower bound
+on its iteration time valid for every stage order and layer partition (see :func:`allocation_bounds`)::
+
+    T_LB = L·min_i λ_i + t_emb + t_head + (m-1)·L / Σ_i (1/λ_i) + 2(p-1)·c_min
+
+(``λ_i`` = forward+backward seconds per layer of stage ``i`` without recomputation; a stage with ``n`` layers
+takes at least ``n·λ_i``, so the sum of stage times is at least ``L·min λ``, and the slowest stage at least the
+fluid balance ``L / Σ 1/λ_i``; ``t_emb``, ``t_head`` the least embedding/head time of any GPU type; ``c_min``
+the least p2p time of any boundary; exposed DP and optimizer time ≥ 0), and a memory bound: stage ``i`` can hold
+at most ``nmax_i`` layers even in the most lenient position (one micro-batch in flight, no embedding or head,
+any recomputation), so ``Σ nmax_i < L`` means nothing fits. Allocations are visited in increasing bound order of
+the goal; each one's cost is ``R·T`` with ``R`` its $/h, so
+
+* ``cheapest`` (``T <= SLO``): skip when ``T_LB > SLO`` or ``R·T_LB >= best $``; stop at the first allocation
+  whose ``R·T_LB >= best $`` (the rest are sorted after it);
+* ``fastest`` (``$ <= budget`` optional): skip when ``R·T_LB > budget``; stop when ``T_LB >= best T``;
+* ``pareto``: skip when some frontier point ``(T_f, C_f)`` has ``T_f <= T_LB`` and ``C_f <= R·T_LB`` (then every
+  plan of the allocation is weakly dominated).
+
+A surviving allocation's orders are each solved exactly by :func:`hetplan.search.partition.solve_partition`,
+with the incumbent as an upper bound. Every cut compares a *lower* bound with a value already achieved, so no cut
+removes a plan better than the one returned; the tests compare with exhaustive enumeration of the same space.
+
+Why not Espresso's bound: Espresso prunes a GPU allocation when a *per-GPU* lower bound of its cost exceeds the
+incumbent, with the per-GPU bound computed from the fastest stage assignment of that GPU alone; on its own example
+it cut a6000+a6000+3090 ($0.2019/iteration) and returned a6000×3 ($0.2218). Our bound never uses a figure of
+one stage as if it held for another position or partition.
+
+Per-stage costs come from :func:`hetplan.estimate.stage.stage_costs`, evaluated once per (GPU type, TP, ``b``,
+``d``, ZeRO) on arrays over (stage kind, micro-batches in flight, layers, recomputation), the same formulas that
+:func:`hetplan.estimate.estimator.estimate` applies to one plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetplan.estimate.comm import p2p_time_s
+from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
+from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.hardware.catalog import GPUSpec
+from hetplan.model.spec import ModelSpec
+from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage, boundary_is_intra_node
+from hetplan.search.partition import solve_partition
+from hetplan.search.space import RECOMPUTE_NAMES, Pins, divisors, tp_degrees
+
+FIRST, MID, LAST, SINGLE = 0, 1, 2, 3
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class StageType:
+    """GPUs of one stage: pool index, TP degree, the GPU, its link and $ per GPU-hour."""
+
+    pool: int
+    tp: int
+    gpu: GPUSpec
+    link: Link
+    price_usd_per_hour: float
+
+
+@dataclass
+class CostTable:
+    """Costs of one stage type for one (b, d, zero), arrays over (kind FIRST/MID/LAST/SINGLE, in-flight 1..F,
+    layers 0..L): ``a`` forward+backward s per micro-batch with the lightest recomputation that fits (``inf``:
+    none fits), ``e`` exposed DP s, ``o`` optimizer s, ``rc`` the recomputation code; ``nmax`` (kind, in-flight)
+    the most layers that fit; ``layer_s`` forward+backward s of one layer without recomputation; ``emb_s`` /
+    ``head_s`` the embedding / head forward+backward s."""
+
+    a: np.ndarray
+    e: np.ndarray
+    o: np.ndarray
+    rc: np.ndarray
+    nmax: np.ndarray
+    layer_s: float
+    emb_s: float
+    head_s: float
+
+
+@dataclass
+class HeteroCandidate:
+    """One plan found by the search: stages as ``(pool, tp, num_layers, recompute code)`` in order, plus ``mbs``,
+    ``dp``, ``zero``; its iteration time (s, the estimator's formula) and $ per hour."""
+
+    stages: list[tuple[int, int, int, int]]
+    mbs: int
+    dp: int
+    zero: int
+    iteration_time_s: float
+    usd_per_hour: float
+
+    @property
+    def usd_per_iteration(self) -> float:
+        return self.usd_per_hour * self.iteration_time_s / 3600.0
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(t * self.dp for _, t, _, _ in self.stages)
+
+    @property
+    def pools_used(self) -> set[int]:
+        return {k for k, _, _, _ in self.stages}
+
+    def to_plan(self, job: Job, inventory: Inventory) -> Plan:
+        """The :class:`Plan` (pools reduced to those used, in order of first use)."""
+        order: list[int] = []
+        for k, _, _, _ in self.stages:
+            if k not in order:
+                order.append(k)
+        return Plan(
+            job=job,
+            pools=[inventory.pools[k] for k in order],
+            stages=[Stage(pool=order.index(k), num_layers=n, tp=t, dp=self.dp, recompute=RECOMPUTE_NAMES[rc])
+                    for k, t, n, rc in self.stages],
+            mbs=self.mbs,
+            zero=self.zero,
+            sequence_parallel=True,
+        )
+
+    def describe(self, inventory: Inventory) -> str:
+        """``RTX-A6000(tp1)x2 + RTX-3090(tp1) dp1 mbs16: layers [11, 12, 3]``."""
+        blocks: list[list] = []
+        for k, t, _, _ in self.stages:
+            if blocks and blocks[-1][0] == (k, t):
+                blocks[-1][1] += 1
+            else:
+                blocks.append([(k, t), 1])
+        parts = [f"{inventory.pools[k].gpu}(tp{t})" + (f"x{c}" if c > 1 else "") for (k, t), c in blocks]
+        return (" + ".join(parts) + f" dp{self.dp} mbs{self.mbs} zero{self.zero}: layers "
+                f"{[n for _, _, n, _ in self.stages]}")
+
+
+@dataclass
+class HeteroResult:
+    """Outcome of :func:`search_hetero`: the best plan (or ``None``), every plan evaluated exactly, the Pareto
+    frontier (``pareto`` goal; ascending time), and counters."""
+
+    best: HeteroCandidate | None
+    candidates: list[HeteroCandidate]
+    frontier: list[HeteroCandidate]
+    allocations: int = 0
+    allocations_fitting: int = 0
+    allocations_solved: int = 0
+    orders_solved: int = 0
+    search_time_s: float = 0.0
+    stats: dict = field(default_factory=dict)
+
+
+def stage_types(m: ModelSpec, inventory: Inventory, catalog, dtype: str, pins: Pins) -> list[StageType]:
+    """Every (pool, TP) of the inventory that supports ``dtype``."""
+    out = []
+    for k, pool in enumerate(inventory.pools):
+        gpu = catalog.get(pool.gpu, field=f"inventory[{k}].gpu")
+        if dtype not in gpu.dense_flops_per_s:
+            continue
+        for t in tp_degrees(m, pool.gpus_per_node, pool.count):
+            if pins.tp is None or t == pins.tp:
+                out.append(StageType(k, t, gpu, pool_link(pool, gpu), pool_price_usd_per_hour(pool, gpu)))
+    return out
+
+
+def cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int, F: int, rcs: list[int]) -> CostTable:
+    """Evaluate :func:`stage_costs` for ``st`` on the grid (kind, in-flight 1..F, layers 0..L, recompute)."""
+    L = m.num_layers
+    mb = job.global_batch // (b * d)
+    kind = np.arange(4).reshape(4, 1, 1, 1)
+    f = np.arange(1, F + 1).reshape(1, F, 1, 1)
+    n = np.arange(L + 1).reshape(1, 1, L + 1, 1)
+    rc = np.array(rcs).reshape(1, 1, 1, len(rcs))
+    c = stage_costs(
+        m, st.gpu, st.link, job.dtype, s=job.seq_len, b=b, t=st.tp, dp=d, num_layers=n,
+        has_embedding=(kind == FIRST) | (kind == SINGLE), has_head=(kind == LAST) | (kind == SINGLE),
+        single_stage=kind == SINGLE, in_flight=f, num_microbatches=mb, zero=zero, recompute_code=rc,
+        sequence_parallel=st.tp > 1,
+    )
+    shape = (4, F, L + 1, len(rcs))
+    per = np.broadcast_to(c["forward_s"] + c["backward_s"], shape)
+    fits = np.broadcast_to(c["memory"]["total"], shape) <= st.gpu.memory_bytes
+    idx = np.argmax(fits, axis=-1)[..., None]
+    anyfit = fits.any(axis=-1)
+    a = np.where(anyfit, np.take_along_axis(per, idx, -1)[..., 0], INF)
+    e = np.take_along_axis(np.broadcast_to(c["dp_exposed_s"], shape), idx, -1)[..., 0]
+    o = np.broadcast_to(c["optimizer_s"], shape)[..., 0]
+    nmax = np.cumprod(anyfit[..., 1:], axis=-1).sum(axis=-1)
+    raw = np.broadcast_to(c["forward_s"] + c["backward_s"], shape)[:, 0, :, 0]
+    return CostTable(
+        a=a, e=np.array(e), o=np.array(o), rc=np.asarray(rcs)[idx[..., 0]], nmax=nmax,
+        layer_s=float(raw[MID, 1] - raw[MID, 0]),
+        emb_s=float(raw[FIRST, 0] - raw[MID, 0]), head_s=float(raw[LAST, 0] - raw[MID, 0]),
+    )
+
+
+def _positions(p: int, mb: int):
+    """Stage kind and in-flight count of each position of a p-stage pipeline."""
+    if p == 1:
+        return [SINGLE], [1]
+    kinds = [FIRST] + [MID] * (p - 2) + [LAST]
+    return kinds, [min(p - i, mb) for i in range(p)]
+
+
+class _Group:
+    """Everything for one (b, d, zero): stage types' tables and the p2p cache."""
+
+    def __init__(self, m, job, inventory, types, b, d, zero, rcs, max_stages):
+        self.m, self.job, self.inventory, self.b, self.d, self.zero = m, job, inventory, b, d, zero
+        self.mb = job.global_batch // (b * d)
+        self.F = max(1, min(self.mb, max_stages))
+        self.types = [st for st in types if st.tp * d <= inventory.pools[st.pool].count]
+        self.tables = {(st.pool, st.tp): cost_table(m, job, st, b, d, zero, self.F, rcs) for st in self.types}
+        self.by_key = {(st.pool, st.tp): st for st in self.types}
+        self._p2p: dict = {}
+
+    def p2p(self, s1: StageType, s2: StageType, intra: bool) -> float:
+        key = (s1.pool, s1.tp, s2.pool, s2.tp, intra)
+        if key not in self._p2p:
+            msg = p2p_bytes(self.m, self.b, self.job.seq_len, max(s1.tp, s2.tp), True)
+            bw = boundary_bandwidth_bytes_per_s(s1.link, s2.link, s1.tp * self.d, intra)
+            self._p2p[key] = float(p2p_time_s(msg, bw))
+        return self._p2p[key]
+
+    def c_min(self) -> float:
+        """Least p2p time of any boundary between any two stage types (s)."""
+        msg = p2p_bytes(self.m, self.b, self.job.seq_len, max(st.tp for st in self.types), True)
+        bw = max(max(st.link.intra_node_bandwidth_bytes_per_s, st.link.inter_node_bandwidth_bytes_per_s) for st in self.types)
+        return float(p2p_time_s(msg, bw))
+
+    def solve_order(self, seq: list[StageType], upper_bound: float):
+        """Exact partition of one stage order; ``(T, layers, rc codes)`` or ``None``."""
+        p = len(seq)
+        kinds, flights = _positions(p, self.mb)
+        tabs = [self.tables[(st.pool, st.tp)] for st in seq]
+        a = np.stack([t.a[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
+        e = np.stack([t.e[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
+        o = np.stack([t.o[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
+        nmax = np.array([t.nmax[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
+        gpn = [pl.gpus_per_node for pl in self.inventory.pools]
+        intra = boundary_is_intra_node([st.tp * self.d for st in seq], [st.pool for st in seq], gpn)
+        p2p = 2.0 * sum(self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(p - 1))
+        res = solve_partition(a, e, o, nmax, self.m.num_layers, self.mb, p2p, upper_bound)
+        if res is None:
+            return None
+        t, ns = res
+        rcs = [int(tb.rc[k, f - 1, n]) for tb, k, f, n in zip(tabs, kinds, flights, ns)]
+        return t, ns, rcs
+
+
+def _pool_options(group: _Group, pins: Pins, L: int):
+    """Per pool: list of (tp, stages) options, (0, 0) = pool unused."""
+    out = []
+    for k, pool in enumerate(group.inventory.pools):
+        opts = [(0, 0)]
+        for st in group.types:
+            if st.pool != k:
+                continue
+            for s in range(1, min(L, pool.count // (st.tp * group.d)) + 1):
+                opts.append((st.tp, s))
+        out.append(opts)
+    return out
+
+
+def allocation_bounds(group: _Group, pins: Pins):
+    """All allocations of a group as arrays: option index per pool ``(N, K)``, stages ``p``, GPUs, $/h ``R``,
+    iteration-time lower bound ``T_LB`` (s; see module doc) — only those that may fit in memory."""
+    L = group.m.num_layers
+    opts = _pool_options(group, pins, L)
+    K = len(opts)
+    cols = {name: [] for name in ("p", "gpus", "rate", "inv", "lmin", "nmax")}
+    for k, ol in enumerate(opts):
+        vals = {name: [] for name in cols}
+        for t, s in ol:
+            if s == 0:
+                vals["p"].append(0); vals["gpus"].append(0); vals["rate"].append(0.0)
+                vals["inv"].append(0.0); vals["lmin"].append(INF); vals["nmax"].append(0)
+                continue
+            st = group.by_key[(k, t)]
+            tb = group.tables[(k, t)]
+            g = t * group.d
+            vals["p"].append(s); vals["gpus"].append(s * g); vals["rate"].append(s * g * st.price_usd_per_hour)
+            vals["inv"].append(s / tb.layer_s); vals["lmin"].append(tb.layer_s); vals["nmax"].append(s * int(tb.nmax[MID, 0]))
+        for name in cols:
+            cols[name].append(np.array(vals[name]))
+    sizes = [len(o) for o in opts]
+    idx = np.indices(sizes).reshape(K, -1).T
+    tot = {name: np.zeros(len(idx)) for name in cols}
+    tot["lmin"][:] = INF
+    for k in range(K):
+        for name in cols:
+            v = cols[name][k][idx[:, k]]
+            if name == "lmin":
+                tot[name] = np.minimum(tot[name], v)
+            else:
+                tot[name] = tot[name] + v
+    p = tot["p"]
+    ok = (p >= 1) & (p <= L) & (tot["nmax"] >= L)
+    if pins.pp is not None:
+        ok &= p == pins.pp
+    if pins.num_gpus is not None:
+        ok &= tot["gpus"] == pins.num_gpus
+    idx, p = idx[ok], p[ok].astype(np.int64)
+    emb = min(tb.emb_s for tb in group.tables.values())
+    head = min(tb.head_s for tb in group.tables.values())
+    t_lb = (L * tot["lmin"][ok] + emb + head + (group.mb - 1) * L / tot["inv"][ok]
+            + 2 * (p - 1) * group.c_min())
+    return opts, idx, p, tot["gpus"][ok].astype(np.int64), tot["rate"][ok], t_lb
+
+
+def _frontier_dominates(frontier: list[HeteroCandidate], t: float, cost_per_s: float) -> float:
+    """Least iteration time from which a plan with $/s rate ``cost_per_s`` is weakly dominated by the frontier."""
+    best = INF
+    for f in frontier:
+        best = min(best, max(f.iteration_time_s, f.usd_per_iteration / cost_per_s if cost_per_s > 0 else INF))
+    return best
+
+
+def _insert_frontier(frontier: list[HeteroCandidate], c: HeteroCandidate) -> list[HeteroCandidate]:
+    keep = [f for f in frontier if not (f.iteration_time_s >= c.iteration_time_s and f.usd_per_iteration >= c.usd_per_iteration)]
+    keep.append(c)
+    keep.sort(key=lambda f: (f.iteration_time_s, f.usd_per_iteration))
+    return keep
+
+
+def search_hetero(
+    m: ModelSpec,
+    job: Job,
+    inventory: Inventory,
+    catalog,
+    goal: str = "fastest",
+    slo_iteration_s: float | None = None,
+    budget_usd_per_iteration: float | None = None,
+    pins: Pins | None = None,
+    prune: bool = True,
+    max_stages: int | None = None,
+    keep_candidates: int = 0,
+) -> HeteroResult:
+    """Exact search of the heterogeneous space (module doc) for ``goal``.
+
+    Args:
+        goal: ``"cheapest"`` (least $ per iteration, iteration time ≤ ``slo_iteration_s`` if given),
+            ``"fastest"`` (least iteration time, $ per iteration ≤ ``budget_usd_per_iteration`` if given),
+            or ``"pareto"`` (the whole time–$ frontier, constraints applied as filters).
+        pins: fixed TP (all stages), DP, micro-batch size, ZeRO, recomputation, PP, number of GPUs.
+        prune: ``False`` visits every allocation and every order (the slow exhaustive reference).
+        max_stages: cap on the pipeline depth (default: the number of layers).
+        keep_candidates: keep up to this many exactly evaluated plans besides the best (0 = all found).
+    Returns:
+        :class:`HeteroResult`; ``best`` is ``None`` when nothing fits or meets the constraint.
+    Raises:
+        HetplanError: unknown GPU in the inventory.
+    """
+    t0 = time.perf_counter()
+    pins = pins or Pins()
+    L = m.num_layers
+    max_stages = min(max_stages or L, L)
+    types = stage_types(m, inventory, catalog, job.dtype, pins)
+    rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2]
+    zeros = [0, 1] if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
+    groups = []
+    for d in divisors(job.global_batch):
+        if pins.dp is not None and d != pins.dp:
+            continue
+        for b in divisors(job.global_batch // d):
+            if pins.mbs is not None and b != pins.mbs:
+                continue
+            for z in zeros:
+                if z == 1 and d == 1:
+                    continue  # ZeRO-1 over one rank is ZeRO-0
+                g = _Group(m, job, inventory, types, b, d, z, rcs, max_stages)
+                if g.types:
+                    groups.append(g)
+    # Bounds of every allocation of every group.
+    rows = []
+    n_alloc = 0
+    for gi, g in enumerate(groups):
+        opts, idx, p, gpus, rate, t_lb = allocation_bounds(g, pins)
+        keep = p <= max_stages
+        n_alloc += int(keep.sum())
+        rows.append((gi, opts, idx[keep], rate[keep], t_lb[keep]))
+    if rows:
+        gid = np.concatenate([np.full(len(r[2]), r[0]) for r in rows])
+        loc = np.concatenate([np.arange(len(r[2])) for r in rows])
+        rate = np.concatenate([r[3] for r in rows])
+        t_lb = np.concatenate([r[4] for r in rows])
+    else:
+        gid = loc = np.zeros(0, dtype=np.int64)
+        rate = t_lb = np.zeros(0)
+    cost_lb = rate * t_lb / 3600.0
+    if goal == "cheapest":
+        ok = t_lb <= (slo_iteration_s if slo_iteration_s is not None else INF)
+        order = np.argsort(cost_lb, kind="stable")
+    else:
+        ok = cost_lb <= (budget_usd_per_iteration if budget_usd_per_iteration is not None else INF)
+        if goal == "pareto" and slo_iteration_s is not None:
+            ok &= t_lb <= slo_iteration_s
+        order = np.argsort(t_lb, kind="stable")
+    if prune:
+        order = order[ok[order]]
+    best: HeteroCandidate | None = None
+    frontier: list[HeteroCandidate] = []
+    found: list[HeteroCandidate] = []
+    solved = orders = 0
+    slo = slo_iteration_s if slo_iteration_s is not None else INF
+    budget = budget_usd_per_iteration if budget_usd_per_iteration is not None else INF
+    for j in order:
+        R = float(rate[j])
+        rs = R / 3600.0
+        if goal == "cheapest":
+            if prune and best is not None and cost_lb[j] >= best.usd_per_iteration:
+                break
+            ub = min(np.nextafter(slo, INF), best.usd_per_iteration / rs if best is not None else INF)
+        elif goal == "fastest":
+            if prune and best is not None and t_lb[j] >= best.iteration_time_s:
+                break
+            ub = min(np.nextafter(budget / rs, INF), best.iteration_time_s if best is not None else INF)
+        else:
+            ub = min(np.nextafter(slo, INF), np.nextafter(budget / rs, INF))
+            if frontier:
+                ub = min(ub, _frontier_dominates(frontier, 0.0, rs))
+            if prune and t_lb[j] >= ub:
+                continue
+        if not prune:
+            ub = min(np.nextafter(slo, INF), np.nextafter(budget / rs, INF))
+        g = groups[int(gid[j])]
+        opts = rows[int(gid[j])][1]
+        sel = rows[int(gid[j])][2][int(loc[j])]
+        blocks = [(k, opts[k][sel[k]]) for k in range(len(opts)) if opts[k][sel[k]][1] > 0]
+        solved += 1
+        alloc_best = None
+        for perm in itertools.permutations(blocks):
+            seq = [g.by_key[(k, t)] for k, (t, s) in perm for _ in range(s)]
+            orders += 1
+            bound = ub if alloc_best is None else min(ub, alloc_best[0])
+            res = g.solve_order(seq, bound)
+            if res is not None:
+                alloc_best = (res[0], seq, res[1], res[2])
+        if alloc_best is None:
+            continue
+        t, seq, ns, rcv = alloc_best
+        cand = HeteroCandidate(
+            stages=[(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
+            mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=R,
+        )
+        found.append(cand)
+        if goal == "cheapest":
+            if best is None or cand.usd_per_iteration < best.usd_per_iteration:
+                best = cand
+        elif goal == "fastest":
+            if best is None or cand.iteration_time_s < best.iteration_time_s:
+                best = cand
+        else:
+            frontier = _insert_frontier(frontier, cand)
+    if goal == "pareto":
+        if not prune:
+            frontier = []
+            for c in sorted(found, key=lambda c: (c.iteration_time_s, c.usd_per_iteration)):
+                frontier = _insert_frontier(frontier, c)
+        best = frontier[0] if frontier else None
+    if goal == "cheapest":
+        found.sort(key=lambda c: (c.usd_per_iteration, c.iteration_time_s))
+    else:
+        found.sort(key=lambda c: (c.iteration_time_s, c.usd_per_iteration))
+    if not prune and found and goal != "pareto":
+        best = found[0]
+    if keep_candidates:
+        found = found[:keep_candidates]
+    return HeteroResult(
+        best=best, candidates=found, frontier=frontier, allocations=n_alloc,
+        allocations_fitting=n_alloc, allocations_solved=solved, orders_solved=orders,
+        search_time_s=time.perf_counter() - t0,
+    )
