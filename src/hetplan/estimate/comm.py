@@ -1,11 +1,25 @@
-"""Alpha–beta (latency–bandwidth) costs of collectives and point-to-point transfers.
+"""Alpha–beta (latency–bandwidth) costs of collectives and point-to-point transfers on a node topology.
 
-Ring algorithms after Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
-MPICH" (IJHPCA 2005), Sec. 4: with n ranks, message M bytes per rank and per-rank link bandwidth B,
-all-reduce = 2(n-1)/n · M/B + 2(n-1)·α; all-gather and reduce-scatter (M = the full, gathered size) =
-(n-1)/n · M/B + (n-1)·α. Hierarchical all-reduce across nodes (reduce-scatter inside the node, all-reduce of
-the shard across nodes, all-gather inside the node) follows NCCL's tree/ring-of-rings practice
-(Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA blog 2019).
+**Algorithms** (n ranks, M bytes per rank, per-rank link bandwidth B, per-step latency α):
+
+* ring all-reduce ``2(n-1)/n · M/B + 2(n-1)·α``; ring all-gather / reduce-scatter (M = the full, gathered
+  size) ``(n-1)/n · M/B + (n-1)·α`` — Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication
+  Operations in MPICH" (IJHPCA 2005), Sec. 4; Patarasuk & Yuan (JPDC 2009) for the ring bandwidth optimum.
+* tree all-reduce (NCCL's double binary tree, pipelined): ``2·M/B + 2·⌈log2 n⌉·α`` — Sanders, Speck & Träff
+  (Parallel Computing 2009); NCCL 2.4 (Jeaugey, NVIDIA blog 2019). NCCL picks the faster; so do we
+  (:func:`allreduce_time_s` with ``algorithm="auto"``).
+* p2p ``M/B + α``.
+
+**Topology.** A group of n ranks whose members sit ``stride`` GPUs apart (Megatron-LM's rank order: TP
+innermost, then DP, then PP) has ``k = min(n, max(1, G // stride))`` members per node of G GPUs and spans
+``ceil(n / k)`` nodes. Inside a node the collective runs on the NVLink/PCIe link; across nodes it is
+hierarchical (NCCL's ring-of-rings / tree across nodes): reduce-scatter inside the node, all-reduce of the
+``M/k`` shard across nodes, all-gather inside the node. All GPUs of a node that run such groups at the same
+time share the node's NICs: each gets ``B_node / sharers`` (several rings sharing one NIC share its bandwidth).
+
+**Efficiency.** NCCL reaches a fraction of the nominal link rate for large messages: :data:`INTRA_LINK_EFFICIENCY`
+(NCCL-tests all-reduce busbw ≈ 230 of 300 GB/s NVLink3 on DGX A100) and :data:`INTER_LINK_EFFICIENCY`
+(≈ 90 % of InfiniBand line rate). Latencies :data:`ALPHA_INTRA_NODE_S`, :data:`ALPHA_INTER_NODE_S`.
 
 All functions broadcast over numpy arrays. Times in seconds, sizes in bytes, bandwidths in bytes/s
 (unidirectional, per rank).
@@ -15,33 +29,87 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Per-message latency inside a node (s): NVLink/PCIe NCCL ring step, order of the NCCL-tests small-message
-#: all-reduce latency on DGX A100 (~10 µs for 8 GPUs over 7 steps).
+#: Per-step latency inside a node (s): NCCL ring step over NVLink/PCIe (NCCL-tests small-message all-reduce on
+#: 8 A100 ≈ 15-25 µs over 14 steps).
 ALPHA_INTRA_NODE_S = 2e-6
-#: Per-message latency between nodes (s): InfiniBand/RoCE NCCL step (~5-10 µs, NCCL-tests multi-node).
+#: Per-step latency between nodes (s): InfiniBand/RoCE NCCL step (~5-10 µs, NCCL-tests multi-node).
 ALPHA_INTER_NODE_S = 8e-6
-#: Fraction of the nominal link bandwidth that NCCL reaches for large messages (NCCL-tests "busbw" on
-#: DGX A100: ~230 of 300 GB/s NVLink; ~ 90 % of InfiniBand line rate). One constant for v1.
-LINK_EFFICIENCY = 0.8
+#: Fraction of the nominal NVLink/PCIe bandwidth NCCL reaches for large messages (busbw / link rate).
+INTRA_LINK_EFFICIENCY = 0.77
+#: Fraction of the nominal NIC bandwidth NCCL reaches for large messages.
+INTER_LINK_EFFICIENCY = 0.9
+#: Backwards-compatible single efficiency (v1); used when a caller gives no efficiency.
+LINK_EFFICIENCY = INTRA_LINK_EFFICIENCY
 
 
-def allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S):
-    """Ring all-reduce of ``message_bytes`` over ``n`` ranks (0 when n == 1)."""
+def allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *,
+                     efficiency=LINK_EFFICIENCY, algorithm="ring"):
+    """All-reduce of ``message_bytes`` over ``n`` ranks (0 when n == 1).
+
+    Args:
+        algorithm: ``"ring"``, ``"tree"`` or ``"auto"`` (the faster of the two, as NCCL's tuner picks).
+    """
     n = np.asarray(n, dtype=float)
-    steps = 2.0 * (n - 1.0)
-    return np.where(n > 1, steps / n * message_bytes / (bandwidth_bytes_per_s * LINK_EFFICIENCY) + steps * alpha_s, 0.0)
+    bw = bandwidth_bytes_per_s * efficiency
+    ring = 2.0 * (n - 1.0) / np.maximum(n, 1.0) * message_bytes / bw + 2.0 * (n - 1.0) * alpha_s
+    if algorithm == "ring":
+        t = ring
+    else:
+        tree = 2.0 * message_bytes / bw + 2.0 * np.ceil(np.log2(np.maximum(n, 1.0))) * alpha_s
+        t = tree if algorithm == "tree" else np.minimum(ring, tree)
+    return np.where(n > 1, t, 0.0)
 
 
-def allgather_time_s(total_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S):
-    """Ring all-gather (or reduce-scatter) whose gathered result is ``total_bytes`` per rank."""
+def allgather_time_s(total_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *, efficiency=LINK_EFFICIENCY):
+    """Ring all-gather whose gathered result is ``total_bytes`` per rank (0 when n == 1)."""
     n = np.asarray(n, dtype=float)
     steps = n - 1.0
-    return np.where(n > 1, steps / n * total_bytes / (bandwidth_bytes_per_s * LINK_EFFICIENCY) + steps * alpha_s, 0.0)
+    return np.where(n > 1, steps / np.maximum(n, 1.0) * total_bytes / (bandwidth_bytes_per_s * efficiency)
+                    + steps * alpha_s, 0.0)
 
 
-def p2p_time_s(message_bytes, bandwidth_bytes_per_s, alpha_s=ALPHA_INTER_NODE_S):
+def reduce_scatter_time_s(total_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *, efficiency=LINK_EFFICIENCY):
+    """Ring reduce-scatter of a ``total_bytes`` input per rank: same cost as the all-gather of that size."""
+    return allgather_time_s(total_bytes, n, bandwidth_bytes_per_s, alpha_s, efficiency=efficiency)
+
+
+def p2p_time_s(message_bytes, bandwidth_bytes_per_s, alpha_s=ALPHA_INTER_NODE_S, *, efficiency=LINK_EFFICIENCY):
     """One point-to-point send/recv of ``message_bytes``."""
-    return message_bytes / (bandwidth_bytes_per_s * LINK_EFFICIENCY) + alpha_s
+    return message_bytes / (bandwidth_bytes_per_s * efficiency) + alpha_s
+
+
+def group_collective_time_s(
+    message_bytes, collective: str, n, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
+    inter_bandwidth_bytes_per_s, nic_sharers=None,
+):
+    """One collective of ``n`` ranks placed ``stride`` GPUs apart (module doc, "Topology").
+
+    Args:
+        message_bytes: per-rank buffer (all-reduce), or the gathered size (all-gather / reduce-scatter).
+        collective: ``"allreduce"``, ``"allgather"`` or ``"reducescatter"``.
+        gpus_per_node: G; ``inter_bandwidth_bytes_per_s``: the node's NIC bandwidth (all NICs together).
+        nic_sharers: GPUs of a node that cross the network at the same time (default ``min(G, stride·n)``).
+    Raises:
+        ValueError: unknown collective.
+    """
+    n = np.asarray(n, dtype=float)
+    stride = np.asarray(stride, dtype=float)
+    g = np.asarray(gpus_per_node, dtype=float)
+    k = np.minimum(n, np.maximum(1.0, np.floor(g / stride)))
+    nodes = np.ceil(n / k)
+    sharers = np.minimum(g, stride * n) if nic_sharers is None else np.asarray(nic_sharers, dtype=float)
+    inter_bw = inter_bandwidth_bytes_per_s / np.maximum(sharers, 1.0)
+    intra_kw = dict(efficiency=INTRA_LINK_EFFICIENCY)
+    inter_kw = dict(efficiency=INTER_LINK_EFFICIENCY)
+    if collective == "allreduce":
+        intra = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S, **intra_kw)
+        inter = allreduce_time_s(message_bytes / k, nodes, inter_bw, ALPHA_INTER_NODE_S, algorithm="auto", **inter_kw)
+    elif collective in ("allgather", "reducescatter"):
+        intra = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S, **intra_kw)
+        inter = allgather_time_s(message_bytes / k, nodes, inter_bw, ALPHA_INTER_NODE_S, **inter_kw)
+    else:
+        raise ValueError(f"unknown collective {collective!r}")
+    return intra + np.where(nodes > 1, inter, 0.0)
 
 
 def dp_collective_time_s(
@@ -53,30 +121,12 @@ def dp_collective_time_s(
     intra_bandwidth_bytes_per_s: float,
     inter_bandwidth_bytes_per_s: float,
 ):
-    """Time of one data-parallel collective of a ``message_bytes`` buffer per rank, placed Megatron-style.
-
-    Placement: TP ranks are innermost (consecutive GPUs), then DP ranks, so ``k = min(dp, max(1, G // tp))``
-    members of one DP group share a node and the group spans ``n = ceil(dp / k)`` nodes. Inside the node the
-    collective runs on the intra-node link; across nodes on the shard ``M/k``, with all ``min(G, tp·dp)`` GPUs of
-    the node driving their own groups through the node's NICs at once, so each gets
-    ``B_node / min(G, tp·dp)``.
+    """Time of one data-parallel collective of a ``message_bytes`` buffer per rank, placed Megatron-style
+    (TP innermost, so DP peers are ``tp`` GPUs apart): :func:`group_collective_time_s` with ``stride = tp``; all
+    ``min(G, tp·dp)`` GPUs of a node drive their own DP groups through the node's NICs at once.
 
     Args:
         collective: ``"allreduce"`` or ``"allgather"`` (also used for reduce-scatter, same cost).
     """
-    dp = np.asarray(dp, dtype=float)
-    tp = np.asarray(tp, dtype=float)
-    k = np.minimum(dp, np.maximum(1.0, np.floor(gpus_per_node / tp)))
-    nodes = np.ceil(dp / k)
-    sharing = np.minimum(gpus_per_node, tp * dp)
-    inter_bw = inter_bandwidth_bytes_per_s / sharing
-    if collective == "allreduce":
-        # reduce-scatter + all-gather inside the node = one intra all-reduce; all-reduce of the shard across nodes.
-        intra = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S)
-        inter = allreduce_time_s(message_bytes / k, nodes, inter_bw, ALPHA_INTER_NODE_S)
-    elif collective == "allgather":
-        intra = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S)
-        inter = allgather_time_s(message_bytes / k, nodes, inter_bw, ALPHA_INTER_NODE_S)
-    else:
-        raise ValueError(f"unknown collective {collective!r}")
-    return intra + inter
+    return group_collective_time_s(message_bytes, collective, dp, tp, gpus_per_node, intra_bandwidth_bytes_per_s,
+                                   inter_bandwidth_bytes_per_s)

@@ -1,61 +1,134 @@
-"""Compute time of transformer layers, embedding and head on one GPU (roofline with a calibrated efficiency).
+"""Compute time of transformer layers, embedding and head on one GPU: a shape-aware roofline.
 
-A layer's forward time is the GEMM time ``FLOPs / (t · peak · efficiency)`` plus the time of its memory-bound
-element-wise work (norms, softmax, activation function, dropout, residual adds), taken as two passes (one write,
-one read) over the activation bytes the layer produces, at HBM bandwidth — the roofline model of Williams,
-Waterman & Patterson (CACM 2009) applied per operator class. Backward is 2x forward (two GEMMs per forward GEMM:
-Narayanan et al. SC'21 Sec. 5.1). Recomputation adds one forward of the recomputed part to the backward pass
-(full: the whole layer; selective: the attention core, Korthikanti et al. 2023 Sec. 5).
+**GEMMs.** Every GEMM of a layer is costed on its own shape ``(M, N, K)`` (``M`` rows of the output, ``N``
+columns, ``K`` the reduction):
 
-Tensor-parallel collectives (Megatron-LM, Shoeybi et al. 2019 Sec. 3): two all-reduces of ``b·s·h`` activations
-per layer in forward and two in backward (with sequence parallelism an all-gather plus a reduce-scatter of the same
-total volume, Korthikanti et al. Sec. 4.2.2); not overlapped with compute.
+    time = max( 2·M·N·K / (peak · eff(M, N, K)),  2·(M·K + K·N + M·N) / HBM bandwidth )
+    eff(M, N, K) = e_max · φ(M) · φ(N) · φ(K),   φ(x) = x / (x + x½)
 
-All functions broadcast over numpy arrays (b, t, recompute-as-array are allowed where noted).
+— the roofline of Williams, Waterman & Patterson (CACM 2009) with a compute ceiling that falls for small
+dimensions: a GEMM with a small dimension has few output tiles (wave quantisation, idle SMs) or a short
+reduction (tile loads not amortised), so it runs far below peak. This is why FASOP measures an A100/A10 per-layer
+time ratio of only 1.43 at micro-batch 1 while their peak ratio is 2.5. ``e_max`` is
+:attr:`GPUSpec.compute_efficiency` (large GEMMs), ``x½`` is :attr:`GPUSpec.gemm_half_dim`; both are fitted per
+GPU type (:mod:`hetplan.estimate.calibrate`, docs/estimator.md).
+
+Per layer (tokens ``T = b·s``, TP degree ``t``, Megatron-LM's sharding, Shoeybi et al. 2019): QKV ``(T, (q+2g·d)/t, h)``,
+attention scores ``b·a/t`` batched ``(s, s, d)``, attention over values ``b·a/t`` batched ``(s, d, s)``, output
+projection ``(T, h, q/t)``, MLP ``(T, f/t, h)`` (``2f/t`` for SwiGLU's fused gate/up) and ``(T, h, f/t)``.
+
+**Element-wise work** (norms, softmax, dropout, GeLU, residual adds): memory-bound, ``ELEMENTWISE_PASSES``
+passes over the activation bytes the layer produces (:func:`hetplan.model.counts.layer_activation_bytes`).
+
+**Kernel overhead**: each of the ``KERNELS_PER_LAYER_FORWARD`` kernels of a Megatron-LM layer costs a fixed
+:attr:`GPUSpec.kernel_overhead_s` (launch, ramp-up and tail); it dominates small layers.
+
+**Backward** = 2x forward (two GEMMs per forward GEMM, Narayanan et al. SC'21 Sec. 5.1; the element-wise and
+kernel terms doubled likewise). **Recomputation** adds one forward of the recomputed part to the backward pass
+(full: the whole layer including its TP collectives; selective: the attention core, Korthikanti et al. 2023
+Sec. 5).
+
+**TP collectives** (Shoeybi et al. 2019 Sec. 3): two all-reduces of ``b·s·h`` activations per layer in forward
+and two in backward; with sequence parallelism an all-gather plus a reduce-scatter each (Korthikanti et al.
+Sec. 4.2.2: same volume). Costed with :func:`hetplan.estimate.comm.group_collective_time_s`, so a TP group
+that spans nodes pays the inter-node link. Not overlapped with compute (Megatron-LM does not).
+
+All functions broadcast over numpy arrays (``b``, ``t`` and the recompute code may be arrays).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from hetplan.estimate.comm import allreduce_time_s
+from hetplan.estimate.comm import group_collective_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
 #: Passes over the produced activation bytes made by the element-wise kernels of a layer (write + read).
 ELEMENTWISE_PASSES = 2.0
+#: Kernels in one Megatron-LM GPT layer forward: 2 LayerNorms, 4 linear GEMMs, 2 batched attention GEMMs,
+#: fused scale-mask-softmax, attention dropout, 2 bias-dropout-add, bias-GeLU, and ~5 layout copies
+#: (QKV split/permute, context permute). Counted from Megatron-LM's ``ParallelTransformerLayer``.
+KERNELS_PER_LAYER_FORWARD = 18
+#: Kernels of the attention core (scores, softmax, dropout, context, copies): recomputed by selective recompute.
+KERNELS_ATTENTION_CORE = 6
+#: Dtype size of GEMM operands (bytes).
+OPERAND_BYTES = 2
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 
 
-def _effective_flops(gpu: GPUSpec, dtype: str) -> float:
-    return gpu.peak_flops_per_s(dtype) * gpu.compute_efficiency
+def gemm_efficiency(gpu: GPUSpec, M, N, K):
+    """Fraction of the dense peak a GEMM of shape (M, N, K) reaches: ``e_max · φ(M)·φ(N)·φ(K)`` (module doc)."""
+    x0 = gpu.gemm_half_dim
+    phi = lambda x: x / (x + x0)  # noqa: E731
+    return gpu.compute_efficiency * phi(M) * phi(N) * phi(K)
 
 
-def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s):
+def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1):
+    """Seconds for ``batch`` GEMMs of shape (M, N, K) on ``gpu`` (roofline with shape-dependent ceiling).
+
+    Raises:
+        HetplanError: the GPU lacks ``dtype``.
+    """
+    flops = 2.0 * batch * M * N * K
+    bytes_ = OPERAND_BYTES * batch * (M * K + K * N + M * N)
+    return np.maximum(flops / (gpu.peak_flops_per_s(dtype) * gemm_efficiency(gpu, M, N, K)),
+                      bytes_ / gpu.hbm_bandwidth_bytes_per_s)
+
+
+def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
+    """``(linear_s, core_s)``: forward time of a layer's four linear GEMMs and of its two attention-core batched
+    GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks."""
+    h, q, kv, f, a, d = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size, m.num_attention_heads, m.head_dim
+    T = b * s
+    up = (2 if m.gated_mlp else 1) * f
+    linear = (
+        gemm_time_s(gpu, dtype, T, (q + 2 * kv) / t, h)
+        + gemm_time_s(gpu, dtype, T, h, q / t)
+        + gemm_time_s(gpu, dtype, T, up / t, h)
+        + gemm_time_s(gpu, dtype, T, h, f / t)
+    )
+    heads = b * a / t
+    core = gemm_time_s(gpu, dtype, s, s, d, heads) + gemm_time_s(gpu, dtype, s, d, s, heads)
+    return linear, core
+
+
+def layer_time_s(
+    m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
+    *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, sequence_parallel=False,
+):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
     Args:
         b: micro-batch size (sequences); s: sequence length; t: TP degree.
         recompute_code: 0 none, 1 selective, 2 full (array allowed); see ``RECOMPUTE_CODES``.
-        tp_bandwidth_bytes_per_s: unidirectional bandwidth of the TP group's link.
+        tp_bandwidth_bytes_per_s: unidirectional per-GPU bandwidth of the intra-node link.
+        gpus_per_node, inter_node_bandwidth_bytes_per_s: where a TP group larger than a node crosses nodes
+            (the node's NIC bandwidth, shared by its GPUs); default: the group stays in one node.
+        sequence_parallel: with SP the element-wise work is also split over the TP ranks.
     Returns:
-        ``(forward_s, backward_s, tp_comm_s)``: forward and backward (including recomputation and TP
+        ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
     """
-    eff = _effective_flops(gpu, dtype)
-    gemm_f = counts.layer_forward_flops(m, b, s) / t / eff
-    act = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none")
-    elem_f = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
-    fwd_compute = gemm_f + elem_f
-    core_flops = 4 * b * s * s * m.q_dim / t  # QK^T and attention-over-values
-    core_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
-    core_f = core_flops / eff + ELEMENTWISE_PASSES * core_bytes / gpu.hbm_bandwidth_bytes_per_s
+    linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t)
+    act_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none")
+    act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none")
+    act = np.where(sequence_parallel, act_sp, act_nosp)
+    elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
+    kernel = gpu.kernel_overhead_s
+    # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers).
+    fwd_compute = np.maximum(linear + core_gemm + elem, KERNELS_PER_LAYER_FORWARD * kernel)
+    quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
+    core_f = np.maximum(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
+                        KERNELS_ATTENTION_CORE * kernel)
     rc = np.asarray(recompute_code)
     recompute_extra = np.where(rc == 2, fwd_compute, np.where(rc == 1, core_f, 0.0))
-    tp_msg = b * s * m.hidden_size * 2
-    tp_one = allreduce_time_s(tp_msg, t, tp_bandwidth_bytes_per_s)
+    tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
+    g = gpus_per_node if gpus_per_node is not None else 1 << 30
+    inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s
+    tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter)
     fwd = fwd_compute + 2 * tp_one
     tp_bwd = 2 * tp_one + np.where(rc == 2, 2 * tp_one, 0.0)
     bwd = 2 * fwd_compute + recompute_extra + tp_bwd
@@ -63,24 +136,27 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code
 
 
 def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t):
-    """Forward and backward time of the input embedding: a gather, memory-bound (writes ``b·s·h`` activations)."""
-    out = b * s * m.hidden_size * 2 / t
-    fwd = ELEMENTWISE_PASSES * out / gpu.hbm_bandwidth_bytes_per_s
+    """Forward and backward time of the input embedding: a gather, memory-bound (writes ``b·s·h`` activations),
+    plus position add and dropout (3 kernels); backward scatters the gradient into the ``V x h/t`` table."""
+    out = b * s * m.hidden_size * 2
+    fwd = ELEMENTWISE_PASSES * out / gpu.hbm_bandwidth_bytes_per_s + 3 * gpu.kernel_overhead_s
     return fwd, 2 * fwd
 
 
 def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
-    """Forward and backward time of the output head (logits GEMM, vocab-parallel) and the cross-entropy loss.
-
-    The loss touches the ``b·s·V/t`` logits in fp32 (4 bytes) a few times: we count two passes.
-    """
-    eff = _effective_flops(gpu, dtype)
-    gemm = counts.head_forward_flops(m, b, s) / t / eff
-    loss = ELEMENTWISE_PASSES * 4 * b * s * m.padded_vocab_size() / t / gpu.hbm_bandwidth_bytes_per_s
+    """Forward and backward time of the output head (logits GEMM ``(b·s, V/t, h)``, vocab-parallel) and the
+    cross-entropy loss, which touches the ``b·s·V/t`` logits in fp32 (4 bytes) twice (4 kernels)."""
+    V = m.padded_vocab_size()
+    gemm = gemm_time_s(gpu, dtype, b * s, V / t, m.hidden_size)
+    loss = ELEMENTWISE_PASSES * 4 * b * s * V / t / gpu.hbm_bandwidth_bytes_per_s + 4 * gpu.kernel_overhead_s
     return gemm + loss, 2 * gemm + loss
 
 
+#: Bytes moved per parameter by the mixed-precision Adam step: read fp32 grad, master, m, v (16 B); write
+#: master, m, v (12 B); write the 2-byte weight (2 B) — Megatron-LM's fused Adam (multi-tensor apply).
+ADAM_BYTES_PER_PARAMETER = 30.0
+
+
 def optimizer_step_time_s(params_per_gpu, gpu: GPUSpec):
-    """Adam step over the parameters this GPU owns: memory-bound, 30 bytes moved per parameter (read fp32 grad,
-    master, m, v = 16 B; write master, m, v = 12 B; write the bf16 weight = 2 B)."""
-    return params_per_gpu * 30.0 / gpu.hbm_bandwidth_bytes_per_s
+    """Adam step over the parameters this GPU owns: memory-bound, :data:`ADAM_BYTES_PER_PARAMETER` per parameter."""
+    return params_per_gpu * ADAM_BYTES_PER_PARAMETER / gpu.hbm_bandwidth_bytes_per_s

@@ -15,6 +15,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from hetplan.estimate.pipeline import pipeline_time_s
+from hetplan.estimate.schedule import simulate
 from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import RECOMPUTE_CODES
@@ -82,6 +83,8 @@ class Estimate(BaseModel):
     iterations: float
     job_time_s: float
     job_usd: float
+    virtual_stages: int = 1
+    pipeline_model: str = "simulate"
 
 
 def pool_link(pool: GPUPool, gpu: GPUSpec) -> Link:
@@ -110,6 +113,9 @@ def estimate(
     catalog: Catalog | None = None,
     model: ModelSpec | None = None,
     profiles: LayerTimeSource | None = None,
+    *,
+    virtual_stages: int | None = None,
+    pipeline_model: str = "simulate",
 ) -> Estimate:
     """Estimate ``plan`` (see module doc).
 
@@ -118,9 +124,52 @@ def estimate(
         model: the model spec (default: ``load_model(plan.job.model)``).
         profiles: measured layer times; stages whose (GPU, shape) it knows use them (``time_source``
             ``"profiled"``), the others the analytic model (``"analytic"``).
+        virtual_stages: v of interleaved 1F1B (default: ``plan.virtual_stages`` if the plan has it, else 1);
+            needs the 1F1B schedule and micro-batches a multiple of pp, else it falls back to v = 1.
+        pipeline_model: ``"simulate"`` (event simulation, :mod:`hetplan.estimate.schedule`) or
+            ``"closed_form"`` (:func:`hetplan.estimate.pipeline.pipeline_time_s`, what the search uses).
     Raises:
         HetplanError: unknown GPU or model, a dtype the GPU lacks, layers that do not add up.
     """
+    return estimate_detailed(plan, catalog, model, profiles, virtual_stages=virtual_stages,
+                             pipeline_model=pipeline_model)[0]
+
+
+def effective_virtual_stages(plan: Plan, virtual_stages: int | None = None) -> int:
+    """v used for ``plan``: the argument, else ``plan.virtual_stages`` (if the schema has it), else 1; 1 unless the
+    schedule is 1F1B, pp > 1 and every stage's micro-batch count is a multiple of pp (Megatron-LM's condition)."""
+    v = virtual_stages if virtual_stages is not None else int(getattr(plan, "virtual_stages", 1) or 1)
+    p = plan.pp
+    if v <= 1 or p == 1 or plan.schedule == "gpipe":
+        return 1
+    if any(plan.num_microbatches(i) % p for i in range(p)):
+        return 1
+    return int(v)
+
+
+def in_flight_microbatches(schedule: str, p: int, i: int, m: int, v: int = 1) -> float:
+    """Micro-batches of stage ``i``'s full activations held at its peak: GPipe ``m``; 1F1B ``min(p - i, m)``;
+    interleaved ``min((p - i - 1)·2 + (v - 1)·p + 1, m·v) / v`` chunks of ``1/v`` (Megatron-LM's warm-up count;
+    ``p + (p-1)/v`` on the first stage, its ``interleaved_schedule_memory_penalty``)."""
+    if schedule == "gpipe":
+        return float(m)
+    if v <= 1:
+        return float(min(p - i, m))
+    return min((p - i - 1) * 2 + (v - 1) * p + 1, m * v) / v
+
+
+def estimate_detailed(
+    plan: Plan,
+    catalog: Catalog | None = None,
+    model: ModelSpec | None = None,
+    profiles: LayerTimeSource | None = None,
+    *,
+    virtual_stages: int | None = None,
+    pipeline_model: str = "simulate",
+    record: bool = False,
+):
+    """:func:`estimate` plus what a timeline needs: ``(Estimate, ScheduleResult | None, per-stage cost dicts,
+    per-boundary p2p times)``. ``record`` keeps every scheduled operation."""
     from hetplan.errors import HetplanError
 
     catalog = catalog or load_catalog()
@@ -133,6 +182,10 @@ def estimate(
             fix=f"make the stages' num_layers add up to {m.num_layers}",
         )
     p = plan.pp
+    v = effective_virtual_stages(plan, virtual_stages)
+    if pipeline_model not in ("simulate", "closed_form"):
+        raise HetplanError(f"unknown pipeline model {pipeline_model!r}", field="pipeline_model",
+                           fix="use simulate or closed_form")
     gpus = [catalog.get(plan.pools[st.pool].gpu, field=f"plan.pools[{st.pool}].gpu") for st in plan.stages]
     links = [pool_link(plan.pools[st.pool], g) for st, g in zip(plan.stages, gpus)]
     costs, sources = [], []
@@ -140,7 +193,7 @@ def estimate(
         measured = profiles.layer_time_s(gpu.name, m, job.dtype, plan.mbs, job.seq_len, st.tp) if profiles else None
         sources.append("analytic" if measured is None else "profiled")
         mb = plan.num_microbatches(i)
-        in_flight = mb if plan.schedule == "gpipe" else min(p - i, mb)
+        in_flight = in_flight_microbatches(plan.schedule, p, i, mb, v)
         costs.append(
             stage_costs(
                 m, gpu, link, job.dtype,
@@ -155,23 +208,38 @@ def estimate(
     intra = boundary_is_intra_node(
         [st.tp * st.dp for st in plan.stages], [st.pool for st in plan.stages], [pl.gpus_per_node for pl in plan.pools]
     )
-    p2p_total = 0.0
+    p2p = []
     for i in range(p - 1):
         a, nxt = plan.stages[i], plan.stages[i + 1]
         msg = p2p_bytes(m, plan.mbs, job.seq_len, max(a.tp, nxt.tp), plan.sequence_parallel)
-        p2p_total += float(p2p_time_s(msg, boundary_bandwidth_bytes_per_s(links[i], links[i + 1], a.tp * a.dp, intra[i])))
+        p2p.append(float(p2p_time_s(msg, boundary_bandwidth_bytes_per_s(links[i], links[i + 1], a.tp * a.dp, intra[i]))))
+    p2p_total = sum(p2p)
     fwd = np.array([c["forward_s"] for c in costs], dtype=float)
     bwd = np.array([c["backward_s"] for c in costs], dtype=float)
     mb0 = plan.num_microbatches(0)
-    t_pipe, bottleneck, bubble = pipeline_time_s(fwd, bwd, np.ones(p), p2p_total, mb0)
-    bubble = float(bubble) - 2 * p2p_total  # reported apart from the p2p transfers
-    dp_exposed = max(float(c["dp_exposed_s"]) for c in costs)
+    dp_each = [float(c["dp_exposed_s"]) for c in costs]
+    dp_exposed = max(dp_each)
     optimizer = max(float(c["optimizer_s"]) for c in costs)
-    iteration = float(t_pipe) + dp_exposed + optimizer
+    sim = None
+    if pipeline_model == "simulate":
+        schedule = "interleaved" if v > 1 else plan.schedule
+        sim = simulate(fwd, bwd, p2p, mb0, schedule, v, record=record)
+        t_pipe = sim.makespan_s
+        bottleneck = float(np.max(fwd + bwd))
+        bubble = t_pipe - mb0 * bottleneck - 2 * p2p_total
+        # Each stage reduces its gradients after its own last backward; the optimizer step (grad-norm
+        # all-reduce across stages) waits for all.
+        after = max(end + d for end, d in zip(sim.stage_end_s, dp_each))
+        dp_exposed = after - t_pipe
+        iteration = after + optimizer
+    else:
+        t_pipe, bottleneck, bubble = pipeline_time_s(fwd, bwd, np.ones(p), p2p_total, mb0, virtual_stages=v)
+        bubble = float(bubble) - 2 * p2p_total  # reported apart from the p2p transfers
+        iteration = float(t_pipe) + dp_exposed + optimizer
 
     stages_out = []
     for st, gpu, c, source in zip(plan.stages, gpus, costs, sources):
-        mem = MemoryBreakdown(**{k: float(v) for k, v in c["memory"].items()})
+        mem = MemoryBreakdown(**{k: float(x) for k, x in c["memory"].items()})
         stages_out.append(
             StageEstimate(
                 gpu=gpu.name, tp=st.tp, dp=st.dp, num_layers=st.num_layers, recompute=st.recompute,
@@ -195,7 +263,7 @@ def estimate(
     )
     iterations = job.iterations()
     tp_comm = sum(float(c["tp_comm_s"]) for c in costs) * mb0
-    return Estimate(
+    est = Estimate(
         iteration_time_s=iteration,
         pipeline_time_s=float(t_pipe),
         bubble_time_s=float(bubble),
@@ -215,4 +283,7 @@ def estimate(
         iterations=iterations,
         job_time_s=iterations * iteration,
         job_usd=usd_per_hour * iterations * iteration / 3600,
+        virtual_stages=v,
+        pipeline_model=pipeline_model,
     )
+    return est, sim, costs, p2p

@@ -1,16 +1,24 @@
-"""Iteration time of a pipeline from per-stage costs (1F1B and GPipe).
+"""Closed-form iteration time of a pipeline from per-stage costs (GPipe, 1F1B, interleaved 1F1B), vectorised.
 
-For p stages with per-micro-batch forward f_i and backward b_i, m micro-batches and p2p transfer times c_j
-on the p-1 stage boundaries (each crossed once forward, once backward per micro-batch), both schedules take
+For p stages with per-micro-batch forward f_i and backward b_i, m micro-batches, p2p transfer times c_j on the
+p-1 stage boundaries (each crossed once forward, once backward per micro-batch) and v virtual stages per stage
+(v = 1 without interleaving):
 
-    T = sum_i (f_i + b_i) + 2 sum_j c_j + (m - 1) · max_i (f_i + b_i)
+    T = Σ_i (f_i + b_i) / v + 2 Σ_j c_j + (m - 1/v) · max_i (f_i + b_i)
 
-(the fill/drain of one micro-batch through every stage, then m-1 micro-batches at the bottleneck stage's pace:
-Narayanan et al. SC'21 Sec. 2.2 for equal stages, generalised to unequal stages as in FASOP (Hwang et al.
-HPDC'24, Eq. 4) and Espresso). The pipeline bubble is the time the bottleneck stage waits:
-``T - m · max_i (f_i + b_i)``. Event simulation of the schedules comes with the estimator-fidelity work.
+(the fill/drain of one micro-batch chunk through every stage, then the rest at the bottleneck stage's pace:
+Narayanan et al. SC'21 Sec. 2.2 for equal stages, bubble ``(p-1)/v · (f+b)``; generalised to unequal stages as in
+FASOP, Hwang et al. HPDC'24, Eq. 4, and Espresso). The pipeline bubble is the time the bottleneck stage waits:
+``T - m · max_i (f_i + b_i)``.
+
+This is what the search uses on arrays of thousands of configurations. :func:`hetplan.estimate.schedule.simulate`
+is the exact event simulation used by :func:`hetplan.estimate.estimator.estimate`; the two agree exactly for
+equal stages without p2p time. With unequal stages or p2p time the simulation can be longer (in 1F1B each
+boundary's p2p lies on the steady-state cycle of the stages before it) or shorter (a slow last stage overlaps
+the drain of the others) — see docs/estimator.md.
 
 Arrays: ``stage_*`` have shape (..., K) over K stage kinds, each kind repeated ``count`` times (count 0 = absent).
+Cost: O(K) per configuration, independent of the number of layers and micro-batches.
 """
 
 from __future__ import annotations
@@ -18,10 +26,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def pipeline_time_s(stage_forward_s, stage_backward_s, count, p2p_total_s, num_microbatches):
-    """Return ``(iteration_pipeline_time_s, bottleneck_stage_time_s, bubble_time_s)`` (arrays over configs)."""
+def pipeline_time_s(stage_forward_s, stage_backward_s, count, p2p_total_s, num_microbatches, *, virtual_stages=1):
+    """Return ``(iteration_pipeline_time_s, bottleneck_stage_time_s, bubble_time_s)`` (arrays over configs).
+
+    Args:
+        virtual_stages: v of interleaved 1F1B (array allowed); 1 for GPipe / 1F1B.
+    """
     per = stage_forward_s + stage_backward_s
+    v = np.asarray(virtual_stages, dtype=float)
     total = np.sum(per * count, axis=-1)
     bottleneck = np.max(np.where(count > 0, per, 0.0), axis=-1)
-    t = total + 2 * p2p_total_s + (num_microbatches - 1) * bottleneck
+    t = total / v + 2 * p2p_total_s + (num_microbatches - 1.0 / v) * bottleneck
     return t, bottleneck, t - num_microbatches * bottleneck

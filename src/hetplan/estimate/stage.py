@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.estimate import compute, memory
-from hetplan.estimate.comm import dp_collective_time_s
+from hetplan.estimate.comm import dp_collective_time_s, group_collective_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 
@@ -24,6 +24,21 @@ class Link:
     gpus_per_node: int
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
+
+
+#: Gradient bucket of the overlapped data-parallel reduction (elements): Megatron-LM's DDP default
+#: ``bucket_size = max(40e6, 1e6 * dp)`` parameters; the last bucket's reduction cannot hide behind backward.
+BUCKET_PARAMETERS = 40e6
+#: Fixed per-iteration time outside the pipeline (s): data loading, the grad-norm/overflow all-reduces across
+#: the model-parallel group, zeroing gradient buffers, logging; the Megatron-LM training loop. Calibrated
+#: (hetplan.estimate.calibrate) on vTrain single-node rows; reported inside ``optimizer_s``.
+ITERATION_OVERHEAD_S = 0.0
+
+
+def grad_comm_bytes_per_parameter(dtype: str) -> int:
+    """Bytes per gradient element in the data-parallel reduction: Megatron-LM reduces fp16 gradients in fp16
+    (``accumulate_allreduce_grads_in_fp32`` off by default) and bf16 gradients in fp32 (forced on)."""
+    return 2 if dtype == "fp16" else 4
 
 
 def stage_costs(
@@ -52,10 +67,14 @@ def stage_costs(
 
     * ``forward_s``, ``backward_s``: one micro-batch through the stage (backward includes recomputation and TP
       collectives); ``tp_comm_s`` the TP-collective part of both;
-    * ``dp_s``: data-parallel gradient/parameter collectives per iteration; ``dp_exposed_s`` the part not hidden
-      behind the backward pass of the last micro-batch (when ``overlap_grad_reduce``) — for ZeRO-3 the per
-      micro-batch parameter all-gathers are prefetched behind compute and only their excess is exposed;
-    * ``optimizer_s``: the Adam step;
+    * ``dp_s``: data-parallel gradient/parameter collectives per iteration; ``dp_exposed_s`` the part not hidden:
+      without overlap all of it; with ``overlap_grad_reduce`` (bucketed, Megatron-LM/PyTorch DDP) what exceeds
+      the backward pass of the last micro-batch, and at least the last bucket's reduction. For ZeRO-3 the per
+      micro-batch parameter all-gathers are prefetched behind compute (FSDP prefetch): their excess over the
+      micro-batch's compute is exposed, plus the first layer's gather, which nothing hides. With tied
+      embeddings and more than one stage, the first and last stages also all-reduce the embedding gradient
+      between them (Megatron-LM ``_allreduce_embedding_grads``), exposed;
+    * ``optimizer_s``: the Adam step plus :data:`ITERATION_OVERHEAD_S`;
     * ``memory``: the dict of :func:`hetplan.estimate.memory.stage_memory_bytes`;
     * ``params_per_gpu``: parameters held per GPU before ZeRO sharding.
 
@@ -63,13 +82,17 @@ def stage_costs(
     and TP degree (TP communication included, no recomputation), e.g. from the profile database; it replaces
     the analytic layer time, recomputation still adds the analytic share of it.
 
+    ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage).
+
     Units: seconds, bytes.
     """
     tp_bw = link.intra_node_bandwidth_bytes_per_s
-    lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw)
+    tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
+                 sequence_parallel=sequence_parallel)
+    lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     if measured_layer_time_s is not None:
         # Scale the analytic recomputation overhead by measured/analytic forward time.
-        af, ab, _ = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw)
+        af, ab, _ = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
         mf, mbk = measured_layer_time_s
         lf, lb = mf, mbk + (lb - ab) * (mf / af)
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
@@ -80,7 +103,7 @@ def stage_costs(
     params = memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
     zero = np.asarray(zero)
     dp_args = (dp, t, link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s)
-    grad_bytes = params * memory.GRAD_BYTES
+    grad_bytes = params * grad_comm_bytes_per_parameter(dtype)
     weight_bytes = params * memory.WEIGHT_BYTES
     allreduce = dp_collective_time_s(grad_bytes, "allreduce", *dp_args)
     reduce_scatter = dp_collective_time_s(grad_bytes, "allgather", *dp_args)
@@ -89,10 +112,18 @@ def stage_costs(
     # ZeRO-3: reduce-scatter grads; weights all-gathered for forward and backward of every micro-batch.
     grad_sync = np.where(zero == 0, allreduce, reduce_scatter + np.where(zero < 3, param_gather, 0.0))
     gather_per_mb = np.where(zero >= 3, 2 * param_gather, 0.0)
-    window = np.where(overlap_grad_reduce, bwd, 0.0)
-    grad_exposed = np.maximum(grad_sync - window, 0.0)
-    gather_exposed = num_microbatches * np.maximum(gather_per_mb - (fwd + bwd), 0.0)
+    bucket_share = np.minimum(1.0, np.maximum(BUCKET_PARAMETERS, 1e6 * np.asarray(dp)) / np.maximum(params, 1.0))
+    grad_exposed = np.where(
+        overlap_grad_reduce, np.maximum(grad_sync - bwd, grad_sync * bucket_share), grad_sync
+    )
+    first_layer = gather_per_mb / np.maximum(num_layers, 1)
+    gather_exposed = num_microbatches * (np.maximum(gather_per_mb - (fwd + bwd), 0.0) + first_layer)
     dp_total = grad_sync + num_microbatches * gather_per_mb
+    # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
+    emb_sync = np.where(
+        (np.asarray(has_embedding) | np.asarray(has_head)) & ~np.asarray(single_stage) & m.tied_embeddings,
+        compute_embedding_sync_s(m, dtype, t, link), 0.0,
+    )
 
     owned = params / np.where(zero >= 1, dp, 1)
     mem = memory.stage_memory_bytes(
@@ -114,12 +145,21 @@ def stage_costs(
         "forward_s": fwd,
         "tp_comm_s": num_layers * ltp,
         "backward_s": bwd,
-        "dp_s": dp_total,
-        "dp_exposed_s": grad_exposed + gather_exposed,
-        "optimizer_s": compute.optimizer_step_time_s(owned, gpu),
+        "dp_s": dp_total + emb_sync,
+        "dp_exposed_s": grad_exposed + gather_exposed + emb_sync,
+        "optimizer_s": compute.optimizer_step_time_s(owned, gpu) + ITERATION_OVERHEAD_S,
         "memory": mem,
         "params_per_gpu": params,
     }
+
+
+def compute_embedding_sync_s(m: ModelSpec, dtype: str, t, link: Link):
+    """All-reduce of the ``V·h/t`` word-embedding gradient between the first and last pipeline stage (2 ranks,
+    taken across nodes, NIC shared by the node's GPUs)."""
+    nbytes = m.padded_vocab_size() * m.hidden_size / np.asarray(t) * grad_comm_bytes_per_parameter(dtype)
+    return group_collective_time_s(nbytes, "allreduce", 2, link.gpus_per_node, link.gpus_per_node,
+                                   link.intra_node_bandwidth_bytes_per_s, link.inter_node_bandwidth_bytes_per_s,
+                                   nic_sharers=link.gpus_per_node)
 
 
 def p2p_bytes(m: ModelSpec, b, s, t, sequence_parallel):

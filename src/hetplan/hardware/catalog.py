@@ -50,7 +50,12 @@ class GPUSpec(BaseModel):
         tdp_w: board power limit (W); idle_power_w: power when idle/blocked (W).
         price_usd_per_hour, price_provider, price_date, price_source: default on-demand price per GPU-hour.
         compute_efficiency: fraction of the dense peak that large transformer GEMMs reach on this GPU (calibration,
-            see ``calibration_source``).
+            see ``calibration_source``). It is the asymptote of the shape-dependent GEMM efficiency of
+            :mod:`hetplan.estimate.compute`.
+        gemm_half_dim: GEMM dimension (elements) at which one dimension alone halves the GEMM efficiency:
+            efficiency = compute_efficiency * prod over (M, N, K) of x / (x + gemm_half_dim) (docs/estimator.md).
+            Default: the A100 fit on vTrain single-node data.
+        kernel_overhead_s: fixed time per GPU kernel (launch + ramp/tail), seconds. Default: the A100 fit.
         sources: where each figure comes from.
     """
 
@@ -76,6 +81,8 @@ class GPUSpec(BaseModel):
     price_source: str
     compute_efficiency: float = Field(gt=0, le=1)
     calibration_source: str
+    gemm_half_dim: float = Field(default=155.0, ge=0)
+    kernel_overhead_s: float = Field(default=48e-6, ge=0)
     sources: tuple[str, ...] = ()
 
     def peak_flops_per_s(self, dtype: str) -> float:

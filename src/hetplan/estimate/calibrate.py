@@ -1,0 +1,100 @@
+"""Reproduce the fit of the estimator's per-GPU constants (``python -m hetplan.estimate.calibrate``).
+
+What is fitted, on which data (everything else is held out, see :mod:`hetplan.estimate.validation`):
+
+* **A100** (``A100-SXM-80GB`` and, by the same silicon, ``A100-SXM-40GB``): ``compute_efficiency`` (large-GEMM
+  efficiency e_max), ``gemm_half_dim`` (x½ of the shape factor) and ``kernel_overhead_s``, plus the global
+  :data:`hetplan.estimate.stage.ITERATION_OVERHEAD_S` — least squares on log(predicted / measured) over the
+  calibration rows of ``vtrain_single_node`` and ``vtrain_multi_node`` (a seeded 25 % of each, chosen by a hash
+  of the row: ``validation.Case.is_calibration``). Megatron SC'21 and Korthikanti Table 5 are entirely held out.
+* **V100** (``V100-SXM-32GB``): ``compute_efficiency`` and ``gemm_half_dim`` on the TP-1 rows of Aceso's per-layer
+  V100 profile (kernel overhead kept at the A100 value: the profile times kernels, not launches).
+
+Link efficiencies and latencies are not fitted: they come from NCCL-tests (:mod:`hetplan.estimate.comm`).
+
+The fit prints the constants; they are then written (by hand, in a reviewed commit) into
+``hardware/data/gpus.toml`` (per GPU) and ``estimate/stage.py`` (global).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from hetplan.estimate import stage, validation
+from hetplan.hardware.catalog import Catalog, load_catalog
+
+A100_NAMES = ("A100-SXM-80GB", "A100-SXM-40GB")
+
+
+def _catalog_with(updates: dict[str, dict]) -> Catalog:
+    base = load_catalog()
+    gpus = dict(base.gpus)
+    for name, upd in updates.items():
+        gpus[name] = gpus[name].model_copy(update=upd)
+    return Catalog(gpus, base.date)
+
+
+def _log_residuals(cases) -> np.ndarray:
+    return np.array([np.log(c.predict() / c.measured) for c in cases])
+
+
+def fit_a100(cases=None, x0=(0.75, 64.0, 6e-6, 0.0)) -> dict:
+    """Fit (e_max, x½, kernel overhead, iteration overhead) on the vTrain single-node calibration rows."""
+    from scipy.optimize import least_squares
+
+    if cases is None:
+        cases = [c for c in validation.vtrain_cases("single") + validation.vtrain_cases("multi") if c.is_calibration]
+
+    def resid(theta):
+        e, half, tau, it = theta
+        upd = {"compute_efficiency": float(min(e, 1.0)), "gemm_half_dim": float(half), "kernel_overhead_s": float(tau)}
+        validation.CATALOG = _catalog_with({n: upd for n in A100_NAMES})
+        stage.ITERATION_OVERHEAD_S = float(it)
+        return _log_residuals(cases)
+
+    try:
+        sol = least_squares(resid, x0=np.array(x0), bounds=([0.3, 0.0, 0.0, 0.0], [1.0, 1024.0, 1e-4, 0.2]),
+                            x_scale=np.array([0.1, 32.0, 5e-6, 0.01]), diff_step=1e-3)
+    finally:
+        validation.CATALOG = None
+    e, half, tau, it = sol.x
+    return {"compute_efficiency": float(e), "gemm_half_dim": float(half), "kernel_overhead_s": float(tau),
+            "iteration_overhead_s": float(it), "rms_log_error": float(np.sqrt(np.mean(sol.fun**2))), "n": len(cases)}
+
+
+def fit_v100(cases=None, kernel_overhead_s: float | None = None) -> dict:
+    """Fit (e_max, x½) of V100 on Aceso's TP-1 per-layer times."""
+    from scipy.optimize import least_squares
+
+    cases = cases if cases is not None else [c for c in validation.aceso_cases() if c.is_calibration]
+    tau = load_catalog().get("A100-SXM-80GB").kernel_overhead_s if kernel_overhead_s is None else kernel_overhead_s
+
+    def resid(theta):
+        e, half = theta
+        validation.CATALOG = _catalog_with({"V100-SXM-32GB": {"compute_efficiency": float(min(e, 1.0)),
+                                                               "gemm_half_dim": float(half), "kernel_overhead_s": tau}})
+        return _log_residuals(cases)
+
+    try:
+        sol = least_squares(resid, x0=np.array([0.6, 64.0]), bounds=([0.2, 0.0], [1.0, 1024.0]),
+                            x_scale=np.array([0.1, 32.0]), diff_step=1e-3)
+    finally:
+        validation.CATALOG = None
+    e, half = sol.x
+    return {"compute_efficiency": float(e), "gemm_half_dim": float(half), "kernel_overhead_s": tau,
+            "rms_log_error": float(np.sqrt(np.mean(sol.fun**2))), "n": len(cases)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the fitted constants as JSON."""
+    out = {"A100": fit_a100(), "V100": fit_v100()}
+    json.dump(out, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,341 @@
+"""Validation of the estimator against public measured training data (``hetplan validate``).
+
+Data sets (copied into ``hetplan/estimate/validation_data/``, sources in the README there):
+
+* ``vtrain_single_node`` — 1,440 Megatron-LM iteration times on 2/4/8 A100 in one DGX node (vTrain, MICRO'24).
+* ``vtrain_multi_node`` — 109 iteration times on up to 512 A100 (8 per node, 800 Gb/s per node) (vTrain).
+* ``megatron_sc21_table1`` — 10 GPT configurations on Selene (Narayanan et al. SC'21, Table 1), compared as
+  TFLOP/s per GPU with the paper's FLOP count (which includes the recompute forward).
+* ``korthikanti_table5`` — 4 configurations x 2 recompute modes (full; selective + sequence parallel),
+  iteration time (Korthikanti et al. MLSys'23, Table 5).
+* ``aceso_v100`` — per-layer forward + backward time of GPT-3 1.3B on V100 at micro-batch 1/2/4/8 and TP 1/2/4
+  (sum of Aceso's per-op profile, TP communication included; Aceso, EuroSys'24).
+
+Metrics per set: MAPE (mean |pred/meas - 1|), maximum |error|, and Kendall tau between predicted and measured
+times of the configurations of one job (same model, GPU count and global batch: the alternatives a planner
+chooses among), averaged over jobs weighted by their number of pairs. Errors are fractions (0.08 = 8 %).
+
+Calibration split: a fixed, seeded 25 % of the ``vtrain_single_node`` and ``vtrain_multi_node`` rows
+(``is_calibration``, chosen by a hash of the row) fitted the A100 constants (see :mod:`hetplan.estimate.calibrate`); the TP-1 rows of ``aceso_v100`` fitted the V100 ones.
+Everything else is held out; :func:`run_validation` reports both parts.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Callable, Iterable
+
+import numpy as np
+
+from hetplan.model.spec import ModelSpec
+from hetplan.plan import GPUPool, Job, Plan, Stage
+
+A100 = "A100-SXM-80GB"
+V100 = "V100-SXM-32GB"
+SET_NAMES = ("vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1", "korthikanti_table5", "aceso_v100")
+
+#: Targets of issue 3 (fractions). ``kendall_tau`` is a lower bound, the others upper bounds.
+TARGETS = {
+    "vtrain_single_node": {"mape": 0.08, "kendall_tau": 0.8},
+    "vtrain_multi_node": {"mape": 0.10, "kendall_tau": 0.8},
+    "megatron_sc21_table1": {"max_abs_error": 0.10},
+    "korthikanti_table5": {"max_abs_error": 0.10},
+}
+#: Errors of vTrain itself on its data (vTrain paper, Sec. VI).
+REFERENCE = {"vtrain_single_node": {"mape": 0.0837}, "vtrain_multi_node": {"mape": 0.1473}}
+
+#: Fraction of vTrain rows (single- and multi-node) used for calibration (selected by a hash of the row, seed below).
+CALIBRATION_FRACTION = 0.25
+CALIBRATION_SEED = "hetplan-calibration-v1"
+
+
+@dataclass
+class Case:
+    """One measured configuration.
+
+    Attributes:
+        set: data-set name; key: row id; group: job id for Kendall tau (configurations of one job).
+        measured: measured value (seconds, or TFLOP/s per GPU for Megatron SC'21); ``predict`` returns the same.
+        is_calibration: the row was used to fit constants.
+    """
+
+    set: str
+    key: str
+    group: str
+    measured: float
+    predict: Callable[[], float]
+    is_calibration: bool = False
+    info: dict = field(default_factory=dict)
+    predicted: float = math.nan
+
+
+def _data(name: str) -> str:
+    return resources.files("hetplan.estimate").joinpath("validation_data", name).read_text()
+
+
+def gpt_model(num_layers: int, hidden: int, heads: int, seq: int, vocab: int = 51200) -> ModelSpec:
+    """The GPT of the Megatron-LM papers and vTrain: 4h GeLU MLP, LayerNorm, biases, learned positions, tied
+    embeddings, dropout, vocabulary 51,200."""
+    return ModelSpec(
+        name=f"gpt-L{num_layers}-h{hidden}-a{heads}-s{seq}", family="megatron_gpt", num_layers=num_layers,
+        hidden_size=hidden, num_attention_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+        ffn_hidden_size=4 * hidden, vocab_size=vocab, max_seq_len=seq, gated_mlp=False, norm="layernorm",
+        linear_bias=True, learned_positions=seq, tied_embeddings=True, dropout=True,
+    )
+
+
+def megatron_plan(
+    m: ModelSpec, *, gpu: str, tp: int, pp: int, dp: int, mbs: int, gbs: int, recompute: str, seq: int,
+    inter_node_bandwidth_bytes_per_s: float, dtype: str = "fp16", sequence_parallel: bool = False,
+    overlap_grad_reduce: bool = False, gpus_per_node: int = 8,
+) -> Plan:
+    """A homogeneous Megatron-LM plan: ``pp`` equal stages of ``tp x dp`` GPUs each."""
+    from hetplan.plan import balanced_split
+
+    n = tp * pp * dp
+    pool = GPUPool(gpu=gpu, count=n, gpus_per_node=gpus_per_node,
+                   inter_node_bandwidth_bytes_per_s=inter_node_bandwidth_bytes_per_s)
+    stages = [Stage(pool=0, num_layers=k, tp=tp, dp=dp, recompute=recompute) for k in balanced_split(m.num_layers, pp)]
+    return Plan(
+        job=Job(model=m.name, seq_len=seq, global_batch=gbs, dtype=dtype), pools=[pool], stages=stages, mbs=mbs,
+        zero=0, sequence_parallel=sequence_parallel, schedule="1f1b", overlap_grad_reduce=overlap_grad_reduce,
+    )
+
+
+def _is_calibration(key: str) -> bool:
+    h = hashlib.sha256(f"{CALIBRATION_SEED}:{key}".encode()).digest()
+    return int.from_bytes(h[:4], "big") / 2**32 < CALIBRATION_FRACTION
+
+
+#: Catalog the predictors use (None: the package catalog); :mod:`hetplan.estimate.calibrate` swaps it.
+CATALOG = None
+
+
+def _time_predictor(plan: Plan, m: ModelSpec, virtual_stages: int = 1):
+    def predict() -> float:
+        from hetplan.estimate.estimator import estimate
+
+        return estimate(plan, catalog=CATALOG, model=m, virtual_stages=virtual_stages).iteration_time_s
+
+    return predict
+
+
+def vtrain_cases(which: str) -> list[Case]:
+    """Cases of ``vtrain_single_node.csv`` or ``vtrain_multi_node.csv``: Megatron-LM, fp16, full activation
+    checkpointing, 1F1B, no gradient bucketing (vTrain configs: ``use_checkpoint: true``,
+    ``use_gradient_bucket: false``), 8 A100 per node with 800 Gb/s (100 GB/s) per node."""
+    name = f"vtrain_{which}_node"
+    rows = list(csv.DictReader(_data(f"{name}.csv").splitlines()))
+    out = []
+    for i, r in enumerate(rows):
+        L, h, a, s = int(r["# layers"]), int(r["hidden size"]), int(r["attention heads"]), int(r["sequence length"])
+        tp, dp, pp = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["pipeline parallelism"])
+        mbs, gbs, n = int(r["micro batch"]), int(r["global batch"]), int(r["# GPUs"])
+        m = gpt_model(L, h, a, s)
+        plan = megatron_plan(m, gpu=A100, tp=tp, pp=pp, dp=dp, mbs=mbs, gbs=gbs, recompute="full", seq=s,
+                             inter_node_bandwidth_bytes_per_s=100e9)
+        key = f"{name}:{i}:L{L}h{h}s{s}:n{n}:g{gbs}:tp{tp}dp{dp}pp{pp}mb{mbs}"
+        out.append(Case(
+            set=name, key=key, group=f"L{L}h{h}a{a}s{s}n{n}g{gbs}", measured=float(r["iteration time (ms)"]) / 1e3,
+            predict=_time_predictor(plan, m), is_calibration=_is_calibration(key),
+            info=dict(tp=tp, dp=dp, pp=pp, mbs=mbs, gbs=gbs, L=L, h=h, n=n),
+        ))
+    return out
+
+
+#: Micro-batch, layers per virtual stage and DDP implementation of each SC'21 Table 1 row, from Megatron-LM's
+#: ``examples/sc21/run_table_1.sh`` (the paper's own reproduction script). DDP "torch" overlaps the gradient
+#: all-reduce with backward (bucketed), "local" does not.
+SC21_RUN_CONFIG = {
+    1.7: (16, None, "torch"), 3.6: (16, None, "torch"), 7.5: (16, None, "torch"), 18.4: (8, None, "torch"),
+    39.1: (4, None, "local"), 76.1: (2, 5, "local"), 145.6: (2, 5, "local"), 310.1: (1, 3, "local"),
+    529.6: (1, 1, "local"), 1008.0: (1, None, "local"),
+}
+#: Selene: 8 A100-80GB per DGX node, 8 HDR InfiniBand NICs of 200 Gb/s = 200 GB/s per node (SC'21 Sec. 5).
+SELENE_INTER_NODE_BYTES_PER_S = 200e9
+
+
+def sc21_flops_per_iteration(B, s, L, h, V=51200):
+    """Narayanan et al. SC'21 Eq. 3 (with the recompute forward): 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))."""
+    return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+
+
+def sc21_cases() -> list[Case]:
+    """Megatron SC'21 Table 1: TFLOP/s per GPU (paper FLOPs / predicted iteration time / GPUs)."""
+    out = []
+    for r in csv.DictReader(_data("megatron_sc21_table1.csv").splitlines()):
+        P = float(r["params_billion"])
+        L, h, a = int(r["num_layers"]), int(r["hidden_size"]), int(r["attention_heads"])
+        tp, pp, n, gbs = int(r["tensor_parallel"]), int(r["pipeline_parallel"]), int(r["num_gpus"]), int(r["global_batch_size"])
+        mbs, lpv, ddp = SC21_RUN_CONFIG[P]
+        v = 1 if lpv is None else L // pp // lpv
+        dp = n // (tp * pp)
+        s = 2048
+        m = gpt_model(L, h, a, s)
+        plan = megatron_plan(m, gpu=A100, tp=tp, pp=pp, dp=dp, mbs=mbs, gbs=gbs, recompute="full", seq=s,
+                             inter_node_bandwidth_bytes_per_s=SELENE_INTER_NODE_BYTES_PER_S,
+                             overlap_grad_reduce=ddp == "torch")
+        flops = sc21_flops_per_iteration(gbs, s, L, h)
+        t_pred = _time_predictor(plan, m, v)
+
+        def predict(t_pred=t_pred, flops=flops, n=n):
+            return flops / t_pred() / n / 1e12
+
+        out.append(Case(set="megatron_sc21_table1", key=f"sc21:{P}B", group="sc21", measured=float(r["achieved_tflops_per_gpu"]),
+                        predict=predict, info=dict(tp=tp, pp=pp, dp=dp, mbs=mbs, v=v, n=n)))
+    return out
+
+
+def korthikanti_cases() -> list[Case]:
+    """Korthikanti et al. Table 5: iteration time with full recompute, and with selective recompute + SP."""
+    out = []
+    for r in csv.DictReader(_data("korthikanti_table5.csv").splitlines()):
+        L, h, a = int(r["num_layers"]), int(r["hidden_size"]), int(r["attention_heads"])
+        tp, pp, v = int(r["tensor_parallel"]), int(r["pipeline_parallel"]), int(r["virtual_stages"])
+        n, gbs, mbs = int(r["num_gpus"]), int(r["global_batch_size"]), int(r["micro_batch_size"])
+        dp = n // (tp * pp)
+        s = 2048
+        m = gpt_model(L, h, a, s)
+        for mode, col, sp in (("full", "iteration_time_full_recompute_s", False),
+                              ("selective", "iteration_time_seqpar_selective_s", True)):
+            plan = megatron_plan(m, gpu=A100, tp=tp, pp=pp, dp=dp, mbs=mbs, gbs=gbs, recompute=mode, seq=s,
+                                 inter_node_bandwidth_bytes_per_s=SELENE_INTER_NODE_BYTES_PER_S, sequence_parallel=sp)
+            out.append(Case(set="korthikanti_table5", key=f"k5:{r['model']}:{mode}", group=mode,
+                            measured=float(r[col]), predict=_time_predictor(plan, m, v),
+                            info=dict(tp=tp, pp=pp, dp=dp, mbs=mbs, v=v, mode=mode)))
+    return out
+
+
+def aceso_cases() -> list[Case]:
+    """Aceso's V100 per-op profile of GPT-3 1.3B (h 2048, 32 heads, seq 2048, 24 layers): one layer's forward +
+    backward (sum of the ``enc-*`` ops, µs), predicted by :func:`hetplan.estimate.compute.layer_time_s` without
+    recomputation. The TP-1 rows calibrate V100 (``is_calibration``)."""
+    from hetplan.estimate import compute
+    from hetplan.hardware.catalog import load_catalog
+
+    m = gpt_model(24, 2048, 32, 2048, vocab=50257)
+    out = []
+    for mbs in (1, 2, 4, 8):
+        for tp in (1, 2, 4):
+            rows = list(csv.DictReader(_data(f"aceso_v100/gpt_1_3B_mbs{mbs}_tp{tp}_algo0.csv").splitlines()))
+            meas = sum(float(r["forward-compute"]) + float(r["backward-compute"]) for r in rows
+                       if r["op_name"].startswith("enc-")) / 1e6
+
+            def predict(mbs=mbs, tp=tp):
+                gpu = (CATALOG or load_catalog()).get(V100)
+                f, b, _ = compute.layer_time_s(m, gpu, "fp16", mbs, 2048, tp, 0, gpu.gpu_link_bandwidth_bytes_per_s)
+                return float(f + b)
+
+            out.append(Case(set="aceso_v100", key=f"aceso:mbs{mbs}:tp{tp}", group="gpt1.3b", measured=meas,
+                            predict=predict, is_calibration=tp == 1, info=dict(mbs=mbs, tp=tp)))
+    return out
+
+
+def all_cases(sets: Iterable[str] = SET_NAMES) -> list[Case]:
+    loaders = {
+        "vtrain_single_node": lambda: vtrain_cases("single"),
+        "vtrain_multi_node": lambda: vtrain_cases("multi"),
+        "megatron_sc21_table1": sc21_cases,
+        "korthikanti_table5": korthikanti_cases,
+        "aceso_v100": aceso_cases,
+    }
+    out = []
+    for s in sets:
+        out.extend(loaders[s]())
+    return out
+
+
+def kendall_tau(x, y) -> tuple[float, int]:
+    """Kendall tau-b of two sequences and the number of pairs (scipy)."""
+    from scipy.stats import kendalltau
+
+    if len(x) < 2:
+        return math.nan, 0
+    tau = kendalltau(x, y).statistic
+    return float(tau), len(x) * (len(x) - 1) // 2
+
+
+def metrics(cases: list[Case]) -> dict:
+    """``n``, ``mape``, ``max_abs_error`` and the pair-weighted mean within-group ``kendall_tau`` of ``cases``."""
+    if not cases:
+        return {"n": 0, "mape": math.nan, "max_abs_error": math.nan, "kendall_tau": math.nan}
+    err = np.array([c.predicted / c.measured - 1 for c in cases])
+    groups: dict[str, list[Case]] = {}
+    for c in cases:
+        groups.setdefault(c.group, []).append(c)
+    num = den = 0.0
+    for g in groups.values():
+        tau, pairs = kendall_tau([c.predicted for c in g], [c.measured for c in g])
+        if pairs and not math.isnan(tau):
+            num += tau * pairs
+            den += pairs
+    return {
+        "n": len(cases),
+        "mape": float(np.mean(np.abs(err))),
+        "max_abs_error": float(np.max(np.abs(err))),
+        "kendall_tau": num / den if den else math.nan,
+    }
+
+
+def run_validation(sets: Iterable[str] = SET_NAMES) -> tuple[dict, list[Case]]:
+    """Predict every case; return ``({"sets": {name: metrics + held_out + calibration}}, cases)``."""
+    cases = all_cases(sets)
+    for c in cases:
+        c.predicted = float(c.predict())
+    out = {}
+    for name in sets:
+        cs = [c for c in cases if c.set == name]
+        res = metrics(cs)
+        cal = [c for c in cs if c.is_calibration]
+        if cal:
+            res["calibration"] = metrics(cal)
+            res["held_out"] = metrics([c for c in cs if not c.is_calibration])
+        out[name] = res
+    return {"sets": out, "targets": TARGETS}, cases
+
+
+def write_csv(cases: list[Case], path) -> None:
+    """One row per case: set, key, measured, predicted, error, calibration flag."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["set", "key", "measured", "predicted", "error", "is_calibration"])
+        for c in cases:
+            w.writerow([c.set, c.key, f"{c.measured:.6g}", f"{c.predicted:.6g}", f"{c.predicted / c.measured - 1:.4f}",
+                        int(c.is_calibration)])
+
+
+def plot(cases: list[Case], path) -> None:
+    """Predicted vs measured scatter, one panel per set (matplotlib imported here)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = [s for s in SET_NAMES if any(c.set == s for c in cases)]
+    fig, axes = plt.subplots(1, len(sets), figsize=(4 * len(sets), 4), squeeze=False)
+    for ax, s in zip(axes[0], sets):
+        cs = [c for c in cases if c.set == s]
+        for cal, color, label in ((True, "tab:orange", "calibration"), (False, "tab:blue", "held out")):
+            sub = [c for c in cs if c.is_calibration == cal]
+            if sub:
+                ax.scatter([c.measured for c in sub], [c.predicted for c in sub], s=8, c=color, label=label, alpha=0.7)
+        lo = min(min(c.measured, c.predicted) for c in cs)
+        hi = max(max(c.measured, c.predicted) for c in cs)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.plot([lo, hi], [lo * 1.1, hi * 1.1], ":", c="gray", lw=0.6)
+        ax.plot([lo, hi], [lo * 0.9, hi * 0.9], ":", c="gray", lw=0.6)
+        unit = "TFLOP/s per GPU" if s == "megatron_sc21_table1" else "s"
+        ax.set_title(s, fontsize=9)
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"predicted ({unit})")
+        if s not in ("megatron_sc21_table1",):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
