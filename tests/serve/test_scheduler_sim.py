@@ -40,7 +40,7 @@ def test_residency_is_limited_by_bytes_not_count():
     res = simulate(_models(small), reqs, capacity_bytes=30, policy=Policy(), swap_cost=_const_swap(0.1))
     assert res.swaps == 3 and res.bytes_swapped_out == 0  # all three fit: loaded once each
     big = dict(small, big=20)
-    reqs = reqs + [Request(9, "big", 1.0)]
+    reqs = reqs + [Request(9, "big", 3.0)]  # after the small ones have run
     res = simulate(_models(big), reqs, capacity_bytes=30, policy=Policy(), swap_cost=_const_swap(0.1))
     assert res.swaps == 4 and res.bytes_swapped_out == 20  # the 20-byte model evicts exactly two 10-byte ones
 
