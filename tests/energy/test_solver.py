@@ -1,0 +1,111 @@
+"""Phillips–Dessouky solver: brute force on tiny pipelines, max-flow backends, termination."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hetplan.energy.dag import build_pipeline_dag
+from hetplan.energy.frontier import compute_frontier
+from hetplan.energy.maxflow import min_cut_source_side
+from hetplan.energy.profile import parse_stage_profile
+
+
+def synthetic_profile(num_stages: int, rng: np.random.Generator, levels: int = 4) -> str:
+    rows = ["stage,instruction,frequency,time,energy"]
+    for s in range(num_stages):
+        for inst, base in (("forward", 10), ("backward", 20)):
+            t0 = base + int(rng.integers(0, 4))
+            e0 = float(rng.uniform(20, 40))
+            slope = float(rng.uniform(0.2, 0.5))
+            for k in range(levels):  # k = 0 fastest: 1 ms slower per level, energy convex-decreasing
+                t = (t0 + k + 0.5) / 1000
+                e = e0 * np.exp(-slope * k) + 5 + 0.15 * t0
+                rows.append(f"{s},{inst},{1500 - 100 * k},{float(t)!r},{float(e)!r}")
+    return "\n".join(rows) + "\n"
+
+
+def brute_force(frontier):
+    """Least model energy at every iteration time by enumerating all integer durations."""
+    dag, opts = frontier.dag, frontier.options
+    spec = 2 * dag.stage + dag.kind
+    ranges = [range(opts[k].min_quant, opts[k].max_quant + 1) for k in spec]
+    D = np.array(list(itertools.product(*ranges)), dtype=np.int64)  # (K, n)
+    ef = np.zeros((D.shape[0], dag.num_ops + 1), np.int64)
+    pred = dag.pred_matrix()
+    for idx in dag.levels:
+        ef[:, idx] = ef[:, pred[idx]].max(axis=2) + D[:, idx]
+    T = ef[:, : dag.num_ops].max(axis=1)
+    cost = np.zeros(D.shape[0])
+    for v in range(dag.num_ops):
+        cost += opts[spec[v]].model_energy_j(D[:, v])
+    best = {}
+    for t in np.unique(T):
+        best[int(t)] = float(cost[T <= t].min())
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("S,M,schedule", [(2, 2, "1f1b"), (2, 2, "gpipe"), (3, 1, "1f1b")])
+def test_frontier_is_optimal_on_tiny_pipelines(seed, S, M, schedule):
+    rng = np.random.default_rng(seed * 31 + S * 7 + M)
+    prof = parse_stage_profile(synthetic_profile(S, rng))
+    fr = compute_frontier(prof, M, 50.0, 0.001, schedule)
+    best = brute_force(fr)
+    P, u = 50.0, 0.001
+    assert len(fr) >= 2
+    for q, e in zip(fr.result.quant_time, fr.energy_j):
+        comp = e - S * P * q * u
+        # every visited point is the least-energy schedule for its iteration time
+        assert comp == pytest.approx(best[int(q)], rel=1e-6, abs=1e-5)
+    # and the solver went all the way to the fastest iteration time
+    assert int(fr.result.quant_time[-1]) == min(best)
+    assert np.all(np.diff(fr.result.quant_time) == -1)
+
+
+def random_graph(rng, n, m):
+    rows, cols = [], []
+    seen = set()
+    while len(rows) < m:
+        u, v = (int(x) for x in rng.integers(0, n, 2))
+        if u != v and (u, v) not in seen and (v, u) not in seen:
+            seen.add((u, v))
+            rows.append(u)
+            cols.append(v)
+    return np.array(rows), np.array(cols), rng.integers(1, 50, m)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_maxflow_backends_agree(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 30))
+    r, c, k = random_graph(rng, n, int(rng.integers(n, 3 * n)))
+    f1, s1 = min_cut_source_side(n, r, c, k, 0, n - 1, backend="scipy")
+    f2, s2 = min_cut_source_side(n, r, c, k, 0, n - 1, backend="python")
+    assert f1 == f2
+    assert (s1 == s2).all()  # the minimal minimum cut is unique
+    # cut value equals flow value
+    cut = sum(int(w) for u, v, w in zip(r, c, k) if s1[u] and not s1[v])
+    assert cut == f1
+
+
+def test_big_capacities_use_exact_python_flow():
+    r, c = np.array([0, 1, 0]), np.array([1, 2, 2])
+    k = np.array([2**40, 2**35, 5])
+    f, side = min_cut_source_side(3, r, c, k, 0, 2)
+    assert f == 2**35 + 5
+    assert side.tolist() == [True, True, False]
+
+
+def test_python_backend_same_frontier(gpt_profile):
+    a = compute_frontier(gpt_profile, 2, 83.64, 0.001, max_points=60)
+    b = compute_frontier(gpt_profile, 2, 83.64, 0.001, maxflow_backend="python", max_points=60)
+    assert a.result.quant_time.tolist() == b.result.quant_time.tolist()
+    np.testing.assert_allclose(a.energy_j, b.energy_j, rtol=1e-12)
+
+
+def test_dag_for_solver_is_linear_size():
+    d = build_pipeline_dag(16, 64)
+    assert d.num_ops == 2048 and len(d.levels) < 2 * (64 + 16) + 2
