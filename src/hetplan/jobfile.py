@@ -44,7 +44,7 @@ def validated(cls: type[T], data: Any, where: str) -> T:
         loc = ".".join(str(p) for p in (where, *err["loc"]) if p != "")
         if err["type"] == "extra_forbidden":
             allowed = ", ".join(cls.model_fields)
-            raise HetplanError(f"unknown field", field=loc, fix=f"allowed fields here: {allowed}") from None
+            raise HetplanError("unknown field", field=loc, fix=f"allowed fields here: {allowed}") from None
         if err["type"] == "missing":
             raise HetplanError("required field is missing", field=loc, fix="add it") from None
         got = err.get("input")

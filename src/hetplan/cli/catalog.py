@@ -6,7 +6,8 @@ import json
 from typing import Optional
 
 import typer
-from rich.console import Console
+
+from hetplan.cli.output import table_console
 from rich.table import Table
 
 from hetplan.hardware.catalog import load_catalog
@@ -37,7 +38,7 @@ def gpus(
             f"{g.gpu_link_bandwidth_bytes_per_s / 1e9:.0f}", f"{g.host_link_bandwidth_bytes_per_s / 1e9:.0f}",
             f"{g.tdp_w:.0f}", f"{g.price_usd_per_hour:.2f}", f"{g.price_provider.split(',')[0]} {g.price_date}",
         )
-    Console().print(t)
+    table_console().print(t)
 
 
 @catalog_app.command("models")
@@ -54,7 +55,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
         t.add_row(m.name, m.family, str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads),
                   str(m.num_kv_heads), str(m.ffn_hidden_size), str(m.vocab_size), str(m.max_seq_len),
                   f"{counts.total_parameters(m) / 1e9:.2f} B")
-    Console().print(t)
+    table_console().print(t)
 
 
 def register(app: typer.Typer) -> None:

@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES = [
     "hetplan.cli.energy",
     "hetplan.cli.catalog",
     "hetplan.cli.plan",
+    "hetplan.cli.validate",
     "hetplan.cli.serve",
 ]
 
@@ -39,7 +40,7 @@ def main() -> None:
     try:
         app()
     except HetplanError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc.render()}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {exc.render()}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

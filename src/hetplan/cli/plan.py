@@ -8,13 +8,15 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+
+from hetplan.cli.output import table_console
 from rich.table import Table
 
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import load_job_file, read_structured, validated
-from hetplan.plan import GPUPool, Inventory, Job, Plan
+from hetplan.plan import Inventory, Job, Plan
 from hetplan.report import plan_summary
 from hetplan.search.objective import Objective
 from hetplan.search.planner import Pins, check_job, search_plans
@@ -155,7 +157,7 @@ def _pins(raw: dict) -> Pins:
 
 
 def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> None:
-    con = Console(width=None if Console().is_terminal else 160)
+    con = table_console()
     goal = {"fastest": "fastest job", "cheapest": "cheapest job" + (" by the deadline" if obj.deadline_s else ""),
             "budget": f"fastest job within ${obj.budget_usd:,.0f}" if obj.budget_usd else "budget"}[obj.goal]
     t = Table(title=f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {job.iterations():,.0f} iterations — {goal}")
@@ -200,7 +202,7 @@ def estimate_command(
     if as_json:
         print(json.dumps(dict(summary, estimate=est.model_dump()), indent=1))
         return
-    con = Console(width=None if Console().is_terminal else 160)
+    con = table_console()
     t = Table(title=f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
                     f"{plan.num_microbatches(0)} micro-batches, ZeRO-{plan.zero}")
     for col in ("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd ms", "bwd ms", "mem GiB", "capacity GiB", "fits"):

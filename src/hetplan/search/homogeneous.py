@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.estimate.comm import p2p_time_s
-from hetplan.estimate.estimator import hardware_flops_per_iteration, pool_link, pool_price_usd_per_hour
+from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
 from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.stage import boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.hardware.catalog import GPUSpec
@@ -79,6 +79,8 @@ def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray):
 
 def _intra_boundaries(stage_gpus: np.ndarray, pp: np.ndarray, gpus_per_node: int) -> np.ndarray:
     """Number of intra-node stage boundaries per configuration (via :func:`boundary_is_intra_node`)."""
+    if len(pp) == 0:
+        return np.zeros(0, dtype=np.int64)
     keys = stage_gpus * (int(pp.max()) + 1) + pp
     uniq, inverse = np.unique(keys, return_inverse=True)
     width = int(pp.max()) + 1

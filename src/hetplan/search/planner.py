@@ -97,6 +97,13 @@ def search_plans(
     catalog = catalog or load_catalog()
     m = load_model(job.model)
     check_job(job, m)
+    divisor = (pins.dp or 1) * (pins.mbs or 1)
+    if job.global_batch % divisor:
+        raise HetplanError(
+            f"global_batch {job.global_batch} is not divisible by the pinned dp x mbs = {divisor}",
+            field="job.global_batch",
+            fix=f"use a global batch that is a multiple of {divisor}, or unpin dp/mbs",
+        )
     results: list[PoolResult] = []
     skipped = []
     for i, pool in enumerate(inventory.pools):

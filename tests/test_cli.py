@@ -1,0 +1,113 @@
+"""The ``hetplan`` command run as a real subprocess: outputs, and bad input (exit code 2, no traceback)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ["--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "512", "--tokens", "1e11"]
+
+
+def hetplan(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hetplan.cli.main", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_plan_json_fields_and_estimate_roundtrip(tmp_path):
+    out = tmp_path / "plan.json"
+    r = hetplan("plan", *BASE, "--gpu", "a100-sxm-80gb", "--gpus", "64", "--top", "3", "--json", "-o", out)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert 1 <= len(data["plans"]) <= 3
+    for p in data["plans"]:
+        for key in ("gpu", "num_gpus", "tp", "pp", "dp", "mbs", "zero", "recompute", "stages", "iteration_time_s",
+                    "tokens_per_s", "mfu", "memory_bytes_per_gpu", "usd_per_hour", "job_time_s", "job_usd"):
+            assert key in p, key
+        assert p["gpu"] == "A100-SXM-80GB" and p["num_gpus"] == p["tp"] * p["pp"] * p["dp"] <= 64
+        assert sum(s["num_layers"] for s in p["stages"]) == 32
+        assert p["memory_bytes_per_gpu"]["total"] <= 80 * 2**30
+        assert 0.2 < p["mfu"] < 0.75
+        assert p["tokens_per_s"] == pytest.approx(512 * 4096 / p["iteration_time_s"])
+        assert p["job_usd"] == pytest.approx(p["usd_per_hour"] * p["job_time_s"] / 3600)
+    times = [p["job_time_s"] for p in data["plans"]]
+    assert times == sorted(times)
+    r = hetplan("estimate", out, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["iteration_time_s"] == pytest.approx(data["plans"][0]["iteration_time_s"])
+
+
+def test_bundled_example_runs_and_is_sensible():
+    r = hetplan("plan", ROOT / "examples" / "llama2-7b-mixed-cloud.toml", "--json")
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["plans"][0]
+    assert best["job_time_s"] <= 60 * 86400
+    assert best["tp"] is None or best["tp"] <= 8  # TP stays inside a node
+    assert 0.25 < best["mfu"] < 0.65
+
+
+def test_human_output_and_catalog():
+    r = hetplan("plan", *BASE, "--gpu", "H100-SXM", "--gpus", "16")
+    assert r.returncode == 0 and "Why:" in r.stdout and "Memory per GPU" in r.stdout
+    r = hetplan("catalog", "gpus")
+    assert r.returncode == 0 and "MI300X" in r.stdout
+    r = hetplan("catalog", "models", "--json")
+    assert {"gpt3-175b", "llama3-405b"} <= {m["name"] for m in json.loads(r.stdout)}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpu", "A100-80", "--gpus", "8"], "did you mean A100"),
+    (["--gpu", "H100-SXM", "--gpus", "-4"], "--gpus"),
+    (["--gpu", "H100-SXM", "--gpus", "0"], "--gpus"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--dp", "3"], "job.global_batch"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--tp", "3"], "pins"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--recompute", "some"], "--recompute"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--objective", "budget"], "budget_usd"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--top", "0"], "--top"),
+])
+def test_bad_flags(args, needle):
+    r = hetplan("plan", *BASE, *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_sequence_too_long_and_unknown_model():
+    r = hetplan("plan", "--model", "llama2-7b", "--seq-len", "8192", "--global-batch", "8", "--gpu", "A10G", "--gpus", "8")
+    assert r.returncode == 2 and "job.seq_len" in r.stderr and "4096" in r.stderr
+    r = hetplan("plan", "--model", "lama2-7b", "--seq-len", "1024", "--global-batch", "8", "--gpu", "A10G", "--gpus", "8")
+    assert r.returncode == 2 and "llama2-7b" in r.stderr
+
+
+def test_model_that_fits_nowhere():
+    r = hetplan("plan", "--model", "llama3-405b", "--seq-len", "8192", "--global-batch", "16", "--gpu", "T4", "--gpus", "8",
+                "--dtype", "fp16")
+    assert r.returncode == 2
+    assert "smallest per-GPU footprint" in r.stderr and "largest GPU memory available is 15.0 GiB" in r.stderr
+
+
+def test_malformed_files(tmp_path):
+    bad = tmp_path / "job.toml"
+    bad.write_text('[job]\nmodel = "llama2-7b"\nseq_len = = 4096\n')
+    r = hetplan("plan", bad)
+    assert r.returncode == 2 and "line 3" in r.stderr
+    unknown = tmp_path / "job2.toml"
+    unknown.write_text('[job]\nmodel = "llama2-7b"\nseq_len = 4096\nglobal_batch = 64\nbatch = 3\n[[inventory]]\ngpu="A10G"\ncount=8\n')
+    r = hetplan("plan", unknown)
+    assert r.returncode == 2 and "job.batch" in r.stderr
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"job": {"model": "gpt2-xl",\n "seq_len": 1024,,}}')
+    r = hetplan("estimate", plan)
+    assert r.returncode == 2 and "line 2" in r.stderr
+    badmodel = tmp_path / "config.json"
+    badmodel.write_text('{"model_type": "llama", "hidden_size": 64\n "num_hidden_layers": 2}')
+    r = hetplan("plan", "--model", badmodel, "--seq-len", "64", "--global-batch", "8", "--gpu", "A10G", "--gpus", "8")
+    assert r.returncode == 2 and "line 2" in r.stderr
+
+
+def test_missing_file_and_missing_inventory(tmp_path):
+    r = hetplan("plan", tmp_path / "nope.toml")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = hetplan("plan", *BASE)
+    assert r.returncode == 2 and "inventory" in r.stderr
