@@ -1,0 +1,85 @@
+"""Estimator speed on a 96-layer model (GPT-3 175B shapes): estimates per second on one core.
+
+Three paths:
+
+* ``vectorised``: :func:`hetplan.estimate.stage.stage_costs` + :func:`hetplan.estimate.pipeline.pipeline_time_s`
+  on numpy arrays of many configurations at once (what the search does; every stage kind, DP, p2p, optimizer and
+  memory included) — configurations per second;
+* ``estimate(closed_form)`` and ``estimate(simulate)``: the full :func:`hetplan.estimate.estimator.estimate` on one
+  pydantic plan at a time (closed-form pipeline, or the event simulation) — plans per second.
+
+Run: ``OMP_NUM_THREADS=1 python benchmarks/bench_estimate.py`` (prints one line per path).
+Cost growth: the vectorised path is O(stage kinds) per configuration, independent of layers, stages and
+micro-batches; ``estimate()`` is O(p) for the stage costs, and the simulation adds O(p·m·v) operations plus
+O(p) per sweep (sweeps ≈ 2(m·v + p)), see docs/estimator.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+from hetplan.estimate.comm import p2p_time_s  # noqa: E402
+from hetplan.estimate.estimator import estimate  # noqa: E402
+from hetplan.estimate.pipeline import pipeline_time_s  # noqa: E402
+from hetplan.estimate.stage import Link, p2p_bytes, stage_costs  # noqa: E402
+from hetplan.estimate.validation import gpt_model, megatron_plan  # noqa: E402
+from hetplan.hardware.catalog import get_gpu  # noqa: E402
+
+
+def vectorised(n: int = 20000, repeat: int = 5) -> float:
+    m = gpt_model(96, 12288, 96, 2048)
+    gpu = get_gpu("A100-SXM-80GB")
+    link = Link(8, 300e9, 200e9)
+    rng = np.random.default_rng(0)
+    tp = rng.choice([1, 2, 4, 8], n)
+    pp = rng.choice([1, 2, 4, 8, 16, 32], n)
+    dp = rng.choice([1, 2, 4, 8], n)
+    mbs = rng.choice([1, 2, 4], n)
+    gbs = 1536
+    mb = np.maximum(gbs // (dp * mbs), 1)
+    L = 96 // pp
+    col = lambda a: a[:, None]  # noqa: E731
+    # three stage kinds: first (embedding), middle, last (head)
+    layers = np.stack([L, L, L], axis=1)
+    count = np.stack([np.ones(n), np.maximum(pp - 2, 0), (pp > 1).astype(float)], axis=1)
+    emb = np.zeros((n, 3), bool); emb[:, 0] = True
+    head = np.zeros((n, 3), bool); head[:, 2] = True; head[pp == 1, 0] = True
+    inflight = np.stack([np.minimum(pp, mb), np.minimum(pp - 1, mb), np.ones(n)], axis=1)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        c = stage_costs(m, gpu, link, "bf16", s=2048, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers,
+                        has_embedding=emb, has_head=head, single_stage=col(pp == 1), in_flight=inflight,
+                        num_microbatches=col(mb), zero=1, recompute_code=2, sequence_parallel=col(tp > 1))
+        p2p = (pp - 1) * p2p_time_s(p2p_bytes(m, mbs, 2048, tp, tp > 1), 200e9 / 8)
+        t, _, _ = pipeline_time_s(c["forward_s"], c["backward_s"], count, p2p, mb)
+        _ = t + np.max(c["dp_exposed_s"], axis=1) + np.max(c["optimizer_s"], axis=1)
+        best = min(best, time.perf_counter() - t0)
+    return n / best
+
+
+def full(pipeline_model: str, pp: int = 8, n: int = 200) -> float:
+    m = gpt_model(96, 12288, 96, 2048)
+    plan = megatron_plan(m, gpu="A100-SXM-80GB", tp=8, pp=pp, dp=4, mbs=1, gbs=128, recompute="full", seq=2048,
+                         inter_node_bandwidth_bytes_per_s=200e9, dtype="bf16")
+    estimate(plan, model=m, pipeline_model=pipeline_model)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        estimate(plan, model=m, pipeline_model=pipeline_model)
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    v = vectorised()
+    print(f"vectorised stage_costs+pipeline_time_s, 96 layers: {v:,.0f} configurations/s (target >= 10,000)")
+    print(f"estimate(closed_form), 96 layers, pp 8, 32 micro-batches: {full('closed_form'):,.0f} plans/s")
+    print(f"estimate(simulate),    96 layers, pp 8, 32 micro-batches: {full('simulate'):,.0f} plans/s")
+
+
+if __name__ == "__main__":
+    main()

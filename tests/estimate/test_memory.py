@@ -1,0 +1,134 @@
+"""Memory per GPU: worked cases against Megatron-LM's theoretical memory and Korthikanti et al.'s formulas
+(exact), and properties."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hetplan.estimate.estimator import estimate_detailed, in_flight_microbatches
+from hetplan.estimate.memory import stage_memory_bytes
+from hetplan.model.spec import ModelSpec
+from hetplan.plan import GPUPool, Job, Plan, Stage
+
+
+def _gpt(L=32, h=4096, a=32, V=51200, bias=False, dropout=True):
+    return ModelSpec(name="w", family="megatron_gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
+                     num_kv_heads=a, head_dim=h // a, ffn_hidden_size=4 * h, vocab_size=V, max_seq_len=2048,
+                     gated_mlp=False, norm="layernorm", linear_bias=bias, learned_positions=0, tied_embeddings=True,
+                     dropout=dropout)
+
+
+def megatron_weight_optimizer_bytes(L, h, V, t, p, dp, distributed_optimizer):
+    """Megatron-LM ``theoretical_memory_usage.compute_weight_and_optimizer_memory`` (GPT, MHA, tied, f = 4h),
+    transcribed as a formula: most loaded shard = (P_layers / p + h·V) / t; 18 B/param, or 6 + 12/dp with the
+    distributed optimizer."""
+    p_layers = 2 * L * h * h * (2 + 4 + 2 / h + 1 / (L * h))
+    shard = (p_layers / p + h * V) / t
+    return shard * (6 + 12 / dp if distributed_optimizer else 18)
+
+
+def megatron_activation_bytes(L, h, V, s, b, t, p, v=None, m=None):
+    """Megatron-LM ``compute_activation_memory`` (first stage, SP + selective recompute, f = 4h)."""
+    act = s * b * h * (18 + 4 * 4) * L
+    act += 8 * s * b * p + s * b * h * p
+    if v is not None:
+        act *= 1 + (p - 1) / (p * v)
+    elif p > 1 and m is not None:
+        act *= min(1, m / p)
+    if p == 1:
+        act += s * b * h * 4 * (1 + V / h)
+    return act / t
+
+
+def _plan(m, *, tp, pp, dp, mbs, gbs, zero, recompute="selective"):
+    L = m.num_layers
+    return Plan(job=Job(model="w", seq_len=2048, global_batch=gbs), pools=[GPUPool(gpu="A100-SXM-80GB", count=tp * pp * dp)],
+                stages=[Stage(num_layers=L // pp, tp=tp, dp=dp, recompute=recompute) for _ in range(pp)],
+                mbs=mbs, zero=zero, sequence_parallel=True)
+
+
+@pytest.mark.parametrize("tp,dp,zero", [(1, 1, 0), (2, 4, 0), (8, 2, 1), (4, 16, 1)])
+def test_weights_and_optimizer_match_megatron_single_stage(tp, dp, zero):
+    m = _gpt()
+    est, _, costs, _ = estimate_detailed(_plan(m, tp=tp, pp=1, dp=dp, mbs=1, gbs=8 * dp, zero=zero), model=m)
+    mem = costs[0]["memory"]
+    ours = float(mem["weights"] + mem["gradients"] + mem["optimizer"])
+    assert ours == pytest.approx(megatron_weight_optimizer_bytes(32, 4096, 51200, tp, 1, dp, zero == 1), rel=1e-12)
+
+
+def test_weights_first_stage_close_to_megatron_with_pipeline():
+    # Megatron spreads the final LayerNorm (2h) over all stages; we keep it on the last: 2h(1-1/p)/t params apart.
+    m = _gpt()
+    _, _, costs, _ = estimate_detailed(_plan(m, tp=2, pp=4, dp=2, mbs=1, gbs=16, zero=0), model=m)
+    mem = costs[0]["memory"]
+    ours = float(mem["weights"] + mem["gradients"] + mem["optimizer"])
+    ref = megatron_weight_optimizer_bytes(32, 4096, 51200, 2, 4, 2, False)
+    assert abs(ours - ref) <= 18 * 2 * 4096 / 4 / 2 + 1e-6
+
+
+@pytest.mark.parametrize("tp,pp,v,mbs,m_", [(1, 1, None, 1, 4), (8, 1, None, 2, 4), (4, 4, None, 1, 8), (2, 4, None, 1, 2),
+                                          (8, 8, 3, 1, 64), (2, 4, 2, 2, 8)])
+def test_activations_match_megatron(tp, pp, v, mbs, m_):
+    m = _gpt()
+    gbs = m_ * mbs
+    est, _, costs, _ = estimate_detailed(_plan(m, tp=tp, pp=pp, dp=1, mbs=mbs, gbs=gbs, zero=0), model=m,
+                                         virtual_stages=v)
+    assert est.virtual_stages == (v or 1)
+    ours = float(costs[0]["memory"]["activations"])
+    ref = megatron_activation_bytes(32, 4096, 51200, 2048, mbs, tp, pp, v, m_)
+    assert ours == pytest.approx(ref, rel=1e-12)
+
+
+def test_interleaved_in_flight_is_megatron_penalty():
+    for p, v in ((4, 2), (8, 3), (35, 3)):
+        assert in_flight_microbatches("1f1b", p, 0, 10 * p, v) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_table2_per_layer(t):
+    """Korthikanti et al. 2023 Table 2 (activations per layer, bytes): GPT with dropout."""
+    m = _gpt(L=1, h=2048, a=16)
+    s, b, h, a = 2048, 2, 2048, 16
+    sbh = s * b * h
+    cases = {
+        (0, False): sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        (0, True): sbh * (34 / t + 5 * a * s / (h * t)),
+        (1, False): sbh * (10 + 24 / t),
+        (1, True): sbh * 34 / t,
+    }
+    for (rc, sp), ref in cases.items():
+        mem = stage_memory_bytes(m, num_layers=1, has_embedding=False, has_head=False, single_stage=False, b=b, s=s,
+                                 t=t, dp=1, zero=0, recompute=rc, sequence_parallel=sp, in_flight=1)
+        assert float(mem["activations"]) == pytest.approx(ref, rel=1e-12)
+    # full recompute: 2sbh per layer kept (Table 2 last row) + the working set of the layer being recomputed
+    L, inflight = 8, 3
+    mem = stage_memory_bytes(m, num_layers=L, has_embedding=False, has_head=False, single_stage=False, b=b, s=s,
+                             t=t, dp=1, zero=0, recompute="full", sequence_parallel=False, in_flight=inflight)
+    assert float(mem["activations"]) == pytest.approx(inflight * L * 2 * sbh + cases[(0, False)], rel=1e-12)
+
+
+def _total(m, **kw):
+    base = dict(num_layers=8, has_embedding=True, has_head=False, single_stage=False, b=2, s=2048, t=1, dp=4, zero=0,
+                recompute="none", sequence_parallel=False, in_flight=4)
+    base.update(kw)
+    return float(stage_memory_bytes(m, **base)["total"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.sampled_from([1024, 2048, 4096]), b=st.integers(1, 8), layers=st.integers(2, 24), inflight=st.integers(1, 8),
+       rc=st.integers(0, 2), sp=st.booleans(), zero=st.integers(0, 3), dp=st.sampled_from([1, 2, 8]))
+def test_more_tp_never_raises_memory(h, b, layers, inflight, rc, sp, zero, dp):
+    m = _gpt(L=24, h=h, a=16)
+    kw = dict(b=b, num_layers=layers, in_flight=inflight, recompute=rc, zero=zero, dp=dp)
+    totals = [_total(m, t=t, sequence_parallel=sp and t > 1, **kw) for t in (1, 2, 4, 8)]
+    assert all(x >= y - 1e-6 for x, y in zip(totals, totals[1:]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 8), layers=st.integers(8, 24), inflight=st.integers(1, 8), dp=st.sampled_from([2, 4, 16]))
+def test_more_zero_and_recompute_never_raise_memory(b, layers, inflight, dp):
+    m = _gpt(L=24, h=2048, a=16)
+    zs = [_total(m, b=b, num_layers=layers, in_flight=inflight, dp=dp, zero=z) for z in range(4)]
+    assert all(x >= y for x, y in zip(zs, zs[1:]))
+    none = _total(m, b=b, num_layers=layers, in_flight=inflight, recompute="none")
+    assert none >= _total(m, b=b, num_layers=layers, in_flight=inflight, recompute="selective")
+    assert none >= _total(m, b=b, num_layers=layers, in_flight=inflight, recompute="full")
