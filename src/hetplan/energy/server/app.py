@@ -1,0 +1,240 @@
+"""FastAPI application of the frequency plan server.
+
+Endpoints (JSON; errors are ``{"detail": message}`` with a 4xx status):
+
+``POST /jobs``                                  create a job (201; 409 if the id exists with another spec)
+``GET  /jobs/{job}``                            job spec summary, ranks, report count, current target
+``PUT  /jobs/{job}/target``                     ``{"target_time_s": x}``: new target time (frontier pick)
+``POST /jobs/{job}/ranks``                      ``{"rank": r, "stage": s}``: register a rank
+``GET  /jobs/{job}/ranks/{rank}/schedule``      the rank's next iteration and its frequency schedule
+``POST /jobs/{job}/ranks/{rank}/reports``       measured time/energy of one iteration (+ per instruction)
+``GET  /jobs/{job}/reports``                    all reports
+``GET  /jobs/{job}/profile``                    the measured stage profile (CSV) from online profiling
+``GET  /health``
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from hetplan.energy.server import schedulers as sch
+from hetplan.energy.server.store import Store
+from hetplan.errors import HetplanError
+
+NAME = r"^[A-Za-z0-9_.\-]{1,128}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PlanIn(_Strict):
+    frequencies_mhz: list[list[Annotated[int, Field(gt=0)]]]
+    time_s: float | None = Field(default=None, ge=0)
+    energy_j: float | None = Field(default=None, ge=0)
+    name: str | None = None
+
+
+class Then(_Strict):
+    idle_power_w: float = Field(ge=0)
+    unit_time_s: float = Field(default=0.001, gt=0)
+    target_time_s: float | None = Field(default=None, gt=0)
+    slowdown: float | None = Field(default=None, ge=1)
+
+
+class OnlineProfiling(_Strict):
+    kind: Literal["online_profiling"]
+    frequencies_mhz: list[Annotated[int, Field(gt=0)]] = Field(min_length=1)
+    iterations_per_frequency: int = Field(default=1, ge=1)
+    then: Then | None = None
+
+
+class PointSolution(_Strict):
+    kind: Literal["point_solution"]
+    plans: list[PlanIn] = Field(min_length=1)
+    iterations_per_plan: int = Field(default=1, ge=1)
+
+
+class FrontierPick(_Strict):
+    kind: Literal["frontier_pick"]
+    plans: list[PlanIn] = Field(min_length=1)
+    idle_power_w: float = Field(ge=0)
+    target_time_s: float | None = Field(default=None, gt=0)
+
+
+class JobIn(_Strict):
+    job_id: str = Field(pattern=NAME)
+    num_stages: int = Field(ge=1, le=4096)
+    num_microbatches: int = Field(ge=1, le=1_000_000)
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    scheduler: Annotated[Union[OnlineProfiling, PointSolution, FrontierPick], Field(discriminator="kind")]
+
+
+class RankIn(_Strict):
+    rank: int = Field(ge=0)
+    stage: int = Field(ge=0)
+
+
+class MeasurementIn(_Strict):
+    instruction: Literal["forward", "backward"]
+    frequency_mhz: int = Field(gt=0)
+    time_s: float = Field(ge=0)
+    energy_j: float | None = Field(default=None, ge=0)
+    microbatch: int | None = Field(default=None, ge=0)
+
+
+class ReportIn(_Strict):
+    iteration: int = Field(ge=0)
+    schedule_id: str = Field(min_length=1, max_length=128)
+    time_s: float = Field(ge=0)
+    energy_j: float | None = Field(default=None, ge=0)
+    measurements: list[MeasurementIn] = Field(default_factory=list, max_length=1_000_000)
+
+
+class TargetIn(_Strict):
+    target_time_s: float = Field(gt=0)
+
+
+def create_app(db_path: str | Path) -> FastAPI:
+    """Build the server on the SQLite file ``db_path`` (created if missing; state survives restarts)."""
+    store = Store(db_path)
+    app = FastAPI(title="hetplan energy plan server", version="1")
+    app.state.store = store
+    cache: dict[str, tuple[dict, dict]] = {}
+    lock = threading.RLock()
+
+    @app.exception_handler(HetplanError)
+    async def _hetplan_error(_: Request, exc: HetplanError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": exc.render(), "field": exc.field, "fix": exc.fix})
+
+    def job_or_404(job_id: str) -> tuple[dict, dict]:
+        with lock:
+            if job_id in cache:
+                return cache[job_id]
+            got = store.job(job_id)
+            if got is None:
+                raise HTTPException(404, detail=f"unknown job {job_id!r}; create it with POST /jobs")
+            cache[job_id] = got
+            return got
+
+    def stage_or_404(job_id: str, rank: int) -> int:
+        stage = store.rank_stage(job_id, rank)
+        if stage is None:
+            raise HTTPException(404, detail=f"rank {rank} is not registered in job {job_id!r}; "
+                                            f"POST /jobs/{job_id}/ranks first")
+        return stage
+
+    def save_state(job_id: str, spec: dict, state: dict) -> None:
+        with lock:
+            store.set_state(job_id, state)
+            cache[job_id] = (spec, state)
+
+    def maybe_finish_profiling(job_id: str, spec: dict, state: dict) -> dict:
+        s = spec["scheduler"]
+        if s["kind"] != "online_profiling" or not s.get("then") or "frontier" in state or "error" in state:
+            return state
+        total = len(s["frequencies_mhz"]) * s.get("iterations_per_frequency", 1)
+        ranks = store.ranks(job_id)
+        if not ranks or any(store.next_iteration(job_id, r) < total for r in ranks):
+            return state
+        with lock:
+            spec, state = job_or_404(job_id)
+            if "frontier" in state or "error" in state:
+                return state
+            try:
+                new = dict(state, **sch.frontier_state_from_profile(spec, store.measured_profile(job_id), s["then"]))
+            except HetplanError as exc:  # keep running at max frequency, tell the user why
+                new = dict(state, error=exc.render())
+            save_state(job_id, spec, new)
+            return new
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"ok": True, "jobs": len(store.jobs())}
+
+    @app.post("/jobs", status_code=201)
+    def create_job(job: JobIn) -> dict:
+        spec = job.model_dump()
+        sch.validate_spec(spec)
+        state: dict = {}
+        s = spec["scheduler"]
+        if s["kind"] == "frontier_pick" and s.get("target_time_s") is not None:
+            state["target_time_s"] = s["target_time_s"]
+        if not store.create_job(job.job_id, spec, state):
+            existing, _ = job_or_404(job.job_id)
+            if existing != spec:
+                raise HTTPException(409, detail=f"job {job.job_id!r} exists with a different spec")
+        return {"job_id": job.job_id, "created": True}
+
+    @app.get("/jobs/{job_id}")
+    def get_job(job_id: str) -> dict:
+        spec, state = job_or_404(job_id)
+        return {"job_id": job_id, "num_stages": spec["num_stages"], "num_microbatches": spec["num_microbatches"],
+                "schedule": spec["schedule"], "scheduler": spec["scheduler"]["kind"], "ranks": store.ranks(job_id),
+                "reports": store.count_reports(job_id), "target_time_s": state.get("target_time_s"),
+                "has_frontier": "frontier" in state, "error": state.get("error")}
+
+    @app.put("/jobs/{job_id}/target")
+    def set_target(job_id: str, body: TargetIn) -> dict:
+        spec, state = job_or_404(job_id)
+        if spec["scheduler"]["kind"] == "point_solution":
+            raise HTTPException(409, detail="a point_solution job runs fixed plans; it has no target time")
+        save_state(job_id, spec, dict(state, target_time_s=body.target_time_s))
+        return {"job_id": job_id, "target_time_s": body.target_time_s}
+
+    @app.post("/jobs/{job_id}/ranks")
+    def register(job_id: str, body: RankIn) -> dict:
+        spec, _ = job_or_404(job_id)
+        if body.stage >= spec["num_stages"]:
+            raise HTTPException(422, detail=f"stage {body.stage} does not exist: job {job_id!r} has stages "
+                                            f"0..{spec['num_stages'] - 1}")
+        created, existing = store.register(job_id, body.rank, body.stage)
+        if not created and existing != body.stage:
+            raise HTTPException(409, detail=f"rank {body.rank} is already registered on stage {existing}")
+        return {"job_id": job_id, "rank": body.rank, "stage": body.stage,
+                "next_iteration": store.next_iteration(job_id, body.rank)}
+
+    @app.get("/jobs/{job_id}/ranks/{rank}/schedule")
+    def schedule(job_id: str, rank: int) -> dict:
+        spec, state = job_or_404(job_id)
+        stage = stage_or_404(job_id, rank)
+        state = maybe_finish_profiling(job_id, spec, state)
+        it = store.next_iteration(job_id, rank)
+        sid, freqs = sch.schedule_for(spec, state, stage, it)
+        return {"job_id": job_id, "rank": rank, "stage": stage, "iteration": it, "schedule_id": sid,
+                "instructions": sch.instructions(spec, stage), "frequencies_mhz": freqs}
+
+    @app.post("/jobs/{job_id}/ranks/{rank}/reports", status_code=201)
+    def report(job_id: str, rank: int, body: ReportIn) -> JSONResponse:
+        spec, _ = job_or_404(job_id)
+        stage = stage_or_404(job_id, rank)
+        nxt = store.next_iteration(job_id, rank)
+        if body.iteration > nxt:
+            raise HTTPException(409, detail=f"rank {rank} reported iteration {body.iteration} but its next iteration "
+                                            f"is {nxt}; fetch the schedule and report iterations in order")
+        meas = [(m.instruction, m.frequency_mhz, m.time_s, m.energy_j) for m in body.measurements]
+        stored = store.add_report(job_id, rank, stage, body.iteration, body.schedule_id, body.time_s, body.energy_j, meas)
+        if not stored:  # a retry of a report we already have: idempotent
+            return JSONResponse(status_code=200, content={"stored": False, "duplicate": True, "iteration": body.iteration})
+        return JSONResponse(status_code=201, content={"stored": True, "iteration": body.iteration})
+
+    @app.get("/jobs/{job_id}/reports")
+    def reports(job_id: str) -> list[dict]:
+        job_or_404(job_id)
+        return store.reports(job_id)
+
+    @app.get("/jobs/{job_id}/profile", response_class=PlainTextResponse)
+    def profile(job_id: str) -> str:
+        job_or_404(job_id)
+        rows = store.measured_profile(job_id)
+        if not rows:
+            raise HTTPException(404, detail=f"job {job_id!r} has no per-instruction measurements with energy yet")
+        return "stage,instruction,frequency,time,energy\n" + "".join(f"{s},{i},{f},{t!r},{e!r}\n" for s, i, f, t, e, _ in rows)
+
+    return app
