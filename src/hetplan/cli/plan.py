@@ -43,7 +43,7 @@ def _positive(value: Optional[float], name: str) -> None:
 
 
 def plan_command(
-    job_file: Optional[Path] = typer.Argument(None, help="Job TOML: [job], [[inventory]], [objective], [pin]."),
+    job_file: Optional[Path] = typer.Argument(None, help="Job TOML with sections \\[job], \\[\\[inventory]], \\[objective], \\[pin] (see examples/)."),
     model: Optional[str] = typer.Option(None, "--model", help="Preset name or path to a HF config.json."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per iteration."),
@@ -55,7 +55,7 @@ def plan_command(
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 8)."),
     inter_node_gbit: Optional[float] = typer.Option(None, "--inter-node-gbit", help="Network Gb/s per node."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON with [[inventory]] pools."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file with \\[\\[inventory]] pools (replaces those of the job file)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML (extends/overrides)."),
     objective: Optional[str] = typer.Option(None, "--objective", help="fastest | cheapest | budget."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="For cheapest: finish within."),
