@@ -93,6 +93,13 @@ class Stage(BaseModel):
         num_layers: transformer layers in this stage (the first stage adds the embedding, the last the head).
         tp: tensor-parallel degree; dp: data-parallel degree of this stage.
         recompute: activation recomputation of this stage's layers.
+        recompute_layers: how many of this stage's layers use ``recompute``; the others recompute nothing.
+            ``None`` (default) = all of them. Per-layer recomputation as chosen by Aceso's search (Liu et al.,
+            EuroSys'24, Sec. 4.2, per op there); the cost does not depend on which layers.
+        mbs: micro-batch size of each of this stage's data-parallel replicas (sequences); ``None`` (default) =
+            :attr:`Plan.mbs`. Stages with different DP degrees split the same pipeline micro-batch of
+            ``dp * mbs`` sequences over their replicas (Aceso, Sec. 3), so when any stage sets it, ``dp * mbs``
+            must be equal on every stage.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -102,6 +109,14 @@ class Stage(BaseModel):
     tp: int = Field(default=1, gt=0)
     dp: int = Field(default=1, gt=0)
     recompute: Recompute = "none"
+    recompute_layers: int | None = Field(default=None, ge=0)
+    mbs: int | None = Field(default=None, gt=0)
+
+    def recomputed_layers(self) -> int:
+        """Layers of this stage that use :attr:`recompute` (0 when it is ``none``)."""
+        if self.recompute == "none":
+            return 0
+        return self.num_layers if self.recompute_layers is None else min(self.recompute_layers, self.num_layers)
 
 
 class Plan(BaseModel):
@@ -134,12 +149,25 @@ class Plan(BaseModel):
         for i, st in enumerate(self.stages):
             if st.pool >= len(self.pools):
                 raise ValueError(f"stages[{i}].pool = {st.pool} but only {len(self.pools)} pools are given")
-            if self.job.global_batch % (st.dp * self.mbs):
+            b = st.mbs or self.mbs
+            if self.job.global_batch % (st.dp * b):
                 raise ValueError(
-                    f"global_batch {self.job.global_batch} is not divisible by dp * mbs = {st.dp} * {self.mbs} "
+                    f"global_batch {self.job.global_batch} is not divisible by dp * mbs = {st.dp} * {b} "
                     f"(stage {i})"
                 )
+            if st.recompute_layers is not None and st.recompute_layers > st.num_layers:
+                raise ValueError(f"stages[{i}].recompute_layers = {st.recompute_layers} exceeds its "
+                                 f"num_layers = {st.num_layers}")
+        if any(st.mbs is not None for st in self.stages):
+            sizes = {st.dp * (st.mbs or self.mbs) for st in self.stages}
+            if len(sizes) > 1:
+                raise ValueError(f"stages process pipeline micro-batches of different sizes dp * mbs = "
+                                 f"{sorted(sizes)}; make dp * mbs equal on every stage")
         return self
+
+    def stage_mbs(self, stage: int) -> int:
+        """Micro-batch size of one replica of ``stage`` (sequences): its own ``mbs`` or :attr:`mbs`."""
+        return self.stages[stage].mbs or self.mbs
 
     @property
     def pp(self) -> int:
@@ -152,8 +180,8 @@ class Plan(BaseModel):
         return sum(st.tp * st.dp for st in self.stages)
 
     def num_microbatches(self, stage: int = 0) -> int:
-        """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs)."""
-        return self.job.global_batch // (self.stages[stage].dp * self.mbs)
+        """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs) (the stage's mbs)."""
+        return self.job.global_batch // (self.stages[stage].dp * self.stage_mbs(stage))
 
 
 def balanced_split(num_layers: int, pp: int) -> list[int]:
