@@ -19,6 +19,7 @@ from hetplan.estimate.schedule import simulate
 from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import RECOMPUTE_CODES
+from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
@@ -190,18 +191,20 @@ def estimate_detailed(
     links = [pool_link(plan.pools[st.pool], g) for st, g in zip(plan.stages, gpus)]
     costs, sources = [], []
     for i, (st, gpu, link) in enumerate(zip(plan.stages, gpus, links)):
-        measured = profiles.layer_time_s(gpu.name, m, job.dtype, plan.mbs, job.seq_len, st.tp) if profiles else None
+        b = plan.stage_mbs(i)  # per-replica micro-batch (a stage may set its own, hetplan.plan.Stage.mbs)
+        measured = profiles.layer_time_s(gpu.name, m, job.dtype, b, job.seq_len, st.tp) if profiles else None
         sources.append("analytic" if measured is None else "profiled")
         mb = plan.num_microbatches(i)
         in_flight = in_flight_microbatches(plan.schedule, p, i, mb, v)
         costs.append(
             stage_costs(
                 m, gpu, link, job.dtype,
-                s=job.seq_len, b=plan.mbs, t=st.tp, dp=st.dp, num_layers=st.num_layers,
+                s=job.seq_len, b=b, t=st.tp, dp=st.dp, num_layers=st.num_layers,
                 has_embedding=i == 0, has_head=i == p - 1, single_stage=p == 1, in_flight=in_flight,
                 num_microbatches=mb, zero=plan.zero, recompute_code=RECOMPUTE_CODES[st.recompute],
                 sequence_parallel=plan.sequence_parallel and st.tp > 1,
                 overlap_grad_reduce=plan.overlap_grad_reduce, measured_layer_time_s=measured,
+                recompute_layers=st.recompute_layers,
             )
         )
     # p2p across each boundary, over the intra-node link or the (slower) node NICs shared by the sending GPUs.
@@ -211,8 +214,17 @@ def estimate_detailed(
     p2p = []
     for i in range(p - 1):
         a, nxt = plan.stages[i], plan.stages[i + 1]
-        msg = p2p_bytes(m, plan.mbs, job.seq_len, max(a.tp, nxt.tp), plan.sequence_parallel)
-        p2p.append(float(p2p_time_s(msg, boundary_bandwidth_bytes_per_s(links[i], links[i + 1], a.tp * a.dp, intra[i]))))
+        bw = boundary_bandwidth_bytes_per_s(links[i], links[i + 1], a.tp * a.dp, intra[i])
+        sender, receiver = (a.tp, a.dp, plan.stage_mbs(i)), (nxt.tp, nxt.dp, plan.stage_mbs(i + 1))
+        if sender == receiver:
+            msg = p2p_bytes(m, plan.mbs if a.mbs is None else a.mbs, job.seq_len, max(a.tp, nxt.tp), plan.sequence_parallel)
+            p2p.append(float(p2p_time_s(msg, bw)))
+        else:  # stages lay the micro-batch out differently: resharding (hetplan.estimate.reshard)
+            nl = links[i + 1]
+            p2p.append(boundary_transfer_time_s(
+                m, job.seq_len, sender, receiver, float(bw), gpus_per_node=nl.gpus_per_node,
+                intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
+                inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s))
     p2p_total = sum(p2p)
     fwd = np.array([c["forward_s"] for c in costs], dtype=float)
     bwd = np.array([c["backward_s"] for c in costs], dtype=float)
@@ -255,7 +267,7 @@ def estimate_detailed(
     # HFU: recompute FLOPs are per stage; weight each stage's share of layers.
     hw_flops = model_flops + sum(
         float(hardware_flops_per_iteration(m, job.seq_len, job.global_batch, RECOMPUTE_CODES[st.recompute],
-                                           st.num_layers / m.num_layers)) - model_flops
+                                           st.recomputed_layers() / m.num_layers)) - model_flops
         for st in plan.stages
     )
     usd_per_hour = sum(

@@ -63,6 +63,7 @@ def stage_memory_bytes(
     recompute: str | np.ndarray,
     sequence_parallel,
     in_flight,
+    recompute_layers=None,
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``.
@@ -70,6 +71,7 @@ def stage_memory_bytes(
     Args:
         recompute: ``"none"`` | ``"selective"`` | ``"full"``, or an integer array of codes 0/1/2.
         in_flight: micro-batches whose activations the stage holds at its peak.
+        recompute_layers: how many layers use ``recompute`` (the others keep all activations); default all.
     """
     params = stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
     zero = np.asarray(zero)
@@ -89,8 +91,13 @@ def stage_memory_bytes(
         )
 
     per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
-    activations = in_flight * num_layers * per_layer
-    activations = activations + np.where(rc == 2, act("none"), 0)  # the layer being recomputed
+    if recompute_layers is None:
+        activations = in_flight * num_layers * per_layer
+        activations = activations + np.where(rc == 2, act("none"), 0)  # the layer being recomputed
+    else:  # r layers recomputed, the rest keep all their activations
+        r = np.minimum(recompute_layers, num_layers)
+        activations = in_flight * (r * per_layer + (num_layers - r) * act("none"))
+        activations = activations + np.where((rc == 2) & (r > 0), act("none"), 0)
     sbh = s * b * m.hidden_size
     emb = in_flight * (8 * s * b + sbh) / np.where(sp, t, 1)  # sequence-parallel: split like the layers
     activations = activations + np.where(has_embedding, emb, 0)

@@ -62,6 +62,7 @@ def stage_costs(
     sequence_parallel,
     overlap_grad_reduce=True,
     measured_layer_time_s=None,
+    recompute_layers=None,
 ):
     """Costs of one stage (see module doc). Returns a dict of arrays:
 
@@ -84,21 +85,33 @@ def stage_costs(
 
     ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage).
 
+    ``recompute_layers``: optional number of the stage's layers that use ``recompute_code`` (per-layer
+    recomputation, Aceso EuroSys'24 Sec. 4.2); the other layers recompute nothing. Default (None): all layers.
+
     Units: seconds, bytes.
     """
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  sequence_parallel=sequence_parallel)
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
+    af = ab = atp = None
+    if measured_layer_time_s is not None or recompute_layers is not None:
+        af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
     if measured_layer_time_s is not None:
         # Scale the analytic recomputation overhead by measured/analytic forward time.
-        af, ab, _ = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
         mf, mbk = measured_layer_time_s
         lf, lb = mf, mbk + (lb - ab) * (mf / af)
+        ab = mbk
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t)
+    if recompute_layers is None:
+        layers_bwd, layers_tp = num_layers * lb, num_layers * ltp
+    else:  # r layers recompute, the others do not (their backward is the plain one)
+        r = np.minimum(recompute_layers, num_layers)
+        layers_bwd = r * lb + (num_layers - r) * ab
+        layers_tp = r * ltp + (num_layers - r) * atp
     fwd = num_layers * lf + np.where(has_embedding, ef, 0.0) + np.where(has_head, hf, 0.0)
-    bwd = num_layers * lb + np.where(has_embedding, eb, 0.0) + np.where(has_head, hb, 0.0)
+    bwd = layers_bwd + np.where(has_embedding, eb, 0.0) + np.where(has_head, hb, 0.0)
 
     params = memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
     zero = np.asarray(zero)
@@ -140,10 +153,11 @@ def stage_costs(
         recompute=recompute_code,
         sequence_parallel=sequence_parallel,
         in_flight=in_flight,
+        recompute_layers=recompute_layers,
     )
     return {
         "forward_s": fwd,
-        "tp_comm_s": num_layers * ltp,
+        "tp_comm_s": layers_tp,
         "backward_s": bwd,
         "dp_s": dp_total + emb_sync,
         "dp_exposed_s": grad_exposed + gather_exposed + emb_sync,
