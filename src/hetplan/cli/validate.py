@@ -52,7 +52,6 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps(result, indent=2, allow_nan=True))
             return
-        from rich.console import Console
         from rich.table import Table
 
         table = Table(title="Estimator vs. measured (errors as % of measured)")
@@ -74,7 +73,9 @@ def register(app: typer.Typer) -> None:
                 _fmt(r.get("held_out", {}).get("mape", float("nan"))), _fmt(r.get("calibration", {}).get("mape", float("nan"))),
                 tgt_txt or "-", ("yes" if all(met) else "NO") if met else "-",
             )
-        console = Console()
+        from hetplan.cli.output import table_console
+
+        console = table_console()
         console.print(table)
         console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same model, "
                       "GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows (V100); "

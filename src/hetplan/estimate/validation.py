@@ -71,6 +71,9 @@ class Case:
     is_calibration: bool = False
     info: dict = field(default_factory=dict)
     predicted: float = math.nan
+    plan: Plan | None = None
+    model: ModelSpec | None = None
+    virtual_stages: int = 1
 
 
 def _data(name: str) -> str:
@@ -142,7 +145,7 @@ def vtrain_cases(which: str) -> list[Case]:
         out.append(Case(
             set=name, key=key, group=f"L{L}h{h}a{a}s{s}n{n}g{gbs}", measured=float(r["iteration time (ms)"]) / 1e3,
             predict=_time_predictor(plan, m), is_calibration=_is_calibration(key),
-            info=dict(tp=tp, dp=dp, pp=pp, mbs=mbs, gbs=gbs, L=L, h=h, n=n),
+            info=dict(tp=tp, dp=dp, pp=pp, mbs=mbs, gbs=gbs, L=L, h=h, n=n), plan=plan, model=m,
         ))
     return out
 
@@ -186,7 +189,8 @@ def sc21_cases() -> list[Case]:
             return flops / t_pred() / n / 1e12
 
         out.append(Case(set="megatron_sc21_table1", key=f"sc21:{P}B", group="sc21", measured=float(r["achieved_tflops_per_gpu"]),
-                        predict=predict, info=dict(tp=tp, pp=pp, dp=dp, mbs=mbs, v=v, n=n)))
+                        predict=predict, info=dict(tp=tp, pp=pp, dp=dp, mbs=mbs, v=v, n=n), plan=plan, model=m,
+                        virtual_stages=v))
     return out
 
 
@@ -206,18 +210,29 @@ def korthikanti_cases() -> list[Case]:
                                  inter_node_bandwidth_bytes_per_s=SELENE_INTER_NODE_BYTES_PER_S, sequence_parallel=sp)
             out.append(Case(set="korthikanti_table5", key=f"k5:{r['model']}:{mode}", group=mode,
                             measured=float(r[col]), predict=_time_predictor(plan, m, v),
-                            info=dict(tp=tp, pp=pp, dp=dp, mbs=mbs, v=v, mode=mode)))
+                            info=dict(tp=tp, pp=pp, dp=dp, mbs=mbs, v=v, mode=mode), plan=plan, model=m,
+                            virtual_stages=v))
     return out
+
+
+def aceso_link_bandwidth_bytes_per_s() -> float:
+    """GPU-GPU bandwidth of Aceso's V100 server, from its measured p2p table (``p2p_intra_node.csv``: GB/s per
+    message size in MB; the largest-message rate). It is PCIe-class (~11 GB/s), not NVLink: Aceso's measured 8 MB
+    all-reduce over 4 GPUs takes 1.45 ms (``prim_gpt_1_3B_all_reduce_4gpus.csv``)."""
+    rows = list(csv.reader(_data("aceso_v100/p2p_intra_node.csv").splitlines()))
+    return float(rows[1][-1]) * 1e9
 
 
 def aceso_cases() -> list[Case]:
     """Aceso's V100 per-op profile of GPT-3 1.3B (h 2048, 32 heads, seq 2048, 24 layers): one layer's forward +
-    backward (sum of the ``enc-*`` ops, µs), predicted by :func:`hetplan.estimate.compute.layer_time_s` without
-    recomputation. The TP-1 rows calibrate V100 (``is_calibration``)."""
+    backward (sum of the ``enc-*`` ops, µs; TP all-reduces included), predicted by
+    :func:`hetplan.estimate.compute.layer_time_s` without recomputation, TP over the server's measured link
+    (:func:`aceso_link_bandwidth_bytes_per_s`). The TP-1 rows calibrate V100 (``is_calibration``)."""
     from hetplan.estimate import compute
     from hetplan.hardware.catalog import load_catalog
 
     m = gpt_model(24, 2048, 32, 2048, vocab=50257)
+    link_bw = aceso_link_bandwidth_bytes_per_s()
     out = []
     for mbs in (1, 2, 4, 8):
         for tp in (1, 2, 4):
@@ -227,7 +242,7 @@ def aceso_cases() -> list[Case]:
 
             def predict(mbs=mbs, tp=tp):
                 gpu = (CATALOG or load_catalog()).get(V100)
-                f, b, _ = compute.layer_time_s(m, gpu, "fp16", mbs, 2048, tp, 0, gpu.gpu_link_bandwidth_bytes_per_s)
+                f, b, _ = compute.layer_time_s(m, gpu, "fp16", mbs, 2048, tp, 0, link_bw)
                 return float(f + b)
 
             out.append(Case(set="aceso_v100", key=f"aceso:mbs{mbs}:tp{tp}", group="gpt1.3b", measured=meas,

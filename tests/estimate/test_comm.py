@@ -1,0 +1,49 @@
+"""Alpha-beta collectives on a node topology."""
+
+import numpy as np
+import pytest
+
+from hetplan.estimate import comm
+
+
+def test_ring_formulas():
+    M, B = 1e9, 100e9
+    t = comm.allreduce_time_s(M, 8, B, 0.0, efficiency=1.0)
+    assert float(t) == pytest.approx(2 * 7 / 8 * M / B)
+    assert float(comm.allgather_time_s(M, 8, B, 0.0, efficiency=1.0)) == pytest.approx(7 / 8 * M / B)
+    assert float(comm.reduce_scatter_time_s(M, 4, B, 0.0, efficiency=1.0)) == pytest.approx(3 / 4 * M / B)
+    assert float(comm.allreduce_time_s(M, 1, B)) == 0.0
+    assert float(comm.p2p_time_s(M, B, 1e-5, efficiency=1.0)) == pytest.approx(M / B + 1e-5)
+
+
+def test_tree_beats_ring_for_small_messages_on_many_ranks():
+    small, n = 1e4, 256
+    ring = comm.allreduce_time_s(small, n, 25e9, 8e-6, algorithm="ring")
+    tree = comm.allreduce_time_s(small, n, 25e9, 8e-6, algorithm="tree")
+    auto = comm.allreduce_time_s(small, n, 25e9, 8e-6, algorithm="auto")
+    assert tree < ring and auto == tree
+    big = 1e9
+    assert comm.allreduce_time_s(big, 4, 25e9, 8e-6, algorithm="auto") == comm.allreduce_time_s(big, 4, 25e9, 8e-6)
+
+
+def test_group_inside_a_node_uses_the_intra_link_only():
+    t = comm.group_collective_time_s(1e8, "allreduce", 8, 1, 8, 300e9, 25e9)
+    assert float(t) == pytest.approx(float(comm.allreduce_time_s(1e8, 8, 300e9, efficiency=comm.INTRA_LINK_EFFICIENCY)))
+
+
+def test_crossing_nodes_costs_more_and_nic_sharing_slows_down():
+    inside = comm.group_collective_time_s(1e8, "allreduce", 8, 1, 8, 300e9, 100e9)
+    across = comm.group_collective_time_s(1e8, "allreduce", 16, 1, 8, 300e9, 100e9)
+    assert across > inside
+    one_ring = comm.group_collective_time_s(1e8, "allreduce", 4, 8, 8, 300e9, 100e9, nic_sharers=1)
+    eight_rings = comm.group_collective_time_s(1e8, "allreduce", 4, 8, 8, 300e9, 100e9, nic_sharers=8)
+    assert eight_rings > one_ring
+
+
+def test_dp_collective_broadcasts_over_arrays():
+    dp = np.array([1, 2, 8, 64])
+    tp = np.array([8, 4, 1, 1])
+    t = comm.dp_collective_time_s(1e9, "allreduce", dp, tp, 8, 300e9, 100e9)
+    assert t.shape == (4,) and t[0] == 0.0 and np.all(np.diff(t) > 0)
+    with pytest.raises(ValueError):
+        comm.dp_collective_time_s(1e9, "broadcast", dp, tp, 8, 300e9, 100e9)
