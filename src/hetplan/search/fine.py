@@ -433,9 +433,9 @@ def fine_search(
     n_gpus = max(sp.num_gpus for sp in starts)
     cm = FineCostModel(m, job, pool, gpu, profiles, max_stages=max(n_gpus, pool.count))
     states: list[FineState] = []
-    for sp in starts:
+    for sp in starts:  # same GPUs as the best uniform plan: $/hour stays fixed (module doc)
         s = state_from_plan(sp)
-        if s not in states:
+        if s not in states and sp.num_gpus == start_plan.num_gpus:
             states.append(s)
     states = states[:start_points]
     search = FineSearch(cm, budget_evaluations, max_hops, pins)
