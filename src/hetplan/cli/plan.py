@@ -70,6 +70,11 @@ def plan_command(
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
+    search: str = typer.Option("uniform", "--search", help="uniform (exhaustive) | fine (Aceso-style bottleneck "
+                               "alleviation from the best uniform plan: per-stage GPUs/TP/DP, per-layer recompute)."),
+    explain: bool = typer.Option(False, "--explain", help="With --search fine: print each bottleneck and its move."),
+    profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
+                                              "layer times, for --search fine."),
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
 
@@ -121,11 +126,16 @@ def plan_command(
     pins = _pins(pin_raw)
     if top < 1:
         raise HetplanError(f"must be at least 1, got {top}", field="--top", fix="use --top 1 or more")
+    if search not in ("uniform", "fine"):
+        raise HetplanError(f"unknown search {search!r}", field="--search", fix="use uniform or fine")
     cat = load_catalog(catalog)
     result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat)
     summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
+    fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
+    if fine is not None:
+        summaries.insert(0, plan_summary(fine.plan, fine.estimate, "fine-grained search (bottleneck alleviation)"))
     if output is not None:
-        output.write_text(result.plans[0].plan.model_dump_json(indent=2) + "\n")
+        output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
     if as_json:
         print(json.dumps({
             "plans": summaries,
@@ -133,11 +143,57 @@ def plan_command(
             "configurations_evaluated": result.configurations_evaluated,
             "configurations_fitting_memory": result.configurations_fitting_memory,
             "search_time_s": result.search_time_s,
+            **({"fine": _fine_json(fine)} if fine else {}),
         }, indent=1))
         return
-    _print_ranking(job, obj, summaries, result)
+    _print_ranking(job, obj, summaries[1:] if fine else summaries, result)
+    if fine is not None:
+        _print_fine(fine, explain)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+
+
+def _fine(job, inv, obj, pins, cat, result, profile_db):
+    """Run the fine-grained search (hetplan.search.fine) from the uniform result."""
+    from hetplan.search.fine import fine_search
+
+    profiles = None
+    if profile_db is not None:
+        if not profile_db.is_file():
+            raise HetplanError(f"{profile_db} does not exist", field="--profile-db",
+                               fix="give a profile database written by `hetplan profile` or an importer")
+        from hetplan.profile.db import ProfileDB
+
+        profiles = ProfileDB(profile_db)
+    return fine_search(job, inv, obj, pins, catalog=cat, profiles=profiles, uniform=None if profiles else result)
+
+
+def _fine_json(fine) -> dict:
+    return {
+        "iteration_time_s": fine.estimate.iteration_time_s,
+        "uniform_iteration_time_s": fine.start_estimate.iteration_time_s,
+        "speedup": fine.speedup,
+        "evaluations": fine.evaluations,
+        "start_points": fine.start_points,
+        "search_time_s": fine.search_time_s,
+        "trace": [vars(s) for s in fine.trace],
+    }
+
+
+def _print_fine(fine, explain: bool) -> None:
+    con = table_console()
+    t = Table(title="Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)")
+    for col in ("stage", "GPUs", "TP", "DP", "mbs", "layers", "recompute", "fwd+bwd ms", "GiB/GPU"):
+        t.add_column(col, justify="right")
+    for i, (st, se) in enumerate(zip(fine.plan.stages, fine.estimate.stages)):
+        rc = st.recompute if st.recompute == "none" else f"{st.recompute} {st.recomputed_layers()}/{st.num_layers}"
+        t.add_row(str(i), str(st.tp * st.dp), str(st.tp), str(st.dp), str(fine.plan.stage_mbs(i)), str(st.num_layers),
+                  rc, f"{(se.forward_s + se.backward_s) * 1e3:.1f}", _mem(se.memory.total))
+    con.print(t)
+    if explain:
+        for line in fine.explanation()[:-1]:
+            con.print(f"  {line}", highlight=False)
+    con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False)
 
 
 def _pins(raw: dict) -> Pins:

@@ -70,7 +70,8 @@ class TraceStep:
 
     def text(self) -> str:
         arrow = {"improve": "->", "hop": "-> (hop, worse)"}.get(self.kind, "->")
-        return (f"[{self.step}] bottleneck stage {self.bottleneck_stage} ({self.reason}: "
+        where = f"start {self.start_point + 1}, " if self.start_point else ""
+        return (f"[{where}{self.step}] bottleneck stage {self.bottleneck_stage} ({self.reason}: "
                 f"{self.bottleneck_time_s * 1e3:.1f} ms per micro-batch; {self.dominant}); {self.move}; "
                 f"iteration {self.iteration_time_s_before:.3f} s {arrow} {self.iteration_time_s_after:.3f} s")
 
@@ -384,6 +385,7 @@ def fine_search(
     max_hops: int = DEFAULT_MAX_HOPS,
     start_points: int = DEFAULT_START_POINTS,
     start: Plan | None = None,
+    uniform=None,
 ) -> FineResult:
     """Find a fine-grained plan by bottleneck alleviation, starting from the best uniform plan (module doc).
 
@@ -395,6 +397,8 @@ def fine_search(
         budget_evaluations: work budget in cost-model calls (deterministic; no wall-clock limit).
         max_hops: worse moves allowed in a row (multi-hop). start_points: uniform plans to start from.
         start: start from this plan instead (single pool, 1F1B).
+        uniform: a :class:`hetplan.search.planner.SearchResult` already computed for the same arguments (its
+            plans are the start points; saves running the uniform search again).
     Returns:
         :class:`FineResult`; its plan is never slower than the start plan (both estimated by :func:`estimate`).
     Raises:
@@ -412,8 +416,8 @@ def fine_search(
     else:
         from hetplan.search.planner import search_plans
 
-        res = search_plans(job, inventory, objective, pins, top_k=max(start_points, 8 if profiles else 1),
-                           catalog=catalog)
+        res = uniform or search_plans(job, inventory, objective, pins, top_k=max(start_points, 8 if profiles else 1),
+                                      catalog=catalog)
         starts = [rp.plan for rp in res.plans]
     for sp in starts:
         if len({st.pool for st in sp.stages}) > 1 or sp.schedule != "1f1b":
