@@ -1,0 +1,228 @@
+"""Fine-grained search (hetplan.search.fine): exactness of its cost model, optimality on enumerable instances, never
+worse than the uniform search, determinism, Aceso's GPT-3 1.3B case, schema/estimator additions and the CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from hetplan.errors import HetplanError
+from hetplan.estimate.comm import p2p_time_s
+from hetplan.estimate.estimator import estimate
+from hetplan.estimate.reshard import boundary_transfer_time_s
+from hetplan.estimate.schedule import simulate
+from hetplan.estimate.stage import p2p_bytes
+from hetplan.hardware.catalog import load_catalog
+from hetplan.model.spec import load_model
+from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage
+from hetplan.search.fine import FineSearch, enumerate_states, fine_search, with_gpu_memory
+from hetplan.search.fine_cost import FineCostModel, FineStage, FineState, simulate_1f1b
+from hetplan.search.planner import search_plans
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "aceso"
+ACESO_13 = FIX / "gpt_1_3B_aceso.json"
+V100 = "V100-SXM-32GB"
+
+
+# -- cost model ------------------------------------------------------------------------------------------------
+def test_fast_1f1b_equals_event_simulation():
+    rng = random.Random(0)
+    for _ in range(300):
+        p = rng.randint(1, 6)
+        m = rng.choice([1, 2, 3, p, p + 1, 2 * p, 17, 64, 200])
+        f = [rng.uniform(0.5, 2) for _ in range(p)]
+        b = [x * rng.uniform(1.5, 3) for x in f]
+        c = [rng.choice([0.0, 0.01, 0.3]) for _ in range(p - 1)]
+        if rng.random() < 0.3:  # equal stages reach the periodic steady state: the shortcut is taken
+            f, b = [1.0] * p, [2.0] * p
+        ref = simulate(f, b, c, m, "1f1b")
+        got, ends = simulate_1f1b(f, b, c, m)
+        assert got == pytest.approx(ref.makespan_s, rel=1e-12)
+        assert ends == pytest.approx(ref.stage_end_s, rel=1e-12)
+
+
+def test_cost_model_equals_estimator_on_fine_plans():
+    """Per-stage GPUs/TP/DP, per-stage mbs, partial recompute and resharding: the search's numbers are
+    estimate()'s numbers."""
+    rng = random.Random(1)
+    cat = with_gpu_memory(load_catalog(), V100, 12e9)  # tight: recomputation is repaired per layer
+    m = load_model("gpt3-1.3b")
+    job = Job(model="gpt3-1.3b", seq_len=2048, global_batch=64, dtype="fp16")
+    pool = GPUPool(gpu=V100, count=8)
+    cm = FineCostModel(m, job, pool, cat.get(V100))
+    partial = differing = 0
+    for _ in range(40):
+        p = rng.randint(1, 4)
+        B = rng.choice([2, 4, 8])
+        cuts = sorted(rng.sample(range(1, 24), p - 1))
+        ns = [b - a for a, b in zip([0] + cuts, cuts + [24])]
+        stages = []
+        for n in ns:
+            g = rng.choice([1, 2])
+            t = rng.choice([1, g])
+            stages.append(FineStage(n, t, g // t))
+        s = FineState(tuple(stages), B, rng.choice([0, 1]))
+        c = cm.cost(s)
+        plan = cm.to_plan(s)
+        est = estimate(plan, cat, m)
+        assert c.iteration_time_s == pytest.approx(est.iteration_time_s, rel=1e-9)
+        assert c.memory_bytes == pytest.approx([se.memory.total for se in est.stages], rel=1e-9)
+        partial += any(st.recompute_layers is not None for st in plan.stages)
+        differing += len({st.dp for st in plan.stages}) > 1
+    assert partial and differing  # the interesting cases were exercised
+
+
+def test_reshard_equals_p2p_for_equal_layouts_and_costs_more_otherwise():
+    m = load_model("gpt3-1.3b")
+    same = boundary_transfer_time_s(m, 2048, (2, 2, 4), (2, 2, 4), 50e9)
+    assert same == pytest.approx(float(p2p_time_s(p2p_bytes(m, 4, 2048, 2, True), 50e9)))
+    assert boundary_transfer_time_s(m, 2048, (1, 4, 2), (4, 1, 8), 50e9) > same
+
+
+# -- schema ----------------------------------------------------------------------------------------------------
+def _job(gbs=16):
+    return Job(model="gpt3-1.3b", seq_len=2048, global_batch=gbs, dtype="fp16")
+
+
+def test_schema_additions_default_and_validation():
+    pools = [GPUPool(gpu=V100, count=4)]
+    plan = Plan(job=_job(), pools=pools, stages=[Stage(num_layers=24, dp=2)], mbs=2)
+    assert plan.stages[0].recompute_layers is None and plan.stages[0].mbs is None
+    assert plan.num_microbatches(0) == 4
+    ok = Plan(job=_job(), pools=pools, mbs=2, stages=[Stage(num_layers=12, dp=2, recompute="full", recompute_layers=5),
+                                                     Stage(num_layers=12, dp=1, mbs=4)])
+    assert ok.num_microbatches(1) == ok.num_microbatches(0) == 4 and ok.stages[0].recomputed_layers() == 5
+    with pytest.raises(ValidationError):
+        Plan(job=_job(), pools=pools, mbs=2, stages=[Stage(num_layers=24, recompute="full", recompute_layers=25)])
+    with pytest.raises(ValidationError):  # pipeline micro-batches of different sizes
+        Plan(job=_job(), pools=pools, mbs=2, stages=[Stage(num_layers=12, dp=2), Stage(num_layers=12, dp=1, mbs=2)])
+
+
+# -- search quality --------------------------------------------------------------------------------------------
+def _instances(seed: int, n: int, tmp: Path):
+    base = json.loads(ACESO_13.read_text())
+    rng = random.Random(seed)
+    for _ in range(n):
+        L = rng.choice([3, 5, 6, 7, 9])
+        h = rng.choice([512, 1024, 2048, 4096])
+        seq = rng.choice([1024, 2048])
+        gpu = rng.choice([V100, "A100-SXM-80GB"])
+        N = rng.choice([2, 3, 4])
+        gbs = rng.choice([8, 16, 32, 64])
+        mem = rng.choice([4, 6, 8, 12, 16, 32])
+        cfg = dict(base, num_hidden_layers=L, hidden_size=h, ffn_hidden_size=4 * h, num_attention_heads=h // 64)
+        path = tmp / f"m_{L}_{h}.json"
+        path.write_text(json.dumps(cfg))
+        yield path, seq, gpu, N, gbs, mem
+
+
+#: Measured (seed 1, 30 instances, 26 feasible; the best uniform plan is not optimal on 7-8 of them, depending on
+#: the estimator's calibration): the search found the optimum of the enumerated fine-grained space on every one,
+#: worst gap 0.
+def test_optimum_rate_on_enumerable_instances(tmp_path):
+    found, nonuniform, gaps = 0, 0, []
+    for path, seq, gpu, N, gbs, mem in _instances(1, 30, tmp_path):
+        m = load_model(path)
+        job = Job(model=str(path), seq_len=seq, global_batch=gbs, dtype="fp16")
+        pool = GPUPool(gpu=gpu, count=N)
+        cat = with_gpu_memory(load_catalog(), gpu, mem * 2**30)
+        try:
+            r = fine_search(job, Inventory(pools=[pool]), catalog=cat, model=m)
+        except HetplanError:
+            continue  # nothing fits
+        cm = FineCostModel(m, job, pool, cat.get(gpu), max_stages=N)
+        states = enumerate_states(FineSearch(cm), r.start_plan.num_gpus)
+        best = min(cm.cost(s).key for s in states)
+        assert best[0] == 0
+        gap = r.estimate.iteration_time_s / best[1] - 1
+        gaps.append(gap)
+        found += gap <= 1e-9
+        nonuniform += r.start_estimate.iteration_time_s / best[1] - 1 > 1e-9
+        assert r.estimate.iteration_time_s <= r.start_estimate.iteration_time_s
+    assert len(gaps) == 26 and nonuniform >= 5  # instances where fine-grained plans matter
+    assert found == len(gaps) and max(gaps) <= 1e-9
+
+
+@pytest.mark.parametrize("model,gpu,count,per_node,gbs", [
+    ("gpt3-1.3b", "A100-SXM-80GB", 8, 8, 256),
+    ("gpt3-6.7b", V100, 16, 8, 512),
+    ("llama2-7b", "H100-SXM", 32, 8, 512),
+])
+def test_never_worse_than_uniform(model, gpu, count, per_node, gbs):
+    job = Job(model=model, seq_len=2048, global_batch=gbs, dtype="fp16" if gpu == V100 else "bf16")
+    inv = Inventory(pools=[GPUPool(gpu=gpu, count=count, gpus_per_node=per_node)])
+    uniform = search_plans(job, inv, top_k=1)
+    r = fine_search(job, inv, budget_evaluations=1500)
+    assert r.estimate.fits
+    assert r.estimate.iteration_time_s <= uniform.plans[0].estimate.iteration_time_s * (1 + 1e-12)
+    assert r.plan.num_gpus == uniform.plans[0].plan.num_gpus
+    assert r.evaluations <= 1500
+
+
+def test_deterministic_and_budgeted():
+    job = Job(model="gpt3-6.7b", seq_len=2048, global_batch=512, dtype="fp16")
+    inv = Inventory(pools=[GPUPool(gpu=V100, count=16)])
+    a = fine_search(job, inv, budget_evaluations=400)
+    b = fine_search(job, inv, budget_evaluations=400)
+    assert a.plan == b.plan and a.evaluations == b.evaluations
+    assert [s.text() for s in a.trace] == [s.text() for s in b.trace]
+    assert a.evaluations <= 400
+    one = fine_search(job, inv, budget_evaluations=1)
+    assert one.estimate.iteration_time_s <= one.start_estimate.iteration_time_s
+    with pytest.raises(HetplanError):
+        fine_search(job, inv, budget_evaluations=0)
+
+
+# -- Aceso's case ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def aceso_db():
+    from hetplan.profile.db import ProfileDB
+    from hetplan.profile.importers import import_aceso
+
+    db = ProfileDB()
+    import_aceso(db, FIX, models={"gpt_1_3B": (load_model(ACESO_13), 2048)})
+    return db
+
+
+def test_aceso_gpt3_1_3b_small_case(aceso_db):
+    """GPT-3 1.3B, 4 x V100-32GB limited to 12,000 MB, global batch 512 (Aceso's artifact): Aceso predicted 58.76 s
+    and measured 59.01 s per iteration. Measured here: uniform 57.74 s, fine 57.41 s (selective recomputation
+    on 23 of 24 layers instead of 24), in a few hundred evaluations."""
+    m = load_model(ACESO_13)
+    job = Job(model=str(ACESO_13), seq_len=2048, global_batch=512, dtype="fp16")
+    inv = Inventory(pools=[GPUPool(gpu=V100, count=4, gpus_per_node=4)])
+    cat = with_gpu_memory(load_catalog(), V100, 12000 * 2**20)
+    r = fine_search(job, inv, catalog=cat, model=m, profiles=aceso_db)
+    assert all(se.time_source == "profiled" for se in r.estimate.stages)
+    assert r.estimate.fits
+    assert r.estimate.iteration_time_s <= r.start_estimate.iteration_time_s
+    assert r.estimate.iteration_time_s == pytest.approx(59.01, rel=0.05)  # Aceso measured
+    assert r.estimate.iteration_time_s < 58.76  # Aceso's own prediction for its plan
+    assert r.evaluations < 1000
+
+
+# -- CLI -------------------------------------------------------------------------------------------------------
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "hetplan.cli.main", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_search_fine_json_and_explain():
+    args = ["plan", "--model", "gpt3-1.3b", "--seq-len", "2048", "--global-batch", "512", "--dtype", "fp16",
+            "--gpu", V100, "--gpus", "4"]
+    out = _cli(*args, "--search", "fine", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert {"plans", "explanation", "configurations_evaluated", "search_time_s", "fine"} <= set(d)
+    assert d["plans"][0]["iteration_time_s"] <= d["plans"][1]["iteration_time_s"]
+    assert d["fine"]["trace"] and "bottleneck_stage" in d["fine"]["trace"][0]
+    out = _cli(*args, "--search", "fine", "--explain")
+    assert out.returncode == 0 and "bottleneck stage" in out.stdout and "fine search:" in out.stdout
+    bad = _cli(*args, "--search", "bogus")
+    assert bad.returncode == 2 and "--search" in bad.stderr and "Traceback" not in bad.stderr
