@@ -247,19 +247,39 @@ class _Group:
         bw = max(max(st.link.intra_node_bandwidth_bytes_per_s, st.link.inter_node_bandwidth_bytes_per_s) for st in self.types)
         return float(p2p_time_s(msg, bw))
 
-    def solve_order(self, seq: list[StageType], upper_bound: float):
-        """Exact partition of one stage order; ``(T, layers, rc codes)`` or ``None``."""
+    def intra_node(self, seq: list[StageType]) -> list[bool]:
+        """:func:`hetplan.plan.boundary_is_intra_node` of a stage order (stages of ``tp·d`` GPUs each)."""
+        starts, used = [], {}
+        for st in seq:
+            starts.append(used.get(st.pool, 0))
+            used[st.pool] = used.get(st.pool, 0) + st.tp * self.d
+        out = []
+        for j in range(len(seq) - 1):
+            if seq[j].pool != seq[j + 1].pool:
+                out.append(False)
+                continue
+            g = self.inventory.pools[seq[j].pool].gpus_per_node
+            out.append(starts[j] // g == (starts[j + 1] + seq[j + 1].tp * self.d - 1) // g)
+        return out
+
+    def solve_order(self, seq: list[StageType], upper_bound: float, lb_without_p2p: float = 0.0):
+        """Exact partition of one stage order; ``(T, layers, rc codes)`` or ``None`` (nothing fits, or nothing
+        beats ``upper_bound``). ``lb_without_p2p``: a lower bound of the iteration time less its p2p part (s)."""
         p = len(seq)
+        L = self.m.num_layers
         kinds, flights = _positions(p, self.mb)
         tabs = [self.tables[(st.pool, st.tp)] for st in seq]
-        a = np.stack([t.a[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
-        e = np.stack([t.e[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
-        o = np.stack([t.o[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
-        nmax = np.array([t.nmax[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
-        gpn = [pl.gpus_per_node for pl in self.inventory.pools]
-        intra = boundary_is_intra_node([st.tp * self.d for st in seq], [st.pool for st in seq], gpn)
+        nmax = [int(t.nmax[k, f - 1]) for t, k, f in zip(tabs, kinds, flights)]
+        if min(nmax) < 1 or sum(nmax) < L:
+            return None
+        intra = self.intra_node(seq)
         p2p = 2.0 * sum(self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(p - 1))
-        res = solve_partition(a, e, o, nmax, self.m.num_layers, self.mb, p2p, upper_bound)
+        if lb_without_p2p + p2p >= upper_bound:
+            return None
+        a = np.array([t.a[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
+        e = np.array([t.e[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
+        o = np.array([t.o[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
+        res = solve_partition(a, e, o, np.array(nmax), L, self.mb, p2p, upper_bound)
         if res is None:
             return None
         t, ns = res
@@ -283,48 +303,62 @@ def _pool_options(group: _Group, pins: Pins, L: int):
 
 def allocation_bounds(group: _Group, pins: Pins):
     """All allocations of a group as arrays: option index per pool ``(N, K)``, stages ``p``, GPUs, $/h ``R``,
-    iteration-time lower bound ``T_LB`` (s; see module doc) — only those that may fit in memory."""
+    iteration-time lower bound ``T_LB`` (s) — only those that may fit in memory.
+
+    ``T_LB = S + t_emb + t_head + (m-1)·B + 2(p-1)·c_min``, valid for every order and partition:
+
+    * every stage holds at least one layer and at most ``nmax`` (its most lenient memory position), so the sum of
+      stage times is at least ``S`` = one layer on each stage plus the other ``L - p`` layers poured into the
+      stages of least per-layer time ``λ`` first, up to their capacity (a fractional-knapsack minimum, which
+      bounds the integer one from below);
+    * the slowest stage takes at least ``B = max(max_i λ_i, L / Σ_i 1/λ_i)`` (it holds ≥ 1 layer; and if every
+      stage took less than the fluid balance the layers would not add up to ``L``);
+    * ``t_emb`` / ``t_head`` / ``c_min``: the least embedding, head and p2p times of any stage type.
+    """
     L = group.m.num_layers
     opts = _pool_options(group, pins, L)
     K = len(opts)
-    cols = {name: [] for name in ("p", "gpus", "rate", "inv", "lmin", "nmax")}
+    names = ("p", "gpus", "rate", "inv", "lam", "cap", "lmax")
+    cols = {name: [] for name in names}
     for k, ol in enumerate(opts):
-        vals = {name: [] for name in cols}
+        vals = {name: [] for name in names}
         for t, s in ol:
             if s == 0:
-                vals["p"].append(0); vals["gpus"].append(0); vals["rate"].append(0.0)
-                vals["inv"].append(0.0); vals["lmin"].append(INF); vals["nmax"].append(0)
+                for name, v in zip(names, (0, 0, 0.0, 0.0, 1e30, 0, 0.0)):
+                    vals[name].append(v)
                 continue
             st = group.by_key[(k, t)]
             tb = group.tables[(k, t)]
             g = t * group.d
-            vals["p"].append(s); vals["gpus"].append(s * g); vals["rate"].append(s * g * st.price_usd_per_hour)
-            vals["inv"].append(s / tb.layer_s); vals["lmin"].append(tb.layer_s); vals["nmax"].append(s * int(tb.nmax[MID, 0]))
-        for name in cols:
+            lam = tb.layer_s
+            for name, v in zip(names, (s, s * g, s * g * st.price_usd_per_hour, s / lam, lam,
+                                       s * max(int(tb.nmax[MID, 0]) - 1, -L), lam)):
+                vals[name].append(v)
+        for name in names:
             cols[name].append(np.array(vals[name]))
     sizes = [len(o) for o in opts]
     idx = np.indices(sizes).reshape(K, -1).T
-    tot = {name: np.zeros(len(idx)) for name in cols}
-    tot["lmin"][:] = INF
-    for k in range(K):
-        for name in cols:
-            v = cols[name][k][idx[:, k]]
-            if name == "lmin":
-                tot[name] = np.minimum(tot[name], v)
-            else:
-                tot[name] = tot[name] + v
-    p = tot["p"]
-    ok = (p >= 1) & (p <= L) & (tot["nmax"] >= L)
+    per = {name: np.stack([cols[name][k][idx[:, k]] for k in range(K)], axis=1) for name in names}
+    p = per["p"].sum(axis=1)
+    ok = (p >= 1) & (p <= L) & (per["cap"].min(axis=1) >= 0) & (per["cap"].sum(axis=1) >= L - p)
     if pins.pp is not None:
         ok &= p == pins.pp
+    gpus = per["gpus"].sum(axis=1)
     if pins.num_gpus is not None:
-        ok &= tot["gpus"] == pins.num_gpus
-    idx, p = idx[ok], p[ok].astype(np.int64)
+        ok &= gpus == pins.num_gpus
+    idx, p, gpus = idx[ok], p[ok].astype(np.int64), gpus[ok].astype(np.int64)
+    lam, cap, cnt = per["lam"][ok], per["cap"][ok].astype(float), per["p"][ok].astype(float)
+    srt = np.argsort(lam, axis=1)
+    lam_s = np.take_along_axis(lam, srt, 1)
+    cap_s = np.take_along_axis(cap, srt, 1)
+    before = np.cumsum(cap_s, axis=1) - cap_s
+    take = np.clip((L - p)[:, None] - before, 0, cap_s)
+    s_lb = (np.where(cnt > 0, cnt * lam, 0.0)).sum(axis=1) + (take * np.where(take > 0, lam_s, 0.0)).sum(axis=1)
+    b_lb = np.maximum(per["lmax"][ok].max(axis=1), L / per["inv"][ok].sum(axis=1))
     emb = min(tb.emb_s for tb in group.tables.values())
     head = min(tb.head_s for tb in group.tables.values())
-    t_lb = (L * tot["lmin"][ok] + emb + head + (group.mb - 1) * L / tot["inv"][ok]
-            + 2 * (p - 1) * group.c_min())
-    return opts, idx, p, tot["gpus"][ok].astype(np.int64), tot["rate"][ok], t_lb
+    t_lb = s_lb + emb + head + (group.mb - 1) * b_lb + 2 * (p - 1) * group.c_min()
+    return opts, idx, p, gpus, per["rate"][ok].sum(axis=1), t_lb
 
 
 def _frontier_dominates(frontier: list[HeteroCandidate], t: float, cost_per_s: float) -> float:
@@ -417,6 +451,7 @@ def search_hetero(
         order = np.argsort(t_lb, kind="stable")
     if prune:
         order = order[ok[order]]
+    cmins = [g.c_min() for g in groups]
     best: HeteroCandidate | None = None
     frontier: list[HeteroCandidate] = []
     found: list[HeteroCandidate] = []
@@ -452,7 +487,7 @@ def search_hetero(
             seq = [g.by_key[(k, t)] for k, (t, s) in perm for _ in range(s)]
             orders += 1
             bound = ub if alloc_best is None else min(ub, alloc_best[0])
-            res = g.solve_order(seq, bound)
+            res = g.solve_order(seq, bound, float(t_lb[j]) - 2 * (len(seq) - 1) * cmins[int(gid[j])] if prune else 0.0)
             if res is not None:
                 alloc_best = (res[0], seq, res[1], res[2])
         if alloc_best is None:
