@@ -16,11 +16,16 @@ def _stage(model: str, seed: int, num_layers):
 
 
 def greedy(model: str, seed: int, prompt, n: int, num_layers=None) -> list[int]:
+    return list(_greedy(str(model), seed, tuple(prompt), n, num_layers))
+
+
+@lru_cache(maxsize=4096)
+def _greedy(model: str, seed: int, prompt: tuple, n: int, num_layers) -> tuple:
     import torch
 
-    st = _stage(str(model), seed, num_layers)
+    st = _stage(model, seed, num_layers)
     seq = list(prompt)
     with torch.inference_mode():
         for _ in range(n):
             seq.append(int(st(torch.tensor([seq]))[0, -1].argmax()))
-    return seq[len(prompt):]
+    return tuple(seq[len(prompt):])

@@ -23,6 +23,7 @@ import socket
 import statistics
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Sequence
@@ -120,6 +121,10 @@ class Engine:
         self._error: str | None = None
         self.shard_bytes: dict[str, list[int]] = {}
         self.scheduler: Scheduler | None = None
+        #: (model, batch size, wall s) of every batch and (loaded model, victims, wall s) of every swap, as seen
+        #: by the controller (bounded to the last 100,000 entries); used to calibrate the simulator.
+        self.exec_log: deque = deque(maxlen=100_000)
+        self.swap_log: deque = deque(maxlen=100_000)
         self._t0 = time.monotonic()
 
     @classmethod
@@ -353,6 +358,7 @@ class Engine:
             act, t_start = self._swap_started.pop(sid)
             del self._swap_acks[sid]
             wall = time.monotonic() - t_start
+            self.swap_log.append((act.load, tuple(act.evict), wall))
             bytes_in = sum(a.get("in_bytes", 0) for a in acks)
             bytes_out = sum(a.get("out_bytes", 0) for a in acks)
             m = self.metrics
@@ -377,6 +383,7 @@ class Engine:
                 return
             act, t_start = self._batches.pop(bid)
             now = self.now_s()
+            self.exec_log.append((act.model, len(act.requests), now - t_start))
             for req, toks in zip(act.requests, tokens):
                 fut, _, t_sub = self._pending.pop(req.id)
                 lat = now - t_sub

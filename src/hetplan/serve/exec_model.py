@@ -11,6 +11,8 @@ Two models, both torch-free:
   pass (b·s tokens) plus n-1 decode passes of one token per sequence (KV cache assumed).
 * :class:`TableExecModel` — measured times per batch size (e.g. from :meth:`hetplan.serve.engine.Engine.profile`),
   linearly interpolated, used to check the simulator against the real engine.
+* :class:`EmpiricalExecModel` — draws each batch time from the times observed for that batch size (seeded), so the
+  simulation keeps the variance of real service times (queueing delay grows with it: Pollaczek–Khinchine).
 """
 
 from __future__ import annotations
@@ -92,3 +94,18 @@ class TableExecModel(ExecModel):
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
             return ys[-1] + slope * (batch_size - xs[-1])
         return float(np.interp(batch_size, xs, ys))
+
+
+class EmpiricalExecModel(ExecModel):
+    """Batch times (s) sampled from observed ones per batch size, seeded; unseen sizes use ``fallback``."""
+
+    def __init__(self, samples: Mapping[int, list[float]], fallback: ExecModel, seed: int = 0):
+        self.samples = {b: list(v) for b, v in samples.items() if v}
+        self.fallback = fallback
+        self.rng = np.random.default_rng(seed)
+
+    def batch_time_s(self, batch_size: int, prompt_len: int, max_new_tokens: int) -> float:
+        v = self.samples.get(batch_size)
+        if not v:
+            return self.fallback.batch_time_s(batch_size, prompt_len, max_new_tokens)
+        return float(v[int(self.rng.integers(len(v)))])

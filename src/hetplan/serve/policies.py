@@ -35,6 +35,7 @@ class ModelState:
         executing: a batch of this model is running.
         last_used_s: last time it was loaded or started a batch (s).
         arrivals: recent arrival times (s), for the rate estimate.
+        fresh: loaded and not yet run; the scheduler does not evict it (that would waste the swap).
     """
 
     name: str
@@ -45,6 +46,7 @@ class ModelState:
     executing: bool = False
     last_used_s: float = float("-inf")
     arrivals: deque = field(default_factory=deque)
+    fresh: bool = False
 
     def head_arrival_s(self) -> float:
         """Arrival time of the oldest queued request (inf when the queue is empty)."""

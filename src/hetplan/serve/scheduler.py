@@ -4,7 +4,9 @@ Cluster model (Computron, Zou et al. 2023, Sec. 3): every model is partitioned T
 each worker has ``capacity_bytes`` for weights, so *residency is limited by bytes*, not by a count of models.
 At most one batch executes at a time (the workers run one model's batch after another) and at most one swap is
 in flight; a swap evicts victims and loads one model, the two directions overlapped; execution of a resident
-model overlaps a swap of others (separate copy streams).
+model overlaps a swap of others (separate copy streams). Victims are resident models that are neither running
+nor *fresh* (loaded for queued requests that have not run yet): evicting those would waste the swap and can
+thrash when one model runs while two others compete for the remaining memory.
 
 The owner (simulator or engine) calls :meth:`Scheduler.submit` on arrivals, :meth:`swap_done` and
 :meth:`exec_done` on completions, and after each of these :meth:`step`, which returns the actions to start now:
@@ -120,6 +122,7 @@ class Scheduler:
         m = self.models[self.swapping.load]
         m.state = "resident"
         m.last_used_s = now_s
+        m.fresh = bool(m.queue)
         self.swapping = None
 
     def exec_done(self, now_s: float) -> None:
@@ -136,7 +139,7 @@ class Scheduler:
             if ready:
                 m = self.policy.pick_execute(ready, now_s)
                 batch = [m.queue.popleft() for _ in range(min(self.max_batch_size, len(m.queue)))]
-                m.executing, m.last_used_s = True, now_s
+                m.executing, m.last_used_s, m.fresh = True, now_s, False
                 self.executing = Execute(m.name, batch)
                 actions.append(self.executing)
         if self.swapping is None:
@@ -146,7 +149,8 @@ class Scheduler:
                 need = self.used_bytes() + m.bytes - self.capacity_bytes
                 victims: list[ModelState] | None = []
                 if need > 0:
-                    evictable = [v for v in self.models.values() if v.state == "resident" and not v.executing]
+                    evictable = [v for v in self.models.values()
+                                 if v.state == "resident" and not v.executing and not v.fresh]
                     victims = self.policy.pick_victims(evictable, need, now_s)
                 if victims is not None:
                     for v in victims:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from hetplan.serve.config import ModelEntry
 from hetplan.serve.engine import Engine, QueueFull
-from hetplan.serve.exec_model import TableExecModel
+from hetplan.serve.exec_model import EmpiricalExecModel, TableExecModel
 from hetplan.serve.metrics import Record, percentiles, summarize
 from hetplan.serve.policies import make_policy
 from hetplan.serve.simulator import SimModel, SimResult, simulate
@@ -52,8 +52,12 @@ def simulate_profiled(profile: dict, requests: Sequence[Request], *, capacity_by
                       duration_s: float | None = None) -> SimResult:
     """Simulate ``requests`` with the costs measured by :meth:`Engine.profile` (swap with eviction: the measured
     ``swap_pair_s`` of the loaded model; without: its ``swap_in_s``)."""
-    models = [SimModel(n, p["worker_bytes"], TableExecModel(p["exec_s"]), p["swap_in_s"], p["swap_out_s"])
-              for n, p in profile.items()]
+    models = []
+    for i, (n, p) in enumerate(profile.items()):
+        em = TableExecModel(p["exec_s"])
+        if p.get("exec_samples_s"):
+            em = EmpiricalExecModel(p["exec_samples_s"], em, seed=i)
+        models.append(SimModel(n, p["worker_bytes"], em, p["swap_in_s"], p["swap_out_s"]))
 
     def cost(load: SimModel, evict) -> float:
         p = profile[load.name]
@@ -86,9 +90,15 @@ def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 
         for m in entries:
             eng.generate(m.name, [1] * prompt_len, max_new_tokens)
         _reset(eng)
+        eng.exec_log.clear()
+        eng.swap_log.clear()
         recs = replay(eng, reqs)
         eng_swaps = eng.scheduler.swaps
-    sim = simulate_profiled(prof, [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs],
+        observed = calibrate_from_logs(prof, eng.exec_log, eng.swap_log)
+    sim_profiled = simulate_profiled(prof, [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs],
+                                     capacity_bytes=capacity_bytes, policy=policy, max_batch_size=max_batch_size,
+                                     max_queue_len=max_queue_len, duration_s=duration_s)
+    sim = simulate_profiled(observed, [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs],
                             capacity_bytes=capacity_bytes, policy=policy, max_batch_size=max_batch_size,
                             max_queue_len=max_queue_len, duration_s=duration_s)
     names = [m.name for m in entries]
@@ -99,9 +109,37 @@ def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 
         return out
 
     slo = {n: 1.0 for n in names}
-    return {"engine": pct(recs), "sim": pct(sim.records), "profile": prof, "requests": len(reqs),
+    return {"engine": pct(recs), "sim": pct(sim.records), "sim_profiled": pct(sim_profiled.records),
+            "profile": prof, "observed_costs": observed, "requests": len(reqs),
             "engine_swaps": eng_swaps, "sim_swaps": sim.swaps,
             "engine_report": summarize(recs, slo, duration_s), "sim_report": sim.report(slo)}
+
+
+def calibrate_from_logs(profile: dict, exec_log, swap_log) -> dict:
+    """Costs observed during a run: per model, the batch times per batch size (sampled by the simulator) and the
+    median swap time with and without eviction (falling back to ``profile`` for what the run did not show). A shared, noisy CPU
+    machine makes a separate profiling pass unrepresentative of the run; this calibrates the simulator's cost
+    models on the run while its queueing, batching and swapping decisions stay its own."""
+    import statistics
+
+    out = {}
+    for name, p in profile.items():
+        q = dict(p)
+        by_b: dict[int, list[float]] = {}
+        for m, b, t in exec_log:
+            if m == name:
+                by_b.setdefault(b, []).append(t)
+        if by_b:
+            q["exec_s"] = {**p["exec_s"], **{b: statistics.median(v) for b, v in by_b.items()}}
+            q["exec_samples_s"] = by_b
+        solo = [t for m, ev, t in swap_log if m == name and not ev]
+        pair = [t for m, ev, t in swap_log if m == name and ev]
+        if solo:
+            q["swap_in_s"] = statistics.median(solo)
+        if pair:
+            q["swap_pair_s"] = statistics.median(pair)
+        out[name] = q
+    return out
 
 
 def _reset(eng: Engine) -> None:
