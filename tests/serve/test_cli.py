@@ -1,0 +1,108 @@
+"""CLI: hetplan simulate / capacity (JSON output), and user errors -> exit code 2 naming the field."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetplan.cli.main import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "serve"
+
+
+def _run(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["hetplan", *map(str, args)])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_simulate_json(monkeypatch, capsys):
+    code, out, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", "--json")
+    assert code == 0
+    rep = json.loads(out)
+    assert set(rep["models"]) == {"opt13-a", "opt13-b", "opt1-a", "opt1-b", "opt1-c", "opt1-d"}
+    a = rep["all"]
+    assert a["requests"] == sum(m["requests"] for m in rep["models"].values()) > 500
+    assert a["p50_latency_s"] <= a["p90_latency_s"] <= a["p99_latency_s"]
+    assert 0 <= a["slo_attainment"] <= 1 and rep["swaps"] > 0
+    # reproducible: same seed, same report
+    code, out2, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", "--json")
+    assert json.loads(out2) == rep
+
+
+def test_simulate_trace_and_table(monkeypatch, capsys):
+    code, out, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload-trace.toml", "--json")
+    assert code == 0 and json.loads(out)["all"]["requests"] == 8
+    code, out, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", "--policy", "load_aware")
+    assert code == 0 and "attainment" in out
+
+
+def test_capacity_json(monkeypatch, capsys):
+    code, out, _ = _run(monkeypatch, capsys, "capacity", EXAMPLES / "capacity.toml", "--json")
+    assert code == 0
+    res = json.loads(out)
+    best = res["best"]
+    assert best["feasible"] and best["min_slo_attainment"] >= res["target_attainment"]
+    assert best["tp"] * best["pp"] == best["num_gpus"]
+    # nothing with fewer GPUs was feasible (fewest GPUs), and among equal counts it is the cheapest
+    assert not any(c["feasible"] and c["num_gpus"] < best["num_gpus"] for c in res["candidates"])
+    same = [c for c in res["candidates"] if c["feasible"] and c["num_gpus"] == best["num_gpus"]]
+    assert best["price_usd_per_hour"] == min(c["price_usd_per_hour"] for c in same)
+    # one OPT-13B fp16 (25.7 GB) cannot sit in half of a 24 GB L4: memory is given as the reason
+    l4 = [c for c in res["candidates"] if c["gpu"].upper().startswith("L4") and c["num_gpus"] == 1]
+    assert l4 and "shard" in l4[0]["reason"]
+
+
+BASE = """
+[cluster]
+gpu = "A100-SXM-80GB"
+memory_bytes = 30_000_000_000
+[workload]
+duration_s = 10
+total_rate_per_s = 1
+[[models]]
+name = "a"
+model = "opt-1.3b"
+"""
+
+
+@pytest.mark.parametrize("text,needle", [
+    (BASE + "[[models\n", "line"),                                              # TOML syntax, with its line
+    (BASE.replace("opt-1.3b", "opt-13c"), "models.a.model"),                     # unknown model
+    (BASE.replace("total_rate_per_s = 1", "total_rate_per_s = -1"), "workload.total_rate_per_s"),
+    (BASE.replace('"A100-SXM-80GB"', '"A100-XYZ"'), "cluster.gpu"),             # unknown GPU
+    (BASE.replace("duration_s = 10", "duraton_s = 10"), "workload.duraton_s"),  # typo'd key
+    (BASE + "[scheduler]\npolicy = \"fifo\"\n", "scheduler.policy"),
+    (BASE.replace("memory_bytes = 30_000_000_000", "memory_bytes = 1_000"), "models.a"),  # does not fit
+])
+def test_user_errors_exit_2(monkeypatch, capsys, tmp_path, text, needle):
+    p = tmp_path / "w.toml"
+    p.write_text(text)
+    code, _, err = _run(monkeypatch, capsys, "simulate", p)
+    assert code == 2 and needle in err and "fix" in err and "Traceback" not in err
+
+
+def test_missing_file_and_bad_serve_config(monkeypatch, capsys, tmp_path):
+    code, _, err = _run(monkeypatch, capsys, "simulate", tmp_path / "nope.toml")
+    assert code == 2 and "does not exist" in err
+    p = tmp_path / "s.toml"
+    p.write_text('[cluster]\ntp = 0\n[[models]]\nname = "a"\nmodel = "opt-125m"\n')
+    code, _, err = _run(monkeypatch, capsys, "serve", p)
+    assert code == 2 and "cluster.tp" in err
+
+
+def test_example_serve_config_is_valid():
+    from hetplan.serve.config import load_serve_config
+    from hetplan.serve.swap_model import shard_bytes
+
+    cfg = load_serve_config(EXAMPLES / "serve.toml")
+    specs = [m.spec() for m in cfg.models]
+    per = [max(shard_bytes(s, cfg.cluster.tp, cfg.cluster.pp, cfg.cluster.dtype)) for s in specs]
+    cap = cfg.cluster.capacity_bytes()
+    assert 2 * max(per) <= cap < 3 * min(per)  # exactly two of the four models fit, as the comment says
