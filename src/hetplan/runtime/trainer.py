@@ -196,16 +196,18 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
 
     # DP replicas must hold the same weights after the updates (each saw different tokens): checks gradient sync.
     with torch.no_grad():
-        checksum = float(sum(torchparts._local(p).double().sum() for p in params))
+        checksum = float(sum(_full(p).double().sum() for p in params))
     sums: list = [None] * lay.dp
     dist.all_gather_object(sums, checksum, group=mesh["dp"].get_group())
     in_sync = max(sums) - min(sums) <= 1e-6 * max(1.0, abs(checksum))
 
-    # Isolated stage timing, one rank at a time.
+    # Isolated stage timing, one TP group at a time.
     fwd = bwd = 0.0
-    for turn in range(dist.get_world_size()):
+    # Ranks that share collectives inside a forward run together: the TP group, and with FSDP the whole stage.
+    group_size = lay.tp * (lay.dp if dp_mode == "fsdp" else 1)
+    for turn in range(dist.get_world_size() // group_size):
         dist.barrier()
-        if turn != rank:
+        if turn != rank // group_size:
             continue
         for k, mod in zip(my_chunks, raw):
             x = torchparts.sample_input(spec, k == 0, mbs, s, dtype, device, seed=k)
@@ -241,6 +243,15 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP-sharded DTensor parameter (collective over its DP mesh); TP shards stay local."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if isinstance(p, DTensor) and p.device_mesh.mesh_dim_names == ("dp",):
+        return p.full_tensor()
+    return torchparts._local(p)
 
 
 def _allreduce_grads(params, group, dp: int) -> None:
