@@ -60,6 +60,7 @@ import numpy as np
 
 from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
+from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
@@ -234,18 +235,27 @@ class _Group:
         self._p2p: dict = {}
 
     def p2p(self, s1: StageType, s2: StageType, intra: bool) -> float:
+        """One-way transfer time of one micro-batch across a boundary (s), as the estimator prices it: a p2p
+        send when both stages lay the micro-batch out alike, else a resharding transfer."""
         key = (s1.pool, s1.tp, s2.pool, s2.tp, intra)
         if key not in self._p2p:
-            msg = p2p_bytes(self.m, self.b, self.job.seq_len, max(s1.tp, s2.tp), True)
             bw = boundary_bandwidth_bytes_per_s(s1.link, s2.link, s1.tp * self.d, intra)
-            self._p2p[key] = float(p2p_time_s(msg, bw))
+            if s1.tp == s2.tp:
+                msg = p2p_bytes(self.m, self.b, self.job.seq_len, s1.tp, True)
+                self._p2p[key] = float(p2p_time_s(msg, bw))
+            else:
+                nl = s2.link
+                self._p2p[key] = float(boundary_transfer_time_s(
+                    self.m, self.job.seq_len, (s1.tp, self.d, self.b), (s2.tp, self.d, self.b), float(bw),
+                    gpus_per_node=nl.gpus_per_node, intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
+                    inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s))
         return self._p2p[key]
 
     def c_min(self) -> float:
-        """Least p2p time of any boundary between any two stage types (s)."""
-        msg = p2p_bytes(self.m, self.b, self.job.seq_len, max(st.tp for st in self.types), True)
-        bw = max(max(st.link.intra_node_bandwidth_bytes_per_s, st.link.inter_node_bandwidth_bytes_per_s) for st in self.types)
-        return float(p2p_time_s(msg, bw))
+        """Least one-way boundary time over every pair of stage types, intra- or inter-node (s)."""
+        if not hasattr(self, "_cmin"):
+            self._cmin = min(self.p2p(a, b, intra) for a in self.types for b in self.types for intra in (False, True))
+        return self._cmin
 
     def intra_node(self, seq: list[StageType]) -> list[bool]:
         """:func:`hetplan.plan.boundary_is_intra_node` of a stage order (stages of ``tp·d`` GPUs each)."""
