@@ -37,3 +37,15 @@ def test_plan_rejects_indivisible_global_batch():
     job = Job(model="gpt2-xl", seq_len=1024, global_batch=10)
     with pytest.raises(ValueError, match="not divisible by dp"):
         Plan(job=job, pools=[GPUPool(gpu="A10G", count=8)], stages=[Stage(num_layers=48, dp=4)], mbs=1)
+
+
+def test_vectorised_boundary_count_matches_placement_rule():
+    import numpy as np
+
+    from hetplan.search.homogeneous import _intra_boundaries
+
+    for g in (1, 2, 4, 8):
+        sizes, pps = np.array([s for s in range(1, 20) for p in range(1, 12)]), np.array([p for s in range(1, 20) for p in range(1, 12)])
+        got = _intra_boundaries(sizes, pps, g)
+        want = [sum(boundary_is_intra_node([int(s)] * int(p), [0] * int(p), [g])) for s, p in zip(sizes, pps)]
+        assert got.tolist() == want

@@ -19,12 +19,17 @@ import numpy as np
 from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
 from hetplan.estimate.pipeline import pipeline_time_s
+from hetplan.estimate.memory import stage_memory_bytes
 from hetplan.estimate.stage import boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import GPUPool, Job, boundary_is_intra_node
+from hetplan.plan import GPUPool, Job
 from hetplan.search.space import Pins, enumerate_space
+
+#: Configurations needing more than this multiple of the GPU memory are not timed (they cannot run, and are too
+#: far from fitting to be worth mentioning as "stopped by memory").
+NEAR_MISS_MEMORY_FACTOR = 2.0
 
 #: Names of the time components reported per configuration (seconds per iteration).
 COMPONENTS = ("compute_s", "tp_comm_s", "bubble_s", "p2p_s", "dp_exposed_s", "optimizer_s")
@@ -43,6 +48,7 @@ class PoolResult:
     pool_index: int
     gpu: GPUSpec
     config: dict[str, np.ndarray]
+    configurations_evaluated: int
     num_gpus: np.ndarray
     iteration_time_s: np.ndarray
     lower_bound_time_s: np.ndarray
@@ -78,17 +84,17 @@ def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray):
 
 
 def _intra_boundaries(stage_gpus: np.ndarray, pp: np.ndarray, gpus_per_node: int) -> np.ndarray:
-    """Number of intra-node stage boundaries per configuration (via :func:`boundary_is_intra_node`)."""
+    """Number of intra-node stage boundaries per configuration of equal stages of ``stage_gpus`` GPUs.
+
+    The rule of :func:`hetplan.plan.boundary_is_intra_node` (stages on consecutive GPUs; boundary i is intra-node
+    when stages i and i+1 lie in one node), counted on arrays: boundary i spans GPUs ``[i S, (i+2) S - 1]``.
+    """
     if len(pp) == 0:
         return np.zeros(0, dtype=np.int64)
-    keys = stage_gpus * (int(pp.max()) + 1) + pp
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    width = int(pp.max()) + 1
-    vals = np.array(
-        [sum(boundary_is_intra_node([int(k // width)] * int(k % width), [0] * int(k % width), [gpus_per_node])) for k in uniq],
-        dtype=np.int64,
-    )
-    return vals[inverse]
+    i = np.arange(int(pp.max()) - 1)[None, :]
+    size = stage_gpus[:, None]
+    same = (i * size) // gpus_per_node == ((i + 2) * size - 1) // gpus_per_node
+    return np.sum(same & (i < pp[:, None] - 1), axis=1)
 
 
 def pipeline_lower_bound_s(per_stage_s, count, p2p_s, num_microbatches):
@@ -116,9 +122,33 @@ def pipeline_lower_bound_s(per_stage_s, count, p2p_s, num_microbatches):
     return np.max(np.where(count > 0, bound, 0.0), axis=1)
 
 
+def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np.ndarray:
+    """Peak memory per GPU over the stages of each configuration (bytes), as the estimator computes it."""
+    tp, pp, dp, mbs = cfg["tp"], cfg["pp"], cfg["dp"], cfg["mbs"]
+    layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, job.global_batch // (dp * mbs))
+    col = lambda a: a[:, None]  # noqa: E731
+    mem = stage_memory_bytes(
+        m, num_layers=layers, has_embedding=has_emb, has_head=has_head, single_stage=col(pp == 1), b=col(mbs),
+        s=job.seq_len, t=col(tp), dp=col(dp), zero=col(cfg["zero"]), recompute=col(cfg["recompute"]),
+        sequence_parallel=col(tp > 1), in_flight=in_flight,
+    )
+    return np.max(np.where(count > 0, mem["total"], -1.0), axis=1)
+
+
 def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pins, pool_index: int = 0) -> PoolResult:
-    """Evaluate every configuration of ``pool`` for ``job`` (see module doc)."""
+    """Evaluate every configuration of ``pool`` for ``job`` (see module doc).
+
+    Memory is computed for every configuration first; times only for those needing at most
+    :data:`NEAR_MISS_MEMORY_FACTOR` x the GPU's memory (the others can never run; the smallest footprint is
+    kept so that an infeasible request can say how far off it is). ``configurations_evaluated`` counts all.
+    """
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins)
+    n_all = len(cfg["tp"])
+    if n_all:
+        peak = _peak_memory_bytes(m, job, cfg)
+        keep = peak <= NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes
+        keep[int(np.argmin(peak))] = True
+        cfg = {k: v[keep] for k, v in cfg.items()}
     tp, pp, dp, mbs, zero, rc = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "recompute"))
     mb = job.global_batch // (dp * mbs)
     layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb)
@@ -166,6 +196,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         pool_index=pool_index,
         gpu=gpu,
         config=cfg,
+        configurations_evaluated=n_all,
         num_gpus=num_gpus,
         iteration_time_s=iteration,
         lower_bound_time_s=lower,

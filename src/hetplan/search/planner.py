@@ -116,7 +116,7 @@ def search_plans(
         raise HetplanError(
             f"no GPU in the inventory supports {job.dtype}", field="job.dtype", fix="use dtype = \"fp16\""
         )
-    n_total = sum(len(r) for r in results)
+    n_total = sum(r.configurations_evaluated for r in results)
     if n_total == 0:
         raise HetplanError(
             "no configuration matches the pinned dimensions and the inventory",
