@@ -221,14 +221,28 @@ class FineCostModel:
             self._tables[ctx] = t
         return t
 
+    #: Models with at most this many layers get one recomputation table per (context, in flight) over all
+    #: (layers, recomputed layers) pairs; larger ones one per layer count.
+    DENSE_LAYERS = 64
+
     def recompute_options(self, ctx, in_flight: int, n: int):
         """Stage costs of ``n`` layers with r = 0..n of them recomputed, selective (row 0) or full (row 1): six
         arrays of shape (2, n+1)."""
+        code = np.array([[RECOMPUTE_CODES["selective"]], [RECOMPUTE_CODES["full"]]])
+        if self.L <= self.DENSE_LAYERS:
+            key = (ctx, in_flight)
+            t = self._tables.get(key)
+            if t is None:
+                L = self.L
+                nn = np.arange(L + 1)[None, :, None]
+                r = np.minimum(np.arange(L + 1)[None, None, :], nn)
+                t = self._unpack(self._call(ctx, nn, in_flight, code[:, :, None], r), (2, L + 1, L + 1))
+                self._tables[key] = t
+            return [a[:, n, : n + 1] for a in t]
         key = (ctx, in_flight, n)
         t = self._tables.get(key)
         if t is None:
             r = np.arange(n + 1)[None, :]
-            code = np.array([[RECOMPUTE_CODES["selective"]], [RECOMPUTE_CODES["full"]]])
             t = self._unpack(self._call(ctx, n, in_flight, code, r), (2, n + 1))
             self._tables[key] = t
         return t
