@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Per-step latency inside a node (s): NCCL ring step over NVLink/PCIe (NCCL-tests small-message all-reduce on
-#: 8 A100 ≈ 15-25 µs over 14 steps).
-ALPHA_INTRA_NODE_S = 2e-6
+#: Per-step latency inside a node (s), fitted on vTrain calibration rows (hetplan.estimate.calibrate): 8.8 µs,
+#: i.e. ~120 µs for an 8-GPU all-reduce of a small message — above NCCL-tests' bare ~20-30 µs because it also
+#: absorbs the launch and the wait for the slowest TP rank in a host-bound training step.
+ALPHA_INTRA_NODE_S = 8.8e-6
 #: Per-step latency between nodes (s): InfiniBand/RoCE NCCL step (~5-10 µs, NCCL-tests multi-node).
 ALPHA_INTER_NODE_S = 8e-6
 #: Fraction of the nominal NVLink/PCIe bandwidth NCCL reaches for large messages (busbw / link rate).

@@ -95,6 +95,15 @@ def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
     return linear, core
 
 
+#: Exponent of the smooth maximum between GPU work and host launch time (p-norm; large = hard max).
+FLOOR_NORM = 4.0
+
+
+def _softmax_floor(gpu_s, host_s):
+    k = FLOOR_NORM
+    return (gpu_s**k + host_s**k) ** (1.0 / k)
+
+
 def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, sequence_parallel=False,
@@ -119,10 +128,10 @@ def layer_time_s(
     elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
     kernel = gpu.kernel_overhead_s
     # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers).
-    fwd_compute = np.maximum(linear + core_gemm + elem, KERNELS_PER_LAYER_FORWARD * kernel)
+    fwd_compute = _softmax_floor(linear + core_gemm + elem, KERNELS_PER_LAYER_FORWARD * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
-    core_f = np.maximum(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
-                        KERNELS_ATTENTION_CORE * kernel)
+    core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
+                            KERNELS_ATTENTION_CORE * kernel)
     rc = np.asarray(recompute_code)
     recompute_extra = np.where(rc == 2, fwd_compute, np.where(rc == 1, core_f, 0.0))
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION

@@ -29,10 +29,6 @@ class Link:
 #: Gradient bucket of the overlapped data-parallel reduction (elements): Megatron-LM's DDP default
 #: ``bucket_size = max(40e6, 1e6 * dp)`` parameters; the last bucket's reduction cannot hide behind backward.
 BUCKET_PARAMETERS = 40e6
-#: Fixed per-iteration time outside the pipeline (s): data loading, the grad-norm/overflow all-reduces across
-#: the model-parallel group, zeroing gradient buffers, logging; the Megatron-LM training loop. Calibrated
-#: (hetplan.estimate.calibrate) on vTrain single-node rows; reported inside ``optimizer_s``.
-ITERATION_OVERHEAD_S = 0.0
 
 
 def grad_comm_bytes_per_parameter(dtype: str) -> int:
@@ -75,7 +71,7 @@ def stage_costs(
       micro-batch's compute is exposed, plus the first layer's gather, which nothing hides. With tied
       embeddings and more than one stage, the first and last stages also all-reduce the embedding gradient
       between them (Megatron-LM ``_allreduce_embedding_grads``), exposed;
-    * ``optimizer_s``: the Adam step plus :data:`ITERATION_OVERHEAD_S`;
+    * ``optimizer_s``: the Adam step;
     * ``memory``: the dict of :func:`hetplan.estimate.memory.stage_memory_bytes`;
     * ``params_per_gpu``: parameters held per GPU before ZeRO sharding.
 
@@ -161,7 +157,7 @@ def stage_costs(
         "backward_s": bwd,
         "dp_s": dp_total + emb_sync,
         "dp_exposed_s": grad_exposed + gather_exposed + emb_sync,
-        "optimizer_s": compute.optimizer_step_time_s(owned, gpu) + ITERATION_OVERHEAD_S,
+        "optimizer_s": compute.optimizer_step_time_s(owned, gpu),
         "memory": mem,
         "params_per_gpu": params,
     }

@@ -54,7 +54,7 @@ class GPUSpec(BaseModel):
             :mod:`hetplan.estimate.compute`.
         gemm_half_dim: GEMM dimension (elements) at which one dimension alone halves the GEMM efficiency:
             efficiency = compute_efficiency * prod over (M, N, K) of x / (x + gemm_half_dim) (docs/estimator.md).
-            Default: the A100 fit on vTrain single-node data.
+            Default: the A100 fit on vTrain data (hetplan.estimate.calibrate).
         kernel_overhead_s: fixed time per GPU kernel (launch + ramp/tail), seconds. Default: the A100 fit.
         sources: where each figure comes from.
     """
@@ -81,8 +81,8 @@ class GPUSpec(BaseModel):
     price_source: str
     compute_efficiency: float = Field(gt=0, le=1)
     calibration_source: str
-    gemm_half_dim: float = Field(default=155.0, ge=0)
-    kernel_overhead_s: float = Field(default=48e-6, ge=0)
+    gemm_half_dim: float = Field(default=134.0, ge=0)
+    kernel_overhead_s: float = Field(default=44.3e-6, ge=0)
     sources: tuple[str, ...] = ()
 
     def peak_flops_per_s(self, dtype: str) -> float:
