@@ -192,8 +192,9 @@ def aceso_db():
 
 def test_aceso_gpt3_1_3b_small_case(aceso_db):
     """GPT-3 1.3B, 4 x V100-32GB limited to 12,000 MB, global batch 512 (Aceso's artifact): Aceso predicted 58.76 s
-    and measured 59.01 s per iteration. Measured here: uniform 57.74 s, fine 57.41 s (selective recomputation
-    on 23 of 24 layers instead of 24), in a few hundred evaluations."""
+    and measured 59.01 s per iteration. Measured here (2026-11-21): uniform 57.5 s, fine 57.1-57.4 s depending on
+    the V100 calibration (DP 4, ZeRO-3, selective recomputation on 23 of 24 layers instead of 24), ~270
+    evaluations."""
     m = load_model(ACESO_13)
     job = Job(model=str(ACESO_13), seq_len=2048, global_batch=512, dtype="fp16")
     inv = Inventory(pools=[GPUPool(gpu=V100, count=4, gpus_per_node=4)])
