@@ -50,6 +50,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default=None, choices=tuple(torchparts.DTYPES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stage-repeats", type=int, default=5)
+    ap.add_argument("--stage-stat", default="median", choices=("median", "min"))
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank on CPU")
     return ap.parse_args(argv)
 
@@ -204,16 +205,26 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
     # Isolated stage timing, one TP group at a time.
     fwd = bwd = 0.0
     # Ranks that share collectives inside a forward run together: the TP group, and with FSDP the whole stage.
+    # Waiting ranks sleep on the rendezvous store (a gloo barrier would keep their cores busy).
     group_size = lay.tp * (lay.dp if dp_mode == "fsdp" else 1)
-    for turn in range(dist.get_world_size() // group_size):
-        dist.barrier()
-        if turn != rank // group_size:
-            continue
-        for k, mod in zip(my_chunks, raw):
-            x = torchparts.sample_input(spec, k == 0, mbs, s, dtype, device, seed=k)
-            f, b = torchparts.time_forward_backward(mod, x, last=k == nchunks - 1, target=target[:mbs],
-                                                    warmup=2, repeats=args.stage_repeats)
-            fwd, bwd = fwd + f, bwd + b
+    store = dist.distributed_c10d._get_default_store()
+    dist.barrier()
+    turn, nturns = rank // group_size, dist.get_world_size() // group_size
+    if turn > 0:
+        _sleep_until(store, f"hetplan-stage-timing-{turn}")
+    fwd = bwd = 0.0
+    for k, mod in zip(my_chunks, raw):
+        x = torchparts.sample_input(spec, k == 0, mbs, s, dtype, device, seed=k)
+        f, b = torchparts.time_forward_backward(mod, x, last=k == nchunks - 1, target=target[:mbs],
+                                                warmup=2, repeats=args.stage_repeats, stat=args.stage_stat)
+        fwd, bwd = fwd + f, bwd + b
+    # The group's first rank opens the next turn once every rank of the group is done.
+    store.set(f"hetplan-stage-timing-{turn}-rank-{rank}", "1")
+    if rank == turn * group_size:
+        for r in range(turn * group_size, (turn + 1) * group_size):
+            _sleep_until(store, f"hetplan-stage-timing-{turn}-rank-{r}")
+        store.set(f"hetplan-stage-timing-{turn + 1}", "1")
+    _sleep_until(store, f"hetplan-stage-timing-{nturns}")
     dist.barrier()
     mine = {
         "rank": rank, "pp_rank": pp_rank, "dp_rank": dp_rank, "tp_rank": tp_rank,
@@ -243,6 +254,12 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _sleep_until(store, key: str, poll_s: float = 0.005) -> None:
+    """Wait (sleeping, not spinning) until ``key`` exists in the rendezvous store."""
+    while not store.check([key]):
+        time.sleep(poll_s)
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:

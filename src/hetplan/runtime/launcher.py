@@ -1,0 +1,171 @@
+"""Start the ranks of a plan with torchrun (``python -m torch.distributed.run``) and collect their results.
+
+Local (one node, the default): ``torchrun --standalone --nproc-per-node N -m hetplan.runtime.trainer PLAN``.
+Multi-node: the usual torchrun rendezvous arguments, run the same command on every node::
+
+    hetplan run PLAN.json --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500   # on node 0
+    hetplan run PLAN.json --nnodes 2 --node-rank 1 --rdzv-endpoint host0:29500   # on node 1
+
+(``--rdzv-backend c10d``; ranks ``node_rank * nproc_per_node + local_rank``, so pipeline stages — blocks of
+``dp * tp`` consecutive ranks — stay inside nodes when ``dp * tp`` divides the GPUs per node.)
+
+This module does not import torch (torchrun runs in a child process); it checks the plan first so bad input fails
+fast with a :class:`~hetplan.errors.HetplanError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hetplan.errors import HetplanError
+from hetplan.runtime import planio
+
+#: Most local processes on a CPU-only host unless ``max_procs`` says otherwise.
+DEFAULT_MAX_CPU_PROCS = 16
+
+
+@dataclass
+class RunOptions:
+    """How to run a plan.
+
+    Attributes:
+        iterations, warmup: timed and untimed iterations.
+        schedule: override of the plan's pipeline schedule (``1f1b``, ``gpipe``, ``interleaved``).
+        virtual_stages: model chunks per rank for the interleaved schedule.
+        dp_mode: ``ddp`` or ``fsdp`` (default: fsdp when the plan has ZeRO-3, else ddp).
+        dtype: ``fp32``/``bf16``/``fp16`` (default: the plan's dtype on GPU, fp32 on CPU).
+        nnodes, node_rank, rdzv_endpoint, rdzv_backend: torchrun rendezvous (multi-node).
+        max_procs: most ranks per node (default: visible GPUs, or :data:`DEFAULT_MAX_CPU_PROCS` on CPU).
+        timeout_s: wall-clock limit of the whole run.
+        stage_repeats, stage_stat: repeats of the isolated stage timing and their statistic (median or min).
+        threads: torch intra-op threads per rank on CPU.
+    """
+
+    iterations: int = 3
+    warmup: int = 1
+    schedule: str | None = None
+    virtual_stages: int = 2
+    dp_mode: str | None = None
+    dtype: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str = "c10d"
+    max_procs: int | None = None
+    timeout_s: float = 600.0
+    stage_repeats: int = 5
+    stage_stat: str = "median"
+    threads: int = 1
+    extra_env: dict = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _visible_gpus() -> int:
+    """GPUs visible to this node, without importing torch (nvidia-smi; 0 if absent)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return 0
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return min(n, len(vis.split(","))) if vis else n
+
+
+def torchrun_command(plan_path: str | Path, world_size: int, opts: RunOptions, out: str | Path) -> list[str]:
+    """The torchrun command line that runs ``plan_path`` (see module doc).
+
+    Raises:
+        HetplanError: ``world_size`` is not divisible by ``nnodes``.
+    """
+    if world_size % opts.nnodes:
+        raise HetplanError(f"{world_size} ranks cannot be spread evenly over {opts.nnodes} nodes", field="--nnodes",
+                           fix="choose a node count that divides the plan's pp * dp * tp")
+    nproc = world_size // opts.nnodes
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    if opts.nnodes == 1 and not opts.rdzv_endpoint:
+        cmd += ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+    else:
+        if not opts.rdzv_endpoint:
+            raise HetplanError("multi-node runs need a rendezvous endpoint", field="--rdzv-endpoint",
+                               fix="pass --rdzv-endpoint HOST:PORT of node 0 on every node")
+        cmd += ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank), "--rdzv-backend", opts.rdzv_backend,
+                "--rdzv-endpoint", opts.rdzv_endpoint]
+    cmd += ["-m", "hetplan.runtime.trainer", str(plan_path), "--out", str(out), "--iterations", str(opts.iterations),
+            "--warmup", str(opts.warmup), "--virtual-stages", str(opts.virtual_stages),
+            "--stage-repeats", str(opts.stage_repeats), "--stage-stat", opts.stage_stat, "--threads", str(opts.threads)]
+    for flag, val in (("--schedule", opts.schedule), ("--dp-mode", opts.dp_mode), ("--dtype", opts.dtype)):
+        if val:
+            cmd += [flag, val]
+    return cmd
+
+
+def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
+    """Run a plan for real and return rank 0's results (see :func:`hetplan.runtime.trainer.run_rank`);
+    on nodes other than 0 of a multi-node run, returns ``{}``.
+
+    Raises:
+        HetplanError: bad plan (see :func:`hetplan.runtime.planio.layout`), more ranks per node than allowed,
+            torch missing, or the ranks failed / timed out (with the tail of their log).
+    """
+    opts = opts or RunOptions()
+    plan = planio.load_plan(plan_path)
+    spec = planio.plan_model(plan)
+    gpus = _visible_gpus()
+    per_node = opts.max_procs or (gpus if gpus else DEFAULT_MAX_CPU_PROCS)
+    lay = planio.layout(plan, spec, schedule=opts.schedule, virtual_stages=opts.virtual_stages,
+                        max_world_size=per_node * opts.nnodes)
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ImportError
+    except ImportError:
+        raise HetplanError("the runtime needs torch", field="hetplan[torch]",
+                           fix="pip install 'hetplan[torch]'") from None
+    with tempfile.TemporaryDirectory(prefix="hetplan-run-") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = torchrun_command(Path(plan_path).resolve(), lay.world_size, opts, out)
+        env = dict(os.environ, OMP_NUM_THREADS=str(opts.threads), **opts.extra_env)
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout_s, env=env)
+        except subprocess.TimeoutExpired as exc:
+            tail = (exc.stderr or b"")[-3000:]
+            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+            raise HetplanError(f"the run did not finish within {opts.timeout_s:.0f} s:\n{tail}", field="run",
+                               fix="raise --timeout, or check that all nodes joined the rendezvous") from None
+        if proc.returncode != 0:
+            log = "\n".join(l for l in (proc.stderr + proc.stdout).splitlines() if not l.startswith("[W"))
+            raise HetplanError(f"the ranks failed (exit {proc.returncode}):\n{_root_cause(log)}", field="run",
+                               fix="see the error above; rerun the torchrun command by hand for the full log: "
+                                   + " ".join(cmd))
+        if not out.is_file():
+            return {}
+        return json.loads(out.read_text())
+
+
+def _root_cause(log: str, limit: int = 3000) -> str:
+    lines = log.splitlines()
+    errs = [i for i, l in enumerate(lines) if "Error" in l and ("[rank" in l or l.startswith(("hetplan", "Runtime")))]
+    if errs:
+        i = errs[0]
+        return "\n".join(lines[max(0, i - 5): i + 5])[-limit:]
+    return log[-limit:]
