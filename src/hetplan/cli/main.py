@@ -29,6 +29,8 @@ SUBCOMMAND_MODULES = [
     "hetplan.cli.plan",
     "hetplan.cli.validate",
     "hetplan.cli.serve",
+    "hetplan.cli.profile",
+    "hetplan.cli.runtime",
 ]
 
 for _name in SUBCOMMAND_MODULES:

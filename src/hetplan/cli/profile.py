@@ -1,0 +1,140 @@
+"""``hetplan profile``: measure layers and collectives on this host, import other systems' profiles, list a database.
+
+Torch is imported only by ``profile layers`` / ``profile comm`` (the ``torch`` extra); importing this module and
+the importers do not need it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hetplan.errors import HetplanError
+
+profile_app = typer.Typer(help="Profile layers and collectives into a SQLite profile database; import profiles.",
+                          no_args_is_help=True)
+
+DEFAULT_DB = "hetplan-profiles.db"
+
+
+def _ints(text: str, field: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HetplanError(f"{text!r} is not a comma-separated list of integers", field=field,
+                           fix=f"e.g. {field} 1,2,4") from None
+    if not vals or min(vals) < 1:
+        raise HetplanError(f"{text!r} needs positive integers", field=field, fix=f"e.g. {field} 1,2,4")
+    return vals
+
+
+@profile_app.command("layers")
+def layers(
+    model: str = typer.Option(..., "--model", help="Preset name or config.json path."),
+    db: str = typer.Option(DEFAULT_DB, "--db", help="SQLite profile database (created if missing)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="Comma-separated dtypes: fp32, bf16, fp16."),
+    mbs: str = typer.Option("1,2,4", "--mbs", help="Comma-separated micro-batch sizes."),
+    seq_len: str = typer.Option("2048", "--seq-len", help="Comma-separated sequence lengths."),
+    tp: str = typer.Option("1", "--tp", help="Comma-separated TP degrees (TP > 1 starts that many local ranks)."),
+    kinds: str = typer.Option("layer,embedding,head", "--kinds", help="What to time."),
+    warmup: int = typer.Option(2, "--warmup", min=0),
+    repeats: int = typer.Option(5, "--repeats", min=1),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads on CPU (default: torch's)."),
+) -> None:
+    """Time forward and backward of one layer, the embedding and the head (median of repeats); resumable."""
+    from rich.progress import Progress
+
+    from hetplan.model.spec import load_model
+    from hetplan.profile.db import ProfileDB
+    from hetplan.profile.profiler import profile_layers
+
+    spec = load_model(model)
+    with ProfileDB(db) as pdb, Progress(console=Console(stderr=True)) as bar:
+        task = bar.add_task("profiling", total=None)
+
+        def progress(done, total, p):
+            bar.update(task, completed=done, total=total,
+                       description=f"{p.kind} {p.dtype} tp={p.tp} s={p.seq_len} mbs={p.mbs}")
+
+        out = profile_layers(pdb, spec, dtypes=[d.strip() for d in dtype.split(",")], mbs=_ints(mbs, "--mbs"),
+                             seq_lens=_ints(seq_len, "--seq-len"), tps=_ints(tp, "--tp"),
+                             kinds=[k.strip() for k in kinds.split(",")], warmup=warmup, repeats=repeats,
+                             threads=threads, progress=progress)
+    Console().print(f"{out['measured']} points measured, {out['skipped']} already in {db} "
+                    f"(device {out['device']}, {out['software']})")
+
+
+@profile_app.command("comm")
+def comm(
+    db: str = typer.Option(DEFAULT_DB, "--db"),
+    world_size: int = typer.Option(2, "--world-size", help="Local ranks (gloo on CPU, nccl on GPU)."),
+    sizes: str = typer.Option("65536,1048576,16777216", "--sizes", help="Message sizes in bytes, comma-separated."),
+    collectives: str = typer.Option("all-reduce,all-gather,reduce-scatter,send-recv", "--collectives"),
+    repeats: int = typer.Option(5, "--repeats", min=1),
+) -> None:
+    """Time all-reduce, all-gather, reduce-scatter and send/recv over local ranks (bus bandwidth, NCCL-tests style)."""
+    from hetplan.profile.db import ProfileDB
+    from hetplan.profile.profiler import profile_collectives
+
+    with ProfileDB(db) as pdb, Console(stderr=True).status("timing collectives"):
+        out = profile_collectives(pdb, world_size=world_size, sizes_bytes=_ints(sizes, "--sizes"),
+                                  collectives=[c.strip() for c in collectives.split(",")], repeats=repeats)
+    Console().print(f"{out['measured']} collective points on {out['device']} ({out['backend']})")
+    for s in out["skipped_collectives"]:
+        Console().print(f"skipped {s}")
+
+
+@profile_app.command("import")
+def import_(
+    fmt: str = typer.Argument(..., help="fasop | aceso | espresso"),
+    path: Path = typer.Argument(..., help="FASOP CSV, Aceso profiled-time folder, or an Espresso run folder."),
+    db: str = typer.Option(DEFAULT_DB, "--db"),
+) -> None:
+    """Import measured profiles of FASOP, Aceso or Espresso (no torch needed)."""
+    from hetplan.profile import importers
+    from hetplan.profile.db import ProfileDB
+
+    fns = {"fasop": importers.import_fasop, "aceso": importers.import_aceso, "espresso": importers.import_espresso}
+    if fmt not in fns:
+        raise HetplanError(f"unknown format {fmt!r}", field="FORMAT", fix="use fasop, aceso or espresso")
+    with ProfileDB(db) as pdb:
+        n = fns[fmt](pdb, path)
+    Console().print(f"imported {n} rows from {path} into {db}")
+
+
+@profile_app.command("show")
+def show(
+    db: str = typer.Option(DEFAULT_DB, "--db"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (SI units)."),
+) -> None:
+    """List a profile database."""
+    from hetplan.profile.db import ProfileDB
+
+    if not Path(db).is_file():
+        raise HetplanError(f"{db} does not exist", field="--db", fix="give an existing profile database")
+    with ProfileDB(db) as pdb:
+        rows, comm_rows, stages = list(pdb.layer_rows()), pdb.comm_rows(), pdb.stage_rows()
+        version = pdb.schema_version
+    if as_json:
+        print(json.dumps({"schema_version": version, "layers": rows, "comm": comm_rows, "stages": stages}, indent=1))
+        return
+    t = Table(title=f"{db}: layer times (schema v{version}; ms per micro-batch)")
+    for col in ("device", "dtype", "kind", "h", "heads", "ffn", "tp", "seq", "mbs", "fwd ms", "bwd ms", "source"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["device"], r["dtype"], r["kind"], str(r["hidden_size"]), str(r["num_heads"]),
+                  str(r["ffn_hidden_size"]), str(r["tp"]), str(r["seq_len"]), str(r["mbs"]),
+                  f"{r['forward_s'] * 1e3:.3f}", f"{r['backward_s'] * 1e3:.3f}", r["source"])
+    c = Console()
+    c.print(t)
+    c.print(f"{len(comm_rows)} collective rows, {len(stages)} stage rows")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``hetplan profile ...`` to ``app``."""
+    app.add_typer(profile_app, name="profile")

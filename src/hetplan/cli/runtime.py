@@ -1,0 +1,140 @@
+"""``hetplan run`` / ``hetplan export`` / ``hetplan verify``: run a plan on torch.distributed, hand it to a
+framework, and compare measured with predicted. Torch is imported only by ``run`` and ``verify`` (in the ranks and in
+verify's profiling), never at import time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hetplan.errors import HetplanError
+
+
+def _opts(iterations, warmup, schedule, virtual_stages, dp_mode, dtype, nnodes, node_rank, rdzv_endpoint, max_procs,
+          timeout, threads):
+    from hetplan.runtime.launcher import RunOptions
+
+    return RunOptions(iterations=iterations, warmup=warmup, schedule=schedule, virtual_stages=virtual_stages,
+                      dp_mode=dp_mode, dtype=dtype, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                      max_procs=max_procs, timeout_s=timeout, threads=threads)
+
+
+_ITER = typer.Option(3, "--iterations", min=1, help="Timed iterations.")
+_WARM = typer.Option(1, "--warmup", min=0, help="Untimed iterations first.")
+_SCHED = typer.Option(None, "--schedule", help="Override the plan's schedule: 1f1b, gpipe, interleaved.")
+_VIRT = typer.Option(2, "--virtual-stages", min=1, help="Model chunks per rank (interleaved schedule).")
+_DPM = typer.Option(None, "--dp-mode", help="ddp or fsdp (default: fsdp for ZeRO-3 plans, else ddp).")
+_DT = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: the plan's on GPU, fp32 on CPU).")
+_NN = typer.Option(1, "--nnodes", min=1, help="Nodes (torchrun rendezvous).")
+_NR = typer.Option(0, "--node-rank", min=0, help="This node's rank.")
+_RDZV = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of node 0 (multi-node).")
+_MAXP = typer.Option(None, "--max-procs", help="Most ranks per node (default: GPUs, or 16 on CPU).")
+_TO = typer.Option(600.0, "--timeout", help="Wall-clock limit of the run (s).")
+_THR = typer.Option(1, "--threads", min=1, help="torch threads per rank on CPU.")
+
+
+def run_cmd(
+    plan: Path = typer.Argument(..., help="Plan JSON."),
+    iterations: int = _ITER, warmup: int = _WARM, schedule: Optional[str] = _SCHED, virtual_stages: int = _VIRT,
+    dp_mode: Optional[str] = _DPM, dtype: Optional[str] = _DT, nnodes: int = _NN, node_rank: int = _NR,
+    rdzv_endpoint: Optional[str] = _RDZV, max_procs: Optional[int] = _MAXP, timeout: float = _TO, threads: int = _THR,
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (SI units)."),
+) -> None:
+    """Run PLAN on torch.distributed (random weights, synthetic tokens): iteration time and memory per rank."""
+    from hetplan.runtime.launcher import run_plan
+
+    with Console(stderr=True).status("running the plan"):
+        res = run_plan(plan, _opts(iterations, warmup, schedule, virtual_stages, dp_mode, dtype, nnodes, node_rank,
+                                   rdzv_endpoint, max_procs, timeout, threads))
+    if not res:
+        Console().print("this node's ranks finished; node 0 reports")
+        return
+    if as_json:
+        print(json.dumps(res, indent=1))
+        return
+    c = Console()
+    c.print(f"{res['world_size']} ranks (pp {res['pp']} x dp {res['dp']} x tp {res['tp']}), {res['schedule']}, "
+            f"DP {res['dp_mode']}, {res['dtype']} on {res['device']} ({res['backend']}, {res['software']})")
+    c.print(f"iteration time {res['iteration_time_s'] * 1e3:.1f} ms (median of {res['iterations']}), "
+            f"loss {res['loss']:.4f}, DP replicas in sync: {res['dp_replicas_in_sync']}")
+    t = Table(title="per rank (stage times: one micro-batch, isolated)")
+    for col in ("rank", "pp", "dp", "tp", "layers", "fwd ms", "bwd ms", "tensor MiB", "CUDA peak MiB", "peak RSS MiB"):
+        t.add_column(col, justify="right")
+    for r in res["ranks"]:
+        cuda = r["cuda_max_allocated_bytes"]
+        t.add_row(str(r["rank"]), str(r["pp_rank"]), str(r["dp_rank"]), str(r["tp_rank"]), str(r["layers"]),
+                  f"{r['forward_s'] * 1e3:.2f}", f"{r['backward_s'] * 1e3:.2f}", f"{r['tensor_bytes'] / 2**20:.1f}",
+                  "-" if cuda is None else f"{cuda / 2**20:.1f}", f"{r['peak_rss_bytes'] / 2**20:.0f}")
+    c.print(t)
+
+
+def export_cmd(
+    plan: Path = typer.Argument(..., help="Plan JSON."),
+    to: str = typer.Option(..., "--to", help="megatron, deepspeed or torchtitan."),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Write the files here (default: print them)."),
+    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", help="Interleaved schedule chunks per rank."),
+) -> None:
+    """Write the launch arguments / config files of Megatron-LM, DeepSpeed or torchtitan for PLAN."""
+    from hetplan.runtime import exporters, planio
+
+    p = planio.load_plan(plan)
+    ex = exporters.export(p, planio.plan_model(p), to, virtual_stages)
+    c = Console()
+    for name, text in ex.files.items():
+        if out_dir:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / name).write_text(text)
+            c.print(f"wrote {out_dir / name}")
+        else:
+            c.print(f"[bold]# {name}[/]", highlight=False)
+            print(text)
+    for n in ex.notes:
+        Console(stderr=True).print(f"note: {n}", highlight=False)
+
+
+def verify_cmd(
+    plan: Path = typer.Argument(..., help="Plan JSON."),
+    db: Optional[str] = typer.Option(None, "--db", help="Profile database to use/extend (default: a temporary one)."),
+    repeats: int = typer.Option(25, "--repeats", min=1, help="Timing repeats (minimum taken) on both sides."),
+    iterations: int = _ITER, warmup: int = _WARM, schedule: Optional[str] = _SCHED, virtual_stages: int = _VIRT,
+    dp_mode: Optional[str] = _DPM, max_procs: Optional[int] = _MAXP, timeout: float = _TO, threads: int = _THR,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: per stage predicted/measured time and memory."),
+) -> None:
+    """Profile -> estimate -> run -> predicted vs measured per stage. Exit 1 if outside the stated tolerance."""
+    from hetplan.runtime.verify import verify
+
+    opts = _opts(iterations, warmup, schedule, virtual_stages, dp_mode, None, 1, 0, None, max_procs, timeout, threads)
+    with Console(stderr=True).status("profiling, estimating and running"):
+        res = verify(plan, db_path=db, opts=opts, repeats=repeats)
+    if as_json:
+        print(json.dumps(res, indent=1))
+    else:
+        c = Console()
+        t = Table(title=f"verify {plan} on {res['device']} ({res['dtype']}, {res['software']})")
+        for col in ("stage", "layers", "source", "pred ms", "meas ms", "time err", "pred MiB", "meas MiB", "mem err"):
+            t.add_column(col, justify="right")
+        for s in res["stages"]:
+            t.add_row(str(s["stage"]), str(s["layers"]), s["time_source"], f"{s['predicted_time_s'] * 1e3:.2f}",
+                      f"{s['measured_time_s'] * 1e3:.2f}", f"{s['time_error']:+.1%}",
+                      f"{s['predicted_memory_bytes'] / 2**20:.2f}", f"{s['measured_memory_bytes'] / 2**20:.2f}",
+                      f"{s['memory_error']:+.1%}")
+        c.print(t)
+        c.print(f"iteration: predicted {res['predicted_iteration_time_s'] * 1e3:.1f} ms, measured "
+                f"{res['measured_iteration_time_s'] * 1e3:.1f} ms (not asserted: ranks share this host's cores)")
+        c.print(f"tolerance: |time err| <= {res['time_tolerance']:.0%}, |memory err| <= {res['memory_tolerance']:.0%}"
+                f" -> {'PASS' if res['within_tolerance'] else 'FAIL'}")
+    if not res["within_tolerance"]:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``hetplan run``, ``hetplan export`` and ``hetplan verify`` to ``app``."""
+    app.command("run")(run_cmd)
+    app.command("export")(export_cmd)
+    app.command("verify")(verify_cmd)
