@@ -106,3 +106,19 @@ def test_example_serve_config_is_valid():
     per = [max(shard_bytes(s, cfg.cluster.tp, cfg.cluster.pp, cfg.cluster.dtype)) for s in specs]
     cap = cfg.cluster.capacity_bytes()
     assert 2 * max(per) <= cap < 3 * min(per)  # exactly two of the four models fit, as the comment says
+
+
+def test_serve_model_too_big_for_worker_exits_2(monkeypatch, capsys, tmp_path, fixtures):
+    p = tmp_path / "s.toml"
+    p.write_text(f'[cluster]\ndtype = "fp32"\nmemory_bytes = 1000\n[[models]]\nname = "a"\nmodel = "{fixtures / "tiny-opt.json"}"\n')
+    code, _, err = _run(monkeypatch, capsys, "serve", p)
+    assert code == 2 and "models.a" in err and "memory_bytes" in err
+
+
+def test_light_core_modules_do_not_import_torch_or_fastapi():
+    import subprocess
+
+    code = ("import sys, hetplan.cli.main, hetplan.serve.simulator, hetplan.serve.workload, hetplan.serve.capacity, "
+            "hetplan.serve.scheduler, hetplan.serve.swap_model, hetplan.serve.metrics, hetplan.serve.config; "
+            "bad = [m for m in ('torch', 'fastapi', 'uvicorn') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

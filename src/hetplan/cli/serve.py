@@ -42,6 +42,7 @@ def register(app: typer.Typer) -> None:
             raise HetplanError(f"serving needs the torch and serve extras ({exc.name} is missing)", field="install",
                                fix="pip install 'hetplan[torch,serve]'") from None
         engine = Engine.from_config(cfg)
+        engine.start()  # before the server: start-up problems surface as errors, not as a failed lifespan
         a = cfg.api
         app_ = create_app(engine, default_max_new_tokens=a.default_max_new_tokens,
                           max_new_tokens_limit=a.max_new_tokens_limit, shutdown_timeout_s=a.shutdown_timeout_s)

@@ -100,10 +100,14 @@ class Engine:
         self.preload = list(preload)
         self.threads_per_worker = threads_per_worker
         self.specs = {m.name: m.spec() for m in self.entries}
-        for s in self.specs.values():  # fail early, in this process, on shapes that do not split
-            from hetplan.serve.swap_model import shard_parameters
+        from hetplan.serve.swap_model import shard_bytes
 
-            shard_parameters(s, tp, pp)
+        for name, s in self.specs.items():  # fail early, in this process: shapes that do not split or fit
+            need = max(shard_bytes(s, tp, pp, dtype))
+            if need > capacity_bytes:
+                raise HetplanError(
+                    f"model {name} needs {need:,} bytes per worker but a worker has {capacity_bytes:,}",
+                    field=f"models.{name}", fix="raise cluster.memory_bytes or use more TP x PP workers")
         self.vocab_sizes = {n: s.vocab_size for n, s in self.specs.items()}
         self.metrics = PromRegistry()
         self._describe_metrics()

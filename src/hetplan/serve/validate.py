@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+import numpy as np
+
 from hetplan.serve.config import ModelEntry
 from hetplan.serve.engine import Engine, QueueFull
 from hetplan.serve.exec_model import EmpiricalExecModel, TableExecModel
@@ -49,14 +51,14 @@ def replay(engine: Engine, requests: Sequence[Request], timeout_s: float = 120.0
 
 def simulate_profiled(profile: dict, requests: Sequence[Request], *, capacity_bytes: int, policy: str,
                       max_batch_size: int, max_queue_len: int, preload: Sequence[str] = (),
-                      duration_s: float | None = None) -> SimResult:
+                      duration_s: float | None = None, sample_seed: int = 0) -> SimResult:
     """Simulate ``requests`` with the costs measured by :meth:`Engine.profile` (swap with eviction: the measured
     ``swap_pair_s`` of the loaded model; without: its ``swap_in_s``)."""
     models = []
     for i, (n, p) in enumerate(profile.items()):
         em = TableExecModel(p["exec_s"])
         if p.get("exec_samples_s"):
-            em = EmpiricalExecModel(p["exec_samples_s"], em, seed=i)
+            em = EmpiricalExecModel(p["exec_samples_s"], em, seed=[sample_seed, i])
         models.append(SimModel(n, p["worker_bytes"], em, p["swap_in_s"], p["swap_out_s"]))
 
     def cost(load: SimModel, evict) -> float:
@@ -72,7 +74,7 @@ def simulate_profiled(profile: dict, requests: Sequence[Request], *, capacity_by
 def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 1, capacity_bytes: int,
                        rates_per_s: Sequence[float], cv: float = 1.5, duration_s: float = 8.0, seed: int = 0,
                        prompt_len: int = 8, max_new_tokens: int = 2, policy: str = "lru", max_batch_size: int = 4,
-                       max_queue_len: int = 1000, repeats: int = 3) -> dict:
+                       max_queue_len: int = 1000, repeats: int = 3, sim_replicas: int = 15) -> dict:
     """Run the same seeded workload on the engine and in the simulator; percentiles (s) of both.
 
     Returns:
@@ -98,9 +100,11 @@ def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 
     sim_profiled = simulate_profiled(prof, [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs],
                                      capacity_bytes=capacity_bytes, policy=policy, max_batch_size=max_batch_size,
                                      max_queue_len=max_queue_len, duration_s=duration_s)
-    sim = simulate_profiled(observed, [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs],
-                            capacity_bytes=capacity_bytes, policy=policy, max_batch_size=max_batch_size,
-                            max_queue_len=max_queue_len, duration_s=duration_s)
+    plain = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs]
+    sims = [simulate_profiled(observed, plain, capacity_bytes=capacity_bytes, policy=policy,
+                              max_batch_size=max_batch_size, max_queue_len=max_queue_len, duration_s=duration_s,
+                              sample_seed=k) for k in range(sim_replicas)]
+    sim = sims[0]
     names = [m.name for m in entries]
 
     def pct(records) -> dict:
@@ -108,8 +112,12 @@ def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 
         out["all"] = percentiles([r.latency_s for r in records if r.latency_s is not None])
         return out
 
+    def median_pct(results) -> dict:
+        per = [pct(r.records) for r in results]
+        return {n: {q: float(np.median([p[n][q] for p in per])) for q in per[0][n]} for n in per[0]}
+
     slo = {n: 1.0 for n in names}
-    return {"engine": pct(recs), "sim": pct(sim.records), "sim_profiled": pct(sim_profiled.records),
+    return {"engine": pct(recs), "sim": median_pct(sims), "sim_profiled": pct(sim_profiled.records),
             "profile": prof, "observed_costs": observed, "requests": len(reqs),
             "engine_swaps": eng_swaps, "sim_swaps": sim.swaps,
             "engine_report": summarize(recs, slo, duration_s), "sim_report": sim.report(slo)}
