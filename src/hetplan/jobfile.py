@@ -4,8 +4,9 @@ A job file (``hetplan plan JOB.toml``) has the sections::
 
     [job]            # hetplan.plan.Job: model, seq_len, global_batch, train_tokens | train_iterations, dtype
     [[inventory]]    # one table per GPU pool: hetplan.plan.GPUPool (gpu, count, gpus_per_node, ...)
-    [objective]      # hetplan.search.objective.Objective: goal, deadline_s | deadline_days, budget_usd
+    [objective]      # hetplan.search.objective.Objective: goal, deadline_s | deadline_days, budget_usd, slo_iteration_s
     [pin]            # optional fixed dimensions: tp, pp, dp, mbs, zero, recompute, num_gpus
+    [search]         # optional: heterogeneous = false (only plans on one GPU type)
 
 Convenience units accepted in files (converted to SI on load): ``inter_node_bandwidth_gbit_per_s`` (Gb/s),
 ``intra_node_bandwidth_gb_per_s`` (GB/s), ``deadline_days``.
@@ -102,7 +103,7 @@ def load_job_file(path: str | Path) -> dict:
         HetplanError: malformed file or unknown section.
     """
     data = read_structured(path)
-    known = {"job", "inventory", "objective", "pin"}
+    known = {"job", "inventory", "objective", "pin", "search"}
     for key in data:
         if key not in known:
             raise HetplanError(f"unknown section [{key}]", field=f"{path}:{key}", fix=f"sections are {', '.join(sorted(known))}")
@@ -114,4 +115,5 @@ def load_job_file(path: str | Path) -> dict:
         "inventory": [normalise_pool(p) for p in inventory],
         "objective": normalise_objective(data.get("objective", {})),
         "pin": data.get("pin", {}),
+        "search": data.get("search", {}),
     }

@@ -60,6 +60,12 @@ def plan_command(
     objective: Optional[str] = typer.Option(None, "--objective", help="fastest | cheapest | budget."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="For cheapest: finish within."),
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="For budget: spend at most."),
+    slo_s: Optional[float] = typer.Option(None, "--slo-s", help="Iteration-time SLO (s): plans slower are rejected "
+                                          "(with --objective cheapest: Espresso's least $ under an SLO)."),
+    no_hetero: bool = typer.Option(False, "--no-hetero", help="With several pools: only plans on one GPU type "
+                                   "(default: also stages on different pools, hetplan.search.hetero)."),
+    pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier, "
+                                          "print it and draw it to this PNG."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Pin the tensor-parallel degree."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pin the pipeline-parallel degree."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Pin the data-parallel degree."),
@@ -117,6 +123,9 @@ def plan_command(
         obj_raw["deadline_s"] = deadline_days * 86400
     if budget_usd is not None:
         obj_raw["budget_usd"] = budget_usd
+    _positive(slo_s, "--slo-s")
+    if slo_s is not None:
+        obj_raw["slo_iteration_s"] = slo_s
     obj = validated(Objective, obj_raw, "objective")
     pin_raw = data["pin"]
     for key, val in (("tp", tp), ("pp", pp), ("dp", dp), ("mbs", mbs), ("zero", zero), ("recompute", recompute),
@@ -129,7 +138,12 @@ def plan_command(
     if search not in ("uniform", "fine"):
         raise HetplanError(f"unknown search {search!r}", field="--search", fix="use uniform or fine")
     cat = load_catalog(catalog)
-    result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat)
+    search_raw = data.get("search", {})
+    for key, val in search_raw.items():
+        if key != "heterogeneous" or not isinstance(val, bool):
+            raise HetplanError(f"got {key} = {val!r}", field=f"search.{key}", fix="[search] takes heterogeneous = true|false")
+    hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
+    result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on)
     summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
@@ -144,13 +158,49 @@ def plan_command(
             "configurations_fitting_memory": result.configurations_fitting_memory,
             "search_time_s": result.search_time_s,
             **({"fine": _fine_json(fine)} if fine else {}),
+            **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
+            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None else {}),
         }, indent=1))
         return
     _print_ranking(job, obj, summaries[1:] if fine else summaries, result)
     if fine is not None:
         _print_fine(fine, explain)
+    if pareto is not None:
+        _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+
+
+def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
+    """Compute, print (unless ``quiet``) and plot the cost-time frontier; return its points as JSON dicts."""
+    from hetplan.search.pareto import explain_frontier, pareto_frontier, plot_frontier
+
+    m = load_model(job.model)
+    it = job.iterations()
+    budget = obj.budget_usd / it if obj.goal == "budget" and obj.budget_usd else None
+    fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s, budget_usd_per_iteration=budget)
+    if not fr.points:
+        raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
+                           field="inventory", fix="add GPUs or relax the SLO/budget")
+    plot_frontier(fr, path, title=f"{job.model}: cost vs iteration time ({len(fr.points)} frontier plans)")
+    lines = explain_frontier(fr.points)
+    out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=p.heterogeneous, description=p.description)
+           for p in fr.points]
+    if not quiet:
+        con = Console(width=None if Console().is_terminal else 160)
+        t = Table(title=f"Cost-time Pareto frontier ({len(fr.points)} plans; {fr.result.allocations_solved:,} of "
+                        f"{fr.result.allocations:,} allocations solved in {fr.result.search_time_s:.2f} s)")
+        for col in ("#", "plan", "GPUs", "iter s", "$/iteration", "$/h", "what the extra $ buys"):
+            t.add_column(col)
+        by_cost = sorted(fr.points, key=lambda p: p.estimate.usd_per_iteration)
+        buys = ["cheapest"] + [ln.split(": ", 1)[1] for ln in lines]
+        for i, (p, b) in enumerate(zip(by_cost, buys), start=1):
+            t.add_row(str(i), ("[het] " if p.heterogeneous else "") + p.description, str(p.plan.num_gpus),
+                      f"{p.estimate.iteration_time_s:.3f}", f"{p.estimate.usd_per_iteration:.4f}",
+                      f"{p.estimate.usd_per_hour:,.2f}", b.split(" than ")[0])
+        con.print(t)
+        con.print(f"Frontier drawn to {path}.")
+    return out
 
 
 def _fine(job, inv, obj, pins, cat, result, profile_db):

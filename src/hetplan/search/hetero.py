@@ -138,7 +138,7 @@ class HeteroCandidate:
                     for k, t, n, rc in self.stages],
             mbs=self.mbs,
             zero=self.zero,
-            sequence_parallel=True,
+            sequence_parallel=any(t > 1 for _, t, _, _ in self.stages),
         )
 
     def describe(self, inventory: Inventory) -> str:
@@ -252,9 +252,12 @@ class _Group:
         return self._p2p[key]
 
     def c_min(self) -> float:
-        """Least one-way boundary time over every pair of stage types, intra- or inter-node (s)."""
+        """A lower bound on the one-way time of any boundary between two stage types (s)."""
         if not hasattr(self, "_cmin"):
-            self._cmin = min(self.p2p(a, b, intra) for a in self.types for b in self.types for intra in (False, True))
+            # Exact over pairs of equal TP; a resharding boundary (different TP) is bounded by 0.
+            same = [self.p2p(a, b, intra) for a in self.types for b in self.types if a.tp == b.tp for intra in (False, True)]
+            cross = any(a.tp != b.tp for a in self.types for b in self.types)
+            self._cmin = min(same + ([0.0] if cross else []))
         return self._cmin
 
     def intra_node(self, seq: list[StageType]) -> list[bool]:
@@ -311,9 +314,16 @@ def _pool_options(group: _Group, pins: Pins, L: int):
     return out
 
 
-def allocation_bounds(group: _Group, pins: Pins):
+class _TooMany(Exception):
+    """More allocations than the caller allows."""
+
+
+def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: int = 10**8):
     """All allocations of a group as arrays: option index per pool ``(N, K)``, stages ``p``, GPUs, $/h ``R``,
-    iteration-time lower bound ``T_LB`` (s) — only those that may fit in memory.
+    iteration-time lower bound ``T_LB`` (s) — only those that may fit in memory, with at most ``max_pools`` pools.
+
+    Raises:
+        _TooMany: more than ``max_rows`` allocations.
 
     ``T_LB = S + t_emb + t_head + (m-1)·B + 2(p-1)·c_min``, valid for every order and partition:
 
@@ -346,8 +356,41 @@ def allocation_bounds(group: _Group, pins: Pins):
                 vals[name].append(v)
         for name in names:
             cols[name].append(np.array(vals[name]))
-    sizes = [len(o) for o in opts]
-    idx = np.indices(sizes).reshape(K, -1).T
+    # Cross product pool by pool, dropping partial allocations with more than L stages or max_pools pools and
+    # options whose stage cannot hold one layer (both only grow as pools are added).
+    # Count first (a histogram over (stages, pools used)), so that an oversized space costs nothing to reject.
+    hist = np.zeros((L + 1, K + 1), dtype=np.int64)
+    hist[0, 0] = 1
+    for k in range(K):
+        nxt = np.zeros_like(hist)
+        for o in np.flatnonzero(cols["cap"][k] >= 0):
+            pk = int(cols["p"][k][o])
+            if pk == 0:
+                nxt += hist
+            elif pk <= L:
+                nxt[pk:, 1:] += hist[: L + 1 - pk, :-1]
+        hist = nxt
+    if int(hist[:, : max_pools + 1].sum()) > max_rows:
+        raise _TooMany()
+    code = np.zeros(1, dtype=np.int64)
+    pcount = np.zeros(1, dtype=np.int64)
+    used = np.zeros(1, dtype=np.int64)
+    for k in range(K):
+        valid = np.flatnonzero(cols["cap"][k] >= 0)
+        pk = cols["p"][k].astype(np.int64)[valid]
+        nv = len(valid)
+        newp = (pcount[:, None] + pk[None, :]).ravel()
+        newu = (used[:, None] + (pk > 0)[None, :]).ravel()
+        keep = np.flatnonzero((newp <= L) & (newu <= max_pools))
+        if len(keep) > max_rows:
+            raise _TooMany()
+        code = code[keep // nv] * len(opts[k]) + valid[keep % nv]
+        pcount, used = newp[keep], newu[keep]
+    idx = np.empty((len(code), K), dtype=np.int64)
+    rest = code
+    for k in range(K - 1, -1, -1):
+        idx[:, k] = rest % len(opts[k])
+        rest = rest // len(opts[k])
     per = {name: np.stack([cols[name][k][idx[:, k]] for k in range(K)], axis=1) for name in names}
     p = per["p"].sum(axis=1)
     ok = (p >= 1) & (p <= L) & (per["cap"].min(axis=1) >= 0) & (per["cap"].sum(axis=1) >= L - p)
@@ -398,6 +441,7 @@ def search_hetero(
     prune: bool = True,
     max_stages: int | None = None,
     keep_candidates: int = 0,
+    max_allocations: int = 4_000_000,
 ) -> HeteroResult:
     """Exact search of the heterogeneous space (module doc) for ``goal``.
 
@@ -409,6 +453,9 @@ def search_hetero(
         prune: ``False`` visits every allocation and every order (the slow exhaustive reference).
         max_stages: cap on the pipeline depth (default: the number of layers).
         keep_candidates: keep up to this many exactly evaluated plans besides the best (0 = all found).
+        max_allocations: when the space holds more GPU allocations than this, plans are restricted to at most
+            two pools (then one), and ``HeteroResult.stats["max_pools_per_plan"]`` says so: the result is exact
+            over the restricted space only.
     Returns:
         :class:`HeteroResult`; ``best`` is ``None`` when nothing fits or meets the constraint.
     Raises:
@@ -435,13 +482,21 @@ def search_hetero(
                 if g.types:
                     groups.append(g)
     # Bounds of every allocation of every group.
-    rows = []
-    n_alloc = 0
-    for gi, g in enumerate(groups):
-        opts, idx, p, gpus, rate, t_lb = allocation_bounds(g, pins)
-        keep = p <= max_stages
-        n_alloc += int(keep.sum())
-        rows.append((gi, opts, idx[keep], rate[keep], t_lb[keep]))
+    max_pools = len(inventory.pools)
+    while True:
+        rows = []
+        n_alloc = 0
+        try:
+            for gi, g in enumerate(groups):
+                opts, idx, p, gpus, rate, t_lb = allocation_bounds(g, pins, max_pools, max_allocations - n_alloc)
+                keep = p <= max_stages
+                n_alloc += int(keep.sum())
+                rows.append((gi, opts, idx[keep], rate[keep], t_lb[keep]))
+            break
+        except _TooMany:
+            if max_pools <= 1:
+                raise
+            max_pools = 2 if max_pools > 2 else 1
     if rows:
         gid = np.concatenate([np.full(len(r[2]), r[0]) for r in rows])
         loc = np.concatenate([np.arange(len(r[2])) for r in rows])
@@ -534,4 +589,5 @@ def search_hetero(
         best=best, candidates=found, frontier=frontier, allocations=n_alloc,
         allocations_fitting=n_alloc, allocations_solved=solved, orders_solved=orders,
         search_time_s=time.perf_counter() - t0,
+        stats={"max_pools_per_plan": max_pools, "restricted": max_pools < len(inventory.pools), "groups": len(groups)},
     )

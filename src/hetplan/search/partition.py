@@ -37,6 +37,18 @@ import numpy as np
 INF = math.inf
 
 
+_GRIDS: dict[int, tuple] = {}
+
+
+def _grid(L: int):
+    """Index arrays ``n`` (layers of this stage) and ``j - n`` (layers left) over the (L+1, L+1) grid (n, j)."""
+    if L not in _GRIDS:
+        n = np.arange(L + 1)[:, None]
+        j = np.arange(L + 1)[None, :]
+        _GRIDS[L] = (np.broadcast_to(n, (L + 1, L + 1)), np.clip(j - n, 0, L), (j - n) >= 0)
+    return _GRIDS[L]
+
+
 def _suffix_bounds(a: np.ndarray, nmax: np.ndarray, L: int):
     """``minsum`` and ``minmax`` arrays of shape (p+1, L+1) (see module doc); ``inf`` where infeasible."""
     p = a.shape[0]
@@ -44,13 +56,12 @@ def _suffix_bounds(a: np.ndarray, nmax: np.ndarray, L: int):
     minmax = np.full((p + 1, L + 1), INF)
     minsum[p, 0] = 0.0
     minmax[p, 0] = 0.0
+    n, left, ok = _grid(L)
     for i in range(p - 1, -1, -1):
-        top = min(int(nmax[i]), L)
-        for n in range(1, top + 1):
-            cand_s = a[i, n] + minsum[i + 1, : L + 1 - n]
-            np.minimum(minsum[i, n:], cand_s, out=minsum[i, n:])
-            cand_m = np.maximum(a[i, n], minmax[i + 1, : L + 1 - n])
-            np.minimum(minmax[i, n:], cand_m, out=minmax[i, n:])
+        valid = ok & (n >= 1) & (n <= nmax[i])
+        ai = np.where(valid, a[i][:, None], INF)
+        minsum[i] = np.min(ai + minsum[i + 1][left], axis=0)
+        minmax[i] = np.min(np.maximum(ai, minmax[i + 1][left]), axis=0)
     return minsum, minmax
 
 

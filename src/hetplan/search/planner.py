@@ -43,6 +43,9 @@ class SearchResult(BaseModel):
     configurations_evaluated: int
     configurations_fitting_memory: int
     search_time_s: float
+    #: Heterogeneous search counters (:mod:`hetplan.search.hetero`) when it ran: allocations, allocations_solved,
+    #: orders_solved, search_time_s, best (description of its best plan).
+    heterogeneous: dict | None = None
 
 
 def check_job(job: Job, m: ModelSpec) -> None:
@@ -81,11 +84,14 @@ def search_plans(
     pins: Pins | None = None,
     top_k: int = 5,
     catalog: Catalog | None = None,
+    heterogeneous: bool = True,
 ) -> SearchResult:
     """Search the plans of every pool and rank them (see module doc).
 
     Args:
         top_k: how many plans to return (best first).
+        heterogeneous: with several pools, also search plans whose stages mix pools (:mod:`hetplan.search.hetero`)
+            and rank them with the homogeneous ones.
     Raises:
         HetplanError: bad job (sequence too long, no pool supporting the dtype, pins matching nothing).
         InfeasibleError: nothing fits in memory (says the smallest footprint found and the largest GPU memory),
@@ -137,22 +143,104 @@ def search_plans(
     }
     job_time = cat["iteration_time_s"] * iterations
     job_usd = cat["usd_per_hour"] * job_time / 3600
-    primary, secondary = rank_keys(objective, job_time, job_usd, cat["fits"])
+    primary, secondary = rank_keys(objective, job_time, job_usd, cat["fits"], iteration_time_s=cat["iteration_time_s"])
     order = np.lexsort((cat["memory_total"], secondary, primary))  # ties: less memory per GPU first
     n_fit = int(cat["fits"].sum())
-    if not np.isfinite(primary[order[0]]):
-        _raise_infeasible(objective, results, cat, job_time, job_usd)
-    ranked, ranked_idx = _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog)
+    het = None
+    if heterogeneous and len(inventory.pools) > 1:
+        het = _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k)
+    ranked: list[RankedPlan] = []
+    explanation: list[str] = []
+    if np.isfinite(primary[order[0]]):
+        ranked, ranked_idx = _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog)
+        if ranked:
+            explanation = explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx, skipped)
+    if het is not None:
+        ranked, explanation = _merge_hetero(objective, ranked, explanation, het, top_k)
     if not ranked:
         _raise_infeasible(objective, results, cat, job_time, job_usd)
-    explanation = explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx, skipped)
     return SearchResult(
         plans=ranked,
         explanation=explanation,
-        configurations_evaluated=n_total,
-        configurations_fitting_memory=n_fit,
+        configurations_evaluated=n_total + (het[1].orders_solved if het is not None else 0),
+        configurations_fitting_memory=n_fit + (len(het[1].candidates) if het is not None else 0),
         search_time_s=time.perf_counter() - t0,
+        heterogeneous=None if het is None else {
+            "allocations": het[1].allocations, "allocations_solved": het[1].allocations_solved,
+            "orders_solved": het[1].orders_solved, "search_time_s": het[1].search_time_s,
+            "best": het[1].best.describe(inventory) if het[1].best is not None else None,
+        },
     )
+
+
+def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k):
+    """Run :func:`hetplan.search.hetero.search_hetero` for ``objective`` and re-estimate its best plans with
+    :func:`estimate` (the numbers reported). The heterogeneous search optimises the estimator's closed-form
+    pipeline time exactly; ``estimate`` event-simulates the schedule, so its best few are re-ranked here.
+    Returns ``(entries, HeteroResult)``, entries as ``(key, secondary, memory, plan, estimate, description)``."""
+    from hetplan.search.hetero import search_hetero
+
+    iterations = job.iterations()
+    slo = objective.slo_iteration_s
+    if objective.goal == "cheapest":
+        if objective.deadline_s is not None:
+            slo = min(slo or np.inf, objective.deadline_s / iterations)
+        res = search_hetero(m, job, inventory, catalog, goal="cheapest", slo_iteration_s=slo, pins=pins)
+    else:
+        budget = objective.budget_usd / iterations if objective.goal == "budget" else None
+        res = search_hetero(m, job, inventory, catalog, goal="fastest", slo_iteration_s=None,
+                            budget_usd_per_iteration=budget, pins=pins)
+        if slo is not None and res.best is not None and res.best.iteration_time_s > slo:
+            res.candidates = []
+    entries, seen = [], set()
+    for c in res.candidates[: top_k + 3]:
+        plan = c.to_plan(job, inventory)
+        key_json = plan.model_dump_json()
+        if key_json in seen:
+            continue
+        seen.add(key_json)
+        est = estimate(plan, catalog, m)
+        key, second = rank_keys(objective, np.array([est.job_time_s]), np.array([est.job_usd]), np.array([est.fits]),
+                                iteration_time_s=np.array([est.iteration_time_s]))
+        if np.isfinite(key[0]):
+            entries.append((float(key[0]), float(second[0]), est.memory_bytes_per_gpu.total, plan, est,
+                            c.describe(inventory)))
+    return entries, res
+
+
+def _merge_hetero(objective, ranked, explanation, het, top_k):
+    """Rank homogeneous and heterogeneous plans together by the objective on their estimates."""
+    entries, res = het
+    iterations_key = (lambda e: e.job_usd) if objective.goal == "cheapest" else (lambda e: e.job_time_s)
+    second_key = (lambda e: e.job_time_s) if objective.goal == "cheapest" else (lambda e: e.job_usd)
+    homo_plans = {rp.plan.model_dump_json() for rp in ranked}
+    allp = [(iterations_key(rp.estimate), second_key(rp.estimate), rp.estimate.memory_bytes_per_gpu.total, rp.plan,
+             rp.estimate, rp.reason, False) for rp in ranked]
+    allp += [(k, s2, mem, plan, est, f"heterogeneous {desc}", True) for k, s2, mem, plan, est, desc in entries
+             if plan.model_dump_json() not in homo_plans]
+    allp.sort(key=lambda x: x[:3])
+    allp = allp[:top_k]
+    out = []
+    best_homo = next((x for x in allp if not x[6]), None) if ranked else None
+    win = allp[0] if allp else None
+    what = "job $" if objective.goal == "cheapest" else "job time"
+    for r, (k, s2, mem, plan, est, reason, is_het) in enumerate(allp, start=1):
+        if is_het:
+            if r == 1:
+                reason = f"best {what}; {reason}"
+            else:
+                reason = f"{k / win[0] - 1:+.1%} {what} vs #1; {reason}"
+        out.append(RankedPlan(rank=r, plan=plan, estimate=est, reason=reason))
+    lines = list(explanation)
+    if win is not None and win[6]:
+        ref = ranked[0] if ranked else None
+        head = f"#1 (heterogeneous) {win[5]}"
+        if ref is not None:
+            head += f": {1 - win[0] / iterations_key(ref.estimate):.1%} better {what} than the best homogeneous plan"
+        lines.insert(0, head + ".")
+    lines.append(f"Heterogeneous search: {res.allocations:,} GPU allocations bounded, {res.allocations_solved:,} solved "
+                 f"({res.orders_solved:,} stage orders) in {res.search_time_s:.2f} s.")
+    return out, lines
 
 
 def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog):
@@ -168,7 +256,8 @@ def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog):
     """
     iterations = job.iterations()
     lb_time = cat["lower_bound_time_s"] * iterations
-    lb_key, _ = rank_keys(objective, lb_time, cat["usd_per_hour"] * lb_time / 3600, cat["fits"])
+    lb_key, _ = rank_keys(objective, lb_time, cat["usd_per_hour"] * lb_time / 3600, cat["fits"],
+                          iteration_time_s=cat["lower_bound_time_s"])
     scan = np.argsort(lb_key, kind="stable")
     found: list[tuple] = []
     for idx in scan:
@@ -178,7 +267,8 @@ def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog):
         res = results[cat["pool"][idx]]
         plan = _plan_from_row(job, inventory, m, res, int(cat["row"][idx]))
         est = estimate(plan, catalog, m)
-        key, second = rank_keys(objective, np.array([est.job_time_s]), np.array([est.job_usd]), np.array([est.fits]))
+        key, second = rank_keys(objective, np.array([est.job_time_s]), np.array([est.job_usd]), np.array([est.fits]),
+                                iteration_time_s=np.array([est.iteration_time_s]))
         if np.isfinite(key[0]):
             found.append((float(key[0]), float(second[0]), est.memory_bytes_per_gpu.total, idx, plan, est))
             found.sort(key=lambda x: x[:3])
@@ -202,7 +292,16 @@ def _raise_infeasible(objective, results, cat, job_time, job_usd):
             fix="add GPUs (more pipeline/tensor parallelism), GPUs with more memory, or shorten seq_len",
         )
     fits = cat["fits"]
-    if objective.goal == "cheapest":
+    if objective.slo_iteration_s is not None:
+        best = float(cat["iteration_time_s"][fits].min())
+        if best > objective.slo_iteration_s:
+            raise InfeasibleError(
+                f"no plan meets the iteration-time SLO of {objective.slo_iteration_s:.3g} s; the fastest plan that fits "
+                f"takes {best:.3g} s per iteration",
+                field="objective.slo_iteration_s",
+                fix="relax the SLO or add GPUs",
+            )
+    if objective.goal == "cheapest" and objective.deadline_s is not None:
         best = float(job_time[fits].min())
         raise InfeasibleError(
             f"no plan finishes by the deadline of {objective.deadline_s / 86400:.2f} days; the fastest plan that fits "
