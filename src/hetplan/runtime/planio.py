@@ -87,13 +87,13 @@ class Layout:
         return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
 
 
-def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_stages: int = 1,
+def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_stages: int = 2,
            max_world_size: int | None = None) -> Layout:
     """Check that the runtime can run ``plan`` and return its :class:`Layout`.
 
     Args:
         schedule: override of the plan's schedule (``1f1b``, ``gpipe``, ``interleaved``).
-        virtual_stages: model chunks per pipeline rank for the interleaved schedule (>= 2 there, 1 otherwise).
+        virtual_stages: model chunks per pipeline rank for the interleaved schedule (>= 2; ignored otherwise).
         max_world_size: the most ranks allowed (e.g. GPUs available, or a CPU process cap).
     Raises:
         HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages), TP

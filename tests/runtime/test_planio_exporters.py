@@ -1,0 +1,148 @@
+"""Plan loading, runtime layout checks and exporters (no torch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetplan.errors import HetplanError
+from hetplan.runtime import exporters, planio
+
+ROOT = Path(__file__).parents[2]
+TINY = ROOT / "examples" / "tiny-pp2-dp2.json"
+
+
+def _plan(tmp_path, **over):
+    raw = json.loads(TINY.read_text())
+    raw["job"]["model"] = str(ROOT / "examples" / "tiny-model.json")
+    for k, v in over.items():
+        raw[k] = v
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(raw, indent=1))
+    return p
+
+
+def test_example_plan_layout():
+    plan = planio.load_plan(TINY)
+    spec = planio.plan_model(plan)
+    assert spec.num_layers == 4 and spec.hidden_size == 128
+    lay = planio.layout(plan, spec)
+    assert (lay.pp, lay.dp, lay.tp, lay.world_size) == (2, 2, 1, 4)
+    assert lay.stage_layers == ((0, 3), (3, 4)) and lay.num_microbatches == 2
+    assert [lay.coords(r) for r in range(4)] == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+
+
+def test_interleaved_chunks(tmp_path):
+    p = _plan(tmp_path, stages=[{"num_layers": 2, "dp": 2}, {"num_layers": 2, "dp": 2}])
+    plan = planio.load_plan(p)
+    lay = planio.layout(plan, planio.plan_model(plan), schedule="interleaved", virtual_stages=2)
+    # chunk k on pipeline rank k % pp, layers in chunk order
+    assert lay.chunk_layers == ((0, 1), (1, 2), (2, 3), (3, 4))
+    with pytest.raises(HetplanError, match="fewer layers than the 2 virtual stages"):
+        planio.layout(planio.load_plan(TINY), planio.plan_model(planio.load_plan(TINY)), schedule="interleaved")
+
+
+def test_malformed_json_names_line(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('{\n  "job": {"model": "x",\n  "seq_len": 1,,\n}')
+    with pytest.raises(HetplanError, match=r"line 3") as e:
+        planio.load_plan(p)
+    assert e.value.field == "PLAN"
+
+
+def test_bad_field_named(tmp_path):
+    p = _plan(tmp_path, mbs=0)
+    with pytest.raises(HetplanError) as e:
+        planio.load_plan(p)
+    assert e.value.field == "plan.mbs"
+
+
+@pytest.mark.parametrize("stages, match", [
+    ([{"num_layers": 2, "tp": 3, "dp": 1}, {"num_layers": 2, "tp": 3, "dp": 1}], "does not divide num_attention_heads"),
+    ([{"num_layers": 2, "dp": 2}, {"num_layers": 2, "dp": 1}], "different TP degrees"),
+    ([{"num_layers": 2, "dp": 2}, {"num_layers": 1, "dp": 2}], "stages hold 3 layers"),
+])
+def test_plans_the_runtime_cannot_run(tmp_path, stages, match):
+    raw = json.loads(TINY.read_text())
+    raw["job"]["model"] = str(ROOT / "examples" / "tiny-model.json")
+    raw["job"]["global_batch"] = 12
+    raw["stages"] = stages
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(raw))
+    plan = planio.load_plan(p)
+    with pytest.raises(HetplanError, match=match):
+        planio.layout(plan, planio.plan_model(plan))
+
+
+def test_too_many_processes():
+    plan = planio.load_plan(TINY)
+    with pytest.raises(HetplanError, match="needs 4 ranks") as e:
+        planio.layout(plan, planio.plan_model(plan), max_world_size=2)
+    assert e.value.fix
+
+
+def test_exports():
+    plan = planio.load_plan(TINY)
+    spec = planio.plan_model(plan)
+    meg = exporters.export(plan, spec, "megatron").files["megatron_launch.sh"]
+    for arg in ("--pipeline-model-parallel-size 2", "--decoder-first-pipeline-num-layers 3",
+                "--decoder-last-pipeline-num-layers 1", "--micro-batch-size 2", "--global-batch-size 8", "--swiglu",
+                "--nproc-per-node 4"):
+        assert arg in meg
+    tt = exporters.export(plan, spec, "torchtitan").files["torchtitan.toml"]
+    import tomllib
+
+    cfg = tomllib.loads(tt)
+    assert cfg["parallelism"]["pipeline_parallel_split_points"] == ["layers.3"]
+    assert cfg["parallelism"]["data_parallel_replicate_degree"] == 2
+    assert cfg["training"]["local_batch_size"] == 4
+    with pytest.raises(HetplanError, match="cannot take per-stage layer counts") as e:
+        exporters.export(plan, spec, "deepspeed")
+    assert "[0, 3, 4]" in e.value.message
+    with pytest.raises(HetplanError, match="unknown export target"):
+        exporters.export(plan, spec, "jax")
+
+
+def test_deepspeed_balanced_and_megatron_middle_stages(tmp_path):
+    raw = json.loads(TINY.read_text())
+    raw["job"]["model"] = "gpt3-1.3b"
+    raw["job"]["seq_len"] = 2048
+    raw["stages"] = [{"num_layers": 6, "dp": 2}] * 4
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(raw))
+    plan = planio.load_plan(p)
+    spec = planio.plan_model(plan)
+    ds = json.loads(exporters.export(plan, spec, "deepspeed").files["ds_config.json"])
+    assert ds["train_batch_size"] == 8 and ds["gradient_accumulation_steps"] == 2
+    raw["stages"] = [{"num_layers": 5, "dp": 2}, {"num_layers": 7, "dp": 2}, {"num_layers": 6, "dp": 2},
+                     {"num_layers": 6, "dp": 2}]
+    p.write_text(json.dumps(raw))
+    with pytest.raises(HetplanError, match="only the first and last"):
+        exporters.export(planio.load_plan(p), spec, "megatron")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "hetplan.cli.main", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_cli_errors_exit_2(tmp_path):
+    r = _cli("export", str(TINY), "--to", "jax")
+    assert r.returncode == 2 and "--to" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\n\n oops")
+    r = _cli("run", str(bad))
+    assert r.returncode == 2 and "line 3" in r.stderr
+    r = _cli("run", str(TINY), "--max-procs", "2")
+    assert r.returncode == 2 and "needs 4 ranks" in r.stderr
+
+
+def test_planner_does_not_import_torch():
+    code = ("import sys, hetplan, hetplan.cli.main, hetplan.runtime.exporters, hetplan.runtime.planio, "
+            "hetplan.profile.importers, hetplan.profile.db, hetplan.runtime.launcher, hetplan.runtime.verify, "
+            "hetplan.profile.profiler; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
