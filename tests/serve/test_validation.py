@@ -3,9 +3,9 @@
 Stated tolerance: the simulation's overall p50 latency within 25 % of the engine's, overall p90 and p99 within
 50 %, each model's p50 within 40 %, swap counts within 30 %. The simulator's costs are calibrated on the run (batch times sampled per
 batch size, median swap times; see hetplan.serve.validate.calibrate_from_logs); the queueing, batching and
-swapping are the simulator's own. Measured errors (docs/serving.md): overall p50 within 3 % (11 % per model);
-p90/p99 within 26 % on a quiet machine, up to 34 % when the 2 cores are shared with other jobs (load average 7-9),
-whose bursts of interference lengthen the engine's tail in a way i.i.d. sampled costs cannot reproduce."""
+swapping are the simulator's own. Measured errors (docs/serving.md, 3 seeds, 2 cores shared with other jobs):
+overall p50 within 1 %, p90 within 6 %, p99 within 24 %; per-model p50 within 13 %. Other jobs' bursts of
+interference lengthen the engine's tail in a way independently sampled costs cannot reproduce."""
 
 import pytest
 

@@ -57,15 +57,17 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
         HetplanError: no GPU given, unknown GPU/model, a model that does not fit, bad workload values.
     """
     c = wf.cluster
+    default_cap = None
     if gpu is None:
         if c.gpu is None:
             raise HetplanError("the simulator needs a GPU type for its cost models", field="cluster.gpu",
                                fix='set cluster.gpu to a catalog name, e.g. "A100-SXM-80GB"')
         gpu = load_catalog().get(c.gpu, field="cluster.gpu")
+        default_cap = c.memory_bytes
     tp, pp = tp or c.tp, pp or c.pp
     dtype = c.dtype
     gpu.peak_flops_per_s(dtype)  # raises on an unsupported dtype
-    cap = capacity_bytes or (c.memory_bytes if c.memory_bytes and gpu.name == c.gpu else int(gpu.memory_bytes * c.memory_fraction))
+    cap = capacity_bytes or default_cap or int(gpu.memory_bytes * c.memory_fraction)
     sw = wf.swap
     swap_model = SwapModel(gpu.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
                            sw.switch_bandwidth_bytes_per_s, sw.overhead_s)

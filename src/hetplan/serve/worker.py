@@ -107,6 +107,7 @@ class Worker:
             params = {n: p.detach() for n, p in stage.named_parameters()}
             if a.device == "cuda":
                 params = {n: p.pin_memory() for n, p in params.items()}
+            stage.to("meta")  # the module keeps only its structure; weights live in self.host / self.resident
             self.stages[name], self.host[name] = stage, params
 
     def shard_bytes(self, name: str) -> int:
