@@ -183,8 +183,25 @@ def stage_types(m: ModelSpec, inventory: Inventory, catalog, dtype: str, pins: P
     return out
 
 
+_TABLES: dict = {}
+
+
 def cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int, F: int, rcs: list[int]) -> CostTable:
-    """Evaluate :func:`stage_costs` for ``st`` on the grid (kind, in-flight 1..F, layers 0..L, recompute)."""
+    """Evaluate :func:`stage_costs` for ``st`` on the grid (kind, in-flight 1..F, layers 0..L, recompute).
+
+    Cached (by model, job shape, GPU, TP, link, b, d, ZeRO, F, recomputations; at most 4,096 tables), so sweeps
+    over many inventories of the same GPU types reuse them."""
+    key = (m, job.seq_len, job.global_batch, job.dtype, st.gpu.model_dump_json(), st.tp, st.link, b, d, zero, F,
+           tuple(rcs))
+    hit = _TABLES.get(key)
+    if hit is None:
+        if len(_TABLES) > 4096:
+            _TABLES.clear()
+        hit = _TABLES[key] = _cost_table(m, job, st, b, d, zero, F, rcs)
+    return hit
+
+
+def _cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int, F: int, rcs: list[int]) -> CostTable:
     L = m.num_layers
     mb = job.global_batch // (b * d)
     kind = np.arange(4).reshape(4, 1, 1, 1)

@@ -56,12 +56,16 @@ def _suffix_bounds(a: np.ndarray, nmax: np.ndarray, L: int):
     minmax = np.full((p + 1, L + 1), INF)
     minsum[p, 0] = 0.0
     minmax[p, 0] = 0.0
-    n, left, ok = _grid(L)
+    _, left, _ = _grid(L)
     for i in range(p - 1, -1, -1):
-        valid = ok & (n >= 1) & (n <= nmax[i])
-        ai = np.where(valid, a[i][:, None], INF)
-        minsum[i] = np.min(ai + minsum[i + 1][left], axis=0)
-        minmax[i] = np.min(np.maximum(ai, minmax[i + 1][left]), axis=0)
+        top = int(min(nmax[i], L))
+        if top < 1:
+            continue
+        lf = left[1 : top + 1]  # (top, L+1): layers left for stages after i when stage i holds 1..top
+        valid = (np.arange(L + 1)[None, :] - np.arange(1, top + 1)[:, None]) >= 0
+        ai = np.where(valid, a[i, 1 : top + 1][:, None], INF)
+        minsum[i] = np.min(ai + minsum[i + 1][lf], axis=0)
+        minmax[i] = np.min(np.maximum(ai, minmax[i + 1][lf]), axis=0)
     return minsum, minmax
 
 
@@ -88,8 +92,9 @@ def solve_partition(a, e, o, nmax, L: int, m: int, p2p_s: float = 0.0, upper_bou
         return None
     e = np.asarray(e, dtype=float)
     o = np.asarray(o, dtype=float)
-    emin = np.array([np.min(e[i, 1 : nmax[i] + 1]) for i in range(p)])
-    omin = np.array([np.min(o[i, 1 : nmax[i] + 1]) for i in range(p)])
+    feasible = (np.arange(L + 1)[None, :] >= 1) & (np.arange(L + 1)[None, :] <= nmax[:, None])
+    emin = np.where(feasible, e, INF).min(axis=1)
+    omin = np.where(feasible, o, INF).min(axis=1)
     elb = np.maximum.accumulate(emin[::-1])[::-1].tolist() + [0.0]
     olb = np.maximum.accumulate(omin[::-1])[::-1].tolist() + [0.0]
     al, el, ol = a.tolist(), e.tolist(), o.tolist()

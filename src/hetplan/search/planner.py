@@ -234,7 +234,7 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
     lines = list(explanation)
     if win is not None and win[6]:
         ref = ranked[0] if ranked else None
-        head = f"#1 (heterogeneous) {win[5]}"
+        head = f"#1 {win[5]}"
         if ref is not None:
             head += f": {1 - win[0] / iterations_key(ref.estimate):.1%} better {what} than the best homogeneous plan"
         lines.insert(0, head + ".")
