@@ -189,23 +189,42 @@ def estimate_detailed(
                            fix="use simulate or closed_form")
     gpus = [catalog.get(plan.pools[st.pool].gpu, field=f"plan.pools[{st.pool}].gpu") for st in plan.stages]
     links = [pool_link(plan.pools[st.pool], g) for st, g in zip(plan.stages, gpus)]
-    costs, sources = [], []
-    for i, (st, gpu, link) in enumerate(zip(plan.stages, gpus, links)):
+    costs: list = [None] * p
+    sources = ["analytic"] * p
+    stage_kw = []
+    for i, st in enumerate(plan.stages):
         b = plan.stage_mbs(i)  # per-replica micro-batch (a stage may set its own, hetplan.plan.Stage.mbs)
-        measured = profiles.layer_time_s(gpu.name, m, job.dtype, b, job.seq_len, st.tp) if profiles else None
-        sources.append("analytic" if measured is None else "profiled")
         mb = plan.num_microbatches(i)
-        in_flight = in_flight_microbatches(plan.schedule, p, i, mb, v)
-        costs.append(
-            stage_costs(
-                m, gpu, link, job.dtype,
-                s=job.seq_len, b=b, t=st.tp, dp=st.dp, num_layers=st.num_layers,
-                has_embedding=i == 0, has_head=i == p - 1, single_stage=p == 1, in_flight=in_flight,
-                num_microbatches=mb, zero=plan.zero, recompute_code=RECOMPUTE_CODES[st.recompute],
-                sequence_parallel=plan.sequence_parallel and st.tp > 1,
-                overlap_grad_reduce=plan.overlap_grad_reduce, measured_layer_time_s=measured,
-                recompute_layers=st.recompute_layers,
-            )
+        stage_kw.append(dict(
+            s=job.seq_len, b=b, t=st.tp, dp=st.dp, num_layers=st.num_layers,
+            has_embedding=i == 0, has_head=i == p - 1, single_stage=p == 1,
+            in_flight=in_flight_microbatches(plan.schedule, p, i, mb, v),
+            num_microbatches=mb, zero=plan.zero, recompute_code=RECOMPUTE_CODES[st.recompute],
+            sequence_parallel=plan.sequence_parallel and st.tp > 1,
+        ))
+    # Stages of one pool without measured times or per-layer recompute: one vectorised stage_costs call (same
+    # formulas, element by element; it keeps estimate() fast for deep pipelines).
+    batched: dict[int, list[int]] = {}
+    for i, st in enumerate(plan.stages):
+        if profiles is None and st.recompute_layers is None:
+            batched.setdefault(st.pool, []).append(i)
+    for idx in batched.values():
+        if len(idx) < 2:
+            continue
+        arr = {k: np.array([stage_kw[i][k] for i in idx]) for k in stage_kw[idx[0]]}
+        c = stage_costs(m, gpus[idx[0]], links[idx[0]], job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce, **arr)
+        for j, i in enumerate(idx):
+            costs[i] = {k: ({kk: vv[j] for kk, vv in x.items()} if isinstance(x, dict) else np.asarray(x)[j])
+                        for k, x in c.items()}
+    for i, (st, gpu, link) in enumerate(zip(plan.stages, gpus, links)):
+        if costs[i] is not None:
+            continue
+        kw = stage_kw[i]
+        measured = profiles.layer_time_s(gpu.name, m, job.dtype, kw["b"], job.seq_len, st.tp) if profiles else None
+        sources[i] = "analytic" if measured is None else "profiled"
+        costs[i] = stage_costs(
+            m, gpu, link, job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce, measured_layer_time_s=measured,
+            recompute_layers=st.recompute_layers, **kw,
         )
     # p2p across each boundary, over the intra-node link or the (slower) node NICs shared by the sending GPUs.
     intra = boundary_is_intra_node(
@@ -238,7 +257,7 @@ def estimate_detailed(
         sim = simulate(fwd, bwd, p2p, mb0, schedule, v, record=record)
         t_pipe = sim.makespan_s
         bottleneck = float(np.max(fwd + bwd))
-        bubble = t_pipe - mb0 * bottleneck - 2 * p2p_total
+        bubble = max(0.0, t_pipe - mb0 * bottleneck - 2 * p2p_total)
         # Each stage reduces its gradients after its own last backward; the optimizer step (grad-norm
         # all-reduce across stages) waits for all.
         after = max(end + d for end, d in zip(sim.stage_end_s, dp_each))
@@ -246,7 +265,7 @@ def estimate_detailed(
         iteration = after + optimizer
     else:
         t_pipe, bottleneck, bubble = pipeline_time_s(fwd, bwd, np.ones(p), p2p_total, mb0, virtual_stages=v)
-        bubble = float(bubble) - 2 * p2p_total  # reported apart from the p2p transfers
+        bubble = max(0.0, float(bubble) - 2 * p2p_total)  # reported apart from the p2p transfers
         iteration = float(t_pipe) + dp_exposed + optimizer
 
     stages_out = []
