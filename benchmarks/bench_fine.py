@@ -1,6 +1,6 @@
 """Benchmark of the fine-grained (Aceso-style) search on Aceso's own cases, with Aceso's V100 profiles.
 
-Run:  python benchmarks/bench_fine.py            (all cases, ~15 s)
+Run:  python benchmarks/bench_fine.py            (all cases, ~10 s; --enumerate adds the optimality check, --trace the traces)
       python benchmarks/bench_fine.py --quick    (the 1.3B case and the 1,024-layer case only)
 
 Cases (Liu et al., EuroSys'24; microsoft/SuperScaler branch Aceso, scripts/aceso_gpt_search.sh and README):
@@ -77,11 +77,64 @@ def _plan_text(plan) -> str:
     return f"zero{plan.zero} [" + " | ".join(parts) + "]"
 
 
+def enumerable_check(seed: int, count: int, tmp: Path, layers=(4, 5, 6), hidden=(1024, 2048, 4096), gpus=(6, 8),
+                     batches=(16, 32, 64), memory_gib=(6, 8, 12, 16)) -> tuple[int, int, int, float]:
+    """Random small jobs whose whole fine-grained space is enumerated with the search's cost model.
+
+    Returns ``(instances, uniform not optimal, fine search optimal, worst gap)``; jobs where nothing fits are
+    skipped."""
+    import json
+    import random
+
+    from hetplan.errors import HetplanError
+    from hetplan.search.fine import FineSearch, enumerate_states
+    from hetplan.search.fine_cost import FineCostModel
+
+    base = json.loads((FIX / "gpt_1_3B_aceso.json").read_text())
+    rng = random.Random(seed)
+    n = nonuniform = optimal = 0
+    worst = 0.0
+    for _ in range(count):
+        L, h, gpu = rng.choice(layers), rng.choice(hidden), rng.choice([V100, "A100-SXM-80GB"])
+        N, gbs, mem = rng.choice(gpus), rng.choice(batches), rng.choice(memory_gib)
+        path = tmp / f"m_{L}_{h}.json"
+        path.write_text(json.dumps(dict(base, num_hidden_layers=L, hidden_size=h, ffn_hidden_size=4 * h,
+                                        num_attention_heads=h // 64)))
+        m = load_model(path)
+        job = Job(model=str(path), seq_len=2048, global_batch=gbs, dtype="fp16")
+        pool = GPUPool(gpu=gpu, count=N)
+        cat = with_gpu_memory(load_catalog(), gpu, mem * 2**30)
+        try:
+            r = fine_search(job, Inventory(pools=[pool]), catalog=cat, model=m)
+        except HetplanError:
+            continue
+        cm = FineCostModel(m, job, pool, cat.get(gpu), max_stages=N)
+        best = min(cm.cost(st).key for st in enumerate_states(FineSearch(cm), r.start_plan.num_gpus, 2_000_000))
+        gap = r.estimate.iteration_time_s / best[1] - 1
+        n += 1
+        nonuniform += r.start_estimate.iteration_time_s / best[1] - 1 > 1e-9
+        optimal += gap <= 1e-9
+        worst = max(worst, gap)
+    return n, nonuniform, optimal, worst
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="only the 1.3B small case and the 1,024-layer case")
     ap.add_argument("--trace", action="store_true", help="print the search trace of each case")
+    ap.add_argument("--enumerate", action="store_true",
+                    help="also check optimality on 52 random 6-8-GPU jobs whose whole space is enumerated (~1-2 min)")
     args = ap.parse_args(argv)
+    if args.enumerate:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            tot = [0, 0, 0, 0.0]
+            for seed, count in ((3, 12), (11, 40)):
+                n, nu, opt, worst = enumerable_check(seed, count, Path(d))
+                tot = [tot[0] + n, tot[1] + nu, tot[2] + opt, max(tot[3], worst)]
+        print(f"enumerable 6-8-GPU jobs: {tot[0]} instances, uniform not optimal on {tot[1]}, fine search optimal on "
+              f"{tot[2]} ({tot[2] / max(tot[0], 1):.0%}), worst gap {tot[3]:.2e}")
     cases = [CASES[0], CASES[4]] if args.quick else CASES
     print(f"{'case':18} {'uniform s':>10} {'fine s':>9} {'Aceso pred':>10} {'Aceso meas':>10} {'samples/s':>9} "
           f"{'evals':>6} {'search s':>9} {'Aceso search s':>14}")
