@@ -25,7 +25,6 @@ Cost of one state evaluation: O(p) table look-ups plus the simulation; a new sta
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,9 +38,6 @@ from hetplan.estimate.stage import boundary_bandwidth_bytes_per_s, p2p_bytes, st
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
-
-INF = float("inf")
-
 
 @dataclass(frozen=True)
 class FineStage:
@@ -359,9 +355,4 @@ def state_from_plan(plan: Plan) -> FineState:
     return FineState(tuple(FineStage(st.num_layers, st.tp, st.dp) for st in plan.stages), B, plan.zero)
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-__all__ = ["FineStage", "FineState", "StateCost", "FineCostModel", "simulate_1f1b", "state_from_plan", "INF",
-           "ceil_div", "math"]
+__all__ = ["FineStage", "FineState", "StateCost", "FineCostModel", "simulate_1f1b", "state_from_plan"]
