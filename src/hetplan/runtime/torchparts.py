@@ -10,7 +10,8 @@ embedding and the output head stay replicated on the TP ranks (the estimator ass
 a stated difference, small for the models the runtime is meant for).
 
 Timing (:func:`time_forward_backward`): one micro-batch, after ``warmup`` untimed repeats, the median of
-``repeats``; on CUDA with CUDA events, on CPU with ``time.perf_counter``.
+``repeats``; on CUDA with CUDA events, on CPU with the thread's CPU time (one intra-op thread, no TP) or
+``time.perf_counter``.
 
 Memory (:class:`SavedTensorMeter`): bytes of the tensors autograd saves for backward (activations), counted per
 storage, excluding parameter storages, live from pack to the release of the graph; its peak is the activation
@@ -99,8 +100,15 @@ def _sync(device) -> None:
 
 
 def time_forward_backward(module: nn.Module, x: torch.Tensor, *, last: bool, target: torch.Tensor | None = None,
-                          warmup: int = 2, repeats: int = 5, stat: str = "median") -> tuple[float, float]:
+                          warmup: int = 2, repeats: int = 5, stat: str = "median",
+                          clock: str | None = None) -> tuple[float, float]:
     """Median (or ``stat="min"``: minimum) ``(forward_s, backward_s)`` of one micro-batch through ``module``.
+
+    Clocks: CUDA events on GPU. On CPU ``clock="thread"`` (the default when torch runs one intra-op thread and no
+    TP collective is involved, i.e. the module has no DTensor parameters) measures the calling thread's CPU time
+    (``time.thread_time``): with one intra-op thread this is the compute time without the time the OS gave to
+    other processes, which makes CPU measurements on shared hosts repeatable. ``clock="wall"`` uses
+    ``time.perf_counter`` (needed when the pass waits on other ranks, e.g. TP all-reduces).
 
     The minimum is the time without interference from other processes (shared CI hosts); verify uses it on
     both the profiled and the measured side.
@@ -110,6 +118,9 @@ def time_forward_backward(module: nn.Module, x: torch.Tensor, *, last: bool, tar
     """
     dev = x.device
     cuda = dev.type == "cuda"
+    if clock is None:
+        clock = "thread" if torch.get_num_threads() == 1 and not _has_dtensor(module) else "wall"
+    now = time.thread_time if clock == "thread" else time.perf_counter
     fw, bw = [], []
     for i in range(warmup + repeats):
         module.zero_grad(set_to_none=True)
@@ -119,14 +130,14 @@ def time_forward_backward(module: nn.Module, x: torch.Tensor, *, last: bool, tar
         if cuda:
             e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             e0.record()
-        t0 = time.perf_counter()
+        t0 = now()
         out = module(x)
         if last:
             out = loss_fn(out, target)
         if cuda:
             e1.record()
         else:
-            t1 = time.perf_counter()
+            t1 = now()
         grad = None if last else torch.ones_like(out)
         out.backward(grad)
         if cuda:
@@ -134,7 +145,7 @@ def time_forward_backward(module: nn.Module, x: torch.Tensor, *, last: bool, tar
             torch.cuda.synchronize(dev)
             f, b = e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3
         else:
-            t2 = time.perf_counter()
+            t2 = now()
             f, b = t1 - t0, t2 - t1
         if i >= warmup:
             fw.append(f)
@@ -142,6 +153,14 @@ def time_forward_backward(module: nn.Module, x: torch.Tensor, *, last: bool, tar
         del out
     agg = min if stat == "min" else statistics.median
     return agg(fw), agg(bw)
+
+
+def _has_dtensor(module: nn.Module) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return False
+    return any(isinstance(p, DTensor) for p in module.parameters())
 
 
 class SavedTensorMeter:

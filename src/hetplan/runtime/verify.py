@@ -13,7 +13,8 @@
 
    * time: predicted ``forward_s + backward_s`` of one micro-batch (:class:`StageEstimate`) vs. the measured
      forward + backward of one micro-batch through the stage's module, timed in isolation inside the running job
-     (mean over the stage's DP ranks). Both sides use the minimum of repeats (shared CI hosts add noise).
+     (mean over the stage's DP ranks). Both sides use the minimum of repeats and, on CPU, the thread's CPU time
+     (:func:`hetplan.runtime.torchparts.time_forward_backward`): shared CI hosts add noise to wall-clock times.
    * memory: on GPU, predicted total minus the fixed CUDA-context overhead vs. ``torch.cuda.max_memory_allocated``.
      On CPU, the runtime trains in fp32 with AdamW (4-byte weights, 4-byte gradients, two 4-byte Adam states,
      4-byte activations) while the estimator predicts Megatron-style mixed precision (2 + 4 + 12 bytes per
@@ -90,21 +91,25 @@ def host_catalog(threads: int = 1):
     from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 
     torch.set_num_threads(threads)
+    # Best of several short runs, on the thread's CPU clock (as the layer timings): robust to other load.
     n = 512
     a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(3):
+    a @ b
+    best = float("inf")
+    for _ in range(10):
+        t0 = time.thread_time()
         a @ b
-    reps, t0 = 10, time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    flops = 2 * n**3 * reps / (time.perf_counter() - t0)
+        best = min(best, time.thread_time() - t0)
+    flops = 2 * n**3 / best
     x = torch.empty(2**24 // 4)
     y = torch.empty_like(x)
     y.copy_(x)
-    t0 = time.perf_counter()
-    for _ in range(5):
+    best = float("inf")
+    for _ in range(10):
+        t0 = time.thread_time()
         y.copy_(x)
-    bw = 2 * x.numel() * 4 * 5 / (time.perf_counter() - t0)
+        best = min(best, time.thread_time() - t0)
+    bw = 2 * x.numel() * 4 / best
     import os
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
