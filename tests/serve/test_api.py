@@ -29,7 +29,7 @@ def server():
     from .conftest import FIXTURES
 
     # one worker (world size 1), one model resident at a time, tiny queues to provoke 429
-    eng = Engine(_entries(FIXTURES), capacity_bytes=1_000_000, max_batch_size=1, max_queue_len=1)
+    eng = Engine(_entries(FIXTURES), capacity_bytes=1_000_000, max_batch_size=1, max_queue_len=1, policy="load_aware")
     srv = BackgroundServer(create_app(eng, default_max_new_tokens=2))
     with srv as url:
         yield url, eng

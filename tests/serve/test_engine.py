@@ -98,9 +98,10 @@ def test_metrics_count_swaps_and_latency(eng):
         assert name in text
 
 
-def test_pipeline_parallel_engine(fixtures):
-    ents = _entries(fixtures)[:2]
-    with Engine(ents, tp=1, pp=2, capacity_bytes=CAPACITY) as e:
+def test_tp2_pp2_engine(fixtures):
+    ents = _entries(fixtures)[:2]  # 4 workers: two pipeline stages, each a TP group of two
+    with Engine(ents, tp=2, pp=2, capacity_bytes=CAPACITY) as e:
+        assert len(e.shard_bytes["o0"]) == 4
         for ent in ents:
             assert e.generate(ent.name, [7, 7, 2], 3).tokens == greedy(ent.model, ent.seed, [7, 7, 2], 3)
         procs = e._procs
