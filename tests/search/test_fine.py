@@ -227,3 +227,27 @@ def test_cli_search_fine_json_and_explain():
     assert out.returncode == 0 and "bottleneck stage" in out.stdout and "fine search:" in out.stdout
     bad = _cli(*args, "--search", "bogus")
     assert bad.returncode == 2 and "--search" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_pins_hold_in_the_fine_search():
+    from hetplan.search.space import Pins
+
+    job = Job(model="gpt3-6.7b", seq_len=2048, global_batch=512, dtype="fp16")
+    inv = Inventory(pools=[GPUPool(gpu=V100, count=16)])
+    r = fine_search(job, inv, pins=Pins(tp=2, zero=1, recompute="none"), budget_evaluations=300)
+    assert all(st.tp == 2 and st.recompute == "none" for st in r.plan.stages) and r.plan.zero == 1
+
+
+def test_cli_profile_db(tmp_path, aceso_db):
+    from hetplan.profile.db import ProfileDB
+    from hetplan.profile.importers import import_aceso
+
+    path = tmp_path / "aceso.sqlite"
+    with ProfileDB(path) as db:
+        import_aceso(db, FIX, models={"gpt_1_3B": (load_model(ACESO_13), 2048)})
+    out = _cli("plan", "--model", ACESO_13, "--seq-len", "2048", "--global-batch", "512", "--dtype", "fp16", "--gpu",
+               V100, "--gpus", "4", "--gpus-per-node", "4", "--search", "fine", "--profile-db", path, "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert all(s["time_source"] == "profiled" for s in d["plans"][0]["stages"])
+    assert d["fine"]["iteration_time_s"] <= d["fine"]["uniform_iteration_time_s"]

@@ -4,7 +4,8 @@ for Large Model Training with Bottleneck Alleviation", EuroSys'24, Sec. 4).
 **Space.** One GPU pool, a fixed number of GPUs (the start plan's). Stages with their own GPU count, TP and DP
 degree (:class:`hetplan.search.fine_cost.FineStage`), uneven layer splits, one pipeline micro-batch of ``B``
 sequences that stage ``i`` splits over its ``dp_i`` replicas (``B / dp_i`` each; Aceso Sec. 3), ZeRO 0 or 1,
-per-layer recomputation (repaired to the lightest that fits, :meth:`FineCostModel.repair`), and resharding
+per-layer recomputation (repaired to the lightest that fits, :meth:`FineCostModel.repair`; a ``recompute`` pin
+limits it to that mode, ``none`` to no recomputation), and resharding
 between stages whose layouts differ (:mod:`hetplan.estimate.reshard`). Uniform Megatron-style plans are points of
 this space. Because the GPUs are fixed, $/hour is fixed too: a faster plan is also a cheaper job, so minimising the
 iteration time serves every objective of :mod:`hetplan.search.objective` (a deadline or budget met by the start
@@ -435,7 +436,9 @@ def fine_search(
         start_plan, start_est = starts[0], res.plans[0].estimate
     gpu = catalog.get(pool.gpu, field="inventory.gpu")
     n_gpus = max(sp.num_gpus for sp in starts)
-    cm = FineCostModel(m, job, pool, gpu, profiles, max_stages=max(n_gpus, pool.count))
+    modes = ("selective", "full") if pins is None or pins.recompute is None else \
+        {"none": (), "selective": ("selective",), "full": ("full",)}[pins.recompute]
+    cm = FineCostModel(m, job, pool, gpu, profiles, max_stages=max(n_gpus, pool.count), recompute_modes=modes)
     states: list[FineState] = []
     for sp in starts:  # same GPUs as the best uniform plan: $/hour stays fixed (module doc)
         s = state_from_plan(sp)

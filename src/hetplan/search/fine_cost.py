@@ -161,13 +161,16 @@ class FineCostModel:
         profiles: measured layer times (the estimator's ``profiles``), optional.
         memory_capacity_bytes: usable memory per GPU (default the GPU's memory).
         max_stages: the most stages a state may have (sizes the tables; default the pool's GPU count).
+        recompute_modes: the recomputation modes the repair may use on some layers (``()`` = none at all).
     Attributes:
         evaluations: states costed so far (cache misses of :meth:`cost`), the search's work counter.
     """
 
     def __init__(self, m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, profiles: LayerTimeSource | None = None,
-                 memory_capacity_bytes: float | None = None, max_stages: int | None = None):
+                 memory_capacity_bytes: float | None = None, max_stages: int | None = None,
+                 recompute_modes: tuple[str, ...] = ("selective", "full")):
         self.m, self.job, self.pool, self.gpu = m, job, pool, gpu
+        self.recompute_modes = tuple(recompute_modes)
         self.profiles = profiles
         self.link = pool_link(pool, gpu)
         self.capacity = float(gpu.memory_bytes if memory_capacity_bytes is None
@@ -265,12 +268,15 @@ class FineCostModel:
             f, b, _, _, _, mem = self.recompute_options(ctx, in_flight, n)
             options = []
             for row, mode in ((0, "selective"), (1, "full")):
+                if mode not in self.recompute_modes:
+                    continue
                 ok = np.nonzero(mem[row] <= cap)[0]
                 ok = ok[ok >= 1]
                 if len(ok):
                     r = int(ok[0])
                     options.append((float(f[row, r] + b[row, r]), row, mode, r))
-            best = min(options)[2:] if options else ("full", n)
+            fallback = (self.recompute_modes[-1], n) if self.recompute_modes else ("none", 0)
+            best = min(options)[2:] if options else fallback
         self._repair[key] = best
         return best
 
