@@ -70,3 +70,41 @@ def test_bad_partitions(fixtures):
     with pytest.raises(HetplanError):
         split_layers(4, 5)
     assert split_layers(5, 2) == [(0, 3), (3, 5)]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama.json"])
+def test_tp2_forward_and_backward_equal_full_model(fixtures, tmp_path, name):
+    import multiprocessing as mp
+
+    from hetplan.serve.engine import free_port
+
+    from .tp_helper import tp_forward_backward
+
+    spec = load_model(fixtures / name)
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=tp_forward_backward, args=(r, 2, port, str(fixtures / name), str(tmp_path)))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    full = TransformerStage(spec, seed=11)
+    toks = torch.randint(0, spec.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3))
+    ref = full(toks)
+    ref.float().square().mean().backward()
+    outs = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for o in outs:
+        torch.testing.assert_close(o["logits"], ref.detach(), rtol=1e-4, atol=1e-5)
+    g = {n: p.grad for n, p in full.named_parameters()}
+    cat0 = lambda k: torch.cat([o["grads"][k] for o in outs], 0)  # noqa: E731
+    tol = dict(rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(cat0("layers.1.q.weight"), g["layers.1.q.weight"], **tol)
+    torch.testing.assert_close(cat0("layers.0.gate.weight"), g["layers.0.gate.weight"], **tol)
+    torch.testing.assert_close(torch.cat([o["grads"]["layers.2.down.weight"] for o in outs], 1), g["layers.2.down.weight"], **tol)
+    v = spec.vocab_size
+    torch.testing.assert_close(cat0("embed.weight")[:v], g["embed.weight"][:v], **tol)
+    torch.testing.assert_close(cat0("head")[:v], g["head"][:v], **tol)
+    for o in outs:  # replicated parameters get the full gradient on every rank
+        torch.testing.assert_close(o["grads"]["layers.0.norm1.weight"], g["layers.0.norm1.weight"], **tol)

@@ -23,6 +23,10 @@ output and MLP down projections are row-parallel and followed by an all-reduce o
 input embedding and the output head are vocabulary-parallel (``V_pad/t`` rows each; embedding all-reduce, logits
 all-gather). Row-parallel biases are added once, after the all-reduce.
 
+The TP collectives are autograd-aware (Megatron's ``f``/``g`` operators: identity forward and all-reduce backward
+at the input of column-parallel layers, the reverse after row-parallel ones; the logits all-gather gives each rank
+its slice of the gradient), so the same module trains under TP. Dropout is not applied.
+
 Random weights are seeded *per full tensor* (seed and parameter name), and a rank keeps its slice, so a model
 gives the same outputs whatever its TP x PP partition (up to floating-point reduction order).
 
@@ -123,10 +127,56 @@ class _Norm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
+class _CopyToTP(torch.autograd.Function):
+    """Megatron's ``f``: identity forward, all-reduce of the gradient backward (input of column-parallel layers)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Megatron's ``g``: all-reduce forward, identity backward (output of row-parallel layers)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    """All-gather along the last dimension forward; this rank's slice of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size):
+        ctx.rank, ctx.size = rank, size
+        chunks = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(chunks, x.contiguous(), group=group)
+        return torch.cat(chunks, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None, None, None
+
+
+def _copy_to_tp(x: torch.Tensor, part: Partition) -> torch.Tensor:
+    return _CopyToTP.apply(x, part.tp_group) if part.tp_size > 1 else x
+
+
 def _all_reduce(x: torch.Tensor, part: Partition) -> torch.Tensor:
-    if part.tp_size > 1:
-        dist.all_reduce(x, group=part.tp_group)
-    return x
+    return _ReduceFromTP.apply(x, part.tp_group) if part.tp_size > 1 else x
 
 
 def _rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
@@ -164,7 +214,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        y = self.norm1(x)
+        y = _copy_to_tp(self.norm1(x), self.part)
         q = self.q(y).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.k(y).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v(y).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -178,7 +228,7 @@ class Block(nn.Module):
         if self.o_bias is not None:
             a = a + self.o_bias
         x = x + a
-        y = self.norm2(x)
+        y = _copy_to_tp(self.norm2(x), self.part)
         u = self.up(y)
         u = F.silu(self.gate(y)) * u if self.gate is not None else F.gelu(u)
         m = _all_reduce(self.down(u), self.part)
@@ -272,13 +322,11 @@ class TransformerStage(nn.Module):
             x = layer(x, positions)
         if not part.last:
             return x
-        x = self.final_norm(x)
+        x = _copy_to_tp(self.final_norm(x), part)
         w = self.head if self.head is not None else self.embed.weight
         logits = x @ w.t()  # [b, s, V_pad/t]
         if part.tp_size > 1:
-            chunks = [torch.empty_like(logits) for _ in range(part.tp_size)]
-            dist.all_gather(chunks, logits.contiguous(), group=part.tp_group)
-            logits = torch.cat(chunks, dim=-1)
+            logits = _GatherFromTP.apply(logits, part.tp_group, part.tp_rank, part.tp_size)
         return logits[..., : spec.vocab_size]
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
