@@ -173,3 +173,19 @@ def test_simulator_is_deterministic_and_policies_differ_in_swaps():
     b = simulate(models, reqs, policy=Policy(), **kw)
     assert [r.finish_s for r in a.records] == [r.finish_s for r in b.records]
     assert a.swaps > 4
+
+
+def test_analytic_exec_model_worked_values():
+    from hetplan.hardware.catalog import get_gpu
+    from hetplan.model.counts import head_forward_flops, layer_forward_flops
+    from hetplan.model.spec import load_model
+
+    spec, gpu = load_model("llama2-7b"), get_gpu("A100-SXM-80GB")
+    m = AnalyticExecModel(spec, gpu)
+    # one decode token: memory-bound, every fp16 weight read once (6,738,415,616 parameters, Llama 2 Table 1)
+    assert m.pass_time_s(1, 1, 1) == pytest.approx(6_738_415_616 * 2 / gpu.hbm_bandwidth_bytes_per_s, rel=1e-12)
+    # a long prefill: compute-bound at peak x efficiency
+    flops = 32 * layer_forward_flops(spec, 8, 2048) + head_forward_flops(spec, 8, 2048)
+    assert m.pass_time_s(8, 2048, 2048) == pytest.approx(flops / (gpu.peak_flops_per_s("fp16") * gpu.compute_efficiency))
+    # prefill + 3 decode steps
+    assert m.batch_time_s(1, 16, 4) == pytest.approx(m.pass_time_s(1, 16, 16) + sum(m.pass_time_s(1, 1, 16 + i) for i in (1, 2, 3)))
