@@ -389,7 +389,10 @@ class Engine:
             now = self.now_s()
             self.exec_log.append((act.model, len(act.requests), now - t_start))
             for req, toks in zip(act.requests, tokens):
-                fut, _, t_sub = self._pending.pop(req.id)
+                entry = self._pending.pop(req.id, None)
+                if entry is None:  # already failed by a shutdown that timed out
+                    continue
+                fut, _, t_sub = entry
                 lat = now - t_sub
                 self.metrics.inc("hetplan_serve_requests_total", model=req.model, status="ok")
                 self.metrics.observe("hetplan_serve_request_latency_seconds", lat, model=req.model)
