@@ -138,3 +138,25 @@ def test_importer_errors(tmp_path):
         import_aceso(db, tmp_path / "nope")
     with pytest.raises(HetplanError, match="no Espresso rank folders"):
         import_espresso(db, tmp_path)
+
+
+def test_cli_import_and_show(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    db = tmp_path / "cli.db"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hetplan.cli.main", "profile", *a], capture_output=True,
+                                    text=True)
+    r = run("import", "aceso", str(FIX / "aceso"), "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    r = run("import", "fasop", str(FIX / "fasop_layer_forward_times.csv"), "--db", str(db))
+    assert r.returncode == 0 and "imported 27 rows" in r.stdout
+    r = run("show", "--db", str(db), "--json")
+    data = json.loads(r.stdout)
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert {row["source"] for row in data["layers"]} == {"aceso", "fasop"}
+    r = run("import", "pipedream", str(FIX), "--db", str(db))
+    assert r.returncode == 2 and "unknown format" in r.stderr
+    r = run("show", "--db", str(tmp_path / "none.db"))
+    assert r.returncode == 2
