@@ -15,12 +15,12 @@
      forward + backward of one micro-batch through the stage's module, timed in isolation inside the running job
      (mean over the stage's DP ranks). Both sides use the minimum of repeats and, on CPU, the thread's CPU time
      (:func:`hetplan.runtime.torchparts.time_forward_backward`): shared CI hosts add noise to wall-clock times.
-   * memory: on GPU, predicted total minus the fixed CUDA-context overhead vs. ``torch.cuda.max_memory_allocated``.
-     On CPU, the runtime trains in fp32 with AdamW (4-byte weights, 4-byte gradients, two 4-byte Adam states,
-     4-byte activations) while the estimator predicts Megatron-style mixed precision (2 + 4 + 12 bytes per
-     parameter, 2-byte activations); we rescale the estimator's components to the runtime's element size ``e``
-     (weights x e/2, gradients x e/4, optimizer x 2e/12, activations x e/2; no CUDA overhead) and compare with the
-     tensor account of the rank (parameters + gradients + optimizer states + peak bytes saved for backward).
+   * memory: the runtime trains in one dtype with AdamW (fp32 on CPU: 4-byte weights, gradients, two Adam states
+     and activations; bf16 on GPU: 2-byte ones) while the estimator predicts Megatron-style mixed precision
+     (2 + 4 + 12 bytes per parameter, 2-byte activations, plus CUDA overhead); we rescale the estimator's
+     components to the runtime's element size ``e`` (:func:`predicted_memory_bytes`) and compare with
+     ``torch.cuda.max_memory_allocated`` on GPU, and on CPU with the tensor account of the rank (parameters +
+     gradients + optimizer states + peak bytes saved for backward).
 
 Relative error = (predicted - measured) / measured. :data:`TIME_TOLERANCE` and :data:`MEMORY_TOLERANCE` are the
 tolerances CI asserts on CPU (see docs/runtime.md for the numbers measured).
@@ -129,12 +129,11 @@ def host_catalog(threads: int = 1):
     return Catalog(gpus, base.date), {"flops_per_s": flops, "memory_bandwidth_bytes_per_s": bw}
 
 
-def predicted_memory_bytes(mem, element_bytes: int, cuda: bool) -> float:
-    """Map an estimator :class:`MemoryBreakdown` to what the runtime holds (see module doc)."""
-    if cuda:
-        from hetplan.estimate.memory import CUDA_CONTEXT_BYTES
-
-        return mem.total - CUDA_CONTEXT_BYTES
+def predicted_memory_bytes(mem, element_bytes: int) -> float:
+    """Map an estimator :class:`MemoryBreakdown` (Megatron mixed precision: 2-byte weights, 4-byte gradients,
+    12 bytes of Adam state per parameter, 2-byte activations, plus CUDA overhead) to what the runtime holds when it
+    trains in one dtype of ``element_bytes`` with AdamW (weights, gradients and two Adam states of that size):
+    weights x e/2 + gradients x e/4 + optimizer x 2e/12 + activations x e/2, no CUDA context or fragmentation."""
     e = element_bytes
     return mem.weights * e / 2 + mem.gradients * e / 4 + mem.optimizer * 2 * e / 12 + mem.activations * e / 2
 
@@ -203,7 +202,7 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
         stages.append(StageComparison(
             stage=i, layers=tuple(lay.stage_layers[i]), time_source=se.time_source,
             predicted_time_s=se.forward_s + se.backward_s, measured_time_s=meas_t,
-            predicted_memory_bytes=predicted_memory_bytes(se.memory, element, cuda), measured_memory_bytes=meas_m))
+            predicted_memory_bytes=predicted_memory_bytes(se.memory, element), measured_memory_bytes=meas_m))
     ok = all(abs(s.time_error) <= TIME_TOLERANCE and abs(s.memory_error) <= MEMORY_TOLERANCE for s in stages)
     return {
         "plan": str(plan_path), "device": result.get("device"), "dtype": run_dtype, "software": result.get("software"),
