@@ -6,7 +6,8 @@
 2. **Estimate** the plan with :func:`hetplan.estimate.estimator.estimate` and ``profiles=`` that database, so layer
    times are measured and the rest (embedding, head, collectives, memory) analytic. On CPU the GPU catalog has no
    entry for the host, so verify adds one, ``cpu``, whose peak FLOP/s and memory bandwidth are measured here (one
-   matmul and one copy benchmark, on the runtime's threads; compute efficiency 1). On GPU the pools' GPU is the
+   matmul, one copy and one tiny-op benchmark, on the runtime's threads; compute efficiency 1, no GEMM-shape
+   penalty, measured per-op overhead). On GPU the pools' GPU is the
    catalog entry of the GPU found.
 3. **Run** the plan (:func:`hetplan.runtime.launcher.run_plan`).
 4. **Compare** per stage:
@@ -110,6 +111,13 @@ def host_catalog(threads: int = 1):
         y.copy_(x)
         best = min(best, time.thread_time() - t0)
     bw = 2 * x.numel() * 4 / best
+    # Per-op overhead: best time of a tiny op (the "kernel launch" of a CPU op).
+    tiny = torch.ones(8)
+    best_op = float("inf")
+    for _ in range(50):
+        t0 = time.thread_time()
+        tiny + tiny
+        best_op = min(best_op, time.thread_time() - t0)
     import os
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -124,9 +132,14 @@ def host_catalog(threads: int = 1):
         calibration_source=f"measured by hetplan verify: {threads}-thread fp32 matmul {n}^3 and a 16 MiB copy",
         sources=("measured on this host",),
     )
+    # Newer catalogs carry GPU-fitted GEMM-shape and kernel-overhead calibrations; for the CPU the FLOP rate is
+    # measured directly, so no shape penalty, and the per-op overhead is measured too.
+    extra = {"gemm_half_dim": 0.0, "kernel_overhead_s": best_op}
+    cpu = cpu.model_copy(update={k: v for k, v in extra.items() if k in GPUSpec.model_fields})
     gpus = dict(base.gpus)
     gpus["cpu"] = cpu
-    return Catalog(gpus, base.date), {"flops_per_s": flops, "memory_bandwidth_bytes_per_s": bw}
+    return Catalog(gpus, base.date), {"flops_per_s": flops, "memory_bandwidth_bytes_per_s": bw,
+                                      "op_overhead_s": best_op}
 
 
 def predicted_memory_bytes(mem, element_bytes: int) -> float:
