@@ -1,1 +1,13 @@
-"""Perseus-style GPU frequency planning on the iteration time–energy frontier (see ``docs/energy.md``)."""
+"""Perseus-style GPU frequency planning on the iteration time–energy frontier (see ``docs/energy.md``).
+
+Modules: :mod:`.profile` (stage profile CSV), :mod:`.options` (Pareto options, exponential energy model),
+:mod:`.dag` (pipeline DAG), :mod:`.solver` (Phillips–Dessouky frontier), :mod:`.maxflow` (min cuts),
+:mod:`.frontier` (frontier and frequency plans), :mod:`.simulate` (replay on the measured profile),
+:mod:`.baselines` (all-max, EnvPipe, ZeusGlobal, ZeusPerStage), :mod:`.report` (savings, straggler, plot),
+:mod:`.server` (plan server, needs the ``serve`` extra), :mod:`.client` and :mod:`.nvml` (training ranks).
+"""
+
+from hetplan.energy.frontier import FrequencyPlan, Frontier, compute_frontier
+from hetplan.energy.profile import StageProfile, load_stage_profile, parse_stage_profile
+
+__all__ = ["FrequencyPlan", "Frontier", "StageProfile", "compute_frontier", "load_stage_profile", "parse_stage_profile"]
