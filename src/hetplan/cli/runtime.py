@@ -127,6 +127,8 @@ def verify_cmd(
         c.print(t)
         c.print(f"iteration: predicted {res['predicted_iteration_time_s'] * 1e3:.1f} ms, measured "
                 f"{res['measured_iteration_time_s'] * 1e3:.1f} ms (not asserted: ranks share this host's cores)")
+        for n in res.get("notes", []):
+            c.print(f"note: {n}", highlight=False)
         c.print(f"tolerance: |time err| <= {res['time_tolerance']:.0%}, |memory err| <= {res['memory_tolerance']:.0%}"
                 f" -> {'PASS' if res['within_tolerance'] else 'FAIL'}")
     if not res["within_tolerance"]:

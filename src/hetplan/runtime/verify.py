@@ -217,11 +217,18 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
             predicted_time_s=se.forward_s + se.backward_s, measured_time_s=meas_t,
             predicted_memory_bytes=predicted_memory_bytes(se.memory, element), measured_memory_bytes=meas_m))
     ok = all(abs(s.time_error) <= TIME_TOLERANCE and abs(s.memory_error) <= MEMORY_TOLERANCE for s in stages)
+    notes = []
+    if result.get("dp_mode") == "fsdp":
+        notes.append("FSDP: the measured stage time includes the per-micro-batch parameter all-gathers and gradient "
+                     "reduce-scatters (wall clock), which the estimator counts in dp_exposed_s, not in the stage's "
+                     "forward/backward; the time comparison is meaningful for DDP (ZeRO-0) plans")
+    if result.get("tp", 1) > 1 and not cuda:
+        notes.append("TP on CPU: stage times are wall clock (they wait on gloo all-reduces), so noisier")
     return {
         "plan": str(plan_path), "device": result.get("device"), "dtype": run_dtype, "software": result.get("software"),
         "stages": [s.as_dict() for s in stages],
         "predicted_iteration_time_s": est.iteration_time_s, "measured_iteration_time_s": result["iteration_time_s"],
         "time_tolerance": TIME_TOLERANCE, "memory_tolerance": MEMORY_TOLERANCE, "within_tolerance": ok,
-        "profiled": prof, "host": host,
+        "profiled": prof, "host": host, "notes": notes,
         "run": {k: v for k, v in result.items() if k != "ranks"},
     }
