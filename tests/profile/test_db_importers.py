@@ -160,3 +160,16 @@ def test_cli_import_and_show(tmp_path):
     assert r.returncode == 2 and "unknown format" in r.stderr
     r = run("show", "--db", str(tmp_path / "none.db"))
     assert r.returncode == 2
+
+
+def test_csv_round_trip_and_bundled(tmp_path):
+    from hetplan.profile.db import bundled_profiles
+
+    with ProfileDB(tmp_path / "a.db") as db:
+        import_fasop(db, FIX / "fasop_layer_forward_times.csv")
+        assert db.export_csv(tmp_path / "rows.csv") == 27
+        ref = db.layer_time_s("A100-SXM-40GB", load_model("gpt2-xl"), "fp16", 1, 1024, 1)
+    with ProfileDB(tmp_path / "b.db") as db2:
+        assert db2.import_csv(tmp_path / "rows.csv") == 27
+        assert db2.layer_time_s("A100-SXM-40GB", load_model("gpt2-xl"), "fp16", 1, 1024, 1) == ref
+    assert bundled_profiles().counts()["layer_times"] >= 0  # empty until GPU profiles ship

@@ -107,6 +107,22 @@ def import_(
     Console().print(f"imported {n} rows from {path} into {db}")
 
 
+@profile_app.command("export-csv")
+def export_csv(
+    out: Path = typer.Argument(..., help="CSV file to write (e.g. src/hetplan/profile/data/h200-2026-11.csv)."),
+    db: str = typer.Option(DEFAULT_DB, "--db"),
+    source: Optional[str] = typer.Option("hetplan-profiler", "--source", help="Only rows of this source ('' = all)."),
+) -> None:
+    """Write the layer rows as CSV (the form in which measured profiles ship as package data)."""
+    from hetplan.profile.db import ProfileDB
+
+    if not Path(db).is_file():
+        raise HetplanError(f"{db} does not exist", field="--db", fix="give an existing profile database")
+    with ProfileDB(db) as pdb:
+        n = pdb.export_csv(out, source or None)
+    Console().print(f"wrote {n} rows to {out}")
+
+
 @profile_app.command("show")
 def show(
     db: str = typer.Option(DEFAULT_DB, "--db"),

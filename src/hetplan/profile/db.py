@@ -34,6 +34,7 @@ This module does not import torch.
 from __future__ import annotations
 
 import bisect
+import csv
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -314,6 +315,45 @@ class ProfileDB:
         return {t: self.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
                 for t in ("layer_times", "comm_times", "stage_times")}
 
+    # -- CSV (package data) -----------------------------------------------------------------------------------
+    def export_csv(self, path: str | Path, source: str | None = None) -> int:
+        """Write the layer rows (optionally of one ``source``) to a CSV file with the table's columns; returns
+        the row count. This is the form in which measured GPU profiles ship as package data
+        (``hetplan/profile/data/*.csv``)."""
+        rows = [r for r in self.layer_rows() if source is None or r["source"] == source]
+        cols = [*_LAYER_KEY, "forward_s", "backward_s", "peak_memory_bytes", "repeats", "source", "software",
+                "created_utc"]
+        with Path(path).open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        return len(rows)
+
+    def import_csv(self, path: str | Path) -> int:
+        """Read layer rows written by :meth:`export_csv`; returns the row count.
+
+        Raises:
+            HetplanError: the file lacks columns.
+        """
+        with Path(path).open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        need = {*_LAYER_KEY, "forward_s", "backward_s", "source", "software"}
+        if rows and not need <= set(rows[0]):
+            raise HetplanError(f"{path} lacks columns {sorted(need - set(rows[0]))}", field="path",
+                               fix="give a CSV written by `hetplan profile export-csv`")
+        recs = []
+        for r in rows:
+            shape = LayerShape(int(r["hidden_size"]), int(r["num_heads"]), int(r["num_kv_heads"]), int(r["head_dim"]),
+                               int(r["ffn_hidden_size"]), bool(int(r["gated_mlp"])), r["norm"],
+                               bool(int(r["linear_bias"])), bool(int(r["rotary"])), int(r["vocab_size"]))
+            recs.append(LayerRecord(
+                device=r["device"], dtype=r["dtype"], kind=r["kind"], shape=shape, mbs=int(r["mbs"]),
+                seq_len=int(r["seq_len"]), tp=int(r["tp"]), forward_s=float(r["forward_s"]),
+                backward_s=float(r["backward_s"]),
+                peak_memory_bytes=float(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") else None,
+                repeats=int(r["repeats"]) if r.get("repeats") else None, source=r["source"], software=r["software"]))
+        return self.add_layers(recs)
+
     # -- the LayerTimeSource protocol ------------------------------------------------------------------------
     def layer_time_s(self, gpu: str, model: ModelSpec, dtype: str, mbs: int, seq_len: int, tp: int) -> tuple[float, float] | None:
         """Measured ``(forward_s, backward_s)`` of one transformer layer of ``model`` (see :meth:`kind_time_s`)."""
@@ -381,3 +421,21 @@ class ProfileDB:
         args = (normalize_device(device), collective, world_size) + ((backend,) if backend else ())
         row = self.conn.execute(sql, args).fetchone()
         return None if row is None or row[0] is None else float(row[0])
+
+
+def bundled_profiles() -> ProfileDB:
+    """An in-memory database of the measured profiles shipped as package data (``hetplan/profile/data/*.csv``,
+    each dated and with its software versions in the rows); empty when none ship yet (none were measured on a
+    GPU so far, see docs/runtime.md)."""
+    from importlib import resources
+
+    db = ProfileDB(":memory:")
+    try:
+        folder = resources.files("hetplan.profile").joinpath("data")
+        files = [f for f in folder.iterdir() if f.name.endswith(".csv")] if folder.is_dir() else []
+    except (FileNotFoundError, ModuleNotFoundError):  # pragma: no cover
+        files = []
+    for f in files:
+        with resources.as_file(f) as path:
+            db.import_csv(path)
+    return db
