@@ -13,6 +13,12 @@ keeps the token ids (8 bytes each) and the embedding dropout mask per micro-batc
 ranks with sequence parallelism, as Megatron-LM's theoretical memory divides all activations by TP); the last stage the
 logits and loss buffers ``4·s·b·(h + V)/t`` (Megatron-LM theoretical memory, output layer term).
 
+Under interleaved 1F1B with v virtual stages the estimator passes ``in_flight`` =
+``((p - i - 1)·2 + (v - 1)·p + 1) / v`` (Megatron-LM's warm-up count in chunks of 1/v of the stage), i.e.
+``p·(1 + (p-1)/(p·v))`` on the first stage: Megatron-LM's ``interleaved_schedule_memory_penalty``. With SP +
+selective recompute this reproduces Megatron-LM's theoretical memory exactly for a GPT without biases and learned
+positions (tests/estimate/test_memory.py).
+
 Overhead: a fixed :data:`CUDA_CONTEXT_BYTES` (CUDA context, cuBLAS workspace, NCCL buffers) plus
 :data:`ALLOCATOR_MARGIN` of everything else for allocator fragmentation.
 """

@@ -14,8 +14,8 @@ FASOP, Hwang et al. HPDC'24, Eq. 4, and Espresso). The pipeline bubble is the ti
 This is what the search uses on arrays of thousands of configurations. :func:`hetplan.estimate.schedule.simulate`
 is the exact event simulation used by :func:`hetplan.estimate.estimator.estimate`; the two agree exactly for
 equal stages without p2p time. With unequal stages or p2p time the simulation can be longer (in 1F1B each
-boundary's p2p lies on the steady-state cycle of the stages before it) or shorter (a slow last stage overlaps
-the drain of the others) — see docs/estimator.md.
+boundary's p2p lies on the steady-state cycle of the stages before it) or shorter (a slow first stage overlaps
+the others' fill and drain) — see docs/estimator.md.
 
 Arrays: ``stage_*`` have shape (..., K) over K stage kinds, each kind repeated ``count`` times (count 0 = absent).
 Cost: O(K) per configuration, independent of the number of layers and micro-batches.
