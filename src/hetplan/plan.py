@@ -205,6 +205,24 @@ def balanced_split(num_layers: int, pp: int) -> list[int]:
     return split
 
 
+def layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """``[start, end)`` layer indices of each stage of :func:`balanced_split`.
+
+    Raises:
+        HetplanError: ``pp`` outside 1..num_layers (field ``pp``).
+    """
+    from hetplan.errors import HetplanError
+
+    if not 1 <= pp <= num_layers:
+        raise HetplanError(f"cannot split {num_layers} layers into {pp} pipeline stages", field="pp",
+                           fix=f"use a pipeline degree between 1 and {num_layers}")
+    out, start = [], 0
+    for n in balanced_split(num_layers, pp):
+        out.append((start, start + n))
+        start += n
+    return out
+
+
 def boundary_is_intra_node(stage_sizes: list[int], stage_pools: list[int], gpus_per_node: list[int]) -> list[bool]:
     """For each of the p-1 stage boundaries: do both stages sit in one node?
 

@@ -1,5 +1,6 @@
 """Swap cost model: exact shard sizes, worked examples, and the published Computron load times."""
 
+
 import math
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from hetplan.errors import HetplanError
 from hetplan.model.counts import total_parameters
 from hetplan.model.spec import load_model
+from hetplan.plan import layer_ranges
 from hetplan.serve.swap_model import (COMPUTRON_A100_PCIE4, COMPUTRON_OPT13B_LOAD_TIME_S, SwapModel,
                                       shard_bytes, shard_parameters)
 
@@ -26,14 +28,14 @@ def opt13b(fixtures):
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 3), (4, 1)])
 def test_shard_bytes_equal_torch_module_bytes(fixtures, name, tp, pp):
     torch = pytest.importorskip("torch")
-    from hetplan.model.torch_transformer import Partition, TransformerStage, parameter_bytes, split_layers
+    from hetplan.model.torch_transformer import Partition, TransformerStage, parameter_bytes
 
     spec = load_model(fixtures / name)
     if spec.num_kv_heads % tp:
         pytest.skip("GQA kv heads not divisible")
     want = shard_bytes(spec, tp, pp, "fp32")
     got = []
-    for s, (lo, hi) in enumerate(split_layers(spec.num_layers, pp)):
+    for s, (lo, hi) in enumerate(layer_ranges(spec.num_layers, pp)):
         for r in range(tp):
             st = TransformerStage(spec, Partition(lo, hi, s == 0, s == pp - 1, r, tp), dtype=torch.float32)
             got.append(parameter_bytes(st))

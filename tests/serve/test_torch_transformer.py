@@ -6,8 +6,8 @@ torch = pytest.importorskip("torch")
 
 from hetplan.errors import HetplanError  # noqa: E402
 from hetplan.model.spec import from_hf_config, load_model  # noqa: E402
-from hetplan.model.torch_transformer import (Partition, TransformerStage, parameter_bytes,  # noqa: E402
-                                             split_layers)
+from hetplan.model.torch_transformer import Partition, TransformerStage, parameter_bytes  # noqa: E402
+from hetplan.plan import layer_ranges  # noqa: E402
 
 GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 3, "vocab_size": 100, "n_positions": 64}
 NEOX = {"model_type": "gpt_neox", "hidden_size": 32, "num_attention_heads": 4,
@@ -26,7 +26,7 @@ def test_pipeline_stages_compose_to_the_full_model(fixtures, pp):
         toks = torch.randint(0, spec.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
         ref = full(toks)
         x = toks
-        for i, (lo, hi) in enumerate(split_layers(spec.num_layers, pp)):
+        for i, (lo, hi) in enumerate(layer_ranges(spec.num_layers, pp)):
             x = TransformerStage(spec, Partition(lo, hi, i == 0, i == pp - 1), seed=5)(x)
         assert ref.shape == (2, 9, spec.vocab_size)
         torch.testing.assert_close(x, ref)
@@ -68,8 +68,8 @@ def test_bad_partitions(fixtures):
         TransformerStage(spec, Partition(0, 4, True, True, 0, 3))
     assert e.value.field == "tp"
     with pytest.raises(HetplanError):
-        split_layers(4, 5)
-    assert split_layers(5, 2) == [(0, 3), (3, 5)]
+        layer_ranges(4, 5)
+    assert layer_ranges(5, 2) == [(0, 3), (3, 5)]
 
 
 @pytest.mark.parametrize("name", ["tiny-llama.json"])

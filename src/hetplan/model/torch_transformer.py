@@ -71,24 +71,6 @@ class Partition:
     tp_group: object = None
 
 
-def split_layers(num_layers: int, pp: int) -> list[tuple[int, int]]:
-    """Layer ranges of ``pp`` pipeline stages, as even as possible (earlier stages get the extra layers).
-
-    Raises:
-        HetplanError: more stages than layers.
-    """
-    if pp < 1 or pp > num_layers:
-        raise HetplanError(f"cannot split {num_layers} layers into {pp} pipeline stages", field="pp",
-                           fix=f"use a pipeline degree between 1 and {num_layers}")
-    base, extra = divmod(num_layers, pp)
-    out, start = [], 0
-    for i in range(pp):
-        n = base + (1 if i < extra else 0)
-        out.append((start, start + n))
-        start += n
-    return out
-
-
 def check_tp(spec: ModelSpec, tp: int) -> None:
     """Check that ``spec`` can be split over ``tp`` tensor-parallel ranks.
 

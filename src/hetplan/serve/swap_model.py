@@ -30,22 +30,9 @@ from typing import Sequence
 
 from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec
+from hetplan.plan import layer_ranges
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-
-
-def _split_layers(num_layers: int, pp: int) -> list[tuple[int, int]]:
-    # same rule as hetplan.model.torch_transformer.split_layers (kept torch-free here)
-    if pp < 1 or pp > num_layers:
-        raise HetplanError(f"cannot split {num_layers} layers into {pp} pipeline stages", field="pp",
-                           fix=f"use a pipeline degree between 1 and {num_layers}")
-    base, extra = divmod(num_layers, pp)
-    out, start = [], 0
-    for i in range(pp):
-        n = base + (1 if i < extra else 0)
-        out.append((start, start + n))
-        start += n
-    return out
 
 
 def layer_shard_parameters(m: ModelSpec, tp: int) -> int:
@@ -76,7 +63,7 @@ def shard_parameters(m: ModelSpec, tp: int, pp: int) -> list[list[int]]:
     norm = 2 * h if m.norm == "layernorm" else h
     per_layer = layer_shard_parameters(m, tp)
     out = []
-    stages = _split_layers(m.num_layers, pp)
+    stages = layer_ranges(m.num_layers, pp)
     for i, (a, b) in enumerate(stages):
         first, last = i == 0, i == pp - 1
         p = (b - a) * per_layer

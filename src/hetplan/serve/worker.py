@@ -19,7 +19,6 @@ Memory statistics: on GPU ``torch.cuda.memory_allocated``; on CPU the bytes of l
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 import traceback
@@ -31,7 +30,8 @@ import torch.distributed as dist
 from torch.func import functional_call
 
 from hetplan.model.spec import load_model
-from hetplan.model.torch_transformer import Partition, TransformerStage, split_layers
+from hetplan.model.torch_transformer import Partition, TransformerStage
+from hetplan.plan import layer_ranges
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -101,7 +101,7 @@ class Worker:
             spec = load_model(path)
             if layers is not None:
                 spec = spec.model_copy(update={"num_layers": int(layers)})
-            lo, hi = split_layers(spec.num_layers, a.pp)[self.pp_rank]
+            lo, hi = layer_ranges(spec.num_layers, a.pp)[self.pp_rank]
             part = Partition(lo, hi, self.pp_rank == 0, self.pp_rank == a.pp - 1, self.tp_rank, a.tp, self.tp_group)
             stage = TransformerStage(spec, part, seed=seed, dtype=self.dtype).eval()
             params = {n: p.detach() for n, p in stage.named_parameters()}
