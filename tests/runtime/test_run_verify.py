@@ -50,15 +50,18 @@ def test_run_fsdp_gpipe_matches_ddp_1f1b():
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
 
 
-def test_run_tp2_pp2(tmp_path):
+def test_run_tp2_pp2_interleaved(tmp_path):
+    """TP 2 (DTensor) x PP 2 with the interleaved 1F1B schedule, 2 virtual stages per rank."""
     raw = json.loads(TINY.read_text())
     raw["job"]["model"] = str(ROOT / "examples" / "tiny-model.json")
     raw["job"]["global_batch"] = 4
     raw["stages"] = [{"num_layers": 2, "tp": 2, "dp": 1}, {"num_layers": 2, "tp": 2, "dp": 1}]
     p = tmp_path / "tp2.json"
     p.write_text(json.dumps(raw))
-    res = run_plan(p, RunOptions(iterations=1, warmup=1, stage_repeats=1))
-    assert (res["pp"], res["dp"], res["tp"]) == (2, 1, 2)
+    res = run_plan(p, RunOptions(iterations=1, warmup=1, stage_repeats=1, schedule="interleaved", virtual_stages=2))
+    assert (res["pp"], res["dp"], res["tp"]) == (2, 1, 2) and res["schedule"] == "interleaved"
+    # chunk k on pipeline rank k % 2: rank 0 holds layers 0 and 2, rank 2 (next stage) layers 1 and 3
+    assert res["ranks"][0]["layers"] == [[0, 1], [2, 3]] and res["ranks"][2]["layers"] == [[1, 2], [3, 4]]
     assert res["loss"] == pytest.approx(6.24, abs=0.3)  # ~ ln(512) for random weights and tokens
     ranks = res["ranks"]
     # Each TP rank holds half of the sharded layer weights (plus replicated norms / embedding / head).
