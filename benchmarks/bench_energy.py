@@ -25,8 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hetplan.energy.frontier import compute_frontier  # noqa: E402
-from hetplan.energy.profile import load_stage_profile, parse_stage_profile  # noqa: E402
+from hetplan.energy.frontier import compute_frontier
+from hetplan.energy.profile import load_stage_profile, parse_stage_profile
 
 FIXTURES = ROOT / "tests" / "fixtures" / "energy"
 SHARED = ROOT.parent / "shared" / "data" / "energy"
@@ -52,7 +52,11 @@ def run_lowtime(path: Path, num_stages: int, mb: int) -> tuple[dict[int, float],
     import networkx as nx
     from lowtime.cost_model import ExponentialModel
     from lowtime.graph_utils import add_sink_node, add_source_node
-    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
+    from lowtime.operation import (
+        CandidateExecutionOptions,
+        ExecutionOption,
+        OperationSpec,
+    )
     from lowtime.perseus.instruction import Backward, Forward
     from lowtime.perseus.schedule import Synchronous1F1B
     from lowtime.solver import PhillipsDessouky

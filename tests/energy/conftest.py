@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from .energy_testutil import FIXTURES, IDLE_A100_W, profile_path
 
 

@@ -14,15 +14,15 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from hetplan.energy.client import IterationRunner, PlanClient  # noqa: E402
-from hetplan.energy.frontier import compute_frontier  # noqa: E402
-from hetplan.energy.nvml import open_gpu  # noqa: E402
-from hetplan.energy.profile import parse_stage_profile  # noqa: E402
-from hetplan.energy.server.app import create_app  # noqa: E402
-from hetplan.energy.server.schedulers import pick_frontier_point  # noqa: E402
-from hetplan.errors import HetplanError  # noqa: E402
+from hetplan.energy.client import IterationRunner, PlanClient
+from hetplan.energy.frontier import compute_frontier
+from hetplan.energy.nvml import open_gpu
+from hetplan.energy.profile import parse_stage_profile
+from hetplan.energy.server.app import create_app
+from hetplan.energy.server.schedulers import pick_frontier_point
+from hetplan.errors import HetplanError
 
-from .test_solver import synthetic_profile  # noqa: E402
+from .test_solver import synthetic_profile
 
 
 class LiveServer:

@@ -143,3 +143,15 @@ def test_static_network_matches_one_shot(seed):
         f2, s2 = min_cut_source_side(n, r[keep], c[keep], k[keep], 0, n - 1, backend="python")
         f3, s3 = net.min_cut(k, backend="python")
         assert f1 == f2 == f3 and (s1 == s2).all() and (s1 == s3).all()
+
+
+def test_replay_longest_path_list_and_numpy_agree(monkeypatch):
+    from hetplan.energy import dag as dag_mod
+    from hetplan.energy.simulate import longest_path_s
+
+    d = build_pipeline_dag(6, 9, "gpipe")
+    x = np.random.default_rng(1).uniform(0.01, 0.2, d.num_ops)
+    a = longest_path_s(d, x)
+    monkeypatch.setattr(dag_mod.PipelineDAG, "narrow", property(lambda self: False))
+    b = longest_path_s(d, x)
+    assert a[0] == b[0] and np.allclose(a[1], b[1]) and np.allclose(a[2], b[2])

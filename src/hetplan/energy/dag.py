@@ -91,6 +91,21 @@ class PipelineDAG:
     def _succ(self) -> np.ndarray:
         return _padded(self.src, self.dst, self.num_ops)
 
+    @cached_property
+    def topo_lists(self) -> tuple[list[tuple[int, tuple[int, ...]]], list[tuple[int, tuple[int, ...]]]]:
+        """``(topological [(v, preds)], reverse topological [(v, succs)])`` as Python lists (cached)."""
+        n = self.num_ops
+        topo = np.concatenate(self.levels).tolist()
+        pred, succ = self._pred, self._succ
+        fwd = [(v, tuple(int(p) for p in pred[v] if p < n)) for v in topo]
+        bwd = [(v, tuple(int(q) for q in succ[v] if q < n)) for v in reversed(topo)]
+        return fwd, bwd
+
+    @property
+    def narrow(self) -> bool:
+        """True when topological layers are narrow (few stages): Python-list recurrences beat NumPy per layer."""
+        return self.num_ops / max(len(self.levels), 1) < 12
+
     def pred_matrix(self) -> np.ndarray:
         """shape (n, K): predecessors of each instruction, padded with ``n`` (a sentinel). Cached; do not modify."""
         return self._pred

@@ -57,7 +57,7 @@ class FrequencyPlan:
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "FrequencyPlan":
+    def from_json(cls, text: str) -> FrequencyPlan:
         """Parse :meth:`to_json` output.
 
         Raises:

@@ -27,7 +27,7 @@ class NvmlGpu:
     """
 
     def __init__(self, index: int = 0):
-        import pynvml  # noqa: PLC0415 - optional dependency
+        import pynvml
 
         self._nvml = pynvml
         pynvml.nvmlInit()

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from hetplan.errors import HetplanError
 from hetplan.energy.profile import InstructionProfile
+from hetplan.errors import HetplanError
 
 
 def pareto_mask(time_s: np.ndarray, energy_j: np.ndarray) -> np.ndarray:

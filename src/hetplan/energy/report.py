@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from hetplan.energy import baselines as B
 from hetplan.energy.frontier import Frontier
 from hetplan.errors import HetplanError

@@ -25,6 +25,25 @@ def longest_path_s(dag: PipelineDAG, duration_s: np.ndarray) -> tuple[float, np.
         ``(T, earliest_finish, latest_start)``, seconds; shapes (n,).
     """
     n = dag.num_ops
+    if dag.narrow:
+        fwd, bwd = dag.topo_lists
+        dl = np.asarray(duration_s, dtype=float).tolist()
+        efl = [0.0] * n
+        for v, ps in fwd:
+            m = 0.0
+            for p in ps:
+                if efl[p] > m:
+                    m = efl[p]
+            efl[v] = m + dl[v]
+        T = max(efl)
+        lsl = [0.0] * n
+        for v, ss in bwd:
+            m = T
+            for q in ss:
+                if lsl[q] < m:
+                    m = lsl[q]
+            lsl[v] = m - dl[v]
+        return T, np.array(efl), np.array(lsl)
     pred, succ = dag.pred_matrix(), dag.succ_matrix()
     ef = np.zeros(n + 1)
     for idx in dag.levels:

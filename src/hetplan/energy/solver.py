@@ -167,7 +167,7 @@ class PhillipsDessoukySolver:
             m = 0
             for p in ps:
                 x = ef[p]
-                if x > m:
+                if x > m:  # noqa: PLR1730 - faster than max() in this hot loop
                     m = x
             ef[v] = m + dl[v]
         T = max(ef)
@@ -176,7 +176,7 @@ class PhillipsDessoukySolver:
             m = T
             for q in ss:
                 x = ls[q]
-                if x < m:
+                if x < m:  # noqa: PLR1730
                     m = x
             ls[v] = m - dl[v]
         return T, np.array(ef, np.int64), np.array(ls, np.int64)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -73,7 +73,7 @@ class JobIn(_Strict):
     num_stages: int = Field(ge=1, le=4096)
     num_microbatches: int = Field(ge=1, le=1_000_000)
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    scheduler: Annotated[Union[OnlineProfiling, PointSolution, FrontierPick], Field(discriminator="kind")]
+    scheduler: Annotated[OnlineProfiling | PointSolution | FrontierPick, Field(discriminator="kind")]
 
 
 class RankIn(_Strict):
