@@ -8,10 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hetplan.errors import HetplanError  # noqa: E402
-from hetplan.model.spec import load_model  # noqa: E402
-from hetplan.profile.db import ProfileDB  # noqa: E402
-from hetplan.profile.profiler import profile_collectives, profile_layers  # noqa: E402
+from hetplan.errors import HetplanError
+from hetplan.model.spec import load_model
+from hetplan.profile.db import ProfileDB
+from hetplan.profile.profiler import profile_collectives, profile_layers
 
 TINY = Path(__file__).parents[2] / "examples" / "tiny-model.json"
 

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hetplan.runtime.launcher import RunOptions, run_plan  # noqa: E402
-from hetplan.runtime.verify import MEMORY_TOLERANCE, TIME_TOLERANCE  # noqa: E402
+from hetplan.runtime.launcher import RunOptions, run_plan
+from hetplan.runtime.verify import MEMORY_TOLERANCE, TIME_TOLERANCE
 
 ROOT = Path(__file__).parents[2]
 TINY = ROOT / "examples" / "tiny-pp2-dp2.json"

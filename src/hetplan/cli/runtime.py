@@ -13,7 +13,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hetplan.errors import HetplanError
 
 
 def _opts(iterations, warmup, schedule, virtual_stages, dp_mode, dtype, nnodes, node_rank, rdzv_endpoint, max_procs,

@@ -313,8 +313,8 @@ def _comm_bench(payload: dict, backend: str, cuda: bool, rank: int, world: int) 
                 skipped.append(f"{coll}: {str(exc).splitlines()[0][:120]}")
                 dist.barrier()
                 break
-            t = torch.tensor([statistics.median(times)], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX) if backend != "nccl" else None
+            t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time
             ts = float(t[0])
             factor = {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n, "reduce-scatter": (n - 1) / n}.get(coll, 1.0)
             records.append(asdict(CommRecord(device=device, backend=backend, collective=coll,

@@ -24,6 +24,7 @@ Rank 0 gathers every rank's numbers and writes them as JSON (``--out``), see :fu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -165,11 +166,11 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
             for i in range(nmb):
                 sl = slice(i * mbs, (i + 1) * mbs)
                 sync = i == nmb - 1 or not hasattr(model, "no_sync")
-                ctx = model.no_sync() if not sync else _null()
+                ctx = model.no_sync() if not sync else contextlib.nullcontext()
                 with ctx:
                     loss = torchparts.loss_fn(model(tokens[sl]), target[sl]) / nmb
                     loss.backward()
-                loss_val = (loss_val or 0.0) + float(loss.detach()) 
+                loss_val = (loss_val or 0.0) + float(loss.detach())
         if manual_dp:
             _allreduce_grads(params, mesh["dp"].get_group(), lay.dp)
         opt.step()
@@ -264,7 +265,7 @@ def _sleep_until(store, key: str, poll_s: float = 0.005) -> None:
 
 def _full(p: torch.Tensor) -> torch.Tensor:
     """The whole tensor of an FSDP-sharded DTensor parameter (collective over its DP mesh); TP shards stay local."""
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor
 
     if isinstance(p, DTensor) and p.device_mesh.mesh_dim_names == ("dp",):
         return p.full_tensor()
@@ -287,14 +288,6 @@ def _allreduce_grads(params, group, dp: int) -> None:
             n = g.numel()
             g.copy_(flat[off:off + n].view_as(g))
             off += n
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main(argv: list[str] | None = None) -> None:
