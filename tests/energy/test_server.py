@@ -200,7 +200,7 @@ def test_online_profiling_then_frontier(tmp_path):
     from hetplan.energy.baselines import all_max
 
     target = 1.1 * all_max(prof, fr.dag, 50.0).time_s
-    pts = [{"time_s": float(fr.time_s[i]), "energy_j": float(fr.energy_j[i]), "i": int(i)} for i in fr.pareto_indices()]
+    pts = [{"time_s": float(fr.time_s[i]), "energy_j": float(fr.energy_j[i]), "i": int(i)} for i in range(len(fr))]
     k = pick_frontier_point(pts, target, S2, 50.0)
     want = fr.plan(pts[k]["i"]).frequencies_mhz
     assert [s.frequencies_mhz for s in final] == want

@@ -124,7 +124,7 @@ def frontier_state_from_profile(spec: dict, rows: list[tuple], then: dict[str, A
     fr = compute_frontier(prof, spec["num_microbatches"], then["idle_power_w"], then.get("unit_time_s", 0.001),
                           spec["schedule"])
     plans = [{"time_s": float(fr.time_s[i]), "energy_j": float(fr.energy_j[i]),
-              "frequencies_mhz": fr.plan(i).frequencies_mhz} for i in fr.pareto_indices()]
+              "frequencies_mhz": fr.plan(i).frequencies_mhz} for i in range(len(fr))]
     target = then.get("target_time_s")
     if target is None:
         target = all_max(prof, fr.dag, then["idle_power_w"]).time_s * float(then.get("slowdown") or 1.0)
