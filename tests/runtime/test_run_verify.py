@@ -68,7 +68,7 @@ def test_run_tp2_pp2_interleaved(tmp_path):
     assert ranks[0]["weights_bytes"] == ranks[1]["weights_bytes"] < 2 * 4 * 128 * 512 * 2 + 4 * 4 * 128 * 128 + 4 * 512 * 128
 
 
-def test_tp_equivalence():
+def test_tp_equivalence(tmp_path):
     """The DTensor TP stage (2 gloo ranks) gives the unsharded stage's loss and gradients (incl. the backward
     all-reduce of the column-parallel inputs, which reaches the input gradient and the norm weights)."""
     from hetplan.runtime.launcher import _free_port
@@ -76,9 +76,10 @@ def test_tp_equivalence():
     worker = Path(__file__).with_name("tp_equivalence_worker.py")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(worker),
-                        str(ROOT / "examples" / "tiny-model.json")], capture_output=True, text=True, timeout=300)
+                        str(ROOT / "examples" / "tiny-model.json"), str(tmp_path)], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
     assert len(rows) == 2
     for row in rows:
         assert row["loss_tp"] == pytest.approx(row["loss_full"], rel=1e-6)

@@ -1,5 +1,5 @@
 """Worker for test_tp_equivalence (run under torchrun with 2 ranks): the DTensor TP stage gives the loss and the
-gradients of the unsharded stage. Prints one JSON line per rank."""
+gradients of the unsharded stage. Writes one JSON file per rank into the folder given as second argument."""
 
 import json
 
@@ -27,7 +27,9 @@ if __name__ == "__main__":
     l2 = torchparts.loss_fn(tp(x2), tgt)
     l2.backward()
     g1, g2 = full.layers[0].norm1.weight.grad, tp.layers[0].norm1.weight.grad
-    print(json.dumps({"rank": dist.get_rank(), "loss_full": float(l1), "loss_tp": float(l2),
+    out = {"rank": dist.get_rank(), "loss_full": float(l1), "loss_tp": float(l2),
                       "input_grad_diff": float((x.grad - x2.grad).abs().max()), "input_grad_max": float(x.grad.abs().max()),
-                      "norm_grad_diff": float((g1 - g2).abs().max()), "norm_grad_max": float(g1.abs().max())}))
+                      "norm_grad_diff": float((g1 - g2).abs().max()), "norm_grad_max": float(g1.abs().max())}
+    with open(f"{sys.argv[2]}/rank{dist.get_rank()}.json", "w") as fh:
+        json.dump(out, fh)
     dist.destroy_process_group()
