@@ -46,7 +46,7 @@ def test_fit_matches_data_and_is_convex(gpt_profile):
     for s in (0, 7):
         for inst in ("forward", "backward"):
             o = build_options(gpt_profile.get(s, inst), 0.001, 83.64)
-            a, b, c = o.coefficients
+            a, b, _ = o.coefficients
             assert a >= 0 and b < 0
             resid = o.model_energy_j(o.quant_time) - o.effective_energy_j
             assert np.sqrt(np.mean(resid**2)) < 0.5  # J, on values of 12..40 J

@@ -222,9 +222,8 @@ def test_iteration_runner_without_gpu(tmp_path):
                     time.sleep(0.002)
             assert runner.end()["stored"]
         it = runner.begin()
-        with pytest.raises(HetplanError, match="expects forward:0"):
-            with runner.instruction("backward", 1):
-                pass
+        with pytest.raises(HetplanError, match="expects forward:0"), runner.instruction("backward", 1):
+            pass
         reps = httpx.get(srv.url + "/jobs/loop/reports").json()
         assert len(reps) == 3 and all(r["time_s"] >= 0.008 and r["energy_j"] is None for r in reps)
 

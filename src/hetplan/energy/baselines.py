@@ -58,7 +58,7 @@ def zeus_global(profile: StageProfile, dag: PipelineDAG, idle_power_w: float) ->
     """One frequency for everything, for every frequency profiled on all stages (fastest first)."""
     common = None
     for p in profile.entries.values():
-        fs = set(int(x) for x in p.frequency_mhz)
+        fs = {int(x) for x in p.frequency_mhz}
         common = fs if common is None else common & fs
     out = []
     for f in sorted(common or (), reverse=True):
@@ -75,7 +75,7 @@ def zeus_per_stage(profile: StageProfile, dag: PipelineDAG, idle_power_w: float)
     def fb(stage: int) -> dict[int, tuple[float, float]]:
         fw, bw = profile.get(stage, "forward"), profile.get(stage, "backward")
         out = {}
-        for f in set(int(x) for x in fw.frequency_mhz) & set(int(x) for x in bw.frequency_mhz):
+        for f in {int(x) for x in fw.frequency_mhz} & {int(x) for x in bw.frequency_mhz}:
             tf, ef = fw.at_frequency(f)
             tb, eb = bw.at_frequency(f)
             out[f] = (tf + tb, ef + eb)

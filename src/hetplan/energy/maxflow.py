@@ -108,7 +108,7 @@ def _python_dinic(n: int, rows, cols, caps, s: int, t: int) -> tuple[int, np.nda
             break
         it = [0] * n
 
-        def dfs(u: int, f: int) -> int:
+        def dfs(u: int, f: int, it=it, level=level) -> int:
             if u == t:
                 return f
             while it[u] < len(head[u]):

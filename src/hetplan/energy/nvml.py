@@ -80,6 +80,6 @@ def open_gpu(index: int = 0) -> NvmlGpu | None:
     """An :class:`NvmlGpu` for device ``index``, or None without pynvml / NVIDIA driver / device."""
     try:
         return NvmlGpu(index)
-    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, NVMLError_InvalidArgument, ...
+    except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, NVMLError_InvalidArgument, ...
         log.info("NVML not available: %s", exc)
         return None

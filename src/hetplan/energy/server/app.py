@@ -212,7 +212,7 @@ def create_app(db_path: str | Path) -> FastAPI:
 
     @app.post("/jobs/{job_id}/ranks/{rank}/reports", status_code=201)
     def report(job_id: str, rank: int, body: ReportIn) -> JSONResponse:
-        spec, _ = job_or_404(job_id)
+        job_or_404(job_id)
         stage = stage_or_404(job_id, rank)
         nxt = store.next_iteration(job_id, rank)
         if body.iteration > nxt:

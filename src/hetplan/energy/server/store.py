@@ -148,7 +148,8 @@ class Store:
     def reports(self, job_id: str) -> list[dict]:
         rows = self._read("SELECT rank, iteration, stage, schedule_id, time_s, energy_j FROM reports WHERE job_id=? "
                           "ORDER BY iteration, rank", (job_id,))
-        return [dict(rank=r[0], iteration=r[1], stage=r[2], schedule_id=r[3], time_s=r[4], energy_j=r[5]) for r in rows]
+        return [{"rank": r[0], "iteration": r[1], "stage": r[2], "schedule_id": r[3], "time_s": r[4], "energy_j": r[5]}
+                for r in rows]
 
     def count_reports(self, job_id: str) -> int:
         return int(self._read("SELECT COUNT(*) FROM reports WHERE job_id=?", (job_id,))[0][0])
