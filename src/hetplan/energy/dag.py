@@ -10,9 +10,7 @@ Schedules (per stage ``s`` of ``S``, ``M`` micro-batches):
 
 * ``1f1b`` (synchronous 1F1B, PipeDream-Flush: Narayanan et al., ICML'21; DeepSpeed's ``TrainSchedule``):
   ``min(S - s, M)`` forwards before the first backward (the same order as Megatron-LM's), then backward/forward
-  alternating, then the
-  remaining backwards.
-  This is the exact order of the Perseus/Lowtime reference.
+  alternating, then the remaining backwards. This is the exact order of the Perseus/Lowtime reference.
 * ``gpipe`` (Huang et al., NeurIPS'19): all forwards in order, then all backwards in reverse order.
 """
 
