@@ -33,6 +33,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
+def _usd(x: float) -> str:
+    """Dollars with as many decimals as the amount needs ($0.2019 per iteration, $445,885 per job)."""
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.2f}" if x >= 1 else f"{x:.4f}"
+
+
 def _mem(b: float) -> str:
     return f"{b / GIB:.1f}"
 
@@ -273,8 +278,8 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> N
     for i, s in enumerate(summaries, start=1):
         t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", f"{s['tp']}x{s['pp']}x{s['dp']}", str(s["mbs"]),
                   str(s["zero"]), str(s["recompute"]), f"{s['iteration_time_s']:.2f}", f"{s['tokens_per_s']:,.0f}",
-                  f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]), f"{s['usd_per_hour']:,.0f}",
-                  _duration(s["job_time_s"]), f"{s['job_usd']:,.0f}")
+                  f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]), _usd(s["usd_per_hour"]),
+                  _duration(s["job_time_s"]), _usd(s["job_usd"]))
     con.print(t)
     best = summaries[0]
     mem = best["memory_bytes_per_gpu"]

@@ -65,18 +65,21 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
         diffs.insert(0, f"{loser['gpu']} vs {winner['gpu']}")
     lc = loser["usd_per_hour"] * loser["iteration_time_s"]
     wc = winner["usd_per_hour"] * winner["iteration_time_s"]
-    if goal == "cheapest":
-        head = f"{lc / wc - 1:+.1%} $ for the job"
-    else:
-        head = f"{loser['iteration_time_s'] / winner['iteration_time_s'] - 1:+.1%} iteration time"
-    if goal == "cheapest" and abs(lc / wc - 1) < 1e-3:
+    d_usd, d_time = lc / wc - 1, loser["iteration_time_s"] / winner["iteration_time_s"] - 1
+    suffix = f" ({', '.join(diffs)})" if diffs else ""
+    if abs(d_usd) < 1e-3 and abs(d_time) < 1e-3:
+        more = loser["memory_total"] > winner["memory_total"]
+        mem = (f", needs more memory per GPU ({loser['memory_total'] / GIB:.1f} vs {winner['memory_total'] / GIB:.1f} GiB)"
+               if more else "")
+        return f"ties with #1 on time and ${mem}" + suffix
+    if goal == "cheapest" and abs(d_usd) < 1e-3:
         return (f"same $ as #1 within 0.1 %, iteration {loser['iteration_time_s']:.2f} s instead of "
-                f"{winner['iteration_time_s']:.2f} s" + (f" ({', '.join(diffs)})" if diffs else ""))
-    if abs(loser["iteration_time_s"] / winner["iteration_time_s"] - 1) < 1e-3 and goal != "cheapest":
-        return (f"ties with #1 on time and $, needs more memory per GPU ({loser['memory_total'] / GIB:.1f} vs "
-                f"{winner['memory_total'] / GIB:.1f} GiB)" + (f" ({', '.join(diffs)})" if diffs else ""))
+                f"{winner['iteration_time_s']:.2f} s" + suffix)
+    if goal != "cheapest" and abs(d_time) < 1e-3:
+        return f"same time as #1 within 0.1 %, {d_usd:+.1%} $" + suffix
+    head = f"{d_usd:+.1%} $ for the job" if goal == "cheapest" else f"{d_time:+.1%} iteration time"
     text = f"{head}: {COMPONENT_NAMES[key]} {share(loser, key):.0%} of the iteration vs {share(winner, key):.0%}"
-    return text + (f" ({', '.join(diffs)})" if diffs else "")
+    return text + suffix
 
 
 def explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx, skipped) -> list[str]:
