@@ -54,7 +54,7 @@ def brute_force(job, pool, m, objective):
                 if tp * pp * dp > pool.count:
                     continue
                 for mbs in divisors(job.global_batch // dp):
-                    for zero in ([0, 1] if pp > 1 else [0, 1, 2, 3]):
+                    for zero in ([0] if dp == 1 else [0, 1] if pp > 1 else [0, 1, 2, 3]):
                         for rc in RECOMPUTE_NAMES:
                             e = estimate(_plan(job, pool, tp, pp, dp, mbs, zero, rc, m.num_layers), CAT, m)
                             if not e.fits:

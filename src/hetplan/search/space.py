@@ -5,7 +5,8 @@ and the key/value heads, as Megatron-LM requires), PP (1..L stages, balanced spl
 :func:`hetplan.plan.balanced_split`), DP (tp·pp·dp ≤ GPUs available, global batch divisible by dp), micro-batch
 size (divides global_batch / dp), recomputation (none / selective / full), ZeRO stage (0-3; 2 and 3 only without
 pipeline parallelism, as in DeepSpeed, whose ZeRO-2/3 cannot be combined with its pipeline engine, and
-Megatron-LM, which implements only the distributed optimizer = ZeRO-1), sequence parallelism on whenever TP > 1
+Megatron-LM, which implements only the distributed optimizer = ZeRO-1; with DP = 1 only ZeRO-0, since ZeRO then
+shards nothing and ZeRO-3 would only add its prefetch buffer), sequence parallelism on whenever TP > 1
 (it lowers activation memory at equal communication volume, Korthikanti et al. 2023 Sec. 4.2.2).
 
 Any dimension can be pinned. Nothing is pruned: the search evaluates every row, so it is exact over this space.
@@ -81,10 +82,13 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     mbs = np.concatenate([np.asarray(x, dtype=np.int64) for x in mbs_lists])
     rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2], dtype=np.int64)
     parts = []
-    for single, zeros in ((True, [0, 1, 2, 3]), (False, [0, 1])):
+    no_dp = base[:, 2] == 1
+    no_pp = base[:, 1] == 1
+    for sel, zeros in ((no_dp, [0]), (~no_dp & no_pp, [0, 1, 2, 3]), (~no_dp & ~no_pp, [0, 1])):
         if pins.zero is not None:
-            zeros = [z for z in zeros if z == pins.zero]
-        sel = (base[:, 1] == 1) == single
+            # a pinned ZeRO-1 with DP = 1 is a harmless what-if; ZeRO-2/3 still need pp = 1
+            ok = pins.zero in zeros or (sel is no_dp and pins.zero == 1)
+            zeros = [pins.zero] if ok else []
         if not zeros or not sel.any():
             continue
         zr = np.array([(z, r) for z in zeros for r in rcs], dtype=np.int64)
