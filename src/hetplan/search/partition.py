@@ -22,7 +22,8 @@ holding ``j`` layers — each computed exactly by dynamic programming over (stag
 (``oLB[i]``) is the largest over stages ``k >= i`` of the least ``e[k, n]`` (``o[k, n]``) over its feasible
 ``n``. Each term bounds its counterpart from below for every completion, so the sum is a valid lower bound and a
 node is cut only when no completion can be strictly better than the best plan found (or than the caller's
-``upper_bound``). Hence the optimum is never dropped. Children are tried in increasing bound order, which finds
+``upper_bound``). A node is also cut when an earlier node at the same (stage, layers placed) had a sum and maxima
+all no larger (dominance): every completion of it is at least as good. Hence the optimum is never dropped. Children are tried in increasing bound order, which finds
 a near-optimal plan on the first dive. Cost: ``O(p L^2)`` for the bounds; the search visits few nodes in
 practice (FASOP, Hwang et al. HPDC'24, Sec. 4.3 and Espresso solve the same problem with a balanced-bottleneck
 heuristic; Metis (ATC'24) with a DP that ignores the sum term — neither is exact for this objective).
@@ -103,6 +104,7 @@ def solve_partition(a, e, o, nmax, L: int, m: int, p2p_s: float = 0.0, upper_bou
     k = m - 1
     best = [upper_bound, None]
     chosen = [0] * p
+    labels: dict = {}
 
     def dive(i: int, u: int, S: float, Ma: float, Me: float, Mo: float) -> None:
         rest = L - u
@@ -133,8 +135,16 @@ def solve_partition(a, e, o, nmax, L: int, m: int, p2p_s: float = 0.0, upper_bou
         for lb, n, ma, me, mo in kids:
             if lb >= best[0]:
                 break
+            S1 = S + row_a[n]
+            if i + 1 < p - 1:
+                # Dominance: a partial partition reaching the same (stage, layers) with no smaller sum or maxima
+                # cannot lead to a better plan than one already explored from there.
+                seen = labels.setdefault((i + 1, u + n), [])
+                if any(s0 <= S1 and a0 <= ma and e0 <= me and o0 <= mo for s0, a0, e0, o0 in seen):
+                    continue
+                seen.append((S1, ma, me, mo))
             chosen[i] = n
-            dive(i + 1, u + n, S + row_a[n], ma, me, mo)
+            dive(i + 1, u + n, S1, ma, me, mo)
 
     dive(0, 0, 0.0, 0.0, 0.0, 0.0)
     if best[1] is None:
