@@ -178,7 +178,7 @@ def plan_command(
 
 def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
     """Compute, print (unless ``quiet``) and plot the cost-time frontier; return its points as JSON dicts."""
-    from hetplan.search.pareto import explain_frontier, pareto_frontier, plot_frontier
+    from hetplan.search.pareto import by_search_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
     it = job.iterations()
@@ -188,7 +188,6 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
         raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
                            field="inventory", fix="add GPUs or relax the SLO/budget")
     plot_frontier(fr, path, title=f"{job.model}: cost vs iteration time ({len(fr.points)} frontier plans)")
-    lines = explain_frontier(fr.points)
     out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=p.heterogeneous, description=p.description)
            for p in fr.points]
     if not quiet:
@@ -197,12 +196,15 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
                         f"{fr.result.allocations:,} allocations solved in {fr.result.search_time_s:.2f} s)")
         for col in ("#", "plan", "GPUs", "iter s", "$/iteration", "$/h", "what the extra $ buys"):
             t.add_column(col)
-        by_cost = sorted(fr.points, key=lambda p: p.estimate.usd_per_iteration)
-        buys = ["cheapest"] + [ln.split(": ", 1)[1] for ln in lines]
+        by_cost = by_search_cost(fr.points)
+        buys = ["cheapest"] + [
+            f"{c.candidate.usd_per_iteration / p.candidate.usd_per_iteration - 1:+.1%} $/iteration buys "
+            f"{1 - c.candidate.iteration_time_s / p.candidate.iteration_time_s:.1%} less time"
+            for p, c in zip(by_cost, by_cost[1:])]
         for i, (p, b) in enumerate(zip(by_cost, buys), start=1):
             t.add_row(str(i), ("[het] " if p.heterogeneous else "") + p.description, str(p.plan.num_gpus),
                       f"{p.estimate.iteration_time_s:.3f}", f"{p.estimate.usd_per_iteration:.4f}",
-                      f"{p.estimate.usd_per_hour:,.2f}", b.split(" than ")[0])
+                      f"{p.estimate.usd_per_hour:,.2f}", b)
         con.print(t)
         con.print(f"Frontier drawn to {path}.")
     return out

@@ -58,15 +58,21 @@ def pareto_frontier(m, job: Job, inventory: Inventory, catalog, pins: Pins | Non
 
 
 def explain_frontier(points: list[FrontierPoint]) -> list[str]:
-    """For each point after the cheapest: what the extra $ buys — ``+x% $ per iteration for -y% time`` against
-    the next cheaper point, and the GPUs added or changed."""
+    """For each point after the cheapest (in :func:`by_search_cost` order): what the extra $ buys —
+    ``+x% $/iteration buys y% less time`` than the next cheaper point, by the search's closed-form figures."""
     out = []
-    by_cost = sorted(points, key=lambda p: p.estimate.usd_per_iteration)
-    for prev, cur in zip(by_cost, by_cost[1:]):
-        dc = cur.estimate.usd_per_iteration / prev.estimate.usd_per_iteration - 1
-        dt = 1 - cur.estimate.iteration_time_s / prev.estimate.iteration_time_s
+    for prev, cur in zip(by_search_cost(points), by_search_cost(points)[1:]):
+        pc, cc = prev.candidate, cur.candidate
+        dc = cc.usd_per_iteration / pc.usd_per_iteration - 1
+        dt = 1 - cc.iteration_time_s / pc.iteration_time_s
         out.append(f"{cur.description}: {dc:+.1%} $/iteration buys {dt:.1%} less time than {prev.description}")
     return out
+
+
+def by_search_cost(points: list[FrontierPoint]) -> list[FrontierPoint]:
+    """Points in increasing $ per iteration as the search computed it (closed-form pipeline time), the order in
+    which the frontier is monotone; the re-estimated numbers (event-simulated schedule) may differ by a little."""
+    return sorted(points, key=lambda p: (p.candidate.usd_per_iteration, p.candidate.iteration_time_s))
 
 
 def plot_frontier(frontier: Frontier, path: str | Path, title: str = "") -> None:
