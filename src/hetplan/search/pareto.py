@@ -76,8 +76,9 @@ def by_search_cost(points: list[FrontierPoint]) -> list[FrontierPoint]:
 
 
 def plot_frontier(frontier: Frontier, path: str | Path, title: str = "") -> None:
-    """Scatter of every evaluated plan (closed-form time) and the frontier (estimated), homogeneous plans as circles,
-    heterogeneous as triangles; cost per iteration vs iteration time. Writes a PNG (matplotlib, Agg)."""
+    """Scatter of every evaluated plan and the frontier, homogeneous plans as circles, heterogeneous as triangles;
+    cost per iteration vs iteration time, all by the search's closed-form pipeline time (the one the frontier is
+    exact for; the table reports the re-estimated figures). Writes a PNG (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,11 +92,11 @@ def plot_frontier(frontier: Frontier, path: str | Path, title: str = "") -> None
                        alpha=0.3, color="tab:gray", label=f"{label} (evaluated)")
         fp = [p for p in frontier.points if p.heterogeneous == het]
         if fp:
-            ax.scatter([p.estimate.iteration_time_s for p in fp], [p.estimate.usd_per_iteration for p in fp], s=36,
+            ax.scatter([p.candidate.iteration_time_s for p in fp], [p.candidate.usd_per_iteration for p in fp], s=36,
                        marker=marker, color="tab:red" if het else "tab:blue", label=f"{label} on the frontier", zorder=3)
-    pts = sorted(frontier.points, key=lambda p: p.estimate.iteration_time_s)
+    pts = sorted(frontier.points, key=lambda p: p.candidate.iteration_time_s)
     if pts:
-        ax.step([p.estimate.iteration_time_s for p in pts], [p.estimate.usd_per_iteration for p in pts], where="post",
+        ax.step([p.candidate.iteration_time_s for p in pts], [p.candidate.usd_per_iteration for p in pts], where="post",
                 color="k", lw=0.8, label="frontier")
     ax.set_xlabel("iteration time (s)")
     ax.set_ylabel("cost per iteration (USD)")
