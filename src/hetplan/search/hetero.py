@@ -467,7 +467,10 @@ def search_hetero(
             ``"fastest"`` (least iteration time, $ per iteration ≤ ``budget_usd_per_iteration`` if given),
             or ``"pareto"`` (the whole time–$ frontier, constraints applied as filters).
         pins: fixed TP (all stages), DP, micro-batch size, ZeRO, recomputation, PP, number of GPUs.
-        prune: ``False`` visits every allocation and every order (the slow exhaustive reference).
+        prune: ``False`` visits every allocation and every stage order with no allocation or order lower bound (the
+            slow exhaustive reference); each order's partition is still solved exactly by
+            :func:`~hetplan.search.partition.solve_partition` (checked against brute force in the tests), given the
+            incumbent as its upper bound (for ``pareto``: only the SLO/budget).
         max_stages: cap on the pipeline depth (default: the number of layers).
         keep_candidates: keep up to this many exactly evaluated plans besides the best (0 = all found).
         max_allocations: when the space holds more GPU allocations than this, plans are restricted to at most
@@ -557,7 +560,7 @@ def search_hetero(
                 ub = min(ub, _frontier_dominates(frontier, 0.0, rs))
             if prune and t_lb[j] >= ub:
                 continue
-        if not prune:
+        if not prune and goal == "pareto":
             ub = min(np.nextafter(slo, INF), np.nextafter(budget / rs, INF))
         g = groups[int(gid[j])]
         opts = rows[int(gid[j])][1]
