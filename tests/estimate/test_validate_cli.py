@@ -1,0 +1,71 @@
+"""``hetplan validate --json`` as a subprocess: stable set names and the accuracy the estimator reaches
+(asserted with a small margin over the achieved numbers, docs/estimator.md)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+#: Achieved values + margin (fractions). Update together with docs/estimator.md when the model changes.
+BOUNDS = {
+    # achieved 2026-11-21: single MAPE 6.98 %, tau 0.840; multi MAPE 6.72 %, tau 0.635; SC'21 MAPE 5.89 %, max
+    # 10.45 %; Korthikanti MAPE 1.96 %, max 3.55 %; Aceso MAPE 8.94 % (targets of issue 3 in docs/estimator.md)
+    "vtrain_single_node": {"mape": 0.075, "kendall_tau_min": 0.82},
+    "vtrain_multi_node": {"mape": 0.075, "kendall_tau_min": 0.60},
+    "megatron_sc21_table1": {"mape": 0.065, "max_abs_error": 0.11},
+    "korthikanti_table5": {"mape": 0.025, "max_abs_error": 0.045},
+    "aceso_v100": {"mape": 0.10},
+}
+
+
+@pytest.fixture(scope="module")
+def result():
+    out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--json"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_set_names_and_fields(result):
+    assert set(result["sets"]) == {"vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1",
+                                   "korthikanti_table5", "aceso_v100"}
+    for r in result["sets"].values():
+        assert {"n", "mape", "max_abs_error", "kendall_tau"} <= set(r)
+    assert result["sets"]["vtrain_single_node"]["n"] == 1440
+    assert result["sets"]["vtrain_multi_node"]["n"] == 109
+    assert result["sets"]["megatron_sc21_table1"]["n"] == 10
+    assert result["sets"]["korthikanti_table5"]["n"] == 8
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_accuracy(result, name):
+    r = result["sets"][name]
+    b = BOUNDS[name]
+    assert r["mape"] <= b["mape"]
+    if "max_abs_error" in b:
+        assert r["max_abs_error"] <= b["max_abs_error"]
+    if "kendall_tau_min" in b:
+        assert r["kendall_tau"] >= b["kendall_tau_min"]
+
+
+def test_held_out_reported_for_calibrated_sets(result):
+    for name in ("vtrain_single_node", "vtrain_multi_node", "aceso_v100"):
+        assert result["sets"][name]["held_out"]["n"] > 0
+        assert result["sets"][name]["calibration"]["n"] > 0
+
+
+def test_plain_output_and_files(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--sets", "korthikanti_table5",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "korthikanti_table5" in out.stdout
+    assert (tmp_path / "validation.csv").read_text().count("\n") == 9
+    assert (tmp_path / "validation.png").stat().st_size > 1000
+
+
+def test_unknown_set_is_a_clear_error():
+    out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--sets", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "unknown validation set" in out.stderr
