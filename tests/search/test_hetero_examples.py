@@ -91,3 +91,17 @@ def test_cli_slo_and_no_hetero(tmp_path):
     assert r.returncode == 2 and "--slo-s" in r.stderr + r.stdout
     r = hetplan("plan", ex, "--slo-s", "0.001")
     assert r.returncode == 2 and "slo" in (r.stderr + r.stdout).lower()
+
+
+def test_search_section_in_job_file(tmp_path):
+    text = (ROOT / "examples" / "fasop_gpt2xl.toml").read_text()
+    text = text.replace('model = "examples/', f'model = "{ROOT}/examples/')
+    off = tmp_path / "off.toml"
+    off.write_text(text + "\n[search]\nheterogeneous = false\n")
+    r = hetplan("plan", off, "--json", "--top", "1")
+    assert r.returncode == 0, r.stderr
+    assert "heterogeneous" not in json.loads(r.stdout)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text + "\n[search]\nhetero = 1\n")
+    r = hetplan("plan", bad)
+    assert r.returncode == 2 and "search.hetero" in r.stderr + r.stdout
