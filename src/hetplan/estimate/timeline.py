@@ -49,7 +49,7 @@ def draw_timeline(plan: Plan, path: str | Path, *, catalog=None, model=None, vir
     p = plan.pp
     colors = {"F": "#4C72B0", "B": "#DD8452", "DP": "#8C8C8C", "OPT": "#55A868"}
     label = label_microbatches if label_microbatches is not None else len(bars) <= 400
-    fig, ax = plt.subplots(figsize=(12, 0.45 * p + 1.6))
+    fig, ax = plt.subplots(figsize=(12, 0.45 * p + 1.9))
     for stage, kind, mb, chunk, start, end in bars:
         shade = 1.0 if chunk % 2 == 0 else 0.65
         ax.barh(p - 1 - stage, (end - start) * 1e3, left=start * 1e3, height=0.8, color=colors[kind],
@@ -62,10 +62,10 @@ def draw_timeline(plan: Plan, path: str | Path, *, catalog=None, model=None, vir
     sched = "interleaved 1F1B" if est.virtual_stages > 1 else plan.schedule.upper()
     ax.set_title(f"{plan.job.model}: {sched}" + (f" (v={est.virtual_stages})" if est.virtual_stages > 1 else "")
                  + f", pp={p}, m={plan.num_microbatches(0)} — iteration {est.iteration_time_s * 1e3:.1f} ms, "
-                 f"bubble {100 * est.bubble_fraction:.1f} %", fontsize=9)
+                 f"bubble {100 * est.bubble_fraction:.1f} %", fontsize=9, loc="left", pad=18)
     ax.legend(handles=[Patch(color=colors[k], label=n) for k, n in
                        (("F", "forward"), ("B", "backward (+recompute)"), ("DP", "DP comm (exposed)"), ("OPT", "optimizer"))],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25 if p < 4 else -0.12), ncol=4, fontsize=7, frameon=False)
+              loc="lower right", bbox_to_anchor=(1.0, 1.06), ncol=4, fontsize=7, frameon=False)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=130)
