@@ -34,9 +34,10 @@ def test_plan_json_fields_and_estimate_roundtrip(tmp_path):
         assert p["job_usd"] == pytest.approx(p["usd_per_hour"] * p["job_time_s"] / 3600)
     times = [p["job_time_s"] for p in data["plans"]]
     assert times == sorted(times)
-    r = hetplan("estimate", out, "--json")
+    r = hetplan("estimate", out, "--json", "--timeline", tmp_path / "gantt.png")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["iteration_time_s"] == pytest.approx(data["plans"][0]["iteration_time_s"])
+    assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bundled_example_runs_and_is_sensible():

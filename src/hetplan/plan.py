@@ -130,6 +130,8 @@ class Plan(BaseModel):
         zero: ZeRO stage 0-3 over each stage's data-parallel group (1 = Megatron-LM's distributed optimizer).
         sequence_parallel: Megatron sequence parallelism in TP groups (Korthikanti et al. 2023).
         schedule: pipeline schedule.
+        virtual_stages: model chunks per stage for interleaved 1F1B (Narayanan et al. SC'21 Sec. 2.2.2); 1 = plain
+            1F1B. Used when the schedule is ``1f1b``, pp > 1 and the micro-batch count is a multiple of pp.
         overlap_grad_reduce: data-parallel gradient reduction overlapped with the backward pass.
     """
 
@@ -142,6 +144,7 @@ class Plan(BaseModel):
     zero: int = Field(default=0, ge=0, le=3)
     sequence_parallel: bool = False
     schedule: Schedule = "1f1b"
+    virtual_stages: int = Field(default=1, ge=1)
     overlap_grad_reduce: bool = True
 
     @model_validator(mode="after")

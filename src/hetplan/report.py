@@ -29,6 +29,7 @@ def plan_summary(plan: Plan, est: Estimate, reason: str = "") -> dict:
         "recompute": _uniform([s.recompute for s in plan.stages]),
         "sequence_parallel": plan.sequence_parallel,
         "schedule": plan.schedule,
+        "virtual_stages": plan.virtual_stages,
         "stages": [
             {"gpu": se.gpu, "num_layers": se.num_layers, "tp": se.tp, "dp": se.dp, "recompute": se.recompute,
              "memory_bytes": se.memory.total, "time_source": se.time_source}

@@ -305,12 +305,22 @@ def estimate_command(
     plan_file: Path = typer.Argument(..., help="A plan JSON (as written by `hetplan plan -o`)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
+    timeline: Optional[Path] = typer.Option(None, "--timeline", help="Draw the pipeline schedule (Gantt chart) to this PNG."),
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
     plan = validated(Plan, read_structured(plan_file), "plan")
     m = load_model(plan.job.model)
     check_job(plan.job, m)
-    est = estimate_plan(plan, load_catalog(catalog), m)
+    cat = load_catalog(catalog)
+    est = estimate_plan(plan, cat, m)
+    if timeline is not None:
+        from hetplan.estimate.timeline import draw_timeline
+
+        try:
+            draw_timeline(plan, timeline, model=m, catalog=cat)
+        except ImportError:
+            raise HetplanError("drawing a timeline needs matplotlib", field="--timeline",
+                               fix="pip install 'hetplan[plot]'") from None
     summary = plan_summary(plan, est)
     if as_json:
         print(json.dumps(dict(summary, estimate=est.model_dump()), indent=1))
@@ -327,8 +337,8 @@ def estimate_command(
     con.print(t)
     con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
-              f"${est.usd_per_hour:,.2f}/h, ${est.usd_per_iteration:.4f}/iteration; job {_duration(est.job_time_s)}, "
-              f"${est.job_usd:,.0f}")
+              f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
+              f"${_usd(est.job_usd)}")
     if not est.fits:
         raise HetplanError("the plan does not fit in GPU memory (see the table)", field="plan",
                            fix="raise tp/pp, use recompute or ZeRO, or lower mbs")

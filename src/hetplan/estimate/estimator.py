@@ -125,7 +125,7 @@ def estimate(
         model: the model spec (default: ``load_model(plan.job.model)``).
         profiles: measured layer times; stages whose (GPU, shape) it knows use them (``time_source``
             ``"profiled"``), the others the analytic model (``"analytic"``).
-        virtual_stages: v of interleaved 1F1B (default: ``plan.virtual_stages`` if the plan has it, else 1);
+        virtual_stages: v of interleaved 1F1B (default: ``plan.virtual_stages``);
             needs the 1F1B schedule and micro-batches a multiple of pp, else it falls back to v = 1.
         pipeline_model: ``"simulate"`` (event simulation, :mod:`hetplan.estimate.schedule`) or
             ``"closed_form"`` (:func:`hetplan.estimate.pipeline.pipeline_time_s`, what the search uses).
@@ -137,9 +137,9 @@ def estimate(
 
 
 def effective_virtual_stages(plan: Plan, virtual_stages: int | None = None) -> int:
-    """v used for ``plan``: the argument, else ``plan.virtual_stages`` (if the schema has it), else 1; 1 unless the
+    """v used for ``plan``: the argument, else ``plan.virtual_stages``; 1 unless the
     schedule is 1F1B, pp > 1 and every stage's micro-batch count is a multiple of pp (Megatron-LM's condition)."""
-    v = virtual_stages if virtual_stages is not None else int(getattr(plan, "virtual_stages", 1) or 1)
+    v = virtual_stages if virtual_stages is not None else plan.virtual_stages
     p = plan.pp
     if v <= 1 or p == 1 or plan.schedule == "gpipe":
         return 1
