@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("capacity")
     def capacity_cmd(
-        workload: Path = typer.Argument(..., help="WORKLOAD.toml with a [capacity] section"),
+        workload: Path = typer.Argument(..., help="WORKLOAD.toml with a \\[capacity] section"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
     ) -> None:
         """Fewest GPUs (type, TP x PP, from the catalog) that meet the latency SLO for the workload."""
