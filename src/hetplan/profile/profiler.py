@@ -233,6 +233,8 @@ def _worker(mode: str, spec_file: str, out_file: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from hetplan.runtime import torchparts
+
     payload = json.loads(Path(spec_file).read_text())
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -243,6 +245,7 @@ def _worker(mode: str, spec_file: str, out_file: str) -> None:
     backend = "nccl" if cuda else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
+    succeeded = False
     try:
         if mode == "layers":
             from torch.distributed.device_mesh import init_device_mesh
@@ -264,8 +267,9 @@ def _worker(mode: str, spec_file: str, out_file: str) -> None:
             result = _comm_bench(payload, backend, cuda, rank, world)
         if rank == 0:
             Path(out_file).write_text(json.dumps(result))
+        succeeded = True
     finally:
-        dist.destroy_process_group()
+        torchparts.finish_process_group(succeeded)
 
 
 def _comm_bench(payload: dict, backend: str, cuda: bool, rank: int, world: int) -> dict:

@@ -36,6 +36,20 @@ from hetplan.model.torch_transformer import Partition, TransformerStage, check_t
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def finish_process_group(succeeded: bool) -> None:
+    """Tear down the default process group; after a barrier when this rank succeeded.
+
+    A rank that destroys its gloo group while a peer still has a point-to-point transfer or collective in flight
+    makes that peer abort ("terminate called without an active exception"); the barrier lets every rank finish
+    its last transfers first. After a failure the barrier is skipped (the peers may never arrive).
+    """
+    import torch.distributed as dist
+
+    if succeeded:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """``"bf16"`` -> ``torch.bfloat16`` etc."""
     return DTYPES[name]

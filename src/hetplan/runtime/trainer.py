@@ -85,10 +85,13 @@ def run_rank(argv: list[str] | None = None) -> dict | None:
         torch.set_num_threads(max(1, args.threads))
     backend = "nccl" if cuda else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=300))
+    succeeded = False
     try:
-        return _train(args, plan, spec, lay, rank, device, backend)
+        result = _train(args, plan, spec, lay, rank, device, backend)
+        succeeded = True
+        return result
     finally:
-        dist.destroy_process_group()
+        torchparts.finish_process_group(succeeded)
 
 
 def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device, backend: str) -> dict | None:
