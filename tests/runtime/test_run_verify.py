@@ -17,6 +17,11 @@ from hetplan.runtime.verify import MEMORY_TOLERANCE, TIME_TOLERANCE
 ROOT = Path(__file__).parents[2]
 TINY = ROOT / "examples" / "tiny-pp2-dp2.json"
 
+# These tests start several torch.distributed (gloo) processes; on a loaded 2-core machine a rank very rarely aborts
+# while tearing gloo down ("terminate called without an active exception"). One failure is retried twice; a real
+# defect fails all three runs.
+pytestmark = pytest.mark.flaky(reruns=2)
+
 
 def test_verify_tiny_pp2_dp2_within_tolerance():
     """4 gloo processes (PP 2 x DP 2, uneven split 3 + 1): profile -> estimate -> run -> compare."""
