@@ -78,6 +78,8 @@ def plan_command(
     zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage (0-3)."),
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recomputation: none|selective|full."),
     use_gpus: Optional[int] = typer.Option(None, "--use-gpus", help="Pin the number of GPUs the plan uses."),
+    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
+                                                 help="Pin interleaved 1F1B's virtual stages per stage (1 = plain 1F1B)."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
@@ -134,7 +136,7 @@ def plan_command(
     obj = validated(Objective, obj_raw, "objective")
     pin_raw = data["pin"]
     for key, val in (("tp", tp), ("pp", pp), ("dp", dp), ("mbs", mbs), ("zero", zero), ("recompute", recompute),
-                     ("num_gpus", use_gpus)):
+                     ("num_gpus", use_gpus), ("virtual_stages", virtual_stages)):
         if val is not None:
             pin_raw[key] = val
     pins = _pins(pin_raw)
@@ -254,7 +256,7 @@ def _print_fine(fine, explain: bool) -> None:
 
 
 def _pins(raw: dict) -> Pins:
-    allowed = {"tp", "pp", "dp", "mbs", "zero", "recompute", "num_gpus"}
+    allowed = {"tp", "pp", "dp", "mbs", "zero", "recompute", "num_gpus", "virtual_stages"}
     for key, val in raw.items():
         if key not in allowed:
             raise HetplanError("unknown pin", field=f"pin.{key}", fix=f"pins are {', '.join(sorted(allowed))}")
@@ -278,7 +280,8 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> N
                 "$/h", "job time", "job $"):
         t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
     for i, s in enumerate(summaries, start=1):
-        t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", f"{s['tp']}x{s['pp']}x{s['dp']}", str(s["mbs"]),
+        t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else ""),
+                  str(s["mbs"]),
                   str(s["zero"]), str(s["recompute"]), f"{s['iteration_time_s']:.2f}", f"{s['tokens_per_s']:,.0f}",
                   f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]), _usd(s["usd_per_hour"]),
                   _duration(s["job_time_s"]), _usd(s["job_usd"]))

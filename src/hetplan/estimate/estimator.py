@@ -151,12 +151,12 @@ def effective_virtual_stages(plan: Plan, virtual_stages: int | None = None) -> i
 def in_flight_microbatches(schedule: str, p: int, i: int, m: int, v: int = 1) -> float:
     """Micro-batches of stage ``i``'s full activations held at its peak: GPipe ``m``; 1F1B ``min(p - i, m)``;
     interleaved ``min((p - i - 1)·2 + (v - 1)·p + 1, m·v) / v`` chunks of ``1/v`` (Megatron-LM's warm-up count;
-    ``p + (p-1)/v`` on the first stage, its ``interleaved_schedule_memory_penalty``)."""
+    ``p + (p-1)/v`` on the first stage, its ``interleaved_schedule_memory_penalty``). Arrays broadcast."""
     if schedule == "gpipe":
-        return float(m)
-    if v <= 1:
-        return float(min(p - i, m))
-    return min((p - i - 1) * 2 + (v - 1) * p + 1, m * v) / v
+        return np.asarray(m, dtype=float)
+    v = np.asarray(v)
+    interleaved = np.minimum((p - i - 1) * 2 + (v - 1) * p + 1, m * v) / np.maximum(v, 1)
+    return np.where(v <= 1, np.minimum(p - i, m), interleaved).astype(float)
 
 
 def estimate_detailed(

@@ -24,7 +24,7 @@ COMPONENT_NAMES = {
     "dp_exposed_s": "exposed DP gradient sync",
     "optimizer_s": "optimizer step",
 }
-DIMENSIONS = ("tp", "pp", "dp", "mbs", "zero", "recompute")
+DIMENSIONS = ("tp", "pp", "dp", "mbs", "zero", "recompute", "virtual_stages")
 
 
 def _row(results: list[PoolResult], cat, idx: int, exact_time_s: float | None = None) -> dict:
@@ -49,7 +49,7 @@ def describe(c: dict) -> str:
     """Short text of a configuration: ``A100-SXM-80GB x64 tp=2 pp=1 dp=32 mbs=1 zero=1 recompute=none``."""
     return (
         f"{c['gpu']} x{c['num_gpus']} tp={c['tp']} pp={c['pp']} dp={c['dp']} mbs={c['mbs']} zero={c['zero']} "
-        f"recompute={RECOMPUTE_NAMES[c['recompute']]}"
+        f"recompute={RECOMPUTE_NAMES[c['recompute']]}" + (f" interleaved v={c['virtual_stages']}" if c["virtual_stages"] > 1 else "")
     )
 
 
@@ -125,7 +125,8 @@ def explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx,
             continue
         j = int(np.flatnonzero(other)[np.argmin(rank_of[other])])
         c = _row(results, cat, j)
-        label = {"gpu": "GPU type", "recompute": "recomputation", "mbs": "micro-batch size"}.get(d, d.upper() if d != "zero" else "ZeRO stage")
+        label = {"gpu": "GPU type", "recompute": "recomputation", "mbs": "micro-batch size",
+                 "virtual_stages": "interleaving (virtual stages)"}.get(d, d.upper() if d != "zero" else "ZeRO stage")
         lines.append(f"Best with another {label} (rank {rank_of[j] + 1}): {describe(c)}: {why_behind(c, winner, goal)}.")
     lines.extend(skipped)
     return lines

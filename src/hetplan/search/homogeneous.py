@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.estimate.comm import p2p_time_s
-from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
+from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
 from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.memory import stage_memory_bytes
 from hetplan.estimate.stage import boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
@@ -62,8 +62,11 @@ class PoolResult:
         return len(self.num_gpus)
 
 
-def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray):
-    """Layers, multiplicity, embedding/head flags and in-flight micro-batches of the 4 stage kinds, (n, 4)."""
+def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray, v: np.ndarray):
+    """Layers, multiplicity, embedding/head flags and in-flight micro-batches of the 4 stage kinds, (n, 4).
+
+    In-flight counts are those of the first stage of each kind (the largest), per
+    :func:`hetplan.estimate.estimator.in_flight_microbatches` (1F1B, or interleaved with v virtual stages)."""
     q, r = L // pp, L % pp
     mids = np.maximum(pp - 2, 0)
     r_mid = np.minimum(r, mids)
@@ -72,9 +75,8 @@ def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray):
     layers = np.stack([q + (r_rest >= 1), q + 1, q, q + (r_rest >= 2)], axis=1)
     layers[single, 0] = L
     count = np.stack([np.ones_like(pp), r_mid, mids - r_mid, (~single).astype(np.int64)], axis=1)
-    in_flight = np.stack(
-        [np.minimum(pp, mb), np.minimum(pp - 1, mb), np.minimum(pp - 1 - r_mid, mb), np.ones_like(pp)], axis=1
-    )
+    first_index = np.stack([np.zeros_like(pp), np.ones_like(pp), 1 + r_mid, pp - 1], axis=1)
+    in_flight = in_flight_microbatches("1f1b", pp[:, None], first_index, mb[:, None], v[:, None])
     has_emb = np.zeros((len(pp), 4), dtype=bool)
     has_emb[:, 0] = True
     has_head = np.zeros((len(pp), 4), dtype=bool)
@@ -97,14 +99,15 @@ def _intra_boundaries(stage_gpus: np.ndarray, pp: np.ndarray, gpus_per_node: int
     return np.sum(same & (i < pp[:, None] - 1), axis=1)
 
 
-def pipeline_lower_bound_s(per_stage_s, count, p2p_s, num_microbatches):
+def pipeline_lower_bound_s(per_stage_s, count, p2p_s, num_microbatches, virtual_stages=1):
     """A lower bound on the pipeline time of any schedule, per configuration.
 
     Stage i processes all m micro-batches one operation at a time (``m · (f_i + b_i)`` of work); its first operation
     cannot start before micro-batch 1's forward has crossed stages 0..i-1 (``Σ_{j<i} f_j`` plus i transfers), and
     after its last operation (a backward) that micro-batch's backward still has to cross stages i-1..0
     (``Σ_{j<i} b_j`` plus i transfers). Hence ``T ≥ max_i [ Σ_{j<i} (f_j + b_j) + 2 i c + m (f_i + b_i) ]`` with c
-    the cheapest transfer. For each stage kind the last stage of that kind has the largest prefix, so the bound is
+    the cheapest transfer. With interleaving (v virtual stages) the chain runs through the first model chunk only,
+    ``1/v`` of each earlier stage: the prefix is divided by v. For each stage kind the last stage of that kind has the largest prefix, so the bound is
     evaluated on those four stages. Arrays (n, 4) as in :func:`_stage_kinds`; ``p2p_s`` and ``num_microbatches``
     shape (n,).
     """
@@ -118,14 +121,16 @@ def pipeline_lower_bound_s(per_stage_s, count, p2p_s, num_microbatches):
         p0 + n1 * p1 + n2 * p2,
     ], axis=1)
     index = np.stack([np.zeros_like(n1), n1, n1 + n2, n1 + n2 + 1], axis=1)
-    bound = before + 2 * index * p2p_s[:, None] + m[:, None] * per_stage_s
+    v = np.broadcast_to(np.asarray(virtual_stages, dtype=float), m.shape)
+    bound = before / v[:, None] + 2 * index * p2p_s[:, None] + m[:, None] * per_stage_s
     return np.max(np.where(count > 0, bound, 0.0), axis=1)
 
 
 def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np.ndarray:
     """Peak memory per GPU over the stages of each configuration (bytes), as the estimator computes it."""
     tp, pp, dp, mbs = cfg["tp"], cfg["pp"], cfg["dp"], cfg["mbs"]
-    layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, job.global_batch // (dp * mbs))
+    layers, count, has_emb, has_head, in_flight = _stage_kinds(
+        m.num_layers, pp, job.global_batch // (dp * mbs), cfg["virtual_stages"])
     col = lambda a: a[:, None]  # noqa: E731
     mem = stage_memory_bytes(
         m, num_layers=layers, has_embedding=has_emb, has_head=has_head, single_stage=col(pp == 1), b=col(mbs),
@@ -149,9 +154,9 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         keep = peak <= NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes
         keep[int(np.argmin(peak))] = True
         cfg = {k: v[keep] for k, v in cfg.items()}
-    tp, pp, dp, mbs, zero, rc = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "recompute"))
+    tp, pp, dp, mbs, zero, rc, v = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "recompute", "virtual_stages"))
     mb = job.global_batch // (dp * mbs)
-    layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb)
+    layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb, v)
     link = pool_link(pool, gpu)
     col = lambda a: a[:, None]  # noqa: E731
     c = stage_costs(
@@ -166,14 +171,15 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     p2p_one_intra = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, True))
     p2p_one_inter = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, False))
     p2p_total = n_intra * p2p_one_intra + (pp - 1 - n_intra) * p2p_one_inter
-    t_pipe, bottleneck, bubble = pipeline_time_s(c["forward_s"], c["backward_s"], count, p2p_total, mb)
+    t_pipe, bottleneck, bubble = pipeline_time_s(c["forward_s"], c["backward_s"], count, p2p_total, mb,
+                                                 virtual_stages=v)
     present = count > 0
     dp_exposed = np.max(np.where(present, c["dp_exposed_s"], 0.0), axis=1)
     optimizer = np.max(np.where(present, c["optimizer_s"], 0.0), axis=1)
     iteration = t_pipe + dp_exposed + optimizer
     per = c["forward_s"] + c["backward_s"]
     c_min = np.where(n_intra > 0, np.minimum(p2p_one_intra, p2p_one_inter), p2p_one_inter)
-    lower = pipeline_lower_bound_s(per, count, c_min, mb) + dp_exposed + optimizer
+    lower = pipeline_lower_bound_s(per, count, c_min, mb, v) + dp_exposed + optimizer
 
     slowest = np.argmax(np.where(present, per, -1.0), axis=1)
     rows = np.arange(len(pp))

@@ -74,6 +74,7 @@ def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult
         mbs=c["mbs"],
         zero=c["zero"],
         sequence_parallel=c["tp"] > 1,
+        virtual_stages=c["virtual_stages"],
     )
 
 

@@ -35,6 +35,7 @@ class Pins:
     zero: int | None = None
     recompute: str | None = None
     num_gpus: int | None = None
+    virtual_stages: int | None = None
 
 
 def divisors(n: int) -> list[int]:
@@ -54,8 +55,8 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int) -> list[int]:
 
 
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins) -> dict[str, np.ndarray]:
-    """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute`` (recompute as codes
-    0/1/2), honouring ``pins``. Empty arrays if nothing matches."""
+    """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages``
+    (recompute as codes 0/1/2), honouring ``pins``. Empty arrays if nothing matches."""
     tps = tp_degrees(m, gpus_per_node, available)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
@@ -75,7 +76,7 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
                     mbs_lists.append(mbs)
     names = ("tp", "pp", "dp", "mbs", "zero", "recompute")
     if not triples:
-        return {k: np.zeros(0, dtype=np.int64) for k in names}
+        return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages")}
     tri = np.array(triples, dtype=np.int64)
     counts = np.array([len(x) for x in mbs_lists])
     base = np.repeat(tri, counts, axis=0)
@@ -95,4 +96,25 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
         rows = np.repeat(np.column_stack([base[sel], mbs[sel]]), len(zr), axis=0)
         parts.append(np.column_stack([rows, np.tile(zr, (int(sel.sum()), 1))]))
     arr = np.concatenate(parts) if parts else np.zeros((0, 6), dtype=np.int64)
-    return {k: arr[:, i] for i, k in enumerate(names)}
+    out = {k: arr[:, i] for i, k in enumerate(names)}
+    return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages)
+
+
+def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_batch: int, pin: int | None):
+    """Add the ``virtual_stages`` dimension (interleaved 1F1B, Narayanan et al. SC'21 Sec. 2.2.2).
+
+    Every configuration gets v = 1; those Megatron-LM can interleave — pp > 1, pp·v dividing the layers (equal
+    chunks) and the micro-batch count a multiple of pp — are repeated for each v > 1 dividing L/pp.
+    """
+    pp = cfg["pp"]
+    mb = global_batch // (cfg["dp"] * cfg["mbs"])
+    blocks = [{**cfg, "virtual_stages": np.ones(len(pp), dtype=np.int64)}] if pin in (None, 1) else []
+    eligible = (pp > 1) & (num_layers % pp == 0) & (mb % pp == 0)
+    for p in np.unique(pp[eligible]):
+        rows = eligible & (pp == p)
+        for v in divisors(num_layers // int(p))[1:]:
+            if pin is None or v == pin:
+                blocks.append({**{k: a[rows] for k, a in cfg.items()}, "virtual_stages": np.full(int(rows.sum()), v)})
+    if not blocks:
+        return {k: a[:0] for k, a in cfg.items()} | {"virtual_stages": np.zeros(0, dtype=np.int64)}
+    return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
