@@ -24,7 +24,7 @@ from pathlib import Path
 from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage
+from hetplan.plan import GPUPool, Job, Plan, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT.parent / "shared" / "data" / "traces" / "espresso_hetero"
@@ -125,7 +125,6 @@ if __name__ == "__main__" and "--fit" not in sys.argv:
 def fit_efficiency() -> dict[str, float]:
     """Per GPU type: the ``compute_efficiency`` (bisection in [0.05, 1]) at which the mean forward-time error over its
     traced stages is zero (the other catalog figures unchanged). Used for the catalog values of the traced GPUs."""
-    from hetplan.hardware.catalog import Catalog
 
     cat = load_catalog()
     stages = []

@@ -64,7 +64,7 @@ from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import Inventory, Job, Plan, Stage, boundary_is_intra_node
+from hetplan.plan import Inventory, Job, Plan, Stage
 from hetplan.search.partition import solve_partition
 from hetplan.search.space import RECOMPUTE_NAMES, Pins, divisors, tp_degrees
 

@@ -222,7 +222,6 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
     allp.sort(key=lambda x: x[:3])
     allp = allp[:top_k]
     out = []
-    best_homo = next((x for x in allp if not x[6]), None) if ranked else None
     win = allp[0] if allp else None
     what = "job $" if objective.goal == "cheapest" else "job time"
     for r, (k, s2, mem, plan, est, reason, is_het) in enumerate(allp, start=1):
