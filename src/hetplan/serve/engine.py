@@ -194,12 +194,7 @@ class Engine:
                                    max_queue_len=self.max_queue_len)
         self._reader = threading.Thread(target=self._read_loop, daemon=True, name="hetplan-serve-reader")
         self._reader.start()
-        for name in self.preload:
-            st = self.scheduler.models[name]
-            if self.scheduler.used_bytes() + st.bytes <= self.capacity_bytes:
-                self._sync_swap(name, [])
-                st.state = "resident"
-        self._refresh_gauges()
+        self._load_preloaded()
         return self
 
     def shutdown(self, drain_timeout_s: float = 10.0) -> None:
@@ -496,13 +491,17 @@ class Engine:
             for m in self.scheduler.models.values():
                 m.state = "offloaded"
                 m.swap_in_s = out[m.name]["swap_in_s"]
+        self._load_preloaded()
+        return out
+
+    def _load_preloaded(self) -> None:
+        """Swap in the ``preload`` models that fit, in order, and refresh the gauges."""
         for name in self.preload:
             st = self.scheduler.models[name]
             if self.scheduler.used_bytes() + st.bytes <= self.capacity_bytes:
                 self._sync_swap(name, [])
                 st.state = "resident"
         self._refresh_gauges()
-        return out
 
     def _describe_metrics(self) -> None:
         d = self.metrics.describe
