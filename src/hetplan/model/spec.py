@@ -98,6 +98,26 @@ def _get(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     )
 
 
+def _common_shape(cfg: Mapping[str, Any], family: str, gpt2_names: bool = False) -> dict:
+    """Fields every family reads the same way: layers, hidden size, heads, KV heads (GQA; default = heads),
+    head dimension (default h / a) and vocabulary. GPT-2 configs name the first three ``n_layer``, ``n_embd``,
+    ``n_head`` (the HF generic names are accepted too)."""
+    def alt(gpt2: str, generic: str) -> tuple[str, ...]:
+        return (gpt2, generic) if gpt2_names else (generic,)
+
+    h = _get(cfg, *alt("n_embd", "hidden_size"))
+    a = _get(cfg, *alt("n_head", "num_attention_heads"))
+    return dict(
+        family=family,
+        num_layers=_get(cfg, *alt("n_layer", "num_hidden_layers")),
+        hidden_size=h,
+        num_attention_heads=a,
+        num_kv_heads=_get(cfg, "num_key_value_heads", default=a),
+        head_dim=_get(cfg, "head_dim", default=h // a),
+        vocab_size=_get(cfg, "vocab_size"),
+    )
+
+
 def from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary.
 
@@ -113,17 +133,9 @@ def from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
         "source": cfg.get("source", ""),
     }
     if model_type in ("llama", "mistral"):
-        h = _get(cfg, "hidden_size")
-        a = _get(cfg, "num_attention_heads")
         fields = dict(
-            family=model_type,
-            num_layers=_get(cfg, "num_hidden_layers"),
-            hidden_size=h,
-            num_attention_heads=a,
-            num_kv_heads=_get(cfg, "num_key_value_heads", default=a),
-            head_dim=_get(cfg, "head_dim", default=h // a),
+            _common_shape(cfg, model_type),
             ffn_hidden_size=_get(cfg, "intermediate_size"),
-            vocab_size=_get(cfg, "vocab_size"),
             max_seq_len=_get(cfg, "max_position_embeddings"),
             gated_mlp=True,
             norm="rmsnorm",
@@ -133,18 +145,11 @@ def from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
             dropout=float(cfg.get("attention_dropout", 0.0) or 0.0) > 0,
         )
     elif model_type in ("gpt2", "megatron_gpt"):
-        h = _get(cfg, "n_embd", "hidden_size")
-        a = _get(cfg, "n_head", "num_attention_heads")
         n_pos = _get(cfg, "n_positions", "max_position_embeddings")
+        shape = _common_shape(cfg, model_type, gpt2_names=True)
         fields = dict(
-            family=model_type,
-            num_layers=_get(cfg, "n_layer", "num_hidden_layers"),
-            hidden_size=h,
-            num_attention_heads=a,
-            num_kv_heads=a,
-            head_dim=h // a,
-            ffn_hidden_size=_get(cfg, "n_inner", "ffn_hidden_size", default=4 * h),
-            vocab_size=_get(cfg, "vocab_size"),
+            shape,
+            ffn_hidden_size=_get(cfg, "n_inner", "ffn_hidden_size", default=4 * shape["hidden_size"]),
             max_seq_len=n_pos,
             gated_mlp=False,
             norm="layernorm",
@@ -154,17 +159,10 @@ def from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
             dropout=float(_get(cfg, "attn_pdrop", "attention_dropout", default=0.1)) > 0,
         )
     elif model_type == "gpt_neox":
-        h = _get(cfg, "hidden_size")
-        a = _get(cfg, "num_attention_heads")
+        shape = _common_shape(cfg, model_type)
         fields = dict(
-            family=model_type,
-            num_layers=_get(cfg, "num_hidden_layers"),
-            hidden_size=h,
-            num_attention_heads=a,
-            num_kv_heads=a,
-            head_dim=h // a,
-            ffn_hidden_size=_get(cfg, "intermediate_size", default=4 * h),
-            vocab_size=_get(cfg, "vocab_size"),
+            shape,
+            ffn_hidden_size=_get(cfg, "intermediate_size", default=4 * shape["hidden_size"]),
             max_seq_len=_get(cfg, "max_position_embeddings"),
             gated_mlp=False,
             norm="layernorm",
@@ -174,25 +172,17 @@ def from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
             dropout=float(cfg.get("attention_dropout", 0.0) or 0.0) > 0,
         )
     elif model_type == "opt":
-        h = _get(cfg, "hidden_size")
-        a = _get(cfg, "num_attention_heads")
+        shape = _common_shape(cfg, model_type)
         n_pos = _get(cfg, "max_position_embeddings")
-        word_embed_dim = cfg.get("word_embed_proj_dim", h)
-        if word_embed_dim != h:
+        if cfg.get("word_embed_proj_dim", shape["hidden_size"]) != shape["hidden_size"]:
             raise HetplanError(
                 "OPT configs with word_embed_proj_dim != hidden_size (OPT-350m) are not supported",
                 field="model.word_embed_proj_dim",
                 fix="use another OPT size",
             )
         fields = dict(
-            family=model_type,
-            num_layers=_get(cfg, "num_hidden_layers"),
-            hidden_size=h,
-            num_attention_heads=a,
-            num_kv_heads=a,
-            head_dim=h // a,
+            shape,
             ffn_hidden_size=_get(cfg, "ffn_dim"),
-            vocab_size=_get(cfg, "vocab_size"),
             max_seq_len=n_pos,
             gated_mlp=False,
             norm="layernorm",
