@@ -97,14 +97,18 @@ class PlanClient:
         return self._call("POST", "/jobs", json=spec)
 
     def register(self) -> dict:
+        """POST /jobs/{job}/ranks: announce this rank and its pipeline stage."""
         return self._call("POST", f"/jobs/{self.job_id}/ranks", json={"rank": self.rank, "stage": self.stage})
 
     def next_schedule(self) -> Schedule:
+        """GET the frequency schedule (one frequency in MHz per instruction, in schedule order) of the next iteration."""
         d = self._call("GET", f"/jobs/{self.job_id}/ranks/{self.rank}/schedule")
         return Schedule(d["iteration"], d["schedule_id"], d["instructions"], d["frequencies_mhz"])
 
     def report(self, iteration: int, schedule_id: str, time_s: float, energy_j: float | None,
                measurements: list[dict] | None = None) -> dict:
+        """POST the measured iteration time (s) and energy (J, None without NVML) for ``schedule_id``; a repeated
+        report of one iteration is accepted once."""
         body = {"iteration": iteration, "schedule_id": schedule_id, "time_s": time_s, "energy_j": energy_j,
                 "measurements": measurements or []}
         return self._call("POST", f"/jobs/{self.job_id}/ranks/{self.rank}/reports", json=body)

@@ -69,13 +69,16 @@ class StageComparison:
 
     @property
     def time_error(self) -> float:
+        """(predicted - measured) / measured stage time (fraction)."""
         return (self.predicted_time_s - self.measured_time_s) / self.measured_time_s
 
     @property
     def memory_error(self) -> float:
+        """(predicted - measured) / measured memory per rank (fraction)."""
         return (self.predicted_memory_bytes - self.measured_memory_bytes) / self.measured_memory_bytes
 
     def as_dict(self) -> dict:
+        """The ``hetplan verify --json`` fields of this stage."""
         return {"stage": self.stage, "layers": list(self.layers), "time_source": self.time_source,
                 "predicted_time_s": self.predicted_time_s, "measured_time_s": self.measured_time_s,
                 "time_error": self.time_error, "predicted_memory_bytes": self.predicted_memory_bytes,

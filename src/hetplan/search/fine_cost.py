@@ -91,10 +91,12 @@ class StateCost:
 
     @property
     def stage_time_s(self) -> list[float]:
+        """Forward + backward of one micro-batch per stage (s)."""
         return [f + b for f, b in zip(self.forward_s, self.backward_s)]
 
     @property
     def key(self) -> tuple[float, float]:
+        """Sort key: bytes over GPU memory first (0 when it fits), then iteration time (s)."""
         return (self.over_memory_bytes, self.iteration_time_s)
 
 

@@ -115,14 +115,17 @@ class HeteroCandidate:
 
     @property
     def usd_per_iteration(self) -> float:
+        """$ of one iteration: $/hour of the allocation x iteration time / 3600."""
         return self.usd_per_hour * self.iteration_time_s / 3600.0
 
     @property
     def num_gpus(self) -> int:
+        """GPUs used: Σ over stages of tp x dp."""
         return sum(t * self.dp for _, t, _, _ in self.stages)
 
     @property
     def pools_used(self) -> set[int]:
+        """Indices of the inventory pools the stages run on."""
         return {k for k, _, _, _ in self.stages}
 
     def to_plan(self, job: Job, inventory: Inventory) -> Plan:

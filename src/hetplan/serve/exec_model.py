@@ -68,6 +68,7 @@ class AnalyticExecModel(ExecModel):
         return compute + comm
 
     def batch_time_s(self, batch_size: int, prompt_len: int, max_new_tokens: int) -> float:
+        """One prefill pass over the prompts plus ``max_new_tokens - 1`` one-token decode passes (s)."""
         total = self.pass_time_s(batch_size, prompt_len, prompt_len)
         for i in range(1, max_new_tokens):
             total += self.pass_time_s(batch_size, 1, prompt_len + i)
