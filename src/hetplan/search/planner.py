@@ -174,6 +174,13 @@ def search_plans(
     )
 
 
+def _objective_keys(objective: Objective, est: Estimate) -> tuple[float, float] | None:
+    """(primary, secondary) sort keys of one estimated plan, or None if it breaks memory or a constraint."""
+    key, second = rank_keys(objective, np.array([est.job_time_s]), np.array([est.job_usd]), np.array([est.fits]),
+                            iteration_time_s=np.array([est.iteration_time_s]))
+    return (float(key[0]), float(second[0])) if np.isfinite(key[0]) else None
+
+
 def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k):
     """Run :func:`hetplan.search.hetero.search_hetero` for ``objective`` and re-estimate its best plans with
     :func:`estimate` (the numbers reported). The heterogeneous search optimises the estimator's closed-form
@@ -201,11 +208,9 @@ def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k):
             continue
         seen.add(key_json)
         est = estimate(plan, catalog, m)
-        key, second = rank_keys(objective, np.array([est.job_time_s]), np.array([est.job_usd]), np.array([est.fits]),
-                                iteration_time_s=np.array([est.iteration_time_s]))
-        if np.isfinite(key[0]):
-            entries.append((float(key[0]), float(second[0]), est.memory_bytes_per_gpu.total, plan, est,
-                            c.describe(inventory)))
+        keys = _objective_keys(objective, est)
+        if keys is not None:
+            entries.append((*keys, est.memory_bytes_per_gpu.total, plan, est, c.describe(inventory)))
     return entries, res
 
 
@@ -267,10 +272,9 @@ def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog):
         res = results[cat["pool"][idx]]
         plan = _plan_from_row(job, inventory, m, res, int(cat["row"][idx]))
         est = estimate(plan, catalog, m)
-        key, second = rank_keys(objective, np.array([est.job_time_s]), np.array([est.job_usd]), np.array([est.fits]),
-                                iteration_time_s=np.array([est.iteration_time_s]))
-        if np.isfinite(key[0]):
-            found.append((float(key[0]), float(second[0]), est.memory_bytes_per_gpu.total, idx, plan, est))
+        keys = _objective_keys(objective, est)
+        if keys is not None:
+            found.append((*keys, est.memory_bytes_per_gpu.total, idx, plan, est))
             found.sort(key=lambda x: x[:3])
     ranked = [RankedPlan(rank=r, plan=f[4], estimate=f[5], reason="") for r, f in enumerate(found[:top_k], start=1)]
     return ranked, [f[3] for f in found[:top_k]]
