@@ -65,6 +65,10 @@ class GPUPool(BaseModel):
         intra_node_bandwidth_bytes_per_s: unidirectional GPU-GPU bandwidth inside a node (default: the catalog link).
         inter_node_bandwidth_bytes_per_s: unidirectional network bandwidth of one node (all its NICs).
         price_usd_per_hour: $ per GPU-hour (default: the catalog price).
+        kernel_overhead_s: host time per GPU kernel launch on these machines (seconds; CPU, driver and framework
+            cost), a property of the host, not of the model. Default: the GPU type's catalog value, calibrated on
+            the host named in its ``calibration_source`` (A100: DGX A100, 44.3 µs). Set it for a slower or faster
+            host, e.g. 83 µs for AWS p4d as measured by FASOP (docs/estimator.md, Calibration).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -75,6 +79,7 @@ class GPUPool(BaseModel):
     intra_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
     inter_node_bandwidth_bytes_per_s: float = Field(default=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, gt=0)
     price_usd_per_hour: float | None = Field(default=None, ge=0)
+    kernel_overhead_s: float | None = Field(default=None, ge=0, le=0.01)
 
 
 class Inventory(BaseModel):

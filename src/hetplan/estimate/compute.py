@@ -20,8 +20,13 @@ projection ``(T, h, q/t)``, MLP ``(T, f/t, h)`` (``2f/t`` for SwiGLU's fused gat
 **Element-wise work** (norms, softmax, dropout, GeLU, residual adds): memory-bound, ``ELEMENTWISE_PASSES``
 passes over the activation bytes the layer produces (:func:`hetplan.model.counts.layer_activation_bytes`).
 
-**Kernel overhead**: each of the ``KERNELS_PER_LAYER_FORWARD`` kernels of a Megatron-LM layer costs a fixed
-:attr:`GPUSpec.kernel_overhead_s` (launch, ramp-up and tail); it dominates small layers.
+**Kernel overhead (host floor)**: each of the ``KERNELS_PER_LAYER_FORWARD`` kernels of a Megatron-LM layer costs
+a fixed :attr:`GPUSpec.kernel_overhead_s` of host time (Python, framework and driver launch cost, plus ramp-up and
+tail); a layer cannot run faster than the host launches it, which dominates small layers. It is a property of the
+*machine* (CPU, driver, software stack), not of the model: the catalog value of a GPU type is that of the host it
+was calibrated on (A100: a DGX A100, vTrain's data; A10G: AWS g5, the only host it comes in), and a pool on another
+host overrides it with ``GPUPool.kernel_overhead_s`` (:func:`pool_gpu`). FASOP's AWS p4d A100 host, for example,
+launches at about twice the DGX's cost per kernel (docs/estimator.md, Calibration).
 
 **Backward** = 2x forward (two GEMMs per forward GEMM, Narayanan et al. SC'21 Sec. 5.1; the element-wise and
 kernel terms doubled likewise). **Recomputation** adds one forward of the recomputed part to the backward pass
@@ -57,6 +62,19 @@ KERNELS_ATTENTION_CORE = 6
 OPERAND_BYTES = 2
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+
+
+def pool_gpu(catalog, pool, field: str = "gpu") -> GPUSpec:
+    """The :class:`GPUSpec` of ``pool``'s GPU type as it runs on that pool's machines: the catalog entry, with
+    ``kernel_overhead_s`` replaced by the pool's ``kernel_overhead_s`` (seconds per kernel) when the pool sets one
+    (a host slower or faster at launching kernels than the one the catalog value was calibrated on).
+
+    Raises:
+        HetplanError: unknown GPU type (the message names ``field``).
+    """
+    gpu = catalog.get(pool.gpu, field=field)
+    tau = getattr(pool, "kernel_overhead_s", None)
+    return gpu if tau is None else gpu.model_copy(update={"kernel_overhead_s": float(tau)})
 
 
 def gemm_efficiency(gpu: GPUSpec, M, N, K):

@@ -18,7 +18,7 @@ from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.schedule import simulate
 from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.estimate.comm import p2p_time_s
-from hetplan.estimate.compute import RECOMPUTE_CODES
+from hetplan.estimate.compute import RECOMPUTE_CODES, pool_gpu
 from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
@@ -187,7 +187,7 @@ def estimate_detailed(
     if pipeline_model not in ("simulate", "closed_form"):
         raise HetplanError(f"unknown pipeline model {pipeline_model!r}", field="pipeline_model",
                            fix="use simulate or closed_form")
-    gpus = [catalog.get(plan.pools[st.pool].gpu, field=f"plan.pools[{st.pool}].gpu") for st in plan.stages]
+    gpus = [pool_gpu(catalog, plan.pools[st.pool], field=f"plan.pools[{st.pool}].gpu") for st in plan.stages]
     links = [pool_link(plan.pools[st.pool], g) for st, g in zip(plan.stages, gpus)]
     costs: list = [None] * p
     sources = ["analytic"] * p
