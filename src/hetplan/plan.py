@@ -68,7 +68,7 @@ class GPUPool(BaseModel):
         kernel_overhead_s: host time per GPU kernel launch on these machines (seconds; CPU, driver and framework
             cost), a property of the host, not of the model. Default: the GPU type's catalog value, calibrated on
             the host named in its ``calibration_source`` (A100: DGX A100, 44.3 µs). Set it for a slower or faster
-            host, e.g. 83 µs for AWS p4d as measured by FASOP (docs/estimator.md, Calibration).
+            host, e.g. 73.8 µs for AWS p4d as fitted on FASOP's profiles (docs/estimator.md, Calibration).
     """
 
     model_config = ConfigDict(extra="forbid")

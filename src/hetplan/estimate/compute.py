@@ -26,7 +26,7 @@ tail); a layer cannot run faster than the host launches it, which dominates smal
 *machine* (CPU, driver, software stack), not of the model: the catalog value of a GPU type is that of the host it
 was calibrated on (A100: a DGX A100, vTrain's data; A10G: AWS g5, the only host it comes in), and a pool on another
 host overrides it with ``GPUPool.kernel_overhead_s`` (:func:`pool_gpu`). FASOP's AWS p4d A100 host, for example,
-launches at about twice the DGX's cost per kernel (docs/estimator.md, Calibration).
+launches at 1.7x the DGX's cost per kernel (73.8 vs 44.3 µs; docs/estimator.md, Calibration).
 
 **Backward** = 2x forward (two GEMMs per forward GEMM, Narayanan et al. SC'21 Sec. 5.1; the element-wise and
 kernel terms doubled likewise). **Recomputation** adds one forward of the recomputed part to the backward pass

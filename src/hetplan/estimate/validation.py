@@ -10,13 +10,18 @@ Data sets (copied into ``hetplan/estimate/validation_data/``, sources in the REA
   iteration time (Korthikanti et al. MLSys'23, Table 5).
 * ``aceso_v100`` — per-layer forward + backward time of GPT-3 1.3B on V100 at micro-batch 1/2/4/8 and TP 1/2/4
   (sum of Aceso's per-op profile, TP communication included; Aceso, EuroSys'24).
+* ``fasop_layers`` — FASOP's (HPDC'24) measured per-layer forward time at micro-batch 1, fp16, Megatron-LM, TP 1/2/4,
+  of GPT-2 XL, BERT-large, GPT-2 345M (two runs) and T5 (encoder layers) on A100-40GB (AWS p4d), A10G (AWS g5)
+  and RTX 3090: 33 rows; also reports errors per GPU type and the A100/A10G layer-time ratio.
 
 Metrics per set: MAPE (mean |pred/meas - 1|), maximum |error|, and Kendall tau between predicted and measured
 times of the configurations of one job (same model, GPU count and global batch: the alternatives a planner
 chooses among), averaged over jobs weighted by their number of pairs. Errors are fractions (0.08 = 8 %).
 
 Calibration split: a fixed, seeded 25 % of the ``vtrain_single_node`` and ``vtrain_multi_node`` rows
-(``is_calibration``, chosen by a hash of the row) fitted the A100 constants (see :mod:`hetplan.estimate.calibrate`); the TP-1 rows of ``aceso_v100`` fitted the V100 ones.
+(``is_calibration``, chosen by a hash of the row) fitted the A100 constants (see :mod:`hetplan.estimate.calibrate`); the TP-1 rows of ``aceso_v100`` fitted the V100 ones;
+a seeded half of the ``fasop_layers`` rows (same hash, :data:`FASOP_CALIBRATION_FRACTION`) fitted the A10G
+efficiency and the host launch costs of FASOP's machines.
 Everything else is held out; :func:`run_validation` reports both parts.
 """
 
@@ -36,7 +41,8 @@ from hetplan.plan import GPUPool, Job, Plan, Stage
 
 A100 = "A100-SXM-80GB"
 V100 = "V100-SXM-32GB"
-SET_NAMES = ("vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1", "korthikanti_table5", "aceso_v100")
+SET_NAMES = ("vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1", "korthikanti_table5", "aceso_v100",
+             "fasop_layers")
 
 #: Targets of issue 3 (fractions). ``kendall_tau`` is a lower bound, the others upper bounds.
 TARGETS = {
@@ -109,9 +115,9 @@ def megatron_plan(
     )
 
 
-def _is_calibration(key: str) -> bool:
+def _is_calibration(key: str, fraction: float | None = None) -> bool:
     h = hashlib.sha256(f"{CALIBRATION_SEED}:{key}".encode()).digest()
-    return int.from_bytes(h[:4], "big") / 2**32 < CALIBRATION_FRACTION
+    return int.from_bytes(h[:4], "big") / 2**32 < (CALIBRATION_FRACTION if fraction is None else fraction)
 
 
 #: Catalog the predictors use (None: the package catalog); :mod:`hetplan.estimate.calibrate` swaps it.
@@ -250,6 +256,112 @@ def aceso_cases() -> list[Case]:
     return out
 
 
+#: FASOP's GPU types (as the profile importer names them) -> (the machine FASOP ran them on, its host launch cost
+#: per kernel in seconds or None for the catalog value). The launch cost is the ``GPUPool.kernel_overhead_s`` of a
+#: pool of those machines: fitted by :func:`hetplan.estimate.calibrate.fit_fasop` on the calibration half of
+#: ``fasop_layers``. A10G: the catalog value, which is the g5 host's (the A10G exists only in AWS g5).
+FASOP_HOSTS: dict[str, tuple[str, float | None]] = {
+    "A100-SXM-40GB": ("AWS p4d.24xlarge", 73.8e-6),
+    "A10G": ("AWS g5.12xlarge", None),
+    "RTX-3090": ("FASOP's RTX 3090 server (host not named)", 147e-6),
+}
+#: FASOP's measured A100 / A10G per-layer forward time ratio, GPT-2 XL, micro-batch 1, TP 1 (1.638 / 2.342 ms:
+#: the A10G is 1.43x slower although its peak is 4.5x lower).
+FASOP_MEASURED_RATIO_GPT2XL = 2.342 / 1.638
+#: Fraction of ``fasop_layers`` rows used for calibration (hash of the row key, :data:`CALIBRATION_SEED`).
+FASOP_CALIBRATION_FRACTION = 0.5
+
+
+def fasop_models() -> dict[str, tuple[ModelSpec, int]]:
+    """FASOP's model labels -> (layer shape, sequence length), from FASOP's ``model_config.py`` / ``FASOP_345m.py``:
+    GPT-2 XL h 1600, 16 heads, seq 1024; BERT-large h 1024, 16 heads, seq 512; ``gpt2`` and ``gpt2_medium`` are
+    both GPT-2 345M (h 1024, 16 heads, seq 1024, two profiling runs); T5 h 1024, 32 heads of 128 (kv channels),
+    Megatron's default MLP 4h, seq 512 — the median over its 48 layers is an encoder layer's time (24 encoder
+    layers at 1.2 ms, 23 decoder layers at 2.1 ms on A100), so T5 stands for its encoder layer; decoder layers
+    (cross-attention) are not modelled."""
+    gpt2xl = gpt_model(48, 1600, 16, 1024, vocab=50257)
+    bert = gpt_model(24, 1024, 16, 512, vocab=30522)
+    gpt345m = gpt_model(24, 1024, 16, 1024, vocab=50257)
+    t5 = gpt_model(24, 1024, 32, 512, vocab=30522).model_copy(update={"head_dim": 128, "name": "t5-encoder-fasop"})
+    return {"gpt2XL": (gpt2xl, 1024), "bert": (bert, 512), "gpt2": (gpt345m, 1024), "gpt2_medium": (gpt345m, 1024),
+            "T5": (t5, 512)}
+
+
+def fasop_rows(devices: Iterable[str] = tuple(FASOP_HOSTS)) -> list[tuple[str, ModelSpec, int, str, int, float]]:
+    """``(label, model, seq_len, device, tp, forward_s)`` per (model, GPU, TP) of FASOP's profile, read with the
+    profile importer (:func:`hetplan.profile.importers.import_fasop`: median over a model's layers). ``devices``:
+    catalog names to keep; FASOP's T4 and V100 rows (``G4``/``P3``) come from AMP's DeepSpeed profiler (another
+    software stack, its layer list includes non-layer entries) and are not in the default."""
+    from hetplan.profile.db import ProfileDB
+    from hetplan.profile.importers import import_fasop
+
+    keep = {d.lower() for d in devices}
+    out = []
+    with resources.as_file(resources.files("hetplan.estimate").joinpath("validation_data", "fasop_layer_forward_times.csv")) as path:
+        for label, (m, s) in fasop_models().items():
+            with ProfileDB(":memory:") as db:
+                import_fasop(db, path, models={label: (m, s)})
+                rows = [r for r in db.layer_rows() if r["kind"] == "layer"]
+            for r in sorted(rows, key=lambda r: (r["device"], r["tp"])):
+                device = _catalog().get(r["device"]).name
+                if device.lower() in keep:
+                    out.append((label, m, s, device, int(r["tp"]), float(r["forward_s"])))
+    return out
+
+
+def _catalog():
+    from hetplan.hardware.catalog import load_catalog
+
+    return CATALOG or load_catalog()
+
+
+def fasop_gpu(device: str):
+    """The GPUSpec of ``device`` on FASOP's machine (:data:`FASOP_HOSTS`: the host's kernel launch cost)."""
+    gpu = _catalog().get(device)
+    tau = FASOP_HOSTS.get(device, ("", None))[1]
+    return gpu if tau is None else gpu.model_copy(update={"kernel_overhead_s": tau})
+
+
+def fasop_layer_forward_s(m: ModelSpec, device: str, s: int, tp: int, mbs: int = 1) -> float:
+    """Predicted forward time (s) of one layer on FASOP's machine: :func:`hetplan.estimate.compute.layer_time_s`
+    without recompute, TP collectives over the GPU type's catalog link (NVLink on p4d, PCIe on g5 / RTX 3090)."""
+    from hetplan.estimate import compute
+
+    gpu = fasop_gpu(device)
+    f, _, _ = compute.layer_time_s(m, gpu, "fp16", mbs, s, tp, 0, gpu.gpu_link_bandwidth_bytes_per_s)
+    return float(f)
+
+
+def fasop_cases() -> list[Case]:
+    """FASOP's per-layer forward times (:func:`fasop_rows`) against :func:`fasop_layer_forward_s`. Group for
+    Kendall tau: one model at one TP degree (how the GPU types rank). A seeded half calibrates."""
+    out = []
+    for label, m, s, device, tp, meas in fasop_rows():
+        key = f"fasop:{label}:{device}:tp{tp}"
+        out.append(Case(set="fasop_layers", key=key, group=f"{label}:tp{tp}", measured=meas,
+                        predict=lambda m=m, device=device, s=s, tp=tp: fasop_layer_forward_s(m, device, s, tp),
+                        is_calibration=_is_calibration(key, FASOP_CALIBRATION_FRACTION),
+                        info=dict(model=label, gpu=device, tp=tp, seq=s)))
+    return out
+
+
+def fasop_summary(cases: list[Case]) -> dict:
+    """Errors per GPU type of the ``fasop_layers`` cases, and the A100 / A10G layer-time ratio of GPT-2 XL at
+    micro-batch 1 (TP 1) measured by FASOP vs predicted (also at micro-batch 8)."""
+    per_gpu = {}
+    for dev in sorted({c.info["gpu"] for c in cases}):
+        cs = [c for c in cases if c.info["gpu"] == dev]
+        err = np.array([c.predicted / c.measured - 1 for c in cs])
+        per_gpu[dev] = {"n": len(cs), "mape": float(np.mean(np.abs(err))), "max_abs_error": float(np.max(np.abs(err))),
+                        "mean_error": float(np.mean(err))}
+    m, s = fasop_models()["gpt2XL"]
+    ratio = {mbs: fasop_layer_forward_s(m, "A10G", s, 1, mbs) / fasop_layer_forward_s(m, "A100-SXM-40GB", s, 1, mbs)
+             for mbs in (1, 8)}
+    return {"per_gpu": per_gpu, "a10g_over_a100_gpt2xl": {
+        "measured_mbs1": FASOP_MEASURED_RATIO_GPT2XL, "predicted_mbs1": ratio[1], "predicted_mbs8": ratio[8],
+        "peak_ratio": _catalog().get("A100-SXM-40GB").peak_flops_per_s("fp16") / _catalog().get("A10G").peak_flops_per_s("fp16")}}
+
+
 def all_cases(sets: Iterable[str] = SET_NAMES) -> list[Case]:
     loaders = {
         "vtrain_single_node": lambda: vtrain_cases("single"),
@@ -257,6 +369,7 @@ def all_cases(sets: Iterable[str] = SET_NAMES) -> list[Case]:
         "megatron_sc21_table1": sc21_cases,
         "korthikanti_table5": korthikanti_cases,
         "aceso_v100": aceso_cases,
+        "fasop_layers": fasop_cases,
     }
     out = []
     for s in sets:
@@ -309,6 +422,8 @@ def run_validation(sets: Iterable[str] = SET_NAMES) -> tuple[dict, list[Case]]:
         if cal:
             res["calibration"] = metrics(cal)
             res["held_out"] = metrics([c for c in cs if not c.is_calibration])
+        if name == "fasop_layers" and cs:
+            res.update(fasop_summary(cs))
         out[name] = res
     return {"sets": out, "targets": TARGETS}, cases
 
