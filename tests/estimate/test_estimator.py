@@ -57,3 +57,69 @@ def test_timeline(tmp_path):
     assert out.stat().st_size > 1000
     _, sim, _, _ = estimate_detailed(plan, model=m, record=True)
     assert len(sim.ops) == 2 * 4 * 8
+
+
+def _random_plans(seed, n):
+    """Random plans over three GPU types, uneven splits, per-layer recompute, resharding boundaries,
+    GPipe / 1F1B / interleaving, two models — the cases estimate_many must batch without changing a number."""
+    import random
+
+    from hetplan.model.spec import load_model
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    rng = random.Random(seed)
+    plans = []
+    for _ in range(n):
+        model = rng.choice(["gpt3-1.3b", "open_llama_3b_v2"])
+        layers = load_model(model).num_layers
+        pools = [GPUPool(gpu=g, count=64, gpus_per_node=rng.choice([4, 8]), inter_node_bandwidth_bytes_per_s=bw)
+                 for g, bw in zip(rng.sample(["A100-SXM-80GB", "A10G", "RTX-3090"], 2), (12.5e9, 100e9))]
+        p = rng.choice([1, 2, 4])
+        cuts = sorted(rng.sample(range(1, layers), p - 1))
+        sizes = [b - a for a, b in zip([0] + cuts, cuts + [layers])]
+        dp, mbs = rng.choice([1, 2]), rng.choice([1, 2])
+        stages = [Stage(pool=rng.randrange(2), num_layers=k, tp=rng.choice([1, 2]), dp=dp,
+                        recompute=rng.choice(["none", "selective", "full"]),
+                        recompute_layers=rng.randint(0, k) if rng.random() < 0.2 else None) for k in sizes]
+        plans.append(Plan(job=Job(model=model, seq_len=1024, global_batch=dp * mbs * 4 * p, train_tokens=1e9),
+                          pools=pools, stages=stages, mbs=mbs, zero=rng.choice([0, 1]),
+                          schedule=rng.choice(["1f1b", "gpipe"]), virtual_stages=rng.choice([1, 2]),
+                          sequence_parallel=rng.random() < 0.5))
+    return plans
+
+
+@pytest.mark.parametrize("pipeline_model", ["simulate", "closed_form"])
+def test_estimate_many_equals_estimate_plan_by_plan(pipeline_model):
+    """Batching (grouped stage costs, one p2p call, simulate_many for >= 16 plans of one shape) changes no
+    number beyond float rounding, with and without measured layer times."""
+    from hetplan.estimate.estimator import estimate_many
+
+    class Profiles:  # measured times for one GPU type only: rows with and without them in one batch
+        def layer_time_s(self, gpu, model, dtype, mbs, seq_len, tp):
+            return (1e-3 * mbs / tp, 2.1e-3 * mbs / tp) if gpu == "A10G" else None
+
+    plans = _random_plans(3, 60)
+    m, base = _plan(pp=4, gbs=32)
+    same_shape = [base.model_copy(update={"zero": z}) for z in (0, 1)] * 10  # 20 plans of one shape
+    for profiles in (None, Profiles()):
+        batch = estimate_many(plans, profiles=profiles, pipeline_model=pipeline_model)
+        for plan, got in zip(plans, batch):
+            ref = estimate(plan, profiles=profiles, pipeline_model=pipeline_model).model_dump()
+            _assert_close(got.model_dump(), ref)
+    for plan, got in zip(same_shape, estimate_many(same_shape, model=m, pipeline_model=pipeline_model)):
+        _assert_close(got.model_dump(), estimate(plan, model=m, pipeline_model=pipeline_model).model_dump())
+
+
+def _assert_close(got, ref):
+    if isinstance(ref, dict):
+        assert got.keys() == ref.keys()
+        for k in ref:
+            _assert_close(got[k], ref[k])
+    elif isinstance(ref, list):
+        assert len(got) == len(ref)
+        for a, b in zip(got, ref):
+            _assert_close(a, b)
+    elif isinstance(ref, float):
+        assert got == pytest.approx(ref, rel=1e-12, abs=1e-15)
+    else:
+        assert got == ref

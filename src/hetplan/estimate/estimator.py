@@ -15,7 +15,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from hetplan.estimate.pipeline import pipeline_time_s
-from hetplan.estimate.schedule import simulate
+from hetplan.estimate.schedule import simulate, simulate_many
 from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import RECOMPUTE_CODES, pool_gpu
@@ -132,8 +132,33 @@ def estimate(
     Raises:
         HetplanError: unknown GPU or model, a dtype the GPU lacks, layers that do not add up.
     """
-    return estimate_detailed(plan, catalog, model, profiles, virtual_stages=virtual_stages,
-                             pipeline_model=pipeline_model)[0]
+    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, False)[0][0]
+
+
+def estimate_many(
+    plans: list[Plan],
+    catalog: Catalog | None = None,
+    model: ModelSpec | None = None,
+    profiles: LayerTimeSource | None = None,
+    *,
+    virtual_stages: int | None = None,
+    pipeline_model: str = "simulate",
+) -> list[Estimate]:
+    """:func:`estimate` of every plan in ``plans`` (same arguments, applied to each), in order.
+
+    The same formulas run once over all stages of all plans: stage costs in one vectorised
+    :func:`~hetplan.estimate.stage.stage_costs` call per (model, GPU, link) group, p2p in one call, and the
+    pipeline simulation once per group of plans with one ``(schedule, p, m, v)``
+    (:func:`~hetplan.estimate.schedule.simulate_many`). Equal to ``[estimate(p) for p in plans]`` up to float
+    rounding (tests check 1e-12); much faster for many plans (benchmarks/bench_estimate.py).
+
+    Cost: O(Σ stages) vectorised work, plus per shape group O(2(m·v + p)) numpy steps, plus O(stages) Python
+    work per plan to read it and build the result objects.
+
+    Raises:
+        HetplanError: as :func:`estimate`, for the first plan that has the problem.
+    """
+    return [r[0] for r in _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, False)]
 
 
 def effective_virtual_stages(plan: Plan, virtual_stages: int | None = None) -> int:
@@ -171,150 +196,238 @@ def estimate_detailed(
 ):
     """:func:`estimate` plus what a timeline needs: ``(Estimate, ScheduleResult | None, per-stage cost dicts,
     per-boundary p2p times)``. ``record`` keeps every scheduled operation."""
+    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=True)[0]
+
+
+#: Plans of one pipeline shape from which :func:`simulate_many` beats one :func:`simulate` per plan.
+_SIMULATE_MANY_MIN_PLANS = 16
+
+_ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
+             "num_microbatches", "zero", "recompute_code", "sequence_parallel")
+
+
+def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False):
+    """The estimator for a list of plans (module doc; :func:`estimate_many`). Returns one
+    ``(Estimate, ScheduleResult | None, costs | None, p2p)`` per plan (costs only when ``detailed``)."""
     from hetplan.errors import HetplanError
 
-    catalog = catalog or load_catalog()
-    m = model or load_model(plan.job.model)
-    job = plan.job
-    if sum(st.num_layers for st in plan.stages) != m.num_layers:
-        raise HetplanError(
-            f"stages hold {sum(st.num_layers for st in plan.stages)} layers but {m.name} has {m.num_layers}",
-            field="plan.stages[].num_layers",
-            fix=f"make the stages' num_layers add up to {m.num_layers}",
-        )
-    p = plan.pp
-    v = effective_virtual_stages(plan, virtual_stages)
     if pipeline_model not in ("simulate", "closed_form"):
         raise HetplanError(f"unknown pipeline model {pipeline_model!r}", field="pipeline_model",
                            fix="use simulate or closed_form")
-    gpus = [pool_gpu(catalog, plan.pools[st.pool], field=f"plan.pools[{st.pool}].gpu") for st in plan.stages]
-    links = [pool_link(plan.pools[st.pool], g) for st, g in zip(plan.stages, gpus)]
-    costs: list = [None] * p
-    sources = ["analytic"] * p
-    stage_kw = []
-    for i, st in enumerate(plan.stages):
-        b = plan.stage_mbs(i)  # per-replica micro-batch (a stage may set its own, hetplan.plan.Stage.mbs)
-        mb = plan.num_microbatches(i)
-        stage_kw.append(dict(
-            s=job.seq_len, b=b, t=st.tp, dp=st.dp, num_layers=st.num_layers,
-            has_embedding=i == 0, has_head=i == p - 1, single_stage=p == 1,
-            in_flight=in_flight_microbatches(plan.schedule, p, i, mb, v),
-            num_microbatches=mb, zero=plan.zero, recompute_code=RECOMPUTE_CODES[st.recompute],
-            sequence_parallel=plan.sequence_parallel and st.tp > 1,
-        ))
-    # Stages of one pool without measured times or per-layer recompute: one vectorised stage_costs call (same
-    # formulas, element by element; it keeps estimate() fast for deep pipelines).
-    batched: dict[int, list[int]] = {}
-    for i, st in enumerate(plan.stages):
-        if profiles is None and st.recompute_layers is None:
-            batched.setdefault(st.pool, []).append(i)
-    for idx in batched.values():
-        if len(idx) < 2:
-            continue
-        arr = {k: np.array([stage_kw[i][k] for i in idx]) for k in stage_kw[idx[0]]}
-        c = stage_costs(m, gpus[idx[0]], links[idx[0]], job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce, **arr)
-        for j, i in enumerate(idx):
-            costs[i] = {k: ({kk: vv[j] for kk, vv in x.items()} if isinstance(x, dict) else np.asarray(x)[j])
-                        for k, x in c.items()}
-    for i, (st, gpu, link) in enumerate(zip(plan.stages, gpus, links)):
-        if costs[i] is not None:
-            continue
-        kw = stage_kw[i]
-        measured = profiles.layer_time_s(gpu.name, m, job.dtype, kw["b"], job.seq_len, st.tp) if profiles else None
-        sources[i] = "analytic" if measured is None else "profiled"
-        costs[i] = stage_costs(
-            m, gpu, link, job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce, measured_layer_time_s=measured,
-            recompute_layers=st.recompute_layers, **kw,
-        )
-    # p2p across each boundary, over the intra-node link or the (slower) node NICs shared by the sending GPUs.
-    intra = boundary_is_intra_node(
-        [st.tp * st.dp for st in plan.stages], [st.pool for st in plan.stages], [pl.gpus_per_node for pl in plan.pools]
-    )
-    p2p = []
-    for i in range(p - 1):
-        a, nxt = plan.stages[i], plan.stages[i + 1]
-        bw = boundary_bandwidth_bytes_per_s(links[i], links[i + 1], a.tp * a.dp, intra[i])
-        sender, receiver = (a.tp, a.dp, plan.stage_mbs(i)), (nxt.tp, nxt.dp, plan.stage_mbs(i + 1))
-        if sender == receiver:
-            msg = p2p_bytes(m, plan.mbs if a.mbs is None else a.mbs, job.seq_len, max(a.tp, nxt.tp), plan.sequence_parallel)
-            p2p.append(float(p2p_time_s(msg, bw)))
-        else:  # stages lay the micro-batch out differently: resharding (hetplan.estimate.reshard)
-            nl = links[i + 1]
-            p2p.append(boundary_transfer_time_s(
-                m, job.seq_len, sender, receiver, float(bw), gpus_per_node=nl.gpus_per_node,
-                intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
-                inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s))
-    p2p_total = sum(p2p)
-    fwd = np.array([c["forward_s"] for c in costs], dtype=float)
-    bwd = np.array([c["backward_s"] for c in costs], dtype=float)
-    mb0 = plan.num_microbatches(0)
-    dp_each = [float(c["dp_exposed_s"]) for c in costs]
-    dp_exposed = max(dp_each)
-    optimizer = max(float(c["optimizer_s"]) for c in costs)
-    sim = None
-    if pipeline_model == "simulate":
-        schedule = "interleaved" if v > 1 else plan.schedule
-        sim = simulate(fwd, bwd, p2p, mb0, schedule, v, record=record)
-        t_pipe = sim.makespan_s
-        bottleneck = float(np.max(fwd + bwd))
-        bubble = max(0.0, t_pipe - mb0 * bottleneck - 2 * p2p_total)
-        # Each stage reduces its gradients after its own last backward; the optimizer step (grad-norm
-        # all-reduce across stages) waits for all.
-        after = max(end + d for end, d in zip(sim.stage_end_s, dp_each))
-        dp_exposed = after - t_pipe
-        iteration = after + optimizer
-    else:
-        t_pipe, bottleneck, bubble = pipeline_time_s(fwd, bwd, np.ones(p), p2p_total, mb0, virtual_stages=v)
-        bubble = max(0.0, float(bubble) - 2 * p2p_total)  # reported apart from the p2p transfers
-        iteration = float(t_pipe) + dp_exposed + optimizer
-
-    stages_out = []
-    for st, gpu, c, source in zip(plan.stages, gpus, costs, sources):
-        mem = MemoryBreakdown(**{k: float(x) for k, x in c["memory"].items()})
-        stages_out.append(
-            StageEstimate(
-                gpu=gpu.name, tp=st.tp, dp=st.dp, num_layers=st.num_layers, recompute=st.recompute,
-                forward_s=float(c["forward_s"]), backward_s=float(c["backward_s"]), tp_comm_s=float(c["tp_comm_s"]),
-                dp_exposed_s=float(c["dp_exposed_s"]), time_source=source, memory=mem, memory_capacity_bytes=gpu.memory_bytes,
-                fits=mem.total <= gpu.memory_bytes,
+    catalog = catalog or load_catalog()
+    models: dict[str, ModelSpec] = {}
+    by_model: dict[int, list[int]] = {}
+    specs = []
+    for k, plan in enumerate(plans):
+        m = model or models.get(plan.job.model) or models.setdefault(plan.job.model, load_model(plan.job.model))
+        if sum(st.num_layers for st in plan.stages) != m.num_layers:
+            raise HetplanError(
+                f"stages hold {sum(st.num_layers for st in plan.stages)} layers but {m.name} has {m.num_layers}",
+                field="plan.stages[].num_layers",
+                fix=f"make the stages' num_layers add up to {m.num_layers}",
             )
+        specs.append(m)
+        by_model.setdefault(id(m), []).append(k)
+    out: list = [None] * len(plans)
+    for idx in by_model.values():
+        for k, r in zip(idx, _estimate_one_model([plans[k] for k in idx], specs[idx[0]], catalog, profiles,
+                                                 virtual_stages, pipeline_model, record, detailed)):
+            out[k] = r
+    return out
+
+
+def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed):
+    """:func:`_estimate_batch` for plans of one model ``m``."""
+    # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
+    rows: dict[str, list] = {key: [] for key in _ROW_KEYS}
+    gpus, links, prices, extra = [], [], [], []
+    start, vs, m0s = [], [], []
+    for plan in plans:
+        job, p = plan.job, plan.pp
+        v = effective_virtual_stages(plan, virtual_stages)
+        start.append(len(gpus))
+        vs.append(v)
+        m0s.append(plan.num_microbatches(0))
+        for i, st in enumerate(plan.stages):
+            pool = plan.pools[st.pool]
+            gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
+            mb = plan.num_microbatches(i)
+            gpus.append(gpu)
+            links.append(pool_link(pool, gpu))
+            prices.append(pool_price_usd_per_hour(pool, gpu))
+            for key, x in zip(_ROW_KEYS, (
+                job.seq_len, plan.stage_mbs(i), st.tp, st.dp, st.num_layers, i == 0, i == p - 1, p == 1,
+                (plan.schedule == "gpipe", p, i, mb, v),  # in_flight, filled in below for all rows at once
+                mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1,
+            )):
+                rows[key].append(x)
+            extra.append((job.dtype, plan.overlap_grad_reduce, st.recompute_layers))
+    n = len(gpus)
+    gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*rows["in_flight"]))
+    rows["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
+                                 in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
+    cols = {key: np.asarray(x) for key, x in rows.items()}
+
+    # Stage costs: one vectorised call per (GPU, link, dtype, overlap) group of rows without measured times or
+    # per-layer recompute; those rows one by one.
+    measured = [None] * n
+    if profiles is not None:
+        for r in range(n):
+            measured[r] = profiles.layer_time_s(gpus[r].name, m, extra[r][0], int(cols["b"][r]),
+                                                int(cols["s"][r]), int(cols["t"][r]))
+    groups: dict[tuple, list[int]] = {}
+    for r in range(n):
+        single = measured[r] is not None or extra[r][2] is not None
+        key = (gpus[r].name, gpus[r].kernel_overhead_s, links[r], extra[r][0], extra[r][1])
+        groups.setdefault((r,) if single else key, []).append(r)
+    res: dict[str, np.ndarray] = {}
+    mem: dict[str, np.ndarray] = {}
+    for key, g in groups.items():
+        r0 = g[0]
+        sel = np.array(g)
+        kw = {k: cols[k][sel] for k in _ROW_KEYS} if len(key) > 1 else {k: cols[k][r0].item() for k in _ROW_KEYS}
+        c = stage_costs(m, gpus[r0], links[r0], extra[r0][0], overlap_grad_reduce=extra[r0][1],
+                        measured_layer_time_s=measured[r0], recompute_layers=extra[r0][2], **kw)
+        for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
+            res.setdefault(k, np.zeros(n))[sel] = c[k]
+        for k, x in c["memory"].items():
+            mem.setdefault(k, np.zeros(n))[sel] = x
+    fwd, bwd = res["forward_s"], res["backward_s"]
+
+    # p2p across each boundary, over the intra-node link or the (slower) node NICs shared by the sending GPUs;
+    # boundaries between stages that lay the micro-batch out differently reshard (hetplan.estimate.reshard).
+    send, recv, intra, reshard = [], [], [], []
+    for plan, s0 in zip(plans, start):
+        intra += boundary_is_intra_node(
+            [st.tp * st.dp for st in plan.stages], [st.pool for st in plan.stages],
+            [pl.gpus_per_node for pl in plan.pools])
+        for i in range(plan.pp - 1):
+            send.append(s0 + i)
+            recv.append(s0 + i + 1)
+            a, nxt = plan.stages[i], plan.stages[i + 1]
+            reshard.append((a.tp, a.dp, plan.stage_mbs(i)) != (nxt.tp, nxt.dp, plan.stage_mbs(i + 1)))
+    p2p = np.zeros(len(send))
+    if send:
+        send_a, recv_a = np.array(send), np.array(recv)
+        link_fields = lambda rws: Link(*(np.array([getattr(links[r], f) for r in rws]) for f in Link.__dataclass_fields__))  # noqa: E731
+        bw = boundary_bandwidth_bytes_per_s(link_fields(send), link_fields(recv),
+                                            cols["t"][send_a] * cols["dp"][send_a], np.array(intra))
+        msg = p2p_bytes(m, cols["b"][send_a], cols["s"][send_a], np.maximum(cols["t"][send_a], cols["t"][recv_a]), False)
+        p2p = np.asarray(p2p_time_s(msg, bw), dtype=float)
+        for j in np.flatnonzero(reshard):
+            a, nb = send[j], recv[j]
+            nl = links[nb]
+            p2p[j] = boundary_transfer_time_s(
+                m, int(cols["s"][a]), (int(cols["t"][a]), int(cols["dp"][a]), int(cols["b"][a])),
+                (int(cols["t"][nb]), int(cols["dp"][nb]), int(cols["b"][nb])), float(bw[j]),
+                gpus_per_node=nl.gpus_per_node, intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
+                inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s)
+    p2p_start = np.concatenate([[0], np.cumsum([plan.pp - 1 for plan in plans])]).astype(int)
+
+    # Pipeline time per plan: simulation (grouped by shape) or the closed form.
+    t_pipe = np.zeros(len(plans))
+    stage_end = np.zeros(n)
+    sims: list = [None] * len(plans)
+    shapes: dict[tuple, list[int]] = {}
+    for k, plan in enumerate(plans):
+        sched = "interleaved" if vs[k] > 1 else plan.schedule
+        shapes.setdefault((sched, plan.pp, m0s[k], vs[k]), []).append(k)
+    for (sched, p, m0, v), ks in shapes.items():
+        ridx = np.array(start)[ks][:, None] + np.arange(p)
+        cidx = p2p_start[ks][:, None] + np.arange(p - 1)
+        if pipeline_model == "closed_form":
+            t, _, _ = pipeline_time_s(fwd[ridx], bwd[ridx], np.ones((len(ks), p)), p2p[cidx].sum(axis=1), m0,
+                                      virtual_stages=v)
+            t_pipe[ks] = t
+        elif len(ks) >= _SIMULATE_MANY_MIN_PLANS and not record:
+            t_pipe[ks], stage_end[ridx] = simulate_many(fwd[ridx], bwd[ridx], p2p[cidx], m0, sched, v)
+        else:
+            for k, rr, cc in zip(ks, ridx, cidx):
+                sims[k] = simulate(fwd[rr], bwd[rr], p2p[cc], m0, sched, v, record=record)
+                t_pipe[k] = sims[k].makespan_s
+                stage_end[rr] = sims[k].stage_end_s
+
+    # Per-row quantities for the per-plan sums (peak FLOP/s, $/h, recompute FLOPs).
+    job_rows = [plan.job for plan in plans for _ in plan.stages]
+    st_rows = [st for plan in plans for st in plan.stages]
+    gbs = np.array([j.global_batch for j in job_rows])
+    ngpu = cols["t"] * cols["dp"]
+    peak_rows = ngpu * np.array([g.peak_flops_per_s(j.dtype) for g, j in zip(gpus, job_rows)])
+    usd_rows = ngpu * np.array(prices)
+    model_rows = counts.model_flops_per_iteration(m, gbs, cols["s"])
+    recompute_rows = hardware_flops_per_iteration(
+        m, cols["s"], gbs, cols["recompute_code"], np.array([st.recomputed_layers() for st in st_rows]) / m.num_layers
+    ) - model_rows
+    totals = mem["total"]
+    capacity = np.array([g.memory_bytes for g in gpus])
+    fits = totals <= capacity
+    lists = {k: x.tolist() for k, x in res.items()}
+    mem_lists = {k: x.tolist() for k, x in mem.items()}
+    out = []
+    for k, plan in enumerate(plans):
+        job, p, s0 = plan.job, plan.pp, start[k]
+        rr = slice(s0, s0 + p)
+        cs = p2p[p2p_start[k]:p2p_start[k + 1]].tolist()
+        p2p_total = sum(cs)
+        mb0 = m0s[k]
+        dp_each = lists["dp_exposed_s"][rr]
+        optimizer = max(lists["optimizer_s"][rr])
+        bottleneck = float(np.max(fwd[rr] + bwd[rr]))
+        if pipeline_model == "simulate":
+            t = float(t_pipe[k])
+            bubble = max(0.0, t - mb0 * bottleneck - 2 * p2p_total)
+            # Each stage reduces its gradients after its own last backward; the optimizer step (grad-norm
+            # all-reduce across stages) waits for all.
+            after = max(e + d for e, d in zip(stage_end[rr].tolist(), dp_each))
+            dp_exposed = after - t
+            iteration = after + optimizer
+        else:
+            t = float(t_pipe[k])
+            bubble = max(0.0, t - mb0 * bottleneck - 2 * p2p_total)  # reported apart from the p2p transfers
+            dp_exposed = max(dp_each)
+            iteration = t + dp_exposed + optimizer
+        stages_out = []
+        for r, st in zip(range(s0, s0 + p), plan.stages):
+            memb = MemoryBreakdown(**{key: x[r] for key, x in mem_lists.items()})
+            stages_out.append(StageEstimate(
+                gpu=gpus[r].name, tp=st.tp, dp=st.dp, num_layers=st.num_layers, recompute=st.recompute,
+                forward_s=lists["forward_s"][r], backward_s=lists["backward_s"][r], tp_comm_s=lists["tp_comm_s"][r],
+                dp_exposed_s=lists["dp_exposed_s"][r], time_source="analytic" if measured[r] is None else "profiled",
+                memory=memb, memory_capacity_bytes=gpus[r].memory_bytes, fits=bool(fits[r]),
+            ))
+        peak = stages_out[int(np.argmax(totals[rr] / capacity[rr]))].memory
+        peak_flops = float(peak_rows[rr].sum())
+        model_flops = float(counts.model_flops_per_iteration(m, job.global_batch, job.seq_len))
+        hw_flops = model_flops + float(recompute_rows[rr].sum())
+        usd_per_hour = float(usd_rows[rr].sum())
+        iterations = job.iterations()
+        tp_comm = sum(lists["tp_comm_s"][rr]) * mb0
+        est = Estimate(
+            iteration_time_s=iteration,
+            pipeline_time_s=t,
+            bubble_time_s=bubble,
+            bubble_fraction=bubble / iteration,
+            tp_comm_fraction=min(1.0, tp_comm / p / iteration),
+            p2p_time_s=2 * p2p_total,
+            dp_exposed_time_s=dp_exposed,
+            optimizer_time_s=optimizer,
+            tokens_per_s=job.global_batch * job.seq_len / iteration,
+            mfu=model_flops / (iteration * peak_flops),
+            hfu=hw_flops / (iteration * peak_flops),
+            memory_bytes_per_gpu=peak,
+            fits=bool(fits[rr].all()),
+            stages=stages_out,
+            usd_per_hour=usd_per_hour,
+            usd_per_iteration=usd_per_hour * iteration / 3600,
+            iterations=iterations,
+            job_time_s=iterations * iteration,
+            job_usd=usd_per_hour * iterations * iteration / 3600,
+            virtual_stages=vs[k],
+            pipeline_model=pipeline_model,
         )
-    peak = max(stages_out, key=lambda se: se.memory.total / se.memory_capacity_bytes).memory
-    tokens = job.global_batch * job.seq_len
-    peak_flops = sum(st.tp * st.dp * g.peak_flops_per_s(job.dtype) for st, g in zip(plan.stages, gpus))
-    model_flops = float(counts.model_flops_per_iteration(m, job.global_batch, job.seq_len))
-    # HFU: recompute FLOPs are per stage; weight each stage's share of layers.
-    hw_flops = model_flops + sum(
-        float(hardware_flops_per_iteration(m, job.seq_len, job.global_batch, RECOMPUTE_CODES[st.recompute],
-                                           st.recomputed_layers() / m.num_layers)) - model_flops
-        for st in plan.stages
-    )
-    usd_per_hour = sum(
-        st.tp * st.dp * pool_price_usd_per_hour(plan.pools[st.pool], g) for st, g in zip(plan.stages, gpus)
-    )
-    iterations = job.iterations()
-    tp_comm = sum(float(c["tp_comm_s"]) for c in costs) * mb0
-    est = Estimate(
-        iteration_time_s=iteration,
-        pipeline_time_s=float(t_pipe),
-        bubble_time_s=float(bubble),
-        bubble_fraction=float(bubble) / iteration,
-        tp_comm_fraction=min(1.0, tp_comm / p / iteration),
-        p2p_time_s=2 * p2p_total,
-        dp_exposed_time_s=dp_exposed,
-        optimizer_time_s=optimizer,
-        tokens_per_s=tokens / iteration,
-        mfu=model_flops / (iteration * peak_flops),
-        hfu=hw_flops / (iteration * peak_flops),
-        memory_bytes_per_gpu=peak,
-        fits=all(se.fits for se in stages_out),
-        stages=stages_out,
-        usd_per_hour=usd_per_hour,
-        usd_per_iteration=usd_per_hour * iteration / 3600,
-        iterations=iterations,
-        job_time_s=iterations * iteration,
-        job_usd=usd_per_hour * iterations * iteration / 3600,
-        virtual_stages=v,
-        pipeline_model=pipeline_model,
-    )
-    return est, sim, costs, p2p
+        costs = None
+        if detailed:
+            costs = [{**{key: res[key][r] for key in res}, "memory": {key: mem[key][r] for key in mem}}
+                     for r in range(s0, s0 + p)]
+        out.append((est, sims[k], costs, cs))
+    return out

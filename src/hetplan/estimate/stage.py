@@ -182,6 +182,6 @@ def p2p_bytes(m: ModelSpec, b, s, t, sequence_parallel):
 def boundary_bandwidth_bytes_per_s(sender: Link, receiver: Link, sender_gpus, intra_node):
     """Per-rank bandwidth of a pipeline boundary: the intra-node link if both stages share a node, else the
     slower of the two nodes' NICs shared by the sender's GPUs in one node (``min(G, sender_gpus)`` of them)."""
-    inter = min(sender.inter_node_bandwidth_bytes_per_s, receiver.inter_node_bandwidth_bytes_per_s)
+    inter = np.minimum(sender.inter_node_bandwidth_bytes_per_s, receiver.inter_node_bandwidth_bytes_per_s)
     senders = np.minimum(sender.gpus_per_node, sender_gpus)
     return np.where(intra_node, sender.intra_node_bandwidth_bytes_per_s, inter / senders)
