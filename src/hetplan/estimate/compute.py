@@ -58,6 +58,9 @@ ELEMENTWISE_PASSES = 2.0
 KERNELS_PER_LAYER_FORWARD = 18
 #: Kernels of the attention core (scores, softmax, dropout, context, copies): recomputed by selective recompute.
 KERNELS_ATTENTION_CORE = 6
+#: Kernels FlashAttention saves per layer forward: scores GEMM, scale-mask-softmax, dropout and context GEMM
+#: become one fused kernel (Dao et al. 2022).
+FLASH_FUSED_KERNELS = 3
 #: Dtype size of GEMM operands (bytes).
 OPERAND_BYTES = 2
 
@@ -124,7 +127,7 @@ def _softmax_floor(gpu_s, host_s):
 
 def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
-    *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, sequence_parallel=False,
+    *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, sequence_parallel=False, attention="standard",
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -135,23 +138,30 @@ def layer_time_s(
         gpus_per_node, inter_node_bandwidth_bytes_per_s: where a TP group larger than a node crosses nodes
             (the node's NIC bandwidth, shared by its GPUs); default: the group stays in one node.
         sequence_parallel: with SP the element-wise work is also split over the TP ranks.
+        attention: ``"standard"`` or ``"flash"`` (FlashAttention: no element-wise passes over the s x s scores,
+            one fused kernel for the core, the scores recomputed in backward, selective recompute = none).
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
     """
+    flash = counts.check_attention(attention) == "flash"
     linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t)
-    act_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none")
-    act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none")
+    act_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none", attention=attention)
+    act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none", attention=attention)
     act = np.where(sequence_parallel, act_sp, act_nosp)
     elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
     kernel = gpu.kernel_overhead_s
+    kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0)
     # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers).
-    fwd_compute = _softmax_floor(linear + core_gemm + elem, KERNELS_PER_LAYER_FORWARD * kernel)
+    fwd_compute = _softmax_floor(linear + core_gemm + elem, kernels * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
                             KERNELS_ATTENTION_CORE * kernel)
     rc = np.asarray(recompute_code)
-    recompute_extra = np.where(rc == 2, fwd_compute, np.where(rc == 1, core_f, 0.0))
+    # FlashAttention's backward recomputes S = QK^T: 5 attention matmuls instead of 4, i.e. backward = 2.5 x the
+    # core's forward (Dao 2023, FlashAttention-2, Sec. 4.1); Megatron-LM does not checkpoint the flash core.
+    recompute_extra = np.where(rc == 2, fwd_compute, np.where(rc == 1, 0.0 if flash else core_f, 0.0))
+    recompute_extra = recompute_extra + (0.5 * core_gemm if flash else 0.0)
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
     g = gpus_per_node if gpus_per_node is not None else 1 << 30
     inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s

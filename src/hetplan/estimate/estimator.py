@@ -261,7 +261,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1,
             )):
                 rows[key].append(x)
-            extra.append((job.dtype, plan.overlap_grad_reduce, st.recompute_layers))
+            extra.append((job.dtype, plan.overlap_grad_reduce, st.recompute_layers, job.attention, job.framework))
     n = len(gpus)
     gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*rows["in_flight"]))
     rows["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
@@ -278,7 +278,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     groups: dict[tuple, list[int]] = {}
     for r in range(n):
         single = measured[r] is not None or extra[r][2] is not None
-        key = (gpus[r].name, gpus[r].kernel_overhead_s, links[r], extra[r][0], extra[r][1])
+        key = (gpus[r].name, gpus[r].kernel_overhead_s, links[r], extra[r][0], extra[r][1], extra[r][3], extra[r][4])
         groups.setdefault((r,) if single else key, []).append(r)
     res: dict[str, np.ndarray] = {}
     mem: dict[str, np.ndarray] = {}
@@ -287,7 +287,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         sel = np.array(g)
         kw = {k: cols[k][sel] for k in _ROW_KEYS} if len(key) > 1 else {k: cols[k][r0].item() for k in _ROW_KEYS}
         c = stage_costs(m, gpus[r0], links[r0], extra[r0][0], overlap_grad_reduce=extra[r0][1],
-                        measured_layer_time_s=measured[r0], recompute_layers=extra[r0][2], **kw)
+                        measured_layer_time_s=measured[r0], recompute_layers=extra[r0][2],
+                        attention=extra[r0][3], framework=extra[r0][4], **kw)
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
         for k, x in c["memory"].items():

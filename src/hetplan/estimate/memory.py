@@ -19,14 +19,38 @@ Under interleaved 1F1B with v virtual stages the estimator passes ``in_flight`` 
 selective recompute this reproduces Megatron-LM's theoretical memory exactly for a GPT without biases and learned
 positions (tests/estimate/test_memory.py).
 
-Overhead: a fixed :data:`CUDA_CONTEXT_BYTES` (CUDA context, cuBLAS workspace, NCCL buffers) plus
-:data:`ALLOCATOR_MARGIN` of everything else for allocator fragmentation.
+Attention: with ``attention="flash"`` (FlashAttention, Dao et al. 2022) no s x s tensor is stored
+(:func:`hetplan.model.counts.layer_activation_bytes`), so selective recomputation holds what ``none`` holds.
+
+**Overhead** (the ``overhead`` component; the components above stay Megatron-LM's "theoretical" memory):
+
+* :data:`CUDA_CONTEXT_BYTES`: CUDA context, cuBLAS workspace, NCCL communicator buffers (outside PyTorch's
+  allocator; stated assumption);
+* ``transient``: working memory the theoretical formulas omit but ``torch.cuda.max_memory_allocated`` sees, the
+  larger of two phases:
+
+  - forward/backward: the gradients of the layer being back-propagated, :data:`BACKWARD_WORKING_SET` x one
+    layer's activations without recomputation (fitted on Espresso's DeepSpeed traces); on the last stage the
+    16-bit logits next to their fp32 copy, :data:`LOGITS_COPY_BYTES` per logit; with ``framework="deepspeed"``
+    also the 16-bit ``.grad`` that DeepSpeed's FP16_Optimizer keeps next to its fp32 master
+    (:data:`DEEPSPEED_GRAD_BYTES` per gradient element held);
+  - optimizer step, ``framework="deepspeed"`` only: the 16-bit grads plus the fp32 copies the step makes
+    (``p.grad.to(fp32)`` per parameter, then flattened: :data:`DEEPSPEED_STEP_BYTES` per owned parameter;
+    DeepSpeed ``runtime/fp16/fused_optimizer.py`` ``FP16_Optimizer.step``), while activations are freed.
+    Megatron-LM's optimizer uses its fp32 main-gradient buffer (the 4-byte gradients above) directly;
+
+* :data:`ALLOCATOR_MARGIN` of the allocated bytes: caching-allocator fragmentation (reserved minus allocated;
+  stated assumption, the traces record only allocated bytes).
+
+Measured on 36 stages of Espresso's DeepSpeed traces (``benchmarks/bench_memory_traces.py``, docs/estimator.md):
+allocated peak error per GPU type before / after in the Memory section of docs/estimator.md.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from hetplan.errors import HetplanError
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -36,8 +60,22 @@ OPTIMIZER_BYTES = 12
 #: CUDA context + cuBLAS workspace + NCCL communicator buffers (bytes). PyTorch's CUDA context alone is
 #: ~0.3-0.5 GiB on A100/H100; NCCL allocates a few hundred MiB per communicator. Stated assumption.
 CUDA_CONTEXT_BYTES = 1.0 * 2**30
-#: Caching-allocator fragmentation margin, as a fraction of the tensor bytes. Stated assumption.
+#: Caching-allocator fragmentation margin, as a fraction of the allocated bytes. Stated assumption.
 ALLOCATOR_MARGIN = 0.05
+#: Backward working set, as a fraction of one layer's activations without recomputation: the activation gradients
+#: of the layer being back-propagated. Fitted on the calibration runs of Espresso's DeepSpeed traces
+#: (``python benchmarks/bench_memory_traces.py --fit``).
+BACKWARD_WORKING_SET = 0.42
+#: Bytes per logit of the 16-bit logits tensor that exists next to the fp32 logits of the loss (last stage).
+#: Measured: last stages exceed the others' residual by ~2·s·b·V bytes on the traces.
+LOGITS_COPY_BYTES = 2
+#: DeepSpeed FP16_Optimizer: the 16-bit ``.grad`` kept per gradient element (measured on the traces: +2.0-2.2 B per
+#: parameter from the first backward on).
+DEEPSPEED_GRAD_BYTES = 2
+#: DeepSpeed FP16_Optimizer.step: fp32 copy of each gradient plus their flattened concatenation, 4 + 4 B per owned
+#: parameter (measured: the step raises the peak by 8.00 B per parameter on every traced stage it dominates).
+DEEPSPEED_STEP_BYTES = 8
+FRAMEWORKS = ("megatron", "deepspeed")
 
 
 def stage_parameters(m: ModelSpec, num_layers, has_embedding, has_head, single_stage):
@@ -70,15 +108,30 @@ def stage_memory_bytes(
     sequence_parallel,
     in_flight,
     recompute_layers=None,
+    attention: str = "standard",
+    framework: str = "megatron",
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
-    ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``.
+    ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
+    allocated working memory included in ``overhead``; see the module doc).
+
+    ``weights + gradients + optimizer + activations`` is Megatron-LM's theoretical memory; ``total`` adds the
+    overhead; ``total - CUDA_CONTEXT_BYTES - margin`` (``states + activations + transient``) is what
+    ``torch.cuda.max_memory_allocated`` reports.
 
     Args:
         recompute: ``"none"`` | ``"selective"`` | ``"full"``, or an integer array of codes 0/1/2.
         in_flight: micro-batches whose activations the stage holds at its peak.
         recompute_layers: how many layers use ``recompute`` (the others keep all activations); default all.
+        attention: ``"standard"`` | ``"flash"`` (:attr:`hetplan.plan.Job.attention`).
+        framework: ``"megatron"`` | ``"deepspeed"`` (:attr:`hetplan.plan.Job.framework`).
+    Raises:
+        HetplanError: unknown ``attention`` or ``framework``.
     """
+    counts.check_attention(attention)
+    if framework not in FRAMEWORKS:
+        raise HetplanError(f"unknown framework {framework!r}", field="job.framework",
+                           fix="use 'megatron' or 'deepspeed'")
     params = stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
     zero = np.asarray(zero)
     weights = params * WEIGHT_BYTES / np.where(zero >= 3, dp, 1)
@@ -92,8 +145,8 @@ def stage_memory_bytes(
     def act(mode):
         return np.where(
             sp,
-            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute=mode),
-            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute=mode),
+            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute=mode, attention=attention),
+            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute=mode, attention=attention),
         )
 
     per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
@@ -108,8 +161,20 @@ def stage_memory_bytes(
     emb = in_flight * (8 * s * b + sbh) / np.where(sp, t, 1)  # sequence-parallel: split like the layers
     activations = activations + np.where(has_embedding, emb, 0)
     activations = activations + np.where(has_head, 4 * s * b * (m.hidden_size + m.padded_vocab_size()) / t, 0)
-    tensors = weights + grads + optim + activations
-    overhead = CUDA_CONTEXT_BYTES + ALLOCATOR_MARGIN * tensors
+    states = weights + grads + optim
+    tensors = states + activations
+    # Transient working memory (allocated, not in the theoretical formulas): max over the two phases.
+    logits = np.where(has_head, LOGITS_COPY_BYTES * s * b * m.padded_vocab_size() / t, 0.0)
+    train = BACKWARD_WORKING_SET * act("none") + logits
+    if framework == "deepspeed":
+        grad16 = DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES
+        train = train + grad16
+        step = grad16 + DEEPSPEED_STEP_BYTES * optim / OPTIMIZER_BYTES - activations  # activations freed
+        transient = np.maximum(train, step)
+    else:
+        transient = train
+    allocated = tensors + transient
+    overhead = CUDA_CONTEXT_BYTES + transient + ALLOCATOR_MARGIN * allocated
     return {
         "weights": weights,
         "gradients": grads,
@@ -117,4 +182,5 @@ def stage_memory_bytes(
         "activations": activations,
         "overhead": overhead,
         "total": tensors + overhead,
+        "transient": transient,
     }

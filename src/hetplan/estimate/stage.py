@@ -59,6 +59,8 @@ def stage_costs(
     overlap_grad_reduce=True,
     measured_layer_time_s=None,
     recompute_layers=None,
+    attention="standard",
+    framework="megatron",
 ):
     """Costs of one stage (see module doc). Returns a dict of arrays:
 
@@ -84,11 +86,14 @@ def stage_costs(
     ``recompute_layers``: optional number of the stage's layers that use ``recompute_code`` (per-layer
     recomputation, Aceso EuroSys'24 Sec. 4.2); the other layers recompute nothing. Default (None): all layers.
 
+    ``attention`` (``"standard"`` | ``"flash"``) and ``framework`` (``"megatron"`` | ``"deepspeed"``): the job's
+    :attr:`hetplan.plan.Job.attention` and :attr:`hetplan.plan.Job.framework` (scalars).
+
     Units: seconds, bytes.
     """
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
-                 sequence_parallel=sequence_parallel)
+                 sequence_parallel=sequence_parallel, attention=attention)
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af = ab = atp = None
     if measured_layer_time_s is not None or recompute_layers is not None:
@@ -150,6 +155,8 @@ def stage_costs(
         sequence_parallel=sequence_parallel,
         in_flight=in_flight,
         recompute_layers=recompute_layers,
+        attention=attention,
+        framework=framework,
     )
     return {
         "forward_s": fwd,

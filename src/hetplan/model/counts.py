@@ -11,9 +11,28 @@ evaluate many configurations in one call.
 
 from __future__ import annotations
 
+from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec
 
 BYTES_PER_ACTIVATION = 2  # bf16/fp16 activations
+#: Attention implementations: ``standard`` materialises the s x s scores (Megatron-LM's unfused core attention,
+#: what Korthikanti et al. 2023 count); ``flash`` is FlashAttention (Dao et al., NeurIPS 2022), which keeps only
+#: the output and the fp32 softmax log-sum-exp and recomputes the scores in backward.
+ATTENTION_KINDS = ("standard", "flash")
+#: Bytes per element of FlashAttention's saved softmax statistics (log-sum-exp, fp32; Dao et al. 2022 Alg. 2).
+FLASH_LSE_BYTES = 4
+
+
+def check_attention(attention: str) -> str:
+    """Return ``attention`` if it is one of :data:`ATTENTION_KINDS`.
+
+    Raises:
+        HetplanError: unknown attention implementation (field ``job.attention``).
+    """
+    if attention not in ATTENTION_KINDS:
+        raise HetplanError(f"unknown attention implementation {attention!r}", field="job.attention",
+                           fix="use 'standard' (s x s scores stored) or 'flash' (FlashAttention)")
+    return attention
 
 
 def layer_parameters(m: ModelSpec) -> int:
@@ -79,7 +98,7 @@ def model_flops_per_iteration(m: ModelSpec, global_batch, s):
     return 3 * (m.num_layers * layer_forward_flops(m, global_batch, s) + head_forward_flops(m, global_batch, s))
 
 
-def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, recompute="none"):
+def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, recompute="none", attention="standard"):
     """Activation bytes one transformer layer keeps for its backward pass, per GPU, for one micro-batch.
 
     Term by term after Korthikanti et al. MLSys'23, Sec. 4.1 (2-byte activations, 1-byte dropout masks):
@@ -97,10 +116,18 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
     and 34sbh/t (TP + SP + selective recompute, which drops the s² terms). Full recompute keeps only the layer
     input, 2sbh (/t with SP) (Table 2, last row); the recomputed layer's working set is added separately.
 
+    With ``attention="flash"`` (FlashAttention, Dao et al. 2022 Sec. 3.1) no s² tensor is stored: the kernel
+    keeps Q, K, V and its output (counted above) plus the fp32 log-sum-exp of each query row and head,
+    ``4·a·s·b`` bytes (split across TP ranks), and regenerates the dropout mask from the RNG state. Selective
+    recompute then stores the same bytes as none (Megatron-LM does not checkpoint the flash core either).
+
     Args:
         recompute: ``"none"``, ``"selective"`` (attention core recomputed) or ``"full"``.
+        attention: ``"standard"`` or ``"flash"`` (:data:`ATTENTION_KINDS`).
     Returns:
         bytes (float, or an array broadcast from the inputs).
+    Raises:
+        HetplanError: unknown ``attention``.
     """
     h, q, kv, f, a = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size, m.num_attention_heads
     sbh = s * b * h
@@ -110,7 +137,10 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
     replicated = 4 * sbh + 2 * sbh + 2 * sbh + masks
     mlp = (3 if m.gated_mlp else 2) * 2 * s * b * f
     tp_split = 2 * s * b * q + 4 * s * b * kv + 2 * s * b * q + mlp
-    quadratic = 0 if recompute == "selective" else (5 if m.dropout else 2) * a * s * s * b
+    if check_attention(attention) == "flash":
+        quadratic = FLASH_LSE_BYTES * a * s * b
+    else:
+        quadratic = 0 if recompute == "selective" else (5 if m.dropout else 2) * a * s * s * b
     if sequence_parallel:
         return (replicated + tp_split + quadratic) / t
     return replicated + (tp_split + quadratic) / t
