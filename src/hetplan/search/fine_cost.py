@@ -202,6 +202,7 @@ class FineCostModel:
             has_embedding=emb, has_head=head, single_stage=single, in_flight=in_flight, num_microbatches=mb,
             zero=zero, recompute_code=code, sequence_parallel=tp > 1,
             measured_layer_time_s=self._measured_time(b, tp), recompute_layers=r,
+            attention=self.job.attention, framework=self.job.framework,
         )
 
     @staticmethod

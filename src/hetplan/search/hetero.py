@@ -194,8 +194,8 @@ def cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int,
 
     Cached (by model, job shape, GPU, TP, link, b, d, ZeRO, F, recomputations; at most 4,096 tables), so sweeps
     over many inventories of the same GPU types reuse them."""
-    key = (m, job.seq_len, job.global_batch, job.dtype, st.gpu.model_dump_json(), st.tp, st.link, b, d, zero, F,
-           tuple(rcs))
+    key = (m, job.seq_len, job.global_batch, job.dtype, job.attention, job.framework, st.gpu.model_dump_json(), st.tp,
+           st.link, b, d, zero, F, tuple(rcs))
     hit = _TABLES.get(key)
     if hit is None:
         if len(_TABLES) > 4096:
@@ -215,7 +215,7 @@ def _cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int
         m, st.gpu, st.link, job.dtype, s=job.seq_len, b=b, t=st.tp, dp=d, num_layers=n,
         has_embedding=(kind == FIRST) | (kind == SINGLE), has_head=(kind == LAST) | (kind == SINGLE),
         single_stage=kind == SINGLE, in_flight=f, num_microbatches=mb, zero=zero, recompute_code=rc,
-        sequence_parallel=st.tp > 1,
+        sequence_parallel=st.tp > 1, attention=job.attention, framework=job.framework,
     )
     shape = (4, F, L + 1, len(rcs))
     per = np.broadcast_to(c["forward_s"] + c["backward_s"], shape)

@@ -135,7 +135,7 @@ def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np
     mem = stage_memory_bytes(
         m, num_layers=layers, has_embedding=has_emb, has_head=has_head, single_stage=col(pp == 1), b=col(mbs),
         s=job.seq_len, t=col(tp), dp=col(dp), zero=col(cfg["zero"]), recompute=col(cfg["recompute"]),
-        sequence_parallel=col(tp > 1), in_flight=in_flight,
+        sequence_parallel=col(tp > 1), in_flight=in_flight, attention=job.attention, framework=job.framework,
     )
     return np.max(np.where(count > 0, mem["total"], -1.0), axis=1)
 
@@ -163,7 +163,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         m, gpu, link, job.dtype,
         s=job.seq_len, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers, has_embedding=has_emb,
         has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
-        zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1),
+        zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), attention=job.attention,
+        framework=job.framework,
     )
     stage_gpus = tp * dp
     n_intra = _intra_boundaries(stage_gpus, pp, pool.gpus_per_node)
