@@ -9,6 +9,8 @@ time; job time = iterations · iteration time, iterations = train_tokens / (glob
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 from typing import Protocol
 
@@ -229,18 +231,26 @@ def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_mo
         specs.append(m)
         by_model.setdefault(id(m), []).append(k)
     out: list = [None] * len(plans)
-    for idx in by_model.values():
-        for k, r in zip(idx, _estimate_one_model([plans[k] for k in idx], specs[idx[0]], catalog, profiles,
-                                                 virtual_stages, pipeline_model, record, detailed)):
-            out[k] = r
+    # The batch allocates a few dicts per stage and frees none of them, which would trigger the cyclic garbage
+    # collector over and over (about a quarter of the time); it creates no cycles, so it pauses the collector.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for idx in by_model.values():
+            for k, r in zip(idx, _estimate_one_model([plans[k] for k in idx], specs[idx[0]], catalog, profiles,
+                                                     virtual_stages, pipeline_model, record, detailed)):
+                out[k] = r
+    finally:
+        if was_enabled:
+            gc.enable()
     return out
 
 
 def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed):
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
-    rows: dict[str, list] = {key: [] for key in _ROW_KEYS}
-    gpus, links, prices, extra = [], [], [], []
+    rows: list[tuple] = []  # one tuple of _ROW_KEYS values per row
+    gpus, links, prices, extra, groups_of_rows = [], [], [], [], []
     start, vs, m0s = [], [], []
     for plan in plans:
         job, p = plan.job, plan.pp
@@ -248,25 +258,35 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         start.append(len(gpus))
         vs.append(v)
         m0s.append(plan.num_microbatches(0))
+        on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
+        gpipe = plan.schedule == "gpipe"
         for i, st in enumerate(plan.stages):
-            pool = plan.pools[st.pool]
-            gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
-            mb = plan.num_microbatches(i)
+            if st.pool not in on_pool:
+                pool = plan.pools[st.pool]
+                gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
+                link = pool_link(pool, gpu)
+                group = (gpu.name, gpu.kernel_overhead_s, link, job.dtype, plan.overlap_grad_reduce, job.attention,
+                         job.framework)
+                on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group)
+            gpu, link, price, group = on_pool[st.pool]
+            b = st.mbs or plan.mbs
+            mb = job.global_batch // (st.dp * b)
             gpus.append(gpu)
-            links.append(pool_link(pool, gpu))
-            prices.append(pool_price_usd_per_hour(pool, gpu))
-            for key, x in zip(_ROW_KEYS, (
-                job.seq_len, plan.stage_mbs(i), st.tp, st.dp, st.num_layers, i == 0, i == p - 1, p == 1,
-                (plan.schedule == "gpipe", p, i, mb, v),  # in_flight, filled in below for all rows at once
+            links.append(link)
+            prices.append(price)
+            groups_of_rows.append(group if st.recompute_layers is None else None)
+            rows.append((
+                job.seq_len, b, st.tp, st.dp, st.num_layers, i == 0, i == p - 1, p == 1,
+                (gpipe, p, i, mb, v),  # in_flight, filled in below for all rows at once
                 mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1,
-            )):
-                rows[key].append(x)
+            ))
             extra.append((job.dtype, plan.overlap_grad_reduce, st.recompute_layers, job.attention, job.framework))
     n = len(gpus)
-    gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*rows["in_flight"]))
-    rows["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
-                                 in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
-    cols = {key: np.asarray(x) for key, x in rows.items()}
+    columns = dict(zip(_ROW_KEYS, zip(*rows)))
+    gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*columns["in_flight"]))
+    columns["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
+                                    in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
+    cols = {key: np.asarray(x) for key, x in columns.items()}
 
     # Stage costs: one vectorised call per (GPU, link, dtype, overlap) group of rows without measured times or
     # per-layer recompute; those rows one by one.
@@ -276,10 +296,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             measured[r] = profiles.layer_time_s(gpus[r].name, m, extra[r][0], int(cols["b"][r]),
                                                 int(cols["s"][r]), int(cols["t"][r]))
     groups: dict[tuple, list[int]] = {}
-    for r in range(n):
-        single = measured[r] is not None or extra[r][2] is not None
-        key = (gpus[r].name, gpus[r].kernel_overhead_s, links[r], extra[r][0], extra[r][1], extra[r][3], extra[r][4])
-        groups.setdefault((r,) if single else key, []).append(r)
+    for r, (key, ms) in enumerate(zip(groups_of_rows, measured)):
+        groups.setdefault((r,) if key is None or ms is not None else key, []).append(r)
     res: dict[str, np.ndarray] = {}
     mem: dict[str, np.ndarray] = {}
     for key, g in groups.items():
@@ -297,25 +315,25 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
 
     # p2p across each boundary, over the intra-node link or the (slower) node NICs shared by the sending GPUs;
     # boundaries between stages that lay the micro-batch out differently reshard (hetplan.estimate.reshard).
-    send, recv, intra, reshard = [], [], [], []
-    for plan, s0 in zip(plans, start):
+    intra = []
+    for plan in plans:
         intra += boundary_is_intra_node(
             [st.tp * st.dp for st in plan.stages], [st.pool for st in plan.stages],
             [pl.gpus_per_node for pl in plan.pools])
-        for i in range(plan.pp - 1):
-            send.append(s0 + i)
-            recv.append(s0 + i + 1)
-            a, nxt = plan.stages[i], plan.stages[i + 1]
-            reshard.append((a.tp, a.dp, plan.stage_mbs(i)) != (nxt.tp, nxt.dp, plan.stage_mbs(i + 1)))
+    send = np.flatnonzero(~cols["has_head"])  # every stage but a plan's last sends to the next row
+    recv = send + 1
+    reshard = np.flatnonzero((cols["t"][send] != cols["t"][recv]) | (cols["dp"][send] != cols["dp"][recv])
+                             | (cols["b"][send] != cols["b"][recv]))
     p2p = np.zeros(len(send))
-    if send:
-        send_a, recv_a = np.array(send), np.array(recv)
-        link_fields = lambda rws: Link(*(np.array([getattr(links[r], f) for r in rws]) for f in Link.__dataclass_fields__))  # noqa: E731
-        bw = boundary_bandwidth_bytes_per_s(link_fields(send), link_fields(recv),
+    if len(send):
+        link_cols = [np.array(x) for x in zip(*((ln.gpus_per_node, ln.intra_node_bandwidth_bytes_per_s,
+                                                 ln.inter_node_bandwidth_bytes_per_s) for ln in links))]
+        send_a, recv_a = send, recv
+        bw = boundary_bandwidth_bytes_per_s(Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols)),
                                             cols["t"][send_a] * cols["dp"][send_a], np.array(intra))
         msg = p2p_bytes(m, cols["b"][send_a], cols["s"][send_a], np.maximum(cols["t"][send_a], cols["t"][recv_a]), False)
         p2p = np.asarray(p2p_time_s(msg, bw), dtype=float)
-        for j in np.flatnonzero(reshard):
+        for j in reshard:
             a, nb = send[j], recv[j]
             nl = links[nb]
             p2p[j] = boundary_transfer_time_s(
@@ -348,87 +366,87 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 t_pipe[k] = sims[k].makespan_s
                 stage_end[rr] = sims[k].stage_end_s
 
-    # Per-row quantities for the per-plan sums (peak FLOP/s, $/h, recompute FLOPs).
-    job_rows = [plan.job for plan in plans for _ in plan.stages]
+    # Per-plan reductions over each plan's rows.
+    starts = np.array(start)
     st_rows = [st for plan in plans for st in plan.stages]
+    job_rows = [plan.job for plan in plans for _ in plan.stages]
     gbs = np.array([j.global_batch for j in job_rows])
     ngpu = cols["t"] * cols["dp"]
-    peak_rows = ngpu * np.array([g.peak_flops_per_s(j.dtype) for g, j in zip(gpus, job_rows)])
-    usd_rows = ngpu * np.array(prices)
+    peak_flops = np.add.reduceat(ngpu * np.array([g.peak_flops_per_s(j.dtype) for g, j in zip(gpus, job_rows)]), starts)
+    usd_per_hour = np.add.reduceat(ngpu * np.array(prices), starts)
     model_rows = counts.model_flops_per_iteration(m, gbs, cols["s"])
-    recompute_rows = hardware_flops_per_iteration(
+    recompute_flops = np.add.reduceat(hardware_flops_per_iteration(
         m, cols["s"], gbs, cols["recompute_code"], np.array([st.recomputed_layers() for st in st_rows]) / m.num_layers
-    ) - model_rows
-    totals = mem["total"]
+    ) - model_rows, starts)
+    model_flops = model_rows[starts]
+    bottleneck = np.maximum.reduceat(fwd + bwd, starts)
+    optimizer = np.maximum.reduceat(res["optimizer_s"], starts)
+    tp_comm = np.add.reduceat(res["tp_comm_s"], starts) * np.array(m0s)
+    num_b = np.diff(p2p_start)
+    p2p_total = np.where(num_b > 0, np.add.reduceat(p2p, np.minimum(p2p_start[:-1], max(len(p2p) - 1, 0)))
+                         if len(p2p) else 0.0, 0.0)
+    m0 = np.array(m0s)
+    bubble = np.maximum(0.0, t_pipe - m0 * bottleneck - 2 * p2p_total)  # reported apart from the p2p transfers
+    if pipeline_model == "simulate":
+        # Each stage reduces its gradients after its own last backward; the optimizer step (grad-norm
+        # all-reduce across stages) waits for all.
+        after = np.maximum.reduceat(stage_end + res["dp_exposed_s"], starts)
+        dp_exposed = after - t_pipe
+        iteration = after + optimizer
+    else:
+        dp_exposed = np.maximum.reduceat(res["dp_exposed_s"], starts)
+        iteration = t_pipe + dp_exposed + optimizer
     capacity = np.array([g.memory_bytes for g in gpus])
-    fits = totals <= capacity
-    lists = {k: x.tolist() for k, x in res.items()}
-    mem_lists = {k: x.tolist() for k, x in mem.items()}
+    fits = mem["total"] <= capacity
+    fits_all = np.logical_and.reduceat(fits, starts)
+    ratio = (mem["total"] / capacity).tolist()
+    mem_rows = [dict(zip(mem, vals)) for vals in zip(*(x.tolist() for x in mem.values()))]
+    stage_rows = [
+        {"gpu": g.name, "tp": st.tp, "dp": st.dp, "num_layers": st.num_layers, "recompute": st.recompute,
+         "forward_s": f, "backward_s": bk, "tp_comm_s": tc, "dp_exposed_s": de,
+         "time_source": "analytic" if ms is None else "profiled", "memory": mr, "memory_capacity_bytes": cap,
+         "fits": ft}
+        for g, st, f, bk, tc, de, ms, mr, cap, ft in zip(
+            gpus, st_rows, *(res[k].tolist() for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s")),
+            measured, mem_rows, capacity.tolist(), fits.tolist())
+    ]
+    tokens = [plan.job.global_batch * plan.job.seq_len for plan in plans]
+    per_plan = {k: np.asarray(x, dtype=float).tolist() for k, x in dict(
+        t=t_pipe, bubble=bubble, p2p=p2p_total, dp=dp_exposed, opt=optimizer, it=iteration, mf=model_flops,
+        hf=model_flops + recompute_flops, pf=peak_flops, usd=usd_per_hour, tp=tp_comm).items()}
     out = []
     for k, plan in enumerate(plans):
-        job, p, s0 = plan.job, plan.pp, start[k]
-        rr = slice(s0, s0 + p)
-        cs = p2p[p2p_start[k]:p2p_start[k + 1]].tolist()
-        p2p_total = sum(cs)
-        mb0 = m0s[k]
-        dp_each = lists["dp_exposed_s"][rr]
-        optimizer = max(lists["optimizer_s"][rr])
-        bottleneck = float(np.max(fwd[rr] + bwd[rr]))
-        if pipeline_model == "simulate":
-            t = float(t_pipe[k])
-            bubble = max(0.0, t - mb0 * bottleneck - 2 * p2p_total)
-            # Each stage reduces its gradients after its own last backward; the optimizer step (grad-norm
-            # all-reduce across stages) waits for all.
-            after = max(e + d for e, d in zip(stage_end[rr].tolist(), dp_each))
-            dp_exposed = after - t
-            iteration = after + optimizer
-        else:
-            t = float(t_pipe[k])
-            bubble = max(0.0, t - mb0 * bottleneck - 2 * p2p_total)  # reported apart from the p2p transfers
-            dp_exposed = max(dp_each)
-            iteration = t + dp_exposed + optimizer
-        stages_out = []
-        for r, st in zip(range(s0, s0 + p), plan.stages):
-            memb = MemoryBreakdown(**{key: x[r] for key, x in mem_lists.items()})
-            stages_out.append(StageEstimate(
-                gpu=gpus[r].name, tp=st.tp, dp=st.dp, num_layers=st.num_layers, recompute=st.recompute,
-                forward_s=lists["forward_s"][r], backward_s=lists["backward_s"][r], tp_comm_s=lists["tp_comm_s"][r],
-                dp_exposed_s=lists["dp_exposed_s"][r], time_source="analytic" if measured[r] is None else "profiled",
-                memory=memb, memory_capacity_bytes=gpus[r].memory_bytes, fits=bool(fits[r]),
-            ))
-        peak = stages_out[int(np.argmax(totals[rr] / capacity[rr]))].memory
-        peak_flops = float(peak_rows[rr].sum())
-        model_flops = float(counts.model_flops_per_iteration(m, job.global_batch, job.seq_len))
-        hw_flops = model_flops + float(recompute_rows[rr].sum())
-        usd_per_hour = float(usd_rows[rr].sum())
-        iterations = job.iterations()
-        tp_comm = sum(lists["tp_comm_s"][rr]) * mb0
-        est = Estimate(
-            iteration_time_s=iteration,
-            pipeline_time_s=t,
-            bubble_time_s=bubble,
-            bubble_fraction=bubble / iteration,
-            tp_comm_fraction=min(1.0, tp_comm / p / iteration),
-            p2p_time_s=2 * p2p_total,
-            dp_exposed_time_s=dp_exposed,
-            optimizer_time_s=optimizer,
-            tokens_per_s=job.global_batch * job.seq_len / iteration,
-            mfu=model_flops / (iteration * peak_flops),
-            hfu=hw_flops / (iteration * peak_flops),
+        p, s0 = plan.pp, start[k]
+        stages_out = stage_rows[s0:s0 + p]
+        seg = ratio[s0:s0 + p]
+        peak = mem_rows[s0 + seg.index(max(seg))]
+        it, usd, pf, iterations = per_plan["it"][k], per_plan["usd"][k], per_plan["pf"][k], plan.job.iterations()
+        est = Estimate.model_validate(dict(
+            iteration_time_s=it,
+            pipeline_time_s=per_plan["t"][k],
+            bubble_time_s=per_plan["bubble"][k],
+            bubble_fraction=per_plan["bubble"][k] / it,
+            tp_comm_fraction=min(1.0, per_plan["tp"][k] / p / it),
+            p2p_time_s=2 * per_plan["p2p"][k],
+            dp_exposed_time_s=per_plan["dp"][k],
+            optimizer_time_s=per_plan["opt"][k],
+            tokens_per_s=tokens[k] / it,
+            mfu=per_plan["mf"][k] / (it * pf),
+            hfu=per_plan["hf"][k] / (it * pf),
             memory_bytes_per_gpu=peak,
-            fits=bool(fits[rr].all()),
+            fits=bool(fits_all[k]),
             stages=stages_out,
-            usd_per_hour=usd_per_hour,
-            usd_per_iteration=usd_per_hour * iteration / 3600,
+            usd_per_hour=usd,
+            usd_per_iteration=usd * it / 3600,
             iterations=iterations,
-            job_time_s=iterations * iteration,
-            job_usd=usd_per_hour * iterations * iteration / 3600,
+            job_time_s=iterations * it,
+            job_usd=usd * iterations * it / 3600,
             virtual_stages=vs[k],
             pipeline_model=pipeline_model,
-        )
+        ))
         costs = None
         if detailed:
             costs = [{**{key: res[key][r] for key in res}, "memory": {key: mem[key][r] for key in mem}}
                      for r in range(s0, s0 + p)]
-        out.append((est, sims[k], costs, cs))
+        out.append((est, sims[k], costs, p2p[p2p_start[k]:p2p_start[k + 1]].tolist()))
     return out
