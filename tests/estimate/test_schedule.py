@@ -76,7 +76,7 @@ def test_one_f_one_b_can_differ_from_closed_form():
     m = 4
     assert simulate([2.0, 1.0, 1.0], [4.0, 2.0, 2.0], [0.0, 0.0], m, "1f1b").makespan_s == 26.0
     assert closed_form_s([2.0, 1.0, 1.0], [4.0, 2.0, 2.0], [0.0, 0.0], m) == 30.0
-    assert simulate([1.0, 1.0], [2.0, 2.0], [0.5], m, "1f1b").makespan_s == 17.0
+    assert simulate([1.0, 1.0], [2.0, 2.0], [0.5], m, "1f1b", blocking_p2p=False).makespan_s == 17.0
     assert closed_form_s([1.0, 1.0], [2.0, 2.0], [0.5], m) == 16.0
     assert simulate([1.0, 1.0, 2.0], [2.0, 2.0, 4.0], [0.0, 0.0], m, "1f1b").makespan_s == 30.0
 
@@ -96,3 +96,46 @@ def test_simulate_many_equals_simulate_plan_by_plan():
             ref = simulate(f[n], b[n], c[n], m, schedule, v)
             assert makespan[n] == ref.makespan_s
             assert list(stage_end[n]) == ref.stage_end_s
+
+
+def test_blocking_p2p_worked_case():
+    """p = 2, f = 1, b = 2, c = 0.5, m = 4 by hand (Megatron-LM calls): stage 0 F0 [0,1], send_forward [1,1.5];
+    F1 [1.5,2.5], send_forward_recv_backward waits for stage 1's send_backward_recv_forward, which starts after
+    F0 [1.5,2.5] and B0 [2.5,4.5]: both end at 5; ... stage 1's last send_backward and stage 0's recv_backward
+    end at 15.5, B3 [15.5,17.5]. The asynchronous model gives 17 (the consumer waits, the stages do not)."""
+    assert simulate([1.0, 1.0], [2.0, 2.0], [0.5], 4, "1f1b").makespan_s == 17.5
+    res = simulate([1.0, 1.0], [2.0, 2.0], [0.5], 4, "1f1b", record=True)
+    stage0 = [(op.kind, op.microbatch, op.start_s, op.end_s) for op in res.ops if op.stage == 0]
+    assert stage0 == [("F", 0, 0.0, 1.0), ("F", 1, 1.5, 2.5), ("B", 0, 5.0, 7.0), ("F", 2, 7.0, 8.0),
+                      ("B", 1, 8.5, 10.5), ("F", 3, 10.5, 11.5), ("B", 2, 12.0, 14.0), ("B", 3, 15.5, 17.5)]
+
+
+@pytest.mark.parametrize("p", [3, 4, 8, 9])
+@pytest.mark.parametrize("m", [2, 3, 8, 33])
+def test_blocking_p2p_equal_stages_every_stage_pays_its_transfers(p, m):
+    """Equal stages with blocking calls: (m+p-1)(f+b) + (2m+2p-5)c exactly — the 2c of a middle stage's two
+    calls per micro-batch lie on every stage's steady-state cycle, not only on the critical path."""
+    f, b, c = 0.25, 0.5, 0.125
+    res = simulate([f] * p, [b] * p, [c] * (p - 1), m, "1f1b")
+    assert res.makespan_s == (m + p - 1) * (f + b) + (2 * m + 2 * p - 5) * c
+    assert simulate([f] * 2, [b] * 2, [c], m, "1f1b").makespan_s == (m + 1) * (f + b + c)
+    assert res.makespan_s > simulate([f] * p, [b] * p, [c] * (p - 1), m, "1f1b", blocking_p2p=False).makespan_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    times=st.lists(st.tuples(st.floats(0.1, 5.0), st.floats(0.1, 10.0), st.floats(0.0, 2.0)), min_size=1,
+                   max_size=6),
+    m=st.integers(1, 12),
+    schedule=st.sampled_from(["gpipe", "1f1b"]),
+)
+def test_blocking_p2p_never_beats_async_nor_the_search_bound(times, m, schedule):
+    f = [x for x, _, _ in times]
+    b = [y for _, y, _ in times]
+    c = [z for _, _, z in times][:-1]
+    blocking = simulate(f, b, c, m, schedule).makespan_s
+    assert blocking >= simulate(f, b, c, m, schedule, blocking_p2p=False).makespan_s - 1e-9
+    # the planner's bound (hetplan.search.homogeneous): Σ_{j<i}(f_j+b_j) + 2Σ_{j<i}c_j + m(f_i+b_i)
+    for i in range(len(f)):
+        bound = sum(f[:i]) + sum(b[:i]) + 2 * sum(c[:i]) + m * (f[i] + b[i])
+        assert blocking >= bound - 1e-9

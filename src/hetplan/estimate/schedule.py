@@ -18,13 +18,34 @@ Orders (Megatron-LM ``schedules.py``; Narayanan et al. SC'21 Sec. 2.2):
   ``(p - i - 1)·2 + (v - 1)·p`` warm-up forwards (Megatron-LM ``forward_backward_pipelining_with_interleaving``).
   Requires ``m`` to be a multiple of ``p``.
 
-A p2p transfer delays its consumer but does not occupy either stage (sends are asynchronous); Megatron-LM's
-blocking batched send/recv is modelled by the dependency alone.
+**p2p: blocking calls** (default for GPipe and 1F1B, :data:`BLOCKING_P2P`). Megatron-LM's 1F1B
+(``core/pipeline_parallel/schedules.py``, ``forward_backward_pipelining_without_interleaving``) calls
+``recv_forward`` / ``send_forward`` in the warm-up, ``send_forward_recv_backward`` after each steady-state forward
+and ``send_backward_recv_forward`` after each backward, ``recv_backward`` / ``send_backward`` in the cool-down;
+each call (``p2p_communication.py``) issues ``batch_isend_irecv`` and waits for it (then
+``torch.cuda.synchronize()``), so the calling stage computes nothing until its transfers are done, and a
+transfer cannot start before both neighbours have reached their matching calls. A call is therefore an
+operation of the stage that ends ``c`` after the later of its own start and its partner's (the matching call
+on the neighbouring stage; both directions of a batched pair travel at once, full duplex): in the steady state
+every stage pays its boundaries' transfers once per micro-batch, not only those on the critical path. ``c`` is
+the per-rank transfer of boundary ``j`` (``hetplan.estimate.stage.p2p_bytes``: ``b·s·h/t`` bytes per rank,
+Megatron's scatter/gather, Narayanan et al. SC'21 Sec. 4.1; the receiver's NVLink all-gather of the pieces is
+not charged). For equal stages, ``p ≥ 3`` and ``m ≥ 2`` this gives exactly
+``(m + p - 1)·(f + b) + (2m + 2p - 5)·c`` (``p = 2``: ``(m + 1)·(f + b + c)``), against
+``(m + p - 1)·(f + b) + 2(p - 1)·c`` of the closed form (tests).
+
+Interleaved 1F1B with ``v > 1`` keeps the asynchronous model (``blocking_p2p=False`` everywhere): a transfer
+delays its consumer by ``c`` but occupies neither stage. Its Megatron calls batch transfers with both
+neighbours at once (``send_forward_backward_recv_forward_backward``), which one partner per call cannot express;
+with ``2v`` calls per micro-batch the omission is ``≈ 2v·c`` per micro-batch, < 1 % on the validation plans.
 
 Closed forms the simulation reproduces exactly for equal stages and zero p2p time (tests check it): GPipe and
-1F1B ``(m + p - 1)·(f + b)``; interleaved ``(m + (p - 1)/v)·(f + b)`` (SC'21 Sec. 2.2.2).
+1F1B ``(m + p - 1)·(f + b)``; interleaved ``(m + (p - 1)/v)·(f + b)`` (SC'21 Sec. 2.2.2). Blocking calls only
+add constraints, so the blocking simulation is never shorter than the asynchronous one, and the search's lower
+bound ``Σ_{j<i}(f_j+b_j)/v + 2i·c + m·(f_i+b_i)`` (``hetplan.search.homogeneous``) stays valid.
 
-Cost: compiling a schedule (:func:`compile_schedule`, cached per ``(schedule, p, m, v)``) is O(p·m·v); evaluating
+Cost: compiling a schedule (:func:`compile_schedule`, cached per ``(schedule, p, m, v, blocking)``) is O(p·m·v)
+(blocking calls roughly double the operations); evaluating
 a plan is then O(p·m·v) float operations (:func:`simulate`), or O(2(m·v + p)) numpy steps for any number of plans
 of one shape (:func:`simulate_many`).
 """
@@ -37,6 +58,10 @@ from functools import lru_cache
 import numpy as np
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+#: Default p2p model (module doc): blocking send/recv calls that occupy both stages (Megatron-LM), for GPipe and
+#: 1F1B; ``False`` gives the asynchronous model (a transfer only delays its consumer).
+BLOCKING_P2P = True
 
 
 @dataclass
@@ -118,7 +143,9 @@ class Program:
 
     Operation ``k`` ends at ``max(end[prev[k]], end[dep[k]] + comm[comm_index[k]]) + dur[dur_index[k]]`` where
     ``end[-1]`` is 0 (no predecessor), ``comm`` is ``[c_0 .. c_{p-2}, wrap, 0]`` and ``dur`` is
-    ``[f_0/v .. f_{p-1}/v, b_0/v .. b_{p-1}/v]`` (module doc for the dependencies).
+    ``[f_0/v .. f_{p-1}/v, b_0/v .. b_{p-1}/v, c_0 .. c_{p-2}, wrap]`` (module doc for the dependencies). A
+    blocking p2p call is an operation ``(stage, "P", -1, boundary)`` whose ``dep`` is its partner call's
+    predecessor, with no ``comm`` and the boundary's transfer time as duration.
 
     Attributes:
         ops: ``(stage, kind, microbatch, chunk)`` per operation, in topological order.
@@ -136,15 +163,150 @@ class Program:
     last: tuple
 
 
+def blocking_applies(schedule: str, v: int = 1, blocking_p2p: bool = BLOCKING_P2P) -> bool:
+    """Whether :func:`compile_schedule` models p2p as blocking rendezvous operations for this schedule: GPipe and
+    1F1B (and interleaving with ``v = 1``); interleaved 1F1B with ``v > 1`` keeps the asynchronous model."""
+    return bool(blocking_p2p) and (schedule in ("gpipe", "1f1b") or (schedule == "interleaved" and int(v) <= 1))
+
+
+def stage_program_blocking(schedule: str, p: int, i: int, m: int) -> list[tuple]:
+    """Stage ``i``'s operations with Megatron-LM's blocking p2p calls, for GPipe or 1F1B.
+
+    Compute operations are ``("F", j, 0)`` / ``("B", j, 0)``; a p2p call is ``("P", keys)`` where ``keys`` are
+    the transfers it completes: ``("a", boundary, j)`` (activation of micro-batch ``j`` from stage ``boundary``
+    to ``boundary + 1``) or ``("g", boundary, j)`` (its gradient back). 1F1B follows Megatron-LM
+    ``forward_backward_pipelining_without_interleaving`` (``core/pipeline_parallel/schedules.py``): warm-up
+    ``recv_forward, F, send_forward``; then ``recv_forward``; steady state ``F, send_forward_recv_backward, B,
+    send_backward_recv_forward`` (the last one ``send_backward``); cool-down ``recv_backward, B, send_backward``.
+    Calls on the first stage's receive side or the last stage's send side are no-ops (omitted). GPipe:
+    ``recv_forward, F, send_forward`` per micro-batch, then ``recv_backward, B, send_backward``.
+    """
+    first, last = i == 0, i == p - 1
+
+    def rf(j):
+        return [] if first else [("a", i - 1, j)]
+
+    def sf(j):
+        return [] if last else [("a", i, j)]
+
+    def rb(j):
+        return [] if last else [("g", i, j)]
+
+    def sb(j):
+        return [] if first else [("g", i - 1, j)]
+
+    ops: list[tuple] = []
+
+    def comm(keys):
+        if keys:
+            ops.append(("P", tuple(keys)))
+
+    if schedule == "gpipe":
+        for j in range(m):
+            comm(rf(j)); ops.append(("F", j, 0)); comm(sf(j))  # noqa: E702
+        for j in range(m):
+            comm(rb(j)); ops.append(("B", j, 0)); comm(sb(j))  # noqa: E702
+        return ops
+    w = min(p - i - 1, m)
+    r = m - w
+    for j in range(w):
+        comm(rf(j)); ops.append(("F", j, 0)); comm(sf(j))  # noqa: E702
+    if r > 0:
+        comm(rf(w))
+    for k in range(r):
+        ops.append(("F", w + k, 0))
+        comm(sf(w + k) + rb(k))
+        ops.append(("B", k, 0))
+        comm(sb(k) if k == r - 1 else sb(k) + rf(w + k + 1))
+    for j in range(r, m):
+        comm(rb(j)); ops.append(("B", j, 0)); comm(sb(j))  # noqa: E702
+    return ops
+
+
+def _compile_blocking(schedule: str, p: int, m: int) -> Program:
+    """:func:`compile_schedule` with blocking p2p (module doc). A p2p call and its partner call on the neighbouring
+    stage (the one holding the same transfers) both end at ``max(start, partner's start) + c``: in the
+    :class:`Program` it is an operation whose ``dep`` is the partner's previous operation and whose duration is
+    the boundary's transfer time (``dur_index`` ``2p + boundary``)."""
+    programs = [stage_program_blocking(schedule, p, i, m) for i in range(p)]
+    where: dict = {}  # transfer key -> list of (stage, position)
+    for i, prog in enumerate(programs):
+        for pos, op in enumerate(prog):
+            if op[0] == "P":
+                for key in op[1]:
+                    where.setdefault(key, []).append((i, pos))
+    partner: dict = {}
+    for i, prog in enumerate(programs):
+        for pos, op in enumerate(prog):
+            if op[0] != "P":
+                continue
+            others = {sp for key in op[1] for sp in where[key] if sp != (i, pos)}
+            if len(others) != 1:  # pragma: no cover - Megatron's calls pair up one to one
+                raise RuntimeError(f"p2p call {op} of stage {i} has partners {sorted(others)}")
+            partner[(i, pos)] = others.pop()
+    index: dict = {}
+    ops, prev, dep, comm, dur, depth = [], [], [], [], [], []
+    ptr = [0] * p
+    last = [-1] * p
+    remaining = sum(len(o) for o in programs)
+    while remaining:
+        progressed = False
+        for i in range(p):
+            prog = programs[i]
+            while ptr[i] < len(prog):
+                op = prog[ptr[i]]
+                if op[0] == "P":
+                    pi, ppos = partner[(i, ptr[i])]
+                    if ptr[pi] < ppos:  # the partner's previous operation is not placed yet
+                        break
+                    d = index[(pi, ppos - 1)] if ppos > 0 else -1
+                    boundary = min(pi, i)
+                    u = 2 * p + boundary
+                    entry = ("P", -1, boundary)
+                else:
+                    kind, j, ch = op
+                    d, u = -1, (i if kind == "F" else p + i)
+                    entry = (kind, j, ch)
+                k = len(ops)
+                index[(i, ptr[i])] = k
+                ops.append((i,) + entry)
+                prev.append(last[i])
+                dep.append(d)
+                comm.append(p)  # the zero entry
+                dur.append(u)
+                depth.append(1 + max(depth[last[i]] if last[i] >= 0 else 0, depth[d] if d >= 0 else 0))
+                last[i] = k
+                ptr[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - Megatron's order never deadlocks
+            raise RuntimeError(f"schedule {schedule} with blocking p2p deadlocked (p={p}, m={m})")
+    levels = _levels(depth)
+    return Program(tuple(ops), tuple(prev), tuple(dep), tuple(comm), tuple(dur), levels, tuple(last))
+
+
+def _levels(depth: list[int]) -> tuple:
+    """Operation indices grouped by depth 1, 2, ... (ascending indices within a level); O(n log n)."""
+    d = np.asarray(depth)
+    order = np.argsort(d, kind="stable")
+    bounds = np.searchsorted(d[order], np.arange(1, int(d.max()) + 2))
+    return tuple(order[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1))
+
+
 @lru_cache(maxsize=512)
-def compile_schedule(schedule: str, p: int, m: int, v: int = 1) -> Program:
+def compile_schedule(schedule: str, p: int, m: int, v: int = 1, blocking_p2p: bool = BLOCKING_P2P) -> Program:
     """Compile the operation order of ``schedule`` for ``p`` stages, ``m`` micro-batches and ``v`` chunks into a
-    :class:`Program` (cached). Cost O(p·m·v).
+    :class:`Program` (cached). Cost O(p·m·v). ``blocking_p2p``: p2p calls are operations of the stages
+    (:func:`blocking_applies`, module doc); otherwise a transfer only delays its consumer.
 
     Raises:
         ValueError: unknown schedule, or interleaving with ``m`` not a multiple of ``p``.
     """
     v = int(v) if schedule == "interleaved" else 1
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
+    if blocking_applies(schedule, v, blocking_p2p):
+        return _compile_blocking("gpipe" if schedule == "gpipe" else "1f1b", p, int(m))
     orders = [stage_order(schedule, p, i, m, v) for i in range(p)]
     index: dict = {}
     ops, prev, dep, comm, dur, depth = [], [], [], [], [], []
@@ -188,8 +350,7 @@ def compile_schedule(schedule: str, p: int, m: int, v: int = 1) -> Program:
                 progressed = True
         if not progressed:  # pragma: no cover - valid schedules never deadlock
             raise RuntimeError(f"schedule {schedule} deadlocked (p={p}, m={m}, v={v})")
-    depth_arr = np.array(depth)
-    levels = tuple(np.flatnonzero(depth_arr == lv) for lv in range(1, int(depth_arr.max()) + 1))
+    levels = _levels(depth)
     return Program(tuple(ops), tuple(prev), tuple(dep), tuple(comm), tuple(dur), levels, tuple(last))
 
 
@@ -200,7 +361,7 @@ def _check(p: int, backward_len: int, p2p_len: int) -> None:
 
 def simulate(
     forward_s, backward_s, p2p_s, num_microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
-    *, wrap_p2p_s: float | None = None, record: bool = False,
+    *, wrap_p2p_s: float | None = None, record: bool = False, blocking_p2p: bool = BLOCKING_P2P,
 ) -> ScheduleResult:
     """Simulate one iteration's pipeline (module doc).
 
@@ -210,7 +371,8 @@ def simulate(
         num_microbatches: m. schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``.
         virtual_stages: v (interleaved only); each chunk takes ``1/v`` of the stage's times.
         wrap_p2p_s: transfer from the last stage back to the first (interleaved); default ``max(p2p_s)``.
-        record: keep every :class:`Op` (for timelines).
+        record: keep every compute :class:`Op` (for timelines).
+        blocking_p2p: model Megatron-LM's blocking p2p calls (default, module doc) or asynchronous transfers.
     Raises:
         ValueError: bad lengths, schedule or interleaving constraint.
     """
@@ -218,10 +380,11 @@ def simulate(
     m = int(num_microbatches)
     _check(p, len(backward_s), len(p2p_s))
     v = int(virtual_stages) if schedule == "interleaved" else 1
-    prog = compile_schedule(schedule, p, m, v)
+    prog = compile_schedule(schedule, p, m, v, bool(blocking_p2p))
     dur = [float(x) / v for x in forward_s] + [float(x) / v for x in backward_s]
     comm = [float(x) for x in p2p_s]
     comm += [(max(comm) if comm else 0.0) if wrap_p2p_s is None else float(wrap_p2p_s), 0.0]
+    dur += comm[:p]  # durations of blocking p2p calls: boundary j at 2p + j
     end = [0.0] * (len(prog.ops) + 1)  # end[-1] stays 0: "no predecessor"
     for k, (pr, d, c, u) in enumerate(zip(prog.prev, prog.dep, prog.comm_index, prog.dur_index)):
         t = end[pr]
@@ -232,13 +395,13 @@ def simulate(
     ops = []
     if record:
         ops = [Op(i, kind, j, ch, end[k] - dur[u], end[k])
-               for k, ((i, kind, j, ch), u) in enumerate(zip(prog.ops, prog.dur_index))]
+               for k, ((i, kind, j, ch), u) in enumerate(zip(prog.ops, prog.dur_index)) if kind != "P"]
     return ScheduleResult(makespan_s=max(stage_end), stage_end_s=stage_end, stage_busy_s=busy, ops=ops)
 
 
 def simulate_many(
     forward_s, backward_s, p2p_s, num_microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
-    *, wrap_p2p_s=None,
+    *, wrap_p2p_s=None, blocking_p2p: bool = BLOCKING_P2P,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`simulate` for N plans of the same shape at once, one numpy step per dependency level.
 
@@ -256,13 +419,13 @@ def simulate_many(
     c = np.asarray(p2p_s, dtype=float).reshape(n, max(p - 1, 0))
     _check(p, b.shape[1], c.shape[1])
     v = int(virtual_stages) if schedule == "interleaved" else 1
-    prog = compile_schedule(schedule, p, int(num_microbatches), v)
+    prog = compile_schedule(schedule, p, int(num_microbatches), v, bool(blocking_p2p))
     if wrap_p2p_s is None:
         wrap = c.max(axis=1) if p > 1 else np.zeros(n)
     else:
         wrap = np.broadcast_to(np.asarray(wrap_p2p_s, dtype=float), (n,))
     comm = np.concatenate([c.T, wrap[None, :], np.zeros((1, n))])  # (p + 1, N)
-    dur = np.concatenate([f.T, b.T]) / v  # (2p, N)
+    dur = np.concatenate([f.T / v, b.T / v, comm[:p]])  # (3p, N): blocking p2p calls of boundary j at 2p + j
     prev, dep = np.asarray(prog.prev), np.asarray(prog.dep)
     ci, di = np.asarray(prog.comm_index), np.asarray(prog.dur_index)
     end = np.zeros((len(prog.ops) + 1, n))  # last row stays 0: "no predecessor"
