@@ -16,6 +16,8 @@ BOUNDS = {
     "megatron_sc21_table1": {"mape": 0.065, "max_abs_error": 0.11},
     "korthikanti_table5": {"mape": 0.025, "max_abs_error": 0.045},
     "aceso_v100": {"mape": 0.10},
+    # achieved: FASOP per-layer MAPE 10.9 %, held-out half 14.4 % (docs/estimator.md, Compute)
+    "fasop_layers": {"mape": 0.12},
 }
 
 
@@ -29,13 +31,14 @@ def result():
 
 def test_set_names_and_fields(result):
     assert set(result["sets"]) == {"vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1",
-                                   "korthikanti_table5", "aceso_v100"}
+                                   "korthikanti_table5", "aceso_v100", "fasop_layers"}
     for r in result["sets"].values():
         assert {"n", "mape", "max_abs_error", "kendall_tau"} <= set(r)
     assert result["sets"]["vtrain_single_node"]["n"] == 1440
     assert result["sets"]["vtrain_multi_node"]["n"] == 109
     assert result["sets"]["megatron_sc21_table1"]["n"] == 10
     assert result["sets"]["korthikanti_table5"]["n"] == 8
+    assert result["sets"]["fasop_layers"]["n"] == 33
 
 
 @pytest.mark.parametrize("name", list(BOUNDS))
@@ -50,7 +53,7 @@ def test_accuracy(result, name):
 
 
 def test_held_out_reported_for_calibrated_sets(result):
-    for name in ("vtrain_single_node", "vtrain_multi_node", "aceso_v100"):
+    for name in ("vtrain_single_node", "vtrain_multi_node", "aceso_v100", "fasop_layers"):
         assert result["sets"][name]["held_out"]["n"] > 0
         assert result["sets"][name]["calibration"]["n"] > 0
 
