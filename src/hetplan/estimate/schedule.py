@@ -53,7 +53,7 @@ of one shape (:func:`simulate_many`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -161,6 +161,21 @@ class Program:
     dur_index: tuple
     levels: tuple
     last: tuple
+
+    @cached_property
+    def by_level(self) -> tuple:
+        """The operations renumbered level by level, for :func:`simulate_many`: ``(order, ranges, inputs, last)``
+        where ``order`` lists the original indices in the new order, level ``l`` is the index range
+        ``ranges[l]``, ``inputs[l]`` the new indices of its operations' ``prev`` followed by their ``dep``
+        (``-1`` stays "none": the zero row after the last) and ``last`` each stage's last operation."""
+        order = np.concatenate(self.levels)
+        new = np.empty(len(order) + 1, dtype=int)
+        new[order] = np.arange(len(order))
+        new[-1] = -1
+        bounds = np.cumsum([0] + [len(lv) for lv in self.levels])
+        prev, dep = new[np.asarray(self.prev)[order]], new[np.asarray(self.dep)[order]]
+        per_level = [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        return (order, per_level, [np.concatenate([prev[a:b], dep[a:b]]) for a, b in per_level], new[list(self.last)])
 
 
 def blocking_applies(schedule: str, v: int = 1, blocking_p2p: bool = BLOCKING_P2P) -> bool:
@@ -426,12 +441,16 @@ def simulate_many(
         wrap = np.broadcast_to(np.asarray(wrap_p2p_s, dtype=float), (n,))
     comm = np.concatenate([c.T, wrap[None, :], np.zeros((1, n))])  # (p + 1, N)
     dur = np.concatenate([f.T / v, b.T / v, comm[:p]])  # (3p, N): blocking p2p calls of boundary j at 2p + j
-    prev, dep = np.asarray(prog.prev), np.asarray(prog.dep)
-    ci, di = np.asarray(prog.comm_index), np.asarray(prog.dur_index)
-    end = np.zeros((len(prog.ops) + 1, n))  # last row stays 0: "no predecessor"
-    for lv in prog.levels:
-        end[lv] = np.maximum(end[prev[lv]], end[dep[lv]] + comm[ci[lv]]) + dur[di[lv]]
-    stage_end = end[list(prog.last)].T
+    order, ranges, inputs, last = prog.by_level
+    wait = comm[np.asarray(prog.comm_index)[order]]  # (ops, N), operations in level order
+    took = dur[np.asarray(prog.dur_index)[order]]
+    end = np.zeros((len(order) + 1, n))  # last row stays 0: "no predecessor"
+    for (a, b), idx in zip(ranges, inputs):
+        x = end[idx]  # predecessors' ends, then dependencies' ends
+        k = b - a
+        dep_ready = np.add(x[k:], wait[a:b], out=x[k:])
+        np.add(np.maximum(x[:k], dep_ready, out=x[:k]), took[a:b], out=end[a:b])
+    stage_end = end[last].T
     return stage_end.max(axis=1), stage_end
 
 
