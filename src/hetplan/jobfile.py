@@ -2,7 +2,8 @@
 
 A job file (``hetplan plan JOB.toml``) has the sections::
 
-    [job]            # hetplan.plan.Job: model, seq_len, global_batch, train_tokens | train_iterations, dtype
+    [job]            # hetplan.plan.Job: model, seq_len, global_batch, train_tokens | train_iterations, dtype,
+                     #   attention = "standard" | "flash", framework = "megatron" | "deepspeed"
     [[inventory]]    # one table per GPU pool: hetplan.plan.GPUPool (gpu, count, gpus_per_node, ...)
     [objective]      # hetplan.search.objective.Objective: goal, deadline_s | deadline_days, budget_usd, slo_iteration_s
     [pin]            # optional fixed dimensions: tp, pp, dp, mbs, zero, recompute, num_gpus

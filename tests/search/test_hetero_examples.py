@@ -40,12 +40,21 @@ def test_espresso_example_regression():
     assert [n for _, _, n, _ in best.stages] == [9, 9, 8]
     est = estimate(best.to_plan(job, inv), CAT, m, pipeline_model="closed_form")
     assert est.fits and math.isclose(est.usd_per_iteration, best.usd_per_iteration, rel_tol=1e-9)
-    # Espresso's cheaper answer (A6000, A6000, 3090 with [11, 12, 3]) does not fit in our memory model: attention
-    # scores of 16 x 3000-token sequences without FlashAttention, and the logits on the last (24 GB) stage.
+    # Espresso's cheaper answer (A6000, A6000, 3090 with [11, 12, 3]) does not fit in our memory model even with
+    # FlashAttention: the last (24 GB) stage holds the logits of 16 x 3000 tokens (fp32 and a 16-bit copy).
     a6, r3 = [i for i, p in enumerate(inv.pools) if p.gpu == "RTX-A6000"][0], [i for i, p in enumerate(inv.pools) if p.gpu == "RTX-3090"][0]
+    assert job.attention == "flash"
     plan = Plan(job=job, pools=inv.pools, mbs=16, stages=[Stage(pool=k, num_layers=n, recompute="full")
                                                          for k, n in ((a6, 11), (a6, 12), (r3, 3))])
-    assert not estimate(plan, CAT, m).fits
+    e = estimate(plan, CAT, m)
+    assert not e.fits and not e.stages[2].fits
+    theoretical = e.stages[2].memory.total - e.stages[2].memory.overhead
+    assert theoretical < e.stages[2].memory_capacity_bytes < e.stages[2].memory.total  # the working memory decides
+    # Without FlashAttention the s x s scores (and their gradient in backward) need far more than three A6000s.
+    std = job.model_copy(update={"attention": "standard"})
+    res_std = search_hetero(m, std, inv, CAT, goal="cheapest", slo_iteration_s=slo, pins=Pins(**d["pin"]))
+    assert res_std.best is not None and len(res_std.best.stages) > 3
+    assert res_std.best.usd_per_iteration > best.usd_per_iteration
 
 
 def test_espresso_through_search_plans_has_heterogeneous_info():

@@ -55,6 +55,10 @@ def plan_command(
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Total training tokens (job length), e.g. 1e12."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 or fp16."),
+    attention: Optional[str] = typer.Option(None, "--attention", help="standard (s x s scores stored; default) or "
+                                            "flash (FlashAttention: no s x s activations; selective recompute = none)."),
+    framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
+                                            "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (one pool; see `hetplan catalog gpus`)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs available of that type."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 8)."),
@@ -97,7 +101,8 @@ def plan_command(
     data = load_job_file(job_file) if job_file else {"job": {}, "inventory": [], "objective": {}, "pin": {}}
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
-                     ("train_iterations", iterations), ("dtype", dtype)):
+                     ("train_iterations", iterations), ("dtype", dtype), ("attention", attention),
+                     ("framework", framework)):
         if val is not None:
             job_raw[key] = val
     for key in ("model", "seq_len", "global_batch"):

@@ -65,7 +65,7 @@ ALLOCATOR_MARGIN = 0.05
 #: Backward working set, as a fraction of one layer's activations without recomputation: the activation gradients
 #: of the layer being back-propagated. Fitted on the calibration runs of Espresso's DeepSpeed traces
 #: (``python benchmarks/bench_memory_traces.py --fit``).
-BACKWARD_WORKING_SET = 0.42
+BACKWARD_WORKING_SET = 1.72
 #: Bytes per logit of the 16-bit logits tensor that exists next to the fp32 logits of the loss (last stage).
 #: Measured: last stages exceed the others' residual by ~2·s·b·V bytes on the traces.
 LOGITS_COPY_BYTES = 2
@@ -142,11 +142,11 @@ def stage_memory_bytes(
     rc = np.asarray({"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else recompute)
     sp = np.asarray(sequence_parallel)
 
-    def act(mode):
+    def act(mode, kind=attention):
         return np.where(
             sp,
-            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute=mode, attention=attention),
-            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute=mode, attention=attention),
+            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute=mode, attention=kind),
+            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute=mode, attention=kind),
         )
 
     per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
@@ -165,7 +165,11 @@ def stage_memory_bytes(
     tensors = states + activations
     # Transient working memory (allocated, not in the theoretical formulas): max over the two phases.
     logits = np.where(has_head, LOGITS_COPY_BYTES * s * b * m.padded_vocab_size() / t, 0.0)
-    train = BACKWARD_WORKING_SET * act("none") + logits
+    # Backward working set: activation gradients of one layer, without its s x s part (as FlashAttention stores
+    # it), plus with standard attention the gradient of the s x s softmax output (one 2-byte tensor; the fused
+    # softmax backward of Megatron-LM writes the input gradient in place).
+    scores_grad = 0.0 if attention == "flash" else 2 * m.num_attention_heads * s * s * b / t
+    train = BACKWARD_WORKING_SET * act("none", "flash") + scores_grad + logits
     if framework == "deepspeed":
         grad16 = DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES
         train = train + grad16
