@@ -76,11 +76,11 @@ def test_run_tp2_pp2_interleaved(tmp_path):
 def test_tp_equivalence(tmp_path):
     """The DTensor TP stage (2 gloo ranks) gives the unsharded stage's loss and gradients (incl. the backward
     all-reduce of the column-parallel inputs, which reaches the input gradient and the norm weights)."""
-    from hetplan.runtime.launcher import _free_port
+    from hetplan.profile.profiler import free_port
 
     worker = Path(__file__).with_name("tp_equivalence_worker.py")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-                        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(worker),
+                        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(worker),
                         str(ROOT / "examples" / "tiny-model.json"), str(tmp_path)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

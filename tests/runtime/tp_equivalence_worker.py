@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from hetplan.model.spec import load_model
-from hetplan.runtime import torchparts
+from hetplan.profile import torchparts
 
 if __name__ == "__main__":
     import sys

@@ -3,11 +3,11 @@ backward, and the collectives, on whatever device this host has; writes into a :
 
 Layers (:func:`profile_layers`): for every ``(kind, dtype, tp, seq_len, mbs)`` point not yet in the database
 (resumable: points already stored for this device and software version are skipped), build the part
-(:func:`hetplan.runtime.torchparts.build_stage`: random weights; TP > 1 sharded with DTensor over ``tp`` local
+(:func:`hetplan.profile.torchparts.build_stage`: random weights; TP > 1 sharded with DTensor over ``tp`` local
 processes started with torchrun), run ``warmup`` untimed and ``repeats`` timed forward + backward passes of one
 micro-batch and store the medians (CUDA events on GPU, ``perf_counter`` on CPU). Peak memory of the point: on GPU
 ``torch.cuda.max_memory_allocated`` during the passes; on CPU the parameter bytes plus the peak of bytes saved for
-backward (:class:`hetplan.runtime.torchparts.SavedTensorMeter`).
+backward (:class:`hetplan.profile.torchparts.SavedTensorMeter`).
 
 Collectives (:func:`profile_collectives`): all-reduce, all-gather, reduce-scatter and send/recv over ``world_size``
 local ranks (gloo on CPU, nccl on GPU) for several message sizes; median of repeats; bus bandwidth as in
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,7 @@ class Point:
 
 def _host() -> tuple[str, str]:
     """(device name as stored, software) of this host, importing torch."""
-    from hetplan.runtime import torchparts
+    from hetplan.profile import torchparts
     import torch
 
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -101,7 +102,7 @@ def measure_point(spec: ModelSpec, p: Point, *, tp_mesh=None, warmup: int = 2, r
     ``{"forward_s", "backward_s", "peak_memory_bytes", "repeats"}``."""
     import torch
 
-    from hetplan.runtime import torchparts
+    from hetplan.profile import torchparts
 
     dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     dtype = torchparts.torch_dtype(p.dtype)
@@ -207,14 +208,19 @@ def profile_collectives(db: ProfileDB, *, world_size: int = 2, sizes_bytes: Iter
     return {"measured": n, "skipped_collectives": res["skipped"], "device": res["device"], "backend": res["backend"]}
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a local torchrun rendezvous (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _torchrun_worker(mode: str, nproc: int, payload: dict, timeout_s: float = 900):
     with tempfile.TemporaryDirectory(prefix="hetplan-profile-") as tmp:
         spec_file, out_file = Path(tmp) / "in.json", Path(tmp) / "out.json"
         spec_file.write_text(json.dumps(payload))
-        from hetplan.runtime.launcher import _free_port
-
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                "-m", "hetplan.profile.profiler", mode, str(spec_file), str(out_file)]
         env = dict(os.environ, OMP_NUM_THREADS=str(payload.get("threads", 1)))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -233,7 +239,7 @@ def _worker(mode: str, spec_file: str, out_file: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from hetplan.runtime import torchparts
+    from hetplan.profile import torchparts
 
     payload = json.loads(Path(spec_file).read_text())
     cuda = torch.cuda.is_available()
@@ -276,7 +282,7 @@ def _comm_bench(payload: dict, backend: str, cuda: bool, rank: int, world: int) 
     import torch
     import torch.distributed as dist
 
-    from hetplan.runtime import torchparts
+    from hetplan.profile import torchparts
 
     dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     device = normalize_device(torchparts.device_name(dev))

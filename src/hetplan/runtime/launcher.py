@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetplan.errors import HetplanError
+from hetplan.profile.profiler import free_port
 from hetplan.runtime import planio
 
 #: Most local processes on a CPU-only host unless ``max_procs`` says otherwise.
@@ -67,12 +67,6 @@ class RunOptions:
     extra_env: dict = field(default_factory=dict)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _visible_gpus() -> int:
     """GPUs visible to this node, without importing torch (nvidia-smi; 0 if absent)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
@@ -101,7 +95,7 @@ def torchrun_command(plan_path: str | Path, world_size: int, opts: RunOptions, o
     nproc = world_size // opts.nnodes
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     if opts.nnodes == 1 and not opts.rdzv_endpoint:
-        cmd += ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+        cmd += ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     else:
         if not opts.rdzv_endpoint:
             raise HetplanError("multi-node runs need a rendezvous endpoint", field="--rdzv-endpoint",

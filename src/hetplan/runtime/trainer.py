@@ -5,7 +5,7 @@ Per rank:
 
 1. ``init_process_group`` (``nccl`` on GPU, ``gloo`` on CPU) and a ``("pp", "dp", "tp")`` device mesh
    (:class:`~hetplan.runtime.planio.Layout`).
-2. Its model chunk(s) (:func:`hetplan.runtime.torchparts.build_stage`: random weights, the plan's uneven layer
+2. Its model chunk(s) (:func:`hetplan.profile.torchparts.build_stage`: random weights, the plan's uneven layer
    split; TP with DTensor); DP with DDP (``--dp-mode ddp``, ZeRO-0) or FSDP2 ``fully_shard`` (``fsdp``, the
    default when the plan asks for ZeRO-3).
 3. ``torch.distributed.pipelining``: :class:`PipelineStage` per chunk and ``Schedule1F1B`` / ``ScheduleGPipe`` /
@@ -16,7 +16,7 @@ Per rank:
    timing forward and backward of one micro-batch through their own chunk(s), median of repeats.
 6. Memory per rank: ``torch.cuda.max_memory_allocated`` on GPU; on both, a tensor account: parameter, gradient and
    optimizer-state bytes plus the peak of activation bytes saved for backward during a timed iteration
-   (:class:`~hetplan.runtime.torchparts.SavedTensorMeter`); and the process's peak RSS.
+   (:class:`~hetplan.profile.torchparts.SavedTensorMeter`); and the process's peak RSS.
 
 Rank 0 gathers every rank's numbers and writes them as JSON (``--out``), see :func:`run_rank`.
 """
@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hetplan.runtime import planio, torchparts
+from hetplan.profile import torchparts
+from hetplan.runtime import planio
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

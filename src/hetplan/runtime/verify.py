@@ -15,7 +15,7 @@
    * time: predicted ``forward_s + backward_s`` of one micro-batch (:class:`StageEstimate`) vs. the measured
      forward + backward of one micro-batch through the stage's module, timed in isolation inside the running job
      (mean over the stage's DP ranks). Both sides use the minimum of repeats and, on CPU, the thread's CPU time
-     (:func:`hetplan.runtime.torchparts.time_forward_backward`): shared CI hosts add noise to wall-clock times.
+     (:func:`hetplan.profile.torchparts.time_forward_backward`): shared CI hosts add noise to wall-clock times.
    * memory: the runtime trains in one dtype with AdamW (fp32 on CPU: 4-byte weights, gradients, two Adam states
      and activations; bf16 on GPU: 2-byte ones) while the estimator predicts Megatron-style mixed precision
      (2 + 4 + 12 bytes per parameter, 2-byte activations, plus CUDA overhead); we rescale the estimator's
@@ -170,7 +170,7 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
     from hetplan.estimate.estimator import estimate
     from hetplan.profile.db import ProfileDB, normalize_device
     from hetplan.profile.profiler import profile_layers
-    from hetplan.runtime import torchparts
+    from hetplan.profile import torchparts
 
     opts = opts or RunOptions()
     opts.stage_stat, opts.stage_repeats = "min", repeats
