@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hetplan.errors import InfeasibleError
+from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
@@ -23,19 +24,20 @@ def _plan(job, pool, tp, pp, dp, mbs, zero, rc, L, v=1):
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rc) for n in balanced_split(L, pp)])
 
 
-@pytest.mark.parametrize("model,gpu,count,gpn,gbs,seq", [
-    ("gpt2-xl", "A10G", 8, 4, 16, 1024),
-    ("llama2-7b", "A100-SXM-40GB", 16, 8, 32, 4096),
-    ("open-llama-3b-v2", "RTX-3090", 12, 4, 24, 2048),
+@pytest.mark.parametrize("model,gpu,count,gpn,gbs,seq,host_s", [
+    ("gpt2-xl", "A10G", 8, 4, 16, 1024, None),
+    ("gpt2-xl", "A10G", 8, 4, 16, 1024, 5e-6),
+    ("llama2-7b", "A100-SXM-40GB", 16, 8, 32, 4096, None),
+    ("open-llama-3b-v2", "RTX-3090", 12, 4, 24, 2048, 300e-6),
 ])
-def test_vectorised_rows_equal_plan_estimates(model, gpu, count, gpn, gbs, seq):
+def test_vectorised_rows_equal_plan_estimates(model, gpu, count, gpn, gbs, seq, host_s):
     """Each row of the vectorised pass agrees with estimate() of the same plan: memory exactly, and its time lower
     bound never exceeds the estimate (the exact search relies on both); without interleaving the closed form is
-    within 15 %."""
+    within 15 %. Pools with their own host launch cost are scored with it (``pool_gpu``, as the planner does)."""
     m = load_model(model)
     job = Job(model=model, seq_len=seq, global_batch=gbs, train_iterations=10, dtype="fp16")
-    pool = GPUPool(gpu=gpu, count=count, gpus_per_node=gpn)
-    res = evaluate_pool(m, job, pool, CAT.get(gpu), Pins())
+    pool = GPUPool(gpu=gpu, count=count, gpus_per_node=gpn, kernel_overhead_s=host_s)
+    res = evaluate_pool(m, job, pool, pool_gpu(CAT, pool), Pins())
     rng = np.random.default_rng(0)
     for i in rng.choice(len(res), size=min(60, len(res)), replace=False):
         c = {k: int(v[i]) for k, v in res.config.items()}
@@ -99,6 +101,17 @@ def test_search_finds_brute_force_optimum(seed):
     res = search_plans(job, Inventory(pools=[pool]), cheap_obj, catalog=CAT)
     assert res.plans[0].estimate.job_usd == pytest.approx(brute_force(job, pool, m, cheap_obj), rel=1e-9)
     assert res.plans[0].estimate.job_time_s <= deadline
+
+
+@pytest.mark.parametrize("kernel_overhead_s", [5e-6, 300e-6])
+def test_search_uses_the_pools_host_launch_cost(kernel_overhead_s):
+    """A pool's own kernel_overhead_s (a faster or slower host than the catalog's) is what the search scores
+    with, so it still finds estimate()'s optimum (with a fast host the catalog value would not bound it)."""
+    m = load_model("gpt2-xl")
+    job = Job(model="gpt2-xl", seq_len=512, global_batch=8, train_iterations=1000, dtype="fp16")
+    pool = GPUPool(gpu="A10G", count=4, gpus_per_node=4, kernel_overhead_s=kernel_overhead_s)
+    res = search_plans(job, Inventory(pools=[pool]), catalog=CAT)
+    assert res.plans[0].estimate.job_time_s == pytest.approx(brute_force(job, pool, m, Objective()), rel=1e-9)
 
 
 def test_ranking_is_sorted_and_pins_are_honoured():

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from hetplan.errors import HetplanError
+from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import Estimate, LayerTimeSource, estimate
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
@@ -434,7 +435,7 @@ def fine_search(
         start_plan, start_est = starts[0], ests[order[0]]
     else:
         start_plan, start_est = starts[0], res.plans[0].estimate
-    gpu = catalog.get(pool.gpu, field="inventory.gpu")
+    gpu = pool_gpu(catalog, pool, field="inventory.gpu")
     n_gpus = max(sp.num_gpus for sp in starts)
     modes = ("selective", "full") if pins is None or pins.recompute is None else \
         {"none": (), "selective": ("selective",), "full": ("full",)}[pins.recompute]
