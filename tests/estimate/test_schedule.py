@@ -76,9 +76,25 @@ def test_one_f_one_b_can_differ_from_closed_form():
     m = 4
     assert simulate([2.0, 1.0, 1.0], [4.0, 2.0, 2.0], [0.0, 0.0], m, "1f1b").makespan_s == 26.0
     assert closed_form_s([2.0, 1.0, 1.0], [4.0, 2.0, 2.0], [0.0, 0.0], m) == 30.0
-    assert simulate([1.0, 1.0], [2.0, 2.0], [0.5], m, "1f1b", blocking_p2p=False).makespan_s == 17.0
+    assert simulate([1.0, 1.0], [2.0, 2.0], [0.5], m, "1f1b").makespan_s == 17.0
     assert closed_form_s([1.0, 1.0], [2.0, 2.0], [0.5], m) == 16.0
     assert simulate([1.0, 1.0, 2.0], [2.0, 2.0, 4.0], [0.0, 0.0], m, "1f1b").makespan_s == 30.0
+
+
+def test_simulate_many_equals_simulate_with_blocking_p2p():
+    import numpy as np
+
+    from hetplan.estimate.schedule import simulate_many
+
+    rng = np.random.default_rng(3)
+    for schedule, p, m in [("gpipe", 3, 5), ("1f1b", 4, 7), ("1f1b", 5, 2), ("1f1b", 1, 3)]:
+        f, b = rng.uniform(0.1, 2, (5, p)), rng.uniform(0.1, 4, (5, p))
+        c = rng.uniform(0, 0.5, (5, p - 1))
+        makespan, stage_end = simulate_many(f, b, c, m, schedule, blocking_p2p=True)
+        for n in range(5):
+            ref = simulate(f[n], b[n], c[n], m, schedule, blocking_p2p=True)
+            assert makespan[n] == pytest.approx(ref.makespan_s, rel=1e-12)
+            assert list(stage_end[n]) == pytest.approx(ref.stage_end_s, rel=1e-12)
 
 
 def test_simulate_many_equals_simulate_plan_by_plan():
@@ -103,8 +119,8 @@ def test_blocking_p2p_worked_case():
     F1 [1.5,2.5], send_forward_recv_backward waits for stage 1's send_backward_recv_forward, which starts after
     F0 [1.5,2.5] and B0 [2.5,4.5]: both end at 5; ... stage 1's last send_backward and stage 0's recv_backward
     end at 15.5, B3 [15.5,17.5]. The asynchronous model gives 17 (the consumer waits, the stages do not)."""
-    assert simulate([1.0, 1.0], [2.0, 2.0], [0.5], 4, "1f1b").makespan_s == 17.5
-    res = simulate([1.0, 1.0], [2.0, 2.0], [0.5], 4, "1f1b", record=True)
+    assert simulate([1.0, 1.0], [2.0, 2.0], [0.5], 4, "1f1b", blocking_p2p=True).makespan_s == 17.5
+    res = simulate([1.0, 1.0], [2.0, 2.0], [0.5], 4, "1f1b", record=True, blocking_p2p=True)
     stage0 = [(op.kind, op.microbatch, op.start_s, op.end_s) for op in res.ops if op.stage == 0]
     assert stage0 == [("F", 0, 0.0, 1.0), ("F", 1, 1.5, 2.5), ("B", 0, 5.0, 7.0), ("F", 2, 7.0, 8.0),
                       ("B", 1, 8.5, 10.5), ("F", 3, 10.5, 11.5), ("B", 2, 12.0, 14.0), ("B", 3, 15.5, 17.5)]
@@ -116,10 +132,10 @@ def test_blocking_p2p_equal_stages_every_stage_pays_its_transfers(p, m):
     """Equal stages with blocking calls: (m+p-1)(f+b) + (2m+2p-5)c exactly — the 2c of a middle stage's two
     calls per micro-batch lie on every stage's steady-state cycle, not only on the critical path."""
     f, b, c = 0.25, 0.5, 0.125
-    res = simulate([f] * p, [b] * p, [c] * (p - 1), m, "1f1b")
+    res = simulate([f] * p, [b] * p, [c] * (p - 1), m, "1f1b", blocking_p2p=True)
     assert res.makespan_s == (m + p - 1) * (f + b) + (2 * m + 2 * p - 5) * c
-    assert simulate([f] * 2, [b] * 2, [c], m, "1f1b").makespan_s == (m + 1) * (f + b + c)
-    assert res.makespan_s > simulate([f] * p, [b] * p, [c] * (p - 1), m, "1f1b", blocking_p2p=False).makespan_s
+    assert simulate([f] * 2, [b] * 2, [c], m, "1f1b", blocking_p2p=True).makespan_s == (m + 1) * (f + b + c)
+    assert res.makespan_s > simulate([f] * p, [b] * p, [c] * (p - 1), m, "1f1b").makespan_s
 
 
 @settings(max_examples=60, deadline=None)
@@ -133,8 +149,8 @@ def test_blocking_p2p_never_beats_async_nor_the_search_bound(times, m, schedule)
     f = [x for x, _, _ in times]
     b = [y for _, y, _ in times]
     c = [z for _, _, z in times][:-1]
-    blocking = simulate(f, b, c, m, schedule).makespan_s
-    assert blocking >= simulate(f, b, c, m, schedule, blocking_p2p=False).makespan_s - 1e-9
+    blocking = simulate(f, b, c, m, schedule, blocking_p2p=True).makespan_s
+    assert blocking >= simulate(f, b, c, m, schedule).makespan_s - 1e-9
     # the planner's bound (hetplan.search.homogeneous): Σ_{j<i}(f_j+b_j) + 2Σ_{j<i}c_j + m(f_i+b_i)
     for i in range(len(f)):
         bound = sum(f[:i]) + sum(b[:i]) + 2 * sum(c[:i]) + m * (f[i] + b[i])

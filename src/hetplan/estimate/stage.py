@@ -68,9 +68,8 @@ def stage_costs(
       collectives); ``tp_comm_s`` the TP-collective part of both;
     * ``dp_s``: data-parallel gradient/parameter collectives per iteration; ``dp_exposed_s`` the part not hidden:
       without overlap all of it; with ``overlap_grad_reduce`` (bucketed, Megatron-LM/PyTorch DDP) what exceeds
-      the backward pass of the last micro-batch, and at least the last bucket's reduction. For ZeRO-3 the per
-      micro-batch parameter all-gathers are prefetched behind compute (FSDP prefetch): their excess over the
-      micro-batch's compute is exposed, plus the first layer's gather, which nothing hides. With tied
+      the backward pass of the last micro-batch, and at least the last bucket's reduction. ZeRO-3 (FSDP):
+      :func:`zero3_exposed_s` (all-gathers and reduce-scatter every micro-batch, overlapped per pass). With tied
       embeddings and more than one stage, the first and last stages also all-reduce the embedding gradient
       between them (Megatron-LM ``_allreduce_embedding_grads``), exposed;
     * ``optimizer_s``: the Adam step;
@@ -122,17 +121,24 @@ def stage_costs(
     allreduce = dp_collective_time_s(grad_bytes, "allreduce", *dp_args)
     reduce_scatter = dp_collective_time_s(grad_bytes, "allgather", *dp_args)
     param_gather = dp_collective_time_s(weight_bytes, "allgather", *dp_args)
-    # ZeRO-0: all-reduce grads. ZeRO-1/2: reduce-scatter grads + all-gather updated weights (distributed optimizer).
-    # ZeRO-3: reduce-scatter grads; weights all-gathered for forward and backward of every micro-batch.
-    grad_sync = np.where(zero == 0, allreduce, reduce_scatter + np.where(zero < 3, param_gather, 0.0))
-    gather_per_mb = np.where(zero >= 3, 2 * param_gather, 0.0)
+    # ZeRO-0: all-reduce grads. ZeRO-1/2: reduce-scatter grads + all-gather updated weights (distributed optimizer),
+    # once per iteration. ZeRO-3: per micro-batch (zero3_exposed_s).
+    z3 = zero >= 3
+    grad_sync = np.where(zero == 0, allreduce, reduce_scatter + param_gather)
     bucket_share = np.minimum(1.0, np.maximum(BUCKET_PARAMETERS, 1e6 * np.asarray(dp)) / np.maximum(params, 1.0))
     grad_exposed = np.where(
-        overlap_grad_reduce, np.maximum(grad_sync - bwd, grad_sync * bucket_share), grad_sync
+        z3, 0.0, np.where(overlap_grad_reduce, np.maximum(grad_sync - bwd, grad_sync * bucket_share), grad_sync)
     )
-    first_layer = gather_per_mb / np.maximum(num_layers, 1)
-    gather_exposed = num_microbatches * (np.maximum(gather_per_mb - (fwd + bwd), 0.0) + first_layer)
-    dp_total = grad_sync + num_microbatches * gather_per_mb
+    # FSDP gathers and reduce-scatters one layer (FSDP unit) at a time: L collectives per pass, each paying its
+    # own latency steps (Zhao et al. VLDB 2023 Sec. 3.2, one FlatParameter per unit).
+    units = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
+    z3_gather = dp_collective_time_s(weight_bytes / units, "allgather", *dp_args) * units
+    z3_reduce_scatter = dp_collective_time_s(grad_bytes / units, "allgather", *dp_args) * units
+    gather_exposed = np.where(
+        z3, zero3_exposed_s(z3_gather, z3_reduce_scatter, fwd, bwd, num_layers, num_microbatches,
+                            overlap_grad_reduce), 0.0,
+    )
+    dp_total = np.where(z3, num_microbatches * (2 * z3_gather + z3_reduce_scatter), grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
     emb_sync = np.where(
         (np.asarray(has_embedding) | np.asarray(has_head)) & ~np.asarray(single_stage) & m.tied_embeddings,
@@ -168,6 +174,38 @@ def stage_costs(
         "memory": mem,
         "params_per_gpu": params,
     }
+
+
+def zero3_exposed_s(gather_s, reduce_scatter_s, forward_s, backward_s, num_layers, num_microbatches,
+                    overlap=True):
+    """Exposed ZeRO-3 / FSDP communication per iteration (s) of a stage, from the time of one all-gather of the
+    stage's parameters (``gather_s``), one reduce-scatter of its gradients (``reduce_scatter_s``) and one
+    micro-batch's forward and backward compute (s). Arrays broadcast.
+
+    Per micro-batch FSDP (Zhao et al., "PyTorch FSDP", VLDB 2023, Sec. 3.3-3.4; ZeRO stage 3, Rajbhandari et al.
+    SC'20 Sec. 5.3, 3× the parameter volume per step) all-gathers each layer's parameters before its forward and
+    again before its backward (resharded after forward), and reduce-scatters each layer's gradients right after
+    its backward: with gradient accumulation the gradients are sharded, so the reduce-scatter runs on every
+    micro-batch. Prefetching hides a layer's gather behind the previous layer's compute of the *same pass*; in
+    the backward pass the next layer's gather and this layer's reduce-scatter use the same network, so they
+    compete for it. With ``L`` layers (FSDP units) and ``k = 1 - 1/L``, per micro-batch::
+
+        exposed = G/L + max(k·G - F, 0)  +  R/L + max(k·(G + R) - B, 0)
+
+    Forward: the first layer's gather (``G/L``) has nothing to hide behind, the other ``L-1`` are prefetched.
+    Backward: the last layer stays gathered after the forward (FSDP does not reshard it), the other ``L-1``
+    gathers and ``L-1`` reduce-scatters share the network behind the backward compute, and the last
+    reduce-scatter (``R/L``) follows the last backward kernel. ``L = 1``: nothing overlaps, ``G + R``. Without
+    ``overlap`` the reduce-scatter is not overlapped: ``G/L + max(k·G - F, 0) + max(k·G - B, 0) + R``. Compute
+    is assumed not slowed by the concurrent NCCL kernels.
+    """
+    g, r = np.asarray(gather_s, dtype=float), np.asarray(reduce_scatter_s, dtype=float)
+    per_layer = 1.0 / np.maximum(num_layers, 1)
+    k = 1.0 - per_layer
+    fwd_part = g * per_layer + np.maximum(k * g - forward_s, 0.0)
+    bwd_part = np.where(overlap, r * per_layer + np.maximum(k * (g + r) - backward_s, 0.0),
+                        np.maximum(k * g - backward_s, 0.0) + r)
+    return num_microbatches * (fwd_part + bwd_part)
 
 
 def compute_embedding_sync_s(m: ModelSpec, dtype: str, t, link: Link):
