@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from hetplan.errors import HetplanError
 from hetplan.estimate.compute import pool_gpu
-from hetplan.estimate.estimator import Estimate, LayerTimeSource, estimate
+from hetplan.estimate.estimator import Estimate, LayerTimeSource, estimate, estimate_many
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Inventory, Job, Plan
@@ -429,7 +429,7 @@ def fine_search(
     starts = [sp for sp in starts if sp.pools[sp.stages[0].pool] == pool]
     # The baseline: the best uniform plan under the same cost model (re-ranked with the profiles when given).
     if profiles is not None or start is not None:
-        ests = [estimate(sp, catalog, m, profiles) for sp in starts]
+        ests = estimate_many(starts, catalog, m, profiles)
         order = sorted(range(len(starts)), key=lambda i: (not ests[i].fits, ests[i].iteration_time_s, i))
         starts = [starts[i] for i in order]
         start_plan, start_est = starts[0], ests[order[0]]
