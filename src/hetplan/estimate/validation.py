@@ -102,7 +102,9 @@ def megatron_plan(
     inter_node_bandwidth_bytes_per_s: float, dtype: str = "fp16", sequence_parallel: bool = False,
     overlap_grad_reduce: bool = False, gpus_per_node: int = 8,
 ) -> Plan:
-    """A homogeneous Megatron-LM plan: ``pp`` equal stages of ``tp x dp`` GPUs each."""
+    """A homogeneous Megatron-LM plan: ``pp`` equal stages of ``tp x dp`` GPUs each. Standard (unfused) attention
+    and Megatron-LM memory: the measured runs (vTrain, SC'21, Korthikanti) used neither FlashAttention nor
+    DeepSpeed."""
     from hetplan.plan import balanced_split
 
     n = tp * pp * dp
@@ -110,7 +112,8 @@ def megatron_plan(
                    inter_node_bandwidth_bytes_per_s=inter_node_bandwidth_bytes_per_s)
     stages = [Stage(pool=0, num_layers=k, tp=tp, dp=dp, recompute=recompute) for k in balanced_split(m.num_layers, pp)]
     return Plan(
-        job=Job(model=m.name, seq_len=seq, global_batch=gbs, dtype=dtype), pools=[pool], stages=stages, mbs=mbs,
+        job=Job(model=m.name, seq_len=seq, global_batch=gbs, dtype=dtype, attention="standard", framework="megatron"),
+        pools=[pool], stages=stages, mbs=mbs,
         zero=0, sequence_parallel=sequence_parallel, schedule="1f1b", overlap_grad_reduce=overlap_grad_reduce,
     )
 
