@@ -13,7 +13,8 @@ so the runs used a fused attention kernel (PyTorch SDPA, no s x s tensor stored)
 
 Calibration: the runs in :data:`CALIBRATION_RUNS` (14 stages); every other stage is held out.
 
-    python benchmarks/bench_memory_traces.py [--attention auto|standard|flash] [--before]   # errors per GPU type
+    python benchmarks/bench_memory_traces.py [--attention auto|standard|flash] [--framework deepspeed|megatron]
+                                             [--before]   # errors per GPU type (before: theoretical memory only)
     python benchmarks/bench_memory_traces.py --fit        # BACKWARD_WORKING_SET on the calibration runs
 """
 
@@ -40,7 +41,7 @@ CALIBRATION_RUNS = {"motivation1_2A30_A4000", "motivation1_2A6000", "motivation1
 STANDARD_ATTENTION_GPUS = {"A10G"}
 
 
-def stages(attention: str = "auto", before: bool = False):
+def stages(attention: str = "auto", before: bool = False, framework: str = "deepspeed"):
     """One dict per traced stage: run, GPU, calibration flag, measured and predicted allocated peak (bytes).
 
     ``before``: the estimator as it was (Megatron states + activations, no transient), for the 'before' column."""
@@ -58,7 +59,7 @@ def stages(attention: str = "auto", before: bool = False):
         costs = {}
         for att in ("standard", "flash"):
             job = Job(model=m.name, seq_len=SEQ, global_batch=MBS * MICROBATCHES, dtype="fp16",
-                      attention="standard" if before else att, framework="megatron" if before else "deepspeed")
+                      attention="standard" if before else att, framework="megatron" if before else framework)
             costs[att] = estimate_detailed(Plan(job=job, pools=pools, stages=st, mbs=MBS), cat, m)[2]
         for i, folder in enumerate(folders):
             att = attention
@@ -110,7 +111,8 @@ def main() -> None:
     if "--fit" in args:
         print(f"BACKWARD_WORKING_SET fitted on {sorted(CALIBRATION_RUNS)} ({attention} attention): {fit(attention)}")
         return
-    rows = stages(attention, before="--before" in args)
+    framework = args[args.index("--framework") + 1] if "--framework" in args else "deepspeed"
+    rows = stages(attention, before="--before" in args, framework=framework)
     print(f"{'run':30s} {'st':>2s} {'GPU':14s} {'measured GiB':>12s} {'ours GiB':>9s} {'error':>7s}")
     for r in rows:
         print(f"{r['run']:30s} {r['stage']:2d} {r['gpu']:14s} {r['measured'] / 2**30:12.2f} {r['predicted'] / 2**30:9.2f} "
