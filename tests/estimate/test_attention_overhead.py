@@ -158,3 +158,16 @@ def test_espresso_trace_allocated_peak():
         theoretical = float(mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"])
         assert theoretical / measured - 1 < -0.10  # the gap this overhead closes
         assert abs((theoretical + float(mem["transient"])) / measured - 1) < 0.04, rank
+
+
+def test_megatron_export_asks_for_flash_attention():
+    from hetplan.runtime import exporters, planio
+
+    root = Path(__file__).resolve().parents[2]
+    plan = planio.load_plan(root / "examples" / "tiny-pp2-dp2.json")
+    plan = plan.model_copy(update={"job": plan.job.model_copy(update={"model": str(root / "examples" / "tiny-model.json")})})
+    spec = planio.plan_model(plan)
+    text = "".join(exporters.export_megatron(plan, spec).files.values())
+    assert "--use-flash-attn" not in text
+    flash = plan.model_copy(update={"job": plan.job.model_copy(update={"attention": "flash"})})
+    assert "--use-flash-attn" in "".join(exporters.export_megatron(flash, spec).files.values())

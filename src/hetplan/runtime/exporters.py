@@ -108,6 +108,8 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--sequence-parallel")
     if plan.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
+    if plan.job.attention == "flash":  # the estimate assumed FlashAttention (hetplan.plan.Job.attention)
+        args.append("--use-flash-attn")
     rec = plan.stages[0].recompute
     if rec == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
