@@ -30,7 +30,8 @@ Attention: with ``attention="flash"`` (FlashAttention, Dao et al. 2022) no s x s
   larger of two phases:
 
   - forward/backward: the gradients of the layer being back-propagated, :data:`BACKWARD_WORKING_SET` x one
-    layer's activations without recomputation (fitted on Espresso's DeepSpeed traces); on the last stage the
+    layer's activations without recomputation and without their s x s part (fitted on Espresso's DeepSpeed
+    traces), plus with standard attention the gradient of the s x s softmax output (``2·a·s²·b/t``); on the last stage the
     16-bit logits next to their fp32 copy, :data:`LOGITS_COPY_BYTES` per logit; with ``framework="deepspeed"``
     also the 16-bit ``.grad`` that DeepSpeed's FP16_Optimizer keeps next to its fp32 master
     (:data:`DEEPSPEED_GRAD_BYTES` per gradient element held);
@@ -42,8 +43,8 @@ Attention: with ``attention="flash"`` (FlashAttention, Dao et al. 2022) no s x s
 * :data:`ALLOCATOR_MARGIN` of the allocated bytes: caching-allocator fragmentation (reserved minus allocated;
   stated assumption, the traces record only allocated bytes).
 
-Measured on 36 stages of Espresso's DeepSpeed traces (``benchmarks/bench_memory_traces.py``, docs/estimator.md):
-allocated peak error per GPU type before / after in the Memory section of docs/estimator.md.
+Measured on 37 stages of Espresso's DeepSpeed traces (``benchmarks/bench_memory_traces.py``): allocated peak
+16.0 % low before, 1.8 % mean absolute error after on the 22 held-out stages (per GPU type: docs/estimator.md).
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ OPTIMIZER_BYTES = 12
 CUDA_CONTEXT_BYTES = 1.0 * 2**30
 #: Caching-allocator fragmentation margin, as a fraction of the allocated bytes. Stated assumption.
 ALLOCATOR_MARGIN = 0.05
-#: Backward working set, as a fraction of one layer's activations without recomputation: the activation gradients
-#: of the layer being back-propagated. Fitted on the calibration runs of Espresso's DeepSpeed traces
+#: Backward working set, as a fraction of one layer's activations without recomputation and without the s x s
+#: tensors: the activation gradients of the layer being back-propagated. Fitted on the calibration runs of Espresso's DeepSpeed traces
 #: (``python benchmarks/bench_memory_traces.py --fit``).
 BACKWARD_WORKING_SET = 1.72
 #: Bytes per logit of the 16-bit logits tensor that exists next to the fp32 logits of the loss (last stage).
