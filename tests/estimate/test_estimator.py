@@ -123,3 +123,25 @@ def _assert_close(got, ref):
         assert got == pytest.approx(ref, rel=1e-12, abs=1e-15)
     else:
         assert got == ref
+
+
+def test_hfu_counts_recomputation_and_flash_attention_score_recompute():
+    """HFU/MFU = hardware/model FLOPs: full recompute adds one forward (Narayanan et al. Eq. 3: 4 vs 3 forwards
+    of the layers), selective the attention core 4·b·s²·q per layer, FlashAttention's backward the scores
+    2·b·s²·q per layer (and selective adds nothing with flash)."""
+    from hetplan.model import counts
+
+    m, plan = _plan(pp=2, gbs=8)
+    gbs, s, L = 8, 1024, m.num_layers
+    model = float(counts.model_flops_per_iteration(m, gbs, s))
+    layer_f = float(counts.layer_forward_flops(m, gbs, s))
+    core = 4 * gbs * s * s * m.q_dim
+    cases = [("standard", "none", 0.0), ("standard", "selective", core * L), ("standard", "full", layer_f * L),
+             ("flash", "none", core / 2 * L), ("flash", "selective", core / 2 * L),
+             ("flash", "full", (layer_f + core / 2) * L)]
+    for attention, recompute, extra in cases:
+        p = plan.model_copy(update={
+            "job": plan.job.model_copy(update={"attention": attention}),
+            "stages": [st.model_copy(update={"recompute": recompute}) for st in plan.stages]})
+        e = estimate(p, model=m)
+        assert e.hfu / e.mfu == pytest.approx((model + extra) / model, rel=1e-12), (attention, recompute)

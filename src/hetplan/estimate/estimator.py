@@ -101,13 +101,20 @@ def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
     return gpu.price_usd_per_hour if pool.price_usd_per_hour is None else pool.price_usd_per_hour
 
 
-def hardware_flops_per_iteration(m: ModelSpec, s: int, global_batch, recompute_code, num_layers_weight=1.0):
-    """FLOPs executed per iteration including recomputation: model FLOPs plus one extra forward of each layer
-    (full) or of the attention core (selective), times ``global_batch`` sequences."""
+def hardware_flops_per_iteration(m: ModelSpec, s: int, global_batch, recompute_code, num_layers_weight=1.0, *,
+                                 flash=False, all_layers_weight=1.0):
+    """FLOPs executed per iteration including recomputation, for ``global_batch`` sequences: model FLOPs plus one
+    extra forward of each recomputed layer (full) or of its attention core ``4·b·s²·q`` (selective), on the share
+    ``num_layers_weight`` of the layers that recompute. With FlashAttention (``flash``) the backward pass
+    recomputes the scores ``QKᵀ`` (``2·b·s²·q`` per layer; Dao et al. 2022 Sec. 3.1) on the share
+    ``all_layers_weight`` of the layers, and selective recomputation adds nothing (nothing is stored to skip;
+    Megatron-LM skips the core-attention checkpoint under flash). Arrays broadcast."""
     rc = np.asarray(recompute_code)
+    flash = np.asarray(flash)
     layer_f = counts.layer_forward_flops(m, global_batch, s)
     core_f = 4 * global_batch * s * s * m.q_dim
-    extra = np.where(rc == 2, layer_f, np.where(rc == 1, core_f, 0.0)) * m.num_layers * num_layers_weight
+    extra = np.where(rc == 2, layer_f, np.where((rc == 1) & ~flash, core_f, 0.0)) * m.num_layers * num_layers_weight
+    extra = extra + np.where(flash, core_f / 2, 0.0) * m.num_layers * all_layers_weight
     return counts.model_flops_per_iteration(m, global_batch, s) + extra
 
 
@@ -376,7 +383,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     usd_per_hour = np.add.reduceat(ngpu * np.array(prices), starts)
     model_rows = counts.model_flops_per_iteration(m, gbs, cols["s"])
     recompute_flops = np.add.reduceat(hardware_flops_per_iteration(
-        m, cols["s"], gbs, cols["recompute_code"], np.array([st.recomputed_layers() for st in st_rows]) / m.num_layers
+        m, cols["s"], gbs, cols["recompute_code"], np.array([st.recomputed_layers() for st in st_rows]) / m.num_layers,
+        flash=np.array([j.attention == "flash" for j in job_rows]), all_layers_weight=cols["num_layers"] / m.num_layers,
     ) - model_rows, starts)
     model_flops = model_rows[starts]
     bottleneck = np.maximum.reduceat(fwd + bwd, starts)
