@@ -257,12 +257,11 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
     rows: list[tuple] = []  # one tuple of _ROW_KEYS values per row
-    gpus, links, prices, extra, groups_of_rows = [], [], [], [], []
     start, vs, m0s = [], [], []
     for plan in plans:
         job, p = plan.job, plan.pp
         v = effective_virtual_stages(plan, virtual_stages)
-        start.append(len(gpus))
+        start.append(len(rows))
         vs.append(v)
         m0s.append(plan.num_microbatches(0))
         on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
@@ -278,18 +277,18 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             gpu, link, price, group = on_pool[st.pool]
             b = st.mbs or plan.mbs
             mb = job.global_batch // (st.dp * b)
-            gpus.append(gpu)
-            links.append(link)
-            prices.append(price)
-            groups_of_rows.append(group if st.recompute_layers is None else None)
+            rl = st.recompute_layers
             rows.append((
                 job.seq_len, b, st.tp, st.dp, st.num_layers, i == 0, i == p - 1, p == 1,
                 (gpipe, p, i, mb, v),  # in_flight, filled in below for all rows at once
                 mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1,
+                gpu, link, price, group if rl is None else None,
+                (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework),
             ))
-            extra.append((job.dtype, plan.overlap_grad_reduce, st.recompute_layers, job.attention, job.framework))
-    n = len(gpus)
-    columns = dict(zip(_ROW_KEYS, zip(*rows)))
+    n = len(rows)
+    by_column = list(zip(*rows))
+    gpus, links, prices, groups_of_rows, extra = by_column[len(_ROW_KEYS):]
+    columns = dict(zip(_ROW_KEYS, by_column))
     gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*columns["in_flight"]))
     columns["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
                                     in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
