@@ -185,7 +185,7 @@ def plan_command(
 
 def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
     """Compute, print (unless ``quiet``) and plot the cost-time frontier; return its points as JSON dicts."""
-    from hetplan.search.pareto import by_search_cost, pareto_frontier, plot_frontier
+    from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
     it = job.iterations()
@@ -195,24 +195,32 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
         raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
                            field="inventory", fix="add GPUs or relax the SLO/budget")
     plot_frontier(fr, path, title=f"{job.model}: cost vs iteration time ({len(fr.points)} frontier plans)")
-    out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=p.heterogeneous, description=p.description)
+    pts = by_cost(fr.points)
+    bought = {id(c): buys(p, c) for p, c in zip(pts, pts[1:])}
+    out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=p.heterogeneous, description=p.description,
+                buys=bought.get(id(p), "cheapest"), exact=p.estimate.iteration_time_s < fr.proven_below_s)
            for p in fr.points]
     if not quiet:
         con = Console(width=None if Console().is_terminal else 160)
-        t = Table(title=f"Cost-time Pareto frontier ({len(fr.points)} plans; {fr.result.allocations_solved:,} of "
-                        f"{fr.result.allocations:,} allocations solved in {fr.result.search_time_s:.2f} s)")
+        r = fr.result
+        t = Table(title=f"Cost-time Pareto frontier by estimate() ({len(fr.points)} plans; {r.allocations_solved:,} of "
+                        f"{r.allocations:,} allocations solved, {r.plans_estimated:,} plans estimated in "
+                        f"{r.search_time_s:.2f} s)")
         for col in ("#", "plan", "GPUs", "iter s", "$/iteration", "$/h", "what the extra $ buys"):
             t.add_column(col)
-        by_cost = by_search_cost(fr.points)
-        buys = ["cheapest"] + [
-            f"{c.candidate.usd_per_iteration / p.candidate.usd_per_iteration - 1:+.1%} $/iteration buys "
-            f"{1 - c.candidate.iteration_time_s / p.candidate.iteration_time_s:.1%} less time"
-            for p, c in zip(by_cost, by_cost[1:])]
-        for i, (p, b) in enumerate(zip(by_cost, buys), start=1):
-            t.add_row(str(i), ("[het] " if p.heterogeneous else "") + p.description, str(p.plan.num_gpus),
+        pts = by_cost(fr.points)
+        what = ["cheapest"] + [f"{buys(p, c)} than #{i}" for i, (p, c) in enumerate(zip(pts, pts[1:]), start=1)]
+        for i, (p, b) in enumerate(zip(pts, what), start=1):
+            t.add_row(str(i), ("\\[het] " if p.heterogeneous else "") + p.description, str(p.plan.num_gpus),
                       f"{p.estimate.iteration_time_s:.3f}", f"{p.estimate.usd_per_iteration:.4f}",
                       f"{p.estimate.usd_per_hour:,.2f}", b)
         con.print(t)
+        if fr.result.complete:
+            con.print("Every point is exact over each allocation's closed-form-optimal plan (no unestimated plan's "
+                      "lower bound could dominate it).")
+        else:
+            con.print(f"Walk stopped at its expansion limit: points faster than {fr.proven_below_s:.3f} s per "
+                      f"iteration are exact; slower ones may be dominated by an unestimated plan.")
         con.print(f"Frontier drawn to {path}.")
     return out
 

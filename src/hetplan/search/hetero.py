@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetplan.estimate.comm import p2p_time_s
+from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
 from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
@@ -177,7 +178,7 @@ def stage_types(m: ModelSpec, inventory: Inventory, catalog, dtype: str, pins: P
     """Every (pool, TP) of the inventory that supports ``dtype``."""
     out = []
     for k, pool in enumerate(inventory.pools):
-        gpu = catalog.get(pool.gpu, field=f"inventory[{k}].gpu")
+        gpu = pool_gpu(catalog, pool, field=f"inventory[{k}].gpu")
         if dtype not in gpu.dense_flops_per_s:
             continue
         for t in tp_degrees(m, pool.gpus_per_node, pool.count):
@@ -295,6 +296,22 @@ class _Group:
             out.append(starts[j] // g == (starts[j + 1] + seq[j + 1].tp * self.d - 1) // g)
         return out
 
+    def lower_bound_s(self, seq: list[StageType], ns: list[int]) -> float:
+        """Lower bound (s) on :func:`hetplan.estimate.estimator.estimate`'s iteration time of the plan with stage
+        types ``seq`` holding ``ns`` layers (each with its lightest fitting recomputation), by
+        :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s` on the estimator's own stage costs."""
+        from hetplan.search.homogeneous import stage_chain_lower_bound_s
+
+        p = len(seq)
+        kinds, flights = _positions(p, self.mb)
+        tabs = [self.tables[(st.pool, st.tp)] for st in seq]
+        a = [t.a[k, f - 1, n] for t, k, f, n in zip(tabs, kinds, flights, ns)]
+        e = [t.e[k, f - 1, n] for t, k, f, n in zip(tabs, kinds, flights, ns)]
+        o = [t.o[k, f - 1, n] for t, k, f, n in zip(tabs, kinds, flights, ns)]
+        intra = self.intra_node(seq)
+        c = [self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(p - 1)]
+        return stage_chain_lower_bound_s(a, c, self.mb, e, o)
+
     def solve_order(self, seq: list[StageType], upper_bound: float, lb_without_p2p: float = 0.0):
         """Exact partition of one stage order; ``(T, layers, rc codes)`` or ``None`` (nothing fits, or nothing
         beats ``upper_bound``). ``lb_without_p2p``: a lower bound of the iteration time less its p2p part (s)."""
@@ -338,9 +355,11 @@ class _TooMany(Exception):
     """More allocations than the caller allows."""
 
 
-def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: int = 10**8):
+def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: int = 10**8, return_sim: bool = False):
     """All allocations of a group as arrays: option index per pool ``(N, K)``, stages ``p``, GPUs, $/h ``R``,
-    iteration-time lower bound ``T_LB`` (s) — only those that may fit in memory, with at most ``max_pools`` pools.
+    iteration-time lower bound ``T_LB`` (s) — only those that may fit in memory, with at most ``max_pools`` pools;
+    with ``return_sim`` also ``T_SIM`` (s), a lower bound of :func:`hetplan.estimate.estimator.estimate`'s
+    event-simulated iteration time for every order and partition (below).
 
     Raises:
         _TooMany: more than ``max_rows`` allocations.
@@ -354,6 +373,19 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     * the slowest stage takes at least ``B = max(max_i λ_i, L / Σ_i 1/λ_i)`` (it holds ≥ 1 layer; and if every
       stage took less than the fluid balance the layers would not add up to ``L``);
     * ``t_emb`` / ``t_head`` / ``c_min``: the least embedding, head and p2p times of any stage type.
+
+    ``T_LB`` bounds the closed form only: the simulated schedule can be shorter (a slow first stage overlaps the
+    others' fill and drain). ``T_SIM`` bounds the chain ``X = max_i [P_i + m·a_i]`` of
+    :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s` (``P_i`` = Σ_{j<i} (a_j + 2c_j)), hence every
+    schedule; it is the largest of
+
+    * ``m·B`` — the bottleneck stage's own work;
+    * ``S + t_emb + t_head + 2(p-1)·c_min + (m-1)·(λ_min + t_head)`` — the chain through the last stage, which
+      holds at least one layer and the head;
+    * ``(S + t_emb + t_head + 2·c_min·Σ_{k=1}^{p-1}(1 - r^k)) / (1 - r^p)`` with ``r = 1 - 1/m`` — the fill of the
+      pipeline: from ``P_i + m a_i <= X``, ``X - P_{i+1} >= r (X - P_i) - 2c_i``, so
+      ``Σ a_i <= X (1 - r^p) - 2 Σ_i c_i (1 - r^{p-1-i})``; the sum of stage times is at least
+      ``S + t_emb + t_head`` (for equal stages ``p/(1 - r^p)`` stage times against the closed form's ``p + m - 1``).
     """
     L = group.m.num_layers
     opts = _pool_options(group, pins, L)
@@ -431,7 +463,101 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     emb = min(tb.emb_s for tb in group.tables.values())
     head = min(tb.head_s for tb in group.tables.values())
     t_lb = s_lb + emb + head + (group.mb - 1) * b_lb + 2 * (p - 1) * group.c_min()
+    # Bound of the chain (hetplan.search.homogeneous.stage_chain_lower_bound_s), valid for every schedule the
+    # estimator simulates: the bottleneck stage alone does m·B of work; the chain through the last stage is the
+    # sum of all stages plus (m-1) times the last stage (>= one layer of some type plus the least head).
+    last_lb = per["lam"][ok].min(axis=1) + head
+    m_ = group.mb
+    r = 1.0 - 1.0 / m_
+    fill = 1.0 - r ** p
+    c_part = 2 * group.c_min() * ((p - 1) - (r * (1 - r ** (p - 1)) / (1 - r) if m_ > 1 else 0.0))
+    t_sim = np.maximum.reduce([
+        m_ * b_lb,
+        s_lb + emb + head + 2 * (p - 1) * group.c_min() + np.where(p > 1, (m_ - 1) * last_lb, 0),
+        (s_lb + emb + head + c_part) / fill,
+    ])
+    if return_sim:
+        return opts, idx, p, gpus, per["rate"][ok].sum(axis=1), t_lb, t_sim
     return opts, idx, p, gpus, per["rate"][ok].sum(axis=1), t_lb
+
+
+def _groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, max_stages: int) -> list[_Group]:
+    """One :class:`_Group` per (DP, micro-batch size, ZeRO) allowed by ``pins``."""
+    types = stage_types(m, inventory, catalog, job.dtype, pins)
+    rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2]
+    zeros = [0, 1] if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
+    groups = []
+    for d in divisors(job.global_batch):
+        if pins.dp is not None and d != pins.dp:
+            continue
+        for b in divisors(job.global_batch // d):
+            if pins.mbs is not None and b != pins.mbs:
+                continue
+            for z in zeros:
+                if z == 1 and d == 1:
+                    continue  # ZeRO-1 over one rank is ZeRO-0
+                g = _Group(m, job, inventory, types, b, d, z, rcs, max_stages)
+                if g.types:
+                    groups.append(g)
+    return groups
+
+
+def _bounded_allocations(groups, inventory, pins, max_stages, max_allocations):
+    """Bounds of every allocation of every group (:func:`allocation_bounds`), restricting plans to two pools (then
+    one) when there are more than ``max_allocations``. Returns ``(rows, max_pools, count)``, rows as
+    ``(group index, options, option index per pool, $/h, T_LB, T_SIM)``."""
+    max_pools = len(inventory.pools)
+    while True:
+        rows = []
+        n_alloc = 0
+        try:
+            for gi, g in enumerate(groups):
+                opts, idx, p, gpus, rate, t_lb, t_sim = allocation_bounds(g, pins, max_pools, max_allocations - n_alloc,
+                                                                          return_sim=True)
+                keep = p <= max_stages
+                n_alloc += int(keep.sum())
+                rows.append((gi, opts, idx[keep], rate[keep], t_lb[keep], t_sim[keep]))
+            return rows, max_pools, n_alloc
+        except _TooMany:
+            if max_pools <= 1:
+                raise
+            max_pools = 2 if max_pools > 2 else 1
+
+
+def _concat_rows(rows):
+    """Flat arrays over all allocations: group index, row within the group, $/h, T_LB, T_SIM."""
+    if not rows:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, np.zeros(0), np.zeros(0), np.zeros(0)
+    return (np.concatenate([np.full(len(r[2]), r[0]) for r in rows]),
+            np.concatenate([np.arange(len(r[2])) for r in rows]),
+            np.concatenate([r[3] for r in rows]), np.concatenate([r[4] for r in rows]),
+            np.concatenate([r[5] for r in rows]))
+
+
+def _allocation_blocks(rows, gi: int, li: int):
+    """The (pool, (tp, stages)) blocks of allocation ``li`` of group row ``gi``."""
+    opts = rows[gi][1]
+    sel = rows[gi][2][li]
+    return [(k, opts[k][sel[k]]) for k in range(len(opts)) if opts[k][sel[k]][1] > 0]
+
+
+def _solve_allocation(g: _Group, blocks, upper_bound: float, lb_without_p2p: float):
+    """Least closed-form iteration time over the block orders of one allocation and each order's partitions:
+    ``(T, stage types in order, layers, recompute codes, orders tried)``; ``T`` is ``None`` when nothing fits
+    or nothing beats ``upper_bound``. ``lb_without_p2p``: a closed-form lower bound less its p2p part (s)."""
+    best = None
+    tried = 0
+    for perm in itertools.permutations(blocks):
+        seq = [g.by_key[(k, t)] for k, (t, s) in perm for _ in range(s)]
+        tried += 1
+        bound = upper_bound if best is None else min(upper_bound, best[0])
+        res = g.solve_order(seq, bound, lb_without_p2p)
+        if res is not None:
+            best = (res[0], seq, res[1], res[2])
+    if best is None:
+        return None, None, None, None, tried
+    return (*best, tried)
 
 
 def _frontier_dominates(frontier: list[HeteroCandidate], t: float, cost_per_s: float) -> float:
@@ -462,6 +588,7 @@ def search_hetero(
     max_stages: int | None = None,
     keep_candidates: int = 0,
     max_allocations: int = 4_000_000,
+    _prepared=None,
 ) -> HeteroResult:
     """Exact search of the heterogeneous space (module doc) for ``goal``.
 
@@ -486,48 +613,13 @@ def search_hetero(
     """
     t0 = time.perf_counter()
     pins = pins or Pins()
-    L = m.num_layers
-    max_stages = min(max_stages or L, L)
-    types = stage_types(m, inventory, catalog, job.dtype, pins)
-    rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2]
-    zeros = [0, 1] if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
-    groups = []
-    for d in divisors(job.global_batch):
-        if pins.dp is not None and d != pins.dp:
-            continue
-        for b in divisors(job.global_batch // d):
-            if pins.mbs is not None and b != pins.mbs:
-                continue
-            for z in zeros:
-                if z == 1 and d == 1:
-                    continue  # ZeRO-1 over one rank is ZeRO-0
-                g = _Group(m, job, inventory, types, b, d, z, rcs, max_stages)
-                if g.types:
-                    groups.append(g)
-    # Bounds of every allocation of every group.
-    max_pools = len(inventory.pools)
-    while True:
-        rows = []
-        n_alloc = 0
-        try:
-            for gi, g in enumerate(groups):
-                opts, idx, p, gpus, rate, t_lb = allocation_bounds(g, pins, max_pools, max_allocations - n_alloc)
-                keep = p <= max_stages
-                n_alloc += int(keep.sum())
-                rows.append((gi, opts, idx[keep], rate[keep], t_lb[keep]))
-            break
-        except _TooMany:
-            if max_pools <= 1:
-                raise
-            max_pools = 2 if max_pools > 2 else 1
-    if rows:
-        gid = np.concatenate([np.full(len(r[2]), r[0]) for r in rows])
-        loc = np.concatenate([np.arange(len(r[2])) for r in rows])
-        rate = np.concatenate([r[3] for r in rows])
-        t_lb = np.concatenate([r[4] for r in rows])
+    max_stages = min(max_stages or m.num_layers, m.num_layers)
+    if _prepared is None:
+        groups = _groups(m, job, inventory, catalog, pins, max_stages)
+        rows, max_pools, n_alloc = _bounded_allocations(groups, inventory, pins, max_stages, max_allocations)
+        gid, loc, rate, t_lb, _ = _concat_rows(rows)
     else:
-        gid = loc = np.zeros(0, dtype=np.int64)
-        rate = t_lb = np.zeros(0)
+        groups, rows, max_pools, n_alloc, (gid, loc, rate, t_lb, _) = _prepared
     cost_lb = rate * t_lb / 3600.0
     if goal == "cheapest":
         ok = t_lb <= (slo_iteration_s if slo_iteration_s is not None else INF)
@@ -566,21 +658,13 @@ def search_hetero(
         if not prune and goal == "pareto":
             ub = min(np.nextafter(slo, INF), np.nextafter(budget / rs, INF))
         g = groups[int(gid[j])]
-        opts = rows[int(gid[j])][1]
-        sel = rows[int(gid[j])][2][int(loc[j])]
-        blocks = [(k, opts[k][sel[k]]) for k in range(len(opts)) if opts[k][sel[k]][1] > 0]
+        blocks = _allocation_blocks(rows, int(gid[j]), int(loc[j]))
         solved += 1
-        alloc_best = None
-        for perm in itertools.permutations(blocks):
-            seq = [g.by_key[(k, t)] for k, (t, s) in perm for _ in range(s)]
-            orders += 1
-            bound = ub if alloc_best is None else min(ub, alloc_best[0])
-            res = g.solve_order(seq, bound, float(t_lb[j]) - 2 * (len(seq) - 1) * cmins[int(gid[j])] if prune else 0.0)
-            if res is not None:
-                alloc_best = (res[0], seq, res[1], res[2])
-        if alloc_best is None:
+        lbp = float(t_lb[j]) - 2 * (sum(s for _, (t, s) in blocks) - 1) * cmins[int(gid[j])] if prune else 0.0
+        t, seq, ns, rcv, tried = _solve_allocation(g, blocks, ub, lbp)
+        orders += tried
+        if t is None:
             continue
-        t, seq, ns, rcv = alloc_best
         cand = HeteroCandidate(
             stages=[(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
             mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=R,
@@ -614,3 +698,225 @@ def search_hetero(
         search_time_s=time.perf_counter() - t0,
         stats={"max_pools_per_plan": max_pools, "restricted": max_pools < len(inventory.pools), "groups": len(groups)},
     )
+
+
+@dataclass
+class EstimatedPlan:
+    """A plan of the heterogeneous space evaluated by :func:`hetplan.estimate.estimator.estimate`: the search's
+    candidate (closed-form figures), the :class:`Plan`, its estimate and the lower bound that admitted it (s)."""
+
+    candidate: HeteroCandidate
+    plan: Plan
+    estimate: object
+    lower_bound_s: float
+
+    @property
+    def heterogeneous(self) -> bool:
+        """True when the stages use more than one pool."""
+        return len(self.candidate.pools_used) > 1
+
+
+@dataclass
+class EstimatedResult:
+    """Outcome of :func:`search_hetero_estimated`: the best plans by the objective on their estimates (``top``,
+    best first; ``pareto``: empty), the frontier by estimates (``frontier``, ascending time), every plan estimated
+    (``evaluated``) and counters: allocations bounded, allocations solved (closed-form partition of every block
+    order), plans estimated, stage orders tried, CPU-independent wall time (s)."""
+
+    top: list[EstimatedPlan]
+    frontier: list[EstimatedPlan]
+    evaluated: list[EstimatedPlan]
+    allocations: int = 0
+    allocations_solved: int = 0
+    plans_estimated: int = 0
+    orders_solved: int = 0
+    search_time_s: float = 0.0
+    #: ``inf`` when the walk completed (the result is exact over H); else the smallest lower bound not expanded
+    #: (objective units: job s or job $; pareto: iteration s) — see :attr:`proven`.
+    open_bound: float = math.inf
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """True when every candidate of H that could matter was estimated (no expansion limit hit)."""
+        return not math.isfinite(self.open_bound)
+
+
+def search_hetero_estimated(
+    m: ModelSpec,
+    job: Job,
+    inventory: Inventory,
+    catalog,
+    objective=None,
+    pins: Pins | None = None,
+    top_k: int = 5,
+    pareto: bool = False,
+    max_stages: int | None = None,
+    max_allocations: int = 4_000_000,
+    estimator=None,
+    max_expansions: int | None = None,
+    seed: bool = True,
+    max_walk_cpu_s: float | None = None,
+) -> EstimatedResult:
+    """The best heterogeneous plans (or the cost–time frontier) by :func:`hetplan.estimate.estimator.estimate`
+    itself, exact over the candidate set ``H``: one plan per GPU allocation of the space (module doc), with the
+    block order and layer partition that minimise the closed-form iteration time (:func:`_solve_allocation`, exact
+    for that objective) and the lightest recomputation that fits each stage.
+
+    Lower-bound-guarded re-estimation (:func:`hetplan.search.objective.guarded_best_first`, the loop of the
+    homogeneous planner): allocations are visited in increasing order of the objective at ``T_SIM``
+    (:func:`allocation_bounds`), a bound on the estimate of *every* plan of the allocation; a visited allocation is
+    solved and its plan re-queued at the tighter bound of its own stages
+    (:func:`hetplan.search.homogeneous.stage_chain_lower_bound_s`); a plan reaching the head of the queue is
+    estimated. Top k: the scan stops when the next bound is worse than the k-th best estimate. Pareto: an item is
+    skipped when a frontier point (estimated) is at least as fast and as cheap as the item's bound ``(T, R·T)``;
+    every item not skipped is expanded, so no plan of ``H`` left unestimated could dominate a frontier point.
+
+    Args:
+        objective: :class:`hetplan.search.objective.Objective` (goal, deadline/budget on the job, iteration SLO);
+            for ``pareto`` only its ``slo_iteration_s`` and ``budget_usd`` (job $) act, as filters.
+        top_k: how many plans to keep. pareto: compute the frontier instead.
+        estimator: the function estimating one plan (default :func:`~hetplan.estimate.estimator.estimate`).
+        max_expansions: stop the walk after this many expansions (allocations solved + plans estimated); the
+            result then says ``complete = False`` and ``open_bound`` (every plan of H not estimated is no better
+            than that bound). ``None``: no limit (exact over H).
+        max_walk_cpu_s: stop the walk after this much CPU time (s), with the same report as ``max_expansions``.
+        seed: first run the closed-form search (:func:`search_hetero`) and estimate its best plans (or frontier),
+            so the cut starts from strong incumbents (they are plans of H).
+    Raises:
+        HetplanError: unknown GPU type in the inventory.
+    """
+    from hetplan.estimate.estimator import estimate
+    from hetplan.search.objective import Objective, TopK, estimate_keys, guarded_best_first, lower_bound_keys
+
+    t0 = time.perf_counter()
+    estimator = estimator or estimate
+    objective = objective or Objective()
+    pins = pins or Pins()
+    max_stages = min(max_stages or m.num_layers, m.num_layers)
+    iterations = job.iterations()
+    groups = _groups(m, job, inventory, catalog, pins, max_stages)
+    rows, max_pools, n_alloc = _bounded_allocations(groups, inventory, pins, max_stages, max_allocations)
+    flat = _concat_rows(rows)
+    gid, loc, rate, t_lb, t_sim = flat
+    prepared = (groups, rows, max_pools, n_alloc, flat)
+    cmins = [g.c_min() for g in groups]
+    slo = objective.slo_iteration_s if objective.slo_iteration_s is not None else INF
+    budget_it = objective.budget_usd / iterations if objective.budget_usd is not None else INF
+    evaluated: list[EstimatedPlan] = []
+    seen: set = set()
+    top = TopK(top_k)
+    frontier: list[EstimatedPlan] = []
+    count = {"solved": 0, "orders": 0}
+
+    def record(cand: HeteroCandidate, bound: float) -> None:
+        """Estimate one plan of H (once) and file it."""
+        key = (tuple(cand.stages), cand.mbs, cand.dp, cand.zero)
+        if key in seen:
+            return
+        seen.add(key)
+        plan = cand.to_plan(job, inventory)
+        est = estimator(plan, catalog, m)
+        ep = EstimatedPlan(cand, plan, est, bound)
+        evaluated.append(ep)
+        if pareto:
+            if est.fits and est.iteration_time_s <= slo and est.usd_per_iteration <= budget_it:
+                frontier[:] = _insert_estimated(frontier, ep)
+        else:
+            k2 = estimate_keys(objective, est)
+            if k2 is not None:
+                top.add(*k2, est.memory_bytes_per_gpu.total, len(evaluated), ep)
+
+    # Incumbents: the closed-form optimum (or frontier) and runners-up, estimated. They are plans of H (each the
+    # closed-form best of its allocation), so they only strengthen the cut; the walk below proves the rest.
+    if seed:
+        if pareto:
+            cf = search_hetero(m, job, inventory, catalog, goal="pareto", slo_iteration_s=objective.slo_iteration_s,
+                               budget_usd_per_iteration=None if budget_it == INF else budget_it, pins=pins,
+                               max_stages=max_stages, max_allocations=max_allocations, _prepared=prepared)
+            seeds_cf = cf.frontier
+        else:
+            cf_goal, cf_slo, cf_budget = _closed_form_goal(objective, iterations)
+            cf = search_hetero(m, job, inventory, catalog, goal=cf_goal, slo_iteration_s=cf_slo,
+                               budget_usd_per_iteration=cf_budget, pins=pins, max_stages=max_stages,
+                               max_allocations=max_allocations, keep_candidates=top_k + 3, _prepared=prepared)
+            seeds_cf = cf.candidates
+        count["solved"] += cf.allocations_solved
+        count["orders"] += cf.orders_solved
+        for c in seeds_cf:
+            record(c, 0.0)
+
+    if pareto:
+        keys = np.where((t_sim <= slo) & (rate * t_sim / 3600.0 <= budget_it), t_sim, INF)
+    else:
+        keys = lower_bound_keys(objective, t_sim, rate, np.ones(len(t_sim), dtype=bool), iterations)
+    scan = np.argsort(keys, kind="stable")
+    scan = scan[np.isfinite(keys[scan])]
+
+    def item_key(t_bound: float, usd_per_hour: float) -> float:
+        if pareto:
+            return t_bound
+        return float(lower_bound_keys(objective, np.array([t_bound]), np.array([usd_per_hour]), np.array([True]),
+                                      iterations)[0])
+
+    def expand(lb, item):
+        if item[0] == "allocation":
+            j = item[1]
+            g = groups[int(gid[j])]
+            blocks = _allocation_blocks(rows, int(gid[j]), int(loc[j]))
+            count["solved"] += 1
+            lbp = float(t_lb[j]) - 2 * (sum(s for _, (t, s) in blocks) - 1) * cmins[int(gid[j])]
+            t, seq, ns, rcv, tried = _solve_allocation(g, blocks, INF, lbp)
+            count["orders"] += tried
+            if t is None:
+                return ()
+            cand = HeteroCandidate(stages=[(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
+                                   mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=float(rate[j]))
+            bound = g.lower_bound_s(seq, ns)
+            return ((item_key(bound, cand.usd_per_hour), ("plan", cand, bound)),)
+        record(item[1], item[2])
+        return ()
+
+    def cut(lb, item):
+        if not pareto:
+            return top.cut(lb)
+        if not math.isfinite(lb):
+            return "stop"
+        r = rate[item[1]] if item[0] == "allocation" else item[1].usd_per_hour
+        usd = r * lb / 3600.0
+        if any(f.estimate.iteration_time_s <= lb and f.estimate.usd_per_iteration <= usd for f in frontier):
+            return "skip"
+        return None
+
+    _, open_bound = guarded_best_first(((float(keys[j]), ("allocation", int(j))) for j in scan), expand, cut,
+                                       limit=max_expansions, cpu_limit_s=max_walk_cpu_s)
+    return EstimatedResult(
+        top=[e[-1] for e in top.best()], frontier=frontier, evaluated=evaluated, allocations=n_alloc,
+        allocations_solved=count["solved"], plans_estimated=len(evaluated), orders_solved=count["orders"],
+        search_time_s=time.perf_counter() - t0,
+        open_bound=open_bound,
+        stats={"max_pools_per_plan": max_pools, "restricted": max_pools < len(inventory.pools), "groups": len(groups)},
+    )
+
+
+def _insert_estimated(frontier: list[EstimatedPlan], ep: EstimatedPlan) -> list[EstimatedPlan]:
+    """``frontier`` (by estimates, ascending time) with ``ep`` added and the points it weakly dominates removed;
+    unchanged when a point already weakly dominates ``ep``."""
+    t, c = ep.estimate.iteration_time_s, ep.estimate.usd_per_iteration
+    if any(f.estimate.iteration_time_s <= t and f.estimate.usd_per_iteration <= c for f in frontier):
+        return frontier
+    keep = [f for f in frontier if not (f.estimate.iteration_time_s >= t and f.estimate.usd_per_iteration >= c)]
+    keep.append(ep)
+    keep.sort(key=lambda f: (f.estimate.iteration_time_s, f.estimate.usd_per_iteration))
+    return keep
+
+
+def _closed_form_goal(objective, iterations: float):
+    """The closed-form search's goal, iteration SLO and $-per-iteration budget for ``objective``."""
+    slo = objective.slo_iteration_s
+    if objective.goal == "cheapest":
+        if objective.deadline_s is not None:
+            slo = min(slo or INF, objective.deadline_s / iterations)
+        return "cheapest", slo, None
+    budget = objective.budget_usd / iterations if objective.goal == "budget" else None
+    return "fastest", None, budget

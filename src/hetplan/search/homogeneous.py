@@ -126,6 +126,35 @@ def pipeline_lower_bound_s(per_stage_s, count, p2p_s, num_microbatches, virtual_
     return np.max(np.where(count > 0, bound, 0.0), axis=1)
 
 
+def stage_chain_lower_bound_s(per_stage_s, p2p_s, num_microbatches, dp_exposed_s=None, optimizer_s=None,
+                              virtual_stages=1) -> float:
+    """The bound of :func:`pipeline_lower_bound_s` for one pipeline given stage by stage (heterogeneous plans), plus
+    the data-parallel and optimizer terms, in seconds per iteration; no schedule can beat it.
+
+    With ``a_i`` = forward+backward of stage ``i`` per micro-batch, ``c_j`` the one-way transfer time of boundary
+    ``j``, ``e_i`` the exposed DP time and ``o_i`` the optimizer time of stage ``i`` (all s)::
+
+        T >= max( max_i [Σ_{j<i} a_j / v + 2 Σ_{j<i} c_j + m a_i] + e_0 ,  max_i [m a_i + e_i] ) + max_i o_i
+
+    The first term is the chain of :func:`pipeline_lower_bound_s` (with each boundary's own transfer time): it ends
+    with the last backward on stage 0, after which stage 0 still reduces its gradients (``e_0``); every stage
+    finishes no earlier than its own ``m a_i`` of work and then reduces its gradients (the estimator's iteration is
+    ``max_i (end_i + e_i) + max_i o_i``, :func:`hetplan.estimate.estimator.estimate`). A transfer that also
+    occupies the stages (blocking send/recv) only lengthens the schedule, so the bound stays valid.
+
+    Args:
+        per_stage_s, dp_exposed_s, optimizer_s: length p (defaults: zeros). p2p_s: length p - 1.
+    """
+    a = np.asarray(per_stage_s, dtype=float)
+    p = len(a)
+    c = np.asarray(p2p_s, dtype=float)
+    e = np.zeros(p) if dp_exposed_s is None else np.asarray(dp_exposed_s, dtype=float)
+    o = np.zeros(p) if optimizer_s is None else np.asarray(optimizer_s, dtype=float)
+    prefix = np.concatenate([[0.0], np.cumsum(a[:-1] / virtual_stages + 2 * c)])
+    m = float(num_microbatches)
+    return float(max(np.max(prefix + m * a) + e[0], np.max(m * a + e)) + np.max(o))
+
+
 def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np.ndarray:
     """Peak memory per GPU over the stages of each configuration (bytes), as the estimator computes it."""
     tp, pp, dp, mbs = cfg["tp"], cfg["pp"], cfg["dp"], cfg["mbs"]

@@ -1,22 +1,30 @@
 """The cost–time Pareto frontier of training plans (FASOP, Hwang et al. HPDC'24, Sec. 5.3 / Fig. 9), its table
-and its plot.
+and its plot — all by :func:`hetplan.estimate.estimator.estimate`'s figures.
 
-The frontier is found exactly by :func:`hetplan.search.hetero.search_hetero` with ``goal="pareto"`` over the
-heterogeneous space, which contains the homogeneous plans (one pool) too; a plan is on it when no other plan is
-both at least as fast and at least as cheap per iteration. The points are then re-estimated with
-:func:`hetplan.estimate.estimator.estimate` (the reported numbers). Units: seconds per iteration, USD per
+The frontier is computed by :func:`hetplan.search.hetero.search_hetero_estimated` with ``pareto=True`` over the
+candidate set ``H`` of the heterogeneous space (each GPU allocation's closed-form-optimal plan; one-pool
+allocations are the homogeneous plans): a plan is on it when no other estimated plan is both at least as fast and
+at least as cheap per iteration, and every plan of ``H`` left unestimated has a lower bound ``(T, R·T)`` (no
+schedule beats it) that a frontier point already dominates — unless the walk hit its expansion limit, in which
+case the points faster than :attr:`Frontier.proven_below_s` are still exact. Units: seconds per iteration, USD per
 iteration, USD per hour.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetplan.estimate.estimator import Estimate, estimate
+from hetplan.estimate.estimator import Estimate
 from hetplan.plan import Inventory, Job, Plan
-from hetplan.search.hetero import HeteroCandidate, HeteroResult, search_hetero
+from hetplan.search.hetero import EstimatedPlan, EstimatedResult, HeteroCandidate, search_hetero_estimated
+from hetplan.search.objective import Objective
 from hetplan.search.space import Pins
+
+#: CPU seconds the frontier walk may take after the closed-form frontier (then points faster than the first
+#: unvisited bound are exact).
+PARETO_WALK_CPU_S = 3.0
 
 
 @dataclass
@@ -32,74 +40,84 @@ class FrontierPoint:
 
 @dataclass
 class Frontier:
-    """The frontier (ascending iteration time), every plan evaluated on the way (for the plot) and the search."""
+    """The frontier (ascending estimated iteration time), every plan estimated on the way (for the plot), the
+    search, and ``proven_below_s``: frontier points faster than this (s per iteration) are exact over H
+    (``inf``: all of them)."""
 
     points: list[FrontierPoint]
-    evaluated: list[HeteroCandidate]
-    result: HeteroResult
+    evaluated: list[EstimatedPlan]
+    result: EstimatedResult
+    proven_below_s: float = math.inf
 
 
 def pareto_frontier(m, job: Job, inventory: Inventory, catalog, pins: Pins | None = None,
-                    slo_iteration_s: float | None = None, budget_usd_per_iteration: float | None = None) -> Frontier:
-    """Exact cost–time frontier of ``job`` on ``inventory`` (see module doc).
+                    slo_iteration_s: float | None = None, budget_usd_per_iteration: float | None = None,
+                    max_walk_cpu_s: float | None = PARETO_WALK_CPU_S) -> Frontier:
+    """Cost–time frontier of ``job`` on ``inventory`` by estimates (see module doc).
 
     Args:
         slo_iteration_s, budget_usd_per_iteration: optional limits applied to the frontier (s, USD).
+        max_walk_cpu_s: CPU limit of the guarded walk (``None``: none; then every point is exact over H).
     Raises:
         HetplanError: unknown GPU type.
     """
-    res = search_hetero(m, job, inventory, catalog, goal="pareto", slo_iteration_s=slo_iteration_s,
-                        budget_usd_per_iteration=budget_usd_per_iteration, pins=pins)
-    pts = []
-    for c in res.frontier:
-        plan = c.to_plan(job, inventory)
-        pts.append(FrontierPoint(plan, estimate(plan, catalog, m), len(c.pools_used) > 1, c.describe(inventory), c))
-    return Frontier(points=pts, evaluated=res.candidates, result=res)
+    budget = None if budget_usd_per_iteration is None else budget_usd_per_iteration * job.iterations()
+    obj = Objective(slo_iteration_s=slo_iteration_s, budget_usd=budget)
+    res = search_hetero_estimated(m, job, inventory, catalog, obj, pins=pins, pareto=True,
+                                  max_walk_cpu_s=max_walk_cpu_s)
+    pts = [FrontierPoint(ep.plan, ep.estimate, ep.heterogeneous, ep.candidate.describe(inventory), ep.candidate)
+           for ep in res.frontier]
+    return Frontier(points=pts, evaluated=res.evaluated, result=res, proven_below_s=res.open_bound)
 
 
 def explain_frontier(points: list[FrontierPoint]) -> list[str]:
-    """For each point after the cheapest (in :func:`by_search_cost` order): what the extra $ buys —
-    ``+x% $/iteration buys y% less time`` than the next cheaper point, by the search's closed-form figures."""
-    out = []
-    for prev, cur in zip(by_search_cost(points), by_search_cost(points)[1:]):
-        pc, cc = prev.candidate, cur.candidate
-        dc = cc.usd_per_iteration / pc.usd_per_iteration - 1
-        dt = 1 - cc.iteration_time_s / pc.iteration_time_s
-        out.append(f"{cur.description}: {dc:+.1%} $/iteration buys {dt:.1%} less time than {prev.description}")
-    return out
+    """For each point after the cheapest (in :func:`by_cost` order): what the extra $ buys —
+    ``+x% $/iteration buys y% less time`` than the next cheaper point (estimated figures)."""
+    pts = by_cost(points)
+    return [f"{cur.description}: {buys(prev, cur)} than {prev.description}" for prev, cur in zip(pts, pts[1:])]
 
 
-def by_search_cost(points: list[FrontierPoint]) -> list[FrontierPoint]:
-    """Points in increasing $ per iteration as the search computed it (closed-form pipeline time), the order in
-    which the frontier is monotone; the re-estimated numbers (event-simulated schedule) may differ by a little."""
-    return sorted(points, key=lambda p: (p.candidate.usd_per_iteration, p.candidate.iteration_time_s))
+def buys(prev: FrontierPoint, cur: FrontierPoint) -> str:
+    """``+x% $/iteration buys y% less time`` (``cur`` against the next cheaper point ``prev``; estimates)."""
+    dc = cur.estimate.usd_per_iteration / prev.estimate.usd_per_iteration - 1
+    dt = 1 - cur.estimate.iteration_time_s / prev.estimate.iteration_time_s
+    return f"{dc:+.1%} $/iteration buys {dt:.1%} less time"
+
+
+def by_cost(points: list[FrontierPoint]) -> list[FrontierPoint]:
+    """Points in increasing estimated $ per iteration (then time): along the frontier, decreasing time."""
+    return sorted(points, key=lambda p: (p.estimate.usd_per_iteration, p.estimate.iteration_time_s))
 
 
 def plot_frontier(frontier: Frontier, path: str | Path, title: str = "") -> None:
-    """Scatter of every evaluated plan and the frontier, homogeneous plans as circles, heterogeneous as triangles;
-    cost per iteration vs iteration time, all by the search's closed-form pipeline time (the one the frontier is
-    exact for; the table reports the re-estimated figures). Writes a PNG (matplotlib, Agg)."""
+    """Scatter of every estimated plan and the frontier, homogeneous plans (one pool) as circles, heterogeneous as
+    triangles; cost per iteration vs iteration time, by :func:`~hetplan.estimate.estimator.estimate` — the same
+    figures as the table. Writes a PNG (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    on = {id(p.plan) for p in frontier.points}
     for het, marker, label in ((False, "o", "homogeneous"), (True, "^", "heterogeneous")):
-        ev = [c for c in frontier.evaluated if (len(c.pools_used) > 1) == het]
+        ev = [e for e in frontier.evaluated if e.heterogeneous == het and id(e.plan) not in on and e.estimate.fits]
         if ev:
-            ax.scatter([c.iteration_time_s for c in ev], [c.usd_per_iteration for c in ev], s=10, marker=marker,
-                       alpha=0.3, color="tab:gray", label=f"{label} (evaluated)")
+            ax.scatter([e.estimate.iteration_time_s for e in ev], [e.estimate.usd_per_iteration for e in ev], s=10,
+                       marker=marker, alpha=0.4, color="tab:gray", label=f"{label} (estimated)")
         fp = [p for p in frontier.points if p.heterogeneous == het]
         if fp:
-            ax.scatter([p.candidate.iteration_time_s for p in fp], [p.candidate.usd_per_iteration for p in fp], s=36,
+            ax.scatter([p.estimate.iteration_time_s for p in fp], [p.estimate.usd_per_iteration for p in fp], s=36,
                        marker=marker, color="tab:red" if het else "tab:blue", label=f"{label} on the frontier", zorder=3)
-    pts = sorted(frontier.points, key=lambda p: p.candidate.iteration_time_s)
+    pts = sorted(frontier.points, key=lambda p: p.estimate.iteration_time_s)
     if pts:
-        ax.step([p.candidate.iteration_time_s for p in pts], [p.candidate.usd_per_iteration for p in pts], where="post",
+        ax.step([p.estimate.iteration_time_s for p in pts], [p.estimate.usd_per_iteration for p in pts], where="post",
                 color="k", lw=0.8, label="frontier")
-    ax.set_xlabel("iteration time (s)")
-    ax.set_ylabel("cost per iteration (USD)")
+        for i, p in enumerate(by_cost(frontier.points), start=1):
+            ax.annotate(str(i), (p.estimate.iteration_time_s, p.estimate.usd_per_iteration), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("iteration time (s, estimate)")
+    ax.set_ylabel("cost per iteration (USD, estimate)")
     if title:
         ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)

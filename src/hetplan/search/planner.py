@@ -14,16 +14,21 @@ import numpy as np
 from pydantic import BaseModel
 
 from hetplan.errors import HetplanError, InfeasibleError
+from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import Estimate, estimate
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Inventory, Job, Plan, Stage, balanced_split
 from hetplan.search.explain import explain_ranking
 from hetplan.search.homogeneous import COMPONENTS, PoolResult, evaluate_pool
-from hetplan.search.objective import Objective, rank_keys
+from hetplan.search.objective import (Objective, TopK, estimate_keys, guarded_best_first, lower_bound_keys,
+                                      rank_keys)
 from hetplan.search.space import RECOMPUTE_NAMES, Pins
 
 GIB = 2**30
+#: CPU seconds the heterogeneous search's guarded walk may take (after the closed-form search) before it stops and
+#: reports the bound it has proven (:func:`hetplan.search.hetero.search_hetero_estimated`).
+HETERO_WALK_CPU_S = 2.0
 
 
 class RankedPlan(BaseModel):
@@ -114,7 +119,7 @@ def search_plans(
     results: list[PoolResult] = []
     skipped = []
     for i, pool in enumerate(inventory.pools):
-        gpu = catalog.get(pool.gpu, field=f"inventory[{i}].gpu")
+        gpu = pool_gpu(catalog, pool, field=f"inventory[{i}].gpu")
         if job.dtype not in gpu.dense_flops_per_s:
             skipped.append(f"{gpu.name} skipped: no {job.dtype} support")
             continue
@@ -164,54 +169,49 @@ def search_plans(
         plans=ranked,
         explanation=explanation,
         configurations_evaluated=n_total + (het[1].orders_solved if het is not None else 0),
-        configurations_fitting_memory=n_fit + (len(het[1].candidates) if het is not None else 0),
+        configurations_fitting_memory=n_fit + (het[1].plans_estimated if het is not None else 0),
         search_time_s=time.perf_counter() - t0,
-        heterogeneous=None if het is None else {
-            "allocations": het[1].allocations, "allocations_solved": het[1].allocations_solved,
-            "orders_solved": het[1].orders_solved, "search_time_s": het[1].search_time_s,
-            "best": het[1].best.describe(inventory) if het[1].best is not None else None,
-        },
+        heterogeneous=None if het is None else hetero_summary(het[1], inventory, objective),
     )
 
 
-def _objective_keys(objective: Objective, est: Estimate) -> tuple[float, float] | None:
-    """(primary, secondary) sort keys of one estimated plan, or None if it breaks memory or a constraint."""
-    key, second = rank_keys(objective, np.array([est.job_time_s]), np.array([est.job_usd]), np.array([est.fits]),
-                            iteration_time_s=np.array([est.iteration_time_s]))
-    return (float(key[0]), float(second[0])) if np.isfinite(key[0]) else None
-
-
 def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k):
-    """Run :func:`hetplan.search.hetero.search_hetero` for ``objective`` and re-estimate its best plans with
-    :func:`estimate` (the numbers reported). The heterogeneous search optimises the estimator's closed-form
-    pipeline time exactly; ``estimate`` event-simulates the schedule, so its best few are re-ranked here.
-    Returns ``(entries, HeteroResult)``, entries as ``(key, secondary, memory, plan, estimate, description)``."""
-    from hetplan.search.hetero import search_hetero
+    """The ``top_k`` best heterogeneous plans by :func:`estimate` itself
+    (:func:`hetplan.search.hetero.search_hetero_estimated`: lower-bound-guarded re-estimation, exact over its
+    candidate set when ``complete``, else with a proven bound). Returns ``(entries, EstimatedResult)``, entries as
+    ``(key, secondary, memory, plan, estimate, description)``."""
+    from hetplan.search.hetero import search_hetero_estimated
 
-    iterations = job.iterations()
-    slo = objective.slo_iteration_s
-    if objective.goal == "cheapest":
-        if objective.deadline_s is not None:
-            slo = min(slo or np.inf, objective.deadline_s / iterations)
-        res = search_hetero(m, job, inventory, catalog, goal="cheapest", slo_iteration_s=slo, pins=pins)
-    else:
-        budget = objective.budget_usd / iterations if objective.goal == "budget" else None
-        res = search_hetero(m, job, inventory, catalog, goal="fastest", slo_iteration_s=None,
-                            budget_usd_per_iteration=budget, pins=pins)
-        if slo is not None and res.best is not None and res.best.iteration_time_s > slo:
-            res.candidates = []
-    entries, seen = [], set()
-    for c in res.candidates[: top_k + 3]:
-        plan = c.to_plan(job, inventory)
-        key_json = plan.model_dump_json()
-        if key_json in seen:
-            continue
-        seen.add(key_json)
-        est = estimate(plan, catalog, m)
-        keys = _objective_keys(objective, est)
-        if keys is not None:
-            entries.append((*keys, est.memory_bytes_per_gpu.total, plan, est, c.describe(inventory)))
+    res = search_hetero_estimated(m, job, inventory, catalog, objective, pins=pins, top_k=top_k,
+                                  max_walk_cpu_s=HETERO_WALK_CPU_S)
+    entries = []
+    for ep in res.top:
+        keys = estimate_keys(objective, ep.estimate)
+        entries.append((*keys, ep.estimate.memory_bytes_per_gpu.total, ep.plan, ep.estimate,
+                        ep.candidate.describe(inventory)))
     return entries, res
+
+
+def hetero_summary(res, inventory, objective) -> dict:
+    """The ``heterogeneous`` entry of the search result: counters, whether the walk was complete and, if not, the
+    proven bound (best possible objective of any plan left unestimated; job s or job $)."""
+    best = res.top[0] if res.top else None
+    out = {"allocations": res.allocations, "allocations_solved": res.allocations_solved,
+           "orders_solved": res.orders_solved, "plans_estimated": res.plans_estimated,
+           "search_time_s": res.search_time_s, "complete": res.complete,
+           "max_pools_per_plan": res.stats.get("max_pools_per_plan"),
+           "best": best.candidate.describe(inventory) if best is not None else None}
+    if not res.complete:
+        out["unestimated_lower_bound"] = res.open_bound
+        if best is not None:
+            k = estimate_keys(objective, best.estimate)
+            out["proven_within"] = max(0.0, k[0] / res.open_bound - 1) if k else None
+    return out
+
+
+def _merge_key(objective, est):
+    key = estimate_keys(objective, est)
+    return key[0] if key else None
 
 
 def _merge_hetero(objective, ranked, explanation, het, top_k):
@@ -243,8 +243,16 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
         if ref is not None:
             head += f": {1 - win[0] / iterations_key(ref.estimate):.1%} better {what} than the best homogeneous plan"
         lines.insert(0, head + ".")
-    lines.append(f"Heterogeneous search: {res.allocations:,} GPU allocations bounded, {res.allocations_solved:,} solved "
-                 f"({res.orders_solved:,} stage orders) in {res.search_time_s:.2f} s.")
+    line = (f"Heterogeneous search: {res.allocations:,} GPU allocations bounded, {res.allocations_solved:,} solved "
+            f"({res.orders_solved:,} stage orders), {res.plans_estimated:,} plans estimated in {res.search_time_s:.2f} s; ")
+    if res.complete:
+        line += "exact by estimate() over each allocation's closed-form-optimal plan."
+    else:
+        k = _merge_key(objective, win[4]) if win is not None else None
+        gap = f"; the best found is within {max(0.0, k / res.open_bound - 1):.1%} of it" if k else ""
+        line += (f"walk stopped after {HETERO_WALK_CPU_S:g} s CPU: no unestimated plan beats "
+                 f"{res.open_bound:,.4g} ({what}){gap}.")
+    lines.append(line)
     return out, lines
 
 
@@ -259,25 +267,23 @@ def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog):
     exact value found: every configuration left unseen is provably no better (a relative slack of 1e-6 covers
     floating-point rounding between the two computations).
     """
-    iterations = job.iterations()
-    lb_time = cat["lower_bound_time_s"] * iterations
-    lb_key, _ = rank_keys(objective, lb_time, cat["usd_per_hour"] * lb_time / 3600, cat["fits"],
-                          iteration_time_s=cat["lower_bound_time_s"])
+    lb_key = lower_bound_keys(objective, cat["lower_bound_time_s"], cat["usd_per_hour"], cat["fits"], job.iterations())
     scan = np.argsort(lb_key, kind="stable")
-    found: list[tuple] = []
-    for idx in scan:
-        idx = int(idx)
-        if not np.isfinite(lb_key[idx]) or (len(found) >= top_k and lb_key[idx] * (1 - 1e-6) > found[top_k - 1][0]):
-            break
+    top = TopK(top_k)
+
+    def expand(lb, idx):
         res = results[cat["pool"][idx]]
         plan = _plan_from_row(job, inventory, m, res, int(cat["row"][idx]))
         est = estimate(plan, catalog, m)
-        keys = _objective_keys(objective, est)
+        keys = estimate_keys(objective, est)
         if keys is not None:
-            found.append((*keys, est.memory_bytes_per_gpu.total, idx, plan, est))
-            found.sort(key=lambda x: x[:3])
-    ranked = [RankedPlan(rank=r, plan=f[4], estimate=f[5], reason="") for r, f in enumerate(found[:top_k], start=1)]
-    return ranked, [f[3] for f in found[:top_k]]
+            top.add(*keys, est.memory_bytes_per_gpu.total, idx, plan, est)
+        return ()
+
+    guarded_best_first(((float(lb_key[i]), int(i)) for i in scan), expand, top.cut)
+    found = top.best()
+    ranked = [RankedPlan(rank=r, plan=f[4], estimate=f[5], reason="") for r, f in enumerate(found, start=1)]
+    return ranked, [f[3] for f in found]
 
 
 def _raise_infeasible(objective, results, cat, job_time, job_usd):

@@ -1,0 +1,145 @@
+"""The heterogeneous search is exact by :func:`estimate` itself over its candidate set H (each GPU allocation's
+closed-form-optimal plan), checked against brute force on many small random instances: every allocation, every
+block order, every composition of the layers; every closed-form-optimal plan of an allocation (ties included) is
+estimated, since the search may pick any of them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+
+from hetplan.estimate.estimator import estimate
+from hetplan.plan import boundary_is_intra_node
+from hetplan.search import hetero
+from hetplan.search.homogeneous import stage_chain_lower_bound_s
+from hetplan.search.objective import Objective, estimate_keys
+from hetplan.search.space import Pins, divisors
+from tests.search.test_hetero import CAT, random_instance
+
+
+def brute_force_h(m, job, inv):
+    """For each allocation: a list of ``(plan, estimate)`` of its closed-form-optimal plans (ties included)."""
+    L = m.num_layers
+    types = hetero.stage_types(m, inv, CAT, job.dtype, Pins())
+    out = []
+    for d in divisors(job.global_batch):
+        for b in divisors(job.global_batch // d):
+            for z in (0, 1):
+                if z == 1 and d == 1:
+                    continue
+                g = hetero._Group(m, job, inv, types, b, d, z, [0, 1, 2], L)
+                if not g.types:
+                    continue
+                per_pool = [[None] + [(st.tp, s) for st in g.types if st.pool == k
+                                      for s in range(1, pool.count // (st.tp * d) + 1)]
+                            for k, pool in enumerate(inv.pools)]
+                for choice in itertools.product(*per_pool):
+                    blocks = [(k, c) for k, c in enumerate(choice) if c is not None]
+                    if not blocks or sum(s for _, (t, s) in blocks) > L:
+                        continue
+                    rate = sum(s * t * d * g.by_key[(k, t)].price_usd_per_hour for k, (t, s) in blocks)
+                    plans = []  # (T, stages)
+                    for perm in itertools.permutations(blocks):
+                        seq = [g.by_key[(k, t)] for k, (t, s) in perm for _ in range(s)]
+                        p = len(seq)
+                        kinds, fl = hetero._positions(p, g.mb)
+                        tabs = [g.tables[(st.pool, st.tp)] for st in seq]
+                        intra = boundary_is_intra_node([st.tp * d for st in seq], [st.pool for st in seq],
+                                                       [pl.gpus_per_node for pl in inv.pools])
+                        p2p = 2 * sum(g.p2p(seq[j], seq[j + 1], intra[j]) for j in range(p - 1))
+                        for cuts in itertools.combinations(range(1, L), p - 1):
+                            ns = [y - x for x, y in zip((0,) + cuts, cuts + (L,))]
+                            if any(n > tb.nmax[kk, f - 1] for tb, kk, f, n in zip(tabs, kinds, fl, ns)):
+                                continue
+                            a = [tb.a[kk, f - 1, n] for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
+                            e = [tb.e[kk, f - 1, n] for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
+                            o = [tb.o[kk, f - 1, n] for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
+                            t = sum(a) + p2p + (g.mb - 1) * max(a) + max(e) + max(o)
+                            rcs = [int(tb.rc[kk, f - 1, n]) for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
+                            plans.append((t, [(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcs)]))
+                    if not plans:
+                        continue
+                    t_min = min(t for t, _ in plans)
+                    tied = []
+                    for t, stages in plans:
+                        if t <= t_min * (1 + 1e-12):
+                            c = hetero.HeteroCandidate(stages, b, d, z, t, rate)
+                            plan = c.to_plan(job, inv)
+                            tied.append((plan, estimate(plan, CAT, m)))
+                    out.append(tied)
+    return out
+
+
+def objectives(rng, h, iterations):
+    """Fastest, cheapest under an iteration SLO, fastest under a job budget (constraints drawn from H)."""
+    ests = [e for tied in h for _, e in tied if e.fits]
+    if not ests:
+        return [Objective(goal="fastest")]
+    t_best = min(e.iteration_time_s for e in ests)
+    c_best = min(e.job_usd for e in ests)
+    return [Objective(goal="fastest"),
+            Objective(goal="cheapest", slo_iteration_s=t_best * rng.uniform(1.0, 3.0)),
+            Objective(goal="budget", budget_usd=c_best * rng.uniform(1.0, 2.0))]
+
+
+def check_instance(seed: int):
+    m, job, inv, rng = random_instance(seed)
+    h = brute_force_h(m, job, inv)
+    for obj in objectives(rng, h, job.iterations()):
+        res = hetero.search_hetero_estimated(m, job, inv, CAT, obj, top_k=3)
+        assert res.complete
+        # The search may pick any closed-form-optimal plan of an allocation: the best of H is at most the least,
+        # over allocations, of the worst estimate among its ties.
+        worst = []
+        for tied in h:
+            keys = [estimate_keys(obj, e) for _, e in tied]
+            worst.append(math.inf if any(k is None for k in keys) else max(k[0] for k in keys))
+        ref = min(worst, default=math.inf)
+        if not res.top:
+            assert ref == math.inf, (seed, obj)
+            continue
+        got = res.top[0]
+        again = estimate(got.plan, CAT, m)
+        assert math.isclose(again.iteration_time_s, got.estimate.iteration_time_s, rel_tol=1e-12)
+        key = estimate_keys(obj, again)
+        assert key is not None and key[0] <= ref * (1 + 1e-9), (seed, obj, key, ref)
+        for ep in res.evaluated:  # the bound that admitted each plan is a lower bound of its estimate
+            assert ep.lower_bound_s <= ep.estimate.iteration_time_s * (1 + 1e-9)
+    # Pareto: every allocation has a closed-form-optimal plan that a frontier point weakly dominates.
+    fr = hetero.search_hetero_estimated(m, job, inv, CAT, Objective(), pareto=True)
+    assert fr.complete
+    pts = [(f.estimate.iteration_time_s, f.estimate.usd_per_iteration) for f in fr.frontier]
+    for i, (t1, c1) in enumerate(pts):
+        assert not any((t2 <= t1 and c2 <= c1) for j, (t2, c2) in enumerate(pts) if j != i)
+    for tied in h:
+        fits = [e for _, e in tied if e.fits]
+        if len(fits) < len(tied) or not fits:
+            continue
+        assert any(any(t <= e.iteration_time_s * (1 + 1e-9) and c <= e.usd_per_iteration * (1 + 1e-9)
+                       for t, c in pts) for e in fits), seed
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_estimated_search_matches_brute_force(seed):
+    check_instance(seed)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chain_bound_below_estimate(seed):
+    """stage_chain_lower_bound_s on the search's own stage costs never exceeds estimate(), on random plans of
+    random instances (uneven splits, mixed pools)."""
+    m, job, inv, rng = random_instance(300 + seed)
+    res = hetero.search_hetero(m, job, inv, CAT, goal="pareto")
+    for c in res.candidates[:6]:
+        est = estimate(c.to_plan(job, inv), CAT, m)
+        f = np.array([s.forward_s + s.backward_s for s in est.stages])
+        e = np.array([s.dp_exposed_s for s in est.stages])
+        _, _, costs, p2p = __import__("hetplan.estimate.estimator", fromlist=["x"]).estimate_detailed(
+            c.to_plan(job, inv), CAT, m)
+        o = np.array([float(cc["optimizer_s"]) for cc in costs])
+        lb = stage_chain_lower_bound_s(f, p2p, c.to_plan(job, inv).num_microbatches(0), e, o)
+        assert lb <= est.iteration_time_s * (1 + 1e-9), (seed, lb, est.iteration_time_s)
