@@ -99,6 +99,7 @@ def test_estimate_many_equals_estimate_plan_by_plan(pipeline_model):
             return (1e-3 * mbs / tp, 2.1e-3 * mbs / tp) if gpu == "A10G" else None
 
     plans = _random_plans(3, 60)
+    plans = plans + [next(p for p in _random_plans(4, 40) if p.pp == 1)]  # a plan without boundaries last
     m, base = _plan(pp=4, gbs=32)
     same_shape = [base.model_copy(update={"zero": z}) for z in (0, 1)] * 10  # 20 plans of one shape
     for profiles in (None, Profiles()):

@@ -266,6 +266,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         m0s.append(plan.num_microbatches(0))
         on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
         gpipe = plan.schedule == "gpipe"
+        flash = job.attention == "flash"
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
@@ -273,8 +274,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 link = pool_link(pool, gpu)
                 group = (gpu.name, gpu.kernel_overhead_s, link, job.dtype, plan.overlap_grad_reduce, job.attention,
                          job.framework)
-                on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group)
-            gpu, link, price, group = on_pool[st.pool]
+                on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
+                                    gpu.peak_flops_per_s(job.dtype))
+            gpu, link, price, group, peak = on_pool[st.pool]
             b = st.mbs or plan.mbs
             mb = job.global_batch // (st.dp * b)
             rl = st.recompute_layers
@@ -284,10 +286,11 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1,
                 gpu, link, price, group if rl is None else None,
                 (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework),
+                st, job.global_batch, peak, st.recomputed_layers(), flash,
             ))
     n = len(rows)
     by_column = list(zip(*rows))
-    gpus, links, prices, groups_of_rows, extra = by_column[len(_ROW_KEYS):]
+    gpus, links, prices, groups_of_rows, extra, st_rows, gbs, peak_rows, recomputed, flash = by_column[len(_ROW_KEYS):]
     columns = dict(zip(_ROW_KEYS, by_column))
     gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*columns["in_flight"]))
     columns["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
@@ -374,24 +377,22 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
 
     # Per-plan reductions over each plan's rows.
     starts = np.array(start)
-    st_rows = [st for plan in plans for st in plan.stages]
-    job_rows = [plan.job for plan in plans for _ in plan.stages]
-    gbs = np.array([j.global_batch for j in job_rows])
+    gbs = np.array(gbs)
     ngpu = cols["t"] * cols["dp"]
-    peak_flops = np.add.reduceat(ngpu * np.array([g.peak_flops_per_s(j.dtype) for g, j in zip(gpus, job_rows)]), starts)
+    peak_flops = np.add.reduceat(ngpu * np.array(peak_rows), starts)
     usd_per_hour = np.add.reduceat(ngpu * np.array(prices), starts)
     model_rows = counts.model_flops_per_iteration(m, gbs, cols["s"])
     recompute_flops = np.add.reduceat(hardware_flops_per_iteration(
-        m, cols["s"], gbs, cols["recompute_code"], np.array([st.recomputed_layers() for st in st_rows]) / m.num_layers,
-        flash=np.array([j.attention == "flash" for j in job_rows]), all_layers_weight=cols["num_layers"] / m.num_layers,
+        m, cols["s"], gbs, cols["recompute_code"], np.array(recomputed) / m.num_layers,
+        flash=np.array(flash), all_layers_weight=cols["num_layers"] / m.num_layers,
     ) - model_rows, starts)
     model_flops = model_rows[starts]
     bottleneck = np.maximum.reduceat(fwd + bwd, starts)
     optimizer = np.maximum.reduceat(res["optimizer_s"], starts)
     tp_comm = np.add.reduceat(res["tp_comm_s"], starts) * np.array(m0s)
     num_b = np.diff(p2p_start)
-    p2p_total = np.where(num_b > 0, np.add.reduceat(p2p, np.minimum(p2p_start[:-1], max(len(p2p) - 1, 0)))
-                         if len(p2p) else 0.0, 0.0)
+    # (a trailing 0 keeps every start a valid index; plans without boundaries read it and are masked)
+    p2p_total = np.where(num_b > 0, np.add.reduceat(np.append(p2p, 0.0), p2p_start[:-1]), 0.0)
     m0 = np.array(m0s)
     bubble = np.maximum(0.0, t_pipe - m0 * bottleneck - 2 * p2p_total)  # reported apart from the p2p transfers
     if pipeline_model == "simulate":
