@@ -16,7 +16,9 @@ from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import load_job_file
 from hetplan.model.spec import load_model
 from hetplan.plan import Inventory, Job, Plan, Stage
-from hetplan.search.hetero import search_hetero
+from hetplan.search.hetero import search_hetero, search_hetero_estimated
+from hetplan.search.objective import Objective
+from hetplan.search.pareto import pareto_frontier
 from hetplan.search.space import Pins
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,19 +57,33 @@ def main() -> None:
     job, inv, slo, pins = load()
     cat = load_catalog()
     m = load_model(job.model)
-    for label, p in (("Espresso's space (pp only, 1 GPU per stage, mbs 16)", pins), ("all of TP/DP/mbs", Pins())):
+    obj = Objective(goal="cheapest", slo_iteration_s=slo)
+    for label, p, walk in (("Espresso's space (pp only, 1 GPU per stage, mbs 16)", pins, None),
+                           ("all of TP/DP/mbs", Pins(), 2.0)):
         c0 = time.process_time()
         r = search_hetero(m, job, inv, cat, goal="cheapest", slo_iteration_s=slo, pins=p)
         cpu = time.process_time() - c0
         est = estimate(r.best.to_plan(job, inv), cat, m)
-        print(f"[{label}] cheapest under {slo:.0f} s: {r.best.describe(inv)}")
+        print(f"[{label}] closed-form search, cheapest under {slo:.0f} s: {r.best.describe(inv)}")
         print(f"    closed form {r.best.iteration_time_s:.2f} s ${r.best.usd_per_iteration:.4f}; estimate "
-              f"{est.iteration_time_s:.2f} s ${est.usd_per_iteration:.4f}/iteration; search {cpu:.2f} s CPU "
+              f"{est.iteration_time_s:.2f} s ${est.usd_per_iteration:.4f}/iteration; {cpu:.2f} s CPU "
               f"({r.allocations:,} allocations bounded, {r.allocations_solved:,} solved, {r.orders_solved:,} orders)")
+        c0 = time.process_time()
+        e = search_hetero_estimated(m, job, inv, cat, obj, pins=p, top_k=5, max_walk_cpu_s=walk)
+        cpu = time.process_time() - c0
+        b = e.top[0]
+        proof = ("exact over H" if e.complete else
+                 f"walk stopped after {walk:g} s: no unestimated plan below ${e.open_bound / job.iterations():.4f}"
+                 f"/iteration (best found within {b.estimate.job_usd / e.open_bound - 1:.1%})")
+        print(f"    by estimate(): {b.candidate.describe(inv)}  {b.estimate.iteration_time_s:.2f} s "
+              f"${b.estimate.usd_per_iteration:.4f}/iteration; {cpu:.2f} s CPU in all ({e.allocations_solved:,} "
+              f"allocations solved, {e.plans_estimated:,} plans estimated; {proof})")
     c0 = time.process_time()
-    fr = search_hetero(m, job, inv, cat, goal="pareto", slo_iteration_s=slo, pins=pins)
-    print(f"[Espresso's space] Pareto frontier: {len(fr.frontier)} plans in {time.process_time() - c0:.2f} s CPU "
-          f"({fr.allocations_solved:,} allocations solved)")
+    fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=slo, max_walk_cpu_s=None)
+    print(f"[Espresso's space] Pareto frontier by estimate(): {len(fr.points)} plans "
+          f"({sum(p.heterogeneous for p in fr.points)} heterogeneous) in {time.process_time() - c0:.2f} s CPU "
+          f"({fr.result.allocations_solved:,} allocations solved, {fr.result.plans_estimated:,} plans estimated; "
+          f"{'exact over H' if fr.result.complete else 'incomplete'})")
     for label, (gpus, layers, usd) in ESPRESSO.items():
         plan, est = best_recompute(job, inv, gpus, layers, cat, m)
         worst = max(est.stages, key=lambda s: s.memory.total / s.memory_capacity_bytes)

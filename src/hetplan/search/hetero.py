@@ -272,6 +272,69 @@ class _Group:
                     inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s))
         return self._p2p[key]
 
+    def tail_lower_bound_s(self, p: np.ndarray) -> np.ndarray:
+        """Lower bound (s) on ``e_0 + max_i o_i`` of :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s`
+        for pipelines of ``p`` stages (array) of this group, whatever the types, order and partition: the first
+        stage's exposed DP time is at least the least of any type at any layer count and in-flight count, and
+        some stage holds at least ``ceil(L/p)`` layers, whose optimizer step takes at least the least middle-stage
+        time of any type for that many layers (the optimizer time grows with the parameters held)."""
+        L = self.m.num_layers
+        if not hasattr(self, "_tail"):
+            e_first = min(float(np.min(t.e[FIRST, :, 1:])) for t in self.tables.values())
+            e_single = min(float(np.min(t.e[SINGLE, :, L])) for t in self.tables.values())
+            o_mid = np.min(np.stack([t.o[MID, 0, :] for t in self.tables.values()]), axis=0)
+            o_single = min(float(t.o[SINGLE, 0, L]) for t in self.tables.values())
+            self._tail = (max(e_first, 0.0), max(e_single, 0.0), np.minimum.accumulate(o_mid[::-1])[::-1], o_single)
+        e_first, e_single, o_mid, o_single = self._tail
+        p = np.asarray(p)
+        most = -(-L // np.maximum(p, 1))
+        return np.where(p > 1, e_first + o_mid[np.clip(most, 0, L)], e_single + o_single)
+
+    def refined_sim_bound_s(self, blocks) -> float:
+        """A tighter ``T_SIM`` (s) for one allocation (blocks ``(pool, (tp, stages))``), computed when the guarded
+        walk reaches it: ``m·M*`` with ``M*`` the least bottleneck time ``M`` at which the pipeline's fill chain
+        ``(S(M) + t_emb + t_head + c_part) / (1 - r^p)`` (see :func:`allocation_bounds`) drops to ``m·M``, where
+        ``S(M)`` is the least sum of stage times when no stage exceeds ``M`` (one layer per stage, the other layers
+        poured into the types of least ``λ`` first, at most ``M/λ`` layers per stage and the memory capacity).
+        Every split has a bottleneck ``M_s`` with sum ``>= S(M_s)``, and its chain is at least
+        ``max(m·M_s, fill chain at M_s) >= m·M*`` (``m·M`` grows and ``S(M)`` shrinks with ``M``). Found by
+        bisection, keeping the lower end; plus :meth:`tail_lower_bound_s`."""
+        L, m_ = self.m.num_layers, self.mb
+        ks = []
+        for k, (t, s) in blocks:
+            tb = self.tables[(k, t)]
+            ks.append((tb.layer_s, s, s * max(int(tb.nmax[MID, 0]) - 1, 0), tb.emb_s, tb.head_s))
+        ks.sort()
+        p = sum(x[1] for x in ks)
+        lam_min, lam_max = ks[0][0], max(x[0] for x in ks)
+        fixed = min(x[3] for x in ks) + min(x[4] for x in ks)
+        r = 1.0 - 1.0 / m_
+        fill = 1.0 - r ** p
+        c_part = 2 * self.c_min() * ((p - 1) - (r * (1 - r ** (p - 1)) / (1 - r) if m_ > 1 else 0.0))
+        need = L - p
+
+        def chain(M: float) -> float:
+            total = sum(lam * s for lam, s, _, _, _ in ks)
+            left = need
+            for lam, s, cap, _, _ in ks:
+                take = min(left, cap, s * max(M / lam - 1.0, 0.0))
+                total += take * lam
+                left -= take
+            return math.inf if left > 1e-9 else (total + fixed + c_part) / fill
+
+        lo = max(lam_max, -(-L // p) * lam_min, L / sum(s / lam for lam, s, _, _, _ in ks))
+        if m_ * lo < chain(lo):
+            hi = max(lo, max(lam * (1 + cap / s) for lam, s, cap, _, _ in ks))
+            while m_ * hi < chain(hi):
+                hi *= 2
+            for _ in range(40):
+                mid = 0.5 * (lo + hi)
+                if m_ * mid < chain(mid):
+                    lo = mid
+                else:
+                    hi = mid
+        return m_ * lo + float(self.tail_lower_bound_s(np.array([p]))[0])
+
     def c_min(self) -> float:
         """A lower bound on the one-way time of any boundary between two stage types (s)."""
         if not hasattr(self, "_cmin"):
@@ -379,13 +442,15 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s` (``P_i`` = Σ_{j<i} (a_j + 2c_j)), hence every
     schedule; it is the largest of
 
-    * ``m·B`` — the bottleneck stage's own work;
+    * ``m·max(B, ceil(L/p)·λ_min)`` — the bottleneck stage's own work (some stage holds ``ceil(L/p)`` layers);
     * ``S + t_emb + t_head + 2(p-1)·c_min + (m-1)·(λ_min + t_head)`` — the chain through the last stage, which
       holds at least one layer and the head;
     * ``(S + t_emb + t_head + 2·c_min·Σ_{k=1}^{p-1}(1 - r^k)) / (1 - r^p)`` with ``r = 1 - 1/m`` — the fill of the
       pipeline: from ``P_i + m a_i <= X``, ``X - P_{i+1} >= r (X - P_i) - 2c_i``, so
       ``Σ a_i <= X (1 - r^p) - 2 Σ_i c_i (1 - r^{p-1-i})``; the sum of stage times is at least
-      ``S + t_emb + t_head`` (for equal stages ``p/(1 - r^p)`` stage times against the closed form's ``p + m - 1``).
+      ``S + t_emb + t_head`` (for equal stages ``p/(1 - r^p)`` stage times against the closed form's ``p + m - 1``);
+
+    plus :meth:`_Group.tail_lower_bound_s` (first stage's exposed DP, largest optimizer step).
     """
     L = group.m.num_layers
     opts = _pool_options(group, pins, L)
@@ -471,11 +536,13 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     r = 1.0 - 1.0 / m_
     fill = 1.0 - r ** p
     c_part = 2 * group.c_min() * ((p - 1) - (r * (1 - r ** (p - 1)) / (1 - r) if m_ > 1 else 0.0))
+    # Integrality: some stage holds at least ceil(L/p) layers, at no less than the allocation's least λ each.
+    b_int = np.maximum(b_lb, -(-L // np.maximum(p, 1)) * per["lam"][ok].min(axis=1))
     t_sim = np.maximum.reduce([
-        m_ * b_lb,
+        m_ * b_int,
         s_lb + emb + head + 2 * (p - 1) * group.c_min() + np.where(p > 1, (m_ - 1) * last_lb, 0),
         (s_lb + emb + head + c_part) / fill,
-    ])
+    ]) + group.tail_lower_bound_s(p)
     if return_sim:
         return opts, idx, p, gpus, per["rate"][ok].sum(axis=1), t_lb, t_sim
     return opts, idx, p, gpus, per["rate"][ok].sum(axis=1), t_lb
@@ -766,7 +833,8 @@ def search_hetero_estimated(
     Lower-bound-guarded re-estimation (:func:`hetplan.search.objective.guarded_best_first`, the loop of the
     homogeneous planner): allocations are visited in increasing order of the objective at ``T_SIM``
     (:func:`allocation_bounds`), a bound on the estimate of *every* plan of the allocation; a visited allocation is
-    solved and its plan re-queued at the tighter bound of its own stages
+    re-queued at a tighter bound of its own (:meth:`_Group.refined_sim_bound_s`); when it comes up again it is
+    solved and its plan re-queued at the bound of its own stages
     (:func:`hetplan.search.homogeneous.stage_chain_lower_bound_s`); a plan reaching the head of the queue is
     estimated. Top k: the scan stops when the next bound is worse than the k-th best estimate. Pareto: an item is
     skipped when a frontier point (estimated) is at least as fast and as cheap as the item's bound ``(T, R·T)``;
@@ -860,7 +928,12 @@ def search_hetero_estimated(
                                       iterations)[0])
 
     def expand(lb, item):
-        if item[0] == "allocation":
+        if item[0] == "allocation":  # first visit: a tighter bound of this allocation alone, re-queued
+            j = item[1]
+            blocks = _allocation_blocks(rows, int(gid[j]), int(loc[j]))
+            bound = max(float(t_sim[j]), groups[int(gid[j])].refined_sim_bound_s(blocks))
+            return ((item_key(bound, float(rate[j])), ("refined", j)),)
+        if item[0] == "refined":
             j = item[1]
             g = groups[int(gid[j])]
             blocks = _allocation_blocks(rows, int(gid[j]), int(loc[j]))
@@ -882,7 +955,7 @@ def search_hetero_estimated(
             return top.cut(lb)
         if not math.isfinite(lb):
             return "stop"
-        r = rate[item[1]] if item[0] == "allocation" else item[1].usd_per_hour
+        r = rate[item[1]] if item[0] in ("allocation", "refined") else item[1].usd_per_hour
         usd = r * lb / 3600.0
         if any(f.estimate.iteration_time_s <= lb and f.estimate.usd_per_iteration <= usd for f in frontier):
             return "skip"
