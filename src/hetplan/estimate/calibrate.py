@@ -18,6 +18,15 @@ What is fitted, on which data (everything else is held out, see :mod:`hetplan.es
   (FASOP has one TP-1 row for it, which cannot separate its host floor from its efficiency). ``gemm_half_dim`` of
   A10G stays the A100 value (micro-batch-1 data do not identify it). A leave-one-model-out cross-validation
   (:func:`cross_validate_fasop`) reports the error on models the fit has not seen.
+* **A30, RTX A4000, RTX A6000, RTX 3090** ``compute_efficiency`` — on Espresso's measured DeepSpeed pipelines
+  (``../shared/data/traces/espresso_hetero`` or ``$HETPLAN_ESPRESSO_TRACES``; not package data, skipped when
+  absent): per GPU type, the value at which the mean forward-time error of its stages in the calibration runs
+  (:data:`ESPRESSO_CALIBRATION_RUNS`) is zero, evaluated with the attention the runs used (fused,
+  ``attention="flash"``, on these four types; :data:`ESPRESSO_STANDARD_ATTENTION_GPUS`) and
+  ``framework="deepspeed"``; backward times and the other runs are held out (:func:`fit_espresso`, which also
+  reports the standard-attention fit the catalog held before). ``gemm_half_dim`` and ``kernel_overhead_s`` stay
+  the A100 values. The catalog bounds ``compute_efficiency`` by 1; the RTX 3090 needs more (its stages run
+  faster than 71 TFLOP/s FP32-accumulate at the rated boost clock allow) and stays at 1.
 
 Link efficiencies and the inter-node latency are not fitted: they come from NCCL-tests
 (:mod:`hetplan.estimate.comm`). The smooth-maximum exponent :data:`hetplan.estimate.compute.FLOOR_NORM` = 4 was
@@ -30,8 +39,13 @@ The fit prints the constants; they are then written (by hand, in a reviewed comm
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import re
+import statistics
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -182,9 +196,244 @@ def cross_validate_fasop() -> dict:
     return out
 
 
+# --- Espresso's DeepSpeed traces: compute_efficiency of A30, RTX A4000, RTX A6000, RTX 3090 ----------------------
+
+#: Espresso's measured heterogeneous DeepSpeed pipelines (per-rank ``operations_record.csv``: forward / backward
+#: seconds per micro-batch and ``torch.cuda.max_memory_allocated`` bytes). Not package data: the fit reads them from
+#: ``$HETPLAN_ESPRESSO_TRACES`` or, in a checkout, ``../shared/data/traces/espresso_hetero`` next to the repository.
+ESPRESSO_TRACES = Path(os.environ.get("HETPLAN_ESPRESSO_TRACES",
+                                      Path(__file__).resolve().parents[4] / "shared" / "data" / "traces" / "espresso_hetero"))
+#: Plan shape of every traced run: micro-batch 8 sequences, 4 micro-batches, sequence 2000 tokens, fp16, DeepSpeed
+#: activation checkpointing of every layer (full recomputation): backward ~ 3x forward, and the memory the traces
+#: record is states + 2·s·b·h per layer per micro-batch in flight + one layer's activations.
+ESPRESSO_MBS, ESPRESSO_MICROBATCHES, ESPRESSO_SEQ, ESPRESSO_RECOMPUTE = 8, 4, 2000, "full"
+#: Run-name tokens -> catalog names.
+ESPRESSO_NAMES = {"A30": "A30", "A4000": "RTX-A4000", "A6000": "RTX-A6000", "3090": "RTX-3090", "A10G": "A10G",
+                  "T4": "T4", "V100": "V100-SXM-32GB"}
+#: GPU types whose ``compute_efficiency`` this fit sets (the A10G is fitted on FASOP's profiles, :func:`fit_fasop`;
+#: the T4 / V100 traces are 4-6x slower than any fp16 tensor-core rate and are not used, docs/estimator.md).
+ESPRESSO_FITTED = ("A30", "RTX-A4000", "RTX-A6000", "RTX-3090")
+#: GPU types whose traced runs used unfused (standard) attention: their backward of one checkpointed layer needs
+#: 3.9-4.1 GiB beyond the gradients, against 0.9-1.9 GiB on every other type, where a layer of standard attention
+#: alone would store 1.9 GiB of s x s tensors (docs/estimator.md, Memory; benchmarks/bench_memory_traces.py).
+ESPRESSO_STANDARD_ATTENTION_GPUS = frozenset({"A10G"})
+#: Runs whose stages calibrate: the runs that calibrate the memory model's backward working set
+#: (benchmarks/bench_memory_traces.py) plus ``motivation1_33090``, the only run with RTX 3090s (so the 3090 has no
+#: held-out stage). Every other stage is held out: 5 A30, 5 A4000 and 2 A6000 stages of runs the fit never saw.
+ESPRESSO_CALIBRATION_RUNS = frozenset({"motivation1_2A30_A4000", "motivation1_2A6000", "motivation1_4A4000",
+                                       "motivation1_2A10G_1T4_test", "motivation1_3A10G", "motivation1_33090"})
+
+
+def espresso_model(num_layers: int):
+    """The traced model (from the traces: 50.6 M parameters per layer, 18 B per parameter after the trainer starts):
+    Llama-style, h 2048, 16 heads of 128, SwiGLU MLP 5504, RMSNorm, vocabulary 32000, no biases, untied."""
+    from hetplan.model.spec import ModelSpec
+
+    return ModelSpec(name=f"llama-1.3b-L{num_layers}", family="llama", num_layers=num_layers, hidden_size=2048,
+                     num_attention_heads=16, num_kv_heads=16, head_dim=128, ffn_hidden_size=5504, vocab_size=32000,
+                     max_seq_len=4096, gated_mlp=True, norm="rmsnorm", linear_bias=False, learned_positions=0,
+                     tied_embeddings=False, dropout=False)
+
+
+def espresso_parse_gpus(run: str, p: int) -> list[str] | None:
+    """``motivation1_2A30_A4000`` -> [A30, A30, RTX-A4000]; None when the name does not give ``p`` GPUs."""
+    out = []
+    for tok in run.replace("motivation1_", "").split("_"):
+        m = re.fullmatch(r"(\d?)(A30|A4000|A6000|3090|A10G|T4|V100)", tok) or re.fullmatch(r"(\d)1?(V100|T4)", tok)
+        if m is None:
+            continue
+        out += [ESPRESSO_NAMES[m.group(2)]] * int(m.group(1) or 1)
+    return out if len(out) == p else None
+
+
+def espresso_measured(folder: Path) -> tuple[float, float, float]:
+    """Median forward and backward seconds per micro-batch of one rank (first two micro-batches dropped: warm-up)
+    and its peak ``max_mem`` (bytes allocated)."""
+    with open(folder / "operations_record.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    f = [float(r["duration"]) for r in rows if r["task"] == "ForwardPass"][2:]
+    b = [float(r["duration"]) for r in rows if r["task"] == "BackwardPass"][2:]
+    return statistics.median(f), statistics.median(b), max(float(r["max_mem"]) for r in rows)
+
+
+def espresso_runs(root: Path | None = None, skipped: list | None = None):
+    """Yield ``(run name, GPU types in stage order, stage boundaries, rank folders)`` of each complete
+    ``motivation1_*`` run under ``root``; runs whose GPU types the name does not give (``motivation1_2A60000``,
+    ranks missing) are appended to ``skipped``. DeepSpeed's pipeline layer list is embedding + L layers + norm +
+    head, so L = last boundary - 3."""
+    root = ESPRESSO_TRACES if root is None else Path(root)
+    for run in sorted(root.glob("*/motivation1_*")):
+        by_run: dict[str, list[Path]] = {}
+        for d in run.iterdir():
+            rank, rest = d.name.split("_", 1)
+            by_run.setdefault(rest, []).append(d)
+        for rest, folders in sorted(by_run.items()):
+            folders.sort(key=lambda d: int(d.name.split("_")[0]))
+            tail = rest.replace("_tmp", "").split("_")[-(len(folders) + 1):]
+            gpus = espresso_parse_gpus(run.name, len(folders))
+            if gpus is None or not all(x.isdigit() for x in tail):
+                if skipped is not None:
+                    skipped.append(f"{run.name} ({rest})")
+                continue
+            yield run.name, gpus, [int(x) for x in tail], folders
+
+
+def espresso_plan(gpus: list[str], bounds: list[int], attention: str = "flash", framework: str = "deepspeed"):
+    """``(Plan, ModelSpec)`` of one traced run: one GPU per stage, the stage layers from the boundaries."""
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    L = bounds[-1] - 3
+    m = espresso_model(L)
+    kinds = sorted(set(gpus), key=gpus.index)
+    pools = [GPUPool(gpu=g, count=gpus.count(g), gpus_per_node=8) for g in kinds]
+    stages = [Stage(pool=kinds.index(g), num_layers=len([k for k in range(bounds[i], bounds[i + 1]) if 1 <= k <= L]),
+                    recompute=ESPRESSO_RECOMPUTE) for i, g in enumerate(gpus)]
+    job = Job(model=m.name, seq_len=ESPRESSO_SEQ, global_batch=ESPRESSO_MBS * ESPRESSO_MICROBATCHES, dtype="fp16",
+              attention=attention, framework=framework)
+    return Plan(job=job, pools=pools, stages=stages, mbs=ESPRESSO_MBS), m
+
+
+def espresso_attention(gpu: str, attention: str = "auto") -> str:
+    """The attention a traced stage on ``gpu`` is evaluated with: ``auto`` = what its run used
+    (:data:`ESPRESSO_STANDARD_ATTENTION_GPUS` standard, the others flash); else ``attention`` for every stage."""
+    if attention == "auto":
+        return "standard" if gpu in ESPRESSO_STANDARD_ATTENTION_GPUS else "flash"
+    return attention
+
+
+class EspressoTraces:
+    """The traced stages, read once, and their predictions under any catalog.
+
+    Attributes:
+        stages: one dict per traced stage: ``run``, ``stage``, ``gpu``, ``calibration`` (bool), ``forward_s``,
+            ``backward_s`` (measured medians, seconds), ``memory_bytes`` (measured allocated peak).
+        skipped: runs that could not be read.
+    """
+
+    def __init__(self, root: Path | None = None):
+        self.skipped: list[str] = []
+        self.runs = list(espresso_runs(root, self.skipped))
+        if not self.runs:
+            raise FileNotFoundError(f"no motivation1_* runs under {ESPRESSO_TRACES if root is None else root} "
+                                    "(set HETPLAN_ESPRESSO_TRACES to Espresso's trace folder)")
+        self.stages = []
+        for name, gpus, _, folders in self.runs:
+            for i, folder in enumerate(folders):
+                f, b, mem = espresso_measured(folder)
+                self.stages.append(dict(run=name, stage=i, gpu=gpus[i], calibration=name in ESPRESSO_CALIBRATION_RUNS,
+                                        forward_s=f, backward_s=b, memory_bytes=mem))
+
+    def predict(self, catalog: Catalog | None = None, attention: str = "auto", framework: str = "deepspeed",
+                gpus: set[str] | None = None) -> list[dict]:
+        """Predicted ``forward_s``, ``backward_s`` and allocated peak ``memory_bytes`` (states + activations +
+        transient: what ``max_memory_allocated`` counts, no CUDA context or allocator margin) per stage, with the
+        stage's attention (:func:`espresso_attention`). ``gpus``: only runs holding one of these types (the
+        others' entries are None)."""
+        from hetplan.estimate.estimator import estimate_detailed
+
+        catalog = catalog or load_catalog()
+        out = []
+        for name, kinds, bounds, folders in self.runs:
+            if gpus is not None and not set(kinds) & gpus:
+                out += [None] * len(folders)
+                continue
+            costs = {}
+            for att in sorted({espresso_attention(g, attention) for g in kinds}):
+                plan, m = espresso_plan(kinds, bounds, att, framework)
+                est, _, c, _ = estimate_detailed(plan, catalog, m)
+                costs[att] = (est, c)
+            for i, g in enumerate(kinds):
+                est, c = costs[espresso_attention(g, attention)]
+                mem = c[i]["memory"]
+                out.append(dict(forward_s=est.stages[i].forward_s, backward_s=est.stages[i].backward_s,
+                                memory_bytes=float(mem["weights"] + mem["gradients"] + mem["optimizer"]
+                                                   + mem["activations"] + mem["transient"])))
+        return out
+
+    def errors(self, predictions: list[dict]) -> dict:
+        """Per GPU type and part (``calibration`` / ``held_out``): ``n`` and, for ``forward`` / ``backward`` /
+        ``memory``, the mean signed and mean absolute error of ours / measured - 1 (fractions)."""
+        out: dict = {}
+        for st, pr in zip(self.stages, predictions):
+            if pr is None:
+                continue
+            part = out.setdefault(st["gpu"], {}).setdefault("calibration" if st["calibration"] else "held_out", [])
+            part.append([pr[k] / st[k] - 1 for k in ("forward_s", "backward_s", "memory_bytes")])
+        res = {}
+        for g, parts in sorted(out.items()):
+            res[g] = {}
+            for part, errs in parts.items():
+                e = np.array(errs)
+                res[g][part] = {"n": len(e), **{f"{k}_{stat}": float(fn(e[:, j]))
+                                                for j, k in enumerate(("forward", "backward", "memory"))
+                                                for stat, fn in (("mean", np.mean), ("mape", lambda x: np.mean(np.abs(x))))}}
+        return res
+
+
+def _catalog_efficiencies(base: Catalog, effs: dict[str, float]) -> Catalog:
+    """``base`` with the given ``compute_efficiency`` values. ``model_copy`` does not validate, so a value above
+    the catalog's limit of 1 can be tried (to report what an unconstrained fit would need)."""
+    gpus = dict(base.gpus)
+    for name, e in effs.items():
+        gpus[name] = gpus[name].model_copy(update={"compute_efficiency": float(e)})
+    return Catalog(gpus, base.date)
+
+
+def fit_espresso_efficiency(traces: EspressoTraces, attention: str = "auto", gpus=ESPRESSO_FITTED,
+                            upper: float = 2.0) -> dict[str, dict]:
+    """Per GPU type: the ``compute_efficiency`` at which the mean forward-time error of its **calibration** stages
+    (:data:`ESPRESSO_CALIBRATION_RUNS`) is zero (Brent's root search, other catalog figures unchanged). Backward
+    times are not fitted (they check the fit). Returns ``{gpu: {"fitted": e (unconstrained, up to upper),
+    "catalog": min(e, 1), "capped": e > 1}}`` — the catalog bounds ``compute_efficiency`` by 1."""
+    from scipy.optimize import brentq
+
+    base = load_catalog()
+    out = {}
+    for g in gpus:
+        idx = [i for i, st in enumerate(traces.stages) if st["gpu"] == g and st["calibration"]]
+
+        def err(e, g=g, idx=idx):
+            pred = traces.predict(_catalog_efficiencies(base, {g: e}), attention, gpus={g})
+            return float(np.mean([pred[i]["forward_s"] / traces.stages[i]["forward_s"] - 1 for i in idx]))
+
+        e = float(brentq(err, 0.05, upper, xtol=1e-5))
+        out[g] = {"fitted": round(e, 3), "catalog": round(min(e, 1.0), 3), "capped": e > 1.0,
+                  "n_calibration": len(idx)}
+    return out
+
+
+def fit_espresso(root: Path | None = None) -> dict:
+    """The Espresso-trace fit, before and after taking the attention the runs used into account:
+
+    * ``standard``: every stage evaluated with standard attention (s x s element-wise passes), as the catalog
+      values until this fit were obtained;
+    * ``auto`` (the catalog values): fused attention (``attention="flash"``) on every traced GPU type but the A10G
+      (:data:`ESPRESSO_STANDARD_ATTENTION_GPUS`), ``framework="deepspeed"``.
+
+    Each is fitted on the calibration runs only; forward and backward errors per GPU type on the calibration and
+    held-out stages, with the efficiencies the fit puts in the catalog (capped at 1). ``compute_efficiency`` does
+    not change memory: ``benchmarks/bench_memory_traces.py`` reports it."""
+    traces = EspressoTraces(root)
+    base = load_catalog()
+    out = {"calibration_runs": sorted(ESPRESSO_CALIBRATION_RUNS), "skipped_runs": traces.skipped,
+           "catalog_now": {g: base.get(g).compute_efficiency for g in ESPRESSO_FITTED}}
+    for attention in ("standard", "auto"):
+        fit = fit_espresso_efficiency(traces, attention)
+        cat = _catalog_efficiencies(base, {g: v["catalog"] for g, v in fit.items()})
+        errs = traces.errors(traces.predict(cat, attention))
+        out[attention] = {"compute_efficiency": fit,
+                          "errors": {g: {part: {k: v for k, v in e.items() if not k.startswith("memory")}
+                                         for part, e in parts.items()} for g, parts in errs.items()}}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the fitted constants as JSON."""
     out = {"A100": fit_a100(), "V100": fit_v100(), "FASOP": fit_fasop(), "FASOP_leave_one_model_out": cross_validate_fasop()}
+    try:
+        out["Espresso"] = fit_espresso()
+    except FileNotFoundError as exc:  # the traces are not package data
+        out["Espresso"] = {"skipped": str(exc)}
     json.dump(out, sys.stdout, indent=2)
     print()
     return 0
