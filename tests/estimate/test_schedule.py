@@ -155,3 +155,83 @@ def test_blocking_p2p_never_beats_async_nor_the_search_bound(times, m, schedule)
     for i in range(len(f)):
         bound = sum(f[:i]) + sum(b[:i]) + 2 * sum(c[:i]) + m * (f[i] + b[i])
         assert blocking >= bound - 1e-9
+
+
+def test_deepspeed_p2p_worked_case():
+    """DeepSpeed's TrainSchedule by hand, p = 2, f = 1, b = 2, c = 0.5, m = 2. Stage 0: F0 [0,1]; step 1 sends
+    activation 0 (stage 1 waits in RecvActivation from 0): [1,1.5]; F1 [1.5,2.5]; step 3 RecvGrad 0 waits for
+    stage 1's SendGrad, issued at stage 1's step 3 after F0 [1.5,2.5] and B0 [2.5,4.5]: [4.5,5]; then
+    SendActivation 1 [5,5.5] (stage 1's RecvActivation 1); B0 [5.5,7.5]; RecvGrad 1 waits for stage 1's
+    F1 [5.5,6.5], B1 [6.5,8.5]: [8.5,9]; B1 [9,11]. Megatron-LM's batched calls give 10.5, asynchronous 10."""
+    f, b, c = [1.0, 1.0], [2.0, 2.0], [0.5]
+    res = simulate(f, b, c, 2, "1f1b", record=True, blocking_p2p="deepspeed")
+    assert res.makespan_s == 11.0
+    stage0 = [(op.kind, op.microbatch, op.start_s, op.end_s) for op in res.ops if op.stage == 0]
+    assert stage0 == [("F", 0, 0.0, 1.0), ("F", 1, 1.5, 2.5), ("B", 0, 5.5, 7.5), ("B", 1, 9.0, 11.0)]
+    assert simulate(f, b, c, 2, "1f1b", blocking_p2p=True).makespan_s == 10.5
+    assert simulate(f, b, c, 2, "1f1b").makespan_s == 10.0
+
+
+@pytest.mark.parametrize("p", [3, 4, 5, 8, 9])
+@pytest.mark.parametrize("m", [2, 3, 8, 33])
+@pytest.mark.parametrize("c", [0.125, 0.0625])
+def test_deepspeed_p2p_equal_stages(p, m, c):
+    """Equal stages (c ≤ f/2): (m+p-1)(f+b) + (4m+2p-8)c exactly — a middle stage makes four separate calls
+    per micro-batch (SendGrad, RecvActivation, RecvGrad, SendActivation), about twice Megatron-LM's
+    (2m+2p-5)c with its two batched pairs."""
+    f, b = 0.25, 0.5
+    ds = simulate([f] * p, [b] * p, [c] * (p - 1), m, "1f1b", blocking_p2p="deepspeed").makespan_s
+    assert ds == (m + p - 1) * (f + b) + (4 * m + 2 * p - 8) * c
+    assert ds > simulate([f] * p, [b] * p, [c] * (p - 1), m, "1f1b", blocking_p2p="megatron").makespan_s
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 1), (3, 5), (4, 2), (8, 20)])
+def test_deepspeed_program_keeps_the_1f1b_compute_order(p, m):
+    """DeepSpeed's step mapping (forward of j at step 2j+i, backward at 2j+2p-1-i) gives each stage the same
+    compute order as Megatron-LM's 1F1B; only the p2p calls differ, and each transfer has exactly two calls."""
+    from collections import Counter
+
+    from hetplan.estimate.schedule import stage_program_deepspeed
+
+    calls = Counter()
+    for i in range(p):
+        prog = stage_program_deepspeed(p, i, m)
+        assert [op for op in prog if op[0] != "P"] == stage_order("1f1b", p, i, m)
+        calls.update(key for op in prog if op[0] == "P" for key in op[1])
+    assert len(calls) == 2 * m * (p - 1) and set(calls.values()) <= {2}
+
+
+def test_simulate_many_equals_simulate_with_deepspeed_p2p():
+    from hetplan.estimate.schedule import simulate_many
+
+    rng = np.random.default_rng(5)
+    for p, m in [(2, 3), (4, 7), (5, 2), (1, 3)]:
+        f, b = rng.uniform(0.1, 2, (4, p)), rng.uniform(0.1, 4, (4, p))
+        c = rng.uniform(0, 0.5, (4, p - 1))
+        makespan, stage_end = simulate_many(f, b, c, m, "1f1b", blocking_p2p="deepspeed")
+        for n in range(4):
+            ref = simulate(f[n], b[n], c[n], m, "1f1b", blocking_p2p="deepspeed")
+            assert makespan[n] == pytest.approx(ref.makespan_s, rel=1e-12)
+            assert list(stage_end[n]) == pytest.approx(ref.stage_end_s, rel=1e-12)
+
+
+def test_unknown_blocking_p2p_value_is_rejected():
+    with pytest.raises(ValueError, match="blocking_p2p"):
+        simulate([1.0, 1.0], [2.0, 2.0], [0.5], 2, "1f1b", blocking_p2p="nccl")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    times=st.lists(st.tuples(st.floats(0.1, 5.0), st.floats(0.1, 10.0), st.floats(0.0, 2.0)), min_size=1,
+                   max_size=6),
+    m=st.integers(1, 12),
+)
+def test_deepspeed_p2p_never_beats_async_nor_the_search_bound(times, m):
+    f = [x for x, _, _ in times]
+    b = [y for _, y, _ in times]
+    c = [z for _, _, z in times][:-1]
+    ds = simulate(f, b, c, m, "1f1b", blocking_p2p="deepspeed").makespan_s
+    assert ds >= simulate(f, b, c, m, "1f1b").makespan_s - 1e-9
+    for i in range(len(f)):
+        bound = sum(f[:i]) + sum(b[:i]) + 2 * sum(c[:i]) + m * (f[i] + b[i])
+        assert ds >= bound - 1e-9

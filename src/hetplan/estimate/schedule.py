@@ -39,6 +39,21 @@ Interleaved 1F1B with ``v > 1`` always uses the asynchronous model. Its Megatron
 neighbours at once (``send_forward_backward_recv_forward_backward``), which one partner per call cannot express;
 with ``2v`` calls per micro-batch the omission is ``≈ 2v·c`` per micro-batch, < 1 % on the validation plans.
 
+**DeepSpeed's pipeline engine** (``blocking_p2p="deepspeed"``, 1F1B): DeepSpeed's ``TrainSchedule``
+(``deepspeed/runtime/pipe/schedule.py``) runs ``2(m + p - 1)`` steps; stage ``i`` does the forward of micro-batch
+``j`` at step ``2j + i`` and its backward at step ``2j + 2p - 1 - i`` (the same per-stage order as Megatron-LM's
+1F1B). Each transfer is its own blocking instruction (``PipelineEngine._exec_send_activations`` /
+``_exec_recv_activations`` / ``_exec_send_grads`` / ``_exec_recv_grads`` -> ``runtime/pipe/p2p.py`` ``send`` /
+``recv``: ``dist.send`` / ``dist.recv``, historically ``dist.broadcast`` in a 2-rank group), issued at the start
+of a step: a forward step calls ``SendGrad`` (of the previous step's backward) then ``RecvActivation``; a backward
+step ``RecvGrad`` then ``SendActivation`` (of the previous step's forward — so an activation leaves only once the
+stage has received the gradient it needs next). Each instruction is one rendezvous of the two neighbours that
+ends ``c`` after the later of their starts, as above. The engine splits the activation and its gradient over the
+tensor-parallel ranks by default (``pipe_partitioned`` / ``grad_partitioned``, ``runtime/config.py``;
+``PartitionedTensor`` over ``grid.get_slice_parallel_group()``), so ``c`` is the same ``b·s·h/t`` per rank.
+For GPipe it falls back to the Megatron-LM calls; interleaving (``v > 1``) stays asynchronous. Worked case
+p = 2, f = 1, b = 2, c = 0.5, m = 2: 11 (Megatron-LM's calls 10.5, asynchronous 10; tests).
+
 Closed forms the simulation reproduces exactly for equal stages and zero p2p time (tests check it): GPipe and
 1F1B ``(m + p - 1)·(f + b)``; interleaved ``(m + (p - 1)/v)·(f + b)`` (SC'21 Sec. 2.2.2). Blocking calls only
 add constraints, so the blocking simulation is never shorter than the asynchronous one, and the search's lower
@@ -64,6 +79,24 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: sets it changes MAPE by < 0.4 points and τ by < 0.01 (docs/estimator.md), and the search's fast 1F1B
 #: recurrence (``hetplan.search.fine_cost.simulate_1f1b``) reproduces the asynchronous model exactly.
 BLOCKING_P2P = False
+
+#: Values of ``blocking_p2p`` (module doc): ``False`` asynchronous, ``True`` / ``"megatron"`` Megatron-LM's
+#: blocking calls, ``"deepspeed"`` DeepSpeed's pipeline engine (``TrainSchedule``, one blocking call per transfer).
+P2P_MODES = (False, True, "megatron", "deepspeed")
+
+
+def p2p_mode(blocking_p2p) -> str | bool:
+    """Normalise a ``blocking_p2p`` value: ``False`` (asynchronous), ``"megatron"`` or ``"deepspeed"``.
+
+    Raises:
+        ValueError: any other value.
+    """
+    if isinstance(blocking_p2p, str):
+        if blocking_p2p in ("megatron", "deepspeed"):
+            return blocking_p2p
+    elif blocking_p2p is None or isinstance(blocking_p2p, (bool, int, np.bool_)):
+        return "megatron" if blocking_p2p else False
+    raise ValueError(f"blocking_p2p={blocking_p2p!r}: use False, True / 'megatron' or 'deepspeed'")
 
 
 @dataclass
@@ -183,7 +216,7 @@ class Program:
 def blocking_applies(schedule: str, v: int = 1, blocking_p2p: bool = BLOCKING_P2P) -> bool:
     """Whether :func:`compile_schedule` models p2p as blocking rendezvous operations for this schedule: GPipe and
     1F1B (and interleaving with ``v = 1``); interleaved 1F1B with ``v > 1`` keeps the asynchronous model."""
-    return bool(blocking_p2p) and (schedule in ("gpipe", "1f1b") or (schedule == "interleaved" and int(v) <= 1))
+    return bool(p2p_mode(blocking_p2p)) and (schedule in ("gpipe", "1f1b") or (schedule == "interleaved" and int(v) <= 1))
 
 
 def stage_program_blocking(schedule: str, p: int, i: int, m: int) -> list[tuple]:
@@ -240,12 +273,48 @@ def stage_program_blocking(schedule: str, p: int, i: int, m: int) -> list[tuple]
     return ops
 
 
-def _compile_blocking(schedule: str, p: int, m: int) -> Program:
+def stage_program_deepspeed(p: int, i: int, m: int) -> list[tuple]:
+    """Stage ``i``'s operations in DeepSpeed's pipeline engine for 1F1B (``TrainSchedule.steps``,
+    ``deepspeed/runtime/pipe/schedule.py``), in the format of :func:`stage_program_blocking` but one transfer per
+    call. Step ``t`` of ``2(m + p - 1)``: forward of micro-batch ``j`` when ``t = 2j + i``, backward of ``j`` when
+    ``t = 2j + 2p - 1 - i`` (``_step_to_micro_batch``); a forward step issues ``SendGrad`` of the previous step's
+    micro-batch (to stage ``i-1``) then ``RecvActivation``, a backward step ``RecvGrad`` then ``SendActivation`` of
+    the previous step's micro-batch (to stage ``i+1``), each only for valid micro-batches and existing
+    neighbours, then the step's compute. (The engine's ``ReduceTiedGrads`` / ``ReduceGrads`` / ``OptimizerStep``
+    after the last step are the estimator's DP and optimizer terms.)"""
+    def valid(j):
+        return 0 <= j < m
+
+    ops: list[tuple] = []
+    prev = -1
+    for t in range(2 * (m + p - 1)):
+        forward = (t - i) % 2 == 0
+        j = (t - i) // 2 if forward else (t - 2 * p + 1 + i) // 2
+        if forward:
+            if i > 0 and valid(prev):
+                ops.append(("P", (("g", i - 1, prev),)))
+            if i > 0 and valid(j):
+                ops.append(("P", (("a", i - 1, j),)))
+        else:
+            if i < p - 1 and valid(j):
+                ops.append(("P", (("g", i, j),)))
+            if i < p - 1 and valid(prev):
+                ops.append(("P", (("a", i, prev),)))
+        if valid(j):
+            ops.append(("F" if forward else "B", j, 0))
+        prev = j
+    return ops
+
+
+def _compile_blocking(schedule: str, p: int, m: int, mode: str = "megatron") -> Program:
     """:func:`compile_schedule` with blocking p2p (module doc). A p2p call and its partner call on the neighbouring
     stage (the one holding the same transfers) both end at ``max(start, partner's start) + c``: in the
     :class:`Program` it is an operation whose ``dep`` is the partner's previous operation and whose duration is
     the boundary's transfer time (``dur_index`` ``2p + boundary``)."""
-    programs = [stage_program_blocking(schedule, p, i, m) for i in range(p)]
+    if mode == "deepspeed" and schedule == "1f1b":
+        programs = [stage_program_deepspeed(p, i, m) for i in range(p)]
+    else:
+        programs = [stage_program_blocking(schedule, p, i, m) for i in range(p)]
     where: dict = {}  # transfer key -> list of (stage, position)
     for i, prog in enumerate(programs):
         for pos, op in enumerate(prog):
@@ -310,20 +379,24 @@ def _levels(depth: list[int]) -> tuple:
     return tuple(order[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1))
 
 
-@lru_cache(maxsize=512)
-def compile_schedule(schedule: str, p: int, m: int, v: int = 1, blocking_p2p: bool = BLOCKING_P2P) -> Program:
+def compile_schedule(schedule: str, p: int, m: int, v: int = 1, blocking_p2p: bool | str = BLOCKING_P2P) -> Program:
     """Compile the operation order of ``schedule`` for ``p`` stages, ``m`` micro-batches and ``v`` chunks into a
     :class:`Program` (cached). Cost O(p·m·v). ``blocking_p2p``: p2p calls are operations of the stages
     (:func:`blocking_applies`, module doc); otherwise a transfer only delays its consumer.
 
     Raises:
-        ValueError: unknown schedule, or interleaving with ``m`` not a multiple of ``p``.
+        ValueError: unknown schedule or ``blocking_p2p`` value, or interleaving with ``m`` not a multiple of ``p``.
     """
+    return _compile_schedule(schedule, int(p), int(m), int(v), p2p_mode(blocking_p2p))
+
+
+@lru_cache(maxsize=512)
+def _compile_schedule(schedule: str, p: int, m: int, v: int, mode) -> Program:
     v = int(v) if schedule == "interleaved" else 1
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
-    if blocking_applies(schedule, v, blocking_p2p):
-        return _compile_blocking("gpipe" if schedule == "gpipe" else "1f1b", p, int(m))
+    if blocking_applies(schedule, v, mode):
+        return _compile_blocking("gpipe" if schedule == "gpipe" else "1f1b", p, int(m), mode)
     orders = [stage_order(schedule, p, i, m, v) for i in range(p)]
     index: dict = {}
     ops, prev, dep, comm, dur, depth = [], [], [], [], [], []
@@ -378,7 +451,7 @@ def _check(p: int, backward_len: int, p2p_len: int) -> None:
 
 def simulate(
     forward_s, backward_s, p2p_s, num_microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
-    *, wrap_p2p_s: float | None = None, record: bool = False, blocking_p2p: bool = BLOCKING_P2P,
+    *, wrap_p2p_s: float | None = None, record: bool = False, blocking_p2p: bool | str = BLOCKING_P2P,
 ) -> ScheduleResult:
     """Simulate one iteration's pipeline (module doc).
 
@@ -389,15 +462,16 @@ def simulate(
         virtual_stages: v (interleaved only); each chunk takes ``1/v`` of the stage's times.
         wrap_p2p_s: transfer from the last stage back to the first (interleaved); default ``max(p2p_s)``.
         record: keep every compute :class:`Op` (for timelines).
-        blocking_p2p: model Megatron-LM's blocking p2p calls (module doc) or asynchronous transfers (default).
+        blocking_p2p: ``False`` asynchronous transfers (default), ``True`` / ``"megatron"`` Megatron-LM's
+            blocking calls, ``"deepspeed"`` DeepSpeed's pipeline engine (module doc).
     Raises:
-        ValueError: bad lengths, schedule or interleaving constraint.
+        ValueError: bad lengths, schedule, ``blocking_p2p`` value or interleaving constraint.
     """
     p = len(forward_s)
     m = int(num_microbatches)
     _check(p, len(backward_s), len(p2p_s))
     v = int(virtual_stages) if schedule == "interleaved" else 1
-    prog = compile_schedule(schedule, p, m, v, bool(blocking_p2p))
+    prog = compile_schedule(schedule, p, m, v, blocking_p2p)
     dur = [float(x) / v for x in forward_s] + [float(x) / v for x in backward_s]
     comm = [float(x) for x in p2p_s]
     comm += [(max(comm) if comm else 0.0) if wrap_p2p_s is None else float(wrap_p2p_s), 0.0]
@@ -418,7 +492,7 @@ def simulate(
 
 def simulate_many(
     forward_s, backward_s, p2p_s, num_microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
-    *, wrap_p2p_s=None, blocking_p2p: bool = BLOCKING_P2P,
+    *, wrap_p2p_s=None, blocking_p2p: bool | str = BLOCKING_P2P,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`simulate` for N plans of the same shape at once, one numpy step per dependency level.
 
@@ -436,7 +510,7 @@ def simulate_many(
     c = np.asarray(p2p_s, dtype=float).reshape(n, max(p - 1, 0))
     _check(p, b.shape[1], c.shape[1])
     v = int(virtual_stages) if schedule == "interleaved" else 1
-    prog = compile_schedule(schedule, p, int(num_microbatches), v, bool(blocking_p2p))
+    prog = compile_schedule(schedule, p, int(num_microbatches), v, blocking_p2p)
     if wrap_p2p_s is None:
         wrap = c.max(axis=1) if p > 1 else np.zeros(n)
     else:
