@@ -2,6 +2,7 @@
 (asserted with a small margin over the achieved numbers, docs/estimator.md)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -65,6 +66,41 @@ def test_plain_output_and_files(tmp_path):
     assert "korthikanti_table5" in out.stdout
     assert (tmp_path / "validation.csv").read_text().count("\n") == 9
     assert (tmp_path / "validation.png").stat().st_size > 1000
+
+
+def test_fasop_json_fields_are_stable(result):
+    r = result["sets"]["fasop_layers"]
+    assert set(r["per_gpu"]) == {"A100-SXM-40GB", "A10G", "RTX-3090"}
+    for g in r["per_gpu"].values():
+        assert {"n", "mape", "max_abs_error", "mean_error"} <= set(g)
+    assert sum(g["n"] for g in r["per_gpu"].values()) == r["n"]
+    q = r["a10g_over_a100_gpt2xl"]
+    assert q["measured_mbs1"] == pytest.approx(2.342 / 1.638)
+    # the host floor compresses the GPU difference at micro-batch 1, not at 8 (docs/estimator.md, Compute)
+    assert q["measured_mbs1"] < q["predicted_mbs1"] < q["predicted_mbs8"] < q["peak_ratio"]
+
+
+def test_table_shows_what_json_knows_for_fasop(result):
+    out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--sets", "fasop_layers"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    r = result["sets"]["fasop_layers"]
+    for gpu, g in r["per_gpu"].items():
+        line = next(ln for ln in out.stdout.splitlines() if gpu in ln)
+        assert f"{100 * g['mape']:.1f} %" in line and f"{100 * g['mean_error']:+.1f} %" in line, line
+    q = r["a10g_over_a100_gpt2xl"]
+    assert f"micro-batch 1 predicted {q['predicted_mbs1']:.2f}, measured 1.43 (FASOP)" in out.stdout
+    assert "FASOP's per-layer rows" in out.stdout  # the footer names its calibration half
+    other = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--sets", "korthikanti_table5"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert "A10G / A100" not in other.stdout and "per GPU type" not in other.stdout
+
+
+def test_help_names_the_fasop_set():
+    out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--help"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0
+    assert "fasop_layers" in out.stdout and "FASOP" in out.stdout
 
 
 def test_unknown_set_is_a_clear_error():

@@ -1,7 +1,11 @@
 """``hetplan validate``: run the estimator on public measured training data and report its error.
 
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
-korthikanti_table5, aceso_v100. See :mod:`hetplan.estimate.validation` and docs/estimator.md.
+korthikanti_table5, aceso_v100, fasop_layers. See :mod:`hetplan.estimate.validation` and docs/estimator.md.
+
+The table shows, per set, the error metrics and the calibration / held-out split; with ``fasop_layers`` also its
+errors per GPU type and the A10G / A100 per-layer time ratio of GPT-2 XL at micro-batch 1 against FASOP's measured
+1.43 (the same figures as ``--json``'s ``per_gpu`` and ``a10g_over_a100_gpt2xl``).
 """
 
 from __future__ import annotations
@@ -20,18 +24,39 @@ def _fmt(x: float, pct: bool = True) -> str:
     return f"{100 * x:.1f} %" if pct else f"{x:.3f}"
 
 
+def _print_fasop(console, r: dict) -> None:
+    """FASOP's set in detail: errors per GPU type and the A10G / A100 layer-time ratio (``--json`` figures)."""
+    from rich.table import Table
+
+    if "per_gpu" in r:
+        t = Table(title="fasop_layers: per-layer forward time at micro-batch 1, per GPU type")
+        for col in ("GPU", "n", "MAPE", "mean error", "max |err|"):
+            t.add_column(col)
+        for gpu, g in r["per_gpu"].items():
+            t.add_row(gpu, str(g["n"]), _fmt(g["mape"]), f"{100 * g['mean_error']:+.1f} %", _fmt(g["max_abs_error"]))
+        console.print(t)
+    q = r.get("a10g_over_a100_gpt2xl")
+    if q:
+        console.print(f"A10G / A100 layer time, GPT-2 XL, TP 1: micro-batch 1 predicted {q['predicted_mbs1']:.2f}, "
+                      f"measured {q['measured_mbs1']:.2f} (FASOP); micro-batch 8 predicted {q['predicted_mbs8']:.2f}; "
+                      f"peak ratio {q['peak_ratio']:.2f}.")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``validate`` to ``app``."""
 
     @app.command("validate")
     def validate(
-        json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, kendall_tau}}} only"),
-        sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of the set names"),
+        json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, kendall_tau, "
+                                      "calibration, held_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl)"),
+        sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
+                                              "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
     ) -> None:
-        """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5 and Aceso's V100 profile."""
+        """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5, Aceso's V100 profile and FASOP's
+        per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1)."""
         from hetplan.errors import HetplanError
         from hetplan.estimate import validation as v
 
@@ -77,8 +102,11 @@ def register(app: typer.Typer) -> None:
 
         console = table_console()
         console.print(table)
+        if "fasop_layers" in names:
+            _print_fasop(console, result["sets"]["fasop_layers"])
         console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same model, "
-                      "GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows (V100); "
+                      "GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows (V100), "
+                      "seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's hosts); "
                       "SC'21 and Korthikanti are fully held out.")
         if csv_path is not None:
             console.print(f"wrote {csv_path}")
