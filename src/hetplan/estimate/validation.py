@@ -2,8 +2,10 @@
 
 Data sets (copied into ``hetplan/estimate/validation_data/``, sources in the README there):
 
-* ``vtrain_single_node`` — 1,440 Megatron-LM iteration times on 2/4/8 A100 in one DGX node (vTrain, MICRO'24).
-* ``vtrain_multi_node`` — 109 iteration times on up to 512 A100 (8 per node, 800 Gb/s per node) (vTrain).
+* ``vtrain_single_node`` — 1,440 iteration times on 2/4/8 A100 in one DGX node (vTrain, MICRO'24), measured with
+  Megatron-DeepSpeed (vTrain's ``data/README.md``), not Megatron-LM.
+* ``vtrain_multi_node`` — 109 iteration times on up to 512 A100 (8 per node, 800 Gb/s per node) (vTrain; also
+  Megatron-DeepSpeed).
 * ``megatron_sc21_table1`` — 10 GPT configurations on Selene (Narayanan et al. SC'21, Table 1), compared as
   TFLOP/s per GPU with the paper's FLOP count (which includes the recompute forward).
 * ``korthikanti_table5`` — 4 configurations x 2 recompute modes (full; selective + sequence parallel),
@@ -103,8 +105,10 @@ def megatron_plan(
     overlap_grad_reduce: bool = False, gpus_per_node: int = 8,
 ) -> Plan:
     """A homogeneous Megatron-LM plan: ``pp`` equal stages of ``tp x dp`` GPUs each. Standard (unfused) attention
-    and Megatron-LM memory: the measured runs (vTrain, SC'21, Korthikanti) used neither FlashAttention nor
-    DeepSpeed."""
+    and Megatron-LM memory: none of the measured runs used FlashAttention; SC'21 and Korthikanti ran Megatron-LM,
+    vTrain ran Megatron-DeepSpeed (vTrain's ``data/README.md``; Microsoft's fork of Megatron-LM that trains with DeepSpeed),
+    evaluated with the same Megatron-LM layer and 1F1B schedule — only its iteration times are compared, not its
+    memory."""
     from hetplan.plan import balanced_split
 
     n = tp * pp * dp
@@ -137,7 +141,8 @@ def _time_predictor(plan: Plan, m: ModelSpec, virtual_stages: int = 1):
 
 
 def vtrain_cases(which: str) -> list[Case]:
-    """Cases of ``vtrain_single_node.csv`` or ``vtrain_multi_node.csv``: Megatron-LM, fp16, full activation
+    """Cases of ``vtrain_single_node.csv`` or ``vtrain_multi_node.csv``: Megatron-DeepSpeed (vTrain's
+    ``data/README.md``; modelled as Megatron-LM, :func:`megatron_plan`), fp16, full activation
     checkpointing, 1F1B, no gradient bucketing (vTrain configs: ``use_checkpoint: true``,
     ``use_gradient_bucket: false``), 8 A100 per node with 800 Gb/s (100 GB/s) per node."""
     name = f"vtrain_{which}_node"
