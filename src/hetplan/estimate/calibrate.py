@@ -265,7 +265,7 @@ def espresso_runs(root: Path | None = None, skipped: list | None = None):
     for run in sorted(root.glob("*/motivation1_*")):
         by_run: dict[str, list[Path]] = {}
         for d in run.iterdir():
-            rank, rest = d.name.split("_", 1)
+            rest = d.name.split("_", 1)[1]
             by_run.setdefault(rest, []).append(d)
         for rest, folders in sorted(by_run.items()):
             folders.sort(key=lambda d: int(d.name.split("_")[0]))
@@ -320,8 +320,9 @@ class EspressoTraces:
         for name, gpus, _, folders in self.runs:
             for i, folder in enumerate(folders):
                 f, b, mem = espresso_measured(folder)
-                self.stages.append(dict(run=name, stage=i, gpu=gpus[i], calibration=name in ESPRESSO_CALIBRATION_RUNS,
-                                        forward_s=f, backward_s=b, memory_bytes=mem))
+                self.stages.append({"run": name, "stage": i, "gpu": gpus[i],
+                                    "calibration": name in ESPRESSO_CALIBRATION_RUNS,
+                                    "forward_s": f, "backward_s": b, "memory_bytes": mem})
 
     def predict(self, catalog: Catalog | None = None, attention: str = "auto", framework: str = "deepspeed",
                 gpus: set[str] | None = None) -> list[dict]:
@@ -345,9 +346,9 @@ class EspressoTraces:
             for i, g in enumerate(kinds):
                 est, c = costs[espresso_attention(g, attention)]
                 mem = c[i]["memory"]
-                out.append(dict(forward_s=est.stages[i].forward_s, backward_s=est.stages[i].backward_s,
-                                memory_bytes=float(mem["weights"] + mem["gradients"] + mem["optimizer"]
-                                                   + mem["activations"] + mem["transient"])))
+                out.append({"forward_s": est.stages[i].forward_s, "backward_s": est.stages[i].backward_s,
+                            "memory_bytes": float(mem["weights"] + mem["gradients"] + mem["optimizer"]
+                                                  + mem["activations"] + mem["transient"])})
         return out
 
     def errors(self, predictions: list[dict]) -> dict:
