@@ -144,7 +144,10 @@ def vtrain_cases(which: str) -> list[Case]:
     """Cases of ``vtrain_single_node.csv`` or ``vtrain_multi_node.csv``: Megatron-DeepSpeed (vTrain's
     ``data/README.md``; modelled as Megatron-LM, :func:`megatron_plan`), fp16, full activation
     checkpointing, 1F1B, no gradient bucketing (vTrain configs: ``use_checkpoint: true``,
-    ``use_gradient_bucket: false``), 8 A100 per node with 800 Gb/s (100 GB/s) per node."""
+    ``use_gradient_bucket: false``), 8 A100 per node with 800 Gb/s (100 GB/s) per node. ``framework`` stays
+    ``"megatron"``: vTrain's ``src/config.py`` describes ``use_gradient_bucket`` as PyTorch DDP's bucketing, which
+    exists only on Megatron-DeepSpeed's Megatron-LM path (no ``--deepspeed``: ``training.py`` ``train_step``,
+    ``--DDP-impl``); nothing says DeepSpeed's pipeline engine ran (docs/estimator.md, Validation)."""
     name = f"vtrain_{which}_node"
     rows = list(csv.DictReader(_data(f"{name}.csv").splitlines()))
     out = []
