@@ -106,9 +106,9 @@ def megatron_plan(
 ) -> Plan:
     """A homogeneous Megatron-LM plan: ``pp`` equal stages of ``tp x dp`` GPUs each. Standard (unfused) attention
     and Megatron-LM memory: none of the measured runs used FlashAttention; SC'21 and Korthikanti ran Megatron-LM,
-    vTrain ran Megatron-DeepSpeed (vTrain's ``data/README.md``; Microsoft's fork of Megatron-LM that trains with
-    DeepSpeed), evaluated with the same Megatron-LM layer and 1F1B schedule — only its iteration times are
-    compared, not its memory."""
+    vTrain ran Megatron-DeepSpeed (vTrain's ``data/README.md``; Microsoft's fork of Megatron-LM, most likely its
+    Megatron-LM path without ``--deepspeed``: docs/estimator.md, Validation), evaluated with the same Megatron-LM
+    layer and 1F1B schedule — only its iteration times are compared, not its memory."""
     from hetplan.plan import balanced_split
 
     n = tp * pp * dp
