@@ -3,7 +3,7 @@
 Data sets (copied into ``hetplan/estimate/validation_data/``, sources in the README there):
 
 * ``vtrain_single_node`` — 1,440 iteration times on 2/4/8 A100 in one DGX node (vTrain, MICRO'24), measured with
-  Megatron-DeepSpeed (vTrain's ``data/README.md``), not Megatron-LM.
+  Megatron-DeepSpeed (vTrain's ``data/README.md``; most likely its Megatron-LM path, see :func:`vtrain_cases`).
 * ``vtrain_multi_node`` — 109 iteration times on up to 512 A100 (8 per node, 800 Gb/s per node) (vTrain; also
   Megatron-DeepSpeed).
 * ``megatron_sc21_table1`` — 10 GPT configurations on Selene (Narayanan et al. SC'21, Table 1), compared as
