@@ -5,8 +5,9 @@ Two models, both torch-free:
 * :class:`AnalyticExecModel` — roofline per forward pass (Williams et al. 2009, "Roofline"): a pass over
   ``b`` sequences of ``s`` new tokens costs ``max(FLOPs / (t · peak · eff), weight bytes / (t · HBM bandwidth))``
   (the t TP ranks of a stage work in parallel; the PP stages of one batch run one after another, so PP does not
-  shorten a single batch), plus two ring all-reduces per layer of ``b·s·h`` activations under TP
-  (2(t-1)/t · bytes / link bandwidth; Patarasuk & Yuan 2009) and a p2p send between stages. FLOPs from
+  shorten a single batch), plus two all-reduces per layer of ``b·s·h`` activations under TP and a p2p send between
+  stages, costed as the training estimator costs them (:func:`hetplan.estimate.comm.allreduce_time_s` over the
+  GPU link, NCCL's faster of ring and tree; :func:`hetplan.estimate.comm.p2p_time_s`). FLOPs from
   :func:`hetplan.model.counts.layer_forward_flops`. A request of prompt length s and n new tokens is one prefill
   pass (b·s tokens) plus n-1 decode passes of one token per sequence (KV cache assumed).
 * :class:`TableExecModel` — measured times per batch size (e.g. from :meth:`hetplan.serve.engine.Engine.profile`),
@@ -23,13 +24,11 @@ from typing import Mapping
 import numpy as np
 
 from hetplan.errors import HetplanError
+from hetplan.estimate.comm import ALPHA_INTRA_NODE_S, allreduce_time_s, p2p_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.counts import head_forward_flops, layer_forward_flops, total_parameters
 from hetplan.model.spec import ModelSpec
 from hetplan.serve.swap_model import DTYPE_BYTES
-
-ALL_REDUCE_LATENCY_S = 10e-6  # alpha of one all-reduce / p2p message (NCCL small-message latency, order of 10 us)
-
 
 class ExecModel:
     """Interface: ``batch_time_s(batch_size, prompt_len, max_new_tokens)`` -> seconds for one batch."""
@@ -59,12 +58,10 @@ class AnalyticExecModel(ExecModel):
         peak = self.gpu.peak_flops_per_s(self.dtype) * self.gpu.compute_efficiency
         compute = max(flops / (t * peak), weight_bytes / (t * self.gpu.hbm_bandwidth_bytes_per_s))
         act_bytes = b * s * m.hidden_size * DTYPE_BYTES[self.dtype]
-        comm = 0.0
-        if t > 1:
-            per = ALL_REDUCE_LATENCY_S + 2 * (t - 1) / t * act_bytes / self.gpu.gpu_link_bandwidth_bytes_per_s
-            comm += 2 * m.num_layers * per
+        link = self.gpu.gpu_link_bandwidth_bytes_per_s
+        comm = 2 * m.num_layers * float(allreduce_time_s(act_bytes, t, link, algorithm="auto"))
         if self.pp > 1:
-            comm += (self.pp - 1) * (ALL_REDUCE_LATENCY_S + act_bytes / self.gpu.gpu_link_bandwidth_bytes_per_s)
+            comm += (self.pp - 1) * float(p2p_time_s(act_bytes, link, ALPHA_INTRA_NODE_S))
         return compute + comm
 
     def batch_time_s(self, batch_size: int, prompt_len: int, max_new_tokens: int) -> float:
