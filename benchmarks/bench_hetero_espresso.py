@@ -74,7 +74,7 @@ def main() -> None:
         b = e.top[0]
         proof = ("exact over H" if e.complete else
                  f"walk stopped after {walk:g} s: no unestimated plan below ${e.open_bound / job.iterations():.4f}"
-                 f"/iteration (best found within {b.estimate.job_usd / e.open_bound - 1:.1%})")
+                 f"/iteration (best found within {max(0.0, b.estimate.job_usd / e.open_bound - 1):.1%})")
         print(f"    by estimate(): {b.candidate.describe(inv)}  {b.estimate.iteration_time_s:.2f} s "
               f"${b.estimate.usd_per_iteration:.4f}/iteration; {cpu:.2f} s CPU in all ({e.allocations_solved:,} "
               f"allocations solved, {e.plans_estimated:,} plans estimated; {proof})")

@@ -53,9 +53,38 @@ def random_instance(seed: int):
     return m, job, Inventory(pools=pools), rng
 
 
+def pool_choices(g, k, pool, d):
+    """Every use of pool ``k`` the space allows: unused, ``s`` stages of one TP degree, or as many stages of TP
+    ``tp_a`` as fit plus stages of a smaller ``tp_b`` on exactly all the GPUs left over."""
+    tps = sorted(st.tp for st in g.types if st.pool == k)
+    out = [()]
+    for ta in tps:
+        for sa in range(1, pool.count // (ta * d) + 1):
+            out.append(((ta, sa),))
+            for tb in tps:
+                for sb in range(1, 64):
+                    used = (sa * ta + sb * tb) * d
+                    if tb < ta and used == pool.count and pool.count - sa * ta * d < ta * d:
+                        out.append(((ta, sa), (tb, sb)))
+    return out
+
+
+def block_orders(blocks):
+    """Every stage order of the space as (pool, tp) per stage: pools contiguous in any order, a pool's two TP
+    sub-blocks in either order."""
+    pools = sorted({k for k, _ in blocks})
+    seen = set()
+    for perm in itertools.permutations(blocks):
+        seq = tuple((k, t) for k, (t, s) in perm for _ in range(s))
+        runs = [k for i, (k, _) in enumerate(seq) if i == 0 or seq[i - 1][0] != k]
+        if len(runs) == len(pools) and seq not in seen:  # each pool one contiguous run
+            seen.add(seq)
+            yield list(seq)
+
+
 def brute_force(m, job, inv, pins=Pins()):
-    """Every plan of the space of :mod:`hetplan.search.hetero`: every (d, b, zero), every (tp, stages) per pool,
-    every order of the pools' blocks, every composition of the layers — the partition by enumeration and the
+    """Every plan of the space of :mod:`hetplan.search.hetero`: every (d, b, zero), every use of each pool
+    (:func:`pool_choices`), every order of the (pool, TP) blocks, every composition of the layers — the partition by enumeration and the
     boundaries by :func:`hetplan.plan.boundary_is_intra_node`. Returns a list of (T, $/h, description)."""
     L = m.num_layers
     types = hetero.stage_types(m, inv, CAT, job.dtype, pins)
@@ -68,18 +97,14 @@ def brute_force(m, job, inv, pins=Pins()):
                 g = hetero._Group(m, job, inv, types, b, d, z, [0, 1, 2], L)
                 if not g.types:
                     continue
-                per_pool = []
-                for k, pool in enumerate(inv.pools):
-                    opts = [None] + [(st.tp, s) for st in g.types if st.pool == k
-                                     for s in range(1, pool.count // (st.tp * d) + 1)]
-                    per_pool.append(opts)
+                per_pool = [pool_choices(g, k, pool, d) for k, pool in enumerate(inv.pools)]
                 for choice in itertools.product(*per_pool):
-                    blocks = [(k, c) for k, c in enumerate(choice) if c is not None]
+                    blocks = [(k, c) for k, subs in enumerate(choice) for c in subs]
                     if not blocks or sum(s for _, (t, s) in blocks) > L:
                         continue
                     rate = sum(s * t * d * g.by_key[(k, t)].price_usd_per_hour for k, (t, s) in blocks)
-                    for perm in itertools.permutations(blocks):
-                        seq = [g.by_key[(k, t)] for k, (t, s) in perm for _ in range(s)]
+                    for perm in block_orders(blocks):
+                        seq = [g.by_key[(k, t)] for k, t in perm]
                         p = len(seq)
                         kinds, fl = hetero._positions(p, g.mb)
                         tabs = [g.tables[(st.pool, st.tp)] for st in seq]

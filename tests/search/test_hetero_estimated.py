@@ -18,7 +18,7 @@ from hetplan.search import hetero
 from hetplan.search.homogeneous import stage_chain_lower_bound_s
 from hetplan.search.objective import Objective, estimate_keys
 from hetplan.search.space import Pins, divisors
-from tests.search.test_hetero import CAT, random_instance
+from tests.search.test_hetero import CAT, block_orders, pool_choices, random_instance
 
 
 def brute_force_h(m, job, inv):
@@ -34,17 +34,15 @@ def brute_force_h(m, job, inv):
                 g = hetero._Group(m, job, inv, types, b, d, z, [0, 1, 2], L)
                 if not g.types:
                     continue
-                per_pool = [[None] + [(st.tp, s) for st in g.types if st.pool == k
-                                      for s in range(1, pool.count // (st.tp * d) + 1)]
-                            for k, pool in enumerate(inv.pools)]
+                per_pool = [pool_choices(g, k, pool, d) for k, pool in enumerate(inv.pools)]
                 for choice in itertools.product(*per_pool):
-                    blocks = [(k, c) for k, c in enumerate(choice) if c is not None]
+                    blocks = [(k, c) for k, subs in enumerate(choice) for c in subs]
                     if not blocks or sum(s for _, (t, s) in blocks) > L:
                         continue
                     rate = sum(s * t * d * g.by_key[(k, t)].price_usd_per_hour for k, (t, s) in blocks)
                     plans = []  # (T, stages)
-                    for perm in itertools.permutations(blocks):
-                        seq = [g.by_key[(k, t)] for k, (t, s) in perm for _ in range(s)]
+                    for perm in block_orders(blocks):
+                        seq = [g.by_key[(k, t)] for k, t in perm]
                         p = len(seq)
                         kinds, fl = hetero._positions(p, g.mb)
                         tabs = [g.tables[(st.pool, st.tp)] for st in seq]

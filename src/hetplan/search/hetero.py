@@ -400,16 +400,29 @@ class _Group:
         return t, ns, rcs
 
 
-def _pool_options(group: _Group, pins: Pins, L: int):
-    """Per pool: list of (tp, stages) options, (0, 0) = pool unused."""
+def _pool_options(group: _Group, pins: Pins, L: int, mixed_tp: bool = False):
+    """Per pool: list of options, each a tuple of ``(tp, stages)`` sub-blocks (``()`` = pool unused).
+
+    Without ``mixed_tp`` one TP degree per pool: ``((tp, s),)``. With it also two degrees ``tp_a > tp_b``,
+    ``((tp_a, s_a), (tp_b, s_b))``, where ``s_a`` is the most ``tp_a`` stages the pool holds and the ``tp_b``
+    stages take exactly the GPUs left over (``s_b·tp_b·d`` = the rest, fewer than one ``tp_a`` stage): e.g. 3 A10G
+    as one TP-2 stage and one TP-1 stage. This is the case where a second degree adds GPUs no single-degree plan
+    can use (measured by brute force in ``benchmarks/bench_hetero_space.py``)."""
     out = []
     for k, pool in enumerate(group.inventory.pools):
-        opts = [(0, 0)]
-        for st in group.types:
-            if st.pool != k:
-                continue
-            for s in range(1, min(L, pool.count // (st.tp * group.d)) + 1):
-                opts.append((st.tp, s))
+        opts: list[tuple] = [()]
+        tps = sorted(st.tp for st in group.types if st.pool == k)
+        for ta in tps:
+            for sa in range(1, min(L, pool.count // (ta * group.d)) + 1):
+                opts.append(((ta, sa),))
+                if not mixed_tp:
+                    continue
+                left = pool.count // group.d - sa * ta  # GPUs per replica left in the pool
+                if left >= ta:
+                    continue
+                for tb in tps:
+                    if tb < ta and left % tb == 0 and 0 < left // tb <= L - sa:
+                        opts.append(((ta, sa), (tb, left // tb)))
         out.append(opts)
     return out
 
@@ -418,9 +431,11 @@ class _TooMany(Exception):
     """More allocations than the caller allows."""
 
 
-def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: int = 10**8, return_sim: bool = False):
+def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: int = 10**8, return_sim: bool = False,
+                      mixed_tp: bool = False):
     """All allocations of a group as arrays: option index per pool ``(N, K)``, stages ``p``, GPUs, $/h ``R``,
     iteration-time lower bound ``T_LB`` (s) — only those that may fit in memory, with at most ``max_pools`` pools;
+    with ``mixed_tp`` a pool may hold two TP degrees (:func:`_pool_options`);
     with ``return_sim`` also ``T_SIM`` (s), a lower bound of :func:`hetplan.estimate.estimator.estimate`'s
     event-simulated iteration time for every order and partition (below).
 
@@ -453,26 +468,33 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     plus :meth:`_Group.tail_lower_bound_s` (first stage's exposed DP, largest optimizer step).
     """
     L = group.m.num_layers
-    opts = _pool_options(group, pins, L)
+    opts = _pool_options(group, pins, L, mixed_tp)
     K = len(opts)
     names = ("p", "gpus", "rate", "inv", "lam", "cap", "lmax")
     cols = {name: [] for name in names}
     for k, ol in enumerate(opts):
-        vals = {name: [] for name in names}
-        for t, s in ol:
-            if s == 0:
-                for name, v in zip(names, (0, 0, 0.0, 0.0, 1e30, 0, 0.0)):
-                    vals[name].append(v)
-                continue
-            st = group.by_key[(k, t)]
-            tb = group.tables[(k, t)]
-            g = t * group.d
-            lam = tb.layer_s
-            for name, v in zip(names, (s, s * g, s * g * st.price_usd_per_hour, s / lam, lam,
-                                       s * max(int(tb.nmax[MID, 0]) - 1, -L), lam)):
-                vals[name].append(v)
-        for name in names:
-            cols[name].append(np.array(vals[name]))
+        # Columns of every option of pool k. An option of several TP sub-blocks: sums, its least λ and total
+        # capacity for the pour (a lower bound of the pour over its sub-blocks); capacity < 0 when a stage cannot
+        # hold one layer. Built from per-(tp) arrays over the options (numpy), options being few per pool.
+        sub_p = np.zeros((len(ol), 2))
+        sub_t = np.ones((len(ol), 2), dtype=np.int64)
+        for i, option in enumerate(ol):
+            for j, (t, n) in enumerate(option):
+                sub_t[i, j], sub_p[i, j] = t, n
+        lam_of = {t: group.tables[(k, t)].layer_s for t in set(sub_t.ravel().tolist()) if (k, t) in group.tables}
+        room_of = {t: int(group.tables[(k, t)].nmax[MID, 0]) - 1 for t in lam_of}
+        price = group.by_key[(k, next(iter(lam_of)))].price_usd_per_hour if lam_of else 0.0
+        lam = np.vectorize(lambda t: lam_of.get(t, 1e30), otypes=[float])(sub_t)
+        room = np.vectorize(lambda t: room_of.get(t, 0), otypes=[np.int64])(sub_t)
+        used = sub_p > 0
+        g = sub_t * group.d * sub_p
+        cols["p"].append(sub_p.sum(axis=1).astype(np.int64))
+        cols["gpus"].append(g.sum(axis=1))
+        cols["rate"].append(g.sum(axis=1) * price)
+        cols["inv"].append(np.where(used, sub_p / lam, 0.0).sum(axis=1))
+        cols["lam"].append(np.where(used, lam, 1e30).min(axis=1))
+        cols["cap"].append(np.where((used & (room < 0)).any(axis=1), -1, np.where(used, sub_p * room, 0).sum(axis=1)))
+        cols["lmax"].append(np.where(used, lam, 0.0).max(axis=1))
     # Cross product pool by pool, dropping partial allocations with more than L stages or max_pools pools and
     # options whose stage cannot hold one layer (both only grow as pools are added).
     # Count first (a histogram over (stages, pools used)), so that an oversized space costs nothing to reject.
@@ -569,23 +591,28 @@ def _groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, m
     return groups
 
 
-def _bounded_allocations(groups, inventory, pins, max_stages, max_allocations):
-    """Bounds of every allocation of every group (:func:`allocation_bounds`), restricting plans to two pools (then
-    one) when there are more than ``max_allocations``. Returns ``(rows, max_pools, count)``, rows as
+def _bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp: bool = True):
+    """Bounds of every allocation of every group (:func:`allocation_bounds`). The space first includes two TP
+    degrees per pool; when it holds more than ``max_allocations`` allocations, one TP degree per pool, then plans
+    restricted to two pools (then one). Returns ``(rows, (max_pools, mixed_tp), count)``, rows as
     ``(group index, options, option index per pool, $/h, T_LB, T_SIM)``."""
     max_pools = len(inventory.pools)
+    mixed = mixed_tp and pins.tp is None
     while True:
         rows = []
         n_alloc = 0
         try:
             for gi, g in enumerate(groups):
-                opts, idx, p, gpus, rate, t_lb, t_sim = allocation_bounds(g, pins, max_pools, max_allocations - n_alloc,
-                                                                          return_sim=True)
+                opts, idx, p, gpus, rate, t_lb, t_sim = allocation_bounds(
+                    g, pins, max_pools, max_allocations - n_alloc, return_sim=True, mixed_tp=mixed)
                 keep = p <= max_stages
                 n_alloc += int(keep.sum())
                 rows.append((gi, opts, idx[keep], rate[keep], t_lb[keep], t_sim[keep]))
-            return rows, max_pools, n_alloc
+            return rows, (max_pools, mixed), n_alloc
         except _TooMany:
+            if mixed:
+                mixed = False
+                continue
             if max_pools <= 1:
                 raise
             max_pools = 2 if max_pools > 2 else 1
@@ -603,10 +630,23 @@ def _concat_rows(rows):
 
 
 def _allocation_blocks(rows, gi: int, li: int):
-    """The (pool, (tp, stages)) blocks of allocation ``li`` of group row ``gi``."""
+    """The (pool, (tp, stages)) blocks of allocation ``li`` of group row ``gi`` (a pool with two TP degrees gives
+    two blocks; see :func:`_block_orders`)."""
     opts = rows[gi][1]
     sel = rows[gi][2][li]
-    return [(k, opts[k][sel[k]]) for k in range(len(opts)) if opts[k][sel[k]][1] > 0]
+    return [(k, sub) for k in range(len(opts)) for sub in opts[k][sel[k]]]
+
+
+def _block_orders(g: _Group, blocks):
+    """Stage sequences of an allocation: its pools' blocks in every order, and inside a pool with two TP degrees
+    both orders of its two sub-blocks (a pool's stages stay contiguous)."""
+    by_pool: dict[int, list] = {}
+    for k, ts in blocks:
+        by_pool.setdefault(k, []).append(ts)
+    pools = list(by_pool.items())
+    for perm in itertools.permutations(pools):
+        for inner in itertools.product(*(itertools.permutations(subs) for _, subs in perm)):
+            yield [g.by_key[(k, t)] for (k, _), subs in zip(perm, inner) for t, s in subs for _ in range(s)]
 
 
 def _solve_allocation(g: _Group, blocks, upper_bound: float, lb_without_p2p: float):
@@ -615,8 +655,7 @@ def _solve_allocation(g: _Group, blocks, upper_bound: float, lb_without_p2p: flo
     or nothing beats ``upper_bound``. ``lb_without_p2p``: a closed-form lower bound less its p2p part (s)."""
     best = None
     tried = 0
-    for perm in itertools.permutations(blocks):
-        seq = [g.by_key[(k, t)] for k, (t, s) in perm for _ in range(s)]
+    for seq in _block_orders(g, blocks):
         tried += 1
         bound = upper_bound if best is None else min(upper_bound, best[0])
         res = g.solve_order(seq, bound, lb_without_p2p)
@@ -655,6 +694,7 @@ def search_hetero(
     max_stages: int | None = None,
     keep_candidates: int = 0,
     max_allocations: int = 4_000_000,
+    mixed_tp: bool = True,
     _prepared=None,
 ) -> HeteroResult:
     """Exact search of the heterogeneous space (module doc) for ``goal``.
@@ -670,8 +710,9 @@ def search_hetero(
             incumbent as its upper bound (for ``pareto``: only the SLO/budget).
         max_stages: cap on the pipeline depth (default: the number of layers).
         keep_candidates: keep up to this many exactly evaluated plans besides the best (0 = all found).
-        max_allocations: when the space holds more GPU allocations than this, plans are restricted to at most
-            two pools (then one), and ``HeteroResult.stats["max_pools_per_plan"]`` says so: the result is exact
+        mixed_tp: allow a second TP degree on a pool's leftover GPUs (:func:`_pool_options`).
+        max_allocations: when the space holds more GPU allocations than this, first one TP degree per pool, then
+            plans are restricted to at most two pools (then one), and ``HeteroResult.stats["max_pools_per_plan"]`` says so: the result is exact
             over the restricted space only.
     Returns:
         :class:`HeteroResult`; ``best`` is ``None`` when nothing fits or meets the constraint.
@@ -683,7 +724,8 @@ def search_hetero(
     max_stages = min(max_stages or m.num_layers, m.num_layers)
     if _prepared is None:
         groups = _groups(m, job, inventory, catalog, pins, max_stages)
-        rows, max_pools, n_alloc = _bounded_allocations(groups, inventory, pins, max_stages, max_allocations)
+        rows, max_pools, n_alloc = _bounded_allocations(groups, inventory, pins, max_stages, max_allocations,
+                                                        mixed_tp)
         gid, loc, rate, t_lb, _ = _concat_rows(rows)
     else:
         groups, rows, max_pools, n_alloc, (gid, loc, rate, t_lb, _) = _prepared
@@ -763,7 +805,8 @@ def search_hetero(
         best=best, candidates=found, frontier=frontier, allocations=n_alloc,
         allocations_fitting=n_alloc, allocations_solved=solved, orders_solved=orders,
         search_time_s=time.perf_counter() - t0,
-        stats={"max_pools_per_plan": max_pools, "restricted": max_pools < len(inventory.pools), "groups": len(groups)},
+        stats={"max_pools_per_plan": max_pools[0], "mixed_tp": max_pools[1],
+               "restricted": max_pools[0] < len(inventory.pools) or not max_pools[1], "groups": len(groups)},
     )
 
 
@@ -824,6 +867,7 @@ def search_hetero_estimated(
     max_expansions: int | None = None,
     seed: bool = True,
     max_walk_cpu_s: float | None = None,
+    mixed_tp: bool = True,
 ) -> EstimatedResult:
     """The best heterogeneous plans (or the cost–time frontier) by :func:`hetplan.estimate.estimator.estimate`
     itself, exact over the candidate set ``H``: one plan per GPU allocation of the space (module doc), with the
@@ -849,6 +893,7 @@ def search_hetero_estimated(
             result then says ``complete = False`` and ``open_bound`` (every plan of H not estimated is no better
             than that bound). ``None``: no limit (exact over H).
         max_walk_cpu_s: stop the walk after this much CPU time (s), with the same report as ``max_expansions``.
+        mixed_tp: as in :func:`search_hetero`.
         seed: first run the closed-form search (:func:`search_hetero`) and estimate its best plans (or frontier),
             so the cut starts from strong incumbents (they are plans of H).
     Raises:
@@ -864,7 +909,7 @@ def search_hetero_estimated(
     max_stages = min(max_stages or m.num_layers, m.num_layers)
     iterations = job.iterations()
     groups = _groups(m, job, inventory, catalog, pins, max_stages)
-    rows, max_pools, n_alloc = _bounded_allocations(groups, inventory, pins, max_stages, max_allocations)
+    rows, max_pools, n_alloc = _bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp)
     flat = _concat_rows(rows)
     gid, loc, rate, t_lb, t_sim = flat
     prepared = (groups, rows, max_pools, n_alloc, flat)
@@ -968,7 +1013,8 @@ def search_hetero_estimated(
         allocations_solved=count["solved"], plans_estimated=len(evaluated), orders_solved=count["orders"],
         search_time_s=time.perf_counter() - t0,
         open_bound=open_bound,
-        stats={"max_pools_per_plan": max_pools, "restricted": max_pools < len(inventory.pools), "groups": len(groups)},
+        stats={"max_pools_per_plan": max_pools[0], "mixed_tp": max_pools[1],
+               "restricted": max_pools[0] < len(inventory.pools) or not max_pools[1], "groups": len(groups)},
     )
 
 
