@@ -88,6 +88,13 @@ def test_cli_pareto_writes_png(tmp_path):
     pts = out["pareto"]
     assert len(pts) >= 2 and {"heterogeneous", "iteration_time_s", "usd_per_iteration"} <= set(pts[0])
     assert any(p["heterogeneous"] for p in pts)
+    # Table/JSON figures are estimate()'s, the points are mutually non-dominated, and each says what it buys.
+    for i, p in enumerate(pts):
+        assert "buys" in p and "exact" in p
+        assert not any(q["iteration_time_s"] <= p["iteration_time_s"] and q["usd_per_iteration"] <= p["usd_per_iteration"]
+                       for j, q in enumerate(pts) if j != i)
+    cheapest = min(pts, key=lambda p: p["usd_per_iteration"])
+    assert cheapest["buys"] == "cheapest" and sum(p["buys"] == "cheapest" for p in pts) == 1
     assert "heterogeneous" in out and out["plans"][0]["stages"][0]["gpu"] == "A100-SXM-40GB"
 
 
