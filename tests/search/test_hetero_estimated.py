@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 
 import numpy as np
 import pytest
 
-from hetplan.estimate.estimator import estimate
+from hetplan.estimate.estimator import estimate, estimate_detailed
 from hetplan.plan import boundary_is_intra_node
 from hetplan.search import hetero
 from hetplan.search.homogeneous import stage_chain_lower_bound_s
@@ -133,11 +132,10 @@ def test_chain_bound_below_estimate(seed):
     m, job, inv, rng = random_instance(300 + seed)
     res = hetero.search_hetero(m, job, inv, CAT, goal="pareto")
     for c in res.candidates[:6]:
-        est = estimate(c.to_plan(job, inv), CAT, m)
+        plan = c.to_plan(job, inv)
+        est, _, costs, p2p = estimate_detailed(plan, CAT, m)
         f = np.array([s.forward_s + s.backward_s for s in est.stages])
         e = np.array([s.dp_exposed_s for s in est.stages])
-        _, _, costs, p2p = __import__("hetplan.estimate.estimator", fromlist=["x"]).estimate_detailed(
-            c.to_plan(job, inv), CAT, m)
         o = np.array([float(cc["optimizer_s"]) for cc in costs])
-        lb = stage_chain_lower_bound_s(f, p2p, c.to_plan(job, inv).num_microbatches(0), e, o)
+        lb = stage_chain_lower_bound_s(f, p2p, plan.num_microbatches(0), e, o)
         assert lb <= est.iteration_time_s * (1 + 1e-9), (seed, lb, est.iteration_time_s)

@@ -806,7 +806,8 @@ def search_hetero(
         allocations_fitting=n_alloc, allocations_solved=solved, orders_solved=orders,
         search_time_s=time.perf_counter() - t0,
         stats={"max_pools_per_plan": max_pools[0], "mixed_tp": max_pools[1],
-               "restricted": max_pools[0] < len(inventory.pools) or not max_pools[1], "groups": len(groups)},
+               "restricted": max_pools[0] < len(inventory.pools) or (mixed_tp and pins.tp is None and not max_pools[1]),
+               "groups": len(groups)},
     )
 
 
@@ -1014,7 +1015,8 @@ def search_hetero_estimated(
         search_time_s=time.perf_counter() - t0,
         open_bound=open_bound,
         stats={"max_pools_per_plan": max_pools[0], "mixed_tp": max_pools[1],
-               "restricted": max_pools[0] < len(inventory.pools) or not max_pools[1], "groups": len(groups)},
+               "restricted": max_pools[0] < len(inventory.pools) or (mixed_tp and pins.tp is None and not max_pools[1]),
+               "groups": len(groups)},
     )
 
 
