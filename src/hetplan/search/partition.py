@@ -65,8 +65,8 @@ def _suffix_bounds(a: np.ndarray, nmax: np.ndarray, L: int):
         lf = left[1 : top + 1]  # (top, L+1): layers left for stages after i when stage i holds 1..top
         valid = (np.arange(L + 1)[None, :] - np.arange(1, top + 1)[:, None]) >= 0
         ai = np.where(valid, a[i, 1 : top + 1][:, None], INF)
-        minsum[i] = np.min(ai + minsum[i + 1][lf], axis=0)
-        minmax[i] = np.min(np.maximum(ai, minmax[i + 1][lf]), axis=0)
+        minsum[i] = (ai + minsum[i + 1][lf]).min(axis=0)
+        minmax[i] = np.maximum(ai, minmax[i + 1][lf]).min(axis=0)
     return minsum, minmax
 
 
