@@ -42,11 +42,12 @@ _GRIDS: dict[int, tuple] = {}
 
 
 def _grid(L: int):
-    """Index arrays ``n`` (layers of this stage) and ``j - n`` (layers left) over the (L+1, L+1) grid (n, j)."""
+    """Index arrays over the (L+1, L+1) grid (n layers on this stage, j layers from here on): ``j - n`` clipped
+    to 0..L (layers left for the stages after) and whether ``n <= j``."""
     if L not in _GRIDS:
         n = np.arange(L + 1)[:, None]
         j = np.arange(L + 1)[None, :]
-        _GRIDS[L] = (np.broadcast_to(n, (L + 1, L + 1)), np.clip(j - n, 0, L), (j - n) >= 0)
+        _GRIDS[L] = (np.clip(j - n, 0, L), (j - n) >= 0)
     return _GRIDS[L]
 
 
@@ -57,14 +58,13 @@ def _suffix_bounds(a: np.ndarray, nmax: np.ndarray, L: int):
     minmax = np.full((p + 1, L + 1), INF)
     minsum[p, 0] = 0.0
     minmax[p, 0] = 0.0
-    _, left, _ = _grid(L)
+    left, fits = _grid(L)
     for i in range(p - 1, -1, -1):
         top = int(min(nmax[i], L))
         if top < 1:
             continue
         lf = left[1 : top + 1]  # (top, L+1): layers left for stages after i when stage i holds 1..top
-        valid = (np.arange(L + 1)[None, :] - np.arange(1, top + 1)[:, None]) >= 0
-        ai = np.where(valid, a[i, 1 : top + 1][:, None], INF)
+        ai = np.where(fits[1 : top + 1], a[i, 1 : top + 1][:, None], INF)
         minsum[i] = (ai + minsum[i + 1][lf]).min(axis=0)
         minmax[i] = np.maximum(ai, minmax[i + 1][lf]).min(axis=0)
     return minsum, minmax
@@ -98,7 +98,8 @@ def solve_partition(a, e, o, nmax, L: int, m: int, p2p_s: float = 0.0, upper_bou
     omin = np.where(feasible, o, INF).min(axis=1)
     elb = np.maximum.accumulate(emin[::-1])[::-1].tolist() + [0.0]
     olb = np.maximum.accumulate(omin[::-1])[::-1].tolist() + [0.0]
-    al, el, ol = a.tolist(), e.tolist(), o.tolist()
+    width = int(nmax.max()) + 1  # a stage holds at most nmax layers: only those columns are read
+    al, el, ol = a[:, :width].tolist(), e[:, :width].tolist(), o[:, :width].tolist()
     ms, mm = minsum.tolist(), minmax.tolist()
     nm = nmax.tolist()
     k = m - 1
