@@ -123,14 +123,20 @@ def solve_partition(a, e, o, nmax, L: int, m: int, p2p_s: float = 0.0, upper_bou
         ms1, mm1, e1, o1 = ms[i + 1], mm[i + 1], elb[i + 1], olb[i + 1]
         row_a, row_e, row_o = al[i], el[i], ol[i]
         kids = []
+        cut = best[0]
+        # (conditional expressions instead of max(): this loop is the search's innermost)
         for n in range(1, min(nm[i], rest - (p - 1 - i)) + 1):
             r = rest - n
-            if ms1[r] == INF:
+            sum_rest = ms1[r]
+            if sum_rest == INF:
                 continue
-            ai = row_a[n]
-            ma, me, mo = max(Ma, ai), max(Me, row_e[n]), max(Mo, row_o[n])
-            lb = S + ai + ms1[r] + p2p_s + k * max(ma, mm1[r]) + max(me, e1) + max(mo, o1)
-            if lb < best[0]:
+            ai, ei, oi, mr = row_a[n], row_e[n], row_o[n], mm1[r]
+            ma = Ma if Ma > ai else ai
+            me = Me if Me > ei else ei
+            mo = Mo if Mo > oi else oi
+            lb = (S + ai + sum_rest + p2p_s + k * (ma if ma > mr else mr) + (me if me > e1 else e1)
+                  + (mo if mo > o1 else o1))
+            if lb < cut:
                 kids.append((lb, n, ma, me, mo))
         kids.sort()
         for lb, n, ma, me, mo in kids:
