@@ -209,7 +209,10 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     iteration = t_pipe + dp_exposed + optimizer
     per = c["forward_s"] + c["backward_s"]
     c_min = np.where(n_intra > 0, np.minimum(p2p_one_intra, p2p_one_inter), p2p_one_inter)
-    lower = pipeline_lower_bound_s(per, count, c_min, mb, v) + dp_exposed + optimizer
+    # As stage_chain_lower_bound_s: the chain ends with stage 0's last backward, after which only stage 0's own
+    # exposed DP time is certain; every stage also ends no earlier than its own work plus its DP time.
+    own_work = np.max(np.where(present, mb[:, None] * per + c["dp_exposed_s"], 0.0), axis=1)
+    lower = np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v) + c["dp_exposed_s"][:, 0], own_work) + optimizer
 
     slowest = np.argmax(np.where(present, per, -1.0), axis=1)
     rows = np.arange(len(pp))
