@@ -161,3 +161,38 @@ def test_more_tp_never_raises_memory_per_gpu():
     for pp, rc, zero in itertools.product([1, 4, 8], RECOMPUTE_NAMES, [0, 1]):
         mem = [estimate(_plan(job, pool, tp, pp, 8, 1, zero, rc, m.num_layers), CAT, m).memory_bytes_per_gpu.total for tp in (1, 2, 4, 8)]
         assert mem == sorted(mem, reverse=True)
+
+
+def test_explanation_alternatives_are_the_exact_best_by_estimate():
+    """"Best with another PP" names the configuration brute force finds best by estimate() among those with
+    another PP, and quotes estimate()'s figure (not the closed form's)."""
+    import re
+
+    model, gpu = "gpt2-xl", "A10G"
+    m = load_model(model)
+    job = Job(model=model, seq_len=512, global_batch=8, train_iterations=1000, dtype="fp16")
+    pool = GPUPool(gpu=gpu, count=4, gpus_per_node=4)
+    res = search_plans(job, Inventory(pools=[pool]), catalog=CAT)
+    win = res.plans[0]
+    line = next(x for x in res.explanation if x.startswith("Best with another PP"))
+    pp = int(re.search(r" pp=(\d+)", line).group(1))
+    assert pp != win.plan.pp
+    best = None
+    for tp in tp_degrees(m, pool.gpus_per_node, pool.count):
+        for p in range(1, m.num_layers + 1):
+            if p == win.plan.pp:
+                continue
+            for dp in divisors(job.global_batch):
+                if tp * p * dp > pool.count:
+                    continue
+                for mbs in divisors(job.global_batch // dp):
+                    m_mb = job.global_batch // (dp * mbs)
+                    vs = divisors(m.num_layers // p) if p > 1 and m.num_layers % p == 0 and m_mb % p == 0 else [1]
+                    zeros = [0] if dp == 1 else [0, 1] if p > 1 else [0, 1, 2, 3]
+                    for zero, rc, v in itertools.product(zeros, RECOMPUTE_NAMES, vs):
+                        e = estimate(_plan(job, pool, tp, p, dp, mbs, zero, rc, m.num_layers, v), CAT, m)
+                        if e.fits and (best is None or e.job_time_s < best[0]):
+                            best = (e.job_time_s, p)
+    quoted = float(re.search(r": ([+-][\d.]+)% iteration time", line).group(1)) / 100
+    assert quoted == pytest.approx(best[0] / win.estimate.job_time_s - 1, abs=5e-4)
+    assert pp == best[1] or quoted == pytest.approx(0, abs=1e-3)

@@ -82,10 +82,15 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
     return text + suffix
 
 
-def explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx, skipped) -> list[str]:
-    """Fill ``ranked[k].reason`` and return the explanation lines (see module doc).
+def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_among, estimate_row) -> list[str]:
+    """Fill ``ranked[k].reason`` and return the explanation lines (see module doc). Every figure in them is
+    :func:`~hetplan.estimate.estimator.estimate`'s, like the table's.
 
-    ``ranked_idx``: row indices (into ``cat``) of the ranked plans; ``order``: all rows by ``primary``.
+    Args:
+        ranked_idx: row indices (into ``cat``) of the ranked plans.
+        best_among: ``best_among(mask)`` -> ``(row, Estimate)`` of the best plan by the objective among the rows
+            where ``mask`` is true, found exactly (the planner's lower-bound-guarded walk), or ``None``.
+        estimate_row: ``estimate_row(row)`` -> the :class:`~hetplan.estimate.estimator.Estimate` of one row.
     """
     goal = objective.goal
     win_idx = int(ranked_idx[0])
@@ -101,33 +106,33 @@ def explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx,
         rp.reason = why_behind(_row(results, cat, int(ranked_idx[k]), rp.estimate.iteration_time_s), winner, goal)
     lines = [f"#1 {describe(winner)}: {ranked[0].reason}."]
     # Of the plans that would beat the winner and meet the deadline/budget but do not fit in memory, the one that
-    # misses by the least.
+    # misses by the least (chosen on the closed form, reported with its estimate).
     key = _unconstrained_key(goal, cat)
     better_no_fit = np.flatnonzero(~cat["fits"] & _meets_constraint(objective, cat) & (key < key[win_idx]))
     if len(better_no_fit):
         capacity = np.array([r.gpu.memory_bytes for r in results], dtype=float)[cat["pool"][better_no_fit]]
         j = int(better_no_fit[np.argmin(cat["memory_total"][better_no_fit] / capacity)])
-        c = _row(results, cat, j)
-        gain = 1 - key[j] / key[win_idx]
-        lines.append(
-            f"Stopped by memory: {describe(c)} would be {gain:.0%} {'cheaper' if goal == 'cheapest' else 'faster'} "
-            f"but needs {c['memory_total'] / GIB:.1f} GiB per GPU > {c['memory_capacity'] / GIB:.1f} GiB."
-        )
-    # Best alternative for every other value of each dimension.
-    finite = np.isfinite(primary)
-    rank_of = np.empty(len(order), dtype=np.int64)
-    rank_of[order] = np.arange(len(order))
+        est = estimate_row(j)
+        c = _row(results, cat, j, est.iteration_time_s)
+        gain = 1 - (est.usd_per_iteration if goal == "cheapest" else est.iteration_time_s) / (
+            ranked[0].estimate.usd_per_iteration if goal == "cheapest" else ranked[0].estimate.iteration_time_s)
+        if gain > 0:
+            lines.append(
+                f"Stopped by memory: {describe(c)} would be {gain:.0%} {'cheaper' if goal == 'cheapest' else 'faster'}"
+                f" but needs {c['memory_total'] / GIB:.1f} GiB per GPU > {c['memory_capacity'] / GIB:.1f} GiB."
+            )
+    # Best alternative for every other value of each dimension, by estimate() (an exact walk per dimension).
     dims = {d: np.concatenate([r.config[d] for r in results]) for d in DIMENSIONS}
     dims["gpu"] = cat["pool"]
     for d, values in dims.items():
-        other = finite & (values != values[win_idx])
-        if not other.any():
+        found = best_among(values != values[win_idx])
+        if found is None:
             continue
-        j = int(np.flatnonzero(other)[np.argmin(rank_of[other])])
-        c = _row(results, cat, j)
+        j, est = found
+        c = _row(results, cat, j, est.iteration_time_s)
         label = {"gpu": "GPU type", "recompute": "recomputation", "mbs": "micro-batch size",
                  "virtual_stages": "interleaving (virtual stages)"}.get(d, d.upper() if d != "zero" else "ZeRO stage")
-        lines.append(f"Best with another {label} (rank {rank_of[j] + 1}): {describe(c)}: {why_behind(c, winner, goal)}.")
+        lines.append(f"Best with another {label}: {describe(c)}: {why_behind(c, winner, goal)}.")
     lines.extend(skipped)
     return lines
 

@@ -160,7 +160,16 @@ def search_plans(
     if np.isfinite(primary[order[0]]):
         ranked, ranked_idx = _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog)
         if ranked:
-            explanation = explain_ranking(objective, results, cat, primary, order, ranked, ranked_idx, skipped)
+            def best_among(mask):
+                found, idx = _exact_top_k(job, inventory, m, results, cat, objective, 1, catalog, among=mask)
+                return (int(idx[0]), found[0].estimate) if found else None
+
+            def estimate_row(i):
+                return estimate(_plan_from_row(job, inventory, m, results[cat["pool"][i]], int(cat["row"][i])),
+                                catalog, m)
+
+            explanation = explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_among,
+                                          estimate_row)
     if het is not None:
         ranked, explanation = _merge_hetero(objective, ranked, explanation, het, top_k)
     if not ranked:
@@ -256,8 +265,9 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
     return out, lines
 
 
-def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog):
-    """The ``top_k`` best configurations by :func:`estimate` itself, found exactly.
+def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog, among=None):
+    """The ``top_k`` best configurations by :func:`estimate` itself, found exactly (``among``: a boolean mask over
+    the rows of ``cat``, to search only those).
 
     The vectorised pass gives for each configuration a lower bound on its iteration time that no pipeline schedule
     can beat (:func:`hetplan.search.homogeneous.pipeline_lower_bound_s`) and the memory, which is exact. Because
@@ -268,6 +278,8 @@ def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog):
     floating-point rounding between the two computations).
     """
     lb_key = lower_bound_keys(objective, cat["lower_bound_time_s"], cat["usd_per_hour"], cat["fits"], job.iterations())
+    if among is not None:
+        lb_key = np.where(among, lb_key, np.inf)
     scan = np.argsort(lb_key, kind="stable")
     top = TopK(top_k)
 
