@@ -14,7 +14,7 @@ import gc
 import numpy as np
 from typing import Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.schedule import simulate, simulate_many
@@ -207,6 +207,8 @@ def estimate_detailed(
     per-boundary p2p times)``. ``record`` keeps every scheduled operation."""
     return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=True)[0]
 
+
+_STAGES = TypeAdapter(list[StageEstimate])
 
 #: Plans of one pipeline shape from which :func:`simulate_many` beats one :func:`simulate` per plan.
 _SIMULATE_MANY_MIN_PLANS = 16
@@ -418,6 +420,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             gpus, st_rows, *(res[k].tolist() for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s")),
             measured, mem_rows, capacity.tolist(), fits.tolist())
     ]
+    stage_objects = _STAGES.validate_python(stage_rows)  # one validation call for every stage of every plan
     tokens = [plan.job.global_batch * plan.job.seq_len for plan in plans]
     per_plan = {k: np.asarray(x, dtype=float).tolist() for k, x in dict(
         t=t_pipe, bubble=bubble, p2p=p2p_total, dp=dp_exposed, opt=optimizer, it=iteration, mf=model_flops,
@@ -425,9 +428,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     out = []
     for k, plan in enumerate(plans):
         p, s0 = plan.pp, start[k]
-        stages_out = stage_rows[s0:s0 + p]
+        stages_out = stage_objects[s0:s0 + p]
         seg = ratio[s0:s0 + p]
-        peak = mem_rows[s0 + seg.index(max(seg))]
+        peak = stages_out[seg.index(max(seg))].memory
         it, usd, pf, iterations = per_plan["it"][k], per_plan["usd"][k], per_plan["pf"][k], plan.job.iterations()
         est = Estimate.model_validate(dict(
             iteration_time_s=it,
