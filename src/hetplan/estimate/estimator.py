@@ -259,6 +259,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
     rows: list[tuple] = []  # one tuple of _ROW_KEYS values per row
+    group_ids: dict[tuple, int] = {}  # (GPU, host cost, link, dtype, overlap, attention, framework) -> id
     start, vs, m0s = [], [], []
     for plan in plans:
         job, p = plan.job, plan.pp
@@ -274,8 +275,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 pool = plan.pools[st.pool]
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
                 link = pool_link(pool, gpu)
-                group = (gpu.name, gpu.kernel_overhead_s, link, job.dtype, plan.overlap_grad_reduce, job.attention,
-                         job.framework)
+                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
+                                              plan.overlap_grad_reduce, job.attention, job.framework), len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
             gpu, link, price, group, peak = on_pool[st.pool]
@@ -286,7 +287,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 job.seq_len, b, st.tp, st.dp, st.num_layers, i == 0, i == p - 1, p == 1,
                 (gpipe, p, i, mb, v),  # in_flight, filled in below for all rows at once
                 mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1,
-                gpu, link, price, group if rl is None else None,
+                gpu, link, price, group if rl is None else -1,
                 (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework),
                 st, job.global_batch, peak, st.recomputed_layers(), flash,
             ))
@@ -306,15 +307,16 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         for r in range(n):
             measured[r] = profiles.layer_time_s(gpus[r].name, m, extra[r][0], int(cols["b"][r]),
                                                 int(cols["s"][r]), int(cols["t"][r]))
-    groups: dict[tuple, list[int]] = {}
-    for r, (key, ms) in enumerate(zip(groups_of_rows, measured)):
-        groups.setdefault((r,) if key is None or ms is not None else key, []).append(r)
+    groups: dict = {}  # group id -> rows; ("row", r) for a row costed alone
+    for r, (gid, ms) in enumerate(zip(groups_of_rows, measured)):
+        groups.setdefault(gid if gid >= 0 and ms is None else ("row", r), []).append(r)
     res: dict[str, np.ndarray] = {}
     mem: dict[str, np.ndarray] = {}
     for key, g in groups.items():
         r0 = g[0]
         sel = np.array(g)
-        kw = {k: cols[k][sel] for k in _ROW_KEYS} if len(key) > 1 else {k: cols[k][r0].item() for k in _ROW_KEYS}
+        alone = isinstance(key, tuple)
+        kw = {k: cols[k][r0].item() for k in _ROW_KEYS} if alone else {k: cols[k][sel] for k in _ROW_KEYS}
         c = stage_costs(m, gpus[r0], links[r0], extra[r0][0], overlap_grad_reduce=extra[r0][1],
                         measured_layer_time_s=measured[r0], recompute_layers=extra[r0][2],
                         attention=extra[r0][3], framework=extra[r0][4], **kw)
