@@ -82,13 +82,13 @@ def block_orders(blocks):
             yield list(seq)
 
 
-def brute_force(m, job, inv, pins=Pins()):
-    """Every plan of the space of :mod:`hetplan.search.hetero`: every (d, b, zero), every use of each pool
-    (:func:`pool_choices`), every order of the (pool, TP) blocks, every composition of the layers — the partition by enumeration and the
-    boundaries by :func:`hetplan.plan.boundary_is_intra_node`. Returns a list of (T, $/h, description)."""
+def block_orders_of_space(m, job, inv, pins=Pins()):
+    """Every stage order of the space of :mod:`hetplan.search.hetero`: for every (d, b, zero), every use of each
+    pool (:func:`pool_choices`) and every order of the (pool, TP) blocks, yields ``(group, b, d, zero, $/h, seq,
+    kinds, in_flight, tables, p2p)`` — the stage types in order, their position kinds and in-flight counts, their cost
+    tables and the order's round-trip p2p time (boundaries by :func:`hetplan.plan.boundary_is_intra_node`)."""
     L = m.num_layers
     types = hetero.stage_types(m, inv, CAT, job.dtype, pins)
-    out = []
     for d in divisors(job.global_batch):
         for b in divisors(job.global_batch // d):
             for z in (0, 1):
@@ -108,16 +108,24 @@ def brute_force(m, job, inv, pins=Pins()):
                         p = len(seq)
                         kinds, fl = hetero._positions(p, g.mb)
                         tabs = [g.tables[(st.pool, st.tp)] for st in seq]
-                        a = np.array([tb.a[kk, f - 1] for tb, kk, f in zip(tabs, kinds, fl)])
-                        e = np.array([tb.e[kk, f - 1] for tb, kk, f in zip(tabs, kinds, fl)])
-                        o = np.array([tb.o[kk, f - 1] for tb, kk, f in zip(tabs, kinds, fl)])
-                        nmax = [int(tb.nmax[kk, f - 1]) for tb, kk, f in zip(tabs, kinds, fl)]
                         intra = boundary_is_intra_node([st.tp * d for st in seq], [st.pool for st in seq],
                                                        [pl.gpus_per_node for pl in inv.pools])
                         p2p = 2 * sum(g.p2p(seq[j], seq[j + 1], intra[j]) for j in range(p - 1))
-                        res = brute_force_partition(a, e, o, nmax, L, g.mb, p2p)
-                        if res is not None:
-                            out.append((res[0], rate, (b, d, z, [(st.pool, st.tp) for st in seq], res[1])))
+                        yield g, b, d, z, rate, seq, kinds, fl, tabs, p2p
+
+
+def brute_force(m, job, inv, pins=Pins()):
+    """Every plan of the space of :mod:`hetplan.search.hetero` (:func:`block_orders_of_space`), every composition
+    of the layers — the partition by enumeration. Returns a list of (T, $/h, description)."""
+    out = []
+    for g, b, d, z, rate, seq, kinds, fl, tabs, p2p in block_orders_of_space(m, job, inv, pins):
+        a = np.array([tb.a[kk, f - 1] for tb, kk, f in zip(tabs, kinds, fl)])
+        e = np.array([tb.e[kk, f - 1] for tb, kk, f in zip(tabs, kinds, fl)])
+        o = np.array([tb.o[kk, f - 1] for tb, kk, f in zip(tabs, kinds, fl)])
+        nmax = [int(tb.nmax[kk, f - 1]) for tb, kk, f in zip(tabs, kinds, fl)]
+        res = brute_force_partition(a, e, o, nmax, m.num_layers, g.mb, p2p)
+        if res is not None:
+            out.append((res[0], rate, (b, d, z, [(st.pool, st.tp) for st in seq], res[1])))
     return out
 
 

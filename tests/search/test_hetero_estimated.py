@@ -12,62 +12,41 @@ import numpy as np
 import pytest
 
 from hetplan.estimate.estimator import estimate, estimate_detailed
-from hetplan.plan import boundary_is_intra_node
 from hetplan.search import hetero
 from hetplan.search.homogeneous import stage_chain_lower_bound_s
 from hetplan.search.objective import Objective, estimate_keys
-from hetplan.search.space import Pins, divisors
-from tests.search.test_hetero import CAT, block_orders, pool_choices, random_instance
+from tests.search.test_hetero import CAT, block_orders_of_space, random_instance
 
 
 def brute_force_h(m, job, inv):
     """For each allocation: a list of ``(plan, estimate)`` of its closed-form-optimal plans (ties included)."""
     L = m.num_layers
-    types = hetero.stage_types(m, inv, CAT, job.dtype, Pins())
+    by_allocation: dict = {}  # (b, d, zero, blocks) -> [(T, stages)]
+    for g, b, d, z, rate, seq, kinds, fl, tabs, p2p in block_orders_of_space(m, job, inv):
+        blocks = tuple(sorted((st.pool, st.tp) for st in seq))
+        plans = by_allocation.setdefault((b, d, z, blocks, rate), [])
+        for cuts in itertools.combinations(range(1, L), len(seq) - 1):
+            ns = [y - x for x, y in zip((0,) + cuts, cuts + (L,))]
+            if any(n > tb.nmax[kk, f - 1] for tb, kk, f, n in zip(tabs, kinds, fl, ns)):
+                continue
+            a = [tb.a[kk, f - 1, n] for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
+            e = [tb.e[kk, f - 1, n] for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
+            o = [tb.o[kk, f - 1, n] for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
+            t = sum(a) + p2p + (g.mb - 1) * max(a) + max(e) + max(o)
+            rcs = [int(tb.rc[kk, f - 1, n]) for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
+            plans.append((t, [(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcs)]))
     out = []
-    for d in divisors(job.global_batch):
-        for b in divisors(job.global_batch // d):
-            for z in (0, 1):
-                if z == 1 and d == 1:
-                    continue
-                g = hetero._Group(m, job, inv, types, b, d, z, [0, 1, 2], L)
-                if not g.types:
-                    continue
-                per_pool = [pool_choices(g, k, pool, d) for k, pool in enumerate(inv.pools)]
-                for choice in itertools.product(*per_pool):
-                    blocks = [(k, c) for k, subs in enumerate(choice) for c in subs]
-                    if not blocks or sum(s for _, (t, s) in blocks) > L:
-                        continue
-                    rate = sum(s * t * d * g.by_key[(k, t)].price_usd_per_hour for k, (t, s) in blocks)
-                    plans = []  # (T, stages)
-                    for perm in block_orders(blocks):
-                        seq = [g.by_key[(k, t)] for k, t in perm]
-                        p = len(seq)
-                        kinds, fl = hetero._positions(p, g.mb)
-                        tabs = [g.tables[(st.pool, st.tp)] for st in seq]
-                        intra = boundary_is_intra_node([st.tp * d for st in seq], [st.pool for st in seq],
-                                                       [pl.gpus_per_node for pl in inv.pools])
-                        p2p = 2 * sum(g.p2p(seq[j], seq[j + 1], intra[j]) for j in range(p - 1))
-                        for cuts in itertools.combinations(range(1, L), p - 1):
-                            ns = [y - x for x, y in zip((0,) + cuts, cuts + (L,))]
-                            if any(n > tb.nmax[kk, f - 1] for tb, kk, f, n in zip(tabs, kinds, fl, ns)):
-                                continue
-                            a = [tb.a[kk, f - 1, n] for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
-                            e = [tb.e[kk, f - 1, n] for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
-                            o = [tb.o[kk, f - 1, n] for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
-                            t = sum(a) + p2p + (g.mb - 1) * max(a) + max(e) + max(o)
-                            rcs = [int(tb.rc[kk, f - 1, n]) for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
-                            plans.append((t, [(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcs)]))
-                    if not plans:
-                        continue
-                    t_min = min(t for t, _ in plans)
-                    tied = []
-                    for t, stages in plans:
-                        if t <= t_min * (1 + 1e-12):
-                            c = hetero.HeteroCandidate(stages, b, d, z, t, rate)
-                            plan = c.to_plan(job, inv)
-                            tied.append((plan, estimate(plan, CAT, m)))
-                    out.append(tied)
+    for (b, d, z, _, rate), plans in by_allocation.items():
+        if not plans:
+            continue
+        t_min = min(t for t, _ in plans)
+        tied = []
+        for t, stages in plans:
+            if t <= t_min * (1 + 1e-12):
+                c = hetero.HeteroCandidate(stages, b, d, z, t, rate)
+                plan = c.to_plan(job, inv)
+                tied.append((plan, estimate(plan, CAT, m)))
+        out.append(tied)
     return out
 
 
