@@ -330,6 +330,31 @@ def _compile_blocking(schedule: str, p: int, m: int, mode: str = "megatron") -> 
             if len(others) != 1:  # pragma: no cover - Megatron's calls pair up one to one
                 raise RuntimeError(f"p2p call {op} of stage {i} has partners {sorted(others)}")
             partner[(i, pos)] = others.pop()
+
+    def resolve(i, pos, op, index):
+        if op[0] != "P":
+            kind, j, ch = op
+            return -1, p, (i if kind == "F" else p + i), (kind, j, ch), (i, pos)
+        pi, ppos = partner[(i, pos)]
+        d = index.get((pi, ppos - 1)) if ppos > 0 else -1
+        if d is None:  # the partner's previous operation is not placed yet
+            return None
+        boundary = min(pi, i)
+        return d, p, 2 * p + boundary, ("P", -1, boundary), (i, pos)
+
+    return _assemble(programs, resolve, f"schedule {schedule} with blocking p2p (p={p}, m={m})")
+
+
+def _assemble(programs: list[list], resolve, what: str) -> Program:
+    """The :class:`Program` of per-stage operation lists: each stage's operations are placed in their order, an
+    operation once ``resolve(stage, position, op, index)`` finds what it waits for — it returns ``None`` (not yet)
+    or ``(dep, comm_index, dur_index, entry, key)``, where ``index`` maps the keys of placed operations to their
+    indices. Sweeping the stages until all are placed gives a topological order.
+
+    Raises:
+        RuntimeError: the operations wait on each other in a cycle (``what`` names the schedule).
+    """
+    p = len(programs)
     index: dict = {}
     ops, prev, dep, comm, dur, depth = [], [], [], [], [], []
     ptr = [0] * p
@@ -340,35 +365,25 @@ def _compile_blocking(schedule: str, p: int, m: int, mode: str = "megatron") -> 
         for i in range(p):
             prog = programs[i]
             while ptr[i] < len(prog):
-                op = prog[ptr[i]]
-                if op[0] == "P":
-                    pi, ppos = partner[(i, ptr[i])]
-                    if ptr[pi] < ppos:  # the partner's previous operation is not placed yet
-                        break
-                    d = index[(pi, ppos - 1)] if ppos > 0 else -1
-                    boundary = min(pi, i)
-                    u = 2 * p + boundary
-                    entry = ("P", -1, boundary)
-                else:
-                    kind, j, ch = op
-                    d, u = -1, (i if kind == "F" else p + i)
-                    entry = (kind, j, ch)
+                found = resolve(i, ptr[i], prog[ptr[i]], index)
+                if found is None:
+                    break
+                d, c, u, entry, key = found
                 k = len(ops)
-                index[(i, ptr[i])] = k
+                index[key] = k
                 ops.append((i,) + entry)
                 prev.append(last[i])
                 dep.append(d)
-                comm.append(p)  # the zero entry
+                comm.append(c)
                 dur.append(u)
                 depth.append(1 + max(depth[last[i]] if last[i] >= 0 else 0, depth[d] if d >= 0 else 0))
                 last[i] = k
                 ptr[i] += 1
                 remaining -= 1
                 progressed = True
-        if not progressed:  # pragma: no cover - Megatron's order never deadlocks
-            raise RuntimeError(f"schedule {schedule} with blocking p2p deadlocked (p={p}, m={m})")
-    levels = _levels(depth)
-    return Program(tuple(ops), tuple(prev), tuple(dep), tuple(comm), tuple(dur), levels, tuple(last))
+        if not progressed:  # pragma: no cover - valid schedules never deadlock
+            raise RuntimeError(f"{what} deadlocked")
+    return Program(tuple(ops), tuple(prev), tuple(dep), tuple(comm), tuple(dur), _levels(depth), tuple(last))
 
 
 def _levels(depth: list[int]) -> tuple:
@@ -398,50 +413,28 @@ def _compile_schedule(schedule: str, p: int, m: int, v: int, mode) -> Program:
     if blocking_applies(schedule, v, mode):
         return _compile_blocking("gpipe" if schedule == "gpipe" else "1f1b", p, int(m), mode)
     orders = [stage_order(schedule, p, i, m, v) for i in range(p)]
-    index: dict = {}
-    ops, prev, dep, comm, dur, depth = [], [], [], [], [], []
-    ptr = [0] * p
-    last = [-1] * p
     no_comm, wrap = p, p - 1
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for i in range(p):
-            order = orders[i]
-            while ptr[i] < len(order):
-                kind, j, ch = order[ptr[i]]
-                if kind == "F":
-                    if i > 0:
-                        d, c = index.get((i - 1, "F", j, ch), None), i - 1
-                    elif ch > 0:
-                        d, c = index.get((p - 1, "F", j, ch - 1), None), wrap
-                    else:
-                        d, c = -1, no_comm
-                else:
-                    if i < p - 1:
-                        d, c = index.get((i + 1, "B", j, ch), None), i
-                    elif ch < v - 1:
-                        d, c = index.get((0, "B", j, ch + 1), None), wrap
-                    else:
-                        d, c = index.get((i, "F", j, ch), None), no_comm
-                if d is None:
-                    break
-                k = len(ops)
-                index[(i, kind, j, ch)] = k
-                ops.append((i, kind, j, ch))
-                prev.append(last[i])
-                dep.append(d)
-                comm.append(c)
-                dur.append(i if kind == "F" else p + i)
-                depth.append(1 + max(depth[last[i]] if last[i] >= 0 else 0, depth[d] if d >= 0 else 0))
-                last[i] = k
-                ptr[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - valid schedules never deadlock
-            raise RuntimeError(f"schedule {schedule} deadlocked (p={p}, m={m}, v={v})")
-    levels = _levels(depth)
-    return Program(tuple(ops), tuple(prev), tuple(dep), tuple(comm), tuple(dur), levels, tuple(last))
+
+    def resolve(i, pos, op, index):
+        kind, j, ch = op
+        if kind == "F":
+            if i > 0:
+                d, c = index.get((i - 1, "F", j, ch)), i - 1
+            elif ch > 0:
+                d, c = index.get((p - 1, "F", j, ch - 1)), wrap
+            else:
+                d, c = -1, no_comm
+        elif i < p - 1:
+            d, c = index.get((i + 1, "B", j, ch)), i
+        elif ch < v - 1:
+            d, c = index.get((0, "B", j, ch + 1)), wrap
+        else:
+            d, c = index.get((i, "F", j, ch)), no_comm
+        if d is None:
+            return None
+        return d, c, (i if kind == "F" else p + i), (kind, j, ch), (i, kind, j, ch)
+
+    return _assemble(orders, resolve, f"schedule {schedule} (p={p}, m={m}, v={v})")
 
 
 def _check(p: int, backward_len: int, p2p_len: int) -> None:
