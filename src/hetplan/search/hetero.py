@@ -484,8 +484,9 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
         lam_of = {t: group.tables[(k, t)].layer_s for t in set(sub_t.ravel().tolist()) if (k, t) in group.tables}
         room_of = {t: int(group.tables[(k, t)].nmax[MID, 0]) - 1 for t in lam_of}
         price = group.by_key[(k, next(iter(lam_of)))].price_usd_per_hour if lam_of else 0.0
-        lam = np.vectorize(lambda t: lam_of.get(t, 1e30), otypes=[float])(sub_t)
-        room = np.vectorize(lambda t: room_of.get(t, 0), otypes=[np.int64])(sub_t)
+        tps = sub_t.tolist()
+        lam = np.array([[lam_of.get(t, 1e30) for t in row] for row in tps], dtype=float).reshape(sub_t.shape)
+        room = np.array([[room_of.get(t, 0) for t in row] for row in tps], dtype=np.int64).reshape(sub_t.shape)
         used = sub_p > 0
         g = sub_t * group.d * sub_p
         cols["p"].append(sub_p.sum(axis=1).astype(np.int64))
