@@ -149,15 +149,14 @@ def search_plans(
     }
     job_time = cat["iteration_time_s"] * iterations
     job_usd = cat["usd_per_hour"] * job_time / 3600
-    primary, secondary = rank_keys(objective, job_time, job_usd, cat["fits"], iteration_time_s=cat["iteration_time_s"])
-    order = np.lexsort((cat["memory_total"], secondary, primary))  # ties: less memory per GPU first
+    primary, _ = rank_keys(objective, job_time, job_usd, cat["fits"], iteration_time_s=cat["iteration_time_s"])
     n_fit = int(cat["fits"].sum())
     het = None
     if heterogeneous and len(inventory.pools) > 1:
         het = _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k)
     ranked: list[RankedPlan] = []
     explanation: list[str] = []
-    if np.isfinite(primary[order[0]]):
+    if np.isfinite(primary).any():  # some configuration fits and meets the deadline/budget on the closed form
         ranked, ranked_idx = _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog)
         if ranked:
             def best_among(mask):
