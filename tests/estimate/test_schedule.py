@@ -5,7 +5,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hetplan.estimate.pipeline import pipeline_time_s
-from hetplan.estimate.schedule import closed_form_s, simulate, stage_order
+from hetplan.estimate.schedule import simulate, stage_order
+
+
+def closed_form_s(forward_s, backward_s, p2p_s, m, v=1):
+    """The closed form of :func:`hetplan.estimate.pipeline.pipeline_time_s` for one pipeline given stage by stage."""
+    p = len(forward_s)
+    return float(pipeline_time_s(np.array(forward_s), np.array(backward_s), np.ones(p), sum(p2p_s), m,
+                                 virtual_stages=v)[0])
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -521,11 +521,3 @@ def simulate_many(
         np.add(np.maximum(x[:k], dep_ready, out=x[:k]), took[a:b], out=end[a:b])
     stage_end = end[last].T
     return stage_end.max(axis=1), stage_end
-
-
-def closed_form_s(forward_s, backward_s, p2p_s, num_microbatches: int, virtual_stages: int = 1) -> float:
-    """Closed form ``Σ(f_i+b_i)/v + 2Σc_j + (m - 1/v)·max_i(f_i+b_i)`` (v = 1: FASOP Eq. 4 / Narayanan et al.
-    SC'21 Sec. 2.2; exact against :func:`simulate` for equal stages and zero p2p)."""
-    per = [float(a) + float(b) for a, b in zip(forward_s, backward_s)]
-    v = max(int(virtual_stages), 1)
-    return sum(per) / v + 2 * sum(float(x) for x in p2p_s) + (num_microbatches - 1 / v) * max(per)
