@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from hetplan.estimate.estimator import Estimate
 from hetplan.plan import Plan
 
@@ -40,7 +42,7 @@ def plan_summary(plan: Plan, est: Estimate, reason: str = "") -> dict:
         "mfu": est.mfu,
         "hfu": est.hfu,
         "bubble_fraction": est.bubble_fraction,
-        "memory_bytes_per_gpu": est.memory_bytes_per_gpu.model_dump(),
+        "memory_bytes_per_gpu": asdict(est.memory_bytes_per_gpu),
         "usd_per_hour": est.usd_per_hour,
         "usd_per_iteration": est.usd_per_iteration,
         "iterations": est.iterations,

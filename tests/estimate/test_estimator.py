@@ -1,5 +1,7 @@
 """estimate(): event simulation vs closed form, interleaving, timeline."""
 
+from dataclasses import asdict
+
 import pytest
 
 from hetplan.estimate.estimator import estimate, estimate_detailed
@@ -105,10 +107,10 @@ def test_estimate_many_equals_estimate_plan_by_plan(pipeline_model):
     for profiles in (None, Profiles()):
         batch = estimate_many(plans, profiles=profiles, pipeline_model=pipeline_model)
         for plan, got in zip(plans, batch):
-            ref = estimate(plan, profiles=profiles, pipeline_model=pipeline_model).model_dump()
-            _assert_close(got.model_dump(), ref)
+            ref = asdict(estimate(plan, profiles=profiles, pipeline_model=pipeline_model))
+            _assert_close(asdict(got), ref)
     for plan, got in zip(same_shape, estimate_many(same_shape, model=m, pipeline_model=pipeline_model)):
-        _assert_close(got.model_dump(), estimate(plan, model=m, pipeline_model=pipeline_model).model_dump())
+        _assert_close(asdict(got), asdict(estimate(plan, model=m, pipeline_model=pipeline_model)))
 
 
 def _assert_close(got, ref):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -339,7 +340,7 @@ def estimate_command(
                                fix="pip install 'hetplan[plot]'") from None
     summary = plan_summary(plan, est)
     if as_json:
-        print(json.dumps(dict(summary, estimate=est.model_dump()), indent=1))
+        print(json.dumps(dict(summary, estimate=asdict(est)), indent=1))
         return
     con = table_console()
     t = Table(title=f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
