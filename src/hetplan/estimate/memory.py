@@ -35,6 +35,11 @@ Attention: with ``attention="flash"`` (FlashAttention, Dao et al. 2022) no s x s
     16-bit logits next to their fp32 copy, :data:`LOGITS_COPY_BYTES` per logit; with ``framework="deepspeed"``
     also the 16-bit ``.grad`` that DeepSpeed's FP16_Optimizer keeps next to its fp32 master
     (:data:`DEEPSPEED_GRAD_BYTES` per gradient element held);
+  - the last stage under Megatron-LM: its output is the loss, so the output-layer term (logits, saved softmax)
+    and the 16-bit logits exist only around the loss and are freed before any layer's backward; the peak is the
+    larger of that loss phase and the layer-backward phase (recomputed layer + working set), not their sum, and
+    ``transient`` is negative where the theoretical components add the two (DeepSpeed's pipeline engine keeps its
+    16-bit output logits through the backward: the sum);
   - optimizer step, ``framework="deepspeed"`` only: the 16-bit grads plus the fp32 copies the step makes
     (``p.grad.to(fp32)`` per parameter, then flattened: :data:`DEEPSPEED_STEP_BYTES` per owned parameter;
     DeepSpeed ``runtime/fp16/fused_optimizer.py`` ``FP16_Optimizer.step``), while activations are freed.
@@ -153,15 +158,17 @@ def stage_memory_bytes(
     per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
     if recompute_layers is None:
         activations = in_flight * num_layers * per_layer
-        activations = activations + np.where(rc == 2, act("none"), 0)  # the layer being recomputed
+        recomputed = np.where(rc == 2, act("none"), 0.0)  # the layer being recomputed
     else:  # r layers recomputed, the rest keep all their activations
         r = np.minimum(recompute_layers, num_layers)
         activations = in_flight * (r * per_layer + (num_layers - r) * act("none"))
-        activations = activations + np.where((rc == 2) & (r > 0), act("none"), 0)
+        recomputed = np.where((rc == 2) & (r > 0), act("none"), 0.0)
+    activations = activations + recomputed
     sbh = s * b * m.hidden_size
     emb = in_flight * (8 * s * b + sbh) / np.where(sp, t, 1)  # sequence-parallel: split like the layers
     activations = activations + np.where(has_embedding, emb, 0)
-    activations = activations + np.where(has_head, 4 * s * b * (m.hidden_size + m.padded_vocab_size()) / t, 0)
+    head = np.where(has_head, 4 * s * b * (m.hidden_size + m.padded_vocab_size()) / t, 0)
+    activations = activations + head
     states = weights + grads + optim
     tensors = states + activations
     # Transient working memory (allocated, not in the theoretical formulas): max over the two phases.
@@ -170,7 +177,19 @@ def stage_memory_bytes(
     # it), plus with standard attention the gradient of the s x s softmax output (one 2-byte tensor; the fused
     # softmax backward of Megatron-LM writes the input gradient in place).
     scores_grad = 0.0 if attention == "flash" else 2 * m.num_attention_heads * s * s * b / t
-    train = BACKWARD_WORKING_SET * act("none", "flash") + scores_grad + logits
+    backward = BACKWARD_WORKING_SET * act("none", "flash") + scores_grad
+    if framework == "deepspeed":
+        # DeepSpeed's pipeline engine keeps the last stage's 16-bit logits (its output buffer) through the
+        # backward pass: the sum, as measured on the traces.
+        train = backward + logits
+    else:
+        # Megatron-LM's last stage outputs the loss: the logits and the cross-entropy's saved fp32 softmax (the
+        # theoretical output-layer term, ``head``) exist only around the loss and are freed by its backward,
+        # before any layer's backward (and, with full recomputation, before a layer is recomputed). So the
+        # peak is the larger of the loss phase (``head`` + 16-bit logits) and the layer-backward phase
+        # (recomputed layer + working set), not their sum; transient is the excess over the theoretical
+        # components, negative where they add buffers that never coexist.
+        train = np.maximum(head + logits, recomputed + backward) - head - recomputed
     if framework == "deepspeed":
         grad16 = DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES
         train = train + grad16
