@@ -121,3 +121,22 @@ def test_search_section_in_job_file(tmp_path):
     bad.write_text(text + "\n[search]\nhetero = 1\n")
     r = hetplan("plan", bad)
     assert r.returncode == 2 and "search.hetero" in r.stderr + r.stdout
+
+
+def test_reasons_when_a_heterogeneous_plan_wins():
+    """Under Megatron-LM's memory (the example without ``framework = "deepspeed"``) a 3090 stage fits and the
+    heterogeneous 3090 + A6000 x 2 plan is cheapest: the best homogeneous plan is then relabelled with its rank,
+    and no line but the winner's calls itself best or #1."""
+    job, inv, d = load("espresso_open_llama_3b.toml")
+    job = job.model_copy(update={"framework": "megatron"})
+    res = search_plans(job, inv, Objective(**d["objective"]), Pins(**d["pin"]), top_k=5, catalog=CAT)
+    assert "heterogeneous" in res.plans[0].reason and res.plans[0].reason.startswith("best job $")
+    homo = [rp for rp in res.plans if "heterogeneous" not in rp.reason]
+    assert homo, "the best homogeneous plan is in the top 5"
+    first = homo[0]
+    assert "the best homogeneous plan;" in first.reason
+    for rp in res.plans[1:]:
+        key = rp.estimate.job_usd / res.plans[0].estimate.job_usd - 1
+        assert rp.reason.startswith(f"{key:+.1%} job $ vs #1")
+    assert [line.startswith("#1 ") for line in res.explanation].count(True) == 1
+    assert any(line.startswith(f"Best homogeneous plan (#{first.rank}): ") for line in res.explanation)

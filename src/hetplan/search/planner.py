@@ -237,19 +237,31 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
     out = []
     win = allp[0] if allp else None
     what = "job $" if objective.goal == "cheapest" else "job time"
+    het_wins = win is not None and win[6]
+    # The homogeneous reasons and explanation call the best homogeneous plan "#1"; when a heterogeneous plan
+    # wins, they are relabelled with the homogeneous plan's merged rank and put against the new #1.
+    ref = ranked[0] if ranked else None
+    ref_rank = next((r for r, x in enumerate(allp, start=1) if ref is not None and x[4] is ref.estimate), None)
+    ref_label = f"#{ref_rank}" if ref_rank else "the best homogeneous plan"
     for r, (k, s2, mem, plan, est, reason, is_het) in enumerate(allp, start=1):
-        if is_het:
-            if r == 1:
-                reason = f"best {what}; {reason}"
+        if r == 1 and is_het:
+            reason = f"best {what}; {reason}"
+        elif is_het:
+            reason = f"{k / win[0] - 1:+.1%} {what} vs #1; {reason}"
+        elif het_wins:
+            if est is ref.estimate:
+                reason = f"the best homogeneous plan; {reason.split('; ', 1)[1]}"
             else:
-                reason = f"{k / win[0] - 1:+.1%} {what} vs #1; {reason}"
+                reason = f"vs {ref_label}, the best homogeneous plan: {reason.replace('#1', ref_label)}"
+            reason = f"{k / win[0] - 1:+.1%} {what} vs #1; {reason}"
         out.append(RankedPlan(rank=r, plan=plan, estimate=est, reason=reason))
     lines = list(explanation)
-    if win is not None and win[6]:
-        ref = ranked[0] if ranked else None
+    if het_wins:
         head = f"#1 {win[5]}"
         if ref is not None:
             head += f": {1 - win[0] / iterations_key(ref.estimate):.1%} better {what} than the best homogeneous plan"
+            first = lines[0].removeprefix("#1 ").replace(f": best {what}; ", ": ", 1)
+            lines[0] = f"Best homogeneous plan ({ref_label}): {first}"
         lines.insert(0, head + ".")
     line = (f"Heterogeneous search: {res.allocations:,} GPU allocations bounded, {res.allocations_solved:,} solved "
             f"({res.orders_solved:,} stage orders), {res.plans_estimated:,} plans estimated in {res.search_time_s:.2f} s; ")
