@@ -252,3 +252,24 @@ def test_cli_profile_db(tmp_path, aceso_db):
     d = json.loads(out.stdout)
     assert all(s["time_source"] == "profiled" for s in d["plans"][0]["stages"])
     assert d["fine"]["iteration_time_s"] <= d["fine"]["uniform_iteration_time_s"]
+
+    # `hetplan estimate --profile-db` re-estimates a written plan from the same measured layers (and its
+    # timeline); without the database the same plan is analytic and takes another time.
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(d["plans"][0]["plan"]))
+    out = _cli("estimate", plan_path, "--profile-db", path, "--json", "--timeline", tmp_path / "t.png")
+    assert out.returncode == 0, out.stderr
+    prof = json.loads(out.stdout)
+    assert all(s["time_source"] == "profiled" for s in prof["estimate"]["stages"])
+    assert (tmp_path / "t.png").stat().st_size > 0
+    from hetplan.profile.db import ProfileDB
+
+    plan = Plan.model_validate(d["plans"][0]["plan"])
+    with ProfileDB(path) as db:
+        ref = estimate(plan, profiles=db)
+    assert prof["iteration_time_s"] == pytest.approx(ref.iteration_time_s, rel=1e-12)
+    analytic = json.loads(_cli("estimate", plan_path, "--json").stdout)
+    assert all(s["time_source"] == "analytic" for s in analytic["estimate"]["stages"])
+    assert analytic["iteration_time_s"] != pytest.approx(ref.iteration_time_s, rel=1e-3)
+    missing = _cli("estimate", plan_path, "--profile-db", tmp_path / "nope.sqlite")
+    assert missing.returncode == 2 and "--profile-db" in missing.stderr and "Traceback" not in missing.stderr

@@ -226,18 +226,23 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
     return out
 
 
+def _profiles(profile_db: Optional[Path]):
+    """The measured layer times of ``--profile-db`` (None without one)."""
+    if profile_db is None:
+        return None
+    if not profile_db.is_file():
+        raise HetplanError(f"{profile_db} does not exist", field="--profile-db",
+                           fix="give a profile database written by `hetplan profile` or an importer")
+    from hetplan.profile.db import ProfileDB
+
+    return ProfileDB(profile_db)
+
+
 def _fine(job, inv, obj, pins, cat, result, profile_db):
     """Run the fine-grained search (hetplan.search.fine) from the uniform result."""
     from hetplan.search.fine import fine_search
 
-    profiles = None
-    if profile_db is not None:
-        if not profile_db.is_file():
-            raise HetplanError(f"{profile_db} does not exist", field="--profile-db",
-                               fix="give a profile database written by `hetplan profile` or an importer")
-        from hetplan.profile.db import ProfileDB
-
-        profiles = ProfileDB(profile_db)
+    profiles = _profiles(profile_db)
     return fine_search(job, inv, obj, pins, catalog=cat, profiles=profiles, uniform=None if profiles else result)
 
 
@@ -323,18 +328,21 @@ def estimate_command(
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
     timeline: Optional[Path] = typer.Option(None, "--timeline", help="Draw the pipeline schedule (Gantt chart) to this PNG."),
+    profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
+                                              "layer times: stages it covers use them (column `source`)."),
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
     plan = validated(Plan, read_structured(plan_file), "plan")
     m = load_model(plan.job.model)
     check_job(plan.job, m)
     cat = load_catalog(catalog)
-    est = estimate_plan(plan, cat, m)
+    profiles = _profiles(profile_db)
+    est = estimate_plan(plan, cat, m, profiles)
     if timeline is not None:
         from hetplan.estimate.timeline import draw_timeline
 
         try:
-            draw_timeline(plan, timeline, model=m, catalog=cat)
+            draw_timeline(plan, timeline, model=m, catalog=cat, profiles=profiles)
         except ImportError:
             raise HetplanError("drawing a timeline needs matplotlib", field="--timeline",
                                fix="pip install 'hetplan[plot]'") from None
@@ -345,11 +353,12 @@ def estimate_command(
     con = table_console()
     t = Table(title=f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
                     f"{plan.num_microbatches(0)} micro-batches, ZeRO-{plan.zero}")
-    for col in ("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd ms", "bwd ms", "mem GiB", "capacity GiB", "fits"):
+    for col in ("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd ms", "bwd ms", "source", "mem GiB",
+                "capacity GiB", "fits"):
         t.add_column(col)
     for i, se in enumerate(est.stages):
         t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, f"{se.forward_s * 1e3:.1f}",
-                  f"{se.backward_s * 1e3:.1f}", _mem(se.memory.total), _mem(se.memory_capacity_bytes),
+                  f"{se.backward_s * 1e3:.1f}", se.time_source, _mem(se.memory.total), _mem(se.memory_capacity_bytes),
                   "yes" if se.fits else "[red]NO[/]")
     con.print(t)
     con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "

@@ -13,12 +13,12 @@ from pathlib import Path
 from hetplan.plan import Plan
 
 
-def timeline_data(plan: Plan, catalog=None, model=None, virtual_stages: int | None = None):
+def timeline_data(plan: Plan, catalog=None, model=None, virtual_stages: int | None = None, profiles=None):
     """``(estimate, bars)``: ``bars`` is a list of ``(stage, kind, microbatch, chunk, start_s, end_s)`` with
     kind ``"F"``, ``"B"``, ``"DP"`` or ``"OPT"`` (seconds from the iteration start)."""
     from hetplan.estimate.estimator import estimate_detailed
 
-    est, sim, costs, _ = estimate_detailed(plan, catalog, model, virtual_stages=virtual_stages, record=True)
+    est, sim, costs, _ = estimate_detailed(plan, catalog, model, profiles, virtual_stages=virtual_stages, record=True)
     bars = [(op.stage, op.kind, op.microbatch, op.chunk, op.start_s, op.end_s) for op in sim.ops]
     after = max(end + float(c["dp_exposed_s"]) for end, c in zip(sim.stage_end_s, costs))
     for i, (end, c) in enumerate(zip(sim.stage_end_s, costs)):
@@ -30,11 +30,11 @@ def timeline_data(plan: Plan, catalog=None, model=None, virtual_stages: int | No
 
 
 def draw_timeline(plan: Plan, path: str | Path, *, catalog=None, model=None, virtual_stages: int | None = None,
-                  label_microbatches: bool | None = None) -> Path:
+                  profiles=None, label_microbatches: bool | None = None) -> Path:
     """Draw the iteration timeline of ``plan`` to ``path`` (PNG/SVG/PDF by extension) and return the path.
 
     Args:
-        catalog, model, virtual_stages: as for :func:`hetplan.estimate.estimator.estimate`.
+        catalog, model, virtual_stages, profiles: as for :func:`hetplan.estimate.estimator.estimate`.
         label_microbatches: write micro-batch numbers in the bars (default: when there are few bars).
     Raises:
         HetplanError: as :func:`~hetplan.estimate.estimator.estimate`; ImportError: matplotlib is missing.
@@ -45,7 +45,7 @@ def draw_timeline(plan: Plan, path: str | Path, *, catalog=None, model=None, vir
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    est, bars = timeline_data(plan, catalog, model, virtual_stages)
+    est, bars = timeline_data(plan, catalog, model, virtual_stages, profiles)
     p = plan.pp
     colors = {"F": "#4C72B0", "B": "#DD8452", "DP": "#8C8C8C", "OPT": "#55A868"}
     label = label_microbatches if label_microbatches is not None else len(bars) <= 400
