@@ -67,6 +67,7 @@ def test_human_output_and_catalog():
     (["--gpu", "H100-SXM", "--gpus", "8", "--recompute", "some"], "--recompute"),
     (["--gpu", "H100-SXM", "--gpus", "8", "--objective", "budget"], "budget_usd"),
     (["--gpu", "H100-SXM", "--gpus", "8", "--top", "0"], "--top"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--network", "wifi"], "inventory.pools.0.network"),
 ])
 def test_bad_flags(args, needle):
     r = hetplan("plan", *BASE, *args)
@@ -112,3 +113,30 @@ def test_missing_file_and_missing_inventory(tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = hetplan("plan", *BASE)
     assert r.returncode == 2 and "inventory" in r.stderr
+
+
+def test_ethernet_network_plans_no_faster_than_infiniband(tmp_path):
+    """The same 64 A100s joined by Ethernet (TCP) instead of InfiniBand: the best plan is no faster, and the
+    network reaches the plan written to disk (from --network, and from an inventory file's ``network`` field)."""
+    times = {}
+    for net in ("infiniband", "ethernet"):
+        out = tmp_path / f"{net}.json"
+        r = hetplan("plan", *BASE, "--gpu", "A100-SXM-80GB", "--gpus", "64", "--inter-node-gbit", "200", "--network",
+                    net, "--json", "-o", out)
+        assert r.returncode == 0, r.stderr
+        times[net] = json.loads(r.stdout)["plans"][0]["iteration_time_s"]
+        assert json.loads(out.read_text())["pools"][0]["network"] == net
+    assert times["ethernet"] >= times["infiniband"]
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[inventory]]\ngpu = "A100-SXM-80GB"\ncount = 64\ninter_node_bandwidth_gbit_per_s = 200\nnetwork = "ethernet"\n')
+    r = hetplan("plan", *BASE, "--inventory", inv, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["plans"][0]["iteration_time_s"] == pytest.approx(times["ethernet"], rel=1e-9)
+
+
+def test_unknown_field_in_a_pool_lists_the_pool_fields(tmp_path):
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[inventory]]\ngpu = "A100-SXM-80GB"\ncount = 8\nnetwrok = "ethernet"\n')
+    r = hetplan("plan", *BASE, "--inventory", inv)
+    assert r.returncode == 2 and "inventory.pools.0.netwrok: unknown field" in r.stderr
+    assert "network" in r.stderr and "gpus_per_node" in r.stderr and "Traceback" not in r.stderr

@@ -45,12 +45,31 @@ def validated(cls: type[T], data: Any, where: str) -> T:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in (where, *err["loc"]) if p != "")
         if err["type"] == "extra_forbidden":
-            allowed = ", ".join(cls.model_fields)
+            allowed = ", ".join(_model_at(cls, err["loc"][:-1]).model_fields)
             raise HetplanError("unknown field", field=loc, fix=f"allowed fields here: {allowed}") from None
         if err["type"] == "missing":
             raise HetplanError("required field is missing", field=loc, fix="add it") from None
         got = err.get("input")
         raise HetplanError(f"{err['msg']} (got {got!r})", field=loc, fix="correct the value") from None
+
+
+def _model_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel]:
+    """The pydantic model that holds the field at ``loc`` inside ``cls`` (list indices skipped), or ``cls`` when the
+    path leaves the models."""
+    import typing
+
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(part)
+        if field is None:
+            return cls
+        inner = [a for a in (field.annotation, *typing.get_args(field.annotation))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return cls
+        cls = inner[0]
+    return cls
 
 
 def read_structured(path: str | Path) -> dict:

@@ -75,6 +75,9 @@ class GPUPool(BaseModel):
         gpus_per_node: GPUs in one server (they share the intra-node link and the node's NICs).
         intra_node_bandwidth_bytes_per_s: unidirectional GPU-GPU bandwidth inside a node (default: the catalog link).
         inter_node_bandwidth_bytes_per_s: unidirectional network bandwidth of one node (all its NICs).
+        network: what connects the nodes: ``infiniband`` or ``roce`` (RDMA; NCCL's IB transport, the default) or
+            ``ethernet`` (no RDMA: NCCL over TCP sockets, ≈ 2/3 of RDMA's usable bandwidth and 5× its per-step
+            latency; :data:`hetplan.estimate.comm.NETWORKS`).
         price_usd_per_hour: $ per GPU-hour (default: the catalog price).
         kernel_overhead_s: host time per GPU kernel launch on these machines (seconds; CPU, driver and framework
             cost), a property of the host, not of the model. Default: the GPU type's catalog value, calibrated on
@@ -89,6 +92,7 @@ class GPUPool(BaseModel):
     gpus_per_node: int = Field(default=8, gt=0)
     intra_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
     inter_node_bandwidth_bytes_per_s: float = Field(default=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, gt=0)
+    network: Literal["infiniband", "roce", "ethernet"] = "infiniband"
     price_usd_per_hour: float | None = Field(default=None, ge=0)
     kernel_overhead_s: float | None = Field(default=None, ge=0, le=0.01)
 

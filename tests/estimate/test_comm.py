@@ -47,3 +47,29 @@ def test_dp_collective_broadcasts_over_arrays():
     assert t.shape == (4,) and t[0] == 0.0 and np.all(np.diff(t) > 0)
     with pytest.raises(ValueError):
         comm.dp_collective_time_s(1e9, "broadcast", dp, tp, 8, 300e9, 100e9)
+
+
+def test_network_terms():
+    assert comm.network_terms("infiniband") == (1.0, comm.ALPHA_INTER_NODE_S)
+    assert comm.network_terms("roce") == comm.network_terms("infiniband")  # both RDMA, NCCL's IB transport
+    factor, alpha = comm.network_terms("ethernet")
+    assert factor == pytest.approx(0.6 / 0.9) and alpha == 40e-6
+
+
+def test_ethernet_data_parallel_allreduce_worked_example():
+    """1 GB of gradients all-reduced by DP 4 with TP 8 (one rank per node, 4 nodes of 8 GPUs, 100 GB/s per node).
+    Ethernet: each GPU's ring gets 100 GB/s x (0.6 / 0.9) / 8 sharers at efficiency 0.9 = 7.5 GB/s; ring
+    2·(3/4)·1 GB / 7.5 GB/s + 6 x 40 µs = 0.20024 s (tree: 0.26683 s). InfiniBand: 11.25 GB/s, 0.13338 s."""
+    from hetplan.estimate.estimator import pool_link
+    from hetplan.hardware.catalog import get_gpu
+    from hetplan.plan import GPUPool
+
+    gpu = get_gpu("A100-SXM-80GB")
+    out = {}
+    for net in ("ethernet", "infiniband"):
+        link = pool_link(GPUPool(gpu=gpu.name, count=32, inter_node_bandwidth_bytes_per_s=100e9, network=net), gpu)
+        out[net] = float(comm.dp_collective_time_s(1e9, "allreduce", 4, 8, link.gpus_per_node,
+                                                   link.intra_node_bandwidth_bytes_per_s,
+                                                   link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s))
+    assert out["ethernet"] == pytest.approx(2 * 3 / 4 * 1e9 / 7.5e9 + 6 * 40e-6, rel=1e-12)
+    assert out["infiniband"] == pytest.approx(2 * 3 / 4 * 1e9 / 11.25e9 + 6 * 8e-6, rel=1e-12)

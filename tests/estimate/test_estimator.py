@@ -148,3 +148,27 @@ def test_hfu_counts_recomputation_and_flash_attention_score_recompute():
             "stages": [st.model_copy(update={"recompute": recompute}) for st in plan.stages]})
         e = estimate(p, model=m)
         assert e.hfu / e.mfu == pytest.approx((model + extra) / model, rel=1e-12), (attention, recompute)
+
+
+def _on_network(plan, network):
+    return plan.model_copy(update={"pools": [p.model_copy(update={"network": network}) for p in plan.pools]})
+
+
+def test_ethernet_between_nodes():
+    """Ethernet (TCP) between nodes: the p2p across a node boundary gets 2/3 of the RDMA bandwidth and 40 µs of
+    latency; DP across nodes slows down; a plan inside one node does not change."""
+    from hetplan.estimate.stage import p2p_bytes
+
+    m, plan = _plan(pp=4, tp=8, dp=1, gbs=32)  # each stage fills one node: every boundary crosses nodes
+    ib, eth = (estimate_detailed(_on_network(plan, n), model=m) for n in ("infiniband", "ethernet"))
+    msg = float(p2p_bytes(m, 1, 1024, 8, True))
+    per_rank = 100e9 / 8  # the node's NICs shared by its 8 sending GPUs
+    assert ib[3][0] == pytest.approx(msg / (per_rank * 0.77) + 8e-6, rel=1e-12)
+    assert eth[3][0] == pytest.approx(msg / (per_rank * (0.6 / 0.9) * 0.77) + 40e-6, rel=1e-12)
+    assert eth[0].iteration_time_s > ib[0].iteration_time_s
+    m, wide = _plan(pp=1, tp=8, dp=4, gbs=32)  # DP across 4 nodes
+    assert estimate(_on_network(wide, "ethernet"), model=m).dp_exposed_time_s > \
+        estimate(_on_network(wide, "infiniband"), model=m).dp_exposed_time_s
+    m, local = _plan(pp=1, tp=2, dp=4, gbs=32)  # 8 GPUs: one node
+    a, b = (estimate(_on_network(local, n), model=m) for n in ("infiniband", "ethernet"))
+    assert asdict(a) == asdict(b)

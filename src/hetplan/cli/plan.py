@@ -64,6 +64,8 @@ def plan_command(
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs available of that type."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 8)."),
     inter_node_gbit: Optional[float] = typer.Option(None, "--inter-node-gbit", help="Network Gb/s per node."),
+    network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband (default) | roce | "
+                                          "ethernet (TCP, no RDMA: less bandwidth, more latency)."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file with \\[\\[inventory]] pools (replaces those of the job file)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML (extends/overrides)."),
@@ -123,6 +125,8 @@ def plan_command(
             pool["gpus_per_node"] = gpus_per_node
         if inter_node_gbit is not None:
             pool["inter_node_bandwidth_bytes_per_s"] = inter_node_gbit * 1e9 / 8
+        if network is not None:
+            pool["network"] = network
         if price is not None:
             pool["price_usd_per_hour"] = price
         pools_raw = [pool]

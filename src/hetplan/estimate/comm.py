@@ -17,6 +17,9 @@ hierarchical (NCCL's ring-of-rings / tree across nodes): reduce-scatter inside t
 ``M/k`` shard across nodes, all-gather inside the node. All GPUs of a node that run such groups at the same
 time share the node's NICs: each gets ``B_node / sharers`` (several rings sharing one NIC share its bandwidth).
 
+**Networks.** ``infiniband`` / ``roce`` (RDMA) or ``ethernet`` (TCP sockets) between nodes: :data:`NETWORKS`,
+:func:`network_terms`.
+
 **Efficiency.** NCCL reaches a fraction of the nominal link rate for large messages: :data:`INTRA_LINK_EFFICIENCY`
 (NCCL-tests all-reduce busbw ≈ 230 of 300 GB/s NVLink3 on DGX A100) and :data:`INTER_LINK_EFFICIENCY`
 (≈ 90 % of InfiniBand line rate). Latencies :data:`ALPHA_INTRA_NODE_S`, :data:`ALPHA_INTER_NODE_S`.
@@ -41,6 +44,30 @@ INTRA_LINK_EFFICIENCY = 0.77
 INTER_LINK_EFFICIENCY = 0.9
 #: Backwards-compatible single efficiency (v1); used when a caller gives no efficiency.
 LINK_EFFICIENCY = INTRA_LINK_EFFICIENCY
+#: Inter-node networks (:attr:`hetplan.plan.GPUPool.network`): ``(per-step latency s, fraction of the line rate
+#: NCCL reaches for large messages)``. ``infiniband`` and ``roce`` are RDMA: NCCL drives both through its IB verbs
+#: transport (GPUDirect RDMA), with :data:`ALPHA_INTER_NODE_S` and :data:`INTER_LINK_EFFICIENCY`. ``ethernet`` is
+#: Ethernet without RDMA, NCCL's socket (TCP) transport: no more than 60 % of wire speed for large messages
+#: (NVIDIA/nccl issue #209, nccl-tests all-reduce over 32 Gb/s TCP) and ≈ 40 µs per step (NVIDIA/nccl-tests issue
+#: #82: 38–46 µs for an 8-byte broadcast between two hosts over TCP sockets, NCCL 2.9).
+NETWORKS = {
+    "infiniband": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
+    "roce": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
+    "ethernet": (40e-6, 0.6),
+}
+
+
+def network_terms(network: str) -> tuple[float, float]:
+    """``(bandwidth factor, per-step latency s)`` of an inter-node network (:data:`NETWORKS`): the factor scales the
+    nominal NIC bandwidth to what NCCL reaches on it relative to RDMA (1 for InfiniBand / RoCE), so every cost that
+    takes the inter-node bandwidth (and applies :data:`INTER_LINK_EFFICIENCY` or the p2p efficiency itself) sees
+    the network's rate.
+
+    Raises:
+        KeyError: unknown network (the pool validator names the allowed ones first).
+    """
+    alpha, efficiency = NETWORKS[network]
+    return efficiency / INTER_LINK_EFFICIENCY, alpha
 
 
 def allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *,
@@ -81,7 +108,7 @@ def p2p_time_s(message_bytes, bandwidth_bytes_per_s, alpha_s=ALPHA_INTER_NODE_S,
 
 def group_collective_time_s(
     message_bytes, collective: str, n, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
-    inter_bandwidth_bytes_per_s, nic_sharers=None,
+    inter_bandwidth_bytes_per_s, nic_sharers=None, inter_alpha_s=ALPHA_INTER_NODE_S,
 ):
     """One collective of ``n`` ranks placed ``stride`` GPUs apart (module doc, "Topology").
 
@@ -90,6 +117,7 @@ def group_collective_time_s(
         collective: ``"allreduce"``, ``"allgather"`` or ``"reducescatter"``.
         gpus_per_node: G; ``inter_bandwidth_bytes_per_s``: the node's NIC bandwidth (all NICs together).
         nic_sharers: GPUs of a node that cross the network at the same time (default ``min(G, stride·n)``).
+        inter_alpha_s: per-step latency between nodes (:func:`network_terms`).
     Raises:
         ValueError: unknown collective.
     """
@@ -104,10 +132,10 @@ def group_collective_time_s(
     inter_kw = dict(efficiency=INTER_LINK_EFFICIENCY)
     if collective == "allreduce":
         intra = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S, **intra_kw)
-        inter = allreduce_time_s(message_bytes / k, nodes, inter_bw, ALPHA_INTER_NODE_S, algorithm="auto", **inter_kw)
+        inter = allreduce_time_s(message_bytes / k, nodes, inter_bw, inter_alpha_s, algorithm="auto", **inter_kw)
     elif collective in ("allgather", "reducescatter"):
         intra = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S, **intra_kw)
-        inter = allgather_time_s(message_bytes / k, nodes, inter_bw, ALPHA_INTER_NODE_S, **inter_kw)
+        inter = allgather_time_s(message_bytes / k, nodes, inter_bw, inter_alpha_s, **inter_kw)
     else:
         raise ValueError(f"unknown collective {collective!r}")
     return intra + np.where(nodes > 1, inter, 0.0)
@@ -121,6 +149,7 @@ def dp_collective_time_s(
     gpus_per_node: int,
     intra_bandwidth_bytes_per_s: float,
     inter_bandwidth_bytes_per_s: float,
+    inter_alpha_s: float = ALPHA_INTER_NODE_S,
 ):
     """Time of one data-parallel collective of a ``message_bytes`` buffer per rank, placed Megatron-style
     (TP innermost, so DP peers are ``tp`` GPUs apart): :func:`group_collective_time_s` with ``stride = tp``; all
@@ -130,4 +159,4 @@ def dp_collective_time_s(
         collective: ``"allreduce"`` or ``"allgather"`` (also used for reduce-scatter, same cost).
     """
     return group_collective_time_s(message_bytes, collective, dp, tp, gpus_per_node, intra_bandwidth_bytes_per_s,
-                                   inter_bandwidth_bytes_per_s)
+                                   inter_bandwidth_bytes_per_s, inter_alpha_s=inter_alpha_s)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hetplan.estimate.comm import group_collective_time_s
+from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -127,7 +127,8 @@ def _softmax_floor(gpu_s, host_s):
 
 def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
-    *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, sequence_parallel=False, attention="standard",
+    *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
+    sequence_parallel=False, attention="standard",
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -137,6 +138,7 @@ def layer_time_s(
         tp_bandwidth_bytes_per_s: unidirectional per-GPU bandwidth of the intra-node link.
         gpus_per_node, inter_node_bandwidth_bytes_per_s: where a TP group larger than a node crosses nodes
             (the node's NIC bandwidth, shared by its GPUs); default: the group stays in one node.
+        inter_node_alpha_s: per-step latency between nodes (:func:`hetplan.estimate.comm.network_terms`).
         sequence_parallel: with SP the element-wise work is also split over the TP ranks.
         attention: ``"standard"`` or ``"flash"`` (FlashAttention: no element-wise passes over the s x s scores,
             one fused kernel for the core, the scores recomputed in backward, selective recompute = none).
@@ -165,7 +167,8 @@ def layer_time_s(
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
     g = gpus_per_node if gpus_per_node is not None else 1 << 30
     inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s
-    tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter)
+    tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter,
+                                     inter_alpha_s=inter_node_alpha_s)
     fwd = fwd_compute + 2 * tp_one
     tp_bwd = 2 * tp_one + np.where(rc == 2, 2 * tp_one, 0.0)
     bwd = 2 * fwd_compute + recompute_extra + tp_bwd

@@ -17,8 +17,8 @@ import numpy as np
 
 from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.schedule import simulate, simulate_many
-from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
-from hetplan.estimate.comm import p2p_time_s
+from hetplan.estimate.stage import Link, boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.estimate.comm import network_terms, p2p_time_s
 from hetplan.estimate.compute import RECOMPUTE_CODES, pool_gpu
 from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
@@ -95,9 +95,11 @@ class Estimate:
 
 
 def pool_link(pool: GPUPool, gpu: GPUSpec) -> Link:
-    """The :class:`Link` of a pool (intra-node bandwidth defaults to the catalog's GPU link)."""
+    """The :class:`Link` of a pool (intra-node bandwidth defaults to the catalog's GPU link; the inter-node
+    bandwidth and latency follow the pool's network, :func:`hetplan.estimate.comm.network_terms`)."""
     intra = pool.intra_node_bandwidth_bytes_per_s or gpu.gpu_link_bandwidth_bytes_per_s
-    return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s)
+    factor, alpha = network_terms(pool.network)
+    return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha)
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
@@ -344,12 +346,15 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     p2p = np.zeros(len(send))
     if len(send):
         link_cols = [np.array(x) for x in zip(*((ln.gpus_per_node, ln.intra_node_bandwidth_bytes_per_s,
-                                                 ln.inter_node_bandwidth_bytes_per_s) for ln in links))]
+                                                 ln.inter_node_bandwidth_bytes_per_s, ln.inter_node_alpha_s)
+                                                for ln in links))]
         send_a, recv_a = send, recv
-        bw = boundary_bandwidth_bytes_per_s(Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols)),
-                                            cols["t"][send_a] * cols["dp"][send_a], np.array(intra))
+        send_link, recv_link = Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols))
+        bw = boundary_bandwidth_bytes_per_s(send_link, recv_link, cols["t"][send_a] * cols["dp"][send_a],
+                                            np.array(intra))
+        alpha = boundary_alpha_s(send_link, recv_link, np.array(intra))
         msg = p2p_bytes(m, cols["b"][send_a], cols["s"][send_a], np.maximum(cols["t"][send_a], cols["t"][recv_a]), False)
-        p2p = np.asarray(p2p_time_s(msg, bw), dtype=float)
+        p2p = np.asarray(p2p_time_s(msg, bw, alpha), dtype=float)
         for j in reshard:
             a, nb = send[j], recv[j]
             nl = links[nb]
@@ -357,7 +362,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 m, int(cols["s"][a]), (int(cols["t"][a]), int(cols["dp"][a]), int(cols["b"][a])),
                 (int(cols["t"][nb]), int(cols["dp"][nb]), int(cols["b"][nb])), float(bw[j]),
                 gpus_per_node=nl.gpus_per_node, intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
-                inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s)
+                inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=float(alpha[j]),
+                inter_node_alpha_s=nl.inter_node_alpha_s)
     p2p_start = np.concatenate([[0], np.cumsum([plan.pp - 1 for plan in plans])]).astype(int)
 
     # Pipeline time per plan: simulation (grouped by shape) or the closed form.

@@ -12,18 +12,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.estimate import compute, memory
-from hetplan.estimate.comm import dp_collective_time_s, group_collective_time_s
+from hetplan.estimate.comm import ALPHA_INTER_NODE_S, dp_collective_time_s, group_collective_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 
 
 @dataclass(frozen=True)
 class Link:
-    """Bandwidths a stage sees (bytes/s, unidirectional): inside its node and out of its node (whole NIC)."""
+    """Bandwidths a stage sees (bytes/s, unidirectional): inside its node and out of its node (whole NIC, as far
+    as its network lets NCCL use it: :func:`hetplan.estimate.comm.network_terms`), and the per-step latency
+    between nodes (s)."""
 
     gpus_per_node: int
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
+    inter_node_alpha_s: float = ALPHA_INTER_NODE_S
 
 
 #: Gradient bucket of the overlapped data-parallel reduction (elements): Megatron-LM's DDP default
@@ -92,7 +95,7 @@ def stage_costs(
     """
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
-                 sequence_parallel=sequence_parallel, attention=attention)
+                 inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention)
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af = ab = atp = None
     if measured_layer_time_s is not None or recompute_layers is not None:
@@ -115,7 +118,7 @@ def stage_costs(
 
     params = memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
     zero = np.asarray(zero)
-    dp_args = (dp, t, link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s)
+    dp_args = (dp, t, link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
     grad_bytes = params * grad_comm_bytes_per_parameter(dtype)
     weight_bytes = params * memory.WEIGHT_BYTES
     allreduce = dp_collective_time_s(grad_bytes, "allreduce", *dp_args)
@@ -214,7 +217,7 @@ def compute_embedding_sync_s(m: ModelSpec, dtype: str, t, link: Link):
     nbytes = m.padded_vocab_size() * m.hidden_size / np.asarray(t) * grad_comm_bytes_per_parameter(dtype)
     return group_collective_time_s(nbytes, "allreduce", 2, link.gpus_per_node, link.gpus_per_node,
                                    link.intra_node_bandwidth_bytes_per_s, link.inter_node_bandwidth_bytes_per_s,
-                                   nic_sharers=link.gpus_per_node)
+                                   nic_sharers=link.gpus_per_node, inter_alpha_s=link.inter_node_alpha_s)
 
 
 def p2p_bytes(m: ModelSpec, b, s, t, sequence_parallel):
@@ -230,3 +233,9 @@ def boundary_bandwidth_bytes_per_s(sender: Link, receiver: Link, sender_gpus, in
     inter = np.minimum(sender.inter_node_bandwidth_bytes_per_s, receiver.inter_node_bandwidth_bytes_per_s)
     senders = np.minimum(sender.gpus_per_node, sender_gpus)
     return np.where(intra_node, sender.intra_node_bandwidth_bytes_per_s, inter / senders)
+
+
+def boundary_alpha_s(sender: Link, receiver: Link, intra_node):
+    """Per-transfer latency of a pipeline boundary (s): :data:`~hetplan.estimate.comm.ALPHA_INTER_NODE_S` inside a
+    node (:func:`~hetplan.estimate.comm.p2p_time_s`'s default), else the slower of the two nodes' networks."""
+    return np.where(intra_node, ALPHA_INTER_NODE_S, np.maximum(sender.inter_node_alpha_s, receiver.inter_node_alpha_s))

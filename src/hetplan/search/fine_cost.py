@@ -34,7 +34,7 @@ from hetplan.estimate.compute import RECOMPUTE_CODES
 from hetplan.estimate.estimator import LayerTimeSource, pool_link
 from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.estimate.schedule import simulate
-from hetplan.estimate.stage import boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.estimate.stage import boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
@@ -297,14 +297,16 @@ class FineCostModel:
         v = self._p2p.get(key)
         if v is None:
             bw = float(boundary_bandwidth_bytes_per_s(self.link, self.link, a.gpus, intra))
+            alpha = float(boundary_alpha_s(self.link, self.link, intra))
             sender, receiver = (a.tp, a.dp, B // a.dp), (nb.tp, nb.dp, B // nb.dp)
             if sender == receiver:
-                v = float(p2p_time_s(p2p_bytes(self.m, B // a.dp, self.job.seq_len, a.tp, a.tp > 1), bw))
+                v = float(p2p_time_s(p2p_bytes(self.m, B // a.dp, self.job.seq_len, a.tp, a.tp > 1), bw, alpha))
             else:
                 v = boundary_transfer_time_s(
                     self.m, self.job.seq_len, sender, receiver, bw, gpus_per_node=self.link.gpus_per_node,
                     intra_node_bandwidth_bytes_per_s=self.link.intra_node_bandwidth_bytes_per_s,
-                    inter_node_bandwidth_bytes_per_s=self.link.inter_node_bandwidth_bytes_per_s)
+                    inter_node_bandwidth_bytes_per_s=self.link.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=alpha,
+                    inter_node_alpha_s=self.link.inter_node_alpha_s)
             self._p2p[key] = v
         return v
 

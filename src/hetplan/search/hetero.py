@@ -62,7 +62,7 @@ from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
 from hetplan.estimate.reshard import boundary_transfer_time_s
-from hetplan.estimate.stage import Link, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.estimate.stage import Link, boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Inventory, Job, Plan, Stage
@@ -261,15 +261,17 @@ class _Group:
         key = (s1.pool, s1.tp, s2.pool, s2.tp, intra)
         if key not in self._p2p:
             bw = boundary_bandwidth_bytes_per_s(s1.link, s2.link, s1.tp * self.d, intra)
+            alpha = float(boundary_alpha_s(s1.link, s2.link, intra))
             if s1.tp == s2.tp:
                 msg = p2p_bytes(self.m, self.b, self.job.seq_len, s1.tp, True)
-                self._p2p[key] = float(p2p_time_s(msg, bw))
+                self._p2p[key] = float(p2p_time_s(msg, bw, alpha))
             else:
                 nl = s2.link
                 self._p2p[key] = float(boundary_transfer_time_s(
                     self.m, self.job.seq_len, (s1.tp, self.d, self.b), (s2.tp, self.d, self.b), float(bw),
                     gpus_per_node=nl.gpus_per_node, intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
-                    inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s))
+                    inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=alpha,
+                    inter_node_alpha_s=nl.inter_node_alpha_s))
         return self._p2p[key]
 
     def tail_lower_bound_s(self, p: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
 from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.memory import stage_memory_bytes
-from hetplan.estimate.stage import boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.estimate.stage import boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -198,8 +198,10 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     stage_gpus = tp * dp
     n_intra = _intra_boundaries(stage_gpus, pp, pool.gpus_per_node)
     msg = p2p_bytes(m, mbs, job.seq_len, tp, tp > 1)
-    p2p_one_intra = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, True))
-    p2p_one_inter = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, False))
+    p2p_one_intra = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, True),
+                               boundary_alpha_s(link, link, True))
+    p2p_one_inter = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, False),
+                               boundary_alpha_s(link, link, False))
     p2p_total = n_intra * p2p_one_intra + (pp - 1 - n_intra) * p2p_one_inter
     t_pipe, bottleneck, bubble = pipeline_time_s(c["forward_s"], c["backward_s"], count, p2p_total, mb,
                                                  virtual_stages=v)
