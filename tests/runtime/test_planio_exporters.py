@@ -105,6 +105,14 @@ def test_exports():
     assert "[0, 3, 4]" in e.value.message
     with pytest.raises(HetplanError, match="unknown export target"):
         exporters.export(plan, spec, "jax")
+    assert "NCCL_IB_DISABLE" not in meg
+    eth = plan.model_copy(update={"pools": [p.model_copy(update={"network": "ethernet"}) for p in plan.pools]})
+    for target, script, at in (("megatron", "megatron_launch.sh", 1), ("torchtitan", "launch.sh", 0)):
+        ex = exporters.export(eth, spec, target)
+        lines = ex.files[script].splitlines()
+        assert lines[at].startswith("export NCCL_IB_DISABLE=1")  # after the shebang, if the script has one
+        assert at == 0 or lines[0] == "#!/usr/bin/env bash"
+        assert any("NCCL_IB_DISABLE=1" in n for n in ex.notes)
 
 
 def test_deepspeed_balanced_and_megatron_middle_stages(tmp_path):

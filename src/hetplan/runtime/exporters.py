@@ -259,9 +259,20 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
     """
     t = target.lower().strip()
     if t == "megatron":
-        return export_megatron(plan, spec, virtual_stages)
-    if t == "deepspeed":
-        return export_deepspeed(plan, spec)
-    if t == "torchtitan":
-        return export_torchtitan(plan, spec, virtual_stages)
-    raise HetplanError(f"unknown export target {target!r}", field="--to", fix=f"use one of {', '.join(TARGETS)}")
+        out = export_megatron(plan, spec, virtual_stages)
+    elif t == "deepspeed":
+        out = export_deepspeed(plan, spec)
+    elif t == "torchtitan":
+        out = export_torchtitan(plan, spec, virtual_stages)
+    else:
+        raise HetplanError(f"unknown export target {target!r}", field="--to", fix=f"use one of {', '.join(TARGETS)}")
+    if any(pool.network == "ethernet" for pool in plan.pools):
+        # The estimate assumed NCCL's socket transport (hetplan.estimate.comm.NETWORKS); say so where NCCL reads it.
+        env = ("export NCCL_IB_DISABLE=1  # nodes joined by Ethernet without RDMA (GPUPool.network): NCCL sockets; "
+               "set NCCL_SOCKET_IFNAME to the data-network interface")
+        for name, text in out.files.items():
+            if name.endswith(".sh"):
+                head, sep, rest = text.partition("\n") if text.startswith("#!") else ("", "", text)
+                out.files[name] = f"{head}{sep}{env}\n{rest}"
+        out.notes.append("Ethernet between nodes: launch with NCCL_IB_DISABLE=1 and NCCL_SOCKET_IFNAME set")
+    return out
