@@ -180,8 +180,11 @@ def stage_memory_bytes(
     backward = BACKWARD_WORKING_SET * act("none", "flash") + scores_grad
     if framework == "deepspeed":
         # DeepSpeed's pipeline engine keeps the last stage's 16-bit logits (its output buffer) through the
-        # backward pass: the sum, as measured on the traces.
-        train = backward + logits
+        # backward pass: the sum, as measured on the traces; plus the 16-bit grads; or the optimizer step.
+        grad16 = DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES
+        train = backward + logits + grad16
+        step = grad16 + DEEPSPEED_STEP_BYTES * optim / OPTIMIZER_BYTES - activations  # activations freed
+        transient = np.maximum(train, step)
     else:
         # Megatron-LM's last stage outputs the loss: the logits and the cross-entropy's saved fp32 softmax (the
         # theoretical output-layer term, ``head``) exist only around the loss and are freed by its backward,
@@ -189,14 +192,7 @@ def stage_memory_bytes(
         # peak is the larger of the loss phase (``head`` + 16-bit logits) and the layer-backward phase
         # (recomputed layer + working set), not their sum; transient is the excess over the theoretical
         # components, negative where they add buffers that never coexist.
-        train = np.maximum(head + logits, recomputed + backward) - head - recomputed
-    if framework == "deepspeed":
-        grad16 = DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES
-        train = train + grad16
-        step = grad16 + DEEPSPEED_STEP_BYTES * optim / OPTIMIZER_BYTES - activations  # activations freed
-        transient = np.maximum(train, step)
-    else:
-        transient = train
+        transient = np.maximum(head + logits, recomputed + backward) - head - recomputed
     allocated = tensors + transient
     overhead = CUDA_CONTEXT_BYTES + transient + ALLOCATOR_MARGIN * allocated
     return {
