@@ -17,6 +17,8 @@ reproduces the catalog values); this script prints them.
 
     python benchmarks/bench_hetero_traces.py [TRACE_DIR] [--attention auto|standard|flash]   # the table of errors
     python benchmarks/bench_hetero_traces.py --fit    # compute_efficiency per traced GPU type, standard vs fused
+    python benchmarks/bench_hetero_traces.py --schedule   # iteration time from the measured stage times through the
+                                                          # schedule simulation, per p2p model
 """
 
 from __future__ import annotations
@@ -83,9 +85,25 @@ def fit_efficiency() -> dict:
     return calibrate.fit_espresso()
 
 
+def schedule() -> None:
+    """The iteration time of every traced run from its measured stage and transfer times through the schedule
+    simulation, under each p2p model (:mod:`hetplan.estimate.pipeline_traces`)."""
+    from hetplan.estimate.pipeline_traces import P2P_MODELS, schedule_errors
+
+    pos = [a for a in sys.argv[1:] if not a.startswith("-")]
+    rows = schedule_errors(Path(pos[0]) if pos else None)
+    print(f"{'run':30s} {'p':>2s} {'measured s':>10s} " + " ".join(f"{k:>10s}" for k in P2P_MODELS))
+    for r in rows:
+        print(f"{r['run']:30s} {r['p']:2d} {r['measured_s']:10.2f} " + " ".join(f"{r[k]:+10.1%}" for k in P2P_MODELS))
+    print(f"{'MAPE':30s} {'':2s} {'':10s} " + " ".join(f"{statistics.mean(abs(r[k]) for r in rows):10.1%}"
+                                                     for k in P2P_MODELS))
+
+
 if __name__ == "__main__":
     if "--fit" in sys.argv:
         json.dump(fit_efficiency(), sys.stdout, indent=2)
         print()
+    elif "--schedule" in sys.argv:
+        schedule()
     else:
         main()
