@@ -1,7 +1,7 @@
 """``hetplan validate``: run the estimator on public measured training data and report its error.
 
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
-korthikanti_table5, aceso_v100, fasop_layers. See :mod:`hetplan.estimate.validation` and docs/estimator.md.
+korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero. See :mod:`hetplan.estimate.validation` and docs/estimator.md.
 
 The table shows, per set, the error metrics and the calibration / held-out split; with ``fasop_layers`` also its
 errors per GPU type and the A10G / A100 per-layer time ratio of GPT-2 XL at micro-batch 1 against FASOP's measured
@@ -106,8 +106,8 @@ def register(app: typer.Typer) -> None:
             _print_fasop(console, result["sets"]["fasop_layers"])
         console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same model, "
                       "GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows (V100), "
-                      "seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's hosts); "
-                      "SC'21 and Korthikanti are fully held out.")
+                      "seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's hosts), "
+                      "Espresso's runs that fitted A30/A4000/A6000/3090; SC'21 and Korthikanti are fully held out.")
         if csv_path is not None:
             console.print(f"wrote {csv_path}")
         if plot_path is not None:

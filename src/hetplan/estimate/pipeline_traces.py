@@ -23,16 +23,22 @@ is checked is the schedule and its p2p semantics, the part of the estimator that
 iteration time; the per-stage costs themselves are checked by ``benchmarks/bench_hetero_traces.py``.
 
 Run ``python benchmarks/bench_hetero_traces.py --schedule`` for the table (docs/estimator.md, Pipeline).
+
+:func:`summary_rows` condenses the traces into the ``espresso_hetero`` set of ``hetplan validate`` (package data,
+``python -m hetplan.estimate.pipeline_traces > src/hetplan/estimate/validation_data/espresso_hetero.csv``): per run
+its GPUs, stage boundaries, attention, measured transfer time and iteration time.
 """
 
 from __future__ import annotations
 
 import csv
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetplan.estimate.calibrate import ESPRESSO_MICROBATCHES, espresso_runs
+from hetplan.estimate.calibrate import (ESPRESSO_CALIBRATION_RUNS, ESPRESSO_MICROBATCHES, espresso_attention,
+                                        espresso_runs)
 from hetplan.estimate.schedule import simulate
 
 #: p2p models compared: asynchronous, Megatron-LM's blocking calls, DeepSpeed's instructions.
@@ -117,3 +123,37 @@ def schedule_errors(root: Path | None = None) -> list[dict]:
     if not rows:
         raise FileNotFoundError(f"no motivation1_* runs under {root}")
     return rows
+
+
+#: Columns of :func:`summary_rows` (the ``espresso_hetero`` validation CSV).
+SUMMARY_COLUMNS = ("run", "gpus", "bounds", "attention", "transfer_s", "iteration_s", "calibration")
+
+
+def summary_rows(root: Path | None = None) -> list[dict]:
+    """One row per traced run whose stages share one attention kind: ``gpus`` (stage order, ``+``-joined),
+    ``bounds`` (DeepSpeed layer-list boundaries, ``-``-joined), ``attention`` (what the run used,
+    :func:`~hetplan.estimate.calibrate.espresso_attention`), ``transfer_s`` (median over the boundaries of the
+    measured transfer time), ``iteration_s`` (measured) and ``calibration`` (a run whose stages fitted GPU
+    efficiencies, :data:`~hetplan.estimate.calibrate.ESPRESSO_CALIBRATION_RUNS`)."""
+    rows = []
+    for run, gpus, bounds, folders in espresso_runs(root):
+        kinds = {espresso_attention(g) for g in gpus}
+        if len(kinds) != 1:
+            continue
+        tp = read_pipeline(run, gpus, folders)
+        rows.append({"run": run, "gpus": "+".join(gpus), "bounds": "-".join(map(str, bounds)),
+                     "attention": kinds.pop(), "transfer_s": f"{statistics.median(tp.p2p_s):.6f}",
+                     "iteration_s": f"{tp.iteration_s:.6f}", "calibration": int(run in ESPRESSO_CALIBRATION_RUNS)})
+    return rows
+
+
+def main() -> int:
+    """Write :func:`summary_rows` as CSV to standard output."""
+    w = csv.DictWriter(sys.stdout, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(summary_rows())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

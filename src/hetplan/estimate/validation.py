@@ -15,6 +15,9 @@ Data sets (copied into ``hetplan/estimate/validation_data/``, sources in the REA
 * ``fasop_layers`` — FASOP's (HPDC'24) measured per-layer forward time at micro-batch 1, fp16, Megatron-LM, TP 1/2/4,
   of GPT-2 XL, BERT-large, GPT-2 345M (two runs) and T5 (encoder layers) on A100-40GB (AWS p4d), A10G (AWS g5)
   and RTX 3090: 33 rows; also reports errors per GPU type and the A100/A10G layer-time ratio.
+* ``espresso_hetero`` — 9 measured iteration times of heterogeneous DeepSpeed pipelines (2-4 stages of A30, RTX A4000,
+  RTX A6000, RTX 3090 or A10G, one GPU per stage; Espresso's traces), end to end through :func:`estimate`. Runs that
+  mix attention kinds (the AWS runs with T4 / V100 stages, GPUs the catalog does not calibrate) are left out.
 
 Metrics per set: MAPE (mean |pred/meas - 1|), maximum |error|, and Kendall tau between predicted and measured
 times of the configurations of one job (same model, GPU count and global batch: the alternatives a planner
@@ -44,7 +47,7 @@ from hetplan.plan import GPUPool, Job, Plan, Stage
 A100 = "A100-SXM-80GB"
 V100 = "V100-SXM-32GB"
 SET_NAMES = ("vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1", "korthikanti_table5", "aceso_v100",
-             "fasop_layers")
+             "fasop_layers", "espresso_hetero")
 
 #: Targets of issue 3 (fractions). ``kendall_tau`` is a lower bound, the others upper bounds.
 TARGETS = {
@@ -356,6 +359,41 @@ def fasop_cases() -> list[Case]:
     return out
 
 
+def espresso_hetero_cases() -> list[Case]:
+    """Espresso's traced heterogeneous DeepSpeed pipelines (``espresso_hetero.csv``,
+    :func:`hetplan.estimate.pipeline_traces.summary_rows`): measured iteration time against :func:`estimate` of
+    the same plan — one GPU per stage, the traced layer split, 4 micro-batches of 8 sequences of 2,000 tokens, full
+    recomputation, the run's attention, ``framework="deepspeed"`` (memory and DeepSpeed's p2p instructions). The
+    traces name no network, so each run's link is the one its own shortest sends imply (every stage on its own
+    machine, :func:`network_for_transfer`): 0.46 GB/s on the juchiyun machines, 3 GB/s on AWS. Group for Kendall
+    tau: one model (the runs are alternative GPU mixes for the same job). Runs whose stages fitted GPU efficiencies
+    (:data:`hetplan.estimate.calibrate.ESPRESSO_CALIBRATION_RUNS`) count as calibration."""
+    from hetplan.estimate.calibrate import espresso_plan
+
+    out = []
+    for r in csv.DictReader(_data("espresso_hetero.csv").splitlines()):
+        gpus = r["gpus"].split("+")
+        plan, m = espresso_plan(gpus, [int(x) for x in r["bounds"].split("-")], r["attention"], "deepspeed")
+        bw = network_for_transfer(m, float(r["transfer_s"]))
+        plan = plan.model_copy(update={"pools": [p.model_copy(update={"gpus_per_node": 1,
+                                                                      "inter_node_bandwidth_bytes_per_s": bw})
+                                                 for p in plan.pools]})
+        out.append(Case(set="espresso_hetero", key=f"espresso:{r['run']}", group=f"L{m.num_layers}",
+                        measured=float(r["iteration_s"]), predict=_time_predictor(plan, m),
+                        is_calibration=r["calibration"] == "1", info=dict(run=r["run"], gpus=r["gpus"]),
+                        plan=plan, model=m))
+    return out
+
+
+def network_for_transfer(m: ModelSpec, transfer_s: float) -> float:
+    """Node bandwidth (bytes/s) at which :func:`hetplan.estimate.comm.p2p_time_s` sends one traced activation
+    (8 x 2,000 tokens of ``m``, TP 1) across nodes in ``transfer_s``."""
+    from hetplan.estimate.comm import ALPHA_INTER_NODE_S, LINK_EFFICIENCY
+    from hetplan.estimate.stage import p2p_bytes
+
+    return float(p2p_bytes(m, 8, 2000, 1, False)) / (transfer_s - ALPHA_INTER_NODE_S) / LINK_EFFICIENCY
+
+
 def fasop_summary(cases: list[Case]) -> dict:
     """Errors per GPU type of the ``fasop_layers`` cases, and the A100 / A10G layer-time ratio of GPT-2 XL at
     micro-batch 1 (TP 1) measured by FASOP vs predicted (also at micro-batch 8)."""
@@ -381,6 +419,7 @@ def all_cases(sets: Iterable[str] = SET_NAMES) -> list[Case]:
         "korthikanti_table5": korthikanti_cases,
         "aceso_v100": aceso_cases,
         "fasop_layers": fasop_cases,
+        "espresso_hetero": espresso_hetero_cases,
     }
     out = []
     for s in sets:
