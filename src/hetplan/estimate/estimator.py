@@ -359,9 +359,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                                                 for ln in links))]
         send_a, recv_a = send, recv
         send_link, recv_link = Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols))
-        bw = boundary_bandwidth_bytes_per_s(send_link, recv_link, cols["t"][send_a] * cols["dp"][send_a],
-                                            np.array(intra))
-        alpha = boundary_alpha_s(send_link, recv_link, np.array(intra))
+        intra = np.array(intra)
+        bw = boundary_bandwidth_bytes_per_s(send_link, recv_link, cols["t"][send_a] * cols["dp"][send_a], intra)
+        alpha = boundary_alpha_s(send_link, recv_link, intra)
         msg = p2p_bytes(m, cols["b"][send_a], cols["s"][send_a], np.maximum(cols["t"][send_a], cols["t"][recv_a]), False)
         p2p = np.asarray(p2p_time_s(msg, bw, alpha), dtype=float)
         for j in reshard:

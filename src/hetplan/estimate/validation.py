@@ -387,11 +387,13 @@ def espresso_hetero_cases() -> list[Case]:
 
 def network_for_transfer(m: ModelSpec, transfer_s: float) -> float:
     """Node bandwidth (bytes/s) at which :func:`hetplan.estimate.comm.p2p_time_s` sends one traced activation
-    (8 x 2,000 tokens of ``m``, TP 1) across nodes in ``transfer_s``."""
+    (micro-batch × sequence tokens of ``m`` as traced, TP 1) across nodes in ``transfer_s``."""
+    from hetplan.estimate.calibrate import ESPRESSO_MBS, ESPRESSO_SEQ
     from hetplan.estimate.comm import ALPHA_INTER_NODE_S, LINK_EFFICIENCY
     from hetplan.estimate.stage import p2p_bytes
 
-    return float(p2p_bytes(m, 8, 2000, 1, False)) / (transfer_s - ALPHA_INTER_NODE_S) / LINK_EFFICIENCY
+    msg = float(p2p_bytes(m, ESPRESSO_MBS, ESPRESSO_SEQ, 1, False))
+    return msg / (transfer_s - ALPHA_INTER_NODE_S) / LINK_EFFICIENCY
 
 
 def fasop_summary(cases: list[Case]) -> dict:
