@@ -1,7 +1,7 @@
 """``hetplan validate``: run the estimator on public measured training data and report its error.
 
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
-korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero. See :mod:`hetplan.estimate.validation` and docs/estimator.md.
+korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero. See :mod:`hetplan.calibration.validation` and docs/estimator.md.
 
 The table shows, per set, the error metrics and the calibration / held-out split; with ``fasop_layers`` also its
 errors per GPU type and the A10G / A100 per-layer time ratio of GPT-2 XL at micro-batch 1 against FASOP's measured
@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5, Aceso's V100 profile and FASOP's
         per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1)."""
         from hetplan.errors import HetplanError
-        from hetplan.estimate import validation as v
+        from hetplan.calibration import validation as v
 
         names = v.SET_NAMES if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
         bad = [n for n in names if n not in v.SET_NAMES]
