@@ -25,6 +25,17 @@ ATTENTION_KINDS = ("standard", "flash")
 FLASH_LSE_BYTES = 4
 
 
+def as_float(x):
+    """``x`` as float64 if it is a numpy integer array or scalar, else unchanged (Python ints are exact).
+
+    Token, FLOP and byte counts of large jobs overflow int64 (Llama 3 405B at 16M tokens per iteration: 4.4e19
+    FLOPs > 9.2e18), and numpy integer arithmetic wraps around silently; every count below multiplies in float64
+    (exact up to 2^53, relative error 1e-16 above)."""
+    if isinstance(x, (np.ndarray, np.integer)) and np.issubdtype(np.asarray(x).dtype, np.integer):
+        return np.asarray(x, dtype=np.float64)
+    return x
+
+
 def check_attention(attention: str) -> str:
     """Return ``attention`` if it is one of :data:`ATTENTION_KINDS`.
 
@@ -198,6 +209,7 @@ def layer_forward_flops(m: ModelSpec, b, s):
     without recompute), generalised to GQA, SwiGLU, MLA and MoE as in Megatron-LM ``num_floating_point_operations``.
     Norms, softmax and element-wise work are not counted (as in those formulas).
     """
+    b, s = as_float(b), as_float(s)
     tokens = b * s
     proj = 2 * tokens * sum(i * o for i, o in attention_linears(m))
     attn = 2 * tokens * attended_keys(m, s) * (m.q_dim + m.attn_out_dim)
@@ -206,6 +218,7 @@ def layer_forward_flops(m: ModelSpec, b, s):
 
 def head_forward_flops(m: ModelSpec, b, s):
     """Forward FLOPs of the logits (output projection): 2·b·s·h·V (Narayanan et al. SC'21, Eq. 3, last term)."""
+    b, s = as_float(b), as_float(s)
     return 2 * b * s * m.hidden_size * m.padded_vocab_size()
 
 
@@ -215,6 +228,7 @@ def model_flops_per_iteration(m: ModelSpec, global_batch, s):
     This is the numerator of MFU (Chowdhery et al. 2022, PaLM, App. B). With full recomputation hardware does
     one more forward of every layer (HFU counts it; Narayanan et al. Eq. 3 uses 4 x forward).
     """
+    global_batch, s = as_float(global_batch), as_float(s)
     return 3 * (m.num_layers * layer_forward_flops(m, global_batch, s) + head_forward_flops(m, global_batch, s))
 
 
@@ -255,6 +269,7 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
     Raises:
         HetplanError: unknown ``attention``.
     """
+    b, s = as_float(b), as_float(s)
     h, q, kv, f, a = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size, m.num_attention_heads
     sbh = s * b * h
     if recompute == "full":
