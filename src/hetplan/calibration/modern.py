@@ -214,8 +214,8 @@ def row_model(r: dict) -> ModelSpec:
     """
     name = r["model"]
     low = name.lower()
-    if _int(r, "num_experts", 0) or "moe" in low or "mixture" in low:
-        raise NotExpressibleError("MoE model: the estimator has no mixture-of-experts layers yet")
+    if _int(r, "num_experts", 0) or "moe" in low or "mixture" in low or "a22b" in low or "gpt-oss" in low:
+        return moe_model(r)
     if "mamba" in low or "nemotron-h" in low:
         raise NotExpressibleError("hybrid Mamba-Transformer: no Mamba layers in the estimator")
     L, h, a = _int(r, "layers"), _int(r, "hidden"), _int(r, "heads")
@@ -239,6 +239,29 @@ def row_model(r: dict) -> ModelSpec:
     if "gpt" in low:
         return gpt_model(L, h, a, s, vocab=V or 50257)
     raise NotExpressibleError(f"model {name!r} has no mapping to a model spec")
+
+
+#: MoE models of the rows -> model presets (``hetplan catalog models``; shapes from each model's config.json).
+MOE_PRESETS = {"deepseek-v3": "deepseek-v3", "deepseek v3": "deepseek-v3", "qwen3-235b-a22b": "qwen3-235b-a22b",
+               "qwen3 moe 30b": "qwen3-30b-a3b", "gpt-oss 120b": "gpt-oss-120b", "llama 4 scout": "llama4-scout"}
+
+
+def moe_model(r: dict) -> ModelSpec:
+    """The preset of a MoE row (:data:`MOE_PRESETS`) with the run's layer count; :class:`NotExpressibleError`
+    when the model has no preset or the estimator has no MoE layers yet."""
+    from hetplan.errors import HetplanError
+    from hetplan.model.spec import load_model
+
+    low = r["model"].lower()
+    preset = next((v for k, v in MOE_PRESETS.items() if k in low), None)
+    if preset is None:
+        raise NotExpressibleError(f"MoE model {r['model']!r} has no model preset")
+    try:
+        m = load_model(preset)
+    except HetplanError:
+        raise NotExpressibleError("MoE model: the estimator has no mixture-of-experts layers yet") from None
+    L = _int(r, "layers")
+    return m if not L or L == m.num_layers else m.model_copy(update={"num_layers": L, "name": f"{m.name}-L{L}"})
 
 
 def _probe_job(**kw) -> Job:
