@@ -11,6 +11,8 @@ evaluate many configurations in one call.
 
 from __future__ import annotations
 
+import numpy as np
+
 from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec
 
@@ -21,6 +23,17 @@ BYTES_PER_ACTIVATION = 2  # bf16/fp16 activations
 ATTENTION_KINDS = ("standard", "flash")
 #: Bytes per element of FlashAttention's saved softmax statistics (log-sum-exp, fp32; Dao et al. 2022 Alg. 2).
 FLASH_LSE_BYTES = 4
+
+
+def as_float(x):
+    """``x`` as float64 if it is a numpy integer array or scalar, else unchanged (Python ints are exact).
+
+    Token, FLOP and byte counts of large jobs overflow int64 (Llama 3 405B at 16M tokens per iteration: 4.4e19
+    FLOPs > 9.2e18), and numpy integer arithmetic wraps around silently; every count below multiplies in float64
+    (exact up to 2^53, relative error 1e-16 above)."""
+    if isinstance(x, (np.ndarray, np.integer)) and np.issubdtype(np.asarray(x).dtype, np.integer):
+        return np.asarray(x, dtype=np.float64)
+    return x
 
 
 def check_attention(attention: str) -> str:
@@ -76,6 +89,7 @@ def layer_forward_flops(m: ModelSpec, b, s):
     generalised to GQA and SwiGLU as in Megatron-LM ``num_floating_point_operations``. Norms, softmax and
     element-wise work are not counted (as in those formulas).
     """
+    b, s = as_float(b), as_float(s)
     h, q, kv, f = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size
     tokens = b * s
     proj = 2 * tokens * h * (2 * q + 2 * kv)
@@ -86,6 +100,7 @@ def layer_forward_flops(m: ModelSpec, b, s):
 
 def head_forward_flops(m: ModelSpec, b, s):
     """Forward FLOPs of the logits (output projection): 2·b·s·h·V (Narayanan et al. SC'21, Eq. 3, last term)."""
+    b, s = as_float(b), as_float(s)
     return 2 * b * s * m.hidden_size * m.padded_vocab_size()
 
 
@@ -95,6 +110,7 @@ def model_flops_per_iteration(m: ModelSpec, global_batch, s):
     This is the numerator of MFU (Chowdhery et al. 2022, PaLM, App. B). With full recomputation hardware does
     one more forward of every layer (HFU counts it; Narayanan et al. Eq. 3 uses 4 x forward).
     """
+    global_batch, s = as_float(global_batch), as_float(s)
     return 3 * (m.num_layers * layer_forward_flops(m, global_batch, s) + head_forward_flops(m, global_batch, s))
 
 
@@ -129,6 +145,7 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
     Raises:
         HetplanError: unknown ``attention``.
     """
+    b, s = as_float(b), as_float(s)
     h, q, kv, f, a = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size, m.num_attention_heads
     sbh = s * b * h
     if recompute == "full":
