@@ -611,6 +611,7 @@ def memory_metrics(cases: list[ModernCase]) -> dict:
 def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible]) -> dict:
     """Metrics of one modern set (module doc) plus its convention, target and the rows it cannot express."""
     res = metrics(cases)
+    res["median_abs_error"] = float(np.median([abs(c.predicted / c.measured - 1) for c in cases])) if cases else math.nan
     res["measured"] = sorted({c.quantity for c in cases})
     res["convention"] = CONVENTIONS[name]
     cal = [c for c in cases if c.is_calibration]
