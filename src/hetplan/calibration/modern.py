@@ -624,6 +624,7 @@ def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible
     res["per_gpu_dtype"] = {f"{g}:{d}": metrics([c for c in cases if (c.gpu, c.dtype) == (g, d)])
                             for g, d in sorted({(c.gpu, c.dtype) for c in cases})}
     res["does_not_fit"] = [c.key for c in cases if not c.fits]
+    res["approximations"] = dict(Counter(n for c in cases for n in c.notes).most_common())
     res["not_expressible"] = {"n": len(skipped), "rows": [{"key": s.key, "reason": s.reason} for s in skipped]}
     res["target"] = TARGETS.get(name, {})
     return res
