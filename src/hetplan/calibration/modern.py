@@ -611,6 +611,7 @@ def memory_metrics(cases: list[ModernCase]) -> dict:
 def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible]) -> dict:
     """Metrics of one modern set (module doc) plus its convention, target and the rows it cannot express."""
     res = metrics(cases)
+    res["median_abs_error"] = float(np.median([abs(c.predicted / c.measured - 1) for c in cases])) if cases else math.nan
     res["measured"] = sorted({c.quantity for c in cases})
     res["convention"] = CONVENTIONS[name]
     cal = [c for c in cases if c.is_calibration]
@@ -623,6 +624,7 @@ def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible
     res["per_gpu_dtype"] = {f"{g}:{d}": metrics([c for c in cases if (c.gpu, c.dtype) == (g, d)])
                             for g, d in sorted({(c.gpu, c.dtype) for c in cases})}
     res["does_not_fit"] = [c.key for c in cases if not c.fits]
+    res["approximations"] = dict(Counter(n for c in cases for n in c.notes).most_common())
     res["not_expressible"] = {"n": len(skipped), "rows": [{"key": s.key, "reason": s.reason} for s in skipped]}
     res["target"] = TARGETS.get(name, {})
     return res
