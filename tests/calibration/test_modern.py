@@ -126,3 +126,23 @@ def test_calibration_split_is_seeded_and_partial(run):
     assert 0 < len(cal) < len(cases)
     again = modern.load_sets(["dgxc_h100"])["dgxc_h100"][0]
     assert [c.is_calibration for c in again] == [c.is_calibration for c in cases if c.set == "dgxc_h100"]
+
+
+def test_fit_recovers_a_known_efficiency_and_mutates_nothing():
+    """Brute force on a small set: rows whose 'measured' values are the predictions at e_max 0.6 give back 0.6;
+    the package catalog is untouched (the fit returns data)."""
+    from hetplan.calibration import modern_fit
+
+    base = load_catalog()
+    before = base.get("H100-SXM").compute_efficiency
+    truth = modern_fit.catalog_with([modern_fit.EfficiencyFit("H100-SXM", "bf16", "compute_efficiency", 0.6, before,
+                                                              0, 0, {}, {})], base)
+    cases = modern.load_sets(["megatron_lm_h100"])["megatron_lm_h100"][0]
+    for c in cases:
+        c.measured = c.evaluate(truth)
+        c.is_calibration = True
+    fit = modern_fit.fit_gpu_dtype(cases, "H100-SXM", "bf16", base)
+    assert fit.value == pytest.approx(0.6, abs=0.002)
+    assert fit.was == before and fit.n_calibration == len(cases)
+    assert load_catalog().get("H100-SXM").compute_efficiency == before
+    assert modern_fit.efficiency_field("bf16") == "compute_efficiency"

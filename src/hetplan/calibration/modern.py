@@ -214,8 +214,8 @@ def row_model(r: dict) -> ModelSpec:
     """
     name = r["model"]
     low = name.lower()
-    if _int(r, "num_experts", 0) or "moe" in low or "mixture" in low:
-        raise NotExpressibleError("MoE model: the estimator has no mixture-of-experts layers yet")
+    if _int(r, "num_experts", 0) or "moe" in low or "mixture" in low or "a22b" in low or "gpt-oss" in low:
+        return moe_model(r)
     if "mamba" in low or "nemotron-h" in low:
         raise NotExpressibleError("hybrid Mamba-Transformer: no Mamba layers in the estimator")
     L, h, a = _int(r, "layers"), _int(r, "hidden"), _int(r, "heads")
@@ -239,6 +239,29 @@ def row_model(r: dict) -> ModelSpec:
     if "gpt" in low:
         return gpt_model(L, h, a, s, vocab=V or 50257)
     raise NotExpressibleError(f"model {name!r} has no mapping to a model spec")
+
+
+#: MoE models of the rows -> model presets (``hetplan catalog models``; shapes from each model's config.json).
+MOE_PRESETS = {"deepseek-v3": "deepseek-v3", "deepseek v3": "deepseek-v3", "qwen3-235b-a22b": "qwen3-235b-a22b",
+               "qwen3 moe 30b": "qwen3-30b-a3b", "gpt-oss 120b": "gpt-oss-120b", "llama 4 scout": "llama4-scout"}
+
+
+def moe_model(r: dict) -> ModelSpec:
+    """The preset of a MoE row (:data:`MOE_PRESETS`) with the run's layer count; :class:`NotExpressibleError`
+    when the model has no preset or the estimator has no MoE layers yet."""
+    from hetplan.errors import HetplanError
+    from hetplan.model.spec import load_model
+
+    low = r["model"].lower()
+    preset = next((v for k, v in MOE_PRESETS.items() if k in low), None)
+    if preset is None:
+        raise NotExpressibleError(f"MoE model {r['model']!r} has no model preset")
+    try:
+        m = load_model(preset)
+    except HetplanError:
+        raise NotExpressibleError("MoE model: the estimator has no mixture-of-experts layers yet") from None
+    L = _int(r, "layers")
+    return m if not L or L == m.num_layers else m.model_copy(update={"num_layers": L, "name": f"{m.name}-L{L}"})
 
 
 def _probe_job(**kw) -> Job:
@@ -588,6 +611,7 @@ def memory_metrics(cases: list[ModernCase]) -> dict:
 def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible]) -> dict:
     """Metrics of one modern set (module doc) plus its convention, target and the rows it cannot express."""
     res = metrics(cases)
+    res["median_abs_error"] = float(np.median([abs(c.predicted / c.measured - 1) for c in cases])) if cases else math.nan
     res["measured"] = sorted({c.quantity for c in cases})
     res["convention"] = CONVENTIONS[name]
     cal = [c for c in cases if c.is_calibration]
@@ -600,6 +624,7 @@ def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible
     res["per_gpu_dtype"] = {f"{g}:{d}": metrics([c for c in cases if (c.gpu, c.dtype) == (g, d)])
                             for g, d in sorted({(c.gpu, c.dtype) for c in cases})}
     res["does_not_fit"] = [c.key for c in cases if not c.fits]
+    res["approximations"] = dict(Counter(n for c in cases for n in c.notes).most_common())
     res["not_expressible"] = {"n": len(skipped), "rows": [{"key": s.key, "reason": s.reason} for s in skipped]}
     res["target"] = TARGETS.get(name, {})
     return res

@@ -66,6 +66,8 @@ def _print_modern(console, sets: dict) -> None:
             console.print(f"  dense, CP 1: n {d['n']}, MAPE {_fmt(d['mape'])}, τ {_fmt(d['kendall_tau'], pct=False)}")
         for reason, k in Counter(x["reason"] for x in r["not_expressible"]["rows"]).most_common():
             console.print(f"  not expressible ({k}): {reason}")
+        for note, k in r["approximations"].items():
+            console.print(f"  approximated ({k}): {note}")
     console.print("memory: max |error| over the rows that report memory. Not-expressible rows are listed one by "
                   "one in --json.")
 
