@@ -117,6 +117,7 @@ def hardware_flops_per_iteration(m: ModelSpec, s: int, global_batch, recompute_c
     Megatron-LM skips the core-attention checkpoint under flash). Arrays broadcast."""
     rc = np.asarray(recompute_code)
     flash = np.asarray(flash)
+    global_batch, s = counts.as_float(global_batch), counts.as_float(s)
     layer_f = counts.layer_forward_flops(m, global_batch, s)
     core_f = 4 * global_batch * s * s * m.q_dim
     extra = np.where(rc == 2, layer_f, np.where((rc == 1) & ~flash, core_f, 0.0)) * m.num_layers * num_layers_weight

@@ -14,6 +14,7 @@ import numpy as np
 from hetplan.estimate import compute, memory
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, dp_collective_time_s, group_collective_time_s
 from hetplan.hardware.catalog import GPUSpec
+from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
 
@@ -93,6 +94,7 @@ def stage_costs(
 
     Units: seconds, bytes.
     """
+    s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention)
