@@ -8,7 +8,6 @@ Presets are ``config.json`` files shipped in ``hetplan/model/presets/`` (``hetpl
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import parse_json, read_text
 
 
 class ModelSpec(BaseModel):
@@ -220,7 +220,7 @@ def _load_cached(name_or_path: str) -> ModelSpec:
     if name_or_path.endswith(".json") or path.is_file():
         if not path.is_file():
             raise HetplanError(f"model file {name_or_path} does not exist", field="model", fix="give a path to a config.json or a preset name")
-        text, name = path.read_text(), path.stem if path.stem != "config" else path.parent.name or "model"
+        text, name = read_text(path, "model"), path.stem if path.stem != "config" else path.parent.name or "model"
     else:
         key = name_or_path.strip().lower().replace("_", "-")
         if key not in list_presets():
@@ -230,11 +230,10 @@ def _load_cached(name_or_path: str) -> ModelSpec:
             hint = f"did you mean {', '.join(close)}?" if close else "run `hetplan catalog models` for the list"
             raise HetplanError(f"unknown model {name_or_path!r}", field="model", fix=hint)
         text, name = _presets_dir().joinpath(f"{key}.json").read_text(), key
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HetplanError(f"malformed JSON in {name_or_path} (line {exc.lineno}, column {exc.colno}): {exc.msg}",
-                           field="model", fix="fix the JSON syntax at that line") from None
+    cfg = parse_json(text, name_or_path, "model")
+    if not isinstance(cfg, dict):
+        raise HetplanError(f"{name_or_path} holds a JSON {type(cfg).__name__}, not a config object", field="model",
+                           fix="give a Hugging Face config.json (an object of named fields)")
     return from_hf_config(cfg, name)
 
 
