@@ -62,7 +62,7 @@ def read_text(path: str | Path, field: str, max_bytes: int = MAX_FILE_BYTES) -> 
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise HetplanError(f"{p} is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})",
+        raise HetplanError(f"{p} is not UTF-8 text (byte {exc.start}: {data[exc.start]:#04x})",
                            field=field, fix="save the file as UTF-8 text") from None
     if "\x00" in text:
         raise HetplanError(f"{p} holds a NUL byte at offset {data.index(0)}: it is binary, not text", field=field,
