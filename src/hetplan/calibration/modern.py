@@ -18,7 +18,7 @@ FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputatio
 Megatron-LM's and NeMo's formula, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per 16M-token
 step). Memory per GPU (torchtitan, GiB as PyTorch reports it) is compared with the estimate's largest stage.
 
-Metrics per set: as :func:`hetplan.estimate.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
+Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
 calibration fraction :data:`CALIBRATION_FRACTION`), memory error, and the rows predicted not to fit.
 """
@@ -35,7 +35,7 @@ from typing import Iterable
 
 import numpy as np
 
-from hetplan.estimate.validation import Case, _is_calibration, gpt_model, metrics
+from hetplan.calibration.validation import Case, _is_calibration, gpt_model, metrics
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -81,7 +81,7 @@ TARGETS = {
 }
 
 #: Seeded fraction of every modern set used to fit GPU efficiencies (:mod:`hetplan.calibration.modern_fit`);
-#: the same hash of the row key as the A100 split (:func:`hetplan.estimate.validation._is_calibration`).
+#: the same hash of the row key as the A100 split (:func:`hetplan.calibration.validation._is_calibration`).
 CALIBRATION_FRACTION = 0.25
 
 #: Node of the DGX/HGX H100, H200 and B200: 8 GPUs, 8 ConnectX-7 NICs of 400 Gb/s = 400 GB/s per node
@@ -108,7 +108,7 @@ class NotExpressible:
 
 @dataclass
 class ModernCase(Case):
-    """A :class:`~hetplan.estimate.validation.Case` of a modern set.
+    """A :class:`~hetplan.calibration.validation.Case` of a modern set.
 
     Attributes:
         quantity: ``iteration_time_s``, ``tokens_per_s_per_gpu`` or ``tflops_per_gpu`` (what ``measured`` is).

@@ -22,7 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from hetplan.calibration import modern
-from hetplan.estimate.validation import metrics
+from hetplan.calibration.validation import metrics
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 
 #: Search interval of an efficiency (fraction of the dense peak).
@@ -37,7 +37,7 @@ class EfficiencyFit:
         gpu, dtype, field: catalog GPU, GEMM dtype and the :class:`GPUSpec` field fitted.
         value, was: fitted and catalog value.
         n_calibration, n_held_out: rows fitted on / held out.
-        held_out_before, held_out_after: :func:`hetplan.estimate.validation.metrics` of the held-out rows with
+        held_out_before, held_out_after: :func:`hetplan.calibration.validation.metrics` of the held-out rows with
             the catalog value and with the fitted one.
     """
 

@@ -18,7 +18,7 @@ import numpy as np
 from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.schedule import simulate, simulate_many
 from hetplan.estimate.stage import Link, boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
-from hetplan.estimate.comm import network_terms, p2p_time_s
+from hetplan.estimate.comm import CommConstants, network_terms, p2p_time_s
 from hetplan.estimate.compute import RECOMPUTE_CODES, pool_gpu
 from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
@@ -94,12 +94,14 @@ class Estimate:
     pipeline_model: str = "simulate"
 
 
-def pool_link(pool: GPUPool, gpu: GPUSpec) -> Link:
+def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None = None) -> Link:
     """The :class:`Link` of a pool (intra-node bandwidth defaults to the catalog's GPU link; the inter-node
-    bandwidth and latency follow the pool's network, :func:`hetplan.estimate.comm.network_terms`)."""
+    bandwidth and latency follow the pool's network, :func:`hetplan.estimate.comm.network_terms`; the intra-node
+    latency is ``comm_constants``' (default :class:`~hetplan.estimate.comm.CommConstants`))."""
     intra = pool.intra_node_bandwidth_bytes_per_s or gpu.gpu_link_bandwidth_bytes_per_s
     factor, alpha = network_terms(pool.network)
-    return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha)
+    cc = comm_constants or CommConstants()
+    return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s)
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
@@ -133,6 +135,7 @@ def estimate(
     *,
     virtual_stages: int | None = None,
     pipeline_model: str = "simulate",
+    comm_constants: CommConstants | None = None,
 ) -> Estimate:
     """Estimate ``plan`` (see module doc).
 
@@ -145,10 +148,12 @@ def estimate(
             needs the 1F1B schedule and micro-batches a multiple of pp, else it falls back to v = 1.
         pipeline_model: ``"simulate"`` (event simulation, :mod:`hetplan.estimate.schedule`) or
             ``"closed_form"`` (:func:`hetplan.estimate.pipeline.pipeline_time_s`, what the search uses).
+        comm_constants: fitted communication constants (default: the reviewed ones; a calibration passes its own).
     Raises:
         HetplanError: unknown GPU or model, a dtype the GPU lacks, layers that do not add up.
     """
-    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, False)[0][0]
+    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, False,
+                           comm_constants=comm_constants)[0][0]
 
 
 def estimate_many(
@@ -159,6 +164,7 @@ def estimate_many(
     *,
     virtual_stages: int | None = None,
     pipeline_model: str = "simulate",
+    comm_constants: CommConstants | None = None,
 ) -> list[Estimate]:
     """:func:`estimate` of every plan in ``plans`` (same arguments, applied to each), in order.
 
@@ -174,7 +180,8 @@ def estimate_many(
     Raises:
         HetplanError: as :func:`estimate`, for the first plan that has the problem.
     """
-    return [r[0] for r in _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, False)]
+    return [r[0] for r in _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, False,
+                                          comm_constants=comm_constants)]
 
 
 def effective_virtual_stages(plan: Plan, virtual_stages: int | None = None) -> int:
@@ -209,10 +216,12 @@ def estimate_detailed(
     virtual_stages: int | None = None,
     pipeline_model: str = "simulate",
     record: bool = False,
+    comm_constants: CommConstants | None = None,
 ):
     """:func:`estimate` plus what a timeline needs: ``(Estimate, ScheduleResult | None, per-stage cost dicts,
     per-boundary p2p times)``. ``record`` keeps every scheduled operation."""
-    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=True)[0]
+    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=True,
+                           comm_constants=comm_constants)[0]
 
 
 _MEMORY_FIELDS = tuple(MemoryBreakdown.__dataclass_fields__)
@@ -221,7 +230,7 @@ def p2p_model(framework: str) -> str | bool:
     """The p2p semantics the simulation uses for a job's framework: DeepSpeed's pipeline engine runs every
     transfer as its own blocking instruction (``"deepspeed"``, :mod:`hetplan.estimate.schedule`): on Espresso's
     12 traced DeepSpeed pipelines it reproduces the measured iteration within 5 % (MAPE 3.2 %), the asynchronous
-    model only within 19 % (MAPE 9.8 %) (:mod:`hetplan.estimate.pipeline_traces`). Megatron-LM: asynchronous
+    model only within 19 % (MAPE 9.8 %) (:mod:`hetplan.calibration.traces`). Megatron-LM: asynchronous
     (``False``), as its blocking calls change no validation figure by more than 0.4 pt (docs/estimator.md)."""
     return "deepspeed" if framework == "deepspeed" else False
 
@@ -233,7 +242,8 @@ _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "si
              "num_microbatches", "zero", "recompute_code", "sequence_parallel")
 
 
-def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False):
+def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
+                    comm_constants=None):
     """The estimator for a list of plans (module doc; :func:`estimate_many`). Returns one
     ``(Estimate, ScheduleResult | None, costs | None, p2p)`` per plan (costs only when ``detailed``)."""
     from hetplan.errors import HetplanError
@@ -263,7 +273,8 @@ def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_mo
     try:
         for idx in by_model.values():
             for k, r in zip(idx, _estimate_one_model([plans[k] for k in idx], specs[idx[0]], catalog, profiles,
-                                                     virtual_stages, pipeline_model, record, detailed)):
+                                                     virtual_stages, pipeline_model, record, detailed,
+                                                     comm_constants)):
                 out[k] = r
     finally:
         if was_enabled:
@@ -271,7 +282,7 @@ def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_mo
     return out
 
 
-def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed):
+def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed, comm_constants):
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
     rows: list[tuple] = []  # one tuple of _ROW_KEYS values per row
@@ -290,7 +301,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
-                link = pool_link(pool, gpu)
+                link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
                                               plan.overlap_grad_reduce, job.attention, job.framework), len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
@@ -356,7 +367,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     p2p = np.zeros(len(send))
     if len(send):
         link_cols = [np.array(x) for x in zip(*((ln.gpus_per_node, ln.intra_node_bandwidth_bytes_per_s,
-                                                 ln.inter_node_bandwidth_bytes_per_s, ln.inter_node_alpha_s)
+                                                 ln.inter_node_bandwidth_bytes_per_s, ln.inter_node_alpha_s,
+                                                 ln.intra_node_alpha_s)
                                                 for ln in links))]
         send_a, recv_a = send, recv
         send_link, recv_link = Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols))
@@ -373,7 +385,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 (int(cols["t"][nb]), int(cols["dp"][nb]), int(cols["b"][nb])), float(bw[j]),
                 gpus_per_node=nl.gpus_per_node, intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
                 inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=float(alpha[j]),
-                inter_node_alpha_s=nl.inter_node_alpha_s)
+                inter_node_alpha_s=nl.inter_node_alpha_s, intra_node_alpha_s=nl.intra_node_alpha_s)
     p2p_start = np.concatenate([[0], np.cumsum([plan.pp - 1 for plan in plans])]).astype(int)
 
     # Pipeline time per plan: simulation (grouped by shape) or the closed form.

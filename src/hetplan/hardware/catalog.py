@@ -54,7 +54,7 @@ class GPUSpec(BaseModel):
             :mod:`hetplan.estimate.compute`.
         gemm_half_dim: GEMM dimension (elements) at which one dimension alone halves the GEMM efficiency:
             efficiency = compute_efficiency * prod over (M, N, K) of x / (x + gemm_half_dim) (docs/estimator.md).
-            Default: the A100 fit on vTrain data (hetplan.estimate.calibrate).
+            Default: the A100 fit on vTrain data (hetplan.calibration.calibrate).
         kernel_overhead_s: fixed time per GPU kernel (launch + ramp/tail), seconds. Default: the A100 fit.
         sources: where each figure comes from.
     """
