@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hetplan.inputs import bounded
+
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "gpipe"]
 
@@ -45,13 +47,15 @@ class Job(BaseModel):
             copies of the gradients during the optimizer step (docs/estimator.md, Memory).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str
-    seq_len: int = Field(gt=0)
-    global_batch: int = Field(gt=0)
-    train_tokens: float | None = Field(default=None, gt=0)
-    train_iterations: int | None = Field(default=None, gt=0)
+    seq_len: int = bounded(2**20, "1,048,576 tokens is longer than any model's context", gt=0)
+    global_batch: int = bounded(65536, "65,536 sequences is LAMB's record batch (You et al. 2020) and 32x Llama 3 "
+                                "405B's 2,048", gt=0)
+    train_tokens: float | None = bounded(1e15, "1e15 tokens is 64x Llama 3's 15.6e12", default=None, gt=0)
+    train_iterations: int | None = bounded(10**9, "a billion iterations is 1,000x any published run", default=None,
+                                           gt=0)
     dtype: Literal["bf16", "fp16"] = "bf16"
     optimizer: Literal["adam"] = "adam"
     attention: Literal["standard", "flash"] = "standard"
@@ -85,15 +89,18 @@ class GPUPool(BaseModel):
             host, e.g. 73.8 µs for AWS p4d as fitted on FASOP's profiles (docs/estimator.md, Calibration).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gpu: str
-    count: int = Field(gt=0)
-    gpus_per_node: int = Field(default=8, gt=0)
-    intra_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
-    inter_node_bandwidth_bytes_per_s: float = Field(default=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, gt=0)
+    count: int = bounded(10**6, "a million GPUs is 5x the largest cluster built", gt=0)
+    gpus_per_node: int = bounded(576, "576 GPUs is the largest NVLink domain sold (GB200 NVL576)", default=8, gt=0)
+    intra_node_bandwidth_bytes_per_s: float | None = bounded(1e13, "from 0.1 GB/s to 10 TB/s (5x NVLink 5's 1.8 "
+                                                             "TB/s), in bytes/s", default=None, ge=1e8)
+    inter_node_bandwidth_bytes_per_s: float = bounded(1e13, "from 1 Gb/s (slower is no training network) to 80 Tb/s "
+                                                      "(10x the NICs of any node), in bytes/s",
+                                                      default=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, ge=1.25e8)
     network: Literal["infiniband", "roce", "ethernet"] = "infiniband"
-    price_usd_per_hour: float | None = Field(default=None, ge=0)
+    price_usd_per_hour: float | None = bounded(1000.0, "no GPU rents for $1,000 an hour", default=None, ge=0)
     kernel_overhead_s: float | None = Field(default=None, ge=0, le=0.01)
 
 
@@ -102,7 +109,7 @@ class Inventory(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    pools: list[GPUPool] = Field(min_length=1)
+    pools: list[GPUPool] = Field(min_length=1, max_length=64)
 
 
 class ParallelLayout(BaseModel):
@@ -208,12 +215,12 @@ class Stage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pool: int = Field(default=0, ge=0)
-    num_layers: int = Field(ge=0)
-    tp: int = Field(default=1, gt=0)
-    dp: int = Field(default=1, gt=0)
+    num_layers: int = bounded(10**5, "100,000 layers is 100x any model", ge=0)
+    tp: int = bounded(4096, "TP beyond 4,096 exceeds any model's heads", default=1, gt=0)
+    dp: int = bounded(10**6, "a million replicas exceeds any cluster", default=1, gt=0)
     recompute: Recompute = "none"
     recompute_layers: int | None = Field(default=None, ge=0)
-    mbs: int | None = Field(default=None, gt=0)
+    mbs: int | None = bounded(65536, "a micro-batch is at most the largest global batch", default=None, gt=0)
 
     def recomputed_layers(self) -> int:
         """Layers of this stage that use :attr:`recompute` (0 when it is ``none``)."""
@@ -242,12 +249,12 @@ class Plan(BaseModel):
 
     job: Job
     pools: list[GPUPool] = Field(min_length=1)
-    stages: list[Stage] = Field(min_length=1)
-    mbs: int = Field(gt=0)
+    stages: list[Stage] = Field(min_length=1, max_length=10**5)
+    mbs: int = bounded(65536, "a micro-batch is at most the largest global batch", gt=0)
     zero: int = Field(default=0, ge=0, le=3)
     sequence_parallel: bool = False
     schedule: Schedule = "1f1b"
-    virtual_stages: int = Field(default=1, ge=1)
+    virtual_stages: int = bounded(1024, "more virtual stages than 1,024 is more than layers per GPU", default=1, ge=1)
     overlap_grad_reduce: bool = True
 
     @model_validator(mode="after")
