@@ -96,6 +96,10 @@ def plan_command(
     explain: bool = typer.Option(False, "--explain", help="With --search fine: print each bottleneck and its move."),
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times, for --search fine."),
+    energy: bool = typer.Option(False, "--energy", help="Joules per iteration, job kWh and what Perseus' frequency "
+                                "plans save, per plan; with --pareto the time-$-energy frontier too."),
+    usd_per_kwh: Optional[float] = typer.Option(None, "--usd-per-kwh", help="With --energy: electricity price, "
+                                                "added to job $."),
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
 
@@ -170,6 +174,12 @@ def plan_command(
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
         output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
+    if usd_per_kwh is not None and not energy:
+        raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
+    if energy:
+        from hetplan.cli.energy import add_energy, energy_lines, print_energy_pareto
+
+        add_energy(summaries, cat, usd_per_kwh)
     if as_json:
         print(json.dumps({
             "plans": summaries,
@@ -179,14 +189,23 @@ def plan_command(
             "search_time_s": result.search_time_s,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
-            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None else {}),
+            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
+               else {}),
+            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto,
+                                                                    usd_per_kwh, True)))
+               if energy and pareto is not None else {}),
         }, indent=1))
         return
     _print_ranking(job, obj, summaries[1:] if fine else summaries, result)
     if fine is not None:
         _print_fine(fine, explain)
+    if energy:
+        for line in energy_lines(summaries[0]):
+            table_console().print(line, highlight=False)
     if pareto is not None:
         _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
+        if energy:
+            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, usd_per_kwh, False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
 
@@ -231,6 +250,17 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
                       f"iteration are exact; slower ones may be dominated by an unestimated plan.")
         con.print(f"Frontier drawn to {path}.")
     return out
+
+
+def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, usd_per_kwh, quiet: bool):
+    """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's, both
+    with energy; the second drawn next to ``path``."""
+    from hetplan.cli.energy import add_energy, print_energy_pareto
+
+    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True)
+    add_energy(walk, cat, usd_per_kwh)
+    return walk, print_energy_pareto(summaries + walk, path.with_name(path.stem + "-energy" + path.suffix),
+                                     f"{job.model}: time, $ and energy", quiet)
 
 
 def _profiles(profile_db: Optional[Path]):
@@ -302,15 +332,16 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> N
     goal = {"fastest": "fastest job", "cheapest": "cheapest job" + (" by the deadline" if obj.deadline_s else ""),
             "budget": f"fastest job within ${obj.budget_usd:,.0f}" if obj.budget_usd else "budget"}[obj.goal]
     t = Table(title=f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {job.iterations():,.0f} iterations — {goal}")
+    kwh = "job_energy_kwh" in summaries[0]
     for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU",
-                "$/h", "job time", "job $"):
+                "$/h", "job time", "job $") + (("job kWh",) if kwh else ()):
         t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
     for i, s in enumerate(summaries, start=1):
         t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else ""),
                   str(s["mbs"]),
                   str(s["zero"]), str(s["recompute"]), f"{s['iteration_time_s']:.2f}", f"{s['tokens_per_s']:,.0f}",
                   f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]), _usd(s["usd_per_hour"]),
-                  _duration(s["job_time_s"]), _usd(s["job_usd"]))
+                  _duration(s["job_time_s"]), _usd(s["job_usd"]), *((f"{s['job_energy_kwh']:,.0f}",) if kwh else ()))
     con.print(t)
     best = summaries[0]
     mem = best["memory_bytes_per_gpu"]
