@@ -301,8 +301,7 @@ class Layout:
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
     """The :class:`Plan` of a row: ``pp`` stages of ``tp x dp`` GPUs (balanced split of the run's layers),
-    FlashAttention (every source ran it), one pool of DGX-class nodes (:data:`DGX_NODE_BYTES_PER_S`; GB200:
-    the NVL72 domain). Raises :class:`NotExpressibleError` for CP / EP > 1 until the plan carries them."""
+    FlashAttention (every source ran it), one pool of the nodes of :func:`node_pool`. Raises :class:`NotExpressibleError` for CP / EP > 1 until the plan carries them."""
     if lay.cp > 1:
         raise NotExpressibleError(f"CP {lay.cp}: the plan schema has no context-parallel degree yet")
     if lay.ep > 1:
@@ -317,10 +316,7 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         notes.append("FSDP2 as ZeRO-3 (framework = 'fsdp' not in the estimator yet)")
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
                      framework=framework)
-    nvl72 = gpu.startswith("GB")
-    n = lay.tp * lay.pp * lay.dp
-    pool = GPUPool(gpu=gpu, count=n, gpus_per_node=NVL72_GPUS if nvl72 else 8,
-                   inter_node_bandwidth_bytes_per_s=NVL72_NODE_BYTES_PER_S if nvl72 else DGX_NODE_BYTES_PER_S)
+    pool = node_pool(gpu, lay.tp * lay.pp * lay.dp)
     stages = []
     for k in balanced_split(m.num_layers, lay.pp):
         rl = None if lay.recompute_fraction >= 1 else int(round(k * lay.recompute_fraction))
@@ -331,6 +327,20 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
                     virtual_stages=lay.vp, overlap_grad_reduce=True)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
+
+
+def node_pool(gpu: str, n: int) -> GPUPool:
+    """``n`` GPUs of type ``gpu`` in the nodes the sources ran on: the GPU type's reference node where the pool
+    model has one (DGX H100 / H200 / B200, GB200 NVL72); otherwise 8 GPUs per node with 8 NICs of 400 Gb/s
+    (:data:`DGX_NODE_BYTES_PER_S`; Meta's Grand Teton hosts of the 500 W H100 have one 400 Gb/s RoCE NIC per GPU,
+    Llama 3 paper Sec. 3.3.1), or the NVL72 domain for GB200 (:data:`NVL72_NODE_BYTES_PER_S`)."""
+    if "node" in GPUPool.model_fields:
+        pool = GPUPool(gpu=gpu, count=n)
+        if getattr(pool, "node", None) is not None:
+            return pool
+    nvl72 = gpu.startswith("GB")
+    return GPUPool(gpu=gpu, count=n, gpus_per_node=NVL72_GPUS if nvl72 else 8,
+                   inter_node_bandwidth_bytes_per_s=NVL72_NODE_BYTES_PER_S if nvl72 else DGX_NODE_BYTES_PER_S)
 
 
 def _check_gpus(r: dict, lay: Layout) -> None:
