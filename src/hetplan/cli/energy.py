@@ -170,10 +170,16 @@ def register(app: typer.Typer) -> None:
     @energy.command("serve")
     def serve_cmd(
         db: Path = typer.Option(Path("hetplan-energy.sqlite"), "--db", help="SQLite state file"),
-        host: str = typer.Option("127.0.0.1", "--host"),
+        host: str = typer.Option("127.0.0.1", "--host", help="address to bind (non-loopback needs a token)"),
         port: int = typer.Option(7787, "--port"),
+        token: str = typer.Option(None, "--token", envvar="HETPLAN_ENERGY_TOKEN",
+                                  help="bearer token clients must send (env HETPLAN_ENERGY_TOKEN)"),
+        max_body_bytes: int = typer.Option(8 * 2**20, "--max-body-bytes", help="larger requests get 413"),
+        max_in_flight: int = typer.Option(256, "--max-in-flight", help="more concurrent requests get 429"),
     ) -> None:
         """Run the frequency plan server (training ranks register, fetch schedules, report measurements)."""
+        import ipaddress
+
         try:
             import uvicorn
 
@@ -183,7 +189,24 @@ def register(app: typer.Typer) -> None:
                                fix="pip install 'hetplan[serve]'") from None
         if not 0 < port < 65536:
             raise HetplanError(f"port {port} is out of range", field="--port", fix="use 1..65535")
-        uvicorn.run(create_app(db), host=host, port=port, log_level="info")
+        if max_body_bytes < 1024 or max_in_flight < 1:
+            raise HetplanError("limits must be positive (body ≥ 1024 bytes)", field="--max-body-bytes",
+                               fix="use the defaults or larger values")
+        if token is not None and len(token) < 16:
+            raise HetplanError("the token is too short (under 16 characters)", field="--token",
+                               fix="use a long random token, e.g. `python -c 'import secrets; print(secrets.token_hex(16))'`")
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback and token is None:
+            raise HetplanError(f"refusing to serve on {host} without a token: anyone who reaches it could change "
+                               "your GPUs' clocks", field="--host",
+                               fix="keep --host 127.0.0.1, or give --token (or HETPLAN_ENERGY_TOKEN)")
+        if db.exists() and not db.is_file():
+            raise HetplanError(f"{db} is not a file", field="--db", fix="give a path for the SQLite file")
+        uvicorn.run(create_app(db, token=token, max_body_bytes=max_body_bytes, max_in_flight=max_in_flight),
+                    host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
 
 
 def add_energy(summaries: list[dict], catalog, usd_per_kwh: float | None) -> None:
