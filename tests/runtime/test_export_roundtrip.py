@@ -175,7 +175,8 @@ def test_torchtitan_pp1_runs_one_microbatch_per_step():
 def test_megatron_cp_and_moe_arguments():
     spec = load_model("llama2-7b")
     plan = _plan("llama2-7b", [{"num_layers": 32, "tp": 4, "dp": 2}], gbs=64, mbs=1)
-    args = _megatron(exporters.export(plan.model_copy(update={"cp": 2}), spec, "megatron"), spec)["args"]
+    cp2 = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"cp": 2})]})
+    args = _megatron(exporters.export(cp2, spec, "megatron"), spec)["args"]
     assert args["context-parallel-size"] == "2" and "num-experts" not in args
     moe = spec.model_copy(update={"num_experts": 8, "experts_per_token": 2, "expert_ffn_hidden_size": 1408})
     ep = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"ep": 2})]})

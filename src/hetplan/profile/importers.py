@@ -24,6 +24,7 @@ Formats (see ``shared/data/README.md``):
 from __future__ import annotations
 
 import csv
+import io
 import re
 import statistics
 from collections import defaultdict
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import read_text
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.profile.db import CommRecord, LayerRecord, LayerShape, ProfileDB, normalize_device
 
@@ -86,10 +88,7 @@ def read_espresso_rank(folder: str | Path) -> EspressoRank | None:
 
 
 def _open_csv(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise HetplanError(f"{path} does not exist", field="path", fix="give the path of the profile file")
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
+    return list(csv.DictReader(io.StringIO(read_text(path, "path"), newline="")))
 
 
 def import_fasop(db: ProfileDB, path: str | Path, models: dict[str, tuple[ModelSpec | str, int]] | None = None,
@@ -187,8 +186,7 @@ def import_aceso(db: ProfileDB, directory: str | Path, models: dict[str, tuple[M
             n += 1
     p2p = d / "p2p_intra_node.csv"
     if p2p.is_file():
-        with p2p.open(newline="") as fh:
-            header, values = list(csv.reader(fh))[:2]
+        header, values = (list(csv.reader(io.StringIO(read_text(p2p, "path"), newline=""))) + [[], []])[:2]
         # Header: message sizes in MB; values: bandwidth in GB/s (Aceso's p2p benchmark).
         for size_mb, gbps in zip(header, values):
             size = float(size_mb) * 2**20

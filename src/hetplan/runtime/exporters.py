@@ -73,7 +73,7 @@ class _Mesh:
 def _mesh(plan: Plan, what: str) -> _Mesh:
     """The plan's degrees if every stage has the same ones (else the error says what differs and why no
     framework runs it)."""
-    per = {(st.tp, st.dp, degree(plan, st, "cp"), degree(plan, st, "ep")) for st in plan.stages}
+    per = {(st.tp, st.dp, degree(plan, i, "cp"), degree(plan, i, "ep")) for i, st in enumerate(plan.stages)}
     if len(per) > 1:
         shown = ", ".join(f"stage {i}: TP {st.tp} DP {st.dp}" for i, st in enumerate(plan.stages))
         raise HetplanError(
@@ -101,7 +101,7 @@ def _mesh(plan: Plan, what: str) -> _Mesh:
 
 def _nodes(plan: Plan) -> tuple[int, int]:
     per_node = min(plan.pools[st.pool].gpus_per_node for st in plan.stages)
-    n = sum(st.tp * degree(plan, st, "cp") * st.dp for st in plan.stages)
+    n = sum(st.tp * degree(plan, i, "cp") * st.dp for i, st in enumerate(plan.stages))
     return (max(1, -(-n // per_node)), min(n, per_node))
 
 
@@ -116,7 +116,7 @@ def _pools_note(plan: Plan, nproc: int) -> str | None:
         return None
     parts, rank = [], 0
     for i, st in enumerate(plan.stages):
-        size = st.tp * degree(plan, st, "cp") * st.dp
+        size = st.tp * degree(plan, i, "cp") * st.dp
         parts.append(f"stage {i} on {plan.pools[st.pool].gpu}: node ranks {rank // nproc}-{(rank + size - 1) // nproc}")
         rank += size
     return "mixed GPU types: start the nodes so that " + "; ".join(parts)
