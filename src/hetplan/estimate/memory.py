@@ -135,6 +135,7 @@ def stage_memory_bytes(
         HetplanError: unknown ``attention`` or ``framework``.
     """
     counts.check_attention(attention)
+    s, b = counts.as_float(s), counts.as_float(b)
     if framework not in FRAMEWORKS:
         raise HetplanError(f"unknown framework {framework!r}", field="job.framework",
                            fix="use 'megatron' or 'deepspeed'")

@@ -11,15 +11,16 @@ torchtitan), so TP groups are consecutive ranks (inside a node) and pipeline sta
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import parse_json, read_text, validation_message
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Plan
+from hetplan.plan_rules import check_plan
 
 #: Pipeline schedules the runtime offers (the plan's ``schedule`` or the ``--schedule`` override).
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -33,14 +34,7 @@ def load_plan(path: str | Path) -> Plan:
             (named as ``plan.<dotted.path>``).
     """
     p = Path(path)
-    if not p.is_file():
-        raise HetplanError(f"plan file {p} does not exist", field="PLAN", fix="give the path of a plan JSON file")
-    text = p.read_text()
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HetplanError(f"malformed JSON in {p} (line {exc.lineno}, column {exc.colno}): {exc.msg}", field="PLAN",
-                           fix="fix the JSON syntax at that line") from None
+    raw = parse_json(read_text(p, "PLAN"), str(p), "PLAN")
     if not isinstance(raw, dict):
         raise HetplanError(f"{p} must hold a JSON object (a plan)", field="PLAN",
                            fix="write the plan as {\"job\": ..., \"pools\": ..., \"stages\": ..., \"mbs\": ...}")
@@ -52,10 +46,7 @@ def load_plan(path: str | Path) -> Plan:
     try:
         return Plan.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise HetplanError(f"{err['msg']}", field=f"plan.{loc}" if loc else "plan",
-                           fix="see `hetplan plan --help` / docs/runtime.md for the plan fields") from None
+        raise validation_message(exc, "plan", Plan) from None
 
 
 @dataclass(frozen=True)
@@ -96,10 +87,12 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
         virtual_stages: model chunks per pipeline rank for the interleaved schedule (>= 2; ignored otherwise).
         max_world_size: the most ranks allowed (e.g. GPUs available, or a CPU process cap).
     Raises:
-        HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages), TP
-            that does not divide heads / key-value heads / MLP width, layers that do not add up to the model,
+        PlanRuleError: the plan breaks a rule of :mod:`hetplan.plan_rules` (TP not dividing heads, layers not
+            adding up, ...).
+        HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages),
             a stage too small to interleave, an unknown schedule, or more ranks than ``max_world_size``.
     """
+    check_plan(plan, spec)
     sched = (schedule or plan.schedule).lower()
     if sched not in SCHEDULES:
         raise HetplanError(f"unknown schedule {sched!r}", field="--schedule", fix=f"use one of {', '.join(SCHEDULES)}")
@@ -111,18 +104,6 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
             "(dp, tp) for all stages (torch.distributed.pipelining needs matching DP replicas across stages)",
             field="plan.stages[].tp/dp", fix="give every stage the same tp and dp (layer counts may differ)")
     tp, dp, pp = tps.pop(), dps.pop(), plan.pp
-    for what, n in (("num_attention_heads", spec.num_attention_heads), ("num_kv_heads", spec.num_kv_heads),
-                    ("ffn_hidden_size", spec.ffn_hidden_size)):
-        if n % tp:
-            raise HetplanError(f"TP = {tp} does not divide {what} = {n} of model {spec.name}",
-                               field="plan.stages[].tp", fix=f"choose a TP degree that divides {n}")
-    total = sum(st.num_layers for st in plan.stages)
-    if total != spec.num_layers:
-        raise HetplanError(f"stages hold {total} layers but {spec.name} has {spec.num_layers}",
-                           field="plan.stages[].num_layers", fix=f"make the stages' num_layers add up to {spec.num_layers}")
-    if plan.job.seq_len > spec.max_seq_len and spec.learned_positions:
-        raise HetplanError(f"seq_len {plan.job.seq_len} exceeds the model's {spec.max_seq_len} learned positions",
-                           field="plan.job.seq_len", fix=f"use seq_len <= {spec.max_seq_len}")
     world = pp * dp * tp
     if max_world_size is not None and world > max_world_size:
         raise HetplanError(f"the plan needs {world} ranks (pp {pp} x dp {dp} x tp {tp}) but at most {max_world_size} "
