@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import GPUPool, Plan, boundary_is_intra_node
+from hetplan.plan import GPUPool, Plan, Stage, boundary_is_intra_node
 
 
 class LayerTimeSource(Protocol):
@@ -242,6 +242,40 @@ _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "si
              "num_microbatches", "zero", "recompute_code", "sequence_parallel")
 
 
+class _StageRow(NamedTuple):
+    """One stage of one plan in a batch: the :func:`~hetplan.estimate.stage.stage_costs` arguments (the
+    :data:`_ROW_KEYS`, first, read as columns), then what the assembly needs. ``in_flight`` holds
+    ``(gpipe, p, i, micro-batches, v)`` until the columns are built."""
+
+    s: int
+    b: int
+    t: int
+    dp: int
+    num_layers: int
+    has_embedding: bool
+    has_head: bool
+    single_stage: bool
+    in_flight: tuple
+    num_microbatches: int
+    zero: int
+    recompute_code: int
+    sequence_parallel: bool
+    gpu: GPUSpec
+    link: Link
+    price_usd_per_hour: float
+    group: int  # stage_costs group id; -1: costed alone (per-layer recompute)
+    dtype: str
+    overlap_grad_reduce: bool
+    recompute_layers: int | None
+    attention: str
+    framework: str
+    stage: Stage
+    global_batch: int
+    peak_flops_per_s: float
+    recomputed_layers: int
+    flash: bool
+
+
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
                     comm_constants=None):
     """The estimator for a list of plans (module doc; :func:`estimate_many`). Returns one
@@ -285,7 +319,7 @@ def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_mo
 def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed, comm_constants):
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
-    rows: list[tuple] = []  # one tuple of _ROW_KEYS values per row
+    rows: list[_StageRow] = []
     group_ids: dict[tuple, int] = {}  # (GPU, host cost, link, dtype, overlap, attention, framework) -> id
     start, vs, m0s = [], [], []
     for plan in plans:
@@ -307,21 +341,26 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
             gpu, link, price, group, peak = on_pool[st.pool]
+            lay = plan.stage_layout(i)
             b = st.mbs or plan.mbs
-            mb = job.global_batch // (st.dp * b)
+            mb = job.global_batch // (lay.dp * b)
             rl = st.recompute_layers
-            rows.append((
-                job.seq_len, b, st.tp, st.dp, st.num_layers, i == 0, i == p - 1, p == 1,
-                (gpipe, p, i, mb, v),  # in_flight, filled in below for all rows at once
-                mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1,
-                gpu, link, price, group if rl is None else -1,
-                (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework),
-                st, job.global_batch, peak, st.recomputed_layers(), flash,
+            rows.append(_StageRow(
+                s=job.seq_len, b=b, t=lay.tp, dp=lay.dp, num_layers=st.num_layers, has_embedding=i == 0,
+                has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, mb, v), num_microbatches=mb,
+                zero=lay.zero_stage, recompute_code=RECOMPUTE_CODES[st.recompute],
+                sequence_parallel=lay.sequence_parallel_active, gpu=gpu, link=link, price_usd_per_hour=price,
+                group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
+                recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
+                global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
+                flash=flash,
             ))
     n = len(rows)
-    by_column = list(zip(*rows))
-    gpus, links, prices, groups_of_rows, extra, st_rows, gbs, peak_rows, recomputed, flash = by_column[len(_ROW_KEYS):]
-    columns = dict(zip(_ROW_KEYS, by_column))
+    every = dict(zip(_StageRow._fields, zip(*rows)))
+    gpus, links, prices, groups_of_rows = every["gpu"], every["link"], every["price_usd_per_hour"], every["group"]
+    st_rows, gbs, peak_rows = every["stage"], every["global_batch"], every["peak_flops_per_s"]
+    recomputed, flash = every["recomputed_layers"], every["flash"]
+    columns = {k: every[k] for k in _ROW_KEYS}
     gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*columns["in_flight"]))
     columns["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
                                     in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
@@ -332,7 +371,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     measured = [None] * n
     if profiles is not None:
         for r in range(n):
-            measured[r] = profiles.layer_time_s(gpus[r].name, m, extra[r][0], int(cols["b"][r]),
+            measured[r] = profiles.layer_time_s(gpus[r].name, m, rows[r].dtype, int(cols["b"][r]),
                                                 int(cols["s"][r]), int(cols["t"][r]))
     groups: dict = {}  # group id -> rows; ("row", r) for a row costed alone
     for r, (gid, ms) in enumerate(zip(groups_of_rows, measured)):
@@ -344,9 +383,10 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         sel = np.array(g)
         alone = isinstance(key, tuple)
         kw = {k: cols[k][r0].item() for k in _ROW_KEYS} if alone else {k: cols[k][sel] for k in _ROW_KEYS}
-        c = stage_costs(m, gpus[r0], links[r0], extra[r0][0], overlap_grad_reduce=extra[r0][1],
-                        measured_layer_time_s=measured[r0], recompute_layers=extra[r0][2],
-                        attention=extra[r0][3], framework=extra[r0][4], **kw)
+        row = rows[r0]
+        c = stage_costs(m, row.gpu, row.link, row.dtype, overlap_grad_reduce=row.overlap_grad_reduce,
+                        measured_layer_time_s=measured[r0], recompute_layers=row.recompute_layers,
+                        attention=row.attention, framework=row.framework, **kw)
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
         for k, x in c["memory"].items():
