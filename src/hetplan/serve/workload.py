@@ -35,8 +35,9 @@ class Request:
         model: name of the served model.
         arrival_s: arrival time since the start of the workload (s).
         prompt_len: prompt tokens.
-        max_new_tokens: tokens to generate (greedy).
+        max_new_tokens: tokens to generate at most (greedy).
         prompt: token ids (filled by :func:`attach_prompts` for the real engine; empty in the simulator).
+        stop_token: generation also ends after this token (engine only: the simulator has no token values).
     """
 
     id: int
@@ -45,6 +46,7 @@ class Request:
     prompt_len: int = 16
     max_new_tokens: int = 1
     prompt: list[int] = field(default_factory=list)
+    stop_token: int | None = None
 
 
 def gamma_arrivals(rate_per_s: float, cv: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
