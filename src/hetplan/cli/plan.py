@@ -397,7 +397,7 @@ def _fine_json(fine) -> dict:
 
 def _print_fine(fine, explain: bool) -> None:
     con = table_console()
-    t = Table(title="Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)")
+    t = new_table("Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)", con.width < NARROW)
     for col in ("stage", "GPUs", "TP", "DP", "mbs", "layers", "recompute", "fwd+bwd ms", "GiB/GPU"):
         t.add_column(col, justify="right")
     for i, (st, se) in enumerate(zip(fine.plan.stages, fine.estimate.stages)):
