@@ -141,6 +141,10 @@ def plan_command(
     explain: bool = typer.Option(False, "--explain", help="With --search fine: print each bottleneck and its move."),
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times, for --search fine."),
+    energy: bool = typer.Option(False, "--energy", help="Joules per iteration, job kWh and what Perseus' frequency "
+                                "plans save, per plan; with --pareto the time-$-energy frontier too."),
+    usd_per_kwh: Optional[float] = typer.Option(None, "--usd-per-kwh", help="With --energy: electricity price, "
+                                                "added to job $."),
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
 
@@ -218,6 +222,12 @@ def plan_command(
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
         output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
+    if usd_per_kwh is not None and not energy:
+        raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
+    if energy:
+        from hetplan.cli.energy import add_energy, energy_lines
+
+        add_energy(summaries, cat, usd_per_kwh)
     if as_json:
         print(json.dumps({
             "plans": summaries,
@@ -228,14 +238,23 @@ def plan_command(
             "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
-            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None else {}),
+            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
+               else {}),
+            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto,
+                                                                    usd_per_kwh, True)))
+               if energy and pareto is not None else {}),
         }, indent=1))
         return
     _print_ranking(job, obj, summaries[1:] if fine else summaries, result, prices, quiet)
     if fine is not None:
         _print_fine(fine, explain)
+    if energy:
+        for line in energy_lines(summaries[0]):
+            table_console().print(line, highlight=False)
     if pareto is not None:
         _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
+        if energy:
+            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, usd_per_kwh, False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
 
@@ -297,6 +316,17 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
                       f"iteration are exact; slower ones may be dominated by an unestimated plan.")
         con.print(f"Frontier drawn to {path}.")
     return out
+
+
+def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, usd_per_kwh, quiet: bool):
+    """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's, both
+    with energy; the second drawn next to ``path``."""
+    from hetplan.cli.energy import add_energy, print_energy_pareto
+
+    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True)
+    add_energy(walk, cat, usd_per_kwh)
+    return walk, print_energy_pareto(summaries + walk, path.with_name(path.stem + "-energy" + path.suffix),
+                                     f"{job.model}: time, $ and energy", quiet)
 
 
 def _profiles(profile_db: Optional[Path]):
@@ -400,18 +430,19 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     GPU types in ``guess`` (uncalibrated efficiency) are starred."""
     t = new_table(title, narrow, caption="plan: GPUs, then TPxPPxDP \\[vN: virtual stages], micro-batch, ZeRO stage, recomputation"
               if narrow else None)
+    kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
     if narrow:
-        for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $"):
+        for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $") + kwh:
             t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=col != "plan")
     else:
         for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU",
-                    "$/h", "job time", "job $"):
+                    "$/h", "job time", "job $") + kwh:
             t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
     for i, s in enumerate(summaries, start=1):
         layout = f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
         gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
         figures = (f"{s['iteration_time_s']:.2f}", f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]))
-        money = (_duration(s["job_time_s"]), _usd(s["job_usd"]))
+        money = (_duration(s["job_time_s"]), _usd(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
         if narrow:
             t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {s['recompute']}", *figures, *money)
         else:
