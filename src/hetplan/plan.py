@@ -11,6 +11,7 @@ activation recomputation ``none`` / ``selective`` / ``full``, sequence paralleli
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -195,6 +196,14 @@ class ParallelLayout(BaseModel):
         return self.sequence_parallel and self.tp > 1
 
 
+@lru_cache(maxsize=4096)
+def _stage_layout(tp: int, dp: int, zero: int, pp: int, virtual_stages: int, sequence_parallel: bool) -> ParallelLayout:
+    """:meth:`Plan.stage_layout`, built once per distinct layout (frozen, so shared; the estimator reads one per
+    stage of thousands of plans)."""
+    return ParallelLayout.of(tp=tp, dp=dp, zero_stage=zero, pp=pp, virtual_stages=virtual_stages,
+                             sequence_parallel=sequence_parallel)
+
+
 class Stage(BaseModel):
     """One pipeline stage: ``num_layers`` consecutive transformer layers on ``tp * dp`` GPUs of one pool.
 
@@ -282,8 +291,7 @@ class Plan(BaseModel):
         """The :class:`ParallelLayout` of ``stage``: its TP and DP degrees (DP sharded when :attr:`zero` >= 1,
         replicated otherwise), the pipeline depth, virtual stages, sequence parallelism and ZeRO stage."""
         st = self.stages[stage]
-        return ParallelLayout.of(tp=st.tp, dp=st.dp, zero_stage=self.zero, pp=self.pp,
-                                 virtual_stages=self.virtual_stages, sequence_parallel=self.sequence_parallel)
+        return _stage_layout(st.tp, st.dp, self.zero, self.pp, self.virtual_stages, self.sequence_parallel)
 
     def stage_mbs(self, stage: int) -> int:
         """Micro-batch size of one replica of ``stage`` (sequences): its own ``mbs`` or :attr:`mbs`."""
