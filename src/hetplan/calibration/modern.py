@@ -29,13 +29,14 @@ import csv
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Iterable
 
 import numpy as np
 
 from hetplan.calibration.validation import Case, _is_calibration, gpt_model, metrics
+from hetplan.errors import HetplanError
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -197,7 +198,7 @@ def catalog_gpu(label: str, catalog: Catalog) -> str:
         if key in low:
             try:
                 return catalog.get(name).name
-            except Exception:
+            except HetplanError:
                 raise NotExpressibleError(f"GPU {name} has no catalog entry yet") from None
     raise NotExpressibleError(f"GPU {label!r} is not in the catalog")
 
@@ -266,12 +267,9 @@ MOE_CONFIGS = {
 
 
 def moe_model(r: dict) -> ModelSpec:
-    """The preset of a MoE row (:data:`MOE_PRESETS`, else :data:`MOE_CONFIGS`) with the run's layer count; :class:`NotExpressibleError`
-    when the model has no preset or the estimator has no MoE layers yet."""
-    from hetplan.errors import HetplanError
-    from hetplan.model.spec import load_model
-
-    from hetplan.model.spec import from_hf_config
+    """The preset of a MoE row (:data:`MOE_PRESETS`, else :data:`MOE_CONFIGS`) with the run's layer count;
+    :class:`NotExpressibleError` when the model has no preset or the estimator has no MoE layers yet."""
+    from hetplan.model.spec import from_hf_config, load_model
 
     low = r["model"].lower()
     preset = next((v for k, v in MOE_PRESETS.items() if k in low), None)
@@ -352,7 +350,7 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
     stages = []
     for k in balanced_split(m.num_layers, lay.pp):
-        rl = None if lay.recompute_fraction >= 1 else int(round(k * lay.recompute_fraction))
+        rl = None if lay.recompute_fraction >= 1 else round(k * lay.recompute_fraction)
         stages.append(Stage(pool=0, num_layers=k, tp=lay.tp, dp=lay.dp, recompute=lay.recompute, recompute_layers=rl))
     try:
         return Plan(job=job, pools=[pool], stages=stages, mbs=lay.mbs, zero=zero,

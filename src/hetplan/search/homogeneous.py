@@ -176,7 +176,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     :data:`NEAR_MISS_MEMORY_FACTOR` x the GPU's memory (the others can never run; the smallest footprint is
     kept so that an infeasible request can say how far off it is). ``configurations_evaluated`` counts all.
     """
-    cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins)
+    cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention)
     n_all = len(cfg["tp"])
     if n_all:
         peak = _peak_memory_bytes(m, job, cfg)

@@ -26,7 +26,7 @@ class _Strict(BaseModel):
 class ModelEntry(_Strict):
     """One served model: ``name`` (API name), ``model`` (preset or config.json), weights ``seed``,
     ``num_layers`` override (to shrink a preset for tests), and for workloads its own ``rate_per_s``, ``cv`` and
-    latency ``slo_s``."""
+    SLOs ``slo_s`` (end-to-end), ``ttft_slo_s``, ``tpot_slo_s``."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     model: str
@@ -35,6 +35,8 @@ class ModelEntry(_Strict):
     rate_per_s: float | None = Field(default=None, ge=0)
     cv: float | None = Field(default=None, gt=0)
     slo_s: float | None = Field(default=None, gt=0)
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    tpot_slo_s: float | None = Field(default=None, gt=0)
 
     def spec(self) -> ModelSpec:
         """The model's shapes (with the ``num_layers`` override applied).
@@ -81,11 +83,15 @@ class ClusterConfig(_Strict):
 
 
 class SchedulerConfig(_Strict):
-    """``policy`` (``lru`` | ``load_aware``), largest batch, per-model queue bound (beyond it: HTTP 429 / refused),
-    whether swap-out writes weights back to host (``write_back``), models loaded at start (``preload``)."""
+    """``policy`` (``lru`` | ``load_aware``), ``batching`` (``continuous`` | ``static``), largest running batch
+    per model (= its KV-cache slots), tokens per KV-cache slot (``kv_cache_len``: prompt + generated), per-model
+    queue bound (beyond it: HTTP 429 / refused), whether swap-out writes weights back to host (``write_back``),
+    models loaded at start (``preload``)."""
 
     policy: str = "lru"
-    max_batch_size: int = Field(default=8, ge=1)
+    batching: Literal["continuous", "static"] = "continuous"
+    max_batch_size: int = Field(default=8, ge=1, le=4096)
+    kv_cache_len: int = Field(default=256, ge=2, le=1_048_576)
     max_queue_len: int = Field(default=256, ge=1)
     write_back: bool = True
     preload: list[str] = []
@@ -93,18 +99,34 @@ class SchedulerConfig(_Strict):
 
 
 class ApiConfig(_Strict):
-    """HTTP server address, default tokens per request, and the drain time on shutdown (s)."""
+    """HTTP server address (loopback by default; any other address needs a bearer token, given with
+    ``hetplan serve --token`` or the ``HETPLAN_SERVE_TOKEN`` environment variable, never in this file), default
+    and largest tokens per request, largest request body (bytes), and the drain time on shutdown (s)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     default_max_new_tokens: int = Field(default=1, ge=1)
     max_new_tokens_limit: int = Field(default=64, ge=1)
-    shutdown_timeout_s: float = Field(default=10.0, ge=0)
+    shutdown_timeout_s: float = Field(default=10.0, ge=0, le=3600)
+    max_request_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or ``localhost``) accepts connections from this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class WorkloadConfig(_Strict):
     """Arrivals: ``duration_s``, ``seed``, Gamma ``cv``, total rate shared by Zipf rank (``zipf_exponent``) among
-    models without their own ``rate_per_s``, or a CSV ``trace``; request shape; default latency ``slo_s``."""
+    models without their own ``rate_per_s``, or a CSV ``trace``; request shape; default SLOs: end-to-end latency
+    ``slo_s``, time to first token ``ttft_slo_s``, time per output token ``tpot_slo_s`` (each optional)."""
 
     duration_s: float = Field(default=60.0, gt=0)
     seed: int = 0
@@ -114,7 +136,9 @@ class WorkloadConfig(_Strict):
     trace: str | None = None
     prompt_len: int = Field(default=64, ge=1)
     max_new_tokens: int = Field(default=1, ge=1)
-    slo_s: float = Field(default=1.0, gt=0)
+    slo_s: float | None = Field(default=1.0, gt=0)
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    tpot_slo_s: float | None = Field(default=None, gt=0)
 
 
 class SwapConfig(_Strict):
