@@ -34,10 +34,11 @@ class Job(BaseModel):
         dtype: compute dtype of weights and activations (``bf16`` or ``fp16``).
         optimizer: ``adam`` (mixed precision: fp32 master weights, fp32 momentum and variance; Megatron-LM's
             fp32 gradient accumulation buffer).
-        attention: ``standard`` (the s x s attention scores are materialised and stored for backward: Megatron-LM
-            without ``--use-flash-attn``, what Korthikanti et al. 2023 count) or ``flash`` (FlashAttention, Dao et
-            al. 2022: no s x s tensor stored, scores recomputed in backward; Megatron-LM ``--use-flash-attn``,
-            DeepSpeed / torchtitan with fused SDPA). With ``flash``, ``selective`` recomputation stores and
+        attention: ``flash`` (the default: FlashAttention, Dao et al. 2022, causal: no s x s tensor stored, scores
+            recomputed in backward, about half the s x s work; what Megatron-Core (Transformer Engine fused
+            attention), torchtitan and NeMo run) or ``standard`` (the s x s attention scores are materialised and
+            stored for backward: Megatron-LM without ``--use-flash-attn``, what Korthikanti et al. 2023 count).
+            With ``flash``, ``selective`` recomputation stores and
             computes what ``none`` does (Megatron-LM skips the core-attention checkpoint under flash).
         framework: the training framework whose memory behaviour the estimate assumes. ``megatron``: states as in
             Megatron-LM's theoretical memory (fp32 main-gradient buffer used directly by the optimizer).
@@ -54,7 +55,7 @@ class Job(BaseModel):
     train_iterations: int | None = Field(default=None, gt=0)
     dtype: Literal["bf16", "fp16"] = "bf16"
     optimizer: Literal["adam"] = "adam"
-    attention: Literal["standard", "flash"] = "standard"
+    attention: Literal["standard", "flash"] = "flash"
     framework: Literal["megatron", "deepspeed"] = "megatron"
 
     def iterations(self) -> float:

@@ -56,8 +56,8 @@ def plan_command(
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Total training tokens (job length), e.g. 1e12."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 or fp16."),
-    attention: Optional[str] = typer.Option(None, "--attention", help="standard (s x s scores stored; default) or "
-                                            "flash (FlashAttention: no s x s activations; selective recompute = none)."),
+    attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default) or "
+                                            "standard (s x s scores stored, Megatron-LM without --use-flash-attn)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
                                             "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (one pool; see `hetplan catalog gpus`)."),

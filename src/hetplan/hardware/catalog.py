@@ -33,6 +33,12 @@ else:  # pragma: no cover
 
 GB = 1e9
 TERA = 1e12
+#: FlashAttention-2's throughput relative to a large dense GEMM on the same GPU, forward and backward: on A100
+#: FA2 reaches 70 % (forward) and 60 % (backward) of the 312 TFLOP/s peak at head dim 128 and long sequences
+#: (Dao 2023, "FlashAttention-2", arXiv 2307.08691, Sec. 4.1, Fig. 4-6: up to 73 % forward, 63 % backward),
+#: where large bf16 GEMMs reach the fitted e_max 0.814 (hetplan.estimate.calibrate): 0.70 / 0.814 and
+#: 0.60 / 0.814. Used for GPU types whose catalog entry gives no ``attention_efficiency``.
+FLASH_TO_GEMM_RATIO = (0.86, 0.74)
 
 
 class GPUSpec(BaseModel):
@@ -56,6 +62,10 @@ class GPUSpec(BaseModel):
             efficiency = compute_efficiency * prod over (M, N, K) of x / (x + gemm_half_dim) (docs/estimator.md).
             Default: the A100 fit on vTrain data (hetplan.estimate.calibrate).
         kernel_overhead_s: fixed time per GPU kernel (launch + ramp/tail), seconds. Default: the A100 fit.
+        attention_efficiency: ``(forward, backward)`` fraction of the dense bf16/fp16 peak that the FlashAttention
+            kernel of this GPU generation reaches on long sequences, FLOPs counted as the work the kernel does
+            (causal: the tiles on and below the diagonal; :func:`hetplan.estimate.compute.flash_attention_time_s`).
+            Default (None): the GEMM ceiling ``compute_efficiency`` times :data:`FLASH_TO_GEMM_RATIO`.
         sources: where each figure comes from.
     """
 
@@ -83,7 +93,16 @@ class GPUSpec(BaseModel):
     calibration_source: str
     gemm_half_dim: float = Field(default=134.0, ge=0)
     kernel_overhead_s: float = Field(default=44.3e-6, ge=0)
+    attention_efficiency: tuple[float, float] | None = None
     sources: tuple[str, ...] = ()
+
+    def flash_attention_efficiency(self) -> tuple[float, float]:
+        """``(forward, backward)`` FlashAttention efficiency (fraction of the dense peak): the catalog value, else
+        ``compute_efficiency`` x :data:`FLASH_TO_GEMM_RATIO`."""
+        if self.attention_efficiency is not None:
+            return self.attention_efficiency
+        f, b = FLASH_TO_GEMM_RATIO
+        return self.compute_efficiency * f, self.compute_efficiency * b
 
     def peak_flops_per_s(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``.
