@@ -62,9 +62,9 @@ def test_bad_field_named(tmp_path):
 
 
 @pytest.mark.parametrize("stages, match", [
-    ([{"num_layers": 2, "tp": 3, "dp": 1}, {"num_layers": 2, "tp": 3, "dp": 1}], "does not divide num_attention_heads"),
+    ([{"num_layers": 2, "tp": 3, "dp": 1}, {"num_layers": 2, "tp": 3, "dp": 1}], "rule tp-divides-heads"),
     ([{"num_layers": 2, "dp": 2}, {"num_layers": 2, "dp": 1}], "different TP degrees"),
-    ([{"num_layers": 2, "dp": 2}, {"num_layers": 1, "dp": 2}], "stages hold 3 layers"),
+    ([{"num_layers": 2, "dp": 2}, {"num_layers": 1, "dp": 2}], "stages hold 3 layers but tiny-model has 4"),
 ])
 def test_plans_the_runtime_cannot_run(tmp_path, stages, match):
     raw = json.loads(TINY.read_text())
@@ -120,6 +120,7 @@ def test_deepspeed_balanced_and_megatron_middle_stages(tmp_path):
     raw["job"]["model"] = "gpt3-1.3b"
     raw["job"]["seq_len"] = 2048
     raw["stages"] = [{"num_layers": 6, "dp": 2}] * 4
+    raw["pools"][0]["count"] = 8
     p = tmp_path / "p.json"
     p.write_text(json.dumps(raw))
     plan = planio.load_plan(p)

@@ -18,6 +18,7 @@ from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import load_job_file, read_structured, validated
 from hetplan.plan import Inventory, Job, Plan
+from hetplan.plan_rules import check_plan
 from hetplan.report import plan_summary
 from hetplan.search.objective import Objective
 from hetplan.search.planner import Pins, check_job, search_plans
@@ -165,6 +166,8 @@ def plan_command(
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
         summaries.insert(0, plan_summary(fine.plan, fine.estimate, "fine-grained search (bottleneck alleviation)"))
+    best = fine.plan if fine else result.plans[0].plan
+    check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
         output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
     if as_json:
@@ -339,6 +342,7 @@ def estimate_command(
     plan = validated(Plan, read_structured(plan_file), "plan")
     m = load_model(plan.job.model)
     check_job(plan.job, m)
+    check_plan(plan, m)
     cat = load_catalog(catalog)
     profiles = _profiles(profile_db)
     est = estimate_plan(plan, cat, m, profiles)

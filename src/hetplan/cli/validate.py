@@ -1,7 +1,9 @@
 """``hetplan validate``: run the estimator on public measured training data and report its error.
 
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
-korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero. See :mod:`hetplan.estimate.validation` and docs/estimator.md.
+korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero; modern sets (:mod:`hetplan.calibration.modern`):
+dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp. See
+:mod:`hetplan.estimate.validation` and docs/estimator.md.
 
 The table shows, per set, the error metrics and the calibration / held-out split; with ``fasop_layers`` also its
 errors per GPU type and the A10G / A100 per-layer time ratio of GPT-2 XL at micro-batch 1 against FASOP's measured
@@ -42,6 +44,34 @@ def _print_fasop(console, r: dict) -> None:
                       f"peak ratio {q['peak_ratio']:.2f}.")
 
 
+def _print_modern(console, sets: dict) -> None:
+    """The modern sets (:mod:`hetplan.calibration.modern`): errors, the rows not expressible yet and what each
+    set compares (its MFU convention)."""
+    from collections import Counter
+
+    from rich.table import Table
+
+    t = Table(title="Modern sets (H100/H200/B200/GB200; errors as % of measured)")
+    for col in ("set", "n", "not expr.", "MAPE", "max", "τ", "held-out", "memory", "no fit"):
+        t.add_column(col)
+    for name, r in sets.items():
+        mem = r.get("memory", {}).get("max_abs_error", float("nan"))
+        t.add_row(name, str(r["n"]), str(r["not_expressible"]["n"]), _fmt(r["mape"]), _fmt(r["max_abs_error"]),
+                  _fmt(r["kendall_tau"], pct=False), _fmt(r["held_out"]["mape"]), _fmt(mem), str(len(r["does_not_fit"])))
+    console.print(t)
+    for name, r in sets.items():
+        console.print(f"[bold]{name}[/]: {r['convention']}.")
+        if "dense_cp1" in r:
+            d = r["dense_cp1"]
+            console.print(f"  dense, CP 1: n {d['n']}, MAPE {_fmt(d['mape'])}, τ {_fmt(d['kendall_tau'], pct=False)}")
+        for reason, k in Counter(x["reason"] for x in r["not_expressible"]["rows"]).most_common():
+            console.print(f"  not expressible ({k}): {reason}")
+        for note, k in r["approximations"].items():
+            console.print(f"  approximated ({k}): {note}")
+    console.print("memory: max |error| over the rows that report memory. Not-expressible rows are listed one by "
+                  "one in --json.")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``validate`` to ``app``."""
 
@@ -50,22 +80,32 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, kendall_tau, "
                                       "calibration, held_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl)"),
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
-                                              "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers"),
+                                              "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
+                                              "espresso_hetero, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
+                                              "megatron_lm_h100, moe_h100, long_context_cp"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
     ) -> None:
         """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5, Aceso's V100 profile and FASOP's
-        per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1)."""
+        per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), and on the modern H100/H200/B200/GB200 sets
+        (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context)."""
+        from hetplan.calibration import modern
         from hetplan.errors import HetplanError
         from hetplan.estimate import validation as v
 
-        names = v.SET_NAMES if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
-        bad = [n for n in names if n not in v.SET_NAMES]
+        every = v.SET_NAMES + modern.SET_NAMES
+        names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
+        bad = [n for n in names if n not in every]
         if bad:
             raise HetplanError(f"unknown validation set(s) {', '.join(bad)}", field="--sets",
-                               fix=f"use some of: {', '.join(v.SET_NAMES)}")
+                               fix=f"use some of: {', '.join(every)}")
+        new = tuple(n for n in names if n in modern.SET_NAMES)
+        names = tuple(n for n in names if n in v.SET_NAMES)
         result, cases = v.run_validation(names)
+        new_result, new_cases = modern.run_modern(new)
+        result["sets"].update(new_result)
+        cases += new_cases
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             csv_path = csv_path or out_dir / "validation.csv"
@@ -104,6 +144,8 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         if "fasop_layers" in names:
             _print_fasop(console, result["sets"]["fasop_layers"])
+        if new:
+            _print_modern(console, new_result)
         console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same model, "
                       "GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows (V100), "
                       "seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's hosts), "

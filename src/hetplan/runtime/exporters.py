@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Plan
+from hetplan.plan_rules import check_plan
 
 TARGETS = ("megatron", "deepspeed", "torchtitan")
 
@@ -258,6 +259,7 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
         HetplanError: unknown target, or the plan needs something the target cannot express (see module doc).
     """
     t = target.lower().strip()
+    check_plan(plan, spec)
     if t == "megatron":
         out = export_megatron(plan, spec, virtual_stages)
     elif t == "deepspeed":

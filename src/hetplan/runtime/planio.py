@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Plan
+from hetplan.plan_rules import check_plan
 
 #: Pipeline schedules the runtime offers (the plan's ``schedule`` or the ``--schedule`` override).
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -96,10 +97,12 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
         virtual_stages: model chunks per pipeline rank for the interleaved schedule (>= 2; ignored otherwise).
         max_world_size: the most ranks allowed (e.g. GPUs available, or a CPU process cap).
     Raises:
-        HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages), TP
-            that does not divide heads / key-value heads / MLP width, layers that do not add up to the model,
+        PlanRuleError: the plan breaks a rule of :mod:`hetplan.plan_rules` (TP not dividing heads, layers not
+            adding up, ...).
+        HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages),
             a stage too small to interleave, an unknown schedule, or more ranks than ``max_world_size``.
     """
+    check_plan(plan, spec)
     sched = (schedule or plan.schedule).lower()
     if sched not in SCHEDULES:
         raise HetplanError(f"unknown schedule {sched!r}", field="--schedule", fix=f"use one of {', '.join(SCHEDULES)}")
@@ -111,18 +114,6 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
             "(dp, tp) for all stages (torch.distributed.pipelining needs matching DP replicas across stages)",
             field="plan.stages[].tp/dp", fix="give every stage the same tp and dp (layer counts may differ)")
     tp, dp, pp = tps.pop(), dps.pop(), plan.pp
-    for what, n in (("num_attention_heads", spec.num_attention_heads), ("num_kv_heads", spec.num_kv_heads),
-                    ("ffn_hidden_size", spec.ffn_hidden_size)):
-        if n % tp:
-            raise HetplanError(f"TP = {tp} does not divide {what} = {n} of model {spec.name}",
-                               field="plan.stages[].tp", fix=f"choose a TP degree that divides {n}")
-    total = sum(st.num_layers for st in plan.stages)
-    if total != spec.num_layers:
-        raise HetplanError(f"stages hold {total} layers but {spec.name} has {spec.num_layers}",
-                           field="plan.stages[].num_layers", fix=f"make the stages' num_layers add up to {spec.num_layers}")
-    if plan.job.seq_len > spec.max_seq_len and spec.learned_positions:
-        raise HetplanError(f"seq_len {plan.job.seq_len} exceeds the model's {spec.max_seq_len} learned positions",
-                           field="plan.job.seq_len", fix=f"use seq_len <= {spec.max_seq_len}")
     world = pp * dp * tp
     if max_world_size is not None and world > max_world_size:
         raise HetplanError(f"the plan needs {world} ranks (pp {pp} x dp {dp} x tp {tp}) but at most {max_world_size} "

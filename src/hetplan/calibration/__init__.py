@@ -1,0 +1,1 @@
+"""Calibration and validation of the estimator against public measurements (above ``hetplan.estimate``)."""

@@ -1,0 +1,647 @@
+"""Validation on modern training measurements (H100 / H200 / B200 / GB200, 2024-2026): ``hetplan validate`` sets
+``dgxc_h100``, ``dgxc_gb200``, ``torchtitan``, ``llama3_405b``, ``megatron_lm_h100``, ``moe_h100`` and
+``long_context_cp``.
+
+The rows are the published measurements of ``validation_data/modern/`` (copied from the project's shared data;
+every row names its source ``repo@commit:path`` or arXiv table, see the README there). Each row is mapped to a
+full :class:`~hetplan.plan.Plan` with its published layout (TP / PP / DP / micro-batch / global batch / sequence /
+recomputation / framework / dtype / GPU / node / CP / EP) and the model of the run (proxy runs with their own,
+reduced, layer count), and predicted by :func:`hetplan.estimate.estimator.estimate`. Rows the estimator or the
+plan schema cannot express are never dropped: they are counted and listed with the reason
+(:class:`NotExpressible`). Features the estimator gains later (FP8, ``framework = "fsdp"``, CP, EP, MoE models,
+GPU entries) are probed, not assumed, so the same mapping picks them up as they land.
+
+Measured quantity per source (compared directly, never through MFU, whose convention differs between sources;
+:data:`CONVENTIONS`): step time (DGX Cloud, NeMo AutoModel, Megatron MoE ModelZoo where given), tokens/s per GPU
+(torchtitan) or TFLOP/s per GPU (Llama 3 paper, Megatron-LM README, NeMo long-sequence), converted with the model
+FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputation, the full s² attention product;
+Megatron-LM's and NeMo's formula, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per 16M-token
+step). Memory per GPU (torchtitan, GiB as PyTorch reports it) is compared with the estimate's largest stage.
+
+Metrics per set: as :func:`hetplan.estimate.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
+same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
+calibration fraction :data:`CALIBRATION_FRACTION`), memory error, and the rows predicted not to fit.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Iterable
+
+import numpy as np
+
+from hetplan.estimate.validation import Case, _is_calibration, gpt_model, metrics
+from hetplan.hardware.catalog import Catalog, load_catalog
+from hetplan.model import counts
+from hetplan.model.spec import ModelSpec
+from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split
+
+SET_NAMES = ("dgxc_h100", "dgxc_gb200", "torchtitan", "llama3_405b", "megatron_lm_h100", "moe_h100",
+             "long_context_cp")
+
+#: Source file of each set (``validation_data/modern/``) and what is compared.
+FILES = {
+    "dgxc_h100": "dgxc_benchmarking_h100_gb200.csv",
+    "dgxc_gb200": "dgxc_benchmarking_h100_gb200.csv",
+    "torchtitan": "torchtitan_benchmarks.csv",
+    "llama3_405b": "llama3_paper_table4_h100.csv",
+    "megatron_lm_h100": "megatron_lm_weak_scaling_h100.csv",
+    "moe_h100": ("nemo_automodel_h100_bf16.csv", "megatron_moe_modelzoo_qwen3.csv"),
+    "long_context_cp": ("nemo_long_sequence_cp.csv", "torchtitan_benchmarks.csv", "llama3_paper_table4_h100.csv"),
+}
+
+#: What each set compares and the MFU convention its source states (printed by ``hetplan validate``).
+CONVENTIONS = {
+    "dgxc_h100": "step time; published MFU is vs the run dtype's dense peak (H100 989 bf16 / 1,979 fp8)",
+    "dgxc_gb200": "step time; published MFU is vs the run dtype's dense peak (GB200 2,450 bf16 / 4,900 fp8)",
+    "torchtitan": "tokens/s per GPU and memory (GiB); published MFU divides by the 700 W SXM's 989 although "
+                  "most rows ran on 500 W HBM2e H100s (not used)",
+    "llama3_405b": "TFLOP/s per GPU, model FLOPs with the full s^2 attention (6.7 s per 16M-token step at 400); "
+                   "MFU vs bf16 989",
+    "megatron_lm_h100": "TFLOP/s per GPU as Megatron-LM counts (no recompute, full s^2); MFU vs bf16 989",
+    "moe_h100": "step time (TFLOP/s per GPU where no step time is given); MFU vs bf16 989",
+    "long_context_cp": "TFLOP/s per GPU (NeMo's FLOP formula: full s^2, no causal halving), tokens/s per GPU "
+                       "(torchtitan), TFLOP/s (Llama 3); MFU not compared",
+}
+
+#: Done-when targets (issues 13 and 14), fractions; ``kendall_tau`` is a lower bound, the others upper bounds.
+#: ``subset`` names the rows the target is stated for.
+TARGETS = {
+    "dgxc_h100": {"subset": "dense_cp1", "mape": 0.10, "kendall_tau": 0.8},
+    "torchtitan": {"mape": 0.12, "memory_max_abs_error": 0.10},
+    "llama3_405b": {"max_abs_error": 0.10},
+    "megatron_lm_h100": {"max_abs_error": 0.10},
+    "moe_h100": {"mape": 0.15},
+    "long_context_cp": {"mape": 0.15},
+}
+
+#: Seeded fraction of every modern set used to fit GPU efficiencies (:mod:`hetplan.calibration.modern_fit`);
+#: the same hash of the row key as the A100 split (:func:`hetplan.estimate.validation._is_calibration`).
+CALIBRATION_FRACTION = 0.25
+
+#: Node of the DGX/HGX H100, H200 and B200: 8 GPUs, 8 ConnectX-7 NICs of 400 Gb/s = 400 GB/s per node
+#: (NVIDIA DGX H100 / B200 user guides). Used unless the pool model names nodes itself.
+DGX_NODE_BYTES_PER_S = 400e9
+#: GB200 NVL72: one NVLink domain of 72 GPUs; one 400 Gb/s ConnectX-7 per GPU (4 per compute tray;
+#: NVIDIA GB200 NVL72 reference architecture): 72 x 50 GB/s leaves the domain.
+NVL72_GPUS = 72
+NVL72_NODE_BYTES_PER_S = NVL72_GPUS * 50e9
+
+
+class NotExpressibleError(Exception):
+    """A row that the estimator or the plan schema cannot express yet; the message is the reason."""
+
+
+@dataclass
+class NotExpressible:
+    """A measured row left out of the metrics, with the reason."""
+
+    set: str
+    key: str
+    reason: str
+
+
+@dataclass
+class ModernCase(Case):
+    """A :class:`~hetplan.estimate.validation.Case` of a modern set.
+
+    Attributes:
+        quantity: ``iteration_time_s``, ``tokens_per_s_per_gpu`` or ``tflops_per_gpu`` (what ``measured`` is).
+        gpu, dtype: catalog GPU type and compute dtype of the plan.
+        measured_memory_bytes: peak memory per GPU the source reports (None if it gives none).
+        predicted_memory_bytes, fits: the estimate's largest stage and whether every stage fits.
+        notes: approximations the mapping had to make (e.g. ZeRO-3 for FSDP2 before ``framework = "fsdp"``).
+    """
+
+    quantity: str = "iteration_time_s"
+    gpu: str = ""
+    dtype: str = "bf16"
+    measured_memory_bytes: float | None = None
+    predicted_memory_bytes: float = math.nan
+    fits: bool = True
+    dense_cp1: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def evaluate(self, catalog: Catalog | None = None) -> float:
+        """Estimate the plan with ``catalog`` (default: the package catalog); set ``predicted``,
+        ``predicted_memory_bytes`` and ``fits``; return ``predicted``."""
+        from hetplan.estimate.estimator import estimate
+
+        est = estimate(self.plan, catalog=catalog, model=self.model, virtual_stages=self.virtual_stages)
+        self.predicted = quantity_of(est, self.quantity, self.plan, self.model)
+        self.predicted_memory_bytes = max(s.memory.total for s in est.stages)
+        self.fits = bool(est.fits)
+        return self.predicted
+
+
+def quantity_of(est, quantity: str, plan: Plan, m: ModelSpec) -> float:
+    """The measured kind ``quantity`` of an :class:`~hetplan.estimate.estimator.Estimate`."""
+    n = plan.num_gpus
+    if quantity == "iteration_time_s":
+        return est.iteration_time_s
+    if quantity == "tokens_per_s_per_gpu":
+        return est.tokens_per_s / n
+    if quantity == "tflops_per_gpu":
+        flops = float(counts.model_flops_per_iteration(m, float(plan.job.global_batch), float(plan.job.seq_len)))
+        return flops / est.iteration_time_s / n / 1e12
+    raise ValueError(f"unknown quantity {quantity!r}")
+
+
+def _rows(name: str) -> list[dict]:
+    text = resources.files("hetplan.calibration").joinpath("validation_data", "modern", name).read_text()
+    return list(csv.DictReader(text.splitlines()))
+
+
+def _int(r: dict, col: str, default: int | None = None) -> int | None:
+    v = (r.get(col) or "").strip()
+    if not v:
+        return default
+    try:
+        return int(float(v))
+    except ValueError:
+        return default
+
+
+def _float(r: dict, col: str) -> float | None:
+    v = (r.get(col) or "").strip()
+    try:
+        x = float(v)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) and x > 0 else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GPUs, models, plans
+
+
+def catalog_gpu(label: str, catalog: Catalog) -> str:
+    """Catalog name of the GPU a row names.
+
+    The 96 GB HBM2e H100 capped at 500 W of torchtitan's rows is its own catalog entry (found by its 500 W
+    power limit), never the 700 W H100 SXM. Raises :class:`NotExpressibleError` when the catalog has no entry.
+    """
+    low = label.lower()
+    if "h100" in low and ("500w" in low.replace(" ", "") or "hbm2e" in low):
+        for g in catalog.gpus.values():
+            if "H100" in g.name and g.tdp_w == 500:
+                return g.name
+        raise NotExpressibleError("the 500 W HBM2e H100 (96 GB) has no catalog entry yet")
+    for key, name in (("gb300", "GB300"), ("gb200", "GB200"), ("h200", "H200"), ("b200", "B200"),
+                      ("h100", "H100-SXM"), ("a100", "A100-SXM-80GB")):
+        if key in low:
+            try:
+                return catalog.get(name).name
+            except Exception:
+                raise NotExpressibleError(f"GPU {name} has no catalog entry yet") from None
+    raise NotExpressibleError(f"GPU {label!r} is not in the catalog")
+
+
+def row_model(r: dict) -> ModelSpec:
+    """The model of a row, with the run's own layer count (proxy runs keep their reduced count).
+
+    Families by name: Llama 2/3 (SwiGLU, RMSNorm, rotary, untied, no bias or dropout; Llama 2 vocabulary 32,000),
+    Nemotron-4 (squared-ReLU MLP of 4h, no gate, LayerNorm, rotary, untied, vocabulary 256,000: Nemotron-4 15B
+    report, arXiv 2402.16819 Sec. 2), GPT-3 175B as NeMo runs it (Megatron GPT: GeLU 4h MLP, learned positions,
+    tied embeddings, vocabulary 50,257 padded, dropout 0.1: NeMo-Framework-Launcher ``gpt3/175b.yaml``), and the
+    Megatron-LM README's GPT family (vocabulary 131,072, 4h MLP). Raises :class:`NotExpressibleError` for MoE,
+    hybrid (Mamba) and models whose shape the source does not give.
+    """
+    name = r["model"]
+    low = name.lower()
+    if _int(r, "num_experts", 0) or "moe" in low or "mixture" in low or "a22b" in low or "gpt-oss" in low:
+        return moe_model(r)
+    if "mamba" in low or "nemotron-h" in low:
+        raise NotExpressibleError("hybrid Mamba-Transformer: no Mamba layers in the estimator")
+    L, h, a = _int(r, "layers"), _int(r, "hidden"), _int(r, "heads")
+    s = _int(r, "seq_len")
+    if not (L and h and a and s):
+        raise NotExpressibleError("the source does not give the model's shape (layers, hidden, heads)")
+    g = _int(r, "kv_heads", a)
+    f = _int(r, "ffn_hidden")
+    V = _int(r, "vocab")
+    tag = re.sub(r"[^a-z0-9.]+", "-", low).strip("-")
+    if "llama" in low:
+        return ModelSpec(name=f"{tag}-L{L}", family="llama", num_layers=L, hidden_size=h, num_attention_heads=a,
+                         num_kv_heads=g, head_dim=h // a, ffn_hidden_size=f, vocab_size=V or 32000,
+                         max_seq_len=max(s, 8192), gated_mlp=True, norm="rmsnorm", linear_bias=False,
+                         learned_positions=0, tied_embeddings=False, dropout=False, source=r["arch_source"])
+    if "nemotron-4" in low:
+        return ModelSpec(name=f"{tag}-L{L}", family="gpt_neox", num_layers=L, hidden_size=h, num_attention_heads=a,
+                         num_kv_heads=g, head_dim=h // a, ffn_hidden_size=f or 4 * h, vocab_size=V or 256000,
+                         max_seq_len=s, gated_mlp=False, norm="layernorm", linear_bias=False, learned_positions=0,
+                         tied_embeddings=False, dropout=False, source=r["arch_source"])
+    if "gpt" in low:
+        return gpt_model(L, h, a, s, vocab=V or 50257)
+    raise NotExpressibleError(f"model {name!r} has no mapping to a model spec")
+
+
+#: MoE models of the rows -> model presets (``hetplan catalog models``; shapes from each model's config.json).
+MOE_PRESETS = {"deepseek-v3": "deepseek-v3", "deepseek v3": "deepseek-v3", "qwen3-235b-a22b": "qwen3-235b-a22b",
+               "qwen3 moe 30b": "qwen3-30b-a3b", "gpt-oss 120b": "gpt-oss-120b", "llama 4 scout": "llama4-scout"}
+
+
+def moe_model(r: dict) -> ModelSpec:
+    """The preset of a MoE row (:data:`MOE_PRESETS`) with the run's layer count; :class:`NotExpressibleError`
+    when the model has no preset or the estimator has no MoE layers yet."""
+    from hetplan.errors import HetplanError
+    from hetplan.model.spec import load_model
+
+    low = r["model"].lower()
+    preset = next((v for k, v in MOE_PRESETS.items() if k in low), None)
+    if preset is None:
+        raise NotExpressibleError(f"MoE model {r['model']!r} has no model preset")
+    try:
+        m = load_model(preset)
+    except HetplanError:
+        raise NotExpressibleError("MoE model: the estimator has no mixture-of-experts layers yet") from None
+    L = _int(r, "layers")
+    return m if not L or L == m.num_layers else m.model_copy(update={"num_layers": L, "name": f"{m.name}-L{L}"})
+
+
+def _probe_job(**kw) -> Job:
+    """A :class:`Job` with ``kw``, or :class:`NotExpressibleError` naming the field the schema rejects."""
+    try:
+        return Job(**kw)
+    except ValueError as exc:
+        bad = [k for k in ("dtype", "framework", "attention") if k in str(exc)]
+        raise NotExpressibleError(f"the plan schema rejects {', '.join(f'{k} = {kw.get(k)!r}' for k in bad) or kw}"
+                                  ) from None
+
+
+def _dtype(r: dict) -> str:
+    d = r["dtype"].lower()
+    return "fp8" if ("fp8" in d or "float8" in d) else "bf16"
+
+
+@dataclass
+class Layout:
+    """The published layout of a row (degrees, batch, recomputation, framework)."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int = 1
+    ep: int = 1
+    vp: int = 1
+    mbs: int = 1
+    gbs: int = 1
+    seq: int = 1
+    recompute: str = "none"
+    recompute_fraction: float = 1.0
+    framework: str = "megatron"
+    zero: int = 1
+    sequence_parallel: bool = False
+
+
+def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
+    """The :class:`Plan` of a row: ``pp`` stages of ``tp x dp`` GPUs (balanced split of the run's layers),
+    FlashAttention (every source ran it), one pool of DGX-class nodes (:data:`DGX_NODE_BYTES_PER_S`; GB200:
+    the NVL72 domain). Raises :class:`NotExpressibleError` for CP / EP > 1 until the plan carries them."""
+    if lay.cp > 1:
+        raise NotExpressibleError(f"CP {lay.cp}: the plan schema has no context-parallel degree yet")
+    if lay.ep > 1:
+        raise NotExpressibleError(f"EP {lay.ep}: the plan schema has no expert-parallel degree yet")
+    if lay.pp > m.num_layers:
+        raise NotExpressibleError(f"PP {lay.pp} exceeds the {m.num_layers} layers")
+    if lay.gbs % (lay.dp * lay.mbs):
+        raise NotExpressibleError(f"global batch {lay.gbs} is not a multiple of DP {lay.dp} x micro-batch {lay.mbs}")
+    framework, zero = lay.framework, lay.zero
+    if framework == "fsdp" and "fsdp" not in str(Job.model_fields["framework"].annotation):
+        framework, zero = "megatron", 3
+        notes.append("FSDP2 as ZeRO-3 (framework = 'fsdp' not in the estimator yet)")
+    job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
+                     framework=framework)
+    nvl72 = gpu.startswith("GB")
+    n = lay.tp * lay.pp * lay.dp
+    pool = GPUPool(gpu=gpu, count=n, gpus_per_node=NVL72_GPUS if nvl72 else 8,
+                   inter_node_bandwidth_bytes_per_s=NVL72_NODE_BYTES_PER_S if nvl72 else DGX_NODE_BYTES_PER_S)
+    stages = []
+    for k in balanced_split(m.num_layers, lay.pp):
+        rl = None if lay.recompute_fraction >= 1 else int(round(k * lay.recompute_fraction))
+        stages.append(Stage(pool=0, num_layers=k, tp=lay.tp, dp=lay.dp, recompute=lay.recompute, recompute_layers=rl))
+    try:
+        return Plan(job=job, pools=[pool], stages=stages, mbs=lay.mbs, zero=zero,
+                    sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
+                    virtual_stages=lay.vp, overlap_grad_reduce=True)
+    except ValueError as exc:
+        raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
+
+
+def _check_gpus(r: dict, lay: Layout) -> None:
+    n = _int(r, "num_gpus")
+    if n != lay.tp * lay.pp * lay.dp * lay.cp:
+        raise NotExpressibleError(f"TP {lay.tp} x PP {lay.pp} x DP {lay.dp} x CP {lay.cp} != {n} GPUs as published")
+
+
+def _case(set_name: str, key: str, r: dict, lay: Layout, quantity: str, measured: float, *, catalog: Catalog,
+          group: str | None = None, memory_gib: float | None = None) -> ModernCase:
+    m = row_model(r)
+    gpu = catalog_gpu(r["gpu"], catalog)
+    dtype = _dtype(r)
+    notes: list[str] = []
+    _check_gpus(r, lay)
+    plan = build_plan(r, m, lay, gpu, dtype, notes)
+    c = ModernCase(set=set_name, key=key, group=group or f"{r['model']}|{gpu}|n{r['num_gpus']}|g{lay.gbs}|s{lay.seq}",
+                   measured=measured, predict=lambda: math.nan, is_calibration=_is_calibration(key, CALIBRATION_FRACTION),
+                   info=dict(model=r["model"], gpu=gpu, n=int(r["num_gpus"]), tp=lay.tp, pp=lay.pp, dp=lay.dp,
+                             cp=lay.cp, ep=lay.ep, vp=lay.vp, mbs=lay.mbs, gbs=lay.gbs, seq=lay.seq, dtype=dtype,
+                             recompute=lay.recompute),
+                   plan=plan, model=m, virtual_stages=lay.vp, quantity=quantity, gpu=gpu, dtype=dtype,
+                   measured_memory_bytes=None if memory_gib is None else memory_gib * 2**30,
+                   dense_cp1=lay.cp == 1 and lay.ep == 1, notes=notes)
+    c.predict = c.evaluate
+    return c
+
+
+def _collect(set_name: str, items: Iterable[tuple[str, callable]]) -> tuple[list[ModernCase], list[NotExpressible]]:
+    cases, skipped = [], []
+    for key, make in items:
+        try:
+            cases.append(make())
+        except NotExpressibleError as exc:
+            skipped.append(NotExpressible(set_name, key, str(exc)))
+    return cases, skipped
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sources
+
+
+def _is_jax(r: dict) -> bool:
+    return "jax" in r["framework"].lower()
+
+
+def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
+    """NVIDIA DGX Cloud benchmarking recipes (NeMo / Megatron-Core): measured step time.
+
+    Layout as published (TP, PP, CP, VP, EP, micro-batch, global batch); DP = GPUs / (TP·PP·CP). Megatron-Core as
+    NeMo's recipes run it: distributed optimizer (ZeRO-1), sequence parallelism with TP, gradient reduction
+    overlapped, FlashAttention (cuDNN / TE fused attention), no recomputation (the recipes' default for these
+    rows; not restated in the tables). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
+    are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
+    and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
+    """
+    catalog = catalog or load_catalog()
+    want = "gb200" if set_name == "dgxc_gb200" else "h100"
+    rows = _rows(FILES["dgxc_h100"])
+    published_vp: dict[tuple, Counter] = {}
+    for r in rows:
+        if r["vp"]:
+            published_vp.setdefault((r["model"], r["gpu"], r["tp"], r["pp"]), Counter())[int(r["vp"])] += 1
+    items = []
+    for i, r in enumerate(rows):
+        if want not in r["gpu"].lower():
+            continue
+        key = f"{set_name}:{i}:{r['model']}:n{r['num_gpus']}:{r['dtype']}:tp{r['tp']}pp{r['pp']}cp{r['cp'] or 1}vp{r['vp'] or 1}"
+
+        def make(r=r, key=key):
+            if _is_jax(r):
+                raise NotExpressibleError("JAX (MaxText / Paxml): XLA's sharding and fusion are not modelled")
+            if "lora" in r["model"].lower():
+                raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
+            tp, pp, cp = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "cp", 1)
+            vp, note = _int(r, "vp", 1), None
+            siblings = published_vp.get((r["model"], r["gpu"], r["tp"], r["pp"]))
+            if not r["vp"] and pp > 1 and siblings:
+                vp = siblings.most_common(1)[0][0]
+                note = f"VP not stated; {vp} as the other releases of this layout publish"
+            lay = Layout(tp=tp, pp=pp, dp=_int(r, "num_gpus") // (tp * pp * cp), cp=cp, ep=_int(r, "ep", 1),
+                         vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
+                         seq=_int(r, "seq_len"), sequence_parallel=True, zero=1)
+            t = _float(r, "iteration_time_s")
+            if t is None:
+                raise NotExpressibleError("no step time published")
+            c = _case(set_name, key, r, lay, "iteration_time_s", t, catalog=catalog)
+            c.notes += [note] if note else []
+            return c
+
+        items.append((key, make))
+    return _collect(set_name, items)
+
+
+def _torchtitan_recompute(label: str) -> tuple[str, float]:
+    """torchtitan's activation checkpointing: ``selective`` op-level SAC (what the row says 'selective' or
+    'per-op SAC') saves the matmul outputs, i.e. Megatron's selective; ``selective layer`` checkpoints every
+    second layer (``selective_ac_option = "2"``); ``full`` all layers."""
+    low = label.lower()
+    if "full" in low:
+        return "full", 1.0
+    if "layer" in low:
+        return "full", 0.5
+    if "selective" in low or "sac" in low:
+        return "selective", 1.0
+    return "none", 1.0
+
+
+def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
+    """One torchtitan row: FSDP2 (``framework = "fsdp"``), TP with sequence parallelism, PP (1F1B or
+    interleaved, micro-batch 1 = torchtitan's ``pipeline_parallel_microbatch_size`` default where the row gives
+    none), FlashAttention (SDPA), float8 as ``dtype = "fp8"``; tokens/s per GPU and memory."""
+    key = f"{set_name}:{i}:{r['model']}:{r['gpu'][:12]}:n{r['num_gpus']}:s{r['seq_len']}:{r['dtype'][:16]}:{r['notes'][:40]}"
+
+    def make():
+        if "not stated" in r["model"]:
+            raise NotExpressibleError("the source does not name the model")
+        tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
+        seq = _int(r, "seq_len")
+        local = _int(r, "micro_batch")
+        m_local = re.search(r"[Ll]ocal batch(?: size)? (\d+)", r["notes"])
+        local = local or (int(m_local.group(1)) if m_local else None)
+        gbs = _int(r, "global_batch") or (local * dp if local else None)
+        if gbs is None:
+            raise NotExpressibleError("global batch not given")
+        mbs = 1 if pp > 1 else (gbs // dp)
+        vp = 2 if "interleaved" in r["notes"].lower() else 1
+        rc, frac = _torchtitan_recompute(r["recompute"])
+        lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
+                     recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True)
+        tps = _float(r, "tokens_per_s_per_gpu")
+        if tps is None:
+            raise NotExpressibleError("no tokens/s published")
+        return _case(set_name, key, r, lay, "tokens_per_s_per_gpu", tps, catalog=catalog,
+                     memory_gib=_float(r, "memory_gb_per_gpu"))
+
+    return key, make
+
+
+def torchtitan_cases(catalog: Catalog | None = None):
+    """torchtitan's published benchmarks without context parallelism (CP rows: ``long_context_cp``)."""
+    catalog = catalog or load_catalog()
+    items = [torchtitan_row_case("torchtitan", i, r, catalog) for i, r in enumerate(_rows(FILES["torchtitan"]))
+             if _int(r, "cp", 1) == 1]
+    return _collect("torchtitan", items)
+
+
+def llama3_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
+    """Llama 3 405B (arXiv 2407.21783, Table 4 and Sec. 3.3.2): TP 8, PP 16, FSDP-style DP (optimizer states
+    and gradients sharded, parameters kept after forward: ZeRO-2), no recomputation at 8K, micro-batch 1,
+    interleaved pipeline with one layer per virtual stage (8 layers per stage; the paper gives neither micro-batch
+    nor v). TFLOP/s per GPU."""
+    key = f"{set_name}:{i}:n{r['num_gpus']}:s{r['seq_len']}"
+
+    def make():
+        tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
+        lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=8, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
+                     recompute="none", zero=2, sequence_parallel=True)
+        return _case(set_name, key, r, lay, "tflops_per_gpu", _float(r, "tflops_per_gpu"), catalog=catalog,
+                     group="llama3-405b")
+
+    return key, make
+
+
+def llama3_cases(catalog: Catalog | None = None):
+    """The Llama 3 paper's 8K-sequence rows (the 128K CP row: ``long_context_cp``)."""
+    catalog = catalog or load_catalog()
+    items = [llama3_row_case("llama3_405b", i, r, catalog) for i, r in enumerate(_rows(FILES["llama3_405b"]))
+             if _int(r, "cp", 1) == 1]
+    return _collect("llama3_405b", items)
+
+
+def megatron_lm_cases(catalog: Catalog | None = None):
+    """Megatron-LM README weak scaling (r0.8.0) on H100: TFLOP/s per GPU. Micro-batch 1, no interleaving, no
+    recomputation (not stated by the source), distributed optimizer, sequence parallelism with TP, overlapped
+    gradient reduction and parameter gather (README). Rows without a layout are not expressible."""
+    catalog = catalog or load_catalog()
+    items = []
+    for i, r in enumerate(_rows(FILES["megatron_lm_h100"])):
+        key = f"megatron_lm_h100:{i}:{r['model'][:20]}:n{r['num_gpus']}"
+
+        def make(r=r, key=key):
+            if not r["tp"]:
+                raise NotExpressibleError("the source gives no TP / PP / DP for this row")
+            tp, pp, dp = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "dp", 1)
+            lay = Layout(tp=tp, pp=pp, dp=dp, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
+                         sequence_parallel=True, zero=1)
+            return _case("megatron_lm_h100", key, r, lay, "tflops_per_gpu", _float(r, "tflops_per_gpu"),
+                         catalog=catalog, group="weak-scaling")
+
+        items.append((key, make))
+    return _collect("megatron_lm_h100", items)
+
+
+def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
+    key = f"moe_h100:{src}:{i}:{r['model'][:24]}:n{r['num_gpus']}:s{r['seq_len']}:tp{r['tp']}ep{r['ep']}"
+
+    def make():
+        if "lora" in r["model"].lower():
+            raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
+        tp, pp, cp, ep = (_int(r, k, 1) for k in ("tp", "pp", "cp", "ep"))
+        n = _int(r, "num_gpus")
+        fsdp = "fsdp" in r["zero_or_fsdp"].lower()
+        mbs = _int(r, "micro_batch", 1)
+        gbs = _int(r, "global_batch")
+        lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, vp=_int(r, "vp", 1), mbs=mbs, gbs=gbs,
+                     seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
+                     sequence_parallel=True, recompute="full" if "full" in r["recompute"].lower() else "none")
+        t = _float(r, "iteration_time_s")
+        if t is not None:
+            return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)
+        return _case("moe_h100", key, r, lay, "tflops_per_gpu", _float(r, "tflops_per_gpu"), catalog=catalog)
+
+    return key, make
+
+
+def moe_cases(catalog: Catalog | None = None):
+    """NeMo AutoModel (FSDP2 + EP; step time) and the Megatron MoE ModelZoo (Qwen3; step time or TFLOP/s)."""
+    catalog = catalog or load_catalog()
+    auto, zoo = FILES["moe_h100"]
+    items = [_moe_row_case(i, r, "automodel", catalog) for i, r in enumerate(_rows(auto))]
+    items += [_moe_row_case(i, r, "modelzoo", catalog) for i, r in enumerate(_rows(zoo))]
+    return _collect("moe_h100", items)
+
+
+def long_context_cases(catalog: Catalog | None = None):
+    """NeMo long-sequence rows with their published layout (TFLOP/s; the 'without CP' rows give no layout),
+    torchtitan's CP rows (tokens/s, memory) and Llama 3's 128K row (TFLOP/s)."""
+    catalog = catalog or load_catalog()
+    nemo, titan, llama = FILES["long_context_cp"]
+    items = []
+    for i, r in enumerate(_rows(nemo)):
+        key = f"long_context_cp:nemo:{i}:{r['gpu'][:5]}:n{r['num_gpus']}:s{r['seq_len']}:cp{r['cp'] or '-'}"
+
+        def make(r=r, key=key):
+            if not r["tp"]:
+                raise NotExpressibleError("'without CP' row: the source gives no TP / PP / DP")
+            tflops = _float(r, "tflops_per_gpu")
+            if tflops is None:
+                raise NotExpressibleError(f"TFLOP/s {r['tflops_per_gpu']!r} is not a measurement")
+            tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
+            lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
+                         sequence_parallel=True, zero=1)
+            return _case("long_context_cp", key, r, lay, "tflops_per_gpu", tflops, catalog=catalog)
+
+        items.append((key, make))
+    items += [torchtitan_row_case("long_context_cp", i, r, catalog) for i, r in enumerate(_rows(titan))
+              if _int(r, "cp", 1) > 1]
+    items += [llama3_row_case("long_context_cp", i, r, catalog) for i, r in enumerate(_rows(llama))
+              if _int(r, "cp", 1) > 1]
+    return _collect("long_context_cp", items)
+
+
+LOADERS = {
+    "dgxc_h100": lambda catalog=None: dgxc_cases("dgxc_h100", catalog),
+    "dgxc_gb200": lambda catalog=None: dgxc_cases("dgxc_gb200", catalog),
+    "torchtitan": torchtitan_cases,
+    "llama3_405b": llama3_cases,
+    "megatron_lm_h100": megatron_lm_cases,
+    "moe_h100": moe_cases,
+    "long_context_cp": long_context_cases,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metrics
+
+
+def memory_metrics(cases: list[ModernCase]) -> dict:
+    """Memory error over the cases that report memory: n, MAPE, max |error| (fractions)."""
+    cs = [c for c in cases if c.measured_memory_bytes]
+    if not cs:
+        return {"n": 0, "mape": math.nan, "max_abs_error": math.nan}
+    err = np.array([c.predicted_memory_bytes / c.measured_memory_bytes - 1 for c in cs])
+    return {"n": len(cs), "mape": float(np.mean(np.abs(err))), "max_abs_error": float(np.max(np.abs(err)))}
+
+
+def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible]) -> dict:
+    """Metrics of one modern set (module doc) plus its convention, target and the rows it cannot express."""
+    res = metrics(cases)
+    res["median_abs_error"] = float(np.median([abs(c.predicted / c.measured - 1) for c in cases])) if cases else math.nan
+    res["measured"] = sorted({c.quantity for c in cases})
+    res["convention"] = CONVENTIONS[name]
+    cal = [c for c in cases if c.is_calibration]
+    res["calibration"] = metrics(cal)
+    res["held_out"] = metrics([c for c in cases if not c.is_calibration])
+    if any(c.measured_memory_bytes for c in cases):
+        res["memory"] = memory_metrics(cases)
+    if name == "dgxc_h100":
+        res["dense_cp1"] = metrics([c for c in cases if c.dense_cp1])
+    res["per_gpu_dtype"] = {f"{g}:{d}": metrics([c for c in cases if (c.gpu, c.dtype) == (g, d)])
+                            for g, d in sorted({(c.gpu, c.dtype) for c in cases})}
+    res["does_not_fit"] = [c.key for c in cases if not c.fits]
+    res["approximations"] = dict(Counter(n for c in cases for n in c.notes).most_common())
+    res["not_expressible"] = {"n": len(skipped), "rows": [{"key": s.key, "reason": s.reason} for s in skipped]}
+    res["target"] = TARGETS.get(name, {})
+    return res
+
+
+def load_sets(names: Iterable[str] = SET_NAMES, catalog: Catalog | None = None):
+    """``{name: (cases, not_expressible)}`` of the modern sets (plans built, nothing predicted yet)."""
+    return {n: LOADERS[n](catalog) for n in names}
+
+
+def run_modern(names: Iterable[str] = SET_NAMES, catalog: Catalog | None = None) -> tuple[dict, list[ModernCase]]:
+    """Predict every expressible row of the sets ``names`` with ``catalog`` (default: the package catalog);
+    return ``({name: set_metrics}, cases)``."""
+    out, every = {}, []
+    for name, (cases, skipped) in load_sets(names, catalog).items():
+        for c in cases:
+            c.evaluate(catalog)
+        out[name] = set_metrics(name, cases, skipped)
+        every += cases
+    return out, every

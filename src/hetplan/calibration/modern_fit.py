@@ -1,0 +1,129 @@
+"""Fit the GEMM efficiency of today's GPUs on the modern sets (``python -m hetplan.calibration.modern_fit``).
+
+What is fitted: one physical constant per (GPU type, GEMM dtype) — the large-GEMM efficiency ``e_max`` of
+:mod:`hetplan.estimate.compute` (``GPUSpec.compute_efficiency`` for bf16; the FP8 efficiency field of the catalog
+for fp8 once the estimator has one, :func:`efficiency_field`) — never a per-row factor. On which rows: the
+seeded calibration fraction (:data:`hetplan.calibration.modern.CALIBRATION_FRACTION`, a hash of the row key) of
+every expressible modern row of that GPU and dtype, all sets together; the other rows are held out and reported
+before and after the fit. How: least squares on log(predicted / measured) (a rate and a time weigh the same),
+bounded to [0.3, 1.0], everything else (``gemm_half_dim``, kernel overhead, links) as in the catalog.
+
+The fit returns data (:class:`EfficiencyFit`); :func:`catalog_with` builds a new catalog from it. Nothing
+mutates module state: the values enter the package catalog (``hardware/data/gpus.toml``) by hand, in a reviewed
+commit, with the provenance in ``calibration_source``, as the A100 fit does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from hetplan.calibration import modern
+from hetplan.estimate.validation import metrics
+from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
+
+#: Search interval of an efficiency (fraction of the dense peak).
+BOUNDS = (0.3, 1.0)
+
+
+@dataclass
+class EfficiencyFit:
+    """The fitted efficiency of one (GPU, dtype).
+
+    Attributes:
+        gpu, dtype, field: catalog GPU, GEMM dtype and the :class:`GPUSpec` field fitted.
+        value, was: fitted and catalog value.
+        n_calibration, n_held_out: rows fitted on / held out.
+        held_out_before, held_out_after: :func:`hetplan.estimate.validation.metrics` of the held-out rows with
+            the catalog value and with the fitted one.
+    """
+
+    gpu: str
+    dtype: str
+    field: str
+    value: float
+    was: float
+    n_calibration: int
+    n_held_out: int
+    held_out_before: dict
+    held_out_after: dict
+
+
+def efficiency_field(dtype: str) -> str | None:
+    """The :class:`GPUSpec` field holding the GEMM efficiency of ``dtype``: ``compute_efficiency`` for bf16 /
+    fp16; for fp8 the catalog's FP8 efficiency field if the estimator has one (a field named ``*fp8*efficiency``
+    or ``*efficiency*fp8*``), else None (not fittable)."""
+    if dtype in ("bf16", "fp16"):
+        return "compute_efficiency"
+    for name in GPUSpec.model_fields:
+        if dtype in name and "efficiency" in name:
+            return name
+    return None
+
+
+def _with(catalog: Catalog, gpu: str, field: str, value: float) -> Catalog:
+    gpus = dict(catalog.gpus)
+    gpus[gpu] = gpus[gpu].model_copy(update={field: value})
+    return Catalog(gpus, catalog.date)
+
+
+def catalog_with(fits: Iterable[EfficiencyFit], catalog: Catalog | None = None) -> Catalog:
+    """A new catalog: ``catalog`` (default: the package catalog) with the fitted values."""
+    out = catalog or load_catalog()
+    for f in fits:
+        out = _with(out, f.gpu, f.field, f.value)
+    return out
+
+
+def _log_err(cases, catalog) -> np.ndarray:
+    return np.array([math.log(c.evaluate(catalog) / c.measured) for c in cases])
+
+
+def fit_gpu_dtype(cases: list, gpu: str, dtype: str, catalog: Catalog | None = None) -> EfficiencyFit | None:
+    """Fit the efficiency of (``gpu``, ``dtype``) on the calibration rows among ``cases`` (module doc); None when
+    there is no calibration row or no field for the dtype."""
+    from scipy.optimize import minimize_scalar
+
+    catalog = catalog or load_catalog()
+    field = efficiency_field(dtype)
+    mine = [c for c in cases if (c.gpu, c.dtype) == (gpu, dtype)]
+    cal = [c for c in mine if c.is_calibration]
+    held = [c for c in mine if not c.is_calibration]
+    if field is None or not cal:
+        return None
+    was = float(getattr(catalog.get(gpu), field))
+    res = minimize_scalar(lambda e: float(np.sum(_log_err(cal, _with(catalog, gpu, field, e)) ** 2)),
+                          bounds=BOUNDS, method="bounded", options={"xatol": 1e-4})
+    value = round(float(res.x), 3)
+    for c in held:
+        c.evaluate(catalog)
+    before = metrics(held)
+    for c in held:
+        c.evaluate(_with(catalog, gpu, field, value))
+    after = metrics(held)
+    return EfficiencyFit(gpu, dtype, field, value, was, len(cal), len(held), before, after)
+
+
+def fit_modern(sets: Iterable[str] = modern.SET_NAMES, catalog: Catalog | None = None) -> list[EfficiencyFit]:
+    """Fit every (GPU, dtype) that has calibration rows in the modern ``sets``."""
+    catalog = catalog or load_catalog()
+    cases = [c for cs, _ in modern.load_sets(sets, catalog).values() for c in cs]
+    out = []
+    for gpu, dtype in sorted({(c.gpu, c.dtype) for c in cases}):
+        f = fit_gpu_dtype(cases, gpu, dtype, catalog)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def main() -> None:  # pragma: no cover - prints the fit
+    for f in fit_modern():
+        print(f"{f.gpu} {f.dtype}: {f.field} {f.was:.3f} -> {f.value:.3f} on {f.n_calibration} rows; held-out "
+              f"({f.n_held_out}) MAPE {100 * f.held_out_before['mape']:.1f} % -> {100 * f.held_out_after['mape']:.1f} %")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,170 @@
+"""The one plan validator: the rules every plan must satisfy before it is estimated, exported or run.
+
+``hetplan plan`` (on what the search returns), ``estimate``, ``export``, ``run`` and ``verify`` all call
+:func:`check_plan`; a plan that breaks a rule is refused with a :class:`PlanRuleError` naming the rule (exit 2 in
+the CLI). The schema (:class:`hetplan.plan.Plan`) checks what one plan alone decides (pool indices, batch
+divisibility, per-stage micro-batch sizes); the rules here need the model's shapes too.
+
+Rules (name: what must hold, and why):
+
+* ``layers-cover-model``: the stages' ``num_layers`` add up to the model's layers — every layer placed exactly once.
+* ``tp-divides-heads`` / ``tp-divides-kv-heads`` / ``tp-divides-ffn``: TP divides the attention heads, the
+  key/value heads and the MLP width: Megatron-LM's column/row-parallel linears split those dimensions evenly
+  (``megatron/core/tensor_parallel/layers.py``: ``divide(output_size, world_size)``; GQA needs
+  ``num_query_groups % tp == 0``); torchtitan's and our DTensor TP shard the same dimensions.
+* ``pool-gpu-count``: the stages on a pool use at most the pool's GPUs (sum of tp x cp x dp) — a plan on 128
+  GPUs of a 64-GPU pool would be priced and run on GPUs that do not exist.
+* ``tp-within-node``: no TP group straddles two nodes. Stages take consecutive GPUs of their pool (as in
+  :func:`hetplan.plan.boundary_is_intra_node`) and a TP group consecutive GPUs of its stage; a group either lies
+  inside one node or spans whole nodes (TP across nodes is slow but possible; half a node plus half of another is
+  a placement no launcher makes).
+* ``virtual-stages``: interleaved 1F1B (``virtual_stages`` > 1) needs pp > 1, the 1F1B schedule, a micro-batch
+  count that is a multiple of pp and layers per stage divisible by the virtual stages (Megatron-LM's conditions,
+  Narayanan et al. SC'21 Sec. 2.2.2; the estimator would otherwise silently fall back to plain 1F1B).
+* ``seq-len``: the sequence fits the model's position encoding (``max_position_embeddings``).
+* ``cp-divides-sequence`` (CP > 1): the sequence splits into 2 x CP equal chunks (Megatron-Core's load-balanced
+  context parallelism gives each CP rank chunks i and 2·CP-1-i).
+* ``ep-needs-experts`` / ``ep-divides-experts`` / ``ep-divides-dp`` (EP > 1): the model has experts, EP divides
+  their number, and EP divides DP x CP (expert-parallel groups are formed from the data- and context-parallel
+  ranks of a stage, Megatron-Core ``parallel_state.initialize_model_parallel``).
+
+CP and EP degrees are read from the stage, else the plan, else 1 (``getattr``), so the rules apply once the plan
+schema carries them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hetplan.errors import HetplanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetplan.model.spec import ModelSpec
+    from hetplan.plan import Plan, Stage
+
+#: Every rule's name, in the order they are checked.
+RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
+         "tp-within-node", "virtual-stages", "seq-len", "cp-divides-sequence", "ep-needs-experts",
+         "ep-divides-experts", "ep-divides-dp")
+
+
+class PlanRuleError(HetplanError):
+    """A plan breaks a rule of :mod:`hetplan.plan_rules`.
+
+    Attributes:
+        rule: the rule's name (one of :data:`RULES`).
+    """
+
+    def __init__(self, rule: str, message: str, *, field: str, fix: str):
+        self.rule = rule
+        super().__init__(f"{message} (rule {rule})", field=field, fix=fix)
+
+
+def degree(plan: "Plan", stage: "Stage", name: str) -> int:
+    """The ``name`` degree (``"cp"``, ``"ep"``) of ``stage``: its own, else the plan's, else 1."""
+    for obj in (stage, plan):
+        value = getattr(obj, name, None)
+        if value is not None:
+            return int(value)
+    return 1
+
+
+def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
+    """Every rule ``plan`` breaks for model ``spec`` (empty when the plan is valid), in :data:`RULES` order."""
+    out: list[PlanRuleError] = []
+    name = spec.name
+    total = sum(st.num_layers for st in plan.stages)
+    if total != spec.num_layers:
+        out.append(PlanRuleError(
+            "layers-cover-model", f"the stages hold {total} layers but {name} has {spec.num_layers}",
+            field="plan.stages[].num_layers", fix=f"make the stages' num_layers add up to {spec.num_layers}"))
+    for rule, what, n in (("tp-divides-heads", "attention heads", spec.num_attention_heads),
+                          ("tp-divides-kv-heads", "key/value heads", spec.num_kv_heads),
+                          ("tp-divides-ffn", "MLP width (ffn_hidden_size)", spec.ffn_hidden_size)):
+        bad = [i for i, st in enumerate(plan.stages) if n % st.tp]
+        if bad:
+            tp = plan.stages[bad[0]].tp
+            ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0]
+            out.append(PlanRuleError(
+                rule, f"TP {tp} does not divide the {n} {what} of {name} (stage {bad[0]})",
+                field=f"plan.stages[{bad[0]}].tp", fix=f"use a TP degree that divides {n}, e.g. {ok[-1]}"))
+    used: dict[int, int] = {}
+    for st in plan.stages:
+        used[st.pool] = used.get(st.pool, 0) + st.tp * degree(plan, st, "cp") * st.dp
+    for p, n in sorted(used.items()):
+        pool = plan.pools[p]
+        if n > pool.count:
+            out.append(PlanRuleError(
+                "pool-gpu-count", f"the stages on pool {p} ({pool.gpu}) use {n} GPUs (sum of tp x cp x dp) but the "
+                f"pool has {pool.count}", field=f"plan.pools[{p}].count",
+                fix=f"use at most {pool.count} GPUs of that pool (smaller dp or tp), or add GPUs to the pool"))
+    start: dict[int, int] = {}
+    for i, st in enumerate(plan.stages):
+        g = plan.pools[st.pool].gpus_per_node
+        first = start.get(st.pool, 0)
+        size = st.tp * degree(plan, st, "cp") * st.dp
+        start[st.pool] = first + size
+        groups = range(first, first + size, st.tp)
+        if st.tp <= g:
+            straddles = any(a // g != (a + st.tp - 1) // g for a in groups)
+        else:
+            straddles = st.tp % g != 0 or any(a % g for a in groups)
+        if straddles:
+            out.append(PlanRuleError(
+                "tp-within-node", f"stage {i}'s TP groups of {st.tp} GPUs straddle nodes of {g} GPUs (the stage "
+                f"starts at GPU {first} of pool {st.pool})", field=f"plan.stages[{i}].tp",
+                fix=f"use a TP degree dividing {g} (or a multiple of it), and stage sizes that keep TP groups aligned"))
+    v, pp = plan.virtual_stages, plan.pp
+    if v > 1:
+        why = None
+        if pp == 1:
+            why = "needs pipeline parallelism (pp > 1)"
+        elif plan.schedule != "1f1b":
+            why = f"needs the 1f1b schedule, not {plan.schedule}"
+        elif any(plan.num_microbatches(i) % pp for i in range(pp)):
+            why = f"needs a micro-batch count that is a multiple of pp = {pp} (it is {plan.num_microbatches(0)})"
+        elif any(st.num_layers % v for st in plan.stages):
+            why = f"needs each stage's layers {[st.num_layers for st in plan.stages]} divisible by {v}"
+        if why:
+            out.append(PlanRuleError("virtual-stages", f"interleaved 1F1B with {v} virtual stages {why}",
+                                     field="plan.virtual_stages", fix="set virtual_stages = 1 or change the plan"))
+    if plan.job.seq_len > spec.max_seq_len:
+        out.append(PlanRuleError(
+            "seq-len", f"seq_len {plan.job.seq_len} is longer than {name} allows ({spec.max_seq_len})",
+            field="plan.job.seq_len", fix=f"use seq_len <= {spec.max_seq_len}"))
+    experts = int(getattr(spec, "num_experts", 0) or 0)
+    for i, st in enumerate(plan.stages):
+        cp, ep = degree(plan, st, "cp"), degree(plan, st, "ep")
+        if cp > 1 and plan.job.seq_len % (2 * cp):
+            out.append(PlanRuleError(
+                "cp-divides-sequence", f"CP {cp} needs seq_len divisible by 2 x CP = {2 * cp}; it is "
+                f"{plan.job.seq_len} (stage {i})", field=f"plan.stages[{i}].cp",
+                fix="choose a CP degree whose 2 x CP divides seq_len"))
+        if ep > 1 and not experts:
+            out.append(PlanRuleError("ep-needs-experts", f"EP {ep} on {name}, which has no experts (stage {i})",
+                                     field=f"plan.stages[{i}].ep", fix="use ep = 1 for a dense model"))
+        elif ep > 1 and experts % ep:
+            out.append(PlanRuleError("ep-divides-experts", f"EP {ep} does not divide the {experts} experts of "
+                                     f"{name} (stage {i})", field=f"plan.stages[{i}].ep",
+                                     fix=f"use an EP degree that divides {experts}"))
+        if ep > 1 and (st.dp * cp) % ep:
+            out.append(PlanRuleError("ep-divides-dp", f"EP {ep} does not divide DP x CP = {st.dp * cp} (stage {i})",
+                                     field=f"plan.stages[{i}].ep", fix="choose EP dividing dp x cp"))
+    return out
+
+
+def check_plan(plan: "Plan", spec: "ModelSpec") -> None:
+    """Refuse a plan that breaks any rule (see module doc).
+
+    Raises:
+        PlanRuleError: the first rule broken; its message also names the others broken.
+    """
+    bad = violations(plan, spec)
+    if not bad:
+        return
+    first = bad[0]
+    if len(bad) > 1:
+        others = ", ".join(dict.fromkeys(e.rule for e in bad[1:]))
+        raise PlanRuleError(first.rule, f"{first.message.rsplit(' (rule ', 1)[0]}; also broken: {others}",
+                            field=first.field, fix=first.fix)
+    raise first

@@ -1,0 +1,148 @@
+"""The modern validation sets (hetplan.calibration.modern): every published row is either predicted or listed as
+not expressible with its reason; errors per set against the done-when targets of issues 13 and 14 (where a
+target is not met yet, the figure reached is asserted instead, docs/estimator.md "Modern sets")."""
+
+import csv
+from importlib import resources
+
+import pytest
+
+from hetplan.calibration import modern
+from hetplan.hardware.catalog import Catalog, load_catalog
+from hetplan.model import counts
+
+
+@pytest.fixture(scope="module")
+def run():
+    return modern.run_modern()
+
+
+def _file_rows(name):
+    text = resources.files("hetplan.calibration").joinpath("validation_data", "modern", name).read_text()
+    return list(csv.DictReader(text.splitlines()))
+
+
+def test_every_row_is_predicted_or_listed_with_a_reason(run):
+    result, _ = run
+    total = {s: result[s]["n"] + result[s]["not_expressible"]["n"] for s in modern.SET_NAMES}
+    assert total["dgxc_h100"] + total["dgxc_gb200"] == len(_file_rows(modern.FILES["dgxc_h100"])) == 329
+    titan = _file_rows(modern.FILES["torchtitan"])
+    assert total["torchtitan"] == sum(1 for r in titan if r["cp"] in ("", "1"))
+    llama = _file_rows(modern.FILES["llama3_405b"])
+    assert total["llama3_405b"] == 2
+    assert total["megatron_lm_h100"] == 11
+    assert total["moe_h100"] == 16 + 18
+    nemo = _file_rows(modern.FILES["long_context_cp"][0])
+    assert total["long_context_cp"] == len(nemo) + (len(titan) - total["torchtitan"]) + (len(llama) - 2)
+    for s in modern.SET_NAMES:
+        for row in result[s]["not_expressible"]["rows"]:
+            assert row["reason"] and row["key"].startswith(s)
+
+
+def test_proxy_rows_keep_the_layer_count_they_ran_with():
+    rows = _file_rows(modern.FILES["dgxc_h100"])
+    proxy = next(r for r in rows if r["model"] == "Llama 3.1 405B" and r["num_gpus"] == "32" and r["layers"] == "7")
+    m = modern.row_model(proxy)
+    assert m.num_layers == 7 and m.hidden_size == 16384 and m.num_kv_heads == 8 and m.ffn_hidden_size == 53248
+
+
+def test_tflops_convention_reproduces_the_llama3_step():
+    """The Llama 3 paper's 400 TFLOP/s per GPU on 16,384 H100 is a 6.7 s step of 16M tokens (issue 13) with the
+    model FLOPs the sets use (full s^2 attention, no recomputation)."""
+    row = _file_rows(modern.FILES["llama3_405b"])[1]
+    m = modern.row_model(row)
+    flops = counts.model_flops_per_iteration(m, 2048.0, 8192.0)
+    assert flops == pytest.approx(4.42e19, rel=0.01)
+    assert flops / (400e12 * 16384) == pytest.approx(6.74, rel=0.01)
+
+
+def test_the_500w_h100_is_its_own_gpu_never_the_700w_one():
+    label = "H100 96GB HBM2e SXM, 500W power limit (Grand Teton)"
+    base = load_catalog()
+    spec = base.get("H100-SXM")
+    capped = spec.model_copy(update={"name": "H100-test-500W", "aliases": (), "tdp_w": 500.0})
+    with_capped = Catalog({**base.gpus, capped.name: capped}, base.date)
+    assert modern.catalog_gpu(label, with_capped) == "H100-test-500W"
+    without = Catalog({k: g for k, g in base.gpus.items() if not ("H100" in g.name and g.tdp_w == 500)}, base.date)
+    with pytest.raises(modern.NotExpressibleError, match="500 W"):
+        modern.catalog_gpu(label, without)
+    assert modern.catalog_gpu("H100-80GB SXM (700W)", base) == "H100-SXM"
+
+
+def test_metrics_fields_and_conventions(run):
+    result, _ = run
+    for s in modern.SET_NAMES:
+        r = result[s]
+        assert {"n", "mape", "max_abs_error", "kendall_tau", "held_out", "calibration", "convention",
+                "not_expressible", "does_not_fit", "per_gpu_dtype"} <= set(r)
+        assert r["convention"]
+    assert "dense_cp1" in result["dgxc_h100"]
+
+
+#: Done-when targets (issues 13 / 14) where met, else the figure reached + a small margin (regression guards).
+#: Reached 2026-11-23 with flash attention, no FP8 / FSDP / CP / EP / MoE / GB200 in the estimator yet:
+#: dgxc_h100 dense CP-1 bf16 MAPE 8.6 %, max 20.2 %, tau 0.53 (target tau 0.8 not met: the TP-2 vs TP-4
+#: Nemotron-4 15B alternatives are ranked wrong, TP communication not overlapped as Megatron-Core's
+#: tp-comm-overlap does); megatron_lm_h100 MAPE 16.0 %, max 36.2 % (TP 8 rows too slow, same cause);
+#: llama3_405b max 11.7 % (too fast); torchtitan (A100 rows only) MAPE 5.2 %.
+BOUNDS = {
+    "dgxc_h100": {"mape": 0.10, "max_abs_error": 0.23, "kendall_tau": 0.45},
+    "torchtitan": {"mape": 0.12},
+    "llama3_405b": {"max_abs_error": 0.13},
+    "megatron_lm_h100": {"mape": 0.18, "max_abs_error": 0.40},
+}
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_accuracy(run, name):
+    r = run[0][name]
+    assert r["n"] > 0
+    for k, bound in BOUNDS[name].items():
+        if k == "kendall_tau":
+            assert r[k] >= bound, (name, k, r[k])
+        else:
+            assert r[k] <= bound, (name, k, r[k])
+
+
+def test_expressible_rows_fit_in_memory(run):
+    """Issue 13: no false "does not fit" on a configuration that ran. Not met yet: the rows listed in
+    :data:`NOT_FITTING_YET` are predicted above their GPU's memory (Megatron-Core's fp32 gradient buffer and
+    distributed-optimizer shards at small DP); the test fails on any other row."""
+    _, cases = run
+    bad = {c.key.split(":", 2)[0] + ":" + c.info["model"] + f":n{c.info['n']}" for c in cases if not c.fits}
+    assert bad <= NOT_FITTING_YET, sorted(bad - NOT_FITTING_YET)
+
+
+NOT_FITTING_YET = {
+    "dgxc_h100:Nemotron-4 15B:n16", "dgxc_h100:Nemotron-4 15B:n32", "dgxc_h100:Nemotron-4 340B:n128",
+    "dgxc_h100:Llama 3 8B (SFT fine-tuning):n8", "dgxc_h100:Llama 3 70B (SFT fine-tuning):n32",
+    "llama3_405b:Llama 3 405B:n8192",
+}
+
+
+def test_calibration_split_is_seeded_and_partial(run):
+    _, cases = run
+    cal = [c for c in cases if c.is_calibration]
+    assert 0 < len(cal) < len(cases)
+    again = modern.load_sets(["dgxc_h100"])["dgxc_h100"][0]
+    assert [c.is_calibration for c in again] == [c.is_calibration for c in cases if c.set == "dgxc_h100"]
+
+
+def test_fit_recovers_a_known_efficiency_and_mutates_nothing():
+    """Brute force on a small set: rows whose 'measured' values are the predictions at e_max 0.6 give back 0.6;
+    the package catalog is untouched (the fit returns data)."""
+    from hetplan.calibration import modern_fit
+
+    base = load_catalog()
+    before = base.get("H100-SXM").compute_efficiency
+    truth = modern_fit.catalog_with([modern_fit.EfficiencyFit("H100-SXM", "bf16", "compute_efficiency", 0.6, before,
+                                                              0, 0, {}, {})], base)
+    cases = modern.load_sets(["megatron_lm_h100"])["megatron_lm_h100"][0]
+    for c in cases:
+        c.measured = c.evaluate(truth)
+        c.is_calibration = True
+    fit = modern_fit.fit_gpu_dtype(cases, "H100-SXM", "bf16", base)
+    assert fit.value == pytest.approx(0.6, abs=0.002)
+    assert fit.was == before and fit.n_calibration == len(cases)
+    assert load_catalog().get("H100-SXM").compute_efficiency == before
+    assert modern_fit.efficiency_field("bf16") == "compute_efficiency"
