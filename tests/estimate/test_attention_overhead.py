@@ -126,7 +126,7 @@ def test_bad_attention_and_framework_are_named():
     with pytest.raises(ValidationError):
         Job(model="gpt2-xl", seq_len=1024, global_batch=8, attention="sdpa")
     with pytest.raises(HetplanError) as e:
-        validated(Job, dict(model="gpt2-xl", seq_len=1024, global_batch=8, framework="fsdp"), "job")
+        validated(Job, dict(model="gpt2-xl", seq_len=1024, global_batch=8, framework="torchtitan"), "job")
     assert e.value.field == "job.framework"
 
 

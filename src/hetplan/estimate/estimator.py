@@ -292,7 +292,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
                 link = pool_link(pool, gpu)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
-                                              plan.overlap_grad_reduce, job.attention, job.framework), len(group_ids))
+                                              plan.overlap_grad_reduce, job.attention, job.framework,
+                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype),
+                                             len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
             gpu, link, price, group, peak = on_pool[st.pool]
@@ -304,7 +306,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 (gpipe, p, i, mb, v),  # in_flight, filled in below for all rows at once
                 mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1,
                 gpu, link, price, group if rl is None else -1,
-                (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework),
+                (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework, plan.fsdp_shard,
+                 plan.reshard_after_forward, plan.grad_reduce_dtype),
                 st, job.global_batch, peak, st.recomputed_layers(), flash,
             ))
     n = len(rows)
@@ -335,7 +338,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         kw = {k: cols[k][r0].item() for k in _ROW_KEYS} if alone else {k: cols[k][sel] for k in _ROW_KEYS}
         c = stage_costs(m, gpus[r0], links[r0], extra[r0][0], overlap_grad_reduce=extra[r0][1],
                         measured_layer_time_s=measured[r0], recompute_layers=extra[r0][2],
-                        attention=extra[r0][3], framework=extra[r0][4], **kw)
+                        attention=extra[r0][3], framework=extra[r0][4], fsdp_shard=extra[r0][5],
+                        reshard_after_forward=extra[r0][6], grad_reduce_dtype=extra[r0][7], **kw)
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
         for k, x in c["memory"].items():
