@@ -61,9 +61,10 @@ def test_the_500w_h100_is_its_own_gpu_never_the_700w_one():
     base = load_catalog()
     spec = base.get("H100-SXM")
     capped = spec.model_copy(update={"name": "H100-test-500W", "aliases": (), "tdp_w": 500.0})
-    with_capped = Catalog({**base.gpus, capped.name: capped}, base.date)
-    assert modern.catalog_gpu(label, with_capped) == "H100-test-500W"
     without = Catalog({k: g for k, g in base.gpus.items() if not ("H100" in g.name and g.tdp_w == 500)}, base.date)
+    with_capped = Catalog({**without.gpus, capped.name: capped}, base.date)
+    assert modern.catalog_gpu(label, with_capped) == "H100-test-500W"
+    assert modern.catalog_gpu(label, base) == "H100-SXM-96GB-500W"  # the package catalog's own entry
     with pytest.raises(modern.NotExpressibleError, match="500 W"):
         modern.catalog_gpu(label, without)
     assert modern.catalog_gpu("H100-80GB SXM (700W)", base) == "H100-SXM"
@@ -120,6 +121,9 @@ NOT_FITTING_YET = {
     "dgxc_h100:Nemotron-4 15B:n16", "dgxc_h100:Nemotron-4 15B:n32", "dgxc_h100:Nemotron-4 340B:n128",
     "dgxc_h100:Llama 3 8B (SFT fine-tuning):n8", "dgxc_h100:Llama 3 70B (SFT fine-tuning):n32",
     "llama3_405b:Llama 3 405B:n8192",
+    # torchtitan's per-op selective checkpointing (SAC) mapped to Megatron's selective, which under flash
+    # stores every activation: 103 GiB predicted for 82.4 measured (the 500 W H100 entry made the row expressible)
+    "torchtitan:Llama 3.1 8B:n8",
 }
 
 
