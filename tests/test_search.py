@@ -129,7 +129,8 @@ def test_ranking_is_sorted_and_pins_are_honoured():
 
 def test_budget_objective_respects_budget():
     job = Job(model="llama2-7b", seq_len=4096, global_batch=512, train_tokens=1e11, attention="standard")
-    inv = Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=128)])
+    # a slow network (one 200 Gb/s NIC per node), where the fastest plan is not the cheapest
+    inv = Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=128, inter_node_bandwidth_bytes_per_s=25e9)])
     fastest = search_plans(job, inv, catalog=CAT).plans[0].estimate
     budget = fastest.job_usd * 0.97
     res = search_plans(job, inv, Objective(goal="budget", budget_usd=budget), catalog=CAT)

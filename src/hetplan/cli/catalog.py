@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from hetplan.cli.output import table_console
+from rich import box
 from rich.table import Table
 
 from hetplan.hardware.catalog import load_catalog, load_nodes
@@ -60,18 +61,22 @@ def nodes(as_json: bool = typer.Option(False, "--json", help="Print JSON (SI uni
 
 @catalog_app.command("models")
 def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Bundled model presets with their shapes and parameter counts."""
+    """Bundled model presets with their shapes, total and active parameters (MoE: top-k routed experts)."""
     specs = [load_model(n) for n in list_presets()]
     if as_json:
-        print(json.dumps([dict(m.model_dump(mode="json"), parameters=counts.total_parameters(m)) for m in specs], indent=1))
+        print(json.dumps([dict(m.model_dump(mode="json"), parameters=counts.total_parameters(m),
+                               active_parameters=counts.active_parameters(m)) for m in specs], indent=1))
         return
-    t = Table(title="Model presets (config.json files; any HF config.json path works too)")
-    for col in ("name", "family", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "max seq", "parameters"):
-        t.add_column(col, justify="left" if col in ("name", "family") else "right")
+    t = Table(title="Model presets (any HF config.json path works too). heads: query/KV; ffn: per expert for "
+                    "MoE; parameters in billions, active = per token (top-k experts)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("name", "layers", "hidden", "heads", "ffn", "experts", "total B", "active B"):
+        t.add_column(col, justify="left" if col == "name" else "right")
     for m in specs:
-        t.add_row(m.name, m.family, str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads),
-                  str(m.num_kv_heads), str(m.ffn_hidden_size), str(m.vocab_size), str(m.max_seq_len),
-                  f"{counts.total_parameters(m) / 1e9:.2f} B")
+        ffn = m.expert_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
+        experts = f"{m.num_experts} top-{m.experts_per_token}" if m.is_moe else "-"
+        t.add_row(m.name, str(m.num_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.num_kv_heads}",
+                  str(ffn), experts, f"{counts.total_parameters(m) / 1e9:.1f}",
+                  f"{counts.active_parameters(m) / 1e9:.1f}")
     table_console().print(t)
 
 

@@ -41,9 +41,11 @@ All functions broadcast over numpy arrays. Times in seconds, sizes in bytes, ban
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-#: Per-step latency inside a node (s), fitted on vTrain calibration rows (hetplan.estimate.calibrate): 8.8 µs,
+#: Per-step latency inside a node (s), fitted on vTrain calibration rows (hetplan.calibration.calibrate): 8.8 µs,
 #: i.e. ~120 µs for an 8-GPU all-reduce of a small message — above NCCL-tests' bare ~20-30 µs because it also
 #: absorbs the launch and the wait for the slowest TP rank in a host-bound training step.
 ALPHA_INTRA_NODE_S = 8.8e-6
@@ -69,6 +71,16 @@ NETWORKS = {
     "efa": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
     "ethernet": (40e-6, 0.6),
 }
+
+
+@dataclass(frozen=True)
+class CommConstants:
+    """The fitted communication constants the estimator takes as data (``estimate(..., comm_constants=)``;
+    :mod:`hetplan.calibration.calibrate` fits them and passes its trial values, nothing is rewritten in place).
+    Defaults: the reviewed values of this module."""
+
+    #: Per-step latency of a collective inside a node (s): :data:`ALPHA_INTRA_NODE_S`.
+    alpha_intra_node_s: float = ALPHA_INTRA_NODE_S
 
 
 #: Thread blocks (CTAs, one per channel) an NCCL collective kernel occupies while it runs: 24 measured for an
@@ -138,7 +150,7 @@ def p2p_time_s(message_bytes, bandwidth_bytes_per_s, alpha_s=ALPHA_INTER_NODE_S,
 
 def group_collective_time_s(
     message_bytes, collective: str, n, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
-    inter_bandwidth_bytes_per_s, nic_sharers=None, inter_alpha_s=ALPHA_INTER_NODE_S,
+    inter_bandwidth_bytes_per_s, nic_sharers=None, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=None,
 ):
     """One collective of ``n`` ranks placed ``stride`` GPUs apart (module doc, "Topology").
 
@@ -148,6 +160,8 @@ def group_collective_time_s(
         gpus_per_node: G; ``inter_bandwidth_bytes_per_s``: the node's NIC bandwidth (all NICs together).
         nic_sharers: GPUs of a node that cross the network at the same time (default ``min(G, stride·n)``).
         inter_alpha_s: per-step latency between nodes (:func:`network_terms`).
+        intra_alpha_s: per-step latency inside a node (default :data:`ALPHA_INTRA_NODE_S`; a calibration passes
+            its fitted value: :class:`hetplan.estimate.stage.Link`).
     Raises:
         ValueError: unknown collective.
     """
@@ -161,22 +175,23 @@ def group_collective_time_s(
     group_nic = inter_bandwidth_bytes_per_s * k / np.maximum(sharers, 1.0) * INTER_LINK_EFFICIENCY
     nvlink = intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY
     multi = nodes > 1
+    alpha_intra = ALPHA_INTRA_NODE_S if intra_alpha_s is None else intra_alpha_s
     if collective == "allreduce":
-        single = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S,
+        single = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra,
                                   efficiency=INTRA_LINK_EFFICIENCY)
         volume = 2.0 * (n - 1.0) / np.maximum(n, 1.0) * message_bytes
         ring = (np.maximum(np.where(k > 1, volume / nvlink, 0.0), volume / group_nic)
-                + 2.0 * (n - nodes) * ALPHA_INTRA_NODE_S + 2.0 * (nodes - 1.0) * inter_alpha_s)
+                + 2.0 * (n - nodes) * alpha_intra + 2.0 * (nodes - 1.0) * inter_alpha_s)
         chain = np.where(k > 1, 2.0 * message_bytes / nvlink, 0.0)
-        tree = (np.maximum(chain, 2.0 * message_bytes / group_nic) + 2.0 * (k - 1.0) * ALPHA_INTRA_NODE_S
+        tree = (np.maximum(chain, 2.0 * message_bytes / group_nic) + 2.0 * (k - 1.0) * alpha_intra
                 + 2.0 * np.ceil(np.log2(np.maximum(nodes, 1.0))) * inter_alpha_s)
         across = np.minimum(ring, tree)
     elif collective in ("allgather", "reducescatter"):
-        single = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S,
+        single = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra,
                                   efficiency=INTRA_LINK_EFFICIENCY)
         volume = (n - 1.0) / np.maximum(n, 1.0) * message_bytes
         across = (np.maximum(np.where(k > 1, volume / nvlink, 0.0), volume / group_nic)
-                  + (n - nodes) * ALPHA_INTRA_NODE_S + (nodes - 1.0) * inter_alpha_s)
+                  + (n - nodes) * alpha_intra + (nodes - 1.0) * inter_alpha_s)
     else:
         raise ValueError(f"unknown collective {collective!r}")
     return np.where(multi, across, single)
@@ -191,6 +206,7 @@ def dp_collective_time_s(
     intra_bandwidth_bytes_per_s: float,
     inter_bandwidth_bytes_per_s: float,
     inter_alpha_s: float = ALPHA_INTER_NODE_S,
+    intra_alpha_s: float | None = None,
 ):
     """Time of one data-parallel collective of a ``message_bytes`` buffer per rank, placed Megatron-style
     (TP innermost, so DP peers are ``tp`` GPUs apart): :func:`group_collective_time_s` with ``stride = tp``; all
@@ -200,4 +216,4 @@ def dp_collective_time_s(
         collective: ``"allreduce"`` or ``"allgather"`` (also used for reduce-scatter, same cost).
     """
     return group_collective_time_s(message_bytes, collective, dp, tp, gpus_per_node, intra_bandwidth_bytes_per_s,
-                                   inter_bandwidth_bytes_per_s, inter_alpha_s=inter_alpha_s)
+                                   inter_bandwidth_bytes_per_s, inter_alpha_s=inter_alpha_s, intra_alpha_s=intra_alpha_s)

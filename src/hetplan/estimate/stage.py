@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.estimate import compute, memory
-from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, dp_collective_time_s, group_collective_time_s,
-                                   overlap_contention)
+from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, dp_collective_time_s,
+                                   group_collective_time_s, overlap_contention)
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -22,13 +22,14 @@ from hetplan.model.spec import ModelSpec
 @dataclass(frozen=True)
 class Link:
     """Bandwidths a stage sees (bytes/s, unidirectional): inside its node and out of its node (whole NIC, as far
-    as its network lets NCCL use it: :func:`hetplan.estimate.comm.network_terms`), and the per-step latency
-    between nodes (s)."""
+    as its network lets NCCL use it: :func:`hetplan.estimate.comm.network_terms`), and the per-step latencies
+    between nodes and inside a node (s; the latter fitted, :class:`hetplan.estimate.comm.CommConstants`)."""
 
     gpus_per_node: int
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
     inter_node_alpha_s: float = ALPHA_INTER_NODE_S
+    intra_node_alpha_s: float = ALPHA_INTRA_NODE_S
 
 
 #: Gradient bucket of the overlapped data-parallel reduction (elements): Megatron-LM's DDP default
@@ -110,7 +111,8 @@ def stage_costs(
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
-                 inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention)
+                 inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
+                 intra_node_alpha_s=link.intra_node_alpha_s)
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af = ab = atp = None
     if measured_layer_time_s is not None or recompute_layers is not None:
@@ -133,7 +135,8 @@ def stage_costs(
 
     params = memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
-    dp_args = (dp, t, link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
+    dp_args = (dp, t, link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
+               link.intra_node_alpha_s)
     grad_bytes = params * (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                            else (4 if grad_reduce_dtype == "fp32" else 2))
     weight_bytes = params * memory.WEIGHT_BYTES
@@ -163,7 +166,8 @@ def stage_costs(
     replicas = np.asarray(dp, dtype=float) / shard
     z3_reduce_scatter = z3_reduce_scatter + np.where(replicas > 1, group_collective_time_s(
         grad_bytes / units / shard, "allreduce", replicas, t * shard, link.gpus_per_node, tp_bw,
-        link.inter_node_bandwidth_bytes_per_s, inter_alpha_s=link.inter_node_alpha_s), 0.0) * units
+        link.inter_node_bandwidth_bytes_per_s, inter_alpha_s=link.inter_node_alpha_s,
+        intra_alpha_s=link.intra_node_alpha_s), 0.0) * units
     gather_exposed = np.where(
         z3, zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
                             num_microbatches, overlap_grad_reduce, reshard_after_forward, rho), 0.0,
@@ -251,7 +255,8 @@ def compute_embedding_sync_s(m: ModelSpec, dtype: str, t, link: Link):
     nbytes = m.padded_vocab_size() * m.hidden_size / np.asarray(t) * grad_comm_bytes_per_parameter(dtype)
     return group_collective_time_s(nbytes, "allreduce", 2, link.gpus_per_node, link.gpus_per_node,
                                    link.intra_node_bandwidth_bytes_per_s, link.inter_node_bandwidth_bytes_per_s,
-                                   nic_sharers=link.gpus_per_node, inter_alpha_s=link.inter_node_alpha_s)
+                                   nic_sharers=link.gpus_per_node, inter_alpha_s=link.inter_node_alpha_s,
+                                   intra_alpha_s=link.intra_node_alpha_s)
 
 
 def p2p_bytes(m: ModelSpec, b, s, t, sequence_parallel):

@@ -16,27 +16,23 @@ A user TOML file with the same layout extends the catalog or overrides fields of
 from __future__ import annotations
 
 import difflib
-import sys
+import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Annotated, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hetplan.errors import HetplanError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from hetplan.inputs import bounded, parse_toml, read_text, validation_message
 
 GB = 1e9
 TERA = 1e12
 #: FlashAttention-2's throughput relative to a large dense GEMM on the same GPU, forward and backward: on A100
 #: FA2 reaches 70 % (forward) and 60 % (backward) of the 312 TFLOP/s peak at head dim 128 and long sequences
 #: (Dao 2023, "FlashAttention-2", arXiv 2307.08691, Sec. 4.1, Fig. 4-6: up to 73 % forward, 63 % backward),
-#: where large bf16 GEMMs reach the fitted e_max 0.814 (hetplan.estimate.calibrate): 0.70 / 0.814 and
+#: where large bf16 GEMMs reach the fitted e_max 0.814 (hetplan.calibration.calibrate): 0.70 / 0.814 and
 #: 0.60 / 0.814. Used for GPU types whose catalog entry gives no ``attention_efficiency``.
 FLASH_TO_GEMM_RATIO = (0.86, 0.74)
 
@@ -60,7 +56,7 @@ class GPUSpec(BaseModel):
             :mod:`hetplan.estimate.compute`.
         gemm_half_dim: GEMM dimension (elements) at which one dimension alone halves the GEMM efficiency:
             efficiency = compute_efficiency * prod over (M, N, K) of x / (x + gemm_half_dim) (docs/estimator.md).
-            Default: the A100 fit on vTrain data (hetplan.estimate.calibrate).
+            Default: the A100 fit on vTrain data (hetplan.calibration.calibrate).
         kernel_overhead_s: fixed time per GPU kernel (launch + ramp/tail), seconds. Default: the A100 fit.
         attention_efficiency: ``(forward, backward)`` fraction of the dense bf16/fp16 peak that the FlashAttention
             kernel of this GPU generation reaches on long sequences, FLOPs counted as the work the kernel does
@@ -70,23 +66,24 @@ class GPUSpec(BaseModel):
         sources: where each figure comes from.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     aliases: tuple[str, ...] = ()
     vendor: str
     architecture: str
     form_factor: str
-    memory_bytes: int = Field(gt=0)
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
-    dense_flops_per_s: Mapping[str, float]
+    memory_bytes: int = bounded(2**44, "16 TiB is 60x the largest GPU memory (B300: 288 GB)", gt=0)
+    hbm_bandwidth_bytes_per_s: float = bounded(1e14, "100 TB/s is 12x B200's 8 TB/s", gt=0)
+    dense_flops_per_s: Mapping[str, Annotated[float, bounded(1e17, "100 PFLOP/s dense is 20x B200's fp8 rate",
+                                                             gt=0, allow_inf_nan=False)]]
     gpu_link: str
-    gpu_link_bandwidth_bytes_per_s: float = Field(gt=0)
+    gpu_link_bandwidth_bytes_per_s: float = bounded(1e13, "10 TB/s is 5x NVLink 5's 1.8 TB/s", gt=0)
     host_link: str
-    host_link_bandwidth_bytes_per_s: float = Field(gt=0)
-    tdp_w: float = Field(gt=0)
-    idle_power_w: float = Field(gt=0)
-    price_usd_per_hour: float = Field(ge=0)
+    host_link_bandwidth_bytes_per_s: float = bounded(1e13, "10 TB/s is 40x PCIe 6 x16", gt=0)
+    tdp_w: float = bounded(1e5, "100 kW is 50x any GPU's board power", gt=0)
+    idle_power_w: float = bounded(1e5, "100 kW is 50x any GPU's board power", gt=0)
+    price_usd_per_hour: float = bounded(1000.0, "no GPU rents for $1,000 an hour", ge=0)
     price_provider: str
     price_date: str
     price_source: str
@@ -124,7 +121,18 @@ class GPUSpec(BaseModel):
 
 
 def _spec_from_toml(name: str, raw: Mapping) -> GPUSpec:
+    if not isinstance(raw, Mapping):
+        raise HetplanError(f"must be a table, got {raw!r:.40}", field=f"gpus.{name}", fix=f"write [gpus.{name}] with its fields")
     data = dict(raw)
+    for key in ("memory_gib", "hbm_bandwidth_gb_per_s", "gpu_link_bandwidth_gb_per_s", "host_link_bandwidth_gb_per_s"):
+        if key in data and (isinstance(data[key], bool) or not isinstance(data[key], (int, float))
+                            or not math.isfinite(data[key])):
+            raise HetplanError(f"must be a finite number, got {data[key]!r:.40}", field=f"gpus.{name}.{key}",
+                               fix="give a finite positive number")
+    if not isinstance(data.get("dense_tflops", {}), Mapping) or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) for v in data.get("dense_tflops", {}).values()):
+        raise HetplanError("must be a table of dtype = TFLOP/s numbers", field=f"gpus.{name}.dense_tflops",
+                           fix='write e.g. dense_tflops = { bf16 = 989, fp16 = 989 }')
     conv = {
         "memory_gib": ("memory_bytes", 2**30),
         "hbm_bandwidth_gb_per_s": ("hbm_bandwidth_bytes_per_s", GB),
@@ -139,9 +147,9 @@ def _spec_from_toml(name: str, raw: Mapping) -> GPUSpec:
         data["dense_flops_per_s"] = {k: v * TERA for k, v in data.pop("dense_tflops").items()}
     data["name"] = name
     for key in ("aliases", "sources"):
-        if key in data:
+        if key in data and isinstance(data[key], list):
             data[key] = tuple(data[key])
-    return GPUSpec(**data)
+    return GPUSpec.model_validate(data)
 
 
 class Catalog:
@@ -178,13 +186,6 @@ def _norm(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
-def _read_toml(text: str, origin: str) -> dict:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise HetplanError(f"malformed TOML in {origin}: {exc}", field=origin, fix="fix the TOML syntax at that line") from None
-
-
 def _merge(base: dict, override: Mapping) -> dict:
     out = dict(base)
     for key, value in override.items():
@@ -198,14 +199,17 @@ def _merge(base: dict, override: Mapping) -> dict:
 @lru_cache(maxsize=8)
 def _load(user_file: str | None) -> Catalog:
     text = resources.files("hetplan.hardware").joinpath("data/gpus.toml").read_text()
-    data = _read_toml(text, "gpus.toml")
+    data = parse_toml(text, "gpus.toml")
     gpus_raw: dict = dict(data["gpus"])
     if user_file is not None:
-        path = Path(user_file)
-        if not path.is_file():
-            raise HetplanError(f"catalog file {user_file} does not exist", field="--catalog", fix="give a path to a TOML file")
-        user = _read_toml(path.read_text(), user_file)
+        user = parse_toml(read_text(user_file, "--catalog"), user_file, "--catalog")
+        if not isinstance(user.get("gpus", {}), dict):
+            raise HetplanError(f"[gpus] must be a table of GPU tables, got {user['gpus']!r:.40}", field="--catalog",
+                               fix="write one [gpus.NAME] table per GPU type")
         for name, entry in user.get("gpus", {}).items():
+            if not isinstance(entry, dict):
+                raise HetplanError(f"must be a table, got {entry!r:.40}", field=f"gpus.{name}",
+                                   fix=f"write [gpus.{name}] with its fields")
             existing = next((k for k in gpus_raw if _norm(k) == _norm(name)), None)
             if existing is not None:
                 gpus_raw[existing] = _merge(gpus_raw[existing], entry)
@@ -216,11 +220,7 @@ def _load(user_file: str | None) -> Catalog:
         try:
             gpus[name] = _spec_from_toml(name, raw)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise HetplanError(
-                f"{err['msg']}", field=f"gpus.{name}.{loc}", fix="see src/hetplan/hardware/data/gpus.toml for the fields"
-            ) from None
+            raise validation_message(exc, f"gpus.{name}", GPUSpec) from None
     return Catalog(gpus, str(data.get("meta", {}).get("date", "unknown")))
 
 
@@ -325,13 +325,14 @@ def _node_from_toml(name: str, raw: Mapping) -> NodeSpec:
 
 @lru_cache(maxsize=8)
 def _load_nodes(user_file: str | None) -> NodeCatalog:
-    data = _read_toml(resources.files("hetplan.hardware").joinpath("data/nodes.toml").read_text(), "nodes.toml")
+    data = parse_toml(resources.files("hetplan.hardware").joinpath("data/nodes.toml").read_text(), "nodes.toml")
     raw: dict = dict(data["nodes"])
     if user_file is not None:
-        path = Path(user_file)
-        if not path.is_file():
-            raise HetplanError(f"node file {user_file} does not exist", field="--nodes", fix="give a path to a TOML file")
-        for name, entry in _read_toml(path.read_text(), user_file).get("nodes", {}).items():
+        user = parse_toml(read_text(user_file, "--nodes"), user_file, "--nodes")
+        for name, entry in user.get("nodes", {}).items():
+            if not isinstance(entry, dict):
+                raise HetplanError(f"must be a table, got {entry!r:.40}", field=f"nodes.{name}",
+                                   fix=f"write [nodes.{name}] with its fields")
             existing = next((k for k in raw if _norm(k) == _norm(name)), None)
             raw[existing or name] = _merge(raw[existing], entry) if existing else entry
     nodes = {}
@@ -339,10 +340,7 @@ def _load_nodes(user_file: str | None) -> NodeCatalog:
         try:
             nodes[name] = _node_from_toml(name, entry)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise HetplanError(f"{err['msg']}", field=f"nodes.{name}.{loc}",
-                               fix="see src/hetplan/hardware/data/nodes.toml for the fields") from None
+            raise validation_message(exc, f"nodes.{name}", NodeSpec) from None
         if nodes[name].network not in NETWORK_KINDS:
             raise HetplanError(f"unknown network {nodes[name].network!r}", field=f"nodes.{name}.network",
                                fix=f"use one of {', '.join(NETWORK_KINDS)}")

@@ -48,20 +48,103 @@ def check_attention(attention: str) -> str:
     return attention
 
 
-def layer_parameters(m: ModelSpec) -> int:
-    """Parameters of one transformer layer (attention + MLP + two norms), biases included.
+def attention_linears(m: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """``(in_features, out_features)`` of a layer's attention projections, in order (one description of the
+    attention GEMMs: parameters and FLOPs both derive from it).
 
-    Attention: Q and O are h x (a*d), K and V are h x (g*d). MLP: 2 h f matrices, 3 for a gated (SwiGLU) MLP
-    (Shazeer 2020, "GLU Variants Improve Transformer"). LayerNorm has weight and bias (2h), RMSNorm weight only (h).
+    Standard / GQA: Q ``h -> a·d``, K and V ``h -> g·d``, O ``a·d -> h``. MLA (DeepSeek-V2 Sec. 2.1.2-2.1.3):
+    Q down ``h -> r_q`` and up ``r_q -> a·d_qk`` (or ``h -> a·d_qk`` without ``q_lora_rank``), KV down
+    ``h -> r_kv + d_rope`` (the latent and the shared rotary key), KV up ``r_kv -> a·(d_nope + d_v)``, O ``a·d_v -> h``.
     """
-    h, q, kv, f = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size
-    attn = h * q + 2 * h * kv + q * h
-    mlp = (3 if m.gated_mlp else 2) * h * f
+    h = m.hidden_size
+    if not m.is_mla:
+        return ((h, m.q_dim), (h, m.kv_dim), (h, m.v_dim), (m.attn_out_dim, h))
+    a, d_qk, rope, r_kv = m.num_attention_heads, m.head_dim, m.qk_rope_head_dim, m.kv_lora_rank
+    q = ((h, m.q_lora_rank), (m.q_lora_rank, a * d_qk)) if m.q_lora_rank else ((h, a * d_qk),)
+    d_v = m.v_head_dim or d_qk
+    return q + ((h, r_kv + rope), (r_kv, a * (d_qk - rope + d_v)), (a * d_v, h))
+
+
+def attention_parameters(m: ModelSpec) -> int:
+    """Parameters of one attention block: :func:`attention_linears` plus biases (all four projections with
+    ``linear_bias``; Q, K, V with ``qkv_bias``), Q/K norm weights (``qk_norm``: ``head_dim`` each), MLA's latent
+    norms (``r_q + r_kv``) and one sink logit per head (``attention_sinks``)."""
+    p = sum(i * o for i, o in attention_linears(m))
     if m.linear_bias:
-        attn += q + 2 * kv + h
-        mlp += (2 * f if m.gated_mlp else f) + h
-    norms = 2 * (2 * h if m.norm == "layernorm" else h)
-    return attn + mlp + norms
+        p += sum(o for _, o in attention_linears(m))
+    elif m.qkv_bias:
+        p += m.q_dim + m.kv_dim + m.v_dim
+    if m.qk_norm:
+        p += 2 * m.head_dim
+    if m.is_mla:
+        p += m.q_lora_rank + m.kv_lora_rank
+    if m.attention_sinks:
+        p += m.num_attention_heads
+    return p
+
+
+def mlp_parameters(m: ModelSpec, ffn: int) -> int:
+    """Parameters of one MLP of inner size ``ffn``: 2 h·ffn matrices, 3 for a gated (SwiGLU) MLP (Shazeer 2020,
+    "GLU Variants Improve Transformer"), plus biases (``2·ffn + h`` gated, ``ffn + h`` otherwise)."""
+    h = m.hidden_size
+    p = (3 if m.gated_mlp else 2) * h * ffn
+    if m.linear_bias:
+        p += (2 * ffn if m.gated_mlp else ffn) + h
+    return p
+
+
+def router_parameters(m: ModelSpec) -> int:
+    """The router ``h -> E`` (with a bias under ``linear_bias``, GPT-OSS) plus Qwen2-MoE's shared-expert gate."""
+    h, e = m.hidden_size, m.num_experts
+    return h * e + (e if m.linear_bias else 0) + (h if m.shared_expert_gate else 0)
+
+
+def expert_layer_parameters(m: ModelSpec) -> int:
+    """Routed-expert parameters of one MoE layer: ``E`` experts (the part expert parallelism shards)."""
+    return m.num_experts * mlp_parameters(m, m.expert_ffn_hidden_size) if m.is_moe else 0
+
+
+def _norms(m: ModelSpec) -> int:
+    return 2 * (2 * m.hidden_size if m.norm == "layernorm" else m.hidden_size)
+
+
+def dense_layer_parameters(m: ModelSpec) -> int:
+    """Parameters of a layer with a dense MLP (all layers of a dense model): attention + MLP + two norms."""
+    return attention_parameters(m) + mlp_parameters(m, m.ffn_hidden_size) + _norms(m)
+
+
+def moe_layer_parameters(m: ModelSpec, active: bool = False) -> int:
+    """Parameters of a MoE layer: attention, router, the routed experts (only ``experts_per_token`` of them if
+    ``active``), the shared experts and two norms."""
+    shared = mlp_parameters(m, m.shared_expert_ffn_hidden_size) if m.shared_expert_ffn_hidden_size else 0
+    experts = m.experts_per_token if active else m.num_experts
+    return (attention_parameters(m) + router_parameters(m) + experts * mlp_parameters(m, m.expert_ffn_hidden_size)
+            + shared + _norms(m))
+
+
+def _layer_mean(m: ModelSpec, dense, moe):
+    """Mean over the L layers of a per-layer quantity that is ``dense`` on dense layers and ``moe`` on MoE
+    layers; ``dense`` itself for a dense model (so dense counts stay exact integers)."""
+    if not m.is_moe:
+        return dense
+    n_moe = m.num_moe_layers
+    return ((m.num_layers - n_moe) * dense + n_moe * moe) / m.num_layers
+
+
+def layer_parameters(m: ModelSpec):
+    """Parameters of one transformer layer (attention + MLP + two norms), biases included; for a MoE model the
+    mean over its dense and MoE layers (so ``L ·`` this is exact; a stage of n layers holds ``n ·`` this, which
+    is off by the dense/MoE mix of the stage where dense layers are not spread evenly — DeepSeek's first 3).
+
+    Attention: :func:`attention_parameters` (Q and O are h x (a*d), K and V are h x (g*d) for standard models).
+    MLP: :func:`mlp_parameters`. LayerNorm has weight and bias (2h), RMSNorm weight only (h).
+    """
+    return _layer_mean(m, dense_layer_parameters(m), moe_layer_parameters(m))
+
+
+def layer_expert_parameters(m: ModelSpec):
+    """Mean per layer of the routed-expert parameters (:func:`expert_layer_parameters`); 0 for a dense model."""
+    return _layer_mean(m, 0, expert_layer_parameters(m))
 
 
 def embedding_parameters(m: ModelSpec) -> int:
@@ -77,25 +160,60 @@ def head_parameters(m: ModelSpec) -> int:
 
 def total_parameters(m: ModelSpec) -> int:
     """All parameters: L layers + embedding + head (tied weights counted once)."""
-    return m.num_layers * layer_parameters(m) + embedding_parameters(m) + head_parameters(m)
+    n_moe = m.num_moe_layers
+    layers = (m.num_layers - n_moe) * dense_layer_parameters(m) + n_moe * moe_layer_parameters(m)
+    return layers + embedding_parameters(m) + head_parameters(m)
+
+
+def active_parameters(m: ModelSpec, input_embedding: bool = True) -> int:
+    """Parameters one token uses (the "activated parameters" of MoE model cards): every layer with only the
+    router's top-k routed experts, plus the embedding and head. ``input_embedding=False`` leaves out the input
+    embedding table, of which a token reads one row (OpenAI's GPT-OSS model card counts active parameters so);
+    Mixtral, DeepSeek and Qwen count it. Equals :func:`total_parameters` for a dense model."""
+    n_moe = m.num_moe_layers
+    layers = (m.num_layers - n_moe) * dense_layer_parameters(m) + n_moe * moe_layer_parameters(m, active=True)
+    emb = embedding_parameters(m) if input_embedding else 0
+    return layers + emb + head_parameters(m)
+
+
+def attended_keys(m: ModelSpec, s):
+    """Mean over layers of the keys each query is scored against: ``s`` (the full s x s product, no causal
+    discount, as Megatron-LM counts it), or ``min(s, w)`` on the ``sliding_window_layers`` layers of window w."""
+    if not m.sliding_window_layers:
+        return s
+    n_sw = m.sliding_window_layers
+    return ((m.num_layers - n_sw) * s + n_sw * np.minimum(s, m.sliding_window)) / m.num_layers
+
+
+def mlp_forward_flops(m: ModelSpec, tokens):
+    """Forward FLOPs of the MLPs of one layer (mean over layers) for ``tokens`` tokens: a dense MLP
+    ``2·T·h·f`` per matrix (2 matrices, 3 for SwiGLU); a MoE layer the router ``2·T·h·E``, ``k`` routed experts
+    and the shared experts per token (Megatron-LM ``num_floating_point_operations``' MoE terms plus the router)."""
+    h, mats = m.hidden_size, (3 if m.gated_mlp else 2)
+    dense = 2 * tokens * h * m.ffn_hidden_size * mats
+    if not m.is_moe:
+        return dense
+    ffn = m.experts_per_token * m.expert_ffn_hidden_size + m.shared_expert_ffn_hidden_size
+    moe = 2 * tokens * h * ffn * mats + 2 * tokens * h * m.num_experts
+    return _layer_mean(m, dense, moe)
 
 
 def layer_forward_flops(m: ModelSpec, b, s):
-    """Forward FLOPs of one transformer layer for ``b`` sequences of length ``s`` (multiply-add = 2 FLOPs).
+    """Forward FLOPs of one transformer layer for ``b`` sequences of length ``s`` (multiply-add = 2 FLOPs); for a
+    MoE model the mean over its layers of the *active* FLOPs (top-k experts).
 
-    Per layer: Q, K, V, O projections 2bs·h·(2q + 2g·d); attention scores QKᵀ and attention-over-values
-    2·2·b·s²·(a·d) (the full s x s product, no causal discount, as Megatron-LM counts it); MLP 2·b·s·h·f per
-    matrix (2 matrices, 3 for SwiGLU). Source: Narayanan et al. SC'21 Sec. 5.1 (Eq. 3 without recompute),
-    generalised to GQA and SwiGLU as in Megatron-LM ``num_floating_point_operations``. Norms, softmax and
-    element-wise work are not counted (as in those formulas).
+    Per layer: the projections ``2·b·s·Σ in·out`` of :func:`attention_linears` (Q, K, V, O: 2bs·h·(2q + 2g·d));
+    attention scores QKᵀ and attention-over-values ``2·b·s·keys·a·(d_qk + d_v)`` with ``keys`` =
+    :func:`attended_keys` (4·b·s²·(a·d) for a standard model: the full s x s product, no causal discount, as
+    Megatron-LM counts it); MLP :func:`mlp_forward_flops`. Source: Narayanan et al. SC'21 Sec. 5.1 (Eq. 3
+    without recompute), generalised to GQA, SwiGLU, MLA and MoE as in Megatron-LM ``num_floating_point_operations``.
+    Norms, softmax and element-wise work are not counted (as in those formulas).
     """
     b, s = as_float(b), as_float(s)
-    h, q, kv, f = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size
     tokens = b * s
-    proj = 2 * tokens * h * (2 * q + 2 * kv)
-    attn = 4 * tokens * s * q
-    mlp = 2 * tokens * h * f * (3 if m.gated_mlp else 2)
-    return proj + attn + mlp
+    proj = 2 * tokens * sum(i * o for i, o in attention_linears(m))
+    attn = 2 * tokens * attended_keys(m, s) * (m.q_dim + m.attn_out_dim)
+    return proj + attn + mlp_forward_flops(m, tokens)
 
 
 def head_forward_flops(m: ModelSpec, b, s):
@@ -137,6 +255,12 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
     ``4·a·s·b`` bytes (split across TP ranks), and regenerates the dropout mask from the RNG state. Selective
     recompute then stores the same bytes as none (Megatron-LM does not checkpoint the flash core either).
 
+    Generalised: K and V are ``2sb·g·d_qk`` and ``2sb·g·d_v``, the output-projection input ``2sb·a·d_v``; MLA
+    adds its Q and KV latents before and after their norms, ``4sb·(r_q + r_kv + d_rope)``, kept whole (the
+    down-projections are replicated across TP ranks); a MoE layer's MLP term is
+    :func:`moe_mlp_activation_bytes` (a MoE model: the mean over its dense and MoE layers); sliding-window
+    layers store ``s·min(s, w)`` scores per head (:func:`attended_keys`).
+
     Args:
         recompute: ``"none"``, ``"selective"`` (attention core recomputed) or ``"full"``.
         attention: ``"standard"`` or ``"flash"`` (:data:`ATTENTION_KINDS`).
@@ -152,12 +276,34 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
         return 2 * sbh / (t if sequence_parallel else 1)
     masks = 2 * sbh if m.dropout else 0  # two 1-byte dropout masks of s*b*h elements
     replicated = 4 * sbh + 2 * sbh + 2 * sbh + masks
+    if m.is_mla:  # the Q and KV latents before and after their norms (down-projections are not TP-split)
+        replicated = replicated + 4 * s * b * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
     mlp = (3 if m.gated_mlp else 2) * 2 * s * b * f
-    tp_split = 2 * s * b * q + 4 * s * b * kv + 2 * s * b * q + mlp
+    if m.is_moe:
+        mlp = _layer_mean(m, mlp, moe_mlp_activation_bytes(m, b, s))
+    tp_split = 2 * s * b * q + 2 * s * b * (kv + m.v_dim) + 2 * s * b * m.attn_out_dim + mlp
     if check_attention(attention) == "flash":
         quadratic = FLASH_LSE_BYTES * a * s * b
     else:
-        quadratic = 0 if recompute == "selective" else (5 if m.dropout else 2) * a * s * s * b
+        quadratic = 0 if recompute == "selective" else (5 if m.dropout else 2) * a * s * attended_keys(m, s) * b
     if sequence_parallel:
         return (replicated + tp_split + quadratic) / t
     return replicated + (tp_split + quadratic) / t
+
+
+#: Bytes per token and expert of the router's saved fp32 scores (the softmax / sigmoid input of top-k routing).
+ROUTER_SCORE_BYTES = 4
+
+
+def moe_mlp_activation_bytes(m: ModelSpec, b, s):
+    """Activation bytes the MLP of one MoE layer keeps for backward, for ``b·s`` tokens at perfect balance
+    (before TP / EP splitting): per routed copy of a token (``k`` per token) the expert's input, 2h (the
+    permuted token, input of its first GEMM), and, like a dense MLP, its gate and up outputs and their product
+    (``2·f_e`` bytes each, 3 tensors; 2 for a non-gated MLP); the shared experts as a dense MLP of their total
+    size; and the router's fp32 scores (:data:`ROUTER_SCORE_BYTES` per token and expert). Derived the way
+    Korthikanti et al. 2023 Sec. 4.1 count a dense MLP."""
+    mats = 3 if m.gated_mlp else 2
+    tokens = s * b
+    routed = m.experts_per_token * tokens * (2 * m.hidden_size + mats * 2 * m.expert_ffn_hidden_size)
+    shared = mats * 2 * tokens * m.shared_expert_ffn_hidden_size
+    return routed + shared + ROUTER_SCORE_BYTES * tokens * m.num_experts

@@ -2,21 +2,36 @@
 
 A :class:`ModelSpec` holds only shapes; parameter, FLOP and activation counts live in
 :mod:`hetplan.model.counts`. Supported ``model_type`` values: ``llama``, ``mistral``, ``gpt2``, ``gpt_neox``,
-``opt``, plus ``megatron_gpt`` (the GPT shapes of Megatron-LM papers: learned positions, 4h GeLU MLP, vocab 51200).
+``opt``, plus ``megatron_gpt`` (the GPT shapes of Megatron-LM papers: learned positions, 4h GeLU MLP, vocab 51200),
+and the mixture-of-experts families ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``deepseek_v2``, ``deepseek_v3``
+(multi-head latent attention, MLA), ``gpt_oss`` and ``llama4`` / ``llama4_text``.
 Presets are ``config.json`` files shipped in ``hetplan/model/presets/`` (``hetplan catalog models`` lists them).
+
+**Mixture of experts** (Shazeer et al. 2017; Fedus et al., Switch Transformer, JMLR 2022). A MoE layer replaces
+the MLP by ``num_experts`` routed experts (each a gated MLP of ``expert_ffn_hidden_size``), of which a linear
+router picks ``experts_per_token`` (top-k) per token, plus optional shared experts that every token goes through
+(DeepSeekMoE, Dai et al. 2024; Qwen2-MoE; Llama 4). Which layers are MoE: layer ``i`` (0-based) is a MoE layer if
+``i >= first_dense_layers`` and ``(i + 1) % moe_layer_step == 0`` — DeepSeek's ``first_k_dense_replace``, Llama 4's
+``interleave_moe_layer_step`` and Qwen's ``decoder_sparse_step``, as in their ``transformers`` modelling files;
+the other layers keep a dense MLP of ``ffn_hidden_size``.
+
+**Multi-head latent attention** (MLA; DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): queries go through a rank
+``q_lora_rank`` bottleneck (none when 0), keys and values are up-projected from a ``kv_lora_rank`` latent plus a
+shared ``qk_rope_head_dim`` rotary key; per head, Q and K have ``head_dim = qk_nope_head_dim + qk_rope_head_dim``
+and V has ``v_head_dim``.
 """
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, ValidationError, model_validator
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import parse_json, read_text
 
 
 class ModelSpec(BaseModel):
@@ -39,14 +54,29 @@ class ModelSpec(BaseModel):
         learned_positions: number of rows in a learned position-embedding table (0 for rotary).
         tied_embeddings: the output head shares the input embedding matrix.
         dropout: the model applies dropout (stores dropout masks, Korthikanti et al. 2023, Sec. 4.1).
+        v_head_dim: per-head size of V (MLA: ``v_head_dim``; 0 = ``head_dim``).
+        qkv_bias: Q, K and V projections have biases, the output projection not (Qwen2).
+        qk_norm: RMSNorm weights on each head's Q and K (Qwen3; ``head_dim`` each).
+        attention_sinks: one learned sink logit per head (GPT-OSS).
+        sliding_window, sliding_window_layers: that many layers attend only the last ``sliding_window`` tokens
+            (GPT-OSS alternates; 0 = none). Mistral's window is not modelled (it equals its training length).
+        q_lora_rank, kv_lora_rank, qk_rope_head_dim: MLA ranks (module doc); ``kv_lora_rank = 0``: no MLA.
+        num_experts: routed experts per MoE layer (0 = dense model).
+        experts_per_token: top-k of the router.
+        expert_ffn_hidden_size: inner size of one routed expert.
+        shared_expert_ffn_hidden_size: inner size of the shared experts together (0 = none).
+        shared_expert_gate: a sigmoid gate ``h -> 1`` scales the shared expert (Qwen2-MoE).
+        first_dense_layers, moe_layer_step: which layers are MoE (module doc).
         published_parameters: parameter count quoted by the model's authors, if any (for checks).
+        published_active_parameters: activated parameters per token quoted by the authors (MoE).
         source: where the shape comes from.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    family: Literal["llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt"]
+    family: Literal["llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "mixtral", "qwen2_moe",
+                    "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4"]
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
@@ -61,7 +91,24 @@ class ModelSpec(BaseModel):
     learned_positions: int = Field(ge=0)
     tied_embeddings: bool
     dropout: bool
+    v_head_dim: int = Field(0, ge=0)
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    attention_sinks: bool = False
+    sliding_window: int = Field(0, ge=0)
+    sliding_window_layers: int = Field(0, ge=0)
+    q_lora_rank: int = Field(0, ge=0)
+    kv_lora_rank: int = Field(0, ge=0)
+    qk_rope_head_dim: int = Field(0, ge=0)
+    num_experts: int = Field(0, ge=0)
+    experts_per_token: int = Field(0, ge=0)
+    expert_ffn_hidden_size: int = Field(0, ge=0)
+    shared_expert_ffn_hidden_size: int = Field(0, ge=0)
+    shared_expert_gate: bool = False
+    first_dense_layers: int = Field(0, ge=0)
+    moe_layer_step: int = Field(1, gt=0)
     published_parameters: int | None = None
+    published_active_parameters: int | None = None
     source: str = ""
 
     @model_validator(mode="after")
@@ -70,12 +117,54 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
+        if self.num_experts:
+            if not 0 < self.experts_per_token <= self.num_experts:
+                raise ValueError(f"experts_per_token ({self.experts_per_token}) must be in 1..num_experts "
+                                 f"({self.num_experts})")
+            if not self.expert_ffn_hidden_size:
+                raise ValueError("a MoE model needs expert_ffn_hidden_size > 0")
+            if not self.num_moe_layers:
+                raise ValueError(f"no MoE layer: first_dense_layers ({self.first_dense_layers}) and moe_layer_step "
+                                 f"({self.moe_layer_step}) leave all {self.num_layers} layers dense")
+        if self.sliding_window_layers > self.num_layers:
+            raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) > num_layers ({self.num_layers})")
+        if self.kv_lora_rank and self.qk_rope_head_dim >= self.head_dim:
+            raise ValueError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be below head_dim ({self.head_dim})")
         return self
 
     @property
+    def is_moe(self) -> bool:
+        """The model has routed experts."""
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """The model uses multi-head latent attention."""
+        return self.kv_lora_rank > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer ``i`` (0-based) has a MoE MLP (module doc)."""
+        return self.is_moe and i >= self.first_dense_layers and (i + 1) % self.moe_layer_step == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers with a MoE MLP; the other ``num_layers - num_moe_layers`` have a dense MLP."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
     def kv_dim(self) -> int:
-        """Width of the K (and of the V) projection output: g x head_dim."""
+        """Width of the K projection output: g x head_dim (also of V unless ``v_head_dim`` differs)."""
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the V projection output, and of the attention output: g x v_head_dim."""
+        return self.num_kv_heads * (self.v_head_dim or self.head_dim)
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Width of the attention output, the input of the output projection: a x v_head_dim."""
+        return self.num_attention_heads * (self.v_head_dim or self.head_dim)
 
     @property
     def q_dim(self) -> int:
@@ -85,6 +174,93 @@ class ModelSpec(BaseModel):
     def padded_vocab_size(self, multiple: int = 128) -> int:
         """Vocabulary padded up to a multiple of ``multiple`` (Megatron-LM pads to 128 x TP; we pad to 128)."""
         return -(-self.vocab_size // multiple) * multiple
+
+
+_Int = StrictInt | None
+_Float = Annotated[float, Strict()] | None
+
+
+class HFConfig(BaseModel):
+    """The fields of a Hugging Face ``config.json`` that hetplan reads, with their types: the one place a config
+    is validated, so that a bad value is reported by field name and expected type (``hidden_size = "4096"``:
+    "expected an integer"). Other keys are kept and ignored. ``null`` counts as absent (HF writes ``null`` for
+    unset optional fields)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    model_type: str | None = None
+    hidden_size: _Int = None
+    n_embd: _Int = None
+    num_hidden_layers: _Int = None
+    n_layer: _Int = None
+    num_attention_heads: _Int = None
+    n_head: _Int = None
+    num_key_value_heads: _Int = None
+    head_dim: _Int = None
+    vocab_size: _Int = None
+    intermediate_size: _Int = None
+    intermediate_size_mlp: _Int = None
+    n_inner: _Int = None
+    ffn_hidden_size: _Int = None
+    ffn_dim: _Int = None
+    n_positions: _Int = None
+    max_position_embeddings: _Int = None
+    word_embed_proj_dim: _Int = None
+    sliding_window: _Int = None
+    layer_types: list[str] | None = None
+    num_local_experts: _Int = None
+    num_experts: _Int = None
+    n_routed_experts: _Int = None
+    num_experts_per_tok: _Int = None
+    moe_intermediate_size: _Int = None
+    shared_expert_intermediate_size: _Int = None
+    n_shared_experts: _Int = None
+    first_k_dense_replace: _Int = None
+    moe_layer_freq: _Int = None
+    decoder_sparse_step: _Int = None
+    interleave_moe_layer_step: _Int = None
+    mlp_only_layers: list[StrictInt] | None = None
+    q_lora_rank: _Int = None
+    kv_lora_rank: _Int = None
+    qk_rope_head_dim: _Int = None
+    qk_nope_head_dim: _Int = None
+    v_head_dim: _Int = None
+    tie_word_embeddings: StrictBool | None = None
+    attention_bias: StrictBool | None = None
+    enable_bias: StrictBool | None = None
+    attention_dropout: _Float = None
+    attn_pdrop: _Float = None
+    dropout: _Float = None
+    text_config: dict | None = None
+    published_parameters: _Int = None
+    published_active_parameters: _Int = None
+    source: str | None = None
+
+
+_EXPECTED = {"int_type": "an integer", "bool_type": "true or false", "float_type": "a number",
+             "string_type": "a string", "list_type": "a list", "dict_type": "a JSON object",
+             "model_type": "a JSON object"}
+
+
+def _validated(cfg: Any, where: str = "model") -> dict:
+    """``cfg`` checked against :class:`HFConfig`; returns the dict with ``null`` values dropped.
+
+    Raises:
+        HetplanError: ``cfg`` is not a JSON object, or a field has the wrong type (named, with the type expected).
+    """
+    if not isinstance(cfg, Mapping):
+        raise HetplanError(f"a config.json must be a JSON object {{...}}, got {type(cfg).__name__}", field=where,
+                           fix="give a Hugging Face config.json (an object of named fields)")
+    try:
+        HFConfig.model_validate(dict(cfg))
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        expected = _EXPECTED.get(err["type"], err["msg"])
+        got = err.get("input")
+        raise HetplanError(f"expected {expected}, got {got!r} ({type(got).__name__})", field=f"{where}.{loc}",
+                           fix="write the value as the transformers configuration class types it") from None
+    return {k: v for k, v in cfg.items() if v is not None}
 
 
 def _get(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -107,6 +283,9 @@ def _common_shape(cfg: Mapping[str, Any], family: str, gpt2_names: bool = False)
 
     h = _get(cfg, *alt("n_embd", "hidden_size"))
     a = _get(cfg, *alt("n_head", "num_attention_heads"))
+    if h <= 0 or a <= 0:
+        raise HetplanError(f"hidden_size ({h}) and num_attention_heads ({a}) must be positive", field="model",
+                           fix="check the config.json shapes")
     return dict(
         family=family,
         num_layers=_get(cfg, *alt("n_layer", "num_hidden_layers")),
@@ -118,32 +297,99 @@ def _common_shape(cfg: Mapping[str, Any], family: str, gpt2_names: bool = False)
     )
 
 
-def from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
+def _rms_gated(cfg: Mapping[str, Any], family: str, ffn: int) -> dict:
+    """Shape of a Llama-style decoder (RMSNorm, SwiGLU MLP of ``ffn``, rotary positions), as the Llama, Mistral
+    and all MoE families share it."""
+    return dict(
+        _common_shape(cfg, family),
+        ffn_hidden_size=ffn,
+        max_seq_len=_get(cfg, "max_position_embeddings"),
+        gated_mlp=True,
+        norm="rmsnorm",
+        linear_bias=bool(cfg.get("attention_bias", False)),
+        learned_positions=0,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        dropout=float(cfg.get("attention_dropout", 0.0) or 0.0) > 0,
+    )
+
+
+def _moe_fields(cfg: Mapping[str, Any], family: str) -> dict:
+    """Fields of the MoE families, read with the names of their ``transformers`` configuration classes
+    (MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config, DeepseekV3Config, GptOssConfig,
+    Llama4TextConfig)."""
+    if family == "mixtral":
+        f = _get(cfg, "intermediate_size")
+        return dict(_rms_gated(cfg, family, f), num_experts=_get(cfg, "num_local_experts"),
+                    experts_per_token=_get(cfg, "num_experts_per_tok"), expert_ffn_hidden_size=f)
+    if family in ("qwen2_moe", "qwen3_moe"):
+        if cfg.get("mlp_only_layers"):
+            raise HetplanError("mlp_only_layers (dense layers at chosen indices) is not supported",
+                               field="model.mlp_only_layers", fix="use an empty list and decoder_sparse_step")
+        shared = cfg.get("shared_expert_intermediate_size", 0) if family == "qwen2_moe" else 0
+        fields = _rms_gated(cfg, family, _get(cfg, "intermediate_size"))
+        return dict(fields, linear_bias=False, qkv_bias=family == "qwen2_moe", qk_norm=family == "qwen3_moe",
+                    num_experts=_get(cfg, "num_experts"), experts_per_token=_get(cfg, "num_experts_per_tok"),
+                    expert_ffn_hidden_size=_get(cfg, "moe_intermediate_size"),
+                    shared_expert_ffn_hidden_size=shared, shared_expert_gate=shared > 0,
+                    moe_layer_step=cfg.get("decoder_sparse_step", 1))
+    if family in ("deepseek_v2", "deepseek_v3"):
+        nope, rope = _get(cfg, "qk_nope_head_dim"), _get(cfg, "qk_rope_head_dim")
+        f_e = _get(cfg, "moe_intermediate_size")
+        fields = _rms_gated(dict(cfg, head_dim=nope + rope), family, _get(cfg, "intermediate_size"))
+        return dict(fields, num_kv_heads=fields["num_attention_heads"], v_head_dim=_get(cfg, "v_head_dim"),
+                    q_lora_rank=cfg.get("q_lora_rank", 0), kv_lora_rank=_get(cfg, "kv_lora_rank"),
+                    qk_rope_head_dim=rope, num_experts=_get(cfg, "n_routed_experts"),
+                    experts_per_token=_get(cfg, "num_experts_per_tok"), expert_ffn_hidden_size=f_e,
+                    shared_expert_ffn_hidden_size=cfg.get("n_shared_experts", 0) * f_e,
+                    first_dense_layers=cfg.get("first_k_dense_replace", 0),
+                    moe_layer_step=cfg.get("moe_layer_freq", 1))
+    if family == "gpt_oss":
+        f = _get(cfg, "intermediate_size")
+        types = cfg.get("layer_types") or []
+        return dict(_rms_gated(cfg, family, f), num_experts=_get(cfg, "num_local_experts"),
+                    experts_per_token=_get(cfg, "num_experts_per_tok", "experts_per_token"),
+                    expert_ffn_hidden_size=f, attention_sinks=True,
+                    sliding_window=cfg.get("sliding_window", 0) if types else 0,
+                    sliding_window_layers=sum(t == "sliding_attention" for t in types))
+    # llama4: the text part of Llama4Config (text_config) or a Llama4TextConfig
+    f_e = _get(cfg, "intermediate_size")
+    return dict(_rms_gated(cfg, "llama4", cfg.get("intermediate_size_mlp", f_e)),
+                num_experts=_get(cfg, "num_local_experts"), experts_per_token=_get(cfg, "num_experts_per_tok"),
+                expert_ffn_hidden_size=f_e, shared_expert_ffn_hidden_size=f_e,
+                moe_layer_step=cfg.get("interleave_moe_layer_step", 1))
+
+
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4")
+
+
+def from_hf_config(cfg: Any, name: str) -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary.
 
     Field names follow the ``transformers`` configuration classes of each family (LlamaConfig, MistralConfig,
-    GPT2Config, GPTNeoXConfig, OPTConfig). Extra keys ``published_parameters`` and ``source`` are read if present.
+    GPT2Config, GPTNeoXConfig, OPTConfig and the MoE ones of :func:`_moe_fields`); a Llama 4 multimodal config
+    is read from its ``text_config``. Extra keys ``published_parameters``, ``published_active_parameters`` and
+    ``source`` are read if present.
 
     Raises:
-        HetplanError: unsupported ``model_type`` or a missing/invalid field.
+        HetplanError: not a JSON object, a field of the wrong type, unsupported ``model_type``, a missing or
+            invalid field.
     """
+    cfg = _validated(cfg)
     model_type = cfg.get("model_type")
     extra = {
         "published_parameters": cfg.get("published_parameters"),
+        "published_active_parameters": cfg.get("published_active_parameters"),
         "source": cfg.get("source", ""),
     }
+    if model_type == "llama4" and "text_config" in cfg:
+        cfg = _validated(cfg["text_config"], "model.text_config")
+        model_type = "llama4"
+    if model_type == "llama4_text":
+        model_type = "llama4"
     if model_type in ("llama", "mistral"):
-        fields = dict(
-            _common_shape(cfg, model_type),
-            ffn_hidden_size=_get(cfg, "intermediate_size"),
-            max_seq_len=_get(cfg, "max_position_embeddings"),
-            gated_mlp=True,
-            norm="rmsnorm",
-            linear_bias=bool(cfg.get("attention_bias", False)),
-            learned_positions=0,
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            dropout=float(cfg.get("attention_dropout", 0.0) or 0.0) > 0,
-        )
+        fields = _rms_gated(cfg, model_type, _get(cfg, "intermediate_size"))
+    elif model_type in MOE_FAMILIES:
+        fields = _moe_fields(cfg, model_type)
     elif model_type in ("gpt2", "megatron_gpt"):
         n_pos = _get(cfg, "n_positions", "max_position_embeddings")
         shape = _common_shape(cfg, model_type, gpt2_names=True)
@@ -195,12 +441,14 @@ def from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
         raise HetplanError(
             f"unsupported model_type {model_type!r}",
             field="model.model_type",
-            fix="use one of llama, mistral, gpt2, gpt_neox, opt, megatron_gpt",
+            fix="use one of llama, mistral, gpt2, gpt_neox, opt, megatron_gpt, " + ", ".join(MOE_FAMILIES),
         )
     try:
         return ModelSpec(name=name, **fields, **extra)
-    except ValueError as exc:
-        raise HetplanError(str(exc).splitlines()[-1] if "\n" in str(exc) else str(exc), field="model",
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise HetplanError(err["msg"].removeprefix("Value error, "), field=f"model.{loc}" if loc else "model",
                            fix="check the config.json shapes") from None
 
 
@@ -217,10 +465,10 @@ def list_presets() -> tuple[str, ...]:
 @lru_cache(maxsize=256)
 def _load_cached(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
-    if name_or_path.endswith(".json") or path.is_file():
-        if not path.is_file():
+    if name_or_path.endswith(".json") or path.exists():
+        if not path.exists():
             raise HetplanError(f"model file {name_or_path} does not exist", field="model", fix="give a path to a config.json or a preset name")
-        text, name = path.read_text(), path.stem if path.stem != "config" else path.parent.name or "model"
+        text, name = read_text(path, "model"), path.stem if path.stem != "config" else path.parent.name or "model"
     else:
         key = name_or_path.strip().lower().replace("_", "-")
         if key not in list_presets():
@@ -230,11 +478,7 @@ def _load_cached(name_or_path: str) -> ModelSpec:
             hint = f"did you mean {', '.join(close)}?" if close else "run `hetplan catalog models` for the list"
             raise HetplanError(f"unknown model {name_or_path!r}", field="model", fix=hint)
         text, name = _presets_dir().joinpath(f"{key}.json").read_text(), key
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HetplanError(f"malformed JSON in {name_or_path} (line {exc.lineno}, column {exc.colno}): {exc.msg}",
-                           field="model", fix="fix the JSON syntax at that line") from None
+    cfg = parse_json(text, name_or_path, "model")
     return from_hf_config(cfg, name)
 
 
@@ -242,6 +486,7 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     """A bundled preset by name (case-insensitive, e.g. ``"llama2-7b"``) or a ``config.json`` path.
 
     Raises:
-        HetplanError: unknown preset (with suggestions), missing file, malformed JSON (with line), bad fields.
+        HetplanError: unknown preset (with suggestions), missing or unreadable file, non-UTF-8 bytes, malformed
+            JSON (with line), a field of the wrong type, bad fields.
     """
     return _load_cached(str(name_or_path))

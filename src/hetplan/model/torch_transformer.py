@@ -233,12 +233,17 @@ class TransformerStage(nn.Module):
         Returns hidden states ``[b, s, h]``, or logits ``[b, s, V]`` on the last stage.
 
     Raises:
-        HetplanError: TP degree does not divide heads / MLP width, or a bad layer range.
+        HetplanError: TP degree does not divide heads / MLP width, a bad layer range, or a model this dense
+            reference cannot build (experts, MLA, attention sinks).
     """
 
     def __init__(self, spec: ModelSpec, part: Partition | None = None, *, seed: int = 0,
                  dtype: torch.dtype = torch.float32):
         super().__init__()
+        if spec.is_moe or spec.is_mla or spec.attention_sinks or spec.qk_norm or spec.qkv_bias:
+            raise HetplanError(f"model {spec.name} ({spec.family}) has experts, MLA, Q/K norms, QKV biases or "
+                               "attention sinks, which this dense reference transformer does not build",
+                               field="model", fix="run or serve a dense model (llama, mistral, gpt2, gpt_neox, opt)")
         part = part or Partition(0, spec.num_layers, True, True)
         if not 0 <= part.start_layer <= part.end_layer <= spec.num_layers:
             raise HetplanError(f"layer range [{part.start_layer}, {part.end_layer}) outside 0..{spec.num_layers}",

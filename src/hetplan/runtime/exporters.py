@@ -40,8 +40,9 @@ class Export:
 
 
 def _uniform(plan: Plan, what: str) -> tuple[int, int]:
-    tps, dps = {st.tp for st in plan.stages}, {st.dp for st in plan.stages}
-    if len(tps) > 1 or len(dps) > 1:
+    layouts = {plan.stage_layout(i) for i in range(plan.pp)}
+    tps, dps = {lay.tp for lay in layouts}, {lay.dp for lay in layouts}
+    if len(layouts) > 1:
         raise HetplanError(f"{what} runs one TP and one DP degree on all stages; this plan has TP {sorted(tps)} "
                            f"and DP {sorted(dps)}", field="plan.stages[].tp/dp",
                            fix="give every stage the same tp and dp, or run it with `hetplan run`")
