@@ -17,7 +17,7 @@ from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import load_job_file, read_structured, validated
-from hetplan.plan import Inventory, Job, Plan
+from hetplan.plan import GPUPool, Inventory, Job, Plan
 from hetplan.plan_rules import check_plan
 from hetplan.report import plan_summary
 from hetplan.search.objective import Objective
@@ -49,6 +49,48 @@ def _positive(value: Optional[float], name: str) -> None:
         raise HetplanError(f"must be positive, got {value}", field=name, fix=f"give {name} > 0")
 
 
+_PRICE_SOURCE = typer.Option("catalog", "--price-source", help="Price of pools without their own: catalog "
+                             "(default) | on-demand | spot | committed (dated quotes, hetplan/hardware/data/prices.toml).")
+_PROVIDER = typer.Option(None, "--provider", help="With --price-source: quotes of this provider only (aws, gcp, "
+                         "lambda, coreweave, runpod, vast.ai); default: the cheapest provider's newest quote.")
+
+
+def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str]) -> tuple[list[GPUPool], list[dict]]:
+    """``pools`` with the chosen price filled in where the pool gives none (hetplan.hardware.prices.choose), and
+    one line per GPU type: its price, where it comes from, its date and whether the GPU's efficiency is calibrated."""
+    from hetplan.hardware.prices import choose
+
+    out, lines = [], {}
+    for pool in pools:
+        spec = cat.get(pool.gpu)
+        if pool.price_usd_per_hour is None:
+            p = choose(spec, price_source.replace("-", "_"), provider)
+            pool = pool.model_copy(update={"price_usd_per_hour": p.usd_per_gpu_hour})
+            line = {"usd_per_gpu_hour": p.usd_per_gpu_hour, "from": p.label, "date": p.date, "stale": p.stale,
+                    "source": p.source}
+        else:
+            line = {"usd_per_gpu_hour": pool.price_usd_per_hour, "from": "given", "date": "", "stale": False,
+                    "source": "the job's price_usd_per_hour"}
+        lines.setdefault(spec.name, dict(gpu=spec.name, **line, calibrated=getattr(spec, "calibrated", True),
+                                         calibration_source=spec.calibration_source))
+        out.append(pool)
+    return out, list(lines.values())
+
+
+def _print_provenance(con, lines: list[dict]) -> None:
+    """The price behind each GPU type's money, with its date, and the GPUs whose efficiency is a first guess."""
+    from hetplan.hardware.prices import MAX_AGE_DAYS
+
+    parts = [f"{ln['gpu']} {ln['usd_per_gpu_hour']:.2f} {ln['from']}" + (f", {ln['date']}" if ln["date"] else "")
+             + (f" (older than {MAX_AGE_DAYS} days)" if ln["stale"] else "") for ln in lines]
+    con.print("Prices $/GPU-h: " + "; ".join(parts), highlight=False, markup=False)
+    guesses = [ln["gpu"] for ln in lines if not ln["calibrated"]]
+    if guesses:
+        con.print(f"* uncalibrated: the compute efficiency of {', '.join(guesses)} is a first guess, not fitted to "
+                  "measurements, so its times and costs are rough (hetplan catalog gpus)", highlight=False,
+                  markup=False)
+
+
 def plan_command(
     job_file: Optional[Path] = typer.Argument(None, help="Job TOML with sections \\[job], \\[\\[inventory]], \\[objective], \\[pin] (see examples/)."),
     model: Optional[str] = typer.Option(None, "--model", help="Preset name or path to a HF config.json."),
@@ -70,6 +112,7 @@ def plan_command(
     network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband | roce | efa | "
                                           "ethernet (TCP, no RDMA: less bandwidth, more latency)."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
+    price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file with \\[\\[inventory]] pools (replaces those of the job file)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML (extends/overrides)."),
     objective: Optional[str] = typer.Option(None, "--objective", help="fastest | cheapest | budget."),
@@ -160,6 +203,8 @@ def plan_command(
     if search not in ("uniform", "fine"):
         raise HetplanError(f"unknown search {search!r}", field="--search", fix="use uniform or fine")
     cat = load_catalog(catalog)
+    pools_priced, prices = _priced(inv.pools, cat, price_source, provider)
+    inv = inv.model_copy(update={"pools": pools_priced})
     _check_free_pools(inv, obj, cat)
     search_raw = data.get("search", {})
     for key, val in search_raw.items():
@@ -182,12 +227,13 @@ def plan_command(
             "configurations_evaluated": result.configurations_evaluated,
             "configurations_fitting_memory": result.configurations_fitting_memory,
             "search_time_s": result.search_time_s,
+            "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None else {}),
         }, indent=1))
         return
-    _print_ranking(job, obj, summaries[1:] if fine else summaries, result)
+    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, prices)
     if fine is not None:
         _print_fine(fine, explain)
     if pareto is not None:
@@ -319,7 +365,7 @@ def _pins(raw: dict) -> Pins:
     return Pins(**raw)
 
 
-def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> None:
+def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = ()) -> None:
     con = table_console()
     goal = {"fastest": "fastest job", "cheapest": "cheapest job" + (" by the deadline" if obj.deadline_s else ""),
             "budget": f"fastest job within ${obj.budget_usd:,.0f}" if obj.budget_usd else "budget"}[obj.goal]
@@ -327,8 +373,10 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> N
     for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU",
                 "$/h", "job time", "job $"):
         t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
+    guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
     for i, s in enumerate(summaries, start=1):
-        t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else ""),
+        star = "*" if any(g in s["gpu"] for g in guess) else ""
+        t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}{star}", f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else ""),
                   str(s["mbs"]),
                   str(s["zero"]), str(s["recompute"]), f"{s['iteration_time_s']:.2f}", f"{s['tokens_per_s']:,.0f}",
                   f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]), _usd(s["usd_per_hour"]),
@@ -350,6 +398,8 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> N
         con.print(f"  {line}", highlight=False)
     con.print(f"Searched {result.configurations_evaluated:,} configurations ({result.configurations_fitting_memory:,} fit in memory) "
               f"in {result.search_time_s:.2f} s.")
+    if prices:
+        _print_provenance(con, prices)
 
 
 def estimate_command(
@@ -359,6 +409,7 @@ def estimate_command(
     timeline: Optional[Path] = typer.Option(None, "--timeline", help="Draw the pipeline schedule (Gantt chart) to this PNG."),
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times: stages it covers use them (column `source`)."),
+    price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
     plan = validated(Plan, read_structured(plan_file), "plan")
@@ -366,6 +417,8 @@ def estimate_command(
     check_job(plan.job, m)
     check_plan(plan, m)
     cat = load_catalog(catalog)
+    pools_priced, prices = _priced(plan.pools, cat, price_source, provider)
+    plan = plan.model_copy(update={"pools": pools_priced})
     profiles = _profiles(profile_db)
     est = estimate_plan(plan, cat, m, profiles)
     if timeline is not None:
@@ -378,7 +431,7 @@ def estimate_command(
                                fix="pip install 'hetplan[plot]'") from None
     summary = plan_summary(plan, est)
     if as_json:
-        print(json.dumps(dict(summary, estimate=asdict(est)), indent=1))
+        print(json.dumps(dict(summary, estimate=asdict(est), prices=prices), indent=1))
         return
     con = table_console()
     t = Table(title=f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
@@ -395,6 +448,7 @@ def estimate_command(
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
               f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
               f"${_usd(est.job_usd)}")
+    _print_provenance(con, prices)
     if not est.fits:
         raise HetplanError("the plan does not fit in GPU memory (see the table)", field="plan",
                            fix="raise tp/pp, use recompute or ZeRO, or lower mbs")
