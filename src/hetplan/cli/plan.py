@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
-
-from hetplan.cli.output import table_console
 from rich.table import Table
 
+from hetplan.cli.output import NARROW, new_table, table_console
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
@@ -135,12 +135,18 @@ def plan_command(
                                                  help="Pin interleaved 1F1B's virtual stages per stage (1 = plain 1F1B)."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the table of plans (no memory breakdown, "
+                               "explanations or search statistics)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
     search: str = typer.Option("uniform", "--search", help="uniform (exhaustive) | fine (Aceso-style bottleneck "
                                "alleviation from the best uniform plan: per-stage GPUs/TP/DP, per-layer recompute)."),
     explain: bool = typer.Option(False, "--explain", help="With --search fine: print each bottleneck and its move."),
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times, for --search fine."),
+    energy: bool = typer.Option(False, "--energy", help="Joules per iteration, job kWh and what Perseus' frequency "
+                                "plans save, per plan; with --pareto the time-$-energy frontier too."),
+    usd_per_kwh: Optional[float] = typer.Option(None, "--usd-per-kwh", help="With --energy: electricity price, "
+                                                "added to job $."),
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
 
@@ -220,6 +226,12 @@ def plan_command(
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
         output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
+    if usd_per_kwh is not None and not energy:
+        raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
+    if energy:
+        from hetplan.cli.energy import add_energy, energy_lines
+
+        add_energy(summaries, cat, usd_per_kwh)
     if as_json:
         print(json.dumps({
             "plans": summaries,
@@ -230,14 +242,23 @@ def plan_command(
             "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
-            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None else {}),
+            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
+               else {}),
+            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto,
+                                                                    usd_per_kwh, True)))
+               if energy and pareto is not None else {}),
         }, indent=1))
         return
-    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, prices)
+    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, prices, quiet)
     if fine is not None:
         _print_fine(fine, explain)
+    if energy:
+        for line in energy_lines(summaries[0]):
+            table_console().print(line, highlight=False)
     if pareto is not None:
         _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
+        if energy:
+            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, usd_per_kwh, False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
 
@@ -299,6 +320,17 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
                       f"iteration are exact; slower ones may be dominated by an unestimated plan.")
         con.print(f"Frontier drawn to {path}.")
     return out
+
+
+def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, usd_per_kwh, quiet: bool):
+    """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's, both
+    with energy; the second drawn next to ``path``."""
+    from hetplan.cli.energy import add_energy, print_energy_pareto
+
+    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True)
+    add_energy(walk, cat, usd_per_kwh)
+    return walk, print_energy_pareto(summaries + walk, path.with_name(path.stem + "-energy" + path.suffix),
+                                     f"{job.model}: time, $ and energy", quiet)
 
 
 def _profiles(profile_db: Optional[Path]):
@@ -365,23 +397,16 @@ def _pins(raw: dict) -> Pins:
     return Pins(**raw)
 
 
-def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = ()) -> None:
+def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = (),
+                   quiet: bool = False) -> None:
     con = table_console()
     goal = {"fastest": "fastest job", "cheapest": "cheapest job" + (" by the deadline" if obj.deadline_s else ""),
             "budget": f"fastest job within ${obj.budget_usd:,.0f}" if obj.budget_usd else "budget"}[obj.goal]
-    t = Table(title=f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {job.iterations():,.0f} iterations — {goal}")
-    for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU",
-                "$/h", "job time", "job $"):
-        t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
+    title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {job.iterations():,.0f} iterations — {goal}"
     guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
-    for i, s in enumerate(summaries, start=1):
-        star = "*" if any(g in s["gpu"] for g in guess) else ""
-        t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}{star}", f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else ""),
-                  str(s["mbs"]),
-                  str(s["zero"]), str(s["recompute"]), f"{s['iteration_time_s']:.2f}", f"{s['tokens_per_s']:,.0f}",
-                  f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]), _usd(s["usd_per_hour"]),
-                  _duration(s["job_time_s"]), _usd(s["job_usd"]))
-    con.print(t)
+    con.print(_ranking_table(title, summaries, narrow=con.width < NARROW, guess=guess))
+    if quiet:
+        return
     best = summaries[0]
     mem = best["memory_bytes_per_gpu"]
     con.print(
@@ -389,17 +414,64 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
         f"optimizer {_mem(mem['optimizer'])} + activations {_mem(mem['activations'])} + overhead {_mem(mem['overhead'])} "
         f"= {_mem(mem['total'])} GiB"
     )
-    con.print("Stages of #1: " + ", ".join(f"[{s['gpu']} tp{s['tp']}xdp{s['dp']}: {s['num_layers']} layers]" for s in best["stages"]))
+    con.print("Stages of #1: " + ", ".join(f"[{s['gpu']} tp{s['tp']}xdp{s['dp']}: {s['num_layers']} layers]"
+                                           for s in best["stages"]), markup=False)
     con.print("[bold]Why:[/]")
-    con.print(f"  {result.explanation[0]}", highlight=False)
+    con.print(f"  {result.explanation[0]}", highlight=False, markup=False)
     for i, s in enumerate(summaries[1:], start=2):
-        con.print(f"  #{i}: {s['reason']}", highlight=False)
-    for line in result.explanation[1:]:
-        con.print(f"  {line}", highlight=False)
+        con.print(f"  #{i}: {s['reason']}", highlight=False, markup=False)
+    for line in merge_best_with_another(result.explanation[1:]):
+        con.print(f"  {line}", highlight=False, markup=False)
     con.print(f"Searched {result.configurations_evaluated:,} configurations ({result.configurations_fitting_memory:,} fit in memory) "
               f"in {result.search_time_s:.2f} s.")
     if prices:
         _print_provenance(con, prices)
+
+
+def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[str] = frozenset()) -> Table:
+    """The ranked plans: one column per figure, or under ``narrow`` (< 130 columns) the plan's GPUs and layout
+    in one two-line cell and only the figures that decide a ranking (iteration time, MFU, memory, job time, $).
+    GPU types in ``guess`` (uncalibrated efficiency) are starred."""
+    t = new_table(title, narrow, caption="plan: GPUs, then TPxPPxDP \\[vN: virtual stages], micro-batch, ZeRO stage, recomputation"
+              if narrow else None)
+    kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
+    if narrow:
+        for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $") + kwh:
+            t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=col != "plan")
+    else:
+        for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU",
+                    "$/h", "job time", "job $") + kwh:
+            t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
+    for i, s in enumerate(summaries, start=1):
+        layout = f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
+        gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
+        figures = (f"{s['iteration_time_s']:.2f}", f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]))
+        money = (_duration(s["job_time_s"]), _usd(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
+        if narrow:
+            t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {s['recompute']}", *figures, *money)
+        else:
+            t.add_row(str(i), gpus, layout, str(s["mbs"]), str(s["zero"]), str(s["recompute"]), figures[0],
+                      f"{s['tokens_per_s']:,.0f}", *figures[1:], _usd(s["usd_per_hour"]), *money)
+    return t
+
+
+def merge_best_with_another(lines: list[str]) -> list[str]:
+    """Merge the explanation lines "Best with another X: PLAN: WHY" that name the same plan into one line
+    ("Best with another X, Y and Z: PLAN: WHY") where the first of them stood; other lines unchanged."""
+    out: list = []
+    names: dict[str, list[str]] = {}
+    for line in lines:
+        m = re.match(r"Best with another (.+?): (.*)$", line)
+        if m is None:
+            out.append(line)
+            continue
+        what, rest = m.groups()
+        if rest not in names:
+            names[rest] = []
+            out.append((rest,))
+        names[rest].append(what)
+    joined = {rest: ", ".join(w[:-1]) + " and " + w[-1] if len(w) > 1 else w[0] for rest, w in names.items()}
+    return [x if isinstance(x, str) else f"Best with another {joined[x[0]]}: {x[0]}" for x in out]
 
 
 def estimate_command(
@@ -434,14 +506,19 @@ def estimate_command(
         print(json.dumps(dict(summary, estimate=asdict(est), prices=prices), indent=1))
         return
     con = table_console()
-    t = Table(title=f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
-                    f"{plan.num_microbatches(0)} micro-batches, ZeRO-{plan.zero}")
-    for col in ("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd ms", "bwd ms", "source", "mem GiB",
-                "capacity GiB", "fits"):
+    narrow = con.width < NARROW
+    t = new_table(f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
+                  f"{plan.num_microbatches(0)} micro-batches, ZeRO-{plan.zero}", narrow)
+    cols = (("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd/bwd ms", "source", "GiB/capacity", "fits")
+            if narrow else ("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd ms", "bwd ms", "source", "mem GiB",
+                            "capacity GiB", "fits"))
+    for col in cols:
         t.add_column(col)
     for i, se in enumerate(est.stages):
-        t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, f"{se.forward_s * 1e3:.1f}",
-                  f"{se.backward_s * 1e3:.1f}", se.time_source, _mem(se.memory.total), _mem(se.memory_capacity_bytes),
+        fwd, bwd = f"{se.forward_s * 1e3:.1f}", f"{se.backward_s * 1e3:.1f}"
+        mem, cap = _mem(se.memory.total), _mem(se.memory_capacity_bytes)
+        figures = (f"{fwd}/{bwd}", se.time_source, f"{mem}/{cap}") if narrow else (fwd, bwd, se.time_source, mem, cap)
+        t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, *figures,
                   "yes" if se.fits else "[red]NO[/]")
     con.print(t)
     con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "

@@ -176,7 +176,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     :data:`NEAR_MISS_MEMORY_FACTOR` x the GPU's memory (the others can never run; the smallest footprint is
     kept so that an infeasible request can say how far off it is). ``configurations_evaluated`` counts all.
     """
-    cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins)
+    cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention)
     if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
         cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}

@@ -54,9 +54,12 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int) -> list[int]:
     return out
 
 
-def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins) -> dict[str, np.ndarray]:
+def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
+                    attention: str = "standard") -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages``
-    (recompute as codes 0/1/2), honouring ``pins``. Empty arrays if nothing matches."""
+    (recompute as codes 0/1/2), honouring ``pins``. Empty arrays if nothing matches. Under ``attention =
+    "flash"`` selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out
+    unless pinned."""
     tps = tp_degrees(m, gpus_per_node, available)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
@@ -81,7 +84,8 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     counts = np.array([len(x) for x in mbs_lists])
     base = np.repeat(tri, counts, axis=0)
     mbs = np.concatenate([np.asarray(x, dtype=np.int64) for x in mbs_lists])
-    rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2], dtype=np.int64)
+    free = [0, 2] if attention == "flash" else [0, 1, 2]
+    rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free, dtype=np.int64)
     parts = []
     no_dp = base[:, 2] == 1
     no_pp = base[:, 1] == 1
