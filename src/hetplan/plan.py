@@ -350,7 +350,8 @@ def boundary_is_intra_node(stage_sizes: list[int], stage_pools: list[int], gpus_
     GPUs each (tp * dp); node k of a pool holds its GPUs ``[k*G, (k+1)*G)``. A boundary is intra-node when the
     two stages share a pool and the GPUs of both lie in one node; stages of different pools never share a node.
     """
-    starts, used = [], {}
+    starts: list[int] = []
+    used: dict[int, int] = {}
     for size, pool in zip(stage_sizes, stage_pools):
         starts.append(used.get(pool, 0))
         used[pool] = used.get(pool, 0) + size

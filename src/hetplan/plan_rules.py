@@ -38,7 +38,7 @@ from hetplan.errors import HetplanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetplan.model.spec import ModelSpec
-    from hetplan.plan import Plan, Stage
+    from hetplan.plan import Plan
 
 #: Every rule's name, in the order they are checked.
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",

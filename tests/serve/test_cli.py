@@ -112,6 +112,16 @@ def test_example_serve_config_is_valid():
     assert 2 * max(per) <= cap < 3 * min(per)  # exactly two of the four models fit, as the comment says
 
 
+def test_serve_refuses_a_reachable_address_without_a_token(monkeypatch, capsys, tmp_path, fixtures):
+    p = tmp_path / "s.toml"
+    p.write_text(f'[[models]]\nname = "a"\nmodel = "{fixtures / "tiny-opt.json"}"\n')
+    monkeypatch.delenv("HETPLAN_SERVE_TOKEN", raising=False)
+    code, _, err = _run(monkeypatch, capsys, "serve", p, "--host", "0.0.0.0")
+    assert code == 2 and "api.host" in err and "token" in err
+    code, _, err = _run(monkeypatch, capsys, "serve", p, "--host", "0.0.0.0", "--token", "short")
+    assert code == 2 and "--token" in err
+
+
 def test_serve_model_too_big_for_worker_exits_2(monkeypatch, capsys, tmp_path, fixtures):
     p = tmp_path / "s.toml"
     p.write_text(f'[cluster]\ndtype = "fp32"\nmemory_bytes = 1000\n[[models]]\nname = "a"\nmodel = "{fixtures / "tiny-opt.json"}"\n')

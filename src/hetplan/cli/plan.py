@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -26,6 +27,35 @@ from hetplan.model.spec import load_model
 
 GIB = 2**30
 
+
+
+@contextmanager
+def walk_progress(what: str):
+    """A progress bar of a search walk on standard error (rich, from the walk's first expansion, removed when it
+    ends): yields ``progress(expanded, limit)`` for the search, or None when stderr is not a terminal."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn(f"{what} (expansions)"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=True)
+    task = None
+
+    def progress(expanded: int, limit: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task(what, total=limit)
+        if expanded % 25 == 0:
+            bar.update(task, completed=expanded)
+
+    try:
+        yield progress
+    finally:
+        if task is not None:
+            bar.stop()
 
 def _duration(seconds: float) -> str:
     if seconds >= 86400:
@@ -213,7 +243,8 @@ def plan_command(
         if key != "heterogeneous" or not isinstance(val, bool):
             raise HetplanError(f"got {key} = {val!r}", field=f"search.{key}", fix="[search] takes heterogeneous = true|false")
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
-    result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on)
+    with walk_progress("heterogeneous walk") as progress:
+        result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
     summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
@@ -278,12 +309,15 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
 
 def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
     """Compute, print (unless ``quiet``) and plot the cost-time frontier; return its points as JSON dicts."""
-    from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
+    from hetplan.search.pareto import PARETO_WALK_EXPANSIONS, buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
     it = job.iterations()
     budget = obj.budget_usd / it if obj.goal == "budget" and obj.budget_usd else None
-    fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s, budget_usd_per_iteration=budget)
+    with walk_progress("frontier walk") as progress:
+        fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s,
+                             budget_usd_per_iteration=budget,
+                             progress=None if progress is None else lambda k, _lb: progress(k, PARETO_WALK_EXPANSIONS))
     if not fr.points:
         raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
                            field="inventory", fix="add GPUs or relax the SLO/budget")
@@ -363,7 +397,7 @@ def _fine_json(fine) -> dict:
 
 def _print_fine(fine, explain: bool) -> None:
     con = table_console()
-    t = Table(title="Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)")
+    t = new_table("Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)", con.width < NARROW)
     for col in ("stage", "GPUs", "TP", "DP", "mbs", "layers", "recompute", "fwd+bwd ms", "GiB/GPU"):
         t.add_column(col, justify="right")
     for i, (st, se) in enumerate(zip(fine.plan.stages, fine.estimate.stages)):

@@ -30,13 +30,23 @@ def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_cmd(
         config: Path = typer.Argument(..., help="SERVE.toml (see examples/serve/serve.toml)"),
-        host: str = typer.Option(None, help="override api.host"),
-        port: int = typer.Option(None, help="override api.port"),
+        host: str = typer.Option(None, help="override api.host (default 127.0.0.1; other addresses need --token)"),
+        port: int = typer.Option(None, min=0, max=65535, help="override api.port"),
+        token: str = typer.Option(None, envvar="HETPLAN_SERVE_TOKEN", show_envvar=True,
+                                  help="bearer token every request must send (Authorization: Bearer TOKEN)"),
     ) -> None:
         """Run the serving engine (TP x PP workers with weight swapping) behind the HTTP API."""
-        from hetplan.serve.config import load_serve_config
+        from hetplan.serve.config import is_loopback, load_serve_config
 
         cfg = load_serve_config(config)
+        bind = host or cfg.api.host
+        if token is not None and (len(token) < 16 or not token.isprintable() or " " in token):
+            raise HetplanError("the bearer token must be at least 16 printable characters without spaces",
+                               field="--token", fix="use e.g. the output of: python -c 'import secrets; "
+                                                    "print(secrets.token_urlsafe(32))'")
+        if not is_loopback(bind) and token is None:
+            raise HetplanError(f"refusing to serve on {bind}, which other machines can reach, without a token",
+                               field="api.host", fix="give --token (or HETPLAN_SERVE_TOKEN), or bind 127.0.0.1")
         try:
             import uvicorn
 
@@ -49,8 +59,9 @@ def register(app: typer.Typer) -> None:
         engine.start()  # before the server: start-up problems surface as errors, not as a failed lifespan
         a = cfg.api
         app_ = create_app(engine, default_max_new_tokens=a.default_max_new_tokens,
-                          max_new_tokens_limit=a.max_new_tokens_limit, shutdown_timeout_s=a.shutdown_timeout_s)
-        uvicorn.run(app_, host=host or a.host, port=port if port is not None else a.port, log_level="info",
+                          max_new_tokens_limit=a.max_new_tokens_limit, shutdown_timeout_s=a.shutdown_timeout_s,
+                          token=token, max_request_bytes=a.max_request_bytes)
+        uvicorn.run(app_, host=bind, port=port if port is not None else a.port, log_level="info",
                     timeout_graceful_shutdown=int(a.shutdown_timeout_s) + 5)
 
     @app.command("simulate")

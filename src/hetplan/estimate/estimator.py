@@ -196,7 +196,7 @@ def effective_virtual_stages(plan: Plan, virtual_stages: int | None = None) -> i
     return int(v)
 
 
-def in_flight_microbatches(schedule: str, p: int, i: int, m: int, v: int = 1) -> float:
+def in_flight_microbatches(schedule: str, p, i, m, v=1):
     """Micro-batches of stage ``i``'s full activations held at its peak: GPipe ``m``; 1F1B ``min(p - i, m)``;
     interleaved ``min((p - i - 1)·2 + (v - 1)·p + 1, m·v) / v`` chunks of ``1/v`` (Megatron-LM's warm-up count;
     ``p + (p-1)/v`` on the first stage, its ``interleaved_schedule_memory_penalty``). Arrays broadcast."""

@@ -179,12 +179,14 @@ def _merge(base: dict, override: Mapping) -> dict:
 
 
 @lru_cache(maxsize=8)
-def _load(user_file: str | None) -> Catalog:
+def _load(user_text: str | None, user_file: str | None) -> Catalog:
+    """The catalog extended by the TOML ``user_text`` read from ``user_file`` (cached on the text, so an edited
+    file is read anew)."""
     text = resources.files("hetplan.hardware").joinpath("data/gpus.toml").read_text()
     data = parse_toml(text, "gpus.toml")
     gpus_raw: dict = dict(data["gpus"])
-    if user_file is not None:
-        user = parse_toml(read_text(user_file, "--catalog"), user_file, "--catalog")
+    if user_text is not None:
+        user = parse_toml(user_text, user_file, "--catalog")
         if not isinstance(user.get("gpus", {}), dict):
             raise HetplanError(f"[gpus] must be a table of GPU tables, got {user['gpus']!r:.40}", field="--catalog",
                                fix="write one [gpus.NAME] table per GPU type")
@@ -212,7 +214,9 @@ def load_catalog(user_file: str | Path | None = None) -> Catalog:
     Raises:
         HetplanError: the user file is missing, malformed or has a bad field.
     """
-    return _load(None if user_file is None else str(user_file))
+    if user_file is None:
+        return _load(None, None)
+    return _load(read_text(user_file, "--catalog"), str(user_file))
 
 
 def get_gpu(name: str, user_file: str | Path | None = None) -> GPUSpec:
