@@ -182,7 +182,7 @@ def test_megatron_cp_and_moe_arguments():
     ep = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"ep": 2})]})
     args = _megatron(exporters.export(ep, moe, "megatron"), moe)["args"]
     assert (args["num-experts"], args["moe-router-topk"], args["expert-model-parallel-size"],
-            args["moe-ffn-hidden-size"]) == ("8", "2", "2", "1408")
+            args["moe-ffn-hidden-size"], args["expert-tensor-parallel-size"]) == ("8", "2", "2", "1408", "1")
 
 
 def test_mixed_gpu_types_export_with_node_ranks():

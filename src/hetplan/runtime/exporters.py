@@ -151,9 +151,13 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append(f"--kv-channels {spec.head_dim}")
     experts = int(getattr(spec, "num_experts", 0) or 0)
     if experts:
+        etp = {degree(plan, i, "expert_tp") for i in range(pp)}
+        if len(etp) > 1:
+            raise HetplanError(f"Megatron-LM runs one expert-TP degree on all stages; the plan has {sorted(etp)}",
+                               field="plan.stages[].expert_tp", fix="use one expert-TP degree")
         args += [f"--num-experts {experts}", f"--moe-router-topk {spec.experts_per_token}",
                  f"--moe-ffn-hidden-size {spec.expert_ffn_hidden_size}",
-                 f"--expert-model-parallel-size {m.ep}"]
+                 f"--expert-model-parallel-size {m.ep}", f"--expert-tensor-parallel-size {etp.pop()}"]
         if getattr(spec, "shared_expert_ffn_hidden_size", 0):
             args.append(f"--moe-shared-expert-intermediate-size {spec.shared_expert_ffn_hidden_size}")
     if pp > 1 and len(set(layers)) > 1:
