@@ -277,6 +277,9 @@ class _StageRow(NamedTuple):
     peak_flops_per_s: float
     recomputed_layers: int
     flash: bool
+    fsdp_shard: int | None = None
+    reshard_after_forward: bool = True
+    grad_reduce_dtype: str | None = None
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -341,7 +344,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
                 link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
-                                              plan.overlap_grad_reduce, job.attention, job.framework), len(group_ids))
+                                              plan.overlap_grad_reduce, job.attention, job.framework,
+                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype),
+                                             len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
             gpu, link, price, group, peak = on_pool[st.pool]
@@ -394,7 +399,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         row = rows[r0]
         c = stage_costs(m, row.gpu, row.link, row.dtype, overlap_grad_reduce=row.overlap_grad_reduce,
                         measured_layer_time_s=measured[r0], recompute_layers=row.recompute_layers,
-                        attention=row.attention, framework=row.framework, **kw)
+                        attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
+                        reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
+                        **kw)
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
         for k, x in c["memory"].items():
