@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -26,6 +27,35 @@ from hetplan.model.spec import load_model
 
 GIB = 2**30
 
+
+
+@contextmanager
+def walk_progress(what: str):
+    """A progress bar of a search walk on standard error (rich, from the walk's first expansion, removed when it
+    ends): yields ``progress(expanded, limit)`` for the search, or None when stderr is not a terminal."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn(f"{what} (expansions)"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=True)
+    task = None
+
+    def progress(expanded: int, limit: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task(what, total=limit)
+        if expanded % 25 == 0:
+            bar.update(task, completed=expanded)
+
+    try:
+        yield progress
+    finally:
+        if task is not None:
+            bar.stop()
 
 def _duration(seconds: float) -> str:
     if seconds >= 86400:
@@ -99,15 +129,17 @@ def plan_command(
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Total training tokens (job length), e.g. 1e12."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 or fp16."),
-    attention: Optional[str] = typer.Option(None, "--attention", help="standard (s x s scores stored; default) or "
-                                            "flash (FlashAttention: no s x s activations; selective recompute = none)."),
+    attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default) or "
+                                            "standard (s x s scores stored, Megatron-LM without --use-flash-attn)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
                                             "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (one pool; see `hetplan catalog gpus`)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs available of that type."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 8)."),
+    node: Optional[str] = typer.Option(None, "--node", help="Node preset (`hetplan catalog nodes`; default: the "
+                                       "GPU's reference node, e.g. dgx-h100); the flags below override it."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default: the node's)."),
     inter_node_gbit: Optional[float] = typer.Option(None, "--inter-node-gbit", help="Network Gb/s per node."),
-    network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband (default) | roce | "
+    network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband | roce | efa | "
                                           "ethernet (TCP, no RDMA: less bandwidth, more latency)."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
@@ -171,6 +203,8 @@ def plan_command(
         if gpus is None:
             raise HetplanError("--gpu needs --gpus", field="--gpus", fix="say how many GPUs of that type are available")
         pool = {"gpu": gpu, "count": gpus}
+        if node is not None:
+            pool["node"] = node
         if gpus_per_node is not None:
             pool["gpus_per_node"] = gpus_per_node
         if inter_node_gbit is not None:
@@ -213,7 +247,8 @@ def plan_command(
         if key != "heterogeneous" or not isinstance(val, bool):
             raise HetplanError(f"got {key} = {val!r}", field=f"search.{key}", fix="[search] takes heterogeneous = true|false")
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
-    result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on)
+    with walk_progress("heterogeneous walk") as progress:
+        result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
     summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
@@ -278,12 +313,15 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
 
 def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
     """Compute, print (unless ``quiet``) and plot the cost-time frontier; return its points as JSON dicts."""
-    from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
+    from hetplan.search.pareto import PARETO_WALK_EXPANSIONS, buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
     it = job.iterations()
     budget = obj.budget_usd / it if obj.goal == "budget" and obj.budget_usd else None
-    fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s, budget_usd_per_iteration=budget)
+    with walk_progress("frontier walk") as progress:
+        fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s,
+                             budget_usd_per_iteration=budget,
+                             progress=None if progress is None else lambda k, _lb: progress(k, PARETO_WALK_EXPANSIONS))
     if not fr.points:
         raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
                            field="inventory", fix="add GPUs or relax the SLO/budget")
