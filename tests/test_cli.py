@@ -46,7 +46,9 @@ def test_bundled_example_runs_and_is_sensible():
     best = json.loads(r.stdout)["plans"][0]
     assert best["job_time_s"] <= 60 * 86400
     assert best["tp"] is None or best["tp"] <= 8  # TP stays inside a node
-    assert 0.25 < best["mfu"] < 0.65
+    # MFU counts the full s x s attention (Megatron-LM's convention) while causal FlashAttention does about half
+    # of it: +7.6 % for Llama-2-7B at seq 4096 over the work done.
+    assert 0.25 < best["mfu"] < 0.72
 
 
 def test_human_output_and_catalog():

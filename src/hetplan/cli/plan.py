@@ -129,15 +129,17 @@ def plan_command(
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Total training tokens (job length), e.g. 1e12."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 or fp16."),
-    attention: Optional[str] = typer.Option(None, "--attention", help="standard (s x s scores stored; default) or "
-                                            "flash (FlashAttention: no s x s activations; selective recompute = none)."),
+    attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default) or "
+                                            "standard (s x s scores stored, Megatron-LM without --use-flash-attn)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
                                             "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (one pool; see `hetplan catalog gpus`)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs available of that type."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 8)."),
+    node: Optional[str] = typer.Option(None, "--node", help="Node preset (`hetplan catalog nodes`; default: the "
+                                       "GPU's reference node, e.g. dgx-h100); the flags below override it."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default: the node's)."),
     inter_node_gbit: Optional[float] = typer.Option(None, "--inter-node-gbit", help="Network Gb/s per node."),
-    network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband (default) | roce | "
+    network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband | roce | efa | "
                                           "ethernet (TCP, no RDMA: less bandwidth, more latency)."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
@@ -201,6 +203,8 @@ def plan_command(
         if gpus is None:
             raise HetplanError("--gpu needs --gpus", field="--gpus", fix="say how many GPUs of that type are available")
         pool = {"gpu": gpu, "count": gpus}
+        if node is not None:
+            pool["node"] = node
         if gpus_per_node is not None:
             pool["gpus_per_node"] = gpus_per_node
         if inter_node_gbit is not None:

@@ -81,7 +81,15 @@ DEEPSPEED_GRAD_BYTES = 2
 #: DeepSpeed FP16_Optimizer.step: fp32 copy of each gradient plus their flattened concatenation, 4 + 4 B per owned
 #: parameter (measured: the step raises the peak by 8.00 B per parameter on every traced stage it dominates).
 DEEPSPEED_STEP_BYTES = 8
-FRAMEWORKS = ("megatron", "deepspeed")
+FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
+#: FSDP2 with mixed precision keeps the sharded parameters in fp32 (they are the master weights), fp32 sharded
+#: gradients and Adam's two fp32 moments: 4 + 4 + 8 bytes per parameter, sharded (PyTorch ``fully_shard`` with
+#: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's default), against Megatron's
+#: 2 + 4 + 12.
+FSDP_WEIGHT_BYTES, FSDP_GRAD_BYTES, FSDP_OPTIMIZER_BYTES = 4, 4, 8
+#: FSDP units whose parameters are unsharded at once at the peak: the one computing and the one prefetched
+#: (FSDP2 prefetches one unit ahead in forward and backward).
+FSDP_UNITS_IN_FLIGHT = 2
 
 
 def stage_parameters(m: ModelSpec, num_layers, has_embedding, has_head, single_stage):
@@ -116,6 +124,8 @@ def stage_memory_bytes(
     recompute_layers=None,
     attention: str = "standard",
     framework: str = "megatron",
+    fsdp_shard=None,
+    reshard_after_forward=True,
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -130,7 +140,12 @@ def stage_memory_bytes(
         in_flight: micro-batches whose activations the stage holds at its peak.
         recompute_layers: how many layers use ``recompute`` (the others keep all activations); default all.
         attention: ``"standard"`` | ``"flash"`` (:attr:`hetplan.plan.Job.attention`).
-        framework: ``"megatron"`` | ``"deepspeed"`` (:attr:`hetplan.plan.Job.framework`).
+        framework: ``"megatron"`` | ``"deepspeed"`` | ``"fsdp"`` (:attr:`hetplan.plan.Job.framework`). FSDP
+            (always sharded, ZeRO-3): sharded fp32 parameters, gradients and Adam moments
+            (:data:`FSDP_WEIGHT_BYTES` ...) over the shard group (``fsdp_shard``, default ``dp``), plus the
+            16-bit unsharded parameters of :data:`FSDP_UNITS_IN_FLIGHT` units (of all the stage's units when
+            ``reshard_after_forward`` is False: they are kept from forward to backward) and, in the backward,
+            one unit's unsharded 16-bit gradient and its fp32 reduce-scatter input.
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -138,13 +153,22 @@ def stage_memory_bytes(
     s, b = counts.as_float(s), counts.as_float(b)
     if framework not in FRAMEWORKS:
         raise HetplanError(f"unknown framework {framework!r}", field="job.framework",
-                           fix="use 'megatron' or 'deepspeed'")
+                           fix="use 'megatron', 'deepspeed' or 'fsdp'")
     params = stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
-    zero = np.asarray(zero)
-    weights = params * WEIGHT_BYTES / np.where(zero >= 3, dp, 1)
-    weights = weights + np.where(zero >= 3, 2 * counts.layer_parameters(m) / t * WEIGHT_BYTES, 0)
-    grads = params * GRAD_BYTES / np.where(zero >= 2, dp, 1)
-    optim = params * OPTIMIZER_BYTES / np.where(zero >= 1, dp, 1)
+    layer_params = counts.layer_parameters(m) / t
+    if framework == "fsdp":
+        shard = dp if fsdp_shard is None else np.minimum(fsdp_shard, dp)
+        units = FSDP_UNITS_IN_FLIGHT if reshard_after_forward else np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT)
+        weights = params * FSDP_WEIGHT_BYTES / shard + units * layer_params * WEIGHT_BYTES
+        # one unit's unsharded 16-bit gradient and its fp32 copy for the reduce-scatter (backward only)
+        grads = params * FSDP_GRAD_BYTES / shard + layer_params * (WEIGHT_BYTES + 4)
+        optim = params * FSDP_OPTIMIZER_BYTES / shard
+    else:
+        zero = np.asarray(zero)
+        weights = params * WEIGHT_BYTES / np.where(zero >= 3, dp, 1)
+        weights = weights + np.where(zero >= 3, 2 * layer_params * WEIGHT_BYTES, 0)
+        grads = params * GRAD_BYTES / np.where(zero >= 2, dp, 1)
+        optim = params * OPTIMIZER_BYTES / np.where(zero >= 1, dp, 1)
 
     rc = np.asarray({"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else recompute)
     sp = np.asarray(sequence_parallel)
