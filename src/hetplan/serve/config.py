@@ -18,6 +18,10 @@ from hetplan.errors import HetplanError
 from hetplan.inputs import bounded, parse_toml, read_text
 from hetplan.model.spec import ModelSpec, load_model
 
+#: Most requests a generated workload may expect (duration x rates): the simulator handles ~10,000 per CPU second
+#: (measured: 10,176 requests of opt-1.3b in 1.1 s), so about 10 s at most; fuzz found 16,500 taking 30 s under load.
+MAX_SIMULATED_REQUESTS = 100_000
+
 #: Why arrival CVs are bounded (found by tests/fuzz: a CV of 5,981 simulated for over a minute).
 _CV_WHY = ("a Gamma CV above 10 (shape below 0.01) puts nearly all arrivals into a few bursts, and the simulation "
            "then runs for minutes")
@@ -196,6 +200,15 @@ class WorkloadFile(_Common):
     workload: WorkloadConfig = WorkloadConfig()
     swap: SwapConfig = SwapConfig()
     capacity: CapacityConfig = CapacityConfig()
+
+    @model_validator(mode="after")
+    def _bounded_requests(self):
+        rate = self.workload.total_rate_per_s + sum(m.rate_per_s or 0.0 for m in self.models)
+        expected = self.workload.duration_s * rate
+        if self.workload.trace is None and expected > MAX_SIMULATED_REQUESTS:
+            raise ValueError(f"duration_s x rates = {expected:,.0f} expected requests; at most "
+                             f"{MAX_SIMULATED_REQUESTS:,} (the simulator handles ~10,000 per CPU second)")
+        return self
 
 
 def _resolve(data: dict, base: Path) -> dict:
