@@ -43,6 +43,11 @@ class Job(BaseModel):
             Megatron-LM's theoretical memory (fp32 main-gradient buffer used directly by the optimizer).
             ``deepspeed``: DeepSpeed's FP16_Optimizer also keeps the 16-bit ``.grad`` tensors and makes fp32
             copies of the gradients during the optimizer step (docs/estimator.md, Memory).
+        moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
+            models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
+            factor; 1 for benchmarks that force balanced routing).
+        cp_kv_exchange: how context parallelism exchanges K/V: ``ring`` (Megatron-Core p2p, overlapped with
+            attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -56,6 +61,8 @@ class Job(BaseModel):
     optimizer: Literal["adam"] = "adam"
     attention: Literal["standard", "flash"] = "standard"
     framework: Literal["megatron", "deepspeed"] = "megatron"
+    moe_load_imbalance: float = Field(default=1.25, ge=1.0, le=8.0, allow_inf_nan=False)
+    cp_kv_exchange: Literal["ring", "allgather"] = "ring"
 
     def iterations(self) -> float:
         """Iterations in the whole job: ``train_tokens / (global_batch * seq_len)`` or ``train_iterations``; 1 if neither."""
@@ -153,6 +160,10 @@ class Plan(BaseModel):
         virtual_stages: model chunks per stage for interleaved 1F1B (Narayanan et al. SC'21 Sec. 2.2.2); 1 = plain
             1F1B. Used when the schedule is ``1f1b``, pp > 1 and the micro-batch count is a multiple of pp.
         overlap_grad_reduce: data-parallel gradient reduction overlapped with the backward pass.
+        cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
+            ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
+        ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
+            stage's ``dp·cp`` ranks, expert-TP 1 (:mod:`hetplan.estimate.moe`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -166,6 +177,8 @@ class Plan(BaseModel):
     schedule: Schedule = "1f1b"
     virtual_stages: int = Field(default=1, ge=1)
     overlap_grad_reduce: bool = True
+    cp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":
@@ -199,8 +212,8 @@ class Plan(BaseModel):
 
     @property
     def num_gpus(self) -> int:
-        """GPUs used: sum over stages of tp * dp."""
-        return sum(st.tp * st.dp for st in self.stages)
+        """GPUs used: sum over stages of tp * cp * dp."""
+        return sum(st.tp * self.cp * st.dp for st in self.stages)
 
     def num_microbatches(self, stage: int = 0) -> int:
         """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs) (the stage's mbs)."""

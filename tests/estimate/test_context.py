@@ -68,3 +68,19 @@ def test_gradient_reduction_and_bad_kind():
     assert context.gradient_reduction_degree(4, 8) == 32
     with pytest.raises(HetplanError, match="job.cp_kv_exchange"):
         context.check_kv_exchange("all2all")
+
+
+def test_estimate_with_cp_splits_activations_and_uses_cp_times_the_gpus():
+    from hetplan.estimate.estimator import estimate
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    def plan(cp):
+        job = Job(model="llama3-8b", seq_len=65536, global_batch=8, attention="flash")
+        pool = GPUPool(gpu="H100-SXM", count=8 * cp, gpus_per_node=8, inter_node_bandwidth_bytes_per_s=400e9)
+        return Plan(job=job, pools=[pool], stages=[Stage(num_layers=32, tp=8, dp=1, recompute="full")], mbs=1,
+                    sequence_parallel=True, cp=cp)
+
+    one, four = estimate(plan(1)), estimate(plan(4))
+    assert plan(4).num_gpus == 32
+    assert four.stages[0].memory.activations < one.stages[0].memory.activations / 3
+    assert four.iteration_time_s < one.iteration_time_s / 2

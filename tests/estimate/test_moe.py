@@ -101,3 +101,35 @@ def test_parameters_per_gpu_shards_experts_over_ep():
     dense, expert = moe.parameters_per_gpu(stage, experts, 4, 32)
     assert experts == pytest.approx(94 * 128 * 3 * 4096 * 1536)
     assert dense * 4 + expert * 32 == pytest.approx(stage)
+
+
+def _plan(model, pp, tp, dp, ep=1, cp=1, seq=4096, gbs=256, zero=1, imbalance=1.25):
+    from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split
+
+    L = load_model(model).num_layers
+    job = Job(model=model, seq_len=seq, global_batch=gbs, attention="flash", moe_load_imbalance=imbalance)
+    pool = GPUPool(gpu="H100-SXM", count=tp * pp * dp * cp, gpus_per_node=8, inter_node_bandwidth_bytes_per_s=400e9)
+    stages = [Stage(num_layers=k, tp=tp, dp=dp, recompute="full") for k in balanced_split(L, pp)]
+    return Plan(job=job, pools=[pool], stages=stages, mbs=1, zero=zero, sequence_parallel=tp > 1, cp=cp, ep=ep)
+
+
+def test_estimate_shards_expert_states_over_ep():
+    """Mixtral 8x7B on 8 GPUs (DP 8, ZeRO-1): EP 8 divides the expert weights and gradients by 8 and shards
+    their optimizer states over expert-DP 1 instead of DP 8; the non-expert part is unchanged."""
+    from hetplan.estimate.estimator import estimate
+
+    m = load_model("mixtral-8x7b")
+    e1, e8 = (estimate(_plan("mixtral-8x7b", 1, 1, 8, ep=ep)).stages[0].memory for ep in (1, 8))
+    experts = m.num_layers * counts.layer_expert_parameters(m)
+    assert e1.weights - e8.weights == pytest.approx(experts * 2 * (1 - 1 / 8))
+    assert e1.gradients - e8.gradients == pytest.approx(experts * 4 * (1 - 1 / 8))
+    assert e8.optimizer == pytest.approx(e1.optimizer)  # expert-DP 8 / 8 = 1 owns what DP 8 owned before
+
+
+def test_estimate_moe_time_grows_with_imbalance_and_across_nodes():
+    from hetplan.estimate.estimator import estimate
+
+    balanced = estimate(_plan("qwen3-30b-a3b", 1, 1, 16, ep=8, imbalance=1.0)).iteration_time_s
+    skewed = estimate(_plan("qwen3-30b-a3b", 1, 1, 16, ep=8, imbalance=1.5)).iteration_time_s
+    across = estimate(_plan("qwen3-30b-a3b", 1, 1, 16, ep=16, imbalance=1.0)).iteration_time_s
+    assert balanced < skewed and balanced < across

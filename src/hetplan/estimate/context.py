@@ -78,7 +78,7 @@ def layer_activation_bytes(m: ModelSpec, b, s, t, cp, sequence_parallel=False, r
     if attention == "flash" or recompute in ("selective", "full"):
         return per_rank
     blocks = counts.layer_activation_bytes(m, b, s_loc, t, sequence_parallel, "selective", attention)
-    return blocks + (per_rank - blocks) * np.asarray(cp, dtype=float)
+    return np.where(np.asarray(cp) == 1, per_rank, blocks + (per_rank - blocks) * np.asarray(cp, dtype=float))
 
 
 def kv_exchange_time_s(m: ModelSpec, b, s, t, cp, kind, block_forward_s, gpus_per_node,

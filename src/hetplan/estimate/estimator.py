@@ -230,7 +230,7 @@ def p2p_model(framework: str) -> str | bool:
 _SIMULATE_MANY_MIN_PLANS = 16
 
 _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
-             "num_microbatches", "zero", "recompute_code", "sequence_parallel")
+             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep")
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False):
@@ -292,7 +292,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
                 link = pool_link(pool, gpu)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
-                                              plan.overlap_grad_reduce, job.attention, job.framework), len(group_ids))
+                                              plan.overlap_grad_reduce, job.attention, job.framework,
+                                              job.moe_load_imbalance, job.cp_kv_exchange), len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
             gpu, link, price, group, peak = on_pool[st.pool]
@@ -302,9 +303,10 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             rows.append((
                 job.seq_len, b, st.tp, st.dp, st.num_layers, i == 0, i == p - 1, p == 1,
                 (gpipe, p, i, mb, v),  # in_flight, filled in below for all rows at once
-                mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1,
+                mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1, plan.cp, plan.ep,
                 gpu, link, price, group if rl is None else -1,
-                (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework),
+                (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework, job.moe_load_imbalance,
+                 job.cp_kv_exchange),
                 st, job.global_batch, peak, st.recomputed_layers(), flash,
             ))
     n = len(rows)
@@ -335,7 +337,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         kw = {k: cols[k][r0].item() for k in _ROW_KEYS} if alone else {k: cols[k][sel] for k in _ROW_KEYS}
         c = stage_costs(m, gpus[r0], links[r0], extra[r0][0], overlap_grad_reduce=extra[r0][1],
                         measured_layer_time_s=measured[r0], recompute_layers=extra[r0][2],
-                        attention=extra[r0][3], framework=extra[r0][4], **kw)
+                        attention=extra[r0][3], framework=extra[r0][4], moe_load_imbalance=extra[r0][5],
+                        kv_exchange=extra[r0][6], **kw)
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
         for k, x in c["memory"].items():
@@ -347,7 +350,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     intra = []
     for plan in plans:
         intra += boundary_is_intra_node(
-            [st.tp * st.dp for st in plan.stages], [st.pool for st in plan.stages],
+            [st.tp * plan.cp * st.dp for st in plan.stages], [st.pool for st in plan.stages],
             [pl.gpus_per_node for pl in plan.pools])
     send = np.flatnonzero(~cols["has_head"])  # every stage but a plan's last sends to the next row
     recv = send + 1
@@ -361,9 +364,11 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         send_a, recv_a = send, recv
         send_link, recv_link = Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols))
         intra = np.array(intra)
-        bw = boundary_bandwidth_bytes_per_s(send_link, recv_link, cols["t"][send_a] * cols["dp"][send_a], intra)
+        bw = boundary_bandwidth_bytes_per_s(send_link, recv_link,
+                                            cols["t"][send_a] * cols["cp"][send_a] * cols["dp"][send_a], intra)
         alpha = boundary_alpha_s(send_link, recv_link, intra)
-        msg = p2p_bytes(m, cols["b"][send_a], cols["s"][send_a], np.maximum(cols["t"][send_a], cols["t"][recv_a]), False)
+        msg = p2p_bytes(m, cols["b"][send_a], cols["s"][send_a] / cols["cp"][send_a],
+                        np.maximum(cols["t"][send_a], cols["t"][recv_a]), False)
         p2p = np.asarray(p2p_time_s(msg, bw, alpha), dtype=float)
         for j in reshard:
             a, nb = send[j], recv[j]
@@ -403,7 +408,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     # Per-plan reductions over each plan's rows.
     starts = np.array(start)
     gbs = np.array(gbs)
-    ngpu = cols["t"] * cols["dp"]
+    ngpu = cols["t"] * cols["cp"] * cols["dp"]
     peak_flops = np.add.reduceat(ngpu * np.array(peak_rows), starts)
     usd_per_hour = np.add.reduceat(ngpu * np.array(prices), starts)
     model_rows = counts.model_flops_per_iteration(m, gbs, cols["s"])

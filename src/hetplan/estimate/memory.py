@@ -57,6 +57,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetplan.errors import HetplanError
+from hetplan.estimate import context, moe
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -116,6 +117,8 @@ def stage_memory_bytes(
     recompute_layers=None,
     attention: str = "standard",
     framework: str = "megatron",
+    cp=1,
+    ep=1,
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -131,6 +134,10 @@ def stage_memory_bytes(
         recompute_layers: how many layers use ``recompute`` (the others keep all activations); default all.
         attention: ``"standard"`` | ``"flash"`` (:attr:`hetplan.plan.Job.attention`).
         framework: ``"megatron"`` | ``"deepspeed"`` (:attr:`hetplan.plan.Job.framework`).
+        cp: context-parallel degree: each GPU holds ``s / cp`` tokens of every sequence
+            (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
+        ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
+            expert data-parallel ranks (:func:`hetplan.estimate.moe.expert_data_parallel`).
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -139,21 +146,31 @@ def stage_memory_bytes(
     if framework not in FRAMEWORKS:
         raise HetplanError(f"unknown framework {framework!r}", field="job.framework",
                            fix="use 'megatron' or 'deepspeed'")
-    params = stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
+    dense, expert = moe.parameters_per_gpu(stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
+                                           moe.expert_parameters(m, num_layers), t, ep)
     zero = np.asarray(zero)
-    weights = params * WEIGHT_BYTES / np.where(zero >= 3, dp, 1)
-    weights = weights + np.where(zero >= 3, 2 * counts.layer_parameters(m) / t * WEIGHT_BYTES, 0)
-    grads = params * GRAD_BYTES / np.where(zero >= 2, dp, 1)
-    optim = params * OPTIMIZER_BYTES / np.where(zero >= 1, dp, 1)
+    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
+
+    def sharded(per_parameter, level):  # bytes, ZeRO sharding from ``level`` on
+        return (dense * per_parameter / np.where(zero >= level, dp_all, 1)
+                + expert * per_parameter / np.where(zero >= level, edp, 1))
+
+    weights = sharded(WEIGHT_BYTES, 3)
+    layer_gathered = counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / np.asarray(ep))
+    weights = weights + np.where(zero >= 3, 2 * layer_gathered * WEIGHT_BYTES, 0)
+    grads = sharded(GRAD_BYTES, 2)
+    optim = sharded(OPTIMIZER_BYTES, 1)
 
     rc = np.asarray({"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else recompute)
     sp = np.asarray(sequence_parallel)
 
+    s_all = s  # the whole sequence (``s`` becomes this GPU's share below)
+
     def act(mode, kind=attention):
         return np.where(
             sp,
-            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute=mode, attention=kind),
-            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute=mode, attention=kind),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind),
         )
 
     per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
@@ -165,6 +182,7 @@ def stage_memory_bytes(
         activations = in_flight * (r * per_layer + (num_layers - r) * act("none"))
         recomputed = np.where((rc == 2) & (r > 0), act("none"), 0.0)
     activations = activations + recomputed
+    s = context.local_seq_len(s, cp) if np.any(np.asarray(cp) != 1) else s  # tokens on this GPU
     sbh = s * b * m.hidden_size
     emb = in_flight * (8 * s * b + sbh) / np.where(sp, t, 1)  # sequence-parallel: split like the layers
     activations = activations + np.where(has_embedding, emb, 0)
@@ -177,7 +195,7 @@ def stage_memory_bytes(
     # Backward working set: activation gradients of one layer, without its s x s part (as FlashAttention stores
     # it), plus with standard attention the gradient of the s x s softmax output (one 2-byte tensor; the fused
     # softmax backward of Megatron-LM writes the input gradient in place).
-    scores_grad = 0.0 if attention == "flash" else 2 * m.num_attention_heads * s * s * b / t
+    scores_grad = 0.0 if attention == "flash" else 2 * m.num_attention_heads * s * s_all * b / t
     backward = BACKWARD_WORKING_SET * act("none", "flash") + scores_grad
     if framework == "deepspeed":
         # DeepSpeed's pipeline engine keeps the last stage's 16-bit logits (its output buffer) through the

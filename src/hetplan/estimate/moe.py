@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetplan.estimate import compute
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -155,3 +156,33 @@ def parameters_per_gpu(stage_parameters, expert_params, t, ep, etp=1):
     """Parameters one GPU holds: the non-expert part split over TP, the experts over ``ep·etp``; returns
     ``(dense, expert)``."""
     return (stage_parameters - expert_params) / t, expert_params / (np.asarray(ep) * etp)
+
+
+def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0):
+    """``(linear_s, core_s)`` forward GEMM time of one layer (mean over the model's layers) of a MoE and/or MLA
+    model on one rank, as :func:`hetplan.estimate.compute.layer_gemm_times_s` gives it for dense layers.
+
+    Attention: MLA's GEMMs (:func:`mla_gemms`) or the standard ones. MLP: dense layers as a TP-split MLP; MoE
+    layers the router, the grouped experts on the busiest rank — each expert's rows padded to the row tile
+    (:func:`grouped_gemm_row_efficiency`), the GEMM efficiency taken on all local experts' rows together (one
+    grouped kernel fills the GPU with the tiles of every expert), the weights of every local expert read — and
+    the shared experts (:func:`moe_mlp_gemms`)."""
+    if m.is_mla:
+        lin_shapes, core_shapes = mla_gemms(m, b, s, t)
+        attn = sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in lin_shapes)
+        core = sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in core_shapes)
+    else:
+        attn, core = compute.attention_gemm_times_s(m, gpu, dtype, b, s, t)
+    dense = compute.mlp_gemm_time_s(m, gpu, dtype, np.asarray(b, dtype=float) * s, m.ffn_hidden_size, t)
+    if not m.is_moe:
+        return attn + dense, core
+    moe_s = 0.0
+    for M, N, K, groups, eff in moe_mlp_gemms(m, b, s, t, ep, etp, imbalance):
+        rows = M / eff  # padded rows per group
+        flops = 2.0 * groups * rows * N * K
+        bytes_ = compute.OPERAND_BYTES * groups * (rows * K + K * N + rows * N)
+        moe_s = moe_s + np.maximum(
+            flops / (gpu.peak_flops_per_s(dtype) * compute.gemm_efficiency(gpu, groups * rows, N, K)),
+            bytes_ / gpu.hbm_bandwidth_bytes_per_s)
+    n_moe = m.num_moe_layers
+    return attn + ((m.num_layers - n_moe) * dense + n_moe * moe_s) / m.num_layers, core

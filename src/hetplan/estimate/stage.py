@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.estimate import compute, memory
+from hetplan.estimate import compute, context, memory, moe
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, dp_collective_time_s, group_collective_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
@@ -65,6 +65,10 @@ def stage_costs(
     recompute_layers=None,
     attention="standard",
     framework="megatron",
+    cp=1,
+    ep=1,
+    moe_load_imbalance=1.0,
+    kv_exchange="ring",
 ):
     """Costs of one stage (see module doc). Returns a dict of arrays:
 
@@ -92,16 +96,35 @@ def stage_costs(
     ``attention`` (``"standard"`` | ``"flash"``) and ``framework`` (``"megatron"`` | ``"deepspeed"``): the job's
     :attr:`hetplan.plan.Job.attention` and :attr:`hetplan.plan.Job.framework` (scalars).
 
+    ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
+    on ``cp`` blocks, plus the exposed K/V exchange (``kv_exchange``: ``"ring"`` | ``"allgather"``); gradients
+    reduced over ``dp·cp``. ``ep``: expert-parallel degree (:mod:`hetplan.estimate.moe`, expert-TP 1): MoE and
+    MLA GEMMs, the dispatch/combine all-to-all of the busiest rank (``moe_load_imbalance``), experts sharded over
+    ``ep`` and reduced over the expert data-parallel ranks.
+
     Units: seconds, bytes.
     """
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention)
+    s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
+    if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
+        s = context.local_seq_len(s_all, cp)
+        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance)
+                        if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
+        tp_kw["gemm_times_s"] = (linear, core * cp)
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af = ab = atp = None
     if measured_layer_time_s is not None or recompute_layers is not None:
         af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
+    if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
+        net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
+        a2a = moe.moe_alltoall_time_s(m, b, s, t, ep, 1, *net, imbalance=moe_load_imbalance) if m.is_moe else 0.0
+        kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, *net)
+        lf, lb, ltp = lf + a2a + kv_f, lb + a2a + kv_b, ltp + 2 * a2a + kv_f + kv_b
+        if af is not None:
+            af, ab, atp = af + a2a + kv_f, ab + a2a + kv_b, atp + 2 * a2a + kv_f + kv_b
     if measured_layer_time_s is not None:
         # Scale the analytic recomputation overhead by measured/analytic forward time.
         mf, mbk = measured_layer_time_s
@@ -118,14 +141,24 @@ def stage_costs(
     fwd = num_layers * lf + np.where(has_embedding, ef, 0.0) + np.where(has_head, hf, 0.0)
     bwd = layers_bwd + np.where(has_embedding, eb, 0.0) + np.where(has_head, hb, 0.0)
 
-    params = memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
+    dense, expert = moe.parameters_per_gpu(memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
+                                           moe.expert_parameters(m, num_layers), t, ep)
+    params = dense + expert
     zero = np.asarray(zero)
-    dp_args = (dp, t, link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
-    grad_bytes = params * grad_comm_bytes_per_parameter(dtype)
-    weight_bytes = params * memory.WEIGHT_BYTES
-    allreduce = dp_collective_time_s(grad_bytes, "allreduce", *dp_args)
-    reduce_scatter = dp_collective_time_s(grad_bytes, "allgather", *dp_args)
-    param_gather = dp_collective_time_s(weight_bytes, "allgather", *dp_args)
+    net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
+    edp = moe.expert_data_parallel(t, cp, dp, ep)
+
+    def dp_collective(bytes_per_parameter, collective, units=1.0):
+        """Dense parameters over dp·cp ranks (t apart), experts over the expert-DP ranks (ep apart, folded)."""
+        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, np.asarray(dp) * cp, t, *net)
+        if m.is_moe:
+            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp, ep, *net)
+        return out * units
+
+    grad_per, weight_per = grad_comm_bytes_per_parameter(dtype), memory.WEIGHT_BYTES
+    allreduce = dp_collective(grad_per, "allreduce")
+    reduce_scatter = dp_collective(grad_per, "allgather")
+    param_gather = dp_collective(weight_per, "allgather")
     # ZeRO-0: all-reduce grads. ZeRO-1/2: reduce-scatter grads + all-gather updated weights (distributed optimizer),
     # once per iteration. ZeRO-3: per micro-batch (zero3_exposed_s).
     z3 = zero >= 3
@@ -137,8 +170,8 @@ def stage_costs(
     # FSDP gathers and reduce-scatters one layer (FSDP unit) at a time: L collectives per pass, each paying its
     # own latency steps (Zhao et al. VLDB 2023 Sec. 3.2, one FlatParameter per unit).
     units = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
-    z3_gather = dp_collective_time_s(weight_bytes / units, "allgather", *dp_args) * units
-    z3_reduce_scatter = dp_collective_time_s(grad_bytes / units, "allgather", *dp_args) * units
+    z3_gather = dp_collective(weight_per, "allgather", units)
+    z3_reduce_scatter = dp_collective(grad_per, "allgather", units)
     gather_exposed = np.where(
         z3, zero3_exposed_s(z3_gather, z3_reduce_scatter, fwd, bwd, num_layers, num_microbatches,
                             overlap_grad_reduce), 0.0,
@@ -150,7 +183,7 @@ def stage_costs(
         compute_embedding_sync_s(m, dtype, t, link), 0.0,
     )
 
-    owned = params / np.where(zero >= 1, dp, 1)
+    owned = dense / np.where(zero >= 1, np.asarray(dp) * cp, 1) + expert / np.where(zero >= 1, edp, 1)
     mem = memory.stage_memory_bytes(
         m,
         num_layers=num_layers,
@@ -158,7 +191,7 @@ def stage_costs(
         has_head=has_head,
         single_stage=single_stage,
         b=b,
-        s=s,
+        s=s_all,
         t=t,
         dp=dp,
         zero=zero,
@@ -168,6 +201,8 @@ def stage_costs(
         recompute_layers=recompute_layers,
         attention=attention,
         framework=framework,
+        cp=cp,
+        ep=ep,
     )
     return {
         "forward_s": fwd,
