@@ -35,7 +35,7 @@ from hetplan.estimate.comm import p2p_time_s  # noqa: E402
 from hetplan.estimate.estimator import estimate, estimate_many  # noqa: E402
 from hetplan.estimate.pipeline import pipeline_time_s  # noqa: E402
 from hetplan.estimate.stage import Link, p2p_bytes, stage_costs  # noqa: E402
-from hetplan.estimate.validation import gpt_model, megatron_plan  # noqa: E402
+from hetplan.calibration.validation import gpt_model, megatron_plan  # noqa: E402
 from hetplan.hardware.catalog import get_gpu  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 (../shared/data/traces/espresso_hetero, ``motivation1_*`` runs on mixes of A30, A4000, A6000, RTX 3090, A10G, T4,
 V100). For every stage: measured median forward / backward time per micro-batch and peak memory allocated, against
 :func:`hetplan.estimate.estimator.estimate` of the same plan; then the error per GPU type, on the calibration runs
-and on the held-out ones (:data:`hetplan.estimate.calibrate.ESPRESSO_CALIBRATION_RUNS`).
+and on the held-out ones (:data:`hetplan.calibration.traces.ESPRESSO_CALIBRATION_RUNS`).
 
 Assumed shape of the traced model (from the trace data README and the memory the traces record: 18 bytes per
 parameter after the trainer starts, 50.6 M parameters per layer): a Llama-style model, hidden 2048, 16 heads,
@@ -12,7 +12,7 @@ A30/A4000/A6000/3090 runs, 24 for the AWS runs). Each stage is evaluated with th
 ``flash`` except on the A10G machines, read from the traced memory: docs/estimator.md, Memory) and
 ``framework="deepspeed"``; ``--attention standard|flash`` evaluates every stage one way.
 
-The reading and the fit live in :mod:`hetplan.estimate.calibrate` (``python -m hetplan.estimate.calibrate``
+The reading and the fit live in :mod:`hetplan.calibration.calibrate` (``python -m hetplan.calibration.calibrate``
 reproduces the catalog values); this script prints them.
 
     python benchmarks/bench_hetero_traces.py [TRACE_DIR] [--attention auto|standard|flash]   # the table of errors
@@ -28,23 +28,23 @@ import statistics
 import sys
 from pathlib import Path
 
-from hetplan.estimate import calibrate
+from hetplan.calibration import calibrate, traces as espresso
 from hetplan.hardware.catalog import load_catalog
+from hetplan.profile.importers import read_espresso_rank
 
-DEFAULT = calibrate.ESPRESSO_TRACES
-NAMES = calibrate.ESPRESSO_NAMES
-MBS, MICROBATCHES, SEQ = calibrate.ESPRESSO_MBS, calibrate.ESPRESSO_MICROBATCHES, calibrate.ESPRESSO_SEQ
-RECOMPUTE = calibrate.ESPRESSO_RECOMPUTE
-model = calibrate.espresso_model
-parse_gpus = calibrate.espresso_parse_gpus
-measured = calibrate.espresso_measured
+DEFAULT = espresso.ESPRESSO_TRACES
+NAMES = espresso.ESPRESSO_NAMES
+MBS, MICROBATCHES, SEQ = espresso.ESPRESSO_MBS, espresso.ESPRESSO_MICROBATCHES, espresso.ESPRESSO_SEQ
+RECOMPUTE = espresso.ESPRESSO_RECOMPUTE
+model = espresso.espresso_model
+parse_gpus = espresso.espresso_parse_gpus
 
 
 def runs(root: Path):
     """(run name, GPU types in stage order, stage boundaries, rank folders) of each complete traced run; prints the
     runs that cannot be read."""
     skipped: list[str] = []
-    yield from calibrate.espresso_runs(root, skipped)
+    yield from espresso.espresso_runs(root, skipped)
     for s in skipped:
         print(f"skipped {s}: GPU types not readable from the name")
 
@@ -58,7 +58,7 @@ def main() -> None:
     print(f"{'run':30s} {'st':>2s} {'GPU':14s} {'attention':9s} {'fwd ms meas/ours':>18s} {'bwd ms meas/ours':>18s} "
           f"{'mem GiB meas/ours':>18s}")
     for st, pr in zip(traces.stages, pred):
-        att = calibrate.espresso_attention(st["gpu"], attention)
+        att = espresso.espresso_attention(st["gpu"], attention)
         print(f"{st['run']:30s} {st['stage']:2d} {st['gpu']:14s} {att:9s} "
               f"{st['forward_s'] * 1e3:8.0f}/{pr['forward_s'] * 1e3:<8.0f} "
               f"{st['backward_s'] * 1e3:8.0f}/{pr['backward_s'] * 1e3:<8.0f} "
@@ -75,20 +75,20 @@ def main() -> None:
                 cols = [f"{e[k + '_mean']:+6.1%} {e[k + '_mape']:6.1%}" for k in ("forward", "backward", "memory")]
                 print(f"{g:14s} {part:11s} {e['n']:6d} {cols[0]:>14s} {cols[1]:>14s} {cols[2]:>14s}")
     all_f = [abs(pr["forward_s"] / st["forward_s"] - 1) for st, pr in zip(traces.stages, pred)
-             if st["gpu"] in calibrate.ESPRESSO_FITTED and not st["calibration"]]
-    print(f"\nheld-out stages of {', '.join(calibrate.ESPRESSO_FITTED)}: n {len(all_f)}, forward MAPE "
+             if st["gpu"] in espresso.ESPRESSO_FITTED and not st["calibration"]]
+    print(f"\nheld-out stages of {', '.join(espresso.ESPRESSO_FITTED)}: n {len(all_f)}, forward MAPE "
           f"{statistics.mean(all_f):.1%}")
 
 
 def fit_efficiency() -> dict:
-    """The catalog's ``compute_efficiency`` per fitted GPU type (:func:`hetplan.estimate.calibrate.fit_espresso`)."""
+    """The catalog's ``compute_efficiency`` per fitted GPU type (:func:`hetplan.calibration.calibrate.fit_espresso`)."""
     return calibrate.fit_espresso()
 
 
 def schedule() -> None:
     """The iteration time of every traced run from its measured stage and transfer times through the schedule
-    simulation, under each p2p model (:mod:`hetplan.estimate.pipeline_traces`)."""
-    from hetplan.estimate.pipeline_traces import P2P_MODELS, schedule_errors
+    simulation, under each p2p model (:mod:`hetplan.calibration.traces`)."""
+    from hetplan.calibration.traces import P2P_MODELS, schedule_errors
 
     pos = [a for a in sys.argv[1:] if not a.startswith("-")]
     rows = schedule_errors(Path(pos[0]) if pos else None)

@@ -26,12 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_hetero_traces import DEFAULT, MBS, MICROBATCHES, SEQ, measured, model, runs  # noqa: E402
+from bench_hetero_traces import DEFAULT, MBS, MICROBATCHES, SEQ, model, runs  # noqa: E402
 
 from hetplan.estimate import memory  # noqa: E402
 from hetplan.estimate.estimator import estimate_detailed  # noqa: E402
 from hetplan.hardware.catalog import load_catalog  # noqa: E402
 from hetplan.plan import GPUPool, Job, Plan, Stage  # noqa: E402
+from hetplan.profile.importers import read_espresso_rank  # noqa: E402
 
 #: Runs whose stages calibrate ``BACKWARD_WORKING_SET`` (every GPU type but the 3090 and V100 appears; the others
 #: are held out, among them each GPU type again).
@@ -70,7 +71,7 @@ def stages(attention: str = "auto", before: bool = False, framework: str = "deep
             if not before:
                 pred += float(mem["transient"])
             out.append(dict(run=name, stage=i, gpu=gpus[i], calibration=name in CALIBRATION_RUNS, attention=att,
-                            measured=measured(folder)[2], predicted=pred))
+                            measured=read_espresso_rank(folder).peak_memory_bytes, predicted=pred))
     return out
 
 

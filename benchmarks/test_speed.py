@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 
 from bench_estimate import vectorised  # noqa: E402
 from hetplan.estimate.estimator import estimate, estimate_many  # noqa: E402
-from hetplan.estimate.validation import gpt_model, megatron_plan  # noqa: E402
+from hetplan.calibration.validation import gpt_model, megatron_plan  # noqa: E402
 from hetplan.plan import GPUPool, Inventory, Job  # noqa: E402
 from hetplan.search.planner import search_plans  # noqa: E402
 

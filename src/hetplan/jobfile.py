@@ -15,94 +15,72 @@ Convenience units accepted in files (converted to SI on load): ``inter_node_band
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from hetplan.errors import HetplanError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from hetplan.inputs import read_table, validation_message
 
 T = TypeVar("T", bound=BaseModel)
 
 
 def validated(cls: type[T], data: Any, where: str) -> T:
     """``cls.model_validate(data)``, turning the first validation error into a :class:`HetplanError` that names
-    the field as ``where.field`` and says what is expected.
+    the field as ``where.field``, says what is expected and, for a bounded number, why
+    (:func:`hetplan.inputs.validation_message`).
 
     Raises:
-        HetplanError: invalid or unknown field.
+        HetplanError: invalid or unknown field, or ``data`` is not a table.
     """
+    if not isinstance(data, dict):
+        raise HetplanError(f"must be a table of fields, got {type(data).__name__} {_short(data)}", field=where,
+                           fix=f"write [{where}] with key = value lines" if "." not in where else "give a table")
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in (where, *err["loc"]) if p != "")
-        if err["type"] == "extra_forbidden":
-            allowed = ", ".join(_model_at(cls, err["loc"][:-1]).model_fields)
-            raise HetplanError("unknown field", field=loc, fix=f"allowed fields here: {allowed}") from None
-        if err["type"] == "missing":
-            raise HetplanError("required field is missing", field=loc, fix="add it") from None
-        got = err.get("input")
-        raise HetplanError(f"{err['msg']} (got {got!r})", field=loc, fix="correct the value") from None
+        raise validation_message(exc, where, cls) from None
 
 
-def _model_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel]:
-    """The pydantic model that holds the field at ``loc`` inside ``cls`` (list indices skipped), or ``cls`` when the
-    path leaves the models."""
-    import typing
-
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = cls.model_fields.get(part)
-        if field is None:
-            return cls
-        inner = [a for a in (field.annotation, *typing.get_args(field.annotation))
-                 if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not inner:
-            return cls
-        cls = inner[0]
-    return cls
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_structured(path: str | Path) -> dict:
-    """Parse a TOML or JSON file (by extension; JSON also when the text starts with ``{``).
+    """Parse a TOML or JSON file (by extension; JSON also when the text starts with ``{``) whose top level is a
+    table, through :func:`hetplan.inputs.read_table`.
 
     Raises:
-        HetplanError: missing file, or malformed content (with line and column).
+        HetplanError: missing or unreadable file, not UTF-8, malformed content (with line and column).
     """
-    p = Path(path)
-    if not p.is_file():
-        raise HetplanError(f"file {path} does not exist", field=str(path), fix="check the path")
-    text = p.read_text()
-    if p.suffix == ".json" or text.lstrip().startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise HetplanError(
-                f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", field=str(path),
-                fix="fix the JSON syntax there",
-            ) from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise HetplanError(f"malformed TOML: {exc}", field=str(path), fix="fix the TOML syntax at that line") from None
+    return read_table(path, str(path))
 
 
-def normalise_pool(raw: dict) -> dict:
-    """Convert the convenience bandwidth units of one inventory entry to bytes/s."""
+def _number(raw: dict, key: str, where: str) -> float:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise HetplanError(f"must be a number, got {_short(value)}", field=f"{where}.{key}", fix="give a number")
+    return value
+
+
+def normalise_pool(raw: dict, where: str = "inventory") -> dict:
+    """Convert the convenience bandwidth units of one inventory entry to bytes/s.
+
+    Raises:
+        HetplanError: the entry is not a table, or a convenience field is not a number.
+    """
+    if not isinstance(raw, dict):
+        raise HetplanError(f"must be a table, got {_short(raw)}", field=where,
+                           fix="write one [[inventory]] table per GPU pool")
     out = dict(raw)
     if "inter_node_bandwidth_gbit_per_s" in out:
-        out["inter_node_bandwidth_bytes_per_s"] = out.pop("inter_node_bandwidth_gbit_per_s") * 1e9 / 8
+        out["inter_node_bandwidth_bytes_per_s"] = _number(out, "inter_node_bandwidth_gbit_per_s", where) * 1e9 / 8
+        del out["inter_node_bandwidth_gbit_per_s"]
     if "intra_node_bandwidth_gb_per_s" in out:
-        out["intra_node_bandwidth_bytes_per_s"] = out.pop("intra_node_bandwidth_gb_per_s") * 1e9
+        out["intra_node_bandwidth_bytes_per_s"] = _number(out, "intra_node_bandwidth_gb_per_s", where) * 1e9
+        del out["intra_node_bandwidth_gb_per_s"]
     return out
 
 
@@ -110,7 +88,8 @@ def normalise_objective(raw: dict) -> dict:
     """Convert ``deadline_days`` to ``deadline_s``."""
     out = dict(raw)
     if "deadline_days" in out:
-        out["deadline_s"] = out.pop("deadline_days") * 86400.0
+        out["deadline_s"] = _number(out, "deadline_days", "objective") * 86400.0
+        del out["deadline_days"]
     return out
 
 
@@ -120,19 +99,24 @@ def load_job_file(path: str | Path) -> dict:
     command-line flags.
 
     Raises:
-        HetplanError: malformed file or unknown section.
+        HetplanError: unreadable or malformed file, unknown section, or a section of the wrong shape.
     """
     data = read_structured(path)
     known = {"job", "inventory", "objective", "pin", "search"}
-    for key in data:
+    for key, value in data.items():
         if key not in known:
             raise HetplanError(f"unknown section [{key}]", field=f"{path}:{key}", fix=f"sections are {', '.join(sorted(known))}")
+        if key != "inventory" and not isinstance(value, dict):
+            raise HetplanError(f"must be a table, got {_short(value)}", field=key, fix=f"write [{key}] with key = value lines")
     inventory = data.get("inventory", [])
     if isinstance(inventory, dict):
         inventory = inventory.get("pools", [inventory])
+    if not isinstance(inventory, list):
+        raise HetplanError(f"must be a list of tables, got {_short(inventory)}", field="inventory",
+                           fix="write one [[inventory]] table per GPU pool")
     return {
         "job": data.get("job", {}),
-        "inventory": [normalise_pool(p) for p in inventory],
+        "inventory": [normalise_pool(p, f"inventory.{i}") for i, p in enumerate(inventory)],
         "objective": normalise_objective(data.get("objective", {})),
         "pin": data.get("pin", {}),
         "search": data.get("search", {}),

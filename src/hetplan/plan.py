@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hetplan.inputs import bounded
+
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "gpipe"]
 
@@ -50,13 +52,15 @@ class Job(BaseModel):
             attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str
-    seq_len: int = Field(gt=0)
-    global_batch: int = Field(gt=0)
-    train_tokens: float | None = Field(default=None, gt=0)
-    train_iterations: int | None = Field(default=None, gt=0)
+    seq_len: int = bounded(2**20, "1,048,576 tokens is longer than any model's context", gt=0)
+    global_batch: int = bounded(65536, "65,536 sequences is LAMB's record batch (You et al. 2020) and 32x Llama 3 "
+                                "405B's 2,048", gt=0)
+    train_tokens: float | None = bounded(1e15, "1e15 tokens is 64x Llama 3's 15.6e12", default=None, gt=0)
+    train_iterations: int | None = bounded(10**9, "a billion iterations is 1,000x any published run", default=None,
+                                           gt=0)
     dtype: Literal["bf16", "fp16"] = "bf16"
     optimizer: Literal["adam"] = "adam"
     attention: Literal["standard", "flash"] = "standard"
@@ -92,15 +96,18 @@ class GPUPool(BaseModel):
             host, e.g. 73.8 µs for AWS p4d as fitted on FASOP's profiles (docs/estimator.md, Calibration).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gpu: str
-    count: int = Field(gt=0)
-    gpus_per_node: int = Field(default=8, gt=0)
-    intra_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
-    inter_node_bandwidth_bytes_per_s: float = Field(default=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, gt=0)
+    count: int = bounded(10**6, "a million GPUs is 5x the largest cluster built", gt=0)
+    gpus_per_node: int = bounded(576, "576 GPUs is the largest NVLink domain sold (GB200 NVL576)", default=8, gt=0)
+    intra_node_bandwidth_bytes_per_s: float | None = bounded(1e13, "from 0.1 GB/s to 10 TB/s (5x NVLink 5's 1.8 "
+                                                             "TB/s), in bytes/s", default=None, ge=1e8)
+    inter_node_bandwidth_bytes_per_s: float = bounded(1e13, "from 1 Gb/s (slower is no training network) to 80 Tb/s "
+                                                      "(10x the NICs of any node), in bytes/s",
+                                                      default=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, ge=1.25e8)
     network: Literal["infiniband", "roce", "ethernet"] = "infiniband"
-    price_usd_per_hour: float | None = Field(default=None, ge=0)
+    price_usd_per_hour: float | None = bounded(1000.0, "no GPU rents for $1,000 an hour", default=None, ge=0)
     kernel_overhead_s: float | None = Field(default=None, ge=0, le=0.01)
 
 
@@ -109,7 +116,90 @@ class Inventory(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    pools: list[GPUPool] = Field(min_length=1)
+    pools: list[GPUPool] = Field(min_length=1, max_length=64)
+
+
+class ParallelLayout(BaseModel):
+    """How one pipeline stage's GPUs are laid out: every parallel degree in one frozen, validated object (as
+    torchtitan's ``ParallelDims``, ``torchtitan/distributed/parallel_dims.py``). The estimator, the searches,
+    the exporters and the runtime read degrees from it (:meth:`Plan.stage_layout`), so a new dimension is one
+    field here plus the code that costs it.
+
+    Attributes:
+        tp: tensor-parallel degree (Megatron-LM ``--tensor-model-parallel-size``).
+        cp: context-parallel degree: the sequence is split over ``cp`` ranks (``--context-parallel-size``).
+        ep: expert-parallel degree: the experts of an MoE layer are split over ``ep`` ranks.
+        expert_tp: tensor-parallel degree inside an expert (``--expert-tensor-parallel-size``).
+        dp_shard: data-parallel ranks over which weights / gradients / optimizer states are sharded (ZeRO / FSDP).
+        dp_replicate: data-parallel replicas of those shards (HSDP's replicate dimension; plain DP when
+            ``dp_shard == 1``). The data-parallel degree is ``dp = dp_shard * dp_replicate``.
+        pp: pipeline-parallel degree (stages).
+        virtual_stages: model chunks per stage (interleaved 1F1B).
+        sequence_parallel: Megatron sequence parallelism inside the TP group (acts only when ``tp > 1``).
+        zero_stage: ZeRO stage 0-3 over the ``dp_shard`` group (1 = Megatron-LM's distributed optimizer,
+            3 = FSDP).
+
+    Raises (on construction, pydantic ``ValidationError`` naming the rule):
+        a degree below 1; ``dp_shard > 1`` without ZeRO (nothing would be sharded); ``ep * expert_tp`` not
+        dividing ``tp * cp * dp`` (Megatron-LM ``megatron/core/parallel_state.py``, ``initialize_model_parallel``:
+        the expert layout re-partitions the same ranks, expert-DP = ``tp * cp * dp / (ep * expert_tp)``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    expert_tp: int = Field(default=1, ge=1)
+    dp_shard: int = Field(default=1, ge=1)
+    dp_replicate: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    virtual_stages: int = Field(default=1, ge=1)
+    sequence_parallel: bool = False
+    zero_stage: int = Field(default=0, ge=0, le=3)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ParallelLayout":
+        if self.zero_stage == 0 and self.dp_shard > 1:
+            raise ValueError(f"dp_shard = {self.dp_shard} needs zero_stage >= 1 (without ZeRO / FSDP nothing is "
+                             "sharded): use dp_replicate for plain data parallelism")
+        dense = self.tp * self.cp * self.dp
+        if dense % (self.ep * self.expert_tp):
+            raise ValueError(f"ep * expert_tp = {self.ep} * {self.expert_tp} must divide tp * cp * dp = {dense} "
+                             "(the expert layout re-partitions the same ranks)")
+        return self
+
+    @classmethod
+    def of(cls, *, dp: int, zero_stage: int = 0, **degrees) -> "ParallelLayout":
+        """The layout with ``dp`` data-parallel ranks sharded (``zero_stage >= 1``: ``dp_shard = dp``) or
+        replicated (``zero_stage == 0``: ``dp_replicate = dp``); ``degrees``: the other fields."""
+        shard = {"dp_shard": dp} if zero_stage else {"dp_replicate": dp}
+        return cls(zero_stage=zero_stage, **shard, **degrees)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: ``dp_shard * dp_replicate``."""
+        return self.dp_shard * self.dp_replicate
+
+    @property
+    def gpus_per_stage(self) -> int:
+        """GPUs of one pipeline stage: ``tp * cp * dp``."""
+        return self.tp * self.cp * self.dp
+
+    @property
+    def world_size(self) -> int:
+        """GPUs of the whole job: ``gpus_per_stage * pp``."""
+        return self.gpus_per_stage * self.pp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of the expert weights: ``tp * cp * dp / (ep * expert_tp)``."""
+        return self.gpus_per_stage // (self.ep * self.expert_tp)
+
+    @property
+    def sequence_parallel_active(self) -> bool:
+        """Sequence parallelism takes effect: asked for and ``tp > 1``."""
+        return self.sequence_parallel and self.tp > 1
 
 
 class Stage(BaseModel):
@@ -132,12 +222,12 @@ class Stage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pool: int = Field(default=0, ge=0)
-    num_layers: int = Field(ge=0)
-    tp: int = Field(default=1, gt=0)
-    dp: int = Field(default=1, gt=0)
+    num_layers: int = bounded(10**5, "100,000 layers is 100x any model", ge=0)
+    tp: int = bounded(4096, "TP beyond 4,096 exceeds any model's heads", default=1, gt=0)
+    dp: int = bounded(10**6, "a million replicas exceeds any cluster", default=1, gt=0)
     recompute: Recompute = "none"
     recompute_layers: int | None = Field(default=None, ge=0)
-    mbs: int | None = Field(default=None, gt=0)
+    mbs: int | None = bounded(65536, "a micro-batch is at most the largest global batch", default=None, gt=0)
 
     def recomputed_layers(self) -> int:
         """Layers of this stage that use :attr:`recompute` (0 when it is ``none``)."""
@@ -170,12 +260,12 @@ class Plan(BaseModel):
 
     job: Job
     pools: list[GPUPool] = Field(min_length=1)
-    stages: list[Stage] = Field(min_length=1)
-    mbs: int = Field(gt=0)
+    stages: list[Stage] = Field(min_length=1, max_length=10**5)
+    mbs: int = bounded(65536, "a micro-batch is at most the largest global batch", gt=0)
     zero: int = Field(default=0, ge=0, le=3)
     sequence_parallel: bool = False
     schedule: Schedule = "1f1b"
-    virtual_stages: int = Field(default=1, ge=1)
+    virtual_stages: int = bounded(1024, "more virtual stages than 1,024 is more than layers per GPU", default=1, ge=1)
     overlap_grad_reduce: bool = True
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
@@ -200,6 +290,13 @@ class Plan(BaseModel):
                 raise ValueError(f"stages process pipeline micro-batches of different sizes dp * mbs = "
                                  f"{sorted(sizes)}; make dp * mbs equal on every stage")
         return self
+
+    def stage_layout(self, stage: int) -> ParallelLayout:
+        """The :class:`ParallelLayout` of ``stage``: its TP and DP degrees (DP sharded when :attr:`zero` >= 1,
+        replicated otherwise), the pipeline depth, virtual stages, sequence parallelism and ZeRO stage."""
+        st = self.stages[stage]
+        return ParallelLayout.of(tp=st.tp, dp=st.dp, zero_stage=self.zero, pp=self.pp,
+                                 virtual_stages=self.virtual_stages, sequence_parallel=self.sequence_parallel)
 
     def stage_mbs(self, stage: int) -> int:
         """Micro-batch size of one replica of ``stage`` (sequences): its own ``mbs`` or :attr:`mbs`."""

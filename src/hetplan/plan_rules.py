@@ -24,12 +24,10 @@ Rules (name: what must hold, and why):
 * ``seq-len``: the sequence fits the model's position encoding (``max_position_embeddings``).
 * ``cp-divides-sequence`` (CP > 1): the sequence splits into 2 x CP equal chunks (Megatron-Core's load-balanced
   context parallelism gives each CP rank chunks i and 2·CP-1-i).
-* ``ep-needs-experts`` / ``ep-divides-experts`` / ``ep-divides-dp`` (EP > 1): the model has experts, EP divides
-  their number, and EP divides DP x CP (expert-parallel groups are formed from the data- and context-parallel
-  ranks of a stage, Megatron-Core ``parallel_state.initialize_model_parallel``).
+* ``ep-needs-experts`` / ``ep-divides-experts`` (EP > 1): the model has experts and EP divides their number.
+  That EP x expert-TP divides TP x CP x DP is checked by :class:`hetplan.plan.ParallelLayout` itself.
 
-CP and EP degrees are read from the stage, else the plan, else 1 (``getattr``), so the rules apply once the plan
-schema carries them.
+CP and EP degrees are read from the stage when it has them, else from its :meth:`Plan.stage_layout`.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Every rule's name, in the order they are checked.
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
          "tp-within-node", "virtual-stages", "seq-len", "cp-divides-sequence", "ep-needs-experts",
-         "ep-divides-experts", "ep-divides-dp")
+         "ep-divides-experts")
 
 
 class PlanRuleError(HetplanError):
@@ -60,13 +58,11 @@ class PlanRuleError(HetplanError):
         super().__init__(f"{message} (rule {rule})", field=field, fix=fix)
 
 
-def degree(plan: "Plan", stage: "Stage", name: str) -> int:
-    """The ``name`` degree (``"cp"``, ``"ep"``) of ``stage``: its own, else the plan's, else 1."""
-    for obj in (stage, plan):
-        value = getattr(obj, name, None)
-        if value is not None:
-            return int(value)
-    return 1
+def degree(plan: "Plan", stage: int, name: str) -> int:
+    """The ``name`` degree (``"cp"``, ``"ep"``, ``"expert_tp"``) of stage ``stage``: the stage's own field when it
+    has one, else its :class:`~hetplan.plan.ParallelLayout` (:meth:`Plan.stage_layout`)."""
+    own = getattr(plan.stages[stage], name, None)
+    return int(own) if own is not None else int(getattr(plan.stage_layout(stage), name))
 
 
 def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
@@ -89,8 +85,8 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
                 rule, f"TP {tp} does not divide the {n} {what} of {name} (stage {bad[0]})",
                 field=f"plan.stages[{bad[0]}].tp", fix=f"use a TP degree that divides {n}, e.g. {ok[-1]}"))
     used: dict[int, int] = {}
-    for st in plan.stages:
-        used[st.pool] = used.get(st.pool, 0) + st.tp * degree(plan, st, "cp") * st.dp
+    for i, st in enumerate(plan.stages):
+        used[st.pool] = used.get(st.pool, 0) + st.tp * degree(plan, i, "cp") * st.dp
     for p, n in sorted(used.items()):
         pool = plan.pools[p]
         if n > pool.count:
@@ -102,7 +98,7 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     for i, st in enumerate(plan.stages):
         g = plan.pools[st.pool].gpus_per_node
         first = start.get(st.pool, 0)
-        size = st.tp * degree(plan, st, "cp") * st.dp
+        size = st.tp * degree(plan, i, "cp") * st.dp
         start[st.pool] = first + size
         groups = range(first, first + size, st.tp)
         if st.tp <= g:
@@ -134,7 +130,7 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             field="plan.job.seq_len", fix=f"use seq_len <= {spec.max_seq_len}"))
     experts = int(getattr(spec, "num_experts", 0) or 0)
     for i, st in enumerate(plan.stages):
-        cp, ep = degree(plan, st, "cp"), degree(plan, st, "ep")
+        cp, ep = degree(plan, i, "cp"), degree(plan, i, "ep")
         if cp > 1 and plan.job.seq_len % (2 * cp):
             out.append(PlanRuleError(
                 "cp-divides-sequence", f"CP {cp} needs seq_len divisible by 2 x CP = {2 * cp}; it is "
@@ -147,9 +143,6 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             out.append(PlanRuleError("ep-divides-experts", f"EP {ep} does not divide the {experts} experts of "
                                      f"{name} (stage {i})", field=f"plan.stages[{i}].ep",
                                      fix=f"use an EP degree that divides {experts}"))
-        if ep > 1 and (st.dp * cp) % ep:
-            out.append(PlanRuleError("ep-divides-dp", f"EP {ep} does not divide DP x CP = {st.dp * cp} (stage {i})",
-                                     field=f"plan.stages[{i}].ep", fix="choose EP dividing dp x cp"))
     return out
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 
+from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import Estimate
 from hetplan.plan import Plan
 
@@ -18,6 +20,7 @@ def plan_summary(plan: Plan, est: Estimate, reason: str = "") -> dict:
     ``gpu``, ``tp``, ``dp``, ``recompute`` are ``None`` when stages differ (heterogeneous plans); ``stages`` always
     lists each stage's GPU type, layers, TP and DP. Units: seconds, bytes, USD.
     """
+    check_estimate(est)
     gpus = [s.gpu for s in est.stages]
     return {
         "gpu": _uniform(gpus) or "+".join(gpus),
@@ -51,3 +54,28 @@ def plan_summary(plan: Plan, est: Estimate, reason: str = "") -> dict:
         "reason": reason,
         "plan": plan.model_dump(mode="json"),
     }
+
+
+def check_estimate(est: Estimate) -> None:
+    """Refuse an estimate whose numbers are not finite and consistent, rather than print a wrong one: iteration
+    time, job time, tokens/s and memory > 0, $ >= 0, 0 < MFU <= HFU <= 1, all finite (an overflow anywhere in the
+    cost model — e.g. an integer FLOP count past int64 — shows up here as a negative, infinite or NaN figure).
+
+    Raises:
+        HetplanError: naming the first inconsistent figure.
+    """
+    figures = {
+        "iteration_time_s": (est.iteration_time_s, est.iteration_time_s > 0),
+        "job_time_s": (est.job_time_s, est.job_time_s > 0),
+        "tokens_per_s": (est.tokens_per_s, est.tokens_per_s > 0),
+        "memory_bytes_per_gpu": (est.memory_bytes_per_gpu.total, est.memory_bytes_per_gpu.total > 0),
+        "usd_per_hour": (est.usd_per_hour, est.usd_per_hour >= 0),
+        "job_usd": (est.job_usd, est.job_usd >= 0),
+        "mfu": (est.mfu, 0 < est.mfu <= est.hfu * (1 + 1e-9)),
+        "hfu": (est.hfu, 0 < est.hfu <= 1 + 1e-9),
+    }
+    for name, (value, ok) in figures.items():
+        if not (math.isfinite(value) and ok):
+            raise HetplanError(f"the estimate's {name} = {value!r} is not a finite, consistent figure (MFU {est.mfu!r},"
+                               f" HFU {est.hfu!r}); refusing to report it", field="plan",
+                               fix="the job is outside what the cost model handles; please report it with the input")

@@ -117,8 +117,7 @@ NOT_FITTING_YET = {
     "dgxc_h100:Nemotron-4 15B:n16", "dgxc_h100:Nemotron-4 15B:n32", "dgxc_h100:Nemotron-4 340B:n128",
     "dgxc_h100:Llama 3 8B (SFT fine-tuning):n8", "dgxc_h100:Llama 3 70B (SFT fine-tuning):n32",
     "llama3_405b:Llama 3 405B:n8192",
-    # The source table gives no EP degree for this MoE row (it ran DeepEP): mapped with EP 1, all 128 experts on
-    # every GPU under FSDP do not fit in 80 GB.
+    # FSDP2 without EP (the row gives none), no recomputation stated: 46 GiB of activations at local batch 2
     "moe_h100:GPT-OSS 120B:n64",
 }
 

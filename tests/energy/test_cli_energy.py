@@ -71,6 +71,6 @@ def test_frontier_bad_options(tmp_path, args, needle):
 def test_frontier_bad_profile(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("stage,instruction,frequency,time,energy\n0,forward,1410,abc,3\n")
-    for path, needle in ((bad, "not a number"), (tmp_path / "missing.csv", "cannot read profile")):
+    for path, needle in ((bad, "not a number"), (tmp_path / "missing.csv", "does not exist")):
         r = hetplan("energy", "frontier", path, "-m", 4, "--idle-power-w", 80, "-o", tmp_path / "o")
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr

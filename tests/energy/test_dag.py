@@ -18,13 +18,42 @@ REF_1F1B_4x6 = [
 
 
 def _fmt(order):
-    return " ".join(("F" if k == 0 else "B") + str(m) for k, m in order)
+    return " ".join(("F" if k == 0 else "B") + str(m) for k, m, _c in order)
 
 
 def test_1f1b_order_matches_reference():
     assert [_fmt(stage_order("1f1b", 4, 6, s)) for s in range(4)] == REF_1F1B_4x6
     assert _fmt(stage_order("1f1b", 4, 2, 0)) == "F0 F1 B0 B1"
-    assert _fmt(stage_order("gpipe", 2, 3, 0)) == "F0 F1 F2 B2 B1 B0"
+    # the estimator's GPipe (Megatron-LM order: backwards in micro-batch order), one order for both
+    assert _fmt(stage_order("gpipe", 2, 3, 0)) == "F0 F1 F2 B0 B1 B2"
+
+
+def test_order_is_the_estimators():
+    from hetplan.estimate.schedule import stage_order as est_order
+
+    for schedule, S, M, v in (("1f1b", 4, 6, 1), ("gpipe", 3, 5, 1), ("interleaved", 2, 4, 2), ("interleaved", 4, 8, 3)):
+        for s in range(S):
+            got = [("F" if k == 0 else "B", m, c) for k, m, c in stage_order(schedule, S, M, s, v)]
+            assert got == est_order(schedule, S, s, M, v)
+
+
+def test_interleaved_dag_is_the_estimators_schedule():
+    """Longest path of the DAG with unit forward and double backward = the estimator's interleaved makespan
+    (zero p2p), which is the closed form (m + (p-1)/v)·(f+b) scaled by the chunk size."""
+    from hetplan.estimate.schedule import simulate
+
+    S, M, v = 4, 8, 2
+    d = build_pipeline_dag(S, M, "interleaved", v)
+    assert d.num_ops == 2 * S * M * v
+    dur = np.where(d.kind == 0, 1.0, 2.0) / v
+    lvl_end = np.zeros(d.num_ops)
+    for level in d.levels:
+        for u in level:
+            preds = d.src[d.dst == u]
+            lvl_end[u] = (lvl_end[preds].max() if preds.size else 0.0) + dur[u]
+    est = simulate([1.0] * S, [2.0] * S, [0.0] * (S - 1), M, "interleaved", v)
+    assert lvl_end.max() == pytest.approx(est.makespan_s)
+    assert lvl_end.max() == pytest.approx((M + (S - 1) / v) * 3.0)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -51,3 +80,7 @@ def test_dag_errors():
         build_pipeline_dag(-1, 3)
     with pytest.raises(HetplanError, match="unknown schedule"):
         build_pipeline_dag(2, 2, "zigzag")
+    with pytest.raises(HetplanError, match="multiple"):
+        build_pipeline_dag(4, 6, "interleaved", 2)
+    with pytest.raises(HetplanError, match="interleaved"):
+        build_pipeline_dag(4, 8, "1f1b", 2)

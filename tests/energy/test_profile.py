@@ -66,8 +66,8 @@ def test_unknown_stage_and_frequency():
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(HetplanError, match="cannot read profile"):
+    with pytest.raises(HetplanError, match="does not exist"):
         load_stage_profile(tmp_path / "nope.csv")
     (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00\x81")
-    with pytest.raises(HetplanError, match="not a text CSV"):
+    with pytest.raises(HetplanError, match="not UTF-8"):
         load_stage_profile(tmp_path / "bin.csv")

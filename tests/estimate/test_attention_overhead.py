@@ -204,7 +204,7 @@ def test_every_measured_vtrain_run_fits():
     """vTrain's 1,549 Megatron runs on A100-80GB all ran, so none may be predicted out of memory (the planner
     would reject a plan known to run). The tightest, 3.6B TP 1 x DP 64 at micro-batch 8, is 78.6 GiB."""
     from hetplan.estimate.estimator import estimate_many
-    from hetplan.estimate.validation import vtrain_cases
+    from hetplan.calibration.validation import vtrain_cases
 
     cases = vtrain_cases("single") + vtrain_cases("multi")
     by_model: dict = {}

@@ -5,7 +5,7 @@ import pytest
 
 from hetplan.estimate import compute
 from hetplan.estimate.stage import Link, stage_costs
-from hetplan.estimate.validation import gpt_model
+from hetplan.calibration.validation import gpt_model
 from hetplan.hardware.catalog import get_gpu
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from hetplan.estimate.estimator import estimate, estimate_detailed
 from hetplan.estimate.timeline import draw_timeline, timeline_data
-from hetplan.estimate.validation import gpt_model, megatron_plan
+from hetplan.calibration.validation import gpt_model, megatron_plan
 
 
 def _plan(pp=4, gbs=32, mbs=1, tp=2, dp=1):

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from hetplan.estimate.estimator import estimate
 from hetplan.estimate.stage import zero3_exposed_s
-from hetplan.estimate.validation import gpt_model, megatron_plan
+from hetplan.calibration.validation import gpt_model, megatron_plan
 
 
 def test_zero3_exposed_worked_cases():

@@ -60,7 +60,7 @@ def test_valid_plans_pass_and_rules_are_listed():
     assert violations(_llama([{"num_layers": 16, "tp": 8, "dp": 4}] * 2), spec) == []
     # TP across whole nodes is allowed (slow, but a placement launchers make)
     assert violations(_llama([{"num_layers": 32, "tp": 16, "dp": 1}], count=16), spec) == []
-    assert len(set(RULES)) == len(RULES) == 12
+    assert len(set(RULES)) == len(RULES) == 11
 
 
 def test_tp_groups_straddling_nodes():
@@ -84,19 +84,23 @@ def test_virtual_stages_need_megatron_conditions():
         assert e.rule == "virtual-stages" and why in e.message
 
 
-def test_cp_and_ep_rules_when_the_plan_carries_them():
-    """CP/EP degrees read with getattr from the stage, else the plan (the schema gains them later)."""
+def _with(plan, **degrees):
+    """``plan`` with CP/EP degrees set on its stages (the stage schema gains these fields with CP/EP planning)."""
+    return plan.model_copy(update={"stages": [st.model_copy(update=degrees) for st in plan.stages]})
+
+
+def test_cp_and_ep_rules_when_stages_carry_them():
+    """CP/EP degrees are read from the stage when it has them, else from Plan.stage_layout (1 today)."""
     spec = load_model("llama2-7b")
     plan = _llama([{"num_layers": 32, "tp": 8, "dp": 2}], count=64)
-    assert violations(plan.model_copy(update={"cp": 4}), spec) == []  # 4096 % 8 == 0; 8 x 4 x 2 = 64 GPUs
-    odd = plan.model_copy(update={"cp": 3, "job": plan.job.model_copy(update={"seq_len": 4000})})
+    assert violations(_with(plan, cp=4), spec) == []  # 4096 % 8 == 0; 8 x 4 x 2 = 64 GPUs
+    odd = _with(plan.model_copy(update={"job": plan.job.model_copy(update={"seq_len": 4000})}), cp=3)
     assert "cp-divides-sequence" in [e.rule for e in violations(odd, spec)]
-    assert [e.rule for e in violations(plan.model_copy(update={"cp": 8}), spec)] == ["pool-gpu-count"]
-    ep = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"ep": 2})]})
-    assert [e.rule for e in violations(ep, spec)] == ["ep-needs-experts"]
+    assert [e.rule for e in violations(_with(plan, cp=8), spec)] == ["pool-gpu-count"]
+    assert [e.rule for e in violations(_with(plan, ep=2), spec)] == ["ep-needs-experts"]
     moe = spec.model_copy(update={"num_experts": 6})
-    ep4 = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"ep": 4})]})
-    assert [e.rule for e in violations(ep4, moe)] == ["ep-divides-experts", "ep-divides-dp"]
+    assert [e.rule for e in violations(_with(plan, ep=4), moe)] == ["ep-divides-experts"]
+    assert violations(_with(plan, ep=2), moe) == []
 
 
 def test_seq_len_rule():

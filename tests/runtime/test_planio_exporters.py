@@ -97,12 +97,12 @@ def test_exports():
     import tomllib
 
     cfg = tomllib.loads(tt)
-    assert cfg["parallelism"]["pipeline_parallel_split_points"] == ["layers.3"]
+    assert cfg["parallelism"]["module_fqns_per_model_part"] == [["tok_embeddings", "layers.0", "layers.1", "layers.2"],
+                                                                 ["layers.3", "norm", "output"]]
     assert cfg["parallelism"]["data_parallel_replicate_degree"] == 2
-    assert cfg["training"]["local_batch_size"] == 4
-    with pytest.raises(HetplanError, match="cannot take per-stage layer counts") as e:
-        exporters.export(plan, spec, "deepspeed")
-    assert "[0, 3, 4]" in e.value.message
+    assert cfg["training"]["local_batch_size"] == 4 and cfg["training"]["global_batch_size"] == 8
+    ds = exporters.export(plan, spec, "deepspeed")
+    assert "PARTS = [0, 4, 6]" in ds.files["hetplan_pipeline.py"]
     with pytest.raises(HetplanError, match="unknown export target"):
         exporters.export(plan, spec, "jax")
     assert "NCCL_IB_DISABLE" not in meg

@@ -18,7 +18,7 @@ FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputatio
 Megatron-LM's and NeMo's formula, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per 16M-token
 step). Memory per GPU (torchtitan, GiB as PyTorch reports it) is compared with the estimate's largest stage.
 
-Metrics per set: as :func:`hetplan.estimate.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
+Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
 calibration fraction :data:`CALIBRATION_FRACTION`), memory error, and the rows predicted not to fit.
 """
@@ -35,7 +35,7 @@ from typing import Iterable
 
 import numpy as np
 
-from hetplan.estimate.validation import Case, _is_calibration, gpt_model, metrics
+from hetplan.calibration.validation import Case, _is_calibration, gpt_model, metrics
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -81,7 +81,7 @@ TARGETS = {
 }
 
 #: Seeded fraction of every modern set used to fit GPU efficiencies (:mod:`hetplan.calibration.modern_fit`);
-#: the same hash of the row key as the A100 split (:func:`hetplan.estimate.validation._is_calibration`).
+#: the same hash of the row key as the A100 split (:func:`hetplan.calibration.validation._is_calibration`).
 CALIBRATION_FRACTION = 0.25
 
 #: Node of the DGX/HGX H100, H200 and B200: 8 GPUs, 8 ConnectX-7 NICs of 400 Gb/s = 400 GB/s per node
@@ -108,7 +108,7 @@ class NotExpressible:
 
 @dataclass
 class ModernCase(Case):
-    """A :class:`~hetplan.estimate.validation.Case` of a modern set.
+    """A :class:`~hetplan.calibration.validation.Case` of a modern set.
 
     Attributes:
         quantity: ``iteration_time_s``, ``tokens_per_s_per_gpu`` or ``tflops_per_gpu`` (what ``measured`` is).
@@ -301,8 +301,7 @@ class Layout:
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
     """The :class:`Plan` of a row: ``pp`` stages of ``tp x dp`` GPUs (balanced split of the run's layers),
-    FlashAttention (every source ran it), one pool of DGX-class nodes (:data:`DGX_NODE_BYTES_PER_S`; GB200:
-    the NVL72 domain). Raises :class:`NotExpressibleError` for CP / EP > 1 until the plan carries them."""
+    FlashAttention (every source ran it), one pool of the nodes of :func:`node_pool`. Raises :class:`NotExpressibleError` for CP / EP > 1 until the plan carries them."""
     if lay.cp > 1:
         raise NotExpressibleError(f"CP {lay.cp}: the plan schema has no context-parallel degree yet")
     if lay.ep > 1:
@@ -317,10 +316,7 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         notes.append("FSDP2 as ZeRO-3 (framework = 'fsdp' not in the estimator yet)")
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
                      framework=framework)
-    nvl72 = gpu.startswith("GB")
-    n = lay.tp * lay.pp * lay.dp
-    pool = GPUPool(gpu=gpu, count=n, gpus_per_node=NVL72_GPUS if nvl72 else 8,
-                   inter_node_bandwidth_bytes_per_s=NVL72_NODE_BYTES_PER_S if nvl72 else DGX_NODE_BYTES_PER_S)
+    pool = node_pool(gpu, lay.tp * lay.pp * lay.dp)
     stages = []
     for k in balanced_split(m.num_layers, lay.pp):
         rl = None if lay.recompute_fraction >= 1 else int(round(k * lay.recompute_fraction))
@@ -331,6 +327,20 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
                     virtual_stages=lay.vp, overlap_grad_reduce=True)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
+
+
+def node_pool(gpu: str, n: int) -> GPUPool:
+    """``n`` GPUs of type ``gpu`` in the nodes the sources ran on: the GPU type's reference node where the pool
+    model has one (DGX H100 / H200 / B200, GB200 NVL72); otherwise 8 GPUs per node with 8 NICs of 400 Gb/s
+    (:data:`DGX_NODE_BYTES_PER_S`; Meta's Grand Teton hosts of the 500 W H100 have one 400 Gb/s RoCE NIC per GPU,
+    Llama 3 paper Sec. 3.3.1), or the NVL72 domain for GB200 (:data:`NVL72_NODE_BYTES_PER_S`)."""
+    if "node" in GPUPool.model_fields:
+        pool = GPUPool(gpu=gpu, count=n)
+        if getattr(pool, "node", None) is not None:
+            return pool
+    nvl72 = gpu.startswith("GB")
+    return GPUPool(gpu=gpu, count=n, gpus_per_node=NVL72_GPUS if nvl72 else 8,
+                   inter_node_bandwidth_bytes_per_s=NVL72_NODE_BYTES_PER_S if nvl72 else DGX_NODE_BYTES_PER_S)
 
 
 def _check_gpus(r: dict, lay: Layout) -> None:

@@ -4,7 +4,8 @@ What is fitted: one physical constant per (GPU type, GEMM dtype) — the large-G
 :mod:`hetplan.estimate.compute` (``GPUSpec.compute_efficiency`` for bf16; the FP8 efficiency field of the catalog
 for fp8 once the estimator has one, :func:`efficiency_field`) — never a per-row factor. On which rows: the
 seeded calibration fraction (:data:`hetplan.calibration.modern.CALIBRATION_FRACTION`, a hash of the row key) of
-every expressible modern row of that GPU and dtype, all sets together; the other rows are held out and reported
+every expressible dense modern row of that GPU and dtype, all sets together (MoE rows run grouped expert GEMMs,
+another efficiency, and are left to validation); the other rows are held out and reported
 before and after the fit. How: least squares on log(predicted / measured) (a rate and a time weigh the same),
 bounded to [0.3, 1.0], everything else (``gemm_half_dim``, kernel overhead, links) as in the catalog.
 
@@ -22,7 +23,7 @@ from typing import Iterable
 import numpy as np
 
 from hetplan.calibration import modern
-from hetplan.estimate.validation import metrics
+from hetplan.calibration.validation import metrics
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 
 #: Search interval of an efficiency (fraction of the dense peak).
@@ -37,7 +38,7 @@ class EfficiencyFit:
         gpu, dtype, field: catalog GPU, GEMM dtype and the :class:`GPUSpec` field fitted.
         value, was: fitted and catalog value.
         n_calibration, n_held_out: rows fitted on / held out.
-        held_out_before, held_out_after: :func:`hetplan.estimate.validation.metrics` of the held-out rows with
+        held_out_before, held_out_after: :func:`hetplan.calibration.validation.metrics` of the held-out rows with
             the catalog value and with the fitted one.
     """
 
@@ -108,9 +109,10 @@ def fit_gpu_dtype(cases: list, gpu: str, dtype: str, catalog: Catalog | None = N
 
 
 def fit_modern(sets: Iterable[str] = modern.SET_NAMES, catalog: Catalog | None = None) -> list[EfficiencyFit]:
-    """Fit every (GPU, dtype) that has calibration rows in the modern ``sets``."""
+    """Fit every (GPU, dtype) that has calibration rows among the dense rows of the modern ``sets``."""
     catalog = catalog or load_catalog()
-    cases = [c for cs, _ in modern.load_sets(sets, catalog).values() for c in cs]
+    cases = [c for cs, _ in modern.load_sets(sets, catalog).values() for c in cs
+             if not getattr(c.model, "num_experts", 0)]
     out = []
     for gpu, dtype in sorted({(c.gpu, c.dtype) for c in cases}):
         f = fit_gpu_dtype(cases, gpu, dtype, catalog)

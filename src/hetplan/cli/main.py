@@ -11,6 +11,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from hetplan.errors import HetplanError
 
@@ -42,7 +43,7 @@ def main() -> None:
     try:
         app()
     except HetplanError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc.render()}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(exc.render())}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

@@ -156,6 +156,7 @@ def plan_command(
     if search not in ("uniform", "fine"):
         raise HetplanError(f"unknown search {search!r}", field="--search", fix="use uniform or fine")
     cat = load_catalog(catalog)
+    _check_free_pools(inv, obj, cat)
     search_raw = data.get("search", {})
     for key, val in search_raw.items():
         if key != "heterogeneous" or not isinstance(val, bool):
@@ -189,6 +190,23 @@ def plan_command(
         _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+
+
+def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
+    """Refuse ``cheapest`` over a pool priced at $0/GPU-h: every plan on it costs $0, so the ranking's lower bound
+    on $ (0) can never exceed the best found (0) and the exact walk would re-estimate the pool's whole space.
+
+    Raises:
+        HetplanError: goal ``cheapest`` and a pool whose price (its own or the catalog's) is 0.
+    """
+    if obj.goal != "cheapest":
+        return
+    for i, pool in enumerate(inv.pools):
+        price = pool.price_usd_per_hour if pool.price_usd_per_hour is not None else cat.get(pool.gpu).price_usd_per_hour
+        if price == 0:
+            raise HetplanError(f"{pool.gpu} is priced at $0/GPU-h, so every plan on it is the cheapest",
+                               field=f"inventory.pools.{i}.price_usd_per_hour",
+                               fix="give its (amortised) price per GPU-hour, or use --objective fastest")
 
 
 def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:

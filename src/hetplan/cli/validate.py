@@ -3,7 +3,7 @@
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
 korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero; modern sets (:mod:`hetplan.calibration.modern`):
 dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp. See
-:mod:`hetplan.estimate.validation` and docs/estimator.md.
+:mod:`hetplan.calibration.validation` and docs/estimator.md.
 
 The table shows, per set, the error metrics and the calibration / held-out split; with ``fasop_layers`` also its
 errors per GPU type and the A10G / A100 per-layer time ratio of GPT-2 XL at micro-batch 1 against FASOP's measured
@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
         (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context)."""
         from hetplan.calibration import modern
         from hetplan.errors import HetplanError
-        from hetplan.estimate import validation as v
+        from hetplan.calibration import validation as v
 
         every = v.SET_NAMES + modern.SET_NAMES
         names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())

@@ -15,12 +15,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from hetplan.energy.dag import KIND_NAMES, PipelineDAG, build_pipeline_dag
+from hetplan.energy.dag import PipelineDAG, build_pipeline_dag, instruction_name
 from hetplan.energy.options import OperationOptions, build_options
 from hetplan.energy.profile import INSTRUCTIONS, StageProfile
 from hetplan.energy.simulate import simulate_plan
@@ -35,9 +36,11 @@ class FrequencyPlan:
     Attributes:
         time_s: planned iteration time (quantized, s). energy_j: planned iteration energy (model, J).
         frequencies_mhz: ``[stage][position]`` SM frequency (MHz).
-        instructions: ``[stage][position]`` like ``"forward:3"`` (instruction:micro-batch).
+        instructions: ``[stage][position]`` like ``"forward:3"`` (instruction:micro-batch; ``"forward:3:1"``
+            with model chunks).
         schedule, num_stages, num_microbatches, unit_time_s, idle_power_w: the pipeline it was planned for.
         index: position of the point on the frontier (0 = slowest).
+        virtual_stages: model chunks per stage (interleaved 1F1B), 1 otherwise.
     """
 
     time_s: float
@@ -51,10 +54,15 @@ class FrequencyPlan:
     idle_power_w: float
     index: int = 0
     extra: dict = field(default_factory=dict)
+    virtual_stages: int = 1
+
+    def to_dict(self) -> dict:
+        """The plan as a JSON-able dict (all fields above; lists are shared, not copied)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def to_json(self) -> str:
         """The plan as JSON text (all fields above)."""
-        return json.dumps(asdict(self), indent=1)
+        return json.dumps(self.to_dict(), indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> FrequencyPlan:
@@ -99,18 +107,33 @@ class Frontier:
     def __len__(self) -> int:
         return int(self.result.quant_time.size)
 
+    @cached_property
+    def _frequency_tables(self) -> list[np.ndarray]:
+        """Per option set, the frequency (MHz) chosen for every duration 0..max_quant (quanta)."""
+        out = []
+        for o in self.options:
+            q = np.arange(o.max_quant + 1)
+            # slowest kept option with quant_time ≤ q (quant_time descends); the fastest when none fits
+            i = np.searchsorted(-o.quant_time, -q, side="left")
+            out.append(o.frequency_mhz[np.minimum(i, o.quant_time.size - 1)].astype(np.int64))
+        return out
+
     def frequencies(self, index: int) -> np.ndarray:
         """shape (n,): frequency (MHz) of every DAG instruction at frontier point ``index``."""
         d = self.result.durations[index]
         spec = 2 * self.dag.stage + self.dag.kind
         out = np.empty(self.dag.num_ops, np.int64)
-        cache: dict[tuple[int, int], int] = {}
-        for i in range(self.dag.num_ops):
-            key = (int(spec[i]), int(d[i]))
-            if key not in cache:
-                cache[key] = self.options[key[0]].frequency_for(key[1])
-            out[i] = cache[key]
+        for k, table in enumerate(self._frequency_tables):
+            sel = spec == k
+            out[sel] = table[np.minimum(d[sel], table.size - 1)]
         return out
+
+    @cached_property
+    def _instruction_names(self) -> list[list[str]]:
+        dag = self.dag
+        chunk = dag.chunk if dag.chunk is not None else np.zeros_like(dag.kind)
+        return [[instruction_name(int(dag.kind[i]), int(dag.microbatch[i]), int(chunk[i]), dag.virtual_stages)
+                 for i in ids] for ids in dag.stage_ops]
 
     def plan(self, index: int) -> FrequencyPlan:
         """The :class:`FrequencyPlan` of frontier point ``index`` (0 = slowest; negative counts from the end).
@@ -128,14 +151,15 @@ class Frontier:
         return FrequencyPlan(
             time_s=float(self.time_s[index]),
             energy_j=float(self.energy_j[index]),
-            frequencies_mhz=[[int(f[i]) for i in ids] for ids in dag.stage_ops],
-            instructions=[[f"{KIND_NAMES[dag.kind[i]]}:{int(dag.microbatch[i])}" for i in ids] for ids in dag.stage_ops],
+            frequencies_mhz=[f[ids].tolist() for ids in dag.stage_ops],
+            instructions=self._instruction_names,
             schedule=dag.schedule,
             num_stages=dag.num_stages,
             num_microbatches=dag.num_microbatches,
             unit_time_s=self.unit_time_s,
             idle_power_w=self.idle_power_w,
             index=index,
+            virtual_stages=dag.virtual_stages,
         )
 
     def simulate(self, index: int) -> tuple[float, float]:
@@ -176,7 +200,7 @@ class Frontier:
                 w.writerow([repr(float(t)), repr(float(e))])
 
     def write_plans(self, directory: str | Path) -> list[Path]:
-        """Write ``plan_00000.json`` … (one per point) into ``directory``; returns the paths."""
+        """Write ``plan_00000.json`` … (one file per point) into ``directory``; returns the paths."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         paths = []
@@ -186,9 +210,42 @@ class Frontier:
             paths.append(p)
         return paths
 
+    def write_plans_file(self, path: str | Path) -> Path:
+        """Write every point's plan into ONE JSON file (what the pipeline shares written once, then one
+        ``{index, time_s, energy_j, frequencies_mhz}`` per point); :func:`read_plan` takes one back out."""
+        head = self.plan(0).to_dict()
+        head.pop("index"), head.pop("time_s"), head.pop("energy_j"), head.pop("frequencies_mhz")
+        rows = []
+        for i in range(len(self)):
+            f = self.frequencies(i)
+            rows.append(json.dumps({"index": i, "time_s": float(self.time_s[i]), "energy_j": float(self.energy_j[i]),
+                                    "frequencies_mhz": [f[ids].tolist() for ids in self.dag.stage_ops]}))
+        p = Path(path)
+        p.write_text(json.dumps(head)[:-1] + ', "plans": [\n' + ",\n".join(rows) + "\n]}\n")
+        return p
+
+
+def read_plan(path: str | Path, index: int) -> FrequencyPlan:
+    """Plan ``index`` (0 = slowest; negative counts from the end) of a file written by
+    :meth:`Frontier.write_plans_file`.
+
+    Raises:
+        HetplanError: unreadable or malformed file, or no such point.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+        plans = data.pop("plans")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, AttributeError) as exc:
+        raise HetplanError(f"{path} is not a plans file: {exc}", field="plans",
+                           fix="give the plans.json written by 'hetplan energy frontier'") from None
+    if not -len(plans) <= index < len(plans):
+        raise HetplanError(f"frontier point {index} does not exist (there are {len(plans)})", field="index",
+                           fix=f"use 0..{len(plans) - 1}")
+    return FrequencyPlan.from_json(json.dumps({**data, **plans[index]}))
+
 
 def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w: float,
-                     unit_time_s: float = 0.001, schedule: str = "1f1b", *,
+                     unit_time_s: float = 0.001, schedule: str = "1f1b", *, virtual_stages: int = 1,
                      maxflow_backend: str = "auto", max_points: int | None = None) -> Frontier:
     """Compute the iteration time–energy frontier of a pipeline (Perseus, SOSP'24, §4).
 
@@ -197,7 +254,9 @@ def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w:
         num_microbatches: micro-batches per iteration (≥ 1).
         idle_power_w: GPU power while blocked on communication (W, ≥ 0), e.g. 83.64 for A100-SXM.
         unit_time_s: time quantum (s, > 0); 0.001 reproduces the published frontiers.
-        schedule: ``"1f1b"`` or ``"gpipe"``.
+        schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.
+        virtual_stages: model chunks per stage (interleaved 1F1B); the profile then gives one chunk's
+            instruction (a model-derived profile does: :func:`hetplan.energy.model.plan_stage_profile`).
         maxflow_backend: see :func:`hetplan.energy.maxflow.min_cut_source_side`.
         max_points: stop after this many points (None: the whole frontier).
 
@@ -210,7 +269,7 @@ def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w:
     if isinstance(num_microbatches, bool) or int(num_microbatches) != num_microbatches or num_microbatches < 1:
         raise HetplanError(f"number of micro-batches must be a positive integer, got {num_microbatches}",
                            field="num_microbatches", fix="use e.g. --num-microbatches 12")
-    dag = build_pipeline_dag(profile.num_stages, int(num_microbatches), schedule)
+    dag = build_pipeline_dag(profile.num_stages, int(num_microbatches), schedule, virtual_stages)
     options = [build_options(profile.get(s, inst), unit_time_s, idle_power_w)
                for s in range(profile.num_stages) for inst in INSTRUCTIONS]
     solver = PhillipsDessoukySolver(dag, options, idle_power_w, maxflow_backend=maxflow_backend)

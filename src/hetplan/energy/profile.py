@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import read_text
 
 INSTRUCTIONS = ("forward", "backward")
 REQUIRED_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
@@ -204,11 +205,4 @@ def load_stage_profile(path: str | Path) -> StageProfile:
         HetplanError: the file cannot be read or is malformed (see :func:`parse_stage_profile`).
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise HetplanError(f"cannot read profile {p}: {exc.strerror or exc}", field="profile",
-                           fix="give the path of a stage,instruction,frequency,time,energy CSV") from None
-    except UnicodeDecodeError:
-        raise HetplanError(f"profile {p} is not a text CSV file", field="profile", fix="give a UTF-8 CSV file") from None
-    return parse_stage_profile(text, source=str(p))
+    return parse_stage_profile(read_text(p, "profile"), source=str(p))

@@ -30,9 +30,11 @@ All functions broadcast over numpy arrays. Times in seconds, sizes in bytes, ban
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-#: Per-step latency inside a node (s), fitted on vTrain calibration rows (hetplan.estimate.calibrate): 8.8 µs,
+#: Per-step latency inside a node (s), fitted on vTrain calibration rows (hetplan.calibration.calibrate): 8.8 µs,
 #: i.e. ~120 µs for an 8-GPU all-reduce of a small message — above NCCL-tests' bare ~20-30 µs because it also
 #: absorbs the launch and the wait for the slowest TP rank in a host-bound training step.
 ALPHA_INTRA_NODE_S = 8.8e-6
@@ -55,6 +57,16 @@ NETWORKS = {
     "roce": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
     "ethernet": (40e-6, 0.6),
 }
+
+
+@dataclass(frozen=True)
+class CommConstants:
+    """The fitted communication constants the estimator takes as data (``estimate(..., comm_constants=)``;
+    :mod:`hetplan.calibration.calibrate` fits them and passes its trial values, nothing is rewritten in place).
+    Defaults: the reviewed values of this module."""
+
+    #: Per-step latency of a collective inside a node (s): :data:`ALPHA_INTRA_NODE_S`.
+    alpha_intra_node_s: float = ALPHA_INTRA_NODE_S
 
 
 def network_terms(network: str) -> tuple[float, float]:
@@ -108,7 +120,7 @@ def p2p_time_s(message_bytes, bandwidth_bytes_per_s, alpha_s=ALPHA_INTER_NODE_S,
 
 def group_collective_time_s(
     message_bytes, collective: str, n, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
-    inter_bandwidth_bytes_per_s, nic_sharers=None, inter_alpha_s=ALPHA_INTER_NODE_S,
+    inter_bandwidth_bytes_per_s, nic_sharers=None, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=None,
 ):
     """One collective of ``n`` ranks placed ``stride`` GPUs apart (module doc, "Topology").
 
@@ -118,6 +130,8 @@ def group_collective_time_s(
         gpus_per_node: G; ``inter_bandwidth_bytes_per_s``: the node's NIC bandwidth (all NICs together).
         nic_sharers: GPUs of a node that cross the network at the same time (default ``min(G, stride·n)``).
         inter_alpha_s: per-step latency between nodes (:func:`network_terms`).
+        intra_alpha_s: per-step latency inside a node (default :data:`ALPHA_INTRA_NODE_S`; a calibration passes
+            its fitted value: :class:`hetplan.estimate.stage.Link`).
     Raises:
         ValueError: unknown collective.
     """
@@ -130,11 +144,12 @@ def group_collective_time_s(
     inter_bw = inter_bandwidth_bytes_per_s / np.maximum(sharers, 1.0)
     intra_kw = dict(efficiency=INTRA_LINK_EFFICIENCY)
     inter_kw = dict(efficiency=INTER_LINK_EFFICIENCY)
+    alpha_intra = ALPHA_INTRA_NODE_S if intra_alpha_s is None else intra_alpha_s
     if collective == "allreduce":
-        intra = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S, **intra_kw)
+        intra = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra, **intra_kw)
         inter = allreduce_time_s(message_bytes / k, nodes, inter_bw, inter_alpha_s, algorithm="auto", **inter_kw)
     elif collective in ("allgather", "reducescatter"):
-        intra = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, ALPHA_INTRA_NODE_S, **intra_kw)
+        intra = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra, **intra_kw)
         inter = allgather_time_s(message_bytes / k, nodes, inter_bw, inter_alpha_s, **inter_kw)
     else:
         raise ValueError(f"unknown collective {collective!r}")
@@ -150,6 +165,7 @@ def dp_collective_time_s(
     intra_bandwidth_bytes_per_s: float,
     inter_bandwidth_bytes_per_s: float,
     inter_alpha_s: float = ALPHA_INTER_NODE_S,
+    intra_alpha_s: float | None = None,
 ):
     """Time of one data-parallel collective of a ``message_bytes`` buffer per rank, placed Megatron-style
     (TP innermost, so DP peers are ``tp`` GPUs apart): :func:`group_collective_time_s` with ``stride = tp``; all
@@ -159,4 +175,4 @@ def dp_collective_time_s(
         collective: ``"allreduce"`` or ``"allgather"`` (also used for reduce-scatter, same cost).
     """
     return group_collective_time_s(message_bytes, collective, dp, tp, gpus_per_node, intra_bandwidth_bytes_per_s,
-                                   inter_bandwidth_bytes_per_s, inter_alpha_s=inter_alpha_s)
+                                   inter_bandwidth_bytes_per_s, inter_alpha_s=inter_alpha_s, intra_alpha_s=intra_alpha_s)

@@ -11,7 +11,7 @@ dimensions: a GEMM with a small dimension has few output tiles (wave quantisatio
 reduction (tile loads not amortised), so it runs far below peak. This is why FASOP measures an A100/A10 per-layer
 time ratio of only 1.43 at micro-batch 1 while their peak ratio is 2.5. ``e_max`` is
 :attr:`GPUSpec.compute_efficiency` (large GEMMs), ``x½`` is :attr:`GPUSpec.gemm_half_dim`; both are fitted per
-GPU type (:mod:`hetplan.estimate.calibrate`, docs/estimator.md).
+GPU type (:mod:`hetplan.calibration.calibrate`, docs/estimator.md).
 
 Per layer (tokens ``T = b·s``, TP degree ``t``, Megatron-LM's sharding, Shoeybi et al. 2019): QKV ``(T, (q+2g·d)/t, h)``,
 attention scores ``b·a/t`` batched ``(s, s, d)``, attention over values ``b·a/t`` batched ``(s, d, s)``, output
@@ -137,7 +137,11 @@ def _softmax_floor(gpu_s, host_s):
 def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
+<<<<<<< HEAD
     sequence_parallel=False, attention="standard", gemm_times_s=None,
+=======
+    sequence_parallel=False, attention="standard", intra_node_alpha_s=None,
+>>>>>>> main
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -147,7 +151,8 @@ def layer_time_s(
         tp_bandwidth_bytes_per_s: unidirectional per-GPU bandwidth of the intra-node link.
         gpus_per_node, inter_node_bandwidth_bytes_per_s: where a TP group larger than a node crosses nodes
             (the node's NIC bandwidth, shared by its GPUs); default: the group stays in one node.
-        inter_node_alpha_s: per-step latency between nodes (:func:`hetplan.estimate.comm.network_terms`).
+        inter_node_alpha_s: per-step latency between nodes (:func:`hetplan.estimate.comm.network_terms`);
+            intra_node_alpha_s: inside a node (default :data:`hetplan.estimate.comm.ALPHA_INTRA_NODE_S`).
         sequence_parallel: with SP the element-wise work is also split over the TP ranks.
         attention: ``"standard"`` or ``"flash"`` (FlashAttention: no element-wise passes over the s x s scores,
             one fused kernel for the core, the scores recomputed in backward, selective recompute = none).
@@ -180,7 +185,7 @@ def layer_time_s(
     g = gpus_per_node if gpus_per_node is not None else 1 << 30
     inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s
     tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter,
-                                     inter_alpha_s=inter_node_alpha_s)
+                                     inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s)
     fwd = fwd_compute + 2 * tp_one
     tp_bwd = 2 * tp_one + np.where(rc == 2, 2 * tp_one, 0.0)
     bwd = 2 * fwd_compute + recompute_extra + tp_bwd

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.schedule import simulate, simulate_many
 from hetplan.estimate.stage import Link, boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
-from hetplan.estimate.comm import network_terms, p2p_time_s
+from hetplan.estimate.comm import CommConstants, network_terms, p2p_time_s
 from hetplan.estimate.compute import RECOMPUTE_CODES, pool_gpu
 from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import GPUPool, Plan, boundary_is_intra_node
+from hetplan.plan import GPUPool, Plan, Stage, boundary_is_intra_node
 
 
 class LayerTimeSource(Protocol):
@@ -94,12 +94,14 @@ class Estimate:
     pipeline_model: str = "simulate"
 
 
-def pool_link(pool: GPUPool, gpu: GPUSpec) -> Link:
+def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None = None) -> Link:
     """The :class:`Link` of a pool (intra-node bandwidth defaults to the catalog's GPU link; the inter-node
-    bandwidth and latency follow the pool's network, :func:`hetplan.estimate.comm.network_terms`)."""
+    bandwidth and latency follow the pool's network, :func:`hetplan.estimate.comm.network_terms`; the intra-node
+    latency is ``comm_constants``' (default :class:`~hetplan.estimate.comm.CommConstants`))."""
     intra = pool.intra_node_bandwidth_bytes_per_s or gpu.gpu_link_bandwidth_bytes_per_s
     factor, alpha = network_terms(pool.network)
-    return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha)
+    cc = comm_constants or CommConstants()
+    return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s)
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
@@ -133,6 +135,7 @@ def estimate(
     *,
     virtual_stages: int | None = None,
     pipeline_model: str = "simulate",
+    comm_constants: CommConstants | None = None,
 ) -> Estimate:
     """Estimate ``plan`` (see module doc).
 
@@ -145,10 +148,12 @@ def estimate(
             needs the 1F1B schedule and micro-batches a multiple of pp, else it falls back to v = 1.
         pipeline_model: ``"simulate"`` (event simulation, :mod:`hetplan.estimate.schedule`) or
             ``"closed_form"`` (:func:`hetplan.estimate.pipeline.pipeline_time_s`, what the search uses).
+        comm_constants: fitted communication constants (default: the reviewed ones; a calibration passes its own).
     Raises:
         HetplanError: unknown GPU or model, a dtype the GPU lacks, layers that do not add up.
     """
-    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, False)[0][0]
+    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, False,
+                           comm_constants=comm_constants)[0][0]
 
 
 def estimate_many(
@@ -159,6 +164,7 @@ def estimate_many(
     *,
     virtual_stages: int | None = None,
     pipeline_model: str = "simulate",
+    comm_constants: CommConstants | None = None,
 ) -> list[Estimate]:
     """:func:`estimate` of every plan in ``plans`` (same arguments, applied to each), in order.
 
@@ -174,7 +180,8 @@ def estimate_many(
     Raises:
         HetplanError: as :func:`estimate`, for the first plan that has the problem.
     """
-    return [r[0] for r in _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, False)]
+    return [r[0] for r in _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, False,
+                                          comm_constants=comm_constants)]
 
 
 def effective_virtual_stages(plan: Plan, virtual_stages: int | None = None) -> int:
@@ -209,10 +216,12 @@ def estimate_detailed(
     virtual_stages: int | None = None,
     pipeline_model: str = "simulate",
     record: bool = False,
+    comm_constants: CommConstants | None = None,
 ):
     """:func:`estimate` plus what a timeline needs: ``(Estimate, ScheduleResult | None, per-stage cost dicts,
     per-boundary p2p times)``. ``record`` keeps every scheduled operation."""
-    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=True)[0]
+    return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=True,
+                           comm_constants=comm_constants)[0]
 
 
 _MEMORY_FIELDS = tuple(MemoryBreakdown.__dataclass_fields__)
@@ -221,7 +230,7 @@ def p2p_model(framework: str) -> str | bool:
     """The p2p semantics the simulation uses for a job's framework: DeepSpeed's pipeline engine runs every
     transfer as its own blocking instruction (``"deepspeed"``, :mod:`hetplan.estimate.schedule`): on Espresso's
     12 traced DeepSpeed pipelines it reproduces the measured iteration within 5 % (MAPE 3.2 %), the asynchronous
-    model only within 19 % (MAPE 9.8 %) (:mod:`hetplan.estimate.pipeline_traces`). Megatron-LM: asynchronous
+    model only within 19 % (MAPE 9.8 %) (:mod:`hetplan.calibration.traces`). Megatron-LM: asynchronous
     (``False``), as its blocking calls change no validation figure by more than 0.4 pt (docs/estimator.md)."""
     return "deepspeed" if framework == "deepspeed" else False
 
@@ -233,7 +242,42 @@ _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "si
              "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep")
 
 
-def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False):
+class _StageRow(NamedTuple):
+    """One stage of one plan in a batch: the :func:`~hetplan.estimate.stage.stage_costs` arguments (the
+    :data:`_ROW_KEYS`, first, read as columns), then what the assembly needs. ``in_flight`` holds
+    ``(gpipe, p, i, micro-batches, v)`` until the columns are built."""
+
+    s: int
+    b: int
+    t: int
+    dp: int
+    num_layers: int
+    has_embedding: bool
+    has_head: bool
+    single_stage: bool
+    in_flight: tuple
+    num_microbatches: int
+    zero: int
+    recompute_code: int
+    sequence_parallel: bool
+    gpu: GPUSpec
+    link: Link
+    price_usd_per_hour: float
+    group: int  # stage_costs group id; -1: costed alone (per-layer recompute)
+    dtype: str
+    overlap_grad_reduce: bool
+    recompute_layers: int | None
+    attention: str
+    framework: str
+    stage: Stage
+    global_batch: int
+    peak_flops_per_s: float
+    recomputed_layers: int
+    flash: bool
+
+
+def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
+                    comm_constants=None):
     """The estimator for a list of plans (module doc; :func:`estimate_many`). Returns one
     ``(Estimate, ScheduleResult | None, costs | None, p2p)`` per plan (costs only when ``detailed``)."""
     from hetplan.errors import HetplanError
@@ -263,7 +307,8 @@ def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_mo
     try:
         for idx in by_model.values():
             for k, r in zip(idx, _estimate_one_model([plans[k] for k in idx], specs[idx[0]], catalog, profiles,
-                                                     virtual_stages, pipeline_model, record, detailed)):
+                                                     virtual_stages, pipeline_model, record, detailed,
+                                                     comm_constants)):
                 out[k] = r
     finally:
         if was_enabled:
@@ -271,10 +316,10 @@ def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_mo
     return out
 
 
-def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed):
+def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed, comm_constants):
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
-    rows: list[tuple] = []  # one tuple of _ROW_KEYS values per row
+    rows: list[_StageRow] = []
     group_ids: dict[tuple, int] = {}  # (GPU, host cost, link, dtype, overlap, attention, framework) -> id
     start, vs, m0s = [], [], []
     for plan in plans:
@@ -290,16 +335,18 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
-                link = pool_link(pool, gpu)
+                link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
                                               plan.overlap_grad_reduce, job.attention, job.framework,
                                               job.moe_load_imbalance, job.cp_kv_exchange), len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
             gpu, link, price, group, peak = on_pool[st.pool]
+            lay = plan.stage_layout(i)
             b = st.mbs or plan.mbs
-            mb = job.global_batch // (st.dp * b)
+            mb = job.global_batch // (lay.dp * b)
             rl = st.recompute_layers
+<<<<<<< HEAD
             rows.append((
                 job.seq_len, b, st.tp, st.dp, st.num_layers, i == 0, i == p - 1, p == 1,
                 (gpipe, p, i, mb, v),  # in_flight, filled in below for all rows at once
@@ -308,11 +355,24 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework, job.moe_load_imbalance,
                  job.cp_kv_exchange),
                 st, job.global_batch, peak, st.recomputed_layers(), flash,
+=======
+            rows.append(_StageRow(
+                s=job.seq_len, b=b, t=lay.tp, dp=lay.dp, num_layers=st.num_layers, has_embedding=i == 0,
+                has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, mb, v), num_microbatches=mb,
+                zero=lay.zero_stage, recompute_code=RECOMPUTE_CODES[st.recompute],
+                sequence_parallel=lay.sequence_parallel_active, gpu=gpu, link=link, price_usd_per_hour=price,
+                group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
+                recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
+                global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
+                flash=flash,
+>>>>>>> main
             ))
     n = len(rows)
-    by_column = list(zip(*rows))
-    gpus, links, prices, groups_of_rows, extra, st_rows, gbs, peak_rows, recomputed, flash = by_column[len(_ROW_KEYS):]
-    columns = dict(zip(_ROW_KEYS, by_column))
+    every = dict(zip(_StageRow._fields, zip(*rows)))
+    gpus, links, prices, groups_of_rows = every["gpu"], every["link"], every["price_usd_per_hour"], every["group"]
+    st_rows, gbs, peak_rows = every["stage"], every["global_batch"], every["peak_flops_per_s"]
+    recomputed, flash = every["recomputed_layers"], every["flash"]
+    columns = {k: every[k] for k in _ROW_KEYS}
     gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*columns["in_flight"]))
     columns["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
                                     in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
@@ -323,7 +383,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     measured = [None] * n
     if profiles is not None:
         for r in range(n):
-            measured[r] = profiles.layer_time_s(gpus[r].name, m, extra[r][0], int(cols["b"][r]),
+            measured[r] = profiles.layer_time_s(gpus[r].name, m, rows[r].dtype, int(cols["b"][r]),
                                                 int(cols["s"][r]), int(cols["t"][r]))
     groups: dict = {}  # group id -> rows; ("row", r) for a row costed alone
     for r, (gid, ms) in enumerate(zip(groups_of_rows, measured)):
@@ -335,10 +395,17 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         sel = np.array(g)
         alone = isinstance(key, tuple)
         kw = {k: cols[k][r0].item() for k in _ROW_KEYS} if alone else {k: cols[k][sel] for k in _ROW_KEYS}
+<<<<<<< HEAD
         c = stage_costs(m, gpus[r0], links[r0], extra[r0][0], overlap_grad_reduce=extra[r0][1],
                         measured_layer_time_s=measured[r0], recompute_layers=extra[r0][2],
                         attention=extra[r0][3], framework=extra[r0][4], moe_load_imbalance=extra[r0][5],
                         kv_exchange=extra[r0][6], **kw)
+=======
+        row = rows[r0]
+        c = stage_costs(m, row.gpu, row.link, row.dtype, overlap_grad_reduce=row.overlap_grad_reduce,
+                        measured_layer_time_s=measured[r0], recompute_layers=row.recompute_layers,
+                        attention=row.attention, framework=row.framework, **kw)
+>>>>>>> main
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
         for k, x in c["memory"].items():
@@ -359,7 +426,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     p2p = np.zeros(len(send))
     if len(send):
         link_cols = [np.array(x) for x in zip(*((ln.gpus_per_node, ln.intra_node_bandwidth_bytes_per_s,
-                                                 ln.inter_node_bandwidth_bytes_per_s, ln.inter_node_alpha_s)
+                                                 ln.inter_node_bandwidth_bytes_per_s, ln.inter_node_alpha_s,
+                                                 ln.intra_node_alpha_s)
                                                 for ln in links))]
         send_a, recv_a = send, recv
         send_link, recv_link = Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols))
@@ -378,7 +446,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 (int(cols["t"][nb]), int(cols["dp"][nb]), int(cols["b"][nb])), float(bw[j]),
                 gpus_per_node=nl.gpus_per_node, intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
                 inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=float(alpha[j]),
-                inter_node_alpha_s=nl.inter_node_alpha_s)
+                inter_node_alpha_s=nl.inter_node_alpha_s, intra_node_alpha_s=nl.intra_node_alpha_s)
     p2p_start = np.concatenate([[0], np.cumsum([plan.pp - 1 for plan in plans])]).astype(int)
 
     # Pipeline time per plan: simulation (grouped by shape) or the closed form.

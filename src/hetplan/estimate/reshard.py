@@ -30,7 +30,8 @@ def boundary_transfer_time_s(m: ModelSpec, seq_len: int, sender: tuple[int, int,
                              intra_node_bandwidth_bytes_per_s: float | None = None,
                              inter_node_bandwidth_bytes_per_s: float | None = None,
                              p2p_alpha_s: float = ALPHA_INTER_NODE_S,
-                             inter_node_alpha_s: float = ALPHA_INTER_NODE_S) -> float:
+                             inter_node_alpha_s: float = ALPHA_INTER_NODE_S,
+                             intra_node_alpha_s: float | None = None) -> float:
     """One transfer (activation forward, or gradient backward) across a boundary (see module doc).
 
     Args:
@@ -40,7 +41,8 @@ def boundary_transfer_time_s(m: ModelSpec, seq_len: int, sender: tuple[int, int,
         gpus_per_node, intra_node_bandwidth_bytes_per_s, inter_node_bandwidth_bytes_per_s: the receiver's node
             (for its TP all-gather; default intra = ``bandwidth_bytes_per_s``).
         p2p_alpha_s: latency of the boundary transfer (:func:`hetplan.estimate.stage.boundary_alpha_s`);
-        inter_node_alpha_s: the receiver's per-step latency between nodes (its network).
+        inter_node_alpha_s: the receiver's per-step latency between nodes (its network); intra_node_alpha_s: inside
+            its node (default :data:`hetplan.estimate.comm.ALPHA_INTRA_NODE_S`).
     Returns:
         seconds.
     """
@@ -53,5 +55,5 @@ def boundary_transfer_time_s(m: ModelSpec, seq_len: int, sender: tuple[int, int,
         intra = intra_node_bandwidth_bytes_per_s or bandwidth_bytes_per_s
         inter = inter_node_bandwidth_bytes_per_s or intra
         t += float(group_collective_time_s(total / db, "allgather", tb, 1, gpus_per_node, intra, inter,
-                                           inter_alpha_s=inter_node_alpha_s))
+                                           inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s))
     return t

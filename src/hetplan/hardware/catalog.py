@@ -16,20 +16,16 @@ A user TOML file with the same layout extends the catalog or overrides fields of
 from __future__ import annotations
 
 import difflib
-import sys
+import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Annotated, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hetplan.errors import HetplanError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from hetplan.inputs import bounded, parse_toml, read_text, validation_message
 
 GB = 1e9
 TERA = 1e12
@@ -54,28 +50,29 @@ class GPUSpec(BaseModel):
             :mod:`hetplan.estimate.compute`.
         gemm_half_dim: GEMM dimension (elements) at which one dimension alone halves the GEMM efficiency:
             efficiency = compute_efficiency * prod over (M, N, K) of x / (x + gemm_half_dim) (docs/estimator.md).
-            Default: the A100 fit on vTrain data (hetplan.estimate.calibrate).
+            Default: the A100 fit on vTrain data (hetplan.calibration.calibrate).
         kernel_overhead_s: fixed time per GPU kernel (launch + ramp/tail), seconds. Default: the A100 fit.
         sources: where each figure comes from.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     aliases: tuple[str, ...] = ()
     vendor: str
     architecture: str
     form_factor: str
-    memory_bytes: int = Field(gt=0)
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
-    dense_flops_per_s: Mapping[str, float]
+    memory_bytes: int = bounded(2**44, "16 TiB is 60x the largest GPU memory (B300: 288 GB)", gt=0)
+    hbm_bandwidth_bytes_per_s: float = bounded(1e14, "100 TB/s is 12x B200's 8 TB/s", gt=0)
+    dense_flops_per_s: Mapping[str, Annotated[float, bounded(1e17, "100 PFLOP/s dense is 20x B200's fp8 rate",
+                                                             gt=0, allow_inf_nan=False)]]
     gpu_link: str
-    gpu_link_bandwidth_bytes_per_s: float = Field(gt=0)
+    gpu_link_bandwidth_bytes_per_s: float = bounded(1e13, "10 TB/s is 5x NVLink 5's 1.8 TB/s", gt=0)
     host_link: str
-    host_link_bandwidth_bytes_per_s: float = Field(gt=0)
-    tdp_w: float = Field(gt=0)
-    idle_power_w: float = Field(gt=0)
-    price_usd_per_hour: float = Field(ge=0)
+    host_link_bandwidth_bytes_per_s: float = bounded(1e13, "10 TB/s is 40x PCIe 6 x16", gt=0)
+    tdp_w: float = bounded(1e5, "100 kW is 50x any GPU's board power", gt=0)
+    idle_power_w: float = bounded(1e5, "100 kW is 50x any GPU's board power", gt=0)
+    price_usd_per_hour: float = bounded(1000.0, "no GPU rents for $1,000 an hour", ge=0)
     price_provider: str
     price_date: str
     price_source: str
@@ -103,7 +100,18 @@ class GPUSpec(BaseModel):
 
 
 def _spec_from_toml(name: str, raw: Mapping) -> GPUSpec:
+    if not isinstance(raw, Mapping):
+        raise HetplanError(f"must be a table, got {raw!r:.40}", field=f"gpus.{name}", fix=f"write [gpus.{name}] with its fields")
     data = dict(raw)
+    for key in ("memory_gib", "hbm_bandwidth_gb_per_s", "gpu_link_bandwidth_gb_per_s", "host_link_bandwidth_gb_per_s"):
+        if key in data and (isinstance(data[key], bool) or not isinstance(data[key], (int, float))
+                            or not math.isfinite(data[key])):
+            raise HetplanError(f"must be a finite number, got {data[key]!r:.40}", field=f"gpus.{name}.{key}",
+                               fix="give a finite positive number")
+    if not isinstance(data.get("dense_tflops", {}), Mapping) or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) for v in data.get("dense_tflops", {}).values()):
+        raise HetplanError("must be a table of dtype = TFLOP/s numbers", field=f"gpus.{name}.dense_tflops",
+                           fix='write e.g. dense_tflops = { bf16 = 989, fp16 = 989 }')
     conv = {
         "memory_gib": ("memory_bytes", 2**30),
         "hbm_bandwidth_gb_per_s": ("hbm_bandwidth_bytes_per_s", GB),
@@ -118,9 +126,9 @@ def _spec_from_toml(name: str, raw: Mapping) -> GPUSpec:
         data["dense_flops_per_s"] = {k: v * TERA for k, v in data.pop("dense_tflops").items()}
     data["name"] = name
     for key in ("aliases", "sources"):
-        if key in data:
+        if key in data and isinstance(data[key], list):
             data[key] = tuple(data[key])
-    return GPUSpec(**data)
+    return GPUSpec.model_validate(data)
 
 
 class Catalog:
@@ -157,13 +165,6 @@ def _norm(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
-def _read_toml(text: str, origin: str) -> dict:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise HetplanError(f"malformed TOML in {origin}: {exc}", field=origin, fix="fix the TOML syntax at that line") from None
-
-
 def _merge(base: dict, override: Mapping) -> dict:
     out = dict(base)
     for key, value in override.items():
@@ -177,14 +178,17 @@ def _merge(base: dict, override: Mapping) -> dict:
 @lru_cache(maxsize=8)
 def _load(user_file: str | None) -> Catalog:
     text = resources.files("hetplan.hardware").joinpath("data/gpus.toml").read_text()
-    data = _read_toml(text, "gpus.toml")
+    data = parse_toml(text, "gpus.toml")
     gpus_raw: dict = dict(data["gpus"])
     if user_file is not None:
-        path = Path(user_file)
-        if not path.is_file():
-            raise HetplanError(f"catalog file {user_file} does not exist", field="--catalog", fix="give a path to a TOML file")
-        user = _read_toml(path.read_text(), user_file)
+        user = parse_toml(read_text(user_file, "--catalog"), user_file, "--catalog")
+        if not isinstance(user.get("gpus", {}), dict):
+            raise HetplanError(f"[gpus] must be a table of GPU tables, got {user['gpus']!r:.40}", field="--catalog",
+                               fix="write one [gpus.NAME] table per GPU type")
         for name, entry in user.get("gpus", {}).items():
+            if not isinstance(entry, dict):
+                raise HetplanError(f"must be a table, got {entry!r:.40}", field=f"gpus.{name}",
+                                   fix=f"write [gpus.{name}] with its fields")
             existing = next((k for k in gpus_raw if _norm(k) == _norm(name)), None)
             if existing is not None:
                 gpus_raw[existing] = _merge(gpus_raw[existing], entry)
@@ -195,11 +199,7 @@ def _load(user_file: str | None) -> Catalog:
         try:
             gpus[name] = _spec_from_toml(name, raw)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise HetplanError(
-                f"{err['msg']}", field=f"gpus.{name}.{loc}", fix="see src/hetplan/hardware/data/gpus.toml for the fields"
-            ) from None
+            raise validation_message(exc, f"gpus.{name}", GPUSpec) from None
     return Catalog(gpus, str(data.get("meta", {}).get("date", "unknown")))
 
 

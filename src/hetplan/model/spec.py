@@ -23,7 +23,6 @@ and V has ``v_head_dim``.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Annotated, Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, ValidationError, model_validator
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import parse_json, read_text
 
 
 class ModelSpec(BaseModel):
@@ -462,34 +462,13 @@ def list_presets() -> tuple[str, ...]:
     return tuple(sorted(p.name[:-5] for p in _presets_dir().iterdir() if p.name.endswith(".json")))
 
 
-def _read_text(path: Path, shown: str) -> str:
-    """The UTF-8 text of a config file.
-
-    Raises:
-        HetplanError: unreadable path, a directory, or bytes that are not UTF-8 (with the byte offset).
-    """
-    if path.is_dir():
-        raise HetplanError(f"model file {shown} is a directory", field="model",
-                           fix="give the path of the config.json inside it")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise HetplanError(f"cannot read model file {shown}: {exc.strerror}", field="model",
-                           fix="check the path and its permissions") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise HetplanError(f"model file {shown} is not UTF-8 text (byte {exc.start}: {data[exc.start]:#04x})",
-                           field="model", fix="give a JSON config.json saved as UTF-8") from None
-
-
 @lru_cache(maxsize=256)
 def _load_cached(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if name_or_path.endswith(".json") or path.exists():
         if not path.exists():
             raise HetplanError(f"model file {name_or_path} does not exist", field="model", fix="give a path to a config.json or a preset name")
-        text, name = _read_text(path, name_or_path), path.stem if path.stem != "config" else path.parent.name or "model"
+        text, name = read_text(path, "model"), path.stem if path.stem != "config" else path.parent.name or "model"
     else:
         key = name_or_path.strip().lower().replace("_", "-")
         if key not in list_presets():
@@ -499,14 +478,7 @@ def _load_cached(name_or_path: str) -> ModelSpec:
             hint = f"did you mean {', '.join(close)}?" if close else "run `hetplan catalog models` for the list"
             raise HetplanError(f"unknown model {name_or_path!r}", field="model", fix=hint)
         text, name = _presets_dir().joinpath(f"{key}.json").read_text(), key
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HetplanError(f"malformed JSON in {name_or_path} (line {exc.lineno}, column {exc.colno}): {exc.msg}",
-                           field="model", fix="fix the JSON syntax at that line") from None
-    except RecursionError:
-        raise HetplanError(f"JSON in {name_or_path} is nested too deeply", field="model",
-                           fix="give a Hugging Face config.json") from None
+    cfg = parse_json(text, name_or_path, "model")
     return from_hf_config(cfg, name)
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import io
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import read_text
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -335,8 +337,7 @@ class ProfileDB:
         Raises:
             HetplanError: the file lacks columns.
         """
-        with Path(path).open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
+        rows = list(csv.DictReader(io.StringIO(read_text(path, "path"), newline="")))
         need = {*_LAYER_KEY, "forward_s", "backward_s", "source", "software"}
         if rows and not need <= set(rows[0]):
             raise HetplanError(f"{path} lacks columns {sorted(need - set(rows[0]))}", field="path",

@@ -15,20 +15,24 @@ Formats (see ``shared/data/README.md``):
   2048 (Aceso's setting), fp16. ``prim_*`` / ``p2p`` files hold collectives (imported into ``comm_times``).
 * **Espresso traces**: DeepSpeed pipeline runs; one folder per rank ``{rank}_{run}_{b0}_{b1}_..._tmp`` with
   ``operations_record.csv`` (``task,start_time,end_time,duration,rank,max_mem,alloc_mem``; seconds, bytes). We store
-  per stage the median ForwardPass / BackwardPass duration (the first micro-batch of each run is warm-up and
-  dropped) and the peak ``max_mem`` in ``stage_times``; GPU types from the run name (``2A30_A4000`` = A30, A30,
+  per stage the median ForwardPass / BackwardPass duration (the first :data:`ESPRESSO_WARMUP_MICROBATCHES`
+  micro-batches of each rank are warm-up and dropped; :func:`read_espresso_rank`, the one reader of these traces)
+  and the peak ``max_mem`` in ``stage_times``; GPU types from the run name (``2A30_A4000`` = A30, A30,
   A4000 in stage order).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import re
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import read_text
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.profile.db import CommRecord, LayerRecord, LayerShape, ProfileDB, normalize_device
 
@@ -48,11 +52,43 @@ _ESPRESSO_GPUS = {"a30": "A30", "a4000": "RTX-A4000", "a6000": "RTX-A6000", "a60
                   "t4": "T4", "v100": "V100-SXM-32GB"}
 
 
+#: Micro-batches dropped from the front of each Espresso rank's forward / backward list: warm-up (the first forward
+#: takes ~3x the others on every trace, the second is still ~1 % slow).
+ESPRESSO_WARMUP_MICROBATCHES = 2
+
+
+@dataclass(frozen=True)
+class EspressoRank:
+    """One rank's ``operations_record.csv``: its ``records`` (dicts of the CSV columns), the median forward and
+    backward seconds of one micro-batch after :data:`ESPRESSO_WARMUP_MICROBATCHES`, and the peak ``max_mem``
+    (bytes allocated)."""
+
+    records: list[dict]
+    forward_s: float
+    backward_s: float
+    peak_memory_bytes: float
+
+    def durations(self, task: str) -> list[float]:
+        """Every ``duration`` (s) of instruction ``task`` (``SendActivation``, ``OptimizerStep``, ...), in order."""
+        return [float(r["duration"]) for r in self.records if r["task"] == task]
+
+
+def read_espresso_rank(folder: str | Path) -> EspressoRank | None:
+    """Read one Espresso rank folder (module doc); None when it holds no forward or backward after warm-up.
+
+    Raises:
+        HetplanError: the folder has no ``operations_record.csv``.
+    """
+    ops = _open_csv(Path(folder) / "operations_record.csv")
+    fw = [float(o["duration"]) for o in ops if o["task"] == "ForwardPass"][ESPRESSO_WARMUP_MICROBATCHES:]
+    bw = [float(o["duration"]) for o in ops if o["task"] == "BackwardPass"][ESPRESSO_WARMUP_MICROBATCHES:]
+    if not fw or not bw:
+        return None
+    return EspressoRank(ops, statistics.median(fw), statistics.median(bw), max(float(o["max_mem"]) for o in ops))
+
+
 def _open_csv(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise HetplanError(f"{path} does not exist", field="path", fix="give the path of the profile file")
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
+    return list(csv.DictReader(io.StringIO(read_text(path, "path"), newline="")))
 
 
 def import_fasop(db: ProfileDB, path: str | Path, models: dict[str, tuple[ModelSpec | str, int]] | None = None,
@@ -150,8 +186,7 @@ def import_aceso(db: ProfileDB, directory: str | Path, models: dict[str, tuple[M
             n += 1
     p2p = d / "p2p_intra_node.csv"
     if p2p.is_file():
-        with p2p.open(newline="") as fh:
-            header, values = list(csv.reader(fh))[:2]
+        header, values = (list(csv.reader(io.StringIO(read_text(p2p, "path"), newline=""))) + [[], []])[:2]
         # Header: message sizes in MB; values: bandwidth in GB/s (Aceso's p2p benchmark).
         for size_mb, gbps in zip(header, values):
             size = float(size_mb) * 2**20
@@ -211,15 +246,13 @@ def import_espresso(db: ProfileDB, run_dir: str | Path, mbs: int | None = 8, seq
         device = gpus[rank] if rank < len(gpus) else "unknown"
         if not (p / "operations_record.csv").is_file():
             continue
-        ops = _open_csv(p / "operations_record.csv")
-        fw = [float(o["duration"]) for o in ops if o["task"] == "ForwardPass"][1:]
-        bw = [float(o["duration"]) for o in ops if o["task"] == "BackwardPass"][1:]
-        if not fw or not bw:
+        r = read_espresso_rank(p)
+        if r is None:
             continue
-        peak = max(float(o["max_mem"]) for o in ops)
         db.add_stage(source="espresso", run=f"{d.name}/{m['run']}_{m['bounds']}", device=device, stage=rank,
-                     first_layer=bounds[rank], end_layer=bounds[rank + 1], forward_s=statistics.median(fw),
-                     backward_s=statistics.median(bw), mbs=mbs, seq_len=seq_len, peak_memory_bytes=peak, commit=False)
+                     first_layer=bounds[rank], end_layer=bounds[rank + 1], forward_s=r.forward_s,
+                     backward_s=r.backward_s, mbs=mbs, seq_len=seq_len, peak_memory_bytes=r.peak_memory_bytes,
+                     commit=False)
         n += 1
     db.commit()
     return n

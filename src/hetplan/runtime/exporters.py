@@ -1,20 +1,37 @@
 """Hand a plan to a training framework: the launch arguments / config files Megatron-LM, DeepSpeed and torchtitan
-accept. No torch.
+accept, reproducing the plan exactly — or a :class:`~hetplan.errors.HetplanError` that says what the framework
+cannot express and why. No torch.
 
-What each target can express (else :class:`~hetplan.errors.HetplanError` says what and how to change the plan):
+Every export carries the plan's micro-batch size, global batch and so its gradient accumulation (micro-batches
+per pipeline), the per-stage layer split, virtual stages, recomputation, the ZeRO / FSDP mode, the TP / PP / DP /
+CP / EP degrees and the NCCL environment of the network. ``tests/runtime/test_export_roundtrip.py`` parses each
+export back and compares it with the plan.
 
-* **Megatron-LM** (``pretrain_gpt.py`` arguments; Megatron-Core >= 0.10): one TP and one DP degree for all stages;
-  uneven pipelines only as "first and/or last stage differ, the middle stages equal"
-  (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``); ZeRO-1 as
-  ``--use-distributed-optimizer``; ZeRO-2/3 not offered (use torchtitan's FSDP2); no GPipe (Megatron runs 1F1B).
-* **DeepSpeed** (``ds_config.json`` + ``PipelineModule`` arguments): no tensor parallelism in ``PipelineModule``
-  (use Megatron-DeepSpeed, i.e. the Megatron export); ``partition_method`` has no per-stage layer counts, so only
-  the balanced split ``uniform`` gives (Espresso patched ``_partition_layers`` for uneven ones); pipeline
-  parallelism with ZeRO-2/3 is not supported by DeepSpeed.
-* **torchtitan** (TOML job config): uneven splits through ``pipeline_parallel_split_points`` (the first layer name
-  of every stage after the first); one TP/DP degree for all stages; FSDP2 for ZeRO-3 (``data_parallel_shard_degree``)
-  else DDP (``data_parallel_replicate_degree``); ZeRO-1/2 have no torchtitan equivalent (exported as FSDP with a
-  note); schedules 1F1B, GPipe, Interleaved1F1B.
+What each target can express:
+
+* **Megatron-LM** (``pretrain_gpt.py`` arguments, Megatron-Core): one TP / CP / EP / DP degree on all stages (one
+  device mesh, ranks ordered TP, CP, DP, PP as in ``megatron/core/parallel_state.py``) — stages may sit on
+  different GPU types; uneven pipelines only as "first and/or last stage differ, the middle stages equal"
+  (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``); ZeRO-1 =
+  ``--use-distributed-optimizer`` (optimizer states and fp32 main weights sharded over DP); ZeRO-2 / ZeRO-3 =
+  Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
+  ``optim_grads_params``, flags of Megatron-Core's Megatron-FSDP README); full recomputation of the first k layers
+  of every stage = ``--recompute-method block --recompute-num-layers k``; no GPipe (Megatron runs 1F1B).
+* **DeepSpeed** (``ds_config.json`` + ``PipelineModule`` arguments): no tensor, context or expert parallelism in
+  ``PipelineModule`` (use the Megatron export: Megatron-DeepSpeed takes the same arguments); per-stage layer
+  counts through a ``PipelineModule`` subclass whose ``_partition_layers`` sets the plan's boundaries
+  (``hetplan_pipeline.py``; DeepSpeed's ``partition_method`` offers only ``uniform``, ``parameters`` and
+  ``type:regex``, Espresso patched the same method); pipeline parallelism with ZeRO-2 / ZeRO-3 is refused by
+  DeepSpeed itself; no selective recomputation (with FlashAttention the plan's selective = none, so it exports).
+* **torchtitan** (TOML job config of ``torchtitan/config/job_config.py``, late-2025 schema): any per-stage layer
+  split and virtual stages through ``module_fqns_per_model_part``; one TP / DP / CP / EP degree on all stages;
+  DDP for ZeRO-0 (``data_parallel_replicate_degree``), FSDP2 for ZeRO-3 (``data_parallel_shard_degree``), FSDP2
+  without resharding after forward for ZeRO-2 (``fsdp_reshard_after_forward = "never"``: parameters stay
+  gathered from forward to backward, gradients and optimizer states sharded) and for ZeRO-1, which torchtitan
+  lacks (gradients then also sharded: less memory than planned, the same communication volume); Llama-family
+  models only (Llama 3 flavors ``8B`` / ``70B`` / ``405B`` by name, any other Llama shape registered as a flavor
+  by ``hetplan_torchtitan_model.py``, imported through ``[experimental] custom_import``); bf16 or fp32 parameters
+  (no fp16 mixed precision).
 """
 
 from __future__ import annotations
@@ -25,9 +42,11 @@ from dataclasses import dataclass, field
 from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Plan
-from hetplan.plan_rules import check_plan
+from hetplan.plan_rules import check_plan, degree
 
 TARGETS = ("megatron", "deepspeed", "torchtitan")
+#: torchtitan's Llama 3 flavors (``torchtitan/models/llama3/__init__.py``, ``llama3_args``) by hetplan preset.
+TORCHTITAN_FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
 
 
 @dataclass
@@ -39,43 +58,87 @@ class Export:
     notes: list[str] = field(default_factory=list)
 
 
-def _uniform(plan: Plan, what: str) -> tuple[int, int]:
-    tps, dps = {st.tp for st in plan.stages}, {st.dp for st in plan.stages}
-    if len(tps) > 1 or len(dps) > 1:
-        raise HetplanError(f"{what} runs one TP and one DP degree on all stages; this plan has TP {sorted(tps)} "
-                           f"and DP {sorted(dps)}", field="plan.stages[].tp/dp",
-                           fix="give every stage the same tp and dp, or run it with `hetplan run`")
-    recs = {st.recompute for st in plan.stages}
+@dataclass(frozen=True)
+class _Mesh:
+    """The one set of degrees a framework runs on all stages, and the one recomputation setting."""
+
+    tp: int
+    dp: int
+    cp: int
+    ep: int
+    recompute: str
+    recompute_layers: int | None  # layers per stage recomputed; None = all
+
+
+def _mesh(plan: Plan, what: str) -> _Mesh:
+    """The plan's degrees if every stage has the same ones (else the error says what differs and why no
+    framework runs it)."""
+    per = {(st.tp, st.dp, degree(plan, i, "cp"), degree(plan, i, "ep")) for i, st in enumerate(plan.stages)}
+    if len(per) > 1:
+        shown = ", ".join(f"stage {i}: TP {st.tp} DP {st.dp}" for i, st in enumerate(plan.stages))
+        raise HetplanError(
+            f"{what} builds one device mesh, so every pipeline stage has the same TP, DP, CP and EP degree; this "
+            f"heterogeneous plan has {shown}. Megatron-LM, DeepSpeed, torchtitan and `hetplan run` all send "
+            "activations between matching data-parallel replicas of one mesh, so none runs it",
+            field="plan.stages[].tp/dp",
+            fix="plan again with one TP and DP for all stages (hetplan plan --tp T --dp D, or --no-hetero); "
+                "stages may still differ in GPU type and layer count")
+    # (mode, layers recomputed when not all of the stage's, else None) per stage
+    recs = {(st.recompute, None if st.recompute == "none" or st.recomputed_layers() == st.num_layers
+             else st.recomputed_layers()) for st in plan.stages}
+    if len({r[0] for r in recs}) > 1:
+        raise HetplanError(f"{what} applies one activation-recomputation mode to all stages; the plan has "
+                           f"{sorted({r[0] for r in recs})}", field="plan.stages[].recompute",
+                           fix="use one recompute mode")
     if len(recs) > 1:
-        raise HetplanError(f"{what} applies one activation-recomputation setting to all stages; the plan has "
-                           f"{sorted(recs)}", field="plan.stages[].recompute", fix="use one recompute mode")
-    return tps.pop(), dps.pop()
+        raise HetplanError(f"{what} recomputes the same number of layers on every stage; the plan recomputes "
+                           f"{[st.recomputed_layers() for st in plan.stages]}", field="plan.stages[].recompute_layers",
+                           fix="recompute all layers, or the same number on every stage")
+    mode, k = recs.pop()
+    tp, dp, cp, ep = per.pop()
+    return _Mesh(tp, dp, cp, ep, mode, k)
 
 
 def _nodes(plan: Plan) -> tuple[int, int]:
     per_node = min(plan.pools[st.pool].gpus_per_node for st in plan.stages)
-    n = plan.num_gpus
+    n = sum(st.tp * degree(plan, i, "cp") * st.dp for i, st in enumerate(plan.stages))
     return (max(1, -(-n // per_node)), min(n, per_node))
+
+
+def _virtual(plan: Plan, virtual_stages: int | None) -> int:
+    return virtual_stages if virtual_stages is not None else plan.virtual_stages
+
+
+def _pools_note(plan: Plan, nproc: int) -> str | None:
+    """Which node ranks each stage's pool must supply, when stages sit on different GPU types (ranks are
+    pipeline-outermost in all three frameworks, so stage i holds ranks [i*n, (i+1)*n) for n GPUs per stage)."""
+    if len({plan.pools[st.pool].gpu for st in plan.stages}) < 2:
+        return None
+    parts, rank = [], 0
+    for i, st in enumerate(plan.stages):
+        size = st.tp * degree(plan, i, "cp") * st.dp
+        parts.append(f"stage {i} on {plan.pools[st.pool].gpu}: node ranks {rank // nproc}-{(rank + size - 1) // nproc}")
+        rank += size
+    return "mixed GPU types: start the nodes so that " + "; ".join(parts)
 
 
 def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = None) -> Export:
     """Megatron-LM ``pretrain_gpt.py`` arguments, as a torchrun launch script (see module doc).
 
     Raises:
-        HetplanError: per-stage TP/DP/recompute differ, an uneven split beyond first/last stage, ZeRO-2/3, GPipe.
+        HetplanError: per-stage TP/DP/CP/EP/recompute differ, an uneven split beyond first/last stage, uneven
+            stages with interleaving, selective recomputation of only some layers, GPipe.
     """
-    tp, dp = _uniform(plan, "Megatron-LM")
+    m = _mesh(plan, "Megatron-LM")
     pp = plan.pp
     notes = []
-    if plan.zero >= 2:
-        raise HetplanError(f"Megatron-LM has no ZeRO-{plan.zero}", field="plan.zero",
-                           fix="use zero 0 or 1 (distributed optimizer), or export --to torchtitan for FSDP")
     if plan.schedule == "gpipe" and pp > 1:
         raise HetplanError("Megatron-LM schedules pipelines with 1F1B only", field="plan.schedule",
                            fix="use schedule 1f1b (or export --to torchtitan / deepspeed)")
     layers = [st.num_layers for st in plan.stages]
     args = [
-        f"--tensor-model-parallel-size {tp}", f"--pipeline-model-parallel-size {pp}",
+        f"--tensor-model-parallel-size {m.tp}", f"--pipeline-model-parallel-size {pp}",
+        f"--context-parallel-size {m.cp}",
         f"--num-layers {spec.num_layers}", f"--hidden-size {spec.hidden_size}",
         f"--num-attention-heads {spec.num_attention_heads}", f"--ffn-hidden-size {spec.ffn_hidden_size}",
         f"--seq-length {plan.job.seq_len}", f"--max-position-embeddings {max(spec.max_seq_len, plan.job.seq_len)}",
@@ -84,44 +147,64 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         "--lr 1e-4", "--optimizer adam", "--mock-data", "--tokenizer-type NullTokenizer",
         f"--vocab-size {spec.vocab_size}",
     ]
+    if spec.head_dim * spec.num_attention_heads != spec.hidden_size:
+        args.append(f"--kv-channels {spec.head_dim}")
+    experts = int(getattr(spec, "num_experts", 0) or 0)
+    if experts:
+        args += [f"--num-experts {experts}", f"--moe-router-topk {spec.experts_per_token}",
+                 f"--moe-ffn-hidden-size {spec.expert_ffn_hidden_size}",
+                 f"--expert-model-parallel-size {m.ep}"]
+        if getattr(spec, "shared_expert_ffn_hidden_size", 0):
+            args.append(f"--moe-shared-expert-intermediate-size {spec.shared_expert_ffn_hidden_size}")
     if pp > 1 and len(set(layers)) > 1:
         mid = layers[1:-1]
         if len(set(mid)) > 1:
             raise HetplanError(f"Megatron-LM can make only the first and last pipeline stages uneven; this plan's "
                                f"middle stages hold {mid} layers", field="plan.stages[].num_layers",
-                               fix="make the middle stages equal, or export --to torchtitan (any split)")
-        if mid:
-            if layers[0] != mid[0]:
-                args.append(f"--decoder-first-pipeline-num-layers {layers[0]}")
-            if layers[-1] != mid[0]:
-                args.append(f"--decoder-last-pipeline-num-layers {layers[-1]}")
-        else:  # two stages
+                               fix="make the middle stages equal, or export --to torchtitan or deepspeed (any split)")
+        if not mid or layers[0] != mid[0]:
             args.append(f"--decoder-first-pipeline-num-layers {layers[0]}")
-            args.append(f"--decoder-last-pipeline-num-layers {layers[1]}")
-    if virtual_stages and virtual_stages > 1:
-        if len(set(layers)) > 1 or layers[0] % virtual_stages:
+        if not mid or layers[-1] != mid[0]:
+            args.append(f"--decoder-last-pipeline-num-layers {layers[-1]}")
+        notes.append("uneven split via --decoder-first/last-pipeline-num-layers (Megatron-Core >= 0.10)")
+    v = _virtual(plan, virtual_stages)
+    if v > 1 and pp > 1:
+        if len(set(layers)) > 1 or layers[0] % v:
             raise HetplanError("Megatron-LM's interleaved schedule needs equal stages divisible by the virtual stages",
-                               field="--virtual-stages", fix="use a balanced split or no interleaving")
-        args.append(f"--num-layers-per-virtual-pipeline-stage {layers[0] // virtual_stages}")
+                               field="plan.virtual_stages", fix="use a balanced split or no interleaving")
+        args.append(f"--num-layers-per-virtual-pipeline-stage {layers[0] // v}")
     if plan.zero == 1:
         args.append("--use-distributed-optimizer")
-    if plan.sequence_parallel and tp > 1:
+    elif plan.zero >= 2:
+        strategy = {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
+                 "--no-gradient-accumulation-fusion", "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]
+        notes.append(f"ZeRO-{plan.zero} runs as Megatron-FSDP (sharding strategy {strategy}); Megatron's "
+                     "distributed optimizer alone is ZeRO-1")
+    if plan.sequence_parallel and m.tp > 1:
         args.append("--sequence-parallel")
     if plan.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     if plan.job.attention == "flash":  # the estimate assumed FlashAttention (hetplan.plan.Job.attention)
         args.append("--use-flash-attn")
-    rec = plan.stages[0].recompute
-    if rec == "full":
-        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    elif rec == "selective":
+    if m.recompute == "full":
+        if m.recompute_layers is None:  # every layer checkpointed on its own
+            args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        else:  # the first k layers of every stage (megatron/core/transformer/transformer_block.py, "block")
+            args += ["--recompute-granularity full", "--recompute-method block",
+                     f"--recompute-num-layers {m.recompute_layers}"]
+    elif m.recompute == "selective":
+        if m.recompute_layers is not None:
+            raise HetplanError("Megatron-LM's selective recomputation applies to every layer",
+                               field="plan.stages[].recompute_layers",
+                               fix="recompute all layers selectively, or use full recomputation of k layers")
         args.append("--recompute-granularity selective")
-    if spec.family in ("llama", "mistral"):
+    if spec.family in ("llama", "mistral") or (experts and spec.gated_mlp):
         args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
-        if spec.num_kv_heads != spec.num_attention_heads:
-            args += ["--group-query-attention", f"--num-query-groups {spec.num_kv_heads}"]
     elif spec.learned_positions == 0:
         args.append("--position-embedding-type rope")
+    if spec.num_kv_heads != spec.num_attention_heads:
+        args += ["--group-query-attention", f"--num-query-groups {spec.num_kv_heads}"]
     if not spec.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if spec.dropout:
@@ -129,48 +212,60 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
     else:
         args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     nnodes, per_node = _nodes(plan)
+    env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM: keeps TP/SP communication ordered before compute"]
     script = "\n".join([
         "#!/usr/bin/env bash",
-        (f"# Megatron-LM launch for plan: {pp} stages {layers} layers, TP {tp}, DP {dp}, mbs {plan.mbs}, "
-         f"gbs {plan.job.global_batch}, model {spec.name}. Generated by hetplan export."),
-        "# Run on every node; set NODE_RANK and MASTER_ADDR. Ranks: TP innermost, then DP, then PP (Megatron order).",
+        (f"# Megatron-LM launch for plan: {pp} stages {layers} layers, TP {m.tp}, CP {m.cp}, DP {m.dp}, "
+         f"mbs {plan.mbs}, gbs {plan.job.global_batch} ({plan.num_microbatches(0)} micro-batches), model {spec.name}. "
+         "Generated by hetplan export."),
+        "# Run on every node; set NODE_RANK and MASTER_ADDR. Ranks: TP innermost, then CP, DP, PP (Megatron order).",
+        *env,
         f"torchrun --nnodes {nnodes} --nproc-per-node {per_node} --node-rank ${{NODE_RANK:-0}} \\",
         "  --master-addr ${MASTER_ADDR:-127.0.0.1} --master-port ${MASTER_PORT:-6000} \\",
         "  pretrain_gpt.py \\",
         "  " + " \\\n  ".join(args),
         "",
     ])
-    if pp > 1 and len(set(layers)) > 1:
-        notes.append("uneven split via --decoder-first/last-pipeline-num-layers (Megatron-Core >= 0.10)")
     if spec.family == "opt":
         notes.append("OPT's ReLU MLP and position offset are approximated by Megatron's GPT (GeLU) model")
+    mixed = _pools_note(plan, per_node)
+    if mixed:
+        notes.append(mixed)
     return Export("megatron", {"megatron_launch.sh": script}, notes)
 
 
 def export_deepspeed(plan: Plan, spec: ModelSpec) -> Export:
-    """DeepSpeed ``ds_config.json`` and the ``PipelineModule`` arguments (see module doc).
+    """DeepSpeed ``ds_config.json``, the ``PipelineModule`` arguments and, for an uneven split, a
+    ``PipelineModule`` subclass that takes the plan's boundaries (see module doc).
 
     Raises:
-        HetplanError: TP > 1, an uneven split, per-stage DP differences, ZeRO-2/3 with pipeline parallelism.
+        HetplanError: TP, CP or EP > 1, per-stage DP differences, ZeRO-2/3 with pipeline parallelism, selective
+            or partial recomputation, interleaving.
     """
-    tp, dp = _uniform(plan, "DeepSpeed")
+    m = _mesh(plan, "DeepSpeed")
     pp = plan.pp
-    if tp > 1:
-        raise HetplanError("DeepSpeed's PipelineModule has no tensor parallelism", field="plan.stages[].tp",
-                           fix="use tp 1, or export --to megatron (Megatron-DeepSpeed takes the same arguments)")
-    layers = [st.num_layers for st in plan.stages]
+    if m.tp > 1 or m.cp > 1 or m.ep > 1:
+        raise HetplanError(f"DeepSpeed's PipelineModule has no tensor, context or expert parallelism (plan: TP "
+                           f"{m.tp}, CP {m.cp}, EP {m.ep})", field="plan.stages[].tp",
+                           fix="export --to megatron (Megatron-DeepSpeed takes the same arguments)")
     if pp > 1 and plan.zero >= 2:
-        raise HetplanError(f"DeepSpeed does not combine pipeline parallelism with ZeRO-{plan.zero}", field="plan.zero",
-                           fix="use zero 0 or 1 with pp > 1")
-    if pp > 1 and layers != balanced_split_ds(spec.num_layers, pp):
-        bounds = [0]
-        for n in layers:
-            bounds.append(bounds[-1] + n)
-        raise HetplanError(
-            f"DeepSpeed's PipelineModule cannot take per-stage layer counts {layers} (partition_method is 'uniform', "
-            f"'parameters' or 'type:regex'); stage boundaries would be {bounds}", field="plan.stages[].num_layers",
-            fix=f"use the uniform split {balanced_split_ds(spec.num_layers, pp)}, override "
-                "PipelineModule._partition_layers with these boundaries, or export --to torchtitan")
+        raise HetplanError(f"DeepSpeed refuses pipeline parallelism with ZeRO-{plan.zero} (its PipelineEngine "
+                           "asserts ZeRO stage < 2)", field="plan.zero", fix="use zero 0 or 1 with pp > 1")
+    if plan.virtual_stages > 1 and pp > 1:
+        raise HetplanError("DeepSpeed's PipelineEngine has no interleaved schedule", field="plan.virtual_stages",
+                           fix="use virtual_stages = 1, or export --to megatron / torchtitan")
+    notes = []
+    rec = m.recompute
+    if rec == "selective":
+        if plan.job.attention != "flash":
+            raise HetplanError("DeepSpeed has no selective recomputation", field="plan.stages[].recompute",
+                               fix="use recompute none or full, or export --to megatron / torchtitan")
+        rec = "none"
+        notes.append("selective recomputation under FlashAttention stores what none does: exported as none")
+    if rec == "full" and m.recompute_layers is not None:
+        raise HetplanError("DeepSpeed checkpoints every layer of a stage or none", field="plan.stages[].recompute_layers",
+                           fix="recompute all layers, or export --to megatron (recompute-method block)")
+    layers = [st.num_layers for st in plan.stages]
     nmb = plan.num_microbatches(0)
     cfg = {
         "train_batch_size": plan.job.global_batch,
@@ -182,20 +277,51 @@ def export_deepspeed(plan: Plan, spec: ModelSpec) -> Export:
         "optimizer": {"type": "Adam", "params": {"lr": 1e-4}},
         "steps_per_print": 1,
     }
-    if plan.stages[0].recompute != "none":
+    if rec == "full":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
-    pipe = {"num_stages": pp, "partition_method": "uniform", "activation_checkpoint_interval":
-            1 if plan.stages[0].recompute == "full" else 0, "world_size": plan.num_gpus, "data_parallel_size": dp,
-            "stage_layers": layers, "model": spec.name, "seq_len": plan.job.seq_len}
-    notes = []
-    if plan.stages[0].recompute == "selective":
-        notes.append("DeepSpeed has no selective recomputation: exported as activation checkpointing disabled per layer")
+    # PipelineModule layer specs: [embedding, layer 0 .. layer L-1, final norm + head]; stage i's boundaries
+    parts = [0, layers[0] + 1]
+    for n in layers[1:]:
+        parts.append(parts[-1] + n)
+    parts[-1] += 1
+    uneven = pp > 1 and layers != balanced_split_ds(spec.num_layers, pp)
+    pipe = {"num_stages": pp, "partition_method": "hetplan" if uneven else "uniform",
+            "activation_checkpoint_interval": 1 if rec == "full" else 0, "world_size": plan.num_gpus,
+            "data_parallel_size": m.dp, "stage_layers": layers, "parts": parts, "model": spec.name,
+            "seq_len": plan.job.seq_len}
     nnodes, per_node = _nodes(plan)
     launch = (f"deepspeed --num_nodes {nnodes} --num_gpus {per_node} train.py --deepspeed "
               f"--deepspeed_config ds_config.json --pipeline-parallel-size {pp}\n")
-    return Export("deepspeed", {"ds_config.json": json.dumps(cfg, indent=2) + "\n",
-                                "pipeline_module.json": json.dumps(pipe, indent=2) + "\n",
-                                "launch.sh": launch}, notes)
+    files = {"ds_config.json": json.dumps(cfg, indent=2) + "\n",
+             "pipeline_module.json": json.dumps(pipe, indent=2) + "\n", "launch.sh": launch}
+    if uneven:
+        files["hetplan_pipeline.py"] = _DS_PARTITION.format(parts=parts, layers=layers)
+        notes.append(f"uneven split {layers}: build the model with hetplan_pipeline.HetplanPipelineModule "
+                     f"(layer-spec boundaries {parts}, embedding and head included)")
+    mixed = _pools_note(plan, per_node)
+    if mixed:
+        notes.append(mixed)
+    return Export("deepspeed", files, notes)
+
+
+_DS_PARTITION = '''"""DeepSpeed PipelineModule with hetplan's per-stage layer counts {layers} (generated by hetplan export).
+
+DeepSpeed's partition_method offers uniform, parameters and type:regex; this subclass sets the boundaries of the
+layer specs [embedding, transformer layers..., final norm + head] itself, as DeepSpeed's own
+PipelineModule._partition_layers does after computing them (deepspeed/runtime/pipe/module.py).
+"""
+
+from deepspeed.pipe import PipelineModule
+
+PARTS = {parts}
+
+
+class HetplanPipelineModule(PipelineModule):
+    def _partition_layers(self, method="uniform"):
+        stage_id = self._topo.get_coord(self.global_rank).pipe
+        self.parts = list(PARTS)
+        self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+'''
 
 
 def balanced_split_ds(num_layers: int, pp: int) -> list[int]:
@@ -205,51 +331,121 @@ def balanced_split_ds(num_layers: int, pp: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(pp)]
 
 
+def _torchtitan_parts(plan: Plan, spec: ModelSpec, v: int) -> list[list[str]]:
+    """``module_fqns_per_model_part``: the plan's stages (or, interleaved, pp x v equal chunks in model order;
+    chunk k runs on pipeline rank k % pp), the embedding with the first, the final norm and head with the last."""
+    if v > 1:
+        size = spec.num_layers // (plan.pp * v)
+        counts = [size] * (plan.pp * v)
+    else:
+        counts = [st.num_layers for st in plan.stages]
+    parts, start = [], 0
+    for n in counts:
+        parts.append([f"layers.{i}" for i in range(start, start + n)])
+        start += n
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
+
+
+_TT_MODEL = '''"""Registers torchtitan flavor {flavor!r} with hetplan's model shapes (generated by hetplan export).
+
+torchtitan's FeedForward width is multiple_of * ceil(int(ffn_dim_multiplier * int(8 * dim / 3)) / multiple_of);
+with multiple_of = {ffn} and this multiplier it is exactly {ffn}.
+"""
+
+from torchtitan.models.llama3 import TransformerModelArgs, llama3_args
+
+llama3_args[{flavor!r}] = TransformerModelArgs(
+    dim={dim}, n_layers={layers}, n_heads={heads}, n_kv_heads={kv}, vocab_size={vocab},
+    multiple_of={ffn}, ffn_dim_multiplier={mult!r}, max_seq_len={seq},
+)
+'''
+
+
 def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = None) -> Export:
-    """A torchtitan TOML job config (see module doc).
+    """A torchtitan TOML job config (see module doc), plus a flavor-registering module for Llama shapes that
+    torchtitan does not ship.
 
     Raises:
-        HetplanError: per-stage TP/DP/recompute differ.
+        HetplanError: per-stage TP/DP/CP/EP/recompute differ, a model that is not Llama-shaped, fp16, partial
+            recomputation.
     """
-    tp, dp = _uniform(plan, "torchtitan")
+    m = _mesh(plan, "torchtitan")
     pp = plan.pp
     notes = []
-    split, start = [], 0
-    for st in plan.stages[:-1]:
-        start += st.num_layers
-        split.append(f"layers.{start}")
-    sched = {"1f1b": "1F1B", "gpipe": "GPipe"}[plan.schedule]
-    if virtual_stages and virtual_stages > 1:
-        sched = "Interleaved1F1B"
-        notes.append("interleaved: torchtitan splits each rank's layers into virtual stages itself")
-    dp_key = "data_parallel_shard_degree" if plan.zero >= 1 else "data_parallel_replicate_degree"
-    if plan.zero in (1, 2):
-        notes.append(f"ZeRO-{plan.zero} has no torchtitan equivalent; exported as FSDP2 (ZeRO-3)")
-    dtype = {"bf16": "bfloat16", "fp16": "float16"}[plan.job.dtype]
-    ac = {"none": "none", "selective": "selective", "full": "full"}[plan.stages[0].recompute]
-    flavor = "llama3" if spec.family in ("llama", "mistral") else "custom"
-    if flavor == "custom":
-        notes.append(f"torchtitan ships Llama-family models; register a {spec.family} model for {spec.name}")
+    if not (spec.gated_mlp and spec.norm == "rmsnorm" and not spec.linear_bias and spec.learned_positions == 0):
+        raise HetplanError(f"torchtitan trains Llama-shaped models (SwiGLU, RMSNorm, rotary, no biases); {spec.name} "
+                           f"is {spec.family}", field="--to", fix="export --to megatron or deepspeed")
+    if int(getattr(spec, "num_experts", 0) or 0):
+        raise HetplanError(f"{spec.name} is a mixture of experts; torchtitan's MoE models (DeepSeek-V3, Llama 4) "
+                           "have their own configs hetplan does not write", field="--to", fix="export --to megatron")
+    if plan.job.dtype == "fp16":
+        raise HetplanError("torchtitan's mixed precision keeps bfloat16 or float32 parameters, not float16",
+                           field="plan.job.dtype", fix="plan with dtype bf16, or export --to megatron / deepspeed")
+    if m.recompute_layers is not None:
+        raise HetplanError("torchtitan's activation checkpointing covers every layer (or every n-th), not the first k "
+                           "of a stage", field="plan.stages[].recompute_layers",
+                           fix="recompute all layers, or export --to megatron (recompute-method block)")
+    v = _virtual(plan, virtual_stages)
+    v = v if pp > 1 else 1
+    sched = {"1f1b": "Interleaved1F1B" if v > 1 else "1F1B", "gpipe": "GPipe"}[plan.schedule]
+    if plan.zero == 0:
+        dp_lines = [f"data_parallel_replicate_degree = {m.dp}", "data_parallel_shard_degree = 1"]
+    else:
+        reshard = "default" if plan.zero == 3 else "never"
+        dp_lines = ["data_parallel_replicate_degree = 1", f"data_parallel_shard_degree = {m.dp}",
+                    f'fsdp_reshard_after_forward = "{reshard}"']
+        if plan.zero == 1:
+            notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
+                         "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
+    files = {}
+    flavor = TORCHTITAN_FLAVORS.get(spec.name)
+    extra = []
+    if flavor is None:
+        flavor = f"hetplan-{spec.name}"
+        base = int(2 * 4 * spec.hidden_size / 3)
+        files["hetplan_torchtitan_model.py"] = _TT_MODEL.format(
+            flavor=flavor, dim=spec.hidden_size, layers=spec.num_layers, heads=spec.num_attention_heads,
+            kv=spec.num_kv_heads, vocab=spec.vocab_size, ffn=spec.ffn_hidden_size,
+            mult=spec.ffn_hidden_size / base, seq=max(spec.max_seq_len, plan.job.seq_len))
+        extra = ["[experimental]", 'custom_import = "hetplan_torchtitan_model"', ""]
+        notes.append(f"{spec.name} is registered as torchtitan flavor {flavor!r} by hetplan_torchtitan_model.py "
+                     "(put it on PYTHONPATH), with torchtitan's default rotary base 10000")
+    if spec.tied_embeddings:
+        notes.append(f"torchtitan's Llama unties the output head: {spec.vocab_size * spec.hidden_size:,} more "
+                     "parameters than the plan's tied embedding")
+    # torchtitan: micro-batches per step = local_batch_size / pipeline_parallel_microbatch_size with PP; without PP
+    # each step is one micro-batch and global_batch_size / (local_batch_size * dp) steps are accumulated.
+    local = plan.job.global_batch // m.dp if pp > 1 else plan.mbs
     lines = [
-        f"# torchtitan job config generated by hetplan export: {pp} stages {[st.num_layers for st in plan.stages]}",
+        f"# torchtitan job config generated by hetplan export: {pp} stages {[st.num_layers for st in plan.stages]}, "
+        f"mbs {plan.mbs}, {plan.num_microbatches(0)} micro-batches",
         "[job]", 'description = "hetplan plan"', "",
-        "[model]", f'name = "{flavor}"', f'flavor = "{spec.name}"',
-        (f"# shapes: layers {spec.num_layers}, hidden {spec.hidden_size}, heads {spec.num_attention_heads}, "
-         f"kv heads {spec.num_kv_heads}, ffn {spec.ffn_hidden_size}, vocab {spec.vocab_size}"), "",
-        "[training]", f"local_batch_size = {plan.job.global_batch // dp}", f"seq_len = {plan.job.seq_len}",
-        f"steps = {int(plan.job.iterations())}", f'mixed_precision_param = "{dtype}"', "",
-        "[parallelism]", f"{dp_key} = {dp}", f"tensor_parallel_degree = {tp}",
-        "enable_async_tensor_parallel = false", f"pipeline_parallel_degree = {pp}",
-        f"pipeline_parallel_microbatch_size = {plan.mbs}", f'pipeline_parallel_schedule = "{sched}"',
-        f"pipeline_parallel_split_points = {json.dumps(split)}", "",
-        "[activation_checkpoint]", f'mode = "{ac}"', "",
+        "[model]", 'name = "llama3"', f'flavor = "{flavor}"', "",
+        "[training]", f"local_batch_size = {local}", f"global_batch_size = {plan.job.global_batch}",
+        f"seq_len = {plan.job.seq_len}", f"steps = {int(plan.job.iterations())}",
+        'mixed_precision_param = "bfloat16"', "",
+        "[parallelism]", *dp_lines, f"tensor_parallel_degree = {m.tp}",
+        f"context_parallel_degree = {m.cp}", f"expert_parallel_degree = {m.ep}",
+        f"pipeline_parallel_degree = {pp}",
     ]
-    if plan.sequence_parallel and tp > 1:
+    if pp > 1:
+        lines += [f"pipeline_parallel_microbatch_size = {plan.mbs}", f'pipeline_parallel_schedule = "{sched}"',
+                  f"module_fqns_per_model_part = {json.dumps(_torchtitan_parts(plan, spec, v))}"]
+    ac = {"none": ["mode = \"none\""], "full": ["mode = \"full\""],
+          "selective": ["mode = \"selective\"", "selective_ac_option = \"op\""]}[m.recompute]
+    lines += ["", "[activation_checkpoint]", *ac, "", *extra]
+    if plan.sequence_parallel and m.tp > 1:
         notes.append("torchtitan's TP always uses sequence parallelism")
     nnodes, per_node = _nodes(plan)
-    launch = (f"torchrun --nnodes {nnodes} --nproc-per-node {per_node} -m torchtitan.train "
-              f"--job.config_file torchtitan.toml\n")
-    return Export("torchtitan", {"torchtitan.toml": "\n".join(lines), "launch.sh": launch}, notes)
+    files["torchtitan.toml"] = "\n".join(lines)
+    files["launch.sh"] = (f"torchrun --nnodes {nnodes} --nproc-per-node {per_node} -m torchtitan.train "
+                          f"--job.config_file torchtitan.toml\n")
+    mixed = _pools_note(plan, per_node)
+    if mixed:
+        notes.append(mixed)
+    return Export("torchtitan", files, notes)
 
 
 def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None = None) -> Export:

@@ -26,10 +26,16 @@ from pathlib import Path
 
 from hetplan.errors import HetplanError
 from hetplan.profile.profiler import free_port
-from hetplan.runtime import planio
+from hetplan.runtime import children, planio
 
 #: Most local processes on a CPU-only host unless ``max_procs`` says otherwise.
 DEFAULT_MAX_CPU_PROCS = 16
+#: Compute dtypes the trainer runs in (``--dtype``).
+DTYPES = ("fp32", "bf16", "fp16")
+#: Data-parallel implementations of the trainer (``--dp-mode``).
+DP_MODES = ("ddp", "fsdp")
+#: Longest run accepted (s): one week; a longer wall-clock limit is a typo.
+MAX_TIMEOUT_S = 7 * 86400.0
 
 
 @dataclass
@@ -65,6 +71,44 @@ class RunOptions:
     stage_stat: str = "median"
     threads: int = 1
     extra_env: dict = field(default_factory=dict)
+
+
+def check_options(opts: RunOptions) -> None:
+    """Refuse options the trainer would reject, before any process starts (issue 17: ``--dtype fp8`` used to fail
+    only inside 4 started ranks).
+
+    Raises:
+        HetplanError: naming the option: an unknown dtype / DP mode / schedule, a timeout that is not a positive
+            finite number of seconds (at most :data:`MAX_TIMEOUT_S`), counts below their minimum, a node rank
+            outside ``0 .. nnodes-1``, or a rendezvous endpoint that is not ``HOST:PORT``.
+    """
+    import math
+
+    from hetplan.runtime.planio import SCHEDULES
+
+    for flag, value, allowed in (("--dtype", opts.dtype, DTYPES), ("--dp-mode", opts.dp_mode, DP_MODES),
+                                 ("--schedule", opts.schedule, SCHEDULES)):
+        if value is not None and value not in allowed:
+            raise HetplanError(f"unknown value {value!r}", field=flag, fix=f"use one of {', '.join(allowed)}")
+    t = opts.timeout_s
+    if not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 < t <= MAX_TIMEOUT_S:
+        raise HetplanError(f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (one week); got {t}",
+                           field="--timeout", fix="give the run's wall-clock limit in seconds, e.g. --timeout 600")
+    for flag, value, low in (("--iterations", opts.iterations, 1), ("--warmup", opts.warmup, 0),
+                             ("--virtual-stages", opts.virtual_stages, 1), ("--nnodes", opts.nnodes, 1),
+                             ("--node-rank", opts.node_rank, 0), ("--threads", opts.threads, 1),
+                             ("--max-procs", opts.max_procs if opts.max_procs is not None else 1, 1),
+                             ("--stage-repeats", opts.stage_repeats, 1)):
+        if not isinstance(value, int) or value < low:
+            raise HetplanError(f"must be an integer >= {low}, got {value!r}", field=flag, fix=f"give {flag} >= {low}")
+    if opts.node_rank >= opts.nnodes:
+        raise HetplanError(f"node rank {opts.node_rank} is not below --nnodes {opts.nnodes}", field="--node-rank",
+                           fix=f"number the nodes 0 .. {opts.nnodes - 1}")
+    if opts.rdzv_endpoint is not None:
+        host, _, port = opts.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise HetplanError(f"got {opts.rdzv_endpoint!r}", field="--rdzv-endpoint",
+                               fix="give HOST:PORT of node 0, e.g. node0:29500")
 
 
 def _visible_gpus() -> int:
@@ -116,10 +160,12 @@ def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
     on nodes other than 0 of a multi-node run, returns ``{}``.
 
     Raises:
-        HetplanError: bad plan (see :func:`hetplan.runtime.planio.layout`), more ranks per node than allowed,
-            torch missing, or the ranks failed / timed out (with the tail of their log).
+        HetplanError: bad options (:func:`check_options`), bad plan (see :func:`hetplan.runtime.planio.layout`),
+            more ranks per node than allowed, torch missing, or the ranks failed / timed out (with the tail of their
+            log; no rank is left running, :func:`_supervise`).
     """
     opts = opts or RunOptions()
+    check_options(opts)
     plan = planio.load_plan(plan_path)
     spec = planio.plan_model(plan)
     gpus = _visible_gpus()
@@ -138,22 +184,41 @@ def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
         out = Path(tmp) / "result.json"
         cmd = torchrun_command(Path(plan_path).resolve(), lay.world_size, opts, out)
         env = dict(os.environ, OMP_NUM_THREADS=str(opts.threads), **opts.extra_env)
+        env[children.LAUNCHER_PID_ENV] = str(os.getpid())
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout_s, env=env)
-        except subprocess.TimeoutExpired as exc:
-            tail = (exc.stderr or b"")[-3000:]
-            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-            raise HetplanError(f"the run did not finish within {opts.timeout_s:.0f} s:\n{tail}", field="run",
-                               fix="raise --timeout, or check that all nodes joined the rendezvous") from None
-        if proc.returncode != 0:
-            log = "\n".join(l for l in (proc.stderr + proc.stdout).splitlines() if not l.startswith("[W"))
-            raise HetplanError(f"the ranks failed (exit {proc.returncode}):\n{_root_cause(log)}", field="run",
+        returncode, log = _supervise(cmd, env, opts.timeout_s, Path(tmp))
+        if returncode is None:
+            raise HetplanError(f"the run did not finish within {opts.timeout_s:g} s (all its ranks were killed):\n"
+                               f"{log[-3000:]}", field="--timeout",
+                               fix="raise --timeout, or check that all nodes joined the rendezvous")
+        if returncode != 0:
+            log = "\n".join(l for l in log.splitlines() if not l.startswith("[W"))
+            raise HetplanError(f"the ranks failed (exit {returncode}):\n{_root_cause(log)}", field="run",
                                fix="see the error above; rerun the torchrun command by hand for the full log: "
                                    + " ".join(cmd))
         if not out.is_file():
             return {}
         return json.loads(out.read_text())
+
+
+def _supervise(cmd: list[str], env: dict, timeout_s: float, tmp: Path) -> tuple[int | None, str]:
+    """Run torchrun so that no rank outlives this call (:mod:`hetplan.runtime.children`): torchrun in a session of
+    its own that dies with this process; on timeout, on any exception (Ctrl-C) and after a failure the whole tree
+    is killed. Returns ``(exit code or None on timeout, stderr + stdout)``."""
+    me = os.getpid()
+    with open(tmp / "stdout.log", "w+b") as so, open(tmp / "stderr.log", "w+b") as se:
+        proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=env, start_new_session=True,
+                                preexec_fn=lambda: children.die_with_parent(me))
+        try:
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            children.kill_tree(proc.pid)  # ranks left behind by a failed or killed torchrun, if any
+            proc.wait()
+        so.seek(0)
+        se.seek(0)
+        return code, se.read().decode(errors="replace") + so.read().decode(errors="replace")
 
 
 def _root_cause(log: str, limit: int = 3000) -> str:

@@ -11,13 +11,13 @@ torchtitan), so TP groups are consecutive ranks (inside a node) and pipeline sta
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import parse_json, read_text, validation_message
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Plan
 from hetplan.plan_rules import check_plan
@@ -34,14 +34,7 @@ def load_plan(path: str | Path) -> Plan:
             (named as ``plan.<dotted.path>``).
     """
     p = Path(path)
-    if not p.is_file():
-        raise HetplanError(f"plan file {p} does not exist", field="PLAN", fix="give the path of a plan JSON file")
-    text = p.read_text()
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HetplanError(f"malformed JSON in {p} (line {exc.lineno}, column {exc.colno}): {exc.msg}", field="PLAN",
-                           fix="fix the JSON syntax at that line") from None
+    raw = parse_json(read_text(p, "PLAN"), str(p), "PLAN")
     if not isinstance(raw, dict):
         raise HetplanError(f"{p} must hold a JSON object (a plan)", field="PLAN",
                            fix="write the plan as {\"job\": ..., \"pools\": ..., \"stages\": ..., \"mbs\": ...}")
@@ -53,10 +46,7 @@ def load_plan(path: str | Path) -> Plan:
     try:
         return Plan.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise HetplanError(f"{err['msg']}", field=f"plan.{loc}" if loc else "plan",
-                           fix="see `hetplan plan --help` / docs/runtime.md for the plan fields") from None
+        raise validation_message(exc, "plan", Plan) from None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from hetplan.profile import torchparts
-from hetplan.runtime import planio
+from hetplan.runtime import children, planio
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -296,6 +296,9 @@ def _allreduce_grads(params, group, dp: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point for ``python -m hetplan.runtime.trainer PLAN.json [--out FILE] ...`` under torchrun."""
+    # torchrun starts each rank in a session of its own: end the rank when torchrun ends (hetplan.runtime.children)
+    launcher = os.environ.get(children.LAUNCHER_PID_ENV)
+    children.die_with_parent(grandparent_pid=int(launcher) if launcher else None)
     result = run_rank(argv)
     if result is not None and not _parse(argv).out:
         json.dump(result, sys.stdout, indent=2)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from hetplan.errors import HetplanError
 from hetplan.runtime import planio
-from hetplan.runtime.launcher import RunOptions, run_plan
+from hetplan.runtime.launcher import RunOptions, check_options, run_plan
 
 #: Largest |relative error| of per-stage time accepted on CPU (the CI test asserts it).
 TIME_TOLERANCE = 0.5
@@ -174,6 +174,7 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
 
     opts = opts or RunOptions()
     opts.stage_stat, opts.stage_repeats = "min", repeats
+    check_options(opts)
     plan = planio.load_plan(plan_path)
     spec = planio.plan_model(plan)
     lay = planio.layout(plan, spec, schedule=opts.schedule, virtual_stages=opts.virtual_stages)

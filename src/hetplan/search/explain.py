@@ -10,6 +10,8 @@ configuration for each other value of TP, PP, micro-batch size, recomputation, Z
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from hetplan.search.homogeneous import COMPONENTS, PoolResult
@@ -65,7 +67,9 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
         diffs.insert(0, f"{loser['gpu']} vs {winner['gpu']}")
     lc = loser["usd_per_hour"] * loser["iteration_time_s"]
     wc = winner["usd_per_hour"] * winner["iteration_time_s"]
-    d_usd, d_time = lc / wc - 1, loser["iteration_time_s"] / winner["iteration_time_s"] - 1
+    # A free winner (price 0) makes the relative $ difference 0 (both free) or unbounded.
+    d_usd = lc / wc - 1 if wc > 0 else (0.0 if lc == 0 else math.inf)
+    d_time = loser["iteration_time_s"] / winner["iteration_time_s"] - 1
     suffix = f" ({', '.join(diffs)})" if diffs else ""
     if abs(d_usd) < 1e-3 and abs(d_time) < 1e-3:
         more = loser["memory_total"] > winner["memory_total"]
@@ -77,7 +81,8 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
                 f"{winner['iteration_time_s']:.2f} s" + suffix)
     if goal != "cheapest" and abs(d_time) < 1e-3:
         return f"same time as #1 within 0.1 %, {d_usd:+.1%} $" + suffix
-    head = f"{d_usd:+.1%} $ for the job" if goal == "cheapest" else f"{d_time:+.1%} iteration time"
+    head = (("costs $ where #1 is free" if math.isinf(d_usd) else f"{d_usd:+.1%} $ for the job") if goal == "cheapest"
+            else f"{d_time:+.1%} iteration time")
     text = f"{head}: {COMPONENT_NAMES[key]} {share(loser, key):.0%} of the iteration vs {share(winner, key):.0%}"
     return text + suffix
 

@@ -18,16 +18,18 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hetplan.inputs import bounded
+
 
 class Objective(BaseModel):
     """What to optimise: ``goal`` plus its constraint (seconds, USD)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     goal: Literal["fastest", "cheapest", "budget"] = "fastest"
-    deadline_s: float | None = Field(default=None, gt=0)
-    budget_usd: float | None = Field(default=None, gt=0)
-    slo_iteration_s: float | None = Field(default=None, gt=0)
+    deadline_s: float | None = bounded(3.2e9, "a deadline past 100 years is no deadline", default=None, gt=0)
+    budget_usd: float | None = bounded(1e12, "a trillion dollars is more than any training budget", default=None, gt=0)
+    slo_iteration_s: float | None = bounded(1e6, "an iteration longer than 11 days is no SLO", default=None, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> "Objective":

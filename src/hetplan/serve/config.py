@@ -9,23 +9,18 @@ This module does not import torch.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import parse_toml, read_text
 from hetplan.model.spec import ModelSpec, load_model
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelEntry(_Strict):
@@ -189,12 +184,7 @@ def _resolve(data: dict, base: Path) -> dict:
 
 def _load(path: str | Path, cls):
     p = Path(path)
-    if not p.is_file():
-        raise HetplanError(f"file {path} does not exist", field=str(path), fix="give the path of a TOML file")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise HetplanError(f"malformed TOML in {path}: {exc}", field=str(path), fix="fix the TOML syntax at that line") from None
+    data = parse_toml(read_text(p, str(path)), str(path))
     data = _resolve(data, p.parent)
     return parse(data, cls, origin=str(path))
 

@@ -16,6 +16,8 @@ This module does not import torch.
 from __future__ import annotations
 
 import csv
+import io
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -23,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import read_text
 
 
 @dataclass
@@ -134,32 +137,30 @@ def read_trace(path: str | Path, models: Sequence[str], *, prompt_len: int = 16,
     Raises:
         HetplanError: missing file or column, a bad number, a negative time, or an unknown model (with the line).
     """
-    p = Path(path)
-    if not p.is_file():
-        raise HetplanError(f"trace file {path} does not exist", field="workload.trace", fix="give the path of a CSV trace")
+    text = read_text(path, "workload.trace")
     known = set(models)
     out: list[Request] = []
-    with p.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        cols = set(reader.fieldnames or [])
-        if not {"arrival_s", "model"} <= cols:
-            raise HetplanError(f"trace {path} lacks columns arrival_s and model (has {sorted(cols)})",
-                               field="workload.trace", fix="add a header line: arrival_s,model")
-        for row in reader:
-            line = reader.line_num
-            try:
-                t = float(row["arrival_s"])
-                pl = int(row["prompt_len"]) if row.get("prompt_len") else prompt_len
-                nt = int(row["max_new_tokens"]) if row.get("max_new_tokens") else max_new_tokens
-            except ValueError as exc:
-                raise HetplanError(f"{path} line {line}: {exc}", field="workload.trace", fix="fix the number on that line") from None
-            if t < 0 or pl < 1 or nt < 1:
-                raise HetplanError(f"{path} line {line}: arrival_s must be >= 0, prompt_len and max_new_tokens >= 1",
-                                   field="workload.trace", fix="fix the values on that line")
-            if row["model"] not in known:
-                raise HetplanError(f"{path} line {line}: unknown model {row['model']!r}", field="workload.trace",
-                                   fix=f"use one of {', '.join(models)}")
-            out.append(Request(0, row["model"], t, pl, nt))
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    cols = set(reader.fieldnames or [])
+    if not {"arrival_s", "model"} <= cols:
+        raise HetplanError(f"trace {path} lacks columns arrival_s and model (has {sorted(cols)})",
+                           field="workload.trace", fix="add a header line: arrival_s,model")
+    for row in reader:
+        line = reader.line_num
+        try:
+            t = float(row["arrival_s"])
+            pl = int(row["prompt_len"]) if row.get("prompt_len") else prompt_len
+            nt = int(row["max_new_tokens"]) if row.get("max_new_tokens") else max_new_tokens
+        except (TypeError, ValueError) as exc:
+            raise HetplanError(f"{path} line {line}: {exc}", field="workload.trace", fix="fix the number on that line") from None
+        if not 0 <= t < math.inf or not 1 <= pl <= 2**20 or not 1 <= nt <= 2**20:
+            raise HetplanError(f"{path} line {line}: arrival_s must be finite and >= 0, prompt_len and max_new_tokens "
+                               f"in 1..1,048,576 (longer than any model's context)",
+                               field="workload.trace", fix="fix the values on that line")
+        if row["model"] not in known:
+            raise HetplanError(f"{path} line {line}: unknown model {row['model']!r}", field="workload.trace",
+                               fix=f"use one of {', '.join(models)}")
+        out.append(Request(0, row["model"], t, pl, nt))
     out.sort(key=lambda r: r.arrival_s)
     for i, r in enumerate(out):
         r.id = i

@@ -31,7 +31,7 @@ NAME = r"^[A-Za-z0-9_.\-]{1,128}$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PlanIn(_Strict):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetplan.energy.dag import KIND_NAMES, stage_order
+from hetplan.energy.dag import instruction_name, stage_order
 from hetplan.errors import HetplanError
 
 KINDS = ("online_profiling", "point_solution", "frontier_pick")
@@ -27,7 +27,9 @@ KINDS = ("online_profiling", "point_solution", "frontier_pick")
 
 def instructions(spec: dict, stage: int) -> list[str]:
     """``["forward:0", ...]``: the stage's instructions in execution order."""
-    return [f"{KIND_NAMES[k]}:{m}" for k, m in stage_order(spec["schedule"], spec["num_stages"], spec["num_microbatches"], stage)]
+    v = spec.get("virtual_stages", 1)
+    return [instruction_name(k, m, c, v)
+            for k, m, c in stage_order(spec["schedule"], spec["num_stages"], spec["num_microbatches"], stage, v)]
 
 
 def validate_spec(spec: dict) -> None:

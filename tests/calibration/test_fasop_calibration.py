@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hetplan.errors import HetplanError
-from hetplan.estimate import calibrate, compute, validation
+from hetplan.calibration import calibrate, validation
+from hetplan.estimate import compute
 from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import load_catalog
 from hetplan.plan import GPUPool

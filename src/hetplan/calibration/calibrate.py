@@ -1,6 +1,9 @@
-"""Reproduce the fit of the estimator's per-GPU constants (``python -m hetplan.estimate.calibrate``).
+"""Reproduce the fit of the estimator's per-GPU constants (``python -m hetplan.calibration.calibrate``).
 
-What is fitted, on which data (everything else is held out, see :mod:`hetplan.estimate.validation`):
+Every fit evaluates its trial values by passing them as data (:class:`hetplan.calibration.validation.Constants`:
+catalog, communication constants, FASOP's host launch costs) to the predictions; no module state is rewritten.
+
+What is fitted, on which data (everything else is held out, see :mod:`hetplan.calibration.validation`):
 
 * **A100** (``A100-SXM-80GB`` and, by the same silicon, ``A100-SXM-40GB``): ``compute_efficiency`` (large-GEMM
   efficiency e_max), ``gemm_half_dim`` (x½ of the shape factor) and ``kernel_overhead_s``, plus the intra-node
@@ -12,7 +15,7 @@ What is fitted, on which data (everything else is held out, see :mod:`hetplan.es
   (``gemm_half_dim`` and ``kernel_overhead_s`` kept at the A100 values).
 * **A10G** ``compute_efficiency`` and ``kernel_overhead_s`` (its host, AWS g5), and the host launch cost
   (``GPUPool.kernel_overhead_s``) of FASOP's AWS p4d A100 machines and of its RTX 3090 server
-  (:data:`hetplan.estimate.validation.FASOP_HOSTS`) — robust least squares (soft-L1, scale 0.1) on
+  (:data:`hetplan.calibration.validation.FASOP_HOSTS`) — robust least squares (soft-L1, scale 0.1) on
   log(predicted / measured) over the calibration half of ``fasop_layers`` (FASOP's per-layer forward times at
   micro-batch 1; :func:`fit_fasop`). A100's e_max / x½ stay the vTrain fit, RTX 3090's e_max the Espresso-trace fit
   (FASOP has one TP-1 row for it, which cannot separate its host floor from its efficiency). ``gemm_half_dim`` of
@@ -21,8 +24,8 @@ What is fitted, on which data (everything else is held out, see :mod:`hetplan.es
 * **A30, RTX A4000, RTX A6000, RTX 3090** ``compute_efficiency`` — on Espresso's measured DeepSpeed pipelines
   (``../shared/data/traces/espresso_hetero`` or ``$HETPLAN_ESPRESSO_TRACES``; not package data, skipped when
   absent): per GPU type, the value at which the mean forward-time error of its stages in the calibration runs
-  (:data:`ESPRESSO_CALIBRATION_RUNS`) is zero, evaluated with the attention the runs used (fused,
-  ``attention="flash"``, on these four types; :data:`ESPRESSO_STANDARD_ATTENTION_GPUS`) and
+  (:data:`~hetplan.calibration.traces.ESPRESSO_CALIBRATION_RUNS`) is zero, evaluated with the attention the runs used (fused,
+  ``attention="flash"``, on these four types; :data:`~hetplan.calibration.traces.ESPRESSO_STANDARD_ATTENTION_GPUS`) and
   ``framework="deepspeed"``; backward times and the other runs are held out (:func:`fit_espresso`, which also
   reports the standard-attention fit the catalog held before). ``gemm_half_dim`` and ``kernel_overhead_s`` stay
   the A100 values. The catalog bounds ``compute_efficiency`` by 1; the RTX 3090 needs more (its stages run
@@ -39,17 +42,18 @@ The fit prints the constants; they are then written (by hand, in a reviewed comm
 
 from __future__ import annotations
 
-import csv
 import json
-import os
-import re
-import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from hetplan.estimate import comm, validation
+from hetplan.calibration import validation
+from hetplan.calibration.traces import (ESPRESSO_CALIBRATION_RUNS, ESPRESSO_FITTED, ESPRESSO_TRACES, espresso_attention,
+                                        espresso_plan, espresso_runs, read_pipeline)
+from hetplan.calibration.validation import Constants
+from hetplan.estimate.comm import CommConstants
 from hetplan.hardware.catalog import Catalog, load_catalog
 
 A100_NAMES = ("A100-SXM-80GB", "A100-SXM-40GB")
@@ -63,8 +67,8 @@ def _catalog_with(updates: dict[str, dict]) -> Catalog:
     return Catalog(gpus, base.date)
 
 
-def _log_residuals(cases) -> np.ndarray:
-    return np.array([np.log(c.predict() / c.measured) for c in cases])
+def _log_residuals(cases, constants: Constants) -> np.ndarray:
+    return np.array([np.log(c.predict(constants) / c.measured) for c in cases])
 
 
 def fit_a100(cases=None, x0=(0.8, 150.0, 45e-6, 5e-6)) -> dict:
@@ -74,21 +78,15 @@ def fit_a100(cases=None, x0=(0.8, 150.0, 45e-6, 5e-6)) -> dict:
 
     if cases is None:
         cases = [c for c in validation.vtrain_cases("single") + validation.vtrain_cases("multi") if c.is_calibration]
-    alpha0 = comm.ALPHA_INTRA_NODE_S
 
     def resid(theta):
         e, half, tau, alpha = theta
-        comm.ALPHA_INTRA_NODE_S = float(alpha)
         upd = {"compute_efficiency": float(min(e, 1.0)), "gemm_half_dim": float(half), "kernel_overhead_s": float(tau)}
-        validation.CATALOG = _catalog_with({n: upd for n in A100_NAMES})
-        return _log_residuals(cases)
+        return _log_residuals(cases, Constants(catalog=_catalog_with({n: upd for n in A100_NAMES}),
+                                               comm=CommConstants(alpha_intra_node_s=float(alpha))))
 
-    try:
-        sol = least_squares(resid, x0=np.array(x0), bounds=([0.3, 0.0, 0.0, 0.0], [1.0, 1024.0, 1e-4, 1e-4]),
-                            x_scale=np.array([0.1, 32.0, 5e-6, 5e-6]), diff_step=1e-3)
-    finally:
-        validation.CATALOG = None
-        comm.ALPHA_INTRA_NODE_S = alpha0
+    sol = least_squares(resid, x0=np.array(x0), bounds=([0.3, 0.0, 0.0, 0.0], [1.0, 1024.0, 1e-4, 1e-4]),
+                        x_scale=np.array([0.1, 32.0, 5e-6, 5e-6]), diff_step=1e-3)
     e, half, tau, alpha = sol.x
     return {"compute_efficiency": float(e), "gemm_half_dim": float(half), "kernel_overhead_s": float(tau),
             "alpha_intra_node_s": float(alpha), "rms_log_error": float(np.sqrt(np.mean(sol.fun**2))), "n": len(cases)}
@@ -122,43 +120,31 @@ def fit_v100() -> dict:
 A10G = "A10G"
 
 
-def _fasop_set(theta) -> None:
-    """Install (A10G e_max, A10G/g5 kernel overhead, p4d kernel overhead, RTX 3090 host kernel overhead)."""
+def fasop_constants(theta, base: Constants = validation.DEFAULT) -> Constants:
+    """``base`` with (A10G e_max, A10G/g5 kernel overhead, p4d kernel overhead, RTX 3090 host kernel overhead)."""
     e, tau_g5, tau_p4d, tau_3090 = (float(x) for x in theta)
-    validation.CATALOG = _catalog_with({A10G: {"compute_efficiency": min(e, 1.0), "kernel_overhead_s": tau_g5}})
-    hosts = dict(validation.FASOP_HOSTS)
+    hosts = dict(base.fasop_hosts)
     hosts["A100-SXM-40GB"] = (hosts["A100-SXM-40GB"][0], tau_p4d)
     hosts["RTX-3090"] = (hosts["RTX-3090"][0], tau_3090)
-    validation.FASOP_HOSTS = hosts
+    return replace(base, catalog=_catalog_with({A10G: {"compute_efficiency": min(e, 1.0), "kernel_overhead_s": tau_g5}}),
+                   fasop_hosts=hosts)
 
 
 def _fit_fasop_rows(rows, x0=(0.6, 70e-6, 70e-6, 70e-6)):
     from scipy.optimize import least_squares
 
-    hosts0 = validation.FASOP_HOSTS
-
     def resid(theta):
-        _fasop_set(theta)
-        return np.array([np.log(validation.fasop_layer_forward_s(m, dev, s, tp) / meas)
+        c = fasop_constants(theta)
+        return np.array([np.log(validation.fasop_layer_forward_s(m, dev, s, tp, 1, c) / meas)
                          for _, m, s, dev, tp, meas in rows])
 
-    try:
-        sol = least_squares(resid, x0=np.array(x0), bounds=([0.05, 0.0, 0.0, 0.0], [1.0, 3e-4, 3e-4, 3e-4]),
-                            x_scale=np.array([0.1, 1e-5, 1e-5, 1e-5]), diff_step=1e-3, loss="soft_l1", f_scale=0.1)
-    finally:
-        validation.CATALOG = None
-        validation.FASOP_HOSTS = hosts0
-    return sol
+    return least_squares(resid, x0=np.array(x0), bounds=([0.05, 0.0, 0.0, 0.0], [1.0, 3e-4, 3e-4, 3e-4]),
+                         x_scale=np.array([0.1, 1e-5, 1e-5, 1e-5]), diff_step=1e-3, loss="soft_l1", f_scale=0.1)
 
 
 def _fasop_errors(theta, rows) -> np.ndarray:
-    hosts0 = validation.FASOP_HOSTS
-    try:
-        _fasop_set(theta)
-        return np.array([validation.fasop_layer_forward_s(m, dev, s, tp) / meas - 1 for _, m, s, dev, tp, meas in rows])
-    finally:
-        validation.CATALOG = None
-        validation.FASOP_HOSTS = hosts0
+    c = fasop_constants(theta)
+    return np.array([validation.fasop_layer_forward_s(m, dev, s, tp, 1, c) / meas - 1 for _, m, s, dev, tp, meas in rows])
 
 
 def fit_fasop() -> dict:
@@ -196,110 +182,8 @@ def cross_validate_fasop() -> dict:
     return out
 
 
-# --- Espresso's DeepSpeed traces: compute_efficiency of A30, RTX A4000, RTX A6000, RTX 3090 ----------------------
-
-#: Espresso's measured heterogeneous DeepSpeed pipelines (per-rank ``operations_record.csv``: forward / backward
-#: seconds per micro-batch and ``torch.cuda.max_memory_allocated`` bytes). Not package data: the fit reads them from
-#: ``$HETPLAN_ESPRESSO_TRACES`` or, in a checkout, ``../shared/data/traces/espresso_hetero`` next to the repository.
-ESPRESSO_TRACES = Path(os.environ.get("HETPLAN_ESPRESSO_TRACES",
-                                      Path(__file__).resolve().parents[4] / "shared" / "data" / "traces" / "espresso_hetero"))
-#: Plan shape of every traced run: micro-batch 8 sequences, 4 micro-batches, sequence 2000 tokens, fp16, DeepSpeed
-#: activation checkpointing of every layer (full recomputation): backward ~ 3x forward, and the memory the traces
-#: record is states + 2·s·b·h per layer per micro-batch in flight + one layer's activations.
-ESPRESSO_MBS, ESPRESSO_MICROBATCHES, ESPRESSO_SEQ, ESPRESSO_RECOMPUTE = 8, 4, 2000, "full"
-#: Run-name tokens -> catalog names.
-ESPRESSO_NAMES = {"A30": "A30", "A4000": "RTX-A4000", "A6000": "RTX-A6000", "3090": "RTX-3090", "A10G": "A10G",
-                  "T4": "T4", "V100": "V100-SXM-32GB"}
-#: GPU types whose ``compute_efficiency`` this fit sets (the A10G is fitted on FASOP's profiles, :func:`fit_fasop`;
-#: the T4 / V100 traces are 4-6x slower than any fp16 tensor-core rate and are not used, docs/estimator.md).
-ESPRESSO_FITTED = ("A30", "RTX-A4000", "RTX-A6000", "RTX-3090")
-#: GPU types whose traced runs used unfused (standard) attention: their backward of one checkpointed layer needs
-#: 3.9-4.1 GiB beyond the gradients, against 0.9-1.9 GiB on every other type, where a layer of standard attention
-#: alone would store 1.9 GiB of s x s tensors (docs/estimator.md, Memory; benchmarks/bench_memory_traces.py).
-ESPRESSO_STANDARD_ATTENTION_GPUS = frozenset({"A10G"})
-#: Runs whose stages calibrate: the runs that calibrate the memory model's backward working set
-#: (benchmarks/bench_memory_traces.py) plus ``motivation1_33090``, the only run with RTX 3090s (so the 3090 has no
-#: held-out stage). Every other stage is held out: 5 A30, 5 A4000 and 2 A6000 stages of runs the fit never saw.
-ESPRESSO_CALIBRATION_RUNS = frozenset({"motivation1_2A30_A4000", "motivation1_2A6000", "motivation1_4A4000",
-                                       "motivation1_2A10G_1T4_test", "motivation1_3A10G", "motivation1_33090"})
-
-
-def espresso_model(num_layers: int):
-    """The traced model (from the traces: 50.6 M parameters per layer, 18 B per parameter after the trainer starts):
-    Llama-style, h 2048, 16 heads of 128, SwiGLU MLP 5504, RMSNorm, vocabulary 32000, no biases, untied."""
-    from hetplan.model.spec import ModelSpec
-
-    return ModelSpec(name=f"llama-1.3b-L{num_layers}", family="llama", num_layers=num_layers, hidden_size=2048,
-                     num_attention_heads=16, num_kv_heads=16, head_dim=128, ffn_hidden_size=5504, vocab_size=32000,
-                     max_seq_len=4096, gated_mlp=True, norm="rmsnorm", linear_bias=False, learned_positions=0,
-                     tied_embeddings=False, dropout=False)
-
-
-def espresso_parse_gpus(run: str, p: int) -> list[str] | None:
-    """``motivation1_2A30_A4000`` -> [A30, A30, RTX-A4000]; None when the name does not give ``p`` GPUs."""
-    out = []
-    for tok in run.replace("motivation1_", "").split("_"):
-        m = re.fullmatch(r"(\d?)(A30|A4000|A6000|3090|A10G|T4|V100)", tok) or re.fullmatch(r"(\d)1?(V100|T4)", tok)
-        if m is None:
-            continue
-        out += [ESPRESSO_NAMES[m.group(2)]] * int(m.group(1) or 1)
-    return out if len(out) == p else None
-
-
-def espresso_measured(folder: Path) -> tuple[float, float, float]:
-    """Median forward and backward seconds per micro-batch of one rank (first two micro-batches dropped: warm-up)
-    and its peak ``max_mem`` (bytes allocated)."""
-    with open(folder / "operations_record.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    f = [float(r["duration"]) for r in rows if r["task"] == "ForwardPass"][2:]
-    b = [float(r["duration"]) for r in rows if r["task"] == "BackwardPass"][2:]
-    return statistics.median(f), statistics.median(b), max(float(r["max_mem"]) for r in rows)
-
-
-def espresso_runs(root: Path | None = None, skipped: list | None = None):
-    """Yield ``(run name, GPU types in stage order, stage boundaries, rank folders)`` of each complete
-    ``motivation1_*`` run under ``root``; runs whose GPU types the name does not give (``motivation1_2A60000``,
-    ranks missing) are appended to ``skipped``. DeepSpeed's pipeline layer list is embedding + L layers + norm +
-    head, so L = last boundary - 3."""
-    root = ESPRESSO_TRACES if root is None else Path(root)
-    for run in sorted(root.glob("*/motivation1_*")):
-        by_run: dict[str, list[Path]] = {}
-        for d in run.iterdir():
-            rest = d.name.split("_", 1)[1]
-            by_run.setdefault(rest, []).append(d)
-        for rest, folders in sorted(by_run.items()):
-            folders.sort(key=lambda d: int(d.name.split("_")[0]))
-            tail = rest.replace("_tmp", "").split("_")[-(len(folders) + 1):]
-            gpus = espresso_parse_gpus(run.name, len(folders))
-            if gpus is None or not all(x.isdigit() for x in tail):
-                if skipped is not None:
-                    skipped.append(f"{run.name} ({rest})")
-                continue
-            yield run.name, gpus, [int(x) for x in tail], folders
-
-
-def espresso_plan(gpus: list[str], bounds: list[int], attention: str = "flash", framework: str = "deepspeed"):
-    """``(Plan, ModelSpec)`` of one traced run: one GPU per stage, the stage layers from the boundaries."""
-    from hetplan.plan import GPUPool, Job, Plan, Stage
-
-    L = bounds[-1] - 3
-    m = espresso_model(L)
-    kinds = sorted(set(gpus), key=gpus.index)
-    pools = [GPUPool(gpu=g, count=gpus.count(g), gpus_per_node=8) for g in kinds]
-    stages = [Stage(pool=kinds.index(g), num_layers=len([k for k in range(bounds[i], bounds[i + 1]) if 1 <= k <= L]),
-                    recompute=ESPRESSO_RECOMPUTE) for i, g in enumerate(gpus)]
-    job = Job(model=m.name, seq_len=ESPRESSO_SEQ, global_batch=ESPRESSO_MBS * ESPRESSO_MICROBATCHES, dtype="fp16",
-              attention=attention, framework=framework)
-    return Plan(job=job, pools=pools, stages=stages, mbs=ESPRESSO_MBS), m
-
-
-def espresso_attention(gpu: str, attention: str = "auto") -> str:
-    """The attention a traced stage on ``gpu`` is evaluated with: ``auto`` = what its run used
-    (:data:`ESPRESSO_STANDARD_ATTENTION_GPUS` standard, the others flash); else ``attention`` for every stage."""
-    if attention == "auto":
-        return "standard" if gpu in ESPRESSO_STANDARD_ATTENTION_GPUS else "flash"
-    return attention
-
+# --- Espresso's DeepSpeed traces (hetplan.calibration.traces): compute_efficiency of A30, RTX A4000, RTX A6000,
+# RTX 3090 --------------------------------------------------------------------------------------------------------
 
 class EspressoTraces:
     """The traced stages, read once, and their predictions under any catalog.
@@ -318,11 +202,12 @@ class EspressoTraces:
                                     "(set HETPLAN_ESPRESSO_TRACES to Espresso's trace folder)")
         self.stages = []
         for name, gpus, _, folders in self.runs:
-            for i, folder in enumerate(folders):
-                f, b, mem = espresso_measured(folder)
+            tp = read_pipeline(name, gpus, folders)
+            for i in range(len(folders)):
                 self.stages.append({"run": name, "stage": i, "gpu": gpus[i],
                                     "calibration": name in ESPRESSO_CALIBRATION_RUNS,
-                                    "forward_s": f, "backward_s": b, "memory_bytes": mem})
+                                    "forward_s": tp.forward_s[i], "backward_s": tp.backward_s[i],
+                                    "memory_bytes": tp.memory_bytes[i]})
 
     def predict(self, catalog: Catalog | None = None, attention: str = "auto", framework: str = "deepspeed",
                 gpus: set[str] | None = None) -> list[dict]:
@@ -383,7 +268,7 @@ def _catalog_efficiencies(base: Catalog, effs: dict[str, float]) -> Catalog:
 def fit_espresso_efficiency(traces: EspressoTraces, attention: str = "auto", gpus=ESPRESSO_FITTED,
                             upper: float = 2.0) -> dict[str, dict]:
     """Per GPU type: the ``compute_efficiency`` at which the mean forward-time error of its **calibration** stages
-    (:data:`ESPRESSO_CALIBRATION_RUNS`) is zero (Brent's root search, other catalog figures unchanged). Backward
+    (:data:`~hetplan.calibration.traces.ESPRESSO_CALIBRATION_RUNS`) is zero (Brent's root search, other catalog figures unchanged). Backward
     times are not fitted (they check the fit). Returns ``{gpu: {"fitted": e (unconstrained, up to upper),
     "catalog": min(e, 1), "capped": e > 1}}`` — the catalog bounds ``compute_efficiency`` by 1."""
     from scipy.optimize import brentq

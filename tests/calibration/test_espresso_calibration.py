@@ -1,5 +1,5 @@
 """The compute_efficiency of the Espresso-traced GPUs (A30, RTX A4000, RTX A6000, RTX 3090) against Espresso's
-measured DeepSpeed pipelines (``hetplan.estimate.calibrate.fit_espresso``).
+measured DeepSpeed pipelines (``hetplan.calibration.calibrate.fit_espresso``).
 
 Fixture: tests/fixtures/profile/espresso/motivation1_2A30_A4000 (a calibration run: its two A30 stages are all the
 A30 calibration stages, so the A30 fit on the fixture alone is the catalog value). The whole trace set
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from hetplan.estimate import calibrate
+from hetplan.calibration import calibrate, traces
 from hetplan.hardware.catalog import load_catalog
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profile"
 CAT = load_catalog()
-HAVE_TRACES = calibrate.ESPRESSO_TRACES.is_dir() and any(calibrate.ESPRESSO_TRACES.glob("*/motivation1_*"))
+HAVE_TRACES = traces.ESPRESSO_TRACES.is_dir() and any(traces.ESPRESSO_TRACES.glob("*/motivation1_*"))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_missing_traces_are_named(tmp_path):
 def test_full_fit_reproduces_the_catalog_and_holds_out():
     res = calibrate.fit_espresso()
     fit = res["auto"]["compute_efficiency"]
-    for g in calibrate.ESPRESSO_FITTED:
+    for g in traces.ESPRESSO_FITTED:
         assert fit[g]["catalog"] == pytest.approx(CAT.get(g).compute_efficiency, abs=0.002), g
     # The RTX 3090 needs more than the catalog's bound of 1 (it runs faster than its rated FP32-accumulate peak).
     assert fit["RTX-3090"]["capped"] and fit["RTX-3090"]["fitted"] > 1.05

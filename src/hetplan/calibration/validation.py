@@ -1,6 +1,7 @@
 """Validation of the estimator against public measured training data (``hetplan validate``).
 
-Data sets (copied into ``hetplan/estimate/validation_data/``, sources in the README there):
+Data sets (copied into ``hetplan/calibration/validation_data/``, sources in the README there); :data:`SETS` is
+the registry of named sets (name -> case loader), extended by adding a loader to it:
 
 * ``vtrain_single_node`` — 1,440 iteration times on 2/4/8 A100 in one DGX node (vTrain, MICRO'24), measured with
   Megatron-DeepSpeed (vTrain's ``data/README.md``; most likely its Megatron-LM path, see :func:`vtrain_cases`).
@@ -24,10 +25,13 @@ times of the configurations of one job (same model, GPU count and global batch: 
 chooses among), averaged over jobs weighted by their number of pairs. Errors are fractions (0.08 = 8 %).
 
 Calibration split: a fixed, seeded 25 % of the ``vtrain_single_node`` and ``vtrain_multi_node`` rows
-(``is_calibration``, chosen by a hash of the row) fitted the A100 constants (see :mod:`hetplan.estimate.calibrate`); the TP-1 rows of ``aceso_v100`` fitted the V100 ones;
+(``is_calibration``, chosen by a hash of the row) fitted the A100 constants (see :mod:`hetplan.calibration.calibrate`); the TP-1 rows of ``aceso_v100`` fitted the V100 ones;
 a seeded half of the ``fasop_layers`` rows (same hash, :data:`FASOP_CALIBRATION_FRACTION`) fitted the A10G
 efficiency and the host launch costs of FASOP's machines.
 Everything else is held out; :func:`run_validation` reports both parts.
+
+Every prediction takes the fitted constants as data (:class:`Constants`: catalog, communication constants, FASOP's
+host launch costs); a fit passes its trial values to ``Case.predict`` and nothing here holds state.
 """
 
 from __future__ import annotations
@@ -37,17 +41,18 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Callable, Iterable
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from hetplan.estimate.comm import CommConstants
+from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage
 
 A100 = "A100-SXM-80GB"
 V100 = "V100-SXM-32GB"
-SET_NAMES = ("vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1", "korthikanti_table5", "aceso_v100",
-             "fasop_layers", "espresso_hetero")
 
 #: Targets of issue 3 (fractions). ``kendall_tau`` is a lower bound, the others upper bounds.
 TARGETS = {
@@ -63,6 +68,40 @@ REFERENCE = {"vtrain_single_node": {"mape": 0.0837}, "vtrain_multi_node": {"mape
 CALIBRATION_FRACTION = 0.25
 CALIBRATION_SEED = "hetplan-calibration-v1"
 
+#: FASOP's GPU types (as the profile importer names them) -> (the machine FASOP ran them on, its host launch cost
+#: per kernel in seconds or None for the catalog value). The launch cost is the ``GPUPool.kernel_overhead_s`` of a
+#: pool of those machines: fitted by :func:`hetplan.calibration.calibrate.fit_fasop` on the calibration half of
+#: ``fasop_layers``. A10G: the catalog value, which is the g5 host's (the A10G exists only in AWS g5).
+FASOP_HOSTS: Mapping[str, tuple[str, float | None]] = MappingProxyType({
+    "A100-SXM-40GB": ("AWS p4d.24xlarge", 73.8e-6),
+    "A10G": ("AWS g5.12xlarge", None),
+    "RTX-3090": ("FASOP's RTX 3090 server (host not named)", 147e-6),
+})
+
+@dataclass(frozen=True)
+class Constants:
+    """The fitted constants every prediction takes, as data (:mod:`hetplan.calibration.calibrate` returns and
+    tries values of it; defaults: what is checked in).
+
+    Attributes:
+        catalog: GPU catalog (per-GPU ``compute_efficiency``, ``gemm_half_dim``, ``kernel_overhead_s``); None: the
+            package catalog.
+        comm: communication constants of the estimator (:class:`hetplan.estimate.comm.CommConstants`).
+        fasop_hosts: FASOP's machines and their host launch costs (:data:`FASOP_HOSTS`).
+    """
+
+    catalog: Catalog | None = None
+    comm: CommConstants = CommConstants()
+    fasop_hosts: Mapping[str, tuple[str, float | None]] = field(default_factory=lambda: FASOP_HOSTS)
+
+    def gpu_catalog(self) -> Catalog:
+        """:attr:`catalog`, or the package catalog."""
+        return self.catalog or load_catalog()
+
+
+#: The checked-in constants.
+DEFAULT = Constants()
+
 
 @dataclass
 class Case:
@@ -70,7 +109,8 @@ class Case:
 
     Attributes:
         set: data-set name; key: row id; group: job id for Kendall tau (configurations of one job).
-        measured: measured value (seconds, or TFLOP/s per GPU for Megatron SC'21); ``predict`` returns the same.
+        measured: measured value (seconds, or TFLOP/s per GPU for Megatron SC'21); ``predict(constants)`` returns
+            the same under the given :class:`Constants`.
         is_calibration: the row was used to fit constants.
     """
 
@@ -78,7 +118,7 @@ class Case:
     key: str
     group: str
     measured: float
-    predict: Callable[[], float]
+    predict: Callable[[Constants], float]
     is_calibration: bool = False
     info: dict = field(default_factory=dict)
     predicted: float = math.nan
@@ -88,7 +128,7 @@ class Case:
 
 
 def _data(name: str) -> str:
-    return resources.files("hetplan.estimate").joinpath("validation_data", name).read_text()
+    return resources.files("hetplan.calibration").joinpath("validation_data", name).read_text()
 
 
 def gpt_model(num_layers: int, hidden: int, heads: int, seq: int, vocab: int = 51200) -> ModelSpec:
@@ -130,15 +170,12 @@ def _is_calibration(key: str, fraction: float | None = None) -> bool:
     return int.from_bytes(h[:4], "big") / 2**32 < (CALIBRATION_FRACTION if fraction is None else fraction)
 
 
-#: Catalog the predictors use (None: the package catalog); :mod:`hetplan.estimate.calibrate` swaps it.
-CATALOG = None
-
-
-def _time_predictor(plan: Plan, m: ModelSpec, virtual_stages: int = 1):
-    def predict() -> float:
+def _time_predictor(plan: Plan, m: ModelSpec, virtual_stages: int = 1) -> Callable[[Constants], float]:
+    def predict(c: Constants) -> float:
         from hetplan.estimate.estimator import estimate
 
-        return estimate(plan, catalog=CATALOG, model=m, virtual_stages=virtual_stages).iteration_time_s
+        return estimate(plan, catalog=c.catalog, model=m, virtual_stages=virtual_stages,
+                        comm_constants=c.comm).iteration_time_s
 
     return predict
 
@@ -205,8 +242,8 @@ def sc21_cases() -> list[Case]:
         flops = sc21_flops_per_iteration(gbs, s, L, h)
         t_pred = _time_predictor(plan, m, v)
 
-        def predict(t_pred=t_pred, flops=flops, n=n):
-            return flops / t_pred() / n / 1e12
+        def predict(c, t_pred=t_pred, flops=flops, n=n):
+            return flops / t_pred(c) / n / 1e12
 
         out.append(Case(set="megatron_sc21_table1", key=f"sc21:{P}B", group="sc21", measured=float(r["achieved_tflops_per_gpu"]),
                         predict=predict, info=dict(tp=tp, pp=pp, dp=dp, mbs=mbs, v=v, n=n), plan=plan, model=m,
@@ -249,7 +286,6 @@ def aceso_cases() -> list[Case]:
     :func:`hetplan.estimate.compute.layer_time_s` without recomputation, TP over the server's measured link
     (:func:`aceso_link_bandwidth_bytes_per_s`). The TP-1 rows calibrate V100 (``is_calibration``)."""
     from hetplan.estimate import compute
-    from hetplan.hardware.catalog import load_catalog
 
     m = gpt_model(24, 2048, 32, 2048, vocab=50257)
     link_bw = aceso_link_bandwidth_bytes_per_s()
@@ -260,9 +296,10 @@ def aceso_cases() -> list[Case]:
             meas = sum(float(r["forward-compute"]) + float(r["backward-compute"]) for r in rows
                        if r["op_name"].startswith("enc-")) / 1e6
 
-            def predict(mbs=mbs, tp=tp):
-                gpu = (CATALOG or load_catalog()).get(V100)
-                f, b, _ = compute.layer_time_s(m, gpu, "fp16", mbs, 2048, tp, 0, link_bw)
+            def predict(c, mbs=mbs, tp=tp):
+                gpu = c.gpu_catalog().get(V100)
+                f, b, _ = compute.layer_time_s(m, gpu, "fp16", mbs, 2048, tp, 0, link_bw,
+                                               intra_node_alpha_s=c.comm.alpha_intra_node_s)
                 return float(f + b)
 
             out.append(Case(set="aceso_v100", key=f"aceso:mbs{mbs}:tp{tp}", group="gpt1.3b", measured=meas,
@@ -270,15 +307,6 @@ def aceso_cases() -> list[Case]:
     return out
 
 
-#: FASOP's GPU types (as the profile importer names them) -> (the machine FASOP ran them on, its host launch cost
-#: per kernel in seconds or None for the catalog value). The launch cost is the ``GPUPool.kernel_overhead_s`` of a
-#: pool of those machines: fitted by :func:`hetplan.estimate.calibrate.fit_fasop` on the calibration half of
-#: ``fasop_layers``. A10G: the catalog value, which is the g5 host's (the A10G exists only in AWS g5).
-FASOP_HOSTS: dict[str, tuple[str, float | None]] = {
-    "A100-SXM-40GB": ("AWS p4d.24xlarge", 73.8e-6),
-    "A10G": ("AWS g5.12xlarge", None),
-    "RTX-3090": ("FASOP's RTX 3090 server (host not named)", 147e-6),
-}
 #: FASOP's measured A100 / A10G per-layer forward time ratio, GPT-2 XL, micro-batch 1, TP 1 (1.638 / 2.342 ms:
 #: the A10G is 1.43x slower although its peak is 4.5x lower).
 FASOP_MEASURED_RATIO_GPT2XL = 2.342 / 1.638
@@ -311,38 +339,33 @@ def fasop_rows(devices: Iterable[str] = tuple(FASOP_HOSTS)) -> list[tuple[str, M
 
     keep = {d.lower() for d in devices}
     out = []
-    with resources.as_file(resources.files("hetplan.estimate").joinpath("validation_data", "fasop_layer_forward_times.csv")) as path:
+    with resources.as_file(resources.files("hetplan.calibration").joinpath("validation_data", "fasop_layer_forward_times.csv")) as path:
         for label, (m, s) in fasop_models().items():
             with ProfileDB(":memory:") as db:
                 import_fasop(db, path, models={label: (m, s)})
                 rows = [r for r in db.layer_rows() if r["kind"] == "layer"]
             for r in sorted(rows, key=lambda r: (r["device"], r["tp"])):
-                device = _catalog().get(r["device"]).name
+                device = load_catalog().get(r["device"]).name
                 if device.lower() in keep:
                     out.append((label, m, s, device, int(r["tp"]), float(r["forward_s"])))
     return out
 
 
-def _catalog():
-    from hetplan.hardware.catalog import load_catalog
-
-    return CATALOG or load_catalog()
-
-
-def fasop_gpu(device: str):
-    """The GPUSpec of ``device`` on FASOP's machine (:data:`FASOP_HOSTS`: the host's kernel launch cost)."""
-    gpu = _catalog().get(device)
-    tau = FASOP_HOSTS.get(device, ("", None))[1]
+def fasop_gpu(device: str, c: Constants = DEFAULT):
+    """The GPUSpec of ``device`` on FASOP's machine (:attr:`Constants.fasop_hosts`: the host's kernel launch cost)."""
+    gpu = c.gpu_catalog().get(device)
+    tau = c.fasop_hosts.get(device, ("", None))[1]
     return gpu if tau is None else gpu.model_copy(update={"kernel_overhead_s": tau})
 
 
-def fasop_layer_forward_s(m: ModelSpec, device: str, s: int, tp: int, mbs: int = 1) -> float:
+def fasop_layer_forward_s(m: ModelSpec, device: str, s: int, tp: int, mbs: int = 1, c: Constants = DEFAULT) -> float:
     """Predicted forward time (s) of one layer on FASOP's machine: :func:`hetplan.estimate.compute.layer_time_s`
     without recompute, TP collectives over the GPU type's catalog link (NVLink on p4d, PCIe on g5 / RTX 3090)."""
     from hetplan.estimate import compute
 
-    gpu = fasop_gpu(device)
-    f, _, _ = compute.layer_time_s(m, gpu, "fp16", mbs, s, tp, 0, gpu.gpu_link_bandwidth_bytes_per_s)
+    gpu = fasop_gpu(device, c)
+    f, _, _ = compute.layer_time_s(m, gpu, "fp16", mbs, s, tp, 0, gpu.gpu_link_bandwidth_bytes_per_s,
+                                   intra_node_alpha_s=c.comm.alpha_intra_node_s)
     return float(f)
 
 
@@ -353,7 +376,7 @@ def fasop_cases() -> list[Case]:
     for label, m, s, device, tp, meas in fasop_rows():
         key = f"fasop:{label}:{device}:tp{tp}"
         out.append(Case(set="fasop_layers", key=key, group=f"{label}:tp{tp}", measured=meas,
-                        predict=lambda m=m, device=device, s=s, tp=tp: fasop_layer_forward_s(m, device, s, tp),
+                        predict=lambda c, m=m, device=device, s=s, tp=tp: fasop_layer_forward_s(m, device, s, tp, 1, c),
                         is_calibration=_is_calibration(key, FASOP_CALIBRATION_FRACTION),
                         info=dict(model=label, gpu=device, tp=tp, seq=s)))
     return out
@@ -361,14 +384,14 @@ def fasop_cases() -> list[Case]:
 
 def espresso_hetero_cases() -> list[Case]:
     """Espresso's traced heterogeneous DeepSpeed pipelines (``espresso_hetero.csv``,
-    :func:`hetplan.estimate.pipeline_traces.summary_rows`): measured iteration time against :func:`estimate` of
+    :func:`hetplan.calibration.traces.summary_rows`): measured iteration time against :func:`estimate` of
     the same plan — one GPU per stage, the traced layer split, 4 micro-batches of 8 sequences of 2,000 tokens, full
     recomputation, the run's attention, ``framework="deepspeed"`` (memory and DeepSpeed's p2p instructions). The
     traces name no network, so each run's link is the one its own shortest sends imply (every stage on its own
     machine, :func:`network_for_transfer`): 0.46 GB/s on the juchiyun machines, 3 GB/s on AWS. Group for Kendall
     tau: one model (the runs are alternative GPU mixes for the same job). Runs whose stages fitted GPU efficiencies
-    (:data:`hetplan.estimate.calibrate.ESPRESSO_CALIBRATION_RUNS`) count as calibration."""
-    from hetplan.estimate.calibrate import espresso_plan
+    (:data:`hetplan.calibration.traces.ESPRESSO_CALIBRATION_RUNS`) count as calibration."""
+    from hetplan.calibration.traces import espresso_plan
 
     out = []
     for r in csv.DictReader(_data("espresso_hetero.csv").splitlines()):
@@ -388,7 +411,7 @@ def espresso_hetero_cases() -> list[Case]:
 def network_for_transfer(m: ModelSpec, transfer_s: float) -> float:
     """Node bandwidth (bytes/s) at which :func:`hetplan.estimate.comm.p2p_time_s` sends one traced activation
     (micro-batch × sequence tokens of ``m`` as traced, TP 1) across nodes in ``transfer_s``."""
-    from hetplan.estimate.calibrate import ESPRESSO_MBS, ESPRESSO_SEQ
+    from hetplan.calibration.traces import ESPRESSO_MBS, ESPRESSO_SEQ
     from hetplan.estimate.comm import ALPHA_INTER_NODE_S, LINK_EFFICIENCY
     from hetplan.estimate.stage import p2p_bytes
 
@@ -396,7 +419,7 @@ def network_for_transfer(m: ModelSpec, transfer_s: float) -> float:
     return msg / (transfer_s - ALPHA_INTER_NODE_S) / LINK_EFFICIENCY
 
 
-def fasop_summary(cases: list[Case]) -> dict:
+def fasop_summary(cases: list[Case], c: Constants = DEFAULT) -> dict:
     """Errors per GPU type of the ``fasop_layers`` cases, and the A100 / A10G layer-time ratio of GPT-2 XL at
     micro-batch 1 (TP 1) measured by FASOP vs predicted (also at micro-batch 8)."""
     per_gpu = {}
@@ -406,26 +429,34 @@ def fasop_summary(cases: list[Case]) -> dict:
         per_gpu[dev] = {"n": len(cs), "mape": float(np.mean(np.abs(err))), "max_abs_error": float(np.max(np.abs(err))),
                         "mean_error": float(np.mean(err))}
     m, s = fasop_models()["gpt2XL"]
-    ratio = {mbs: fasop_layer_forward_s(m, "A10G", s, 1, mbs) / fasop_layer_forward_s(m, "A100-SXM-40GB", s, 1, mbs)
+    ratio = {mbs: fasop_layer_forward_s(m, "A10G", s, 1, mbs, c) / fasop_layer_forward_s(m, "A100-SXM-40GB", s, 1, mbs, c)
              for mbs in (1, 8)}
+    cat = c.gpu_catalog()
     return {"per_gpu": per_gpu, "a10g_over_a100_gpt2xl": {
         "measured_mbs1": FASOP_MEASURED_RATIO_GPT2XL, "predicted_mbs1": ratio[1], "predicted_mbs8": ratio[8],
-        "peak_ratio": _catalog().get("A100-SXM-40GB").peak_flops_per_s("fp16") / _catalog().get("A10G").peak_flops_per_s("fp16")}}
+        "peak_ratio": cat.get("A100-SXM-40GB").peak_flops_per_s("fp16") / cat.get("A10G").peak_flops_per_s("fp16")}}
+
+
+#: The registry of validation sets: name -> loader of its cases, in report order. A new set is a module of
+#: :mod:`hetplan.calibration` with a loader, added here (and a target in :data:`TARGETS` if it has one).
+SETS: dict[str, Callable[[], list[Case]]] = {
+    "vtrain_single_node": lambda: vtrain_cases("single"),
+    "vtrain_multi_node": lambda: vtrain_cases("multi"),
+    "megatron_sc21_table1": sc21_cases,
+    "korthikanti_table5": korthikanti_cases,
+    "aceso_v100": aceso_cases,
+    "fasop_layers": fasop_cases,
+    "espresso_hetero": espresso_hetero_cases,
+}
+#: Names of :data:`SETS`, in report order.
+SET_NAMES = tuple(SETS)
 
 
 def all_cases(sets: Iterable[str] = SET_NAMES) -> list[Case]:
-    loaders = {
-        "vtrain_single_node": lambda: vtrain_cases("single"),
-        "vtrain_multi_node": lambda: vtrain_cases("multi"),
-        "megatron_sc21_table1": sc21_cases,
-        "korthikanti_table5": korthikanti_cases,
-        "aceso_v100": aceso_cases,
-        "fasop_layers": fasop_cases,
-        "espresso_hetero": espresso_hetero_cases,
-    }
+    """The cases of the named sets (keys of :data:`SETS`), in order."""
     out = []
     for s in sets:
-        out.extend(loaders[s]())
+        out.extend(SETS[s]())
     return out
 
 
@@ -461,11 +492,12 @@ def metrics(cases: list[Case]) -> dict:
     }
 
 
-def run_validation(sets: Iterable[str] = SET_NAMES) -> tuple[dict, list[Case]]:
-    """Predict every case; return ``({"sets": {name: metrics + held_out + calibration}}, cases)``."""
+def run_validation(sets: Iterable[str] = SET_NAMES, constants: Constants = DEFAULT) -> tuple[dict, list[Case]]:
+    """Predict every case under ``constants``; return ``({"sets": {name: metrics + held_out + calibration}},
+    cases)``."""
     cases = all_cases(sets)
     for c in cases:
-        c.predicted = float(c.predict())
+        c.predicted = float(c.predict(constants))
     out = {}
     for name in sets:
         cs = [c for c in cases if c.set == name]
@@ -475,7 +507,7 @@ def run_validation(sets: Iterable[str] = SET_NAMES) -> tuple[dict, list[Case]]:
             res["calibration"] = metrics(cal)
             res["held_out"] = metrics([c for c in cs if not c.is_calibration])
         if name == "fasop_layers" and cs:
-            res.update(fasop_summary(cs))
+            res.update(fasop_summary(cs, constants))
         out[name] = res
     return {"sets": out, "targets": TARGETS}, cases
 

@@ -1,4 +1,4 @@
-"""The schedule simulation against Espresso's measured DeepSpeed pipelines (hetplan.estimate.pipeline_traces).
+"""The schedule simulation against Espresso's measured DeepSpeed pipelines (hetplan.calibration.traces).
 
 Fixture: tests/fixtures/profile/espresso/motivation1_2A30_A4000 (A30, A30, RTX A4000; 4 micro-batches). The whole
 trace set (../shared/data/traces/espresso_hetero) is used where present, skipped otherwise (not package data).
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from hetplan.estimate import calibrate
-from hetplan.estimate.pipeline_traces import predicted_iteration_s, read_pipeline, schedule_errors
+from hetplan.calibration import traces
+from hetplan.calibration.traces import predicted_iteration_s, read_pipeline, schedule_errors
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profile"  # holds espresso/motivation1_*
-HAVE_TRACES = calibrate.ESPRESSO_TRACES.is_dir() and any(calibrate.ESPRESSO_TRACES.glob("*/motivation1_*"))
+HAVE_TRACES = traces.ESPRESSO_TRACES.is_dir() and any(traces.ESPRESSO_TRACES.glob("*/motivation1_*"))
 
 
 def test_reads_the_fixture_run():
-    (run, gpus, _, folders), = calibrate.espresso_runs(FIXTURES)
+    (run, gpus, _, folders), = traces.espresso_runs(FIXTURES)
     tp = read_pipeline(run, gpus, folders)
     # Medians of operations_record.csv: A30 stages 0.37 s forward / 1.14 s backward; a 65.5 MB activation
     # (8 x 2000 x 2048 x 2 B) takes 0.185 s to send; an iteration (4 micro-batches) takes 11.76 s.
@@ -31,7 +31,7 @@ def test_reads_the_fixture_run():
 def test_deepspeed_p2p_model_reproduces_the_fixture_run():
     """DeepSpeed's blocking instructions reproduce the measured iteration within 5 %; the asynchronous model and
     Megatron-LM's calls are 12-18 % short, because DeepSpeed's sends wait for the partner's receive at each step."""
-    (run, gpus, _, folders), = calibrate.espresso_runs(FIXTURES)
+    (run, gpus, _, folders), = traces.espresso_runs(FIXTURES)
     tp = read_pipeline(run, gpus, folders)
     err = {k: predicted_iteration_s(tp, k) / tp.iteration_s - 1 for k in ("async", "megatron", "deepspeed")}
     assert abs(err["deepspeed"]) < 0.05

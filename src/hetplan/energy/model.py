@@ -1,0 +1,135 @@
+"""Stage time/energy profiles derived from a plan: the estimator's stage times at every SM clock, times the
+GPU's DVFS power model — a profile before the cluster is rented.
+
+For each GPU type of the plan and each supported SM clock ``f`` (:mod:`hetplan.hardware.power`):
+
+1. ``f_eff = min(f, f_cap)``: the clock the power limit lets a compute-bound kernel sustain;
+2. the estimator (:func:`hetplan.estimate.estimator.estimate_many`, the ONE cost model) re-runs the plan with
+   that GPU's dense peak FLOP/s scaled by ``f_eff / f_max``. Its roofline decides, GEMM by GEMM, what is
+   compute-bound (scales with ``1/f``) and what is memory-bound (HBM bandwidth: the memory clock does not
+   follow the SM clock); element-wise kernels, the host launch floor and communication do not scale. No
+   formula is re-derived here; the stage's ``forward_s`` / ``backward_s`` at clock ``f`` are the estimator's.
+   Recomputation runs inside the backward (Megatron-LM recomputes a layer just before its backward), so it is
+   part of the backward instruction, as in the estimator;
+3. energy of one instruction = ``P_busy(f_eff) · time`` (the GPU computes, or waits inside its own TP
+   collectives, for the whole instruction; the time between instructions is charged ``P_idle`` by the planner).
+
+With interleaved 1F1B (``v`` model chunks) an instruction is one chunk: ``1/v`` of the stage's time and energy,
+like the estimator's schedule (:func:`hetplan.estimate.schedule.simulate`).
+
+Cost: one :func:`estimate_many` call over (number of distinct effective clocks) copies of the plan per GPU type
+(~40-60 for the A100/A40 tables), a few tens of ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetplan.energy.profile import InstructionProfile, StageProfile
+from hetplan.errors import HetplanError
+from hetplan.estimate.compute import pool_gpu
+from hetplan.estimate.estimator import effective_virtual_stages, estimate_many
+from hetplan.hardware.catalog import Catalog, load_catalog
+from hetplan.hardware.power import GPUPower, get_power
+from hetplan.model.spec import ModelSpec, load_model
+from hetplan.plan import Plan
+
+
+@dataclass(frozen=True)
+class PlanProfile:
+    """A model-derived stage profile and what the planner needs next to it.
+
+    Attributes:
+        profile: the :class:`StageProfile` (one GPU of each stage; one chunk with interleaving).
+        idle_power_w: per stage, the catalog blocking power of its GPU (W).
+        gpus_per_stage: per stage, ``tp · dp`` GPUs running that stage's instructions.
+        virtual_stages: model chunks per stage (1 without interleaving).
+        power: per stage, the DVFS model of its GPU.
+    """
+
+    profile: StageProfile
+    idle_power_w: tuple[float, ...]
+    gpus_per_stage: tuple[int, ...]
+    virtual_stages: int
+    power: tuple[GPUPower, ...]
+
+
+def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelSpec | None = None, *,
+                       power_catalog: str | None = None, time_scale: float = 1.0) -> PlanProfile:
+    """Derive the stage profile of ``plan`` at every supported SM clock of its GPUs (module doc).
+
+    Args:
+        plan: any plan (homogeneous or heterogeneous).
+        catalog, model: as for :func:`~hetplan.estimate.estimator.estimate` (defaults: package catalog, the
+            plan's model).
+        power_catalog: optional user power catalog TOML (:mod:`hetplan.hardware.power`).
+        time_scale: factor on every estimated time (1 for plans; the calibration uses it to absorb a
+            measurement setup the plan does not describe, :mod:`hetplan.energy.calibrate`).
+
+    Raises:
+        HetplanError: a GPU without a DVFS model, or anything :func:`estimate_many` rejects.
+    """
+    catalog = catalog or load_catalog()
+    model = model or load_model(plan.job.model)
+    v = effective_virtual_stages(plan)
+    S = len(plan.stages)
+    stage_gpu = [pool_gpu(catalog, plan.pools[st.pool], field=f"plan.stages.{i}.pool") for i, st in enumerate(plan.stages)]
+    power = {g.name: get_power(g.name, power_catalog) for g in stage_gpu}
+    times = {s: {} for s in range(S)}  # stage -> frequency -> (forward_s, backward_s, busy_power_w)
+    for name, pw in power.items():
+        idle = catalog.get(name).idle_power_w
+        f = np.array(pw.frequencies_mhz, dtype=float)
+        f_eff = pw.effective_frequency_mhz(f, idle)
+        distinct = sorted(set(f_eff.tolist()), reverse=True)
+        fwd, bwd = stage_times_at_clocks(plan, catalog, model, name, distinct, pw.max_frequency_mhz)
+        row = {fe: k for k, fe in enumerate(distinct)}
+        for s in range(S):
+            if stage_gpu[s].name == name:
+                for fi, fe in zip(f.tolist(), f_eff.tolist()):
+                    times[s][int(fi)] = (fwd[row[fe], s], bwd[row[fe], s], float(pw.busy_power_w(fe, idle)))
+    entries = {}
+    for s in range(S):
+        freqs = np.array(sorted(times[s], reverse=True), dtype=np.int64)
+        fw = np.array([times[s][int(x)][0] for x in freqs]) * time_scale / v
+        bw = np.array([times[s][int(x)][1] for x in freqs]) * time_scale / v
+        pb = np.array([times[s][int(x)][2] for x in freqs])
+        if not (np.all(np.isfinite(fw)) and np.all(fw > 0) and np.all(np.isfinite(bw)) and np.all(bw > 0)):
+            raise HetplanError(f"stage {s} has no positive finite instruction time", field=f"plan.stages.{s}",
+                               fix="give the stage at least one layer")
+        entries[(s, "forward")] = InstructionProfile(s, "forward", freqs, fw, pb * fw)
+        entries[(s, "backward")] = InstructionProfile(s, "backward", freqs, bw, pb * bw)
+    return PlanProfile(
+        profile=StageProfile(entries, source="model-derived", frequencies_mhz=()),
+        idle_power_w=tuple(float(g.idle_power_w) for g in stage_gpu),
+        gpus_per_stage=tuple(st.tp * st.dp for st in plan.stages),
+        virtual_stages=v,
+        power=tuple(power[g.name] for g in stage_gpu),
+    )
+
+
+def stage_times_at_clocks(plan: Plan, catalog: Catalog, model: ModelSpec, gpu_name: str, clocks_mhz,
+                          max_clock_mhz: float) -> tuple[np.ndarray, np.ndarray]:
+    """The estimator's per-micro-batch ``(forward_s, backward_s)`` of every stage, shape (len(clocks), S) each,
+    with GPU type ``gpu_name`` running at each SM clock (its dense peak scaled by ``clock / max_clock``; other
+    GPU types unchanged). Stages on other GPU types get their own (unscaled) times.
+
+    Raises:
+        HetplanError: as :func:`~hetplan.estimate.estimator.estimate_many`.
+    """
+    base = catalog.get(gpu_name)
+    variants, plans = {}, []
+    for k, clock in enumerate(clocks_mhz):
+        scale = float(clock) / float(max_clock_mhz)
+        spec = base.model_copy(update={
+            "name": f"{base.name}@{k}", "aliases": (),
+            "dense_flops_per_s": {d: x * scale for d, x in base.dense_flops_per_s.items()}})
+        variants[spec.name] = spec
+        pools = [p.model_copy(update={"gpu": spec.name}) if catalog.get(p.gpu).name == base.name else p
+                 for p in plan.pools]
+        plans.append(plan.model_copy(update={"pools": pools}))
+    est = estimate_many(plans, Catalog({**catalog.gpus, **variants}, catalog.date), model)
+    fwd = np.array([[st.forward_s for st in e.stages] for e in est])
+    bwd = np.array([[st.backward_s for st in e.stages] for e in est])
+    return fwd, bwd

@@ -1,0 +1,184 @@
+"""Reading what a user hands to hetplan: every file goes through :func:`read_text`, every parsed table through
+pydantic models whose errors :func:`validation_message` turns into one :class:`~hetplan.errors.HetplanError`.
+
+So each way a file can be wrong gives one message naming the file (and the field) and exit code 2, never a
+traceback: a missing path, a directory, no permission, a file far larger than what it claims to be, bytes that
+are not UTF-8 (the message gives the byte offset), binary content, malformed TOML/JSON (line and column),
+nesting too deep for the parser, a top level that is not a table.
+
+Numbers are bounded where they are declared (pydantic ``Field(le=..., json_schema_extra={"why": ...})``, made
+by :func:`bounded`); the reason a bound exists is shown with the error, e.g. "global_batch: must be at most
+65536 (...)".
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from hetplan.errors import HetplanError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+#: Largest input file read (bytes). The biggest legitimate inputs are profile CSVs and traces of a few MB; a
+#: job, plan, catalog or config.json is a few kB.
+MAX_FILE_BYTES = 64 * 2**20
+
+
+def read_text(path: str | Path, field: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a user file.
+
+    Args:
+        path: the file.
+        field: what the file is, for the message (``"job file"``, ``"--catalog"``, ``"workload.trace"``).
+        max_bytes: refuse larger files (a file that big is not what it claims to be).
+
+    Raises:
+        HetplanError: missing, a directory, unreadable, too large, not UTF-8 (with the byte offset), or binary.
+    """
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise HetplanError(f"{p} is a directory, not a file", field=field, fix="give the path of a file")
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise HetplanError(f"{p} is {size:,} bytes; a {field} is at most {max_bytes:,}", field=field,
+                               fix="check that this is the right file")
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise HetplanError(f"file {p} does not exist", field=field, fix="check the path") from None
+    except PermissionError:
+        raise HetplanError(f"no permission to read {p}", field=field, fix="check the file's permissions") from None
+    except OSError as exc:
+        raise HetplanError(f"cannot read {p}: {exc.strerror or exc}", field=field, fix="check the path") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HetplanError(f"{p} is not UTF-8 text (byte {exc.start}: {data[exc.start]:#04x})",
+                           field=field, fix="save the file as UTF-8 text") from None
+    if "\x00" in text:
+        raise HetplanError(f"{p} holds a NUL byte at offset {data.index(0)}: it is binary, not text", field=field,
+                           fix="give a text file") from None
+    return text.removeprefix("\ufeff")
+
+
+def parse_json(text: str, origin: str, field: str | None = None) -> Any:
+    """``json.loads(text)`` with errors naming ``origin`` (the file), the line and the column; ``field`` (default
+    ``origin``) is the input the error is filed under.
+
+    Raises:
+        HetplanError: malformed, or nested too deeply for the parser.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HetplanError(f"malformed JSON in {origin} at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+                           field=field or origin, fix="fix the JSON syntax there") from None
+    except RecursionError:
+        raise HetplanError(f"{origin} is nested too deeply to be a hetplan input", field=field or origin,
+                           fix="check that this is the right file") from None
+
+
+def parse_toml(text: str, origin: str, field: str | None = None) -> dict:
+    """``tomllib.loads(text)`` with errors naming ``origin`` (the file) and the line; ``field`` as for
+    :func:`parse_json`.
+
+    Raises:
+        HetplanError: malformed, or nested too deeply for the parser.
+    """
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise HetplanError(f"malformed TOML in {origin}: {exc}", field=field or origin,
+                           fix="fix the TOML syntax at that line") from None
+    except RecursionError:
+        raise HetplanError(f"{origin} is nested too deeply to be a hetplan input", field=field or origin,
+                           fix="check that this is the right file") from None
+
+
+def read_table(path: str | Path, field: str) -> dict:
+    """A TOML or JSON file (JSON by the ``.json`` extension or a leading ``{``) whose top level is a table.
+
+    Raises:
+        HetplanError: any problem of :func:`read_text`, malformed content, or a top level that is not a table.
+    """
+    text = read_text(path, field)
+    origin = str(path)
+    if str(path).endswith(".json") or text.lstrip().startswith("{"):
+        data = parse_json(text, origin, field)
+    else:
+        data = parse_toml(text, origin, field)
+    if not isinstance(data, dict):
+        raise HetplanError(f"{origin} holds a JSON {type(data).__name__}, not an object", field=field,
+                           fix="the top level must be an object {...} of named fields")
+    return data
+
+
+def bounded(limit: float, why: str, **field_kwargs) -> Any:
+    """A pydantic ``Field`` bounded above by ``limit`` (and by ``field_kwargs``' ``gt``/``ge`` below), whose error
+    message gives ``why``: the reason for the bounds."""
+    return Field(le=limit, json_schema_extra={"why": why}, **field_kwargs)
+
+
+def validation_message(exc: ValidationError, where: str, cls: type[BaseModel] | None = None) -> HetplanError:
+    """The first error of ``exc`` as a :class:`HetplanError` naming the field ``where.a.b``, the value given,
+    what is expected and, for a bounded number, why the bound exists."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in (where, *err["loc"]) if p != "")
+    info = _field_at(cls, err["loc"]) if cls is not None else None
+    if err["type"] == "extra_forbidden":
+        owner = _model_at(cls, err["loc"][:-1]) if cls is not None else None
+        fix = f"allowed fields here: {', '.join(owner.model_fields)}" if owner else "remove it"
+        return HetplanError("unknown field", field=loc, fix=fix)
+    if err["type"] == "missing":
+        return HetplanError("required field is missing", field=loc, fix="add it")
+    got = err.get("input")
+    shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:57] + "..."
+    why = (info.json_schema_extra or {}).get("why") if info is not None and isinstance(
+        info.json_schema_extra, dict) else None
+    if err["type"] in ("finite_number",):
+        return HetplanError(f"must be a finite number (got {shown})", field=loc, fix="give a finite value")
+    if why and err["type"] in ("less_than_equal", "less_than", "greater_than_equal", "greater_than"):
+        return HetplanError(f"{err['msg']} (got {shown}): {why}", field=loc, fix="give a value within the bounds")
+    return HetplanError(f"{err['msg']} (got {shown})", field=loc, fix="correct the value")
+
+
+def _model_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel]:
+    """The pydantic model that holds the field at ``loc`` inside ``cls`` (list indices skipped), or ``cls`` when the
+    path leaves the models."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(part)
+        if field is None:
+            return cls
+        inner = [a for a in (field.annotation, *typing.get_args(field.annotation))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return cls
+        cls = inner[0]
+    return cls
+
+
+def _field_at(cls: type[BaseModel], loc: tuple):
+    """The ``FieldInfo`` of the deepest model field on the path ``loc`` inside ``cls``, or ``None``."""
+    info = None
+    for part in loc:
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            continue
+        info = field
+        inner = [a for a in (field.annotation, *typing.get_args(field.annotation))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            break
+        cls = inner[0]
+    return info

@@ -1,0 +1,241 @@
+"""Exports reproduce the plan: each framework's files are parsed back the way the framework reads them and every
+quantity of the plan is recovered (degrees, layer split, micro-batch, micro-batch count, global batch, virtual
+stages, recomputation, ZeRO mode, dtype, model shapes). What a framework cannot run is refused with a reason."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shlex
+import tomllib
+
+import pytest
+
+from hetplan.errors import HetplanError
+from hetplan.model.spec import load_model
+from hetplan.plan import GPUPool, Job, Plan, Stage
+from hetplan.runtime import exporters
+
+
+def _plan(model, stages, *, gbs, mbs, seq=2048, zero=0, v=1, pools=None, dtype="bf16", attention="standard"):
+    job = Job(model=model, seq_len=seq, global_batch=gbs, train_iterations=100, dtype=dtype, attention=attention)
+    pools = pools or [GPUPool(gpu="H100-SXM", count=64)]
+    return Plan(job=job, pools=pools, stages=[Stage(**s) for s in stages], mbs=mbs, zero=zero, virtual_stages=v,
+                sequence_parallel=any(s.get("tp", 1) > 1 for s in stages))
+
+
+def _expected(plan: Plan) -> dict:
+    """What every framework must reproduce."""
+    st = plan.stages
+    rec = st[0].recompute
+    return {"tp": st[0].tp, "dp": st[0].dp, "pp": plan.pp, "stage_layers": [s.num_layers for s in st],
+            "mbs": plan.mbs, "global_batch": plan.job.global_batch, "microbatches": plan.num_microbatches(0),
+            "virtual_stages": plan.virtual_stages, "recompute": rec, "zero": plan.zero}
+
+
+# --- Megatron-LM: the arguments pretrain_gpt.py parses ------------------------------------------------------------
+
+def _megatron(ex: exporters.Export, spec) -> dict:
+    words = shlex.split(ex.files["megatron_launch.sh"].replace("\\\n", " "), comments=True)
+    nnodes, nproc = int(words[words.index("--nnodes") + 1]), int(words[words.index("--nproc-per-node") + 1])
+    args, rest = {}, words[words.index("pretrain_gpt.py") + 1:]
+    for i, w in enumerate(rest):
+        if w.startswith("--"):
+            nxt = rest[i + 1] if i + 1 < len(rest) else None
+            args[w[2:]] = nxt if nxt is not None and not nxt.startswith("--") else True
+    tp, pp, cp = (int(args[k]) for k in ("tensor-model-parallel-size", "pipeline-model-parallel-size",
+                                          "context-parallel-size"))
+    dp = nnodes * nproc // (tp * pp * cp)  # Megatron: world / (tp * pp * cp)
+    L = int(args["num-layers"])
+    first, last = args.get("decoder-first-pipeline-num-layers"), args.get("decoder-last-pipeline-num-layers")
+    given = [int(x) for x in (first, last) if x is not None]
+    mid = (L - sum(given)) // (pp - len(given)) if pp > len(given) else 0
+    layers = [mid] * pp
+    if first is not None:
+        layers[0] = int(first)
+    if last is not None:
+        layers[-1] = int(last)
+    if pp == 1:
+        layers = [L]
+    mbs, gbs = int(args["micro-batch-size"]), int(args["global-batch-size"])
+    vps = args.get("num-layers-per-virtual-pipeline-stage")
+    zero = 1 if "use-distributed-optimizer" in args else 0
+    if "use-megatron-fsdp" in args:
+        zero = {"optim_grads": 2, "optim_grads_params": 3}[args["data-parallel-sharding-strategy"]]
+    rec = args.get("recompute-granularity", "none")
+    assert int(args["hidden-size"]) == spec.hidden_size and int(args["ffn-hidden-size"]) == spec.ffn_hidden_size
+    assert int(args["num-attention-heads"]) == spec.num_attention_heads
+    assert int(args.get("num-query-groups", spec.num_attention_heads)) == spec.num_kv_heads
+    return {"tp": tp, "dp": dp, "pp": pp, "stage_layers": layers, "mbs": mbs, "global_batch": gbs,
+            "microbatches": gbs // (mbs * dp), "virtual_stages": L // (pp * int(vps)) if vps else 1,
+            "recompute": rec, "zero": zero, "args": args}
+
+
+# --- DeepSpeed: ds_config.json + PipelineModule partition ---------------------------------------------------------
+
+def _deepspeed(ex: exporters.Export, spec) -> dict:
+    cfg, pipe = json.loads(ex.files["ds_config.json"]), json.loads(ex.files["pipeline_module.json"])
+    if "hetplan_pipeline.py" in ex.files:  # the PipelineModule subclass's boundaries
+        tree = ast.parse(ex.files["hetplan_pipeline.py"])
+        parts = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                     and n.targets[0].id == "PARTS")
+    else:  # DeepSpeed's uniform partition of the L + 2 layer specs is what the plan asked for
+        parts = pipe["parts"]
+        assert pipe["stage_layers"] == exporters.balanced_split_ds(spec.num_layers, pipe["num_stages"])
+    sizes = [b - a for a, b in zip(parts, parts[1:])]
+    sizes[0] -= 1  # the embedding spec
+    sizes[-1] -= 1  # final norm + head
+    mbs, gas, gbs = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"], cfg["train_batch_size"]
+    rec = "full" if pipe["activation_checkpoint_interval"] else "none"
+    return {"tp": 1, "dp": gbs // (mbs * gas), "pp": pipe["num_stages"], "stage_layers": sizes, "mbs": mbs,
+            "global_batch": gbs, "microbatches": gas, "virtual_stages": 1, "recompute": rec,
+            "zero": cfg["zero_optimization"]["stage"]}
+
+
+# --- torchtitan: the TOML job config and the flavor module ---------------------------------------------------------
+
+def _torchtitan(ex: exporters.Export, spec) -> dict:
+    cfg = tomllib.loads(ex.files["torchtitan.toml"])
+    par, tr = cfg["parallelism"], cfg["training"]
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    pp = par["pipeline_parallel_degree"]
+    if pp > 1:  # micro-batches per step = local_batch_size / microbatch size; no accumulation
+        mbs = par["pipeline_parallel_microbatch_size"]
+        micro = tr["local_batch_size"] // mbs
+        assert tr["global_batch_size"] == tr["local_batch_size"] * dp
+        parts = par["module_fqns_per_model_part"]
+        layers = [0] * pp
+        for k, part in enumerate(parts):  # looped schedules: model part k on pipeline rank k % pp
+            layers[k % pp] += sum(1 for fqn in part if fqn.startswith("layers."))
+        v = len(parts) // pp
+        assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+        flat = [f for part in parts for f in part if f.startswith("layers.")]
+        assert flat == [f"layers.{i}" for i in range(spec.num_layers)]  # every layer once, in model order
+    else:  # one micro-batch per step, global / (local * dp) steps accumulated
+        mbs = tr["local_batch_size"]
+        micro = tr["global_batch_size"] // (mbs * dp)
+        layers, v = [spec.num_layers], 1
+    if par["data_parallel_shard_degree"] > 1:
+        zero = 3 if par["fsdp_reshard_after_forward"] != "never" else 2
+    else:
+        zero = 0
+    if "hetplan_torchtitan_model.py" in ex.files:  # the flavor's shapes, through torchtitan's FeedForward formula
+        call = next(n.value for n in ast.walk(ast.parse(ex.files["hetplan_torchtitan_model.py"]))
+                    if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call))
+        kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+        hidden = int(kw["ffn_dim_multiplier"] * int(2 * 4 * kw["dim"] / 3))
+        ffn = kw["multiple_of"] * ((hidden + kw["multiple_of"] - 1) // kw["multiple_of"])
+        assert (kw["dim"], kw["n_layers"], kw["n_heads"], kw["n_kv_heads"], kw["vocab_size"], ffn) == (
+            spec.hidden_size, spec.num_layers, spec.num_attention_heads, spec.num_kv_heads, spec.vocab_size,
+            spec.ffn_hidden_size)
+        assert cfg["experimental"]["custom_import"] == "hetplan_torchtitan_model"
+    return {"tp": par["tensor_parallel_degree"], "dp": dp, "pp": pp, "stage_layers": layers, "mbs": mbs,
+            "global_batch": tr["global_batch_size"], "microbatches": micro, "virtual_stages": v,
+            "recompute": cfg["activation_checkpoint"]["mode"], "zero": zero, "flavor": cfg["model"]["flavor"]}
+
+
+READ = {"megatron": _megatron, "deepspeed": _deepspeed, "torchtitan": _torchtitan}
+
+#: (name, plan, targets that must reproduce it)
+CASES = [
+    ("uneven-pp2-ddp", lambda: _plan("llama2-7b", [{"num_layers": 17, "dp": 4}, {"num_layers": 15, "dp": 4}],
+                                      gbs=64, mbs=2), ("megatron", "deepspeed", "torchtitan")),
+    ("tp2-pp4-zero1-full-interleaved", lambda: _plan(
+        "llama2-7b", [{"num_layers": 8, "tp": 2, "dp": 2, "recompute": "full"}] * 4, gbs=64, mbs=1, zero=1, v=2),
+     ("megatron",)),
+    ("pp1-fsdp-16-microbatches", lambda: _plan("llama3-8b", [{"num_layers": 32, "dp": 8}], gbs=128, mbs=1, zero=3),
+     ("megatron", "torchtitan")),
+    ("pp3-uneven-zero1-recompute", lambda: _plan(
+        "gpt3-1.3b", [{"num_layers": 9, "dp": 2, "recompute": "full"}, {"num_layers": 8, "dp": 2, "recompute": "full"},
+                      {"num_layers": 7, "dp": 2, "recompute": "full"}], gbs=32, mbs=4, zero=1),
+     ("megatron", "deepspeed")),
+    ("zero2-pp1-selective", lambda: _plan("llama2-7b", [{"num_layers": 32, "tp": 4, "dp": 4, "recompute": "selective"}],
+                                          gbs=64, mbs=2, zero=2), ("megatron", "torchtitan")),
+]
+
+
+@pytest.mark.parametrize("name, make, targets", CASES, ids=[c[0] for c in CASES])
+def test_export_reads_back_as_the_plan(name, make, targets):
+    plan = make()
+    spec = load_model(plan.job.model)
+    want = _expected(plan)
+    for target in targets:
+        got = READ[target](exporters.export(plan, spec, target), spec)
+        assert {k: got[k] for k in want} == want, (target, got)
+
+
+def test_torchtitan_pp1_runs_one_microbatch_per_step():
+    """Issue 18: a plan at micro-batch 1 x 16 accumulated micro-batches must not run 16 sequences per step."""
+    plan = _plan("llama3-8b", [{"num_layers": 32, "dp": 8}], gbs=128, mbs=1, zero=3)
+    cfg = tomllib.loads(exporters.export(plan, load_model("llama3-8b"), "torchtitan").files["torchtitan.toml"])
+    assert cfg["training"]["local_batch_size"] == 1 and cfg["training"]["global_batch_size"] == 128
+    assert cfg["model"] == {"name": "llama3", "flavor": "8B"}  # a flavor torchtitan ships
+
+
+def test_megatron_cp_and_moe_arguments():
+    spec = load_model("llama2-7b")
+    plan = _plan("llama2-7b", [{"num_layers": 32, "tp": 4, "dp": 2}], gbs=64, mbs=1)
+    cp2 = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"cp": 2})]})
+    args = _megatron(exporters.export(cp2, spec, "megatron"), spec)["args"]
+    assert args["context-parallel-size"] == "2" and "num-experts" not in args
+    moe = spec.model_copy(update={"num_experts": 8, "experts_per_token": 2, "expert_ffn_hidden_size": 1408})
+    ep = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"ep": 2})]})
+    args = _megatron(exporters.export(ep, moe, "megatron"), moe)["args"]
+    assert (args["num-experts"], args["moe-router-topk"], args["expert-model-parallel-size"],
+            args["moe-ffn-hidden-size"]) == ("8", "2", "2", "1408")
+
+
+def test_mixed_gpu_types_export_with_node_ranks():
+    """Stages on different GPU types with one TP/DP: Megatron and DeepSpeed run them; the note says which nodes."""
+    pools = [GPUPool(gpu="A100-SXM-80GB", count=8), GPUPool(gpu="V100-SXM-32GB", count=8)]
+    plan = _plan("gpt3-1.3b", [{"pool": 0, "num_layers": 14, "dp": 8}, {"pool": 1, "num_layers": 10, "dp": 8}],
+                 gbs=64, mbs=2, pools=pools, dtype="fp16")
+    spec = load_model("gpt3-1.3b")
+    for target in ("megatron", "deepspeed"):
+        ex = exporters.export(plan, spec, target)
+        assert READ[target](ex, spec)["stage_layers"] == [14, 10]
+        assert any("stage 0 on A100-SXM-80GB: node ranks 0-0; stage 1 on V100-SXM-32GB: node ranks 1-1" in n
+                   for n in ex.notes), ex.notes
+
+
+def test_heterogeneous_tp_refused_without_suggesting_run():
+    pools = [GPUPool(gpu="A100-SXM-80GB", count=8), GPUPool(gpu="V100-SXM-32GB", count=8)]
+    plan = _plan("gpt3-1.3b", [{"pool": 0, "num_layers": 14, "tp": 2, "dp": 4}, {"pool": 1, "num_layers": 10, "dp": 8}],
+                 gbs=64, mbs=1, pools=pools, dtype="fp16")
+    for target in exporters.TARGETS:
+        with pytest.raises(HetplanError, match="one device mesh") as e:
+            exporters.export(plan, load_model("gpt3-1.3b"), target)
+        assert "stage 0: TP 2 DP 4, stage 1: TP 1 DP 8" in e.value.message and "hetplan run" not in e.value.fix
+
+
+@pytest.mark.parametrize("target, update, match", [
+    ("deepspeed", {"zero": 2}, "refuses pipeline parallelism with ZeRO-2"),
+    ("deepspeed", {"stages": [Stage(num_layers=16, tp=2, dp=2)] * 2}, "no tensor, context or expert"),
+    ("torchtitan", {"job": Job(model="gpt3-1.3b", seq_len=2048, global_batch=64)}, "Llama-shaped"),
+    ("torchtitan", {"job": Job(model="llama2-7b", seq_len=2048, global_batch=64, dtype="fp16")}, "not float16"),
+    ("megatron", {"schedule": "gpipe"}, "1F1B only"),
+])
+def test_what_a_framework_cannot_run_is_refused(target, update, match):
+    plan = _plan("llama2-7b", [{"num_layers": 16, "dp": 4}] * 2, gbs=64, mbs=2).model_copy(update=update)
+    spec = load_model(plan.job.model)
+    if spec.num_layers != 32:
+        plan = plan.model_copy(update={"stages": [Stage(num_layers=12, dp=4)] * 2})
+    with pytest.raises(HetplanError, match=match):
+        exporters.export(plan, spec, target)
+
+
+def test_selective_recompute_under_flash_goes_to_deepspeed_as_none():
+    plan = _plan("gpt3-1.3b", [{"num_layers": 12, "dp": 2, "recompute": "selective"}] * 2, gbs=16, mbs=2,
+                 attention="flash")
+    ex = exporters.export(plan, load_model("gpt3-1.3b"), "deepspeed")
+    assert _deepspeed(ex, load_model("gpt3-1.3b"))["recompute"] == "none" and any("FlashAttention" in n for n in ex.notes)
+    with pytest.raises(HetplanError, match="no selective"):
+        exporters.export(plan.model_copy(update={"job": plan.job.model_copy(update={"attention": "standard"})}),
+                         load_model("gpt3-1.3b"), "deepspeed")
+
+
+def test_megatron_partial_full_recompute_is_block_method():
+    plan = _plan("llama2-7b", [{"num_layers": 16, "dp": 4, "recompute": "full", "recompute_layers": 5}] * 2,
+                 gbs=64, mbs=2)
+    args = _megatron(exporters.export(plan, load_model("llama2-7b"), "megatron"), load_model("llama2-7b"))["args"]
+    assert (args["recompute-method"], args["recompute-num-layers"]) == ("block", "5")
