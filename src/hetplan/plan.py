@@ -293,9 +293,9 @@ class Plan(BaseModel):
 
     def stage_layout(self, stage: int) -> ParallelLayout:
         """The :class:`ParallelLayout` of ``stage``: its TP and DP degrees (DP sharded when :attr:`zero` >= 1,
-        replicated otherwise), the pipeline depth, virtual stages, sequence parallelism and ZeRO stage."""
+        replicated otherwise), CP and EP, the pipeline depth, virtual stages, sequence parallelism and ZeRO stage."""
         st = self.stages[stage]
-        return ParallelLayout.of(tp=st.tp, dp=st.dp, zero_stage=self.zero, pp=self.pp,
+        return ParallelLayout.of(tp=st.tp, dp=st.dp, zero_stage=self.zero, pp=self.pp, cp=self.cp, ep=self.ep,
                                  virtual_stages=self.virtual_stages, sequence_parallel=self.sequence_parallel)
 
     def stage_mbs(self, stage: int) -> int:

@@ -137,11 +137,7 @@ def _softmax_floor(gpu_s, host_s):
 def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
-<<<<<<< HEAD
-    sequence_parallel=False, attention="standard", gemm_times_s=None,
-=======
-    sequence_parallel=False, attention="standard", intra_node_alpha_s=None,
->>>>>>> main
+    sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 

@@ -260,6 +260,8 @@ class _StageRow(NamedTuple):
     zero: int
     recompute_code: int
     sequence_parallel: bool
+    cp: int
+    ep: int
     gpu: GPUSpec
     link: Link
     price_usd_per_hour: float
@@ -274,6 +276,8 @@ class _StageRow(NamedTuple):
     peak_flops_per_s: float
     recomputed_layers: int
     flash: bool
+    moe_load_imbalance: float
+    kv_exchange: str
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -346,16 +350,6 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             b = st.mbs or plan.mbs
             mb = job.global_batch // (lay.dp * b)
             rl = st.recompute_layers
-<<<<<<< HEAD
-            rows.append((
-                job.seq_len, b, st.tp, st.dp, st.num_layers, i == 0, i == p - 1, p == 1,
-                (gpipe, p, i, mb, v),  # in_flight, filled in below for all rows at once
-                mb, plan.zero, RECOMPUTE_CODES[st.recompute], plan.sequence_parallel and st.tp > 1, plan.cp, plan.ep,
-                gpu, link, price, group if rl is None else -1,
-                (job.dtype, plan.overlap_grad_reduce, rl, job.attention, job.framework, job.moe_load_imbalance,
-                 job.cp_kv_exchange),
-                st, job.global_batch, peak, st.recomputed_layers(), flash,
-=======
             rows.append(_StageRow(
                 s=job.seq_len, b=b, t=lay.tp, dp=lay.dp, num_layers=st.num_layers, has_embedding=i == 0,
                 has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, mb, v), num_microbatches=mb,
@@ -364,8 +358,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                flash=flash,
->>>>>>> main
+                flash=flash, cp=lay.cp, ep=lay.ep, moe_load_imbalance=job.moe_load_imbalance,
+                kv_exchange=job.cp_kv_exchange,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
@@ -395,17 +389,11 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         sel = np.array(g)
         alone = isinstance(key, tuple)
         kw = {k: cols[k][r0].item() for k in _ROW_KEYS} if alone else {k: cols[k][sel] for k in _ROW_KEYS}
-<<<<<<< HEAD
-        c = stage_costs(m, gpus[r0], links[r0], extra[r0][0], overlap_grad_reduce=extra[r0][1],
-                        measured_layer_time_s=measured[r0], recompute_layers=extra[r0][2],
-                        attention=extra[r0][3], framework=extra[r0][4], moe_load_imbalance=extra[r0][5],
-                        kv_exchange=extra[r0][6], **kw)
-=======
         row = rows[r0]
         c = stage_costs(m, row.gpu, row.link, row.dtype, overlap_grad_reduce=row.overlap_grad_reduce,
                         measured_layer_time_s=measured[r0], recompute_layers=row.recompute_layers,
-                        attention=row.attention, framework=row.framework, **kw)
->>>>>>> main
+                        attention=row.attention, framework=row.framework,
+                        moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange, **kw)
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
         for k, x in c["memory"].items():

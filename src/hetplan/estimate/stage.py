@@ -11,13 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-<<<<<<< HEAD
 from hetplan.estimate import compute, context, memory, moe
-from hetplan.estimate.comm import ALPHA_INTER_NODE_S, dp_collective_time_s, group_collective_time_s
-=======
-from hetplan.estimate import compute, memory
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, dp_collective_time_s, group_collective_time_s
->>>>>>> main
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -113,18 +108,14 @@ def stage_costs(
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
-<<<<<<< HEAD
-                 inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention)
+                 inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
+                 intra_node_alpha_s=link.intra_node_alpha_s)
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw["gemm_times_s"] = (linear, core * cp)
-=======
-                 inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
-                 intra_node_alpha_s=link.intra_node_alpha_s)
->>>>>>> main
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af = ab = atp = None
     if measured_layer_time_s is not None or recompute_layers is not None:
@@ -156,8 +147,8 @@ def stage_costs(
                                            moe.expert_parameters(m, num_layers), t, ep)
     params = dense + expert
     zero = np.asarray(zero)
-<<<<<<< HEAD
-    net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
+    net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
+           link.intra_node_alpha_s)
     edp = moe.expert_data_parallel(t, cp, dp, ep)
 
     def dp_collective(bytes_per_parameter, collective, units=1.0):
@@ -171,15 +162,6 @@ def stage_costs(
     allreduce = dp_collective(grad_per, "allreduce")
     reduce_scatter = dp_collective(grad_per, "allgather")
     param_gather = dp_collective(weight_per, "allgather")
-=======
-    dp_args = (dp, t, link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
-               link.intra_node_alpha_s)
-    grad_bytes = params * grad_comm_bytes_per_parameter(dtype)
-    weight_bytes = params * memory.WEIGHT_BYTES
-    allreduce = dp_collective_time_s(grad_bytes, "allreduce", *dp_args)
-    reduce_scatter = dp_collective_time_s(grad_bytes, "allgather", *dp_args)
-    param_gather = dp_collective_time_s(weight_bytes, "allgather", *dp_args)
->>>>>>> main
     # ZeRO-0: all-reduce grads. ZeRO-1/2: reduce-scatter grads + all-gather updated weights (distributed optimizer),
     # once per iteration. ZeRO-3: per micro-batch (zero3_exposed_s).
     z3 = zero >= 3
