@@ -133,3 +133,18 @@ def test_estimate_moe_time_grows_with_imbalance_and_across_nodes():
     skewed = estimate(_plan("qwen3-30b-a3b", 1, 1, 16, ep=8, imbalance=1.5)).iteration_time_s
     across = estimate(_plan("qwen3-30b-a3b", 1, 1, 16, ep=16, imbalance=1.0)).iteration_time_s
     assert balanced < skewed and balanced < across
+
+
+def test_megatron_export_carries_ep_cp_moe_and_mla_arguments():
+    """The plan's EP and CP and the model's experts, dense layers and MLA ranks reach Megatron-LM's arguments."""
+    from hetplan.runtime.exporters import export_megatron
+
+    plan = _plan("deepseek-v3", 1, 1, 16, ep=8).model_copy(update={"cp": 1})
+    text = "\n".join(export_megatron(plan, load_model("deepseek-v3")).files.values())
+    for arg in ("--expert-model-parallel-size 8", "--num-experts 256", "--moe-router-topk 8",
+                "--moe-ffn-hidden-size 2048", "--moe-shared-expert-intermediate-size 2048",
+                "--moe-layer-freq '[0,0,0,1,", "--multi-latent-attention", "--kv-lora-rank 512", "--q-lora-rank 1536",
+                "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128", "--context-parallel-size 1"):
+        assert arg in text, arg
+    cp_plan = _plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8)
+    assert "--context-parallel-size 4" in "\n".join(export_megatron(cp_plan, load_model("llama3-8b")).files.values())

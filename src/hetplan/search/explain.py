@@ -141,14 +141,15 @@ def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_a
         label = {"gpu": "GPU type", "recompute": "recomputation", "mbs": "micro-batch size",
                  "virtual_stages": "interleaving (virtual stages)"}.get(d, d.upper() if d != "zero" else "ZeRO stage")
         lines.append(f"Best with another {label}: {describe(c)}: {why_behind(c, winner, goal)}.")
-    lines.extend(_why_split(goal, results, cat, winner, dims, best_among, estimate_row, seq_len))
+    lines.extend(_why_split(goal, results, cat, winner, dims, estimate_row, seq_len))
     lines.extend(skipped)
     return lines
 
 
-def _why_split(goal, results, cat, winner, dims, best_among, estimate_row, seq_len) -> list[str]:
+def _why_split(goal, results, cat, winner, dims, estimate_row, seq_len) -> list[str]:
     """Why the winner uses CP > 1 or EP > 1: no plan at degree 1 fits (the smallest footprint there against the
-    GPU memory), or the best plan at degree 1 is slower or dearer (by how much and why)."""
+    GPU memory), or the best plan at degree 1 (by the closed form; its figures by estimate()) is slower or dearer
+    (by how much and why)."""
     out = []
     for d, name in (("cp", "CP"), ("ep", "EP")):
         if winner.get(d, 1) == 1 or d not in dims:
@@ -156,9 +157,9 @@ def _why_split(goal, results, cat, winner, dims, best_among, estimate_row, seq_l
         at_one = dims[d] == 1
         if not at_one.any():
             continue
-        found = best_among(at_one)
+        fitting = np.flatnonzero(at_one & cat["fits"])
         what = f"seq {seq_len}" if d == "cp" and seq_len else "the model"
-        if found is None:
+        if not len(fitting):
             capacity = np.array([r.gpu.memory_bytes for r in results], dtype=float)[cat["pool"]]
             idx = np.flatnonzero(at_one)
             j = int(idx[np.argmin(cat["memory_total"][idx] / capacity[idx])])
@@ -166,9 +167,9 @@ def _why_split(goal, results, cat, winner, dims, best_among, estimate_row, seq_l
             out.append(f"{name} {winner[d]} because {what} does not fit at {name} 1: "
                        f"{c['memory_total'] / GIB:.0f} GiB > {c['memory_capacity'] / GIB:.0f} GiB per GPU at best "
                        f"({describe(c)}).")
-        else:
-            j, est = found
-            c = _row(results, cat, j, est.iteration_time_s)
+        else:  # the best at degree 1 by the closed form, reported with its estimate
+            j = int(fitting[np.argmin(_unconstrained_key(goal, cat)[fitting])])
+            c = _row(results, cat, j, estimate_row(j).iteration_time_s)
             out.append(f"{name} {winner[d]} because at {name} 1 the best plan ({describe(c)}) is behind: "
                        f"{why_behind(c, winner, goal)}.")
     return out
