@@ -21,7 +21,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=20)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--model", default=str(FIXTURES / "tiny-opt.json"))
-    ap.add_argument("--capacity-bytes", type=int, default=1_100_000)
+    ap.add_argument("--capacity-bytes", type=int, default=1_300_000)
     args = ap.parse_args()
 
     from hetplan.serve.api import BackgroundServer, create_app
@@ -30,7 +30,8 @@ def main() -> None:
     from hetplan.serve.loadgen import make_load, run_load
 
     ents = [ModelEntry(name=f"m{i}", model=args.model, seed=i) for i in range(4)]
-    eng = Engine(ents, tp=args.tp, capacity_bytes=args.capacity_bytes, max_batch_size=8, max_queue_len=16)
+    eng = Engine(ents, tp=args.tp, capacity_bytes=args.capacity_bytes, max_batch_size=8, max_queue_len=16,
+                 kv_cache_len=16)
     load = make_load([e.name for e in ents], eng.vocab_sizes, args.requests, zipf_exponent=1.0, seed=5,
                      prompt_len=6, max_new_tokens=2)
     with BackgroundServer(create_app(eng)) as url:

@@ -13,6 +13,8 @@ by :func:`bounded`); the reason a bound exists is shown with the error, e.g. "gl
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sys
 import typing
@@ -120,6 +122,20 @@ def read_table(path: str | Path, field: str) -> dict:
         raise HetplanError(f"{origin} holds a JSON {type(data).__name__}, not an object", field=field,
                            fix="the top level must be an object {...} of named fields")
     return data
+
+
+def read_csv(text: str, origin: str, field: str) -> tuple[list[str] | None, list[dict]]:
+    """The header (``None`` when the text is empty) and the rows (dicts) of CSV ``text``.
+
+    Raises:
+        HetplanError: the csv module refuses it (e.g. a field longer than its 128 kB limit, a NUL byte).
+    """
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        return reader.fieldnames, list(reader)
+    except csv.Error as exc:
+        raise HetplanError(f"{origin} line {reader.line_num}: not a CSV file ({exc})", field=field,
+                           fix="give a comma-separated text file with a header line") from None
 
 
 def bounded(limit: float, why: str, **field_kwargs) -> Any:

@@ -148,3 +148,12 @@ def test_fit_recovers_a_known_efficiency_and_mutates_nothing():
     assert fit.was == before and fit.n_calibration == len(cases)
     assert load_catalog().get("H100-SXM").compute_efficiency == before
     assert modern_fit.efficiency_field("bf16") == "compute_efficiency"
+
+
+@pytest.mark.parametrize("name,total_b,active_b", [("Grok-1 314B (MoE)", 314, 86), ("Llama 4 Maverick 400B (MoE)", 400, 17)])
+def test_moe_models_without_preset_have_their_published_size(name, total_b, active_b):
+    """Grok-1 (xAI: 314B, 25 % of the weights active per token) and Llama 4 Maverick (Meta: 400B total, 17B
+    active) built from :data:`hetplan.calibration.modern.MOE_CONFIGS`."""
+    m = modern.moe_model({"model": name, "layers": ""})
+    assert counts.total_parameters(m) / 1e9 == pytest.approx(total_b, rel=0.01)
+    assert counts.active_parameters(m) / 1e9 == pytest.approx(active_b, rel=0.03)

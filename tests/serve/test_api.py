@@ -29,7 +29,8 @@ def server():
     from .conftest import FIXTURES
 
     # one worker (world size 1), one model resident at a time, tiny queues to provoke 429
-    eng = Engine(_entries(FIXTURES), capacity_bytes=1_000_000, max_batch_size=1, max_queue_len=1, policy="load_aware")
+    eng = Engine(_entries(FIXTURES), capacity_bytes=1_200_000, max_batch_size=1, max_queue_len=1, policy="load_aware",
+                 kv_cache_len=64)
     srv = BackgroundServer(create_app(eng, default_max_new_tokens=2))
     with srv as url:
         yield url, eng
@@ -99,7 +100,7 @@ def test_metrics_and_models(server):
 
 
 def test_graceful_shutdown_finishes_in_flight_requests(fixtures):
-    eng = Engine(_entries(fixtures), capacity_bytes=1_000_000, max_batch_size=1, max_queue_len=64)
+    eng = Engine(_entries(fixtures), capacity_bytes=1_200_000, max_batch_size=1, max_queue_len=64, kv_cache_len=64)
     srv = BackgroundServer(create_app(eng, shutdown_timeout_s=30))
     url = srv.__enter__()
     results: list = []
@@ -141,7 +142,10 @@ def test_hetplan_serve_command_serves_and_stops_on_sigterm(tmp_path, fixtures):
 [cluster]
 device = "cpu"
 dtype = "fp32"
-memory_bytes = 1_000_000
+memory_bytes = 1_200_000
+[scheduler]
+max_batch_size = 2
+kv_cache_len = 32
 [api]
 port = {port}
 default_max_new_tokens = 2

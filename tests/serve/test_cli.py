@@ -29,7 +29,9 @@ def test_simulate_json(monkeypatch, capsys):
     assert set(rep["models"]) == {"opt13-a", "opt13-b", "opt1-a", "opt1-b", "opt1-c", "opt1-d"}
     a = rep["all"]
     assert a["requests"] == sum(m["requests"] for m in rep["models"].values()) > 500
-    assert a["p50_latency_s"] <= a["p90_latency_s"] <= a["p99_latency_s"]
+    for metric in ("latency", "ttft", "tpot"):
+        assert 0 < a[f"p50_{metric}_s"] <= a[f"p90_{metric}_s"] <= a[f"p99_{metric}_s"]
+    assert a["p50_ttft_s"] < a["p50_latency_s"] and a["output_tokens_per_s"] > 0
     assert 0 <= a["slo_attainment"] <= 1 and rep["swaps"] > 0
     # reproducible: same seed, same report
     code, out2, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", "--json")
@@ -40,7 +42,7 @@ def test_simulate_trace_and_table(monkeypatch, capsys):
     code, out, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload-trace.toml", "--json")
     assert code == 0 and json.loads(out)["all"]["requests"] == 8
     code, out, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", "--policy", "load_aware")
-    assert code == 0 and "attainment" in out
+    assert code == 0 and "SLO met" in out and "TTFT" in out
 
 
 def test_capacity_json(monkeypatch, capsys):
@@ -98,12 +100,14 @@ def test_missing_file_and_bad_serve_config(monkeypatch, capsys, tmp_path):
 
 
 def test_example_serve_config_is_valid():
+    from hetplan.estimate.inference import kv_cache_bytes_per_worker, weight_bytes_per_worker
     from hetplan.serve.config import load_serve_config
-    from hetplan.serve.swap_model import shard_bytes
 
     cfg = load_serve_config(EXAMPLES / "serve.toml")
-    specs = [m.spec() for m in cfg.models]
-    per = [max(shard_bytes(s, cfg.cluster.tp, cfg.cluster.pp, cfg.cluster.dtype)) for s in specs]
+    c, s = cfg.cluster, cfg.scheduler
+    per = [max(w + k for w, k in zip(weight_bytes_per_worker(m.spec(), c.tp, c.pp, c.dtype),
+                                     kv_cache_bytes_per_worker(m.spec(), s.max_batch_size * s.kv_cache_len, c.tp, c.pp,
+                                                               c.dtype))) for m in cfg.models]
     cap = cfg.cluster.capacity_bytes()
     assert 2 * max(per) <= cap < 3 * min(per)  # exactly two of the four models fit, as the comment says
 

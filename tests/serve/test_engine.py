@@ -1,5 +1,7 @@
-"""The real engine on CPU: TP/PP outputs equal the single-process model, batching, residency by bytes, memory
-really freed, bounded queues."""
+"""The real engine on CPU: TP/PP outputs equal the single-process model, continuous batching (join, leave, stop
+token), residency by bytes (weights + KV cache), memory really freed, bounded queues."""
+
+import time
 
 import pytest
 
@@ -11,7 +13,10 @@ from hetplan.serve.engine import Engine, QueueFull  # noqa: E402
 
 from .reference import greedy  # noqa: E402
 
-CAPACITY = 1_000_000  # bytes per worker: an OPT-toy shard (502,272 B) + a Llama-toy shard (390,912 B) fit, not 3
+# Bytes per worker (TP = 2, fp32, 4 KV slots x 32 tokens): OPT toy 502,272 B weights + 131,072 B KV cache,
+# Llama toy 390,912 + 49,152 B. An OPT and a Llama fit (1,073,408 B), two OPTs (1,266,688 B) or any three do not.
+CAPACITY = 1_100_000
+KV_LEN = 32
 
 
 def _entries(fixtures):
@@ -24,7 +29,8 @@ def _entries(fixtures):
 def eng(request):
     from .conftest import FIXTURES
 
-    e = Engine(_entries(FIXTURES), tp=2, pp=1, capacity_bytes=CAPACITY, max_batch_size=4, max_queue_len=8).start()
+    e = Engine(_entries(FIXTURES), tp=2, pp=1, capacity_bytes=CAPACITY, max_batch_size=4, max_queue_len=8,
+               kv_cache_len=KV_LEN).start()
     yield e
     e.shutdown()
 
@@ -42,12 +48,33 @@ def test_tp2_outputs_equal_single_process_model(eng, fixtures):
 
 def test_batching_keeps_each_answer(eng, fixtures):
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5, 4], [42], [10, 20, 30, 40]]
-    with eng._lock:  # submit all before the scheduler can start a batch: they run as one batch
-        futs = [eng.submit("o2", p, 3) for p in prompts]
+    with eng._lock:  # submit all before the scheduler can start an iteration: they join one batch
+        futs = [eng.submit("o2", p, n) for p, n in zip(prompts, (3, 5, 2, 4))]
     res = [f.result(30) for f in futs]
     assert max(r.batch_size for r in res) > 1
-    for p, r in zip(prompts, res):
-        assert r.tokens == _ref(fixtures, "o2", p, 3)  # right-padding + causal mask: same as alone
+    for p, n, r in zip(prompts, (3, 5, 2, 4), res):
+        assert r.tokens == _ref(fixtures, "o2", p, n)  # each row its own KV-cache slot and positions: same as alone
+
+
+def test_continuous_batching_requests_join_and_leave(eng, fixtures):
+    long = eng.submit("l1", [4, 4, 4], 20)
+    deadline = time.monotonic() + 60
+    while not any(r.tokens for r in list(eng._running.values())) and time.monotonic() < deadline:
+        time.sleep(0.005)  # until the long request has its first token: it is in the running batch
+    short = eng.submit("l1", [8, 1], 2)  # joins the running batch between two decode steps
+    rs = short.result(30)
+    assert not long.done()  # the short one left the batch while the long one still decodes
+    rl = long.result(30)
+    assert rs.batch_size == 2  # it joined a batch that was already running
+    assert rs.tokens == _ref(fixtures, "l1", [8, 1], 2) and rl.tokens == _ref(fixtures, "l1", [4, 4, 4], 20)
+    assert 0 < rl.ttft_s < rl.latency_s and rl.tpot_s > 0
+
+
+def test_stop_token_ends_generation(eng, fixtures):
+    ref = _ref(fixtures, "o0", [2, 7, 1], 8)
+    stop = ref[2]
+    got = eng.generate("o0", [2, 7, 1], 8, stop_token=stop).tokens
+    assert got == ref[: ref.index(stop) + 1]  # up to and including the first stop token
 
 
 def test_residency_by_bytes_and_memory_really_freed(eng):
@@ -57,17 +84,17 @@ def test_residency_by_bytes_and_memory_really_freed(eng):
     resident = eng.scheduler.resident()
     assert set(resident) == set(stats[0]["resident"]) == set(stats[1]["resident"])
     for s in stats:
-        want = sum(eng.shard_bytes[m][s["rank"]] for m in resident)
+        want = sum(eng.shard_bytes[m][s["rank"]] + eng.kv_bytes[m][s["rank"]] for m in resident)
         assert s["live_device_bytes"] == want <= CAPACITY  # tensors of evicted models were released
         assert s["budget_free_bytes"] == CAPACITY - want
-    assert len(resident) == 2  # two models fit by bytes; an OPT pair would not (1,004,544 B > 1,000,000 B)
+    assert len(resident) == 2  # two models fit by bytes (weights + KV cache)
     victim = next(m for m in eng.specs if m not in resident)
     before = {s["rank"]: s["live_device_bytes"] for s in stats}
     eng.generate(victim, [5], 1)
     after = eng.memory_stats()
     newly = set(eng.scheduler.resident())
     for s in after:
-        assert s["live_device_bytes"] == sum(eng.shard_bytes[m][s["rank"]] for m in newly)
+        assert s["live_device_bytes"] == sum(eng.shard_bytes[m][s["rank"]] + eng.kv_bytes[m][s["rank"]] for m in newly)
     assert victim in newly and len(set(resident) - newly) >= 1  # a victim was swapped out to make room
     assert all(s["live_device_bytes"] <= CAPACITY for s in after) and before
 
@@ -100,7 +127,7 @@ def test_metrics_count_swaps_and_latency(eng):
 
 def test_tp2_pp2_engine(fixtures):
     ents = _entries(fixtures)[:2]  # 4 workers: two pipeline stages, each a TP group of two
-    with Engine(ents, tp=2, pp=2, capacity_bytes=CAPACITY) as e:
+    with Engine(ents, tp=2, pp=2, capacity_bytes=CAPACITY, kv_cache_len=KV_LEN) as e:
         assert len(e.shard_bytes["o0"]) == 4
         for ent in ents:
             assert e.generate(ent.name, [7, 7, 2], 3).tokens == greedy(ent.model, ent.seed, [7, 7, 2], 3)

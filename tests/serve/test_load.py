@@ -20,8 +20,9 @@ N_REQUESTS, CONCURRENCY = 1000, 20
 def test_load_no_lost_or_duplicated_responses(fixtures):
     opt = str(fixtures / "tiny-opt.json")
     ents = [ModelEntry(name=f"m{i}", model=opt, seed=i) for i in range(4)]
-    # each TP=2 shard is 502,272 B: two models fit in 1.1 MB per worker, not three
-    eng = Engine(ents, tp=2, capacity_bytes=1_100_000, max_batch_size=8, max_queue_len=16)
+    # each TP=2 shard is 502,272 B + 131,072 B of KV cache (8 slots x 16 tokens): two models fit in 1.3 MB per
+    # worker, not three
+    eng = Engine(ents, tp=2, capacity_bytes=1_300_000, max_batch_size=8, max_queue_len=16, kv_cache_len=16)
     load = make_load([e.name for e in ents], eng.vocab_sizes, N_REQUESTS, zipf_exponent=1.0, seed=5,
                      prompt_len=6, max_new_tokens=2)
     with BackgroundServer(create_app(eng)) as url:

@@ -1,11 +1,12 @@
-"""Scheduler, policies and simulator: a worked timeline, residency by bytes, policies, properties."""
+"""Scheduler, policies and simulator: a worked timeline, residency by bytes, continuous vs static batching,
+policies, properties."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetplan.errors import HetplanError
-from hetplan.serve.exec_model import AnalyticExecModel, TableExecModel
+from hetplan.serve.exec_model import LinearStepModel
 from hetplan.serve.policies import LoadAwarePolicy, ModelState, Policy, make_policy
 from hetplan.serve.scheduler import Execute, Scheduler, Swap
 from hetplan.serve.simulator import SimModel, simulate, swap_cost_fn
@@ -14,7 +15,7 @@ from hetplan.serve.workload import Request
 
 
 def _models(sizes, exec_s=0.5):
-    return [SimModel(n, [b], TableExecModel({1: exec_s, 8: exec_s})) for n, b in sizes.items()]
+    return [SimModel(n, [b], LinearStepModel(base_s=exec_s)) for n, b in sizes.items()]
 
 
 def _const_swap(t_in):
@@ -65,9 +66,51 @@ def test_batches_up_to_max_in_arrival_order():
         s.submit(Request(i, "a", 0.1 * i), 0.1 * i)
     acts = s.step(1.0)
     assert len(acts) == 1 and isinstance(acts[0], Execute) and [r.id for r in acts[0].requests] == [0, 1, 2]
-    assert s.step(1.0) == []  # one batch at a time
-    s.exec_done(2.0)
-    assert [r.id for r in s.step(2.0)[0].requests] == [3, 4]
+    assert s.step(1.0) == []  # one iteration at a time
+    s.exec_done(2.0, [acts[0].requests[1]])  # request 1 finished: its slot frees, request 3 joins
+    act = s.step(2.0)[0]
+    assert [r.id for r in act.requests] == [0, 2, 3] and [r.id for r in act.joined] == [3]
+    s.exec_done(3.0, act.requests)
+    assert [r.id for r in s.step(3.0)[0].requests] == [4]
+
+
+def test_static_batching_admits_only_into_an_empty_batch():
+    s = Scheduler({"a": (1, 1.0)}, 10, Policy(), max_batch_size=3, batching="static")
+    s.preload(["a"])
+    for i in range(5):
+        s.submit(Request(i, "a", 0.1 * i), 0.1 * i)
+    act = s.step(1.0)[0]
+    s.exec_done(2.0, [act.requests[1]])
+    act = s.step(2.0)[0]
+    assert [r.id for r in act.requests] == [0, 2] and act.joined == []  # no join until the batch empties
+    s.exec_done(3.0, act.requests)
+    assert [r.id for r in s.step(3.0)[0].joined] == [3, 4]
+    with pytest.raises(HetplanError) as e:
+        Scheduler({"a": (1, 1.0)}, 10, Policy(), batching="dynamic")
+    assert e.value.field == "scheduler.batching"
+
+
+def test_model_with_running_requests_is_not_evicted():
+    s = Scheduler({"a": (10, 1.0), "b": (10, 1.0)}, 10, Policy())
+    s.preload(["a"])
+    s.submit(Request(0, "a", 0.0, max_new_tokens=5), 0.0)
+    s.step(0.0)
+    s.exec_done(0.1)  # request 0 still running: a's KV cache holds it
+    s.submit(Request(1, "b", 0.2), 0.2)
+    acts = s.step(0.2)
+    assert [type(x) for x in acts] == [Execute] and acts[0].model == "a"  # b waits: a cannot be evicted
+    s.exec_done(0.3, acts[0].requests)
+    assert s.step(0.3) == [Swap("b", ["a"])]
+
+
+def test_continuous_batching_beats_static_on_the_tail():
+    """Short requests behind long ones: static batching makes them wait for the longest; continuous lets them
+    join as slots free up (Orca, OSDI'22, Fig. 1)."""
+    reqs = [Request(i, "a", 0.05 * i, 8, 40 if i % 4 == 0 else 2) for i in range(40)]
+    model = [SimModel("a", [1], LinearStepModel(base_s=0.01, per_decode_seq_s=0.001))]
+    kw = dict(capacity_bytes=10, policy=Policy(), swap_cost=_const_swap(0.0), max_batch_size=4, preload=["a"])
+    p99 = {b: simulate(model, reqs, batching=b, **kw).report({})["all"]["p99_latency_s"] for b in ("static", "continuous")}
+    assert p99["continuous"] < 0.6 * p99["static"]
 
 
 def test_executing_model_is_never_evicted_and_loading_model_waits():
@@ -77,13 +120,13 @@ def test_executing_model_is_never_evicted_and_loading_model_waits():
     s.submit(Request(1, "b", 0.0), 0.0)
     acts = s.step(0.0)
     assert [type(a) for a in acts] == [Execute]  # b cannot evict a while a runs
-    s.exec_done(0.5)
+    s.exec_done(0.5, acts[0].requests)
     acts = s.step(0.5)
     assert acts == [Swap("b", ["a"])]
     s.submit(Request(2, "b", 0.6), 0.6)
     assert s.step(0.6) == []  # b is loading: its requests wait in its queue
     s.swap_done(1.5)
-    assert [r.id for r in s.step(1.5)[0].requests] == [1, 2]
+    assert [r.id for r in s.step(1.5)[0].joined] == [1, 2]
 
 
 def test_lru_and_load_aware_victims():
@@ -124,8 +167,8 @@ def test_load_aware_loads_longest_queue_per_second():
 def test_every_request_answered_once_and_memory_bounded(sizes, arrivals, cap_extra, batch, qlen, policy):
     names = [f"m{i}" for i in range(len(sizes))]
     cap = max(sizes) + cap_extra
-    models = [SimModel(n, [b], TableExecModel({1: 0.1, 4: 0.25})) for n, b in zip(names, sizes)]
-    reqs = [Request(i, names[k % len(names)], t) for i, (t, k) in enumerate(arrivals)]
+    models = [SimModel(n, [b], LinearStepModel(base_s=0.1, per_decode_seq_s=0.05)) for n, b in zip(names, sizes)]
+    reqs = [Request(i, names[k % len(names)], t, 4, 1 + k % 3) for i, (t, k) in enumerate(arrivals)]
     used = []
     orig_step = Scheduler.step
 
@@ -142,23 +185,14 @@ def test_every_request_answered_once_and_memory_bounded(sizes, arrivals, cap_ext
         Scheduler.step = orig_step
     assert max(used) <= cap
     assert sorted(r.id for r in res.records) == [r.id for r in reqs]
+    want = {r.id: r.max_new_tokens for r in reqs}
     for r in res.records:
         assert r.refused != (r.finish_s is not None)  # refused xor answered
         if r.finish_s is not None:
-            assert r.latency_s >= 0.1 - 1e-12  # at least one batch
-    assert sum(b for _, b in res.batches) == sum(1 for r in res.records if not r.refused)
-
-
-def test_analytic_exec_model_scales_with_tp_and_batch():
-    from hetplan.hardware.catalog import get_gpu
-    from hetplan.model.spec import load_model
-
-    spec, gpu = load_model("llama2-7b"), get_gpu("A100-SXM-80GB")
-    t1 = AnalyticExecModel(spec, gpu, 1, 1).batch_time_s(1, 128, 8)
-    t2 = AnalyticExecModel(spec, gpu, 2, 1).batch_time_s(1, 128, 8)
-    # a decode step of one sequence reads all weights: >= 13.5 GB / 2.039 TB/s = 6.6 ms
-    assert AnalyticExecModel(spec, gpu).pass_time_s(1, 1, 129) >= 6.738e9 * 2 / 2039e9
-    assert t2 < t1 and AnalyticExecModel(spec, gpu).batch_time_s(8, 128, 8) > t1
+            assert r.output_tokens == want[r.id]  # one token per iteration, up to max_new_tokens
+            assert r.latency_s >= 0.1 * want[r.id] - 1e-9 and r.first_token_s <= r.finish_s
+    # every iteration gives each running request one token
+    assert sum(b for _, b in res.batches) == sum(r.output_tokens for r in res.records)
 
 
 def test_simulator_is_deterministic_and_policies_differ_in_swaps():
@@ -175,17 +209,11 @@ def test_simulator_is_deterministic_and_policies_differ_in_swaps():
     assert a.swaps > 4
 
 
-def test_analytic_exec_model_worked_values():
-    from hetplan.hardware.catalog import get_gpu
-    from hetplan.model.counts import head_forward_flops, layer_forward_flops
-    from hetplan.model.spec import load_model
-
-    spec, gpu = load_model("llama2-7b"), get_gpu("A100-SXM-80GB")
-    m = AnalyticExecModel(spec, gpu)
-    # one decode token: memory-bound, every fp16 weight read once (6,738,415,616 parameters, Llama 2 Table 1)
-    assert m.pass_time_s(1, 1, 1) == pytest.approx(6_738_415_616 * 2 / gpu.hbm_bandwidth_bytes_per_s, rel=1e-12)
-    # a long prefill: compute-bound at peak x efficiency
-    flops = 32 * layer_forward_flops(spec, 8, 2048) + head_forward_flops(spec, 8, 2048)
-    assert m.pass_time_s(8, 2048, 2048) == pytest.approx(flops / (gpu.peak_flops_per_s("fp16") * gpu.compute_efficiency))
-    # prefill + 3 decode steps
-    assert m.batch_time_s(1, 16, 4) == pytest.approx(m.pass_time_s(1, 16, 16) + sum(m.pass_time_s(1, 1, 16 + i) for i in (1, 2, 3)))
+def test_step_model_fit_recovers_coefficients():
+    true = LinearStepModel(0.002, 0.001, 1e-4, 5e-4, 1e-6)
+    steps = [(p, d, true.step_time_s(p, d)) for p in ([], [8], [16, 4]) for d in ([], [10], [10, 30, 50])]
+    fit = LinearStepModel.fit(steps)
+    for p, d, t in steps:
+        assert fit.step_time_s(p, d) == pytest.approx(t, rel=1e-6)
+    with pytest.raises(HetplanError):
+        LinearStepModel.fit([])

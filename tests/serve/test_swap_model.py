@@ -1,4 +1,5 @@
-"""Swap cost model: exact shard sizes, worked examples, and the published Computron load times."""
+"""Swap cost model: shard bytes (the training memory model's counts) against the torch shards, worked examples,
+and the published Computron load times (fitted, and held out)."""
 
 
 import math
@@ -7,11 +8,11 @@ import numpy as np
 import pytest
 
 from hetplan.errors import HetplanError
+from hetplan.estimate.inference import weight_bytes_per_worker
 from hetplan.model.counts import total_parameters
 from hetplan.model.spec import load_model
 from hetplan.plan import layer_ranges
-from hetplan.serve.swap_model import (COMPUTRON_A100_PCIE4, COMPUTRON_OPT13B_LOAD_TIME_S, SwapModel,
-                                      shard_bytes, shard_parameters)
+from hetplan.serve.swap_model import COMPUTRON_A100_PCIE4, COMPUTRON_OPT13B_LOAD_TIME_S, SwapModel
 
 # Stated tolerance of the swap model against Computron (Zou et al. 2023) OPT-13B load times: every point within
 # 25 % and RMS relative error below 17 % (docs/serving.md explains the two outliers).
@@ -24,32 +25,31 @@ def opt13b(fixtures):
     return load_model(fixtures / "opt-13b.json")
 
 
-@pytest.mark.parametrize("name", ["tiny-opt.json", "tiny-llama.json"])
-@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 3), (4, 1)])
-def test_shard_bytes_equal_torch_module_bytes(fixtures, name, tp, pp):
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_shard_bytes_close_to_torch_module_bytes(fixtures, tp, pp):
+    """The cost model counts parameters as training memory does (unpadded vocabulary, norms split over TP); the
+    torch shards pad the vocabulary to 128·t rows and replicate the position table, norms and row biases over TP.
+    On the small OPT (h = 256, vocabulary 8,192) they differ by at most 1.9 % (TP = 2: mostly the replicated
+    258 x 256 position table); on real models by less (OPT-13B, TP = 2: its 2,050 x 5,120 table is 0.2 %)."""
     torch = pytest.importorskip("torch")
     from hetplan.model.torch_transformer import Partition, TransformerStage, parameter_bytes
 
-    spec = load_model(fixtures / name)
-    if spec.num_kv_heads % tp:
-        pytest.skip("GQA kv heads not divisible")
-    want = shard_bytes(spec, tp, pp, "fp32")
+    spec = load_model(fixtures / "small-opt.json")
+    want = weight_bytes_per_worker(spec, tp, pp, "fp32")
     got = []
     for s, (lo, hi) in enumerate(layer_ranges(spec.num_layers, pp)):
         for r in range(tp):
             st = TransformerStage(spec, Partition(lo, hi, s == 0, s == pp - 1, r, tp), dtype=torch.float32)
             got.append(parameter_bytes(st))
-    assert got == want
+    assert want == pytest.approx(got, rel=0.02)
 
 
-def test_unsharded_parameters_match_counts(opt13b):
-    # one worker, no pipeline: the model's parameters (vocabulary padded to 128 as Megatron-LM does)
-    pad = (opt13b.padded_vocab_size(128) - opt13b.vocab_size) * opt13b.hidden_size
-    assert shard_parameters(opt13b, 1, 1) == [[total_parameters(opt13b) + pad]]
+def test_unsharded_bytes_match_counts(opt13b):
+    assert weight_bytes_per_worker(opt13b, 1, 1) == [2 * total_parameters(opt13b)]
     assert total_parameters(opt13b) == pytest.approx(12.85e9, rel=0.01)  # OPT paper Table 1: 13B
     # PP keeps a second copy of the tied embedding on the last stage
-    two = shard_parameters(opt13b, 1, 2)
-    assert two[0][0] + two[1][0] == shard_parameters(opt13b, 1, 1)[0][0] + opt13b.padded_vocab_size(128) * 5120
+    two = weight_bytes_per_worker(opt13b, 1, 2)
+    assert sum(two) == 2 * (total_parameters(opt13b) + opt13b.vocab_size * 5120)
 
 
 def test_worked_example_with_shared_switch():
@@ -68,7 +68,7 @@ def test_bad_swap_model_values():
         SwapModel(32e9, efficiency=1.5)
     assert e.value.field == "swap.efficiency"
     with pytest.raises(HetplanError):
-        shard_bytes(load_model("llama2-7b"), 3, 1)  # 32 heads not divisible by 3
+        weight_bytes_per_worker(load_model("llama2-7b"), 3, 1)  # 32 heads not divisible by 3
 
 
 def _rel_errors(sm, spec):
@@ -80,7 +80,7 @@ def test_computron_published_load_times_within_tolerance(opt13b):
     assert max(abs(e) for e in errs.values()) <= COMPUTRON_MAX_REL_ERR
     assert math.sqrt(np.mean([e * e for e in errs.values()])) <= COMPUTRON_RMS_REL_ERR
     # exact model values at the fitted constants (regression guard): (1,1) moves 25.71 GB at 0.743 x 32 GB/s
-    assert COMPUTRON_A100_PCIE4.load_time_s(opt13b, 1, 1) == pytest.approx(0.251 + 25.70727424e9 / (0.743 * 32e9))
+    assert COMPUTRON_A100_PCIE4.load_time_s(opt13b, 1, 1) == pytest.approx(0.251 + 25.70694656e9 / (0.743 * 32e9))
 
 
 def test_computron_constants_are_the_least_squares_fit(opt13b):
@@ -92,6 +92,31 @@ def test_computron_constants_are_the_least_squares_fit(opt13b):
     fit = least_squares(res, [0.6, 0.1])
     assert fit.x[0] == pytest.approx(COMPUTRON_A100_PCIE4.efficiency, abs=2e-3)
     assert fit.x[1] == pytest.approx(COMPUTRON_A100_PCIE4.overhead_s, abs=2e-3)
+
+
+def _fit(spec, keys):
+    from scipy.optimize import least_squares
+
+    def res(x):
+        sm = SwapModel(32e9, min(x[0], 1.0), overhead_s=max(x[1], 0.0))
+        return [(sm.load_time_s(spec, *k) - COMPUTRON_OPT13B_LOAD_TIME_S[k]) / COMPUTRON_OPT13B_LOAD_TIME_S[k] for k in keys]
+
+    x = least_squares(res, [0.6, 0.1]).x
+    return SwapModel(32e9, min(x[0], 1.0), overhead_s=max(x[1], 0.0))
+
+
+def test_computron_held_out_points(opt13b):
+    """Fitted on the five multi-GPU points, the model predicts the held-out single-GPU load (1.350 s) within 4 %;
+    leaving out each point in turn, the held-out errors are -3.7, +10.9, -30.3, -8.0, -20.9 and +50.6 % (RMS
+    26 %): the (2,2) and (4,1) points contradict each other (docs/serving.md)."""
+    keys = list(COMPUTRON_OPT13B_LOAD_TIME_S)
+    sm = _fit(opt13b, [k for k in keys if k != (1, 1)])
+    assert sm.load_time_s(opt13b, 1, 1) == pytest.approx(COMPUTRON_OPT13B_LOAD_TIME_S[(1, 1)], rel=0.04)
+    held = []
+    for k in keys:
+        t = _fit(opt13b, [q for q in keys if q != k]).load_time_s(opt13b, *k)
+        held.append((t - COMPUTRON_OPT13B_LOAD_TIME_S[k]) / COMPUTRON_OPT13B_LOAD_TIME_S[k])
+    assert math.sqrt(np.mean(np.square(held))) <= 0.27 and max(map(abs, held)) <= 0.52
 
 
 def test_more_parallelism_never_slower_in_the_model(opt13b):

@@ -108,3 +108,63 @@ def test_tp2_forward_and_backward_equal_full_model(fixtures, tmp_path, name):
     torch.testing.assert_close(cat0("head")[:v], g["head"][:v], **tol)
     for o in outs:  # replicated parameters get the full gradient on every rank
         torch.testing.assert_close(o["grads"]["layers.0.norm1.weight"], g["layers.0.norm1.weight"], **tol)
+
+
+@pytest.mark.parametrize("name", ["tiny-opt.json", "tiny-llama.json"])
+def test_kv_cache_generation_equals_recompute(fixtures, name):
+    """Prefill into slots + batched decode steps over rows of different lengths give the tokens of re-running
+    the whole sequence each step."""
+    from hetplan.model.torch_transformer import CacheRows, KVCache, TransformerStage
+
+    spec = load_model(fixtures / name)
+    st = TransformerStage(spec, seed=3).eval()
+    prompts, n = [[3, 1, 4, 1, 5], [9, 2], [7] * 9], 6
+    with torch.inference_mode():
+        ref = []
+        for p in prompts:
+            seq = list(p)
+            for _ in range(n):
+                seq.append(int(st(torch.tensor([seq]))[0, -1].argmax()))
+            ref.append(seq[len(p):])
+        cache = KVCache(st, slots=4, max_len=32)
+        slots = [2, 0, 3]  # any free slots
+        out = [[int(st(torch.tensor([p]), rows=CacheRows(cache, torch.tensor([k]), torch.tensor([0])))[0, -1].argmax())]
+               for p, k in zip(prompts, slots)]
+        for _ in range(n - 1):
+            start = torch.tensor([len(p) + len(o) - 1 for p, o in zip(prompts, out)])
+            logits = st(torch.tensor([[o[-1]] for o in out]), rows=CacheRows(cache, torch.tensor(slots), start))
+            for o, t in zip(out, logits[:, 0].argmax(-1).tolist()):
+                o.append(t)
+    assert out == ref
+    assert cache.nbytes() == 2 * spec.num_layers * 4 * spec.num_kv_heads * 32 * spec.head_dim * 4
+
+
+def test_decode_cost_per_token_is_flat_in_context_length(fixtures):
+    """With the KV cache a decode step costs the same at context 8 and at context 200 (cache of 256); re-running
+    the sequence (no cache) costs ~25x more at 200 than at 8 tokens."""
+    import time
+
+    from hetplan.model.torch_transformer import CacheRows, KVCache, TransformerStage
+
+    torch.set_num_threads(1)
+    spec = load_model(fixtures / "small-opt.json")  # h = 256, 4 layers
+    st = TransformerStage(spec, seed=0).eval()
+    cache = KVCache(st, slots=1, max_len=256)
+    slot = torch.tensor([0])
+
+    def cpu_s(fn) -> float:  # CPU time of this thread (torch runs on it): other jobs on the machine do not count
+        t0 = time.thread_time()
+        fn()
+        return time.thread_time() - t0
+
+    cached, full = {8: [], 200: []}, {8: [], 200: []}
+    with torch.inference_mode():
+        st(torch.randint(0, 100, (1, 200)), rows=CacheRows(cache, slot, torch.tensor([0])))  # fill 200 positions
+        tok = torch.tensor([[5]])
+        for _ in range(12):  # interleaved, so both contexts see the same conditions
+            for c in (8, 200):
+                cached[c].append(cpu_s(lambda: st(tok, rows=CacheRows(cache, slot, torch.tensor([c])))))
+                full[c].append(cpu_s(lambda: st(torch.randint(0, 100, (1, c + 1)))))
+    cached, full = {c: min(v) for c, v in cached.items()}, {c: min(v) for c, v in full.items()}
+    assert cached[200] < 1.5 * cached[8]
+    assert full[200] > 4 * full[8]

@@ -1,11 +1,9 @@
-"""Simulator against the real engine on CPU, same seeded workload.
+"""Simulator against the real engine on CPU, same seeded workload; continuous against static batching.
 
-Stated tolerance: the simulation's overall p50 latency within 25 % of the engine's, overall p90 and p99 within
-50 %, each model's p50 within 40 %, swap counts within 30 %. The simulator's costs are calibrated on the run (batch times sampled per
-batch size, median swap times; see hetplan.serve.validate.calibrate_from_logs); the queueing, batching and
-swapping are the simulator's own. Measured errors (docs/serving.md, 3 seeds, 2 cores shared with other jobs):
-overall p50 within 1 %, p90 within 6 %, p99 within 24 %; per-model p50 within 13 %. Other jobs' bursts of
-interference lengthen the engine's tail in a way independently sampled costs cannot reproduce."""
+Stated tolerance (simulator vs engine): overall p50 of latency, TTFT and TPOT within 40 %; p90 and p99 within
+60 % when the machine is not oversubscribed by other jobs; swap counts within 40 %. The simulator's iteration and
+swap costs are calibrated on the run (hetplan.serve.validate); the queueing, batching and swapping are its own.
+Measured errors: docs/serving.md ("Simulator vs the real engine")."""
 
 import os
 
@@ -14,9 +12,10 @@ import pytest
 pytest.importorskip("torch")
 
 from hetplan.serve.config import ModelEntry  # noqa: E402
-from hetplan.serve.validate import compare_sim_engine  # noqa: E402
+from hetplan.serve.validate import compare_batching, compare_sim_engine  # noqa: E402
+from hetplan.serve.workload import Request  # noqa: E402
 
-P50_TOL, TAIL_TOL, PER_MODEL_P50_TOL = 0.25, 0.50, 0.40
+P50_TOL, TAIL_TOL = 0.40, 0.60
 
 
 def _oversubscribed() -> bool:
@@ -30,17 +29,30 @@ def _oversubscribed() -> bool:
 def test_simulator_matches_engine_percentiles(fixtures):
     ents = [ModelEntry(name=f"m{i}", model=str(fixtures / "small-opt.json"), seed=i) for i in range(4)]
     busy = _oversubscribed()
-    out = compare_sim_engine(ents, tp=2, capacity_bytes=24_000_000, rates_per_s=[8.0, 4.0, 2.0, 2.0], cv=1.5,
-                             duration_s=6.0, seed=0, repeats=1)
+    out = compare_sim_engine(ents, tp=2, capacity_bytes=24_000_000, rates_per_s=[3.0, 1.5, 1.0, 1.0], cv=1.5,
+                             duration_s=6.0, seed=0)
     busy = busy or _oversubscribed()
-    eng, sim = out["engine"], out["sim"]
-    print("engine", eng["all"], "sim", sim["all"], "swaps", out["engine_swaps"], out["sim_swaps"], "busy", busy)
-    assert out["requests"] > 50 and out["engine_swaps"] > 5
-    # the tails are compared only when the machine is not oversubscribed by other jobs: their bursts of
-    # interference stretch the engine's tail (measured up to 2x at load average 11 on 2 cores)
+    eng, sim = out["engine"]["all"], out["sim"]["all"]
+    print("engine", eng, "sim", sim, "swaps", out["engine_swaps"], out["sim_swaps"], "busy", busy)
+    assert out["requests"] > 25 and out["engine_swaps"] > 3
     checks = (("p50", P50_TOL),) if busy else (("p50", P50_TOL), ("p90", TAIL_TOL), ("p99", TAIL_TOL))
-    for q, tol in checks:
-        assert sim["all"][q] == pytest.approx(eng["all"][q], rel=tol), q
-    for name in ("m0", "m1", "m2", "m3"):
-        assert sim[name]["p50"] == pytest.approx(eng[name]["p50"], rel=PER_MODEL_P50_TOL), name
-    assert out["sim_swaps"] == pytest.approx(out["engine_swaps"], rel=0.3)
+    for metric in ("latency", "ttft", "tpot"):
+        for q, tol in checks:
+            assert sim[metric][q] == pytest.approx(eng[metric][q], rel=tol), (metric, q)
+    assert out["sim_swaps"] == pytest.approx(out["engine_swaps"], rel=0.4)
+
+
+def test_continuous_batching_beats_static_on_p99(fixtures):
+    """One model, 100 requests every 30 ms: two long answers (60 tokens), the others 4 tokens. With static
+    batching the requests behind a long one wait for it; with continuous batching they join and leave around it.
+    The toy OPT is small enough that an iteration costs about the same whatever its rows (as decode on a GPU);
+    on a model whose CPU cost grows with the rows (small-opt) the two are close (docs/serving.md).
+    Measured (2 shared cores): p99 latency 1.0-1.9 s static, 0.07-0.23 s continuous."""
+    ent = ModelEntry(name="m", model=str(fixtures / "tiny-opt.json"), seed=0)
+    reqs = [Request(i, "m", 0.03 * i, 8, 60 if i % 50 == 5 else 4) for i in range(100)]
+    out = compare_batching(ent, reqs, max_batch_size=4, kv_cache_len=80)
+    st, co = out["static"]["all"], out["continuous"]["all"]
+    print("static", st["p99_latency_s"], "continuous", co["p99_latency_s"])
+    assert st["completed"] == co["completed"] == len(reqs)
+    assert co["p99_latency_s"] < 0.5 * st["p99_latency_s"]
+    assert co["p50_ttft_s"] < st["p50_ttft_s"]

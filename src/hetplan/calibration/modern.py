@@ -29,13 +29,14 @@ import csv
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Iterable
 
 import numpy as np
 
 from hetplan.calibration.validation import Case, _is_calibration, gpt_model, metrics
+from hetplan.errors import HetplanError
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -197,7 +198,7 @@ def catalog_gpu(label: str, catalog: Catalog) -> str:
         if key in low:
             try:
                 return catalog.get(name).name
-            except Exception:
+            except HetplanError:
                 raise NotExpressibleError(f"GPU {name} has no catalog entry yet") from None
     raise NotExpressibleError(f"GPU {label!r} is not in the catalog")
 
@@ -246,18 +247,37 @@ MOE_PRESETS = {"deepseek-v3": "deepseek-v3", "deepseek v3": "deepseek-v3", "qwen
                "qwen3 moe 30b": "qwen3-30b-a3b", "gpt-oss 120b": "gpt-oss-120b", "llama 4 scout": "llama4-scout"}
 
 
+#: MoE models without a preset, as ``config.json`` dictionaries (read by :func:`hetplan.model.spec.from_hf_config`).
+#: Grok-1: xai-org/grok-1 ``run.py`` (emb 48 x 128, 48 query / 8 KV heads of 128, 64 layers, 8 experts top-2,
+#: vocabulary 128 x 1024) and ``model.py`` ``ffn_size`` (8 x 6144 x 2/3 = 32,768; gated); one embedding table for
+#: input and output (``InOutEmbed``). Llama 4 Maverick: meta-llama/Llama-4-Maverick-17B-128E ``config.json``
+#: (text_config: 128 experts top-1 with a shared expert, MoE every second layer, dense MLP 16,384).
+MOE_CONFIGS = {
+    "grok-1": {"model_type": "mixtral", "hidden_size": 6144, "intermediate_size": 32768, "num_attention_heads": 48,
+               "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 64, "num_local_experts": 8,
+               "num_experts_per_tok": 2, "vocab_size": 131072, "max_position_embeddings": 8192,
+               "tie_word_embeddings": True, "source": "xai-org/grok-1 run.py, model.py"},
+    "llama 4 maverick": {"model_type": "llama4", "tie_word_embeddings": False, "text_config": {
+        "model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+        "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 48,
+        "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "use_qk_norm": True,
+        "attention_bias": False, "vocab_size": 202048, "max_position_embeddings": 1048576,
+        "tie_word_embeddings": False}, "source": "meta-llama/Llama-4-Maverick-17B-128E config.json"},
+}
+
+
 def moe_model(r: dict) -> ModelSpec:
-    """The preset of a MoE row (:data:`MOE_PRESETS`) with the run's layer count; :class:`NotExpressibleError`
-    when the model has no preset or the estimator has no MoE layers yet."""
-    from hetplan.errors import HetplanError
-    from hetplan.model.spec import load_model
+    """The preset of a MoE row (:data:`MOE_PRESETS`, else :data:`MOE_CONFIGS`) with the run's layer count;
+    :class:`NotExpressibleError` when the model has no preset or the estimator has no MoE layers yet."""
+    from hetplan.model.spec import from_hf_config, load_model
 
     low = r["model"].lower()
     preset = next((v for k, v in MOE_PRESETS.items() if k in low), None)
-    if preset is None:
+    config = next((k for k in MOE_CONFIGS if k in low), None)
+    if preset is None and config is None:
         raise NotExpressibleError(f"MoE model {r['model']!r} has no model preset")
     try:
-        m = load_model(preset)
+        m = load_model(preset) if preset else from_hf_config(MOE_CONFIGS[config], config.replace(" ", "-"))
     except HetplanError:
         raise NotExpressibleError("MoE model: the estimator has no mixture-of-experts layers yet") from None
     L = _int(r, "layers")
@@ -281,7 +301,10 @@ def _dtype(r: dict) -> str:
 
 @dataclass
 class Layout:
-    """The published layout of a row (degrees, batch, recomputation, framework)."""
+    """The published layout of a row (degrees, batch, recomputation, framework). ``kv_exchange``: CP's K/V
+    exchange, ``ring`` (Megatron-Core / NeMo: p2p overlapped with attention) or ``allgather`` (Llama 3,
+    torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
+    expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows)."""
 
     tp: int
     pp: int
@@ -297,15 +320,18 @@ class Layout:
     framework: str = "megatron"
     zero: int = 1
     sequence_parallel: bool = False
+    kv_exchange: str = "ring"
+    balanced_routing: bool = False
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
     """The :class:`Plan` of a row: ``pp`` stages of ``tp x dp`` GPUs (balanced split of the run's layers),
     FlashAttention (every source ran it), one pool of the nodes of :func:`node_pool`. Raises :class:`NotExpressibleError` for CP / EP > 1 until the plan carries them."""
-    if lay.cp > 1:
-        raise NotExpressibleError(f"CP {lay.cp}: the plan schema has no context-parallel degree yet")
-    if lay.ep > 1:
-        raise NotExpressibleError(f"EP {lay.ep}: the plan schema has no expert-parallel degree yet")
+    degrees = {k: v for k, v in (("cp", lay.cp), ("ep", lay.ep)) if v > 1}
+    for k, v in degrees.items():
+        if k not in Plan.model_fields:
+            what = "context" if k == "cp" else "expert"
+            raise NotExpressibleError(f"{k.upper()} {v}: the plan schema has no {what}-parallel degree yet")
     if lay.pp > m.num_layers:
         raise NotExpressibleError(f"PP {lay.pp} exceeds the {m.num_layers} layers")
     if lay.gbs % (lay.dp * lay.mbs):
@@ -314,17 +340,22 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     if framework == "fsdp" and "fsdp" not in str(Job.model_fields["framework"].annotation):
         framework, zero = "megatron", 3
         notes.append("FSDP2 as ZeRO-3 (framework = 'fsdp' not in the estimator yet)")
+    extra = {}
+    if lay.cp > 1 and "cp_kv_exchange" in Job.model_fields:
+        extra["cp_kv_exchange"] = lay.kv_exchange
+    if lay.balanced_routing and "moe_load_imbalance" in Job.model_fields:
+        extra["moe_load_imbalance"] = 1.0
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
-                     framework=framework)
-    pool = node_pool(gpu, lay.tp * lay.pp * lay.dp)
+                     framework=framework, **extra)
+    pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
     stages = []
     for k in balanced_split(m.num_layers, lay.pp):
-        rl = None if lay.recompute_fraction >= 1 else int(round(k * lay.recompute_fraction))
+        rl = None if lay.recompute_fraction >= 1 else round(k * lay.recompute_fraction)
         stages.append(Stage(pool=0, num_layers=k, tp=lay.tp, dp=lay.dp, recompute=lay.recompute, recompute_layers=rl))
     try:
         return Plan(job=job, pools=[pool], stages=stages, mbs=lay.mbs, zero=zero,
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
-                    virtual_stages=lay.vp, overlap_grad_reduce=True)
+                    virtual_stages=lay.vp, overlap_grad_reduce=True, **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -470,7 +501,8 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         vp = 2 if "interleaved" in r["notes"].lower() else 1
         rc, frac = _torchtitan_recompute(r["recompute"])
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
-                     recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True)
+                     recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
+                     kv_exchange="allgather")
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")
@@ -498,7 +530,7 @@ def llama3_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     def make():
         tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=8, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
-                     recompute="none", zero=2, sequence_parallel=True)
+                     recompute="none", zero=2, sequence_parallel=True, kv_exchange="allgather")
         return _case(set_name, key, r, lay, "tflops_per_gpu", _float(r, "tflops_per_gpu"), catalog=catalog,
                      group="llama3-405b")
 
@@ -548,7 +580,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
         gbs = _int(r, "global_batch")
         lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, vp=_int(r, "vp", 1), mbs=mbs, gbs=gbs,
                      seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
-                     sequence_parallel=True, recompute="full" if "full" in r["recompute"].lower() else "none")
+                     sequence_parallel=True, recompute="full" if "full" in r["recompute"].lower() else "none",
+                     balanced_routing=src == "automodel" or "forced" in r["notes"].lower())
         t = _float(r, "iteration_time_s")
         if t is not None:
             return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)

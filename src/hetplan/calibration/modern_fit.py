@@ -17,8 +17,8 @@ commit, with the provenance in ``calibration_source``, as the A100 fit does.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 

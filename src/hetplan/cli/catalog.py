@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from hetplan.cli.output import table_console
+from hetplan.cli.output import NARROW, new_table, table_console
 from rich import box
 from rich.table import Table
 
@@ -28,18 +28,27 @@ def gpus(
     if as_json:
         print(json.dumps({"date": cat.date, "gpus": [g.model_dump(mode="json") for g in cat.gpus.values()]}, indent=1))
         return
-    t = Table(title=f"GPU catalog ({cat.date}); links unidirectional per GPU; TFLOP/s dense")
-    for col in ("name", "memory GiB", "HBM GB/s", "bf16 TF/s", "fp16 TF/s", "GPU link GB/s", "host GB/s", "TDP W", "$/GPU-h", "price as of"):
-        t.add_column(col, justify="left" if col in ("name", "price as of") else "right")
+    con = table_console()
+    narrow = con.width < NARROW
+    t = new_table(f"GPU catalog ({cat.date}); links unidirectional per GPU; TFLOP/s dense", narrow)
+    # Under 130 columns: no fp16 and host-link columns (fp16 equals bf16 on every GPU that has both) and the
+    # price's date without its provider.
+    cols = ("name", "memory GiB", "HBM GB/s", "bf16 TF/s", "fp16 TF/s", "GPU link GB/s", "host GB/s", "TDP W",
+            "$/GPU-h", "price as of")
+    keep = [c for c in cols if not narrow or c not in ("fp16 TF/s", "host GB/s")]
+    for col in keep:
+        t.add_column(col, justify="left" if col in ("name", "price as of") else "right", no_wrap=col == "name")
     for g in cat.gpus.values():
         f = g.dense_flops_per_s
-        t.add_row(
+        row = dict(zip(cols, (
             g.name, f"{g.memory_bytes / 2**30:.0f}", f"{g.hbm_bandwidth_bytes_per_s / 1e9:.0f}",
             f"{f['bf16'] / 1e12:.0f}" if "bf16" in f else "-", f"{f['fp16'] / 1e12:.0f}" if "fp16" in f else "-",
             f"{g.gpu_link_bandwidth_bytes_per_s / 1e9:.0f}", f"{g.host_link_bandwidth_bytes_per_s / 1e9:.0f}",
-            f"{g.tdp_w:.0f}", f"{g.price_usd_per_hour:.2f}", f"{g.price_provider.split(',')[0]} {g.price_date}",
-        )
-    table_console().print(t)
+            f"{g.tdp_w:.0f}", f"{g.price_usd_per_hour:.2f}",
+            g.price_date.split()[0] if narrow else f"{g.price_provider.split(',')[0]} {g.price_date}",
+        )))
+        t.add_row(*(row[c] for c in keep))
+    con.print(t)
 
 
 @catalog_app.command("models")

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
-
-from hetplan.cli.output import table_console
 from rich.table import Table
 
+from hetplan.cli.output import NARROW, new_table, table_console
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import load_job_file, read_structured, validated
-from hetplan.plan import Inventory, Job, Plan
+from hetplan.plan import GPUPool, Inventory, Job, Plan
 from hetplan.plan_rules import check_plan
 from hetplan.report import plan_summary
 from hetplan.search.objective import Objective
@@ -49,6 +49,48 @@ def _positive(value: Optional[float], name: str) -> None:
         raise HetplanError(f"must be positive, got {value}", field=name, fix=f"give {name} > 0")
 
 
+_PRICE_SOURCE = typer.Option("catalog", "--price-source", help="Price of pools without their own: catalog "
+                             "(default) | on-demand | spot | committed (dated quotes, hetplan/hardware/data/prices.toml).")
+_PROVIDER = typer.Option(None, "--provider", help="With --price-source: quotes of this provider only (aws, gcp, "
+                         "lambda, coreweave, runpod, vast.ai); default: the cheapest provider's newest quote.")
+
+
+def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str]) -> tuple[list[GPUPool], list[dict]]:
+    """``pools`` with the chosen price filled in where the pool gives none (hetplan.hardware.prices.choose), and
+    one line per GPU type: its price, where it comes from, its date and whether the GPU's efficiency is calibrated."""
+    from hetplan.hardware.prices import choose
+
+    out, lines = [], {}
+    for pool in pools:
+        spec = cat.get(pool.gpu)
+        if pool.price_usd_per_hour is None:
+            p = choose(spec, price_source.replace("-", "_"), provider)
+            pool = pool.model_copy(update={"price_usd_per_hour": p.usd_per_gpu_hour})
+            line = {"usd_per_gpu_hour": p.usd_per_gpu_hour, "from": p.label, "date": p.date, "stale": p.stale,
+                    "source": p.source}
+        else:
+            line = {"usd_per_gpu_hour": pool.price_usd_per_hour, "from": "given", "date": "", "stale": False,
+                    "source": "the job's price_usd_per_hour"}
+        lines.setdefault(spec.name, dict(gpu=spec.name, **line, calibrated=getattr(spec, "calibrated", True),
+                                         calibration_source=spec.calibration_source))
+        out.append(pool)
+    return out, list(lines.values())
+
+
+def _print_provenance(con, lines: list[dict]) -> None:
+    """The price behind each GPU type's money, with its date, and the GPUs whose efficiency is a first guess."""
+    from hetplan.hardware.prices import MAX_AGE_DAYS
+
+    parts = [f"{ln['gpu']} {ln['usd_per_gpu_hour']:.2f} {ln['from']}" + (f", {ln['date']}" if ln["date"] else "")
+             + (f" (older than {MAX_AGE_DAYS} days)" if ln["stale"] else "") for ln in lines]
+    con.print("Prices $/GPU-h: " + "; ".join(parts), highlight=False, markup=False)
+    guesses = [ln["gpu"] for ln in lines if not ln["calibrated"]]
+    if guesses:
+        con.print(f"* uncalibrated: the compute efficiency of {', '.join(guesses)} is a first guess, not fitted to "
+                  "measurements, so its times and costs are rough (hetplan catalog gpus)", highlight=False,
+                  markup=False)
+
+
 def plan_command(
     job_file: Optional[Path] = typer.Argument(None, help="Job TOML with sections \\[job], \\[\\[inventory]], \\[objective], \\[pin] (see examples/)."),
     model: Optional[str] = typer.Option(None, "--model", help="Preset name or path to a HF config.json."),
@@ -68,6 +110,7 @@ def plan_command(
     network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband (default) | roce | "
                                           "ethernet (TCP, no RDMA: less bandwidth, more latency)."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
+    price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file with \\[\\[inventory]] pools (replaces those of the job file)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML (extends/overrides)."),
     objective: Optional[str] = typer.Option(None, "--objective", help="fastest | cheapest | budget."),
@@ -92,6 +135,8 @@ def plan_command(
     ep: Optional[int] = typer.Option(None, "--ep", help="Pin the expert-parallel degree (MoE models)."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the table of plans (no memory breakdown, "
+                               "explanations or search statistics)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
     search: str = typer.Option("uniform", "--search", help="uniform (exhaustive) | fine (Aceso-style bottleneck "
                                "alleviation from the best uniform plan: per-stage GPUs/TP/DP, per-layer recompute)."),
@@ -158,6 +203,8 @@ def plan_command(
     if search not in ("uniform", "fine"):
         raise HetplanError(f"unknown search {search!r}", field="--search", fix="use uniform or fine")
     cat = load_catalog(catalog)
+    pools_priced, prices = _priced(inv.pools, cat, price_source, provider)
+    inv = inv.model_copy(update={"pools": pools_priced})
     _check_free_pools(inv, obj, cat)
     search_raw = data.get("search", {})
     for key, val in search_raw.items():
@@ -180,12 +227,13 @@ def plan_command(
             "configurations_evaluated": result.configurations_evaluated,
             "configurations_fitting_memory": result.configurations_fitting_memory,
             "search_time_s": result.search_time_s,
+            "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None else {}),
         }, indent=1))
         return
-    _print_ranking(job, obj, summaries[1:] if fine else summaries, result)
+    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, prices, quiet)
     if fine is not None:
         _print_fine(fine, explain)
     if pareto is not None:
@@ -317,21 +365,16 @@ def _pins(raw: dict) -> Pins:
     return Pins(**raw)
 
 
-def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> None:
+def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = (),
+                   quiet: bool = False) -> None:
     con = table_console()
     goal = {"fastest": "fastest job", "cheapest": "cheapest job" + (" by the deadline" if obj.deadline_s else ""),
             "budget": f"fastest job within ${obj.budget_usd:,.0f}" if obj.budget_usd else "budget"}[obj.goal]
-    t = Table(title=f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {job.iterations():,.0f} iterations — {goal}")
-    for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU",
-                "$/h", "job time", "job $"):
-        t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
-    for i, s in enumerate(summaries, start=1):
-        t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else ""),
-                  str(s["mbs"]),
-                  str(s["zero"]), str(s["recompute"]), f"{s['iteration_time_s']:.2f}", f"{s['tokens_per_s']:,.0f}",
-                  f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]), _usd(s["usd_per_hour"]),
-                  _duration(s["job_time_s"]), _usd(s["job_usd"]))
-    con.print(t)
+    title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {job.iterations():,.0f} iterations — {goal}"
+    guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
+    con.print(_ranking_table(title, summaries, narrow=con.width < NARROW, guess=guess))
+    if quiet:
+        return
     best = summaries[0]
     mem = best["memory_bytes_per_gpu"]
     con.print(
@@ -339,15 +382,63 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result) -> N
         f"optimizer {_mem(mem['optimizer'])} + activations {_mem(mem['activations'])} + overhead {_mem(mem['overhead'])} "
         f"= {_mem(mem['total'])} GiB"
     )
-    con.print("Stages of #1: " + ", ".join(f"[{s['gpu']} tp{s['tp']}xdp{s['dp']}: {s['num_layers']} layers]" for s in best["stages"]))
+    con.print("Stages of #1: " + ", ".join(f"[{s['gpu']} tp{s['tp']}xdp{s['dp']}: {s['num_layers']} layers]"
+                                           for s in best["stages"]), markup=False)
     con.print("[bold]Why:[/]")
-    con.print(f"  {result.explanation[0]}", highlight=False)
+    con.print(f"  {result.explanation[0]}", highlight=False, markup=False)
     for i, s in enumerate(summaries[1:], start=2):
-        con.print(f"  #{i}: {s['reason']}", highlight=False)
-    for line in result.explanation[1:]:
-        con.print(f"  {line}", highlight=False)
+        con.print(f"  #{i}: {s['reason']}", highlight=False, markup=False)
+    for line in merge_best_with_another(result.explanation[1:]):
+        con.print(f"  {line}", highlight=False, markup=False)
     con.print(f"Searched {result.configurations_evaluated:,} configurations ({result.configurations_fitting_memory:,} fit in memory) "
               f"in {result.search_time_s:.2f} s.")
+    if prices:
+        _print_provenance(con, prices)
+
+
+def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[str] = frozenset()) -> Table:
+    """The ranked plans: one column per figure, or under ``narrow`` (< 130 columns) the plan's GPUs and layout
+    in one two-line cell and only the figures that decide a ranking (iteration time, MFU, memory, job time, $).
+    GPU types in ``guess`` (uncalibrated efficiency) are starred."""
+    t = new_table(title, narrow, caption="plan: GPUs, then TPxPPxDP \\[vN: virtual stages], micro-batch, ZeRO stage, recomputation"
+              if narrow else None)
+    if narrow:
+        for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $"):
+            t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=col != "plan")
+    else:
+        for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU",
+                    "$/h", "job time", "job $"):
+            t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
+    for i, s in enumerate(summaries, start=1):
+        layout = f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
+        gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
+        figures = (f"{s['iteration_time_s']:.2f}", f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]))
+        money = (_duration(s["job_time_s"]), _usd(s["job_usd"]))
+        if narrow:
+            t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {s['recompute']}", *figures, *money)
+        else:
+            t.add_row(str(i), gpus, layout, str(s["mbs"]), str(s["zero"]), str(s["recompute"]), figures[0],
+                      f"{s['tokens_per_s']:,.0f}", *figures[1:], _usd(s["usd_per_hour"]), *money)
+    return t
+
+
+def merge_best_with_another(lines: list[str]) -> list[str]:
+    """Merge the explanation lines "Best with another X: PLAN: WHY" that name the same plan into one line
+    ("Best with another X, Y and Z: PLAN: WHY") where the first of them stood; other lines unchanged."""
+    out: list = []
+    names: dict[str, list[str]] = {}
+    for line in lines:
+        m = re.match(r"Best with another (.+?): (.*)$", line)
+        if m is None:
+            out.append(line)
+            continue
+        what, rest = m.groups()
+        if rest not in names:
+            names[rest] = []
+            out.append((rest,))
+        names[rest].append(what)
+    joined = {rest: ", ".join(w[:-1]) + " and " + w[-1] if len(w) > 1 else w[0] for rest, w in names.items()}
+    return [x if isinstance(x, str) else f"Best with another {joined[x[0]]}: {x[0]}" for x in out]
 
 
 def estimate_command(
@@ -357,6 +448,7 @@ def estimate_command(
     timeline: Optional[Path] = typer.Option(None, "--timeline", help="Draw the pipeline schedule (Gantt chart) to this PNG."),
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times: stages it covers use them (column `source`)."),
+    price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
     plan = validated(Plan, read_structured(plan_file), "plan")
@@ -364,6 +456,8 @@ def estimate_command(
     check_job(plan.job, m)
     check_plan(plan, m)
     cat = load_catalog(catalog)
+    pools_priced, prices = _priced(plan.pools, cat, price_source, provider)
+    plan = plan.model_copy(update={"pools": pools_priced})
     profiles = _profiles(profile_db)
     est = estimate_plan(plan, cat, m, profiles)
     if timeline is not None:
@@ -376,23 +470,29 @@ def estimate_command(
                                fix="pip install 'hetplan[plot]'") from None
     summary = plan_summary(plan, est)
     if as_json:
-        print(json.dumps(dict(summary, estimate=asdict(est)), indent=1))
+        print(json.dumps(dict(summary, estimate=asdict(est), prices=prices), indent=1))
         return
     con = table_console()
-    t = Table(title=f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
-                    f"{plan.num_microbatches(0)} micro-batches, ZeRO-{plan.zero}")
-    for col in ("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd ms", "bwd ms", "source", "mem GiB",
-                "capacity GiB", "fits"):
+    narrow = con.width < NARROW
+    t = new_table(f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
+                  f"{plan.num_microbatches(0)} micro-batches, ZeRO-{plan.zero}", narrow)
+    cols = (("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd/bwd ms", "source", "GiB/capacity", "fits")
+            if narrow else ("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd ms", "bwd ms", "source", "mem GiB",
+                            "capacity GiB", "fits"))
+    for col in cols:
         t.add_column(col)
     for i, se in enumerate(est.stages):
-        t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, f"{se.forward_s * 1e3:.1f}",
-                  f"{se.backward_s * 1e3:.1f}", se.time_source, _mem(se.memory.total), _mem(se.memory_capacity_bytes),
+        fwd, bwd = f"{se.forward_s * 1e3:.1f}", f"{se.backward_s * 1e3:.1f}"
+        mem, cap = _mem(se.memory.total), _mem(se.memory_capacity_bytes)
+        figures = (f"{fwd}/{bwd}", se.time_source, f"{mem}/{cap}") if narrow else (fwd, bwd, se.time_source, mem, cap)
+        t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, *figures,
                   "yes" if se.fits else "[red]NO[/]")
     con.print(t)
     con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
               f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
               f"${_usd(est.job_usd)}")
+    _print_provenance(con, prices)
     if not est.fits:
         raise HetplanError("the plan does not fit in GPU memory (see the table)", field="plan",
                            fix="raise tp/pp, use recompute or ZeRO, or lower mbs")

@@ -20,6 +20,10 @@ def _fmt(x, unit: str = "", digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}{unit}"
 
 
+def _ms(x):
+    return None if x is None else 1e3 * x
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``serve``, ``simulate`` and ``capacity`` commands to ``app``."""
 
@@ -64,19 +68,25 @@ def register(app: typer.Typer) -> None:
             wf.scheduler.policy = policy
         res = simulate_workload(wf)
         rep = res.report(slos(wf))
-        rep.update(policy=wf.scheduler.policy, gpu=wf.cluster.gpu, tp=wf.cluster.tp, pp=wf.cluster.pp)
+        rep.update(policy=wf.scheduler.policy, batching=wf.scheduler.batching, gpu=wf.cluster.gpu, tp=wf.cluster.tp,
+                   pp=wf.cluster.pp)
         if as_json:
             typer.echo(json.dumps(rep, indent=2))
             return
-        t = Table(title=f"simulate {workload.name}: {wf.cluster.gpu} TP={wf.cluster.tp} PP={wf.cluster.pp}, policy {wf.scheduler.policy}")
-        for col in ("model", "requests", "p50 s", "p90 s", "p99 s", "SLO s", "attainment", "goodput /s"):
+        t = Table(title=f"simulate {workload.name}: {wf.cluster.gpu} TP={wf.cluster.tp} PP={wf.cluster.pp}, "
+                        f"{wf.scheduler.policy}, {wf.scheduler.batching} batching")
+        for col in ("model", "reqs", "p50/p99 s", "TTFT p50/p99 s", "TPOT p50/p99 ms", "SLO met", "goodput/s"):
             t.add_column(col)
         for name, m in list(rep["models"].items()) + [("all", rep["all"])]:
-            t.add_row(name, str(m["requests"]), _fmt(m["p50_latency_s"]), _fmt(m["p90_latency_s"]),
-                      _fmt(m["p99_latency_s"]), _fmt(m.get("slo_s")), _fmt(m["slo_attainment"]), _fmt(m["goodput_per_s"], digits=2))
+            t.add_row(name, str(m["requests"]), f"{_fmt(m['p50_latency_s'], digits=2)}/{_fmt(m['p99_latency_s'], digits=2)}",
+                      f"{_fmt(m['p50_ttft_s'], digits=2)}/{_fmt(m['p99_ttft_s'], digits=2)}",
+                      f"{_fmt(_ms(m['p50_tpot_s']), digits=1)}/{_fmt(_ms(m['p99_tpot_s']), digits=1)}",
+                      _fmt(m["slo_attainment"]), _fmt(m["goodput_per_s"], digits=2))
         con = Console()
         con.print(t)
-        con.print(f"swaps {rep['swaps']}, bytes swapped in {rep['bytes_swapped_in'] / 1e9:.2f} GB per worker, "
+        s = next(iter(rep["models"].values()))["slo"]
+        con.print(f"SLOs (s): latency {_fmt(s['latency_s'])}, TTFT {_fmt(s['ttft_s'])}, TPOT {_fmt(s['tpot_s'])}; "
+                  f"swaps {rep['swaps']}, {rep['bytes_swapped_in'] / 1e9:.2f} GB in per worker; "
                   f"mean batch {rep['mean_batch_size']:.2f}")
 
     @app.command("capacity")

@@ -51,25 +51,31 @@ def _print_modern(console, sets: dict) -> None:
 
     from rich.table import Table
 
-    t = Table(title="Modern sets (H100/H200/B200/GB200; errors as % of measured)")
-    for col in ("set", "n", "not expr.", "MAPE", "max", "τ", "held-out", "memory", "no fit"):
-        t.add_column(col)
+    t = Table(title="Modern sets (errors as % of measured)")
+    for col in ("set", "n", "excl.", "MAPE", "max", "τ", "held-out", "memory"):
+        t.add_column(col, no_wrap=col == "set")
     for name, r in sets.items():
         mem = r.get("memory", {}).get("max_abs_error", float("nan"))
         t.add_row(name, str(r["n"]), str(r["not_expressible"]["n"]), _fmt(r["mape"]), _fmt(r["max_abs_error"]),
-                  _fmt(r["kendall_tau"], pct=False), _fmt(r["held_out"]["mape"]), _fmt(mem), str(len(r["does_not_fit"])))
+                  _fmt(r["kendall_tau"], pct=False), _fmt(r["held_out"]["mape"]), _fmt(mem))
     console.print(t)
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False)
+
     for name, r in sets.items():
-        console.print(f"[bold]{name}[/]: {r['convention']}.")
+        say(f"[bold]{name}[/]: {r['convention']}.")
         if "dense_cp1" in r:
             d = r["dense_cp1"]
-            console.print(f"  dense, CP 1: n {d['n']}, MAPE {_fmt(d['mape'])}, τ {_fmt(d['kendall_tau'], pct=False)}")
+            say(f"  dense, CP 1: n {d['n']}, MAPE {_fmt(d['mape'])}, τ {_fmt(d['kendall_tau'], pct=False)}")
+        if r["does_not_fit"]:
+            say(f"  predicted not to fit although they ran: {len(r['does_not_fit'])} of {r['n']} rows")
         for reason, k in Counter(x["reason"] for x in r["not_expressible"]["rows"]).most_common():
-            console.print(f"  not expressible ({k}): {reason}")
+            say(f"  not expressible ({k}): {reason}")
         for note, k in r["approximations"].items():
-            console.print(f"  approximated ({k}): {note}")
-    console.print("memory: max |error| over the rows that report memory. Not-expressible rows are listed one by "
-                  "one in --json.")
+            say(f"  approximated ({k}): {note}")
+    say("excl.: rows not expressible yet (listed one by one in --json); memory: max |error| over the rows that "
+        "report memory.")
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,6 @@ Loading validates everything and raises :class:`hetplan.errors.HetplanError` nam
 
 from __future__ import annotations
 
-import csv
 import io
 import math
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hetplan.errors import HetplanError
-from hetplan.inputs import read_text
+from hetplan.inputs import read_csv, read_text
 
 INSTRUCTIONS = ("forward", "backward")
 REQUIRED_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
@@ -112,6 +111,11 @@ class StageProfile:
         return out.getvalue()
 
 
+#: Largest value accepted in any column (stage index, MHz, seconds, joules per instruction); the frontier solver
+#: sums and multiplies them, so values near the float limit would overflow to inf/NaN.
+MAX_VALUE = 1e6
+
+
 def _number(value: str, column: str, line: int, source: str, *, integer: bool = False) -> float:
     try:
         x = float(value)
@@ -127,6 +131,10 @@ def _number(value: str, column: str, line: int, source: str, *, integer: bool = 
     if integer and x != int(x):
         raise HetplanError(f"{source} line {line}: column {column!r} must be an integer, got {value!r}",
                            field=column, fix="stages and frequencies are integers")
+    if abs(x) > MAX_VALUE:
+        raise HetplanError(f"{source} line {line}: column {column!r} is {value!r}, above {MAX_VALUE:g}: no stage "
+                           "has a million stages, takes a million seconds or a megajoule per instruction, or runs "
+                           "at a million MHz", field=column, fix="check the units (seconds, joules, MHz)")
     return x
 
 
@@ -144,10 +152,10 @@ def parse_stage_profile(text: str, source: str = "<memory>") -> StageProfile:
         HetplanError: missing columns, non-numeric or non-positive values, negative stage, unknown instruction,
             duplicate (stage, instruction, frequency) rows, missing stages, or a stage lacking forward/backward.
     """
-    reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames is None:
+    fieldnames, records = read_csv(text, source, "profile")
+    if fieldnames is None:
         raise HetplanError(f"{source} is empty", field="profile", fix="give a CSV with header " + ",".join(REQUIRED_COLUMNS))
-    header = [h.strip() for h in reader.fieldnames]
+    header = [h.strip() for h in fieldnames]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise HetplanError(
@@ -157,7 +165,7 @@ def parse_stage_profile(text: str, source: str = "<memory>") -> StageProfile:
         )
     rows: dict[tuple[int, str], list[tuple[int, float, float]]] = {}
     seen: set[tuple[int, str, int]] = set()
-    for line, raw in enumerate(reader, start=2):
+    for line, raw in enumerate(records, start=2):
         row = {(k or "").strip(): (v or "").strip() for k, v in raw.items() if k is not None}
         if not any(row.values()):
             continue

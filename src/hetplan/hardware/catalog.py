@@ -48,6 +48,8 @@ class GPUSpec(BaseModel):
         compute_efficiency: fraction of the dense peak that large transformer GEMMs reach on this GPU (calibration,
             see ``calibration_source``). It is the asymptote of the shape-dependent GEMM efficiency of
             :mod:`hetplan.estimate.compute`.
+        calibrated: ``compute_efficiency`` was fitted to measurements of this GPU (or of the same silicon), as
+            ``calibration_source`` says; False: a first guess, which ``hetplan plan`` / ``estimate`` mark.
         gemm_half_dim: GEMM dimension (elements) at which one dimension alone halves the GEMM efficiency:
             efficiency = compute_efficiency * prod over (M, N, K) of x / (x + gemm_half_dim) (docs/estimator.md).
             Default: the A100 fit on vTrain data (hetplan.calibration.calibrate).
@@ -78,6 +80,7 @@ class GPUSpec(BaseModel):
     price_source: str
     compute_efficiency: float = Field(gt=0, le=1)
     calibration_source: str
+    calibrated: bool = False
     gemm_half_dim: float = Field(default=134.0, ge=0)
     kernel_overhead_s: float = Field(default=44.3e-6, ge=0)
     sources: tuple[str, ...] = ()

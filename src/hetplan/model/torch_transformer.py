@@ -30,6 +30,11 @@ its slice of the gradient), so the same module trains under TP. Dropout is not a
 Random weights are seeded *per full tensor* (seed and parameter name), and a rank keeps its slice, so a model
 gives the same outputs whatever its TP x PP partition (up to floating-point reduction order).
 
+KV cache (serving): :class:`KVCache` keeps each layer's keys and values of this rank's ``g/t`` key/value heads
+in slots of ``max_len`` tokens, one slot per running sequence; a forward pass given a :class:`CacheRows` writes the
+new tokens' K/V into its rows' slots and attends over the cached ones, so a decode step costs one token's work
+whatever the context length (Pope et al. 2023, "Efficiently Scaling Transformer Inference", Sec. 2).
+
 Shapes: token ids ``[b, s]`` (int64), hidden states ``[b, s, h]``, logits ``[b, s, V]`` (the unpadded vocabulary).
 """
 
@@ -162,13 +167,48 @@ def _all_reduce(x: torch.Tensor, part: Partition) -> torch.Tensor:
 
 
 def _rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
-    """Rotate pairs (i, i + d/2) of ``x`` [b, heads, s, d] by position-dependent angles (RoFormer Eq. 34)."""
+    """Rotate pairs (i, i + d/2) of ``x`` [b, heads, s, d] by position-dependent angles (RoFormer Eq. 34);
+    ``positions`` is ``[s]`` (shared) or ``[b, s]`` (per sequence)."""
     d = x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
-    ang = positions.to(torch.float32)[:, None] * inv[None, :]  # [s, d/2]
+    ang = positions.to(torch.float32)[..., None] * inv  # [s, d/2] or [b, s, d/2]
+    if ang.dim() == 3:
+        ang = ang[:, None]  # [b, 1, s, d/2]
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class KVCache:
+    """Keys and values of one pipeline stage's layers, this TP rank's ``g/t`` heads, in ``slots`` x ``max_len``.
+
+    ``k`` and ``v`` are ``[layers, slots, g/t, max_len, d]``; a running sequence owns one slot. Bytes:
+    :meth:`nbytes` = 2 · layers · slots · (g/t) · max_len · d · dtype size (what
+    :func:`hetplan.estimate.inference.kv_cache_bytes` counts).
+    """
+
+    def __init__(self, stage: "TransformerStage", slots: int, max_len: int, device=None, dtype=None):
+        spec, t = stage.spec, stage.part.tp_size
+        shape = (len(stage.layers), slots, spec.num_kv_heads // t, max_len, spec.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+@dataclass
+class CacheRows:
+    """The cache rows a forward pass uses: sequence i of the batch owns slot ``slots[i]`` and has ``start[i]``
+    tokens cached already. A pass is a *prefill* (every ``start`` 0, ``s`` new tokens each) or a *decode* step
+    (one new token per sequence, any ``start``)."""
+
+    cache: KVCache
+    slots: torch.Tensor  # [b] int64
+    start: torch.Tensor  # [b] int64
+    #: positions whose logits the last stage computes (``[b]``; e.g. each prompt's last token), all when ``None``
+    logits_at: torch.Tensor | None = None
 
 
 class Block(nn.Module):
@@ -194,7 +234,8 @@ class Block(nn.Module):
         self.down = nn.Linear(f, h, bias=False)
         self.down_bias = nn.Parameter(torch.zeros(h)) if bias else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rows: CacheRows | None = None,
+                layer: int = 0) -> torch.Tensor:
         b, s, _ = x.shape
         y = _copy_to_tp(self.norm1(x), self.part)
         q = self.q(y).view(b, s, self.heads, self.head_dim).transpose(1, 2)
@@ -202,10 +243,23 @@ class Block(nn.Module):
         v = self.v(y).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.spec.learned_positions == 0:
             q, k = _rotary(q, positions), _rotary(k, positions)
+        mask, causal = None, True
+        if rows is not None:
+            ck, cv = rows.cache.k[layer], rows.cache.v[layer]
+            if s > 1:  # prefill: the rows start empty; write the prompt's K/V, attend causally over it
+                ck[rows.slots, :, :s] = k
+                cv[rows.slots, :, :s] = v
+            else:  # decode: write the new token at its position, attend over the row's cached tokens
+                ck[rows.slots, :, rows.start] = k[:, :, 0]
+                cv[rows.slots, :, rows.start] = v[:, :, 0]
+                n = int(rows.start.max()) + 1
+                k, v = ck[:, :, :n].index_select(0, rows.slots), cv[:, :, :n].index_select(0, rows.slots)
+                mask = (torch.arange(n, device=x.device)[None] <= rows.start[:, None])[:, None, None]
+                causal = False
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         a = _all_reduce(self.o(a.transpose(1, 2).reshape(b, s, -1)), self.part)
         if self.o_bias is not None:
             a = a + self.o_bias
@@ -298,17 +352,24 @@ class TransformerStage(nn.Module):
                 p.copy_(_shard(full, local, t, r, d))
 
     # -- forward ---------------------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                rows: CacheRows | None = None) -> torch.Tensor:
+        """See the class docstring; with ``rows`` the pass reads and writes the KV cache (:class:`CacheRows`) and,
+        given ``rows.logits_at``, returns the logits of those positions only (``[b, 1, V]``)."""
         part, spec = self.part, self.spec
         s = x.shape[1]
         if positions is None:
             positions = torch.arange(s, device=x.device)
+            if rows is not None and s == 1:
+                positions = rows.start[:, None]  # [b, 1]: each sequence's next position
         if part.first:
             x = self._embed(x, positions)
-        for layer in self.layers:
-            x = layer(x, positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, rows, i)
         if not part.last:
             return x
+        if rows is not None and rows.logits_at is not None:  # a server samples from one position per sequence
+            x = x[torch.arange(x.shape[0], device=x.device), rows.logits_at][:, None]
         x = _copy_to_tp(self.final_norm(x), part)
         w = self.head if self.head is not None else self.embed.weight
         logits = x @ w.t()  # [b, s, V_pad/t]
@@ -326,7 +387,8 @@ class TransformerStage(nn.Module):
         x = _all_reduce(x, part)
         if self.pos is not None:
             off = OPT_POSITION_OFFSET if self.spec.family == "opt" else 0
-            x = x + self.pos(positions + off)[None]
+            p = self.pos(positions + off)
+            x = x + (p if p.dim() == 3 else p[None])
         return x
 
 

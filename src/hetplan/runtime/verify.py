@@ -137,7 +137,7 @@ def host_catalog(threads: int = 1):
     )
     # Newer catalogs carry GPU-fitted GEMM-shape and kernel-overhead calibrations; for the CPU the FLOP rate is
     # measured directly, so no shape penalty, and the per-op overhead is measured too.
-    extra = {"gemm_half_dim": 0.0, "kernel_overhead_s": best_op}
+    extra = {"gemm_half_dim": 0.0, "kernel_overhead_s": best_op, "calibrated": True}
     cpu = cpu.model_copy(update={k: v for k, v in extra.items() if k in GPUSpec.model_fields})
     gpus = dict(base.gpus)
     gpus["cpu"] = cpu

@@ -177,7 +177,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     :data:`NEAR_MISS_MEMORY_FACTOR` x the GPU's memory (the others can never run; the smallest footprint is
     kept so that an infeasible request can say how far off it is). ``configurations_evaluated`` counts all.
     """
-    cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, seq_len=job.seq_len)
+    cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
+                          seq_len=job.seq_len)
     n_all = len(cfg["tp"])
     if n_all:
         peak = _peak_memory_bytes(m, job, cfg)

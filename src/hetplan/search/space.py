@@ -77,10 +77,11 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int) -> list[int]:
 
 
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
-                    seq_len: int | None = None) -> dict[str, np.ndarray]:
+                    attention: str = "standard", seq_len: int | None = None) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
-    ep`` (recompute as codes 0/1/2), honouring ``pins``. ``seq_len``: the job's sequence (CP needs it; without
-    it CP is 1). Empty arrays if nothing matches."""
+    ep`` (recompute as codes 0/1/2), honouring ``pins``. Empty arrays if nothing matches. Under ``attention =
+    "flash"`` selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out
+    unless pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1)."""
     tps = tp_degrees(m, gpus_per_node, available)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
@@ -109,7 +110,8 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     base = np.repeat(tri, counts, axis=0)
     base_cp = np.repeat(cp_of, counts)
     mbs = np.concatenate([np.asarray(x, dtype=np.int64) for x in mbs_lists])
-    rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2], dtype=np.int64)
+    free = [0, 2] if attention == "flash" else [0, 1, 2]
+    rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free, dtype=np.int64)
     parts = []
     base = np.column_stack([base, base_cp])  # cp rides along as a last column
     no_dp = base[:, 2] == 1

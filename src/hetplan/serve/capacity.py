@@ -1,9 +1,9 @@
 """Simulate a ``WORKLOAD.toml`` and plan capacity: the fewest GPUs (type, TP x PP) that meet the latency SLO.
 
 :func:`simulate_workload` builds the simulator's inputs from a workload file — requests (Gamma/Zipf or a trace),
-shard bytes per worker (:func:`hetplan.serve.swap_model.shard_bytes`), a roofline execution model on the catalog
-GPU (:class:`hetplan.serve.exec_model.AnalyticExecModel`) and the swap model with the GPU's host link — and runs
-:func:`hetplan.serve.simulator.simulate`.
+weight and KV-cache bytes per worker (:mod:`hetplan.estimate.inference`), the iteration-time model of the cost
+model on the catalog GPU (:class:`hetplan.serve.exec_model.EstimatedStepModel`) and the swap model with the GPU's
+host link — and runs :func:`hetplan.serve.simulator.simulate`.
 
 :func:`plan_capacity` searches exhaustively (the space is small): every candidate GPU type, every cluster size
 n = 1, 2, 4, ... up to ``capacity.max_gpus`` and every TP x PP = n whose TP divides the models' heads; a
@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from hetplan.errors import HetplanError, InfeasibleError
 from hetplan.hardware.catalog import GPUSpec, load_catalog
 from hetplan.serve.config import WorkloadFile
-from hetplan.serve.exec_model import AnalyticExecModel
+from hetplan.estimate.inference import kv_cache_bytes_per_worker, weight_bytes_per_worker
+from hetplan.serve.exec_model import EstimatedStepModel
+from hetplan.serve.metrics import SLO
 from hetplan.serve.policies import make_policy
 from hetplan.serve.simulator import SimModel, SimResult, simulate, swap_cost_fn
-from hetplan.serve.swap_model import SwapModel, shard_bytes
+from hetplan.serve.swap_model import SwapModel
 from hetplan.serve.workload import ModelLoad, Request, generate, model_rates, read_trace
 
 
@@ -44,9 +46,18 @@ def workload_requests(wf: WorkloadFile) -> list[Request]:
     return generate(loads, w.duration_s, w.seed, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
 
 
-def slos(wf: WorkloadFile) -> dict[str, float]:
-    """Latency SLO (s) of each model (its own ``slo_s`` or the workload's)."""
-    return {m.name: m.slo_s or wf.workload.slo_s for m in wf.models}
+def slos(wf: WorkloadFile) -> dict[str, SLO]:
+    """SLOs of each model: its own ``slo_s`` / ``ttft_slo_s`` / ``tpot_slo_s`` or the workload's."""
+    w = wf.workload
+    return {m.name: SLO(m.slo_s or w.slo_s, m.ttft_slo_s or w.ttft_slo_s, m.tpot_slo_s or w.tpot_slo_s)
+            for m in wf.models}
+
+
+def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, slots: int, kv_cache_len: int) -> SimModel:
+    """A model as the simulator sees it on ``gpu`` x TP x PP: weight and KV-cache bytes per worker from
+    :mod:`hetplan.estimate.inference`, iteration times from the cost model."""
+    return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype), EstimatedStepModel(spec, gpu, tp, pp, dtype),
+                    kv_cache_bytes_per_worker(spec, slots * kv_cache_len, tp, pp, dtype))
 
 
 def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int | None = None, pp: int | None = None,
@@ -71,15 +82,13 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     sw = wf.swap
     swap_model = SwapModel(gpu.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
                            sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
-    models = []
-    for m in wf.models:
-        spec = m.spec()
-        models.append(SimModel(m.name, shard_bytes(spec, tp, pp, dtype), AnalyticExecModel(spec, gpu, tp, pp, dtype)))
-    reqs = requests if requests is not None else workload_requests(wf)
     s = wf.scheduler
+    models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, s.max_batch_size, s.kv_cache_len) for m in wf.models]
+    reqs = requests if requests is not None else workload_requests(wf)
     return simulate(models, reqs, capacity_bytes=cap, policy=make_policy(s.policy, rate_window_s=s.rate_window_s),
                     swap_cost=swap_cost_fn(swap_model, s.write_back), max_batch_size=s.max_batch_size,
-                    max_queue_len=s.max_queue_len, preload=s.preload, duration_s=wf.workload.duration_s if not wf.workload.trace else None)
+                    max_queue_len=s.max_queue_len, preload=s.preload, batching=s.batching,
+                    duration_s=wf.workload.duration_s if not wf.workload.trace else None)
 
 
 @dataclass
@@ -138,7 +147,8 @@ def plan_capacity(wf: WorkloadFile) -> dict:
                 try:
                     gpu.peak_flops_per_s(wf.cluster.dtype)
                     cap = int(gpu.memory_bytes * wf.cluster.memory_fraction)
-                    worst = max(max(shard_bytes(s, tp, pp, wf.cluster.dtype)) for s in specs)
+                    worst = max(sim_model("", s, gpu, tp, pp, wf.cluster.dtype, wf.scheduler.max_batch_size,
+                                          wf.scheduler.kv_cache_len).bytes for s in specs)
                 except HetplanError as exc:
                     c.reason = exc.message
                     continue

@@ -26,7 +26,7 @@ class _Strict(BaseModel):
 class ModelEntry(_Strict):
     """One served model: ``name`` (API name), ``model`` (preset or config.json), weights ``seed``,
     ``num_layers`` override (to shrink a preset for tests), and for workloads its own ``rate_per_s``, ``cv`` and
-    latency ``slo_s``."""
+    SLOs ``slo_s`` (end-to-end), ``ttft_slo_s``, ``tpot_slo_s``."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     model: str
@@ -35,6 +35,8 @@ class ModelEntry(_Strict):
     rate_per_s: float | None = Field(default=None, ge=0)
     cv: float | None = Field(default=None, gt=0)
     slo_s: float | None = Field(default=None, gt=0)
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    tpot_slo_s: float | None = Field(default=None, gt=0)
 
     def spec(self) -> ModelSpec:
         """The model's shapes (with the ``num_layers`` override applied).
@@ -81,11 +83,15 @@ class ClusterConfig(_Strict):
 
 
 class SchedulerConfig(_Strict):
-    """``policy`` (``lru`` | ``load_aware``), largest batch, per-model queue bound (beyond it: HTTP 429 / refused),
-    whether swap-out writes weights back to host (``write_back``), models loaded at start (``preload``)."""
+    """``policy`` (``lru`` | ``load_aware``), ``batching`` (``continuous`` | ``static``), largest running batch
+    per model (= its KV-cache slots), tokens per KV-cache slot (``kv_cache_len``: prompt + generated), per-model
+    queue bound (beyond it: HTTP 429 / refused), whether swap-out writes weights back to host (``write_back``),
+    models loaded at start (``preload``)."""
 
     policy: str = "lru"
-    max_batch_size: int = Field(default=8, ge=1)
+    batching: Literal["continuous", "static"] = "continuous"
+    max_batch_size: int = Field(default=8, ge=1, le=4096)
+    kv_cache_len: int = Field(default=256, ge=2, le=1_048_576)
     max_queue_len: int = Field(default=256, ge=1)
     write_back: bool = True
     preload: list[str] = []
@@ -104,7 +110,8 @@ class ApiConfig(_Strict):
 
 class WorkloadConfig(_Strict):
     """Arrivals: ``duration_s``, ``seed``, Gamma ``cv``, total rate shared by Zipf rank (``zipf_exponent``) among
-    models without their own ``rate_per_s``, or a CSV ``trace``; request shape; default latency ``slo_s``."""
+    models without their own ``rate_per_s``, or a CSV ``trace``; request shape; default SLOs: end-to-end latency
+    ``slo_s``, time to first token ``ttft_slo_s``, time per output token ``tpot_slo_s`` (each optional)."""
 
     duration_s: float = Field(default=60.0, gt=0)
     seed: int = 0
@@ -114,7 +121,9 @@ class WorkloadConfig(_Strict):
     trace: str | None = None
     prompt_len: int = Field(default=64, ge=1)
     max_new_tokens: int = Field(default=1, ge=1)
-    slo_s: float = Field(default=1.0, gt=0)
+    slo_s: float | None = Field(default=1.0, gt=0)
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    tpot_slo_s: float | None = Field(default=None, gt=0)
 
 
 class SwapConfig(_Strict):

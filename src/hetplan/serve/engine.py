@@ -7,7 +7,11 @@ runs) decides swaps and batches, and the controller sends each action to every w
 
 * ``Swap(load, evict)`` -> every worker swaps its own shard, out and in overlapped; the model becomes resident
   when all workers acknowledge (requests for it wait in its queue meanwhile);
-* ``Execute(model, batch)`` -> every worker runs its stage on the batch; the last stage returns the tokens.
+* ``Execute(model, running, joined)`` -> one iteration: every worker prefills the joining requests into free
+  KV-cache slots and runs one decode step over the others; the last stage returns one token per request. The
+  controller appends it, and a request leaves the running batch (its future resolves, its slot is freed) at its
+  stop token, at ``max_new_tokens``, or when its slot is full (continuous batching: requests join and leave
+  between iterations).
 
 Bounded queues: :meth:`submit` raises :class:`QueueFull` when the model's queue holds ``max_queue_len``
 requests (the API answers 429). :meth:`shutdown` stops intake, drains queued work up to a timeout, then stops the
@@ -20,7 +24,6 @@ import itertools
 import multiprocessing as mp
 import queue
 import socket
-import statistics
 import threading
 import time
 from collections import deque
@@ -51,8 +54,10 @@ class WorkerFailed(RuntimeError):
 
 @dataclass
 class Result:
-    """Answer to one request: generated ``tokens``, ``latency_s`` from submit to answer, ``queue_s`` waiting
-    before its batch started, and the ``batch_size`` it ran in."""
+    """Answer to one request: generated ``tokens`` (ending with the stop token when it was produced);
+    ``latency_s`` from submit to the last token, ``ttft_s`` to the first token, ``tpot_s`` per token after the
+    first (``None`` for one token), ``queue_s`` waiting before its prefill started, and the running ``batch_size``
+    it joined."""
 
     id: int
     model: str
@@ -60,6 +65,19 @@ class Result:
     latency_s: float
     queue_s: float
     batch_size: int
+    ttft_s: float = 0.0
+    tpot_s: float | None = None
+
+
+@dataclass
+class _Running:
+    """Controller-side state of a running request: its KV-cache slot and the tokens generated so far."""
+
+    slot: int
+    joined_s: float
+    batch_size: int
+    tokens: list
+    first_s: float | None = None
 
 
 def free_port() -> int:
@@ -79,8 +97,11 @@ class Engine:
         dtype: ``"fp32"`` | ``"fp16"`` | ``"bf16"``.
         capacity_bytes: weight memory per worker (bytes).
         policy: ``"lru"`` | ``"load_aware"``.
-        max_batch_size, max_queue_len, write_back: scheduler settings.
+        max_batch_size, max_queue_len, write_back: scheduler settings (``max_batch_size`` is also the number of
+            KV-cache slots of a model).
         preload: models swapped in at start (while they fit).
+        kv_cache_len: tokens (prompt + generated) one KV-cache slot holds.
+        batching: ``"continuous"`` or ``"static"`` (:mod:`hetplan.serve.scheduler`).
 
     Raises:
         HetplanError: bad settings (unknown policy, model does not fit a worker, ...).
@@ -89,7 +110,8 @@ class Engine:
     def __init__(self, models: Sequence[ModelEntry], *, tp: int = 1, pp: int = 1, device: str = "cpu",
                  dtype: str = "fp32", capacity_bytes: int, policy: str = "lru", max_batch_size: int = 8,
                  max_queue_len: int = 256, write_back: bool = True, preload: Sequence[str] = (),
-                 rate_window_s: float = 10.0, threads_per_worker: int = 1):
+                 rate_window_s: float = 10.0, threads_per_worker: int = 1, kv_cache_len: int = 256,
+                 batching: str = "continuous"):
         self.entries = list(models)
         self.tp, self.pp, self.world = tp, pp, tp * pp
         self.device, self.dtype = device, dtype
@@ -99,15 +121,25 @@ class Engine:
         self.write_back = write_back
         self.preload = list(preload)
         self.threads_per_worker = threads_per_worker
+        self.kv_cache_len, self.batching = kv_cache_len, batching
         self.specs = {m.name: m.spec() for m in self.entries}
-        from hetplan.serve.swap_model import shard_bytes
+        from hetplan.estimate.inference import kv_cache_bytes_per_worker, weight_bytes_per_worker
+        from hetplan.serve.scheduler import BATCHING
 
-        for name, s in self.specs.items():  # fail early, in this process: shapes that do not split or fit
-            need = max(shard_bytes(s, tp, pp, dtype))
+        if batching not in BATCHING:
+            raise HetplanError(f"unknown batching {batching!r}", field="scheduler.batching",
+                               fix=f"use one of {', '.join(BATCHING)}")
+        for name, s in self.specs.items():
+            # fail early, in this process: shapes that do not split, or that cannot fit even by the cost model's
+            # count (the torch shards only add vocabulary padding and TP-replicated norms to it)
+            kv = kv_cache_bytes_per_worker(s, max_batch_size * kv_cache_len, tp, pp, dtype)
+            need = max(w + k for w, k in zip(weight_bytes_per_worker(s, tp, pp, dtype), kv))
             if need > capacity_bytes:
                 raise HetplanError(
-                    f"model {name} needs {need:,} bytes per worker but a worker has {capacity_bytes:,}",
-                    field=f"models.{name}", fix="raise cluster.memory_bytes or use more TP x PP workers")
+                    f"model {name} needs {need:,} bytes per worker (weights + KV cache) but a worker has "
+                    f"{capacity_bytes:,}", field=f"models.{name}",
+                    fix="raise cluster.memory_bytes, lower scheduler.kv_cache_len or max_batch_size, "
+                        "or use more TP x PP workers")
         self.vocab_sizes = {n: s.vocab_size for n, s in self.specs.items()}
         self.metrics = PromRegistry()
         self._describe_metrics()
@@ -115,7 +147,9 @@ class Engine:
         self._ids = itertools.count()
         self._swap_ids = itertools.count(1)
         self._pending: dict[int, tuple[Future, Request, float]] = {}
-        self._batches: dict[int, tuple[Execute, float]] = {}
+        self._batches: dict[int, tuple[Execute, float, tuple]] = {}
+        self._running: dict[int, _Running] = {}
+        self._free_slots: dict[str, list[int]] = {}
         self._swap_acks: dict[int, list] = {}
         self._swap_started: dict[int, tuple[Swap, float]] = {}
         self._sync: dict[tuple[str, int], tuple[threading.Event, list]] = {}
@@ -124,9 +158,11 @@ class Engine:
         self._stopped = False
         self._error: str | None = None
         self.shard_bytes: dict[str, list[int]] = {}
+        self.kv_bytes: dict[str, list[int]] = {}
         self.scheduler: Scheduler | None = None
-        #: (model, batch size, wall s) of every batch and (loaded model, victims, wall s) of every swap, as seen
-        #: by the controller (bounded to the last 100,000 entries); used to calibrate the simulator.
+        #: (model, prompt lengths prefilled, contexts decoded, wall s) of every iteration and (loaded model,
+        #: victims, wall s) of every swap, as seen by the controller (bounded to the last 100,000 entries); used to
+        #: calibrate the simulator.
         self.exec_log: deque = deque(maxlen=100_000)
         self.swap_log: deque = deque(maxlen=100_000)
         self._t0 = time.monotonic()
@@ -137,7 +173,8 @@ class Engine:
         c, s = cfg.cluster, cfg.scheduler
         kw = dict(tp=c.tp, pp=c.pp, device=c.device, dtype=c.dtype, capacity_bytes=c.capacity_bytes(),
                   policy=s.policy, max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len,
-                  write_back=s.write_back, preload=s.preload, rate_window_s=s.rate_window_s)
+                  write_back=s.write_back, preload=s.preload, rate_window_s=s.rate_window_s,
+                  kv_cache_len=s.kv_cache_len, batching=s.batching)
         kw.update(overrides)
         return cls(cfg.models, **kw)
 
@@ -166,7 +203,7 @@ class Engine:
         self._procs = []
         for r in range(self.world):
             a = WorkerArgs(r, self.tp, self.pp, port, models, self.device, self.dtype, self.capacity_bytes,
-                           self.write_back, self.threads_per_worker)
+                           self.write_back, self.threads_per_worker, self.max_batch_size, self.kv_cache_len)
             p = ctx.Process(target=worker_main, args=(a, self._cmd_qs[r], self._swap_qs[r], self._result_q),
                             daemon=True, name=f"hetplan-serve-worker-{r}")
             p.start()
@@ -187,15 +224,25 @@ class Engine:
             if msg[0] == "ready":
                 ready[msg[1]] = msg[2]
         for name in self.specs:
-            self.shard_bytes[name] = [ready[r][name] for r in range(self.world)]
+            self.shard_bytes[name] = [ready[r][name][0] for r in range(self.world)]
+            self.kv_bytes[name] = [ready[r][name][1] for r in range(self.world)]
+            self._free_slots[name] = list(range(self.max_batch_size))
         est_bw = 5e9  # initial guess of copy bandwidth for swap-time estimates, replaced by measurements
-        self.scheduler = Scheduler({n: (max(b), max(b) / est_bw) for n, b in self.shard_bytes.items()},
-                                   self.capacity_bytes, self.policy, max_batch_size=self.max_batch_size,
-                                   max_queue_len=self.max_queue_len)
+        try:
+            self.scheduler = Scheduler({n: (self.footprint_bytes(n), max(b) / est_bw) for n, b in self.shard_bytes.items()},
+                                       self.capacity_bytes, self.policy, max_batch_size=self.max_batch_size,
+                                       max_queue_len=self.max_queue_len, batching=self.batching)
+        except HetplanError:
+            self.shutdown(0)
+            raise
         self._reader = threading.Thread(target=self._read_loop, daemon=True, name="hetplan-serve-reader")
         self._reader.start()
         self._load_preloaded()
         return self
+
+    def footprint_bytes(self, name: str) -> int:
+        """Device bytes per worker while ``name`` is resident: the largest weights + KV cache of a worker."""
+        return max(w + k for w, k in zip(self.shard_bytes[name], self.kv_bytes[name]))
 
     def shutdown(self, drain_timeout_s: float = 10.0) -> None:
         """Stop intake, let queued and running work finish (up to ``drain_timeout_s``), stop the workers; requests
@@ -240,11 +287,13 @@ class Engine:
         self.shutdown()
 
     # -- requests ---------------------------------------------------------------------------------------------
-    def submit(self, model: str, prompt: Sequence[int], max_new_tokens: int = 1) -> Future:
-        """Queue a request; the future resolves to a :class:`Result`.
+    def submit(self, model: str, prompt: Sequence[int], max_new_tokens: int = 1, stop_token: int | None = None) -> Future:
+        """Queue a request; the future resolves to a :class:`Result`. Generation is greedy and ends at
+        ``stop_token`` (included in the answer) or after ``max_new_tokens`` tokens.
 
         Raises:
-            HetplanError: unknown model, empty prompt or token id outside the vocabulary.
+            HetplanError: unknown model, empty prompt, token id outside the vocabulary, or prompt + new tokens
+                beyond the model's positions or the KV-cache slot (``kv_cache_len``).
             QueueFull: the model's queue is full.
             EngineClosed: the engine is shutting down.
             WorkerFailed: a worker has failed.
@@ -260,13 +309,18 @@ class Engine:
         if not prompt or min(prompt) < 0 or max(prompt) >= spec.vocab_size:
             raise HetplanError(f"prompt must be a non-empty list of token ids in [0, {spec.vocab_size})",
                                field="prompt", fix="send token ids within the model's vocabulary")
-        if len(prompt) + max_new_tokens > spec.max_seq_len:
-            raise HetplanError(f"prompt + max_new_tokens exceeds the model's {spec.max_seq_len} positions",
+        limit = min(spec.max_seq_len, self.kv_cache_len)
+        if max_new_tokens < 1 or len(prompt) + max_new_tokens > limit:
+            raise HetplanError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) must be within "
+                               f"{limit} tokens (the model's positions and the KV-cache slot)",
                                field="max_new_tokens", fix="send a shorter prompt or fewer new tokens")
+        if stop_token is not None and not 0 <= stop_token < spec.vocab_size:
+            raise HetplanError(f"stop_token {stop_token} outside [0, {spec.vocab_size})", field="stop_token",
+                               fix="give a token id within the model's vocabulary")
         fut: Future = Future()
         with self._lock:
             now = self.now_s()
-            req = Request(next(self._ids), model, now, len(prompt), max_new_tokens, prompt)
+            req = Request(next(self._ids), model, now, len(prompt), max_new_tokens, prompt, stop_token)
             if not self.scheduler.submit(req, now):
                 self.metrics.inc("hetplan_serve_requests_total", model=model, status="refused")
                 raise QueueFull(f"queue of model {model} is full ({self.max_queue_len} requests)")
@@ -274,9 +328,10 @@ class Engine:
             self._step_locked(now)
         return fut
 
-    def generate(self, model: str, prompt: Sequence[int], max_new_tokens: int = 1, timeout_s: float = 60.0) -> Result:
+    def generate(self, model: str, prompt: Sequence[int], max_new_tokens: int = 1, timeout_s: float = 60.0,
+                 stop_token: int | None = None) -> Result:
         """Blocking :meth:`submit`."""
-        return self.submit(model, prompt, max_new_tokens).result(timeout=timeout_s)
+        return self.submit(model, prompt, max_new_tokens, stop_token).result(timeout=timeout_s)
 
     # -- dispatch ---------------------------------------------------------------------------------------------
     def _step_locked(self, now: float) -> None:
@@ -288,13 +343,19 @@ class Engine:
                 for q in self._swap_qs:
                     q.put(("swap", sid, act.load, list(act.evict)))
             else:
-                bid = act.requests[0].id
-                self._batches[bid] = (act, now)
-                n = max(r.max_new_tokens for r in act.requests)
-                prompts = [r.prompt for r in act.requests]
+                sid = next(self._swap_ids)
+                joined = {r.id for r in act.joined}
+                for r in act.joined:
+                    self._running[r.id] = _Running(self._free_slots[act.model].pop(0), now, len(act.requests), [])
+                joins = [(self._running[r.id].slot, r.prompt) for r in act.joined]
+                decodes = [(self._running[r.id].slot, self._running[r.id].tokens[-1],
+                            r.prompt_len + len(self._running[r.id].tokens) - 1)
+                           for r in act.requests if r.id not in joined]
+                shape = (tuple(r.prompt_len for r in act.joined), tuple(d[2] + 1 for d in decodes))
+                self._batches[sid] = (act, now, shape)
                 for q in self._cmd_qs:
-                    q.put(("exec", bid, act.model, prompts, n))
-                self.metrics.inc("hetplan_serve_batches_total", model=act.model)
+                    q.put(("step", sid, act.model, joins, decodes))
+                self.metrics.inc("hetplan_serve_iterations_total", model=act.model)
                 self.metrics.observe("hetplan_serve_batch_size", len(act.requests), model=act.model)
         self._refresh_gauges()
 
@@ -373,29 +434,43 @@ class Engine:
             self.scheduler.swap_done(now)
             self._step_locked(now)
 
-    def _on_exec_done(self, bid: int, tokens: list[list[int]]) -> None:
+    def _on_exec_done(self, sid: int, tokens: list[int]) -> None:
         with self._lock:
-            if ("exec", bid) in self._sync:
-                ev, out = self._sync[("exec", bid)]
-                out.append(tokens)
-                ev.set()
-                return
-            act, t_start = self._batches.pop(bid)
+            act, t_start, shape = self._batches.pop(sid)
             now = self.now_s()
-            self.exec_log.append((act.model, len(act.requests), now - t_start))
-            for req, toks in zip(act.requests, tokens):
-                entry = self._pending.pop(req.id, None)
-                if entry is None:  # already failed by a shutdown that timed out
-                    continue
-                fut, _, t_sub = entry
-                lat = now - t_sub
-                self.metrics.inc("hetplan_serve_requests_total", model=req.model, status="ok")
-                self.metrics.observe("hetplan_serve_request_latency_seconds", lat, model=req.model)
-                if not fut.done():
-                    fut.set_result(Result(req.id, req.model, toks[: req.max_new_tokens], lat, t_start - t_sub,
-                                          len(act.requests)))
-            self.scheduler.exec_done(now)
+            self.exec_log.append((act.model, *shape, now - t_start))
+            joined = {r.id for r in act.joined}
+            order = act.joined + [r for r in act.requests if r.id not in joined]  # the workers' answer order
+            finished = []
+            for req, tok in zip(order, tokens):
+                run = self._running[req.id]
+                run.tokens.append(int(tok))
+                if run.first_s is None:
+                    run.first_s = now
+                if (tok == req.stop_token or len(run.tokens) >= req.max_new_tokens
+                        or req.prompt_len + len(run.tokens) >= self.kv_cache_len):
+                    finished.append(req)
+                    self._finish(req, run, now)
+            self.scheduler.exec_done(now, finished)
             self._step_locked(now)
+
+    def _finish(self, req: Request, run: _Running, now: float) -> None:
+        del self._running[req.id]
+        self._free_slots[req.model].append(run.slot)
+        entry = self._pending.pop(req.id, None)
+        if entry is None:  # already failed by a shutdown that timed out
+            return
+        fut, _, t_sub = entry
+        lat, ttft = now - t_sub, run.first_s - t_sub
+        tpot = (now - run.first_s) / (len(run.tokens) - 1) if len(run.tokens) > 1 else None
+        m = self.metrics
+        m.inc("hetplan_serve_requests_total", model=req.model, status="ok")
+        m.observe("hetplan_serve_request_latency_seconds", lat, model=req.model)
+        m.observe("hetplan_serve_ttft_seconds", ttft, model=req.model)
+        if tpot is not None:
+            m.observe("hetplan_serve_tpot_seconds", tpot, model=req.model)
+        if not fut.done():
+            fut.set_result(Result(req.id, req.model, run.tokens, lat, run.joined_s - t_sub, run.batch_size, ttft, tpot))
 
     # -- synchronous helpers (engine idle) --------------------------------------------------------------------
     def _sync_call(self, key: tuple[str, int], send, timeout_s: float) -> list:
@@ -420,17 +495,6 @@ class Engine:
         out = self._sync_call(("swap", sid), send, timeout_s)
         return time.monotonic() - t0, out
 
-    def _sync_exec(self, model: str, prompts: list[list[int]], n: int, timeout_s: float = 120.0) -> tuple[float, list]:
-        bid = -next(self._swap_ids)
-        t0 = time.monotonic()
-
-        def send():
-            for q in self._cmd_qs:
-                q.put(("exec", bid, model, prompts, n))
-
-        out = self._sync_call(("exec", bid), send, timeout_s)
-        return time.monotonic() - t0, out[0]
-
     def memory_stats(self, timeout_s: float = 30.0) -> list[dict]:
         """Each worker's memory statistics (rank order): resident models, ``live_device_bytes`` (bytes of live
         device weight tensors, counted by finalizers), ``cuda_memory_allocated_bytes`` on GPU."""
@@ -443,56 +507,6 @@ class Engine:
             raise WorkerFailed("memory statistics timed out")
         del self._stats_waiters[key]
         return sorted(out, key=lambda d: d["rank"])
-
-    def profile(self, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_len: int = 16, max_new_tokens: int = 1,
-                repeats: int = 3) -> dict:
-        """Measure, with the engine idle, each model's load and write-back time (s, wall clock at the controller,
-        median of ``repeats``), the time of a swap loading it while evicting another model (``swap_pair_s``) and
-        its batch time (s) per batch size, for the simulator's profiled cost models.
-        Leaves every model offloaded, then re-applies ``preload``.
-
-        Raises:
-            EngineClosed: requests are in flight (profile only an idle engine).
-        """
-        with self._lock:
-            if not self.scheduler.idle():
-                raise EngineClosed("profile needs an idle engine")
-        names = list(self.specs)
-        resident = self.scheduler.resident()
-        if resident:
-            self._sync_swap(None, resident)
-        out: dict = {}
-        for name in names:
-            ins, outs, exec_t = [], [], {b: [] for b in batch_sizes}
-            for _ in range(repeats):
-                t, _ = self._sync_swap(name, [])
-                ins.append(t)
-                prompts_by_b = {b: [[(7 * i + j) % self.vocab_sizes[name] for j in range(prompt_len)] for i in range(b)]
-                                for b in batch_sizes}
-                for b in batch_sizes:
-                    t, _ = self._sync_exec(name, prompts_by_b[b], max_new_tokens)
-                    exec_t[b].append(t)
-                t, _ = self._sync_swap(None, [name])
-                outs.append(t)
-            out[name] = {"swap_in_s": statistics.median(ins), "swap_out_s": statistics.median(outs),
-                         "exec_s": {b: statistics.median(v) for b, v in exec_t.items()},
-                         "worker_bytes": self.shard_bytes[name]}
-        if len(names) > 1:  # a swap that loads each model while evicting the previous one (out and in overlapped)
-            for i, name in enumerate(names):
-                prev = names[i - 1]
-                pair = []
-                for _ in range(repeats):
-                    self._sync_swap(prev, [])
-                    t, _ = self._sync_swap(name, [prev])
-                    pair.append(t)
-                    self._sync_swap(None, [name])
-                out[name]["swap_pair_s"] = statistics.median(pair)
-        with self._lock:
-            for m in self.scheduler.models.values():
-                m.state = "offloaded"
-                m.swap_in_s = out[m.name]["swap_in_s"]
-        self._load_preloaded()
-        return out
 
     def _load_preloaded(self) -> None:
         """Swap in the ``preload`` models that fit, in order, and refresh the gauges."""
@@ -513,6 +527,9 @@ class Engine:
         d("hetplan_serve_queue_length", "gauge", "Queued requests per model")
         d("hetplan_serve_model_resident", "gauge", "1 when the model is resident on the workers")
         d("hetplan_serve_used_bytes", "gauge", "Weight bytes per worker held by resident and loading models")
-        d("hetplan_serve_request_latency_seconds", "histogram", "Request latency from submit to answer (s)")
-        d("hetplan_serve_batches_total", "counter", "Batches executed per model")
-        d("hetplan_serve_batch_size", "histogram", "Requests per batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        d("hetplan_serve_request_latency_seconds", "histogram", "Request latency from submit to last token (s)")
+        d("hetplan_serve_ttft_seconds", "histogram", "Time to first token, from submit (s)")
+        d("hetplan_serve_tpot_seconds", "histogram", "Time per output token after the first (s)",
+          buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+        d("hetplan_serve_iterations_total", "counter", "Iterations (prefills of joining requests + a decode step) per model")
+        d("hetplan_serve_batch_size", "histogram", "Running requests per iteration", buckets=(1, 2, 4, 8, 16, 32, 64, 128))

@@ -2,9 +2,14 @@
 
 * Percentiles: linear interpolation between order statistics (numpy ``percentile`` default, Hyndman & Fan 1996
   definition 7).
-* SLO attainment of a model: fraction of its *submitted* requests that completed within the latency SLO
-  (refused and unfinished requests count as misses), as in AlpaServe (Li et al., OSDI'23, Sec. 6).
-* Goodput: requests completed within the SLO per second of workload duration.
+* Per request: end-to-end latency (arrival to last token), **TTFT** (time to first token: arrival to the end of the
+  iteration that prefilled it, queueing and swapping included) and **TPOT** (time per output token after the first:
+  ``(finish - first token) / (tokens - 1)``; undefined for one-token answers), as vLLM's benchmarks and
+  DistServe (Zhong et al., OSDI'24, Sec. 2) define them.
+* SLO attainment of a model: fraction of its *submitted* requests that completed and met every SLO it has
+  (end-to-end latency, TTFT, TPOT; refused and unfinished requests count as misses), as in AlpaServe (Li et al.,
+  OSDI'23, Sec. 6) and DistServe.
+* Goodput: requests completed within all their SLOs per second of workload duration (DistServe's definition).
 * :class:`PromRegistry`: counters, gauges and histograms rendered in the Prometheus text format 0.0.4
   (https://prometheus.io/docs/instrumenting/exposition_formats/), thread-safe, no dependency.
 
@@ -13,7 +18,6 @@ This module does not import torch.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -23,17 +27,49 @@ import numpy as np
 
 @dataclass
 class Record:
-    """Outcome of one request: ``finish_s`` is ``None`` when it was refused or never finished (times in s)."""
+    """Outcome of one request (times in s since the workload start): ``finish_s`` is ``None`` when it was refused
+    or never finished; ``first_token_s`` when its first token was produced; ``output_tokens`` generated."""
 
     id: int
     model: str
     arrival_s: float
     finish_s: float | None
     refused: bool = False
+    first_token_s: float | None = None
+    output_tokens: int = 0
 
     @property
     def latency_s(self) -> float | None:
         return None if self.finish_s is None else self.finish_s - self.arrival_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.finish_s is None or self.first_token_s is None or self.output_tokens < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives of one model (s); ``None`` = no objective on that metric."""
+
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def met(self, r: Record) -> bool:
+        """The request finished and met every objective (a one-token answer has no TPOT to miss)."""
+        if r.finish_s is None:
+            return False
+        checks = ((self.latency_s, r.latency_s), (self.ttft_s, r.ttft_s), (self.tpot_s, r.tpot_s))
+        return all(limit is None or value is None or value <= limit for limit, value in checks)
+
+    def as_dict(self) -> dict:
+        return {"latency_s": self.latency_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
 
 
 def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 90, 99)) -> dict[str, float | None]:
@@ -42,30 +78,33 @@ def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 90, 99)) -> 
     return {f"p{q:g}": (float(np.percentile(arr, q)) if arr.size else None) for q in qs}
 
 
-def summarize(records: Sequence[Record], slo_s: Mapping[str, float], duration_s: float) -> dict:
-    """Per-model and overall report: count, completed, refused, mean and p50/p90/p99 latency (s), SLO attainment,
-    goodput (requests/s within SLO) and throughput (completed requests/s)."""
+def summarize(records: Sequence[Record], slos: Mapping[str, SLO], duration_s: float) -> dict:
+    """Per-model and overall report: requests, completed, refused; mean and p50/p90/p99 of latency, TTFT and TPOT
+    (s); SLO attainment; goodput (requests/s within all SLOs), throughput (completed requests/s) and output
+    tokens/s."""
     out: dict = {"models": {}, "duration_s": duration_s}
-    names = list(dict.fromkeys(list(slo_s) + [r.model for r in records]))
+    names = list(dict.fromkeys(list(slos) + [r.model for r in records]))
     for name in names + ["all"]:
         rs = [r for r in records if name == "all" or r.model == name]
         lat = [r.latency_s for r in rs if r.latency_s is not None]
-        if name == "all":
-            ok = sum(1 for r in rs if r.latency_s is not None and r.latency_s <= slo_s.get(r.model, math.inf))
-        else:
-            ok = sum(1 for x in lat if x <= slo_s.get(name, math.inf))
+        ok = sum(1 for r in rs if slos.get(r.model, SLO()).met(r))
         entry = {
             "requests": len(rs),
             "completed": len(lat),
             "refused": sum(1 for r in rs if r.refused),
             "mean_latency_s": float(np.mean(lat)) if lat else None,
-            **{f"{k}_latency_s": v for k, v in percentiles(lat).items()},
+        }
+        for metric in ("latency", "ttft", "tpot"):
+            vals = [getattr(r, f"{metric}_s") for r in rs]
+            entry.update({f"{k}_{metric}_s": v for k, v in percentiles([v for v in vals if v is not None]).items()})
+        entry.update({
             "slo_attainment": ok / len(rs) if rs else 1.0,
             "goodput_per_s": ok / duration_s if duration_s > 0 else 0.0,
             "throughput_per_s": len(lat) / duration_s if duration_s > 0 else 0.0,
-        }
+            "output_tokens_per_s": sum(r.output_tokens for r in rs) / duration_s if duration_s > 0 else 0.0,
+        })
         if name != "all":
-            entry["slo_s"] = slo_s.get(name)
+            entry["slo"] = slos.get(name, SLO()).as_dict()
             out["models"][name] = entry
         else:
             out["all"] = entry

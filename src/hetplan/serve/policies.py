@@ -32,7 +32,8 @@ class ModelState:
         swap_in_s: estimated load time (s) (from the swap model or a measurement).
         state: ``"offloaded"`` | ``"loading"`` | ``"resident"``.
         queue: waiting requests (FIFO).
-        executing: a batch of this model is running.
+        running: requests in its running batch (they hold KV-cache slots).
+        executing: an iteration of this model is running.
         last_used_s: last time it was loaded or started a batch (s).
         arrivals: recent arrival times (s), for the rate estimate.
         fresh: loaded and not yet run; the scheduler does not evict it (that would waste the swap).
@@ -43,14 +44,16 @@ class ModelState:
     swap_in_s: float = 0.0
     state: str = "offloaded"
     queue: deque = field(default_factory=deque)
+    running: list = field(default_factory=list)
     executing: bool = False
     last_used_s: float = float("-inf")
     arrivals: deque = field(default_factory=deque)
     fresh: bool = False
 
     def head_arrival_s(self) -> float:
-        """Arrival time of the oldest queued request (inf when the queue is empty)."""
-        return self.queue[0].arrival_s if self.queue else float("inf")
+        """Arrival time of the oldest running or queued request (inf when there is none)."""
+        times = [r.arrival_s for r in self.running] + ([self.queue[0].arrival_s] if self.queue else [])
+        return min(times, default=float("inf"))
 
     def rate_per_s(self, now_s: float, window_s: float) -> float:
         """Arrivals per second over the last ``window_s`` seconds."""
@@ -68,7 +71,7 @@ class Policy:
         self.rate_window_s = rate_window_s
 
     def pick_execute(self, candidates: Sequence[ModelState], now_s: float) -> ModelState:
-        """Resident model to run next (candidates are resident, idle, with queued requests)."""
+        """Resident model to run next (candidates are resident, idle, with queued or running requests)."""
         return min(candidates, key=lambda m: m.head_arrival_s())
 
     def pick_load(self, candidates: Sequence[ModelState], now_s: float) -> ModelState:
@@ -96,7 +99,7 @@ class LoadAwarePolicy(Policy):
     name = "load_aware"
 
     def pick_execute(self, candidates, now_s):
-        return min(candidates, key=lambda m: (-len(m.queue), m.head_arrival_s()))
+        return min(candidates, key=lambda m: (-len(m.queue) - len(m.running), m.head_arrival_s()))
 
     def pick_load(self, candidates, now_s):
         return min(candidates, key=lambda m: (-len(m.queue) / max(m.swap_in_s, 1e-6), m.head_arrival_s()))

@@ -2,21 +2,30 @@
 
 Cluster model (Computron, Zou et al. 2023, Sec. 3): every model is partitioned TP x PP over the same workers;
 each worker has ``capacity_bytes`` for weights, so *residency is limited by bytes*, not by a count of models.
-At most one batch executes at a time (the workers run one model's batch after another) and at most one swap is
-in flight; a swap evicts victims and loads one model, the two directions overlapped; execution of a resident
-model overlaps a swap of others (separate copy streams). Victims are resident models that are neither running
-nor *fresh* (loaded for queued requests that have not run yet): evicting those would waste the swap and can
-thrash when one model runs while two others compete for the remaining memory.
+At most one iteration executes at a time (the workers run one model's step after another) and at most one swap
+is in flight; a swap evicts victims and loads one model, the two directions overlapped; execution of a resident
+model overlaps a swap of others (separate copy streams). A model's footprint is its weights plus its KV cache
+(``max_batch_size`` slots reserved when it is loaded). Victims are resident models that are neither executing,
+nor holding running sequences (their KV cache is live), nor *fresh* (loaded for queued requests that have not
+run yet): evicting those would waste the swap and can thrash when one model runs while two others compete for
+the remaining memory. An evicted model therefore has no live sequence, and its KV cache is dropped, not copied
+to the host: it holds nothing a later request could reuse.
+
+**Continuous (iteration-level) batching** (Orca, Yu et al. OSDI'22, Sec. 3.1): an :class:`Execute` is one
+iteration of one model — a prefill for each request that *joins* now and one decode step for the requests already
+running; requests join between iterations while the running batch has free slots (``max_batch_size``) and leave
+when they finish, reported by the owner to :meth:`Scheduler.exec_done`. ``batching = "static"`` admits requests
+only into an empty batch, which then runs until its longest request ends (the baseline).
 
 The owner (simulator or engine) calls :meth:`Scheduler.submit` on arrivals, :meth:`swap_done` and
 :meth:`exec_done` on completions, and after each of these :meth:`step`, which returns the actions to start now:
 :class:`Swap` and :class:`Execute`. Requests of a model being loaded wait in its queue; queued requests of one
-model are batched, up to ``max_batch_size``, in arrival order.
+model join the running batch in arrival order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from hetplan.errors import HetplanError
@@ -34,10 +43,15 @@ class Swap:
 
 @dataclass
 class Execute:
-    """Run one batch of ``requests`` (all of model ``model``)."""
+    """One iteration of model ``model``: prefill ``joined`` and decode one token for the others of ``requests``
+    (the whole running batch, joined ones included)."""
 
     model: str
     requests: list[Request]
+    joined: list[Request] = field(default_factory=list)
+
+
+BATCHING = ("continuous", "static")
 
 
 class Scheduler:
@@ -47,15 +61,19 @@ class Scheduler:
         models: model name -> (bytes per worker, estimated load time s).
         capacity_bytes: weight memory of each worker (bytes).
         policy: a :class:`~hetplan.serve.policies.Policy`.
-        max_batch_size: largest batch (requests).
+        max_batch_size: largest running batch per model (requests; KV-cache slots).
         max_queue_len: per-model queue bound; :meth:`submit` refuses beyond it.
+        batching: ``"continuous"`` or ``"static"`` (module docstring).
 
     Raises:
         HetplanError: a model larger than the capacity, or bad sizes.
     """
 
     def __init__(self, models: dict[str, tuple[int, float]], capacity_bytes: int, policy: Policy, *,
-                 max_batch_size: int = 8, max_queue_len: int = 1024):
+                 max_batch_size: int = 8, max_queue_len: int = 1024, batching: str = "continuous"):
+        if batching not in BATCHING:
+            raise HetplanError(f"unknown batching {batching!r}", field="scheduler.batching",
+                               fix=f"use one of {', '.join(BATCHING)}")
         if max_batch_size < 1:
             raise HetplanError("max_batch_size must be >= 1", field="scheduler.max_batch_size", fix="give 1 or more")
         if max_queue_len < 1:
@@ -70,6 +88,7 @@ class Scheduler:
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_queue_len = max_queue_len
+        self.batching = batching
         self.swapping: Swap | None = None
         self.executing: Execute | None = None
         self.swaps = 0
@@ -91,7 +110,8 @@ class Scheduler:
 
     def idle(self) -> bool:
         """Nothing queued, running or swapping."""
-        return self.swapping is None and self.executing is None and not any(m.queue for m in self.models.values())
+        return self.swapping is None and self.executing is None and not any(
+            m.queue or m.running for m in self.models.values())
 
     # -- events -----------------------------------------------------------------------------------------------
     def submit(self, req: Request, now_s: float) -> bool:
@@ -125,22 +145,29 @@ class Scheduler:
         m.fresh = bool(m.queue)
         self.swapping = None
 
-    def exec_done(self, now_s: float) -> None:
-        """The batch in flight has finished."""
+    def exec_done(self, now_s: float, finished: Sequence[Request] = ()) -> None:
+        """The iteration in flight has finished; ``finished`` requests leave the running batch."""
         assert self.executing is not None
-        self.models[self.executing.model].executing = False
+        m = self.models[self.executing.model]
+        done = {r.id for r in finished}
+        m.running = [r for r in m.running if r.id not in done]
+        m.executing = False
         self.executing = None
 
     def step(self, now_s: float) -> list[Swap | Execute]:
         """Actions to start now (at most one execution and one swap in flight)."""
         actions: list[Swap | Execute] = []
         if self.executing is None:
-            ready = [m for m in self.models.values() if m.state == "resident" and m.queue]
+            ready = [m for m in self.models.values() if m.state == "resident" and (m.queue or m.running)]
             if ready:
                 m = self.policy.pick_execute(ready, now_s)
-                batch = [m.queue.popleft() for _ in range(min(self.max_batch_size, len(m.queue)))]
+                room = self.max_batch_size - len(m.running)
+                if self.batching == "static" and m.running:
+                    room = 0
+                joined = [m.queue.popleft() for _ in range(min(room, len(m.queue)))]
+                m.running.extend(joined)
                 m.executing, m.last_used_s, m.fresh = True, now_s, False
-                self.executing = Execute(m.name, batch)
+                self.executing = Execute(m.name, list(m.running), joined)
                 actions.append(self.executing)
         if self.swapping is None:
             waiting = [m for m in self.models.values() if m.state == "offloaded" and m.queue]
@@ -150,7 +177,7 @@ class Scheduler:
                 victims: list[ModelState] | None = []
                 if need > 0:
                     evictable = [v for v in self.models.values()
-                                 if v.state == "resident" and not v.executing and not v.fresh]
+                                 if v.state == "resident" and not v.executing and not v.fresh and not v.running]
                     victims = self.policy.pick_victims(evictable, need, now_s)
                 if victims is not None:
                     for v in victims:

@@ -1,10 +1,12 @@
 """Discrete-event simulation of the serving engine: same scheduler and policies, modelled swap and execution times.
 
-One event loop (vidur-style) over three event kinds — request arrival, swap finished, batch finished — each
+One event loop (vidur-style) over three event kinds — request arrival, swap finished, iteration finished — each
 followed by :meth:`hetplan.serve.scheduler.Scheduler.step`. Swap durations come from a swap-cost function
-(default: :class:`hetplan.serve.swap_model.SwapModel` over each worker's shard bytes, out and in overlapped),
-batch durations from an :class:`hetplan.serve.exec_model.ExecModel` per model. Events at the same time are
-processed completions first, then arrivals, in id order, so a run is deterministic.
+(default: :class:`hetplan.serve.swap_model.SwapModel` over each worker's weight bytes, out and in overlapped; KV
+caches are dropped, not moved), iteration durations from a :class:`hetplan.serve.exec_model.StepModel` per model.
+An iteration gives every request of its batch one token (the first one, from the prefill, to those that joined);
+a request finishes with its ``max_new_tokens``-th token (the simulator has no token values, so no stop token).
+Events at the same time are processed completions first, then arrivals, in id order, so a run is deterministic.
 
 This module does not import torch.
 """
@@ -15,8 +17,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from hetplan.serve.exec_model import ExecModel
-from hetplan.serve.metrics import Record, summarize
+from hetplan.serve.exec_model import StepModel
+from hetplan.serve.metrics import SLO, Record, summarize
 from hetplan.serve.policies import Policy
 from hetplan.serve.scheduler import Execute, Scheduler, Swap
 from hetplan.serve.swap_model import SwapModel
@@ -29,20 +31,24 @@ class SimModel:
 
     Attributes:
         name: model name.
-        worker_bytes: shard bytes of each worker (rank order).
-        exec_model: batch execution time model.
+        worker_bytes: weight bytes of each worker (rank order); what a swap moves.
+        step_model: iteration time model.
+        kv_worker_bytes: KV-cache bytes each worker reserves while the model is resident (rank order; default 0).
         swap_in_s, swap_out_s: measured load / write-back times (s); ``None`` = from the swap model.
     """
 
     name: str
     worker_bytes: list[int]
-    exec_model: ExecModel
+    step_model: StepModel
+    kv_worker_bytes: list[int] | None = None
     swap_in_s: float | None = None
     swap_out_s: float | None = None
 
     @property
     def bytes(self) -> int:
-        return max(self.worker_bytes)
+        """Footprint per worker while resident: the largest weights + KV cache of a worker."""
+        kv = self.kv_worker_bytes or [0] * len(self.worker_bytes)
+        return max(w + k for w, k in zip(self.worker_bytes, kv))
 
 
 @dataclass
@@ -54,11 +60,11 @@ class SimResult:
     swaps: int
     bytes_swapped_in: int
     bytes_swapped_out: int
-    batches: list[tuple[str, int]] = field(default_factory=list)
+    batches: list[tuple[str, int]] = field(default_factory=list)  # (model, running batch size) per iteration
     end_s: float = 0.0
 
-    def report(self, slo_s: dict[str, float]) -> dict:
-        out = summarize(self.records, slo_s, self.duration_s)
+    def report(self, slos: dict[str, SLO]) -> dict:
+        out = summarize(self.records, slos, self.duration_s)
         out["swaps"] = self.swaps
         out["bytes_swapped_in"] = self.bytes_swapped_in
         out["bytes_swapped_out"] = self.bytes_swapped_out
@@ -86,7 +92,8 @@ def swap_cost_fn(swap_model: SwapModel, write_back: bool = True) -> Callable[[Si
 
 def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacity_bytes: int, policy: Policy,
              swap_cost: Callable[[SimModel, Sequence[SimModel]], float], max_batch_size: int = 8,
-             max_queue_len: int = 1024, preload: Sequence[str] = (), duration_s: float | None = None) -> SimResult:
+             max_queue_len: int = 1024, preload: Sequence[str] = (), duration_s: float | None = None,
+             batching: str = "continuous") -> SimResult:
     """Run the workload ``requests`` through the modelled cluster.
 
     Args:
@@ -96,6 +103,7 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
         policy: swap policy.
         swap_cost: swap time function (see :func:`swap_cost_fn`).
         max_batch_size, max_queue_len: scheduler bounds.
+        batching: ``"continuous"`` or ``"static"`` (:mod:`hetplan.serve.scheduler`).
         preload: models resident at time 0 (in order, while they fit).
         duration_s: workload length for goodput (default: last arrival).
 
@@ -105,7 +113,7 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
     by_name = {m.name: m for m in models}
     swap_in_est = {m.name: swap_cost(m, []) for m in models}
     sched = Scheduler({m.name: (m.bytes, swap_in_est[m.name]) for m in models}, capacity_bytes, policy,
-                      max_batch_size=max_batch_size, max_queue_len=max_queue_len)
+                      max_batch_size=max_batch_size, max_queue_len=max_queue_len, batching=batching)
     sched.preload(preload)
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.id))
     records = {r.id: Record(r.id, r.model, r.arrival_s, None) for r in reqs}
@@ -125,20 +133,27 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
                 records[payload.id].refused = True
         elif kind == "swap":
             sched.swap_done(now)
-        else:  # exec
+        else:  # exec: every request of the iteration got one token
+            finished = []
             for r in payload.requests:
-                records[r.id].finish_s = now
-            sched.exec_done(now)
+                rec = records[r.id]
+                rec.output_tokens += 1
+                if rec.first_token_s is None:
+                    rec.first_token_s = now
+                if rec.output_tokens >= r.max_new_tokens:
+                    rec.finish_s = now
+                    finished.append(r)
+            sched.exec_done(now, finished)
         for act in sched.step(now):
             seq += 1
             if isinstance(act, Swap):
                 dt = swap_cost(by_name[act.load], [by_name[v] for v in act.evict])
                 heapq.heappush(events, (now + dt, 0, seq, "swap", act))
             elif isinstance(act, Execute):
-                b = len(act.requests)
-                dt = by_name[act.model].exec_model.batch_time_s(b, max(r.prompt_len for r in act.requests),
-                                                                 max(r.max_new_tokens for r in act.requests))
-                batches.append((act.model, b))
+                joined = {r.id for r in act.joined}
+                decode = [r.prompt_len + records[r.id].output_tokens for r in act.requests if r.id not in joined]
+                dt = by_name[act.model].step_model.step_time_s([r.prompt_len for r in act.joined], decode)
+                batches.append((act.model, len(act.requests)))
                 heapq.heappush(events, (now + dt, 0, seq, "exec", act))
     dur = duration_s if duration_s is not None else (reqs[-1].arrival_s if reqs else 0.0)
     return SimResult(list(records.values()), dur, sched.swaps, sched.bytes_swapped_in, sched.bytes_swapped_out,

@@ -6,9 +6,9 @@ host link, all workers in parallel, so the load time is that of the slowest work
 
     t_load = t_0 + max_w  B_w / b_w ,       b_w = η · min(B_link, B_switch / k_s(w))
 
-* ``B_w``: bytes of worker w's shard (:func:`shard_bytes`, exact for :mod:`hetplan.model.torch_transformer`'s
-  partition: vocabulary-parallel embedding/head, column/row-parallel layers, replicated norms; the last pipeline
-  stage holds its own copy of a tied output matrix).
+* ``B_w``: weight bytes of worker w (:func:`hetplan.estimate.inference.weight_bytes_per_worker`: the training
+  memory model's parameters of its stage over TP — one count of parameters for training and serving). KV caches
+  are not moved: a model is evicted only when it has no running sequence, so its cache is dropped.
 * ``B_link``: the GPU's unidirectional host-link bandwidth (catalog ``host_link_bandwidth_bytes_per_s``; PCIe 4.0
   x16 = 32 GB/s, PCI-SIG PCIe 4.0 base specification: 16 GT/s x 16 lanes, 128b/130b coding ≈ 31.5 GB/s).
 * GPUs sit behind PCIe switches, ``gpus_per_switch`` each, whose uplink to the host carries ``B_switch``
@@ -29,60 +29,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hetplan.errors import HetplanError
+from hetplan.estimate.inference import weight_bytes_per_worker
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import layer_ranges
-
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-
-
-def layer_shard_parameters(m: ModelSpec, tp: int) -> int:
-    """Parameters one TP rank holds of one layer (column-parallel Q/K/V/up/gate, row-parallel O/down, replicated
-    norms and row-parallel biases; Shoeybi et al. 2019, Sec. 3)."""
-    for what, n in (("num_attention_heads", m.num_attention_heads), ("num_kv_heads", m.num_kv_heads),
-                    ("ffn_hidden_size", m.ffn_hidden_size)):
-        if n % tp:
-            raise HetplanError(f"{what} = {n} of model {m.name} is not divisible by TP = {tp}", field="tp",
-                               fix=f"choose a TP degree that divides {n}")
-    h, q, kv, f = m.hidden_size, m.q_dim // tp, m.kv_dim // tp, m.ffn_hidden_size // tp
-    n_mlp = 3 if m.gated_mlp else 2
-    p = h * (q + 2 * kv) + q * h + n_mlp * h * f
-    if m.linear_bias:
-        p += q + 2 * kv + h + (2 * f if m.gated_mlp else f) + h
-    p += 2 * (2 * h if m.norm == "layernorm" else h)
-    return p
-
-
-def shard_parameters(m: ModelSpec, tp: int, pp: int) -> list[list[int]]:
-    """Parameters held by each worker, ``[pp_rank][tp_rank]``.
-
-    Raises:
-        HetplanError: TP does not divide heads/MLP width, or PP exceeds the number of layers.
-    """
-    v_shard = m.padded_vocab_size(128 * tp) // tp
-    h = m.hidden_size
-    norm = 2 * h if m.norm == "layernorm" else h
-    per_layer = layer_shard_parameters(m, tp)
-    out = []
-    stages = layer_ranges(m.num_layers, pp)
-    for i, (a, b) in enumerate(stages):
-        first, last = i == 0, i == pp - 1
-        p = (b - a) * per_layer
-        if first:
-            p += v_shard * h + m.learned_positions * h
-        if last:
-            p += norm
-            if not (first and m.tied_embeddings):
-                p += v_shard * h
-        out.append([p] * tp)
-    return out
-
-
-def shard_bytes(m: ModelSpec, tp: int, pp: int, dtype: str = "fp16") -> list[int]:
-    """Bytes of each worker's shard, in rank order (rank = pp_rank · TP + tp_rank)."""
-    if dtype not in DTYPE_BYTES:
-        raise HetplanError(f"unknown dtype {dtype!r}", field="dtype", fix=f"use one of {', '.join(DTYPE_BYTES)}")
-    return [p * DTYPE_BYTES[dtype] for stage in shard_parameters(m, tp, pp) for p in stage]
-
 
 @dataclass(frozen=True)
 class SwapModel:
@@ -131,7 +79,7 @@ class SwapModel:
 
     def load_time_s(self, m: ModelSpec, tp: int, pp: int, dtype: str = "fp16") -> float:
         """Host-to-GPU load time (s) of model ``m`` partitioned TP x PP."""
-        return self.transfer_time_s(shard_bytes(m, tp, pp, dtype))
+        return self.transfer_time_s(weight_bytes_per_worker(m, tp, pp, dtype))
 
     def swap_time_s(self, in_bytes: Sequence[int], out_bytes: Sequence[int]) -> float:
         """Swap that writes ``out_bytes`` back and loads ``in_bytes`` per worker, overlapped: max of the two."""

@@ -1,14 +1,18 @@
-"""Validation of the simulator against the real engine (same seeded workload) and of the swap model against
-Computron's published load times. Imports torch (through the engine).
+"""Validation of the simulator against the real engine (same seeded workload), and of continuous against static
+batching on the engine. Imports torch (through the engine).
 
-:func:`compare_sim_engine`: start an engine, profile it (:meth:`hetplan.serve.engine.Engine.profile`: swap and
-batch times), replay a seeded Gamma workload on it open-loop in real time, simulate the same requests with the
-profiled costs (:class:`hetplan.serve.exec_model.TableExecModel`, measured swap times), and compare the latency
-percentiles per model and overall.
+:func:`compare_sim_engine`: start an engine, replay a seeded Gamma workload on it open-loop in real time, then
+simulate the same requests with costs calibrated on that run — an iteration-time model fitted to the iterations
+the engine measured (:meth:`hetplan.serve.exec_model.LinearStepModel.fit`), each simulated iteration scaled by a
+ratio drawn from the measured/fitted ratios so the simulation keeps the variance of the real service times
+(queueing delay grows with it: Pollaczek–Khinchine), and the median measured swap times with and without
+eviction. The queueing, batching and swapping are the simulator's own. Percentiles of latency, TTFT and TPOT are
+compared per model and overall.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Sequence
 
@@ -16,17 +20,19 @@ import numpy as np
 
 from hetplan.serve.config import ModelEntry
 from hetplan.serve.engine import Engine, QueueFull
-from hetplan.serve.exec_model import EmpiricalExecModel, TableExecModel
-from hetplan.serve.metrics import Record, percentiles, summarize
+from hetplan.serve.exec_model import LinearStepModel, StepModel
+from hetplan.serve.metrics import SLO, Record, percentiles, summarize
 from hetplan.serve.policies import make_policy
 from hetplan.serve.simulator import SimModel, SimResult, simulate
 from hetplan.serve.workload import ModelLoad, Request, attach_prompts, generate
+
+METRICS = ("latency", "ttft", "tpot")
 
 
 def replay(engine: Engine, requests: Sequence[Request], timeout_s: float = 120.0) -> list[Record]:
     """Submit ``requests`` to ``engine`` at their arrival times (open loop, real time) and wait for all answers.
 
-    Returns one :class:`Record` per request (latency measured by the engine from submit to answer).
+    Returns one :class:`Record` per request (latency, TTFT and tokens as measured by the engine from submit).
     """
     futs: list = []
     t0 = time.monotonic()
@@ -35,7 +41,7 @@ def replay(engine: Engine, requests: Sequence[Request], timeout_s: float = 120.0
         if delay > 0:
             time.sleep(delay)
         try:
-            futs.append((r, engine.submit(r.model, r.prompt, r.max_new_tokens)))
+            futs.append((r, engine.submit(r.model, r.prompt, r.max_new_tokens, r.stop_token)))
         except QueueFull:
             futs.append((r, None))
     out = []
@@ -45,108 +51,77 @@ def replay(engine: Engine, requests: Sequence[Request], timeout_s: float = 120.0
             out.append(Record(r.id, r.model, r.arrival_s, None, refused=True))
             continue
         res = f.result(timeout=max(1.0, deadline - time.monotonic()))
-        out.append(Record(r.id, r.model, r.arrival_s, r.arrival_s + res.latency_s))
+        out.append(Record(r.id, r.model, r.arrival_s, r.arrival_s + res.latency_s, False, r.arrival_s + res.ttft_s,
+                          len(res.tokens)))
     return out
 
 
-def simulate_profiled(profile: dict, requests: Sequence[Request], *, capacity_bytes: int, policy: str,
-                      max_batch_size: int, max_queue_len: int, preload: Sequence[str] = (),
-                      duration_s: float | None = None, sample_seed: int = 0) -> SimResult:
-    """Simulate ``requests`` with the costs measured by :meth:`Engine.profile` (swap with eviction: the measured
-    ``swap_pair_s`` of the loaded model; without: its ``swap_in_s``)."""
-    models = []
-    for i, (n, p) in enumerate(profile.items()):
-        em = TableExecModel(p["exec_s"])
-        if p.get("exec_samples_s"):
-            em = EmpiricalExecModel(p["exec_samples_s"], em, seed=[sample_seed, i])
-        models.append(SimModel(n, p["worker_bytes"], em, p["swap_in_s"], p["swap_out_s"]))
+def seeded_requests(entries: Sequence[ModelEntry], rates_per_s: Sequence[float], *, cv: float, duration_s: float,
+                    seed: int, prompt_len: int, new_tokens: tuple[int, int]) -> list[Request]:
+    """Gamma arrivals per model; each request's ``max_new_tokens`` drawn uniformly from ``new_tokens`` (inclusive),
+    seeded per request."""
+    loads = [ModelLoad(m.name, r, cv) for m, r in zip(entries, rates_per_s)]
+    reqs = generate(loads, duration_s, seed, prompt_len=prompt_len)
+    for r in reqs:
+        r.max_new_tokens = int(np.random.default_rng([seed, r.id, 1]).integers(new_tokens[0], new_tokens[1] + 1))
+    return reqs
+
+
+class ResampledStepModel(StepModel):
+    """A fitted step model whose every iteration is scaled by a measured/fitted ratio drawn at random (seeded)."""
+
+    def __init__(self, fit: StepModel, ratios: Sequence[float], seed):
+        self.fit, self.ratios, self.rng = fit, list(ratios) or [1.0], np.random.default_rng(seed)
+
+    def step_time_s(self, prefill_lens, decode_contexts) -> float:
+        return self.fit.step_time_s(prefill_lens, decode_contexts) * self.ratios[int(self.rng.integers(len(self.ratios)))]
+
+
+def calibrate_from_logs(engine: Engine) -> dict:
+    """Per model, from the engine's logs: the fitted :class:`LinearStepModel`, the measured/fitted ratio of every
+    iteration, and the median swap time without and with eviction (s; ``None`` when the run had none)."""
+    out = {}
+    for name in engine.specs:
+        steps = [(p, d, t) for m, p, d, t in engine.exec_log if m == name]
+        fit = LinearStepModel.fit(steps) if steps else LinearStepModel()
+        ratios = [t / fit.step_time_s(p, d) for p, d, t in steps if fit.step_time_s(p, d) > 0]
+        solo = [t for m, ev, t in engine.swap_log if m == name and not ev]
+        pair = [t for m, ev, t in engine.swap_log if m == name and ev]
+        out[name] = {"step": fit, "ratios": ratios, "worker_bytes": engine.shard_bytes[name],
+                     "kv_worker_bytes": engine.kv_bytes[name],
+                     "swap_in_s": statistics.median(solo) if solo else None,
+                     "swap_pair_s": statistics.median(pair) if pair else None}
+    return out
+
+
+def simulate_calibrated(costs: dict, requests: Sequence[Request], *, capacity_bytes: int, policy: str,
+                        max_batch_size: int, max_queue_len: int, batching: str = "continuous",
+                        duration_s: float | None = None, sample_seed: int = 0) -> SimResult:
+    """Simulate ``requests`` with the costs of :func:`calibrate_from_logs`."""
+    all_solo = [c["swap_in_s"] for c in costs.values() if c["swap_in_s"] is not None]
+    all_pair = [c["swap_pair_s"] for c in costs.values() if c["swap_pair_s"] is not None]
+    solo_default = statistics.median(all_solo) if all_solo else 0.0
+    pair_default = statistics.median(all_pair) if all_pair else solo_default
+    models = [SimModel(n, c["worker_bytes"], ResampledStepModel(c["step"], c["ratios"], [sample_seed, i]),
+                       c["kv_worker_bytes"]) for i, (n, c) in enumerate(costs.items())]
 
     def cost(load: SimModel, evict) -> float:
-        p = profile[load.name]
-        if not evict:
-            return p["swap_in_s"]
-        return max(p.get("swap_pair_s", p["swap_in_s"]), sum(profile[v.name]["swap_out_s"] for v in evict))
+        c = costs[load.name]
+        if evict:
+            return c["swap_pair_s"] if c["swap_pair_s"] is not None else pair_default
+        return c["swap_in_s"] if c["swap_in_s"] is not None else solo_default
 
     return simulate(models, requests, capacity_bytes=capacity_bytes, policy=make_policy(policy), swap_cost=cost,
-                    max_batch_size=max_batch_size, max_queue_len=max_queue_len, preload=preload, duration_s=duration_s)
+                    max_batch_size=max_batch_size, max_queue_len=max_queue_len, duration_s=duration_s,
+                    batching=batching)
 
 
-def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 1, capacity_bytes: int,
-                       rates_per_s: Sequence[float], cv: float = 1.5, duration_s: float = 8.0, seed: int = 0,
-                       prompt_len: int = 8, max_new_tokens: int = 2, policy: str = "lru", max_batch_size: int = 4,
-                       max_queue_len: int = 1000, repeats: int = 3, sim_replicas: int = 15) -> dict:
-    """Run the same seeded workload on the engine and in the simulator; percentiles (s) of both.
-
-    Returns:
-        ``{"engine": {model: {p50, p90, p99}}, "sim": {...}, "profile": ..., "engine_report": ...,
-        "sim_report": ..., "requests": n}`` (model ``"all"`` included).
-    """
-    loads = [ModelLoad(m.name, r, cv) for m, r in zip(entries, rates_per_s)]
-    reqs = generate(loads, duration_s, seed, prompt_len=prompt_len, max_new_tokens=max_new_tokens)
-    batch_sizes = sorted({1, 2, max(1, max_batch_size // 2), max_batch_size})
-    with Engine(entries, tp=tp, pp=pp, capacity_bytes=capacity_bytes, policy=policy,
-                max_batch_size=max_batch_size, max_queue_len=max_queue_len) as eng:
-        attach_prompts(reqs, eng.vocab_sizes, seed)
-        prof = eng.profile(batch_sizes, prompt_len, max_new_tokens, repeats=repeats)
-        # warm-up: one request per model (first-touch allocation), then reset to all offloaded
-        for m in entries:
-            eng.generate(m.name, [1] * prompt_len, max_new_tokens)
-        _reset(eng)
-        eng.exec_log.clear()
-        eng.swap_log.clear()
-        recs = replay(eng, reqs)
-        eng_swaps = eng.scheduler.swaps
-        observed = calibrate_from_logs(prof, eng.exec_log, eng.swap_log)
-    sim_profiled = simulate_profiled(prof, [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs],
-                                     capacity_bytes=capacity_bytes, policy=policy, max_batch_size=max_batch_size,
-                                     max_queue_len=max_queue_len, duration_s=duration_s)
-    plain = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs]
-    sims = [simulate_profiled(observed, plain, capacity_bytes=capacity_bytes, policy=policy,
-                              max_batch_size=max_batch_size, max_queue_len=max_queue_len, duration_s=duration_s,
-                              sample_seed=k) for k in range(sim_replicas)]
-    sim = sims[0]
-    names = [m.name for m in entries]
-
-    def pct(records) -> dict:
-        out = {n: percentiles([r.latency_s for r in records if r.model == n and r.latency_s is not None]) for n in names}
-        out["all"] = percentiles([r.latency_s for r in records if r.latency_s is not None])
-        return out
-
-    def median_pct(results) -> dict:
-        per = [pct(r.records) for r in results]
-        return {n: {q: float(np.median([p[n][q] for p in per])) for q in per[0][n]} for n in per[0]}
-
-    slo = {n: 1.0 for n in names}
-    return {"engine": pct(recs), "sim": median_pct(sims), "sim_profiled": pct(sim_profiled.records),
-            "profile": prof, "observed_costs": observed, "requests": len(reqs),
-            "engine_swaps": eng_swaps, "sim_swaps": sim.swaps,
-            "engine_report": summarize(recs, slo, duration_s), "sim_report": sim.report(slo)}
-
-
-def calibrate_from_logs(profile: dict, exec_log, swap_log) -> dict:
-    """Costs observed during a run: per model, the batch times per batch size (sampled by the simulator) and the
-    median swap time with and without eviction (falling back to ``profile`` for what the run did not show). A shared, noisy CPU
-    machine makes a separate profiling pass unrepresentative of the run; this calibrates the simulator's cost
-    models on the run while its queueing, batching and swapping decisions stay its own."""
-    import statistics
-
+def _pct(records: Sequence[Record], names: Sequence[str]) -> dict:
+    """``{model | "all": {metric: {p50, p90, p99}}}`` (s)."""
     out = {}
-    for name, p in profile.items():
-        q = dict(p)
-        by_b: dict[int, list[float]] = {}
-        for m, b, t in exec_log:
-            if m == name:
-                by_b.setdefault(b, []).append(t)
-        if by_b:
-            q["exec_s"] = {**p["exec_s"], **{b: statistics.median(v) for b, v in by_b.items()}}
-            q["exec_samples_s"] = by_b
-        solo = [t for m, ev, t in swap_log if m == name and not ev]
-        pair = [t for m, ev, t in swap_log if m == name and ev]
-        if solo:
-            q["swap_in_s"] = statistics.median(solo)
-        if pair:
-            q["swap_pair_s"] = statistics.median(pair)
-        out[name] = q
+    for n in list(names) + ["all"]:
+        rs = [r for r in records if n == "all" or r.model == n]
+        out[n] = {m: percentiles([v for v in (getattr(r, f"{m}_s") for r in rs) if v is not None]) for m in METRICS}
     return out
 
 
@@ -163,4 +138,64 @@ def _reset(eng: Engine) -> None:
             m.arrivals.clear()
         eng.scheduler.swaps = 0
         eng._refresh_gauges()
+        eng.exec_log.clear()
+        eng.swap_log.clear()
     eng._t0 = time.monotonic()
+
+
+def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 1, capacity_bytes: int,
+                       rates_per_s: Sequence[float], cv: float = 1.5, duration_s: float = 8.0, seed: int = 0,
+                       prompt_len: int = 8, new_tokens: tuple[int, int] = (2, 12), policy: str = "lru",
+                       max_batch_size: int = 4, kv_cache_len: int = 64, max_queue_len: int = 1000,
+                       sim_replicas: int = 15) -> dict:
+    """Run the same seeded workload on the engine and in the simulator (module docstring).
+
+    Returns:
+        ``{"engine": {model: {metric: {p50, p90, p99}}}, "sim": {...} (medians over ``sim_replicas`` sampling
+        seeds), "requests": n, "engine_swaps", "sim_swaps", "engine_report", "sim_report", "costs"}``; models
+        include ``"all"``, metrics are ``latency``, ``ttft`` and ``tpot`` (s).
+    """
+    reqs = seeded_requests(entries, rates_per_s, cv=cv, duration_s=duration_s, seed=seed, prompt_len=prompt_len,
+                           new_tokens=new_tokens)
+    with Engine(entries, tp=tp, pp=pp, capacity_bytes=capacity_bytes, policy=policy, max_batch_size=max_batch_size,
+                max_queue_len=max_queue_len, kv_cache_len=kv_cache_len) as eng:
+        attach_prompts(reqs, eng.vocab_sizes, seed)
+        for m in entries:  # warm-up: first-touch allocation of every model
+            eng.generate(m.name, [1] * prompt_len, 2)
+        _reset(eng)
+        recs = replay(eng, reqs)
+        eng_swaps = eng.scheduler.swaps
+        costs = calibrate_from_logs(eng)
+    plain = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs]
+    sims = [simulate_calibrated(costs, plain, capacity_bytes=capacity_bytes, policy=policy,
+                                max_batch_size=max_batch_size, max_queue_len=max_queue_len, duration_s=duration_s,
+                                sample_seed=k) for k in range(sim_replicas)]
+    names = [m.name for m in entries]
+    per = [_pct(s.records, names) for s in sims]
+    sim = {n: {m: {q: float(np.median([p[n][m][q] for p in per])) for q in per[0][n][m]} for m in METRICS}
+           for n in per[0]}
+    slo = {n: SLO(latency_s=1.0) for n in names}
+    return {"engine": _pct(recs, names), "sim": sim, "requests": len(reqs), "engine_swaps": eng_swaps,
+            "sim_swaps": int(np.median([s.swaps for s in sims])), "costs": costs,
+            "engine_report": summarize(recs, slo, duration_s), "sim_report": sims[0].report(slo)}
+
+
+def compare_batching(entry: ModelEntry, requests: Sequence[Request], *, max_batch_size: int = 4,
+                     kv_cache_len: int = 64, seed: int = 0) -> dict:
+    """Replay the same requests on one engine (one worker, the model resident) with static and then continuous
+    batching; ``{"static": report, "continuous": report}`` (:func:`hetplan.serve.metrics.summarize`, plus the
+    ``iterations`` run and their mean ``iteration_s``)."""
+    out = {}
+    with Engine([entry], capacity_bytes=1 << 40, max_batch_size=max_batch_size, kv_cache_len=kv_cache_len,
+                preload=[entry.name], max_queue_len=100_000) as eng:
+        attach_prompts(requests, eng.vocab_sizes, seed)
+        eng.generate(entry.name, [1, 2], 2)  # warm-up
+        duration = max(r.arrival_s for r in requests)
+        for mode in ("static", "continuous"):
+            eng.scheduler.batching = mode
+            eng.exec_log.clear()
+            eng._t0 = time.monotonic()
+            out[mode] = summarize(replay(eng, requests), {entry.name: SLO()}, duration)
+            out[mode]["iterations"] = len(eng.exec_log)
+            out[mode]["iteration_s"] = float(np.mean([e[-1] for e in eng.exec_log]))
+    return out

@@ -3,14 +3,24 @@
 One process per device (rank = pp_rank · TP + tp_rank), on ``torch.distributed`` (NCCL on GPU, Gloo on CPU; the
 same code path). Each worker runs two threads:
 
-* the **exec thread** (main) runs batches: embedding / layers / head of its pipeline stage with its TP slice
-  (:class:`hetplan.model.torch_transformer.TransformerStage` through ``torch.func.functional_call`` on the
-  device copy of the weights), all-reduces over its TP group, hidden states sent to the next stage with p2p
-  send/recv; greedy generation loops the last stage's tokens back to the first stage;
+* the **exec thread** (main) runs iterations: one *prefill* pass over the prompts of the requests joining the
+  batch (right-padded to the longest), then one *decode* step over the running requests (embedding / layers / head of its pipeline stage with its TP slice,
+  :class:`hetplan.model.torch_transformer.TransformerStage` through ``torch.func.functional_call`` on the device
+  copy of the weights; all-reduces over its TP group; hidden states to the next stage by p2p send/recv). Each pass
+  reads and writes the model's :class:`~hetplan.model.torch_transformer.KVCache` on this device (this stage's
+  layers, this rank's key/value heads; one slot per running request, chosen by the controller). The controller
+  sends every worker the tokens to feed, so no token travels back between stages; the last stage returns the
+  greedy next token of each request;
 * the **swap thread** evicts and loads shards: swap-out (device -> host write-back) and swap-in (host -> device)
   run in two threads at once, tensor by tensor; a tensor is allocated only when the bytes already freed leave room
-  for it, so the worker never holds more than its ``capacity_bytes`` of weights. On GPU the host copies are
-  pinned and each direction has its own CUDA stream.
+  for it, so the worker never holds more than its ``capacity_bytes``. A loaded model also gets its KV cache
+  (``kv_slots`` x ``kv_len`` tokens, counted in the same budget); an evicted model's cache is freed, not copied
+  (the scheduler evicts only models without running requests, so it holds nothing reusable). On GPU the host
+  copies are pinned and each direction has its own CUDA stream.
+
+The worker ends itself when its parent process dies (even by SIGKILL): a watchdog thread waits on the parent's
+process sentinel (a pipe end that closes when the parent exits) and then exits at once, so no worker outlives
+``hetplan serve``.
 
 Memory statistics: on GPU ``torch.cuda.memory_allocated``; on CPU the bytes of live device tensors counted by
 ``weakref.finalize`` callbacks, which fire only when torch actually releases the tensor.
@@ -30,7 +40,7 @@ import torch.distributed as dist
 from torch.func import functional_call
 
 from hetplan.model.spec import load_model
-from hetplan.model.torch_transformer import Partition, TransformerStage
+from hetplan.model.torch_transformer import CacheRows, KVCache, Partition, TransformerStage
 from hetplan.plan import layer_ranges
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -50,6 +60,8 @@ class WorkerArgs:
     capacity_bytes: int
     write_back: bool = True
     threads: int = 1
+    kv_slots: int = 8
+    kv_len: int = 256
 
 
 class _Budget:
@@ -82,6 +94,7 @@ class Worker:
         self.stages: dict[str, TransformerStage] = {}
         self.host: dict[str, dict[str, torch.Tensor]] = {}
         self.resident: dict[str, dict[str, torch.Tensor]] = {}
+        self.caches: dict[str, KVCache] = {}
         self.budget = _Budget(a.capacity_bytes)
         self._live = 0
         self._live_lock = threading.Lock()
@@ -111,7 +124,14 @@ class Worker:
             self.stages[name], self.host[name] = stage, params
 
     def shard_bytes(self, name: str) -> int:
+        """Weight bytes of this worker's shard of ``name``."""
         return sum(t.numel() * t.element_size() for t in self.host[name].values())
+
+    def kv_bytes(self, name: str) -> int:
+        """Bytes of ``name``'s KV cache on this worker (``kv_slots`` x ``kv_len`` tokens)."""
+        st, a = self.stages[name], self.a
+        return 2 * len(st.layers) * a.kv_slots * (st.spec.num_kv_heads // a.tp) * a.kv_len * st.spec.head_dim * \
+            torch.empty((), dtype=self.dtype).element_size()
 
     # -- memory -----------------------------------------------------------------------------------------------
     def _track(self, t: torch.Tensor) -> None:
@@ -138,6 +158,11 @@ class Worker:
         dev = self.resident.pop(name)
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         nbytes = 0
+        cache = self.caches.pop(name, None)
+        if cache is not None:  # dropped, not copied: no running request is left in it
+            n = cache.nbytes()
+            del cache
+            self.budget.give(n)
         with torch.cuda.stream(stream) if stream is not None else _nullctx():
             for key in list(dev):
                 t = dev.pop(key)
@@ -168,6 +193,12 @@ class Worker:
                 nbytes += n
         if stream is not None:
             stream.synchronize()
+        kv = self.kv_bytes(name)
+        self.budget.take(kv)
+        cache = KVCache(self.stages[name], self.a.kv_slots, self.a.kv_len, device=self.device, dtype=self.dtype)
+        self._track(cache.k)
+        self._track(cache.v)
+        self.caches[name] = cache
         self.resident[name] = dev
         times["in_s"] = time.perf_counter() - t0
         times["in_bytes"] = nbytes
@@ -199,49 +230,48 @@ class Worker:
                 self.result_q.put(("error", self.rank, traceback.format_exc()))
 
     # -- execution --------------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def execute(self, batch_id: int, name: str, prompts: list[list[int]], max_new_tokens: int) -> None:
+    def _pass(self, name: str, tokens: list[list[int]], rows: CacheRows) -> torch.Tensor | None:
+        """One forward pass of this stage: tokens on the first stage (else hidden states from the previous
+        stage), output sent on to the next stage; returns the logits on the last stage."""
         a = self.a
-        stage = self.stages[name]
-        params = self.resident[name]
         first, last = self.pp_rank == 0, self.pp_rank == a.pp - 1
-        seqs = [list(p) for p in prompts]
-        b, h = len(seqs), stage.spec.hidden_size
-        prev_rank = self.rank - a.tp
-        next_rank = self.rank + a.tp
-        first_peer = self.tp_rank  # rank of this TP index on stage 0
-        last_peer = (a.pp - 1) * a.tp + self.tp_rank
-        for step in range(max_new_tokens):
-            lengths = [len(s) for s in seqs]
-            s_max = max(lengths)
-            if first:
-                x = torch.zeros(b, s_max, dtype=torch.long)
-                for i, sq in enumerate(seqs):
-                    x[i, : len(sq)] = torch.tensor(sq)
-                x = x.to(self.device)
-            else:
-                x = torch.empty(b, s_max, h, dtype=self.dtype, device=self.device)
-                dist.recv(x, src=prev_rank)
-            y = functional_call(stage, params, (x,))
-            if not last:
-                dist.send(y.contiguous(), dst=next_rank)
-            if last:
-                idx = torch.tensor([n - 1 for n in lengths], device=y.device)
-                nxt = y[torch.arange(b, device=y.device), idx].argmax(-1)
-                if a.pp > 1 and step < max_new_tokens - 1:
-                    dist.send(nxt.to(torch.long).contiguous(), dst=first_peer)
-                new = nxt.tolist()
-            elif first and step < max_new_tokens - 1:
-                buf = torch.empty(b, dtype=torch.long, device=self.device)
-                dist.recv(buf, src=last_peer)
-                new = buf.tolist()
-            else:
-                new = [0] * b  # middle stages only need the lengths
-            for sq, t in zip(seqs, new):
-                sq.append(int(t))
-        if last and self.tp_rank == 0:
-            out = [sq[len(p):] for sq, p in zip(seqs, prompts)]
-            self.result_q.put(("exec_done", self.rank, batch_id, out))
+        b, s = len(tokens), len(tokens[0])
+        if first:
+            x = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        else:
+            x = torch.empty(b, s, self.stages[name].spec.hidden_size, dtype=self.dtype, device=self.device)
+            dist.recv(x, src=self.rank - a.tp)
+        y = functional_call(self.stages[name], self.resident[name], (x,), {"rows": rows})
+        if not last:
+            dist.send(y.contiguous(), dst=self.rank + a.tp)
+            return None
+        return y
+
+    @torch.inference_mode()
+    def step(self, step_id: int, name: str, joins: list[tuple[int, list[int]]],
+             decodes: list[tuple[int, int, int]]) -> None:
+        """One iteration of model ``name``: one prefill pass over the ``(slot, prompt)`` of ``joins``, then one
+        decode step over ``decodes`` = ``(slot, last token, cached tokens)``; the last stage's TP rank 0 reports
+        the next token of each (joins first)."""
+        cache = self.caches[name]
+        out: list[int] = []
+        if joins:  # one prefill pass, prompts right-padded: a row's tokens never attend to its padding (causal),
+            # and the padding's K/V beyond the prompt are overwritten by decode steps before any mask admits them
+            s = max(len(p) for _, p in joins)
+            slots = torch.tensor([j[0] for j in joins], device=self.device)
+            last = torch.tensor([len(p) - 1 for _, p in joins], device=self.device)
+            rows = CacheRows(cache, slots, torch.zeros(len(joins), dtype=torch.long, device=self.device), last)
+            y = self._pass(name, [p + [0] * (s - len(p)) for _, p in joins], rows)
+            if y is not None:  # logits of each prompt's last token only
+                out += y[:, 0].argmax(-1).tolist()
+        if decodes:
+            slots = torch.tensor([d[0] for d in decodes], device=self.device)
+            start = torch.tensor([d[2] for d in decodes], device=self.device)
+            y = self._pass(name, [[d[1]] for d in decodes], CacheRows(cache, slots, start))
+            if y is not None:
+                out += y[:, 0].argmax(-1).tolist()
+        if self.pp_rank == self.a.pp - 1 and self.tp_rank == 0:
+            self.result_q.put(("exec_done", self.rank, step_id, out))
 
     def exec_loop(self) -> None:
         while True:
@@ -249,8 +279,8 @@ class Worker:
             if msg[0] == "stop":
                 return
             try:
-                if msg[0] == "exec":
-                    self.execute(*msg[1:])
+                if msg[0] == "step":
+                    self.step(*msg[1:])
             except Exception:
                 self.result_q.put(("error", self.rank, traceback.format_exc()))
 
@@ -263,15 +293,32 @@ class _nullctx:
         return False
 
 
+def _exit_with_parent() -> None:
+    """Exit this process as soon as its parent dies (the parent's sentinel becomes ready when it exits)."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="hetplan-serve-parent-watch").start()
+
+
 def worker_main(a: WorkerArgs, cmd_q, swap_q, result_q) -> None:
-    """Process entry point: set up, report ``ready``, then serve exec and swap commands until ``stop``."""
+    """Process entry point: set up, report ``ready``, then serve step and swap commands until ``stop``."""
+    _exit_with_parent()
     try:
         torch.set_num_threads(a.threads)
         if a.device == "cuda":
             torch.cuda.set_device(a.rank % torch.cuda.device_count())
         w = Worker(a, cmd_q, swap_q, result_q)
         w.setup()
-        result_q.put(("ready", a.rank, {n: w.shard_bytes(n) for n in w.host}, os.getpid()))
+        result_q.put(("ready", a.rank, {n: (w.shard_bytes(n), w.kv_bytes(n)) for n in w.host}, os.getpid()))
     except Exception:
         result_q.put(("error", a.rank, traceback.format_exc()))
         return

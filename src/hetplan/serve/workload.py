@@ -15,8 +15,6 @@ This module does not import torch.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from hetplan.errors import HetplanError
-from hetplan.inputs import read_text
+from hetplan.inputs import read_csv, read_text
 
 
 @dataclass
@@ -37,8 +35,9 @@ class Request:
         model: name of the served model.
         arrival_s: arrival time since the start of the workload (s).
         prompt_len: prompt tokens.
-        max_new_tokens: tokens to generate (greedy).
+        max_new_tokens: tokens to generate at most (greedy).
         prompt: token ids (filled by :func:`attach_prompts` for the real engine; empty in the simulator).
+        stop_token: generation also ends after this token (engine only: the simulator has no token values).
     """
 
     id: int
@@ -47,6 +46,7 @@ class Request:
     prompt_len: int = 16
     max_new_tokens: int = 1
     prompt: list[int] = field(default_factory=list)
+    stop_token: int | None = None
 
 
 def gamma_arrivals(rate_per_s: float, cv: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -140,13 +140,12 @@ def read_trace(path: str | Path, models: Sequence[str], *, prompt_len: int = 16,
     text = read_text(path, "workload.trace")
     known = set(models)
     out: list[Request] = []
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    cols = set(reader.fieldnames or [])
+    fieldnames, records = read_csv(text, str(path), "workload.trace")
+    cols = set(fieldnames or [])
     if not {"arrival_s", "model"} <= cols:
         raise HetplanError(f"trace {path} lacks columns arrival_s and model (has {sorted(cols)})",
                            field="workload.trace", fix="add a header line: arrival_s,model")
-    for row in reader:
-        line = reader.line_num
+    for line, row in enumerate(records, start=2):
         try:
             t = float(row["arrival_s"])
             pl = int(row["prompt_len"]) if row.get("prompt_len") else prompt_len
