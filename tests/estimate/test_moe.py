@@ -148,3 +148,14 @@ def test_megatron_export_carries_ep_cp_moe_and_mla_arguments():
         assert arg in text, arg
     cp_plan = _plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8)
     assert "--context-parallel-size 4" in "\n".join(export_megatron(cp_plan, load_model("llama3-8b")).files.values())
+
+
+def test_run_refuses_moe_and_cp_plans_before_starting_ranks():
+    """``hetplan run`` names what its reference trainer lacks instead of starting torchrun."""
+    from hetplan.errors import HetplanError
+    from hetplan.runtime import planio
+
+    with pytest.raises(HetplanError, match=r"experts, MLA, EP 8 .*all-to-all"):
+        planio.layout(_plan("deepseek-v3", 1, 1, 16, ep=8), load_model("deepseek-v3"))
+    with pytest.raises(HetplanError, match="CP 4"):
+        planio.layout(_plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8), load_model("llama3-8b"))
