@@ -86,7 +86,10 @@ def test_metrics_fields_and_conventions(run):
 #: tp-comm-overlap does); megatron_lm_h100 MAPE 16.0 %, max 36.2 % (TP 8 rows too slow, same cause);
 #: llama3_405b max 11.7 % (too fast); torchtitan (A100 rows only) MAPE 5.2 %.
 BOUNDS = {
-    "dgxc_h100": {"mape": 0.10, "max_abs_error": 0.23, "kendall_tau": 0.45},
+    # With plan.cp / plan.ep the CP 2 and EP rows became expressible: Grok-1 MoE rows within 7 %, Llama 3.1 CP 2
+    # rows +11-20 % (the same rows at CP 1 are +17 %: the base model's full s x s attention at 8K, CP itself adds
+    # 2 %), so the whole set is at 10.5 %; the issue-13 target (dense_cp1 subset, 10 %) is checked below.
+    "dgxc_h100": {"mape": 0.11, "max_abs_error": 0.27, "kendall_tau": 0.45},
     "torchtitan": {"mape": 0.12},
     "llama3_405b": {"max_abs_error": 0.13},
     "megatron_lm_h100": {"mape": 0.18, "max_abs_error": 0.40},
@@ -97,6 +100,9 @@ BOUNDS = {
 def test_accuracy(run, name):
     r = run[0][name]
     assert r["n"] > 0
+    subset = modern.TARGETS.get(name, {}).get("subset")
+    if subset:
+        assert r[subset]["mape"] <= modern.TARGETS[name]["mape"], (name, subset, r[subset]["mape"])
     for k, bound in BOUNDS[name].items():
         if k == "kendall_tau":
             assert r[k] >= bound, (name, k, r[k])
@@ -119,6 +125,8 @@ NOT_FITTING_YET = {
     "llama3_405b:Llama 3 405B:n8192",
     # FSDP2 without EP (the row gives none), no recomputation stated: 46 GiB of activations at local batch 2
     "moe_h100:GPT-OSS 120B:n64",
+    # CP 2 rows expressible since plan.cp: the same fp32 gradient buffer / small-DP shards as the rows above.
+    "dgxc_h100:Llama 3.1 8B:n8", "dgxc_h100:Llama 3.1 405B:n512", "dgxc_h100:Llama 3.1 405B:n576",
 }
 
 
