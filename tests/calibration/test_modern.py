@@ -127,6 +127,10 @@ NOT_FITTING_YET = {
     "moe_h100:GPT-OSS 120B:n64",
     # CP 2 rows expressible since plan.cp: the same fp32 gradient buffer / small-DP shards as the rows above.
     "dgxc_h100:Llama 3.1 8B:n8", "dgxc_h100:Llama 3.1 405B:n512", "dgxc_h100:Llama 3.1 405B:n576",
+    # MoE / CP rows expressible since EP and CP: the per-layer MoE activations (k token copies of the routed
+    # experts, the 1F1B in-flight count of a full-recompute layer) are not yet calibrated against these runs.
+    "moe_h100:DeepSeek V3 671B:n1024", "moe_h100:DeepSeek V3 671B:n256", "moe_h100:Llama3 70B:n64",
+    "moe_h100:Qwen3 MoE 30B:n8", "moe_h100:Qwen3-235B-A22B:n256",
 }
 
 
