@@ -43,7 +43,7 @@ def main() -> None:
     print(f"  best: {r.best.describe(INVENTORY)}  {r.best.iteration_time_s:.2f} s  ${r.best.usd_per_iteration:.4f}/iteration")
     c0 = time.process_time()
     e = search_hetero_estimated(m, JOB, INVENTORY, cat, Objective(goal="cheapest", slo_iteration_s=SLO_S), pins=PINS,
-                                top_k=3, max_walk_cpu_s=2.0)
+                                top_k=3, max_expansions=4000)
     cpu_e = time.process_time() - c0
     b = e.top[0]
     proof = "exact over H" if e.complete else (

@@ -59,7 +59,7 @@ def main() -> None:
     m = load_model(job.model)
     obj = Objective(goal="cheapest", slo_iteration_s=slo)
     for label, p, walk in (("Espresso's space (pp only, 1 GPU per stage, mbs 16)", pins, None),
-                           ("all of TP/DP/mbs", Pins(), 2.0)):
+                           ("all of TP/DP/mbs", Pins(), 4000)):
         c0 = time.process_time()
         r = search_hetero(m, job, inv, cat, goal="cheapest", slo_iteration_s=slo, pins=p)
         cpu = time.process_time() - c0
@@ -69,17 +69,17 @@ def main() -> None:
               f"{est.iteration_time_s:.2f} s ${est.usd_per_iteration:.4f}/iteration; {cpu:.2f} s CPU "
               f"({r.allocations:,} allocations bounded, {r.allocations_solved:,} solved, {r.orders_solved:,} orders)")
         c0 = time.process_time()
-        e = search_hetero_estimated(m, job, inv, cat, obj, pins=p, top_k=5, max_walk_cpu_s=walk)
+        e = search_hetero_estimated(m, job, inv, cat, obj, pins=p, top_k=5, max_expansions=walk)
         cpu = time.process_time() - c0
         b = e.top[0]
         proof = ("exact over H" if e.complete else
-                 f"walk stopped after {walk:g} s: no unestimated plan below ${e.open_bound / job.iterations():.4f}"
+                 f"walk stopped after {walk:,} expansions: no unestimated plan below ${e.open_bound / job.iterations():.4f}"
                  f"/iteration (best found within {max(0.0, b.estimate.job_usd / e.open_bound - 1):.1%})")
         print(f"    by estimate(): {b.candidate.describe(inv)}  {b.estimate.iteration_time_s:.2f} s "
               f"${b.estimate.usd_per_iteration:.4f}/iteration; {cpu:.2f} s CPU in all ({e.allocations_solved:,} "
               f"allocations solved, {e.plans_estimated:,} plans estimated; {proof})")
     c0 = time.process_time()
-    fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=slo, max_walk_cpu_s=None)
+    fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=slo, max_expansions=None)
     print(f"[Espresso's space] Pareto frontier by estimate(): {len(fr.points)} plans "
           f"({sum(p.heterogeneous for p in fr.points)} heterogeneous) in {time.process_time() - c0:.2f} s CPU "
           f"({fr.result.allocations_solved:,} allocations solved, {fr.result.plans_estimated:,} plans estimated; "

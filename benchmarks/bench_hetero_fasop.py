@@ -49,10 +49,10 @@ def sweep(m, job, cat, mixed: bool):
                 pools.append(GPUPool(gpu="A10G", count=8 * g, gpus_per_node=8, price_usd_per_hour=G5_USD_PER_HOUR / 8,
                                      inter_node_bandwidth_bytes_per_s=12.5e9))
             cl = Inventory(pools=pools)
-            # Closed-form optimum and runners-up re-estimated; no further walk (max_walk_cpu_s=0): the result
+            # Closed-form optimum and runners-up re-estimated; no further walk (max_expansions=0): the result
             # says how far from the optimum over H it is proven to be.
             res = search_hetero_estimated(m, job, cl, cat, Objective(goal="fastest"), pins=Pins(num_gpus=8 * (a + g)),
-                                          top_k=1, max_walk_cpu_s=0.0, mixed_tp=mixed)
+                                          top_k=1, max_expansions=0, mixed_tp=mixed)
             n_alloc += res.allocations
             if res.top:
                 b = res.top[0]

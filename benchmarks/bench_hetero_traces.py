@@ -30,7 +30,6 @@ from pathlib import Path
 
 from hetplan.calibration import calibrate, traces as espresso
 from hetplan.hardware.catalog import load_catalog
-from hetplan.profile.importers import read_espresso_rank
 
 DEFAULT = espresso.ESPRESSO_TRACES
 NAMES = espresso.ESPRESSO_NAMES

@@ -238,3 +238,57 @@ def test_missing_user_file(tmp_path):
     with pytest.raises(HetplanError) as info:
         load_catalog(tmp_path / "nope.toml")
     assert info.value.field == "--catalog"
+
+
+# ------------------------------------------------------------------------------------------------ nodes
+
+
+def test_node_presets_are_sourced_and_name_catalog_gpus():
+    from hetplan.hardware.catalog import NETWORK_KINDS, load_nodes
+
+    cat, nodes = load_catalog(), load_nodes()
+    for n in nodes.nodes.values():
+        assert cat.get(n.gpu).name == n.gpu
+        assert n.sources and n.date and n.network in NETWORK_KINDS
+    assert nodes.get("DGX-H100").inter_node_bandwidth_bytes_per_s == pytest.approx(8 * 400e9 / 8)
+    assert nodes.get("p4d.24xlarge").inter_node_bandwidth_bytes_per_s == pytest.approx(4 * 100e9 / 8)
+    nvl = nodes.get("nvl72")
+    assert nvl.gpus_per_node == 72 and nvl.inter_node_bandwidth_bytes_per_s == pytest.approx(72 * 50e9)
+    # every GPU type that has a reference node points at a node of its own type
+    for name in ("A100-SXM-80GB", "A100-SXM-40GB", "H100-SXM", "H200", "B200", "GB200"):
+        assert nodes.reference(cat.get(name)).gpu in (name, "A100-SXM-80GB")
+    assert nodes.reference(cat.get("A10G")) is None
+    with pytest.raises(HetplanError) as info:
+        nodes.get("dgx-h1000")
+    assert info.value.field == "node" and "dgx-h100" in str(info.value)
+
+
+def test_pools_take_their_node_or_the_reference_node():
+    from pydantic import ValidationError
+
+    from hetplan.plan import DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, GPUPool
+
+    h = GPUPool(gpu="h100", count=16)  # reference node: DGX H100, 8 x 400 Gb/s
+    assert (h.node, h.gpus_per_node, h.inter_node_bandwidth_bytes_per_s, h.network) == ("dgx-h100", 8, 400e9,
+                                                                                           "infiniband")
+    p4d = GPUPool(gpu="A100-SXM-40GB", count=16, node="p4d")
+    assert (p4d.node, p4d.inter_node_bandwidth_bytes_per_s, p4d.network) == ("aws-p4d", 50e9, "efa")
+    own = GPUPool(gpu="H100-SXM", count=16, inter_node_bandwidth_bytes_per_s=1e9, network="ethernet")
+    assert own.inter_node_bandwidth_bytes_per_s == 1e9 and own.network == "ethernet"  # given fields win
+    a10g = GPUPool(gpu="A10G", count=8)  # no reference node: the generic defaults
+    assert a10g.node is None and a10g.inter_node_bandwidth_bytes_per_s == DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S
+    with pytest.raises(ValidationError, match="holds A100-SXM-40GB GPUs, not H100-SXM"):
+        GPUPool(gpu="H100-SXM", count=8, node="aws-p4d")
+    with pytest.raises(ValidationError, match="did you mean dgx-h100"):
+        GPUPool(gpu="H100-SXM", count=8, node="dgx-h1000")
+
+
+def test_new_gpu_entries():
+    cat = load_catalog()
+    gb = cat.get("GB200")
+    assert gb.peak_flops_per_s("bf16") == pytest.approx(2500e12) and gb.peak_flops_per_s("fp8") == pytest.approx(5000e12)
+    capped = cat.get("h100-500w")
+    assert capped.tdp_w == 500 and capped.name != "H100-SXM"
+    assert capped.hbm_bandwidth_bytes_per_s < cat.get("H100-SXM").hbm_bandwidth_bytes_per_s
+    for name in ("H100-SXM", "H200", "B200", "GB200", "H100-SXM-96GB-500W"):
+        assert cat.get(name).peak_flops_per_s("fp8") == pytest.approx(2 * cat.get(name).peak_flops_per_s("bf16"), rel=1e-3)

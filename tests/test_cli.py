@@ -46,7 +46,9 @@ def test_bundled_example_runs_and_is_sensible():
     best = json.loads(r.stdout)["plans"][0]
     assert best["job_time_s"] <= 60 * 86400
     assert best["tp"] is None or best["tp"] <= 8  # TP stays inside a node
-    assert 0.25 < best["mfu"] < 0.65
+    # MFU counts the full s x s attention (Megatron-LM's convention) while causal FlashAttention does about half
+    # of it: +7.6 % for Llama-2-7B at seq 4096 over the work done.
+    assert 0.25 < best["mfu"] < 0.72
 
 
 def test_human_output_and_catalog():
@@ -140,3 +142,23 @@ def test_unknown_field_in_a_pool_lists_the_pool_fields(tmp_path):
     r = hetplan("plan", *BASE, "--inventory", inv)
     assert r.returncode == 2 and "inventory.pools.0.netwrok: unknown field" in r.stderr
     assert "network" in r.stderr and "gpus_per_node" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_aceso_example_runs_from_examples(tmp_path):
+    """README's Aceso case: import Aceso's V100 profiles, then the fine search on its 1.3B 'small' experiment."""
+    db = tmp_path / "aceso.db"
+    r = hetplan("profile", "import", "aceso", "tests/fixtures/aceso", "--model",
+                "gpt_1_3B=examples/models/gpt3_1.3b_aceso.json", "--db", db, cwd=ROOT)
+    assert r.returncode == 0 and "imported" in r.stdout, r.stderr
+    r = hetplan("plan", "examples/aceso_gpt3_1.3b.toml", "--catalog", "examples/aceso_v100_12000mb.toml",
+                "--search", "fine", "--profile-db", db, "--json", cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    best = data["plans"][0]
+    # Aceso (EuroSys'24 artifact): 58.76 s per iteration predicted, 59.01 s measured
+    assert best["iteration_time_s"] == pytest.approx(59.01, rel=0.10)
+    assert data["fine"]["iteration_time_s"] <= data["fine"]["uniform_iteration_time_s"]
+    assert all(s["memory_bytes"] <= 12000 * 2**20 for s in best["stages"])
+    assert {s["time_source"] for s in best["stages"]} != {"analytic"}
+    r = hetplan("profile", "import", "aceso", "tests/fixtures/aceso", "--model", "gpt_1_3B", "--db", db, cwd=ROOT)
+    assert r.returncode == 2 and "LABEL=MODEL" in r.stderr

@@ -61,8 +61,11 @@ def brute_force(job, pool, m, objective):
                     continue
                 for mbs in divisors(job.global_batch // dp):
                     m_mb = job.global_batch // (dp * mbs)
-                    interleave = pp > 1 and m.num_layers % pp == 0 and m_mb % pp == 0
-                    vs = divisors(m.num_layers // pp) if interleave else [1]
+                    # uneven stages interleave too: the embedding and the loss count as a layer each (Llama 3)
+                    slots = m.num_layers if m.num_layers % pp == 0 else m.num_layers + 2
+                    interleave = (pp > 1 and slots % pp == 0 and m_mb % pp == 0
+                                  and (pp > 2 or m.num_layers % pp == 0))
+                    vs = divisors(slots // pp) if interleave else [1]
                     zeros = [0] if dp == 1 else [0, 1] if pp > 1 else [0, 1, 2, 3]
                     for zero, rc, v in itertools.product(zeros, RECOMPUTE_NAMES, vs):
                         e = estimate(_plan(job, pool, tp, pp, dp, mbs, zero, rc, m.num_layers, v), CAT, m)
@@ -128,8 +131,9 @@ def test_ranking_is_sorted_and_pins_are_honoured():
 
 
 def test_budget_objective_respects_budget():
-    job = Job(model="llama2-7b", seq_len=4096, global_batch=512, train_tokens=1e11)
-    inv = Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=128)])
+    job = Job(model="llama2-7b", seq_len=4096, global_batch=512, train_tokens=1e11, attention="standard")
+    # a slow network (one 200 Gb/s NIC per node), where the fastest plan is not the cheapest
+    inv = Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=128, inter_node_bandwidth_bytes_per_s=25e9)])
     fastest = search_plans(job, inv, catalog=CAT).plans[0].estimate
     budget = fastest.job_usd * 0.97
     res = search_plans(job, inv, Objective(goal="budget", budget_usd=budget), catalog=CAT)

@@ -36,15 +36,20 @@ class Job(BaseModel):
         dtype: compute dtype of weights and activations (``bf16`` or ``fp16``).
         optimizer: ``adam`` (mixed precision: fp32 master weights, fp32 momentum and variance; Megatron-LM's
             fp32 gradient accumulation buffer).
-        attention: ``standard`` (the s x s attention scores are materialised and stored for backward: Megatron-LM
-            without ``--use-flash-attn``, what Korthikanti et al. 2023 count) or ``flash`` (FlashAttention, Dao et
-            al. 2022: no s x s tensor stored, scores recomputed in backward; Megatron-LM ``--use-flash-attn``,
-            DeepSpeed / torchtitan with fused SDPA). With ``flash``, ``selective`` recomputation stores and
+        attention: ``flash`` (the default: FlashAttention, Dao et al. 2022, causal: no s x s tensor stored, scores
+            recomputed in backward, about half the s x s work; what Megatron-Core (Transformer Engine fused
+            attention), torchtitan and NeMo run) or ``standard`` (the s x s attention scores are materialised and
+            stored for backward: Megatron-LM without ``--use-flash-attn``, what Korthikanti et al. 2023 count).
+            With ``flash``, ``selective`` recomputation stores and
             computes what ``none`` does (Megatron-LM skips the core-attention checkpoint under flash).
         framework: the training framework whose memory behaviour the estimate assumes. ``megatron``: states as in
             Megatron-LM's theoretical memory (fp32 main-gradient buffer used directly by the optimizer).
             ``deepspeed``: DeepSpeed's FP16_Optimizer also keeps the 16-bit ``.grad`` tensors and makes fp32
-            copies of the gradients during the optimizer step (docs/estimator.md, Memory).
+            copies of the gradients during the optimizer step (docs/estimator.md, Memory). ``fsdp``: PyTorch FSDP2
+            / Megatron-FSDP — parameters, gradients and optimizer states sharded (ZeRO-3 whatever ``Plan.zero``
+            says), one all-gather per layer in forward and backward and one reduce-scatter per layer, every
+            micro-batch (:func:`hetplan.estimate.stage.zero3_exposed_s`); see ``Plan.fsdp_shard``,
+            ``Plan.reshard_after_forward``, ``Plan.grad_reduce_dtype``.
         moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
             models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
             factor; 1 for benchmarks that force balanced routing).
@@ -63,8 +68,8 @@ class Job(BaseModel):
                                            gt=0)
     dtype: Literal["bf16", "fp16"] = "bf16"
     optimizer: Literal["adam"] = "adam"
-    attention: Literal["standard", "flash"] = "standard"
-    framework: Literal["megatron", "deepspeed"] = "megatron"
+    attention: Literal["standard", "flash"] = "flash"
+    framework: Literal["megatron", "deepspeed", "fsdp"] = "megatron"
     moe_load_imbalance: float = Field(default=1.25, ge=1.0, le=8.0, allow_inf_nan=False)
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
 
@@ -83,12 +88,18 @@ class GPUPool(BaseModel):
     Attributes:
         gpu: catalog name.
         count: how many are available.
-        gpus_per_node: GPUs in one server (they share the intra-node link and the node's NICs).
+        node: node preset the GPUs sit in (``hetplan catalog nodes``; :mod:`hetplan.hardware.catalog`): it gives
+            ``gpus_per_node``, ``inter_node_bandwidth_bytes_per_s`` (NICs x rate), ``network`` and the intra-node
+            link; fields given here override it. Default: the GPU type's reference node (DGX A100 / H100 / H200
+            / B200, GB200 NVL72), else the generic defaults below.
+        gpus_per_node: GPUs in one server or NVLink domain (they share the intra-node link and the node's NICs).
+            Default 8.
         intra_node_bandwidth_bytes_per_s: unidirectional GPU-GPU bandwidth inside a node (default: the catalog link).
-        inter_node_bandwidth_bytes_per_s: unidirectional network bandwidth of one node (all its NICs).
-        network: what connects the nodes: ``infiniband`` or ``roce`` (RDMA; NCCL's IB transport, the default) or
-            ``ethernet`` (no RDMA: NCCL over TCP sockets, ≈ 2/3 of RDMA's usable bandwidth and 5× its per-step
-            latency; :data:`hetplan.estimate.comm.NETWORKS`).
+        inter_node_bandwidth_bytes_per_s: unidirectional network bandwidth of one node (all its NICs). Default:
+            the node's; 25 GB/s (one 200 Gb/s NIC) for GPU types without a reference node.
+        network: what connects the nodes: ``infiniband``, ``roce`` or ``efa`` (RDMA with GPUDirect; NCCL's IB
+            transport or AWS's OFI plugin, the default) or ``ethernet`` (no RDMA: NCCL over TCP sockets, ≈ 2/3 of
+            RDMA's usable bandwidth and 5× its per-step latency; :data:`hetplan.estimate.comm.NETWORKS`).
         price_usd_per_hour: $ per GPU-hour (default: the catalog price).
         kernel_overhead_s: host time per GPU kernel launch on these machines (seconds; CPU, driver and framework
             cost), a property of the host, not of the model. Default: the GPU type's catalog value, calibrated on
@@ -100,15 +111,51 @@ class GPUPool(BaseModel):
 
     gpu: str
     count: int = bounded(10**6, "a million GPUs is 5x the largest cluster built", gt=0)
+    node: str | None = None
     gpus_per_node: int = bounded(576, "576 GPUs is the largest NVLink domain sold (GB200 NVL576)", default=8, gt=0)
     intra_node_bandwidth_bytes_per_s: float | None = bounded(1e13, "from 0.1 GB/s to 10 TB/s (5x NVLink 5's 1.8 "
                                                              "TB/s), in bytes/s", default=None, ge=1e8)
     inter_node_bandwidth_bytes_per_s: float = bounded(1e13, "from 1 Gb/s (slower is no training network) to 80 Tb/s "
                                                       "(10x the NICs of any node), in bytes/s",
                                                       default=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, ge=1.25e8)
-    network: Literal["infiniband", "roce", "ethernet"] = "infiniband"
+    network: Literal["infiniband", "roce", "efa", "ethernet"] = "infiniband"
     price_usd_per_hour: float | None = bounded(1000.0, "no GPU rents for $1,000 an hour", default=None, ge=0)
     kernel_overhead_s: float | None = Field(default=None, ge=0, le=0.01)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_defaults(cls, data):
+        """Fill the fields the pool does not give from its node (named, or the GPU type's reference node)."""
+        if not isinstance(data, dict) or "gpu" not in data:
+            return data
+        from hetplan.errors import HetplanError
+        from hetplan.hardware.catalog import load_catalog, load_nodes
+
+        nodes = load_nodes()
+        if data.get("node") is not None:
+            try:
+                node = nodes.get(str(data["node"]))
+            except HetplanError as exc:
+                raise ValueError(f"{exc.message}; {exc.fix}") from None
+            try:
+                gpu = load_catalog().get(str(data["gpu"]))
+            except HetplanError:
+                gpu = None
+            if gpu is not None and gpu.name != node.gpu:
+                raise ValueError(f"node {node.name} holds {node.gpu} GPUs, not {gpu.name}: name a node of "
+                                 f"{gpu.name} (`hetplan catalog nodes`) or give its numbers")
+        else:
+            try:
+                node = nodes.reference(load_catalog().get(str(data["gpu"])))
+            except HetplanError:  # a GPU type the package catalog does not know (a user catalog's)
+                node = None
+        if node is None:
+            return data
+        filled = {"node": node.name, "gpus_per_node": node.gpus_per_node,
+                  "inter_node_bandwidth_bytes_per_s": node.inter_node_bandwidth_bytes_per_s, "network": node.network}
+        if node.gpu_link_bandwidth_bytes_per_s is not None:
+            filled["intra_node_bandwidth_bytes_per_s"] = node.gpu_link_bandwidth_bytes_per_s
+        return {**data, **filled, **{k: v for k, v in data.items() if v is not None and k != "node"}}
 
 
 class Inventory(BaseModel):
@@ -250,6 +297,12 @@ class Plan(BaseModel):
         virtual_stages: model chunks per stage for interleaved 1F1B (Narayanan et al. SC'21 Sec. 2.2.2); 1 = plain
             1F1B. Used when the schedule is ``1f1b``, pp > 1 and the micro-batch count is a multiple of pp.
         overlap_grad_reduce: data-parallel gradient reduction overlapped with the backward pass.
+        fsdp_shard: HSDP — ZeRO-3/FSDP shards within groups of this many DP ranks and replicates across
+            ``dp / fsdp_shard`` of them (PyTorch ``fully_shard`` with a 2-D device mesh); None = all of DP.
+        reshard_after_forward: ZeRO-3/FSDP frees each layer's gathered parameters after its forward and gathers
+            them again in backward (FSDP2's default), or keeps them until the backward (False).
+        grad_reduce_dtype: dtype of the data-parallel gradient reduction: ``fp32`` or ``bf16`` / ``fp16``; None =
+            the framework default (fp32 for bf16 training: Megatron-LM forces it, torchtitan's default).
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
@@ -267,6 +320,9 @@ class Plan(BaseModel):
     schedule: Schedule = "1f1b"
     virtual_stages: int = bounded(1024, "more virtual stages than 1,024 is more than layers per GPU", default=1, ge=1)
     overlap_grad_reduce: bool = True
+    fsdp_shard: int | None = Field(default=None, gt=0)
+    reshard_after_forward: bool = True
+    grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
 
@@ -281,6 +337,8 @@ class Plan(BaseModel):
                     f"global_batch {self.job.global_batch} is not divisible by dp * mbs = {st.dp} * {b} "
                     f"(stage {i})"
                 )
+            if self.fsdp_shard is not None and st.dp % self.fsdp_shard:
+                raise ValueError(f"fsdp_shard = {self.fsdp_shard} does not divide stages[{i}].dp = {st.dp}")
             if st.recompute_layers is not None and st.recompute_layers > st.num_layers:
                 raise ValueError(f"stages[{i}].recompute_layers = {st.recompute_layers} exceeds its "
                                  f"num_layers = {st.num_layers}")
@@ -293,10 +351,15 @@ class Plan(BaseModel):
 
     def stage_layout(self, stage: int) -> ParallelLayout:
         """The :class:`ParallelLayout` of ``stage``: its TP and DP degrees (DP sharded when :attr:`zero` >= 1,
-        replicated otherwise), CP and EP, the pipeline depth, virtual stages, sequence parallelism and ZeRO stage."""
+        replicated otherwise; HSDP's shard groups of :attr:`fsdp_shard`), the pipeline depth, virtual stages,
+        sequence parallelism and ZeRO stage (3 under ``framework = "fsdp"``)."""
         st = self.stages[stage]
-        return ParallelLayout.of(tp=st.tp, dp=st.dp, zero_stage=self.zero, pp=self.pp, cp=self.cp, ep=self.ep,
-                                 virtual_stages=self.virtual_stages, sequence_parallel=self.sequence_parallel)
+        zero = 3 if self.job.framework == "fsdp" else self.zero  # FSDP shards everything
+        degrees = dict(tp=st.tp, zero_stage=zero, pp=self.pp, cp=self.cp, ep=self.ep, virtual_stages=self.virtual_stages,
+                       sequence_parallel=self.sequence_parallel)
+        if self.fsdp_shard is not None and zero >= 1:  # HSDP: shard within groups, replicate across
+            return ParallelLayout(dp_shard=self.fsdp_shard, dp_replicate=st.dp // self.fsdp_shard, **degrees)
+        return ParallelLayout.of(dp=st.dp, **degrees)
 
     def stage_mbs(self, stage: int) -> int:
         """Micro-batch size of one replica of ``stage`` (sequences): its own ``mbs`` or :attr:`mbs`."""
@@ -363,7 +426,8 @@ def boundary_is_intra_node(stage_sizes: list[int], stage_pools: list[int], gpus_
     GPUs each (tp * dp); node k of a pool holds its GPUs ``[k*G, (k+1)*G)``. A boundary is intra-node when the
     two stages share a pool and the GPUs of both lie in one node; stages of different pools never share a node.
     """
-    starts, used = [], {}
+    starts: list[int] = []
+    used: dict[int, int] = {}
     for size, pool in zip(stage_sizes, stage_pools):
         starts.append(used.get(pool, 0))
         used[pool] = used.get(pool, 0) + size

@@ -19,7 +19,8 @@ Rules (name: what must hold, and why):
   inside one node or spans whole nodes (TP across nodes is slow but possible; half a node plus half of another is
   a placement no launcher makes).
 * ``virtual-stages``: interleaved 1F1B (``virtual_stages`` > 1) needs pp > 1, the 1F1B schedule, a micro-batch
-  count that is a multiple of pp and layers per stage divisible by the virtual stages (Megatron-LM's conditions,
+  count that is a multiple of pp and layers per stage divisible by the virtual stages, the first and last stage
+  counting their embedding / loss as one layer (Llama 3's uneven stages) (Megatron-LM's conditions,
   Narayanan et al. SC'21 Sec. 2.2.2; the estimator would otherwise silently fall back to plain 1F1B).
 * ``seq-len``: the sequence fits the model's position encoding (``max_position_embeddings``).
 * ``cp-divides-sequence`` (CP > 1): the sequence splits into 2 x CP equal chunks (Megatron-Core's load-balanced
@@ -38,7 +39,7 @@ from hetplan.errors import HetplanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetplan.model.spec import ModelSpec
-    from hetplan.plan import Plan, Stage
+    from hetplan.plan import Plan
 
 #: Every rule's name, in the order they are checked.
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
@@ -119,7 +120,10 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             why = f"needs the 1f1b schedule, not {plan.schedule}"
         elif any(plan.num_microbatches(i) % pp for i in range(pp)):
             why = f"needs a micro-batch count that is a multiple of pp = {pp} (it is {plan.num_microbatches(0)})"
-        elif any(st.num_layers % v for st in plan.stages):
+        # the first / last stage may hold one layer less: its embedding / loss counts as a layer of the split
+        # (Megatron-Core account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split; Llama 3)
+        elif any((st.num_layers + (i in (0, pp - 1) and st.num_layers % v != 0)) % v
+                 for i, st in enumerate(plan.stages)):
             why = f"needs each stage's layers {[st.num_layers for st in plan.stages]} divisible by {v}"
         if why:
             out.append(PlanRuleError("virtual-stages", f"interleaved 1F1B with {v} virtual stages {why}",

@@ -67,8 +67,9 @@ def test_full_fit_reproduces_the_catalog_and_holds_out():
     fit = res["auto"]["compute_efficiency"]
     for g in traces.ESPRESSO_FITTED:
         assert fit[g]["catalog"] == pytest.approx(CAT.get(g).compute_efficiency, abs=0.002), g
-    # The RTX 3090 needs more than the catalog's bound of 1 (it runs faster than its rated FP32-accumulate peak).
-    assert fit["RTX-3090"]["capped"] and fit["RTX-3090"]["fitted"] > 1.05
+    # With FlashAttention costed as the causal kernel it is, the RTX 3090 fits below its rated peak (with the full
+    # s x s work charged it needed 1.10, above the bound of 1).
+    assert not fit["RTX-3090"]["capped"] and 0.8 < fit["RTX-3090"]["fitted"] < 1.0
     err = res["auto"]["errors"]
     for g in ("A30", "RTX-A4000", "RTX-A6000"):
         held = err[g]["held_out"]

@@ -22,7 +22,7 @@ def hetplan(*args, cwd=None):
 def test_frontier_command(tmp_path):
     out = tmp_path / "out"
     r = hetplan("energy", "frontier", profile_path("gpt3-175b"), "--num-microbatches", 12, "--idle-power-w", 83.64,
-                "--unit-time-s", 0.001, "-o", out, "--json", "--straggler-slowdown", 1.2)
+                "--unit-time-s", 0.001, "-o", out, "--json", "--straggler-slowdown", 1.2, "--plan-files", "--plot")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["points"] == 640 and summary["planner_time_s"] > 0
@@ -42,6 +42,32 @@ def test_frontier_command(tmp_path):
     assert len(p.frequencies_mhz) == 8 and all(len(x) == 24 for x in p.frequencies_mhz)
     assert p.instructions[7][:3] == ["forward:0", "backward:0", "forward:1"]
     assert (out / "summary.json").exists() and (out / "frontier.png").stat().st_size > 1000
+    # the one-file form holds the same plans
+    from hetplan.energy.frontier import read_plan
+
+    assert read_plan(out / "plans.json", -1) == p
+    assert read_plan(out / "plans.json", 100) == FrequencyPlan.from_json(plans[100].read_text())
+
+
+def test_frontier_of_a_plan_without_profile(tmp_path):
+    """A plan alone: model-derived profile, the plan's micro-batches and schedule, catalog idle power."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({
+        "job": {"model": "gpt3-1.3b", "seq_len": 2048, "global_batch": 16, "train_iterations": 10},
+        "pools": [{"gpu": "A100-SXM-80GB", "count": 4}],
+        "stages": [{"num_layers": 6}, {"num_layers": 6}, {"num_layers": 6}, {"num_layers": 6}],
+        "mbs": 1, "schedule": "1f1b", "virtual_stages": 2}))
+    r = hetplan("energy", "frontier", plan, "-o", tmp_path / "o", "--json", "--no-plot", "--unit-time-s", 0.0005)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["profile"] == "model-derived" and s["idle_power_w"] == pytest.approx(83.64)
+    assert s["points"] > 10 and 0 < s["at_max_speed"]["saved_fraction"] < 0.5
+    from hetplan.energy.frontier import read_plan
+
+    p = read_plan(tmp_path / "o" / "plans.json", -1)
+    assert p.schedule == "interleaved" and p.virtual_stages == 2 and p.num_microbatches == 16
+    assert len(p.frequencies_mhz[0]) == 2 * 16 * 2 and p.instructions[0][0] == "forward:0:0"
+    assert set(f for row in p.frequencies_mhz for f in row) <= set(range(855, 1411, 15))
 
 
 def test_frontier_gpipe_small(tmp_path):
@@ -58,11 +84,17 @@ def test_frontier_gpipe_small(tmp_path):
     (["-m", "4", "--unit-time-s", "0"], "--unit-time-s"),
     (["-m", "4", "--schedule", "zigzag"], "unknown schedule"),
     (["-m", "4", "--straggler-slowdown", "0.5"], "straggler slowdown"),
+    ([], "--num-microbatches"),
+    (["-m", "4", "--idle-power-w", None], "--idle-power-w"),
+    (["-m", "4", "--idle-power-w", None, "--gpu", "Z9000"], "unknown GPU type"),
+    (["-m", "4", "--profile-db", "x.sqlite"], "--profile-db"),
 ])
 def test_frontier_bad_options(tmp_path, args, needle):
     base = ["energy", "frontier", profile_path("gpt3-175b"), "--idle-power-w", "83.64", "-o", tmp_path / "o", "--no-plans"]
     if "--idle-power-w" in args:
         base = base[:3] + base[5:]
+        if None in args:
+            args = [a for a in args if a not in ("--idle-power-w", None)]
     r = hetplan(*base, *args)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert needle in r.stderr and "Traceback" not in r.stderr

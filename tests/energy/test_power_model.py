@@ -28,7 +28,7 @@ from hetplan.hardware.power import get_power
 from .energy_testutil import profile_path
 
 # time_scale of each fit (measured / estimated time at the top clock), printed by fit_power and in the toml source
-TIME_SCALE = {"A100-SXM-80GB": 0.7829, "A40": 0.4895}
+TIME_SCALE = {"A100-SXM-80GB": 0.7807, "A40": 0.4891}
 
 
 def _fit_of_catalog(gpu):

@@ -47,14 +47,28 @@ def test_flash_drops_the_s2_terms_and_keeps_the_lse(t, sp):
 
 def test_flash_layer_time():
     m, g = _gpt(), CAT.get("A100-SXM-80GB")
-    f, bwd, _ = compute.layer_time_s(m, g, "bf16", 4, 4096, 1, 0, 300e9, attention="flash")
-    _, core = compute.layer_gemm_times_s(m, g, "bf16", 4, 4096, 1)
-    assert bwd == pytest.approx(2 * f + 0.5 * core, rel=1e-12)  # one more QK^T in backward (FlashAttention-2)
-    fs, _, _ = compute.layer_time_s(m, g, "bf16", 4, 4096, 1, 0, 300e9)
-    assert f < fs  # no element-wise passes over the s x s scores
+    s, b = 4096, 4
+    f, bwd, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, 300e9, attention="flash")
+    fs, _, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, 300e9)
+    assert f < fs  # no element-wise passes over the s x s scores, half the score work, a fused kernel
+    # Worked example: causal kernel work 4·b·s²·q·(s + 128)/(2s), at 70 % / 60 % of 312 TFLOP/s (FA2 on A100)
+    # times φ(s) = s / (s + 134); backward 2.5x the work.
+    core_f, core_b = compute.flash_attention_time_s(m, g, "bf16", b, s, 1)
+    work = 4 * b * s * s * m.q_dim * (s + 128) / (2 * s)
+    phi = s / (s + 134)
+    assert core_f == pytest.approx(work / (312e12 * 0.70 * phi), rel=1e-12)
+    assert core_b == pytest.approx(2.5 * work / (312e12 * 0.60 * phi), rel=1e-12)
     # Megatron-LM does not checkpoint the flash core: selective = none; full still adds a forward.
-    assert compute.layer_time_s(m, g, "bf16", 4, 4096, 1, 1, 300e9, attention="flash")[1] == pytest.approx(bwd)
-    assert compute.layer_time_s(m, g, "bf16", 4, 4096, 1, 2, 300e9, attention="flash")[1] > bwd
+    assert compute.layer_time_s(m, g, "bf16", b, s, 1, 1, 300e9, attention="flash")[1] == pytest.approx(bwd)
+    assert compute.layer_time_s(m, g, "bf16", b, s, 1, 2, 300e9, attention="flash")[1] > bwd
+
+
+def test_causal_work_fraction_counts_the_diagonal_tiles():
+    # n = s/128 tiles per side: n(n+1)/2 of n² computed.
+    for s in (128, 1024, 8192):
+        n = s // 128
+        assert float(compute.causal_work_fraction(s)) == pytest.approx(n * (n + 1) / 2 / n**2, rel=1e-12)
+    assert float(compute.causal_work_fraction(64)) == 1.0
 
 
 def _kw(**over):
@@ -112,7 +126,7 @@ def test_bad_attention_and_framework_are_named():
     with pytest.raises(ValidationError):
         Job(model="gpt2-xl", seq_len=1024, global_batch=8, attention="sdpa")
     with pytest.raises(HetplanError) as e:
-        validated(Job, dict(model="gpt2-xl", seq_len=1024, global_batch=8, framework="fsdp"), "job")
+        validated(Job, dict(model="gpt2-xl", seq_len=1024, global_batch=8, framework="torchtitan"), "job")
     assert e.value.field == "job.framework"
 
 
@@ -169,9 +183,9 @@ def test_megatron_export_asks_for_flash_attention():
     plan = plan.model_copy(update={"job": plan.job.model_copy(update={"model": str(root / "examples" / "tiny-model.json")})})
     spec = planio.plan_model(plan)
     text = "".join(exporters.export_megatron(plan, spec).files.values())
-    assert "--use-flash-attn" not in text
-    flash = plan.model_copy(update={"job": plan.job.model_copy(update={"attention": "flash"})})
-    assert "--use-flash-attn" in "".join(exporters.export_megatron(flash, spec).files.values())
+    assert "--use-flash-attn" in text  # flash is the default
+    std = plan.model_copy(update={"job": plan.job.model_copy(update={"attention": "standard"})})
+    assert "--use-flash-attn" not in "".join(exporters.export_megatron(std, spec).files.values())
 
 
 def test_megatron_last_stage_peaks_in_the_larger_of_the_loss_and_the_layer_backward():

@@ -73,3 +73,20 @@ def test_ethernet_data_parallel_allreduce_worked_example():
                                                    link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s))
     assert out["ethernet"] == pytest.approx(2 * 3 / 4 * 1e9 / 7.5e9 + 6 * 40e-6, rel=1e-12)
     assert out["infiniband"] == pytest.approx(2 * 3 / 4 * 1e9 / 11.25e9 + 6 * 8e-6, rel=1e-12)
+
+
+def test_multi_node_ring_is_bound_by_the_slower_link_not_their_sum():
+    """NCCL's rings cross each node boundary once per channel (one channel per rail): the node's NICs carry what a
+    rank sends, in a pipeline with the NVLink hops. Large-message bus bandwidth = min(NVLink, node NICs)."""
+    M = 32e9
+    for nvlink, node, bus in ((300e9, 200e9, min(300e9 * 0.77, 200e9 * 0.9)),   # DGX A100, 8 x HDR
+                              (450e9, 400e9, min(450e9 * 0.77, 400e9 * 0.9))):  # DGX H100, 8 x NDR
+        for n in (16, 64, 256):
+            t = comm.group_collective_time_s(M, "allreduce", n, 1, 8, nvlink, node)
+            assert M / t * 2 * (n - 1) / n == pytest.approx(bus, rel=0.03)
+            t = comm.group_collective_time_s(M, "allgather", n, 1, 8, nvlink, node)
+            assert M / t * (n - 1) / n == pytest.approx(bus, rel=0.03)
+    # With TP 8 inside each node, a DP ring has one member per node and one rail of the node's 8.
+    n = 32
+    t = comm.group_collective_time_s(M, "allreduce", n, 8, 8, 450e9, 400e9)
+    assert M / t * 2 * (n - 1) / n == pytest.approx(400e9 / 8 * 0.9, rel=0.03)

@@ -41,7 +41,8 @@ def megatron_activation_bytes(L, h, V, s, b, t, p, v=None, m=None):
 
 def _plan(m, *, tp, pp, dp, mbs, gbs, zero, recompute="selective"):
     L = m.num_layers
-    return Plan(job=Job(model="w", seq_len=2048, global_batch=gbs), pools=[GPUPool(gpu="A100-SXM-80GB", count=tp * pp * dp)],
+    return Plan(job=Job(model="w", seq_len=2048, global_batch=gbs, attention="standard"),
+                pools=[GPUPool(gpu="A100-SXM-80GB", count=tp * pp * dp)],
                 stages=[Stage(num_layers=L // pp, tp=tp, dp=dp, recompute=recompute) for _ in range(pp)],
                 mbs=mbs, zero=zero, sequence_parallel=True)
 

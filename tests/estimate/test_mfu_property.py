@@ -6,7 +6,7 @@ exact Python-integer count of the same formula."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import load_catalog
@@ -44,8 +44,7 @@ def test_mfu_times_time_peak_gpus_is_the_model_flops(job, tp, pp):
     m, s, gbs = job
     pp = min(pp, m.num_layers)
     dp = 64
-    total = counts.total_parameters(m)
-    assert total < 1.2e12
+    assume(counts.total_parameters(m) <= 1.1e12)  # models up to ~1T parameters
     gpu = CAT.get("H100-SXM")
     plan = Plan(job=Job(model="p", seq_len=s, global_batch=gbs), pools=[GPUPool(gpu="H100-SXM", count=tp * pp * dp)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp) for n in balanced_split(m.num_layers, pp)], mbs=1)

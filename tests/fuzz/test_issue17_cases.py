@@ -227,3 +227,21 @@ def test_pytest_prints_its_summary_line():
     """CI parses "N passed": ``addopts = "-q"`` plus ``pytest -q`` made it -qq, which prints no summary."""
     opts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert "-q" not in str(opts.get("addopts", "")).split()
+
+
+def test_edited_catalog_and_config_files_are_read_anew(tmp_path):
+    """In one process (a notebook, this test suite) the catalog and config.json caches are keyed on the file's
+    text, not its path: an edited file is not answered from the cache."""
+    cat = tmp_path / "gpus.toml"
+    cat.write_text("[gpus.A100-SXM-80GB]\nprice_usd_per_hour = 1.0\n")
+    first = json.loads(run_cli("plan", *FLAGS, "--catalog", cat, "--json", "--top", "1").stdout)["plans"][0]
+    cat.write_text("[gpus.A100-SXM-80GB]\nprice_usd_per_hour = 2.0\n")
+    second = json.loads(run_cli("plan", *FLAGS, "--catalog", cat, "--json", "--top", "1").stdout)["plans"][0]
+    assert second["usd_per_hour"] == pytest.approx(2 * first["usd_per_hour"])
+    cfg = json.loads((ROOT / "examples" / "tiny-model.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    args = ("plan", "--model", path, "--seq-len", "128", *FLAGS[4:], "--json", "--top", "1")
+    assert run_cli(*args).code == 0
+    path.write_text(json.dumps(dict(cfg, hidden_size="128")))
+    refused(run_cli(*args), "hidden_size")

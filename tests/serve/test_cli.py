@@ -45,20 +45,57 @@ def test_simulate_trace_and_table(monkeypatch, capsys):
     assert code == 0 and "SLO met" in out and "TTFT" in out
 
 
-def test_capacity_json(monkeypatch, capsys):
-    code, out, _ = _run(monkeypatch, capsys, "capacity", EXAMPLES / "capacity.toml", "--json")
-    assert code == 0
+def test_capacity_cheapest_mix_over_gpu_types(monkeypatch, capsys, tmp_path):
+    text = (EXAMPLES / "capacity.toml").read_text().replace("max_gpus = 8", "max_gpus = 4")
+    p = tmp_path / "cap.toml"
+    p.write_text(text)
+    code, out, err = _run(monkeypatch, capsys, "capacity", p, "--gpus", "A100-SXM-80GB,L4", "--json")
+    assert code == 0, err
     res = json.loads(out)
-    best = res["best"]
-    assert best["feasible"] and best["min_slo_attainment"] >= res["target_attainment"]
-    assert best["tp"] * best["pp"] == best["num_gpus"]
-    # nothing with fewer GPUs was feasible (fewest GPUs), and among equal counts it is the cheapest
-    assert not any(c["feasible"] and c["num_gpus"] < best["num_gpus"] for c in res["candidates"])
-    same = [c for c in res["candidates"] if c["feasible"] and c["num_gpus"] == best["num_gpus"]]
-    assert best["price_usd_per_hour"] == min(c["price_usd_per_hour"] for c in same)
+    assert res["meets_target"]
+    for name, sim in res["simulated"].items():  # the simulator checked the chosen mix
+        assert sim["slo_attainment"] >= res["target_attainment"] and sim["requests"] > 0
+    for name, load in res["load_per_s"].items():  # every model's load is covered by its replicas' capacity
+        assert sum(r["replicas"] * r["rate_per_s"] for r in res["mix"] if r["model"] == name) >= load
+    assert sum(res["gpus_by_type"].values()) == sum(r["gpus"] for r in res["mix"])
+    assert all(n <= 4 for n in res["gpus_by_type"].values())
+    assert res["price_usd_per_hour"] == pytest.approx(sum(r["price_usd_per_hour"] for r in res["mix"]))
     # one OPT-13B fp16 (25.7 GB) cannot sit in half of a 24 GB L4: memory is given as the reason
-    l4 = [c for c in res["candidates"] if c["gpu"].upper().startswith("L4") and c["num_gpus"] == 1]
+    l4 = [c for c in res["candidates"] if c["gpu"] == "L4" and c["tp"] * c["pp"] == 1]
     assert l4 and "shard" in l4[0]["reason"]
+    code, out, _ = _run(monkeypatch, capsys, "capacity", p, "--gpus", "A100-SXM-80GB,L4")
+    assert code == 0 and "cheapest mix" in out and "SLO met" in out
+    code, _, err = _run(monkeypatch, capsys, "capacity", p, "--gpus", "A100-XYZ")
+    assert code == 2 and "capacity.gpus" in err
+
+
+def test_capacity_integer_program_equals_brute_force():
+    """Two models, three replica types (prices 3, 5, 2 $/h; 1, 2, 1 GPUs; the first two on GPU type X, at most 4
+    GPUs per type): the integer program's cost equals the cheapest of all assignments up to 4 replicas each."""
+    import itertools
+
+    import numpy as np
+
+    from hetplan.serve.capacity import _solve
+
+    rates = np.array([[2.0, 5.0, 1.0], [1.0, 0.0, 3.0]])
+    prices, gpus_per, gpu_of = np.array([3.0, 5.0, 2.0]), np.array([1, 2, 1]), ["X", "X", "Y"]
+    for loads in ([3.0, 2.0], [7.0, 1.0], [4.0, 6.0], [9.0, 0.5]):
+        best = None
+        for x in itertools.product(range(5), repeat=6):
+            xm = np.array(x).reshape(2, 3)
+            if (xm[1, 1] and not rates[1, 1]) or any((xm * rates).sum(1) < loads):
+                continue
+            per_type = {t: sum(xm[m, k] * gpus_per[k] for m in range(2) for k in range(3) if gpu_of[k] == t)
+                        for t in "XY"}
+            if max(per_type.values()) > 4:
+                continue
+            cost = float((xm * prices).sum())
+            best = cost if best is None else min(best, cost)
+        got = _solve(rates, prices, np.array(loads), gpu_of, gpus_per, 4)
+        assert (got is None) == (best is None)
+        if got is not None:
+            assert float((got * prices).sum()) == pytest.approx(best)
 
 
 BASE = """
@@ -110,6 +147,16 @@ def test_example_serve_config_is_valid():
                                                                c.dtype))) for m in cfg.models]
     cap = cfg.cluster.capacity_bytes()
     assert 2 * max(per) <= cap < 3 * min(per)  # exactly two of the four models fit, as the comment says
+
+
+def test_serve_refuses_a_reachable_address_without_a_token(monkeypatch, capsys, tmp_path, fixtures):
+    p = tmp_path / "s.toml"
+    p.write_text(f'[[models]]\nname = "a"\nmodel = "{fixtures / "tiny-opt.json"}"\n')
+    monkeypatch.delenv("HETPLAN_SERVE_TOKEN", raising=False)
+    code, _, err = _run(monkeypatch, capsys, "serve", p, "--host", "0.0.0.0")
+    assert code == 2 and "api.host" in err and "token" in err
+    code, _, err = _run(monkeypatch, capsys, "serve", p, "--host", "0.0.0.0", "--token", "short")
+    assert code == 2 and "--token" in err
 
 
 def test_serve_model_too_big_for_worker_exits_2(monkeypatch, capsys, tmp_path, fixtures):

@@ -177,7 +177,7 @@ def cross_validate_fasop() -> dict:
         err = _fasop_errors(sol.x, test)
         out[label] = {"n": len(test), "mape": float(np.mean(np.abs(err))), "max_abs_error": float(np.max(np.abs(err))),
                       "A10G_compute_efficiency": float(sol.x[0])}
-    allerr = np.concatenate([[out[k]["mape"]] * out[k]["n"] for k in out])
+    allerr = np.concatenate([np.full(out[k]["n"], out[k]["mape"]) for k in out])
     out["all"] = {"n": len(rows), "mape": float(np.mean(allerr))}
     return out
 
@@ -210,7 +210,7 @@ class EspressoTraces:
                                     "memory_bytes": tp.memory_bytes[i]})
 
     def predict(self, catalog: Catalog | None = None, attention: str = "auto", framework: str = "deepspeed",
-                gpus: set[str] | None = None) -> list[dict]:
+                gpus: set[str] | None = None) -> list[dict | None]:
         """Predicted ``forward_s``, ``backward_s`` and allocated peak ``memory_bytes`` (states + activations +
         transient: what ``max_memory_allocated`` counts, no CUDA context or allocator margin) per stage, with the
         stage's attention (:func:`espresso_attention`). ``gpus``: only runs holding one of these types (the
@@ -218,12 +218,12 @@ class EspressoTraces:
         from hetplan.estimate.estimator import estimate_detailed
 
         catalog = catalog or load_catalog()
-        out = []
+        out: list[dict | None] = []
         for name, kinds, bounds, folders in self.runs:
             if gpus is not None and not set(kinds) & gpus:
                 out += [None] * len(folders)
                 continue
-            costs = {}
+            costs: dict = {}
             for att in sorted({espresso_attention(g, attention) for g in kinds}):
                 plan, m = espresso_plan(kinds, bounds, att, framework)
                 est, _, c, _ = estimate_detailed(plan, catalog, m)
@@ -236,7 +236,7 @@ class EspressoTraces:
                                                   + mem["activations"] + mem["transient"])})
         return out
 
-    def errors(self, predictions: list[dict]) -> dict:
+    def errors(self, predictions: list[dict | None]) -> dict:
         """Per GPU type and part (``calibration`` / ``held_out``): ``n`` and, for ``forward`` / ``backward`` /
         ``memory``, the mean signed and mean absolute error of ours / measured - 1 (fractions)."""
         out: dict = {}
@@ -245,7 +245,7 @@ class EspressoTraces:
                 continue
             part = out.setdefault(st["gpu"], {}).setdefault("calibration" if st["calibration"] else "held_out", [])
             part.append([pr[k] / st[k] - 1 for k in ("forward_s", "backward_s", "memory_bytes")])
-        res = {}
+        res: dict = {}
         for g, parts in sorted(out.items()):
             res[g] = {}
             for part, errs in parts.items():

@@ -139,7 +139,7 @@ def espresso_attention(gpu: str, attention: str = "auto") -> str:
 
 
 #: p2p models compared: asynchronous, Megatron-LM's blocking calls, DeepSpeed's instructions.
-P2P_MODELS = {"async": False, "megatron": "megatron", "deepspeed": "deepspeed"}
+P2P_MODELS: dict[str, bool | str] = {"async": False, "megatron": "megatron", "deepspeed": "deepspeed"}
 #: Iterations dropped from the front of the period list (warm-up; micro-batches:
 #: :data:`hetplan.profile.importers.ESPRESSO_WARMUP_MICROBATCHES`).
 WARMUP_ITERATIONS = 1
@@ -170,8 +170,9 @@ def read_pipeline(run: str, gpus: list[str], folders: list[Path]) -> TracedPipel
     Raises:
         ValueError: a rank without enough iterations or instructions to measure.
     """
-    ranks = [read_espresso_rank(f) for f in folders]
-    if any(r is None for r in ranks):
+    read = [read_espresso_rank(f) for f in folders]
+    ranks = [r for r in read if r is not None]
+    if len(ranks) < len(read):
         raise ValueError(f"{run}: a rank without forward or backward passes after warm-up")
     short = lambda xs: statistics.median(sorted(xs)[:SHORTEST_SENDS])  # noqa: E731
     p2p = [min(short(ranks[j].durations("SendActivation")), short(ranks[j + 1].durations("SendGrad")))

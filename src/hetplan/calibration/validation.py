@@ -375,8 +375,10 @@ def fasop_cases() -> list[Case]:
     out = []
     for label, m, s, device, tp, meas in fasop_rows():
         key = f"fasop:{label}:{device}:tp{tp}"
-        out.append(Case(set="fasop_layers", key=key, group=f"{label}:tp{tp}", measured=meas,
-                        predict=lambda c, m=m, device=device, s=s, tp=tp: fasop_layer_forward_s(m, device, s, tp, 1, c),
+        def predict(c: Constants, m=m, device=device, s=s, tp=tp) -> float:
+            return fasop_layer_forward_s(m, device, s, tp, 1, c)
+
+        out.append(Case(set="fasop_layers", key=key, group=f"{label}:tp{tp}", measured=meas, predict=predict,
                         is_calibration=_is_calibration(key, FASOP_CALIBRATION_FRACTION),
                         info=dict(model=label, gpu=device, tp=tp, seq=s)))
     return out

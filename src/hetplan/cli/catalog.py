@@ -1,4 +1,4 @@
-"""``hetplan catalog gpus|models``: what the bundled catalog knows."""
+"""``hetplan catalog gpus|nodes|models``: what the bundled catalog knows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hetplan.cli.output import NARROW, new_table, table_console
 from rich import box
 from rich.table import Table
 
-from hetplan.hardware.catalog import load_catalog
+from hetplan.hardware.catalog import load_catalog, load_nodes
 from hetplan.model import counts
 from hetplan.model.spec import list_presets, load_model
 
@@ -49,6 +49,23 @@ def gpus(
         )))
         t.add_row(*(row[c] for c in keep))
     con.print(t)
+
+
+@catalog_app.command("nodes")
+def nodes(as_json: bool = typer.Option(False, "--json", help="Print JSON (SI units).")) -> None:
+    """Node presets: GPUs per node (NVLink domain), NICs x Gb/s, network, and which GPU types default to them."""
+    cat = load_nodes()
+    if as_json:
+        print(json.dumps({"date": cat.date, "nodes": [n.model_dump(mode="json") for n in cat.nodes.values()]}, indent=1))
+        return
+    t = Table(title=f"Node presets ({cat.date}); `node = NAME` in a pool")
+    t.caption = "default: the node a pool of that GPU type gets when it names none"
+    for col in ("name", "GPU", "GPUs", "NICs x Gb/s", "network", "default"):
+        t.add_column(col, justify="right" if col == "GPUs" else "left")
+    for n in cat.nodes.values():
+        t.add_row(n.name, n.gpu, str(n.gpus_per_node), f"{n.nics} x {n.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f}",
+                  n.network, "yes" if n.reference_for else "")
+    table_console().print(t)
 
 
 @catalog_app.command("models")

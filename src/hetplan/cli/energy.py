@@ -21,6 +21,58 @@ def _positive(value: float, name: str, fix: str) -> None:
         raise HetplanError(f"must be positive, got {value}", field=name, fix=fix)
 
 
+def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profile_db, job, power_catalog,
+                     schedule, virtual_stages):
+    """``(stage profile, micro-batches, idle power, schedule, virtual stages, origin)`` for ``energy frontier``:
+    a plan gives the model-derived profile (or ``--profile`` / ``--profile-db`` a measured one), its micro-batches,
+    schedule and the catalog idle power of its GPUs (mean over stages); a profile CSV needs ``-m`` and
+    ``--idle-power-w`` or ``--gpu``."""
+    from hetplan.energy.profile import load_stage_profile, parse_stage_profile
+    from hetplan.hardware.catalog import load_catalog
+
+    if (profile_db is None) != (job is None):
+        raise HetplanError("--profile-db and --job go together", field="--profile-db",
+                           fix="give both: the plan server's SQLite file and the job id")
+    measured, origin = None, "model-derived"
+    if profile is not None:
+        measured, origin = load_stage_profile(profile), f"measured ({profile})"
+    elif profile_db is not None:
+        from hetplan.energy.server.store import Store
+
+        if not profile_db.is_file():
+            raise HetplanError(f"{profile_db} does not exist", field="--profile-db", fix="give the server's --db file")
+        rows = Store(profile_db).measured_profile(job)
+        if not rows:
+            raise HetplanError(f"job {job!r} has no measured profile in {profile_db}", field="--job",
+                               fix="run the job with the online_profiling scheduler first")
+        measured = parse_stage_profile("stage,instruction,frequency,time,energy\n" + "".join(
+            f"{s},{i},{f},{t!r},{e!r}\n" for s, i, f, t, e, _ in rows), f"{profile_db}:{job}")
+        origin = f"measured ({profile_db}:{job})"
+    if source.suffix.lower() == ".json":
+        from hetplan.energy.model import plan_stage_profile
+        from hetplan.runtime.planio import load_plan
+
+        plan = load_plan(source)
+        derived = plan_stage_profile(plan, power_catalog=None if power_catalog is None else str(power_catalog))
+        prof = measured or derived.profile
+        M = num_microbatches or plan.num_microbatches(0)
+        idle = idle_power_w if idle_power_w is not None else sum(derived.idle_power_w) / len(derived.idle_power_w)
+        v = virtual_stages or derived.virtual_stages
+        sched = schedule or ("interleaved" if v > 1 else plan.schedule)
+        return prof, M, idle, sched.lower(), v, origin
+    prof = measured or load_stage_profile(source)
+    origin = origin if measured else f"measured ({source})"
+    if num_microbatches is None:
+        raise HetplanError("a profile CSV needs the number of micro-batches", field="--num-microbatches",
+                           fix="add e.g. --num-microbatches 12 (or give a plan JSON)")
+    if idle_power_w is None:
+        if gpu is None:
+            raise HetplanError("a profile CSV needs the idle power", field="--idle-power-w",
+                               fix="add --idle-power-w W or --gpu NAME (the catalog's idle power)")
+        idle_power_w = load_catalog().get(gpu, field="--gpu").idle_power_w
+    return prof, num_microbatches, idle_power_w, (schedule or "1f1b").lower(), virtual_stages or 1, origin
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``energy`` sub-app (``frontier``, ``serve``) to ``app``."""
     energy = typer.Typer(name="energy", help="GPU frequency plans on the iteration time–energy frontier (Perseus).",
@@ -29,33 +81,45 @@ def register(app: typer.Typer) -> None:
 
     @energy.command("frontier")
     def frontier_cmd(
-        profile: Path = typer.Argument(..., help="stage profile CSV: stage,instruction,frequency,time,energy"),
-        num_microbatches: int = typer.Option(..., "--num-microbatches", "-m", help="micro-batches per iteration"),
-        idle_power_w: float = typer.Option(..., "--idle-power-w", help="GPU power while blocked on communication (W)"),
-        unit_time_s: float = typer.Option(0.001, "--unit-time-s", help="time quantum of the planner (s)"),
-        schedule: str = typer.Option("1f1b", "--schedule", help="1f1b or gpipe"),
+        source: Path = typer.Argument(..., metavar="PLAN.json|PROFILE.csv",
+                                      help="a plan (stage profile derived from the cost model) or a measured stage "
+                                           "profile CSV: stage,instruction,frequency,time,energy"),
         output: Path = typer.Option(..., "-o", "--output", help="output directory"),
+        num_microbatches: int = typer.Option(None, "--num-microbatches", "-m",
+                                             help="micro-batches per iteration (default: the plan's)"),
+        idle_power_w: float = typer.Option(None, "--idle-power-w",
+                                           help="GPU power while blocked (W; default: the catalog's for the GPU)"),
+        gpu: str = typer.Option(None, "--gpu", help="GPU of a profile CSV (for its catalog idle power)"),
+        profile: Path = typer.Option(None, "--profile", help="with a plan: use this measured profile CSV"),
+        profile_db: Path = typer.Option(None, "--profile-db", help="with --job: the plan server's SQLite file, "
+                                                                   "its measured profile (online profiling)"),
+        job: str = typer.Option(None, "--job", help="job id in --profile-db"),
+        power_catalog: Path = typer.Option(None, "--power-catalog", help="user GPU DVFS/power TOML"),
+        unit_time_s: float = typer.Option(0.001, "--unit-time-s", help="time quantum of the planner (s)"),
+        schedule: str = typer.Option(None, "--schedule", help="1f1b, gpipe or interleaved (default: the plan's; 1f1b)"),
+        virtual_stages: int = typer.Option(None, "--virtual-stages", help="model chunks per stage (interleaved)"),
         straggler_slowdown: float = typer.Option(None, "--straggler-slowdown",
                                                  help="also pick the plan for a straggler this much slower (e.g. 1.2)"),
         baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="compute EnvPipe / Zeus baselines"),
-        plot: bool = typer.Option(True, "--plot/--no-plot", help="write frontier.png"),
-        plans: bool = typer.Option(True, "--plans/--no-plans", help="write one plan JSON per point"),
+        plot: bool = typer.Option(False, "--plot/--no-plot", help="also draw DIR/frontier.png (matplotlib)"),
+        plans: bool = typer.Option(True, "--plans/--no-plans", help="write the frequency plans (DIR/plans.json)"),
+        plan_files: bool = typer.Option(False, "--plan-files", help="also one DIR/plans/plan_NNNNN.json per point"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
-        """Compute the frontier; write DIR/frontier.csv, DIR/plans/plan_NNNNN.json, DIR/summary.json, DIR/frontier.png."""
+        """Compute the frontier; write DIR/frontier.csv, DIR/plans.json, DIR/summary.json (DIR/frontier.png)."""
         from hetplan.energy.frontier import compute_frontier
-        from hetplan.energy.profile import load_stage_profile
         from hetplan.energy.report import plot_frontier, summarize
 
-        if num_microbatches < 1:
+        if num_microbatches is not None and num_microbatches < 1:
             raise HetplanError(f"must be ≥ 1, got {num_microbatches}", field="--num-microbatches",
                                fix="use the number of micro-batches per iteration, e.g. 12")
         _positive(unit_time_s, "--unit-time-s", "use e.g. 0.001 (1 ms)")
-        if not (idle_power_w >= 0 and math.isfinite(idle_power_w)):
+        if idle_power_w is not None and not (idle_power_w >= 0 and math.isfinite(idle_power_w)):
             raise HetplanError(f"must be ≥ 0, got {idle_power_w}", field="--idle-power-w",
                                fix="use the GPU's blocking power, e.g. 83.64 (A100-SXM)")
-        prof = load_stage_profile(profile)
-        fr = compute_frontier(prof, num_microbatches, idle_power_w, unit_time_s, schedule.lower())
+        prof, M, idle, sched, v, origin = _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile,
+                                                           profile_db, job, power_catalog, schedule, virtual_stages)
+        fr = compute_frontier(prof, M, idle, unit_time_s, sched, virtual_stages=v)
         try:
             output.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -63,15 +127,18 @@ def register(app: typer.Typer) -> None:
                                fix="give a writable directory") from None
         fr.write_csv(output / "frontier.csv")
         if plans:
+            fr.write_plans_file(output / "plans.json")
+        if plan_files:
             fr.write_plans(output / "plans")
         summary = summarize(fr, straggler_slowdown=straggler_slowdown, baselines=baselines)
-        summary["profile"] = str(profile)
+        summary["profile"] = origin
         (output / "summary.json").write_text(json.dumps(summary, indent=1))
         if plot:
             plot_frontier(fr, output / "frontier.png", summary)
         if as_json:
             short = {k: summary[k] for k in ("points", "pareto_points", "planner_time_s", "min_time_s", "max_time_s",
-                                             "all_max", "energy_saved_at_max_speed_j", "at_max_speed")}
+                                             "all_max", "energy_saved_at_max_speed_j", "at_max_speed", "idle_power_w",
+                                             "profile")}
             for k in ("straggler", "envpipe"):
                 if k in summary:
                     short[k] = summary[k]
@@ -79,7 +146,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(short, indent=1))
             return
         con = Console()
-        t = Table(title=f"{profile.name}: {prof.num_stages} stages × {num_microbatches} micro-batches ({schedule})")
+        t = Table(title=f"{source.name}: {prof.num_stages} stages × {M} micro-batches ({sched}); {origin} profile")
         t.add_column("what")
         t.add_column("time (s)", justify="right")
         t.add_column("energy (J)", justify="right")
@@ -88,24 +155,31 @@ def register(app: typer.Typer) -> None:
         t.add_row("all-max (replayed)", f"{summary['all_max']['time_s']:.4f}", f"{summary['all_max']['energy_j']:.1f}")
         b = summary.get("at_max_speed")
         if b:
-            t.add_row("Perseus at all-max time", f"{b['time_s']:.4f}", f"{b['energy_at_deadline_j']:.1f}  (saves {100 * b['saved_fraction']:.1f} %)")
+            t.add_row("Perseus at all-max time", f"{b['time_s']:.4f}",
+                      f"{b['energy_at_deadline_j']:.1f} (-{100 * b['saved_fraction']:.1f} %)")
         if summary.get("envpipe"):
             t.add_row("EnvPipe", f"{summary['envpipe']['time_s']:.4f}", f"{summary['envpipe']['energy_j']:.1f}")
         s = summary.get("straggler")
         if s:
             t.add_row(f"straggler ×{s['slowdown']:g}", f"{s['straggler_time_s']:.4f}",
-                      f"{s['energy_at_deadline_j']:.1f}  (saves {100 * s['saved_fraction']:.1f} %)")
+                      f"{s['energy_at_deadline_j']:.1f} (-{100 * s['saved_fraction']:.1f} %)")
         con.print(t)
-        con.print(f"{len(fr)} points ({summary['pareto_points']} Pareto-optimal) in {fr.result.planner_time_s:.2f} s CPU; "
-                  f"wrote {output}/frontier.csv" + (f", {len(fr)} plans" if plans else ""))
+        con.print(f"{len(fr)} points ({summary['pareto_points']} Pareto-optimal) in {fr.result.planner_time_s:.2f} s "
+                  f"CPU; idle {idle:.2f} W; wrote {output}/frontier.csv" + (", plans.json" if plans else ""))
 
     @energy.command("serve")
     def serve_cmd(
         db: Path = typer.Option(Path("hetplan-energy.sqlite"), "--db", help="SQLite state file"),
-        host: str = typer.Option("127.0.0.1", "--host"),
+        host: str = typer.Option("127.0.0.1", "--host", help="address to bind (non-loopback needs a token)"),
         port: int = typer.Option(7787, "--port"),
+        token: str = typer.Option(None, "--token", envvar="HETPLAN_ENERGY_TOKEN",
+                                  help="bearer token clients must send (env HETPLAN_ENERGY_TOKEN)"),
+        max_body_bytes: int = typer.Option(8 * 2**20, "--max-body-bytes", help="larger requests get 413"),
+        max_in_flight: int = typer.Option(256, "--max-in-flight", help="more concurrent requests get 429"),
     ) -> None:
         """Run the frequency plan server (training ranks register, fetch schedules, report measurements)."""
+        import ipaddress
+
         try:
             import uvicorn
 
@@ -115,4 +189,81 @@ def register(app: typer.Typer) -> None:
                                fix="pip install 'hetplan[serve]'") from None
         if not 0 < port < 65536:
             raise HetplanError(f"port {port} is out of range", field="--port", fix="use 1..65535")
-        uvicorn.run(create_app(db), host=host, port=port, log_level="info")
+        if max_body_bytes < 1024 or max_in_flight < 1:
+            raise HetplanError("limits must be positive (body ≥ 1024 bytes)", field="--max-body-bytes",
+                               fix="use the defaults or larger values")
+        if token is not None and len(token) < 16:
+            raise HetplanError("the token is too short (under 16 characters)", field="--token",
+                               fix="use a long random token, e.g. `python -c 'import secrets; print(secrets.token_hex(16))'`")
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback and token is None:
+            raise HetplanError(f"refusing to serve on {host} without a token: anyone who reaches it could change "
+                               "your GPUs' clocks", field="--host",
+                               fix="keep --host 127.0.0.1, or give --token (or HETPLAN_ENERGY_TOKEN)")
+        if db.exists() and not db.is_file():
+            raise HetplanError(f"{db} is not a file", field="--db", fix="give a path for the SQLite file")
+        uvicorn.run(create_app(db, token=token, max_body_bytes=max_body_bytes, max_in_flight=max_in_flight),
+                    host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
+
+
+def add_energy(summaries: list[dict], catalog, usd_per_kwh: float | None) -> None:
+    """``hetplan plan --energy``: add :func:`hetplan.energy.job.plan_energy`'s fields to every plan summary, and
+    with ``usd_per_kwh`` fold the electricity into ``job_usd`` (the GPU-hour part stays in ``gpu_usd``)."""
+    from hetplan.energy.job import plan_energy
+    from hetplan.estimate.estimator import estimate
+    from hetplan.plan import Plan
+
+    for s in summaries:
+        if "energy_j_per_iteration" in s:
+            continue
+        plan = Plan.model_validate(s["plan"])
+        s.update(plan_energy(plan, estimate(plan, catalog), catalog, usd_per_kwh=usd_per_kwh))
+        if usd_per_kwh is not None:
+            s["gpu_usd"] = s["job_usd"]
+            s["job_usd"] = s["gpu_usd"] + s["energy_usd"]
+
+
+def energy_lines(best: dict) -> list[str]:
+    """What ``hetplan plan --energy`` prints under the ranking about plan #1."""
+    kj = best["energy_j_per_iteration"] / 1e3
+    line = (f"Energy of #1 at the top SM clock: {kj:,.1f} kJ per iteration, {best['job_energy_kwh']:,.1f} kWh per job, "
+            f"{best['average_power_w'] / 1e3:,.1f} kW on average ({best['energy_source']})")
+    out = [line]
+    if best["perseus_saved_fraction"] is not None:
+        out.append(f"Perseus' frequency plans remove {best['perseus_saved_fraction']:.1%} of it at the same iteration "
+                   f"time ({best['perseus_saved_j_per_iteration'] / 1e3:,.1f} kJ per iteration).")
+    if best.get("energy_usd") is not None:
+        out.append(f"Electricity ${best['energy_usd']:,.2f} of the job's ${best['job_usd']:,.2f}.")
+    return out
+
+
+def print_energy_pareto(summaries: list[dict], path: Path, title: str, quiet: bool) -> list[dict]:
+    """The time–$–energy Pareto frontier of ``summaries`` (they carry energy): print (unless ``quiet``), draw to
+    ``path``, return the frontier's summaries (fastest first)."""
+    from hetplan.energy.job import pareto3, plot_pareto3
+
+    seen, uniq = set(), []
+    for s in summaries:  # the ranking and the cost-time walk may propose the same plan
+        key = json.dumps(s["plan"], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            uniq.append(s)
+    front = pareto3([(s["iteration_time_s"], s["job_usd"], s["job_energy_kwh"]) for s in uniq])
+    plot_pareto3(uniq, front, path, title)
+    pts = sorted((uniq[i] for i in front), key=lambda s: s["iteration_time_s"])
+    if not quiet:
+        t = Table(title=f"Time-$-energy Pareto frontier ({len(pts)} of {len(uniq)} plans)")
+        for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "iter s", "job $", "job kWh", "Perseus -%"):
+            t.add_column(col, justify="right")
+        for i, s in enumerate(pts, start=1):
+            saved = s["perseus_saved_fraction"]
+            t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", f"{s['tp']}x{s['pp']}x{s['dp']}", str(s["mbs"]),
+                      str(s["zero"]),
+                      f"{s['iteration_time_s']:.2f}", f"{s['job_usd']:,.0f}", f"{s['job_energy_kwh']:,.0f}",
+                      "-" if saved is None else f"{saved:.1%}")
+        Console().print(t)
+        Console().print(f"Drawn to {path}.")
+    return pts

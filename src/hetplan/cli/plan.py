@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -26,6 +27,35 @@ from hetplan.model.spec import load_model
 
 GIB = 2**30
 
+
+
+@contextmanager
+def walk_progress(what: str):
+    """A progress bar of a search walk on standard error (rich, from the walk's first expansion, removed when it
+    ends): yields ``progress(expanded, limit)`` for the search, or None when stderr is not a terminal."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn(f"{what} (expansions)"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=True)
+    task = None
+
+    def progress(expanded: int, limit: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task(what, total=limit)
+        if expanded % 25 == 0:
+            bar.update(task, completed=expanded)
+
+    try:
+        yield progress
+    finally:
+        if task is not None:
+            bar.stop()
 
 def _duration(seconds: float) -> str:
     if seconds >= 86400:
@@ -99,15 +129,17 @@ def plan_command(
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Total training tokens (job length), e.g. 1e12."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 or fp16."),
-    attention: Optional[str] = typer.Option(None, "--attention", help="standard (s x s scores stored; default) or "
-                                            "flash (FlashAttention: no s x s activations; selective recompute = none)."),
+    attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default) or "
+                                            "standard (s x s scores stored, Megatron-LM without --use-flash-attn)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
                                             "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (one pool; see `hetplan catalog gpus`)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs available of that type."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 8)."),
+    node: Optional[str] = typer.Option(None, "--node", help="Node preset (`hetplan catalog nodes`; default: the "
+                                       "GPU's reference node, e.g. dgx-h100); the flags below override it."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default: the node's)."),
     inter_node_gbit: Optional[float] = typer.Option(None, "--inter-node-gbit", help="Network Gb/s per node."),
-    network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband (default) | roce | "
+    network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband | roce | efa | "
                                           "ethernet (TCP, no RDMA: less bandwidth, more latency)."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
@@ -143,6 +175,10 @@ def plan_command(
     explain: bool = typer.Option(False, "--explain", help="With --search fine: print each bottleneck and its move."),
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times, for --search fine."),
+    energy: bool = typer.Option(False, "--energy", help="Joules per iteration, job kWh and what Perseus' frequency "
+                                "plans save, per plan; with --pareto the time-$-energy frontier too."),
+    usd_per_kwh: Optional[float] = typer.Option(None, "--usd-per-kwh", help="With --energy: electricity price, "
+                                                "added to job $."),
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
 
@@ -169,6 +205,8 @@ def plan_command(
         if gpus is None:
             raise HetplanError("--gpu needs --gpus", field="--gpus", fix="say how many GPUs of that type are available")
         pool = {"gpu": gpu, "count": gpus}
+        if node is not None:
+            pool["node"] = node
         if gpus_per_node is not None:
             pool["gpus_per_node"] = gpus_per_node
         if inter_node_gbit is not None:
@@ -211,7 +249,8 @@ def plan_command(
         if key != "heterogeneous" or not isinstance(val, bool):
             raise HetplanError(f"got {key} = {val!r}", field=f"search.{key}", fix="[search] takes heterogeneous = true|false")
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
-    result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on)
+    with walk_progress("heterogeneous walk") as progress:
+        result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
     summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
@@ -220,6 +259,12 @@ def plan_command(
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
         output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
+    if usd_per_kwh is not None and not energy:
+        raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
+    if energy:
+        from hetplan.cli.energy import add_energy, energy_lines
+
+        add_energy(summaries, cat, usd_per_kwh)
     if as_json:
         print(json.dumps({
             "plans": summaries,
@@ -230,14 +275,23 @@ def plan_command(
             "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
-            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None else {}),
+            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
+               else {}),
+            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto,
+                                                                    usd_per_kwh, True)))
+               if energy and pareto is not None else {}),
         }, indent=1))
         return
     _print_ranking(job, obj, summaries[1:] if fine else summaries, result, prices, quiet)
     if fine is not None:
         _print_fine(fine, explain)
+    if energy:
+        for line in energy_lines(summaries[0]):
+            table_console().print(line, highlight=False)
     if pareto is not None:
         _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
+        if energy:
+            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, usd_per_kwh, False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
 
@@ -261,12 +315,15 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
 
 def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
     """Compute, print (unless ``quiet``) and plot the cost-time frontier; return its points as JSON dicts."""
-    from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
+    from hetplan.search.pareto import PARETO_WALK_EXPANSIONS, buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
     it = job.iterations()
     budget = obj.budget_usd / it if obj.goal == "budget" and obj.budget_usd else None
-    fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s, budget_usd_per_iteration=budget)
+    with walk_progress("frontier walk") as progress:
+        fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s,
+                             budget_usd_per_iteration=budget,
+                             progress=None if progress is None else lambda k, _lb: progress(k, PARETO_WALK_EXPANSIONS))
     if not fr.points:
         raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
                            field="inventory", fix="add GPUs or relax the SLO/budget")
@@ -299,6 +356,17 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
                       f"iteration are exact; slower ones may be dominated by an unestimated plan.")
         con.print(f"Frontier drawn to {path}.")
     return out
+
+
+def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, usd_per_kwh, quiet: bool):
+    """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's, both
+    with energy; the second drawn next to ``path``."""
+    from hetplan.cli.energy import add_energy, print_energy_pareto
+
+    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True)
+    add_energy(walk, cat, usd_per_kwh)
+    return walk, print_energy_pareto(summaries + walk, path.with_name(path.stem + "-energy" + path.suffix),
+                                     f"{job.model}: time, $ and energy", quiet)
 
 
 def _profiles(profile_db: Optional[Path]):
@@ -335,7 +403,7 @@ def _fine_json(fine) -> dict:
 
 def _print_fine(fine, explain: bool) -> None:
     con = table_console()
-    t = Table(title="Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)")
+    t = new_table("Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)", con.width < NARROW)
     for col in ("stage", "GPUs", "TP", "DP", "mbs", "layers", "recompute", "fwd+bwd ms", "GiB/GPU"):
         t.add_column(col, justify="right")
     for i, (st, se) in enumerate(zip(fine.plan.stages, fine.estimate.stages)):
@@ -402,18 +470,19 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     GPU types in ``guess`` (uncalibrated efficiency) are starred."""
     t = new_table(title, narrow, caption="plan: GPUs, then TPxPPxDP \\[vN: virtual stages], micro-batch, ZeRO stage, recomputation"
               if narrow else None)
+    kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
     if narrow:
-        for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $"):
+        for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $") + kwh:
             t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=col != "plan")
     else:
         for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "recompute", "iter s", "tokens/s", "MFU", "GiB/GPU",
-                    "$/h", "job time", "job $"):
+                    "$/h", "job time", "job $") + kwh:
             t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
     for i, s in enumerate(summaries, start=1):
         layout = f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
         gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
         figures = (f"{s['iteration_time_s']:.2f}", f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]))
-        money = (_duration(s["job_time_s"]), _usd(s["job_usd"]))
+        money = (_duration(s["job_time_s"]), _usd(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
         if narrow:
             t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {s['recompute']}", *figures, *money)
         else:

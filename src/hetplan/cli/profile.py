@@ -94,6 +94,11 @@ def import_(
     fmt: str = typer.Argument(..., help="fasop | aceso | espresso"),
     path: Path = typer.Argument(..., help="FASOP CSV, Aceso profiled-time folder, or an Espresso run folder."),
     db: str = typer.Option(DEFAULT_DB, "--db"),
+    models: Optional[list[str]] = typer.Option(None, "--model", help="LABEL=MODEL: the model (preset or config.json) "
+                                               "whose layers the files labelled LABEL measure, e.g. gpt_1_3B="
+                                               "examples/models/gpt3_1.3b_aceso.json (fasop, aceso; repeatable)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length of the --model profiles "
+                                          "(default: the label's known one, else 2048 as in Aceso's scripts)."),
 ) -> None:
     """Import measured profiles of FASOP, Aceso or Espresso (no torch needed)."""
     from hetplan.profile import importers
@@ -102,8 +107,21 @@ def import_(
     fns = {"fasop": importers.import_fasop, "aceso": importers.import_aceso, "espresso": importers.import_espresso}
     if fmt not in fns:
         raise HetplanError(f"unknown format {fmt!r}", field="FORMAT", fix="use fasop, aceso or espresso")
+    kwargs = {}
+    if models:
+        if fmt == "espresso":
+            raise HetplanError("Espresso runs name their model themselves", field="--model", fix="drop --model")
+        known = {**importers.FASOP_MODELS, **importers.ACESO_MODELS}
+        kwargs["models"] = {}
+        for item in models:
+            label, sep, model = item.partition("=")
+            if not sep or not label or not model:
+                raise HetplanError(f"got {item!r}", field="--model", fix="write LABEL=MODEL, e.g. gpt_1_3B=gpt3-1.3b")
+            if seq_len is not None and not 0 < seq_len <= 2**20:
+                raise HetplanError(f"got {seq_len}", field="--seq-len", fix="give a length in 1..1,048,576")
+            kwargs["models"][label] = (model, seq_len or known.get(label, (None, 2048))[1])
     with ProfileDB(db) as pdb:
-        n = fns[fmt](pdb, path)
+        n = fns[fmt](pdb, path, **kwargs)
     Console().print(f"imported {n} rows from {path} into {db}")
 
 

@@ -30,13 +30,23 @@ def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_cmd(
         config: Path = typer.Argument(..., help="SERVE.toml (see examples/serve/serve.toml)"),
-        host: str = typer.Option(None, help="override api.host"),
-        port: int = typer.Option(None, help="override api.port"),
+        host: str = typer.Option(None, help="override api.host (default 127.0.0.1; other addresses need --token)"),
+        port: int = typer.Option(None, min=0, max=65535, help="override api.port"),
+        token: str = typer.Option(None, envvar="HETPLAN_SERVE_TOKEN", show_envvar=True,
+                                  help="bearer token every request must send (Authorization: Bearer TOKEN)"),
     ) -> None:
         """Run the serving engine (TP x PP workers with weight swapping) behind the HTTP API."""
-        from hetplan.serve.config import load_serve_config
+        from hetplan.serve.config import is_loopback, load_serve_config
 
         cfg = load_serve_config(config)
+        bind = host or cfg.api.host
+        if token is not None and (len(token) < 16 or not token.isprintable() or " " in token):
+            raise HetplanError("the bearer token must be at least 16 printable characters without spaces",
+                               field="--token", fix="use e.g. the output of: python -c 'import secrets; "
+                                                    "print(secrets.token_urlsafe(32))'")
+        if not is_loopback(bind) and token is None:
+            raise HetplanError(f"refusing to serve on {bind}, which other machines can reach, without a token",
+                               field="api.host", fix="give --token (or HETPLAN_SERVE_TOKEN), or bind 127.0.0.1")
         try:
             import uvicorn
 
@@ -49,8 +59,9 @@ def register(app: typer.Typer) -> None:
         engine.start()  # before the server: start-up problems surface as errors, not as a failed lifespan
         a = cfg.api
         app_ = create_app(engine, default_max_new_tokens=a.default_max_new_tokens,
-                          max_new_tokens_limit=a.max_new_tokens_limit, shutdown_timeout_s=a.shutdown_timeout_s)
-        uvicorn.run(app_, host=host or a.host, port=port if port is not None else a.port, log_level="info",
+                          max_new_tokens_limit=a.max_new_tokens_limit, shutdown_timeout_s=a.shutdown_timeout_s,
+                          token=token, max_request_bytes=a.max_request_bytes)
+        uvicorn.run(app_, host=bind, port=port if port is not None else a.port, log_level="info",
                     timeout_graceful_shutdown=int(a.shutdown_timeout_s) + 5)
 
     @app.command("simulate")
@@ -91,28 +102,39 @@ def register(app: typer.Typer) -> None:
 
     @app.command("capacity")
     def capacity_cmd(
-        workload: Path = typer.Argument(..., help="WORKLOAD.toml with a \\[capacity] section"),
+        workload: Path = typer.Argument(..., help="WORKLOAD.toml (see examples/serve/capacity.toml)"),
+        gpus: str = typer.Option(None, "--gpus", help="candidate GPU types, comma-separated (default: "
+                                 "capacity.gpus, else the whole catalog)"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
     ) -> None:
-        """Fewest GPUs (type, TP x PP, from the catalog) that meet the latency SLO for the workload."""
+        """Cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (checked by simulation)."""
         from hetplan.serve.capacity import plan_capacity
         from hetplan.serve.config import load_workload_config
 
         wf = load_workload_config(workload)
-        out = plan_capacity(wf)
+        names = [g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None
+        if names is not None and not names:
+            raise HetplanError("--gpus names no GPU type", field="--gpus", fix="e.g. --gpus A100-SXM-80GB,H100-SXM,L4")
+        out = plan_capacity(wf, names)
         if as_json:
             typer.echo(json.dumps(out, indent=2))
             return
-        b = out["best"]
         con = Console()
-        con.print(f"[bold]{b['num_gpus']} x {b['gpu']}[/] (TP={b['tp']}, PP={b['pp']}), "
-                  f"{b['price_usd_per_hour']:.2f} $/h: min SLO attainment {b['min_slo_attainment']:.3f} "
-                  f"(target {out['target_attainment']}), p99 {b['p99_latency_s']:.3f} s")
-        t = Table(title="feasible alternatives (cheapest first)")
-        for col in ("GPU", "GPUs", "TP", "PP", "$/h", "min attainment", "p99 s"):
+        kinds = ", ".join(f"{n} x {g}" for g, n in out["gpus_by_type"].items())
+        con.print(f"[bold]cheapest mix: {kinds}[/], {out['price_usd_per_hour']:.2f} $/h")
+        t = Table(title="replicas per model")
+        for col in ("model", "load/s", "GPU", "TPxPP", "replicas", "max/s each", "$/h"):
             t.add_column(col)
-        feas = sorted((c for c in out["candidates"] if c["feasible"]), key=lambda c: (c["num_gpus"], c["price_usd_per_hour"]))
-        for c in feas[:10]:
-            t.add_row(c["gpu"], str(c["num_gpus"]), str(c["tp"]), str(c["pp"]), f"{c['price_usd_per_hour']:.2f}",
-                      _fmt(c["min_slo_attainment"]), _fmt(c["p99_latency_s"]))
+        for r in out["mix"]:
+            t.add_row(r["model"], f"{out['load_per_s'][r['model']]:.2f}", r["gpu"], f"{r['tp']}x{r['pp']}",
+                      str(r["replicas"]), f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
         con.print(t)
+        t = Table(title=f"simulated (target: {out['target_attainment']:.0%} of requests within SLO)")
+        for col in ("model", "requests", "SLO met", "p99 s", "TTFT p99 s", "TPOT p99 ms"):
+            t.add_column(col)
+        for name, r in out["simulated"].items():
+            t.add_row(name, str(r["requests"]), f"{r['slo_attainment']:.3f}", _fmt(r["p99_latency_s"]),
+                      _fmt(r["p99_ttft_s"]), _fmt(_ms(r["p99_tpot_s"]), digits=1))
+        con.print(t)
+        if not out["meets_target"]:
+            con.print("[yellow]the simulated mix misses the target after 3 rounds of derating; see the table[/]")

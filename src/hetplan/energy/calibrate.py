@@ -7,7 +7,7 @@ The setup we read from them (:func:`perseus_plan`): 8 stages, tensor parallel 8 
 runs counts 8 GPUs per stage, docs/energy.md), micro-batch 1, sequence 2048, bf16; GPT-3 175B 12 layers per
 stage; BLOOM 176B 9 layers on stages 0-6 and 7 on the last. Stages 0-6 of each file are one measured middle
 stage repeated, so the profile holds the time of one GPU's TP shard without the TP collectives — the plan
-gets an effectively infinite intra-node bandwidth so that the estimator charges none either.
+gets a 10 TB/s intra-node link (the largest a plan accepts) so that the estimator charges (almost) none either.
 
 Fitted per GPU (least squares on the log-ratios of time and energy, every stage, instruction and clock of the
 fit model): ``dynamic_power_w``, ``voltage_floor``, ``voltage_knee_mhz``, ``power_limit_w`` and ``time_scale``,
@@ -44,7 +44,7 @@ def perseus_plan(model_key: str, gpu: str) -> Plan:
     model, layers = PERSEUS_MODELS[model_key]
     return Plan.model_validate(dict(
         job=dict(model=model, seq_len=2048, global_batch=96, train_iterations=1, dtype="bf16"),
-        pools=[dict(gpu=gpu, count=64, gpus_per_node=8, intra_node_bandwidth_bytes_per_s=1e18)],
+        pools=[dict(gpu=gpu, count=64, gpus_per_node=8, intra_node_bandwidth_bytes_per_s=1e13)],
         stages=[dict(num_layers=n, tp=8, dp=1) for n in layers], mbs=1))
 
 

@@ -18,6 +18,7 @@ duplicates or loses one.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,22 +49,30 @@ class Schedule:
         return [(s.split(":")[0], int(s.split(":")[1])) for s in self.instructions]
 
 
+#: Environment variable holding the plan server's bearer token (server and client).
+TOKEN_ENV = "HETPLAN_ENERGY_TOKEN"
+
+
 class PlanClient:
     """HTTP client of one rank.
 
     Args:
         base_url: server URL. job_id, rank, stage: identity of this rank.
-        retries: attempts per request on connection errors / 5xx. timeout_s: per request.
+        retries: attempts per request on connection errors / 5xx / 429. timeout_s: per request.
+        token: the server's bearer token (default: ``$HETPLAN_ENERGY_TOKEN``, none if unset).
 
     Raises (every method):
         HetplanError: the server answered 4xx (message included) or could not be reached after the retries.
     """
 
     def __init__(self, base_url: str, job_id: str, rank: int, stage: int, *, retries: int = 5,
-                 timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None):
+                 timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None, token: str | None = None):
         self.job_id, self.rank, self.stage = job_id, int(rank), int(stage)
         self.retries = retries
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s, transport=transport)
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s, transport=transport,
+                                  headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -79,7 +88,7 @@ class PlanClient:
             else:
                 if r.status_code < 400:
                     return r.json()
-                if r.status_code < 500:
+                if r.status_code < 500 and r.status_code != 429:
                     try:
                         detail = r.json().get("detail", r.text)
                     except ValueError:

@@ -31,7 +31,7 @@ from hetplan.energy.profile import InstructionProfile, StageProfile
 from hetplan.errors import HetplanError
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import effective_virtual_stages, estimate_many
-from hetplan.hardware.catalog import Catalog, load_catalog
+from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.hardware.power import GPUPower, get_power
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Plan
@@ -57,7 +57,8 @@ class PlanProfile:
 
 
 def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelSpec | None = None, *,
-                       power_catalog: str | None = None, time_scale: float = 1.0) -> PlanProfile:
+                       power_catalog: str | None = None, time_scale: float = 1.0,
+                       tdp_fallback: bool = False) -> PlanProfile:
     """Derive the stage profile of ``plan`` at every supported SM clock of its GPUs (module doc).
 
     Args:
@@ -67,6 +68,8 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
         power_catalog: optional user power catalog TOML (:mod:`hetplan.hardware.power`).
         time_scale: factor on every estimated time (1 for plans; the calibration uses it to absorb a
             measurement setup the plan does not describe, :mod:`hetplan.energy.calibrate`).
+        tdp_fallback: a GPU without a DVFS model runs at one clock drawing its TDP (:func:`tdp_power`)
+            instead of raising.
 
     Raises:
         HetplanError: a GPU without a DVFS model, or anything :func:`estimate_many` rejects.
@@ -76,7 +79,7 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
     v = effective_virtual_stages(plan)
     S = len(plan.stages)
     stage_gpu = [pool_gpu(catalog, plan.pools[st.pool], field=f"plan.stages.{i}.pool") for i, st in enumerate(plan.stages)]
-    power = {g.name: get_power(g.name, power_catalog) for g in stage_gpu}
+    power = {g.name: _power(g, power_catalog, tdp_fallback) for g in stage_gpu}
     times = {s: {} for s in range(S)}  # stage -> frequency -> (forward_s, backward_s, busy_power_w)
     for name, pw in power.items():
         idle = catalog.get(name).idle_power_w
@@ -107,6 +110,22 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
         virtual_stages=v,
         power=tuple(power[g.name] for g in stage_gpu),
     )
+
+
+def tdp_power(gpu: GPUSpec) -> GPUPower:
+    """A one-clock stand-in power model for a GPU without DVFS data: busy at its TDP, no frequency choice."""
+    return GPUPower(gpu=gpu.name, frequencies_mhz=(1,), power_limit_w=gpu.tdp_w,
+                    dynamic_power_w=max(gpu.tdp_w - gpu.idle_power_w, 1e-3), voltage_floor=1.0, voltage_knee_mhz=0.5,
+                    date="", source="no DVFS data: busy at the catalog TDP", fitted=False)
+
+
+def _power(gpu: GPUSpec, power_catalog, tdp_fallback: bool) -> GPUPower:
+    try:
+        return get_power(gpu.name, power_catalog)
+    except HetplanError:
+        if tdp_fallback:
+            return tdp_power(gpu)
+        raise
 
 
 def stage_times_at_clocks(plan: Plan, catalog: Catalog, model: ModelSpec, gpu_name: str, clocks_mhz,

@@ -12,12 +12,23 @@
 
 **Topology.** A group of n ranks whose members sit ``stride`` GPUs apart (Megatron-LM's rank order: TP
 innermost, then DP, then PP) has ``k = min(n, max(1, G // stride))`` members per node of G GPUs and spans
-``ceil(n / k)`` nodes. Inside a node the collective runs on the NVLink/PCIe link; across nodes it is
-hierarchical (NCCL's ring-of-rings / tree across nodes): reduce-scatter inside the node, all-reduce of the
-``M/k`` shard across nodes, all-gather inside the node. All GPUs of a node that run such groups at the same
-time share the node's NICs: each gets ``B_node / sharers`` (several rings sharing one NIC share its bandwidth).
+``N = ceil(n / k)`` nodes. Inside one node the collective runs on the NVLink/PCIe link. Across nodes NCCL runs
+flat rings (and, for all-reduce, trees) with one channel per NIC ("rail"): every ring crosses each node boundary
+once, so each node's NICs carry the same volume a rank sends — ``2(n-1)/n·M`` for an all-reduce, ``(n-1)/n·M``
+for an all-gather / reduce-scatter — while each rank sends that volume on NVLink too; the two links work in a
+pipeline, so the time is the larger of the two, not their sum (NCCL's ring model: Jeaugey, "Massively Scale Your
+Deep Learning Training with NCCL 2.4", NVIDIA blog 2019; NCCL ``src/graph/tuning.cc``: bus bandwidth = the
+slowest link of the ring, latency = intra-node steps x intra latency + inter-node steps x network latency). The
+group's share of the node's NICs is ``B_node · k / sharers``: all ``sharers`` GPUs of a node that run such
+groups at the same time share the node's rails (with TP 8 inside a node, each DP ring gets one rail). Bus
+bandwidth of a multi-node all-reduce, large messages: ``min(B_NVLink·0.77, B_node·0.9)`` — 180 GB/s on DGX A100
+(8 x 200 Gb/s HDR) and 346 GB/s on DGX H100 (NVLink-bound; 8 x 400 Gb/s NDR give 360). Published operator
+guides expect 400-450 GB/s for H100 + NDR and 250-300 GB/s for A100 + HDR (Saturn Cloud, "Validating Multi-Node
+GPU Clusters with NCCL Tests", 2025) — above the rails' line rate, i.e. with in-network reduction (SHARP / NVLS,
+which halves the traffic and which this model does not assume; docs/estimator.md, Nodes). Tree all-reduce
+(NCCL's double binary tree across nodes, chain inside): the same bandwidth bound with ``2M`` and ``2·log2 N`` network latencies; the faster of ring and tree is taken, as NCCL's tuner does.
 
-**Networks.** ``infiniband`` / ``roce`` (RDMA) or ``ethernet`` (TCP sockets) between nodes: :data:`NETWORKS`,
+**Networks.** ``infiniband`` / ``roce`` / ``efa`` (RDMA) or ``ethernet`` (TCP sockets) between nodes: :data:`NETWORKS`,
 :func:`network_terms`.
 
 **Efficiency.** NCCL reaches a fraction of the nominal link rate for large messages: :data:`INTRA_LINK_EFFICIENCY`
@@ -48,13 +59,16 @@ INTER_LINK_EFFICIENCY = 0.9
 LINK_EFFICIENCY = INTRA_LINK_EFFICIENCY
 #: Inter-node networks (:attr:`hetplan.plan.GPUPool.network`): ``(per-step latency s, fraction of the line rate
 #: NCCL reaches for large messages)``. ``infiniband`` and ``roce`` are RDMA: NCCL drives both through its IB verbs
-#: transport (GPUDirect RDMA), with :data:`ALPHA_INTER_NODE_S` and :data:`INTER_LINK_EFFICIENCY`. ``ethernet`` is
+#: transport (GPUDirect RDMA), with :data:`ALPHA_INTER_NODE_S` and :data:`INTER_LINK_EFFICIENCY`; ``efa`` (AWS Elastic
+#: Fabric Adapter) is RDMA too, driven through the aws-ofi-nccl plugin with GPUDirect RDMA on p4d/p5 (AWS EC2 P4/P5
+#: pages), given the same terms (no public NCCL-tests figure separates it). ``ethernet`` is
 #: Ethernet without RDMA, NCCL's socket (TCP) transport: no more than 60 % of wire speed for large messages
 #: (NVIDIA/nccl issue #209, nccl-tests all-reduce over 32 Gb/s TCP) and ≈ 40 µs per step (NVIDIA/nccl-tests issue
 #: #82: 38–46 µs for an 8-byte broadcast between two hosts over TCP sockets, NCCL 2.9).
 NETWORKS = {
     "infiniband": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
     "roce": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
+    "efa": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
     "ethernet": (40e-6, 0.6),
 }
 
@@ -67,6 +81,22 @@ class CommConstants:
 
     #: Per-step latency of a collective inside a node (s): :data:`ALPHA_INTRA_NODE_S`.
     alpha_intra_node_s: float = ALPHA_INTRA_NODE_S
+
+
+#: Thread blocks (CTAs, one per channel) an NCCL collective kernel occupies while it runs: 24 measured for an
+#: ncclAllGather overlapping a GEMM on H100 (NVIDIA developer forum, "Compute-Communication Overlap Causes Severe
+#: GEMM Performance Degradation because of Tail Effect", 2025, Nsight Systems trace); NCCL's default upper bound
+#: is 32 (``NCCL_MAX_CTAS``, NCCL 2.17+ environment variables).
+NCCL_CTAS = 24
+
+
+def overlap_contention(gpu) -> float:
+    """Fraction ``ρ`` of ``gpu``'s SMs that a concurrently running NCCL kernel takes from compute:
+    ``NCCL_CTAS / sm_count`` (0 when the catalog gives no SM count). Compute overlapping a collective of ``c``
+    seconds runs on the other SMs, so ``w`` seconds of compute overlapped with it take ``max(c, w + ρ·c)``: the
+    collective is hidden but costs ``ρ·c`` (the forum trace above shows worse, a GEMM wave split in two)."""
+    sms = getattr(gpu, "sm_count", None)
+    return 0.0 if not sms else min(1.0, NCCL_CTAS / sms)
 
 
 def network_terms(network: str) -> tuple[float, float]:
@@ -141,19 +171,30 @@ def group_collective_time_s(
     k = np.minimum(n, np.maximum(1.0, np.floor(g / stride)))
     nodes = np.ceil(n / k)
     sharers = np.minimum(g, stride * n) if nic_sharers is None else np.asarray(nic_sharers, dtype=float)
-    inter_bw = inter_bandwidth_bytes_per_s / np.maximum(sharers, 1.0)
-    intra_kw = dict(efficiency=INTRA_LINK_EFFICIENCY)
-    inter_kw = dict(efficiency=INTER_LINK_EFFICIENCY)
+    # NICs of the node that carry this group: its k members' share of the node's rails.
+    group_nic = inter_bandwidth_bytes_per_s * k / np.maximum(sharers, 1.0) * INTER_LINK_EFFICIENCY
+    nvlink = intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY
+    multi = nodes > 1
     alpha_intra = ALPHA_INTRA_NODE_S if intra_alpha_s is None else intra_alpha_s
     if collective == "allreduce":
-        intra = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra, **intra_kw)
-        inter = allreduce_time_s(message_bytes / k, nodes, inter_bw, inter_alpha_s, algorithm="auto", **inter_kw)
+        single = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra,
+                                  efficiency=INTRA_LINK_EFFICIENCY)
+        volume = 2.0 * (n - 1.0) / np.maximum(n, 1.0) * message_bytes
+        ring = (np.maximum(np.where(k > 1, volume / nvlink, 0.0), volume / group_nic)
+                + 2.0 * (n - nodes) * alpha_intra + 2.0 * (nodes - 1.0) * inter_alpha_s)
+        chain = np.where(k > 1, 2.0 * message_bytes / nvlink, 0.0)
+        tree = (np.maximum(chain, 2.0 * message_bytes / group_nic) + 2.0 * (k - 1.0) * alpha_intra
+                + 2.0 * np.ceil(np.log2(np.maximum(nodes, 1.0))) * inter_alpha_s)
+        across = np.minimum(ring, tree)
     elif collective in ("allgather", "reducescatter"):
-        intra = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra, **intra_kw)
-        inter = allgather_time_s(message_bytes / k, nodes, inter_bw, inter_alpha_s, **inter_kw)
+        single = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra,
+                                  efficiency=INTRA_LINK_EFFICIENCY)
+        volume = (n - 1.0) / np.maximum(n, 1.0) * message_bytes
+        across = (np.maximum(np.where(k > 1, volume / nvlink, 0.0), volume / group_nic)
+                  + (n - nodes) * alpha_intra + (nodes - 1.0) * inter_alpha_s)
     else:
         raise ValueError(f"unknown collective {collective!r}")
-    return intra + np.where(nodes > 1, inter, 0.0)
+    return np.where(multi, across, single)
 
 
 def dp_collective_time_s(

@@ -134,10 +134,41 @@ def _softmax_floor(gpu_s, host_s):
     return (gpu_s**k + host_s**k) ** (1.0 / k)
 
 
+#: Query/key tile of the FlashAttention kernels (FlashAttention-2 and -3 use 128-row tiles at head dim 128;
+#: Dao 2023 Sec. 3.1.1, Shah et al. 2024 Sec. 3): a causal kernel computes the tiles on and below the diagonal.
+FLASH_TILE = 128
+
+
+def causal_work_fraction(s):
+    """Fraction of the full ``s x s`` score work a causal FlashAttention kernel does: it skips the tiles above the
+    diagonal and computes the ``n(n+1)/2`` others in full, ``n = s / FLASH_TILE`` (Dao 2023, FlashAttention-2,
+    Sec. 3.1.1: "about half"; 1.7-1.8x faster than non-causal). ``(s + B) / (2 s)``, B the tile; 1 for ``s <= B``."""
+    s = np.asarray(s, dtype=float)
+    return np.minimum(1.0, (s + FLASH_TILE) / (2.0 * s))
+
+
+def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, causal=True):
+    """``(forward_s, backward_s)`` of the fused FlashAttention kernel of one layer, one micro-batch, one of ``t``
+    TP ranks.
+
+    Work: forward ``4·b·s²·q/t`` FLOPs (QKᵀ and PV) times :func:`causal_work_fraction`; backward 2.5x the forward
+    (five s x s matmuls: the recomputed QKᵀ, dV, dP, dQ, dK; Dao 2023 Sec. 3.1.2). Rate: the dense 16-bit peak
+    (FlashAttention runs in bf16/fp16 also in FP8 training) times the GPU generation's kernel efficiency
+    (:meth:`hetplan.hardware.catalog.GPUSpec.flash_attention_efficiency`) times the shape factor ``φ(s)`` of
+    :func:`gemm_efficiency` (short sequences give few tiles per head: FlashAttention-3 on H100 reaches
+    72 % / 87 % / 97 % of its 16k rate at s = 512 / 1k / 2k, Shah et al. 2024 Fig. 5; φ with x½ = 134 gives
+    79 / 88 / 94 %)."""
+    fwd_eff, bwd_eff = gpu.flash_attention_efficiency()
+    peak = gpu.peak_flops_per_s("fp16" if dtype == "fp16" else "bf16")
+    shape = s / (s + gpu.gemm_half_dim)
+    work = 4.0 * b * s * s * m.q_dim / t * np.where(causal, causal_work_fraction(s), 1.0)
+    return work / (peak * fwd_eff * shape), 2.5 * work / (peak * bwd_eff * shape)
+
+
 def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
-    sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None,
+    sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None, attention_blocks=1,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -150,11 +181,14 @@ def layer_time_s(
         inter_node_alpha_s: per-step latency between nodes (:func:`hetplan.estimate.comm.network_terms`);
             intra_node_alpha_s: inside a node (default :data:`hetplan.estimate.comm.ALPHA_INTRA_NODE_S`).
         sequence_parallel: with SP the element-wise work is also split over the TP ranks.
-        attention: ``"standard"`` or ``"flash"`` (FlashAttention: no element-wise passes over the s x s scores,
-            one fused kernel for the core, the scores recomputed in backward, selective recompute = none).
+        attention: ``"flash"`` (FlashAttention, causal: one fused kernel for the core,
+            :func:`flash_attention_time_s`; no element-wise passes over s x s scores; selective recompute = none)
+            or ``"standard"`` (two batched GEMMs over the full s x s scores plus the element-wise passes over them).
         gemm_times_s: ``(linear_s, core_s)`` of the layer's forward GEMMs when the caller costs them (MoE, MLA and
             CP layers: :func:`hetplan.estimate.moe.layer_gemm_times_s`, :mod:`hetplan.estimate.context`);
             default :func:`layer_gemm_times_s`.
+        attention_blocks: ``(s x s)`` attention blocks per rank: ``cp`` under context parallelism, where ``s`` is
+            a rank's ``s / cp`` tokens and its queries attend all ``cp`` blocks of keys (:mod:`hetplan.estimate.context`).
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
@@ -167,16 +201,22 @@ def layer_time_s(
     elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
     kernel = gpu.kernel_overhead_s
     kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0)
-    # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers).
-    fwd_compute = _softmax_floor(linear + core_gemm + elem, kernels * kernel)
+    core_gemm = core_gemm * attention_blocks
+    if flash:
+        core_fwd, core_bwd = (x * attention_blocks for x in flash_attention_time_s(m, gpu, dtype, b, s, t))
+    else:  # backward: two GEMMs per forward GEMM
+        core_fwd, core_bwd = core_gemm, 2 * core_gemm
+    # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers); the
+    # backward launches twice the forward's kernels.
+    fwd_compute = _softmax_floor(linear + core_fwd + elem, kernels * kernel)
+    bwd_compute = _softmax_floor(2 * (linear + elem) + core_bwd, 2 * kernels * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
                             KERNELS_ATTENTION_CORE * kernel)
     rc = np.asarray(recompute_code)
-    # FlashAttention's backward recomputes S = QK^T: 5 attention matmuls instead of 4, i.e. backward = 2.5 x the
-    # core's forward (Dao 2023, FlashAttention-2, Sec. 4.1); Megatron-LM does not checkpoint the flash core.
+    # Full: one more forward of the layer; selective (standard attention): of the attention core. Megatron-LM
+    # does not checkpoint the flash core (nothing to recompute).
     recompute_extra = np.where(rc == 2, fwd_compute, np.where(rc == 1, 0.0 if flash else core_f, 0.0))
-    recompute_extra = recompute_extra + (0.5 * core_gemm if flash else 0.0)
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
     g = gpus_per_node if gpus_per_node is not None else 1 << 30
     inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s
@@ -184,7 +224,7 @@ def layer_time_s(
                                      inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s)
     fwd = fwd_compute + 2 * tp_one
     tp_bwd = 2 * tp_one + np.where(rc == 2, 2 * tp_one, 0.0)
-    bwd = 2 * fwd_compute + recompute_extra + tp_bwd
+    bwd = bwd_compute + recompute_extra + tp_bwd
     return fwd, bwd, 2 * tp_one + tp_bwd
 
 

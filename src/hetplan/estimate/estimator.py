@@ -196,7 +196,7 @@ def effective_virtual_stages(plan: Plan, virtual_stages: int | None = None) -> i
     return int(v)
 
 
-def in_flight_microbatches(schedule: str, p: int, i: int, m: int, v: int = 1) -> float:
+def in_flight_microbatches(schedule: str, p, i, m, v=1):
     """Micro-batches of stage ``i``'s full activations held at its peak: GPipe ``m``; 1F1B ``min(p - i, m)``;
     interleaved ``min((p - i - 1)·2 + (v - 1)·p + 1, m·v) / v`` chunks of ``1/v`` (Megatron-LM's warm-up count;
     ``p + (p-1)/v`` on the first stage, its ``interleaved_schedule_memory_penalty``). Arrays broadcast."""
@@ -278,6 +278,9 @@ class _StageRow(NamedTuple):
     flash: bool
     moe_load_imbalance: float
     kv_exchange: str
+    fsdp_shard: int | None = None
+    reshard_after_forward: bool = True
+    grad_reduce_dtype: str | None = None
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -342,7 +345,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
                                               plan.overlap_grad_reduce, job.attention, job.framework,
-                                              job.moe_load_imbalance, job.cp_kv_exchange), len(group_ids))
+                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
+                                              job.cp_kv_exchange),
+                                             len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
             gpu, link, price, group, peak = on_pool[st.pool]
@@ -392,8 +397,10 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         row = rows[r0]
         c = stage_costs(m, row.gpu, row.link, row.dtype, overlap_grad_reduce=row.overlap_grad_reduce,
                         measured_layer_time_s=measured[r0], recompute_layers=row.recompute_layers,
-                        attention=row.attention, framework=row.framework,
-                        moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange, **kw)
+                        attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
+                        reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
+                        moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
+                        **kw)
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
         for k, x in c["memory"].items():

@@ -82,7 +82,15 @@ DEEPSPEED_GRAD_BYTES = 2
 #: DeepSpeed FP16_Optimizer.step: fp32 copy of each gradient plus their flattened concatenation, 4 + 4 B per owned
 #: parameter (measured: the step raises the peak by 8.00 B per parameter on every traced stage it dominates).
 DEEPSPEED_STEP_BYTES = 8
-FRAMEWORKS = ("megatron", "deepspeed")
+FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
+#: FSDP2 with mixed precision keeps the sharded parameters in fp32 (they are the master weights), fp32 sharded
+#: gradients and Adam's two fp32 moments: 4 + 4 + 8 bytes per parameter, sharded (PyTorch ``fully_shard`` with
+#: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's default), against Megatron's
+#: 2 + 4 + 12.
+FSDP_WEIGHT_BYTES, FSDP_GRAD_BYTES, FSDP_OPTIMIZER_BYTES = 4, 4, 8
+#: FSDP units whose parameters are unsharded at once at the peak: the one computing and the one prefetched
+#: (FSDP2 prefetches one unit ahead in forward and backward).
+FSDP_UNITS_IN_FLIGHT = 2
 
 
 def stage_parameters(m: ModelSpec, num_layers, has_embedding, has_head, single_stage):
@@ -117,6 +125,8 @@ def stage_memory_bytes(
     recompute_layers=None,
     attention: str = "standard",
     framework: str = "megatron",
+    fsdp_shard=None,
+    reshard_after_forward=True,
     cp=1,
     ep=1,
 ):
@@ -133,7 +143,12 @@ def stage_memory_bytes(
         in_flight: micro-batches whose activations the stage holds at its peak.
         recompute_layers: how many layers use ``recompute`` (the others keep all activations); default all.
         attention: ``"standard"`` | ``"flash"`` (:attr:`hetplan.plan.Job.attention`).
-        framework: ``"megatron"`` | ``"deepspeed"`` (:attr:`hetplan.plan.Job.framework`).
+        framework: ``"megatron"`` | ``"deepspeed"`` | ``"fsdp"`` (:attr:`hetplan.plan.Job.framework`). FSDP
+            (always sharded, ZeRO-3): sharded fp32 parameters, gradients and Adam moments
+            (:data:`FSDP_WEIGHT_BYTES` ...) over the shard group (``fsdp_shard``, default ``dp``), plus the
+            16-bit unsharded parameters of :data:`FSDP_UNITS_IN_FLIGHT` units (of all the stage's units when
+            ``reshard_after_forward`` is False: they are kept from forward to backward) and, in the backward,
+            one unit's unsharded 16-bit gradient and its fp32 reduce-scatter input.
         cp: context-parallel degree: each GPU holds ``s / cp`` tokens of every sequence
             (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
         ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
@@ -145,21 +160,33 @@ def stage_memory_bytes(
     s, b = counts.as_float(s), counts.as_float(b)
     if framework not in FRAMEWORKS:
         raise HetplanError(f"unknown framework {framework!r}", field="job.framework",
-                           fix="use 'megatron' or 'deepspeed'")
+                           fix="use 'megatron', 'deepspeed' or 'fsdp'")
     dense, expert = moe.parameters_per_gpu(stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep)
-    zero = np.asarray(zero)
+    layer_params = counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / np.asarray(ep))
     dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
 
-    def sharded(per_parameter, level):  # bytes, ZeRO sharding from ``level`` on
-        return (dense * per_parameter / np.where(zero >= level, dp_all, 1)
-                + expert * per_parameter / np.where(zero >= level, edp, 1))
+    def split(per_parameter, dense_shard, expert_shard):  # bytes: dense over dp·cp, experts over expert-DP
+        return dense * per_parameter / dense_shard + expert * per_parameter / expert_shard
 
-    weights = sharded(WEIGHT_BYTES, 3)
-    layer_gathered = counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / np.asarray(ep))
-    weights = weights + np.where(zero >= 3, 2 * layer_gathered * WEIGHT_BYTES, 0)
-    grads = sharded(GRAD_BYTES, 2)
-    optim = sharded(OPTIMIZER_BYTES, 1)
+    if framework == "fsdp":
+        shard = dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all)
+        eshard = edp if fsdp_shard is None else np.minimum(fsdp_shard, edp)
+        units = FSDP_UNITS_IN_FLIGHT if reshard_after_forward else np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT)
+        weights = split(FSDP_WEIGHT_BYTES, shard, eshard) + units * layer_params * WEIGHT_BYTES
+        # one unit's unsharded 16-bit gradient and its fp32 copy for the reduce-scatter (backward only)
+        grads = split(FSDP_GRAD_BYTES, shard, eshard) + layer_params * (WEIGHT_BYTES + 4)
+        optim = split(FSDP_OPTIMIZER_BYTES, shard, eshard)
+    else:
+        zero = np.asarray(zero)
+
+        def level(k, n):
+            return np.where(zero >= k, n, 1)
+
+        weights = split(WEIGHT_BYTES, level(3, dp_all), level(3, edp))
+        weights = weights + np.where(zero >= 3, 2 * layer_params * WEIGHT_BYTES, 0)
+        grads = split(GRAD_BYTES, level(2, dp_all), level(2, edp))
+        optim = split(OPTIMIZER_BYTES, level(1, dp_all), level(1, edp))
 
     rc = np.asarray({"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else recompute)
     sp = np.asarray(sequence_parallel)

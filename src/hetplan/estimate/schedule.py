@@ -356,7 +356,12 @@ def _assemble(programs: list[list], resolve, what: str) -> Program:
     """
     p = len(programs)
     index: dict = {}
-    ops, prev, dep, comm, dur, depth = [], [], [], [], [], []
+    ops: list = []
+    prev: list = []
+    dep: list = []
+    comm: list = []
+    dur: list = []
+    depth: list = []
     ptr = [0] * p
     last = [-1] * p
     remaining = sum(len(o) for o in programs)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.estimate import compute, context, memory, moe
-from hetplan.estimate.comm import ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, dp_collective_time_s, group_collective_time_s
+from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, dp_collective_time_s,
+                                   group_collective_time_s, overlap_contention)
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -66,6 +67,9 @@ def stage_costs(
     recompute_layers=None,
     attention="standard",
     framework="megatron",
+    fsdp_shard=None,
+    reshard_after_forward=True,
+    grad_reduce_dtype=None,
     cp=1,
     ep=1,
     moe_load_imbalance=1.0,
@@ -94,8 +98,17 @@ def stage_costs(
     ``recompute_layers``: optional number of the stage's layers that use ``recompute_code`` (per-layer
     recomputation, Aceso EuroSys'24 Sec. 4.2); the other layers recompute nothing. Default (None): all layers.
 
-    ``attention`` (``"standard"`` | ``"flash"``) and ``framework`` (``"megatron"`` | ``"deepspeed"``): the job's
-    :attr:`hetplan.plan.Job.attention` and :attr:`hetplan.plan.Job.framework` (scalars).
+    ``attention`` (``"standard"`` | ``"flash"``) and ``framework`` (``"megatron"`` | ``"deepspeed"`` |
+    ``"fsdp"``): the job's :attr:`hetplan.plan.Job.attention` and :attr:`hetplan.plan.Job.framework` (scalars).
+    ``framework="fsdp"`` (PyTorch FSDP2, Megatron-FSDP) shards parameters, gradients and optimizer states
+    whatever ``zero`` says (ZeRO-3).
+
+    ``fsdp_shard``: HSDP's shard-group size (parameters sharded within groups of that many DP ranks, replicated
+    across ``dp / fsdp_shard`` of them; gradients all-reduced across the replicas after each reduce-scatter);
+    None = the whole DP group (FSDP). ``reshard_after_forward``: FSDP frees each unit's gathered parameters after
+    its forward and gathers them again for its backward (True, FSDP2's default), or keeps them (False: one gather
+    per micro-batch, the unsharded parameters held through the backward). ``grad_reduce_dtype``: ``"fp32"`` or
+    ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
     on ``cp`` blocks, plus the exposed K/V exchange (``kv_exchange``: ``"ring"`` | ``"allgather"``); gradients
@@ -115,7 +128,7 @@ def stage_costs(
         s = context.local_seq_len(s_all, cp)
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
-        tp_kw["gemm_times_s"] = (linear, core * cp)
+        tp_kw.update(gemm_times_s=(linear, core), attention_blocks=cp)
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af = ab = atp = None
     if measured_layer_time_s is not None or recompute_layers is not None:
@@ -146,40 +159,57 @@ def stage_costs(
     dense, expert = moe.parameters_per_gpu(memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep)
     params = dense + expert
-    zero = np.asarray(zero)
+    zero = np.where(framework == "fsdp", 3, np.asarray(zero))
     net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
            link.intra_node_alpha_s)
-    edp = moe.expert_data_parallel(t, cp, dp, ep)
+    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
+    grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
+                else (4 if grad_reduce_dtype == "fp32" else 2))
+    weight_per = memory.WEIGHT_BYTES
 
-    def dp_collective(bytes_per_parameter, collective, units=1.0):
-        """Dense parameters over dp·cp ranks (t apart), experts over the expert-DP ranks (ep apart, folded)."""
-        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, np.asarray(dp) * cp, t, *net)
+    def dp_collective(bytes_per_parameter, collective, units=1.0, group=None):
+        """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
+        folded)."""
+        n = dp_all if group is None else group
+        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, *net)
         if m.is_moe:
             out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp, ep, *net)
         return out * units
 
-    grad_per, weight_per = grad_comm_bytes_per_parameter(dtype), memory.WEIGHT_BYTES
+    grad_bytes = params * grad_per
     allreduce = dp_collective(grad_per, "allreduce")
     reduce_scatter = dp_collective(grad_per, "allgather")
     param_gather = dp_collective(weight_per, "allgather")
     # ZeRO-0: all-reduce grads. ZeRO-1/2: reduce-scatter grads + all-gather updated weights (distributed optimizer),
-    # once per iteration. ZeRO-3: per micro-batch (zero3_exposed_s).
+    # once per iteration. ZeRO-3 / FSDP: per micro-batch, per unit (zero3_exposed_s).
     z3 = zero >= 3
     grad_sync = np.where(zero == 0, allreduce, reduce_scatter + param_gather)
     bucket_share = np.minimum(1.0, np.maximum(BUCKET_PARAMETERS, 1e6 * np.asarray(dp)) / np.maximum(params, 1.0))
+    rho = overlap_contention(gpu)  # share of the SMs the overlapped NCCL kernels take from compute
+    overlapped = grad_sync * (1.0 - bucket_share)
     grad_exposed = np.where(
-        z3, 0.0, np.where(overlap_grad_reduce, np.maximum(grad_sync - bwd, grad_sync * bucket_share), grad_sync)
+        z3, 0.0, np.where(overlap_grad_reduce, np.maximum(grad_sync - bwd, grad_sync * bucket_share)
+                          + rho * np.minimum(overlapped, bwd), grad_sync)
     )
     # FSDP gathers and reduce-scatters one layer (FSDP unit) at a time: L collectives per pass, each paying its
-    # own latency steps (Zhao et al. VLDB 2023 Sec. 3.2, one FlatParameter per unit).
+    # own latency steps (Zhao et al. VLDB 2023 Sec. 3.2, one FlatParameter per unit; FSDP2: one all-gather per
+    # fully_shard module). HSDP: within shard groups of consecutive DP ranks, then an all-reduce of each shard
+    # across the replicas (stride t·shard).
     units = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
-    z3_gather = dp_collective(weight_per, "allgather", units)
-    z3_reduce_scatter = dp_collective(grad_per, "allgather", units)
+    shard = np.asarray(dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all), dtype=float)
+    z3_gather = dp_collective(weight_per, "allgather", units, shard)
+    z3_reduce_scatter = dp_collective(grad_per, "allgather", units, shard)
+    replicas = dp_all / shard
+    z3_reduce_scatter = z3_reduce_scatter + np.where(replicas > 1, group_collective_time_s(
+        grad_bytes / units / shard, "allreduce", replicas, t * shard, link.gpus_per_node, tp_bw,
+        link.inter_node_bandwidth_bytes_per_s, inter_alpha_s=link.inter_node_alpha_s,
+        intra_alpha_s=link.intra_node_alpha_s), 0.0) * units
     gather_exposed = np.where(
-        z3, zero3_exposed_s(z3_gather, z3_reduce_scatter, fwd, bwd, num_layers, num_microbatches,
-                            overlap_grad_reduce), 0.0,
+        z3, zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
+                            num_microbatches, overlap_grad_reduce, reshard_after_forward, rho), 0.0,
     )
-    dp_total = np.where(z3, num_microbatches * (2 * z3_gather + z3_reduce_scatter), grad_sync)
+    dp_total = np.where(z3, num_microbatches * ((2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter),
+                        grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
     emb_sync = np.where(
         (np.asarray(has_embedding) | np.asarray(has_head)) & ~np.asarray(single_stage) & m.tied_embeddings,
@@ -204,6 +234,8 @@ def stage_costs(
         recompute_layers=recompute_layers,
         attention=attention,
         framework=framework,
+        fsdp_shard=fsdp_shard,
+        reshard_after_forward=reshard_after_forward,
         cp=cp,
         ep=ep,
     )
@@ -220,34 +252,38 @@ def stage_costs(
 
 
 def zero3_exposed_s(gather_s, reduce_scatter_s, forward_s, backward_s, num_layers, num_microbatches,
-                    overlap=True):
+                    overlap=True, reshard_after_forward=True, contention=0.0):
     """Exposed ZeRO-3 / FSDP communication per iteration (s) of a stage, from the time of one all-gather of the
-    stage's parameters (``gather_s``), one reduce-scatter of its gradients (``reduce_scatter_s``) and one
-    micro-batch's forward and backward compute (s). Arrays broadcast.
+    stage's parameters (``gather_s``), one reduce-scatter of its gradients (``reduce_scatter_s``, with HSDP's
+    replica all-reduce) and one micro-batch's forward and backward compute of its layers (s). Arrays broadcast.
 
-    Per micro-batch FSDP (Zhao et al., "PyTorch FSDP", VLDB 2023, Sec. 3.3-3.4; ZeRO stage 3, Rajbhandari et al.
-    SC'20 Sec. 5.3, 3× the parameter volume per step) all-gathers each layer's parameters before its forward and
-    again before its backward (resharded after forward), and reduce-scatters each layer's gradients right after
-    its backward: with gradient accumulation the gradients are sharded, so the reduce-scatter runs on every
-    micro-batch. Prefetching hides a layer's gather behind the previous layer's compute of the *same pass*; in
-    the backward pass the next layer's gather and this layer's reduce-scatter use the same network, so they
-    compete for it. With ``L`` layers (FSDP units) and ``k = 1 - 1/L``, per micro-batch::
+    Per micro-batch FSDP (Zhao et al., "PyTorch FSDP", VLDB 2023, Sec. 3.3-3.4; PyTorch FSDP2 ``fully_shard``;
+    ZeRO stage 3, Rajbhandari et al. SC'20 Sec. 5.3) all-gathers each unit's (layer's) parameters before its
+    forward and, with ``reshard_after_forward``, again before its backward, and reduce-scatters each unit's
+    gradients right after its backward: with gradient accumulation the gradients are sharded, so the
+    reduce-scatter runs on every micro-batch — at a fixed global batch, more GPUs mean smaller micro-batches with
+    the same collective volume each. Prefetching (one unit ahead, FSDP2's default) hides unit i+1's gather behind
+    unit i's compute only: the overlap is bounded by *each unit's* compute. Per unit ``g = G/L``, ``r = R/L``,
+    ``f = F/L``, ``b = B/L`` (L units), per micro-batch::
 
-        exposed = G/L + max(k·G - F, 0)  +  R/L + max(k·(G + R) - B, 0)
+        exposed = g + (L-1)·max(g - f, 0)  +  r + (L-1)·max(g' + r - b, 0)
 
-    Forward: the first layer's gather (``G/L``) has nothing to hide behind, the other ``L-1`` are prefetched.
-    Backward: the last layer stays gathered after the forward (FSDP does not reshard it), the other ``L-1``
-    gathers and ``L-1`` reduce-scatters share the network behind the backward compute, and the last
-    reduce-scatter (``R/L``) follows the last backward kernel. ``L = 1``: nothing overlaps, ``G + R``. Without
-    ``overlap`` the reduce-scatter is not overlapped: ``G/L + max(k·G - F, 0) + max(k·G - B, 0) + R``. Compute
-    is assumed not slowed by the concurrent NCCL kernels.
+    Forward: the first unit's gather has nothing to hide behind. Backward: the next unit's gather (``g' = g``
+    with resharding, else 0) and this unit's reduce-scatter share the network behind one unit's backward; the
+    last reduce-scatter follows the last backward kernel; the last unit of the forward stays gathered (FSDP does
+    not reshard the root). ``L = 1``: ``G + R``. Without ``overlap`` the reduce-scatter is not overlapped:
+    ``... + (L-1)·max(g' - b, 0) + R``. A hidden collective of ``c`` s still slows the compute it overlaps by
+    ``contention·c`` (the SMs the NCCL kernel takes, :func:`hetplan.estimate.comm.overlap_contention`): each
+    ``max(c - w, 0)`` above is ``max(c - w, contention·c)``.
     """
-    g, r = np.asarray(gather_s, dtype=float), np.asarray(reduce_scatter_s, dtype=float)
-    per_layer = 1.0 / np.maximum(num_layers, 1)
-    k = 1.0 - per_layer
-    fwd_part = g * per_layer + np.maximum(k * g - forward_s, 0.0)
-    bwd_part = np.where(overlap, r * per_layer + np.maximum(k * (g + r) - backward_s, 0.0),
-                        np.maximum(k * g - backward_s, 0.0) + r)
+    L = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
+    g, r = np.asarray(gather_s, dtype=float) / L, np.asarray(reduce_scatter_s, dtype=float) / L
+    f, b = np.asarray(forward_s, dtype=float) / L, np.asarray(backward_s, dtype=float) / L
+    gb = g if reshard_after_forward else 0.0
+    k = contention
+    fwd_part = g + (L - 1.0) * np.maximum(g - f, k * g)
+    bwd_part = np.where(overlap, r + (L - 1.0) * np.maximum(gb + r - b, k * (gb + r)),
+                        (L - 1.0) * np.maximum(gb - b, k * gb) + L * r)
     return num_microbatches * (fwd_part + bwd_part)
 
 

@@ -29,6 +29,12 @@ from hetplan.inputs import bounded, parse_toml, read_text, validation_message
 
 GB = 1e9
 TERA = 1e12
+#: FlashAttention-2's throughput relative to a large dense GEMM on the same GPU, forward and backward: on A100
+#: FA2 reaches 70 % (forward) and 60 % (backward) of the 312 TFLOP/s peak at head dim 128 and long sequences
+#: (Dao 2023, "FlashAttention-2", arXiv 2307.08691, Sec. 4.1, Fig. 4-6: up to 73 % forward, 63 % backward),
+#: where large bf16 GEMMs reach the fitted e_max 0.814 (hetplan.calibration.calibrate): 0.70 / 0.814 and
+#: 0.60 / 0.814. Used for GPU types whose catalog entry gives no ``attention_efficiency``.
+FLASH_TO_GEMM_RATIO = (0.86, 0.74)
 
 
 class GPUSpec(BaseModel):
@@ -54,6 +60,11 @@ class GPUSpec(BaseModel):
             efficiency = compute_efficiency * prod over (M, N, K) of x / (x + gemm_half_dim) (docs/estimator.md).
             Default: the A100 fit on vTrain data (hetplan.calibration.calibrate).
         kernel_overhead_s: fixed time per GPU kernel (launch + ramp/tail), seconds. Default: the A100 fit.
+        attention_efficiency: ``(forward, backward)`` fraction of the dense bf16/fp16 peak that the FlashAttention
+            kernel of this GPU generation reaches on long sequences, FLOPs counted as the work the kernel does
+            (causal: the tiles on and below the diagonal; :func:`hetplan.estimate.compute.flash_attention_time_s`).
+            Default (None): the GEMM ceiling ``compute_efficiency`` times :data:`FLASH_TO_GEMM_RATIO`.
+        sm_count: streaming multiprocessors (None: unknown; NCCL's share of the GPU is then not charged).
         sources: where each figure comes from.
     """
 
@@ -83,7 +94,17 @@ class GPUSpec(BaseModel):
     calibrated: bool = False
     gemm_half_dim: float = Field(default=134.0, ge=0)
     kernel_overhead_s: float = Field(default=44.3e-6, ge=0)
+    attention_efficiency: tuple[float, float] | None = None
+    sm_count: int | None = Field(default=None, gt=0)
     sources: tuple[str, ...] = ()
+
+    def flash_attention_efficiency(self) -> tuple[float, float]:
+        """``(forward, backward)`` FlashAttention efficiency (fraction of the dense peak): the catalog value, else
+        ``compute_efficiency`` x :data:`FLASH_TO_GEMM_RATIO`."""
+        if self.attention_efficiency is not None:
+            return self.attention_efficiency
+        f, b = FLASH_TO_GEMM_RATIO
+        return self.compute_efficiency * f, self.compute_efficiency * b
 
     def peak_flops_per_s(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``.
@@ -179,12 +200,14 @@ def _merge(base: dict, override: Mapping) -> dict:
 
 
 @lru_cache(maxsize=8)
-def _load(user_file: str | None) -> Catalog:
+def _load(user_text: str | None, user_file: str | None) -> Catalog:
+    """The catalog extended by the TOML ``user_text`` read from ``user_file`` (cached on the text, so an edited
+    file is read anew)."""
     text = resources.files("hetplan.hardware").joinpath("data/gpus.toml").read_text()
     data = parse_toml(text, "gpus.toml")
     gpus_raw: dict = dict(data["gpus"])
-    if user_file is not None:
-        user = parse_toml(read_text(user_file, "--catalog"), user_file, "--catalog")
+    if user_text is not None:
+        user = parse_toml(user_text, user_file, "--catalog")
         if not isinstance(user.get("gpus", {}), dict):
             raise HetplanError(f"[gpus] must be a table of GPU tables, got {user['gpus']!r:.40}", field="--catalog",
                                fix="write one [gpus.NAME] table per GPU type")
@@ -212,9 +235,129 @@ def load_catalog(user_file: str | Path | None = None) -> Catalog:
     Raises:
         HetplanError: the user file is missing, malformed or has a bad field.
     """
-    return _load(None if user_file is None else str(user_file))
+    if user_file is None:
+        return _load(None, None)
+    return _load(read_text(user_file, "--catalog"), str(user_file))
 
 
 def get_gpu(name: str, user_file: str | Path | None = None) -> GPUSpec:
     """Shortcut for ``load_catalog(user_file).get(name)``."""
     return load_catalog(user_file).get(name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Nodes: one server (or NVLink domain) of GPUs, read from data/nodes.toml.
+
+#: Networks a node's NICs may run (:data:`hetplan.estimate.comm.NETWORKS` gives their NCCL terms).
+NETWORK_KINDS = ("infiniband", "roce", "efa", "ethernet")
+
+
+class NodeSpec(BaseModel):
+    """One node preset. All fields SI; the data file uses Gb/s per NIC and GB/s (converted on load).
+
+    Attributes:
+        name, aliases: preset name (e.g. ``"dgx-h100"``) and other accepted names (case-insensitive).
+        gpu: catalog GPU type the node holds.
+        gpus_per_node: GPUs that share one NVLink/NVSwitch domain and the node's NICs (72 for GB200 NVL72).
+        nics, nic_bandwidth_bytes_per_s: NICs used for GPU collectives and the unidirectional rate of each.
+        network: ``infiniband`` / ``roce`` / ``efa`` (RDMA with GPUDirect) or ``ethernet`` (no RDMA).
+        gpu_link_bandwidth_bytes_per_s: unidirectional GPU-GPU bandwidth inside the node (None: the GPU's link).
+        reference_for: GPU types whose pools use this node when they name none.
+        date, sources: when the node shipped and where the figures come from.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    gpu: str
+    gpus_per_node: int = Field(gt=0)
+    nics: int = Field(gt=0)
+    nic_bandwidth_bytes_per_s: float = Field(gt=0)
+    network: str
+    gpu_link_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    reference_for: tuple[str, ...] = ()
+    date: str
+    sources: tuple[str, ...] = ()
+
+    @property
+    def inter_node_bandwidth_bytes_per_s(self) -> float:
+        """All NICs together, unidirectional (bytes/s): ``nics x nic rate``."""
+        return self.nics * self.nic_bandwidth_bytes_per_s
+
+
+class NodeCatalog:
+    """All node presets, looked up case-insensitively by name or alias; and each GPU type's reference node."""
+
+    def __init__(self, nodes: Mapping[str, NodeSpec], date: str):
+        self.nodes = dict(nodes)
+        self.date = date
+        self._index = {_norm(k): n.name for n in self.nodes.values() for k in (n.name, *n.aliases)}
+        self._reference = {_norm(g): n.name for n in self.nodes.values() for g in n.reference_for}
+
+    def get(self, name: str, field: str = "node") -> NodeSpec:
+        """The node called ``name`` (or an alias).
+
+        Raises:
+            HetplanError: unknown name; the message suggests the nearest known names.
+        """
+        key = _norm(name)
+        if key in self._index:
+            return self.nodes[self._index[key]]
+        close = difflib.get_close_matches(key, list(self._index), n=3, cutoff=0.4)
+        suggestions = sorted({self._index[c] for c in close})
+        hint = f"did you mean {', '.join(suggestions)}?" if suggestions else "run `hetplan catalog nodes` for the list"
+        raise HetplanError(f"unknown node {name!r}", field=field, fix=hint)
+
+    def reference(self, gpu: GPUSpec) -> NodeSpec | None:
+        """The reference node of GPU type ``gpu`` (by its name or an alias), or None if it has none."""
+        for key in (gpu.name, *gpu.aliases):
+            if _norm(key) in self._reference:
+                return self.nodes[self._reference[_norm(key)]]
+        return None
+
+
+def _node_from_toml(name: str, raw: Mapping) -> NodeSpec:
+    data = dict(raw)
+    if "nic_gbit_per_s" in data:
+        data["nic_bandwidth_bytes_per_s"] = data.pop("nic_gbit_per_s") * GB / 8
+    if "gpu_link_bandwidth_gb_per_s" in data:
+        data["gpu_link_bandwidth_bytes_per_s"] = data.pop("gpu_link_bandwidth_gb_per_s") * GB
+    for key in ("aliases", "sources", "reference_for"):
+        if key in data:
+            data[key] = tuple(data[key])
+    data["name"] = name
+    return NodeSpec(**data)
+
+
+@lru_cache(maxsize=8)
+def _load_nodes(user_file: str | None) -> NodeCatalog:
+    data = parse_toml(resources.files("hetplan.hardware").joinpath("data/nodes.toml").read_text(), "nodes.toml")
+    raw: dict = dict(data["nodes"])
+    if user_file is not None:
+        user = parse_toml(read_text(user_file, "--nodes"), user_file, "--nodes")
+        for name, entry in user.get("nodes", {}).items():
+            if not isinstance(entry, dict):
+                raise HetplanError(f"must be a table, got {entry!r:.40}", field=f"nodes.{name}",
+                                   fix=f"write [nodes.{name}] with its fields")
+            existing = next((k for k in raw if _norm(k) == _norm(name)), None)
+            raw[existing or name] = _merge(raw[existing], entry) if existing else entry
+    nodes = {}
+    for name, entry in raw.items():
+        try:
+            nodes[name] = _node_from_toml(name, entry)
+        except ValidationError as exc:
+            raise validation_message(exc, f"nodes.{name}", NodeSpec) from None
+        if nodes[name].network not in NETWORK_KINDS:
+            raise HetplanError(f"unknown network {nodes[name].network!r}", field=f"nodes.{name}.network",
+                               fix=f"use one of {', '.join(NETWORK_KINDS)}")
+    return NodeCatalog(nodes, str(data.get("meta", {}).get("date", "unknown")))
+
+
+def load_nodes(user_file: str | Path | None = None) -> NodeCatalog:
+    """The package node presets, extended/overridden by ``user_file`` (TOML, same layout) if given.
+
+    Raises:
+        HetplanError: the user file is missing, malformed or has a bad field.
+    """
+    return _load_nodes(None if user_file is None else str(user_file))

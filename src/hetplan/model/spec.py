@@ -462,24 +462,32 @@ def list_presets() -> tuple[str, ...]:
     return tuple(sorted(p.name[:-5] for p in _presets_dir().iterdir() if p.name.endswith(".json")))
 
 
-@lru_cache(maxsize=256)
-def _load_cached(name_or_path: str) -> ModelSpec:
+def _load_any(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if name_or_path.endswith(".json") or path.exists():
         if not path.exists():
             raise HetplanError(f"model file {name_or_path} does not exist", field="model", fix="give a path to a config.json or a preset name")
-        text, name = read_text(path, "model"), path.stem if path.stem != "config" else path.parent.name or "model"
-    else:
-        key = name_or_path.strip().lower().replace("_", "-")
-        if key not in list_presets():
-            import difflib
+        # read every time, cached on the text: an edited config.json is read anew
+        return _from_text(read_text(path, "model"), name_or_path,
+                          path.stem if path.stem != "config" else path.parent.name or "model")
+    return _load_preset(name_or_path)
 
-            close = difflib.get_close_matches(key, list_presets(), n=3, cutoff=0.4)
-            hint = f"did you mean {', '.join(close)}?" if close else "run `hetplan catalog models` for the list"
-            raise HetplanError(f"unknown model {name_or_path!r}", field="model", fix=hint)
-        text, name = _presets_dir().joinpath(f"{key}.json").read_text(), key
-    cfg = parse_json(text, name_or_path, "model")
-    return from_hf_config(cfg, name)
+
+@lru_cache(maxsize=256)
+def _load_preset(name_or_path: str) -> ModelSpec:
+    key = name_or_path.strip().lower().replace("_", "-")
+    if key not in list_presets():
+        import difflib
+
+        close = difflib.get_close_matches(key, list_presets(), n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(close)}?" if close else "run `hetplan catalog models` for the list"
+        raise HetplanError(f"unknown model {name_or_path!r}", field="model", fix=hint)
+    return _from_text(_presets_dir().joinpath(f"{key}.json").read_text(), name_or_path, key)
+
+
+@lru_cache(maxsize=256)
+def _from_text(text: str, origin: str, name: str) -> ModelSpec:
+    return from_hf_config(parse_json(text, origin, "model"), name)
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:
@@ -489,4 +497,4 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
         HetplanError: unknown preset (with suggestions), missing or unreadable file, non-UTF-8 bytes, malformed
             JSON (with line), a field of the wrong type, bad fields.
     """
-    return _load_cached(str(name_or_path))
+    return _load_any(str(name_or_path))

@@ -870,8 +870,8 @@ def search_hetero_estimated(
     estimator=None,
     max_expansions: int | None = None,
     seed: bool = True,
-    max_walk_cpu_s: float | None = None,
     mixed_tp: bool = True,
+    progress=None,
 ) -> EstimatedResult:
     """The best heterogeneous plans (or the cost–time frontier) by :func:`hetplan.estimate.estimator.estimate`
     itself, exact over the candidate set ``H``: one plan per GPU allocation of the space (module doc), with the
@@ -893,10 +893,11 @@ def search_hetero_estimated(
             for ``pareto`` only its ``slo_iteration_s`` and ``budget_usd`` (job $) act, as filters.
         top_k: how many plans to keep. pareto: compute the frontier instead.
         estimator: the function estimating one plan (default :func:`~hetplan.estimate.estimator.estimate`).
-        max_expansions: stop the walk after this many expansions (allocations solved + plans estimated); the
-            result then says ``complete = False`` and ``open_bound`` (every plan of H not estimated is no better
-            than that bound). ``None``: no limit (exact over H).
-        max_walk_cpu_s: stop the walk after this much CPU time (s), with the same report as ``max_expansions``.
+        max_expansions: stop the walk after this many expansions (allocation bounds refined, allocations solved,
+            plans estimated); the result then says ``complete = False`` and ``open_bound`` (every plan of H not
+            estimated is no better than that bound). ``None``: no limit (exact over H). A count, not a time: the
+            answer is the same on any machine under any load.
+        progress: ``progress(expanded, lower_bound)`` before each expansion of the walk (a progress display).
         mixed_tp: as in :func:`search_hetero`.
         seed: first run the closed-form search (:func:`search_hetero`) and estimate its best plans (or frontier),
             so the cut starts from strong incumbents (they are plans of H).
@@ -1011,7 +1012,7 @@ def search_hetero_estimated(
         return None
 
     _, open_bound = guarded_best_first(((float(keys[j]), ("allocation", int(j))) for j in scan), expand, cut,
-                                       limit=max_expansions, cpu_limit_s=max_walk_cpu_s)
+                                       limit=max_expansions, progress=progress)
     return EstimatedResult(
         top=[e[-1] for e in top.best()], frontier=frontier, evaluated=evaluated, allocations=n_alloc,
         allocations_solved=count["solved"], plans_estimated=len(evaluated), orders_solved=count["orders"],

@@ -179,6 +179,10 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     """
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
                           seq_len=job.seq_len)
+    if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
+        top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
+        cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}
+        cfg["zero"] = np.where(cfg["dp"] > 1, 3, 0)
     n_all = len(cfg["tp"])
     if n_all:
         peak = _peak_memory_bytes(m, job, cfg)

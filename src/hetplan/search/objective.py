@@ -13,10 +13,10 @@ better, ``inf`` when a constraint fails), so the ranking is a single ``argsort``
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from hetplan.inputs import bounded
 
@@ -86,7 +86,7 @@ BOUND_SLACK = 1e-6
 
 
 def guarded_best_first(seeds, expand, cut, limit: int | None = None,
-                       cpu_limit_s: float | None = None) -> tuple[int, float]:
+                       progress: Callable[[int, float], None] | None = None) -> tuple[int, float]:
     """Visit items in increasing lower bound, expanding each, until ``cut`` says nothing left can matter.
 
     The searches use it to re-estimate candidates with :func:`hetplan.estimate.estimator.estimate` only where a
@@ -98,8 +98,9 @@ def guarded_best_first(seeds, expand, cut, limit: int | None = None,
             children as ``(lower_bound, item)`` pairs (possibly none); a child's bound is raised to its parent's.
         cut: ``cut(lower_bound, item)`` returns ``"stop"`` (no item with this bound or more can matter: end),
             ``"skip"`` (this item cannot matter) or ``None`` (expand it).
-        limit: expand at most this many items (``None``: no limit).
-        cpu_limit_s: stop once this much CPU time (``time.process_time``) has passed (``None``: no limit).
+        limit: expand at most this many items (``None``: no limit). The budget counts expansions, never time, so
+            the answer does not depend on the machine's speed or load.
+        progress: called as ``progress(expanded, lower_bound)`` before each expansion (e.g. a progress bar).
     Returns:
         ``(expanded, open_bound)``: how many items were expanded, and the smallest bound of an item neither
         expanded nor cut when a limit ended the walk (``inf`` when the walk ended by itself or by ``cut``).
@@ -109,9 +110,7 @@ def guarded_best_first(seeds, expand, cut, limit: int | None = None,
     not visited has a bound ``>= open_bound``, which is what the caller can still prove (an optimality gap).
     """
     import heapq
-    import time
 
-    stop_at = None if cpu_limit_s is None else time.process_time() + cpu_limit_s
     heap: list = []
     it = iter(seeds)
     nxt = next(it, None)
@@ -121,6 +120,7 @@ def guarded_best_first(seeds, expand, cut, limit: int | None = None,
         if heap and (nxt is None or heap[0][0] <= nxt[0]):
             lb, _, item = heapq.heappop(heap)
         else:
+            assert nxt is not None
             lb, item = nxt
             nxt = next(it, None)
         verdict = cut(lb, item)
@@ -128,8 +128,10 @@ def guarded_best_first(seeds, expand, cut, limit: int | None = None,
             break
         if verdict == "skip":
             continue
-        if (limit is not None and expanded >= limit) or (stop_at is not None and time.process_time() > stop_at):
+        if limit is not None and expanded >= limit:
             return expanded, lb
+        if progress is not None:
+            progress(expanded, lb)
         expanded += 1
         for clb, child in expand(lb, item):
             tick += 1

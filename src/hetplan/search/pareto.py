@@ -22,9 +22,9 @@ from hetplan.search.hetero import EstimatedPlan, EstimatedResult, HeteroCandidat
 from hetplan.search.objective import Objective
 from hetplan.search.space import Pins
 
-#: CPU seconds the frontier walk may take after the closed-form frontier (then points faster than the first
-#: unvisited bound are exact).
-PARETO_WALK_CPU_S = 3.0
+#: Expansions the frontier walk may make after the closed-form frontier (then points faster than the first
+#: unvisited bound are exact). A count, not a time: the frontier does not depend on the machine or its load.
+PARETO_WALK_EXPANSIONS = 4000
 
 
 @dataclass
@@ -52,19 +52,20 @@ class Frontier:
 
 def pareto_frontier(m, job: Job, inventory: Inventory, catalog, pins: Pins | None = None,
                     slo_iteration_s: float | None = None, budget_usd_per_iteration: float | None = None,
-                    max_walk_cpu_s: float | None = PARETO_WALK_CPU_S) -> Frontier:
+                    max_expansions: int | None = PARETO_WALK_EXPANSIONS, progress=None) -> Frontier:
     """Cost–time frontier of ``job`` on ``inventory`` by estimates (see module doc).
 
     Args:
         slo_iteration_s, budget_usd_per_iteration: optional limits applied to the frontier (s, USD).
-        max_walk_cpu_s: CPU limit of the guarded walk (``None``: none; then every point is exact over H).
+        max_expansions: expansion limit of the guarded walk (``None``: none; then every point is exact over H).
+        progress: ``progress(expanded, lower_bound)`` during the walk.
     Raises:
         HetplanError: unknown GPU type.
     """
     budget = None if budget_usd_per_iteration is None else budget_usd_per_iteration * job.iterations()
     obj = Objective(slo_iteration_s=slo_iteration_s, budget_usd=budget)
     res = search_hetero_estimated(m, job, inventory, catalog, obj, pins=pins, pareto=True,
-                                  max_walk_cpu_s=max_walk_cpu_s)
+                                  max_expansions=max_expansions, progress=progress)
     pts = [FrontierPoint(ep.plan, ep.estimate, ep.heterogeneous, ep.candidate.describe(inventory), ep.candidate)
            for ep in res.frontier]
     return Frontier(points=pts, evaluated=res.evaluated, result=res, proven_below_s=res.open_bound)

@@ -151,15 +151,22 @@ def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_bat
     """Add the ``virtual_stages`` dimension (interleaved 1F1B, Narayanan et al. SC'21 Sec. 2.2.2).
 
     Every configuration gets v = 1; those Megatron-LM can interleave — pp > 1, pp·v dividing the layers (equal
-    chunks) and the micro-batch count a multiple of pp — are repeated for each v > 1 dividing L/pp.
+    chunks) and the micro-batch count a multiple of pp — are repeated for each v > 1 dividing L/pp. Uneven
+    pipelines like Llama 3's also interleave: with the embedding and the loss each counted as one layer of the
+    split (Megatron-Core ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``;
+    Llama 3, arXiv 2407.21783 Sec. 3.3.2: one fewer layer on the first and the last stage), ``L + 2`` layer slots
+    are divided into pp·v equal chunks — which is :func:`hetplan.plan.balanced_split` when pp divides ``L + 2``.
     """
     pp = cfg["pp"]
     mb = global_batch // (cfg["dp"] * cfg["mbs"])
     blocks = [{**cfg, "virtual_stages": np.ones(len(pp), dtype=np.int64)}] if pin in (None, 1) else []
-    eligible = (pp > 1) & (num_layers % pp == 0) & (mb % pp == 0)
+    even = num_layers % pp == 0
+    eligible = (pp > 2) & (even | ((num_layers + 2) % pp == 0)) | (pp == 2) & even
+    eligible &= mb % pp == 0
     for p in np.unique(pp[eligible]):
         rows = eligible & (pp == p)
-        for v in divisors(num_layers // int(p))[1:]:
+        slots = num_layers if num_layers % int(p) == 0 else num_layers + 2
+        for v in divisors(slots // int(p))[1:]:
             if pin is None or v == pin:
                 blocks.append({**{k: a[rows] for k, a in cfg.items()}, "virtual_stages": np.full(int(rows.sum()), v)})
     if not blocks:

@@ -4,13 +4,19 @@ Endpoints:
 
 * ``POST /v1/models/{model}/generate`` — body ``{"prompt_tokens": [int, ...]}`` or ``{"prompt": "text"}``
   (bytes of the UTF-8 text, modulo the vocabulary: the models have random weights and no tokenizer), optional
-  ``max_new_tokens`` and ``client_id`` (echoed back). Answers ``200`` with ``id``, ``model``, ``tokens``,
-  ``latency_s``, ``queue_s``, ``batch_size``; ``404`` unknown model; ``422`` bad input; ``429`` the model's queue
-  is full (``Retry-After`` header); ``503`` shutting down or a worker failed.
+  ``max_new_tokens``, ``stop_token`` and ``client_id`` (echoed back). Answers ``200`` with ``id``, ``model``,
+  ``tokens``, ``latency_s``, ``ttft_s``, ``tpot_s``, ``queue_s``, ``batch_size``; ``400`` malformed JSON; ``401``
+  no or wrong token; ``404`` unknown model; ``411``/``413`` no length / body too large; ``422`` bad input; ``429``
+  the model's queue is full (``Retry-After`` header); ``503`` shutting down or a worker failed.
 * ``GET /v1/models`` — models, residency, queue lengths, shard bytes per worker.
 * ``GET /metrics`` — Prometheus text format 0.0.4 (swaps, bytes swapped, swap bandwidth, queue lengths, latency
   histograms).
 * ``GET /healthz``.
+
+Guards (docs/serving.md, "Security"): with a ``token`` every endpoint but ``/healthz`` needs the header
+``Authorization: Bearer <token>`` (401 otherwise; compared in constant time); a request body must state its
+``Content-Length`` (411) and stay within ``max_request_bytes`` (413); malformed JSON answers 400 and a field of
+the wrong type or size 422, each with one message naming the field.
 
 Graceful shutdown: uvicorn stops accepting connections and waits for in-flight requests; the lifespan hook then
 drains the engine (``shutdown_timeout_s``) and stops its workers.
@@ -20,30 +26,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import threading
 import time
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from hetplan.errors import HetplanError
 from hetplan.serve.engine import Engine, EngineClosed, QueueFull, WorkerFailed
 
 
+#: Largest request body accepted by default (bytes): a prompt of ~100k token ids in JSON.
+MAX_REQUEST_BYTES = 1 << 20
+
+
 class GenerateRequest(BaseModel):
     """Body of ``POST /v1/models/{model}/generate``."""
 
-    prompt_tokens: list[int] | None = None
-    prompt: str | None = None
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_tokens: list[int] | None = Field(default=None, max_length=1 << 17)
+    prompt: str | None = Field(default=None, max_length=1 << 19)
     max_new_tokens: int | None = Field(default=None, ge=1)
-    client_id: str | None = None
+    stop_token: int | None = Field(default=None, ge=0)
+    client_id: str | None = Field(default=None, max_length=256)
 
 
 def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_tokens_limit: int = 64,
-               shutdown_timeout_s: float = 10.0, manage_engine: bool = True) -> FastAPI:
+               shutdown_timeout_s: float = 10.0, manage_engine: bool = True, token: str | None = None,
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """The FastAPI app over ``engine``. With ``manage_engine`` the app starts the engine on startup (if not
-    started) and shuts it down on shutdown."""
+    started) and shuts it down on shutdown; ``token`` and ``max_request_bytes``: see the module docstring."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -54,6 +70,30 @@ def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_token
             await asyncio.to_thread(engine.shutdown, shutdown_timeout_s)
 
     app = FastAPI(title="hetplan serve", lifespan=lifespan)
+    expected = f"Bearer {token}".encode() if token else None
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if expected is not None and request.url.path != "/healthz":
+            got = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        if request.method in ("POST", "PUT", "PATCH"):
+            length = request.headers.get("content-length")
+            if length is None or not length.isdigit():
+                return JSONResponse({"error": "the request must state its Content-Length"}, status_code=411)
+            if int(length) > max_request_bytes:
+                return JSONResponse({"error": f"request body of {int(length):,} bytes exceeds the limit of "
+                                              f"{max_request_bytes:,} bytes"}, status_code=413)
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError):
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        status = 400 if err.get("type") == "json_invalid" else 422
+        return JSONResponse({"error": f"{where}: {err.get('msg', 'invalid')}", "field": where}, status_code=status)
 
     @app.post("/v1/models/{model}/generate")
     async def generate(model: str, body: GenerateRequest):
@@ -70,7 +110,7 @@ def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_token
         if n > max_new_tokens_limit:
             return JSONResponse({"error": f"max_new_tokens {n} above the limit {max_new_tokens_limit}"}, status_code=422)
         try:
-            fut = engine.submit(model, prompt, n)
+            fut = engine.submit(model, prompt, n, body.stop_token)
         except QueueFull as exc:
             return JSONResponse({"error": str(exc)}, status_code=429, headers={"Retry-After": "1"})
         except (EngineClosed, WorkerFailed) as exc:
@@ -82,7 +122,8 @@ def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_token
         except (EngineClosed, WorkerFailed) as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
         return {"id": res.id, "model": res.model, "tokens": res.tokens, "latency_s": res.latency_s,
-                "queue_s": res.queue_s, "batch_size": res.batch_size, "client_id": body.client_id}
+                "ttft_s": res.ttft_s, "tpot_s": res.tpot_s, "queue_s": res.queue_s, "batch_size": res.batch_size,
+                "client_id": body.client_id}
 
     @app.get("/v1/models")
     async def models():

@@ -1,22 +1,34 @@
-"""Simulate a ``WORKLOAD.toml`` and plan capacity: the fewest GPUs (type, TP x PP) that meet the latency SLO.
+"""Simulate a ``WORKLOAD.toml``, and plan capacity: the cheapest mix of GPU types, counts and TP x PP that meets
+the SLOs.
 
 :func:`simulate_workload` builds the simulator's inputs from a workload file — requests (Gamma/Zipf or a trace),
 weight and KV-cache bytes per worker (:mod:`hetplan.estimate.inference`), the iteration-time model of the cost
 model on the catalog GPU (:class:`hetplan.serve.exec_model.EstimatedStepModel`) and the swap model with the GPU's
 host link — and runs :func:`hetplan.serve.simulator.simulate`.
 
-:func:`plan_capacity` searches exhaustively (the space is small): every candidate GPU type, every cluster size
-n = 1, 2, 4, ... up to ``capacity.max_gpus`` and every TP x PP = n whose TP divides the models' heads; a
-candidate is feasible when every model's shards fit the worker memory and every model's SLO attainment reaches
-``capacity.target_attainment`` in simulation. The answer is the feasible candidate with the fewest GPUs, then the
-lowest price per hour, then the lowest p99 latency. When none is feasible the error says why.
+:func:`plan_capacity` is Mélange's formulation (Griggs et al. 2024, "Mélange: Cost Efficient Large Language Model
+Serving by Exploiting GPU Heterogeneity", Sec. 5) with the simulator as its profiler:
+
+1. for every model m and every replica configuration k = (GPU type, TP, PP) whose shards (weights + KV cache)
+   fit ``memory_fraction`` of the GPU, the largest arrival rate r_mk one replica sustains while meeting the
+   model's SLOs for ``target_attainment`` of its requests — a bisection on the rate, each point a simulation of
+   the model's request shape and burstiness (CV) on that replica;
+2. an integer program (``scipy.optimize.milp``, HiGHS): replicas x_mk ≥ 0 minimising Σ x_mk · TP·PP · price of
+   the GPU, such that Σ_k x_mk · r_mk ≥ λ_m for every model and at most ``max_gpus`` GPUs of each type;
+3. the simulator checks the answer: each model's requests are split over its replicas in proportion to r_mk
+   (seeded) and every replica is simulated; a model below target gets its r_mk lowered by 10 % and the program is
+   solved again (at most three times).
+
+Models get dedicated replicas (Mélange's setting); sharing GPUs between models by swapping (Computron) is what
+``hetplan simulate`` evaluates for a given cluster. Request-size buckets (Mélange's second dimension) are not
+split: each model's requests share one shape.
 
 This module does not import torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numpy as np
 
 from hetplan.errors import HetplanError, InfeasibleError
 from hetplan.hardware.catalog import GPUSpec, load_catalog
@@ -91,88 +103,194 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
                     duration_s=wf.workload.duration_s if not wf.workload.trace else None)
 
 
-@dataclass
-class Candidate:
-    """One evaluated cluster: GPU type, GPUs (= TP x PP), feasibility, and why not."""
-
-    gpu: str
-    num_gpus: int
-    tp: int
-    pp: int
-    feasible: bool
-    reason: str
-    price_usd_per_hour: float
-    min_slo_attainment: float | None = None
-    p99_latency_s: float | None = None
-    goodput_per_s: float | None = None
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
+#: Bisection steps of the largest sustainable rate of one replica (relative resolution 2^-6 of the bracket).
+RATE_STEPS = 6
+#: Requests simulated per rate probe.
+PROBE_REQUESTS = 200
 
 
-def _sizes(max_gpus: int) -> list[int]:
-    out, n = [], 1
-    while n <= max_gpus:
-        out.append(n)
-        n *= 2
+def _fits(spec, gpu: GPUSpec, tp: int, pp: int, wf: WorkloadFile) -> tuple[bool, str]:
+    try:
+        gpu.peak_flops_per_s(wf.cluster.dtype)
+        need = sim_model("", spec, gpu, tp, pp, wf.cluster.dtype, wf.scheduler.max_batch_size,
+                         wf.scheduler.kv_cache_len).bytes
+    except HetplanError as exc:
+        return False, exc.message
+    cap = gpu.memory_bytes * wf.cluster.memory_fraction
+    if need > cap:
+        return False, f"largest shard {need / 1e9:.2f} GB > {cap / 1e9:.2f} GB usable per GPU"
+    return True, ""
+
+
+def _attainment(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, reqs: list[Request],
+                duration_s: float) -> float:
+    s, c = wf.scheduler, wf.cluster
+    m = sim_model(entry.name, spec, gpu, tp, pp, c.dtype, s.max_batch_size, s.kv_cache_len)
+    res = simulate([m], reqs, capacity_bytes=int(gpu.memory_bytes * c.memory_fraction), policy=make_policy(s.policy),
+                   swap_cost=lambda load, evict: 0.0, max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len,
+                   preload=[entry.name], duration_s=duration_s, batching=s.batching)
+    return res.report(slos(wf))["models"][entry.name]["slo_attainment"]
+
+
+def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int) -> float:
+    """Largest arrival rate (requests/s) one replica sustains at ``target_attainment`` (0 when even a lone
+    request misses its SLO)."""
+    w, s = wf.workload, wf.scheduler
+    cv = entry.cv or w.cv
+    step = EstimatedStepModel(spec, gpu, tp, pp, wf.cluster.dtype)
+    b = s.max_batch_size
+    busy = step.step_time_s([w.prompt_len] * b, []) + sum(
+        step.step_time_s([], [w.prompt_len + i] * b) for i in range(1, w.max_new_tokens))
+    hi = 1.2 * b / busy  # above the throughput of full batches back to back
+    target = wf.capacity.target_attainment
+
+    def ok(rate: float) -> bool:
+        dur = PROBE_REQUESTS / rate
+        reqs = generate([ModelLoad(entry.name, rate, cv)], dur, w.seed, prompt_len=w.prompt_len,
+                        max_new_tokens=w.max_new_tokens)
+        return bool(reqs) and _attainment(wf, entry, spec, gpu, tp, pp, reqs, dur) >= target
+
+    if not ok(hi / 2 ** RATE_STEPS):
+        return 0.0
+    lo = hi / 2 ** RATE_STEPS
+    for _ in range(RATE_STEPS):
+        mid = (lo * hi) ** 0.5  # geometric: the bracket spans two orders of magnitude
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def _configs(gpus: list[GPUSpec], max_gpus: int) -> list[tuple[GPUSpec, int, int]]:
+    sizes = [n for n in (1, 2, 4, 8, 16, 32) if n <= max_gpus]
+    return [(g, tp, n // tp) for g in gpus for n in sizes for tp in sizes if n % tp == 0]
+
+
+def _solve(rates: np.ndarray, prices: np.ndarray, loads: np.ndarray, gpu_of: list[str], gpus_per: np.ndarray,
+           max_gpus: int):
+    """Integer program of the module docstring; ``rates`` is models x configs. Returns replicas or ``None``."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    n_m, n_k = rates.shape
+    cost = np.tile(prices, n_m)
+    cover = np.zeros((n_m, n_m * n_k))
+    for m in range(n_m):
+        cover[m, m * n_k:(m + 1) * n_k] = rates[m]
+    types = sorted(set(gpu_of))
+    limit = np.zeros((len(types), n_m * n_k))
+    for i, t in enumerate(types):
+        limit[i] = np.tile([gpus_per[k] if gpu_of[k] == t else 0 for k in range(n_k)], n_m)
+    cons = [LinearConstraint(cover, lb=loads, ub=np.inf), LinearConstraint(limit, lb=0, ub=max_gpus)]
+    res = milp(cost, constraints=cons, integrality=np.ones(n_m * n_k),
+               bounds=Bounds(0, np.where(rates.reshape(-1) > 0, max_gpus, 0)))
+    if res.x is None:
+        return None
+    return np.rint(res.x).astype(int).reshape(n_m, n_k)
+
+
+def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rates: np.ndarray,
+           reqs: list[Request], duration_s: float) -> dict[str, dict]:
+    """Simulate every replica of the mix with its share of its model's requests; per-model attainment and
+    percentiles (s)."""
+    from hetplan.serve.metrics import percentiles
+
+    out = {}
+    for m, (entry, spec) in enumerate(zip(entries, specs)):
+        mine = [r for r in reqs if r.model == entry.name]
+        slots = [(k, j) for k in range(len(configs)) for j in range(replicas[m, k])]
+        weights = np.array([rates[m, k] for k, _ in slots])
+        rng = np.random.default_rng([wf.workload.seed, m, 7])
+        pick = rng.choice(len(slots), size=len(mine), p=weights / weights.sum()) if mine else []
+        ok = total = 0
+        recs = []
+        for i, (k, _) in enumerate(slots):
+            share = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens)
+                     for r, p in zip(mine, pick) if p == i]
+            if not share:
+                continue
+            g, tp, pp = configs[k]
+            s, c = wf.scheduler, wf.cluster
+            res = simulate([sim_model(entry.name, spec, g, tp, pp, c.dtype, s.max_batch_size, s.kv_cache_len)], share,
+                           capacity_bytes=int(g.memory_bytes * c.memory_fraction), policy=make_policy(s.policy),
+                           swap_cost=lambda load, evict: 0.0, max_batch_size=s.max_batch_size,
+                           max_queue_len=s.max_queue_len, preload=[entry.name], duration_s=duration_s,
+                           batching=s.batching)
+            rep = res.report(slos(wf))["models"][entry.name]
+            ok += rep["slo_attainment"] * rep["requests"]
+            total += rep["requests"]
+            recs += res.records
+        out[entry.name] = {"slo_attainment": ok / total if total else 1.0, "requests": total,
+                           **{f"{q}_{mt}_s": v for mt in ("latency", "ttft", "tpot")
+                              for q, v in percentiles([getattr(r, f"{mt}_s") for r in recs
+                                                       if getattr(r, f"{mt}_s") is not None]).items()}}
     return out
 
 
-def plan_capacity(wf: WorkloadFile) -> dict:
-    """Search GPU type x cluster size x (TP, PP) by simulation (see the module docstring).
+def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None) -> dict:
+    """The cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (module docstring).
+
+    Args:
+        gpus: candidate GPU types (default: ``capacity.gpus``, else the whole catalog).
 
     Returns:
-        ``{"best": Candidate dict, "candidates": [...], "target_attainment": x}``.
+        ``{"mix": [{model, gpu, tp, pp, replicas, gpus, rate_per_s (one replica), price_usd_per_hour}],
+        "price_usd_per_hour", "gpus_by_type", "simulated": {model: {slo_attainment, p50/p90/p99 of latency,
+        ttft, tpot}}, "load_per_s": {model: λ}, "target_attainment", "candidates": [...], "rounds"}``.
 
     Raises:
-        InfeasibleError: no candidate meets the SLO; the message gives the best attainment reached and whether
-            memory was the limit.
+        InfeasibleError: a model fits no candidate, no replica meets its SLO even unloaded, or the GPU limits
+            cannot carry the load.
         HetplanError: unknown GPU or model, bad workload.
     """
     cat = load_catalog()
-    names = wf.capacity.gpus or cat.names()
-    gpus = [cat.get(n, field="capacity.gpus") for n in names]
-    specs = [m.spec() for m in wf.models]
+    names = gpus or wf.capacity.gpus or cat.names()
+    gpu_specs = [cat.get(n, field="capacity.gpus") for n in names]
+    entries = list(wf.models)
+    specs = [m.spec() for m in entries]
     reqs = workload_requests(wf)
-    target = wf.capacity.target_attainment
-    slo = slos(wf)
-    cands: list[Candidate] = []
-    for n in _sizes(wf.capacity.max_gpus):
-        for gpu in gpus:
-            for tp in [t for t in _sizes(n) if n % t == 0]:
-                pp = n // tp
-                price = gpu.price_usd_per_hour * n
-                c = Candidate(gpu.name, n, tp, pp, False, "", price)
-                cands.append(c)
-                try:
-                    gpu.peak_flops_per_s(wf.cluster.dtype)
-                    cap = int(gpu.memory_bytes * wf.cluster.memory_fraction)
-                    worst = max(sim_model("", s, gpu, tp, pp, wf.cluster.dtype, wf.scheduler.max_batch_size,
-                                          wf.scheduler.kv_cache_len).bytes for s in specs)
-                except HetplanError as exc:
-                    c.reason = exc.message
-                    continue
-                if worst > cap:
-                    c.reason = f"largest shard {worst / 1e9:.2f} GB > {cap / 1e9:.2f} GB usable per GPU"
-                    continue
-                res = simulate_workload(wf, gpu=gpu, tp=tp, pp=pp, requests=[Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs],
-                                        capacity_bytes=cap)
-                rep = res.report(slo)
-                att = min(v["slo_attainment"] for v in rep["models"].values())
-                c.min_slo_attainment, c.p99_latency_s, c.goodput_per_s = att, rep["all"]["p99_latency_s"], rep["all"]["goodput_per_s"]
-                c.feasible = att >= target
-                c.reason = "meets the SLO" if c.feasible else f"SLO attainment {att:.3f} < {target}"
-        feasible = [c for c in cands if c.feasible]
-        if feasible:
-            best = min(feasible, key=lambda c: (c.num_gpus, c.price_usd_per_hour, c.p99_latency_s or 0.0))
-            return {"best": best.as_dict(), "candidates": [c.as_dict() for c in cands], "target_attainment": target}
-    tried = [c for c in cands if c.min_slo_attainment is not None]
-    if not tried:
-        raise InfeasibleError(
-            f"no candidate up to {wf.capacity.max_gpus} GPUs holds the largest model's shard in memory",
-            field="capacity.max_gpus", fix="allow more GPUs or GPUs with more memory")
-    top = max(tried, key=lambda c: c.min_slo_attainment)
-    raise InfeasibleError(
-        f"no cluster up to {wf.capacity.max_gpus} GPUs meets SLO attainment {target}; best is {top.min_slo_attainment:.3f} "
-        f"on {top.num_gpus} x {top.gpu} (TP={top.tp}, PP={top.pp})",
-        field="capacity.max_gpus", fix="allow more GPUs, relax slo_s or target_attainment, or lower the load")
+    duration = wf.workload.duration_s if not wf.workload.trace else max((r.arrival_s for r in reqs), default=1.0)
+    loads = np.array([sum(r.model == e.name for r in reqs) / duration for e in entries])
+    max_gpus = wf.capacity.max_gpus
+    configs = _configs(gpu_specs, max_gpus)
+    rates = np.zeros((len(entries), len(configs)))
+    cands, memo = [], {}
+    for m, (entry, spec) in enumerate(zip(entries, specs)):
+        for k, (g, tp, pp) in enumerate(configs):
+            fits, why = _fits(spec, g, tp, pp, wf)
+            if fits:  # models of the same shape, burstiness and SLOs share their answer
+                key = (spec, entry.cv, slos(wf)[entry.name], k)
+                if key not in memo:
+                    memo[key] = max_rate_per_s(wf, entry, spec, g, tp, pp)
+                rates[m, k] = memo[key]
+                why = "meets the SLO up to this rate" if rates[m, k] > 0 else "misses the SLO even unloaded"
+            cands.append({"model": entry.name, "gpu": g.name, "tp": tp, "pp": pp, "rate_per_s": float(rates[m, k]),
+                          "price_usd_per_hour": g.price_usd_per_hour * tp * pp, "reason": why})
+        if not rates[m].any():
+            reasons = sorted({c["reason"] for c in cands if c["model"] == entry.name})
+            raise InfeasibleError(f"model {entry.name}: no candidate replica up to {max_gpus} GPUs works "
+                                  f"({'; '.join(reasons[:2])})", field="capacity.gpus",
+                                  fix="allow more GPUs or larger GPU types, or relax the SLOs")
+    prices = np.array([g.price_usd_per_hour * tp * pp for g, tp, pp in configs])
+    gpus_per = np.array([tp * pp for _, tp, pp in configs])
+    gpu_of = [g.name for g, _, _ in configs]
+    derate = np.ones(len(entries))
+    for rounds in range(1, 4):
+        replicas = _solve(rates * derate[:, None], prices, loads, gpu_of, gpus_per, max_gpus)
+        if replicas is None:
+            raise InfeasibleError(f"the load ({', '.join(f'{e.name} {x:.2f}/s' for e, x in zip(entries, loads))}) "
+                                  f"needs more than {max_gpus} GPUs of each candidate type",
+                                  field="capacity.max_gpus", fix="allow more GPUs per type or more GPU types")
+        sim = _check(wf, entries, specs, configs, replicas, rates, reqs, duration)
+        low = [m for m, e in enumerate(entries) if sim[e.name]["slo_attainment"] < wf.capacity.target_attainment]
+        if not low:
+            break
+        derate[low] *= 0.9
+    mix = [{"model": e.name, "gpu": configs[k][0].name, "tp": configs[k][1], "pp": configs[k][2],
+            "replicas": int(replicas[m, k]), "gpus": int(replicas[m, k] * gpus_per[k]),
+            "rate_per_s": float(rates[m, k]), "price_usd_per_hour": float(replicas[m, k] * prices[k])}
+           for m, e in enumerate(entries) for k in range(len(configs)) if replicas[m, k] > 0]
+    by_type: dict[str, int] = {}
+    for row in mix:
+        by_type[row["gpu"]] = by_type.get(row["gpu"], 0) + row["gpus"]
+    return {"mix": mix, "price_usd_per_hour": float(sum(r["price_usd_per_hour"] for r in mix)),
+            "gpus_by_type": by_type, "simulated": sim, "load_per_s": dict(zip([e.name for e in entries], loads.tolist())),
+            "target_attainment": wf.capacity.target_attainment, "candidates": cands, "rounds": rounds,
+            "meets_target": not low}

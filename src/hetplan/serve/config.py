@@ -99,13 +99,28 @@ class SchedulerConfig(_Strict):
 
 
 class ApiConfig(_Strict):
-    """HTTP server address, default tokens per request, and the drain time on shutdown (s)."""
+    """HTTP server address (loopback by default; any other address needs a bearer token, given with
+    ``hetplan serve --token`` or the ``HETPLAN_SERVE_TOKEN`` environment variable, never in this file), default
+    and largest tokens per request, largest request body (bytes), and the drain time on shutdown (s)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     default_max_new_tokens: int = Field(default=1, ge=1)
     max_new_tokens_limit: int = Field(default=64, ge=1)
-    shutdown_timeout_s: float = Field(default=10.0, ge=0)
+    shutdown_timeout_s: float = Field(default=10.0, ge=0, le=3600)
+    max_request_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or ``localhost``) accepts connections from this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class WorkloadConfig(_Strict):

@@ -42,7 +42,14 @@ class EstimatedStepModel(StepModel):
     dtype: str = "fp16"
 
     def step_time_s(self, prefill_lens, decode_contexts) -> float:
-        return step_time_s(self.spec, self.gpu, self.dtype, prefill_lens, decode_contexts, tp=self.tp, pp=self.pp)
+        # the time depends only on the joining count and longest prompt, and on the running count and their
+        # cached tokens: memoised on those (a simulation asks for the same iterations again and again)
+        key = (len(prefill_lens), max(prefill_lens, default=0), len(decode_contexts), sum(decode_contexts))
+        cache = self.__dict__.setdefault("_memo", {})
+        if key not in cache:
+            cache[key] = step_time_s(self.spec, self.gpu, self.dtype, [key[1]] * key[0],
+                                     [key[3] / key[2]] * key[2] if key[2] else [], tp=self.tp, pp=self.pp)
+        return cache[key]
 
 
 @dataclass(frozen=True)

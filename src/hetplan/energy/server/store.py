@@ -65,11 +65,16 @@ class Store:
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a committed report survives even a power loss
         self._db.executescript(SCHEMA)
 
     def close(self) -> None:
+        """Checkpoint the WAL into the main file and close (a later open needs no recovery)."""
         with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:  # pragma: no cover - closing anyway
+                pass
             self._db.close()
 
     def _write(self, sql_params: list[tuple[str, tuple]]) -> None:

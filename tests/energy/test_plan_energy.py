@@ -1,0 +1,98 @@
+"""Energy of whole plans (hetplan.energy.job) and ``hetplan plan --energy``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetplan.energy.job import J_PER_KWH, pareto3, plan_energy
+from hetplan.energy.model import plan_stage_profile
+from hetplan.estimate.estimator import estimate
+from hetplan.plan import Plan
+
+
+def _plan(gpu="A100-SXM-80GB", pp=2, dp=2, tokens=1e9):
+    return Plan.model_validate(dict(
+        job=dict(model="gpt3-1.3b", seq_len=2048, global_batch=32, train_tokens=tokens),
+        pools=[dict(gpu=gpu, count=pp * dp)], stages=[dict(num_layers=24 // pp, dp=dp)] * pp, mbs=2))
+
+
+def test_energy_per_iteration_worked():
+    """E = Σ_s n_s·[M·(E_F + E_B) + P_idle·(T − M·(t_F + t_B))] at the top clock, by hand from the profile."""
+    plan = _plan()
+    est = estimate(plan)
+    pp = plan_stage_profile(plan)
+    M = plan.num_microbatches(0)
+    want = 0.0
+    for s in range(2):
+        f, b = pp.profile.get(s, "forward"), pp.profile.get(s, "backward")
+        want += 2 * (M * (f.energy_j[0] + b.energy_j[0]) + 83.64 * (est.iteration_time_s - M * (f.time_s[0] + b.time_s[0])))
+    got = plan_energy(plan, est, usd_per_kwh=0.2)
+    assert got["energy_j_per_iteration"] == pytest.approx(want, rel=1e-12)
+    assert got["job_energy_kwh"] == pytest.approx(want * est.iterations / J_PER_KWH)
+    assert got["energy_usd"] == pytest.approx(0.2 * got["job_energy_kwh"])
+    # average power per GPU between idle and the power limit
+    assert 83.64 < got["average_power_w"] / 4 < 476.2
+    assert got["energy_source"] == "dvfs-model" and 0 <= got["perseus_saved_fraction"] < 0.5
+
+
+def test_single_stage_has_no_pipeline_bloat():
+    """pp = 1: every instruction is critical; what remains is the 1 % time tolerance's worth."""
+    plan = _plan(pp=1, dp=4)
+    got = plan_energy(plan, estimate(plan))
+    assert got["perseus_saved_fraction"] < 0.05
+
+
+def test_gpu_without_dvfs_model_is_charged_tdp():
+    plan = _plan(gpu="H100-SXM")
+    got = plan_energy(plan, estimate(plan))
+    assert got["energy_source"] == "tdp" and got["perseus_saved_fraction"] is None
+    assert got["average_power_w"] / 4 <= 700.0 + 1e-9
+
+
+def test_bad_price():
+    plan = _plan()
+    from hetplan.errors import HetplanError
+
+    with pytest.raises(HetplanError, match="--usd-per-kwh"):
+        plan_energy(plan, estimate(plan), usd_per_kwh=float("nan"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(*[st.integers(0, 4)] * 3), min_size=1, max_size=12))
+def test_pareto3_brute_force(points):
+    keep = set(pareto3(points))
+    for i, p in enumerate(points):
+        dominated = any(all(q[k] <= p[k] for k in range(3)) and any(q[k] < p[k] for k in range(3)) for q in points)
+        assert (i in keep) == (not dominated)
+
+
+def test_plan_command_energy_json_and_pareto(tmp_path):
+    png = tmp_path / "p.png"
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "plan", "--model", "gpt3-1.3b", "--seq-len", "2048",
+                        "--global-batch", "32", "--tokens", "1e9", "--gpu", "A100-SXM-80GB", "--gpus", "8",
+                        "--pp", "2", "--top", "2", "--energy", "--usd-per-kwh", "0.15", "--pareto", str(png), "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for p in d["plans"] + d["pareto"] + d["energy_pareto"]:
+        assert p["energy_j_per_iteration"] > 0 and p["job_energy_kwh"] > 0
+        assert p["job_usd"] == pytest.approx(p["gpu_usd"] + p["energy_usd"])
+    front = d["energy_pareto"]
+    pts = [(p["iteration_time_s"], p["job_usd"], p["job_energy_kwh"]) for p in d["plans"] + d["pareto"]]
+    for p in front:  # no candidate beats a frontier plan in all three
+        q = (p["iteration_time_s"], p["job_usd"], p["job_energy_kwh"])
+        assert not any(all(a <= b for a, b in zip(x, q)) and any(a < b for a, b in zip(x, q)) for x in pts)
+    assert (tmp_path / "p-energy.png").stat().st_size > 1000
+
+
+def test_plan_command_usd_per_kwh_needs_energy():
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "plan", "--model", "gpt3-1.3b", "--seq-len", "2048",
+                        "--global-batch", "32", "--tokens", "1e9", "--gpu", "A100-SXM-80GB", "--gpus", "8",
+                        "--usd-per-kwh", "0.1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--usd-per-kwh" in r.stderr and "Traceback" not in r.stderr
