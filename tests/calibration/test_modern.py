@@ -143,6 +143,8 @@ NOT_FITTING_YET = {
     # experts, the 1F1B in-flight count of a full-recompute layer) are not yet calibrated against these runs.
     "moe_h100:DeepSeek V3 671B:n1024", "moe_h100:DeepSeek V3 671B:n256", "moe_h100:Llama3 70B:n64",
     "moe_h100:Qwen3 MoE 30B:n8", "moe_h100:Qwen3-235B-A22B:n256",
+    "dgxc_gb200:Grok-1 314B (MoE):n128", "dgxc_gb200:Grok-1 314B (MoE):n256", "dgxc_gb200:Grok-1 314B (MoE):n512",
+    "dgxc_gb200:Llama 3.1 405B:n128",
 }
 
 
