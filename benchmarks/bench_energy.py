@@ -10,13 +10,21 @@ frontiers at equal iteration times, and the difference to the published ``fronti
 ``lowtime`` is an optional benchmark dependency (``pip install lowtime==0.3.0``; it brings networkx/attrs).
 The 16-stage profile for 16x64 repeats the 8-stage one: stages 0..14 use the middle stages' rows
 (stage k -> k mod 7), stage 15 the last stage's.
+
+Then the whole ``hetplan energy frontier`` command (a fresh process: imports, profile, frontier, summary with
+baselines, plans.json, no plot) for 8x12, 8x24 and 16x64 from the CSV, and 8x12 from a plan JSON alone
+(model-derived profile): wall and CPU seconds of the child process (``--no-command`` skips it).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -120,6 +128,7 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", default=["gpt3-175b:12", "bloom:12", "gpt3-175b:24", "bloom:24"])
     ap.add_argument("--no-lowtime", action="store_true", help="skip the lowtime comparison")
     ap.add_argument("--no-big", action="store_true", help="skip the 16x64 case")
+    ap.add_argument("--no-command", action="store_true", help="skip timing the whole CLI command")
     args = ap.parse_args()
     have_lowtime = False
     if not args.no_lowtime:
@@ -158,7 +167,40 @@ def main() -> None:
         print(f"\n16x64: {fr.dag.num_ops} instructions, {len(fr)} frontier points from {fr.time_s.max():.3f} s to "
               f"{fr.time_s.min():.3f} s; stop: {fr.result.stop_reason}")
     print("\nCPU seconds (time.process_time); 'vs' columns: largest relative energy difference at equal iteration times.")
+    if not args.no_command:
+        command_timings(big=not args.no_big)
     np.seterr(all="ignore")
+
+
+def _timed(cmd: list[str]) -> tuple[float, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""})
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def command_timings(big: bool = True) -> None:
+    """Time the whole ``hetplan energy frontier`` command (module doc)."""
+    tmp = Path(tempfile.mkdtemp())
+    cli = [sys.executable, "-m", "hetplan.cli.main", "energy", "frontier"]
+    cases = [("gpt3-175b 8x12 csv", [str(profile_file("gpt3-175b")), "-m", "12", "--gpu", "A100-SXM-80GB"]),
+             ("gpt3-175b 8x24 csv", [str(profile_file("gpt3-175b")), "-m", "24", "--gpu", "A100-SXM-80GB"])]
+    if big:
+        p16 = tmp / "p16.csv"
+        p16.write_text(sixteen_stage_profile("gpt3-175b").to_csv())
+        cases.append(("gpt3-175b 16x64 csv", [str(p16), "-m", "64", "--gpu", "A100-SXM-80GB"]))
+    plan = tmp / "plan.json"
+    plan.write_text(json.dumps({
+        "job": {"model": "gpt3-175b", "seq_len": 2048, "global_batch": 12, "train_iterations": 1},
+        "pools": [{"gpu": "A100-SXM-80GB", "count": 64}],
+        "stages": [{"num_layers": 12, "tp": 8}] * 8, "mbs": 1}))
+    cases.append(("gpt3-175b 8x12 plan", [str(plan)]))
+    print(f"\n{'whole command':<22}{'wall s':>8}{'CPU s':>8}")
+    for name, args in cases:
+        wall, cpu = _timed(cli + args + ["-o", str(tmp / "out"), "--json"])
+        print(f"{name:<22}{wall:>8.2f}{cpu:>8.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ activation recomputation ``none`` / ``selective`` / ``full``, sequence paralleli
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -249,6 +250,18 @@ class ParallelLayout(BaseModel):
         return self.sequence_parallel and self.tp > 1
 
 
+@lru_cache(maxsize=4096)
+def _stage_layout(tp: int, dp: int, zero: int, pp: int, virtual_stages: int, sequence_parallel: bool,
+                  fsdp_shard: int | None, cp: int = 1, ep: int = 1) -> ParallelLayout:
+    """:meth:`Plan.stage_layout`, built once per distinct layout (frozen, so shared; the estimator reads one per
+    stage of thousands of plans). ``fsdp_shard``: HSDP's shard group (shard within, replicate across)."""
+    degrees = dict(tp=tp, zero_stage=zero, pp=pp, virtual_stages=virtual_stages, sequence_parallel=sequence_parallel,
+                   cp=cp, ep=ep)
+    if fsdp_shard is not None:
+        return ParallelLayout(dp_shard=fsdp_shard, dp_replicate=dp // fsdp_shard, **degrees)
+    return ParallelLayout.of(dp=dp, **degrees)
+
+
 class Stage(BaseModel):
     """One pipeline stage: ``num_layers`` consecutive transformer layers on ``tp * dp`` GPUs of one pool.
 
@@ -355,11 +368,9 @@ class Plan(BaseModel):
         sequence parallelism and ZeRO stage (3 under ``framework = "fsdp"``)."""
         st = self.stages[stage]
         zero = 3 if self.job.framework == "fsdp" else self.zero  # FSDP shards everything
-        degrees = dict(tp=st.tp, zero_stage=zero, pp=self.pp, cp=self.cp, ep=self.ep, virtual_stages=self.virtual_stages,
-                       sequence_parallel=self.sequence_parallel)
-        if self.fsdp_shard is not None and zero >= 1:  # HSDP: shard within groups, replicate across
-            return ParallelLayout(dp_shard=self.fsdp_shard, dp_replicate=st.dp // self.fsdp_shard, **degrees)
-        return ParallelLayout.of(dp=st.dp, **degrees)
+        shard = self.fsdp_shard if self.fsdp_shard is not None and zero >= 1 else None
+        return _stage_layout(st.tp, st.dp, zero, self.pp, self.virtual_stages, self.sequence_parallel, shard,
+                             self.cp, self.ep)
 
     def stage_mbs(self, stage: int) -> int:
         """Micro-batch size of one replica of ``stage`` (sequences): its own ``mbs`` or :attr:`mbs`."""

@@ -81,10 +81,10 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
         bad = [i for i, st in enumerate(plan.stages) if n % st.tp]
         if bad:
             tp = plan.stages[bad[0]].tp
-            ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0]
+            ok = max(d for d in (1, 2, 4, 8) if n % d == 0)
             out.append(PlanRuleError(
                 rule, f"TP {tp} does not divide the {n} {what} of {name} (stage {bad[0]})",
-                field=f"plan.stages[{bad[0]}].tp", fix=f"use a TP degree that divides {n}, e.g. {ok[-1]}"))
+                field=f"plan.stages[{bad[0]}].tp", fix=f"use a TP degree that divides {n}, e.g. {ok}"))
     used: dict[int, int] = {}
     for i, st in enumerate(plan.stages):
         used[st.pool] = used.get(st.pool, 0) + st.tp * degree(plan, i, "cp") * st.dp

@@ -4,13 +4,14 @@ Protocol (hetplan.energy.calibrate): the catalog's power coefficients (hardware/
 on GPT-3 175B; BLOOM 176B is held out. Measured on the held-out model (numbers in docs/energy.md):
 
 | GPU | time MAPE | energy MAPE | worst clock time / energy | frontier gap, same T | same slowdown |
-| A100-SXM | 6.4 % | 2.4 % | 8.6 % / 7.0 % | 16.4 % | 4.3 % |
-| A40 | 7.1 % | 5.7 % | 13.5 % / 10.2 % | 14.4 % | 7.2 % |
+| A100-SXM | 3.6 % | 1.8 % | 5.7 % / 3.9 % | 11.1 % | 2.4 % |
+| A40 | 5.8 % | 4.7 % | 11.2 % / 8.5 % | 7.3 % | 4.4 % |
 
 The issue's targets are 10 % time / 15 % energy per clock and a 5 % frontier gap at every iteration time. Met:
-the per-clock energy bound on both GPUs, the per-clock time bound on A100. Not met: the A40's worst clock time
-(13.5 %) and the frontier gap at the same absolute iteration time (the estimator predicts BLOOM 7-8 % faster
-relative to GPT-3 than measured, which shifts the whole frontier in time). The asserts below hold what we reach.
+the per-clock energy bound on both GPUs, the per-clock time bound on A100, the 5 % gap at the same slowdown on
+both. Not met: the A40's worst clock time (11.2 %) and the frontier gap at the same absolute iteration time (the
+estimator predicts BLOOM ~5 % faster relative to GPT-3 than measured, which shifts the whole frontier in
+time). The asserts below hold what we reach.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from hetplan.hardware.power import get_power
 from .energy_testutil import profile_path
 
 # time_scale of each fit (measured / estimated time at the top clock), printed by fit_power and in the toml source
-TIME_SCALE = {"A100-SXM-80GB": 0.7807, "A40": 0.4891}
+TIME_SCALE = {"A100-SXM-80GB": 0.8406, "A40": 0.5201}
 
 
 def _fit_of_catalog(gpu):
@@ -38,8 +39,8 @@ def _fit_of_catalog(gpu):
 
 
 @pytest.mark.parametrize("device,time_mape,energy_mape,time_clock,energy_clock", [
-    ("a100_sxm", 0.07, 0.03, 0.09, 0.075),
-    ("a40", 0.075, 0.06, 0.14, 0.105),
+    ("a100_sxm", 0.045, 0.025, 0.07, 0.05),
+    ("a40", 0.07, 0.055, 0.13, 0.10),
 ])
 def test_held_out_bloom_profile(device, time_mape, energy_mape, time_clock, energy_clock):
     gpu = PERSEUS_GPUS[device]
@@ -59,7 +60,7 @@ def test_fit_reproduces_catalog_coefficients():
     assert fit.time_scale == pytest.approx(TIME_SCALE[gpu], rel=0.01)
     for field in ("power_limit_w", "dynamic_power_w", "voltage_floor", "voltage_knee_mhz"):
         assert getattr(fit.power, field) == pytest.approx(getattr(cat, field), rel=0.02), field
-    assert fit.time_mape < 0.04 and fit.energy_mape < 0.03
+    assert fit.time_mape < 0.045 and fit.energy_mape < 0.035
 
 
 def test_frontier_from_model_profile_a100():
@@ -69,9 +70,9 @@ def test_frontier_from_model_profile_a100():
     idle = load_catalog().get(gpu).idle_power_w
     rel = frontier_gap(measured, derived, idle, 12, relative=True)
     assert rel["times_compared"] == rel["measured_points"]
-    assert rel["max_rel_energy_diff"] < 0.05  # the issue's 5 %, at the same slowdown from the fastest plan
+    assert rel["max_rel_energy_diff"] < 0.05  # the issue's 5 %, at the same slowdown from the fastest plan (2.4 %)
     same_t = frontier_gap(measured, derived, idle, 12)
-    assert same_t["max_rel_energy_diff"] < 0.17  # 16.4 %: the held-out time error shifts the frontier
+    assert same_t["max_rel_energy_diff"] < 0.12  # 11.1 %: the held-out time error shifts the frontier
 
 
 def test_power_model_physics():
@@ -82,7 +83,7 @@ def test_power_model_physics():
     p = a40.busy_power_w(f, cat.get("A40").idle_power_w)
     assert np.all(np.diff(p) < 0)  # descending clocks, descending power
     cap = a40.cap_frequency_mhz(cat.get("A40").idle_power_w)
-    assert 1250 < cap < 1500  # measured: the top ~20 clocks of the A40 profiles run at one speed (fit: 1309 MHz)
+    assert 1250 < cap < 1500  # measured: the top ~20 clocks of the A40 profiles run at one speed (fit: 1296 MHz)
     assert a40.busy_power_w(cap, cat.get("A40").idle_power_w) == pytest.approx(a40.power_limit_w, rel=1e-6)
     assert a100.cap_frequency_mhz(cat.get("A100-SXM-80GB").idle_power_w) > 1300
     # below the knee power per MHz is constant (voltage at its floor)

@@ -9,12 +9,16 @@ import json
 import shlex
 import tomllib
 
+from pathlib import Path
+
 import pytest
 
 from hetplan.errors import HetplanError
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
 from hetplan.runtime import exporters
+
+ROOT = Path(__file__).parents[2]
 
 
 def _plan(model, stages, *, gbs, mbs, seq=2048, zero=0, v=1, pools=None, dtype="bf16", attention="standard"):
@@ -59,6 +63,12 @@ def _megatron(ex: exporters.Export, spec) -> dict:
         layers = [L]
     mbs, gbs = int(args["micro-batch-size"]), int(args["global-batch-size"])
     vps = args.get("num-layers-per-virtual-pipeline-stage")
+    vpr = args.get("num-virtual-stages-per-pipeline-rank")
+    if vpr:  # embedding / loss counted as a layer of the split: (L + e + l) / (pp * v) units per chunk
+        e, loss = ("account-for-embedding-in-pipeline-split" in args), ("account-for-loss-in-pipeline-split" in args)
+        v = int(vpr)
+        c = (L + e + loss) // (pp * v)
+        layers = [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]
     zero = 1 if "use-distributed-optimizer" in args else 0
     if "use-megatron-fsdp" in args:
         zero = {"optim_grads": 2, "optim_grads_params": 3}[args["data-parallel-sharding-strategy"]]
@@ -67,7 +77,8 @@ def _megatron(ex: exporters.Export, spec) -> dict:
     assert int(args["num-attention-heads"]) == spec.num_attention_heads
     assert int(args.get("num-query-groups", spec.num_attention_heads)) == spec.num_kv_heads
     return {"tp": tp, "dp": dp, "pp": pp, "stage_layers": layers, "mbs": mbs, "global_batch": gbs,
-            "microbatches": gbs // (mbs * dp), "virtual_stages": L // (pp * int(vps)) if vps else 1,
+            "microbatches": gbs // (mbs * dp),
+            "virtual_stages": int(vpr) if vpr else L // (pp * int(vps)) if vps else 1,
             "recompute": rec, "zero": zero, "args": args}
 
 
@@ -149,6 +160,9 @@ CASES = [
         "gpt3-1.3b", [{"num_layers": 9, "dp": 2, "recompute": "full"}, {"num_layers": 8, "dp": 2, "recompute": "full"},
                       {"num_layers": 7, "dp": 2, "recompute": "full"}], gbs=32, mbs=4, zero=1),
      ("megatron", "deepspeed")),
+    ("llama3-style-uneven-interleaved", lambda: _plan(
+        str(ROOT / "examples" / "tiny-model.json"), [{"num_layers": 1}, {"num_layers": 2}, {"num_layers": 1}],
+        gbs=12, mbs=2, seq=128, v=2), ("megatron", "torchtitan")),
     ("zero2-pp1-selective", lambda: _plan("llama2-7b", [{"num_layers": 32, "tp": 4, "dp": 4, "recompute": "selective"}],
                                           gbs=64, mbs=2, zero=2), ("megatron", "torchtitan")),
 ]
@@ -182,7 +196,7 @@ def test_megatron_cp_and_moe_arguments():
     ep = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"ep": 2})]})
     args = _megatron(exporters.export(ep, moe, "megatron"), moe)["args"]
     assert (args["num-experts"], args["moe-router-topk"], args["expert-model-parallel-size"],
-            args["moe-ffn-hidden-size"]) == ("8", "2", "2", "1408")
+            args["moe-ffn-hidden-size"], args["expert-tensor-parallel-size"]) == ("8", "2", "2", "1408", "1")
 
 
 def test_mixed_gpu_types_export_with_node_ranks():

@@ -127,7 +127,7 @@ def register(app: typer.Typer) -> None:
 
         table = Table(title="Estimator vs. measured (errors as % of measured)")
         for col in ("set", "n", "MAPE", "max |err|", "Kendall τ", "held-out MAPE", "calib. MAPE", "target", "met"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=col == "set")  # set names stay whole (they are what --sets takes)
         for name in names:
             r = result["sets"][name]
             tgt = v.TARGETS.get(name, {})

@@ -94,13 +94,16 @@ class Estimate:
     pipeline_model: str = "simulate"
 
 
+_DEFAULT_COMM = CommConstants()
+
+
 def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None = None) -> Link:
     """The :class:`Link` of a pool (intra-node bandwidth defaults to the catalog's GPU link; the inter-node
     bandwidth and latency follow the pool's network, :func:`hetplan.estimate.comm.network_terms`; the intra-node
     latency is ``comm_constants``' (default :class:`~hetplan.estimate.comm.CommConstants`))."""
     intra = pool.intra_node_bandwidth_bytes_per_s or gpu.gpu_link_bandwidth_bytes_per_s
     factor, alpha = network_terms(pool.network)
-    cc = comm_constants or CommConstants()
+    cc = comm_constants or _DEFAULT_COMM
     return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s)
 
 
@@ -338,6 +341,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
         gpipe = plan.schedule == "gpipe"
         flash = job.attention == "flash"
+        layouts: dict = {}  # (tp, dp) -> degrees read from the stage's ParallelLayout (one per distinct layout)
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
@@ -351,15 +355,19 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
             gpu, link, price, group, peak = on_pool[st.pool]
-            lay = plan.stage_layout(i)
+            deg = layouts.get((st.tp, st.dp))
+            if deg is None:
+                lay = plan.stage_layout(i)
+                deg = layouts[st.tp, st.dp] = (lay.tp, lay.dp, lay.zero_stage, lay.sequence_parallel_active)
+            t, dp, zero, sp = deg
             b = st.mbs or plan.mbs
-            mb = job.global_batch // (lay.dp * b)
+            mb = job.global_batch // (dp * b)
             rl = st.recompute_layers
             rows.append(_StageRow(
-                s=job.seq_len, b=b, t=lay.tp, dp=lay.dp, num_layers=st.num_layers, has_embedding=i == 0,
+                s=job.seq_len, b=b, t=t, dp=dp, num_layers=st.num_layers, has_embedding=i == 0,
                 has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, mb, v), num_microbatches=mb,
-                zero=lay.zero_stage, recompute_code=RECOMPUTE_CODES[st.recompute],
-                sequence_parallel=lay.sequence_parallel_active, gpu=gpu, link=link, price_usd_per_hour=price,
+                zero=zero, recompute_code=RECOMPUTE_CODES[st.recompute],
+                sequence_parallel=sp, gpu=gpu, link=link, price_usd_per_hour=price,
                 group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),

@@ -109,6 +109,27 @@ def _virtual(plan: Plan, virtual_stages: int | None) -> int:
     return virtual_stages if virtual_stages is not None else plan.virtual_stages
 
 
+def _interleaved_units(plan: Plan, spec: ModelSpec, v: int, what: str) -> tuple[int, int, int]:
+    """``(e, l, c)`` of an interleaved plan: the embedding (``e`` = 1) and the loss (``l`` = 1) counted as a layer
+    of the split (Megatron-Core ``--account-for-embedding/loss-in-pipeline-split``), and ``c`` units per model
+    chunk: stage i holds ``v * c`` units, the first ``e`` and the last ``l`` fewer layers.
+
+    Raises:
+        HetplanError: the stages fit no such split.
+    """
+    layers, pp = [st.num_layers for st in plan.stages], plan.pp
+    for e, loss in ((0, 0), (1, 1), (1, 0), (0, 1)):
+        units = spec.num_layers + e + loss
+        if units % (pp * v):
+            continue
+        c = units // (pp * v)
+        if layers == [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]:
+            return e, loss, c
+    raise HetplanError(f"{what}'s interleaved schedule splits the layers (plus, optionally, the embedding and the "
+                       f"loss) into {pp} x {v} equal chunks; this plan's stages hold {layers}",
+                       field="plan.virtual_stages", fix="use a balanced split or virtual_stages = 1")
+
+
 def _pools_note(plan: Plan, nproc: int) -> str | None:
     """Which node ranks each stage's pool must supply, when stages sit on different GPU types (ranks are
     pipeline-outermost in all three frameworks, so stage i holds ranks [i*n, (i+1)*n) for n GPUs per stage)."""
@@ -151,9 +172,13 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append(f"--kv-channels {spec.head_dim}")
     experts = int(getattr(spec, "num_experts", 0) or 0)
     if experts:
+        etp = {degree(plan, i, "expert_tp") for i in range(pp)}
+        if len(etp) > 1:
+            raise HetplanError(f"Megatron-LM runs one expert-TP degree on all stages; the plan has {sorted(etp)}",
+                               field="plan.stages[].expert_tp", fix="use one expert-TP degree")
         args += [f"--num-experts {experts}", f"--moe-router-topk {spec.experts_per_token}",
                  f"--moe-ffn-hidden-size {spec.expert_ffn_hidden_size}",
-                 f"--expert-model-parallel-size {m.ep}"]
+                 f"--expert-model-parallel-size {m.ep}", f"--expert-tensor-parallel-size {etp.pop()}"]
         if getattr(spec, "shared_expert_ffn_hidden_size", 0):
             args.append(f"--moe-shared-expert-intermediate-size {spec.shared_expert_ffn_hidden_size}")
         if spec.num_moe_layers < spec.num_layers:  # dense layers among them (DeepSeek's first k, Llama 4's step)
@@ -164,7 +189,14 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args += ["--multi-latent-attention", f"--kv-lora-rank {spec.kv_lora_rank}",
                  f"--qk-head-dim {spec.head_dim - spec.qk_rope_head_dim}", f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
                  f"--v-head-dim {spec.v_head_dim}"] + ([f"--q-lora-rank {spec.q_lora_rank}"] if spec.q_lora_rank else [])
-    if pp > 1 and len(set(layers)) > 1:
+    v = _virtual(plan, virtual_stages) if pp > 1 else 1
+    if v > 1:  # chunks of c units; the embedding / loss may count as a unit (Llama 3's uneven interleaved stages)
+        e, loss, c = _interleaved_units(plan, spec, v, "Megatron-LM")
+        args += (["--account-for-embedding-in-pipeline-split"] if e else []) + (
+            ["--account-for-loss-in-pipeline-split"] if loss else [])
+        args.append(f"--num-virtual-stages-per-pipeline-rank {v}" if e or loss
+                    else f"--num-layers-per-virtual-pipeline-stage {c}")
+    elif pp > 1 and len(set(layers)) > 1:
         mid = layers[1:-1]
         if len(set(mid)) > 1:
             raise HetplanError(f"Megatron-LM can make only the first and last pipeline stages uneven; this plan's "
@@ -175,12 +207,6 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         if not mid or layers[-1] != mid[0]:
             args.append(f"--decoder-last-pipeline-num-layers {layers[-1]}")
         notes.append("uneven split via --decoder-first/last-pipeline-num-layers (Megatron-Core >= 0.10)")
-    v = _virtual(plan, virtual_stages)
-    if v > 1 and pp > 1:
-        if len(set(layers)) > 1 or layers[0] % v:
-            raise HetplanError("Megatron-LM's interleaved schedule needs equal stages divisible by the virtual stages",
-                               field="plan.virtual_stages", fix="use a balanced split or no interleaving")
-        args.append(f"--num-layers-per-virtual-pipeline-stage {layers[0] // v}")
     if plan.zero == 1:
         args.append("--use-distributed-optimizer")
     elif plan.zero >= 2:
@@ -340,11 +366,15 @@ def balanced_split_ds(num_layers: int, pp: int) -> list[int]:
 
 
 def _torchtitan_parts(plan: Plan, spec: ModelSpec, v: int) -> list[list[str]]:
-    """``module_fqns_per_model_part``: the plan's stages (or, interleaved, pp x v equal chunks in model order;
-    chunk k runs on pipeline rank k % pp), the embedding with the first, the final norm and head with the last."""
+    """``module_fqns_per_model_part``: the plan's stages (or, interleaved, pp x v chunks in model order — chunk k
+    runs on pipeline rank k % pp — of equal units, the embedding and the loss counting as one where the plan's
+    split does, :func:`_interleaved_units`), the embedding with the first part, the final norm and head with the
+    last."""
     if v > 1:
-        size = spec.num_layers // (plan.pp * v)
-        counts = [size] * (plan.pp * v)
+        e, loss, c = _interleaved_units(plan, spec, v, "torchtitan")
+        counts = [c] * (plan.pp * v)
+        counts[0] -= e
+        counts[-1] -= loss
     else:
         counts = [st.num_layers for st in plan.stages]
     parts, start = [], 0

@@ -26,6 +26,7 @@ Cost of one state evaluation: O(p) table look-ups plus the simulation; a new sta
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,6 +39,21 @@ from hetplan.estimate.stage import boundary_alpha_s, boundary_bandwidth_bytes_pe
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
+
+
+class StageContext(NamedTuple):
+    """What a stage's costs depend on besides its layers and recomputation (the key of the cost tables): its
+    position (first / last / only stage), TP and DP degrees, micro-batch per replica (sequences), micro-batches per
+    iteration and ZeRO stage."""
+
+    has_embedding: bool
+    has_head: bool
+    single_stage: bool
+    tp: int
+    dp: int
+    mbs: int
+    num_microbatches: int
+    zero: int
 
 @dataclass(frozen=True)
 class FineStage:
@@ -195,7 +211,7 @@ class FineCostModel:
                                                               self.job.seq_len, tp))
         return self._measured[key]
 
-    def _call(self, ctx, n, in_flight, code, r):
+    def _call(self, ctx: StageContext, n, in_flight, code, r):
         emb, head, single, tp, dp, b, mb, zero = ctx
         return stage_costs(
             self.m, self.gpu, self.link, self.job.dtype, s=self.job.seq_len, b=b, t=tp, dp=dp, num_layers=n,
@@ -284,12 +300,12 @@ class FineCostModel:
         return best
 
     # -- states -----------------------------------------------------------------------------------------------
-    def stage_context(self, state: FineState, i: int):
-        """(position, layout, micro-batches...) key of stage ``i`` and its micro-batches in flight (1F1B)."""
+    def stage_context(self, state: FineState, i: int) -> tuple[StageContext, int]:
+        """The :class:`StageContext` of stage ``i`` and its micro-batches in flight (1F1B)."""
         p = state.pp
         st = state.stages[i]
         mb = self.job.global_batch // state.micro_batch
-        ctx = (i == 0, i == p - 1, p == 1, st.tp, st.dp, state.micro_batch // st.dp, mb, state.zero)
+        ctx = StageContext(i == 0, i == p - 1, p == 1, st.tp, st.dp, state.micro_batch // st.dp, mb, state.zero)
         return ctx, min(p - i, mb)
 
     def _boundary(self, a: FineStage, nb: FineStage, B: int, intra: bool) -> float:

@@ -55,6 +55,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -102,12 +103,35 @@ class CostTable:
     head_s: float
 
 
+class StageChoice(NamedTuple):
+    """One stage of a :class:`HeteroCandidate`: its pool (index into the inventory), TP degree, layers and
+    recomputation code (:data:`hetplan.estimate.compute.RECOMPUTE_CODES`)."""
+
+    pool: int
+    tp: int
+    num_layers: int
+    recompute_code: int
+
+
+class PreparedSpace(NamedTuple):
+    """The bounded GPU allocations of one search space, computed once and shared by the closed-form search and
+    the estimate()-exact walk: the groups (micro-batch, DP, ZeRO), each group's allocation rows, ``(max pools
+    per plan, mixed TP)``, the number of allocations, and the rows concatenated ``(group, row, $/hour, T_LB,
+    T_SIM)``."""
+
+    groups: list
+    rows: list
+    max_pools: tuple
+    allocations: int
+    flat: tuple
+
+
 @dataclass
 class HeteroCandidate:
-    """One plan found by the search: stages as ``(pool, tp, num_layers, recompute code)`` in order, plus ``mbs``,
-    ``dp``, ``zero``; its iteration time (s, the estimator's formula) and $ per hour."""
+    """One plan found by the search: its stages in order (:class:`StageChoice`), plus ``mbs``, ``dp``, ``zero``;
+    its iteration time (s, the estimator's formula) and $ per hour."""
 
-    stages: list[tuple[int, int, int, int]]
+    stages: list[StageChoice]
     mbs: int
     dp: int
     zero: int
@@ -698,7 +722,7 @@ def search_hetero(
     keep_candidates: int = 0,
     max_allocations: int = 4_000_000,
     mixed_tp: bool = True,
-    _prepared=None,
+    prepared: PreparedSpace | None = None,
 ) -> HeteroResult:
     """Exact search of the heterogeneous space (module doc) for ``goal``.
 
@@ -717,6 +741,7 @@ def search_hetero(
         max_allocations: when the space holds more GPU allocations than this, first one TP degree per pool, then
             plans are restricted to at most two pools (then one), and ``HeteroResult.stats["max_pools_per_plan"]`` says so: the result is exact
             over the restricted space only.
+        prepared: the space's bounded allocations when the caller has them already (:class:`PreparedSpace`).
     Returns:
         :class:`HeteroResult`; ``best`` is ``None`` when nothing fits or meets the constraint.
     Raises:
@@ -725,13 +750,14 @@ def search_hetero(
     t0 = time.perf_counter()
     pins = pins or Pins()
     max_stages = min(max_stages or m.num_layers, m.num_layers)
-    if _prepared is None:
+    if prepared is None:
         groups = _groups(m, job, inventory, catalog, pins, max_stages)
         rows, max_pools, n_alloc = _bounded_allocations(groups, inventory, pins, max_stages, max_allocations,
                                                         mixed_tp)
         gid, loc, rate, t_lb, _ = _concat_rows(rows)
     else:
-        groups, rows, max_pools, n_alloc, (gid, loc, rate, t_lb, _) = _prepared
+        groups, rows, max_pools, n_alloc = prepared.groups, prepared.rows, prepared.max_pools, prepared.allocations
+        gid, loc, rate, t_lb, _ = prepared.flat
     cost_lb = rate * t_lb / 3600.0
     if goal == "cheapest":
         ok = t_lb <= (slo_iteration_s if slo_iteration_s is not None else INF)
@@ -778,7 +804,7 @@ def search_hetero(
         if t is None:
             continue
         cand = HeteroCandidate(
-            stages=[(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
+            stages=[StageChoice(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
             mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=R,
         )
         found.append(cand)
@@ -917,7 +943,7 @@ def search_hetero_estimated(
     rows, max_pools, n_alloc = _bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp)
     flat = _concat_rows(rows)
     gid, loc, rate, t_lb, t_sim = flat
-    prepared = (groups, rows, max_pools, n_alloc, flat)
+    prepared = PreparedSpace(groups, rows, max_pools, n_alloc, flat)
     cmins = [g.c_min() for g in groups]
     slo = objective.slo_iteration_s if objective.slo_iteration_s is not None else INF
     budget_it = objective.budget_usd / iterations if objective.budget_usd is not None else INF
@@ -951,13 +977,13 @@ def search_hetero_estimated(
         if pareto:
             cf = search_hetero(m, job, inventory, catalog, goal="pareto", slo_iteration_s=objective.slo_iteration_s,
                                budget_usd_per_iteration=None if budget_it == INF else budget_it, pins=pins,
-                               max_stages=max_stages, max_allocations=max_allocations, _prepared=prepared)
+                               max_stages=max_stages, max_allocations=max_allocations, prepared=prepared)
             seeds_cf = cf.frontier
         else:
             cf_goal, cf_slo, cf_budget = _closed_form_goal(objective, iterations)
             cf = search_hetero(m, job, inventory, catalog, goal=cf_goal, slo_iteration_s=cf_slo,
                                budget_usd_per_iteration=cf_budget, pins=pins, max_stages=max_stages,
-                               max_allocations=max_allocations, keep_candidates=top_k + 3, _prepared=prepared)
+                               max_allocations=max_allocations, keep_candidates=top_k + 3, prepared=prepared)
             seeds_cf = cf.candidates
         count["solved"] += cf.allocations_solved
         count["orders"] += cf.orders_solved
@@ -993,7 +1019,7 @@ def search_hetero_estimated(
             count["orders"] += tried
             if t is None:
                 return ()
-            cand = HeteroCandidate(stages=[(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
+            cand = HeteroCandidate(stages=[StageChoice(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
                                    mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=float(rate[j]))
             bound = g.lower_bound_s(seq, ns)
             return ((item_key(bound, cand.usd_per_hour), ("plan", cand, bound)),)
