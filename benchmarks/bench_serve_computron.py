@@ -10,7 +10,8 @@ import math
 from pathlib import Path
 
 from hetplan.model.spec import load_model
-from hetplan.serve.swap_model import COMPUTRON_A100_PCIE4, COMPUTRON_OPT13B_LOAD_TIME_S, shard_bytes
+from hetplan.estimate.inference import weight_bytes_per_worker
+from hetplan.serve.swap_model import COMPUTRON_A100_PCIE4, COMPUTRON_OPT13B_LOAD_TIME_S
 
 
 def main() -> None:
@@ -25,7 +26,7 @@ def main() -> None:
         t = sm.load_time_s(spec, tp, pp, "fp16")
         e = (t - t_pub) / t_pub
         errs.append(e)
-        print(f"| ({tp}, {pp}) | {max(shard_bytes(spec, tp, pp, 'fp16')) / 1e9:.2f} | {t:.3f} | {t_pub:.3f} | {e:+.1%} |")
+        print(f"| ({tp}, {pp}) | {max(weight_bytes_per_worker(spec, tp, pp, 'fp16')) / 1e9:.2f} | {t:.3f} | {t_pub:.3f} | {e:+.1%} |")
     print(f"mean |error| {sum(map(abs, errs)) / len(errs):.1%}, RMS {math.sqrt(sum(e * e for e in errs) / len(errs)):.1%}, "
           f"max |error| {max(map(abs, errs)):.1%}")
 

@@ -7,8 +7,8 @@ are not UTF-8 (the message gives the byte offset), binary content, malformed TOM
 nesting too deep for the parser, a top level that is not a table.
 
 Numbers are bounded where they are declared (pydantic ``Field(le=..., json_schema_extra={"why": ...})``, made
-by :func:`bounded`); the reason a bound exists is shown with the error, e.g. "global_batch: must be at most
-65536 (...)".
+by :func:`bounded`); the reason a bound exists is shown with the error, e.g. "job.global_batch: Input should be
+less than or equal to 65536 (got 1000000000000): 65,536 sequences is LAMB's record batch ...".
 """
 
 from __future__ import annotations

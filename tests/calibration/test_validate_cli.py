@@ -66,7 +66,8 @@ def test_held_out_reported_for_calibrated_sets(result):
 
 def test_plain_output_and_files(tmp_path):
     out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--sets", "korthikanti_table5",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "korthikanti_table5" in out.stdout
     assert (tmp_path / "validation.csv").read_text().count("\n") == 9

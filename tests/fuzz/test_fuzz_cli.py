@@ -43,6 +43,12 @@ FUZZ = settings.get_profile("hetplan-fuzz")
 def _tally():
     yield
     print(f"\nfuzz tally: {dict(TALLY)}")
+
+
+def _count(key: str) -> None:
+    """Add one to the tally; with ``HETPLAN_FUZZ_TALLY=FILE`` also write it there (so a long run killed by a
+    timeout still leaves its counts)."""
+    TALLY[key] += 1
     out = os.environ.get("HETPLAN_FUZZ_TALLY")
     if out:
         Path(out).write_text(json.dumps(dict(TALLY)))
@@ -211,17 +217,17 @@ def to_toml(data: dict) -> str:
 
 def check_outcome(r, what: str) -> None:
     """Exit 2 with one message and no traceback, or exit 0; a JSON plan's numbers finite and consistent."""
-    TALLY["tried"] += 1
+    _count("tried")
     what = what if len(what) < 400 else what[:400] + "..."
     if r.traceback or r.code not in (0, 2) or "Traceback" in r.stderr:
-        TALLY["tracebacks"] += 1
+        _count("tracebacks")
         pytest.fail(f"{what}: exit {r.code}\n{r.traceback or r.stderr}")
     if r.code == 2:
-        TALLY["clean exit 2"] += 1
+        _count("clean exit 2")
         assert r.stderr.strip(), f"{what}: exit 2 without a message"
         assert r.stderr.count("error:") + r.stderr.count("Error") == 1, r.stderr
         return
-    TALLY["exit 0"] += 1
+    _count("exit 0")
     text = r.stdout.strip()
     data = json.loads(text) if text.startswith("{") else {}
     if "plans" in data or "iteration_time_s" in data:
@@ -246,12 +252,12 @@ def timed(*args):
     t0 = time.perf_counter()
     r = run_cli(*args)
     if time.perf_counter() - t0 > 5:
-        TALLY["slow (> 5 s)"] += 1
+        _count("slow (> 5 s)")
         files = [Path(a) for a in args if isinstance(a, Path) and Path(a).is_file() and Path(a).stat().st_size < 2000]
         print(f"slow case ({time.perf_counter() - t0:.1f} s): hetplan {' '.join(map(str, args))}",
               *(f.read_text(errors="replace") for f in files))
     if time.perf_counter() - t0 > HANG_S:
-        TALLY["hangs"] += 1
+        _count("hangs")
         pytest.fail(f"hetplan {' '.join(map(str, args))}: took {time.perf_counter() - t0:.0f} s")
     return r
 

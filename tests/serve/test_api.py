@@ -96,6 +96,7 @@ def test_metrics_and_models(server):
         assert any(ln.startswith(name) for ln in lines), name
     models = httpx.get(f"{url}/v1/models").json()
     assert {m["name"] for m in models["models"]} == {"a", "b"}
+    assert all(m["kv_cache_bytes"][0] > 0 for m in models["models"])
     assert sum(m["state"] == "resident" for m in models["models"]) <= 1  # one fits at a time
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Optional
 
 import typer
@@ -32,7 +33,7 @@ def gpus(
     narrow = con.width < NARROW
     t = new_table(f"GPU catalog ({cat.date}); links unidirectional per GPU; TFLOP/s dense", narrow)
     # Under 130 columns: no fp16 and host-link columns (fp16 equals bf16 on every GPU that has both) and the
-    # price's date without its provider.
+    # price's latest year without its provider.
     cols = ("name", "memory GiB", "HBM GB/s", "bf16 TF/s", "fp16 TF/s", "GPU link GB/s", "host GB/s", "TDP W",
             "$/GPU-h", "price as of")
     keep = [c for c in cols if not narrow or c not in ("fp16 TF/s", "host GB/s")]
@@ -45,7 +46,8 @@ def gpus(
             f"{f['bf16'] / 1e12:.0f}" if "bf16" in f else "-", f"{f['fp16'] / 1e12:.0f}" if "fp16" in f else "-",
             f"{g.gpu_link_bandwidth_bytes_per_s / 1e9:.0f}", f"{g.host_link_bandwidth_bytes_per_s / 1e9:.0f}",
             f"{g.tdp_w:.0f}", f"{g.price_usd_per_hour:.2f}",
-            g.price_date.split()[0] if narrow else f"{g.price_provider.split(',')[0]} {g.price_date}",
+            (re.findall(r"\d{4}", g.price_date) or ["?"])[-1] if narrow
+            else f"{g.price_provider.split(',')[0]} {g.price_date}",
         )))
         t.add_row(*(row[c] for c in keep))
     con.print(t)

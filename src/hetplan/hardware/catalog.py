@@ -92,8 +92,10 @@ class GPUSpec(BaseModel):
     compute_efficiency: float = Field(gt=0, le=1)
     calibration_source: str
     calibrated: bool = False
-    gemm_half_dim: float = Field(default=134.0, ge=0)
-    kernel_overhead_s: float = Field(default=44.3e-6, ge=0)
+    gemm_half_dim: float = bounded(1e6, "a half-efficiency GEMM dimension of a million elements is no tensor core",
+                                   default=134.0, ge=0)
+    kernel_overhead_s: float = bounded(0.01, "10 ms per kernel is 200x the calibrated hosts' 44-74 us",
+                                       default=44.3e-6, ge=0)
     attention_efficiency: tuple[float, float] | None = None
     sm_count: int | None = Field(default=None, gt=0)
     sources: tuple[str, ...] = ()

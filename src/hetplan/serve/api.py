@@ -8,7 +8,7 @@ Endpoints:
   ``tokens``, ``latency_s``, ``ttft_s``, ``tpot_s``, ``queue_s``, ``batch_size``; ``400`` malformed JSON; ``401``
   no or wrong token; ``404`` unknown model; ``411``/``413`` no length / body too large; ``422`` bad input; ``429``
   the model's queue is full (``Retry-After`` header); ``503`` shutting down or a worker failed.
-* ``GET /v1/models`` — models, residency, queue lengths, shard bytes per worker.
+* ``GET /v1/models`` — models, residency, queue lengths, weight and KV-cache bytes per worker.
 * ``GET /metrics`` — Prometheus text format 0.0.4 (swaps, bytes swapped, swap bandwidth, queue lengths, latency
   histograms).
 * ``GET /healthz``.
@@ -132,7 +132,7 @@ def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_token
         for name in engine.specs:
             st = sched.models[name] if sched else None
             out.append({"name": name, "state": st.state if st else "offloaded", "queue_length": len(st.queue) if st else 0,
-                        "shard_bytes": engine.shard_bytes.get(name)})
+                        "shard_bytes": engine.shard_bytes.get(name), "kv_cache_bytes": engine.kv_bytes.get(name)})
         return {"models": out, "capacity_bytes": engine.capacity_bytes, "tp": engine.tp, "pp": engine.pp}
 
     @app.get("/metrics")
