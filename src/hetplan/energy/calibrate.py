@@ -43,7 +43,8 @@ def perseus_plan(model_key: str, gpu: str) -> Plan:
     """The plan of Perseus' profiled setup (module doc) for ``model_key`` in :data:`PERSEUS_MODELS`."""
     model, layers = PERSEUS_MODELS[model_key]
     return Plan.model_validate(dict(
-        job=dict(model=model, seq_len=2048, global_batch=96, train_iterations=1, dtype="bf16"),
+        job=dict(model=model, seq_len=2048, global_batch=96, train_iterations=1, dtype="bf16",
+                 attention="standard"),  # as when the power model was fitted (docs/energy.md)
         pools=[dict(gpu=gpu, count=64, gpus_per_node=8, intra_node_bandwidth_bytes_per_s=1e13)],
         stages=[dict(num_layers=n, tp=8, dp=1) for n in layers], mbs=1))
 
