@@ -51,6 +51,11 @@ class Job(BaseModel):
             says), one all-gather per layer in forward and backward and one reduce-scatter per layer, every
             micro-batch (:func:`hetplan.estimate.stage.zero3_exposed_s`); see ``Plan.fsdp_shard``,
             ``Plan.reshard_after_forward``, ``Plan.grad_reduce_dtype``.
+        moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
+            models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
+            factor; 1 for benchmarks that force balanced routing).
+        cp_kv_exchange: how context parallelism exchanges K/V: ``ring`` (Megatron-Core p2p, overlapped with
+            attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -66,6 +71,8 @@ class Job(BaseModel):
     optimizer: Literal["adam"] = "adam"
     attention: Literal["standard", "flash"] = "flash"
     framework: Literal["megatron", "deepspeed", "fsdp"] = "megatron"
+    moe_load_imbalance: float = Field(default=1.25, ge=1.0, le=8.0, allow_inf_nan=False)
+    cp_kv_exchange: Literal["ring", "allgather"] = "ring"
 
     def iterations(self) -> float:
         """Iterations in the whole job: ``train_tokens / (global_batch * seq_len)`` or ``train_iterations``; 1 if neither."""
@@ -245,10 +252,11 @@ class ParallelLayout(BaseModel):
 
 @lru_cache(maxsize=4096)
 def _stage_layout(tp: int, dp: int, zero: int, pp: int, virtual_stages: int, sequence_parallel: bool,
-                  fsdp_shard: int | None) -> ParallelLayout:
+                  fsdp_shard: int | None, cp: int = 1, ep: int = 1) -> ParallelLayout:
     """:meth:`Plan.stage_layout`, built once per distinct layout (frozen, so shared; the estimator reads one per
     stage of thousands of plans). ``fsdp_shard``: HSDP's shard group (shard within, replicate across)."""
-    degrees = dict(tp=tp, zero_stage=zero, pp=pp, virtual_stages=virtual_stages, sequence_parallel=sequence_parallel)
+    degrees = dict(tp=tp, zero_stage=zero, pp=pp, virtual_stages=virtual_stages, sequence_parallel=sequence_parallel,
+                   cp=cp, ep=ep)
     if fsdp_shard is not None:
         return ParallelLayout(dp_shard=fsdp_shard, dp_replicate=dp // fsdp_shard, **degrees)
     return ParallelLayout.of(dp=dp, **degrees)
@@ -308,6 +316,10 @@ class Plan(BaseModel):
             them again in backward (FSDP2's default), or keeps them until the backward (False).
         grad_reduce_dtype: dtype of the data-parallel gradient reduction: ``fp32`` or ``bf16`` / ``fp16``; None =
             the framework default (fp32 for bf16 training: Megatron-LM forces it, torchtitan's default).
+        cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
+            ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
+        ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
+            stage's ``dp·cp`` ranks, expert-TP 1 (:mod:`hetplan.estimate.moe`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -324,6 +336,8 @@ class Plan(BaseModel):
     fsdp_shard: int | None = Field(default=None, gt=0)
     reshard_after_forward: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    cp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":
@@ -355,7 +369,8 @@ class Plan(BaseModel):
         st = self.stages[stage]
         zero = 3 if self.job.framework == "fsdp" else self.zero  # FSDP shards everything
         shard = self.fsdp_shard if self.fsdp_shard is not None and zero >= 1 else None
-        return _stage_layout(st.tp, st.dp, zero, self.pp, self.virtual_stages, self.sequence_parallel, shard)
+        return _stage_layout(st.tp, st.dp, zero, self.pp, self.virtual_stages, self.sequence_parallel, shard,
+                             self.cp, self.ep)
 
     def stage_mbs(self, stage: int) -> int:
         """Micro-batch size of one replica of ``stage`` (sequences): its own ``mbs`` or :attr:`mbs`."""
@@ -368,8 +383,8 @@ class Plan(BaseModel):
 
     @property
     def num_gpus(self) -> int:
-        """GPUs used: sum over stages of tp * dp."""
-        return sum(st.tp * st.dp for st in self.stages)
+        """GPUs used: sum over stages of tp * cp * dp."""
+        return sum(st.tp * self.cp * st.dp for st in self.stages)
 
     def num_microbatches(self, stage: int = 0) -> int:
         """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs) (the stage's mbs)."""

@@ -25,7 +25,9 @@ def test_uneven_stages_interleave_like_llama3():
 def test_llama3_405b_on_16k_h100_within_15_percent_of_the_measured_step():
     assert MEASURED_STEP_S == pytest.approx(6.74, rel=0.01)
     job = Job(model="llama3-405b", seq_len=8192, global_batch=2048)
-    best = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=16384)])).plans[0]
+    # Llama 3 pre-trained at 8K with CP 1 (Dubey et al. 2024, Table 4); the search over that space. With CP the
+    # estimator prefers CP 2 (DP 64 instead of 128: 32 micro-batches per pipeline instead of 16, a smaller bubble).
+    best = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=16384)]), pins=Pins(cp=1)).plans[0]
     est = best.estimate
     assert abs(est.iteration_time_s / MEASURED_STEP_S - 1) <= 0.15
     assert best.plan.virtual_stages > 1

@@ -163,6 +163,8 @@ def plan_command(
     use_gpus: Optional[int] = typer.Option(None, "--use-gpus", help="Pin the number of GPUs the plan uses."),
     virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
                                                  help="Pin interleaved 1F1B's virtual stages per stage (1 = plain 1F1B)."),
+    cp: Optional[int] = typer.Option(None, "--cp", help="Pin the context-parallel degree (sequence split)."),
+    ep: Optional[int] = typer.Option(None, "--ep", help="Pin the expert-parallel degree (MoE models)."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the table of plans (no memory breakdown, "
@@ -230,7 +232,7 @@ def plan_command(
     obj = validated(Objective, obj_raw, "objective")
     pin_raw = data["pin"]
     for key, val in (("tp", tp), ("pp", pp), ("dp", dp), ("mbs", mbs), ("zero", zero), ("recompute", recompute),
-                     ("num_gpus", use_gpus), ("virtual_stages", virtual_stages)):
+                     ("num_gpus", use_gpus), ("virtual_stages", virtual_stages), ("cp", cp), ("ep", ep)):
         if val is not None:
             pin_raw[key] = val
     pins = _pins(pin_raw)
@@ -416,7 +418,7 @@ def _print_fine(fine, explain: bool) -> None:
 
 
 def _pins(raw: dict) -> Pins:
-    allowed = {"tp", "pp", "dp", "mbs", "zero", "recompute", "num_gpus", "virtual_stages"}
+    allowed = {"tp", "pp", "dp", "mbs", "zero", "recompute", "num_gpus", "virtual_stages", "cp", "ep"}
     for key, val in raw.items():
         if key not in allowed:
             raise HetplanError("unknown pin", field=f"pin.{key}", fix=f"pins are {', '.join(sorted(allowed))}")

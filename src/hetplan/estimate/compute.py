@@ -99,21 +99,30 @@ def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1):
                       bytes_ / gpu.hbm_bandwidth_bytes_per_s)
 
 
-def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
-    """``(linear_s, core_s)``: forward time of a layer's four linear GEMMs and of its two attention-core batched
-    GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks."""
-    h, q, kv, f, a, d = m.hidden_size, m.q_dim, m.kv_dim, m.ffn_hidden_size, m.num_attention_heads, m.head_dim
+def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
+    """``(linear_s, core_s)``: forward time of a layer's attention projections (fused QKV, output) and of its two
+    attention-core batched GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks."""
+    h, q, kv, a, d = m.hidden_size, m.q_dim, m.kv_dim, m.num_attention_heads, m.head_dim
     T = b * s
-    up = (2 if m.gated_mlp else 1) * f
-    linear = (
-        gemm_time_s(gpu, dtype, T, (q + 2 * kv) / t, h)
-        + gemm_time_s(gpu, dtype, T, h, q / t)
-        + gemm_time_s(gpu, dtype, T, up / t, h)
-        + gemm_time_s(gpu, dtype, T, h, f / t)
-    )
+    linear = gemm_time_s(gpu, dtype, T, (q + 2 * kv) / t, h) + gemm_time_s(gpu, dtype, T, h, q / t)
     heads = b * a / t
     core = gemm_time_s(gpu, dtype, s, s, d, heads) + gemm_time_s(gpu, dtype, s, d, s, heads)
     return linear, core
+
+
+def mlp_gemm_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, tokens, f, t):
+    """Forward time of a TP-split MLP of inner size ``f`` on ``tokens`` tokens: ``(T, f/t, h)`` (``2f/t`` for
+    SwiGLU's fused gate/up) and ``(T, h, f/t)``."""
+    up = (2 if m.gated_mlp else 1) * f
+    return gemm_time_s(gpu, dtype, tokens, up / t, m.hidden_size) + gemm_time_s(gpu, dtype, tokens, m.hidden_size, f / t)
+
+
+def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
+    """``(linear_s, core_s)``: forward time of a layer's four linear GEMMs and of its two attention-core batched
+    GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks (dense layers; MoE and MLA layers:
+    :func:`hetplan.estimate.moe.layer_gemm_times_s`)."""
+    linear, core = attention_gemm_times_s(m, gpu, dtype, b, s, t)
+    return linear + mlp_gemm_time_s(m, gpu, dtype, b * s, m.ffn_hidden_size, t), core
 
 
 #: Exponent of the smooth maximum between GPU work and host launch time (p-norm; large = hard max).
@@ -159,7 +168,7 @@ def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, caus
 def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
-    sequence_parallel=False, attention="standard", intra_node_alpha_s=None,
+    sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None, attention_blocks=1,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -175,20 +184,26 @@ def layer_time_s(
         attention: ``"flash"`` (FlashAttention, causal: one fused kernel for the core,
             :func:`flash_attention_time_s`; no element-wise passes over s x s scores; selective recompute = none)
             or ``"standard"`` (two batched GEMMs over the full s x s scores plus the element-wise passes over them).
+        gemm_times_s: ``(linear_s, core_s)`` of the layer's forward GEMMs when the caller costs them (MoE, MLA and
+            CP layers: :func:`hetplan.estimate.moe.layer_gemm_times_s`, :mod:`hetplan.estimate.context`);
+            default :func:`layer_gemm_times_s`.
+        attention_blocks: ``(s x s)`` attention blocks per rank: ``cp`` under context parallelism, where ``s`` is
+            a rank's ``s / cp`` tokens and its queries attend all ``cp`` blocks of keys (:mod:`hetplan.estimate.context`).
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
     """
     flash = counts.check_attention(attention) == "flash"
-    linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t)
+    linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t) if gemm_times_s is None else gemm_times_s
     act_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none", attention=attention)
     act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none", attention=attention)
     act = np.where(sequence_parallel, act_sp, act_nosp)
     elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
     kernel = gpu.kernel_overhead_s
     kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0)
+    core_gemm = core_gemm * attention_blocks
     if flash:
-        core_fwd, core_bwd = flash_attention_time_s(m, gpu, dtype, b, s, t)
+        core_fwd, core_bwd = (x * attention_blocks for x in flash_attention_time_s(m, gpu, dtype, b, s, t))
     else:  # backward: two GEMMs per forward GEMM
         core_fwd, core_bwd = core_gemm, 2 * core_gemm
     # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers); the

@@ -242,7 +242,7 @@ def p2p_model(framework: str) -> str | bool:
 _SIMULATE_MANY_MIN_PLANS = 16
 
 _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
-             "num_microbatches", "zero", "recompute_code", "sequence_parallel")
+             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep")
 
 
 class _StageRow(NamedTuple):
@@ -263,6 +263,8 @@ class _StageRow(NamedTuple):
     zero: int
     recompute_code: int
     sequence_parallel: bool
+    cp: int
+    ep: int
     gpu: GPUSpec
     link: Link
     price_usd_per_hour: float
@@ -277,6 +279,8 @@ class _StageRow(NamedTuple):
     peak_flops_per_s: float
     recomputed_layers: int
     flash: bool
+    moe_load_imbalance: float
+    kv_exchange: str
     fsdp_shard: int | None = None
     reshard_after_forward: bool = True
     grad_reduce_dtype: str | None = None
@@ -345,7 +349,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
                                               plan.overlap_grad_reduce, job.attention, job.framework,
-                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype),
+                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
+                                              job.cp_kv_exchange),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -366,7 +371,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                flash=flash,
+                flash=flash, cp=lay.cp, ep=lay.ep, moe_load_imbalance=job.moe_load_imbalance,
+                kv_exchange=job.cp_kv_exchange,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
@@ -401,6 +407,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         measured_layer_time_s=measured[r0], recompute_layers=row.recompute_layers,
                         attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
+                        moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
                         **kw)
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
@@ -413,7 +420,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     intra = []
     for plan in plans:
         intra += boundary_is_intra_node(
-            [st.tp * st.dp for st in plan.stages], [st.pool for st in plan.stages],
+            [st.tp * plan.cp * st.dp for st in plan.stages], [st.pool for st in plan.stages],
             [pl.gpus_per_node for pl in plan.pools])
     send = np.flatnonzero(~cols["has_head"])  # every stage but a plan's last sends to the next row
     recv = send + 1
@@ -428,9 +435,11 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         send_a, recv_a = send, recv
         send_link, recv_link = Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols))
         intra = np.array(intra)
-        bw = boundary_bandwidth_bytes_per_s(send_link, recv_link, cols["t"][send_a] * cols["dp"][send_a], intra)
+        bw = boundary_bandwidth_bytes_per_s(send_link, recv_link,
+                                            cols["t"][send_a] * cols["cp"][send_a] * cols["dp"][send_a], intra)
         alpha = boundary_alpha_s(send_link, recv_link, intra)
-        msg = p2p_bytes(m, cols["b"][send_a], cols["s"][send_a], np.maximum(cols["t"][send_a], cols["t"][recv_a]), False)
+        msg = p2p_bytes(m, cols["b"][send_a], cols["s"][send_a] / cols["cp"][send_a],
+                        np.maximum(cols["t"][send_a], cols["t"][recv_a]), False)
         p2p = np.asarray(p2p_time_s(msg, bw, alpha), dtype=float)
         for j in reshard:
             a, nb = send[j], recv[j]
@@ -470,7 +479,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     # Per-plan reductions over each plan's rows.
     starts = np.array(start)
     gbs = np.array(gbs)
-    ngpu = cols["t"] * cols["dp"]
+    ngpu = cols["t"] * cols["cp"] * cols["dp"]
     peak_flops = np.add.reduceat(ngpu * np.array(peak_rows), starts)
     usd_per_hour = np.add.reduceat(ngpu * np.array(prices), starts)
     model_rows = counts.model_flops_per_iteration(m, gbs, cols["s"])

@@ -57,6 +57,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetplan.errors import HetplanError
+from hetplan.estimate import context, moe
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -126,6 +127,8 @@ def stage_memory_bytes(
     framework: str = "megatron",
     fsdp_shard=None,
     reshard_after_forward=True,
+    cp=1,
+    ep=1,
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -146,6 +149,10 @@ def stage_memory_bytes(
             16-bit unsharded parameters of :data:`FSDP_UNITS_IN_FLIGHT` units (of all the stage's units when
             ``reshard_after_forward`` is False: they are kept from forward to backward) and, in the backward,
             one unit's unsharded 16-bit gradient and its fp32 reduce-scatter input.
+        cp: context-parallel degree: each GPU holds ``s / cp`` tokens of every sequence
+            (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
+        ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
+            expert data-parallel ranks (:func:`hetplan.estimate.moe.expert_data_parallel`).
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -154,30 +161,43 @@ def stage_memory_bytes(
     if framework not in FRAMEWORKS:
         raise HetplanError(f"unknown framework {framework!r}", field="job.framework",
                            fix="use 'megatron', 'deepspeed' or 'fsdp'")
-    params = stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
-    layer_params = counts.layer_parameters(m) / t
+    dense, expert = moe.parameters_per_gpu(stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
+                                           moe.expert_parameters(m, num_layers), t, ep)
+    layer_params = counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / np.asarray(ep))
+    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
+
+    def split(per_parameter, dense_shard, expert_shard):  # bytes: dense over dp·cp, experts over expert-DP
+        return dense * per_parameter / dense_shard + expert * per_parameter / expert_shard
+
     if framework == "fsdp":
-        shard = dp if fsdp_shard is None else np.minimum(fsdp_shard, dp)
+        shard = dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all)
+        eshard = edp if fsdp_shard is None else np.minimum(fsdp_shard, edp)
         units = FSDP_UNITS_IN_FLIGHT if reshard_after_forward else np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT)
-        weights = params * FSDP_WEIGHT_BYTES / shard + units * layer_params * WEIGHT_BYTES
+        weights = split(FSDP_WEIGHT_BYTES, shard, eshard) + units * layer_params * WEIGHT_BYTES
         # one unit's unsharded 16-bit gradient and its fp32 copy for the reduce-scatter (backward only)
-        grads = params * FSDP_GRAD_BYTES / shard + layer_params * (WEIGHT_BYTES + 4)
-        optim = params * FSDP_OPTIMIZER_BYTES / shard
+        grads = split(FSDP_GRAD_BYTES, shard, eshard) + layer_params * (WEIGHT_BYTES + 4)
+        optim = split(FSDP_OPTIMIZER_BYTES, shard, eshard)
     else:
         zero = np.asarray(zero)
-        weights = params * WEIGHT_BYTES / np.where(zero >= 3, dp, 1)
+
+        def level(k, n):
+            return np.where(zero >= k, n, 1)
+
+        weights = split(WEIGHT_BYTES, level(3, dp_all), level(3, edp))
         weights = weights + np.where(zero >= 3, 2 * layer_params * WEIGHT_BYTES, 0)
-        grads = params * GRAD_BYTES / np.where(zero >= 2, dp, 1)
-        optim = params * OPTIMIZER_BYTES / np.where(zero >= 1, dp, 1)
+        grads = split(GRAD_BYTES, level(2, dp_all), level(2, edp))
+        optim = split(OPTIMIZER_BYTES, level(1, dp_all), level(1, edp))
 
     rc = np.asarray({"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else recompute)
     sp = np.asarray(sequence_parallel)
 
+    s_all = s  # the whole sequence (``s`` becomes this GPU's share below)
+
     def act(mode, kind=attention):
         return np.where(
             sp,
-            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute=mode, attention=kind),
-            counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute=mode, attention=kind),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind),
         )
 
     per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
@@ -189,6 +209,7 @@ def stage_memory_bytes(
         activations = in_flight * (r * per_layer + (num_layers - r) * act("none"))
         recomputed = np.where((rc == 2) & (r > 0), act("none"), 0.0)
     activations = activations + recomputed
+    s = context.local_seq_len(s, cp) if np.any(np.asarray(cp) != 1) else s  # tokens on this GPU
     sbh = s * b * m.hidden_size
     emb = in_flight * (8 * s * b + sbh) / np.where(sp, t, 1)  # sequence-parallel: split like the layers
     activations = activations + np.where(has_embedding, emb, 0)
@@ -201,7 +222,7 @@ def stage_memory_bytes(
     # Backward working set: activation gradients of one layer, without its s x s part (as FlashAttention stores
     # it), plus with standard attention the gradient of the s x s softmax output (one 2-byte tensor; the fused
     # softmax backward of Megatron-LM writes the input gradient in place).
-    scores_grad = 0.0 if attention == "flash" else 2 * m.num_attention_heads * s * s * b / t
+    scores_grad = 0.0 if attention == "flash" else 2 * m.num_attention_heads * s * s_all * b / t
     backward = BACKWARD_WORKING_SET * act("none", "flash") + scores_grad
     if framework == "deepspeed":
         # DeepSpeed's pipeline engine keeps the last stage's 16-bit logits (its output buffer) through the

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.estimate import compute, memory
+from hetplan.estimate import compute, context, memory, moe
 from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, dp_collective_time_s,
                                    group_collective_time_s, overlap_contention)
 from hetplan.hardware.catalog import GPUSpec
@@ -70,6 +70,10 @@ def stage_costs(
     fsdp_shard=None,
     reshard_after_forward=True,
     grad_reduce_dtype=None,
+    cp=1,
+    ep=1,
+    moe_load_imbalance=1.0,
+    kv_exchange="ring",
 ):
     """Costs of one stage (see module doc). Returns a dict of arrays:
 
@@ -106,6 +110,12 @@ def stage_costs(
     per micro-batch, the unsharded parameters held through the backward). ``grad_reduce_dtype``: ``"fp32"`` or
     ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
 
+    ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
+    on ``cp`` blocks, plus the exposed K/V exchange (``kv_exchange``: ``"ring"`` | ``"allgather"``); gradients
+    reduced over ``dp·cp``. ``ep``: expert-parallel degree (:mod:`hetplan.estimate.moe`, expert-TP 1): MoE and
+    MLA GEMMs, the dispatch/combine all-to-all of the busiest rank (``moe_load_imbalance``), experts sharded over
+    ``ep`` and reduced over the expert data-parallel ranks.
+
     Units: seconds, bytes.
     """
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
@@ -113,10 +123,23 @@ def stage_costs(
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
                  intra_node_alpha_s=link.intra_node_alpha_s)
+    s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
+    if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
+        s = context.local_seq_len(s_all, cp)
+        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance)
+                        if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
+        tp_kw.update(gemm_times_s=(linear, core), attention_blocks=cp)
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af = ab = atp = None
     if measured_layer_time_s is not None or recompute_layers is not None:
         af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
+    if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
+        net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
+        a2a = moe.moe_alltoall_time_s(m, b, s, t, ep, 1, *net, imbalance=moe_load_imbalance) if m.is_moe else 0.0
+        kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, *net)
+        lf, lb, ltp = lf + a2a + kv_f, lb + a2a + kv_b, ltp + 2 * a2a + kv_f + kv_b
+        if af is not None:
+            af, ab, atp = af + a2a + kv_f, ab + a2a + kv_b, atp + 2 * a2a + kv_f + kv_b
     if measured_layer_time_s is not None:
         # Scale the analytic recomputation overhead by measured/analytic forward time.
         mf, mbk = measured_layer_time_s
@@ -133,16 +156,30 @@ def stage_costs(
     fwd = num_layers * lf + np.where(has_embedding, ef, 0.0) + np.where(has_head, hf, 0.0)
     bwd = layers_bwd + np.where(has_embedding, eb, 0.0) + np.where(has_head, hb, 0.0)
 
-    params = memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage) / t
+    dense, expert = moe.parameters_per_gpu(memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
+                                           moe.expert_parameters(m, num_layers), t, ep)
+    params = dense + expert
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
-    dp_args = (dp, t, link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
-               link.intra_node_alpha_s)
-    grad_bytes = params * (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
-                           else (4 if grad_reduce_dtype == "fp32" else 2))
-    weight_bytes = params * memory.WEIGHT_BYTES
-    allreduce = dp_collective_time_s(grad_bytes, "allreduce", *dp_args)
-    reduce_scatter = dp_collective_time_s(grad_bytes, "allgather", *dp_args)
-    param_gather = dp_collective_time_s(weight_bytes, "allgather", *dp_args)
+    net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
+           link.intra_node_alpha_s)
+    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
+    grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
+                else (4 if grad_reduce_dtype == "fp32" else 2))
+    weight_per = memory.WEIGHT_BYTES
+
+    def dp_collective(bytes_per_parameter, collective, units=1.0, group=None):
+        """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
+        folded)."""
+        n = dp_all if group is None else group
+        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, *net)
+        if m.is_moe:
+            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp, ep, *net)
+        return out * units
+
+    grad_bytes = params * grad_per
+    allreduce = dp_collective(grad_per, "allreduce")
+    reduce_scatter = dp_collective(grad_per, "allgather")
+    param_gather = dp_collective(weight_per, "allgather")
     # ZeRO-0: all-reduce grads. ZeRO-1/2: reduce-scatter grads + all-gather updated weights (distributed optimizer),
     # once per iteration. ZeRO-3 / FSDP: per micro-batch, per unit (zero3_exposed_s).
     z3 = zero >= 3
@@ -159,11 +196,10 @@ def stage_costs(
     # fully_shard module). HSDP: within shard groups of consecutive DP ranks, then an all-reduce of each shard
     # across the replicas (stride t·shard).
     units = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
-    shard = np.asarray(dp if fsdp_shard is None else np.minimum(fsdp_shard, dp), dtype=float)
-    shard_args = (shard, *dp_args[1:])
-    z3_gather = dp_collective_time_s(weight_bytes / units, "allgather", *shard_args) * units
-    z3_reduce_scatter = dp_collective_time_s(grad_bytes / units, "allgather", *shard_args) * units
-    replicas = np.asarray(dp, dtype=float) / shard
+    shard = np.asarray(dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all), dtype=float)
+    z3_gather = dp_collective(weight_per, "allgather", units, shard)
+    z3_reduce_scatter = dp_collective(grad_per, "allgather", units, shard)
+    replicas = dp_all / shard
     z3_reduce_scatter = z3_reduce_scatter + np.where(replicas > 1, group_collective_time_s(
         grad_bytes / units / shard, "allreduce", replicas, t * shard, link.gpus_per_node, tp_bw,
         link.inter_node_bandwidth_bytes_per_s, inter_alpha_s=link.inter_node_alpha_s,
@@ -180,7 +216,7 @@ def stage_costs(
         compute_embedding_sync_s(m, dtype, t, link), 0.0,
     )
 
-    owned = params / np.where(zero >= 1, dp, 1)
+    owned = dense / np.where(zero >= 1, np.asarray(dp) * cp, 1) + expert / np.where(zero >= 1, edp, 1)
     mem = memory.stage_memory_bytes(
         m,
         num_layers=num_layers,
@@ -188,7 +224,7 @@ def stage_costs(
         has_head=has_head,
         single_stage=single_stage,
         b=b,
-        s=s,
+        s=s_all,
         t=t,
         dp=dp,
         zero=zero,
@@ -200,6 +236,8 @@ def stage_costs(
         framework=framework,
         fsdp_shard=fsdp_shard,
         reshard_after_forward=reshard_after_forward,
+        cp=cp,
+        ep=ep,
     )
     return {
         "forward_s": fwd,

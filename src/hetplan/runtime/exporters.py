@@ -181,6 +181,14 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                  f"--expert-model-parallel-size {m.ep}", f"--expert-tensor-parallel-size {etp.pop()}"]
         if getattr(spec, "shared_expert_ffn_hidden_size", 0):
             args.append(f"--moe-shared-expert-intermediate-size {spec.shared_expert_ffn_hidden_size}")
+        if spec.num_moe_layers < spec.num_layers:  # dense layers among them (DeepSeek's first k, Llama 4's step)
+            pattern = ",".join("1" if spec.is_moe_layer(i) else "0" for i in range(spec.num_layers))
+            args.append(f"--moe-layer-freq '[{pattern}]'")
+        args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type alltoall"]
+    if spec.is_mla:
+        args += ["--multi-latent-attention", f"--kv-lora-rank {spec.kv_lora_rank}",
+                 f"--qk-head-dim {spec.head_dim - spec.qk_rope_head_dim}", f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
+                 f"--v-head-dim {spec.v_head_dim}"] + ([f"--q-lora-rank {spec.q_lora_rank}"] if spec.q_lora_rank else [])
     v = _virtual(plan, virtual_stages) if pp > 1 else 1
     if v > 1:  # chunks of c units; the embedding / loss may count as a unit (Llama 3's uneven interleaved stages)
         e, loss, c = _interleaved_units(plan, spec, v, "Megatron-LM")

@@ -90,9 +90,17 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
         PlanRuleError: the plan breaks a rule of :mod:`hetplan.plan_rules` (TP not dividing heads, layers not
             adding up, ...).
         HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages),
-            a stage too small to interleave, an unknown schedule, or more ranks than ``max_world_size``.
+            a stage too small to interleave, an unknown schedule, more ranks than ``max_world_size``, or a MoE /
+            MLA model or CP / EP > 1 (not in the reference trainer; refused before any process starts).
     """
     check_plan(plan, spec)
+    if spec.is_moe or spec.is_mla or plan.cp > 1 or plan.ep > 1:
+        what = ", ".join(w for w, on in (("experts", spec.is_moe), ("MLA", spec.is_mla), (f"CP {plan.cp}", plan.cp > 1),
+                                         (f"EP {plan.ep}", plan.ep > 1)) if on)
+        raise HetplanError(f"the reference trainer builds dense transformers without context or expert parallelism; "
+                           f"this plan has {what} (no expert layers, all-to-all dispatch or ring attention in "
+                           "hetplan.model.torch_transformer)", field="plan",
+                           fix="export it instead: hetplan export PLAN --to megatron (or torchtitan)")
     sched = (schedule or plan.schedule).lower()
     if sched not in SCHEDULES:
         raise HetplanError(f"unknown schedule {sched!r}", field="--schedule", fix=f"use one of {', '.join(SCHEDULES)}")

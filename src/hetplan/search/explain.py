@@ -26,7 +26,7 @@ COMPONENT_NAMES = {
     "dp_exposed_s": "exposed DP gradient sync",
     "optimizer_s": "optimizer step",
 }
-DIMENSIONS = ("tp", "pp", "dp", "mbs", "zero", "recompute", "virtual_stages")
+DIMENSIONS = ("tp", "pp", "dp", "mbs", "zero", "recompute", "virtual_stages", "cp", "ep")
 
 
 def _row(results: list[PoolResult], cat, idx: int, exact_time_s: float | None = None) -> dict:
@@ -52,6 +52,7 @@ def describe(c: dict) -> str:
     return (
         f"{c['gpu']} x{c['num_gpus']} tp={c['tp']} pp={c['pp']} dp={c['dp']} mbs={c['mbs']} zero={c['zero']} "
         f"recompute={RECOMPUTE_NAMES[c['recompute']]}" + (f" interleaved v={c['virtual_stages']}" if c["virtual_stages"] > 1 else "")
+        + "".join(f" {d}={c[d]}" for d in ("cp", "ep") if c.get(d, 1) > 1)
     )
 
 
@@ -87,7 +88,8 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
     return text + suffix
 
 
-def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_among, estimate_row) -> list[str]:
+def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_among, estimate_row,
+                    seq_len: int | None = None) -> list[str]:
     """Fill ``ranked[k].reason`` and return the explanation lines (see module doc). Every figure in them is
     :func:`~hetplan.estimate.estimator.estimate`'s, like the table's.
 
@@ -96,6 +98,7 @@ def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_a
         best_among: ``best_among(mask)`` -> ``(row, Estimate)`` of the best plan by the objective among the rows
             where ``mask`` is true, found exactly (the planner's lower-bound-guarded walk), or ``None``.
         estimate_row: ``estimate_row(row)`` -> the :class:`~hetplan.estimate.estimator.Estimate` of one row.
+        seq_len: the job's sequence length, named when CP is explained.
     """
     goal = objective.goal
     win_idx = int(ranked_idx[0])
@@ -138,8 +141,38 @@ def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_a
         label = {"gpu": "GPU type", "recompute": "recomputation", "mbs": "micro-batch size",
                  "virtual_stages": "interleaving (virtual stages)"}.get(d, d.upper() if d != "zero" else "ZeRO stage")
         lines.append(f"Best with another {label}: {describe(c)}: {why_behind(c, winner, goal)}.")
+    lines.extend(_why_split(goal, results, cat, winner, dims, estimate_row, seq_len))
     lines.extend(skipped)
     return lines
+
+
+def _why_split(goal, results, cat, winner, dims, estimate_row, seq_len) -> list[str]:
+    """Why the winner uses CP > 1 or EP > 1: no plan at degree 1 fits (the smallest footprint there against the
+    GPU memory), or the best plan at degree 1 (by the closed form; its figures by estimate()) is slower or dearer
+    (by how much and why)."""
+    out = []
+    for d, name in (("cp", "CP"), ("ep", "EP")):
+        if winner.get(d, 1) == 1 or d not in dims:
+            continue
+        at_one = dims[d] == 1
+        if not at_one.any():
+            continue
+        fitting = np.flatnonzero(at_one & cat["fits"])
+        what = f"seq {seq_len}" if d == "cp" and seq_len else "the model"
+        if not len(fitting):
+            capacity = np.array([r.gpu.memory_bytes for r in results], dtype=float)[cat["pool"]]
+            idx = np.flatnonzero(at_one)
+            j = int(idx[np.argmin(cat["memory_total"][idx] / capacity[idx])])
+            c = _row(results, cat, j)
+            out.append(f"{name} {winner[d]} because {what} does not fit at {name} 1: "
+                       f"{c['memory_total'] / GIB:.0f} GiB > {c['memory_capacity'] / GIB:.0f} GiB per GPU at best "
+                       f"({describe(c)}).")
+        else:  # the best at degree 1 by the closed form, reported with its estimate
+            j = int(fitting[np.argmin(_unconstrained_key(goal, cat)[fitting])])
+            c = _row(results, cat, j, estimate_row(j).iteration_time_s)
+            out.append(f"{name} {winner[d]} because at {name} 1 the best plan ({describe(c)}) is behind: "
+                       f"{why_behind(c, winner, goal)}.")
+    return out
 
 
 def _meets_constraint(objective, cat) -> np.ndarray:

@@ -39,7 +39,7 @@ COMPONENTS = ("compute_s", "tp_comm_s", "bubble_s", "p2p_s", "dp_exposed_s", "op
 class PoolResult:
     """Arrays over the configurations of one pool (all of the same length).
 
-    ``config``: tp, pp, dp, mbs, zero, recompute (codes); ``num_gpus``; ``iteration_time_s`` (closed-form
+    ``config``: tp, pp, dp, mbs, zero, recompute (codes), virtual_stages, cp, ep; ``num_gpus``; ``iteration_time_s`` (closed-form
     pipeline, :func:`hetplan.estimate.pipeline.pipeline_time_s`) and its :data:`COMPONENTS`;
     ``lower_bound_time_s`` (a bound no schedule can beat, :func:`pipeline_lower_bound_s`); ``memory`` (peak stage, bytes per GPU: weights, gradients, optimizer, activations,
     overhead, total); ``fits``; ``usd_per_hour``; ``mfu``.
@@ -165,6 +165,7 @@ def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np
         m, num_layers=layers, has_embedding=has_emb, has_head=has_head, single_stage=col(pp == 1), b=col(mbs),
         s=job.seq_len, t=col(tp), dp=col(dp), zero=col(cfg["zero"]), recompute=col(cfg["recompute"]),
         sequence_parallel=col(tp > 1), in_flight=in_flight, attention=job.attention, framework=job.framework,
+        cp=col(cfg["cp"]), ep=col(cfg["ep"]),
     )
     return np.max(np.where(count > 0, mem["total"], -1.0), axis=1)
 
@@ -176,7 +177,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     :data:`NEAR_MISS_MEMORY_FACTOR` x the GPU's memory (the others can never run; the smallest footprint is
     kept so that an infeasible request can say how far off it is). ``configurations_evaluated`` counts all.
     """
-    cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention)
+    cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
+                          seq_len=job.seq_len)
     if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
         cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}
@@ -187,7 +189,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         keep = peak <= NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes
         keep[int(np.argmin(peak))] = True
         cfg = {k: v[keep] for k, v in cfg.items()}
-    tp, pp, dp, mbs, zero, rc, v = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "recompute", "virtual_stages"))
+    tp, pp, dp, mbs, zero, rc, v, cp, ep = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "recompute",
+                                                            "virtual_stages", "cp", "ep"))
     mb = job.global_batch // (dp * mbs)
     layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb, v)
     link = pool_link(pool, gpu)
@@ -197,11 +200,12 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         s=job.seq_len, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers, has_embedding=has_emb,
         has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
         zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), attention=job.attention,
-        framework=job.framework,
+        framework=job.framework, cp=col(cp), ep=col(ep), moe_load_imbalance=job.moe_load_imbalance,
+        kv_exchange=job.cp_kv_exchange,
     )
-    stage_gpus = tp * dp
+    stage_gpus = tp * cp * dp
     n_intra = _intra_boundaries(stage_gpus, pp, pool.gpus_per_node)
-    msg = p2p_bytes(m, mbs, job.seq_len, tp, tp > 1)
+    msg = p2p_bytes(m, mbs, job.seq_len / cp, tp, tp > 1)
     p2p_one_intra = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, True),
                                boundary_alpha_s(link, link, True))
     p2p_one_inter = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, False),
@@ -234,7 +238,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     mem_total = np.where(present, c["memory"]["total"], -1.0)
     peak_kind = np.argmax(mem_total, axis=1)
     memory = {k: np.broadcast_to(v, per.shape)[rows, peak_kind] for k, v in c["memory"].items()}
-    num_gpus = tp * pp * dp
+    num_gpus = tp * pp * cp * dp
     price = pool_price_usd_per_hour(pool, gpu)
     model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)
     return PoolResult(

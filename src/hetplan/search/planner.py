@@ -81,6 +81,8 @@ def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult
         zero=c["zero"],
         sequence_parallel=c["tp"] > 1,
         virtual_stages=c["virtual_stages"],
+        cp=c["cp"],
+        ep=c["ep"],
     )
 
 
@@ -172,7 +174,7 @@ def search_plans(
                                 catalog, m)
 
             explanation = explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_among,
-                                          estimate_row)
+                                          estimate_row, seq_len=job.seq_len)
     if het is not None:
         ranked, explanation = _merge_hetero(objective, ranked, explanation, het, top_k)
     if not ranked:

@@ -8,6 +8,10 @@ pipeline parallelism, as in DeepSpeed, whose ZeRO-2/3 cannot be combined with it
 Megatron-LM, which implements only the distributed optimizer = ZeRO-1; with DP = 1 only ZeRO-0, since ZeRO then
 shards nothing and ZeRO-3 would only add its prefetch buffer), sequence parallelism on whenever TP > 1
 (it lowers activation memory at equal communication volume, Korthikanti et al. 2023 Sec. 4.2.2).
+CP (context parallelism, :mod:`hetplan.estimate.context`): powers of two dividing the sequence into 2·CP equal
+chunks and leaving each rank at least :data:`MIN_TOKENS_PER_CP_RANK` tokens; a stage uses tp·cp·dp GPUs.
+EP (expert parallelism, MoE models, :mod:`hetplan.estimate.moe`): divisors of the expert count that divide
+dp·cp (the plan rule ``ep-divides-dp``).
 
 Any dimension can be pinned. Nothing is pruned: the search evaluates every row, so it is exact over this space.
 Size: O(#tp · L · #dp · #mbs · 3 · #zero) rows, e.g. ~10^5 for GPT-3 175B on 1,024 GPUs.
@@ -36,6 +40,24 @@ class Pins:
     recompute: str | None = None
     num_gpus: int | None = None
     virtual_stages: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+
+
+#: Fewest tokens of a sequence per CP rank the search considers: NeMo's long-context recipes start CP at 16K
+#: tokens with CP 2 (8K per rank) and Llama 3 trains 128K with CP 16 (8K per rank, Dubey et al. 2024 Sec. 3.3.2);
+#: below a few thousand tokens per rank the K/V exchange is exposed and the GEMMs short. A search bound (stated).
+MIN_TOKENS_PER_CP_RANK = 4096
+
+
+def cp_degrees(seq_len: int | None, available: int) -> list[int]:
+    """CP degrees searched: 1, and powers of two ``c ≤ available`` with ``seq_len`` divisible by ``2c`` and
+    ``seq_len / c ≥`` :data:`MIN_TOKENS_PER_CP_RANK`."""
+    out, c = [1], 2
+    while seq_len and c <= available and seq_len % (2 * c) == 0 and seq_len // c >= MIN_TOKENS_PER_CP_RANK:
+        out.append(c)
+        c *= 2
+    return out
 
 
 def divisors(n: int) -> list[int]:
@@ -55,38 +77,43 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int) -> list[int]:
 
 
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
-                    attention: str = "standard") -> dict[str, np.ndarray]:
-    """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages``
-    (recompute as codes 0/1/2), honouring ``pins``. Empty arrays if nothing matches. Under ``attention =
+                    attention: str = "standard", seq_len: int | None = None) -> dict[str, np.ndarray]:
+    """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
+    ep`` (recompute as codes 0/1/2), honouring ``pins``. Empty arrays if nothing matches. Under ``attention =
     "flash"`` selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out
-    unless pinned."""
+    unless pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1)."""
     tps = tp_degrees(m, gpus_per_node, available)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
+    cps = cp_degrees(seq_len, available) if pins.cp is None else [pins.cp]
     dps = divisors(global_batch)
     triples, mbs_lists = [], []
     for t in tps:
         for p in range(1, min(m.num_layers, available // t) + 1) if pins.pp is None else [pins.pp]:
-            for d in dps:
-                n = t * p * d
-                if n > available:
-                    break
-                if (pins.dp is not None and d != pins.dp) or (pins.num_gpus is not None and n != pins.num_gpus):
-                    continue
-                mbs = divisors(global_batch // d) if pins.mbs is None else [pins.mbs] if (global_batch // d) % pins.mbs == 0 else []
-                if mbs:
-                    triples.append((t, p, d))
-                    mbs_lists.append(mbs)
+            for c in cps:
+                for d in dps:
+                    n = t * p * c * d
+                    if n > available:
+                        break
+                    if (pins.dp is not None and d != pins.dp) or (pins.num_gpus is not None and n != pins.num_gpus):
+                        continue
+                    mbs = divisors(global_batch // d) if pins.mbs is None else [pins.mbs] if (global_batch // d) % pins.mbs == 0 else []
+                    if mbs:
+                        triples.append((t, p, d, c))
+                        mbs_lists.append(mbs)
     names = ("tp", "pp", "dp", "mbs", "zero", "recompute")
     if not triples:
-        return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages")}
-    tri = np.array(triples, dtype=np.int64)
+        return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages", "cp", "ep")}
+    quads = np.array(triples, dtype=np.int64)
+    tri, cp_of = quads[:, :3], quads[:, 3]
     counts = np.array([len(x) for x in mbs_lists])
     base = np.repeat(tri, counts, axis=0)
+    base_cp = np.repeat(cp_of, counts)
     mbs = np.concatenate([np.asarray(x, dtype=np.int64) for x in mbs_lists])
     free = [0, 2] if attention == "flash" else [0, 1, 2]
     rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free, dtype=np.int64)
     parts = []
+    base = np.column_stack([base, base_cp])  # cp rides along as a last column
     no_dp = base[:, 2] == 1
     no_pp = base[:, 1] == 1
     for sel, zeros in ((no_dp, [0]), (~no_dp & no_pp, [0, 1, 2, 3]), (~no_dp & ~no_pp, [0, 1])):
@@ -97,11 +124,27 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
         if not zeros or not sel.any():
             continue
         zr = np.array([(z, r) for z in zeros for r in rcs], dtype=np.int64)
-        rows = np.repeat(np.column_stack([base[sel], mbs[sel]]), len(zr), axis=0)
-        parts.append(np.column_stack([rows, np.tile(zr, (int(sel.sum()), 1))]))
-    arr = np.concatenate(parts) if parts else np.zeros((0, 6), dtype=np.int64)
-    out = {k: arr[:, i] for i, k in enumerate(names)}
+        rows = np.repeat(np.column_stack([base[sel, :3], mbs[sel], base[sel, 3]]), len(zr), axis=0)
+        parts.append(np.column_stack([rows[:, :4], np.tile(zr, (int(sel.sum()), 1)), rows[:, 4]]))
+    arr = np.concatenate(parts) if parts else np.zeros((0, 7), dtype=np.int64)
+    out = {k: arr[:, i] for i, k in enumerate((*names, "cp"))}
+    out = _with_expert_parallel(out, m, pins.ep)
     return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages)
+
+
+def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | None):
+    """Add the ``ep`` dimension: 1 for a dense model; for a MoE model every divisor of the expert count that
+    divides dp·cp (each configuration repeated per EP degree), or only ``pin``."""
+    n = len(cfg["tp"])
+    if not m.is_moe:
+        keep = np.ones(n, dtype=bool) if pin in (None, 1) else np.zeros(n, dtype=bool)
+        return {k: a[keep] for k, a in cfg.items()} | {"ep": np.ones(int(keep.sum()), dtype=np.int64)}
+    group = cfg["dp"] * cfg["cp"]
+    blocks = []
+    for e in divisors(m.num_experts) if pin is None else [pin]:
+        rows = (group % e == 0) & (m.num_experts % e == 0)
+        blocks.append({**{k: a[rows] for k, a in cfg.items()}, "ep": np.full(int(rows.sum()), e, dtype=np.int64)})
+    return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
 
 
 def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_batch: int, pin: int | None):

@@ -38,7 +38,7 @@ class ModelEntry(_Strict):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     model: str
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, lt=2**63)
     num_layers: int | None = Field(default=None, gt=0)
     rate_per_s: float | None = Field(default=None, ge=0)
     cv: float | None = bounded(10.0, _CV_WHY,
@@ -138,7 +138,7 @@ class WorkloadConfig(_Strict):
     ``slo_s``, time to first token ``ttft_slo_s``, time per output token ``tpot_slo_s`` (each optional)."""
 
     duration_s: float = Field(default=60.0, gt=0)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, lt=2**63)
     total_rate_per_s: float = Field(default=1.0, ge=0)
     cv: float = bounded(10.0, _CV_WHY,
                         default=1.0, gt=0)

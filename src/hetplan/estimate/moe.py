@@ -1,0 +1,188 @@
+"""Mixture-of-experts layers and multi-head latent attention: the GEMMs, all-to-all and parameter sharding of
+expert parallelism (EP).
+
+**Layout** (Megatron-Core's MoE "parallel folding", Liu et al. 2025, arXiv 2504.14960, Sec. 3; torchtitan's
+``ParallelDims``): attention and dense layers are split over TP (and CP, DP); the routed experts of a MoE layer are
+split over ``ep`` expert-parallel ranks (``E / ep`` whole experts each) times ``etp`` expert-TP ranks (each
+expert's matrices split like TP), and replicated over the *expert data-parallel* degree
+``edp = tp·cp·dp / (ep·etp)`` (:func:`expert_data_parallel`): expert gradients are reduced, and with the
+distributed optimizer their states sharded, over ``edp`` ranks, the other parameters over ``dp·cp``.
+
+**Tokens.** A rank enters the MoE layer with its ``T = b·s / t`` tokens (Megatron-LM requires sequence
+parallelism with TP and experts; ``s`` is the local sequence of a CP rank). The router picks ``k`` experts per
+token; each copy goes to the rank holding that expert (*dispatch*, an all-to-all over the EP group) and comes back
+weighted (*combine*, a second all-to-all); backward does both again (Lepikhin et al., GShard, ICLR 2021 Sec. 2.2;
+Fedus et al., Switch Transformer, JMLR 2022 Sec. 2). At perfect balance every rank receives ``k·T`` copies and
+each of its experts ``M_e = k·T·ep·etp / E`` tokens; the busiest rank receives ``imbalance`` times that
+(:data:`DEFAULT_LOAD_IMBALANCE`; 1 for the "forced balance" routers of published benchmarks).
+
+**Grouped GEMM.** The local experts run as one grouped GEMM (CUTLASS grouped GEMM, Megatron-LM
+``moe_grouped_gemm``; MegaBlocks, Gale et al. MLSys 2023): each expert's rows are padded to the kernel's row tile
+(:data:`GROUPED_GEMM_ROW_TILE`, MegaBlocks' 128-row blocks, Sec. 5.1), so an expert with few tokens wastes
+the rest of its tile (:func:`grouped_gemm_row_efficiency`); and the weights of all local experts are read once per
+pass whatever the token count, which makes small-``M_e`` expert GEMMs memory-bound (the roofline's bytes term).
+
+**All-to-all** (:func:`alltoall_time_s`): EP members ``stride = tp·cp`` GPUs apart; those in the same node
+exchange over NVLink, the others through the node's NICs, shared by all the node's GPUs (all run their own
+all-to-all at once). The two parts proceed concurrently (NCCL posts all sends and receives of an all-to-all
+together): time = the slower part + one latency. DeepSeek-V3's node-limited routing (≤ 4 nodes per token) and
+DeepEP's deduplication of inter-node copies are not modelled (an upper bound on the inter-node bytes).
+
+**MLA** (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): :func:`mla_gemms`.
+
+All functions broadcast over numpy arrays. Seconds, bytes, bytes/s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetplan.estimate import compute
+from hetplan.estimate.comm import ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY
+from hetplan.model import counts
+from hetplan.model.spec import ModelSpec
+
+#: Tokens the busiest expert-parallel rank receives, relative to perfect balance, for plans of real training:
+#: the expert capacity factor 1.25 of Switch Transformer (Fedus et al. JMLR 2022, Sec. 2.2 and Table 1), the most
+#: an expert takes when routing is capacity-limited. Published benchmark rows that force balanced routing use 1.
+DEFAULT_LOAD_IMBALANCE = 1.25
+#: Row tile of the grouped expert GEMM: MegaBlocks' 128 x 128 blocks (Gale et al. MLSys 2023, Sec. 5.1), also the
+#: M tile of the CUTLASS grouped GEMM Megatron-LM uses for bf16 on Hopper.
+GROUPED_GEMM_ROW_TILE = 128
+#: Bytes per element a token copy carries through dispatch and combine (bf16). DeepSeek-V3 dispatches in FP8
+#: (1 byte, Sec. 3.3) and combines in bf16.
+DISPATCH_BYTES = 2
+#: Extra kernels a MoE layer launches per forward compared with a dense MLP: router GEMM, score function, top-k,
+#: auxiliary loss, permute and unpermute, two all-to-alls, token counts, grouped-GEMM setup (Megatron-LM
+#: ``MoELayer`` with ``MoEAlltoAllTokenDispatcher``; counted from its forward).
+MOE_EXTRA_KERNELS = 10
+
+
+def expert_data_parallel(tp, cp, dp, ep, etp=1):
+    """Expert data-parallel degree ``edp = tp·cp·dp / (ep·etp)`` (module doc, Layout): the ranks that hold the
+    same experts and reduce their gradients. ``ep·etp`` must divide ``tp·cp·dp`` (the plan validator's rule)."""
+    return np.asarray(tp) * np.asarray(cp) * np.asarray(dp) / (np.asarray(ep) * np.asarray(etp))
+
+
+def expert_tokens(m: ModelSpec, tokens_per_rank, ep, etp=1, imbalance=1.0):
+    """Tokens each local expert processes on the busiest rank: ``imbalance · k · T · ep · etp / E``."""
+    return imbalance * m.experts_per_token * np.asarray(tokens_per_rank, dtype=float) * ep * etp / m.num_experts
+
+
+def grouped_gemm_row_efficiency(rows):
+    """Useful fraction of the row tiles of one expert's GEMM: ``M / (⌈M / tile⌉ · tile)`` (module doc); 1 for
+    ``M = 0``."""
+    rows = np.asarray(rows, dtype=float)
+    tiles = np.maximum(np.ceil(rows / GROUPED_GEMM_ROW_TILE), 1.0)
+    return np.where(rows > 0, rows / (tiles * GROUPED_GEMM_ROW_TILE), 1.0)
+
+
+def moe_mlp_gemms(m: ModelSpec, b, s, t, ep, etp=1, imbalance=1.0):
+    """GEMMs of one MoE layer's MLP per rank, forward: ``[(M, N, K, batch, row_efficiency), ...]`` for the router
+    ``(T, E, h)`` on the rank's ``T = b·s/t`` tokens, the grouped experts ``E/ep`` x (``M_e``, ``2f_e/etp``, h) and
+    (``M_e``, h, ``f_e/etp``) (one ``f_e`` for a non-gated MLP), and the shared experts as a TP-split dense MLP
+    on all ``b·s`` tokens. ``row_efficiency`` is :func:`grouped_gemm_row_efficiency` (1 for plain GEMMs)."""
+    h, f_e, e = m.hidden_size, m.expert_ffn_hidden_size, m.num_experts
+    up = 2 if m.gated_mlp else 1
+    T = np.asarray(b, dtype=float) * s
+    m_e = expert_tokens(m, T / t, ep, etp, imbalance)
+    local = e / np.asarray(ep, dtype=float)
+    eff = grouped_gemm_row_efficiency(m_e)
+    out = [(T / t, e, h, 1.0, 1.0), (m_e, up * f_e / etp, h, local, eff), (m_e, h, f_e / etp, local, eff)]
+    if m.shared_expert_ffn_hidden_size:
+        f_s = m.shared_expert_ffn_hidden_size
+        out += [(T, up * f_s / t, h, 1.0, 1.0), (T, h, f_s / t, 1.0, 1.0)]
+    return out
+
+
+def mla_gemms(m: ModelSpec, b, s, t):
+    """Forward GEMMs of one MLA block per TP rank (DeepSeek-V2 Sec. 2.1; Megatron-Core ``MLASelfAttention``):
+    ``(linear, core)``, each a list of ``(M, N, K, batch)``. Linear: the Q and KV down-projections on all
+    ``T = b·s`` tokens, replicated on every TP rank; the up-projections column-parallel (``N/t``); the output
+    projection row-parallel (``K/t``). Core, per head (``b·a/t`` of them): scores ``(s, s, d_qk)`` and
+    attention over values ``(s, d_v, s)``."""
+    T = np.asarray(b, dtype=float) * s
+    *q, (kv_in, kv_out), (up_in, up_out), (o_in, o_out) = counts.attention_linears(m)
+    q_gemms = [(T, q[0][1], q[0][0], 1.0), (T, q[1][1] / t, q[1][0], 1.0)] if len(q) == 2 else \
+        [(T, q[0][1] / t, q[0][0], 1.0)]
+    linear = q_gemms + [(T, kv_out, kv_in, 1.0), (T, up_out / t, up_in, 1.0), (T, o_out, o_in / t, 1.0)]
+    heads = np.asarray(b, dtype=float) * m.num_attention_heads / t
+    d_v = m.v_head_dim or m.head_dim
+    core = [(s, s, m.head_dim, heads), (s, d_v, s, heads)]
+    return linear, core
+
+
+def alltoall_time_s(message_bytes, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
+                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S):
+    """One all-to-all in which each of ``ep`` ranks (``stride`` GPUs apart) sends ``message_bytes`` in total,
+    ``1/ep`` of it to each rank (itself included). Of its ``ep`` peers ``k = min(ep, max(1, G // stride))`` share
+    its node: ``(k-1)/ep`` of the bytes go over NVLink, ``(ep-k)/ep`` through the node's NICs at ``1/G`` of their
+    bandwidth each. Time = the slower part + one latency (module doc); 0 for ``ep = 1``.
+
+    Args:
+        gpus_per_node: G; ``inter_bandwidth_bytes_per_s``: the node's NIC bandwidth (all NICs together).
+    """
+    ep = np.asarray(ep, dtype=float)
+    g = np.asarray(gpus_per_node, dtype=float)
+    k = np.minimum(ep, np.maximum(1.0, np.floor(g / np.asarray(stride, dtype=float))))
+    intra = message_bytes * (k - 1.0) / ep / (intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY)
+    inter = message_bytes * (ep - k) / ep / (inter_bandwidth_bytes_per_s / g * INTER_LINK_EFFICIENCY)
+    alpha = np.where(ep > k, inter_alpha_s, ALPHA_INTRA_NODE_S)
+    return np.where(ep > 1, np.maximum(intra, inter) + alpha, 0.0)
+
+
+def dispatch_bytes(m: ModelSpec, b, s, t, imbalance=1.0):
+    """Bytes one rank sends (and receives, on the busiest rank ``imbalance`` times) in one dispatch or combine:
+    ``k`` copies of each of its ``b·s/t`` tokens, ``h`` elements of :data:`DISPATCH_BYTES`."""
+    return imbalance * m.experts_per_token * np.asarray(b, dtype=float) * s / t * m.hidden_size * DISPATCH_BYTES
+
+
+def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
+                        inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, imbalance=1.0):
+    """Dispatch + combine of one MoE layer's forward (backward: the same again), mean over the model's layers
+    (dense layers have none). Not overlapped with compute (Megatron-LM's default; its 1F1B all-to-all overlap is
+    an option)."""
+    one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, gpus_per_node,
+                          intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+    return 2 * one * m.num_moe_layers / m.num_layers
+
+
+def expert_parameters(m: ModelSpec, num_layers):
+    """Routed-expert parameters of ``num_layers`` layers (the mean per layer: :func:`counts.layer_expert_parameters`)."""
+    return np.asarray(num_layers) * counts.layer_expert_parameters(m)
+
+
+def parameters_per_gpu(stage_parameters, expert_params, t, ep, etp=1):
+    """Parameters one GPU holds: the non-expert part split over TP, the experts over ``ep·etp``; returns
+    ``(dense, expert)``."""
+    return (stage_parameters - expert_params) / t, expert_params / (np.asarray(ep) * etp)
+
+
+def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0):
+    """``(linear_s, core_s)`` forward GEMM time of one layer (mean over the model's layers) of a MoE and/or MLA
+    model on one rank, as :func:`hetplan.estimate.compute.layer_gemm_times_s` gives it for dense layers.
+
+    Attention: MLA's GEMMs (:func:`mla_gemms`) or the standard ones. MLP: dense layers as a TP-split MLP; MoE
+    layers the router, the grouped experts on the busiest rank — each expert's rows padded to the row tile
+    (:func:`grouped_gemm_row_efficiency`), the GEMM efficiency taken on all local experts' rows together (one
+    grouped kernel fills the GPU with the tiles of every expert), the weights of every local expert read — and
+    the shared experts (:func:`moe_mlp_gemms`)."""
+    if m.is_mla:
+        lin_shapes, core_shapes = mla_gemms(m, b, s, t)
+        attn = sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in lin_shapes)
+        core = sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in core_shapes)
+    else:
+        attn, core = compute.attention_gemm_times_s(m, gpu, dtype, b, s, t)
+    dense = compute.mlp_gemm_time_s(m, gpu, dtype, np.asarray(b, dtype=float) * s, m.ffn_hidden_size, t)
+    if not m.is_moe:
+        return attn + dense, core
+    moe_s = 0.0
+    for M, N, K, groups, eff in moe_mlp_gemms(m, b, s, t, ep, etp, imbalance):
+        rows = M / eff  # padded rows per group
+        flops = 2.0 * groups * rows * N * K
+        bytes_ = compute.OPERAND_BYTES * groups * (rows * K + K * N + rows * N)
+        moe_s = moe_s + np.maximum(
+            flops / (gpu.peak_flops_per_s(dtype) * compute.gemm_efficiency(gpu, groups * rows, N, K)),
+            bytes_ / gpu.hbm_bandwidth_bytes_per_s)
+    n_moe = m.num_moe_layers
+    return attn + ((m.num_layers - n_moe) * dense + n_moe * moe_s) / m.num_layers, core

@@ -1,0 +1,161 @@
+"""Expert parallelism (hetplan.estimate.moe): token counts, grouped GEMMs, all-to-all, MLA GEMMs, sharding."""
+
+import numpy as np
+import pytest
+
+from hetplan.estimate import moe
+from hetplan.model import counts
+from hetplan.model.spec import load_model
+
+
+def gemm_flops(shapes):
+    return sum(2 * M * N * K * batch for M, N, K, batch, *_ in shapes)
+
+
+@pytest.mark.parametrize("name,ep", [("mixtral-8x7b", 8), ("qwen3-30b-a3b", 16), ("deepseek-v3", 64)])
+def test_expert_gemms_over_the_ep_group_are_the_moe_layer_flops(name, ep):
+    """At balance (t = 1), the router, the grouped experts of all ``ep`` ranks and the shared experts do the
+    MoE layer's forward FLOPs of counts.mlp_forward_flops for the ep ranks' tokens."""
+    m = load_model(name)
+    b, s = 2, 4096
+    shapes = moe.moe_mlp_gemms(m, b, s, 1, ep)
+    per_rank = gemm_flops(shapes)
+    n_moe, n = m.num_moe_layers, m.num_layers
+    dense = 2 * b * s * m.hidden_size * m.ffn_hidden_size * 3
+    moe_layer = (counts.mlp_forward_flops(m, b * s) * n - (n - n_moe) * dense) / n_moe
+    assert per_rank == pytest.approx(moe_layer, rel=1e-12)
+
+
+def test_expert_tokens_brute_force_uniform_routing():
+    """Route every token of ep ranks to k distinct experts round-robin (perfect balance): each expert gets
+    expert_tokens tokens, and imbalance scales the busiest."""
+    m = load_model("mixtral-8x7b")  # 8 experts, top-2
+    ep, T = 4, 96
+    load = np.zeros(m.num_experts)
+    for rank in range(ep):
+        for tok in range(T):
+            for j in range(m.experts_per_token):
+                load[(rank * T + tok) * m.experts_per_token % m.num_experts + j] += 1
+    assert load.max() == load.min() == moe.expert_tokens(m, T, ep)
+    assert moe.expert_tokens(m, T, ep, imbalance=1.25) == 1.25 * load.max()
+
+
+def test_grouped_gemm_row_efficiency():
+    assert moe.grouped_gemm_row_efficiency(128) == 1.0
+    assert moe.grouped_gemm_row_efficiency(64) == 0.5
+    assert moe.grouped_gemm_row_efficiency(129) == pytest.approx(129 / 256)
+    assert moe.grouped_gemm_row_efficiency(0) == 1.0
+
+
+def brute_alltoall(message_bytes, ep, stride, G, intra, inter):
+    """Place ep ranks stride GPUs apart, count bytes to peers in / outside the node; NIC shared by G GPUs."""
+    nodes = [(r * stride) // G for r in range(ep)]
+    t_in = t_out = 0.0
+    for peer in range(1, ep):
+        share = message_bytes / ep
+        if nodes[peer] == nodes[0]:
+            t_in += share / (intra * moe.INTRA_LINK_EFFICIENCY)
+        else:
+            t_out += share / (inter / G * moe.INTER_LINK_EFFICIENCY)
+    return max(t_in, t_out)
+
+
+@pytest.mark.parametrize("ep,stride", [(2, 1), (8, 1), (4, 2), (16, 1), (32, 2), (64, 8), (8, 8)])
+def test_alltoall_matches_brute_force_placement(ep, stride):
+    G, intra, inter, msg = 8, 450e9, 400e9, 64e6
+    ours = moe.alltoall_time_s(msg, ep, stride, G, intra, inter)
+    alpha = moe.ALPHA_INTER_NODE_S if ep * stride > G else moe.ALPHA_INTRA_NODE_S
+    assert ours == pytest.approx(brute_alltoall(msg, ep, stride, G, intra, inter) + alpha)
+
+
+def test_alltoall_across_nodes_costs_more_and_ep1_is_free():
+    G, intra, inter, msg = 8, 450e9, 400e9, 64e6
+    assert moe.alltoall_time_s(msg, 1, 1, G, intra, inter) == 0
+    inside = moe.alltoall_time_s(msg, 8, 1, G, intra, inter)
+    across = moe.alltoall_time_s(msg, 16, 1, G, intra, inter)
+    assert across > 3 * inside  # half the bytes leave the node at 1/8 of 400 GB/s vs 450 GB/s NVLink
+
+
+def test_mla_gemms_are_the_counted_flops():
+    m = load_model("deepseek-v3")
+    b, s = 1, 4096
+    linear, core = moe.mla_gemms(m, b, s, 1)
+    assert gemm_flops(linear) == pytest.approx(2 * b * s * sum(i * o for i, o in counts.attention_linears(m)))
+    assert gemm_flops(core) == pytest.approx(2 * b * s * s * (m.q_dim + m.attn_out_dim))
+    # TP splits the up- and output projections, not the down-projections.
+    lin8, _ = moe.mla_gemms(m, b, s, 8)
+    down = 2 * b * s * m.hidden_size * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
+    assert gemm_flops(lin8) == pytest.approx(down + (gemm_flops(linear) - down) / 8)
+
+
+@pytest.mark.parametrize("tp,cp,dp,ep,edp", [(2, 1, 16, 32, 1), (2, 1, 128, 8, 32), (2, 1, 4, 8, 1), (1, 2, 8, 4, 4)])
+def test_expert_data_parallel_matches_modelzoo_rows(tp, cp, dp, ep, edp):
+    """Megatron MoE ModelZoo Qwen3-235B rows state their EDP (calibration/validation_data/modern)."""
+    assert moe.expert_data_parallel(tp, cp, dp, ep) == edp
+
+
+def test_parameters_per_gpu_shards_experts_over_ep():
+    m = load_model("qwen3-235b-a22b")
+    stage = 94 * counts.layer_parameters(m)
+    experts = moe.expert_parameters(m, 94)
+    dense, expert = moe.parameters_per_gpu(stage, experts, 4, 32)
+    assert experts == pytest.approx(94 * 128 * 3 * 4096 * 1536)
+    assert dense * 4 + expert * 32 == pytest.approx(stage)
+
+
+def _plan(model, pp, tp, dp, ep=1, cp=1, seq=4096, gbs=256, zero=1, imbalance=1.25):
+    from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split
+
+    L = load_model(model).num_layers
+    job = Job(model=model, seq_len=seq, global_batch=gbs, attention="flash", moe_load_imbalance=imbalance)
+    pool = GPUPool(gpu="H100-SXM", count=tp * pp * dp * cp, gpus_per_node=8, inter_node_bandwidth_bytes_per_s=400e9)
+    stages = [Stage(num_layers=k, tp=tp, dp=dp, recompute="full") for k in balanced_split(L, pp)]
+    return Plan(job=job, pools=[pool], stages=stages, mbs=1, zero=zero, sequence_parallel=tp > 1, cp=cp, ep=ep)
+
+
+def test_estimate_shards_expert_states_over_ep():
+    """Mixtral 8x7B on 8 GPUs (DP 8, ZeRO-1): EP 8 divides the expert weights and gradients by 8 and shards
+    their optimizer states over expert-DP 1 instead of DP 8; the non-expert part is unchanged."""
+    from hetplan.estimate.estimator import estimate
+
+    m = load_model("mixtral-8x7b")
+    e1, e8 = (estimate(_plan("mixtral-8x7b", 1, 1, 8, ep=ep)).stages[0].memory for ep in (1, 8))
+    experts = m.num_layers * counts.layer_expert_parameters(m)
+    assert e1.weights - e8.weights == pytest.approx(experts * 2 * (1 - 1 / 8))
+    assert e1.gradients - e8.gradients == pytest.approx(experts * 4 * (1 - 1 / 8))
+    assert e8.optimizer == pytest.approx(e1.optimizer)  # expert-DP 8 / 8 = 1 owns what DP 8 owned before
+
+
+def test_estimate_moe_time_grows_with_imbalance_and_across_nodes():
+    from hetplan.estimate.estimator import estimate
+
+    balanced = estimate(_plan("qwen3-30b-a3b", 1, 1, 16, ep=8, imbalance=1.0)).iteration_time_s
+    skewed = estimate(_plan("qwen3-30b-a3b", 1, 1, 16, ep=8, imbalance=1.5)).iteration_time_s
+    across = estimate(_plan("qwen3-30b-a3b", 1, 1, 16, ep=16, imbalance=1.0)).iteration_time_s
+    assert balanced < skewed and balanced < across
+
+
+def test_megatron_export_carries_ep_cp_moe_and_mla_arguments():
+    """The plan's EP and CP and the model's experts, dense layers and MLA ranks reach Megatron-LM's arguments."""
+    from hetplan.runtime.exporters import export_megatron
+
+    plan = _plan("deepseek-v3", 1, 1, 16, ep=8).model_copy(update={"cp": 1})
+    text = "\n".join(export_megatron(plan, load_model("deepseek-v3")).files.values())
+    for arg in ("--expert-model-parallel-size 8", "--num-experts 256", "--moe-router-topk 8",
+                "--moe-ffn-hidden-size 2048", "--moe-shared-expert-intermediate-size 2048",
+                "--moe-layer-freq '[0,0,0,1,", "--multi-latent-attention", "--kv-lora-rank 512", "--q-lora-rank 1536",
+                "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128", "--context-parallel-size 1"):
+        assert arg in text, arg
+    cp_plan = _plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8)
+    assert "--context-parallel-size 4" in "\n".join(export_megatron(cp_plan, load_model("llama3-8b")).files.values())
+
+
+def test_run_refuses_moe_and_cp_plans_before_starting_ranks():
+    """``hetplan run`` names what its reference trainer lacks instead of starting torchrun."""
+    from hetplan.errors import HetplanError
+    from hetplan.runtime import planio
+
+    with pytest.raises(HetplanError, match=r"experts, MLA, EP 8 .*all-to-all"):
+        planio.layout(_plan("deepseek-v3", 1, 1, 16, ep=8), load_model("deepseek-v3"))
+    with pytest.raises(HetplanError, match="CP 4"):
+        planio.layout(_plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8), load_model("llama3-8b"))
