@@ -20,7 +20,9 @@ GPU = "A100-SXM-80GB"
 
 
 def _training(m, tp, pp, b, s):
-    plan = Plan(job=Job(model=m.name, seq_len=s, global_batch=b), pools=[GPUPool(gpu=GPU, count=tp * pp)],
+    # serving costs prefill with the standard attention kernels (inference_cost); train with the same
+    plan = Plan(job=Job(model=m.name, seq_len=s, global_batch=b, attention="standard"),
+                pools=[GPUPool(gpu=GPU, count=tp * pp)],
                 stages=[Stage(num_layers=m.num_layers // pp, tp=tp, dp=1, recompute="none") for _ in range(pp)],
                 mbs=b, zero=0)
     return estimate_detailed(plan, model=m)[2]
