@@ -38,7 +38,7 @@ def _exact_model_flops(m, gbs, s):
     return counts.model_flops_per_iteration(m, int(gbs), int(s))  # Python ints: exact
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs(), st.sampled_from([1, 2, 8]), st.sampled_from([1, 2, 4]))
 def test_mfu_times_time_peak_gpus_is_the_model_flops(job, tp, pp):
     m, s, gbs = job

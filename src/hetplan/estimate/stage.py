@@ -8,6 +8,7 @@ at once (every argument but ``m``, ``gpu``, ``pool`` and ``dtype`` may be an arr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -130,7 +131,9 @@ def stage_costs(
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=cp)
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
-    af = ab = atp = None
+    af: Any = None
+    ab: Any = None
+    atp: Any = None
     if measured_layer_time_s is not None or recompute_layers is not None:
         af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
     if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
@@ -160,8 +163,8 @@ def stage_costs(
                                            moe.expert_parameters(m, num_layers), t, ep)
     params = dense + expert
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
-    net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
-           link.intra_node_alpha_s)
+    dp_net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
+              link.intra_node_alpha_s)
     dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
@@ -171,9 +174,9 @@ def stage_costs(
         """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
         folded)."""
         n = dp_all if group is None else group
-        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, *net)
+        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, *dp_net)
         if m.is_moe:
-            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp, ep, *net)
+            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp, ep, *dp_net)
         return out * units
 
     grad_bytes = params * grad_per
