@@ -43,16 +43,18 @@ def test_simulator_matches_engine_percentiles(fixtures):
 
 
 def test_continuous_batching_beats_static_on_p99(fixtures):
-    """One model, 100 requests every 30 ms: two long answers (60 tokens), the others 4 tokens. With static
-    batching the requests behind a long one wait for it; with continuous batching they join and leave around it.
-    The toy OPT is small enough that an iteration costs about the same whatever its rows (as decode on a GPU);
-    on a model whose CPU cost grows with the rows (small-opt) the two are close (docs/serving.md).
-    Measured (2 shared cores): p99 latency 1.0-1.9 s static, 0.07-0.23 s continuous."""
+    """One model, 100 requests every 10 ms: every tenth a long answer (60 tokens), the others 4 tokens, so the
+    offered load keeps the batch busy. With static batching the requests behind a long one wait for it; with
+    continuous batching they join and leave around it. The toy OPT is small enough that an iteration costs about
+    the same whatever its rows (as decode on a GPU); on a model whose CPU cost grows with the rows (small-opt) the
+    two are close (docs/serving.md). Measured on an idle 2-core machine: p99 latency 1.93 s static, 0.68 s
+    continuous (at the former 30 ms spacing with two long answers the p99 was the long answers' own latency,
+    0.13 vs 0.14 s, and the comparison measured nothing)."""
     ent = ModelEntry(name="m", model=str(fixtures / "tiny-opt.json"), seed=0)
-    reqs = [Request(i, "m", 0.03 * i, 8, 60 if i % 50 == 5 else 4) for i in range(100)]
+    reqs = [Request(i, "m", 0.01 * i, 8, 60 if i % 10 == 5 else 4) for i in range(100)]
     out = compare_batching(ent, reqs, max_batch_size=4, kv_cache_len=80)
     st, co = out["static"]["all"], out["continuous"]["all"]
     print("static", st["p99_latency_s"], "continuous", co["p99_latency_s"])
     assert st["completed"] == co["completed"] == len(reqs)
-    assert co["p99_latency_s"] < 0.5 * st["p99_latency_s"]
+    assert co["p99_latency_s"] < 0.75 * st["p99_latency_s"]  # measured 0.35-0.49 of static
     assert co["p50_ttft_s"] < st["p50_ttft_s"]
