@@ -174,17 +174,26 @@ class Catalog:
         Raises:
             HetplanError: unknown name; the message suggests the nearest known names.
         """
-        key = _norm(name)
-        if key in self._index:
-            return self.gpus[self._index[key]]
-        close = difflib.get_close_matches(key, list(self._index), n=3, cutoff=0.4)
-        suggestions = sorted({self._index[c] for c in close})
-        hint = f"did you mean {', '.join(suggestions)}?" if suggestions else "run `hetplan catalog gpus` for the list"
-        raise HetplanError(f"unknown GPU type {name!r}", field=field, fix=hint)
+        return self.gpus[_canonical(self._index, name, field, "GPU type", "gpus")]
 
     def names(self) -> list[str]:
         """Canonical names, in catalog order."""
         return list(self.gpus)
+
+
+def _canonical(index: Mapping[str, str], name: str, field: str, kind: str, listing: str) -> str:
+    """The canonical name that ``name`` (any case, an alias) stands for in ``index`` (normalised key -> name).
+
+    Raises:
+        HetplanError: unknown name; the message suggests the nearest known names, else `hetplan catalog LISTING`.
+    """
+    key = _norm(name)
+    if key in index:
+        return index[key]
+    close = difflib.get_close_matches(key, list(index), n=3, cutoff=0.4)
+    suggestions = sorted({index[c] for c in close})
+    hint = f"did you mean {', '.join(suggestions)}?" if suggestions else f"run `hetplan catalog {listing}` for the list"
+    raise HetplanError(f"unknown {kind} {name!r}", field=field, fix=hint)
 
 
 def _norm(name: str) -> str:
@@ -303,13 +312,7 @@ class NodeCatalog:
         Raises:
             HetplanError: unknown name; the message suggests the nearest known names.
         """
-        key = _norm(name)
-        if key in self._index:
-            return self.nodes[self._index[key]]
-        close = difflib.get_close_matches(key, list(self._index), n=3, cutoff=0.4)
-        suggestions = sorted({self._index[c] for c in close})
-        hint = f"did you mean {', '.join(suggestions)}?" if suggestions else "run `hetplan catalog nodes` for the list"
-        raise HetplanError(f"unknown node {name!r}", field=field, fix=hint)
+        return self.nodes[_canonical(self._index, name, field, "node", "nodes")]
 
     def reference(self, gpu: GPUSpec) -> NodeSpec | None:
         """The reference node of GPU type ``gpu`` (by its name or an alias), or None if it has none."""
