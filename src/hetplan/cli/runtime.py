@@ -47,7 +47,7 @@ def run_cmd(
     energy_server: Optional[str] = typer.Option(None, "--energy-server", help="Run the timed iterations under this "
                                                 "frequency plan server (hetplan energy serve): Perseus' loop."),
     token: Optional[str] = typer.Option(None, "--token", envvar="HETPLAN_ENERGY_TOKEN",
-                                        help="The plan server's bearer token (env HETPLAN_ENERGY_TOKEN)."),
+                                        help="The plan server's bearer token."),
     energy_job: Optional[str] = typer.Option(None, "--energy-job", help="Job id on the server (default: from the "
                                              "plan, so a rerun continues the job)."),
     energy_plans: Optional[Path] = typer.Option(None, "--energy-plans", help="plans.json of 'hetplan energy "
