@@ -133,12 +133,14 @@ class ModernCase(Case):
     notes: list[str] = field(default_factory=list)
     causal_flops: bool = False
 
-    def evaluate(self, catalog: Catalog | None = None) -> float:
-        """Estimate the plan with ``catalog`` (default: the package catalog); set ``predicted``,
-        ``predicted_memory_bytes`` and ``fits``; return ``predicted``."""
+    def evaluate(self, catalog: Catalog | None = None, comm_constants=None) -> float:
+        """Estimate the plan with ``catalog`` (default: the package catalog) and ``comm_constants`` (default: the
+        reviewed :class:`~hetplan.estimate.comm.CommConstants`); set ``predicted``, ``predicted_memory_bytes`` and
+        ``fits``; return ``predicted``."""
         from hetplan.estimate.estimator import estimate
 
-        est = estimate(self.plan, catalog=catalog, model=self.model, virtual_stages=self.virtual_stages)
+        est = estimate(self.plan, catalog=catalog, model=self.model, virtual_stages=self.virtual_stages,
+                       comm_constants=comm_constants)
         self.predicted = quantity_of(est, self.quantity, self.plan, self.model, self.causal_flops)
         self.predicted_memory_bytes = max(s.memory.total for s in est.stages)
         self.fits = bool(est.fits)

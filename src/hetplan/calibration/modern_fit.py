@@ -9,6 +9,10 @@ another efficiency, and are left to validation); the other rows are held out and
 before and after the fit. How: least squares on log(predicted / measured) (a rate and a time weigh the same),
 bounded to [0.3, 1.0], everything else (``gemm_half_dim``, kernel overhead, links) as in the catalog.
 
+One communication constant is fitted before them: the stage time per p2p call of an interleaved schedule's
+extra model chunks (:data:`hetplan.estimate.comm.P2P_CALL_S`, :func:`fit_p2p_call`), on the time ratios of
+rows of one job that differ in the virtual stages only (a seeded half of those jobs; the others held out).
+
 The fit returns data (:class:`EfficiencyFit`); :func:`catalog_with` builds a new catalog from it. Nothing
 mutates module state: the values enter the package catalog (``hardware/data/gpus.toml``) by hand, in a reviewed
 commit, with the provenance in ``calibration_source``, as the A100 fit does.
@@ -79,8 +83,8 @@ def catalog_with(fits: Iterable[EfficiencyFit], catalog: Catalog | None = None) 
     return out
 
 
-def _log_err(cases, catalog) -> np.ndarray:
-    return np.array([math.log(c.evaluate(catalog) / c.measured) for c in cases])
+def _log_err(cases, catalog, comm_constants=None) -> np.ndarray:
+    return np.array([math.log(c.evaluate(catalog, comm_constants) / c.measured) for c in cases])
 
 
 def fit_gpu_dtype(cases: list, gpu: str, dtype: str, catalog: Catalog | None = None) -> EfficiencyFit | None:
@@ -108,11 +112,95 @@ def fit_gpu_dtype(cases: list, gpu: str, dtype: str, catalog: Catalog | None = N
     return EfficiencyFit(gpu, dtype, field, value, was, len(cal), len(held), before, after)
 
 
+#: Search interval of the p2p call time (s).
+P2P_CALL_BOUNDS = (0.0, 3e-3)
+#: Seeded fraction of the VP-contrast jobs (hash of the job key) the p2p call time is fitted on.
+CONTRAST_FRACTION = 0.5
+
+
+@dataclass
+class P2PCallFit:
+    """The fitted p2p call time (s).
+
+    Attributes:
+        p2p_call_s, was: fitted and current value (s).
+        jobs_calibration, jobs_held_out: the VP-contrast jobs (:func:`vp_contrast_pairs`) fitted on / held out.
+        held_out_before, held_out_after: mean |error| of the held-out pairs' time ratio (fraction) and their
+            Kendall-τ-style agreement (share of pairs ordered as measured), without the term (0 s) and with the
+            fitted value.
+    """
+
+    p2p_call_s: float
+    was: float
+    jobs_calibration: list
+    jobs_held_out: list
+    held_out_before: dict
+    held_out_after: dict
+
+
+def vp_contrast_pairs(cases: list) -> dict[str, list[tuple]]:
+    """``{job: [(a, b), ...]}``: pairs of cases of one job (same model, GPU, GPU count, batch, sequence; the
+    :attr:`group`) that differ in the virtual stages only — the contrast that isolates the cost of more p2p calls
+    (Megatron's interleaved schedule runs ``v`` chunk calls per micro-batch and direction)."""
+    out: dict[str, list[tuple]] = {}
+    for i, a in enumerate(cases):
+        for b in cases[i + 1:]:
+            ia, ib = dict(a.info), dict(b.info)
+            if a.group == b.group and ia.pop("vp") != ib.pop("vp") and ia == ib:
+                out.setdefault(a.group, []).append((a, b))
+    return out
+
+
+def _pair_metrics(pairs: list[tuple], comm_constants=None) -> dict:
+    errs, agree = [], []
+    for a, b in pairs:
+        pa, pb = a.evaluate(None, comm_constants), b.evaluate(None, comm_constants)
+        errs.append(abs((pa / pb) / (a.measured / b.measured) - 1))
+        agree.append((pa - pb) * (a.measured - b.measured) > 0)
+    return {"n": len(pairs), "ratio_mape": float(np.mean(errs)) if errs else math.nan,
+            "ordered": float(np.mean(agree)) if agree else math.nan}
+
+
+def fit_p2p_call(cases: list) -> P2PCallFit | None:
+    """Fit :data:`hetplan.estimate.comm.P2P_CALL_S` on the time ratios of VP-contrast pairs
+    (:func:`vp_contrast_pairs`): least squares on log(predicted ratio / measured ratio) over the jobs in the
+    seeded :data:`CONTRAST_FRACTION` (hash of the job key), the other jobs held out. A ratio within one job
+    cancels the GEMM efficiency and every per-job constant, so the fit sees the per-call cost alone. None
+    without calibration jobs."""
+    from scipy.optimize import minimize_scalar
+
+    from hetplan.calibration.validation import _is_calibration
+    from hetplan.estimate.comm import CommConstants
+
+    jobs = vp_contrast_pairs(cases)
+    cal = [p for j, ps in jobs.items() if _is_calibration(j, CONTRAST_FRACTION) for p in ps]
+    held = [p for j, ps in jobs.items() if not _is_calibration(j, CONTRAST_FRACTION) for p in ps]
+    if not cal:
+        return None
+
+    def loss(call):
+        cc = CommConstants(p2p_call_s=call)
+        return sum(math.log((a.evaluate(None, cc) / b.evaluate(None, cc)) / (a.measured / b.measured)) ** 2
+                   for a, b in cal)
+
+    res = minimize_scalar(loss, bounds=P2P_CALL_BOUNDS, method="bounded", options={"xatol": 1e-6})
+    call, was = round(float(res.x), 5), CommConstants().p2p_call_s
+    return P2PCallFit(call, was, sorted(j for j in jobs if _is_calibration(j, CONTRAST_FRACTION)),
+                      sorted(j for j in jobs if not _is_calibration(j, CONTRAST_FRACTION)),
+                      _pair_metrics(held, CommConstants(p2p_call_s=0.0)),
+                      _pair_metrics(held, CommConstants(p2p_call_s=call)))
+
+
+def dense_cases(sets: Iterable[str] = modern.SET_NAMES, catalog: Catalog | None = None) -> list:
+    """The dense (non-MoE) expressible cases of the modern ``sets``, plans built."""
+    return [c for cs, _ in modern.load_sets(sets, catalog).values() for c in cs
+            if not getattr(c.model, "num_experts", 0)]
+
+
 def fit_modern(sets: Iterable[str] = modern.SET_NAMES, catalog: Catalog | None = None) -> list[EfficiencyFit]:
     """Fit every (GPU, dtype) that has calibration rows among the dense rows of the modern ``sets``."""
     catalog = catalog or load_catalog()
-    cases = [c for cs, _ in modern.load_sets(sets, catalog).values() for c in cs
-             if not getattr(c.model, "num_experts", 0)]
+    cases = dense_cases(sets, catalog)
     out = []
     for gpu, dtype in sorted({(c.gpu, c.dtype) for c in cases}):
         f = fit_gpu_dtype(cases, gpu, dtype, catalog)
@@ -122,6 +210,12 @@ def fit_modern(sets: Iterable[str] = modern.SET_NAMES, catalog: Catalog | None =
 
 
 def main() -> None:  # pragma: no cover - prints the fit
+    p = fit_p2p_call(dense_cases())
+    if p is not None:
+        b, a = p.held_out_before, p.held_out_after
+        print(f"p2p call {1e3 * p.was:.2f} -> {1e3 * p.p2p_call_s:.2f} ms on jobs {p.jobs_calibration}; held-out "
+              f"({a['n']} pairs of {len(p.jobs_held_out)} jobs): ratio error {100 * b['ratio_mape']:.1f} % -> "
+              f"{100 * a['ratio_mape']:.1f} %, ordered as measured {b['ordered']:.2f} -> {a['ordered']:.2f}")
     for f in fit_modern():
         print(f"{f.gpu} {f.dtype}: {f.field} {f.was:.3f} -> {f.value:.3f} on {f.n_calibration} rows; held-out "
               f"({f.n_held_out}) MAPE {100 * f.held_out_before['mape']:.1f} % -> {100 * f.held_out_after['mape']:.1f} %")

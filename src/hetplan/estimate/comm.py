@@ -73,6 +73,18 @@ NETWORKS = {
 }
 
 
+#: Time a pipeline stage stands still at each p2p call of an interleaved schedule's extra model chunks (s). Each
+#: of the ``v`` chunks of a micro-batch is its own forward / backward call of Megatron-Core's interleaved schedule
+#: (``core/pipeline_parallel/schedules.py`` ``forward_backward_pipelining_with_interleaving``) with its own
+#: send / receive (``p2p_communication.py``: ``batch_isend_irecv`` or, with ``overlap_p2p_comm``, separate
+#: ``isend`` / ``irecv`` whose handles the next chunk waits on) and its own Python step; the GPU waits for the
+#: host at each. Fitted by :func:`hetplan.calibration.modern_fit.fit_p2p_call` on the time ratio of GPT-3 175B
+#: at VP 12 against VP 6 in the DGX Cloud benchmarks (2 of 5 jobs; held out: 3 jobs, ratio error 7.2 % without
+#: the term, 0.6 % with it): 0.89 ms, the order of the ≈ 1.2 ms per blocking p2p call seen on vTrain's A100
+#: pipelines (docs/estimator.md, Validation).
+P2P_CALL_S = 0.89e-3
+
+
 @dataclass(frozen=True)
 class CommConstants:
     """The fitted communication constants the estimator takes as data (``estimate(..., comm_constants=)``;
@@ -81,6 +93,8 @@ class CommConstants:
 
     #: Per-step latency of a collective inside a node (s): :data:`ALPHA_INTRA_NODE_S`.
     alpha_intra_node_s: float = ALPHA_INTRA_NODE_S
+    #: Stage time per p2p call of an extra model chunk (s): :data:`P2P_CALL_S`.
+    p2p_call_s: float = P2P_CALL_S
 
 
 #: Thread blocks (CTAs, one per channel) an NCCL collective kernel occupies while it runs: 24 measured for an

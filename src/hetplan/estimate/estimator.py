@@ -100,11 +100,12 @@ _DEFAULT_COMM = CommConstants()
 def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None = None) -> Link:
     """The :class:`Link` of a pool (intra-node bandwidth defaults to the catalog's GPU link; the inter-node
     bandwidth and latency follow the pool's network, :func:`hetplan.estimate.comm.network_terms`; the intra-node
-    latency is ``comm_constants``' (default :class:`~hetplan.estimate.comm.CommConstants`))."""
+    latency and the p2p call time are ``comm_constants``' (default :class:`~hetplan.estimate.comm.CommConstants`))."""
     intra = pool.intra_node_bandwidth_bytes_per_s or gpu.gpu_link_bandwidth_bytes_per_s
     factor, alpha = network_terms(pool.network)
     cc = comm_constants or _DEFAULT_COMM
-    return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s)
+    return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s,
+                cc.p2p_call_s)
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
@@ -242,7 +243,7 @@ def p2p_model(framework: str) -> str | bool:
 _SIMULATE_MANY_MIN_PLANS = 16
 
 _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
-             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep")
+             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "virtual_stages")
 
 
 class _StageRow(NamedTuple):
@@ -265,6 +266,7 @@ class _StageRow(NamedTuple):
     sequence_parallel: bool
     cp: int
     ep: int
+    virtual_stages: int
     gpu: GPUSpec
     link: Link
     price_usd_per_hour: float
@@ -371,7 +373,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                flash=flash, cp=lay.cp, ep=lay.ep, moe_load_imbalance=job.moe_load_imbalance,
+                flash=flash, cp=lay.cp, ep=lay.ep, virtual_stages=v, moe_load_imbalance=job.moe_load_imbalance,
                 kv_exchange=job.cp_kv_exchange, fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
             ))

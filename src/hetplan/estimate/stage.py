@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from hetplan.estimate import compute, context, memory, moe
-from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, dp_collective_time_s,
+from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, P2P_CALL_S, dp_collective_time_s,
                                    group_collective_time_s, overlap_contention)
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
@@ -24,13 +24,15 @@ from hetplan.model.spec import ModelSpec
 class Link:
     """Bandwidths a stage sees (bytes/s, unidirectional): inside its node and out of its node (whole NIC, as far
     as its network lets NCCL use it: :func:`hetplan.estimate.comm.network_terms`), and the per-step latencies
-    between nodes and inside a node (s; the latter fitted, :class:`hetplan.estimate.comm.CommConstants`)."""
+    between nodes and inside a node (s; the latter fitted, :class:`hetplan.estimate.comm.CommConstants`), and the
+    time a stage loses per pipeline p2p call of an extra model chunk (:data:`hetplan.estimate.comm.P2P_CALL_S`)."""
 
     gpus_per_node: int
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
     inter_node_alpha_s: float = ALPHA_INTER_NODE_S
     intra_node_alpha_s: float = ALPHA_INTRA_NODE_S
+    p2p_call_s: float = P2P_CALL_S
 
 
 #: Gradient bucket of the overlapped data-parallel reduction (elements): Megatron-LM's DDP default
@@ -75,6 +77,7 @@ def stage_costs(
     ep=1,
     moe_load_imbalance=1.0,
     kv_exchange="ring",
+    virtual_stages=1,
 ):
     """Costs of one stage (see module doc). Returns a dict of arrays:
 
@@ -156,8 +159,9 @@ def stage_costs(
         r = np.minimum(recompute_layers, num_layers)
         layers_bwd = r * lb + (num_layers - r) * ab
         layers_tp = r * ltp + (num_layers - r) * atp
-    fwd = num_layers * lf + np.where(has_embedding, ef, 0.0) + np.where(has_head, hf, 0.0)
-    bwd = layers_bwd + np.where(has_embedding, eb, 0.0) + np.where(has_head, hb, 0.0)
+    calls = pipeline_call_s(single_stage, virtual_stages, link.p2p_call_s)
+    fwd = num_layers * lf + np.where(has_embedding, ef, 0.0) + np.where(has_head, hf, 0.0) + calls
+    bwd = layers_bwd + np.where(has_embedding, eb, 0.0) + np.where(has_head, hb, 0.0) + calls
 
     dense, expert = moe.parameters_per_gpu(memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep)
@@ -253,6 +257,14 @@ def stage_costs(
         "memory": mem,
         "params_per_gpu": params,
     }
+
+
+def pipeline_call_s(single_stage, virtual_stages, call_s):
+    """Per-micro-batch time a pipeline stage loses to the p2p calls of its extra model chunks, per direction (s):
+    ``(v - 1) · call_s`` (:data:`hetplan.estimate.comm.P2P_CALL_S`); 0 for a single stage or plain 1F1B, whose one
+    call per micro-batch and direction the calibrated constants already hold (docs/estimator.md, Validation)."""
+    v = np.asarray(virtual_stages, dtype=float)
+    return np.where(single_stage, 0.0, np.maximum(v - 1.0, 0.0) * call_s)
 
 
 def zero3_exposed_s(gather_s, reduce_scatter_s, forward_s, backward_s, num_layers, num_microbatches,

@@ -201,7 +201,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
         zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), attention=job.attention,
         framework=job.framework, cp=col(cp), ep=col(ep), moe_load_imbalance=job.moe_load_imbalance,
-        kv_exchange=job.cp_kv_exchange,
+        kv_exchange=job.cp_kv_exchange, virtual_stages=col(v),
     )
     stage_gpus = tp * cp * dp
     n_intra = _intra_boundaries(stage_gpus, pp, pool.gpus_per_node)
