@@ -310,6 +310,8 @@ class Plan(BaseModel):
         virtual_stages: model chunks per stage for interleaved 1F1B (Narayanan et al. SC'21 Sec. 2.2.2); 1 = plain
             1F1B. Used when the schedule is ``1f1b``, pp > 1 and the micro-batch count is a multiple of pp.
         overlap_grad_reduce: data-parallel gradient reduction overlapped with the backward pass.
+        tp_comm_overlap: TP collectives pipelined with the GEMMs they feed (Megatron-Core ``--tp-comm-overlap``,
+            Transformer Engine userbuffers; needs sequence parallelism; :func:`hetplan.estimate.compute.layer_time_s`).
         fsdp_shard: HSDP — ZeRO-3/FSDP shards within groups of this many DP ranks and replicates across
             ``dp / fsdp_shard`` of them (PyTorch ``fully_shard`` with a 2-D device mesh); None = all of DP.
         reshard_after_forward: ZeRO-3/FSDP frees each layer's gathered parameters after its forward and gathers
@@ -333,6 +335,7 @@ class Plan(BaseModel):
     schedule: Schedule = "1f1b"
     virtual_stages: int = bounded(1024, "more virtual stages than 1,024 is more than layers per GPU", default=1, ge=1)
     overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = False
     fsdp_shard: int | None = Field(default=None, gt=0)
     reshard_after_forward: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None

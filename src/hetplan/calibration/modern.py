@@ -314,7 +314,9 @@ class Layout:
     exchange, ``ring`` (Megatron-Core / NeMo: p2p overlapped with attention) or ``allgather`` (Llama 3,
     torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
     expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows);
-    ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default)."""
+    ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default);
+    ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
+    ``--tp-comm-overlap``)."""
 
     tp: int
     pp: int
@@ -333,6 +335,7 @@ class Layout:
     kv_exchange: str = "ring"
     balanced_routing: bool = False
     grad_reduce_dtype: str | None = None
+    tp_comm_overlap: bool = False
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -367,6 +370,7 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         return Plan(job=job, pools=[pool], stages=stages, mbs=lay.mbs, zero=zero,
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
                     virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
+                    tp_comm_overlap=lay.tp_comm_overlap,
                     **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
@@ -436,7 +440,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     Layout as published (TP, PP, CP, VP, EP, micro-batch, global batch); DP = GPUs / (TP·PP·CP). Megatron-Core as
     NeMo's recipes run it: distributed optimizer (ZeRO-1), sequence parallelism with TP, gradient reduction
     overlapped, gradients reduced and buffered in bf16 (the performance recipes' ``plugins.grad_reduce_in_fp32 =
-    False``, NeMo ``nemo/collections/llm/recipes/*``), FlashAttention (cuDNN / TE fused attention), no
+    False``, NeMo ``nemo/collections/llm/recipes/*``), TP communication overlapped (their
+    ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
     recomputation (the recipes' default for these rows; not restated in the tables). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
@@ -467,7 +472,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
             lay = Layout(tp=tp, pp=pp, dp=_int(r, "num_gpus") // (tp * pp * cp), cp=cp, ep=_int(r, "ep", 1),
                          vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
-                         seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16")
+                         seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16",
+                         tp_comm_overlap=True)
             t = _float(r, "iteration_time_s")
             if t is None:
                 raise NotExpressibleError("no step time published")
@@ -561,7 +567,8 @@ def llama3_cases(catalog: Catalog | None = None):
 def megatron_lm_cases(catalog: Catalog | None = None):
     """Megatron-LM README weak scaling (r0.8.0) on H100: TFLOP/s per GPU. Micro-batch 1, no interleaving, no
     recomputation (not stated by the source), distributed optimizer, sequence parallelism with TP, overlapped
-    gradient reduction and parameter gather (README). Rows without a layout are not expressible."""
+    gradient reduction and parameter gather and TP communication (README: ``--overlap-grad-reduce
+    --overlap-param-gather --tp-comm-overlap``), fp32 gradient reduction (Megatron-LM's bf16 default). Rows without a layout are not expressible."""
     catalog = catalog or load_catalog()
     items = []
     for i, r in enumerate(_rows(FILES["megatron_lm_h100"])):
@@ -572,7 +579,7 @@ def megatron_lm_cases(catalog: Catalog | None = None):
                 raise NotExpressibleError("the source gives no TP / PP / DP for this row")
             tp, pp, dp = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "dp", 1)
             lay = Layout(tp=tp, pp=pp, dp=dp, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
-                         sequence_parallel=True, zero=1)
+                         sequence_parallel=True, zero=1, tp_comm_overlap=True)
             return _case("megatron_lm_h100", key, r, lay, "tflops_per_gpu", _float(r, "tflops_per_gpu"),
                          catalog=catalog, group="weak-scaling")
 

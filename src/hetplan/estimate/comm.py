@@ -113,6 +113,14 @@ def overlap_contention(gpu) -> float:
     return 0.0 if not sms else min(1.0, NCCL_CTAS / sms)
 
 
+def overlapped_exposed_s(collective_s, compute_s, contention=0.0):
+    """Exposed time of a collective of ``collective_s`` run concurrently with ``compute_s`` of compute it can hide
+    behind (s, arrays broadcast): ``max(c - w, ρ·c)`` — what exceeds the compute, and at least the slowdown
+    ``ρ·c`` of the compute from the SMs the communication kernel takes (:func:`overlap_contention`)."""
+    c = np.asarray(collective_s, dtype=float)
+    return np.maximum(c - compute_s, contention * c)
+
+
 def network_terms(network: str) -> tuple[float, float]:
     """``(bandwidth factor, per-step latency s)`` of an inter-node network (:data:`NETWORKS`): the factor scales the
     nominal NIC bandwidth to what NCCL reaches on it relative to RDMA (1 for InfiniBand / RoCE), so every cost that

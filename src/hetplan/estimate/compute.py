@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s
+from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s, overlap_contention, overlapped_exposed_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -169,6 +169,7 @@ def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
     sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None, attention_blocks=1,
+    tp_comm_overlap=False,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -189,6 +190,12 @@ def layer_time_s(
             default :func:`layer_gemm_times_s`.
         attention_blocks: ``(s x s)`` attention blocks per rank: ``cp`` under context parallelism, where ``s`` is
             a rank's ``s / cp`` tokens and its queries attend all ``cp`` blocks of keys (:mod:`hetplan.estimate.context`).
+        tp_comm_overlap: Megatron-Core's ``--tp-comm-overlap`` (Transformer Engine userbuffers; with sequence
+            parallelism, dense layers): each of the layer's four TP collectives per pass (all-gather before the QKV
+            and FC1 GEMMs, reduce-scatter after the projection and FC2 GEMMs; in backward the same four around the
+            dgrad GEMMs) is split into chunks pipelined with the GEMM it feeds or drains (TE
+            ``transformer_engine/pytorch/module/base.py`` ``initialize_ub``, ``ring_exchange`` / ``pipeline``
+            methods), so each is hidden up to what that GEMM's time allows (:func:`tp_overlap_exposed_s`).
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
@@ -222,10 +229,64 @@ def layer_time_s(
     inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s
     tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter,
                                      inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s)
-    fwd = fwd_compute + 2 * tp_one
-    tp_bwd = 2 * tp_one + np.where(rc == 2, 2 * tp_one, 0.0)
+    tp_pass = 2 * tp_one  # four collectives (two all-reduces' volume) per pass
+    tp_bwd_pass = tp_pass
+    if tp_comm_overlap:
+        f_ov, b_ov = tp_overlap_exposed_s(m, tp_one / 2, linear, t, overlap_contention(gpu))
+        on = np.asarray(sequence_parallel) & (np.asarray(t) > 1)
+        tp_pass, tp_bwd_pass = np.where(on, f_ov, tp_pass), np.where(on, b_ov, tp_bwd_pass)
+    fwd = fwd_compute + tp_pass
+    tp_bwd = tp_bwd_pass + np.where(rc == 2, tp_pass, 0.0)
     bwd = bwd_compute + recompute_extra + tp_bwd
-    return fwd, bwd, 2 * tp_one + tp_bwd
+    return fwd, bwd, tp_pass + tp_bwd
+
+
+#: Chunks of Transformer Engine's pipelined GEMM + reduce-scatter overlap (``PipelineOverlapCfg(num_splits=4)``
+#: of the forward projection and FC2 GEMMs in NeMo's userbuffers configurations,
+#: ``nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py``).
+TP_OVERLAP_RS_SPLITS = 4
+
+
+def tp_overlap_shares(m: ModelSpec) -> tuple[float, float, float, float]:
+    """Shares of a dense layer's linear GEMM time that the QKV, projection, FC1 and FC2 GEMMs take (by their
+    weight elements, which set their FLOPs at one token count)."""
+    h, f = m.hidden_size, m.ffn_hidden_size
+    w = (h * (m.q_dim + m.kv_dim + m.v_dim), m.attn_out_dim * h, h * f * (2 if m.gated_mlp else 1), f * h)
+    total = float(sum(w))
+    return tuple(x / total for x in w)
+
+
+def tp_overlap_exposed_s(m: ModelSpec, c, linear_s, t, contention):
+    """``(forward_s, backward_s)``: exposed TP communication of one dense layer under ``--tp-comm-overlap``, each
+    of its four collectives (``c`` seconds each: an all-gather or reduce-scatter of the ``b·s·h`` activation)
+    hidden behind the GEMM it is paired with, as NeMo's userbuffers configurations pair them (Transformer Engine
+    ``module/base.py`` ``initialize_ub``):
+
+    * all-gathers before the QKV / FC1 GEMMs (forward) and of the output gradient before the projection / FC2
+      dgrad GEMMs (backward): *ring exchange* on the copy engines, the GEMM split into ``t`` chunks, the local
+      chunk first: exposed ``max(0, c - g·(t-1)/t)``;
+    * reduce-scatters after the projection / FC2 GEMMs (forward): *pipelined* in :data:`TP_OVERLAP_RS_SPLITS`
+      chunks on a few SMs: the last chunk's reduce-scatter follows the GEMM, the others hide behind the next
+      chunk, and the GEMM runs on the other SMs: exposed ``max(c/n + ρ·c, c - g·(n-1)/n)``;
+    * reduce-scatters of the QKV / FC1 input gradients (backward): *bulk* overlap with the wgrad GEMM of the same
+      size: exposed ``max(c - g, ρ·c)``.
+
+    ``g`` = ``linear_s`` × the GEMM's share (:func:`tp_overlap_shares`), ``ρ`` = ``contention``
+    (:func:`hetplan.estimate.comm.overlap_contention`). Arrays broadcast."""
+    qkv, proj, fc1, fc2 = (linear_s * share for share in tp_overlap_shares(m))
+    t = np.asarray(t, dtype=float)
+    n = TP_OVERLAP_RS_SPLITS
+
+    def ring(g):
+        return np.maximum(0.0, c - g * (t - 1.0) / np.maximum(t, 1.0))
+
+    def pipelined(g):
+        return np.maximum(c / n + contention * c, c - g * (n - 1.0) / n)
+
+    def bulk(g):
+        return overlapped_exposed_s(c, g, contention)
+
+    return ring(qkv) + ring(fc1) + pipelined(proj) + pipelined(fc2), ring(proj) + ring(fc2) + bulk(qkv) + bulk(fc1)
 
 
 def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t):

@@ -78,6 +78,7 @@ def stage_costs(
     moe_load_imbalance=1.0,
     kv_exchange="ring",
     virtual_stages=1,
+    tp_comm_overlap=False,
 ):
     """Costs of one stage (see module doc). Returns a dict of arrays:
 
@@ -120,13 +121,17 @@ def stage_costs(
     MLA GEMMs, the dispatch/combine all-to-all of the busiest rank (``moe_load_imbalance``), experts sharded over
     ``ep`` and reduced over the expert data-parallel ranks.
 
+    ``virtual_stages``: v of interleaved 1F1B; each of the ``v - 1`` extra model chunks adds one p2p call per
+    direction and micro-batch to a pipeline stage (:func:`pipeline_call_s`). ``tp_comm_overlap``: Megatron-Core's
+    ``--tp-comm-overlap`` on dense layers (:func:`hetplan.estimate.compute.layer_time_s`).
+
     Units: seconds, bytes.
     """
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
-                 intra_node_alpha_s=link.intra_node_alpha_s)
+                 intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe)
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
