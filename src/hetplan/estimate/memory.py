@@ -129,6 +129,7 @@ def stage_memory_bytes(
     reshard_after_forward=True,
     cp=1,
     ep=1,
+    moe_recompute=False,
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -153,6 +154,9 @@ def stage_memory_bytes(
             (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
         ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
             expert data-parallel ranks (:func:`hetplan.estimate.moe.expert_data_parallel`).
+        moe_recompute: MoE layers recompute their MLP (``--recompute-modules moe``) and store only its input;
+            ignored where the stage recomputes in full (Megatron-Core checkpoints the MoE layer only under
+            selective granularity).
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -194,10 +198,13 @@ def stage_memory_bytes(
     s_all = s  # the whole sequence (``s`` becomes this GPU's share below)
 
     def act(mode, kind=attention):
+        moe_recompute_here = np.asarray(moe_recompute) & (rc != 2)
         return np.where(
             sp,
-            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind),
-            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind,
+                                           moe_recompute=moe_recompute_here),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind,
+                                           moe_recompute=moe_recompute_here),
         )
 
     per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
