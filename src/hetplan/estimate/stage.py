@@ -251,6 +251,7 @@ def stage_costs(
         cp=cp,
         ep=ep,
         moe_recompute=moe_options.recompute,
+        grad_reduce_dtype=grad_reduce_dtype,
     )
     return {
         "forward_s": fwd,
