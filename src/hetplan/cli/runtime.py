@@ -45,7 +45,10 @@ def run_cmd(
     rdzv_endpoint: Optional[str] = _RDZV, max_procs: Optional[int] = _MAXP, timeout: float = _TO, threads: int = _THR,
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (SI units)."),
 ) -> None:
-    """Run PLAN on torch.distributed (random weights, synthetic tokens): iteration time and memory per rank."""
+    """Run PLAN on torch.distributed (random weights, synthetic tokens): iteration time and memory per rank.
+
+    MoE plans (Mixtral, Qwen-MoE) run their EP: experts split over DP ranks, all-to-all token dispatch.
+    CP plans are refused: torch 2.13 has no ring attention on CPU (docs/runtime.md)."""
     from hetplan.runtime.launcher import run_plan
 
     with Console(stderr=True).status("running the plan"):
@@ -58,7 +61,8 @@ def run_cmd(
         print(json.dumps(res, indent=1))
         return
     c = Console()
-    c.print(f"{res['world_size']} ranks (pp {res['pp']} x dp {res['dp']} x tp {res['tp']}), {res['schedule']}, "
+    ep = f", EP {res['ep']} in DP" if res.get("ep", 1) > 1 else ""
+    c.print(f"{res['world_size']} ranks (pp {res['pp']} x dp {res['dp']} x tp {res['tp']}{ep}), {res['schedule']}, "
             f"DP {res['dp_mode']}, {res['dtype']} on {res['device']} ({res['backend']}, {res['software']})")
     c.print(f"iteration time {res['iteration_time_s'] * 1e3:.1f} ms (median of {res['iterations']}), "
             f"loss {res['loss']:.4f}, DP replicas in sync: {res['dp_replicas_in_sync']}")
