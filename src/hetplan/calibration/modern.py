@@ -602,10 +602,10 @@ def _moe_recompute(label: str) -> tuple[str, bool]:
 
 
 def _dispatcher(r: dict) -> str:
-    """``deepep`` where the row names DeepEP or HybridEP (Megatron-Core's flex dispatcher; NeMo AutoModel's
+    """``hybridep`` or ``deepep`` where the row names it (Megatron-Core's flex dispatcher; NeMo AutoModel's
     ``dispatcher: deepep`` / ``hybridep``), else Megatron-Core's default ``alltoall``."""
     text = (r.get("attention", "") + " " + r.get("framework", "")).lower()
-    return "deepep" if "deepep" in text or "hybridep" in text else "alltoall"
+    return "hybridep" if "hybridep" in text else "deepep" if "deepep" in text else "alltoall"
 
 
 def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
