@@ -11,7 +11,9 @@ Per rank:
 3. ``torch.distributed.pipelining``: :class:`PipelineStage` per chunk and ``Schedule1F1B`` / ``ScheduleGPipe`` /
    ``ScheduleInterleaved1F1B`` over the plan's micro-batches (single-stage plans run a plain gradient-accumulation
    loop); AdamW; synthetic tokens (seeded per DP replica).
-4. ``warmup`` untimed and ``iterations`` timed iterations (``time.perf_counter`` after a barrier, CUDA synchronised).
+4. ``warmup`` untimed and ``iterations`` timed iterations (``time.perf_counter`` after a barrier, CUDA synchronised);
+   with ``--energy-server`` each timed iteration runs the plan server's frequency schedule and reports time and
+   energy (:mod:`hetplan.runtime.energy_loop`).
 5. Stage timing in isolation: ranks take turns (one at a time, so ranks sharing CPU cores do not slow each other)
    timing forward and backward of one micro-batch through their own chunk(s), median of repeats.
 6. Memory per rank: ``torch.cuda.max_memory_allocated`` on GPU; on both, a tensor account: parameter, gradient and
@@ -37,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from hetplan.profile import torchparts
-from hetplan.runtime import children, planio
+from hetplan.runtime import children, energy_loop, planio
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -54,6 +56,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--stage-repeats", type=int, default=5)
     ap.add_argument("--stage-stat", default="median", choices=("median", "min"))
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank on CPU")
+    ap.add_argument("--energy-server", default=None, help="frequency plan server URL (hetplan.runtime.energy_loop)")
+    ap.add_argument("--energy-job", default=None, help="its job id (created by the launcher)")
     return ap.parse_args(argv)
 
 
@@ -150,6 +154,12 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
             cls = Schedule1F1B if lay.schedule == "1f1b" else ScheduleGPipe
             schedule = cls(stages[0], n_microbatches=nmb, loss_fn=torchparts.loss_fn)
 
+    loop = None
+    if args.energy_server:
+        loop = energy_loop.RankLoop(args.energy_server, args.energy_job, rank, pp_rank,
+                                    energy_loop.stage_gpu(plan, pp_rank), device)
+        if schedule is not None:
+            loop.attach(stages)
     meter = torchparts.SavedTensorMeter(exclude=raw)
 
     def step() -> float | None:
@@ -172,8 +182,10 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
                 sync = i == nmb - 1 or not hasattr(model, "no_sync")
                 ctx = model.no_sync() if not sync else contextlib.nullcontext()
                 with ctx:
-                    loss = torchparts.loss_fn(model(tokens[sl]), target[sl]) / nmb
-                    loss.backward()
+                    with energy_loop.instruction(loop, "forward", i):
+                        loss = torchparts.loss_fn(model(tokens[sl]), target[sl]) / nmb
+                    with energy_loop.instruction(loop, "backward", i):
+                        loss.backward()
                 loss_val = (loss_val or 0.0) + float(loss.detach())
         if manual_dp:
             _allreduce_grads(params, mesh["dp"].get_group(), lay.dp)
@@ -187,6 +199,9 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
     times, loss_val = [], None
     for it in range(args.iterations):
         dist.barrier()
+        if loop is not None:  # after the barrier: every rank has reported the previous iteration
+            loop.begin()
+            dist.barrier()
         torchparts._sync(device)
         t0 = time.perf_counter()
         if it == 0:
@@ -196,6 +211,8 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
             loss_val = step()
         torchparts._sync(device)
         times.append(time.perf_counter() - t0)
+        if loop is not None:
+            loop.end()
     torchparts.collect()
     cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     states = torchparts.model_state_bytes(raw, opt)
@@ -241,6 +258,7 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
         "tensor_bytes": states["weights"] + states["gradients"] + states["optimizer"] + meter.peak_bytes,
         "cuda_max_allocated_bytes": cuda_peak, "peak_rss_bytes": torchparts.peak_rss_bytes(),
         "loss": loss_val, "param_checksum": checksum, "dp_replicas_in_sync": in_sync,
+        "energy": None if loop is None else loop.close(),
     }
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
@@ -256,6 +274,8 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
         "dp_replicas_in_sync": all(r["dp_replicas_in_sync"] for r in everyone),
         "ranks": everyone,
     }
+    if loop is not None:
+        result["energy"] = energy_loop.run_summary(args.energy_server, args.energy_job, [r["energy"] for r in everyone])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result
