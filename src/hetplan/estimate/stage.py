@@ -241,6 +241,7 @@ def stage_costs(
         reshard_after_forward=reshard_after_forward,
         cp=cp,
         ep=ep,
+        grad_reduce_dtype=grad_reduce_dtype,
     )
     return {
         "forward_s": fwd,
