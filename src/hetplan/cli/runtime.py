@@ -57,7 +57,10 @@ def run_cmd(
     energy_frequencies: Optional[str] = typer.Option(None, "--energy-frequencies", help="SM clocks to profile, "
                                                      "MHz, e.g. 1410,1200 (default: all of the plan's GPU)."),
 ) -> None:
-    """Run PLAN on torch.distributed (random weights, synthetic tokens): iteration time and memory per rank."""
+    """Run PLAN on torch.distributed (random weights, synthetic tokens): iteration time and memory per rank.
+
+    MoE plans (Mixtral, Qwen-MoE) run their EP: experts split over DP ranks, all-to-all token dispatch.
+    CP plans are refused: torch 2.13 has no ring attention on CPU (docs/runtime.md)."""
     from hetplan.runtime.launcher import run_plan
 
     opts = _opts(iterations, warmup, schedule, virtual_stages, dp_mode, dtype, nnodes, node_rank, rdzv_endpoint,
@@ -74,7 +77,8 @@ def run_cmd(
         print(json.dumps(res, indent=1))
         return
     c = Console()
-    c.print(f"{res['world_size']} ranks (pp {res['pp']} x dp {res['dp']} x tp {res['tp']}), {res['schedule']}, "
+    ep = f", EP {res['ep']} in DP" if res.get("ep", 1) > 1 else ""
+    c.print(f"{res['world_size']} ranks (pp {res['pp']} x dp {res['dp']} x tp {res['tp']}{ep}), {res['schedule']}, "
             f"DP {res['dp_mode']}, {res['dtype']} on {res['device']} ({res['backend']}, {res['software']})")
     c.print(f"iteration time {res['iteration_time_s'] * 1e3:.1f} ms (median of {res['iterations']}), "
             f"loss {res['loss']:.4f}, DP replicas in sync: {res['dp_replicas_in_sync']}")

@@ -13,7 +13,9 @@ Numbers are the estimator's, term for term (a test checks ``iteration_time_s`` a
 * per-stage costs from :func:`hetplan.estimate.stage.stage_costs`, evaluated once per stage context (position
   kind, TP, DP, per-replica micro-batch, micro-batches, ZeRO, recomputation) on arrays over
   (micro-batches in flight 1..P) x (layers 0..L) and then looked up;
-* boundary transfers as in the estimator, resharding included (:mod:`hetplan.estimate.reshard`);
+* boundary transfers and the iteration assembled as in the estimator
+  (:func:`hetplan.estimate.iteration.boundary_time_s`, resharding included, and
+  :func:`hetplan.estimate.iteration.assemble_iteration`);
 * the 1F1B pipeline by :func:`simulate_1f1b`, an exact event simulation (same semantics as
   :func:`hetplan.estimate.schedule.simulate`) organised in rounds, that stops simulating once the steady state
   repeats itself exactly (every stage's clock advances by the same cycle time in one round) and shifts the
@@ -30,12 +32,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import RECOMPUTE_CODES
 from hetplan.estimate.estimator import LayerTimeSource, pool_link
-from hetplan.estimate.reshard import boundary_transfer_time_s
+from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.schedule import simulate
-from hetplan.estimate.stage import boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.estimate.stage import stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
@@ -312,18 +313,8 @@ class FineCostModel:
         key = (a, nb, B, intra)
         v = self._p2p.get(key)
         if v is None:
-            bw = float(boundary_bandwidth_bytes_per_s(self.link, self.link, a.gpus, intra))
-            alpha = float(boundary_alpha_s(self.link, self.link, intra))
-            sender, receiver = (a.tp, a.dp, B // a.dp), (nb.tp, nb.dp, B // nb.dp)
-            if sender == receiver:
-                v = float(p2p_time_s(p2p_bytes(self.m, B // a.dp, self.job.seq_len, a.tp, a.tp > 1), bw, alpha))
-            else:
-                v = boundary_transfer_time_s(
-                    self.m, self.job.seq_len, sender, receiver, bw, gpus_per_node=self.link.gpus_per_node,
-                    intra_node_bandwidth_bytes_per_s=self.link.intra_node_bandwidth_bytes_per_s,
-                    inter_node_bandwidth_bytes_per_s=self.link.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=alpha,
-                    inter_node_alpha_s=self.link.inter_node_alpha_s)
-            self._p2p[key] = v
+            v = self._p2p[key] = boundary_time_s(self.m, self.job.seq_len, (a.tp, 1, a.dp, B // a.dp),
+                                                 (nb.tp, 1, nb.dp, B // nb.dp), self.link, self.link, intra)
         return v
 
     def cost(self, state: FineState) -> StateCost:
@@ -344,9 +335,8 @@ class FineCostModel:
             dpx.append(float(dx)); opt.append(float(op)); mem.append(float(me)); rcs.append((mode, r))
         intra = boundary_is_intra_node([s.gpus for s in state.stages], [0] * p, [self.pool.gpus_per_node])
         c = [self._boundary(state.stages[i], state.stages[i + 1], state.micro_batch, intra[i]) for i in range(p - 1)]
-        _, ends = simulate_1f1b(fw, bw, c, mb)
-        after = max(e + d for e, d in zip(ends, dpx))
-        iteration = after + max(opt)
+        iteration = float(assemble_iteration(fw, bw, dpx, opt, sum(c), mb,
+                                             simulated=simulate_1f1b(fw, bw, c, mb)).iteration_s)
         over = sum(max(0.0, x - self.capacity) for x in mem)
         res = StateCost(iteration, fw, bw, rc_s, tpc, dpx, opt, mem, c, rcs, over)
         self._costs[state] = res

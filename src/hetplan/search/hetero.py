@@ -59,14 +59,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
-from hetplan.estimate.reshard import boundary_transfer_time_s
-from hetplan.estimate.stage import Link, boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.estimate.iteration import boundary_time_s
+from hetplan.estimate.stage import Link, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import Inventory, Job, Plan, Stage
+from hetplan.plan import Inventory, Job, Plan, Stage, boundary_is_intra_node
 from hetplan.search.partition import solve_partition
 from hetplan.search.space import RECOMPUTE_NAMES, Pins, divisors, tp_degrees
 
@@ -277,25 +276,17 @@ class _Group:
         self.types = [st for st in types if st.tp * d <= inventory.pools[st.pool].count]
         self.tables = {(st.pool, st.tp): cost_table(m, job, st, b, d, zero, self.F, rcs) for st in self.types}
         self.by_key = {(st.pool, st.tp): st for st in self.types}
+        self.gpus_per_node = [pool.gpus_per_node for pool in inventory.pools]
         self._p2p: dict = {}
 
     def p2p(self, s1: StageType, s2: StageType, intra: bool) -> float:
-        """One-way transfer time of one micro-batch across a boundary (s), as the estimator prices it: a p2p
-        send when both stages lay the micro-batch out alike, else a resharding transfer."""
+        """One-way transfer time of one micro-batch across a boundary (s), as the estimator prices it
+        (:func:`hetplan.estimate.iteration.boundary_time_s`: a p2p send when both stages lay the micro-batch out
+        alike, else a resharding transfer)."""
         key = (s1.pool, s1.tp, s2.pool, s2.tp, intra)
         if key not in self._p2p:
-            bw = boundary_bandwidth_bytes_per_s(s1.link, s2.link, s1.tp * self.d, intra)
-            alpha = float(boundary_alpha_s(s1.link, s2.link, intra))
-            if s1.tp == s2.tp:
-                msg = p2p_bytes(self.m, self.b, self.job.seq_len, s1.tp, True)
-                self._p2p[key] = float(p2p_time_s(msg, bw, alpha))
-            else:
-                nl = s2.link
-                self._p2p[key] = float(boundary_transfer_time_s(
-                    self.m, self.job.seq_len, (s1.tp, self.d, self.b), (s2.tp, self.d, self.b), float(bw),
-                    gpus_per_node=nl.gpus_per_node, intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
-                    inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=alpha,
-                    inter_node_alpha_s=nl.inter_node_alpha_s))
+            self._p2p[key] = boundary_time_s(self.m, self.job.seq_len, (s1.tp, 1, self.d, self.b),
+                                             (s2.tp, 1, self.d, self.b), s1.link, s2.link, intra)
         return self._p2p[key]
 
     def tail_lower_bound_s(self, p: np.ndarray) -> np.ndarray:
@@ -372,18 +363,7 @@ class _Group:
 
     def intra_node(self, seq: list[StageType]) -> list[bool]:
         """:func:`hetplan.plan.boundary_is_intra_node` of a stage order (stages of ``tp·d`` GPUs each)."""
-        starts, used = [], {}
-        for st in seq:
-            starts.append(used.get(st.pool, 0))
-            used[st.pool] = used.get(st.pool, 0) + st.tp * self.d
-        out = []
-        for j in range(len(seq) - 1):
-            if seq[j].pool != seq[j + 1].pool:
-                out.append(False)
-                continue
-            g = self.inventory.pools[seq[j].pool].gpus_per_node
-            out.append(starts[j] // g == (starts[j + 1] + seq[j + 1].tp * self.d - 1) // g)
-        return out
+        return boundary_is_intra_node([st.tp * self.d for st in seq], [st.pool for st in seq], self.gpus_per_node)
 
     def lower_bound_s(self, seq: list[StageType], ns: list[int]) -> float:
         """Lower bound (s) on :func:`hetplan.estimate.estimator.estimate`'s iteration time of the plan with stage
