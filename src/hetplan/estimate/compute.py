@@ -292,6 +292,33 @@ def tp_overlap_exposed_s(m: ModelSpec, c, linear_s, t, contention):
     return ring(qkv) + ring(fc1) + pipelined(proj) + pipelined(fc2), ring(proj) + ring(fc2) + bulk(qkv) + bulk(fc1)
 
 
+def op_sac_matmuls(m: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """``(weight elements, output width)`` of a dense layer's matmuls in the order PyTorch runs them (torchtitan's
+    Llama block: ``wq``, ``wk``, ``wv``, ``wo``, then ``w1``, ``w3`` (gated MLP only), ``w2``): the order per-op
+    selective checkpointing counts them in (:func:`op_sac_recompute_s`)."""
+    h, f = m.hidden_size, m.ffn_hidden_size
+    mlp = ((h * f, f), (h * f, f), (f * h, h)) if m.gated_mlp else ((h * f, f), (f * h, h))
+    return ((h * m.q_dim, m.q_dim), (h * m.kv_dim, m.kv_dim), (h * m.v_dim, m.v_dim), (m.attn_out_dim * h, h)) + mlp
+
+
+def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, sequence_parallel=False,
+                       attention="flash"):
+    """Backward recomputation of one dense layer under torchtitan's per-op selective activation checkpointing
+    (``torchtitan/distributed/activation_checkpoint.py`` ``_apply_op_sac``: the outputs of attention and of every
+    other matmul are saved, counting from the first; everything else is recomputed from the block's input):
+    the even-numbered matmuls (:func:`op_sac_matmuls`: ``wk``, ``wo`` and ``w3`` of a Llama block) as their
+    share of the layer's linear GEMM time, plus every element-wise kernel of the forward (norms, rotary,
+    activation). 0 for MoE / MLA layers (not modelled). Seconds; arrays broadcast."""
+    if m.is_moe or m.is_mla:
+        return 0.0
+    linear, _ = layer_gemm_times_s(m, gpu, dtype, b, s, t)
+    w = [x for x, _ in op_sac_matmuls(m)]
+    act = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=sequence_parallel, recompute="none",
+                                        attention=attention)
+    elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
+    return linear * sum(w[1::2]) / sum(w) + elem
+
+
 def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t):
     """Forward and backward time of the input embedding: a gather, memory-bound (writes ``b·s·h`` activations),
     plus position add and dropout (3 kernels); backward scatters the gradient into the ``V x h/t`` table."""

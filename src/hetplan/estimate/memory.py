@@ -99,6 +99,11 @@ DEEPSPEED_GRAD_BYTES = 2
 #: parameter (measured: the step raises the peak by 8.00 B per parameter on every traced stage it dominates).
 DEEPSPEED_STEP_BYTES = 8
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
+#: Bytes per logit at the peak of an eager PyTorch cross-entropy on fp32-cast logits (torchtitan's
+#: ``cross_entropy_loss``: ``F.cross_entropy(pred.float(), ...)``): in its backward the saved fp32 log-softmax
+#: output, the fp32 gradient nll_loss hands it and the fp32 input gradient log_softmax writes, 4 + 4 + 4 — against
+#: Megatron's fused vocab-parallel loss (the ``head`` term and the 16-bit logits, 4 + 2).
+EAGER_LOSS_BYTES_PER_LOGIT = 12
 #: FSDP2 with mixed precision keeps the sharded parameters in fp32 (they are the master weights), fp32 sharded
 #: gradients and Adam's two fp32 moments: 4 + 4 + 8 bytes per parameter, sharded (PyTorch ``fully_shard`` with
 #: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's default), against Megatron's
@@ -107,6 +112,31 @@ FSDP_WEIGHT_BYTES, FSDP_GRAD_BYTES, FSDP_OPTIMIZER_BYTES = 4, 4, 8
 #: FSDP units whose parameters are unsharded at once at the peak: the one computing and the one prefetched
 #: (FSDP2 prefetches one unit ahead in forward and backward).
 FSDP_UNITS_IN_FLIGHT = 2
+
+
+def op_sac_activation_bytes(m: ModelSpec, b, s, t, sequence_parallel=False, attention="flash"):
+    """Bytes one dense layer keeps under torchtitan's per-op selective checkpointing (``_apply_op_sac``,
+    :func:`hetplan.estimate.compute.op_sac_recompute_s`): the block's input (the checkpoint's argument, ``2sbh``,
+    split over TP ranks with sequence parallelism), the outputs of the odd-numbered matmuls
+    (:func:`hetplan.estimate.compute.op_sac_matmuls`: ``wq``, ``wv``, ``w1``, ``w2`` of a Llama block) and of
+    attention (``2sbq`` and the fp32 log-sum-exp), each split over the TP ranks. A row-parallel output (``wo``,
+    ``w2``) is counted after its reduce-scatter, which is on the save list: the torchtitan rows that run SAC under
+    TP use torch.compile / async TP, where the matmul and its reduce-scatter are one fused op and the full partial
+    sum is never an op output (an assumption: eager TP would save the ``2sbh`` partial sum of ``w2`` too).
+    ``s``: this GPU's tokens. Bytes; arrays broadcast."""
+    from hetplan.estimate.compute import op_sac_matmuls
+
+    b, s = counts.as_float(b), counts.as_float(s)
+    t = np.asarray(t, dtype=float)
+    h, sb = m.hidden_size, s * b
+    saved = 0.0
+    for k, (_, width) in enumerate(op_sac_matmuls(m)):
+        if k % 2 == 0:  # 1st, 3rd, ... matmul: saved
+            saved = saved + 2 * sb * width / t
+    attn = 2 * sb * m.q_dim / t + counts.FLASH_LSE_BYTES * m.num_attention_heads * sb / t
+    scatter = np.where(t > 1, 2 * sb * h / t, 0.0)  # wo's reduce-scatter output (w2's is counted above)
+    block_input = 2 * sb * h / np.where(np.asarray(sequence_parallel), t, 1.0)
+    return block_input + saved + attn + scatter
 
 
 def stage_parameters(m: ModelSpec, num_layers, has_embedding, has_head, single_stage):
@@ -228,7 +258,10 @@ def stage_memory_bytes(
                                            moe_recompute=moe_recompute_here),
         )
 
-    per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
+    selective = act("selective")
+    if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
+        selective = op_sac_activation_bytes(m, b, context.local_seq_len(s_all, cp), t, sp, attention)
+    per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, selective, act("none")))
     if recompute_layers is None:
         activations = in_flight * num_layers * per_layer
         recomputed = np.where(rc == 2, act("none"), 0.0)  # the layer being recomputed
@@ -266,7 +299,10 @@ def stage_memory_bytes(
         # peak is the larger of the loss phase (``head`` + 16-bit logits) and the layer-backward phase
         # (recomputed layer + working set), not their sum; transient is the excess over the theoretical
         # components, negative where they add buffers that never coexist.
-        transient = np.maximum(head + logits, recomputed + backward) - head - recomputed
+        loss = head + logits
+        if framework == "fsdp":
+            loss = EAGER_LOSS_BYTES_PER_LOGIT * s * b * m.padded_vocab_size() / t * np.asarray(has_head)
+        transient = np.maximum(loss, recomputed + backward) - head - recomputed
         if framework == "megatron" and grad_reduce_dtype in ("bf16", "fp16"):
             # optimizer step: the fp32 copy of the owned 16-bit gradient shard, while the activations are freed
             step = MAIN_GRAD_COPY_BYTES * optim / OPTIMIZER_BYTES - activations

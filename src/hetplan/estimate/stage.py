@@ -167,6 +167,9 @@ def stage_costs(
         ab = mbk
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t)
+    if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
+        lb = lb + np.where(np.asarray(recompute_code) == 1, compute.op_sac_recompute_s(
+            m, gpu, dtype, b, s, t, sequence_parallel, attention), 0.0)
     if recompute_layers is None:
         layers_bwd, layers_tp = num_layers * lb, num_layers * ltp
     else:  # r layers recompute, the others do not (their backward is the plain one)
