@@ -50,3 +50,19 @@ def test_plan_flag_reaches_the_estimate_and_needs_sequence_parallelism():
     assert estimate(no_sp.model_copy(update={"tp_comm_overlap": True}), model=M).iteration_time_s == \
         estimate(no_sp, model=M).iteration_time_s
     assert np.isfinite(on.mfu)
+
+
+def test_parameter_gather_hides_behind_the_forward_window():
+    """exposed_behind_s worked case: sync 10, window 4, last bucket 0.1, rho 0.2 -> max(6, 1) + 0.2·min(9, 4) = 6.8;
+    a window longer than the sync leaves the last bucket plus the contention: 1 + 0.2·9 = 2.8."""
+    from hetplan.estimate.stage import exposed_behind_s
+
+    assert float(exposed_behind_s(10.0, 4.0, 0.1, 0.2)) == pytest.approx(6.8)
+    assert float(exposed_behind_s(10.0, 40.0, 0.1, 0.2)) == pytest.approx(2.8)
+    # Megatron ZeRO-1 with overlap: gradients behind the backward, parameters behind the forward -> less exposed
+    # than DeepSpeed's ZeRO-1, whose parameter gather waits with the gradients behind the backward
+    plan = megatron_plan(M, gpu="H100-SXM", tp=1, pp=1, dp=64, mbs=1, gbs=64, recompute="none", seq=2048,
+                         inter_node_bandwidth_bytes_per_s=100e9).model_copy(update={"zero": 1, "overlap_grad_reduce": True})
+    meg = estimate(plan, model=M)
+    ds = estimate(plan.model_copy(update={"job": plan.job.model_copy(update={"framework": "deepspeed"})}), model=M)
+    assert meg.dp_exposed_time_s < ds.dp_exposed_time_s

@@ -210,10 +210,14 @@ def stage_costs(
     grad_sync = np.where(zero == 0, allreduce, reduce_scatter + param_gather)
     bucket_share = np.minimum(1.0, np.maximum(BUCKET_PARAMETERS, 1e6 * np.asarray(dp)) / np.maximum(params, 1.0))
     rho = overlap_contention(gpu)  # share of the SMs the overlapped NCCL kernels take from compute
-    overlapped = grad_sync * (1.0 - bucket_share)
+    # Megatron-Core's distributed optimizer with --overlap-param-gather: the all-gather of the updated parameters
+    # hides behind the next iteration's first forward, not the backward (exposed_behind_s).
+    gather_fwd = (framework == "megatron") & (zero >= 1)
+    behind_bwd = np.where(gather_fwd, reduce_scatter, grad_sync)
     grad_exposed = np.where(
-        z3, 0.0, np.where(overlap_grad_reduce, np.maximum(grad_sync - bwd, grad_sync * bucket_share)
-                          + rho * np.minimum(overlapped, bwd), grad_sync)
+        z3, 0.0, np.where(overlap_grad_reduce, exposed_behind_s(behind_bwd, bwd, bucket_share, rho)
+                          + np.where(gather_fwd, exposed_behind_s(param_gather, fwd, bucket_share, rho), 0.0),
+                          grad_sync)
     )
     # FSDP gathers and reduce-scatters one layer (FSDP unit) at a time: L collectives per pass, each paying its
     # own latency steps (Zhao et al. VLDB 2023 Sec. 3.2, one FlatParameter per unit; FSDP2: one all-gather per
@@ -275,6 +279,19 @@ def stage_costs(
         "memory": mem,
         "params_per_gpu": params,
     }
+
+
+def exposed_behind_s(sync_s, window_s, bucket_share, contention):
+    """Exposed time of a bucketed data-parallel collective of ``sync_s`` overlapped with ``window_s`` of compute:
+    what exceeds the window, and at least its last bucket (``bucket_share`` of it, which starts when the window
+    ends), plus the slowdown ``contention`` x the overlapped part of the compute it overlaps
+    (:func:`hetplan.estimate.comm.overlap_contention`). The window: the last micro-batch's backward for the
+    gradient reduction (Megatron-LM DDP reduces on the last micro-batch only); with Megatron-Core's distributed
+    optimizer and ``--overlap-param-gather`` the first micro-batch's forward for the parameter all-gather
+    (dispatched after the optimizer step, each bucket waited for by the forward pre-hook of its first layer:
+    ``megatron/core/distributed/distributed_data_parallel.py``). Arrays broadcast."""
+    return (np.maximum(sync_s - window_s, sync_s * bucket_share)
+            + contention * np.minimum(sync_s * (1.0 - bucket_share), window_s))
 
 
 def pipeline_call_s(single_stage, virtual_stages, call_s):
