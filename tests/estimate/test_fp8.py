@@ -121,3 +121,15 @@ def test_estimate_fp8_plan_end_to_end():
     assert 1.2 < ratio < 1.7  # DGX Cloud Llama 3.1 70B TP4 PP4: measured 1.33-1.40
     assert e8.mfu == pytest.approx(e16.mfu * ratio * 989.4 / 1978.9, rel=1e-9)
     assert 0 < e8.mfu < 1 and np.isfinite(e8.mfu)
+
+
+def test_fp8_on_a_gpu_without_fp8_is_refused_naming_the_fix():
+    """A100 has no FP8 tensor cores: the search refuses with the field and the fix (bf16, or FP8-capable GPUs)."""
+    from hetplan.errors import HetplanError
+    from hetplan.plan import Inventory
+    from hetplan.search.planner import search_plans
+
+    job = Job(model="llama2-7b", seq_len=2048, global_batch=64, dtype="fp8")
+    with pytest.raises(HetplanError) as exc:
+        search_plans(job, Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=8)]))
+    assert exc.value.field == "job.dtype" and "bf16" in exc.value.fix

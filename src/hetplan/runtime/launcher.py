@@ -87,9 +87,9 @@ def check_options(opts: RunOptions) -> None:
     from hetplan.runtime.planio import SCHEDULES
 
     if opts.dtype == "fp8":
-        raise HetplanError("the trainer has no FP8 path (Transformer Engine / torchao float8 are not wired into it)",
-                           field="--dtype", fix=f"run in one of {', '.join(DTYPES)}; export the FP8 plan with "
-                           "`hetplan export --to megatron` or `--to torchtitan` to train it in FP8")
+        raise HetplanError("the trainer has no FP8 path (no Transformer Engine or float8 linear layers in it)",
+                           field="--dtype", fix=f"run in one of {', '.join(DTYPES)}; to train the plan in FP8, "
+                           "export it (`hetplan export --to megatron`)")
     for flag, value, allowed in (("--dtype", opts.dtype, DTYPES), ("--dp-mode", opts.dp_mode, DP_MODES),
                                  ("--schedule", opts.schedule, SCHEDULES)):
         if value is not None and value not in allowed:
