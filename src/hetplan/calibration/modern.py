@@ -319,7 +319,8 @@ class Layout:
     """The published layout of a row (degrees, batch, recomputation, framework). ``kv_exchange``: CP's K/V
     exchange, ``ring`` (Megatron-Core / NeMo: p2p overlapped with attention) or ``allgather`` (Llama 3,
     torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
-    expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows)."""
+    expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows);
+    ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default)."""
 
     tp: int
     pp: int
@@ -337,6 +338,7 @@ class Layout:
     sequence_parallel: bool = False
     kv_exchange: str = "ring"
     balanced_routing: bool = False
+    grad_reduce_dtype: str | None = None
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -370,7 +372,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     try:
         return Plan(job=job, pools=[pool], stages=stages, mbs=lay.mbs, zero=zero,
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
-                    virtual_stages=lay.vp, overlap_grad_reduce=True, **degrees)
+                    virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
+                    **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -438,8 +441,9 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
 
     Layout as published (TP, PP, CP, VP, EP, micro-batch, global batch); DP = GPUs / (TP·PP·CP). Megatron-Core as
     NeMo's recipes run it: distributed optimizer (ZeRO-1), sequence parallelism with TP, gradient reduction
-    overlapped, FlashAttention (cuDNN / TE fused attention), no recomputation (the recipes' default for these
-    rows; not restated in the tables). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
+    overlapped, gradients reduced and buffered in bf16 (the performance recipes' ``plugins.grad_reduce_in_fp32 =
+    False``, NeMo ``nemo/collections/llm/recipes/*``), FlashAttention (cuDNN / TE fused attention), no
+    recomputation (the recipes' default for these rows; not restated in the tables). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
     """
@@ -469,7 +473,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
             lay = Layout(tp=tp, pp=pp, dp=_int(r, "num_gpus") // (tp * pp * cp), cp=cp, ep=_int(r, "ep", 1),
                          vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
-                         seq=_int(r, "seq_len"), sequence_parallel=True, zero=1)
+                         seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16")
             t = _float(r, "iteration_time_s")
             if t is None:
                 raise NotExpressibleError("no step time published")

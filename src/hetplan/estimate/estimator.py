@@ -372,7 +372,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
                 flash=flash, cp=lay.cp, ep=lay.ep, moe_load_imbalance=job.moe_load_imbalance,
-                kv_exchange=job.cp_kv_exchange,
+                kv_exchange=job.cp_kv_exchange, fsdp_shard=plan.fsdp_shard,
+                reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))

@@ -174,7 +174,7 @@ def stage_costs(
     dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
-    weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FSDP2 float8 all-gather under FP8 (fp8 doc)
+    weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
 
     def dp_collective(bytes_per_parameter, collective, units=1.0, group=None):
         """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
@@ -247,6 +247,7 @@ def stage_costs(
         reshard_after_forward=reshard_after_forward,
         cp=cp,
         ep=ep,
+        grad_reduce_dtype=grad_reduce_dtype,
         fp8_recipe=fp8_recipe,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
