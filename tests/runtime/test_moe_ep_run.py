@@ -68,13 +68,19 @@ def test_ep_model_equals_single_process_model(tmp_path):
         assert res[0]["expert_grad_norm"] != pytest.approx(res[1]["expert_grad_norm"], rel=1e-3)
 
 
-def test_hetplan_run_moe_ep2():
-    """``hetplan run`` on the tiny Mixtral-shaped plan: DP 2 with EP 2 (two experts per rank), trains and keeps the
-    dense weights equal over DP (and the experts over expert-DP)."""
-    res = run_plan(EP_PLAN, RunOptions(iterations=2, warmup=1, stage_repeats=1))
+def test_hetplan_run_moe_ep2_trains_as_without_ep(tmp_path):
+    """``hetplan run`` on the tiny Mixtral-shaped plan: DP 2 with EP 2 (two experts per rank) keeps the dense weights
+    equal over DP, and after 3 AdamW steps has the loss of the same plan without EP (DDP over whole replicas): the
+    dispatch, the gradient reduction and the updates of the real trainer are those of the unsplit model."""
+    opts = dict(iterations=2, warmup=1, stage_repeats=1)
+    res = run_plan(EP_PLAN, RunOptions(**opts))
     assert (res["world_size"], res["dp"], res["ep"], res["dp_mode"]) == (2, 2, 2, "ddp")
     assert res["dp_replicas_in_sync"] is True
     assert res["loss"] == pytest.approx(math.log(256), abs=0.3)  # random weights and tokens
+    no_ep = tmp_path / "no-ep.json"
+    no_ep.write_text(_plan(EP_PLAN, ep=1).model_dump_json())
+    ref = run_plan(no_ep, RunOptions(**opts))
+    assert ref["ep"] == 1 and ref["loss"] == pytest.approx(res["loss"], rel=1e-6)
     # each rank holds half of the routed experts: 2 layers x 2 experts x 3 matrices of 64 x 128 fewer than the model
     spec = load_model(ROOT / "examples" / "tiny-moe.json")
     half_experts = spec.num_layers * 2 * 3 * 64 * 128

@@ -319,7 +319,8 @@ class Layout:
     """The published layout of a row (degrees, batch, recomputation, framework). ``kv_exchange``: CP's K/V
     exchange, ``ring`` (Megatron-Core / NeMo: p2p overlapped with attention) or ``allgather`` (Llama 3,
     torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
-    expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows);
+    expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows); ``dispatcher``,
+    ``routing``: the all-to-all's dispatcher and the router's routing (:class:`hetplan.estimate.moe.MoEOptions`);
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default)."""
 
     tp: int
@@ -338,6 +339,9 @@ class Layout:
     sequence_parallel: bool = False
     kv_exchange: str = "ring"
     balanced_routing: bool = False
+    dispatcher: str = "alltoall"
+    routing: str = "random"
+    moe_recompute: bool = False
     grad_reduce_dtype: str | None = None
 
 
@@ -362,6 +366,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         extra["cp_kv_exchange"] = lay.kv_exchange
     if lay.balanced_routing and "moe_load_imbalance" in Job.model_fields:
         extra["moe_load_imbalance"] = 1.0
+    if lay.ep > 1:
+        extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute)
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
@@ -592,12 +598,22 @@ def megatron_lm_cases(catalog: Catalog | None = None):
 AUTOMODEL_EP = {"GPT-OSS 120B": 64}
 
 
-def _moe_recompute(label: str) -> str:
-    """Recomputation of a MoE row: NeMo AutoModel's ``activation_checkpointing: true`` checkpoints every
-    transformer block (full); Megatron's ``full``; anything else (Megatron's per-module ``layernorm`` /
-    ``moe_act`` recomputation, which recomputes cheap element-wise work) none."""
+def _moe_recompute(label: str) -> tuple[str, bool]:
+    """Recomputation of a MoE row, ``(stage recompute, MoE-layer recompute)``: NeMo AutoModel's
+    ``activation_checkpointing: true`` checkpoints every transformer block (full); Megatron's ``full``;
+    Megatron's per-module selective recomputation recomputes the MoE layer where its modules name ``moe``
+    (``--recompute-modules moe``), and otherwise cheap element-wise work only (``layernorm``, ``moe_act``: none)."""
     low = label.lower()
-    return "full" if "full" in low or "activation_checkpointing: true" in low else "none"
+    if "full" in low or "activation_checkpointing: true" in low:
+        return "full", False
+    return "none", bool(re.search(r"\bmoe\b", low))
+
+
+def _dispatcher(r: dict) -> str:
+    """``deepep`` where the row names DeepEP or HybridEP (Megatron-Core's flex dispatcher; NeMo AutoModel's
+    ``dispatcher: deepep`` / ``hybridep``), else Megatron-Core's default ``alltoall``."""
+    text = (r.get("attention", "") + " " + r.get("framework", "")).lower()
+    return "deepep" if "deepep" in text or "hybridep" in text else "alltoall"
 
 
 def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
@@ -608,14 +624,16 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
             raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
         tp, pp, cp = (_int(r, k, 1) for k in ("tp", "pp", "cp"))
         ep = _int(r, "ep") or AUTOMODEL_EP.get(r["model"], 1)
+        recompute, moe_recompute = _moe_recompute(r["recompute"])
         n = _int(r, "num_gpus")
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
         mbs = _int(r, "micro_batch", 1)
         gbs = _int(r, "global_batch")
         lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, vp=_int(r, "vp", 1), mbs=mbs, gbs=gbs,
                      seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
-                     sequence_parallel=True, recompute=_moe_recompute(r["recompute"]),
-                     balanced_routing=src == "automodel" or "forced" in r["notes"].lower())
+                     sequence_parallel=True, recompute=recompute, moe_recompute=moe_recompute,
+                     balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
+                     dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random")
         t = _float(r, "iteration_time_s")
         if t is not None:
             return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)

@@ -151,6 +151,7 @@ def stage_memory_bytes(
     reshard_after_forward=True,
     cp=1,
     ep=1,
+    moe_recompute=False,
     grad_reduce_dtype=None,
     fp8_recipe=None,
 ):
@@ -177,6 +178,9 @@ def stage_memory_bytes(
             (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
         ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
             expert data-parallel ranks (:func:`hetplan.estimate.moe.expert_data_parallel`).
+        moe_recompute: MoE layers recompute their MLP (``--recompute-modules moe``) and store only its input;
+            ignored where the stage recomputes in full (Megatron-Core checkpoints the MoE layer only under
+            selective granularity).
         grad_reduce_dtype: ``"bf16"`` / ``"fp16"``: Megatron's gradient buffer holds 16-bit gradients and the
             optimizer an fp32 copy of its shard (module doc); None / ``"fp32"``: the fp32 buffer. FSDP keeps its
             own sharded fp32 gradients either way.
@@ -230,10 +234,13 @@ def stage_memory_bytes(
     s_all = s  # the whole sequence (``s`` becomes this GPU's share below)
 
     def act(mode, kind=attention):
+        moe_recompute_here = np.asarray(moe_recompute) & (rc != 2)
         return np.where(
             sp,
-            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind),
-            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind,
+                                           moe_recompute=moe_recompute_here),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind,
+                                           moe_recompute=moe_recompute_here),
         )
 
     # FP8 under Transformer Engine: linear inputs saved in FP8 (full recomputation saves only the bf16 layer input)

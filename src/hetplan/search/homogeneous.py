@@ -20,6 +20,7 @@ from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
 from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.memory import stage_memory_bytes
+from hetplan.estimate.moe import MoEOptions
 from hetplan.estimate.stage import boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
@@ -201,7 +202,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
         zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), attention=job.attention,
         framework=job.framework, cp=col(cp), ep=col(ep), moe_load_imbalance=job.moe_load_imbalance,
-        kv_exchange=job.cp_kv_exchange,
+        kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute),
     )
     stage_gpus = tp * cp * dp
     n_intra = _intra_boundaries(stage_gpus, pp, pool.gpus_per_node)
