@@ -146,6 +146,14 @@ def test_megatron_export_carries_ep_cp_moe_and_mla_arguments():
                 "--moe-layer-freq '[0,0,0,1,", "--multi-latent-attention", "--kv-lora-rank 512", "--q-lora-rank 1536",
                 "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128", "--context-parallel-size 1"):
         assert arg in text, arg
+    assert "--moe-token-dispatcher-type alltoall" in text
+    deepep = plan.model_copy(update={"job": plan.job.model_copy(update={"moe_dispatcher": "deepep",
+                                                                         "moe_recompute": True}),
+                                     "stages": [s.model_copy(update={"recompute": "none"}) for s in plan.stages]})
+    text = "\n".join(export_megatron(deepep, load_model("deepseek-v3")).files.values())
+    for arg in ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
+                "--recompute-granularity selective", "--recompute-modules moe"):
+        assert arg in text, arg
     cp_plan = _plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8)
     assert "--context-parallel-size 4" in "\n".join(export_megatron(cp_plan, load_model("llama3-8b")).files.values())
 
@@ -234,3 +242,16 @@ def test_moe_recompute_trades_the_moe_activations_for_one_more_moe_forward():
     full, full_again = est(False, "full"), est(True, "full")
     assert full_again.iteration_time_s == pytest.approx(full.iteration_time_s)
     assert full_again.stages[0].memory.total == pytest.approx(full.stages[0].memory.total)
+
+
+def test_deepep_reaches_8_gpus_over_nvlink_hybridep_the_whole_nvl72():
+    """On a 72-GPU NVLink domain DeepEP still sends beyond its 8-GPU host through the NICs; HybridEP keeps the
+    whole EP 32 group on NVLink; on 8-GPU nodes the two are the same."""
+    m = load_model("qwen3-235b-a22b")
+    nvl72 = (72, 900e9, 72 * 50e9)
+    deepep, hybrid = (moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *nvl72, dispatch=moe.MoEOptions(d))
+                      for d in ("deepep", "hybridep"))
+    assert deepep > 3 * hybrid
+    dgx = (8, 450e9, 400e9)
+    assert moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *dgx, dispatch=moe.MoEOptions("deepep")) == pytest.approx(
+        moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *dgx, dispatch=moe.MoEOptions("hybridep")))

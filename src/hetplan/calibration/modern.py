@@ -258,7 +258,9 @@ MOE_PRESETS = {"deepseek-v3": "deepseek-v3", "deepseek v3": "deepseek-v3", "qwen
 #: Grok-1: xai-org/grok-1 ``run.py`` (emb 48 x 128, 48 query / 8 KV heads of 128, 64 layers, 8 experts top-2,
 #: vocabulary 128 x 1024) and ``model.py`` ``ffn_size`` (8 x 6144 x 2/3 = 32,768; gated); one embedding table for
 #: input and output (``InOutEmbed``). Llama 4 Maverick: meta-llama/Llama-4-Maverick-17B-128E ``config.json``
-#: (text_config: 128 experts top-1 with a shared expert, MoE every second layer, dense MLP 16,384).
+#: (text_config: 128 experts top-1 with a shared expert, MoE every second layer, dense MLP 16,384). GPT-OSS 20B:
+#: openai/gpt-oss-20b ``config.json`` (the 120B's widths, 24 layers, 32 experts top-4; model card: 20.91B total,
+#: 3.61B active without the input embedding).
 MOE_CONFIGS = {
     "grok-1": {"model_type": "mixtral", "hidden_size": 6144, "intermediate_size": 32768, "num_attention_heads": 48,
                "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 64, "num_local_experts": 8,
@@ -270,6 +272,12 @@ MOE_CONFIGS = {
         "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "use_qk_norm": True,
         "attention_bias": False, "vocab_size": 202048, "max_position_embeddings": 1048576,
         "tie_word_embeddings": False}, "source": "meta-llama/Llama-4-Maverick-17B-128E config.json"},
+    "gpt-oss 20b": {"model_type": "gpt_oss", "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 24,
+                    "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 128,
+                    "layer_types": ["sliding_attention", "full_attention"] * 12, "attention_bias": True,
+                    "vocab_size": 201088, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                    "source": "openai/gpt-oss-20b config.json"},
 }
 
 
@@ -593,9 +601,9 @@ def megatron_lm_cases(catalog: Catalog | None = None):
 
 
 #: Expert-parallel degree of NeMo AutoModel rows whose table leaves it out, from the benchmark's recipe (the rows
-#: name DeepEP, which only runs with EP): ``examples/llm_benchmark/gpt_oss/gptoss_120b_te_deepep.yaml``
-#: (NVIDIA-NeMo/Automodel@36044ad3d) sets ``ep_size: 64``.
-AUTOMODEL_EP = {"GPT-OSS 120B": 64}
+#: name DeepEP, which only runs with EP): ``examples/llm_benchmark/gpt_oss/gptoss_120b_te_deepep.yaml`` and
+#: ``gptoss_20b_te_deepep.yaml`` (NVIDIA-NeMo/Automodel@36044ad3d) set ``ep_size: 64`` and ``8``.
+AUTOMODEL_EP = {"GPT-OSS 120B": 64, "GPT-OSS 20B": 8}
 
 
 def _moe_recompute(label: str) -> tuple[str, bool]:
@@ -610,10 +618,10 @@ def _moe_recompute(label: str) -> tuple[str, bool]:
 
 
 def _dispatcher(r: dict) -> str:
-    """``deepep`` where the row names DeepEP or HybridEP (Megatron-Core's flex dispatcher; NeMo AutoModel's
+    """``hybridep`` or ``deepep`` where the row names it (Megatron-Core's flex dispatcher; NeMo AutoModel's
     ``dispatcher: deepep`` / ``hybridep``), else Megatron-Core's default ``alltoall``."""
     text = (r.get("attention", "") + " " + r.get("framework", "")).lower()
-    return "deepep" if "deepep" in text or "hybridep" in text else "alltoall"
+    return "hybridep" if "hybridep" in text else "deepep" if "deepep" in text else "alltoall"
 
 
 def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):

@@ -37,7 +37,10 @@ together): time = the slower part + one latency. What crosses depends on the dis
   Those depend on the routing: ``random`` (each token picks ``k`` distinct experts uniformly: learned routers
   in expectation, Megatron-Core's ``--moe-router-force-load-balancing``) or ``contiguous`` (token ``i`` takes
   experts ``i·k … i·k + k - 1``: NeMo AutoModel's ``FakeBalancedGate`` benchmark router, ``moe/layers.py``),
-  whose ``k`` experts sit on ``⌈k / (E/ep)⌉`` neighbouring ranks of one node.
+  whose ``k`` experts sit on ``⌈k / (E/ep)⌉`` neighbouring ranks of one node. DeepEP's NVLink part spans one
+  host of at most :data:`DEEPEP_NVLINK_PEERS` GPUs (its ``NUM_MAX_NVL_PEERS``): on a GB200 NVL72 everything
+  beyond goes through the NICs; ``hybridep`` (NVIDIA's HybridEP, "native MNNVL support", Megatron-LM
+  ``transformer/moe/README.md``) is the same deduplication over the pool's whole NVLink domain.
 
 **MLA** (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): :func:`mla_gemms`.
 
@@ -88,7 +91,10 @@ def extra_kernels(m: ModelSpec, ep, framework="megatron"):
     return (MOE_EXTRA_KERNELS + gemms + shared) * m.num_moe_layers / m.num_layers
 
 
-DISPATCHERS = ("alltoall", "deepep")
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
+#: GPUs DeepEP's normal kernels reach over NVLink (``NUM_MAX_NVL_PEERS = 8`` in DeepEP's ``csrc/kernels/configs.cuh``;
+#: one host's GPUs, CUDA IPC): the NVLink domain of its ``deepep`` dispatch whatever the pool's.
+DEEPEP_NVLINK_PEERS = 8
 ROUTINGS = ("random", "contiguous")
 
 
@@ -238,10 +244,11 @@ def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_
     (dense layers have none), with ``dispatch``'s dispatcher and routing (module doc; the busiest rank moves
     ``imbalance`` times the balanced bytes). Not overlapped with compute (Megatron-LM's default; its 1F1B
     all-to-all overlap is an option)."""
-    if dispatch.dispatcher == "deepep":
-        intra, inter = deepep_traffic_bytes(m, np.asarray(b, dtype=float) * s / t, ep, stride, gpus_per_node,
+    if dispatch.dispatcher in ("deepep", "hybridep"):
+        domain = np.minimum(gpus_per_node, DEEPEP_NVLINK_PEERS) if dispatch.dispatcher == "deepep" else gpus_per_node
+        intra, inter = deepep_traffic_bytes(m, np.asarray(b, dtype=float) * s / t, ep, stride, domain,
                                             dispatch.routing)
-        one = exchange_time_s(imbalance * intra, imbalance * inter, ep, ep_ranks_per_node(ep, stride, gpus_per_node),
+        one = exchange_time_s(imbalance * intra, imbalance * inter, ep, ep_ranks_per_node(ep, stride, domain),
                               gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
     else:
         one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, gpus_per_node,
