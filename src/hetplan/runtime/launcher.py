@@ -182,7 +182,7 @@ def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
         check_options(replace(opts, dtype=plan.job.dtype))
     per_node = opts.max_procs or (gpus if gpus else DEFAULT_MAX_CPU_PROCS)
     lay = planio.layout(plan, spec, schedule=opts.schedule, virtual_stages=opts.virtual_stages,
-                        max_world_size=per_node * opts.nnodes, dp_mode=opts.dp_mode)
+                        max_world_size=per_node * opts.nnodes)
     try:
         import importlib.util
 
