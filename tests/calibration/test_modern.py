@@ -90,16 +90,19 @@ BOUNDS = {
     # With plan.cp / plan.ep (helper moe) the CP and MoE/EP rows became expressible, not yet calibrated: dgxc_h100
     # max 17.1 % (CP 2 / Grok-1 EP rows; dense CP-1 subset unchanged, MAPE 3.9 %); dgxc_gb200 MAPE 18.4 % from the
     # MoE rows (DeepSeek-V3 EP 32-64 on NVL72 -67 %, Grok-1 +24 %, Llama 4 Maverick -13 %; dense and CP rows -4 %).
-    # The p2p call of an interleaved pipeline's extra chunks (0.89 ms, fitted on GPT-3 VP 6 vs 12), TP communication
-    # overlapped as the recipes enable it and H100 / GB200 refitted (0.666 / 0.515): dgxc_h100 tau 0.53 -> 0.85
-    # (target 0.8 met), dense CP-1 MAPE 4.8 %, max 35 % (a Grok-1 EP row whose twin configuration is at -5 %);
-    # llama3_405b max 20 -> 8.2 % (target 10 % met); megatron_lm_h100 MAPE 17.7 -> 9.5 %, max 35 -> 23 % (also the
+    # The p2p call of an interleaved pipeline's extra chunks (0.95 ms, fitted on GPT-3 VP 6 vs 12), TP communication
+    # overlapped as the recipes enable it and H100 / GB200 refitted (bf16 0.670 / 0.515, fp8 0.620 / 0.456): dgxc_h100
+    # dense CP-1 bf16 + fp8 MAPE 5.4 %, tau 0.92 (all rows 0.80; target 0.8 met), max 35 % (a Grok-1 EP row whose
+    # twin configuration is at -5 %);
+    # llama3_405b max 20 -> 8.8 % (target 10 % met); megatron_lm_h100 MAPE 17.7 -> 9.3 %, max 35 -> 22 % (also the
     # parameter all-gather behind the next forward, --overlap-param-gather).
+    # With dtype fp8 (helper fp8) the FP8 rows became expressible (dense CP-1 bf16 and fp8 together below).
     "dgxc_h100": {"mape": 0.10, "max_abs_error": 0.36, "kendall_tau": 0.8},
     "dgxc_gb200": {"mape": 0.19},
     # torchtitan: per-op SAC, the eager fp32 loss (memory within 8.3 % on every row with memory, target met) and the
-    # 500 W H100 by power-cap physics (0.573): MAPE 26.6 -> 18.1 % (target 12 %: eager vs torch.compile not modelled)
-    "torchtitan": {"mape": 0.19},
+    # 500 W H100 by power-cap physics (0.577): bf16 MAPE 26.6 -> 18 %, with the FP8 rows 19.2 % (target 12 %: eager
+    # vs torch.compile not modelled)
+    "torchtitan": {"mape": 0.20},
     "llama3_405b": {"max_abs_error": 0.10},
     "megatron_lm_h100": {"mape": 0.10, "max_abs_error": 0.23},
     # moe_h100 (target 15 % not met): 18.0 % MAPE on 20 rows, max 38 %, with the sources' own FLOP count
@@ -147,15 +150,18 @@ NOT_FITTING_YET = {
     # MoE / CP rows expressible since EP and CP: the per-layer MoE activations (k token copies of the routed
     # experts, the 1F1B in-flight count of a full-recompute layer) are not yet calibrated against these runs.
     "dgxc_gb200:Grok-1 314B (MoE):n128", "dgxc_gb200:Grok-1 314B (MoE):n256", "dgxc_gb200:Grok-1 314B (MoE):n512",
+    # The ModelZoo's MXFP8 GB200 row (expressible since dtype fp8): it ran with activation offloading and the
+    # moe_act + layernorm recompute modules, neither modelled: 216 GiB predicted (314 GiB in bf16) on 173 GiB.
+    "moe_h100:Qwen3-235B-A22B:n256",
 }
 
 
 def test_torchtitan_memory_within_ten_percent_on_every_row(run):
-    """Issue 13: torchtitan's memory per GPU within +-10 % on every row that gives memory (per-op SAC, FSDP2's
+    """Issue 13: torchtitan's memory per GPU within +-10 % on every bf16 row that gives memory (per-op SAC, FSDP2's
     sharded fp32 states, the eager fp32 loss)."""
     _, cases = run
-    rows = [c for c in cases if c.set == "torchtitan" and c.measured_memory_bytes]
-    assert len(rows) == 4
+    rows = [c for c in cases if c.set == "torchtitan" and c.measured_memory_bytes and c.dtype == "bf16"]
+    assert len(rows) == 4  # the FP8 rows (helper fp8) are not there yet: docs/estimator.md, Modern sets
     for c in rows:
         assert abs(c.predicted_memory_bytes / c.measured_memory_bytes - 1) <= modern.TARGETS["torchtitan"][
             "memory_max_abs_error"], c.key
@@ -196,6 +202,34 @@ def test_moe_models_without_preset_have_their_published_size(name, total_b, acti
     m = modern.moe_model({"model": name, "layers": ""})
     assert counts.total_parameters(m) / 1e9 == pytest.approx(total_b, rel=0.01)
     assert counts.active_parameters(m) / 1e9 == pytest.approx(active_b, rel=0.03)
+
+
+def test_fp8_rows_are_predicted_and_reported_apart(run):
+    """FP8 rows are expressible (dtype = "fp8") and reported apart from bf16: the dense CP-1 subset of dgxc_h100
+    meets the issue's 10 % for each dtype; every set with both dtypes reports them apart."""
+    result, cases = run
+    r = result["dgxc_h100"]
+    assert set(r["dense_cp1_per_dtype"]) == {"bf16", "fp8"}
+    for d in ("bf16", "fp8"):
+        assert r["dense_cp1_per_dtype"][d]["n"] > 40
+        assert r["dense_cp1_per_dtype"][d]["mape"] <= 0.10, (d, r["dense_cp1_per_dtype"][d])
+    assert r["dense_cp1"]["kendall_tau"] >= 0.8
+    assert {"bf16", "fp8"} <= set(result["torchtitan"]["per_dtype"])
+    reasons = [x["reason"] for x in result["torchtitan"]["not_expressible"]["rows"]]
+    assert any("row-wise" in x for x in reasons)
+
+
+def test_fp8_efficiency_fit_reproduces_the_catalog_and_holds_out():
+    """The FP8 GEMM efficiency of H100-SXM, fitted on the seeded 25 % of the dense CP-1 FP8 rows of the modern
+    sets (:func:`hetplan.calibration.modern_fit.fit_cases`: 9 rows), is the catalog's 0.665, and the 48 held-out
+    rows stay within 9 % MAPE (7.4 % measured) — the held-out error bound of the FP8 fit."""
+    from hetplan.calibration import modern_fit
+
+    fit = modern_fit.fit_gpu_dtype(modern_fit.fit_cases(), "H100-SXM", "fp8")
+    assert fit.field == "fp8_compute_efficiency"
+    assert fit.value == pytest.approx(load_catalog().get("H100-SXM").fp8_compute_efficiency, abs=0.002)
+    assert fit.n_calibration >= 5 and fit.n_held_out >= 30
+    assert fit.held_out_after["mape"] <= 0.09
 
 
 def test_gpt_oss_20b_has_its_published_size():

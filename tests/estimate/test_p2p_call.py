@@ -44,9 +44,10 @@ def test_more_virtual_stages_can_be_slower_once_calls_cost():
 
 
 def test_fit_on_vp_contrast_jobs_predicts_the_held_out_jobs():
-    fit = modern_fit.fit_p2p_call(modern_fit.dense_cases(["dgxc_h100"]))
+    fit = modern_fit.fit_p2p_call(modern_fit.fit_cases(["dgxc_h100"]))
     assert fit is not None and fit.jobs_calibration and fit.jobs_held_out
     assert not set(fit.jobs_calibration) & set(fit.jobs_held_out)
     assert fit.p2p_call_s == pytest.approx(P2P_CALL_S, abs=5e-5)  # the catalog value is this fit
-    assert fit.held_out_after["ratio_mape"] < 0.02 < fit.held_out_before["ratio_mape"]
-    assert fit.held_out_after["ordered"] == 1.0
+    # held out: three GPT-3 jobs and torchtitan's 405B 1F1B-vs-interleaved pair
+    assert fit.held_out_after["ratio_mape"] < 0.8 * fit.held_out_before["ratio_mape"]
+    assert fit.held_out_after["ordered"] == 1.0 > fit.held_out_before["ordered"]

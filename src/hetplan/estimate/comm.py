@@ -79,10 +79,11 @@ NETWORKS = {
 #: send / receive (``p2p_communication.py``: ``batch_isend_irecv`` or, with ``overlap_p2p_comm``, separate
 #: ``isend`` / ``irecv`` whose handles the next chunk waits on) and its own Python step; the GPU waits for the
 #: host at each. Fitted by :func:`hetplan.calibration.modern_fit.fit_p2p_call` on the time ratio of GPT-3 175B
-#: at VP 12 against VP 6 in the DGX Cloud benchmarks (2 of 5 jobs; held out: 3 jobs, ratio error 7.2 % without
-#: the term, 0.6 % with it): 0.89 ms, the order of the ≈ 1.2 ms per blocking p2p call seen on vTrain's A100
-#: pipelines (docs/estimator.md, Validation).
-P2P_CALL_S = 0.89e-3
+#: at VP 12 against VP 6 in the DGX Cloud benchmarks, bf16 and fp8 (2 of 5 jobs; held out: the other 3 and
+#: torchtitan's 405B 1F1B-vs-interleaved pair, ratio error 7.8 % without the term, 6.3 % with it, ordered as
+#: measured 1 of 7 pairs -> 7 of 7): 0.98 ms, the order of the ≈ 1.2 ms per blocking p2p call seen on vTrain's
+#: A100 pipelines (docs/estimator.md, Validation).
+P2P_CALL_S = 0.98e-3
 
 
 @dataclass(frozen=True)
