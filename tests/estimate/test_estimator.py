@@ -34,7 +34,13 @@ def test_interleaving_is_faster_and_falls_back_when_not_divisible():
     m, plan = _plan(pp=4, gbs=16)
     plain = estimate(plan, model=m)
     inter = estimate(plan, model=m, virtual_stages=2)
-    assert inter.virtual_stages == 2 and inter.iteration_time_s < plain.iteration_time_s
+    assert inter.virtual_stages == 2 and inter.bubble_time_s < plain.bubble_time_s
+    # faster once the extra chunks' p2p calls (tests/estimate/test_p2p_call.py) are left out: on this small
+    # model (0.4 s steps) they cost as much as the halved bubble saves
+    from hetplan.estimate.comm import CommConstants
+    no_calls = CommConstants(p2p_call_s=0.0)
+    assert estimate(plan, model=m, virtual_stages=2, comm_constants=no_calls).iteration_time_s < \
+        estimate(plan, model=m, comm_constants=no_calls).iteration_time_s
     assert inter.memory_bytes_per_gpu.activations > plain.memory_bytes_per_gpu.activations
     m, odd = _plan(pp=4, gbs=6)
     assert estimate(odd, model=m, virtual_stages=2).virtual_stages == 1
