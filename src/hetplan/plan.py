@@ -261,11 +261,11 @@ class ParallelLayout(BaseModel):
 
 @lru_cache(maxsize=4096)
 def _stage_layout(tp: int, dp: int, zero: int, pp: int, virtual_stages: int, sequence_parallel: bool,
-                  fsdp_shard: int | None, cp: int = 1, ep: int = 1) -> ParallelLayout:
+                  fsdp_shard: int | None, cp: int = 1, ep: int = 1, expert_tp: int = 1) -> ParallelLayout:
     """:meth:`Plan.stage_layout`, built once per distinct layout (frozen, so shared; the estimator reads one per
     stage of thousands of plans). ``fsdp_shard``: HSDP's shard group (shard within, replicate across)."""
     degrees = dict(tp=tp, zero_stage=zero, pp=pp, virtual_stages=virtual_stages, sequence_parallel=sequence_parallel,
-                   cp=cp, ep=ep)
+                   cp=cp, ep=ep, expert_tp=expert_tp)
     if fsdp_shard is not None:
         return ParallelLayout(dp_shard=fsdp_shard, dp_replicate=dp // fsdp_shard, **degrees)
     return ParallelLayout.of(dp=dp, **degrees)
@@ -328,7 +328,9 @@ class Plan(BaseModel):
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
-            stage's ``dp·cp`` ranks, expert-TP 1 (:mod:`hetplan.estimate.moe`).
+            stage's ``dp·cp`` ranks (:mod:`hetplan.estimate.moe`).
+        expert_tp: tensor-parallel degree inside each expert (``--expert-tensor-parallel-size``); ``ep·expert_tp``
+            must divide every stage's ``tp·cp·dp`` (:class:`ParallelLayout`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -347,6 +349,7 @@ class Plan(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
+    expert_tp: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":
@@ -379,7 +382,7 @@ class Plan(BaseModel):
         zero = 3 if self.job.framework == "fsdp" else self.zero  # FSDP shards everything
         shard = self.fsdp_shard if self.fsdp_shard is not None and zero >= 1 else None
         return _stage_layout(st.tp, st.dp, zero, self.pp, self.virtual_stages, self.sequence_parallel, shard,
-                             self.cp, self.ep)
+                             self.cp, self.ep, self.expert_tp)
 
     def stage_mbs(self, stage: int) -> int:
         """Micro-batch size of one replica of ``stage`` (sequences): its own ``mbs`` or :attr:`mbs`."""

@@ -242,7 +242,7 @@ def p2p_model(framework: str) -> str | bool:
 _SIMULATE_MANY_MIN_PLANS = 16
 
 _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
-             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep")
+             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "etp")
 
 
 class _StageRow(NamedTuple):
@@ -265,6 +265,7 @@ class _StageRow(NamedTuple):
     sequence_parallel: bool
     cp: int
     ep: int
+    etp: int
     gpu: GPUSpec
     link: Link
     price_usd_per_hour: float
@@ -372,7 +373,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                flash=flash, cp=lay.cp, ep=lay.ep, moe_load_imbalance=job.moe_load_imbalance,
+                flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, moe_load_imbalance=job.moe_load_imbalance,
                 kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute),
                 fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,

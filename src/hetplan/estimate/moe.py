@@ -54,7 +54,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.estimate import compute
-from hetplan.estimate.comm import ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY
+from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY,
+                                   group_collective_time_s)
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -239,11 +240,14 @@ def dispatch_bytes(m: ModelSpec, b, s, t, imbalance=1.0):
 
 def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
                         inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, imbalance=1.0,
-                        dispatch: MoEOptions = MoEOptions()):
+                        dispatch: MoEOptions = MoEOptions(), etp=1):
     """Dispatch + combine of one MoE layer's forward (backward: the same again), mean over the model's layers
     (dense layers have none), with ``dispatch``'s dispatcher and routing (module doc; the busiest rank moves
     ``imbalance`` times the balanced bytes). Not overlapped with compute (Megatron-LM's default; its 1F1B
-    all-to-all overlap is an option)."""
+    all-to-all overlap is an option). With expert-TP ``etp`` > 1 the EP group's members are ``etp`` apart
+    (``stride``) and the tokens a rank receives are all-gathered over its ``etp`` consecutive expert-TP ranks
+    before the experts and reduce-scattered after them (Megatron-Core ``MoEAlltoAllTokenDispatcher``:
+    ``gather_from_sequence_parallel_region`` over the expert-TP group), ``k·T·h`` elements per rank each way."""
     if dispatch.dispatcher in ("deepep", "hybridep"):
         domain = np.minimum(gpus_per_node, DEEPEP_NVLINK_PEERS) if dispatch.dispatcher == "deepep" else gpus_per_node
         intra, inter = deepep_traffic_bytes(m, np.asarray(b, dtype=float) * s / t, ep, stride, domain,
@@ -253,6 +257,11 @@ def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_
     else:
         one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, gpus_per_node,
                               intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+    if np.any(np.asarray(etp) > 1):
+        gathered = dispatch_bytes(m, b, s, t, imbalance) * np.asarray(etp, dtype=float)
+        one = one + np.where(np.asarray(etp) > 1, group_collective_time_s(
+            gathered, "allgather", etp, 1, gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s,
+            inter_alpha_s=inter_alpha_s), 0.0)
     return 2 * one * m.num_moe_layers / m.num_layers
 
 

@@ -73,6 +73,7 @@ def stage_costs(
     grad_reduce_dtype=None,
     cp=1,
     ep=1,
+    etp=1,
     moe_load_imbalance=1.0,
     kv_exchange="ring",
     moe_options: moe.MoEOptions = moe.MoEOptions(),
@@ -114,9 +115,9 @@ def stage_costs(
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
     on ``cp`` blocks, plus the exposed K/V exchange (``kv_exchange``: ``"ring"`` | ``"allgather"``); gradients
-    reduced over ``dp·cp``. ``ep``: expert-parallel degree (:mod:`hetplan.estimate.moe`, expert-TP 1): MoE and
-    MLA GEMMs, the dispatch/combine all-to-all of the busiest rank (``moe_load_imbalance``), experts sharded over
-    ``ep`` and reduced over the expert data-parallel ranks; ``moe_options``: the all-to-all's dispatcher and
+    reduced over ``dp·cp``. ``ep``, ``etp``: expert-parallel and expert-TP degrees (:mod:`hetplan.estimate.moe`):
+    MoE and MLA GEMMs, the dispatch/combine all-to-all of the busiest rank (``moe_load_imbalance``), experts
+    sharded over ``ep·etp`` and reduced over the expert data-parallel ranks; ``moe_options``: the all-to-all's dispatcher and
     routing, and MoE-layer recomputation (:class:`hetplan.estimate.moe.MoEOptions`: one more forward of the MoE
     MLPs and their all-to-alls in backward, on layers that do not recompute in full).
 
@@ -130,7 +131,7 @@ def stage_costs(
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
-        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance)
+        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=cp,
                      extra_kernels=moe.extra_kernels(m, ep, framework))
@@ -142,14 +143,15 @@ def stage_costs(
         af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
     if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
         net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
-        a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, 1, *net, imbalance=moe_load_imbalance, dispatch=moe_options)
+        a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, etp, *net, imbalance=moe_load_imbalance, dispatch=moe_options,
+                                       etp=etp)
                if m.is_moe else 0.0)
         kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, *net)
         lf, lb, ltp = lf + a2a + kv_f, lb + a2a + kv_b, ltp + 2 * a2a + kv_f + kv_b
         if af is not None:
             af, ab, atp = af + a2a + kv_f, ab + a2a + kv_b, atp + 2 * a2a + kv_f + kv_b
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
-            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance) + a2a
+            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance) + a2a
             rerun = np.where(np.asarray(recompute_code) == 2, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(np.asarray(recompute_code) == 2, 0.0, a2a)
     if measured_layer_time_s is not None:
@@ -169,12 +171,12 @@ def stage_costs(
     bwd = layers_bwd + np.where(has_embedding, eb, 0.0) + np.where(has_head, hb, 0.0)
 
     dense, expert = moe.parameters_per_gpu(memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
-                                           moe.expert_parameters(m, num_layers), t, ep)
+                                           moe.expert_parameters(m, num_layers), t, ep, etp)
     params = dense + expert
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
     dp_net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
               link.intra_node_alpha_s)
-    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
+    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep, etp)
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
     weight_per = memory.WEIGHT_BYTES
@@ -185,7 +187,8 @@ def stage_costs(
         n = dp_all if group is None else group
         out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, *dp_net)
         if m.is_moe:
-            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp, ep, *dp_net)
+            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp,
+                                             np.asarray(ep) * etp, *dp_net)
         return out * units
 
     grad_bytes = params * grad_per
@@ -250,6 +253,7 @@ def stage_costs(
         reshard_after_forward=reshard_after_forward,
         cp=cp,
         ep=ep,
+        etp=etp,
         moe_recompute=moe_options.recompute,
         grad_reduce_dtype=grad_reduce_dtype,
     )
