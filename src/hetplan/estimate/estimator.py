@@ -107,6 +107,15 @@ def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None 
     return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s)
 
 
+def job_stage_options(job) -> dict:
+    """The :func:`~hetplan.estimate.stage.stage_costs` keyword arguments a :class:`~hetplan.plan.Job` fixes for
+    every stage (attention, framework, MoE load imbalance and options, CP's K/V exchange): the searches pass them
+    through, so a new job-level option reaches every search from here."""
+    return dict(attention=job.attention, framework=job.framework, moe_load_imbalance=job.moe_load_imbalance,
+                kv_exchange=job.cp_kv_exchange,
+                moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute))
+
+
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
     """$ per GPU-hour of a pool: its own price or the catalog default."""
     return gpu.price_usd_per_hour if pool.price_usd_per_hour is None else pool.price_usd_per_hour

@@ -23,7 +23,7 @@ from hetplan.errors import HetplanError
 from hetplan.inputs import parse_json, read_text, validation_message
 from hetplan.model.reference import unsupported_features
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import Plan
+from hetplan.plan import ParallelLayout, Plan
 from hetplan.plan_rules import check_plan
 
 #: Pipeline schedules the runtime offers (the plan's ``schedule`` or the ``--schedule`` override).
@@ -66,26 +66,42 @@ class Layout:
     """How the runtime places a plan on ranks.
 
     Attributes:
-        pp, dp, tp: pipeline, data and tensor parallel degrees (the same on every stage).
-        world_size: pp * dp * tp ranks.
+        parallel: the plan's :class:`~hetplan.plan.ParallelLayout` (the same on every stage): the degrees
+            ``pp``, ``dp``, ``tp`` and ``ep`` (divides ``dp``; module doc) are read from it.
         stage_layers: ``[start, end)`` layer range of each pipeline stage (the plan's uneven split).
         num_microbatches: micro-batches per pipeline per iteration (global_batch / (dp * mbs)).
         schedule: ``1f1b``, ``gpipe`` or ``interleaved``; virtual_stages: model chunks per rank (interleaved).
         chunk_layers: ``[start, end)`` of each model chunk in pipeline order (``pp * virtual_stages`` chunks;
             chunk ``k`` runs on pipeline rank ``k % pp``).
-        ep: expert-parallel degree (divides ``dp``; module doc).
     """
 
-    pp: int
-    dp: int
-    tp: int
-    world_size: int
+    parallel: ParallelLayout
     stage_layers: tuple[tuple[int, int], ...]
     num_microbatches: int
     schedule: str
     virtual_stages: int
     chunk_layers: tuple[tuple[int, int], ...]
-    ep: int = 1
+
+    @property
+    def pp(self) -> int:
+        return self.parallel.pp
+
+    @property
+    def dp(self) -> int:
+        return self.parallel.dp
+
+    @property
+    def tp(self) -> int:
+        return self.parallel.tp
+
+    @property
+    def ep(self) -> int:
+        return self.parallel.ep
+
+    @property
+    def world_size(self) -> int:
+        """pp * dp * tp ranks."""
+        return self.parallel.world_size
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """``(pp_rank, dp_rank, tp_rank)`` of a global rank."""
@@ -140,7 +156,8 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
             f"stages have different TP degrees {sorted(tps)} or DP degrees {sorted(dps)}; the runtime runs one "
             "(dp, tp) for all stages (torch.distributed.pipelining needs matching DP replicas across stages)",
             field="plan.stages[].tp/dp", fix="give every stage the same tp and dp (layer counts may differ)")
-    tp, dp, pp = tps.pop(), dps.pop(), plan.pp
+    par = plan.stage_layout(0)
+    tp, dp, pp = par.tp, par.dp, par.pp
     if plan.ep > 1 and dp % plan.ep:
         raise HetplanError(f"EP {plan.ep} does not divide DP {dp}: the runtime places each EP group on EP consecutive "
                            "data-parallel replicas (experts not TP-sharded)", field="plan.ep",
@@ -189,8 +206,8 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
     if pp > 1 and sched == "interleaved" and mb % pp:
         raise HetplanError(f"the interleaved schedule needs the micro-batches per pipeline ({mb}) to be a multiple of "
                            f"pp = {pp}", field="plan.job.global_batch", fix="change global_batch or mbs")
-    return Layout(pp=pp, dp=dp, tp=tp, world_size=world, stage_layers=tuple(bounds), num_microbatches=mb,
-                  schedule=sched, virtual_stages=v, chunk_layers=tuple(ordered), ep=plan.ep)
+    return Layout(parallel=par, stage_layers=tuple(bounds), num_microbatches=mb, schedule=sched, virtual_stages=v,
+                  chunk_layers=tuple(ordered))
 
 
 def plan_model(plan: Plan) -> ModelSpec:

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hetplan.estimate.compute import RECOMPUTE_CODES
-from hetplan.estimate.estimator import LayerTimeSource, pool_link
+from hetplan.estimate.estimator import LayerTimeSource, job_stage_options, pool_link
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.schedule import simulate
 from hetplan.estimate.stage import stage_costs
@@ -45,7 +45,7 @@ from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
 class StageContext(NamedTuple):
     """What a stage's costs depend on besides its layers and recomputation (the key of the cost tables): its
     position (first / last / only stage), TP and DP degrees, micro-batch per replica (sequences), micro-batches per
-    iteration and ZeRO stage."""
+    iteration, ZeRO stage, and the CP and EP degrees."""
 
     has_embedding: bool
     has_head: bool
@@ -55,10 +55,13 @@ class StageContext(NamedTuple):
     mbs: int
     num_microbatches: int
     zero: int
+    cp: int = 1
+    ep: int = 1
+
 
 @dataclass(frozen=True)
 class FineStage:
-    """One stage of a state: layers, TP and DP degree (GPUs = tp·dp)."""
+    """One stage of a state: layers, TP and DP degree (``tp·dp`` GPUs per CP rank; ``tp·cp·dp`` in all)."""
 
     num_layers: int
     tp: int
@@ -72,11 +75,15 @@ class FineStage:
 @dataclass(frozen=True)
 class FineState:
     """A point of the fine-grained space: stages in order, pipeline micro-batch ``micro_batch`` (sequences; stage i
-    runs ``micro_batch / dp_i`` per replica) and the ZeRO stage (0 or 1 with pipelining)."""
+    runs ``micro_batch / dp_i`` per replica), the ZeRO stage (0 or 1 with pipelining), and the context- and
+    expert-parallel degrees of every stage (each sequence split over ``cp`` ranks; the experts over ``ep`` of a
+    stage's ``dp·cp`` ranks)."""
 
     stages: tuple[FineStage, ...]
     micro_batch: int
     zero: int = 0
+    cp: int = 1
+    ep: int = 1
 
     @property
     def pp(self) -> int:
@@ -84,7 +91,7 @@ class FineState:
 
     @property
     def num_gpus(self) -> int:
-        return sum(s.gpus for s in self.stages)
+        return self.cp * sum(s.gpus for s in self.stages)
 
 
 @dataclass
@@ -213,13 +220,13 @@ class FineCostModel:
         return self._measured[key]
 
     def _call(self, ctx: StageContext, n, in_flight, code, r):
-        emb, head, single, tp, dp, b, mb, zero = ctx
+        emb, head, single, tp, dp, b, mb, zero, cp, ep = ctx
         return stage_costs(
             self.m, self.gpu, self.link, self.job.dtype, s=self.job.seq_len, b=b, t=tp, dp=dp, num_layers=n,
             has_embedding=emb, has_head=head, single_stage=single, in_flight=in_flight, num_microbatches=mb,
             zero=zero, recompute_code=code, sequence_parallel=tp > 1,
-            measured_layer_time_s=self._measured_time(b, tp), recompute_layers=r,
-            attention=self.job.attention, framework=self.job.framework,
+            measured_layer_time_s=self._measured_time(b, tp), recompute_layers=r, cp=cp, ep=ep,
+            **job_stage_options(self.job),
         )
 
     @staticmethod
@@ -306,15 +313,16 @@ class FineCostModel:
         p = state.pp
         st = state.stages[i]
         mb = self.job.global_batch // state.micro_batch
-        ctx = StageContext(i == 0, i == p - 1, p == 1, st.tp, st.dp, state.micro_batch // st.dp, mb, state.zero)
+        ctx = StageContext(i == 0, i == p - 1, p == 1, st.tp, st.dp, state.micro_batch // st.dp, mb, state.zero,
+                           state.cp, state.ep)
         return ctx, min(p - i, mb)
 
-    def _boundary(self, a: FineStage, nb: FineStage, B: int, intra: bool) -> float:
-        key = (a, nb, B, intra)
+    def _boundary(self, a: FineStage, nb: FineStage, B: int, cp: int, intra: bool) -> float:
+        key = (a, nb, B, cp, intra)
         v = self._p2p.get(key)
         if v is None:
-            v = self._p2p[key] = boundary_time_s(self.m, self.job.seq_len, (a.tp, 1, a.dp, B // a.dp),
-                                                 (nb.tp, 1, nb.dp, B // nb.dp), self.link, self.link, intra)
+            v = self._p2p[key] = boundary_time_s(self.m, self.job.seq_len, (a.tp, cp, a.dp, B // a.dp),
+                                                 (nb.tp, cp, nb.dp, B // nb.dp), self.link, self.link, intra)
         return v
 
     def cost(self, state: FineState) -> StateCost:
@@ -333,8 +341,9 @@ class FineCostModel:
             b0 = self._lookup(ctx, inflight, st.num_layers, "none", 0)[1] if r else b
             fw.append(float(f)); bw.append(float(b)); rc_s.append(float(b - b0)); tpc.append(float(tc))
             dpx.append(float(dx)); opt.append(float(op)); mem.append(float(me)); rcs.append((mode, r))
-        intra = boundary_is_intra_node([s.gpus for s in state.stages], [0] * p, [self.pool.gpus_per_node])
-        c = [self._boundary(state.stages[i], state.stages[i + 1], state.micro_batch, intra[i]) for i in range(p - 1)]
+        intra = boundary_is_intra_node([s.gpus * state.cp for s in state.stages], [0] * p, [self.pool.gpus_per_node])
+        c = [self._boundary(state.stages[i], state.stages[i + 1], state.micro_batch, state.cp, intra[i])
+             for i in range(p - 1)]
         iteration = float(assemble_iteration(fw, bw, dpx, opt, sum(c), mb,
                                              simulated=simulate_1f1b(fw, bw, c, mb)).iteration_s)
         over = sum(max(0.0, x - self.capacity) for x in mem)
@@ -357,7 +366,7 @@ class FineCostModel:
                 mbs=None if uniform else state.micro_batch // st.dp,
             ))
         return Plan(job=self.job, pools=[self.pool], stages=stages, mbs=state.micro_batch // state.stages[0].dp,
-                    zero=state.zero, sequence_parallel=any(s.tp > 1 for s in state.stages))
+                    zero=state.zero, sequence_parallel=any(s.tp > 1 for s in state.stages), cp=state.cp, ep=state.ep)
 
 
 def state_from_plan(plan: Plan) -> FineState:
@@ -369,7 +378,8 @@ def state_from_plan(plan: Plan) -> FineState:
     if len({st.pool for st in plan.stages}) > 1:
         raise ValueError("fine-grained search works on one GPU pool")
     B = plan.stages[0].dp * plan.stage_mbs(0)
-    return FineState(tuple(FineStage(st.num_layers, st.tp, st.dp) for st in plan.stages), B, plan.zero)
+    return FineState(tuple(FineStage(st.num_layers, st.tp, st.dp) for st in plan.stages), B, plan.zero, plan.cp,
+                     plan.ep)
 
 
 __all__ = ["FineStage", "FineState", "StateCost", "FineCostModel", "simulate_1f1b", "state_from_plan"]

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
+from hetplan.estimate.estimator import in_flight_microbatches, job_stage_options, pool_link, pool_price_usd_per_hour
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.memory import stage_memory_bytes
-from hetplan.estimate.moe import MoEOptions
 from hetplan.estimate.stage import stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
@@ -199,9 +198,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         m, gpu, link, job.dtype,
         s=job.seq_len, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers, has_embedding=has_emb,
         has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
-        zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), attention=job.attention,
-        framework=job.framework, cp=col(cp), ep=col(ep), moe_load_imbalance=job.moe_load_imbalance,
-        kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute),
+        zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), cp=col(cp), ep=col(ep),
+        **job_stage_options(job),
     )
     n_intra = _intra_boundaries(tp * cp * dp, pp, pool.gpus_per_node)
     lay = (tp, cp, dp, mbs)
