@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -113,7 +114,9 @@ def _print_provenance(con, lines: list[dict]) -> None:
 
     parts = [f"{ln['gpu']} {ln['usd_per_gpu_hour']:.2f} {ln['from']}" + (f", {ln['date']}" if ln["date"] else "")
              + (f" (older than {MAX_AGE_DAYS} days)" if ln["stale"] else "") for ln in lines]
-    con.print("Prices $/GPU-h: " + "; ".join(parts), highlight=False, markup=False)
+    con.print(textwrap.fill("Prices $/GPU-h: " + "; ".join(parts), width=max(40, con.width - 1), subsequent_indent="  ",
+                            break_on_hyphens=False),
+              highlight=False, markup=False, soft_wrap=True)
     guesses = [ln["gpu"] for ln in lines if not ln["calibrated"]]
     if guesses:
         con.print(f"* uncalibrated: the compute efficiency of {', '.join(guesses)} is a first guess, not fitted to "
@@ -453,11 +456,12 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
     con.print("Stages of #1: " + ", ".join(f"[{s['gpu']} tp{s['tp']}xdp{s['dp']}: {s['num_layers']} layers]"
                                            for s in best["stages"]), markup=False)
     con.print("[bold]Why:[/]")
-    con.print(f"  {result.explanation[0]}", highlight=False, markup=False)
-    for i, s in enumerate(summaries[1:], start=2):
-        con.print(f"  #{i}: {s['reason']}", highlight=False, markup=False)
-    for line in merge_best_with_another(result.explanation[1:]):
-        con.print(f"  {line}", highlight=False, markup=False)
+    why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
+           *merge_best_with_another(result.explanation[1:])]
+    for line in why:  # one item per paragraph, its continuation lines indented under it
+        con.print(textwrap.fill(line, width=max(40, con.width - 1), initial_indent="  ", subsequent_indent="    ",
+                                break_on_hyphens=False),
+                  highlight=False, markup=False, soft_wrap=True)
     con.print(f"Searched {result.configurations_evaluated:,} configurations ({result.configurations_fitting_memory:,} fit in memory) "
               f"in {result.search_time_s:.2f} s.")
     if prices:

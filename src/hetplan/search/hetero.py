@@ -600,7 +600,9 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
 def _groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, max_stages: int) -> list[_Group]:
     """One :class:`_Group` per (DP, micro-batch size, ZeRO) allowed by ``pins``."""
     types = stage_types(m, inventory, catalog, job.dtype, pins)
-    rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2]
+    # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice.
+    free = [0, 2] if job.attention == "flash" else [0, 1, 2]
+    rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free
     zeros = [0, 1] if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
     groups = []
     for d in divisors(job.global_batch):
