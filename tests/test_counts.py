@@ -27,6 +27,20 @@ def test_flops_match_megatron(name, batch, seq):
     assert ours == pytest.approx(ref, rel=1e-12)
 
 
+@pytest.mark.parametrize("name", ["llama3-8b", "gpt3-175b"])
+def test_causal_flops_match_megatron_since_2025(name):
+    """Megatron-LM's count since 2025 halves the s x s core term (``/ 2  # causal mask``): the formula above with
+    ``s/h`` replaced by ``s/(2h)``."""
+    m, batch, seq = load_model(name), 4, 8192
+    ours = counts.model_flops_per_iteration(m, batch, seq, causal=True)
+    ref = megatron_num_floating_point_operations(
+        batch, seq, m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size,
+        m.padded_vocab_size(), m.gated_mlp, m.head_dim,
+    )
+    core = 12 * batch * seq * m.num_layers * m.hidden_size * m.hidden_size * (seq / m.hidden_size) * m.q_dim / m.hidden_size
+    assert ours == pytest.approx(ref - core / 2, rel=1e-12)
+
+
 def test_narayanan_eq3_with_full_recompute():
     # Narayanan et al. SC'21 Eq. 3 (full recomputation = one more forward of every layer):
     # 96 B s L h^2 (1 + s/6h + V/16Lh).

@@ -15,8 +15,9 @@ Measured quantity per source (compared directly, never through MFU, whose conven
 :data:`CONVENTIONS`): step time (DGX Cloud, NeMo AutoModel, Megatron MoE ModelZoo where given), tokens/s per GPU
 (torchtitan) or TFLOP/s per GPU (Llama 3 paper, Megatron-LM README, NeMo long-sequence), converted with the model
 FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputation, the full s² attention product;
-Megatron-LM's and NeMo's formula, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per 16M-token
-step). Memory per GPU (torchtitan, GiB as PyTorch reports it) is compared with the estimate's largest stage.
+NeMo's formula and Megatron-LM's until 2025, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per
+16M-token step; the Megatron MoE ModelZoo's rows count the causal half, ``causal_flops``, as Megatron-LM's
+``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan, GiB as PyTorch reports it) is compared with the estimate's largest stage.
 
 Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
@@ -65,7 +66,8 @@ CONVENTIONS = {
     "llama3_405b": "TFLOP/s per GPU, model FLOPs with the full s^2 attention (6.7 s per 16M-token step at 400); "
                    "MFU vs bf16 989",
     "megatron_lm_h100": "TFLOP/s per GPU as Megatron-LM counts (no recompute, full s^2); MFU vs bf16 989",
-    "moe_h100": "step time (TFLOP/s per GPU where no step time is given); MFU vs bf16 989",
+    "moe_h100": "step time (TFLOP/s per GPU where no step time is given, Megatron-LM's causal s^2/2 count); "
+                "MFU vs bf16 989",
     "long_context_cp": "TFLOP/s per GPU (NeMo's FLOP formula: full s^2, no causal halving), tokens/s per GPU "
                        "(torchtitan), TFLOP/s (Llama 3); MFU not compared",
 }
@@ -117,6 +119,8 @@ class ModernCase(Case):
         measured_memory_bytes: peak memory per GPU the source reports (None if it gives none).
         predicted_memory_bytes, fits: the estimate's largest stage and whether every stage fits.
         notes: approximations the mapping had to make (e.g. ZeRO-3 for FSDP2 before ``framework = "fsdp"``).
+        causal_flops: the source's TFLOP/s count the causal half of the attention scores
+            (:func:`hetplan.model.counts.model_flops_per_iteration`), not the full ``s x s``.
     """
 
     quantity: str = "iteration_time_s"
@@ -127,6 +131,7 @@ class ModernCase(Case):
     fits: bool = True
     dense_cp1: bool = False
     notes: list[str] = field(default_factory=list)
+    causal_flops: bool = False
 
     def evaluate(self, catalog: Catalog | None = None) -> float:
         """Estimate the plan with ``catalog`` (default: the package catalog); set ``predicted``,
@@ -134,21 +139,23 @@ class ModernCase(Case):
         from hetplan.estimate.estimator import estimate
 
         est = estimate(self.plan, catalog=catalog, model=self.model, virtual_stages=self.virtual_stages)
-        self.predicted = quantity_of(est, self.quantity, self.plan, self.model)
+        self.predicted = quantity_of(est, self.quantity, self.plan, self.model, self.causal_flops)
         self.predicted_memory_bytes = max(s.memory.total for s in est.stages)
         self.fits = bool(est.fits)
         return self.predicted
 
 
-def quantity_of(est, quantity: str, plan: Plan, m: ModelSpec) -> float:
-    """The measured kind ``quantity`` of an :class:`~hetplan.estimate.estimator.Estimate`."""
+def quantity_of(est, quantity: str, plan: Plan, m: ModelSpec, causal_flops: bool = False) -> float:
+    """The measured kind ``quantity`` of an :class:`~hetplan.estimate.estimator.Estimate` (TFLOP/s with the
+    source's attention count, ``causal_flops``)."""
     n = plan.num_gpus
     if quantity == "iteration_time_s":
         return est.iteration_time_s
     if quantity == "tokens_per_s_per_gpu":
         return est.tokens_per_s / n
     if quantity == "tflops_per_gpu":
-        flops = float(counts.model_flops_per_iteration(m, float(plan.job.global_batch), float(plan.job.seq_len)))
+        flops = float(counts.model_flops_per_iteration(m, float(plan.job.global_batch), float(plan.job.seq_len),
+                                                       causal=causal_flops))
         return flops / est.iteration_time_s / n / 1e12
     raise ValueError(f"unknown quantity {quantity!r}")
 
@@ -381,7 +388,7 @@ def _check_gpus(r: dict, lay: Layout) -> None:
 
 
 def _case(set_name: str, key: str, r: dict, lay: Layout, quantity: str, measured: float, *, catalog: Catalog,
-          group: str | None = None, memory_gib: float | None = None) -> ModernCase:
+          group: str | None = None, memory_gib: float | None = None, causal_flops: bool = False) -> ModernCase:
     m = row_model(r)
     gpu = catalog_gpu(r["gpu"], catalog)
     dtype = _dtype(r)
@@ -395,7 +402,7 @@ def _case(set_name: str, key: str, r: dict, lay: Layout, quantity: str, measured
                              recompute=lay.recompute),
                    plan=plan, model=m, virtual_stages=lay.vp, quantity=quantity, gpu=gpu, dtype=dtype,
                    measured_memory_bytes=None if memory_gib is None else memory_gib * 2**30,
-                   dense_cp1=lay.cp == 1 and lay.ep == 1, notes=notes)
+                   dense_cp1=lay.cp == 1 and lay.ep == 1, notes=notes, causal_flops=causal_flops)
     c.predict = c.evaluate
     return c
 
@@ -567,25 +574,41 @@ def megatron_lm_cases(catalog: Catalog | None = None):
     return _collect("megatron_lm_h100", items)
 
 
+#: Expert-parallel degree of NeMo AutoModel rows whose table leaves it out, from the benchmark's recipe (the rows
+#: name DeepEP, which only runs with EP): ``examples/llm_benchmark/gpt_oss/gptoss_120b_te_deepep.yaml``
+#: (NVIDIA-NeMo/Automodel@36044ad3d) sets ``ep_size: 64``.
+AUTOMODEL_EP = {"GPT-OSS 120B": 64}
+
+
+def _moe_recompute(label: str) -> str:
+    """Recomputation of a MoE row: NeMo AutoModel's ``activation_checkpointing: true`` checkpoints every
+    transformer block (full); Megatron's ``full``; anything else (Megatron's per-module ``layernorm`` /
+    ``moe_act`` recomputation, which recomputes cheap element-wise work) none."""
+    low = label.lower()
+    return "full" if "full" in low or "activation_checkpointing: true" in low else "none"
+
+
 def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
     key = f"moe_h100:{src}:{i}:{r['model'][:24]}:n{r['num_gpus']}:s{r['seq_len']}:tp{r['tp']}ep{r['ep']}"
 
     def make():
         if "lora" in r["model"].lower():
             raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
-        tp, pp, cp, ep = (_int(r, k, 1) for k in ("tp", "pp", "cp", "ep"))
+        tp, pp, cp = (_int(r, k, 1) for k in ("tp", "pp", "cp"))
+        ep = _int(r, "ep") or AUTOMODEL_EP.get(r["model"], 1)
         n = _int(r, "num_gpus")
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
         mbs = _int(r, "micro_batch", 1)
         gbs = _int(r, "global_batch")
         lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, vp=_int(r, "vp", 1), mbs=mbs, gbs=gbs,
                      seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
-                     sequence_parallel=True, recompute="full" if "full" in r["recompute"].lower() else "none",
+                     sequence_parallel=True, recompute=_moe_recompute(r["recompute"]),
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower())
         t = _float(r, "iteration_time_s")
         if t is not None:
             return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)
-        return _case("moe_h100", key, r, lay, "tflops_per_gpu", _float(r, "tflops_per_gpu"), catalog=catalog)
+        return _case("moe_h100", key, r, lay, "tflops_per_gpu", _float(r, "tflops_per_gpu"), catalog=catalog,
+                     causal_flops=src == "modelzoo")
 
     return key, make
 

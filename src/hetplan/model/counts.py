@@ -176,13 +176,18 @@ def active_parameters(m: ModelSpec, input_embedding: bool = True) -> int:
     return layers + emb + head_parameters(m)
 
 
-def attended_keys(m: ModelSpec, s):
+def attended_keys(m: ModelSpec, s, causal=False):
     """Mean over layers of the keys each query is scored against: ``s`` (the full s x s product, no causal
-    discount, as Megatron-LM counts it), or ``min(s, w)`` on the ``sliding_window_layers`` layers of window w."""
+    discount, as Megatron-LM counted it until 2025 and NeMo's FLOP formulas still do), or ``min(s, w)`` on the
+    ``sliding_window_layers`` layers of window w. ``causal``: the keys a causal mask leaves, ``s/2`` (Megatron-LM
+    ``num_floating_point_operations`` since 2025, ``/ 2  # causal mask``), ``w - w²/(2s)`` on window layers."""
+    s = as_float(s)
+    full = s / 2 if causal else s
     if not m.sliding_window_layers:
-        return s
-    n_sw = m.sliding_window_layers
-    return ((m.num_layers - n_sw) * s + n_sw * np.minimum(s, m.sliding_window)) / m.num_layers
+        return full
+    n_sw, w = m.sliding_window_layers, np.minimum(s, m.sliding_window)
+    window = w - w * w / (2 * s) if causal else w
+    return ((m.num_layers - n_sw) * full + n_sw * window) / m.num_layers
 
 
 def mlp_forward_flops(m: ModelSpec, tokens):
@@ -198,7 +203,7 @@ def mlp_forward_flops(m: ModelSpec, tokens):
     return _layer_mean(m, dense, moe)
 
 
-def layer_forward_flops(m: ModelSpec, b, s):
+def layer_forward_flops(m: ModelSpec, b, s, causal=False):
     """Forward FLOPs of one transformer layer for ``b`` sequences of length ``s`` (multiply-add = 2 FLOPs); for a
     MoE model the mean over its layers of the *active* FLOPs (top-k experts).
 
@@ -212,7 +217,7 @@ def layer_forward_flops(m: ModelSpec, b, s):
     b, s = as_float(b), as_float(s)
     tokens = b * s
     proj = 2 * tokens * sum(i * o for i, o in attention_linears(m))
-    attn = 2 * tokens * attended_keys(m, s) * (m.q_dim + m.attn_out_dim)
+    attn = 2 * tokens * attended_keys(m, s, causal) * (m.q_dim + m.attn_out_dim)
     return proj + attn + mlp_forward_flops(m, tokens)
 
 
@@ -222,14 +227,15 @@ def head_forward_flops(m: ModelSpec, b, s):
     return 2 * b * s * m.hidden_size * m.padded_vocab_size()
 
 
-def model_flops_per_iteration(m: ModelSpec, global_batch, s):
-    """Model FLOPs of one training iteration (forward + backward = 3 x forward), no recomputation.
+def model_flops_per_iteration(m: ModelSpec, global_batch, s, causal=False):
+    """Model FLOPs of one training iteration (forward + backward = 3 x forward), no recomputation; ``causal``
+    counts the attention scores a causal mask leaves (:func:`attended_keys`) instead of the full ``s x s``.
 
     This is the numerator of MFU (Chowdhery et al. 2022, PaLM, App. B). With full recomputation hardware does
     one more forward of every layer (HFU counts it; Narayanan et al. Eq. 3 uses 4 x forward).
     """
     global_batch, s = as_float(global_batch), as_float(s)
-    return 3 * (m.num_layers * layer_forward_flops(m, global_batch, s) + head_forward_flops(m, global_batch, s))
+    return 3 * (m.num_layers * layer_forward_flops(m, global_batch, s, causal) + head_forward_flops(m, global_batch, s))
 
 
 def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, recompute="none", attention="standard"):
