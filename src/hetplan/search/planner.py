@@ -34,7 +34,7 @@ HETERO_WALK_EXPANSIONS = 4000
 #: before it stops and reports the bound it has proven (:func:`_exact_top_k`). A count, not a time. On a 10 Gb/s
 #: network the closed form's bound was ~6x below estimate() and the scan estimated over 3,000 plans (now bounded
 #: by the in-flight window, :func:`hetplan.search.homogeneous.window_lower_bound_s`, and by this budget).
-HOMOGENEOUS_ESTIMATES = 1500
+HOMOGENEOUS_ESTIMATES = 400
 #: Allocations the closed-form seed search (:func:`hetplan.search.hetero.search_hetero`) may solve: its plans only
 #: seed the walk's incumbents, so stopping it early costs speed, never exactness (the walk proves the rest).
 HETERO_SEED_SOLVES = 1000
