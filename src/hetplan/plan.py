@@ -54,6 +54,12 @@ class Job(BaseModel):
         moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
             models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
             factor; 1 for benchmarks that force balanced routing).
+        moe_dispatcher, moe_routing: how tokens reach their experts (:class:`hetplan.estimate.moe.MoEOptions`):
+            ``alltoall`` (Megatron-Core's default dispatcher: every routed copy sent), ``deepep`` (DeepEP: one
+            copy per destination node and rank, NVLink within 8-GPU hosts) or ``hybridep`` (the same over the
+            whole NVLink domain, e.g. GB200 NVL72); routing ``random`` (learned or forced-balance
+            routers) or ``contiguous`` (NeMo AutoModel's fake balanced gate: a token's experts are neighbours).
+        moe_recompute: recompute every MoE layer's MLP in backward (Megatron-Core ``--recompute-modules moe``).
         cp_kv_exchange: how context parallelism exchanges K/V: ``ring`` (Megatron-Core p2p, overlapped with
             attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`).
     """
@@ -72,6 +78,9 @@ class Job(BaseModel):
     attention: Literal["standard", "flash"] = "flash"
     framework: Literal["megatron", "deepspeed", "fsdp"] = "megatron"
     moe_load_imbalance: float = Field(default=1.25, ge=1.0, le=8.0, allow_inf_nan=False)
+    moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] = "alltoall"
+    moe_routing: Literal["random", "contiguous"] = "random"
+    moe_recompute: bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
 
     def iterations(self) -> float:

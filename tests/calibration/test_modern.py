@@ -91,13 +91,15 @@ BOUNDS = {
     # max 17.1 % (CP 2 / Grok-1 EP rows; dense CP-1 subset unchanged, MAPE 3.9 %); dgxc_gb200 MAPE 18.4 % from the
     # MoE rows (DeepSeek-V3 EP 32-64 on NVL72 -67 %, Grok-1 +24 %, Llama 4 Maverick -13 %; dense and CP rows -4 %).
     "dgxc_h100": {"mape": 0.10, "max_abs_error": 0.18, "kendall_tau": 0.45},
-    "dgxc_gb200": {"mape": 0.19},
+    "dgxc_gb200": {"mape": 0.185},
     "torchtitan": {"mape": 0.31},
     "llama3_405b": {"max_abs_error": 0.23},
     "megatron_lm_h100": {"mape": 0.20, "max_abs_error": 0.38},
-    # moe_h100 (target 15 % not met): 22.8 % MAPE, max 61 % with the sources' own FLOP count (Megatron's causal
-    # half for the ModelZoo TFLOP/s), AutoModel's activation checkpointing as full recompute and GPT-OSS's EP 64.
-    "moe_h100": {"mape": 0.24, "max_abs_error": 0.63},
+    # moe_h100 (target 15 % not met): 18.0 % MAPE on 20 rows, max 38 %, with the sources' own FLOP count
+    # (Megatron's causal half for the ModelZoo TFLOP/s), AutoModel's activation checkpointing as full recompute,
+    # the GPT-OSS recipes' EP, DeepEP's one copy per node and rank, TE's per-expert GEMM launches and
+    # --recompute-modules moe. The NeMo AutoModel rows (PyTorch FSDP2 eager) stay 11-38 % too fast.
+    "moe_h100": {"mape": 0.185, "max_abs_error": 0.39},
 }
 
 
@@ -117,30 +119,26 @@ def test_accuracy(run, name):
 
 def test_expressible_rows_fit_in_memory(run):
     """Issue 13: no false "does not fit" on a configuration that ran. Not met yet: the rows listed in
-    :data:`NOT_FITTING_YET` are predicted above their GPU's memory (Megatron-Core's fp32 gradient buffer and
-    distributed-optimizer shards at small DP); the test fails on any other row."""
+    :data:`NOT_FITTING_YET` are predicted above their GPU's memory; the test fails on any other row. (The DGX Cloud
+    rows at small DP fit since the gradient buffer follows the recipes' bf16 gradient reduction.)"""
     _, cases = run
     bad = {c.key.split(":", 2)[0] + ":" + c.info["model"] + f":n{c.info['n']}" for c in cases if not c.fits}
     assert bad <= NOT_FITTING_YET, sorted(bad - NOT_FITTING_YET)
 
 
 NOT_FITTING_YET = {
-    "dgxc_h100:Nemotron-4 15B:n16", "dgxc_h100:Nemotron-4 15B:n32", "dgxc_h100:Nemotron-4 340B:n128",
-    "dgxc_h100:Llama 3 8B (SFT fine-tuning):n8", "dgxc_h100:Llama 3 70B (SFT fine-tuning):n32",
+    # 96 layers on PP 8 x VP 12 at DP 2: 53.6 GiB of states (bf16 weights and grads, Adam over 2) + 25.7 GiB of
+    # activations (8.6 micro-batches in flight on the first stage) = 84.9 GiB with the allocator margin.
+    "dgxc_h100:Nemotron-4 340B:n128",
     "llama3_405b:Llama 3 405B:n8192",
     # torchtitan's per-op selective checkpointing (SAC) mapped to Megatron's selective, which under flash
     # stores every activation: 103 GiB predicted for 82.4 measured (the 500 W H100 entry made the row expressible)
     "torchtitan:Llama 3.1 8B:n8",
     # MoE on GB200 (expressible once GB200 had a catalog entry): FSDP of all experts without EP, 799 GiB
     "torchtitan:Llama 4 Scout (MoE):n256",
-    # CP 2 rows expressible since plan.cp: the same fp32 gradient buffer / small-DP shards as the rows above.
-    "dgxc_h100:Llama 3.1 8B:n8", "dgxc_h100:Llama 3.1 405B:n512", "dgxc_h100:Llama 3.1 405B:n576",
     # MoE / CP rows expressible since EP and CP: the per-layer MoE activations (k token copies of the routed
     # experts, the 1F1B in-flight count of a full-recompute layer) are not yet calibrated against these runs.
-    # Qwen3-235B long-context rows: Megatron's per-module recomputation of the MoE layer is not modelled.
-    "moe_h100:Qwen3-235B-A22B:n256",
     "dgxc_gb200:Grok-1 314B (MoE):n128", "dgxc_gb200:Grok-1 314B (MoE):n256", "dgxc_gb200:Grok-1 314B (MoE):n512",
-    "dgxc_gb200:Llama 3.1 405B:n128",
 }
 
 
@@ -179,3 +177,10 @@ def test_moe_models_without_preset_have_their_published_size(name, total_b, acti
     m = modern.moe_model({"model": name, "layers": ""})
     assert counts.total_parameters(m) / 1e9 == pytest.approx(total_b, rel=0.01)
     assert counts.active_parameters(m) / 1e9 == pytest.approx(active_b, rel=0.03)
+
+
+def test_gpt_oss_20b_has_its_published_size():
+    """openai/gpt-oss-20b model card: 20.91B parameters, 3.61B active (OpenAI leaves the input embedding out)."""
+    m = modern.moe_model({"model": "GPT-OSS 20B", "layers": ""})
+    assert counts.total_parameters(m) / 1e9 == pytest.approx(20.91, rel=0.005)
+    assert counts.active_parameters(m, input_embedding=False) / 1e9 == pytest.approx(3.61, rel=0.02)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "energy"
@@ -11,3 +16,48 @@ IDLE_A40_W = 70.38  # W, A40
 
 def profile_path(model: str, device: str = "a100_sxm") -> Path:
     return FIXTURES / f"{model}+{device}_bf16.csv"
+
+
+#: Bearer token of the servers the tests start.
+TOKEN = "0123456789abcdef0123"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``hetplan energy serve`` started as a process on 127.0.0.1 (a free port) over the SQLite file ``db``."""
+
+    def __init__(self, db, *args, token=TOKEN):
+        import httpx
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        env.pop("HETPLAN_ENERGY_TOKEN", None)
+        cmd = [sys.executable, "-m", "hetplan.cli.main", "energy", "serve", "--db", str(db), "--port", str(self.port),
+               *(["--token", token] if token else []), *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        deadline = time.time() + 60
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert self.proc.poll() is None, self.proc.stderr.read().decode()
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.1)
+
+    def client(self, rank=0, stage=0, token=TOKEN, job="j"):
+        from hetplan.energy.client import PlanClient
+
+        return PlanClient(self.url, job, rank, stage, token=token, retries=2)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -23,45 +23,11 @@ httpx = pytest.importorskip("httpx")
 from hetplan.energy.client import PlanClient  # noqa: E402
 from hetplan.errors import HetplanError  # noqa: E402
 
-TOKEN = "0123456789abcdef0123"
+from .energy_testutil import TOKEN, ServerProcess  # noqa: E402
+
 S, M = 2, 2
 JOB = {"job_id": "j", "num_stages": S, "num_microbatches": M,
        "scheduler": {"kind": "point_solution", "plans": [{"frequencies_mhz": [[1410] * 2 * M] * S}]}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    def __init__(self, db, *args, token=TOKEN):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ)
-        env.pop("HETPLAN_ENERGY_TOKEN", None)
-        cmd = [sys.executable, "-m", "hetplan.cli.main", "energy", "serve", "--db", str(db), "--port", str(self.port),
-               *(["--token", token] if token else []), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        deadline = time.time() + 60
-        while True:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, self.proc.stderr.read().decode()
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.1)
-
-    def client(self, rank=0, stage=0, token=TOKEN):
-        return PlanClient(self.url, "j", rank, stage, token=token, retries=2)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def _run_iterations(c: PlanClient, n: int) -> list[int]:

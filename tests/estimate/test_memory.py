@@ -133,3 +133,25 @@ def test_more_zero_and_recompute_never_raise_memory(b, layers, inflight, dp):
     none = _total(m, b=b, num_layers=layers, in_flight=inflight, recompute="none")
     assert none >= _total(m, b=b, num_layers=layers, in_flight=inflight, recompute="selective")
     assert none >= _total(m, b=b, num_layers=layers, in_flight=inflight, recompute="full")
+
+
+def test_bf16_gradient_buffer_matches_megatron_distributed_optimizer_table():
+    """Megatron-LM ``docs/source/api-guide/dist_optimizer.md``: bf16 params with fp32 grads 6 + 12/d bytes per
+    parameter, 16-bit grads 4 + 16/d — the 4/d being the fp32 copy of the owned gradient shard, which exists only
+    during the optimizer step (activations freed), so it raises the peak only when it exceeds the activations."""
+    m = _gpt(L=4, h=1024, a=16, V=32000)
+    kw = dict(num_layers=4, has_embedding=False, has_head=False, single_stage=False, b=1, s=1024, t=1, zero=1,
+              recompute="none", sequence_parallel=False, in_flight=1)
+    P = 4 * (12 * 1024 * 1024 + 13 * 1024)
+    for dp in (1, 2, 8):
+        f32 = stage_memory_bytes(m, dp=dp, **kw)
+        b16 = stage_memory_bytes(m, dp=dp, grad_reduce_dtype="bf16", **kw)
+        for mem, per in ((f32, 6 + 12 / dp), (b16, 4 + 12 / dp)):
+            states = float(mem["weights"] + mem["gradients"] + mem["optimizer"])
+            assert states == pytest.approx(P * per, rel=1e-3)
+        step = 4 * P / dp - float(b16["activations"])  # the optimizer step's fp32 gradient shard, activations freed
+        assert float(b16["transient"]) == pytest.approx(max(float(f32["transient"]), step), rel=1e-9)
+    # DeepSpeed and FSDP keep their own gradient layouts: the Megatron buffer dtype does not apply
+    ds = dict(kw, framework="deepspeed", dp=2)
+    assert float(stage_memory_bytes(m, grad_reduce_dtype="bf16", **ds)["total"]) == float(
+        stage_memory_bytes(m, **ds)["total"])

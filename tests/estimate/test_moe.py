@@ -146,6 +146,14 @@ def test_megatron_export_carries_ep_cp_moe_and_mla_arguments():
                 "--moe-layer-freq '[0,0,0,1,", "--multi-latent-attention", "--kv-lora-rank 512", "--q-lora-rank 1536",
                 "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128", "--context-parallel-size 1"):
         assert arg in text, arg
+    assert "--moe-token-dispatcher-type alltoall" in text
+    deepep = plan.model_copy(update={"job": plan.job.model_copy(update={"moe_dispatcher": "deepep",
+                                                                         "moe_recompute": True}),
+                                     "stages": [s.model_copy(update={"recompute": "none"}) for s in plan.stages]})
+    text = "\n".join(export_megatron(deepep, load_model("deepseek-v3")).files.values())
+    for arg in ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
+                "--recompute-granularity selective", "--recompute-modules moe"):
+        assert arg in text, arg
     cp_plan = _plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8)
     assert "--context-parallel-size 4" in "\n".join(export_megatron(cp_plan, load_model("llama3-8b")).files.values())
 
@@ -155,7 +163,95 @@ def test_run_refuses_moe_and_cp_plans_before_starting_ranks():
     from hetplan.errors import HetplanError
     from hetplan.runtime import planio
 
-    with pytest.raises(HetplanError, match=r"experts, MLA, EP 8 .*all-to-all"):
+    with pytest.raises(HetplanError, match=r"deepseek_v3 router .*MLA"):
         planio.layout(_plan("deepseek-v3", 1, 1, 16, ep=8), load_model("deepseek-v3"))
-    with pytest.raises(HetplanError, match="CP 4"):
+    with pytest.raises(HetplanError, match="CP 4.*flash_attention_for_cpu"):
         planio.layout(_plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8), load_model("llama3-8b"))
+
+
+def _tiny_moe(experts, k):
+    return load_model("qwen3-30b-a3b").model_copy(update={"num_experts": experts, "experts_per_token": k})
+
+
+@pytest.mark.parametrize("experts,k,groups", [(8, 2, 4), (16, 4, 2), (16, 4, 8), (12, 3, 3)])
+def test_distinct_destinations_random_is_the_mean_over_all_routings(experts, k, groups):
+    """Brute force: every k-subset of the experts equally likely; count the groups of E/groups consecutive
+    experts each subset touches."""
+    from itertools import combinations
+
+    per = experts // groups
+    hits = [len({e // per for e in subset}) for subset in combinations(range(experts), k)]
+    assert moe.distinct_destinations(_tiny_moe(experts, k), groups) == pytest.approx(np.mean(hits))
+
+
+def test_distinct_destinations_contiguous_follows_automodel_fake_gate():
+    """NeMo AutoModel's FakeBalancedGate: token i takes experts (i·k + j) mod E; count the ranks per token."""
+    for experts, k, ep in [(256, 8, 64), (128, 4, 64), (128, 8, 8), (32, 4, 16)]:
+        per = experts // ep
+        ranks = [len({((i * k + j) % experts) // per for j in range(k)}) for i in range(200)]
+        assert moe.distinct_destinations(_tiny_moe(experts, k), ep, "contiguous") == pytest.approx(np.mean(ranks))
+
+
+def test_deepep_sends_one_copy_per_remote_node():
+    """Brute force over all routings of a token from rank 0: DeepEP's NIC bytes are the token's distinct remote
+    nodes; Megatron's all-to-all sends every remote copy, so more."""
+    from itertools import combinations
+
+    m, ep, G = _tiny_moe(16, 4), 8, 4  # two experts per rank, 4 ranks per node, 2 nodes
+    node = [(e // 2) // G for e in range(16)]
+    remote = np.mean([len({node[e] for e in sub} - {0}) for sub in combinations(range(16), 4)])
+    token = m.hidden_size * moe.DISPATCH_BYTES
+    nvlink, nic = moe.deepep_traffic_bytes(m, 1.0, ep, 1, G)
+    assert nic == pytest.approx(token * remote)
+    assert nic < moe.dispatch_bytes(m, 1, 1, 1) * (ep - G) / ep  # k copies, half of them remote
+    assert moe.deepep_traffic_bytes(m, 1.0, 4, 1, G)[1] == 0  # one node: nothing through the NICs
+
+
+def test_deepep_alltoall_is_faster_across_nodes_and_contiguous_routing_fastest():
+    m = load_model("deepseek-v3")
+    net = (8, 450e9, 400e9)
+    times = [moe.moe_alltoall_time_s(m, 1, 4096, 1, 64, 1, *net, dispatch=moe.MoEOptions(d, r))
+             for d, r in (("alltoall", "random"), ("deepep", "random"), ("deepep", "contiguous"))]
+    assert times[0] > times[1] > times[2] > 0
+
+
+def test_extra_kernels_count_te_grouped_linear_per_local_expert():
+    m = load_model("qwen3-235b-a22b")  # 128 experts, every layer MoE, no shared expert
+    assert moe.extra_kernels(m, 8) == moe.MOE_EXTRA_KERNELS + 2 * 128 / 8
+    assert moe.extra_kernels(m, 8, "fsdp") == moe.MOE_EXTRA_KERNELS + 2
+    assert moe.extra_kernels(load_model("llama3-8b"), 8) == 0
+    ds = load_model("deepseek-v3")  # 3 dense layers of 61, a shared expert
+    assert moe.extra_kernels(ds, 64) == pytest.approx((moe.MOE_EXTRA_KERNELS + 8 + 3) * 58 / 61)
+
+
+def test_moe_recompute_trades_the_moe_activations_for_one_more_moe_forward():
+    """--recompute-modules moe: the MoE MLP activations are not stored and the MoE MLP (GEMMs and all-to-all)
+    runs once more in backward; with full recomputation it changes nothing."""
+    from hetplan.estimate.estimator import estimate
+
+    def est(moe_recompute, recompute="none"):
+        plan = _plan("qwen3-30b-a3b", 2, 1, 8, ep=8)
+        plan = plan.model_copy(update={"job": plan.job.model_copy(update={"moe_recompute": moe_recompute}),
+                                       "stages": [s.model_copy(update={"recompute": recompute}) for s in plan.stages]})
+        return estimate(plan)
+
+    plain, again = est(False), est(True)
+    assert again.stages[0].memory.activations < 0.5 * plain.stages[0].memory.activations
+    assert again.stages[0].backward_s > plain.stages[0].backward_s
+    assert again.stages[0].forward_s == pytest.approx(plain.stages[0].forward_s)
+    full, full_again = est(False, "full"), est(True, "full")
+    assert full_again.iteration_time_s == pytest.approx(full.iteration_time_s)
+    assert full_again.stages[0].memory.total == pytest.approx(full.stages[0].memory.total)
+
+
+def test_deepep_reaches_8_gpus_over_nvlink_hybridep_the_whole_nvl72():
+    """On a 72-GPU NVLink domain DeepEP still sends beyond its 8-GPU host through the NICs; HybridEP keeps the
+    whole EP 32 group on NVLink; on 8-GPU nodes the two are the same."""
+    m = load_model("qwen3-235b-a22b")
+    nvl72 = (72, 900e9, 72 * 50e9)
+    deepep, hybrid = (moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *nvl72, dispatch=moe.MoEOptions(d))
+                      for d in ("deepep", "hybridep"))
+    assert deepep > 3 * hybrid
+    dgx = (8, 450e9, 400e9)
+    assert moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *dgx, dispatch=moe.MoEOptions("deepep")) == pytest.approx(
+        moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *dgx, dispatch=moe.MoEOptions("hybridep")))

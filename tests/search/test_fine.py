@@ -275,3 +275,59 @@ def test_cli_profile_db(tmp_path, aceso_db):
     assert analytic["iteration_time_s"] != pytest.approx(ref.iteration_time_s, rel=1e-3)
     missing = _cli("estimate", plan_path, "--profile-db", tmp_path / "nope.sqlite")
     assert missing.returncode == 2 and "--profile-db" in missing.stderr and "Traceback" not in missing.stderr
+
+
+# -- CP and EP -----------------------------------------------------------------------------------------------------
+def _moe_config(tmp: Path, layers: int, experts: int) -> Path:
+    """A small Qwen3-MoE config.json (top-2 of ``experts`` routed experts in every layer), long context allowed."""
+    cfg = dict(model_type="qwen3_moe", hidden_size=1024, intermediate_size=2048, moe_intermediate_size=1024,
+               num_attention_heads=8, num_key_value_heads=8, head_dim=128, num_hidden_layers=layers,
+               num_experts=experts, num_experts_per_tok=2, decoder_sparse_step=1, vocab_size=32000,
+               max_position_embeddings=65536, tie_word_embeddings=False)
+    path = tmp / f"moe_{layers}_{experts}.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_cost_model_equals_estimator_with_cp_and_ep(tmp_path):
+    """States with CP and EP > 1 (per-stage DP, resharding): the fine search's numbers are estimate()'s."""
+    rng = random.Random(2)
+    path = _moe_config(tmp_path, 4, 4)
+    m = load_model(path)
+    job = Job(model=str(path), seq_len=16384, global_batch=8, dtype="bf16")
+    cat = load_catalog()
+    pool = GPUPool(gpu="A100-SXM-80GB", count=16, gpus_per_node=8)
+    cm = FineCostModel(m, job, pool, cat.get("A100-SXM-80GB"))
+    seen = set()
+    for _ in range(30):
+        p = rng.randint(1, 3)
+        cuts = sorted(rng.sample(range(1, 4), p - 1))
+        ns = [b - a for a, b in zip([0] + cuts, cuts + [4])]
+        cp = rng.choice([1, 2, 4])
+        stages = [FineStage(n, rng.choice([1, 2]), rng.choice([1, 2])) for n in ns]
+        ep = rng.choice([e for e in (1, 2, 4) if all((st.dp * cp) % e == 0 for st in stages)])
+        s = FineState(tuple(stages), 2, rng.choice([0, 1]), cp, ep)
+        c = cm.cost(s)
+        est = estimate(cm.to_plan(s), cat, m)
+        assert c.iteration_time_s == pytest.approx(est.iteration_time_s, rel=1e-9)
+        assert c.memory_bytes == pytest.approx([se.memory.total for se in est.stages], rel=1e-9)
+        seen.add((cp > 1, ep > 1))
+    assert seen == {(False, False), (True, False), (False, True), (True, True)}
+
+
+def test_cp_and_ep_search_reaches_the_enumerated_optimum(tmp_path):
+    """A MoE model at 16K tokens on 4 GPUs: the enumerated space has CP 1/2/4 and EP 1/2/4 states; the search
+    (starting from the best uniform plan) ends at the optimum of all of them and reports it through estimate()."""
+    path = _moe_config(tmp_path, 3, 4)
+    m = load_model(path)
+    job = Job(model=str(path), seq_len=16384, global_batch=4, dtype="bf16")
+    pool = GPUPool(gpu="A100-SXM-80GB", count=4, gpus_per_node=4)
+    cat = load_catalog()
+    r = fine_search(job, Inventory(pools=[pool]), catalog=cat, model=m)
+    cm = FineCostModel(m, job, pool, cat.get("A100-SXM-80GB"), max_stages=4)
+    states = enumerate_states(FineSearch(cm), r.start_plan.num_gpus)
+    assert {(s.cp, s.ep) for s in states} >= {(1, 1), (2, 2), (4, 4), (2, 1), (1, 4)}
+    best = min(states, key=lambda s: cm.cost(s).key)
+    assert cm.cost(best).key[0] == 0
+    assert r.estimate.iteration_time_s == pytest.approx(cm.cost(best).iteration_time_s, rel=1e-9)
+    assert r.estimate.iteration_time_s <= r.start_estimate.iteration_time_s

@@ -89,29 +89,38 @@ def block_orders_of_space(m, job, inv, pins=Pins()):
     tables and the order's round-trip p2p time (boundaries by :func:`hetplan.plan.boundary_is_intra_node`)."""
     L = m.num_layers
     types = hetero.stage_types(m, inv, CAT, job.dtype, pins)
+    # CP: powers of two splitting the sequence into 2·cp chunks of >= 4096 tokens per rank; EP: divisors of the
+    # expert count dividing dp·cp (the space's rules, hetplan.search.space).
+    cps = [c for c in (1, 2, 4, 8) if c == 1 or (job.seq_len % (2 * c) == 0 and job.seq_len // c >= 4096
+                                                 and c <= max(pl.count for pl in inv.pools))]
     for d in divisors(job.global_batch):
         for b in divisors(job.global_batch // d):
-            for z in (0, 1):
+            for z, c in itertools.product((0, 1), cps):
                 if z == 1 and d == 1:
                     continue
-                g = hetero._Group(m, job, inv, types, b, d, z, [0, 1, 2], L)
-                if not g.types:
-                    continue
-                per_pool = [pool_choices(g, k, pool, d) for k, pool in enumerate(inv.pools)]
-                for choice in itertools.product(*per_pool):
-                    blocks = [(k, c) for k, subs in enumerate(choice) for c in subs]
-                    if not blocks or sum(s for _, (t, s) in blocks) > L:
-                        continue
-                    rate = sum(s * t * d * g.by_key[(k, t)].price_usd_per_hour for k, (t, s) in blocks)
-                    for perm in block_orders(blocks):
-                        seq = [g.by_key[(k, t)] for k, t in perm]
-                        p = len(seq)
-                        kinds, fl = hetero._positions(p, g.mb)
-                        tabs = [g.tables[(st.pool, st.tp)] for st in seq]
-                        intra = boundary_is_intra_node([st.tp * d for st in seq], [st.pool for st in seq],
-                                                       [pl.gpus_per_node for pl in inv.pools])
-                        p2p = 2 * sum(g.p2p(seq[j], seq[j + 1], intra[j]) for j in range(p - 1))
-                        yield g, b, d, z, rate, seq, kinds, fl, tabs, p2p
+                for e in ([1] if not m.is_moe else [e for e in divisors(m.num_experts) if (d * c) % e == 0]):
+                    yield from _orders_of_group(m, job, inv, types, L, b, d, z, c, e)
+
+
+def _orders_of_group(m, job, inv, types, L, b, d, z, c, e):
+    g = hetero._Group(m, job, inv, types, b, d, z, [0, 1, 2], L, c, e)
+    if not g.types:
+        return
+    per_pool = [pool_choices(g, k, pool, d * c) for k, pool in enumerate(inv.pools)]
+    for choice in itertools.product(*per_pool):
+        blocks = [(k, sub) for k, subs in enumerate(choice) for sub in subs]
+        if not blocks or sum(s for _, (t, s) in blocks) > L:
+            continue
+        rate = sum(s * t * c * d * g.by_key[(k, t)].price_usd_per_hour for k, (t, s) in blocks)
+        for perm in block_orders(blocks):
+            seq = [g.by_key[(k, t)] for k, t in perm]
+            p = len(seq)
+            kinds, fl = hetero._positions(p, g.mb)
+            tabs = [g.tables[(st.pool, st.tp)] for st in seq]
+            intra = boundary_is_intra_node([st.tp * c * d for st in seq], [st.pool for st in seq],
+                                           [pl.gpus_per_node for pl in inv.pools])
+            p2p = 2 * sum(g.p2p(seq[j], seq[j + 1], intra[j]) for j in range(p - 1))
+            yield g, b, d, z, rate, seq, kinds, fl, tabs, p2p
 
 
 def brute_force(m, job, inv, pins=Pins()):
@@ -125,7 +134,7 @@ def brute_force(m, job, inv, pins=Pins()):
         nmax = [int(tb.nmax[kk, f - 1]) for tb, kk, f in zip(tabs, kinds, fl)]
         res = brute_force_partition(a, e, o, nmax, m.num_layers, g.mb, p2p)
         if res is not None:
-            out.append((res[0], rate, (b, d, z, [(st.pool, st.tp) for st in seq], res[1])))
+            out.append((res[0], rate, (b, d, z, g.cp, g.ep, [(st.pool, st.tp) for st in seq], res[1])))
     return out
 
 
@@ -190,6 +199,49 @@ def test_search_finds_brute_force_optimum(seed):
     assert len(got) == len(ref), (got, ref)
     for (t1, c1), (t2, c2) in zip(got, ref):
         assert math.isclose(t1, t2, rel_tol=1e-9) and math.isclose(c1, c2, rel_tol=1e-9)
+
+
+def moe_instance(seed: int):
+    """A small MoE model (4 or 8 experts, top-2) with sequences long enough for CP 2-4, on 1-2 pools of 2-8
+    GPUs: a case whose space has CP and EP > 1."""
+    rng = random.Random(seed)
+    L = rng.randint(2, 4)
+    h, a = 1024, 8
+    m = ModelSpec(
+        name=f"toy-moe-L{L}", family="qwen3_moe", num_layers=L, hidden_size=h, num_attention_heads=a, num_kv_heads=a,
+        head_dim=h // a, ffn_hidden_size=2 * h, vocab_size=32000, max_seq_len=65536, gated_mlp=True, norm="rmsnorm",
+        linear_bias=False, learned_positions=0, tied_embeddings=False, dropout=False,
+        num_experts=rng.choice([4, 8]), experts_per_token=2, expert_ffn_hidden_size=h,
+    )
+    k = rng.randint(1, 2)
+    pools = [GPUPool(gpu=g, count=rng.choice([2, 4, 8]), gpus_per_node=rng.choice([2, 4]),
+                     price_usd_per_hour=round(rng.uniform(0.5, 5), 2), inter_node_bandwidth_bytes_per_s=12.5e9)
+             for g in rng.sample(["A100-SXM-80GB", "RTX-A6000", "A10G"], k)]
+    job = Job(model=m.name, seq_len=rng.choice([8192, 16384]), global_batch=rng.choice([2, 4]), dtype="bf16")
+    return m, job, Inventory(pools=pools)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_finds_brute_force_optimum_with_cp_and_ep(seed):
+    """CP and EP are dimensions of the heterogeneous space: the search's fastest plan is the brute-force optimum
+    over every (dp, mbs, ZeRO, CP, EP, pool use, order, partition), and its CP/EP reach the plan and estimate()."""
+    m, job, inv = moe_instance(seed)
+    plans = brute_force(m, job, inv)
+    assert {(x[2][3], x[2][4]) for x in plans} - {(1, 1)}, "the instance has plans with CP or EP > 1"
+    fast = hetero.search_hetero(m, job, inv, CAT, goal="fastest")
+    t_best = min(t for t, _, _ in plans)
+    assert fast.best is not None and math.isclose(fast.best.iteration_time_s, t_best, rel_tol=1e-9)
+    plan = fast.best.to_plan(job, inv)
+    assert (plan.cp, plan.ep) == (fast.best.cp, fast.best.ep)
+    assert fast.best.num_gpus == sum(st.tp * plan.cp * st.dp for st in plan.stages)
+    est = estimate(plan, CAT, m, pipeline_model="closed_form")
+    assert math.isclose(est.iteration_time_s, fast.best.iteration_time_s, rel_tol=1e-9)
+    pinned = hetero.search_hetero(m, job, inv, CAT, goal="fastest", pins=Pins(cp=2, ep=2))
+    want = [t for t, _, x in plans if (x[3], x[4]) == (2, 2)]
+    assert (pinned.best is None) == (not want)
+    if want:
+        assert (pinned.best.cp, pinned.best.ep) == (2, 2)
+        assert math.isclose(pinned.best.iteration_time_s, min(want), rel_tol=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -24,7 +24,7 @@ def brute_force_h(m, job, inv):
     by_allocation: dict = {}  # (b, d, zero, blocks) -> [(T, stages)]
     for g, b, d, z, rate, seq, kinds, fl, tabs, p2p in block_orders_of_space(m, job, inv):
         blocks = tuple(sorted((st.pool, st.tp) for st in seq))
-        plans = by_allocation.setdefault((b, d, z, blocks, rate), [])
+        plans = by_allocation.setdefault((b, d, z, g.cp, g.ep, blocks, rate), [])
         for cuts in itertools.combinations(range(1, L), len(seq) - 1):
             ns = [y - x for x, y in zip((0,) + cuts, cuts + (L,))]
             if any(n > tb.nmax[kk, f - 1] for tb, kk, f, n in zip(tabs, kinds, fl, ns)):
@@ -36,14 +36,14 @@ def brute_force_h(m, job, inv):
             rcs = [int(tb.rc[kk, f - 1, n]) for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
             plans.append((t, [(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcs)]))
     out = []
-    for (b, d, z, _, rate), plans in by_allocation.items():
+    for (b, d, z, cp, ep, _, rate), plans in by_allocation.items():
         if not plans:
             continue
         t_min = min(t for t, _ in plans)
         tied = []
         for t, stages in plans:
             if t <= t_min * (1 + 1e-12):
-                c = hetero.HeteroCandidate(stages, b, d, z, t, rate)
+                c = hetero.HeteroCandidate(stages, b, d, z, t, rate, cp, ep)
                 plan = c.to_plan(job, inv)
                 tied.append((plan, estimate(plan, CAT, m)))
         out.append(tied)

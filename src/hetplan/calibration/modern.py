@@ -258,7 +258,9 @@ MOE_PRESETS = {"deepseek-v3": "deepseek-v3", "deepseek v3": "deepseek-v3", "qwen
 #: Grok-1: xai-org/grok-1 ``run.py`` (emb 48 x 128, 48 query / 8 KV heads of 128, 64 layers, 8 experts top-2,
 #: vocabulary 128 x 1024) and ``model.py`` ``ffn_size`` (8 x 6144 x 2/3 = 32,768; gated); one embedding table for
 #: input and output (``InOutEmbed``). Llama 4 Maverick: meta-llama/Llama-4-Maverick-17B-128E ``config.json``
-#: (text_config: 128 experts top-1 with a shared expert, MoE every second layer, dense MLP 16,384).
+#: (text_config: 128 experts top-1 with a shared expert, MoE every second layer, dense MLP 16,384). GPT-OSS 20B:
+#: openai/gpt-oss-20b ``config.json`` (the 120B's widths, 24 layers, 32 experts top-4; model card: 20.91B total,
+#: 3.61B active without the input embedding).
 MOE_CONFIGS = {
     "grok-1": {"model_type": "mixtral", "hidden_size": 6144, "intermediate_size": 32768, "num_attention_heads": 48,
                "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 64, "num_local_experts": 8,
@@ -270,6 +272,12 @@ MOE_CONFIGS = {
         "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "use_qk_norm": True,
         "attention_bias": False, "vocab_size": 202048, "max_position_embeddings": 1048576,
         "tie_word_embeddings": False}, "source": "meta-llama/Llama-4-Maverick-17B-128E config.json"},
+    "gpt-oss 20b": {"model_type": "gpt_oss", "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 24,
+                    "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 128,
+                    "layer_types": ["sliding_attention", "full_attention"] * 12, "attention_bias": True,
+                    "vocab_size": 201088, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                    "source": "openai/gpt-oss-20b config.json"},
 }
 
 
@@ -311,7 +319,9 @@ class Layout:
     """The published layout of a row (degrees, batch, recomputation, framework). ``kv_exchange``: CP's K/V
     exchange, ``ring`` (Megatron-Core / NeMo: p2p overlapped with attention) or ``allgather`` (Llama 3,
     torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
-    expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows)."""
+    expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows); ``dispatcher``,
+    ``routing``: the all-to-all's dispatcher and the router's routing (:class:`hetplan.estimate.moe.MoEOptions`);
+    ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default)."""
 
     tp: int
     pp: int
@@ -329,6 +339,10 @@ class Layout:
     sequence_parallel: bool = False
     kv_exchange: str = "ring"
     balanced_routing: bool = False
+    dispatcher: str = "alltoall"
+    routing: str = "random"
+    moe_recompute: bool = False
+    grad_reduce_dtype: str | None = None
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -352,6 +366,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         extra["cp_kv_exchange"] = lay.kv_exchange
     if lay.balanced_routing and "moe_load_imbalance" in Job.model_fields:
         extra["moe_load_imbalance"] = 1.0
+    if lay.ep > 1:
+        extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute)
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
@@ -362,7 +378,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     try:
         return Plan(job=job, pools=[pool], stages=stages, mbs=lay.mbs, zero=zero,
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
-                    virtual_stages=lay.vp, overlap_grad_reduce=True, **degrees)
+                    virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
+                    **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -430,8 +447,9 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
 
     Layout as published (TP, PP, CP, VP, EP, micro-batch, global batch); DP = GPUs / (TP·PP·CP). Megatron-Core as
     NeMo's recipes run it: distributed optimizer (ZeRO-1), sequence parallelism with TP, gradient reduction
-    overlapped, FlashAttention (cuDNN / TE fused attention), no recomputation (the recipes' default for these
-    rows; not restated in the tables). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
+    overlapped, gradients reduced and buffered in bf16 (the performance recipes' ``plugins.grad_reduce_in_fp32 =
+    False``, NeMo ``nemo/collections/llm/recipes/*``), FlashAttention (cuDNN / TE fused attention), no
+    recomputation (the recipes' default for these rows; not restated in the tables). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
     """
@@ -461,7 +479,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
             lay = Layout(tp=tp, pp=pp, dp=_int(r, "num_gpus") // (tp * pp * cp), cp=cp, ep=_int(r, "ep", 1),
                          vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
-                         seq=_int(r, "seq_len"), sequence_parallel=True, zero=1)
+                         seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16")
             t = _float(r, "iteration_time_s")
             if t is None:
                 raise NotExpressibleError("no step time published")
@@ -575,17 +593,27 @@ def megatron_lm_cases(catalog: Catalog | None = None):
 
 
 #: Expert-parallel degree of NeMo AutoModel rows whose table leaves it out, from the benchmark's recipe (the rows
-#: name DeepEP, which only runs with EP): ``examples/llm_benchmark/gpt_oss/gptoss_120b_te_deepep.yaml``
-#: (NVIDIA-NeMo/Automodel@36044ad3d) sets ``ep_size: 64``.
-AUTOMODEL_EP = {"GPT-OSS 120B": 64}
+#: name DeepEP, which only runs with EP): ``examples/llm_benchmark/gpt_oss/gptoss_120b_te_deepep.yaml`` and
+#: ``gptoss_20b_te_deepep.yaml`` (NVIDIA-NeMo/Automodel@36044ad3d) set ``ep_size: 64`` and ``8``.
+AUTOMODEL_EP = {"GPT-OSS 120B": 64, "GPT-OSS 20B": 8}
 
 
-def _moe_recompute(label: str) -> str:
-    """Recomputation of a MoE row: NeMo AutoModel's ``activation_checkpointing: true`` checkpoints every
-    transformer block (full); Megatron's ``full``; anything else (Megatron's per-module ``layernorm`` /
-    ``moe_act`` recomputation, which recomputes cheap element-wise work) none."""
+def _moe_recompute(label: str) -> tuple[str, bool]:
+    """Recomputation of a MoE row, ``(stage recompute, MoE-layer recompute)``: NeMo AutoModel's
+    ``activation_checkpointing: true`` checkpoints every transformer block (full); Megatron's ``full``;
+    Megatron's per-module selective recomputation recomputes the MoE layer where its modules name ``moe``
+    (``--recompute-modules moe``), and otherwise cheap element-wise work only (``layernorm``, ``moe_act``: none)."""
     low = label.lower()
-    return "full" if "full" in low or "activation_checkpointing: true" in low else "none"
+    if "full" in low or "activation_checkpointing: true" in low:
+        return "full", False
+    return "none", bool(re.search(r"\bmoe\b", low))
+
+
+def _dispatcher(r: dict) -> str:
+    """``hybridep`` or ``deepep`` where the row names it (Megatron-Core's flex dispatcher; NeMo AutoModel's
+    ``dispatcher: deepep`` / ``hybridep``), else Megatron-Core's default ``alltoall``."""
+    text = (r.get("attention", "") + " " + r.get("framework", "")).lower()
+    return "hybridep" if "hybridep" in text else "deepep" if "deepep" in text else "alltoall"
 
 
 def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
@@ -596,14 +624,16 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
             raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
         tp, pp, cp = (_int(r, k, 1) for k in ("tp", "pp", "cp"))
         ep = _int(r, "ep") or AUTOMODEL_EP.get(r["model"], 1)
+        recompute, moe_recompute = _moe_recompute(r["recompute"])
         n = _int(r, "num_gpus")
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
         mbs = _int(r, "micro_batch", 1)
         gbs = _int(r, "global_batch")
         lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, vp=_int(r, "vp", 1), mbs=mbs, gbs=gbs,
                      seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
-                     sequence_parallel=True, recompute=_moe_recompute(r["recompute"]),
-                     balanced_routing=src == "automodel" or "forced" in r["notes"].lower())
+                     sequence_parallel=True, recompute=recompute, moe_recompute=moe_recompute,
+                     balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
+                     dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random")
         t = _float(r, "iteration_time_s")
         if t is not None:
             return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)

@@ -44,13 +44,32 @@ def run_cmd(
     dp_mode: Optional[str] = _DPM, dtype: Optional[str] = _DT, nnodes: int = _NN, node_rank: int = _NR,
     rdzv_endpoint: Optional[str] = _RDZV, max_procs: Optional[int] = _MAXP, timeout: float = _TO, threads: int = _THR,
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (SI units)."),
+    energy_server: Optional[str] = typer.Option(None, "--energy-server", help="Run the timed iterations under this "
+                                                "frequency plan server (hetplan energy serve): Perseus' loop."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="HETPLAN_ENERGY_TOKEN",
+                                        help="The plan server's bearer token."),
+    energy_job: Optional[str] = typer.Option(None, "--energy-job", help="Job id on the server (default: from the "
+                                             "plan, so a rerun continues the job)."),
+    energy_plans: Optional[Path] = typer.Option(None, "--energy-plans", help="plans.json of 'hetplan energy "
+                                                "frontier': run its plans (default: profile, then the frontier)."),
+    energy_target_s: Optional[float] = typer.Option(None, "--energy-target-s", min=0.0, help="Iteration time the "
+                                                    "frequency plan must meet (default: the all-max time)."),
+    energy_frequencies: Optional[str] = typer.Option(None, "--energy-frequencies", help="SM clocks to profile, "
+                                                     "MHz, e.g. 1410,1200 (default: all of the plan's GPU)."),
 ) -> None:
-    """Run PLAN on torch.distributed (random weights, synthetic tokens): iteration time and memory per rank."""
+    """Run PLAN on torch.distributed (random weights, synthetic tokens): iteration time and memory per rank.
+
+    MoE plans (Mixtral, Qwen-MoE) run their EP: experts split over DP ranks, all-to-all token dispatch.
+    CP plans are refused: torch 2.13 has no ring attention on CPU (docs/runtime.md)."""
     from hetplan.runtime.launcher import run_plan
 
+    opts = _opts(iterations, warmup, schedule, virtual_stages, dp_mode, dtype, nnodes, node_rank, rdzv_endpoint,
+                 max_procs, timeout, threads)
+    if energy_server:
+        opts.energy = _energy_opts(energy_server, token, energy_job, energy_plans, energy_target_s,
+                                   energy_frequencies)
     with Console(stderr=True).status("running the plan"):
-        res = run_plan(plan, _opts(iterations, warmup, schedule, virtual_stages, dp_mode, dtype, nnodes, node_rank,
-                                   rdzv_endpoint, max_procs, timeout, threads))
+        res = run_plan(plan, opts)
     if not res:
         Console().print("this node's ranks finished; node 0 reports")
         return
@@ -58,7 +77,8 @@ def run_cmd(
         print(json.dumps(res, indent=1))
         return
     c = Console()
-    c.print(f"{res['world_size']} ranks (pp {res['pp']} x dp {res['dp']} x tp {res['tp']}), {res['schedule']}, "
+    ep = f", EP {res['ep']} in DP" if res.get("ep", 1) > 1 else ""
+    c.print(f"{res['world_size']} ranks (pp {res['pp']} x dp {res['dp']} x tp {res['tp']}{ep}), {res['schedule']}, "
             f"DP {res['dp_mode']}, {res['dtype']} on {res['device']} ({res['backend']}, {res['software']})")
     c.print(f"iteration time {res['iteration_time_s'] * 1e3:.1f} ms (median of {res['iterations']}), "
             f"loss {res['loss']:.4f}, DP replicas in sync: {res['dp_replicas_in_sync']}")
@@ -70,6 +90,37 @@ def run_cmd(
         t.add_row(str(r["rank"]), str(r["pp_rank"]), str(r["dp_rank"]), str(r["tp_rank"]), str(r["layers"]),
                   f"{r['forward_s'] * 1e3:.2f}", f"{r['backward_s'] * 1e3:.2f}", f"{r['tensor_bytes'] / 2**20:.1f}",
                   "-" if cuda is None else f"{cuda / 2**20:.1f}", f"{r['peak_rss_bytes'] / 2**20:.0f}")
+    c.print(t)
+    if res.get("energy"):
+        _print_energy(c, res["energy"])
+
+
+def _energy_opts(server, token, job, plans, target_s, frequencies):
+    from hetplan.errors import HetplanError
+    from hetplan.runtime.energy_loop import EnergyOptions
+
+    freqs = None
+    if frequencies:
+        try:
+            freqs = tuple(int(x) for x in frequencies.split(","))
+        except ValueError:
+            freqs = ()
+        if not freqs or min(freqs) <= 0:
+            raise HetplanError(f"got {frequencies!r}", field="--energy-frequencies",
+                               fix="give positive SM clocks in MHz separated by commas, e.g. 1410,1200,1005")
+    return EnergyOptions(server=server, token=token, job_id=job, plans=None if plans is None else str(plans),
+                         target_time_s=target_s, frequencies_mhz=freqs)
+
+
+def _print_energy(c: Console, e: dict) -> None:
+    label = "measured (NVML)" if e["energy_measured"] else f"{e['energy_source']}: DVFS model x measured time, " \
+                                                           "not measured"
+    t = Table(title=f"plan server {e['server']}, job {e['job_id']}; energy {label}")
+    for col in ("iteration", "schedule", "time ms", "energy J"):
+        t.add_column(col, justify="right")
+    for it in e["iterations"]:
+        t.add_row(str(it["iteration"]), ",".join(it["schedule_ids"]), f"{it['time_s'] * 1e3:.1f}",
+                  "-" if it["energy_j"] is None else f"{it['energy_j']:.2f}")
     c.print(t)
 
 

@@ -1,6 +1,7 @@
 """Client of the plan server, for a training loop.
 
-Typical use on each rank (``gpu`` may be None: no NVML, no GPU — the loop still runs and reports time)::
+Typical use on each rank (``gpu`` may be None: no NVML, no GPU — the loop still runs and reports time, and with
+``power_w`` the DVFS model's energy; :mod:`hetplan.runtime.energy_loop` does this inside ``hetplan run``)::
 
     client = PlanClient("http://127.0.0.1:7787", job_id="gpt3", rank=rank, stage=stage)
     client.register()
@@ -115,11 +116,14 @@ class PlanClient:
         return Schedule(d["iteration"], d["schedule_id"], d["instructions"], d["frequencies_mhz"])
 
     def report(self, iteration: int, schedule_id: str, time_s: float, energy_j: float | None,
-               measurements: list[dict] | None = None) -> dict:
-        """POST the measured iteration time (s) and energy (J, None without NVML) for ``schedule_id``; a repeated
+               measurements: list[dict] | None = None, energy_source: str | None = None) -> dict:
+        """POST the measured iteration time (s) and energy (J, None without NVML or power model) for
+        ``schedule_id``; ``energy_source`` says where the energy comes from (:data:`ENERGY_SOURCES`). A repeated
         report of one iteration is accepted once."""
         body = {"iteration": iteration, "schedule_id": schedule_id, "time_s": time_s, "energy_j": energy_j,
                 "measurements": measurements or []}
+        if energy_source is not None:
+            body["energy_source"] = energy_source
         return self._call("POST", f"/jobs/{self.job_id}/ranks/{self.rank}/reports", json=body)
 
 
@@ -129,7 +133,14 @@ class _Iter:
     start_s: float
     start_mj: int | None
     pos: int = 0
+    busy_s: float = 0.0
+    busy_j: float = 0.0
     measurements: list[dict] = field(default_factory=list)
+
+
+#: Where a reported energy comes from: the GPU's NVML energy counter, or the DVFS power model times the measured
+#: time (no GPU: :class:`IterationRunner` with ``power_w``); absent when neither is available.
+ENERGY_SOURCES = ("nvml", "model")
 
 
 class IterationRunner:
@@ -137,13 +148,27 @@ class IterationRunner:
 
     Args:
         client: the rank's :class:`PlanClient`.
-        gpu: an :class:`hetplan.energy.nvml.NvmlGpu` or None (no frequency control, no energy).
+        gpu: an :class:`hetplan.energy.nvml.NvmlGpu` or None (no frequency control, no energy counter).
         sync: called before reading clocks/counters (e.g. ``torch.cuda.synchronize``) so that asynchronous
             GPU work is attributed to the right instruction.
+        power_w: without ``gpu``: busy power (W) of the modelled GPU at a SM clock (MHz), e.g.
+            ``GPUPower.busy_power_w`` at the clock the power limit lets it sustain. An instruction's energy is then
+            ``power_w(f) · measured time`` and the iteration's adds ``idle_power_w`` for the time between
+            instructions; reported with ``energy_source = "model"`` (not measured).
+        idle_power_w: the modelled GPU's blocking power (W), with ``power_w``.
+
+    Attributes:
+        frequency_log: every frequency this rank set, or would have set without a GPU, in execution order:
+            ``{"iteration", "instruction", "frequency_mhz", "applied"}`` (``applied``: NVML locked the clock).
+        energy_source: ``"nvml"``, ``"model"`` or None (:data:`ENERGY_SOURCES`).
     """
 
-    def __init__(self, client: PlanClient, gpu=None, sync: Callable[[], None] | None = None):
+    def __init__(self, client: PlanClient, gpu=None, sync: Callable[[], None] | None = None,
+                 power_w: Callable[[int], float] | None = None, idle_power_w: float = 0.0):
         self.client, self.gpu, self.sync = client, gpu, sync or (lambda: None)
+        self.power_w, self.idle_power_w = (None if gpu is not None else power_w), float(idle_power_w)
+        self.energy_source = "nvml" if gpu is not None else ("model" if power_w is not None else None)
+        self.frequency_log: list[dict] = []
         self._it: _Iter | None = None
 
     def _energy_mj(self) -> int | None:
@@ -166,29 +191,51 @@ class IterationRunner:
         it = self._it
         if it is None:
             raise HetplanError("instruction() outside an iteration", field="runner", fix="call begin() first")
-        if it.pos >= len(it.schedule.instructions) or it.schedule.instructions[it.pos] != f"{kind}:{microbatch}":
+        name = f"{kind}:{microbatch}"
+        if it.pos >= len(it.schedule.instructions) or it.schedule.instructions[it.pos] != name:
             expected = it.schedule.instructions[it.pos] if it.pos < len(it.schedule.instructions) else "end()"
-            raise HetplanError(f"ran {kind}:{microbatch} but the schedule expects {expected}", field="runner",
+            raise HetplanError(f"ran {name} but the schedule expects {expected}", field="runner",
                                fix="run the instructions in Schedule.order")
         freq = it.schedule.frequencies_mhz[it.pos]
-        if self.gpu is not None:
-            self.gpu.set_frequency_mhz(freq)
+        applied = self.gpu.set_frequency_mhz(freq) if self.gpu is not None else False
+        self.frequency_log.append({"iteration": it.schedule.iteration, "instruction": name, "frequency_mhz": freq,
+                                   "applied": bool(applied)})
         self.sync()
         t0, e0 = time.perf_counter(), self._energy_mj()
         yield freq
         self.sync()
         t1, e1 = time.perf_counter(), self._energy_mj()
+        dt = t1 - t0
+        if e0 is not None and e1 is not None:
+            energy: float | None = (e1 - e0) / 1000.0
+        elif self.power_w is not None:
+            energy = float(self.power_w(freq)) * dt
+        else:
+            energy = None
+        it.busy_s += dt
+        it.busy_j += energy or 0.0
         it.measurements.append({"instruction": kind, "microbatch": microbatch, "frequency_mhz": freq,
-                                "time_s": t1 - t0, "energy_j": None if e0 is None else (e1 - e0) / 1000.0})
+                                "time_s": dt, "energy_j": energy})
         it.pos += 1
 
     def end(self) -> dict:
-        """Report the iteration (time, energy, per-instruction measurements) to the server."""
+        """Report the iteration (time, energy, per-instruction measurements) to the server; returns
+        ``{"iteration", "schedule_id", "time_s", "energy_j", "energy_source", "stored"}`` (``stored`` False: the
+        server already had this iteration)."""
         it = self._it
         if it is None:
             raise HetplanError("end() without begin()", field="runner", fix="call begin() first")
         self.sync()
         t = time.perf_counter() - it.start_s
-        e = None if it.start_mj is None else (self._energy_mj() - it.start_mj) / 1000.0
+        e1 = self._energy_mj()
+        if it.start_mj is not None and e1 is not None:
+            e: float | None = (e1 - it.start_mj) / 1000.0
+        elif self.power_w is not None:
+            e = it.busy_j + self.idle_power_w * max(t - it.busy_s, 0.0)
+        else:
+            e = None
         self._it = None
-        return self.client.report(it.schedule.iteration, it.schedule.schedule_id, t, e, it.measurements)
+        reply = self.client.report(it.schedule.iteration, it.schedule.schedule_id, t, e, it.measurements,
+                                   energy_source=self.energy_source)
+        return {"iteration": it.schedule.iteration, "schedule_id": it.schedule.schedule_id, "time_s": t,
+                "energy_j": e, "energy_source": self.energy_source, "stored": bool(reply.get("stored"))}

@@ -102,6 +102,24 @@ class PipelineDAG:
         bwd = [(v, tuple(int(q) for q in succ[v] if q < n)) for v in reversed(topo)]
         return fwd, bwd
 
+    @cached_property
+    def topo_pairs(self) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]] | None:
+        """:attr:`topo_lists` with exactly two predecessors / successors per instruction, missing ones given as
+        the sentinel ``n`` (cached): ``([(v, p, q)], [(v, s, t)])``. Pipeline DAGs have at most two of each (the
+        stage-order neighbour and the other stage's), and a fixed arity makes the recurrences ~40 % faster.
+        None if some instruction has more."""
+        n = self.num_ops
+        pred, succ = self._pred, self._succ
+        if pred.shape[1] > 2 or succ.shape[1] > 2:
+            return None
+        topo = np.concatenate(self.levels).tolist()
+        p2 = np.full((n, 2), n, np.int64)
+        p2[:, : pred.shape[1]] = pred
+        s2 = np.full((n, 2), n, np.int64)
+        s2[:, : succ.shape[1]] = succ
+        pl, sl = p2.tolist(), s2.tolist()
+        return [(v, *pl[v]) for v in topo], [(v, *sl[v]) for v in reversed(topo)]
+
     @property
     def narrow(self) -> bool:
         """True when topological layers are narrow (few stages): Python-list recurrences beat NumPy per layer."""

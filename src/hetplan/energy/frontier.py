@@ -108,25 +108,30 @@ class Frontier:
         return int(self.result.quant_time.size)
 
     @cached_property
-    def _frequency_tables(self) -> list[np.ndarray]:
-        """Per option set, the frequency (MHz) chosen for every duration 0..max_quant (quanta)."""
-        out = []
-        for o in self.options:
+    def _frequency_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(table, last)``: ``table[k, q]`` the frequency (MHz) option set ``k`` runs at duration ``q`` (quanta,
+        0..max_quant; padded with its last column), ``last[k]`` its largest valid ``q``."""
+        width = max(o.max_quant for o in self.options) + 1
+        table = np.zeros((len(self.options), width), np.int64)
+        last = np.empty(len(self.options), np.int64)
+        for k, o in enumerate(self.options):
             q = np.arange(o.max_quant + 1)
             # slowest kept option with quant_time ≤ q (quant_time descends); the fastest when none fits
             i = np.searchsorted(-o.quant_time, -q, side="left")
-            out.append(o.frequency_mhz[np.minimum(i, o.quant_time.size - 1)].astype(np.int64))
-        return out
+            table[k, : q.size] = o.frequency_mhz[np.minimum(i, o.quant_time.size - 1)]
+            table[k, q.size:] = table[k, q.size - 1]
+            last[k] = o.max_quant
+        return table, last
+
+    def _frequencies_at(self, durations: np.ndarray) -> np.ndarray:
+        """Frequencies (MHz) of durations ``durations`` (quanta; shape (n,) or (p, n)), same shape."""
+        table, last = self._frequency_table
+        spec = 2 * self.dag.stage + self.dag.kind
+        return table[spec, np.minimum(durations, last[spec])]
 
     def frequencies(self, index: int) -> np.ndarray:
         """shape (n,): frequency (MHz) of every DAG instruction at frontier point ``index``."""
-        d = self.result.durations[index]
-        spec = 2 * self.dag.stage + self.dag.kind
-        out = np.empty(self.dag.num_ops, np.int64)
-        for k, table in enumerate(self._frequency_tables):
-            sel = spec == k
-            out[sel] = table[np.minimum(d[sel], table.size - 1)]
-        return out
+        return self._frequencies_at(self.result.durations[index])
 
     @cached_property
     def _instruction_names(self) -> list[list[str]]:
@@ -215,11 +220,11 @@ class Frontier:
         ``{index, time_s, energy_j, frequencies_mhz}`` per point); :func:`read_plan` takes one back out."""
         head = self.plan(0).to_dict()
         head.pop("index"), head.pop("time_s"), head.pop("energy_j"), head.pop("frequencies_mhz")
-        rows = []
-        for i in range(len(self)):
-            f = self.frequencies(i)
-            rows.append(json.dumps({"index": i, "time_s": float(self.time_s[i]), "energy_j": float(self.energy_j[i]),
-                                    "frequencies_mhz": [f[ids].tolist() for ids in self.dag.stage_ops]}))
+        freqs = self._frequencies_at(self.result.durations)  # (points, n), one lookup for all points
+        per_stage = [freqs[:, ids].tolist() for ids in self.dag.stage_ops]
+        times, energies = self.time_s.tolist(), self.energy_j.tolist()
+        rows = [json.dumps({"index": i, "time_s": times[i], "energy_j": energies[i],
+                            "frequencies_mhz": [st[i] for st in per_stage]}) for i in range(len(self))]
         p = Path(path)
         p.write_text(json.dumps(head)[:-1] + ', "plans": [\n' + ",\n".join(rows) + "\n]}\n")
         return p

@@ -25,6 +25,19 @@ def longest_path_s(dag: PipelineDAG, duration_s: np.ndarray) -> tuple[float, np.
         ``(T, earliest_finish, latest_start)``, seconds; shapes (n,).
     """
     n = dag.num_ops
+    pairs = dag.topo_pairs if dag.narrow else None
+    if pairs is not None:
+        dl = np.asarray(duration_s, dtype=float).tolist()
+        efl = [0.0] * (n + 1)  # efl[n] = 0: the sentinel of a missing predecessor
+        for v, p, q in pairs[0]:
+            a, b = efl[p], efl[q]
+            efl[v] = (a if a > b else b) + dl[v]
+        T = max(efl)
+        lsl = [T] * (n + 1)
+        for v, p, q in pairs[1]:
+            a, b = lsl[p], lsl[q]
+            lsl[v] = (a if a < b else b) - dl[v]
+        return T, np.array(efl[:n]), np.array(lsl[:n])
     if dag.narrow:
         fwd, bwd = dag.topo_lists
         dl = np.asarray(duration_s, dtype=float).tolist()

@@ -162,6 +162,18 @@ class PhillipsDessoukySolver:
     def _schedule_lists(self, d: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
         # the same recurrences on Python lists: faster than one NumPy call per layer when layers are narrow
         dl = d.tolist()
+        pairs = self.dag.topo_pairs
+        if pairs is not None:  # two predecessors / successors each, sentinel n (PipelineDAG.topo_pairs)
+            ef = [0] * (self.n + 1)
+            for v, p, q in pairs[0]:
+                a, b = ef[p], ef[q]
+                ef[v] = (a if a > b else b) + dl[v]
+            T = max(ef)
+            ls = [T] * (self.n + 1)
+            for v, p, q in pairs[1]:
+                a, b = ls[p], ls[q]
+                ls[v] = (a if a < b else b) - dl[v]
+            return T, np.array(ef[: self.n], np.int64), np.array(ls[: self.n], np.int64)
         ef = [0] * self.n
         for v, ps in self._topo_preds:
             m = 0

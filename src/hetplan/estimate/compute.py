@@ -169,6 +169,7 @@ def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
     sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None, attention_blocks=1,
+    extra_kernels=0.0,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -189,6 +190,8 @@ def layer_time_s(
             default :func:`layer_gemm_times_s`.
         attention_blocks: ``(s x s)`` attention blocks per rank: ``cp`` under context parallelism, where ``s`` is
             a rank's ``s / cp`` tokens and its queries attend all ``cp`` blocks of keys (:mod:`hetplan.estimate.context`).
+        extra_kernels: kernels the layer's forward launches beyond :data:`KERNELS_PER_LAYER_FORWARD` (MoE layers:
+            :func:`hetplan.estimate.moe.extra_kernels`); they count in the host floor.
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
@@ -200,7 +203,7 @@ def layer_time_s(
     act = np.where(sequence_parallel, act_sp, act_nosp)
     elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
     kernel = gpu.kernel_overhead_s
-    kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0)
+    kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels
     core_gemm = core_gemm * attention_blocks
     if flash:
         core_fwd, core_bwd = (x * attention_blocks for x in flash_attention_time_s(m, gpu, dtype, b, s, t))

@@ -69,15 +69,15 @@ def kv_block_bytes(m: ModelSpec, b, s, t, cp):
 
 
 def layer_activation_bytes(m: ModelSpec, b, s, t, cp, sequence_parallel=False, recompute="none",
-                           attention="standard"):
+                           attention="standard", moe_recompute=False):
     """Activation bytes of one layer per GPU under CP: :func:`hetplan.model.counts.layer_activation_bytes` of
     the local ``s/cp`` tokens, with the stored attention scores of standard attention widened from
-    ``(s/cp)²`` to ``(s/cp)·s`` per head (``cp`` blocks; FlashAttention stores none)."""
+    ``(s/cp)²`` to ``(s/cp)·s`` per head (``cp`` blocks; FlashAttention stores none); ``moe_recompute`` as there."""
     s_loc = local_seq_len(s, cp)
-    per_rank = counts.layer_activation_bytes(m, b, s_loc, t, sequence_parallel, recompute, attention)
+    per_rank = counts.layer_activation_bytes(m, b, s_loc, t, sequence_parallel, recompute, attention, moe_recompute)
     if attention == "flash" or recompute in ("selective", "full"):
         return per_rank
-    blocks = counts.layer_activation_bytes(m, b, s_loc, t, sequence_parallel, "selective", attention)
+    blocks = counts.layer_activation_bytes(m, b, s_loc, t, sequence_parallel, "selective", attention, moe_recompute)
     return np.where(np.asarray(cp) == 1, per_rank, blocks + (per_rank - blocks) * np.asarray(cp, dtype=float))
 
 

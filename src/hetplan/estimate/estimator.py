@@ -15,12 +15,12 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from hetplan.estimate.pipeline import pipeline_time_s
-from hetplan.estimate.schedule import simulate, simulate_many
-from hetplan.estimate.stage import Link, boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
-from hetplan.estimate.comm import CommConstants, network_terms, p2p_time_s
+from hetplan.estimate.comm import CommConstants, network_terms
 from hetplan.estimate.compute import RECOMPUTE_CODES, pool_gpu
-from hetplan.estimate.reshard import boundary_transfer_time_s
+from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
+from hetplan.estimate.moe import MoEOptions
+from hetplan.estimate.schedule import simulate, simulate_many
+from hetplan.estimate.stage import Link, stage_costs
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
@@ -105,6 +105,15 @@ def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None 
     factor, alpha = network_terms(pool.network)
     cc = comm_constants or _DEFAULT_COMM
     return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s)
+
+
+def job_stage_options(job) -> dict:
+    """The :func:`~hetplan.estimate.stage.stage_costs` keyword arguments a :class:`~hetplan.plan.Job` fixes for
+    every stage (attention, framework, MoE load imbalance and options, CP's K/V exchange): the searches pass them
+    through, so a new job-level option reaches every search from here."""
+    return dict(attention=job.attention, framework=job.framework, moe_load_imbalance=job.moe_load_imbalance,
+                kv_exchange=job.cp_kv_exchange,
+                moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute))
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
@@ -281,6 +290,7 @@ class _StageRow(NamedTuple):
     flash: bool
     moe_load_imbalance: float
     kv_exchange: str
+    moe_options: MoEOptions
     fsdp_shard: int | None = None
     reshard_after_forward: bool = True
     grad_reduce_dtype: str | None = None
@@ -350,7 +360,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
                                               plan.overlap_grad_reduce, job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
-                                              job.cp_kv_exchange),
+                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -372,7 +382,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
                 flash=flash, cp=lay.cp, ep=lay.ep, moe_load_imbalance=job.moe_load_imbalance,
-                kv_exchange=job.cp_kv_exchange,
+                kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute),
+                fsdp_shard=plan.fsdp_shard,
+                reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
@@ -408,15 +420,16 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
-                        **kw)
+                        moe_options=row.moe_options, **kw)
         for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
             res.setdefault(k, np.zeros(n))[sel] = c[k]
         for k, x in c["memory"].items():
             mem.setdefault(k, np.zeros(n))[sel] = x
     fwd, bwd = res["forward_s"], res["backward_s"]
 
-    # p2p across each boundary, over the intra-node link or the (slower) node NICs shared by the sending GPUs;
-    # boundaries between stages that lay the micro-batch out differently reshard (hetplan.estimate.reshard).
+    # p2p across each boundary (hetplan.estimate.iteration.boundary_time_s): the intra-node link or the (slower)
+    # node NICs shared by the sending GPUs; boundaries between stages that lay the micro-batch out differently
+    # reshard.
     intra = []
     for plan in plans:
         intra += boundary_is_intra_node(
@@ -424,60 +437,51 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             [pl.gpus_per_node for pl in plan.pools])
     send = np.flatnonzero(~cols["has_head"])  # every stage but a plan's last sends to the next row
     recv = send + 1
-    reshard = np.flatnonzero((cols["t"][send] != cols["t"][recv]) | (cols["dp"][send] != cols["dp"][recv])
-                             | (cols["b"][send] != cols["b"][recv]))
     p2p = np.zeros(len(send))
     if len(send):
         link_cols = [np.array(x) for x in zip(*((ln.gpus_per_node, ln.intra_node_bandwidth_bytes_per_s,
                                                  ln.inter_node_bandwidth_bytes_per_s, ln.inter_node_alpha_s,
                                                  ln.intra_node_alpha_s)
                                                 for ln in links))]
-        send_a, recv_a = send, recv
-        send_link, recv_link = Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols))
-        intra = np.array(intra)
-        bw = boundary_bandwidth_bytes_per_s(send_link, recv_link,
-                                            cols["t"][send_a] * cols["cp"][send_a] * cols["dp"][send_a], intra)
-        alpha = boundary_alpha_s(send_link, recv_link, intra)
-        msg = p2p_bytes(m, cols["b"][send_a], cols["s"][send_a] / cols["cp"][send_a],
-                        np.maximum(cols["t"][send_a], cols["t"][recv_a]), False)
-        p2p = np.asarray(p2p_time_s(msg, bw, alpha), dtype=float)
-        for j in reshard:
-            a, nb = send[j], recv[j]
-            nl = links[nb]
-            p2p[j] = boundary_transfer_time_s(
-                m, int(cols["s"][a]), (int(cols["t"][a]), int(cols["dp"][a]), int(cols["b"][a])),
-                (int(cols["t"][nb]), int(cols["dp"][nb]), int(cols["b"][nb])), float(bw[j]),
-                gpus_per_node=nl.gpus_per_node, intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
-                inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=float(alpha[j]),
-                inter_node_alpha_s=nl.inter_node_alpha_s, intra_node_alpha_s=nl.intra_node_alpha_s)
+        lay = [cols[k] for k in ("t", "cp", "dp", "b")]
+        p2p = np.asarray(boundary_time_s(m, cols["s"][send], [c[send] for c in lay], [c[recv] for c in lay],
+                                         Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols)),
+                                         np.array(intra)), dtype=float)
     p2p_start = np.concatenate([[0], np.cumsum([plan.pp - 1 for plan in plans])]).astype(int)
+    capacity = np.array([g.memory_bytes for g in gpus])
 
-    # Pipeline time per plan: simulation (grouped by shape) or the closed form.
-    t_pipe = np.zeros(len(plans))
-    stage_end = np.zeros(n)
+    # Pipeline time per plan: simulation (grouped by shape) or the closed form; the iteration assembled from it
+    # (hetplan.estimate.iteration.assemble_iteration), one call per shape.
+    per_plan = {k: np.zeros(len(plans)) for k in ("t", "bubble", "p2p", "dp", "opt", "it")}
+    peak_row = np.zeros(len(plans), dtype=int)
+    fits_all = np.zeros(len(plans), dtype=bool)
     sims: list = [None] * len(plans)
     shapes: dict[tuple, list[int]] = {}
     for k, plan in enumerate(plans):
         sched = "interleaved" if vs[k] > 1 else plan.schedule
         shapes.setdefault((sched, plan.pp, m0s[k], vs[k], p2p_model(plan.job.framework)), []).append(k)
-    for (sched, p, m0, v, mode), ks in shapes.items():
-        ridx = np.array(start)[ks][:, None] + np.arange(p)
-        cidx = p2p_start[ks][:, None] + np.arange(p - 1)
-        if pipeline_model == "closed_form":
-            t, _, _ = pipeline_time_s(fwd[ridx], bwd[ridx], np.ones((len(ks), p)), p2p[cidx].sum(axis=1), m0,
-                                      virtual_stages=v)
-            t_pipe[ks] = t
-        elif len(ks) >= _SIMULATE_MANY_MIN_PLANS and not record:
-            t_pipe[ks], stage_end[ridx] = simulate_many(fwd[ridx], bwd[ridx], p2p[cidx], m0, sched, v,
-                                                        blocking_p2p=mode)
-        else:
-            for k, rr, cc in zip(ks, ridx, cidx):
-                sims[k] = simulate(fwd[rr], bwd[rr], p2p[cc], m0, sched, v, record=record, blocking_p2p=mode)
-                t_pipe[k] = sims[k].makespan_s
-                stage_end[rr] = sims[k].stage_end_s
-
-    # Per-plan reductions over each plan's rows.
     starts = np.array(start)
+    for (sched, p, m0, v, mode), ks in shapes.items():
+        ridx = starts[ks][:, None] + np.arange(p)
+        cidx = p2p_start[ks][:, None] + np.arange(p - 1)
+        simulated = None
+        if pipeline_model == "simulate":
+            if len(ks) >= _SIMULATE_MANY_MIN_PLANS and not record:
+                simulated = simulate_many(fwd[ridx], bwd[ridx], p2p[cidx], m0, sched, v, blocking_p2p=mode)
+            else:
+                for k, rr, cc in zip(ks, ridx, cidx):
+                    sims[k] = simulate(fwd[rr], bwd[rr], p2p[cc], m0, sched, v, record=record, blocking_p2p=mode)
+                simulated = (np.array([sims[k].makespan_s for k in ks]), np.array([sims[k].stage_end_s for k in ks]))
+        it = assemble_iteration(fwd[ridx], bwd[ridx], res["dp_exposed_s"][ridx], res["optimizer_s"][ridx],
+                                p2p[cidx].sum(axis=1), m0, virtual_stages=v, simulated=simulated,
+                                memory_bytes=mem["total"][ridx], capacity_bytes=capacity[ridx])
+        for key, x in (("t", it.pipeline_s), ("bubble", it.bubble_s), ("p2p", it.p2p_s), ("dp", it.dp_exposed_s),
+                       ("opt", it.optimizer_s), ("it", it.iteration_s)):
+            per_plan[key][ks] = x
+        peak_row[ks] = it.peak_stage
+        fits_all[ks] = it.fits
+
+    # Per-plan reductions over each plan's rows (what the report adds: FLOPs, $, TP share).
     gbs = np.array(gbs)
     ngpu = cols["t"] * cols["cp"] * cols["dp"]
     peak_flops = np.add.reduceat(ngpu * np.array(peak_rows), starts)
@@ -488,27 +492,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         flash=np.array(flash), all_layers_weight=cols["num_layers"] / m.num_layers,
     ) - model_rows, starts)
     model_flops = model_rows[starts]
-    bottleneck = np.maximum.reduceat(fwd + bwd, starts)
-    optimizer = np.maximum.reduceat(res["optimizer_s"], starts)
     tp_comm = np.add.reduceat(res["tp_comm_s"], starts) * np.array(m0s)
-    num_b = np.diff(p2p_start)
-    # (a trailing 0 keeps every start a valid index; plans without boundaries read it and are masked)
-    p2p_total = np.where(num_b > 0, np.add.reduceat(np.append(p2p, 0.0), p2p_start[:-1]), 0.0)
-    m0 = np.array(m0s)
-    bubble = np.maximum(0.0, t_pipe - m0 * bottleneck - 2 * p2p_total)  # reported apart from the p2p transfers
-    if pipeline_model == "simulate":
-        # Each stage reduces its gradients after its own last backward; the optimizer step (grad-norm
-        # all-reduce across stages) waits for all.
-        after = np.maximum.reduceat(stage_end + res["dp_exposed_s"], starts)
-        dp_exposed = after - t_pipe
-        iteration = after + optimizer
-    else:
-        dp_exposed = np.maximum.reduceat(res["dp_exposed_s"], starts)
-        iteration = t_pipe + dp_exposed + optimizer
-    capacity = np.array([g.memory_bytes for g in gpus])
     fits = mem["total"] <= capacity
-    fits_all = np.logical_and.reduceat(fits, starts)
-    ratio = (mem["total"] / capacity).tolist()
     mem_rows = list(map(MemoryBreakdown, *(mem[k].tolist() for k in _MEMORY_FIELDS)))
     stage_objects = [
         StageEstimate(g.name, st.tp, st.dp, st.num_layers, st.recompute, f, bk, tc, de,
@@ -519,14 +504,13 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     ]
     tokens = [plan.job.global_batch * plan.job.seq_len for plan in plans]
     per_plan = {k: np.asarray(x, dtype=float).tolist() for k, x in dict(
-        t=t_pipe, bubble=bubble, p2p=p2p_total, dp=dp_exposed, opt=optimizer, it=iteration, mf=model_flops,
-        hf=model_flops + recompute_flops, pf=peak_flops, usd=usd_per_hour, tp=tp_comm).items()}
+        per_plan, mf=model_flops, hf=model_flops + recompute_flops, pf=peak_flops, usd=usd_per_hour,
+        tp=tp_comm).items()}
     out = []
     for k, plan in enumerate(plans):
         p, s0 = plan.pp, start[k]
         stages_out = stage_objects[s0:s0 + p]
-        seg = ratio[s0:s0 + p]
-        peak = stages_out[seg.index(max(seg))].memory
+        peak = stages_out[peak_row[k]].memory
         it, usd, pf, iterations = per_plan["it"][k], per_plan["usd"][k], per_plan["pf"][k], plan.job.iterations()
         est = Estimate(
             iteration_time_s=it,
@@ -534,7 +518,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             bubble_time_s=per_plan["bubble"][k],
             bubble_fraction=per_plan["bubble"][k] / it,
             tp_comm_fraction=min(1.0, per_plan["tp"][k] / p / it),
-            p2p_time_s=2 * per_plan["p2p"][k],
+            p2p_time_s=per_plan["p2p"][k],
             dp_exposed_time_s=per_plan["dp"][k],
             optimizer_time_s=per_plan["opt"][k],
             tokens_per_s=tokens[k] / it,

@@ -6,6 +6,18 @@ state (fp32 master weights, momentum, variance) = 18 bytes per parameter. ZeRO (
 shards over the stage's DP group: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the
 weights (plus a gathered-layer prefetch buffer of two layers).
 
+The gradient buffer's dtype is the gradient-reduction dtype (``grad_reduce_dtype``): Megatron-Core's DDP
+allocates one contiguous grad buffer per stage in fp32 when ``grad_reduce_in_fp32`` (Megatron-LM sets
+``accumulate_allreduce_grads_in_fp32`` for bf16 unless ``--grad-reduce-in-bf16``: ``megatron/training/
+arguments.py``), else in the parameter dtype (``megatron/core/distributed/param_and_grad_buffer.py``). NeMo's
+performance recipes (``nemo/collections/llm/recipes/*`` ``pretrain_performance_optimizations``: ``plugins.
+grad_reduce_in_fp32 = False``), which the DGX Cloud benchmarks run, keep 2-byte gradients. The optimizer then
+needs an fp32 copy of its shard of the gradients for the step (``DistributedOptimizer._copy_model_grads_to_main_grads``
+sets ``shard_main_param.grad = shard_model_grad.float()``; ``zero_grad`` frees it again before the next forward):
+4 more bytes per owned parameter during the optimizer step only, when the activations are freed — a transient
+of the step phase (below), where Megatron-LM's ``docs/source/api-guide/dist_optimizer.md`` table counts it
+statically (18 → 6 + 12/d bytes per parameter with fp32 grads, 20 → 4 + 16/d with 16-bit grads).
+
 Activations per layer from :func:`hetplan.model.counts.layer_activation_bytes` (Korthikanti et al. 2023) times the
 micro-batches in flight: under 1F1B stage i of p holds ``min(p - i, m)`` (Narayanan et al. SC'21 Sec. 2.2.1); under
 GPipe all m. Full recomputation also needs one layer's full activations while it is recomputed. The first stage
@@ -40,7 +52,8 @@ Attention: with ``attention="flash"`` (FlashAttention, Dao et al. 2022) no s x s
     larger of that loss phase and the layer-backward phase (recomputed layer + working set), not their sum, and
     ``transient`` is negative where the theoretical components add the two (DeepSpeed's pipeline engine keeps its
     16-bit output logits through the backward: the sum);
-  - optimizer step, ``framework="deepspeed"`` only: the 16-bit grads plus the fp32 copies the step makes
+  - optimizer step under Megatron with 16-bit gradients: the fp32 copy of the owned gradient shard (above);
+  - optimizer step, ``framework="deepspeed"``: the 16-bit grads plus the fp32 copies the step makes
     (``p.grad.to(fp32)`` per parameter, then flattened: :data:`DEEPSPEED_STEP_BYTES` per owned parameter;
     DeepSpeed ``runtime/fp16/fused_optimizer.py`` ``FP16_Optimizer.step``), while activations are freed.
     Megatron-LM's optimizer uses its fp32 main-gradient buffer (the 4-byte gradients above) directly;
@@ -64,6 +77,9 @@ from hetplan.model.spec import ModelSpec
 WEIGHT_BYTES = 2
 GRAD_BYTES = 4
 OPTIMIZER_BYTES = 12
+#: Bytes per gradient element of a 16-bit gradient buffer, and of the fp32 copy of the owned gradient shard the
+#: optimizer step needs with it (module doc).
+GRAD16_BYTES, MAIN_GRAD_COPY_BYTES = 2, 4
 #: CUDA context + cuBLAS workspace + NCCL communicator buffers (bytes). PyTorch's CUDA context alone is
 #: ~0.3-0.5 GiB on A100/H100; NCCL allocates a few hundred MiB per communicator. Stated assumption.
 CUDA_CONTEXT_BYTES = 1.0 * 2**30
@@ -129,6 +145,8 @@ def stage_memory_bytes(
     reshard_after_forward=True,
     cp=1,
     ep=1,
+    moe_recompute=False,
+    grad_reduce_dtype=None,
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -153,6 +171,12 @@ def stage_memory_bytes(
             (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
         ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
             expert data-parallel ranks (:func:`hetplan.estimate.moe.expert_data_parallel`).
+        moe_recompute: MoE layers recompute their MLP (``--recompute-modules moe``) and store only its input;
+            ignored where the stage recomputes in full (Megatron-Core checkpoints the MoE layer only under
+            selective granularity).
+        grad_reduce_dtype: ``"bf16"`` / ``"fp16"``: Megatron's gradient buffer holds 16-bit gradients and the
+            optimizer an fp32 copy of its shard (module doc); None / ``"fp32"``: the fp32 buffer. FSDP keeps its
+            own sharded fp32 gradients either way.
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -183,9 +207,10 @@ def stage_memory_bytes(
         def level(k, n):
             return np.where(zero >= k, n, 1)
 
+        grad16 = framework == "megatron" and grad_reduce_dtype in ("bf16", "fp16")
         weights = split(WEIGHT_BYTES, level(3, dp_all), level(3, edp))
         weights = weights + np.where(zero >= 3, 2 * layer_params * WEIGHT_BYTES, 0)
-        grads = split(GRAD_BYTES, level(2, dp_all), level(2, edp))
+        grads = split(GRAD16_BYTES if grad16 else GRAD_BYTES, level(2, dp_all), level(2, edp))
         optim = split(OPTIMIZER_BYTES, level(1, dp_all), level(1, edp))
 
     rc = np.asarray({"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else recompute)
@@ -194,10 +219,13 @@ def stage_memory_bytes(
     s_all = s  # the whole sequence (``s`` becomes this GPU's share below)
 
     def act(mode, kind=attention):
+        moe_recompute_here = np.asarray(moe_recompute) & (rc != 2)
         return np.where(
             sp,
-            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind),
-            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind,
+                                           moe_recompute=moe_recompute_here),
+            context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind,
+                                           moe_recompute=moe_recompute_here),
         )
 
     per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
@@ -239,6 +267,10 @@ def stage_memory_bytes(
         # (recomputed layer + working set), not their sum; transient is the excess over the theoretical
         # components, negative where they add buffers that never coexist.
         transient = np.maximum(head + logits, recomputed + backward) - head - recomputed
+        if framework == "megatron" and grad_reduce_dtype in ("bf16", "fp16"):
+            # optimizer step: the fp32 copy of the owned 16-bit gradient shard, while the activations are freed
+            step = MAIN_GRAD_COPY_BYTES * optim / OPTIMIZER_BYTES - activations
+            transient = np.maximum(transient, step)
     allocated = tensors + transient
     overhead = CUDA_CONTEXT_BYTES + transient + ALLOCATOR_MARGIN * allocated
     return {

@@ -22,11 +22,25 @@ each of its experts ``M_e = k·T·ep·etp / E`` tokens; the busiest rank receive
 the rest of its tile (:func:`grouped_gemm_row_efficiency`); and the weights of all local experts are read once per
 pass whatever the token count, which makes small-``M_e`` expert GEMMs memory-bound (the roofline's bytes term).
 
-**All-to-all** (:func:`alltoall_time_s`): EP members ``stride = tp·cp`` GPUs apart; those in the same node
+**All-to-all** (:func:`alltoall_time_s`): EP members ``stride`` GPUs apart (1: Megatron-Core's expert rank
+order puts an EP group on consecutive GPUs, ``parallel_state`` with expert-TP 1); those in the same node
 exchange over NVLink, the others through the node's NICs, shared by all the node's GPUs (all run their own
 all-to-all at once). The two parts proceed concurrently (NCCL posts all sends and receives of an all-to-all
-together): time = the slower part + one latency. DeepSeek-V3's node-limited routing (≤ 4 nodes per token) and
-DeepEP's deduplication of inter-node copies are not modelled (an upper bound on the inter-node bytes).
+together): time = the slower part + one latency. What crosses depends on the dispatcher (:class:`MoEOptions`):
+
+* ``alltoall`` (Megatron-Core ``MoEAlltoAllTokenDispatcher``, the default): every one of a token's ``k``
+  routed copies is sent to its expert's rank, ``(ep - n)/ep`` of them through the NICs (``n`` EP ranks per node);
+* ``deepep`` (DeepEP / HybridEP, Megatron-Core's ``flex`` dispatcher; DeepSeek-V3 report, arXiv 2412.19437,
+  Sec. 3.2.2; DeepEP README "normal kernels"): a token goes once to each *node* that holds one of its experts
+  (RDMA to the same-index GPU there, then forwarded over NVLink) and once to each *rank*: the bytes scale with
+  the expected distinct destination nodes and ranks of a token (:func:`distinct_destinations`), not with ``k``.
+  Those depend on the routing: ``random`` (each token picks ``k`` distinct experts uniformly: learned routers
+  in expectation, Megatron-Core's ``--moe-router-force-load-balancing``) or ``contiguous`` (token ``i`` takes
+  experts ``i·k … i·k + k - 1``: NeMo AutoModel's ``FakeBalancedGate`` benchmark router, ``moe/layers.py``),
+  whose ``k`` experts sit on ``⌈k / (E/ep)⌉`` neighbouring ranks of one node. DeepEP's NVLink part spans one
+  host of at most :data:`DEEPEP_NVLINK_PEERS` GPUs (its ``NUM_MAX_NVL_PEERS``): on a GB200 NVL72 everything
+  beyond goes through the NICs; ``hybridep`` (NVIDIA's HybridEP, "native MNNVL support", Megatron-LM
+  ``transformer/moe/README.md``) is the same deduplication over the pool's whole NVLink domain.
 
 **MLA** (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): :func:`mla_gemms`.
 
@@ -34,6 +48,8 @@ All functions broadcast over numpy arrays. Seconds, bytes, bytes/s.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,10 +68,65 @@ GROUPED_GEMM_ROW_TILE = 128
 #: Bytes per element a token copy carries through dispatch and combine (bf16). DeepSeek-V3 dispatches in FP8
 #: (1 byte, Sec. 3.3) and combines in bf16.
 DISPATCH_BYTES = 2
-#: Extra kernels a MoE layer launches per forward compared with a dense MLP: router GEMM, score function, top-k,
-#: auxiliary loss, permute and unpermute, two all-to-alls, token counts, grouped-GEMM setup (Megatron-LM
-#: ``MoELayer`` with ``MoEAlltoAllTokenDispatcher``; counted from its forward).
-MOE_EXTRA_KERNELS = 10
+#: Kernels a MoE layer's forward launches besides its expert GEMMs, less the dense MLP's two GEMMs and activation
+#: it replaces (Megatron-Core ``MoELayer``, counted from its forward): the router (gating GEMM, score function,
+#: top-k, routing-map and probability scatters: 5), the load-balancing loss (6), the dispatcher's bookkeeping
+#: (tokens per expert and their device-to-host copy: 2), permute, sort by expert and their inverses (4), two
+#: all-to-alls (2) and the activation (1): 20 - 3.
+MOE_EXTRA_KERNELS = 17
+
+
+def extra_kernels(m: ModelSpec, ep, framework="megatron"):
+    """Kernels one layer's forward launches beyond a dense layer's (mean over the model's layers; counted in the
+    host floor of :func:`hetplan.estimate.compute.layer_time_s`): :data:`MOE_EXTRA_KERNELS` plus the expert GEMM
+    launches — Megatron-Core's ``TEGroupedMLP`` runs Transformer Engine's ``GroupedLinear``, which issues one
+    cuBLAS GEMM per local expert and matrix (``nvte_multi_stream_cublas_gemm``, TransformerEngine
+    ``common/gemm/cublaslt_gemm.cu``): ``2·E/ep``; PyTorch's ``torch._grouped_mm`` (torchtitan, NeMo AutoModel
+    ``experts: torch_mm``) and the ``grouped_gemm`` kernel (``gmm``) launch one per matrix (``framework="fsdp"``):
+    2 — and a shared expert's two GEMMs and activation (3). 0 for a dense model."""
+    if not m.is_moe:
+        return 0.0
+    gemms = 2.0 if framework == "fsdp" else 2.0 * m.num_experts / np.asarray(ep, dtype=float)
+    shared = 3.0 if m.shared_expert_ffn_hidden_size else 0.0
+    return (MOE_EXTRA_KERNELS + gemms + shared) * m.num_moe_layers / m.num_layers
+
+
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
+#: GPUs DeepEP's normal kernels reach over NVLink (``NUM_MAX_NVL_PEERS = 8`` in DeepEP's ``csrc/kernels/configs.cuh``;
+#: one host's GPUs, CUDA IPC): the NVLink domain of its ``deepep`` dispatch whatever the pool's.
+DEEPEP_NVLINK_PEERS = 8
+ROUTINGS = ("random", "contiguous")
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    """How a job runs its MoE layers: how tokens reach their experts (module doc, All-to-all: ``dispatcher`` of
+    :data:`DISPATCHERS`, the router's ``routing`` of :data:`ROUTINGS`), and ``recompute``: the MoE layer is
+    checkpointed and run again in backward (Megatron-Core ``--recompute-modules moe``: router, dispatch, experts
+    and combine recomputed, ``transformer/moe/moe_layer.py``), storing only its input
+    (:func:`hetplan.model.counts.layer_activation_bytes`)."""
+
+    dispatcher: str = "alltoall"
+    routing: str = "random"
+    recompute: bool = False
+
+
+def distinct_destinations(m: ModelSpec, groups, routing="random"):
+    """Expected number of distinct groups a token's ``k`` routed experts fall into, when the ``E`` experts are
+    split evenly into ``groups`` groups of consecutive experts (EP ranks, or the nodes holding them).
+
+    ``random``: ``k`` distinct experts drawn uniformly, ``groups · (1 - C(E - E/groups, k) / C(E, k))``
+    (inclusion of each group, hypergeometric). ``contiguous``: ``max(1, k / (E/groups))`` (aligned blocks of
+    ``k`` experts; module doc). Arrays broadcast."""
+    g = np.asarray(groups, dtype=float)
+    e, k = float(m.num_experts), int(m.experts_per_token)
+    if routing == "contiguous":
+        return np.maximum(1.0, k * g / e)
+    per = e / g
+    miss = np.ones_like(g)
+    for i in range(k):  # P(no expert of one group among the k) = prod (E - E/g - i) / (E - i)
+        miss = miss * np.maximum(e - per - i, 0.0) / (e - i)
+    return g * (1.0 - miss)
 
 
 def expert_data_parallel(tp, cp, dp, ep, etp=1):
@@ -112,6 +183,12 @@ def mla_gemms(m: ModelSpec, b, s, t):
     return linear, core
 
 
+def ep_ranks_per_node(ep, stride, gpus_per_node):
+    """EP ranks that share a node: ``min(ep, max(1, G // stride))``."""
+    g = np.asarray(gpus_per_node, dtype=float)
+    return np.minimum(np.asarray(ep, dtype=float), np.maximum(1.0, np.floor(g / np.asarray(stride, dtype=float))))
+
+
 def alltoall_time_s(message_bytes, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
                     inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S):
     """One all-to-all in which each of ``ep`` ranks (``stride`` GPUs apart) sends ``message_bytes`` in total,
@@ -123,12 +200,35 @@ def alltoall_time_s(message_bytes, ep, stride, gpus_per_node, intra_bandwidth_by
         gpus_per_node: G; ``inter_bandwidth_bytes_per_s``: the node's NIC bandwidth (all NICs together).
     """
     ep = np.asarray(ep, dtype=float)
+    k = ep_ranks_per_node(ep, stride, gpus_per_node)
+    return exchange_time_s(message_bytes * (k - 1.0) / ep, message_bytes * (ep - k) / ep, ep, k, gpus_per_node,
+                           intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+
+
+def exchange_time_s(intra_bytes, inter_bytes, ep, ranks_per_node, gpus_per_node, intra_bandwidth_bytes_per_s,
+                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S):
+    """An all-to-all that moves ``intra_bytes`` over NVLink and ``inter_bytes`` through the node's NICs (at
+    ``1/G`` of their bandwidth per GPU) concurrently: the slower part + one latency; 0 for ``ep = 1``."""
+    ep = np.asarray(ep, dtype=float)
     g = np.asarray(gpus_per_node, dtype=float)
-    k = np.minimum(ep, np.maximum(1.0, np.floor(g / np.asarray(stride, dtype=float))))
-    intra = message_bytes * (k - 1.0) / ep / (intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY)
-    inter = message_bytes * (ep - k) / ep / (inter_bandwidth_bytes_per_s / g * INTER_LINK_EFFICIENCY)
-    alpha = np.where(ep > k, inter_alpha_s, ALPHA_INTRA_NODE_S)
+    intra = intra_bytes / (intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY)
+    inter = inter_bytes / (inter_bandwidth_bytes_per_s / g * INTER_LINK_EFFICIENCY)
+    alpha = np.where(ep > ranks_per_node, inter_alpha_s, ALPHA_INTRA_NODE_S)
     return np.where(ep > 1, np.maximum(intra, inter) + alpha, 0.0)
+
+
+def deepep_traffic_bytes(m: ModelSpec, tokens, ep, stride, gpus_per_node, routing="random"):
+    """``(nvlink_bytes, nic_bytes)`` one rank sends in one DeepEP dispatch of ``tokens`` tokens (``h`` elements
+    of :data:`DISPATCH_BYTES` each; module doc): through the NICs one copy per distinct *remote* node of a token
+    (the destination node is any of the ``n`` nodes of the EP group alike, so ``(n-1)/n`` of the distinct nodes
+    are remote); over NVLink one copy per distinct destination rank, less the ``1/r`` that land on the GPU that
+    receives the RDMA copy or on the sender (``r`` EP ranks per node) — sent directly inside the node or forwarded
+    from the RDMA landing GPU, which by symmetry every rank does as much as it receives."""
+    r = ep_ranks_per_node(ep, stride, gpus_per_node)
+    nodes = np.asarray(ep, dtype=float) / r
+    token = np.asarray(tokens, dtype=float) * m.hidden_size * DISPATCH_BYTES
+    remote = distinct_destinations(m, nodes, routing) * (nodes - 1.0) / nodes
+    return token * distinct_destinations(m, ep, routing) * (1.0 - 1.0 / r), token * remote
 
 
 def dispatch_bytes(m: ModelSpec, b, s, t, imbalance=1.0):
@@ -138,12 +238,21 @@ def dispatch_bytes(m: ModelSpec, b, s, t, imbalance=1.0):
 
 
 def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
-                        inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, imbalance=1.0):
+                        inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, imbalance=1.0,
+                        dispatch: MoEOptions = MoEOptions()):
     """Dispatch + combine of one MoE layer's forward (backward: the same again), mean over the model's layers
-    (dense layers have none). Not overlapped with compute (Megatron-LM's default; its 1F1B all-to-all overlap is
-    an option)."""
-    one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, gpus_per_node,
-                          intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+    (dense layers have none), with ``dispatch``'s dispatcher and routing (module doc; the busiest rank moves
+    ``imbalance`` times the balanced bytes). Not overlapped with compute (Megatron-LM's default; its 1F1B
+    all-to-all overlap is an option)."""
+    if dispatch.dispatcher in ("deepep", "hybridep"):
+        domain = np.minimum(gpus_per_node, DEEPEP_NVLINK_PEERS) if dispatch.dispatcher == "deepep" else gpus_per_node
+        intra, inter = deepep_traffic_bytes(m, np.asarray(b, dtype=float) * s / t, ep, stride, domain,
+                                            dispatch.routing)
+        one = exchange_time_s(imbalance * intra, imbalance * inter, ep, ep_ranks_per_node(ep, stride, domain),
+                              gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+    else:
+        one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, gpus_per_node,
+                              intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
     return 2 * one * m.num_moe_layers / m.num_layers
 
 
@@ -176,6 +285,14 @@ def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imba
     dense = compute.mlp_gemm_time_s(m, gpu, dtype, np.asarray(b, dtype=float) * s, m.ffn_hidden_size, t)
     if not m.is_moe:
         return attn + dense, core
+    n_moe = m.num_moe_layers
+    moe_s = moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, imbalance) * m.num_layers / n_moe
+    return attn + ((m.num_layers - n_moe) * dense + n_moe * moe_s) / m.num_layers, core
+
+
+def moe_mlp_time_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0):
+    """Forward GEMM time of the MoE MLPs (router, grouped experts, shared experts: :func:`moe_mlp_gemms`) on one
+    rank, mean over the model's layers (dense layers count 0); what ``--recompute-modules moe`` runs again."""
     moe_s = 0.0
     for M, N, K, groups, eff in moe_mlp_gemms(m, b, s, t, ep, etp, imbalance):
         rows = M / eff  # padded rows per group
@@ -184,5 +301,4 @@ def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imba
         moe_s = moe_s + np.maximum(
             flops / (gpu.peak_flops_per_s(dtype) * compute.gemm_efficiency(gpu, groups * rows, N, K)),
             bytes_ / gpu.hbm_bandwidth_bytes_per_s)
-    n_moe = m.num_moe_layers
-    return attn + ((m.num_layers - n_moe) * dense + n_moe * moe_s) / m.num_layers, core
+    return moe_s * m.num_moe_layers / m.num_layers

@@ -75,6 +75,7 @@ def stage_costs(
     ep=1,
     moe_load_imbalance=1.0,
     kv_exchange="ring",
+    moe_options: moe.MoEOptions = moe.MoEOptions(),
 ):
     """Costs of one stage (see module doc). Returns a dict of arrays:
 
@@ -115,7 +116,9 @@ def stage_costs(
     on ``cp`` blocks, plus the exposed K/V exchange (``kv_exchange``: ``"ring"`` | ``"allgather"``); gradients
     reduced over ``dp·cp``. ``ep``: expert-parallel degree (:mod:`hetplan.estimate.moe`, expert-TP 1): MoE and
     MLA GEMMs, the dispatch/combine all-to-all of the busiest rank (``moe_load_imbalance``), experts sharded over
-    ``ep`` and reduced over the expert data-parallel ranks.
+    ``ep`` and reduced over the expert data-parallel ranks; ``moe_options``: the all-to-all's dispatcher and
+    routing, and MoE-layer recomputation (:class:`hetplan.estimate.moe.MoEOptions`: one more forward of the MoE
+    MLPs and their all-to-alls in backward, on layers that do not recompute in full).
 
     Units: seconds, bytes.
     """
@@ -129,7 +132,8 @@ def stage_costs(
         s = context.local_seq_len(s_all, cp)
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
-        tp_kw.update(gemm_times_s=(linear, core), attention_blocks=cp)
+        tp_kw.update(gemm_times_s=(linear, core), attention_blocks=cp,
+                     extra_kernels=moe.extra_kernels(m, ep, framework))
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af: Any = None
     ab: Any = None
@@ -138,11 +142,16 @@ def stage_costs(
         af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
     if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
         net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
-        a2a = moe.moe_alltoall_time_s(m, b, s, t, ep, 1, *net, imbalance=moe_load_imbalance) if m.is_moe else 0.0
+        a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, 1, *net, imbalance=moe_load_imbalance, dispatch=moe_options)
+               if m.is_moe else 0.0)
         kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, *net)
         lf, lb, ltp = lf + a2a + kv_f, lb + a2a + kv_b, ltp + 2 * a2a + kv_f + kv_b
         if af is not None:
             af, ab, atp = af + a2a + kv_f, ab + a2a + kv_b, atp + 2 * a2a + kv_f + kv_b
+        if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
+            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance) + a2a
+            rerun = np.where(np.asarray(recompute_code) == 2, 0.0, again)
+            lb, ltp = lb + rerun, ltp + np.where(np.asarray(recompute_code) == 2, 0.0, a2a)
     if measured_layer_time_s is not None:
         # Scale the analytic recomputation overhead by measured/analytic forward time.
         mf, mbk = measured_layer_time_s
@@ -241,6 +250,8 @@ def stage_costs(
         reshard_after_forward=reshard_after_forward,
         cp=cp,
         ep=ep,
+        moe_recompute=moe_options.recompute,
+        grad_reduce_dtype=grad_reduce_dtype,
     )
     return {
         "forward_s": fwd,

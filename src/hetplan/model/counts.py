@@ -238,7 +238,8 @@ def model_flops_per_iteration(m: ModelSpec, global_batch, s, causal=False):
     return 3 * (m.num_layers * layer_forward_flops(m, global_batch, s, causal) + head_forward_flops(m, global_batch, s))
 
 
-def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, recompute="none", attention="standard"):
+def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, recompute="none", attention="standard",
+                           moe_recompute=False):
     """Activation bytes one transformer layer keeps for its backward pass, per GPU, for one micro-batch.
 
     Term by term after Korthikanti et al. MLSys'23, Sec. 4.1 (2-byte activations, 1-byte dropout masks):
@@ -270,6 +271,8 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
     Args:
         recompute: ``"none"``, ``"selective"`` (attention core recomputed) or ``"full"``.
         attention: ``"standard"`` or ``"flash"`` (:data:`ATTENTION_KINDS`).
+        moe_recompute: MoE layers are checkpointed around their MLP (Megatron-Core ``--recompute-modules moe``):
+            their MLP term is 0 (its input, the norm output, is counted above).
     Returns:
         bytes (float, or an array broadcast from the inputs).
     Raises:
@@ -286,7 +289,7 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
         replicated = replicated + 4 * s * b * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
     mlp = (3 if m.gated_mlp else 2) * 2 * s * b * f
     if m.is_moe:
-        mlp = _layer_mean(m, mlp, moe_mlp_activation_bytes(m, b, s))
+        mlp = _layer_mean(m, mlp, np.where(moe_recompute, 0.0, moe_mlp_activation_bytes(m, b, s)))
     tp_split = 2 * s * b * q + 2 * s * b * (kv + m.v_dim) + 2 * s * b * m.attn_out_dim + mlp
     if check_attention(attention) == "flash":
         quadratic = FLASH_LSE_BYTES * a * s * b

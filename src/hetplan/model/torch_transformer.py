@@ -7,8 +7,11 @@ What it covers (the families of :mod:`hetplan.model.spec`):
 
 * positions: learned table (GPT-2, OPT with its offset of 2, Megatron GPT) or rotary (Llama, Mistral, GPT-NeoX;
   Su et al. 2021, "RoFormer", Eq. 34, applied to the whole head dimension);
-* norms: LayerNorm (weight + bias) or RMSNorm (weight only; Zhang & Sennrich 2019), pre-norm blocks;
-* MLP: GeLU (2 matrices) or SwiGLU (3 matrices; Shazeer 2020);
+* norms: LayerNorm (weight + bias) or RMSNorm (weight only; Zhang & Sennrich 2019), pre-norm blocks; optional
+  RMSNorm of each head's query and key (Qwen3) and Q/K/V biases without an output bias (Qwen2);
+* MLP: GeLU (2 matrices) or SwiGLU (3 matrices; Shazeer 2020); in the MoE layers of a mixture-of-experts model
+  (``mixtral``, ``qwen3_moe`` shapes) routed SwiGLU experts with optional shared expert, split over expert-parallel
+  ranks (:mod:`hetplan.model.torch_moe`);
 * attention: multi-head or grouped-query (GQA; Ainslie et al. 2023), causal, via
   ``torch.nn.functional.scaled_dot_product_attention``.
 
@@ -50,7 +53,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetplan.errors import HetplanError
+from hetplan.model.reference import unsupported_features
 from hetplan.model.spec import ModelSpec
+from hetplan.model.torch_moe import ExpertGroup, MoE, init_moe_weights
 
 OPT_POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding adds 2 to positions (HF transformers)
 
@@ -65,6 +70,8 @@ class Partition:
         last: the stage holds the final norm and the output head.
         tp_rank, tp_size: this rank's index in its tensor-parallel group and the group size t.
         tp_group: the torch.distributed process group of the TP ranks (``None`` when ``tp_size == 1``).
+        ep: this rank's expert-parallel group (MoE models; :class:`~hetplan.model.torch_moe.ExpertGroup`). The
+            MoE layers are not TP-sharded: each TP rank runs them whole on its (replicated) hidden states.
     """
 
     start_layer: int
@@ -74,6 +81,7 @@ class Partition:
     tp_rank: int = 0
     tp_size: int = 1
     tp_group: object = None
+    ep: ExpertGroup = ExpertGroup()
 
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
@@ -100,12 +108,13 @@ def _seeded_normal(shape: tuple[int, ...], seed: int, name: str, std: float) -> 
 
 
 class _Norm(nn.Module):
-    def __init__(self, spec: ModelSpec, eps: float = 1e-5):
+    def __init__(self, spec: ModelSpec, eps: float = 1e-5, size: int | None = None):
         super().__init__()
         self.rms = spec.norm == "rmsnorm"
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(spec.hidden_size))
-        self.bias = None if self.rms else nn.Parameter(torch.zeros(spec.hidden_size))
+        size = size or spec.hidden_size
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = None if self.rms else nn.Parameter(torch.zeros(size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rms:
@@ -214,7 +223,7 @@ class CacheRows:
 class Block(nn.Module):
     """One pre-norm transformer layer, TP-sharded: ``x + Attn(Norm(x))`` then ``x + MLP(Norm(x))``."""
 
-    def __init__(self, spec: ModelSpec, part: Partition):
+    def __init__(self, spec: ModelSpec, part: Partition, layer: int = 0):
         super().__init__()
         t = part.tp_size
         self.spec, self.part = spec, part
@@ -223,23 +232,32 @@ class Block(nn.Module):
         self.head_dim = spec.head_dim
         h, bias = spec.hidden_size, spec.linear_bias
         self.norm1, self.norm2 = _Norm(spec), _Norm(spec)
-        self.q = nn.Linear(h, self.heads * self.head_dim, bias=bias)
-        self.k = nn.Linear(h, self.kv_heads * self.head_dim, bias=bias)
-        self.v = nn.Linear(h, self.kv_heads * self.head_dim, bias=bias)
+        qkv_bias = bias or spec.qkv_bias
+        self.q = nn.Linear(h, self.heads * self.head_dim, bias=qkv_bias)
+        self.k = nn.Linear(h, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.v = nn.Linear(h, self.kv_heads * self.head_dim, bias=qkv_bias)
+        # Qwen3: RMSNorm of each head's query and key before the rotary embedding (Qwen3Attention, transformers)
+        self.q_norm = _Norm(spec, size=self.head_dim) if spec.qk_norm else None
+        self.k_norm = _Norm(spec, size=self.head_dim) if spec.qk_norm else None
         self.o = nn.Linear(self.heads * self.head_dim, h, bias=False)
         self.o_bias = nn.Parameter(torch.zeros(h)) if bias else None
         f = spec.ffn_hidden_size // t
-        self.up = nn.Linear(h, f, bias=bias)
-        self.gate = nn.Linear(h, f, bias=bias) if spec.gated_mlp else None
-        self.down = nn.Linear(f, h, bias=False)
-        self.down_bias = nn.Parameter(torch.zeros(h)) if bias else None
+        moe = spec.is_moe_layer(layer)
+        self.moe = MoE(spec, part.ep) if moe else None
+        self.up = None if moe else nn.Linear(h, f, bias=bias)
+        self.gate = nn.Linear(h, f, bias=bias) if spec.gated_mlp and not moe else None
+        self.down = None if moe else nn.Linear(f, h, bias=False)
+        self.down_bias = nn.Parameter(torch.zeros(h)) if bias and not moe else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rows: CacheRows | None = None,
                 layer: int = 0) -> torch.Tensor:
         b, s, _ = x.shape
         y = _copy_to_tp(self.norm1(x), self.part)
-        q = self.q(y).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k(y).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q(y).view(b, s, self.heads, self.head_dim)
+        k = self.k(y).view(b, s, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(y).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.spec.learned_positions == 0:
             q, k = _rotary(q, positions), _rotary(k, positions)
@@ -264,6 +282,8 @@ class Block(nn.Module):
         if self.o_bias is not None:
             a = a + self.o_bias
         x = x + a
+        if self.moe is not None:
+            return x + self.moe(self.norm2(x))
         y = _copy_to_tp(self.norm2(x), self.part)
         u = self.up(y)
         u = F.silu(self.gate(y)) * u if self.gate is not None else F.gelu(u)
@@ -287,17 +307,19 @@ class TransformerStage(nn.Module):
         Returns hidden states ``[b, s, h]``, or logits ``[b, s, V]`` on the last stage.
 
     Raises:
-        HetplanError: TP degree does not divide heads / MLP width, a bad layer range, or a model this dense
-            reference cannot build (experts, MLA, attention sinks).
+        HetplanError: TP degree does not divide heads / MLP width, EP does not divide the experts, a bad layer
+            range, or a model this reference cannot build (:func:`hetplan.model.reference.unsupported_features`).
     """
 
     def __init__(self, spec: ModelSpec, part: Partition | None = None, *, seed: int = 0,
                  dtype: torch.dtype = torch.float32):
         super().__init__()
-        if spec.is_moe or spec.is_mla or spec.attention_sinks or spec.qk_norm or spec.qkv_bias:
-            raise HetplanError(f"model {spec.name} ({spec.family}) has experts, MLA, Q/K norms, QKV biases or "
-                               "attention sinks, which this dense reference transformer does not build",
-                               field="model", fix="run or serve a dense model (llama, mistral, gpt2, gpt_neox, opt)")
+        missing = unsupported_features(spec)
+        if missing:
+            raise HetplanError(f"model {spec.name} ({spec.family}) has {', '.join(missing)}, which this reference "
+                               "transformer does not build", field="model",
+                               fix="run or serve a dense model (llama, mistral, gpt2, gpt_neox, opt) or a Mixtral-"
+                                   "shaped MoE")
         part = part or Partition(0, spec.num_layers, True, True)
         if not 0 <= part.start_layer <= part.end_layer <= spec.num_layers:
             raise HetplanError(f"layer range [{part.start_layer}, {part.end_layer}) outside 0..{spec.num_layers}",
@@ -309,7 +331,7 @@ class TransformerStage(nn.Module):
         self.vocab_shard = self.vocab_pad // t
         self.embed = nn.Embedding(self.vocab_shard, h) if part.first else None
         self.pos = nn.Embedding(spec.learned_positions, h) if part.first and spec.learned_positions else None
-        self.layers = nn.ModuleList(Block(spec, part) for _ in range(part.start_layer, part.end_layer))
+        self.layers = nn.ModuleList(Block(spec, part, i) for i in range(part.start_layer, part.end_layer))
         self.final_norm = _Norm(spec) if part.last else None
         share = part.first and part.last and spec.tied_embeddings
         self.head = None if (not part.last or share) else nn.Parameter(torch.empty(self.vocab_shard, h))
@@ -330,12 +352,18 @@ class TransformerStage(nn.Module):
         spec, part = self.spec, self.part
         t, r, std = part.tp_size, part.tp_rank, 0.02
         d = spec.head_dim
+        for i, layer in enumerate(self.layers):
+            if layer.moe is not None:
+                init_moe_weights(layer.moe, f"layers.{self.part.start_layer + i}.moe", seed, spec.num_layers,
+                                 _seeded_normal)
         for local, p in self.named_parameters():
+            if ".moe." in local:
+                continue
             name = self.full_name(local)
             parts = local.split(".")
             kind = parts[-2] if len(parts) >= 2 else parts[-1]
             if "norm" in local:
-                full = torch.ones(spec.hidden_size) if local.endswith("weight") else torch.zeros(spec.hidden_size)
+                full = torch.ones(tuple(p.shape)) if local.endswith("weight") else torch.zeros(tuple(p.shape))
             elif local.endswith("o_bias") or local.endswith("down_bias"):
                 full = torch.zeros(spec.hidden_size)
             elif local in ("embed.weight", "head"):

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetplan.model.spec import ModelSpec
+from hetplan.model.torch_moe import ExpertGroup
 from hetplan.model.torch_transformer import Partition, TransformerStage, check_tp
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -69,22 +70,26 @@ def device_name(device: torch.device) -> str:
 
 
 def build_stage(spec: ModelSpec, start: int, end: int, first: bool, last: bool, *, tp_mesh=None,
-                dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", seed: int = 0) -> nn.Module:
+                dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", seed: int = 0,
+                ep: ExpertGroup | None = None) -> nn.Module:
     """Layers ``[start, end)`` of ``spec`` (plus embedding / head), on ``device``, TP-sharded over ``tp_mesh``
-    (a 1-D DeviceMesh) with DTensor when its size > 1.
+    (a 1-D DeviceMesh) with DTensor when its size > 1; MoE layers keep this rank's experts of ``ep``
+    (:mod:`hetplan.model.torch_moe`; not TP-sharded).
 
     Raises:
-        HetplanError: TP does not divide heads / MLP width; bad layer range.
+        HetplanError: TP does not divide heads / MLP width, EP the experts; bad layer range.
     """
-    mod = TransformerStage(spec, Partition(start, end, first, last), seed=seed, dtype=dtype).to(device)
+    part = Partition(start, end, first, last, ep=ep or ExpertGroup())
+    mod = TransformerStage(spec, part, seed=seed, dtype=dtype).to(device)
     t = tp_mesh.size() if tp_mesh is not None else 1
     if t > 1:
         check_tp(spec, t)
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         for block in mod.layers:
-            plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
-                    "up": ColwiseParallel(), "down": RowwiseParallel()}
+            plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel()}
+            if block.up is not None:
+                plan |= {"up": ColwiseParallel(), "down": RowwiseParallel()}
             if block.gate is not None:
                 plan["gate"] = ColwiseParallel()
             parallelize_module(block, tp_mesh, plan)

@@ -195,7 +195,9 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         if spec.num_moe_layers < spec.num_layers:  # dense layers among them (DeepSeek's first k, Llama 4's step)
             pattern = ",".join("1" if spec.is_moe_layer(i) else "0" for i in range(spec.num_layers))
             args.append(f"--moe-layer-freq '[{pattern}]'")
-        args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type alltoall"]
+        dispatcher = plan.job.moe_dispatcher  # Megatron-Core's flex dispatcher runs DeepEP / HybridEP
+        args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type "
+                 + ("alltoall" if dispatcher == "alltoall" else f"flex --moe-flex-dispatcher-backend {dispatcher}")]
     if spec.is_mla:
         args += ["--multi-latent-attention", f"--kv-lora-rank {spec.kv_lora_rank}",
                  f"--qk-head-dim {spec.head_dim - spec.qk_rope_head_dim}", f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
@@ -251,6 +253,10 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                                field="plan.stages[].recompute_layers",
                                fix="recompute all layers selectively, or use full recomputation of k layers")
         args.append("--recompute-granularity selective")
+    if experts and plan.job.moe_recompute and m.recompute != "full":  # the MoE layer, checkpointed on its own
+        if m.recompute != "selective":
+            args.append("--recompute-granularity selective")
+        args.append("--recompute-modules " + ("core_attn moe" if m.recompute == "selective" else "moe"))
     if spec.family in ("llama", "mistral") or (experts and spec.gated_mlp):
         args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
     elif spec.learned_positions == 0:

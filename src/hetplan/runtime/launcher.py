@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hetplan.errors import HetplanError
 from hetplan.profile.profiler import free_port
-from hetplan.runtime import children, planio
+from hetplan.runtime import children, energy_loop, planio
 
 #: Most local processes on a CPU-only host unless ``max_procs`` says otherwise.
 DEFAULT_MAX_CPU_PROCS = 16
@@ -53,6 +53,7 @@ class RunOptions:
         timeout_s: wall-clock limit of the whole run.
         stage_repeats, stage_stat: repeats of the isolated stage timing and their statistic (median or min).
         threads: torch intra-op threads per rank on CPU.
+        energy: run the timed iterations under the frequency plan server (:mod:`hetplan.runtime.energy_loop`).
     """
 
     iterations: int = 3
@@ -71,6 +72,7 @@ class RunOptions:
     stage_stat: str = "median"
     threads: int = 1
     extra_env: dict = field(default_factory=dict)
+    energy: energy_loop.EnergyOptions | None = None
 
 
 def check_options(opts: RunOptions) -> None:
@@ -127,7 +129,8 @@ def _visible_gpus() -> int:
     return min(n, len(vis.split(","))) if vis else n
 
 
-def torchrun_command(plan_path: str | Path, world_size: int, opts: RunOptions, out: str | Path) -> list[str]:
+def torchrun_command(plan_path: str | Path, world_size: int, opts: RunOptions, out: str | Path,
+                     energy_job: str | None = None) -> list[str]:
     """The torchrun command line that runs ``plan_path`` (see module doc).
 
     Raises:
@@ -152,6 +155,8 @@ def torchrun_command(plan_path: str | Path, world_size: int, opts: RunOptions, o
     for flag, val in (("--schedule", opts.schedule), ("--dp-mode", opts.dp_mode), ("--dtype", opts.dtype)):
         if val:
             cmd += [flag, val]
+    if opts.energy is not None and energy_job is not None:
+        cmd += energy_loop.trainer_args(opts.energy, energy_job)
     return cmd
 
 
@@ -171,7 +176,7 @@ def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
     gpus = _visible_gpus()
     per_node = opts.max_procs or (gpus if gpus else DEFAULT_MAX_CPU_PROCS)
     lay = planio.layout(plan, spec, schedule=opts.schedule, virtual_stages=opts.virtual_stages,
-                        max_world_size=per_node * opts.nnodes)
+                        max_world_size=per_node * opts.nnodes, dp_mode=opts.dp_mode)
     try:
         import importlib.util
 
@@ -180,10 +185,17 @@ def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
     except ImportError:
         raise HetplanError("the runtime needs torch", field="hetplan[torch]",
                            fix="pip install 'hetplan[torch]'") from None
+    job = None
+    if opts.energy is not None:  # before any rank starts: a bad server, token or plans file fails here
+        job = energy_loop.prepare_job(plan, plan_path, lay.pp, lay.num_microbatches, lay.schedule, opts.energy)
     with tempfile.TemporaryDirectory(prefix="hetplan-run-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = torchrun_command(Path(plan_path).resolve(), lay.world_size, opts, out)
+        cmd = torchrun_command(Path(plan_path).resolve(), lay.world_size, opts, out, job)
         env = dict(os.environ, OMP_NUM_THREADS=str(opts.threads), **opts.extra_env)
+        if opts.energy is not None and opts.energy.token:
+            from hetplan.energy.client import TOKEN_ENV
+
+            env[TOKEN_ENV] = opts.energy.token  # not on the command line, where ps shows it
         env[children.LAUNCHER_PID_ENV] = str(os.getpid())
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         returncode, log = _supervise(cmd, env, opts.timeout_s, Path(tmp))

@@ -7,6 +7,9 @@ resolved against the plan file's folder, so a plan and its model config can trav
 The runtime's layout (:class:`Layout`): ranks are ordered pipeline-major, then data-parallel, then
 tensor-parallel (``rank = (pp_rank * dp + dp_rank) * tp + tp_rank``, the ``("pp", "dp", "tp")`` device mesh of
 torchtitan), so TP groups are consecutive ranks (inside a node) and pipeline stages are blocks of ``dp * tp`` ranks.
+Expert parallelism (MoE) re-partitions the DP ranks: an EP group is ``ep`` consecutive DP replicas (with the same
+pipeline and TP rank; the experts are not TP-sharded), and the ranks holding the same experts in the ``dp / ep``
+EP groups form the expert-DP group that reduces their gradients (Megatron-Core's expert layout with expert-TP 1).
 """
 
 from __future__ import annotations
@@ -18,12 +21,21 @@ from pydantic import ValidationError
 
 from hetplan.errors import HetplanError
 from hetplan.inputs import parse_json, read_text, validation_message
+from hetplan.model.reference import unsupported_features
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Plan
 from hetplan.plan_rules import check_plan
 
 #: Pipeline schedules the runtime offers (the plan's ``schedule`` or the ``--schedule`` override).
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+#: Why ``hetplan run`` refuses CP > 1: what torch 2.13 lacks (checked on torch 2.13.0:
+#: ``torch/distributed/tensor/experimental/_context_parallel/_attention.py`` maps only these three ops to ring
+#: attention; on CPU SDPA dispatches to ``aten._scaled_dot_product_flash_attention_for_cpu``, which DTensor then
+#: refuses: "does not have a sharding strategy registered").
+CP_MISSING = ("torch 2.13's context_parallel (torch.distributed.tensor.experimental) swaps in ring attention only for "
+              "the CUDA attention kernels (aten._scaled_dot_product_flash_attention, _efficient_attention, "
+              "_cudnn_attention), not for CPU's aten._scaled_dot_product_flash_attention_for_cpu, so it cannot run "
+              "on CPU / gloo; on GPUs the reference trainer does not wire it in yet")
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -61,6 +73,7 @@ class Layout:
         schedule: ``1f1b``, ``gpipe`` or ``interleaved``; virtual_stages: model chunks per rank (interleaved).
         chunk_layers: ``[start, end)`` of each model chunk in pipeline order (``pp * virtual_stages`` chunks;
             chunk ``k`` runs on pipeline rank ``k % pp``).
+        ep: expert-parallel degree (divides ``dp``; module doc).
     """
 
     pp: int
@@ -72,35 +85,51 @@ class Layout:
     schedule: str
     virtual_stages: int
     chunk_layers: tuple[tuple[int, int], ...]
+    ep: int = 1
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """``(pp_rank, dp_rank, tp_rank)`` of a global rank."""
         return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
 
+    def ep_groups(self) -> list[list[int]]:
+        """The ranks of every EP group (module doc), in a fixed order (every rank creates every group)."""
+        return [[(p * self.dp + g * self.ep + j) * self.tp + t for j in range(self.ep)]
+                for p in range(self.pp) for t in range(self.tp) for g in range(self.dp // self.ep)]
+
+    def expert_dp_groups(self) -> list[list[int]]:
+        """The ranks of every expert-DP group: those holding the same experts, one per EP group."""
+        return [[(p * self.dp + g * self.ep + j) * self.tp + t for g in range(self.dp // self.ep)]
+                for p in range(self.pp) for t in range(self.tp) for j in range(self.ep)]
+
 
 def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_stages: int = 2,
-           max_world_size: int | None = None) -> Layout:
+           max_world_size: int | None = None, dp_mode: str | None = None) -> Layout:
     """Check that the runtime can run ``plan`` and return its :class:`Layout`.
 
     Args:
         schedule: override of the plan's schedule (``1f1b``, ``gpipe``, ``interleaved``).
         virtual_stages: model chunks per pipeline rank for the interleaved schedule (>= 2; ignored otherwise).
         max_world_size: the most ranks allowed (e.g. GPUs available, or a CPU process cap).
+        dp_mode: the run's ``--dp-mode`` (default: ``fsdp`` for ZeRO-3 plans, else ``ddp``).
     Raises:
         PlanRuleError: the plan breaks a rule of :mod:`hetplan.plan_rules` (TP not dividing heads, layers not
             adding up, ...).
         HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages),
-            a stage too small to interleave, an unknown schedule, more ranks than ``max_world_size``, or a MoE /
-            MLA model or CP / EP > 1 (not in the reference trainer; refused before any process starts).
+            a stage too small to interleave, an unknown schedule, more ranks than ``max_world_size``; a model
+            the reference transformer does not build (:func:`hetplan.model.reference.unsupported_features`); CP > 1
+            (see :data:`CP_MISSING`); EP not dividing DP, or EP under FSDP. All refused before any process starts.
     """
     check_plan(plan, spec)
-    if spec.is_moe or spec.is_mla or plan.cp > 1 or plan.ep > 1:
-        what = ", ".join(w for w, on in (("experts", spec.is_moe), ("MLA", spec.is_mla), (f"CP {plan.cp}", plan.cp > 1),
-                                         (f"EP {plan.ep}", plan.ep > 1)) if on)
-        raise HetplanError(f"the reference trainer builds dense transformers without context or expert parallelism; "
-                           f"this plan has {what} (no expert layers, all-to-all dispatch or ring attention in "
-                           "hetplan.model.torch_transformer)", field="plan",
-                           fix="export it instead: hetplan export PLAN --to megatron (or torchtitan)")
+    missing = unsupported_features(spec)
+    if missing:
+        raise HetplanError(f"the reference trainer does not build {spec.name}: it has {', '.join(missing)}",
+                           field="plan.job.model",
+                           fix="run a dense or Mixtral / Qwen-MoE-shaped model, or export the plan: hetplan export "
+                               "PLAN --to megatron (or torchtitan)")
+    if plan.cp > 1:
+        raise HetplanError(f"context parallelism (CP {plan.cp}) does not run here: {CP_MISSING}", field="plan.cp",
+                           fix="run the plan with cp = 1, or export it: hetplan export PLAN --to megatron (or "
+                               "torchtitan)")
     sched = (schedule or plan.schedule).lower()
     if sched not in SCHEDULES:
         raise HetplanError(f"unknown schedule {sched!r}", field="--schedule", fix=f"use one of {', '.join(SCHEDULES)}")
@@ -112,6 +141,14 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
             "(dp, tp) for all stages (torch.distributed.pipelining needs matching DP replicas across stages)",
             field="plan.stages[].tp/dp", fix="give every stage the same tp and dp (layer counts may differ)")
     tp, dp, pp = tps.pop(), dps.pop(), plan.pp
+    if plan.ep > 1 and dp % plan.ep:
+        raise HetplanError(f"EP {plan.ep} does not divide DP {dp}: the runtime places each EP group on EP consecutive "
+                           "data-parallel replicas (experts not TP-sharded)", field="plan.ep",
+                           fix=f"use an EP degree that divides dp = {dp} (and the {spec.num_experts} experts)")
+    if plan.ep > 1 and (dp_mode or ("fsdp" if plan.zero == 3 else "ddp")) == "fsdp":
+        raise HetplanError(f"EP {plan.ep} with FSDP: the runtime reduces expert gradients over the expert-DP ranks "
+                           "itself and does not shard them with fully_shard", field="--dp-mode",
+                           fix="pass --dp-mode ddp (or use zero < 3 in the plan)")
     world = pp * dp * tp
     if max_world_size is not None and world > max_world_size:
         raise HetplanError(f"the plan needs {world} ranks (pp {pp} x dp {dp} x tp {tp}) but at most {max_world_size} "
@@ -153,7 +190,7 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
         raise HetplanError(f"the interleaved schedule needs the micro-batches per pipeline ({mb}) to be a multiple of "
                            f"pp = {pp}", field="plan.job.global_batch", fix="change global_batch or mbs")
     return Layout(pp=pp, dp=dp, tp=tp, world_size=world, stage_layers=tuple(bounds), num_microbatches=mb,
-                  schedule=sched, virtual_stages=v, chunk_layers=tuple(ordered))
+                  schedule=sched, virtual_stages=v, chunk_layers=tuple(ordered), ep=plan.ep)
 
 
 def plan_model(plan: Plan) -> ModelSpec:

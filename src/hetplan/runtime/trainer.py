@@ -7,11 +7,15 @@ Per rank:
    (:class:`~hetplan.runtime.planio.Layout`).
 2. Its model chunk(s) (:func:`hetplan.profile.torchparts.build_stage`: random weights, the plan's uneven layer
    split; TP with DTensor); DP with DDP (``--dp-mode ddp``, ZeRO-0) or FSDP2 ``fully_shard`` (``fsdp``, the
-   default when the plan asks for ZeRO-3).
+   default when the plan asks for ZeRO-3). MoE models with EP > 1: each rank builds its EP group's share of the
+   experts (:mod:`hetplan.runtime.expert_parallel`) and the gradients are reduced after the backward, dense ones
+   over DP, expert ones over expert-DP.
 3. ``torch.distributed.pipelining``: :class:`PipelineStage` per chunk and ``Schedule1F1B`` / ``ScheduleGPipe`` /
    ``ScheduleInterleaved1F1B`` over the plan's micro-batches (single-stage plans run a plain gradient-accumulation
    loop); AdamW; synthetic tokens (seeded per DP replica).
-4. ``warmup`` untimed and ``iterations`` timed iterations (``time.perf_counter`` after a barrier, CUDA synchronised).
+4. ``warmup`` untimed and ``iterations`` timed iterations (``time.perf_counter`` after a barrier, CUDA synchronised);
+   with ``--energy-server`` each timed iteration runs the plan server's frequency schedule and reports time and
+   energy (:mod:`hetplan.runtime.energy_loop`).
 5. Stage timing in isolation: ranks take turns (one at a time, so ranks sharing CPU cores do not slow each other)
    timing forward and backward of one micro-batch through their own chunk(s), median of repeats.
 6. Memory per rank: ``torch.cuda.max_memory_allocated`` on GPU; on both, a tensor account: parameter, gradient and
@@ -37,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from hetplan.profile import torchparts
-from hetplan.runtime import children, planio
+from hetplan.runtime import children, energy_loop, expert_parallel, planio
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -54,6 +58,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--stage-repeats", type=int, default=5)
     ap.add_argument("--stage-stat", default="median", choices=("median", "min"))
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank on CPU")
+    ap.add_argument("--energy-server", default=None, help="frequency plan server URL (hetplan.runtime.energy_loop)")
+    ap.add_argument("--energy-job", default=None, help="its job id (created by the launcher)")
     return ap.parse_args(argv)
 
 
@@ -62,7 +68,7 @@ def run_rank(argv: list[str] | None = None) -> dict | None:
 
     Returns (on rank 0; None elsewhere) and writes to ``--out``::
 
-        {"world_size", "pp", "dp", "tp", "schedule", "dp_mode", "dtype", "device", "software",
+        {"world_size", "pp", "dp", "tp", "ep", "schedule", "dp_mode", "dtype", "device", "software",
          "iteration_time_s" (median over timed iterations, max over ranks), "iteration_times_s" (rank 0),
          "loss" (last iteration, last stage), "ranks": [{"rank", "pp_rank", "dp_rank", "tp_rank", "layers",
          "forward_s", "backward_s" (one micro-batch through the rank's chunks, isolated), "weights_bytes",
@@ -72,7 +78,8 @@ def run_rank(argv: list[str] | None = None) -> dict | None:
     args = _parse(argv)
     plan = planio.load_plan(args.plan)
     spec = planio.plan_model(plan)
-    lay = planio.layout(plan, spec, schedule=args.schedule, virtual_stages=args.virtual_stages)
+    lay = planio.layout(plan, spec, schedule=args.schedule, virtual_stages=args.virtual_stages,
+                        dp_mode=args.dp_mode)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if world != lay.world_size:
@@ -105,13 +112,18 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
     dp_mode = args.dp_mode or ("fsdp" if plan.zero == 3 else "ddp")
     nchunks = lay.pp * lay.virtual_stages
     my_chunks = [k for k in range(nchunks) if k % lay.pp == pp_rank]
+    # Under pipelining or EP, DP = DDP's gradient all-reduce done once after the last backward (the DDP wrapper
+    # inside torch.distributed.pipelining left the last stage's replicas out of sync in our tests with torch 2.13;
+    # with EP the experts differ between DP ranks).
+    manual_dp = lay.dp > 1 and dp_mode == "ddp" and (lay.pp > 1 or lay.ep > 1)
+    ep_group, expert_dp = expert_parallel.process_groups(lay, rank) if lay.ep > 1 else (None, None)
     raw, wrapped = [], []
     for k in my_chunks:
         a, b = lay.chunk_layers[k]
         mod = torchparts.build_stage(spec, a, b, k == 0, k == nchunks - 1, tp_mesh=mesh["tp"], dtype=dtype,
-                                     device=device, seed=args.seed)
+                                     device=device, seed=args.seed, ep=ep_group)
         raw.append(mod)
-        if lay.dp > 1 and dp_mode == "ddp" and lay.pp == 1:
+        if lay.dp > 1 and dp_mode == "ddp" and not manual_dp:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             if lay.tp > 1:
@@ -126,9 +138,7 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
             fully_shard(mod, mesh=mesh["dp"])
         wrapped.append(mod)
     params = [p for m in raw for p in m.parameters()]
-    # Under pipelining, DP = DDP's gradient all-reduce done once after the last backward (the DDP wrapper inside
-    # torch.distributed.pipelining left the last stage's replicas out of sync in our tests with torch 2.13).
-    manual_dp = lay.dp > 1 and dp_mode == "ddp" and lay.pp > 1
+    dense, experts = expert_parallel.split_parameters(raw) if lay.ep > 1 else (params, [])
     opt = torch.optim.AdamW(params, lr=1e-4)
 
     mbs, s, nmb = plan.mbs, plan.job.seq_len, lay.num_microbatches
@@ -150,6 +160,12 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
             cls = Schedule1F1B if lay.schedule == "1f1b" else ScheduleGPipe
             schedule = cls(stages[0], n_microbatches=nmb, loss_fn=torchparts.loss_fn)
 
+    loop = None
+    if args.energy_server:
+        loop = energy_loop.RankLoop(args.energy_server, args.energy_job, rank, pp_rank,
+                                    energy_loop.stage_gpu(plan, pp_rank), device)
+        if schedule is not None:
+            loop.attach(stages)
     meter = torchparts.SavedTensorMeter(exclude=raw)
 
     def step() -> float | None:
@@ -172,11 +188,14 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
                 sync = i == nmb - 1 or not hasattr(model, "no_sync")
                 ctx = model.no_sync() if not sync else contextlib.nullcontext()
                 with ctx:
-                    loss = torchparts.loss_fn(model(tokens[sl]), target[sl]) / nmb
-                    loss.backward()
+                    with energy_loop.instruction(loop, "forward", i):
+                        loss = torchparts.loss_fn(model(tokens[sl]), target[sl]) / nmb
+                    with energy_loop.instruction(loop, "backward", i):
+                        loss.backward()
                 loss_val = (loss_val or 0.0) + float(loss.detach())
         if manual_dp:
-            _allreduce_grads(params, mesh["dp"].get_group(), lay.dp)
+            _allreduce_grads(dense, mesh["dp"].get_group(), lay.dp)
+            _allreduce_grads(experts, expert_dp, lay.dp)  # summed over expert-DP, divided by DP
         opt.step()
         return loss_val
 
@@ -187,6 +206,9 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
     times, loss_val = [], None
     for it in range(args.iterations):
         dist.barrier()
+        if loop is not None:  # after the barrier: every rank has reported the previous iteration
+            loop.begin()
+            dist.barrier()
         torchparts._sync(device)
         t0 = time.perf_counter()
         if it == 0:
@@ -196,22 +218,31 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
             loss_val = step()
         torchparts._sync(device)
         times.append(time.perf_counter() - t0)
+        if loop is not None:
+            loop.end()
     torchparts.collect()
     cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     states = torchparts.model_state_bytes(raw, opt)
 
     # DP replicas must hold the same weights after the updates (each saw different tokens): checks gradient sync.
+    # With EP the experts are compared over expert-DP, the rest over DP.
+    in_sync = True
+    for ps, group in ((dense, mesh["dp"].get_group()), (experts, expert_dp)):
+        if not ps:  # no experts (every rank of an expert-DP group is in the same stage, so all agree)
+            continue
+        with torch.no_grad():
+            checksum = float(sum(_full(p).double().sum() for p in ps))
+        sums: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(sums, checksum, group=group)
+        in_sync = in_sync and max(sums) - min(sums) <= 1e-6 * max(1.0, abs(checksum))
     with torch.no_grad():
         checksum = float(sum(_full(p).double().sum() for p in params))
-    sums: list = [None] * lay.dp
-    dist.all_gather_object(sums, checksum, group=mesh["dp"].get_group())
-    in_sync = max(sums) - min(sums) <= 1e-6 * max(1.0, abs(checksum))
 
     # Isolated stage timing, one TP group at a time.
     fwd = bwd = 0.0
-    # Ranks that share collectives inside a forward run together: the TP group, and with FSDP the whole stage.
-    # Waiting ranks sleep on the rendezvous store (a gloo barrier would keep their cores busy).
-    group_size = lay.tp * (lay.dp if dp_mode == "fsdp" else 1)
+    # Ranks that share collectives inside a forward run together: the TP group, and with FSDP the whole stage, with
+    # EP the EP group. Waiting ranks sleep on the rendezvous store (a gloo barrier would keep their cores busy).
+    group_size = lay.tp * (lay.dp if dp_mode == "fsdp" else lay.ep)
     store = dist.distributed_c10d._get_default_store()
     dist.barrier()
     turn, nturns = rank // group_size, dist.get_world_size() // group_size
@@ -221,7 +252,8 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
     for k, mod in zip(my_chunks, raw):
         x = torchparts.sample_input(spec, k == 0, mbs, s, dtype, device, seed=k)
         f, b = torchparts.time_forward_backward(mod, x, last=k == nchunks - 1, target=target[:mbs],
-                                                warmup=2, repeats=args.stage_repeats, stat=args.stage_stat)
+                                                warmup=2, repeats=args.stage_repeats, stat=args.stage_stat,
+                                                clock="wall" if lay.ep > 1 else None)
         fwd, bwd = fwd + f, bwd + b
     # The group's first rank opens the next turn once every rank of the group is done.
     store.set(f"hetplan-stage-timing-{turn}-rank-{rank}", "1")
@@ -241,13 +273,15 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
         "tensor_bytes": states["weights"] + states["gradients"] + states["optimizer"] + meter.peak_bytes,
         "cuda_max_allocated_bytes": cuda_peak, "peak_rss_bytes": torchparts.peak_rss_bytes(),
         "loss": loss_val, "param_checksum": checksum, "dp_replicas_in_sync": in_sync,
+        "energy": None if loop is None else loop.close(),
     }
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if rank != 0:
         return None
     result = {
-        "world_size": lay.world_size, "pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "schedule": lay.schedule,
+        "world_size": lay.world_size, "pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "ep": lay.ep,
+        "schedule": lay.schedule,
         "virtual_stages": lay.virtual_stages, "dp_mode": dp_mode if lay.dp > 1 else "none", "dtype": dtype_name,
         "backend": backend, "device": torchparts.device_name(device), "software": torchparts.software_version(),
         "mbs": mbs, "seq_len": s, "num_microbatches": nmb, "iterations": args.iterations,
@@ -256,6 +290,8 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
         "dp_replicas_in_sync": all(r["dp_replicas_in_sync"] for r in everyone),
         "ranks": everyone,
     }
+    if loop is not None:
+        result["energy"] = energy_loop.run_summary(args.energy_server, args.energy_job, [r["energy"] for r in everyone])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result

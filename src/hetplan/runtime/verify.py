@@ -228,6 +228,8 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
                      "forward/backward; the time comparison is meaningful for DDP (ZeRO-0) plans")
     if result.get("tp", 1) > 1 and not cuda:
         notes.append("TP on CPU: stage times are wall clock (they wait on gloo all-reduces), so noisier")
+    if result.get("ep", 1) > 1 and not cuda:
+        notes.append("EP on CPU: stage times are wall clock (they wait on gloo all-to-alls of ranks sharing cores)")
     return {
         "plan": str(plan_path), "device": result.get("device"), "dtype": run_dtype, "software": result.get("software"),
         "stages": [s.as_dict() for s in stages],

@@ -45,7 +45,7 @@ from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.fine_cost import FineCostModel, FineStage, FineState, StateCost, state_from_plan
 from hetplan.search.objective import Objective
-from hetplan.search.space import Pins, tp_degrees
+from hetplan.search.space import Pins, cp_degrees, ep_degrees, tp_degrees
 
 #: Default work budget: state evaluations (cost-model calls) over all start points.
 DEFAULT_BUDGET_EVALUATIONS = 4000
@@ -132,6 +132,7 @@ class FineSearch:
         self.tps = tp_degrees(model.m, model.pool.gpus_per_node, model.pool.count)
         if self.pins.tp is not None:
             self.tps = [t for t in self.tps if t == self.pins.tp]
+        self.cps = cp_degrees(model.job.seq_len, model.pool.count)
         self.trace: list[TraceStep] = []
         self.visited: set[FineState] = set()
 
@@ -150,8 +151,11 @@ class FineSearch:
         if ((pins.pp is not None and s.pp != pins.pp) or (pins.zero is not None and s.zero != pins.zero)
                 or (pins.mbs is not None and any(s.micro_batch != pins.mbs * st.dp for st in s.stages))):
             return False
+        if (pins.cp is not None and s.cp != pins.cp) or s.cp not in self.cps:
+            return False
         return ((s.pp == 1 or s.zero <= 1) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
-                and g % s.micro_batch == 0 and sum(st.num_layers for st in s.stages) == self.cm.L)
+                and g % s.micro_batch == 0 and sum(st.num_layers for st in s.stages) == self.cm.L
+                and all(s.ep in ep_degrees(self.cm.m, st.dp * s.cp, pins.ep) for st in s.stages))
 
     def rebalance(self, s: FineState) -> FineState:
         """Re-split all layers for the state's stages: per-stage time ``a_i + λ_i·n`` (from the cost tables at the
@@ -187,7 +191,8 @@ class FineSearch:
         while sum(n) < L:
             k = min(range(p), key=lambda i: a[i] + lam[i] * (n[i] + 1))
             n[k] += 1
-        return FineState(tuple(FineStage(k, st.tp, st.dp) for k, st in zip(n, s.stages)), s.micro_batch, s.zero)
+        return FineState(tuple(FineStage(k, st.tp, st.dp) for k, st in zip(n, s.stages)), s.micro_batch, s.zero,
+                         s.cp, s.ep)
 
     def bottleneck(self, c: StateCost) -> tuple[int, str]:
         over = [x - self.cm.capacity for x in c.memory_bytes]
@@ -220,9 +225,9 @@ class FineSearch:
         t = c.stage_time_s
         cj = S[j]
 
-        def mk(stages, B=B, zero=s.zero):
+        def mk(stages, B=B, zero=s.zero, cp=s.cp, ep=s.ep):
             # ZeRO-2/3 only without pipelining (DeepSpeed / Megatron-LM, hetplan.search.space)
-            return FineState(tuple(stages), B, min(zero, 1) if len(stages) > 1 else zero)
+            return FineState(tuple(stages), B, min(zero, 1) if len(stages) > 1 else zero, cp, ep)
 
         # 1. layers to a neighbour
         for nb in (j - 1, j + 1):
@@ -311,6 +316,17 @@ class FineSearch:
             for z in ((0, 1) if p > 1 else (0, 1, 2, 3)):
                 if z != s.zero:
                     structural.append((f"ZeRO {s.zero} -> {z}", mk(S, zero=z)))
+        # 8. CP x2 with every stage's DP halved (same GPUs; each rank holds half the sequence), or back; EP over
+        # the divisors of the experts that divide every stage's dp·cp
+        if all(st.dp % 2 == 0 for st in S):
+            structural.append((f"CP {s.cp} -> {2 * s.cp}, DP halved",
+                               mk([FineStage(st.num_layers, st.tp, st.dp // 2) for st in S], cp=2 * s.cp)))
+        if s.cp > 1:
+            structural.append((f"CP {s.cp} -> {s.cp // 2}, DP doubled",
+                               mk([FineStage(st.num_layers, st.tp, st.dp * 2) for st in S], cp=s.cp // 2)))
+        for e in ep_degrees(self.cm.m, min(st.dp for st in S) * s.cp, self.pins.ep):
+            if e != s.ep:
+                structural.append((f"EP {s.ep} -> {e}", mk(S, ep=e)))
         for desc, st in structural:
             out.append((desc, st))
             rb = self.rebalance(st) if self.valid(st) else st
@@ -467,8 +483,8 @@ def fine_search(
 
 def enumerate_states(search: FineSearch, num_gpus: int, max_states: int = 200_000):
     """Every valid state of the fine-grained space with ``num_gpus`` GPUs (for checks on small instances): all
-    stage counts, GPU compositions, (tp, dp) layouts per stage, layer compositions, pipeline micro-batches and ZeRO
-    stages allowed by :meth:`FineSearch.valid`.
+    CP and EP degrees, stage counts, GPU compositions, (tp, dp) layouts per stage, layer compositions, pipeline
+    micro-batches and ZeRO stages allowed by :meth:`FineSearch.valid`.
 
     Raises:
         HetplanError: more than ``max_states`` states (the instance is too large to enumerate).
@@ -484,21 +500,25 @@ def enumerate_states(search: FineSearch, num_gpus: int, max_states: int = 200_00
         for cuts in itertools.combinations(range(1, total), parts - 1):
             yield [b - a for a, b in zip((0,) + cuts, cuts + (total,))]
 
-    for p in range(1, min(num_gpus, L) + 1):
-        for B in divisors(g):
-            for gpus in compositions(num_gpus, p):
-                lays = [search.layouts(x, B) for x in gpus]
-                if not all(lays):
-                    continue
-                for combo in itertools.product(*lays):
-                    for ns in compositions(L, p):
-                        for z in ((0, 1) if p > 1 else (0, 1, 2, 3)):
-                            st = FineState(tuple(FineStage(n, t, d) for n, (t, d) in zip(ns, combo)), B, z)
-                            if search.valid(st):
-                                out.append(st)
-                                if len(out) > max_states:
-                                    raise HetplanError(f"more than {max_states} states", field="num_gpus",
-                                                       fix="enumerate a smaller instance")
+    experts = divisors(search.cm.m.num_experts) if search.cm.m.is_moe else [1]
+    for cp, ep in itertools.product(search.cps, experts):
+        if num_gpus % cp:
+            continue
+        for p in range(1, min(num_gpus // cp, L) + 1):
+            for B in divisors(g):
+                for gpus in compositions(num_gpus // cp, p):
+                    lays = [search.layouts(x, B) for x in gpus]
+                    if not all(lays):
+                        continue
+                    for combo in itertools.product(*lays):
+                        for ns in compositions(L, p):
+                            for z in ((0, 1) if p > 1 else (0, 1, 2, 3)):
+                                st = FineState(tuple(FineStage(n, t, d) for n, (t, d) in zip(ns, combo)), B, z, cp, ep)
+                                if search.valid(st):
+                                    out.append(st)
+                                    if len(out) > max_states:
+                                        raise HetplanError(f"more than {max_states} states", field="num_gpus",
+                                                           fix="enumerate a smaller instance")
     return out
 
 

@@ -13,7 +13,9 @@ Numbers are the estimator's, term for term (a test checks ``iteration_time_s`` a
 * per-stage costs from :func:`hetplan.estimate.stage.stage_costs`, evaluated once per stage context (position
   kind, TP, DP, per-replica micro-batch, micro-batches, ZeRO, recomputation) on arrays over
   (micro-batches in flight 1..P) x (layers 0..L) and then looked up;
-* boundary transfers as in the estimator, resharding included (:mod:`hetplan.estimate.reshard`);
+* boundary transfers and the iteration assembled as in the estimator
+  (:func:`hetplan.estimate.iteration.boundary_time_s`, resharding included, and
+  :func:`hetplan.estimate.iteration.assemble_iteration`);
 * the 1F1B pipeline by :func:`simulate_1f1b`, an exact event simulation (same semantics as
   :func:`hetplan.estimate.schedule.simulate`) organised in rounds, that stops simulating once the steady state
   repeats itself exactly (every stage's clock advances by the same cycle time in one round) and shifts the
@@ -30,12 +32,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import RECOMPUTE_CODES
-from hetplan.estimate.estimator import LayerTimeSource, pool_link
-from hetplan.estimate.reshard import boundary_transfer_time_s
+from hetplan.estimate.estimator import LayerTimeSource, job_stage_options, pool_link
+from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.schedule import simulate
-from hetplan.estimate.stage import boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.estimate.stage import stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
@@ -44,7 +45,7 @@ from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
 class StageContext(NamedTuple):
     """What a stage's costs depend on besides its layers and recomputation (the key of the cost tables): its
     position (first / last / only stage), TP and DP degrees, micro-batch per replica (sequences), micro-batches per
-    iteration and ZeRO stage."""
+    iteration, ZeRO stage, and the CP and EP degrees."""
 
     has_embedding: bool
     has_head: bool
@@ -54,10 +55,13 @@ class StageContext(NamedTuple):
     mbs: int
     num_microbatches: int
     zero: int
+    cp: int = 1
+    ep: int = 1
+
 
 @dataclass(frozen=True)
 class FineStage:
-    """One stage of a state: layers, TP and DP degree (GPUs = tp·dp)."""
+    """One stage of a state: layers, TP and DP degree (``tp·dp`` GPUs per CP rank; ``tp·cp·dp`` in all)."""
 
     num_layers: int
     tp: int
@@ -71,11 +75,15 @@ class FineStage:
 @dataclass(frozen=True)
 class FineState:
     """A point of the fine-grained space: stages in order, pipeline micro-batch ``micro_batch`` (sequences; stage i
-    runs ``micro_batch / dp_i`` per replica) and the ZeRO stage (0 or 1 with pipelining)."""
+    runs ``micro_batch / dp_i`` per replica), the ZeRO stage (0 or 1 with pipelining), and the context- and
+    expert-parallel degrees of every stage (each sequence split over ``cp`` ranks; the experts over ``ep`` of a
+    stage's ``dp·cp`` ranks)."""
 
     stages: tuple[FineStage, ...]
     micro_batch: int
     zero: int = 0
+    cp: int = 1
+    ep: int = 1
 
     @property
     def pp(self) -> int:
@@ -83,7 +91,7 @@ class FineState:
 
     @property
     def num_gpus(self) -> int:
-        return sum(s.gpus for s in self.stages)
+        return self.cp * sum(s.gpus for s in self.stages)
 
 
 @dataclass
@@ -212,13 +220,13 @@ class FineCostModel:
         return self._measured[key]
 
     def _call(self, ctx: StageContext, n, in_flight, code, r):
-        emb, head, single, tp, dp, b, mb, zero = ctx
+        emb, head, single, tp, dp, b, mb, zero, cp, ep = ctx
         return stage_costs(
             self.m, self.gpu, self.link, self.job.dtype, s=self.job.seq_len, b=b, t=tp, dp=dp, num_layers=n,
             has_embedding=emb, has_head=head, single_stage=single, in_flight=in_flight, num_microbatches=mb,
             zero=zero, recompute_code=code, sequence_parallel=tp > 1,
-            measured_layer_time_s=self._measured_time(b, tp), recompute_layers=r,
-            attention=self.job.attention, framework=self.job.framework,
+            measured_layer_time_s=self._measured_time(b, tp), recompute_layers=r, cp=cp, ep=ep,
+            **job_stage_options(self.job),
         )
 
     @staticmethod
@@ -305,25 +313,16 @@ class FineCostModel:
         p = state.pp
         st = state.stages[i]
         mb = self.job.global_batch // state.micro_batch
-        ctx = StageContext(i == 0, i == p - 1, p == 1, st.tp, st.dp, state.micro_batch // st.dp, mb, state.zero)
+        ctx = StageContext(i == 0, i == p - 1, p == 1, st.tp, st.dp, state.micro_batch // st.dp, mb, state.zero,
+                           state.cp, state.ep)
         return ctx, min(p - i, mb)
 
-    def _boundary(self, a: FineStage, nb: FineStage, B: int, intra: bool) -> float:
-        key = (a, nb, B, intra)
+    def _boundary(self, a: FineStage, nb: FineStage, B: int, cp: int, intra: bool) -> float:
+        key = (a, nb, B, cp, intra)
         v = self._p2p.get(key)
         if v is None:
-            bw = float(boundary_bandwidth_bytes_per_s(self.link, self.link, a.gpus, intra))
-            alpha = float(boundary_alpha_s(self.link, self.link, intra))
-            sender, receiver = (a.tp, a.dp, B // a.dp), (nb.tp, nb.dp, B // nb.dp)
-            if sender == receiver:
-                v = float(p2p_time_s(p2p_bytes(self.m, B // a.dp, self.job.seq_len, a.tp, a.tp > 1), bw, alpha))
-            else:
-                v = boundary_transfer_time_s(
-                    self.m, self.job.seq_len, sender, receiver, bw, gpus_per_node=self.link.gpus_per_node,
-                    intra_node_bandwidth_bytes_per_s=self.link.intra_node_bandwidth_bytes_per_s,
-                    inter_node_bandwidth_bytes_per_s=self.link.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=alpha,
-                    inter_node_alpha_s=self.link.inter_node_alpha_s)
-            self._p2p[key] = v
+            v = self._p2p[key] = boundary_time_s(self.m, self.job.seq_len, (a.tp, cp, a.dp, B // a.dp),
+                                                 (nb.tp, cp, nb.dp, B // nb.dp), self.link, self.link, intra)
         return v
 
     def cost(self, state: FineState) -> StateCost:
@@ -342,11 +341,11 @@ class FineCostModel:
             b0 = self._lookup(ctx, inflight, st.num_layers, "none", 0)[1] if r else b
             fw.append(float(f)); bw.append(float(b)); rc_s.append(float(b - b0)); tpc.append(float(tc))
             dpx.append(float(dx)); opt.append(float(op)); mem.append(float(me)); rcs.append((mode, r))
-        intra = boundary_is_intra_node([s.gpus for s in state.stages], [0] * p, [self.pool.gpus_per_node])
-        c = [self._boundary(state.stages[i], state.stages[i + 1], state.micro_batch, intra[i]) for i in range(p - 1)]
-        _, ends = simulate_1f1b(fw, bw, c, mb)
-        after = max(e + d for e, d in zip(ends, dpx))
-        iteration = after + max(opt)
+        intra = boundary_is_intra_node([s.gpus * state.cp for s in state.stages], [0] * p, [self.pool.gpus_per_node])
+        c = [self._boundary(state.stages[i], state.stages[i + 1], state.micro_batch, state.cp, intra[i])
+             for i in range(p - 1)]
+        iteration = float(assemble_iteration(fw, bw, dpx, opt, sum(c), mb,
+                                             simulated=simulate_1f1b(fw, bw, c, mb)).iteration_s)
         over = sum(max(0.0, x - self.capacity) for x in mem)
         res = StateCost(iteration, fw, bw, rc_s, tpc, dpx, opt, mem, c, rcs, over)
         self._costs[state] = res
@@ -367,7 +366,7 @@ class FineCostModel:
                 mbs=None if uniform else state.micro_batch // st.dp,
             ))
         return Plan(job=self.job, pools=[self.pool], stages=stages, mbs=state.micro_batch // state.stages[0].dp,
-                    zero=state.zero, sequence_parallel=any(s.tp > 1 for s in state.stages))
+                    zero=state.zero, sequence_parallel=any(s.tp > 1 for s in state.stages), cp=state.cp, ep=state.ep)
 
 
 def state_from_plan(plan: Plan) -> FineState:
@@ -379,7 +378,8 @@ def state_from_plan(plan: Plan) -> FineState:
     if len({st.pool for st in plan.stages}) > 1:
         raise ValueError("fine-grained search works on one GPU pool")
     B = plan.stages[0].dp * plan.stage_mbs(0)
-    return FineState(tuple(FineStage(st.num_layers, st.tp, st.dp) for st in plan.stages), B, plan.zero)
+    return FineState(tuple(FineStage(st.num_layers, st.tp, st.dp) for st in plan.stages), B, plan.zero, plan.cp,
+                     plan.ep)
 
 
 __all__ = ["FineStage", "FineState", "StateCost", "FineCostModel", "simulate_1f1b", "state_from_plan"]

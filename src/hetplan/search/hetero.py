@@ -59,17 +59,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import pool_gpu
-from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
-from hetplan.estimate.reshard import boundary_transfer_time_s
-from hetplan.estimate.stage import Link, boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.estimate.estimator import job_stage_options, pool_link, pool_price_usd_per_hour
+from hetplan.estimate.iteration import boundary_time_s
+from hetplan.estimate.stage import Link, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import Inventory, Job, Plan, Stage
+from hetplan.plan import Inventory, Job, Plan, Stage, boundary_is_intra_node
 from hetplan.search.homogeneous import window_lower_bound_s
 from hetplan.search.partition import solve_partition
-from hetplan.search.space import RECOMPUTE_NAMES, Pins, divisors, tp_degrees
+from hetplan.search.space import RECOMPUTE_NAMES, Pins, cp_degrees, divisors, ep_degrees, tp_degrees
 
 FIRST, MID, LAST, SINGLE = 0, 1, 2, 3
 INF = math.inf
@@ -138,6 +137,8 @@ class HeteroCandidate:
     zero: int
     iteration_time_s: float
     usd_per_hour: float
+    cp: int = 1
+    ep: int = 1
 
     @property
     def usd_per_iteration(self) -> float:
@@ -146,8 +147,8 @@ class HeteroCandidate:
 
     @property
     def num_gpus(self) -> int:
-        """GPUs used: Σ over stages of tp x dp."""
-        return sum(t * self.dp for _, t, _, _ in self.stages)
+        """GPUs used: Σ over stages of tp x cp x dp."""
+        return sum(t * self.cp * self.dp for _, t, _, _ in self.stages)
 
     @property
     def pools_used(self) -> set[int]:
@@ -168,6 +169,8 @@ class HeteroCandidate:
             mbs=self.mbs,
             zero=self.zero,
             sequence_parallel=any(t > 1 for _, t, _, _ in self.stages),
+            cp=self.cp,
+            ep=self.ep,
         )
 
     def describe(self, inventory: Inventory) -> str:
@@ -179,7 +182,8 @@ class HeteroCandidate:
             else:
                 blocks.append([(k, t), 1])
         parts = [f"{inventory.pools[k].gpu}(tp{t})" + (f"x{c}" if c > 1 else "") for (k, t), c in blocks]
-        return (" + ".join(parts) + f" dp{self.dp} mbs{self.mbs} zero{self.zero}: layers "
+        extra = (f" cp{self.cp}" if self.cp > 1 else "") + (f" ep{self.ep}" if self.ep > 1 else "")
+        return (" + ".join(parts) + f" dp{self.dp}{extra} mbs{self.mbs} zero{self.zero}: layers "
                 f"{[n for _, _, n, _ in self.stages]}")
 
 
@@ -215,22 +219,24 @@ def stage_types(m: ModelSpec, inventory: Inventory, catalog, dtype: str, pins: P
 _TABLES: dict = {}
 
 
-def cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int, F: int, rcs: list[int]) -> CostTable:
-    """Evaluate :func:`stage_costs` for ``st`` on the grid (kind, in-flight 1..F, layers 0..L, recompute).
+def cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int, F: int, rcs: list[int],
+               cp: int = 1, ep: int = 1) -> CostTable:
+    """Evaluate :func:`stage_costs` for ``st`` on the grid (kind, in-flight 1..F, layers 0..L, recompute), at
+    context-parallel degree ``cp`` and expert-parallel degree ``ep``.
 
-    Cached (by model, job shape, GPU, TP, link, b, d, ZeRO, F, recomputations; at most 4,096 tables), so sweeps
+    Cached (by model, job, GPU, TP, link, b, d, ZeRO, F, recomputations, CP, EP; at most 4,096 tables), so sweeps
     over many inventories of the same GPU types reuse them."""
-    key = (m, job.seq_len, job.global_batch, job.dtype, job.attention, job.framework, st.gpu.model_dump_json(), st.tp,
-           st.link, b, d, zero, F, tuple(rcs))
+    key = (m, job.model_dump_json(), st.gpu.model_dump_json(), st.tp, st.link, b, d, zero, F, tuple(rcs), cp, ep)
     hit = _TABLES.get(key)
     if hit is None:
         if len(_TABLES) > 4096:
             _TABLES.clear()
-        hit = _TABLES[key] = _cost_table(m, job, st, b, d, zero, F, rcs)
+        hit = _TABLES[key] = _cost_table(m, job, st, b, d, zero, F, rcs, cp, ep)
     return hit
 
 
-def _cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int, F: int, rcs: list[int]) -> CostTable:
+def _cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int, F: int, rcs: list[int],
+                cp: int, ep: int) -> CostTable:
     L = m.num_layers
     mb = job.global_batch // (b * d)
     kind = np.arange(4).reshape(4, 1, 1, 1)
@@ -241,7 +247,7 @@ def _cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int
         m, st.gpu, st.link, job.dtype, s=job.seq_len, b=b, t=st.tp, dp=d, num_layers=n,
         has_embedding=(kind == FIRST) | (kind == SINGLE), has_head=(kind == LAST) | (kind == SINGLE),
         single_stage=kind == SINGLE, in_flight=f, num_microbatches=mb, zero=zero, recompute_code=rc,
-        sequence_parallel=st.tp > 1, attention=job.attention, framework=job.framework,
+        sequence_parallel=st.tp > 1, cp=cp, ep=ep, **job_stage_options(job),
     )
     shape = (4, F, L + 1, len(rcs))
     per = np.broadcast_to(c["forward_s"] + c["backward_s"], shape)
@@ -269,34 +275,28 @@ def _positions(p: int, mb: int):
 
 
 class _Group:
-    """Everything for one (b, d, zero): stage types' tables and the p2p cache."""
+    """Everything for one (b, d, zero, cp, ep): stage types' tables and the p2p cache. A stage of TP degree t
+    uses ``t·cp·d`` GPUs (``width = cp·d`` per TP rank)."""
 
-    def __init__(self, m, job, inventory, types, b, d, zero, rcs, max_stages):
+    def __init__(self, m, job, inventory, types, b, d, zero, rcs, max_stages, cp=1, ep=1):
         self.m, self.job, self.inventory, self.b, self.d, self.zero = m, job, inventory, b, d, zero
+        self.cp, self.ep, self.width = cp, ep, cp * d
         self.mb = job.global_batch // (b * d)
         self.F = max(1, min(self.mb, max_stages))
-        self.types = [st for st in types if st.tp * d <= inventory.pools[st.pool].count]
-        self.tables = {(st.pool, st.tp): cost_table(m, job, st, b, d, zero, self.F, rcs) for st in self.types}
+        self.types = [st for st in types if st.tp * self.width <= inventory.pools[st.pool].count]
+        self.tables = {(st.pool, st.tp): cost_table(m, job, st, b, d, zero, self.F, rcs, cp, ep) for st in self.types}
         self.by_key = {(st.pool, st.tp): st for st in self.types}
+        self.gpus_per_node = [pool.gpus_per_node for pool in inventory.pools]
         self._p2p: dict = {}
 
     def p2p(self, s1: StageType, s2: StageType, intra: bool) -> float:
-        """One-way transfer time of one micro-batch across a boundary (s), as the estimator prices it: a p2p
-        send when both stages lay the micro-batch out alike, else a resharding transfer."""
+        """One-way transfer time of one micro-batch across a boundary (s), as the estimator prices it
+        (:func:`hetplan.estimate.iteration.boundary_time_s`: a p2p send when both stages lay the micro-batch out
+        alike, else a resharding transfer)."""
         key = (s1.pool, s1.tp, s2.pool, s2.tp, intra)
         if key not in self._p2p:
-            bw = boundary_bandwidth_bytes_per_s(s1.link, s2.link, s1.tp * self.d, intra)
-            alpha = float(boundary_alpha_s(s1.link, s2.link, intra))
-            if s1.tp == s2.tp:
-                msg = p2p_bytes(self.m, self.b, self.job.seq_len, s1.tp, True)
-                self._p2p[key] = float(p2p_time_s(msg, bw, alpha))
-            else:
-                nl = s2.link
-                self._p2p[key] = float(boundary_transfer_time_s(
-                    self.m, self.job.seq_len, (s1.tp, self.d, self.b), (s2.tp, self.d, self.b), float(bw),
-                    gpus_per_node=nl.gpus_per_node, intra_node_bandwidth_bytes_per_s=nl.intra_node_bandwidth_bytes_per_s,
-                    inter_node_bandwidth_bytes_per_s=nl.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=alpha,
-                    inter_node_alpha_s=nl.inter_node_alpha_s))
+            self._p2p[key] = boundary_time_s(self.m, self.job.seq_len, (s1.tp, self.cp, self.d, self.b),
+                                             (s2.tp, self.cp, self.d, self.b), s1.link, s2.link, intra)
         return self._p2p[key]
 
     def tail_lower_bound_s(self, p: np.ndarray) -> np.ndarray:
@@ -378,19 +378,8 @@ class _Group:
         return self._cmin
 
     def intra_node(self, seq: list[StageType]) -> list[bool]:
-        """:func:`hetplan.plan.boundary_is_intra_node` of a stage order (stages of ``tp·d`` GPUs each)."""
-        starts, used = [], {}
-        for st in seq:
-            starts.append(used.get(st.pool, 0))
-            used[st.pool] = used.get(st.pool, 0) + st.tp * self.d
-        out = []
-        for j in range(len(seq) - 1):
-            if seq[j].pool != seq[j + 1].pool:
-                out.append(False)
-                continue
-            g = self.inventory.pools[seq[j].pool].gpus_per_node
-            out.append(starts[j] // g == (starts[j + 1] + seq[j + 1].tp * self.d - 1) // g)
-        return out
+        """:func:`hetplan.plan.boundary_is_intra_node` of a stage order (stages of ``tp·cp·d`` GPUs each)."""
+        return boundary_is_intra_node([st.tp * self.width for st in seq], [st.pool for st in seq], self.gpus_per_node)
 
     def lower_bound_s(self, seq: list[StageType], ns: list[int]) -> float:
         """Lower bound (s) on :func:`hetplan.estimate.estimator.estimate`'s iteration time of the plan with stage
@@ -398,7 +387,7 @@ class _Group:
         :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s` and
         :func:`~hetplan.search.homogeneous.window_lower_bound_s` (1F1B's in-flight window, plus stage 0's exposed DP
         and the largest optimizer step) on the estimator's own stage costs."""
-        from hetplan.search.homogeneous import stage_chain_lower_bound_s, window_lower_bound_s
+        from hetplan.search.homogeneous import stage_chain_lower_bound_s
 
         p = len(seq)
         kinds, flights = _positions(p, self.mb)
@@ -449,11 +438,11 @@ def _pool_options(group: _Group, pins: Pins, L: int, mixed_tp: bool = False):
         opts: list[tuple] = [()]
         tps = sorted(st.tp for st in group.types if st.pool == k)
         for ta in tps:
-            for sa in range(1, min(L, pool.count // (ta * group.d)) + 1):
+            for sa in range(1, min(L, pool.count // (ta * group.width)) + 1):
                 opts.append(((ta, sa),))
                 if not mixed_tp:
                     continue
-                left = pool.count // group.d - sa * ta  # GPUs per replica left in the pool
+                left = pool.count // group.width - sa * ta  # GPUs per replica (and CP rank) left in the pool
                 if left >= ta:
                     continue
                 for tb in tps:
@@ -527,7 +516,7 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
         lam = np.array([[lam_of.get(t, 1e30) for t in row] for row in tps], dtype=float).reshape(sub_t.shape)
         room = np.array([[room_of.get(t, 0) for t in row] for row in tps], dtype=np.int64).reshape(sub_t.shape)
         used = sub_p > 0
-        g = sub_t * group.d * sub_p
+        g = sub_t * group.width * sub_p
         cols["p"].append(sub_p.sum(axis=1).astype(np.int64))
         cols["gpus"].append(g.sum(axis=1))
         cols["rate"].append(g.sum(axis=1) * price)
@@ -613,21 +602,25 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
 
 def _groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, max_stages: int,
             progress=None) -> list[_Group]:
-    """One :class:`_Group` per (DP, micro-batch size, ZeRO) allowed by ``pins`` (``progress(done, total, phase)``
-    as their cost tables are built)."""
+    """One :class:`_Group` per (DP, micro-batch size, ZeRO, CP, EP) allowed by ``pins``: CP degrees as the
+    homogeneous space's (:func:`hetplan.search.space.cp_degrees`, up to the largest pool), EP degrees the
+    divisors of the expert count that divide ``dp·cp`` (1 for a dense model); ``progress(done, total, phase)``
+    as their cost tables are built."""
     types = stage_types(m, inventory, catalog, job.dtype, pins)
     # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice.
     free = [0, 2] if job.attention == "flash" else [0, 1, 2]
     rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free
     zeros = [0, 1] if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
-    shapes = [(b, d, z) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
+    cps = cp_degrees(job.seq_len, max(p.count for p in inventory.pools)) if pins.cp is None else [pins.cp]
+    shapes = [(b, d, z, c, e) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
               for b in divisors(job.global_batch // d) if pins.mbs is None or b == pins.mbs
-              for z in zeros if not (z == 1 and d == 1)]  # ZeRO-1 over one rank is ZeRO-0
+              for z in zeros if not (z == 1 and d == 1)  # ZeRO-1 over one rank is ZeRO-0
+              for c in cps for e in ep_degrees(m, d * c, pins.ep)]
     groups = []
-    for i, (b, d, z) in enumerate(shapes):
+    for i, (b, d, z, c, e) in enumerate(shapes):
         if progress is not None:
             progress(i, len(shapes), "cost tables (groups)")
-        g = _Group(m, job, inventory, types, b, d, z, rcs, max_stages)
+        g = _Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e)
         if g.types:
             groups.append(g)
     return groups
@@ -831,7 +824,7 @@ def search_hetero(
             continue
         cand = HeteroCandidate(
             stages=[StageChoice(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
-            mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=R,
+            mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=R, cp=g.cp, ep=g.ep,
         )
         found.append(cand)
         if goal == "cheapest":
@@ -996,7 +989,7 @@ def search_hetero_estimated(
 
     def record(cand: HeteroCandidate, bound: float) -> None:
         """Estimate one plan of H (once) and file it."""
-        key = (tuple(cand.stages), cand.mbs, cand.dp, cand.zero)
+        key = (tuple(cand.stages), cand.mbs, cand.dp, cand.zero, cand.cp, cand.ep)
         if key in seen:
             return
         seen.add(key)
@@ -1065,7 +1058,8 @@ def search_hetero_estimated(
             if t is None:
                 return ()
             cand = HeteroCandidate(stages=[StageChoice(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
-                                   mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=float(rate[j]))
+                                   mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=float(rate[j]),
+                                   cp=g.cp, ep=g.ep)
             bound = g.lower_bound_s(seq, ns)
             return ((item_key(bound, cand.usd_per_hour), ("plan", cand, bound)),)
         record(item[1], item[2])

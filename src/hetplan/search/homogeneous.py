@@ -3,8 +3,8 @@
 Each configuration's p stages (balanced split, :func:`hetplan.plan.balanced_split`) fall into at most four
 kinds that share costs: the first stage (embedding), the middle stages with one extra layer, the other middle
 stages, and the last stage (head). :func:`evaluate_pool` calls :func:`hetplan.estimate.stage.stage_costs` once on
-arrays of shape (configurations, 4) and combines the kinds with their multiplicities through
-:func:`hetplan.estimate.pipeline.pipeline_time_s` — the same formulas, term for term, as
+arrays of shape (configurations, 4) and assembles the kinds with their multiplicities into an iteration with
+:func:`hetplan.estimate.iteration.assemble_iteration` (closed-form pipeline) — the assembly
 :func:`hetplan.estimate.estimator.estimate` applies to one plan (a test checks they agree).
 
 Cost: O(rows) numpy work with a small constant; no pruning.
@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.estimate.comm import p2p_time_s
-from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
-from hetplan.estimate.pipeline import pipeline_time_s
+from hetplan.estimate.estimator import in_flight_microbatches, job_stage_options, pool_link, pool_price_usd_per_hour
+from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.memory import stage_memory_bytes
-from hetplan.estimate.stage import boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes, stage_costs
+from hetplan.estimate.stage import stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -219,47 +218,39 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         m, gpu, link, job.dtype,
         s=job.seq_len, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers, has_embedding=has_emb,
         has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
-        zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), attention=job.attention,
-        framework=job.framework, cp=col(cp), ep=col(ep), moe_load_imbalance=job.moe_load_imbalance,
-        kv_exchange=job.cp_kv_exchange,
+        zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), cp=col(cp), ep=col(ep),
+        **job_stage_options(job),
     )
-    stage_gpus = tp * cp * dp
-    n_intra = _intra_boundaries(stage_gpus, pp, pool.gpus_per_node)
-    msg = p2p_bytes(m, mbs, job.seq_len / cp, tp, tp > 1)
-    p2p_one_intra = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, True),
-                               boundary_alpha_s(link, link, True))
-    p2p_one_inter = p2p_time_s(msg, boundary_bandwidth_bytes_per_s(link, link, stage_gpus, False),
-                               boundary_alpha_s(link, link, False))
+    n_intra = _intra_boundaries(tp * cp * dp, pp, pool.gpus_per_node)
+    lay = (tp, cp, dp, mbs)
+    p2p_one_intra = boundary_time_s(m, job.seq_len, lay, lay, link, link, True)
+    p2p_one_inter = boundary_time_s(m, job.seq_len, lay, lay, link, link, False)
     p2p_total = n_intra * p2p_one_intra + (pp - 1 - n_intra) * p2p_one_inter
-    t_pipe, bottleneck, bubble = pipeline_time_s(c["forward_s"], c["backward_s"], count, p2p_total, mb,
-                                                 virtual_stages=v)
+    it = assemble_iteration(c["forward_s"], c["backward_s"], c["dp_exposed_s"], c["optimizer_s"], p2p_total, mb,
+                            count=count, virtual_stages=v, memory_bytes=c["memory"]["total"],
+                            capacity_bytes=gpu.memory_bytes)
     present = count > 0
-    dp_exposed = np.max(np.where(present, c["dp_exposed_s"], 0.0), axis=1)
-    optimizer = np.max(np.where(present, c["optimizer_s"], 0.0), axis=1)
-    iteration = t_pipe + dp_exposed + optimizer
     per = c["forward_s"] + c["backward_s"]
     c_min = np.where(n_intra > 0, np.minimum(p2p_one_intra, p2p_one_inter), p2p_one_inter)
     # As stage_chain_lower_bound_s: the chain ends with stage 0's last backward, after which only stage 0's own
     # exposed DP time is certain; every stage also ends no earlier than its own work plus its DP time.
     own_work = np.max(np.where(present, mb[:, None] * per + c["dp_exposed_s"], 0.0), axis=1)
     window = window_lower_bound_s(np.sum(np.where(present, count * per, 0.0), axis=1), p2p_total, pp, mb, v)
-    lower = np.maximum(np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v), window) + c["dp_exposed_s"][:, 0],
-                       own_work) + optimizer
+    lower = (np.maximum(np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v), window) + c["dp_exposed_s"][:, 0],
+                        own_work) + it.optimizer_s)
 
     slowest = np.argmax(np.where(present, per, -1.0), axis=1)
     rows = np.arange(len(pp))
     tp_comm = mb * np.broadcast_to(c["tp_comm_s"], per.shape)[rows, slowest]
     components = {
-        "compute_s": mb * bottleneck - tp_comm,
+        "compute_s": mb * it.bottleneck_s - tp_comm,
         "tp_comm_s": tp_comm,
-        "bubble_s": bubble - 2 * p2p_total,
-        "p2p_s": 2 * p2p_total,
-        "dp_exposed_s": dp_exposed,
-        "optimizer_s": optimizer,
+        "bubble_s": it.bubble_s,
+        "p2p_s": it.p2p_s,
+        "dp_exposed_s": it.dp_exposed_s,
+        "optimizer_s": it.optimizer_s,
     }
-    mem_total = np.where(present, c["memory"]["total"], -1.0)
-    peak_kind = np.argmax(mem_total, axis=1)
-    memory = {k: np.broadcast_to(v, per.shape)[rows, peak_kind] for k, v in c["memory"].items()}
+    memory = {k: np.broadcast_to(x, per.shape)[rows, it.peak_stage] for k, x in c["memory"].items()}
     num_gpus = tp * pp * cp * dp
     price = pool_price_usd_per_hour(pool, gpu)
     model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)
@@ -269,11 +260,11 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         config=cfg,
         configurations_evaluated=n_all,
         num_gpus=num_gpus,
-        iteration_time_s=iteration,
+        iteration_time_s=it.iteration_s,
         lower_bound_time_s=lower,
         components=components,
         memory=memory,
-        fits=memory["total"] <= gpu.memory_bytes,
+        fits=it.fits,
         usd_per_hour=num_gpus * price,
-        mfu=model_flops / (iteration * num_gpus * gpu.peak_flops_per_s(job.dtype)),
+        mfu=model_flops / (it.iteration_s * num_gpus * gpu.peak_flops_per_s(job.dtype)),
     )

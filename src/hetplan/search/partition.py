@@ -3,8 +3,8 @@
 Given p stages in order and, for each stage i and each layer count n (0..L), the stage's per-micro-batch
 forward+backward time ``a[i, n]``, its exposed data-parallel time ``e[i, n]`` and optimizer time ``o[i, n]``
 (seconds, ``inf`` where the stage does not fit in memory), choose layers ``n_0 + ... + n_{p-1} = L`` with
-``n_i >= 1`` minimising the estimator's iteration time (:func:`hetplan.estimate.pipeline.pipeline_time_s` plus
-the exposed DP and optimizer terms, :func:`hetplan.estimate.estimator.estimate`)::
+``n_i >= 1`` minimising the estimator's closed-form iteration time
+(:func:`hetplan.estimate.iteration.assemble_iteration`, which the brute-force reference of the tests calls)::
 
     T(n) = sum_i a[i, n_i] + P + (m - 1) * max_i a[i, n_i] + max_i e[i, n_i] + max_i o[i, n_i]
 
@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from hetplan.estimate.iteration import assemble_iteration
 
 INF = math.inf
 
@@ -160,8 +162,9 @@ def solve_partition(a, e, o, nmax, L: int, m: int, p2p_s: float = 0.0, upper_bou
 
 
 def brute_force_partition(a, e, o, nmax, L: int, m: int, p2p_s: float = 0.0):
-    """Reference for tests: every composition of ``L`` into ``p`` parts >= 1, same return as
-    :func:`solve_partition` (no upper bound). Exponential: small ``L`` and ``p`` only."""
+    """Reference for tests: every composition of ``L`` into ``p`` parts >= 1, each timed by the estimator's
+    assembly (:func:`hetplan.estimate.iteration.assemble_iteration`, closed form, ``a`` as the stage time); same
+    return as :func:`solve_partition` (no upper bound). Exponential: small ``L`` and ``p`` only."""
     from itertools import combinations
 
     a = np.asarray(a, dtype=float)
@@ -171,10 +174,9 @@ def brute_force_partition(a, e, o, nmax, L: int, m: int, p2p_s: float = 0.0):
         ns = [b - c for b, c in zip(list(cuts) + [L], [0] + list(cuts))]
         if any(n > nmax[i] for i, n in enumerate(ns)):
             continue
-        av = [a[i, n] for i, n in enumerate(ns)]
-        t = sum(av) + p2p_s + (m - 1) * max(av) + max(e[i, n] for i, n in enumerate(ns)) + max(
-            o[i, n] for i, n in enumerate(ns)
-        )
+        pick = (np.arange(p), ns)
+        t = float(assemble_iteration(a[pick], np.zeros(p), np.asarray(e)[pick], np.asarray(o)[pick], p2p_s / 2,
+                                     m).iteration_s)
         if best is None or t < best[0]:
             best = (t, ns)
     return best

@@ -132,6 +132,14 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages)
 
 
+def ep_degrees(m: ModelSpec, ranks: int, pin: int | None = None) -> list[int]:
+    """EP degrees of a stage with ``ranks = dp·cp`` data ranks: 1 for a dense model; for a MoE model the divisors
+    of the expert count that divide ``ranks`` (or only ``pin``, if it does)."""
+    if not m.is_moe:
+        return [1] if pin in (None, 1) else []
+    return [e for e in (divisors(m.num_experts) if pin is None else [pin]) if ranks % e == 0 and m.num_experts % e == 0]
+
+
 def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | None):
     """Add the ``ep`` dimension: 1 for a dense model; for a MoE model every divisor of the expert count that
     divides dp·cp (each configuration repeated per EP degree), or only ``pin``."""

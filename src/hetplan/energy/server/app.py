@@ -104,6 +104,7 @@ class ReportIn(_Strict):
     schedule_id: str = Field(min_length=1, max_length=128)
     time_s: float = Field(ge=0)
     energy_j: float | None = Field(default=None, ge=0)
+    energy_source: Literal["nvml", "model"] | None = None
     measurements: list[MeasurementIn] = Field(default_factory=list, max_length=1_000_000)
 
 
@@ -260,7 +261,8 @@ def create_app(db_path: str | Path, *, token: str | None = None, max_body_bytes:
         return {"job_id": job_id, "num_stages": spec["num_stages"], "num_microbatches": spec["num_microbatches"],
                 "schedule": spec["schedule"], "scheduler": spec["scheduler"]["kind"], "ranks": store.ranks(job_id),
                 "reports": store.count_reports(job_id), "target_time_s": state.get("target_time_s"),
-                "has_frontier": "frontier" in state, "error": state.get("error")}
+                "has_frontier": "frontier" in state, "error": state.get("error"),
+                "energy_sources": store.energy_sources(job_id)}
 
     @app.put("/jobs/{job_id}/target")
     def set_target(job_id: str, body: TargetIn) -> dict:
@@ -301,7 +303,8 @@ def create_app(db_path: str | Path, *, token: str | None = None, max_body_bytes:
             raise HTTPException(409, detail=f"rank {rank} reported iteration {body.iteration} but its next iteration "
                                             f"is {nxt}; fetch the schedule and report iterations in order")
         meas = [(m.instruction, m.frequency_mhz, m.time_s, m.energy_j) for m in body.measurements]
-        stored = store.add_report(job_id, rank, stage, body.iteration, body.schedule_id, body.time_s, body.energy_j, meas)
+        stored = store.add_report(job_id, rank, stage, body.iteration, body.schedule_id, body.time_s, body.energy_j, meas,
+                                  body.energy_source)
         if not stored:  # a retry of a report we already have: idempotent
             return JSONResponse(status_code=200, content={"stored": False, "duplicate": True, "iteration": body.iteration})
         return JSONResponse(status_code=201, content={"stored": True, "iteration": body.iteration})

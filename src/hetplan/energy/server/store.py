@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS reports (
     time_s REAL NOT NULL,
     energy_j REAL,
     received_s REAL NOT NULL,
+    energy_source TEXT,              -- 'nvml' (measured), 'model' (power model x measured time) or NULL
     PRIMARY KEY (job_id, rank, iteration)
 );
 CREATE TABLE IF NOT EXISTS measurements (
@@ -67,6 +68,8 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a committed report survives even a power loss
         self._db.executescript(SCHEMA)
+        if "energy_source" not in {r[1] for r in self._db.execute("PRAGMA table_info(reports)")}:
+            self._db.execute("ALTER TABLE reports ADD COLUMN energy_source TEXT")  # a file from before the column
 
     def close(self) -> None:
         """Checkpoint the WAL into the main file and close (a later open needs no recovery)."""
@@ -138,23 +141,30 @@ class Store:
         return 0 if rows[0][0] is None else int(rows[0][0]) + 1
 
     def add_report(self, job_id: str, rank: int, stage: int, iteration: int, schedule_id: str, time_s: float,
-                   energy_j: float | None, measurements: list[tuple[str, int, float, float | None]]) -> bool:
+                   energy_j: float | None, measurements: list[tuple[str, int, float, float | None]],
+                   energy_source: str | None = None) -> bool:
         """Store a report and its per-instruction measurements atomically; False if that iteration exists."""
         with self._lock:
             if self._read("SELECT 1 FROM reports WHERE job_id=? AND rank=? AND iteration=?", (job_id, rank, iteration)):
                 return False
-            ops = [("INSERT INTO reports VALUES (?,?,?,?,?,?,?,?)",
-                    (job_id, rank, iteration, stage, schedule_id, time_s, energy_j, time.time()))]
+            ops = [("INSERT INTO reports(job_id, rank, iteration, stage, schedule_id, time_s, energy_j, received_s, "
+                    "energy_source) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (job_id, rank, iteration, stage, schedule_id, time_s, energy_j, time.time(), energy_source))]
             ops += [("INSERT INTO measurements VALUES (?,?,?,?,?,?,?,?)",
                      (job_id, rank, iteration, stage, inst, freq, t, e)) for inst, freq, t, e in measurements]
             self._write(ops)
             return True
 
     def reports(self, job_id: str) -> list[dict]:
-        rows = self._read("SELECT rank, iteration, stage, schedule_id, time_s, energy_j FROM reports WHERE job_id=? "
-                          "ORDER BY iteration, rank", (job_id,))
-        return [{"rank": r[0], "iteration": r[1], "stage": r[2], "schedule_id": r[3], "time_s": r[4], "energy_j": r[5]}
-                for r in rows]
+        rows = self._read("SELECT rank, iteration, stage, schedule_id, time_s, energy_j, energy_source FROM reports "
+                          "WHERE job_id=? ORDER BY iteration, rank", (job_id,))
+        return [{"rank": r[0], "iteration": r[1], "stage": r[2], "schedule_id": r[3], "time_s": r[4], "energy_j": r[5],
+                 "energy_source": r[6]} for r in rows]
+
+    def energy_sources(self, job_id: str) -> list[str]:
+        """The distinct energy sources of the job's reports (``"nvml"``, ``"model"``), sorted."""
+        return [r[0] for r in self._read("SELECT DISTINCT energy_source FROM reports WHERE job_id=? AND "
+                                         "energy_source IS NOT NULL ORDER BY energy_source", (job_id,))]
 
     def count_reports(self, job_id: str) -> int:
         return int(self._read("SELECT COUNT(*) FROM reports WHERE job_id=?", (job_id,))[0][0])
