@@ -5,6 +5,8 @@ run, and says whether it is complete or which gap it has proven."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from hetplan.estimate import estimator
@@ -61,4 +63,5 @@ def test_slow_network_search_is_bounded_in_evaluations_and_deterministic(monkeyp
     drop = {"search_time_s"}
     assert {k: v for k, v in het.items() if k not in drop} == {
         k: v for k, v in b.heterogeneous.items() if k not in drop}
-    assert a.homogeneous == b.homogeneous and n_a == n_b and a.explanation == b.explanation
+    untimed = [[re.sub(r"in [0-9.]+ s", "in (time) s", line) for line in r.explanation] for r in (a, b)]
+    assert a.homogeneous == b.homogeneous and n_a == n_b and untimed[0] == untimed[1]
