@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from hetplan.model.spec import load_model
+from hetplan.plan import ParallelLayout
 from hetplan.profile import torchparts
 from hetplan.runtime import expert_parallel
 from hetplan.runtime.planio import Layout
@@ -19,8 +20,8 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world, ep = dist.get_rank(), dist.get_world_size(), int(sys.argv[2])
-    lay = Layout(pp=1, dp=world, tp=1, world_size=world, stage_layers=((0, 2),), num_microbatches=1,
-                 schedule="1f1b", virtual_stages=1, chunk_layers=((0, 2),), ep=ep)
+    lay = Layout(parallel=ParallelLayout.of(dp=world, ep=ep), stage_layers=((0, 2),), num_microbatches=1,
+                 schedule="1f1b", virtual_stages=1, chunk_layers=((0, 2),))
     group, expert_dp = expert_parallel.process_groups(lay, rank)
     out = {"rank": rank, "ep_rank": group.rank, "models": {}}
     b, s = 2, 16

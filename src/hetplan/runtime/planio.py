@@ -23,7 +23,7 @@ from hetplan.errors import HetplanError
 from hetplan.inputs import parse_json, read_text, validation_message
 from hetplan.model.reference import unsupported_features
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import Plan
+from hetplan.plan import ParallelLayout, Plan
 from hetplan.plan_rules import check_plan
 
 #: Pipeline schedules the runtime offers (the plan's ``schedule`` or the ``--schedule`` override).
@@ -66,26 +66,42 @@ class Layout:
     """How the runtime places a plan on ranks.
 
     Attributes:
-        pp, dp, tp: pipeline, data and tensor parallel degrees (the same on every stage).
-        world_size: pp * dp * tp ranks.
+        parallel: the plan's :class:`~hetplan.plan.ParallelLayout` (the same on every stage): the degrees
+            ``pp``, ``dp``, ``tp`` and ``ep`` (divides ``dp``; module doc) are read from it.
         stage_layers: ``[start, end)`` layer range of each pipeline stage (the plan's uneven split).
         num_microbatches: micro-batches per pipeline per iteration (global_batch / (dp * mbs)).
         schedule: ``1f1b``, ``gpipe`` or ``interleaved``; virtual_stages: model chunks per rank (interleaved).
         chunk_layers: ``[start, end)`` of each model chunk in pipeline order (``pp * virtual_stages`` chunks;
             chunk ``k`` runs on pipeline rank ``k % pp``).
-        ep: expert-parallel degree (divides ``dp``; module doc).
     """
 
-    pp: int
-    dp: int
-    tp: int
-    world_size: int
+    parallel: ParallelLayout
     stage_layers: tuple[tuple[int, int], ...]
     num_microbatches: int
     schedule: str
     virtual_stages: int
     chunk_layers: tuple[tuple[int, int], ...]
-    ep: int = 1
+
+    @property
+    def pp(self) -> int:
+        return self.parallel.pp
+
+    @property
+    def dp(self) -> int:
+        return self.parallel.dp
+
+    @property
+    def tp(self) -> int:
+        return self.parallel.tp
+
+    @property
+    def ep(self) -> int:
+        return self.parallel.ep
+
+    @property
+    def world_size(self) -> int:
+        """pp * dp * tp ranks."""
+        return self.parallel.world_size
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """``(pp_rank, dp_rank, tp_rank)`` of a global rank."""
@@ -103,21 +119,20 @@ class Layout:
 
 
 def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_stages: int = 2,
-           max_world_size: int | None = None, dp_mode: str | None = None) -> Layout:
+           max_world_size: int | None = None) -> Layout:
     """Check that the runtime can run ``plan`` and return its :class:`Layout`.
 
     Args:
         schedule: override of the plan's schedule (``1f1b``, ``gpipe``, ``interleaved``).
         virtual_stages: model chunks per pipeline rank for the interleaved schedule (>= 2; ignored otherwise).
         max_world_size: the most ranks allowed (e.g. GPUs available, or a CPU process cap).
-        dp_mode: the run's ``--dp-mode`` (default: ``fsdp`` for ZeRO-3 plans, else ``ddp``).
     Raises:
         PlanRuleError: the plan breaks a rule of :mod:`hetplan.plan_rules` (TP not dividing heads, layers not
             adding up, ...).
         HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages),
             a stage too small to interleave, an unknown schedule, more ranks than ``max_world_size``; a model
             the reference transformer does not build (:func:`hetplan.model.reference.unsupported_features`); CP > 1
-            (see :data:`CP_MISSING`); EP not dividing DP, or EP under FSDP. All refused before any process starts.
+            (see :data:`CP_MISSING`); EP not dividing DP. All refused before any process starts.
     """
     check_plan(plan, spec)
     missing = unsupported_features(spec)
@@ -140,15 +155,12 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
             f"stages have different TP degrees {sorted(tps)} or DP degrees {sorted(dps)}; the runtime runs one "
             "(dp, tp) for all stages (torch.distributed.pipelining needs matching DP replicas across stages)",
             field="plan.stages[].tp/dp", fix="give every stage the same tp and dp (layer counts may differ)")
-    tp, dp, pp = tps.pop(), dps.pop(), plan.pp
+    par = plan.stage_layout(0)
+    tp, dp, pp = par.tp, par.dp, par.pp
     if plan.ep > 1 and dp % plan.ep:
         raise HetplanError(f"EP {plan.ep} does not divide DP {dp}: the runtime places each EP group on EP consecutive "
                            "data-parallel replicas (experts not TP-sharded)", field="plan.ep",
                            fix=f"use an EP degree that divides dp = {dp} (and the {spec.num_experts} experts)")
-    if plan.ep > 1 and (dp_mode or ("fsdp" if plan.zero == 3 else "ddp")) == "fsdp":
-        raise HetplanError(f"EP {plan.ep} with FSDP: the runtime reduces expert gradients over the expert-DP ranks "
-                           "itself and does not shard them with fully_shard", field="--dp-mode",
-                           fix="pass --dp-mode ddp (or use zero < 3 in the plan)")
     world = pp * dp * tp
     if max_world_size is not None and world > max_world_size:
         raise HetplanError(f"the plan needs {world} ranks (pp {pp} x dp {dp} x tp {tp}) but at most {max_world_size} "
@@ -189,8 +201,8 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
     if pp > 1 and sched == "interleaved" and mb % pp:
         raise HetplanError(f"the interleaved schedule needs the micro-batches per pipeline ({mb}) to be a multiple of "
                            f"pp = {pp}", field="plan.job.global_batch", fix="change global_batch or mbs")
-    return Layout(pp=pp, dp=dp, tp=tp, world_size=world, stage_layers=tuple(bounds), num_microbatches=mb,
-                  schedule=sched, virtual_stages=v, chunk_layers=tuple(ordered), ep=plan.ep)
+    return Layout(parallel=par, stage_layers=tuple(bounds), num_microbatches=mb, schedule=sched, virtual_stages=v,
+                  chunk_layers=tuple(ordered))
 
 
 def plan_model(plan: Plan) -> ModelSpec:

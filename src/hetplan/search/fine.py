@@ -3,7 +3,8 @@ for Large Model Training with Bottleneck Alleviation", EuroSys'24, Sec. 4).
 
 **Space.** One GPU pool, a fixed number of GPUs (the start plan's). Stages with their own GPU count, TP and DP
 degree (:class:`hetplan.search.fine_cost.FineStage`), uneven layer splits, one pipeline micro-batch of ``B``
-sequences that stage ``i`` splits over its ``dp_i`` replicas (``B / dp_i`` each; Aceso Sec. 3), ZeRO 0 or 1,
+sequences that stage ``i`` splits over its ``dp_i`` replicas (``B / dp_i`` each; Aceso Sec. 3), one CP and one EP
+degree for all stages (a stage uses ``tp_i·cp·dp_i`` GPUs; EP divides every ``dp_i·cp``), ZeRO 0 or 1,
 per-layer recomputation (repaired to the lightest that fits, :meth:`FineCostModel.repair`; a ``recompute`` pin
 limits it to that mode, ``none`` to no recomputation), and resharding
 between stages whose layouts differ (:mod:`hetplan.estimate.reshard`). Uniform Megatron-style plans are points of
@@ -18,7 +19,8 @@ stays met).
 2. generate the moves that target it (Aceso Sec. 4.2, Table 2): move layers to a neighbour (the amount that
    balances the two, and powers of two), change its TP/DP at the same GPU count, take GPUs from another stage
    (halving it, or doubling the bottleneck), split it in two, merge the two lightest neighbours (and split the
-   bottleneck), change the pipeline micro-batch, toggle ZeRO-1; structural moves are also tried followed by a
+   bottleneck), change the pipeline micro-batch, toggle ZeRO-1, CP x2 with every DP halved (or back), another EP
+   degree; structural moves are also tried followed by a
    re-balancing of all layers (fluid balance of per-layer times); recomputation follows every move (repair);
 3. take the best move; if none improves, take the best move to a state not visited yet anyway (a *hop*, Aceso's
    multi-hop escape from local optima) — at most ``max_hops`` hops in a row; stop when they are spent.

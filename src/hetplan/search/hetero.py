@@ -2,9 +2,11 @@
 
 **Space.** A plan uses one micro-batch size ``b``, one data-parallel degree ``d`` for every stage (the 1F1B closed
 form of :func:`hetplan.estimate.pipeline.pipeline_time_s` counts the micro-batches of the first stage; with
-different DP degrees per stage the stages would not process the same micro-batches) and a ZeRO stage 0 or 1
-(the pipeline engines of Megatron-LM and DeepSpeed support no more). From each pool ``k`` it takes ``s_k >= 0``
-stages of ``tp_k x d`` GPUs each (TP differs between pools, is the same within one pool; a power of two dividing
+different DP degrees per stage the stages would not process the same micro-batches), a ZeRO stage 0 or 1
+(the pipeline engines of Megatron-LM and DeepSpeed support no more), one context-parallel degree ``cp`` and one
+expert-parallel degree ``ep`` (the homogeneous space's degrees, :func:`hetplan.search.space.cp_degrees` and
+:func:`hetplan.search.space.ep_degrees`). From each pool ``k`` it takes ``s_k >= 0`` stages of ``tp_k x cp x d``
+GPUs each (TP differs between pools, is the same within one pool; a power of two dividing
 the heads, at most the pool's GPUs per node, ``s_k tp_k d <= count_k``). The stages of one pool form one
 contiguous block of the pipeline, and the blocks come in any order (``K!`` orders for ``K`` pools used): stages
 of a pool take consecutive GPUs (nodes), so consecutive stages of one pool may share a node and talk over the
@@ -45,7 +47,8 @@ it cut a6000+a6000+3090 ($0.2019/iteration) and returned a6000×3 ($0.2218). Our
 one stage as if it held for another position or partition.
 
 Per-stage costs come from :func:`hetplan.estimate.stage.stage_costs`, evaluated once per (GPU type, TP, ``b``,
-``d``, ZeRO) on arrays over (stage kind, micro-batches in flight, layers, recomputation), the same formulas that
+``d``, ZeRO, CP, EP) on arrays over (stage kind, micro-batches in flight, layers, recomputation), and boundaries
+from :func:`hetplan.estimate.iteration.boundary_time_s`: the same functions that
 :func:`hetplan.estimate.estimator.estimate` applies to one plan.
 """
 
