@@ -121,7 +121,7 @@ class PhillipsDessoukySolver:
         self._topo_preds = [(v, tuple(int(p) for p in self.pred[v] if p < n)) for v in topo]
         self._rtopo_succs = [(v, tuple(int(q) for q in self.succ[v] if q < n)) for v in reversed(topo)]
         # NumPy per topological layer wins when layers are wide (many stages); Python lists otherwise
-        self._py_sched = n / max(len(dag.levels), 1) < 12
+        self._py_sched = dag.narrow
         self.node_in = 2 + 2 * np.arange(n)
         self.node_out = self.node_in + 1
         self.num_nodes = 2 * n + 2

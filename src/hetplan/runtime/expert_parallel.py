@@ -2,10 +2,11 @@
 :class:`~hetplan.runtime.planio.Layout`, and which parameters each reduces. Imports torch.
 
 With EP, the experts of a MoE layer differ between the DP ranks of an EP group, so DDP's all-reduce over DP would
-mix different experts. The trainer then reduces gradients itself after the backward:
-the dense parameters (attention, norms, router, shared expert, embeddings) are averaged over DP, the expert weights
-summed over expert-DP and divided by DP — the gradient of the mean loss over the global batch, as Megatron-Core scales
-expert gradients (``megatron/core/distributed/distributed_data_parallel.py``: ``expert_gradient_scaling_factor =
+mix different experts, and FSDP would shard them as if they were equal. The dense parameters (attention, norms,
+router, shared expert, embeddings) are averaged over DP (by FSDP, or by the trainer after the backward in place of
+DDP); the expert weights, left out of FSDP, are summed over expert-DP after the backward and divided by DP — the
+gradient of the mean loss over the global batch, as Megatron-Core scales expert gradients
+(``megatron/core/distributed/distributed_data_parallel.py``: ``expert_gradient_scaling_factor =
 1 / data_parallel_world_size``).
 """
 

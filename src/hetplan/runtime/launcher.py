@@ -176,7 +176,7 @@ def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
     gpus = _visible_gpus()
     per_node = opts.max_procs or (gpus if gpus else DEFAULT_MAX_CPU_PROCS)
     lay = planio.layout(plan, spec, schedule=opts.schedule, virtual_stages=opts.virtual_stages,
-                        max_world_size=per_node * opts.nnodes, dp_mode=opts.dp_mode)
+                        max_world_size=per_node * opts.nnodes)
     try:
         import importlib.util
 

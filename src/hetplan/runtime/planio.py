@@ -119,21 +119,20 @@ class Layout:
 
 
 def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_stages: int = 2,
-           max_world_size: int | None = None, dp_mode: str | None = None) -> Layout:
+           max_world_size: int | None = None) -> Layout:
     """Check that the runtime can run ``plan`` and return its :class:`Layout`.
 
     Args:
         schedule: override of the plan's schedule (``1f1b``, ``gpipe``, ``interleaved``).
         virtual_stages: model chunks per pipeline rank for the interleaved schedule (>= 2; ignored otherwise).
         max_world_size: the most ranks allowed (e.g. GPUs available, or a CPU process cap).
-        dp_mode: the run's ``--dp-mode`` (default: ``fsdp`` for ZeRO-3 plans, else ``ddp``).
     Raises:
         PlanRuleError: the plan breaks a rule of :mod:`hetplan.plan_rules` (TP not dividing heads, layers not
             adding up, ...).
         HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages),
             a stage too small to interleave, an unknown schedule, more ranks than ``max_world_size``; a model
             the reference transformer does not build (:func:`hetplan.model.reference.unsupported_features`); CP > 1
-            (see :data:`CP_MISSING`); EP not dividing DP, or EP under FSDP. All refused before any process starts.
+            (see :data:`CP_MISSING`); EP not dividing DP. All refused before any process starts.
     """
     check_plan(plan, spec)
     missing = unsupported_features(spec)
@@ -162,10 +161,6 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
         raise HetplanError(f"EP {plan.ep} does not divide DP {dp}: the runtime places each EP group on EP consecutive "
                            "data-parallel replicas (experts not TP-sharded)", field="plan.ep",
                            fix=f"use an EP degree that divides dp = {dp} (and the {spec.num_experts} experts)")
-    if plan.ep > 1 and (dp_mode or ("fsdp" if plan.zero == 3 else "ddp")) == "fsdp":
-        raise HetplanError(f"EP {plan.ep} with FSDP: the runtime reduces expert gradients over the expert-DP ranks "
-                           "itself and does not shard them with fully_shard", field="--dp-mode",
-                           fix="pass --dp-mode ddp (or use zero < 3 in the plan)")
     world = pp * dp * tp
     if max_world_size is not None and world > max_world_size:
         raise HetplanError(f"the plan needs {world} ranks (pp {pp} x dp {dp} x tp {tp}) but at most {max_world_size} "

@@ -8,8 +8,8 @@ Per rank:
 2. Its model chunk(s) (:func:`hetplan.profile.torchparts.build_stage`: random weights, the plan's uneven layer
    split; TP with DTensor); DP with DDP (``--dp-mode ddp``, ZeRO-0) or FSDP2 ``fully_shard`` (``fsdp``, the
    default when the plan asks for ZeRO-3). MoE models with EP > 1: each rank builds its EP group's share of the
-   experts (:mod:`hetplan.runtime.expert_parallel`) and the gradients are reduced after the backward, dense ones
-   over DP, expert ones over expert-DP.
+   experts (:mod:`hetplan.runtime.expert_parallel`); the expert gradients are reduced over expert-DP after the
+   backward (FSDP ignores the experts), the dense ones over DP (by FSDP, or after the backward with "ddp").
 3. ``torch.distributed.pipelining``: :class:`PipelineStage` per chunk and ``Schedule1F1B`` / ``ScheduleGPipe`` /
    ``ScheduleInterleaved1F1B`` over the plan's micro-batches (single-stage plans run a plain gradient-accumulation
    loop); AdamW; synthetic tokens (seeded per DP replica).
@@ -78,8 +78,7 @@ def run_rank(argv: list[str] | None = None) -> dict | None:
     args = _parse(argv)
     plan = planio.load_plan(args.plan)
     spec = planio.plan_model(plan)
-    lay = planio.layout(plan, spec, schedule=args.schedule, virtual_stages=args.virtual_stages,
-                        dp_mode=args.dp_mode)
+    lay = planio.layout(plan, spec, schedule=args.schedule, virtual_stages=args.virtual_stages)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if world != lay.world_size:
@@ -135,7 +134,9 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
         elif lay.dp > 1 and dp_mode == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
-            fully_shard(mod, mesh=mesh["dp"])
+            # with EP the experts differ between DP ranks: FSDP leaves them alone, they are reduced below
+            ignored = set(expert_parallel.split_parameters([mod])[1]) if lay.ep > 1 else None
+            fully_shard(mod, mesh=mesh["dp"], ignored_params=ignored)
         wrapped.append(mod)
     params = [p for m in raw for p in m.parameters()]
     dense, experts = expert_parallel.split_parameters(raw) if lay.ep > 1 else (params, [])
@@ -195,6 +196,7 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
                 loss_val = (loss_val or 0.0) + float(loss.detach())
         if manual_dp:
             _allreduce_grads(dense, mesh["dp"].get_group(), lay.dp)
+        if lay.ep > 1:
             _allreduce_grads(experts, expert_dp, lay.dp)  # summed over expert-DP, divided by DP
         opt.step()
         return loss_val
