@@ -34,7 +34,9 @@ class Job(BaseModel):
         global_batch: sequences per iteration (all data-parallel replicas together).
         train_tokens: total training tokens (the job length); or give ``train_iterations``.
         train_iterations: number of iterations (used if ``train_tokens`` is not given).
-        dtype: compute dtype of weights and activations (``bf16`` or ``fp16``).
+        dtype: compute dtype of weights and activations: ``bf16``, ``fp16``, or ``fp8`` (FP8 training as
+            Transformer Engine / torchao float8 run it: the linear layers' GEMMs in FP8, everything else in bf16,
+            bf16 weights with fp32 master weights and optimizer states; :mod:`hetplan.estimate.fp8`).
         optimizer: ``adam`` (mixed precision: fp32 master weights, fp32 momentum and variance; Megatron-LM's
             fp32 gradient accumulation buffer).
         attention: ``flash`` (the default: FlashAttention, Dao et al. 2022, causal: no s x s tensor stored, scores
@@ -73,7 +75,7 @@ class Job(BaseModel):
     train_tokens: float | None = bounded(1e15, "1e15 tokens is 64x Llama 3's 15.6e12", default=None, gt=0)
     train_iterations: int | None = bounded(10**9, "a billion iterations is 1,000x any published run", default=None,
                                            gt=0)
-    dtype: Literal["bf16", "fp16"] = "bf16"
+    dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam"] = "adam"
     attention: Literal["standard", "flash"] = "flash"
     framework: Literal["megatron", "deepspeed", "fsdp"] = "megatron"

@@ -90,7 +90,9 @@ BOUNDS = {
     # With plan.cp / plan.ep (helper moe) the CP and MoE/EP rows became expressible, not yet calibrated: dgxc_h100
     # max 17.1 % (CP 2 / Grok-1 EP rows; dense CP-1 subset unchanged, MAPE 3.9 %); dgxc_gb200 MAPE 18.4 % from the
     # MoE rows (DeepSeek-V3 EP 32-64 on NVL72 -67 %, Grok-1 +24 %, Llama 4 Maverick -13 %; dense and CP rows -4 %).
-    "dgxc_h100": {"mape": 0.10, "max_abs_error": 0.18, "kendall_tau": 0.45},
+    # With dtype fp8 (helper fp8) the FP8 rows became expressible: dense CP-1 MAPE 5.1 % (bf16 3.5 %, fp8 6.6 %),
+    # tau 0.82 (target 0.8 met with both dtypes); the max is an FP8 Grok-1 EP row (-25 %, MoE not calibrated).
+    "dgxc_h100": {"mape": 0.10, "max_abs_error": 0.27, "kendall_tau": 0.45},
     "dgxc_gb200": {"mape": 0.185},
     "torchtitan": {"mape": 0.31},
     "llama3_405b": {"max_abs_error": 0.23},
@@ -139,6 +141,9 @@ NOT_FITTING_YET = {
     # MoE / CP rows expressible since EP and CP: the per-layer MoE activations (k token copies of the routed
     # experts, the 1F1B in-flight count of a full-recompute layer) are not yet calibrated against these runs.
     "dgxc_gb200:Grok-1 314B (MoE):n128", "dgxc_gb200:Grok-1 314B (MoE):n256", "dgxc_gb200:Grok-1 314B (MoE):n512",
+    # The ModelZoo's MXFP8 GB200 row (expressible since dtype fp8): it ran with activation offloading and the
+    # moe_act + layernorm recompute modules, neither modelled: 216 GiB predicted (314 GiB in bf16) on 173 GiB.
+    "moe_h100:Qwen3-235B-A22B:n256",
 }
 
 
@@ -177,6 +182,34 @@ def test_moe_models_without_preset_have_their_published_size(name, total_b, acti
     m = modern.moe_model({"model": name, "layers": ""})
     assert counts.total_parameters(m) / 1e9 == pytest.approx(total_b, rel=0.01)
     assert counts.active_parameters(m) / 1e9 == pytest.approx(active_b, rel=0.03)
+
+
+def test_fp8_rows_are_predicted_and_reported_apart(run):
+    """FP8 rows are expressible (dtype = "fp8") and reported apart from bf16: the dense CP-1 subset of dgxc_h100
+    meets the issue's 10 % for each dtype; every set with both dtypes reports them apart."""
+    result, cases = run
+    r = result["dgxc_h100"]
+    assert set(r["dense_cp1_per_dtype"]) == {"bf16", "fp8"}
+    for d in ("bf16", "fp8"):
+        assert r["dense_cp1_per_dtype"][d]["n"] > 40
+        assert r["dense_cp1_per_dtype"][d]["mape"] <= 0.10, (d, r["dense_cp1_per_dtype"][d])
+    assert r["dense_cp1"]["kendall_tau"] >= 0.8
+    assert {"bf16", "fp8"} <= set(result["torchtitan"]["per_dtype"])
+    reasons = [x["reason"] for x in result["torchtitan"]["not_expressible"]["rows"]]
+    assert any("row-wise" in x for x in reasons)
+
+
+def test_fp8_efficiency_fit_reproduces_the_catalog_and_holds_out():
+    """The FP8 GEMM efficiency of H100-SXM, fitted on the seeded 25 % of the dense CP-1 FP8 rows of the modern
+    sets (:func:`hetplan.calibration.modern_fit.fit_cases`: 9 rows), is the catalog's 0.665, and the 48 held-out
+    rows stay within 9 % MAPE (7.4 % measured) — the held-out error bound of the FP8 fit."""
+    from hetplan.calibration import modern_fit
+
+    fit = modern_fit.fit_gpu_dtype(modern_fit.fit_cases(), "H100-SXM", "fp8")
+    assert fit.field == "fp8_compute_efficiency"
+    assert fit.value == pytest.approx(load_catalog().get("H100-SXM").fp8_compute_efficiency, abs=0.002)
+    assert fit.n_calibration >= 5 and fit.n_held_out >= 30
+    assert fit.held_out_after["mape"] <= 0.09
 
 
 def test_gpt_oss_20b_has_its_published_size():

@@ -34,7 +34,7 @@ def _expected(plan: Plan) -> dict:
     rec = st[0].recompute
     return {"tp": st[0].tp, "dp": st[0].dp, "pp": plan.pp, "stage_layers": [s.num_layers for s in st],
             "mbs": plan.mbs, "global_batch": plan.job.global_batch, "microbatches": plan.num_microbatches(0),
-            "virtual_stages": plan.virtual_stages, "recompute": rec, "zero": plan.zero}
+            "virtual_stages": plan.virtual_stages, "recompute": rec, "zero": plan.zero, "dtype": plan.job.dtype}
 
 
 # --- Megatron-LM: the arguments pretrain_gpt.py parses ------------------------------------------------------------
@@ -73,13 +73,14 @@ def _megatron(ex: exporters.Export, spec) -> dict:
     if "use-megatron-fsdp" in args:
         zero = {"optim_grads": 2, "optim_grads_params": 3}[args["data-parallel-sharding-strategy"]]
     rec = args.get("recompute-granularity", "none")
+    dtype = "fp8" if "fp8-format" in args else "bf16" if "bf16" in args else "fp16" if "fp16" in args else "fp32"
     assert int(args["hidden-size"]) == spec.hidden_size and int(args["ffn-hidden-size"]) == spec.ffn_hidden_size
     assert int(args["num-attention-heads"]) == spec.num_attention_heads
     assert int(args.get("num-query-groups", spec.num_attention_heads)) == spec.num_kv_heads
     return {"tp": tp, "dp": dp, "pp": pp, "stage_layers": layers, "mbs": mbs, "global_batch": gbs,
             "microbatches": gbs // (mbs * dp),
             "virtual_stages": int(vpr) if vpr else L // (pp * int(vps)) if vps else 1,
-            "recompute": rec, "zero": zero, "args": args}
+            "recompute": rec, "zero": zero, "dtype": dtype, "args": args}
 
 
 # --- DeepSpeed: ds_config.json + PipelineModule partition ---------------------------------------------------------
@@ -100,7 +101,8 @@ def _deepspeed(ex: exporters.Export, spec) -> dict:
     rec = "full" if pipe["activation_checkpoint_interval"] else "none"
     return {"tp": 1, "dp": gbs // (mbs * gas), "pp": pipe["num_stages"], "stage_layers": sizes, "mbs": mbs,
             "global_batch": gbs, "microbatches": gas, "virtual_stages": 1, "recompute": rec,
-            "zero": cfg["zero_optimization"]["stage"]}
+            "zero": cfg["zero_optimization"]["stage"],
+            "dtype": "bf16" if cfg["bf16"]["enabled"] else "fp16" if cfg["fp16"]["enabled"] else "fp32"}
 
 
 # --- torchtitan: the TOML job config and the flavor module ---------------------------------------------------------
@@ -142,7 +144,9 @@ def _torchtitan(ex: exporters.Export, spec) -> dict:
         assert cfg["experimental"]["custom_import"] == "hetplan_torchtitan_model"
     return {"tp": par["tensor_parallel_degree"], "dp": dp, "pp": pp, "stage_layers": layers, "mbs": mbs,
             "global_batch": tr["global_batch_size"], "microbatches": micro, "virtual_stages": v,
-            "recompute": cfg["activation_checkpoint"]["mode"], "zero": zero, "flavor": cfg["model"]["flavor"]}
+            "recompute": cfg["activation_checkpoint"]["mode"], "zero": zero, "flavor": cfg["model"]["flavor"],
+            "dtype": "fp8" if "float8" in cfg["model"].get("converters", []) else
+            {"bfloat16": "bf16", "float32": "fp32"}[tr["mixed_precision_param"]]}
 
 
 READ = {"megatron": _megatron, "deepspeed": _deepspeed, "torchtitan": _torchtitan}
@@ -163,6 +167,8 @@ CASES = [
     ("llama3-style-uneven-interleaved", lambda: _plan(
         str(ROOT / "examples" / "tiny-model.json"), [{"num_layers": 1}, {"num_layers": 2}, {"num_layers": 1}],
         gbs=12, mbs=2, seq=128, v=2), ("megatron", "torchtitan")),
+    ("fp8-tp2-pp2-fsdp", lambda: _plan("llama3-8b", [{"num_layers": 16, "tp": 2, "dp": 4}] * 2, gbs=64, mbs=1,
+                                       zero=3, dtype="fp8", attention="flash"), ("megatron", "torchtitan")),
     ("zero2-pp1-selective", lambda: _plan("llama2-7b", [{"num_layers": 32, "tp": 4, "dp": 4, "recompute": "selective"}],
                                           gbs=64, mbs=2, zero=2), ("megatron", "torchtitan")),
 ]
@@ -253,3 +259,25 @@ def test_megatron_partial_full_recompute_is_block_method():
                  gbs=64, mbs=2)
     args = _megatron(exporters.export(plan, load_model("llama2-7b"), "megatron"), load_model("llama2-7b"))["args"]
     assert (args["recompute-method"], args["recompute-num-layers"]) == ("block", "5")
+
+
+def test_fp8_export_carries_the_recipe_the_estimate_assumed():
+    """Megatron-LM: bf16 plus NeMo's FP8 recipe on Hopper (hybrid, delayed scaling over 1,024 steps, FP8
+    parameters) and MXFP8 on Blackwell; torchtitan: the float8 converter with the FSDP2 float8 all-gather, the head
+    filtered, torch.compile on; DeepSpeed refuses with the reason."""
+    plan = _plan("llama3-8b", [{"num_layers": 32, "tp": 2, "dp": 4}], gbs=64, mbs=1, zero=1, dtype="fp8",
+                 attention="flash")
+    spec = load_model("llama3-8b")
+    args = _megatron(exporters.export(plan, spec, "megatron"), spec)["args"]
+    assert args["bf16"] is True and args["fp8-format"] == "hybrid" and args["fp8-recipe"] == "delayed"
+    assert args["fp8-amax-history-len"] == "1024" and args["fp8-amax-compute-algo"] == "max"
+    assert args["fp8-param-gather"] is True
+    b200 = plan.model_copy(update={"pools": [GPUPool(gpu="B200", count=64)]})
+    args = _megatron(exporters.export(b200, spec, "megatron"), spec)["args"]
+    assert args["fp8-recipe"] == "mxfp8" and args["fp8-format"] == "e4m3"
+    cfg = tomllib.loads(exporters.export(plan, spec, "torchtitan").files["torchtitan.toml"])
+    assert cfg["model"]["converters"] == ["float8"] and cfg["compile"]["enable"] is True
+    assert cfg["float8"] == {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True,
+                             "filter_fqns": ["output"]}
+    with pytest.raises(HetplanError, match="no FP8"):
+        exporters.export(plan.model_copy(update={"stages": [Stage(num_layers=32, dp=8)]}), spec, "deepspeed")

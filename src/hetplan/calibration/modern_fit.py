@@ -1,11 +1,12 @@
 """Fit the GEMM efficiency of today's GPUs on the modern sets (``python -m hetplan.calibration.modern_fit``).
 
 What is fitted: one physical constant per (GPU type, GEMM dtype) — the large-GEMM efficiency ``e_max`` of
-:mod:`hetplan.estimate.compute` (``GPUSpec.compute_efficiency`` for bf16; the FP8 efficiency field of the catalog
-for fp8 once the estimator has one, :func:`efficiency_field`) — never a per-row factor. On which rows: the
+:mod:`hetplan.estimate.compute` (``GPUSpec.compute_efficiency`` for bf16, ``GPUSpec.fp8_compute_efficiency`` for fp8,
+:func:`efficiency_field`) — never a per-row factor. On which rows: the
 seeded calibration fraction (:data:`hetplan.calibration.modern.CALIBRATION_FRACTION`, a hash of the row key) of
-every expressible dense modern row of that GPU and dtype, all sets together (MoE rows run grouped expert GEMMs,
-another efficiency, and are left to validation); the other rows are held out and reported
+every expressible dense modern row of that GPU and dtype without context parallelism, all sets together (MoE rows
+run grouped expert GEMMs, another efficiency, and CP rows add the K/V exchange: both are left to validation); the
+other rows are held out and reported
 before and after the fit. How: least squares on log(predicted / measured) (a rate and a time weigh the same),
 bounded to [0.3, 1.0], everything else (``gemm_half_dim``, kernel overhead, links) as in the catalog.
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from hetplan.calibration import modern
 from hetplan.calibration.validation import metrics
-from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
+from hetplan.hardware.catalog import Catalog, load_catalog
 
 #: Search interval of an efficiency (fraction of the dense peak).
 BOUNDS = (0.3, 1.0)
@@ -53,16 +54,10 @@ class EfficiencyFit:
     held_out_after: dict
 
 
-def efficiency_field(dtype: str) -> str | None:
-    """The :class:`GPUSpec` field holding the GEMM efficiency of ``dtype``: ``compute_efficiency`` for bf16 /
-    fp16; for fp8 the catalog's FP8 efficiency field if the estimator has one (a field named ``*fp8*efficiency``
-    or ``*efficiency*fp8*``), else None (not fittable)."""
-    if dtype in ("bf16", "fp16"):
-        return "compute_efficiency"
-    for name in GPUSpec.model_fields:
-        if dtype in name and "efficiency" in name:
-            return name
-    return None
+def efficiency_field(dtype: str) -> str:
+    """The :class:`GPUSpec` field holding the GEMM efficiency of ``dtype``: ``fp8_compute_efficiency`` for fp8,
+    ``compute_efficiency`` for bf16 / fp16."""
+    return "fp8_compute_efficiency" if dtype == "fp8" else "compute_efficiency"
 
 
 def _with(catalog: Catalog, gpu: str, field: str, value: float) -> Catalog:
@@ -85,7 +80,8 @@ def _log_err(cases, catalog) -> np.ndarray:
 
 def fit_gpu_dtype(cases: list, gpu: str, dtype: str, catalog: Catalog | None = None) -> EfficiencyFit | None:
     """Fit the efficiency of (``gpu``, ``dtype``) on the calibration rows among ``cases`` (module doc); None when
-    there is no calibration row or no field for the dtype."""
+    there is no calibration row. ``was``: the catalog value (an unfitted FP8 efficiency: ``compute_efficiency``,
+    which the estimator then uses)."""
     from scipy.optimize import minimize_scalar
 
     catalog = catalog or load_catalog()
@@ -93,9 +89,10 @@ def fit_gpu_dtype(cases: list, gpu: str, dtype: str, catalog: Catalog | None = N
     mine = [c for c in cases if (c.gpu, c.dtype) == (gpu, dtype)]
     cal = [c for c in mine if c.is_calibration]
     held = [c for c in mine if not c.is_calibration]
-    if field is None or not cal:
+    if not cal:
         return None
-    was = float(getattr(catalog.get(gpu), field))
+    spec = catalog.get(gpu)
+    was = float(getattr(spec, field) if getattr(spec, field) is not None else spec.compute_efficiency)  # unfitted FP8
     res = minimize_scalar(lambda e: float(np.sum(_log_err(cal, _with(catalog, gpu, field, e)) ** 2)),
                           bounds=BOUNDS, method="bounded", options={"xatol": 1e-4})
     value = round(float(res.x), 3)
@@ -108,11 +105,16 @@ def fit_gpu_dtype(cases: list, gpu: str, dtype: str, catalog: Catalog | None = N
     return EfficiencyFit(gpu, dtype, field, value, was, len(cal), len(held), before, after)
 
 
+def fit_cases(sets: Iterable[str] = modern.SET_NAMES, catalog: Catalog | None = None) -> list:
+    """The rows the fit draws on (module doc): the expressible dense rows without CP of the modern ``sets``."""
+    return [c for cs, _ in modern.load_sets(sets, catalog).values() for c in cs
+            if not getattr(c.model, "num_experts", 0) and c.info.get("cp", 1) == 1]
+
+
 def fit_modern(sets: Iterable[str] = modern.SET_NAMES, catalog: Catalog | None = None) -> list[EfficiencyFit]:
-    """Fit every (GPU, dtype) that has calibration rows among the dense rows of the modern ``sets``."""
+    """Fit every (GPU, dtype) that has calibration rows among :func:`fit_cases`."""
     catalog = catalog or load_catalog()
-    cases = [c for cs, _ in modern.load_sets(sets, catalog).values() for c in cs
-             if not getattr(c.model, "num_experts", 0)]
+    cases = fit_cases(sets, catalog)
     out = []
     for gpu, dtype in sorted({(c.gpu, c.dtype) for c in cases}):
         f = fit_gpu_dtype(cases, gpu, dtype, catalog)

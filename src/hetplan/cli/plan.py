@@ -128,7 +128,8 @@ def plan_command(
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per iteration."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Total training tokens (job length), e.g. 1e12."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 or fp16."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp8 (linear layers in FP8 as "
+                                        "Transformer Engine / torchao float8 run them)."),
     attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default) or "
                                             "standard (s x s scores stored, Megatron-LM without --use-flash-attn)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "

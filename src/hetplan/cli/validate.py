@@ -68,6 +68,10 @@ def _print_modern(console, sets: dict) -> None:
         if "dense_cp1" in r:
             d = r["dense_cp1"]
             say(f"  dense, CP 1: n {d['n']}, MAPE {_fmt(d['mape'])}, τ {_fmt(d['kendall_tau'], pct=False)}")
+            for dt, d in r.get("dense_cp1_per_dtype", {}).items():
+                say(f"    {dt}: n {d['n']}, MAPE {_fmt(d['mape'])}, max {_fmt(d['max_abs_error'])}")
+        if len(r.get("per_dtype", {})) > 1:
+            say("  by dtype: " + "; ".join(f"{dt} n {d['n']}, MAPE {_fmt(d['mape'])}" for dt, d in r["per_dtype"].items()))
         if r["does_not_fit"]:
             say(f"  predicted not to fit although they ran: {len(r['does_not_fit'])} of {r['n']} rows")
         for reason, k in Counter(x["reason"] for x in r["not_expressible"]["rows"]).most_common():

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetplan.estimate import fp8
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
@@ -80,41 +81,57 @@ def pool_gpu(catalog, pool, field: str = "gpu") -> GPUSpec:
     return gpu if tau is None else gpu.model_copy(update={"kernel_overhead_s": float(tau)})
 
 
-def gemm_efficiency(gpu: GPUSpec, M, N, K):
-    """Fraction of the dense peak a GEMM of shape (M, N, K) reaches: ``e_max · φ(M)·φ(N)·φ(K)`` (module doc)."""
+def gemm_efficiency(gpu: GPUSpec, M, N, K, dtype: str = "bf16"):
+    """Fraction of the ``dtype`` dense peak a GEMM of shape (M, N, K) reaches: ``e_max · φ(M)·φ(N)·φ(K)`` (module
+    doc); ``e_max`` of FP8 GEMMs: :func:`hetplan.estimate.fp8.gemm_ceiling`."""
     x0 = gpu.gemm_half_dim
     phi = lambda x: x / (x + x0)  # noqa: E731
-    return gpu.compute_efficiency * phi(M) * phi(N) * phi(K)
+    return fp8.gemm_ceiling(gpu, dtype) * phi(M) * phi(N) * phi(K)
 
 
 def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1):
-    """Seconds for ``batch`` GEMMs of shape (M, N, K) on ``gpu`` (roofline with shape-dependent ceiling).
+    """Seconds for ``batch`` GEMMs of shape (M, N, K) on ``gpu`` (roofline with shape-dependent ceiling). FP8
+    GEMMs (:mod:`hetplan.estimate.fp8`): the FP8 peak and ceiling, 1-byte inputs, bf16 output.
 
     Raises:
         HetplanError: the GPU lacks ``dtype``.
     """
     flops = 2.0 * batch * M * N * K
-    bytes_ = OPERAND_BYTES * batch * (M * K + K * N + M * N)
-    return np.maximum(flops / (gpu.peak_flops_per_s(dtype) * gemm_efficiency(gpu, M, N, K)),
+    operand = fp8.OPERAND_BYTES if fp8.is_fp8(dtype) else OPERAND_BYTES
+    bytes_ = batch * (operand * (M * K + K * N) + OPERAND_BYTES * M * N)
+    return np.maximum(flops / (gpu.peak_flops_per_s(dtype) * gemm_efficiency(gpu, M, N, K, dtype)),
                       bytes_ / gpu.hbm_bandwidth_bytes_per_s)
+
+
+def attention_linear_shapes(m: ModelSpec, T, t):
+    """``[(M, N, K), ...]`` of a layer's attention projections on one of ``t`` TP ranks for ``T`` tokens: fused QKV
+    ``(T, (q+2g·d)/t, h)`` and output ``(T, h, q/t)``."""
+    h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
+    return [(T, (q + 2 * kv) / t, h), (T, h, q / t)]
+
+
+def mlp_linear_shapes(m: ModelSpec, T, f, t):
+    """``[(M, N, K), ...]`` of a TP-split MLP of inner size ``f`` on ``T`` tokens: ``(T, f/t, h)`` (``2f/t`` for
+    SwiGLU's fused gate/up) and ``(T, h, f/t)``."""
+    up = (2 if m.gated_mlp else 1) * f
+    return [(T, up / t, m.hidden_size), (T, m.hidden_size, f / t)]
 
 
 def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
     """``(linear_s, core_s)``: forward time of a layer's attention projections (fused QKV, output) and of its two
-    attention-core batched GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks."""
-    h, q, kv, a, d = m.hidden_size, m.q_dim, m.kv_dim, m.num_attention_heads, m.head_dim
-    T = b * s
-    linear = gemm_time_s(gpu, dtype, T, (q + 2 * kv) / t, h) + gemm_time_s(gpu, dtype, T, h, q / t)
+    attention-core batched GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks. Under FP8 the
+    projections run in FP8, the core in bf16 (:mod:`hetplan.estimate.fp8`)."""
+    a, d = m.num_attention_heads, m.head_dim
+    linear = sum(gemm_time_s(gpu, dtype, M, N, K) for M, N, K in attention_linear_shapes(m, b * s, t))
     heads = b * a / t
-    core = gemm_time_s(gpu, dtype, s, s, d, heads) + gemm_time_s(gpu, dtype, s, d, s, heads)
+    hp = fp8.high_precision(dtype)
+    core = gemm_time_s(gpu, hp, s, s, d, heads) + gemm_time_s(gpu, hp, s, d, s, heads)
     return linear, core
 
 
 def mlp_gemm_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, tokens, f, t):
-    """Forward time of a TP-split MLP of inner size ``f`` on ``tokens`` tokens: ``(T, f/t, h)`` (``2f/t`` for
-    SwiGLU's fused gate/up) and ``(T, h, f/t)``."""
-    up = (2 if m.gated_mlp else 1) * f
-    return gemm_time_s(gpu, dtype, tokens, up / t, m.hidden_size) + gemm_time_s(gpu, dtype, tokens, m.hidden_size, f / t)
+    """Forward time of a TP-split MLP of inner size ``f`` on ``tokens`` tokens (:func:`mlp_linear_shapes`)."""
+    return sum(gemm_time_s(gpu, dtype, M, N, K) for M, N, K in mlp_linear_shapes(m, tokens, f, t))
 
 
 def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
@@ -241,9 +258,10 @@ def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t):
 
 def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
     """Forward and backward time of the output head (logits GEMM ``(b·s, V/t, h)``, vocab-parallel) and the
-    cross-entropy loss, which touches the ``b·s·V/t`` logits in fp32 (4 bytes) twice (4 kernels)."""
+    cross-entropy loss, which touches the ``b·s·V/t`` logits in fp32 (4 bytes) twice (4 kernels). Under FP8 the
+    head stays bf16 (:mod:`hetplan.estimate.fp8`)."""
     V = m.padded_vocab_size()
-    gemm = gemm_time_s(gpu, dtype, b * s, V / t, m.hidden_size)
+    gemm = gemm_time_s(gpu, fp8.high_precision(dtype), b * s, V / t, m.hidden_size)  # the head stays bf16 (fp8 doc)
     loss = ELEMENTWISE_PASSES * 4 * b * s * V / t / gpu.hbm_bandwidth_bytes_per_s + 4 * gpu.kernel_overhead_s
     return gemm + loss, 2 * gemm + loss
 

@@ -70,7 +70,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetplan.errors import HetplanError
-from hetplan.estimate import context, moe
+from hetplan.estimate import context, fp8, moe
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -123,6 +123,12 @@ def stage_parameters(m: ModelSpec, num_layers, has_embedding, has_head, single_s
     return p + np.where(has_head, head, 0)
 
 
+def layer_parameters_per_gpu(m: ModelSpec, t, ep=1):
+    """Parameters of one layer (mean over the model's layers) on one GPU: the non-expert part split over TP, the
+    routed experts over EP (expert-TP 1)."""
+    return counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / np.asarray(ep))
+
+
 def stage_memory_bytes(
     m: ModelSpec,
     *,
@@ -147,6 +153,7 @@ def stage_memory_bytes(
     ep=1,
     moe_recompute=False,
     grad_reduce_dtype=None,
+    fp8_recipe=None,
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -177,6 +184,10 @@ def stage_memory_bytes(
         grad_reduce_dtype: ``"bf16"`` / ``"fp16"``: Megatron's gradient buffer holds 16-bit gradients and the
             optimizer an fp32 copy of its shard (module doc); None / ``"fp32"``: the fp32 buffer. FSDP keeps its
             own sharded fp32 gradients either way.
+        fp8_recipe: None, or the FP8 scaling recipe of an FP8 job (:func:`hetplan.estimate.fp8.recipe`): the FP8
+            weights' extra bytes (in ``weights``; :func:`hetplan.estimate.fp8.weight_copy_bytes`), the linear inputs
+            Transformer Engine saves in FP8 (in ``activations``); under torchao (``fsdp``) the unsharded units
+            gathered in FP8 (:mod:`hetplan.estimate.fp8`).
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -187,7 +198,7 @@ def stage_memory_bytes(
                            fix="use 'megatron', 'deepspeed' or 'fsdp'")
     dense, expert = moe.parameters_per_gpu(stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep)
-    layer_params = counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / np.asarray(ep))
+    layer_params = layer_parameters_per_gpu(m, t, ep)
     dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
 
     def split(per_parameter, dense_shard, expert_shard):  # bytes: dense over dp·cp, experts over expert-DP
@@ -197,7 +208,8 @@ def stage_memory_bytes(
         shard = dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all)
         eshard = edp if fsdp_shard is None else np.minimum(fsdp_shard, edp)
         units = FSDP_UNITS_IN_FLIGHT if reshard_after_forward else np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT)
-        weights = split(FSDP_WEIGHT_BYTES, shard, eshard) + units * layer_params * WEIGHT_BYTES
+        gathered = WEIGHT_BYTES if fp8_recipe is None else fp8.gathered_weight_bytes(fp8.FP8, framework)
+        weights = split(FSDP_WEIGHT_BYTES, shard, eshard) + units * layer_params * gathered
         # one unit's unsharded 16-bit gradient and its fp32 copy for the reduce-scatter (backward only)
         grads = split(FSDP_GRAD_BYTES, shard, eshard) + layer_params * (WEIGHT_BYTES + 4)
         optim = split(FSDP_OPTIMIZER_BYTES, shard, eshard)
@@ -210,6 +222,9 @@ def stage_memory_bytes(
         grad16 = framework == "megatron" and grad_reduce_dtype in ("bf16", "fp16")
         weights = split(WEIGHT_BYTES, level(3, dp_all), level(3, edp))
         weights = weights + np.where(zero >= 3, 2 * layer_params * WEIGHT_BYTES, 0)
+        if fp8_recipe is not None:  # the FP8 weights' extra bytes (of the gathered layers under ZeRO-3)
+            weights = weights + fp8.weight_copy_bytes(np.where(zero >= 3, 2, num_layers) * layer_params, fp8_recipe,
+                                                      framework)
         grads = split(GRAD16_BYTES if grad16 else GRAD_BYTES, level(2, dp_all), level(2, edp))
         optim = split(OPTIMIZER_BYTES, level(1, dp_all), level(1, edp))
 
@@ -228,13 +243,16 @@ def stage_memory_bytes(
                                            moe_recompute=moe_recompute_here),
         )
 
-    per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")))
+    # FP8 under Transformer Engine: linear inputs saved in FP8 (full recomputation saves only the bf16 layer input)
+    saved = 0.0 if fp8_recipe is None else fp8.saved_activation_savings_bytes(m, b, context.local_seq_len(s, cp), t,
+                                                                               sp, framework)
+    per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, act("selective"), act("none")) - saved)
     if recompute_layers is None:
         activations = in_flight * num_layers * per_layer
         recomputed = np.where(rc == 2, act("none"), 0.0)  # the layer being recomputed
     else:  # r layers recomputed, the rest keep all their activations
         r = np.minimum(recompute_layers, num_layers)
-        activations = in_flight * (r * per_layer + (num_layers - r) * act("none"))
+        activations = in_flight * (r * per_layer + (num_layers - r) * (act("none") - saved))
         recomputed = np.where((rc == 2) & (r > 0), act("none"), 0.0)
     activations = activations + recomputed
     s = context.local_seq_len(s, cp) if np.any(np.asarray(cp) != 1) else s  # tokens on this GPU

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.estimate import compute
+from hetplan.estimate import compute, fp8
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -267,6 +267,22 @@ def parameters_per_gpu(stage_parameters, expert_params, t, ep, etp=1):
     return (stage_parameters - expert_params) / t, expert_params / (np.asarray(ep) * etp)
 
 
+def linear_gemm_shapes(m: ModelSpec, b, s, t, ep=1, imbalance=1.0):
+    """The linear GEMMs of one layer on one rank, forward, mean over the model's layers (what FP8 runs in FP8,
+    :mod:`hetplan.estimate.fp8`): ``[(M, N, K, batch), ...]`` — the attention projections (MLA's or the standard
+    ones), the dense MLP and the routed (unpadded rows) and shared experts weighted by the share of dense and MoE
+    layers; the router is left out (it stays bf16). The shapes of :func:`layer_gemm_times_s`."""
+    T = np.asarray(b, dtype=float) * s
+    attn = mla_gemms(m, b, s, t)[0] if m.is_mla else [
+        (M, N, K, 1.0) for M, N, K in compute.attention_linear_shapes(m, T, t)]
+    dense = [(M, N, K, 1.0) for M, N, K in compute.mlp_linear_shapes(m, T, m.ffn_hidden_size, t)]
+    if not m.is_moe:
+        return attn + dense
+    w_dense = (m.num_layers - m.num_moe_layers) / m.num_layers
+    experts = [(M, N, K, n * (1.0 - w_dense)) for M, N, K, n, _ in moe_mlp_gemms(m, b, s, t, ep, 1, imbalance)[1:]]
+    return attn + [(M, N, K, n * w_dense) for M, N, K, n in dense] + experts
+
+
 def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0):
     """``(linear_s, core_s)`` forward GEMM time of one layer (mean over the model's layers) of a MoE and/or MLA
     model on one rank, as :func:`hetplan.estimate.compute.layer_gemm_times_s` gives it for dense layers.
@@ -279,7 +295,7 @@ def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imba
     if m.is_mla:
         lin_shapes, core_shapes = mla_gemms(m, b, s, t)
         attn = sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in lin_shapes)
-        core = sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in core_shapes)
+        core = sum(compute.gemm_time_s(gpu, fp8.high_precision(dtype), M, N, K, n) for M, N, K, n in core_shapes)
     else:
         attn, core = compute.attention_gemm_times_s(m, gpu, dtype, b, s, t)
     dense = compute.mlp_gemm_time_s(m, gpu, dtype, np.asarray(b, dtype=float) * s, m.ffn_hidden_size, t)
@@ -294,11 +310,13 @@ def moe_mlp_time_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalanc
     """Forward GEMM time of the MoE MLPs (router, grouped experts, shared experts: :func:`moe_mlp_gemms`) on one
     rank, mean over the model's layers (dense layers count 0); what ``--recompute-modules moe`` runs again."""
     moe_s = 0.0
-    for M, N, K, groups, eff in moe_mlp_gemms(m, b, s, t, ep, etp, imbalance):
+    for i, (M, N, K, groups, eff) in enumerate(moe_mlp_gemms(m, b, s, t, ep, etp, imbalance)):
         rows = M / eff  # padded rows per group
+        d = fp8.high_precision(dtype) if i == 0 else dtype  # the router stays bf16 under FP8
         flops = 2.0 * groups * rows * N * K
-        bytes_ = compute.OPERAND_BYTES * groups * (rows * K + K * N + rows * N)
+        operand = fp8.OPERAND_BYTES if fp8.is_fp8(d) else compute.OPERAND_BYTES
+        bytes_ = groups * (operand * (rows * K + K * N) + compute.OPERAND_BYTES * rows * N)
         moe_s = moe_s + np.maximum(
-            flops / (gpu.peak_flops_per_s(dtype) * compute.gemm_efficiency(gpu, groups * rows, N, K)),
+            flops / (gpu.peak_flops_per_s(d) * compute.gemm_efficiency(gpu, groups * rows, N, K, d)),
             bytes_ / gpu.hbm_bandwidth_bytes_per_s)
     return moe_s * m.num_moe_layers / m.num_layers

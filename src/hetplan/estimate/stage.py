@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hetplan.estimate import compute, context, memory, moe
+from hetplan.estimate import compute, context, fp8, memory, moe
 from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, dp_collective_time_s,
                                    group_collective_time_s, overlap_contention)
 from hetplan.hardware.catalog import GPUSpec
@@ -175,6 +175,12 @@ def stage_costs(
             again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance) + a2a
             rerun = np.where(np.asarray(recompute_code) == 2, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(np.asarray(recompute_code) == 2, 0.0, a2a)
+    fp8_recipe = fp8.recipe(gpu, framework) if fp8.is_fp8(dtype) else None
+    if fp8_recipe is not None:  # FP8 quantization of the linear layers' inputs and output gradients
+        cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance))
+        lf, lb = lf + cf, lb + cb + np.where(np.asarray(recompute_code) == 2, cf, 0.0)
+        if af is not None:
+            af, ab = af + cf, ab + cb
     if measured_layer_time_s is not None:
         # Scale the analytic recomputation overhead by measured/analytic forward time.
         mf, mbk = measured_layer_time_s
@@ -200,7 +206,7 @@ def stage_costs(
     dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
-    weight_per = memory.WEIGHT_BYTES
+    weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
 
     def dp_collective(bytes_per_parameter, collective, units=1.0, group=None):
         """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
@@ -275,14 +281,19 @@ def stage_costs(
         ep=ep,
         moe_recompute=moe_options.recompute,
         grad_reduce_dtype=grad_reduce_dtype,
+        fp8_recipe=fp8_recipe,
     )
+    optimizer = compute.optimizer_step_time_s(owned, gpu)
+    if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
+        linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep)
+        optimizer = optimizer + fp8.weight_cast_time_s(linear, gpu, fp8_recipe, framework)
     return StageCost(
         forward_s=fwd,
         backward_s=bwd,
         tp_comm_s=layers_tp,
         dp_s=dp_total + emb_sync,
         dp_exposed_s=grad_exposed + gather_exposed + emb_sync,
-        optimizer_s=compute.optimizer_step_time_s(owned, gpu),
+        optimizer_s=optimizer,
         memory=mem,
         params_per_gpu=params,
     )

@@ -54,6 +54,9 @@ class GPUSpec(BaseModel):
         compute_efficiency: fraction of the dense peak that large transformer GEMMs reach on this GPU (calibration,
             see ``calibration_source``). It is the asymptote of the shape-dependent GEMM efficiency of
             :mod:`hetplan.estimate.compute`.
+        fp8_compute_efficiency: fraction of the dense **FP8** peak that large FP8 GEMMs reach (the ``e_max`` of FP8
+            linear layers, :mod:`hetplan.estimate.fp8`); fitted on FP8 measurements (``calibration_source``).
+            None: not fitted, FP8 GEMMs take ``compute_efficiency`` (the same fraction of their own peak).
         calibrated: ``compute_efficiency`` was fitted to measurements of this GPU (or of the same silicon), as
             ``calibration_source`` says; False: a first guess, which ``hetplan plan`` / ``estimate`` mark.
         gemm_half_dim: GEMM dimension (elements) at which one dimension alone halves the GEMM efficiency:
@@ -91,6 +94,7 @@ class GPUSpec(BaseModel):
     price_source: str
     compute_efficiency: float = Field(gt=0, le=1)
     calibration_source: str
+    fp8_compute_efficiency: float | None = Field(default=None, gt=0, le=1)
     calibrated: bool = False
     gemm_half_dim: float = bounded(1e6, "a half-efficiency GEMM dimension of a million elements is no tensor core",
                                    default=134.0, ge=0)

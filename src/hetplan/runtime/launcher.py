@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hetplan.errors import HetplanError
@@ -88,6 +88,10 @@ def check_options(opts: RunOptions) -> None:
 
     from hetplan.runtime.planio import SCHEDULES
 
+    if opts.dtype == "fp8":
+        raise HetplanError("the trainer has no FP8 path (no Transformer Engine or float8 linear layers in it)",
+                           field="--dtype", fix=f"run in one of {', '.join(DTYPES)}; to train the plan in FP8, "
+                           "export it (`hetplan export --to megatron`)")
     for flag, value, allowed in (("--dtype", opts.dtype, DTYPES), ("--dp-mode", opts.dp_mode, DP_MODES),
                                  ("--schedule", opts.schedule, SCHEDULES)):
         if value is not None and value not in allowed:
@@ -174,6 +178,8 @@ def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
     plan = planio.load_plan(plan_path)
     spec = planio.plan_model(plan)
     gpus = _visible_gpus()
+    if gpus and opts.dtype is None and plan.job.dtype not in DTYPES:  # an FP8 plan runs in the plan's dtype on GPU
+        check_options(replace(opts, dtype=plan.job.dtype))
     per_node = opts.max_procs or (gpus if gpus else DEFAULT_MAX_CPU_PROCS)
     lay = planio.layout(plan, spec, schedule=opts.schedule, virtual_stages=opts.virtual_stages,
                         max_world_size=per_node * opts.nnodes)

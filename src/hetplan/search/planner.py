@@ -132,7 +132,9 @@ def search_plans(
         results.append(evaluate_pool(m, job, pool, gpu, pins, pool_index=i))
     if not results:
         raise HetplanError(
-            f"no GPU in the inventory supports {job.dtype}", field="job.dtype", fix="use dtype = \"fp16\""
+            f"no GPU in the inventory supports {job.dtype}", field="job.dtype",
+            fix="use dtype = \"bf16\", or GPUs with FP8 tensor cores (Hopper, Ada, Blackwell)" if job.dtype == "fp8"
+            else "use dtype = \"fp16\""
         )
     n_total = sum(r.configurations_evaluated for r in results)
     if n_total == 0:

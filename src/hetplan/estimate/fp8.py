@@ -1,0 +1,161 @@
+"""FP8 training (``dtype = "fp8"``): which GEMMs run in FP8, at what rate, what the casts cost, and what FP8
+changes in memory — as NVIDIA Transformer Engine (Megatron-Core, NeMo) and torchao float8 (torchtitan) run it.
+
+**Which GEMMs.** Only the linear layers: QKV (or MLA's projections), the attention output projection, the MLP's
+two GEMMs, the routed and shared expert GEMMs. The FlashAttention core (cuDNN fused attention / FlashAttention in
+bf16), norms, softmax, element-wise work, the MoE router (Megatron-Core ``TopKRouter``: a plain linear in fp32 /
+bf16) and the output head (Megatron-Core's ``output_layer`` is not a Transformer Engine module; torchtitan's float8
+converter skips ``output`` by default, ``filter_fqns``) stay in bf16 — Transformer Engine docs, "Using FP8 with
+Transformer Engine" (``te.fp8_autocast`` covers TE modules only); torchtitan ``docs/float8.md``.
+
+**Rate.** An FP8 GEMM runs at the GPU's dense FP8 peak (twice the bf16 peak on Hopper and Blackwell; datasheets)
+times its own large-GEMM efficiency :attr:`GPUSpec.fp8_compute_efficiency` (fitted on the FP8 rows of the modern
+sets, :mod:`hetplan.calibration.modern_fit`; a GPU without a fit takes the fraction of its bf16 peak that its bf16
+GEMMs reach, ``compute_efficiency``) times the same shape factor as bf16 (:func:`hetplan.estimate.compute.gemm_efficiency`).
+Operands are 1 byte (E4M3 forward, E5M2 gradients in the ``hybrid`` format; Micikevicius et al., "FP8 Formats for
+Deep Learning", arXiv 2209.05433), the output bf16.
+
+**Casts** (memory-bound passes, bytes / HBM bandwidth; :data:`CAST_BYTES_PER_ELEMENT` per recipe,
+:func:`recipe`): in forward each FP8 GEMM's activation input is quantized, in backward each output gradient.
+The weights are quantized once per iteration under Transformer Engine (the FP8 copies are cached across
+micro-batches: Megatron-Core passes ``is_first_microbatch`` to TE modules), on the local shard before the FP8
+all-gather under torchao's FSDP2 float8 all-gather (1/dp of the weights; not charged).
+
+* ``delayed`` (TE ``DelayedScaling``, Megatron-Core's default ``--fp8-recipe delayed``): the scale comes from the
+  amax history of earlier iterations; the current amax is recorded by the cast kernel itself. TE's fused
+  cast-transpose reads the bf16 tensor (2 B) and writes the FP8 tensor and its transpose (1 + 1 B): Hopper's FP8
+  tensor cores take only the "TN" layout, so the backward GEMMs need the transposed copies
+  (TE ``transformer_engine/common/transpose/cast_transpose.cu``; TE docs, FP8 primer). 4 B per element.
+* ``tensorwise`` (torchao float8's default dynamic tensor-wise scaling; TE ``Float8CurrentScaling``): the scale
+  needs the amax of the tensor being cast, one more read of it (2 B) before the cast: 6 B per element
+  (torchao ``float8/float8_scaling_utils.py`` ``hp_tensor_to_float8_dynamic``: amax, then scale and cast).
+* ``mxfp8`` (Blackwell, TE ``MXFP8BlockScaling``; OCP Microscaling Formats spec v1.0): one E8M0 scale per 32
+  elements, computed inside the cast kernel; row-wise and column-wise quantized copies instead of a transpose:
+  read 2 B, write 1 + 1 B, plus one scale byte per 32 elements of each: 4 + 2/32 B per element.
+
+**Memory.** Master weights, gradients and optimizer states stay as in bf16 (fp32 master weights and Adam states;
+Megatron's fp32 main-gradient buffer; the gradient reduction dtype is unchanged). The 16-bit weights:
+
+* ``megatron``: FP8 parameters, as NeMo / Megatron-Bridge's FP8 recipes run Megatron-Core
+  (``bf16_with_fp8_mixed``: ``fp8="hybrid"``, ``fp8_recipe="delayed"``, ``fp8_amax_history_len=1024``,
+  ``fp8_amax_compute_algo="max"``, ``fp8_param_gather=True``; what ``hetplan export --to megatron`` emits): the
+  FP8 weight (1 B) and its cached transpose (1 B) take the place of the bf16 weight (2 B) — no extra bytes on
+  Hopper, the MXFP8 scales (1 B per 32 elements of each copy) on Blackwell — and the distributed optimizer
+  all-gathers the updated parameters in FP8, 1 byte per parameter (:func:`gathered_weight_bytes`).
+* ``deepspeed`` (Transformer Engine modules without FP8 parameters): bf16 weights plus the FP8 weight and its
+  transpose that TE caches across micro-batches, :data:`WEIGHT_COPY_BYTES` more per linear parameter
+  (:func:`weight_copy_bytes`).
+* ``fsdp`` (torchao): no cached copies (``Float8Linear`` casts per call); with torchtitan's
+  ``enable_fsdp_float8_all_gather`` the all-gathered parameters are FP8: the unsharded units and the parameter
+  all-gather take 1 byte per parameter.
+
+Saved activations: Transformer Engine saves the linear layers' inputs for the weight-gradient GEMM in FP8, 1 byte
+instead of 2 (TE ``Linear`` / ``LayerNormLinear`` / ``LayerNormMLP``; :func:`saved_activation_savings_bytes`);
+torchao saves the high-precision inputs (``matmul_with_hp_or_float8_args``). The 1-byte all-gathers cover all of
+a stage's parameters (the bf16 norms and embeddings are a small share; stated simplification).
+
+All functions broadcast over numpy arrays. Seconds, bytes, elements.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetplan.hardware.catalog import GPUSpec
+from hetplan.model import counts
+from hetplan.model.spec import ModelSpec
+
+#: The job dtype of FP8 training (:attr:`hetplan.plan.Job.dtype`).
+FP8 = "fp8"
+#: Scaling recipes (module doc) and the bytes each moves per element it quantizes.
+CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0, "mxfp8": 4.0 + 2.0 / 32.0}
+RECIPES = tuple(CAST_BYTES_PER_ELEMENT)
+#: Bytes per FP8 GEMM input operand element (E4M3 / E5M2).
+OPERAND_BYTES = 1
+#: Transformer Engine's cached FP8 weight and its transpose (Hopper), bytes per linear parameter; MXFP8 adds a
+#: one-byte scale per 32 elements to each of its two copies.
+WEIGHT_COPY_BYTES = 2.0
+
+
+def is_fp8(dtype: str) -> bool:
+    """True for FP8 training."""
+    return dtype == FP8
+
+
+def high_precision(dtype: str) -> str:
+    """The dtype of everything that is not an FP8 linear GEMM (attention core, head, router): bf16 under FP8
+    training, else ``dtype`` itself."""
+    return "bf16" if is_fp8(dtype) else dtype
+
+
+def recipe(gpu: GPUSpec, framework: str) -> str:
+    """The scaling recipe the framework runs on ``gpu``: torchao's dynamic ``tensorwise`` under ``fsdp``
+    (torchtitan's default float8 recipe); under Transformer Engine (megatron, deepspeed) ``mxfp8`` on Blackwell
+    (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise (Megatron-Core's default)."""
+    if framework == "fsdp":
+        return "tensorwise"
+    return "mxfp8" if "blackwell" in gpu.architecture.lower() else "delayed"
+
+
+def gemm_ceiling(gpu: GPUSpec, dtype: str) -> float:
+    """Large-GEMM efficiency ``e_max`` (fraction of the ``dtype`` peak): ``fp8_compute_efficiency`` for FP8 where the
+    catalog has one, else ``compute_efficiency`` (module doc)."""
+    if is_fp8(dtype) and gpu.fp8_compute_efficiency is not None:
+        return gpu.fp8_compute_efficiency
+    return gpu.compute_efficiency
+
+
+def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes):
+    """``(forward_s, backward_s)`` of the FP8 quantization of one layer, one micro-batch: the inputs ``M·K`` of its
+    linear GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, :func:`hetplan.estimate.moe.linear_gemm_shapes`) in
+    forward, their output gradients ``M·N`` in backward, :data:`CAST_BYTES_PER_ELEMENT` each, at the HBM bandwidth
+    (module doc)."""
+    per = CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
+    fwd = sum(M * K * n for M, N, K, n in shapes)
+    bwd = sum(M * N * n for M, N, K, n in shapes)
+    return fwd * per, bwd * per
+
+
+def weight_cast_time_s(linear_parameters, gpu: GPUSpec, recipe_name: str, framework: str):
+    """Quantization of the weights once per iteration under Transformer Engine (module doc); 0 under torchao
+    (``fsdp``: the shard is cast before the all-gather)."""
+    if framework == "fsdp":
+        return 0.0 * np.asarray(linear_parameters, dtype=float)
+    return np.asarray(linear_parameters, dtype=float) * CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
+
+
+def weight_copy_bytes(linear_parameters, recipe_name: str, framework: str):
+    """Bytes the FP8 weights add to the bf16 weights' (module doc, Memory): the MXFP8 scales under ``megatron``
+    (FP8 parameters replace the bf16 ones), :data:`WEIGHT_COPY_BYTES` (+ MXFP8 scales) per linear parameter under
+    ``deepspeed`` (TE's cached copies), 0 under ``fsdp``."""
+    scales = 2.0 / 32.0 if recipe_name == "mxfp8" else 0.0
+    per = {"fsdp": 0.0, "megatron": scales}.get(framework, WEIGHT_COPY_BYTES + scales)
+    return np.asarray(linear_parameters, dtype=float) * per
+
+
+def gathered_weight_bytes(dtype: str, framework: str) -> int:
+    """Bytes per parameter of the data-parallel parameter all-gathers (distributed optimizer, FSDP): 1 under FP8
+    with FP8 parameters (``megatron``, ``fp8_param_gather``) or torchao's float8 all-gather (``fsdp``), else 2."""
+    return OPERAND_BYTES if is_fp8(dtype) and framework in ("megatron", "fsdp") else 2
+
+
+def saved_activation_savings_bytes(m: ModelSpec, b, s, t, sequence_parallel, framework: str):
+    """Bytes of one layer's saved activations (per GPU, one micro-batch) that Transformer Engine keeps in FP8
+    instead of bf16 — one byte per element of the linear-layer inputs among the tensors that
+    :func:`hetplan.model.counts.layer_activation_bytes` counts: the attention and MLP inputs after the norms
+    (``sbh`` each, split over TP with sequence parallelism), the output projection's input (``sb·q_out``) and the
+    second MLP GEMM's input (``sbf``; MoE layers: each routed copy's input ``h`` and ``f_e``, the shared experts'
+    ``f_s``) split over TP. 0 under torchao (``fsdp``), which saves the bf16 inputs. Without recomputation
+    (full recomputation saves only the layer input, in bf16)."""
+    if framework == "fsdp":
+        return 0.0 * np.asarray(b, dtype=float)
+    b, s = counts.as_float(b), counts.as_float(s)
+    sb = s * b
+    replicated = 2.0 * sb * m.hidden_size
+    mlp = sb * m.ffn_hidden_size
+    if m.is_moe:  # mean over the dense and the MoE layers
+        routed = m.experts_per_token * sb * (m.hidden_size + m.expert_ffn_hidden_size)
+        moe_mlp = routed + sb * m.shared_expert_ffn_hidden_size
+        mlp = (mlp * (m.num_layers - m.num_moe_layers) + moe_mlp * m.num_moe_layers) / m.num_layers
+    split = sb * m.attn_out_dim + mlp
+    return np.where(sequence_parallel, (replicated + split) / t, replicated + split / t)

@@ -1,0 +1,135 @@
+"""FP8 training (hetplan.estimate.fp8): worked examples of the stage time and memory, and the estimator end to end."""
+
+import numpy as np
+import pytest
+
+from hetplan.estimate import compute, fp8, moe
+from hetplan.estimate.estimator import estimate
+from hetplan.estimate.memory import stage_memory_bytes
+from hetplan.estimate.stage import Link, stage_costs
+from hetplan.hardware.catalog import load_catalog
+from hetplan.model.spec import load_model
+from hetplan.plan import GPUPool, Job, Plan, Stage
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_catalog().get("H100-SXM")
+
+
+def test_linear_gemms_halve_at_equal_efficiency_attention_and_head_do_not(h100):
+    """Worked example, Llama 3 8B, micro-batch 1 x 8192 tokens, TP 1, on an H100 whose FP8 ceiling is set to its
+    bf16 one: every linear GEMM is compute-bound, so at twice the peak it takes half the time; the attention core
+    (standard and flash) and the output head stay bf16 and take exactly as long."""
+    gpu = h100.model_copy(update={"fp8_compute_efficiency": h100.compute_efficiency})
+    m = load_model("llama3-8b")
+    lin16, core16 = compute.layer_gemm_times_s(m, gpu, "bf16", 1, 8192, 1)
+    lin8, core8 = compute.layer_gemm_times_s(m, gpu, "fp8", 1, 8192, 1)
+    ratio = gpu.peak_flops_per_s("bf16") / gpu.peak_flops_per_s("fp8")  # 989.4 / 1978.9: the datasheet's "half"
+    assert lin8 == pytest.approx(lin16 * ratio, rel=1e-12)
+    assert core8 == core16
+    assert compute.flash_attention_time_s(m, gpu, "fp8", 1, 8192, 1) == compute.flash_attention_time_s(
+        m, gpu, "bf16", 1, 8192, 1)
+    assert compute.head_time_s(m, gpu, "fp8", 1, 8192, 1) == compute.head_time_s(m, gpu, "bf16", 1, 8192, 1)
+    # by hand: QKV (8192, 6144, 4096), out (8192, 4096, 4096), fc1 (8192, 28672, 4096), fc2 (8192, 4096, 14336)
+    phi = lambda x: x / (x + gpu.gemm_half_dim)  # noqa: E731
+    by_hand = sum(2 * 8192 * n * k / (1978.9e12 * gpu.compute_efficiency * phi(8192) * phi(n) * phi(k))
+                  for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)))
+    assert lin8 == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_cast_time_worked_example(h100):
+    """Delayed scaling (TE cast-transpose, 4 B per element): forward casts the linear inputs T·(h + q + h + f),
+    backward the output gradients T·((q+2kv) + h + 2f + h), at 3.35 TB/s; tensor-wise current scaling (torchao)
+    reads each tensor once more (6 B)."""
+    m = load_model("llama3-8b")
+    T, h, f, q, kv = 8192, 4096, 14336, 4096, 1024
+    fwd, bwd = fp8.layer_cast_time_s(h100, "delayed", moe.linear_gemm_shapes(m, 1, T, 1))
+    assert fwd == pytest.approx(4 * T * (h + q + h + f) / 3.35e12, rel=1e-12)
+    assert bwd == pytest.approx(4 * T * ((q + 2 * kv) + h + 2 * f + h) / 3.35e12, rel=1e-12)
+    fwd6, _ = fp8.layer_cast_time_s(h100, "tensorwise", moe.linear_gemm_shapes(m, 1, T, 1))
+    assert fwd6 == pytest.approx(1.5 * fwd, rel=1e-12)
+
+
+def _stage(m, gpu, dtype, framework="megatron", **kw):
+    link = Link(gpus_per_node=8, intra_node_bandwidth_bytes_per_s=450e9, inter_node_bandwidth_bytes_per_s=400e9)
+    args = dict(s=8192, b=1, t=4, dp=8, num_layers=8, has_embedding=False, has_head=False, single_stage=False,
+                in_flight=4, num_microbatches=16, zero=1, recompute_code=0, sequence_parallel=True,
+                attention="flash", framework=framework)
+    args.update(kw)
+    return stage_costs(m, gpu, link, dtype, **args)
+
+
+def test_fp8_stage_is_faster_and_its_parts_add_up(h100):
+    """Llama 3 70B stage (8 layers, TP 4): the FP8 forward is the bf16 one with the linear GEMMs' bf16 time
+    replaced by their FP8 time plus the casts (nothing else changes)."""
+    m = load_model("llama3-70b")
+    c16, c8 = _stage(m, h100, "bf16"), _stage(m, h100, "fp8")
+    assert float(c8["forward_s"]) < float(c16["forward_s"])
+    s, t = 8192 / 1, 4
+    lin16, _ = compute.layer_gemm_times_s(m, h100, "bf16", 1, s, t)
+    lin8, _ = compute.layer_gemm_times_s(m, h100, "fp8", 1, s, t)
+    cf, cb = fp8.layer_cast_time_s(h100, "delayed", moe.linear_gemm_shapes(m, 1, s, t))
+    # forward of a layer is a smooth max with the (small) host floor; compare the GPU work only
+    gpu16 = float(c16["forward_s"]) / 8
+    gpu8 = float(c8["forward_s"]) / 8
+    assert gpu8 == pytest.approx(gpu16 - float(lin16) + float(lin8) + float(cf), rel=2e-3)
+    assert float(c8["backward_s"]) < float(c16["backward_s"])
+    # the weights are re-quantized once per iteration: the optimizer step gets longer
+    assert float(c8["optimizer_s"]) > float(c16["optimizer_s"])
+
+
+def test_fp8_memory_weight_copies_and_fp8_activations():
+    """Properties of FP8 memory: Transformer Engine's cached FP8 weights + transposes (DeepSpeed, no FP8
+    parameters) add 2 B per linear parameter; Megatron's FP8 parameters replace the bf16 ones (no extra bytes on
+    Hopper, the MXFP8 scales on Blackwell); TE's FP8 saved inputs lower the activations; full recomputation saves
+    only the bf16 layer input (no change); torchao (FSDP2) gathers FP8 units: its unsharded weights halve."""
+    m = load_model("llama3-8b")
+    kw = dict(num_layers=32, has_embedding=False, has_head=False, single_stage=False, b=1, s=8192, t=2, dp=4,
+              zero=1, recompute="none", sequence_parallel=True, in_flight=1, attention="flash")
+    layer = (m.hidden_size * (m.q_dim + 2 * m.kv_dim) + m.q_dim * m.hidden_size
+             + 3 * m.hidden_size * m.ffn_hidden_size + 2 * m.hidden_size) / 2
+    for fw, extra in (("deepspeed", 2.0), ("megatron", 0.0)):
+        base = stage_memory_bytes(m, framework=fw, **kw)
+        f8 = stage_memory_bytes(m, framework=fw, fp8_recipe="delayed", **kw)
+        assert f8["weights"] - base["weights"] == pytest.approx(extra * 32 * layer, rel=1e-12)
+        assert f8["activations"] < base["activations"]
+        saved = fp8.saved_activation_savings_bytes(m, 1, 8192, 2, True, fw)
+        assert base["activations"] - f8["activations"] == pytest.approx(32 * saved, rel=1e-12)
+    mx = stage_memory_bytes(m, framework="megatron", fp8_recipe="mxfp8", **kw)
+    assert mx["weights"] - stage_memory_bytes(m, framework="megatron", **kw)["weights"] == pytest.approx(
+        32 * layer / 16, rel=1e-12)
+    full = dict(kw, recompute="full")
+    assert stage_memory_bytes(m, framework="megatron", fp8_recipe="delayed", **full)["activations"] == \
+        stage_memory_bytes(m, framework="megatron", **full)["activations"]
+    fs16 = stage_memory_bytes(m, framework="fsdp", **kw)
+    fs8 = stage_memory_bytes(m, framework="fsdp", fp8_recipe="tensorwise", **kw)
+    assert fs16["weights"] - fs8["weights"] == pytest.approx(2 * layer, rel=1e-12)  # 2 units in flight, 1 B less
+    assert fs8["activations"] == fs16["activations"]
+
+
+def test_estimate_fp8_plan_end_to_end():
+    """A Job with dtype fp8 estimates end to end: faster than bf16, MFU against the FP8 peak (the DGX Cloud
+    convention), within (0, 1)."""
+    def plan(dtype):
+        return Plan(job=Job(model="llama3-70b", seq_len=8192, global_batch=128, dtype=dtype),
+                    pools=[GPUPool(gpu="H100-SXM", count=64)], mbs=1, zero=1, sequence_parallel=True,
+                    stages=[Stage(pool=0, num_layers=20, tp=4, dp=4) for _ in range(4)], virtual_stages=5)
+    e16, e8 = estimate(plan("bf16")), estimate(plan("fp8"))
+    assert e8.iteration_time_s < e16.iteration_time_s
+    ratio = e16.iteration_time_s / e8.iteration_time_s
+    assert 1.2 < ratio < 1.7  # DGX Cloud Llama 3.1 70B TP4 PP4: measured 1.33-1.40
+    assert e8.mfu == pytest.approx(e16.mfu * ratio * 989.4 / 1978.9, rel=1e-9)
+    assert 0 < e8.mfu < 1 and np.isfinite(e8.mfu)
+
+
+def test_fp8_on_a_gpu_without_fp8_is_refused_naming_the_fix():
+    """A100 has no FP8 tensor cores: the search refuses with the field and the fix (bf16, or FP8-capable GPUs)."""
+    from hetplan.errors import HetplanError
+    from hetplan.plan import Inventory
+    from hetplan.search.planner import search_plans
+
+    job = Job(model="llama2-7b", seq_len=2048, global_batch=64, dtype="fp8")
+    with pytest.raises(HetplanError) as exc:
+        search_plans(job, Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=8)]))
+    assert exc.value.field == "job.dtype" and "bf16" in exc.value.fix
