@@ -154,6 +154,26 @@ def stage_chain_lower_bound_s(per_stage_s, p2p_s, num_microbatches, dp_exposed_s
     return float(max(np.max(prefix + m * a) + e[0], np.max(m * a + e)) + np.max(o))
 
 
+def window_lower_bound_s(stage_sum_s, p2p_one_way_s, pp, num_microbatches, virtual_stages=1):
+    """A lower bound (s) on the pipeline time of 1F1B and interleaved 1F1B from stage 0's in-flight window
+    (arrays or scalars; ``stage_sum_s`` = Σ_i a_i, forward+backward of every stage per micro-batch;
+    ``p2p_one_way_s`` = Σ_j c_j over the p-1 boundaries).
+
+    Stage 0 runs ``w`` warm-up forwards, then one forward per backward (:mod:`hetplan.estimate.schedule`: 1F1B
+    ``w = p - 1``; interleaved ``w = 2(p - 1) + (v - 1)p`` virtual micro-batches, Megatron-LM), so at most
+    ``W = w + 1`` micro-batches are in flight: forward ``k`` starts after backward ``k - W`` has ended on stage 0.
+    A (virtual) micro-batch's round trip from its forward on stage 0 back to its backward there crosses every
+    stage of its last model chunk and every boundary twice: ``R >= Σ_i a_i / v + 2 Σ_j c_j``. Hence
+    ``T >= ceil(m v / W) · R``. When transfers are slow against the compute (a 10 Gb/s network) this is the
+    binding bound: the pipeline waits on its window, which the closed form's single ``2 Σ c`` misses."""
+    p = np.asarray(pp, dtype=float)
+    v = np.asarray(virtual_stages, dtype=float)
+    m = np.asarray(num_microbatches, dtype=float)
+    window = np.where(v > 1, 2 * (p - 1) + (v - 1) * p + 1, p)
+    rounds = np.ceil(m * v / np.maximum(np.minimum(window, m * v), 1))
+    return rounds * (np.asarray(stage_sum_s, dtype=float) / v + 2 * np.asarray(p2p_one_way_s, dtype=float))
+
+
 def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np.ndarray:
     """Peak memory per GPU over the stages of each configuration (bytes), as the estimator computes it."""
     tp, pp, dp, mbs = cfg["tp"], cfg["pp"], cfg["dp"], cfg["mbs"]
@@ -215,8 +235,9 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     # As stage_chain_lower_bound_s: the chain ends with stage 0's last backward, after which only stage 0's own
     # exposed DP time is certain; every stage also ends no earlier than its own work plus its DP time.
     own_work = np.max(np.where(present, mb[:, None] * per + c.dp_exposed_s, 0.0), axis=1)
-    lower = (np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v) + c.dp_exposed_s[:, 0], own_work)
-             + it.optimizer_s)
+    window = window_lower_bound_s(np.sum(np.where(present, count * per, 0.0), axis=1), p2p_total, pp, mb, v)
+    lower = (np.maximum(np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v), window) + c.dp_exposed_s[:, 0],
+                        own_work) + it.optimizer_s)
 
     slowest = np.argmax(np.where(present, per, -1.0), axis=1)
     rows = np.arange(len(pp))
