@@ -59,7 +59,9 @@ def test_loop_profiles_applies_reports_and_survives_kill_9(tmp_path, plan_path):
         with httpx.Client(base_url=srv.url, headers=auth) as h:
             info = h.get(f"/jobs/{job}").json()
             reports = h.get(f"/jobs/{job}/reports").json()
-            profile = h.get(f"/jobs/{job}/profile").text
+            got = h.get(f"/jobs/{job}/profile")
+            profile = got.text
+            assert got.headers["x-energy-sources"] == "model"
             schedules = {r: h.get(f"/jobs/{job}/ranks/{r}/schedule").json() for r in range(4)}
     finally:
         os.kill(srv.proc.pid, signal.SIGKILL)  # no shutdown handler runs: only committed transactions remain
@@ -110,7 +112,7 @@ def test_loop_profiles_applies_reports_and_survives_kill_9(tmp_path, plan_path):
     out = CliRunner().invoke(app, ["energy", "frontier", str(plan_path), "--profile-db", str(db), "--job", job,
                                    "-o", str(tmp_path / "fr"), "--json", "--no-baselines"])
     assert out.exit_code == 0, out.output
-    assert json.loads(out.output)["profile"].startswith("measured")
+    assert json.loads(out.output)["profile"].startswith("measured time, modelled energy")
 
 
 def test_job_spec_refuses_what_the_server_cannot_run(tmp_path, plan_path):
