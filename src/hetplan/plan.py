@@ -62,6 +62,10 @@ class Job(BaseModel):
             whole NVLink domain, e.g. GB200 NVL72); routing ``random`` (learned or forced-balance
             routers) or ``contiguous`` (NeMo AutoModel's fake balanced gate: a token's experts are neighbours).
         moe_recompute: recompute every MoE layer's MLP in backward (Megatron-Core ``--recompute-modules moe``).
+        cp_load_balance: context parallelism splits each sequence into ``2·cp`` chunks so that every rank has the
+            same causal attention work (True: Megatron-Core, Llama 3, PyTorch's ``context_parallel`` with load
+            balancing), or into ``cp`` contiguous chunks (False: the last rank attends to every earlier block,
+            :func:`hetplan.estimate.context.attention_blocks`).
         cp_kv_exchange: how context parallelism exchanges K/V: ``ring`` (Megatron-Core p2p, overlapped with
             attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`).
     """
@@ -84,6 +88,7 @@ class Job(BaseModel):
     moe_routing: Literal["random", "contiguous"] = "random"
     moe_recompute: bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
+    cp_load_balance: bool = True
 
     def iterations(self) -> float:
         """Iterations in the whole job: ``train_tokens / (global_batch * seq_len)`` or ``train_iterations``; 1 if neither."""

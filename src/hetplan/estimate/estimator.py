@@ -112,7 +112,7 @@ def job_stage_options(job) -> dict:
     every stage (attention, framework, MoE load imbalance and options, CP's K/V exchange): the searches pass them
     through, so a new job-level option reaches every search from here."""
     return dict(attention=job.attention, framework=job.framework, moe_load_imbalance=job.moe_load_imbalance,
-                kv_exchange=job.cp_kv_exchange,
+                kv_exchange=job.cp_kv_exchange, cp_load_balance=job.cp_load_balance,
                 moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute))
 
 
@@ -294,6 +294,7 @@ class _StageRow(NamedTuple):
     moe_load_imbalance: float
     kv_exchange: str
     moe_options: MoEOptions
+    cp_load_balance: bool
     fsdp_shard: int | None = None
     reshard_after_forward: bool = True
     grad_reduce_dtype: str | None = None
@@ -363,7 +364,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
                                               plan.overlap_grad_reduce, job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
-                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute),
+                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute,
+                                              job.cp_load_balance),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -386,6 +388,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
                 flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, moe_load_imbalance=job.moe_load_imbalance,
                 kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute),
+                cp_load_balance=job.cp_load_balance,
                 fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
             ))
@@ -423,6 +426,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
+                        cp_load_balance=row.cp_load_balance,
                         moe_options=row.moe_options, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)

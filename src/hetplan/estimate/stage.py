@@ -99,6 +99,7 @@ def stage_costs(
     etp=1,
     moe_load_imbalance=1.0,
     kv_exchange="ring",
+    cp_load_balance=True,
     moe_options: moe.MoEOptions = moe.MoEOptions(),
 ):
     """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
@@ -137,7 +138,8 @@ def stage_costs(
     ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
-    on ``cp`` blocks, plus the exposed K/V exchange (``kv_exchange``: ``"ring"`` | ``"allgather"``); gradients
+    on ``cp`` blocks (``2·cp - 1`` on the busiest rank without ``cp_load_balance``), plus the exposed K/V exchange
+    (``kv_exchange``: ``"ring"`` | ``"allgather"``); gradients
     reduced over ``dp·cp``. ``ep``, ``etp``: expert-parallel and expert-TP degrees (:mod:`hetplan.estimate.moe`):
     MoE and MLA GEMMs, the dispatch/combine all-to-all of the busiest rank (``moe_load_imbalance``), experts
     sharded over ``ep·etp`` and reduced over the expert data-parallel ranks; ``moe_options``: the all-to-all's dispatcher and
@@ -156,7 +158,7 @@ def stage_costs(
         s = context.local_seq_len(s_all, cp)
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
-        tp_kw.update(gemm_times_s=(linear, core), attention_blocks=cp,
+        tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
                      extra_kernels=moe.extra_kernels(m, ep, framework))
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af: Any = None
