@@ -66,18 +66,18 @@ def test_fp8_stage_is_faster_and_its_parts_add_up(h100):
     m = load_model("llama3-70b")
     # without sequence parallelism the TP all-reduces stay bf16 (with SP the all-gathers carry FP8: next test)
     c16, c8 = _stage(m, h100, "bf16", sequence_parallel=False), _stage(m, h100, "fp8", sequence_parallel=False)
-    assert float(c8["forward_s"]) < float(c16["forward_s"])
+    assert float(c8.forward_s) < float(c16.forward_s)
     s, t = 8192 / 1, 4
     lin16, _ = compute.layer_gemm_times_s(m, h100, "bf16", 1, s, t)
     lin8, _ = compute.layer_gemm_times_s(m, h100, "fp8", 1, s, t)
     cf, cb = fp8.layer_cast_time_s(h100, "delayed", moe.linear_gemm_shapes(m, 1, s, t))
     # forward of a layer is a smooth max with the (small) host floor; compare the GPU work only
-    gpu16 = float(c16["forward_s"]) / 8
-    gpu8 = float(c8["forward_s"]) / 8
+    gpu16 = float(c16.forward_s) / 8
+    gpu8 = float(c8.forward_s) / 8
     assert gpu8 == pytest.approx(gpu16 - float(lin16) + float(lin8) + float(cf), rel=2e-3)
-    assert float(c8["backward_s"]) < float(c16["backward_s"])
+    assert float(c8.backward_s) < float(c16.backward_s)
     # the weights are re-quantized once per iteration: the optimizer step gets longer
-    assert float(c8["optimizer_s"]) > float(c16["optimizer_s"])
+    assert float(c8.optimizer_s) > float(c16.optimizer_s)
 
 
 def test_fp8_memory_weight_copies_and_fp8_activations():

@@ -53,7 +53,7 @@ def test_fasop_gpt2xl_same_answer_and_complete_under_load():
     assert exact.complete
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        res = search_plans(job, inv, obj, top_k=5, catalog=CAT, progress=lambda k, limit: _burn_cpu(0.002))
+        res = search_plans(job, inv, obj, top_k=5, catalog=CAT, progress=lambda k, limit, phase: _burn_cpu(0.002))
     finally:
         burner.kill()
         burner.wait()

@@ -69,6 +69,7 @@ from hetplan.estimate.stage import Link, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Inventory, Job, Plan, Stage, boundary_is_intra_node
+from hetplan.search.homogeneous import window_lower_bound_s
 from hetplan.search.partition import solve_partition
 from hetplan.search.space import RECOMPUTE_NAMES, Pins, cp_degrees, divisors, ep_degrees, tp_degrees
 
@@ -252,15 +253,15 @@ def _cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int
         sequence_parallel=st.tp > 1, cp=cp, ep=ep, **job_stage_options(job),
     )
     shape = (4, F, L + 1, len(rcs))
-    per = np.broadcast_to(c["forward_s"] + c["backward_s"], shape)
-    fits = np.broadcast_to(c["memory"]["total"], shape) <= st.gpu.memory_bytes
+    per = np.broadcast_to(c.forward_s + c.backward_s, shape)
+    fits = np.broadcast_to(c.memory["total"], shape) <= st.gpu.memory_bytes
     idx = np.argmax(fits, axis=-1)[..., None]
     anyfit = fits.any(axis=-1)
     a = np.where(anyfit, np.take_along_axis(per, idx, -1)[..., 0], INF)
-    e = np.take_along_axis(np.broadcast_to(c["dp_exposed_s"], shape), idx, -1)[..., 0]
-    o = np.broadcast_to(c["optimizer_s"], shape)[..., 0]
+    e = np.take_along_axis(np.broadcast_to(c.dp_exposed_s, shape), idx, -1)[..., 0]
+    o = np.broadcast_to(c.optimizer_s, shape)[..., 0]
     nmax = np.cumprod(anyfit[..., 1:], axis=-1).sum(axis=-1)
-    raw = np.broadcast_to(c["forward_s"] + c["backward_s"], shape)[:, 0, :, 0]
+    raw = np.broadcast_to(c.forward_s + c.backward_s, shape)[:, 0, :, 0]
     return CostTable(
         a=a, e=np.array(e), o=np.array(o), rc=np.asarray(rcs)[idx[..., 0]], nmax=nmax,
         layer_s=float(raw[MID, 1] - raw[MID, 0]),
@@ -326,8 +327,10 @@ class _Group:
         ``S(M)`` is the least sum of stage times when no stage exceeds ``M`` (one layer per stage, the other layers
         poured into the types of least ``λ`` first, at most ``M/λ`` layers per stage and the memory capacity).
         Every split has a bottleneck ``M_s`` with sum ``>= S(M_s)``, and its chain is at least
-        ``max(m·M_s, fill chain at M_s) >= m·M*`` (``m·M`` grows and ``S(M)`` shrinks with ``M``). Found by
-        bisection, keeping the lower end; plus :meth:`tail_lower_bound_s`."""
+        ``max(m·M_s, fill chain at M_s) >= m·M*`` (``m·M`` grows and ``S(M)`` shrinks with ``M``). The fill chain
+        also counts 1F1B's in-flight window, ``ceil(m/p)·(S(M) + t_emb + t_head + 2(p-1)·c_min)``
+        (:func:`hetplan.search.homogeneous.window_lower_bound_s`). Found by bisection, keeping the lower end; plus
+        :meth:`tail_lower_bound_s`."""
         L, m_ = self.m.num_layers, self.mb
         ks = []
         for k, (t, s) in blocks:
@@ -342,6 +345,8 @@ class _Group:
         c_part = 2 * self.c_min() * ((p - 1) - (r * (1 - r ** (p - 1)) / (1 - r) if m_ > 1 else 0.0))
         need = L - p
 
+        rounds = math.ceil(m_ / min(p, m_))  # 1F1B's in-flight window (window_lower_bound_s)
+
         def chain(M: float) -> float:
             total = sum(lam * s for lam, s, _, _, _ in ks)
             left = need
@@ -349,7 +354,9 @@ class _Group:
                 take = min(left, cap, s * max(M / lam - 1.0, 0.0))
                 total += take * lam
                 left -= take
-            return math.inf if left > 1e-9 else (total + fixed + c_part) / fill
+            if left > 1e-9:
+                return math.inf
+            return max((total + fixed + c_part) / fill, rounds * (total + fixed + 2 * (p - 1) * self.c_min()))
 
         lo = max(lam_max, -(-L // p) * lam_min, L / sum(s / lam for lam, s, _, _, _ in ks))
         if m_ * lo < chain(lo):
@@ -380,7 +387,9 @@ class _Group:
     def lower_bound_s(self, seq: list[StageType], ns: list[int]) -> float:
         """Lower bound (s) on :func:`hetplan.estimate.estimator.estimate`'s iteration time of the plan with stage
         types ``seq`` holding ``ns`` layers (each with its lightest fitting recomputation), by
-        :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s` on the estimator's own stage costs."""
+        :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s` and
+        :func:`~hetplan.search.homogeneous.window_lower_bound_s` (1F1B's in-flight window, plus stage 0's exposed DP
+        and the largest optimizer step) on the estimator's own stage costs."""
         from hetplan.search.homogeneous import stage_chain_lower_bound_s
 
         p = len(seq)
@@ -391,7 +400,8 @@ class _Group:
         o = [t.o[k, f - 1, n] for t, k, f, n in zip(tabs, kinds, flights, ns)]
         intra = self.intra_node(seq)
         c = [self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(p - 1)]
-        return stage_chain_lower_bound_s(a, c, self.mb, e, o)
+        window = float(window_lower_bound_s(sum(a), sum(c), p, self.mb)) + e[0] + max(o)
+        return max(stage_chain_lower_bound_s(a, c, self.mb, e, o), window)
 
     def solve_order(self, seq: list[StageType], upper_bound: float, lb_without_p2p: float = 0.0):
         """Exact partition of one stage order; ``(T, layers, rc codes)`` or ``None`` (nothing fits, or nothing
@@ -482,6 +492,9 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
       pipeline: from ``P_i + m a_i <= X``, ``X - P_{i+1} >= r (X - P_i) - 2c_i``, so
       ``Σ a_i <= X (1 - r^p) - 2 Σ_i c_i (1 - r^{p-1-i})``; the sum of stage times is at least
       ``S + t_emb + t_head`` (for equal stages ``p/(1 - r^p)`` stage times against the closed form's ``p + m - 1``);
+    * ``ceil(m/p)·(S + t_emb + t_head + 2(p-1)·c_min)`` — 1F1B's in-flight window
+      (:func:`hetplan.search.homogeneous.window_lower_bound_s`): at most ``p`` micro-batches in flight, each round
+      trip crossing every stage and boundary twice (binding when transfers are slow against the compute);
 
     plus :meth:`_Group.tail_lower_bound_s` (first stage's exposed DP, largest optimizer step).
     """
@@ -583,35 +596,36 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
         m_ * b_int,
         s_lb + emb + head + 2 * (p - 1) * group.c_min() + np.where(p > 1, (m_ - 1) * last_lb, 0),
         (s_lb + emb + head + c_part) / fill,
+        window_lower_bound_s(s_lb + emb + head, (p - 1) * group.c_min(), p, m_),
     ]) + group.tail_lower_bound_s(p)
     if return_sim:
         return opts, idx, p, gpus, per["rate"][ok].sum(axis=1), t_lb, t_sim
     return opts, idx, p, gpus, per["rate"][ok].sum(axis=1), t_lb
 
 
-def _groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, max_stages: int) -> list[_Group]:
+def _groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, max_stages: int,
+            progress=None) -> list[_Group]:
     """One :class:`_Group` per (DP, micro-batch size, ZeRO, CP, EP) allowed by ``pins``: CP degrees as the
     homogeneous space's (:func:`hetplan.search.space.cp_degrees`, up to the largest pool), EP degrees the
-    divisors of the expert count that divide ``dp·cp`` (1 for a dense model)."""
+    divisors of the expert count that divide ``dp·cp`` (1 for a dense model); ``progress(done, total, phase)``
+    as their cost tables are built."""
     types = stage_types(m, inventory, catalog, job.dtype, pins)
-    rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2]
+    # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice.
+    free = [0, 2] if job.attention == "flash" else [0, 1, 2]
+    rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free
     zeros = [0, 1] if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
     cps = cp_degrees(job.seq_len, max(p.count for p in inventory.pools)) if pins.cp is None else [pins.cp]
+    shapes = [(b, d, z, c, e) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
+              for b in divisors(job.global_batch // d) if pins.mbs is None or b == pins.mbs
+              for z in zeros if not (z == 1 and d == 1)  # ZeRO-1 over one rank is ZeRO-0
+              for c in cps for e in ep_degrees(m, d * c, pins.ep)]
     groups = []
-    for d in divisors(job.global_batch):
-        if pins.dp is not None and d != pins.dp:
-            continue
-        for b in divisors(job.global_batch // d):
-            if pins.mbs is not None and b != pins.mbs:
-                continue
-            for z in zeros:
-                if z == 1 and d == 1:
-                    continue  # ZeRO-1 over one rank is ZeRO-0
-                for c in cps:
-                    for e in ep_degrees(m, d * c, pins.ep):
-                        g = _Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e)
-                        if g.types:
-                            groups.append(g)
+    for i, (b, d, z, c, e) in enumerate(shapes):
+        if progress is not None:
+            progress(i, len(shapes), "cost tables (groups)")
+        g = _Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e)
+        if g.types:
+            groups.append(g)
     return groups
 
 
@@ -720,6 +734,8 @@ def search_hetero(
     max_allocations: int = 4_000_000,
     mixed_tp: bool = True,
     prepared: PreparedSpace | None = None,
+    max_solves: int | None = None,
+    progress=None,
 ) -> HeteroResult:
     """Exact search of the heterogeneous space (module doc) for ``goal``.
 
@@ -739,6 +755,9 @@ def search_hetero(
             plans are restricted to at most two pools (then one), and ``HeteroResult.stats["max_pools_per_plan"]`` says so: the result is exact
             over the restricted space only.
         prepared: the space's bounded allocations when the caller has them already (:class:`PreparedSpace`).
+        max_solves: solve at most this many allocations (``None``: no limit); a search cut short says so in
+            ``stats["cut_short"]`` and is exact no more (the estimated search uses it only for its seeds).
+        progress: ``progress(solved, max_solves, phase)`` before each allocation solved.
     Returns:
         :class:`HeteroResult`; ``best`` is ``None`` when nothing fits or meets the constraint.
     Raises:
@@ -773,7 +792,11 @@ def search_hetero(
     solved = orders = 0
     slo = slo_iteration_s if slo_iteration_s is not None else INF
     budget = budget_usd_per_iteration if budget_usd_per_iteration is not None else INF
+    cut_short = False
     for j in order:
+        if max_solves is not None and solved >= max_solves:
+            cut_short = True
+            break
         R = float(rate[j])
         rs = R / 3600.0
         if goal == "cheapest":
@@ -794,6 +817,8 @@ def search_hetero(
             ub = min(np.nextafter(slo, INF), np.nextafter(budget / rs, INF))
         g = groups[int(gid[j])]
         blocks = _allocation_blocks(rows, int(gid[j]), int(loc[j]))
+        if progress is not None:
+            progress(solved, max_solves, "closed-form seeds (solves)")
         solved += 1
         lbp = float(t_lb[j]) - 2 * (sum(s for _, (t, s) in blocks) - 1) * cmins[int(gid[j])] if prune else 0.0
         t, seq, ns, rcv, tried = _solve_allocation(g, blocks, ub, lbp)
@@ -833,7 +858,7 @@ def search_hetero(
         search_time_s=time.perf_counter() - t0,
         stats={"max_pools_per_plan": max_pools[0], "mixed_tp": max_pools[1],
                "restricted": max_pools[0] < len(inventory.pools) or (mixed_tp and pins.tp is None and not max_pools[1]),
-               "groups": len(groups)},
+               "groups": len(groups), "cut_short": cut_short},
     )
 
 
@@ -895,6 +920,8 @@ def search_hetero_estimated(
     seed: bool = True,
     mixed_tp: bool = True,
     progress=None,
+    seed_solves: int | None = None,
+    incumbents=(),
 ) -> EstimatedResult:
     """The best heterogeneous plans (or the cost–time frontier) by :func:`hetplan.estimate.estimator.estimate`
     itself, exact over the candidate set ``H``: one plan per GPU allocation of the space (module doc), with the
@@ -920,10 +947,17 @@ def search_hetero_estimated(
             plans estimated); the result then says ``complete = False`` and ``open_bound`` (every plan of H not
             estimated is no better than that bound). ``None``: no limit (exact over H). A count, not a time: the
             answer is the same on any machine under any load.
-        progress: ``progress(expanded, lower_bound)`` before each expansion of the walk (a progress display).
+        progress: ``progress(done, limit, phase)`` as the phases advance (a progress display): the cost tables
+            (groups), the closed-form seeds (allocations solved), the walk (expansions).
         mixed_tp: as in :func:`search_hetero`.
         seed: first run the closed-form search (:func:`search_hetero`) and estimate its best plans (or frontier),
             so the cut starts from strong incumbents (they are plans of H).
+        seed_solves: the seed search solves at most this many allocations (``None``: until exact); seeds only
+            strengthen the cut, so a limit never changes what the walk proves.
+        incumbents: ``(plan, estimate)`` pairs found elsewhere (the homogeneous exact top K) that the caller ranks
+            together with this search's plans: they fill the top-k cut from the start, so the walk only proves
+            what could enter the joint ranking; they are not returned, and a plan of H equal to one is not
+            estimated again (top k only).
     Raises:
         HetplanError: unknown GPU type in the inventory.
     """
@@ -936,7 +970,7 @@ def search_hetero_estimated(
     pins = pins or Pins()
     max_stages = min(max_stages or m.num_layers, m.num_layers)
     iterations = job.iterations()
-    groups = _groups(m, job, inventory, catalog, pins, max_stages)
+    groups = _groups(m, job, inventory, catalog, pins, max_stages, progress)
     rows, max_pools, n_alloc = _bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp)
     flat = _concat_rows(rows)
     gid, loc, rate, t_lb, t_sim = flat
@@ -947,6 +981,12 @@ def search_hetero_estimated(
     evaluated: list[EstimatedPlan] = []
     seen: set = set()
     top = TopK(top_k)
+    known = set()
+    for plan, est in ([] if pareto else incumbents):
+        k2 = estimate_keys(objective, est)
+        if k2 is not None:
+            top.add(*k2, est.memory_bytes_per_gpu.total, -len(known) - 1, None)
+        known.add(plan.model_dump_json())
     frontier: list[EstimatedPlan] = []
     count = {"solved": 0, "orders": 0}
 
@@ -957,6 +997,8 @@ def search_hetero_estimated(
             return
         seen.add(key)
         plan = cand.to_plan(job, inventory)
+        if known and plan.model_dump_json() in known:
+            return  # an incumbent: already ranked by the caller
         est = estimator(plan, catalog, m)
         ep = EstimatedPlan(cand, plan, est, bound)
         evaluated.append(ep)
@@ -974,13 +1016,15 @@ def search_hetero_estimated(
         if pareto:
             cf = search_hetero(m, job, inventory, catalog, goal="pareto", slo_iteration_s=objective.slo_iteration_s,
                                budget_usd_per_iteration=None if budget_it == INF else budget_it, pins=pins,
-                               max_stages=max_stages, max_allocations=max_allocations, prepared=prepared)
+                               max_stages=max_stages, max_allocations=max_allocations, prepared=prepared,
+                               max_solves=seed_solves, progress=progress)
             seeds_cf = cf.frontier
         else:
             cf_goal, cf_slo, cf_budget = _closed_form_goal(objective, iterations)
             cf = search_hetero(m, job, inventory, catalog, goal=cf_goal, slo_iteration_s=cf_slo,
                                budget_usd_per_iteration=cf_budget, pins=pins, max_stages=max_stages,
-                               max_allocations=max_allocations, keep_candidates=top_k + 3, prepared=prepared)
+                               max_allocations=max_allocations, keep_candidates=top_k + 3, prepared=prepared,
+                               max_solves=seed_solves, progress=progress)
             seeds_cf = cf.candidates
         count["solved"] += cf.allocations_solved
         count["orders"] += cf.orders_solved
@@ -1035,10 +1079,13 @@ def search_hetero_estimated(
             return "skip"
         return None
 
+    walk_progress = None if progress is None else (
+        lambda k, _lb: progress(k, max_expansions, "heterogeneous walk (expansions)"))
     _, open_bound = guarded_best_first(((float(keys[j]), ("allocation", int(j))) for j in scan), expand, cut,
-                                       limit=max_expansions, progress=progress)
+                                       limit=max_expansions, progress=walk_progress)
     return EstimatedResult(
-        top=[e[-1] for e in top.best()], frontier=frontier, evaluated=evaluated, allocations=n_alloc,
+        top=[e[-1] for e in top.best() if e[-1] is not None], frontier=frontier, evaluated=evaluated,
+        allocations=n_alloc,
         allocations_solved=count["solved"], plans_estimated=len(evaluated), orders_solved=count["orders"],
         search_time_s=time.perf_counter() - t0,
         open_bound=open_bound,

@@ -58,7 +58,8 @@ def pareto_frontier(m, job: Job, inventory: Inventory, catalog, pins: Pins | Non
     Args:
         slo_iteration_s, budget_usd_per_iteration: optional limits applied to the frontier (s, USD).
         max_expansions: expansion limit of the guarded walk (``None``: none; then every point is exact over H).
-        progress: ``progress(expanded, lower_bound)`` during the walk.
+        progress: ``progress(done, limit, phase)`` as the search's phases advance (cost tables, closed-form
+            seeds, the walk).
     Raises:
         HetplanError: unknown GPU type.
     """
