@@ -162,9 +162,9 @@ class RankLoop:
         if device.type == "cuda":
             import torch
 
-            from hetplan.energy.nvml import open_gpu
+            from hetplan.energy.nvml import nvml_device, open_gpu
 
-            gpu, sync = open_gpu(device.index or 0), torch.cuda.synchronize
+            gpu, sync = open_gpu(nvml_device(device.index or 0)), torch.cuda.synchronize
         if gpu is None:
             try:
                 pw = get_power(gpu_name)
