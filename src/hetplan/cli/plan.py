@@ -284,6 +284,7 @@ def plan_command(
             "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
+            **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
             **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
                else {}),
             **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto,
