@@ -115,7 +115,7 @@ def test_chain_bound_below_estimate(seed):
         est, _, costs, p2p = estimate_detailed(plan, CAT, m)
         f = np.array([s.forward_s + s.backward_s for s in est.stages])
         e = np.array([s.dp_exposed_s for s in est.stages])
-        o = np.array([float(cc["optimizer_s"]) for cc in costs])
+        o = np.array([float(cc.optimizer_s) for cc in costs])
         lb = stage_chain_lower_bound_s(f, p2p, plan.num_microbatches(0), e, o)
         assert lb <= est.iteration_time_s * (1 + 1e-9), (seed, lb, est.iteration_time_s)
 

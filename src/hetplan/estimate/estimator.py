@@ -20,7 +20,7 @@ from hetplan.estimate.compute import RECOMPUTE_CODES, pool_gpu
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.moe import MoEOptions
 from hetplan.estimate.schedule import simulate, simulate_many
-from hetplan.estimate.stage import Link, stage_costs
+from hetplan.estimate.stage import Link, StageCost, stage_costs
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
@@ -230,13 +230,15 @@ def estimate_detailed(
     record: bool = False,
     comm_constants: CommConstants | None = None,
 ):
-    """:func:`estimate` plus what a timeline needs: ``(Estimate, ScheduleResult | None, per-stage cost dicts,
-    per-boundary p2p times)``. ``record`` keeps every scheduled operation."""
+    """:func:`estimate` plus what a timeline needs: ``(Estimate, ScheduleResult | None, per-stage
+    :class:`~hetplan.estimate.stage.StageCost`, per-boundary p2p times)``. ``record`` keeps every scheduled
+    operation."""
     return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=True,
                            comm_constants=comm_constants)[0]
 
 
 _MEMORY_FIELDS = tuple(MemoryBreakdown.__dataclass_fields__)
+_COST_FIELDS = tuple(f for f in StageCost.__dataclass_fields__ if f != "memory")
 
 def p2p_model(framework: str) -> str | bool:
     """The p2p semantics the simulation uses for a job's framework: DeepSpeed's pipeline engine runs every
@@ -421,9 +423,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
                         moe_options=row.moe_options, **kw)
-        for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
-            res.setdefault(k, np.zeros(n))[sel] = c[k]
-        for k, x in c["memory"].items():
+        for k in _COST_FIELDS:
+            res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)
+        for k, x in c.memory.items():
             mem.setdefault(k, np.zeros(n))[sel] = x
     fwd, bwd = res["forward_s"], res["backward_s"]
 
@@ -537,7 +539,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         )
         costs = None
         if detailed:
-            costs = [{**{key: res[key][r] for key in res}, "memory": {key: mem[key][r] for key in mem}}
+            costs = [StageCost(**{key: res[key][r] for key in _COST_FIELDS}, memory={key: mem[key][r] for key in mem})
                      for r in range(s0, s0 + p)]
         out.append((est, sims[k], costs, p2p[p2p_start[k]:p2p_start[k + 1]].tolist()))
     return out

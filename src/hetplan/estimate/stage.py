@@ -33,6 +33,29 @@ class Link:
     intra_node_alpha_s: float = ALPHA_INTRA_NODE_S
 
 
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """Costs of one pipeline stage (:func:`stage_costs`): each field a float or an array over configurations.
+
+    Attributes:
+        forward_s, backward_s: one micro-batch through the stage (backward includes recomputation and TP
+            collectives); tp_comm_s: the TP-collective part of both.
+        dp_s: data-parallel gradient/parameter collectives per iteration; dp_exposed_s: the part not hidden.
+        optimizer_s: the Adam step.
+        memory: :func:`hetplan.estimate.memory.stage_memory_bytes`' dict (bytes per GPU by component).
+        params_per_gpu: parameters held per GPU before ZeRO sharding.
+    """
+
+    forward_s: Any
+    backward_s: Any
+    tp_comm_s: Any
+    dp_s: Any
+    dp_exposed_s: Any
+    optimizer_s: Any
+    memory: dict
+    params_per_gpu: Any
+
+
 #: Gradient bucket of the overlapped data-parallel reduction (elements): Megatron-LM's DDP default
 #: ``bucket_size = max(40e6, 1e6 * dp)`` parameters; the last bucket's reduction cannot hide behind backward.
 BUCKET_PARAMETERS = 40e6
@@ -77,7 +100,7 @@ def stage_costs(
     kv_exchange="ring",
     moe_options: moe.MoEOptions = moe.MoEOptions(),
 ):
-    """Costs of one stage (see module doc). Returns a dict of arrays:
+    """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
 
     * ``forward_s``, ``backward_s``: one micro-batch through the stage (backward includes recomputation and TP
       collectives); ``tp_comm_s`` the TP-collective part of both;
@@ -264,16 +287,16 @@ def stage_costs(
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
         linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep)
         optimizer = optimizer + fp8.weight_cast_time_s(linear, gpu, fp8_recipe, framework)
-    return {
-        "forward_s": fwd,
-        "tp_comm_s": layers_tp,
-        "backward_s": bwd,
-        "dp_s": dp_total + emb_sync,
-        "dp_exposed_s": grad_exposed + gather_exposed + emb_sync,
-        "optimizer_s": optimizer,
-        "memory": mem,
-        "params_per_gpu": params,
-    }
+    return StageCost(
+        forward_s=fwd,
+        backward_s=bwd,
+        tp_comm_s=layers_tp,
+        dp_s=dp_total + emb_sync,
+        dp_exposed_s=grad_exposed + gather_exposed + emb_sync,
+        optimizer_s=optimizer,
+        memory=mem,
+        params_per_gpu=params,
+    )
 
 
 def zero3_exposed_s(gather_s, reduce_scatter_s, forward_s, backward_s, num_layers, num_microbatches,

@@ -253,15 +253,15 @@ def _cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int
         sequence_parallel=st.tp > 1, cp=cp, ep=ep, **job_stage_options(job),
     )
     shape = (4, F, L + 1, len(rcs))
-    per = np.broadcast_to(c["forward_s"] + c["backward_s"], shape)
-    fits = np.broadcast_to(c["memory"]["total"], shape) <= st.gpu.memory_bytes
+    per = np.broadcast_to(c.forward_s + c.backward_s, shape)
+    fits = np.broadcast_to(c.memory["total"], shape) <= st.gpu.memory_bytes
     idx = np.argmax(fits, axis=-1)[..., None]
     anyfit = fits.any(axis=-1)
     a = np.where(anyfit, np.take_along_axis(per, idx, -1)[..., 0], INF)
-    e = np.take_along_axis(np.broadcast_to(c["dp_exposed_s"], shape), idx, -1)[..., 0]
-    o = np.broadcast_to(c["optimizer_s"], shape)[..., 0]
+    e = np.take_along_axis(np.broadcast_to(c.dp_exposed_s, shape), idx, -1)[..., 0]
+    o = np.broadcast_to(c.optimizer_s, shape)[..., 0]
     nmax = np.cumprod(anyfit[..., 1:], axis=-1).sum(axis=-1)
-    raw = np.broadcast_to(c["forward_s"] + c["backward_s"], shape)[:, 0, :, 0]
+    raw = np.broadcast_to(c.forward_s + c.backward_s, shape)[:, 0, :, 0]
     return CostTable(
         a=a, e=np.array(e), o=np.array(o), rc=np.asarray(rcs)[idx[..., 0]], nmax=nmax,
         layer_s=float(raw[MID, 1] - raw[MID, 0]),

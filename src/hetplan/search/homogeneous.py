@@ -226,22 +226,22 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     p2p_one_intra = boundary_time_s(m, job.seq_len, lay, lay, link, link, True)
     p2p_one_inter = boundary_time_s(m, job.seq_len, lay, lay, link, link, False)
     p2p_total = n_intra * p2p_one_intra + (pp - 1 - n_intra) * p2p_one_inter
-    it = assemble_iteration(c["forward_s"], c["backward_s"], c["dp_exposed_s"], c["optimizer_s"], p2p_total, mb,
-                            count=count, virtual_stages=v, memory_bytes=c["memory"]["total"],
+    it = assemble_iteration(c.forward_s, c.backward_s, c.dp_exposed_s, c.optimizer_s, p2p_total, mb,
+                            count=count, virtual_stages=v, memory_bytes=c.memory["total"],
                             capacity_bytes=gpu.memory_bytes)
     present = count > 0
-    per = c["forward_s"] + c["backward_s"]
+    per = c.forward_s + c.backward_s
     c_min = np.where(n_intra > 0, np.minimum(p2p_one_intra, p2p_one_inter), p2p_one_inter)
     # As stage_chain_lower_bound_s: the chain ends with stage 0's last backward, after which only stage 0's own
     # exposed DP time is certain; every stage also ends no earlier than its own work plus its DP time.
-    own_work = np.max(np.where(present, mb[:, None] * per + c["dp_exposed_s"], 0.0), axis=1)
+    own_work = np.max(np.where(present, mb[:, None] * per + c.dp_exposed_s, 0.0), axis=1)
     window = window_lower_bound_s(np.sum(np.where(present, count * per, 0.0), axis=1), p2p_total, pp, mb, v)
-    lower = (np.maximum(np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v), window) + c["dp_exposed_s"][:, 0],
+    lower = (np.maximum(np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v), window) + c.dp_exposed_s[:, 0],
                         own_work) + it.optimizer_s)
 
     slowest = np.argmax(np.where(present, per, -1.0), axis=1)
     rows = np.arange(len(pp))
-    tp_comm = mb * np.broadcast_to(c["tp_comm_s"], per.shape)[rows, slowest]
+    tp_comm = mb * np.broadcast_to(c.tp_comm_s, per.shape)[rows, slowest]
     components = {
         "compute_s": mb * it.bottleneck_s - tp_comm,
         "tp_comm_s": tp_comm,
@@ -250,7 +250,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         "dp_exposed_s": it.dp_exposed_s,
         "optimizer_s": it.optimizer_s,
     }
-    memory = {k: np.broadcast_to(x, per.shape)[rows, it.peak_stage] for k, x in c["memory"].items()}
+    memory = {k: np.broadcast_to(x, per.shape)[rows, it.peak_stage] for k, x in c.memory.items()}
     num_gpus = tp * pp * cp * dp
     price = pool_price_usd_per_hour(pool, gpu)
     model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)
