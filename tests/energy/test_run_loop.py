@@ -146,3 +146,12 @@ def test_job_spec_refuses_what_the_server_cannot_run(tmp_path, plan_path):
     assert err.value.field == "--energy-plans"
     with pytest.raises(HetplanError, match="unreachable"):  # no server: fails before any rank starts
         run_plan(plan_path, RunOptions(energy=EnergyOptions(server="http://127.0.0.1:1", frequencies_mhz=CLOCKS)))
+
+
+def test_energy_options_without_a_server_exit_2(plan_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "run", str(plan_path), "--energy-frequencies",
+                        "1410"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--energy-server" in r.stderr and "Traceback" not in r.stderr
