@@ -43,15 +43,18 @@ def walk_progress():
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=console, transient=True)
-    tasks: dict = {}
+    tasks: dict = {}  # phase -> [task, last count seen]
 
     def progress(done: int, limit: int | None, phase: str) -> None:
         if not tasks:
             bar.start()
         if phase not in tasks:
-            tasks[phase] = bar.add_task(phase, total=limit)
+            for task, last in tasks.values():  # the phases before have ended: show where they stopped
+                bar.update(task, completed=last + 1, total=last + 1)
+            tasks[phase] = [bar.add_task(phase, total=limit), done]
+        tasks[phase][1] = done
         if done % 25 == 0:
-            bar.update(tasks[phase], completed=done)
+            bar.update(tasks[phase][0], completed=done)
 
     try:
         yield progress
@@ -281,6 +284,7 @@ def plan_command(
             "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
+            **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
             **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
                else {}),
             **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto,

@@ -211,7 +211,8 @@ def search_plans(
         configurations_evaluated=n_total + (het[1].orders_solved if het is not None else 0),
         configurations_fitting_memory=n_fit + (het[1].plans_estimated if het is not None else 0),
         search_time_s=time.perf_counter() - t0,
-        heterogeneous=None if het is None else hetero_summary(het[1], inventory, objective),
+        heterogeneous=None if het is None else hetero_summary(het[1], inventory, objective,
+                                                              ranked[0].estimate if ranked else None),
         homogeneous=homo,
     )
 
@@ -261,9 +262,10 @@ def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progr
     return entries, res
 
 
-def hetero_summary(res, inventory, objective) -> dict:
+def hetero_summary(res, inventory, objective, ranked_best=None) -> dict:
     """The ``heterogeneous`` entry of the search result: counters, whether the walk was complete and, if not, the
-    proven bound (best possible objective of any plan left unestimated; job s or job $)."""
+    proven bound (best possible objective of any plan left unestimated; job s or job $) and how far the ranking's
+    best (``ranked_best``, an estimate; default the walk's own best) can be from it."""
     best = res.top[0] if res.top else None
     out = {"allocations": res.allocations, "allocations_solved": res.allocations_solved,
            "orders_solved": res.orders_solved, "plans_estimated": res.plans_estimated,
@@ -272,8 +274,9 @@ def hetero_summary(res, inventory, objective) -> dict:
            "best": best.candidate.describe(inventory) if best is not None else None}
     if not res.complete:
         out["unestimated_lower_bound"] = res.open_bound
-        if best is not None:
-            k = estimate_keys(objective, best.estimate)
+        best_estimate = ranked_best if ranked_best is not None else best.estimate if best is not None else None
+        if best_estimate is not None:
+            k = estimate_keys(objective, best_estimate)
             out["proven_within"] = max(0.0, k[0] / res.open_bound - 1) if k else None
     return out
 
