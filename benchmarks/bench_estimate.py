@@ -65,8 +65,8 @@ def vectorised(n: int = 20000, repeat: int = 5) -> float:
                         has_embedding=emb, has_head=head, single_stage=col(pp == 1), in_flight=inflight,
                         num_microbatches=col(mb), zero=1, recompute_code=2, sequence_parallel=col(tp > 1))
         p2p = (pp - 1) * p2p_time_s(p2p_bytes(m, mbs, 2048, tp, tp > 1), 200e9 / 8)
-        t, _, _ = pipeline_time_s(c["forward_s"], c["backward_s"], count, p2p, mb)
-        _ = t + np.max(c["dp_exposed_s"], axis=1) + np.max(c["optimizer_s"], axis=1)
+        t, _, _ = pipeline_time_s(c.forward_s, c.backward_s, count, p2p, mb)
+        _ = t + np.max(c.dp_exposed_s, axis=1) + np.max(c.optimizer_s, axis=1)
         best = min(best, time.process_time() - t0)
     return n / best
 

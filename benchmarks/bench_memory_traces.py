@@ -66,7 +66,7 @@ def stages(attention: str = "auto", before: bool = False, framework: str = "deep
             att = attention
             if attention == "auto":  # per GPU type (the attention kind does not change the other stages' memory)
                 att = "standard" if gpus[i] in STANDARD_ATTENTION_GPUS else "flash"
-            mem = costs[att][i]["memory"]
+            mem = costs[att][i].memory
             pred = float(mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"])
             if not before:
                 pred += float(mem["transient"])

@@ -162,3 +162,25 @@ def test_aceso_example_runs_from_examples(tmp_path):
     assert {s["time_source"] for s in best["stages"]} != {"analytic"}
     r = hetplan("profile", "import", "aceso", "tests/fixtures/aceso", "--model", "gpt_1_3B", "--db", db, cwd=ROOT)
     assert r.returncode == 2 and "LABEL=MODEL" in r.stderr
+
+
+def test_fp8_job_file_plans_estimates_and_exports(tmp_path):
+    """dtype = "fp8" end to end through the CLI: a job TOML planned (MFU against the FP8 peak: below the bf16
+    plan's), the plan file estimated again, exported to Megatron-LM with the FP8 recipe; `run --dtype fp8` is
+    refused before torchrun with the export to use instead."""
+    job = tmp_path / "fp8.toml"
+    job.write_text('[job]\nmodel = "llama3-8b"\nseq_len = 4096\nglobal_batch = 64\ntrain_iterations = 10\n'
+                   'dtype = "fp8"\n\n[[inventory]]\ngpu = "H100-SXM"\ncount = 8\n')
+    out = tmp_path / "plan.json"
+    r = hetplan("plan", job, "--json", "-o", out)
+    assert r.returncode == 0, r.stderr
+    fp8 = json.loads(r.stdout)["plans"][0]
+    r = hetplan("plan", job, "--dtype", "bf16", "--json")
+    bf16 = json.loads(r.stdout)["plans"][0]
+    assert fp8["iteration_time_s"] < bf16["iteration_time_s"] and 0.1 < fp8["mfu"] < bf16["mfu"]
+    r = hetplan("estimate", out, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["iteration_time_s"] == pytest.approx(fp8["iteration_time_s"])
+    r = hetplan("export", out, "--to", "megatron")
+    assert r.returncode == 0 and "--fp8-format hybrid" in r.stdout and "--fp8-param-gather" in r.stdout
+    r = hetplan("run", out, "--dtype", "fp8")
+    assert r.returncode == 2 and "FP8" in r.stderr and "hetplan export" in r.stderr and "Traceback" not in r.stderr

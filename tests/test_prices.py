@@ -13,7 +13,7 @@ import pytest
 
 from hetplan.errors import HetplanError
 from hetplan.hardware.catalog import load_catalog
-from hetplan.hardware.prices import MAX_AGE_DAYS, Quote, choose, load_quotes, parse_date
+from hetplan.hardware.prices import MAX_AGE_DAYS, Quote, choose, load_quotes, newest_date, parse_date
 
 ROOT = Path(__file__).parents[1]
 
@@ -41,7 +41,7 @@ def test_choose():
     h100, t4 = cat.get("H100-SXM"), cat.get("T4")
     today = dt.date(2026, 11, 23)
     p = choose(h100, "catalog", today=today)
-    assert p.usd_per_gpu_hour == h100.price_usd_per_hour and p.stale  # "2023-2025 (...)": no readable date
+    assert p.usd_per_gpu_hour == h100.price_usd_per_hour and p.stale  # "2023 to 2025-05 (before June 2025 ...)"
     # on-demand: newest quote per provider, then the cheapest provider: RunPod 2.79 < Lambda 2.99 < GCP 3.00 <
     # CoreWeave 6.16 < AWS 12.29
     p = choose(h100, "on_demand", today=today)
@@ -56,6 +56,24 @@ def test_choose():
         choose(h100, "on_demand", "oracle")
     with pytest.raises(HetplanError, match="unknown price source"):
         choose(h100, "reserved")
+
+
+def test_a_2026_price_is_not_older_than_365_days_on_2026_11_24():
+    """The plan output said "A10G 1.01 catalog (...), 2026 (older than 365 days)" on 2026-11-24: a year-only or
+    free-text date was unreadable and so called stale. Its age now counts from the newest day it can mean."""
+    cat = load_catalog()
+    today = dt.date(2026, 11, 24)
+    a10g = cat.get("A10G")
+    assert a10g.price_date == "2026" and not choose(a10g, "catalog", today=today).stale
+    assert choose(a10g, "catalog", today=dt.date(2028, 1, 1)).stale  # 366 days after 2026-12-31
+    assert newest_date("2026") == dt.date(2026, 12, 31) and newest_date("2024-2025") == dt.date(2025, 12, 31)
+    assert newest_date("late 2024") == newest_date("2018-2024") == dt.date(2024, 12, 31)
+    assert newest_date("2026-04") == dt.date(2026, 4, 30) and newest_date("2026-02-03") == dt.date(2026, 2, 3)
+    assert newest_date("2023 to 2025-05 (before June 2025)") == dt.date(2025, 6, 30)
+    assert newest_date("unknown") is None and newest_date("2026-13") is None
+    # a price from before AWS's June 2025 cut is older than 365 days on 2026-11-24; one from "2024-2025" may not be
+    assert choose(cat.get("H100-SXM"), "catalog", today=today).stale
+    assert (today - newest_date("2024-2025")).days <= MAX_AGE_DAYS < (today - newest_date("2024")).days
 
 
 def test_dates_and_quote_validation():

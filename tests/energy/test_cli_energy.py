@@ -106,3 +106,33 @@ def test_frontier_bad_profile(tmp_path):
     for path, needle in ((bad, "not a number"), (tmp_path / "missing.csv", "does not exist")):
         r = hetplan("energy", "frontier", path, "-m", 4, "--idle-power-w", 80, "-o", tmp_path / "o")
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_loads_only_the_command_it_runs():
+    """``hetplan energy ...`` imports no other command's module (the lazy group in cli/main.py); ``--help`` lists
+    every command; the command map names exactly what each module registers."""
+    import subprocess
+    import sys
+
+    import typer
+
+    from hetplan.cli.main import SUBCOMMAND_MODULES
+
+    code = ("import sys; sys.argv = ['hetplan', 'energy', '--help']\n"
+            "from hetplan.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('hetplan.cli.')), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stderr.strip().splitlines()[-1] == "['hetplan.cli.energy', 'hetplan.cli.main']", r.stderr
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "--help"], capture_output=True, text=True,
+                       timeout=120, env={**__import__("os").environ, "COLUMNS": "200"})
+    listed = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("│ ") and len(line.split()) > 2}
+    every = {name for names in SUBCOMMAND_MODULES.values() for name in names}
+    assert every <= listed, every - listed
+    import importlib
+
+    for module, names in SUBCOMMAND_MODULES.items():
+        sub = typer.Typer()
+        importlib.import_module(module).register(sub)
+        got = {c.name for c in sub.registered_commands} | {g.name for g in sub.registered_groups}
+        assert got == set(names), module

@@ -59,7 +59,9 @@ def test_loop_profiles_applies_reports_and_survives_kill_9(tmp_path, plan_path):
         with httpx.Client(base_url=srv.url, headers=auth) as h:
             info = h.get(f"/jobs/{job}").json()
             reports = h.get(f"/jobs/{job}/reports").json()
-            profile = h.get(f"/jobs/{job}/profile").text
+            got = h.get(f"/jobs/{job}/profile")
+            profile = got.text
+            assert got.headers["x-energy-sources"] == "model"
             schedules = {r: h.get(f"/jobs/{job}/ranks/{r}/schedule").json() for r in range(4)}
     finally:
         os.kill(srv.proc.pid, signal.SIGKILL)  # no shutdown handler runs: only committed transactions remain
@@ -110,7 +112,7 @@ def test_loop_profiles_applies_reports_and_survives_kill_9(tmp_path, plan_path):
     out = CliRunner().invoke(app, ["energy", "frontier", str(plan_path), "--profile-db", str(db), "--job", job,
                                    "-o", str(tmp_path / "fr"), "--json", "--no-baselines"])
     assert out.exit_code == 0, out.output
-    assert json.loads(out.output)["profile"].startswith("measured")
+    assert json.loads(out.output)["profile"].startswith("measured time, modelled energy")
 
 
 def test_job_spec_refuses_what_the_server_cannot_run(tmp_path, plan_path):
@@ -121,6 +123,19 @@ def test_job_spec_refuses_what_the_server_cannot_run(tmp_path, plan_path):
     assert spec["scheduler"]["then"]["idle_power_w"] == load_catalog().get(GPU).idle_power_w
     assert spec["job_id"] == job_spec(plan, b"x", 2, 4, "1f1b", opts)["job_id"] != job_spec(plan, b"y", 2, 4, "1f1b",
                                                                                                opts)["job_id"]
+    # a plans.json of `energy frontier PLAN.json` becomes a frontier pick of its plans (here 2 stages x 4 mbs)
+    from hetplan.energy.frontier import compute_frontier
+    from hetplan.energy.model import plan_stage_profile
+
+    derived = plan_stage_profile(plan)
+    fr = compute_frontier(derived.profile, 4, derived.idle_power_w[0], 1e-4)
+    fr.write_plans_file(tmp_path / "ok.json")
+    pick = job_spec(plan, b"x", 2, 4, "1f1b", EnergyOptions(server="x", plans=str(tmp_path / "ok.json"),
+                                                             target_time_s=1.0))["scheduler"]
+    assert pick["kind"] == "frontier_pick" and pick["target_time_s"] == 1.0 and len(pick["plans"]) == len(fr)
+    assert [len(f) for f in pick["plans"][0]["frequencies_mhz"]] == [8, 8]
+    with pytest.raises(HetplanError, match="does not exist"):
+        job_spec(plan, b"x", 2, 4, "1f1b", EnergyOptions(server="x", plans=str(tmp_path / "nope.json")))
     with pytest.raises(HetplanError, match="one model chunk"):
         job_spec(plan, b"x", 2, 4, "interleaved", opts)
     bad = tmp_path / "plans.json"
@@ -131,3 +146,12 @@ def test_job_spec_refuses_what_the_server_cannot_run(tmp_path, plan_path):
     assert err.value.field == "--energy-plans"
     with pytest.raises(HetplanError, match="unreachable"):  # no server: fails before any rank starts
         run_plan(plan_path, RunOptions(energy=EnergyOptions(server="http://127.0.0.1:1", frequencies_mhz=CLOCKS)))
+
+
+def test_energy_options_without_a_server_exit_2(plan_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "run", str(plan_path), "--energy-frequencies",
+                        "1410"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--energy-server" in r.stderr and "Traceback" not in r.stderr

@@ -240,3 +240,12 @@ def test_nvml_optional():
         pytest.skip("no NVIDIA GPU / pynvml here: NVML control is optional and skipped")
     e0 = gpu.energy_mj()  # pragma: no cover - GPU machines only
     assert gpu.energy_mj() >= e0 and gpu.supported_sm_clocks_mhz()
+
+
+def test_nvml_device_follows_cuda_visible_devices():
+    """CUDA device k is the k-th entry of CUDA_VISIBLE_DEVICES; NVML numbers every GPU (or takes the UUID)."""
+    from hetplan.energy.nvml import nvml_device
+
+    assert nvml_device(0, "") == 0 and nvml_device(1, "") == 1
+    assert nvml_device(0, "3,1") == 3 and nvml_device(1, "3,1") == 1
+    assert nvml_device(0, "GPU-8f2c, 2") == "GPU-8f2c" and nvml_device(1, "GPU-8f2c, 2") == 2

@@ -169,7 +169,7 @@ def test_espresso_trace_allocated_peak():
         folder = next(root.glob(f"{rank}_*_tmp"))
         rows = csv.DictReader((folder / "operations_record.csv").read_text().splitlines())
         measured = max(float(r["max_mem"]) for r in rows)
-        mem = c["memory"]
+        mem = c.memory
         theoretical = float(mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"])
         assert theoretical / measured - 1 < -0.10  # the gap this overhead closes
         assert abs((theoretical + float(mem["transient"])) / measured - 1) < 0.04, rank

@@ -57,5 +57,5 @@ def test_stage_costs_arrays_equal_scalar_calls():
     for i in range(len(tp)):
         one = stage_costs(m, g, link, "fp16", b=int(mbs[i]), t=int(tp[i]), sequence_parallel=bool(tp[i] > 1), **kw)
         for key in ("forward_s", "backward_s", "dp_exposed_s", "optimizer_s"):
-            assert float(arr[key][i]) == pytest.approx(float(one[key]), rel=1e-12)
-        assert float(arr["memory"]["total"][i]) == pytest.approx(float(one["memory"]["total"]), rel=1e-12)
+            assert float(getattr(arr, key)[i]) == pytest.approx(float(getattr(one, key)), rel=1e-12)
+        assert float(arr.memory["total"][i]) == pytest.approx(float(one.memory["total"]), rel=1e-12)

@@ -61,22 +61,23 @@ def _stage(m, gpu, dtype, framework="megatron", **kw):
 
 
 def test_fp8_stage_is_faster_and_its_parts_add_up(h100):
-    """Llama 3 70B stage (8 layers, TP 4): the FP8 forward is the bf16 one with the linear GEMMs' bf16 time
+    """Llama 3 70B stage (8 layers, TP 4, no SP): the FP8 forward is the bf16 one with the linear GEMMs' bf16 time
     replaced by their FP8 time plus the casts (nothing else changes)."""
     m = load_model("llama3-70b")
-    c16, c8 = _stage(m, h100, "bf16"), _stage(m, h100, "fp8")
-    assert float(c8["forward_s"]) < float(c16["forward_s"])
+    # without sequence parallelism the TP all-reduces stay bf16 (with SP the all-gathers carry FP8: next test)
+    c16, c8 = _stage(m, h100, "bf16", sequence_parallel=False), _stage(m, h100, "fp8", sequence_parallel=False)
+    assert float(c8.forward_s) < float(c16.forward_s)
     s, t = 8192 / 1, 4
     lin16, _ = compute.layer_gemm_times_s(m, h100, "bf16", 1, s, t)
     lin8, _ = compute.layer_gemm_times_s(m, h100, "fp8", 1, s, t)
     cf, cb = fp8.layer_cast_time_s(h100, "delayed", moe.linear_gemm_shapes(m, 1, s, t))
     # forward of a layer is a smooth max with the (small) host floor; compare the GPU work only
-    gpu16 = float(c16["forward_s"]) / 8
-    gpu8 = float(c8["forward_s"]) / 8
+    gpu16 = float(c16.forward_s) / 8
+    gpu8 = float(c8.forward_s) / 8
     assert gpu8 == pytest.approx(gpu16 - float(lin16) + float(lin8) + float(cf), rel=2e-3)
-    assert float(c8["backward_s"]) < float(c16["backward_s"])
+    assert float(c8.backward_s) < float(c16.backward_s)
     # the weights are re-quantized once per iteration: the optimizer step gets longer
-    assert float(c8["optimizer_s"]) > float(c16["optimizer_s"])
+    assert float(c8.optimizer_s) > float(c16.optimizer_s)
 
 
 def test_fp8_memory_weight_copies_and_fp8_activations():
@@ -133,3 +134,23 @@ def test_fp8_on_a_gpu_without_fp8_is_refused_naming_the_fix():
     with pytest.raises(HetplanError) as exc:
         search_plans(job, Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=8)]))
     assert exc.value.field == "job.dtype" and "bf16" in exc.value.fix
+
+
+def test_fp8_sequence_parallel_all_gathers_carry_fp8(h100):
+    """With sequence parallelism each TP all-gather moves the FP8 tensor (1 B), each reduce-scatter bf16: a layer's
+    TP time is (AR(x) + AR(x/2)) / (2 AR(x)) of bf16's, x the b·s·h bf16 message; without SP (all-reduces of
+    bf16 outputs) it is unchanged."""
+    from hetplan.estimate.comm import group_collective_time_s
+
+    m = load_model("llama3-70b")
+    x = 8192 * m.hidden_size * 2
+
+    def tp(dtype, sp):
+        return compute.layer_time_s(m, h100, dtype, 1, 8192, 8, 0, 450e9, sequence_parallel=sp, attention="flash")[2]
+
+    def ar(nbytes):
+        return group_collective_time_s(nbytes, "allreduce", 8, 1, 1 << 30, 450e9, 450e9)
+
+    assert tp("fp8", True) / tp("bf16", True) == pytest.approx((ar(x) + ar(x / 2)) / (2 * ar(x)), rel=1e-12)
+    assert 0.74 < tp("fp8", True) / tp("bf16", True) < 0.8
+    assert tp("fp8", False) == tp("bf16", False)

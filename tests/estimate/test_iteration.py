@@ -57,7 +57,7 @@ def test_estimator_reports_the_assembly():
     plan = megatron_plan(m, gpu="A100-SXM-80GB", tp=2, pp=4, dp=1, mbs=1, gbs=32, recompute="full", seq=1024,
                          inter_node_bandwidth_bytes_per_s=100e9)
     est, sim, costs, p2p = estimate_detailed(plan, model=m)
-    it = assemble_iteration(*([float(c[k]) for c in costs] for k in ("forward_s", "backward_s", "dp_exposed_s",
+    it = assemble_iteration(*([float(getattr(c, k)) for c in costs] for k in ("forward_s", "backward_s", "dp_exposed_s",
                                                                      "optimizer_s")),
                             sum(p2p), 32, simulated=(sim.makespan_s, sim.stage_end_s))
     assert est.iteration_time_s == pytest.approx(float(it.iteration_s), rel=1e-12)

@@ -51,7 +51,7 @@ def _plan(m, *, tp, pp, dp, mbs, gbs, zero, recompute="selective"):
 def test_weights_and_optimizer_match_megatron_single_stage(tp, dp, zero):
     m = _gpt()
     est, _, costs, _ = estimate_detailed(_plan(m, tp=tp, pp=1, dp=dp, mbs=1, gbs=8 * dp, zero=zero), model=m)
-    mem = costs[0]["memory"]
+    mem = costs[0].memory
     ours = float(mem["weights"] + mem["gradients"] + mem["optimizer"])
     assert ours == pytest.approx(megatron_weight_optimizer_bytes(32, 4096, 51200, tp, 1, dp, zero == 1), rel=1e-12)
 
@@ -60,7 +60,7 @@ def test_weights_first_stage_close_to_megatron_with_pipeline():
     # Megatron spreads the final LayerNorm (2h) over all stages; we keep it on the last: 2h(1-1/p)/t params apart.
     m = _gpt()
     _, _, costs, _ = estimate_detailed(_plan(m, tp=2, pp=4, dp=2, mbs=1, gbs=16, zero=0), model=m)
-    mem = costs[0]["memory"]
+    mem = costs[0].memory
     ours = float(mem["weights"] + mem["gradients"] + mem["optimizer"])
     ref = megatron_weight_optimizer_bytes(32, 4096, 51200, 2, 4, 2, False)
     assert abs(ours - ref) <= 18 * 2 * 4096 / 4 / 2 + 1e-6
@@ -74,7 +74,7 @@ def test_activations_match_megatron(tp, pp, v, mbs, m_):
     est, _, costs, _ = estimate_detailed(_plan(m, tp=tp, pp=pp, dp=1, mbs=mbs, gbs=gbs, zero=0), model=m,
                                          virtual_stages=v)
     assert est.virtual_stages == (v or 1)
-    ours = float(costs[0]["memory"]["activations"])
+    ours = float(costs[0].memory["activations"])
     ref = megatron_activation_bytes(32, 4096, 51200, 2048, mbs, tp, pp, v, m_)
     assert ours == pytest.approx(ref, rel=1e-12)
 

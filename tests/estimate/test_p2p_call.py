@@ -22,8 +22,8 @@ def test_each_extra_chunk_adds_one_call_per_direction_and_micro_batch():
     _, _, with_calls, _ = estimate_detailed(plan, model=m)
     _, _, without, _ = estimate_detailed(plan, model=m, comm_constants=off)
     for a, b in zip(with_calls, without):
-        assert a["forward_s"] - b["forward_s"] == pytest.approx(2 * P2P_CALL_S, rel=1e-9)  # (v - 1) calls
-        assert a["backward_s"] - b["backward_s"] == pytest.approx(2 * P2P_CALL_S, rel=1e-9)
+        assert a.forward_s - b.forward_s == pytest.approx(2 * P2P_CALL_S, rel=1e-9)  # (v - 1) calls
+        assert a.backward_s - b.backward_s == pytest.approx(2 * P2P_CALL_S, rel=1e-9)
     # plain 1F1B and a single stage: no extra chunk, nothing added
     for pp, v in ((4, 1), (1, 1)):
         m, p = _plan(pp=pp, v=v)

@@ -64,9 +64,10 @@ def _megatron(ex: exporters.Export, spec) -> dict:
     mbs, gbs = int(args["micro-batch-size"]), int(args["global-batch-size"])
     vps = args.get("num-layers-per-virtual-pipeline-stage")
     vpr = args.get("num-virtual-stages-per-pipeline-rank")
-    if vpr:  # embedding / loss counted as a layer of the split: (L + e + l) / (pp * v) units per chunk
-        e, loss = ("account-for-embedding-in-pipeline-split" in args), ("account-for-loss-in-pipeline-split" in args)
-        v = int(vpr)
+    e, loss = ("account-for-embedding-in-pipeline-split" in args), ("account-for-loss-in-pipeline-split" in args)
+    assert not ((e or loss) and (first or last)), "Megatron-Core refuses account-for-* with decoder-first/last"
+    if vpr or e or loss:  # embedding / loss counted as a layer of the split: (L + e + l) / (pp * v) units per chunk
+        v = int(vpr) if vpr else 1
         c = (L + e + loss) // (pp * v)
         layers = [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]
     zero = 1 if "use-distributed-optimizer" in args else 0
@@ -167,6 +168,12 @@ CASES = [
     ("llama3-style-uneven-interleaved", lambda: _plan(
         str(ROOT / "examples" / "tiny-model.json"), [{"num_layers": 1}, {"num_layers": 2}, {"num_layers": 1}],
         gbs=12, mbs=2, seq=128, v=2), ("megatron", "torchtitan")),
+    ("llama3-style-uneven-1f1b-embedding", lambda: _plan(  # 32 layers + the embedding = 3 x 11 units
+        "llama2-7b", [{"num_layers": 10, "dp": 2}, {"num_layers": 11, "dp": 2}, {"num_layers": 11, "dp": 2}],
+        gbs=64, mbs=2), ("megatron", "deepspeed", "torchtitan")),
+    ("llama3-style-uneven-1f1b-embedding-and-loss", lambda: _plan(  # 4 layers + embedding + loss = 3 x 2 units
+        str(ROOT / "examples" / "tiny-model.json"), [{"num_layers": 1}, {"num_layers": 2}, {"num_layers": 1}],
+        gbs=12, mbs=2, seq=128), ("megatron", "deepspeed", "torchtitan")),
     ("fp8-tp2-pp2-fsdp", lambda: _plan("llama3-8b", [{"num_layers": 16, "tp": 2, "dp": 4}] * 2, gbs=64, mbs=1,
                                        zero=3, dtype="fp8", attention="flash"), ("megatron", "torchtitan")),
     ("zero2-pp1-selective", lambda: _plan("llama2-7b", [{"num_layers": 32, "tp": 4, "dp": 4, "recompute": "selective"}],
@@ -190,6 +197,23 @@ def test_torchtitan_pp1_runs_one_microbatch_per_step():
     cfg = tomllib.loads(exporters.export(plan, load_model("llama3-8b"), "torchtitan").files["torchtitan.toml"])
     assert cfg["training"]["local_batch_size"] == 1 and cfg["training"]["global_batch_size"] == 128
     assert cfg["model"] == {"name": "llama3", "flavor": "8B"}  # a flavor torchtitan ships
+
+
+def test_megatron_uneven_split_flags_match_the_plan():
+    """Uneven splits go to Megatron as the embedding / loss counted as a layer (Llama 3) when that is what the plan
+    is, else as the first / last stage's own layer counts; never both (Megatron-Core asserts against it)."""
+    spec = load_model("llama2-7b")
+
+    def flags(layers):
+        plan = _plan("llama2-7b", [{"num_layers": n, "dp": 2} for n in layers], gbs=64, mbs=2)
+        return {k for k in _megatron(exporters.export(plan, spec, "megatron"), spec)["args"]
+                if "pipeline-split" in k or "pipeline-num-layers" in k}
+
+    assert flags([10, 11, 11]) == {"account-for-embedding-in-pipeline-split"}
+    assert flags([11, 11, 10]) == {"account-for-loss-in-pipeline-split"}
+    assert flags([8, 8, 8, 8]) == set()
+    assert flags([9, 11, 12]) == {"decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"}
+    assert flags([12, 10, 10]) == {"decoder-first-pipeline-num-layers"}
 
 
 def test_megatron_cp_and_moe_arguments():

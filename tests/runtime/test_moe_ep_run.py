@@ -72,7 +72,7 @@ def test_hetplan_run_moe_ep2_trains_as_without_ep(tmp_path):
     """``hetplan run`` on the tiny Mixtral-shaped plan: DP 2 with EP 2 (two experts per rank), under DDP and under
     FSDP (which leaves the experts to the expert-DP reduction), keeps the weights equal over DP and after 3 AdamW
     steps has the loss of the same plan without EP (DDP over whole replicas): the dispatch, the gradient reduction
-    and the updates of the real trainer are those of the unsplit model."""
+    and the updates of the real trainer are those of the unsplit model. So has PP 2 x DP 2 x EP 2."""
     opts = dict(iterations=2, warmup=1, stage_repeats=1)
     no_ep = tmp_path / "no-ep.json"
     no_ep.write_text(_plan(EP_PLAN, ep=1).model_dump_json())
@@ -91,6 +91,13 @@ def test_hetplan_run_moe_ep2_trains_as_without_ep(tmp_path):
         for r in res["ranks"]:
             assert r["weights_bytes"] == 4 * weights, mode
             assert r["forward_s"] > 0 and r["backward_s"] > 0
+    # the same with the two layers on two pipeline stages (4 ranks; an all-to-all inside each stage of 1F1B)
+    pp = tmp_path / "pp2.json"
+    pp.write_text(_plan(EP_PLAN, pools=[{"gpu": "cpu", "count": 4, "gpus_per_node": 4}],
+                        stages=[{"num_layers": 1, "dp": 2}, {"num_layers": 1, "dp": 2}]).model_dump_json())
+    res = run_plan(pp, RunOptions(**opts))
+    assert (res["pp"], res["ep"], res["dp_replicas_in_sync"]) == (2, 2, True)
+    assert res["loss"] == pytest.approx(ref["loss"], rel=1e-6)
 
 
 def _plan(path: Path, **update):

@@ -115,6 +115,31 @@ def test_chain_bound_below_estimate(seed):
         est, _, costs, p2p = estimate_detailed(plan, CAT, m)
         f = np.array([s.forward_s + s.backward_s for s in est.stages])
         e = np.array([s.dp_exposed_s for s in est.stages])
-        o = np.array([float(cc["optimizer_s"]) for cc in costs])
+        o = np.array([float(cc.optimizer_s) for cc in costs])
         lb = stage_chain_lower_bound_s(f, p2p, plan.num_microbatches(0), e, o)
         assert lb <= est.iteration_time_s * (1 + 1e-9), (seed, lb, est.iteration_time_s)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_order_bound_below_estimate_of_every_split(seed):
+    """_Group.order_lower_bound_s of a stage order never exceeds estimate() of any layer split of that order (with
+    each stage's lightest fitting recomputation), on random instances (mixed pools, memory limits, slow links)."""
+    m, job, inv, rng = random_instance(500 + seed)
+    L = m.num_layers
+    orders = list(block_orders_of_space(m, job, inv))
+    checked, tight = 0, 0.0
+    for g, b, d, z, rate, seq, kinds, fl, tabs, p2p in rng.sample(orders, min(6, len(orders))):
+        bound = g.order_lower_bound_s(seq)
+        splits = list(itertools.combinations(range(1, L), len(seq) - 1))
+        for cuts in rng.sample(splits, min(25, len(splits))):
+            ns = [y - x for x, y in zip((0,) + cuts, cuts + (L,))]
+            if any(n > tb.nmax[kk, f - 1] for tb, kk, f, n in zip(tabs, kinds, fl, ns)):
+                continue
+            rcs = [int(tb.rc[kk, f - 1, n]) for tb, kk, f, n in zip(tabs, kinds, fl, ns)]
+            c = hetero.HeteroCandidate([hetero.StageChoice(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcs)],
+                                       b, d, z, 0.0, rate)
+            est = estimate(c.to_plan(job, inv), CAT, m)
+            assert bound <= est.iteration_time_s * (1 + 1e-9), (seed, ns, bound, est.iteration_time_s)
+            checked += 1
+            tight = max(tight, bound / est.iteration_time_s)
+    assert checked > 0 and tight > 0.5, (checked, tight)  # compared with real splits, and not vacuous

@@ -127,6 +127,19 @@ def test_user_errors_exit_2(monkeypatch, capsys, tmp_path, text, needle):
     assert code == 2 and needle in err and "fix" in err and "Traceback" not in err
 
 
+def test_serve_config_errors_print_their_bound_reasons(monkeypatch, capsys, tmp_path):
+    """serve/workload TOML errors go through the shared message (hetplan.inputs.validation_message), like every
+    other input: a bounded number says why it is bounded, an unknown key lists the keys allowed there."""
+    p = tmp_path / "w.toml"
+    p.write_text(BASE.replace("total_rate_per_s = 1", "total_rate_per_s = 1\ncv = 50"))
+    code, _, err = _run(monkeypatch, capsys, "simulate", p)
+    assert code == 2 and "workload.cv" in err and "(got 50)" in err and "bursts" in err  # the bound's reason
+    p.write_text(BASE.replace("duration_s = 10", "duraton_s = 10"))
+    code, _, err = _run(monkeypatch, capsys, "simulate", p)
+    assert code == 2 and "workload.duraton_s: unknown field" in err and "allowed fields here:" in err
+    assert "duration_s" in err
+
+
 def test_missing_file_and_bad_serve_config(monkeypatch, capsys, tmp_path):
     code, _, err = _run(monkeypatch, capsys, "simulate", tmp_path / "nope.toml")
     assert code == 2 and "does not exist" in err

@@ -34,12 +34,12 @@ def test_serving_and_training_agree_on_the_same_shape(tp, pp):
     b, s = 2, 512
     costs = _training(m, tp, pp, b, s)
     # swap bytes per worker = the training memory model's weight bytes per GPU of that stage (fp16)
-    want = [float(c["memory"]["weights"]) for c in costs for _ in range(tp)]
+    want = [float(c.memory["weights"]) for c in costs for _ in range(tp)]
     assert weight_bytes_per_worker(m, tp, pp, "fp16") == pytest.approx(want, rel=1e-12)
     if pp == 1:
         # prefill of b prompts of s tokens = training forward of that micro-batch, with the head on the last
         # position only instead of all s positions plus the loss
-        fwd = float(costs[0]["forward_s"])
+        fwd = float(costs[0].forward_s)
         head_all = float(head_time_s(m, gpu, "fp16", b, s, tp)[0])
         head_last = float(gemm_time_s(gpu, "fp16", b, m.padded_vocab_size() / tp, m.hidden_size))
         assert prefill_time_s(m, gpu, "fp16", s, batch=b, tp=tp) == pytest.approx(fwd - head_all + head_last, rel=1e-9)

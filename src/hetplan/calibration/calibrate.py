@@ -230,7 +230,7 @@ class EspressoTraces:
                 costs[att] = (est, c)
             for i, g in enumerate(kinds):
                 est, c = costs[espresso_attention(g, attention)]
-                mem = c[i]["memory"]
+                mem = c[i].memory
                 out.append({"forward_s": est.stages[i].forward_s, "backward_s": est.stages[i].backward_s,
                             "memory_bytes": float(mem["weights"] + mem["gradients"] + mem["optimizer"]
                                                   + mem["activations"] + mem["transient"])})

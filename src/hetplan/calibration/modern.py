@@ -330,7 +330,7 @@ class Layout:
     exchange, ``ring`` (Megatron-Core / NeMo: p2p overlapped with attention) or ``allgather`` (Llama 3,
     torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
     expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows); ``dispatcher``,
-    ``routing``: the all-to-all's dispatcher and the router's routing (:class:`hetplan.estimate.moe.MoEOptions`);
+    ``routing``: the all-to-all's dispatcher and the router's routing; ``etp``: expert-TP (the notes' ``ETP=``) (:class:`hetplan.estimate.moe.MoEOptions`);
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default);
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
     ``--tp-comm-overlap``)."""
@@ -340,6 +340,7 @@ class Layout:
     dp: int
     cp: int = 1
     ep: int = 1
+    etp: int = 1
     vp: int = 1
     mbs: int = 1
     gbs: int = 1
@@ -350,6 +351,7 @@ class Layout:
     zero: int = 1
     sequence_parallel: bool = False
     kv_exchange: str = "ring"
+    cp_load_balance: bool = True
     balanced_routing: bool = False
     dispatcher: str = "alltoall"
     routing: str = "random"
@@ -361,7 +363,7 @@ class Layout:
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
     """The :class:`Plan` of a row: ``pp`` stages of ``tp x dp`` GPUs (balanced split of the run's layers),
     FlashAttention (every source ran it), one pool of the nodes of :func:`node_pool`. Raises :class:`NotExpressibleError` for CP / EP > 1 until the plan carries them."""
-    degrees = {k: v for k, v in (("cp", lay.cp), ("ep", lay.ep)) if v > 1}
+    degrees = {k: v for k, v in (("cp", lay.cp), ("ep", lay.ep), ("expert_tp", lay.etp)) if v > 1}
     for k, v in degrees.items():
         if k not in Plan.model_fields:
             what = "context" if k == "cp" else "expert"
@@ -376,7 +378,7 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         notes.append("FSDP2 as ZeRO-3 (framework = 'fsdp' not in the estimator yet)")
     extra = {}
     if lay.cp > 1 and "cp_kv_exchange" in Job.model_fields:
-        extra["cp_kv_exchange"] = lay.kv_exchange
+        extra.update(cp_kv_exchange=lay.kv_exchange, cp_load_balance=lay.cp_load_balance)
     if lay.balanced_routing and "moe_load_imbalance" in Job.model_fields:
         extra["moe_load_imbalance"] = 1.0
     if lay.ep > 1:
@@ -493,6 +495,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                 vp = siblings.most_common(1)[0][0]
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
             lay = Layout(tp=tp, pp=pp, dp=_int(r, "num_gpus") // (tp * pp * cp), cp=cp, ep=_int(r, "ep", 1),
+                         etp=_expert_tp(r),
                          vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
                          seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16",
                          tp_comm_overlap=True)
@@ -524,7 +527,11 @@ def _torchtitan_recompute(label: str) -> tuple[str, float]:
 def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     """One torchtitan row: FSDP2 (``framework = "fsdp"``), TP with sequence parallelism, PP (1F1B or
     interleaved, micro-batch 1 = torchtitan's ``pipeline_parallel_microbatch_size`` default where the row gives
-    none), FlashAttention (SDPA), float8 as ``dtype = "fp8"``; tokens/s per GPU and memory."""
+    none), FlashAttention (SDPA), float8 as ``dtype = "fp8"``; tokens/s per GPU and memory. CP rows: K/V
+    all-gathered (``context_parallel_rotate_method`` default) and no causal load balancing
+    (``cp_load_balance = False``: the rows' PyTorch of December 2024 ran ring attention over contiguous chunks;
+    inferred from the rows themselves — with balancing the six CP rows are 26-81 % too fast, growing with CP as
+    ``2 - 1/cp`` does, without it within 12 %)."""
     key = f"{set_name}:{i}:{r['model']}:{r['gpu'][:12]}:n{r['num_gpus']}:s{r['seq_len']}:{r['dtype'][:16]}:{r['notes'][:40]}"
 
     def make():
@@ -543,7 +550,7 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         rc, frac = _torchtitan_recompute(r["recompute"])
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
-                     kv_exchange="allgather")
+                     kv_exchange="allgather", cp_load_balance=False)
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")
@@ -626,6 +633,12 @@ def _moe_recompute(label: str) -> tuple[str, bool]:
     return "none", bool(re.search(r"\bmoe\b", low))
 
 
+def _expert_tp(r: dict) -> int:
+    """Expert-TP of a row: the ``ETP=n`` its notes carry (DGX Cloud, ModelZoo), else 1."""
+    found = re.search(r"\bETP=(\d+)", r.get("notes", ""))
+    return int(found.group(1)) if found else 1
+
+
 def _dispatcher(r: dict) -> str:
     """``hybridep`` or ``deepep`` where the row names it (Megatron-Core's flex dispatcher; NeMo AutoModel's
     ``dispatcher: deepep`` / ``hybridep``), else Megatron-Core's default ``alltoall``."""
@@ -646,7 +659,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
         mbs = _int(r, "micro_batch", 1)
         gbs = _int(r, "global_batch")
-        lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, vp=_int(r, "vp", 1), mbs=mbs, gbs=gbs,
+        lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, etp=_expert_tp(r), vp=_int(r, "vp", 1),
+                     mbs=mbs, gbs=gbs,
                      seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
                      sequence_parallel=True, recompute=recompute, moe_recompute=moe_recompute,
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),

@@ -41,13 +41,16 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
 
         if not profile_db.is_file():
             raise HetplanError(f"{profile_db} does not exist", field="--profile-db", fix="give the server's --db file")
-        rows = Store(profile_db).measured_profile(job)
+        store = Store(profile_db)
+        rows = store.measured_profile(job)
         if not rows:
             raise HetplanError(f"job {job!r} has no measured profile in {profile_db}", field="--job",
                                fix="run the job with the online_profiling scheduler first")
         measured = parse_stage_profile("stage,instruction,frequency,time,energy\n" + "".join(
             f"{s},{i},{f},{t!r},{e!r}\n" for s, i, f, t, e, _ in rows), f"{profile_db}:{job}")
-        origin = f"measured ({profile_db}:{job})"
+        # ranks without NVML report the DVFS model's energy for their measured time (hetplan.runtime.energy_loop)
+        what = "measured" if "model" not in store.energy_sources(job) else "measured time, modelled energy"
+        origin = f"{what} ({profile_db}:{job})"
     if source.suffix.lower() == ".json":
         from hetplan.energy.model import plan_stage_profile
         from hetplan.runtime.planio import load_plan

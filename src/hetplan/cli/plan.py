@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -30,32 +31,37 @@ GIB = 2**30
 
 
 @contextmanager
-def walk_progress(what: str):
-    """A progress bar of a search walk on standard error (rich, from the walk's first expansion, removed when it
-    ends): yields ``progress(expanded, limit)`` for the search, or None when stderr is not a terminal."""
+def walk_progress():
+    """Progress bars of a search on standard error (rich, one per phase from its first step, removed when the search
+    ends): yields ``progress(done, limit, phase)`` for the search (``limit`` None: a count with no bound), or None
+    when stderr is not a terminal."""
     console = Console(stderr=True)
     if not console.is_terminal:
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn(f"{what} (expansions)"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=console, transient=True)
-    task = None
+    tasks: dict = {}  # phase -> [task, last count seen]
 
-    def progress(expanded: int, limit: int) -> None:
-        nonlocal task
-        if task is None:
+    def progress(done: int, limit: int | None, phase: str) -> None:
+        if not tasks:
             bar.start()
-            task = bar.add_task(what, total=limit)
-        if expanded % 25 == 0:
-            bar.update(task, completed=expanded)
+        if phase not in tasks:
+            for task, last in tasks.values():  # the phases before have ended: show where they stopped
+                bar.update(task, completed=last + 1, total=last + 1)
+            tasks[phase] = [bar.add_task(phase, total=limit), done]
+        tasks[phase][1] = done
+        if done % 25 == 0:
+            bar.update(tasks[phase][0], completed=done)
 
     try:
         yield progress
     finally:
-        if task is not None:
+        if tasks:
             bar.stop()
+
 
 def _duration(seconds: float) -> str:
     if seconds >= 86400:
@@ -113,7 +119,9 @@ def _print_provenance(con, lines: list[dict]) -> None:
 
     parts = [f"{ln['gpu']} {ln['usd_per_gpu_hour']:.2f} {ln['from']}" + (f", {ln['date']}" if ln["date"] else "")
              + (f" (older than {MAX_AGE_DAYS} days)" if ln["stale"] else "") for ln in lines]
-    con.print("Prices $/GPU-h: " + "; ".join(parts), highlight=False, markup=False)
+    con.print(textwrap.fill("Prices $/GPU-h: " + "; ".join(parts), width=max(40, con.width - 1), subsequent_indent="  ",
+                            break_on_hyphens=False),
+              highlight=False, markup=False, soft_wrap=True)
     guesses = [ln["gpu"] for ln in lines if not ln["calibrated"]]
     if guesses:
         con.print(f"* uncalibrated: the compute efficiency of {', '.join(guesses)} is a first guess, not fitted to "
@@ -250,7 +258,7 @@ def plan_command(
         if key != "heterogeneous" or not isinstance(val, bool):
             raise HetplanError(f"got {key} = {val!r}", field=f"search.{key}", fix="[search] takes heterogeneous = true|false")
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
-    with walk_progress("heterogeneous walk") as progress:
+    with walk_progress() as progress:
         result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
     summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
@@ -276,6 +284,7 @@ def plan_command(
             "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
+            **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
             **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
                else {}),
             **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto,
@@ -316,15 +325,14 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
 
 def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
     """Compute, print (unless ``quiet``) and plot the cost-time frontier; return its points as JSON dicts."""
-    from hetplan.search.pareto import PARETO_WALK_EXPANSIONS, buys, by_cost, pareto_frontier, plot_frontier
+    from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
     it = job.iterations()
     budget = obj.budget_usd / it if obj.goal == "budget" and obj.budget_usd else None
-    with walk_progress("frontier walk") as progress:
+    with walk_progress() as progress:
         fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s,
-                             budget_usd_per_iteration=budget,
-                             progress=None if progress is None else lambda k, _lb: progress(k, PARETO_WALK_EXPANSIONS))
+                             budget_usd_per_iteration=budget, progress=progress)
     if not fr.points:
         raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
                            field="inventory", fix="add GPUs or relax the SLO/budget")
@@ -454,11 +462,12 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
     con.print("Stages of #1: " + ", ".join(f"[{s['gpu']} tp{s['tp']}xdp{s['dp']}: {s['num_layers']} layers]"
                                            for s in best["stages"]), markup=False)
     con.print("[bold]Why:[/]")
-    con.print(f"  {result.explanation[0]}", highlight=False, markup=False)
-    for i, s in enumerate(summaries[1:], start=2):
-        con.print(f"  #{i}: {s['reason']}", highlight=False, markup=False)
-    for line in merge_best_with_another(result.explanation[1:]):
-        con.print(f"  {line}", highlight=False, markup=False)
+    why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
+           *merge_best_with_another(result.explanation[1:])]
+    for line in why:  # one item per paragraph, its continuation lines indented under it
+        con.print(textwrap.fill(line, width=max(40, con.width - 1), initial_indent="  ", subsequent_indent="    ",
+                                break_on_hyphens=False),
+                  highlight=False, markup=False, soft_wrap=True)
     con.print(f"Searched {result.configurations_evaluated:,} configurations ({result.configurations_fitting_memory:,} fit in memory) "
               f"in {result.search_time_s:.2f} s.")
     if prices:

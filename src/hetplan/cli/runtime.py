@@ -68,6 +68,11 @@ def run_cmd(
     if energy_server:
         opts.energy = _energy_opts(energy_server, token, energy_job, energy_plans, energy_target_s,
                                    energy_frequencies)
+    elif any(x is not None for x in (energy_job, energy_plans, energy_target_s, energy_frequencies)):
+        from hetplan.errors import HetplanError
+
+        raise HetplanError("the --energy-* options need a plan server", field="--energy-server",
+                           fix="add --energy-server URL (start one with 'hetplan energy serve')")
     with Console(stderr=True).status("running the plan"):
         res = run_plan(plan, opts)
     if not res:

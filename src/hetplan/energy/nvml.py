@@ -12,6 +12,7 @@ NVML calls: ``nvmlDeviceSetGpuLockedClocks`` / ``nvmlDeviceResetGpuLockedClocks`
 from __future__ import annotations
 
 import logging
+import os
 
 log = logging.getLogger(__name__)
 
@@ -20,19 +21,20 @@ class NvmlGpu:
     """One GPU through NVML.
 
     Args:
-        index: NVML device index.
+        index: NVML device index, or a device UUID (``"GPU-..."``, as ``CUDA_VISIBLE_DEVICES`` may list them).
 
     Raises:
         RuntimeError: NVML or the device is not available (use :func:`open_gpu` to get None instead).
     """
 
-    def __init__(self, index: int = 0):
+    def __init__(self, index: int | str = 0):
         import pynvml
 
         self._nvml = pynvml
         pynvml.nvmlInit()
         self.index = index
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.handle = (pynvml.nvmlDeviceGetHandleByUUID(index) if isinstance(index, str)
+                       else pynvml.nvmlDeviceGetHandleByIndex(index))
         self.name = pynvml.nvmlDeviceGetName(self.handle)
         self.can_set_clocks = True
         self._locked: int | None = None
@@ -62,7 +64,7 @@ class NvmlGpu:
             self._locked = frequency_mhz
             return True
         except self._nvml.NVMLError as exc:
-            log.warning("cannot lock GPU %d clocks (%s); running at default clocks", self.index, exc)
+            log.warning("cannot lock GPU %s clocks (%s); running at default clocks", self.index, exc)
             self.can_set_clocks = False
             return False
 
@@ -76,8 +78,21 @@ class NvmlGpu:
             self._locked = None
 
 
-def open_gpu(index: int = 0) -> NvmlGpu | None:
-    """An :class:`NvmlGpu` for device ``index``, or None without pynvml / NVIDIA driver / device."""
+def nvml_device(cuda_index: int, visible: str | None = None) -> int | str:
+    """The NVML device (index or UUID) of CUDA device ``cuda_index``: CUDA numbers only the devices
+    ``CUDA_VISIBLE_DEVICES`` lists (``visible``, default: the environment's), in its order; NVML numbers all of
+    them (NVML API reference, "CUDA_VISIBLE_DEVICES"; CUDA C Programming Guide, environment variables)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    ids = [x.strip() for x in (visible or "").split(",") if x.strip()]
+    if cuda_index >= len(ids):
+        return cuda_index
+    x = ids[cuda_index]
+    return int(x) if x.isdigit() else x
+
+
+def open_gpu(index: int | str = 0) -> NvmlGpu | None:
+    """An :class:`NvmlGpu` for NVML device ``index`` (see :func:`nvml_device`), or None without pynvml / NVIDIA
+    driver / device."""
     try:
         return NvmlGpu(index)
     except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, NVMLError_InvalidArgument, ...

@@ -35,7 +35,9 @@ Sec. 5).
 
 **TP collectives** (Shoeybi et al. 2019 Sec. 3): two all-reduces of ``b·s·h`` activations per layer in forward
 and two in backward; with sequence parallelism an all-gather plus a reduce-scatter each (Korthikanti et al.
-Sec. 4.2.2: same volume). Costed with :func:`hetplan.estimate.comm.group_collective_time_s`, so a TP group
+Sec. 4.2.2: same volume); under FP8 with sequence parallelism the all-gathers carry the FP8 inputs of the
+column-parallel GEMMs (forward) and the FP8 output gradients of the row-parallel ones (backward), 1 byte per
+element (:mod:`hetplan.estimate.fp8`). Costed with :func:`hetplan.estimate.comm.group_collective_time_s`, so a TP group
 that spans nodes pays the inter-node link. Not overlapped with compute (Megatron-LM does not).
 
 All functions broadcast over numpy arrays (``b``, ``t`` and the recompute code may be arrays).
@@ -247,8 +249,11 @@ def layer_time_s(
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
     g = gpus_per_node if gpus_per_node is not None else 1 << 30
     inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s
-    tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter,
-                                     inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s)
+    tp_kw = dict(inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s)
+    tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
+    if fp8.is_fp8(dtype):  # FP8 + SP: each all-gather half of an all-reduce moves FP8 (fp8 module doc)
+        half = group_collective_time_s(tp_msg / 2, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
+        tp_one = np.where(sequence_parallel, 0.5 * (tp_one + half), tp_one)
     tp_pass = 2 * tp_one  # four collectives (two all-reduces' volume) per pass
     tp_bwd_pass = tp_pass
     if tp_comm_overlap:

@@ -20,7 +20,7 @@ from hetplan.estimate.compute import RECOMPUTE_CODES, pool_gpu
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.moe import MoEOptions
 from hetplan.estimate.schedule import simulate, simulate_many
-from hetplan.estimate.stage import Link, stage_costs
+from hetplan.estimate.stage import Link, StageCost, stage_costs
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
@@ -113,7 +113,7 @@ def job_stage_options(job) -> dict:
     every stage (attention, framework, MoE load imbalance and options, CP's K/V exchange): the searches pass them
     through, so a new job-level option reaches every search from here."""
     return dict(attention=job.attention, framework=job.framework, moe_load_imbalance=job.moe_load_imbalance,
-                kv_exchange=job.cp_kv_exchange,
+                kv_exchange=job.cp_kv_exchange, cp_load_balance=job.cp_load_balance,
                 moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute))
 
 
@@ -231,13 +231,15 @@ def estimate_detailed(
     record: bool = False,
     comm_constants: CommConstants | None = None,
 ):
-    """:func:`estimate` plus what a timeline needs: ``(Estimate, ScheduleResult | None, per-stage cost dicts,
-    per-boundary p2p times)``. ``record`` keeps every scheduled operation."""
+    """:func:`estimate` plus what a timeline needs: ``(Estimate, ScheduleResult | None, per-stage
+    :class:`~hetplan.estimate.stage.StageCost`, per-boundary p2p times)``. ``record`` keeps every scheduled
+    operation."""
     return _estimate_batch([plan], catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=True,
                            comm_constants=comm_constants)[0]
 
 
 _MEMORY_FIELDS = tuple(MemoryBreakdown.__dataclass_fields__)
+_COST_FIELDS = tuple(f for f in StageCost.__dataclass_fields__ if f != "memory")
 
 def p2p_model(framework: str) -> str | bool:
     """The p2p semantics the simulation uses for a job's framework: DeepSpeed's pipeline engine runs every
@@ -252,7 +254,7 @@ def p2p_model(framework: str) -> str | bool:
 _SIMULATE_MANY_MIN_PLANS = 16
 
 _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
-             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "virtual_stages")
+             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "etp", "virtual_stages")
 
 
 class _StageRow(NamedTuple):
@@ -275,6 +277,7 @@ class _StageRow(NamedTuple):
     sequence_parallel: bool
     cp: int
     ep: int
+    etp: int
     virtual_stages: int
     gpu: GPUSpec
     link: Link
@@ -293,6 +296,7 @@ class _StageRow(NamedTuple):
     moe_load_imbalance: float
     kv_exchange: str
     moe_options: MoEOptions
+    cp_load_balance: bool
     fsdp_shard: int | None = None
     reshard_after_forward: bool = True
     grad_reduce_dtype: str | None = None
@@ -363,7 +367,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
                                               plan.overlap_grad_reduce, plan.tp_comm_overlap, job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
-                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute),
+                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute,
+                                              job.cp_load_balance),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -384,8 +389,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                flash=flash, cp=lay.cp, ep=lay.ep, virtual_stages=v, moe_load_imbalance=job.moe_load_imbalance,
+                flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v, moe_load_imbalance=job.moe_load_imbalance,
                 kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute),
+                cp_load_balance=job.cp_load_balance,
                 fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
                 tp_comm_overlap=plan.tp_comm_overlap,
@@ -424,10 +430,11 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
-                        tp_comm_overlap=row.tp_comm_overlap, moe_options=row.moe_options, **kw)
-        for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s"):
-            res.setdefault(k, np.zeros(n))[sel] = c[k]
-        for k, x in c["memory"].items():
+                        cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
+                        moe_options=row.moe_options, **kw)
+        for k in _COST_FIELDS:
+            res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)
+        for k, x in c.memory.items():
             mem.setdefault(k, np.zeros(n))[sel] = x
     fwd, bwd = res["forward_s"], res["backward_s"]
 
@@ -541,7 +548,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         )
         costs = None
         if detailed:
-            costs = [{**{key: res[key][r] for key in res}, "memory": {key: mem[key][r] for key in mem}}
+            costs = [StageCost(**{key: res[key][r] for key in _COST_FIELDS}, memory={key: mem[key][r] for key in mem})
                      for r in range(s0, s0 + p)]
         out.append((est, sims[k], costs, p2p[p2p_start[k]:p2p_start[k + 1]].tolist()))
     return out

@@ -33,6 +33,13 @@ all-gather under torchao's FSDP2 float8 all-gather (1/dp of the weights; not cha
   elements, computed inside the cast kernel; row-wise and column-wise quantized copies instead of a transpose:
   read 2 B, write 1 + 1 B, plus one scale byte per 32 elements of each: 4 + 2/32 B per element.
 
+**TP communication.** With sequence parallelism the all-gather before each column-parallel GEMM carries its
+already quantized FP8 input, and in backward the all-gather before each row-parallel GEMM's data-gradient GEMM its
+FP8 output gradient: 1 byte per element, while the reduce-scatters stay bf16 (TE ``gather_along_first_dim`` on
+quantized tensors, ``transformer_engine/pytorch/distributed.py``; torchtitan ``docs/float8.md``: float8 all-gather
+for TP by default with ``Float8Linear``). Each all-reduce-sized pair then moves 3/4 of its bf16 bytes
+(:func:`hetplan.estimate.compute.layer_time_s`).
+
 **Memory.** Master weights, gradients and optimizer states stay as in bf16 (fp32 master weights and Adam states;
 Megatron's fp32 main-gradient buffer; the gradient reduction dtype is unchanged). The 16-bit weights:
 

@@ -20,12 +20,12 @@ def timeline_data(plan: Plan, catalog=None, model=None, virtual_stages: int | No
 
     est, sim, costs, _ = estimate_detailed(plan, catalog, model, profiles, virtual_stages=virtual_stages, record=True)
     bars = [(op.stage, op.kind, op.microbatch, op.chunk, op.start_s, op.end_s) for op in sim.ops]
-    after = max(end + float(c["dp_exposed_s"]) for end, c in zip(sim.stage_end_s, costs))
+    after = max(end + float(c.dp_exposed_s) for end, c in zip(sim.stage_end_s, costs))
     for i, (end, c) in enumerate(zip(sim.stage_end_s, costs)):
-        d = float(c["dp_exposed_s"])
+        d = float(c.dp_exposed_s)
         if d > 0:
             bars.append((i, "DP", -1, 0, end, end + d))
-        bars.append((i, "OPT", -1, 0, after, after + float(c["optimizer_s"])))
+        bars.append((i, "OPT", -1, 0, after, after + float(c.optimizer_s)))
     return est, bars
 
 

@@ -9,13 +9,17 @@ with the date and the source it comes from. :func:`choose` picks the price of a 
   catalog price, and the returned :class:`Price` says so.
 
 Every :class:`Price` says where it comes from and whether it is older than :data:`MAX_AGE_DAYS` (``stale``), so
-the plan output can show the date next to the money. ``tests/test_prices.py`` fails once a shipped quote is older
+the plan output can show the date next to the money. A date may be free text (the catalog's ``"2026"``,
+``"2024-2025"``, ``"2023 to 2025-05 (before ...)"``): its age is counted from the newest day the text can mean
+(:func:`newest_date`), so a price is called older than :data:`MAX_AGE_DAYS` only when it certainly is. ``tests/test_prices.py`` fails once a shipped quote is older
 than :data:`MAX_AGE_DAYS`, so the file gets refreshed.
 """
 
 from __future__ import annotations
 
+import calendar
 import datetime as dt
+import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -69,6 +73,30 @@ def parse_date(text: str) -> dt.date | None:
     return None
 
 
+_MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
+_DAY = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
+_MONTH = re.compile(r"(?<![\d-])(\d{4})-(\d{2})(?![\d-])")
+_NAMED_MONTH = re.compile(r"\b(" + "|".join(_MONTHS) + r")\s+(\d{4})\b", re.IGNORECASE)
+_YEAR = re.compile(r"(?<!\d)((?:19|20)\d{2})(?!\d)")
+
+
+def newest_date(text: str) -> dt.date | None:
+    """The newest day a free-text date can mean: the latest of the days (``2026-03-15``), months (``2026-03``,
+    ``June 2025``: their last day) and years (``2026``, ``2024-2025``, ``late 2024``: 31 December) it names;
+    None when it names none."""
+    found: list[dt.date] = []
+    try:
+        found += [dt.date(int(y), int(m), int(d)) for y, m, d in _DAY.findall(text)]
+        months = [(int(y), int(m)) for y, m in _MONTH.findall(_DAY.sub(" ", text))]
+        months += [(int(y), _MONTHS[name.lower()]) for name, y in _NAMED_MONTH.findall(text)]
+    except ValueError:
+        return None
+    found += [dt.date(y, m, calendar.monthrange(y, m)[1]) for y, m in months if 1 <= m <= 12]
+    rest = _NAMED_MONTH.sub(" ", _MONTH.sub(" ", _DAY.sub(" ", text)))
+    found += [dt.date(int(y), 12, 31) for y in _YEAR.findall(rest)]
+    return max(found, default=None)
+
+
 @lru_cache(maxsize=1)
 def load_quotes() -> tuple[Quote, ...]:
     """Every quote shipped in ``data/prices.toml``."""
@@ -82,8 +110,8 @@ def load_quotes() -> tuple[Quote, ...]:
 @dataclass(frozen=True)
 class Price:
     """The price a pool is costed at: ``usd_per_gpu_hour``, and where it comes from (``label``: provider, kind,
-    region or "catalog"), its ``date`` text, whether it is older than :data:`MAX_AGE_DAYS` (``stale``, also when
-    the date cannot be read), and its ``source``."""
+    region or "catalog"), its ``date`` text, whether it is older than :data:`MAX_AGE_DAYS` (``stale``: even at the
+    newest day the date can mean, :func:`newest_date`; also when it names no date), and its ``source``."""
 
     usd_per_gpu_hour: float
     label: str
@@ -93,7 +121,9 @@ class Price:
 
 
 def _stale(date_text: str, today: dt.date) -> bool:
-    d = parse_date(date_text)
+    """Older than :data:`MAX_AGE_DAYS` on ``today`` even at the newest day ``date_text`` can mean (also when it
+    names no date)."""
+    d = newest_date(date_text)
     return d is None or (today - d).days > MAX_AGE_DAYS
 
 

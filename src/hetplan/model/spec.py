@@ -63,6 +63,8 @@ class ModelSpec(BaseModel):
         q_lora_rank, kv_lora_rank, qk_rope_head_dim: MLA ranks (module doc); ``kv_lora_rank = 0``: no MLA.
         num_experts: routed experts per MoE layer (0 = dense model).
         experts_per_token: top-k of the router.
+        router_renormalize: the top-k routing probabilities are renormalised to sum to 1 (Mixtral always; Qwen's
+            ``norm_topk_prob``, false by default in transformers and true in Qwen3-MoE's released configs).
         expert_ffn_hidden_size: inner size of one routed expert.
         shared_expert_ffn_hidden_size: inner size of the shared experts together (0 = none).
         shared_expert_gate: a sigmoid gate ``h -> 1`` scales the shared expert (Qwen2-MoE).
@@ -102,6 +104,7 @@ class ModelSpec(BaseModel):
     qk_rope_head_dim: int = Field(0, ge=0)
     num_experts: int = Field(0, ge=0)
     experts_per_token: int = Field(0, ge=0)
+    router_renormalize: bool = True
     expert_ffn_hidden_size: int = Field(0, ge=0)
     shared_expert_ffn_hidden_size: int = Field(0, ge=0)
     shared_expert_gate: bool = False
@@ -212,6 +215,7 @@ class HFConfig(BaseModel):
     num_experts: _Int = None
     n_routed_experts: _Int = None
     num_experts_per_tok: _Int = None
+    norm_topk_prob: StrictBool | None = None
     moe_intermediate_size: _Int = None
     shared_expert_intermediate_size: _Int = None
     n_shared_experts: _Int = None
@@ -331,6 +335,7 @@ def _moe_fields(cfg: Mapping[str, Any], family: str) -> dict:
                     num_experts=_get(cfg, "num_experts"), experts_per_token=_get(cfg, "num_experts_per_tok"),
                     expert_ffn_hidden_size=_get(cfg, "moe_intermediate_size"),
                     shared_expert_ffn_hidden_size=shared, shared_expert_gate=shared > 0,
+                    router_renormalize=cfg.get("norm_topk_prob", False),
                     moe_layer_step=cfg.get("decoder_sparse_step", 1))
     if family in ("deepseek_v2", "deepseek_v3"):
         nope, rope = _get(cfg, "qk_nope_head_dim"), _get(cfg, "qk_rope_head_dim")

@@ -3,8 +3,8 @@
 
 Routing (Mixtral, Qwen2/3-MoE as in their ``transformers`` modelling files, ``MixtralSparseMoeBlock`` /
 ``Qwen3MoeSparseMoeBlock``): a linear router without bias gives ``E`` logits per token; their softmax (in fp32)
-picks the ``k`` most probable experts; the ``k`` probabilities are renormalised to sum to 1 (Mixtral always,
-Qwen3-MoE with ``norm_topk_prob``; Qwen2-MoE keeps them as they are, its config's default). Each routed expert is a
+picks the ``k`` most probable experts; the ``k`` probabilities are renormalised to sum to 1 when
+``ModelSpec.router_renormalize`` (Mixtral always; Qwen's ``norm_topk_prob``). Each routed expert is a
 SwiGLU MLP (``down(silu(gate(x)) * up(x))``, Shazeer 2020) of ``expert_ffn_hidden_size``; the token's output is the
 probability-weighted sum of its ``k`` experts' outputs, plus a shared expert of ``shared_expert_ffn_hidden_size``
 that every token goes through (Qwen2-MoE scales it by ``sigmoid(shared_gate(x))``). Dropless: every expert takes
@@ -111,7 +111,7 @@ class MoE(nn.Module):
         self.num_local = e // ep.size
         self.first_expert = ep.rank * self.num_local
         self.top_k = spec.experts_per_token
-        self.renormalize = spec.family != "qwen2_moe"
+        self.renormalize = spec.router_renormalize
         self.router = nn.Linear(h, e, bias=False)
         self.w_gate = nn.Parameter(torch.empty(self.num_local, f, h))
         self.w_up = nn.Parameter(torch.empty(self.num_local, f, h))

@@ -86,8 +86,9 @@ def job_spec(plan, plan_bytes: bytes, num_stages: int, num_microbatches: int, sc
     if opts.plans is not None:
         from hetplan.inputs import read_text
 
+        text = read_text(opts.plans, field="--energy-plans")  # missing / unreadable file: its own message
         try:
-            data = json.loads(read_text(opts.plans, field="--energy-plans"))
+            data = json.loads(text)
             plans = [{"time_s": p["time_s"], "energy_j": p["energy_j"], "frequencies_mhz": p["frequencies_mhz"]}
                      for p in data["plans"]]
             got = (data["num_stages"], data["num_microbatches"], data["schedule"])
@@ -161,9 +162,9 @@ class RankLoop:
         if device.type == "cuda":
             import torch
 
-            from hetplan.energy.nvml import open_gpu
+            from hetplan.energy.nvml import nvml_device, open_gpu
 
-            gpu, sync = open_gpu(device.index or 0), torch.cuda.synchronize
+            gpu, sync = open_gpu(nvml_device(device.index or 0)), torch.cuda.synchronize
         if gpu is None:
             try:
                 pw = get_power(gpu_name)

@@ -12,7 +12,9 @@ What each target can express:
 * **Megatron-LM** (``pretrain_gpt.py`` arguments, Megatron-Core): one TP / CP / EP / DP degree on all stages (one
   device mesh, ranks ordered TP, CP, DP, PP as in ``megatron/core/parallel_state.py``) — stages may sit on
   different GPU types; uneven pipelines only as "first and/or last stage differ, the middle stages equal"
-  (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``); ZeRO-1 =
+  (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, or, when the first / last
+  stage holds one layer less for the embedding / loss, ``--account-for-embedding/loss-in-pipeline-split``; never
+  both, which Megatron-Core refuses); ZeRO-1 =
   ``--use-distributed-optimizer`` (optimizer states and fp32 main weights sharded over DP); ZeRO-2 / ZeRO-3 =
   Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
   ``optim_grads_params``, flags of Megatron-Core's Megatron-FSDP README); full recomputation of the first k layers
@@ -116,6 +118,19 @@ def _virtual(plan: Plan, virtual_stages: int | None) -> int:
     return virtual_stages if virtual_stages is not None else plan.virtual_stages
 
 
+def _embedding_loss_split(layers: list[int], num_layers: int, v: int) -> tuple[int, int, int] | None:
+    """``(e, l, c)`` when the stages hold ``v * c`` units each with the embedding (``e`` = 1) and / or the loss
+    (``l`` = 1) counted as a unit of the first / last stage, the first ``e`` and the last ``l`` fewer layers;
+    None when ``layers`` is no such split."""
+    pp = len(layers)
+    for e, loss in ((0, 0), (1, 1), (1, 0), (0, 1)):
+        units = num_layers + e + loss
+        c = units // (pp * v)
+        if units % (pp * v) == 0 and layers == [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]:
+            return e, loss, c
+    return None
+
+
 def _interleaved_units(plan: Plan, spec: ModelSpec, v: int, what: str) -> tuple[int, int, int]:
     """``(e, l, c)`` of an interleaved plan: the embedding (``e`` = 1) and the loss (``l`` = 1) counted as a layer
     of the split (Megatron-Core ``--account-for-embedding/loss-in-pipeline-split``), and ``c`` units per model
@@ -125,13 +140,9 @@ def _interleaved_units(plan: Plan, spec: ModelSpec, v: int, what: str) -> tuple[
         HetplanError: the stages fit no such split.
     """
     layers, pp = [st.num_layers for st in plan.stages], plan.pp
-    for e, loss in ((0, 0), (1, 1), (1, 0), (0, 1)):
-        units = spec.num_layers + e + loss
-        if units % (pp * v):
-            continue
-        c = units // (pp * v)
-        if layers == [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]:
-            return e, loss, c
+    split = _embedding_loss_split(layers, spec.num_layers, v)
+    if split is not None:
+        return split
     raise HetplanError(f"{what}'s interleaved schedule splits the layers (plus, optionally, the embedding and the "
                        f"loss) into {pp} x {v} equal chunks; this plan's stages hold {layers}",
                        field="plan.virtual_stages", fix="use a balanced split or virtual_stages = 1")
@@ -205,6 +216,13 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
             ["--account-for-loss-in-pipeline-split"] if loss else [])
         args.append(f"--num-virtual-stages-per-pipeline-rank {v}" if e or loss
                     else f"--num-layers-per-virtual-pipeline-stage {c}")
+    elif pp > 1 and len(set(layers)) > 1 and _embedding_loss_split(layers, spec.num_layers, 1):
+        # Llama 3's stages: the embedding / loss counted as a layer of an even split. Megatron-Core refuses these
+        # flags together with --decoder-first/last-pipeline-num-layers ("Does not support standalone embedding
+        # stage and standalone loss stage with uneven pp", transformer_block.get_num_layers_to_build).
+        e, loss, _ = _embedding_loss_split(layers, spec.num_layers, 1)
+        args += (["--account-for-embedding-in-pipeline-split"] if e else []) + (
+            ["--account-for-loss-in-pipeline-split"] if loss else [])
     elif pp > 1 and len(set(layers)) > 1:
         mid = layers[1:-1]
         if len(set(mid)) > 1:

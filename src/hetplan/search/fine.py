@@ -455,7 +455,8 @@ def fine_search(
         start_plan, start_est = starts[0], res.plans[0].estimate
     gpu = pool_gpu(catalog, pool, field="inventory.gpu")
     n_gpus = max(sp.num_gpus for sp in starts)
-    modes = ("selective", "full") if pins is None or pins.recompute is None else \
+    free = ("full",) if job.attention == "flash" else ("selective", "full")  # flash: selective = none
+    modes = free if pins is None or pins.recompute is None else \
         {"none": (), "selective": ("selective",), "full": ("full",)}[pins.recompute]
     cm = FineCostModel(m, job, pool, gpu, profiles, max_stages=max(n_gpus, pool.count), recompute_modes=modes)
     states: list[FineState] = []

@@ -232,8 +232,8 @@ class FineCostModel:
     @staticmethod
     def _unpack(c, shape):
         keys = ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s")
-        out = [np.broadcast_to(np.asarray(c[k], dtype=float), shape) for k in keys]
-        out.append(np.broadcast_to(np.asarray(c["memory"]["total"], dtype=float), shape))
+        out = [np.broadcast_to(np.asarray(getattr(c, k), dtype=float), shape) for k in keys]
+        out.append(np.broadcast_to(np.asarray(c.memory["total"], dtype=float), shape))
         return out
 
     def table(self, ctx):

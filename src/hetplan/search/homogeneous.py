@@ -154,6 +154,26 @@ def stage_chain_lower_bound_s(per_stage_s, p2p_s, num_microbatches, dp_exposed_s
     return float(max(np.max(prefix + m * a) + e[0], np.max(m * a + e)) + np.max(o))
 
 
+def window_lower_bound_s(stage_sum_s, p2p_one_way_s, pp, num_microbatches, virtual_stages=1):
+    """A lower bound (s) on the pipeline time of 1F1B and interleaved 1F1B from stage 0's in-flight window
+    (arrays or scalars; ``stage_sum_s`` = Σ_i a_i, forward+backward of every stage per micro-batch;
+    ``p2p_one_way_s`` = Σ_j c_j over the p-1 boundaries).
+
+    Stage 0 runs ``w`` warm-up forwards, then one forward per backward (:mod:`hetplan.estimate.schedule`: 1F1B
+    ``w = p - 1``; interleaved ``w = 2(p - 1) + (v - 1)p`` virtual micro-batches, Megatron-LM), so at most
+    ``W = w + 1`` micro-batches are in flight: forward ``k`` starts after backward ``k - W`` has ended on stage 0.
+    A (virtual) micro-batch's round trip from its forward on stage 0 back to its backward there crosses every
+    stage of its last model chunk and every boundary twice: ``R >= Σ_i a_i / v + 2 Σ_j c_j``. Hence
+    ``T >= ceil(m v / W) · R``. When transfers are slow against the compute (a 10 Gb/s network) this is the
+    binding bound: the pipeline waits on its window, which the closed form's single ``2 Σ c`` misses."""
+    p = np.asarray(pp, dtype=float)
+    v = np.asarray(virtual_stages, dtype=float)
+    m = np.asarray(num_microbatches, dtype=float)
+    window = np.where(v > 1, 2 * (p - 1) + (v - 1) * p + 1, p)
+    rounds = np.ceil(m * v / np.maximum(np.minimum(window, m * v), 1))
+    return rounds * (np.asarray(stage_sum_s, dtype=float) / v + 2 * np.asarray(p2p_one_way_s, dtype=float))
+
+
 def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np.ndarray:
     """Peak memory per GPU over the stages of each configuration (bytes), as the estimator computes it."""
     tp, pp, dp, mbs = cfg["tp"], cfg["pp"], cfg["dp"], cfg["mbs"]
@@ -206,21 +226,22 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     p2p_one_intra = boundary_time_s(m, job.seq_len, lay, lay, link, link, True)
     p2p_one_inter = boundary_time_s(m, job.seq_len, lay, lay, link, link, False)
     p2p_total = n_intra * p2p_one_intra + (pp - 1 - n_intra) * p2p_one_inter
-    it = assemble_iteration(c["forward_s"], c["backward_s"], c["dp_exposed_s"], c["optimizer_s"], p2p_total, mb,
-                            count=count, virtual_stages=v, memory_bytes=c["memory"]["total"],
+    it = assemble_iteration(c.forward_s, c.backward_s, c.dp_exposed_s, c.optimizer_s, p2p_total, mb,
+                            count=count, virtual_stages=v, memory_bytes=c.memory["total"],
                             capacity_bytes=gpu.memory_bytes)
     present = count > 0
-    per = c["forward_s"] + c["backward_s"]
+    per = c.forward_s + c.backward_s
     c_min = np.where(n_intra > 0, np.minimum(p2p_one_intra, p2p_one_inter), p2p_one_inter)
     # As stage_chain_lower_bound_s: the chain ends with stage 0's last backward, after which only stage 0's own
     # exposed DP time is certain; every stage also ends no earlier than its own work plus its DP time.
-    own_work = np.max(np.where(present, mb[:, None] * per + c["dp_exposed_s"], 0.0), axis=1)
-    lower = (np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v) + c["dp_exposed_s"][:, 0], own_work)
-             + it.optimizer_s)
+    own_work = np.max(np.where(present, mb[:, None] * per + c.dp_exposed_s, 0.0), axis=1)
+    window = window_lower_bound_s(np.sum(np.where(present, count * per, 0.0), axis=1), p2p_total, pp, mb, v)
+    lower = (np.maximum(np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v), window) + c.dp_exposed_s[:, 0],
+                        own_work) + it.optimizer_s)
 
     slowest = np.argmax(np.where(present, per, -1.0), axis=1)
     rows = np.arange(len(pp))
-    tp_comm = mb * np.broadcast_to(c["tp_comm_s"], per.shape)[rows, slowest]
+    tp_comm = mb * np.broadcast_to(c.tp_comm_s, per.shape)[rows, slowest]
     components = {
         "compute_s": mb * it.bottleneck_s - tp_comm,
         "tp_comm_s": tp_comm,
@@ -229,7 +250,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         "dp_exposed_s": it.dp_exposed_s,
         "optimizer_s": it.optimizer_s,
     }
-    memory = {k: np.broadcast_to(x, per.shape)[rows, it.peak_stage] for k, x in c["memory"].items()}
+    memory = {k: np.broadcast_to(x, per.shape)[rows, it.peak_stage] for k, x in c.memory.items()}
     num_gpus = tp * pp * cp * dp
     price = pool_price_usd_per_hour(pool, gpu)
     model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)

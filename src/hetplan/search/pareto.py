@@ -25,6 +25,8 @@ from hetplan.search.space import Pins
 #: Expansions the frontier walk may make after the closed-form frontier (then points faster than the first
 #: unvisited bound are exact). A count, not a time: the frontier does not depend on the machine or its load.
 PARETO_WALK_EXPANSIONS = 4000
+#: Allocations the closed-form frontier that seeds the walk may solve (seeds only strengthen the walk's cut).
+PARETO_SEED_SOLVES = 1000
 
 
 @dataclass
@@ -58,14 +60,15 @@ def pareto_frontier(m, job: Job, inventory: Inventory, catalog, pins: Pins | Non
     Args:
         slo_iteration_s, budget_usd_per_iteration: optional limits applied to the frontier (s, USD).
         max_expansions: expansion limit of the guarded walk (``None``: none; then every point is exact over H).
-        progress: ``progress(expanded, lower_bound)`` during the walk.
+        progress: ``progress(done, limit, phase)`` as the search's phases advance (cost tables, closed-form
+            seeds, the walk).
     Raises:
         HetplanError: unknown GPU type.
     """
     budget = None if budget_usd_per_iteration is None else budget_usd_per_iteration * job.iterations()
     obj = Objective(slo_iteration_s=slo_iteration_s, budget_usd=budget)
     res = search_hetero_estimated(m, job, inventory, catalog, obj, pins=pins, pareto=True,
-                                  max_expansions=max_expansions, progress=progress)
+                                  max_expansions=max_expansions, progress=progress, seed_solves=PARETO_SEED_SOLVES)
     pts = [FrontierPoint(ep.plan, ep.estimate, ep.heterogeneous, ep.candidate.describe(inventory), ep.candidate)
            for ep in res.frontier]
     return Frontier(points=pts, evaluated=res.evaluated, result=res, proven_below_s=res.open_bound)

@@ -30,6 +30,14 @@ GIB = 2**30
 #: reports the bound it has proven (:func:`hetplan.search.hetero.search_hetero_estimated`). A count, not a time,
 #: so the answer never depends on the machine's speed or load; FASOP's GPT-2 XL case completes in 1,486.
 HETERO_WALK_EXPANSIONS = 4000
+#: Plans the homogeneous exact top-K may estimate (and each "best with another ..." search of the explanation)
+#: before it stops and reports the bound it has proven (:func:`_exact_top_k`). A count, not a time. On a 10 Gb/s
+#: network the closed form's bound was ~6x below estimate() and the scan estimated over 3,000 plans (now bounded
+#: by the in-flight window, :func:`hetplan.search.homogeneous.window_lower_bound_s`, and by this budget).
+HOMOGENEOUS_ESTIMATES = 400
+#: Allocations the closed-form seed search (:func:`hetplan.search.hetero.search_hetero`) may solve: its plans only
+#: seed the walk's incumbents, so stopping it early costs speed, never exactness (the walk proves the rest).
+HETERO_SEED_SOLVES = 1000
 
 
 class RankedPlan(BaseModel):
@@ -52,6 +60,10 @@ class SearchResult(BaseModel):
     #: Heterogeneous search counters (:mod:`hetplan.search.hetero`) when it ran: allocations, allocations_solved,
     #: orders_solved, search_time_s, best (description of its best plan).
     heterogeneous: dict | None = None
+    #: The homogeneous exact top-K: plans estimated, ``complete`` (every plan that could enter the top K was
+    #: estimated) or, when its budget (:data:`HOMOGENEOUS_ESTIMATES`) ran out, ``unestimated_lower_bound`` and
+    #: ``proven_within`` (the best found is within this fraction of any plan left unestimated).
+    homogeneous: dict | None = None
 
 
 def check_job(job: Job, m: ModelSpec) -> None:
@@ -102,8 +114,10 @@ def search_plans(
         top_k: how many plans to return (best first).
         heterogeneous: with several pools, also search plans whose stages mix pools (:mod:`hetplan.search.hetero`)
             and rank them with the homogeneous ones.
-        progress: ``progress(expanded, limit)`` during the heterogeneous walk (a progress display; stderr in the
-            CLI).
+        progress: ``progress(done, limit, phase)`` as each budgeted phase advances (a progress display; stderr in
+            the CLI): the homogeneous exact top-K (estimates), the heterogeneous cost tables (groups), the
+            closed-form seeds (allocations solved) and the walk (expansions). Every phase is bounded by a count,
+            never by time, so the answer is the same on any machine under any load.
     Raises:
         HetplanError: bad job (sequence too long, no pool supporting the dtype, pins matching nothing).
         InfeasibleError: nothing fits in memory (says the smallest footprint found and the largest GPU memory),
@@ -160,47 +174,86 @@ def search_plans(
     primary, _ = rank_keys(objective, job_time, job_usd, cat["fits"], iteration_time_s=cat["iteration_time_s"])
     n_fit = int(cat["fits"].sum())
     het = None
-    if heterogeneous and len(inventory.pools) > 1:
-        het = _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progress)
     ranked: list[RankedPlan] = []
     explanation: list[str] = []
+    homo = {"estimated": 0, "complete": True}
     if np.isfinite(primary).any():  # some configuration fits and meets the deadline/budget on the closed form
-        ranked, ranked_idx = _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog)
-        if ranked:
-            def best_among(mask):
-                found, idx = _exact_top_k(job, inventory, m, results, cat, objective, 1, catalog, among=mask)
-                return (int(idx[0]), found[0].estimate) if found else None
+        ranked, ranked_idx, walk = _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog,
+                                                progress=progress)
+        homo = _walk_summary(walk, objective, ranked)
+    if heterogeneous and len(inventory.pools) > 1:
+        # the homogeneous top K fill the walk's cut: it only has to prove what could enter the joint ranking
+        het = _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progress,
+                                 incumbents=[(rp.plan, rp.estimate) for rp in ranked])
+    if ranked:
+        def best_among(mask):
+            found, idx, _ = _exact_top_k(job, inventory, m, results, cat, objective, 1, catalog, among=mask)
+            return (int(idx[0]), found[0].estimate) if found else None
 
-            def estimate_row(i):
-                return estimate(_plan_from_row(job, inventory, m, results[cat["pool"][i]], int(cat["row"][i])),
-                                catalog, m)
+        def estimate_row(i):
+            return estimate(_plan_from_row(job, inventory, m, results[cat["pool"][i]], int(cat["row"][i])),
+                            catalog, m)
 
-            explanation = explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_among,
-                                          estimate_row, seq_len=job.seq_len)
+        explanation = explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_among,
+                                      estimate_row, seq_len=job.seq_len)
+    if not homo["complete"]:
+        gap = f"; the best found is within {homo['proven_within']:.1%} of it" if "proven_within" in homo else ""
+        explanation.append(f"Homogeneous exact top-{top_k} stopped after {HOMOGENEOUS_ESTIMATES:,} estimates: no "
+                           f"unestimated plan beats {homo['unestimated_lower_bound']:,.4g} ({_what(objective)}){gap}.")
     if het is not None:
         ranked, explanation = _merge_hetero(objective, ranked, explanation, het, top_k)
     if not ranked:
-        _raise_infeasible(objective, results, cat, job_time, job_usd)
+        _raise_infeasible(objective, results, cat, job_time, job_usd, lambda: _fastest_estimated(
+            job, inventory, m, results, cat, catalog, het))
     return SearchResult(
         plans=ranked,
         explanation=explanation,
         configurations_evaluated=n_total + (het[1].orders_solved if het is not None else 0),
         configurations_fitting_memory=n_fit + (het[1].plans_estimated if het is not None else 0),
         search_time_s=time.perf_counter() - t0,
-        heterogeneous=None if het is None else hetero_summary(het[1], inventory, objective),
+        heterogeneous=None if het is None else hetero_summary(het[1], inventory, objective,
+                                                              ranked[0].estimate if ranked else None),
+        homogeneous=homo,
     )
 
 
-def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progress=None):
+def _what(objective) -> str:
+    return "job $" if objective.goal == "cheapest" else "job time"
+
+
+def _walk_summary(walk: tuple[int, float], objective, ranked) -> dict:
+    """``homogeneous`` of :class:`SearchResult` from a guarded walk's ``(expanded, open_bound)``."""
+    expanded, open_bound = walk
+    out: dict = {"estimated": expanded, "complete": not np.isfinite(open_bound)}
+    if not out["complete"]:
+        out["unestimated_lower_bound"] = float(open_bound)
+        if ranked and open_bound > 0:
+            k = estimate_keys(objective, ranked[0].estimate)
+            if k is not None:
+                out["proven_within"] = max(0.0, k[0] / open_bound - 1)
+    return out
+
+
+def _fastest_estimated(job, inventory, m, results, cat, catalog, het) -> float | None:
+    """Job time (s) of the fastest plan that fits, by estimate() (the homogeneous exact search for ``fastest``,
+    and the heterogeneous plans estimated), for an infeasibility message; None when nothing fits."""
+    found, _, _ = _exact_top_k(job, inventory, m, results, cat, Objective(goal="fastest"), 1, catalog)
+    times = [rp.estimate.job_time_s for rp in found]
+    if het is not None:
+        times += [ep.estimate.job_time_s for ep in het[1].evaluated if ep.estimate.fits]
+    return min(times, default=None)
+
+
+def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progress=None, incumbents=()):
     """The ``top_k`` best heterogeneous plans by :func:`estimate` itself
     (:func:`hetplan.search.hetero.search_hetero_estimated`: lower-bound-guarded re-estimation, exact over its
     candidate set when ``complete``, else with a proven bound). Returns ``(entries, EstimatedResult)``, entries as
     ``(key, secondary, memory, plan, estimate, description)``."""
     from hetplan.search.hetero import search_hetero_estimated
 
-    walk_progress = None if progress is None else (lambda k, _lb: progress(k, HETERO_WALK_EXPANSIONS))
     res = search_hetero_estimated(m, job, inventory, catalog, objective, pins=pins, top_k=top_k,
-                                  max_expansions=HETERO_WALK_EXPANSIONS, progress=walk_progress)
+                                  max_expansions=HETERO_WALK_EXPANSIONS, seed_solves=HETERO_SEED_SOLVES,
+                                  progress=progress, incumbents=incumbents)
     entries = []
     for ep in res.top:
         keys = estimate_keys(objective, ep.estimate)
@@ -209,9 +262,10 @@ def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progr
     return entries, res
 
 
-def hetero_summary(res, inventory, objective) -> dict:
+def hetero_summary(res, inventory, objective, ranked_best=None) -> dict:
     """The ``heterogeneous`` entry of the search result: counters, whether the walk was complete and, if not, the
-    proven bound (best possible objective of any plan left unestimated; job s or job $)."""
+    proven bound (best possible objective of any plan left unestimated; job s or job $) and how far the ranking's
+    best (``ranked_best``, an estimate; default the walk's own best) can be from it."""
     best = res.top[0] if res.top else None
     out = {"allocations": res.allocations, "allocations_solved": res.allocations_solved,
            "orders_solved": res.orders_solved, "plans_estimated": res.plans_estimated,
@@ -220,8 +274,9 @@ def hetero_summary(res, inventory, objective) -> dict:
            "best": best.candidate.describe(inventory) if best is not None else None}
     if not res.complete:
         out["unestimated_lower_bound"] = res.open_bound
-        if best is not None:
-            k = estimate_keys(objective, best.estimate)
+        best_estimate = ranked_best if ranked_best is not None else best.estimate if best is not None else None
+        if best_estimate is not None:
+            k = estimate_keys(objective, best_estimate)
             out["proven_within"] = max(0.0, k[0] / res.open_bound - 1) if k else None
     return out
 
@@ -285,9 +340,11 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
     return out, lines
 
 
-def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog, among=None):
+def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog, among=None, progress=None):
     """The ``top_k`` best configurations by :func:`estimate` itself, found exactly (``among``: a boolean mask over
-    the rows of ``cat``, to search only those).
+    the rows of ``cat``, to search only those) within :data:`HOMOGENEOUS_ESTIMATES` estimates. Returns
+    ``(ranked, row indices, (estimated, open_bound))``: ``open_bound`` is ``inf`` when the scan completed, else the
+    smallest objective bound of a configuration left unestimated (the proven gap).
 
     The vectorised pass gives for each configuration a lower bound on its iteration time that no pipeline schedule
     can beat (:func:`hetplan.search.homogeneous.pipeline_lower_bound_s`) and the memory, which is exact. Because
@@ -312,13 +369,16 @@ def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog, amo
             top.add(*keys, est.memory_bytes_per_gpu.total, idx, plan, est)
         return ()
 
-    guarded_best_first(((float(lb_key[i]), int(i)) for i in scan), expand, top.cut)
+    walk = guarded_best_first(((float(lb_key[i]), int(i)) for i in scan), expand, top.cut,
+                              limit=HOMOGENEOUS_ESTIMATES,
+                              progress=None if progress is None else
+                              lambda k, _lb: progress(k, HOMOGENEOUS_ESTIMATES, "exact top-K (estimates)"))
     found = top.best()
     ranked = [RankedPlan(rank=r, plan=f[4], estimate=f[5], reason="") for r, f in enumerate(found, start=1)]
-    return ranked, [f[3] for f in found]
+    return ranked, [f[3] for f in found], walk
 
 
-def _raise_infeasible(objective, results, cat, job_time, job_usd):
+def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estimated=None):
     if not cat["fits"].any():
         i = int(np.argmin(cat["memory_total"]))
         res = results[cat["pool"][i]]
@@ -344,7 +404,9 @@ def _raise_infeasible(objective, results, cat, job_time, job_usd):
                 fix="relax the SLO or add GPUs",
             )
     if objective.goal == "cheapest" and objective.deadline_s is not None:
-        best = float(job_time[fits].min())
+        # The closed form can be far below estimate() (slow networks), so the fastest plan is estimated.
+        best = fastest_estimated() if fastest_estimated is not None else None
+        best = float(job_time[fits].min()) if best is None else best
         raise InfeasibleError(
             f"no plan finishes by the deadline of {objective.deadline_s / 86400:.2f} days; the fastest plan that fits "
             f"takes {best / 86400:.2f} days",

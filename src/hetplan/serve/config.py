@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hetplan.errors import HetplanError
-from hetplan.inputs import bounded, parse_toml, read_text
+from hetplan.inputs import bounded, parse_toml, read_text, validation_message
 from hetplan.model.spec import ModelSpec, load_model
 
 #: Most requests a generated workload may expect (duration x rates): the simulator handles ~10,000 per CPU second
@@ -241,12 +241,9 @@ def parse(data: dict, cls, origin: str = "config"):
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        raise HetplanError(f"{msg} (in {origin})", field=loc, fix="see examples/serve/ for the accepted keys and values") from None
+        err = validation_message(exc, "", cls)  # the shared wording: value given, expected, the bound's reason
+        raise HetplanError(f"{err.message} (in {origin})", field=err.field or "(top level)",
+                           fix=f"{err.fix}; see examples/serve/ for the accepted keys and values") from None
 
 
 def load_serve_config(path: str | Path) -> ServeConfig:

@@ -9,7 +9,8 @@ Endpoints (JSON; errors are ``{"detail": message}`` with a 4xx status):
 ``GET  /jobs/{job}/ranks/{rank}/schedule``      the rank's next iteration and its frequency schedule
 ``POST /jobs/{job}/ranks/{rank}/reports``       measured time/energy of one iteration (+ per instruction)
 ``GET  /jobs/{job}/reports``                    all reports
-``GET  /jobs/{job}/profile``                    the measured stage profile (CSV) from online profiling
+``GET  /jobs/{job}/profile``                    the measured stage profile (CSV) from online profiling; header
+                                                ``X-Energy-Sources``: ``nvml`` and/or ``model`` (not measured)
 ``GET  /health``                                 (no token needed)
 
 Hardening (issue 17): an optional bearer token (``Authorization: Bearer <token>``; 401 without it), a request
@@ -315,11 +316,13 @@ def create_app(db_path: str | Path, *, token: str | None = None, max_body_bytes:
         return store.reports(job_id)
 
     @app.get("/jobs/{job_id}/profile", response_class=PlainTextResponse)
-    def profile(job_id: str) -> str:
+    def profile(job_id: str) -> PlainTextResponse:
         job_or_404(job_id)
         rows = store.measured_profile(job_id)
         if not rows:
             raise HTTPException(404, detail=f"job {job_id!r} has no per-instruction measurements with energy yet")
-        return "stage,instruction,frequency,time,energy\n" + "".join(f"{s},{i},{f},{t!r},{e!r}\n" for s, i, f, t, e, _ in rows)
+        text = "stage,instruction,frequency,time,energy\n" + "".join(f"{s},{i},{f},{t!r},{e!r}\n" for s, i, f, t, e, _ in rows)
+        # "model": some energies are the DVFS model times measured time (ranks without NVML), not measurements
+        return PlainTextResponse(text, headers={"X-Energy-Sources": ",".join(store.energy_sources(job_id)) or "none"})
 
     return app
