@@ -12,7 +12,7 @@ activation recomputation ``none`` / ``selective`` / ``full``, sequence paralleli
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,6 +62,10 @@ class Job(BaseModel):
             whole NVLink domain, e.g. GB200 NVL72); routing ``random`` (learned or forced-balance
             routers) or ``contiguous`` (NeMo AutoModel's fake balanced gate: a token's experts are neighbours).
         moe_recompute: recompute every MoE layer's MLP in backward (Megatron-Core ``--recompute-modules moe``).
+        cp_load_balance: context parallelism splits each sequence into ``2·cp`` chunks so that every rank has the
+            same causal attention work (True: Megatron-Core, Llama 3, PyTorch's ``context_parallel`` with load
+            balancing), or into ``cp`` contiguous chunks (False: the last rank attends to every earlier block,
+            :func:`hetplan.estimate.context.attention_blocks`).
         cp_kv_exchange: how context parallelism exchanges K/V: ``ring`` (Megatron-Core p2p, overlapped with
             attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`).
     """
@@ -84,6 +88,7 @@ class Job(BaseModel):
     moe_routing: Literal["random", "contiguous"] = "random"
     moe_recompute: bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
+    cp_load_balance: bool = True
 
     def iterations(self) -> float:
         """Iterations in the whole job: ``train_tokens / (global_batch * seq_len)`` or ``train_iterations``; 1 if neither."""
@@ -117,6 +122,10 @@ class GPUPool(BaseModel):
             cost), a property of the host, not of the model. Default: the GPU type's catalog value, calibrated on
             the host named in its ``calibration_source`` (A100: DGX A100, 44.3 µs). Set it for a slower or faster
             host, e.g. 73.8 µs for AWS p4d as fitted on FASOP's profiles (docs/estimator.md, Calibration).
+        attention_efficiency: ``(forward, backward)`` fraction of the dense peak the FlashAttention kernel of these
+            machines' software reaches. Default: the GPU type's catalog value (H100: cuDNN through Transformer
+            Engine, mid-2024). Set it for another kernel, e.g. FlashAttention-2 on H100, 0.37 / 0.32 (Shah et al.
+            2024, FlashAttention-3, Fig. 5 and 7).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -133,6 +142,7 @@ class GPUPool(BaseModel):
     network: Literal["infiniband", "roce", "efa", "ethernet"] = "infiniband"
     price_usd_per_hour: float | None = bounded(1000.0, "no GPU rents for $1,000 an hour", default=None, ge=0)
     kernel_overhead_s: float | None = Field(default=None, ge=0, le=0.01)
+    attention_efficiency: tuple[Annotated[float, Field(gt=0, le=1)], Annotated[float, Field(gt=0, le=1)]] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -263,11 +273,11 @@ class ParallelLayout(BaseModel):
 
 @lru_cache(maxsize=4096)
 def _stage_layout(tp: int, dp: int, zero: int, pp: int, virtual_stages: int, sequence_parallel: bool,
-                  fsdp_shard: int | None, cp: int = 1, ep: int = 1) -> ParallelLayout:
+                  fsdp_shard: int | None, cp: int = 1, ep: int = 1, expert_tp: int = 1) -> ParallelLayout:
     """:meth:`Plan.stage_layout`, built once per distinct layout (frozen, so shared; the estimator reads one per
     stage of thousands of plans). ``fsdp_shard``: HSDP's shard group (shard within, replicate across)."""
     degrees = dict(tp=tp, zero_stage=zero, pp=pp, virtual_stages=virtual_stages, sequence_parallel=sequence_parallel,
-                   cp=cp, ep=ep)
+                   cp=cp, ep=ep, expert_tp=expert_tp)
     if fsdp_shard is not None:
         return ParallelLayout(dp_shard=fsdp_shard, dp_replicate=dp // fsdp_shard, **degrees)
     return ParallelLayout.of(dp=dp, **degrees)
@@ -330,7 +340,9 @@ class Plan(BaseModel):
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
-            stage's ``dp·cp`` ranks, expert-TP 1 (:mod:`hetplan.estimate.moe`).
+            stage's ``dp·cp`` ranks (:mod:`hetplan.estimate.moe`).
+        expert_tp: tensor-parallel degree inside each expert (``--expert-tensor-parallel-size``); ``ep·expert_tp``
+            must divide every stage's ``tp·cp·dp`` (:class:`ParallelLayout`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -349,6 +361,7 @@ class Plan(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
+    expert_tp: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":
@@ -381,7 +394,7 @@ class Plan(BaseModel):
         zero = 3 if self.job.framework == "fsdp" else self.zero  # FSDP shards everything
         shard = self.fsdp_shard if self.fsdp_shard is not None and zero >= 1 else None
         return _stage_layout(st.tp, st.dp, zero, self.pp, self.virtual_stages, self.sequence_parallel, shard,
-                             self.cp, self.ep)
+                             self.cp, self.ep, self.expert_tp)
 
     def stage_mbs(self, stage: int) -> int:
         """Micro-batch size of one replica of ``stage`` (sequences): its own ``mbs`` or :attr:`mbs`."""

@@ -93,7 +93,9 @@ BOUNDS = {
     # With dtype fp8 (helper fp8) the FP8 rows became expressible: dense CP-1 MAPE 4.6 % (bf16 3.5 %, fp8 5.6 %),
     # tau 0.82 (target 0.8 met with both dtypes); the max is an FP8 Grok-1 EP row (-23 %, MoE not calibrated).
     "dgxc_h100": {"mape": 0.10, "max_abs_error": 0.25, "kendall_tau": 0.45},
-    "dgxc_gb200": {"mape": 0.185},
+    # dgxc_gb200: the Grok-1 rows run expert-TP 4 (their notes' ETP=4), whose token all-gathers make them 31 %
+    # too slow (24 % before), and they now fit (139 of 173 GiB; 253 GiB at expert-TP 1).
+    "dgxc_gb200": {"mape": 0.20},
     "torchtitan": {"mape": 0.31},
     "llama3_405b": {"max_abs_error": 0.23},
     "megatron_lm_h100": {"mape": 0.20, "max_abs_error": 0.38},
@@ -102,6 +104,9 @@ BOUNDS = {
     # the GPT-OSS recipes' EP, DeepEP's one copy per node and rank, TE's per-expert GEMM launches and
     # --recompute-modules moe. The NeMo AutoModel rows (PyTorch FSDP2 eager) stay 11-38 % too fast.
     "moe_h100": {"mape": 0.185, "max_abs_error": 0.39},
+    # long_context_cp (target 15 % met): 7.1 % on 16 rows once FP8 landed (47.9 % before torchtitan's CP rows ran
+    # without causal load balancing and NeMo 24.03's H100 rows with FlashAttention-2); Llama 3's 128K row +55 %.
+    "long_context_cp": {"mape": 0.08},
 }
 
 
@@ -138,9 +143,6 @@ NOT_FITTING_YET = {
     "torchtitan:Llama 3.1 8B:n8",
     # MoE on GB200 (expressible once GB200 had a catalog entry): FSDP of all experts without EP, 799 GiB
     "torchtitan:Llama 4 Scout (MoE):n256",
-    # MoE / CP rows expressible since EP and CP: the per-layer MoE activations (k token copies of the routed
-    # experts, the 1F1B in-flight count of a full-recompute layer) are not yet calibrated against these runs.
-    "dgxc_gb200:Grok-1 314B (MoE):n128", "dgxc_gb200:Grok-1 314B (MoE):n256", "dgxc_gb200:Grok-1 314B (MoE):n512",
     # The ModelZoo's MXFP8 GB200 row (expressible since dtype fp8): it ran with activation offloading and the
     # moe_act + layernorm recompute modules, neither modelled: 216 GiB predicted (314 GiB in bf16) on 173 GiB.
     "moe_h100:Qwen3-235B-A22B:n256",

@@ -84,3 +84,46 @@ def test_estimate_with_cp_splits_activations_and_uses_cp_times_the_gpus():
     assert plan(4).num_gpus == 32
     assert four.stages[0].memory.activations < one.stages[0].memory.activations / 3
     assert four.iteration_time_s < one.iteration_time_s / 2
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_without_load_balance_the_last_rank_does_2cp_minus_1_half_blocks(cp):
+    """Brute force: contiguous chunks of c tokens; rank r's queries attend causally to every key up to their
+    own; the busiest rank's pairs are attention_blocks(cp, False) half-blocks of c^2 (up to the diagonal's c/2)."""
+    c = 64
+    pairs = [sum(r * c + j + 1 for j in range(c)) for r in range(cp)]
+    assert max(pairs) == pytest.approx(context.attention_blocks(cp, False) * c * c / 2, rel=1 / c)
+    assert context.attention_blocks(cp, True) == cp
+
+
+def test_estimate_without_load_balance_is_slower_only_with_cp():
+    from hetplan.estimate.estimator import estimate
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    def est(cp, balance):
+        job = Job(model="llama3-8b", seq_len=131072, global_batch=8, attention="flash", cp_load_balance=balance)
+        pool = GPUPool(gpu="H100-SXM", count=8 * cp, gpus_per_node=8, inter_node_bandwidth_bytes_per_s=400e9)
+        return estimate(Plan(job=job, pools=[pool], stages=[Stage(num_layers=32, tp=8, dp=1, recompute="full")],
+                             mbs=1, sequence_parallel=True, cp=cp)).iteration_time_s
+
+    assert est(4, False) > 1.3 * est(4, True)
+    assert est(1, False) == est(1, True)
+
+
+def test_a_pool_with_another_attention_kernel_runs_long_sequences_slower():
+    """GPUPool.attention_efficiency (FlashAttention-2 on H100, 0.37 / 0.32 of the peak) replaces the catalog's
+    cuDNN rates for that pool only."""
+    from hetplan.estimate.compute import pool_gpu
+    from hetplan.estimate.estimator import estimate
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    pool = GPUPool(gpu="H100-SXM", count=8, attention_efficiency=(0.37, 0.32))
+    assert pool_gpu(load_catalog(), pool).flash_attention_efficiency() == (0.37, 0.32)
+
+    def est(p):
+        job = Job(model="llama3-8b", seq_len=65536, global_batch=8, attention="flash")
+        return estimate(Plan(job=job, pools=[p], stages=[Stage(num_layers=32, tp=8, dp=1, recompute="full")],
+                             mbs=1, sequence_parallel=True)).iteration_time_s
+
+    assert est(pool) > 1.2 * est(GPUPool(gpu="H100-SXM", count=8))

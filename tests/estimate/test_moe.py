@@ -255,3 +255,20 @@ def test_deepep_reaches_8_gpus_over_nvlink_hybridep_the_whole_nvl72():
     dgx = (8, 450e9, 400e9)
     assert moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *dgx, dispatch=moe.MoEOptions("deepep")) == pytest.approx(
         moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *dgx, dispatch=moe.MoEOptions("hybridep")))
+
+
+def test_expert_tp_splits_expert_states_and_all_gathers_tokens():
+    """Expert-TP 4 divides the expert weights, gradients and optimizer states of every GPU by 4 more (expert-DP
+    4x smaller) and adds the expert-TP all-gather / reduce-scatter of the dispatched tokens."""
+    from hetplan.estimate.estimator import estimate
+
+    m = load_model("mixtral-8x7b")
+    base = _plan("mixtral-8x7b", 1, 4, 8, ep=8)
+    e1, e4 = (estimate(base.model_copy(update={"expert_tp": etp})) for etp in (1, 4))
+    experts = m.num_layers * counts.layer_expert_parameters(m)
+    assert e1.stages[0].memory.weights - e4.stages[0].memory.weights == pytest.approx(experts * 2 * (1 / 8 - 1 / 32))
+    assert e4.stages[0].tp_comm_s > e1.stages[0].tp_comm_s
+    assert moe.moe_alltoall_time_s(m, 1, 4096, 4, 8, 4, 8, 450e9, 400e9, etp=4) > \
+        moe.moe_alltoall_time_s(m, 1, 4096, 4, 8, 4, 8, 450e9, 400e9)
+    with pytest.raises(ValueError, match="expert_tp"):
+        base.model_copy(update={"expert_tp": 3}).stage_layout(0)

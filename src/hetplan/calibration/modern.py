@@ -328,7 +328,9 @@ class Layout:
     exchange, ``ring`` (Megatron-Core / NeMo: p2p overlapped with attention) or ``allgather`` (Llama 3,
     torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
     expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows); ``dispatcher``,
-    ``routing``: the all-to-all's dispatcher and the router's routing (:class:`hetplan.estimate.moe.MoEOptions`);
+    ``routing``: the all-to-all's dispatcher and the router's routing; ``etp``: expert-TP (the notes' ``ETP=``);
+    ``attention_efficiency``: the attention kernel of the run's software where it is not the catalog's
+    (:attr:`hetplan.plan.GPUPool.attention_efficiency`) (:class:`hetplan.estimate.moe.MoEOptions`);
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default)."""
 
     tp: int
@@ -336,6 +338,7 @@ class Layout:
     dp: int
     cp: int = 1
     ep: int = 1
+    etp: int = 1
     vp: int = 1
     mbs: int = 1
     gbs: int = 1
@@ -346,17 +349,19 @@ class Layout:
     zero: int = 1
     sequence_parallel: bool = False
     kv_exchange: str = "ring"
+    cp_load_balance: bool = True
     balanced_routing: bool = False
     dispatcher: str = "alltoall"
     routing: str = "random"
     moe_recompute: bool = False
+    attention_efficiency: tuple[float, float] | None = None
     grad_reduce_dtype: str | None = None
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
     """The :class:`Plan` of a row: ``pp`` stages of ``tp x dp`` GPUs (balanced split of the run's layers),
     FlashAttention (every source ran it), one pool of the nodes of :func:`node_pool`. Raises :class:`NotExpressibleError` for CP / EP > 1 until the plan carries them."""
-    degrees = {k: v for k, v in (("cp", lay.cp), ("ep", lay.ep)) if v > 1}
+    degrees = {k: v for k, v in (("cp", lay.cp), ("ep", lay.ep), ("expert_tp", lay.etp)) if v > 1}
     for k, v in degrees.items():
         if k not in Plan.model_fields:
             what = "context" if k == "cp" else "expert"
@@ -371,7 +376,7 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         notes.append("FSDP2 as ZeRO-3 (framework = 'fsdp' not in the estimator yet)")
     extra = {}
     if lay.cp > 1 and "cp_kv_exchange" in Job.model_fields:
-        extra["cp_kv_exchange"] = lay.kv_exchange
+        extra.update(cp_kv_exchange=lay.kv_exchange, cp_load_balance=lay.cp_load_balance)
     if lay.balanced_routing and "moe_load_imbalance" in Job.model_fields:
         extra["moe_load_imbalance"] = 1.0
     if lay.ep > 1:
@@ -379,6 +384,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
+    if lay.attention_efficiency is not None:
+        pool = pool.model_copy(update={"attention_efficiency": lay.attention_efficiency})
     stages = []
     for k in balanced_split(m.num_layers, lay.pp):
         rl = None if lay.recompute_fraction >= 1 else round(k * lay.recompute_fraction)
@@ -486,6 +493,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                 vp = siblings.most_common(1)[0][0]
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
             lay = Layout(tp=tp, pp=pp, dp=_int(r, "num_gpus") // (tp * pp * cp), cp=cp, ep=_int(r, "ep", 1),
+                         etp=_expert_tp(r),
                          vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
                          seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16")
             t = _float(r, "iteration_time_s")
@@ -516,7 +524,11 @@ def _torchtitan_recompute(label: str) -> tuple[str, float]:
 def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     """One torchtitan row: FSDP2 (``framework = "fsdp"``), TP with sequence parallelism, PP (1F1B or
     interleaved, micro-batch 1 = torchtitan's ``pipeline_parallel_microbatch_size`` default where the row gives
-    none), FlashAttention (SDPA), float8 as ``dtype = "fp8"``; tokens/s per GPU and memory."""
+    none), FlashAttention (SDPA), float8 as ``dtype = "fp8"``; tokens/s per GPU and memory. CP rows: K/V
+    all-gathered (``context_parallel_rotate_method`` default) and no causal load balancing
+    (``cp_load_balance = False``: the rows' PyTorch of December 2024 ran ring attention over contiguous chunks;
+    inferred from the rows themselves — with balancing the six CP rows are 26-81 % too fast, growing with CP as
+    ``2 - 1/cp`` does, without it within 12 %)."""
     key = f"{set_name}:{i}:{r['model']}:{r['gpu'][:12]}:n{r['num_gpus']}:s{r['seq_len']}:{r['dtype'][:16]}:{r['notes'][:40]}"
 
     def make():
@@ -535,7 +547,7 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         rc, frac = _torchtitan_recompute(r["recompute"])
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
-                     kv_exchange="allgather")
+                     kv_exchange="allgather", cp_load_balance=False)
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")
@@ -617,6 +629,12 @@ def _moe_recompute(label: str) -> tuple[str, bool]:
     return "none", bool(re.search(r"\bmoe\b", low))
 
 
+def _expert_tp(r: dict) -> int:
+    """Expert-TP of a row: the ``ETP=n`` its notes carry (DGX Cloud, ModelZoo), else 1."""
+    found = re.search(r"\bETP=(\d+)", r.get("notes", ""))
+    return int(found.group(1)) if found else 1
+
+
 def _dispatcher(r: dict) -> str:
     """``hybridep`` or ``deepep`` where the row names it (Megatron-Core's flex dispatcher; NeMo AutoModel's
     ``dispatcher: deepep`` / ``hybridep``), else Megatron-Core's default ``alltoall``."""
@@ -637,7 +655,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
         mbs = _int(r, "micro_batch", 1)
         gbs = _int(r, "global_batch")
-        lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, vp=_int(r, "vp", 1), mbs=mbs, gbs=gbs,
+        lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, etp=_expert_tp(r), vp=_int(r, "vp", 1),
+                     mbs=mbs, gbs=gbs,
                      seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
                      sequence_parallel=True, recompute=recompute, moe_recompute=moe_recompute,
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
@@ -660,6 +679,13 @@ def moe_cases(catalog: Catalog | None = None):
     return _collect("moe_h100", items)
 
 
+#: FlashAttention-2 on H100 SXM, forward / backward fraction of the 989 TFLOP/s bf16 peak: 370 / 318 TFLOP/s at
+#: head dim 128 (Shah et al. 2024, FlashAttention-3, Fig. 5 and 7). NeMo 24.03's H100 long-sequence rows ran it:
+#: with the catalog's cuDNN rates (mid-2024) they are 14-66 % too fast, growing with the sequence; with these
+#: within 5 % at 4K-1M tokens (inferred from the rows: the source does not name the attention backend).
+FA2_H100_ATTENTION = (0.37, 0.32)
+
+
 def long_context_cases(catalog: Catalog | None = None):
     """NeMo long-sequence rows with their published layout (TFLOP/s; the 'without CP' rows give no layout),
     torchtitan's CP rows (tokens/s, memory) and Llama 3's 128K row (TFLOP/s)."""
@@ -676,8 +702,9 @@ def long_context_cases(catalog: Catalog | None = None):
             if tflops is None:
                 raise NotExpressibleError(f"TFLOP/s {r['tflops_per_gpu']!r} is not a measurement")
             tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
+            fa2 = "24.03" in r["framework"] and "h100" in r["gpu"].lower()
             lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
-                         sequence_parallel=True, zero=1)
+                         sequence_parallel=True, zero=1, attention_efficiency=FA2_H100_ATTENTION if fa2 else None)
             return _case("long_context_cp", key, r, lay, "tflops_per_gpu", tflops, catalog=catalog)
 
         items.append((key, make))

@@ -57,6 +57,17 @@ def local_seq_len(s, cp):
     return np.asarray(s, dtype=float) / np.asarray(cp, dtype=float)
 
 
+def attention_blocks(cp, load_balance=True):
+    """Causal attention work of the busiest CP rank in ``(s/cp) x (s/cp)`` blocks, each computed causally (about
+    half a block's work; :func:`hetplan.estimate.compute.flash_attention_time_s`): ``cp`` with load balancing
+    (every rank the same, module doc); without it, ``2·cp - 1``: rank ``cp - 1`` holds the last chunk and attends
+    to its own block causally and to the ``cp - 1`` earlier blocks in full, ``2 - 1/cp`` times the balanced share,
+    and every rank waits for it (PyTorch's ring attention without load balancing skips only the blocks of later
+    ranks: ``_is_causal_behavior`` in ``torch/distributed/tensor/experimental/_attention.py``)."""
+    cp = np.asarray(cp, dtype=float)
+    return np.where(np.asarray(load_balance), cp, 2.0 * cp - 1.0)
+
+
 def gradient_reduction_degree(dp, cp):
     """Ranks that reduce each gradient (and shard the distributed optimizer's states): ``dp·cp``."""
     return np.asarray(dp) * np.asarray(cp)

@@ -112,7 +112,7 @@ def job_stage_options(job) -> dict:
     every stage (attention, framework, MoE load imbalance and options, CP's K/V exchange): the searches pass them
     through, so a new job-level option reaches every search from here."""
     return dict(attention=job.attention, framework=job.framework, moe_load_imbalance=job.moe_load_imbalance,
-                kv_exchange=job.cp_kv_exchange,
+                kv_exchange=job.cp_kv_exchange, cp_load_balance=job.cp_load_balance,
                 moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute))
 
 
@@ -253,7 +253,7 @@ def p2p_model(framework: str) -> str | bool:
 _SIMULATE_MANY_MIN_PLANS = 16
 
 _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
-             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep")
+             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "etp")
 
 
 class _StageRow(NamedTuple):
@@ -276,6 +276,7 @@ class _StageRow(NamedTuple):
     sequence_parallel: bool
     cp: int
     ep: int
+    etp: int
     gpu: GPUSpec
     link: Link
     price_usd_per_hour: float
@@ -293,6 +294,7 @@ class _StageRow(NamedTuple):
     moe_load_imbalance: float
     kv_exchange: str
     moe_options: MoEOptions
+    cp_load_balance: bool
     fsdp_shard: int | None = None
     reshard_after_forward: bool = True
     grad_reduce_dtype: str | None = None
@@ -359,10 +361,11 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 pool = plan.pools[st.pool]
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
                 link = pool_link(pool, gpu, comm_constants)
-                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
+                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.attention_efficiency, link, job.dtype,
                                               plan.overlap_grad_reduce, job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
-                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute),
+                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute,
+                                              job.cp_load_balance),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -383,8 +386,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                flash=flash, cp=lay.cp, ep=lay.ep, moe_load_imbalance=job.moe_load_imbalance,
+                flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, moe_load_imbalance=job.moe_load_imbalance,
                 kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute),
+                cp_load_balance=job.cp_load_balance,
                 fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
             ))
@@ -422,6 +426,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
+                        cp_load_balance=row.cp_load_balance,
                         moe_options=row.moe_options, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)

@@ -123,10 +123,10 @@ def stage_parameters(m: ModelSpec, num_layers, has_embedding, has_head, single_s
     return p + np.where(has_head, head, 0)
 
 
-def layer_parameters_per_gpu(m: ModelSpec, t, ep=1):
+def layer_parameters_per_gpu(m: ModelSpec, t, ep=1, etp=1):
     """Parameters of one layer (mean over the model's layers) on one GPU: the non-expert part split over TP, the
-    routed experts over EP (expert-TP 1)."""
-    return counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / np.asarray(ep))
+    routed experts over EP x expert-TP."""
+    return counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / (np.asarray(ep) * etp))
 
 
 def stage_memory_bytes(
@@ -151,6 +151,7 @@ def stage_memory_bytes(
     reshard_after_forward=True,
     cp=1,
     ep=1,
+    etp=1,
     moe_recompute=False,
     grad_reduce_dtype=None,
     fp8_recipe=None,
@@ -178,6 +179,7 @@ def stage_memory_bytes(
             (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
         ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
             expert data-parallel ranks (:func:`hetplan.estimate.moe.expert_data_parallel`).
+        etp: expert-TP degree: each expert's matrices split over ``etp`` more ranks (experts over ``ep·etp``).
         moe_recompute: MoE layers recompute their MLP (``--recompute-modules moe``) and store only its input;
             ignored where the stage recomputes in full (Megatron-Core checkpoints the MoE layer only under
             selective granularity).
@@ -197,9 +199,9 @@ def stage_memory_bytes(
         raise HetplanError(f"unknown framework {framework!r}", field="job.framework",
                            fix="use 'megatron', 'deepspeed' or 'fsdp'")
     dense, expert = moe.parameters_per_gpu(stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
-                                           moe.expert_parameters(m, num_layers), t, ep)
-    layer_params = layer_parameters_per_gpu(m, t, ep)
-    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
+                                           moe.expert_parameters(m, num_layers), t, ep, etp)
+    layer_params = layer_parameters_per_gpu(m, t, ep, etp)
+    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep, etp)
 
     def split(per_parameter, dense_shard, expert_shard):  # bytes: dense over dp·cp, experts over expert-DP
         return dense * per_parameter / dense_shard + expert * per_parameter / expert_shard

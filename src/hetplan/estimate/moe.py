@@ -54,7 +54,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.estimate import compute, fp8
-from hetplan.estimate.comm import ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY
+from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY,
+                                   group_collective_time_s)
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -239,11 +240,14 @@ def dispatch_bytes(m: ModelSpec, b, s, t, imbalance=1.0):
 
 def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
                         inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, imbalance=1.0,
-                        dispatch: MoEOptions = MoEOptions()):
+                        dispatch: MoEOptions = MoEOptions(), etp=1):
     """Dispatch + combine of one MoE layer's forward (backward: the same again), mean over the model's layers
     (dense layers have none), with ``dispatch``'s dispatcher and routing (module doc; the busiest rank moves
     ``imbalance`` times the balanced bytes). Not overlapped with compute (Megatron-LM's default; its 1F1B
-    all-to-all overlap is an option)."""
+    all-to-all overlap is an option). With expert-TP ``etp`` > 1 the EP group's members are ``etp`` apart
+    (``stride``) and the tokens a rank receives are all-gathered over its ``etp`` consecutive expert-TP ranks
+    before the experts and reduce-scattered after them (Megatron-Core ``MoEAlltoAllTokenDispatcher``:
+    ``gather_from_sequence_parallel_region`` over the expert-TP group), ``k·T·h`` elements per rank each way."""
     if dispatch.dispatcher in ("deepep", "hybridep"):
         domain = np.minimum(gpus_per_node, DEEPEP_NVLINK_PEERS) if dispatch.dispatcher == "deepep" else gpus_per_node
         intra, inter = deepep_traffic_bytes(m, np.asarray(b, dtype=float) * s / t, ep, stride, domain,
@@ -253,6 +257,11 @@ def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_
     else:
         one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, gpus_per_node,
                               intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+    if np.any(np.asarray(etp) > 1):
+        gathered = dispatch_bytes(m, b, s, t, imbalance) * np.asarray(etp, dtype=float)
+        one = one + np.where(np.asarray(etp) > 1, group_collective_time_s(
+            gathered, "allgather", etp, 1, gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s,
+            inter_alpha_s=inter_alpha_s), 0.0)
     return 2 * one * m.num_moe_layers / m.num_layers
 
 
@@ -267,7 +276,7 @@ def parameters_per_gpu(stage_parameters, expert_params, t, ep, etp=1):
     return (stage_parameters - expert_params) / t, expert_params / (np.asarray(ep) * etp)
 
 
-def linear_gemm_shapes(m: ModelSpec, b, s, t, ep=1, imbalance=1.0):
+def linear_gemm_shapes(m: ModelSpec, b, s, t, ep=1, imbalance=1.0, etp=1):
     """The linear GEMMs of one layer on one rank, forward, mean over the model's layers (what FP8 runs in FP8,
     :mod:`hetplan.estimate.fp8`): ``[(M, N, K, batch), ...]`` — the attention projections (MLA's or the standard
     ones), the dense MLP and the routed (unpadded rows) and shared experts weighted by the share of dense and MoE
@@ -279,7 +288,7 @@ def linear_gemm_shapes(m: ModelSpec, b, s, t, ep=1, imbalance=1.0):
     if not m.is_moe:
         return attn + dense
     w_dense = (m.num_layers - m.num_moe_layers) / m.num_layers
-    experts = [(M, N, K, n * (1.0 - w_dense)) for M, N, K, n, _ in moe_mlp_gemms(m, b, s, t, ep, 1, imbalance)[1:]]
+    experts = [(M, N, K, n * (1.0 - w_dense)) for M, N, K, n, _ in moe_mlp_gemms(m, b, s, t, ep, etp, imbalance)[1:]]
     return attn + [(M, N, K, n * w_dense) for M, N, K, n in dense] + experts
 
 

@@ -96,8 +96,10 @@ def stage_costs(
     grad_reduce_dtype=None,
     cp=1,
     ep=1,
+    etp=1,
     moe_load_imbalance=1.0,
     kv_exchange="ring",
+    cp_load_balance=True,
     moe_options: moe.MoEOptions = moe.MoEOptions(),
 ):
     """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
@@ -136,10 +138,11 @@ def stage_costs(
     ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
-    on ``cp`` blocks, plus the exposed K/V exchange (``kv_exchange``: ``"ring"`` | ``"allgather"``); gradients
-    reduced over ``dp·cp``. ``ep``: expert-parallel degree (:mod:`hetplan.estimate.moe`, expert-TP 1): MoE and
-    MLA GEMMs, the dispatch/combine all-to-all of the busiest rank (``moe_load_imbalance``), experts sharded over
-    ``ep`` and reduced over the expert data-parallel ranks; ``moe_options``: the all-to-all's dispatcher and
+    on ``cp`` blocks (``2·cp - 1`` on the busiest rank without ``cp_load_balance``), plus the exposed K/V exchange
+    (``kv_exchange``: ``"ring"`` | ``"allgather"``); gradients
+    reduced over ``dp·cp``. ``ep``, ``etp``: expert-parallel and expert-TP degrees (:mod:`hetplan.estimate.moe`):
+    MoE and MLA GEMMs, the dispatch/combine all-to-all of the busiest rank (``moe_load_imbalance``), experts
+    sharded over ``ep·etp`` and reduced over the expert data-parallel ranks; ``moe_options``: the all-to-all's dispatcher and
     routing, and MoE-layer recomputation (:class:`hetplan.estimate.moe.MoEOptions`: one more forward of the MoE
     MLPs and their all-to-alls in backward, on layers that do not recompute in full).
 
@@ -153,9 +156,9 @@ def stage_costs(
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
-        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance)
+        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
-        tp_kw.update(gemm_times_s=(linear, core), attention_blocks=cp,
+        tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
                      extra_kernels=moe.extra_kernels(m, ep, framework))
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af: Any = None
@@ -165,19 +168,21 @@ def stage_costs(
         af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
     if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
         net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
-        a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, 1, *net, imbalance=moe_load_imbalance, dispatch=moe_options)
+        a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, etp, *net, imbalance=moe_load_imbalance, dispatch=moe_options,
+                                       etp=etp)
                if m.is_moe else 0.0)
         kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, *net)
         lf, lb, ltp = lf + a2a + kv_f, lb + a2a + kv_b, ltp + 2 * a2a + kv_f + kv_b
         if af is not None:
             af, ab, atp = af + a2a + kv_f, ab + a2a + kv_b, atp + 2 * a2a + kv_f + kv_b
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
-            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, 1, moe_load_imbalance) + a2a
+            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance) + a2a
             rerun = np.where(np.asarray(recompute_code) == 2, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(np.asarray(recompute_code) == 2, 0.0, a2a)
     fp8_recipe = fp8.recipe(gpu, framework) if fp8.is_fp8(dtype) else None
     if fp8_recipe is not None:  # FP8 quantization of the linear layers' inputs and output gradients
-        cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance))
+        cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance,
+                                                                                etp))
         lf, lb = lf + cf, lb + cb + np.where(np.asarray(recompute_code) == 2, cf, 0.0)
         if af is not None:
             af, ab = af + cf, ab + cb
@@ -198,12 +203,12 @@ def stage_costs(
     bwd = layers_bwd + np.where(has_embedding, eb, 0.0) + np.where(has_head, hb, 0.0)
 
     dense, expert = moe.parameters_per_gpu(memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
-                                           moe.expert_parameters(m, num_layers), t, ep)
+                                           moe.expert_parameters(m, num_layers), t, ep, etp)
     params = dense + expert
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
     dp_net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
               link.intra_node_alpha_s)
-    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep)
+    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep, etp)
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
     weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
@@ -214,7 +219,8 @@ def stage_costs(
         n = dp_all if group is None else group
         out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, *dp_net)
         if m.is_moe:
-            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp, ep, *dp_net)
+            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp,
+                                             np.asarray(ep) * etp, *dp_net)
         return out * units
 
     grad_bytes = params * grad_per
@@ -279,13 +285,14 @@ def stage_costs(
         reshard_after_forward=reshard_after_forward,
         cp=cp,
         ep=ep,
+        etp=etp,
         moe_recompute=moe_options.recompute,
         grad_reduce_dtype=grad_reduce_dtype,
         fp8_recipe=fp8_recipe,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
-        linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep)
+        linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
         optimizer = optimizer + fp8.weight_cast_time_s(linear, gpu, fp8_recipe, framework)
     return StageCost(
         forward_s=fwd,
