@@ -322,8 +322,9 @@ class _Group:
         self.by_key = {(st.pool, st.tp): st for st in self.types}
         self.gpus_per_node = [pool.gpus_per_node for pool in inventory.pools]
         shared = {} if shared is None else shared
-        self._p2p: dict = shared.setdefault(("p2p", b, d, cp), {})
-        self._orders: dict = shared.setdefault(("orders", b, d, cp), {})
+        self._boundaries: dict = shared.setdefault((b, d, cp), {"p2p": {}, "orders": {}})
+        self._p2p: dict = self._boundaries["p2p"]
+        self._orders: dict = self._boundaries["orders"]
 
     def p2p(self, s1: StageType, s2: StageType, intra: bool) -> float:
         """One-way transfer time of one micro-batch across a boundary (s), as the estimator prices it
@@ -442,18 +443,17 @@ class _Group:
         c = self.order_p2p_s(seq)
         pipe = max(m_ * bottleneck, float(window_lower_bound_s(least_sum, c, p, m_)))
         e0 = float(np.min(np.where(fits[0], tabs[0].e[kinds[0], flights[0] - 1, 1:], INF)))
-        o = max(float(np.min(np.where(fits[i], t.o[k, f - 1, 1:], INF)))
-                for i, (t, k, f) in enumerate(zip(tabs, kinds, flights)))
-        return pipe + max(e0, 0.0) + o
+        o = np.array([t.o[k, f - 1, 1:] for t, k, f in zip(tabs, kinds, flights)])
+        return pipe + max(e0, 0.0) + float(np.where(fits, o, INF).min(axis=1).max())
 
     def c_min(self) -> float:
         """A lower bound on the one-way time of any boundary between two stage types (s)."""
-        if not hasattr(self, "_cmin"):
+        if "c_min" not in self._boundaries:  # shared: the types and boundaries depend on (b, d, cp) only
             # Exact over pairs of equal TP; a resharding boundary (different TP) is bounded by 0.
             same = [self.p2p(a, b, intra) for a in self.types for b in self.types if a.tp == b.tp for intra in (False, True)]
             cross = any(a.tp != b.tp for a in self.types for b in self.types)
-            self._cmin = min(same + ([0.0] if cross else []))
-        return self._cmin
+            self._boundaries["c_min"] = min(same + ([0.0] if cross else []))
+        return self._boundaries["c_min"]
 
     def intra_node(self, seq: list[StageType]) -> list[bool]:
         """:func:`hetplan.plan.boundary_is_intra_node` of a stage order (stages of ``tp·cp·d`` GPUs each)."""
