@@ -12,7 +12,7 @@ activation recomputation ``none`` / ``selective`` / ``full``, sequence paralleli
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -122,6 +122,10 @@ class GPUPool(BaseModel):
             cost), a property of the host, not of the model. Default: the GPU type's catalog value, calibrated on
             the host named in its ``calibration_source`` (A100: DGX A100, 44.3 µs). Set it for a slower or faster
             host, e.g. 73.8 µs for AWS p4d as fitted on FASOP's profiles (docs/estimator.md, Calibration).
+        attention_efficiency: ``(forward, backward)`` fraction of the dense peak the FlashAttention kernel of these
+            machines' software reaches. Default: the GPU type's catalog value (H100: cuDNN through Transformer
+            Engine, mid-2024). Set it for another kernel, e.g. FlashAttention-2 on H100, 0.37 / 0.32 (Shah et al.
+            2024, FlashAttention-3, Fig. 5 and 7).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -138,6 +142,7 @@ class GPUPool(BaseModel):
     network: Literal["infiniband", "roce", "efa", "ethernet"] = "infiniband"
     price_usd_per_hour: float | None = bounded(1000.0, "no GPU rents for $1,000 an hour", default=None, ge=0)
     kernel_overhead_s: float | None = Field(default=None, ge=0, le=0.01)
+    attention_efficiency: tuple[Annotated[float, Field(gt=0, le=1)], Annotated[float, Field(gt=0, le=1)]] | None = None
 
     @model_validator(mode="before")
     @classmethod

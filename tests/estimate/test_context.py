@@ -108,3 +108,22 @@ def test_estimate_without_load_balance_is_slower_only_with_cp():
 
     assert est(4, False) > 1.3 * est(4, True)
     assert est(1, False) == est(1, True)
+
+
+def test_a_pool_with_another_attention_kernel_runs_long_sequences_slower():
+    """GPUPool.attention_efficiency (FlashAttention-2 on H100, 0.37 / 0.32 of the peak) replaces the catalog's
+    cuDNN rates for that pool only."""
+    from hetplan.estimate.compute import pool_gpu
+    from hetplan.estimate.estimator import estimate
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    pool = GPUPool(gpu="H100-SXM", count=8, attention_efficiency=(0.37, 0.32))
+    assert pool_gpu(load_catalog(), pool).flash_attention_efficiency() == (0.37, 0.32)
+
+    def est(p):
+        job = Job(model="llama3-8b", seq_len=65536, global_batch=8, attention="flash")
+        return estimate(Plan(job=job, pools=[p], stages=[Stage(num_layers=32, tp=8, dp=1, recompute="full")],
+                             mbs=1, sequence_parallel=True)).iteration_time_s
+
+    assert est(pool) > 1.2 * est(GPUPool(gpu="H100-SXM", count=8))

@@ -330,7 +330,9 @@ class Layout:
     exchange, ``ring`` (Megatron-Core / NeMo: p2p overlapped with attention) or ``allgather`` (Llama 3,
     torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
     expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows); ``dispatcher``,
-    ``routing``: the all-to-all's dispatcher and the router's routing; ``etp``: expert-TP (the notes' ``ETP=``) (:class:`hetplan.estimate.moe.MoEOptions`);
+    ``routing``: the all-to-all's dispatcher and the router's routing; ``etp``: expert-TP (the notes' ``ETP=``);
+    ``attention_efficiency``: the attention kernel of the run's software where it is not the catalog's
+    (:attr:`hetplan.plan.GPUPool.attention_efficiency`) (:class:`hetplan.estimate.moe.MoEOptions`);
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default);
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
     ``--tp-comm-overlap``)."""
@@ -356,6 +358,7 @@ class Layout:
     dispatcher: str = "alltoall"
     routing: str = "random"
     moe_recompute: bool = False
+    attention_efficiency: tuple[float, float] | None = None
     grad_reduce_dtype: str | None = None
     tp_comm_overlap: bool = False
 
@@ -386,6 +389,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
+    if lay.attention_efficiency is not None:
+        pool = pool.model_copy(update={"attention_efficiency": lay.attention_efficiency})
     stages = []
     for k in balanced_split(m.num_layers, lay.pp):
         rl = None if lay.recompute_fraction >= 1 else round(k * lay.recompute_fraction)
@@ -683,6 +688,13 @@ def moe_cases(catalog: Catalog | None = None):
     return _collect("moe_h100", items)
 
 
+#: FlashAttention-2 on H100 SXM, forward / backward fraction of the 989 TFLOP/s bf16 peak: 370 / 318 TFLOP/s at
+#: head dim 128 (Shah et al. 2024, FlashAttention-3, Fig. 5 and 7). NeMo 24.03's H100 long-sequence rows ran it:
+#: with the catalog's cuDNN rates (mid-2024) they are 14-66 % too fast, growing with the sequence; with these
+#: within 5 % at 4K-1M tokens (inferred from the rows: the source does not name the attention backend).
+FA2_H100_ATTENTION = (0.37, 0.32)
+
+
 def long_context_cases(catalog: Catalog | None = None):
     """NeMo long-sequence rows with their published layout (TFLOP/s; the 'without CP' rows give no layout),
     torchtitan's CP rows (tokens/s, memory) and Llama 3's 128K row (TFLOP/s)."""
@@ -699,8 +711,9 @@ def long_context_cases(catalog: Catalog | None = None):
             if tflops is None:
                 raise NotExpressibleError(f"TFLOP/s {r['tflops_per_gpu']!r} is not a measurement")
             tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
+            fa2 = "24.03" in r["framework"] and "h100" in r["gpu"].lower()
             lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
-                         sequence_parallel=True, zero=1)
+                         sequence_parallel=True, zero=1, attention_efficiency=FA2_H100_ATTENTION if fa2 else None)
             return _case("long_context_cp", key, r, lay, "tflops_per_gpu", tflops, catalog=catalog)
 
         items.append((key, make))

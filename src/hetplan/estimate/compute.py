@@ -73,14 +73,19 @@ RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 def pool_gpu(catalog, pool, field: str = "gpu") -> GPUSpec:
     """The :class:`GPUSpec` of ``pool``'s GPU type as it runs on that pool's machines: the catalog entry, with
     ``kernel_overhead_s`` replaced by the pool's ``kernel_overhead_s`` (seconds per kernel) when the pool sets one
-    (a host slower or faster at launching kernels than the one the catalog value was calibrated on).
+    (a host slower or faster at launching kernels than the one the catalog value was calibrated on), and
+    ``attention_efficiency`` by the pool's (another attention kernel in its software stack).
 
     Raises:
         HetplanError: unknown GPU type (the message names ``field``).
     """
     gpu = catalog.get(pool.gpu, field=field)
-    tau = getattr(pool, "kernel_overhead_s", None)
-    return gpu if tau is None else gpu.model_copy(update={"kernel_overhead_s": float(tau)})
+    update: dict = {}
+    if getattr(pool, "kernel_overhead_s", None) is not None:
+        update["kernel_overhead_s"] = float(pool.kernel_overhead_s)
+    if getattr(pool, "attention_efficiency", None) is not None:
+        update["attention_efficiency"] = tuple(pool.attention_efficiency)
+    return gpu.model_copy(update=update) if update else gpu
 
 
 def gemm_efficiency(gpu: GPUSpec, M, N, K, dtype: str = "bf16"):

@@ -364,7 +364,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 pool = plan.pools[st.pool]
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
                 link = pool_link(pool, gpu, comm_constants)
-                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, link, job.dtype,
+                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.attention_efficiency, link, job.dtype,
                                               plan.overlap_grad_reduce, plan.tp_comm_overlap, job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
                                               job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute,

@@ -1,0 +1,34 @@
+"""The heterogeneous search's cost tables built together over many (b, d, ZeRO, F) shapes
+(:func:`hetplan.search.hetero.cost_tables`, one :func:`~hetplan.estimate.stage.stage_costs` call per batch) equal,
+bit for bit, the tables built one shape at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetplan.search import hetero
+from hetplan.search.space import Pins, divisors
+from tests.search.test_hetero import CAT, random_instance
+
+
+def _assert_same(x: hetero.CostTable, y: hetero.CostTable) -> None:
+    for name in ("a", "e", "o", "rc", "nmax"):
+        np.testing.assert_array_equal(getattr(x, name), getattr(y, name), err_msg=name)
+    assert (x.layer_s, x.emb_s, x.head_s) == (y.layer_s, y.emb_s, y.head_s)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_cost_tables_equal_one_by_one(seed, monkeypatch):
+    m, job, inv, _ = random_instance(seed)
+    L = m.num_layers
+    types = hetero.stage_types(m, inv, CAT, job.dtype, Pins())
+    shapes = [(b, d, z, max(1, min(job.global_batch // (b * d), L))) for d in divisors(job.global_batch)
+              for b in divisors(job.global_batch // d) for z in (0, 1)]
+    monkeypatch.setattr(hetero, "_BATCH_ELEMENTS", 4 * (L + 1) * 3 * L * 3)  # several batches of shapes
+    for st in types:
+        hetero._TABLES.clear()
+        batched = hetero.cost_tables(m, job, st, shapes, [0, 1, 2])
+        for sh, tb in zip(shapes, batched):
+            _assert_same(tb, hetero._cost_tables(m, job, st, [sh], [0, 1, 2], 1, 1)[0])
+        assert hetero.cost_table(m, job, st, *shapes[-1], [0, 1, 2]) is batched[-1]  # cached
