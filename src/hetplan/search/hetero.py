@@ -629,12 +629,10 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     hist[0, 0] = 1
     for k in range(K):
         nxt = np.zeros_like(hist)
-        for o in np.flatnonzero(cols["cap"][k] >= 0):
-            pk = int(cols["p"][k][o])
-            if pk == 0:
-                nxt += hist
-            elif pk <= L:
-                nxt[pk:, 1:] += hist[: L + 1 - pk, :-1]
+        per_p = np.bincount(cols["p"][k][cols["cap"][k] >= 0], minlength=L + 1)  # options by stage count
+        nxt += per_p[0] * hist
+        for pk in np.flatnonzero(per_p[1:L + 1]) + 1:
+            nxt[pk:, 1:] += per_p[pk] * hist[: L + 1 - pk, :-1]
         hist = nxt
     if int(hist[:, : max_pools + 1].sum()) > max_rows:
         raise _TooMany()
@@ -680,13 +678,14 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     # Bound of the chain (hetplan.search.homogeneous.stage_chain_lower_bound_s), valid for every schedule the
     # estimator simulates: the bottleneck stage alone does m·B of work; the chain through the last stage is the
     # sum of all stages plus (m-1) times the last stage (>= one layer of some type plus the least head).
-    last_lb = per["lam"][ok].min(axis=1) + head
+    lam_min = lam.min(axis=1)
+    last_lb = lam_min + head
     m_ = group.mb
     r = 1.0 - 1.0 / m_
     fill = 1.0 - r ** p
     c_part = 2 * group.c_min() * ((p - 1) - (r * (1 - r ** (p - 1)) / (1 - r) if m_ > 1 else 0.0))
     # Integrality: some stage holds at least ceil(L/p) layers, at no less than the allocation's least λ each.
-    b_int = np.maximum(b_lb, -(-L // np.maximum(p, 1)) * per["lam"][ok].min(axis=1))
+    b_int = np.maximum(b_lb, -(-L // np.maximum(p, 1)) * lam_min)
     t_sim = np.maximum.reduce([
         m_ * b_int,
         s_lb + emb + head + 2 * (p - 1) * group.c_min() + np.where(p > 1, (m_ - 1) * last_lb, 0),
