@@ -32,3 +32,22 @@ def test_batched_cost_tables_equal_one_by_one(seed, monkeypatch):
         for sh, tb in zip(shapes, batched):
             _assert_same(tb, hetero._cost_tables(m, job, st, [sh], [0, 1, 2], 1, 1)[0])
         assert hetero.cost_table(m, job, st, *shapes[-1], [0, 1, 2]) is batched[-1]  # cached
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_boundary_times_equal_one_by_one(seed):
+    """:meth:`hetplan.search.hetero._Group.c_min` prices all equal-TP boundaries in one array call; each equals
+    :func:`~hetplan.estimate.iteration.boundary_time_s` called alone."""
+    from hetplan.estimate.iteration import boundary_time_s
+
+    m, job, inv, _ = random_instance(seed)
+    types = hetero.stage_types(m, inv, CAT, job.dtype, Pins())
+    for d in divisors(job.global_batch)[:3]:
+        g = hetero._Group(m, job, inv, types, 1, d, 0, [0, 1, 2], m.num_layers)
+        if not g.types:
+            continue
+        g.c_min()
+        pairs = [(a, b, intra) for a in g.types for b in g.types if a.tp == b.tp for intra in (False, True)]
+        for a, b, intra in pairs:
+            alone = boundary_time_s(m, job.seq_len, (a.tp, 1, d, 1), (b.tp, 1, d, 1), a.link, b.link, intra)
+            assert g._p2p[(a.pool, a.tp, b.pool, b.tp, intra)] == alone

@@ -57,7 +57,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -336,6 +336,24 @@ class _Group:
                                              (s2.tp, self.cp, self.d, self.b), s1.link, s2.link, intra)
         return self._p2p[key]
 
+    def _fill_p2p(self, pairs) -> None:
+        """Cache :meth:`p2p` of ``pairs`` ``(s1, s2, intra)`` of equal TP degree in one
+        :func:`~hetplan.estimate.iteration.boundary_time_s` call over arrays (elementwise, so each value equals
+        its own call's)."""
+        todo = [(s1, s2, intra) for s1, s2, intra in pairs if (s1.pool, s1.tp, s2.pool, s2.tp, intra) not in self._p2p]
+        if not todo:
+            return
+
+        def links(sts) -> Link:
+            return Link(**{f.name: np.array([getattr(st.link, f.name) for st in sts]) for f in fields(Link)})
+
+        tp = np.array([s1.tp for s1, _, _ in todo])
+        out = boundary_time_s(self.m, self.job.seq_len, (tp, self.cp, self.d, self.b), (tp, self.cp, self.d, self.b),
+                              links([s1 for s1, _, _ in todo]), links([s2 for _, s2, _ in todo]),
+                              np.array([intra for _, _, intra in todo]))
+        for (s1, s2, intra), v in zip(todo, np.broadcast_to(out, (len(todo),))):
+            self._p2p[(s1.pool, s1.tp, s2.pool, s2.tp, intra)] = float(v)
+
     def tail_lower_bound_s(self, p: np.ndarray) -> np.ndarray:
         """Lower bound (s) on ``e_0 + max_i o_i`` of :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s`
         for pipelines of ``p`` stages (array) of this group, whatever the types, order and partition: the first
@@ -450,7 +468,9 @@ class _Group:
         """A lower bound on the one-way time of any boundary between two stage types (s)."""
         if "c_min" not in self._boundaries:  # shared: the types and boundaries depend on (b, d, cp) only
             # Exact over pairs of equal TP; a resharding boundary (different TP) is bounded by 0.
-            same = [self.p2p(a, b, intra) for a in self.types for b in self.types if a.tp == b.tp for intra in (False, True)]
+            pairs = [(a, b, intra) for a in self.types for b in self.types if a.tp == b.tp for intra in (False, True)]
+            self._fill_p2p(pairs)
+            same = [self.p2p(*pair) for pair in pairs]
             cross = any(a.tp != b.tp for a in self.types for b in self.types)
             self._boundaries["c_min"] = min(same + ([0.0] if cross else []))
         return self._boundaries["c_min"]
@@ -609,12 +629,10 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     hist[0, 0] = 1
     for k in range(K):
         nxt = np.zeros_like(hist)
-        for o in np.flatnonzero(cols["cap"][k] >= 0):
-            pk = int(cols["p"][k][o])
-            if pk == 0:
-                nxt += hist
-            elif pk <= L:
-                nxt[pk:, 1:] += hist[: L + 1 - pk, :-1]
+        per_p = np.bincount(cols["p"][k][cols["cap"][k] >= 0], minlength=L + 1)  # options by stage count
+        nxt += per_p[0] * hist
+        for pk in np.flatnonzero(per_p[1:L + 1]) + 1:
+            nxt[pk:, 1:] += per_p[pk] * hist[: L + 1 - pk, :-1]
         hist = nxt
     if int(hist[:, : max_pools + 1].sum()) > max_rows:
         raise _TooMany()
@@ -660,13 +678,14 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     # Bound of the chain (hetplan.search.homogeneous.stage_chain_lower_bound_s), valid for every schedule the
     # estimator simulates: the bottleneck stage alone does m·B of work; the chain through the last stage is the
     # sum of all stages plus (m-1) times the last stage (>= one layer of some type plus the least head).
-    last_lb = per["lam"][ok].min(axis=1) + head
+    lam_min = lam.min(axis=1)
+    last_lb = lam_min + head
     m_ = group.mb
     r = 1.0 - 1.0 / m_
     fill = 1.0 - r ** p
     c_part = 2 * group.c_min() * ((p - 1) - (r * (1 - r ** (p - 1)) / (1 - r) if m_ > 1 else 0.0))
     # Integrality: some stage holds at least ceil(L/p) layers, at no less than the allocation's least λ each.
-    b_int = np.maximum(b_lb, -(-L // np.maximum(p, 1)) * per["lam"][ok].min(axis=1))
+    b_int = np.maximum(b_lb, -(-L // np.maximum(p, 1)) * lam_min)
     t_sim = np.maximum.reduce([
         m_ * b_int,
         s_lb + emb + head + 2 * (p - 1) * group.c_min() + np.where(p > 1, (m_ - 1) * last_lb, 0),
