@@ -62,6 +62,9 @@ class Job(BaseModel):
             whole NVLink domain, e.g. GB200 NVL72); routing ``random`` (learned or forced-balance
             routers) or ``contiguous`` (NeMo AutoModel's fake balanced gate: a token's experts are neighbours).
         moe_recompute: recompute every MoE layer's MLP in backward (Megatron-Core ``--recompute-modules moe``).
+        moe_a2a_overlap: the dispatch and combine all-to-alls of one micro-batch run behind the other
+            micro-batch's compute in 1F1B's paired forward and backward (Megatron-Core
+            ``--overlap-moe-expert-parallel-comm``, :class:`hetplan.estimate.moe.MoEOptions`).
         cp_load_balance: context parallelism splits each sequence into ``2·cp`` chunks so that every rank has the
             same causal attention work (True: Megatron-Core, Llama 3, PyTorch's ``context_parallel`` with load
             balancing), or into ``cp`` contiguous chunks (False: the last rank attends to every earlier block,
@@ -87,6 +90,7 @@ class Job(BaseModel):
     moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] = "alltoall"
     moe_routing: Literal["random", "contiguous"] = "random"
     moe_recompute: bool = False
+    moe_a2a_overlap: bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: bool = True
 
@@ -333,6 +337,9 @@ class Plan(BaseModel):
         overlap_grad_reduce: data-parallel gradient reduction overlapped with the backward pass.
         tp_comm_overlap: TP collectives pipelined with the GEMMs they feed (Megatron-Core ``--tp-comm-overlap``,
             Transformer Engine userbuffers; needs sequence parallelism; :func:`hetplan.estimate.compute.layer_time_s`).
+        cuda_graphs: the transformer layers run as captured CUDA graphs (Megatron-Core ``--enable-cuda-graph`` /
+            ``--cuda-graph-impl``, Transformer Engine ``make_graphed_callables``): their kernels are replayed
+            without a host launch each, so no per-kernel host floor (:func:`hetplan.estimate.compute.layer_time_s`).
         fsdp_shard: HSDP — ZeRO-3/FSDP shards within groups of this many DP ranks and replicates across
             ``dp / fsdp_shard`` of them (PyTorch ``fully_shard`` with a 2-D device mesh); None = all of DP.
         reshard_after_forward: ZeRO-3/FSDP frees each layer's gathered parameters after its forward and gathers
@@ -359,6 +366,7 @@ class Plan(BaseModel):
     virtual_stages: int = bounded(1024, "more virtual stages than 1,024 is more than layers per GPU", default=1, ge=1)
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
+    cuda_graphs: bool = False
     fsdp_shard: int | None = Field(default=None, gt=0)
     reshard_after_forward: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None

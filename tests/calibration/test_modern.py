@@ -107,11 +107,12 @@ BOUNDS = {
     "torchtitan": {"mape": 0.21},
     "llama3_405b": {"max_abs_error": 0.10},
     "megatron_lm_h100": {"mape": 0.10, "max_abs_error": 0.23},
-    # moe_h100 (target 15 % not met): 18.0 % MAPE on 20 rows, max 38 %, with the sources' own FLOP count
+    # moe_h100 (target 15 % met): 14.7 % MAPE on 22 rows, max 34 %, with the sources' own FLOP count
     # (Megatron's causal half for the ModelZoo TFLOP/s), AutoModel's activation checkpointing as full recompute,
     # the GPT-OSS recipes' EP, DeepEP's one copy per node and rank, TE's per-expert GEMM launches and
-    # --recompute-modules moe. The NeMo AutoModel rows (PyTorch FSDP2 eager) stay 11-38 % too fast.
-    "moe_h100": {"mape": 0.185, "max_abs_error": 0.39},
+    # --recompute-modules moe, CUDA graphs (no host floor) and the 1F1B all-to-all overlap where the rows run
+    # them. The NeMo AutoModel rows (PyTorch FSDP2 eager) stay 4-34 % too fast.
+    "moe_h100": {"mape": 0.15, "max_abs_error": 0.35},
     # long_context_cp (target 15 % met): 7.1 % on 16 rows once FP8 landed (47.9 % before torchtitan's CP rows ran
     # without causal load balancing and NeMo 24.03's H100 rows with FlashAttention-2); Llama 3's 128K row +55 %.
     "long_context_cp": {"mape": 0.08},

@@ -335,7 +335,8 @@ class Layout:
     (:attr:`hetplan.plan.GPUPool.attention_efficiency`) (:class:`hetplan.estimate.moe.MoEOptions`);
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default);
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
-    ``--tp-comm-overlap``)."""
+    ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
+    ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`)."""
 
     tp: int
     pp: int
@@ -361,6 +362,8 @@ class Layout:
     attention_efficiency: tuple[float, float] | None = None
     grad_reduce_dtype: str | None = None
     tp_comm_overlap: bool = False
+    cuda_graphs: bool = False
+    a2a_overlap: bool = False
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -385,7 +388,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     if lay.balanced_routing and "moe_load_imbalance" in Job.model_fields:
         extra["moe_load_imbalance"] = 1.0
     if lay.ep > 1:
-        extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute)
+        extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute,
+                     moe_a2a_overlap=lay.a2a_overlap)
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
@@ -399,7 +403,7 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         return Plan(job=job, pools=[pool], stages=stages, mbs=lay.mbs, zero=zero,
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
                     virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
-                    tp_comm_overlap=lay.tp_comm_overlap,
+                    tp_comm_overlap=lay.tp_comm_overlap, cuda_graphs=lay.cuda_graphs,
                     **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
@@ -669,7 +673,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                      seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
                      sequence_parallel=True, recompute=recompute, moe_recompute=moe_recompute,
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
-                     dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random")
+                     dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random",
+                     cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower())
         t = _float(r, "iteration_time_s")
         if t is not None:
             return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)

@@ -195,6 +195,7 @@ def layer_time_s(
     sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None, attention_blocks=1,
     extra_kernels=0.0,
     tp_comm_overlap=False,
+    cuda_graphs=False,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -223,6 +224,10 @@ def layer_time_s(
             dgrad GEMMs) is split into chunks pipelined with the GEMM it feeds or drains (TE
             ``transformer_engine/pytorch/module/base.py`` ``initialize_ub``, ``ring_exchange`` / ``pipeline``
             methods), so each is hidden up to what that GEMM's time allows (:func:`tp_overlap_exposed_s`).
+        cuda_graphs: the layer runs as a captured CUDA graph (Megatron-Core ``--enable-cuda-graph`` /
+            ``--cuda-graph-impl``, Transformer Engine ``make_graphed_callables``): one graph launch replays all its
+            kernels, so the host launches none of them and the per-kernel host floor (``kernel_overhead_s`` per
+            kernel, dense and MoE extra kernels alike) is not charged; the GPU work is unchanged.
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
@@ -233,7 +238,7 @@ def layer_time_s(
     act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none", attention=attention)
     act = np.where(sequence_parallel, act_sp, act_nosp)
     elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
-    kernel = gpu.kernel_overhead_s
+    kernel = 0.0 if cuda_graphs else gpu.kernel_overhead_s
     kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels
     core_gemm = core_gemm * attention_blocks
     if flash:

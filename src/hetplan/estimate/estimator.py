@@ -114,7 +114,7 @@ def job_stage_options(job) -> dict:
     through, so a new job-level option reaches every search from here."""
     return dict(attention=job.attention, framework=job.framework, moe_load_imbalance=job.moe_load_imbalance,
                 kv_exchange=job.cp_kv_exchange, cp_load_balance=job.cp_load_balance,
-                moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute))
+                moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap))
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
@@ -301,6 +301,7 @@ class _StageRow(NamedTuple):
     reshard_after_forward: bool = True
     grad_reduce_dtype: str | None = None
     tp_comm_overlap: bool = False
+    cuda_graphs: bool = False
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -365,9 +366,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
                 link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.attention_efficiency, link, job.dtype,
-                                              plan.overlap_grad_reduce, plan.tp_comm_overlap, job.attention, job.framework,
+                                              plan.overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
-                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute,
+                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
                                               job.cp_load_balance),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
@@ -390,11 +391,11 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
                 flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v, moe_load_imbalance=job.moe_load_imbalance,
-                kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute),
+                kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap),
                 cp_load_balance=job.cp_load_balance,
                 fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
-                tp_comm_overlap=plan.tp_comm_overlap,
+                tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
@@ -431,6 +432,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
                         cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
+                        cuda_graphs=row.cuda_graphs,
                         moe_options=row.moe_options, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)

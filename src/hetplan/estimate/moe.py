@@ -105,11 +105,13 @@ class MoEOptions:
     :data:`DISPATCHERS`, the router's ``routing`` of :data:`ROUTINGS`), and ``recompute``: the MoE layer is
     checkpointed and run again in backward (Megatron-Core ``--recompute-modules moe``: router, dispatch, experts
     and combine recomputed, ``transformer/moe/moe_layer.py``), storing only its input
-    (:func:`hetplan.model.counts.layer_activation_bytes`)."""
+    (:func:`hetplan.model.counts.layer_activation_bytes`); ``a2a_overlap``: the all-to-alls hide behind the
+    paired micro-batch's compute (:func:`exposed_alltoall_s`)."""
 
     dispatcher: str = "alltoall"
     routing: str = "random"
     recompute: bool = False
+    a2a_overlap: bool = False
 
 
 def distinct_destinations(m: ModelSpec, groups, routing="random"):
@@ -244,7 +246,7 @@ def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_
     """Dispatch + combine of one MoE layer's forward (backward: the same again), mean over the model's layers
     (dense layers have none), with ``dispatch``'s dispatcher and routing (module doc; the busiest rank moves
     ``imbalance`` times the balanced bytes). Not overlapped with compute (Megatron-LM's default; its 1F1B
-    all-to-all overlap is an option). With expert-TP ``etp`` > 1 the EP group's members are ``etp`` apart
+    all-to-all overlap is an option, :func:`exposed_alltoall_s`). With expert-TP ``etp`` > 1 the EP group's members are ``etp`` apart
     (``stride``) and the tokens a rank receives are all-gathered over its ``etp`` consecutive expert-TP ranks
     before the experts and reduce-scattered after them (Megatron-Core ``MoEAlltoAllTokenDispatcher``:
     ``gather_from_sequence_parallel_region`` over the expert-TP group), ``k·T·h`` elements per rank each way."""
@@ -263,6 +265,21 @@ def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_
             gathered, "allgather", etp, 1, gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s,
             inter_alpha_s=inter_alpha_s), 0.0)
     return 2 * one * m.num_moe_layers / m.num_layers
+
+
+def exposed_alltoall_s(alltoall_s, forward_s, backward_s, contention):
+    """Exposed part of one pass's dispatch + combine ``alltoall_s`` (:func:`moe_alltoall_time_s`) when the
+    all-to-alls of one micro-batch overlap the other's compute: Megatron-Core's ``--overlap-moe-expert-parallel-comm``
+    runs the forward of micro-batch ``i + 1`` and the backward of micro-batch ``i`` of the same layer together in
+    1F1B's steady state (``combined_1f1b``; Megatron-LM ``megatron/core/transformer/moe/README.md``, "EP A2A
+    overlap"), each one's all-to-alls on a communication stream while the other computes. A pair moves
+    ``2·alltoall_s`` behind ``forward_s + backward_s`` (the layer's forward and backward without all-to-all) and,
+    as any overlap (:func:`hetplan.estimate.comm.overlap_contention`), takes ``contention`` of the SMs while it
+    runs: exposed per pass ``max(alltoall_s - (forward_s + backward_s) / 2, contention · alltoall_s)``. The
+    warm-up forwards and cool-down backwards of the pipeline have no partner; that share (``(pp - 1) / m`` of
+    the micro-batches on the first stage) is not modelled. Seconds; arrays broadcast."""
+    a = np.asarray(alltoall_s, dtype=float)
+    return np.maximum(a - 0.5 * (np.asarray(forward_s) + np.asarray(backward_s)), contention * a)
 
 
 def expert_parameters(m: ModelSpec, num_layers):

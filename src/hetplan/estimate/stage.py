@@ -105,6 +105,7 @@ def stage_costs(
     moe_options: moe.MoEOptions = moe.MoEOptions(),
     virtual_stages=1,
     tp_comm_overlap=False,
+    cuda_graphs=False,
 ):
     """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
 
@@ -152,7 +153,8 @@ def stage_costs(
 
     ``virtual_stages``: v of interleaved 1F1B; each of the ``v - 1`` extra model chunks adds one p2p call per
     direction and micro-batch to a pipeline stage (:func:`pipeline_call_s`). ``tp_comm_overlap``: Megatron-Core's
-    ``--tp-comm-overlap`` on dense layers (:func:`hetplan.estimate.compute.layer_time_s`).
+    ``--tp-comm-overlap`` on dense layers (:func:`hetplan.estimate.compute.layer_time_s`). ``cuda_graphs``: the
+    layers are replayed as CUDA graphs, without the per-kernel host floor (same function).
 
     Units: seconds, bytes.
     """
@@ -160,7 +162,8 @@ def stage_costs(
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
-                 intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe)
+                 intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe,
+                 cuda_graphs=cuda_graphs)
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
@@ -180,9 +183,11 @@ def stage_costs(
                                        etp=etp)
                if m.is_moe else 0.0)
         kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, *net)
-        lf, lb, ltp = lf + a2a + kv_f, lb + a2a + kv_b, ltp + 2 * a2a + kv_f + kv_b
         if af is not None:
-            af, ab, atp = af + a2a + kv_f, ab + a2a + kv_b, atp + 2 * a2a + kv_f + kv_b
+            x = moe.exposed_alltoall_s(a2a, af, ab, overlap_contention(gpu)) if moe_options.a2a_overlap else a2a
+            af, ab, atp = af + x + kv_f, ab + x + kv_b, atp + 2 * x + kv_f + kv_b
+        x = moe.exposed_alltoall_s(a2a, lf, lb, overlap_contention(gpu)) if moe_options.a2a_overlap else a2a
+        lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
             again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance) + a2a
             rerun = np.where(np.asarray(recompute_code) == 2, 0.0, again)
