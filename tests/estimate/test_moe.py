@@ -147,12 +147,14 @@ def test_megatron_export_carries_ep_cp_moe_and_mla_arguments():
                 "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128", "--context-parallel-size 1"):
         assert arg in text, arg
     assert "--moe-token-dispatcher-type alltoall" in text
+    assert "--overlap-moe-expert-parallel-comm" not in text
     deepep = plan.model_copy(update={"job": plan.job.model_copy(update={"moe_dispatcher": "deepep",
-                                                                         "moe_recompute": True}),
+                                                                         "moe_recompute": True,
+                                                                         "moe_a2a_overlap": True}),
                                      "stages": [s.model_copy(update={"recompute": "none"}) for s in plan.stages]})
     text = "\n".join(export_megatron(deepep, load_model("deepseek-v3")).files.values())
     for arg in ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
-                "--recompute-granularity selective", "--recompute-modules moe"):
+                "--recompute-granularity selective", "--recompute-modules moe", "--overlap-moe-expert-parallel-comm"):
         assert arg in text, arg
     cp_plan = _plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8)
     assert "--context-parallel-size 4" in "\n".join(export_megatron(cp_plan, load_model("llama3-8b")).files.values())

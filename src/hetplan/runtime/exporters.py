@@ -205,6 +205,8 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         dispatcher = plan.job.moe_dispatcher  # Megatron-Core's flex dispatcher runs DeepEP / HybridEP
         args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type "
                  + ("alltoall" if dispatcher == "alltoall" else f"flex --moe-flex-dispatcher-backend {dispatcher}")]
+        if plan.job.moe_a2a_overlap:  # the 1F1B all-to-all overlap (combined_1f1b)
+            args.append("--overlap-moe-expert-parallel-comm")
     if spec.is_mla:
         args += ["--multi-latent-attention", f"--kv-lora-rank {spec.kv_lora_rank}",
                  f"--qk-head-dim {spec.head_dim - spec.qk_rope_head_dim}", f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
