@@ -292,3 +292,15 @@ def test_new_gpu_entries():
     assert capped.hbm_bandwidth_bytes_per_s < cat.get("H100-SXM").hbm_bandwidth_bytes_per_s
     for name in ("H100-SXM", "H200", "B200", "GB200", "H100-SXM-96GB-500W"):
         assert cat.get(name).peak_flops_per_s("fp8") == pytest.approx(2 * cat.get(name).peak_flops_per_s("bf16"), rel=1e-3)
+
+
+@pytest.mark.parametrize("text, field", [("nodes = 3\n", "--nodes"), ("[nodes]\nmy-node = 3\n", "nodes.my-node")])
+def test_user_node_file_of_the_wrong_shape_names_the_field(tmp_path, text, field):
+    """A user node file goes through the same overlay checks as a user GPU catalog (it once raised AttributeError)."""
+    from hetplan.hardware.catalog import load_nodes
+
+    path = tmp_path / "nodes.toml"
+    path.write_text(text)
+    with pytest.raises(HetplanError) as exc:
+        load_nodes(path)
+    assert exc.value.field == field

@@ -214,6 +214,25 @@ def _merge(base: dict, override: Mapping) -> dict:
     return out
 
 
+def _overlay(raw: dict, user: Mapping, section: str, flag: str) -> None:
+    """Merge the user file's ``[section.NAME]`` tables into ``raw`` in place: a NAME equal to a shipped entry up to
+    case and punctuation (:func:`_norm`) overrides that entry's fields (:func:`_merge`), another NAME adds an entry.
+
+    Raises:
+        HetplanError: ``[section]`` is not a table of tables (field ``flag``), or one entry is not a table.
+    """
+    tables = user.get(section, {})
+    if not isinstance(tables, dict):
+        raise HetplanError(f"[{section}] must be a table of tables, got {tables!r:.40}", field=flag,
+                           fix=f"write one [{section}.NAME] table per entry")
+    for name, entry in tables.items():
+        if not isinstance(entry, dict):
+            raise HetplanError(f"must be a table, got {entry!r:.40}", field=f"{section}.{name}",
+                               fix=f"write [{section}.{name}] with its fields")
+        existing = next((k for k in raw if _norm(k) == _norm(name)), None)
+        raw[existing or name] = _merge(raw[existing], entry) if existing is not None else entry
+
+
 @lru_cache(maxsize=8)
 def _load(user_text: str | None, user_file: str | None) -> Catalog:
     """The catalog extended by the TOML ``user_text`` read from ``user_file`` (cached on the text, so an edited
@@ -223,18 +242,7 @@ def _load(user_text: str | None, user_file: str | None) -> Catalog:
     gpus_raw: dict = dict(data["gpus"])
     if user_text is not None:
         user = parse_toml(user_text, user_file, "--catalog")
-        if not isinstance(user.get("gpus", {}), dict):
-            raise HetplanError(f"[gpus] must be a table of GPU tables, got {user['gpus']!r:.40}", field="--catalog",
-                               fix="write one [gpus.NAME] table per GPU type")
-        for name, entry in user.get("gpus", {}).items():
-            if not isinstance(entry, dict):
-                raise HetplanError(f"must be a table, got {entry!r:.40}", field=f"gpus.{name}",
-                                   fix=f"write [gpus.{name}] with its fields")
-            existing = next((k for k in gpus_raw if _norm(k) == _norm(name)), None)
-            if existing is not None:
-                gpus_raw[existing] = _merge(gpus_raw[existing], entry)
-            else:
-                gpus_raw[name] = entry
+        _overlay(gpus_raw, user, "gpus", "--catalog")
     gpus = {}
     for name, raw in gpus_raw.items():
         try:
@@ -345,12 +353,7 @@ def _load_nodes(user_file: str | None) -> NodeCatalog:
     raw: dict = dict(data["nodes"])
     if user_file is not None:
         user = parse_toml(read_text(user_file, "--nodes"), user_file, "--nodes")
-        for name, entry in user.get("nodes", {}).items():
-            if not isinstance(entry, dict):
-                raise HetplanError(f"must be a table, got {entry!r:.40}", field=f"nodes.{name}",
-                                   fix=f"write [nodes.{name}] with its fields")
-            existing = next((k for k in raw if _norm(k) == _norm(name)), None)
-            raw[existing or name] = _merge(raw[existing], entry) if existing else entry
+        _overlay(raw, user, "nodes", "--nodes")
     nodes = {}
     for name, entry in raw.items():
         try:
