@@ -227,11 +227,20 @@ def _walk_summary(walk: tuple[int, float], objective, ranked) -> dict:
     out: dict = {"estimated": expanded, "complete": not np.isfinite(open_bound)}
     if not out["complete"]:
         out["unestimated_lower_bound"] = float(open_bound)
-        if ranked and open_bound > 0:
-            k = estimate_keys(objective, ranked[0].estimate)
-            if k is not None:
-                out["proven_within"] = max(0.0, k[0] / open_bound - 1)
+        gap = _proven_within(objective, ranked[0].estimate, open_bound) if ranked else None
+        if gap is not None:
+            out["proven_within"] = gap
     return out
+
+
+def _proven_within(objective, best_estimate, open_bound: float) -> float | None:
+    """How far (a fraction, >= 0) the objective of ``best_estimate`` can be above the best plan left unestimated,
+    whose objective is at least ``open_bound``; None when the estimate has no objective key or the bound is not
+    positive."""
+    k = estimate_keys(objective, best_estimate)
+    if k is None or not open_bound > 0:
+        return None
+    return max(0.0, k[0] / open_bound - 1)
 
 
 def _fastest_estimated(job, inventory, m, results, cat, catalog, het) -> float | None:
@@ -276,8 +285,7 @@ def hetero_summary(res, inventory, objective, ranked_best=None) -> dict:
         out["unestimated_lower_bound"] = res.open_bound
         best_estimate = ranked_best if ranked_best is not None else best.estimate if best is not None else None
         if best_estimate is not None:
-            k = estimate_keys(objective, best_estimate)
-            out["proven_within"] = max(0.0, k[0] / res.open_bound - 1) if k else None
+            out["proven_within"] = _proven_within(objective, best_estimate, res.open_bound)
     return out
 
 
