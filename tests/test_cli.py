@@ -184,3 +184,16 @@ def test_fp8_job_file_plans_estimates_and_exports(tmp_path):
     assert r.returncode == 0 and "--fp8-format hybrid" in r.stdout and "--fp8-param-gather" in r.stdout
     r = hetplan("run", out, "--dtype", "fp8")
     assert r.returncode == 2 and "FP8" in r.stderr and "hetplan export" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_runs_without_click_where_typer_does_not_need_it():
+    """The base install (README's first command) has no click when typer vendors it (typer >= 0.2x): the CLI must
+    not import click itself (it once did, for type annotations, and `hetplan plan` failed on a fresh machine)."""
+    probe = "import sys, typer; print('click' in sys.modules)"
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "True":
+        pytest.skip("this typer imports click itself")
+    code = ("import sys; sys.modules['click'] = None; sys.argv = ['hetplan', 'plan', '--help']\n"
+            "from hetplan.cli.main import main\nmain()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "--price-source" in r.stdout

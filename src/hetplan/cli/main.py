@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-import click
 import typer
 from typer.core import TyperGroup
 from rich.console import Console
@@ -41,11 +40,11 @@ class _LazyGroup(TyperGroup):
             for name, cmd in typer.main.get_group(sub).commands.items():
                 self.commands.setdefault(name, cmd)
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: typer.Context) -> list[str]:
         self._load(SUBCOMMAND_MODULES)
         return super().list_commands(ctx)
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: typer.Context, cmd_name: str):  # a click Command (typer may vendor click)
         if cmd_name not in self.commands:
             self._load([m for m, names in SUBCOMMAND_MODULES.items() if cmd_name in names] or SUBCOMMAND_MODULES)
         return super().get_command(ctx, cmd_name)
