@@ -340,6 +340,9 @@ class Plan(BaseModel):
         cuda_graphs: the transformer layers run as captured CUDA graphs (Megatron-Core ``--enable-cuda-graph`` /
             ``--cuda-graph-impl``, Transformer Engine ``make_graphed_callables``): their kernels are replayed
             without a host launch each, so no per-kernel host floor (:func:`hetplan.estimate.compute.layer_time_s`).
+        cross_entropy_fusion: Megatron's cross-entropy loss runs fused (Megatron-Core ``--cross-entropy-loss-fusion``,
+            NeMo's recipes), or unfused (False: Megatron-LM's default, a kernel per step over fp32 logits;
+            :data:`hetplan.estimate.compute.CROSS_ENTROPY`). Megatron jobs only: FSDP and DeepSpeed jobs run PyTorch's.
         fsdp_shard: HSDP — ZeRO-3/FSDP shards within groups of this many DP ranks and replicates across
             ``dp / fsdp_shard`` of them (PyTorch ``fully_shard`` with a 2-D device mesh); None = all of DP.
         reshard_after_forward: ZeRO-3/FSDP frees each layer's gathered parameters after its forward and gathers
@@ -367,6 +370,7 @@ class Plan(BaseModel):
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
+    cross_entropy_fusion: bool = True
     fsdp_shard: int | None = Field(default=None, gt=0)
     reshard_after_forward: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None

@@ -302,6 +302,7 @@ class _StageRow(NamedTuple):
     grad_reduce_dtype: str | None = None
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
+    cross_entropy_fusion: bool = True
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -366,7 +367,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
                 link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.attention_efficiency, link, job.dtype,
-                                              plan.overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
+                                              plan.overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, plan.cross_entropy_fusion,
+                                              job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
                                               job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
                                               job.cp_load_balance),
@@ -396,6 +398,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
                 tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs,
+                cross_entropy_fusion=plan.cross_entropy_fusion,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
@@ -432,7 +435,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
                         cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
-                        cuda_graphs=row.cuda_graphs,
+                        cuda_graphs=row.cuda_graphs, cross_entropy_fusion=row.cross_entropy_fusion,
                         moe_options=row.moe_options, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)

@@ -106,6 +106,7 @@ def stage_costs(
     virtual_stages=1,
     tp_comm_overlap=False,
     cuda_graphs=False,
+    cross_entropy_fusion=True,
 ):
     """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
 
@@ -154,7 +155,8 @@ def stage_costs(
     ``virtual_stages``: v of interleaved 1F1B; each of the ``v - 1`` extra model chunks adds one p2p call per
     direction and micro-batch to a pipeline stage (:func:`pipeline_call_s`). ``tp_comm_overlap``: Megatron-Core's
     ``--tp-comm-overlap`` on dense layers (:func:`hetplan.estimate.compute.layer_time_s`). ``cuda_graphs``: the
-    layers are replayed as CUDA graphs, without the per-kernel host floor (same function).
+    layers are replayed as CUDA graphs, without the per-kernel host floor (same function). ``cross_entropy_fusion``:
+    Megatron's fused or unfused cross-entropy loss on the last stage (:func:`hetplan.estimate.compute.head_time_s`).
 
     Units: seconds, bytes.
     """
@@ -205,7 +207,7 @@ def stage_costs(
         lf, lb = mf, mbk + (lb - ab) * (mf / af)
         ab = mbk
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
-    hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t)
+    hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, cross_entropy_fusion)
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
         lb = lb + np.where(np.asarray(recompute_code) == 1, compute.op_sac_recompute_s(
             m, gpu, dtype, b, s, t, sequence_parallel, attention), 0.0)
