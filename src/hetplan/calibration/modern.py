@@ -336,7 +336,8 @@ class Layout:
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default);
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
     ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
-    ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`)."""
+    ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`);
+    ``reshard_after_forward``: FSDP frees gathered parameters after forward (:attr:`hetplan.plan.Plan.reshard_after_forward`)."""
 
     tp: int
     pp: int
@@ -364,6 +365,7 @@ class Layout:
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     a2a_overlap: bool = False
+    reshard_after_forward: bool = True
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -404,7 +406,7 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
                     virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
                     tp_comm_overlap=lay.tp_comm_overlap, cuda_graphs=lay.cuda_graphs,
-                    **degrees)
+                    reshard_after_forward=lay.reshard_after_forward, **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -522,21 +524,25 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
 def _torchtitan_recompute(label: str) -> tuple[str, float]:
     """torchtitan's activation checkpointing: ``selective`` op-level SAC (what the row says 'selective' or
     'per-op SAC') saves the matmul outputs, i.e. Megatron's selective; ``selective layer`` checkpoints every
-    second layer (``selective_ac_option = "2"``); ``full`` all layers."""
+    second layer (``selective_ac_option = "2"``); ``full`` all layers. A row that ran the ``llama3_8b.toml``
+    default ran its ``[activation_checkpoint]`` ``mode = "selective"``, ``selective_ac_option = "op"``
+    (pytorch/torchtitan ``torchtitan/models/llama3/train_configs/llama3_8b.toml`` at e7c0cae, the H200 rows'
+    commit; the same at 9dec370)."""
     low = label.lower()
     if "full" in low:
         return "full", 1.0
     if "layer" in low:
         return "full", 0.5
-    if "selective" in low or "sac" in low:
+    if "selective" in low or "sac" in low or "llama3_8b.toml default" in low:
         return "selective", 1.0
     return "none", 1.0
 
 
 def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     """One torchtitan row: FSDP2 (``framework = "fsdp"``), TP with sequence parallelism, PP (1F1B or
-    interleaved, micro-batch 1 = torchtitan's ``pipeline_parallel_microbatch_size`` default where the row gives
-    none), FlashAttention (SDPA), float8 as ``dtype = "fp8"``; tokens/s per GPU and memory. CP rows: K/V
+    interleaved; the local batch split into PP-degree micro-batches, the default of the rows' torchtitan 9dec370:
+    ``experimental.pipeline_parallel_microbatches`` unset = ``pipeline_parallel_degree``, ``pipelining_utils.py``;
+    FSDP units not resharded after forward, ``apply_fsdp``'s policy under PP), FlashAttention (SDPA), float8 as ``dtype = "fp8"``; tokens/s per GPU and memory. CP rows: K/V
     all-gathered (``context_parallel_rotate_method`` default) and no causal load balancing
     (``cp_load_balance = False``: the rows' PyTorch of December 2024 ran ring attention over contiguous chunks;
     inferred from the rows themselves — with balancing the six CP rows are 26-81 % too fast, growing with CP as
@@ -554,12 +560,12 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         gbs = _int(r, "global_batch") or (local * dp if local else None)
         if gbs is None:
             raise NotExpressibleError("global batch not given")
-        mbs = 1 if pp > 1 else (gbs // dp)
+        mbs = max(gbs // dp // pp, 1) if pp > 1 else (gbs // dp)
         vp = 2 if "interleaved" in r["notes"].lower() else 1
         rc, frac = _torchtitan_recompute(r["recompute"])
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
-                     kv_exchange="allgather", cp_load_balance=False)
+                     kv_exchange="allgather", cp_load_balance=False, reshard_after_forward=pp == 1)
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")

@@ -112,6 +112,14 @@ FSDP_WEIGHT_BYTES, FSDP_GRAD_BYTES, FSDP_OPTIMIZER_BYTES = 4, 4, 8
 #: FSDP units whose parameters are unsharded at once at the peak: the one computing and the one prefetched
 #: (FSDP2 prefetches one unit ahead in forward and backward).
 FSDP_UNITS_IN_FLIGHT = 2
+#: Bytes per parameter of the unsharded gradient an FSDP2 stage of a pipeline accumulates over its micro-batches,
+#: by gradient-reduction dtype: PyTorch's pipeline schedules run every backward but the last with
+#: ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)``
+#: (``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``), so each unit keeps its unsharded
+#: parameters and its unsharded gradient until the last micro-batch; FSDP2 upcasts that gradient to the reduce
+#: dtype to accumulate it (``FSDPParam.to_accumulated_grad_if_needed``: ``unsharded_grad.to(reduce_dtype)``), fp32
+#: under torchtitan's default ``mixed_precision_reduce = "float32"``, or keeps the bf16 ``.grad``.
+FSDP_PIPELINE_GRAD_BYTES = {None: 4, "fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def op_sac_activation_bytes(m: ModelSpec, b, s, t, sequence_parallel=False, attention="flash"):
@@ -241,9 +249,19 @@ def stage_memory_bytes(
         eshard = edp if fsdp_shard is None else np.minimum(fsdp_shard, edp)
         units = FSDP_UNITS_IN_FLIGHT if reshard_after_forward else np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT)
         gathered = WEIGHT_BYTES if fp8_recipe is None else fp8.gathered_weight_bytes(fp8.FP8, framework)
-        weights = split(FSDP_WEIGHT_BYTES, shard, eshard) + units * layer_params * gathered
-        # one unit's unsharded 16-bit gradient and its fp32 copy for the reduce-scatter (backward only)
-        grads = split(FSDP_GRAD_BYTES, shard, eshard) + layer_params * (WEIGHT_BYTES + 4)
+        # In a pipeline (more than one stage) every unit of the stage stays unsharded from its first micro-batch
+        # to its last, with its accumulated unsharded gradient (FSDP_PIPELINE_GRAD_BYTES); the embedding and
+        # head are the root unit's, gathered in 16 bits (float8 converts linear layers only).
+        pipelined = ~np.asarray(single_stage)
+        units = np.where(pipelined, num_layers, units)
+        outer = np.where(pipelined, dense + expert - np.asarray(num_layers) * layer_params, 0.0)
+        weights = split(FSDP_WEIGHT_BYTES, shard, eshard) + units * layer_params * gathered + outer * WEIGHT_BYTES
+        # one unit's unsharded 16-bit gradient and its fp32 copy for the reduce-scatter (backward only); in a
+        # pipeline the sharded gradients appear only after the last micro-batch's backward, as each unit's
+        # accumulated gradient is reduce-scattered and freed, so the accumulated ones stand for both
+        sharded_grads = np.where(pipelined, (dense + expert) * FSDP_PIPELINE_GRAD_BYTES[grad_reduce_dtype],
+                                 split(FSDP_GRAD_BYTES, shard, eshard))
+        grads = sharded_grads + layer_params * (WEIGHT_BYTES + 4)
         optim = split(FSDP_OPTIMIZER_BYTES, shard, eshard)
     else:
         zero = np.asarray(zero)
