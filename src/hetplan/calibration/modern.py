@@ -337,7 +337,7 @@ class Layout:
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
     ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
     ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`);
-    ``reshard_after_forward``: FSDP frees gathered parameters after forward (:attr:`hetplan.plan.Plan.reshard_after_forward`)."""
+    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss (:class:`hetplan.plan.Plan`)."""
 
     tp: int
     pp: int
@@ -365,7 +365,8 @@ class Layout:
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     a2a_overlap: bool = False
-    reshard_after_forward: bool = True
+    fsdp_param_dtype: str = "fp32"
+    cross_entropy: str = "fp32"
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -406,7 +407,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
                     virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
                     tp_comm_overlap=lay.tp_comm_overlap, cuda_graphs=lay.cuda_graphs,
-                    reshard_after_forward=lay.reshard_after_forward, **degrees)
+                    fsdp_param_dtype=lay.fsdp_param_dtype,
+                    cross_entropy=lay.cross_entropy, **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -538,11 +540,20 @@ def _torchtitan_recompute(label: str) -> tuple[str, float]:
     return "none", 1.0
 
 
+#: torchtitan commits of the rows whose loss ran compiled: ``build_cross_entropy_loss`` compiles it under
+#: ``training.compile`` since bbb1b616e (2025-04-02), an ancestor of both; all their rows ran with compile (the H200
+#: benchmark's command line ``--training.compile``, the async-TP rows' notes). Earlier rows compiled the
+#: transformer blocks only (``apply_compile`` at 9dec370).
+TORCHTITAN_COMPILED_LOSS = ("e7c0cae", "820504e")
+
+
 def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     """One torchtitan row: FSDP2 (``framework = "fsdp"``), TP with sequence parallelism, PP (1F1B or
     interleaved; the local batch split into PP-degree micro-batches, the default of the rows' torchtitan 9dec370:
     ``experimental.pipeline_parallel_microbatches`` unset = ``pipeline_parallel_degree``, ``pipelining_utils.py``;
-    FSDP units not resharded after forward, ``apply_fsdp``'s policy under PP), FlashAttention (SDPA), float8 as ``dtype = "fp8"``; tokens/s per GPU and memory. CP rows: K/V
+    every FSDP unit of a stage unsharded through the step, :data:`hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES`),
+    the loss compiled where the commit does (:data:`TORCHTITAN_COMPILED_LOSS`), FlashAttention (SDPA), float8 as
+    ``dtype = "fp8"``; tokens/s per GPU and memory. CP rows: K/V
     all-gathered (``context_parallel_rotate_method`` default) and no causal load balancing
     (``cp_load_balance = False``: the rows' PyTorch of December 2024 ran ring attention over contiguous chunks;
     inferred from the rows themselves — with balancing the six CP rows are 26-81 % too fast, growing with CP as
@@ -565,7 +576,8 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         rc, frac = _torchtitan_recompute(r["recompute"])
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
-                     kv_exchange="allgather", cp_load_balance=False, reshard_after_forward=pp == 1)
+                     kv_exchange="allgather", cp_load_balance=False,
+                     cross_entropy="compiled" if any(c in r["framework"] for c in TORCHTITAN_COMPILED_LOSS) else "fp32")
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")
@@ -637,6 +649,14 @@ def megatron_lm_cases(catalog: Catalog | None = None):
 AUTOMODEL_EP = {"GPT-OSS 120B": 64, "GPT-OSS 20B": 8}
 
 
+#: NeMo AutoModel's FSDP2 as its benchmark recipes run it (NVIDIA-NeMo/Automodel ``examples/llm_benchmark/*.yaml``
+#: at 36044ad3d): no ``model.torch_dtype``, so bf16 resident parameters (``from_config``'s ``"auto"``) with
+#: ``torch.optim.Adam`` (bf16 moments); ``loss_fn: MaskedCrossEntropy`` with ``fp32_upcast: false``. (Its pipeline
+#: stages keep their units unsharded, ``FSDP2Config.reshard_after_forward`` None, which the memory of any FSDP
+#: pipeline stage already holds: :data:`hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES`.)
+AUTOMODEL_FSDP = {"fsdp_param_dtype": "bf16", "cross_entropy": "bf16"}
+
+
 def _moe_recompute(label: str) -> tuple[str, bool]:
     """Recomputation of a MoE row, ``(stage recompute, MoE-layer recompute)``: NeMo AutoModel's
     ``activation_checkpointing: true`` checkpoints every transformer block (full); Megatron's ``full``;
@@ -680,7 +700,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                      sequence_parallel=True, recompute=recompute, moe_recompute=moe_recompute,
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
                      dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random",
-                     cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower())
+                     cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower(),
+                     **(AUTOMODEL_FSDP if src == "automodel" else {}))
         t = _float(r, "iteration_time_s")
         if t is not None:
             return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)
