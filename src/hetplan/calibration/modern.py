@@ -337,6 +337,7 @@ class Layout:
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
     ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
     ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`);
+    ``torch_compile``: the run compiled its blocks (:attr:`hetplan.plan.Job.torch_compile`; ``fsdp`` only);
     ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss (:class:`hetplan.plan.Plan`)."""
 
     tp: int
@@ -365,8 +366,9 @@ class Layout:
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     a2a_overlap: bool = False
+    torch_compile: bool = True
     fsdp_param_dtype: str = "fp32"
-    cross_entropy: str = "fp32"
+    cross_entropy: str | None = "fp32"
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -390,6 +392,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         extra.update(cp_kv_exchange=lay.kv_exchange, cp_load_balance=lay.cp_load_balance)
     if lay.balanced_routing and "moe_load_imbalance" in Job.model_fields:
         extra["moe_load_imbalance"] = 1.0
+    if not lay.torch_compile:
+        extra["torch_compile"] = False
     if lay.ep > 1:
         extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute,
                      moe_a2a_overlap=lay.a2a_overlap)
@@ -540,11 +544,26 @@ def _torchtitan_recompute(label: str) -> tuple[str, float]:
     return "none", 1.0
 
 
-#: torchtitan commits of the rows whose loss ran compiled: ``build_cross_entropy_loss`` compiles it under
-#: ``training.compile`` since bbb1b616e (2025-04-02), an ancestor of both; all their rows ran with compile (the H200
-#: benchmark's command line ``--training.compile``, the async-TP rows' notes). Earlier rows compiled the
-#: transformer blocks only (``apply_compile`` at 9dec370).
+#: torchtitan commits of rows whose loss is compiled with the model: ``build_cross_entropy_loss`` compiles it under
+#: ``training.compile`` since bbb1b616e (2025-04-02), an ancestor of both, so their loss follows
+#: :attr:`hetplan.plan.Job.torch_compile` (``Plan.cross_entropy`` None). Earlier commits compiled the transformer
+#: blocks only (``apply_compile`` at 9dec370): their loss ran eager on fp32 logits.
 TORCHTITAN_COMPILED_LOSS = ("e7c0cae", "820504e")
+
+#: torchtitan sources whose rows ran ``torch.compile`` although their notes do not say so: the Trainy H200
+#: benchmark's command line passes ``--training.compile``; the Llama 4 Scout MXFP8 runs list "``torch.compile``
+#: enabled" (``torchtitan/components/quantization/mxfp8.md``).
+TORCHTITAN_COMPILED_SOURCES = ("llama3-8b_h200_202506_trainy-whitefiber.md", "quantization/mxfp8.md")
+
+
+def _torchtitan_compiled(r: dict) -> bool:
+    """Whether a torchtitan row ran ``torch.compile``: its notes say "torch.compile" or "compile=true" (the
+    405B rows' toml), or its source is one of :data:`TORCHTITAN_COMPILED_SOURCES`; otherwise eager, the default of
+    torchtitan's train configs of the time (``[training] compile = false`` in ``llama3_8b.toml`` /
+    ``llama3_70b.toml`` at pytorch/torchtitan@3faaa1a and @9dec370: the A100 rows and Table 1's "FSDP" rows)."""
+    notes = r["notes"].lower()
+    return ("torch.compile" in notes or "compile=true" in notes
+            or any(src in r["source"] for src in TORCHTITAN_COMPILED_SOURCES))
 
 
 def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
@@ -576,8 +595,8 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         rc, frac = _torchtitan_recompute(r["recompute"])
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
-                     kv_exchange="allgather", cp_load_balance=False,
-                     cross_entropy="compiled" if any(c in r["framework"] for c in TORCHTITAN_COMPILED_LOSS) else "fp32")
+                     kv_exchange="allgather", cp_load_balance=False, torch_compile=_torchtitan_compiled(r),
+                     cross_entropy=None if any(c in r["framework"] for c in TORCHTITAN_COMPILED_LOSS) else "fp32")
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")
