@@ -53,6 +53,11 @@ class Job(BaseModel):
             says), one all-gather per layer in forward and backward and one reduce-scatter per layer, every
             micro-batch (:func:`hetplan.estimate.stage.zero3_exposed_s`); see ``Plan.fsdp_shard``,
             ``Plan.reshard_after_forward``, ``Plan.grad_reduce_dtype``.
+        torch_compile: under ``framework = "fsdp"``, the transformer blocks and the loss run under
+            ``torch.compile`` (True, the default: Inductor fuses the element-wise ops, as the estimate's
+            element-wise term assumes; torchtitan ``[compile] enable``), or in eager PyTorch (False: every
+            element-wise op its own kernel, :mod:`hetplan.estimate.elementwise`). Megatron-LM and DeepSpeed run
+            fused kernels: False is refused for them.
         moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
             models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
             factor; 1 for benchmarks that force balanced routing).
@@ -93,6 +98,14 @@ class Job(BaseModel):
     moe_a2a_overlap: bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: bool = True
+    torch_compile: bool = True
+
+    @model_validator(mode="after")
+    def _check_compile(self) -> "Job":
+        if not self.torch_compile and self.framework != "fsdp":
+            raise ValueError(f"torch_compile = false applies to framework 'fsdp' (torchtitan, eager PyTorch); "
+                             f"{self.framework} runs fused kernels: remove torch_compile or set framework = 'fsdp'")
+        return self
 
     def iterations(self) -> float:
         """Iterations in the whole job: ``train_tokens / (global_batch * seq_len)`` or ``train_iterations``; 1 if neither."""
@@ -340,15 +353,23 @@ class Plan(BaseModel):
         cuda_graphs: the transformer layers run as captured CUDA graphs (Megatron-Core ``--enable-cuda-graph`` /
             ``--cuda-graph-impl``, Transformer Engine ``make_graphed_callables``): their kernels are replayed
             without a host launch each, so no per-kernel host floor (:func:`hetplan.estimate.compute.layer_time_s`).
-        cross_entropy_fusion: Megatron's cross-entropy loss runs fused (Megatron-Core ``--cross-entropy-loss-fusion``,
-            NeMo's recipes), or unfused (False: Megatron-LM's default, a kernel per step over fp32 logits;
-            :data:`hetplan.estimate.compute.CROSS_ENTROPY`). Megatron jobs only: FSDP and DeepSpeed jobs run PyTorch's.
         fsdp_shard: HSDP — ZeRO-3/FSDP shards within groups of this many DP ranks and replicates across
             ``dp / fsdp_shard`` of them (PyTorch ``fully_shard`` with a 2-D device mesh); None = all of DP.
         reshard_after_forward: ZeRO-3/FSDP frees each layer's gathered parameters after its forward and gathers
             them again in backward (FSDP2's default), or keeps them until the backward (False).
         grad_reduce_dtype: dtype of the data-parallel gradient reduction: ``fp32`` or ``bf16`` / ``fp16``; None =
             the framework default (fp32 for bf16 training: Megatron-LM forces it, torchtitan's default).
+        fsdp_param_dtype: ``framework = "fsdp"``: dtype of the resident sharded parameters, ``fp32`` (master
+            weights; torchtitan) or ``bf16`` (NeMo AutoModel's default ``torch_dtype``, whose ``torch.optim.Adam``
+            then keeps its moments in bf16 too) (:data:`hetplan.estimate.memory.FSDP_STATE_BYTES`).
+        cross_entropy: ``framework = "fsdp"``: how the loss runs, which sets its memory peak per logit
+            (:data:`hetplan.estimate.memory.CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fp32`` eager on fp32-cast logits
+            (torchtitan without compile, or before 2025-04, when compile covered the blocks only), ``bf16`` eager
+            without the upcast (NeMo AutoModel's ``MaskedCrossEntropy(fp32_upcast=False)``), ``compiled``
+            (torchtitan with ``compile`` since 2025-04); None: ``compiled`` under ``Job.torch_compile``, else ``fp32``.
+            ``framework = "megatron"``: ``fp32`` is Megatron-LM's unfused vocab-parallel loss on an fp32 copy of the
+            logits (its default without ``--cross-entropy-loss-fusion``, e.g. Megatron-LM r0.8); anything else the fused loss (``--cross-entropy-loss-fusion``, NeMo's recipes). Its time:
+            :data:`hetplan.estimate.compute.CROSS_ENTROPY`.
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
@@ -370,10 +391,11 @@ class Plan(BaseModel):
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
-    cross_entropy_fusion: bool = True
     fsdp_shard: int | None = Field(default=None, gt=0)
     reshard_after_forward: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    fsdp_param_dtype: Literal["fp32", "bf16"] = "fp32"
+    cross_entropy: Literal["fp32", "bf16", "compiled"] | None = None
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     expert_tp: int = Field(default=1, ge=1)

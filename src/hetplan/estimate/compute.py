@@ -194,8 +194,10 @@ def layer_time_s(
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
     sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None, attention_blocks=1,
     extra_kernels=0.0,
+    extra_elementwise_bytes=0.0,
     tp_comm_overlap=False,
     cuda_graphs=False,
+    op_sac=False,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -217,7 +219,11 @@ def layer_time_s(
         attention_blocks: ``(s x s)`` attention blocks per rank: ``cp`` under context parallelism, where ``s`` is
             a rank's ``s / cp`` tokens and its queries attend all ``cp`` blocks of keys (:mod:`hetplan.estimate.context`).
         extra_kernels: kernels the layer's forward launches beyond :data:`KERNELS_PER_LAYER_FORWARD` (MoE layers:
-            :func:`hetplan.estimate.moe.extra_kernels`); they count in the host floor.
+            :func:`hetplan.estimate.moe.extra_kernels`; eager PyTorch:
+            :func:`hetplan.estimate.elementwise.eager_layer_kernels`); they count in the host floor.
+        extra_elementwise_bytes: bytes the layer's forward moves beyond the fused element-wise kernels (eager
+            PyTorch: :func:`hetplan.estimate.elementwise.eager_layer_bytes`), charged like the element-wise term:
+            at the HBM bandwidth, twice in backward, again in full recomputation.
         tp_comm_overlap: Megatron-Core's ``--tp-comm-overlap`` (Transformer Engine userbuffers; with sequence
             parallelism, dense layers): each of the layer's four TP collectives per pass (all-gather before the QKV
             and FC1 GEMMs, reduce-scatter after the projection and FC2 GEMMs; in backward the same four around the
@@ -228,6 +234,12 @@ def layer_time_s(
             ``--cuda-graph-impl``, Transformer Engine ``make_graphed_callables``): one graph launch replays all its
             kernels, so the host launches none of them and the per-kernel host floor (``kernel_overhead_s`` per
             kernel, dense and MoE extra kernels alike) is not charged; the GPU work is unchanged.
+        op_sac: selective recomputation (code 1) is torchtitan's per-op SAC (:func:`op_sac_recompute_s`, charged
+            by :func:`hetplan.estimate.stage.stage_costs`): its policy saves the outputs of the matmuls it keeps, of
+            SDPA and of the reduce-scatters, not of the all-gathers (``_save_list``,
+            ``torchtitan/models/llama3/parallelize_llama.py`` at pytorch/torchtitan@820504e), so under sequence
+            parallelism the backward runs the forward's two TP all-gathers again (their outputs are the inputs of
+            the recomputed ``wk`` / ``w3`` and of every column-parallel weight gradient).
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
@@ -237,7 +249,7 @@ def layer_time_s(
     act_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none", attention=attention)
     act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none", attention=attention)
     act = np.where(sequence_parallel, act_sp, act_nosp)
-    elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
+    elem = (ELEMENTWISE_PASSES * act + extra_elementwise_bytes) / gpu.hbm_bandwidth_bytes_per_s
     kernel = 0.0 if cuda_graphs else gpu.kernel_overhead_s
     kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels
     core_gemm = core_gemm * attention_blocks
@@ -271,7 +283,11 @@ def layer_time_s(
         on = np.asarray(sequence_parallel) & (np.asarray(t) > 1)
         tp_pass, tp_bwd_pass = np.where(on, f_ov, tp_pass), np.where(on, b_ov, tp_bwd_pass)
     fwd = fwd_compute + tp_pass
-    tp_bwd = tp_bwd_pass + np.where(rc == 2, tp_pass, 0.0)
+    gather = tp_one / 2  # one all-gather: half an all-reduce's ring steps (FP8 + SP: of the FP8 input)
+    if fp8.is_fp8(dtype):
+        gather = np.where(sequence_parallel, half / 2, gather)
+    sac_gathers = np.where((rc == 1) & op_sac & np.asarray(sequence_parallel) & (np.asarray(t) > 1), 2 * gather, 0.0)
+    tp_bwd = tp_bwd_pass + np.where(rc == 2, tp_pass, 0.0) + sac_gathers
     bwd = bwd_compute + recompute_extra + tp_bwd
     return fwd, bwd, tp_pass + tp_bwd
 
@@ -334,13 +350,14 @@ def op_sac_matmuls(m: ModelSpec) -> tuple[tuple[int, int], ...]:
 
 
 def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, sequence_parallel=False,
-                       attention="flash"):
+                       attention="flash", extra_elementwise_bytes=0.0):
     """Backward recomputation of one dense layer under torchtitan's per-op selective activation checkpointing
     (``torchtitan/distributed/activation_checkpoint.py`` ``_apply_op_sac``: the outputs of attention and of every
     other matmul are saved, counting from the first; everything else is recomputed from the block's input):
     the even-numbered matmuls (:func:`op_sac_matmuls`: ``wk``, ``wo`` and ``w3`` of a Llama block) as their
     share of the layer's linear GEMM time, plus every element-wise kernel of the forward (norms, rotary,
-    activation). 0 for MoE / MLA layers (not modelled). Seconds; arrays broadcast."""
+    activation; in eager PyTorch with their ``extra_elementwise_bytes``, :mod:`hetplan.estimate.elementwise`).
+    0 for MoE / MLA layers (not modelled). Seconds; arrays broadcast."""
     if m.is_moe or m.is_mla:
         return 0.0
     linear, _ = layer_gemm_times_s(m, gpu, dtype, b, s, t)
@@ -348,7 +365,7 @@ def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, sequence
     act = np.where(sequence_parallel,
                    counts.layer_activation_bytes(m, b, s, t, True, recompute="none", attention=attention),
                    counts.layer_activation_bytes(m, b, s, t, False, recompute="none", attention=attention))
-    elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
+    elem = (ELEMENTWISE_PASSES * act + extra_elementwise_bytes) / gpu.hbm_bandwidth_bytes_per_s
     return linear * sum(w[1::2]) / sum(w) + elem
 
 
@@ -360,45 +377,44 @@ def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t):
     return fwd, 2 * fwd
 
 
-#: The cross-entropy loss over a rank's ``b·s·V/t`` logits per framework (Megatron: fused or not): bytes per logit
-#: moved (forward, backward) and the kernels that sweep the logits (forward, backward); the loss's other kernels
-#: touch ``b·s`` elements and queue behind these.
+#: The cross-entropy loss over a rank's ``b·s·V/t`` logits: bytes per logit moved (forward, backward) and the
+#: kernels that sweep the logits (forward, backward); the loss's other kernels touch ``b·s`` elements and queue
+#: behind these.
 #:
-#: * ``megatron`` unfused (Megatron-LM's default without ``--cross-entropy-loss-fusion``:
-#:   ``megatron/core/tensor_parallel/cross_entropy.py``, and the same passes in Megatron-LM's 2021
-#:   ``mpu/cross_entropy.py`` on ``output.float()``). Forward 38: the fp32 copy of the 16-bit logits (read 2,
-#:   write 4), max (read 4), in-place subtract of the max (8), in-place exp (8), sum (4), in-place divide into the
-#:   softmax kept for backward (8); 6 kernels. Backward 14: the in-place multiply by the loss gradient (8) and the
-#:   cast of the fp32 gradient back to the logits' dtype (6); with the target update, 3 kernels.
-#: * ``megatron`` fused (Megatron-Core ``--cross-entropy-loss-fusion``, on in NeMo's recipes; Transformer Engine's
-#:   kernel reads the 16-bit logits twice and writes their gradient in place in forward, 6 B, and rescales it in
-#:   backward, 4 B; Megatron-Core's own jit-fused loss keeps the fp32 copy, 22 + 14 B): 8 + 8 B in 4 + 4 kernels,
-#:   the charge the A100 and H100 fits were made with (docs/estimator.md, Calibration).
-#: * ``fsdp``: torchtitan's eager ``F.cross_entropy(pred.float(), labels)``. Forward 22: the fp32 cast (6) and
-#:   log-softmax (max and sum-exp reads, then read and write: 16); backward 26: nll's zero-filled gradient (4),
-#:   log-softmax backward (a read for the sum, then two reads and a write: 16), the cast back (6).
+#: * ``unfused``: Megatron's vocab-parallel loss without ``--cross-entropy-loss-fusion`` (Megatron-LM's default:
+#:   ``megatron/core/tensor_parallel/cross_entropy.py``; :attr:`hetplan.plan.Plan.cross_entropy` ``fp32``).
+#:   Forward 38: the fp32 copy of the 16-bit logits (read 2, write 4), max (read 4), in-place subtract of the max
+#:   (8), in-place exp (8), sum (4), in-place divide into the softmax kept for backward (8); 6 kernels. Backward 14:
+#:   the in-place multiply by the loss gradient (8) and the cast of the fp32 gradient back to the logits' dtype
+#:   (6); with the target update, 3 kernels.
+#: * ``fused``: a fused loss (Megatron-Core ``--cross-entropy-loss-fusion``, on in NeMo's recipes; a compiled
+#:   PyTorch loss): 8 + 8 B in 4 + 4 kernels, the charge the A100 and H100 fits were made with (Transformer
+#:   Engine's kernel reads the 16-bit logits twice and writes their gradient in place, 6 B, then rescales it, 4 B;
+#:   Megatron-Core's own jit-fused loss keeps the fp32 copy, 22 + 14 B). torchtitan's eager fp32 loss adds its
+#:   own passes on top (:func:`hetplan.estimate.elementwise.eager_loss_time_s`).
 #: * ``deepspeed``: PyTorch's cross-entropy on the pipeline's 16-bit output (the traced Espresso runs, fp16):
 #:   forward 8 (log-softmax: three reads and a write of 2 bytes), backward 10 (zero-filled gradient, then the
 #:   log-softmax backward's three reads and a write).
-CROSS_ENTROPY = {
-    ("megatron", False): ((38.0, 14.0), (6, 3)),
-    ("megatron", True): ((8.0, 8.0), (4, 4)),
-    ("fsdp", True): ((22.0, 26.0), (3, 4)),
-    ("deepspeed", True): ((8.0, 10.0), (2, 3)),
-}
+CROSS_ENTROPY = {"unfused": ((38.0, 14.0), (6, 3)), "fused": ((8.0, 8.0), (4, 4)), "deepspeed": ((8.0, 10.0), (2, 3))}
+
+
+def cross_entropy_kind(framework: str, cross_entropy: str | None = None) -> str:
+    """The :data:`CROSS_ENTROPY` entry of a job: ``deepspeed`` for DeepSpeed, ``unfused`` for Megatron with
+    :attr:`hetplan.plan.Plan.cross_entropy` ``fp32``, else ``fused``."""
+    if framework == "deepspeed":
+        return "deepspeed"
+    return "unfused" if framework == "megatron" and cross_entropy == "fp32" else "fused"
 
 
 def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, framework: str = "megatron",
-                cross_entropy_fusion: bool = True):
+                cross_entropy: str | None = None):
     """Forward and backward time of the output head (logits GEMM ``(b·s, V/t, h)``, vocab-parallel) and the
-    cross-entropy loss over the ``b·s·V/t`` logits, memory-bound: :data:`CROSS_ENTROPY` of ``framework`` (Megatron's
-    fused or unfused loss, ``cross_entropy_fusion``; FSDP and DeepSpeed run PyTorch's whatever it says). Under FP8
-    the head stays bf16 (:mod:`hetplan.estimate.fp8`)."""
+    cross-entropy loss over the ``b·s·V/t`` logits, memory-bound (:data:`CROSS_ENTROPY` of
+    :func:`cross_entropy_kind`). Under FP8 the head stays bf16 (:mod:`hetplan.estimate.fp8`)."""
     V = m.padded_vocab_size()
     gemm = gemm_time_s(gpu, fp8.high_precision(dtype), b * s, V / t, m.hidden_size)  # the head stays bf16 (fp8 doc)
     logits = b * s * V / t
-    fused = bool(cross_entropy_fusion) or framework != "megatron"
-    (fwd_bytes, bwd_bytes), (fwd_kernels, bwd_kernels) = CROSS_ENTROPY[framework, fused]
+    (fwd_bytes, bwd_bytes), (fwd_kernels, bwd_kernels) = CROSS_ENTROPY[cross_entropy_kind(framework, cross_entropy)]
     loss_f = fwd_bytes * logits / gpu.hbm_bandwidth_bytes_per_s + fwd_kernels * gpu.kernel_overhead_s
     loss_b = bwd_bytes * logits / gpu.hbm_bandwidth_bytes_per_s + bwd_kernels * gpu.kernel_overhead_s
     return gemm + loss_f, 2 * gemm + loss_b
