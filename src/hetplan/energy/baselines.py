@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.energy.dag import KIND_NAMES, PipelineDAG
+from hetplan.energy.dag import KIND_NAMES, CriticalPath, PipelineDAG
 from hetplan.energy.options import pareto_mask
 from hetplan.energy.profile import StageProfile
 from hetplan.energy.simulate import longest_path_s, op_time_energy, simulate_plan
@@ -115,7 +115,8 @@ def envpipe(profile: StageProfile, dag: PipelineDAG, idle_power_w: float, tolera
     starts at its lowest Pareto-optimal frequency. While the iteration is slower than all-max, the critical
     instruction whose next faster frequency costs the least energy per second gained (idle power counted) is
     raised one step. Measured times and energies throughout. Cost: one raise per step (~19,000 on 16 × 64),
-    each an incremental critical-path update (:class:`_CriticalPath`, at most O(n)) and O(n) array work.
+    each an incremental critical-path update (:class:`~hetplan.energy.dag.CriticalPath`, at most O(n)) and
+    O(n) array work.
     """
     n = dag.num_ops
     cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -148,93 +149,24 @@ def envpipe(profile: StageProfile, dag: PipelineDAG, idle_power_w: float, tolera
         de = eff[:, :-1] - eff[:, 1:]
         rate[:, 1:] = np.where(dt > 0, de / np.where(dt > 0, dt, 1.0), -np.inf)
     now = rate[rows, level]
-    path = _CriticalPath(dag, Tm[rows, level])
+    dur = Tm[rows, level]
+    path = CriticalPath(dag, dur) if dag.topo_pairs is not None else None
     while True:
-        T, slack = path.slack()
+        T, ef, ls = longest_path_s(dag, dur) if path is None else path.times()
         if T <= T0 + tolerance_s:
             break
-        r = np.where(slack < tolerance_s, now, np.inf)  # critical instructions that can still be raised
+        r = np.where(ls - (ef - dur) < tolerance_s, now, np.inf)  # critical instructions that can still be raised
         v = int(np.argmin(r))
         if r[v] == np.inf:  # pragma: no cover - envelope at max frequency always reaches T0
             break
         level[v] -= 1
         now[v] = rate[v, level[v]]
-        path.set(v, float(Tm[v, level[v]]))
+        dur[v] = Tm[v, level[v]]
+        if path is not None:
+            path.set(v, float(dur[v]))
     freq = F[rows, level]
     t, e = simulate_plan(profile, dag, freq, idle_power_w)
     return BaselinePoint("envpipe", t, e, freq)
-
-
-class _CriticalPath:
-    """Iteration time and slack of every instruction, kept up to date while single durations change.
-
-    Keeps each instruction's earliest finish (longest path from the start to its end) and *tail* (longest path
-    from its start to the end); slack = T − (earliest finish + tail − duration). After one instruction's
-    duration changes, only instructions after it in topological order can change their earliest finish and only
-    those before it their tail, so each change recomputes one pass over the instructions in all (instead of two
-    full passes of :func:`~hetplan.energy.simulate.longest_path_s`): O(n). EnvPipe on 16 × 64 makes ~19,000
-    changes. DAGs without :attr:`~hetplan.energy.dag.PipelineDAG.topo_pairs` (more than two predecessors or
-    successors per instruction) are recomputed in full.
-    """
-
-    def __init__(self, dag: PipelineDAG, duration_s: np.ndarray):
-        self.dag, self.n = dag, dag.num_ops
-        self.pairs = dag.topo_pairs
-        self.dur = np.array(duration_s, dtype=float)
-        self.d = self.dur.tolist()
-        if self.pairs is None:
-            return
-        n, L = self.n, len(dag.levels)
-        depth = np.full(n + 1, -1, np.int64)  # index n: the sentinel of a missing neighbour
-        for i, idx in enumerate(dag.levels):
-            depth[idx] = i
-        rdepth = np.where(depth >= 0, L - 1 - depth, -1)  # layer counted from the end
-        self.depth, self.rdepth = depth[:n].tolist(), rdepth[:n].tolist()
-        # per layer (from the start for earliest finishes, from the end for tails): the (instruction, neighbour,
-        # neighbour) triples, and the farthest layer a change at an instruction reaches next
-        self.fwd: list[list[tuple[int, int, int]]] = [[] for _ in range(L)]
-        self.bwd: list[list[tuple[int, int, int]]] = [[] for _ in range(L)]
-        self.reach_f, self.reach_b = [0] * n, [0] * n
-        for v, p, q in self.pairs[0]:
-            self.fwd[self.depth[v]].append((v, p, q))
-            self.reach_b[v] = int(max(rdepth[p], rdepth[q]))
-        for v, p, q in self.pairs[1]:
-            self.bwd[self.rdepth[v]].append((v, p, q))
-            self.reach_f[v] = int(max(depth[p], depth[q]))
-        self.ef = [0.0] * (n + 1)
-        self.tail = [0.0] * (n + 1)
-        self._sweep(self.fwd, self.reach_f, self.ef, 0, L - 1)
-        self._sweep(self.bwd, self.reach_b, self.tail, 0, L - 1)
-
-    def _sweep(self, layers: list[list[tuple[int, int, int]]], reach: list[int], x: list[float], k: int,
-               horizon: int) -> None:
-        """``x[v] = max(x[neighbours]) + d[v]`` layer by layer from layer ``k``, while a change can arrive."""
-        d = self.d
-        while k <= horizon:
-            for v, p, q in layers[k]:
-                a, b = x[p], x[q]
-                y = (a if a > b else b) + d[v]
-                if y != x[v]:
-                    x[v] = y
-                    r = reach[v]
-                    if r > horizon:  # noqa: PLR1730 - faster than max() in this hot loop
-                        horizon = r
-            k += 1
-
-    def set(self, v: int, duration_s: float) -> None:
-        """Instruction ``v`` now takes ``duration_s``."""
-        self.d[v] = self.dur[v] = duration_s
-        if self.pairs is not None:
-            self._sweep(self.fwd, self.reach_f, self.ef, self.depth[v], self.depth[v])
-            self._sweep(self.bwd, self.reach_b, self.tail, self.rdepth[v], self.rdepth[v])
-
-    def slack(self) -> tuple[float, np.ndarray]:
-        """``(T, slack)``: iteration time (s) and shape (n,) slack of every instruction (s)."""
-        if self.pairs is None:
-            T, ef, ls = longest_path_s(self.dag, self.dur)
-            return T, ls - (ef - self.dur)
-        T = max(self.ef)
-        return T, T - (np.fromiter(self.ef, float, self.n) + np.fromiter(self.tail, float, self.n) - self.dur)
 
 
 def energy_at(time_s: float, energy_j: float, deadline_s: float, num_stages: int, idle_power_w: float) -> float:
