@@ -55,6 +55,11 @@ class Job(BaseModel):
             says), one all-gather per layer in forward and backward and one reduce-scatter per layer, every
             micro-batch (:func:`hetplan.estimate.stage.zero3_exposed_s`); see ``Plan.fsdp_shard``,
             ``Plan.reshard_after_forward``, ``Plan.grad_reduce_dtype``.
+        torch_compile: under ``framework = "fsdp"``, the transformer blocks and the loss run under
+            ``torch.compile`` (True, the default: Inductor fuses the element-wise ops, as the estimate's
+            element-wise term assumes; torchtitan ``[compile] enable``), or in eager PyTorch (False: every
+            element-wise op its own kernel, :mod:`hetplan.estimate.elementwise`). Megatron-LM and DeepSpeed run
+            fused kernels: False is refused for them.
         moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
             models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
             factor; 1 for benchmarks that force balanced routing).
@@ -95,6 +100,14 @@ class Job(BaseModel):
     moe_a2a_overlap: bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: bool = True
+    torch_compile: bool = True
+
+    @model_validator(mode="after")
+    def _check_compile(self) -> "Job":
+        if not self.torch_compile and self.framework != "fsdp":
+            raise ValueError(f"torch_compile = false applies to framework 'fsdp' (torchtitan, eager PyTorch); "
+                             f"{self.framework} runs fused kernels: remove torch_compile or set framework = 'fsdp'")
+        return self
 
     def iterations(self) -> float:
         """Iterations in the whole job: ``train_tokens / (global_batch * seq_len)`` or ``train_iterations``; 1 if neither."""

@@ -102,9 +102,12 @@ BOUNDS = {
     # too slow (24 % before), and they now fit (139 of 173 GiB; 253 GiB at expert-TP 1).
     "dgxc_gb200": {"mape": 0.20},
     # torchtitan: per-op SAC, the eager fp32 loss (memory within 8.3 % on every row with memory, target met) and the
-    # 500 W H100 by power-cap physics (0.578): bf16 MAPE 26.6 -> 18 %, with the FP8 rows 20.4 % (target 12 %: eager
-    # vs torch.compile not modelled)
-    "torchtitan": {"mape": 0.21},
+    # 500 W H100 by power-cap physics (0.578): bf16 MAPE 26.6 -> 18 %, with the FP8 rows 20.4 %; eager PyTorch's
+    # unfused element-wise ops on the rows without torch.compile (Job.torch_compile, hetplan.estimate.elementwise:
+    # eager 8B rows +29 / +32 -> +10 / +13 %, A100 rows +12..20 -> +7..10 %) and per-op SAC's recomputed TP
+    # all-gathers: 17.5 %; the 500 W part's FP8 GEMMs by the same power-cap physics (0.614 x 0.861 = 0.529): 16.2 %
+    # (target 12 %: the Llama 4 Scout MoE rows +47 / +69 %, H200 rows' recompute mapping)
+    "torchtitan": {"mape": 0.17},
     "llama3_405b": {"max_abs_error": 0.10},
     "megatron_lm_h100": {"mape": 0.10, "max_abs_error": 0.23},
     # moe_h100 (target 15 % met): 14.7 % MAPE on 22 rows, max 34 %, with the sources' own FLOP count
@@ -240,3 +243,16 @@ def test_gpt_oss_20b_has_its_published_size():
     m = modern.moe_model({"model": "GPT-OSS 20B", "layers": ""})
     assert counts.total_parameters(m) / 1e9 == pytest.approx(20.91, rel=0.005)
     assert counts.active_parameters(m, input_embedding=False) / 1e9 == pytest.approx(3.61, rel=0.02)
+
+
+def test_torchtitan_compile_speedup_is_the_eager_elementwise_work(run):
+    """torchtitan's Table 1 / Table 3 pairs (Llama 3.1 8B, FSDP on 8 and 128 GPUs, the same run with and without
+    torch.compile: 1.157x / 1.162x measured): the predicted speedup, which comes from the eager element-wise ops
+    alone (hetplan.estimate.elementwise), is within 3 % of the measured one."""
+    _, cases = run
+    titan = {int(c.key.split(":")[1]): c for c in cases if c.set == "torchtitan"}
+    for eager, compiled in ((0, 1), (7, 8)):
+        e, c = titan[eager], titan[compiled]
+        assert not e.plan.job.torch_compile and c.plan.job.torch_compile
+        measured, predicted = c.measured / e.measured, c.predicted / e.predicted
+        assert measured == pytest.approx(predicted, rel=0.03), (eager, measured, predicted)

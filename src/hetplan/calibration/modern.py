@@ -336,7 +336,8 @@ class Layout:
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default);
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
     ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
-    ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`)."""
+    ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`);
+    ``torch_compile``: the run compiled its blocks (:attr:`hetplan.plan.Job.torch_compile`; ``fsdp`` only)."""
 
     tp: int
     pp: int
@@ -364,6 +365,7 @@ class Layout:
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     a2a_overlap: bool = False
+    torch_compile: bool = True
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -387,6 +389,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         extra.update(cp_kv_exchange=lay.kv_exchange, cp_load_balance=lay.cp_load_balance)
     if lay.balanced_routing and "moe_load_imbalance" in Job.model_fields:
         extra["moe_load_imbalance"] = 1.0
+    if not lay.torch_compile:
+        extra["torch_compile"] = False
     if lay.ep > 1:
         extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute,
                      moe_a2a_overlap=lay.a2a_overlap)
@@ -533,6 +537,22 @@ def _torchtitan_recompute(label: str) -> tuple[str, float]:
     return "none", 1.0
 
 
+#: torchtitan sources whose rows ran ``torch.compile`` although their notes do not say so: the Trainy H200
+#: benchmark's command line passes ``--training.compile``; the Llama 4 Scout MXFP8 runs list "``torch.compile``
+#: enabled" (``torchtitan/components/quantization/mxfp8.md``).
+TORCHTITAN_COMPILED_SOURCES = ("llama3-8b_h200_202506_trainy-whitefiber.md", "quantization/mxfp8.md")
+
+
+def _torchtitan_compiled(r: dict) -> bool:
+    """Whether a torchtitan row ran ``torch.compile``: its notes say "torch.compile" or "compile=true" (the
+    405B rows' toml), or its source is one of :data:`TORCHTITAN_COMPILED_SOURCES`; otherwise eager, the default of
+    torchtitan's train configs of the time (``[training] compile = false`` in ``llama3_8b.toml`` /
+    ``llama3_70b.toml`` at pytorch/torchtitan@3faaa1a and @9dec370: the A100 rows and Table 1's "FSDP" rows)."""
+    notes = r["notes"].lower()
+    return ("torch.compile" in notes or "compile=true" in notes
+            or any(src in r["source"] for src in TORCHTITAN_COMPILED_SOURCES))
+
+
 def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     """One torchtitan row: FSDP2 (``framework = "fsdp"``), TP with sequence parallelism, PP (1F1B or
     interleaved, micro-batch 1 = torchtitan's ``pipeline_parallel_microbatch_size`` default where the row gives
@@ -559,7 +579,7 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         rc, frac = _torchtitan_recompute(r["recompute"])
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
-                     kv_exchange="allgather", cp_load_balance=False)
+                     kv_exchange="allgather", cp_load_balance=False, torch_compile=_torchtitan_compiled(r))
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")
