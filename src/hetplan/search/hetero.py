@@ -347,7 +347,7 @@ class _Group:
         self._boundaries: dict = shared.setdefault((b, d, cp), {"p2p": {}, "orders": {}})
         self._p2p: dict = self._boundaries["p2p"]
         self._orders: dict = self._boundaries["orders"]
-        self._rows: dict = {}
+        self._least: dict = {}
 
     def pool_options(self, L: int, mixed_tp: bool):
         """:func:`_pool_options` of this group and, per pool, its options' sub-blocks as arrays ``(TP degree,
@@ -468,60 +468,94 @@ class _Group:
             lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
         return m_ * lo + self.tail_lower_bound_s(p.astype(np.int64))
 
-    def order_p2p_s(self, seq: list[StageType]) -> float:
-        """One-way transfer time of one micro-batch over every boundary of a stage order (s), cached by order."""
-        key = tuple((st.pool, st.tp) for st in seq)
-        if key not in self._orders:
-            intra = self.intra_node(seq)
-            self._orders[key] = sum(self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(len(seq) - 1))
-        return self._orders[key]
+    def order_p2p_s(self, order) -> float:
+        """One-way transfer time of one micro-batch over every boundary of a block order ``[(stage type, stages),
+        ...]`` (s; a pool's stages contiguous): each pool's own boundaries (cached by pool and its blocks: stages of
+        different pools never share a node, so they do not depend on the other pools), plus one inter-node
+        boundary between consecutive pools."""
+        runs: list[tuple[int, list]] = []  # (pool, its blocks) in order
+        for st, n in order:
+            if runs and runs[-1][0] == st.pool:
+                runs[-1][1].append((st, n))
+            else:
+                runs.append((st.pool, [(st, n)]))
+        total = 0.0
+        for pool, blocks in runs:
+            key = (pool, tuple((st.tp, n) for st, n in blocks))
+            if key not in self._orders:
+                seq = [st for st, n in blocks for _ in range(n)]
+                intra = self.intra_node(seq)
+                self._orders[key] = sum(self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(len(seq) - 1))
+            total += self._orders[key]
+        return total + sum(self.p2p(a[-1][0], b[0][0], False) for (_, a), (_, b) in zip(runs, runs[1:]))
 
     def order_lower_bound_s(self, seq: list[StageType]) -> float:
-        """:meth:`order_lower_bounds_s` of one stage order."""
-        return float(self.order_lower_bounds_s([seq])[0])
+        """:meth:`order_lower_bounds_s` of one stage order (a pool's stages contiguous)."""
+        return float(self.order_lower_bounds_s([_blocks_of(seq)])[0])
 
-    def order_lower_bounds_s(self, seqs: list[list[StageType]]) -> np.ndarray:
+    def order_lower_bounds_s(self, orders) -> np.ndarray:
         """Lower bound (s) on :func:`hetplan.estimate.estimator.estimate`'s iteration time of every layer partition
-        of each stage order of ``seqs`` (orders of as many stages; arrays over them), on each position's own cost
-        row ``a_i(n)`` (its embedding or head, its micro-batches in flight and the lightest recomputation that
-        fits, so memory counts): the pipeline lasts at least ``m·M*``, with ``M*`` the least bottleneck time at
-        which the stages can hold ``L`` layers (the L-th smallest ``a_i(n)``, ``n >= 1``, and at least every
-        ``a_i(1)``), and at least the in-flight window (:func:`hetplan.search.homogeneous.window_lower_bound_s`)
-        over the least sum of stage times (every ``a_i(1)`` plus the ``L - p`` smallest increments
-        ``a_i(n) - a_i(n-1)``, which bound any stage's own) and the order's own transfers; then stage 0's least
-        exposed DP time and the largest least optimizer step. ``inf`` when no partition fits."""
-        p, L, m_ = len(seqs[0]), self.m.num_layers, self.mb
+        of each block order of ``orders`` (``[(stage type, stages), ...]``, as many stages each; arrays over them),
+        on each position's own cost row ``a_i(n)`` (its embedding or head, its micro-batches in flight and the
+        lightest recomputation that fits, so memory counts): the pipeline lasts at least ``m·M*``, with ``M*`` the
+        least bottleneck time at which the stages can hold ``L`` layers (the L-th smallest ``a_i(n)``, ``n >= 1``,
+        and at least every ``a_i(1)``), and at least the in-flight window
+        (:func:`hetplan.search.homogeneous.window_lower_bound_s`) over the least sum of stage times (every
+        ``a_i(1)`` plus the ``L - p`` smallest increments ``a_i(n) - a_i(n-1)``, which bound any stage's own) and
+        the order's own transfers; then stage 0's least exposed DP time and the largest least optimizer step.
+        ``inf`` when no partition fits."""
+        p, L, m_ = sum(n for _, n in orders[0]), self.m.num_layers, self.mb
         if p > L:
-            return np.full(len(seqs), INF)
+            return np.full(len(orders), INF)
         kinds, flights = _positions(p, m_)
-        rows = [[self._position_row(st, k, f) for st, k, f in zip(seq, kinds, flights)] for seq in seqs]
-        a = np.array([[r[0] for r in order] for order in rows])  # (orders, p, L+1)
+        kind, fl = np.array(kinds), np.array(flights) - 1
+        a = np.empty((len(orders), p, L + 1))
+        tail = np.empty(len(orders))
+        for i, order in enumerate(orders):
+            i0, o_max = 0, -INF
+            for st, n in order:
+                pos = (kind[i0:i0 + n], fl[i0:i0 + n])
+                a[i, i0:i0 + n] = self.tables[(st.pool, st.tp)].a[pos]
+                o_max = max(o_max, float(self._least_e_o(st)[1][pos].max()))
+                i0 += n
+            tail[i] = max(float(self._least_e_o(order[0][0])[0][kind[0], fl[0]]), 0.0) + o_max
         held = a[:, :, 1:]
         fits = np.isfinite(held)  # a prefix of each row (a grows with n)
         ok = fits[:, :, 0].all(axis=1) & (fits.sum(axis=(1, 2)) >= L)
-        flat = held.reshape(len(seqs), -1)
+        flat = held.reshape(len(orders), -1)
         bottleneck = np.maximum(held[:, :, 0].max(axis=1), np.partition(flat, L - 1, axis=1)[:, L - 1])
         least_sum = held[:, :, 0].sum(axis=1)
         if L > p:
             with np.errstate(invalid="ignore"):  # inf - inf where neither n nor n-1 fits
-                steps = np.where(fits[:, :, 1:], a[:, :, 2:] - a[:, :, 1:-1], INF).reshape(len(seqs), -1)
+                steps = np.where(fits[:, :, 1:], a[:, :, 2:] - a[:, :, 1:-1], INF).reshape(len(orders), -1)
             least_sum = least_sum + np.sort(np.partition(steps, L - p - 1, axis=1)[:, :L - p], axis=1).sum(axis=1)
-        c = np.array([self.order_p2p_s(seq) for seq in seqs])
+        c = np.array([self.order_p2p_s(order) for order in orders])
         pipe = np.maximum(m_ * bottleneck, window_lower_bound_s(least_sum, c, p, m_))
-        tail = np.array([max(order[0][1], 0.0) + max(r[2] for r in order) for order in rows])
         return np.where(ok, pipe + tail, INF)
 
-    def _position_row(self, st: StageType, kind: int, flight: int):
-        """``(a, least e, least o)`` of a stage type at one position: its cost row ``a(n)`` (s) and the least
-        exposed DP and optimizer times over the layer counts that fit (``inf`` when none does); cached."""
-        key = (st.pool, st.tp, kind, flight)
-        if key not in self._rows:
-            tb = self.tables[(st.pool, st.tp)]
-            row = tb.a[kind, flight - 1]
-            fits = np.isfinite(row[1:])
-            self._rows[key] = (row, float(np.min(np.where(fits, tb.e[kind, flight - 1, 1:], INF))),
-                               float(np.min(np.where(fits, tb.o[kind, flight - 1, 1:], INF))))
-        return self._rows[key]
+    def least_order_bounds_s(self, allocations) -> np.ndarray:
+        """For each allocation (blocks ``(pool, (tp, stages))``), the least :meth:`order_lower_bounds_s` of its
+        block orders (:func:`_block_orders`; ``inf`` when none fits), the orders of as many stages bounded
+        together."""
+        orders = [(i, order) for i, blocks in enumerate(allocations) for order in _block_orders(self, blocks)]
+        out = np.full(len(allocations), INF)
+        by_p: dict[int, list] = {}
+        for i, order in orders:
+            by_p.setdefault(sum(n for _, n in order), []).append((i, order))
+        for same in by_p.values():
+            np.minimum.at(out, [i for i, _ in same], self.order_lower_bounds_s([order for _, order in same]))
+        return out
+
+    def _least_e_o(self, st: StageType) -> tuple[np.ndarray, np.ndarray]:
+        """Arrays (kind, in-flight) of a stage type: the least exposed DP and optimizer times (s) over the layer
+        counts that fit (``inf`` where none does); cached."""
+        key = (st.pool, st.tp)
+        if key not in self._least:
+            tb = self.tables[key]
+            fits = np.isfinite(tb.a[:, :, 1:])
+            self._least[key] = (np.where(fits, tb.e[:, :, 1:], INF).min(axis=2),
+                                np.where(fits, tb.o[:, :, 1:], INF).min(axis=2))
+        return self._least[key]
 
     def c_min(self) -> float:
         """A lower bound on the one-way time of any boundary between two stage types (s); 0 when the group has no
@@ -859,15 +893,26 @@ def _allocation_blocks(rows, gi: int, li: int):
 
 
 def _block_orders(g: _Group, blocks):
-    """Stage sequences of an allocation: its pools' blocks in every order, and inside a pool with two TP degrees
-    both orders of its two sub-blocks (a pool's stages stay contiguous)."""
+    """Block orders of an allocation, each a list ``[(stage type, stages), ...]``: its pools' blocks in every
+    order, and inside a pool with two TP degrees both orders of its two sub-blocks (a pool's stages stay
+    contiguous)."""
     by_pool: dict[int, list] = {}
     for k, ts in blocks:
         by_pool.setdefault(k, []).append(ts)
     pools = list(by_pool.items())
     for perm in itertools.permutations(pools):
         for inner in itertools.product(*(itertools.permutations(subs) for _, subs in perm)):
-            yield [g.by_key[(k, t)] for (k, _), subs in zip(perm, inner) for t, s in subs for _ in range(s)]
+            yield [(g.by_key[(k, t)], s) for (k, _), subs in zip(perm, inner) for t, s in subs]
+
+
+def _stages(order) -> list[StageType]:
+    """The stage types of a block order, stage by stage."""
+    return [st for st, n in order for _ in range(n)]
+
+
+def _blocks_of(seq: list[StageType]) -> list:
+    """The block order of a stage order: runs of one stage type."""
+    return [(run[0], len(run)) for run in (list(r) for _, r in itertools.groupby(seq, key=lambda st: (st.pool, st.tp)))]
 
 
 def _solve_allocation(g: _Group, blocks, upper_bound: float, lb_without_p2p: float):
@@ -876,7 +921,7 @@ def _solve_allocation(g: _Group, blocks, upper_bound: float, lb_without_p2p: flo
     or nothing beats ``upper_bound``. ``lb_without_p2p``: a closed-form lower bound less its p2p part (s)."""
     best = None
     tried = 0
-    for seq in _block_orders(g, blocks):
+    for seq in map(_stages, _block_orders(g, blocks)):
         tried += 1
         bound = upper_bound if best is None else min(upper_bound, best[0])
         res = g.solve_order(seq, bound, lb_without_p2p)
@@ -1225,17 +1270,25 @@ def search_hetero_estimated(
         keys = np.where((t_sim <= slo) & (rate * t_sim / 3600.0 <= budget_it), t_sim, INF)
     else:
         keys = lower_bound_keys(objective, t_sim, rate, np.ones(len(t_sim), dtype=bool), iterations)
-    kind = np.zeros(len(keys), dtype=np.int8)  # 0: allocation at T_SIM, 1: already refined
+    kind = np.zeros(len(keys), dtype=np.int8)  # 0: allocation at T_SIM, 1: refined, 2: bounded order by order
     if not pareto and len(top.entries) >= top_k:
-        # The cut is known: every allocation the walk could reach is refined now, on arrays (the same bound the
-        # walk's first visit computes), so the walk starts at the refined bounds.
-        near = np.flatnonzero(keys <= top.entries[top_k - 1][0] * (1 + BOUND_SLACK))
-        for gi in np.unique(gid[near]):
+        # The cut is known: every allocation the walk could reach is bounded now, on arrays, as the walk's first
+        # and second visits would (refined bound, then the least bound of its stage orders where the refined one
+        # stays under the cut), so the walk starts at those bounds.
+        cut_key = top.entries[top_k - 1][0] * (1 + BOUND_SLACK)
+        near = np.flatnonzero(keys <= cut_key)
+        for gi in sorted(set(gid[near].tolist())):
+            g = groups[int(gi)]
             js = near[gid[near] == gi]
-            refined = groups[int(gi)].refined_sim_bounds_s([_allocation_blocks(rows, int(gi), int(loc[j])) for j in js])
+            refined = g.refined_sim_bounds_s([_allocation_blocks(rows, int(gi), int(loc[j])) for j in js])
             keys[js] = lower_bound_keys(objective, np.maximum(t_sim[js], refined), rate[js],
                                         np.ones(len(js), dtype=bool), iterations)
             kind[js] = 1
+            js = js[keys[js] <= cut_key]
+            keys[js] = np.maximum(keys[js], lower_bound_keys(
+                objective, g.least_order_bounds_s([_allocation_blocks(rows, int(gi), int(loc[j])) for j in js]),
+                rate[js], np.ones(len(js), dtype=bool), iterations))
+            kind[js] = 2
     scan = np.argsort(keys, kind="stable")
     scan = scan[np.isfinite(keys[scan])]
 
@@ -1256,7 +1309,7 @@ def search_hetero_estimated(
             j = item[1]
             g = groups[int(gid[j])]
             blocks = _allocation_blocks(rows, int(gid[j]), int(loc[j]))
-            bound = float(g.order_lower_bounds_s(list(_block_orders(g, blocks))).min())
+            bound = float(g.least_order_bounds_s([blocks])[0])
             return ((item_key(bound, float(rate[j])), ("ordered", j)),) if math.isfinite(bound) else ()
         if item[0] == "ordered":
             j = item[1]
@@ -1289,7 +1342,7 @@ def search_hetero_estimated(
 
     walk_progress = None if progress is None else (
         lambda k, _lb: progress(k, max_expansions, "heterogeneous walk (expansions)"))
-    _, open_bound = guarded_best_first(((float(keys[j]), ("refined" if kind[j] else "allocation", int(j)))
+    _, open_bound = guarded_best_first(((float(keys[j]), (("allocation", "refined", "ordered")[kind[j]], int(j)))
                                         for j in scan), expand, cut,
                                        limit=max_expansions, progress=walk_progress)
     return EstimatedResult(
