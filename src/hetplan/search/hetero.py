@@ -376,24 +376,6 @@ class _Group:
                                              (s2.tp, self.cp, self.d, self.b), s1.link, s2.link, intra)
         return self._p2p[key]
 
-    def _fill_p2p(self, pairs) -> None:
-        """Cache :meth:`p2p` of ``pairs`` ``(s1, s2, intra)`` of equal TP degree in one
-        :func:`~hetplan.estimate.iteration.boundary_time_s` call over arrays (elementwise, so each value equals
-        its own call's)."""
-        todo = [(s1, s2, intra) for s1, s2, intra in pairs if (s1.pool, s1.tp, s2.pool, s2.tp, intra) not in self._p2p]
-        if not todo:
-            return
-
-        def links(sts) -> Link:
-            return Link(**{f.name: np.array([getattr(st.link, f.name) for st in sts]) for f in fields(Link)})
-
-        tp = np.array([s1.tp for s1, _, _ in todo])
-        out = boundary_time_s(self.m, self.job.seq_len, (tp, self.cp, self.d, self.b), (tp, self.cp, self.d, self.b),
-                              links([s1 for s1, _, _ in todo]), links([s2 for _, s2, _ in todo]),
-                              np.array([intra for _, _, intra in todo]))
-        for (s1, s2, intra), v in zip(todo, np.broadcast_to(out, (len(todo),))):
-            self._p2p[(s1.pool, s1.tp, s2.pool, s2.tp, intra)] = float(v)
-
     def tail_lower_bound_s(self, p: np.ndarray) -> np.ndarray:
         """Lower bound (s) on ``e_0 + max_i o_i`` of :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s`
         for pipelines of ``p`` stages (array) of this group, whatever the types, order and partition: the first
@@ -403,7 +385,7 @@ class _Group:
         L = self.m.num_layers
         if not hasattr(self, "_tail"):
             e_first = min(float(np.min(t.e[FIRST, :, 1:])) for t in self.tables.values())
-            e_single = min(float(np.min(t.e[SINGLE, :, L])) for t in self.tables.values())
+            e_single = min(float(t.e[SINGLE, 0, L]) for t in self.tables.values())  # one micro-batch in flight
             o_mid = np.min(np.stack([t.o[MID, 0, :] for t in self.tables.values()]), axis=0)
             o_single = min(float(t.o[SINGLE, 0, L]) for t in self.tables.values())
             self._tail = (max(e_first, 0.0), max(e_single, 0.0), np.minimum.accumulate(o_mid[::-1])[::-1], o_single)
@@ -427,46 +409,23 @@ class _Group:
         also counts 1F1B's in-flight window, ``ceil(m/p)·(S(M) + t_emb + t_head + 2(p-1)·c_min)``
         (:func:`hetplan.search.homogeneous.window_lower_bound_s`). Found by bisection, keeping the lower end; plus
         :meth:`tail_lower_bound_s`."""
-        L, m_ = self.m.num_layers, self.mb
-        width = max(len(blocks) for blocks in allocations)
-        # per allocation and block, sorted by λ: λ, stages, room beyond one layer per stage, embedding, head;
-        # padding blocks have no stages (λ = 1 so that they add nothing)
+        return _refined_bounds_s(self.m.num_layers, *self.refined_columns(allocations))
+
+    def refined_columns(self, allocations, width: int | None = None):
+        """The inputs of :func:`_refined_bounds_s` for ``allocations`` of this group: per allocation and block,
+        sorted by λ, ``(λ, stages, room beyond one layer per stage, embedding s, head s)`` (allocations, ``width``
+        blocks (default: the most of any allocation), 5), and per allocation the group's micro-batches, ``c_min``
+        and :meth:`tail_lower_bound_s`."""
+        width = width or max(len(blocks) for blocks in allocations)
         cols = np.zeros((len(allocations), width, 5))
-        cols[:, :, 0], cols[:, :, 3], cols[:, :, 4] = 1.0, np.inf, np.inf
+        cols[:, :, 0], cols[:, :, 3], cols[:, :, 4] = 1.0, np.inf, np.inf  # padding: no stages, adds nothing
         for i, blocks in enumerate(allocations):
             for j, (k, (t, n)) in enumerate(sorted(blocks, key=lambda kb: self.tables[(kb[0], kb[1][0])].layer_s)):
                 tb = self.tables[(k, t)]
                 cols[i, j] = (tb.layer_s, n, n * max(int(tb.nmax[MID, 0]) - 1, 0), tb.emb_s, tb.head_s)
-        lam, s, cap = cols[:, :, 0], cols[:, :, 1], cols[:, :, 2]
-        used = s > 0
-        p = s.sum(axis=1)
-        fixed = cols[:, :, 3].min(axis=1) + cols[:, :, 4].min(axis=1)
-        r = 1.0 - 1.0 / m_
-        fill = 1.0 - r ** p
-        c_part = 2 * self.c_min() * ((p - 1) - (r * (1 - r ** (p - 1)) / (1 - r) if m_ > 1 else 0.0))
-        rounds = np.ceil(m_ / np.minimum(p, m_))  # 1F1B's in-flight window (window_lower_bound_s)
-        base = (lam * s).sum(axis=1)
-
-        def chain(M: np.ndarray) -> np.ndarray:
-            total, left = base.copy(), L - p
-            for j in range(width):
-                take = np.minimum(np.minimum(left, cap[:, j]), s[:, j] * np.maximum(M / lam[:, j] - 1.0, 0.0))
-                total += take * lam[:, j]
-                left -= take
-            out = np.maximum((total + fixed + c_part) / fill, rounds * (total + fixed + 2 * (p - 1) * self.c_min()))
-            return np.where(left > 1e-9, np.inf, out)
-
-        lam_min = np.where(used, lam, np.inf).min(axis=1)
-        lo = np.maximum.reduce([np.where(used, lam, 0.0).max(axis=1), -(-L // p) * lam_min, L / (s / lam).sum(axis=1)])
-        hi = np.where(m_ * lo < chain(lo), np.maximum(lo, np.where(used, lam * (1 + cap / np.maximum(s, 1)), 0.0)
-                                                      .max(axis=1)), lo)
-        while np.any(short := m_ * hi < chain(hi)):  # the capacity suffices (allocation_bounds), so this ends
-            hi = np.where(short, 2 * hi, hi)
-        for _ in range(40):
-            mid = 0.5 * (lo + hi)
-            below = m_ * mid < chain(mid)
-            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-        return m_ * lo + self.tail_lower_bound_s(p.astype(np.int64))
+        n_alloc = len(allocations)
+        tail = self.tail_lower_bound_s(cols[:, :, 1].sum(axis=1).astype(np.int64))
+        return cols, np.full(n_alloc, self.mb), np.full(n_alloc, self.c_min()), tail
 
     def order_p2p_s(self, order) -> float:
         """One-way transfer time of one micro-batch over every boundary of a block order ``[(stage type, stages),
@@ -562,12 +521,16 @@ class _Group:
         stage type (no boundary: any bound holds)."""
         if "c_min" not in self._boundaries:  # shared: the types and boundaries depend on (b, d, cp) only
             # Exact over pairs of equal TP; a resharding boundary (different TP) is bounded by 0.
-            pairs = [(a, b, intra) for a in self.types for b in self.types if a.tp == b.tp for intra in (False, True)]
-            self._fill_p2p(pairs)
+            pairs = self.same_tp_boundaries()
+            _price_boundaries([(self, *pair) for pair in pairs])
             same = [self.p2p(*pair) for pair in pairs]
             cross = any(a.tp != b.tp for a in self.types for b in self.types)
             self._boundaries["c_min"] = min(same + ([0.0] if cross else []), default=0.0)
         return self._boundaries["c_min"]
+
+    def same_tp_boundaries(self) -> list[tuple[StageType, StageType, bool]]:
+        """Every boundary ``(s1, s2, intra-node)`` between two stage types of equal TP degree."""
+        return [(a, b, intra) for a in self.types for b in self.types if a.tp == b.tp for intra in (False, True)]
 
     def intra_node(self, seq: list[StageType]) -> list[bool]:
         """:func:`hetplan.plan.boundary_is_intra_node` of a stage order (stages of ``tp·cp·d`` GPUs each)."""
@@ -615,6 +578,68 @@ class _Group:
         t, ns = res
         rcs = [int(tb.rc[k, f - 1, n]) for tb, k, f, n in zip(tabs, kinds, flights, ns)]
         return t, ns, rcs
+
+
+def _price_boundaries(items) -> None:
+    """Cache :meth:`_Group.p2p` of ``items`` ``(group, s1, s2, intra)`` (s1, s2 of equal TP degree; groups of
+    one search) in one :func:`~hetplan.estimate.iteration.boundary_time_s` call over arrays (elementwise, so each
+    value equals its own call's)."""
+    todo = {}
+    for g, s1, s2, intra in items:
+        if (s1.pool, s1.tp, s2.pool, s2.tp, intra) not in g._p2p:
+            todo[(id(g._p2p), s1.pool, s1.tp, s2.pool, s2.tp, intra)] = (g, s1, s2, intra)
+    if not todo:
+        return
+    work = list(todo.values())
+
+    def column(get) -> np.ndarray:
+        return np.array([get(*item) for item in work])
+
+    def links(side: int) -> Link:
+        return Link(**{f.name: column(lambda *it: getattr(it[side].link, f.name)) for f in fields(Link)})
+
+    layout = (column(lambda g, s1, s2, i: s1.tp), column(lambda g, s1, s2, i: g.cp), column(lambda g, s1, s2, i: g.d),
+              column(lambda g, s1, s2, i: g.b))
+    g0 = work[0][0]
+    out = boundary_time_s(g0.m, g0.job.seq_len, layout, layout, links(1), links(2),
+                          column(lambda g, s1, s2, intra: intra))
+    for (g, s1, s2, intra), v in zip(work, np.broadcast_to(out, (len(work),))):
+        g._p2p[(s1.pool, s1.tp, s2.pool, s2.tp, intra)] = float(v)
+
+
+def _refined_bounds_s(L: int, cols: np.ndarray, m_: np.ndarray, c_min: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """:meth:`_Group.refined_sim_bounds_s` of allocations of any groups, on arrays (:meth:`_Group.refined_columns`,
+    concatenated: one bisection for all)."""
+    lam, s, cap = cols[:, :, 0], cols[:, :, 1], cols[:, :, 2]
+    used = s > 0
+    p = s.sum(axis=1)
+    fixed = cols[:, :, 3].min(axis=1) + cols[:, :, 4].min(axis=1)
+    r = 1.0 - 1.0 / m_
+    fill = 1.0 - r ** p
+    c_part = 2 * c_min * ((p - 1) - np.where(m_ > 1, r * (1 - r ** (p - 1)) / np.where(m_ > 1, 1 - r, 1.0), 0.0))
+    rounds = np.ceil(m_ / np.minimum(p, m_))  # 1F1B's in-flight window (window_lower_bound_s)
+    base = (lam * s).sum(axis=1)
+
+    def chain(M: np.ndarray) -> np.ndarray:
+        total, left = base.copy(), L - p
+        for j in range(cols.shape[1]):
+            take = np.minimum(np.minimum(left, cap[:, j]), s[:, j] * np.maximum(M / lam[:, j] - 1.0, 0.0))
+            total += take * lam[:, j]
+            left -= take
+        out = np.maximum((total + fixed + c_part) / fill, rounds * (total + fixed + 2 * (p - 1) * c_min))
+        return np.where(left > 1e-9, np.inf, out)
+
+    lam_min = np.where(used, lam, np.inf).min(axis=1)
+    lo = np.maximum.reduce([np.where(used, lam, 0.0).max(axis=1), -(-L // p) * lam_min, L / (s / lam).sum(axis=1)])
+    hi = np.where(m_ * lo < chain(lo), np.maximum(lo, np.where(used, lam * (1 + cap / np.maximum(s, 1)), 0.0)
+                                                  .max(axis=1)), lo)
+    while np.any(short := m_ * hi < chain(hi)):  # the capacity suffices (allocation_bounds), so this ends
+        hi = np.where(short, 2 * hi, hi)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        below = m_ * mid < chain(mid)
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return m_ * lo + tail
 
 
 def _pool_options(group: _Group, L: int, mixed_tp: bool = False):
@@ -851,6 +876,7 @@ def _bounded_allocations(groups, inventory, pins, max_stages, max_allocations, m
     group."""
     max_pools = len(inventory.pools)
     mixed = mixed_tp and pins.tp is None
+    _price_boundaries([(g, *pair) for g in groups for pair in g.same_tp_boundaries()])  # each group's c_min
     while True:
         rows = []
         n_alloc = 0
@@ -1277,17 +1303,21 @@ def search_hetero_estimated(
         # stays under the cut), so the walk starts at those bounds.
         cut_key = top.entries[top_k - 1][0] * (1 + BOUND_SLACK)
         near = np.flatnonzero(keys <= cut_key)
-        for gi in sorted(set(gid[near].tolist())):
-            g = groups[int(gi)]
-            js = near[gid[near] == gi]
-            refined = g.refined_sim_bounds_s([_allocation_blocks(rows, int(gi), int(loc[j])) for j in js])
-            keys[js] = lower_bound_keys(objective, np.maximum(t_sim[js], refined), rate[js],
-                                        np.ones(len(js), dtype=bool), iterations)
-            kind[js] = 1
-            js = js[keys[js] <= cut_key]
-            keys[js] = np.maximum(keys[js], lower_bound_keys(
-                objective, g.least_order_bounds_s([_allocation_blocks(rows, int(gi), int(loc[j])) for j in js]),
-                rate[js], np.ones(len(js), dtype=bool), iterations))
+        near = near[np.argsort(gid[near], kind="stable")]  # by group
+        blocks = {gi: [_allocation_blocks(rows, gi, int(loc[j])) for j in js] for gi, js in _by_group(gid, near)}
+        if blocks:
+            width = max(len(b) for bs in blocks.values() for b in bs)
+            refined = _refined_bounds_s(m.num_layers, *(np.concatenate(x) for x in zip(
+                *(groups[gi].refined_columns(bs, width) for gi, bs in blocks.items()))))
+            keys[near] = lower_bound_keys(objective, np.maximum(t_sim[near], refined), rate[near],
+                                          np.ones(len(near), dtype=bool), iterations)
+            kind[near] = 1
+        for gi, js in _by_group(gid, near):
+            under = keys[js] <= cut_key
+            bound = groups[gi].least_order_bounds_s([b for b, u in zip(blocks[gi], under) if u])
+            js = js[under]
+            keys[js] = np.maximum(keys[js], lower_bound_keys(objective, bound, rate[js], np.ones(len(js), dtype=bool),
+                                                             iterations))
             kind[js] = 2
     scan = np.argsort(keys, kind="stable")
     scan = scan[np.isfinite(keys[scan])]
@@ -1355,6 +1385,13 @@ def search_hetero_estimated(
                "restricted": max_pools[0] < len(inventory.pools) or (mixed_tp and pins.tp is None and not max_pools[1]),
                "groups": len(groups)},
     )
+
+
+def _by_group(gid: np.ndarray, js: np.ndarray):
+    """``(group index, its rows)`` of the rows ``js`` (sorted by group), group by group."""
+    starts = np.flatnonzero(np.diff(gid[js], prepend=-1))
+    for a, b in zip(starts, [*starts[1:], len(js)]):
+        yield int(gid[js[a]]), js[a:b]
 
 
 def _insert_estimated(frontier: list[EstimatedPlan], ep: EstimatedPlan) -> list[EstimatedPlan]:
