@@ -722,24 +722,26 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     cols = [_option_columns(group, k, sub_t, sub_p) for k, (sub_t, sub_p) in enumerate(subs)]
     # Cross product pool by pool, dropping partial allocations with more than L stages or max_pools pools and
     # options whose stage cannot hold one layer (both only grow as pools are added).
-    # Count first (a histogram over (stages, pools used)), so that an oversized space costs nothing to reject.
-    hist = np.zeros((L + 1, K + 1), dtype=np.int64)
-    hist[0, 0] = 1
-    shift = np.subtract.outer(np.arange(L + 1), np.arange(L + 1))  # stages added: row minus column
-    for k in range(K):
-        per_p = np.bincount(cols[k]["p"][cols[k]["cap"] >= 0], minlength=L + 1)  # options by stage count
-        adds = np.where(shift >= 1, per_p[np.clip(shift, 0, L)], 0)  # options of shift >= 1 stages
-        hist = per_p[0] * hist + np.pad(adds @ hist[:, :-1], ((0, 0), (1, 0)))
-    if int(hist[:, : max_pools + 1].sum()) > max_rows:
-        raise _TooMany()
+    # Count first (a histogram over (stages, pools used)) where the options could make more than max_rows, so that
+    # an oversized space costs nothing to reject.
+    valids = [np.flatnonzero(c["cap"] >= 0) for c in cols]
+    if math.prod(len(v) for v in valids) > max_rows:
+        hist = np.zeros((L + 1, K + 1), dtype=np.int64)
+        hist[0, 0] = 1
+        shift = np.subtract.outer(np.arange(L + 1), np.arange(L + 1))  # stages added: row minus column
+        for k in range(K):
+            per_p = np.bincount(cols[k]["p"][valids[k]], minlength=L + 1)  # options by stage count
+            adds = np.where(shift >= 1, per_p[np.clip(shift, 0, L)], 0)  # options of shift >= 1 stages
+            hist = per_p[0] * hist + np.pad(adds @ hist[:, :-1], ((0, 0), (1, 0)))
+        if int(hist[:, : max_pools + 1].sum()) > max_rows:
+            raise _TooMany()
     # Built option by option: the parents that take an option of pk >= 1 stages are a prefix of those under
     # max_pools pools sorted by stages; every parent takes the empty option. Then sorted back to the order of
     # the codes (by pool 0's option, then pool 1's, ...).
     code = np.zeros(1, dtype=np.int64)
     pcount = np.zeros(1, dtype=np.int64)
     used = np.zeros(1, dtype=np.int64)
-    for k in range(K):
-        valid = np.flatnonzero(cols[k]["cap"] >= 0)
+    for k, valid in enumerate(valids):
         pk = cols[k]["p"][valid]
         empty, some = valid[pk == 0], valid[pk > 0]
         open_ = np.flatnonzero(used < max_pools)
@@ -1297,13 +1299,15 @@ def search_hetero_estimated(
     else:
         keys = lower_bound_keys(objective, t_sim, rate, np.ones(len(t_sim), dtype=bool), iterations)
     kind = np.zeros(len(keys), dtype=np.int8)  # 0: allocation at T_SIM, 1: refined, 2: bounded order by order
+    walk = np.arange(len(keys))  # the allocations the walk starts from
     if not pareto and len(top.entries) >= top_k:
-        # The cut is known: every allocation the walk could reach is bounded now, on arrays, as the walk's first
-        # and second visits would (refined bound, then the least bound of its stage orders where the refined one
-        # stays under the cut), so the walk starts at those bounds.
-        cut_key = top.entries[top_k - 1][0] * (1 + BOUND_SLACK)
-        near = np.flatnonzero(keys <= cut_key)
-        near = near[np.argsort(gid[near], kind="stable")]  # by group
+        # The cut is known: the walk can only expand allocations under it (TopK.cut stops at the first above; the
+        # cut only tightens), and each is bounded now, on arrays, as the walk's first and second visits would
+        # (refined bound, then the least bound of its stage orders where the refined one stays under the cut), so
+        # the walk starts from them at those bounds.
+        kth = top.entries[top_k - 1][0]
+        walk = np.flatnonzero(keys * (1 - BOUND_SLACK) <= kth)
+        near = walk[np.argsort(gid[walk], kind="stable")]  # by group
         blocks = {gi: [_allocation_blocks(rows, gi, int(loc[j])) for j in js] for gi, js in _by_group(gid, near)}
         if blocks:
             width = max(len(b) for bs in blocks.values() for b in bs)
@@ -1313,13 +1317,13 @@ def search_hetero_estimated(
                                           np.ones(len(near), dtype=bool), iterations)
             kind[near] = 1
         for gi, js in _by_group(gid, near):
-            under = keys[js] <= cut_key
+            under = keys[js] * (1 - BOUND_SLACK) <= kth
             bound = groups[gi].least_order_bounds_s([b for b, u in zip(blocks[gi], under) if u])
             js = js[under]
             keys[js] = np.maximum(keys[js], lower_bound_keys(objective, bound, rate[js], np.ones(len(js), dtype=bool),
                                                              iterations))
             kind[js] = 2
-    scan = np.argsort(keys, kind="stable")
+    scan = walk[np.argsort(keys[walk], kind="stable")]  # (stable: ties in index order, as over all rows)
     scan = scan[np.isfinite(keys[scan])]
 
     def item_key(t_bound: float, usd_per_hour: float) -> float:
