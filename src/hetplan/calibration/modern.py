@@ -17,7 +17,9 @@ Measured quantity per source (compared directly, never through MFU, whose conven
 FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputation, the full s² attention product;
 NeMo's formula and Megatron-LM's until 2025, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per
 16M-token step; the Megatron MoE ModelZoo's rows count the causal half, ``causal_flops``, as Megatron-LM's
-``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan, GiB as PyTorch reports it) is compared with the estimate's largest stage.
+``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan: ``reserved_bytes.all.peak`` of
+``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor``) is compared with the estimate's largest stage total, which
+also holds :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (1 GiB) that the allocator's reserved bytes leave out.
 
 Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
