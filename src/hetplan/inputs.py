@@ -164,6 +164,8 @@ def validation_message(exc: ValidationError, where: str, cls: type[BaseModel] | 
         return HetplanError(f"must be a finite number (got {shown})", field=loc, fix="give a finite value")
     if why and err["type"] in ("less_than_equal", "less_than", "greater_than_equal", "greater_than"):
         return HetplanError(f"{err['msg']} (got {shown}): {why}", field=loc, fix="give a value within the bounds")
+    if err["type"] == "value_error" and isinstance(got, dict):  # a check across fields: the message names them
+        return HetplanError(err["msg"].removeprefix("Value error, "), field=loc, fix="correct the values it names")
     return HetplanError(f"{err['msg']} (got {shown})", field=loc, fix="correct the value")
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hetplan.inputs import bounded
 
@@ -415,6 +415,10 @@ class Plan(BaseModel):
                 )
             if self.fsdp_shard is not None and st.dp % self.fsdp_shard:
                 raise ValueError(f"fsdp_shard = {self.fsdp_shard} does not divide stages[{i}].dp = {st.dp}")
+            try:  # the degrees together (CP, EP x expert TP within TP x CP x DP): one message, not a traceback
+                self.stage_layout(i)
+            except ValidationError as exc:
+                raise ValueError(f"stages[{i}]: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
             if st.recompute_layers is not None and st.recompute_layers > st.num_layers:
                 raise ValueError(f"stages[{i}].recompute_layers = {st.recompute_layers} exceeds its "
                                  f"num_layers = {st.num_layers}")

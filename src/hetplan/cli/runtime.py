@@ -113,6 +113,18 @@ def _energy_opts(server, token, job, plans, target_s, frequencies):
         if not freqs or min(freqs) <= 0:
             raise HetplanError(f"got {frequencies!r}", field="--energy-frequencies",
                                fix="give positive SM clocks in MHz separated by commas, e.g. 1410,1200,1005")
+    import httpx
+
+    try:
+        url = httpx.URL(server)
+    except httpx.InvalidURL as exc:
+        url, why = None, str(exc)
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise HetplanError(f"got {server!r}" + (f" ({why})" if url is None else ""), field="--energy-server",
+                           fix="give the plan server's http://HOST:PORT, e.g. http://127.0.0.1:7787")
+    if target_s is not None and not 0 < target_s < float("inf"):
+        raise HetplanError(f"got {target_s}", field="--energy-target-s",
+                           fix="give the iteration time to meet in seconds, a finite number > 0, e.g. 0.5")
     return EnergyOptions(server=server, token=token, job_id=job, plans=None if plans is None else str(plans),
                          target_time_s=target_s, frequencies_mhz=freqs)
 

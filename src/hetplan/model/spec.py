@@ -236,6 +236,7 @@ class HFConfig(BaseModel):
     tie_word_embeddings: StrictBool | None = None
     attention_bias: StrictBool | None = None
     enable_bias: StrictBool | None = None
+    attention_softmax_in_fp32: StrictBool | None = None
     attention_dropout: _Float = None
     attn_pdrop: _Float = None
     dropout: _Float = None
