@@ -158,7 +158,10 @@ def stage_costs(
     layers are replayed as CUDA graphs, without the per-kernel host floor (same function). ``torch_compile``
     (``framework = "fsdp"`` only): the blocks and the loss run under ``torch.compile`` (fused element-wise kernels,
     as the element-wise term assumes), or eagerly (False): the extra bytes and kernels of eager PyTorch's
-    element-wise ops, fp32 loss and float8 casts (:mod:`hetplan.estimate.elementwise`).
+    element-wise ops, fp32 loss and float8 casts (:mod:`hetplan.estimate.elementwise`). Under ``fsdp`` TP is
+    PyTorch's DTensor TP (torchtitan): its sequence-dim copies (``sequence_dim_copies`` of
+    :func:`hetplan.estimate.compute.layer_time_s`) are charged on dense models; MoE models under ``fsdp`` are the
+    Megatron-FSDP rows, whose TP is Megatron-Core's.
 
     Units: seconds, bytes.
     """
@@ -167,7 +170,8 @@ def stage_costs(
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
                  intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe,
-                 cuda_graphs=cuda_graphs, op_sac=framework == "fsdp")
+                 cuda_graphs=cuda_graphs, op_sac=framework == "fsdp",
+                 sequence_dim_copies=framework == "fsdp" and not m.is_moe)
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
