@@ -359,6 +359,14 @@ class Plan(BaseModel):
             them again in backward (FSDP2's default), or keeps them until the backward (False).
         grad_reduce_dtype: dtype of the data-parallel gradient reduction: ``fp32`` or ``bf16`` / ``fp16``; None =
             the framework default (fp32 for bf16 training: Megatron-LM forces it, torchtitan's default).
+        fsdp_param_dtype: ``framework = "fsdp"``: dtype of the resident sharded parameters, ``fp32`` (master
+            weights; torchtitan) or ``bf16`` (NeMo AutoModel's default ``torch_dtype``, whose ``torch.optim.Adam``
+            then keeps its moments in bf16 too) (:data:`hetplan.estimate.memory.FSDP_STATE_BYTES`).
+        cross_entropy: ``framework = "fsdp"``: how the loss runs, which sets its memory peak per logit
+            (:data:`hetplan.estimate.memory.CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fp32`` eager on fp32-cast logits
+            (torchtitan without compile, or before 2025-04, when compile covered the blocks only), ``bf16`` eager
+            without the upcast (NeMo AutoModel's ``MaskedCrossEntropy(fp32_upcast=False)``), ``compiled``
+            (torchtitan with ``compile`` since 2025-04); None: ``compiled`` under ``Job.torch_compile``, else ``fp32``.
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
@@ -383,6 +391,8 @@ class Plan(BaseModel):
     fsdp_shard: int | None = Field(default=None, gt=0)
     reshard_after_forward: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    fsdp_param_dtype: Literal["fp32", "bf16"] = "fp32"
+    cross_entropy: Literal["fp32", "bf16", "compiled"] | None = None
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     expert_tp: int = Field(default=1, ge=1)

@@ -128,21 +128,52 @@ def test_schedule_implementations_agree(gpt_profile):
         assert a[0] == b[0] and (a[1] == b[1]).all() and (a[2] == b[2]).all()
 
 
+def dag_network(rng, n, m):
+    """A random network whose edges go from lower to higher node ids, source 0 and sink n-1: acyclic, nothing
+    enters the source or leaves the sink (like the solver's network)."""
+    pairs = {tuple(sorted(int(x) for x in rng.choice(n, 2, replace=False))) for _ in range(m)}
+    r, c = (np.array(x) for x in zip(*sorted(pairs)))
+    return r, c
+
+
 @pytest.mark.parametrize("seed", range(10))
-def test_static_network_matches_one_shot(seed):
+@pytest.mark.parametrize("acyclic", [True, False])
+def test_static_network_matches_one_shot(seed, acyclic):
     from hetplan.energy.maxflow import StaticNetwork
 
     rng = np.random.default_rng(100 + seed)
     n = int(rng.integers(4, 25))
-    r, c, _ = random_graph(rng, n, int(rng.integers(n, 3 * n)))
+    if acyclic:
+        r, c = dag_network(rng, n, int(rng.integers(n, 3 * n)))
+    else:
+        r, c, _ = random_graph(rng, n, int(rng.integers(n, 3 * n)))
     net = StaticNetwork(n, r, c, 0, n - 1)
-    for _ in range(3):
-        k = rng.integers(0, 30, r.size)  # zero capacities allowed
+    if acyclic:
+        assert net.warm
+    k = rng.integers(0, 30, r.size)
+    for _ in range(8):  # successive calls start from the last flow: change some capacities, up and down
+        change = rng.random(r.size) < 0.3
+        k = np.where(change, rng.integers(0, 30, r.size), k)  # zero capacities allowed
         keep = k > 0
         f1, s1 = net.min_cut(k)
         f2, s2 = min_cut_source_side(n, r[keep], c[keep], k[keep], 0, n - 1, backend="python")
         f3, s3 = net.min_cut(k, backend="python")
         assert f1 == f2 == f3 and (s1 == s2).all() and (s1 == s3).all()
+        f = net.flow  # the flow it keeps is a maximum flow: within capacities, conserved
+        assert (f >= 0).all() and (f <= k).all()
+        bal = np.bincount(c, weights=f, minlength=n) - np.bincount(r, weights=f, minlength=n)
+        assert (bal[1:-1] == 0).all() and bal[-1] == f1
+
+
+def test_solver_network_starts_warm(gpt_profile):
+    from hetplan.energy.maxflow import StaticNetwork
+    from hetplan.energy.options import build_options
+    from hetplan.energy.solver import PhillipsDessoukySolver
+
+    opts = [build_options(gpt_profile.get(s, i), 0.001, 83.64) for s in range(8) for i in ("forward", "backward")]
+    assert PhillipsDessoukySolver(build_pipeline_dag(8, 4), opts, 83.64).net.warm
+    # a cycle 1 → 2 → 3 → 1 between the terminals: every call starts from zero
+    assert not StaticNetwork(5, np.array([0, 1, 2, 3, 3]), np.array([1, 2, 3, 1, 4]), 0, 4).warm
 
 
 def test_replay_longest_path_list_and_numpy_agree(monkeypatch):

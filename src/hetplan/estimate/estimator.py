@@ -305,6 +305,8 @@ class _StageRow(NamedTuple):
     fsdp_shard: int | None = None
     reshard_after_forward: bool = True
     grad_reduce_dtype: str | None = None
+    fsdp_param_dtype: str = "fp32"
+    cross_entropy: str | None = None
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     torch_compile: bool = True
@@ -373,7 +375,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.attention_efficiency, link, job.dtype,
                                               plan.overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
-                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
+                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, plan.fsdp_param_dtype,
+                                              plan.cross_entropy, job.moe_load_imbalance,
                                               job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
                                               job.cp_load_balance, job.torch_compile),
                                              len(group_ids))
@@ -401,6 +404,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 cp_load_balance=job.cp_load_balance,
                 fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
+                fsdp_param_dtype=plan.fsdp_param_dtype, cross_entropy=plan.cross_entropy,
                 tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs, torch_compile=job.torch_compile,
             ))
     n = len(rows)
@@ -436,6 +440,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         measured_layer_time_s=measured[r0], recompute_layers=row.recompute_layers,
                         attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
+                        fsdp_param_dtype=row.fsdp_param_dtype, cross_entropy=row.cross_entropy,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
                         cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
                         cuda_graphs=row.cuda_graphs, torch_compile=row.torch_compile,

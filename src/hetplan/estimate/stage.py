@@ -96,6 +96,8 @@ def stage_costs(
     fsdp_shard=None,
     reshard_after_forward=True,
     grad_reduce_dtype=None,
+    fsdp_param_dtype="fp32",
+    cross_entropy=None,
     cp=1,
     ep=1,
     etp=1,
@@ -142,6 +144,9 @@ def stage_costs(
     its forward and gathers them again for its backward (True, FSDP2's default), or keeps them (False: one gather
     per micro-batch, the unsharded parameters held through the backward). ``grad_reduce_dtype``: ``"fp32"`` or
     ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
+    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss
+    (:attr:`hetplan.plan.Plan.fsdp_param_dtype`, :attr:`hetplan.plan.Plan.cross_entropy`, None: compiled with
+    ``torch_compile``; memory only).
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
     on ``cp`` blocks (``2·cp - 1`` on the busiest rank without ``cp_load_balance``), plus the exposed K/V exchange
@@ -329,6 +334,8 @@ def stage_costs(
         etp=etp,
         moe_recompute=moe_options.recompute,
         grad_reduce_dtype=grad_reduce_dtype,
+        fsdp_param_dtype=fsdp_param_dtype,
+        cross_entropy=cross_entropy or ("compiled" if torch_compile else "fp32"),
         fp8_recipe=fp8_recipe,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
