@@ -106,9 +106,10 @@ BOUNDS = {
     # unfused element-wise ops on the rows without torch.compile (Job.torch_compile, hetplan.estimate.elementwise:
     # eager 8B rows +29 / +32 -> +10 / +13 %, A100 rows +12..20 -> +7..10 %) and per-op SAC's recomputed TP
     # all-gathers: 17.5 %; the 500 W part's FP8 GEMMs by the same power-cap physics (0.614 x 0.861 = 0.529): 16.2 %;
-    # DTensor's sequence-dim copies around each TP collective: 15.1 % (target 12 %: the Llama 4 Scout MoE rows
-    # +47 / +69 %, H200 rows' recompute mapping)
-    "torchtitan": {"mape": 0.16},
+    # DTensor's sequence-dim copies around each TP collective: 15.1 %; with the memory helper's mappings (H200
+    # rows' per-op SAC, fp32 loss before 2025-04, also charged in time): 13.1 % (target 12 %: the Llama 4 Scout MoE
+    # rows +46 / +67 %, the H200 rows +26 / +27 %)
+    "torchtitan": {"mape": 0.14},
     "llama3_405b": {"max_abs_error": 0.10},
     "megatron_lm_h100": {"mape": 0.10, "max_abs_error": 0.23},
     # moe_h100 (target 15 % met): 14.7 % MAPE on 22 rows, max 34 %, with the sources' own FLOP count

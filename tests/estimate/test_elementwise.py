@@ -65,6 +65,12 @@ def test_megatron_ignores_compile_and_eager_loss_is_on_the_head_stage():
     loss = float(head_e.forward_s - head_f.forward_s) - body
     logits = 2 * 8192 * M.padded_vocab_size()
     assert loss == pytest.approx(14 * logits / GPU.hbm_bandwidth_bytes_per_s + 3 * GPU.kernel_overhead_s, rel=1e-6)
+    # the loss follows Plan.cross_entropy: torchtitan before 2025-04 compiled the blocks only (eager fp32 loss);
+    # NeMo AutoModel's loss skips the upcast (bf16: no extra bytes)
+    fp32 = _stage(True, 0, has_head=True, cross_entropy="fp32")
+    assert float(fp32.forward_s - head_f.forward_s) == pytest.approx(loss, rel=1e-9)
+    assert float(_stage(False, 0, has_head=True, cross_entropy="bf16").forward_s - head_e.forward_s) == (
+        pytest.approx(-loss, rel=1e-9))
 
 
 def test_eager_fp8_casts_are_33_bytes_per_element():

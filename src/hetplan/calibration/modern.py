@@ -731,7 +731,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
                      dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random",
                      cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower(),
-                     **(AUTOMODEL_FSDP if src == "automodel" else {}))
+                     # Megatron-FSDP (ModelZoo) runs Megatron-Core's loss: the plan's default, not torchtitan's fp32
+                     **(AUTOMODEL_FSDP if src == "automodel" else {"cross_entropy": None}))
         t = _float(r, "iteration_time_s")
         if t is not None:
             return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)

@@ -146,7 +146,8 @@ def stage_costs(
     ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
     ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss
     (:attr:`hetplan.plan.Plan.fsdp_param_dtype`, :attr:`hetplan.plan.Plan.cross_entropy`, None: compiled with
-    ``torch_compile``; memory only).
+    ``torch_compile``); an ``fp32`` loss also costs the eager cross-entropy's extra bytes
+    (:func:`hetplan.estimate.elementwise.eager_loss_time_s`).
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
     on ``cp`` blocks (``2·cp - 1`` on the busiest rank without ``cp_load_balance``), plus the exposed K/V exchange
@@ -163,7 +164,8 @@ def stage_costs(
     layers are replayed as CUDA graphs, without the per-kernel host floor (same function). ``torch_compile``
     (``framework = "fsdp"`` only): the blocks and the loss run under ``torch.compile`` (fused element-wise kernels,
     as the element-wise term assumes), or eagerly (False): the extra bytes and kernels of eager PyTorch's
-    element-wise ops, fp32 loss and float8 casts (:mod:`hetplan.estimate.elementwise`). Under ``fsdp`` TP is
+    element-wise ops and float8 casts (:mod:`hetplan.estimate.elementwise`) and, unless ``cross_entropy`` says
+    otherwise, the fp32 loss. Under ``fsdp`` TP is
     PyTorch's DTensor TP (torchtitan): its sequence-dim copies (``sequence_dim_copies`` of
     :func:`hetplan.estimate.compute.layer_time_s`) are charged on dense models; MoE models under ``fsdp`` are the
     Megatron-FSDP rows, whose TP is Megatron-Core's.
@@ -185,6 +187,7 @@ def stage_costs(
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
                      extra_kernels=moe.extra_kernels(m, ep, framework))
     eager = framework == "fsdp" and not torch_compile
+    loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
     if eager:  # eager PyTorch: unfused element-wise ops (and float8 casts) beyond the fused kernels
         casts = len(moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)) if fp8.is_fp8(dtype) else 0
@@ -228,7 +231,7 @@ def stage_costs(
         ab = mbk
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t)
-    if eager:  # torchtitan's fp32 cross-entropy, op by op
+    if framework == "fsdp" and loss_kind == "fp32":  # torchtitan's eager fp32 cross-entropy, op by op
         loss = elementwise.eager_loss_time_s(m, gpu, b, s, t)
         hf, hb = hf + loss, hb + loss
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
@@ -335,7 +338,7 @@ def stage_costs(
         moe_recompute=moe_options.recompute,
         grad_reduce_dtype=grad_reduce_dtype,
         fsdp_param_dtype=fsdp_param_dtype,
-        cross_entropy=cross_entropy or ("compiled" if torch_compile else "fp32"),
+        cross_entropy=loss_kind,
         fp8_recipe=fp8_recipe,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
