@@ -42,7 +42,9 @@ class Job(BaseModel):
         attention: ``flash`` (the default: FlashAttention, Dao et al. 2022, causal: no s x s tensor stored, scores
             recomputed in backward, about half the s x s work; what Megatron-Core (Transformer Engine fused
             attention), torchtitan and NeMo run) or ``standard`` (the s x s attention scores are materialised and
-            stored for backward: Megatron-LM without ``--use-flash-attn``, what Korthikanti et al. 2023 count).
+            stored for backward: Megatron-LM without ``--use-flash-attn``, what Korthikanti et al. 2023 count) or
+            ``eager`` (materialised like ``standard``, but every element-wise step on the scores is its own kernel:
+            Hugging Face models' ``attn_implementation="eager"``, :func:`hetplan.estimate.compute.eager_score_bytes`).
             With ``flash``, ``selective`` recomputation stores and
             computes what ``none`` does (Megatron-LM skips the core-attention checkpoint under flash).
         framework: the training framework whose memory behaviour the estimate assumes. ``megatron``: states as in
@@ -89,7 +91,7 @@ class Job(BaseModel):
                                            gt=0)
     dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam"] = "adam"
-    attention: Literal["standard", "flash"] = "flash"
+    attention: Literal["standard", "flash", "eager"] = "flash"
     framework: Literal["megatron", "deepspeed", "fsdp"] = "megatron"
     moe_load_imbalance: float = Field(default=1.25, ge=1.0, le=8.0, allow_inf_nan=False)
     moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] = "alltoall"

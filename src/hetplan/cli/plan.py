@@ -138,8 +138,9 @@ def plan_command(
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp8 (linear layers in FP8 as "
                                         "Transformer Engine / torchao float8 run them)."),
-    attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default) or "
-                                            "standard (s x s scores stored, Megatron-LM without --use-flash-attn)."),
+    attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default), "
+                                            "standard (s x s scores stored, Megatron-LM without --use-flash-attn) "
+                                            "or eager (the same, unfused: Hugging Face eager attention)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
                                             "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (one pool; see `hetplan catalog gpus`)."),

@@ -189,6 +189,28 @@ def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, caus
     return work / (peak * fwd_eff * shape), 2.5 * work / (peak * bwd_eff * shape)
 
 
+def eager_score_bytes(m: ModelSpec) -> tuple[int, int]:
+    """``(forward, backward)`` bytes of memory traffic per attention score (one element of one head's s x s
+    matrix) of the element-wise kernels of Hugging Face eager attention in bf16, op by op (read + write; the
+    two batched GEMMs are costed as GEMMs, the broadcast causal mask is read from cache):
+
+    * scale the scores: 2 + 2 forward, 2 + 2 backward (``GPT2Attention._attn`` divides by ``sqrt(d)``;
+      ``BloomAttention`` folds the scale into ``alibi.baddbmm``, whose copy of the broadcast ALiBi bias into its
+      output and read of it in the GEMM cost the same 4 forward and has no backward: 4 bytes too many there);
+    * causal mask (``torch.where`` / ``masked_fill``): 2 + 2 each way;
+    * softmax: 2 + 2 forward, 2 + 2 + 2 backward (reads output and gradient) in bf16; with ``softmax_fp32``
+      (``F.softmax(..., dtype=torch.float32).to(bf16)``: PyTorch converts a bf16 input to fp32 first) 6 (upcast)
+      + 8 (fp32 softmax) + 6 (cast back) forward and 6 + 12 + 6 backward;
+    * dropout on the probabilities when the model has it (``attn_pdrop``): 2 + 2 + a 1-byte mask each way
+      (``nn.Dropout(0.0)`` returns its input: no kernel).
+
+    GPT-2 (dropout, bf16 softmax): 17 / 19; BLOOM (fp32 softmax, no dropout): 28 / 32. Megatron-LM's
+    ``standard`` attention runs one fused scale-mask-softmax kernel instead (:func:`layer_time_s`)."""
+    softmax = (20, 24) if m.softmax_fp32 else (4, 6)
+    dropout = 5 if m.dropout else 0
+    return 4 + 4 + softmax[0] + dropout, 4 + 4 + softmax[1] + dropout
+
+
 def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
@@ -213,7 +235,8 @@ def layer_time_s(
         sequence_parallel: with SP the element-wise work is also split over the TP ranks.
         attention: ``"flash"`` (FlashAttention, causal: one fused kernel for the core,
             :func:`flash_attention_time_s`; no element-wise passes over s x s scores; selective recompute = none)
-            or ``"standard"`` (two batched GEMMs over the full s x s scores plus the element-wise passes over them).
+            or ``"standard"`` (two batched GEMMs over the full s x s scores plus the element-wise passes over them)
+            or ``"eager"`` (as standard, with the s x s element-wise work of :func:`eager_score_bytes`).
         gemm_times_s: ``(linear_s, core_s)`` of the layer's forward GEMMs when the caller costs them (MoE, MLA and
             CP layers: :func:`hetplan.estimate.moe.layer_gemm_times_s`, :mod:`hetplan.estimate.context`);
             default :func:`layer_gemm_times_s`.
@@ -260,6 +283,14 @@ def layer_time_s(
     act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none", attention=attention)
     act = np.where(sequence_parallel, act_sp, act_nosp)
     elem = (ELEMENTWISE_PASSES * act + extra_elementwise_bytes) / gpu.hbm_bandwidth_bytes_per_s
+    elem_bwd = 2 * elem
+    if attention == "eager":  # the s x s element-wise work op by op (eager_score_bytes), not as stored bytes x passes
+        lin = [counts.layer_activation_bytes(m, b, s, t, sequence_parallel=sp, recompute="selective") for sp in (True, False)]
+        elem = (ELEMENTWISE_PASSES * np.where(sequence_parallel, *lin) + extra_elementwise_bytes) / gpu.hbm_bandwidth_bytes_per_s
+        scores = m.num_attention_heads * s * counts.attended_keys(m, s) * b / t * attention_blocks
+        score_fwd, score_bwd = eager_score_bytes(m)
+        elem, elem_bwd = (elem + score_fwd * scores / gpu.hbm_bandwidth_bytes_per_s,
+                          2 * elem + score_bwd * scores / gpu.hbm_bandwidth_bytes_per_s)
     kernel = 0.0 if cuda_graphs else gpu.kernel_overhead_s
     kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels
     core_gemm = core_gemm * attention_blocks
@@ -270,7 +301,7 @@ def layer_time_s(
     # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers); the
     # backward launches twice the forward's kernels.
     fwd_compute = _softmax_floor(linear + core_fwd + elem, kernels * kernel)
-    bwd_compute = _softmax_floor(2 * (linear + elem) + core_bwd, 2 * kernels * kernel)
+    bwd_compute = _softmax_floor(2 * linear + elem_bwd + core_bwd, 2 * kernels * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
                             KERNELS_ATTENTION_CORE * kernel)
