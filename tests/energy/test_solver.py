@@ -186,3 +186,36 @@ def test_replay_longest_path_list_and_numpy_agree(monkeypatch):
     monkeypatch.setattr(dag_mod.PipelineDAG, "narrow", property(lambda self: False))
     b = longest_path_s(d, x)
     assert a[0] == b[0] and np.allclose(a[1], b[1]) and np.allclose(a[2], b[2])
+
+
+@pytest.mark.parametrize("schedule,S,M,v", [("1f1b", 6, 9, 1), ("gpipe", 4, 5, 1), ("interleaved", 4, 8, 2)])
+def test_envpipe_critical_path_updates_match_full_passes(schedule, S, M, v):
+    """The incremental critical path (one duration changed at a time, only the layers a change reaches
+    recomputed) gives the same iteration time and earliest finishes (bit for bit) and latest starts as a full
+    longest-path pass after every change."""
+    from hetplan.energy.dag import CriticalPath
+    from hetplan.energy.simulate import longest_path_s
+
+    d = build_pipeline_dag(S, M, schedule, v)
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.01, 0.2, d.num_ops)
+    path = CriticalPath(d, x)
+    for _ in range(60):
+        i = int(rng.integers(d.num_ops))
+        x[i] = rng.uniform(0.005, 0.2) if rng.random() < 0.5 else x[i] * 0.9  # up and down
+        path.set(i, float(x[i]))
+        T, ef, ls = longest_path_s(d, x)
+        T2, ef2, ls2 = path.times()
+        assert T2 == T and (ef2 == ef).all()
+        np.testing.assert_allclose(ls2, ls, atol=1e-12)
+
+
+def test_envpipe_same_without_fixed_arity_pairs(gpt_profile, monkeypatch):
+    """The full-recomputation path (DAGs without ``topo_pairs``) picks the same plan."""
+    from hetplan.energy import baselines as B
+    from hetplan.energy import dag as dag_mod
+
+    a = B.envpipe(gpt_profile, build_pipeline_dag(8, 6), 83.64)
+    monkeypatch.setattr(dag_mod.PipelineDAG, "topo_pairs", property(lambda self: None))
+    b = B.envpipe(gpt_profile, build_pipeline_dag(8, 6), 83.64)
+    assert (a.frequency_mhz == b.frequency_mhz).all() and a.energy_j == b.energy_j

@@ -205,15 +205,36 @@ def test_fsdp_bf16_resident_parameters_hold_two_two_four_bytes():
     assert float(b16["weights"]) == pytest.approx(2 * P / 8 + 2 * 2 * Lp)  # the gathered units stay bf16
 
 
-@pytest.mark.parametrize("loss,per_logit", [("fp32", 12), ("bf16", 6), ("compiled", 4)])
-def test_fsdp_cross_entropy_peak_per_logit(loss, per_logit):
-    """The last stage's loss phase holds ``k·s·b·V/t`` bytes: eager on fp32-cast logits 12 (saved fp32
-    log-softmax, its fp32 gradient, the fp32 input gradient), eager bf16 6, compiled 4 (bf16 input saved, bf16
-    gradient written). Where the loss phase is the peak, transient = loss − head − recomputed layer."""
+@pytest.mark.parametrize("loss,t,per_logit", [("fp32", 1, 12), ("fp32", 2, 16), ("bf16", 2, 6), ("compiled", 2, 4)])
+def test_fsdp_cross_entropy_peak_per_logit(loss, t, per_logit):
+    """The last stage's loss phase holds ``k·s·b·V/t`` bytes plus the output layer's saved input ``2·s·b·h`` (the
+    whole sequence on every TP rank): eager on fp32-cast logits 12 (saved fp32 log-softmax, its fp32 gradient, the
+    fp32 input gradient), 16 vocab-parallel under TP (DTensor's ``(grad_input + exp(x)) * grad_output``), eager
+    bf16 6, compiled 4 (bf16 input saved, bf16 gradient written). Where the loss phase is the peak, transient =
+    loss − head − recomputed layer."""
     m = _gpt(L=2, h=1024, a=16, V=128000)
-    kw = _fsdp_kw(num_layers=2, has_head=True, single_stage=True, s=4096, t=2)
+    kw = _fsdp_kw(num_layers=2, has_head=True, single_stage=True, s=4096, t=t)
     mem = stage_memory_bytes(m, cross_entropy=loss, **kw)
-    logits = 4096 * m.padded_vocab_size() / 2
-    head = 4 * 4096 * (1024 + m.padded_vocab_size()) / 2
+    logits = 4096 * m.padded_vocab_size() / t
+    head = 4 * 4096 * (1024 + m.padded_vocab_size()) / t
     recomputed = float(mem["activations"]) - 2 * 2 * 4096 * 1024 - head  # full recompute: 2 layer inputs + head
-    assert float(mem["transient"]) == pytest.approx(per_logit * logits - head - recomputed, rel=1e-9)
+    loss_phase = per_logit * logits + 2 * 4096 * 1024
+    assert float(mem["transient"]) == pytest.approx(loss_phase - head - recomputed, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 4), layers=st.integers(2, 24), inflight=st.integers(1, 8), t=st.sampled_from([1, 2, 8]),
+       single=st.booleans(), head=st.booleans(), rc=st.integers(0, 2), reduce=st.sampled_from([None, "bf16"]))
+def test_fsdp_memory_properties(b, layers, inflight, t, single, head, rc, reduce):
+    """FSDP (either a single stage or a stage of a pipeline): more DP ranks never raise the memory per GPU, bf16
+    resident parameters never hold more than fp32 ones, and the compiled loss never more than the eager bf16 one,
+    nor that more than the eager fp32 one."""
+    m = _gpt(L=24, h=2048, a=16, V=64000)
+    kw = dict(framework="fsdp", b=b, num_layers=layers, in_flight=inflight, t=t, sequence_parallel=t > 1,
+              single_stage=single, has_head=head or single, has_embedding=single, recompute=rc, zero=3,
+              grad_reduce_dtype=reduce)
+    totals = [_total(m, dp=dp, **kw) for dp in (1, 2, 8, 64)]
+    assert all(x >= y - 1e-6 for x, y in zip(totals, totals[1:]))
+    assert _total(m, dp=8, fsdp_param_dtype="bf16", **kw) <= _total(m, dp=8, **kw)
+    losses = [_total(m, dp=8, cross_entropy=c, **kw) for c in ("fp32", "bf16", "compiled")]
+    assert all(x >= y - 1e-6 for x, y in zip(losses, losses[1:]))

@@ -17,7 +17,9 @@ Measured quantity per source (compared directly, never through MFU, whose conven
 FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputation, the full s² attention product;
 NeMo's formula and Megatron-LM's until 2025, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per
 16M-token step; the Megatron MoE ModelZoo's rows count the causal half, ``causal_flops``, as Megatron-LM's
-``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan, GiB as PyTorch reports it) is compared with the estimate's largest stage.
+``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan: ``reserved_bytes.all.peak`` of
+``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor``) is compared with the estimate's largest stage total, which
+also holds :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (1 GiB) that the allocator's reserved bytes leave out.
 
 Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
@@ -475,6 +477,14 @@ def _is_jax(r: dict) -> bool:
     return "jax" in r["framework"].lower()
 
 
+#: CP degree that a DGX Cloud release's launch script sets where its table gives none, by (row source, dtype): the
+#: Nemotron-4 340B recipe of releases v24.11.1-v25.03 runs bf16 with ``CP=2`` (``nemotron/configure.sh`` at
+#: 1b9bb6b3: ``if [[ $DTYPE = bf16 ]]; then CP=2``), so its DP is GPUs / 128, not / 64 (the README's "GA=16"
+#: header is shared with the FP8 table; v25.04 dropped the 128-GPU scale and runs CP 1).
+DGXC_LAUNCH_CP = {("NVIDIA/dgxc-benchmarking@1b9bb6b3cfea881fc4997ac111e695e52ae901aa:nemotron/README_340b.md",
+                   "bf16"): 2}
+
+
 def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     """NVIDIA DGX Cloud benchmarking recipes (NeMo / Megatron-Core): measured step time.
 
@@ -506,6 +516,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
             if "lora" in r["model"].lower():
                 raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
             tp, pp, cp = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "cp", 1)
+            cp = DGXC_LAUNCH_CP.get((r["source"], r["dtype"]), cp) if not r["cp"] else cp
             vp, note = _int(r, "vp", 1), None
             siblings = published_vp.get((r["model"], r["gpu"], r["tp"], r["pp"]))
             if not r["vp"] and pp > 1 and siblings:
@@ -544,11 +555,12 @@ def _torchtitan_recompute(label: str) -> tuple[str, float]:
     return "none", 1.0
 
 
-#: torchtitan commits of rows whose loss is compiled with the model: ``build_cross_entropy_loss`` compiles it under
-#: ``training.compile`` since bbb1b616e (2025-04-02), an ancestor of both, so their loss follows
+#: torchtitan commits (or sources) of rows whose loss is compiled with the model: ``build_cross_entropy_loss``
+#: compiles it under ``training.compile`` since bbb1b616e (2025-04-02), an ancestor of e7c0cae and 820504e; the
+#: MXFP8 page's runs (torchtitan 6fc499f, 2025-08) are later still. Their loss follows
 #: :attr:`hetplan.plan.Job.torch_compile` (``Plan.cross_entropy`` None). Earlier commits compiled the transformer
 #: blocks only (``apply_compile`` at 9dec370): their loss ran eager on fp32 logits.
-TORCHTITAN_COMPILED_LOSS = ("e7c0cae", "820504e")
+TORCHTITAN_COMPILED_LOSS = ("e7c0cae", "820504e", "quantization/mxfp8.md")
 
 #: torchtitan sources whose rows ran ``torch.compile`` although their notes do not say so: the Trainy H200
 #: benchmark's command line passes ``--training.compile``; the Llama 4 Scout MXFP8 runs list "``torch.compile``
@@ -604,7 +616,9 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
                      kv_exchange="allgather", cp_load_balance=False, torch_compile=_torchtitan_compiled(r),
-                     cross_entropy=None if any(c in r["framework"] for c in TORCHTITAN_COMPILED_LOSS) else "fp32")
+                     ep=_int(r, "ep", 1),
+                     cross_entropy=None if any(c in r["framework"] + r["source"] for c in TORCHTITAN_COMPILED_LOSS)
+                     else "fp32")
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")

@@ -112,6 +112,11 @@ FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 #:   saves the bf16 input and the per-row log-sum-exp rather than fp32 tensors, and the backward writes the bf16
 #:   input gradient in one fused kernel: 2 + 2.
 CROSS_ENTROPY_BYTES_PER_LOGIT = {"fp32": 12, "bf16": 6, "compiled": 4}
+#: The eager fp32 loss under TP, where torchtitan runs it vocab-parallel (``loss_parallel`` on whenever TP is, its
+#: default): DTensor's handlers (``torch/distributed/tensor/parallel/loss.py``) compute the backward as
+#: ``(grad_input + torch.exp(x)) * grad_output`` on the saved fp32 log-softmax ``x``, with ``grad_input`` a zeroed
+#: fp32 tensor: ``x``, ``grad_input``, ``exp(x)`` and their sum, 4 + 4 + 4 + 4 bytes per local logit at once.
+LOSS_PARALLEL_BYTES_PER_LOGIT = 16
 #: FSDP2 with mixed precision keeps the sharded parameters in fp32 (they are the master weights), fp32 sharded
 #: gradients and Adam's two fp32 moments: 4 + 4 + 8 bytes per parameter, sharded (PyTorch ``fully_shard`` with
 #: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's default), against Megatron's
@@ -226,7 +231,10 @@ def stage_memory_bytes(
             (:data:`FSDP_WEIGHT_BYTES` ...) over the shard group (``fsdp_shard``, default ``dp``), plus the
             16-bit unsharded parameters of :data:`FSDP_UNITS_IN_FLIGHT` units (of all the stage's units when
             ``reshard_after_forward`` is False: they are kept from forward to backward) and, in the backward,
-            one unit's unsharded 16-bit gradient and its fp32 reduce-scatter input.
+            one unit's unsharded 16-bit gradient and its fp32 reduce-scatter input. A stage of a pipeline
+            (``single_stage`` False) holds all its units unsharded with their accumulated unsharded gradients
+            (:data:`FSDP_PIPELINE_GRAD_BYTES`). The last stage's loss phase: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`
+            (:data:`LOSS_PARALLEL_BYTES_PER_LOGIT` for the eager fp32 loss under TP) and the output layer's input.
         cp: context-parallel degree: each GPU holds ``s / cp`` tokens of every sequence
             (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
         ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
@@ -356,7 +364,11 @@ def stage_memory_bytes(
         # components, negative where they add buffers that never coexist.
         loss = head + logits
         if framework == "fsdp":
-            loss = CROSS_ENTROPY_BYTES_PER_LOGIT[cross_entropy] * s * b * m.padded_vocab_size() / t * np.asarray(has_head)
+            per_logit = np.where((np.asarray(t) > 1) & (cross_entropy == "fp32"), LOSS_PARALLEL_BYTES_PER_LOGIT,
+                                 CROSS_ENTROPY_BYTES_PER_LOGIT[cross_entropy])
+            # plus the output layer's saved input, the whole sequence on every TP rank (torchtitan's ``output`` is
+            # ``ColwiseParallel(input_layouts=Shard(1))``: it all-gathers the sequence-parallel norm output)
+            loss = (per_logit * s * b * m.padded_vocab_size() / t + 2 * sbh) * np.asarray(has_head)
         transient = np.maximum(loss, recomputed + backward) - head - recomputed
         if framework == "megatron" and grad_reduce_dtype in ("bf16", "fp16"):
             # optimizer step: the fp32 copy of the owned 16-bit gradient shard, while the activations are freed
