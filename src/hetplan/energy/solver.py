@@ -174,7 +174,7 @@ class PhillipsDessoukySolver:
             for v, p, q in pairs[1]:
                 a, b = ls[p], ls[q]
                 ls[v] = (a if a < b else b) - dl[v]
-            return T, np.array(ef[: self.n], np.int64), np.array(ls[: self.n], np.int64)
+            return T, np.fromiter(ef, np.int64, self.n), np.fromiter(ls, np.int64, self.n)
         ef = [0] * self.n
         for v, ps in self._topo_preds:
             m = 0

@@ -408,14 +408,47 @@ def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t):
     return fwd, 2 * fwd
 
 
-def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
+#: The cross-entropy loss over a rank's ``b·s·V/t`` logits: bytes per logit moved (forward, backward) and the
+#: kernels that sweep the logits (forward, backward); the loss's other kernels touch ``b·s`` elements and queue
+#: behind these.
+#:
+#: * ``unfused``: Megatron's vocab-parallel loss without ``--cross-entropy-loss-fusion`` (Megatron-LM's default:
+#:   ``megatron/core/tensor_parallel/cross_entropy.py``; :attr:`hetplan.plan.Plan.cross_entropy` ``fp32``).
+#:   Forward 38: the fp32 copy of the 16-bit logits (read 2, write 4), max (read 4), in-place subtract of the max
+#:   (8), in-place exp (8), sum (4), in-place divide into the softmax kept for backward (8); 6 kernels. Backward 14:
+#:   the in-place multiply by the loss gradient (8) and the cast of the fp32 gradient back to the logits' dtype
+#:   (6); with the target update, 3 kernels.
+#: * ``fused``: a fused loss (Megatron-Core ``--cross-entropy-loss-fusion``, on in NeMo's recipes; a compiled
+#:   PyTorch loss): 8 + 8 B in 4 + 4 kernels, the charge the A100 and H100 fits were made with (Transformer
+#:   Engine's kernel reads the 16-bit logits twice and writes their gradient in place, 6 B, then rescales it, 4 B;
+#:   Megatron-Core's own jit-fused loss keeps the fp32 copy, 22 + 14 B). torchtitan's eager fp32 loss adds its
+#:   own passes on top (:func:`hetplan.estimate.elementwise.eager_loss_time_s`).
+#: * ``deepspeed``: PyTorch's cross-entropy on the pipeline's 16-bit output (the traced Espresso runs, fp16):
+#:   forward 8 (log-softmax: three reads and a write of 2 bytes), backward 10 (zero-filled gradient, then the
+#:   log-softmax backward's three reads and a write).
+CROSS_ENTROPY = {"unfused": ((38.0, 14.0), (6, 3)), "fused": ((8.0, 8.0), (4, 4)), "deepspeed": ((8.0, 10.0), (2, 3))}
+
+
+def cross_entropy_kind(framework: str, cross_entropy: str | None = None) -> str:
+    """The :data:`CROSS_ENTROPY` entry of a job: ``deepspeed`` for DeepSpeed, ``unfused`` for Megatron with
+    :attr:`hetplan.plan.Plan.cross_entropy` ``fp32``, else ``fused``."""
+    if framework == "deepspeed":
+        return "deepspeed"
+    return "unfused" if framework == "megatron" and cross_entropy == "fp32" else "fused"
+
+
+def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, framework: str = "megatron",
+                cross_entropy: str | None = None):
     """Forward and backward time of the output head (logits GEMM ``(b·s, V/t, h)``, vocab-parallel) and the
-    cross-entropy loss, which touches the ``b·s·V/t`` logits in fp32 (4 bytes) twice (4 kernels). Under FP8 the
-    head stays bf16 (:mod:`hetplan.estimate.fp8`)."""
+    cross-entropy loss over the ``b·s·V/t`` logits, memory-bound (:data:`CROSS_ENTROPY` of
+    :func:`cross_entropy_kind`). Under FP8 the head stays bf16 (:mod:`hetplan.estimate.fp8`)."""
     V = m.padded_vocab_size()
     gemm = gemm_time_s(gpu, fp8.high_precision(dtype), b * s, V / t, m.hidden_size)  # the head stays bf16 (fp8 doc)
-    loss = ELEMENTWISE_PASSES * 4 * b * s * V / t / gpu.hbm_bandwidth_bytes_per_s + 4 * gpu.kernel_overhead_s
-    return gemm + loss, 2 * gemm + loss
+    logits = b * s * V / t
+    (fwd_bytes, bwd_bytes), (fwd_kernels, bwd_kernels) = CROSS_ENTROPY[cross_entropy_kind(framework, cross_entropy)]
+    loss_f = fwd_bytes * logits / gpu.hbm_bandwidth_bytes_per_s + fwd_kernels * gpu.kernel_overhead_s
+    loss_b = bwd_bytes * logits / gpu.hbm_bandwidth_bytes_per_s + bwd_kernels * gpu.kernel_overhead_s
+    return gemm + loss_f, 2 * gemm + loss_b
 
 
 #: Bytes moved per parameter by the mixed-precision Adam step: read fp32 grad, master, m, v (16 B); write

@@ -146,7 +146,8 @@ def stage_costs(
     ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
     ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss
     (:attr:`hetplan.plan.Plan.fsdp_param_dtype`, :attr:`hetplan.plan.Plan.cross_entropy`, None: compiled with
-    ``torch_compile``; memory only).
+    ``torch_compile``; memory); for Megatron, ``cross_entropy = "fp32"`` is its unfused loss, which costs time
+    (:func:`hetplan.estimate.compute.head_time_s`).
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
     on ``cp`` blocks (``2·cp - 1`` on the busiest rank without ``cp_load_balance``), plus the exposed K/V exchange
@@ -223,7 +224,7 @@ def stage_costs(
         lf, lb = mf, mbk + (lb - ab) * (mf / af)
         ab = mbk
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
-    hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t)
+    hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, cross_entropy)
     if eager:  # torchtitan's fp32 cross-entropy, op by op
         loss = elementwise.eager_loss_time_s(m, gpu, b, s, t)
         hf, hb = hf + loss, hb + loss

@@ -254,6 +254,8 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--overlap-grad-reduce")
     if plan.job.attention == "flash":  # the estimate assumed FlashAttention (hetplan.plan.Job.attention)
         args.append("--use-flash-attn")
+    if plan.cross_entropy != "fp32":  # the estimate charged the fused loss (hetplan.plan.Plan.cross_entropy)
+        args.append("--cross-entropy-loss-fusion")
     if m.recompute == "full":
         if m.recompute_layers is None:  # every layer checkpointed on its own
             args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
