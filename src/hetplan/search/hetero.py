@@ -347,7 +347,6 @@ class _Group:
         self._boundaries: dict = shared.setdefault((b, d, cp), {"p2p": {}, "orders": {}})
         self._p2p: dict = self._boundaries["p2p"]
         self._orders: dict = self._boundaries["orders"]
-        self._least: dict = {}
 
     def pool_options(self, L: int, mixed_tp: bool):
         """:func:`_pool_options` of this group and, per pool, its options' sub-blocks as arrays ``(TP degree,
@@ -429,9 +428,12 @@ class _Group:
 
     def order_p2p_s(self, order) -> float:
         """One-way transfer time of one micro-batch over every boundary of a block order ``[(stage type, stages),
-        ...]`` (s; a pool's stages contiguous): each pool's own boundaries (cached by pool and its blocks: stages of
-        different pools never share a node, so they do not depend on the other pools), plus one inter-node
-        boundary between consecutive pools."""
+        ...]`` (s; a pool's stages contiguous), cached by order: each pool's own boundaries (cached by pool and its
+        blocks: stages of different pools never share a node, so they do not depend on the other pools), plus one
+        inter-node boundary between consecutive pools."""
+        key = tuple((st.pool, st.tp, n) for st, n in order)
+        if key in self._orders:
+            return self._orders[key]
         runs: list[tuple[int, list]] = []  # (pool, its blocks) in order
         for st, n in order:
             if runs and runs[-1][0] == st.pool:
@@ -440,13 +442,14 @@ class _Group:
                 runs.append((st.pool, [(st, n)]))
         total = 0.0
         for pool, blocks in runs:
-            key = (pool, tuple((st.tp, n) for st, n in blocks))
-            if key not in self._orders:
+            own = (pool, tuple((st.tp, n) for st, n in blocks))
+            if own not in self._orders:
                 seq = [st for st, n in blocks for _ in range(n)]
                 intra = self.intra_node(seq)
-                self._orders[key] = sum(self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(len(seq) - 1))
-            total += self._orders[key]
-        return total + sum(self.p2p(a[-1][0], b[0][0], False) for (_, a), (_, b) in zip(runs, runs[1:]))
+                self._orders[own] = sum(self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(len(seq) - 1))
+            total += self._orders[own]
+        self._orders[key] = total + sum(self.p2p(a[-1][0], b[0][0], False) for (_, a), (_, b) in zip(runs, runs[1:]))
+        return self._orders[key]
 
     def order_lower_bound_s(self, seq: list[StageType]) -> float:
         """:meth:`order_lower_bounds_s` of one stage order (a pool's stages contiguous)."""
@@ -468,16 +471,10 @@ class _Group:
             return np.full(len(orders), INF)
         kinds, flights = _positions(p, m_)
         kind, fl = np.array(kinds), np.array(flights) - 1
-        a = np.empty((len(orders), p, L + 1))
-        tail = np.empty(len(orders))
-        for i, order in enumerate(orders):
-            i0, o_max = 0, -INF
-            for st, n in order:
-                pos = (kind[i0:i0 + n], fl[i0:i0 + n])
-                a[i, i0:i0 + n] = self.tables[(st.pool, st.tp)].a[pos]
-                o_max = max(o_max, float(self._least_e_o(st)[1][pos].max()))
-                i0 += n
-            tail[i] = max(float(self._least_e_o(order[0][0])[0][kind[0], fl[0]]), 0.0) + o_max
+        index, a_all, e_least, o_least = self._stacked()
+        tid = np.array([[index[(st.pool, st.tp)] for st, n in order for _ in range(n)] for order in orders])
+        a = a_all[tid, kind, fl]  # (orders, p, L+1): each position's row
+        tail = np.maximum(e_least[tid[:, 0], kind[0], fl[0]], 0.0) + o_least[tid, kind, fl].max(axis=1)
         held = a[:, :, 1:]
         fits = np.isfinite(held)  # a prefix of each row (a grows with n)
         ok = fits[:, :, 0].all(axis=1) & (fits.sum(axis=(1, 2)) >= L)
@@ -505,16 +502,18 @@ class _Group:
             np.minimum.at(out, [i for i, _ in same], self.order_lower_bounds_s([order for _, order in same]))
         return out
 
-    def _least_e_o(self, st: StageType) -> tuple[np.ndarray, np.ndarray]:
-        """Arrays (kind, in-flight) of a stage type: the least exposed DP and optimizer times (s) over the layer
-        counts that fit (``inf`` where none does); cached."""
-        key = (st.pool, st.tp)
-        if key not in self._least:
-            tb = self.tables[key]
-            fits = np.isfinite(tb.a[:, :, 1:])
-            self._least[key] = (np.where(fits, tb.e[:, :, 1:], INF).min(axis=2),
-                                np.where(fits, tb.o[:, :, 1:], INF).min(axis=2))
-        return self._least[key]
+    def _stacked(self):
+        """The stage types' tables stacked (cached): index by ``(pool, tp)``, ``a`` (types, kind, in-flight,
+        layers), and per (types, kind, in-flight) the least exposed DP and optimizer times (s) over the layer
+        counts that fit (``inf`` where none does)."""
+        if not hasattr(self, "_stack"):
+            tabs = list(self.tables.values())
+            a = np.stack([tb.a for tb in tabs])
+            fits = np.isfinite(a[..., 1:])
+            self._stack = ({key: i for i, key in enumerate(self.tables)}, a,
+                           np.where(fits, np.stack([tb.e[..., 1:] for tb in tabs]), INF).min(axis=-1),
+                           np.where(fits, np.stack([tb.o[..., 1:] for tb in tabs]), INF).min(axis=-1))
+        return self._stack
 
     def c_min(self) -> float:
         """A lower bound on the one-way time of any boundary between two stage types (s); 0 when the group has no
