@@ -95,8 +95,8 @@ def job_spec(plan, plan_bytes: bytes, num_stages: int, num_microbatches: int, sc
             got = (data["num_stages"], data["num_microbatches"], data["schedule"])
             idle = data["idle_power_w"]
             numbers = [idle, *(p[k] for p in plans for k in ("time_s", "energy_j"))]
-            if not plans or not all(type(x) in (int, float) and 0 <= x < math.inf for x in numbers):
-                raise ValueError("no plans, or a time, energy or idle power that is not a finite number >= 0")
+            if not all(type(x) in (int, float) and 0 <= x < math.inf for x in numbers):
+                raise ValueError("a time, energy or idle power that is not a finite number >= 0")
         except (ValueError, KeyError, TypeError) as exc:
             raise HetplanError(f"{opts.plans} is not a plans file ({exc})", field="--energy-plans",
                                fix="give the plans.json written by 'hetplan energy frontier PLAN.json'") from None
@@ -104,6 +104,9 @@ def job_spec(plan, plan_bytes: bytes, num_stages: int, num_microbatches: int, sc
             raise HetplanError(f"{opts.plans} plans {got[0]} stages x {got[1]} micro-batches ({got[2]}), the run has "
                                f"{num_stages} x {num_microbatches} ({schedule})", field="--energy-plans",
                                fix="compute the frontier for this plan: hetplan energy frontier PLAN.json -o DIR")
+        if not plans:
+            raise HetplanError(f"{opts.plans} holds no plans", field="--energy-plans",
+                               fix="give the plans.json written by 'hetplan energy frontier PLAN.json'")
         sched: dict = {"kind": "frontier_pick", "plans": plans, "idle_power_w": float(idle)}
         if opts.target_time_s is not None:
             sched["target_time_s"] = opts.target_time_s
