@@ -42,7 +42,9 @@ class Job(BaseModel):
         attention: ``flash`` (the default: FlashAttention, Dao et al. 2022, causal: no s x s tensor stored, scores
             recomputed in backward, about half the s x s work; what Megatron-Core (Transformer Engine fused
             attention), torchtitan and NeMo run) or ``standard`` (the s x s attention scores are materialised and
-            stored for backward: Megatron-LM without ``--use-flash-attn``, what Korthikanti et al. 2023 count).
+            stored for backward: Megatron-LM without ``--use-flash-attn``, what Korthikanti et al. 2023 count) or
+            ``eager`` (materialised like ``standard``, but every element-wise step on the scores is its own kernel:
+            Hugging Face models' ``attn_implementation="eager"``, :func:`hetplan.estimate.compute.eager_score_bytes`).
             With ``flash``, ``selective`` recomputation stores and
             computes what ``none`` does (Megatron-LM skips the core-attention checkpoint under flash).
         framework: the training framework whose memory behaviour the estimate assumes. ``megatron``: states as in
@@ -53,6 +55,11 @@ class Job(BaseModel):
             says), one all-gather per layer in forward and backward and one reduce-scatter per layer, every
             micro-batch (:func:`hetplan.estimate.stage.zero3_exposed_s`); see ``Plan.fsdp_shard``,
             ``Plan.reshard_after_forward``, ``Plan.grad_reduce_dtype``.
+        torch_compile: under ``framework = "fsdp"``, the transformer blocks and the loss run under
+            ``torch.compile`` (True, the default: Inductor fuses the element-wise ops, as the estimate's
+            element-wise term assumes; torchtitan ``[compile] enable``), or in eager PyTorch (False: every
+            element-wise op its own kernel, :mod:`hetplan.estimate.elementwise`). Megatron-LM and DeepSpeed run
+            fused kernels: False is refused for them.
         moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
             models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
             factor; 1 for benchmarks that force balanced routing).
@@ -84,7 +91,7 @@ class Job(BaseModel):
                                            gt=0)
     dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam"] = "adam"
-    attention: Literal["standard", "flash"] = "flash"
+    attention: Literal["standard", "flash", "eager"] = "flash"
     framework: Literal["megatron", "deepspeed", "fsdp"] = "megatron"
     moe_load_imbalance: float = Field(default=1.25, ge=1.0, le=8.0, allow_inf_nan=False)
     moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] = "alltoall"
@@ -93,6 +100,14 @@ class Job(BaseModel):
     moe_a2a_overlap: bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: bool = True
+    torch_compile: bool = True
+
+    @model_validator(mode="after")
+    def _check_compile(self) -> "Job":
+        if not self.torch_compile and self.framework != "fsdp":
+            raise ValueError(f"torch_compile = false applies to framework 'fsdp' (torchtitan, eager PyTorch); "
+                             f"{self.framework} runs fused kernels: remove torch_compile or set framework = 'fsdp'")
+        return self
 
     def iterations(self) -> float:
         """Iterations in the whole job: ``train_tokens / (global_batch * seq_len)`` or ``train_iterations``; 1 if neither."""
@@ -346,6 +361,14 @@ class Plan(BaseModel):
             them again in backward (FSDP2's default), or keeps them until the backward (False).
         grad_reduce_dtype: dtype of the data-parallel gradient reduction: ``fp32`` or ``bf16`` / ``fp16``; None =
             the framework default (fp32 for bf16 training: Megatron-LM forces it, torchtitan's default).
+        fsdp_param_dtype: ``framework = "fsdp"``: dtype of the resident sharded parameters, ``fp32`` (master
+            weights; torchtitan) or ``bf16`` (NeMo AutoModel's default ``torch_dtype``, whose ``torch.optim.Adam``
+            then keeps its moments in bf16 too) (:data:`hetplan.estimate.memory.FSDP_STATE_BYTES`).
+        cross_entropy: ``framework = "fsdp"``: how the loss runs, which sets its memory peak per logit
+            (:data:`hetplan.estimate.memory.CROSS_ENTROPY_BYTES_PER_LOGIT`): ``fp32`` eager on fp32-cast logits
+            (torchtitan without compile, or before 2025-04, when compile covered the blocks only), ``bf16`` eager
+            without the upcast (NeMo AutoModel's ``MaskedCrossEntropy(fp32_upcast=False)``), ``compiled``
+            (torchtitan with ``compile`` since 2025-04); None: ``compiled`` under ``Job.torch_compile``, else ``fp32``.
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
@@ -370,6 +393,8 @@ class Plan(BaseModel):
     fsdp_shard: int | None = Field(default=None, gt=0)
     reshard_after_forward: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    fsdp_param_dtype: Literal["fp32", "bf16"] = "fp32"
+    cross_entropy: Literal["fp32", "bf16", "compiled"] | None = None
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     expert_tp: int = Field(default=1, ge=1)

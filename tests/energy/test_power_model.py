@@ -1,17 +1,17 @@
 """Model-derived stage profiles (estimator x DVFS power model) against Perseus' measured profiles.
 
-Protocol (hetplan.energy.calibrate): the catalog's power coefficients (hardware/data/gpu_power.toml) were fitted
-on GPT-3 175B; BLOOM 176B is held out. Measured on the held-out model (numbers in docs/energy.md):
+Protocol (hetplan.energy.calibrate): Perseus' setup is Hugging Face models in eager PyTorch (attention="eager":
+GPT-2's and BLOOM's unfused attention, BLOOM's fp32 softmax) and one GPU's TP shard without TP collectives; the
+catalog's power coefficients (hardware/data/gpu_power.toml) were fitted on GPT-3 175B; BLOOM 176B is held out.
+Measured on the held-out model (docs/energy.md has every clock):
 
 | GPU | time MAPE | energy MAPE | worst clock time / energy | frontier gap, same T | same slowdown |
-| A100-SXM | 3.6 % | 1.8 % | 5.7 % / 3.9 % | 11.1 % | 2.4 % |
-| A40 | 5.8 % | 4.7 % | 11.2 % / 8.5 % | 7.3 % | 4.4 % |
+| A100-SXM | 1.3 % | 3.7 % | 2.5 % / 5.3 % | 3.9 % | 4.7 % |
+| A40 | 4.8 % | 3.8 % | 9.7 % / 7.2 % | 4.4 % | 3.8 % |
 
-The issue's targets are 10 % time / 15 % energy per clock and a 5 % frontier gap at every iteration time. Met:
-the per-clock energy bound on both GPUs, the per-clock time bound on A100, the 5 % gap at the same slowdown on
-both. Not met: the A40's worst clock time (11.2 %) and the frontier gap at the same absolute iteration time (the
-estimator predicts BLOOM ~5 % faster relative to GPT-3 than measured, which shifts the whole frontier in
-time). The asserts below hold what we reach.
+The issue's targets — 10 % time and 15 % energy at every clock (mean over the clock's 16 instructions), a 5 %
+frontier gap at every iteration time — hold on both GPUs; the asserts hold the bounds reached, a little above.
+(Flash attention, the plan default, gave 11.1 % / 7.3 % at the same T: the held-out BLOOM was ~5 % too fast.)
 """
 
 from __future__ import annotations
@@ -20,16 +20,18 @@ import numpy as np
 import pytest
 
 from hetplan.energy.calibrate import PERSEUS_GPUS, fit_power, frontier_gap, held_out, perseus_plan
-from hetplan.energy.model import plan_stage_profile
+from hetplan.energy.model import plan_stage_profile, stage_times_at_clocks
 from hetplan.energy.profile import load_stage_profile
 from hetplan.errors import HetplanError
+from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import load_catalog
 from hetplan.hardware.power import get_power
+from hetplan.model.spec import load_model
 
 from .energy_testutil import profile_path
 
 # time_scale of each fit (measured / estimated time at the top clock), printed by fit_power and in the toml source
-TIME_SCALE = {"A100-SXM-80GB": 0.8406, "A40": 0.5201}
+TIME_SCALE = {"A100-SXM-80GB": 0.7964, "A40": 0.4881}
 
 
 def _fit_of_catalog(gpu):
@@ -39,8 +41,8 @@ def _fit_of_catalog(gpu):
 
 
 @pytest.mark.parametrize("device,time_mape,energy_mape,time_clock,energy_clock", [
-    ("a100_sxm", 0.045, 0.025, 0.07, 0.05),
-    ("a40", 0.07, 0.055, 0.13, 0.10),
+    ("a100_sxm", 0.02, 0.045, 0.035, 0.065),
+    ("a40", 0.06, 0.045, 0.10, 0.085),
 ])
 def test_held_out_bloom_profile(device, time_mape, energy_mape, time_clock, energy_clock):
     gpu = PERSEUS_GPUS[device]
@@ -48,8 +50,8 @@ def test_held_out_bloom_profile(device, time_mape, energy_mape, time_clock, ener
     err = held_out(measured, perseus_plan("bloom", gpu), _fit_of_catalog(gpu))
     assert err["time_mape"] < time_mape and err["energy_mape"] < energy_mape
     assert err["time_max_per_clock"] < time_clock and err["energy_max_per_clock"] < energy_clock
-    # the issue's per-clock energy target (15 %) holds on both GPUs
-    assert err["energy_max_per_clock"] < 0.15
+    # the issue's per-clock targets (10 % time, 15 % energy) hold on both GPUs
+    assert err["time_max_per_clock"] < 0.10 and err["energy_max_per_clock"] < 0.15
 
 
 def test_fit_reproduces_catalog_coefficients():
@@ -60,19 +62,24 @@ def test_fit_reproduces_catalog_coefficients():
     assert fit.time_scale == pytest.approx(TIME_SCALE[gpu], rel=0.01)
     for field in ("power_limit_w", "dynamic_power_w", "voltage_floor", "voltage_knee_mhz"):
         assert getattr(fit.power, field) == pytest.approx(getattr(cat, field), rel=0.02), field
-    assert fit.time_mape < 0.045 and fit.energy_mape < 0.035
+    assert fit.time_mape < 0.035 and fit.energy_mape < 0.03
 
 
-def test_frontier_from_model_profile_a100():
-    gpu = "A100-SXM-80GB"
-    measured = load_stage_profile(profile_path("bloom"))
-    derived = plan_stage_profile(perseus_plan("bloom", gpu), time_scale=TIME_SCALE[gpu]).profile
+@pytest.mark.parametrize("device,same_time,same_slowdown", [("a100_sxm", 0.045, 0.05), ("a40", 0.05, 0.045)])
+def test_frontier_from_model_profile(device, same_time, same_slowdown):
+    """Both frontiers (8 x 12, 1F1B) computed; at every iteration time of the measured frontier inside the
+    derived one's range, the least energy each offers within it differs by < 5 % (A100 3.9 %, A40 4.4 %)."""
+    gpu = PERSEUS_GPUS[device]
+    measured = load_stage_profile(profile_path("bloom", device))
+    derived = plan_stage_profile(perseus_plan("bloom", gpu), time_scale=TIME_SCALE[gpu], tp_collectives=False).profile
     idle = load_catalog().get(gpu).idle_power_w
-    rel = frontier_gap(measured, derived, idle, 12, relative=True)
-    assert rel["times_compared"] == rel["measured_points"]
-    assert rel["max_rel_energy_diff"] < 0.05  # the issue's 5 %, at the same slowdown from the fastest plan (2.4 %)
     same_t = frontier_gap(measured, derived, idle, 12)
-    assert same_t["max_rel_energy_diff"] < 0.12  # 11.1 %: the held-out time error shifts the frontier
+    assert same_t["times_compared"] > 0.9 * same_t["measured_points"]  # the common range is most of the frontier
+    assert same_t["max_rel_energy_diff"] < same_time <= 0.05
+    # the fastest plans agree within 3 % in time
+    assert same_t["derived_fastest_s"] == pytest.approx(same_t["measured_fastest_s"], rel=0.03)
+    rel = frontier_gap(measured, derived, idle, 12, relative=True)
+    assert rel["max_rel_energy_diff"] < same_slowdown
 
 
 def test_power_model_physics():
@@ -83,7 +90,7 @@ def test_power_model_physics():
     p = a40.busy_power_w(f, cat.get("A40").idle_power_w)
     assert np.all(np.diff(p) < 0)  # descending clocks, descending power
     cap = a40.cap_frequency_mhz(cat.get("A40").idle_power_w)
-    assert 1250 < cap < 1500  # measured: the top ~20 clocks of the A40 profiles run at one speed (fit: 1296 MHz)
+    assert 1250 < cap < 1500  # measured: the top ~20 clocks of the A40 profiles run at one speed (fit: 1307 MHz)
     assert a40.busy_power_w(cap, cat.get("A40").idle_power_w) == pytest.approx(a40.power_limit_w, rel=1e-6)
     assert a100.cap_frequency_mhz(cat.get("A100-SXM-80GB").idle_power_w) > 1300
     # below the knee power per MHz is constant (voltage at its floor)
@@ -106,3 +113,18 @@ def test_derived_profile_scales_only_compute():
 def test_gpu_without_power_model_is_a_clear_error():
     with pytest.raises(HetplanError, match="no DVFS/power model for GPU T4"):
         get_power("T4")
+
+
+def test_without_tp_collectives():
+    """``tp_collectives=False`` takes the estimator's TP collectives out, half from each direction (no
+    recomputation), and refuses plans where forward and backward run different collectives."""
+    gpu = "A100-SXM-80GB"
+    plan = perseus_plan("gpt3-175b", gpu)
+    cat, m = load_catalog(), load_model("gpt3-175b")
+    fw, bw = stage_times_at_clocks(plan, cat, m, gpu, [1410.0], 1410.0)
+    fn, bn = stage_times_at_clocks(plan, cat, m, gpu, [1410.0], 1410.0, tp_collectives=False)
+    tp = estimate(plan, cat, m).stages[3].tp_comm_s
+    assert tp > 0 and fw[0, 3] - fn[0, 3] == pytest.approx(tp / 2) and bw[0, 3] - bn[0, 3] == pytest.approx(tp / 2)
+    full = plan.model_copy(update={"stages": [st.model_copy(update={"recompute": "full"}) for st in plan.stages]})
+    with pytest.raises(HetplanError, match="without recomputation"):
+        stage_times_at_clocks(full, cat, m, gpu, [1410.0], 1410.0, tp_collectives=False)

@@ -128,21 +128,52 @@ def test_schedule_implementations_agree(gpt_profile):
         assert a[0] == b[0] and (a[1] == b[1]).all() and (a[2] == b[2]).all()
 
 
+def dag_network(rng, n, m):
+    """A random network whose edges go from lower to higher node ids, source 0 and sink n-1: acyclic, nothing
+    enters the source or leaves the sink (like the solver's network)."""
+    pairs = {tuple(sorted(int(x) for x in rng.choice(n, 2, replace=False))) for _ in range(m)}
+    r, c = (np.array(x) for x in zip(*sorted(pairs)))
+    return r, c
+
+
 @pytest.mark.parametrize("seed", range(10))
-def test_static_network_matches_one_shot(seed):
+@pytest.mark.parametrize("acyclic", [True, False])
+def test_static_network_matches_one_shot(seed, acyclic):
     from hetplan.energy.maxflow import StaticNetwork
 
     rng = np.random.default_rng(100 + seed)
     n = int(rng.integers(4, 25))
-    r, c, _ = random_graph(rng, n, int(rng.integers(n, 3 * n)))
+    if acyclic:
+        r, c = dag_network(rng, n, int(rng.integers(n, 3 * n)))
+    else:
+        r, c, _ = random_graph(rng, n, int(rng.integers(n, 3 * n)))
     net = StaticNetwork(n, r, c, 0, n - 1)
-    for _ in range(3):
-        k = rng.integers(0, 30, r.size)  # zero capacities allowed
+    if acyclic:
+        assert net.warm
+    k = rng.integers(0, 30, r.size)
+    for _ in range(8):  # successive calls start from the last flow: change some capacities, up and down
+        change = rng.random(r.size) < 0.3
+        k = np.where(change, rng.integers(0, 30, r.size), k)  # zero capacities allowed
         keep = k > 0
         f1, s1 = net.min_cut(k)
         f2, s2 = min_cut_source_side(n, r[keep], c[keep], k[keep], 0, n - 1, backend="python")
         f3, s3 = net.min_cut(k, backend="python")
         assert f1 == f2 == f3 and (s1 == s2).all() and (s1 == s3).all()
+        f = net.flow  # the flow it keeps is a maximum flow: within capacities, conserved
+        assert (f >= 0).all() and (f <= k).all()
+        bal = np.bincount(c, weights=f, minlength=n) - np.bincount(r, weights=f, minlength=n)
+        assert (bal[1:-1] == 0).all() and bal[-1] == f1
+
+
+def test_solver_network_starts_warm(gpt_profile):
+    from hetplan.energy.maxflow import StaticNetwork
+    from hetplan.energy.options import build_options
+    from hetplan.energy.solver import PhillipsDessoukySolver
+
+    opts = [build_options(gpt_profile.get(s, i), 0.001, 83.64) for s in range(8) for i in ("forward", "backward")]
+    assert PhillipsDessoukySolver(build_pipeline_dag(8, 4), opts, 83.64).net.warm
+    # a cycle 1 → 2 → 3 → 1 between the terminals: every call starts from zero
+    assert not StaticNetwork(5, np.array([0, 1, 2, 3, 3]), np.array([1, 2, 3, 1, 4]), 0, 4).warm
 
 
 def test_replay_longest_path_list_and_numpy_agree(monkeypatch):
@@ -155,3 +186,36 @@ def test_replay_longest_path_list_and_numpy_agree(monkeypatch):
     monkeypatch.setattr(dag_mod.PipelineDAG, "narrow", property(lambda self: False))
     b = longest_path_s(d, x)
     assert a[0] == b[0] and np.allclose(a[1], b[1]) and np.allclose(a[2], b[2])
+
+
+@pytest.mark.parametrize("schedule,S,M,v", [("1f1b", 6, 9, 1), ("gpipe", 4, 5, 1), ("interleaved", 4, 8, 2)])
+def test_envpipe_critical_path_updates_match_full_passes(schedule, S, M, v):
+    """The incremental critical path (one duration changed at a time, only the layers a change reaches
+    recomputed) gives the same iteration time and earliest finishes (bit for bit) and latest starts as a full
+    longest-path pass after every change."""
+    from hetplan.energy.dag import CriticalPath
+    from hetplan.energy.simulate import longest_path_s
+
+    d = build_pipeline_dag(S, M, schedule, v)
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.01, 0.2, d.num_ops)
+    path = CriticalPath(d, x)
+    for _ in range(60):
+        i = int(rng.integers(d.num_ops))
+        x[i] = rng.uniform(0.005, 0.2) if rng.random() < 0.5 else x[i] * 0.9  # up and down
+        path.set(i, float(x[i]))
+        T, ef, ls = longest_path_s(d, x)
+        T2, ef2, ls2 = path.times()
+        assert T2 == T and (ef2 == ef).all()
+        np.testing.assert_allclose(ls2, ls, atol=1e-12)
+
+
+def test_envpipe_same_without_fixed_arity_pairs(gpt_profile, monkeypatch):
+    """The full-recomputation path (DAGs without ``topo_pairs``) picks the same plan."""
+    from hetplan.energy import baselines as B
+    from hetplan.energy import dag as dag_mod
+
+    a = B.envpipe(gpt_profile, build_pipeline_dag(8, 6), 83.64)
+    monkeypatch.setattr(dag_mod.PipelineDAG, "topo_pairs", property(lambda self: None))
+    b = B.envpipe(gpt_profile, build_pipeline_dag(8, 6), 83.64)
+    assert (a.frequency_mhz == b.frequency_mhz).all() and a.energy_j == b.energy_j

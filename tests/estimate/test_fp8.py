@@ -103,10 +103,11 @@ def test_fp8_memory_weight_copies_and_fp8_activations():
     full = dict(kw, recompute="full")
     assert stage_memory_bytes(m, framework="megatron", fp8_recipe="delayed", **full)["activations"] == \
         stage_memory_bytes(m, framework="megatron", **full)["activations"]
-    fs16 = stage_memory_bytes(m, framework="fsdp", **kw)
-    fs8 = stage_memory_bytes(m, framework="fsdp", fp8_recipe="tensorwise", **kw)
-    assert fs16["weights"] - fs8["weights"] == pytest.approx(2 * layer, rel=1e-12)  # 2 units in flight, 1 B less
-    assert fs8["activations"] == fs16["activations"]
+    for single, units in ((True, 2), (False, 32)):  # 2 units in flight; a pipeline stage holds all its units
+        fs16 = stage_memory_bytes(m, framework="fsdp", **dict(kw, single_stage=single))
+        fs8 = stage_memory_bytes(m, framework="fsdp", fp8_recipe="tensorwise", **dict(kw, single_stage=single))
+        assert fs16["weights"] - fs8["weights"] == pytest.approx(units * layer, rel=1e-12)  # 1 B less each
+        assert fs8["activations"] == fs16["activations"]
 
 
 def test_estimate_fp8_plan_end_to_end():

@@ -155,3 +155,68 @@ def test_bf16_gradient_buffer_matches_megatron_distributed_optimizer_table():
     ds = dict(kw, framework="deepspeed", dp=2)
     assert float(stage_memory_bytes(m, grad_reduce_dtype="bf16", **ds)["total"]) == float(
         stage_memory_bytes(m, **ds)["total"])
+
+
+def _fsdp_kw(**kw):
+    base = dict(num_layers=8, has_embedding=False, has_head=False, single_stage=False, b=1, s=1024, t=1, dp=8,
+                zero=3, recompute="full", sequence_parallel=False, in_flight=1, attention="flash", framework="fsdp")
+    return {**base, **kw}
+
+
+def test_fsdp_pipeline_stage_holds_every_unit_unsharded_with_its_accumulated_gradient():
+    """torch.distributed.pipelining runs every backward but the last with ``set_reshard_after_backward(False)`` and
+    ``set_requires_gradient_sync(False)`` (``stage.py``, ``backward_maybe_with_nosync``), and FSDP2 upcasts the
+    unsharded gradient it accumulates to the reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``): a stage
+    of L units holds L unsharded bf16 units (2 B) and an fp32 unsharded gradient (4 B) per parameter, instead of
+    2 units in flight and the sharded fp32 gradient; the first stage also its embedding (the root unit). Worked
+    example: 8 layers of a 1024-wide GPT, FSDP over 8."""
+    from hetplan.model import counts
+
+    m = _gpt(L=8, h=1024, a=16, V=32000)
+    Lp = counts.layer_parameters(m)
+    P = 8 * Lp
+    alone = stage_memory_bytes(m, **_fsdp_kw(single_stage=True))
+    assert float(alone["weights"]) == pytest.approx(4 * P / 8 + 2 * 2 * Lp)
+    assert float(alone["gradients"]) == pytest.approx(4 * P / 8 + (2 + 4) * Lp)
+    mid = stage_memory_bytes(m, **_fsdp_kw())
+    assert float(mid["weights"]) == pytest.approx(4 * P / 8 + 8 * 2 * Lp)
+    assert float(mid["gradients"]) == pytest.approx(4 * P + (2 + 4) * Lp)
+    assert float(mid["optimizer"]) == float(alone["optimizer"]) == pytest.approx(8 * P / 8)
+    bf16 = stage_memory_bytes(m, **_fsdp_kw(grad_reduce_dtype="bf16"))  # reduce dtype = grad dtype: no upcast
+    assert float(bf16["gradients"]) == pytest.approx(2 * P + (2 + 4) * Lp)
+    first = stage_memory_bytes(m, **_fsdp_kw(has_embedding=True))
+    E = counts.embedding_parameters(m)
+    assert float(first["weights"]) == pytest.approx(4 * (P + E) / 8 + 8 * 2 * Lp + 2 * E)
+    assert float(first["gradients"]) == pytest.approx(4 * (P + E) + (2 + 4) * Lp)
+
+
+def test_fsdp_bf16_resident_parameters_hold_two_two_four_bytes():
+    """NeMo AutoModel's default bf16 model storage with ``torch.optim.Adam``: sharded bf16 parameter, bf16
+    gradient and two bf16 moments, 2 + 2 + 4 bytes per parameter over the shard group (torchtitan: 4 + 4 + 8)."""
+    from hetplan.model import counts
+
+    m = _gpt(L=8, h=1024, a=16, V=32000)
+    P, Lp = 8 * counts.layer_parameters(m), counts.layer_parameters(m)
+    f32 = stage_memory_bytes(m, **_fsdp_kw(single_stage=True))
+    b16 = stage_memory_bytes(m, **_fsdp_kw(single_stage=True, fsdp_param_dtype="bf16"))
+    assert float(f32["weights"] - b16["weights"]) == pytest.approx(2 * P / 8)
+    assert float(f32["gradients"] - b16["gradients"]) == pytest.approx(2 * P / 8)
+    assert float(f32["optimizer"] - b16["optimizer"]) == pytest.approx(4 * P / 8)
+    assert float(b16["weights"]) == pytest.approx(2 * P / 8 + 2 * 2 * Lp)  # the gathered units stay bf16
+
+
+@pytest.mark.parametrize("loss,t,per_logit", [("fp32", 1, 12), ("fp32", 2, 16), ("bf16", 2, 6), ("compiled", 2, 4)])
+def test_fsdp_cross_entropy_peak_per_logit(loss, t, per_logit):
+    """The last stage's loss phase holds ``k·s·b·V/t`` bytes plus the output layer's saved input ``2·s·b·h`` (the
+    whole sequence on every TP rank): eager on fp32-cast logits 12 (saved fp32 log-softmax, its fp32 gradient, the
+    fp32 input gradient), 16 vocab-parallel under TP (DTensor's ``(grad_input + exp(x)) * grad_output``), eager
+    bf16 6, compiled 4 (bf16 input saved, bf16 gradient written). Where the loss phase is the peak, transient =
+    loss − head − recomputed layer."""
+    m = _gpt(L=2, h=1024, a=16, V=128000)
+    kw = _fsdp_kw(num_layers=2, has_head=True, single_stage=True, s=4096, t=t)
+    mem = stage_memory_bytes(m, cross_entropy=loss, **kw)
+    logits = 4096 * m.padded_vocab_size() / t
+    head = 4 * 4096 * (1024 + m.padded_vocab_size()) / t
+    recomputed = float(mem["activations"]) - 2 * 2 * 4096 * 1024 - head  # full recompute: 2 layer inputs + head
+    loss_phase = per_logit * logits + 2 * 4096 * 1024
+    assert float(mem["transient"]) == pytest.approx(loss_phase - head - recomputed, rel=1e-9)

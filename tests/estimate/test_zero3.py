@@ -77,9 +77,9 @@ def test_fsdp_framework_shards_in_fp32_and_hsdp_replicates():
     from hetplan.estimate import memory
 
     m = gpt_model(24, 4096, 32, 2048)
-    kw = dict(num_layers=24, has_embedding=False, has_head=False, single_stage=False, b=1, s=2048, t=1, dp=64,
+    kw = dict(num_layers=24, has_embedding=False, has_head=False, single_stage=True, b=1, s=2048, t=1, dp=64,
               zero=0, recompute="full", sequence_parallel=False, in_flight=1, attention="flash")
-    f = memory.stage_memory_bytes(m, framework="fsdp", **kw)
+    f = memory.stage_memory_bytes(m, framework="fsdp", **kw)  # no pipeline (a pipeline stage: test_memory.py)
     from hetplan.model import counts
     P, Lp = 24 * counts.layer_parameters(m), counts.layer_parameters(m)
     assert float(f["weights"]) == pytest.approx(4 * P / 64 + 2 * 2 * Lp)  # fp32 shard + two unsharded bf16 units

@@ -305,3 +305,14 @@ def test_fp8_export_carries_the_recipe_the_estimate_assumed():
                              "filter_fqns": ["output"]}
     with pytest.raises(HetplanError, match="no FP8"):
         exporters.export(plan.model_copy(update={"stages": [Stage(num_layers=32, dp=8)]}), spec, "deepspeed")
+
+
+def test_torchtitan_export_carries_torch_compile():
+    """The job's torch_compile is torchtitan's [compile] (blocks and loss compiled), eager exports enable = false."""
+    spec = load_model("llama3-8b")
+    plan = _plan("llama3-8b", [{"num_layers": 32, "dp": 8}], gbs=64, mbs=1, zero=3, attention="flash")
+    cfg = tomllib.loads(exporters.export(plan, spec, "torchtitan").files["torchtitan.toml"])
+    assert cfg["compile"] == {"enable": True, "components": ["model", "loss"]}
+    eager = plan.model_copy(update={"job": plan.job.model_copy(update={"framework": "fsdp", "torch_compile": False})})
+    cfg = tomllib.loads(exporters.export(eager, spec, "torchtitan").files["torchtitan.toml"])
+    assert cfg["compile"] == {"enable": False}

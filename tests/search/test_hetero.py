@@ -300,3 +300,15 @@ def test_intra_node_matches_plan():
         seq = [rng.choice(g.types) for _ in range(rng.randint(1, 6))]
         assert g.intra_node(seq) == boundary_is_intra_node(
             [st.tp for st in seq], [st.pool for st in seq], [pl.gpus_per_node for pl in inv.pools])
+
+
+def test_c_min_of_a_group_without_stage_types_is_zero_and_it_has_no_allocation():
+    """A group whose width ``cp·d`` exceeds every pool has no stage type; its boundary bound is 0 (was: "min() arg
+    is an empty sequence") and it has no allocation."""
+    m, job, inv, _ = random_instance(0)
+    types = hetero.stage_types(m, inv, CAT, job.dtype, Pins())
+    g = hetero._Group(m, job, inv, types, 1, 1 + max(p.count for p in inv.pools), 0, [0, 1, 2], m.num_layers)
+    assert types and not g.types
+    assert g.c_min() == 0.0
+    opts, idx, p, gpus, rate, t_lb, t_sim = hetero.allocation_bounds(g, Pins(), return_sim=True)
+    assert idx.shape == (0, len(inv.pools)) and len(p) == len(gpus) == len(rate) == len(t_lb) == len(t_sim) == 0

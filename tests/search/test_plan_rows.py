@@ -41,3 +41,25 @@ def test_no_duplicate_rows_selective_is_none_under_flash():
     assert len(keys) == len(set(keys)) == 8
     assert all(s.recompute != "selective" for rp in res.plans for s in rp.plan.stages)
     assert any(s.recompute == "full" for rp in res.plans for s in rp.plan.stages)
+
+
+def test_plan_table_shows_context_parallelism_and_mixed_tp():
+    """The table's TPxPPxDP cell and the "Stages of #1" line name CP when it is above 1, and a plan whose stages
+    differ in TP shows their degrees in stage order (was: "Nonex2x2", and no CP anywhere)."""
+    from hetplan.cli.plan import _layout, _stages_line
+    from hetplan.estimate.estimator import estimate
+    from hetplan.plan import GPUPool, Plan, Stage
+    from hetplan.report import plan_summary
+
+    job = Job(model="llama2-7b", seq_len=16384, global_batch=64, dtype="bf16")
+    pools = [GPUPool(gpu="A100-SXM-80GB", count=16), GPUPool(gpu="H100-SXM", count=16)]
+    stages = [Stage(pool=0, num_layers=16, tp=2, dp=2), Stage(pool=1, num_layers=16, tp=1, dp=2)]
+    plan = Plan(job=job, pools=pools, stages=stages, mbs=1, zero=1, sequence_parallel=True, cp=2)
+    s = plan_summary(plan, estimate(plan, CAT, load_model(job.model)))
+    assert _layout(s) == "2/1x2x2 cp2"
+    assert _stages_line(s) == ("Stages of #1: [A100-SXM-80GB tp2xcp2xdp2: 16 layers], "
+                               "[H100-SXM tp1xcp2xdp2: 16 layers]")
+    flat = plan.model_copy(update={"cp": 1, "stages": [st.model_copy(update={"tp": 2}) for st in stages]})
+    s1 = plan_summary(flat, estimate(flat, CAT, load_model(job.model)))
+    assert _layout(s1) == "2x2x2"
+    assert "cp" not in _stages_line(s1)

@@ -336,7 +336,9 @@ class Layout:
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default);
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
     ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
-    ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`)."""
+    ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`);
+    ``torch_compile``: the run compiled its blocks (:attr:`hetplan.plan.Job.torch_compile`; ``fsdp`` only);
+    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss (:class:`hetplan.plan.Plan`)."""
 
     tp: int
     pp: int
@@ -364,6 +366,9 @@ class Layout:
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     a2a_overlap: bool = False
+    torch_compile: bool = True
+    fsdp_param_dtype: str = "fp32"
+    cross_entropy: str | None = "fp32"
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -387,6 +392,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         extra.update(cp_kv_exchange=lay.kv_exchange, cp_load_balance=lay.cp_load_balance)
     if lay.balanced_routing and "moe_load_imbalance" in Job.model_fields:
         extra["moe_load_imbalance"] = 1.0
+    if not lay.torch_compile:
+        extra["torch_compile"] = False
     if lay.ep > 1:
         extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute,
                      moe_a2a_overlap=lay.a2a_overlap)
@@ -404,7 +411,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
                     virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
                     tp_comm_overlap=lay.tp_comm_overlap, cuda_graphs=lay.cuda_graphs,
-                    **degrees)
+                    fsdp_param_dtype=lay.fsdp_param_dtype,
+                    cross_entropy=lay.cross_entropy, **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -467,6 +475,14 @@ def _is_jax(r: dict) -> bool:
     return "jax" in r["framework"].lower()
 
 
+#: CP degree that a DGX Cloud release's launch script sets where its table gives none, by (row source, dtype): the
+#: Nemotron-4 340B recipe of releases v24.11.1-v25.03 runs bf16 with ``CP=2`` (``nemotron/configure.sh`` at
+#: 1b9bb6b3: ``if [[ $DTYPE = bf16 ]]; then CP=2``), so its DP is GPUs / 128, not / 64 (the README's "GA=16"
+#: header is shared with the FP8 table; v25.04 dropped the 128-GPU scale and runs CP 1).
+DGXC_LAUNCH_CP = {("NVIDIA/dgxc-benchmarking@1b9bb6b3cfea881fc4997ac111e695e52ae901aa:nemotron/README_340b.md",
+                   "bf16"): 2}
+
+
 def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     """NVIDIA DGX Cloud benchmarking recipes (NeMo / Megatron-Core): measured step time.
 
@@ -498,6 +514,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
             if "lora" in r["model"].lower():
                 raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
             tp, pp, cp = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "cp", 1)
+            cp = DGXC_LAUNCH_CP.get((r["source"], r["dtype"]), cp) if not r["cp"] else cp
             vp, note = _int(r, "vp", 1), None
             siblings = published_vp.get((r["model"], r["gpu"], r["tp"], r["pp"]))
             if not r["vp"] and pp > 1 and siblings:
@@ -522,21 +539,50 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
 def _torchtitan_recompute(label: str) -> tuple[str, float]:
     """torchtitan's activation checkpointing: ``selective`` op-level SAC (what the row says 'selective' or
     'per-op SAC') saves the matmul outputs, i.e. Megatron's selective; ``selective layer`` checkpoints every
-    second layer (``selective_ac_option = "2"``); ``full`` all layers."""
+    second layer (``selective_ac_option = "2"``); ``full`` all layers. A row that ran the ``llama3_8b.toml``
+    default ran its ``[activation_checkpoint]`` ``mode = "selective"``, ``selective_ac_option = "op"``
+    (pytorch/torchtitan ``torchtitan/models/llama3/train_configs/llama3_8b.toml`` at e7c0cae, the H200 rows'
+    commit; the same at 9dec370)."""
     low = label.lower()
     if "full" in low:
         return "full", 1.0
     if "layer" in low:
         return "full", 0.5
-    if "selective" in low or "sac" in low:
+    if "selective" in low or "sac" in low or "llama3_8b.toml default" in low:
         return "selective", 1.0
     return "none", 1.0
 
 
+#: torchtitan commits (or sources) of rows whose loss is compiled with the model: ``build_cross_entropy_loss``
+#: compiles it under ``training.compile`` since bbb1b616e (2025-04-02), an ancestor of e7c0cae and 820504e; the
+#: MXFP8 page's runs (torchtitan 6fc499f, 2025-08) are later still. Their loss follows
+#: :attr:`hetplan.plan.Job.torch_compile` (``Plan.cross_entropy`` None). Earlier commits compiled the transformer
+#: blocks only (``apply_compile`` at 9dec370): their loss ran eager on fp32 logits.
+TORCHTITAN_COMPILED_LOSS = ("e7c0cae", "820504e", "quantization/mxfp8.md")
+
+#: torchtitan sources whose rows ran ``torch.compile`` although their notes do not say so: the Trainy H200
+#: benchmark's command line passes ``--training.compile``; the Llama 4 Scout MXFP8 runs list "``torch.compile``
+#: enabled" (``torchtitan/components/quantization/mxfp8.md``).
+TORCHTITAN_COMPILED_SOURCES = ("llama3-8b_h200_202506_trainy-whitefiber.md", "quantization/mxfp8.md")
+
+
+def _torchtitan_compiled(r: dict) -> bool:
+    """Whether a torchtitan row ran ``torch.compile``: its notes say "torch.compile" or "compile=true" (the
+    405B rows' toml), or its source is one of :data:`TORCHTITAN_COMPILED_SOURCES`; otherwise eager, the default of
+    torchtitan's train configs of the time (``[training] compile = false`` in ``llama3_8b.toml`` /
+    ``llama3_70b.toml`` at pytorch/torchtitan@3faaa1a and @9dec370: the A100 rows and Table 1's "FSDP" rows)."""
+    notes = r["notes"].lower()
+    return ("torch.compile" in notes or "compile=true" in notes
+            or any(src in r["source"] for src in TORCHTITAN_COMPILED_SOURCES))
+
+
 def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     """One torchtitan row: FSDP2 (``framework = "fsdp"``), TP with sequence parallelism, PP (1F1B or
-    interleaved, micro-batch 1 = torchtitan's ``pipeline_parallel_microbatch_size`` default where the row gives
-    none), FlashAttention (SDPA), float8 as ``dtype = "fp8"``; tokens/s per GPU and memory. CP rows: K/V
+    interleaved; the local batch split into PP-degree micro-batches, the default of the rows' torchtitan 9dec370:
+    ``experimental.pipeline_parallel_microbatches`` unset = ``pipeline_parallel_degree``, ``pipelining_utils.py``;
+    every FSDP unit of a stage unsharded through the step, :data:`hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES`),
+    the loss compiled where the commit does (:data:`TORCHTITAN_COMPILED_LOSS`), FlashAttention (SDPA), float8 as
+    ``dtype = "fp8"``; tokens/s per GPU and memory. CP rows: K/V
     all-gathered (``context_parallel_rotate_method`` default) and no causal load balancing
     (``cp_load_balance = False``: the rows' PyTorch of December 2024 ran ring attention over contiguous chunks;
     inferred from the rows themselves — with balancing the six CP rows are 26-81 % too fast, growing with CP as
@@ -554,12 +600,15 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         gbs = _int(r, "global_batch") or (local * dp if local else None)
         if gbs is None:
             raise NotExpressibleError("global batch not given")
-        mbs = 1 if pp > 1 else (gbs // dp)
+        mbs = max(gbs // dp // pp, 1) if pp > 1 else (gbs // dp)
         vp = 2 if "interleaved" in r["notes"].lower() else 1
         rc, frac = _torchtitan_recompute(r["recompute"])
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq=seq, recompute=rc,
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
-                     kv_exchange="allgather", cp_load_balance=False)
+                     kv_exchange="allgather", cp_load_balance=False, torch_compile=_torchtitan_compiled(r),
+                     ep=_int(r, "ep", 1),
+                     cross_entropy=None if any(c in r["framework"] + r["source"] for c in TORCHTITAN_COMPILED_LOSS)
+                     else "fp32")
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")
@@ -631,6 +680,14 @@ def megatron_lm_cases(catalog: Catalog | None = None):
 AUTOMODEL_EP = {"GPT-OSS 120B": 64, "GPT-OSS 20B": 8}
 
 
+#: NeMo AutoModel's FSDP2 as its benchmark recipes run it (NVIDIA-NeMo/Automodel ``examples/llm_benchmark/*.yaml``
+#: at 36044ad3d): no ``model.torch_dtype``, so bf16 resident parameters (``from_config``'s ``"auto"``) with
+#: ``torch.optim.Adam`` (bf16 moments); ``loss_fn: MaskedCrossEntropy`` with ``fp32_upcast: false``. (Its pipeline
+#: stages keep their units unsharded, ``FSDP2Config.reshard_after_forward`` None, which the memory of any FSDP
+#: pipeline stage already holds: :data:`hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES`.)
+AUTOMODEL_FSDP = {"fsdp_param_dtype": "bf16", "cross_entropy": "bf16"}
+
+
 def _moe_recompute(label: str) -> tuple[str, bool]:
     """Recomputation of a MoE row, ``(stage recompute, MoE-layer recompute)``: NeMo AutoModel's
     ``activation_checkpointing: true`` checkpoints every transformer block (full); Megatron's ``full``;
@@ -674,7 +731,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                      sequence_parallel=True, recompute=recompute, moe_recompute=moe_recompute,
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
                      dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random",
-                     cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower())
+                     cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower(),
+                     **(AUTOMODEL_FSDP if src == "automodel" else {}))
         t = _float(r, "iteration_time_s")
         if t is not None:
             return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)

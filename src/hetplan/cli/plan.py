@@ -138,8 +138,9 @@ def plan_command(
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp8 (linear layers in FP8 as "
                                         "Transformer Engine / torchao float8 run them)."),
-    attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default) or "
-                                            "standard (s x s scores stored, Megatron-LM without --use-flash-attn)."),
+    attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default), "
+                                            "standard (s x s scores stored, Megatron-LM without --use-flash-attn) "
+                                            "or eager (the same, unfused: Hugging Face eager attention)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
                                             "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (one pool; see `hetplan catalog gpus`)."),
@@ -459,8 +460,7 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
         f"optimizer {_mem(mem['optimizer'])} + activations {_mem(mem['activations'])} + overhead {_mem(mem['overhead'])} "
         f"= {_mem(mem['total'])} GiB"
     )
-    con.print("Stages of #1: " + ", ".join(f"[{s['gpu']} tp{s['tp']}xdp{s['dp']}: {s['num_layers']} layers]"
-                                           for s in best["stages"]), markup=False)
+    con.print(_stages_line(best), markup=False)
     con.print("[bold]Why:[/]")
     why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
            *merge_best_with_another(result.explanation[1:])]
@@ -478,8 +478,8 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     """The ranked plans: one column per figure, or under ``narrow`` (< 130 columns) the plan's GPUs and layout
     in one two-line cell and only the figures that decide a ranking (iteration time, MFU, memory, job time, $).
     GPU types in ``guess`` (uncalibrated efficiency) are starred."""
-    t = new_table(title, narrow, caption="plan: GPUs, then TPxPPxDP \\[vN: virtual stages], micro-batch, ZeRO stage, recomputation"
-              if narrow else None)
+    t = new_table(title, narrow, caption="plan: GPUs, then TPxPPxDP \\[vN: virtual stages, cpN: context-parallel], "
+                  "micro-batch, ZeRO stage, recomputation" if narrow else None)
     kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
     if narrow:
         for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $") + kwh:
@@ -489,7 +489,7 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
                     "$/h", "job time", "job $") + kwh:
             t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
     for i, s in enumerate(summaries, start=1):
-        layout = f"{s['tp']}x{s['pp']}x{s['dp']}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
+        layout = _layout(s)
         gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
         figures = (f"{s['iteration_time_s']:.2f}", f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]))
         money = (_duration(s["job_time_s"]), _usd(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
@@ -499,6 +499,22 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
             t.add_row(str(i), gpus, layout, str(s["mbs"]), str(s["zero"]), str(s["recompute"]), figures[0],
                       f"{s['tokens_per_s']:,.0f}", *figures[1:], _usd(s["usd_per_hour"]), *money)
     return t
+
+
+def _stages_line(s: dict) -> str:
+    """"Stages of #1: [GPU tpTxcpCxdpD: N layers], ..." of a plan summary (``cpC`` when CP is above 1)."""
+    cp = f"cp{s['plan'].get('cp', 1)}x" if s["plan"].get("cp", 1) > 1 else ""
+    return "Stages of #1: " + ", ".join(f"[{st['gpu']} tp{st['tp']}x{cp}dp{st['dp']}: {st['num_layers']} layers]"
+                                        for st in s["stages"])
+
+
+def _layout(s: dict) -> str:
+    """TPxPPxDP of a plan summary, then ``vN`` (virtual stages) and ``cpN`` (context-parallel degree) when above
+    1; stages of different TP (or DP) degrees show them in stage order, ``2/1x4x2``."""
+    tp, dp = ("/".join(dict.fromkeys(str(st[k]) for st in s["stages"])) if s[k] is None else s[k] for k in ("tp", "dp"))
+    cp = s["plan"].get("cp", 1)
+    return (f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
+            + (f" cp{cp}" if cp > 1 else ""))
 
 
 def merge_best_with_another(lines: list[str]) -> list[str]:

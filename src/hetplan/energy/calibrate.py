@@ -5,9 +5,19 @@ Data: ``shared/data/energy/stage_profile/{gpt3-175b,bloom}+{a100_sxm,a40}_bf16.c
 artifact): one forward / backward of one micro-batch on one GPU of each of 8 stages at every SM clock.
 The setup we read from them (:func:`perseus_plan`): 8 stages, tensor parallel 8 (EnvPipe's result for the same
 runs counts 8 GPUs per stage, docs/energy.md), micro-batch 1, sequence 2048, bf16; GPT-3 175B 12 layers per
-stage; BLOOM 176B 9 layers on stages 0-6 and 7 on the last. Stages 0-6 of each file are one measured middle
-stage repeated, so the profile holds the time of one GPU's TP shard without the TP collectives — the plan
-gets a 10 TB/s intra-node link (the largest a plan accepts) so that the estimator charges (almost) none either.
+stage; BLOOM 176B 9 layers on stages 0-6 and 7 on the last.
+
+* **Model code: Hugging Face model classes in eager PyTorch** (``attention="eager"``). Perseus runs on Merak
+  (``ml-energy/merak-zeus``), which traces Hugging Face models with ``torch.fx`` and shards their linear
+  layers for TP: ``examples/language-modeling/config.py`` builds ``gpt3-*`` as ``GPT2LMHeadModel`` (GPT-2's
+  ``_attn``: scores divided by ``sqrt(d)``, ``torch.where`` causal mask, softmax, dropout 0.1); BLOOM, which
+  Merak runs the same way, is then Hugging Face's ``BloomForCausalLM`` (``BloomAttention``: ALiBi through ``baddbmm``, ``masked_fill``, softmax in fp32 and cast
+  back, no dropout; ``softmax_fp32`` in ``energy/data/bloom-176b.json``). Neither is fused: every element-wise
+  step on the s x s scores is its own kernel (:func:`hetplan.estimate.compute.eager_score_bytes`).
+* **No TP collectives** (``tp_collectives=False``). Stages 0-6 of each file are one measured middle stage
+  repeated, and the measured forward of a BLOOM layer is 1.362x a GPT-3 layer's on A100, the ratio of their
+  ``h²`` GEMM work (1.361): two all-reduces of ``s·h`` per layer (~0.7 ms of a 4.2 ms GPT-3 layer over
+  NVLink) would pull it towards the ``h`` ratio 1.167. The profile is one GPU's TP shard computing alone.
 
 Fitted per GPU (least squares on the log-ratios of time and energy, every stage, instruction and clock of the
 fit model): ``dynamic_power_w``, ``voltage_floor``, ``voltage_knee_mhz``, ``power_limit_w`` and ``time_scale``,
@@ -40,11 +50,12 @@ PERSEUS_GPUS = {"a100_sxm": "A100-SXM-80GB", "a40": "A40"}
 
 
 def perseus_plan(model_key: str, gpu: str) -> Plan:
-    """The plan of Perseus' profiled setup (module doc) for ``model_key`` in :data:`PERSEUS_MODELS`."""
+    """The plan of Perseus' profiled setup (module doc) for ``model_key`` in :data:`PERSEUS_MODELS`; its stage
+    times are compared without TP collectives (``tp_collectives=False``)."""
     model, layers = PERSEUS_MODELS[model_key]
     return Plan.model_validate(dict(
-        job=dict(model=model, seq_len=2048, global_batch=96, train_iterations=1, dtype="bf16"),
-        pools=[dict(gpu=gpu, count=64, gpus_per_node=8, intra_node_bandwidth_bytes_per_s=1e13)],
+        job=dict(model=model, seq_len=2048, global_batch=96, train_iterations=1, dtype="bf16", attention="eager"),
+        pools=[dict(gpu=gpu, count=64, gpus_per_node=8)],
         stages=[dict(num_layers=n, tp=8, dp=1) for n in layers], mbs=1))
 
 
@@ -69,7 +80,7 @@ class _Grid:
 
     def __init__(self, plan: Plan, gpu: str, clocks_mhz, catalog: Catalog, model: ModelSpec):
         self.clocks = np.array(sorted(set(float(c) for c in clocks_mhz)))
-        fwd, bwd = stage_times_at_clocks(plan, catalog, model, gpu, self.clocks, self.clocks.max())
+        fwd, bwd = stage_times_at_clocks(plan, catalog, model, gpu, self.clocks, self.clocks.max(), tp_collectives=False)
         self.times = {"forward": fwd, "backward": bwd}  # (clocks, stages)
 
     def time_s(self, stage: int, instruction: str, clock_mhz) -> np.ndarray:

@@ -135,6 +135,81 @@ class PipelineDAG:
         return self._succ
 
 
+class CriticalPath:
+    """Earliest finish and *tail* (longest path from an instruction's start to the end of the iteration) of every
+    instruction, kept up to date while durations change.
+
+    After a duration changes, an instruction's earliest finish can change only if a predecessor's did (or its
+    own duration), and its tail only if a successor's did. So each update sweeps the topological layers forward
+    from the changed instruction's layer, recomputing ``ef[v] = max(ef[preds]) + d[v]``, and stops at the
+    first layer no change can reach (each changed instruction extends the sweep to its deepest successor's
+    layer); tails the same way backward. Earliest finishes are those of a full pass bit for bit (the same
+    operations); latest start = T − tail. Cost per update: at most one pass over the layers, O(n); in practice
+    the layers a change reaches (EnvPipe on 16 × 64: ~40 % of the instructions per raise). Not used by the Phillips–Dessouky solver: each of
+    its steps shortens the iteration, so its changes reach nearly every layer (measured: no gain).
+
+    Args:
+        dag: a DAG with :attr:`PipelineDAG.topo_pairs` (at most two predecessors and successors each).
+        durations: shape (n,), seconds.
+
+    Raises:
+        ValueError: the DAG has no ``topo_pairs``.
+    """
+
+    def __init__(self, dag: PipelineDAG, durations: np.ndarray):
+        if dag.topo_pairs is None:
+            raise ValueError("CriticalPath needs at most two predecessors and successors per instruction")
+        n, L = dag.num_ops, len(dag.levels)
+        self.n = n
+        self.d = np.asarray(durations).tolist()
+        depth = np.full(n + 1, -1, np.int64)  # index n: the sentinel of a missing neighbour
+        for i, idx in enumerate(dag.levels):
+            depth[idx] = i
+        rdepth = np.where(depth >= 0, L - 1 - depth, -1)  # layer counted from the end
+        self.depth, self.rdepth = depth[:n].tolist(), rdepth[:n].tolist()
+        # per layer (from the start for earliest finishes, from the end for tails): (instruction, neighbour,
+        # neighbour); and the farthest layer a change at an instruction reaches next
+        self.fwd: list[list[tuple[int, int, int]]] = [[] for _ in range(L)]
+        self.bwd: list[list[tuple[int, int, int]]] = [[] for _ in range(L)]
+        self.reach_f, self.reach_b = [0] * n, [0] * n
+        for v, p, q in dag.topo_pairs[0]:
+            self.fwd[self.depth[v]].append((v, p, q))
+            self.reach_b[v] = int(max(rdepth[p], rdepth[q]))
+        for v, p, q in dag.topo_pairs[1]:
+            self.bwd[self.rdepth[v]].append((v, p, q))
+            self.reach_f[v] = int(max(depth[p], depth[q]))
+        self.ef = [0.0] * (n + 1)
+        self.tail = [0.0] * (n + 1)
+        self._sweep(self.fwd, self.reach_f, self.ef, 0, L - 1)
+        self._sweep(self.bwd, self.reach_b, self.tail, 0, L - 1)
+
+    def _sweep(self, layers: list[list[tuple[int, int, int]]], reach: list[int], x: list[float], k: int,
+               horizon: int) -> None:
+        d = self.d
+        while k <= horizon:
+            for v, p, q in layers[k]:
+                a, b = x[p], x[q]
+                y = (a if a > b else b) + d[v]
+                if y != x[v]:
+                    x[v] = y
+                    r = reach[v]
+                    if r > horizon:  # noqa: PLR1730 - faster than max() in this hot loop
+                        horizon = r
+            k += 1
+
+    def set(self, v: int, duration: float) -> None:
+        """Instruction ``v`` now takes ``duration`` (s)."""
+        self.d[v] = duration
+        self._sweep(self.fwd, self.reach_f, self.ef, self.depth[v], self.depth[v])
+        self._sweep(self.bwd, self.reach_b, self.tail, self.rdepth[v], self.rdepth[v])
+
+    def times(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """``(T, earliest_finish, latest_start)`` like a full critical-path pass; shapes (n,) (latest start =
+        T − tail)."""
+        T = max(self.ef)
+        return T, np.fromiter(self.ef, float, self.n), T - np.fromiter(self.tail, float, self.n)
+
+
 def _padded(keys: np.ndarray, vals: np.ndarray, n: int) -> np.ndarray:
     deg = np.bincount(keys, minlength=n)
     k = max(int(deg.max()) if deg.size else 0, 1)

@@ -58,7 +58,7 @@ class PlanProfile:
 
 def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelSpec | None = None, *,
                        power_catalog: str | None = None, time_scale: float = 1.0,
-                       tdp_fallback: bool = False) -> PlanProfile:
+                       tdp_fallback: bool = False, tp_collectives: bool = True) -> PlanProfile:
     """Derive the stage profile of ``plan`` at every supported SM clock of its GPUs (module doc).
 
     Args:
@@ -70,6 +70,8 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
             measurement setup the plan does not describe, :mod:`hetplan.energy.calibrate`).
         tdp_fallback: a GPU without a DVFS model runs at one clock drawing its TDP (:func:`tdp_power`)
             instead of raising.
+        tp_collectives: False: the instructions without their TP collectives (:func:`stage_times_at_clocks`;
+            Perseus' profiles, :mod:`hetplan.energy.calibrate`).
 
     Raises:
         HetplanError: a GPU without a DVFS model, or anything :func:`estimate_many` rejects.
@@ -86,7 +88,8 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
         f = np.array(pw.frequencies_mhz, dtype=float)
         f_eff = pw.effective_frequency_mhz(f, idle)
         distinct = sorted(set(f_eff.tolist()), reverse=True)
-        fwd, bwd = stage_times_at_clocks(plan, catalog, model, name, distinct, pw.max_frequency_mhz)
+        fwd, bwd = stage_times_at_clocks(plan, catalog, model, name, distinct, pw.max_frequency_mhz,
+                                         tp_collectives=tp_collectives)
         row = {fe: k for k, fe in enumerate(distinct)}
         for s in range(S):
             if stage_gpu[s].name == name:
@@ -129,14 +132,22 @@ def _power(gpu: GPUSpec, power_catalog, tdp_fallback: bool) -> GPUPower:
 
 
 def stage_times_at_clocks(plan: Plan, catalog: Catalog, model: ModelSpec, gpu_name: str, clocks_mhz,
-                          max_clock_mhz: float) -> tuple[np.ndarray, np.ndarray]:
+                          max_clock_mhz: float, *, tp_collectives: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The estimator's per-micro-batch ``(forward_s, backward_s)`` of every stage, shape (len(clocks), S) each,
     with GPU type ``gpu_name`` running at each SM clock (its dense peak scaled by ``clock / max_clock``; other
     GPU types unchanged). Stages on other GPU types get their own (unscaled) times.
 
+    With ``tp_collectives=False`` the stage's TP collectives are taken out: without recomputation and TP
+    overlap the forward and the backward run the same collectives (two all-reduces of ``b·s·h`` per layer,
+    :func:`hetplan.estimate.compute.layer_time_s`), half of the estimator's ``tp_comm_s`` each.
+
     Raises:
-        HetplanError: as :func:`~hetplan.estimate.estimator.estimate_many`.
+        HetplanError: as :func:`~hetplan.estimate.estimator.estimate_many`; ``tp_collectives=False`` for a plan
+            with recomputation or TP overlap.
     """
+    if not tp_collectives and (plan.tp_comm_overlap or any(st.recompute != "none" for st in plan.stages)):
+        raise HetplanError("TP collectives can be taken out of a stage only without recomputation and TP overlap",
+                           field="plan.stages", fix="use recompute = 'none' and tp_comm_overlap = false")
     base = catalog.get(gpu_name)
     variants, plans = {}, []
     for k, clock in enumerate(clocks_mhz):
@@ -151,4 +162,7 @@ def stage_times_at_clocks(plan: Plan, catalog: Catalog, model: ModelSpec, gpu_na
     est = estimate_many(plans, Catalog({**catalog.gpus, **variants}, catalog.date), model)
     fwd = np.array([[st.forward_s for st in e.stages] for e in est])
     bwd = np.array([[st.backward_s for st in e.stages] for e in est])
+    if not tp_collectives:
+        tp = np.array([[st.tp_comm_s for st in e.stages] for e in est]) / 2
+        fwd, bwd = fwd - tp, bwd - tp
     return fwd, bwd

@@ -18,8 +18,11 @@ Management Science 24(4), 1977). Start: every instruction at its slowest kept op
 
 Our min cut (the speed): the lower bounds are folded into unary terminal edges — the cut value
 ``ub·[u∈S,v∉S] − lb·[u∉S,v∈S]`` equals ``(ub−lb)·[u∈S,v∉S] + lb·(x_u − x_v)`` — so a SINGLE integer max flow
-(SciPy's compiled Dinic) replaces the two flows of the lower-bounded formulation. The minimal minimum cut
-is unique, so the result is the same cut. Critical-path analysis is vectorised per topological layer.
+(SciPy's compiled Dinic) replaces the two flows of the lower-bounded formulation, and it starts from the previous
+step's flow (:class:`~hetplan.energy.maxflow.StaticNetwork`). The minimal minimum cut is unique, so the result
+is the same cut. Capacities are integers in µJ, exact: infinite edges get int32's maximum, which a maximum
+flow below it proves uncrossed (else the exact Python flow decides). Per step: O(n) critical-path analysis and
+array work, plus the max flow of what changed since the previous step (worst case Dinic's O(V²E)).
 
 Energy of a point (Perseus §4.1): ``Σ_v c_v(d_v) + S · P_idle · T · u`` — effective computation energy of
 every instruction plus idle (blocking) power on all ``S`` GPUs for the whole iteration.
@@ -58,7 +61,6 @@ class SolverResult:
     planner_time_s: float
     iterations: int = 0
     cut_sizes: list[int] = field(default_factory=list)
-    coarse_steps: int = 0
 
 
 class PhillipsDessoukySolver:
@@ -136,7 +138,6 @@ class PhillipsDessoukySolver:
                                self.node_in[dag.entry], np.ones(nx, np.int64)])
         del ar
         self.net = StaticNetwork(self.num_nodes, rows, cols, 0, 1)
-        self.coarse_steps = 0  # steps whose capacities needed a unit coarser than 1e-6 J (int32 range)
 
     # -- critical path -------------------------------------------------------------------------------
     def schedule(self, d: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
@@ -198,6 +199,18 @@ class PhillipsDessoukySolver:
         comp = float(self._cost[self.spec, d - self.base[self.spec]].sum())
         return comp + self.dag.num_stages * self.idle_power_w * T * self.unit_time_s
 
+    def _capacities(self, ops, lb, fin, inf, emask, ls, ef, T, big):
+        """Capacities of the network's edges (order of ``self.net``) for one step, ``big`` for the infinite ones."""
+        dag, b = self.dag, self._blk
+        caps = np.zeros(int(b[-1]), np.int64)
+        caps[b[0] + ops] = np.where(inf, big, fin)
+        caps[b[1] + ops] = lb
+        caps[b[2] + ops] = lb
+        caps[b[3]:b[4]][emask] = big
+        caps[b[4]:b[5]][ls[dag.entry] == 0] = big
+        caps[b[5]:b[6]][ef[dag.exit] == T] = big
+        return caps
+
     # -- one Phillips–Dessouky step ------------------------------------------------------------------
     def _step(self, d: np.ndarray, T: int, ef: np.ndarray, ls: np.ndarray) -> str | None:
         dag = self.dag
@@ -213,30 +226,18 @@ class PhillipsDessoukySolver:
         esrc, edst = dag.src[emask], dag.dst[emask]
         entries = dag.entry[ls[dag.entry] == 0]
         exits = dag.exit[ef[dag.exit] == T]
-        # capacities in micro-joules (the reference planner's 1e-6 J granularity). SciPy's max flow is int32:
-        # when the flow could overflow it (large pipelines), coarsen the unit by powers of ten instead of
-        # falling back to the slow exact Python flow; the reference cases never need this.
-        scale = 1
-        while True:
-            lbs = lb // scale
-            fin = np.where(inf, 0, ub // scale - lbs)
-            big = int(fin.sum()) + 2 * int(lbs.sum()) + 1
-            if self.backend == "python" or int(lbs.sum()) + big * (entries.size + 1) < INT32_MAX:
-                break
-            scale *= 10
-        if scale > 1:
-            self.coarse_steps += 1
-        op_cap = np.where(inf, big, fin)
-        b = self._blk
-        caps = np.zeros(int(b[-1]), np.int64)
-        caps[b[0] + ops] = op_cap
-        caps[b[1] + ops] = lbs
-        caps[b[2] + ops] = lbs
-        caps[b[3]:b[4]][emask] = big
-        caps[b[4]:b[5]][ls[dag.entry] == 0] = big
-        caps[b[5]:b[6]][ef[dag.exit] == T] = big
-        flow, side = self.net.min_cut(caps, backend="python" if self.backend == "python" else "scipy")
-        lb = lbs
+        # capacities in micro-joules (the reference planner's 1e-6 J granularity); "infinite" edges get int32's
+        # maximum, SciPy's limit. A maximum flow below it proves that the minimum cut crosses no such edge, so
+        # the cut is the one with true infinities; otherwise (no finite cut, or one of ≥ 2,147 J) the exact
+        # Python flow decides, with an infinity above every finite cut.
+        fin = np.where(inf, 0, ub - lb)
+        caps = self._capacities(ops, lb, fin, inf, emask, ls, ef, T, INT32_MAX)
+        flow = INT32_MAX
+        if self.backend != "python":
+            flow, side = self.net.min_cut(caps)
+        if flow >= INT32_MAX:
+            big = int(fin.sum()) + 2 * int(lb.sum()) + 1
+            flow, side = self.net.min_cut(self._capacities(ops, lb, fin, inf, emask, ls, ef, T, big), backend="python")
         if flow - int(lb.sum()) < 0:
             return "no feasible flow (a cut with negative energy change)"
         in_s = side[self.node_in[ops]]
@@ -293,4 +294,4 @@ class PhillipsDessoukySolver:
             durs.append(d.astype(np.int32).copy())
             cuts.append(self._last_cut)
         return SolverResult(np.array(times, np.int64), np.array(energies), np.stack(durs), reason,
-                            _time.process_time() - t0, it, cuts, self.coarse_steps)
+                            _time.process_time() - t0, it, cuts)

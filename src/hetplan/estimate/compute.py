@@ -189,13 +189,37 @@ def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, caus
     return work / (peak * fwd_eff * shape), 2.5 * work / (peak * bwd_eff * shape)
 
 
+def eager_score_bytes(m: ModelSpec) -> tuple[int, int]:
+    """``(forward, backward)`` bytes of memory traffic per attention score (one element of one head's s x s
+    matrix) of the element-wise kernels of Hugging Face eager attention in bf16, op by op (read + write; the
+    two batched GEMMs are costed as GEMMs, the broadcast causal mask is read from cache):
+
+    * scale the scores: 2 + 2 forward, 2 + 2 backward (``GPT2Attention._attn`` divides by ``sqrt(d)``;
+      ``BloomAttention`` folds the scale into ``alibi.baddbmm``, whose copy of the broadcast ALiBi bias into its
+      output and read of it in the GEMM cost the same 4 forward and has no backward: 4 bytes too many there);
+    * causal mask (``torch.where`` / ``masked_fill``): 2 + 2 each way;
+    * softmax: 2 + 2 forward, 2 + 2 + 2 backward (reads output and gradient) in bf16; with ``softmax_fp32``
+      (``F.softmax(..., dtype=torch.float32).to(bf16)``: PyTorch converts a bf16 input to fp32 first) 6 (upcast)
+      + 8 (fp32 softmax) + 6 (cast back) forward and 6 + 12 + 6 backward;
+    * dropout on the probabilities when the model has it (``attn_pdrop``): 2 + 2 + a 1-byte mask each way
+      (``nn.Dropout(0.0)`` returns its input: no kernel).
+
+    GPT-2 (dropout, bf16 softmax): 17 / 19; BLOOM (fp32 softmax, no dropout): 28 / 32. Megatron-LM's
+    ``standard`` attention runs one fused scale-mask-softmax kernel instead (:func:`layer_time_s`)."""
+    softmax = (20, 24) if m.softmax_fp32 else (4, 6)
+    dropout = 5 if m.dropout else 0
+    return 4 + 4 + softmax[0] + dropout, 4 + 4 + softmax[1] + dropout
+
+
 def layer_time_s(
     m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
     *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
     sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None, attention_blocks=1,
     extra_kernels=0.0,
+    extra_elementwise_bytes=0.0,
     tp_comm_overlap=False,
     cuda_graphs=False,
+    op_sac=False,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -210,14 +234,19 @@ def layer_time_s(
         sequence_parallel: with SP the element-wise work is also split over the TP ranks.
         attention: ``"flash"`` (FlashAttention, causal: one fused kernel for the core,
             :func:`flash_attention_time_s`; no element-wise passes over s x s scores; selective recompute = none)
-            or ``"standard"`` (two batched GEMMs over the full s x s scores plus the element-wise passes over them).
+            or ``"standard"`` (two batched GEMMs over the full s x s scores plus the element-wise passes over them)
+            or ``"eager"`` (as standard, with the s x s element-wise work of :func:`eager_score_bytes`).
         gemm_times_s: ``(linear_s, core_s)`` of the layer's forward GEMMs when the caller costs them (MoE, MLA and
             CP layers: :func:`hetplan.estimate.moe.layer_gemm_times_s`, :mod:`hetplan.estimate.context`);
             default :func:`layer_gemm_times_s`.
         attention_blocks: ``(s x s)`` attention blocks per rank: ``cp`` under context parallelism, where ``s`` is
             a rank's ``s / cp`` tokens and its queries attend all ``cp`` blocks of keys (:mod:`hetplan.estimate.context`).
         extra_kernels: kernels the layer's forward launches beyond :data:`KERNELS_PER_LAYER_FORWARD` (MoE layers:
-            :func:`hetplan.estimate.moe.extra_kernels`); they count in the host floor.
+            :func:`hetplan.estimate.moe.extra_kernels`; eager PyTorch:
+            :func:`hetplan.estimate.elementwise.eager_layer_kernels`); they count in the host floor.
+        extra_elementwise_bytes: bytes the layer's forward moves beyond the fused element-wise kernels (eager
+            PyTorch: :func:`hetplan.estimate.elementwise.eager_layer_bytes`), charged like the element-wise term:
+            at the HBM bandwidth, twice in backward, again in full recomputation.
         tp_comm_overlap: Megatron-Core's ``--tp-comm-overlap`` (Transformer Engine userbuffers; with sequence
             parallelism, dense layers): each of the layer's four TP collectives per pass (all-gather before the QKV
             and FC1 GEMMs, reduce-scatter after the projection and FC2 GEMMs; in backward the same four around the
@@ -228,6 +257,12 @@ def layer_time_s(
             ``--cuda-graph-impl``, Transformer Engine ``make_graphed_callables``): one graph launch replays all its
             kernels, so the host launches none of them and the per-kernel host floor (``kernel_overhead_s`` per
             kernel, dense and MoE extra kernels alike) is not charged; the GPU work is unchanged.
+        op_sac: selective recomputation (code 1) is torchtitan's per-op SAC (:func:`op_sac_recompute_s`, charged
+            by :func:`hetplan.estimate.stage.stage_costs`): its policy saves the outputs of the matmuls it keeps, of
+            SDPA and of the reduce-scatters, not of the all-gathers (``_save_list``,
+            ``torchtitan/models/llama3/parallelize_llama.py`` at pytorch/torchtitan@820504e), so under sequence
+            parallelism the backward runs the forward's two TP all-gathers again (their outputs are the inputs of
+            the recomputed ``wk`` / ``w3`` and of every column-parallel weight gradient).
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
@@ -237,7 +272,15 @@ def layer_time_s(
     act_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none", attention=attention)
     act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none", attention=attention)
     act = np.where(sequence_parallel, act_sp, act_nosp)
-    elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
+    elem = (ELEMENTWISE_PASSES * act + extra_elementwise_bytes) / gpu.hbm_bandwidth_bytes_per_s
+    elem_bwd = 2 * elem
+    if attention == "eager":  # the s x s element-wise work op by op (eager_score_bytes), not as stored bytes x passes
+        lin = [counts.layer_activation_bytes(m, b, s, t, sequence_parallel=sp, recompute="selective") for sp in (True, False)]
+        elem = (ELEMENTWISE_PASSES * np.where(sequence_parallel, *lin) + extra_elementwise_bytes) / gpu.hbm_bandwidth_bytes_per_s
+        scores = m.num_attention_heads * s * counts.attended_keys(m, s) * b / t * attention_blocks
+        score_fwd, score_bwd = eager_score_bytes(m)
+        elem, elem_bwd = (elem + score_fwd * scores / gpu.hbm_bandwidth_bytes_per_s,
+                          2 * elem + score_bwd * scores / gpu.hbm_bandwidth_bytes_per_s)
     kernel = 0.0 if cuda_graphs else gpu.kernel_overhead_s
     kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels
     core_gemm = core_gemm * attention_blocks
@@ -248,7 +291,7 @@ def layer_time_s(
     # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers); the
     # backward launches twice the forward's kernels.
     fwd_compute = _softmax_floor(linear + core_fwd + elem, kernels * kernel)
-    bwd_compute = _softmax_floor(2 * (linear + elem) + core_bwd, 2 * kernels * kernel)
+    bwd_compute = _softmax_floor(2 * linear + elem_bwd + core_bwd, 2 * kernels * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
                             KERNELS_ATTENTION_CORE * kernel)
@@ -271,7 +314,11 @@ def layer_time_s(
         on = np.asarray(sequence_parallel) & (np.asarray(t) > 1)
         tp_pass, tp_bwd_pass = np.where(on, f_ov, tp_pass), np.where(on, b_ov, tp_bwd_pass)
     fwd = fwd_compute + tp_pass
-    tp_bwd = tp_bwd_pass + np.where(rc == 2, tp_pass, 0.0)
+    gather = tp_one / 2  # one all-gather: half an all-reduce's ring steps (FP8 + SP: of the FP8 input)
+    if fp8.is_fp8(dtype):
+        gather = np.where(sequence_parallel, half / 2, gather)
+    sac_gathers = np.where((rc == 1) & op_sac & np.asarray(sequence_parallel) & (np.asarray(t) > 1), 2 * gather, 0.0)
+    tp_bwd = tp_bwd_pass + np.where(rc == 2, tp_pass, 0.0) + sac_gathers
     bwd = bwd_compute + recompute_extra + tp_bwd
     return fwd, bwd, tp_pass + tp_bwd
 
@@ -334,13 +381,14 @@ def op_sac_matmuls(m: ModelSpec) -> tuple[tuple[int, int], ...]:
 
 
 def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, sequence_parallel=False,
-                       attention="flash"):
+                       attention="flash", extra_elementwise_bytes=0.0):
     """Backward recomputation of one dense layer under torchtitan's per-op selective activation checkpointing
     (``torchtitan/distributed/activation_checkpoint.py`` ``_apply_op_sac``: the outputs of attention and of every
     other matmul are saved, counting from the first; everything else is recomputed from the block's input):
     the even-numbered matmuls (:func:`op_sac_matmuls`: ``wk``, ``wo`` and ``w3`` of a Llama block) as their
     share of the layer's linear GEMM time, plus every element-wise kernel of the forward (norms, rotary,
-    activation). 0 for MoE / MLA layers (not modelled). Seconds; arrays broadcast."""
+    activation; in eager PyTorch with their ``extra_elementwise_bytes``, :mod:`hetplan.estimate.elementwise`).
+    0 for MoE / MLA layers (not modelled). Seconds; arrays broadcast."""
     if m.is_moe or m.is_mla:
         return 0.0
     linear, _ = layer_gemm_times_s(m, gpu, dtype, b, s, t)
@@ -348,7 +396,7 @@ def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, sequence
     act = np.where(sequence_parallel,
                    counts.layer_activation_bytes(m, b, s, t, True, recompute="none", attention=attention),
                    counts.layer_activation_bytes(m, b, s, t, False, recompute="none", attention=attention))
-    elem = ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
+    elem = (ELEMENTWISE_PASSES * act + extra_elementwise_bytes) / gpu.hbm_bandwidth_bytes_per_s
     return linear * sum(w[1::2]) / sum(w) + elem
 
 

@@ -16,7 +16,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from hetplan.estimate.comm import CommConstants, network_terms
-from hetplan.estimate.compute import RECOMPUTE_CODES, pool_gpu
+from hetplan.estimate.compute import RECOMPUTE_CODES, op_sac_matmuls, pool_gpu
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.moe import MoEOptions
 from hetplan.estimate.schedule import simulate, simulate_many
@@ -110,10 +110,10 @@ def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None 
 
 def job_stage_options(job) -> dict:
     """The :func:`~hetplan.estimate.stage.stage_costs` keyword arguments a :class:`~hetplan.plan.Job` fixes for
-    every stage (attention, framework, MoE load imbalance and options, CP's K/V exchange): the searches pass them
+    every stage (attention, framework, MoE load imbalance and options, CP's K/V exchange, torch.compile): the searches pass them
     through, so a new job-level option reaches every search from here."""
     return dict(attention=job.attention, framework=job.framework, moe_load_imbalance=job.moe_load_imbalance,
-                kv_exchange=job.cp_kv_exchange, cp_load_balance=job.cp_load_balance,
+                kv_exchange=job.cp_kv_exchange, cp_load_balance=job.cp_load_balance, torch_compile=job.torch_compile,
                 moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap))
 
 
@@ -123,19 +123,24 @@ def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
 
 
 def hardware_flops_per_iteration(m: ModelSpec, s: int, global_batch, recompute_code, num_layers_weight=1.0, *,
-                                 flash=False, all_layers_weight=1.0):
+                                 flash=False, all_layers_weight=1.0, op_sac=False):
     """FLOPs executed per iteration including recomputation, for ``global_batch`` sequences: model FLOPs plus one
     extra forward of each recomputed layer (full) or of its attention core ``4·b·s²·q`` (selective), on the share
     ``num_layers_weight`` of the layers that recompute. With FlashAttention (``flash``) the backward pass
     recomputes the scores ``QKᵀ`` (``2·b·s²·q`` per layer; Dao et al. 2022 Sec. 3.1) on the share
     ``all_layers_weight`` of the layers, and selective recomputation adds nothing (nothing is stored to skip;
-    Megatron-LM skips the core-attention checkpoint under flash). Arrays broadcast."""
+    Megatron-LM skips the core-attention checkpoint under flash). Under torchtitan's per-op SAC (``op_sac``, what
+    selective means with ``framework = "fsdp"``) the recomputed part is every other matmul of a dense layer,
+    ``2·b·s`` FLOPs per element of the weights of :func:`hetplan.estimate.compute.op_sac_matmuls`' even entries
+    (``wk``, ``wo``, ``w3``; 0 for MoE / MLA layers, whose op-SAC the estimator does not model). Arrays broadcast."""
     rc = np.asarray(recompute_code)
     flash = np.asarray(flash)
     global_batch, s = counts.as_float(global_batch), counts.as_float(s)
     layer_f = counts.layer_forward_flops(m, global_batch, s)
     core_f = 4 * global_batch * s * s * m.q_dim
-    extra = np.where(rc == 2, layer_f, np.where((rc == 1) & ~flash, core_f, 0.0)) * m.num_layers * num_layers_weight
+    sac_weights = 0.0 if m.is_moe or m.is_mla else float(sum(w for w, _ in op_sac_matmuls(m)[1::2]))
+    selective = np.where(np.asarray(op_sac), 2 * global_batch * s * sac_weights, np.where(flash, 0.0, core_f))
+    extra = np.where(rc == 2, layer_f, np.where(rc == 1, selective, 0.0)) * m.num_layers * num_layers_weight
     extra = extra + np.where(flash, core_f / 2, 0.0) * m.num_layers * all_layers_weight
     return counts.model_flops_per_iteration(m, global_batch, s) + extra
 
@@ -300,8 +305,11 @@ class _StageRow(NamedTuple):
     fsdp_shard: int | None = None
     reshard_after_forward: bool = True
     grad_reduce_dtype: str | None = None
+    fsdp_param_dtype: str = "fp32"
+    cross_entropy: str | None = None
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
+    torch_compile: bool = True
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -367,9 +375,10 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.attention_efficiency, link, job.dtype,
                                               plan.overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
-                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, job.moe_load_imbalance,
+                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, plan.fsdp_param_dtype,
+                                              plan.cross_entropy, job.moe_load_imbalance,
                                               job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
-                                              job.cp_load_balance),
+                                              job.cp_load_balance, job.torch_compile),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -395,7 +404,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 cp_load_balance=job.cp_load_balance,
                 fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
-                tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs,
+                fsdp_param_dtype=plan.fsdp_param_dtype, cross_entropy=plan.cross_entropy,
+                tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs, torch_compile=job.torch_compile,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
@@ -430,9 +440,10 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         measured_layer_time_s=measured[r0], recompute_layers=row.recompute_layers,
                         attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
                         reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
+                        fsdp_param_dtype=row.fsdp_param_dtype, cross_entropy=row.cross_entropy,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
                         cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
-                        cuda_graphs=row.cuda_graphs,
+                        cuda_graphs=row.cuda_graphs, torch_compile=row.torch_compile,
                         moe_options=row.moe_options, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)
@@ -503,6 +514,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     recompute_flops = np.add.reduceat(hardware_flops_per_iteration(
         m, cols["s"], gbs, cols["recompute_code"], np.array(recomputed) / m.num_layers,
         flash=np.array(flash), all_layers_weight=cols["num_layers"] / m.num_layers,
+        op_sac=np.array(every["framework"]) == "fsdp",
     ) - model_rows, starts)
     model_flops = model_rows[starts]
     tp_comm = np.add.reduceat(res["tp_comm_s"], starts) * np.array(m0s)

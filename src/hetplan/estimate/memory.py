@@ -99,19 +99,44 @@ DEEPSPEED_GRAD_BYTES = 2
 #: parameter (measured: the step raises the peak by 8.00 B per parameter on every traced stage it dominates).
 DEEPSPEED_STEP_BYTES = 8
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
-#: Bytes per logit at the peak of an eager PyTorch cross-entropy on fp32-cast logits (torchtitan's
-#: ``cross_entropy_loss``: ``F.cross_entropy(pred.float(), ...)``): in its backward the saved fp32 log-softmax
-#: output, the fp32 gradient nll_loss hands it and the fp32 input gradient log_softmax writes, 4 + 4 + 4 — against
-#: Megatron's fused vocab-parallel loss (the ``head`` term and the 16-bit logits, 4 + 2).
-EAGER_LOSS_BYTES_PER_LOGIT = 12
+#: Bytes per logit at the peak of a PyTorch cross-entropy (``framework = "fsdp"``), by
+#: :attr:`hetplan.plan.Plan.cross_entropy` — against Megatron's fused vocab-parallel loss (the ``head`` term and
+#: the 16-bit logits, 4 + 2):
+#:
+#: * ``fp32``: eager on fp32-cast logits (torchtitan's ``cross_entropy_loss``: ``F.cross_entropy(pred.float(),
+#:   ...)``; the train loop deletes ``pred`` before the backward): in its backward the saved fp32 log-softmax
+#:   output, the fp32 gradient nll_loss hands it and the fp32 input gradient log_softmax writes, 4 + 4 + 4;
+#: * ``bf16``: the same ops on the bf16 logits (NeMo AutoModel's ``MaskedCrossEntropy(fp32_upcast=False)``), 2 + 2 + 2;
+#: * ``compiled``: ``torch.compile`` of that function (torchtitan ``build_cross_entropy_loss`` since 2025-04,
+#:   ``compile = true``): Inductor fuses the upcast, log-softmax and nll into reductions, its min-cut partitioner
+#:   saves the bf16 input and the per-row log-sum-exp rather than fp32 tensors, and the backward writes the bf16
+#:   input gradient in one fused kernel: 2 + 2.
+CROSS_ENTROPY_BYTES_PER_LOGIT = {"fp32": 12, "bf16": 6, "compiled": 4}
+#: The eager fp32 loss under TP, where torchtitan runs it vocab-parallel (``loss_parallel`` on whenever TP is, its
+#: default): DTensor's handlers (``torch/distributed/tensor/parallel/loss.py``) compute the backward as
+#: ``(grad_input + torch.exp(x)) * grad_output`` on the saved fp32 log-softmax ``x``, with ``grad_input`` a zeroed
+#: fp32 tensor: ``x``, ``grad_input``, ``exp(x)`` and their sum, 4 + 4 + 4 + 4 bytes per local logit at once.
+LOSS_PARALLEL_BYTES_PER_LOGIT = 16
 #: FSDP2 with mixed precision keeps the sharded parameters in fp32 (they are the master weights), fp32 sharded
 #: gradients and Adam's two fp32 moments: 4 + 4 + 8 bytes per parameter, sharded (PyTorch ``fully_shard`` with
 #: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's default), against Megatron's
-#: 2 + 4 + 12.
+#: 2 + 4 + 12. With bf16 resident parameters (:attr:`hetplan.plan.Plan.fsdp_param_dtype`; NeMo AutoModel's default
+#: ``torch_dtype="auto"`` = bf16 in ``NeMoAutoModelForCausalLM.from_config``) the sharded gradients are bf16 and
+#: ``torch.optim.Adam`` creates its moments like the parameter (``torch.zeros_like``): 2 + 2 + 4 (AutoModel
+#: ``docs/guides/mixed-precision-training.mdx``, "torch AdamW with bf16 model storage").
 FSDP_WEIGHT_BYTES, FSDP_GRAD_BYTES, FSDP_OPTIMIZER_BYTES = 4, 4, 8
+FSDP_STATE_BYTES = {"fp32": (FSDP_WEIGHT_BYTES, FSDP_GRAD_BYTES, FSDP_OPTIMIZER_BYTES), "bf16": (2, 2, 4)}
 #: FSDP units whose parameters are unsharded at once at the peak: the one computing and the one prefetched
 #: (FSDP2 prefetches one unit ahead in forward and backward).
 FSDP_UNITS_IN_FLIGHT = 2
+#: Bytes per parameter of the unsharded gradient an FSDP2 stage of a pipeline accumulates over its micro-batches,
+#: by gradient-reduction dtype: PyTorch's pipeline schedules run every backward but the last with
+#: ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)``
+#: (``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``), so each unit keeps its unsharded
+#: parameters and its unsharded gradient until the last micro-batch; FSDP2 upcasts that gradient to the reduce
+#: dtype to accumulate it (``FSDPParam.to_accumulated_grad_if_needed``: ``unsharded_grad.to(reduce_dtype)``), fp32
+#: under torchtitan's default ``mixed_precision_reduce = "float32"``, or keeps the bf16 ``.grad``.
+FSDP_PIPELINE_GRAD_BYTES = {None: 4, "fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def op_sac_activation_bytes(m: ModelSpec, b, s, t, sequence_parallel=False, attention="flash"):
@@ -185,6 +210,8 @@ def stage_memory_bytes(
     moe_recompute=False,
     grad_reduce_dtype=None,
     fp8_recipe=None,
+    fsdp_param_dtype="fp32",
+    cross_entropy="fp32",
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -204,7 +231,10 @@ def stage_memory_bytes(
             (:data:`FSDP_WEIGHT_BYTES` ...) over the shard group (``fsdp_shard``, default ``dp``), plus the
             16-bit unsharded parameters of :data:`FSDP_UNITS_IN_FLIGHT` units (of all the stage's units when
             ``reshard_after_forward`` is False: they are kept from forward to backward) and, in the backward,
-            one unit's unsharded 16-bit gradient and its fp32 reduce-scatter input.
+            one unit's unsharded 16-bit gradient and its fp32 reduce-scatter input. A stage of a pipeline
+            (``single_stage`` False) holds all its units unsharded with their accumulated unsharded gradients
+            (:data:`FSDP_PIPELINE_GRAD_BYTES`). The last stage's loss phase: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT`
+            (:data:`LOSS_PARALLEL_BYTES_PER_LOGIT` for the eager fp32 loss under TP) and the output layer's input.
         cp: context-parallel degree: each GPU holds ``s / cp`` tokens of every sequence
             (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
         ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
@@ -220,6 +250,8 @@ def stage_memory_bytes(
             weights' extra bytes (in ``weights``; :func:`hetplan.estimate.fp8.weight_copy_bytes`), the linear inputs
             Transformer Engine saves in FP8 (in ``activations``); under torchao (``fsdp``) the unsharded units
             gathered in FP8 (:mod:`hetplan.estimate.fp8`).
+        fsdp_param_dtype: FSDP's resident parameter dtype, ``"fp32"`` | ``"bf16"`` (:data:`FSDP_STATE_BYTES`).
+        cross_entropy: FSDP's loss, ``"fp32"`` | ``"bf16"`` | ``"compiled"`` (:data:`CROSS_ENTROPY_BYTES_PER_LOGIT`).
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -241,10 +273,21 @@ def stage_memory_bytes(
         eshard = edp if fsdp_shard is None else np.minimum(fsdp_shard, edp)
         units = FSDP_UNITS_IN_FLIGHT if reshard_after_forward else np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT)
         gathered = WEIGHT_BYTES if fp8_recipe is None else fp8.gathered_weight_bytes(fp8.FP8, framework)
-        weights = split(FSDP_WEIGHT_BYTES, shard, eshard) + units * layer_params * gathered
-        # one unit's unsharded 16-bit gradient and its fp32 copy for the reduce-scatter (backward only)
-        grads = split(FSDP_GRAD_BYTES, shard, eshard) + layer_params * (WEIGHT_BYTES + 4)
-        optim = split(FSDP_OPTIMIZER_BYTES, shard, eshard)
+        # In a pipeline (more than one stage) every unit of the stage stays unsharded from its first micro-batch
+        # to its last, with its accumulated unsharded gradient (FSDP_PIPELINE_GRAD_BYTES); the embedding and
+        # head are the root unit's, gathered in 16 bits (float8 converts linear layers only).
+        pipelined = ~np.asarray(single_stage)
+        units = np.where(pipelined, num_layers, units)
+        outer = np.where(pipelined, dense + expert - np.asarray(num_layers) * layer_params, 0.0)
+        w_bytes, g_bytes, o_bytes = FSDP_STATE_BYTES[fsdp_param_dtype]
+        weights = split(w_bytes, shard, eshard) + units * layer_params * gathered + outer * WEIGHT_BYTES
+        # one unit's unsharded 16-bit gradient and its fp32 copy for the reduce-scatter (backward only); in a
+        # pipeline the sharded gradients appear only after the last micro-batch's backward, as each unit's
+        # accumulated gradient is reduce-scattered and freed, so the accumulated ones stand for both
+        sharded_grads = np.where(pipelined, (dense + expert) * FSDP_PIPELINE_GRAD_BYTES[grad_reduce_dtype],
+                                 split(g_bytes, shard, eshard))
+        grads = sharded_grads + layer_params * (WEIGHT_BYTES + 4)
+        optim = split(o_bytes, shard, eshard)
     else:
         zero = np.asarray(zero)
 
@@ -321,7 +364,11 @@ def stage_memory_bytes(
         # components, negative where they add buffers that never coexist.
         loss = head + logits
         if framework == "fsdp":
-            loss = EAGER_LOSS_BYTES_PER_LOGIT * s * b * m.padded_vocab_size() / t * np.asarray(has_head)
+            per_logit = np.where((np.asarray(t) > 1) & (cross_entropy == "fp32"), LOSS_PARALLEL_BYTES_PER_LOGIT,
+                                 CROSS_ENTROPY_BYTES_PER_LOGIT[cross_entropy])
+            # plus the output layer's saved input, the whole sequence on every TP rank (torchtitan's ``output`` is
+            # ``ColwiseParallel(input_layouts=Shard(1))``: it all-gathers the sequence-parallel norm output)
+            loss = (per_logit * s * b * m.padded_vocab_size() / t + 2 * sbh) * np.asarray(has_head)
         transient = np.maximum(loss, recomputed + backward) - head - recomputed
         if framework == "megatron" and grad_reduce_dtype in ("bf16", "fp16"):
             # optimizer step: the fp32 copy of the owned 16-bit gradient shard, while the activations are freed

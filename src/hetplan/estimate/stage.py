@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hetplan.estimate import compute, context, fp8, memory, moe
+from hetplan.estimate import compute, context, elementwise, fp8, memory, moe
 from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, P2P_CALL_S, dp_collective_time_s,
                                    group_collective_time_s, overlap_contention)
 from hetplan.hardware.catalog import GPUSpec
@@ -96,6 +96,8 @@ def stage_costs(
     fsdp_shard=None,
     reshard_after_forward=True,
     grad_reduce_dtype=None,
+    fsdp_param_dtype="fp32",
+    cross_entropy=None,
     cp=1,
     ep=1,
     etp=1,
@@ -106,6 +108,7 @@ def stage_costs(
     virtual_stages=1,
     tp_comm_overlap=False,
     cuda_graphs=False,
+    torch_compile=True,
 ):
     """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
 
@@ -141,6 +144,9 @@ def stage_costs(
     its forward and gathers them again for its backward (True, FSDP2's default), or keeps them (False: one gather
     per micro-batch, the unsharded parameters held through the backward). ``grad_reduce_dtype``: ``"fp32"`` or
     ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
+    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss
+    (:attr:`hetplan.plan.Plan.fsdp_param_dtype`, :attr:`hetplan.plan.Plan.cross_entropy`, None: compiled with
+    ``torch_compile``; memory only).
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
     on ``cp`` blocks (``2·cp - 1`` on the busiest rank without ``cp_load_balance``), plus the exposed K/V exchange
@@ -154,7 +160,10 @@ def stage_costs(
     ``virtual_stages``: v of interleaved 1F1B; each of the ``v - 1`` extra model chunks adds one p2p call per
     direction and micro-batch to a pipeline stage (:func:`pipeline_call_s`). ``tp_comm_overlap``: Megatron-Core's
     ``--tp-comm-overlap`` on dense layers (:func:`hetplan.estimate.compute.layer_time_s`). ``cuda_graphs``: the
-    layers are replayed as CUDA graphs, without the per-kernel host floor (same function).
+    layers are replayed as CUDA graphs, without the per-kernel host floor (same function). ``torch_compile``
+    (``framework = "fsdp"`` only): the blocks and the loss run under ``torch.compile`` (fused element-wise kernels,
+    as the element-wise term assumes), or eagerly (False): the extra bytes and kernels of eager PyTorch's
+    element-wise ops, fp32 loss and float8 casts (:mod:`hetplan.estimate.elementwise`).
 
     Units: seconds, bytes.
     """
@@ -163,7 +172,7 @@ def stage_costs(
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
                  intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe,
-                 cuda_graphs=cuda_graphs)
+                 cuda_graphs=cuda_graphs, op_sac=framework == "fsdp")
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
@@ -171,6 +180,12 @@ def stage_costs(
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
                      extra_kernels=moe.extra_kernels(m, ep, framework))
+    eager = framework == "fsdp" and not torch_compile
+    eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
+    if eager:  # eager PyTorch: unfused element-wise ops (and float8 casts) beyond the fused kernels
+        casts = len(moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)) if fp8.is_fp8(dtype) else 0
+        tp_kw.update(extra_elementwise_bytes=eager_bytes, extra_kernels=tp_kw.get("extra_kernels", 0.0)
+                     + elementwise.eager_layer_kernels(m) + casts * elementwise.EAGER_CAST_KERNELS)
     lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
     af: Any = None
     ab: Any = None
@@ -194,8 +209,11 @@ def stage_costs(
             lb, ltp = lb + rerun, ltp + np.where(np.asarray(recompute_code) == 2, 0.0, a2a)
     fp8_recipe = fp8.recipe(gpu, framework) if fp8.is_fp8(dtype) else None
     if fp8_recipe is not None:  # FP8 quantization of the linear layers' inputs and output gradients
-        cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance,
-                                                                                etp))
+        shapes = moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)
+        cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, shapes)
+        if eager:  # torchao's casts as separate ATen kernels
+            xf, xb = elementwise.eager_cast_time_s(gpu, shapes)
+            cf, cb = cf + xf, cb + xb
         lf, lb = lf + cf, lb + cb + np.where(np.asarray(recompute_code) == 2, cf, 0.0)
         if af is not None:
             af, ab = af + cf, ab + cb
@@ -206,9 +224,12 @@ def stage_costs(
         ab = mbk
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t)
+    if eager:  # torchtitan's fp32 cross-entropy, op by op
+        loss = elementwise.eager_loss_time_s(m, gpu, b, s, t)
+        hf, hb = hf + loss, hb + loss
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
         lb = lb + np.where(np.asarray(recompute_code) == 1, compute.op_sac_recompute_s(
-            m, gpu, dtype, b, s, t, sequence_parallel, attention), 0.0)
+            m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes), 0.0)
     if recompute_layers is None:
         layers_bwd, layers_tp = num_layers * lb, num_layers * ltp
     else:  # r layers recompute, the others do not (their backward is the plain one)
@@ -309,6 +330,8 @@ def stage_costs(
         etp=etp,
         moe_recompute=moe_options.recompute,
         grad_reduce_dtype=grad_reduce_dtype,
+        fsdp_param_dtype=fsdp_param_dtype,
+        cross_entropy=cross_entropy or ("compiled" if torch_compile else "fp32"),
         fp8_recipe=fp8_recipe,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)

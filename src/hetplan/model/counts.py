@@ -19,8 +19,10 @@ from hetplan.model.spec import ModelSpec
 BYTES_PER_ACTIVATION = 2  # bf16/fp16 activations
 #: Attention implementations: ``standard`` materialises the s x s scores (Megatron-LM's unfused core attention,
 #: what Korthikanti et al. 2023 count); ``flash`` is FlashAttention (Dao et al., NeurIPS 2022), which keeps only
-#: the output and the fp32 softmax log-sum-exp and recomputes the scores in backward.
-ATTENTION_KINDS = ("standard", "flash")
+#: the output and the fp32 softmax log-sum-exp and recomputes the scores in backward; ``eager`` stores what
+#: ``standard`` does (plus the fp32 softmax output of a model with ``softmax_fp32``) but runs each element-wise
+#: step as its own kernel (Hugging Face eager attention; :func:`hetplan.estimate.compute.eager_score_bytes`).
+ATTENTION_KINDS = ("standard", "flash", "eager")
 #: Bytes per element of FlashAttention's saved softmax statistics (log-sum-exp, fp32; Dao et al. 2022 Alg. 2).
 FLASH_LSE_BYTES = 4
 
@@ -44,7 +46,8 @@ def check_attention(attention: str) -> str:
     """
     if attention not in ATTENTION_KINDS:
         raise HetplanError(f"unknown attention implementation {attention!r}", field="job.attention",
-                           fix="use 'standard' (s x s scores stored) or 'flash' (FlashAttention)")
+                           fix="use 'standard' (s x s scores stored), 'eager' (the same, unfused: Hugging Face) or "
+                               "'flash' (FlashAttention)")
     return attention
 
 
@@ -251,7 +254,9 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
       inputs of a GeLU MLP's activation/second GEMM (2sbf each), or for SwiGLU the gate and up outputs and their
       product (2sbf each, three tensors) — 24sbh for GPT with f = 4h;
     * the s² attention terms, split across TP ranks: softmax output 2as²b, plus its dropout mask as²b and the
-      dropout output 2as²b when the model uses dropout — 5as²b for GPT.
+      dropout output 2as²b when the model uses dropout — 5as²b for GPT; ``eager`` attention with
+      ``softmax_fp32`` also keeps the fp32 softmax output, 4as²b (Hugging Face ``BloomAttention``: the softmax
+      saves its fp32 output, the context GEMM the bf16 cast of it).
 
     For GPT this reproduces the paper's sbh(10 + 24/t + 5as/(ht)) (Table 2, TP), sbh(34/t + 5as/(ht)) (TP+SP)
     and 34sbh/t (TP + SP + selective recompute, which drops the s² terms). Full recompute keeps only the layer
@@ -294,7 +299,8 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
     if check_attention(attention) == "flash":
         quadratic = FLASH_LSE_BYTES * a * s * b
     else:
-        quadratic = 0 if recompute == "selective" else (5 if m.dropout else 2) * a * s * attended_keys(m, s) * b
+        per_score = (5 if m.dropout else 2) + (4 if attention == "eager" and m.softmax_fp32 else 0)
+        quadratic = 0 if recompute == "selective" else per_score * a * s * attended_keys(m, s) * b
     if sequence_parallel:
         return (replicated + tp_split + quadratic) / t
     return replicated + (tp_split + quadratic) / t

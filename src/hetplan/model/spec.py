@@ -54,6 +54,9 @@ class ModelSpec(BaseModel):
         learned_positions: number of rows in a learned position-embedding table (0 for rotary).
         tied_embeddings: the output head shares the input embedding matrix.
         dropout: the model applies dropout (stores dropout masks, Korthikanti et al. 2023, Sec. 4.1).
+        softmax_fp32: the attention softmax runs in fp32 on 16-bit scores (upcast, softmax, cast back): BLOOM's
+            ``attention_softmax_in_fp32`` (Megatron-DeepSpeed; Hugging Face ``BloomAttention`` always does it).
+            Costs time only under ``eager`` attention (:func:`hetplan.estimate.compute.eager_score_bytes`).
         v_head_dim: per-head size of V (MLA: ``v_head_dim``; 0 = ``head_dim``).
         qkv_bias: Q, K and V projections have biases, the output projection not (Qwen2).
         qk_norm: RMSNorm weights on each head's Q and K (Qwen3; ``head_dim`` each).
@@ -93,6 +96,7 @@ class ModelSpec(BaseModel):
     learned_positions: int = Field(ge=0)
     tied_embeddings: bool
     dropout: bool
+    softmax_fp32: bool = False
     v_head_dim: int = Field(0, ge=0)
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -408,6 +412,7 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
             learned_positions=n_pos,
             tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             dropout=float(_get(cfg, "attn_pdrop", "attention_dropout", default=0.1)) > 0,
+            softmax_fp32=bool(cfg.get("attention_softmax_in_fp32", False)),
         )
     elif model_type == "gpt_neox":
         shape = _common_shape(cfg, model_type)

@@ -33,14 +33,15 @@ What each target can express:
   lacks (gradients then also sharded: less memory than planned, the same communication volume); Llama-family
   models only (Llama 3 flavors ``8B`` / ``70B`` / ``405B`` by name, any other Llama shape registered as a flavor
   by ``hetplan_torchtitan_model.py``, imported through ``[experimental] custom_import``); bf16 or fp32 parameters
-  (no fp16 mixed precision).
+  (no fp16 mixed precision); the job's ``torch_compile`` as ``[compile] enable`` with ``components = ["model",
+  "loss"]`` (``CompileConfig``, torchtitan ``torchtitan/config/job_config.py``; eager: ``enable = false``).
 
 FP8 plans (``dtype = "fp8"``, :mod:`hetplan.estimate.fp8`): Megatron-LM gets ``--bf16`` plus the FP8 recipe the
 estimate assumed (``--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo
 max --fp8-param-gather`` on Hopper, ``--fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather`` on Blackwell);
 torchtitan the float8 converter (``[model] converters = ["float8"]``, ``[float8]`` with the FSDP2 float8
-all-gather, the output head filtered out) and ``[compile] enable`` (torchtitan ``docs/float8.md``); DeepSpeed
-refuses (no FP8 in its config).
+all-gather, the output head filtered out; the float8 casts are fused only under ``[compile] enable``, torchtitan
+``docs/float8.md``, which the job's default ``torch_compile`` sets); DeepSpeed refuses (no FP8 in its config).
 """
 
 from __future__ import annotations
@@ -536,7 +537,9 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         # dynamic scaling, FP8 all-gather of the FSDP2 parameters; the output head stays bf16
         lines += ["", "[float8]", "enable_fsdp_float8_all_gather = true",
                   "precompute_float8_dynamic_scale_for_fsdp = true", 'filter_fqns = ["output"]']
-        lines += ["", "[compile]", "enable = true"]  # float8's casts are fused only under torch.compile
+    # torch.compile of the blocks and the loss, or eager (hetplan.estimate.elementwise)
+    lines += ["", "[compile]", *(['enable = true', 'components = ["model", "loss"]'] if plan.job.torch_compile
+                                 else ["enable = false"])]
     ac = {"none": ["mode = \"none\""], "full": ["mode = \"full\""],
           "selective": ["mode = \"selective\"", "selective_ac_option = \"op\""]}[m.recompute]
     lines += ["", "[activation_checkpoint]", *ac, "", *extra]

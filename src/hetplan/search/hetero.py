@@ -241,12 +241,13 @@ def cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, i
 
     Cached (by model, job, GPU, TP, link, b, d, ZeRO, F, recomputations, CP, EP; at most 4,096 tables), so sweeps
     over many inventories of the same GPU types reuse them."""
-    common = (m, job.model_dump_json(), st.gpu.model_dump_json(), st.tp, st.link)
+    # JSON text rather than the models: a str keeps its hash, a model hashes its fields again at every look-up
+    common = (m.model_dump_json(), job.model_dump_json(), st.gpu.model_dump_json(), st.tp, st.link)
     keys = [common + (b, d, zero, F, tuple(rcs), cp, ep) for b, d, zero, F in shapes]
     todo = sorted({sh for sh, key in zip(shapes, keys) if key not in _TABLES}, key=lambda sh: sh[3])
     if len(_TABLES) + len(todo) > 4096:
         _TABLES.clear()
-    per_shape = 4 * (m.num_layers + 1) * len(rcs)
+    per_shape = 2 * (m.num_layers + 1) * len(rcs)
     done: dict = {}
     while todo:
         n = 1
@@ -262,6 +263,10 @@ def cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, i
 
 def _cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, int, int, int]], rcs: list[int],
                  cp: int, ep: int) -> list[CostTable]:
+    """The tables of ``shapes``: one :func:`stage_costs` call over (shape, kind, in-flight, layers, recomputation)
+    for the first and middle stages at 1..F micro-batches in flight, one for the last and single stages at one
+    (under 1F1B the last stage runs each backward right after its forward); their rows repeat it for every
+    in-flight count. Memory is the costly part of the grid, and it is the part that grows with in-flight."""
     L = m.num_layers
     G, F = len(shapes), max(sh[3] for sh in shapes)
 
@@ -270,30 +275,43 @@ def _cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, 
 
     b, d, zero = col([sh[0] for sh in shapes]), col([sh[1] for sh in shapes]), col([sh[2] for sh in shapes])
     mb = col([job.global_batch // (sh[0] * sh[1]) for sh in shapes])
-    kind = np.arange(4).reshape(1, 4, 1, 1, 1)
-    f = np.arange(1, F + 1).reshape(1, 1, F, 1, 1)
     n = np.arange(L + 1).reshape(1, 1, 1, L + 1, 1)
     rc = np.array(rcs).reshape(1, 1, 1, 1, len(rcs))
-    c = stage_costs(
-        m, st.gpu, st.link, job.dtype, s=job.seq_len, b=b, t=st.tp, dp=d, num_layers=n,
-        has_embedding=(kind == FIRST) | (kind == SINGLE), has_head=(kind == LAST) | (kind == SINGLE),
-        single_stage=kind == SINGLE, in_flight=f, num_microbatches=mb, zero=zero, recompute_code=rc,
-        sequence_parallel=st.tp > 1, cp=cp, ep=ep, **job_stage_options(job),
-    )
-    shape = (G, 4, F, L + 1, len(rcs))
-    per = np.broadcast_to(c.forward_s + c.backward_s, shape)
-    fits = np.broadcast_to(c.memory["total"], shape) <= st.gpu.memory_bytes
-    idx = np.argmax(fits, axis=-1)[..., None]
-    anyfit = fits.any(axis=-1)
-    a = np.where(anyfit, np.take_along_axis(per, idx, -1)[..., 0], INF)
-    e = np.take_along_axis(np.broadcast_to(c.dp_exposed_s, shape), idx, -1)[..., 0]
-    o = np.broadcast_to(c.optimizer_s, shape)[..., 0]
-    nmax = np.cumprod(anyfit[..., 1:], axis=-1).sum(axis=-1)
-    rc_best = np.asarray(rcs)[idx[..., 0]]
-    raw = per[:, :, 0, :, 0]
+
+    def tables(kinds: list[int], flights: int):
+        """(a, e, o, rc, nmax) arrays (G, kinds, flights, L+1) and the raw fwd+bwd s (G, kinds, L+1)."""
+        kind = np.array(kinds).reshape(1, -1, 1, 1, 1)
+        c = stage_costs(
+            m, st.gpu, st.link, job.dtype, s=job.seq_len, b=b, t=st.tp, dp=d, num_layers=n,
+            has_embedding=(kind == FIRST) | (kind == SINGLE), has_head=(kind == LAST) | (kind == SINGLE),
+            single_stage=kind == SINGLE, in_flight=np.arange(1, flights + 1).reshape(1, 1, -1, 1, 1),
+            num_microbatches=mb, zero=zero, recompute_code=rc, sequence_parallel=st.tp > 1, cp=cp, ep=ep,
+            **job_stage_options(job),
+        )
+        shape = (G, len(kinds), flights, L + 1, len(rcs))
+        per = np.broadcast_to(c.forward_s + c.backward_s, shape)
+        fits = np.broadcast_to(c.memory["total"], shape) <= st.gpu.memory_bytes
+        exposed = np.broadcast_to(c.dp_exposed_s, shape)
+        # the lightest recomputation that fits (rcs go from light to heavy; the lightest when none fits)
+        a, e, pick = per[..., 0], exposed[..., 0], np.zeros(shape[:-1], dtype=np.int64)
+        for r in range(len(rcs) - 1, -1, -1):
+            a, e = np.where(fits[..., r], per[..., r], a), np.where(fits[..., r], exposed[..., r], e)
+            pick = np.where(fits[..., r], r, pick)
+        anyfit = np.logical_or.reduce([fits[..., r] for r in range(len(rcs))])
+        nmax = np.cumprod(anyfit[..., 1:], axis=-1).sum(axis=-1)
+        out = (np.where(anyfit, a, INF), e, np.broadcast_to(c.optimizer_s, shape)[..., 0], np.asarray(rcs)[pick], nmax)
+        return out, per[:, :, 0, :, 0]
+
+    first_mid, raw = tables([FIRST, MID], F)
+    last_single, raw_ls = tables([LAST, SINGLE], 1)
+    full = []
+    for x, y in zip(first_mid, last_single):
+        both = np.empty((G, 4) + x.shape[2:], dtype=x.dtype)
+        both[:, :2], both[:, 2:] = x, y  # y repeated over in-flight counts
+        full.append(both)
+    raw = np.concatenate([raw, raw_ls], axis=1)
     return [CostTable(
-        a=a[g, :, :Fg].copy(), e=e[g, :, :Fg].copy(), o=o[g, :, :Fg].copy(), rc=rc_best[g, :, :Fg].copy(),
-        nmax=nmax[g, :, :Fg].copy(), layer_s=float(raw[g, MID, 1] - raw[g, MID, 0]),
+        *(x[g, :, :Fg].copy() for x in full), layer_s=float(raw[g, MID, 1] - raw[g, MID, 0]),
         emb_s=float(raw[g, FIRST, 0] - raw[g, MID, 0]), head_s=float(raw[g, LAST, 0] - raw[g, MID, 0]),
     ) for g, (_, _, _, Fg) in enumerate(shapes)]
 
@@ -310,21 +328,43 @@ class _Group:
     """Everything for one (b, d, zero, cp, ep): stage types' tables and the p2p cache. A stage of TP degree t
     uses ``t·cp·d`` GPUs (``width = cp·d`` per TP rank). ``shared``: a dict the groups of one search share, so
     that groups differing only in ZeRO or EP share their boundary and stage-order transfer times (they depend on
-    ``(b, d, cp)`` only)."""
+    ``(b, d, cp)`` only). ``tables``: the stage types' cost tables by ``(pool, tp)`` when the caller built them
+    (:func:`cost_tables`), else built here."""
 
-    def __init__(self, m, job, inventory, types, b, d, zero, rcs, max_stages, cp=1, ep=1, shared: dict | None = None):
+    def __init__(self, m, job, inventory, types, b, d, zero, rcs, max_stages, cp=1, ep=1, shared: dict | None = None,
+                 tables: dict | None = None):
         self.m, self.job, self.inventory, self.b, self.d, self.zero = m, job, inventory, b, d, zero
         self.cp, self.ep, self.width = cp, ep, cp * d
         self.mb = job.global_batch // (b * d)
         self.F = max(1, min(self.mb, max_stages))
         self.types = [st for st in types if st.tp * self.width <= inventory.pools[st.pool].count]
-        self.tables = {(st.pool, st.tp): cost_table(m, job, st, b, d, zero, self.F, rcs, cp, ep) for st in self.types}
+        self.tables = {(st.pool, st.tp): tables[(st.pool, st.tp)] if tables is not None
+                       else cost_table(m, job, st, b, d, zero, self.F, rcs, cp, ep) for st in self.types}
         self.by_key = {(st.pool, st.tp): st for st in self.types}
         self.gpus_per_node = [pool.gpus_per_node for pool in inventory.pools]
         shared = {} if shared is None else shared
+        self._shared = shared
         self._boundaries: dict = shared.setdefault((b, d, cp), {"p2p": {}, "orders": {}})
         self._p2p: dict = self._boundaries["p2p"]
         self._orders: dict = self._boundaries["orders"]
+        self._rows: dict = {}
+
+    def pool_options(self, L: int, mixed_tp: bool):
+        """:func:`_pool_options` of this group and, per pool, its options' sub-blocks as arrays ``(TP degree,
+        stages)`` of shape ``(options, 2)`` (an empty slot: TP 1, no stages); shared by the groups of one width
+        ``cp·d`` (their stage types are the same)."""
+        key = ("options", self.width, L, mixed_tp)
+        if key not in self._shared:
+            opts = _pool_options(self, L, mixed_tp)
+            subs = []
+            for ol in opts:
+                sub_t, sub_p = np.ones((len(ol), 2), dtype=np.int64), np.zeros((len(ol), 2))
+                for i, option in enumerate(ol):
+                    for j, (t, n) in enumerate(option):
+                        sub_t[i, j], sub_p[i, j] = t, n
+                subs.append((sub_t, sub_p))
+            self._shared[key] = (opts, subs)
+        return self._shared[key]
 
     def p2p(self, s1: StageType, s2: StageType, intra: bool) -> float:
         """One-way transfer time of one micro-batch across a boundary (s), as the estimator prices it
@@ -437,42 +477,62 @@ class _Group:
         return self._orders[key]
 
     def order_lower_bound_s(self, seq: list[StageType]) -> float:
+        """:meth:`order_lower_bounds_s` of one stage order."""
+        return float(self.order_lower_bounds_s([seq])[0])
+
+    def order_lower_bounds_s(self, seqs: list[list[StageType]]) -> np.ndarray:
         """Lower bound (s) on :func:`hetplan.estimate.estimator.estimate`'s iteration time of every layer partition
-        of one stage order ``seq``, on each position's own cost row ``a_i(n)`` (its embedding or head, its
-        micro-batches in flight and the lightest recomputation that fits, so memory counts): the pipeline lasts at
-        least ``m·M*``, with ``M*`` the least bottleneck time at which the stages can hold ``L`` layers (the L-th
-        smallest ``a_i(n)``, ``n >= 1``, and at least every ``a_i(1)``), and at least the in-flight window
-        (:func:`hetplan.search.homogeneous.window_lower_bound_s`) over the least sum of stage times (every
-        ``a_i(1)`` plus the ``L - p`` smallest increments ``a_i(n) - a_i(n-1)``, which bound any stage's own) and the
-        order's own transfers; then stage 0's least exposed DP time and the largest least optimizer step.
-        ``inf`` when no partition fits."""
-        p, L, m_ = len(seq), self.m.num_layers, self.mb
+        of each stage order of ``seqs`` (orders of as many stages; arrays over them), on each position's own cost
+        row ``a_i(n)`` (its embedding or head, its micro-batches in flight and the lightest recomputation that
+        fits, so memory counts): the pipeline lasts at least ``m·M*``, with ``M*`` the least bottleneck time at
+        which the stages can hold ``L`` layers (the L-th smallest ``a_i(n)``, ``n >= 1``, and at least every
+        ``a_i(1)``), and at least the in-flight window (:func:`hetplan.search.homogeneous.window_lower_bound_s`)
+        over the least sum of stage times (every ``a_i(1)`` plus the ``L - p`` smallest increments
+        ``a_i(n) - a_i(n-1)``, which bound any stage's own) and the order's own transfers; then stage 0's least
+        exposed DP time and the largest least optimizer step. ``inf`` when no partition fits."""
+        p, L, m_ = len(seqs[0]), self.m.num_layers, self.mb
+        if p > L:
+            return np.full(len(seqs), INF)
         kinds, flights = _positions(p, m_)
-        tabs = [self.tables[(st.pool, st.tp)] for st in seq]
-        a = np.array([t.a[k, f - 1] for t, k, f in zip(tabs, kinds, flights)])
-        held = a[:, 1:]
-        fits = np.isfinite(held)
-        if p > L or not fits[:, 0].all() or int(fits.sum()) < L:
-            return INF
-        bottleneck = max(float(held[:, 0].max()), float(np.partition(held[fits], L - 1)[L - 1]))
-        more = fits[:, 1:]  # a_i(n) finite for n >= 2 (then a_i(n-1) is too: a grows with n)
-        steps = a[:, 2:][more] - a[:, 1:-1][more]
-        least_sum = float(held[:, 0].sum()) + (float(np.partition(steps, L - p - 1)[:L - p].sum()) if L > p else 0.0)
-        c = self.order_p2p_s(seq)
-        pipe = max(m_ * bottleneck, float(window_lower_bound_s(least_sum, c, p, m_)))
-        e0 = float(np.min(np.where(fits[0], tabs[0].e[kinds[0], flights[0] - 1, 1:], INF)))
-        o = np.array([t.o[k, f - 1, 1:] for t, k, f in zip(tabs, kinds, flights)])
-        return pipe + max(e0, 0.0) + float(np.where(fits, o, INF).min(axis=1).max())
+        rows = [[self._position_row(st, k, f) for st, k, f in zip(seq, kinds, flights)] for seq in seqs]
+        a = np.array([[r[0] for r in order] for order in rows])  # (orders, p, L+1)
+        held = a[:, :, 1:]
+        fits = np.isfinite(held)  # a prefix of each row (a grows with n)
+        ok = fits[:, :, 0].all(axis=1) & (fits.sum(axis=(1, 2)) >= L)
+        flat = held.reshape(len(seqs), -1)
+        bottleneck = np.maximum(held[:, :, 0].max(axis=1), np.partition(flat, L - 1, axis=1)[:, L - 1])
+        least_sum = held[:, :, 0].sum(axis=1)
+        if L > p:
+            with np.errstate(invalid="ignore"):  # inf - inf where neither n nor n-1 fits
+                steps = np.where(fits[:, :, 1:], a[:, :, 2:] - a[:, :, 1:-1], INF).reshape(len(seqs), -1)
+            least_sum = least_sum + np.sort(np.partition(steps, L - p - 1, axis=1)[:, :L - p], axis=1).sum(axis=1)
+        c = np.array([self.order_p2p_s(seq) for seq in seqs])
+        pipe = np.maximum(m_ * bottleneck, window_lower_bound_s(least_sum, c, p, m_))
+        tail = np.array([max(order[0][1], 0.0) + max(r[2] for r in order) for order in rows])
+        return np.where(ok, pipe + tail, INF)
+
+    def _position_row(self, st: StageType, kind: int, flight: int):
+        """``(a, least e, least o)`` of a stage type at one position: its cost row ``a(n)`` (s) and the least
+        exposed DP and optimizer times over the layer counts that fit (``inf`` when none does); cached."""
+        key = (st.pool, st.tp, kind, flight)
+        if key not in self._rows:
+            tb = self.tables[(st.pool, st.tp)]
+            row = tb.a[kind, flight - 1]
+            fits = np.isfinite(row[1:])
+            self._rows[key] = (row, float(np.min(np.where(fits, tb.e[kind, flight - 1, 1:], INF))),
+                               float(np.min(np.where(fits, tb.o[kind, flight - 1, 1:], INF))))
+        return self._rows[key]
 
     def c_min(self) -> float:
-        """A lower bound on the one-way time of any boundary between two stage types (s)."""
+        """A lower bound on the one-way time of any boundary between two stage types (s); 0 when the group has no
+        stage type (no boundary: any bound holds)."""
         if "c_min" not in self._boundaries:  # shared: the types and boundaries depend on (b, d, cp) only
             # Exact over pairs of equal TP; a resharding boundary (different TP) is bounded by 0.
             pairs = [(a, b, intra) for a in self.types for b in self.types if a.tp == b.tp for intra in (False, True)]
             self._fill_p2p(pairs)
             same = [self.p2p(*pair) for pair in pairs]
             cross = any(a.tp != b.tp for a in self.types for b in self.types)
-            self._boundaries["c_min"] = min(same + ([0.0] if cross else []))
+            self._boundaries["c_min"] = min(same + ([0.0] if cross else []), default=0.0)
         return self._boundaries["c_min"]
 
     def intra_node(self, seq: list[StageType]) -> list[bool]:
@@ -523,7 +583,7 @@ class _Group:
         return t, ns, rcs
 
 
-def _pool_options(group: _Group, pins: Pins, L: int, mixed_tp: bool = False):
+def _pool_options(group: _Group, L: int, mixed_tp: bool = False):
     """Per pool: list of options, each a tuple of ``(tp, stages)`` sub-blocks (``()`` = pool unused).
 
     Without ``mixed_tp`` one TP degree per pool: ``((tp, s),)``. With it also two degrees ``tp_a > tp_b``,
@@ -594,107 +654,121 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     plus :meth:`_Group.tail_lower_bound_s` (first stage's exposed DP, largest optimizer step).
     """
     L = group.m.num_layers
-    opts = _pool_options(group, pins, L, mixed_tp)
+    opts, subs = group.pool_options(L, mixed_tp)
     K = len(opts)
-    names = ("p", "gpus", "rate", "inv", "lam", "cap", "lmax")
-    cols = {name: [] for name in names}
-    for k, ol in enumerate(opts):
-        # Columns of every option of pool k. An option of several TP sub-blocks: sums, its least λ and total
-        # capacity for the pour (a lower bound of the pour over its sub-blocks); capacity < 0 when a stage cannot
-        # hold one layer. Built from per-(tp) arrays over the options (numpy), options being few per pool.
-        sub_p = np.zeros((len(ol), 2))
-        sub_t = np.ones((len(ol), 2), dtype=np.int64)
-        for i, option in enumerate(ol):
-            for j, (t, n) in enumerate(option):
-                sub_t[i, j], sub_p[i, j] = t, n
-        lam_of = {t: group.tables[(k, t)].layer_s for t in set(sub_t.ravel().tolist()) if (k, t) in group.tables}
-        room_of = {t: int(group.tables[(k, t)].nmax[MID, 0]) - 1 for t in lam_of}
-        price = group.by_key[(k, next(iter(lam_of)))].price_usd_per_hour if lam_of else 0.0
-        tps = sub_t.tolist()
-        lam = np.array([[lam_of.get(t, 1e30) for t in row] for row in tps], dtype=float).reshape(sub_t.shape)
-        room = np.array([[room_of.get(t, 0) for t in row] for row in tps], dtype=np.int64).reshape(sub_t.shape)
-        used = sub_p > 0
-        g = sub_t * group.width * sub_p
-        cols["p"].append(sub_p.sum(axis=1).astype(np.int64))
-        cols["gpus"].append(g.sum(axis=1))
-        cols["rate"].append(g.sum(axis=1) * price)
-        cols["inv"].append(np.where(used, sub_p / lam, 0.0).sum(axis=1))
-        cols["lam"].append(np.where(used, lam, 1e30).min(axis=1))
-        cols["cap"].append(np.where((used & (room < 0)).any(axis=1), -1, np.where(used, sub_p * room, 0).sum(axis=1)))
-        cols["lmax"].append(np.where(used, lam, 0.0).max(axis=1))
+    if not group.types:  # no stage type fits the group's width: no allocation
+        none = np.zeros(0)
+        return (opts, np.zeros((0, K), dtype=np.int64), none.astype(np.int64), none.astype(np.int64), none, none) + (
+            (none,) if return_sim else ())
+    cols = [_option_columns(group, k, sub_t, sub_p) for k, (sub_t, sub_p) in enumerate(subs)]
     # Cross product pool by pool, dropping partial allocations with more than L stages or max_pools pools and
     # options whose stage cannot hold one layer (both only grow as pools are added).
     # Count first (a histogram over (stages, pools used)), so that an oversized space costs nothing to reject.
     hist = np.zeros((L + 1, K + 1), dtype=np.int64)
     hist[0, 0] = 1
+    shift = np.subtract.outer(np.arange(L + 1), np.arange(L + 1))  # stages added: row minus column
     for k in range(K):
-        nxt = np.zeros_like(hist)
-        per_p = np.bincount(cols["p"][k][cols["cap"][k] >= 0], minlength=L + 1)  # options by stage count
-        nxt += per_p[0] * hist
-        for pk in np.flatnonzero(per_p[1:L + 1]) + 1:
-            nxt[pk:, 1:] += per_p[pk] * hist[: L + 1 - pk, :-1]
-        hist = nxt
+        per_p = np.bincount(cols[k]["p"][cols[k]["cap"] >= 0], minlength=L + 1)  # options by stage count
+        adds = np.where(shift >= 1, per_p[np.clip(shift, 0, L)], 0)  # options of shift >= 1 stages
+        hist = per_p[0] * hist + np.pad(adds @ hist[:, :-1], ((0, 0), (1, 0)))
     if int(hist[:, : max_pools + 1].sum()) > max_rows:
         raise _TooMany()
+    # Built option by option: the parents that take an option of pk >= 1 stages are a prefix of those under
+    # max_pools pools sorted by stages; every parent takes the empty option. Then sorted back to the order of
+    # the codes (by pool 0's option, then pool 1's, ...).
     code = np.zeros(1, dtype=np.int64)
     pcount = np.zeros(1, dtype=np.int64)
     used = np.zeros(1, dtype=np.int64)
     for k in range(K):
-        valid = np.flatnonzero(cols["cap"][k] >= 0)
-        pk = cols["p"][k].astype(np.int64)[valid]
-        nv = len(valid)
-        newp = (pcount[:, None] + pk[None, :]).ravel()
-        newu = (used[:, None] + (pk > 0)[None, :]).ravel()
-        keep = np.flatnonzero((newp <= L) & (newu <= max_pools))
-        if len(keep) > max_rows:
+        valid = np.flatnonzero(cols[k]["cap"] >= 0)
+        pk = cols[k]["p"][valid]
+        empty, some = valid[pk == 0], valid[pk > 0]
+        open_ = np.flatnonzero(used < max_pools)
+        open_ = open_[np.argsort(pcount[open_], kind="stable")]
+        n = np.searchsorted(pcount[open_], L - pk[pk > 0], side="right")
+        if len(empty) * len(code) + int(n.sum()) > max_rows:
             raise _TooMany()
-        code = code[keep // nv] * len(opts[k]) + valid[keep % nv]
-        pcount, used = newp[keep], newu[keep]
+        par = np.concatenate([np.tile(np.arange(len(code)), len(empty)),
+                              open_[np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)]])
+        child = np.concatenate([np.repeat(empty, len(code)), np.repeat(some, n)])
+        code = code[par] * len(opts[k]) + child
+        pcount, used = pcount[par] + cols[k]["p"][child], used[par] + (cols[k]["p"][child] > 0)
+    code = np.sort(code)
     idx = np.empty((len(code), K), dtype=np.int64)
-    rest = code
     for k in range(K - 1, -1, -1):
-        idx[:, k] = rest % len(opts[k])
-        rest = rest // len(opts[k])
-    per = {name: np.stack([cols[name][k][idx[:, k]] for k in range(K)], axis=1) for name in names}
-    p = per["p"].sum(axis=1)
-    ok = (p >= 1) & (p <= L) & (per["cap"].min(axis=1) >= 0) & (per["cap"].sum(axis=1) >= L - p)
+        code, idx[:, k] = np.divmod(code, len(opts[k]))
+    # Per allocation, each pool's column (1-D gathers; sums taken pool by pool)
+    pcount = sum(cols[k]["p"][idx[:, k]] for k in range(K))
+    capsum = sum(cols[k]["cap"][idx[:, k]] for k in range(K))
+    ok = (pcount >= 1) & (capsum >= L - pcount)
     if pins.pp is not None:
-        ok &= p == pins.pp
-    gpus = per["gpus"].sum(axis=1)
+        ok &= pcount == pins.pp
     if pins.num_gpus is not None:
-        ok &= gpus == pins.num_gpus
-    idx, p, gpus = idx[ok], p[ok].astype(np.int64), gpus[ok].astype(np.int64)
-    lam, cap, cnt = per["lam"][ok], per["cap"][ok].astype(float), per["p"][ok].astype(float)
-    srt = np.argsort(lam, axis=1)
-    lam_s = np.take_along_axis(lam, srt, 1)
-    cap_s = np.take_along_axis(cap, srt, 1)
-    before = np.cumsum(cap_s, axis=1) - cap_s
-    take = np.clip((L - p)[:, None] - before, 0, cap_s)
-    s_lb = (np.where(cnt > 0, cnt * lam, 0.0)).sum(axis=1) + (take * np.where(take > 0, lam_s, 0.0)).sum(axis=1)
-    b_lb = np.maximum(per["lmax"][ok].max(axis=1), L / per["inv"][ok].sum(axis=1))
+        ok &= sum(cols[k]["gpus"][idx[:, k]] for k in range(K)) == pins.num_gpus
+    idx, p = idx[ok], pcount[ok]
+    per = {name: [cols[k][name][idx[:, k]] for k in range(K)] for name in ("p", "gpus", "rate", "inv", "lam", "cap", "lmax")}
+    lam, cap = per["lam"], per["cap"]
+    # Fractional pour of the L - p layers beyond one per stage into the types of least λ first: a pool's share is
+    # what is left after the pools of smaller λ (ties: lower pool index first) took their capacity.
+    pour = 0.0
+    for j in range(K):
+        before = sum(np.where(lam[i] < lam[j] if i > j else lam[i] <= lam[j], cap[i], 0)
+                     for i in range(K) if i != j)
+        pour = pour + np.clip((L - p) - before, 0, cap[j]) * lam[j]
+    s_lb = sum(np.where(c > 0, c * lm, 0.0) for c, lm in zip(per["p"], lam)) + pour
+    b_lb = np.maximum(np.maximum.reduce(per["lmax"]), L / sum(per["inv"]))
     emb = min(tb.emb_s for tb in group.tables.values())
     head = min(tb.head_s for tb in group.tables.values())
-    t_lb = s_lb + emb + head + (group.mb - 1) * b_lb + 2 * (p - 1) * group.c_min()
+    # functions of the stage count p, tabulated over 0..L
+    c_min = group.c_min()
+    m_ = group.mb
+    r = 1.0 - 1.0 / m_
+    ps = np.arange(L + 1)
+    p2p_tab = 2 * (ps - 1) * c_min
+    fill_tab = 1.0 - r ** ps
+    c_part_tab = 2 * c_min * ((ps - 1) - (r * (1 - r ** (ps - 1)) / (1 - r) if m_ > 1 else 0.0))
+    s_fixed = s_lb + emb + head
+    t_lb = s_fixed + (m_ - 1) * b_lb + p2p_tab[p]
     # Bound of the chain (hetplan.search.homogeneous.stage_chain_lower_bound_s), valid for every schedule the
     # estimator simulates: the bottleneck stage alone does m·B of work; the chain through the last stage is the
     # sum of all stages plus (m-1) times the last stage (>= one layer of some type plus the least head).
-    lam_min = lam.min(axis=1)
-    last_lb = lam_min + head
-    m_ = group.mb
-    r = 1.0 - 1.0 / m_
-    fill = 1.0 - r ** p
-    c_part = 2 * group.c_min() * ((p - 1) - (r * (1 - r ** (p - 1)) / (1 - r) if m_ > 1 else 0.0))
+    lam_min = np.minimum.reduce(lam)
     # Integrality: some stage holds at least ceil(L/p) layers, at no less than the allocation's least λ each.
-    b_int = np.maximum(b_lb, -(-L // np.maximum(p, 1)) * lam_min)
+    b_int = np.maximum(b_lb, (-(-L // np.maximum(ps, 1)))[p] * lam_min)
     t_sim = np.maximum.reduce([
         m_ * b_int,
-        s_lb + emb + head + 2 * (p - 1) * group.c_min() + np.where(p > 1, (m_ - 1) * last_lb, 0),
-        (s_lb + emb + head + c_part) / fill,
-        window_lower_bound_s(s_lb + emb + head, (p - 1) * group.c_min(), p, m_),
-    ]) + group.tail_lower_bound_s(p)
+        s_fixed + p2p_tab[p] + np.where(p > 1, (m_ - 1) * (lam_min + head), 0),
+        (s_fixed + c_part_tab[p]) / fill_tab[p],
+        window_lower_bound_s(s_fixed, ((ps - 1) * c_min)[p], p, m_),
+    ]) + group.tail_lower_bound_s(ps)[p]
+    rate = sum(per["rate"])
     if return_sim:
-        return opts, idx, p, gpus, per["rate"][ok].sum(axis=1), t_lb, t_sim
-    return opts, idx, p, gpus, per["rate"][ok].sum(axis=1), t_lb
+        return opts, idx, p, sum(per["gpus"]).astype(np.int64), rate, t_lb, t_sim
+    return opts, idx, p, sum(per["gpus"]).astype(np.int64), rate, t_lb
+
+
+def _option_columns(group: _Group, k: int, sub_t: np.ndarray, sub_p: np.ndarray) -> dict:
+    """Columns of pool ``k``'s options (:meth:`_Group.pool_options`: sub-blocks of TP degree ``sub_t`` and
+    ``sub_p`` stages, arrays ``(options, 2)``) for :func:`allocation_bounds`: stages ``p``, ``gpus``, $/h
+    ``rate``, ``inv`` = Σ stages/λ, ``lam`` the least λ (``1e30`` when unused), ``cap`` the layers its stages hold
+    beyond one each (``-1`` when a stage cannot hold one layer), ``lmax`` the largest λ (0 when unused). An option
+    of two TP degrees counts as one type of its least λ and total capacity (a lower bound of the pour over its
+    sub-blocks)."""
+    own = {t: tb for (kk, t), tb in group.tables.items() if kk == k}
+    size = int(sub_t.max()) + 1
+    lam_of, room_of = np.full(size, 1e30), np.zeros(size, dtype=np.int64)
+    for t, tb in own.items():
+        lam_of[t], room_of[t] = tb.layer_s, int(tb.nmax[MID, 0]) - 1
+    price = group.by_key[(k, next(iter(own)))].price_usd_per_hour if own else 0.0
+    lam, room = lam_of[sub_t], room_of[sub_t]
+    used = sub_p > 0
+    g = (sub_t * group.width * sub_p).sum(axis=1)
+    return {
+        "p": sub_p.sum(axis=1).astype(np.int64), "gpus": g, "rate": g * price,
+        "inv": np.where(used, sub_p / lam, 0.0).sum(axis=1), "lam": np.where(used, lam, 1e30).min(axis=1),
+        "cap": np.where((used & (room < 0)).any(axis=1), -1, np.where(used, sub_p * room, 0).sum(axis=1)).astype(float),
+        "lmax": np.where(used, lam, 0.0).max(axis=1),
+    }
 
 
 def _groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, max_stages: int,
@@ -719,14 +793,16 @@ def _groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, m
             if st.tp * c * d <= inventory.pools[st.pool].count:
                 F = max(1, min(job.global_batch // (b * d), max_stages))
                 by_type.setdefault((k, c, e), []).append((b, d, z, F))
+    built: dict = {}  # (b, d, z, c, e) -> {(pool, tp): table}
     for i, ((k, c, e), group_shapes) in enumerate(by_type.items()):
         if progress is not None:
             progress(i, len(by_type), "cost tables (groups)")
-        cost_tables(m, job, types[k], group_shapes, rcs, c, e)
+        for (b, d, z, _), tb in zip(group_shapes, cost_tables(m, job, types[k], group_shapes, rcs, c, e)):
+            built.setdefault((b, d, z, c, e), {})[(types[k].pool, types[k].tp)] = tb
     groups: list[_Group] = []
     shared: dict = {}
     for b, d, z, c, e in shapes:
-        g = _Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e, shared)
+        g = _Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e, shared, built.get((b, d, z, c, e), {}))
         if g.types:
             groups.append(g)
     return groups
@@ -1180,7 +1256,7 @@ def search_hetero_estimated(
             j = item[1]
             g = groups[int(gid[j])]
             blocks = _allocation_blocks(rows, int(gid[j]), int(loc[j]))
-            bound = min(g.order_lower_bound_s(seq) for seq in _block_orders(g, blocks))
+            bound = float(g.order_lower_bounds_s(list(_block_orders(g, blocks))).min())
             return ((item_key(bound, float(rate[j])), ("ordered", j)),) if math.isfinite(bound) else ()
         if item[0] == "ordered":
             j = item[1]
