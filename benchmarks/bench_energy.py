@@ -13,7 +13,9 @@ The 16-stage profile for 16x64 repeats the 8-stage one: stages 0..14 use the mid
 
 Then the whole ``hetplan energy frontier`` command (a fresh process: imports, profile, frontier, summary with
 baselines, plans.json, no plot) for 8x12, 8x24 and 16x64 from the CSV, and 8x12 from a plan JSON alone
-(model-derived profile): wall and CPU seconds of the child process (``--no-command`` skips it).
+(model-derived profile): wall seconds, and CPU seconds of the command with the child process it forks for the
+baselines (they run beside the solver, so on two idle cores the wall time is about the parent's share;
+``--no-command`` skips this part).
 """
 
 from __future__ import annotations

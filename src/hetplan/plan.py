@@ -369,6 +369,9 @@ class Plan(BaseModel):
             (torchtitan without compile, or before 2025-04, when compile covered the blocks only), ``bf16`` eager
             without the upcast (NeMo AutoModel's ``MaskedCrossEntropy(fp32_upcast=False)``), ``compiled``
             (torchtitan with ``compile`` since 2025-04); None: ``compiled`` under ``Job.torch_compile``, else ``fp32``.
+            ``framework = "megatron"``: ``fp32`` is Megatron-LM's unfused vocab-parallel loss on an fp32 copy of the
+            logits (its default without ``--cross-entropy-loss-fusion``, e.g. Megatron-LM r0.8); anything else the fused loss (``--cross-entropy-loss-fusion``, NeMo's recipes). Its time:
+            :data:`hetplan.estimate.compute.CROSS_ENTROPY`.
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the

@@ -105,11 +105,16 @@ BOUNDS = {
     # 500 W H100 by power-cap physics (0.578): bf16 MAPE 26.6 -> 18 %, with the FP8 rows 20.4 %; eager PyTorch's
     # unfused element-wise ops on the rows without torch.compile (Job.torch_compile, hetplan.estimate.elementwise:
     # eager 8B rows +29 / +32 -> +10 / +13 %, A100 rows +12..20 -> +7..10 %) and per-op SAC's recomputed TP
-    # all-gathers: 17.5 %; the 500 W part's FP8 GEMMs by the same power-cap physics (0.614 x 0.861 = 0.529): 16.2 %
-    # (target 12 %: the Llama 4 Scout MoE rows +47 / +69 %, H200 rows' recompute mapping)
-    "torchtitan": {"mape": 0.17},
+    # all-gathers: 17.5 %; the 500 W part's FP8 GEMMs by the same power-cap physics (0.614 x 0.861 = 0.529): 16.2 %;
+    # DTensor's sequence-dim copies around each TP collective: 15.1 %; with the memory helper's mappings (H200
+    # rows' per-op SAC, fp32 loss before 2025-04, also charged in time): 13.1 % (target 12 %: the Llama 4 Scout MoE
+    # rows +46 / +67 %, the H200 rows +26 / +27 %)
+    "torchtitan": {"mape": 0.14},
     "llama3_405b": {"max_abs_error": 0.10},
-    "megatron_lm_h100": {"mape": 0.10, "max_abs_error": 0.23},
+    # megatron_lm_h100: untied embeddings (the README's sizes), the unfused cross-entropy (r0.8.0's default) and the
+    # PP-1 rows as one micro-batch per DP rank: MAPE 9.2 -> 8.1 %, max 22.2 -> 20.6 % (the 1.7B row, +21 %; 7.1B
+    # +17 %; every row from 16B up within 10 %).
+    "megatron_lm_h100": {"mape": 0.09, "max_abs_error": 0.21},
     # moe_h100 (target 15 % met): 14.7 % MAPE on 22 rows, max 34 %, with the sources' own FLOP count
     # (Megatron's causal half for the ModelZoo TFLOP/s), AutoModel's activation checkpointing as full recompute,
     # the GPT-OSS recipes' EP, DeepEP's one copy per node and rank, TE's per-expert GEMM launches and
@@ -247,6 +252,48 @@ def test_fp8_efficiency_fit_reproduces_the_catalog_and_holds_out():
     assert fit.value == pytest.approx(load_catalog().get("H100-SXM").fp8_compute_efficiency, abs=0.002)
     assert fit.n_calibration >= 5 and fit.n_held_out >= 30
     assert fit.held_out_after["mape"] <= 0.08
+
+
+def test_megatron_lm_gpt_family_has_the_published_sizes_with_untied_embeddings():
+    """The Megatron-LM README's parameter counts (1.7B ... 462B) are those of its GPT shapes with separate input and
+    output embeddings (V = 131,072): within 3.5 % on every row (the table rounds 1.75 to 1.7), while one shared table
+    misses the 1.7B by 13 %."""
+    rows = [r for r in _file_rows(modern.FILES["megatron_lm_h100"]) if r["tp"]]
+    assert len(rows) == 9
+    for r in rows:
+        m = modern.megatron_lm_model(r)
+        assert not m.tied_embeddings
+        assert counts.total_parameters(m) / 1e9 == pytest.approx(float(r["params_b"]), rel=0.035), r["model"]
+    tied = modern.row_model(rows[0])
+    assert counts.total_parameters(tied) / 1e9 < 0.88 * float(rows[0]["params_b"])
+
+
+def test_megatron_lm_micro_batch_one_cannot_give_the_measured_32b_time():
+    """The README states no micro-batch. PP-1 rows run each DP rank's sequences as one micro-batch, PP > 1 rows
+    micro-batch 1 (:func:`hetplan.calibration.modern.megatron_lm_layout`). The reason, asserted: at micro-batch 1
+    the 32B row (TP 8, DP 48, 4 sequences per rank) exposes most of its fp32 gradient reduce-scatter and parameter
+    all-gather (one micro-batch of compute to hide behind), and its predicted iteration is over 25 % longer than
+    the measured one; as one micro-batch it is within 10 %."""
+    from hetplan.estimate.estimator import estimate
+
+    rows = [r for r in _file_rows(modern.FILES["megatron_lm_h100"]) if r["tp"]]
+    for r in rows:
+        lay = modern.megatron_lm_layout(r)
+        assert lay.mbs == (1 if lay.pp > 1 else lay.gbs // lay.dp)
+    r32 = next(r for r in rows if r["params_b"] == "32.0")
+    m = modern.megatron_lm_model(r32)
+    flops = counts.model_flops_per_iteration(m, float(r32["global_batch"]), float(r32["seq_len"]))
+    measured_s = flops / (float(r32["tflops_per_gpu"]) * 1e12 * int(r32["num_gpus"]))
+    lay = modern.megatron_lm_layout(r32)
+    one = modern.Layout(**{**lay.__dict__, "mbs": 1})
+    t = {}
+    for name, layout in (("split", one), ("whole", lay)):
+        c = modern._case("megatron_lm_h100", name, r32, layout, "tflops_per_gpu", 1.0, catalog=load_catalog(),
+                         model=m)
+        est = estimate(c.plan, model=m)
+        t[name] = (est.iteration_time_s, est.dp_exposed_time_s)
+    assert t["split"][0] > 1.25 * measured_s and t["split"][1] > 0.25
+    assert t["whole"][0] == pytest.approx(measured_s, rel=0.10) and t["whole"][1] < 0.15
 
 
 def test_gpt_oss_20b_has_its_published_size():

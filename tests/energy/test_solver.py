@@ -219,3 +219,14 @@ def test_envpipe_same_without_fixed_arity_pairs(gpt_profile, monkeypatch):
     monkeypatch.setattr(dag_mod.PipelineDAG, "topo_pairs", property(lambda self: None))
     b = B.envpipe(gpt_profile, build_pipeline_dag(8, 6), 83.64)
     assert (a.frequency_mhz == b.frequency_mhz).all() and a.energy_j == b.energy_j
+
+
+def test_baselines_in_background_are_the_baselines(gpt_profile):
+    """The CLI's child-process baselines equal the in-process ones; a failure over there is raised here."""
+    from hetplan.energy import baselines as B
+    from hetplan.errors import HetplanError
+
+    dag = build_pipeline_dag(8, 4)
+    assert B.summary_entries_in_background(gpt_profile, dag, 83.64)() == B.summary_entries(gpt_profile, dag, 83.64)
+    with pytest.raises(HetplanError):  # 9 stages, the profile has 8
+        B.summary_entries_in_background(gpt_profile, build_pipeline_dag(9, 4), 83.64)()

@@ -220,3 +220,21 @@ def test_fsdp_cross_entropy_peak_per_logit(loss, t, per_logit):
     recomputed = float(mem["activations"]) - 2 * 2 * 4096 * 1024 - head  # full recompute: 2 layer inputs + head
     loss_phase = per_logit * logits + 2 * 4096 * 1024
     assert float(mem["transient"]) == pytest.approx(loss_phase - head - recomputed, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 4), layers=st.integers(2, 24), inflight=st.integers(1, 8), t=st.sampled_from([1, 2, 8]),
+       single=st.booleans(), head=st.booleans(), rc=st.integers(0, 2), reduce=st.sampled_from([None, "bf16"]))
+def test_fsdp_memory_properties(b, layers, inflight, t, single, head, rc, reduce):
+    """FSDP (either a single stage or a stage of a pipeline): more DP ranks never raise the memory per GPU, bf16
+    resident parameters never hold more than fp32 ones, and the compiled loss never more than the eager bf16 one,
+    nor that more than the eager fp32 one."""
+    m = _gpt(L=24, h=2048, a=16, V=64000)
+    kw = dict(framework="fsdp", b=b, num_layers=layers, in_flight=inflight, t=t, sequence_parallel=t > 1,
+              single_stage=single, has_head=head or single, has_embedding=single, recompute=rc, zero=3,
+              grad_reduce_dtype=reduce)
+    totals = [_total(m, dp=dp, **kw) for dp in (1, 2, 8, 64)]
+    assert all(x >= y - 1e-6 for x, y in zip(totals, totals[1:]))
+    assert _total(m, dp=8, fsdp_param_dtype="bf16", **kw) <= _total(m, dp=8, **kw)
+    losses = [_total(m, dp=8, cross_entropy=c, **kw) for c in ("fp32", "bf16", "compiled")]
+    assert all(x >= y - 1e-6 for x, y in zip(losses, losses[1:]))

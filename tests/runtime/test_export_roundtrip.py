@@ -257,6 +257,8 @@ def test_heterogeneous_tp_refused_without_suggesting_run():
     ("deepspeed", {"stages": [Stage(num_layers=16, tp=2, dp=2)] * 2}, "no tensor, context or expert"),
     ("torchtitan", {"job": Job(model="gpt3-1.3b", seq_len=2048, global_batch=64)}, "Llama-shaped"),
     ("torchtitan", {"job": Job(model="llama2-7b", seq_len=2048, global_batch=64, dtype="fp16")}, "not float16"),
+    ("torchtitan", {"fsdp_param_dtype": "bf16"}, "fp32 sharded parameters"),
+    ("torchtitan", {"cross_entropy": "bf16"}, "fp32 sharded parameters"),
     ("megatron", {"schedule": "gpipe"}, "1F1B only"),
 ])
 def test_what_a_framework_cannot_run_is_refused(target, update, match):

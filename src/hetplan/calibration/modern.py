@@ -17,7 +17,9 @@ Measured quantity per source (compared directly, never through MFU, whose conven
 FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputation, the full s² attention product;
 NeMo's formula and Megatron-LM's until 2025, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per
 16M-token step; the Megatron MoE ModelZoo's rows count the causal half, ``causal_flops``, as Megatron-LM's
-``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan, GiB as PyTorch reports it) is compared with the estimate's largest stage.
+``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan: ``reserved_bytes.all.peak`` of
+``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor``) is compared with the estimate's largest stage total, which
+also holds :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (1 GiB) that the allocator's reserved bytes leave out.
 
 Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
@@ -368,7 +370,7 @@ class Layout:
     a2a_overlap: bool = False
     torch_compile: bool = True
     fsdp_param_dtype: str = "fp32"
-    cross_entropy: str | None = "fp32"
+    cross_entropy: str | None = None
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -438,8 +440,9 @@ def _check_gpus(r: dict, lay: Layout) -> None:
 
 
 def _case(set_name: str, key: str, r: dict, lay: Layout, quantity: str, measured: float, *, catalog: Catalog,
-          group: str | None = None, memory_gib: float | None = None, causal_flops: bool = False) -> ModernCase:
-    m = row_model(r)
+          group: str | None = None, memory_gib: float | None = None, causal_flops: bool = False,
+          model: ModelSpec | None = None) -> ModernCase:
+    m = model or row_model(r)
     gpu = catalog_gpu(r["gpu"], catalog)
     dtype = _dtype(r)
     notes: list[str] = []
@@ -576,6 +579,14 @@ def _torchtitan_compiled(r: dict) -> bool:
             or any(src in r["source"] for src in TORCHTITAN_COMPILED_SOURCES))
 
 
+#: How torchtitan's async-TP rows are mapped. Async TP (Inductor's micro-pipelined ``fused_all_gather_matmul`` /
+#: ``fused_matmul_reduce_scatter``) overlaps the TP collectives with the matmuls and avoids DTensor's sequence-dim
+#: copies; charged as Transformer Engine's userbuffers overlap (``tp_comm_overlap``) those rows are 12-17 points faster
+#: than their vanilla twins (against 5-16 % measured) and 12-39 % too fast, so they are mapped as vanilla TP
+#: (exposed collectives and copies): a stated approximation, listed in each row's notes (-14..+25 % then).
+ASYNC_TP_NOTE = "async TP mapped as vanilla TP (exposed TP collectives with DTensor's copies)"
+
+
 def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     """One torchtitan row: FSDP2 (``framework = "fsdp"``), TP with sequence parallelism, PP (1F1B or
     interleaved; the local batch split into PP-degree micro-batches, the default of the rows' torchtitan 9dec370:
@@ -612,8 +623,11 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")
-        return _case(set_name, key, r, lay, "tokens_per_s_per_gpu", tps, catalog=catalog,
-                     memory_gib=_float(r, "memory_gb_per_gpu"))
+        c = _case(set_name, key, r, lay, "tokens_per_s_per_gpu", tps, catalog=catalog,
+                  memory_gib=_float(r, "memory_gb_per_gpu"))
+        if tp > 1 and re.search(r"async ?tp", r["notes"].lower()):
+            c.notes.append(ASYNC_TP_NOTE)
+        return c
 
     return key, make
 
@@ -651,11 +665,37 @@ def llama3_cases(catalog: Catalog | None = None):
     return _collect("llama3_405b", items)
 
 
+def megatron_lm_model(r: dict) -> ModelSpec:
+    """The GPT of a Megatron-LM README row (:func:`row_model`) with untied input and output embeddings
+    (``--untie-embeddings-and-output-weights``): the table's parameter counts include both ``V x h`` tables
+    (1.7B = 12·L·h² + 2·V·h at L 24, h 2048, V 131,072; with one table it would be 1.5B; likewise every row)."""
+    m = row_model(r)
+    return m.model_copy(update={"tied_embeddings": False, "name": f"{m.name}-untied"})
+
+
+def megatron_lm_layout(r: dict) -> Layout:
+    """The layout of a Megatron-LM README row: its TP / PP / DP and global batch; sequence parallelism, the
+    distributed optimizer (ZeRO-1) and ``--tp-comm-overlap`` as the README states; fp32 gradient reduction (r0.8.0
+    forces it for bf16: ``megatron/training/arguments.py``); the unfused cross-entropy loss (r0.8.0's default; the
+    README lists the fusions it turned on, ``--cross-entropy-loss-fusion`` is not one); no interleaving or
+    recomputation (not stated).
+
+    Micro-batch (not stated): 1 with a pipeline (PP > 1 needs micro-batches to fill it); without one (PP 1) the DP
+    rank's whole share, ``global batch / DP`` sequences in one micro-batch. At PP 1 nothing splits a rank's four
+    sequences, and Megatron's overlapped gradient reduce-scatter and parameter all-gather hide only behind the last
+    micro-batch's backward and the first one's forward (:func:`hetplan.estimate.stage.exposed_behind_s`): at
+    micro-batch 1 the 32B row (TP 8: one 400 Gb/s rail per DP ring) would expose most of its 0.35 s fp32
+    reduce-scatter and 0.18 s all-gather, 1.15 s per iteration predicted against the 0.89 s measured."""
+    tp, pp, dp = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "dp", 1)
+    gbs = _int(r, "global_batch")
+    return Layout(tp=tp, pp=pp, dp=dp, mbs=1 if pp > 1 else gbs // dp, gbs=gbs, seq=_int(r, "seq_len"),
+                  sequence_parallel=True, zero=1, tp_comm_overlap=True, cross_entropy="fp32")
+
+
 def megatron_lm_cases(catalog: Catalog | None = None):
-    """Megatron-LM README weak scaling (r0.8.0) on H100: TFLOP/s per GPU. Micro-batch 1, no interleaving, no
-    recomputation (not stated by the source), distributed optimizer, sequence parallelism with TP, overlapped
-    gradient reduction and parameter gather and TP communication (README: ``--overlap-grad-reduce
-    --overlap-param-gather --tp-comm-overlap``), fp32 gradient reduction (Megatron-LM's bf16 default). Rows without a layout are not expressible."""
+    """Megatron-LM README weak scaling (r0.8.0) on H100: TFLOP/s per GPU, the README's GPT family with untied
+    embeddings (:func:`megatron_lm_model`) in the layout of :func:`megatron_lm_layout`. Rows without a layout are
+    not expressible."""
     catalog = catalog or load_catalog()
     items = []
     for i, r in enumerate(_rows(FILES["megatron_lm_h100"])):
@@ -664,11 +704,9 @@ def megatron_lm_cases(catalog: Catalog | None = None):
         def make(r=r, key=key):
             if not r["tp"]:
                 raise NotExpressibleError("the source gives no TP / PP / DP for this row")
-            tp, pp, dp = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "dp", 1)
-            lay = Layout(tp=tp, pp=pp, dp=dp, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
-                         sequence_parallel=True, zero=1, tp_comm_overlap=True)
-            return _case("megatron_lm_h100", key, r, lay, "tflops_per_gpu", _float(r, "tflops_per_gpu"),
-                         catalog=catalog, group="weak-scaling")
+            return _case("megatron_lm_h100", key, r, megatron_lm_layout(r), "tflops_per_gpu",
+                         _float(r, "tflops_per_gpu"), catalog=catalog, group="weak-scaling",
+                         model=megatron_lm_model(r))
 
         items.append((key, make))
     return _collect("megatron_lm_h100", items)
@@ -732,7 +770,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
                      dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random",
                      cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower(),
-                     **(AUTOMODEL_FSDP if src == "automodel" else {}))
+                     # Megatron-FSDP (ModelZoo) runs Megatron-Core's loss: the plan's default, not torchtitan's fp32
+                     **(AUTOMODEL_FSDP if src == "automodel" else {"cross_entropy": None}))
         t = _float(r, "iteration_time_s")
         if t is not None:
             return _case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)

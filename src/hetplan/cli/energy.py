@@ -122,6 +122,12 @@ def register(app: typer.Typer) -> None:
                                fix="use the GPU's blocking power, e.g. 83.64 (A100-SXM)")
         prof, M, idle, sched, v, origin = _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile,
                                                            profile_db, job, power_catalog, schedule, virtual_stages)
+        pending = None
+        if baselines:  # on the other core while the solver runs
+            from hetplan.energy.baselines import summary_entries_in_background
+            from hetplan.energy.dag import build_pipeline_dag
+
+            pending = summary_entries_in_background(prof, build_pipeline_dag(prof.num_stages, M, sched, v), idle)
         fr = compute_frontier(prof, M, idle, unit_time_s, sched, virtual_stages=v)
         try:
             output.mkdir(parents=True, exist_ok=True)
@@ -133,7 +139,7 @@ def register(app: typer.Typer) -> None:
             fr.write_plans_file(output / "plans.json")
         if plan_files:
             fr.write_plans(output / "plans")
-        summary = summarize(fr, straggler_slowdown=straggler_slowdown, baselines=baselines)
+        summary = summarize(fr, straggler_slowdown=straggler_slowdown, baselines=pending() if pending else False)
         summary["profile"] = origin
         (output / "summary.json").write_text(json.dumps(summary, indent=1))
         if plot:

@@ -12,8 +12,9 @@ NARROW = 130
 
 
 def table_console() -> Console:
-    """A rich Console that does not squeeze wide tables when stdout is not a terminal and ``COLUMNS`` is unset."""
-    return Console(width=None if Console().is_terminal or os.environ.get("COLUMNS") else 160)
+    """A rich Console that does not squeeze wide tables when stdout is not a terminal and ``COLUMNS`` is unset.
+    No emoji codes: a name such as ``:fire:`` prints as written (and rich's emoji table is not loaded)."""
+    return Console(width=None if Console().is_terminal or os.environ.get("COLUMNS") else 160, emoji=False)
 
 
 def new_table(title: str, narrow: bool, **kwargs) -> Table:

@@ -18,11 +18,15 @@ All results are ``(time_s, energy_j)`` per iteration from :func:`~hetplan.energy
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.energy.dag import KIND_NAMES, CriticalPath, PipelineDAG
+from hetplan.energy.dag import KIND_NAMES, CriticalPath, PipelineDAG, build_pipeline_dag
 from hetplan.energy.options import pareto_mask
 from hetplan.energy.profile import StageProfile
 from hetplan.energy.simulate import longest_path_s, op_time_energy, simulate_plan
@@ -167,6 +171,49 @@ def envpipe(profile: StageProfile, dag: PipelineDAG, idle_power_w: float, tolera
     freq = F[rows, level]
     t, e = simulate_plan(profile, dag, freq, idle_power_w)
     return BaselinePoint("envpipe", t, e, freq)
+
+
+def summary_entries(profile: StageProfile, dag: PipelineDAG, idle_power_w: float) -> dict:
+    """The baselines as the energy summary reports them: ``{"envpipe": {time_s, energy_j}, "zeus_global":
+    [{frequency_mhz, time_s, energy_j}], "zeus_per_stage": [{name, time_s, energy_j}]}``."""
+    env = envpipe(profile, dag, idle_power_w)
+    return {
+        "envpipe": {"time_s": env.time_s, "energy_j": env.energy_j},
+        "zeus_global": [{"frequency_mhz": int(b.frequency_mhz[0]), "time_s": b.time_s, "energy_j": b.energy_j}
+                        for b in zeus_global(profile, dag, idle_power_w)],
+        "zeus_per_stage": [{"name": b.name, "time_s": b.time_s, "energy_j": b.energy_j}
+                           for b in zeus_per_stage(profile, dag, idle_power_w)],
+    }
+
+
+def _summary_entries_of(profile: StageProfile, shape: tuple[int, int, str, int], idle_power_w: float) -> dict:
+    return summary_entries(profile, build_pipeline_dag(*shape), idle_power_w)
+
+
+def summary_entries_in_background(profile: StageProfile, dag: PipelineDAG, idle_power_w: float) -> Callable[[], dict]:
+    """Start :func:`summary_entries` in a child process; return a function that waits for its result.
+
+    The baselines do not depend on the frontier, so ``hetplan energy frontier`` computes them on the second
+    core while the solver runs on the first (16 × 64: EnvPipe takes a third of the command's CPU time). Where
+    the OS cannot fork or there is one CPU, the returned function computes them when called. If the child
+    fails, the function computes them in this process, so that the error is raised here as it would be without
+    a child.
+    """
+    if "fork" not in mp.get_all_start_methods() or (os.cpu_count() or 1) < 2:
+        return lambda: summary_entries(profile, dag, idle_power_w)
+    pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
+    shape = (dag.num_stages, dag.num_microbatches, dag.schedule, dag.virtual_stages)
+    job = pool.submit(_summary_entries_of, profile, shape, idle_power_w)  # the DAG is rebuilt there (cheap)
+
+    def wait() -> dict:
+        try:
+            return job.result()
+        except Exception:  # noqa: BLE001 - any failure over there: compute here, raising what it raises
+            return summary_entries(profile, dag, idle_power_w)
+        finally:
+            pool.shutdown()
+
+    return wait
 
 
 def energy_at(time_s: float, energy_j: float, deadline_s: float, num_stages: int, idle_power_w: float) -> float:

@@ -40,8 +40,10 @@ def best_plan_within(frontier: Frontier, deadline_s: float) -> dict | None:
             "replay_time_s": rt, "replay_energy_j": re}
 
 
-def summarize(frontier: Frontier, *, straggler_slowdown: float | None = None, baselines: bool = True) -> dict:
-    """A JSON-able summary: points, planner time, savings at max speed and under a straggler, baselines.
+def summarize(frontier: Frontier, *, straggler_slowdown: float | None = None, baselines: bool | dict = True) -> dict:
+    """A JSON-able summary: points, planner time, savings at max speed and under a straggler, baselines
+    (``baselines``: True computes them, a dict from :func:`~hetplan.energy.baselines.summary_entries` is used as
+    it is, False leaves them out).
 
     Raises:
         HetplanError: ``straggler_slowdown`` < 1.
@@ -84,13 +86,10 @@ def summarize(frontier: Frontier, *, straggler_slowdown: float | None = None, ba
             sb["saved_j"] = base - sb["energy_at_deadline_j"]
             sb["saved_fraction"] = sb["saved_j"] / base
         out["straggler"] = sb
-    if baselines:
-        env = B.envpipe(prof, dag, P)
-        out["envpipe"] = {"time_s": env.time_s, "energy_j": env.energy_j}
-        out["zeus_global"] = [{"frequency_mhz": int(b.frequency_mhz[0]), "time_s": b.time_s, "energy_j": b.energy_j}
-                              for b in B.zeus_global(prof, dag, P)]
-        out["zeus_per_stage"] = [{"name": b.name, "time_s": b.time_s, "energy_j": b.energy_j}
-                                 for b in B.zeus_per_stage(prof, dag, P)]
+    if baselines is True:
+        out.update(B.summary_entries(prof, dag, P))
+    elif baselines:  # computed elsewhere (baselines.summary_entries_in_background)
+        out.update(baselines)
     return out
 
 

@@ -174,7 +174,7 @@ class PhillipsDessoukySolver:
             for v, p, q in pairs[1]:
                 a, b = ls[p], ls[q]
                 ls[v] = (a if a < b else b) - dl[v]
-            return T, np.array(ef[: self.n], np.int64), np.array(ls[: self.n], np.int64)
+            return T, np.fromiter(ef, np.int64, self.n), np.fromiter(ls, np.int64, self.n)
         ef = [0] * self.n
         for v, ps in self._topo_preds:
             m = 0
@@ -199,7 +199,8 @@ class PhillipsDessoukySolver:
         comp = float(self._cost[self.spec, d - self.base[self.spec]].sum())
         return comp + self.dag.num_stages * self.idle_power_w * T * self.unit_time_s
 
-    def _capacities(self, ops, lb, fin, inf, emask, ls, ef, T, big):
+    def _capacities(self, ops: np.ndarray, lb: np.ndarray, fin: np.ndarray, inf: np.ndarray, emask: np.ndarray,
+                    ls: np.ndarray, ef: np.ndarray, T: int, big: int) -> np.ndarray:
         """Capacities of the network's edges (order of ``self.net``) for one step, ``big`` for the infinite ones."""
         dag, b = self.dag, self._blk
         caps = np.zeros(int(b[-1]), np.int64)

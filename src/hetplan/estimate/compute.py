@@ -220,6 +220,7 @@ def layer_time_s(
     tp_comm_overlap=False,
     cuda_graphs=False,
     op_sac=False,
+    sequence_dim_copies=False,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -263,6 +264,15 @@ def layer_time_s(
             ``torchtitan/models/llama3/parallelize_llama.py`` at pytorch/torchtitan@820504e), so under sequence
             parallelism the backward runs the forward's two TP all-gathers again (their outputs are the inputs of
             the recomputed ``wk`` / ``w3`` and of every column-parallel weight gradient).
+        sequence_dim_copies: the sequence-parallel collectives gather and scatter along the sequence dimension of a
+            ``(b, s, h)`` activation, as PyTorch's DTensor ``Shard(1)`` does (torchtitan's TP): NCCL gathers and
+            scatters along dimension 0, so ``torch.distributed._functional_collectives`` ``all_gather_tensor`` copies
+            its output once more (``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)``) and
+            ``reduce_scatter_tensor`` its input (``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``):
+            one read and one write of the whole ``b·s·h`` tensor per collective (2 + 2 B; 1 + 1 B for the FP8
+            all-gathers), at the HBM bandwidth, for each of the four collectives of a pass, of full recomputation
+            and of per-op SAC's two recomputed all-gathers. Not under ``tp_comm_overlap`` (fused collective
+            matmuls take the layout themselves).
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
@@ -319,6 +329,14 @@ def layer_time_s(
         gather = np.where(sequence_parallel, half / 2, gather)
     sac_gathers = np.where((rc == 1) & op_sac & np.asarray(sequence_parallel) & (np.asarray(t) > 1), 2 * gather, 0.0)
     tp_bwd = tp_bwd_pass + np.where(rc == 2, tp_pass, 0.0) + sac_gathers
+    if sequence_dim_copies:  # DTensor's chunk + cat around each sequence-parallel collective
+        full = b * s * m.hidden_size / gpu.hbm_bandwidth_bytes_per_s
+        gather_copy = (2.0 if fp8.is_fp8(dtype) else 4.0) * full
+        on = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & (not tp_comm_overlap)
+        pass_copy = np.where(on, 2 * gather_copy + 2 * 4.0 * full, 0.0)
+        fwd = fwd + pass_copy
+        bwd_compute = bwd_compute + pass_copy + np.where(rc == 2, pass_copy, 0.0) + np.where(
+            on & (rc == 1) & op_sac, 2 * gather_copy, 0.0)
     bwd = bwd_compute + recompute_extra + tp_bwd
     return fwd, bwd, tp_pass + tp_bwd
 
@@ -408,14 +426,47 @@ def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t):
     return fwd, 2 * fwd
 
 
-def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
+#: The cross-entropy loss over a rank's ``b·s·V/t`` logits: bytes per logit moved (forward, backward) and the
+#: kernels that sweep the logits (forward, backward); the loss's other kernels touch ``b·s`` elements and queue
+#: behind these.
+#:
+#: * ``unfused``: Megatron's vocab-parallel loss without ``--cross-entropy-loss-fusion`` (Megatron-LM's default:
+#:   ``megatron/core/tensor_parallel/cross_entropy.py``; :attr:`hetplan.plan.Plan.cross_entropy` ``fp32``).
+#:   Forward 38: the fp32 copy of the 16-bit logits (read 2, write 4), max (read 4), in-place subtract of the max
+#:   (8), in-place exp (8), sum (4), in-place divide into the softmax kept for backward (8); 6 kernels. Backward 14:
+#:   the in-place multiply by the loss gradient (8) and the cast of the fp32 gradient back to the logits' dtype
+#:   (6); with the target update, 3 kernels.
+#: * ``fused``: a fused loss (Megatron-Core ``--cross-entropy-loss-fusion``, on in NeMo's recipes; a compiled
+#:   PyTorch loss): 8 + 8 B in 4 + 4 kernels, the charge the A100 and H100 fits were made with (Transformer
+#:   Engine's kernel reads the 16-bit logits twice and writes their gradient in place, 6 B, then rescales it, 4 B;
+#:   Megatron-Core's own jit-fused loss keeps the fp32 copy, 22 + 14 B). torchtitan's eager fp32 loss adds its
+#:   own passes on top (:func:`hetplan.estimate.elementwise.eager_loss_time_s`).
+#: * ``deepspeed``: PyTorch's cross-entropy on the pipeline's 16-bit output (the traced Espresso runs, fp16):
+#:   forward 8 (log-softmax: three reads and a write of 2 bytes), backward 10 (zero-filled gradient, then the
+#:   log-softmax backward's three reads and a write).
+CROSS_ENTROPY = {"unfused": ((38.0, 14.0), (6, 3)), "fused": ((8.0, 8.0), (4, 4)), "deepspeed": ((8.0, 10.0), (2, 3))}
+
+
+def cross_entropy_kind(framework: str, cross_entropy: str | None = None) -> str:
+    """The :data:`CROSS_ENTROPY` entry of a job: ``deepspeed`` for DeepSpeed, ``unfused`` for Megatron with
+    :attr:`hetplan.plan.Plan.cross_entropy` ``fp32``, else ``fused``."""
+    if framework == "deepspeed":
+        return "deepspeed"
+    return "unfused" if framework == "megatron" and cross_entropy == "fp32" else "fused"
+
+
+def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, framework: str = "megatron",
+                cross_entropy: str | None = None):
     """Forward and backward time of the output head (logits GEMM ``(b·s, V/t, h)``, vocab-parallel) and the
-    cross-entropy loss, which touches the ``b·s·V/t`` logits in fp32 (4 bytes) twice (4 kernels). Under FP8 the
-    head stays bf16 (:mod:`hetplan.estimate.fp8`)."""
+    cross-entropy loss over the ``b·s·V/t`` logits, memory-bound (:data:`CROSS_ENTROPY` of
+    :func:`cross_entropy_kind`). Under FP8 the head stays bf16 (:mod:`hetplan.estimate.fp8`)."""
     V = m.padded_vocab_size()
     gemm = gemm_time_s(gpu, fp8.high_precision(dtype), b * s, V / t, m.hidden_size)  # the head stays bf16 (fp8 doc)
-    loss = ELEMENTWISE_PASSES * 4 * b * s * V / t / gpu.hbm_bandwidth_bytes_per_s + 4 * gpu.kernel_overhead_s
-    return gemm + loss, 2 * gemm + loss
+    logits = b * s * V / t
+    (fwd_bytes, bwd_bytes), (fwd_kernels, bwd_kernels) = CROSS_ENTROPY[cross_entropy_kind(framework, cross_entropy)]
+    loss_f = fwd_bytes * logits / gpu.hbm_bandwidth_bytes_per_s + fwd_kernels * gpu.kernel_overhead_s
+    loss_b = bwd_bytes * logits / gpu.hbm_bandwidth_bytes_per_s + bwd_kernels * gpu.kernel_overhead_s
+    return gemm + loss_f, 2 * gemm + loss_b
 
 
 #: Bytes moved per parameter by the mixed-precision Adam step: read fp32 grad, master, m, v (16 B); write

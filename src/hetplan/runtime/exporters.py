@@ -33,7 +33,8 @@ What each target can express:
   lacks (gradients then also sharded: less memory than planned, the same communication volume); Llama-family
   models only (Llama 3 flavors ``8B`` / ``70B`` / ``405B`` by name, any other Llama shape registered as a flavor
   by ``hetplan_torchtitan_model.py``, imported through ``[experimental] custom_import``); bf16 or fp32 parameters
-  (no fp16 mixed precision); the job's ``torch_compile`` as ``[compile] enable`` with ``components = ["model",
+  (no fp16 mixed precision) over fp32 sharded master weights (a plan with ``fsdp_param_dtype`` or
+  ``cross_entropy = "bf16"``, NeMo AutoModel's, is refused); the job's ``torch_compile`` as ``[compile] enable`` with ``components = ["model",
   "loss"]`` (``CompileConfig``, torchtitan ``torchtitan/config/job_config.py``; eager: ``enable = false``).
 
 FP8 plans (``dtype = "fp8"``, :mod:`hetplan.estimate.fp8`): Megatron-LM gets ``--bf16`` plus the FP8 recipe the
@@ -253,6 +254,8 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--overlap-grad-reduce")
     if plan.job.attention == "flash":  # the estimate assumed FlashAttention (hetplan.plan.Job.attention)
         args.append("--use-flash-attn")
+    if plan.cross_entropy != "fp32":  # the estimate charged the fused loss (hetplan.plan.Plan.cross_entropy)
+        args.append("--cross-entropy-loss-fusion")
     if m.recompute == "full":
         if m.recompute_layers is None:  # every layer checkpointed on its own
             args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
@@ -468,7 +471,7 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
 
     Raises:
         HetplanError: per-stage TP/DP/CP/EP/recompute differ, a model that is not Llama-shaped, fp16, partial
-            recomputation.
+            recomputation, bf16 resident parameters or loss (``Plan.fsdp_param_dtype``, ``Plan.cross_entropy``).
     """
     m = _mesh(plan, "torchtitan")
     pp = plan.pp
@@ -482,6 +485,11 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     if plan.job.dtype == "fp16":
         raise HetplanError("torchtitan's mixed precision keeps bfloat16 or float32 parameters, not float16",
                            field="plan.job.dtype", fix="plan with dtype bf16, or export --to megatron / deepspeed")
+    if plan.fsdp_param_dtype == "bf16" or plan.cross_entropy == "bf16":
+        raise HetplanError("torchtitan keeps fp32 sharded parameters (master weights) and runs its loss on fp32 logits "
+                           "or compiled; the plan's bf16 parameters or loss are NeMo AutoModel's and need less memory",
+                           field="plan.fsdp_param_dtype", fix='plan with fsdp_param_dtype = "fp32" and cross_entropy '
+                           'unset, or run the plan with NeMo AutoModel')
     if m.recompute_layers is not None:
         raise HetplanError("torchtitan's activation checkpointing covers every layer (or every n-th), not the first k "
                            "of a stage", field="plan.stages[].recompute_layers",

@@ -347,7 +347,6 @@ class _Group:
         self._boundaries: dict = shared.setdefault((b, d, cp), {"p2p": {}, "orders": {}})
         self._p2p: dict = self._boundaries["p2p"]
         self._orders: dict = self._boundaries["orders"]
-        self._rows: dict = {}
 
     def pool_options(self, L: int, mixed_tp: bool):
         """:func:`_pool_options` of this group and, per pool, its options' sub-blocks as arrays ``(TP degree,
@@ -376,24 +375,6 @@ class _Group:
                                              (s2.tp, self.cp, self.d, self.b), s1.link, s2.link, intra)
         return self._p2p[key]
 
-    def _fill_p2p(self, pairs) -> None:
-        """Cache :meth:`p2p` of ``pairs`` ``(s1, s2, intra)`` of equal TP degree in one
-        :func:`~hetplan.estimate.iteration.boundary_time_s` call over arrays (elementwise, so each value equals
-        its own call's)."""
-        todo = [(s1, s2, intra) for s1, s2, intra in pairs if (s1.pool, s1.tp, s2.pool, s2.tp, intra) not in self._p2p]
-        if not todo:
-            return
-
-        def links(sts) -> Link:
-            return Link(**{f.name: np.array([getattr(st.link, f.name) for st in sts]) for f in fields(Link)})
-
-        tp = np.array([s1.tp for s1, _, _ in todo])
-        out = boundary_time_s(self.m, self.job.seq_len, (tp, self.cp, self.d, self.b), (tp, self.cp, self.d, self.b),
-                              links([s1 for s1, _, _ in todo]), links([s2 for _, s2, _ in todo]),
-                              np.array([intra for _, _, intra in todo]))
-        for (s1, s2, intra), v in zip(todo, np.broadcast_to(out, (len(todo),))):
-            self._p2p[(s1.pool, s1.tp, s2.pool, s2.tp, intra)] = float(v)
-
     def tail_lower_bound_s(self, p: np.ndarray) -> np.ndarray:
         """Lower bound (s) on ``e_0 + max_i o_i`` of :func:`hetplan.search.homogeneous.stage_chain_lower_bound_s`
         for pipelines of ``p`` stages (array) of this group, whatever the types, order and partition: the first
@@ -403,7 +384,7 @@ class _Group:
         L = self.m.num_layers
         if not hasattr(self, "_tail"):
             e_first = min(float(np.min(t.e[FIRST, :, 1:])) for t in self.tables.values())
-            e_single = min(float(np.min(t.e[SINGLE, :, L])) for t in self.tables.values())
+            e_single = min(float(t.e[SINGLE, 0, L]) for t in self.tables.values())  # one micro-batch in flight
             o_mid = np.min(np.stack([t.o[MID, 0, :] for t in self.tables.values()]), axis=0)
             o_single = min(float(t.o[SINGLE, 0, L]) for t in self.tables.values())
             self._tail = (max(e_first, 0.0), max(e_single, 0.0), np.minimum.accumulate(o_mid[::-1])[::-1], o_single)
@@ -427,113 +408,128 @@ class _Group:
         also counts 1F1B's in-flight window, ``ceil(m/p)·(S(M) + t_emb + t_head + 2(p-1)·c_min)``
         (:func:`hetplan.search.homogeneous.window_lower_bound_s`). Found by bisection, keeping the lower end; plus
         :meth:`tail_lower_bound_s`."""
-        L, m_ = self.m.num_layers, self.mb
-        width = max(len(blocks) for blocks in allocations)
-        # per allocation and block, sorted by λ: λ, stages, room beyond one layer per stage, embedding, head;
-        # padding blocks have no stages (λ = 1 so that they add nothing)
+        return _refined_bounds_s(self.m.num_layers, *self.refined_columns(allocations))
+
+    def refined_columns(self, allocations, width: int | None = None):
+        """The inputs of :func:`_refined_bounds_s` for ``allocations`` of this group: per allocation and block,
+        sorted by λ, ``(λ, stages, room beyond one layer per stage, embedding s, head s)`` (allocations, ``width``
+        blocks (default: the most of any allocation), 5), and per allocation the group's micro-batches, ``c_min``
+        and :meth:`tail_lower_bound_s`."""
+        width = width or max(len(blocks) for blocks in allocations)
         cols = np.zeros((len(allocations), width, 5))
-        cols[:, :, 0], cols[:, :, 3], cols[:, :, 4] = 1.0, np.inf, np.inf
+        cols[:, :, 0], cols[:, :, 3], cols[:, :, 4] = 1.0, np.inf, np.inf  # padding: no stages, adds nothing
         for i, blocks in enumerate(allocations):
             for j, (k, (t, n)) in enumerate(sorted(blocks, key=lambda kb: self.tables[(kb[0], kb[1][0])].layer_s)):
                 tb = self.tables[(k, t)]
                 cols[i, j] = (tb.layer_s, n, n * max(int(tb.nmax[MID, 0]) - 1, 0), tb.emb_s, tb.head_s)
-        lam, s, cap = cols[:, :, 0], cols[:, :, 1], cols[:, :, 2]
-        used = s > 0
-        p = s.sum(axis=1)
-        fixed = cols[:, :, 3].min(axis=1) + cols[:, :, 4].min(axis=1)
-        r = 1.0 - 1.0 / m_
-        fill = 1.0 - r ** p
-        c_part = 2 * self.c_min() * ((p - 1) - (r * (1 - r ** (p - 1)) / (1 - r) if m_ > 1 else 0.0))
-        rounds = np.ceil(m_ / np.minimum(p, m_))  # 1F1B's in-flight window (window_lower_bound_s)
-        base = (lam * s).sum(axis=1)
+        n_alloc = len(allocations)
+        tail = self.tail_lower_bound_s(cols[:, :, 1].sum(axis=1).astype(np.int64))
+        return cols, np.full(n_alloc, self.mb), np.full(n_alloc, self.c_min()), tail
 
-        def chain(M: np.ndarray) -> np.ndarray:
-            total, left = base.copy(), L - p
-            for j in range(width):
-                take = np.minimum(np.minimum(left, cap[:, j]), s[:, j] * np.maximum(M / lam[:, j] - 1.0, 0.0))
-                total += take * lam[:, j]
-                left -= take
-            out = np.maximum((total + fixed + c_part) / fill, rounds * (total + fixed + 2 * (p - 1) * self.c_min()))
-            return np.where(left > 1e-9, np.inf, out)
-
-        lam_min = np.where(used, lam, np.inf).min(axis=1)
-        lo = np.maximum.reduce([np.where(used, lam, 0.0).max(axis=1), -(-L // p) * lam_min, L / (s / lam).sum(axis=1)])
-        hi = np.where(m_ * lo < chain(lo), np.maximum(lo, np.where(used, lam * (1 + cap / np.maximum(s, 1)), 0.0)
-                                                      .max(axis=1)), lo)
-        while np.any(short := m_ * hi < chain(hi)):  # the capacity suffices (allocation_bounds), so this ends
-            hi = np.where(short, 2 * hi, hi)
-        for _ in range(40):
-            mid = 0.5 * (lo + hi)
-            below = m_ * mid < chain(mid)
-            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-        return m_ * lo + self.tail_lower_bound_s(p.astype(np.int64))
-
-    def order_p2p_s(self, seq: list[StageType]) -> float:
-        """One-way transfer time of one micro-batch over every boundary of a stage order (s), cached by order."""
-        key = tuple((st.pool, st.tp) for st in seq)
-        if key not in self._orders:
-            intra = self.intra_node(seq)
-            self._orders[key] = sum(self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(len(seq) - 1))
+    def order_p2p_s(self, order) -> float:
+        """One-way transfer time of one micro-batch over every boundary of a block order ``[(stage type, stages),
+        ...]`` (s; a pool's stages contiguous), cached by order: each pool's own boundaries (cached by pool and its
+        blocks: stages of different pools never share a node, so they do not depend on the other pools), plus one
+        inter-node boundary between consecutive pools."""
+        key = tuple((st.pool, st.tp, n) for st, n in order)
+        if key in self._orders:
+            return self._orders[key]
+        runs: list[tuple[int, list]] = []  # (pool, its blocks) in order
+        for st, n in order:
+            if runs and runs[-1][0] == st.pool:
+                runs[-1][1].append((st, n))
+            else:
+                runs.append((st.pool, [(st, n)]))
+        total = 0.0
+        for pool, blocks in runs:
+            own = (pool, tuple((st.tp, n) for st, n in blocks))
+            if own not in self._orders:
+                seq = [st for st, n in blocks for _ in range(n)]
+                intra = self.intra_node(seq)
+                self._orders[own] = sum(self.p2p(seq[j], seq[j + 1], intra[j]) for j in range(len(seq) - 1))
+            total += self._orders[own]
+        self._orders[key] = total + sum(self.p2p(a[-1][0], b[0][0], False) for (_, a), (_, b) in zip(runs, runs[1:]))
         return self._orders[key]
 
     def order_lower_bound_s(self, seq: list[StageType]) -> float:
-        """:meth:`order_lower_bounds_s` of one stage order."""
-        return float(self.order_lower_bounds_s([seq])[0])
+        """:meth:`order_lower_bounds_s` of one stage order (a pool's stages contiguous)."""
+        return float(self.order_lower_bounds_s([_blocks_of(seq)])[0])
 
-    def order_lower_bounds_s(self, seqs: list[list[StageType]]) -> np.ndarray:
+    def order_lower_bounds_s(self, orders) -> np.ndarray:
         """Lower bound (s) on :func:`hetplan.estimate.estimator.estimate`'s iteration time of every layer partition
-        of each stage order of ``seqs`` (orders of as many stages; arrays over them), on each position's own cost
-        row ``a_i(n)`` (its embedding or head, its micro-batches in flight and the lightest recomputation that
-        fits, so memory counts): the pipeline lasts at least ``m·M*``, with ``M*`` the least bottleneck time at
-        which the stages can hold ``L`` layers (the L-th smallest ``a_i(n)``, ``n >= 1``, and at least every
-        ``a_i(1)``), and at least the in-flight window (:func:`hetplan.search.homogeneous.window_lower_bound_s`)
-        over the least sum of stage times (every ``a_i(1)`` plus the ``L - p`` smallest increments
-        ``a_i(n) - a_i(n-1)``, which bound any stage's own) and the order's own transfers; then stage 0's least
-        exposed DP time and the largest least optimizer step. ``inf`` when no partition fits."""
-        p, L, m_ = len(seqs[0]), self.m.num_layers, self.mb
+        of each block order of ``orders`` (``[(stage type, stages), ...]``, as many stages each; arrays over them),
+        on each position's own cost row ``a_i(n)`` (its embedding or head, its micro-batches in flight and the
+        lightest recomputation that fits, so memory counts): the pipeline lasts at least ``m·M*``, with ``M*`` the
+        least bottleneck time at which the stages can hold ``L`` layers (the L-th smallest ``a_i(n)``, ``n >= 1``,
+        and at least every ``a_i(1)``), and at least the in-flight window
+        (:func:`hetplan.search.homogeneous.window_lower_bound_s`) over the least sum of stage times (every
+        ``a_i(1)`` plus the ``L - p`` smallest increments ``a_i(n) - a_i(n-1)``, which bound any stage's own) and
+        the order's own transfers; then stage 0's least exposed DP time and the largest least optimizer step.
+        ``inf`` when no partition fits."""
+        p, L, m_ = sum(n for _, n in orders[0]), self.m.num_layers, self.mb
         if p > L:
-            return np.full(len(seqs), INF)
+            return np.full(len(orders), INF)
         kinds, flights = _positions(p, m_)
-        rows = [[self._position_row(st, k, f) for st, k, f in zip(seq, kinds, flights)] for seq in seqs]
-        a = np.array([[r[0] for r in order] for order in rows])  # (orders, p, L+1)
+        kind, fl = np.array(kinds), np.array(flights) - 1
+        index, a_all, e_least, o_least = self._stacked()
+        tid = np.array([[index[(st.pool, st.tp)] for st, n in order for _ in range(n)] for order in orders])
+        a = a_all[tid, kind, fl]  # (orders, p, L+1): each position's row
+        tail = np.maximum(e_least[tid[:, 0], kind[0], fl[0]], 0.0) + o_least[tid, kind, fl].max(axis=1)
         held = a[:, :, 1:]
         fits = np.isfinite(held)  # a prefix of each row (a grows with n)
         ok = fits[:, :, 0].all(axis=1) & (fits.sum(axis=(1, 2)) >= L)
-        flat = held.reshape(len(seqs), -1)
+        flat = held.reshape(len(orders), -1)
         bottleneck = np.maximum(held[:, :, 0].max(axis=1), np.partition(flat, L - 1, axis=1)[:, L - 1])
         least_sum = held[:, :, 0].sum(axis=1)
         if L > p:
             with np.errstate(invalid="ignore"):  # inf - inf where neither n nor n-1 fits
-                steps = np.where(fits[:, :, 1:], a[:, :, 2:] - a[:, :, 1:-1], INF).reshape(len(seqs), -1)
+                steps = np.where(fits[:, :, 1:], a[:, :, 2:] - a[:, :, 1:-1], INF).reshape(len(orders), -1)
             least_sum = least_sum + np.sort(np.partition(steps, L - p - 1, axis=1)[:, :L - p], axis=1).sum(axis=1)
-        c = np.array([self.order_p2p_s(seq) for seq in seqs])
+        c = np.array([self.order_p2p_s(order) for order in orders])
         pipe = np.maximum(m_ * bottleneck, window_lower_bound_s(least_sum, c, p, m_))
-        tail = np.array([max(order[0][1], 0.0) + max(r[2] for r in order) for order in rows])
         return np.where(ok, pipe + tail, INF)
 
-    def _position_row(self, st: StageType, kind: int, flight: int):
-        """``(a, least e, least o)`` of a stage type at one position: its cost row ``a(n)`` (s) and the least
-        exposed DP and optimizer times over the layer counts that fit (``inf`` when none does); cached."""
-        key = (st.pool, st.tp, kind, flight)
-        if key not in self._rows:
-            tb = self.tables[(st.pool, st.tp)]
-            row = tb.a[kind, flight - 1]
-            fits = np.isfinite(row[1:])
-            self._rows[key] = (row, float(np.min(np.where(fits, tb.e[kind, flight - 1, 1:], INF))),
-                               float(np.min(np.where(fits, tb.o[kind, flight - 1, 1:], INF))))
-        return self._rows[key]
+    def least_order_bounds_s(self, allocations) -> np.ndarray:
+        """For each allocation (blocks ``(pool, (tp, stages))``), the least :meth:`order_lower_bounds_s` of its
+        block orders (:func:`_block_orders`; ``inf`` when none fits), the orders of as many stages bounded
+        together."""
+        orders = [(i, order) for i, blocks in enumerate(allocations) for order in _block_orders(self, blocks)]
+        out = np.full(len(allocations), INF)
+        by_p: dict[int, list] = {}
+        for i, order in orders:
+            by_p.setdefault(sum(n for _, n in order), []).append((i, order))
+        for same in by_p.values():
+            np.minimum.at(out, [i for i, _ in same], self.order_lower_bounds_s([order for _, order in same]))
+        return out
+
+    def _stacked(self):
+        """The stage types' tables stacked (cached): index by ``(pool, tp)``, ``a`` (types, kind, in-flight,
+        layers), and per (types, kind, in-flight) the least exposed DP and optimizer times (s) over the layer
+        counts that fit (``inf`` where none does)."""
+        if not hasattr(self, "_stack"):
+            tabs = list(self.tables.values())
+            a = np.stack([tb.a for tb in tabs])
+            fits = np.isfinite(a[..., 1:])
+            self._stack = ({key: i for i, key in enumerate(self.tables)}, a,
+                           np.where(fits, np.stack([tb.e[..., 1:] for tb in tabs]), INF).min(axis=-1),
+                           np.where(fits, np.stack([tb.o[..., 1:] for tb in tabs]), INF).min(axis=-1))
+        return self._stack
 
     def c_min(self) -> float:
         """A lower bound on the one-way time of any boundary between two stage types (s); 0 when the group has no
         stage type (no boundary: any bound holds)."""
         if "c_min" not in self._boundaries:  # shared: the types and boundaries depend on (b, d, cp) only
             # Exact over pairs of equal TP; a resharding boundary (different TP) is bounded by 0.
-            pairs = [(a, b, intra) for a in self.types for b in self.types if a.tp == b.tp for intra in (False, True)]
-            self._fill_p2p(pairs)
+            pairs = self.same_tp_boundaries()
+            _price_boundaries([(self, *pair) for pair in pairs])
             same = [self.p2p(*pair) for pair in pairs]
             cross = any(a.tp != b.tp for a in self.types for b in self.types)
             self._boundaries["c_min"] = min(same + ([0.0] if cross else []), default=0.0)
         return self._boundaries["c_min"]
+
+    def same_tp_boundaries(self) -> list[tuple[StageType, StageType, bool]]:
+        """Every boundary ``(s1, s2, intra-node)`` between two stage types of equal TP degree."""
+        return [(a, b, intra) for a in self.types for b in self.types if a.tp == b.tp for intra in (False, True)]
 
     def intra_node(self, seq: list[StageType]) -> list[bool]:
         """:func:`hetplan.plan.boundary_is_intra_node` of a stage order (stages of ``tp·cp·d`` GPUs each)."""
@@ -581,6 +577,68 @@ class _Group:
         t, ns = res
         rcs = [int(tb.rc[k, f - 1, n]) for tb, k, f, n in zip(tabs, kinds, flights, ns)]
         return t, ns, rcs
+
+
+def _price_boundaries(items) -> None:
+    """Cache :meth:`_Group.p2p` of ``items`` ``(group, s1, s2, intra)`` (s1, s2 of equal TP degree; groups of
+    one search) in one :func:`~hetplan.estimate.iteration.boundary_time_s` call over arrays (elementwise, so each
+    value equals its own call's)."""
+    todo = {}
+    for g, s1, s2, intra in items:
+        if (s1.pool, s1.tp, s2.pool, s2.tp, intra) not in g._p2p:
+            todo[(id(g._p2p), s1.pool, s1.tp, s2.pool, s2.tp, intra)] = (g, s1, s2, intra)
+    if not todo:
+        return
+    work = list(todo.values())
+
+    def column(get) -> np.ndarray:
+        return np.array([get(*item) for item in work])
+
+    def links(side: int) -> Link:
+        return Link(**{f.name: column(lambda *it: getattr(it[side].link, f.name)) for f in fields(Link)})
+
+    layout = (column(lambda g, s1, s2, i: s1.tp), column(lambda g, s1, s2, i: g.cp), column(lambda g, s1, s2, i: g.d),
+              column(lambda g, s1, s2, i: g.b))
+    g0 = work[0][0]
+    out = boundary_time_s(g0.m, g0.job.seq_len, layout, layout, links(1), links(2),
+                          column(lambda g, s1, s2, intra: intra))
+    for (g, s1, s2, intra), v in zip(work, np.broadcast_to(out, (len(work),))):
+        g._p2p[(s1.pool, s1.tp, s2.pool, s2.tp, intra)] = float(v)
+
+
+def _refined_bounds_s(L: int, cols: np.ndarray, m_: np.ndarray, c_min: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """:meth:`_Group.refined_sim_bounds_s` of allocations of any groups, on arrays (:meth:`_Group.refined_columns`,
+    concatenated: one bisection for all)."""
+    lam, s, cap = cols[:, :, 0], cols[:, :, 1], cols[:, :, 2]
+    used = s > 0
+    p = s.sum(axis=1)
+    fixed = cols[:, :, 3].min(axis=1) + cols[:, :, 4].min(axis=1)
+    r = 1.0 - 1.0 / m_
+    fill = 1.0 - r ** p
+    c_part = 2 * c_min * ((p - 1) - np.where(m_ > 1, r * (1 - r ** (p - 1)) / np.where(m_ > 1, 1 - r, 1.0), 0.0))
+    rounds = np.ceil(m_ / np.minimum(p, m_))  # 1F1B's in-flight window (window_lower_bound_s)
+    base = (lam * s).sum(axis=1)
+
+    def chain(M: np.ndarray) -> np.ndarray:
+        total, left = base.copy(), L - p
+        for j in range(cols.shape[1]):
+            take = np.minimum(np.minimum(left, cap[:, j]), s[:, j] * np.maximum(M / lam[:, j] - 1.0, 0.0))
+            total += take * lam[:, j]
+            left -= take
+        out = np.maximum((total + fixed + c_part) / fill, rounds * (total + fixed + 2 * (p - 1) * c_min))
+        return np.where(left > 1e-9, np.inf, out)
+
+    lam_min = np.where(used, lam, np.inf).min(axis=1)
+    lo = np.maximum.reduce([np.where(used, lam, 0.0).max(axis=1), -(-L // p) * lam_min, L / (s / lam).sum(axis=1)])
+    hi = np.where(m_ * lo < chain(lo), np.maximum(lo, np.where(used, lam * (1 + cap / np.maximum(s, 1)), 0.0)
+                                                  .max(axis=1)), lo)
+    while np.any(short := m_ * hi < chain(hi)):  # the capacity suffices (allocation_bounds), so this ends
+        hi = np.where(short, 2 * hi, hi)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        below = m_ * mid < chain(mid)
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return m_ * lo + tail
 
 
 def _pool_options(group: _Group, L: int, mixed_tp: bool = False):
@@ -663,24 +721,26 @@ def allocation_bounds(group: _Group, pins: Pins, max_pools: int = 64, max_rows: 
     cols = [_option_columns(group, k, sub_t, sub_p) for k, (sub_t, sub_p) in enumerate(subs)]
     # Cross product pool by pool, dropping partial allocations with more than L stages or max_pools pools and
     # options whose stage cannot hold one layer (both only grow as pools are added).
-    # Count first (a histogram over (stages, pools used)), so that an oversized space costs nothing to reject.
-    hist = np.zeros((L + 1, K + 1), dtype=np.int64)
-    hist[0, 0] = 1
-    shift = np.subtract.outer(np.arange(L + 1), np.arange(L + 1))  # stages added: row minus column
-    for k in range(K):
-        per_p = np.bincount(cols[k]["p"][cols[k]["cap"] >= 0], minlength=L + 1)  # options by stage count
-        adds = np.where(shift >= 1, per_p[np.clip(shift, 0, L)], 0)  # options of shift >= 1 stages
-        hist = per_p[0] * hist + np.pad(adds @ hist[:, :-1], ((0, 0), (1, 0)))
-    if int(hist[:, : max_pools + 1].sum()) > max_rows:
-        raise _TooMany()
+    # Count first (a histogram over (stages, pools used)) where the options could make more than max_rows, so that
+    # an oversized space costs nothing to reject.
+    valids = [np.flatnonzero(c["cap"] >= 0) for c in cols]
+    if math.prod(len(v) for v in valids) > max_rows:
+        hist = np.zeros((L + 1, K + 1), dtype=np.int64)
+        hist[0, 0] = 1
+        shift = np.subtract.outer(np.arange(L + 1), np.arange(L + 1))  # stages added: row minus column
+        for k in range(K):
+            per_p = np.bincount(cols[k]["p"][valids[k]], minlength=L + 1)  # options by stage count
+            adds = np.where(shift >= 1, per_p[np.clip(shift, 0, L)], 0)  # options of shift >= 1 stages
+            hist = per_p[0] * hist + np.pad(adds @ hist[:, :-1], ((0, 0), (1, 0)))
+        if int(hist[:, : max_pools + 1].sum()) > max_rows:
+            raise _TooMany()
     # Built option by option: the parents that take an option of pk >= 1 stages are a prefix of those under
     # max_pools pools sorted by stages; every parent takes the empty option. Then sorted back to the order of
     # the codes (by pool 0's option, then pool 1's, ...).
     code = np.zeros(1, dtype=np.int64)
     pcount = np.zeros(1, dtype=np.int64)
     used = np.zeros(1, dtype=np.int64)
-    for k in range(K):
-        valid = np.flatnonzero(cols[k]["cap"] >= 0)
+    for k, valid in enumerate(valids):
         pk = cols[k]["p"][valid]
         empty, some = valid[pk == 0], valid[pk > 0]
         open_ = np.flatnonzero(used < max_pools)
@@ -817,6 +877,7 @@ def _bounded_allocations(groups, inventory, pins, max_stages, max_allocations, m
     group."""
     max_pools = len(inventory.pools)
     mixed = mixed_tp and pins.tp is None
+    _price_boundaries([(g, *pair) for g in groups for pair in g.same_tp_boundaries()])  # each group's c_min
     while True:
         rows = []
         n_alloc = 0
@@ -859,15 +920,26 @@ def _allocation_blocks(rows, gi: int, li: int):
 
 
 def _block_orders(g: _Group, blocks):
-    """Stage sequences of an allocation: its pools' blocks in every order, and inside a pool with two TP degrees
-    both orders of its two sub-blocks (a pool's stages stay contiguous)."""
+    """Block orders of an allocation, each a list ``[(stage type, stages), ...]``: its pools' blocks in every
+    order, and inside a pool with two TP degrees both orders of its two sub-blocks (a pool's stages stay
+    contiguous)."""
     by_pool: dict[int, list] = {}
     for k, ts in blocks:
         by_pool.setdefault(k, []).append(ts)
     pools = list(by_pool.items())
     for perm in itertools.permutations(pools):
         for inner in itertools.product(*(itertools.permutations(subs) for _, subs in perm)):
-            yield [g.by_key[(k, t)] for (k, _), subs in zip(perm, inner) for t, s in subs for _ in range(s)]
+            yield [(g.by_key[(k, t)], s) for (k, _), subs in zip(perm, inner) for t, s in subs]
+
+
+def _stages(order) -> list[StageType]:
+    """The stage types of a block order, stage by stage."""
+    return [st for st, n in order for _ in range(n)]
+
+
+def _blocks_of(seq: list[StageType]) -> list:
+    """The block order of a stage order: runs of one stage type."""
+    return [(run[0], len(run)) for run in (list(r) for _, r in itertools.groupby(seq, key=lambda st: (st.pool, st.tp)))]
 
 
 def _solve_allocation(g: _Group, blocks, upper_bound: float, lb_without_p2p: float):
@@ -876,7 +948,7 @@ def _solve_allocation(g: _Group, blocks, upper_bound: float, lb_without_p2p: flo
     or nothing beats ``upper_bound``. ``lb_without_p2p``: a closed-form lower bound less its p2p part (s)."""
     best = None
     tried = 0
-    for seq in _block_orders(g, blocks):
+    for seq in map(_stages, _block_orders(g, blocks)):
         tried += 1
         bound = upper_bound if best is None else min(upper_bound, best[0])
         res = g.solve_order(seq, bound, lb_without_p2p)
@@ -1225,18 +1297,32 @@ def search_hetero_estimated(
         keys = np.where((t_sim <= slo) & (rate * t_sim / 3600.0 <= budget_it), t_sim, INF)
     else:
         keys = lower_bound_keys(objective, t_sim, rate, np.ones(len(t_sim), dtype=bool), iterations)
-    kind = np.zeros(len(keys), dtype=np.int8)  # 0: allocation at T_SIM, 1: already refined
+    kind = np.zeros(len(keys), dtype=np.int8)  # 0: allocation at T_SIM, 1: refined, 2: bounded order by order
+    walk = np.arange(len(keys))  # the allocations the walk starts from
     if not pareto and len(top.entries) >= top_k:
-        # The cut is known: every allocation the walk could reach is refined now, on arrays (the same bound the
-        # walk's first visit computes), so the walk starts at the refined bounds.
-        near = np.flatnonzero(keys <= top.entries[top_k - 1][0] * (1 + BOUND_SLACK))
-        for gi in np.unique(gid[near]):
-            js = near[gid[near] == gi]
-            refined = groups[int(gi)].refined_sim_bounds_s([_allocation_blocks(rows, int(gi), int(loc[j])) for j in js])
-            keys[js] = lower_bound_keys(objective, np.maximum(t_sim[js], refined), rate[js],
-                                        np.ones(len(js), dtype=bool), iterations)
-            kind[js] = 1
-    scan = np.argsort(keys, kind="stable")
+        # The cut is known: the walk can only expand allocations under it (TopK.cut stops at the first above; the
+        # cut only tightens), and each is bounded now, on arrays, as the walk's first and second visits would
+        # (refined bound, then the least bound of its stage orders where the refined one stays under the cut), so
+        # the walk starts from them at those bounds.
+        kth = top.entries[top_k - 1][0]
+        walk = np.flatnonzero(keys * (1 - BOUND_SLACK) <= kth)
+        near = walk[np.argsort(gid[walk], kind="stable")]  # by group
+        blocks = {gi: [_allocation_blocks(rows, gi, int(loc[j])) for j in js] for gi, js in _by_group(gid, near)}
+        if blocks:
+            width = max(len(b) for bs in blocks.values() for b in bs)
+            refined = _refined_bounds_s(m.num_layers, *(np.concatenate(x) for x in zip(
+                *(groups[gi].refined_columns(bs, width) for gi, bs in blocks.items()))))
+            keys[near] = lower_bound_keys(objective, np.maximum(t_sim[near], refined), rate[near],
+                                          np.ones(len(near), dtype=bool), iterations)
+            kind[near] = 1
+        for gi, js in _by_group(gid, near):
+            under = keys[js] * (1 - BOUND_SLACK) <= kth
+            bound = groups[gi].least_order_bounds_s([b for b, u in zip(blocks[gi], under) if u])
+            js = js[under]
+            keys[js] = np.maximum(keys[js], lower_bound_keys(objective, bound, rate[js], np.ones(len(js), dtype=bool),
+                                                             iterations))
+            kind[js] = 2
+    scan = walk[np.argsort(keys[walk], kind="stable")]  # (stable: ties in index order, as over all rows)
     scan = scan[np.isfinite(keys[scan])]
 
     def item_key(t_bound: float, usd_per_hour: float) -> float:
@@ -1256,7 +1342,7 @@ def search_hetero_estimated(
             j = item[1]
             g = groups[int(gid[j])]
             blocks = _allocation_blocks(rows, int(gid[j]), int(loc[j]))
-            bound = float(g.order_lower_bounds_s(list(_block_orders(g, blocks))).min())
+            bound = float(g.least_order_bounds_s([blocks])[0])
             return ((item_key(bound, float(rate[j])), ("ordered", j)),) if math.isfinite(bound) else ()
         if item[0] == "ordered":
             j = item[1]
@@ -1289,7 +1375,7 @@ def search_hetero_estimated(
 
     walk_progress = None if progress is None else (
         lambda k, _lb: progress(k, max_expansions, "heterogeneous walk (expansions)"))
-    _, open_bound = guarded_best_first(((float(keys[j]), ("refined" if kind[j] else "allocation", int(j)))
+    _, open_bound = guarded_best_first(((float(keys[j]), (("allocation", "refined", "ordered")[kind[j]], int(j)))
                                         for j in scan), expand, cut,
                                        limit=max_expansions, progress=walk_progress)
     return EstimatedResult(
@@ -1302,6 +1388,13 @@ def search_hetero_estimated(
                "restricted": max_pools[0] < len(inventory.pools) or (mixed_tp and pins.tp is None and not max_pools[1]),
                "groups": len(groups)},
     )
+
+
+def _by_group(gid: np.ndarray, js: np.ndarray):
+    """``(group index, its rows)`` of the rows ``js`` (sorted by group), group by group."""
+    starts = np.flatnonzero(np.diff(gid[js], prepend=-1))
+    for a, b in zip(starts, [*starts[1:], len(js)]):
+        yield int(gid[js[a]]), js[a:b]
 
 
 def _insert_estimated(frontier: list[EstimatedPlan], ep: EstimatedPlan) -> list[EstimatedPlan]:

@@ -171,7 +171,7 @@ def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_bat
     even = num_layers % pp == 0
     eligible = (pp > 2) & (even | ((num_layers + 2) % pp == 0)) | (pp == 2) & even
     eligible &= mb % pp == 0
-    for p in np.unique(pp[eligible]):
+    for p in sorted(set(pp[eligible].tolist())):  # (not np.unique: it imports numpy.ma, 10 ms)
         rows = eligible & (pp == p)
         slots = num_layers if num_layers % int(p) == 0 else num_layers + 2
         for v in divisors(slots // int(p))[1:]:
