@@ -65,6 +65,12 @@ def test_megatron_ignores_compile_and_eager_loss_is_on_the_head_stage():
     loss = float(head_e.forward_s - head_f.forward_s) - body
     logits = 2 * 8192 * M.padded_vocab_size()
     assert loss == pytest.approx(14 * logits / GPU.hbm_bandwidth_bytes_per_s + 3 * GPU.kernel_overhead_s, rel=1e-6)
+    # the loss follows Plan.cross_entropy: torchtitan before 2025-04 compiled the blocks only (eager fp32 loss);
+    # NeMo AutoModel's loss skips the upcast (bf16: no extra bytes)
+    fp32 = _stage(True, 0, has_head=True, cross_entropy="fp32")
+    assert float(fp32.forward_s - head_f.forward_s) == pytest.approx(loss, rel=1e-9)
+    assert float(_stage(False, 0, has_head=True, cross_entropy="bf16").forward_s - head_e.forward_s) == (
+        pytest.approx(-loss, rel=1e-9))
 
 
 def test_eager_fp8_casts_are_33_bytes_per_element():
@@ -117,3 +123,25 @@ def test_eager_is_refused_outside_fsdp():
     with pytest.raises(ValueError, match="torch_compile = false applies to framework 'fsdp'"):
         Job(model="llama3-8b", seq_len=8192, global_batch=16, torch_compile=False)
     assert np.isfinite(estimate(_plan(torch_compile=False)).mfu)
+
+
+def test_dtensor_sequence_dim_copies():
+    """DTensor's Shard(1) collectives copy the whole b·s·h activation once each (chunk + cat): 4 collectives of
+    4 B per element per pass; per-op SAC adds its two recomputed all-gathers' copies; none with tp_comm_overlap
+    or without TP."""
+    kw = dict(sequence_parallel=True, attention="flash", gpus_per_node=8)
+    b, s, t = 12, 8192, 8
+    full = b * s * H / GPU.hbm_bandwidth_bytes_per_s
+    for rc, bwd_copies in ((0, 4 * 4), (1, 4 * 4 + 2 * 4), (2, 2 * 4 * 4)):
+        off = compute.layer_time_s(M, GPU, "bf16", b, s, t, rc, 450e9, op_sac=True, **kw)
+        on = compute.layer_time_s(M, GPU, "bf16", b, s, t, rc, 450e9, op_sac=True, sequence_dim_copies=True, **kw)
+        assert float(on[0] - off[0]) == pytest.approx(4 * 4 * full, rel=1e-9)
+        assert float(on[1] - off[1]) == pytest.approx(bwd_copies * full, rel=1e-9)
+        assert float(on[2]) == float(off[2])  # memory traffic, not communication
+    fp8 = [compute.layer_time_s(M, GPU, "fp8", b, s, t, 0, 450e9, sequence_dim_copies=x, **kw)[0] for x in (0, 1)]
+    assert float(fp8[1] - fp8[0]) == pytest.approx((2 * 2 + 2 * 4) * full, rel=1e-9)  # FP8 all-gathers: 1 + 1 B
+    fused = [compute.layer_time_s(M, GPU, "bf16", b, s, t, 0, 450e9, tp_comm_overlap=True, sequence_dim_copies=x,
+                                  **kw)[0] for x in (0, 1)]
+    assert float(fused[1]) == float(fused[0])
+    tp1 = [compute.layer_time_s(M, GPU, "bf16", b, s, 1, 0, 450e9, sequence_dim_copies=x, **kw)[0] for x in (0, 1)]
+    assert float(tp1[1]) == float(tp1[0])

@@ -220,6 +220,7 @@ def layer_time_s(
     tp_comm_overlap=False,
     cuda_graphs=False,
     op_sac=False,
+    sequence_dim_copies=False,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -263,6 +264,15 @@ def layer_time_s(
             ``torchtitan/models/llama3/parallelize_llama.py`` at pytorch/torchtitan@820504e), so under sequence
             parallelism the backward runs the forward's two TP all-gathers again (their outputs are the inputs of
             the recomputed ``wk`` / ``w3`` and of every column-parallel weight gradient).
+        sequence_dim_copies: the sequence-parallel collectives gather and scatter along the sequence dimension of a
+            ``(b, s, h)`` activation, as PyTorch's DTensor ``Shard(1)`` does (torchtitan's TP): NCCL gathers and
+            scatters along dimension 0, so ``torch.distributed._functional_collectives`` ``all_gather_tensor`` copies
+            its output once more (``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)``) and
+            ``reduce_scatter_tensor`` its input (``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``):
+            one read and one write of the whole ``b·s·h`` tensor per collective (2 + 2 B; 1 + 1 B for the FP8
+            all-gathers), at the HBM bandwidth, for each of the four collectives of a pass, of full recomputation
+            and of per-op SAC's two recomputed all-gathers. Not under ``tp_comm_overlap`` (fused collective
+            matmuls take the layout themselves).
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
@@ -319,6 +329,14 @@ def layer_time_s(
         gather = np.where(sequence_parallel, half / 2, gather)
     sac_gathers = np.where((rc == 1) & op_sac & np.asarray(sequence_parallel) & (np.asarray(t) > 1), 2 * gather, 0.0)
     tp_bwd = tp_bwd_pass + np.where(rc == 2, tp_pass, 0.0) + sac_gathers
+    if sequence_dim_copies:  # DTensor's chunk + cat around each sequence-parallel collective
+        full = b * s * m.hidden_size / gpu.hbm_bandwidth_bytes_per_s
+        gather_copy = (2.0 if fp8.is_fp8(dtype) else 4.0) * full
+        on = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & (not tp_comm_overlap)
+        pass_copy = np.where(on, 2 * gather_copy + 2 * 4.0 * full, 0.0)
+        fwd = fwd + pass_copy
+        bwd_compute = bwd_compute + pass_copy + np.where(rc == 2, pass_copy, 0.0) + np.where(
+            on & (rc == 1) & op_sac, 2 * gather_copy, 0.0)
     bwd = bwd_compute + recompute_extra + tp_bwd
     return fwd, bwd, tp_pass + tp_bwd
 

@@ -146,8 +146,9 @@ def stage_costs(
     ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
     ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss
     (:attr:`hetplan.plan.Plan.fsdp_param_dtype`, :attr:`hetplan.plan.Plan.cross_entropy`, None: compiled with
-    ``torch_compile``; memory); for Megatron, ``cross_entropy = "fp32"`` is its unfused loss, which costs time
-    (:func:`hetplan.estimate.compute.head_time_s`).
+    ``torch_compile``; memory); under ``fsdp`` an ``fp32`` loss also costs the eager cross-entropy's extra bytes
+    (:func:`hetplan.estimate.elementwise.eager_loss_time_s`); for Megatron, ``cross_entropy = "fp32"`` is its
+    unfused loss, which costs time (:func:`hetplan.estimate.compute.head_time_s`).
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
     on ``cp`` blocks (``2·cp - 1`` on the busiest rank without ``cp_load_balance``), plus the exposed K/V exchange
@@ -164,7 +165,11 @@ def stage_costs(
     layers are replayed as CUDA graphs, without the per-kernel host floor (same function). ``torch_compile``
     (``framework = "fsdp"`` only): the blocks and the loss run under ``torch.compile`` (fused element-wise kernels,
     as the element-wise term assumes), or eagerly (False): the extra bytes and kernels of eager PyTorch's
-    element-wise ops, fp32 loss and float8 casts (:mod:`hetplan.estimate.elementwise`).
+    element-wise ops and float8 casts (:mod:`hetplan.estimate.elementwise`) and, unless ``cross_entropy`` says
+    otherwise, the fp32 loss. Under ``fsdp`` TP is
+    PyTorch's DTensor TP (torchtitan): its sequence-dim copies (``sequence_dim_copies`` of
+    :func:`hetplan.estimate.compute.layer_time_s`) are charged on dense models; MoE models under ``fsdp`` are the
+    Megatron-FSDP rows, whose TP is Megatron-Core's.
 
     Units: seconds, bytes.
     """
@@ -173,7 +178,8 @@ def stage_costs(
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
                  intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe,
-                 cuda_graphs=cuda_graphs, op_sac=framework == "fsdp")
+                 cuda_graphs=cuda_graphs, op_sac=framework == "fsdp",
+                 sequence_dim_copies=framework == "fsdp" and not m.is_moe)
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
@@ -182,6 +188,7 @@ def stage_costs(
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
                      extra_kernels=moe.extra_kernels(m, ep, framework))
     eager = framework == "fsdp" and not torch_compile
+    loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
     if eager:  # eager PyTorch: unfused element-wise ops (and float8 casts) beyond the fused kernels
         casts = len(moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)) if fp8.is_fp8(dtype) else 0
@@ -225,7 +232,7 @@ def stage_costs(
         ab = mbk
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, cross_entropy)
-    if eager:  # torchtitan's fp32 cross-entropy, op by op
+    if framework == "fsdp" and loss_kind == "fp32":  # torchtitan's eager fp32 cross-entropy, op by op
         loss = elementwise.eager_loss_time_s(m, gpu, b, s, t)
         hf, hb = hf + loss, hb + loss
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
@@ -332,7 +339,7 @@ def stage_costs(
         moe_recompute=moe_options.recompute,
         grad_reduce_dtype=grad_reduce_dtype,
         fsdp_param_dtype=fsdp_param_dtype,
-        cross_entropy=cross_entropy or ("compiled" if torch_compile else "fp32"),
+        cross_entropy=loss_kind,
         fp8_recipe=fp8_recipe,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
