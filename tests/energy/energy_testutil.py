@@ -32,23 +32,37 @@ class ServerProcess:
     """``hetplan energy serve`` started as a process on 127.0.0.1 (a free port) over the SQLite file ``db``."""
 
     def __init__(self, db, *args, token=TOKEN):
-        import httpx
-
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
         env.pop("HETPLAN_ENERGY_TOKEN", None)
-        cmd = [sys.executable, "-m", "hetplan.cli.main", "energy", "serve", "--db", str(db), "--port", str(self.port),
-               *(["--token", token] if token else []), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        # The free port is released before the server binds it, so another process may take it in between: then
+        # the server exits with "address already in use" and is started again on another port.
+        for _ in range(5):
+            self.port = _free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            cmd = [sys.executable, "-m", "hetplan.cli.main", "energy", "serve", "--db", str(db), "--port",
+                   str(self.port), *(["--token", token] if token else []), *args]
+            # stdout (uvicorn's access log) is not read: a pipe would fill up and stall the server
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+            err = self._wait_ready()
+            if err is None:
+                return
+            assert "address already in use" in err, err
+        raise AssertionError(f"no free port for the server: {err}")
+
+    def _wait_ready(self) -> str | None:
+        """Poll /health until this server answers (None) or its process ends (its stderr)."""
+        import httpx
+
         deadline = time.time() + 60
         while True:
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
+                ok = httpx.get(self.url + "/health", timeout=1).status_code == 200
             except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, self.proc.stderr.read().decode()
+                ok = False
+            if self.proc.poll() is not None:  # checked after the answer: a foreign server on the port must not pass
+                return self.proc.stderr.read().decode()
+            if ok:
+                return None
             assert time.time() < deadline, "server did not start"
             time.sleep(0.1)
 

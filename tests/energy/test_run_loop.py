@@ -33,9 +33,6 @@ ROOT = Path(__file__).parents[2]
 GPU = "A100-SXM-80GB"
 CLOCKS = (1410, 1005)
 
-# 4 gloo processes on a loaded 2-core machine very rarely abort while tearing gloo down (tests/runtime).
-pytestmark = pytest.mark.flaky(reruns=2)
-
 
 @pytest.fixture()
 def plan_path(tmp_path) -> Path:

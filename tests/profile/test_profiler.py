@@ -15,11 +15,6 @@ from hetplan.profile.profiler import profile_collectives, profile_layers
 
 TINY = Path(__file__).parents[2] / "examples" / "tiny-model.json"
 
-# These tests start several torch.distributed (gloo) processes; on a loaded 2-core machine a rank very rarely aborts
-# while tearing gloo down ("terminate called without an active exception"). One failure is retried twice; a real
-# defect fails all three runs.
-pytestmark = pytest.mark.flaky(reruns=2)
-
 
 def test_profile_layers_resumable(tmp_path):
     m = load_model(TINY)

@@ -63,5 +63,5 @@ if __name__ == "__main__":
         }
     with open(f"{sys.argv[1]}/rank{rank}.json", "w") as fh:
         json.dump(out, fh)
-    dist.barrier()
-    dist.destroy_process_group()
+    torchparts.finish_process_group(True)
+    torchparts.exit_rank(0)

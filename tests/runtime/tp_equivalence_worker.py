@@ -32,4 +32,5 @@ if __name__ == "__main__":
                       "norm_grad_diff": float((g1 - g2).abs().max()), "norm_grad_max": float(g1.abs().max())}
     with open(f"{sys.argv[2]}/rank{dist.get_rank()}.json", "w") as fh:
         json.dump(out, fh)
-    dist.destroy_process_group()
+    torchparts.finish_process_group(True)
+    torchparts.exit_rank(0)

@@ -76,14 +76,11 @@ def test_bad_partitions(fixtures):
 def test_tp2_forward_and_backward_equal_full_model(fixtures, tmp_path, name):
     import multiprocessing as mp
 
-    from hetplan.serve.engine import free_port
-
     from .tp_helper import tp_forward_backward
 
     spec = load_model(fixtures / name)
     ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=tp_forward_backward, args=(r, 2, port, str(fixtures / name), str(tmp_path)))
+    procs = [ctx.Process(target=tp_forward_backward, args=(r, 2, str(fixtures / name), str(tmp_path)))
              for r in range(2)]
     for p in procs:
         p.start()

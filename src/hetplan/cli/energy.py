@@ -122,6 +122,11 @@ def register(app: typer.Typer) -> None:
                                fix="use the GPU's blocking power, e.g. 83.64 (A100-SXM)")
         prof, M, idle, sched, v, origin = _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile,
                                                            profile_db, job, power_catalog, schedule, virtual_stages)
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HetplanError(f"cannot create {output}: {exc.strerror or exc}", field="--output",
+                               fix="give a writable directory") from None
         pending = None
         if baselines:  # on the other core while the solver runs
             from hetplan.energy.baselines import summary_entries_in_background
@@ -129,11 +134,6 @@ def register(app: typer.Typer) -> None:
 
             pending = summary_entries_in_background(prof, build_pipeline_dag(prof.num_stages, M, sched, v), idle)
         fr = compute_frontier(prof, M, idle, unit_time_s, sched, virtual_stages=v)
-        try:
-            output.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise HetplanError(f"cannot create {output}: {exc.strerror or exc}", field="--output",
-                               fix="give a writable directory") from None
         fr.write_csv(output / "frontier.csv")
         if plans:
             fr.write_plans_file(output / "plans.json")

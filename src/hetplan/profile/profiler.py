@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -208,20 +207,12 @@ def profile_collectives(db: ProfileDB, *, world_size: int = 2, sizes_bytes: Iter
     return {"measured": n, "skipped_collectives": res["skipped"], "device": res["device"], "backend": res["backend"]}
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 for a local torchrun rendezvous (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun_worker(mode: str, nproc: int, payload: dict, timeout_s: float = 900):
     with tempfile.TemporaryDirectory(prefix="hetplan-profile-") as tmp:
         spec_file, out_file = Path(tmp) / "in.json", Path(tmp) / "out.json"
         spec_file.write_text(json.dumps(payload))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-               "-m", "hetplan.profile.profiler", mode, str(spec_file), str(out_file)]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "-m", "hetplan.profile.profiler", mode, str(spec_file), str(out_file)]  # see runtime.launcher
         env = dict(os.environ, OMP_NUM_THREADS=str(payload.get("threads", 1)))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         if proc.returncode != 0 or not out_file.is_file():
@@ -336,3 +327,6 @@ def _comm_bench(payload: dict, backend: str, cuda: bool, rank: int, world: int) 
 
 if __name__ == "__main__":
     _worker(*sys.argv[1:4])
+    from hetplan.profile import torchparts
+
+    torchparts.exit_rank(0)  # no interpreter finalization racing gloo's worker threads (see exit_rank)

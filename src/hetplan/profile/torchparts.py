@@ -21,10 +21,13 @@ memory of a stage. Parameters, gradients and optimizer states are summed from th
 from __future__ import annotations
 
 import gc
+import os
 import statistics
+import sys
 import time
 import weakref
 from contextlib import contextmanager
+from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -40,15 +43,33 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def finish_process_group(succeeded: bool) -> None:
     """Tear down the default process group; after a barrier when this rank succeeded.
 
-    A rank that destroys its gloo group while a peer still has a point-to-point transfer or collective in flight
-    makes that peer abort ("terminate called without an active exception"); the barrier lets every rank finish
-    its last transfers first. After a failure the barrier is skipped (the peers may never arrive).
+    The barrier lets every rank finish its last transfers before any rank leaves; after a failure it is skipped
+    (the peers may never arrive). A rank that succeeded then ends with :func:`exit_rank`.
     """
     import torch.distributed as dist
 
     if succeeded:
         dist.barrier()
     dist.destroy_process_group()
+
+
+def exit_rank(code: int = 0) -> NoReturn:
+    """End this rank's process now: flush stdout and stderr, then ``os._exit`` without finalizing the interpreter.
+
+    Why: ``destroy_process_group`` does not stop gloo's worker threads (``ProcessGroupGloo::runLoop``). The thread
+    that ran the last collective drops that work object only after it has woken the waiting main thread, and the
+    work (a barrier keeps the works before it) holds tensors owned by Python objects; freeing them needs the GIL.
+    When the main thread has meanwhile reached ``Py_FinalizeEx``, taking the GIL calls ``pthread_exit`` inside a
+    ``noexcept`` destructor and the rank aborts with "terminate called without an active exception" (exit -6),
+    after its results were written. A core of such a rank under load shows exactly that stack
+    (``~AsyncBarrierWork`` -> ``~AsyncAllgatherWork`` -> ``TensorImpl::decref_pyobject`` -> ``take_gil`` ->
+    ``PyThread_exit_thread``, main thread in ``Py_FinalizeEx``); torch 2.13 has no call that joins the threads
+    (pytorch/pytorch PR 179291 describes the same crash). Skipping finalization removes the window; ranks hold no
+    state that finalization would save (results are written and closed before this call).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -1,6 +1,9 @@
 """Start the ranks of a plan with torchrun (``python -m torch.distributed.run``) and collect their results.
 
 Local (one node, the default): ``torchrun --standalone --nproc-per-node N -m hetplan.runtime.trainer PLAN``.
+``--standalone`` binds the rendezvous store to port 0 (the OS picks a free port as it binds) under a random
+rendezvous id, so two local runs never meet, and no port is chosen first and bound later (another process could
+take it in between; torchrun's c10d backend then joins whatever listens there as a client).
 Multi-node: the usual torchrun rendezvous arguments, run the same command on every node::
 
     hetplan run PLAN.json --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500   # on node 0
@@ -25,7 +28,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hetplan.errors import HetplanError
-from hetplan.profile.profiler import free_port
 from hetplan.runtime import children, energy_loop, planio
 
 #: Most local processes on a CPU-only host unless ``max_procs`` says otherwise.
@@ -146,7 +148,7 @@ def torchrun_command(plan_path: str | Path, world_size: int, opts: RunOptions, o
     nproc = world_size // opts.nnodes
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     if opts.nnodes == 1 and not opts.rdzv_endpoint:
-        cmd += ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        cmd += ["--standalone"]  # c10d store on a port the OS assigns at bind time, a fresh rendezvous id
     else:
         if not opts.rdzv_endpoint:
             raise HetplanError("multi-node runs need a rendezvous endpoint", field="--rdzv-endpoint",

@@ -340,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     result = run_rank(argv)
     if result is not None and not _parse(argv).out:
         json.dump(result, sys.stdout, indent=2)
+    torchparts.exit_rank(0)  # no interpreter finalization racing gloo's worker threads (see exit_rank)
 
 
 if __name__ == "__main__":
