@@ -66,3 +66,31 @@ def test_attention_softmax_in_fp32_as_a_string_refused_not_read_as_true(tmp_path
     path.write_text(json.dumps(cfg))
     refused(run_cli("plan", "--model", path, "--seq-len", "128", "--global-batch", "8", "--tokens", "1e8", "--gpu",
                     "A100-SXM-80GB", "--gpus", "4"), "attention_softmax_in_fp32", "true or false")
+
+
+WORKLOAD = """[cluster]
+gpu = "A100-SXM-80GB"
+dtype = "fp16"
+memory_bytes = 14_000_000_000
+[workload]
+duration_s = 5
+{line}
+[[models]]
+name = "opt1-a"
+model = "opt-1.3b"
+"""
+
+
+def test_max_new_tokens_beyond_the_kv_cache_slot_refused_not_a_minutes_long_simulation(tmp_path):
+    # fuzz (200 examples): max_new_tokens = 802,001 simulated for minutes; a slot holds kv_cache_len = 256 tokens
+    (tmp_path / "w.toml").write_text(WORKLOAD.format(line="max_new_tokens = 802001"))
+    refused(run_cli("simulate", tmp_path / "w.toml", "--json"), "kv_cache_len", "802,065")
+    (tmp_path / "w.toml").write_text(WORKLOAD.format(line="max_new_tokens = 192"))  # 64 + 192 = 256 fits
+    assert run_cli("simulate", tmp_path / "w.toml", "--json").code == 0
+
+
+def test_trace_request_beyond_the_kv_cache_slot_refused(tmp_path):
+    (tmp_path / "trace.csv").write_text("arrival_s,model,prompt_len,max_new_tokens\n0.0,opt1-a,64,4\n"
+                                        "0.1,opt1-a,32,900000\n")
+    (tmp_path / "w.toml").write_text(WORKLOAD.format(line='trace = "trace.csv"'))
+    refused(run_cli("simulate", tmp_path / "w.toml", "--json"), "scheduler.kv_cache_len", "request 1", "900,032")

@@ -51,7 +51,13 @@ def workload_requests(wf: WorkloadFile) -> list[Request]:
     w = wf.workload
     names = [m.name for m in wf.models]
     if w.trace:
-        return read_trace(w.trace, names, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
+        reqs = read_trace(w.trace, names, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
+        long = max(reqs, key=lambda r: r.prompt_len + r.max_new_tokens, default=None)
+        if long is not None and long.prompt_len + long.max_new_tokens > wf.scheduler.kv_cache_len:
+            raise HetplanError(f"request {long.id} needs {long.prompt_len + long.max_new_tokens:,} tokens (prompt + "
+                               f"new), more than a KV-cache slot of {wf.scheduler.kv_cache_len:,}",
+                               field="scheduler.kv_cache_len", fix="raise kv_cache_len or shorten the trace's requests")
+        return reqs
     rates = model_rates(names, w.total_rate_per_s, w.zipf_exponent,
                         {m.name: m.rate_per_s for m in wf.models if m.rate_per_s is not None})
     loads = [ModelLoad(m.name, rates[m.name], m.cv or w.cv) for m in wf.models]

@@ -208,6 +208,11 @@ class WorkloadFile(_Common):
         if self.workload.trace is None and expected > MAX_SIMULATED_REQUESTS:
             raise ValueError(f"duration_s x rates = {expected:,.0f} expected requests; at most "
                              f"{MAX_SIMULATED_REQUESTS:,} (the simulator handles ~10,000 per CPU second)")
+        tokens = self.workload.prompt_len + self.workload.max_new_tokens
+        if tokens > self.scheduler.kv_cache_len:  # fuzz: max_new_tokens 802,001 simulated for minutes
+            raise ValueError(f"workload.prompt_len + max_new_tokens = {tokens:,} tokens do not fit a KV-cache slot of "
+                             f"scheduler.kv_cache_len = {self.scheduler.kv_cache_len:,} tokens; raise kv_cache_len or "
+                             "shorten the requests")
         return self
 
 
