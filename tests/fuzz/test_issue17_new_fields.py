@@ -94,3 +94,12 @@ def test_trace_request_beyond_the_kv_cache_slot_refused(tmp_path):
                                         "0.1,opt1-a,32,900000\n")
     (tmp_path / "w.toml").write_text(WORKLOAD.format(line='trace = "trace.csv"'))
     refused(run_cli("simulate", tmp_path / "w.toml", "--json"), "scheduler.kv_cache_len", "request 1", "900,032")
+
+
+def test_num_experts_1e15_refused_not_a_minutes_long_ep_divisor_search(tmp_path):
+    cfg = json.loads((ROOT / "examples" / "tiny-moe.json").read_text())
+    cfg["num_local_experts"] = 10**15
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    refused(run_cli("plan", "--model", path, "--seq-len", "64", "--global-batch", "8", "--tokens", "1e7", "--gpu",
+                    "A100-SXM-80GB", "--gpus", "4"), "model.num_experts", "1048576")

@@ -106,7 +106,9 @@ class ModelSpec(BaseModel):
     q_lora_rank: int = Field(0, ge=0)
     kv_lora_rank: int = Field(0, ge=0)
     qk_rope_head_dim: int = Field(0, ge=0)
-    num_experts: int = Field(0, ge=0)
+    #: At most 2^20: PEER (He 2024, "Mixture of A Million Experts") has 1,048,576; fuzz found 1e15 experts looping
+    #: the EP divisor search for minutes.
+    num_experts: int = Field(0, ge=0, le=2**20)
     experts_per_token: int = Field(0, ge=0)
     router_renormalize: bool = True
     expert_ffn_hidden_size: int = Field(0, ge=0)
