@@ -138,6 +138,29 @@ def read_csv(text: str, origin: str, field: str) -> tuple[list[str] | None, list
                            fix="give a comma-separated text file with a header line") from None
 
 
+#: Figure formats matplotlib's ``savefig`` writes (``FigureCanvasBase.get_supported_filetypes()`` of matplotlib 3.9+).
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif", ".tiff", ".webp",
+                   ".gif", ".avif", ".pgf", ".raw", ".rgba")
+
+
+def check_output_path(path: Path | None, field: str, figure: bool = False) -> None:
+    """Refuse an output path before any work: its folder missing or a file, the path a folder, or (``figure``)
+    a suffix matplotlib cannot write (fuzz: ``--timeline t.txt`` and ``--pareto /missing/p.png`` were tracebacks).
+
+    Raises:
+        HetplanError: naming ``field``.
+    """
+    if path is None:
+        return
+    if path.is_dir() or not path.parent.is_dir():
+        raise HetplanError(f"cannot write {path}: " + ("it is a folder" if path.is_dir() else
+                                                        f"folder {path.parent} does not exist"),
+                           field=field, fix="give a file path in an existing folder")
+    if figure and path.suffix.lower() not in FIGURE_SUFFIXES:
+        raise HetplanError(f"cannot draw a figure to {path.name}: unknown image format {path.suffix or '(none)'!r}",
+                           field=field, fix="end the file name in .png, .svg or .pdf")
+
+
 def bounded(limit: float, why: str, **field_kwargs) -> Any:
     """A pydantic ``Field`` bounded above by ``limit`` (and by ``field_kwargs``' ``gt``/``ge`` below), whose error
     message gives ``why``: the reason for the bounds."""

@@ -103,3 +103,51 @@ def test_num_experts_1e15_refused_not_a_minutes_long_ep_divisor_search(tmp_path)
     path.write_text(json.dumps(cfg))
     refused(run_cli("plan", "--model", path, "--seq-len", "64", "--global-batch", "8", "--tokens", "1e7", "--gpu",
                     "A100-SXM-80GB", "--gpus", "4"), "model.num_experts", "1048576")
+
+
+def test_frontier_of_1000_micro_batches_no_recursion_error(tmp_path):
+    # the exact Python max flow walked augmenting paths recursively: 1,000 micro-batches on one stage exceeded
+    # Python's recursion limit (RecursionError traceback)
+    plan = json.loads((ROOT / "examples" / "tiny-moe-ep2.json").read_text())
+    plan["job"]["model"] = str(ROOT / "examples" / "tiny-moe.json")
+    plan["pools"][0]["gpu"] = "A100-SXM-80GB"
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    r = run_cli("energy", "frontier", tmp_path / "plan.json", "-o", tmp_path / "f", "-m", "1000", "--no-plot",
+                "--no-baselines", "--unit-time-s", "1e-4")
+    assert r.code == 0 and not r.traceback, (r.stderr, r.traceback[-2000:])
+    summary = json.loads((tmp_path / "f" / "summary.json").read_text())
+    assert summary["num_microbatches"] == 1000 and 0 < summary["min_time_s"] and summary["min_energy_j"] > 0
+    refused(run_cli("energy", "frontier", tmp_path / "plan.json", "-o", tmp_path / "g", "-m", "1000000"),
+            "--num-microbatches", "65,536")
+
+
+def test_python_max_flow_on_a_path_longer_than_the_recursion_limit():
+    import numpy as np
+
+    from hetplan.energy.maxflow import min_cut_source_side
+
+    n = 5000  # a chain 0 -> 1 -> ... -> n-1 with one narrowest edge: flow = its capacity, cut right before it
+    rows, cols = np.arange(n - 1), np.arange(1, n)
+    caps = np.full(n - 1, 10, np.int64)
+    caps[3000] = 3
+    flow, side = min_cut_source_side(n, rows, cols, caps, 0, n - 1, backend="python")
+    assert flow == 3 and side[:3001].all() and not side[3001:].any()
+
+
+FLAGS = ["--model", "opt-125m", "--seq-len", "2048", "--global-batch", "64", "--tokens", "1e10", "--gpu",
+         "A100-SXM-80GB", "--gpus", "8"]
+
+
+@pytest.mark.parametrize("name,needle", [("t.txt", "unknown image format '.txt'"),
+                                         ("missing/t.png", "does not exist")])
+def test_timeline_to_a_non_image_or_missing_folder_refused_not_a_matplotlib_traceback(tmp_path, name, needle):
+    refused(run_cli("estimate", _plan(tmp_path), "--timeline", tmp_path / name), "--timeline", needle)
+
+
+@pytest.mark.parametrize("name,needle", [("p.txt", "unknown image format"), ("missing/p.png", "does not exist")])
+def test_pareto_to_a_non_image_or_missing_folder_refused_before_the_search(tmp_path, name, needle):
+    refused(run_cli("plan", *FLAGS, "--pareto", tmp_path / name), "--pareto", needle)
+
+
+def test_plan_output_that_is_a_folder_refused(tmp_path):
+    refused(run_cli("plan", *FLAGS, "-o", tmp_path), "--output", "it is a folder")

@@ -113,8 +113,9 @@ def register(app: typer.Typer) -> None:
         from hetplan.energy.frontier import compute_frontier
         from hetplan.energy.report import plot_frontier, summarize
 
-        if num_microbatches is not None and num_microbatches < 1:
-            raise HetplanError(f"must be ≥ 1, got {num_microbatches}", field="--num-microbatches",
+        if num_microbatches is not None and not 1 <= num_microbatches <= 65536:  # fuzz: 1e6 ran for a minute
+            raise HetplanError(f"must be from 1 to 65,536 (the largest global batch, one sequence per micro-batch), "
+                               f"got {num_microbatches}", field="--num-microbatches",
                                fix="use the number of micro-batches per iteration, e.g. 12")
         _positive(unit_time_s, "--unit-time-s", "use e.g. 0.001 (1 ms)")
         if idle_power_w is not None and not (idle_power_w >= 0 and math.isfinite(idle_power_w)):

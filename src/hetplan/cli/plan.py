@@ -19,6 +19,7 @@ from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import load_job_file, read_structured, validated
+from hetplan.inputs import check_output_path
 from hetplan.plan import GPUPool, Inventory, Job, Plan
 from hetplan.plan_rules import check_plan
 from hetplan.report import plan_summary
@@ -195,6 +196,8 @@ def plan_command(
     Give a job file, or the same job through flags (flags override the file). Example:
     hetplan plan --model llama2-7b --seq-len 4096 --global-batch 1024 --tokens 1e12 --gpu H100-SXM --gpus 64
     """
+    check_output_path(output, "--output")
+    check_output_path(pareto, "--pareto", figure=True)
     data = load_job_file(job_file) if job_file else {"job": {}, "inventory": [], "objective": {}, "pin": {}}
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
@@ -546,6 +549,7 @@ def estimate_command(
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
+    check_output_path(timeline, "--timeline", figure=True)
     plan = validated(Plan, read_structured(plan_file), "plan")
     m = load_model(plan.job.model)
     check_job(plan.job, m)
