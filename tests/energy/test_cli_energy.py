@@ -136,3 +136,10 @@ def test_cli_loads_only_the_command_it_runs():
         importlib.import_module(module).register(sub)
         got = {c.name for c in sub.registered_commands} | {g.name for g in sub.registered_groups}
         assert got == set(names), module
+
+
+def test_energy_change_is_signed_once_when_perseus_saves_a_negative_amount():
+    from hetplan.cli.energy import energy_change
+
+    assert energy_change(0.123) == "(-12.3 %)"
+    assert energy_change(-0.002) == "(+0.2 %)"

@@ -21,6 +21,12 @@ def _positive(value: float, name: str, fix: str) -> None:
         raise HetplanError(f"must be positive, got {value}", field=name, fix=fix)
 
 
+def energy_change(saved_fraction: float) -> str:
+    """The energy change of a frequency plan against all-max, signed: saved 12 % → ``(-12.0 %)``; a plan that uses
+    0.2 % more energy (possible where the frontier's point at that time is not below all-max) → ``(+0.2 %)``."""
+    return f"({-100 * saved_fraction + 0.0:+.1f} %)"
+
+
 def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profile_db, job, power_catalog,
                      schedule, virtual_stages):
     """``(stage profile, micro-batches, idle power, schedule, virtual stages, origin)`` for ``energy frontier``:
@@ -166,13 +172,13 @@ def register(app: typer.Typer) -> None:
         b = summary.get("at_max_speed")
         if b:
             t.add_row("Perseus at all-max time", f"{b['time_s']:.4f}",
-                      f"{b['energy_at_deadline_j']:.1f} (-{100 * b['saved_fraction']:.1f} %)")
+                      f"{b['energy_at_deadline_j']:.1f} {energy_change(b['saved_fraction'])}")
         if summary.get("envpipe"):
             t.add_row("EnvPipe", f"{summary['envpipe']['time_s']:.4f}", f"{summary['envpipe']['energy_j']:.1f}")
         s = summary.get("straggler")
         if s:
             t.add_row(f"straggler ×{s['slowdown']:g}", f"{s['straggler_time_s']:.4f}",
-                      f"{s['energy_at_deadline_j']:.1f} (-{100 * s['saved_fraction']:.1f} %)")
+                      f"{s['energy_at_deadline_j']:.1f} {energy_change(s['saved_fraction'])}")
         con.print(t)
         con.print(f"{len(fr)} points ({summary['pareto_points']} Pareto-optimal) in {fr.result.planner_time_s:.2f} s "
                   f"CPU; idle {idle:.2f} W; wrote {output}/frontier.csv" + (", plans.json" if plans else ""))
