@@ -59,6 +59,11 @@ def test_energy_server_that_is_no_http_url_refused(tmp_path, no_torchrun, url):
     refused(run_cli("run", _plan(tmp_path), "--energy-server", url), "--energy-server")
 
 
+@pytest.mark.parametrize("url", ["", "  "])
+def test_empty_energy_server_is_refused_not_taken_as_no_server(tmp_path, no_torchrun, url):
+    refused(run_cli("run", _plan(tmp_path), "--energy-server", url), "--energy-server")
+
+
 def test_attention_softmax_in_fp32_as_a_string_refused_not_read_as_true(tmp_path):
     cfg = json.loads((ROOT / "examples" / "tiny-model.json").read_text())
     cfg["attention_softmax_in_fp32"] = "false"  # bool("false") is True: the softmax would be costed in fp32

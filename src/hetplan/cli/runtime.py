@@ -65,6 +65,11 @@ def run_cmd(
 
     opts = _opts(iterations, warmup, schedule, virtual_stages, dp_mode, dtype, nnodes, node_rank, rdzv_endpoint,
                  max_procs, timeout, threads)
+    if energy_server is not None and not energy_server.strip():
+        from hetplan.errors import HetplanError
+
+        raise HetplanError("--energy-server is empty", field="--energy-server",
+                           fix="give the plan server's URL (e.g. http://127.0.0.1:8100) or leave the option out")
     if energy_server:
         opts.energy = _energy_opts(energy_server, token, energy_job, energy_plans, energy_target_s,
                                    energy_frequencies)
