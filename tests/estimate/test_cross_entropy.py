@@ -34,12 +34,13 @@ def test_unfused_megatron_loss_moves_38_and_14_bytes_per_logit():
     assert 0.015 < f - ff < 0.025
 
 
-@pytest.mark.parametrize("framework,kind", [("fsdp", "fused"), ("deepspeed", "deepspeed"), ("megatron", "fused")])
-def test_only_megatron_runs_the_unfused_loss(framework, kind):
-    """``cross_entropy = "fp32"`` is Megatron's unfused loss; FSDP (PyTorch: its eager passes are
-    hetplan.estimate.elementwise's) and DeepSpeed keep their own, whatever the field says."""
+@pytest.mark.parametrize("framework,kind,fp32", [("fsdp", "fused", "eager_fp32"), ("deepspeed", "deepspeed", "deepspeed"),
+                                                  ("megatron", "fused", "unfused")])
+def test_only_megatron_runs_the_unfused_loss(framework, kind, fp32):
+    """``cross_entropy = "fp32"`` is Megatron's unfused loss and FSDP's eager fp32 loss (its passes counted in
+    hetplan.estimate.elementwise); DeepSpeed keeps its own, whatever the field says."""
     assert compute.cross_entropy_kind(framework, None) == kind
-    assert compute.cross_entropy_kind(framework, "fp32") == ("unfused" if framework == "megatron" else kind)
+    assert compute.cross_entropy_kind(framework, "fp32") == fp32
     m = modern.megatron_lm_model(_row("7.1"))
     X = 2 * 2048 * m.padded_vocab_size() / 2
     gemm = compute.gemm_time_s(GPU, "bf16", 2 * 2048, m.padded_vocab_size() / 2, m.hidden_size)

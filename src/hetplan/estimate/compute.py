@@ -439,19 +439,24 @@ def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t):
 #: * ``fused``: a fused loss (Megatron-Core ``--cross-entropy-loss-fusion``, on in NeMo's recipes; a compiled
 #:   PyTorch loss): 8 + 8 B in 4 + 4 kernels, the charge the A100 and H100 fits were made with (Transformer
 #:   Engine's kernel reads the 16-bit logits twice and writes their gradient in place, 6 B, then rescales it, 4 B;
-#:   Megatron-Core's own jit-fused loss keeps the fp32 copy, 22 + 14 B). torchtitan's eager fp32 loss adds its
-#:   own passes on top (:func:`hetplan.estimate.elementwise.eager_loss_time_s`).
+#:   Megatron-Core's own jit-fused loss keeps the fp32 copy, 22 + 14 B).
+#: * ``eager_fp32``: torchtitan's eager ``F.cross_entropy(pred.float(), labels)`` (``framework = "fsdp"``,
+#:   ``cross_entropy = "fp32"``): 22 + 22 B in 7 + 7 kernels, counted op by op in :mod:`hetplan.estimate.elementwise`.
 #: * ``deepspeed``: PyTorch's cross-entropy on the pipeline's 16-bit output (the traced Espresso runs, fp16):
 #:   forward 8 (log-softmax: three reads and a write of 2 bytes), backward 10 (zero-filled gradient, then the
 #:   log-softmax backward's three reads and a write).
-CROSS_ENTROPY = {"unfused": ((38.0, 14.0), (6, 3)), "fused": ((8.0, 8.0), (4, 4)), "deepspeed": ((8.0, 10.0), (2, 3))}
+CROSS_ENTROPY = {"unfused": ((38.0, 14.0), (6, 3)), "fused": ((8.0, 8.0), (4, 4)), "deepspeed": ((8.0, 10.0), (2, 3)),
+                 "eager_fp32": ((22.0, 22.0), (7, 7))}
 
 
 def cross_entropy_kind(framework: str, cross_entropy: str | None = None) -> str:
-    """The :data:`CROSS_ENTROPY` entry of a job: ``deepspeed`` for DeepSpeed, ``unfused`` for Megatron with
-    :attr:`hetplan.plan.Plan.cross_entropy` ``fp32``, else ``fused``."""
+    """The :data:`CROSS_ENTROPY` entry of a job: ``deepspeed`` for DeepSpeed; with
+    :attr:`hetplan.plan.Plan.cross_entropy` ``fp32``, ``unfused`` for Megatron and ``eager_fp32`` for ``fsdp``
+    (whose ``None`` the caller resolves from ``torch_compile``); else ``fused``."""
     if framework == "deepspeed":
         return "deepspeed"
+    if framework == "fsdp" and cross_entropy == "fp32":
+        return "eager_fp32"
     return "unfused" if framework == "megatron" and cross_entropy == "fp32" else "fused"
 
 

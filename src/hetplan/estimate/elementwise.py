@@ -43,7 +43,8 @@ which recomputes every element-wise op) repeats the forward's.
 forward ``float()`` 2+4, ``log_softmax`` about 4+4+4+4 (max, sum of exponentials, normalise-and-write), ``nll_loss``
 (reads one logit per token): 22 B per logit against the fused term's 8 (:func:`hetplan.estimate.compute.head_time_s`);
 backward ``nll_loss_backward`` writes a zeroed fp32 gradient 4, ``log_softmax_backward`` 4+4+4 (+4 for its row
-sums), the ``float()`` backward 4+2: 22 B against 8. :data:`EAGER_LOSS_EXTRA_BYTES_PER_LOGIT` = 14 each way.
+sums), the ``float()`` backward 4+2: 22 B against 8, and 3 more kernels each way
+(:data:`hetplan.estimate.compute.CROSS_ENTROPY` ``eager_fp32``).
 
 **FP8 casts** (torchao float8 tensor-wise scaling, :mod:`hetplan.estimate.fp8`): eager
 ``hp_tensor_to_float8_dynamic`` (pytorch/ao@eab345c ``float8/float8_utils.py``, ``float8_tensor.py``) runs
@@ -67,9 +68,6 @@ RMSNORM_EXTRA_BYTES, RMSNORM_EXTRA_KERNELS = 32.0, 7
 ROTARY_EXTRA_BYTES, ROTARY_EXTRA_KERNELS = 16.0, 5
 SWIGLU_EXTRA_BYTES, SWIGLU_EXTRA_KERNELS = 4.0, 1
 RESIDUAL_EXTRA_BYTES, RESIDUAL_EXTRA_KERNELS = 2.0, 1
-#: The fp32 cross-entropy's extra bytes per logit over the fused term, forward and backward each; its kernels.
-EAGER_LOSS_EXTRA_BYTES_PER_LOGIT = 14.0
-EAGER_LOSS_EXTRA_KERNELS = 3
 #: Bytes per element and kernels of one eager torchao tensor-wise float8 cast (module doc).
 EAGER_CAST_BYTES_PER_ELEMENT = 33.0
 EAGER_CAST_KERNELS = 10
@@ -108,14 +106,6 @@ def eager_layer_kernels(m: ModelSpec) -> int:
     return (RESIDUAL_EXTRA_KERNELS + norms * RMSNORM_EXTRA_KERNELS
             + (ROTARY_EXTRA_KERNELS if m.learned_positions == 0 else 0)
             + (SWIGLU_EXTRA_KERNELS if m.gated_mlp else 0))
-
-
-def eager_loss_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t=1):
-    """Extra seconds of torchtitan's eager fp32 cross-entropy over the fused loss term, forward and backward
-    each (module doc), for ``b·s`` tokens and the ``V/t`` vocabulary shard."""
-    logits = np.asarray(b, dtype=float) * s * m.padded_vocab_size() / t
-    return (EAGER_LOSS_EXTRA_BYTES_PER_LOGIT * logits / gpu.hbm_bandwidth_bytes_per_s
-            + EAGER_LOSS_EXTRA_KERNELS * gpu.kernel_overhead_s)
 
 
 def eager_cast_time_s(gpu: GPUSpec, shapes):

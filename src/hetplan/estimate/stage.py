@@ -146,8 +146,8 @@ def stage_costs(
     ``"bf16"``/``"fp16"`` for the gradient reduction (None: :func:`grad_comm_bytes_per_parameter`).
     ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss
     (:attr:`hetplan.plan.Plan.fsdp_param_dtype`, :attr:`hetplan.plan.Plan.cross_entropy`, None: compiled with
-    ``torch_compile``; memory); under ``fsdp`` an ``fp32`` loss also costs the eager cross-entropy's extra bytes
-    (:func:`hetplan.estimate.elementwise.eager_loss_time_s`); for Megatron, ``cross_entropy = "fp32"`` is its
+    ``torch_compile``; memory); under ``fsdp`` an ``fp32`` loss costs the eager cross-entropy's bytes
+    (:data:`hetplan.estimate.compute.CROSS_ENTROPY` ``eager_fp32``); for Megatron, ``cross_entropy = "fp32"`` is its
     unfused loss, which costs time (:func:`hetplan.estimate.compute.head_time_s`).
 
     ``cp``: context-parallel degree (:mod:`hetplan.estimate.context`): layers work on ``s/cp`` tokens, attention
@@ -231,10 +231,7 @@ def stage_costs(
         lf, lb = mf, mbk + (lb - ab) * (mf / af)
         ab = mbk
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
-    hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, cross_entropy)
-    if framework == "fsdp" and loss_kind == "fp32":  # torchtitan's eager fp32 cross-entropy, op by op
-        loss = elementwise.eager_loss_time_s(m, gpu, b, s, t)
-        hf, hb = hf + loss, hb + loss
+    hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, loss_kind if framework == "fsdp" else cross_entropy)
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
         lb = lb + np.where(np.asarray(recompute_code) == 1, compute.op_sac_recompute_s(
             m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes), 0.0)
