@@ -862,12 +862,14 @@ def memory_metrics(cases: list[ModernCase]) -> dict:
     return {"n": len(cs), "mape": float(np.mean(np.abs(err))), "max_abs_error": float(np.max(np.abs(err)))}
 
 
-def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible]) -> dict:
-    """Metrics of one modern set (module doc) plus its convention, target and the rows it cannot express."""
+def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible], convention: str | None = None,
+                target: dict | None = None) -> dict:
+    """Metrics of one modern set (module doc) plus its convention, target and the rows it cannot express
+    (``convention`` / ``target``: a set outside :data:`CONVENTIONS` / :data:`TARGETS`)."""
     res = metrics(cases)
     res["median_abs_error"] = float(np.median([abs(c.predicted / c.measured - 1) for c in cases])) if cases else math.nan
     res["measured"] = sorted({c.quantity for c in cases})
-    res["convention"] = CONVENTIONS[name]
+    res["convention"] = convention or CONVENTIONS[name]
     cal = [c for c in cases if c.is_calibration]
     res["calibration"] = metrics(cal)
     res["held_out"] = metrics([c for c in cases if not c.is_calibration])
@@ -883,7 +885,7 @@ def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible
     res["does_not_fit"] = [c.key for c in cases if not c.fits]
     res["approximations"] = dict(Counter(n for c in cases for n in c.notes).most_common())
     res["not_expressible"] = {"n": len(skipped), "rows": [{"key": s.key, "reason": s.reason} for s in skipped]}
-    res["target"] = TARGETS.get(name, {})
+    res["target"] = target if target is not None else TARGETS.get(name, {})
     return res
 
 
