@@ -22,7 +22,8 @@ Sources (``validation_data/independent/``; its README gives the commits), tokens
 
 How an llm-foundry row is run (each from the source, :func:`foundry_layout`): the MPT model of the run's yaml
 (:func:`mpt_model`); Composer's ``mixed_precision: DEFAULT`` = bf16 parameters in compute, fp32 gradient reduction
-(``grad_reduce_dtype = "fp32"``) over fp32 sharded parameters; ``SHARD_GRAD_OP`` keeps the gathered parameters from
+(``grad_reduce_dtype = "fp32"``) over fp32 sharded parameters (mosaicml/composer@v0.16.4
+``composer/trainer/mosaic_fsdp_utils.py``); ``SHARD_GRAD_OP`` keeps the gathered parameters from
 forward to backward (``reshard_after_forward = False``); activation checkpointing = full recomputation of every
 block; llm-foundry's default loss ``fused_crossentropy`` (flash-attn's fused kernel: ``cross_entropy =
 "compiled"``, one fused pass); eager PyTorch (no ``torch.compile``: MPT's block is LayerNorm, ``F.gelu``, biased
