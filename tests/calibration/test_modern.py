@@ -313,3 +313,18 @@ def test_torchtitan_compile_speedup_is_the_eager_elementwise_work(run):
         assert not e.plan.job.torch_compile and c.plan.job.torch_compile
         measured, predicted = c.measured / e.measured, c.predicted / e.predicted
         assert measured == pytest.approx(predicted, rel=0.03), (eager, measured, predicted)
+
+
+def test_rows_map_the_recipe_as_it_ran(run):
+    """Mapping facts read from the runs' sources: the Llama 4 Scout GB200 rows run local batch 1 (pytorch/ao's
+    first write-up; 8,192 tokens per GPU, global batch 256) and fit; the DGX Cloud Grok-1 rows capture CUDA graphs
+    on GB200 only (grok1/launch.sh)."""
+    _, cases = run
+    scout = [c for c in cases if "Scout" in c.key]
+    assert len(scout) == 2
+    for c in scout:
+        assert (c.plan.mbs, c.plan.job.global_batch, c.plan.num_gpus) == (1, 256, 256)
+        assert c.fits
+    grok = [c for c in cases if c.key.startswith("dgxc") and "Grok" in c.key]
+    assert {c.plan.cuda_graphs for c in grok if c.gpu == "GB200"} == {True}
+    assert {c.plan.cuda_graphs for c in grok if c.gpu != "GB200"} == {False}

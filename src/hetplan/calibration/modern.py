@@ -486,6 +486,12 @@ DGXC_LAUNCH_CP = {("NVIDIA/dgxc-benchmarking@1b9bb6b3cfea881fc4997ac111e695e52ae
                    "bf16"): 2}
 
 
+#: DGX Cloud recipes whose launch script captures CUDA graphs on a GPU type, by (row source, GPU label start):
+#: ``grok1/launch.sh`` at 60d6fd33 sets ``CUDA_GRAPH=true`` for ``gb200`` and ``b200`` (false for ``h100``) and
+#: passes ``--cuda_graphs``.
+DGXC_CUDA_GRAPHS = {("NVIDIA/dgxc-benchmarking@60d6fd33ba9554a12b2f0f1f7f62ffd51f220e3d:grok1/README.md", "GB200")}
+
+
 def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     """NVIDIA DGX Cloud benchmarking recipes (NeMo / Megatron-Core): measured step time.
 
@@ -494,7 +500,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     overlapped, gradients reduced and buffered in bf16 (the performance recipes' ``plugins.grad_reduce_in_fp32 =
     False``, NeMo ``nemo/collections/llm/recipes/*``), TP communication overlapped (their
     ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
-    recomputation (the recipes' default for these rows; not restated in the tables). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
+    recomputation (the recipes' default for these rows; not restated in the tables), CUDA graphs where the launch
+    script captures them (:data:`DGXC_CUDA_GRAPHS`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
     """
@@ -527,7 +534,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                          etp=_expert_tp(r),
                          vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
                          seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16",
-                         tp_comm_overlap=True)
+                         tp_comm_overlap=True, cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS)
             t = _float(r, "iteration_time_s")
             if t is None:
                 raise NotExpressibleError("no step time published")
