@@ -121,7 +121,7 @@ def fms_layout(r: dict) -> Layout:
     :func:`_fms_case`), micro-batch 2 of 4,096 tokens and no gradient accumulation, the ``bfSixteen`` policy (bf16
     parameters in compute and bf16 gradient reduction over fp32 shards, fp32 AdamW), ``torch.nn.CrossEntropyLoss``
     on the bf16 logits (``cross_entropy = "bf16"``), eager PyTorch with SDPA's FlashAttention-2 (charged at
-    :data:`hetplan.calibration.modern.FA2_H100_ATTENTION`), full recomputation of every block under "Full AC".
+    ``Job.attention_kernel = "fa2"``), full recomputation of every block under "Full AC".
 
     Raises:
         NotExpressibleError: "Selective AC" (the 13B row): it checkpoints every k-th block, and k is not published.
@@ -133,7 +133,7 @@ def fms_layout(r: dict) -> Layout:
     return Layout(tp=1, pp=1, dp=n, mbs=int(r["micro_batch"]), gbs=int(r["global_batch"]), seq=int(r["seq_len"]),
                   recompute="full" if "full" in ac else "none", framework="fsdp", zero=3, grad_reduce_dtype="bf16",
                   torch_compile=False, fsdp_param_dtype="fp32", cross_entropy="bf16",
-                  attention_efficiency=modern.FA2_H100_ATTENTION)
+                  attention_kernel="fa2")
 
 
 def _fms_case(i: int, r: dict, catalog: Catalog):
