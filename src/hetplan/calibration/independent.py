@@ -60,7 +60,7 @@ TARGET = {"median_abs_error": 0.10, "max_abs_error": 0.25}
 #: How the attention kernel of these runs is charged. The large-scale rows name their kernel in ``sweep.py``
 #: (``--attn_impl flash``: flash-attn 2, installed by ``pip install .[gpu-flash2]``; ``triton``: llm-foundry's
 #: Triton FlashAttention); the 8-GPU rows ran ``submit_benchmarks.py``'s default ``attn_impl = triton``. Both are
-#: charged at FlashAttention-2's H100 rates (:data:`hetplan.calibration.modern.FA2_H100_ATTENTION`, from the
+#: charged at FlashAttention-2's H100 rates (``Job.attention_kernel = "fa2"``, the catalog's rates from the
 #: FlashAttention-3 paper's figures), not the catalog's cuDNN / FA3 rates of 2025: no H100 figure of the Triton
 #: kernel is published, and FA2's is an upper bound on it.
 ATTENTION_NOTE = "Triton FlashAttention charged at FlashAttention-2's H100 rates (no published H100 figure)"
@@ -96,7 +96,7 @@ def foundry_layout(r: dict) -> Layout:
     fp8 = r["dtype"].startswith("fp8")
     return Layout(tp=1, pp=1, dp=n, mbs=mbs, gbs=gbs, seq=int(r["seq_len"]), recompute=r["recompute"],
                   framework="fsdp", zero=3, grad_reduce_dtype="fp32", torch_compile=fp8, fsdp_param_dtype="fp32",
-                  cross_entropy="compiled", attention_efficiency=modern.FA2_H100_ATTENTION)
+                  cross_entropy="compiled", attention_kernel="fa2")
 
 
 def nemo_layout(r: dict) -> Layout:
@@ -121,7 +121,7 @@ def fms_layout(r: dict) -> Layout:
     :func:`_fms_case`), micro-batch 2 of 4,096 tokens and no gradient accumulation, the ``bfSixteen`` policy (bf16
     parameters in compute and bf16 gradient reduction over fp32 shards, fp32 AdamW), ``torch.nn.CrossEntropyLoss``
     on the bf16 logits (``cross_entropy = "bf16"``), eager PyTorch with SDPA's FlashAttention-2 (charged at
-    :data:`hetplan.calibration.modern.FA2_H100_ATTENTION`), full recomputation of every block under "Full AC".
+    ``Job.attention_kernel = "fa2"``), full recomputation of every block under "Full AC".
 
     Raises:
         NotExpressibleError: "Selective AC" (the 13B row): it checkpoints every k-th block, and k is not published.
@@ -133,7 +133,7 @@ def fms_layout(r: dict) -> Layout:
     return Layout(tp=1, pp=1, dp=n, mbs=int(r["micro_batch"]), gbs=int(r["global_batch"]), seq=int(r["seq_len"]),
                   recompute="full" if "full" in ac else "none", framework="fsdp", zero=3, grad_reduce_dtype="bf16",
                   torch_compile=False, fsdp_param_dtype="fp32", cross_entropy="bf16",
-                  attention_efficiency=modern.FA2_H100_ATTENTION)
+                  attention_kernel="fa2")
 
 
 def _fms_case(i: int, r: dict, catalog: Catalog):
