@@ -60,7 +60,7 @@ TARGET = {"median_abs_error": 0.10, "max_abs_error": 0.25}
 #: How the attention kernel of these runs is charged. The large-scale rows name their kernel in ``sweep.py``
 #: (``--attn_impl flash``: flash-attn 2, installed by ``pip install .[gpu-flash2]``; ``triton``: llm-foundry's
 #: Triton FlashAttention); the 8-GPU rows ran ``submit_benchmarks.py``'s default ``attn_impl = triton``. Both are
-#: charged at FlashAttention-2's H100 rates (:func:`fa2`, from the
+#: charged at FlashAttention-2's H100 rates (``Job.attention_kernel = "fa2"``, the catalog's rates from the
 #: FlashAttention-3 paper's figures), not the catalog's cuDNN / FA3 rates of 2025: no H100 figure of the Triton
 #: kernel is published, and FA2's is an upper bound on it.
 ATTENTION_NOTE = "Triton FlashAttention charged at FlashAttention-2's H100 rates (no published H100 figure)"
@@ -70,15 +70,6 @@ ATTENTION_NOTE = "Triton FlashAttention charged at FlashAttention-2's H100 rates
 #: with ``torch_compile`` on, which charges one fused cast kernel per tensor (their element-wise work, single
 #: kernels in MPT, is the same either way).
 FP8_NOTE = "Transformer Engine's fused FP8 casts charged as fused tensor-wise casts (torch_compile on)"
-
-
-def fa2() -> dict:
-    """The :class:`~hetplan.calibration.modern.Layout` keyword that runs FlashAttention-2: ``attention_kernel =
-    "fa2"`` where plans name their attention kernel (:attr:`hetplan.plan.Job.attention_kernel`), else the FA2 H100
-    rates (``modern.FA2_H100_ATTENTION``, Shah et al. 2024 Fig. 5 and 7). Probed like the modern sets' features."""
-    if "attention_kernel" in Layout.__dataclass_fields__:
-        return {"attention_kernel": "fa2"}
-    return {"attention_efficiency": getattr(modern, "FA2_H100_ATTENTION")}
 
 
 def _rows(name: str) -> list[dict]:
@@ -105,7 +96,7 @@ def foundry_layout(r: dict) -> Layout:
     fp8 = r["dtype"].startswith("fp8")
     return Layout(tp=1, pp=1, dp=n, mbs=mbs, gbs=gbs, seq=int(r["seq_len"]), recompute=r["recompute"],
                   framework="fsdp", zero=3, grad_reduce_dtype="fp32", torch_compile=fp8, fsdp_param_dtype="fp32",
-                  cross_entropy="compiled", **fa2())
+                  cross_entropy="compiled", attention_kernel="fa2")
 
 
 def nemo_layout(r: dict) -> Layout:
@@ -130,7 +121,7 @@ def fms_layout(r: dict) -> Layout:
     :func:`_fms_case`), micro-batch 2 of 4,096 tokens and no gradient accumulation, the ``bfSixteen`` policy (bf16
     parameters in compute and bf16 gradient reduction over fp32 shards, fp32 AdamW), ``torch.nn.CrossEntropyLoss``
     on the bf16 logits (``cross_entropy = "bf16"``), eager PyTorch with SDPA's FlashAttention-2 (charged at
-    :func:`fa2`), full recomputation of every block under "Full AC".
+    ``Job.attention_kernel = "fa2"``), full recomputation of every block under "Full AC".
 
     Raises:
         NotExpressibleError: "Selective AC" (the 13B row): it checkpoints every k-th block, and k is not published.
@@ -142,7 +133,7 @@ def fms_layout(r: dict) -> Layout:
     return Layout(tp=1, pp=1, dp=n, mbs=int(r["micro_batch"]), gbs=int(r["global_batch"]), seq=int(r["seq_len"]),
                   recompute="full" if "full" in ac else "none", framework="fsdp", zero=3, grad_reduce_dtype="bf16",
                   torch_compile=False, fsdp_param_dtype="fp32", cross_entropy="bf16",
-                  **fa2())
+                  attention_kernel="fa2")
 
 
 def _fms_case(i: int, r: dict, catalog: Catalog):

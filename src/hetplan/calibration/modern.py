@@ -40,7 +40,7 @@ import numpy as np
 
 from hetplan.calibration.validation import Case, _is_calibration, gpt_model, metrics
 from hetplan.errors import HetplanError
-from hetplan.hardware.catalog import Catalog, load_catalog
+from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split
@@ -333,8 +333,8 @@ class Layout:
     torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
     expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows); ``dispatcher``,
     ``routing``: the all-to-all's dispatcher and the router's routing; ``etp``: expert-TP (the notes' ``ETP=``);
-    ``attention_efficiency``: the attention kernel of the run's software where it is not the catalog's
-    (:attr:`hetplan.plan.GPUPool.attention_efficiency`) (:class:`hetplan.estimate.moe.MoEOptions`);
+    ``attention_kernel``: the fused attention kernel of the run's software where it is not its framework's
+    default (:attr:`hetplan.plan.Job.attention_kernel`) (:class:`hetplan.estimate.moe.MoEOptions`);
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default);
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
     ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
@@ -363,7 +363,7 @@ class Layout:
     dispatcher: str = "alltoall"
     routing: str = "random"
     moe_recompute: bool = False
-    attention_efficiency: tuple[float, float] | None = None
+    attention_kernel: str | None = None
     grad_reduce_dtype: str | None = None
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
@@ -396,14 +396,14 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         extra["moe_load_imbalance"] = 1.0
     if not lay.torch_compile:
         extra["torch_compile"] = False
+    if lay.attention_kernel is not None:
+        extra["attention_kernel"] = lay.attention_kernel
     if lay.ep > 1:
         extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute,
                      moe_a2a_overlap=lay.a2a_overlap)
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
-    if lay.attention_efficiency is not None:
-        pool = pool.model_copy(update={"attention_efficiency": lay.attention_efficiency})
     stages = []
     for k in balanced_split(m.num_layers, lay.pp):
         rl = None if lay.recompute_fraction >= 1 else round(k * lay.recompute_fraction)
@@ -586,6 +586,13 @@ def _torchtitan_compiled(r: dict) -> bool:
             or any(src in r["source"] for src in TORCHTITAN_COMPILED_SOURCES))
 
 
+def _torchtitan_attention_kernel(gpu: GPUSpec) -> str:
+    """The SDPA backend torchtitan ran on ``gpu`` at the rows' commits (all before pytorch/torchtitan@6a3a9da,
+    2025-10-09, which puts cuDNN first everywhere): cuDNN first on sm100 (Blackwell) since 3b85aa3 (2025-05-14),
+    otherwise PyTorch's flash backend, FlashAttention-2 (:data:`hetplan.hardware.catalog.DEFAULT_ATTENTION_KERNEL`)."""
+    return "cudnn" if gpu.architecture.startswith("Blackwell") else "fa2"
+
+
 #: Local batch (sequences per rank and step) of torchtitan rows whose CSV value contradicts the run's first
 #: write-up, by source: the Llama 4 Scout MXFP8 runs on 256 GB200 (``quantization/mxfp8.md``, 2025-12: "Local batch
 #: size: 10") were first published with "Local batch size: 1" and otherwise the same configuration and tokens/s
@@ -648,6 +655,7 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
                      kv_exchange="allgather", cp_load_balance=False, torch_compile=_torchtitan_compiled(r),
                      ep=_int(r, "ep", 1),
+                     attention_kernel=_torchtitan_attention_kernel(catalog.get(catalog_gpu(r["gpu"], catalog))),
                      cross_entropy=None if any(c in r["framework"] + r["source"] for c in TORCHTITAN_COMPILED_LOSS)
                      else "fp32")
         tps = _float(r, "tokens_per_s_per_gpu")
@@ -820,11 +828,13 @@ def moe_cases(catalog: Catalog | None = None):
     return _collect("moe_h100", items)
 
 
-#: FlashAttention-2 on H100 SXM, forward / backward fraction of the 989 TFLOP/s bf16 peak: 370 / 318 TFLOP/s at
-#: head dim 128 (Shah et al. 2024, FlashAttention-3, Fig. 5 and 7). NeMo 24.03's H100 long-sequence rows ran it:
-#: with the catalog's cuDNN rates (mid-2024) they are 14-66 % too fast, growing with the sequence; with these
-#: within 5 % at 4K-1M tokens (inferred from the rows: the source does not name the attention backend).
-FA2_H100_ATTENTION = (0.37, 0.32)
+def _nemo_attention_kernel(r: dict) -> str | None:
+    """``fa2`` for NeMo 24.03's H100 long-sequence rows, else None (Transformer Engine's default, cuDNN on Hopper).
+    Those rows ran FlashAttention-2: at cuDNN's rates they are 14-66 % too fast, growing with the sequence, at
+    FlashAttention-2's within 5 % at 4K-1M tokens (inferred from the rows: the source does not name the attention
+    backend; Transformer Engine of early 2024 ran ``flash-attn`` where it could, its cuDNN preference on Hopper
+    came later)."""
+    return "fa2" if "24.03" in r["framework"] and "h100" in r["gpu"].lower() else None
 
 
 def long_context_cases(catalog: Catalog | None = None):
@@ -843,9 +853,8 @@ def long_context_cases(catalog: Catalog | None = None):
             if tflops is None:
                 raise NotExpressibleError(f"TFLOP/s {r['tflops_per_gpu']!r} is not a measurement")
             tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
-            fa2 = "24.03" in r["framework"] and "h100" in r["gpu"].lower()
             lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
-                         sequence_parallel=True, zero=1, attention_efficiency=FA2_H100_ATTENTION if fa2 else None)
+                         sequence_parallel=True, zero=1, attention_kernel=_nemo_attention_kernel(r))
             return _case("long_context_cp", key, r, lay, "tflops_per_gpu", tflops, catalog=catalog)
 
         items.append((key, make))
