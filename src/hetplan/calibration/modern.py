@@ -370,6 +370,7 @@ class Layout:
     routing: str = "random"
     moe_recompute: bool = False
     attention_kernel: str | None = None
+    attention: str = "flash"
     grad_reduce_dtype: str | None = None
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
@@ -408,7 +409,7 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     if lay.ep > 1:
         extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute,
                      moe_a2a_overlap=lay.a2a_overlap)
-    job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
+    job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention=lay.attention,
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
     stages = []
@@ -499,6 +500,26 @@ DGXC_LAUNCH_CP = {("NVIDIA/dgxc-benchmarking@1b9bb6b3cfea881fc4997ac111e695e52ae
 DGXC_CUDA_GRAPHS = {("NVIDIA/dgxc-benchmarking@60d6fd33ba9554a12b2f0f1f7f62ffd51f220e3d:grok1/README.md", "GB200")}
 
 
+#: DGX Cloud recipes whose launch script recomputes the core attention (``--recompute_modules core_attn``), by
+#: (row source, GPU label start): ``deepseek_v3/pretraining/launch.sh`` at 60d6fd33, ``RM='core_attn'`` on gb200
+#: (``mla_up_proj`` on h100). Megatron's selective recomputation of the attention core (``recompute = "selective"``).
+DGXC_CORE_ATTN_RECOMPUTE = {
+    ("NVIDIA/dgxc-benchmarking@60d6fd33ba9554a12b2f0f1f7f62ffd51f220e3d:deepseek_v3/pretraining/README.md", "GB200")}
+
+
+def unfused_mla_on_blackwell(m: ModelSpec, gpu: GPUSpec) -> bool:
+    """Whether Transformer Engine runs the attention of ``m`` on ``gpu`` unfused (``attention = "standard"``):
+    MLA's query/key head dimension differs from its value head dimension (DeepSeek-V3: 192 vs 128), which rules
+    out FlashAttention ("does not support MLA"), and on Blackwell every Transformer Engine release before v2.5
+    (2025-07) also rules out cuDNN's fused attention for head dimensions above 128 (``nvte_get_fused_attn_backend``,
+    "special conditions for blackwell": ``!(sm_arch_ >= 100 && (head_dim_qk > 128 || head_dim_v > 128))``,
+    ``transformer_engine/common/fused_attn/fused_attn.cpp`` at v2.2-v2.4; the rows' NeMo 25.04 containers predate
+    v2.5). That leaves ``UnfusedDotProductAttention``: the two batched GEMMs over all ``s x s`` scores and the
+    softmax between them, which the GB200 recipe recomputes (:data:`DGXC_CORE_ATTN_RECOMPUTE`; without it the
+    scores would take 274 GiB on a 173 GiB GPU). Hopper keeps cuDNN (head dimensions up to 256)."""
+    return m.is_mla and m.head_dim != (m.v_head_dim or m.head_dim) and gpu.architecture.startswith("Blackwell")
+
+
 def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     """NVIDIA DGX Cloud benchmarking recipes (NeMo / Megatron-Core): measured step time.
 
@@ -508,7 +529,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     False``, NeMo ``nemo/collections/llm/recipes/*``), TP communication overlapped (their
     ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
     recomputation (the recipes' default for these rows; not restated in the tables), CUDA graphs where the launch
-    script captures them (:data:`DGXC_CUDA_GRAPHS`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
+    script captures them (:data:`DGXC_CUDA_GRAPHS`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
+    the core-attention recomputation its recipe sets (:data:`DGXC_CORE_ATTN_RECOMPUTE`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
     """
@@ -537,11 +559,15 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
             if not r["vp"] and pp > 1 and siblings:
                 vp = siblings.most_common(1)[0][0]
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
+            unfused = unfused_mla_on_blackwell(row_model(r), catalog.get(catalog_gpu(r["gpu"], catalog)))
+            core_attn = (r["source"], r["gpu"][:5]) in DGXC_CORE_ATTN_RECOMPUTE
             lay = Layout(tp=tp, pp=pp, dp=_int(r, "num_gpus") // (tp * pp * cp), cp=cp, ep=_int(r, "ep", 1),
                          etp=_expert_tp(r),
                          vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
                          seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16",
-                         tp_comm_overlap=True, cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS)
+                         tp_comm_overlap=True, cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS,
+                         attention="standard" if unfused else "flash",
+                         recompute="selective" if core_attn else "none")
             t = _float(r, "iteration_time_s")
             if t is None:
                 raise NotExpressibleError("no step time published")
