@@ -185,7 +185,7 @@ def stage_costs(
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
-        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance)
+        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
                      extra_kernels=moe.extra_kernels(m, ep, framework))
@@ -214,7 +214,7 @@ def stage_costs(
         x = moe.exposed_alltoall_s(a2a, lf, lb, overlap_contention(gpu)) if moe_options.a2a_overlap else a2a
         lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
-            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance) + a2a
+            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
             rerun = np.where(np.asarray(recompute_code) == 2, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(np.asarray(recompute_code) == 2, 0.0, a2a)
     fp8_recipe = fp8.recipe(gpu, framework) if fp8.is_fp8(dtype) else None
