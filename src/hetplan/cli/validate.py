@@ -93,7 +93,8 @@ def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate(
         json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, kendall_tau, "
-                                      "calibration, held_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl)"),
+                                      "calibration, held_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
+                                      "independent_h100 adds rows: per-row errors, worst first)"),
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
                                               "espresso_hetero, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
@@ -104,8 +105,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5, Aceso's V100 profile and FASOP's
         per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), and on the modern H100/H200/B200/GB200 sets
-        (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: llm-foundry's MPT
-        runs on H100, never fitted (the issue's independent check: median ≤ 10 %, no row beyond 25 %)."""
+        (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
+        of llm-foundry, NeMo 24.07 and fms-fsdp, never fitted (the issue's independent check: median ≤ 10 %, no
+        row beyond 25 %)."""
         from hetplan.calibration import independent, modern
         from hetplan.errors import HetplanError
         from hetplan.calibration import validation as v

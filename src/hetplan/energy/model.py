@@ -80,7 +80,8 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
     model = model or load_model(plan.job.model)
     v = effective_virtual_stages(plan)
     S = len(plan.stages)
-    stage_gpu = [pool_gpu(catalog, plan.pools[st.pool], field=f"plan.stages.{i}.pool") for i, st in enumerate(plan.stages)]
+    stage_gpu = [pool_gpu(catalog, plan.pools[st.pool], field=f"plan.stages.{i}.pool", job=plan.job)
+                 for i, st in enumerate(plan.stages)]
     power = {g.name: _power(g, power_catalog, tdp_fallback, f"plan.pools.{st.pool}.gpu")
              for g, st in zip(stage_gpu, plan.stages)}
     times = {s: {} for s in range(S)}  # stage -> frequency -> (forward_s, backward_s, busy_power_w)
