@@ -382,6 +382,11 @@ class Plan(BaseModel):
             ``framework = "megatron"``: ``fp32`` is Megatron-LM's unfused vocab-parallel loss on an fp32 copy of the
             logits (its default without ``--cross-entropy-loss-fusion``, e.g. Megatron-LM r0.8); anything else the fused loss (``--cross-entropy-loss-fusion``, NeMo's recipes). Its time:
             :data:`hetplan.estimate.compute.CROSS_ENTROPY`.
+        pipeline_step_microbatches: micro-batches per call of the pipeline schedule, where a framework splits an
+            iteration into several calls and accumulates gradients across them (NeMo AutoModel: its recipe's
+            ``local_batch_size / pp_microbatch_size``); None: the iteration's micro-batches in one call
+            (torchtitan, Megatron-LM). Sizes the receive buffers PyTorch's schedules allocate per micro-batch
+            (:func:`hetplan.estimate.memory.pipeline_buffer_bytes`); the time model keeps one flush per iteration.
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
@@ -408,6 +413,7 @@ class Plan(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     fsdp_param_dtype: Literal["fp32", "bf16"] = "fp32"
     cross_entropy: Literal["fp32", "bf16", "compiled"] | None = None
+    pipeline_step_microbatches: int | None = Field(default=None, gt=0)
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     expert_tp: int = Field(default=1, ge=1)

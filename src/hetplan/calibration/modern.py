@@ -18,8 +18,10 @@ FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputatio
 NeMo's formula and Megatron-LM's until 2025, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per
 16M-token step; the Megatron MoE ModelZoo's rows count the causal half, ``causal_flops``, as Megatron-LM's
 ``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan: ``reserved_bytes.all.peak`` of
-``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor``) is compared with the estimate's largest stage total, which
-also holds :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (1 GiB) that the allocator's reserved bytes leave out.
+``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor`` in ``torchtitan/metrics.py`` at 9dec370: the caching
+allocator's reserved peak, not ``active_bytes``) is compared with the estimate's largest stage total less
+:data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (the CUDA context, cuBLAS and NCCL memory outside the allocator,
+which its reserved bytes leave out; :attr:`ModernCase.predicted_memory_bytes`).
 
 Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
@@ -40,6 +42,7 @@ import numpy as np
 
 from hetplan.calibration.validation import Case, _is_calibration, gpt_model, metrics
 from hetplan.errors import HetplanError
+from hetplan.estimate import memory
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -119,7 +122,9 @@ class ModernCase(Case):
         quantity: ``iteration_time_s``, ``tokens_per_s_per_gpu`` or ``tflops_per_gpu`` (what ``measured`` is).
         gpu, dtype: catalog GPU type and compute dtype of the plan.
         measured_memory_bytes: peak memory per GPU the source reports (None if it gives none).
-        predicted_memory_bytes, fits: the estimate's largest stage and whether every stage fits.
+        predicted_memory_bytes, fits: the estimate's largest stage, as the allocator's reserved bytes that the
+            sources report (its total less :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES`), and whether every
+            stage fits (with the context).
         notes: approximations the mapping had to make (e.g. ZeRO-3 for FSDP2 before ``framework = "fsdp"``).
         causal_flops: the source's TFLOP/s count the causal half of the attention scores
             (:func:`hetplan.model.counts.model_flops_per_iteration`), not the full ``s x s``.
@@ -144,7 +149,7 @@ class ModernCase(Case):
         est = estimate(self.plan, catalog=catalog, model=self.model, virtual_stages=self.virtual_stages,
                        comm_constants=comm_constants)
         self.predicted = quantity_of(est, self.quantity, self.plan, self.model, self.causal_flops)
-        self.predicted_memory_bytes = max(s.memory.total for s in est.stages)
+        self.predicted_memory_bytes = max(s.memory.total for s in est.stages) - memory.CUDA_CONTEXT_BYTES
         self.fits = bool(est.fits)
         return self.predicted
 
@@ -340,7 +345,8 @@ class Layout:
     ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
     ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`);
     ``torch_compile``: the run compiled its blocks (:attr:`hetplan.plan.Job.torch_compile`; ``fsdp`` only);
-    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss (:class:`hetplan.plan.Plan`)."""
+    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss;
+    ``pipeline_step_microbatches``: micro-batches per call of the pipeline schedule (:class:`hetplan.plan.Plan`)."""
 
     tp: int
     pp: int
@@ -372,6 +378,7 @@ class Layout:
     torch_compile: bool = True
     fsdp_param_dtype: str = "fp32"
     cross_entropy: str | None = None
+    pipeline_step_microbatches: int | None = None
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -414,8 +421,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
                     virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
                     tp_comm_overlap=lay.tp_comm_overlap, cuda_graphs=lay.cuda_graphs,
-                    fsdp_param_dtype=lay.fsdp_param_dtype,
-                    cross_entropy=lay.cross_entropy, **degrees)
+                    fsdp_param_dtype=lay.fsdp_param_dtype, cross_entropy=lay.cross_entropy,
+                    pipeline_step_microbatches=lay.pipeline_step_microbatches, **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -789,6 +796,12 @@ AUTOMODEL_EP = {"GPT-OSS 120B": 64, "GPT-OSS 20B": 8}
 #: pipeline stage already holds: :data:`hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES`.)
 AUTOMODEL_FSDP = {"fsdp_param_dtype": "bf16", "cross_entropy": "bf16"}
 
+#: Micro-batches per call of NeMo AutoModel's pipeline schedule (:attr:`hetplan.plan.Plan.
+#: pipeline_step_microbatches`): its recipes' ``local_batch_size / pp_microbatch_size``, the iteration's other
+#: micro-batches run as further calls with gradient accumulation (NVIDIA-NeMo/Automodel@36044ad3d
+#: ``examples/llm_benchmark/deepseek/deepseek_v3_te_deepep*.yaml``: 4 / 1; ``kimi/kimi_k2_te_deepep.yaml``: 8 / 1).
+AUTOMODEL_PP_STEP = {"DeepSeek V3 671B": 4, "Kimi K2": 8}
+
 
 def _moe_recompute(label: str) -> tuple[str, bool]:
     """Recomputation of a MoE row, ``(stage recompute, MoE-layer recompute)``: NeMo AutoModel's
@@ -835,6 +848,7 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                      dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random",
                      cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower(),
                      # Megatron-FSDP (ModelZoo) runs Megatron-Core's loss: the plan's default, not torchtitan's fp32
+                     pipeline_step_microbatches=AUTOMODEL_PP_STEP.get(r["model"]) if src == "automodel" else None,
                      **(AUTOMODEL_FSDP if src == "automodel" else {"cross_entropy": None}))
         t = _float(r, "iteration_time_s")
         if t is not None:

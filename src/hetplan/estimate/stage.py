@@ -106,6 +106,7 @@ def stage_costs(
     cp_load_balance=True,
     moe_options: moe.MoEOptions = moe.MoEOptions(),
     virtual_stages=1,
+    step_microbatches=None,
     tp_comm_overlap=False,
     cuda_graphs=False,
     torch_compile=True,
@@ -128,7 +129,9 @@ def stage_costs(
     and TP degree (TP communication included, no recomputation), e.g. from the profile database; it replaces
     the analytic layer time, recomputation still adds the analytic share of it.
 
-    ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage).
+    ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage). ``step_microbatches``:
+    micro-batches per call of the pipeline schedule (:attr:`hetplan.plan.Plan.pipeline_step_microbatches`; None:
+    ``num_microbatches``), which sizes PyTorch's pipeline buffers in the memory.
 
     ``recompute_layers``: optional number of the stage's layers that use ``recompute_code`` (per-layer
     recomputation, Aceso EuroSys'24 Sec. 4.2); the other layers recompute nothing. Default (None): all layers.
@@ -338,6 +341,8 @@ def stage_costs(
         fsdp_param_dtype=fsdp_param_dtype,
         cross_entropy=loss_kind,
         fp8_recipe=fp8_recipe,
+        num_microbatches=num_microbatches if step_microbatches is None else step_microbatches,
+        virtual_stages=virtual_stages,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
