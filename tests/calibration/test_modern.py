@@ -344,7 +344,7 @@ def test_rows_map_the_recipe_as_it_ran(run):
 
 
 def test_mla_runs_unfused_on_blackwell_and_needs_its_core_attention_recompute(run):
-    """Transformer Engine before v2.5 has no fused attention for MLA (192 / 128 head dims) on Blackwell: the DGX
+    """Transformer Engine v2.1-v2.4 have no fused attention for MLA (192 / 128 head dims) on Blackwell: the DGX
     Cloud DeepSeek-V3 GB200 rows run standard attention with the core attention recomputed (their launch script's
     core_attn) and fit; without the recomputation their s x s scores would not fit. Hopper and non-MLA models keep
     FlashAttention."""

@@ -514,11 +514,11 @@ DGXC_CORE_ATTN_RECOMPUTE = {
 def unfused_mla_on_blackwell(m: ModelSpec, gpu: GPUSpec) -> bool:
     """Whether Transformer Engine runs the attention of ``m`` on ``gpu`` unfused (``attention = "standard"``):
     MLA's query/key head dimension differs from its value head dimension (DeepSeek-V3: 192 vs 128), which rules
-    out FlashAttention ("does not support MLA"), and on Blackwell every Transformer Engine release before v2.5
-    (2025-07) also rules out cuDNN's fused attention for head dimensions above 128 (``nvte_get_fused_attn_backend``,
+    out FlashAttention ("does not support MLA"), and on Blackwell Transformer Engine v2.1-v2.4 (2025-03 to
+    2025-06) also rule out cuDNN's fused attention for head dimensions above 128 (``nvte_get_fused_attn_backend``,
     "special conditions for blackwell": ``!(sm_arch_ >= 100 && (head_dim_qk > 128 || head_dim_v > 128))``,
-    ``transformer_engine/common/fused_attn/fused_attn.cpp`` at v2.2-v2.4; the rows' NeMo 25.04 containers predate
-    v2.5). That leaves ``UnfusedDotProductAttention``: the two batched GEMMs over all ``s x s`` scores and the
+    ``transformer_engine/common/fused_attn/fused_attn.cpp``; gone in v2.5). The DGX Cloud GB200 rows ran the NeMo
+    25.04 containers of that window. That leaves ``UnfusedDotProductAttention``: the two batched GEMMs over all ``s x s`` scores and the
     softmax between them, which the GB200 recipe recomputes (:data:`DGXC_CORE_ATTN_RECOMPUTE`; without it the
     scores would take 274 GiB on a 173 GiB GPU). Hopper keeps cuDNN (head dimensions up to 256)."""
     return m.is_mla and m.head_dim != (m.v_head_dim or m.head_dim) and gpu.architecture.startswith("Blackwell")
