@@ -3,9 +3,11 @@ offloading (``--offload-modules expert_fc1 moe_act``): memory, time, validation 
 (:func:`hetplan.estimate.memory.module_activation_bytes`)."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
 from hetplan.estimate import compute, memory
+from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split
 
@@ -69,8 +71,6 @@ def test_time_charges_the_recomputed_ops_and_only_the_exposed_copies():
     base = estimate(_plan())
     rec = estimate(_plan(recompute_modules=["layernorm", "moe_act"]))
     disc, _ = memory.module_activation_bytes(M, 1, 4096, 1, False, ["layernorm", "moe_act"])
-    from hetplan.hardware.catalog import load_catalog
-
     gpu_bw = load_catalog().get("H100-SXM").hbm_bandwidth_bytes_per_s
     for a, b in zip(base.stages, rec.stages):
         assert b.forward_s == a.forward_s
@@ -93,3 +93,21 @@ def test_module_options_are_megatron_core_options_and_are_exported():
     for arg in ("--recompute-granularity selective", "--recompute-modules layernorm moe_act",
                 "--fine-grained-activation-offloading", "--offload-modules expert_fc1 moe_act"):
         assert arg in text, arg
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 4), layers=st.integers(1, 24), inflight=st.integers(1, 8), t=st.sampled_from([1, 2, 4]),
+       rc=st.sampled_from(["none", "selective", "full"]), fp8=st.booleans(), moe_rc=st.booleans(),
+       rec=st.sets(st.sampled_from(memory.RECOMPUTE_MODULES)), off=st.sets(st.sampled_from(memory.OFFLOAD_MODULES)))
+def test_more_modules_never_raise_memory(b, layers, inflight, t, rc, fp8, moe_rc, rec, off):
+    """Adding a recompute or offload module never raises a stage's memory (two layers' offloaded inputs on the
+    GPU never exceed what the stage stored), whatever the recomputation, TP, FP8 and MoE-layer recomputation."""
+    from hetplan.estimate import fp8 as fp8_mod
+
+    kw = _kw(b=b, num_layers=layers, in_flight=inflight, t=t, sequence_parallel=t > 1, recompute=rc,
+             moe_recompute=moe_rc, fp8_recipe=fp8_mod.recipe(load_catalog().get("H100-SXM"), "megatron") if fp8 else None)
+    with_ = float(memory.stage_memory_bytes(M, **kw, recompute_modules=sorted(rec), offload_modules=sorted(off))["total"])
+    for smaller_rec, smaller_off in ((set(), off), (rec, set())):
+        fewer = memory.stage_memory_bytes(M, **kw, recompute_modules=sorted(smaller_rec),
+                                          offload_modules=sorted(smaller_off))["total"]
+        assert with_ <= float(fewer) + 1e-6
