@@ -81,6 +81,13 @@ class Job(BaseModel):
             whole NVLink domain, e.g. GB200 NVL72); routing ``random`` (learned or forced-balance
             routers) or ``contiguous`` (NeMo AutoModel's fake balanced gate: a token's experts are neighbours).
         moe_recompute: recompute every MoE layer's MLP in backward (Megatron-Core ``--recompute-modules moe``).
+        recompute_modules: Megatron-Core's output-discarding recomputation of element-wise modules
+            (``--recompute-granularity selective --recompute-modules``): ``layernorm`` (the two norm outputs of every
+            layer), ``moe_act`` (the expert activation's output); ``moe`` is :attr:`moe_recompute`.
+        offload_modules: Megatron-Core's fine-grained activation offloading (``--fine-grained-activation-offloading
+            --offload-modules``): the inputs of ``expert_fc1`` and / or ``moe_act`` go to host memory after their
+            forward and come back before their backward, over the GPU's host link behind the layer's compute
+            (:func:`hetplan.estimate.memory.module_activation_bytes`).
         moe_a2a_overlap: the dispatch and combine all-to-alls of one micro-batch run behind the other
             micro-batch's compute in 1F1B's paired forward and backward (Megatron-Core
             ``--overlap-moe-expert-parallel-comm``, :class:`hetplan.estimate.moe.MoEOptions`).
@@ -109,6 +116,8 @@ class Job(BaseModel):
     moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] = "alltoall"
     moe_routing: Literal["random", "contiguous"] = "random"
     moe_recompute: bool = False
+    recompute_modules: list[Literal["layernorm", "moe_act"]] = Field(default_factory=list)
+    offload_modules: list[Literal["expert_fc1", "moe_act"]] = Field(default_factory=list)
     moe_a2a_overlap: bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: bool = True
@@ -125,6 +134,9 @@ class Job(BaseModel):
             raise ValueError("async_tp is PyTorch's async TP, an Inductor pass (torchtitan "
                              "enable_async_tensor_parallel): it needs framework = 'fsdp' and torch_compile = true; "
                              "remove async_tp, or for Megatron set the plan's tp_comm_overlap")
+        if (self.recompute_modules or self.offload_modules) and self.framework != "megatron":
+            raise ValueError(f"recompute_modules and offload_modules are Megatron-Core options; framework "
+                             f"{self.framework!r} has neither: remove them or set framework = 'megatron'")
         if self.attention_kernel is not None and self.attention != "flash":
             raise ValueError(f"attention_kernel applies to attention = 'flash' (a fused kernel); attention = "
                              f"{self.attention!r} materialises the scores: remove attention_kernel or set attention = 'flash'")
@@ -393,6 +405,12 @@ class Plan(BaseModel):
             ``framework = "megatron"``: ``fp32`` is Megatron-LM's unfused vocab-parallel loss on an fp32 copy of the
             logits (its default without ``--cross-entropy-loss-fusion``, e.g. Megatron-LM r0.8); anything else the fused loss (``--cross-entropy-loss-fusion``, NeMo's recipes). Its time:
             :data:`hetplan.estimate.compute.CROSS_ENTROPY`.
+        pipeline_step_microbatches: micro-batches per call of the pipeline schedule, where a framework splits an
+            iteration into several calls and accumulates gradients across them (NeMo AutoModel: its recipe's
+            ``local_batch_size / pp_microbatch_size``); None: the iteration's micro-batches in one call
+            (torchtitan, Megatron-LM). Sizes the receive buffers PyTorch's schedules allocate per micro-batch
+            (:func:`hetplan.estimate.memory.pipeline_buffer_bytes`) and flushes the pipeline and reduces the
+            gradients once per call (:mod:`hetplan.estimate.iteration`).
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
@@ -419,6 +437,7 @@ class Plan(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     fsdp_param_dtype: Literal["fp32", "bf16"] = "fp32"
     cross_entropy: Literal["fp32", "bf16", "compiled"] | None = None
+    pipeline_step_microbatches: int | None = Field(default=None, gt=0)
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     expert_tp: int = Field(default=1, ge=1)
@@ -477,6 +496,14 @@ class Plan(BaseModel):
     def num_microbatches(self, stage: int = 0) -> int:
         """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs) (the stage's mbs)."""
         return self.job.global_batch // (self.stages[stage].dp * self.stage_mbs(stage))
+
+    def pipeline_calls(self, stage: int = 0) -> int:
+        """Calls of the pipeline schedule per iteration: ``ceil(m / pipeline_step_microbatches)`` for a pipeline
+        (more than one stage) whose framework splits the iteration (:attr:`pipeline_step_microbatches`), else 1."""
+        step = self.pipeline_step_microbatches
+        if self.pp == 1 or step is None:
+            return 1
+        return -(-self.num_microbatches(stage) // step)
 
 
 def balanced_split(num_layers: int, pp: int) -> list[int]:

@@ -100,7 +100,9 @@ BOUNDS = {
     "dgxc_h100": {"mape": 0.10, "max_abs_error": 0.36, "kendall_tau": 0.8},
     # dgxc_gb200: the Grok-1 rows run expert-TP 4 (their notes' ETP=4), whose token all-gathers make them 31 %
     # too slow (24 % before), and they now fit (139 of 173 GiB; 253 GiB at expert-TP 1).
-    "dgxc_gb200": {"mape": 0.20},
+    # Then Grok-1 GB200's CUDA graphs (14.87 -> 14.78 %) and DeepSeek-V3's unfused MLA attention on Blackwell with
+    # its recipe's core-attention recomputation (-63 -> -49 %): 13.47 %, max 49.2 %.
+    "dgxc_gb200": {"mape": 0.14, "max_abs_error": 0.50},
     # torchtitan: per-op SAC, the eager fp32 loss (memory within 8.3 % on every row with memory, target met) and the
     # 500 W H100 by power-cap physics (0.578): bf16 MAPE 26.6 -> 18 %, with the FP8 rows 20.4 %; eager PyTorch's
     # unfused element-wise ops on the rows without torch.compile (Job.torch_compile, hetplan.estimate.elementwise:
@@ -158,31 +160,45 @@ NOT_FITTING_YET = {
     # modern.DGXC_LAUNCH_CP.) Llama 3 405B on 8,192 GPUs, 82.4 GiB on the second stage: with one layer per model
     # chunk (v = 8; the paper's first chunk holds only the embedding) and Megatron's N = PP = 16 contiguous
     # micro-batches, its warm-up keeps (v-1)·N + 2·(p-2) + 1 = 141 chunks = 17.6 micro-batches x 8 layers of 533 MB
-    # (TP 8 + SP, no recomputation) = 70 GiB of activations. The paper sets N "flexibly" (fewer micro-batches than
-    # stages allowed), which bounds the warm-up, but does not publish N.
+    # (TP 8 + SP, no recomputation) = 70 GiB of activations. The paper (Sec. 3.3.2, Fig. 6) makes N tunable
+    # "between DFS (N = PP) and BFS (N = M)", so N = PP = 16 is its smallest warm-up: no N it describes fits. The
+    # 82.4 GiB hold 2.8 GiB more than the 79.6 GiB of an H100, less than the stated 1 GiB CUDA context + 5 %
+    # allocator margin (5.1 GiB) that the paper's "proactive deallocation based on detailed memory allocation
+    # profiling" may have beaten; not changed without a measurement.
     "llama3_405b:Llama 3 405B:n8192",
     # (Llama 4 Scout on 256 GB200 fits at the local batch 1 of its first write-up, modern.TORCHTITAN_LOCAL_BATCH.)
-    # The ModelZoo's MXFP8 GB200 row (expressible since dtype fp8): it ran with activation offloading and the
-    # moe_act + layernorm recompute modules, neither modelled: 216 GiB predicted (314 GiB in bf16) on 173 GiB.
-    "moe_h100:Qwen3-235B-A22B:n256",
+    # (The ModelZoo's MXFP8 GB200 row fits at 91 GiB of 173 with the activation offloading and the moe_act +
+    # layernorm recompute modules its command runs, Job.offload_modules / recompute_modules: 216 GiB without.)
 }
 
 
 #: torchtitan rows (by row index) whose memory is not within the issue's +-10 % yet, with the error reached as
-#: their bound (docs/estimator.md, Modern sets), all predicted low: the 70B FSDP 32 x TP 8 row without async TP
-#: (-13 %) and the 405B PP 8 rows (1F1B -21 %; the 4-D rows at 32K-262K tokens -13 to -23 %, measured growing with
-#: CP where the estimate's local tokens stay the same).
-TORCHTITAN_MEMORY_NOT_YET = {10: 0.14, 12: 0.22, 14: 0.14, 15: 0.15, 16: 0.16, 17: 0.24}
+#: their bound (docs/estimator.md, Modern sets), all predicted low: the 405B PP 8 rows under 1F1B (at 8K tokens
+#: -18.7 %, 10 GiB above its interleaved twin, which is within 3 %; the 4-D rows at 32K-262K tokens -10.9 to
+#: -21.0 %, measured growing with CP where the local tokens stay the same). Before PyTorch's pipeline buffers,
+#: its TP's all-gathered inputs, the eager loss's allocator hole and the CUDA context left out of the reserved
+#: bytes: {10: -13.4, 12: -21.0, 14: -13.4, 15: -14.1, 16: -15.4, 17: -23.2} %.
+TORCHTITAN_MEMORY_NOT_YET = {12: 0.19, 14: 0.11, 15: 0.12, 16: 0.135, 17: 0.215}
 
 
 def test_torchtitan_memory_within_ten_percent_on_every_row(run):
-    """Issue 13: torchtitan's memory per GPU (``reserved_bytes.all.peak``) within +-10 % on every row that gives
-    memory (per-op SAC, FSDP2's sharded fp32 states, a pipeline stage's unsharded units and accumulated gradients,
-    the loss eager or compiled as the commit ran it); the rows of :data:`TORCHTITAN_MEMORY_NOT_YET` within the error
-    reached so far."""
+    """Issue 13: torchtitan's memory per GPU (``reserved_bytes.all.peak``: the allocator's reserved bytes, compared
+    with the estimate less the CUDA context) within +-10 % on every row that gives memory (per-op SAC, FSDP2's
+    sharded fp32 states, a pipeline stage's unsharded units and accumulated gradients, PyTorch's pipeline buffers
+    and its TP's all-gathered inputs, the loss eager or compiled as the commit ran it); the rows of
+    :data:`TORCHTITAN_MEMORY_NOT_YET` within the error reached so far, every one still predicted low."""
+    from hetplan.estimate import memory
+    from hetplan.estimate.estimator import estimate
+
     _, cases = run
     rows = [c for c in cases if c.key.split(":")[0] in ("torchtitan", "long_context_cp") and c.measured_memory_bytes]
     assert len(rows) == 20
+    one = rows[0]
+    est = estimate(one.plan, model=one.model, virtual_stages=one.virtual_stages)
+    assert one.predicted_memory_bytes == max(s.memory.total for s in est.stages) - memory.CUDA_CONTEXT_BYTES
+    for c in rows:
+        if int(c.key.split(":")[1]) in TORCHTITAN_MEMORY_NOT_YET:
+            assert c.predicted_memory_bytes < c.measured_memory_bytes, c.key
     for c in rows:
         bound = TORCHTITAN_MEMORY_NOT_YET.get(int(c.key.split(":")[1]), modern.TARGETS["torchtitan"][
             "memory_max_abs_error"])
@@ -351,3 +367,29 @@ def test_async_tp_model_against_the_published_pairs(run):
         measured = a.measured / v.measured
         predicted = modern.quantity_of(est, a.quantity, plan, a.model) / v.predicted
         assert measured < predicted <= measured + 0.15, (vanilla, fused, measured, predicted)
+
+
+def test_mla_runs_unfused_on_blackwell_and_needs_its_core_attention_recompute(run):
+    """Transformer Engine v2.1-v2.4 have no fused attention for MLA (192 / 128 head dims) on Blackwell: the DGX
+    Cloud DeepSeek-V3 GB200 rows run standard attention with the core attention recomputed (their launch script's
+    core_attn) and fit; without the recomputation their s x s scores would not fit. Hopper and non-MLA models keep
+    FlashAttention."""
+    from hetplan.estimate.estimator import estimate
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.model.spec import load_model
+
+    cat = load_catalog()
+    dsv3, llama = load_model("deepseek-v3"), load_model("llama3-405b")
+    assert modern.unfused_mla_on_blackwell(dsv3, cat.get("GB200"))
+    assert modern.unfused_mla_on_blackwell(dsv3, cat.get("B200"))
+    assert not modern.unfused_mla_on_blackwell(dsv3, cat.get("H100-SXM"))
+    assert not modern.unfused_mla_on_blackwell(llama, cat.get("GB200"))
+    _, cases = run
+    rows = [c for c in cases if c.key.startswith("dgxc") and "DeepSeek" in c.key]
+    gb200 = [c for c in rows if c.gpu == "GB200"]
+    assert len(gb200) == 3 and all(c.fits for c in gb200)
+    for c in gb200:
+        assert c.plan.job.attention == "standard" and {s.recompute for s in c.plan.stages} == {"selective"}
+        bare = c.plan.model_copy(update={"stages": [s.model_copy(update={"recompute": "none"}) for s in c.plan.stages]})
+        assert not estimate(bare, model=c.model, virtual_stages=c.virtual_stages).fits
+    assert {c.plan.job.attention for c in rows if c.gpu != "GB200"} == {"flash"}

@@ -18,8 +18,10 @@ FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputatio
 NeMo's formula and Megatron-LM's until 2025, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per
 16M-token step; the Megatron MoE ModelZoo's rows count the causal half, ``causal_flops``, as Megatron-LM's
 ``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan: ``reserved_bytes.all.peak`` of
-``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor``) is compared with the estimate's largest stage total, which
-also holds :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (1 GiB) that the allocator's reserved bytes leave out.
+``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor`` in ``torchtitan/metrics.py`` at 9dec370: the caching
+allocator's reserved peak, not ``active_bytes``) is compared with the estimate's largest stage total less
+:data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (the CUDA context, cuBLAS and NCCL memory outside the allocator,
+which its reserved bytes leave out; :attr:`ModernCase.predicted_memory_bytes`).
 
 Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
@@ -40,6 +42,7 @@ import numpy as np
 
 from hetplan.calibration.validation import Case, _is_calibration, gpt_model, metrics
 from hetplan.errors import HetplanError
+from hetplan.estimate import memory
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -119,7 +122,9 @@ class ModernCase(Case):
         quantity: ``iteration_time_s``, ``tokens_per_s_per_gpu`` or ``tflops_per_gpu`` (what ``measured`` is).
         gpu, dtype: catalog GPU type and compute dtype of the plan.
         measured_memory_bytes: peak memory per GPU the source reports (None if it gives none).
-        predicted_memory_bytes, fits: the estimate's largest stage and whether every stage fits.
+        predicted_memory_bytes, fits: the estimate's largest stage, as the allocator's reserved bytes that the
+            sources report (its total less :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES`), and whether every
+            stage fits (with the context).
         notes: approximations the mapping had to make (e.g. ZeRO-3 for FSDP2 before ``framework = "fsdp"``).
         causal_flops: the source's TFLOP/s count the causal half of the attention scores
             (:func:`hetplan.model.counts.model_flops_per_iteration`), not the full ``s x s``.
@@ -144,7 +149,7 @@ class ModernCase(Case):
         est = estimate(self.plan, catalog=catalog, model=self.model, virtual_stages=self.virtual_stages,
                        comm_constants=comm_constants)
         self.predicted = quantity_of(est, self.quantity, self.plan, self.model, self.causal_flops)
-        self.predicted_memory_bytes = max(s.memory.total for s in est.stages)
+        self.predicted_memory_bytes = max(s.memory.total for s in est.stages) - memory.CUDA_CONTEXT_BYTES
         self.fits = bool(est.fits)
         return self.predicted
 
@@ -340,7 +345,8 @@ class Layout:
     ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
     ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`);
     ``torch_compile``: the run compiled its blocks (:attr:`hetplan.plan.Job.torch_compile`; ``fsdp`` only);
-    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss (:class:`hetplan.plan.Plan`)."""
+    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss;
+    ``pipeline_step_microbatches``: micro-batches per call of the pipeline schedule (:class:`hetplan.plan.Plan`)."""
 
     tp: int
     pp: int
@@ -363,7 +369,10 @@ class Layout:
     dispatcher: str = "alltoall"
     routing: str = "random"
     moe_recompute: bool = False
+    recompute_modules: tuple[str, ...] = ()
+    offload_modules: tuple[str, ...] = ()
     attention_kernel: str | None = None
+    attention: str = "flash"
     grad_reduce_dtype: str | None = None
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
@@ -371,6 +380,7 @@ class Layout:
     torch_compile: bool = True
     fsdp_param_dtype: str = "fp32"
     cross_entropy: str | None = None
+    pipeline_step_microbatches: int | None = None
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -401,7 +411,9 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     if lay.ep > 1:
         extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute,
                      moe_a2a_overlap=lay.a2a_overlap)
-    job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
+    if lay.recompute_modules or lay.offload_modules:
+        extra.update(recompute_modules=list(lay.recompute_modules), offload_modules=list(lay.offload_modules))
+    job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention=lay.attention,
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
     stages = []
@@ -413,8 +425,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
                     virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
                     tp_comm_overlap=lay.tp_comm_overlap, cuda_graphs=lay.cuda_graphs,
-                    fsdp_param_dtype=lay.fsdp_param_dtype,
-                    cross_entropy=lay.cross_entropy, **degrees)
+                    fsdp_param_dtype=lay.fsdp_param_dtype, cross_entropy=lay.cross_entropy,
+                    pipeline_step_microbatches=lay.pipeline_step_microbatches, **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -492,6 +504,26 @@ DGXC_LAUNCH_CP = {("NVIDIA/dgxc-benchmarking@1b9bb6b3cfea881fc4997ac111e695e52ae
 DGXC_CUDA_GRAPHS = {("NVIDIA/dgxc-benchmarking@60d6fd33ba9554a12b2f0f1f7f62ffd51f220e3d:grok1/README.md", "GB200")}
 
 
+#: DGX Cloud recipes whose launch script recomputes the core attention (``--recompute_modules core_attn``), by
+#: (row source, GPU label start): ``deepseek_v3/pretraining/launch.sh`` at 60d6fd33, ``RM='core_attn'`` on gb200
+#: (``mla_up_proj`` on h100). Megatron's selective recomputation of the attention core (``recompute = "selective"``).
+DGXC_CORE_ATTN_RECOMPUTE = {
+    ("NVIDIA/dgxc-benchmarking@60d6fd33ba9554a12b2f0f1f7f62ffd51f220e3d:deepseek_v3/pretraining/README.md", "GB200")}
+
+
+def unfused_mla_on_blackwell(m: ModelSpec, gpu: GPUSpec) -> bool:
+    """Whether Transformer Engine runs the attention of ``m`` on ``gpu`` unfused (``attention = "standard"``):
+    MLA's query/key head dimension differs from its value head dimension (DeepSeek-V3: 192 vs 128), which rules
+    out FlashAttention ("does not support MLA"), and on Blackwell Transformer Engine v2.1-v2.4 (2025-03 to
+    2025-06) also rule out cuDNN's fused attention for head dimensions above 128 (``nvte_get_fused_attn_backend``,
+    "special conditions for blackwell": ``!(sm_arch_ >= 100 && (head_dim_qk > 128 || head_dim_v > 128))``,
+    ``transformer_engine/common/fused_attn/fused_attn.cpp``; gone in v2.5). The DGX Cloud GB200 rows ran the NeMo
+    25.04 containers of that window. That leaves ``UnfusedDotProductAttention``: the two batched GEMMs over all ``s x s`` scores and the
+    softmax between them, which the GB200 recipe recomputes (:data:`DGXC_CORE_ATTN_RECOMPUTE`; without it the
+    scores would take 274 GiB on a 173 GiB GPU). Hopper keeps cuDNN (head dimensions up to 256)."""
+    return m.is_mla and m.head_dim != (m.v_head_dim or m.head_dim) and gpu.architecture.startswith("Blackwell")
+
+
 def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     """NVIDIA DGX Cloud benchmarking recipes (NeMo / Megatron-Core): measured step time.
 
@@ -501,7 +533,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     False``, NeMo ``nemo/collections/llm/recipes/*``), TP communication overlapped (their
     ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
     recomputation (the recipes' default for these rows; not restated in the tables), CUDA graphs where the launch
-    script captures them (:data:`DGXC_CUDA_GRAPHS`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
+    script captures them (:data:`DGXC_CUDA_GRAPHS`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
+    the core-attention recomputation its recipe sets (:data:`DGXC_CORE_ATTN_RECOMPUTE`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
     """
@@ -530,11 +563,15 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
             if not r["vp"] and pp > 1 and siblings:
                 vp = siblings.most_common(1)[0][0]
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
+            unfused = unfused_mla_on_blackwell(row_model(r), catalog.get(catalog_gpu(r["gpu"], catalog)))
+            core_attn = (r["source"], r["gpu"][:5]) in DGXC_CORE_ATTN_RECOMPUTE
             lay = Layout(tp=tp, pp=pp, dp=_int(r, "num_gpus") // (tp * pp * cp), cp=cp, ep=_int(r, "ep", 1),
                          etp=_expert_tp(r),
                          vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
                          seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16",
-                         tp_comm_overlap=True, cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS)
+                         tp_comm_overlap=True, cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS,
+                         attention="standard" if unfused else "flash",
+                         recompute="selective" if core_attn else "none")
             t = _float(r, "iteration_time_s")
             if t is None:
                 raise NotExpressibleError("no step time published")
@@ -602,6 +639,15 @@ def _torchtitan_attention_kernel(gpu: GPUSpec) -> str:
 TORCHTITAN_LOCAL_BATCH = {"quantization/mxfp8.md": 1}
 
 
+#: Why the four "power limited" 8 x B200 rows of the MXFP8 page are not expressible. Their model is Llama 3 8B (the
+#: same table in pytorch/ao ``docs/source/workflows/training.md``), but the power limit is not stated, and it
+#: matters: at the same software, 8 H100 SXM run the model at 6,150 tokens/s (38 % MFU, same page), these B200 at
+#: 8,307 (23 % of the 2,250 peak). Mapped to the 1,000 W B200 the bf16 row would read +106 % and the FP8 rows
+#: +142-161 %.
+POWER_LIMITED_B200 = ("B200 'power limited' to a limit the source does not state (Llama 3 8B per pytorch/ao's "
+                      "training docs; 23 % MFU against 38 % on H100 at the same software)")
+
+
 #: How torchtitan's async-TP rows (the notes' "async TP": ``enable_async_tensor_parallel``) are mapped: as vanilla
 #: TP. PyTorch's async TP as the estimator models it (:attr:`hetplan.plan.Job.async_tp`,
 #: :func:`hetplan.estimate.compute.async_tp_exposed_s`) predicts 1.11-1.23x over the vanilla twins where the runs
@@ -629,6 +675,8 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     key = f"{set_name}:{i}:{r['model']}:{r['gpu'][:12]}:n{r['num_gpus']}:s{r['seq_len']}:{r['dtype'][:16]}:{r['notes'][:40]}"
 
     def make():
+        if "not stated" in r["model"] and "power limited" in r["gpu"].lower():
+            raise NotExpressibleError(POWER_LIMITED_B200)
         if "not stated" in r["model"]:
             raise NotExpressibleError("the source does not name the model")
         tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
@@ -757,6 +805,36 @@ AUTOMODEL_EP = {"GPT-OSS 120B": 64, "GPT-OSS 20B": 8}
 #: pipeline stage already holds: :data:`hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES`.)
 AUTOMODEL_FSDP = {"fsdp_param_dtype": "bf16", "cross_entropy": "bf16"}
 
+#: Micro-batches per call of NeMo AutoModel's pipeline schedule (:attr:`hetplan.plan.Plan.
+#: pipeline_step_microbatches`): its recipes' ``local_batch_size / pp_microbatch_size``, the iteration's other
+#: micro-batches run as further calls with gradient accumulation (NVIDIA-NeMo/Automodel@36044ad3d
+#: ``examples/llm_benchmark/deepseek/deepseek_v3_te_deepep*.yaml``: 4 / 1; ``kimi/kimi_k2_te_deepep.yaml``: 8 / 1).
+AUTOMODEL_PP_STEP = {"DeepSeek V3 671B": 4, "Kimi K2": 8}
+
+
+#: The Megatron MoE ModelZoo's GB200 MXFP8 commands (yanring/Megatron-MoE-ModelZoo@e865051
+#: ``best_practice/qwen3/readme.md``, "Command (MXFP8)" and "(MXFP8, 128k long context)"): both run
+#: ``--recompute-granularity selective --recompute-modules moe_act layernorm``; the 4K-token one (the row whose
+#: notes say "activation offloading required") also ``--fine-grained-activation-offloading --offload-modules
+#: expert_fc1 moe_act``.
+MODELZOO_MXFP8_RECOMPUTE_MODULES = ("moe_act", "layernorm")
+MODELZOO_OFFLOAD_MODULES = ("expert_fc1", "moe_act")
+
+
+def _recompute_modules(r: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Megatron-Core's per-module recomputation and offloading of a ModelZoo row, ``(recompute_modules,
+    offload_modules)``: the table's recompute column names ``norm`` / ``layernorm`` and ``act`` / ``moe_act``
+    (``moe``, the whole MoE layer, is :func:`_moe_recompute`; ``shared_expert`` is not modelled); the GB200 MXFP8
+    rows carry them in their commands (:data:`MODELZOO_MXFP8_RECOMPUTE_MODULES`, :data:`MODELZOO_OFFLOAD_MODULES`)."""
+    low = r["recompute"].lower()
+    modules = tuple(x for x, words in (("layernorm", ("norm",)), ("moe_act", ("act",)))
+                    if any(re.search(rf"\b(?:layer)?{w}\b|\bmoe_{w}\b", low) for w in words))
+    notes = r["notes"].lower()
+    if r["dtype"].lower() == "mxfp8" and "selective recompute" in notes:
+        modules = MODELZOO_MXFP8_RECOMPUTE_MODULES
+    offload = MODELZOO_OFFLOAD_MODULES if "activation offloading" in notes else ()
+    return modules, offload
+
 
 def _moe_recompute(label: str) -> tuple[str, bool]:
     """Recomputation of a MoE row, ``(stage recompute, MoE-layer recompute)``: NeMo AutoModel's
@@ -791,6 +869,7 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
         tp, pp, cp = (_int(r, k, 1) for k in ("tp", "pp", "cp"))
         ep = _int(r, "ep") or AUTOMODEL_EP.get(r["model"], 1)
         recompute, moe_recompute = _moe_recompute(r["recompute"])
+        modules, offload = _recompute_modules(r) if src == "modelzoo" else ((), ())
         n = _int(r, "num_gpus")
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
         mbs = _int(r, "micro_batch", 1)
@@ -799,10 +878,12 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                      mbs=mbs, gbs=gbs,
                      seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
                      sequence_parallel=True, recompute=recompute, moe_recompute=moe_recompute,
+                     recompute_modules=modules, offload_modules=offload,
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
                      dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random",
                      cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower(),
                      # Megatron-FSDP (ModelZoo) runs Megatron-Core's loss: the plan's default, not torchtitan's fp32
+                     pipeline_step_microbatches=AUTOMODEL_PP_STEP.get(r["model"]) if src == "automodel" else None,
                      **(AUTOMODEL_FSDP if src == "automodel" else {"cross_entropy": None}))
         t = _float(r, "iteration_time_s")
         if t is not None:

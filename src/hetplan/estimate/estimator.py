@@ -259,7 +259,8 @@ def p2p_model(framework: str) -> str | bool:
 _SIMULATE_MANY_MIN_PLANS = 16
 
 _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
-             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "etp", "virtual_stages")
+             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "etp", "virtual_stages",
+             "step_microbatches")
 
 
 class _StageRow(NamedTuple):
@@ -284,6 +285,7 @@ class _StageRow(NamedTuple):
     ep: int
     etp: int
     virtual_stages: int
+    step_microbatches: int
     gpu: GPUSpec
     link: Link
     price_usd_per_hour: float
@@ -310,6 +312,8 @@ class _StageRow(NamedTuple):
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     torch_compile: bool = True
+    recompute_modules: tuple = ()
+    offload_modules: tuple = ()
     async_tp: bool = False
 
 
@@ -358,13 +362,14 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
     rows: list[_StageRow] = []
     group_ids: dict[tuple, int] = {}  # (GPU, host cost, link, dtype, overlap, attention, framework) -> id
-    start, vs, m0s = [], [], []
+    start, vs, m0s, calls = [], [], [], []
     for plan in plans:
         job, p = plan.job, plan.pp
         v = effective_virtual_stages(plan, virtual_stages)
         start.append(len(rows))
         vs.append(v)
         m0s.append(plan.num_microbatches(0))
+        calls.append(plan.pipeline_calls(0))
         on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
         gpipe = plan.schedule == "gpipe"
         flash = job.attention == "flash"
@@ -379,7 +384,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, plan.fsdp_param_dtype,
                                               plan.cross_entropy, job.moe_load_imbalance,
                                               job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
-                                              job.cp_load_balance, job.torch_compile, job.async_tp),
+                                              job.cp_load_balance, job.torch_compile, tuple(job.recompute_modules),
+                                              tuple(job.offload_modules), job.async_tp),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -392,21 +398,24 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             b = st.mbs or plan.mbs
             mb = job.global_batch // (dp * b)
             rl = st.recompute_layers
+            step_mb = min(mb, plan.pipeline_step_microbatches or mb)  # one call of the schedule holds at most these
             rows.append(_StageRow(
                 s=job.seq_len, b=b, t=t, dp=dp, num_layers=st.num_layers, has_embedding=i == 0,
-                has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, mb, v), num_microbatches=mb,
+                has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, step_mb, v), num_microbatches=mb,
                 zero=zero, recompute_code=RECOMPUTE_CODES[st.recompute],
                 sequence_parallel=sp, gpu=gpu, link=link, price_usd_per_hour=price,
                 group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v, moe_load_imbalance=job.moe_load_imbalance,
+                flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v,
+                step_microbatches=step_mb, moe_load_imbalance=job.moe_load_imbalance,
                 kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap),
                 cp_load_balance=job.cp_load_balance,
                 fsdp_shard=plan.fsdp_shard,
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
                 fsdp_param_dtype=plan.fsdp_param_dtype, cross_entropy=plan.cross_entropy,
                 tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs, torch_compile=job.torch_compile,
+                recompute_modules=tuple(job.recompute_modules), offload_modules=tuple(job.offload_modules),
                 async_tp=job.async_tp,
             ))
     n = len(rows)
@@ -445,7 +454,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         fsdp_param_dtype=row.fsdp_param_dtype, cross_entropy=row.cross_entropy,
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
                         cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
-                        cuda_graphs=row.cuda_graphs, torch_compile=row.torch_compile, async_tp=row.async_tp,
+                        cuda_graphs=row.cuda_graphs, torch_compile=row.torch_compile,
+                        recompute_modules=row.recompute_modules, offload_modules=row.offload_modules,
+                        async_tp=row.async_tp,
                         moe_options=row.moe_options, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)
@@ -485,7 +496,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     shapes: dict[tuple, list[int]] = {}
     for k, plan in enumerate(plans):
         sched = "interleaved" if vs[k] > 1 else plan.schedule
-        shapes.setdefault((sched, plan.pp, m0s[k], vs[k], p2p_model(plan.job.framework)), []).append(k)
+        m_call = -(-m0s[k] // calls[k])  # micro-batches per call of the schedule
+        shapes.setdefault((sched, plan.pp, m_call, vs[k], p2p_model(plan.job.framework)), []).append(k)
     starts = np.array(start)
     for (sched, p, m0, v, mode), ks in shapes.items():
         ridx = starts[ks][:, None] + np.arange(p)
@@ -500,7 +512,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 simulated = (np.array([sims[k].makespan_s for k in ks]), np.array([sims[k].stage_end_s for k in ks]))
         it = assemble_iteration(fwd[ridx], bwd[ridx], res["dp_exposed_s"][ridx], res["optimizer_s"][ridx],
                                 p2p[cidx].sum(axis=1), m0, virtual_stages=v, simulated=simulated,
-                                memory_bytes=mem["total"][ridx], capacity_bytes=capacity[ridx])
+                                memory_bytes=mem["total"][ridx], capacity_bytes=capacity[ridx],
+                                calls=np.array(calls)[ks])
         for key, x in (("t", it.pipeline_s), ("bubble", it.bubble_s), ("p2p", it.p2p_s), ("dp", it.dp_exposed_s),
                        ("opt", it.optimizer_s), ("it", it.iteration_s)):
             per_plan[key][ks] = x

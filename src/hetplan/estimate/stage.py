@@ -106,6 +106,9 @@ def stage_costs(
     cp_load_balance=True,
     moe_options: moe.MoEOptions = moe.MoEOptions(),
     virtual_stages=1,
+    step_microbatches=None,
+    recompute_modules=(),
+    offload_modules=(),
     tp_comm_overlap=False,
     cuda_graphs=False,
     torch_compile=True,
@@ -118,7 +121,9 @@ def stage_costs(
     * ``dp_s``: data-parallel gradient/parameter collectives per iteration; ``dp_exposed_s`` the part not hidden:
       without overlap all of it; with ``overlap_grad_reduce`` (bucketed, Megatron-LM/PyTorch DDP) what exceeds
       the backward pass of the last micro-batch, and at least the last bucket's reduction. ZeRO-3 (FSDP):
-      :func:`zero3_exposed_s` (all-gathers and reduce-scatter every micro-batch, overlapped per pass). With tied
+      :func:`zero3_exposed_s` (all-gathers and reduce-scatter every micro-batch, overlapped per pass; under
+      ``framework = "fsdp"`` in a pipeline once per iteration: the first micro-batch's gathers and the
+      reduce-scatter after the last backward, exposed). With tied
       embeddings and more than one stage, the first and last stages also all-reduce the embedding gradient
       between them (Megatron-LM ``_allreduce_embedding_grads``), exposed;
     * ``optimizer_s``: the Adam step;
@@ -129,7 +134,13 @@ def stage_costs(
     and TP degree (TP communication included, no recomputation), e.g. from the profile database; it replaces
     the analytic layer time, recomputation still adds the analytic share of it.
 
-    ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage).
+    ``recompute_modules``, ``offload_modules``: Megatron-Core's per-module recomputation and activation offloading
+    (:attr:`hetplan.plan.Job.recompute_modules`, :func:`hetplan.estimate.memory.module_activation_bytes`): the
+    element-wise work again in backward, the host-link copies where they outlast the layer's compute.
+
+    ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage). ``step_microbatches``:
+    micro-batches per call of the pipeline schedule (:attr:`hetplan.plan.Plan.pipeline_step_microbatches`; None:
+    ``num_microbatches``), which sizes PyTorch's pipeline buffers in the memory.
 
     ``recompute_layers``: optional number of the stage's layers that use ``recompute_code`` (per-layer
     recomputation, Aceso EuroSys'24 Sec. 4.2); the other layers recompute nothing. Default (None): all layers.
@@ -229,6 +240,23 @@ def stage_costs(
         lf, lb = lf + cf, lb + cb + np.where(np.asarray(recompute_code) == 2, cf, 0.0)
         if af is not None:
             af, ab = af + cf, ab + cb
+    if recompute_modules or offload_modules:  # Megatron-Core's per-module recomputation and offloading
+        inside_moe = ("moe_act", "expert_fc1") if moe_options.recompute else ()
+        redo, _ = memory.module_activation_bytes(m, b, s, t, sequence_parallel,
+                                                 [x for x in recompute_modules if x not in inside_moe])
+        _, moved = memory.module_activation_bytes(m, b, s, t, sequence_parallel, (),
+                                                  [x for x in offload_modules if x not in inside_moe],
+                                                  fp8_recipe is not None)
+        # the discarded outputs' element-wise ops run again in backward (at the element-wise rate of
+        # compute.layer_time_s); the offloaded inputs cross the host link out in forward and back in backward, on
+        # their own streams behind the layer's compute (exposed only beyond it); none where a layer is
+        # recomputed whole
+        again = compute.ELEMENTWISE_PASSES * redo / gpu.hbm_bandwidth_bytes_per_s
+        copy = moved / gpu.host_link_bandwidth_bytes_per_s
+        on = np.asarray(recompute_code) != 2
+        lf, lb = lf + np.where(on, np.maximum(copy - lf, 0.0), 0.0), lb + np.where(on, again + np.maximum(copy - lb, 0.0), 0.0)
+        if af is not None:
+            af, ab = af + np.maximum(copy - af, 0.0), ab + again + np.maximum(copy - ab, 0.0)
     if measured_layer_time_s is not None:
         # Scale the analytic recomputation overhead by measured/analytic forward time.
         mf, mbk = measured_layer_time_s
@@ -302,12 +330,21 @@ def stage_costs(
         grad_bytes / units / shard, "allreduce", replicas, t * shard, link.gpus_per_node, tp_bw,
         link.inter_node_bandwidth_bytes_per_s, inter_alpha_s=link.inter_node_alpha_s,
         intra_alpha_s=link.intra_node_alpha_s), 0.0) * units
+    # FSDP in a pipeline (torch.distributed.pipelining): every backward but the last runs without resharding or
+    # gradient sync, so each unit is gathered once, for the first micro-batch, and its accumulated gradient is
+    # reduce-scattered once, by the post-backward the schedule calls after the stage's last backward
+    # (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync): no backward left to hide it behind.
+    # The memory side: hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES.
+    pipelined_fsdp = (framework == "fsdp") & ~np.asarray(single_stage)
     gather_exposed = np.where(
-        z3, zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
-                            num_microbatches, overlap_grad_reduce, reshard_after_forward, rho), 0.0,
+        z3, np.where(pipelined_fsdp,
+                     zero3_exposed_s(z3_gather, 0.0, num_layers * lf, layers_bwd, num_layers, 1, True, False, rho)
+                     + z3_reduce_scatter,
+                     zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
+                                     num_microbatches, overlap_grad_reduce, reshard_after_forward, rho)), 0.0,
     )
-    dp_total = np.where(z3, num_microbatches * ((2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter),
-                        grad_sync)
+    dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter, num_microbatches * (
+        (2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter)), grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
     emb_sync = np.where(
         (np.asarray(has_embedding) | np.asarray(has_head)) & ~np.asarray(single_stage) & m.tied_embeddings,
@@ -342,6 +379,10 @@ def stage_costs(
         fsdp_param_dtype=fsdp_param_dtype,
         cross_entropy=loss_kind,
         fp8_recipe=fp8_recipe,
+        num_microbatches=num_microbatches if step_microbatches is None else step_microbatches,
+        virtual_stages=virtual_stages,
+        recompute_modules=recompute_modules,
+        offload_modules=offload_modules,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
