@@ -60,6 +60,12 @@ class Job(BaseModel):
             element-wise term assumes; torchtitan ``[compile] enable``), or in eager PyTorch (False: every
             element-wise op its own kernel, :mod:`hetplan.estimate.elementwise`). Megatron-LM and DeepSpeed run
             fused kernels: False is refused for them.
+        attention_kernel: the fused attention kernel under ``attention = "flash"``: ``fa2`` (FlashAttention-2),
+            ``fa3`` (FlashAttention-3, Hopper) or ``cudnn`` (cuDNN fused attention), each at its own measured rate
+            per GPU type (``attention_kernels`` in the GPU catalog). Default: what the framework runs on the
+            pool's GPU (:data:`hetplan.hardware.catalog.DEFAULT_ATTENTION_KERNEL`: cuDNN on Hopper and Blackwell
+            for Megatron-Core / Transformer Engine and for PyTorch SDPA as torchtitan and PyTorch >= 2.11 order
+            it, FlashAttention-2 otherwise); set ``fa2`` for PyTorch SDPA before those (its flash backend).
         moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
             models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
             factor; 1 for benchmarks that force balanced routing).
@@ -101,12 +107,16 @@ class Job(BaseModel):
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: bool = True
     torch_compile: bool = True
+    attention_kernel: Literal["fa2", "fa3", "cudnn"] | None = None
 
     @model_validator(mode="after")
     def _check_compile(self) -> "Job":
         if not self.torch_compile and self.framework != "fsdp":
             raise ValueError(f"torch_compile = false applies to framework 'fsdp' (torchtitan, eager PyTorch); "
                              f"{self.framework} runs fused kernels: remove torch_compile or set framework = 'fsdp'")
+        if self.attention_kernel is not None and self.attention != "flash":
+            raise ValueError(f"attention_kernel applies to attention = 'flash' (a fused kernel); attention = "
+                             f"{self.attention!r} materialises the scores: remove attention_kernel or set attention = 'flash'")
         return self
 
     def iterations(self) -> float:
@@ -141,10 +151,10 @@ class GPUPool(BaseModel):
             cost), a property of the host, not of the model. Default: the GPU type's catalog value, calibrated on
             the host named in its ``calibration_source`` (A100: DGX A100, 44.3 µs). Set it for a slower or faster
             host, e.g. 73.8 µs for AWS p4d as fitted on FASOP's profiles (docs/estimator.md, Calibration).
-        attention_efficiency: ``(forward, backward)`` fraction of the dense peak the FlashAttention kernel of these
-            machines' software reaches. Default: the GPU type's catalog value (H100: cuDNN through Transformer
-            Engine, mid-2024). Set it for another kernel, e.g. FlashAttention-2 on H100, 0.37 / 0.32 (Shah et al.
-            2024, FlashAttention-3, Fig. 5 and 7).
+        attention_efficiency: ``(forward, backward)`` fraction of the dense peak the fused attention kernel of these
+            machines' software reaches, where it was measured. Default: the GPU catalog's rate of the kernel the
+            job runs (``Job.attention_kernel``; e.g. on H100 cuDNN 0.61 / 0.52, FlashAttention-2 0.37 / 0.32, Shah
+            et al. 2024, FlashAttention-3, Fig. 5 and 7).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -372,6 +382,11 @@ class Plan(BaseModel):
             ``framework = "megatron"``: ``fp32`` is Megatron-LM's unfused vocab-parallel loss on an fp32 copy of the
             logits (its default without ``--cross-entropy-loss-fusion``, e.g. Megatron-LM r0.8); anything else the fused loss (``--cross-entropy-loss-fusion``, NeMo's recipes). Its time:
             :data:`hetplan.estimate.compute.CROSS_ENTROPY`.
+        pipeline_step_microbatches: micro-batches per call of the pipeline schedule, where a framework splits an
+            iteration into several calls and accumulates gradients across them (NeMo AutoModel: its recipe's
+            ``local_batch_size / pp_microbatch_size``); None: the iteration's micro-batches in one call
+            (torchtitan, Megatron-LM). Sizes the receive buffers PyTorch's schedules allocate per micro-batch
+            (:func:`hetplan.estimate.memory.pipeline_buffer_bytes`); the time model keeps one flush per iteration.
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
@@ -398,6 +413,7 @@ class Plan(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     fsdp_param_dtype: Literal["fp32", "bf16"] = "fp32"
     cross_entropy: Literal["fp32", "bf16", "compiled"] | None = None
+    pipeline_step_microbatches: int | None = Field(default=None, gt=0)
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     expert_tp: int = Field(default=1, ge=1)

@@ -100,16 +100,20 @@ BOUNDS = {
     "dgxc_h100": {"mape": 0.10, "max_abs_error": 0.36, "kendall_tau": 0.8},
     # dgxc_gb200: the Grok-1 rows run expert-TP 4 (their notes' ETP=4), whose token all-gathers make them 31 %
     # too slow (24 % before), and they now fit (139 of 173 GiB; 253 GiB at expert-TP 1).
-    "dgxc_gb200": {"mape": 0.20},
+    # Then Grok-1 GB200's CUDA graphs (14.87 -> 14.78 %) and DeepSeek-V3's unfused MLA attention on Blackwell with
+    # its recipe's core-attention recomputation (-63 -> -49 %): 13.47 %, max 49.2 %.
+    "dgxc_gb200": {"mape": 0.14, "max_abs_error": 0.50},
     # torchtitan: per-op SAC, the eager fp32 loss (memory within 8.3 % on every row with memory, target met) and the
     # 500 W H100 by power-cap physics (0.578): bf16 MAPE 26.6 -> 18 %, with the FP8 rows 20.4 %; eager PyTorch's
     # unfused element-wise ops on the rows without torch.compile (Job.torch_compile, hetplan.estimate.elementwise:
     # eager 8B rows +29 / +32 -> +10 / +13 %, A100 rows +12..20 -> +7..10 %) and per-op SAC's recomputed TP
     # all-gathers: 17.5 %; the 500 W part's FP8 GEMMs by the same power-cap physics (0.614 x 0.861 = 0.529): 16.2 %;
     # DTensor's sequence-dim copies around each TP collective: 15.1 %; with the memory helper's mappings (H200
-    # rows' per-op SAC, fp32 loss before 2025-04, also charged in time): 13.1 % (target 12 %: the Llama 4 Scout MoE
-    # rows +46 / +67 %, the H200 rows +26 / +27 %)
-    "torchtitan": {"mape": 0.14},
+    # rows' per-op SAC, fp32 loss before 2025-04, also charged in time): 13.1 %; the Llama 4 Scout MoE rows at the
+    # local batch 1 they ran (modern.TORCHTITAN_LOCAL_BATCH; +46 / +66 % -> +28 / +42 %) with torch._grouped_mm's
+    # Blackwell ceiling (moe.TORCH_GROUPED_MM_BLACKWELL; -> +15 / +28 %): 10.8 %, target 12 % met (the H200 rows
+    # +26 / +27 %)
+    "torchtitan": {"mape": 0.12},
     "llama3_405b": {"max_abs_error": 0.10},
     # megatron_lm_h100: untied embeddings (the README's sizes), the unfused cross-entropy (r0.8.0's default) and the
     # PP-1 rows as one micro-batch per DP rank: MAPE 9.2 -> 8.1 %, max 22.2 -> 20.6 % (the 1.7B row, +21 %; 7.1B
@@ -158,10 +162,7 @@ NOT_FITTING_YET = {
     # (TP 8 + SP, no recomputation) = 70 GiB of activations. The paper sets N "flexibly" (fewer micro-batches than
     # stages allowed), which bounds the warm-up, but does not publish N.
     "llama3_405b:Llama 3 405B:n8192",
-    # Llama 4 Scout on 256 GB200 (EP 16 as published): no activation checkpointing at local batch 10 x 8,192 tokens
-    # keeps 14.6 GiB per layer, 702 GiB for 48 layers, 4x a GB200's 186 GB; the source is inconsistent about its
-    # scale (512 vs 256 GPUs; routed experts sharded over 64 with EP 16).
-    "torchtitan:Llama 4 Scout (MoE):n256",
+    # (Llama 4 Scout on 256 GB200 fits at the local batch 1 of its first write-up, modern.TORCHTITAN_LOCAL_BATCH.)
     # The ModelZoo's MXFP8 GB200 row (expressible since dtype fp8): it ran with activation offloading and the
     # moe_act + layernorm recompute modules, neither modelled: 216 GiB predicted (314 GiB in bf16) on 173 GiB.
     "moe_h100:Qwen3-235B-A22B:n256",
@@ -169,20 +170,32 @@ NOT_FITTING_YET = {
 
 
 #: torchtitan rows (by row index) whose memory is not within the issue's +-10 % yet, with the error reached as
-#: their bound (docs/estimator.md, Modern sets), all predicted low: the 70B FSDP 32 x TP 8 row without async TP
-#: (-13 %) and the 405B PP 8 rows (1F1B -21 %; the 4-D rows at 32K-262K tokens -13 to -23 %, measured growing with
-#: CP where the estimate's local tokens stay the same).
-TORCHTITAN_MEMORY_NOT_YET = {10: 0.14, 12: 0.22, 14: 0.14, 15: 0.15, 16: 0.16, 17: 0.24}
+#: their bound (docs/estimator.md, Modern sets), all predicted low: the 405B PP 8 rows under 1F1B (at 8K tokens
+#: -18.7 %, 10 GiB above its interleaved twin, which is within 3 %; the 4-D rows at 32K-262K tokens -10.9 to
+#: -21.0 %, measured growing with CP where the local tokens stay the same). Before PyTorch's pipeline buffers,
+#: its TP's all-gathered inputs, the eager loss's allocator hole and the CUDA context left out of the reserved
+#: bytes: {10: -13.4, 12: -21.0, 14: -13.4, 15: -14.1, 16: -15.4, 17: -23.2} %.
+TORCHTITAN_MEMORY_NOT_YET = {12: 0.19, 14: 0.11, 15: 0.12, 16: 0.135, 17: 0.215}
 
 
 def test_torchtitan_memory_within_ten_percent_on_every_row(run):
-    """Issue 13: torchtitan's memory per GPU (``reserved_bytes.all.peak``) within +-10 % on every row that gives
-    memory (per-op SAC, FSDP2's sharded fp32 states, a pipeline stage's unsharded units and accumulated gradients,
-    the loss eager or compiled as the commit ran it); the rows of :data:`TORCHTITAN_MEMORY_NOT_YET` within the error
-    reached so far."""
+    """Issue 13: torchtitan's memory per GPU (``reserved_bytes.all.peak``: the allocator's reserved bytes, compared
+    with the estimate less the CUDA context) within +-10 % on every row that gives memory (per-op SAC, FSDP2's
+    sharded fp32 states, a pipeline stage's unsharded units and accumulated gradients, PyTorch's pipeline buffers
+    and its TP's all-gathered inputs, the loss eager or compiled as the commit ran it); the rows of
+    :data:`TORCHTITAN_MEMORY_NOT_YET` within the error reached so far, every one still predicted low."""
+    from hetplan.estimate import memory
+    from hetplan.estimate.estimator import estimate
+
     _, cases = run
     rows = [c for c in cases if c.key.split(":")[0] in ("torchtitan", "long_context_cp") and c.measured_memory_bytes]
     assert len(rows) == 20
+    one = rows[0]
+    est = estimate(one.plan, model=one.model, virtual_stages=one.virtual_stages)
+    assert one.predicted_memory_bytes == max(s.memory.total for s in est.stages) - memory.CUDA_CONTEXT_BYTES
+    for c in rows:
+        if int(c.key.split(":")[1]) in TORCHTITAN_MEMORY_NOT_YET:
+            assert c.predicted_memory_bytes < c.measured_memory_bytes, c.key
     for c in rows:
         bound = TORCHTITAN_MEMORY_NOT_YET.get(int(c.key.split(":")[1]), modern.TARGETS["torchtitan"][
             "memory_max_abs_error"])
@@ -314,3 +327,44 @@ def test_torchtitan_compile_speedup_is_the_eager_elementwise_work(run):
         assert not e.plan.job.torch_compile and c.plan.job.torch_compile
         measured, predicted = c.measured / e.measured, c.predicted / e.predicted
         assert measured == pytest.approx(predicted, rel=0.03), (eager, measured, predicted)
+
+
+def test_rows_map_the_recipe_as_it_ran(run):
+    """Mapping facts read from the runs' sources: the Llama 4 Scout GB200 rows run local batch 1 (pytorch/ao's
+    first write-up; 8,192 tokens per GPU, global batch 256) and fit; the DGX Cloud Grok-1 rows capture CUDA graphs
+    on GB200 only (grok1/launch.sh)."""
+    _, cases = run
+    scout = [c for c in cases if "Scout" in c.key]
+    assert len(scout) == 2
+    for c in scout:
+        assert (c.plan.mbs, c.plan.job.global_batch, c.plan.num_gpus) == (1, 256, 256)
+        assert c.fits
+    grok = [c for c in cases if c.key.startswith("dgxc") and "Grok" in c.key]
+    assert {c.plan.cuda_graphs for c in grok if c.gpu == "GB200"} == {True}
+    assert {c.plan.cuda_graphs for c in grok if c.gpu != "GB200"} == {False}
+
+
+def test_mla_runs_unfused_on_blackwell_and_needs_its_core_attention_recompute(run):
+    """Transformer Engine v2.1-v2.4 have no fused attention for MLA (192 / 128 head dims) on Blackwell: the DGX
+    Cloud DeepSeek-V3 GB200 rows run standard attention with the core attention recomputed (their launch script's
+    core_attn) and fit; without the recomputation their s x s scores would not fit. Hopper and non-MLA models keep
+    FlashAttention."""
+    from hetplan.estimate.estimator import estimate
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.model.spec import load_model
+
+    cat = load_catalog()
+    dsv3, llama = load_model("deepseek-v3"), load_model("llama3-405b")
+    assert modern.unfused_mla_on_blackwell(dsv3, cat.get("GB200"))
+    assert modern.unfused_mla_on_blackwell(dsv3, cat.get("B200"))
+    assert not modern.unfused_mla_on_blackwell(dsv3, cat.get("H100-SXM"))
+    assert not modern.unfused_mla_on_blackwell(llama, cat.get("GB200"))
+    _, cases = run
+    rows = [c for c in cases if c.key.startswith("dgxc") and "DeepSeek" in c.key]
+    gb200 = [c for c in rows if c.gpu == "GB200"]
+    assert len(gb200) == 3 and all(c.fits for c in gb200)
+    for c in gb200:
+        assert c.plan.job.attention == "standard" and {s.recompute for s in c.plan.stages} == {"selective"}
+        bare = c.plan.model_copy(update={"stages": [s.model_copy(update={"recompute": "none"}) for s in c.plan.stages]})
+        assert not estimate(bare, model=c.model, virtual_stages=c.virtual_stages).fits
+    assert {c.plan.job.attention for c in rows if c.gpu != "GB200"} == {"flash"}

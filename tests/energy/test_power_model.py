@@ -115,6 +115,15 @@ def test_derived_profile_scales_only_compute():
 def test_gpu_without_power_model_is_a_clear_error():
     with pytest.raises(HetplanError, match="no DVFS/power model for GPU T4"):
         get_power("T4")
+    # from a plan, the error names the pool field that chose the GPU
+    plan = perseus_plan("gpt3-175b", "A100-SXM-80GB")
+    pool = plan.stages[0].pool
+    pools = list(plan.pools)
+    pools[pool] = pools[pool].model_copy(update={"gpu": "T4"})
+    plan = plan.model_copy(update={"pools": pools})
+    with pytest.raises(HetplanError) as e:
+        plan_stage_profile(plan)
+    assert e.value.field == f"plan.pools.{pool}.gpu"
 
 
 def test_without_tp_collectives():

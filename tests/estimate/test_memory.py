@@ -4,6 +4,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from hetplan.estimate import memory
 from hetplan.estimate.estimator import estimate_detailed, in_flight_microbatches
 from hetplan.estimate.memory import stage_memory_bytes
 from hetplan.model.spec import ModelSpec
@@ -205,13 +206,16 @@ def test_fsdp_bf16_resident_parameters_hold_two_two_four_bytes():
     assert float(b16["weights"]) == pytest.approx(2 * P / 8 + 2 * 2 * Lp)  # the gathered units stay bf16
 
 
-@pytest.mark.parametrize("loss,t,per_logit", [("fp32", 1, 12), ("fp32", 2, 16), ("bf16", 2, 6), ("compiled", 2, 4)])
+@pytest.mark.parametrize("loss,t,per_logit", [("fp32", 1, 12 + 2), ("fp32", 2, 16 + 2), ("bf16", 2, 6),
+                                              ("compiled", 2, 4)])
 def test_fsdp_cross_entropy_peak_per_logit(loss, t, per_logit):
     """The last stage's loss phase holds ``k·s·b·V/t`` bytes plus the output layer's saved input ``2·s·b·h`` (the
     whole sequence on every TP rank): eager on fp32-cast logits 12 (saved fp32 log-softmax, its fp32 gradient, the
     fp32 input gradient), 16 vocab-parallel under TP (DTensor's ``(grad_input + exp(x)) * grad_output``), eager
-    bf16 6, compiled 4 (bf16 input saved, bf16 gradient written). Where the loss phase is the peak, transient =
-    loss − head − recomputed layer."""
+    bf16 6, compiled 4 (bf16 input saved, bf16 gradient written); the eager fp32 losses of a single stage 2 more,
+    the deleted 16-bit logits' block the allocator cannot reuse for the 4-byte gradients
+    (:data:`hetplan.estimate.memory.LOGITS_HOLE_BYTES`). Where the loss phase is the peak, transient = loss − head
+    − recomputed layer."""
     m = _gpt(L=2, h=1024, a=16, V=128000)
     kw = _fsdp_kw(num_layers=2, has_head=True, single_stage=True, s=4096, t=t)
     mem = stage_memory_bytes(m, cross_entropy=loss, **kw)
@@ -238,3 +242,96 @@ def test_fsdp_memory_properties(b, layers, inflight, t, single, head, rc, reduce
     assert _total(m, dp=8, fsdp_param_dtype="bf16", **kw) <= _total(m, dp=8, **kw)
     losses = [_total(m, dp=8, cross_entropy=c, **kw) for c in ("fp32", "bf16", "compiled")]
     assert all(x >= y - 1e-6 for x, y in zip(losses, losses[1:]))
+
+
+def test_logits_hole_is_the_best_fit_allocator_on_the_eager_loss():
+    """Brute force of :data:`hetplan.estimate.memory.LOGITS_HOLE_BYTES`: a best-fit allocator over one growing
+    segment (the smallest free block that fits, split; freed neighbours merged; else the segment grows), run on
+    the eager fp32 loss's tensors in units of bytes per logit — forward: logits 2, fp32 copy 4, log-softmax 4,
+    then the copy and (``del pred``) the logits freed; backward: nll_loss's gradient 4, log-softmax's gradient 4 —
+    reserves 14 where 12 are allocated at once."""
+    free, top, live, peak = [], 0, {}, [0, 0]  # free blocks (start, size); segment end; name -> (start, size)
+
+    def alloc(name, size):
+        nonlocal top
+        fits = sorted((sz, st) for st, sz in free if sz >= size)
+        if fits:
+            sz, st = fits[0]
+            free.remove((st, sz))
+            if sz > size:
+                free.append((st + size, sz - size))
+        else:
+            st, top = top, top + size
+        live[name] = (st, size)
+        peak[0], peak[1] = max(peak[0], sum(s for _, s in live.values())), max(peak[1], top)
+
+    def release(name):
+        st, sz = live.pop(name)
+        for fs, fz in list(free):  # merge with free neighbours
+            if fs + fz == st or st + sz == fs:
+                free.remove((fs, fz))
+                st, sz = min(st, fs), sz + fz
+        free.append((st, sz))
+
+    for name, size in (("logits", 2), ("fp32", 4), ("log_softmax", 4)):
+        alloc(name, size)
+    release("fp32")
+    release("logits")
+    alloc("nll_grad", 4)
+    alloc("log_softmax_grad", 4)
+    assert peak == [12, 12 + memory.LOGITS_HOLE_BYTES]
+
+
+def test_pytorch_pipeline_buffers_worked_example():
+    """A PyTorch pipeline (``framework = "fsdp"``, torch.distributed.pipelining) holds one activation receive
+    buffer per micro-batch on every stage but the first and one gradient receive buffer per micro-batch on every
+    stage but the last (``2·s·b·h/t`` each with sequence parallelism; the in-flight micro-batches' activation
+    buffers are their first layer's saved input, counted once). Worked example: 4 stages, 8 micro-batches, TP 2
+    with SP; a single stage holds none."""
+    m = _gpt(L=8, h=1024, a=16, V=32000)
+    s, b, t, mb = 2048, 2, 2, 8
+    io = 2 * s * b * 1024 / t
+    for first, last, in_flight, extra in ((True, False, 4, mb * io), (False, False, 3, (mb - 3 + mb) * io),
+                                          (False, True, 1, (mb - 1) * io)):
+        kw = _fsdp_kw(has_embedding=first, has_head=last, in_flight=in_flight, s=s, b=b, t=t, sequence_parallel=True)
+        with_buffers = stage_memory_bytes(m, num_microbatches=mb, **kw)
+        assert float(with_buffers["activations"] - stage_memory_bytes(m, **kw)["activations"]) == pytest.approx(extra)
+    alone = _fsdp_kw(has_embedding=True, has_head=True, single_stage=True)
+    assert float(stage_memory_bytes(m, num_microbatches=mb, **alone)["total"]) == float(
+        stage_memory_bytes(m, **alone)["total"])
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_pytorch_tp_saves_the_all_gathered_inputs(t):
+    """A layer without checkpointing under PyTorch TP with sequence parallelism (``framework = "fsdp"``) saves the
+    all-gathered inputs of attention and MLP whole, ``2 x 2·s·b·h`` per TP rank, where Megatron saves their
+    ``1/t`` shards (Korthikanti et al.'s ``34·s·b·h/t``): ``4·s·b·h·(1 − 1/t)`` more per layer, none at t = 1 or
+    without SP."""
+    m = _gpt(L=8, h=1024, a=16, V=32000)
+    s, b, layers = 2048, 1, 8
+    kw = dict(num_layers=layers, has_embedding=False, has_head=False, single_stage=False, b=b, s=s, t=t, dp=8, zero=3,
+              recompute="none", in_flight=1, attention="flash")
+    fsdp = stage_memory_bytes(m, framework="fsdp", sequence_parallel=True, **kw)["activations"]
+    megatron = stage_memory_bytes(m, framework="megatron", sequence_parallel=True, **kw)["activations"]
+    assert float(fsdp - megatron) == pytest.approx(layers * 4 * s * b * 1024 * (1 - 1 / t))
+    no_sp = [stage_memory_bytes(m, framework=f, sequence_parallel=False, **kw)["activations"]
+             for f in ("fsdp", "megatron")]
+    assert float(no_sp[0]) == float(no_sp[1])
+
+
+def test_pipeline_step_microbatches_size_the_buffers_not_the_time():
+    """``Plan.pipeline_step_microbatches`` (NeMo AutoModel: several schedule calls per iteration): an FSDP pipeline
+    whose 32 micro-batches run as 8 calls of 4 allocates the receive buffers of 4 and holds at most 4 micro-batches
+    in flight, so its memory is lower, never higher, on every stage; the time model keeps one flush per iteration."""
+    from hetplan.estimate.estimator import estimate
+
+    m = _gpt(L=8, h=1024, a=16, V=32000)
+    base = _plan(m, tp=1, pp=4, dp=2, mbs=1, gbs=64, zero=3, recompute="full")
+    base = base.model_copy(update={"job": base.job.model_copy(update={"framework": "fsdp", "attention": "flash"})})
+    whole, split = (estimate(base.model_copy(update={"pipeline_step_microbatches": k}), model=m) for k in (None, 4))
+    assert split.iteration_time_s == whole.iteration_time_s
+    io = 2 * 2048 * 1 * 1024  # one stage output, bytes
+    for i, (a, b) in enumerate(zip(whole.stages, split.stages)):
+        assert b.memory.total < a.memory.total
+        if i == 0:  # first stage: 32 -> 4 gradient buffers, 4 in flight either way
+            assert a.memory.activations - b.memory.activations == pytest.approx(28 * io)

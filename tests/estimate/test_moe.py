@@ -328,3 +328,31 @@ def test_estimate_hides_the_alltoall_only_where_the_job_overlaps_it():
     assert 0 < saved <= m.num_layers * a2a * (1 - overlap_contention(g)) * (1 + 1e-9)
     assert hidden.iteration_time_s < plain.iteration_time_s
     assert est("llama3-8b", 1, True).iteration_time_s == est("llama3-8b", 1, False).iteration_time_s
+
+
+#: torchao's forward + backward benchmark of one grouped GEMM on B200 (pytorch/ao
+#: ``torchao/prototype/moe_training/README.md``, "Autograd function"): (M, N, K) -> bf16 ms at 1, 2, 4, 8 groups.
+TORCHAO_GROUPED_MM_BF16_MS = {(128000, 8192, 5120): (43.1402, 39.4876, 39.1892, 37.7007),
+                              (128000, 2048, 7168): (13.0648, 14.9002, 15.8236, 14.9668)}
+
+
+@pytest.mark.parametrize("shape", sorted(TORCHAO_GROUPED_MM_BF16_MS))
+def test_torch_grouped_mm_on_blackwell_matches_torchao_benchmark(shape):
+    """torchtitan's routed experts (framework fsdp) on B200 run at moe.TORCH_GROUPED_MM_BLACKWELL: forward +
+    backward (3 GEMMs of 2MNK) of the published shapes within 15 % of every measured group count, where the dense
+    cuBLAS ceiling would be 20 % and more too fast; Megatron-Core (TE grouped GEMM) keeps the dense ceiling."""
+    from hetplan.estimate import compute, fp8
+    from hetplan.hardware.catalog import load_catalog
+
+    gpu = load_catalog().get("B200")
+    M, N, K = shape
+    ceiling = moe.grouped_gemm_ceiling(gpu, "bf16", "fsdp")
+    eff = compute.gemm_efficiency(gpu, M, N, K, "bf16") * ceiling / fp8.gemm_ceiling(gpu, "bf16")
+    predicted_ms = 3 * 2.0 * M * N * K / (gpu.peak_flops_per_s("bf16") * eff) * 1e3
+    for measured in TORCHAO_GROUPED_MM_BF16_MS[shape]:
+        assert abs(predicted_ms / measured - 1) < 0.15, (predicted_ms, measured)
+    dense_ms = 3 * 2.0 * M * N * K / (gpu.peak_flops_per_s("bf16") * compute.gemm_efficiency(gpu, M, N, K)) * 1e3
+    assert dense_ms < 0.8 * min(TORCHAO_GROUPED_MM_BF16_MS[shape])
+    assert moe.grouped_gemm_ceiling(gpu, "bf16", "megatron") == fp8.gemm_ceiling(gpu, "bf16")
+    assert moe.grouped_gemm_ceiling(load_catalog().get("H100-SXM"), "bf16", "fsdp") == \
+        fp8.gemm_ceiling(load_catalog().get("H100-SXM"), "bf16")

@@ -16,6 +16,16 @@ from hetplan.serve.engine import Engine  # noqa: E402
 
 from .reference import greedy  # noqa: E402
 
+
+def free_port() -> int:
+    """A port free now on 127.0.0.1, for a ``hetplan serve`` process that must be told its port in advance."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 PROM_LINE = re.compile(r'^(# (HELP|TYPE) .+|[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? -?[0-9.e+Inf-]+)$')
 
 
@@ -135,8 +145,6 @@ def test_hetplan_serve_command_serves_and_stops_on_sigterm(tmp_path, fixtures):
     import subprocess
     import sys
 
-    from hetplan.serve.engine import free_port
-
     port = free_port()
     cfg = tmp_path / "serve.toml"
     cfg.write_text(f"""
@@ -244,8 +252,6 @@ def test_kill_9_of_hetplan_serve_leaves_no_worker(tmp_path, fixtures):
     import signal
     import subprocess
     import sys
-
-    from hetplan.serve.engine import free_port
 
     port = free_port()
     cfg = tmp_path / "serve.toml"

@@ -18,8 +18,10 @@ FLOPs of :func:`hetplan.model.counts.model_flops_per_iteration` (no recomputatio
 NeMo's formula and Megatron-LM's until 2025, and the one that gives the Llama 3 paper's 400 TFLOP/s at 6.7 s per
 16M-token step; the Megatron MoE ModelZoo's rows count the causal half, ``causal_flops``, as Megatron-LM's
 ``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan: ``reserved_bytes.all.peak`` of
-``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor``) is compared with the estimate's largest stage total, which
-also holds :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (1 GiB) that the allocator's reserved bytes leave out.
+``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor`` in ``torchtitan/metrics.py`` at 9dec370: the caching
+allocator's reserved peak, not ``active_bytes``) is compared with the estimate's largest stage total less
+:data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (the CUDA context, cuBLAS and NCCL memory outside the allocator,
+which its reserved bytes leave out; :attr:`ModernCase.predicted_memory_bytes`).
 
 Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded
@@ -40,7 +42,8 @@ import numpy as np
 
 from hetplan.calibration.validation import Case, _is_calibration, gpt_model, metrics
 from hetplan.errors import HetplanError
-from hetplan.hardware.catalog import Catalog, load_catalog
+from hetplan.estimate import memory
+from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split
@@ -119,7 +122,9 @@ class ModernCase(Case):
         quantity: ``iteration_time_s``, ``tokens_per_s_per_gpu`` or ``tflops_per_gpu`` (what ``measured`` is).
         gpu, dtype: catalog GPU type and compute dtype of the plan.
         measured_memory_bytes: peak memory per GPU the source reports (None if it gives none).
-        predicted_memory_bytes, fits: the estimate's largest stage and whether every stage fits.
+        predicted_memory_bytes, fits: the estimate's largest stage, as the allocator's reserved bytes that the
+            sources report (its total less :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES`), and whether every
+            stage fits (with the context).
         notes: approximations the mapping had to make (e.g. ZeRO-3 for FSDP2 before ``framework = "fsdp"``).
         causal_flops: the source's TFLOP/s count the causal half of the attention scores
             (:func:`hetplan.model.counts.model_flops_per_iteration`), not the full ``s x s``.
@@ -144,7 +149,7 @@ class ModernCase(Case):
         est = estimate(self.plan, catalog=catalog, model=self.model, virtual_stages=self.virtual_stages,
                        comm_constants=comm_constants)
         self.predicted = quantity_of(est, self.quantity, self.plan, self.model, self.causal_flops)
-        self.predicted_memory_bytes = max(s.memory.total for s in est.stages)
+        self.predicted_memory_bytes = max(s.memory.total for s in est.stages) - memory.CUDA_CONTEXT_BYTES
         self.fits = bool(est.fits)
         return self.predicted
 
@@ -333,14 +338,15 @@ class Layout:
     torchtitan's default ``context_parallel_rotate_method``); ``balanced_routing``: the benchmark forced balanced
     expert routing (NeMo AutoModel's fake balanced gate, the ModelZoo's forced-balance rows); ``dispatcher``,
     ``routing``: the all-to-all's dispatcher and the router's routing; ``etp``: expert-TP (the notes' ``ETP=``);
-    ``attention_efficiency``: the attention kernel of the run's software where it is not the catalog's
-    (:attr:`hetplan.plan.GPUPool.attention_efficiency`) (:class:`hetplan.estimate.moe.MoEOptions`);
+    ``attention_kernel``: the fused attention kernel of the run's software where it is not its framework's
+    default (:attr:`hetplan.plan.Job.attention_kernel`) (:class:`hetplan.estimate.moe.MoEOptions`);
     ``grad_reduce_dtype``: the recipe's gradient buffer / reduction dtype (None: the framework default);
     ``tp_comm_overlap``: the recipe pipelines the TP collectives with the GEMMs (Megatron-Core
     ``--tp-comm-overlap``); ``cuda_graphs``: the run replays its layers as CUDA graphs (the row's notes say so);
     ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`);
     ``torch_compile``: the run compiled its blocks (:attr:`hetplan.plan.Job.torch_compile`; ``fsdp`` only);
-    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss (:class:`hetplan.plan.Plan`)."""
+    ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss;
+    ``pipeline_step_microbatches``: micro-batches per call of the pipeline schedule (:class:`hetplan.plan.Plan`)."""
 
     tp: int
     pp: int
@@ -363,7 +369,8 @@ class Layout:
     dispatcher: str = "alltoall"
     routing: str = "random"
     moe_recompute: bool = False
-    attention_efficiency: tuple[float, float] | None = None
+    attention_kernel: str | None = None
+    attention: str = "flash"
     grad_reduce_dtype: str | None = None
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
@@ -371,6 +378,7 @@ class Layout:
     torch_compile: bool = True
     fsdp_param_dtype: str = "fp32"
     cross_entropy: str | None = None
+    pipeline_step_microbatches: int | None = None
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -396,14 +404,14 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
         extra["moe_load_imbalance"] = 1.0
     if not lay.torch_compile:
         extra["torch_compile"] = False
+    if lay.attention_kernel is not None:
+        extra["attention_kernel"] = lay.attention_kernel
     if lay.ep > 1:
         extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute,
                      moe_a2a_overlap=lay.a2a_overlap)
-    job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention="flash",
+    job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention=lay.attention,
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
-    if lay.attention_efficiency is not None:
-        pool = pool.model_copy(update={"attention_efficiency": lay.attention_efficiency})
     stages = []
     for k in balanced_split(m.num_layers, lay.pp):
         rl = None if lay.recompute_fraction >= 1 else round(k * lay.recompute_fraction)
@@ -413,8 +421,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
                     sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule="1f1b",
                     virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
                     tp_comm_overlap=lay.tp_comm_overlap, cuda_graphs=lay.cuda_graphs,
-                    fsdp_param_dtype=lay.fsdp_param_dtype,
-                    cross_entropy=lay.cross_entropy, **degrees)
+                    fsdp_param_dtype=lay.fsdp_param_dtype, cross_entropy=lay.cross_entropy,
+                    pipeline_step_microbatches=lay.pipeline_step_microbatches, **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -486,6 +494,32 @@ DGXC_LAUNCH_CP = {("NVIDIA/dgxc-benchmarking@1b9bb6b3cfea881fc4997ac111e695e52ae
                    "bf16"): 2}
 
 
+#: DGX Cloud recipes whose launch script captures CUDA graphs on a GPU type, by (row source, GPU label start):
+#: ``grok1/launch.sh`` at 60d6fd33 sets ``CUDA_GRAPH=true`` for ``gb200`` and ``b200`` (false for ``h100``) and
+#: passes ``--cuda_graphs``.
+DGXC_CUDA_GRAPHS = {("NVIDIA/dgxc-benchmarking@60d6fd33ba9554a12b2f0f1f7f62ffd51f220e3d:grok1/README.md", "GB200")}
+
+
+#: DGX Cloud recipes whose launch script recomputes the core attention (``--recompute_modules core_attn``), by
+#: (row source, GPU label start): ``deepseek_v3/pretraining/launch.sh`` at 60d6fd33, ``RM='core_attn'`` on gb200
+#: (``mla_up_proj`` on h100). Megatron's selective recomputation of the attention core (``recompute = "selective"``).
+DGXC_CORE_ATTN_RECOMPUTE = {
+    ("NVIDIA/dgxc-benchmarking@60d6fd33ba9554a12b2f0f1f7f62ffd51f220e3d:deepseek_v3/pretraining/README.md", "GB200")}
+
+
+def unfused_mla_on_blackwell(m: ModelSpec, gpu: GPUSpec) -> bool:
+    """Whether Transformer Engine runs the attention of ``m`` on ``gpu`` unfused (``attention = "standard"``):
+    MLA's query/key head dimension differs from its value head dimension (DeepSeek-V3: 192 vs 128), which rules
+    out FlashAttention ("does not support MLA"), and on Blackwell Transformer Engine v2.1-v2.4 (2025-03 to
+    2025-06) also rule out cuDNN's fused attention for head dimensions above 128 (``nvte_get_fused_attn_backend``,
+    "special conditions for blackwell": ``!(sm_arch_ >= 100 && (head_dim_qk > 128 || head_dim_v > 128))``,
+    ``transformer_engine/common/fused_attn/fused_attn.cpp``; gone in v2.5). The DGX Cloud GB200 rows ran the NeMo
+    25.04 containers of that window. That leaves ``UnfusedDotProductAttention``: the two batched GEMMs over all ``s x s`` scores and the
+    softmax between them, which the GB200 recipe recomputes (:data:`DGXC_CORE_ATTN_RECOMPUTE`; without it the
+    scores would take 274 GiB on a 173 GiB GPU). Hopper keeps cuDNN (head dimensions up to 256)."""
+    return m.is_mla and m.head_dim != (m.v_head_dim or m.head_dim) and gpu.architecture.startswith("Blackwell")
+
+
 def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     """NVIDIA DGX Cloud benchmarking recipes (NeMo / Megatron-Core): measured step time.
 
@@ -494,7 +528,9 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     overlapped, gradients reduced and buffered in bf16 (the performance recipes' ``plugins.grad_reduce_in_fp32 =
     False``, NeMo ``nemo/collections/llm/recipes/*``), TP communication overlapped (their
     ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
-    recomputation (the recipes' default for these rows; not restated in the tables). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
+    recomputation (the recipes' default for these rows; not restated in the tables), CUDA graphs where the launch
+    script captures them (:data:`DGXC_CUDA_GRAPHS`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
+    the core-attention recomputation its recipe sets (:data:`DGXC_CORE_ATTN_RECOMPUTE`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
     """
@@ -523,11 +559,15 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
             if not r["vp"] and pp > 1 and siblings:
                 vp = siblings.most_common(1)[0][0]
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
+            unfused = unfused_mla_on_blackwell(row_model(r), catalog.get(catalog_gpu(r["gpu"], catalog)))
+            core_attn = (r["source"], r["gpu"][:5]) in DGXC_CORE_ATTN_RECOMPUTE
             lay = Layout(tp=tp, pp=pp, dp=_int(r, "num_gpus") // (tp * pp * cp), cp=cp, ep=_int(r, "ep", 1),
                          etp=_expert_tp(r),
                          vp=vp, mbs=_int(r, "micro_batch", 1), gbs=_int(r, "global_batch"),
                          seq=_int(r, "seq_len"), sequence_parallel=True, zero=1, grad_reduce_dtype="bf16",
-                         tp_comm_overlap=True)
+                         tp_comm_overlap=True, cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS,
+                         attention="standard" if unfused else "flash",
+                         recompute="selective" if core_attn else "none")
             t = _float(r, "iteration_time_s")
             if t is None:
                 raise NotExpressibleError("no step time published")
@@ -579,6 +619,31 @@ def _torchtitan_compiled(r: dict) -> bool:
             or any(src in r["source"] for src in TORCHTITAN_COMPILED_SOURCES))
 
 
+def _torchtitan_attention_kernel(gpu: GPUSpec) -> str:
+    """The SDPA backend torchtitan ran on ``gpu`` at the rows' commits (all before pytorch/torchtitan@6a3a9da,
+    2025-10-09, which puts cuDNN first everywhere): cuDNN first on sm100 (Blackwell) since 3b85aa3 (2025-05-14),
+    otherwise PyTorch's flash backend, FlashAttention-2 (:data:`hetplan.hardware.catalog.DEFAULT_ATTENTION_KERNEL`)."""
+    return "cudnn" if gpu.architecture.startswith("Blackwell") else "fa2"
+
+
+#: Local batch (sequences per rank and step) of torchtitan rows whose CSV value contradicts the run's first
+#: write-up, by source: the Llama 4 Scout MXFP8 runs on 256 GB200 (``quantization/mxfp8.md``, 2025-12: "Local batch
+#: size: 10") were first published with "Local batch size: 1" and otherwise the same configuration and tokens/s
+#: (pytorch/ao@2f903f81a ``torchao/prototype/moe_training/README.md``, 2025-11-07, same author). 1 is the value that
+#: ran: without activation checkpointing 10 x 8,192 tokens per GPU keep about 700 GiB of activations on a 186 GB GPU,
+#: 1 x 8,192 about 75 GiB.
+TORCHTITAN_LOCAL_BATCH = {"quantization/mxfp8.md": 1}
+
+
+#: Why the four "power limited" 8 x B200 rows of the MXFP8 page are not expressible. Their model is Llama 3 8B (the
+#: same table in pytorch/ao ``docs/source/workflows/training.md``), but the power limit is not stated, and it
+#: matters: at the same software, 8 H100 SXM run the model at 6,150 tokens/s (38 % MFU, same page), these B200 at
+#: 8,307 (23 % of the 2,250 peak). Mapped to the 1,000 W B200 the bf16 row would read +106 % and the FP8 rows
+#: +142-161 %.
+POWER_LIMITED_B200 = ("B200 'power limited' to a limit the source does not state (Llama 3 8B per pytorch/ao's "
+                      "training docs; 23 % MFU against 38 % on H100 at the same software)")
+
+
 #: How torchtitan's async-TP rows are mapped. Async TP (Inductor's micro-pipelined ``fused_all_gather_matmul`` /
 #: ``fused_matmul_reduce_scatter``) overlaps the TP collectives with the matmuls and avoids DTensor's sequence-dim
 #: copies; charged as Transformer Engine's userbuffers overlap (``tp_comm_overlap``) those rows are 12-17 points faster
@@ -601,6 +666,8 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     key = f"{set_name}:{i}:{r['model']}:{r['gpu'][:12]}:n{r['num_gpus']}:s{r['seq_len']}:{r['dtype'][:16]}:{r['notes'][:40]}"
 
     def make():
+        if "not stated" in r["model"] and "power limited" in r["gpu"].lower():
+            raise NotExpressibleError(POWER_LIMITED_B200)
         if "not stated" in r["model"]:
             raise NotExpressibleError("the source does not name the model")
         tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
@@ -609,6 +676,9 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         m_local = re.search(r"[Ll]ocal batch(?: size)? (\d+)", r["notes"])
         local = local or (int(m_local.group(1)) if m_local else None)
         gbs = _int(r, "global_batch") or (local * dp if local else None)
+        fixed = next((v for src, v in TORCHTITAN_LOCAL_BATCH.items() if src in r["source"]), None)
+        if fixed is not None and "moe" in r["model"].lower():
+            gbs = fixed * dp
         if gbs is None:
             raise NotExpressibleError("global batch not given")
         mbs = max(gbs // dp // pp, 1) if pp > 1 else (gbs // dp)
@@ -618,6 +688,7 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
                      recompute_fraction=frac, framework="fsdp", zero=3, sequence_parallel=True,
                      kv_exchange="allgather", cp_load_balance=False, torch_compile=_torchtitan_compiled(r),
                      ep=_int(r, "ep", 1),
+                     attention_kernel=_torchtitan_attention_kernel(catalog.get(catalog_gpu(r["gpu"], catalog))),
                      cross_entropy=None if any(c in r["framework"] + r["source"] for c in TORCHTITAN_COMPILED_LOSS)
                      else "fp32")
         tps = _float(r, "tokens_per_s_per_gpu")
@@ -725,6 +796,12 @@ AUTOMODEL_EP = {"GPT-OSS 120B": 64, "GPT-OSS 20B": 8}
 #: pipeline stage already holds: :data:`hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES`.)
 AUTOMODEL_FSDP = {"fsdp_param_dtype": "bf16", "cross_entropy": "bf16"}
 
+#: Micro-batches per call of NeMo AutoModel's pipeline schedule (:attr:`hetplan.plan.Plan.
+#: pipeline_step_microbatches`): its recipes' ``local_batch_size / pp_microbatch_size``, the iteration's other
+#: micro-batches run as further calls with gradient accumulation (NVIDIA-NeMo/Automodel@36044ad3d
+#: ``examples/llm_benchmark/deepseek/deepseek_v3_te_deepep*.yaml``: 4 / 1; ``kimi/kimi_k2_te_deepep.yaml``: 8 / 1).
+AUTOMODEL_PP_STEP = {"DeepSeek V3 671B": 4, "Kimi K2": 8}
+
 
 def _moe_recompute(label: str) -> tuple[str, bool]:
     """Recomputation of a MoE row, ``(stage recompute, MoE-layer recompute)``: NeMo AutoModel's
@@ -771,6 +848,7 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                      dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random",
                      cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower(),
                      # Megatron-FSDP (ModelZoo) runs Megatron-Core's loss: the plan's default, not torchtitan's fp32
+                     pipeline_step_microbatches=AUTOMODEL_PP_STEP.get(r["model"]) if src == "automodel" else None,
                      **(AUTOMODEL_FSDP if src == "automodel" else {"cross_entropy": None}))
         t = _float(r, "iteration_time_s")
         if t is not None:
@@ -790,11 +868,13 @@ def moe_cases(catalog: Catalog | None = None):
     return _collect("moe_h100", items)
 
 
-#: FlashAttention-2 on H100 SXM, forward / backward fraction of the 989 TFLOP/s bf16 peak: 370 / 318 TFLOP/s at
-#: head dim 128 (Shah et al. 2024, FlashAttention-3, Fig. 5 and 7). NeMo 24.03's H100 long-sequence rows ran it:
-#: with the catalog's cuDNN rates (mid-2024) they are 14-66 % too fast, growing with the sequence; with these
-#: within 5 % at 4K-1M tokens (inferred from the rows: the source does not name the attention backend).
-FA2_H100_ATTENTION = (0.37, 0.32)
+def _nemo_attention_kernel(r: dict) -> str | None:
+    """``fa2`` for NeMo 24.03's H100 long-sequence rows, else None (Transformer Engine's default, cuDNN on Hopper).
+    Those rows ran FlashAttention-2: at cuDNN's rates they are 14-66 % too fast, growing with the sequence, at
+    FlashAttention-2's within 5 % at 4K-1M tokens (inferred from the rows: the source does not name the attention
+    backend; Transformer Engine of early 2024 ran ``flash-attn`` where it could, its cuDNN preference on Hopper
+    came later)."""
+    return "fa2" if "24.03" in r["framework"] and "h100" in r["gpu"].lower() else None
 
 
 def long_context_cases(catalog: Catalog | None = None):
@@ -813,9 +893,8 @@ def long_context_cases(catalog: Catalog | None = None):
             if tflops is None:
                 raise NotExpressibleError(f"TFLOP/s {r['tflops_per_gpu']!r} is not a measurement")
             tp, pp, dp, cp = (_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
-            fa2 = "24.03" in r["framework"] and "h100" in r["gpu"].lower()
             lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, mbs=1, gbs=_int(r, "global_batch"), seq=_int(r, "seq_len"),
-                         sequence_parallel=True, zero=1, attention_efficiency=FA2_H100_ATTENTION if fa2 else None)
+                         sequence_parallel=True, zero=1, attention_kernel=_nemo_attention_kernel(r))
             return _case("long_context_cp", key, r, lay, "tflops_per_gpu", tflops, catalog=catalog)
 
         items.append((key, make))
@@ -850,12 +929,14 @@ def memory_metrics(cases: list[ModernCase]) -> dict:
     return {"n": len(cs), "mape": float(np.mean(np.abs(err))), "max_abs_error": float(np.max(np.abs(err)))}
 
 
-def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible]) -> dict:
-    """Metrics of one modern set (module doc) plus its convention, target and the rows it cannot express."""
+def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible], convention: str | None = None,
+                target: dict | None = None) -> dict:
+    """Metrics of one modern set (module doc) plus its convention, target and the rows it cannot express
+    (``convention`` / ``target``: a set outside :data:`CONVENTIONS` / :data:`TARGETS`)."""
     res = metrics(cases)
     res["median_abs_error"] = float(np.median([abs(c.predicted / c.measured - 1) for c in cases])) if cases else math.nan
     res["measured"] = sorted({c.quantity for c in cases})
-    res["convention"] = CONVENTIONS[name]
+    res["convention"] = convention or CONVENTIONS[name]
     cal = [c for c in cases if c.is_calibration]
     res["calibration"] = metrics(cal)
     res["held_out"] = metrics([c for c in cases if not c.is_calibration])
@@ -871,7 +952,7 @@ def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible
     res["does_not_fit"] = [c.key for c in cases if not c.fits]
     res["approximations"] = dict(Counter(n for c in cases for n in c.notes).most_common())
     res["not_expressible"] = {"n": len(skipped), "rows": [{"key": s.key, "reason": s.reason} for s in skipped]}
-    res["target"] = TARGETS.get(name, {})
+    res["target"] = target if target is not None else TARGETS.get(name, {})
     return res
 
 

@@ -2,7 +2,8 @@
 
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
 korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero; modern sets (:mod:`hetplan.calibration.modern`):
-dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp. See
+dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp; the independent
+check ``independent_h100`` (:mod:`hetplan.calibration.independent`, never fitted). See
 :mod:`hetplan.calibration.validation` and docs/estimator.md.
 
 The table shows, per set, the error metrics and the calibration / held-out split; with ``fasop_layers`` also its
@@ -78,6 +79,10 @@ def _print_modern(console, sets: dict) -> None:
             say(f"  not expressible ({k}): {reason}")
         for note, k in r["approximations"].items():
             say(f"  approximated ({k}): {note}")
+        if "rows" in r:  # the independent set: its median and worst rows (all rows in --json)
+            say(f"  median |error| {_fmt(r['median_abs_error'])}; worst rows (predicted / measured - 1):")
+            for x in r["rows"][:3]:
+                say(f"    {100 * x['error']:+.1f} %  {x['key']}")
     say("excl.: rows not expressible yet (listed one by one in --json); memory: max |error| over the rows that "
         "report memory.")
 
@@ -88,32 +93,40 @@ def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate(
         json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, kendall_tau, "
-                                      "calibration, held_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl)"),
+                                      "calibration, held_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
+                                      "independent_h100 adds rows: per-row errors, worst first)"),
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
                                               "espresso_hetero, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
-                                              "megatron_lm_h100, moe_h100, long_context_cp"),
+                                              "megatron_lm_h100, moe_h100, long_context_cp, independent_h100"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
     ) -> None:
         """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5, Aceso's V100 profile and FASOP's
         per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), and on the modern H100/H200/B200/GB200 sets
-        (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context)."""
-        from hetplan.calibration import modern
+        (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
+        of llm-foundry, NeMo 24.07 and fms-fsdp, never fitted (the issue's independent check: median ≤ 10 %, no
+        row beyond 25 %)."""
+        from hetplan.calibration import independent, modern
         from hetplan.errors import HetplanError
         from hetplan.calibration import validation as v
 
-        every = v.SET_NAMES + modern.SET_NAMES
+        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME,)
         names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
         bad = [n for n in names if n not in every]
         if bad:
             raise HetplanError(f"unknown validation set(s) {', '.join(bad)}", field="--sets",
                                fix=f"use some of: {', '.join(every)}")
         new = tuple(n for n in names if n in modern.SET_NAMES)
+        check_independent = independent.SET_NAME in names
         names = tuple(n for n in names if n in v.SET_NAMES)
         result, cases = v.run_validation(names)
         new_result, new_cases = modern.run_modern(new)
+        if check_independent:
+            ind_result, ind_cases = independent.run_independent()
+            new_result.update(ind_result)
+            new_cases += ind_cases
         result["sets"].update(new_result)
         cases += new_cases
         if out_dir is not None:
@@ -154,7 +167,7 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         if "fasop_layers" in names:
             _print_fasop(console, result["sets"]["fasop_layers"])
-        if new:
+        if new_result:
             _print_modern(console, new_result)
         console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same model, "
                       "GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows (V100), "

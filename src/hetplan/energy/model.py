@@ -80,8 +80,10 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
     model = model or load_model(plan.job.model)
     v = effective_virtual_stages(plan)
     S = len(plan.stages)
-    stage_gpu = [pool_gpu(catalog, plan.pools[st.pool], field=f"plan.stages.{i}.pool") for i, st in enumerate(plan.stages)]
-    power = {g.name: _power(g, power_catalog, tdp_fallback) for g in stage_gpu}
+    stage_gpu = [pool_gpu(catalog, plan.pools[st.pool], field=f"plan.stages.{i}.pool", job=plan.job)
+                 for i, st in enumerate(plan.stages)]
+    power = {g.name: _power(g, power_catalog, tdp_fallback, f"plan.pools.{st.pool}.gpu")
+             for g, st in zip(stage_gpu, plan.stages)}
     times = {s: {} for s in range(S)}  # stage -> frequency -> (forward_s, backward_s, busy_power_w)
     for name, pw in power.items():
         idle = catalog.get(name).idle_power_w
@@ -122,9 +124,9 @@ def tdp_power(gpu: GPUSpec) -> GPUPower:
                     date="", source="no DVFS data: busy at the catalog TDP", fitted=False)
 
 
-def _power(gpu: GPUSpec, power_catalog, tdp_fallback: bool) -> GPUPower:
+def _power(gpu: GPUSpec, power_catalog, tdp_fallback: bool, field: str) -> GPUPower:
     try:
-        return get_power(gpu.name, power_catalog)
+        return get_power(gpu.name, power_catalog, field=field)
     except HetplanError:
         if tdp_fallback:
             return tdp_power(gpu)

@@ -58,7 +58,7 @@ import numpy as np
 
 from hetplan.estimate import fp8
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s, overlap_contention, overlapped_exposed_s
-from hetplan.hardware.catalog import GPUSpec
+from hetplan.hardware.catalog import GPUSpec, default_attention_kernel
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -79,22 +79,33 @@ OPERAND_BYTES = 2
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 
 
-def pool_gpu(catalog, pool, field: str = "gpu") -> GPUSpec:
-    """The :class:`GPUSpec` of ``pool``'s GPU type as it runs on that pool's machines: the catalog entry, with
+def attention_kernel(job, gpu: GPUSpec) -> str:
+    """The fused attention kernel ``job`` runs on ``gpu``: ``job.attention_kernel`` if set, else its framework's
+    default on the GPU's architecture (:func:`hetplan.hardware.catalog.default_attention_kernel`); ``job`` None:
+    Megatron's."""
+    chosen = getattr(job, "attention_kernel", None)
+    if chosen is not None:
+        return chosen
+    return default_attention_kernel(getattr(job, "framework", "megatron"), gpu.architecture)
+
+
+def pool_gpu(catalog, pool, field: str = "gpu", job=None) -> GPUSpec:
+    """The :class:`GPUSpec` of ``pool``'s GPU type as it runs ``job``'s software on that pool's machines: the
+    catalog entry, with ``attention_kernel`` set to the kernel the job runs there (:func:`attention_kernel`),
     ``kernel_overhead_s`` replaced by the pool's ``kernel_overhead_s`` (seconds per kernel) when the pool sets one
     (a host slower or faster at launching kernels than the one the catalog value was calibrated on), and
-    ``attention_efficiency`` by the pool's (another attention kernel in its software stack).
+    ``attention_efficiency`` by the pool's (a measured attention rate of its software stack).
 
     Raises:
         HetplanError: unknown GPU type (the message names ``field``).
     """
     gpu = catalog.get(pool.gpu, field=field)
-    update: dict = {}
+    update: dict = {"attention_kernel": attention_kernel(job, gpu)}
     if getattr(pool, "kernel_overhead_s", None) is not None:
         update["kernel_overhead_s"] = float(pool.kernel_overhead_s)
     if getattr(pool, "attention_efficiency", None) is not None:
         update["attention_efficiency"] = tuple(pool.attention_efficiency)
-    return gpu.model_copy(update=update) if update else gpu
+    return gpu.model_copy(update=update)
 
 
 #: Machine balance (dense 16-bit peak FLOP/s per HBM byte/s) of the GPU the shape constant ``gemm_half_dim`` was
@@ -204,8 +215,9 @@ def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, caus
 
     Work: forward ``4·b·s²·q/t`` FLOPs (QKᵀ and PV) times :func:`causal_work_fraction`; backward 2.5x the forward
     (five s x s matmuls: the recomputed QKᵀ, dV, dP, dQ, dK; Dao 2023 Sec. 3.1.2). Rate: the dense 16-bit peak
-    (FlashAttention runs in bf16/fp16 also in FP8 training) times the GPU generation's kernel efficiency
-    (:meth:`hetplan.hardware.catalog.GPUSpec.flash_attention_efficiency`) times the shape factor ``φ(s)`` of
+    (FlashAttention runs in bf16/fp16 also in FP8 training) times the efficiency of the kernel the job's software
+    runs on this GPU (:meth:`hetplan.hardware.catalog.GPUSpec.flash_attention_efficiency`, :func:`pool_gpu`)
+    times the shape factor ``φ(s)`` of
     :func:`gemm_efficiency` (short sequences give few tiles per head: FlashAttention-3 on H100 reaches
     72 % / 87 % / 97 % of its 16k rate at s = 512 / 1k / 2k, Shah et al. 2024 Fig. 5; φ with x½ = 134 gives
     79 / 88 / 94 %)."""

@@ -259,7 +259,8 @@ def p2p_model(framework: str) -> str | bool:
 _SIMULATE_MANY_MIN_PLANS = 16
 
 _ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
-             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "etp", "virtual_stages")
+             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "etp", "virtual_stages",
+             "step_microbatches")
 
 
 class _StageRow(NamedTuple):
@@ -284,6 +285,7 @@ class _StageRow(NamedTuple):
     ep: int
     etp: int
     virtual_stages: int
+    step_microbatches: int
     gpu: GPUSpec
     link: Link
     price_usd_per_hour: float
@@ -371,9 +373,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
-                gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu")
+                gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=job)
                 link = pool_link(pool, gpu, comm_constants)
-                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.attention_efficiency, link, job.dtype,
+                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.flash_attention_efficiency(), link, job.dtype,
                                               plan.overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, plan.fsdp_param_dtype,
                                               plan.cross_entropy, job.moe_load_imbalance,
@@ -391,15 +393,17 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             b = st.mbs or plan.mbs
             mb = job.global_batch // (dp * b)
             rl = st.recompute_layers
+            step_mb = min(mb, plan.pipeline_step_microbatches or mb)  # one call of the schedule holds at most these
             rows.append(_StageRow(
                 s=job.seq_len, b=b, t=t, dp=dp, num_layers=st.num_layers, has_embedding=i == 0,
-                has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, mb, v), num_microbatches=mb,
+                has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, step_mb, v), num_microbatches=mb,
                 zero=zero, recompute_code=RECOMPUTE_CODES[st.recompute],
                 sequence_parallel=sp, gpu=gpu, link=link, price_usd_per_hour=price,
                 group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v, moe_load_imbalance=job.moe_load_imbalance,
+                flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v,
+                step_microbatches=step_mb, moe_load_imbalance=job.moe_load_imbalance,
                 kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap),
                 cp_load_balance=job.cp_load_balance,
                 fsdp_shard=plan.fsdp_shard,

@@ -117,6 +117,17 @@ CROSS_ENTROPY_BYTES_PER_LOGIT = {"fp32": 12, "bf16": 6, "compiled": 4}
 #: ``(grad_input + torch.exp(x)) * grad_output`` on the saved fp32 log-softmax ``x``, with ``grad_input`` a zeroed
 #: fp32 tensor: ``x``, ``grad_input``, ``exp(x)`` and their sum, 4 + 4 + 4 + 4 bytes per local logit at once.
 LOSS_PARALLEL_BYTES_PER_LOGIT = 16
+#: Bytes per logit the caching allocator keeps reserved, beyond the allocated peak, around an eager fp32 loss whose
+#: 16-bit logits are deleted before the backward (torchtitan's train step: ``del pred; loss.backward()``). The
+#: forward lays out the logits (2 B), their fp32 copy (4 B) and the log-softmax output (4 B) one after the other;
+#: freeing the copy and then the logits leaves a 6-byte hole before the saved output. In the backward the
+#: allocator's best fit (``c10/cuda/CUDACachingAllocator.cpp`` ``get_free_block``: the smallest cached block that
+#: fits, split) puts the 4-byte fp32 gradient nll_loss writes into that hole, and the 2 bytes left cannot take the
+#: 4-byte gradient log-softmax writes next, which extends the segment: reserved peaks 2 bytes per logit above the
+#: allocated one (with ``expandable_segments``, torchtitan's launch setting, as without: the free block is inside
+#: the segment either way). Single-stage only: in a pipeline the schedule keeps the logits referenced for
+#: ``step()``'s return value (``output_chunks``, :func:`pipeline_buffer_bytes`), so they leave no hole.
+LOGITS_HOLE_BYTES = 2
 #: FSDP2 with mixed precision keeps the sharded parameters in fp32 (they are the master weights), fp32 sharded
 #: gradients and Adam's two fp32 moments: 4 + 4 + 8 bytes per parameter, sharded (PyTorch ``fully_shard`` with
 #: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's default), against Megatron's
@@ -137,6 +148,46 @@ FSDP_UNITS_IN_FLIGHT = 2
 #: dtype to accumulate it (``FSDPParam.to_accumulated_grad_if_needed``: ``unsharded_grad.to(reduce_dtype)``), fp32
 #: under torchtitan's default ``mixed_precision_reduce = "float32"``, or keeps the bf16 ``.grad``.
 FSDP_PIPELINE_GRAD_BYTES = {None: 4, "fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def pipeline_buffer_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, has_embedding, has_head, single_stage,
+                          in_flight, num_microbatches, virtual_stages=1):
+    """Receive buffers a stage of PyTorch's pipeline schedules (``framework = "fsdp"``, pp > 1) holds beyond the
+    layers' activations (``torch/distributed/pipelining/stage.py``); 0 on a single stage. ``_prepare_forward_infra``
+    allocates one activation buffer per micro-batch on every stage that receives (all but the pipeline's first),
+    ``_prepare_backward_infra`` one gradient buffer per micro-batch on every stage that sends (all but the last);
+    both live as long as the schedule. Each is the stage's output, ``2·s·b·h`` bytes of this GPU's tokens (split
+    over TP ranks with sequence parallelism, as torchtitan's blocks hand it on). The in-flight micro-batches'
+    activation buffers are their first layer's saved input, already in the activations, so only the others count.
+    ``virtual_stages`` local stages each have their own.
+
+    Not counted: the outputs ``forward_one_chunk`` appends to ``output_chunks`` for ``step()`` to return (the last
+    stage's logits of every micro-batch of one ``step`` call, and before pytorch/pytorch#153383, 2025-05, every
+    stage's outputs): how many micro-batches one call holds is the framework's choice (NeMo AutoModel splits an
+    iteration into several calls), which the plan does not carry.
+
+    ``s_local``: tokens of a sequence on this GPU (``s/cp``). Bytes; arrays broadcast."""
+    b, s_local = counts.as_float(b), counts.as_float(s_local)
+    m_mb, v = np.asarray(num_microbatches, dtype=float), np.asarray(virtual_stages, dtype=float)
+    io = 2 * s_local * b * m.hidden_size / np.where(np.asarray(sequence_parallel), t, 1)
+    receive = np.maximum((v - np.asarray(has_embedding)) * m_mb - np.asarray(in_flight) * v, 0.0)
+    send = (v - np.asarray(has_head)) * m_mb
+    return np.where(np.asarray(single_stage), 0.0, (receive + send) * io)
+
+
+def dtensor_gathered_input_bytes(m: ModelSpec, b, s_local, t, sequence_parallel):
+    """Extra bytes one layer without checkpointing saves under PyTorch's tensor parallelism with sequence
+    parallelism (``framework = "fsdp"``), against Megatron's: torchtitan's layer plan
+    (``torchtitan/parallelisms/parallelize_llama.py``, ``apply_tp``) hands the sequence-sharded norm outputs to
+    ``attention`` and ``feed_forward`` through ``PrepareModuleInput(Shard(1) -> Replicate())``, an all-gather
+    (``torch/distributed/tensor/parallel/style.py``), and the column-parallel ``wq``/``wk``/``wv`` and ``w1``/``w3``
+    matmuls save that replicated input for their weight gradients: two ``2·s·b·h`` tensors of the whole sequence
+    on every TP rank, where Megatron-LM saves the ``1/t`` shards and all-gathers them again in backward
+    (Korthikanti et al. 2023 Sec. 4.2.2, :func:`hetplan.model.counts.layer_activation_bytes`). Bytes; 0 without
+    sequence parallelism or at t = 1."""
+    b, s_local = counts.as_float(b), counts.as_float(s_local)
+    t = np.asarray(t, dtype=float)
+    return np.where(np.asarray(sequence_parallel), 2 * 2 * s_local * b * m.hidden_size * (1 - 1 / t), 0.0)
 
 
 def op_sac_activation_bytes(m: ModelSpec, b, s, t, sequence_parallel=False, attention="flash"):
@@ -212,6 +263,8 @@ def stage_memory_bytes(
     fp8_recipe=None,
     fsdp_param_dtype="fp32",
     cross_entropy="fp32",
+    num_microbatches=None,
+    virtual_stages=1,
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -252,6 +305,10 @@ def stage_memory_bytes(
             gathered in FP8 (:mod:`hetplan.estimate.fp8`).
         fsdp_param_dtype: FSDP's resident parameter dtype, ``"fp32"`` | ``"bf16"`` (:data:`FSDP_STATE_BYTES`).
         cross_entropy: FSDP's loss, ``"fp32"`` | ``"bf16"`` | ``"compiled"`` (:data:`CROSS_ENTROPY_BYTES_PER_LOGIT`).
+        num_microbatches, virtual_stages: micro-batches per iteration and local stages of an interleaved schedule;
+            under ``fsdp`` with pp > 1 they size PyTorch's pipeline buffers (:func:`pipeline_buffer_bytes`, in
+            ``activations``); None: no such buffers. Under ``fsdp`` a layer without checkpointing (and the layer
+            recomputed under full checkpointing) also holds :func:`dtensor_gathered_input_bytes`.
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -310,13 +367,14 @@ def stage_memory_bytes(
 
     def act(mode, kind=attention):
         moe_recompute_here = np.asarray(moe_recompute) & (rc != 2)
-        return np.where(
+        out = np.where(
             sp,
             context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind,
                                            moe_recompute=moe_recompute_here),
             context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind,
                                            moe_recompute=moe_recompute_here),
         )
+        return out
 
     selective = act("selective")
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
@@ -324,14 +382,17 @@ def stage_memory_bytes(
     # FP8 under Transformer Engine: linear inputs saved in FP8 (full recomputation saves only the bf16 layer input)
     saved = 0.0 if fp8_recipe is None else fp8.saved_activation_savings_bytes(m, b, context.local_seq_len(s, cp), t,
                                                                                sp, framework)
-    per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, selective, act("none")) - saved)
+    # a layer without checkpointing (or recomputed) saves, under PyTorch's TP, its all-gathered inputs whole
+    full = act("none") + (dtensor_gathered_input_bytes(m, b, context.local_seq_len(s_all, cp), t, sp)
+                          if framework == "fsdp" else 0.0)
+    per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, selective, full) - saved)
     if recompute_layers is None:
         activations = in_flight * num_layers * per_layer
-        recomputed = np.where(rc == 2, act("none"), 0.0)  # the layer being recomputed
+        recomputed = np.where(rc == 2, full, 0.0)  # the layer being recomputed
     else:  # r layers recomputed, the rest keep all their activations
         r = np.minimum(recompute_layers, num_layers)
-        activations = in_flight * (r * per_layer + (num_layers - r) * (act("none") - saved))
-        recomputed = np.where((rc == 2) & (r > 0), act("none"), 0.0)
+        activations = in_flight * (r * per_layer + (num_layers - r) * (full - saved))
+        recomputed = np.where((rc == 2) & (r > 0), full, 0.0)
     activations = activations + recomputed
     s = context.local_seq_len(s, cp) if np.any(np.asarray(cp) != 1) else s  # tokens on this GPU
     sbh = s * b * m.hidden_size
@@ -339,6 +400,9 @@ def stage_memory_bytes(
     activations = activations + np.where(has_embedding, emb, 0)
     head = np.where(has_head, 4 * s * b * (m.hidden_size + m.padded_vocab_size()) / t, 0)
     activations = activations + head
+    if framework == "fsdp" and num_microbatches is not None:
+        activations = activations + pipeline_buffer_bytes(m, b, s, t, sp, has_embedding, has_head, single_stage,
+                                                          in_flight, num_microbatches, virtual_stages)
     states = weights + grads + optim
     tensors = states + activations
     # Transient working memory (allocated, not in the theoretical formulas): max over the two phases.
@@ -366,6 +430,7 @@ def stage_memory_bytes(
         if framework == "fsdp":
             per_logit = np.where((np.asarray(t) > 1) & (cross_entropy == "fp32"), LOSS_PARALLEL_BYTES_PER_LOGIT,
                                  CROSS_ENTROPY_BYTES_PER_LOGIT[cross_entropy])
+            per_logit = per_logit + np.where(np.asarray(single_stage) & (cross_entropy == "fp32"), LOGITS_HOLE_BYTES, 0)
             # plus the output layer's saved input, the whole sequence on every TP rank (torchtitan's ``output`` is
             # ``ColwiseParallel(input_layouts=Shard(1))``: it all-gathers the sequence-parallel norm output)
             loss = (per_logit * s * b * m.padded_vocab_size() / t + 2 * sbh) * np.asarray(has_head)

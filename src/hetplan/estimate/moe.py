@@ -66,6 +66,18 @@ DEFAULT_LOAD_IMBALANCE = 1.25
 #: Row tile of the grouped expert GEMM: MegaBlocks' 128 x 128 blocks (Gale et al. MLSys 2023, Sec. 5.1), also the
 #: M tile of the CUTLASS grouped GEMM Megatron-LM uses for bf16 on Hopper.
 GROUPED_GEMM_ROW_TILE = 128
+#: Large-GEMM efficiency ``e_max`` (fraction of the dtype's dense peak, before the shape factor of
+#: :func:`hetplan.estimate.compute.gemm_efficiency`) of PyTorch's grouped GEMM on Blackwell: the routed experts of
+#: torchtitan (``torch._grouped_mm`` in bf16; torchao's ``_to_mxfp8_then_scaled_grouped_mm``, i.e.
+#: ``torch._scaled_grouped_mm``, in MXFP8). From torchao's forward + backward benchmark of one grouped GEMM on B200
+#: (pytorch/ao ``torchao/prototype/moe_training/README.md``, "Autograd function", torch 2.10.0a0 / torchao 0.14,
+#: the software of late 2025; 3 x 2MNK FLOPs per pass pair): Llama 4 Scout shapes (M 128,000, N 8,192, K 5,120,
+#: 1-8 experts per GPU) bf16 37.7-43.1 ms = 747-854 TFLOP/s, DeepSeek-V3 shapes (N 2,048, K 7,168) 13.1-15.8 ms =
+#: 712-863 TFLOP/s: a mean 0.376 / 0.372 of the 2,250 peak after the shape factor (0.958 / 0.920) -> 0.37, against
+#: 0.52-0.55 that cuBLAS / Transformer Engine GEMMs reach on the same GPUs. MXFP8 22.2-23.9 / 9.9-11.3 ms, less the
+#: MXFP8 casts that :mod:`hetplan.estimate.fp8` charges apart (0.9 / 0.6 ms at 7.7 TB/s): 0.333 / 0.271 of the
+#: 4,500 FP8 peak -> 0.30. Transformer Engine's grouped GEMM (Megatron-Core) keeps the dense ceiling.
+TORCH_GROUPED_MM_BLACKWELL = {"bf16": 0.37, "fp8": 0.30}
 #: Bytes per element a token copy carries through dispatch and combine (bf16). DeepSeek-V3 dispatches in FP8
 #: (1 byte, Sec. 3.3) and combines in bf16.
 DISPATCH_BYTES = 2
@@ -149,6 +161,14 @@ def grouped_gemm_row_efficiency(rows):
     rows = np.asarray(rows, dtype=float)
     tiles = np.maximum(np.ceil(rows / GROUPED_GEMM_ROW_TILE), 1.0)
     return np.where(rows > 0, rows / (tiles * GROUPED_GEMM_ROW_TILE), 1.0)
+
+
+def grouped_gemm_ceiling(gpu, dtype: str, framework: str = "megatron") -> float:
+    """``e_max`` of the routed experts' grouped GEMM: :data:`TORCH_GROUPED_MM_BLACKWELL` for PyTorch's grouped GEMM
+    (``framework="fsdp"``: torchtitan) on a Blackwell GPU, else the dense GEMMs' (:func:`hetplan.estimate.fp8.gemm_ceiling`)."""
+    if framework == "fsdp" and "blackwell" in gpu.architecture.lower():
+        return TORCH_GROUPED_MM_BLACKWELL["fp8" if fp8.is_fp8(dtype) else "bf16"]
+    return fp8.gemm_ceiling(gpu, dtype)
 
 
 def moe_mlp_gemms(m: ModelSpec, b, s, t, ep, etp=1, imbalance=1.0):
@@ -309,7 +329,7 @@ def linear_gemm_shapes(m: ModelSpec, b, s, t, ep=1, imbalance=1.0, etp=1):
     return attn + [(M, N, K, n * w_dense) for M, N, K, n in dense] + experts
 
 
-def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0):
+def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0, framework="megatron"):
     """``(linear_s, core_s)`` forward GEMM time of one layer (mean over the model's layers) of a MoE and/or MLA
     model on one rank, as :func:`hetplan.estimate.compute.layer_gemm_times_s` gives it for dense layers.
 
@@ -317,7 +337,8 @@ def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imba
     layers the router, the grouped experts on the busiest rank — each expert's rows padded to the row tile
     (:func:`grouped_gemm_row_efficiency`), the GEMM efficiency taken on all local experts' rows together (one
     grouped kernel fills the GPU with the tiles of every expert), the weights of every local expert read — and
-    the shared experts (:func:`moe_mlp_gemms`)."""
+    the shared experts (:func:`moe_mlp_gemms`); ``framework`` picks the grouped GEMM's kernel
+    (:func:`grouped_gemm_ceiling`)."""
     if m.is_mla:
         lin_shapes, core_shapes = mla_gemms(m, b, s, t)
         attn = sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in lin_shapes)
@@ -328,13 +349,14 @@ def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imba
     if not m.is_moe:
         return attn + dense, core
     n_moe = m.num_moe_layers
-    moe_s = moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, imbalance) * m.num_layers / n_moe
+    moe_s = moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, imbalance, framework) * m.num_layers / n_moe
     return attn + ((m.num_layers - n_moe) * dense + n_moe * moe_s) / m.num_layers, core
 
 
-def moe_mlp_time_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0):
+def moe_mlp_time_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0, framework="megatron"):
     """Forward GEMM time of the MoE MLPs (router, grouped experts, shared experts: :func:`moe_mlp_gemms`) on one
-    rank, mean over the model's layers (dense layers count 0); what ``--recompute-modules moe`` runs again."""
+    rank, mean over the model's layers (dense layers count 0); what ``--recompute-modules moe`` runs again. The
+    routed experts' grouped GEMM runs at :func:`grouped_gemm_ceiling` of ``framework``'s kernel."""
     moe_s = 0.0
     for i, (M, N, K, groups, eff) in enumerate(moe_mlp_gemms(m, b, s, t, ep, etp, imbalance)):
         rows = M / eff  # padded rows per group
@@ -342,7 +364,8 @@ def moe_mlp_time_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalanc
         flops = 2.0 * groups * rows * N * K
         operand = fp8.OPERAND_BYTES if fp8.is_fp8(d) else compute.OPERAND_BYTES
         bytes_ = groups * (operand * (rows * K + K * N) + compute.OPERAND_BYTES * rows * N)
-        moe_s = moe_s + np.maximum(
-            flops / (gpu.peak_flops_per_s(d) * compute.gemm_efficiency(gpu, groups * rows, N, K, d)),
-            bytes_ / gpu.hbm_bandwidth_bytes_per_s)
+        e = compute.gemm_efficiency(gpu, groups * rows, N, K, d)
+        if i in (1, 2):  # the routed experts' grouped GEMM
+            e = e * grouped_gemm_ceiling(gpu, d, framework) / fp8.gemm_ceiling(gpu, d)
+        moe_s = moe_s + np.maximum(flops / (gpu.peak_flops_per_s(d) * e), bytes_ / gpu.hbm_bandwidth_bytes_per_s)
     return moe_s * m.num_moe_layers / m.num_layers

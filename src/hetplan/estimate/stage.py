@@ -106,6 +106,7 @@ def stage_costs(
     cp_load_balance=True,
     moe_options: moe.MoEOptions = moe.MoEOptions(),
     virtual_stages=1,
+    step_microbatches=None,
     tp_comm_overlap=False,
     cuda_graphs=False,
     torch_compile=True,
@@ -128,7 +129,9 @@ def stage_costs(
     and TP degree (TP communication included, no recomputation), e.g. from the profile database; it replaces
     the analytic layer time, recomputation still adds the analytic share of it.
 
-    ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage).
+    ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage). ``step_microbatches``:
+    micro-batches per call of the pipeline schedule (:attr:`hetplan.plan.Plan.pipeline_step_microbatches`; None:
+    ``num_microbatches``), which sizes PyTorch's pipeline buffers in the memory.
 
     ``recompute_layers``: optional number of the stage's layers that use ``recompute_code`` (per-layer
     recomputation, Aceso EuroSys'24 Sec. 4.2); the other layers recompute nothing. Default (None): all layers.
@@ -183,7 +186,7 @@ def stage_costs(
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
-        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance)
+        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
                      extra_kernels=moe.extra_kernels(m, ep, framework))
@@ -212,7 +215,7 @@ def stage_costs(
         x = moe.exposed_alltoall_s(a2a, lf, lb, overlap_contention(gpu)) if moe_options.a2a_overlap else a2a
         lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
-            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance) + a2a
+            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
             rerun = np.where(np.asarray(recompute_code) == 2, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(np.asarray(recompute_code) == 2, 0.0, a2a)
     fp8_recipe = fp8.recipe(gpu, framework) if fp8.is_fp8(dtype) else None
@@ -338,6 +341,8 @@ def stage_costs(
         fsdp_param_dtype=fsdp_param_dtype,
         cross_entropy=loss_kind,
         fp8_recipe=fp8_recipe,
+        num_microbatches=num_microbatches if step_microbatches is None else step_microbatches,
+        virtual_stages=virtual_stages,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration

@@ -20,7 +20,7 @@ import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Mapping
+from typing import Annotated, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -33,8 +33,40 @@ TERA = 1e12
 #: FA2 reaches 70 % (forward) and 60 % (backward) of the 312 TFLOP/s peak at head dim 128 and long sequences
 #: (Dao 2023, "FlashAttention-2", arXiv 2307.08691, Sec. 4.1, Fig. 4-6: up to 73 % forward, 63 % backward),
 #: where large bf16 GEMMs reach the fitted e_max 0.814 (hetplan.calibration.calibrate): 0.70 / 0.814 and
-#: 0.60 / 0.814. Used for GPU types whose catalog entry gives no ``attention_efficiency``.
+#: 0.60 / 0.814. Used for GPU types whose catalog entry gives no rate for the kernel that runs.
 FLASH_TO_GEMM_RATIO = (0.86, 0.74)
+#: The fused attention kernels whose rates the catalog carries (``attention_kernels``): ``fa2`` FlashAttention-2
+#: (Dao 2023; the ``flash-attn`` package, PyTorch SDPA's flash backend), ``fa3`` FlashAttention-3 (Shah et al.
+#: 2024; Hopper only), ``cudnn`` cuDNN's fused attention (Transformer Engine's ``FusedAttention``, PyTorch SDPA's
+#: cuDNN backend). Which one a job runs: :func:`hetplan.estimate.compute.attention_kernel`.
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
+AttentionKernel = Literal["fa2", "fa3", "cudnn"]
+#: The fused attention kernel (:data:`ATTENTION_KERNELS`) each framework runs under
+#: ``attention = "flash"``, by GPU architecture family (the first word of ``GPUSpec.architecture``); a family not
+#: listed runs FlashAttention-2 (``fa2``).
+#:
+#: * ``megatron``: Transformer Engine's ``DotProductAttention`` prefers cuDNN's fused attention on Hopper and later
+#:   and FlashAttention-2 (``flash-attn``) on Ampere (NeMo ``docs/source/performance/memory_optimizations.rst``,
+#:   NVIDIA/NeMo PR #9188).
+#: * ``fsdp``: PyTorch SDPA in the order torchtitan sets it (``sdpa_kernel(backends, set_priority=True)``,
+#:   ``torchtitan/models/attention.py``): cuDNN first on every GPU since pytorch/torchtitan@6a3a9da (2025-10-09),
+#:   as PyTorch itself does on sm90 / sm100 once its bundled cuDNN is newer than 9.15.0 (``sdp_utils.cpp``
+#:   ``check_prefer_cudnn_attention``, PyTorch 2.11). Before, the flash backend (FlashAttention-2) came first on
+#:   Hopper (torchtitan before 6a3a9da; PyTorch's default order, cuDNN last) and cuDNN on sm100 since
+#:   torchtitan@3b85aa3 (2025-05-14): such jobs set ``Job.attention_kernel = "fa2"`` (:class:`hetplan.plan.Job`).
+#: * ``deepspeed``: the ``flash-attn`` package, FlashAttention-2.
+DEFAULT_ATTENTION_KERNEL = {"megatron": {"Hopper": "cudnn", "Blackwell": "cudnn"},
+                            "fsdp": {"Hopper": "cudnn", "Blackwell": "cudnn"},
+                            "deepspeed": {}}
+
+
+def default_attention_kernel(framework: str, architecture: str) -> str:
+    """The kernel ``framework`` runs by default on a GPU of ``architecture`` (:data:`DEFAULT_ATTENTION_KERNEL`)."""
+    family = architecture.split()[0] if architecture.split() else ""
+    return DEFAULT_ATTENTION_KERNEL.get(framework, {}).get(family, "fa2")
+
+
+_Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 class GPUSpec(BaseModel):
@@ -63,10 +95,16 @@ class GPUSpec(BaseModel):
             efficiency = compute_efficiency * prod over (M, N, K) of x / (x + gemm_half_dim) (docs/estimator.md).
             Default: the A100 fit on vTrain data (hetplan.calibration.calibrate).
         kernel_overhead_s: fixed time per GPU kernel (launch + ramp/tail), seconds. Default: the A100 fit.
-        attention_efficiency: ``(forward, backward)`` fraction of the dense bf16/fp16 peak that the FlashAttention
-            kernel of this GPU generation reaches on long sequences, FLOPs counted as the work the kernel does
-            (causal: the tiles on and below the diagonal; :func:`hetplan.estimate.compute.flash_attention_time_s`).
-            Default (None): the GEMM ceiling ``compute_efficiency`` times :data:`FLASH_TO_GEMM_RATIO`.
+        attention_kernels: ``{kernel: (forward, backward)}``: the fraction of the dense bf16/fp16 peak that each
+            fused attention kernel (:data:`ATTENTION_KERNELS`) reaches on this GPU on long sequences, FLOPs counted
+            as the work the kernel does (causal: the tiles on and below the diagonal;
+            :func:`hetplan.estimate.compute.flash_attention_time_s`). Measured per kernel and GPU generation
+            (``sources``); a kernel not listed runs at :data:`FLASH_TO_GEMM_RATIO` of ``compute_efficiency``.
+        attention_kernel: the kernel the software on these machines runs (set per job and pool by
+            :func:`hetplan.estimate.compute.pool_gpu`; None: the default framework's, Megatron-Core's, on this
+            architecture, :func:`default_attention_kernel`).
+        attention_efficiency: ``(forward, backward)`` for whatever kernel runs, overriding ``attention_kernels``
+            (a user catalog's or a pool's measured figure). Default None.
         sm_count: streaming multiprocessors (None: unknown; NCCL's share of the GPU is then not charged).
         sources: where each figure comes from.
     """
@@ -100,15 +138,22 @@ class GPUSpec(BaseModel):
                                    default=134.0, ge=0)
     kernel_overhead_s: float = bounded(0.01, "10 ms per kernel is 200x the calibrated hosts' 44-74 us",
                                        default=44.3e-6, ge=0)
-    attention_efficiency: tuple[float, float] | None = None
+    attention_kernels: Mapping[AttentionKernel, tuple[_Fraction, _Fraction]] = Field(default_factory=dict)
+    attention_kernel: AttentionKernel | None = None
+    attention_efficiency: tuple[_Fraction, _Fraction] | None = None
     sm_count: int | None = Field(default=None, gt=0)
     sources: tuple[str, ...] = ()
 
     def flash_attention_efficiency(self) -> tuple[float, float]:
-        """``(forward, backward)`` FlashAttention efficiency (fraction of the dense peak): the catalog value, else
-        ``compute_efficiency`` x :data:`FLASH_TO_GEMM_RATIO`."""
+        """``(forward, backward)`` efficiency of the fused attention kernel that runs (fraction of the dense peak):
+        ``attention_efficiency`` if given, else the ``attention_kernels`` rate of ``attention_kernel`` (None:
+        Megatron-Core's, :func:`default_attention_kernel`), else ``compute_efficiency`` x
+        :data:`FLASH_TO_GEMM_RATIO`."""
         if self.attention_efficiency is not None:
             return self.attention_efficiency
+        kernel = self.attention_kernel or default_attention_kernel("megatron", self.architecture)
+        if kernel in self.attention_kernels:
+            return self.attention_kernels[kernel]
         f, b = FLASH_TO_GEMM_RATIO
         return self.compute_efficiency * f, self.compute_efficiency * b
 
@@ -133,6 +178,10 @@ def _spec_from_toml(name: str, raw: Mapping) -> GPUSpec:
     if not isinstance(raw, Mapping):
         raise HetplanError(f"must be a table, got {raw!r:.40}", field=f"gpus.{name}", fix=f"write [gpus.{name}] with its fields")
     data = dict(raw)
+    if "attention_kernel" in data:
+        raise HetplanError("the attention kernel is chosen per job, not per GPU type", field=f"gpus.{name}.attention_kernel",
+                           fix="set job.attention_kernel, or give the kernel's rates as attention_kernels = "
+                               "{ fa2 = [fwd, bwd] }")
     for key in ("memory_gib", "hbm_bandwidth_gb_per_s", "gpu_link_bandwidth_gb_per_s", "host_link_bandwidth_gb_per_s"):
         if key in data and (isinstance(data[key], bool) or not isinstance(data[key], (int, float))
                             or not math.isfinite(data[key])):

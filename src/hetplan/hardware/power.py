@@ -136,8 +136,9 @@ def _load(user_file: str | None) -> dict[str, GPUPower]:
     return out
 
 
-def get_power(gpu_name: str, user_file: str | Path | None = None) -> GPUPower:
-    """The DVFS/power model of catalog GPU ``gpu_name`` (its canonical catalog name).
+def get_power(gpu_name: str, user_file: str | Path | None = None, field: str = "gpu") -> GPUPower:
+    """The DVFS/power model of catalog GPU ``gpu_name`` (its canonical catalog name); ``field`` is the input field
+    that named the GPU, for the error.
 
     Raises:
         HetplanError: the GPU has no entry (no measured DVFS data), or a bad user file.
@@ -148,5 +149,5 @@ def get_power(gpu_name: str, user_file: str | Path | None = None) -> GPUPower:
     except KeyError:
         raise HetplanError(
             f"no DVFS/power model for GPU {gpu_name} (have: {', '.join(p.gpu for p in table.values())})",
-            field="gpu", fix="add an entry for it to a user power catalog (--power-catalog, see gpu_power.toml)",
+            field=field, fix="add an entry for it to a user power catalog (--power-catalog, see gpu_power.toml)",
         ) from None

@@ -453,7 +453,7 @@ def fine_search(
         start_plan, start_est = starts[0], ests[order[0]]
     else:
         start_plan, start_est = starts[0], res.plans[0].estimate
-    gpu = pool_gpu(catalog, pool, field="inventory.gpu")
+    gpu = pool_gpu(catalog, pool, field="inventory.gpu", job=job)
     n_gpus = max(sp.num_gpus for sp in starts)
     free = ("full",) if job.attention == "flash" else ("selective", "full")  # flash: selective = none
     modes = free if pins is None or pins.recompute is None else \

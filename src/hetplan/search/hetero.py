@@ -206,11 +206,12 @@ class HeteroResult:
     stats: dict = field(default_factory=dict)
 
 
-def stage_types(m: ModelSpec, inventory: Inventory, catalog, dtype: str, pins: Pins) -> list[StageType]:
-    """Every (pool, TP) of the inventory that supports ``dtype``."""
+def stage_types(m: ModelSpec, inventory: Inventory, catalog, dtype: str, pins: Pins, job=None) -> list[StageType]:
+    """Every (pool, TP) of the inventory that supports ``dtype``, its GPU as it runs ``job``'s software
+    (:func:`hetplan.estimate.compute.pool_gpu`)."""
     out = []
     for k, pool in enumerate(inventory.pools):
-        gpu = pool_gpu(catalog, pool, field=f"inventory[{k}].gpu")
+        gpu = pool_gpu(catalog, pool, field=f"inventory[{k}].gpu", job=job)
         if dtype not in gpu.dense_flops_per_s:
             continue
         for t in tp_degrees(m, pool.gpus_per_node, pool.count):
@@ -837,7 +838,7 @@ def _groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, m
     homogeneous space's (:func:`hetplan.search.space.cp_degrees`, up to the largest pool), EP degrees the
     divisors of the expert count that divide ``dp·cp`` (1 for a dense model); ``progress(done, total, phase)``
     as their cost tables are built."""
-    types = stage_types(m, inventory, catalog, job.dtype, pins)
+    types = stage_types(m, inventory, catalog, job.dtype, pins, job=job)
     # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice.
     free = [0, 2] if job.attention == "flash" else [0, 1, 2]
     rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free

@@ -139,7 +139,7 @@ def search_plans(
     results: list[PoolResult] = []
     skipped = []
     for i, pool in enumerate(inventory.pools):
-        gpu = pool_gpu(catalog, pool, field=f"inventory[{i}].gpu")
+        gpu = pool_gpu(catalog, pool, field=f"inventory[{i}].gpu", job=job)
         if job.dtype not in gpu.dense_flops_per_s:
             skipped.append(f"{gpu.name} skipped: no {job.dtype} support")
             continue

@@ -149,17 +149,16 @@ def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_token
 class BackgroundServer:
     """Run an app with uvicorn in a background thread (tests, load test): ``with BackgroundServer(app) as url:``.
 
-    Binds ``host`` (default 127.0.0.1) on ``port`` (0 = a free port).
+    Binds ``host`` (default 127.0.0.1) on ``port``; 0 lets the OS pick a free port when the server binds (no
+    window in which another process could take it), read back into ``port`` once started.
     """
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 180.0):
         import uvicorn
 
-        from hetplan.serve.engine import free_port
-
-        self.port = port or free_port()
+        self.port = port
         self.host = host
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                     lifespan="on", timeout_graceful_shutdown=30))
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="hetplan-serve-http")
         self.startup_timeout_s = startup_timeout_s
@@ -175,6 +174,7 @@ class BackgroundServer:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("HTTP server did not start")
             time.sleep(0.05)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
         return self.url
 
     def __exit__(self, *exc) -> None:

@@ -21,9 +21,11 @@ workers. Metrics are kept in a :class:`hetplan.serve.metrics.PromRegistry`.
 from __future__ import annotations
 
 import itertools
+import os
 import multiprocessing as mp
 import queue
-import socket
+import shutil
+import tempfile
 import threading
 import time
 from collections import deque
@@ -78,13 +80,6 @@ class _Running:
     batch_size: int
     tokens: list
     first_s: float | None = None
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Engine:
@@ -198,11 +193,14 @@ class Engine:
         self._result_q = ctx.Queue()
         self._cmd_qs = [ctx.Queue() for _ in range(self.world)]
         self._swap_qs = [ctx.Queue() for _ in range(self.world)]
-        port = free_port()
+        # Rendezvous over a file, not a TCP port picked in advance (another process could take the port before
+        # rank 0 binds it): torch.distributed's FileStore, removed again by shutdown().
+        self._rendezvous_dir = tempfile.mkdtemp(prefix="hetplan-serve-")
+        store = os.path.join(self._rendezvous_dir, "store")
         models = [(m.name, m.model, m.seed, m.num_layers) for m in self.entries]
         self._procs = []
         for r in range(self.world):
-            a = WorkerArgs(r, self.tp, self.pp, port, models, self.device, self.dtype, self.capacity_bytes,
+            a = WorkerArgs(r, self.tp, self.pp, store, models, self.device, self.dtype, self.capacity_bytes,
                            self.write_back, self.threads_per_worker, self.max_batch_size, self.kv_cache_len)
             p = ctx.Process(target=worker_main, args=(a, self._cmd_qs[r], self._swap_qs[r], self._result_q),
                             daemon=True, name=f"hetplan-serve-worker-{r}")
@@ -268,6 +266,8 @@ class Engine:
             if q is not None:
                 q.close()
                 q.join_thread()
+        if getattr(self, "_rendezvous_dir", None) is not None:
+            shutil.rmtree(self._rendezvous_dir, ignore_errors=True)
         with self._lock:
             for fut, _, _ in self._pending.values():
                 if not fut.done():

@@ -42,6 +42,7 @@ from torch.func import functional_call
 from hetplan.model.spec import load_model
 from hetplan.model.torch_transformer import CacheRows, KVCache, Partition, TransformerStage
 from hetplan.plan import layer_ranges
+from hetplan.profile.torchparts import exit_rank
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -53,7 +54,7 @@ class WorkerArgs:
     rank: int
     tp: int
     pp: int
-    master_port: int
+    rendezvous_file: str  # torch.distributed FileStore path (absent until rank 0 creates it)
     models: list  # list of (name, model_path_or_preset, seed, num_layers_override | None)
     device: str  # "cpu" | "cuda"
     dtype: str
@@ -104,7 +105,7 @@ class Worker:
     def setup(self) -> None:
         a = self.a
         backend = "nccl" if a.device == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{a.master_port}", rank=a.rank,
+        dist.init_process_group(backend, init_method=f"file://{a.rendezvous_file}", rank=a.rank,
                                 world_size=a.tp * a.pp)
         for s in range(a.pp):  # every rank creates every group, in the same order
             g = dist.new_group(list(range(s * a.tp, (s + 1) * a.tp))) if a.tp > 1 else None
@@ -310,7 +311,9 @@ def _exit_with_parent() -> None:
 
 
 def worker_main(a: WorkerArgs, cmd_q, swap_q, result_q) -> None:
-    """Process entry point: set up, report ``ready``, then serve step and swap commands until ``stop``."""
+    """Process entry point: set up, report ``ready``, then serve step and swap commands until ``stop``; then end
+    the process with :func:`hetplan.profile.torchparts.exit_rank` (gloo's threads would abort a normal
+    interpreter shutdown)."""
     _exit_with_parent()
     try:
         torch.set_num_threads(a.threads)
@@ -330,3 +333,6 @@ def worker_main(a: WorkerArgs, cmd_q, swap_q, result_q) -> None:
         dist.destroy_process_group()
     except Exception:
         pass
+    result_q.close()
+    result_q.join_thread()  # every result reaches the engine before the process ends
+    exit_rank(0)

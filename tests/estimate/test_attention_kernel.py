@@ -1,0 +1,98 @@
+"""The fused attention kernel is a property of the job's software stack (framework, version), not of the GPU:
+``Job.attention_kernel``, its framework default (``catalog.DEFAULT_ATTENTION_KERNEL``) and the catalog's measured
+rates per kernel (``GPUSpec.attention_kernels``)."""
+
+import pytest
+
+from hetplan.errors import HetplanError
+from hetplan.estimate import compute
+from hetplan.estimate.estimator import estimate
+from hetplan.hardware.catalog import FLASH_TO_GEMM_RATIO, load_catalog
+from hetplan.plan import GPUPool, Job, Plan, Stage
+
+CAT = load_catalog()
+
+
+def _gpu(gpu, **job):
+    return compute.pool_gpu(CAT, GPUPool(gpu=gpu, count=8), job=Job(model="llama3-8b", seq_len=8192,
+                                                                      global_batch=8, **job))
+
+
+@pytest.mark.parametrize("gpu,framework,kernel,rates", [
+    # Shah et al. 2024 (FlashAttention-3) Fig. 5 / 7 on H100: cuDNN 600 / 515, FA2 370 / 318 of 989 TFLOP/s.
+    ("H100-SXM", "megatron", "cudnn", (0.61, 0.52)),   # Transformer Engine prefers cuDNN on Hopper
+    ("H100-SXM", "fsdp", "cudnn", (0.61, 0.52)),       # torchtitan since 6a3a9da / PyTorch >= 2.11: cuDNN first
+    ("H100-SXM", "deepspeed", "fa2", (0.37, 0.32)),    # the flash-attn package
+    ("H200", "megatron", "cudnn", (0.61, 0.52)),
+    ("A100-SXM-80GB", "megatron", "fa2", (0.70, 0.60)),  # Dao 2023 Fig. 4-6; TE runs flash-attn on Ampere
+    ("A100-SXM-80GB", "fsdp", "fa2", (0.70, 0.60)),
+])
+def test_the_framework_picks_the_kernel_and_the_catalog_gives_its_rate(gpu, framework, kernel, rates):
+    g = _gpu(gpu, framework=framework)
+    assert g.attention_kernel == kernel
+    assert g.flash_attention_efficiency() == rates
+
+
+def test_an_explicit_kernel_overrides_the_framework_default_and_a_pool_figure_overrides_both():
+    assert _gpu("H200", framework="fsdp", attention_kernel="fa2").flash_attention_efficiency() == (0.37, 0.32)
+    assert _gpu("H100-SXM", attention_kernel="fa3").flash_attention_efficiency() == (0.65, 0.56)
+    pool = GPUPool(gpu="H100-SXM", count=8, attention_efficiency=(0.5, 0.4))
+    job = Job(model="llama3-8b", seq_len=8192, global_batch=8, attention_kernel="fa2")
+    assert compute.pool_gpu(CAT, pool, job=job).flash_attention_efficiency() == (0.5, 0.4)
+
+
+def test_a_kernel_without_a_measured_rate_runs_at_the_generic_ratio_of_the_gemm_ceiling():
+    g = _gpu("B200", framework="fsdp")  # cuDNN on Blackwell; no B200 attention measurement in the catalog
+    assert g.attention_kernel == "cudnn"
+    f, b = FLASH_TO_GEMM_RATIO
+    assert g.flash_attention_efficiency() == pytest.approx((g.compute_efficiency * f, g.compute_efficiency * b))
+
+
+def test_fa2_attention_time_is_the_causal_work_at_the_fa2_rate():
+    """Worked example, Llama 3 8B on H200 under PyTorch SDPA's flash backend: forward 4·b·s²·q·(s + 128)/(2s)
+    FLOPs at 0.37 of 989.4 TFLOP/s times φ(s) = s / (s + 134); backward 2.5x the work at 0.32."""
+    from hetplan.model.spec import load_model
+
+    m, g = load_model("llama3-8b"), _gpu("H200", framework="fsdp", attention_kernel="fa2")
+    b, s = 2, 8192
+    fwd, bwd = compute.flash_attention_time_s(m, g, "fp8", b, s, 1)
+    work = 4 * b * s * s * m.q_dim * (s + 128) / (2 * s)
+    phi = s / (s + 134)
+    assert fwd == pytest.approx(work / (989.4e12 * 0.37 * phi), rel=1e-12)
+    assert bwd == pytest.approx(2.5 * work / (989.4e12 * 0.32 * phi), rel=1e-12)
+
+
+def test_the_estimate_of_an_fsdp_job_follows_its_kernel():
+    def step(**kw):
+        job = Job(model="llama3-8b", seq_len=8192, global_batch=16, framework="fsdp", **kw)
+        plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], stages=[Stage(num_layers=32, tp=1, dp=8)],
+                    mbs=2, zero=3)
+        return estimate(plan).iteration_time_s
+
+    cudnn, fa2, fa3 = step(), step(attention_kernel="fa2"), step(attention_kernel="fa3")
+    assert fa3 < cudnn < fa2
+    assert step(attention_kernel="cudnn") == cudnn
+
+
+def test_bad_kernel_choices_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="attention_kernel"):
+        Job(model="llama3-8b", seq_len=8192, global_batch=8, attention="standard", attention_kernel="fa2")
+    with pytest.raises(ValueError, match="attention_kernel"):
+        Job(model="llama3-8b", seq_len=8192, global_batch=8, attention_kernel="fa4")
+
+
+def test_the_catalog_takes_rates_per_kernel_and_refuses_a_kernel_choice(tmp_path):
+    f = tmp_path / "cat.toml"
+    f.write_text('[gpus.H100-SXM]\nattention_kernels = { fa2 = [0.40, 0.33] }\n')
+    g = compute.pool_gpu(load_catalog(f), GPUPool(gpu="H100-SXM", count=8),
+                         job=Job(model="llama3-8b", seq_len=8192, global_batch=8, attention_kernel="fa2"))
+    assert g.flash_attention_efficiency() == (0.40, 0.33)
+    f.write_text('[gpus.H100-SXM]\nattention_kernel = "fa2"\n')
+    with pytest.raises(HetplanError, match="per job"):
+        load_catalog(f)
+    f.write_text('[gpus.H100-SXM]\nattention_kernels = { fa9 = [0.4, 0.3] }\n')
+    with pytest.raises(HetplanError):
+        load_catalog(f)
+    f.write_text('[gpus.H100-SXM]\nattention_kernels = { fa2 = [1.4, 0.3] }\n')
+    with pytest.raises(HetplanError):
+        load_catalog(f)
