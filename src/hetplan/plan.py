@@ -386,7 +386,8 @@ class Plan(BaseModel):
             iteration into several calls and accumulates gradients across them (NeMo AutoModel: its recipe's
             ``local_batch_size / pp_microbatch_size``); None: the iteration's micro-batches in one call
             (torchtitan, Megatron-LM). Sizes the receive buffers PyTorch's schedules allocate per micro-batch
-            (:func:`hetplan.estimate.memory.pipeline_buffer_bytes`); the time model keeps one flush per iteration.
+            (:func:`hetplan.estimate.memory.pipeline_buffer_bytes`) and flushes the pipeline and reduces the
+            gradients once per call (:mod:`hetplan.estimate.iteration`).
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
@@ -472,6 +473,14 @@ class Plan(BaseModel):
     def num_microbatches(self, stage: int = 0) -> int:
         """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs) (the stage's mbs)."""
         return self.job.global_batch // (self.stages[stage].dp * self.stage_mbs(stage))
+
+    def pipeline_calls(self, stage: int = 0) -> int:
+        """Calls of the pipeline schedule per iteration: ``ceil(m / pipeline_step_microbatches)`` for a pipeline
+        (more than one stage) whose framework splits the iteration (:attr:`pipeline_step_microbatches`), else 1."""
+        step = self.pipeline_step_microbatches
+        if self.pp == 1 or step is None:
+            return 1
+        return -(-self.num_microbatches(stage) // step)
 
 
 def balanced_split(num_layers: int, pp: int) -> list[int]:

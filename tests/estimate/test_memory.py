@@ -319,17 +319,23 @@ def test_pytorch_tp_saves_the_all_gathered_inputs(t):
     assert float(no_sp[0]) == float(no_sp[1])
 
 
-def test_pipeline_step_microbatches_size_the_buffers_not_the_time():
+def test_pipeline_step_microbatches_size_the_buffers_and_flush_per_call():
     """``Plan.pipeline_step_microbatches`` (NeMo AutoModel: several schedule calls per iteration): an FSDP pipeline
     whose 32 micro-batches run as 8 calls of 4 allocates the receive buffers of 4 and holds at most 4 micro-batches
-    in flight, so its memory is lower, never higher, on every stage; the time model keeps one flush per iteration."""
+    in flight, so its memory is lower, never higher, on every stage; and it flushes the pipeline and reduces the
+    gradients in every call: 8 times the pipeline and exposed DP time of one 4-micro-batch call, one optimizer step."""
     from hetplan.estimate.estimator import estimate
 
     m = _gpt(L=8, h=1024, a=16, V=32000)
     base = _plan(m, tp=1, pp=4, dp=2, mbs=1, gbs=64, zero=3, recompute="full")
     base = base.model_copy(update={"job": base.job.model_copy(update={"framework": "fsdp", "attention": "flash"})})
     whole, split = (estimate(base.model_copy(update={"pipeline_step_microbatches": k}), model=m) for k in (None, 4))
-    assert split.iteration_time_s == whole.iteration_time_s
+    one_call = estimate(base.model_copy(update={"job": base.job.model_copy(update={"global_batch": 8})}), model=m)
+    assert split.pipeline_time_s == pytest.approx(8 * one_call.pipeline_time_s, rel=1e-12)
+    assert split.dp_exposed_time_s == pytest.approx(8 * one_call.dp_exposed_time_s, rel=1e-12)
+    assert split.iteration_time_s == pytest.approx(
+        8 * (one_call.pipeline_time_s + one_call.dp_exposed_time_s) + one_call.optimizer_time_s, rel=1e-12)
+    assert split.iteration_time_s > whole.iteration_time_s  # 8 bubbles and 8 reductions instead of one
     io = 2 * 2048 * 1 * 1024  # one stage output, bytes
     for i, (a, b) in enumerate(zip(whole.stages, split.stages)):
         assert b.memory.total < a.memory.total

@@ -88,3 +88,23 @@ def test_fsdp_framework_shards_in_fp32_and_hsdp_replicates():
     assert float(h["optimizer"]) == pytest.approx(8 * P / 8)
     keep = memory.stage_memory_bytes(m, framework="fsdp", reshard_after_forward=False, **kw)
     assert float(keep["weights"]) == pytest.approx(4 * P / 64 + 24 * 2 * Lp)
+
+
+def test_pipelined_fsdp_gathers_and_reduce_scatters_once_per_step():
+    """FSDP in a pipeline (torch.distributed.pipelining's backward_maybe_with_nosync): each unit is gathered for
+    the first micro-batch and kept; the accumulated gradients are reduce-scattered once after the last backward.
+    So the FSDP traffic per iteration does not grow with the micro-batches (it does without a pipeline), and the
+    exposed part is the first micro-batch's gathers plus the whole reduce-scatter, not hidden behind any backward."""
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    def plan(gbs, pp):
+        return Plan(job=Job(model="llama2-7b", seq_len=4096, global_batch=gbs, framework="fsdp"),
+                    pools=[GPUPool(gpu="H100-SXM", count=32 * pp)],
+                    stages=[Stage(num_layers=32 // pp, tp=1, dp=32, recompute="full") for _ in range(pp)],
+                    mbs=1, zero=3)
+
+    def exposed(p):
+        return estimate(p, pipeline_model="closed_form").dp_exposed_time_s
+
+    assert exposed(plan(32 * 16, 2)) == pytest.approx(exposed(plan(32 * 4, 2)), rel=1e-9)
+    assert exposed(plan(32 * 16, 1)) == pytest.approx(4 * exposed(plan(32 * 4, 1)), rel=1e-9)  # no pipeline

@@ -359,13 +359,14 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
     rows: list[_StageRow] = []
     group_ids: dict[tuple, int] = {}  # (GPU, host cost, link, dtype, overlap, attention, framework) -> id
-    start, vs, m0s = [], [], []
+    start, vs, m0s, calls = [], [], [], []
     for plan in plans:
         job, p = plan.job, plan.pp
         v = effective_virtual_stages(plan, virtual_stages)
         start.append(len(rows))
         vs.append(v)
         m0s.append(plan.num_microbatches(0))
+        calls.append(plan.pipeline_calls(0))
         on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
         gpipe = plan.schedule == "gpipe"
         flash = job.attention == "flash"
@@ -487,7 +488,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     shapes: dict[tuple, list[int]] = {}
     for k, plan in enumerate(plans):
         sched = "interleaved" if vs[k] > 1 else plan.schedule
-        shapes.setdefault((sched, plan.pp, m0s[k], vs[k], p2p_model(plan.job.framework)), []).append(k)
+        m_call = -(-m0s[k] // calls[k])  # micro-batches per call of the schedule
+        shapes.setdefault((sched, plan.pp, m_call, vs[k], p2p_model(plan.job.framework)), []).append(k)
     starts = np.array(start)
     for (sched, p, m0, v, mode), ks in shapes.items():
         ridx = starts[ks][:, None] + np.arange(p)
@@ -502,7 +504,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 simulated = (np.array([sims[k].makespan_s for k in ks]), np.array([sims[k].stage_end_s for k in ks]))
         it = assemble_iteration(fwd[ridx], bwd[ridx], res["dp_exposed_s"][ridx], res["optimizer_s"][ridx],
                                 p2p[cidx].sum(axis=1), m0, virtual_stages=v, simulated=simulated,
-                                memory_bytes=mem["total"][ridx], capacity_bytes=capacity[ridx])
+                                memory_bytes=mem["total"][ridx], capacity_bytes=capacity[ridx],
+                                calls=np.array(calls)[ks])
         for key, x in (("t", it.pipeline_s), ("bubble", it.bubble_s), ("p2p", it.p2p_s), ("dp", it.dp_exposed_s),
                        ("opt", it.optimizer_s), ("it", it.iteration_s)):
             per_plan[key][ks] = x

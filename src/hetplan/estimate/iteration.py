@@ -16,6 +16,12 @@ and optimizer step ``o_i`` (s), ``m`` micro-batches, one-way boundary transfers 
   spans the stages) waits for all: iteration ``max_i (end_i + e_i) + max_i o_i``; the exposed DP time reported is
   what the reduction adds after the pipeline's makespan.
 
+A framework that runs an iteration as ``calls`` calls of its pipeline schedule of ``m`` micro-batches each,
+accumulating gradients across them (:attr:`hetplan.plan.Plan.pipeline_step_microbatches`, NeMo AutoModel), flushes
+the pipeline and reduces the gradients in every call (``torch.distributed.pipelining``: each call's last backward
+runs the data-parallel reduction, ``stage.py`` ``backward_maybe_with_nosync``): iteration
+``calls·(T + max_i e_i) + max_i o_i``, and ``calls`` times every per-call figure below.
+
 The bubble reported apart is ``max(0, T - m·max(f+b) - 2Σc)`` (the transfers are reported as ``p2p_s``). Memory:
 the stage with the largest share of its GPU's memory is the peak; the plan fits when every stage does.
 
@@ -58,13 +64,14 @@ class IterationTime:
 
 def assemble_iteration(forward_s, backward_s, dp_exposed_s, optimizer_s, p2p_total_s, num_microbatches, *,
                        count=None, virtual_stages=1, simulated=None, memory_bytes=None,
-                       capacity_bytes=None) -> IterationTime:
+                       capacity_bytes=None, calls=1) -> IterationTime:
     """Iteration time of pipelines from their stages' costs (module doc).
 
     Args:
         forward_s, backward_s, dp_exposed_s, optimizer_s: per stage, shape ``(..., K)``.
         p2p_total_s: Σ of the one-way boundary transfers of each pipeline, shape ``(...)``.
-        num_microbatches: m per pipeline; virtual_stages: v of interleaved 1F1B (1 otherwise).
+        num_microbatches: m per pipeline (per call of the schedule); virtual_stages: v of interleaved 1F1B (1
+            otherwise); calls: calls of the schedule per iteration (module doc), shape ``(...)`` or a scalar.
         count: how many stages of each kind (``(..., K)``, 0 = absent); default one of each.
         simulated: ``(makespan_s, stage_end_s)`` of an event-simulated schedule (shapes ``(...)`` and
             ``(..., K)``); default the closed form.
@@ -89,6 +96,10 @@ def assemble_iteration(forward_s, backward_s, dp_exposed_s, optimizer_s, p2p_tot
         iteration = after + optimizer
     p2p = np.asarray(p2p_total_s, dtype=float)
     bubble = np.maximum(0.0, t_pipe - num_microbatches * bottleneck - 2 * p2p)
+    n = np.asarray(calls, dtype=float)
+    if np.any(n != 1.0):  # every call flushes the pipeline and reduces the gradients; one optimizer step
+        t_pipe, bubble, p2p, dp_exposed = n * t_pipe, n * bubble, n * p2p, n * dp_exposed
+        iteration = t_pipe + dp_exposed + optimizer
     peak = fits = None
     if memory_bytes is not None:
         mem = np.asarray(memory_bytes, dtype=float)

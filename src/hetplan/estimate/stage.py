@@ -118,7 +118,9 @@ def stage_costs(
     * ``dp_s``: data-parallel gradient/parameter collectives per iteration; ``dp_exposed_s`` the part not hidden:
       without overlap all of it; with ``overlap_grad_reduce`` (bucketed, Megatron-LM/PyTorch DDP) what exceeds
       the backward pass of the last micro-batch, and at least the last bucket's reduction. ZeRO-3 (FSDP):
-      :func:`zero3_exposed_s` (all-gathers and reduce-scatter every micro-batch, overlapped per pass). With tied
+      :func:`zero3_exposed_s` (all-gathers and reduce-scatter every micro-batch, overlapped per pass; under
+      ``framework = "fsdp"`` in a pipeline once per iteration: the first micro-batch's gathers and the
+      reduce-scatter after the last backward, exposed). With tied
       embeddings and more than one stage, the first and last stages also all-reduce the embedding gradient
       between them (Megatron-LM ``_allreduce_embedding_grads``), exposed;
     * ``optimizer_s``: the Adam step;
@@ -301,12 +303,21 @@ def stage_costs(
         grad_bytes / units / shard, "allreduce", replicas, t * shard, link.gpus_per_node, tp_bw,
         link.inter_node_bandwidth_bytes_per_s, inter_alpha_s=link.inter_node_alpha_s,
         intra_alpha_s=link.intra_node_alpha_s), 0.0) * units
+    # FSDP in a pipeline (torch.distributed.pipelining): every backward but the last runs without resharding or
+    # gradient sync, so each unit is gathered once, for the first micro-batch, and its accumulated gradient is
+    # reduce-scattered once, by the post-backward the schedule calls after the stage's last backward
+    # (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync): no backward left to hide it behind.
+    # The memory side: hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES.
+    pipelined_fsdp = (framework == "fsdp") & ~np.asarray(single_stage)
     gather_exposed = np.where(
-        z3, zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
-                            num_microbatches, overlap_grad_reduce, reshard_after_forward, rho), 0.0,
+        z3, np.where(pipelined_fsdp,
+                     zero3_exposed_s(z3_gather, 0.0, num_layers * lf, layers_bwd, num_layers, 1, True, False, rho)
+                     + z3_reduce_scatter,
+                     zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
+                                     num_microbatches, overlap_grad_reduce, reshard_after_forward, rho)), 0.0,
     )
-    dp_total = np.where(z3, num_microbatches * ((2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter),
-                        grad_sync)
+    dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter, num_microbatches * (
+        (2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter)), grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
     emb_sync = np.where(
         (np.asarray(has_embedding) | np.asarray(has_head)) & ~np.asarray(single_stage) & m.tied_embeddings,
