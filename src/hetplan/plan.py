@@ -75,6 +75,13 @@ class Job(BaseModel):
             whole NVLink domain, e.g. GB200 NVL72); routing ``random`` (learned or forced-balance
             routers) or ``contiguous`` (NeMo AutoModel's fake balanced gate: a token's experts are neighbours).
         moe_recompute: recompute every MoE layer's MLP in backward (Megatron-Core ``--recompute-modules moe``).
+        recompute_modules: Megatron-Core's output-discarding recomputation of element-wise modules
+            (``--recompute-granularity selective --recompute-modules``): ``layernorm`` (the two norm outputs of every
+            layer), ``moe_act`` (the expert activation's output); ``moe`` is :attr:`moe_recompute`.
+        offload_modules: Megatron-Core's fine-grained activation offloading (``--fine-grained-activation-offloading
+            --offload-modules``): the inputs of ``expert_fc1`` and / or ``moe_act`` go to host memory after their
+            forward and come back before their backward, over the GPU's host link behind the layer's compute
+            (:func:`hetplan.estimate.memory.module_activation_bytes`).
         moe_a2a_overlap: the dispatch and combine all-to-alls of one micro-batch run behind the other
             micro-batch's compute in 1F1B's paired forward and backward (Megatron-Core
             ``--overlap-moe-expert-parallel-comm``, :class:`hetplan.estimate.moe.MoEOptions`).
@@ -103,6 +110,8 @@ class Job(BaseModel):
     moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] = "alltoall"
     moe_routing: Literal["random", "contiguous"] = "random"
     moe_recompute: bool = False
+    recompute_modules: list[Literal["layernorm", "moe_act"]] = Field(default_factory=list)
+    offload_modules: list[Literal["expert_fc1", "moe_act"]] = Field(default_factory=list)
     moe_a2a_overlap: bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: bool = True
@@ -114,6 +123,9 @@ class Job(BaseModel):
         if not self.torch_compile and self.framework != "fsdp":
             raise ValueError(f"torch_compile = false applies to framework 'fsdp' (torchtitan, eager PyTorch); "
                              f"{self.framework} runs fused kernels: remove torch_compile or set framework = 'fsdp'")
+        if (self.recompute_modules or self.offload_modules) and self.framework != "megatron":
+            raise ValueError(f"recompute_modules and offload_modules are Megatron-Core options; framework "
+                             f"{self.framework!r} has neither: remove them or set framework = 'megatron'")
         if self.attention_kernel is not None and self.attention != "flash":
             raise ValueError(f"attention_kernel applies to attention = 'flash' (a fused kernel); attention = "
                              f"{self.attention!r} materialises the scores: remove attention_kernel or set attention = 'flash'")

@@ -369,6 +369,8 @@ class Layout:
     dispatcher: str = "alltoall"
     routing: str = "random"
     moe_recompute: bool = False
+    recompute_modules: tuple[str, ...] = ()
+    offload_modules: tuple[str, ...] = ()
     attention_kernel: str | None = None
     attention: str = "flash"
     grad_reduce_dtype: str | None = None
@@ -409,6 +411,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
     if lay.ep > 1:
         extra.update(moe_dispatcher=lay.dispatcher, moe_routing=lay.routing, moe_recompute=lay.moe_recompute,
                      moe_a2a_overlap=lay.a2a_overlap)
+    if lay.recompute_modules or lay.offload_modules:
+        extra.update(recompute_modules=list(lay.recompute_modules), offload_modules=list(lay.offload_modules))
     job = _probe_job(model=m.name, seq_len=lay.seq, global_batch=lay.gbs, dtype=dtype, attention=lay.attention,
                      framework=framework, **extra)
     pool = node_pool(gpu, lay.tp * lay.pp * lay.dp * lay.cp)
@@ -803,6 +807,30 @@ AUTOMODEL_FSDP = {"fsdp_param_dtype": "bf16", "cross_entropy": "bf16"}
 AUTOMODEL_PP_STEP = {"DeepSeek V3 671B": 4, "Kimi K2": 8}
 
 
+#: The Megatron MoE ModelZoo's GB200 MXFP8 commands (yanring/Megatron-MoE-ModelZoo@e865051
+#: ``best_practice/qwen3/readme.md``, "Command (MXFP8)" and "(MXFP8, 128k long context)"): both run
+#: ``--recompute-granularity selective --recompute-modules moe_act layernorm``; the 4K-token one (the row whose
+#: notes say "activation offloading required") also ``--fine-grained-activation-offloading --offload-modules
+#: expert_fc1 moe_act``.
+MODELZOO_MXFP8_RECOMPUTE_MODULES = ("moe_act", "layernorm")
+MODELZOO_OFFLOAD_MODULES = ("expert_fc1", "moe_act")
+
+
+def _recompute_modules(r: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Megatron-Core's per-module recomputation and offloading of a ModelZoo row, ``(recompute_modules,
+    offload_modules)``: the table's recompute column names ``norm`` / ``layernorm`` and ``act`` / ``moe_act``
+    (``moe``, the whole MoE layer, is :func:`_moe_recompute`; ``shared_expert`` is not modelled); the GB200 MXFP8
+    rows carry them in their commands (:data:`MODELZOO_MXFP8_RECOMPUTE_MODULES`, :data:`MODELZOO_OFFLOAD_MODULES`)."""
+    low = r["recompute"].lower()
+    modules = tuple(x for x, words in (("layernorm", ("norm",)), ("moe_act", ("act",)))
+                    if any(re.search(rf"\b(?:layer)?{w}\b|\bmoe_{w}\b", low) for w in words))
+    notes = r["notes"].lower()
+    if r["dtype"].lower() == "mxfp8" and "selective recompute" in notes:
+        modules = MODELZOO_MXFP8_RECOMPUTE_MODULES
+    offload = MODELZOO_OFFLOAD_MODULES if "activation offloading" in notes else ()
+    return modules, offload
+
+
 def _moe_recompute(label: str) -> tuple[str, bool]:
     """Recomputation of a MoE row, ``(stage recompute, MoE-layer recompute)``: NeMo AutoModel's
     ``activation_checkpointing: true`` checkpoints every transformer block (full); Megatron's ``full``;
@@ -836,6 +864,7 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
         tp, pp, cp = (_int(r, k, 1) for k in ("tp", "pp", "cp"))
         ep = _int(r, "ep") or AUTOMODEL_EP.get(r["model"], 1)
         recompute, moe_recompute = _moe_recompute(r["recompute"])
+        modules, offload = _recompute_modules(r) if src == "modelzoo" else ((), ())
         n = _int(r, "num_gpus")
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
         mbs = _int(r, "micro_batch", 1)
@@ -844,6 +873,7 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                      mbs=mbs, gbs=gbs,
                      seq=_int(r, "seq_len"), framework="fsdp" if fsdp else "megatron", zero=3 if fsdp else 1,
                      sequence_parallel=True, recompute=recompute, moe_recompute=moe_recompute,
+                     recompute_modules=modules, offload_modules=offload,
                      balanced_routing=src == "automodel" or "forced" in r["notes"].lower(),
                      dispatcher=_dispatcher(r), routing="contiguous" if src == "automodel" else "random",
                      cuda_graphs="cuda graph" in r["notes"].lower(), a2a_overlap="a2a overlap" in r["notes"].lower(),

@@ -312,6 +312,8 @@ class _StageRow(NamedTuple):
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     torch_compile: bool = True
+    recompute_modules: tuple = ()
+    offload_modules: tuple = ()
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -381,7 +383,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, plan.fsdp_param_dtype,
                                               plan.cross_entropy, job.moe_load_imbalance,
                                               job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
-                                              job.cp_load_balance, job.torch_compile),
+                                              job.cp_load_balance, job.torch_compile, tuple(job.recompute_modules),
+                                              tuple(job.offload_modules)),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -411,6 +414,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
                 fsdp_param_dtype=plan.fsdp_param_dtype, cross_entropy=plan.cross_entropy,
                 tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs, torch_compile=job.torch_compile,
+                recompute_modules=tuple(job.recompute_modules), offload_modules=tuple(job.offload_modules),
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
@@ -449,6 +453,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
                         cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
                         cuda_graphs=row.cuda_graphs, torch_compile=row.torch_compile,
+                        recompute_modules=row.recompute_modules, offload_modules=row.offload_modules,
                         moe_options=row.moe_options, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)

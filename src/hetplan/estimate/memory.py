@@ -175,6 +175,61 @@ def pipeline_buffer_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, has_em
     return np.where(np.asarray(single_stage), 0.0, (receive + send) * io)
 
 
+#: Layers whose offloaded inputs are on the GPU at once under fine-grained activation offloading: the one being
+#: back-propagated (reloaded before its backward) and the next one, prefetched (Megatron-Core's
+#: ``ChunkOffloadHandler`` reloads a layer's groups on the H2D stream ahead of its backward and keeps the last
+#: group on the GPU; stated assumption: two layers).
+OFFLOAD_LAYERS_ON_GPU = 2
+RECOMPUTE_MODULES = ("layernorm", "moe_act")
+OFFLOAD_MODULES = ("expert_fc1", "moe_act")
+
+
+def module_activation_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, recompute_modules=(),
+                            offload_modules=(), fp8_inputs=False):
+    """``(discarded, offloaded)`` bytes of one layer's saved activations, per GPU and micro-batch (the mean over
+    the model's layers), under Megatron-Core's per-module options:
+
+    * ``--recompute-modules`` (:attr:`hetplan.plan.Job.recompute_modules`), output-discarding checkpointing
+      (``megatron/core/transformer/transformer_config.py``, ``recompute_modules``): ``layernorm`` drops the
+      outputs of ``input_layernorm`` and ``pre_mlp_layernorm`` (the attention and MLP inputs, ``2·s·b·h`` each,
+      split over TP with sequence parallelism) and recomputes them in backward; ``moe_act`` drops the expert
+      activation function's output (the second expert GEMM's input, ``2·f_e`` per routed copy of a token, split
+      over TP) on MoE layers;
+    * ``--fine-grained-activation-offloading --offload-modules`` (:attr:`hetplan.plan.Job.offload_modules`;
+      Megatron-LM ``docs/user-guide/features/fine_grained_activation_offloading.md``: each module's *input* goes
+      to host memory after its forward and comes back before its backward): ``expert_fc1`` the routed copies
+      entering the first expert GEMM (``2·h`` each), ``moe_act`` the first expert GEMM's output (``2·2·f_e``
+      gated, ``2·f_e`` not).
+
+    The tensors are those :func:`hetplan.model.counts.layer_activation_bytes` counts; with ``fp8_inputs``
+    (Transformer Engine saves FP8 copies of linear inputs, :func:`hetplan.estimate.fp8.saved_activation_savings_bytes`)
+    the linear inputs among them count one byte per element. ``s_local``: tokens of a sequence on this GPU.
+    Bytes; arrays broadcast. Raises :class:`HetplanError` for a module this model does not know."""
+    for name, given, known in (("job.recompute_modules", recompute_modules, RECOMPUTE_MODULES),
+                               ("job.offload_modules", offload_modules, OFFLOAD_MODULES)):
+        if set(given) - set(known):
+            raise HetplanError(f"unknown module(s) {sorted(set(given) - set(known))}", field=name,
+                               fix=f"use any of {list(known)}")
+    b, s_local = counts.as_float(b), counts.as_float(s_local)
+    t = np.asarray(t, dtype=float)
+    tokens, h = s_local * b, m.hidden_size
+    linear_in = 1 if fp8_inputs else 2  # bytes per element of a saved linear input
+    moe_share = m.num_moe_layers / m.num_layers if m.is_moe else 0.0
+    routed = m.experts_per_token * tokens / t if m.is_moe else 0.0  # routed copies per GPU (TP-split, as counted)
+    f_e = m.expert_ffn_hidden_size if m.is_moe else 0
+    discarded = 0.0
+    if "layernorm" in recompute_modules:
+        discarded = discarded + 2 * linear_in * tokens * h / np.where(np.asarray(sequence_parallel), t, 1.0)
+    if "moe_act" in recompute_modules:
+        discarded = discarded + moe_share * routed * linear_in * f_e
+    offloaded = 0.0
+    if "expert_fc1" in offload_modules:
+        offloaded = offloaded + moe_share * routed * linear_in * h
+    if "moe_act" in offload_modules:
+        offloaded = offloaded + moe_share * routed * 2 * (2 if m.gated_mlp else 1) * f_e
+    return discarded, offloaded
+
+
 def dtensor_gathered_input_bytes(m: ModelSpec, b, s_local, t, sequence_parallel):
     """Extra bytes one layer without checkpointing saves under PyTorch's tensor parallelism with sequence
     parallelism (``framework = "fsdp"``), against Megatron's: torchtitan's layer plan
@@ -265,6 +320,8 @@ def stage_memory_bytes(
     cross_entropy="fp32",
     num_microbatches=None,
     virtual_stages=1,
+    recompute_modules=(),
+    offload_modules=(),
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -309,6 +366,9 @@ def stage_memory_bytes(
             under ``fsdp`` with pp > 1 they size PyTorch's pipeline buffers (:func:`pipeline_buffer_bytes`, in
             ``activations``); None: no such buffers. Under ``fsdp`` a layer without checkpointing (and the layer
             recomputed under full checkpointing) also holds :func:`dtensor_gathered_input_bytes`.
+        recompute_modules, offload_modules: Megatron-Core's per-module recomputation and activation offloading
+            (:func:`module_activation_bytes`): their bytes leave every layer that is not recomputed whole; the
+            offloaded ones of :data:`OFFLOAD_LAYERS_ON_GPU` layers stay on the GPU.
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -385,15 +445,25 @@ def stage_memory_bytes(
     # a layer without checkpointing (or recomputed) saves, under PyTorch's TP, its all-gathered inputs whole
     full = act("none") + (dtensor_gathered_input_bytes(m, b, context.local_seq_len(s_all, cp), t, sp)
                           if framework == "fsdp" else 0.0)
-    per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, selective, full) - saved)
+    # Megatron-Core's per-module recomputation and offloading, in layers that are not recomputed whole (the MoE
+    # modules not where the whole MoE MLP is recomputed, which stores its input only)
+    inside_moe = ("moe_act", "expert_fc1") if moe_recompute else ()
+    discarded, offloaded = module_activation_bytes(
+        m, b, context.local_seq_len(s_all, cp), t, sp, [x for x in recompute_modules if x not in inside_moe],
+        [x for x in offload_modules if x not in inside_moe], fp8_recipe is not None and framework != "fsdp")
+    kept = full - saved - discarded - offloaded  # a layer without full recomputation
+    per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, selective - saved - discarded - offloaded, kept))
     if recompute_layers is None:
         activations = in_flight * num_layers * per_layer
         recomputed = np.where(rc == 2, full, 0.0)  # the layer being recomputed
+        stored = np.where(rc == 2, 0, num_layers)  # layers with per-module options in effect
     else:  # r layers recomputed, the rest keep all their activations
         r = np.minimum(recompute_layers, num_layers)
-        activations = in_flight * (r * per_layer + (num_layers - r) * (full - saved))
+        activations = in_flight * (r * per_layer + (num_layers - r) * kept)
         recomputed = np.where((rc == 2) & (r > 0), full, 0.0)
-    activations = activations + recomputed
+        stored = np.where(rc == 2, num_layers - r, num_layers)
+    # offloaded inputs back on the GPU around the layer being back-propagated (OFFLOAD_LAYERS_ON_GPU)
+    activations = activations + recomputed + np.minimum(stored, OFFLOAD_LAYERS_ON_GPU) * offloaded
     s = context.local_seq_len(s, cp) if np.any(np.asarray(cp) != 1) else s  # tokens on this GPU
     sbh = s * b * m.hidden_size
     emb = in_flight * (8 * s * b + sbh) / np.where(sp, t, 1)  # sequence-parallel: split like the layers

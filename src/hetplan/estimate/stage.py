@@ -107,6 +107,8 @@ def stage_costs(
     moe_options: moe.MoEOptions = moe.MoEOptions(),
     virtual_stages=1,
     step_microbatches=None,
+    recompute_modules=(),
+    offload_modules=(),
     tp_comm_overlap=False,
     cuda_graphs=False,
     torch_compile=True,
@@ -130,6 +132,10 @@ def stage_costs(
     ``measured_layer_time_s``: optional measured ``(forward_s, backward_s)`` of one layer for this micro-batch
     and TP degree (TP communication included, no recomputation), e.g. from the profile database; it replaces
     the analytic layer time, recomputation still adds the analytic share of it.
+
+    ``recompute_modules``, ``offload_modules``: Megatron-Core's per-module recomputation and activation offloading
+    (:attr:`hetplan.plan.Job.recompute_modules`, :func:`hetplan.estimate.memory.module_activation_bytes`): the
+    element-wise work again in backward, the host-link copies where they outlast the layer's compute.
 
     ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage). ``step_microbatches``:
     micro-batches per call of the pipeline schedule (:attr:`hetplan.plan.Plan.pipeline_step_microbatches`; None:
@@ -230,6 +236,23 @@ def stage_costs(
         lf, lb = lf + cf, lb + cb + np.where(np.asarray(recompute_code) == 2, cf, 0.0)
         if af is not None:
             af, ab = af + cf, ab + cb
+    if recompute_modules or offload_modules:  # Megatron-Core's per-module recomputation and offloading
+        inside_moe = ("moe_act", "expert_fc1") if moe_options.recompute else ()
+        redo, _ = memory.module_activation_bytes(m, b, s, t, sequence_parallel,
+                                                 [x for x in recompute_modules if x not in inside_moe])
+        _, moved = memory.module_activation_bytes(m, b, s, t, sequence_parallel, (),
+                                                  [x for x in offload_modules if x not in inside_moe],
+                                                  fp8_recipe is not None)
+        # the discarded outputs' element-wise ops run again in backward (at the element-wise rate of
+        # compute.layer_time_s); the offloaded inputs cross the host link out in forward and back in backward, on
+        # their own streams behind the layer's compute (exposed only beyond it); none where a layer is
+        # recomputed whole
+        again = compute.ELEMENTWISE_PASSES * redo / gpu.hbm_bandwidth_bytes_per_s
+        copy = moved / gpu.host_link_bandwidth_bytes_per_s
+        on = np.asarray(recompute_code) != 2
+        lf, lb = lf + np.where(on, np.maximum(copy - lf, 0.0), 0.0), lb + np.where(on, again + np.maximum(copy - lb, 0.0), 0.0)
+        if af is not None:
+            af, ab = af + np.maximum(copy - af, 0.0), ab + again + np.maximum(copy - ab, 0.0)
     if measured_layer_time_s is not None:
         # Scale the analytic recomputation overhead by measured/analytic forward time.
         mf, mbk = measured_layer_time_s
@@ -354,6 +377,8 @@ def stage_costs(
         fp8_recipe=fp8_recipe,
         num_microbatches=num_microbatches if step_microbatches is None else step_microbatches,
         virtual_stages=virtual_stages,
+        recompute_modules=recompute_modules,
+        offload_modules=offload_modules,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration

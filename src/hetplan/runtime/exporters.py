@@ -268,10 +268,16 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                                field="plan.stages[].recompute_layers",
                                fix="recompute all layers selectively, or use full recomputation of k layers")
         args.append("--recompute-granularity selective")
-    if experts and plan.job.moe_recompute and m.recompute != "full":  # the MoE layer, checkpointed on its own
+    # per-module recomputation (the MoE layer checkpointed on its own, output-discarding element-wise modules);
+    # under full recomputation the whole layer is recomputed instead
+    modules = ((["moe"] if experts and plan.job.moe_recompute else []) + list(plan.job.recompute_modules)
+               if m.recompute != "full" else [])
+    if modules:
         if m.recompute != "selective":
             args.append("--recompute-granularity selective")
-        args.append("--recompute-modules " + ("core_attn moe" if m.recompute == "selective" else "moe"))
+        args.append("--recompute-modules " + " ".join((["core_attn"] if m.recompute == "selective" else []) + modules))
+    if plan.job.offload_modules:
+        args += ["--fine-grained-activation-offloading", "--offload-modules " + " ".join(plan.job.offload_modules)]
     if spec.family in ("llama", "mistral") or (experts and spec.gated_mlp):
         args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
     elif spec.learned_positions == 0:
