@@ -651,8 +651,8 @@ POWER_LIMITED_B200 = ("B200 'power limited' to a limit the source does not state
 #: How torchtitan's async-TP rows (the notes' "async TP": ``enable_async_tensor_parallel``) are mapped: as vanilla
 #: TP. PyTorch's async TP as the estimator models it (:attr:`hetplan.plan.Job.async_tp`,
 #: :func:`hetplan.estimate.compute.async_tp_exposed_s`) predicts 1.11-1.23x over the vanilla twins where the runs
-#: measured 1.05-1.16x (``tests/calibration/test_modern.py``); with it the set goes from 9.6 to 12.2 % (and
-#: ``long_context_cp`` from 5.9 to 6.2 %), so the rows keep vanilla TP until the missing cost is found, and say so.
+#: measured 1.05-1.16x (``tests/calibration/test_modern.py``); with it the set goes from 8.9 to 10.6 % (and
+#: ``long_context_cp`` from 5.6 to 6.1 %), so the rows keep vanilla TP until the missing cost is found, and say so.
 ASYNC_TP_NOTE = "async TP mapped as vanilla TP (Job.async_tp predicts more speedup than these runs measured)"
 
 

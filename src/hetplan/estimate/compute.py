@@ -314,9 +314,10 @@ def layer_time_s(
             and of per-op SAC's two recomputed all-gathers. Not under ``tp_comm_overlap`` (fused collective
             matmuls take the layout themselves).
         async_tp: PyTorch's async TP (torchtitan ``enable_async_tensor_parallel``; with sequence parallelism, dense
-            layers, not with ``tp_comm_overlap``): Inductor's micro-pipeline pass fuses each of the four TP
-            collectives of a pass with its GEMM (:func:`async_tp_exposed_s`, :func:`async_tp_extra_s`); no
-            sequence-dim copies.
+            layers, not with ``tp_comm_overlap``): Inductor's micro-pipeline pass fuses the forward's four TP
+            collectives and the backward's two all-gathers with their GEMMs (:func:`async_tp_exposed_s`,
+            :func:`async_tp_extra_s`; the backward reduce-scatters stay NCCL's, with their copies); no
+            sequence-dim copies for the fused ones.
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
