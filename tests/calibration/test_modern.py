@@ -117,8 +117,9 @@ BOUNDS = {
     "llama3_405b": {"max_abs_error": 0.10},
     # megatron_lm_h100: untied embeddings (the README's sizes), the unfused cross-entropy (r0.8.0's default) and the
     # PP-1 rows as one micro-batch per DP rank: MAPE 9.2 -> 8.1 %, max 22.2 -> 20.6 % (the 1.7B row, +21 %; 7.1B
-    # +17 %; every row from 16B up within 10 %).
-    "megatron_lm_h100": {"mape": 0.09, "max_abs_error": 0.21},
+    # +17 %; every row from 16B up within 10 %). The reduction's K½ following the machine balance (H100 259 / 517 FP8,
+    # e_max refitted 0.686 / 0.645): MAPE 8.1 -> 7.7 %, max 20.6 -> 18.8 % (1.7B; 7.1B +16.5 %).
+    "megatron_lm_h100": {"mape": 0.08, "max_abs_error": 0.195},
     # moe_h100 (target 15 % met): 14.7 % MAPE on 22 rows, max 34 %, with the sources' own FLOP count
     # (Megatron's causal half for the ModelZoo TFLOP/s), AutoModel's activation checkpointing as full recompute,
     # the GPT-OSS recipes' EP, DeepEP's one copy per node and rank, TE's per-expert GEMM launches and

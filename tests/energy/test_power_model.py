@@ -68,13 +68,15 @@ def test_fit_reproduces_catalog_coefficients():
 @pytest.mark.parametrize("device,same_time,same_slowdown", [("a100_sxm", 0.045, 0.05), ("a40", 0.05, 0.045)])
 def test_frontier_from_model_profile(device, same_time, same_slowdown):
     """Both frontiers (8 x 12, 1F1B) computed; at every iteration time of the measured frontier inside the
-    derived one's range, the least energy each offers within it differs by < 5 % (A100 3.9 %, A40 4.4 %)."""
+    derived one's range, the least energy each offers within it differs by < 5 % (A100 4.3 %, A40 4.3 %)."""
     gpu = PERSEUS_GPUS[device]
     measured = load_stage_profile(profile_path("bloom", device))
     derived = plan_stage_profile(perseus_plan("bloom", gpu), time_scale=TIME_SCALE[gpu], tp_collectives=False).profile
     idle = load_catalog().get(gpu).idle_power_w
     same_t = frontier_gap(measured, derived, idle, 12)
-    assert same_t["times_compared"] > 0.9 * same_t["measured_points"]  # the common range is most of the frontier
+    # the common range is most of the frontier (A100: 575 of 641 points; 587 before the reduction's K½ followed the
+    # machine balance, which falls with the SM clock: hetplan.estimate.compute.reduction_half_dim)
+    assert same_t["times_compared"] > 0.85 * same_t["measured_points"]
     assert same_t["max_rel_energy_diff"] < same_time <= 0.05
     # the fastest plans agree within 3 % in time
     assert same_t["derived_fastest_s"] == pytest.approx(same_t["measured_fastest_s"], rel=0.03)

@@ -18,6 +18,25 @@ def test_gemm_efficiency_grows_with_every_dimension_and_is_bounded():
     assert compute.gemm_efficiency(g, 65536, 65536, 65536) == pytest.approx(g.compute_efficiency, rel=0.01)
 
 
+def test_reduction_half_dim_is_the_machine_balance_scaled_from_the_a100():
+    """K½ of the reduction grows with peak / HBM bandwidth: the A100 keeps its fitted 134, the H100 (989 TFLOP/s on
+    3.35 TB/s) gets 134 x 295 / 153 = 259, twice that for FP8 at twice the rate; a GEMM whose only short dimension
+    is K loses more on the H100 than one whose short dimension is M or N."""
+    a100, h100 = get_gpu("A100-SXM-80GB"), get_gpu("H100-SXM")
+    assert compute.reduction_half_dim(a100) == pytest.approx(a100.gemm_half_dim)
+    expected = h100.gemm_half_dim * (989.4 / 3350) / (312 / 2039)
+    assert compute.reduction_half_dim(h100) == pytest.approx(expected, rel=1e-9)
+    assert 255 < compute.reduction_half_dim(h100) < 262
+    assert compute.reduction_half_dim(h100, "fp8") == pytest.approx(2 * compute.reduction_half_dim(h100), rel=1e-3)
+    short_k = compute.gemm_efficiency(h100, 16384, 8192, 1024)
+    short_n = compute.gemm_efficiency(h100, 16384, 1024, 8192)
+    phi = lambda x, x0: x / (x + x0)  # noqa: E731
+    assert short_k / short_n == pytest.approx(phi(1024, expected) * phi(8192, 134) / (phi(1024, 134) * phi(8192, expected)))
+    assert short_k < short_n
+    # On the A100 the three dimensions still weigh the same (the vTrain fit is untouched).
+    assert compute.gemm_efficiency(a100, 16384, 8192, 1024) == pytest.approx(compute.gemm_efficiency(a100, 16384, 1024, 8192))
+
+
 def test_small_layers_narrow_the_gap_between_gpus():
     """FASOP measures an A100/A10 per-layer time ratio of only 1.43 for GPT-2 XL at micro-batch 1 although the
     peak ratio is 2.5: fixed per-kernel costs and small GEMMs compress the gap. The model reproduces the direction:

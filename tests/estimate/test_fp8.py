@@ -19,21 +19,25 @@ def h100():
 
 def test_linear_gemms_halve_at_equal_efficiency_attention_and_head_do_not(h100):
     """Worked example, Llama 3 8B, micro-batch 1 x 8192 tokens, TP 1, on an H100 whose FP8 ceiling is set to its
-    bf16 one: every linear GEMM is compute-bound, so at twice the peak it takes half the time; the attention core
-    (standard and flash) and the output head stay bf16 and take exactly as long."""
+    bf16 one: every linear GEMM is compute-bound, so at twice the peak it takes half the time but for its reduction,
+    whose K½ doubles with the FP8 rate (the tile's store costs twice as many K steps:
+    :func:`hetplan.estimate.compute.reduction_half_dim`); the attention core (standard and flash) and the output
+    head stay bf16 and take exactly as long."""
     gpu = h100.model_copy(update={"fp8_compute_efficiency": h100.compute_efficiency})
     m = load_model("llama3-8b")
     lin16, core16 = compute.layer_gemm_times_s(m, gpu, "bf16", 1, 8192, 1)
     lin8, core8 = compute.layer_gemm_times_s(m, gpu, "fp8", 1, 8192, 1)
     ratio = gpu.peak_flops_per_s("bf16") / gpu.peak_flops_per_s("fp8")  # 989.4 / 1978.9: the datasheet's "half"
-    assert lin8 == pytest.approx(lin16 * ratio, rel=1e-12)
+    assert lin16 * ratio < lin8 < 1.1 * lin16 * ratio
     assert core8 == core16
     assert compute.flash_attention_time_s(m, gpu, "fp8", 1, 8192, 1) == compute.flash_attention_time_s(
         m, gpu, "bf16", 1, 8192, 1)
     assert compute.head_time_s(m, gpu, "fp8", 1, 8192, 1) == compute.head_time_s(m, gpu, "bf16", 1, 8192, 1)
     # by hand: QKV (8192, 6144, 4096), out (8192, 4096, 4096), fc1 (8192, 28672, 4096), fc2 (8192, 4096, 14336)
     phi = lambda x: x / (x + gpu.gemm_half_dim)  # noqa: E731
-    by_hand = sum(2 * 8192 * n * k / (1978.9e12 * gpu.compute_efficiency * phi(8192) * phi(n) * phi(k))
+    k_half = gpu.gemm_half_dim * (1978.9 / 3350) / (312 / 2039)  # FP8 balance over the A100's
+    psi = lambda k: k / (k + k_half)  # noqa: E731
+    by_hand = sum(2 * 8192 * n * k / (1978.9e12 * gpu.compute_efficiency * phi(8192) * phi(n) * psi(k))
                   for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)))
     assert lin8 == pytest.approx(by_hand, rel=1e-12)
 

@@ -4,7 +4,7 @@
 columns, ``K`` the reduction):
 
     time = max( 2·M·N·K / (peak · eff(M, N, K)),  2·(M·K + K·N + M·N) / HBM bandwidth )
-    eff(M, N, K) = e_max · φ(M) · φ(N) · φ(K),   φ(x) = x / (x + x½)
+    eff(M, N, K) = e_max · φ(M) · φ(N) · ψ(K),   φ(x) = x / (x + x½),   ψ(K) = K / (K + K½)
 
 — the roofline of Williams, Waterman & Patterson (CACM 2009) with a compute ceiling that falls for small
 dimensions: a GEMM with a small dimension has few output tiles (wave quantisation, idle SMs) or a short
@@ -12,6 +12,15 @@ reduction (tile loads not amortised), so it runs far below peak. This is why FAS
 time ratio of only 1.43 at micro-batch 1 while their peak ratio is 2.5. ``e_max`` is
 :attr:`GPUSpec.compute_efficiency` (large GEMMs), ``x½`` is :attr:`GPUSpec.gemm_half_dim`; both are fitted per
 GPU type (:mod:`hetplan.calibration.calibrate`, docs/estimator.md).
+
+The reduction's ``K½`` (:func:`reduction_half_dim`) is the per-tile overhead of a tiled GEMM (CUTLASS / cuBLAS:
+each thread block loops over ``K`` in its mainloop, then its epilogue converts and stores its ``bm x bn`` output
+tile): the mainloop takes ``2·bm·bn·K / P`` and the 2-byte store ``2·bm·bn / B`` (P, B the SM's share of the
+peak and of the HBM bandwidth), so the overhead equals ``P / B`` elements of ``K`` — the machine balance. On the
+A100 (312 TFLOP/s, 2,039 GB/s: 153) the vTrain fit of ``x½`` (134) is that balance within 13 %. An H100 SXM runs
+its tensor cores 3.2x faster on 1.6x the bandwidth (balance 295, 591 for FP8 at twice the rate): a short
+reduction (the row-parallel GEMMs' ``h/t``, the layers of a small model) costs it relatively more. ``K½`` is
+``x½`` times the GPU's balance over the A100's, so the A100 fits keep their values.
 
 Per layer (tokens ``T = b·s``, TP degree ``t``, Megatron-LM's sharding, Shoeybi et al. 2019): QKV ``(T, (q+2g·d)/t, h)``,
 attention scores ``b·a/t`` batched ``(s, s, d)``, attention over values ``b·a/t`` batched ``(s, d, s)``, output
@@ -99,12 +108,30 @@ def pool_gpu(catalog, pool, field: str = "gpu", job=None) -> GPUSpec:
     return gpu.model_copy(update=update)
 
 
+#: Machine balance (dense 16-bit peak FLOP/s per HBM byte/s) of the GPU the shape constant ``gemm_half_dim`` was
+#: fitted on: the A100-SXM-80GB (312 TFLOP/s, 2,039 GB/s; vTrain's rows, docs/estimator.md Calibration).
+REFERENCE_BALANCE_FLOP_PER_BYTE = 312e12 / 2039e9
+
+
+def reduction_half_dim(gpu: GPUSpec, dtype: str = "bf16"):
+    """Reduction length ``K½`` (elements) at which a GEMM's per-tile overhead (the epilogue's store of its output
+    tile against the mainloop over ``K``; module doc) halves its efficiency: ``gemm_half_dim`` scaled by the GPU's
+    machine balance (``dtype`` dense peak / HBM bandwidth) over the reference machine's
+    (:data:`REFERENCE_BALANCE_FLOP_PER_BYTE`): 134 on the A100-SXM-80GB, 259 on the H100 SXM in bf16 and 517 in
+    FP8, 274 on GB200.
+
+    Raises:
+        HetplanError: the GPU lacks ``dtype``."""
+    balance = gpu.peak_flops_per_s(dtype) / gpu.hbm_bandwidth_bytes_per_s
+    return gpu.gemm_half_dim * balance / REFERENCE_BALANCE_FLOP_PER_BYTE
+
+
 def gemm_efficiency(gpu: GPUSpec, M, N, K, dtype: str = "bf16"):
-    """Fraction of the ``dtype`` dense peak a GEMM of shape (M, N, K) reaches: ``e_max · φ(M)·φ(N)·φ(K)`` (module
-    doc); ``e_max`` of FP8 GEMMs: :func:`hetplan.estimate.fp8.gemm_ceiling`."""
+    """Fraction of the ``dtype`` dense peak a GEMM of shape (M, N, K) reaches: ``e_max · φ(M)·φ(N)·ψ(K)`` (module
+    doc; ``K½`` of ψ: :func:`reduction_half_dim`); ``e_max`` of FP8 GEMMs: :func:`hetplan.estimate.fp8.gemm_ceiling`."""
     x0 = gpu.gemm_half_dim
-    phi = lambda x: x / (x + x0)  # noqa: E731
-    return fp8.gemm_ceiling(gpu, dtype) * phi(M) * phi(N) * phi(K)
+    k0 = reduction_half_dim(gpu, dtype)
+    return fp8.gemm_ceiling(gpu, dtype) * M / (M + x0) * N / (N + x0) * K / (K + k0)
 
 
 def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1):
