@@ -66,6 +66,12 @@ class Job(BaseModel):
             pool's GPU (:data:`hetplan.hardware.catalog.DEFAULT_ATTENTION_KERNEL`: cuDNN on Hopper and Blackwell
             for Megatron-Core / Transformer Engine and for PyTorch SDPA as torchtitan and PyTorch >= 2.11 order
             it, FlashAttention-2 otherwise); set ``fa2`` for PyTorch SDPA before those (its flash backend).
+        async_tp: PyTorch's async tensor parallelism under ``framework = "fsdp"`` with ``torch_compile`` (torchtitan
+            ``[parallelism] enable_async_tensor_parallel``): Inductor's micro-pipeline pass fuses every TP all-gather
+            and reduce-scatter of sequence parallelism with the matmul it feeds or drains, pulling peers' shards over
+            NVLink with the copy engines while the GEMM works on chunks already there
+            (:func:`hetplan.estimate.compute.async_tp_exposed_s`). Default False: the collectives exposed, with
+            DTensor's layout copies.
         moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
             models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
             factor; 1 for benchmarks that force balanced routing).
@@ -117,12 +123,17 @@ class Job(BaseModel):
     cp_load_balance: bool = True
     torch_compile: bool = True
     attention_kernel: Literal["fa2", "fa3", "cudnn"] | None = None
+    async_tp: bool = False
 
     @model_validator(mode="after")
     def _check_compile(self) -> "Job":
         if not self.torch_compile and self.framework != "fsdp":
             raise ValueError(f"torch_compile = false applies to framework 'fsdp' (torchtitan, eager PyTorch); "
                              f"{self.framework} runs fused kernels: remove torch_compile or set framework = 'fsdp'")
+        if self.async_tp and (self.framework != "fsdp" or not self.torch_compile):
+            raise ValueError("async_tp is PyTorch's async TP, an Inductor pass (torchtitan "
+                             "enable_async_tensor_parallel): it needs framework = 'fsdp' and torch_compile = true; "
+                             "remove async_tp, or for Megatron set the plan's tp_comm_overlap")
         if (self.recompute_modules or self.offload_modules) and self.framework != "megatron":
             raise ValueError(f"recompute_modules and offload_modules are Megatron-Core options; framework "
                              f"{self.framework!r} has neither: remove them or set framework = 'megatron'")

@@ -112,7 +112,8 @@ BOUNDS = {
     # rows' per-op SAC, fp32 loss before 2025-04, also charged in time): 13.1 %; the Llama 4 Scout MoE rows at the
     # local batch 1 they ran (modern.TORCHTITAN_LOCAL_BATCH; +46 / +66 % -> +28 / +42 %) with torch._grouped_mm's
     # Blackwell ceiling (moe.TORCH_GROUPED_MM_BLACKWELL; -> +15 / +28 %): 10.8 %, target 12 % met (the H200 rows
-    # +26 / +27 %)
+    # +26 / +27 %); the H200 rows at the FlashAttention-2 rates of their SDPA backend (+12 / +13 %): 9.8 %; torchao's
+    # backward float8 work (recast input, transposed copies; shard casts under TP): 9.6 % (8.9 % after the K½ refit)
     "torchtitan": {"mape": 0.12},
     "llama3_405b": {"max_abs_error": 0.10},
     # megatron_lm_h100: untied embeddings (the README's sizes), the unfused cross-entropy (r0.8.0's default) and the
@@ -346,6 +347,28 @@ def test_rows_map_the_recipe_as_it_ran(run):
     grok = [c for c in cases if c.key.startswith("dgxc") and "Grok" in c.key]
     assert {c.plan.cuda_graphs for c in grok if c.gpu == "GB200"} == {True}
     assert {c.plan.cuda_graphs for c in grok if c.gpu != "GB200"} == {False}
+
+
+#: torchtitan's published async-TP / vanilla-TP pairs (row indices: vanilla, async), the same job otherwise.
+ASYNC_TP_PAIRS = ((10, 11), (18, 19), (20, 21), (24, 25), (26, 27), (33, 34))
+
+
+def test_async_tp_model_against_the_published_pairs(run):
+    """PyTorch's async TP as modelled (``Job.async_tp``) on each published async / vanilla pair: faster than the
+    vanilla twin, by more than the runs measured (1.045-1.164x) but by at most 0.15 more — the stated residual
+    that keeps the async rows mapped as vanilla TP (``modern.ASYNC_TP_NOTE``)."""
+    from hetplan.estimate.estimator import estimate
+
+    _, cases = run
+    titan = {int(c.key.split(":")[1]): c for c in cases if c.set == "torchtitan"}
+    for vanilla, fused in ASYNC_TP_PAIRS:
+        v, a = titan[vanilla], titan[fused]
+        assert modern.ASYNC_TP_NOTE in a.notes and modern.ASYNC_TP_NOTE not in v.notes
+        plan = a.plan.model_copy(update={"job": a.plan.job.model_copy(update={"async_tp": True})})
+        est = estimate(plan, model=a.model, virtual_stages=a.virtual_stages)
+        measured = a.measured / v.measured
+        predicted = modern.quantity_of(est, a.quantity, plan, a.model) / v.predicted
+        assert measured < predicted <= measured + 0.15, (vanilla, fused, measured, predicted)
 
 
 def test_mla_runs_unfused_on_blackwell_and_needs_its_core_attention_recompute(run):

@@ -44,15 +44,29 @@ def test_linear_gemms_halve_at_equal_efficiency_attention_and_head_do_not(h100):
 
 def test_cast_time_worked_example(h100):
     """Delayed scaling (TE cast-transpose, 4 B per element): forward casts the linear inputs T·(h + q + h + f),
-    backward the output gradients T·((q+2kv) + h + 2f + h), at 3.35 TB/s; tensor-wise current scaling (torchao)
-    reads each tensor once more (6 B)."""
+    backward the output gradients T·((q+2kv) + h + 2f + h), at 3.35 TB/s. torchao's tensor-wise scaling: 5 B per
+    input element forward (amax read, then read + 1-byte write); backward 6 B per output-gradient element (its cast
+    and transposed second write), the bf16 input recast (5 B per input element) and the FP8 weight's column-major
+    copy (2 B per weight element). Under TP 4 with sequence parallelism the QKV / FC1 inputs and the projection /
+    FC2 output gradients are cast on their shard (1/4) and copied (2 B) after the FP8 all-gather."""
     m = load_model("llama3-8b")
     T, h, f, q, kv = 8192, 4096, 14336, 4096, 1024
     fwd, bwd = fp8.layer_cast_time_s(h100, "delayed", moe.linear_gemm_shapes(m, 1, T, 1))
     assert fwd == pytest.approx(4 * T * (h + q + h + f) / 3.35e12, rel=1e-12)
     assert bwd == pytest.approx(4 * T * ((q + 2 * kv) + h + 2 * f + h) / 3.35e12, rel=1e-12)
-    fwd6, _ = fp8.layer_cast_time_s(h100, "tensorwise", moe.linear_gemm_shapes(m, 1, T, 1))
-    assert fwd6 == pytest.approx(1.5 * fwd, rel=1e-12)
+    inputs, grads = T * (h + q + h + f), T * ((q + 2 * kv) + h + 2 * f + h)
+    weights = h * (q + 2 * kv) + q * h + h * 2 * f + f * h
+    tw_f, tw_b = fp8.layer_cast_time_s(h100, "tensorwise", moe.linear_gemm_shapes(m, 1, T, 1))
+    assert tw_f == pytest.approx(5 * inputs / 3.35e12, rel=1e-12)
+    assert tw_b == pytest.approx((6 * grads + 5 * inputs + 2 * weights) / 3.35e12, rel=1e-12)
+    t = 4
+    tp_f, tp_b = fp8.layer_cast_time_s(h100, "tensorwise", moe.linear_gemm_shapes(m, 1, T, t), t, True,
+                                       (True, False, True, False))
+    col_in, row_in = T * (h + h), T * (q + f) / t  # QKV / FC1 inputs (whole, gathered), projection / FC2 inputs
+    col_grad, row_grad = T * ((q + 2 * kv) + 2 * f) / t, T * (h + h)  # QKV / FC1 and projection / FC2 grads
+    assert tp_f == pytest.approx((5 * col_in / t + 5 * row_in) / 3.35e12, rel=1e-12)
+    assert tp_b == pytest.approx((6 * col_grad + (5 / t + 2) * row_grad + 2 * col_in + 5 * row_in
+                                  + 2 * weights / t) / 3.35e12, rel=1e-12)
 
 
 def _stage(m, gpu, dtype, framework="megatron", **kw):

@@ -144,6 +144,9 @@ def plan_command(
                                             "or eager (the same, unfused: Hugging Face eager attention)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
                                             "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
+    attention_kernel: Optional[str] = typer.Option(None, "--attention-kernel", help="fa2 | fa3 | cudnn: the fused "
+                                                   "attention kernel (default: the framework's on the GPU)."),
+    async_tp: bool = typer.Option(False, "--async-tp", help="PyTorch's async TP (framework fsdp, compiled)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (one pool; see `hetplan catalog gpus`)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs available of that type."),
     node: Optional[str] = typer.Option(None, "--node", help="Node preset (`hetplan catalog nodes`; default: the "
@@ -202,7 +205,7 @@ def plan_command(
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
                      ("train_iterations", iterations), ("dtype", dtype), ("attention", attention),
-                     ("framework", framework)):
+                     ("framework", framework), ("attention_kernel", attention_kernel), ("async_tp", async_tp or None)):
         if val is not None:
             job_raw[key] = val
     for key in ("model", "seq_len", "global_batch"):

@@ -260,6 +260,7 @@ def layer_time_s(
     cuda_graphs=False,
     op_sac=False,
     sequence_dim_copies=False,
+    async_tp=False,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -312,12 +313,20 @@ def layer_time_s(
             all-gathers), at the HBM bandwidth, for each of the four collectives of a pass, of full recomputation
             and of per-op SAC's two recomputed all-gathers. Not under ``tp_comm_overlap`` (fused collective
             matmuls take the layout themselves).
+        async_tp: PyTorch's async TP (torchtitan ``enable_async_tensor_parallel``; with sequence parallelism, dense
+            layers, not with ``tp_comm_overlap``): Inductor's micro-pipeline pass fuses the forward's four TP
+            collectives and the backward's two all-gathers with their GEMMs (:func:`async_tp_exposed_s`,
+            :func:`async_tp_extra_s`; the backward reduce-scatters stay NCCL's, with their copies); no
+            sequence-dim copies for the fused ones.
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
     """
     flash = counts.check_attention(attention) == "flash"
     linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t) if gemm_times_s is None else gemm_times_s
+    on_async = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & bool(async_tp and not tp_comm_overlap)
+    gemm_f, gemm_b, bytes_f, bytes_b, gather_bytes = (
+        (np.where(on_async, x, 0.0) for x in async_tp_extra_s(m, gpu, dtype, b, s, t)) if async_tp else (0.0,) * 5)
     act_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none", attention=attention)
     act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none", attention=attention)
     act = np.where(sequence_parallel, act_sp, act_nosp)
@@ -331,7 +340,8 @@ def layer_time_s(
         elem, elem_bwd = (elem + score_fwd * scores / gpu.hbm_bandwidth_bytes_per_s,
                           2 * elem + score_bwd * scores / gpu.hbm_bandwidth_bytes_per_s)
     kernel = 0.0 if cuda_graphs else gpu.kernel_overhead_s
-    kernels = KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels
+    kernels = (KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels
+               + np.where(on_async, ASYNC_TP_KERNELS_PER_STEP * (np.asarray(t) - 1.0), 0.0))
     core_gemm = core_gemm * attention_blocks
     if flash:
         core_fwd, core_bwd = (x * attention_blocks for x in flash_attention_time_s(m, gpu, dtype, b, s, t))
@@ -339,8 +349,10 @@ def layer_time_s(
         core_fwd, core_bwd = core_gemm, 2 * core_gemm
     # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers); the
     # backward launches twice the forward's kernels.
-    fwd_compute = _softmax_floor(linear + core_fwd + elem, kernels * kernel)
-    bwd_compute = _softmax_floor(2 * linear + elem_bwd + core_bwd, 2 * kernels * kernel)
+    # Async TP: the fused GEMMs run in t chunks (forward, and the backward's data-gradient GEMMs) and the pass moves
+    # the bytes of async_tp_extra_s.
+    fwd_compute = _softmax_floor(linear + gemm_f + core_fwd + elem + bytes_f, kernels * kernel)
+    bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b, 2 * kernels * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
                             KERNELS_ATTENTION_CORE * kernel)
@@ -353,6 +365,7 @@ def layer_time_s(
     inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s
     tp_kw = dict(inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s)
     tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
+    reduce_scatter = tp_one / 2  # one reduce-scatter: half an all-reduce's ring steps
     if fp8.is_fp8(dtype):  # FP8 + SP: each all-gather half of an all-reduce moves FP8 (fp8 module doc)
         half = group_collective_time_s(tp_msg / 2, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
         tp_one = np.where(sequence_parallel, 0.5 * (tp_one + half), tp_one)
@@ -362,16 +375,22 @@ def layer_time_s(
         f_ov, b_ov = tp_overlap_exposed_s(m, tp_one / 2, linear, t, overlap_contention(gpu))
         on = np.asarray(sequence_parallel) & (np.asarray(t) > 1)
         tp_pass, tp_bwd_pass = np.where(on, f_ov, tp_pass), np.where(on, b_ov, tp_bwd_pass)
-    fwd = fwd_compute + tp_pass
     gather = tp_one / 2  # one all-gather: half an all-reduce's ring steps (FP8 + SP: of the FP8 input)
     if fp8.is_fp8(dtype):
         gather = np.where(sequence_parallel, half / 2, gather)
-    sac_gathers = np.where((rc == 1) & op_sac & np.asarray(sequence_parallel) & (np.asarray(t) > 1), 2 * gather, 0.0)
+    sac_on = (rc == 1) & op_sac & np.asarray(sequence_parallel) & (np.asarray(t) > 1)
+    sac_gathers = np.where(sac_on, 2 * gather, 0.0)
+    if async_tp:
+        f_as, b_as, sac_as = async_tp_exposed_s(m, gather, reduce_scatter, linear, t)
+        tp_pass, tp_bwd_pass = np.where(on_async, f_as, tp_pass), np.where(on_async, b_as, tp_bwd_pass)
+        sac_gathers = np.where(on_async, np.where(sac_on, sac_as, 0.0), sac_gathers)
+        bwd_compute = bwd_compute + np.where(sac_on, gather_bytes, 0.0)  # full recompute: in fwd_compute
+    fwd = fwd_compute + tp_pass
     tp_bwd = tp_bwd_pass + np.where(rc == 2, tp_pass, 0.0) + sac_gathers
     if sequence_dim_copies:  # DTensor's chunk + cat around each sequence-parallel collective
         full = b * s * m.hidden_size / gpu.hbm_bandwidth_bytes_per_s
         gather_copy = (2.0 if fp8.is_fp8(dtype) else 4.0) * full
-        on = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & (not tp_comm_overlap)
+        on = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & (not tp_comm_overlap) & ~on_async
         pass_copy = np.where(on, 2 * gather_copy + 2 * 4.0 * full, 0.0)
         fwd = fwd + pass_copy
         bwd_compute = bwd_compute + pass_copy + np.where(rc == 2, pass_copy, 0.0) + np.where(
@@ -426,6 +445,78 @@ def tp_overlap_exposed_s(m: ModelSpec, c, linear_s, t, contention):
         return overlapped_exposed_s(c, g, contention)
 
     return ring(qkv) + ring(fc1) + pipelined(proj) + pipelined(fc2), ring(proj) + ring(fc2) + bulk(qkv) + bulk(fc1)
+
+
+#: Kernels an async-TP fused collective matmul launches per step beyond the one GEMM of the unfused layer: one GEMM
+#: chunk and one peer copy per remote shard (``_pipelined_all_gather_and_consume`` /
+#: ``_pipelined_produce_and_all2all``, ``torch/distributed/_symmetric_memory/__init__.py``); four fused
+#: collectives per pass: ``4 · 2 · (t - 1)`` kernels more per layer forward.
+ASYNC_TP_KERNELS_PER_STEP = 8.0
+
+
+def async_tp_exposed_s(m: ModelSpec, all_gather_s, reduce_scatter_s, linear_s, t):
+    """``(forward_s, backward_s, op_sac_s)``: exposed TP communication of one dense layer under PyTorch's async TP.
+    Inductor's ``micro_pipeline_tp`` pass (``torch/_inductor/fx_passes/micro_pipeline_tp.py``) rewrites an
+    all-gather whose result feeds matmuls as their left operand into ``fused_all_gather_matmul``, and a
+    reduce-scatter whose input is one matmul's output (its only user) into ``fused_matmul_reduce_scatter``
+    (``torch/distributed/_symmetric_memory/__init__.py``):
+
+    * fused all-gather (forward: the QKV and FC1 inputs, one fused op for ``wq`` / ``wk`` / ``wv`` and one for
+      ``w1`` / ``w3``; backward: the output gradients before the projection / FC2 data-gradient GEMMs): each
+      rank's shard is published in symmetric memory; the GEMM runs on the local shard first, then on each peer's
+      shard as a copy-engine pull brings it over NVLink (two streams alternate, so pulls and GEMM chunks
+      pipeline): exposed ``max(0, c - g·(t-1)/t)``;
+    * fused reduce-scatter (forward: the projection and FC2 outputs): the GEMM produces each peer's chunk in turn
+      into a symmetric buffer the peer pulls while the next chunk is computed, its own chunk last: the same
+      pipeline and exposure; the reduction of the ``t`` partials is HBM work (:func:`async_tp_extra_s`);
+    * the backward reduce-scatters of the QKV and FC1 input gradients stay NCCL collectives, exposed in full: their
+      input is the sum of two or three matmuls (``wq``, ``wk``, ``wv``; ``w1``, ``w3``), not one matmul, so the
+      pattern does not match (their DTensor copies: :func:`async_tp_extra_s`).
+
+    ``c``: ``all_gather_s`` / ``reduce_scatter_s`` of one ``b·s·h`` activation (the pulls move what a ring moves);
+    ``g``: the paired GEMM's share of ``linear_s`` (:func:`tp_overlap_shares`; a data-gradient GEMM has its forward
+    GEMM's FLOPs). Copy engines take no SMs from the GEMMs. ``op_sac_s``: per-op SAC's two recomputed all-gathers,
+    fused with the recomputed ``wk`` / ``w3`` GEMMs (:func:`op_sac_matmuls`). Arrays broadcast."""
+    qkv, proj, fc1, fc2 = (linear_s * share for share in tp_overlap_shares(m))
+    t = np.asarray(t, dtype=float)
+
+    def fused(c, g):
+        return np.maximum(0.0, c - g * (t - 1.0) / np.maximum(t, 1.0))
+
+    ag, rs = all_gather_s, reduce_scatter_s
+    w = [x for x, _ in op_sac_matmuls(m)]
+    wk, w3 = w[1] / sum(w), (w[5] / sum(w) if m.gated_mlp else 0.0)
+    sac = fused(ag, linear_s * wk) + fused(ag, linear_s * w3)
+    return (fused(ag, qkv) + fused(ag, fc1) + fused(rs, proj) + fused(rs, fc2),
+            fused(ag, proj) + fused(ag, fc2) + 2 * rs, sac)
+
+
+def async_tp_extra_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
+    """``(gemm_fwd_s, gemm_bwd_s, bytes_fwd_s, bytes_bwd_s, gather_bytes_s)``: what async TP adds to a dense
+    layer's passes beyond the exposed collectives (:func:`async_tp_exposed_s`;
+    ``torch/distributed/_symmetric_memory/__init__.py``):
+
+    * GEMM chunks: a fused GEMM runs as ``t`` chunks of ``T/t`` rows (``T = b·s``) instead of one of ``T`` rows
+      (:func:`gemm_time_s` of each chunk), all four in forward, the projection / FC2 data-gradient GEMMs in
+      backward (:func:`attention_linear_shapes`, :func:`mlp_linear_shapes`);
+    * bytes, at the HBM bandwidth: per fused all-gather, the copy of the local shard into the symmetric buffer
+      before the first GEMM chunk (read + write of ``b·s·h/t`` elements, 1 byte each under FP8); per fused
+      reduce-scatter, the fp32-accumulating sum of the ``t`` received bf16 partials (``reduce_partials``: reads
+      ``b·s·h``, writes ``b·s·h/t`` elements); per unfused backward reduce-scatter, DTensor's sequence-dim copy of
+      its input (4 B per element, as :func:`layer_time_s`'s ``sequence_dim_copies``);
+    * ``gather_bytes_s``: one fused all-gather's shard copy (per-op SAC's recomputed all-gathers).
+
+    Seconds; arrays broadcast."""
+    T = b * s
+    t = np.asarray(t, dtype=float)
+    shapes = attention_linear_shapes(m, T, t) + mlp_linear_shapes(m, T, m.ffn_hidden_size, t)  # qkv, proj, fc1, fc2
+    chunked = [t * gemm_time_s(gpu, dtype, M / t, N, K) - gemm_time_s(gpu, dtype, M, N, K) for M, N, K in shapes]
+    n = T * m.hidden_size
+    hbm = gpu.hbm_bandwidth_bytes_per_s
+    shard = (fp8.OPERAND_BYTES if fp8.is_fp8(dtype) else OPERAND_BYTES) * 2.0 * n / t / hbm
+    reduce = OPERAND_BYTES * (n + n / t) / hbm
+    rs_copy = 2.0 * OPERAND_BYTES * n / hbm
+    return (sum(chunked), chunked[1] + chunked[3], 2 * shard + 2 * reduce, 2 * shard + 2 * rs_copy, shard)
 
 
 def op_sac_matmuls(m: ModelSpec) -> tuple[tuple[int, int], ...]:

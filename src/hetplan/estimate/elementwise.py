@@ -50,7 +50,7 @@ sums), the ``float()`` backward 4+2: 22 B against 8, and 3 more kernels each way
 ``hp_tensor_to_float8_dynamic`` (pytorch/ao@eab345c ``float8/float8_utils.py``, ``float8_tensor.py``) runs
 ``abs`` 2+2, ``max`` 2, ``to(float32)`` 2+4, ``* scale`` 4+4, ``clamp`` 4+4, ``to(float8)`` 4+1 = 33 B per element
 and 6 kernels plus 4 on the scalar scale, against the fused cast's
-:data:`hetplan.estimate.fp8.CAST_BYTES_PER_ELEMENT` ``["tensorwise"]`` = 6 B in one kernel.
+:data:`hetplan.estimate.fp8.CAST_BYTES_PER_ELEMENT` ``["tensorwise"]`` = 5 B in two (amax, then cast).
 
 All functions broadcast over numpy arrays (``b``, ``t``, ``sequence_parallel``). Bytes, seconds.
 """

@@ -114,7 +114,7 @@ def job_stage_options(job) -> dict:
     through, so a new job-level option reaches every search from here."""
     return dict(attention=job.attention, framework=job.framework, moe_load_imbalance=job.moe_load_imbalance,
                 kv_exchange=job.cp_kv_exchange, cp_load_balance=job.cp_load_balance, torch_compile=job.torch_compile,
-                moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap))
+                async_tp=job.async_tp, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap))
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
@@ -314,6 +314,7 @@ class _StageRow(NamedTuple):
     torch_compile: bool = True
     recompute_modules: tuple = ()
     offload_modules: tuple = ()
+    async_tp: bool = False
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -384,7 +385,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                                               plan.cross_entropy, job.moe_load_imbalance,
                                               job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
                                               job.cp_load_balance, job.torch_compile, tuple(job.recompute_modules),
-                                              tuple(job.offload_modules)),
+                                              tuple(job.offload_modules), job.async_tp),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -415,6 +416,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 fsdp_param_dtype=plan.fsdp_param_dtype, cross_entropy=plan.cross_entropy,
                 tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs, torch_compile=job.torch_compile,
                 recompute_modules=tuple(job.recompute_modules), offload_modules=tuple(job.offload_modules),
+                async_tp=job.async_tp,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
@@ -454,6 +456,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
                         cuda_graphs=row.cuda_graphs, torch_compile=row.torch_compile,
                         recompute_modules=row.recompute_modules, offload_modules=row.offload_modules,
+                        async_tp=row.async_tp,
                         moe_options=row.moe_options, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)

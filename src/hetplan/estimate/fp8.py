@@ -26,9 +26,22 @@ all-gather under torchao's FSDP2 float8 all-gather (1/dp of the weights; not cha
   cast-transpose reads the bf16 tensor (2 B) and writes the FP8 tensor and its transpose (1 + 1 B): Hopper's FP8
   tensor cores take only the "TN" layout, so the backward GEMMs need the transposed copies
   (TE ``transformer_engine/common/transpose/cast_transpose.cu``; TE docs, FP8 primer). 4 B per element.
-* ``tensorwise`` (torchao float8's default dynamic tensor-wise scaling; TE ``Float8CurrentScaling``): the scale
-  needs the amax of the tensor being cast, one more read of it (2 B) before the cast: 6 B per element
-  (torchao ``float8/float8_scaling_utils.py`` ``hp_tensor_to_float8_dynamic``: amax, then scale and cast).
+* ``tensorwise`` (torchao float8's default dynamic tensor-wise scaling, ``framework = "fsdp"``): the scale needs
+  the amax of the tensor being cast, a read (2 B) before the cast's read and 1-byte write: 5 B per element
+  (torchao ``float8/float8_scaling_utils.py`` ``hp_tensor_to_float8_dynamic``: amax, then scale and cast). Beyond
+  the forward input and backward output-gradient casts, torchao's backward (pytorch/ao@0afa4c1, June 2025,
+  ``float8/float8_linear.py`` ``matmul_with_hp_or_float8_args``, ``float8/float8_ops.py`` ``preprocess_addmm``:
+  ``torch._scaled_mm`` takes a row-major first and a column-major second operand) moves, per linear layer and
+  micro-batch (:func:`tensorwise_cast_time_s`): the output gradient again, transposed, for the weight-gradient
+  GEMM (one more 1-byte write, fused with its cast under torch.compile); the saved bf16 input recast for the
+  weight-gradient GEMM (5 B per element, written column-major); and a column-major copy of the FP8 weight for
+  the data-gradient GEMM (read + write, 2 B per weight element). With TP (sequence parallelism, torchtitan's
+  ``Float8ColwiseParallel`` / ``Float8RowwiseParallel``) a column-parallel layer's input and a row-parallel
+  layer's output gradient are cast on the sequence shard before their FP8 all-gather (1/t of the elements); the
+  gathered FP8 tensor is what the backward then copies to the layout it needs (2 B per element, no recast).
+  torchao before pytorch/ao@12396c6 (2025-01-13; the rows of December 2024 ran eab345c) saved the FP8 input instead
+  (``manual_float8_matmul_with_args_in_float8``): a 2-byte transposed copy where the current code recasts (5 B);
+  not distinguished.
 * ``mxfp8`` (Blackwell, TE ``MXFP8BlockScaling``; OCP Microscaling Formats spec v1.0): one E8M0 scale per 32
   elements, computed inside the cast kernel; row-wise and column-wise quantized copies instead of a transpose:
   read 2 B, write 1 + 1 B, plus one scale byte per 32 elements of each: 4 + 2/32 B per element.
@@ -75,7 +88,11 @@ from hetplan.model.spec import ModelSpec
 #: The job dtype of FP8 training (:attr:`hetplan.plan.Job.dtype`).
 FP8 = "fp8"
 #: Scaling recipes (module doc) and the bytes each moves per element it quantizes.
-CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0, "mxfp8": 4.0 + 2.0 / 32.0}
+CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 5.0, "mxfp8": 4.0 + 2.0 / 32.0}
+#: torchao tensor-wise backward, bytes per element (module doc): the transposed output gradient fused with its cast
+#: (a second 1-byte write); a separate transposed copy of an FP8 tensor (read + write).
+TRANSPOSED_WRITE_BYTES = 1.0
+TRANSPOSED_COPY_BYTES = 2.0
 RECIPES = tuple(CAST_BYTES_PER_ELEMENT)
 #: Bytes per FP8 GEMM input operand element (E4M3 / E5M2).
 OPERAND_BYTES = 1
@@ -112,15 +129,48 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str) -> float:
     return gpu.compute_efficiency
 
 
-def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes):
+def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes, t=1, sequence_parallel=False, column_parallel=None):
     """``(forward_s, backward_s)`` of the FP8 quantization of one layer, one micro-batch: the inputs ``M·K`` of its
     linear GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, :func:`hetplan.estimate.moe.linear_gemm_shapes`) in
     forward, their output gradients ``M·N`` in backward, :data:`CAST_BYTES_PER_ELEMENT` each, at the HBM bandwidth
-    (module doc)."""
+    (module doc); torchao's ``tensorwise``: :func:`tensorwise_cast_time_s` (``t``, ``sequence_parallel``,
+    ``column_parallel``)."""
+    if recipe_name == "tensorwise":
+        return tensorwise_cast_time_s(gpu, shapes, t, sequence_parallel, column_parallel)
     per = CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
     fwd = sum(M * K * n for M, N, K, n in shapes)
     bwd = sum(M * N * n for M, N, K, n in shapes)
     return fwd * per, bwd * per
+
+
+def tensorwise_cast_time_s(gpu: GPUSpec, shapes, t=1, sequence_parallel=False, column_parallel=None):
+    """``(forward_s, backward_s)``: torchao float8 tensor-wise scaling of one layer's linear GEMMs ``shapes``
+    (``[(M, N, K, batch), ...]``) for one micro-batch, compiled (module doc, Casts). Per GEMM, bytes per element of
+    its input ``M·K``, output gradient ``M·N`` and weight ``N·K`` (:data:`CAST_BYTES_PER_ELEMENT` ``c`` = 5):
+
+    * forward: the input cast, ``c·M·K`` (``c·M·K/t`` for a column-parallel GEMM under TP: cast on the shard
+      before the FP8 all-gather);
+    * backward: the output-gradient cast with its transposed second write, ``(c + 1)·M·N`` (a row-parallel GEMM
+      under TP: ``c·M·N/t`` before the all-gather, then a 2-byte transposed copy of the gathered FP8 tensor); the
+      input for the weight-gradient GEMM, recast from the saved bf16 input ``c·M·K`` (column-parallel under TP: a
+      2-byte copy of the gathered FP8 input); the FP8 weight's column-major copy ``2·N·K``.
+
+    ``column_parallel``: one flag per GEMM, True for a column-parallel one (QKV, FC1), False for a row-parallel
+    one (output projection, FC2) — their FP8 all-gathers exist with TP > 1 and ``sequence_parallel`` (as
+    torchtitan runs TP); None: no such all-gathers (MoE / MLA layers: every cast on the whole tensor). Seconds;
+    arrays broadcast."""
+    c, w, cp = CAST_BYTES_PER_ELEMENT["tensorwise"], TRANSPOSED_WRITE_BYTES, TRANSPOSED_COPY_BYTES
+    tp = (np.asarray(t, dtype=float) > 1) & np.asarray(sequence_parallel, dtype=bool)
+    fwd = bwd = 0.0
+    for i, (M, N, K, n) in enumerate(shapes):
+        col = column_parallel is not None and column_parallel[i]
+        row = column_parallel is not None and not column_parallel[i]
+        mk, mn, nk = M * K * n, M * N * n, N * K * n
+        fwd = fwd + np.where(tp & col, c * mk / t, c * mk)
+        grad = np.where(tp & row, c * mn / t + cp * mn, (c + w) * mn)
+        wgrad_input = np.where(tp & col, cp * mk, c * mk)
+        bwd = bwd + grad + wgrad_input + cp * nk
+    return fwd / gpu.hbm_bandwidth_bytes_per_s, bwd / gpu.hbm_bandwidth_bytes_per_s
 
 
 def weight_cast_time_s(linear_parameters, gpu: GPUSpec, recipe_name: str, framework: str):

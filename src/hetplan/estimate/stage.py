@@ -112,6 +112,7 @@ def stage_costs(
     tp_comm_overlap=False,
     cuda_graphs=False,
     torch_compile=True,
+    async_tp=False,
 ):
     """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
 
@@ -180,7 +181,8 @@ def stage_costs(
     otherwise, the fp32 loss. Under ``fsdp`` TP is
     PyTorch's DTensor TP (torchtitan): its sequence-dim copies (``sequence_dim_copies`` of
     :func:`hetplan.estimate.compute.layer_time_s`) are charged on dense models; MoE models under ``fsdp`` are the
-    Megatron-FSDP rows, whose TP is Megatron-Core's.
+    Megatron-FSDP rows, whose TP is Megatron-Core's. ``async_tp`` (:attr:`hetplan.plan.Job.async_tp`, dense models):
+    PyTorch's async TP in place of those copies and the exposed collectives (same function).
 
     Units: seconds, bytes.
     """
@@ -190,7 +192,7 @@ def stage_costs(
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
                  intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe,
                  cuda_graphs=cuda_graphs, op_sac=framework == "fsdp",
-                 sequence_dim_copies=framework == "fsdp" and not m.is_moe)
+                 sequence_dim_copies=framework == "fsdp" and not m.is_moe, async_tp=async_tp and not m.is_moe)
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
@@ -229,7 +231,9 @@ def stage_costs(
     fp8_recipe = fp8.recipe(gpu, framework) if fp8.is_fp8(dtype) else None
     if fp8_recipe is not None:  # FP8 quantization of the linear layers' inputs and output gradients
         shapes = moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)
-        cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, shapes)
+        dense = not (m.is_moe or m.is_mla)  # QKV / FC1 column-parallel, projection / FC2 row-parallel
+        cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, shapes, t, sequence_parallel,
+                                       (True, False, True, False) if dense else None)
         if eager:  # torchao's casts as separate ATen kernels
             xf, xb = elementwise.eager_cast_time_s(gpu, shapes)
             cf, cb = cf + xf, cb + xb

@@ -35,7 +35,8 @@ What each target can express:
   by ``hetplan_torchtitan_model.py``, imported through ``[experimental] custom_import``); bf16 or fp32 parameters
   (no fp16 mixed precision) over fp32 sharded master weights (a plan with ``fsdp_param_dtype`` or
   ``cross_entropy = "bf16"``, NeMo AutoModel's, is refused); the job's ``torch_compile`` as ``[compile] enable`` with ``components = ["model",
-  "loss"]`` (``CompileConfig``, torchtitan ``torchtitan/config/job_config.py``; eager: ``enable = false``).
+  "loss"]`` (``CompileConfig``, torchtitan ``torchtitan/config/job_config.py``; eager: ``enable = false``); the
+  job's ``async_tp`` as ``[parallelism] enable_async_tensor_parallel = true``.
 
 FP8 plans (``dtype = "fp8"``, :mod:`hetplan.estimate.fp8`): Megatron-LM gets ``--bf16`` plus the FP8 recipe the
 estimate assumed (``--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo
@@ -543,6 +544,7 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         "[parallelism]", *dp_lines, f"tensor_parallel_degree = {m.tp}",
         f"context_parallel_degree = {m.cp}", f"expert_parallel_degree = {m.ep}",
         f"pipeline_parallel_degree = {pp}",
+        *(["enable_async_tensor_parallel = true"] if plan.job.async_tp else []),
     ]
     if pp > 1:
         lines += [f"pipeline_parallel_microbatch_size = {plan.mbs}", f'pipeline_parallel_schedule = "{sched}"',
