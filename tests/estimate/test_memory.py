@@ -341,3 +341,23 @@ def test_pipeline_step_microbatches_size_the_buffers_and_flush_per_call():
         assert b.memory.total < a.memory.total
         if i == 0:  # first stage: 32 -> 4 gradient buffers, 4 in flight either way
             assert a.memory.activations - b.memory.activations == pytest.approx(28 * io)
+
+
+def test_allgather_cp_holds_every_ranks_kv_in_the_layer_backward():
+    """All-gather CP (PyTorch's ``context_parallel`` ``_AllGatherRotater``, Llama 3): the layer being
+    back-propagated holds the K/V of all ``cp`` ranks, ``cp x 2·(s/cp)·b·(g·d + g·d)/t`` grouped (Megatron) or
+    widened to the query heads ``cp x 2·(s/cp)·b·(a·d + a·d)/t`` where torchtitan's ``repeat_kv`` feeds SDPA
+    (``framework = "fsdp"``); ring CP holds one block (not counted). Worked example: a = 16, g = 4, d = 64."""
+    m = _gpt(L=4, h=1024, a=16, V=32000, dropout=False).model_copy(update={"num_kv_heads": 4})
+    s, b, t, cp = 8192, 1, 2, 4
+    assert float(memory.sdpa_kv_bytes(m, b, s / cp, t)) == 2 * (s / cp) * (2 * 4 * 64) / t
+    assert float(memory.sdpa_kv_bytes(m, b, s / cp, t, expanded=True)) == 2 * (s / cp) * (2 * 16 * 64) / t
+    for framework, expanded in (("megatron", False), ("fsdp", True)):
+        kw = _fsdp_kw(num_layers=4, s=s, t=t, cp=cp, sequence_parallel=True, framework=framework, zero=1)
+        ring, gathered = (stage_memory_bytes(m, cp_kv_exchange=x, **kw) for x in ("ring", "allgather"))
+        extra = cp * float(memory.sdpa_kv_bytes(m, b, s / cp, t, expanded=expanded))
+        assert float(gathered["transient"] - ring["transient"]) == pytest.approx(extra)
+        assert float(gathered["total"] - ring["total"]) == pytest.approx(extra * (1 + memory.ALLOCATOR_MARGIN))
+    one = _fsdp_kw(num_layers=4, s=s, t=t, cp=1, sequence_parallel=True)
+    assert float(stage_memory_bytes(m, cp_kv_exchange="allgather", **one)["total"]) == float(
+        stage_memory_bytes(m, **one)["total"])

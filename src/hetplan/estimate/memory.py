@@ -230,6 +230,17 @@ def module_activation_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, reco
     return discarded, offloaded
 
 
+def sdpa_kv_bytes(m: ModelSpec, b, s_local, t, expanded=False):
+    """Bytes of the K and V one attention call takes, per GPU (``s_local`` tokens, heads split over TP): the
+    grouped ``2·s·b·(g·d_qk + g·d_v)/t``, or with ``expanded`` the query heads' ``2·s·b·(a·d_qk + a·d_v)/t``:
+    torchtitan's Llama repeats the K/V heads to every query head before calling SDPA
+    (``torchtitan/models/llama/model.py`` at 9dec370, ``repeat_kv``), and SDPA saves its inputs for backward.
+    Bytes; arrays broadcast."""
+    b, s_local = counts.as_float(b), counts.as_float(s_local)
+    width = (m.q_dim + m.attn_out_dim) if expanded else (m.kv_dim + m.v_dim)
+    return 2 * s_local * b * width / np.asarray(t, dtype=float)
+
+
 def dtensor_gathered_input_bytes(m: ModelSpec, b, s_local, t, sequence_parallel):
     """Extra bytes one layer without checkpointing saves under PyTorch's tensor parallelism with sequence
     parallelism (``framework = "fsdp"``), against Megatron's: torchtitan's layer plan
@@ -322,6 +333,7 @@ def stage_memory_bytes(
     virtual_stages=1,
     recompute_modules=(),
     offload_modules=(),
+    cp_kv_exchange="ring",
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -369,6 +381,9 @@ def stage_memory_bytes(
         recompute_modules, offload_modules: Megatron-Core's per-module recomputation and activation offloading
             (:func:`module_activation_bytes`): their bytes leave every layer that is not recomputed whole; the
             offloaded ones of :data:`OFFLOAD_LAYERS_ON_GPU` layers stay on the GPU.
+        cp_kv_exchange: ``"allgather"``: the layer being back-propagated also holds the all-gathered K/V of the
+            ``cp`` ranks (:func:`sdpa_kv_bytes`, widened to the query heads under ``fsdp``); ``"ring"``: one
+            block in flight, not counted.
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
@@ -443,8 +458,12 @@ def stage_memory_bytes(
     saved = 0.0 if fp8_recipe is None else fp8.saved_activation_savings_bytes(m, b, context.local_seq_len(s, cp), t,
                                                                                sp, framework)
     # a layer without checkpointing (or recomputed) saves, under PyTorch's TP, its all-gathered inputs whole
-    full = act("none") + (dtensor_gathered_input_bytes(m, b, context.local_seq_len(s_all, cp), t, sp)
-                          if framework == "fsdp" else 0.0)
+    s_loc = context.local_seq_len(s_all, cp)
+    full = act("none")
+    if framework == "fsdp":  # PyTorch's TP saves whole inputs; torchtitan's SDPA gets K/V widened to the query heads
+        full = full + dtensor_gathered_input_bytes(m, b, s_loc, t, sp)
+        if not m.is_mla:
+            full = full + sdpa_kv_bytes(m, b, s_loc, t, expanded=True) - sdpa_kv_bytes(m, b, s_loc, t)
     # Megatron-Core's per-module recomputation and offloading, in layers that are not recomputed whole (the MoE
     # modules not where the whole MoE MLP is recomputed, which stores its input only)
     inside_moe = ("moe_act", "expert_fc1") if moe_recompute else ()
@@ -482,6 +501,12 @@ def stage_memory_bytes(
     # softmax backward of Megatron-LM writes the input gradient in place).
     scores_grad = 0.0 if attention == "flash" else 2 * m.num_attention_heads * s * s_all * b / t
     backward = BACKWARD_WORKING_SET * act("none", "flash") + scores_grad
+    if cp_kv_exchange == "allgather":
+        # all-gather CP: the layer's attention (in backward, and in its recomputation) holds the K/V of all cp
+        # ranks at once (PyTorch's context_parallel, ``_AllGatherRotater``: one all-gather, its buffer kept for
+        # the whole ring; Llama 3 Sec. 3.3.2)
+        kv_all = sdpa_kv_bytes(m, b, s_loc, t, expanded=framework == "fsdp" and not m.is_mla)
+        backward = backward + np.where(np.asarray(cp) > 1, np.asarray(cp, dtype=float) * kv_all, 0.0)
     if framework == "deepspeed":
         # DeepSpeed's pipeline engine keeps the last stage's 16-bit logits (its output buffer) through the
         # backward pass: the sum, as measured on the traces; plus the 16-bit grads; or the optimizer step.

@@ -383,6 +383,7 @@ def stage_costs(
         virtual_stages=virtual_stages,
         recompute_modules=recompute_modules,
         offload_modules=offload_modules,
+        cp_kv_exchange=kv_exchange,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
