@@ -204,7 +204,9 @@ FLASH_TILE = 128
 def causal_work_fraction(s):
     """Fraction of the full ``s x s`` score work a causal FlashAttention kernel does: it skips the tiles above the
     diagonal and computes the ``n(n+1)/2`` others in full, ``n = s / FLASH_TILE`` (Dao 2023, FlashAttention-2,
-    Sec. 3.1.1: "about half"; 1.7-1.8x faster than non-causal). ``(s + B) / (2 s)``, B the tile; 1 for ``s <= B``."""
+    Sec. 3.1.1: "about half"; 1.7-1.8x faster than non-causal, where the fraction alone gives 1.88-1.97x at s = 2k-8k
+    and times the kernel's causal efficiency η = 0.93 1.75-1.83x, :func:`flash_attention_time_s`).
+    ``(s + B) / (2 s)``, B the tile; 1 for ``s <= B``."""
     s = np.asarray(s, dtype=float)
     return np.minimum(1.0, (s + FLASH_TILE) / (2.0 * s))
 
@@ -213,18 +215,29 @@ def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, caus
     """``(forward_s, backward_s)`` of the fused FlashAttention kernel of one layer, one micro-batch, one of ``t``
     TP ranks.
 
-    Work: forward ``4·b·s²·q/t`` FLOPs (QKᵀ and PV) times :func:`causal_work_fraction`; backward 2.5x the forward
-    (five s x s matmuls: the recomputed QKᵀ, dV, dP, dQ, dK; Dao 2023 Sec. 3.1.2). Rate: the dense 16-bit peak
-    (FlashAttention runs in bf16/fp16 also in FP8 training) times the efficiency of the kernel the job's software
-    runs on this GPU (:meth:`hetplan.hardware.catalog.GPUSpec.flash_attention_efficiency`, :func:`pool_gpu`)
-    times the shape factor ``φ(s)`` of
-    :func:`gemm_efficiency` (short sequences give few tiles per head: FlashAttention-3 on H100 reaches
-    72 % / 87 % / 97 % of its 16k rate at s = 512 / 1k / 2k, Shah et al. 2024 Fig. 5; φ with x½ = 134 gives
-    79 / 88 / 94 %)."""
-    fwd_eff, bwd_eff = gpu.flash_attention_efficiency()
+    Work: forward ``4·b·s²·q/t`` FLOPs (QKᵀ and PV), causal times :func:`causal_work_fraction` (the tiles the
+    kernel computes, the diagonal ones whole); backward 2.5x the forward (five s x s matmuls: the recomputed QKᵀ,
+    dV, dP, dQ, dK; Dao 2023 Sec. 3.1.2). Rate: the dense 16-bit peak (FlashAttention runs in bf16/fp16 also in
+    FP8 training) times the efficiency of the kernel the job's software runs on this GPU
+    (:meth:`hetplan.hardware.catalog.GPUSpec.flash_attention_efficiency`, :func:`pool_gpu`): its non-causal rate,
+    causal times its ``attention_causal_efficiency`` η (masking the diagonal tiles, rows of unequal length), times
+    the shape factor ``φ(s)`` of :func:`gemm_efficiency` (short sequences give few tiles per head:
+    FlashAttention-3 on H100 reaches 72 % / 87 % / 97 % of its 16k rate at s = 512 / 1k / 2k, Shah et al. 2024
+    Fig. 5; φ with x½ = 134 gives 79 / 88 / 94 %).
+
+    The causal terms against Shah et al. 2024 Fig. 5 (H100 SXM5, bf16, head dim 128, causal; the figure counts
+    half the s² FLOPs, so its rate is ``peak·e·η·φ(s) / (2·causal_work_fraction(s))`` here): with η = 0.91
+    (cuDNN), 0.95 (FlashAttention-3), 0.93 (FlashAttention-2) the model gives 485 / 516 / 532 / 541, 540 / 574 /
+    592 / 601 and 301 / 320 / 330 / 335 TFLOP/s at s = 2k / 4k / 8k / 16k against the measured 484 / 518 / 529 /
+    539, 521 / 579 / 602 / 616 and 298 / 319 / 333 / 335 (within 4 %); at s = 512 / 1k it is 11-33 % / 3-14 %
+    fast (the triangle's short rows cost more than φ says). Tile fraction and η are not a double count: the
+    fraction is the work the kernel does, η its rate on that work relative to the unmasked kernel."""
     peak = gpu.peak_flops_per_s("fp16" if dtype == "fp16" else "bf16")
     shape = s / (s + gpu.gemm_half_dim)
-    work = 4.0 * b * s * s * m.q_dim / t * np.where(causal, causal_work_fraction(s), 1.0)
+    full = 4.0 * b * s * s * m.q_dim / t
+    (cf, cb), (nf, nb) = gpu.flash_attention_efficiency(causal=True), gpu.flash_attention_efficiency()
+    work = full * np.where(causal, causal_work_fraction(s), 1.0)
+    fwd_eff, bwd_eff = np.where(causal, cf, nf), np.where(causal, cb, nb)
     return work / (peak * fwd_eff * shape), 2.5 * work / (peak * bwd_eff * shape)
 
 
@@ -282,6 +295,8 @@ def layer_time_s(
             default :func:`layer_gemm_times_s`.
         attention_blocks: ``(s x s)`` attention blocks per rank: ``cp`` under context parallelism, where ``s`` is
             a rank's ``s / cp`` tokens and its queries attend all ``cp`` blocks of keys (:mod:`hetplan.estimate.context`).
+            Flash: one block is the causal diagonal one, the other ``attention_blocks - 1`` are halves of blocks
+            without a mask (a ring step computes half a block of full tiles), at the non-causal rate.
         extra_kernels: kernels the layer's forward launches beyond :data:`KERNELS_PER_LAYER_FORWARD` (MoE layers:
             :func:`hetplan.estimate.moe.extra_kernels`; eager PyTorch:
             :func:`hetplan.estimate.elementwise.eager_layer_kernels`); they count in the host floor.
@@ -344,7 +359,9 @@ def layer_time_s(
                + np.where(on_async, ASYNC_TP_KERNELS_PER_STEP * (np.asarray(t) - 1.0), 0.0))
     core_gemm = core_gemm * attention_blocks
     if flash:
-        core_fwd, core_bwd = (x * attention_blocks for x in flash_attention_time_s(m, gpu, dtype, b, s, t))
+        (cf, cb), (nf, nb) = (flash_attention_time_s(m, gpu, dtype, b, s, t, causal=c) for c in (True, False))
+        unmasked = (np.asarray(attention_blocks, dtype=float) - 1.0) / 2.0
+        core_fwd, core_bwd = cf + unmasked * nf, cb + unmasked * nb
     else:  # backward: two GEMMs per forward GEMM
         core_fwd, core_bwd = core_gemm, 2 * core_gemm
     # GPU work, unless the host cannot launch the layer's kernels that fast (launch-bound small layers); the

@@ -58,8 +58,9 @@ def local_seq_len(s, cp):
 
 
 def attention_blocks(cp, load_balance=True):
-    """Causal attention work of the busiest CP rank in ``(s/cp) x (s/cp)`` blocks, each computed causally (about
-    half a block's work; :func:`hetplan.estimate.compute.flash_attention_time_s`): ``cp`` with load balancing
+    """Causal attention work of the busiest CP rank in units of a causal ``(s/cp) x (s/cp)`` block (about half a
+    block's work): its own diagonal block, computed causally, and half-blocks without a mask
+    (:func:`hetplan.estimate.compute.layer_time_s`): ``cp`` with load balancing
     (every rank the same, module doc); without it, ``2·cp - 1``: rank ``cp - 1`` holds the last chunk and attends
     to its own block causally and to the ``cp - 1`` earlier blocks in full, ``2 - 1/cp`` times the balanced share,
     and every rank waits for it (PyTorch's ring attention without load balancing skips only the blocks of later

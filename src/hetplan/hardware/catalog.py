@@ -96,10 +96,14 @@ class GPUSpec(BaseModel):
             Default: the A100 fit on vTrain data (hetplan.calibration.calibrate).
         kernel_overhead_s: fixed time per GPU kernel (launch + ramp/tail), seconds. Default: the A100 fit.
         attention_kernels: ``{kernel: (forward, backward)}``: the fraction of the dense bf16/fp16 peak that each
-            fused attention kernel (:data:`ATTENTION_KERNELS`) reaches on this GPU on long sequences, FLOPs counted
-            as the work the kernel does (causal: the tiles on and below the diagonal;
+            fused attention kernel (:data:`ATTENTION_KERNELS`) reaches on this GPU on long sequences without a
+            mask (the non-causal figures; a causal kernel: ``attention_causal_efficiency``,
             :func:`hetplan.estimate.compute.flash_attention_time_s`). Measured per kernel and GPU generation
             (``sources``); a kernel not listed runs at :data:`FLASH_TO_GEMM_RATIO` of ``compute_efficiency``.
+        attention_causal_efficiency: ``{kernel: η}``: the rate of the kernel under a causal mask, per FLOP of
+            the tiles it computes, over its non-causal rate (``attention_kernels``) at the same sequence length:
+            what masking the diagonal tiles and the unequal rows of the triangle cost. Measured per kernel
+            (``sources``); a kernel not listed: 1 (no measurement). Not applied over ``attention_efficiency``.
         attention_kernel: the kernel the software on these machines runs (set per job and pool by
             :func:`hetplan.estimate.compute.pool_gpu`; None: the default framework's, Megatron-Core's, on this
             architecture, :func:`default_attention_kernel`).
@@ -139,23 +143,27 @@ class GPUSpec(BaseModel):
     kernel_overhead_s: float = bounded(0.01, "10 ms per kernel is 200x the calibrated hosts' 44-74 us",
                                        default=44.3e-6, ge=0)
     attention_kernels: Mapping[AttentionKernel, tuple[_Fraction, _Fraction]] = Field(default_factory=dict)
+    attention_causal_efficiency: Mapping[AttentionKernel, _Fraction] = Field(default_factory=dict)
     attention_kernel: AttentionKernel | None = None
     attention_efficiency: tuple[_Fraction, _Fraction] | None = None
     sm_count: int | None = Field(default=None, gt=0)
     sources: tuple[str, ...] = ()
 
-    def flash_attention_efficiency(self) -> tuple[float, float]:
-        """``(forward, backward)`` efficiency of the fused attention kernel that runs (fraction of the dense peak):
-        ``attention_efficiency`` if given, else the ``attention_kernels`` rate of ``attention_kernel`` (None:
-        Megatron-Core's, :func:`default_attention_kernel`), else ``compute_efficiency`` x
-        :data:`FLASH_TO_GEMM_RATIO`."""
+    def flash_attention_efficiency(self, causal: bool = False) -> tuple[float, float]:
+        """``(forward, backward)`` efficiency of the fused attention kernel that runs (fraction of the dense peak,
+        per FLOP of the tiles it computes): ``attention_efficiency`` if given, else the ``attention_kernels`` rate
+        of ``attention_kernel`` (None: Megatron-Core's, :func:`default_attention_kernel`), else
+        ``compute_efficiency`` x :data:`FLASH_TO_GEMM_RATIO`; ``causal``: the catalog rates times the kernel's
+        ``attention_causal_efficiency``."""
         if self.attention_efficiency is not None:
             return self.attention_efficiency
         kernel = self.attention_kernel or default_attention_kernel("megatron", self.architecture)
         if kernel in self.attention_kernels:
-            return self.attention_kernels[kernel]
-        f, b = FLASH_TO_GEMM_RATIO
-        return self.compute_efficiency * f, self.compute_efficiency * b
+            f, b = self.attention_kernels[kernel]
+        else:
+            f, b = (self.compute_efficiency * r for r in FLASH_TO_GEMM_RATIO)
+        eta = self.attention_causal_efficiency.get(kernel, 1.0) if causal else 1.0
+        return f * eta, b * eta
 
     def peak_flops_per_s(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``.
