@@ -379,7 +379,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 pool = plan.pools[st.pool]
                 gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=job)
                 link = pool_link(pool, gpu, comm_constants)
-                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.flash_attention_efficiency(), link, job.dtype,
+                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.flash_attention_efficiency(), gpu.flash_attention_efficiency(causal=True), link, job.dtype,
                                               plan.overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, plan.fsdp_param_dtype,
                                               plan.cross_entropy, job.moe_load_imbalance,
