@@ -29,10 +29,12 @@ from .test_fuzz_cli import ANYTHING, FLAG_TEXT, FUZZ, NUMBERS, ROOT, check_numbe
 #: Values that are right somewhere and wrong elsewhere: the new enum members, their near misses, booleans as text.
 ENUMISH = st.sampled_from(["fp8", "fp4", "bf16", "fp32", "FP8", "eager", "flash", "standard", "fsdp", "megatron",
                            "deepep", "hybridep", "alltoall", "contiguous", "random", "ring", "allgather", "compiled",
+                           "fa2", "fa3", "cudnn", "FA2",
                            "true", "false", "yes", "", True, False, 0, 1, 2, 3, -1])
 VALUE = st.one_of(ANYTHING, ENUMISH)
 NEW_JOB_FIELDS = ["dtype", "attention", "framework", "torch_compile", "moe_load_imbalance", "moe_dispatcher",
-                  "moe_routing", "moe_recompute", "cp_kv_exchange", "cp_load_balance", "seq_len", "global_batch"]
+                  "moe_routing", "moe_recompute", "cp_kv_exchange", "cp_load_balance", "seq_len", "global_batch",
+                  "attention_kernel", "async_tp"]
 NEW_PLAN_FIELDS = ["tp_comm_overlap", "cuda_graphs", "fsdp_shard", "reshard_after_forward", "grad_reduce_dtype",
                    "fsdp_param_dtype", "cross_entropy", "cp", "ep", "expert_tp", "overlap_grad_reduce", "zero",
                    "sequence_parallel", "schedule", "virtual_stages", "mbs"]
@@ -76,6 +78,10 @@ def combinations(draw) -> dict:
     job["attention"] = draw(st.sampled_from(["flash", "standard", "eager"]))
     if draw(st.integers(0, 3)) == 3:
         job["torch_compile"] = draw(st.booleans())
+    if draw(st.integers(0, 3)) == 3:
+        job["attention_kernel"] = draw(st.sampled_from(["fa2", "fa3", "cudnn"]))
+    if draw(st.integers(0, 3)) == 3:
+        job["async_tp"] = draw(st.booleans())
     pool = plan["pools"][0]
     pool["gpu"] = draw(st.sampled_from(["A100-SXM-80GB", "H100-SXM", "V100-SXM-32GB", "H200", "L4"]))
     pool["count"] = draw(st.sampled_from([16, 8, 4, 2]))
