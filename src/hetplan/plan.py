@@ -411,6 +411,11 @@ class Plan(BaseModel):
             (torchtitan, Megatron-LM). Sizes the receive buffers PyTorch's schedules allocate per micro-batch
             (:func:`hetplan.estimate.memory.pipeline_buffer_bytes`) and flushes the pipeline and reduces the
             gradients once per call (:mod:`hetplan.estimate.iteration`).
+        pipeline_outputs: ``framework = "fsdp"`` with pp > 1: which stages of PyTorch's pipeline schedule keep
+            their output of every micro-batch of a ``step()`` call for its return value (``output_chunks``,
+            ``torch/distributed/pipelining/stage.py``): ``last`` (the last stage's logits; PyTorch since
+            pytorch/pytorch#153383, 2025-05) or ``all`` (every stage, PyTorch before it)
+            (:func:`hetplan.estimate.memory.pipeline_buffer_bytes`).
         cp: context-parallel degree of every stage: each sequence split over ``cp`` GPUs; a stage uses
             ``tp·cp·dp`` GPUs (:mod:`hetplan.estimate.context`).
         ep: expert-parallel degree of every stage (MoE models): the routed experts split over ``ep`` GPUs of the
@@ -438,6 +443,7 @@ class Plan(BaseModel):
     fsdp_param_dtype: Literal["fp32", "bf16"] = "fp32"
     cross_entropy: Literal["fp32", "bf16", "compiled"] | None = None
     pipeline_step_microbatches: int | None = Field(default=None, gt=0)
+    pipeline_outputs: Literal["last", "all"] = "last"
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     expert_tp: int = Field(default=1, ge=1)

@@ -286,16 +286,23 @@ def test_pytorch_pipeline_buffers_worked_example():
     """A PyTorch pipeline (``framework = "fsdp"``, torch.distributed.pipelining) holds one activation receive
     buffer per micro-batch on every stage but the first and one gradient receive buffer per micro-batch on every
     stage but the last (``2·s·b·h/t`` each with sequence parallelism; the in-flight micro-batches' activation
-    buffers are their first layer's saved input, counted once). Worked example: 4 stages, 8 micro-batches, TP 2
-    with SP; a single stage holds none."""
+    buffers are their first layer's saved input, counted once), and the outputs kept for ``step()``'s return
+    value: the last stage's 16-bit logits of every micro-batch (``output_chunks``), with ``pipeline_outputs =
+    "all"`` (PyTorch before pytorch/pytorch#153383) every other stage's outputs too. Worked example: 4 stages, 8
+    micro-batches, TP 2 with SP; a single stage holds none."""
     m = _gpt(L=8, h=1024, a=16, V=32000)
     s, b, t, mb = 2048, 2, 2, 8
     io = 2 * s * b * 1024 / t
-    for first, last, in_flight, extra in ((True, False, 4, mb * io), (False, False, 3, (mb - 3 + mb) * io),
-                                          (False, True, 1, (mb - 1) * io)):
+    logits = 2 * s * b * m.padded_vocab_size() / t
+    for first, last, in_flight, extra, older in ((True, False, 4, mb * io, mb * io),
+                                                 (False, False, 3, (mb - 3 + mb) * io, mb * io),
+                                                 (False, True, 1, (mb - 1) * io + mb * logits, 0.0)):
         kw = _fsdp_kw(has_embedding=first, has_head=last, in_flight=in_flight, s=s, b=b, t=t, sequence_parallel=True)
-        with_buffers = stage_memory_bytes(m, num_microbatches=mb, **kw)
-        assert float(with_buffers["activations"] - stage_memory_bytes(m, **kw)["activations"]) == pytest.approx(extra)
+        base = stage_memory_bytes(m, **kw)["activations"]
+        with_buffers = stage_memory_bytes(m, num_microbatches=mb, **kw)["activations"]
+        assert float(with_buffers - base) == pytest.approx(extra)
+        every = stage_memory_bytes(m, num_microbatches=mb, pipeline_outputs="all", **kw)["activations"]
+        assert float(every - with_buffers) == pytest.approx(older)
     alone = _fsdp_kw(has_embedding=True, has_head=True, single_stage=True)
     assert float(stage_memory_bytes(m, num_microbatches=mb, **alone)["total"]) == float(
         stage_memory_bytes(m, **alone)["total"])

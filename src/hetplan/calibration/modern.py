@@ -346,7 +346,8 @@ class Layout:
     ``a2a_overlap``: the 1F1B all-to-all overlap (the notes' "EP a2a overlap", :attr:`hetplan.plan.Job.moe_a2a_overlap`);
     ``torch_compile``: the run compiled its blocks (:attr:`hetplan.plan.Job.torch_compile`; ``fsdp`` only);
     ``fsdp_param_dtype``, ``cross_entropy``: FSDP's resident parameter dtype and loss;
-    ``pipeline_step_microbatches``: micro-batches per call of the pipeline schedule (:class:`hetplan.plan.Plan`)."""
+    ``pipeline_step_microbatches``, ``pipeline_outputs``: micro-batches per call of the pipeline schedule and the
+    stages that keep their outputs (:class:`hetplan.plan.Plan`)."""
 
     tp: int
     pp: int
@@ -381,6 +382,7 @@ class Layout:
     fsdp_param_dtype: str = "fp32"
     cross_entropy: str | None = None
     pipeline_step_microbatches: int | None = None
+    pipeline_outputs: str = "last"
 
 
 def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: list[str]) -> Plan:
@@ -426,7 +428,8 @@ def build_plan(r: dict, m: ModelSpec, lay: Layout, gpu: str, dtype: str, notes: 
                     virtual_stages=lay.vp, overlap_grad_reduce=True, grad_reduce_dtype=lay.grad_reduce_dtype,
                     tp_comm_overlap=lay.tp_comm_overlap, cuda_graphs=lay.cuda_graphs,
                     fsdp_param_dtype=lay.fsdp_param_dtype, cross_entropy=lay.cross_entropy,
-                    pipeline_step_microbatches=lay.pipeline_step_microbatches, **degrees)
+                    pipeline_step_microbatches=lay.pipeline_step_microbatches,
+                    pipeline_outputs=lay.pipeline_outputs, **degrees)
     except ValueError as exc:
         raise NotExpressibleError(f"plan rejected: {str(exc).splitlines()[-1]}") from None
 
@@ -648,6 +651,12 @@ POWER_LIMITED_B200 = ("B200 'power limited' to a limit the source does not state
                       "training docs; 23 % MFU against 38 % on H100 at the same software)")
 
 
+#: torchtitan sources whose runs used a PyTorch from before pytorch/pytorch#153383 (2025-05-13), where every
+#: pipeline stage keeps its outputs for ``step()``'s return value (:attr:`hetplan.plan.Plan.pipeline_outputs`
+#: ``"all"``): the December 2024 benchmark's "Versions and Dates" table names torch 1963fc8 of 2024-12-23.
+TORCHTITAN_TORCH_BEFORE_153383 = ("llama3_h100_202412_torchtitan.md",)
+
+
 #: How torchtitan's async-TP rows (the notes' "async TP": ``enable_async_tensor_parallel``) are mapped: as vanilla
 #: TP. PyTorch's async TP as the estimator models it (:attr:`hetplan.plan.Job.async_tp`,
 #: :func:`hetplan.estimate.compute.async_tp_exposed_s`) predicts 1.11-1.23x over the vanilla twins where the runs
@@ -699,7 +708,9 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
                      ep=_int(r, "ep", 1),
                      attention_kernel=_torchtitan_attention_kernel(catalog.get(catalog_gpu(r["gpu"], catalog))),
                      cross_entropy=None if any(c in r["framework"] + r["source"] for c in TORCHTITAN_COMPILED_LOSS)
-                     else "fp32")
+                     else "fp32",
+                     pipeline_outputs="all" if any(x in r["source"] for x in TORCHTITAN_TORCH_BEFORE_153383)
+                     else "last")
         tps = _float(r, "tokens_per_s_per_gpu")
         if tps is None:
             raise NotExpressibleError("no tokens/s published")

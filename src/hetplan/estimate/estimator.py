@@ -315,6 +315,7 @@ class _StageRow(NamedTuple):
     recompute_modules: tuple = ()
     offload_modules: tuple = ()
     async_tp: bool = False
+    pipeline_outputs: str = "last"
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -385,7 +386,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                                               plan.cross_entropy, job.moe_load_imbalance,
                                               job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
                                               job.cp_load_balance, job.torch_compile, tuple(job.recompute_modules),
-                                              tuple(job.offload_modules), job.async_tp),
+                                              tuple(job.offload_modules), job.async_tp, plan.pipeline_outputs),
                                              len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
@@ -416,7 +417,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 fsdp_param_dtype=plan.fsdp_param_dtype, cross_entropy=plan.cross_entropy,
                 tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs, torch_compile=job.torch_compile,
                 recompute_modules=tuple(job.recompute_modules), offload_modules=tuple(job.offload_modules),
-                async_tp=job.async_tp,
+                async_tp=job.async_tp, pipeline_outputs=plan.pipeline_outputs,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
@@ -456,7 +457,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                         cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
                         cuda_graphs=row.cuda_graphs, torch_compile=row.torch_compile,
                         recompute_modules=row.recompute_modules, offload_modules=row.offload_modules,
-                        async_tp=row.async_tp,
+                        async_tp=row.async_tp, pipeline_outputs=row.pipeline_outputs,
                         moe_options=row.moe_options, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)

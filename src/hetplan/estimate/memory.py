@@ -125,8 +125,8 @@ LOSS_PARALLEL_BYTES_PER_LOGIT = 16
 #: fits, split) puts the 4-byte fp32 gradient nll_loss writes into that hole, and the 2 bytes left cannot take the
 #: 4-byte gradient log-softmax writes next, which extends the segment: reserved peaks 2 bytes per logit above the
 #: allocated one (with ``expandable_segments``, torchtitan's launch setting, as without: the free block is inside
-#: the segment either way). Single-stage only: in a pipeline the schedule keeps the logits referenced for
-#: ``step()``'s return value (``output_chunks``, :func:`pipeline_buffer_bytes`), so they leave no hole.
+#: the segment either way). Single-stage only: in a pipeline the schedule keeps the logits for ``step()``'s return
+#: value (``output_chunks``, :func:`pipeline_buffer_bytes`), so they leave no hole.
 LOGITS_HOLE_BYTES = 2
 #: FSDP2 with mixed precision keeps the sharded parameters in fp32 (they are the master weights), fp32 sharded
 #: gradients and Adam's two fp32 moments: 4 + 4 + 8 bytes per parameter, sharded (PyTorch ``fully_shard`` with
@@ -151,20 +151,24 @@ FSDP_PIPELINE_GRAD_BYTES = {None: 4, "fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def pipeline_buffer_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, has_embedding, has_head, single_stage,
-                          in_flight, num_microbatches, virtual_stages=1):
-    """Receive buffers a stage of PyTorch's pipeline schedules (``framework = "fsdp"``, pp > 1) holds beyond the
-    layers' activations (``torch/distributed/pipelining/stage.py``); 0 on a single stage. ``_prepare_forward_infra``
-    allocates one activation buffer per micro-batch on every stage that receives (all but the pipeline's first),
-    ``_prepare_backward_infra`` one gradient buffer per micro-batch on every stage that sends (all but the last);
-    both live as long as the schedule. Each is the stage's output, ``2·s·b·h`` bytes of this GPU's tokens (split
-    over TP ranks with sequence parallelism, as torchtitan's blocks hand it on). The in-flight micro-batches'
-    activation buffers are their first layer's saved input, already in the activations, so only the others count.
-    ``virtual_stages`` local stages each have their own.
+                          in_flight, num_microbatches, virtual_stages=1, outputs="last"):
+    """Bytes a stage of PyTorch's pipeline schedules (``framework = "fsdp"``, pp > 1) holds beyond the layers'
+    activations (``torch/distributed/pipelining/stage.py``); 0 on a single stage. ``num_microbatches``: those of
+    one ``step()`` call.
 
-    Not counted: the outputs ``forward_one_chunk`` appends to ``output_chunks`` for ``step()`` to return (the last
-    stage's logits of every micro-batch of one ``step`` call, and before pytorch/pytorch#153383, 2025-05, every
-    stage's outputs): how many micro-batches one call holds is the framework's choice (NeMo AutoModel splits an
-    iteration into several calls), which the plan does not carry.
+    * **Receive buffers**: ``_prepare_forward_infra`` allocates one activation buffer per micro-batch on every
+      stage that receives (all but the pipeline's first), ``_prepare_backward_infra`` one gradient buffer per
+      micro-batch on every stage that sends (all but the last); both live as long as the schedule. Each is the
+      stage's output, ``2·s·b·h`` bytes of this GPU's tokens (split over TP ranks with sequence parallelism, as
+      torchtitan's blocks hand it on). The in-flight micro-batches' activation buffers are their first layer's
+      saved input, already in the activations, so only the others count. ``virtual_stages`` local stages each
+      have their own.
+    * **Outputs kept for** ``step()``'s **return value**: ``forward_one_chunk`` appends every micro-batch's output
+      to ``output_chunks``, freed when the next call starts (``clear_runtime_states``): on the last stage the
+      16-bit logits, ``2·s·b·V/t`` per micro-batch, all of the call's by its last backward (the loss phase's own
+      buffers come on top); with ``outputs = "all"`` (PyTorch before pytorch/pytorch#153383, 2025-05) every other
+      stage its ``2·s·b·h`` outputs too, all of them by its last forward, while its in-flight activations are
+      still held.
 
     ``s_local``: tokens of a sequence on this GPU (``s/cp``). Bytes; arrays broadcast."""
     b, s_local = counts.as_float(b), counts.as_float(s_local)
@@ -172,7 +176,10 @@ def pipeline_buffer_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, has_em
     io = 2 * s_local * b * m.hidden_size / np.where(np.asarray(sequence_parallel), t, 1)
     receive = np.maximum((v - np.asarray(has_embedding)) * m_mb - np.asarray(in_flight) * v, 0.0)
     send = (v - np.asarray(has_head)) * m_mb
-    return np.where(np.asarray(single_stage), 0.0, (receive + send) * io)
+    kept = np.where(has_head, m_mb * 2 * s_local * b * m.padded_vocab_size() / t, 0.0)
+    if outputs == "all":  # the other local stages' outputs too
+        kept = kept + send * io
+    return np.where(np.asarray(single_stage), 0.0, (receive + send) * io + kept)
 
 
 #: Layers whose offloaded inputs are on the GPU at once under fine-grained activation offloading: the one being
@@ -334,6 +341,7 @@ def stage_memory_bytes(
     recompute_modules=(),
     offload_modules=(),
     cp_kv_exchange="ring",
+    pipeline_outputs="last",
 ):
     """Peak memory per GPU of one stage, as a dict of arrays (bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -376,7 +384,7 @@ def stage_memory_bytes(
         cross_entropy: FSDP's loss, ``"fp32"`` | ``"bf16"`` | ``"compiled"`` (:data:`CROSS_ENTROPY_BYTES_PER_LOGIT`).
         num_microbatches, virtual_stages: micro-batches per iteration and local stages of an interleaved schedule;
             under ``fsdp`` with pp > 1 they size PyTorch's pipeline buffers (:func:`pipeline_buffer_bytes`, in
-            ``activations``); None: no such buffers. Under ``fsdp`` a layer without checkpointing (and the layer
+            ``activations``; ``pipeline_outputs``: which stages keep their outputs); None: no such buffers. Under ``fsdp`` a layer without checkpointing (and the layer
             recomputed under full checkpointing) also holds :func:`dtensor_gathered_input_bytes`.
         recompute_modules, offload_modules: Megatron-Core's per-module recomputation and activation offloading
             (:func:`module_activation_bytes`): their bytes leave every layer that is not recomputed whole; the
@@ -491,7 +499,8 @@ def stage_memory_bytes(
     activations = activations + head
     if framework == "fsdp" and num_microbatches is not None:
         activations = activations + pipeline_buffer_bytes(m, b, s, t, sp, has_embedding, has_head, single_stage,
-                                                          in_flight, num_microbatches, virtual_stages)
+                                                          in_flight, num_microbatches, virtual_stages,
+                                                          pipeline_outputs)
     states = weights + grads + optim
     tensors = states + activations
     # Transient working memory (allocated, not in the theoretical formulas): max over the two phases.

@@ -109,6 +109,7 @@ def stage_costs(
     step_microbatches=None,
     recompute_modules=(),
     offload_modules=(),
+    pipeline_outputs="last",
     tp_comm_overlap=False,
     cuda_graphs=False,
     torch_compile=True,
@@ -140,7 +141,8 @@ def stage_costs(
 
     ``in_flight`` may be fractional (interleaved 1F1B holds chunks of 1/v of the stage). ``step_microbatches``:
     micro-batches per call of the pipeline schedule (:attr:`hetplan.plan.Plan.pipeline_step_microbatches`; None:
-    ``num_microbatches``), which sizes PyTorch's pipeline buffers in the memory.
+    ``num_microbatches``), which sizes PyTorch's pipeline buffers in the memory; ``pipeline_outputs``: which
+    stages keep their outputs (:attr:`hetplan.plan.Plan.pipeline_outputs`).
 
     ``recompute_layers``: optional number of the stage's layers that use ``recompute_code`` (per-layer
     recomputation, Aceso EuroSys'24 Sec. 4.2); the other layers recompute nothing. Default (None): all layers.
@@ -384,6 +386,7 @@ def stage_costs(
         recompute_modules=recompute_modules,
         offload_modules=offload_modules,
         cp_kv_exchange=kv_exchange,
+        pipeline_outputs=pipeline_outputs,
     )
     optimizer = compute.optimizer_step_time_s(owned, gpu)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
