@@ -189,3 +189,26 @@ def test_several_pipeline_calls_per_iteration_refused_by_every_export(tmp_path, 
     # a step of at least the iteration's micro-batches is one call: exported
     path = _plan(tmp_path, pipeline_step_microbatches=2)
     assert run_cli("export", path, "--to", target, "--out-dir", tmp_path / "y").code == 0
+
+
+def _frontier(tmp_path: Path, plan: Path, *flags) -> tuple:
+    out = tmp_path / f"f{len(list(tmp_path.iterdir()))}"
+    r = run_cli("energy", "frontier", plan, "-o", out, "--no-plot", "--no-baselines", "--unit-time-s", "1e-4", *flags)
+    return r, (json.loads((out / "summary.json").read_text()) if r.code == 0 else None)
+
+
+def test_frontier_virtual_stages_option_gives_the_plans_own_frontier_not_v_times_the_work(tmp_path):
+    # fuzz: --virtual-stages 99999999999999999999 was a numpy traceback; by hand, --virtual-stages 2 on a plan of
+    # virtual_stages 1 ran each stage's whole forward / backward twice (min time 0.0254 s against 0.0170 s for the
+    # same plan saved with virtual_stages 2), and --virtual-stages 1 on that plan halved it (0.0088 s, 0.0128 s)
+    (tmp_path / "p").mkdir()
+    plain, interleaved = _plan(tmp_path / "p"), tmp_path / "v2.json"
+    interleaved.write_text(json.dumps({**json.loads(plain.read_text()), "virtual_stages": 2}))
+    for base, other, v in ((plain, interleaved, "2"), (interleaved, plain, "1")):
+        (r1, s1), (r2, s2) = _frontier(tmp_path, base, "--virtual-stages", v), _frontier(tmp_path, other)
+        assert r1.code == r2.code == 0, (r1.stderr, r2.stderr)
+        assert s1["min_time_s"] == s2["min_time_s"] and s1["min_energy_j"] == pytest.approx(s2["min_energy_j"])
+    refused(_frontier(tmp_path, plain, "--virtual-stages", "3")[0], "--virtual-stages", "divisible by 3")
+    for v in ("0", "4096", "99999999999999999999"):
+        refused(_frontier(tmp_path, plain, "--virtual-stages", v)[0], "--virtual-stages")
+    refused(_frontier(tmp_path, interleaved, "-m", "40000")[0], "--num-microbatches", "80,000")

@@ -59,14 +59,27 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
         origin = f"{what} ({profile_db}:{job})"
     if source.suffix.lower() == ".json":
         from hetplan.energy.model import plan_stage_profile
+        from hetplan.model.spec import load_model
+        from hetplan.plan_rules import PlanRuleError, check_plan
         from hetplan.runtime.planio import load_plan
 
         plan = load_plan(source)
-        derived = plan_stage_profile(plan, power_catalog=None if power_catalog is None else str(power_catalog))
+        model = load_model(plan.job.model)
+        if virtual_stages is not None:  # a profile holds one model chunk's times: derive them for these chunks
+            plan = plan.model_copy(update={"virtual_stages": virtual_stages})
+        try:
+            check_plan(plan, model)
+        except PlanRuleError as exc:
+            if exc.rule != "virtual-stages" or virtual_stages is None:
+                raise
+            raise HetplanError(exc.message, field="--virtual-stages", fix="give a number of model chunks the "
+                               "plan's stages can interleave, or leave the option out") from None
+        derived = plan_stage_profile(plan, model=model,
+                                     power_catalog=None if power_catalog is None else str(power_catalog))
         prof = measured or derived.profile
         M = num_microbatches or plan.num_microbatches(0)
         idle = idle_power_w if idle_power_w is not None else sum(derived.idle_power_w) / len(derived.idle_power_w)
-        v = virtual_stages or derived.virtual_stages
+        v = derived.virtual_stages
         sched = schedule or ("interleaved" if v > 1 else plan.schedule)
         return prof, M, idle, sched.lower(), v, origin
     prof = measured or load_stage_profile(source)
@@ -123,12 +136,19 @@ def register(app: typer.Typer) -> None:
             raise HetplanError(f"must be from 1 to 65,536 (the largest global batch, one sequence per micro-batch), "
                                f"got {num_microbatches}", field="--num-microbatches",
                                fix="use the number of micro-batches per iteration, e.g. 12")
+        if virtual_stages is not None and not 1 <= virtual_stages <= 1024:  # fuzz: 1e20 was a numpy traceback
+            raise HetplanError(f"must be from 1 to 1,024 (a plan's bound: more chunks than layers per GPU), got "
+                               f"{virtual_stages}", field="--virtual-stages", fix="use 1 (no interleaving) or e.g. 2")
         _positive(unit_time_s, "--unit-time-s", "use e.g. 0.001 (1 ms)")
         if idle_power_w is not None and not (idle_power_w >= 0 and math.isfinite(idle_power_w)):
             raise HetplanError(f"must be ≥ 0, got {idle_power_w}", field="--idle-power-w",
                                fix="use the GPU's blocking power, e.g. 83.64 (A100-SXM)")
         prof, M, idle, sched, v, origin = _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile,
                                                            profile_db, job, power_catalog, schedule, virtual_stages)
+        if M * v > 65536:  # the instruction DAG grows with M·v: no larger than 65,536 micro-batches without chunks
+            raise HetplanError(f"{M} micro-batches x {v} virtual stages = {M * v:,} chunk passes per stage, more than "
+                               "65,536", field="--virtual-stages" if virtual_stages else "--num-microbatches",
+                               fix="use fewer micro-batches or virtual stages")
         try:
             output.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
