@@ -410,7 +410,9 @@ class Plan(BaseModel):
             ``local_batch_size / pp_microbatch_size``); None: the iteration's micro-batches in one call
             (torchtitan, Megatron-LM). Sizes the receive buffers PyTorch's schedules allocate per micro-batch
             (:func:`hetplan.estimate.memory.pipeline_buffer_bytes`) and flushes the pipeline and reduces the
-            gradients once per call (:mod:`hetplan.estimate.iteration`).
+            gradients once per call (:mod:`hetplan.estimate.iteration`). Ignored on a one-stage plan (no pipeline
+            schedule to call, :meth:`pipeline_calls`) and when it is at least the iteration's micro-batches (one call).
+            The exports refuse a plan of several calls (:func:`hetplan.runtime.exporters.export`).
         pipeline_outputs: ``framework = "fsdp"`` with pp > 1: which stages of PyTorch's pipeline schedule keep
             their output of every micro-batch of a ``step()`` call for its return value (``output_chunks``,
             ``torch/distributed/pipelining/stage.py``): ``last`` (the last stage's logits; PyTorch since

@@ -29,15 +29,19 @@ from .test_fuzz_cli import ANYTHING, FLAG_TEXT, FUZZ, NUMBERS, ROOT, check_numbe
 #: Values that are right somewhere and wrong elsewhere: the new enum members, their near misses, booleans as text.
 ENUMISH = st.sampled_from(["fp8", "fp4", "bf16", "fp32", "FP8", "eager", "flash", "standard", "fsdp", "megatron",
                            "deepep", "hybridep", "alltoall", "contiguous", "random", "ring", "allgather", "compiled",
-                           "fa2", "fa3", "cudnn", "FA2",
+                           "fa2", "fa3", "cudnn", "FA2", "last", "all", "layernorm", "moe_act", "expert_fc1", "moe",
                            "true", "false", "yes", "", True, False, 0, 1, 2, 3, -1])
-VALUE = st.one_of(ANYTHING, ENUMISH)
+#: Module lists of ``Job.recompute_modules`` / ``offload_modules``: right, repeated, misspelt, of the other list.
+MODULES = st.lists(st.sampled_from(["layernorm", "moe_act", "expert_fc1", "moe", "core_attn", "LayerNorm", ""]),
+                   max_size=3)
+VALUE = st.one_of(ANYTHING, ENUMISH, MODULES)
 NEW_JOB_FIELDS = ["dtype", "attention", "framework", "torch_compile", "moe_load_imbalance", "moe_dispatcher",
                   "moe_routing", "moe_recompute", "cp_kv_exchange", "cp_load_balance", "seq_len", "global_batch",
-                  "attention_kernel", "async_tp"]
+                  "attention_kernel", "async_tp", "recompute_modules", "offload_modules"]
 NEW_PLAN_FIELDS = ["tp_comm_overlap", "cuda_graphs", "fsdp_shard", "reshard_after_forward", "grad_reduce_dtype",
                    "fsdp_param_dtype", "cross_entropy", "cp", "ep", "expert_tp", "overlap_grad_reduce", "zero",
-                   "sequence_parallel", "schedule", "virtual_stages", "mbs"]
+                   "sequence_parallel", "schedule", "virtual_stages", "mbs", "pipeline_step_microbatches",
+                   "pipeline_outputs"]
 NEW_POOL_FIELDS = ["gpu", "node", "attention_efficiency", "gpus_per_node", "count", "kernel_overhead_s"]
 NODES = st.sampled_from(["dgx-a100", "dgx-h100", "dgx-h200", "gb200-nvl72", "DGX-H100", "nope", ""])
 GPUS = st.sampled_from(["A100-SXM-80GB", "H100-SXM", "V100-SXM-32GB", "cpu", "B200", "nope"])
@@ -82,6 +86,9 @@ def combinations(draw) -> dict:
         job["attention_kernel"] = draw(st.sampled_from(["fa2", "fa3", "cudnn"]))
     if draw(st.integers(0, 3)) == 3:
         job["async_tp"] = draw(st.booleans())
+    for key, values in (("recompute_modules", ["layernorm", "moe_act"]), ("offload_modules", ["expert_fc1", "moe_act"])):
+        if draw(st.integers(0, 3)) == 3:
+            job[key] = draw(st.lists(st.sampled_from(values), max_size=2))
     pool = plan["pools"][0]
     pool["gpu"] = draw(st.sampled_from(["A100-SXM-80GB", "H100-SXM", "V100-SXM-32GB", "H200", "L4"]))
     pool["count"] = draw(st.sampled_from([16, 8, 4, 2]))
@@ -101,7 +108,8 @@ def combinations(draw) -> dict:
                         ("grad_reduce_dtype", ["fp32", "bf16", "fp16"]), ("fsdp_param_dtype", ["fp32", "bf16"]),
                         ("cross_entropy", ["fp32", "bf16", "compiled"]), ("tp_comm_overlap", [True, False]),
                         ("cuda_graphs", [True, False]), ("reshard_after_forward", [True, False]),
-                        ("sequence_parallel", [True, False])):
+                        ("sequence_parallel", [True, False]), ("pipeline_step_microbatches", [1, 2, 3, 5, 64]),
+                        ("pipeline_outputs", ["last", "all"])):
         if draw(st.integers(0, 2)) == 0:
             plan[key] = draw(st.sampled_from(values))
     if moe and draw(st.booleans()):
@@ -138,12 +146,13 @@ def check_frontier(out: Path, what: str) -> None:
 # --- the cases ----------------------------------------------------------------------------------------------
 
 @FUZZ
-@given(plan=st.one_of(new_field_plans(), combinations()), command=st.sampled_from(["estimate", "export", "frontier"]))
-def test_fuzz_new_plan_fields(tmp_path, plan, command):
+@given(plan=st.one_of(new_field_plans(), combinations()), command=st.sampled_from(["estimate", "export", "frontier"]),
+       target=st.sampled_from(["megatron", "deepspeed", "torchtitan"]))
+def test_fuzz_new_plan_fields(tmp_path, plan, command, target):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     args = {"estimate": ["estimate", path, "--json"],
-            "export": ["export", path, "--to", "megatron", "--out-dir", tmp_path / "x"],
+            "export": ["export", path, "--to", target, "--out-dir", tmp_path / "x"],
             "frontier": ["energy", "frontier", path, "-o", tmp_path / "f", "--no-plot", "--no-baselines",
                          "--unit-time-s", "1e-4"]}[command]
     r = timed(*args)
@@ -308,3 +317,78 @@ def test_fuzz_plan_command_flags(tmp_path, data, command, moe):
     check_outcome(r, f"{command} {flags} moe={moe}")
     if r.code == 0 and command == "frontier":
         check_frontier(tmp_path / "f", f"frontier {flags}")
+
+
+#: Flags typed next to ``--attention-kernel`` / ``--async-tp``: the ones they depend on (framework, attention,
+#: dtype, GPU) and the degrees async TP acts on.
+KERNEL_FLAGS = {"--framework": ["fsdp", "megatron", "deepspeed"], "--attention": ["flash", "standard", "eager"],
+                "--dtype": ["bf16", "fp8", "fp16"], "--gpu": ["H100-SXM", "A100-SXM-80GB", "V100-SXM-32GB", "B200"],
+                "--tp": ["1", "2", "8"], "--pp": ["1", "2"], "--cp": ["1", "2"], "--zero": ["0", "3"],
+                "--model": ["llama2-7b", "mixtral-8x7b"], "--seq-len": ["4096", "2049"]}
+
+
+@FUZZ
+@given(kernel=st.one_of(st.none(), st.sampled_from(["fa2", "fa3", "cudnn", "FA3", "fa4", ""])),
+       async_tp=st.booleans(), flags=flag_pairs(KERNEL_FLAGS), job_file=st.booleans())
+def test_fuzz_kernel_flags_with_others(tmp_path, kernel, async_tp, flags, job_file):
+    """``plan --attention-kernel`` / ``--async-tp`` with the flags they depend on, given as flags or through a job
+    file whose ``[job]`` the flags override."""
+    args = ["plan", "--tokens", "1e10", "--gpus", "16"]
+    if job_file:
+        path = tmp_path / "job.toml"
+        path.write_text(to_toml({"job": {"model": "opt-125m", "seq_len": 2048, "global_batch": 64},
+                                 "inventory": [{"gpu": "H100-SXM", "count": 16}]}))
+        args.insert(1, path)
+    else:
+        args += ["--model", "opt-125m", "--seq-len", "2048", "--global-batch", "64"]
+        if "--gpu" not in [f for f, _ in flags]:
+            args += ["--gpu", "H100-SXM"]
+    args += [] if kernel is None else ["--attention-kernel", kernel]
+    args += ["--async-tp"] if async_tp else []
+    for flag, value in flags:
+        args += [flag, value]
+    check_outcome(timed(*args, "--json", "--top", "2"), f"kernel={kernel} async_tp={async_tp} {flags} file={job_file}")
+
+
+def _pipeline_plan(moe: bool, pp: int, framework: str, global_batch: int, mbs: int) -> dict:
+    """The tiny dense (4 layers) or MoE (2 layers, EP 2) model on ``pp`` stages of DP 2 each."""
+    layers = 2 if moe else 4
+    plan = {"job": {"model": str(ROOT / "examples" / ("tiny-moe.json" if moe else "tiny-model.json")), "seq_len": 64,
+                    "global_batch": global_batch, "train_iterations": 3, "framework": framework},
+            "pools": [{"gpu": "A100-SXM-80GB", "count": 2 * pp, "gpus_per_node": 8}],
+            "stages": [{"pool": 0, "num_layers": layers // pp, "tp": 1, "dp": 2} for _ in range(pp)], "mbs": mbs}
+    if moe:
+        plan["ep"] = 2
+    return plan
+
+
+def _estimate(tmp_path: Path, plan: dict) -> dict:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    r = timed("estimate", path, "--json")
+    check_outcome(r, f"estimate {plan}")
+    assert r.code == 0, (plan, r.stderr)
+    return json.loads(r.stdout)
+
+
+@FUZZ
+@given(moe=st.booleans(), pp=st.sampled_from([1, 2]), framework=st.sampled_from(["megatron", "fsdp", "deepspeed"]),
+       microbatches=st.sampled_from([1, 2, 3, 4, 6, 8]), mbs=st.sampled_from([1, 2]),
+       step=st.sampled_from([1, 2, 3, 5, 7, 100]), outputs=st.sampled_from(["last", "all"]))
+def test_pipeline_step_microbatches_estimates(tmp_path, moe, pp, framework, microbatches, mbs, step, outputs):
+    """``Plan.pipeline_step_microbatches`` that divides the micro-batches, does not, exceeds them, or is 1, on one
+    stage or two: always a finite estimate; with one stage, or a step of at least the iteration's micro-batches,
+    the same estimate as without it (one call of the schedule); otherwise ``ceil(m / step)`` calls, each with its
+    pipeline flush: no faster, and no more memory (fewer micro-batches buffered per call)."""
+    plan = _pipeline_plan(moe, pp, framework, 2 * mbs * microbatches, mbs)
+    plan["pipeline_outputs"] = outputs
+    base = _estimate(tmp_path, plan)
+    split = _estimate(tmp_path, {**plan, "pipeline_step_microbatches": step})
+    check_numbers(split, f"step {step}")
+    assert base["num_microbatches"] == split["num_microbatches"] == microbatches
+    if pp == 1 or step >= microbatches:
+        assert split["iteration_time_s"] == base["iteration_time_s"], (base, split)
+        assert split["memory_bytes_per_gpu"] == base["memory_bytes_per_gpu"]
+    else:
+        assert split["iteration_time_s"] > base["iteration_time_s"]
+        assert split["memory_bytes_per_gpu"]["total"] <= base["memory_bytes_per_gpu"]["total"]

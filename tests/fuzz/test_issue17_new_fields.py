@@ -156,3 +156,36 @@ def test_pareto_to_a_non_image_or_missing_folder_refused_before_the_search(tmp_p
 
 def test_plan_output_that_is_a_folder_refused(tmp_path):
     refused(run_cli("plan", *FLAGS, "-o", tmp_path), "--output", "it is a folder")
+
+
+def _with_job(tmp_path: Path, job: dict, **fields) -> Path:
+    path = _plan(tmp_path, **fields)
+    plan = json.loads(path.read_text())
+    plan["job"].update(job)
+    path.write_text(json.dumps(plan))
+    return path
+
+
+@pytest.mark.parametrize("target", ["deepspeed", "torchtitan"])
+@pytest.mark.parametrize("field", ["recompute_modules", "offload_modules"])
+def test_megatron_module_options_refused_by_other_exports_not_dropped(tmp_path, target, field):
+    # the export wrote a DeepSpeed / torchtitan config without them: a run with more activation memory than the
+    # estimate (exit 0, silently wrong); Megatron-LM takes them as --recompute-modules / --offload-modules
+    path = _with_job(tmp_path, {field: ["moe_act"]})
+    refused(run_cli("export", path, "--to", target, "--out-dir", tmp_path / "x"), f"plan.job.{field}",
+            "export --to megatron")
+    assert run_cli("export", path, "--to", "megatron", "--out-dir", tmp_path / "m").code == 0
+    flag = {"recompute_modules": "--recompute-modules moe_act", "offload_modules": "--offload-modules moe_act"}
+    assert flag[field] in (tmp_path / "m" / "megatron_launch.sh").read_text()
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed", "torchtitan"])
+def test_several_pipeline_calls_per_iteration_refused_by_every_export(tmp_path, target):
+    # 2 micro-batches per iteration (global batch 8 / dp 2 / mbs 2) in calls of 1: NeMo AutoModel's split, which
+    # the exports (one call of the schedule per iteration) dropped, running faster than the estimate
+    path = _plan(tmp_path, pipeline_step_microbatches=1)
+    refused(run_cli("export", path, "--to", target, "--out-dir", tmp_path / "x"), "plan.pipeline_step_microbatches",
+            "2 calls")
+    # a step of at least the iteration's micro-batches is one call: exported
+    path = _plan(tmp_path, pipeline_step_microbatches=2)
+    assert run_cli("export", path, "--to", target, "--out-dir", tmp_path / "y").code == 0

@@ -575,10 +575,23 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
     """Export ``plan`` for ``target`` (``megatron``, ``deepspeed``, ``torchtitan``).
 
     Raises:
-        HetplanError: unknown target, or the plan needs something the target cannot express (see module doc).
+        HetplanError: unknown target, or the plan needs something the target cannot express (see module doc),
+            among them several calls of the pipeline schedule per iteration
+            (:attr:`~hetplan.plan.Plan.pipeline_step_microbatches`, NeMo AutoModel's) for any target and
+            :attr:`~hetplan.plan.Job.recompute_modules` / ``offload_modules`` (Megatron-Core's) for DeepSpeed and
+            torchtitan.
     """
     t = target.lower().strip()
     check_plan(plan, spec)
+    if plan.pipeline_calls() > 1:
+        raise HetplanError(f"the plan splits each iteration into {plan.pipeline_calls()} calls of the pipeline "
+                           "schedule (NeMo AutoModel); the exports run all its micro-batches in one call",
+                           field="plan.pipeline_step_microbatches",
+                           fix="remove pipeline_step_microbatches (or set it >= the micro-batches per iteration)")
+    if t in ("deepspeed", "torchtitan") and (plan.job.recompute_modules or plan.job.offload_modules):
+        raise HetplanError(f"{t} has no per-module recomputation or activation offloading (Megatron-Core options)",
+                           field="plan.job.recompute_modules" if plan.job.recompute_modules
+                           else "plan.job.offload_modules", fix="export --to megatron, or remove them")
     if t == "megatron":
         out = export_megatron(plan, spec, virtual_stages)
     elif t == "deepspeed":
