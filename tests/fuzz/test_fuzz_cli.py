@@ -242,7 +242,8 @@ def check_numbers(data: dict, what: str) -> None:
         assert p["iteration_time_s"] > 0 and p["job_time_s"] > 0 and p["tokens_per_s"] > 0, (what, p)
         assert 0 < p["mfu"] <= p["hfu"] * (1 + 1e-9) <= 1 + 1e-9, (what, p["mfu"], p["hfu"])
         assert p["memory_bytes_per_gpu"]["total"] > 0 and p["usd_per_hour"] >= 0 and p["job_usd"] >= 0, (what, p)
-        assert p["job_usd"] == pytest.approx(p["usd_per_hour"] * p["job_time_s"] / 3600, rel=1e-6)
+        gpu_usd = p.get("gpu_usd", p["job_usd"])  # with --usd-per-kwh, job $ = GPU $ + energy $ (check_energy)
+        assert gpu_usd == pytest.approx(p["usd_per_hour"] * p["job_time_s"] / 3600, rel=1e-6)
         job = p["plan"]["job"]
         assert p["tokens_per_s"] == pytest.approx(job["global_batch"] * job["seq_len"] / p["iteration_time_s"],
                                                   rel=1e-6)
