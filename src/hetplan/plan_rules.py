@@ -27,6 +27,10 @@ Rules (name: what must hold, and why):
   context parallelism gives each CP rank chunks i and 2·CP-1-i).
 * ``ep-needs-experts`` / ``ep-divides-experts`` (EP > 1): the model has experts and EP divides their number.
   That EP x expert-TP divides TP x CP x DP is checked by :class:`hetplan.plan.ParallelLayout` itself.
+* ``moe-modules-need-experts``: ``job.recompute_modules = ["moe_act"]`` and ``job.offload_modules`` (``expert_fc1``,
+  ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
+  without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
+  (``megatron/core/transformer/transformer_config.py``).
 
 CP and EP degrees are read from the stage when it has them, else from its :meth:`Plan.stage_layout`.
 """
@@ -44,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Every rule's name, in the order they are checked.
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
          "tp-within-node", "virtual-stages", "seq-len", "cp-divides-sequence", "ep-needs-experts",
-         "ep-divides-experts")
+         "ep-divides-experts", "moe-modules-need-experts")
 
 
 class PlanRuleError(HetplanError):
@@ -147,6 +151,13 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             out.append(PlanRuleError("ep-divides-experts", f"EP {ep} does not divide the {experts} experts of "
                                      f"{name} (stage {i})", field=f"plan.stages[{i}].ep",
                                      fix=f"use an EP degree that divides {experts}"))
+    moe_modules = {"recompute_modules": [x for x in plan.job.recompute_modules if x == "moe_act"],
+                   "offload_modules": list(plan.job.offload_modules)}
+    for key, modules in moe_modules.items():
+        if modules and not experts:
+            out.append(PlanRuleError("moe-modules-need-experts", f"{key} {sorted(set(modules))} act on MoE layers; "
+                                     f"{name} has no experts", field=f"plan.job.{key}",
+                                     fix=f"remove {', '.join(sorted(set(modules)))} from {key} for a dense model"))
     return out
 
 

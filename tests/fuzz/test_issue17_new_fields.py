@@ -167,16 +167,22 @@ def _with_job(tmp_path: Path, job: dict, **fields) -> Path:
 
 
 @pytest.mark.parametrize("target", ["deepspeed", "torchtitan"])
-@pytest.mark.parametrize("field", ["recompute_modules", "offload_modules"])
-def test_megatron_module_options_refused_by_other_exports_not_dropped(tmp_path, target, field):
+def test_megatron_module_options_refused_by_other_exports_not_dropped(tmp_path, target):
     # the export wrote a DeepSpeed / torchtitan config without them: a run with more activation memory than the
     # estimate (exit 0, silently wrong); Megatron-LM takes them as --recompute-modules / --offload-modules
-    path = _with_job(tmp_path, {field: ["moe_act"]})
-    refused(run_cli("export", path, "--to", target, "--out-dir", tmp_path / "x"), f"plan.job.{field}",
+    path = _with_job(tmp_path, {"recompute_modules": ["layernorm"]})
+    refused(run_cli("export", path, "--to", target, "--out-dir", tmp_path / "x"), "plan.job.recompute_modules",
             "export --to megatron")
     assert run_cli("export", path, "--to", "megatron", "--out-dir", tmp_path / "m").code == 0
-    flag = {"recompute_modules": "--recompute-modules moe_act", "offload_modules": "--offload-modules moe_act"}
-    assert flag[field] in (tmp_path / "m" / "megatron_launch.sh").read_text()
+    assert "--recompute-modules layernorm" in (tmp_path / "m" / "megatron_launch.sh").read_text()
+    moe = json.loads((ROOT / "examples" / "tiny-moe-ep2.json").read_text())  # EP 1: DeepSpeed has no EP
+    moe["job"].update(model=str(ROOT / "examples" / "tiny-moe.json"), offload_modules=["moe_act"])
+    moe.update(ep=1, pools=[{"gpu": "A100-SXM-80GB", "count": 2, "gpus_per_node": 2}])
+    (tmp_path / "moe.json").write_text(json.dumps(moe))
+    refused(run_cli("export", tmp_path / "moe.json", "--to", "deepspeed", "--out-dir", tmp_path / "d"),
+            "plan.job.offload_modules", "export --to megatron")
+    assert run_cli("export", tmp_path / "moe.json", "--to", "megatron", "--out-dir", tmp_path / "n").code == 0
+    assert "--offload-modules moe_act" in (tmp_path / "n" / "megatron_launch.sh").read_text()
 
 
 @pytest.mark.parametrize("target", ["megatron", "deepspeed", "torchtitan"])
@@ -212,3 +218,19 @@ def test_frontier_virtual_stages_option_gives_the_plans_own_frontier_not_v_times
     for v in ("0", "4096", "99999999999999999999"):
         refused(_frontier(tmp_path, plain, "--virtual-stages", v)[0], "--virtual-stages")
     refused(_frontier(tmp_path, interleaved, "-m", "40000")[0], "--num-microbatches", "80,000")
+
+
+@pytest.mark.parametrize("field,modules", [("recompute_modules", ["moe_act"]), ("offload_modules", ["expert_fc1"]),
+                                           ("offload_modules", ["moe_act"])])
+def test_moe_layer_modules_on_a_dense_model_refused_not_ignored(tmp_path, field, modules):
+    # the estimate of the dense tiny model dropped them (the same numbers as without), and the Megatron-LM export
+    # passed --recompute-modules moe_act, which Megatron-Core refuses without --moe-grouped-gemm
+    path = _with_job(tmp_path, {field: modules})
+    for args in (("estimate", path), ("export", path, "--to", "megatron", "--out-dir", tmp_path / "x")):
+        refused(run_cli(*args), f"plan.job.{field}", "moe-modules-need-experts", "has no experts")
+    assert run_cli("estimate", _with_job(tmp_path, {"recompute_modules": ["layernorm"]})).code == 0
+    moe = json.loads((ROOT / "examples" / "tiny-moe-ep2.json").read_text())
+    moe["job"].update(model=str(ROOT / "examples" / "tiny-moe.json"), **{field: modules})
+    moe["pools"][0]["gpu"] = "A100-SXM-80GB"
+    (tmp_path / "moe.json").write_text(json.dumps(moe))
+    assert run_cli("estimate", tmp_path / "moe.json").code == 0
