@@ -412,7 +412,8 @@ class Plan(BaseModel):
             (:func:`hetplan.estimate.memory.pipeline_buffer_bytes`) and flushes the pipeline and reduces the
             gradients once per call (:mod:`hetplan.estimate.iteration`). Ignored on a one-stage plan (no pipeline
             schedule to call, :meth:`pipeline_calls`) and when it is at least the iteration's micro-batches (one call).
-            The exports refuse a plan of several calls (:func:`hetplan.runtime.exporters.export`).
+            ``framework = "fsdp"`` only (Megatron-LM and DeepSpeed run an iteration in one call). The exports
+            refuse a plan of several calls (:func:`hetplan.runtime.exporters.export`).
         pipeline_outputs: ``framework = "fsdp"`` with pp > 1: which stages of PyTorch's pipeline schedule keep
             their output of every micro-batch of a ``step()`` call for its return value (``output_chunks``,
             ``torch/distributed/pipelining/stage.py``): ``last`` (the last stage's logits; PyTorch since
@@ -470,6 +471,10 @@ class Plan(BaseModel):
             if st.recompute_layers is not None and st.recompute_layers > st.num_layers:
                 raise ValueError(f"stages[{i}].recompute_layers = {st.recompute_layers} exceeds its "
                                  f"num_layers = {st.num_layers}")
+        if self.pipeline_step_microbatches is not None and self.job.framework != "fsdp":
+            raise ValueError(f"pipeline_step_microbatches splits an iteration into calls of PyTorch's pipeline "
+                             f"schedule (NeMo AutoModel, framework 'fsdp'); {self.job.framework} runs all its "
+                             "micro-batches in one call: remove it or set job.framework = 'fsdp'")
         if any(st.mbs is not None for st in self.stages):
             sizes = {st.dp * (st.mbs or self.mbs) for st in self.stages}
             if len(sizes) > 1:

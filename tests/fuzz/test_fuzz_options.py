@@ -377,12 +377,18 @@ def _estimate(tmp_path: Path, plan: dict) -> dict:
        step=st.sampled_from([1, 2, 3, 5, 7, 100]), outputs=st.sampled_from(["last", "all"]))
 def test_pipeline_step_microbatches_estimates(tmp_path, moe, pp, framework, microbatches, mbs, step, outputs):
     """``Plan.pipeline_step_microbatches`` that divides the micro-batches, does not, exceeds them, or is 1, on one
-    stage or two: always a finite estimate; with one stage, or a step of at least the iteration's micro-batches,
+    stage or two: refused outside ``framework = "fsdp"``, else always a finite estimate; with one stage, or a step of at least the iteration's micro-batches,
     the same estimate as without it (one call of the schedule); otherwise ``ceil(m / step)`` calls, each with its
     pipeline flush: no faster, and no more memory (fewer micro-batches buffered per call)."""
     plan = _pipeline_plan(moe, pp, framework, 2 * mbs * microbatches, mbs)
     plan["pipeline_outputs"] = outputs
     base = _estimate(tmp_path, plan)
+    if framework != "fsdp":  # Megatron-LM and DeepSpeed run an iteration in one call: refused, not costed
+        (tmp_path / "plan.json").write_text(json.dumps({**plan, "pipeline_step_microbatches": step}))
+        r = timed("estimate", tmp_path / "plan.json")
+        check_outcome(r, f"step {step} {framework}")
+        assert r.code == 2 and "pipeline_step_microbatches" in r.stderr and "framework" in r.stderr, r.stderr
+        return
     split = _estimate(tmp_path, {**plan, "pipeline_step_microbatches": step})
     check_numbers(split, f"step {step}")
     assert base["num_microbatches"] == split["num_microbatches"] == microbatches
