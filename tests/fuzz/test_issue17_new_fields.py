@@ -244,3 +244,17 @@ def test_pipeline_step_microbatches_outside_fsdp_refused_not_costed_as_extra_flu
         path = _with_job(tmp_path, {"framework": framework}, pipeline_step_microbatches=1)
         refused(run_cli("estimate", path), "pipeline_step_microbatches", f"{framework} runs all", "framework = 'fsdp'")
     assert run_cli("estimate", _with_job(tmp_path, {"framework": "fsdp"}, pipeline_step_microbatches=1)).code == 0
+
+
+@pytest.mark.parametrize("framework", ["fsdp", "deepspeed"])
+@pytest.mark.parametrize("field", ["recompute_modules", "offload_modules"])
+def test_megatron_module_options_outside_megatron_exit_2(tmp_path, framework, field):
+    # Job's docstring: Megatron-Core options; checked by hand (plan JSON) and through a job file
+    modules = ["layernorm"] if field == "recompute_modules" else ["moe_act"]
+    path = _with_job(tmp_path, {"framework": framework, field: modules})
+    for args in (("estimate", path), ("export", path, "--to", "megatron", "--out-dir", tmp_path / "x")):
+        refused(run_cli(*args), "Megatron-Core options", f"framework {framework!r}")
+    (tmp_path / "job.toml").write_text(f'[job]\nmodel = "opt-125m"\nseq_len = 2048\nglobal_batch = 64\n'
+                                       f'train_tokens = 1e10\nframework = "{framework}"\n{field} = {json.dumps(modules)}\n'
+                                       '[[inventory]]\ngpu = "A100-SXM-80GB"\ncount = 8\n')
+    refused(run_cli("plan", tmp_path / "job.toml"), "job", "Megatron-Core options")
