@@ -74,6 +74,14 @@ def test_plain_output_and_files(tmp_path):
     assert (tmp_path / "validation.png").stat().st_size > 1000
 
 
+def test_only_modern_sets_print_no_empty_first_table():
+    out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--sets", "llama3_405b"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    assert "Modern sets" in out.stdout and "llama3_405b" in out.stdout
+    assert "Estimator vs. measured" not in out.stdout and "vTrain's own MAPE" not in out.stdout
+
+
 def test_fasop_json_fields_are_stable(result):
     r = result["sets"]["fasop_layers"]
     assert set(r["per_gpu"]) == {"A100-SXM-40GB", "A10G", "RTX-3090"}

@@ -164,15 +164,18 @@ def register(app: typer.Typer) -> None:
         from hetplan.cli.output import table_console
 
         console = table_console()
-        console.print(table)
+        if names:  # only modern / independent sets chosen: no empty first table
+            console.print(table)
         if "fasop_layers" in names:
             _print_fasop(console, result["sets"]["fasop_layers"])
         if new_result:
             _print_modern(console, new_result)
-        console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same model, "
-                      "GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows (V100), "
-                      "seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's hosts), "
-                      "Espresso's runs that fitted A30/A4000/A6000/3090; SC'21 and Korthikanti are fully held out.")
+        if names:
+            console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same "
+                          "model, GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows "
+                          "(V100), seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's "
+                          "hosts), Espresso's runs that fitted A30/A4000/A6000/3090; SC'21 and Korthikanti are fully held "
+                          "out.")
         if csv_path is not None:
             console.print(f"wrote {csv_path}")
         if plot_path is not None:
