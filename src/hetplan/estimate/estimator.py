@@ -364,6 +364,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     rows: list[_StageRow] = []
     group_ids: dict[tuple, int] = {}  # (GPU, host cost, link, dtype, overlap, attention, framework) -> id
     start, vs, m0s, calls = [], [], [], []
+    resolved: dict[tuple, GPUSpec] = {}  # pool_gpu of equal pools under equal attention-kernel choices, made once
     for plan in plans:
         job, p = plan.job, plan.pp
         v = effective_virtual_stages(plan, virtual_stages)
@@ -378,7 +379,10 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
-                gpu = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=job)
+                key = (pool.gpu, pool.kernel_overhead_s, pool.attention_efficiency, job.attention_kernel, job.framework)
+                gpu = resolved.get(key)
+                if gpu is None:
+                    gpu = resolved[key] = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=job)
                 link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.flash_attention_efficiency(), gpu.flash_attention_efficiency(causal=True), link, job.dtype,
                                               plan.overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
