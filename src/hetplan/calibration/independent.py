@@ -136,17 +136,23 @@ def fms_layout(r: dict) -> Layout:
                   attention_kernel="fa2")
 
 
+def _held_out_case(key: str, r: dict, lay: Layout, catalog: Catalog, group: str, **kw) -> ModernCase:
+    """Row ``r``'s case on its tokens/s per GPU, held out: never fitted (module doc)."""
+    c = modern._case(SET_NAME, key, r, lay, "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
+                     catalog=catalog, group=group, **kw)
+    c.is_calibration = False
+    return c
+
+
 def _fms_case(i: int, r: dict, catalog: Catalog):
     key = f"{SET_NAME}:fms:{i}:{r['model'].split(' (')[0]}:n{r['num_gpus']}:{r['zero_or_fsdp'].split()[-1]}"
 
     def make() -> ModernCase:
-        c = modern._case(SET_NAME, key, r, fms_layout(r), "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
-                         catalog=catalog, group="fms-fsdp")
+        c = _held_out_case(key, r, fms_layout(r), catalog, "fms-fsdp")
         pool = c.plan.pools[0].model_dump(exclude_unset=True) | {
             "gpus_per_node": 8, "inter_node_bandwidth_bytes_per_s": FMS_NODE_BYTES_PER_S}
         update = {"pools": [pool]} | ({"fsdp_shard": 8} if "HSDP" in r["zero_or_fsdp"] else {})
         c.plan = type(c.plan).model_validate(c.plan.model_dump(exclude_unset=True) | update)
-        c.is_calibration = False  # never fitted (module doc)
         return c
 
     return key, make
@@ -156,10 +162,7 @@ def _nemo_case(i: int, r: dict, catalog: Catalog):
     key = f"{SET_NAME}:nemo:{i}:{r['model'].split(' (')[0]}:n{r['num_gpus']}:s{r['seq_len']}"
 
     def make() -> ModernCase:
-        c = modern._case(SET_NAME, key, r, nemo_layout(r), "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
-                         catalog=catalog, group="nemo-24.07")
-        c.is_calibration = False  # never fitted (module doc)
-        return c
+        return _held_out_case(key, r, nemo_layout(r), catalog, "nemo-24.07")
 
     return key, make
 
@@ -169,13 +172,11 @@ def _row_case(i: int, r: dict, catalog: Catalog):
 
     def make() -> ModernCase:
         lay = foundry_layout(r)
-        c = modern._case(SET_NAME, key, r, lay, "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
-                         catalog=catalog, group=f"{r['model']}|{r['dtype'].split()[0]}", model=mpt_model(r))
+        c = _held_out_case(key, r, lay, catalog, f"{r['model']}|{r['dtype'].split()[0]}", model=mpt_model(r))
         if "SHARD_GRAD_OP" in r["zero_or_fsdp"]:
             c.plan = c.plan.model_copy(update={"reshard_after_forward": False})
         elif "FULL_SHARD" not in r["zero_or_fsdp"]:
             raise NotExpressibleError(f"FSDP sharding strategy {r['zero_or_fsdp']!r} is not mapped")
-        c.is_calibration = False  # never fitted (module doc)
         if "triton" in r["attention"].lower():
             c.notes.append(ATTENTION_NOTE)
         if lay.torch_compile:
