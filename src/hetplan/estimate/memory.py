@@ -192,7 +192,7 @@ OFFLOAD_MODULES = ("expert_fc1", "moe_act")
 
 
 def module_activation_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, recompute_modules=(),
-                            offload_modules=(), fp8_inputs=False):
+                            offload_modules=(), fp8_inputs=False, moe_recompute=False):
     """``(discarded, offloaded)`` bytes of one layer's saved activations, per GPU and micro-batch (the mean over
     the model's layers), under Megatron-Core's per-module options:
 
@@ -210,13 +210,18 @@ def module_activation_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, reco
 
     The tensors are those :func:`hetplan.model.counts.layer_activation_bytes` counts; with ``fp8_inputs``
     (Transformer Engine saves FP8 copies of linear inputs, :func:`hetplan.estimate.fp8.saved_activation_savings_bytes`)
-    the linear inputs among them count one byte per element. ``s_local``: tokens of a sequence on this GPU.
+    the linear inputs among them count one byte per element. ``moe_recompute`` (:attr:`hetplan.plan.Job.
+    moe_recompute`: the whole MoE MLP recomputed, which stores its input only): the MoE modules (``moe_act``,
+    ``expert_fc1``) have nothing left to discard or offload. ``s_local``: tokens of a sequence on this GPU.
     Bytes; arrays broadcast. Raises :class:`HetplanError` for a module this model does not know."""
     for name, given, known in (("job.recompute_modules", recompute_modules, RECOMPUTE_MODULES),
                                ("job.offload_modules", offload_modules, OFFLOAD_MODULES)):
         if set(given) - set(known):
             raise HetplanError(f"unknown module(s) {sorted(set(given) - set(known))}", field=name,
                                fix=f"use any of {list(known)}")
+    if moe_recompute:
+        recompute_modules = [x for x in recompute_modules if x not in ("moe_act", "expert_fc1")]
+        offload_modules = [x for x in offload_modules if x not in ("moe_act", "expert_fc1")]
     b, s_local = counts.as_float(b), counts.as_float(s_local)
     t = np.asarray(t, dtype=float)
     tokens, h = s_local * b, m.hidden_size
@@ -473,11 +478,10 @@ def stage_memory_bytes(
         if not m.is_mla:
             full = full + sdpa_kv_bytes(m, b, s_loc, t, expanded=True) - sdpa_kv_bytes(m, b, s_loc, t)
     # Megatron-Core's per-module recomputation and offloading, in layers that are not recomputed whole (the MoE
-    # modules not where the whole MoE MLP is recomputed, which stores its input only)
-    inside_moe = ("moe_act", "expert_fc1") if moe_recompute else ()
+    # modules not where the whole MoE MLP is recomputed: module_activation_bytes)
     discarded, offloaded = module_activation_bytes(
-        m, b, context.local_seq_len(s_all, cp), t, sp, [x for x in recompute_modules if x not in inside_moe],
-        [x for x in offload_modules if x not in inside_moe], fp8_recipe is not None and framework != "fsdp")
+        m, b, context.local_seq_len(s_all, cp), t, sp, recompute_modules, offload_modules,
+        fp8_recipe is not None and framework != "fsdp", moe_recompute)
     kept = full - saved - discarded - offloaded  # a layer without full recomputation
     per_layer = np.where(rc == 2, act("full"), np.where(rc == 1, selective - saved - discarded - offloaded, kept))
     if recompute_layers is None:

@@ -243,12 +243,10 @@ def stage_costs(
         if af is not None:
             af, ab = af + cf, ab + cb
     if recompute_modules or offload_modules:  # Megatron-Core's per-module recomputation and offloading
-        inside_moe = ("moe_act", "expert_fc1") if moe_options.recompute else ()
-        redo, _ = memory.module_activation_bytes(m, b, s, t, sequence_parallel,
-                                                 [x for x in recompute_modules if x not in inside_moe])
-        _, moved = memory.module_activation_bytes(m, b, s, t, sequence_parallel, (),
-                                                  [x for x in offload_modules if x not in inside_moe],
-                                                  fp8_recipe is not None)
+        redo, _ = memory.module_activation_bytes(m, b, s, t, sequence_parallel, recompute_modules,
+                                                 moe_recompute=moe_options.recompute)
+        _, moved = memory.module_activation_bytes(m, b, s, t, sequence_parallel, (), offload_modules,
+                                                  fp8_recipe is not None, moe_options.recompute)
         # the discarded outputs' element-wise ops run again in backward (at the element-wise rate of
         # compute.layer_time_s); the offloaded inputs cross the host link out in forward and back in backward, on
         # their own streams behind the layer's compute (exposed only beyond it); none where a layer is
