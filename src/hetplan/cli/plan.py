@@ -142,8 +142,11 @@ def plan_command(
     attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default), "
                                             "standard (s x s scores stored, Megatron-LM without --use-flash-attn) "
                                             "or eager (the same, unfused: Hugging Face eager attention)."),
-    framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
-                                            "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
+    framework: Optional[str] = typer.Option(None, "--framework", help="megatron (default) | deepspeed | fsdp: "
+                                            "runs that framework's current stack, what `hetplan export` writes "
+                                            "for it (Megatron-Core, DeepSpeed, torchtitan)."),
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: the software stack and "
+                                        "release (`hetplan catalog stacks`); a month picks the release then."),
     attention_kernel: Optional[str] = typer.Option(None, "--attention-kernel", help="fa2 | fa3 | cudnn: the fused "
                                                    "attention kernel (default: the framework's on the GPU)."),
     async_tp: bool = typer.Option(False, "--async-tp", help="PyTorch's async TP (framework fsdp, compiled)."),
@@ -205,7 +208,8 @@ def plan_command(
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
                      ("train_iterations", iterations), ("dtype", dtype), ("attention", attention),
-                     ("framework", framework), ("attention_kernel", attention_kernel), ("async_tp", async_tp or None)):
+                     ("framework", framework), ("attention_kernel", attention_kernel), ("async_tp", async_tp or None),
+                     ("stack", stack)):
         if val is not None:
             job_raw[key] = val
     for key in ("model", "seq_len", "global_batch"):
@@ -550,10 +554,17 @@ def estimate_command(
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times: stages it covers use them (column `source`)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: price the plan under this "
+                                        "stack (`hetplan catalog stacks`); its framework, attention and compile "
+                                        "replace the plan's."),
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
     check_output_path(timeline, "--timeline", figure=True)
-    plan = validated(Plan, read_structured(plan_file), "plan")
+    raw = read_structured(plan_file)
+    if stack is not None and isinstance(raw.get("job"), dict):
+        raw["job"] = {k: v for k, v in raw["job"].items() if k not in ("framework", "attention", "torch_compile")}
+        raw["job"]["stack"] = stack
+    plan = validated(Plan, raw, "plan")
     m = load_model(plan.job.model)
     check_job(plan.job, m)
     check_plan(plan, m)
