@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from hetplan.calibration.intervals import add_intervals
 from hetplan.cli.output import NARROW, new_table, table_console
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
@@ -196,6 +197,9 @@ def plan_command(
                                 "plans save, per plan; with --pareto the time-$-energy frontier too."),
     usd_per_kwh: Optional[float] = typer.Option(None, "--usd-per-kwh", help="With --energy: electricity price, "
                                                 "added to job $."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan "
+                                               "calibrate` from your measured runs: its factors and your residuals "
+                                               "(the 80 % intervals) for plans on its GPUs and stack."),
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
 
@@ -263,6 +267,9 @@ def plan_command(
     cat = load_catalog(catalog)
     pools_priced, prices = _priced(inv.pools, cat, price_source, provider)
     inv = inv.model_copy(update={"pools": pools_priced})
+    cal, cat = _calibrated(calibration, cat)
+    if cal is not None:
+        inv = inv.model_copy(update={"pools": cal.apply_pools(inv.pools, cat)})
     _check_free_pools(inv, obj, cat)
     search_raw = data.get("search", {})
     for key, val in search_raw.items():
@@ -285,6 +292,7 @@ def plan_command(
         from hetplan.cli.energy import add_energy, energy_lines
 
         add_energy(summaries, cat, usd_per_kwh)
+    add_intervals(summaries, cat, cal)
     if as_json:
         print(json.dumps({
             "plans": summaries,
@@ -315,6 +323,40 @@ def plan_command(
             _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, usd_per_kwh, False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+
+
+def _calibrated(path: Path | None, cat):
+    """``(calibration, catalog with its factors)`` of ``--calibration`` (``(None, cat)`` without one)."""
+    if path is None:
+        return None, cat
+    from hetplan.calibration.user import load_calibration
+
+    cal = load_calibration(path)
+    return cal, cal.apply_catalog(cat)
+
+
+def _interval_text(s: dict) -> str:
+    """The compact interval of a plan summary's iteration time (``±12 %``, ``-3/+20 %``), ``unvalidated``, or ""."""
+    iv = s.get("iteration_time_s_interval")
+    if iv is None:
+        return "unvalidated" if "unvalidated" in s.get("interval", {}) else ""
+    lo, hi = (round(100 * (x / s["iteration_time_s"] - 1)) for x in iv)
+    return f"±{hi} %" if lo == -hi else f"{lo:+d}/{hi:+d} %"
+
+
+def _interval_lines(s: dict) -> list[str]:
+    """What #1's interval rests on, and the MFU record it exceeds (if any)."""
+    iv = s.get("interval", {})
+    out = []
+    if "unvalidated" in iv:
+        out.append(f"Interval: {iv['unvalidated']}.")
+    elif iv:
+        out.append(f"Interval ({iv['level']:.0%}): from {iv['n']} held-out measured runs of {iv['regime']} "
+                   f"(signed median error there {iv['signed_median_error']:+.1%}); tokens/s, MFU, job time and $ "
+                   "share it.")
+    if "mfu_record" in s:
+        out.append("Note: " + s["mfu_record"]["note"] + ".")
+    return out
 
 
 def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
@@ -471,6 +513,8 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
         f"= {_mem(mem['total'])} GiB"
     )
     con.print(_stages_line(best), markup=False)
+    for line in _interval_lines(best):
+        con.print(line, highlight=False, markup=False)
     con.print("[bold]Why:[/]")
     why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
            *merge_best_with_another(result.explanation[1:])]
@@ -501,7 +545,9 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     for i, s in enumerate(summaries, start=1):
         layout = _layout(s)
         gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
-        figures = (f"{s['iteration_time_s']:.2f}", f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]))
+        iv = _interval_text(s)
+        figures = (f"{s['iteration_time_s']:.2f}" + (f"\n{iv}" if iv else ""), f"{s['mfu']:.1%}",
+                   _mem(s["memory_bytes_per_gpu"]["total"]))
         money = (_duration(s["job_time_s"]), _usd(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
         if narrow:
             t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {s['recompute']}", *figures, *money)
@@ -557,6 +603,9 @@ def estimate_command(
     stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: price the plan under this "
                                         "stack (`hetplan catalog stacks`); its framework, attention and compile "
                                         "replace the plan's."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan "
+                                               "calibrate` from your measured runs: its factors and your residuals "
+                                               "(the 80 % intervals) for plans on its GPUs and stack."),
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
     check_output_path(timeline, "--timeline", figure=True)
@@ -570,7 +619,8 @@ def estimate_command(
     check_plan(plan, m)
     cat = load_catalog(catalog)
     pools_priced, prices = _priced(plan.pools, cat, price_source, provider)
-    plan = plan.model_copy(update={"pools": pools_priced})
+    cal, cat = _calibrated(calibration, cat)
+    plan = plan.model_copy(update={"pools": cal.apply_pools(pools_priced, cat) if cal else pools_priced})
     profiles = _profiles(profile_db)
     est = estimate_plan(plan, cat, m, profiles)
     if timeline is not None:
@@ -582,6 +632,7 @@ def estimate_command(
             raise HetplanError("drawing a timeline needs matplotlib", field="--timeline",
                                fix="pip install 'hetplan[plot]'") from None
     summary = plan_summary(plan, est)
+    add_intervals([summary], cat, cal)
     if as_json:
         print(json.dumps(dict(summary, estimate=asdict(est), prices=prices), indent=1))
         return
@@ -604,7 +655,9 @@ def estimate_command(
     con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
               f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
-              f"${_usd(est.job_usd)}")
+              f"${_usd(est.job_usd)}" + (f"; iteration time {_interval_text(summary)}" if _interval_text(summary) else ""))
+    for line in _interval_lines(summary):
+        con.print(line, highlight=False, markup=False)
     _print_provenance(con, prices)
     if not est.fits:
         raise HetplanError("the plan does not fit in GPU memory (see the table)", field="plan",
