@@ -29,6 +29,9 @@ from hetplan.search.planner import Pins, check_job, search_plans
 from hetplan.model.spec import load_model
 
 GIB = 2**30
+#: Words of the explanation line a search budget writes when it stops before proving its answer exact
+#: (:mod:`hetplan.search.planner`); that line goes to stderr, never only into the explanation.
+STOPPED = " stopped after "
 
 
 
@@ -278,6 +281,9 @@ def plan_command(
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
     with walk_progress() as progress:
         result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
+    for line in result.explanation:  # a budget that ran out is said on stderr always, also under -q and --json
+        if STOPPED in line:
+            typer.echo(f"note: {line}", err=True)
     summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
@@ -517,7 +523,8 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
         con.print(line, highlight=False, markup=False)
     con.print("[bold]Why:[/]")
     why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
-           *merge_best_with_another(result.explanation[1:])]
+           *merge_best_with_another([ln for ln in result.explanation[1:]  # said on stderr already
+                                     if not (ln.startswith("Homogeneous exact") and STOPPED in ln)])]
     for line in why:  # one item per paragraph, its continuation lines indented under it
         con.print(textwrap.fill(line, width=max(40, con.width - 1), initial_indent="  ", subsequent_indent="    ",
                                 break_on_hyphens=False),
