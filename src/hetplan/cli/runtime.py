@@ -151,12 +151,15 @@ def export_cmd(
     to: str = typer.Option(..., "--to", help="megatron, deepspeed or torchtitan."),
     out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Write the files here (default: print them)."),
     virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", help="Interleaved schedule chunks per rank."),
+    framework_version: Optional[str] = typer.Option(
+        None, "--framework-version", help="Release to write for: torchtitan 0.3 (default: --module/--config + "
+        "overrides) or 0.2 (TOML); Megatron-LM 2026-08-22; DeepSpeed 0.19."),
 ) -> None:
     """Write the launch arguments / config files of Megatron-LM, DeepSpeed or torchtitan for PLAN."""
     from hetplan.runtime import exporters, planio
 
     p = planio.load_plan(plan)
-    ex = exporters.export(p, planio.plan_model(p), to, virtual_stages)
+    ex = exporters.export(p, planio.plan_model(p), to, virtual_stages, framework_version)
     c = Console()
     for name, text in ex.files.items():
         if out_dir:
