@@ -24,7 +24,7 @@ SUBCOMMAND_MODULES = {
     "hetplan.cli.validate": ("validate",),
     "hetplan.cli.serve": ("serve", "simulate", "capacity"),
     "hetplan.cli.profile": ("profile",),
-    "hetplan.cli.runtime": ("run", "export", "verify"),
+    "hetplan.cli.runtime": ("run", "export", "import", "verify"),
 }
 
 
