@@ -39,6 +39,7 @@ from typing import Iterable
 import numpy as np
 
 from hetplan.hardware.catalog import Catalog, GPUSpec
+from hetplan.hardware.stacks import FRAMEWORK_STACK  # the stack a framework runs by default (what export writes)
 
 #: Nominal coverage of the intervals.
 LEVEL = 0.8
@@ -46,9 +47,6 @@ LEVEL = 0.8
 MIN_ROWS = 9
 #: Upper edges (GPUs) of the scale bands: one node, a rack-scale job, hundreds, beyond.
 SCALE_BANDS = ((8, "≤8 GPUs"), (64, "9-64 GPUs"), (512, "65-512 GPUs"), (math.inf, ">512 GPUs"))
-#: The stack a framework runs by default (what ``hetplan export`` writes for it): Megatron-LM for ``megatron``,
-#: DeepSpeed for ``deepspeed``, torchtitan for ``fsdp`` (docs/runtime.md).
-FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": "torchtitan"}
 #: The stack each validation set's runs used, where the plan does not name one (sources: each set's README in
 #: ``validation_data``): vTrain measured Megatron-DeepSpeed; SC'21 and Korthikanti Megatron-LM; DGX Cloud
 #: benchmarking and NeMo's long-sequence tables NeMo; Espresso's traces DeepSpeed's pipeline engine; the Llama 3
