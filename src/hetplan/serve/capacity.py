@@ -39,14 +39,16 @@ from hetplan.serve.metrics import SLO
 from hetplan.serve.policies import make_policy
 from hetplan.serve.simulator import SimModel, SimResult, simulate, swap_cost_fn
 from hetplan.serve.swap_model import SwapModel
-from hetplan.serve.workload import ModelLoad, Request, generate, model_rates, read_trace
+from hetplan.serve.workload import (ModelLoad, Request, generate, model_rates, offline_arrivals, read_lengths,
+                                    read_trace)
 
 
 def workload_requests(wf: WorkloadFile) -> list[Request]:
-    """The requests of a workload file: its trace, or Gamma arrivals with Zipf-shared rates (seeded).
+    """The requests of a workload file: its trace, ``num_requests`` at t = 0 (``offline``), or Gamma arrivals with
+    Zipf-shared rates (seeded); lengths from the trace, the dataset, the distributions or the fixed lengths.
 
     Raises:
-        HetplanError: bad trace, negative rates.
+        HetplanError: bad trace or dataset, negative rates, a request longer than a sequence may be.
     """
     w = wf.workload
     names = [m.name for m in wf.models]
@@ -60,8 +62,17 @@ def workload_requests(wf: WorkloadFile) -> list[Request]:
         return reqs
     rates = model_rates(names, w.total_rate_per_s, w.zipf_exponent,
                         {m.name: m.rate_per_s for m in wf.models if m.rate_per_s is not None})
-    loads = [ModelLoad(m.name, rates[m.name], m.cv or w.cv) for m in wf.models]
-    return generate(loads, w.duration_s, w.seed, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
+    if w.offline:
+        if w.num_requests is None and w.dataset is None:
+            raise HetplanError("offline mode needs a number of requests", field="workload.num_requests",
+                               fix="give workload.num_requests (or a workload.dataset: one request per row)")
+        n = w.num_requests or len(read_lengths(w.dataset))
+        reqs = offline_arrivals(rates, n)
+    else:
+        loads = [ModelLoad(m.name, rates[m.name], m.cv or w.cv) for m in wf.models]
+        reqs = generate(loads, w.duration_s, w.seed, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
+    w.assign_lengths(reqs, wf.scheduler.kv_cache_len)
+    return reqs
 
 
 def slos(wf: WorkloadFile) -> dict[str, SLO]:
@@ -71,11 +82,46 @@ def slos(wf: WorkloadFile) -> dict[str, SLO]:
             for m in wf.models}
 
 
-def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, slots: int, kv_cache_len: int) -> SimModel:
+def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacity_bytes: int,
+                   n_models: int) -> int | None:
+    """Tokens of a model's KV pool per :class:`hetplan.serve.config.SchedulerConfig`: ``kv_cache_tokens`` as
+    given; else, one model on the workers, what the memory budget leaves after the weights (vLLM sizes its KV
+    cache so: ``gpu_memory_utilization`` x memory - weights - activation peak, vllm/worker/worker.py
+    ``determine_num_available_blocks``; the activation peak is not charged here); else, several models sharing the
+    workers, ``max_batch_size`` x ``kv_cache_len``. Rounded down to whole blocks; ``None`` when paging is off."""
+    s = wf.scheduler
+    if not s.paged_kv:
+        return None
+    if s.kv_cache_tokens is not None:
+        tokens = s.kv_cache_tokens
+    elif n_models == 1:
+        weights = weight_bytes_per_worker(spec, tp, pp, dtype)
+        per_token = kv_cache_bytes_per_worker(spec, 1, tp, pp, dtype)
+        tokens = min((capacity_bytes - w) // max(k, 1) for w, k in zip(weights, per_token))
+    else:
+        tokens = s.max_batch_size * s.kv_cache_len
+    return max(0, int(tokens) // s.kv_block_tokens * s.kv_block_tokens)
+
+
+def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, wf: WorkloadFile, capacity_bytes: int,
+              n_models: int = 1) -> SimModel:
     """A model as the simulator sees it on ``gpu`` x TP x PP: weight and KV-cache bytes per worker from
-    :mod:`hetplan.estimate.inference`, iteration times from the cost model."""
+    :mod:`hetplan.estimate.inference` (the paged pool of :func:`kv_pool_tokens`, or ``max_batch_size`` whole slots
+    of ``kv_cache_len``), iteration times from the cost model."""
+    s = wf.scheduler
+    pool = kv_pool_tokens(wf, spec, tp, pp, dtype, capacity_bytes, n_models)
+    tokens = pool if pool is not None else s.max_batch_size * s.kv_cache_len
     return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype), EstimatedStepModel(spec, gpu, tp, pp, dtype),
-                    kv_cache_bytes_per_worker(spec, slots * kv_cache_len, tp, pp, dtype))
+                    kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype),
+                    kv_blocks=None if pool is None else pool // s.kv_block_tokens)
+
+
+def scheduler_kwargs(wf: WorkloadFile) -> dict:
+    """The scheduler settings of :func:`hetplan.serve.simulator.simulate` from the workload file."""
+    s = wf.scheduler
+    return dict(max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len, batching=s.batching,
+                block_tokens=s.kv_block_tokens, max_batched_tokens=s.max_batched_tokens,
+                chunked_prefill=s.chunked_prefill, max_seq_tokens=s.kv_cache_len)
 
 
 def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int | None = None, pp: int | None = None,
@@ -101,12 +147,11 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     swap_model = SwapModel(gpu.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
                            sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
     s = wf.scheduler
-    models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, s.max_batch_size, s.kv_cache_len) for m in wf.models]
+    models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, wf, cap, len(wf.models)) for m in wf.models]
     reqs = requests if requests is not None else workload_requests(wf)
     return simulate(models, reqs, capacity_bytes=cap, policy=make_policy(s.policy, rate_window_s=s.rate_window_s),
-                    swap_cost=swap_cost_fn(swap_model, s.write_back), max_batch_size=s.max_batch_size,
-                    max_queue_len=s.max_queue_len, preload=s.preload, batching=s.batching,
-                    duration_s=wf.workload.duration_s if not wf.workload.trace else None)
+                    swap_cost=swap_cost_fn(swap_model, s.write_back), preload=s.preload, **scheduler_kwargs(wf),
+                    duration_s=wf.workload.duration_s if not (wf.workload.trace or wf.workload.offline) else None)
 
 
 #: Bisection steps of the largest sustainable rate of one replica (relative resolution 2^-6 of the bracket).
@@ -118,23 +163,26 @@ PROBE_REQUESTS = 200
 def _fits(spec, gpu: GPUSpec, tp: int, pp: int, wf: WorkloadFile) -> tuple[bool, str]:
     try:
         gpu.peak_flops_per_s(wf.cluster.dtype)
-        need = sim_model("", spec, gpu, tp, pp, wf.cluster.dtype, wf.scheduler.max_batch_size,
-                         wf.scheduler.kv_cache_len).bytes
+        cap = int(gpu.memory_bytes * wf.cluster.memory_fraction)
+        m = sim_model("", spec, gpu, tp, pp, wf.cluster.dtype, wf, cap)
     except HetplanError as exc:
         return False, exc.message
-    cap = gpu.memory_bytes * wf.cluster.memory_fraction
-    if need > cap:
-        return False, f"largest shard {need / 1e9:.2f} GB > {cap / 1e9:.2f} GB usable per GPU"
+    if m.bytes > cap or max(m.worker_bytes) > cap:
+        return False, f"largest shard {max(m.bytes, max(m.worker_bytes)) / 1e9:.2f} GB > {cap / 1e9:.2f} GB usable per GPU"
+    if m.kv_blocks is not None and m.kv_blocks * wf.scheduler.kv_block_tokens < wf.scheduler.kv_cache_len:
+        return False, (f"KV cache of {m.kv_blocks * wf.scheduler.kv_block_tokens:,} tokens (what the weights leave) "
+                       f"< one sequence of kv_cache_len = {wf.scheduler.kv_cache_len:,}")
     return True, ""
 
 
 def _attainment(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, reqs: list[Request],
                 duration_s: float) -> float:
     s, c = wf.scheduler, wf.cluster
-    m = sim_model(entry.name, spec, gpu, tp, pp, c.dtype, s.max_batch_size, s.kv_cache_len)
-    res = simulate([m], reqs, capacity_bytes=int(gpu.memory_bytes * c.memory_fraction), policy=make_policy(s.policy),
-                   swap_cost=lambda load, evict: 0.0, max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len,
-                   preload=[entry.name], duration_s=duration_s, batching=s.batching)
+    cap = int(gpu.memory_bytes * c.memory_fraction)
+    m = sim_model(entry.name, spec, gpu, tp, pp, c.dtype, wf, cap)
+    res = simulate([m], reqs, capacity_bytes=cap, policy=make_policy(s.policy),
+                   swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
+                   **scheduler_kwargs(wf))
     return res.report(slos(wf))["models"][entry.name]["slo_attainment"]
 
 
@@ -214,11 +262,11 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
                 continue
             g, tp, pp = configs[k]
             s, c = wf.scheduler, wf.cluster
-            res = simulate([sim_model(entry.name, spec, g, tp, pp, c.dtype, s.max_batch_size, s.kv_cache_len)], share,
-                           capacity_bytes=int(g.memory_bytes * c.memory_fraction), policy=make_policy(s.policy),
-                           swap_cost=lambda load, evict: 0.0, max_batch_size=s.max_batch_size,
-                           max_queue_len=s.max_queue_len, preload=[entry.name], duration_s=duration_s,
-                           batching=s.batching)
+            cap = int(g.memory_bytes * c.memory_fraction)
+            res = simulate([sim_model(entry.name, spec, g, tp, pp, c.dtype, wf, cap)], share,
+                           capacity_bytes=cap, policy=make_policy(s.policy),
+                           swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
+                           **scheduler_kwargs(wf))
             rep = res.report(slos(wf))["models"][entry.name]
             ok += rep["slo_attainment"] * rep["requests"]
             total += rep["requests"]
