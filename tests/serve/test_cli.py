@@ -45,6 +45,37 @@ def test_simulate_trace_and_table(monkeypatch, capsys):
     assert code == 0 and "SLO met" in out and "TTFT" in out
 
 
+def test_offline_throughput_over_the_makespan(monkeypatch, capsys):
+    """All requests at t = 0: throughput is counted over the makespan (first arrival to last answer), not 0."""
+    code, out, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "offline.toml", "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    a = rep["all"]
+    assert a["requests"] == a["completed"] == 256
+    ends = a["output_tokens_per_s"] * rep["duration_s"]
+    from hetplan.serve.workload import read_lengths
+
+    rows = read_lengths(EXAMPLES / "lengths.jsonl")
+    assert ends == pytest.approx(sum(rows[i % len(rows)][1] for i in range(256)))  # every output token counted
+    assert a["throughput_per_s"] == pytest.approx(256 / rep["duration_s"]) and a["throughput_per_s"] > 0
+    assert rep["duration_s"] >= a["p99_latency_s"]  # the makespan: every request arrived at 0
+    code, out, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "offline.toml")
+    assert code == 0 and "offline" in out and "tok/s" in out and max(map(len, out.splitlines())) <= 80
+
+
+def test_length_distributions_and_means(monkeypatch, capsys):
+    code, out, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "lengths.toml", "--json")
+    assert code == 0, err
+    a = json.loads(out)["all"]
+    for metric in ("latency", "ttft", "tpot"):  # the mean is reported and lies within the spread
+        assert a[f"p50_{metric}_s"] * 0.5 < a[f"mean_{metric}_s"] <= a[f"p99_{metric}_s"]
+    # prompts log-normal, mean 512 (clipped to 16..2048), outputs uniform 32..256: about 512 + 144 per request
+    per_request = a["total_tokens_per_s"] / a["throughput_per_s"]
+    assert 500 < per_request < 800
+    code, out, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "lengths.toml")
+    assert code == 0 and "mean" in out and "p90" in out and max(map(len, out.splitlines())) <= 80
+
+
 def test_capacity_cheapest_mix_over_gpu_types(monkeypatch, capsys, tmp_path):
     text = (EXAMPLES / "capacity.toml").read_text().replace("max_gpus = 8", "max_gpus = 4")
     p = tmp_path / "cap.toml"
@@ -118,11 +149,15 @@ model = "opt-1.3b"
     (BASE.replace('"A100-SXM-80GB"', '"A100-XYZ"'), "cluster.gpu"),             # unknown GPU
     (BASE.replace("duration_s = 10", "duraton_s = 10"), "workload.duraton_s"),  # typo'd key
     (BASE + "[scheduler]\npolicy = \"fifo\"\n", "scheduler.policy"),
+    (BASE.replace("total_rate_per_s = 1", "trace = \"neg.csv\""), "workload.trace.prompt_len"),  # negative length
+    (BASE + "[workload.input]\ndist = \"lognormal\"\nmean = 100\n", "workload.input"),  # std and max missing
+    (BASE.replace("total_rate_per_s = 1", "offline = true"), "workload.num_requests"),
     (BASE.replace("memory_bytes = 30_000_000_000", "memory_bytes = 1_000"), "models.a"),  # does not fit
 ])
 def test_user_errors_exit_2(monkeypatch, capsys, tmp_path, text, needle):
     p = tmp_path / "w.toml"
     p.write_text(text)
+    (tmp_path / "neg.csv").write_text("arrival_s,model,prompt_len\n0.0,a,-12\n")
     code, _, err = _run(monkeypatch, capsys, "simulate", p)
     assert code == 2 and needle in err and "fix" in err and "Traceback" not in err
 

@@ -24,6 +24,21 @@ def _ms(x):
     return None if x is None else 1e3 * x
 
 
+def _latency_table(con: Console, rep: dict, title: str) -> None:
+    """Mean and p50/p90/p99 of end-to-end latency (s), TTFT (s) and TPOT (ms) per model and overall: one row per
+    model and metric, so the table stays within 80 columns."""
+    t = Table(title=title)
+    for col in ("model", "metric", "mean", "p50", "p90", "p99"):
+        t.add_column(col, justify="left" if col in ("model", "metric") else "right")
+    for name, m in list(rep["models"].items()) + [("all", rep["all"])]:
+        for i, (metric, label, scale, digits) in enumerate((("latency", "e2e s", 1.0, 3), ("ttft", "TTFT s", 1.0, 3),
+                                                             ("tpot", "TPOT ms", 1e3, 1))):
+            vals = [m.get(f"{q}_{metric}_s") for q in ("mean", "p50", "p90", "p99")]
+            t.add_row(name if i == 0 else "", label,
+                      *(_fmt(None if v is None else v * scale, digits=digits) for v in vals))
+    con.print(t)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``serve``, ``simulate`` and ``capacity`` commands to ``app``."""
 
@@ -84,16 +99,17 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rep, indent=2))
             return
-        t = Table(title=f"simulate {workload.name}: {wf.cluster.gpu} TP={wf.cluster.tp} PP={wf.cluster.pp}, "
-                        f"{wf.scheduler.policy}, {wf.scheduler.batching} batching")
-        for col in ("model", "reqs", "p50/p99 s", "TTFT p50/p99 s", "TPOT p50/p99 ms", "SLO met", "goodput/s"):
-            t.add_column(col)
-        for name, m in list(rep["models"].items()) + [("all", rep["all"])]:
-            t.add_row(name, str(m["requests"]), f"{_fmt(m['p50_latency_s'], digits=2)}/{_fmt(m['p99_latency_s'], digits=2)}",
-                      f"{_fmt(m['p50_ttft_s'], digits=2)}/{_fmt(m['p99_ttft_s'], digits=2)}",
-                      f"{_fmt(_ms(m['p50_tpot_s']), digits=1)}/{_fmt(_ms(m['p99_tpot_s']), digits=1)}",
-                      _fmt(m["slo_attainment"]), _fmt(m["goodput_per_s"], digits=2))
         con = Console()
+        _latency_table(con, rep, f"simulate {workload.name}: {wf.cluster.gpu} TP={wf.cluster.tp} "
+                                 f"PP={wf.cluster.pp}, {wf.scheduler.policy}, {wf.scheduler.batching} batching")
+        t = Table(title=f"throughput over {rep['duration_s']:.2f} s"
+                        + (" (offline: all requests at t = 0)" if wf.workload.offline else ""))
+        for col in ("model", "reqs", "done", "SLO met", "goodput/s", "req/s", "out tok/s", "tok/s"):
+            t.add_column(col, justify="right" if col != "model" else "left")
+        for name, m in list(rep["models"].items()) + [("all", rep["all"])]:
+            t.add_row(name, str(m["requests"]), str(m["completed"]), _fmt(m["slo_attainment"]),
+                      _fmt(m["goodput_per_s"], digits=2), _fmt(m["throughput_per_s"], digits=2),
+                      _fmt(m["output_tokens_per_s"], digits=1), _fmt(m["total_tokens_per_s"], digits=1))
         con.print(t)
         s = next(iter(rep["models"].values()))["slo"]
         con.print(f"SLOs (s): latency {_fmt(s['latency_s'])}, TTFT {_fmt(s['ttft_s'])}, TPOT {_fmt(s['tpot_s'])}; "

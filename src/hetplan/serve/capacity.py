@@ -39,14 +39,16 @@ from hetplan.serve.metrics import SLO
 from hetplan.serve.policies import make_policy
 from hetplan.serve.simulator import SimModel, SimResult, simulate, swap_cost_fn
 from hetplan.serve.swap_model import SwapModel
-from hetplan.serve.workload import ModelLoad, Request, generate, model_rates, read_trace
+from hetplan.serve.workload import (ModelLoad, Request, generate, model_rates, offline_arrivals, read_lengths,
+                                    read_trace)
 
 
 def workload_requests(wf: WorkloadFile) -> list[Request]:
-    """The requests of a workload file: its trace, or Gamma arrivals with Zipf-shared rates (seeded).
+    """The requests of a workload file: its trace, ``num_requests`` at t = 0 (``offline``), or Gamma arrivals with
+    Zipf-shared rates (seeded); lengths from the trace, the dataset, the distributions or the fixed lengths.
 
     Raises:
-        HetplanError: bad trace, negative rates.
+        HetplanError: bad trace or dataset, negative rates, a request longer than a sequence may be.
     """
     w = wf.workload
     names = [m.name for m in wf.models]
@@ -60,8 +62,17 @@ def workload_requests(wf: WorkloadFile) -> list[Request]:
         return reqs
     rates = model_rates(names, w.total_rate_per_s, w.zipf_exponent,
                         {m.name: m.rate_per_s for m in wf.models if m.rate_per_s is not None})
-    loads = [ModelLoad(m.name, rates[m.name], m.cv or w.cv) for m in wf.models]
-    return generate(loads, w.duration_s, w.seed, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
+    if w.offline:
+        if w.num_requests is None and w.dataset is None:
+            raise HetplanError("offline mode needs a number of requests", field="workload.num_requests",
+                               fix="give workload.num_requests (or a workload.dataset: one request per row)")
+        n = w.num_requests or len(read_lengths(w.dataset))
+        reqs = offline_arrivals(rates, n)
+    else:
+        loads = [ModelLoad(m.name, rates[m.name], m.cv or w.cv) for m in wf.models]
+        reqs = generate(loads, w.duration_s, w.seed, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
+    w.assign_lengths(reqs, wf.scheduler.kv_cache_len)
+    return reqs
 
 
 def slos(wf: WorkloadFile) -> dict[str, SLO]:
@@ -106,7 +117,7 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     return simulate(models, reqs, capacity_bytes=cap, policy=make_policy(s.policy, rate_window_s=s.rate_window_s),
                     swap_cost=swap_cost_fn(swap_model, s.write_back), max_batch_size=s.max_batch_size,
                     max_queue_len=s.max_queue_len, preload=s.preload, batching=s.batching,
-                    duration_s=wf.workload.duration_s if not wf.workload.trace else None)
+                    duration_s=wf.workload.duration_s if not (wf.workload.trace or wf.workload.offline) else None)
 
 
 #: Bisection steps of the largest sustainable rate of one replica (relative resolution 2^-6 of the bracket).

@@ -105,7 +105,8 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
         max_batch_size, max_queue_len: scheduler bounds.
         batching: ``"continuous"`` or ``"static"`` (:mod:`hetplan.serve.scheduler`).
         preload: models resident at time 0 (in order, while they fit).
-        duration_s: workload length for goodput (default: last arrival).
+        duration_s: workload length for goodput and throughput (default: the makespan, t = 0 to the last
+            answer or arrival).
 
     Raises:
         HetplanError: a model does not fit a worker, or a request names an unknown model.
@@ -116,7 +117,7 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
                       max_batch_size=max_batch_size, max_queue_len=max_queue_len, batching=batching)
     sched.preload(preload)
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.id))
-    records = {r.id: Record(r.id, r.model, r.arrival_s, None) for r in reqs}
+    records = {r.id: Record(r.id, r.model, r.arrival_s, None, prompt_tokens=r.prompt_len) for r in reqs}
     # event: (time, kind order, seq, kind, payload); completions (0) before arrivals (1) at equal times
     events: list = []
     seq = 0
@@ -155,6 +156,9 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
                 dt = by_name[act.model].step_model.step_time_s([r.prompt_len for r in act.joined], decode)
                 batches.append((act.model, len(act.requests)))
                 heapq.heappush(events, (now + dt, 0, seq, "exec", act))
-    dur = duration_s if duration_s is not None else (reqs[-1].arrival_s if reqs else 0.0)
+    # without a stated duration (a trace, an offline batch): the makespan, first arrival at 0 to the last answer
+    # (as vLLM's benchmarks count throughput), never 0 for requests that all arrive at t = 0
+    ends = [r.finish_s for r in records.values() if r.finish_s is not None] + [r.arrival_s for r in reqs]
+    dur = duration_s if duration_s is not None else max(ends, default=0.0)
     return SimResult(list(records.values()), dur, sched.swaps, sched.bytes_swapped_in, sched.bytes_swapped_out,
                      batches, now)
