@@ -109,13 +109,6 @@ def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None 
                 cc.p2p_call_s)
 
 
-def job_stage_options(job: Job) -> dict[str, TrainingOptions]:
-    """Transition only (``search/hetero.py`` until it takes :class:`~hetplan.estimate.options.TrainingOptions`):
-    the keyword :func:`~hetplan.estimate.stage.stage_costs` takes the job's options by,
-    :meth:`TrainingOptions.from_job`."""
-    return {"training_options": TrainingOptions.from_job(job)}
-
-
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
     """$ per GPU-hour of a pool: its own price or the catalog default."""
     return gpu.price_usd_per_hour if pool.price_usd_per_hour is None else pool.price_usd_per_hour

@@ -75,7 +75,7 @@ def stage_costs(
     m: ModelSpec,
     gpu: GPUSpec,
     link: Link,
-    options: TrainingOptions | str,
+    options: TrainingOptions,
     *,
     s: Any,
     b: Any,
@@ -97,7 +97,6 @@ def stage_costs(
     etp: Any = 1,
     virtual_stages: Any = 1,
     step_microbatches: Any = None,
-    training_options: TrainingOptions | None = None,
 ) -> StageCost:
     """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
 
@@ -171,14 +170,10 @@ def stage_costs(
     PyTorch's async TP in place of those copies and the exposed collectives (same function).
 
     ``options``: every job and plan option that changes the cost (:class:`hetplan.estimate.options.TrainingOptions`;
-    the option names below are its fields). ``training_options``: only while ``search/hetero.py`` passes the dtype
-    in its place (through :func:`hetplan.estimate.estimator.job_stage_options`).
+    the option names below are its fields).
 
     Units: seconds, bytes.
     """
-    if isinstance(options, str):  # search/hetero.py's call: dtype positional, the options by keyword
-        assert training_options is not None and training_options.dtype == options
-        options = training_options
     dtype, attention, framework = options.dtype, options.attention, options.framework
     overlap_grad_reduce, fsdp_shard = options.overlap_grad_reduce, options.fsdp_shard
     reshard_after_forward, grad_reduce_dtype = options.reshard_after_forward, options.grad_reduce_dtype
