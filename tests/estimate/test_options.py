@@ -57,6 +57,7 @@ CHANGES = {
     "offload_modules": ("moe", "job", ["expert_fc1", "moe_act"]),
     "cp_kv_exchange": ("dense", "job", "allgather"),
     "cp_load_balance": ("dense", "job", False),
+    "stack": ("dense", "job", "megatron-lm@2021-06"),
     "overlap_grad_reduce": ("dense", "plan", False),
     "tp_comm_overlap": ("dense", "plan", True),
     "cuda_graphs": ("dense", "plan", True),

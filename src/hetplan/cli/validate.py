@@ -102,6 +102,9 @@ def register(app: typer.Typer) -> None:
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
+        write_residuals: bool = typer.Option(False, "--write-residuals", help="rewrite the package's table of held-out "
+                                             "residuals that every plan's 80 % interval comes from "
+                                             "(hetplan.calibration.intervals) and exit"),
     ) -> None:
         """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5, Aceso's V100 profile and FASOP's
         per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), and on the modern H100/H200/B200/GB200 sets
@@ -111,6 +114,12 @@ def register(app: typer.Typer) -> None:
         from hetplan.calibration import independent, modern
         from hetplan.errors import HetplanError
         from hetplan.calibration import validation as v
+
+        if write_residuals:
+            from hetplan.calibration.intervals import write_residuals as write
+
+            typer.echo(f"wrote {write()}")
+            return
 
         every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME,)
         names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())

@@ -25,7 +25,7 @@ from hetplan.estimate.stage import Link, StageCost, stage_costs
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
+from hetplan.plan import GPUPool, Plan, Stage, boundary_is_intra_node
 
 
 class LayerTimeSource(Protocol):
@@ -347,12 +347,12 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
         gpipe = plan.schedule == "gpipe"
         opts = TrainingOptions.from_plan(plan)
+        stack = opts.stack_spec()
         layouts: dict = {}  # (tp, dp) -> degrees read from the stage's ParallelLayout (one per distinct layout)
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
-                key = (pool.gpu, pool.kernel_overhead_s, pool.attention_efficiency, opts.attention_kernel,
-                       opts.framework)
+                key = (pool.gpu, pool.kernel_overhead_s, pool.attention_efficiency, opts.attention_kernel, stack.id)
                 gpu = resolved.get(key)
                 if gpu is None:
                     gpu = resolved[key] = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=opts)
@@ -364,7 +364,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             deg = layouts.get((st.tp, st.dp))
             if deg is None:
                 lay = plan.stage_layout(i)
-                deg = layouts[st.tp, st.dp] = (lay.tp, lay.dp, lay.zero_stage, lay.sequence_parallel_active)
+                deg = layouts[st.tp, st.dp] = (lay.tp, lay.dp, lay.zero_stage,
+                                                  lay.sequence_parallel_active and stack.sequence_parallel)
             t, dp, zero, sp = deg
             b = st.mbs or plan.mbs
             mb = job.global_batch // (dp * b)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from hetplan.estimate.moe import MoEOptions
+from hetplan.hardware.stacks import StackSpec, default_stack, resolve_stack
 
 if TYPE_CHECKING:
     from hetplan.plan import Job, Plan
@@ -71,8 +72,9 @@ class TrainingOptions:
     offload_modules: tuple[str, ...] = ()
     cp_kv_exchange: str = "ring"
     cp_load_balance: bool = True
+    stack: str | None = None
     # Plan
-    overlap_grad_reduce: bool = True
+    overlap_grad_reduce: bool = True  #: as the plan asks and its stack can (StackSpec.overlaps_grad_reduce)
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     fsdp_shard: int | None = None
@@ -98,6 +100,10 @@ class TrainingOptions:
         """The MoE layer's options (:class:`hetplan.estimate.moe.MoEOptions`)."""
         return MoEOptions(self.moe_dispatcher, self.moe_routing, self.moe_recompute, self.moe_a2a_overlap)
 
+    def stack_spec(self) -> StackSpec:
+        """The software stack that runs the job (:meth:`hetplan.plan.Job.stack_spec`)."""
+        return resolve_stack(self.stack) if self.stack else default_stack(self.framework)
+
     @property
     def fsdp(self) -> bool:
         """PyTorch FSDP2 / Megatron-FSDP (``framework = "fsdp"``): everything sharded, ZeRO-3."""
@@ -106,7 +112,7 @@ class TrainingOptions:
 
 JOB_FIELDS = ("dtype", "attention", "attention_kernel", "framework", "torch_compile", "async_tp",
               "moe_load_imbalance", "moe_dispatcher", "moe_routing", "moe_recompute", "moe_a2a_overlap",
-              "recompute_modules", "offload_modules", "cp_kv_exchange", "cp_load_balance")
+              "recompute_modules", "offload_modules", "cp_kv_exchange", "cp_load_balance", "stack")
 PLAN_FIELDS = tuple(f.name for f in fields(TrainingOptions) if f.name not in JOB_FIELDS)
 
 
@@ -122,4 +128,8 @@ def _build(job: Job, plan: Plan | None) -> TrainingOptions:
         kw.update({k: Plan.model_fields[k].default for k in PLAN_FIELDS})
     else:
         kw.update({k: getattr(plan, k) for k in PLAN_FIELDS})
+        # the stack decides whether DP gradients can be reduced during backward (DeepSpeed's pipeline engine
+        # reduces after the last micro-batch, Megatron-LM 2021's local DDP after backward): StackSpec.dp_overlap
+        kw["overlap_grad_reduce"] = plan.overlap_grad_reduce and job.stack_spec().overlaps_grad_reduce(plan.pp,
+                                                                                                      plan.zero)
     return TrainingOptions(**kw)  # type: ignore[arg-type]

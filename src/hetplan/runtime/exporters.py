@@ -52,11 +52,15 @@ import json
 from dataclasses import dataclass, field
 
 from hetplan.errors import HetplanError
+from hetplan.hardware.stacks import default_stack
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Plan
 from hetplan.plan_rules import check_plan, degree
 
 TARGETS = ("megatron", "deepspeed", "torchtitan")
+#: The framework family (``Job.framework``) each target launches; its default stack is what the export writes
+#: (:func:`hetplan.hardware.stacks.default_stack`).
+TARGET_FRAMEWORK = {"megatron": "megatron", "deepspeed": "deepspeed", "torchtitan": "fsdp"}
 #: torchtitan's Llama 3 flavors (``torchtitan/models/llama3/__init__.py``, ``llama3_args``) by hetplan preset.
 TORCHTITAN_FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
 
@@ -600,6 +604,13 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
         out = export_torchtitan(plan, spec, virtual_stages)
     else:
         raise HetplanError(f"unknown export target {target!r}", field="--to", fix=f"use one of {', '.join(TARGETS)}")
+    # What each target writes is its framework's default stack (hetplan.hardware.stacks.FRAMEWORK_STACK); a plan
+    # priced under another stack (Job.stack) was priced for software this export does not launch.
+    written = default_stack(TARGET_FRAMEWORK[t])
+    priced = plan.job.stack_spec()
+    if priced.id != written.id:
+        out.notes.append(f"the plan was priced for stack {priced.id}; this export launches {written.id}, whose "
+                         f"numbers differ: re-estimate with --stack {written.name} to price what runs")
     if any(pool.network == "ethernet" for pool in plan.pools):
         # The estimate assumed NCCL's socket transport (hetplan.estimate.comm.NETWORKS); say so where NCCL reads it.
         env = ("export NCCL_IB_DISABLE=1  # nodes joined by Ethernet without RDMA (GPUPool.network): NCCL sockets; "
