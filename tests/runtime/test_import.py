@@ -240,3 +240,30 @@ def test_searched_best_plan_exports_to_its_framework(case, framework):
     if target == "megatron":
         parse_megatron_args(megatron_argv(ex.files["megatron_launch.sh"]))
     assert _key(importers.import_files(ex.files)) == _key(best)
+
+
+def test_plan_baseline_compares_the_users_run(tmp_path):
+    """`plan --baseline`: the search's own best as baseline is 1.00x at 100 % of the cost; the same run with full
+    recomputation (a user's launch read back by import) is slower, so the best plan is faster than it."""
+    import json
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", *map(str, args)], capture_output=True,
+                           text=True, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    job = ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM", "--gpus", "8", "--seq-len", "4096",
+           "--global-batch", "64", "--tokens", "1e9", "--no-hetero"]
+    best = tmp_path / "best.json"
+    run(*job, "-q", "-o", best)
+    out = json.loads(run(*job, "--json", "--top", "1", "--baseline", best))["baseline"]
+    assert out["speedup"] == pytest.approx(1.0) and out["usd_ratio"] == pytest.approx(1.0)
+    ex = exporters.export(Plan.model_validate_json(best.read_text()), load_model("llama3-8b"), "megatron")
+    script = tmp_path / "run.sh"
+    script.write_text(ex.files["megatron_launch.sh"].replace("--hidden-size", "--recompute-granularity full "
+                                                             "--recompute-method uniform --hidden-size"))
+    user = tmp_path / "user.json"
+    run("import", script, "-o", user)
+    out = json.loads(run(*job, "--json", "--top", "1", "--baseline", user))["baseline"]
+    assert out["speedup"] > 1.05 and out["usd_ratio"] < 1
