@@ -146,8 +146,8 @@ def read_runs(path: Path, catalog: Catalog, progress=None) -> list[Run]:
                 raise HetplanError(f"row {i}: no gpu / gpus", field="runs.gpu", fix="add columns gpu and gpus")
             job = validated(Job, parts["job"], f"runs (row {i})")
             inv = validated(Inventory, {"pools": [parts["pool"]]}, f"runs (row {i})")
+            pins = validated(Pins, {"num_gpus": parts["pool"]["count"], **parts["pin"]}, f"runs (row {i})")
             try:
-                pins = Pins(num_gpus=parts["pool"]["count"], **parts["pin"])
                 res = search_plans(job, inv, Objective(), pins, top_k=1, catalog=catalog, heterogeneous=False)
             except HetplanError as exc:
                 raise HetplanError(f"row {i}: {exc.message}", field=f"runs (row {i}) {exc.field or ''}".strip(),
