@@ -14,8 +14,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hetplan.errors import HetplanError
+from hetplan.hardware.stacks import StackSpec, default_stack, resolve_stack
 from hetplan.inputs import bounded
 
 Recompute = Literal["none", "selective", "full"]
@@ -97,6 +99,12 @@ class Job(BaseModel):
             :func:`hetplan.estimate.context.attention_blocks`).
         cp_kv_exchange: how context parallelism exchanges K/V: ``ring`` (Megatron-Core p2p, overlapped with
             attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`).
+        stack: the software stack and release that runs the job (:mod:`hetplan.hardware.stacks`, ``hetplan
+            catalog stacks``): ``NAME``, ``NAME@VERSION`` or ``NAME@YYYY-MM`` (the release in force that month),
+            stored as ``NAME@VERSION``. It sets the defaults of ``framework``, ``attention`` and, under ``fsdp``,
+            ``torch_compile`` (a field given that contradicts it is refused), the attention kernel on each GPU
+            family and which plan options exist (:func:`hetplan.plan_rules.check_plan`). None: the framework's
+            default stack, what ``hetplan export`` writes (:func:`stack_spec`).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -124,6 +132,47 @@ class Job(BaseModel):
     torch_compile: bool = True
     attention_kernel: Literal["fa2", "fa3", "cudnn"] | None = None
     async_tp: bool = False
+    stack: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stack_defaults(cls, data):
+        """Fill ``framework``, ``attention`` and ``torch_compile`` from the named stack where not given, and
+        refuse a given one that the stack contradicts (an unknown stack is left to :meth:`_resolve_stack`)."""
+        if not isinstance(data, dict) or not isinstance(data.get("stack"), str):
+            return data
+        try:
+            st = resolve_stack(data["stack"])
+        except HetplanError:
+            return data
+        out = dict(data)
+        given = out.get("framework")
+        if given is not None and given != st.framework:
+            raise ValueError(f"stack {st.id} runs framework {st.framework!r}, not {given!r}: remove framework "
+                             f"or pick a stack of framework {given!r} (hetplan catalog stacks)")
+        out["framework"] = st.framework
+        if out.get("attention") == "flash" and st.attention != "flash":
+            raise ValueError(f"stack {st.id} has no fused (flash) attention kernel; it runs {st.attention!r}: "
+                             "remove attention or pick a later release")
+        out.setdefault("attention", st.attention)
+        if st.framework == "fsdp":
+            out.setdefault("torch_compile", st.launch == "compiled")
+        return out
+
+    @field_validator("stack")
+    @classmethod
+    def _resolve_stack(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return resolve_stack(value).id
+        except HetplanError as exc:
+            raise ValueError(f"{exc.message}; fix: {exc.fix}") from None
+
+    def stack_spec(self) -> StackSpec:
+        """The stack that runs the job: :attr:`stack` resolved, else the framework's default
+        (:func:`hetplan.hardware.stacks.default_stack`, what ``hetplan export`` writes)."""
+        return resolve_stack(self.stack) if self.stack else default_stack(self.framework)
 
     @model_validator(mode="after")
     def _check_compile(self) -> "Job":
@@ -210,7 +259,7 @@ class GPUPool(BaseModel):
             try:
                 node = nodes.get(str(data["node"]))
             except HetplanError as exc:
-                raise ValueError(f"{exc.message}; {exc.fix}") from None
+                raise ValueError(f"{exc.message}; fix: {exc.fix}") from None
             try:
                 gpu = load_catalog().get(str(data["gpu"]))
             except HetplanError:

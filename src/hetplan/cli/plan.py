@@ -31,6 +31,9 @@ from hetplan.search.planner import Pins, check_job, search_plans
 from hetplan.model.spec import load_model
 
 GIB = 2**30
+#: Words of the explanation line a search budget writes when it stops before proving its answer exact
+#: (:mod:`hetplan.search.planner`); that line goes to stderr, never only into the explanation.
+STOPPED = " stopped after "
 
 
 
@@ -145,8 +148,11 @@ def plan_command(
     attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default), "
                                             "standard (s x s scores stored, Megatron-LM without --use-flash-attn) "
                                             "or eager (the same, unfused: Hugging Face eager attention)."),
-    framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
-                                            "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
+    framework: Optional[str] = typer.Option(None, "--framework", help="megatron (default) | deepspeed | fsdp: "
+                                            "runs that framework's current stack, what `hetplan export` writes "
+                                            "for it (Megatron-Core, DeepSpeed, torchtitan)."),
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: the software stack and "
+                                        "release (`hetplan catalog stacks`); a month picks the release then."),
     attention_kernel: Optional[str] = typer.Option(None, "--attention-kernel", help="fa2 | fa3 | cudnn: the fused "
                                                    "attention kernel (default: the framework's on the GPU)."),
     async_tp: bool = typer.Option(False, "--async-tp", help="PyTorch's async TP (framework fsdp, compiled)."),
@@ -201,7 +207,8 @@ def plan_command(
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
                      ("train_iterations", iterations), ("dtype", dtype), ("attention", attention),
-                     ("framework", framework), ("attention_kernel", attention_kernel), ("async_tp", async_tp or None)):
+                     ("framework", framework), ("attention_kernel", attention_kernel), ("async_tp", async_tp or None),
+                     ("stack", stack)):
         if val is not None:
             job_raw[key] = val
     for key in ("model", "seq_len", "global_batch"):
@@ -265,6 +272,9 @@ def plan_command(
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
     with walk_progress() as progress:
         result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
+    for line in result.explanation:  # a budget that ran out is said on stderr always, also under -q and --json
+        if STOPPED in line:
+            typer.echo(f"note: {line}", err=True)
     summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
@@ -529,7 +539,8 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
         con.print(line, highlight=False, markup=False)
     con.print("[bold]Why:[/]")
     why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
-           *merge_best_with_another(result.explanation[1:])]
+           *merge_best_with_another([ln for ln in result.explanation[1:]  # said on stderr already
+                                     if not (ln.startswith("Homogeneous exact") and STOPPED in ln)])]
     for line in why:  # one item per paragraph, its continuation lines indented under it
         con.print(textwrap.fill(line, width=max(40, con.width - 1), initial_indent="  ", subsequent_indent="    ",
                                 break_on_hyphens=False),
@@ -612,13 +623,20 @@ def estimate_command(
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times: stages it covers use them (column `source`)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: price the plan under this "
+                                        "stack (`hetplan catalog stacks`); its framework, attention and compile "
+                                        "replace the plan's."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan "
                                                "calibrate` from your measured runs: its factors and your residuals "
                                                "(the 80 % intervals) for plans on its GPUs and stack."),
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
     check_output_path(timeline, "--timeline", figure=True)
-    plan = validated(Plan, read_structured(plan_file), "plan")
+    raw = read_structured(plan_file)
+    if stack is not None and isinstance(raw.get("job"), dict):
+        raw["job"] = {k: v for k, v in raw["job"].items() if k not in ("framework", "attention", "torch_compile")}
+        raw["job"]["stack"] = stack
+    plan = validated(Plan, raw, "plan")
     m = load_model(plan.job.model)
     check_job(plan.job, m)
     check_plan(plan, m)

@@ -27,6 +27,23 @@ def _fmt(x: float, pct: bool = True) -> str:
     return f"{100 * x:.1f} %" if pct else f"{x:.3f}"
 
 
+def _signed(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{100 * x:+.1f} %"
+
+
+def _print_stacks(console, stacks: dict) -> None:
+    """The error per software stack (``--json``'s ``stacks``): n, MAPE, signed median, max and its sets."""
+    from rich.table import Table
+
+    t = Table(title="Per stack (every row of the sets run; signed: predicted speed / measured - 1, + = too fast)")
+    for col in ("stack", "n", "MAPE", "signed", "max", "sets"):
+        t.add_column(col, no_wrap=col == "stack")
+    for name, r in stacks.items():
+        t.add_row(name, str(r["n"]), _fmt(r["mape"]), _signed(r["signed_median"]), _fmt(r["max_abs_error"]),
+                  ", ".join(r["sets"]))
+    console.print(t)
+
+
 def _print_fasop(console, r: dict) -> None:
     """FASOP's set in detail: errors per GPU type and the A10G / A100 layer-time ratio (``--json`` figures)."""
     from rich.table import Table
@@ -53,11 +70,12 @@ def _print_modern(console, sets: dict) -> None:
     from rich.table import Table
 
     t = Table(title="Modern sets (errors as % of measured)")
-    for col in ("set", "n", "excl.", "MAPE", "max", "τ", "held-out", "memory"):
+    for col in ("set", "n", "excl.", "MAPE", "signed", "max", "τ", "held-out", "memory"):
         t.add_column(col, no_wrap=col == "set")
     for name, r in sets.items():
         mem = r.get("memory", {}).get("max_abs_error", float("nan"))
-        t.add_row(name, str(r["n"]), str(r["not_expressible"]["n"]), _fmt(r["mape"]), _fmt(r["max_abs_error"]),
+        t.add_row(name, str(r["n"]), str(r["not_expressible"]["n"]), _fmt(r["mape"]), _signed(r["signed_median"]),
+                  _fmt(r["max_abs_error"]),
                   _fmt(r["kendall_tau"], pct=False), _fmt(r["held_out"]["mape"]), _fmt(mem))
     console.print(t)
 
@@ -92,8 +110,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("validate")
     def validate(
-        json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, kendall_tau, "
-                                      "calibration, held_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
+        json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, "
+                                      "signed_median, kendall_tau, calibration, held_out}}, \"stacks\": {STACK: {n, "
+                                      "mape, max_abs_error, signed_median, sets}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
                                       "independent_h100 adds rows: per-row errors, worst first)"),
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
@@ -146,13 +165,17 @@ def register(app: typer.Typer) -> None:
             v.write_csv(cases, csv_path)
         if plot_path is not None:
             v.plot(cases, plot_path)
+        from hetplan.calibration.intervals import per_stack
+
+        result["stacks"] = per_stack(cases)
         if json_out:
             typer.echo(json.dumps(result, indent=2, allow_nan=True))
             return
         from rich.table import Table
 
         table = Table(title="Estimator vs. measured (errors as % of measured)")
-        for col in ("set", "n", "MAPE", "max |err|", "Kendall τ", "held-out MAPE", "calib. MAPE", "target", "met"):
+        for col in ("set", "n", "MAPE", "signed", "max |err|", "Kendall τ", "held-out MAPE", "calib. MAPE", "target",
+                    "met"):
             table.add_column(col, no_wrap=col == "set")  # set names stay whole (they are what --sets takes)
         for name in names:
             r = result["sets"][name]
@@ -166,7 +189,8 @@ def register(app: typer.Typer) -> None:
                 f"{b if k == 'kendall_tau' else f'{100 * b:.0f} %'}" for k, b in tgt.items()
             )
             table.add_row(
-                name, str(r["n"]), _fmt(r["mape"]), _fmt(r["max_abs_error"]), _fmt(r["kendall_tau"], pct=False),
+                name, str(r["n"]), _fmt(r["mape"]), _signed(r["signed_median"]), _fmt(r["max_abs_error"]),
+                _fmt(r["kendall_tau"], pct=False),
                 _fmt(r.get("held_out", {}).get("mape", float("nan"))), _fmt(r.get("calibration", {}).get("mape", float("nan"))),
                 tgt_txt or "-", ("yes" if all(met) else "NO") if met else "-",
             )
@@ -185,6 +209,7 @@ def register(app: typer.Typer) -> None:
                           "(V100), seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's "
                           "hosts), Espresso's runs that fitted A30/A4000/A6000/3090; SC'21 and Korthikanti are fully held "
                           "out.")
+        _print_stacks(console, result["stacks"])
         if csv_path is not None:
             console.print(f"wrote {csv_path}")
         if plot_path is not None:

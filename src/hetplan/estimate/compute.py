@@ -80,12 +80,14 @@ RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 
 
 def attention_kernel(job, gpu: GPUSpec) -> str:
-    """The fused attention kernel ``job`` runs on ``gpu``: ``job.attention_kernel`` if set, else its framework's
-    default on the GPU's architecture (:func:`hetplan.hardware.catalog.default_attention_kernel`); ``job`` None:
-    Megatron's."""
+    """The fused attention kernel ``job`` runs on ``gpu``: ``job.attention_kernel`` if set, else what its stack
+    runs on the GPU's architecture (``Job.stack_spec().kernel_on``, :mod:`hetplan.hardware.stacks`); ``job``
+    None: Megatron's default stack."""
     chosen = getattr(job, "attention_kernel", None)
     if chosen is not None:
         return chosen
+    if hasattr(job, "stack_spec"):
+        return job.stack_spec().kernel_on(gpu.architecture)
     return default_attention_kernel(getattr(job, "framework", "megatron"), gpu.architecture)
 
 

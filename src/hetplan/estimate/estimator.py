@@ -375,17 +375,21 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
         gpipe = plan.schedule == "gpipe"
         flash = job.attention == "flash"
+        stack = job.stack_spec()
+        # The stack decides whether DP gradients can be reduced during backward (DeepSpeed's pipeline engine
+        # reduces after the last micro-batch, Megatron-LM 2021's local DDP after backward): StackSpec.dp_overlap.
+        overlap_grad_reduce = plan.overlap_grad_reduce and stack.overlaps_grad_reduce(plan.pp, plan.zero)
         layouts: dict = {}  # (tp, dp) -> degrees read from the stage's ParallelLayout (one per distinct layout)
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
-                key = (pool.gpu, pool.kernel_overhead_s, pool.attention_efficiency, job.attention_kernel, job.framework)
+                key = (pool.gpu, pool.kernel_overhead_s, pool.attention_efficiency, job.attention_kernel, stack.id)
                 gpu = resolved.get(key)
                 if gpu is None:
                     gpu = resolved[key] = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=job)
                 link = pool_link(pool, gpu, comm_constants)
                 group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.flash_attention_efficiency(), gpu.flash_attention_efficiency(causal=True), link, job.dtype,
-                                              plan.overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
+                                              overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
                                               plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, plan.fsdp_param_dtype,
                                               plan.cross_entropy, job.moe_load_imbalance,
                                               job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
@@ -398,7 +402,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             deg = layouts.get((st.tp, st.dp))
             if deg is None:
                 lay = plan.stage_layout(i)
-                deg = layouts[st.tp, st.dp] = (lay.tp, lay.dp, lay.zero_stage, lay.sequence_parallel_active)
+                deg = layouts[st.tp, st.dp] = (lay.tp, lay.dp, lay.zero_stage,
+                                                  lay.sequence_parallel_active and stack.sequence_parallel)
             t, dp, zero, sp = deg
             b = st.mbs or plan.mbs
             mb = job.global_batch // (dp * b)
@@ -409,7 +414,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, step_mb, v), num_microbatches=mb,
                 zero=zero, recompute_code=RECOMPUTE_CODES[st.recompute],
                 sequence_parallel=sp, gpu=gpu, link=link, price_usd_per_hour=price,
-                group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=plan.overlap_grad_reduce,
+                group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=overlap_grad_reduce,
                 recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
                 flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v,
