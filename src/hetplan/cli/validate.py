@@ -105,6 +105,25 @@ def _print_modern(console, sets: dict) -> None:
         "report memory.")
 
 
+def _print_serving(console, r: dict) -> None:
+    """The serving set (:mod:`hetplan.calibration.serving`): calibration / held-out halves, per source, worst rows."""
+    from rich.table import Table
+
+    t = Table(title="Serving set (errors as % of measured; bias = signed median)")
+    for col in ("part", "n", "MAPE", "bias", "median", "max"):
+        t.add_column(col, no_wrap=col == "part")
+    parts = [("all", r), ("calibration", r["calibration"]), ("held-out", r["held_out"])]
+    parts += [(name, x) for name, x in r["per_source"].items()]
+    for name, x in parts:
+        t.add_row(name, str(x["n"]), _fmt(x["mape"]), _fmt(x["signed_median"]), _fmt(x["median_abs_error"]),
+                  _fmt(x["max_abs_error"]))
+    console.print(t)
+    console.print(f"serving: {r['convention']}; target MAPE ≤ {100 * r['target']['mape']:.0f} %. Worst rows:",
+                  highlight=False)
+    for x in r["rows"][:3]:
+        console.print(f"  {100 * x['error']:+.1f} %  {x['key']}", highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``validate`` to ``app``."""
 
@@ -117,7 +136,8 @@ def register(app: typer.Typer) -> None:
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
                                               "espresso_hetero, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
-                                              "megatron_lm_h100, moe_h100, long_context_cp, independent_h100"),
+                                              "megatron_lm_h100, moe_h100, long_context_cp, independent_h100, "
+                                              "serving"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
@@ -129,8 +149,9 @@ def register(app: typer.Typer) -> None:
         per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), and on the modern H100/H200/B200/GB200 sets
         (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
         of llm-foundry, NeMo 24.07 and fms-fsdp, never fitted (the issue's independent check: median ≤ 10 %, no
-        row beyond 25 %)."""
-        from hetplan.calibration import independent, modern
+        row beyond 25 %); serving: published TensorRT-LLM and vLLM serving benchmarks (TTFT, TPOT, tokens/s)
+        against the engine-aware inference cost model (docs/serving.md)."""
+        from hetplan.calibration import independent, modern, serving
         from hetplan.errors import HetplanError
         from hetplan.calibration import validation as v
 
@@ -140,7 +161,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"wrote {write()}")
             return
 
-        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME,)
+        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, serving.SET_NAME)
         names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
         bad = [n for n in names if n not in every]
         if bad:
@@ -148,6 +169,7 @@ def register(app: typer.Typer) -> None:
                                fix=f"use some of: {', '.join(every)}")
         new = tuple(n for n in names if n in modern.SET_NAMES)
         check_independent = independent.SET_NAME in names
+        serving_result = serving.run_serving()[0] if serving.SET_NAME in names else {}
         names = tuple(n for n in names if n in v.SET_NAMES)
         result, cases = v.run_validation(names)
         new_result, new_cases = modern.run_modern(new)
@@ -156,6 +178,7 @@ def register(app: typer.Typer) -> None:
             new_result.update(ind_result)
             new_cases += ind_cases
         result["sets"].update(new_result)
+        result["sets"].update(serving_result)
         cases += new_cases
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -203,6 +226,8 @@ def register(app: typer.Typer) -> None:
             _print_fasop(console, result["sets"]["fasop_layers"])
         if new_result:
             _print_modern(console, new_result)
+        if serving_result:
+            _print_serving(console, serving_result[serving.SET_NAME])
         if names:
             console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same "
                           "model, GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows "
