@@ -82,11 +82,46 @@ def slos(wf: WorkloadFile) -> dict[str, SLO]:
             for m in wf.models}
 
 
-def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, slots: int, kv_cache_len: int) -> SimModel:
+def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacity_bytes: int,
+                   n_models: int) -> int | None:
+    """Tokens of a model's KV pool per :class:`hetplan.serve.config.SchedulerConfig`: ``kv_cache_tokens`` as
+    given; else, one model on the workers, what the memory budget leaves after the weights (vLLM sizes its KV
+    cache so: ``gpu_memory_utilization`` x memory - weights - activation peak, vllm/worker/worker.py
+    ``determine_num_available_blocks``; the activation peak is not charged here); else, several models sharing the
+    workers, ``max_batch_size`` x ``kv_cache_len``. Rounded down to whole blocks; ``None`` when paging is off."""
+    s = wf.scheduler
+    if not s.paged_kv:
+        return None
+    if s.kv_cache_tokens is not None:
+        tokens = s.kv_cache_tokens
+    elif n_models == 1:
+        weights = weight_bytes_per_worker(spec, tp, pp, dtype)
+        per_token = kv_cache_bytes_per_worker(spec, 1, tp, pp, dtype)
+        tokens = min((capacity_bytes - w) // max(k, 1) for w, k in zip(weights, per_token))
+    else:
+        tokens = s.max_batch_size * s.kv_cache_len
+    return max(0, int(tokens) // s.kv_block_tokens * s.kv_block_tokens)
+
+
+def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, wf: WorkloadFile, capacity_bytes: int,
+              n_models: int = 1) -> SimModel:
     """A model as the simulator sees it on ``gpu`` x TP x PP: weight and KV-cache bytes per worker from
-    :mod:`hetplan.estimate.inference`, iteration times from the cost model."""
+    :mod:`hetplan.estimate.inference` (the paged pool of :func:`kv_pool_tokens`, or ``max_batch_size`` whole slots
+    of ``kv_cache_len``), iteration times from the cost model."""
+    s = wf.scheduler
+    pool = kv_pool_tokens(wf, spec, tp, pp, dtype, capacity_bytes, n_models)
+    tokens = pool if pool is not None else s.max_batch_size * s.kv_cache_len
     return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype), EstimatedStepModel(spec, gpu, tp, pp, dtype),
-                    kv_cache_bytes_per_worker(spec, slots * kv_cache_len, tp, pp, dtype))
+                    kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype),
+                    kv_blocks=None if pool is None else pool // s.kv_block_tokens)
+
+
+def scheduler_kwargs(wf: WorkloadFile) -> dict:
+    """The scheduler settings of :func:`hetplan.serve.simulator.simulate` from the workload file."""
+    s = wf.scheduler
+    return dict(max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len, batching=s.batching,
+                block_tokens=s.kv_block_tokens, max_batched_tokens=s.max_batched_tokens,
+                chunked_prefill=s.chunked_prefill, max_seq_tokens=s.kv_cache_len)
 
 
 def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int | None = None, pp: int | None = None,
@@ -112,11 +147,10 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     swap_model = SwapModel(gpu.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
                            sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
     s = wf.scheduler
-    models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, s.max_batch_size, s.kv_cache_len) for m in wf.models]
+    models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, wf, cap, len(wf.models)) for m in wf.models]
     reqs = requests if requests is not None else workload_requests(wf)
     return simulate(models, reqs, capacity_bytes=cap, policy=make_policy(s.policy, rate_window_s=s.rate_window_s),
-                    swap_cost=swap_cost_fn(swap_model, s.write_back), max_batch_size=s.max_batch_size,
-                    max_queue_len=s.max_queue_len, preload=s.preload, batching=s.batching,
+                    swap_cost=swap_cost_fn(swap_model, s.write_back), preload=s.preload, **scheduler_kwargs(wf),
                     duration_s=wf.workload.duration_s if not (wf.workload.trace or wf.workload.offline) else None)
 
 
@@ -129,23 +163,26 @@ PROBE_REQUESTS = 200
 def _fits(spec, gpu: GPUSpec, tp: int, pp: int, wf: WorkloadFile) -> tuple[bool, str]:
     try:
         gpu.peak_flops_per_s(wf.cluster.dtype)
-        need = sim_model("", spec, gpu, tp, pp, wf.cluster.dtype, wf.scheduler.max_batch_size,
-                         wf.scheduler.kv_cache_len).bytes
+        cap = int(gpu.memory_bytes * wf.cluster.memory_fraction)
+        m = sim_model("", spec, gpu, tp, pp, wf.cluster.dtype, wf, cap)
     except HetplanError as exc:
         return False, exc.message
-    cap = gpu.memory_bytes * wf.cluster.memory_fraction
-    if need > cap:
-        return False, f"largest shard {need / 1e9:.2f} GB > {cap / 1e9:.2f} GB usable per GPU"
+    if m.bytes > cap or max(m.worker_bytes) > cap:
+        return False, f"largest shard {max(m.bytes, max(m.worker_bytes)) / 1e9:.2f} GB > {cap / 1e9:.2f} GB usable per GPU"
+    if m.kv_blocks is not None and m.kv_blocks * wf.scheduler.kv_block_tokens < wf.scheduler.kv_cache_len:
+        return False, (f"KV cache of {m.kv_blocks * wf.scheduler.kv_block_tokens:,} tokens (what the weights leave) "
+                       f"< one sequence of kv_cache_len = {wf.scheduler.kv_cache_len:,}")
     return True, ""
 
 
 def _attainment(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, reqs: list[Request],
                 duration_s: float) -> float:
     s, c = wf.scheduler, wf.cluster
-    m = sim_model(entry.name, spec, gpu, tp, pp, c.dtype, s.max_batch_size, s.kv_cache_len)
-    res = simulate([m], reqs, capacity_bytes=int(gpu.memory_bytes * c.memory_fraction), policy=make_policy(s.policy),
-                   swap_cost=lambda load, evict: 0.0, max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len,
-                   preload=[entry.name], duration_s=duration_s, batching=s.batching)
+    cap = int(gpu.memory_bytes * c.memory_fraction)
+    m = sim_model(entry.name, spec, gpu, tp, pp, c.dtype, wf, cap)
+    res = simulate([m], reqs, capacity_bytes=cap, policy=make_policy(s.policy),
+                   swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
+                   **scheduler_kwargs(wf))
     return res.report(slos(wf))["models"][entry.name]["slo_attainment"]
 
 
@@ -225,11 +262,11 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
                 continue
             g, tp, pp = configs[k]
             s, c = wf.scheduler, wf.cluster
-            res = simulate([sim_model(entry.name, spec, g, tp, pp, c.dtype, s.max_batch_size, s.kv_cache_len)], share,
-                           capacity_bytes=int(g.memory_bytes * c.memory_fraction), policy=make_policy(s.policy),
-                           swap_cost=lambda load, evict: 0.0, max_batch_size=s.max_batch_size,
-                           max_queue_len=s.max_queue_len, preload=[entry.name], duration_s=duration_s,
-                           batching=s.batching)
+            cap = int(g.memory_bytes * c.memory_fraction)
+            res = simulate([sim_model(entry.name, spec, g, tp, pp, c.dtype, wf, cap)], share,
+                           capacity_bytes=cap, policy=make_policy(s.policy),
+                           swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
+                           **scheduler_kwargs(wf))
             rep = res.report(slos(wf))["models"][entry.name]
             ok += rep["slo_attainment"] * rep["requests"]
             total += rep["requests"]
