@@ -140,3 +140,17 @@ def test_cli_catalog_stacks_and_stack_flag(tmp_path):
     assert r.returncode == 0, r.stderr
     r = _hetplan("estimate", tmp_path / "p.json", "--stack", "fms")
     assert r.returncode == 2 and "did you mean 'fms-fsdp'" in r.stderr
+
+
+def test_speed_error_sign_follows_the_quantity():
+    """+ = predicted too fast, whether the row measures a time or a rate (the issue's '+26 %')."""
+    from hetplan.calibration.modern import ModernCase
+    from hetplan.calibration.validation import Case, speed_error
+
+    slow_time = Case(set="vtrain_single_node", key="a", group="g", measured=1.0, predict=None, predicted=1.25)
+    fast_rate = ModernCase(set="torchtitan", key="b", group="g", measured=100.0, predict=None, predicted=125.0,
+                           quantity="tokens_per_s_per_gpu")
+    sc21 = Case(set="megatron_sc21_table1", key="c", group="g", measured=150.0, predict=None, predicted=120.0)
+    assert speed_error(slow_time) == pytest.approx(-0.2)
+    assert speed_error(fast_rate) == pytest.approx(0.25)
+    assert speed_error(sc21) == pytest.approx(-0.2)
