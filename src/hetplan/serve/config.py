@@ -10,7 +10,7 @@ This module does not import torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -268,10 +268,14 @@ class SwapConfig(_Strict):
 
 
 class CapacityConfig(_Strict):
-    """Capacity search: candidate ``gpus`` (default: whole catalog), largest cluster ``max_gpus``, required
-    fraction of requests within SLO for every model (``target_attainment``)."""
+    """Capacity search: candidate ``gpus`` (default: ``cluster.gpu``; none: refused), their ``prices`` in USD per
+    GPU-hour (``{name = price}``, overriding the catalog's; ``hetplan capacity --price`` overrides these), largest
+    cluster ``max_gpus`` of each type, required fraction of requests within SLO for every model
+    (``target_attainment``)."""
 
     gpus: list[str] = []
+    prices: dict[str, Annotated[float, bounded(1000.0, "no GPU rents for $1,000 an hour", gt=0)]] = Field(
+        default_factory=dict)
     max_gpus: int = Field(default=8, ge=1)
     target_attainment: float = Field(default=0.99, gt=0, le=1)
 
