@@ -20,6 +20,7 @@ from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Inventory, Job
 from hetplan.search import hetero
+from hetplan.search.hetero.group import Group
 from hetplan.search.space import Pins, divisors
 
 CAT = load_catalog()
@@ -102,7 +103,7 @@ def best_plans(m, job, inv):
             for z in (0, 1):
                 if z == 1 and d == 1:
                     continue
-                g = hetero._Group(m, job, inv, types, b, d, z, [0, 1, 2], m.num_layers)
+                g = Group(m, job, inv, types, b, d, z, [0, 1, 2], m.num_layers)
                 for seq in sequences(g.types, inv, d, m.num_layers):
                     r = g.solve_order(seq, np.inf)
                     if r is None:

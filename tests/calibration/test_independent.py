@@ -68,7 +68,7 @@ def test_nemo_rows_run_their_published_layout_on_models_outside_the_modern_sets(
     nemo = [c for c in cases if ":nemo:" in c.key]
     rows = _csv_rows(independent.NEMO_FILE)
     assert len(nemo) == len(rows)
-    modern_models = {row["model"] for row in modern._rows(modern.FILES["dgxc_h100"])}
+    modern_models = {row["model"] for row in modern.read_rows(modern.FILES["dgxc_h100"])}
     for c, row in zip(sorted(nemo, key=lambda c: int(c.key.split(":")[2])), rows):
         assert row["model"] not in modern_models
         assert (c.info["tp"], c.info["pp"], c.info["cp"], c.info["vp"]) == tuple(int(row[k]) for k in ("tp", "pp", "cp", "vp"))

@@ -3,6 +3,7 @@ not expressible with its reason; errors per set against the done-when targets of
 target is not met yet, the figure reached is asserted instead, docs/estimator.md "Modern sets")."""
 
 import csv
+import dataclasses
 from importlib import resources
 
 import pytest
@@ -305,10 +306,10 @@ def test_megatron_lm_micro_batch_one_cannot_give_the_measured_32b_time():
     flops = counts.model_flops_per_iteration(m, float(r32["global_batch"]), float(r32["seq_len"]))
     measured_s = flops / (float(r32["tflops_per_gpu"]) * 1e12 * int(r32["num_gpus"]))
     lay = modern.megatron_lm_layout(r32)
-    one = modern.Layout(**{**lay.__dict__, "mbs": 1})
+    one = dataclasses.replace(lay, plan={**lay.plan, "mbs": 1})
     t = {}
     for name, layout in (("split", one), ("whole", lay)):
-        c = modern._case("megatron_lm_h100", name, r32, layout, "tflops_per_gpu", 1.0, catalog=load_catalog(),
+        c = modern.row_case("megatron_lm_h100", name, r32, layout, "tflops_per_gpu", 1.0, catalog=load_catalog(),
                          model=m)
         est = estimate(c.plan, model=m)
         t[name] = (est.iteration_time_s, est.dp_exposed_time_s)

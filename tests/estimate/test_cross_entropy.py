@@ -14,7 +14,7 @@ GPU = load_catalog().get("H100-SXM")
 
 
 def _row(params_b: str) -> dict:
-    return next(r for r in modern._rows(modern.FILES["megatron_lm_h100"]) if r["params_b"] == params_b)
+    return next(r for r in modern.read_rows(modern.FILES["megatron_lm_h100"]) if r["params_b"] == params_b)
 
 
 def test_unfused_megatron_loss_moves_38_and_14_bytes_per_logit():

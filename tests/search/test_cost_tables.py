@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from hetplan.search import hetero
+from hetplan.search.hetero import tables
+from hetplan.search.hetero.group import Group
 from hetplan.search.space import Pins, divisors
 from tests.search.test_hetero import CAT, random_instance
 
@@ -25,25 +27,25 @@ def test_batched_cost_tables_equal_one_by_one(seed, monkeypatch):
     types = hetero.stage_types(m, inv, CAT, job.dtype, Pins())
     shapes = [(b, d, z, max(1, min(job.global_batch // (b * d), L))) for d in divisors(job.global_batch)
               for b in divisors(job.global_batch // d) for z in (0, 1)]
-    monkeypatch.setattr(hetero, "_BATCH_ELEMENTS", 4 * (L + 1) * 3 * L * 3)  # several batches of shapes
+    monkeypatch.setattr(tables, "_BATCH_ELEMENTS", 4 * (L + 1) * 3 * L * 3)  # several batches of shapes
     for st in types:
-        hetero._TABLES.clear()
+        tables._TABLES.clear()
         batched = hetero.cost_tables(m, job, st, shapes, [0, 1, 2])
         for sh, tb in zip(shapes, batched):
-            _assert_same(tb, hetero._cost_tables(m, job, st, [sh], [0, 1, 2], 1, 1)[0])
+            _assert_same(tb, tables._cost_tables(m, job, st, [sh], [0, 1, 2], 1, 1)[0])
         assert hetero.cost_table(m, job, st, *shapes[-1], [0, 1, 2]) is batched[-1]  # cached
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_batched_boundary_times_equal_one_by_one(seed):
-    """:meth:`hetplan.search.hetero._Group.c_min` prices all equal-TP boundaries in one array call; each equals
+    """:meth:`hetplan.search.hetero.group.Group.c_min` prices all equal-TP boundaries in one array call; each equals
     :func:`~hetplan.estimate.iteration.boundary_time_s` called alone."""
     from hetplan.estimate.iteration import boundary_time_s
 
     m, job, inv, _ = random_instance(seed)
     types = hetero.stage_types(m, inv, CAT, job.dtype, Pins())
     for d in divisors(job.global_batch)[:3]:
-        g = hetero._Group(m, job, inv, types, 1, d, 0, [0, 1, 2], m.num_layers)
+        g = Group(m, job, inv, types, 1, d, 0, [0, 1, 2], m.num_layers)
         if not g.types:
             continue
         g.c_min()

@@ -16,6 +16,8 @@ from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage, boundary_is_intra_node
 from hetplan.search import hetero
+from hetplan.search.hetero.group import Group
+from hetplan.search.hetero.tables import stage_positions
 from hetplan.search.partition import brute_force_partition, solve_partition
 from hetplan.search.space import RECOMPUTE_NAMES, Pins, divisors
 
@@ -103,7 +105,7 @@ def block_orders_of_space(m, job, inv, pins=Pins()):
 
 
 def _orders_of_group(m, job, inv, types, L, b, d, z, c, e):
-    g = hetero._Group(m, job, inv, types, b, d, z, [0, 1, 2], L, c, e)
+    g = Group(m, job, inv, types, b, d, z, [0, 1, 2], L, c, e)
     if not g.types:
         return
     per_pool = [pool_choices(g, k, pool, d * c) for k, pool in enumerate(inv.pools)]
@@ -115,7 +117,7 @@ def _orders_of_group(m, job, inv, types, L, b, d, z, c, e):
         for perm in block_orders(blocks):
             seq = [g.by_key[(k, t)] for k, t in perm]
             p = len(seq)
-            kinds, fl = hetero._positions(p, g.mb)
+            kinds, fl = stage_positions(p, g.mb)
             tabs = [g.tables[(st.pool, st.tp)] for st in seq]
             intra = boundary_is_intra_node([st.tp * c * d for st in seq], [st.pool for st in seq],
                                            [pl.gpus_per_node for pl in inv.pools])
@@ -294,7 +296,7 @@ def test_lightest_recompute_is_optimal(seed):
 def test_intra_node_matches_plan():
     m, job, inv, _ = random_instance(7)
     types = hetero.stage_types(m, inv, CAT, job.dtype, Pins())
-    g = hetero._Group(m, job, inv, types, 1, 1, 0, [0, 1, 2], m.num_layers)
+    g = Group(m, job, inv, types, 1, 1, 0, [0, 1, 2], m.num_layers)
     rng = random.Random(1)
     for _ in range(50):
         seq = [rng.choice(g.types) for _ in range(rng.randint(1, 6))]
@@ -307,7 +309,7 @@ def test_c_min_of_a_group_without_stage_types_is_zero_and_it_has_no_allocation()
     is an empty sequence") and it has no allocation."""
     m, job, inv, _ = random_instance(0)
     types = hetero.stage_types(m, inv, CAT, job.dtype, Pins())
-    g = hetero._Group(m, job, inv, types, 1, 1 + max(p.count for p in inv.pools), 0, [0, 1, 2], m.num_layers)
+    g = Group(m, job, inv, types, 1, 1 + max(p.count for p in inv.pools), 0, [0, 1, 2], m.num_layers)
     assert types and not g.types
     assert g.c_min() == 0.0
     opts, idx, p, gpus, rate, t_lb, t_sim = hetero.allocation_bounds(g, Pins(), return_sim=True)

@@ -122,7 +122,7 @@ def test_chain_bound_below_estimate(seed):
 
 @pytest.mark.parametrize("seed", range(10))
 def test_order_bound_below_estimate_of_every_split(seed):
-    """_Group.order_lower_bound_s of a stage order never exceeds estimate() of any layer split of that order (with
+    """Group.order_lower_bound_s of a stage order never exceeds estimate() of any layer split of that order (with
     each stage's lightest fitting recomputation), on random instances (mixed pools, memory limits, slow links)."""
     m, job, inv, rng = random_instance(500 + seed)
     L = m.num_layers

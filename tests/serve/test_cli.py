@@ -45,6 +45,37 @@ def test_simulate_trace_and_table(monkeypatch, capsys):
     assert code == 0 and "SLO met" in out and "TTFT" in out
 
 
+def test_offline_throughput_over_the_makespan(monkeypatch, capsys):
+    """All requests at t = 0: throughput is counted over the makespan (first arrival to last answer), not 0."""
+    code, out, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "offline.toml", "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    a = rep["all"]
+    assert a["requests"] == a["completed"] == 256
+    ends = a["output_tokens_per_s"] * rep["duration_s"]
+    from hetplan.serve.workload import read_lengths
+
+    rows = read_lengths(EXAMPLES / "lengths.jsonl")
+    assert ends == pytest.approx(sum(rows[i % len(rows)][1] for i in range(256)))  # every output token counted
+    assert a["throughput_per_s"] == pytest.approx(256 / rep["duration_s"]) and a["throughput_per_s"] > 0
+    assert rep["duration_s"] >= a["p99_latency_s"]  # the makespan: every request arrived at 0
+    code, out, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "offline.toml")
+    assert code == 0 and "offline" in out and "tok/s" in out and max(map(len, out.splitlines())) <= 80
+
+
+def test_length_distributions_and_means(monkeypatch, capsys):
+    code, out, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "lengths.toml", "--json")
+    assert code == 0, err
+    a = json.loads(out)["all"]
+    for metric in ("latency", "ttft", "tpot"):  # the mean is reported and lies within the spread
+        assert a[f"p50_{metric}_s"] * 0.5 < a[f"mean_{metric}_s"] <= a[f"p99_{metric}_s"]
+    # prompts log-normal, mean 512 (clipped to 16..2048), outputs uniform 32..256: about 512 + 144 per request
+    per_request = a["total_tokens_per_s"] / a["throughput_per_s"]
+    assert 500 < per_request < 800
+    code, out, _ = _run(monkeypatch, capsys, "simulate", EXAMPLES / "lengths.toml")
+    assert code == 0 and "mean" in out and "p90" in out and max(map(len, out.splitlines())) <= 80
+
+
 def test_capacity_cheapest_mix_over_gpu_types(monkeypatch, capsys, tmp_path):
     text = (EXAMPLES / "capacity.toml").read_text().replace("max_gpus = 8", "max_gpus = 4")
     p = tmp_path / "cap.toml"
@@ -66,7 +97,44 @@ def test_capacity_cheapest_mix_over_gpu_types(monkeypatch, capsys, tmp_path):
     code, out, _ = _run(monkeypatch, capsys, "capacity", p, "--gpus", "A100-SXM-80GB,L4")
     assert code == 0 and "cheapest mix" in out and "SLO met" in out
     code, _, err = _run(monkeypatch, capsys, "capacity", p, "--gpus", "A100-XYZ")
-    assert code == 2 and "capacity.gpus" in err
+    assert code == 2 and "--gpus" in err
+
+
+def test_capacity_prices_catalog_and_refusals(monkeypatch, capsys, tmp_path):
+    """Per-GPU prices decide the mix (a price override, then a user catalog); the search never picks an unpriced
+    GPU, refuses without candidate types, and reports progress."""
+    text = (EXAMPLES / "capacity.toml").read_text().replace("max_gpus = 8", "max_gpus = 4")
+    p = tmp_path / "cap.toml"
+    p.write_text(text)
+    base = ("capacity", p, "--gpus", "A100-SXM-80GB,L4", "--json")
+    code, out, err = _run(monkeypatch, capsys, *base, "--price", "L4=40")
+    assert code == 0, err
+    res = json.loads(out)
+    assert {r["gpu"] for r in res["mix"]} == {"A100-SXM-80GB"}  # L4 at 40 $/h loses to the catalog's A100
+    assert res["prices"]["L4"] == {"usd_per_gpu_hour": 40.0, "source": "--price"}
+    assert res["price_usd_per_hour"] == pytest.approx(sum(r["gpus"] for r in res["mix"]) * 5.12)
+    cat = tmp_path / "gpus.toml"
+    cat.write_text("[gpus.A100-SXM-80GB]\nprice_usd_per_hour = 0.05\n")
+    code, out, err = _run(monkeypatch, capsys, *base, "--catalog", cat)
+    assert code == 0, err
+    res = json.loads(out)
+    assert {r["gpu"] for r in res["mix"]} == {"A100-SXM-80GB"} and res["prices"]["A100-SXM-80GB"]["usd_per_gpu_hour"] == 0.05
+    # refusals: an unpriced GPU, no candidate types at all, a price for a GPU not searched, a malformed price
+    for args, field in ((("--gpus", "A100-SXM-80GB,H100-SXM-96GB-500W"), "--price"),
+                        (("--gpus", "L4", "--price", "A100-SXM-80GB=2"), "--price"),
+                        (("--gpus", "L4", "--price", "L4"), "--price")):
+        code, _, err = _run(monkeypatch, capsys, "capacity", p, *args)
+        assert code == 2 and field in err and "fix" in err and "Traceback" not in err, err
+    bare = tmp_path / "bare.toml"
+    bare.write_text(text.replace('gpus = ["A100-SXM-80GB", "A100-PCIe-40GB", "H100-SXM-80GB", "L4", "A10G"]', ""))
+    code, _, err = _run(monkeypatch, capsys, "capacity", bare)
+    assert code == 2 and "capacity.gpus" in err and "no candidate GPU types" in err
+    from hetplan.serve.capacity import plan_capacity
+    from hetplan.serve.config import load_workload_config
+
+    seen = []
+    plan_capacity(load_workload_config(p), ["A100-SXM-80GB"], progress=lambda d, t, w: seen.append((d, t)))
+    assert seen and seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == list(range(1, len(seen) + 1))
 
 
 def test_capacity_integer_program_equals_brute_force():
@@ -118,11 +186,15 @@ model = "opt-1.3b"
     (BASE.replace('"A100-SXM-80GB"', '"A100-XYZ"'), "cluster.gpu"),             # unknown GPU
     (BASE.replace("duration_s = 10", "duraton_s = 10"), "workload.duraton_s"),  # typo'd key
     (BASE + "[scheduler]\npolicy = \"fifo\"\n", "scheduler.policy"),
+    (BASE.replace("total_rate_per_s = 1", "trace = \"neg.csv\""), "workload.trace.prompt_len"),  # negative length
+    (BASE + "[workload.input]\ndist = \"lognormal\"\nmean = 100\n", "workload.input"),  # std and max missing
+    (BASE.replace("total_rate_per_s = 1", "offline = true"), "workload.num_requests"),
     (BASE.replace("memory_bytes = 30_000_000_000", "memory_bytes = 1_000"), "models.a"),  # does not fit
 ])
 def test_user_errors_exit_2(monkeypatch, capsys, tmp_path, text, needle):
     p = tmp_path / "w.toml"
     p.write_text(text)
+    (tmp_path / "neg.csv").write_text("arrival_s,model,prompt_len\n0.0,a,-12\n")
     code, _, err = _run(monkeypatch, capsys, "simulate", p)
     assert code == 2 and needle in err and "fix" in err and "Traceback" not in err
 

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from hetplan.errors import HetplanError
-from hetplan.serve.workload import (ModelLoad, attach_prompts, gamma_arrivals, generate, model_rates, read_trace,
-                                    zipf_shares)
+from hetplan.serve.workload import (ModelLoad, attach_prompts, draw_lengths, gamma_arrivals, generate, model_rates,
+                                    offline_arrivals, read_lengths, read_trace, zipf_shares)
 
 
 @pytest.mark.parametrize("rate,cv", [(50.0, 1.0), (20.0, 3.0), (100.0, 0.5)])
@@ -79,4 +79,65 @@ def test_read_trace_errors(tmp_path, text, needle):
     p.write_text(text)
     with pytest.raises(HetplanError) as e:
         read_trace(p, ["a"])
-    assert needle in e.value.message and e.value.field == "workload.trace"
+    assert needle in e.value.message and e.value.field.startswith("workload.trace")
+
+
+@pytest.mark.parametrize("text,field", [
+    ("arrival_s,model,prompt_len\n0.1,a,-5\n", "workload.trace.prompt_len"),
+    ('{"arrival_s": 0.1, "model": "a", "max_new_tokens": -1}\n', "workload.trace.max_new_tokens"),
+    ("arrival_s,model,prompt_len\n0.1,a,2.5\n", "workload.trace.prompt_len"),
+])
+def test_trace_negative_or_fractional_length_names_the_column(tmp_path, text, field):
+    p = tmp_path / ("t.jsonl" if text.startswith("{") else "t.csv")
+    p.write_text(text)
+    with pytest.raises(HetplanError) as e:
+        read_trace(p, ["a"])
+    assert e.value.field == field and " line " in e.value.message and e.value.fix
+
+
+def test_jsonl_trace_equals_csv_trace(tmp_path):
+    (tmp_path / "t.csv").write_text("arrival_s,model,prompt_len,max_new_tokens\n0.5,a,3,2\n0.1,a,7,4\n")
+    (tmp_path / "t.jsonl").write_text('{"arrival_s": 0.5, "model": "a", "prompt_len": 3, "max_new_tokens": 2}\n\n'
+                                      '{"arrival_s": 0.1, "model": "a", "prompt_len": 7, "max_new_tokens": 4}\n')
+    a, b = (read_trace(tmp_path / n, ["a"]) for n in ("t.csv", "t.jsonl"))
+    assert [vars(r) for r in a] == [vars(r) for r in b]
+    assert [(r.arrival_s, r.prompt_len, r.max_new_tokens) for r in a] == [(0.1, 7, 4), (0.5, 3, 2)]
+
+
+def test_draw_lengths_bounds_and_moments():
+    rng = np.random.default_rng(0)
+    u = draw_lengths("uniform", 20_000, rng, lo=4, hi=9)
+    assert u.min() == 4 and u.max() == 9 and set(u.tolist()) == set(range(4, 10))
+    assert list(draw_lengths("fixed", 3, rng, mean=17.4)) == [17, 17, 17]
+    # log-normal with the stated mean and std of the length (the clip at 1..10^6 is far in the tails)
+    x = draw_lengths("lognormal", 200_000, rng, mean=300, std=150, lo=1, hi=10**6)
+    assert x.mean() == pytest.approx(300, rel=0.01) and x.std() == pytest.approx(150, rel=0.03)
+    n = draw_lengths("normal", 200_000, rng, mean=100, std=10, lo=1, hi=120)
+    assert n.mean() == pytest.approx(100, rel=0.01) and n.max() == 120 and n.min() >= 1
+    with pytest.raises(HetplanError):
+        draw_lengths("zipf", 1, rng, mean=1)
+
+
+def test_read_lengths_and_its_errors(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("input_len,output_len\n10,3\n20,4\n")
+    assert read_lengths(p) == [(10, 3), (20, 4)]
+    p.write_text("prompt_len,output_len\n10,-3\n")
+    with pytest.raises(HetplanError) as e:
+        read_lengths(p)
+    assert e.value.field == "workload.dataset.output_len" and "negative" in e.value.message
+    p.write_text("prompt_len\n10\n")
+    with pytest.raises(HetplanError, match="lacks columns"):
+        read_lengths(p)
+    q = tmp_path / "d.jsonl"
+    q.write_text("[1, 2]\n")
+    with pytest.raises(HetplanError, match="not an object"):
+        read_lengths(q)
+
+
+def test_offline_arrivals_split_exactly():
+    reqs = offline_arrivals({"a": 0.5, "b": 0.3, "c": 0.2}, 11)
+    assert len(reqs) == 11 and all(r.arrival_s == 0 for r in reqs)
+    counts = {m: sum(r.model == m for r in reqs) for m in "abc"}
+    assert counts == {"a": 6, "b": 3, "c": 2}  # 5.5, 3.3, 2.2: the largest remainder goes to a
+    assert [r.id for r in reqs] == list(range(11))

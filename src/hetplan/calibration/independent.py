@@ -3,8 +3,8 @@
 Issue 13 is checked on "an independent set of published H100 measurements" that the project does not have. This
 set is our own proxy of it: published H100 training throughput that is in none of the modern sets
 (:mod:`hetplan.calibration.modern`, whose seeded fraction :mod:`hetplan.calibration.modern_fit` fits), with the
-configuration fully stated, predicted by the same mapping (:func:`hetplan.calibration.modern._case`). Every row is
-held out (``is_calibration`` False): no efficiency, constant or rate in the package was chosen with these rows.
+configuration fully stated, predicted by the same mapping (:func:`hetplan.calibration.modern.mapping.row_case`).
+Every row is held out (``is_calibration`` False): no efficiency, constant or rate in the package was chosen with these rows.
 
 Sources (``validation_data/independent/``; its README gives the commits), tokens/s per GPU compared directly:
 
@@ -94,9 +94,11 @@ def foundry_layout(r: dict) -> Layout:
     and the FSDP settings of the module doc."""
     n, mbs, gbs = int(r["num_gpus"]), int(r["micro_batch"]), int(r["global_batch"])
     fp8 = r["dtype"].startswith("fp8")
-    return Layout(tp=1, pp=1, dp=n, mbs=mbs, gbs=gbs, seq=int(r["seq_len"]), recompute=r["recompute"],
-                  framework="fsdp", zero=3, grad_reduce_dtype="fp32", torch_compile=fp8, fsdp_param_dtype="fp32",
-                  cross_entropy="compiled", attention_kernel="fa2")
+    return Layout(tp=1, pp=1, dp=n, recompute=r["recompute"],
+                  job=dict(seq_len=int(r["seq_len"]), global_batch=gbs, framework="fsdp", torch_compile=fp8,
+                           attention_kernel="fa2"),
+                  plan=dict(mbs=mbs, zero=3, grad_reduce_dtype="fp32", fsdp_param_dtype="fp32",
+                            cross_entropy="compiled"))
 
 
 def nemo_layout(r: dict) -> Layout:
@@ -106,9 +108,10 @@ def nemo_layout(r: dict) -> Layout:
     bf16 O2 parameters), sequence parallelism with TP, ``ub_tp_comm_overlap`` (TP communication overlapped),
     no activation checkpointing, Transformer Engine's fused attention and FP8 linears."""
     tp, pp, cp, n = (int(r[k]) for k in ("tp", "pp", "cp", "num_gpus"))
-    return Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, vp=int(r["vp"]), mbs=int(r["micro_batch"]),
-                  gbs=int(r["global_batch"]), seq=int(r["seq_len"]), sequence_parallel=True, zero=1,
-                  grad_reduce_dtype="bf16", tp_comm_overlap=True)
+    return Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp),
+                  job=dict(seq_len=int(r["seq_len"]), global_batch=int(r["global_batch"])),
+                  plan=dict(mbs=int(r["micro_batch"]), zero=1, cp=cp, virtual_stages=int(r["vp"]),
+                            sequence_parallel=True, grad_reduce_dtype="bf16", tp_comm_overlap=True))
 
 
 #: Network of the fms-fsdp H100 cluster: "96 H100 GPUs with 800 Gbps" per node (the README's column header).
@@ -130,15 +133,16 @@ def fms_layout(r: dict) -> Layout:
     if "selective" in ac:
         raise NotExpressibleError("fms-fsdp 'Selective AC' checkpoints every k-th block; k is not published")
     n = int(r["num_gpus"])
-    return Layout(tp=1, pp=1, dp=n, mbs=int(r["micro_batch"]), gbs=int(r["global_batch"]), seq=int(r["seq_len"]),
-                  recompute="full" if "full" in ac else "none", framework="fsdp", zero=3, grad_reduce_dtype="bf16",
-                  torch_compile=False, fsdp_param_dtype="fp32", cross_entropy="bf16",
-                  attention_kernel="fa2")
+    return Layout(tp=1, pp=1, dp=n, recompute="full" if "full" in ac else "none",
+                  job=dict(seq_len=int(r["seq_len"]), global_batch=int(r["global_batch"]), framework="fsdp",
+                           torch_compile=False, attention_kernel="fa2"),
+                  plan=dict(mbs=int(r["micro_batch"]), zero=3, grad_reduce_dtype="bf16", fsdp_param_dtype="fp32",
+                            cross_entropy="bf16"))
 
 
 def _held_out_case(key: str, r: dict, lay: Layout, catalog: Catalog, group: str, **kw) -> ModernCase:
     """Row ``r``'s case on its tokens/s per GPU, held out: never fitted (module doc)."""
-    c = modern._case(SET_NAME, key, r, lay, "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
+    c = modern.row_case(SET_NAME, key, r, lay, "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
                      catalog=catalog, group=group, **kw)
     c.is_calibration = False
     return c
@@ -179,7 +183,7 @@ def _row_case(i: int, r: dict, catalog: Catalog):
             raise NotExpressibleError(f"FSDP sharding strategy {r['zero_or_fsdp']!r} is not mapped")
         if "triton" in r["attention"].lower():
             c.notes.append(ATTENTION_NOTE)
-        if lay.torch_compile:
+        if lay.job["torch_compile"]:
             c.notes.append(FP8_NOTE)
         return c
 
@@ -192,7 +196,7 @@ def independent_cases(catalog: Catalog | None = None) -> tuple[list[ModernCase],
     items = [_row_case(i, r, catalog) for i, r in enumerate(_rows(FOUNDRY_FILE))]
     items += [_nemo_case(i, r, catalog) for i, r in enumerate(_rows(NEMO_FILE))]
     items += [_fms_case(i, r, catalog) for i, r in enumerate(_rows(FMS_FILE))]
-    return modern._collect(SET_NAME, items)
+    return modern.collect(SET_NAME, items)
 
 
 def row_errors(cases: list[ModernCase]) -> list[dict]:

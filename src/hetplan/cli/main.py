@@ -22,9 +22,10 @@ SUBCOMMAND_MODULES = {
     "hetplan.cli.catalog": ("catalog",),
     "hetplan.cli.plan": ("plan", "estimate"),
     "hetplan.cli.validate": ("validate",),
+    "hetplan.cli.calibrate": ("calibrate",),
     "hetplan.cli.serve": ("serve", "simulate", "capacity"),
     "hetplan.cli.profile": ("profile",),
-    "hetplan.cli.runtime": ("run", "export", "verify"),
+    "hetplan.cli.runtime": ("run", "export", "import", "verify"),
 }
 
 

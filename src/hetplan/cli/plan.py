@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import re
 import textwrap
@@ -14,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from hetplan.calibration.intervals import add_intervals
 from hetplan.cli.output import NARROW, new_table, table_console
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
@@ -28,6 +31,9 @@ from hetplan.search.planner import Pins, check_job, search_plans
 from hetplan.model.spec import load_model
 
 GIB = 2**30
+#: Words of the explanation line a search budget writes when it stops before proving its answer exact
+#: (:mod:`hetplan.search.planner`); that line goes to stderr, never only into the explanation.
+STOPPED = " stopped after "
 
 
 
@@ -142,8 +148,11 @@ def plan_command(
     attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default), "
                                             "standard (s x s scores stored, Megatron-LM without --use-flash-attn) "
                                             "or eager (the same, unfused: Hugging Face eager attention)."),
-    framework: Optional[str] = typer.Option(None, "--framework", help="Memory behaviour to assume: megatron "
-                                            "(default) or deepspeed (fp16 grads kept + fp32 copies at the step)."),
+    framework: Optional[str] = typer.Option(None, "--framework", help="megatron (default) | deepspeed | fsdp: "
+                                            "runs that framework's current stack, what `hetplan export` writes "
+                                            "for it (Megatron-Core, DeepSpeed, torchtitan)."),
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: the software stack and "
+                                        "release (`hetplan catalog stacks`); a month picks the release then."),
     attention_kernel: Optional[str] = typer.Option(None, "--attention-kernel", help="fa2 | fa3 | cudnn: the fused "
                                                    "attention kernel (default: the framework's on the GPU)."),
     async_tp: bool = typer.Option(False, "--async-tp", help="PyTorch's async TP (framework fsdp, compiled)."),
@@ -168,22 +177,15 @@ def plan_command(
                                    "(default: also stages on different pools, hetplan.search.hetero)."),
     pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier, "
                                           "print it and draw it to this PNG."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Pin the tensor-parallel degree."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pin the pipeline-parallel degree."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Pin the data-parallel degree."),
-    mbs: Optional[int] = typer.Option(None, "--mbs", help="Pin the micro-batch size."),
-    zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage (0-3)."),
-    recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recomputation: none|selective|full."),
-    use_gpus: Optional[int] = typer.Option(None, "--use-gpus", help="Pin the number of GPUs the plan uses."),
-    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
-                                                 help="Pin interleaved 1F1B's virtual stages per stage (1 = plain 1F1B)."),
-    cp: Optional[int] = typer.Option(None, "--cp", help="Pin the context-parallel degree (sequence split)."),
-    ep: Optional[int] = typer.Option(None, "--ep", help="Pin the expert-parallel degree (MoE models)."),
+    pin_flags: Optional[dict] = None,  # one option per Pins field (_with_pin_options)
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the table of plans (no memory breakdown, "
                                "explanations or search statistics)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A plan JSON of your own run (e.g. from "
+                                            "`hetplan import` of its launch script): priced the same way and "
+                                            "compared with the best plan."),
     search: str = typer.Option("uniform", "--search", help="uniform (exhaustive) | fine (Aceso-style bottleneck "
                                "alleviation from the best uniform plan: per-stage GPUs/TP/DP, per-layer recompute)."),
     explain: bool = typer.Option(False, "--explain", help="With --search fine: print each bottleneck and its move."),
@@ -193,6 +195,9 @@ def plan_command(
                                 "plans save, per plan; with --pareto the time-$-energy frontier too."),
     usd_per_kwh: Optional[float] = typer.Option(None, "--usd-per-kwh", help="With --energy: electricity price, "
                                                 "added to job $."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan "
+                                               "calibrate` from your measured runs: its factors and your residuals "
+                                               "(the 80 % intervals) for plans on its GPUs and stack."),
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
 
@@ -205,7 +210,8 @@ def plan_command(
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
                      ("train_iterations", iterations), ("dtype", dtype), ("attention", attention),
-                     ("framework", framework), ("attention_kernel", attention_kernel), ("async_tp", async_tp or None)):
+                     ("framework", framework), ("attention_kernel", attention_kernel), ("async_tp", async_tp or None),
+                     ("stack", stack)):
         if val is not None:
             job_raw[key] = val
     for key in ("model", "seq_len", "global_batch"):
@@ -247,8 +253,7 @@ def plan_command(
         obj_raw["slo_iteration_s"] = slo_s
     obj = validated(Objective, obj_raw, "objective")
     pin_raw = data["pin"]
-    for key, val in (("tp", tp), ("pp", pp), ("dp", dp), ("mbs", mbs), ("zero", zero), ("recompute", recompute),
-                     ("num_gpus", use_gpus), ("virtual_stages", virtual_stages), ("cp", cp), ("ep", ep)):
+    for key, val in (pin_flags or {}).items():
         if val is not None:
             pin_raw[key] = val
     pins = _pins(pin_raw)
@@ -259,6 +264,9 @@ def plan_command(
     cat = load_catalog(catalog)
     pools_priced, prices = _priced(inv.pools, cat, price_source, provider)
     inv = inv.model_copy(update={"pools": pools_priced})
+    cal, cat = _calibrated(calibration, cat)
+    if cal is not None:
+        inv = inv.model_copy(update={"pools": cal.apply_pools(inv.pools, cat)})
     _check_free_pools(inv, obj, cat)
     search_raw = data.get("search", {})
     for key, val in search_raw.items():
@@ -267,6 +275,9 @@ def plan_command(
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
     with walk_progress() as progress:
         result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
+    for line in result.explanation:  # a budget that ran out is said on stderr always, also under -q and --json
+        if STOPPED in line:
+            typer.echo(f"note: {line}", err=True)
     summaries = [plan_summary(rp.plan, rp.estimate, rp.reason) for rp in result.plans]
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
@@ -275,12 +286,14 @@ def plan_command(
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
         output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
+    base = _baseline(baseline, cat, summaries[0]) if baseline is not None else None
     if usd_per_kwh is not None and not energy:
         raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
     if energy:
         from hetplan.cli.energy import add_energy, energy_lines
 
         add_energy(summaries, cat, usd_per_kwh)
+    add_intervals(summaries, cat, cal)
     if as_json:
         print(json.dumps({
             "plans": summaries,
@@ -290,6 +303,7 @@ def plan_command(
             "search_time_s": result.search_time_s,
             "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
+            **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
             **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
@@ -309,8 +323,63 @@ def plan_command(
         _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
         if energy:
             _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, usd_per_kwh, False)
+    if base is not None:
+        b = base["summary"]
+        table_console().print(
+            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${b['usd_per_iteration']:.2f}/iteration, "
+            f"job ${b['job_usd']:,.0f}; the best plan is {base['speedup']:.2f}x as fast and costs "
+            f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+
+
+def _baseline(path: Path, cat, best: dict) -> dict:
+    """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator and catalog as
+    the search's plans, with the best plan's speed-up (baseline time / best time) and cost ratio (best job $ /
+    baseline job $)."""
+    from hetplan.runtime.planio import load_plan
+
+    plan = load_plan(path)
+    spec = load_model(plan.job.model)
+    check_plan(plan, spec)
+    summary = plan_summary(plan, estimate_plan(plan, cat, spec), "baseline")
+    return {"plan": str(path), "summary": summary,
+            "speedup": summary["iteration_time_s"] / best["iteration_time_s"],
+            "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
+
+
+def _calibrated(path: Path | None, cat):
+    """``(calibration, catalog with its factors)`` of ``--calibration`` (``(None, cat)`` without one)."""
+    if path is None:
+        return None, cat
+    from hetplan.calibration.user import load_calibration
+
+    cal = load_calibration(path)
+    return cal, cal.apply_catalog(cat)
+
+
+def _interval_text(s: dict) -> str:
+    """The compact interval of a plan summary's iteration time (``±12 %``, ``-3/+20 %``), ``unvalidated``, or ""."""
+    iv = s.get("iteration_time_s_interval")
+    if iv is None:
+        return "unvalidated" if "unvalidated" in s.get("interval", {}) else ""
+    lo, hi = (round(100 * (x / s["iteration_time_s"] - 1)) for x in iv)
+    return f"±{hi} %" if lo == -hi else f"{lo:+d}/{hi:+d} %"
+
+
+def _interval_lines(s: dict) -> list[str]:
+    """What #1's interval rests on, and the MFU record it exceeds (if any)."""
+    iv = s.get("interval", {})
+    out = []
+    if "unvalidated" in iv:
+        out.append(f"Interval: {iv['unvalidated']}.")
+    elif iv:
+        out.append(f"Interval ({iv['level']:.0%}): from {iv['n']} held-out measured runs of {iv['regime']} "
+                   f"(signed median error there {iv['signed_median_error']:+.1%}); tokens/s, MFU, job time and $ "
+                   "share it.")
+    if "mfu_record" in s:
+        out.append("Note: " + s["mfu_record"]["note"] + ".")
+    return out
 
 
 def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
@@ -434,19 +503,44 @@ def _print_fine(fine, explain: bool) -> None:
 
 
 def _pins(raw: dict) -> Pins:
-    allowed = {"tp", "pp", "dp", "mbs", "zero", "recompute", "num_gpus", "virtual_stages", "cp", "ep"}
+    """The :class:`Pins` of a job file's ``[pin]`` section with the pin flags given over it; a bad value exits 2
+    naming its flag."""
     for key, val in raw.items():
-        if key not in allowed:
-            raise HetplanError("unknown pin", field=f"pin.{key}", fix=f"pins are {', '.join(sorted(allowed))}")
-        if key == "recompute":
-            if val not in ("none", "selective", "full"):
-                raise HetplanError(f"got {val!r}", field="--recompute", fix="use none, selective or full")
-        elif key == "zero":
-            if val not in (0, 1, 2, 3):
-                raise HetplanError(f"got {val!r}", field="--zero", fix="use 0, 1, 2 or 3")
+        if key not in Pins.model_fields:
+            raise HetplanError("unknown pin", field=f"pin.{key}", fix=f"pins are {', '.join(sorted(Pins.model_fields))}")
+        choices = Pins.choices(key)
+        if choices is not None:
+            if val not in choices:
+                listed = ", ".join(str(c) for c in choices[:-1]) + f" or {choices[-1]}"
+                raise HetplanError(f"got {val!r}", field=Pins.flag(key), fix=f"use {listed}")
         elif not isinstance(val, int) or val < 1:
-            raise HetplanError(f"must be a positive integer, got {val!r}", field=f"--{key.replace('_', '-')}", fix="give a value >= 1")
+            raise HetplanError(f"must be a positive integer, got {val!r}", field=Pins.flag(key), fix="give a value >= 1")
     return Pins(**raw)
+
+
+def _with_pin_options(command):
+    """``command`` with one ``typer`` option per :class:`Pins` field in place of its ``pin_flags`` parameter (the
+    flag :meth:`Pins.flag`, the field's description as help, an int or, for a list of words, a text value),
+    passing the values given as ``pin_flags``: a new pin needs a field of :class:`Pins` only."""
+    sig = inspect.signature(command)
+    pins = []
+    for name, f in Pins.model_fields.items():
+        words = Pins.choices(name) is not None and isinstance(Pins.choices(name)[0], str)
+        pins.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                      default=typer.Option(None, Pins.flag(name), help=f.description),
+                                      annotation=Optional[str] if words else Optional[int]))
+    params = []
+    for p in sig.parameters.values():
+        params += pins if p.name == "pin_flags" else [p]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        return command(**{k: v for k, v in kwargs.items() if k not in Pins.model_fields},
+                       pin_flags={k: kwargs[k] for k in Pins.model_fields})
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = (),
@@ -467,9 +561,12 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
         f"= {_mem(mem['total'])} GiB"
     )
     con.print(_stages_line(best), markup=False)
+    for line in _interval_lines(best):
+        con.print(line, highlight=False, markup=False)
     con.print("[bold]Why:[/]")
     why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
-           *merge_best_with_another(result.explanation[1:])]
+           *merge_best_with_another([ln for ln in result.explanation[1:]  # said on stderr already
+                                     if not (ln.startswith("Homogeneous exact") and STOPPED in ln)])]
     for line in why:  # one item per paragraph, its continuation lines indented under it
         con.print(textwrap.fill(line, width=max(40, con.width - 1), initial_indent="  ", subsequent_indent="    ",
                                 break_on_hyphens=False),
@@ -497,7 +594,9 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     for i, s in enumerate(summaries, start=1):
         layout = _layout(s)
         gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
-        figures = (f"{s['iteration_time_s']:.2f}", f"{s['mfu']:.1%}", _mem(s["memory_bytes_per_gpu"]["total"]))
+        iv = _interval_text(s)
+        figures = (f"{s['iteration_time_s']:.2f}" + (f"\n{iv}" if iv else ""), f"{s['mfu']:.1%}",
+                   _mem(s["memory_bytes_per_gpu"]["total"]))
         money = (_duration(s["job_time_s"]), _usd(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
         if narrow:
             t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {s['recompute']}", *figures, *money)
@@ -550,16 +649,27 @@ def estimate_command(
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times: stages it covers use them (column `source`)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: price the plan under this "
+                                        "stack (`hetplan catalog stacks`); its framework, attention and compile "
+                                        "replace the plan's."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan "
+                                               "calibrate` from your measured runs: its factors and your residuals "
+                                               "(the 80 % intervals) for plans on its GPUs and stack."),
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
     check_output_path(timeline, "--timeline", figure=True)
-    plan = validated(Plan, read_structured(plan_file), "plan")
+    raw = read_structured(plan_file)
+    if stack is not None and isinstance(raw.get("job"), dict):
+        raw["job"] = {k: v for k, v in raw["job"].items() if k not in ("framework", "attention", "torch_compile")}
+        raw["job"]["stack"] = stack
+    plan = validated(Plan, raw, "plan")
     m = load_model(plan.job.model)
     check_job(plan.job, m)
     check_plan(plan, m)
     cat = load_catalog(catalog)
     pools_priced, prices = _priced(plan.pools, cat, price_source, provider)
-    plan = plan.model_copy(update={"pools": pools_priced})
+    cal, cat = _calibrated(calibration, cat)
+    plan = plan.model_copy(update={"pools": cal.apply_pools(pools_priced, cat) if cal else pools_priced})
     profiles = _profiles(profile_db)
     est = estimate_plan(plan, cat, m, profiles)
     if timeline is not None:
@@ -571,6 +681,7 @@ def estimate_command(
             raise HetplanError("drawing a timeline needs matplotlib", field="--timeline",
                                fix="pip install 'hetplan[plot]'") from None
     summary = plan_summary(plan, est)
+    add_intervals([summary], cat, cal)
     if as_json:
         print(json.dumps(dict(summary, estimate=asdict(est), prices=prices), indent=1))
         return
@@ -593,7 +704,9 @@ def estimate_command(
     con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
               f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
-              f"${_usd(est.job_usd)}")
+              f"${_usd(est.job_usd)}" + (f"; iteration time {_interval_text(summary)}" if _interval_text(summary) else ""))
+    for line in _interval_lines(summary):
+        con.print(line, highlight=False, markup=False)
     _print_provenance(con, prices)
     if not est.fits:
         raise HetplanError("the plan does not fit in GPU memory (see the table)", field="plan",
@@ -602,5 +715,5 @@ def estimate_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``hetplan plan`` and ``hetplan estimate``."""
-    app.command("plan")(plan_command)
+    app.command("plan")(_with_pin_options(plan_command))
     app.command("estimate")(estimate_command)

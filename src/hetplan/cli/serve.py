@@ -24,6 +24,21 @@ def _ms(x):
     return None if x is None else 1e3 * x
 
 
+def _latency_table(con: Console, rep: dict, title: str) -> None:
+    """Mean and p50/p90/p99 of end-to-end latency (s), TTFT (s) and TPOT (ms) per model and overall: one row per
+    model and metric, so the table stays within 80 columns."""
+    t = Table(title=title)
+    for col in ("model", "metric", "mean", "p50", "p90", "p99"):
+        t.add_column(col, justify="left" if col in ("model", "metric") else "right")
+    for name, m in list(rep["models"].items()) + [("all", rep["all"])]:
+        for i, (metric, label, scale, digits) in enumerate((("latency", "e2e s", 1.0, 3), ("ttft", "TTFT s", 1.0, 3),
+                                                             ("tpot", "TPOT ms", 1e3, 1))):
+            vals = [m.get(f"{q}_{metric}_s") for q in ("mean", "p50", "p90", "p99")]
+            t.add_row(name if i == 0 else "", label,
+                      *(_fmt(None if v is None else v * scale, digits=digits) for v in vals))
+    con.print(t)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``serve``, ``simulate`` and ``capacity`` commands to ``app``."""
 
@@ -84,16 +99,17 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rep, indent=2))
             return
-        t = Table(title=f"simulate {workload.name}: {wf.cluster.gpu} TP={wf.cluster.tp} PP={wf.cluster.pp}, "
-                        f"{wf.scheduler.policy}, {wf.scheduler.batching} batching")
-        for col in ("model", "reqs", "p50/p99 s", "TTFT p50/p99 s", "TPOT p50/p99 ms", "SLO met", "goodput/s"):
-            t.add_column(col)
-        for name, m in list(rep["models"].items()) + [("all", rep["all"])]:
-            t.add_row(name, str(m["requests"]), f"{_fmt(m['p50_latency_s'], digits=2)}/{_fmt(m['p99_latency_s'], digits=2)}",
-                      f"{_fmt(m['p50_ttft_s'], digits=2)}/{_fmt(m['p99_ttft_s'], digits=2)}",
-                      f"{_fmt(_ms(m['p50_tpot_s']), digits=1)}/{_fmt(_ms(m['p99_tpot_s']), digits=1)}",
-                      _fmt(m["slo_attainment"]), _fmt(m["goodput_per_s"], digits=2))
         con = Console()
+        _latency_table(con, rep, f"simulate {workload.name}: {wf.cluster.gpu} TP={wf.cluster.tp} "
+                                 f"PP={wf.cluster.pp}, {wf.scheduler.policy}, {wf.scheduler.batching} batching")
+        t = Table(title=f"throughput over {rep['duration_s']:.2f} s"
+                        + (" (offline: all requests at t = 0)" if wf.workload.offline else ""))
+        for col in ("model", "reqs", "done", "SLO met", "goodput/s", "req/s", "out tok/s", "tok/s"):
+            t.add_column(col, justify="right" if col != "model" else "left")
+        for name, m in list(rep["models"].items()) + [("all", rep["all"])]:
+            t.add_row(name, str(m["requests"]), str(m["completed"]), _fmt(m["slo_attainment"]),
+                      _fmt(m["goodput_per_s"], digits=2), _fmt(m["throughput_per_s"], digits=2),
+                      _fmt(m["output_tokens_per_s"], digits=1), _fmt(m["total_tokens_per_s"], digits=1))
         con.print(t)
         s = next(iter(rep["models"].values()))["slo"]
         con.print(f"SLOs (s): latency {_fmt(s['latency_s'])}, TTFT {_fmt(s['ttft_s'])}, TPOT {_fmt(s['tpot_s'])}; "
@@ -104,10 +120,16 @@ def register(app: typer.Typer) -> None:
     def capacity_cmd(
         workload: Path = typer.Argument(..., help="WORKLOAD.toml (see examples/serve/capacity.toml)"),
         gpus: str = typer.Option(None, "--gpus", help="candidate GPU types, comma-separated (default: "
-                                 "capacity.gpus, else the whole catalog)"),
+                                 "capacity.gpus, else cluster.gpu; with none the command refuses)"),
+        catalog: Path = typer.Option(None, "--catalog", help="GPU catalog TOML extending or overriding the "
+                                     "package's (same layout as hetplan/hardware/data/gpus.toml)"),
+        price: list[str] = typer.Option(None, "--price", help="GPU=USD per GPU-hour, overriding the catalog "
+                                        "and capacity.prices; repeatable, e.g. --price A100-SXM-80GB=3.67"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
     ) -> None:
         """Cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (checked by simulation)."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         from hetplan.serve.capacity import plan_capacity
         from hetplan.serve.config import load_workload_config
 
@@ -115,7 +137,16 @@ def register(app: typer.Typer) -> None:
         names = [g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None
         if names is not None and not names:
             raise HetplanError("--gpus names no GPU type", field="--gpus", fix="e.g. --gpus A100-SXM-80GB,H100-SXM,L4")
-        out = plan_capacity(wf, names)
+        prices = _parse_prices(price or [])
+        err = Console(stderr=True)
+        with Progress(TextColumn("capacity: rate search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), console=err, transient=True) as bar:
+            task = bar.add_task("", total=None)
+
+            def step(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=what)
+
+            out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step)
         if as_json:
             typer.echo(json.dumps(out, indent=2))
             return
@@ -136,5 +167,28 @@ def register(app: typer.Typer) -> None:
             t.add_row(name, str(r["requests"]), f"{r['slo_attainment']:.3f}", _fmt(r["p99_latency_s"]),
                       _fmt(r["p99_ttft_s"]), _fmt(_ms(r["p99_tpot_s"]), digits=1))
         con.print(t)
+        used = sorted(out["gpus_by_type"])
+        con.print("prices: " + "; ".join(f"{g} {out['prices'][g]['usd_per_gpu_hour']:.2f} $/h "
+                                         f"({out['prices'][g]['source']})" for g in used))
         if not out["meets_target"]:
             con.print("[yellow]the simulated mix misses the target after 3 rounds of derating; see the table[/]")
+
+
+def _parse_prices(items: list[str]) -> dict[str, float]:
+    """``["A100-SXM-80GB=3.67", ...]`` -> ``{"A100-SXM-80GB": 3.67}``.
+
+    Raises:
+        HetplanError: an item without ``=``, a price that is not a positive number below 1,000 $/h.
+    """
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            usd = float(value)
+        except ValueError:
+            usd = float("nan")
+        if not sep or not name.strip() or not 0 < usd <= 1000:
+            raise HetplanError(f"bad price {item!r}", field="--price",
+                               fix="write GPU=USD_PER_GPU_HOUR with a price in (0, 1000], e.g. A100-SXM-80GB=3.67")
+        out[name.strip()] = usd
+    return out

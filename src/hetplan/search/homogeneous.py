@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.estimate.estimator import in_flight_microbatches, job_stage_options, pool_link, pool_price_usd_per_hour
+from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
+from hetplan.degrees import Degrees
+from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.memory import stage_memory_bytes
 from hetplan.estimate.stage import stage_costs
@@ -154,7 +156,7 @@ def stage_chain_lower_bound_s(per_stage_s, p2p_s, num_microbatches, dp_exposed_s
     return float(max(np.max(prefix + m * a) + e[0], np.max(m * a + e)) + np.max(o))
 
 
-def window_lower_bound_s(stage_sum_s, p2p_one_way_s, pp, num_microbatches, virtual_stages=1):
+def window_lower_bound_s(stage_sum_s, p2p_one_way_s, pp, num_microbatches, virtual_stages=1, wrap_s=0.0):
     """A lower bound (s) on the pipeline time of 1F1B and interleaved 1F1B from stage 0's in-flight window
     (arrays or scalars; ``stage_sum_s`` = Σ_i a_i, forward+backward of every stage per micro-batch;
     ``p2p_one_way_s`` = Σ_j c_j over the p-1 boundaries).
@@ -165,13 +167,46 @@ def window_lower_bound_s(stage_sum_s, p2p_one_way_s, pp, num_microbatches, virtu
     A (virtual) micro-batch's round trip from its forward on stage 0 back to its backward there crosses every
     stage of its last model chunk and every boundary twice: ``R >= Σ_i a_i / v + 2 Σ_j c_j``. Hence
     ``T >= ceil(m v / W) · R``. When transfers are slow against the compute (a 10 Gb/s network) this is the
-    binding bound: the pipeline waits on its window, which the closed form's single ``2 Σ c`` misses."""
+    binding bound: the pipeline waits on its window, which the closed form's single ``2 Σ c`` misses.
+
+    Interleaved (v > 1), the chunks of one micro-batch are not independent: chunk ``c + 1`` starts on stage 0 only
+    after chunk ``c`` has crossed every stage and the wrap-around transfer ``c_w`` (``wrap_s``, default 0; the
+    cheapest transfer keeps the bound valid). So forward ``(j, c)`` on stage 0 waits for its backward there at
+    least ``R_c = (v - c) (Σ a / v + 2 Σ c) + 2 (v - 1 - c) c_w``. The number of forwards started minus
+    backwards ended on stage 0 never exceeds ``W`` (the count rule above, whatever order the backwards take), so
+    integrated over the iteration ``Σ_{j,c} R_c <= W T``, i.e. ``T >= m [v(v+1)/2 (Σ a / v + 2 Σ c) +
+    v(v-1) c_w] / W`` — for v = 2, 1.5x the per-chunk bound; on 10 Gb/s Ethernet it is what keeps an
+    interleaved wide pipeline from looking 4x faster than its estimate (issue 27)."""
     p = np.asarray(pp, dtype=float)
     v = np.asarray(virtual_stages, dtype=float)
     m = np.asarray(num_microbatches, dtype=float)
     window = np.where(v > 1, 2 * (p - 1) + (v - 1) * p + 1, p)
     rounds = np.ceil(m * v / np.maximum(np.minimum(window, m * v), 1))
-    return rounds * (np.asarray(stage_sum_s, dtype=float) / v + 2 * np.asarray(p2p_one_way_s, dtype=float))
+    chunk = np.asarray(stage_sum_s, dtype=float) / v + 2 * np.asarray(p2p_one_way_s, dtype=float)
+    chained = m * (v * (v + 1) / 2 * chunk + v * (v - 1) * np.asarray(wrap_s, dtype=float)) / np.maximum(window, 1)
+    return np.maximum(rounds * chunk, np.where(v > 1, chained, 0.0))
+
+
+def one_f_one_b_cycle_lower_bound_s(stage_min_s, p2p_max_s, pp, num_microbatches):
+    """A lower bound (s) on the pipeline time of (non-interleaved) 1F1B from the cycle across one boundary
+    (arrays or scalars; ``stage_min_s`` = the least ``a_i`` = forward+backward of a stage per micro-batch,
+    ``p2p_max_s`` = the slowest boundary's one-way transfer ``c``).
+
+    Stage ``i`` runs ``w_i = p - i - 1`` warm-up forwards, then forward ``w_i + k``, backward ``k`` in turn
+    (Megatron-LM ``forward_backward_pipelining_without_interleaving``; DeepSpeed's ``TrainSchedule`` keeps the same
+    per-stage order; :mod:`hetplan.estimate.schedule`). Across boundary ``i`` (transfer ``c``), forward ``x`` of
+    stage ``i`` feeds forward ``x`` of stage ``i + 1``, which is followed there by backward ``x - w_{i+1}``, which
+    feeds backward ``x - w_{i+1}`` of stage ``i``, which is followed there by forward ``x + 2``
+    (``w_i = w_{i+1} + 1``). So forward ``x + 2`` starts at least ``a_i + a_{i+1} + 2c`` after forward ``x`` for
+    every ``x`` from ``w_i`` to ``m - 3``: ``T >= floor((m - p) / 2) (2 a_min + 2 c_max)``. A blocking transfer
+    only lengthens the cycle. On a 10 Gb/s network this is the binding bound: Llama-2-7B on 32 one-GPU stages
+    with 512 micro-batches and 105 ms transfers between nodes cannot beat 60 s per iteration (its estimate 64 s),
+    where the in-flight window allows 17 s (issue 27)."""
+    p = np.asarray(pp, dtype=float)
+    m = np.asarray(num_microbatches, dtype=float)
+    steps = np.floor(np.maximum(m - p, 0.0) / 2)
+    return np.where(p > 1, steps * 2 * (np.asarray(stage_min_s, dtype=float) + np.asarray(p2p_max_s, dtype=float)),
+                    0.0)
 
 
 def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np.ndarray:
@@ -215,13 +250,14 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     link = pool_link(pool, gpu)
     col = lambda a: a[:, None]  # noqa: E731
     c = stage_costs(
-        m, gpu, link, job.dtype,
+        m, gpu, link, TrainingOptions.from_job(job),
         s=job.seq_len, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers, has_embedding=has_emb,
         has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
         zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), cp=col(cp), ep=col(ep),
-        **job_stage_options(job), virtual_stages=col(v),
+        virtual_stages=col(v),
     )
-    n_intra = _intra_boundaries(tp * cp * dp, pp, pool.gpus_per_node)
+    deg = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, pp=pp, virtual_stages=v)
+    n_intra = _intra_boundaries(deg.gpus_per_stage, pp, pool.gpus_per_node)
     lay = (tp, cp, dp, mbs)
     p2p_one_intra = boundary_time_s(m, job.seq_len, lay, lay, link, link, True)
     p2p_one_inter = boundary_time_s(m, job.seq_len, lay, lay, link, link, False)
@@ -235,9 +271,13 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     # As stage_chain_lower_bound_s: the chain ends with stage 0's last backward, after which only stage 0's own
     # exposed DP time is certain; every stage also ends no earlier than its own work plus its DP time.
     own_work = np.max(np.where(present, mb[:, None] * per + c.dp_exposed_s, 0.0), axis=1)
-    window = window_lower_bound_s(np.sum(np.where(present, count * per, 0.0), axis=1), p2p_total, pp, mb, v)
-    lower = (np.maximum(np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v), window) + c.dp_exposed_s[:, 0],
-                        own_work) + it.optimizer_s)
+    window = window_lower_bound_s(np.sum(np.where(present, count * per, 0.0), axis=1), p2p_total, pp, mb, v,
+                                  wrap_s=c_min)
+    a_min = np.min(np.where(present, per, np.inf), axis=1)
+    c_max = np.where(pp - 1 - n_intra > 0, p2p_one_inter, p2p_one_intra)
+    cycle = np.where(v == 1, one_f_one_b_cycle_lower_bound_s(a_min, c_max, pp, mb), 0.0)
+    lower = (np.maximum(np.maximum(np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v), window), cycle)
+                        + c.dp_exposed_s[:, 0], own_work) + it.optimizer_s)
 
     slowest = np.argmax(np.where(present, per, -1.0), axis=1)
     rows = np.arange(len(pp))
@@ -251,7 +291,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         "optimizer_s": it.optimizer_s,
     }
     memory = {k: np.broadcast_to(x, per.shape)[rows, it.peak_stage] for k, x in c.memory.items()}
-    num_gpus = tp * pp * cp * dp
+    num_gpus = deg.world_size
     price = pool_price_usd_per_hour(pool, gpu)
     model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)
     return PoolResult(

@@ -377,13 +377,53 @@ def _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog, amo
             top.add(*keys, est.memory_bytes_per_gpu.total, idx, plan, est)
         return ()
 
-    walk = guarded_best_first(((float(lb_key[i]), int(i)) for i in scan), expand, top.cut,
-                              limit=HOMOGENEOUS_ESTIMATES,
+    seeds = _small_allocation_seeds(job, inventory, results, cat, objective, lb_key)
+    for idx in seeds:
+        expand(float(lb_key[idx]), idx)
+    seeded = set(seeds)
+    walk = guarded_best_first(((float(lb_key[i]), int(i)) for i in scan if int(i) not in seeded), expand, top.cut,
+                              limit=max(HOMOGENEOUS_ESTIMATES - len(seeds), 0),
                               progress=None if progress is None else
                               lambda k, _lb: progress(k, HOMOGENEOUS_ESTIMATES, "exact top-K (estimates)"))
     found = top.best()
     ranked = [RankedPlan(rank=r, plan=f[4], estimate=f[5], reason="") for r, f in enumerate(found, start=1)]
-    return ranked, [f[3] for f in found], walk
+    return ranked, [f[3] for f in found], (walk[0] + len(seeds), walk[1])
+
+
+#: Node counts whose best configurations :func:`_small_allocation_seeds` estimates before the guarded walk, besides
+#: every GPU count within one node.
+SEED_NODE_COUNTS = (1, 2, 4)
+
+
+def _small_allocation_seeds(job, inventory, results, cat, objective, lb_key) -> list[int]:
+    """Rows of ``cat`` estimated before the guarded walk of :func:`_exact_top_k`: for every GPU count within one
+    node and for :data:`SEED_NODE_COUNTS` whole nodes of each pool, the configuration with the best closed-form
+    objective, and the best one without pipeline parallelism (pp = 1, no p2p transfer the closed form could
+    misjudge). At most ~2 x (gpus_per_node + 3) rows per pool.
+
+    Why: the walk takes configurations in increasing lower bound, and on a slow network (10 Gb/s Ethernet) the
+    bound of a wide pipeline is several times below its estimate, so the first few hundred estimates are all wide
+    pipelines (issue 27: 64 H100 at 60 s per iteration while one node of 8 runs Llama-2-7B in 41.5 s). Estimated
+    first, the small allocations enter the top K, so a walk stopped by its budget never returns a plan worse than
+    them, and their exact values raise the cut that ends the walk. Only rows the walk could take are seeded
+    (finite bound, within ``among``), so exactness is unchanged: the walk still proves what it skips.
+    """
+    it_key = lower_bound_keys(objective, cat["iteration_time_s"], cat["usd_per_hour"], cat["fits"], job.iterations())
+    ok = np.isfinite(lb_key) & np.isfinite(it_key)
+    out: list[int] = []
+    for k, res in enumerate(results):
+        g = inventory.pools[res.pool_index].gpus_per_node
+        counts = sorted({*range(1, g + 1), *(g * n for n in SEED_NODE_COUNTS)})
+        rows = np.flatnonzero(ok & (cat["pool"] == k))
+        local = cat["row"][rows]
+        gpus, pp1 = res.num_gpus[local], res.config["pp"][local] == 1
+        for n in counts:
+            for mask in (gpus == n, (gpus == n) & pp1):
+                if mask.any():
+                    i = int(rows[np.argmin(np.where(mask, it_key[rows], np.inf))])
+                    if i not in out:
+                        out.append(i)
+    return out
 
 
 def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estimated=None):

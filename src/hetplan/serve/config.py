@@ -10,7 +10,7 @@ This module does not import torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -93,15 +93,28 @@ class ClusterConfig(_Strict):
 
 class SchedulerConfig(_Strict):
     """``policy`` (``lru`` | ``load_aware``), ``batching`` (``continuous`` | ``static``), largest running batch
-    per model (= its KV-cache slots), tokens per KV-cache slot (``kv_cache_len``: prompt + generated), per-model
-    queue bound (beyond it: HTTP 429 / refused), whether swap-out writes weights back to host (``write_back``),
-    models loaded at start (``preload``)."""
+    per model (``max_batch_size``, vLLM's ``max_num_seqs``), longest sequence (``kv_cache_len``: prompt +
+    generated, vLLM's ``max_model_len``), per-model queue bound (beyond it: HTTP 429 / refused), whether swap-out
+    writes weights back to host (``write_back``), models loaded at start (``preload``).
+
+    Paged KV cache (:mod:`hetplan.serve.scheduler`): ``paged_kv`` on, each model's pool holds ``kv_cache_tokens``
+    tokens in blocks of ``kv_block_tokens`` (vLLM's ``--block-size``, default 16 on CUDA:
+    vllm/engine/arg_utils.py ``--block-size`` help, vllm/config.py ``CacheConfig``); ``kv_cache_tokens`` unset: the
+    simulator fills the memory budget left by the weights (one model per GPU, vLLM's
+    ``gpu_memory_utilization`` rule) or reserves ``max_batch_size`` x ``kv_cache_len`` (several models sharing
+    GPUs). ``max_batched_tokens`` bounds the tokens of one iteration (vLLM's ``--max-num-batched-tokens``),
+    ``chunked_prefill`` splits prompts to fit it (simulator only)."""
 
     policy: str = "lru"
     batching: Literal["continuous", "static"] = "continuous"
     max_batch_size: int = Field(default=8, ge=1, le=4096)
     kv_cache_len: int = Field(default=256, ge=2, le=1_048_576)
     max_queue_len: int = Field(default=256, ge=1)
+    paged_kv: bool = True
+    kv_block_tokens: int = Field(default=16, ge=1, le=4096)
+    kv_cache_tokens: int | None = Field(default=None, ge=1, le=2**40)
+    max_batched_tokens: int | None = Field(default=None, ge=1, le=2**24)
+    chunked_prefill: bool = False
     write_back: bool = True
     preload: list[str] = []
     rate_window_s: float = Field(default=10.0, gt=0)
@@ -132,10 +145,50 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class LengthSpec(_Strict):
+    """A distribution of request lengths (tokens): ``dist`` = ``fixed`` (``mean``) | ``uniform`` (``min``..``max``)
+    | ``normal`` / ``lognormal`` (``mean``, ``std``, clipped to ``min``..``max``); see
+    :func:`hetplan.serve.workload.draw_lengths`."""
+
+    dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    mean: float | None = Field(default=None, ge=1, le=1_048_576)
+    std: float | None = Field(default=None, ge=0, le=1_048_576)
+    min: int = Field(default=1, ge=1, le=1_048_576)
+    max: int | None = Field(default=None, ge=1, le=1_048_576)
+
+    @model_validator(mode="after")
+    def _complete(self):
+        need = {"fixed": ("mean",), "uniform": ("max",), "normal": ("mean", "std", "max"),
+                "lognormal": ("mean", "std", "max")}[self.dist]
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"a {self.dist} length needs {' and '.join(missing)} (tokens)")
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max = {self.max} is below min = {self.min}")
+        return self
+
+    def upper(self) -> int:
+        """The longest length it can draw (tokens)."""
+        return int(round(self.mean)) if self.dist == "fixed" and self.mean is not None else int(self.max or 0)
+
+    def mean_tokens(self) -> float:
+        """Its mean length (tokens; the clipping of normal/lognormal ignored, the mid-point of uniform)."""
+        return float(self.mean) if self.mean is not None else (self.min + (self.max or self.min)) / 2
+
+    def draw(self, n: int, rng) -> list[int]:
+        """``n`` lengths (:func:`hetplan.serve.workload.draw_lengths`)."""
+        from hetplan.serve.workload import draw_lengths
+
+        return draw_lengths(self.dist, n, rng, mean=self.mean, std=self.std, lo=self.min, hi=self.max).tolist()
+
+
 class WorkloadConfig(_Strict):
     """Arrivals: ``duration_s``, ``seed``, Gamma ``cv``, total rate shared by Zipf rank (``zipf_exponent``) among
-    models without their own ``rate_per_s``, or a CSV ``trace``; request shape; default SLOs: end-to-end latency
-    ``slo_s``, time to first token ``ttft_slo_s``, time per output token ``tpot_slo_s`` (each optional)."""
+    models without their own ``rate_per_s``, or a CSV/JSONL ``trace``; or ``offline``: ``num_requests`` all at
+    t = 0 (shared by the same rates' proportions). Request shape: fixed ``prompt_len`` and ``max_new_tokens``, or
+    distributions ``[workload.input]`` and ``[workload.output]`` (:class:`LengthSpec`), or a ``dataset`` file of
+    ``prompt_len,output_len`` rows (JSONL or CSV). Default SLOs: end-to-end latency ``slo_s``, time to first token
+    ``ttft_slo_s``, time per output token ``tpot_slo_s`` (each optional)."""
 
     duration_s: float = Field(default=60.0, gt=0)
     seed: int = Field(default=0, ge=0, lt=2**63)
@@ -144,8 +197,62 @@ class WorkloadConfig(_Strict):
                         default=1.0, gt=0)
     zipf_exponent: float = Field(default=1.0, ge=0)
     trace: str | None = None
+    offline: bool = False
+    num_requests: int | None = Field(default=None, ge=1, le=MAX_SIMULATED_REQUESTS)
     prompt_len: int = Field(default=64, ge=1)
     max_new_tokens: int = Field(default=1, ge=1)
+    input: LengthSpec | None = None
+    output: LengthSpec | None = None
+    dataset: str | None = None
+
+    def max_tokens(self) -> int:
+        """The longest request (prompt + new tokens) the lengths can draw; 0 when a dataset decides (checked when
+        it is read)."""
+        if self.dataset is not None:
+            return 0
+        p = self.input.upper() if self.input else self.prompt_len
+        return p + (self.output.upper() if self.output else self.max_new_tokens)
+
+    def mean_lengths(self) -> tuple[float, float]:
+        """Mean prompt and output lengths (tokens) of the distributions or fixed lengths (a dataset: its rows)."""
+        if self.dataset is not None:
+            from hetplan.serve.workload import read_lengths
+
+            rows = read_lengths(self.dataset)
+            return (sum(p for p, _ in rows) / len(rows), sum(o for _, o in rows) / len(rows))
+        return (self.input.mean_tokens() if self.input else float(self.prompt_len),
+                self.output.mean_tokens() if self.output else float(self.max_new_tokens))
+
+    def assign_lengths(self, requests, kv_cache_len: int | None = None) -> None:
+        """Set each request's ``prompt_len`` and ``max_new_tokens`` from the dataset (rows in order, wrapping
+        around) or the distributions (seeded by ``seed``), in request order; a trace's own lengths are kept.
+
+        Raises:
+            HetplanError: a bad dataset, or (``kv_cache_len``) a dataset row longer than a sequence may be.
+        """
+        import numpy as np
+
+        if self.trace is not None or not requests:
+            return
+        n = len(requests)
+        if self.dataset is not None:
+            from hetplan.serve.workload import read_lengths
+
+            rows = read_lengths(self.dataset)
+            if kv_cache_len is not None:
+                long = max(rows, key=sum)
+                if sum(long) > kv_cache_len:
+                    raise HetplanError(f"a dataset row needs {sum(long):,} tokens (prompt + output), more than "
+                                       f"scheduler.kv_cache_len = {kv_cache_len:,}", field="workload.dataset",
+                                       fix="raise scheduler.kv_cache_len or drop the longer rows")
+            pl = [rows[i % len(rows)][0] for i in range(n)]
+            nl = [rows[i % len(rows)][1] for i in range(n)]
+        else:
+            rng = np.random.default_rng([self.seed, 2])
+            pl = self.input.draw(n, rng) if self.input else [self.prompt_len] * n
+            nl = self.output.draw(n, rng) if self.output else [self.max_new_tokens] * n
+        for r, p, o in zip(requests, pl, nl):
+            r.prompt_len, r.max_new_tokens = int(p), int(o)
     slo_s: float | None = Field(default=1.0, gt=0)
     ttft_slo_s: float | None = Field(default=None, gt=0)
     tpot_slo_s: float | None = Field(default=None, gt=0)
@@ -161,10 +268,14 @@ class SwapConfig(_Strict):
 
 
 class CapacityConfig(_Strict):
-    """Capacity search: candidate ``gpus`` (default: whole catalog), largest cluster ``max_gpus``, required
-    fraction of requests within SLO for every model (``target_attainment``)."""
+    """Capacity search: candidate ``gpus`` (default: ``cluster.gpu``; none: refused), their ``prices`` in USD per
+    GPU-hour (``{name = price}``, overriding the catalog's; ``hetplan capacity --price`` overrides these), largest
+    cluster ``max_gpus`` of each type, required fraction of requests within SLO for every model
+    (``target_attainment``)."""
 
     gpus: list[str] = []
+    prices: dict[str, Annotated[float, bounded(1000.0, "no GPU rents for $1,000 an hour", gt=0)]] = Field(
+        default_factory=dict)
     max_gpus: int = Field(default=8, ge=1)
     target_attainment: float = Field(default=0.99, gt=0, le=1)
 
@@ -205,14 +316,17 @@ class WorkloadFile(_Common):
     def _bounded_requests(self):
         rate = self.workload.total_rate_per_s + sum(m.rate_per_s or 0.0 for m in self.models)
         expected = self.workload.duration_s * rate
-        if self.workload.trace is None and expected > MAX_SIMULATED_REQUESTS:
+        w = self.workload
+        if w.trace is None and not w.offline and expected > MAX_SIMULATED_REQUESTS:
             raise ValueError(f"duration_s x rates = {expected:,.0f} expected requests; at most "
                              f"{MAX_SIMULATED_REQUESTS:,} (the simulator handles ~10,000 per CPU second)")
-        tokens = self.workload.prompt_len + self.workload.max_new_tokens
+        if w.offline and w.trace is not None:
+            raise ValueError("workload.offline and workload.trace exclude each other: a trace has its own arrivals")
+        tokens = w.max_tokens()
         if tokens > self.scheduler.kv_cache_len:  # fuzz: max_new_tokens 802,001 simulated for minutes
-            raise ValueError(f"workload.prompt_len + max_new_tokens = {tokens:,} tokens do not fit a KV-cache slot of "
-                             f"scheduler.kv_cache_len = {self.scheduler.kv_cache_len:,} tokens; raise kv_cache_len or "
-                             "shorten the requests")
+            raise ValueError(f"the longest request (prompt + max_new_tokens, or the distributions' max) = {tokens:,} "
+                             f"tokens does not fit a sequence of scheduler.kv_cache_len = "
+                             f"{self.scheduler.kv_cache_len:,} tokens; raise kv_cache_len or shorten the requests")
         return self
 
 
@@ -223,10 +337,11 @@ def _resolve(data: dict, base: Path) -> dict:
             if not p.is_absolute() and (base / p).is_file():
                 m["model"] = str(base / p)
     wl = data.get("workload")
-    if isinstance(wl, dict) and isinstance(wl.get("trace"), str):
-        p = Path(wl["trace"])
-        if not p.is_absolute() and (base / p).is_file():
-            wl["trace"] = str(base / p)
+    for key in ("trace", "dataset"):
+        if isinstance(wl, dict) and isinstance(wl.get(key), str):
+            p = Path(wl[key])
+            if not p.is_absolute() and (base / p).is_file():
+                wl[key] = str(base / p)
     return data
 
 

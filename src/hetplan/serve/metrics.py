@@ -28,7 +28,8 @@ import numpy as np
 @dataclass
 class Record:
     """Outcome of one request (times in s since the workload start): ``finish_s`` is ``None`` when it was refused
-    or never finished; ``first_token_s`` when its first token was produced; ``output_tokens`` generated."""
+    or never finished; ``first_token_s`` when its first token was produced; ``output_tokens`` generated;
+    ``prompt_tokens`` of its prompt."""
 
     id: int
     model: str
@@ -37,6 +38,7 @@ class Record:
     refused: bool = False
     first_token_s: float | None = None
     output_tokens: int = 0
+    prompt_tokens: int = 0
 
     @property
     def latency_s(self) -> float | None:
@@ -80,8 +82,8 @@ def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 90, 99)) -> 
 
 def summarize(records: Sequence[Record], slos: Mapping[str, SLO], duration_s: float) -> dict:
     """Per-model and overall report: requests, completed, refused; mean and p50/p90/p99 of latency, TTFT and TPOT
-    (s); SLO attainment; goodput (requests/s within all SLOs), throughput (completed requests/s) and output
-    tokens/s."""
+    (s); SLO attainment; goodput (requests/s within all SLOs), throughput (completed requests/s), output and total
+    (prompt + output of completed requests) tokens/s, all over ``duration_s``."""
     out: dict = {"models": {}, "duration_s": duration_s}
     names = list(dict.fromkeys(list(slos) + [r.model for r in records]))
     for name in names + ["all"]:
@@ -96,12 +98,17 @@ def summarize(records: Sequence[Record], slos: Mapping[str, SLO], duration_s: fl
         }
         for metric in ("latency", "ttft", "tpot"):
             vals = [getattr(r, f"{metric}_s") for r in rs]
+            if metric != "latency":
+                known = [v for v in vals if v is not None]
+                entry[f"mean_{metric}_s"] = float(np.mean(known)) if known else None
             entry.update({f"{k}_{metric}_s": v for k, v in percentiles([v for v in vals if v is not None]).items()})
         entry.update({
             "slo_attainment": ok / len(rs) if rs else 1.0,
             "goodput_per_s": ok / duration_s if duration_s > 0 else 0.0,
             "throughput_per_s": len(lat) / duration_s if duration_s > 0 else 0.0,
             "output_tokens_per_s": sum(r.output_tokens for r in rs) / duration_s if duration_s > 0 else 0.0,
+            "total_tokens_per_s": (sum(r.output_tokens + r.prompt_tokens for r in rs if r.finish_s is not None)
+                                   / duration_s if duration_s > 0 else 0.0),
         })
         if name != "all":
             entry["slo"] = slos.get(name, SLO()).as_dict()

@@ -1,4 +1,5 @@
-"""Request workloads: Gamma-process arrivals per model, skewed popularity, replay of a CSV trace.
+"""Request workloads: Gamma-process arrivals per model, skewed popularity, request lengths from a distribution or
+a dataset file, offline batches (all at t = 0), replay of a trace.
 
 A workload is a list of :class:`Request` sorted by arrival time; it is a pure function of its spec and seed, so
 the simulator and the real engine can be fed the very same requests.
@@ -8,7 +9,16 @@ the simulator and the real engine can be fed the very same requests.
   workload of AlpaServe (Li et al., OSDI'23, Sec. 6.1) and Computron (Zou et al. 2023, Sec. 5).
 * Popularity: model i (1-based rank) gets a share ∝ i^(-s) of the total rate (Zipf / power law, exponent s;
   s = 0 is uniform), unless the model states its own rate.
-* Trace replay: a CSV with a header ``arrival_s,model`` and optional ``prompt_len,max_new_tokens`` columns.
+* Request lengths (:func:`draw_lengths`): ``fixed``; ``uniform`` integers in [min, max] (vLLM's
+  ``benchmark_serving.py --dataset-name random`` draws its input/output lengths so); ``normal`` (mean, std);
+  ``lognormal`` with the given mean and std of the length (``σ² = ln(1 + std²/mean²)``, ``μ = ln mean - σ²/2``,
+  the moments of the log-normal law); the last two rounded and clipped to [min, max]. Or a dataset file
+  (:func:`read_lengths`, JSONL or CSV of ``prompt_len,output_len`` rows, as ShareGPT-style datasets are
+  summarised), used row by row in file order, wrapping around.
+* Offline (throughput) mode (:func:`offline_arrivals`): ``n`` requests all arriving at t = 0, as
+  ``vllm bench throughput`` submits them; throughput is then counted over the makespan.
+* Trace replay: a CSV (header ``arrival_s,model`` and optional ``prompt_len,max_new_tokens`` columns) or JSONL
+  file (one object per line with those keys).
 
 This module does not import torch.
 """
@@ -131,32 +141,151 @@ def generate(loads: Sequence[ModelLoad], duration_s: float, seed: int, *, prompt
     return [Request(i, m, t, prompt_len, max_new_tokens) for i, (t, _, m) in enumerate(rows)]
 
 
-def read_trace(path: str | Path, models: Sequence[str], *, prompt_len: int = 16, max_new_tokens: int = 1) -> list[Request]:
-    """Requests replayed from a CSV trace (header ``arrival_s,model[,prompt_len,max_new_tokens]``), sorted by arrival.
+#: Longest request length accepted from a file (tokens): longer than any model's context (Llama 4 Scout: 10 M
+#: is the one exception, beyond what a KV-cache slot here is bounded to, 1,048,576).
+MAX_LENGTH_TOKENS = 2**20
+
+
+def _rows(path: str | Path, field: str) -> tuple[set[str], list[tuple[int, dict]]]:
+    """Columns and ``(line, row)`` of a CSV file with a header, or of a JSONL file (``.jsonl``/``.json`` or a first
+    character ``{``: one JSON object per line; blank lines skipped).
 
     Raises:
-        HetplanError: missing file or column, a bad number, a negative time, or an unknown model (with the line).
+        HetplanError: unreadable file, malformed CSV or JSON (with the line), a JSON line that is no object.
     """
-    text = read_text(path, "workload.trace")
+    from hetplan.inputs import parse_json
+
+    text = read_text(path, field)
+    if str(path).endswith((".jsonl", ".json")) or text.lstrip().startswith("{"):
+        out, cols = [], set()
+        for line, raw in enumerate(text.splitlines(), start=1):
+            if not raw.strip():
+                continue
+            row = parse_json(raw, f"{path} line {line}", field)
+            if not isinstance(row, dict):
+                raise HetplanError(f"{path} line {line}: a JSON {type(row).__name__}, not an object", field=field,
+                                   fix='write one object per line, e.g. {"prompt_len": 128, "output_len": 64}')
+            cols |= set(row)
+            out.append((line, {k: ("" if v is None else str(v)) for k, v in row.items()}))
+        return cols, out
+    fieldnames, records = read_csv(text, str(path), field)
+    return set(fieldnames or []), list(enumerate(records, start=2))
+
+
+def _length(row: dict, key: str, default: int | None, path, line: int, field: str) -> int:
+    """The positive integer in column ``key`` of a trace/dataset row (``default`` when empty).
+
+    Raises:
+        HetplanError: not an integer, below 1 or above :data:`MAX_LENGTH_TOKENS`, naming ``field.key`` and the line.
+    """
+    raw = (row.get(key) or "").strip()
+    if not raw:
+        if default is None:
+            raise HetplanError(f"{path} line {line}: no {key}", field=f"{field}.{key}", fix=f"give {key} on every line")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise HetplanError(f"{path} line {line}: {key} = {raw!r} is not an integer", field=f"{field}.{key}",
+                           fix=f"write {key} as a whole number of tokens") from None
+    if not 1 <= value <= MAX_LENGTH_TOKENS:
+        what = "negative" if value < 0 else "zero" if value == 0 else "longer than any model's context"
+        raise HetplanError(f"{path} line {line}: {key} = {value:,} is {what}", field=f"{field}.{key}",
+                           fix=f"give {key} in 1..{MAX_LENGTH_TOKENS:,} tokens on that line")
+    return value
+
+
+def read_lengths(path: str | Path, field: str = "workload.dataset") -> list[tuple[int, int]]:
+    """``(prompt_len, output_len)`` rows of a dataset file (JSONL objects or CSV with a header; ``input_len`` and
+    ``max_new_tokens`` are accepted for the two columns).
+
+    Raises:
+        HetplanError: bad file, missing column, a length that is not a positive integer (naming the column and
+            line), or no rows.
+    """
+    cols, rows = _rows(path, field)
+    pk = "prompt_len" if "prompt_len" in cols else "input_len"
+    ok = "output_len" if "output_len" in cols else "max_new_tokens"
+    if pk not in cols or ok not in cols:
+        raise HetplanError(f"{path} lacks columns prompt_len and output_len (has {sorted(cols)})", field=field,
+                           fix="give every row prompt_len and output_len (tokens)")
+    out = [(_length(r, pk, None, path, line, field), _length(r, ok, None, path, line, field)) for line, r in rows]
+    if not out:
+        raise HetplanError(f"{path} has no rows", field=field, fix="add rows of prompt_len,output_len")
+    return out
+
+
+LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal")
+
+
+def draw_lengths(dist: str, n: int, rng: np.random.Generator, *, mean: float | None = None, std: float | None = None,
+                 lo: int = 1, hi: int | None = None) -> np.ndarray:
+    """``n`` request lengths (integers in [lo, hi]) from ``dist`` (module docstring).
+
+    Raises:
+        HetplanError: unknown distribution, or a parameter it needs missing.
+    """
+    if dist not in LENGTH_DISTS:
+        raise HetplanError(f"unknown length distribution {dist!r}", field="dist", fix=f"use one of {', '.join(LENGTH_DISTS)}")
+    if dist == "fixed":
+        if mean is None:
+            raise HetplanError("a fixed length needs its mean", field="mean", fix="give mean (tokens)")
+        return np.full(n, int(round(mean)), dtype=int)
+    if hi is None:
+        raise HetplanError(f"a {dist} length needs its max", field="max", fix="give max (tokens)")
+    if dist == "uniform":
+        return rng.integers(lo, hi + 1, size=n)
+    if mean is None or std is None:
+        raise HetplanError(f"a {dist} length needs mean and std", field="mean", fix="give mean and std (tokens)")
+    if dist == "normal":
+        x = rng.normal(mean, std, size=n)
+    else:
+        s2 = math.log1p((std / mean) ** 2)
+        x = rng.lognormal(math.log(mean) - s2 / 2, math.sqrt(s2), size=n)
+    return np.clip(np.rint(x), lo, hi).astype(int)
+
+
+def offline_arrivals(shares: dict[str, float], n: int) -> list[Request]:
+    """``n`` requests all at t = 0 split over models by ``shares`` (largest remainder, so counts sum to ``n``), in
+    model order then by id."""
+    names = list(shares)
+    w = np.array([shares[m] for m in names], dtype=float)
+    w = w / w.sum() if w.sum() > 0 else np.full(len(names), 1.0 / len(names))
+    raw = w * n
+    counts = np.floor(raw).astype(int)
+    for i in np.argsort(-(raw - counts), kind="stable")[: n - counts.sum()]:
+        counts[i] += 1
+    out: list[Request] = []
+    for name, c in zip(names, counts):
+        out += [Request(len(out) + j, name, 0.0) for j in range(int(c))]
+    return out
+
+
+def read_trace(path: str | Path, models: Sequence[str], *, prompt_len: int = 16, max_new_tokens: int = 1) -> list[Request]:
+    """Requests replayed from a CSV trace (header ``arrival_s,model[,prompt_len,max_new_tokens]``) or a JSONL one
+    (objects with those keys), sorted by arrival.
+
+    Raises:
+        HetplanError: missing file or column, a bad number, a negative time or length (naming the column), or an
+            unknown model (with the line).
+    """
     known = set(models)
     out: list[Request] = []
-    fieldnames, records = read_csv(text, str(path), "workload.trace")
-    cols = set(fieldnames or [])
+    cols, records = _rows(path, "workload.trace")
     if not {"arrival_s", "model"} <= cols:
         raise HetplanError(f"trace {path} lacks columns arrival_s and model (has {sorted(cols)})",
                            field="workload.trace", fix="add a header line: arrival_s,model")
-    for line, row in enumerate(records, start=2):
+    for line, row in records:
         try:
             t = float(row["arrival_s"])
-            pl = int(row["prompt_len"]) if row.get("prompt_len") else prompt_len
-            nt = int(row["max_new_tokens"]) if row.get("max_new_tokens") else max_new_tokens
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, KeyError) as exc:
             raise HetplanError(f"{path} line {line}: {exc}", field="workload.trace", fix="fix the number on that line") from None
-        if not 0 <= t < math.inf or not 1 <= pl <= 2**20 or not 1 <= nt <= 2**20:
-            raise HetplanError(f"{path} line {line}: arrival_s must be finite and >= 0, prompt_len and max_new_tokens "
-                               f"in 1..1,048,576 (longer than any model's context)",
+        pl = _length(row, "prompt_len", prompt_len, path, line, "workload.trace")
+        nt = _length(row, "max_new_tokens", max_new_tokens, path, line, "workload.trace")
+        if not 0 <= t < math.inf:
+            raise HetplanError(f"{path} line {line}: arrival_s must be finite and >= 0",
                                field="workload.trace", fix="fix the values on that line")
-        if row["model"] not in known:
+        if row.get("model") not in known:
             raise HetplanError(f"{path} line {line}: unknown model {row['model']!r}", field="workload.trace",
                                fix=f"use one of {', '.join(models)}")
         out.append(Request(0, row["model"], t, pl, nt))

@@ -1,0 +1,313 @@
+"""Prediction intervals: how far to trust an estimate, from the measured residuals of its regime.
+
+Every iteration time hetplan prints is a point prediction of a cost model whose error has been measured on public
+runs (``hetplan validate``). This module turns those measured errors into an 80 % prediction interval for a new
+plan, by the regime the plan belongs to — (software stack, GPU generation, dense or MoE, scale band) — and states
+how many rows stand behind it; a regime without enough rows says "unvalidated" instead of a number.
+
+Method: split-conformal prediction on log residuals (Vovk et al. 2005; Lei et al. 2018, "Distribution-Free
+Predictive Inference for Regression", JASA 113(523), Sec. 2.2). Each held-out validation row gives
+``r = log(measured_time / predicted_time)``; for the ``n`` residuals of a regime, sorted ``r_(1) ≤ … ≤ r_(n)``, the
+interval of a new prediction ``t`` is ``[t·exp(r_(k)), t·exp(r_(n+1-k))]`` with ``k = ⌊(1-level)/2·(n+1)⌋``, which
+covers the measured value with probability ≥ ``level`` when the new run is exchangeable with the rows (each tail
+holds at most ``(1-level)/2``). It needs ``k ≥ 1``, i.e. ``n ≥ 9`` rows for an 80 % interval
+(:data:`MIN_ROWS`); below that the regime is widened (scale band dropped, then dense/MoE, then GPU generation),
+and a stack with fewer than :data:`MIN_ROWS` rows is "unvalidated". The interval is asymmetric: a stack the
+model predicts too fast has it above the prediction, which is the signed bias made visible.
+
+Only rows that no constant was fitted on (``is_calibration`` false) and that compare a whole iteration (a plan,
+not one layer) enter: the residual table is written by :func:`build_residuals` (``hetplan validate
+--write-residuals``) into ``validation_data/residuals.csv`` and read here, so planning costs no validation run;
+a test keeps the file equal to what the current cost model gives.
+
+Throughput, MFU, job time and $ follow the iteration time exactly (tokens/s and MFU are inverse to it, job time and
+$ proportional), so their intervals are the same factors; energy carries the time factor only (the power model's
+own error is not in it).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from hetplan.hardware.catalog import Catalog, GPUSpec
+from hetplan.calibration.validation import RATE_QUANTITIES  # rates (TFLOP/s, tokens/s): the time ratio inverts
+from hetplan.hardware.stacks import FRAMEWORK_STACK  # the stack a framework runs by default (what export writes)
+
+#: Nominal coverage of the intervals.
+LEVEL = 0.8
+#: Fewest rows for a conformal interval at :data:`LEVEL`: ``k = ⌊(1 - LEVEL)/2 · (n + 1)⌋ ≥ 1`` needs ``n ≥ 9``.
+MIN_ROWS = 9
+#: Upper edges (GPUs) of the scale bands: one node, a rack-scale job, hundreds, beyond.
+SCALE_BANDS = ((8, "≤8 GPUs"), (64, "9-64 GPUs"), (512, "65-512 GPUs"), (math.inf, ">512 GPUs"))
+#: The stack each validation set's runs used, where the plan does not name one (sources: each set's README in
+#: ``validation_data``): vTrain measured Megatron-DeepSpeed; SC'21 and Korthikanti Megatron-LM; DGX Cloud
+#: benchmarking and NeMo's long-sequence tables NeMo; Espresso's traces DeepSpeed's pipeline engine; the Llama 3
+#: paper Meta's own stack; the MoE model zoo Megatron-LM (Megatron-Core).
+SET_STACK = {
+    "vtrain_single_node": "megatron-deepspeed", "vtrain_multi_node": "megatron-deepspeed",
+    "megatron_sc21_table1": "megatron-lm", "korthikanti_table5": "megatron-lm", "espresso_hetero": "deepspeed",
+    "dgxc_h100": "nemo", "dgxc_gb200": "nemo", "long_context_cp": "nemo", "torchtitan": "torchtitan",
+    "llama3_405b": "meta-llama3", "megatron_lm_h100": "megatron-lm", "moe_h100": "megatron-lm",
+}
+
+RESIDUALS_FILE = "residuals.csv"
+COLUMNS = ("set", "key", "stack", "gpu", "generation", "moe", "num_gpus", "dtype", "predicted_time_s",
+           "measured_time_s", "measured_mfu")
+
+
+def stack_name(job) -> str:
+    """The stack a job (a :class:`~hetplan.plan.Job` or its JSON dict) runs: its ``stack`` field
+    (``NAME[@VERSION]``, the name only) where it has one, else its framework's default stack
+    (:data:`FRAMEWORK_STACK`)."""
+    get = job.get if isinstance(job, dict) else lambda k, d=None: getattr(job, k, d)
+    stack = get("stack")
+    if stack:
+        return str(stack.get("name") if isinstance(stack, dict) else getattr(stack, "name", stack)).split("@")[0]
+    framework = get("framework", "megatron")
+    return FRAMEWORK_STACK.get(framework, framework)
+
+
+def gpu_generation(gpu: GPUSpec) -> str:
+    """GPU generation (architecture family, e.g. ``Ampere``, ``Hopper``, ``Blackwell``) of a catalog GPU: the first
+    word of its ``architecture``."""
+    return gpu.architecture.split()[0]
+
+
+def scale_band(num_gpus: int) -> str:
+    """The label of the scale band (:data:`SCALE_BANDS`) ``num_gpus`` falls in."""
+    return next(label for edge, label in SCALE_BANDS if num_gpus <= edge)
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One held-out validation row: its regime and measured vs predicted iteration time (s).
+
+    Attributes:
+        measured_mfu: the row's measured MFU (predicted MFU × predicted / measured time), hetplan's convention.
+    """
+
+    set: str
+    key: str
+    stack: str
+    gpu: str
+    generation: str
+    moe: bool
+    num_gpus: int
+    dtype: str
+    predicted_time_s: float
+    measured_time_s: float
+    measured_mfu: float
+
+    @property
+    def log_ratio(self) -> float:
+        """``log(measured / predicted)``: > 0 where the model predicts too fast."""
+        return math.log(self.measured_time_s / self.predicted_time_s)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An interval on the iteration time: ``[low_factor, high_factor] × predicted``.
+
+    Attributes:
+        level: nominal coverage (0.8). n: rows behind it. regime: what they share, e.g. ``torchtitan · Hopper ·
+            dense``. source: ``validation`` (hetplan's held-out rows) or ``calibration`` (the user's runs).
+        signed_median: median of ``measured / predicted - 1`` over those rows (the signed bias).
+    """
+
+    low_factor: float
+    high_factor: float
+    n: int
+    regime: str
+    level: float = LEVEL
+    source: str = "validation"
+    signed_median: float = 0.0
+
+    def of(self, value: float) -> list[float]:
+        """``[low, high]`` of a quantity proportional to the iteration time."""
+        return [value * self.low_factor, value * self.high_factor]
+
+    def of_inverse(self, value: float) -> list[float]:
+        """``[low, high]`` of a quantity inverse to the iteration time (tokens/s, MFU)."""
+        return [value / self.high_factor, value / self.low_factor]
+
+
+def conformal_factors(log_ratios: Iterable[float], level: float = LEVEL) -> tuple[float, float] | None:
+    """Split-conformal ``(low, high)`` multiplicative factors from log residuals (module doc), or None below the
+    ``n`` that ``level`` needs."""
+    r = np.sort(np.asarray(list(log_ratios), dtype=float))
+    k = math.floor((1 - level) / 2 * (len(r) + 1) + 1e-9)  # 1e-9: (1 - 0.8) / 2 is 0.0999… in binary
+    if k < 1:
+        return None
+    return float(np.exp(r[k - 1])), float(np.exp(r[len(r) - k]))
+
+
+def _regime_keys(stack: str, generation: str, moe: bool, band: str) -> list[tuple[str, tuple]]:
+    kind = "MoE" if moe else "dense"
+    return [
+        (f"{stack} · {generation} · {kind} · {band}", (stack, generation, moe, band)),
+        (f"{stack} · {generation} · {kind}", (stack, generation, moe)),
+        (f"{stack} · {generation}", (stack, generation)),
+        (f"{stack}", (stack,)),
+    ]
+
+
+def _row_key(r: Residual, width: int) -> tuple:
+    return (r.stack, r.generation, r.moe, scale_band(r.num_gpus))[:width]
+
+
+def interval_from(residuals: list[Residual], stack: str, generation: str, moe: bool, num_gpus: int) -> Interval | str:
+    """The interval of a plan of this regime from ``residuals``: the narrowest regime (module doc) with at least
+    :data:`MIN_ROWS` rows; or the reason it is unvalidated (a string)."""
+    for label, key in _regime_keys(stack, generation, moe, scale_band(num_gpus)):
+        rows = [r for r in residuals if _row_key(r, len(key)) == key]
+        f = conformal_factors([r.log_ratio for r in rows])
+        if f is not None:
+            med = float(np.median([r.measured_time_s / r.predicted_time_s - 1 for r in rows]))
+            return Interval(f[0], f[1], len(rows), label, signed_median=med)
+    n = sum(r.stack == stack for r in residuals)
+    return (f"unvalidated: {n} held-out measured run{'s' if n != 1 else ''} of stack {stack} "
+            f"(an {LEVEL:.0%} interval needs {MIN_ROWS})")
+
+
+@lru_cache(maxsize=1)
+def load_residuals() -> tuple[Residual, ...]:
+    """The package's residual table (``validation_data/residuals.csv``)."""
+    text = resources.files("hetplan.calibration").joinpath("validation_data", RESIDUALS_FILE).read_text()
+    return tuple(_parse(text))
+
+
+def _parse(text: str) -> list[Residual]:
+    out = []
+    for row in csv.DictReader(io.StringIO(text)):
+        out.append(Residual(row["set"], row["key"], row["stack"], row["gpu"], row["generation"], row["moe"] == "1",
+                            int(row["num_gpus"]), row["dtype"], float(row["predicted_time_s"]),
+                            float(row["measured_time_s"]), float(row["measured_mfu"])))
+    return out
+
+
+def residuals_csv(rows: Iterable[Residual]) -> str:
+    """The residual table as CSV text (:data:`COLUMNS`; times to 9 significant digits)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow([r.set, r.key, r.stack, r.gpu, r.generation, int(r.moe), r.num_gpus, r.dtype,
+                    f"{r.predicted_time_s:.9g}", f"{r.measured_time_s:.9g}", f"{r.measured_mfu:.6g}"])
+    return buf.getvalue()
+
+
+def case_stack(case) -> str:
+    """The stack of a validation case: its plan's ``stack`` where set, else its set's (:data:`SET_STACK`); the
+    independent set by source (fms-fsdp, NeMo 24.07, llm-foundry)."""
+    if getattr(case.plan.job, "stack", None):
+        return stack_name(case.plan.job)
+    if case.set == "independent_h100":
+        return "fms-fsdp" if ":fms:" in case.key else "nemo" if ":nemo:" in case.key else "llm-foundry"
+    return SET_STACK.get(case.set, stack_name(case.plan.job))
+
+
+def per_stack(cases) -> dict:
+    """The validation error per stack (:func:`case_stack`; a case without a plan, a per-layer profile, by its
+    set): ``{stack: {n, mape, max_abs_error, signed_median, sets}}`` over every row of the given cases (errors
+    as :func:`hetplan.calibration.validation.metrics` counts them; ``signed_median``: predicted speed / measured
+    speed - 1, positive = too fast), largest stack first."""
+    from hetplan.calibration.validation import speed_error
+
+    groups: dict[str, list] = {}
+    for c in cases:
+        if not (c.predicted > 0 and c.measured > 0):
+            continue
+        groups.setdefault(case_stack(c) if c.plan is not None else f"({c.set})", []).append(c)
+    out = {}
+    for stack, cs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        err = np.array([c.predicted / c.measured - 1 for c in cs])
+        out[stack] = {"n": len(cs), "mape": float(np.mean(np.abs(err))), "max_abs_error": float(np.max(np.abs(err))),
+                      "signed_median": float(np.median([speed_error(c) for c in cs])),
+                      "sets": sorted({c.set for c in cs})}
+    return out
+
+
+def build_residuals() -> list[Residual]:
+    """Run every validation set with whole-iteration rows under the current cost model and return the held-out
+    rows as residuals (several seconds: the whole of ``hetplan validate``)."""
+    from hetplan.calibration import independent, modern
+    from hetplan.calibration import validation as v
+    from hetplan.estimate.estimator import estimate
+    from hetplan.hardware.catalog import load_catalog
+
+    _, cases = v.run_validation(v.SET_NAMES)
+    cases += modern.run_modern(modern.SET_NAMES)[1]
+    cases += independent.run_independent()[1]
+    cat = load_catalog()
+    out = []
+    for c in cases:
+        if c.plan is None or c.is_calibration or not (c.predicted > 0 and c.measured > 0):
+            continue
+        quantity = getattr(c, "quantity", "tflops_per_gpu" if c.set == "megatron_sc21_table1" else "iteration_time_s")
+        est = estimate(c.plan, model=c.model, virtual_stages=c.virtual_stages)
+        ratio = c.measured / c.predicted if quantity not in RATE_QUANTITIES else c.predicted / c.measured
+        gpu = cat.get(c.plan.pools[c.plan.stages[0].pool].gpu)
+        out.append(Residual(c.set, c.key, case_stack(c), gpu.name, gpu_generation(gpu), bool(c.model.is_moe),
+                            c.plan.num_gpus, c.plan.job.dtype, est.iteration_time_s, est.iteration_time_s * ratio,
+                            est.mfu / ratio))
+    return out
+
+
+def write_residuals(path: Path | None = None) -> Path:
+    """Write :func:`build_residuals` to ``path`` (default: the package's table) and return the path."""
+    path = path or Path(str(resources.files("hetplan.calibration").joinpath("validation_data", RESIDUALS_FILE)))
+    path.write_text(residuals_csv(build_residuals()))
+    load_residuals.cache_clear()
+    return path
+
+
+def mfu_record(residuals: Iterable[Residual], stack: str, gpu: str) -> Residual | None:
+    """The held-out validation run of ``stack`` on ``gpu`` with the highest measured MFU, or None."""
+    rows = [r for r in residuals if r.stack == stack and r.gpu == gpu]
+    return max(rows, key=lambda r: r.measured_mfu) if rows else None
+
+
+def annotate(summary: dict, interval: Interval | str, record: Residual | None) -> None:
+    """Add the interval fields to one plan summary (``hetplan plan --json``'s dict): ``interval`` (level, n,
+    regime, source, signed median; or ``{"unvalidated": reason}``), ``iteration_time_s_interval``,
+    ``tokens_per_s_interval``, ``mfu_interval``, ``job_time_s_interval``, ``job_usd_interval`` (and
+    ``job_energy_kwh_interval`` when energy is there), each ``[low, high]``; ``mfu_record`` when the predicted
+    MFU exceeds the best measured MFU of that stack on that GPU."""
+    if isinstance(interval, str):
+        summary["interval"] = {"unvalidated": interval}
+    else:
+        summary["interval"] = {"level": interval.level, "n": interval.n, "regime": interval.regime,
+                               "source": interval.source, "signed_median_error": interval.signed_median}
+        for name in ("iteration_time_s", "job_time_s", "job_usd", "job_energy_kwh"):
+            if name in summary:
+                summary[f"{name}_interval"] = interval.of(summary[name])
+        for name in ("tokens_per_s", "mfu"):
+            summary[f"{name}_interval"] = interval.of_inverse(summary[name])
+    if record is not None and summary["mfu"] > record.measured_mfu:
+        summary["mfu_record"] = {"mfu": record.measured_mfu, "set": record.set, "key": record.key,
+                                 "note": f"predicted MFU {summary['mfu']:.1%} is above the best measured for "
+                                         f"{record.stack} on {record.gpu}: {record.measured_mfu:.1%} ({record.key})"}
+
+
+def add_intervals(summaries: list[dict], catalog: Catalog, calibration=None) -> None:
+    """Annotate every plan summary in place (:func:`annotate`): from the user's calibration (its residuals, for
+    plans on the GPUs and stack it was fitted on) or from hetplan's held-out validation rows."""
+    from hetplan.model.spec import load_model
+
+    residuals = list(load_residuals())
+    for s in summaries:
+        job = s["plan"]["job"]
+        stack, gpus = stack_name(job), [catalog.get(st["gpu"]) for st in s["stages"]]
+        covered = calibration.interval_for({g.name for g in gpus}, stack) if calibration is not None else None
+        interval = covered if covered is not None else interval_from(
+            residuals, stack, gpu_generation(gpus[0]), load_model(job["model"]).is_moe, s["num_gpus"])
+        annotate(s, interval, mfu_record(residuals, stack, gpus[0].name))

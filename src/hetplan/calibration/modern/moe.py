@@ -1,0 +1,108 @@
+"""MoE training (set ``moe_h100``): NeMo AutoModel (``nemo_automodel_h100_bf16.csv``: PyTorch FSDP2 + EP, step
+time) and the Megatron MoE ModelZoo (``megatron_moe_modelzoo_qwen3.csv``: Qwen3 with Megatron-Core, step time or
+TFLOP/s). The recipe facts the tables leave out are in ``run_facts.toml`` ``[automodel]`` and ``[modelzoo]``."""
+
+from __future__ import annotations
+
+import re
+
+from hetplan.calibration.modern.mapping import Layout, collect, expert_tp_of, row_case
+from hetplan.calibration.modern.rows import NotExpressibleError, cell_float, cell_int, fact_table, read_rows, run_facts
+from hetplan.calibration.modern.sets import FILES
+from hetplan.hardware.catalog import Catalog, load_catalog
+
+#: Expert-parallel degree of NeMo AutoModel rows whose table leaves it out, by model, from the benchmark's recipe
+#: (``run_facts.toml`` ``[automodel.ep]``: GPT-OSS 120B and 20B, ``ep_size`` 64 and 8).
+AUTOMODEL_EP: dict[str, int] = fact_table("automodel", "ep")
+
+#: NeMo AutoModel's FSDP2 as its benchmark recipes run it, as :class:`~hetplan.plan.Plan` fields (bf16 resident
+#: parameters, bf16 loss; ``[automodel.plan]``).
+AUTOMODEL_FSDP: dict[str, str] = fact_table("automodel", "plan")
+
+#: Micro-batches per call of NeMo AutoModel's pipeline schedule (:attr:`hetplan.plan.Plan.
+#: pipeline_step_microbatches`), by model (``[automodel.pipeline_step_microbatches]``).
+AUTOMODEL_PP_STEP: dict[str, int] = fact_table("automodel", "pipeline_step_microbatches")
+
+#: The Megatron MoE ModelZoo's GB200 MXFP8 commands: the modules they recompute and (the 4K-token row whose notes say
+#: "activation offloading required") offload (``[modelzoo]``).
+MODELZOO_MXFP8_RECOMPUTE_MODULES = tuple(run_facts()["modelzoo"]["mxfp8_recompute_modules"])
+MODELZOO_OFFLOAD_MODULES = tuple(run_facts()["modelzoo"]["offload_modules"])
+
+
+def _recompute_modules(r: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Megatron-Core's per-module recomputation and offloading of a ModelZoo row, ``(recompute_modules,
+    offload_modules)``: the table's recompute column names ``norm`` / ``layernorm`` and ``act`` / ``moe_act``
+    (``moe``, the whole MoE layer, is :func:`_moe_recompute`; ``shared_expert`` is not modelled); the GB200 MXFP8
+    rows carry them in their commands (:data:`MODELZOO_MXFP8_RECOMPUTE_MODULES`, :data:`MODELZOO_OFFLOAD_MODULES`)."""
+    low = r["recompute"].lower()
+    modules = tuple(x for x, words in (("layernorm", ("norm",)), ("moe_act", ("act",)))
+                    if any(re.search(rf"\b(?:layer)?{w}\b|\bmoe_{w}\b", low) for w in words))
+    notes = r["notes"].lower()
+    if r["dtype"].lower() == "mxfp8" and "selective recompute" in notes:
+        modules = MODELZOO_MXFP8_RECOMPUTE_MODULES
+    offload = MODELZOO_OFFLOAD_MODULES if "activation offloading" in notes else ()
+    return modules, offload
+
+
+def _moe_recompute(label: str) -> tuple[str, bool]:
+    """Recomputation of a MoE row, ``(stage recompute, MoE-layer recompute)``: NeMo AutoModel's
+    ``activation_checkpointing: true`` checkpoints every transformer block (full); Megatron's ``full``;
+    Megatron's per-module selective recomputation recomputes the MoE layer where its modules name ``moe``
+    (``--recompute-modules moe``), and otherwise cheap element-wise work only (``layernorm``, ``moe_act``: none)."""
+    low = label.lower()
+    if "full" in low or "activation_checkpointing: true" in low:
+        return "full", False
+    return "none", bool(re.search(r"\bmoe\b", low))
+
+
+def _dispatcher(r: dict) -> str:
+    """``hybridep`` or ``deepep`` where the row names it (Megatron-Core's flex dispatcher; NeMo AutoModel's
+    ``dispatcher: deepep`` / ``hybridep``), else Megatron-Core's default ``alltoall``."""
+    text = (r.get("attention", "") + " " + r.get("framework", "")).lower()
+    return "hybridep" if "hybridep" in text else "deepep" if "deepep" in text else "alltoall"
+
+
+def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
+    key = f"moe_h100:{src}:{i}:{r['model'][:24]}:n{r['num_gpus']}:s{r['seq_len']}:tp{r['tp']}ep{r['ep']}"
+
+    def make():
+        if "lora" in r["model"].lower():
+            raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
+        tp, pp, cp = (cell_int(r, k, 1) for k in ("tp", "pp", "cp"))
+        ep = cell_int(r, "ep") or AUTOMODEL_EP.get(r["model"], 1)
+        recompute, moe_recompute = _moe_recompute(r["recompute"])
+        modules, offload = _recompute_modules(r) if src == "modelzoo" else ((), ())
+        n = cell_int(r, "num_gpus")
+        fsdp = "fsdp" in r["zero_or_fsdp"].lower()
+        mbs = cell_int(r, "micro_batch", 1)
+        gbs = cell_int(r, "global_batch")
+        job = dict(seq_len=cell_int(r, "seq_len"), global_batch=gbs, framework="fsdp" if fsdp else "megatron")
+        if src == "automodel" or "forced" in r["notes"].lower():  # balanced routing forced by the benchmark
+            job["moe_load_imbalance"] = 1.0
+        if ep > 1:
+            job.update(moe_dispatcher=_dispatcher(r), moe_routing="contiguous" if src == "automodel" else "random",
+                       moe_recompute=moe_recompute, moe_a2a_overlap="a2a overlap" in r["notes"].lower())
+        if modules or offload:
+            job.update(recompute_modules=list(modules), offload_modules=list(offload))
+        lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), recompute=recompute, job=job, plan=dict(
+            mbs=mbs, zero=3 if fsdp else 1, cp=cp, ep=ep, expert_tp=expert_tp_of(r),
+            virtual_stages=cell_int(r, "vp", 1), sequence_parallel=True, cuda_graphs="cuda graph" in r["notes"].lower(),
+            # Megatron-FSDP (ModelZoo) runs Megatron-Core's loss: the plan's default, not torchtitan's fp32
+            pipeline_step_microbatches=AUTOMODEL_PP_STEP.get(r["model"]) if src == "automodel" else None,
+            **(AUTOMODEL_FSDP if src == "automodel" else {"cross_entropy": None})))
+        t = cell_float(r, "iteration_time_s")
+        if t is not None:
+            return row_case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)
+        return row_case("moe_h100", key, r, lay, "tflops_per_gpu", cell_float(r, "tflops_per_gpu"), catalog=catalog,
+                        causal_flops=src == "modelzoo")
+
+    return key, make
+
+
+def moe_cases(catalog: Catalog | None = None):
+    """NeMo AutoModel (FSDP2 + EP; step time) and the Megatron MoE ModelZoo (Qwen3; step time or TFLOP/s)."""
+    catalog = catalog or load_catalog()
+    auto, zoo = FILES["moe_h100"]
+    items = [_moe_row_case(i, r, "automodel", catalog) for i, r in enumerate(read_rows(auto))]
+    items += [_moe_row_case(i, r, "modelzoo", catalog) for i, r in enumerate(read_rows(zoo))]
+    return collect("moe_h100", items)

@@ -1,0 +1,426 @@
+"""Calibration to a user's own runs (``hetplan calibrate RUNS -o calibration.toml``, ``--calibration FILE``).
+
+A user who has measured their stack on their machines knows something hetplan's public rows do not. This module
+reads those measured steps, fits the residual factors of the stack that the runs identify, and carries them (and
+the user's own residuals, for the prediction intervals) into ``plan`` and ``estimate``.
+
+The runs: a CSV whose columns are named after ``hetplan plan``'s flags (:data:`COLUMNS`; missing columns take the
+defaults) plus the measured ``step_time_s`` (seconds per iteration) and optionally ``memory_gib``; or a column
+``plan`` naming a plan JSON (relative to the CSV's folder). Each row becomes the plan ``hetplan plan`` proposes for
+that row's pins (the search's best among what the pins leave open; pin every degree to price exactly one plan).
+
+The factors (both multiply what the catalog and the node say, for the GPU types of the runs only):
+
+* ``compute_factor`` on every compute rate of the GPU: the GEMM efficiency (``compute_efficiency``,
+  ``fp8_compute_efficiency``) and the fused-attention rates (``attention_kernels``). What a stack's kernels reach
+  below the tuned recipes hetplan is fitted on (e.g. cuBLAS through eager PyTorch instead of Transformer Engine).
+* ``comm_factor`` on the bandwidth of every link (GPU-GPU inside a node, the node's network): the collective
+  efficiency of the stack's NCCL use (bucket sizes, channels, overlap it loses).
+
+Fit: least squares on ``log(predicted / measured)`` over ``log`` of the factors (``scipy.optimize.least_squares``,
+bounded to [:data:`FACTOR_MIN`, :data:`FACTOR_MAX`]). Identification: a factor is fitted only when the runs move
+with it: fitted together, its standard error from the Gauss-Newton covariance ``s²·(JᵀJ)⁻¹`` (``J`` the
+sensitivities ``∂ log t / ∂ log f``, ``s²`` the residual variance; Seber & Wild 1989, "Nonlinear Regression",
+Sec. 2.1) is at most :data:`MAX_LOG_SE` and the fit is inside the bounds; otherwise it stays 1, the reason is
+written, and the others are refitted without it. Leave-one-out: each run predicted by the factors fitted on the others; its residuals
+are the calibration's error and, through :mod:`hetplan.calibration.intervals`, the interval of every plan on the
+runs' GPUs and stack.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hetplan.calibration.intervals import LEVEL, MIN_ROWS, Interval, conformal_factors, stack_name
+from hetplan.errors import HetplanError
+from hetplan.hardware.catalog import Catalog, GPUSpec
+from hetplan.model.spec import ModelSpec
+from hetplan.plan import GPUPool, Plan
+
+#: CSV columns -> (table, field, type): ``job`` fields, the one ``pool``, and ``pin`` fields — the names of
+#: ``hetplan plan``'s flags (``--seq-len`` is ``seq_len``; ``gpus`` the pool's count; ``inter_node_gbit`` in Gb/s).
+COLUMNS: dict[str, tuple[str, str, type]] = {
+    "model": ("job", "model", str), "seq_len": ("job", "seq_len", int), "global_batch": ("job", "global_batch", int),
+    "dtype": ("job", "dtype", str), "attention": ("job", "attention", str), "framework": ("job", "framework", str),
+    "stack": ("job", "stack", str), "attention_kernel": ("job", "attention_kernel", str),
+    "torch_compile": ("job", "torch_compile", bool),
+    "gpu": ("pool", "gpu", str), "gpus": ("pool", "count", int), "node": ("pool", "node", str),
+    "gpus_per_node": ("pool", "gpus_per_node", int), "inter_node_gbit": ("pool", "inter_node_bandwidth_bytes_per_s", float),
+    "network": ("pool", "network", str),
+    "tp": ("pin", "tp", int), "pp": ("pin", "pp", int), "dp": ("pin", "dp", int), "cp": ("pin", "cp", int),
+    "ep": ("pin", "ep", int), "mbs": ("pin", "mbs", int), "zero": ("pin", "zero", int),
+    "recompute": ("pin", "recompute", str), "virtual_stages": ("pin", "virtual_stages", int),
+}
+MEASURED = ("step_time_s", "memory_gib")
+FACTOR_MIN, FACTOR_MAX = 0.2, 2.0
+#: Largest standard error (of ``log f``) at which the runs identify a factor: ±10 %.
+MAX_LOG_SE = 0.1
+
+
+@dataclass
+class Run:
+    """One measured run: its number, plan, model, measurements (s, bytes) and where it came from (``row 3``,
+    ``train.log``)."""
+
+    row: int
+    plan: Plan
+    model: ModelSpec
+    step_time_s: float
+    memory_bytes: float | None = None
+    label: str = ""
+
+
+def _cell(raw: str, col: str, typ: type, row: str):
+    if typ is bool:
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise HetplanError(f"{row}: {raw!r} is not true or false", field=f"runs.{col}", fix="write true or false")
+        return raw.lower() in ("true", "1")
+    try:
+        value = typ(float(raw)) if typ is int and raw.strip().replace(".", "", 1).isdigit() else typ(raw)
+    except ValueError:
+        raise HetplanError(f"{row}: {raw!r} is not a {typ.__name__}", field=f"runs.{col}",
+                           fix=f"write a {typ.__name__} in column {col}") from None
+    if typ is int and (value != float(raw)):
+        raise HetplanError(f"{row}: {raw!r} is not a whole number", field=f"runs.{col}", fix="write an integer")
+    return value
+
+
+def _positive(raw: str | None, col: str, row: str) -> float | None:
+    if raw is None or not raw.strip():
+        return None
+    try:
+        x = float(raw)
+    except ValueError:
+        raise HetplanError(f"{row}: {raw!r} is not a number", field=f"runs.{col}",
+                           fix=f"write the measured {col} as a number") from None
+    if not (math.isfinite(x) and x > 0):
+        raise HetplanError(f"{row}: {col} = {raw} is not a positive, finite measurement", field=f"runs.{col}",
+                           fix="remove the row or give the measured value")
+    return x
+
+
+def _rows(path: Path, defaults: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
+    """``(label, row)`` of each run in a RUNS CSV or a training log (:mod:`hetplan.calibration.logs`), with
+    ``defaults`` (``hetplan calibrate``'s flags) filling the columns a row leaves empty.
+
+    Raises:
+        HetplanError: unreadable or empty file, unknown columns, no ``step_time_s`` column.
+    """
+    from hetplan.calibration.logs import finish_row, is_log, log_row
+    from hetplan.inputs import read_csv, read_text
+
+    text = read_text(path, "RUNS")
+    if is_log(text):
+        return [(f"{path.name}", finish_row({**defaults, **log_row(text, str(path))}, str(path)))]
+    header, rows = read_csv(text, str(path), "RUNS")
+    if not header or not rows:
+        raise HetplanError(f"{path} has no runs", field="RUNS",
+                           fix="give a CSV with a header line and one row per run, or a Megatron-LM / torchtitan log")
+    unknown = [c for c in header if c not in COLUMNS and c not in MEASURED and c != "plan"]
+    if unknown:
+        raise HetplanError(f"unknown column(s) {', '.join(unknown)}", field="RUNS",
+                           fix=f"use the columns {', '.join([*COLUMNS, 'plan', *MEASURED])}")
+    if "step_time_s" not in header:
+        raise HetplanError("no step_time_s column", field="RUNS.step_time_s",
+                           fix="add the measured seconds per iteration as column step_time_s")
+    return [(f"row {i}", {**defaults, **{k: v for k, v in r.items() if v is not None and v.strip()}})
+            for i, r in enumerate(rows, start=2)]
+
+
+def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | None = None, progress=None) -> list[Run]:
+    """The runs of RUNS CSVs and training logs (module doc), each built into the plan ``hetplan plan`` gives for
+    its pins; ``defaults`` fill the columns a run does not give (``hetplan calibrate``'s flags).
+
+    Raises:
+        HetplanError: unreadable or empty file, no ``step_time_s`` column, an unknown column, a value that is not
+            of its column's type, a NaN / negative / zero measurement, or a row whose job or plan is invalid
+            (the message names the row and the column).
+    """
+    from hetplan.jobfile import read_structured, validated
+    from hetplan.model.spec import load_model
+
+    out = []
+    for path in paths:
+        for label, r in _rows(path, defaults or {}):
+            step = _positive(r.get("step_time_s"), "step_time_s", label)
+            if step is None:
+                raise HetplanError(f"{label}: step_time_s is empty", field="runs.step_time_s",
+                                   fix="give every run its measured seconds per iteration")
+            mem = _positive(r.get("memory_gib"), "memory_gib", label)
+            if r.get("plan"):
+                plan = validated(Plan, read_structured(path.parent / r["plan"]), f"runs.plan ({label})")
+            else:
+                plan = _plan_of(r, label, catalog)
+            out.append(Run(len(out) + 1, plan, load_model(plan.job.model), step, None if mem is None else mem * 2**30,
+                           f"{path.name} {label}" if len(paths) > 1 else label))
+            if progress is not None:
+                progress()
+    return out
+
+
+def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
+    """The plan ``hetplan plan`` proposes for a run's columns (its pins fixed)."""
+    from hetplan.jobfile import validated
+    from hetplan.plan import Inventory, Job
+    from hetplan.search.objective import Objective
+    from hetplan.search.planner import search_plans
+    from hetplan.search.space import Pins
+
+    parts: dict[str, dict] = {"job": {}, "pool": {}, "pin": {}}
+    for col, raw in r.items():
+        if col in COLUMNS:
+            table, name, typ = COLUMNS[col]
+            value = _cell(raw.strip(), col, typ, label)
+            parts[table][name] = value * 1e9 / 8 if col == "inter_node_gbit" else value
+    for need in ("model", "seq_len", "global_batch"):
+        if need not in parts["job"]:
+            raise HetplanError(f"{label}: no {need}", field=f"runs.{need}",
+                               fix=f"add column {need} (or pass --{need.replace('_', '-')})")
+    if "gpu" not in parts["pool"] or "count" not in parts["pool"]:
+        raise HetplanError(f"{label}: no gpu / gpus", field="runs.gpu", fix="add columns gpu and gpus (or pass --gpu, --gpus)")
+    job = validated(Job, parts["job"], f"runs ({label})")
+    inv = validated(Inventory, {"pools": [parts["pool"]]}, f"runs ({label})")
+    pins = validated(Pins, {"num_gpus": parts["pool"]["count"], **parts["pin"]}, f"runs ({label})")
+    try:
+        res = search_plans(job, inv, Objective(), pins, top_k=1, catalog=catalog, heterogeneous=False)
+    except HetplanError as exc:
+        raise HetplanError(f"{label}: {exc.message}", field=f"runs ({label}) {exc.field or ''}".strip(),
+                           fix=exc.fix) from None
+    return res.plans[0].plan
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted factors and the residuals behind them (a ``calibration.toml``).
+
+    Attributes:
+        compute_factor, comm_factor: module doc (1 = not fitted). gpus: the GPU types they apply to.
+        stacks: the stacks of the runs (intervals use the calibration for plans of these stacks and GPUs).
+        loo_log_ratios: leave-one-out ``log(measured / predicted)`` per run (the intervals' residuals).
+        not_identified: factor -> why the runs could not fit it.
+    """
+
+    compute_factor: float = 1.0
+    comm_factor: float = 1.0
+    gpus: tuple[str, ...] = ()
+    stacks: tuple[str, ...] = ()
+    loo_log_ratios: tuple[float, ...] = ()
+    not_identified: dict = field(default_factory=dict)
+    memory_signed_median: float | None = None
+
+    def _gpu(self, gpu: GPUSpec) -> GPUSpec:
+        f = self.compute_factor
+        update = {"compute_efficiency": min(1.0, gpu.compute_efficiency * f),
+                  "gpu_link_bandwidth_bytes_per_s": gpu.gpu_link_bandwidth_bytes_per_s * self.comm_factor,
+                  "attention_kernels": {k: (min(1.0, a * f), min(1.0, b * f)) for k, (a, b) in gpu.attention_kernels.items()}}
+        if gpu.fp8_compute_efficiency is not None:
+            update["fp8_compute_efficiency"] = min(1.0, gpu.fp8_compute_efficiency * f)
+        if gpu.attention_efficiency is not None:
+            update["attention_efficiency"] = tuple(min(1.0, a * f) for a in gpu.attention_efficiency)
+        return gpu.model_copy(update=update)
+
+    def apply_catalog(self, catalog: Catalog) -> Catalog:
+        """``catalog`` with the factors applied to the calibrated GPU types."""
+        gpus = {name: self._gpu(spec) if name in self.gpus else spec for name, spec in catalog.gpus.items()}
+        return Catalog(gpus, catalog.date)
+
+    def apply_pools(self, pools: list[GPUPool], catalog: Catalog) -> list[GPUPool]:
+        """``pools`` with their links' bandwidth × ``comm_factor`` where the pool's GPU is calibrated."""
+        out = []
+        for p in pools:
+            if catalog.get(p.gpu).name in self.gpus and self.comm_factor != 1.0:
+                upd = {"inter_node_bandwidth_bytes_per_s": p.inter_node_bandwidth_bytes_per_s * self.comm_factor}
+                if getattr(p, "intra_node_bandwidth_bytes_per_s", None) is not None:
+                    upd["intra_node_bandwidth_bytes_per_s"] = p.intra_node_bandwidth_bytes_per_s * self.comm_factor
+                p = p.model_copy(update=upd)
+            out.append(p)
+        return out
+
+    def interval_for(self, gpus: set[str], stack: str) -> Interval | None:
+        """The interval from the user's leave-one-out residuals for a plan on ``gpus`` (catalog names) of
+        ``stack`` when they are the calibrated GPUs and stack; None for any other plan. Below :data:`MIN_ROWS` runs: the range of the residuals (coverage not guaranteed,
+        the regime label says so)."""
+        if stack not in self.stacks or not gpus <= set(self.gpus) or not self.loo_log_ratios:
+            return None
+        r = np.asarray(self.loo_log_ratios)
+        f = conformal_factors(r)
+        label = f"your {len(r)} runs ({', '.join(self.stacks)} on {', '.join(self.gpus)})"
+        if f is None:
+            f = (float(np.exp(r.min())), float(np.exp(r.max())))
+            label += f"; range of {len(r)} residuals (< {MIN_ROWS}: no {LEVEL:.0%} guarantee)"
+        return Interval(f[0], f[1], len(r), label, source="calibration",
+                        signed_median=float(np.median(np.exp(r) - 1)))
+
+    def to_toml(self, runs_path: str, loo: dict) -> str:
+        """The calibration as TOML text (:func:`load_calibration` reads it back)."""
+        def arr(xs) -> str:
+            return "[" + ", ".join(f'"{x}"' if isinstance(x, str) else f"{x:.9g}" for x in xs) + "]"
+        lines = ["# hetplan calibration: factors fitted to measured runs (hetplan calibrate; docs/calibration.md)",
+                 "[calibration]", f'created = "{datetime.date.today().isoformat()}"', f'runs = "{runs_path}"',
+                 f"gpus = {arr(self.gpus)}", f"stacks = {arr(self.stacks)}",
+                 f"compute_factor = {self.compute_factor:.9g}", f"comm_factor = {self.comm_factor:.9g}",
+                 f"loo_log_ratios = {arr(self.loo_log_ratios)}"]
+        if self.memory_signed_median is not None:
+            lines.append(f"memory_signed_median = {self.memory_signed_median:.9g}")
+        lines += ["", "[calibration.not_identified]"] + [f'{k} = "{v}"' for k, v in self.not_identified.items()]
+        lines += ["", "[calibration.leave_one_out]"] + [f"{k} = {v:.9g}" for k, v in loo.items()]
+        return "\n".join(lines) + "\n"
+
+
+def load_calibration(path: Path) -> Calibration:
+    """A ``calibration.toml`` written by ``hetplan calibrate``.
+
+    Raises:
+        HetplanError: unreadable, not TOML, no ``[calibration]`` table, or factors that are not positive numbers.
+    """
+    from hetplan.inputs import parse_toml, read_text
+
+    data = parse_toml(read_text(path, "--calibration"), str(path), "--calibration").get("calibration")
+    if not isinstance(data, dict):
+        raise HetplanError(f"{path} has no [calibration] table", field="--calibration",
+                           fix="give a file written by `hetplan calibrate RUNS -o FILE`")
+    try:
+        c = Calibration(float(data["compute_factor"]), float(data["comm_factor"]), tuple(map(str, data["gpus"])),
+                        tuple(map(str, data["stacks"])), tuple(float(x) for x in data.get("loo_log_ratios", ())),
+                        dict(data.get("not_identified", {})), data.get("memory_signed_median"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HetplanError(f"{path}: missing or invalid field {exc}", field="--calibration",
+                           fix="regenerate it with `hetplan calibrate RUNS -o FILE`") from None
+    for name in ("compute_factor", "comm_factor"):
+        x = getattr(c, name)
+        if not (math.isfinite(x) and FACTOR_MIN <= x <= FACTOR_MAX):
+            raise HetplanError(f"{name} = {x} is outside [{FACTOR_MIN}, {FACTOR_MAX}]", field=f"calibration.{name}",
+                               fix="regenerate the file with `hetplan calibrate`")
+    return c
+
+
+def _predict(runs: list[Run], catalog: Catalog, c: Calibration) -> np.ndarray:
+    from hetplan.estimate.estimator import estimate
+
+    cat = c.apply_catalog(catalog)
+    return np.array([estimate(r.plan.model_copy(update={"pools": c.apply_pools(r.plan.pools, catalog)}),
+                              catalog=cat, model=r.model).iteration_time_s for r in runs])
+
+
+def _with(base: Calibration, fc: float, fm: float) -> Calibration:
+    return Calibration(fc, fm, base.gpus, base.stacks)
+
+
+def _fit_factors(runs: list[Run], catalog: Catalog, base: Calibration, free: tuple[bool, bool]) -> tuple[float, float]:
+    from scipy.optimize import least_squares
+
+    meas = np.log([r.step_time_s for r in runs])
+    idx = [i for i, f in enumerate(free) if f]
+    if not idx:
+        return 1.0, 1.0
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        f = [1.0, 1.0]
+        for j, i in enumerate(idx):
+            f[i] = float(np.exp(x[j]))
+        return np.log(_predict(runs, catalog, _with(base, *f))) - meas
+
+    lo, hi = math.log(FACTOR_MIN), math.log(FACTOR_MAX)
+    sol = least_squares(resid, np.zeros(len(idx)), bounds=([lo] * len(idx), [hi] * len(idx)), diff_step=1e-3)
+    f = [1.0, 1.0]
+    for j, i in enumerate(idx):
+        f[i] = float(np.exp(sol.x[j]))
+    return f[0], f[1]
+
+
+def sensitivities(runs: list[Run], catalog: Catalog, base: Calibration, step: float = 0.01) -> np.ndarray:
+    """``∂ log t / ∂ log f`` of every run for each factor (n × 2: compute, comm), by central differences."""
+    cols = []
+    for k in range(2):
+        up, dn = [1.0, 1.0], [1.0, 1.0]
+        up[k], dn[k] = math.exp(step), math.exp(-step)
+        cols.append((np.log(_predict(runs, catalog, _with(base, *up)))
+                     - np.log(_predict(runs, catalog, _with(base, *dn)))) / (2 * step))
+    return np.stack(cols, axis=1)
+
+
+def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tuple[bool, bool], dict[str, str]]:
+    """Which factors the runs identify (module doc) and, for the others, why not."""
+    names = ("compute_factor", "comm_factor")
+    free = [True, len(runs) >= 3]
+    why: dict[str, str] = {} if free[1] else {"comm_factor": "2 runs identify one factor; give 3 or more runs that "
+                                                            "differ in communication share (TP, DP, nodes)"}
+    while any(free):
+        f = _fit_factors(runs, catalog, base, tuple(free))
+        idx = [k for k in range(2) if free[k]]
+        J = sensitivities(runs, catalog, _with(base, *f))[:, idx]
+        r = np.log(_predict(runs, catalog, _with(base, *f)) / np.array([x.step_time_s for x in runs]))
+        dof = max(1, len(runs) - len(idx))
+        try:
+            se = np.sqrt(np.diag(float(r @ r) / dof * np.linalg.inv(J.T @ J)))
+        except np.linalg.LinAlgError:
+            se = np.full(len(idx), np.inf)
+        bad = [(k, s) for k, s in zip(idx, se)
+               if not (s <= MAX_LOG_SE) or not (FACTOR_MIN * 1.001 < f[k] < FACTOR_MAX / 1.001)]
+        if not bad:
+            break
+        k, s = max(bad, key=lambda b: b[1] if math.isfinite(b[1]) else math.inf)
+        free[k] = False
+        share = "compute" if k == 0 else "communication"
+        why[names[k]] = (f"the runs do not pin it down (standard error ±{min(s, 99):.0%} in log, fit {f[k]:.2f}): "
+                         f"vary what changes the {share} share of the step (TP, DP, node count, micro-batch)")
+    return (free[0], free[1]), why
+
+
+@dataclass
+class FitReport:
+    """What :func:`fit` found: the calibration, per-run predictions before / after / leave-one-out, and summary
+    errors (fractions, ``predicted / measured - 1``)."""
+
+    calibration: Calibration
+    rows: list[dict]
+    before: dict
+    after: dict
+    leave_one_out: dict
+
+
+def _errors(pred: np.ndarray, meas: np.ndarray) -> dict:
+    e = pred / meas - 1
+    return {"n": len(e), "mape": float(np.mean(np.abs(e))), "signed_median": float(np.median(e)),
+            "max_abs_error": float(np.max(np.abs(e)))}
+
+
+def fit(runs: list[Run], catalog: Catalog) -> FitReport:
+    """Fit the identified factors to ``runs`` and measure them by leave-one-out (module doc).
+
+    Raises:
+        HetplanError: fewer than 2 runs, or runs whose plans do not fit in memory as predicted (the factors
+            change time, not memory; the message names the row).
+    """
+    if len(runs) < 2:
+        raise HetplanError(f"{len(runs)} run: nothing to fit and nothing to check it on", field="RUNS",
+                           fix="give at least 2 runs (a quarter of your runs identifies a factor, the rest check it)")
+    gpus = tuple(sorted({r.plan.pools[s.pool].gpu for r in runs for s in r.plan.stages}))
+    stacks = tuple(sorted({stack_name(r.plan.job) for r in runs}))
+    base = Calibration(gpus=gpus, stacks=stacks)
+    meas = np.array([r.step_time_s for r in runs])
+    free, why = identified(runs, catalog, base)
+    fc, fm = _fit_factors(runs, catalog, base, tuple(free))
+    before = _predict(runs, catalog, base)
+    after = _predict(runs, catalog, _with(base, fc, fm))
+    loo = np.empty(len(runs))
+    for i in range(len(runs)):
+        rest = runs[:i] + runs[i + 1:]
+        f = _fit_factors(rest, catalog, base, tuple(free))
+        loo[i] = _predict([runs[i]], catalog, _with(base, *f))[0]
+    mem = [(r, r.memory_bytes) for r in runs if r.memory_bytes]
+    mem_med = None
+    if mem:
+        from hetplan.estimate.estimator import estimate
+
+        mem_med = float(np.median([estimate(r.plan, catalog=catalog, model=r.model).memory_bytes_per_gpu.total / m - 1
+                                   for r, m in mem]))
+    cal = Calibration(fc, fm, gpus, stacks, tuple(float(x) for x in np.log(meas / loo)), why, mem_med)
+    rows = [{"row": r.row, "label": r.label, "measured_s": float(m), "before_s": float(b), "after_s": float(a), "loo_s": float(lv)}
+            for r, m, b, a, lv in zip(runs, meas, before, after, loo)]
+    return FitReport(cal, rows, _errors(before, meas), _errors(after, meas), _errors(loo, meas))

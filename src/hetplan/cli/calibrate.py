@@ -1,0 +1,85 @@
+"""``hetplan calibrate RUNS -o calibration.toml``: fit hetplan to your own measured runs
+(:mod:`hetplan.calibration.user`); ``plan`` / ``estimate --calibration FILE`` then use the factors and your
+residuals for the prediction intervals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``calibrate``."""
+
+    @app.command("calibrate")
+    def calibrate(
+        runs: list[Path] = typer.Argument(..., help="CSV files of measured runs — columns named after `hetplan "
+                                          "plan`'s flags (model, gpu, gpus, seq_len, global_batch, mbs, tp, pp, dp, "
+                                          "cp, ep, virtual_stages, zero, recompute, dtype, attention, framework, "
+                                          "stack, node or inter_node_gbit) plus step_time_s (and optionally "
+                                          "memory_gib), or a column plan naming a plan JSON — and/or Megatron-LM "
+                                          "or torchtitan training logs (one run each)."),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the calibration TOML here."),
+        model: Optional[str] = typer.Option(None, "--model", help="Model of runs that do not name one (logs)."),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type of runs that do not name one (logs)."),
+        gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of runs that do not say (torchtitan logs "
+                                           "without a mesh line)."),
+        node: Optional[str] = typer.Option(None, "--node", help="Node preset of runs that do not name one."),
+        catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
+        as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
+    ) -> None:
+        """Fit the stack factors (compute, communication) that your measured runs identify, report the
+        leave-one-out error and write a calibration file for `plan` / `estimate --calibration`."""
+        from rich.console import Console
+        from rich.progress import Progress
+
+        from hetplan.calibration.user import fit, read_runs
+        from hetplan.cli.output import new_table, table_console, NARROW
+        from hetplan.hardware.catalog import load_catalog
+        from hetplan.inputs import check_output_path
+
+        check_output_path(output, "--output")
+        cat = load_catalog(catalog)
+        with Progress(console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("pricing runs", total=None)
+            defaults = {k: str(v) for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("node", node))
+                        if v is not None}
+            rs = read_runs(runs, cat, defaults, progress=lambda: bar.advance(task))
+        report = fit(rs, cat)
+        c = report.calibration
+        if output is not None:
+            output.write_text(c.to_toml(", ".join(map(str, runs)), report.leave_one_out))
+        if as_json:
+            print(json.dumps({"compute_factor": c.compute_factor, "comm_factor": c.comm_factor, "gpus": c.gpus,
+                              "stacks": c.stacks, "not_identified": c.not_identified, "before": report.before,
+                              "after": report.after, "leave_one_out": report.leave_one_out, "rows": report.rows,
+                              "memory_signed_median": c.memory_signed_median}, indent=1))
+            return
+        con = table_console()
+        t = new_table(f"{len(rs)} runs of {', '.join(c.stacks)} on {', '.join(c.gpus)} (s per iteration)",
+                      con.width < NARROW)
+        for col in ("run", "measured", "hetplan", "calibrated", "left out"):
+            t.add_column(col, justify="left" if col == "run" else "right")
+        for r in report.rows:
+            t.add_row(r["label"], f"{r['measured_s']:.3f}", f"{r['before_s']:.3f}", f"{r['after_s']:.3f}",
+                      f"{r['loo_s']:.3f}")
+        con.print(t)
+
+        def line(name: str, e: dict) -> str:
+            return (f"{name}: MAPE {e['mape']:.1%}, signed median {e['signed_median']:+.1%}, "
+                    f"max {e['max_abs_error']:.1%}")
+
+        for name, e in (("hetplan", report.before), ("calibrated (fitted runs)", report.after),
+                        ("leave-one-out", report.leave_one_out)):
+            con.print(line(name, e), highlight=False)
+        con.print(f"compute_factor {c.compute_factor:.3f}, comm_factor {c.comm_factor:.3f}", highlight=False)
+        for name, why in c.not_identified.items():
+            con.print(f"not identified: {name} (kept at 1): {why}", highlight=False)
+        if c.memory_signed_median is not None:
+            con.print(f"memory: hetplan's prediction {c.memory_signed_median:+.1%} (signed median; not fitted)",
+                      highlight=False)
+        if output is not None:
+            con.print(f"wrote {output} (use: hetplan plan ... --calibration {output})", highlight=False)

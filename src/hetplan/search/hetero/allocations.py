@@ -1,0 +1,146 @@
+"""The search space as groups and bounded allocations, shared by the closed-form and the estimated search.
+
+:func:`build_groups` makes one :class:`.Group` per (micro-batch, DP, ZeRO, CP, EP)
+the pins allow, building the cost tables of all groups together per stage type;
+:func:`bounded_allocations` bounds every allocation of every group
+(:func:`.allocation_bounds`), shrinking the space (one TP degree per pool, then at
+most two pools, then one) when it holds more allocations than the caller allows; :class:`PreparedSpace` carries
+the result from one search to the other. :func:`solve_allocation` finds the least closed-form iteration time of
+one allocation over its block orders and their layer partitions.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from hetplan.model.spec import ModelSpec
+from hetplan.plan import Inventory, Job
+from hetplan.search.hetero.bounds import TooMany, allocation_bounds
+from hetplan.search.hetero.group import Group, block_orders, price_boundaries
+from hetplan.search.hetero.tables import StageType, cost_tables, stage_types
+from hetplan.search.space import RECOMPUTE_NAMES, Pins, cp_degrees, divisors, ep_degrees
+
+
+class PreparedSpace(NamedTuple):
+    """The bounded GPU allocations of one search space, computed once and shared by the closed-form search and
+    the estimate()-exact walk: the groups (micro-batch, DP, ZeRO), each group's allocation rows, ``(max pools
+    per plan, mixed TP)``, the number of allocations, and the rows concatenated ``(group, row, $/hour, T_LB,
+    T_SIM)``."""
+
+    groups: list
+    rows: list
+    max_pools: tuple
+    allocations: int
+    flat: tuple
+
+
+def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pins, max_stages: int,
+            progress=None) -> list[Group]:
+    """One :class:`.Group` per (DP, micro-batch size, ZeRO, CP, EP) allowed by ``pins``: CP degrees as the
+    homogeneous space's (:func:`hetplan.search.space.cp_degrees`, up to the largest pool), EP degrees the
+    divisors of the expert count that divide ``dp·cp`` (1 for a dense model); ``progress(done, total, phase)``
+    as their cost tables are built."""
+    types = stage_types(m, inventory, catalog, job.dtype, pins, job=job)
+    # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice.
+    free = [0, 2] if job.attention == "flash" else [0, 1, 2]
+    rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free
+    zeros = [0, 1] if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
+    cps = cp_degrees(job.seq_len, max(p.count for p in inventory.pools)) if pins.cp is None else [pins.cp]
+    shapes = [(b, d, z, c, e) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
+              for b in divisors(job.global_batch // d) if pins.mbs is None or b == pins.mbs
+              for z in zeros if not (z == 1 and d == 1)  # ZeRO-1 over one rank is ZeRO-0
+              for c in cps for e in ep_degrees(m, d * c, pins.ep)]
+    by_type: dict = {}  # the groups' tables, built together per (stage type, CP, EP) (cost_tables)
+    for b, d, z, c, e in shapes:
+        for k, st in enumerate(types):
+            if st.tp * c * d <= inventory.pools[st.pool].count:
+                F = max(1, min(job.global_batch // (b * d), max_stages))
+                by_type.setdefault((k, c, e), []).append((b, d, z, F))
+    built: dict = {}  # (b, d, z, c, e) -> {(pool, tp): table}
+    for i, ((k, c, e), group_shapes) in enumerate(by_type.items()):
+        if progress is not None:
+            progress(i, len(by_type), "cost tables (groups)")
+        for (b, d, z, _), tb in zip(group_shapes, cost_tables(m, job, types[k], group_shapes, rcs, c, e)):
+            built.setdefault((b, d, z, c, e), {})[(types[k].pool, types[k].tp)] = tb
+    groups: list[Group] = []
+    shared: dict = {}
+    for b, d, z, c, e in shapes:
+        g = Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e, shared, built.get((b, d, z, c, e), {}))
+        if g.types:
+            groups.append(g)
+    return groups
+
+
+def bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp: bool = True,
+                         progress=None):
+    """Bounds of every allocation of every group (:func:`.allocation_bounds`). The space first includes two TP
+    degrees per pool; when it holds more than ``max_allocations`` allocations, one TP degree per pool, then plans
+    restricted to two pools (then one). Returns ``(rows, (max_pools, mixed_tp), count)``, rows as
+    ``(group index, options, option index per pool, $/h, T_LB, T_SIM)``; ``progress(done, total, phase)`` per
+    group."""
+    max_pools = len(inventory.pools)
+    mixed = mixed_tp and pins.tp is None
+    price_boundaries([(g, *pair) for g in groups for pair in g.same_tp_boundaries()])  # each group's c_min
+    while True:
+        rows = []
+        n_alloc = 0
+        try:
+            for gi, g in enumerate(groups):
+                if progress is not None:
+                    progress(gi, len(groups), "allocation bounds (groups)")
+                opts, idx, p, gpus, rate, t_lb, t_sim = allocation_bounds(
+                    g, pins, max_pools, max_allocations - n_alloc, return_sim=True, mixed_tp=mixed)
+                keep = p <= max_stages
+                n_alloc += int(keep.sum())
+                rows.append((gi, opts, idx[keep], rate[keep], t_lb[keep], t_sim[keep]))
+            return rows, (max_pools, mixed), n_alloc
+        except TooMany:
+            if mixed:
+                mixed = False
+                continue
+            if max_pools <= 1:
+                raise
+            max_pools = 2 if max_pools > 2 else 1
+
+
+def concat_rows(rows):
+    """Flat arrays over all allocations: group index, row within the group, $/h, T_LB, T_SIM."""
+    if not rows:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, np.zeros(0), np.zeros(0), np.zeros(0)
+    return (np.concatenate([np.full(len(r[2]), r[0]) for r in rows]),
+            np.concatenate([np.arange(len(r[2])) for r in rows]),
+            np.concatenate([r[3] for r in rows]), np.concatenate([r[4] for r in rows]),
+            np.concatenate([r[5] for r in rows]))
+
+
+def allocation_blocks(rows, gi: int, li: int):
+    """The (pool, (tp, stages)) blocks of allocation ``li`` of group row ``gi`` (a pool with two TP degrees gives
+    two blocks; see :func:`.block_orders`)."""
+    opts = rows[gi][1]
+    sel = rows[gi][2][li]
+    return [(k, sub) for k in range(len(opts)) for sub in opts[k][sel[k]]]
+
+
+def _stages(order) -> list[StageType]:
+    """The stage types of a block order, stage by stage."""
+    return [st for st, n in order for _ in range(n)]
+
+
+def solve_allocation(g: Group, blocks, upper_bound: float, lb_without_p2p: float):
+    """Least closed-form iteration time over the block orders of one allocation and each order's partitions:
+    ``(T, stage types in order, layers, recompute codes, orders tried)``; ``T`` is ``None`` when nothing fits
+    or nothing beats ``upper_bound``. ``lb_without_p2p``: a closed-form lower bound less its p2p part (s)."""
+    best = None
+    tried = 0
+    for seq in map(_stages, block_orders(g, blocks)):
+        tried += 1
+        bound = upper_bound if best is None else min(upper_bound, best[0])
+        res = g.solve_order(seq, bound, lb_without_p2p)
+        if res is not None:
+            best = (res[0], seq, res[1], res[2])
+    if best is None:
+        return None, None, None, None, tried
+    return (*best, tried)

@@ -1,0 +1,94 @@
+"""Prediction intervals (hetplan.calibration.intervals): the conformal rule on worked examples and by simulation,
+coverage on held-out validation rows, the residual table kept current, and the fields `plan --json` prints."""
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hetplan.calibration import intervals as iv
+
+
+def test_conformal_worked_examples():
+    r = [math.log(x) for x in (0.9, 1.0, 1.1, 1.2, 0.95, 1.05, 1.15, 0.85, 1.3)]
+    lo, hi = iv.conformal_factors(r)  # n = 9: k = floor(0.1 * 10) = 1, the extremes
+    assert (lo, hi) == pytest.approx((0.85, 1.3))
+    assert iv.conformal_factors(r[:8]) is None  # k = 0: no 80 % interval from 8 rows
+    r19 = [math.log(1 + i / 100) for i in range(19)]  # k = 2: second smallest and second largest
+    assert iv.conformal_factors(r19) == pytest.approx((1.01, 1.17))
+
+
+def test_conformal_coverage_by_simulation():
+    """Split-conformal coverage is >= 80 % for exchangeable rows: 4,000 seeded draws of 12 residuals + 1 new run."""
+    rng = np.random.default_rng(7)
+    hits = []
+    for _ in range(4000):
+        x = rng.normal(0.1, 0.2, size=13)
+        lo, hi = iv.conformal_factors(x[:12])
+        hits.append(lo <= math.exp(x[12]) <= hi)
+    assert np.mean(hits) >= 0.8 - 0.02  # binomial sd at n = 4000: 0.6 %
+
+
+def test_held_out_coverage_on_validation_rows():
+    """Intervals from a seeded half of the residual table hold the measured time of >= 75 % of the other half's
+    rows (achieved 81 % over 732 rows; the issue's bound is 70 %)."""
+    rows = list(iv.load_residuals())
+    first = [r for r in rows if hashlib.sha256(("iv:" + r.key).encode()).digest()[0] < 128]
+    second = [r for r in rows if r not in first]
+    hits = []
+    for r in second:
+        i = iv.interval_from(first, r.stack, r.generation, r.moe, r.num_gpus)
+        if not isinstance(i, str):
+            hits.append(i.low_factor * r.predicted_time_s <= r.measured_time_s <= i.high_factor * r.predicted_time_s)
+    assert len(hits) > 500 and np.mean(hits) >= 0.75
+
+
+def test_unvalidated_stack_says_so():
+    out = iv.interval_from(list(iv.load_residuals()), "hf-accelerate", "Hopper", False, 64)
+    assert isinstance(out, str) and out.startswith("unvalidated: 0 held-out")
+
+
+def test_regime_widens_until_enough_rows():
+    rows = list(iv.load_residuals())
+    i = iv.interval_from(rows, "megatron-lm", "Hopper", False, 64)
+    assert i.n >= iv.MIN_ROWS and i.regime == "megatron-lm · Hopper"  # 8 dense Hopper rows: the MoE ones join
+    assert sum(r.stack == "megatron-lm" and r.generation == "Hopper" for r in rows) == i.n
+
+
+def test_mfu_record_is_the_best_measured_row():
+    rows = list(iv.load_residuals())
+    rec = iv.mfu_record(rows, "megatron-lm", "A100-SXM-80GB")
+    assert rec.measured_mfu == max(r.measured_mfu for r in rows if r.stack == "megatron-lm" and r.gpu == rec.gpu)
+    s = {"iteration_time_s": 10.0, "tokens_per_s": 1e5, "mfu": rec.measured_mfu + 0.01}
+    iv.annotate(s, iv.Interval(0.9, 1.2, 30, "x"), rec)
+    assert s["iteration_time_s_interval"] == pytest.approx([9.0, 12.0])
+    assert s["tokens_per_s_interval"] == pytest.approx([1e5 / 1.2, 1e5 / 0.9])
+    assert rec.key in s["mfu_record"]["note"]
+
+
+@pytest.mark.slow
+def test_residual_table_is_current():
+    """The shipped table equals what the current cost model gives (regenerate: hetplan validate --write-residuals)."""
+    now = iv.residuals_csv(iv.build_residuals())
+    assert now == iv.residuals_csv(iv.load_residuals()), "run `hetplan validate --write-residuals` and commit"
+
+
+def _plan_json(*args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "plan", "--model", "llama2-7b", "--seq-len", "4096",
+                          "--global-batch", "1024", "--tokens", "1e12", "--gpu", "H100-SXM", "--gpus", "64", "--json",
+                          *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["plans"][0]
+
+
+def test_plan_json_carries_intervals():
+    p = _plan_json("--top", "1")
+    lo, hi = p["iteration_time_s_interval"]
+    assert lo < p["iteration_time_s"] < hi and p["interval"]["n"] >= iv.MIN_ROWS
+    assert p["job_usd_interval"][1] / p["job_usd"] == pytest.approx(hi / p["iteration_time_s"])
+    assert p["tokens_per_s_interval"][0] == pytest.approx(p["tokens_per_s"] * p["iteration_time_s"] / hi)
+    assert "unvalidated" in _plan_json("--top", "1", "--framework", "deepspeed")["interval"]
