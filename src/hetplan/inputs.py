@@ -189,10 +189,9 @@ def validation_message(exc: ValidationError, where: str, cls: type[BaseModel] | 
         return HetplanError(f"{err['msg']} (got {shown}): {why}", field=loc, fix="give a value within the bounds")
     if err["type"] == "value_error" and isinstance(got, dict):  # a check across fields: the message names them
         return HetplanError(err["msg"].removeprefix("Value error, "), field=loc, fix="correct the values it names")
-    if err["type"] == "value_error":  # a field's own check: "what is wrong: the fix"
-        what, _, fix = err["msg"].removeprefix("Value error, ").rpartition(": ")
-        if what:
-            return HetplanError(f"{what} (got {shown})", field=loc, fix=fix)
+    if err["type"] == "value_error" and "; fix: " in err["msg"]:  # a field check that says its own fix
+        msg, _, fix = err["msg"].removeprefix("Value error, ").partition("; fix: ")
+        return HetplanError(f"{msg} (got {shown})", field=loc, fix=fix)
     return HetplanError(f"{err['msg']} (got {shown})", field=loc, fix="correct the value")
 
 

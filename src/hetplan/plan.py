@@ -16,6 +16,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hetplan.degrees import ParallelLayout  # noqa: F401  (re-exported: the plan schema's layout)
+from hetplan.errors import HetplanError
+from hetplan.hardware.stacks import StackSpec, default_stack, resolve_stack
 from hetplan.inputs import bounded
 
 def _no_text_bool(value):
@@ -23,7 +26,7 @@ def _no_text_bool(value):
     quoted value in a job file or plan would silently switch an option (issue 27). TOML and JSON have real
     booleans; Python and numpy booleans and 0/1 pass."""
     if isinstance(value, (str, bytes)):
-        raise ValueError("must be a boolean, not text: write true or false without quotes")
+        raise ValueError("must be a boolean, not text; fix: write true or false without quotes")
     return value
 
 
@@ -109,6 +112,12 @@ class Job(BaseModel):
             :func:`hetplan.estimate.context.attention_blocks`).
         cp_kv_exchange: how context parallelism exchanges K/V: ``ring`` (Megatron-Core p2p, overlapped with
             attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`).
+        stack: the software stack and release that runs the job (:mod:`hetplan.hardware.stacks`, ``hetplan
+            catalog stacks``): ``NAME``, ``NAME@VERSION`` or ``NAME@YYYY-MM`` (the release in force that month),
+            stored as ``NAME@VERSION``. It sets the defaults of ``framework``, ``attention`` and, under ``fsdp``,
+            ``torch_compile`` (a field given that contradicts it is refused), the attention kernel on each GPU
+            family and which plan options exist (:func:`hetplan.plan_rules.check_plan`). None: the framework's
+            default stack, what ``hetplan export`` writes (:func:`stack_spec`).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -136,6 +145,48 @@ class Job(BaseModel):
     torch_compile: Bool = True
     attention_kernel: Literal["fa2", "fa3", "cudnn"] | None = None
     async_tp: Bool = False
+    stack: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stack_defaults(cls, data):
+        """Fill ``framework``, ``attention`` and ``torch_compile`` from the named stack where not given, and
+        refuse a given one that the stack contradicts (an unknown stack is left to :meth:`_resolve_stack`)."""
+        if not isinstance(data, dict) or not isinstance(data.get("stack"), str):
+            return data
+        try:
+            st = resolve_stack(data["stack"])
+        except HetplanError:
+            return data
+        out = dict(data)
+        given = out.get("framework")
+        if given is not None and given != st.framework:
+            raise ValueError(f"stack {st.id} runs framework {st.framework!r}, not {given!r}: remove framework "
+                             f"or pick a stack of framework {given!r} (hetplan catalog stacks)")
+        out["framework"] = st.framework
+        if out.get("attention") == "flash" and st.attention != "flash":
+            raise ValueError(f"stack {st.id} has no fused (flash) attention kernel; it runs {st.attention!r}: "
+                             "remove attention or pick a later release")
+        out.setdefault("attention", st.attention)
+        if st.framework == "fsdp":
+            out.setdefault("torch_compile", st.launch == "compiled")
+        return out
+
+    @field_validator("stack")
+    @classmethod
+    def _resolve_stack(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return resolve_stack(value).id
+        except HetplanError as exc:
+            raise ValueError(f"{exc.message}; fix: {exc.fix}") from None
+
+    def stack_spec(self) -> StackSpec:
+        """The stack that runs the job: :attr:`stack` resolved, else the framework's default
+        (:func:`hetplan.hardware.stacks.default_stack`, what ``hetplan export`` writes)."""
+        return resolve_stack(self.stack) if self.stack else default_stack(self.framework)
+
 
     @field_validator("train_tokens")
     @classmethod
@@ -143,8 +194,8 @@ class Job(BaseModel):
         """A job shorter than one iteration would plan 0 iterations (1e-300 tokens: $0, 0 s)."""
         batch = info.data.get("global_batch", 0) * info.data.get("seq_len", 0)
         if value is not None and batch and value < batch:
-            raise ValueError(f"{value:g} tokens is less than one iteration's {batch:,} (global_batch x seq_len): "
-                             "give at least that, or train_iterations")
+            raise ValueError(f"{value:g} tokens is less than one iteration's {batch:,} (global_batch x seq_len); "
+                             "fix: give at least that, or train_iterations")
         return value
 
     @field_validator("train_iterations")
@@ -152,7 +203,7 @@ class Job(BaseModel):
     def _not_both_lengths(cls, value, info):
         """Both lengths given: one would be dropped without a word (train_tokens wins in :meth:`iterations`)."""
         if value is not None and info.data.get("train_tokens") is not None:
-            raise ValueError("give train_tokens or train_iterations, not both: remove one")
+            raise ValueError("give train_tokens or train_iterations, not both; fix: remove one")
         return value
 
     @model_validator(mode="after")
@@ -240,7 +291,7 @@ class GPUPool(BaseModel):
             try:
                 node = nodes.get(str(data["node"]))
             except HetplanError as exc:
-                raise ValueError(f"{exc.message}; {exc.fix}") from None
+                raise ValueError(f"{exc.message}; fix: {exc.fix}") from None
             try:
                 gpu = load_catalog().get(str(data["gpu"]))
             except HetplanError:
@@ -268,89 +319,6 @@ class Inventory(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pools: list[GPUPool] = Field(min_length=1, max_length=64)
-
-
-class ParallelLayout(BaseModel):
-    """How one pipeline stage's GPUs are laid out: every parallel degree in one frozen, validated object (as
-    torchtitan's ``ParallelDims``, ``torchtitan/distributed/parallel_dims.py``). The estimator, the searches,
-    the exporters and the runtime read degrees from it (:meth:`Plan.stage_layout`), so a new dimension is one
-    field here plus the code that costs it.
-
-    Attributes:
-        tp: tensor-parallel degree (Megatron-LM ``--tensor-model-parallel-size``).
-        cp: context-parallel degree: the sequence is split over ``cp`` ranks (``--context-parallel-size``).
-        ep: expert-parallel degree: the experts of an MoE layer are split over ``ep`` ranks.
-        expert_tp: tensor-parallel degree inside an expert (``--expert-tensor-parallel-size``).
-        dp_shard: data-parallel ranks over which weights / gradients / optimizer states are sharded (ZeRO / FSDP).
-        dp_replicate: data-parallel replicas of those shards (HSDP's replicate dimension; plain DP when
-            ``dp_shard == 1``). The data-parallel degree is ``dp = dp_shard * dp_replicate``.
-        pp: pipeline-parallel degree (stages).
-        virtual_stages: model chunks per stage (interleaved 1F1B).
-        sequence_parallel: Megatron sequence parallelism inside the TP group (acts only when ``tp > 1``).
-        zero_stage: ZeRO stage 0-3 over the ``dp_shard`` group (1 = Megatron-LM's distributed optimizer,
-            3 = FSDP).
-
-    Raises (on construction, pydantic ``ValidationError`` naming the rule):
-        a degree below 1; ``dp_shard > 1`` without ZeRO (nothing would be sharded); ``ep * expert_tp`` not
-        dividing ``tp * cp * dp`` (Megatron-LM ``megatron/core/parallel_state.py``, ``initialize_model_parallel``:
-        the expert layout re-partitions the same ranks, expert-DP = ``tp * cp * dp / (ep * expert_tp)``).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tp: int = Field(default=1, ge=1)
-    cp: int = Field(default=1, ge=1)
-    ep: int = Field(default=1, ge=1)
-    expert_tp: int = Field(default=1, ge=1)
-    dp_shard: int = Field(default=1, ge=1)
-    dp_replicate: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    virtual_stages: int = Field(default=1, ge=1)
-    sequence_parallel: Bool = False
-    zero_stage: int = Field(default=0, ge=0, le=3)
-
-    @model_validator(mode="after")
-    def _check(self) -> "ParallelLayout":
-        if self.zero_stage == 0 and self.dp_shard > 1:
-            raise ValueError(f"dp_shard = {self.dp_shard} needs zero_stage >= 1 (without ZeRO / FSDP nothing is "
-                             "sharded): use dp_replicate for plain data parallelism")
-        dense = self.tp * self.cp * self.dp
-        if dense % (self.ep * self.expert_tp):
-            raise ValueError(f"ep * expert_tp = {self.ep} * {self.expert_tp} must divide tp * cp * dp = {dense} "
-                             "(the expert layout re-partitions the same ranks)")
-        return self
-
-    @classmethod
-    def of(cls, *, dp: int, zero_stage: int = 0, **degrees) -> "ParallelLayout":
-        """The layout with ``dp`` data-parallel ranks sharded (``zero_stage >= 1``: ``dp_shard = dp``) or
-        replicated (``zero_stage == 0``: ``dp_replicate = dp``); ``degrees``: the other fields."""
-        shard = {"dp_shard": dp} if zero_stage else {"dp_replicate": dp}
-        return cls(zero_stage=zero_stage, **shard, **degrees)
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel degree: ``dp_shard * dp_replicate``."""
-        return self.dp_shard * self.dp_replicate
-
-    @property
-    def gpus_per_stage(self) -> int:
-        """GPUs of one pipeline stage: ``tp * cp * dp``."""
-        return self.tp * self.cp * self.dp
-
-    @property
-    def world_size(self) -> int:
-        """GPUs of the whole job: ``gpus_per_stage * pp``."""
-        return self.gpus_per_stage * self.pp
-
-    @property
-    def expert_dp(self) -> int:
-        """Data-parallel degree of the expert weights: ``tp * cp * dp / (ep * expert_tp)``."""
-        return self.gpus_per_stage // (self.ep * self.expert_tp)
-
-    @property
-    def sequence_parallel_active(self) -> bool:
-        """Sequence parallelism takes effect: asked for and ``tp > 1``."""
-        return self.sequence_parallel and self.tp > 1
 
 
 @lru_cache(maxsize=4096)
@@ -533,8 +501,8 @@ class Plan(BaseModel):
 
     @property
     def num_gpus(self) -> int:
-        """GPUs used: sum over stages of tp * cp * dp."""
-        return sum(st.tp * self.cp * st.dp for st in self.stages)
+        """GPUs used: sum over stages of :attr:`hetplan.degrees.Degrees.gpus_per_stage`."""
+        return sum(self.stage_layout(i).gpus_per_stage for i in range(self.pp))
 
     def num_microbatches(self, stage: int = 0) -> int:
         """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs) (the stage's mbs)."""

@@ -31,6 +31,10 @@ Rules (name: what must hold, and why):
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
   without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
   (``megatron/core/transformer/transformer_config.py``).
+* ``stack-has-option``: ``plan.tp_comm_overlap`` and ``plan.cuda_graphs`` exist in the job's stack
+  (:meth:`hetplan.plan.Job.stack_spec`, ``hetplan catalog stacks``): Megatron-LM before Megatron-Core 0.4 has no
+  ``--tp-comm-overlap`` and before 0.9 no ``--enable-cuda-graph``; priced anyway they would be numbers of a run
+  that stack cannot make.
 
 * ``moe-modules-need-experts`` also covers ``job.moe_recompute`` (Megatron-Core ``--recompute-modules moe``: the
   MoE layers' MLP), which a dense model does not have.
@@ -59,7 +63,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Every rule's name, in the order they are checked.
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
          "tp-within-node", "virtual-stages", "seq-len", "cp-divides-sequence", "ep-needs-experts",
-         "ep-divides-experts", "moe-modules-need-experts", "attention-kernel-on-gpu", "dtype-on-gpu")
+         "ep-divides-experts", "moe-modules-need-experts", "stack-has-option",
+         "attention-kernel-on-gpu", "dtype-on-gpu")
 
 #: Architecture families (first word of ``GPUSpec.architecture``) each fused attention kernel runs on (module doc,
 #: rule ``attention-kernel-on-gpu``).
@@ -176,6 +181,14 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
                                      f"{name} has no experts", field=f"plan.job.{key}",
                                      fix=f"remove {', '.join(sorted(set(modules)))} from {key} for a dense model"
                                      if key != "moe_recompute" else "set moe_recompute = false for a dense model"))
+    stack = plan.job.stack_spec()
+    lacks = [(f, what) for f, what, has in (
+        ("tp_comm_overlap", "TP-communication overlap", stack.tp_comm_overlap),
+        ("cuda_graphs", "CUDA graphs", stack.launch == "cuda-graphs")) if getattr(plan, f) and not has]
+    for f, what in lacks:
+        out.append(PlanRuleError("stack-has-option", f"{f} = true, but stack {stack.id} has no {what}",
+                                 field=f"plan.{f}", fix=f"set {f} = false, or pick a stack that has it "
+                                                        "(hetplan catalog stacks)"))
     out.extend(_gpu_violations(plan))
     return out
 

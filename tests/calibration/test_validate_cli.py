@@ -36,9 +36,10 @@ def test_set_names_and_fields(result):
     assert set(result["sets"]) == {"vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1",
                                    "korthikanti_table5", "aceso_v100", "fasop_layers", "espresso_hetero",
                                    "dgxc_h100", "dgxc_gb200", "torchtitan", "llama3_405b", "megatron_lm_h100",
-                                   "moe_h100", "long_context_cp", "independent_h100"}
+                                   "moe_h100", "long_context_cp", "independent_h100", "serving"}
     for r in result["sets"].values():
-        assert {"n", "mape", "max_abs_error", "kendall_tau"} <= set(r)
+        assert {"n", "mape", "max_abs_error", "signed_median", "kendall_tau"} <= set(r)
+        assert abs(r["signed_median"]) <= r["max_abs_error"] / (1 - r["max_abs_error"]) + 1e-12
     assert result["sets"]["vtrain_single_node"]["n"] == 1440
     assert result["sets"]["vtrain_multi_node"]["n"] == 109
     assert result["sets"]["megatron_sc21_table1"]["n"] == 10
@@ -122,3 +123,15 @@ def test_unknown_set_is_a_clear_error():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "unknown validation set" in out.stderr
+
+
+def test_per_stack_table_partitions_the_rows(result):
+    """Every row of every set is counted under exactly one stack: the counts add up to the sets' rows, and the
+    stacks of the visible sets are the ones their sources name (vTrain: Megatron-DeepSpeed; DGX Cloud: NeMo)."""
+    stacks = result["stacks"]
+    assert sum(r["n"] for r in stacks.values()) == sum(r["n"] for r in result["sets"].values())
+    for r in stacks.values():
+        assert {"n", "mape", "signed_median", "max_abs_error", "sets"} <= set(r) and r["sets"]
+    assert stacks["megatron-deepspeed"]["sets"] == ["vtrain_multi_node", "vtrain_single_node"]
+    assert {"dgxc_h100", "dgxc_gb200"} <= set(stacks["nemo"]["sets"])
+    assert {"llm-foundry", "fms-fsdp", "torchtitan", "deepspeed"} <= set(stacks)

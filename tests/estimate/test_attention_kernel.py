@@ -1,5 +1,5 @@
 """The fused attention kernel is a property of the job's software stack (framework, version), not of the GPU:
-``Job.attention_kernel``, its framework default (``catalog.DEFAULT_ATTENTION_KERNEL``) and the catalog's measured
+``Job.attention_kernel``, its framework default (its stack (``Job.stack_spec().kernel_on``)) and the catalog's measured
 rates per kernel (``GPUSpec.attention_kernels``)."""
 
 import pytest

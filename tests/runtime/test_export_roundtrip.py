@@ -16,7 +16,7 @@ import pytest
 from hetplan.errors import HetplanError
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
-from hetplan.runtime import exporters
+from hetplan.runtime import exporters, importers
 
 ROOT = Path(__file__).parents[2]
 
@@ -150,7 +150,18 @@ def _torchtitan(ex: exporters.Export, spec) -> dict:
             {"bfloat16": "bf16", "float32": "fp32"}[tr["mixed_precision_param"]]}
 
 
-READ = {"megatron": _megatron, "deepspeed": _deepspeed, "torchtitan": _torchtitan}
+def _torchtitan_03(ex: exporters.Export, spec) -> dict:
+    """torchtitan 0.3's command line, read back by ``hetplan import`` (the overrides ConfigManager applies)."""
+    plan = importers.import_files(ex.files)
+    assert load_model(plan.job.model) == spec
+    return {"tp": plan.stages[0].tp, "dp": plan.stages[0].dp, "pp": plan.pp,
+            "stage_layers": [s.num_layers for s in plan.stages], "mbs": plan.mbs,
+            "global_batch": plan.job.global_batch, "microbatches": plan.num_microbatches(0),
+            "virtual_stages": plan.virtual_stages, "recompute": plan.stages[0].recompute, "zero": plan.zero,
+            "dtype": plan.job.dtype}
+
+
+READ = {"megatron": _megatron, "deepspeed": _deepspeed, "torchtitan": _torchtitan, "torchtitan@0.3": _torchtitan_03}
 
 #: (name, plan, targets that must reproduce it)
 CASES = [
@@ -186,15 +197,19 @@ def test_export_reads_back_as_the_plan(name, make, targets):
     plan = make()
     spec = load_model(plan.job.model)
     want = _expected(plan)
-    for target in targets:
-        got = READ[target](exporters.export(plan, spec, target), spec)
+    for target in targets + (("torchtitan@0.3",) if "torchtitan" in targets else ()):
+        name, _, version = target.partition("@")
+        # the TOML reader reads torchtitan 0.2's form; 0.3's command line is read back by hetplan import
+        ex = exporters.export(plan, spec, name, version=version or ("0.2" if name == "torchtitan" else None))
+        got = READ[target](ex, spec)
         assert {k: got[k] for k in want} == want, (target, got)
 
 
 def test_torchtitan_pp1_runs_one_microbatch_per_step():
     """Issue 18: a plan at micro-batch 1 x 16 accumulated micro-batches must not run 16 sequences per step."""
     plan = _plan("llama3-8b", [{"num_layers": 32, "dp": 8}], gbs=128, mbs=1, zero=3)
-    cfg = tomllib.loads(exporters.export(plan, load_model("llama3-8b"), "torchtitan").files["torchtitan.toml"])
+    cfg = tomllib.loads(exporters.export(plan, load_model("llama3-8b"), "torchtitan", version="0.2")
+                        .files["torchtitan.toml"])
     assert cfg["training"]["local_batch_size"] == 1 and cfg["training"]["global_batch_size"] == 128
     assert cfg["model"] == {"name": "llama3", "flavor": "8B"}  # a flavor torchtitan ships
 
@@ -301,10 +316,16 @@ def test_fp8_export_carries_the_recipe_the_estimate_assumed():
     b200 = plan.model_copy(update={"pools": [GPUPool(gpu="B200", count=64)]})
     args = _megatron(exporters.export(b200, spec, "megatron"), spec)["args"]
     assert args["fp8-recipe"] == "mxfp8" and args["fp8-format"] == "e4m3"
-    cfg = tomllib.loads(exporters.export(plan, spec, "torchtitan").files["torchtitan.toml"])
+    cfg = tomllib.loads(exporters.export(plan, spec, "torchtitan", version="0.2").files["torchtitan.toml"])
     assert cfg["model"]["converters"] == ["float8"] and cfg["compile"]["enable"] is True
     assert cfg["float8"] == {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True,
                              "filter_fqns": ["output"]}
+    # torchtitan 0.3: converters live in the model spec, so a generated job module builds it with float8
+    files = exporters.export(plan, spec, "torchtitan").files
+    launch = " ".join(files["launch.sh"].replace("\\\n", " ").split())
+    assert "--module hetplan_torchtitan_job --config hetplan_job" in launch
+    assert "Float8LinearConverter.Config(filter_fqns=['lm_head'], model_compile_enabled=True)" in \
+        files["hetplan_torchtitan_job.py"]
     with pytest.raises(HetplanError, match="no FP8"):
         exporters.export(plan.model_copy(update={"stages": [Stage(num_layers=32, dp=8)]}), spec, "deepspeed")
 
@@ -313,8 +334,12 @@ def test_torchtitan_export_carries_torch_compile():
     """The job's torch_compile is torchtitan's [compile] (blocks and loss compiled), eager exports enable = false."""
     spec = load_model("llama3-8b")
     plan = _plan("llama3-8b", [{"num_layers": 32, "dp": 8}], gbs=64, mbs=1, zero=3, attention="flash")
-    cfg = tomllib.loads(exporters.export(plan, spec, "torchtitan").files["torchtitan.toml"])
+    cfg = tomllib.loads(exporters.export(plan, spec, "torchtitan", version="0.2").files["torchtitan.toml"])
     assert cfg["compile"] == {"enable": True, "components": ["model", "loss"]}
     eager = plan.model_copy(update={"job": plan.job.model_copy(update={"framework": "fsdp", "torch_compile": False})})
-    cfg = tomllib.loads(exporters.export(eager, spec, "torchtitan").files["torchtitan.toml"])
+    cfg = tomllib.loads(exporters.export(eager, spec, "torchtitan", version="0.2").files["torchtitan.toml"])
     assert cfg["compile"] == {"enable": False}
+    words = exporters.export(plan, spec, "torchtitan").files["launch.sh"].split()
+    assert "--compile.enable" in words and words[words.index("--compile.components") + 1] == "model,loss"
+    words = exporters.export(eager, spec, "torchtitan").files["launch.sh"].split()
+    assert "--compile.no-enable" in words and "--compile.components" not in words

@@ -93,7 +93,7 @@ def test_exports():
                 "--decoder-last-pipeline-num-layers 1", "--micro-batch-size 2", "--global-batch-size 8", "--swiglu",
                 "--nproc-per-node 4"):
         assert arg in meg
-    tt = exporters.export(plan, spec, "torchtitan").files["torchtitan.toml"]
+    tt = exporters.export(plan, spec, "torchtitan", version="0.2").files["torchtitan.toml"]
     import tomllib
 
     cfg = tomllib.loads(tt)
@@ -107,7 +107,7 @@ def test_exports():
         exporters.export(plan, spec, "jax")
     assert "NCCL_IB_DISABLE" not in meg
     eth = plan.model_copy(update={"pools": [p.model_copy(update={"network": "ethernet"}) for p in plan.pools]})
-    for target, script, at in (("megatron", "megatron_launch.sh", 1), ("torchtitan", "launch.sh", 0)):
+    for target, script, at in (("megatron", "megatron_launch.sh", 1), ("torchtitan", "launch.sh", 1)):
         ex = exporters.export(eth, spec, target)
         lines = ex.files[script].splitlines()
         assert lines[at].startswith("export NCCL_IB_DISABLE=1")  # after the shebang, if the script has one
@@ -130,8 +130,10 @@ def test_deepspeed_balanced_and_megatron_middle_stages(tmp_path):
     raw["stages"] = [{"num_layers": 5, "dp": 2}, {"num_layers": 7, "dp": 2}, {"num_layers": 6, "dp": 2},
                      {"num_layers": 6, "dp": 2}]
     p.write_text(json.dumps(raw))
-    with pytest.raises(HetplanError, match="only the first and last"):
-        exporters.export(planio.load_plan(p), spec, "megatron")
+    # middle stages that differ: Megatron-Core's layout string, one segment per stage, embedding and loss placed
+    meg = exporters.export(planio.load_plan(p), spec, "megatron").files["megatron_launch.sh"]
+    assert "--pipeline-model-parallel-layout 'Et*5|t*7|t*6|t*6L'" in meg
+    assert "--decoder-first-pipeline-num-layers" not in meg
 
 
 def _cli(*args):

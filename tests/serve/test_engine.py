@@ -136,3 +136,22 @@ def test_tp2_pp2_engine(fixtures):
     # threads at interpreter shutdown: worker_main ends with exit_rank), and removes the rendezvous file
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
     assert not __import__("os").path.exists(e._rendezvous_dir)
+
+
+def test_paged_admission_and_recompute_preemption_keep_every_answer(fixtures):
+    """A KV pool of 32 tokens in blocks of 4 (8 blocks) for 4 sequences that each grow to 18 tokens, and a budget
+    of 20 tokens per iteration (sequences of at most 20): the scheduler admits by blocks and preempts by
+    recompute; every answer still equals the single-process model's greedy output (a resumed request is prefilled
+    over its prompt and its tokens)."""
+    ent = _entries(fixtures)[0]
+    prompts = [[5, 1, 2, 3, 4, 6], [7, 7, 1, 2, 9, 9], [3, 3, 3, 1, 1, 1], [8, 6, 4, 2, 0, 1]]
+    with Engine([ent], tp=1, capacity_bytes=1 << 30, max_batch_size=4, kv_cache_len=20, preload=[ent.name],
+                kv_cache_tokens=32, kv_block_tokens=4, max_batched_tokens=20) as e:
+        with e._lock:
+            futs = [e.submit(ent.name, p, 12) for p in prompts]
+        res = [f.result(60) for f in futs]
+        assert e.scheduler.preemptions > 0
+        assert max(sum(p) + len(d) for _, p, d, _ in e.exec_log) <= 20  # no iteration beyond the token budget
+        assert any(p and max(p) > 6 for _, p, _, _ in e.exec_log)  # a resumed request: prompt and tokens prefilled
+    for p, r in zip(prompts, res):
+        assert r.tokens == _ref(fixtures, ent.name, p, 12)

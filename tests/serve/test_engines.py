@@ -42,7 +42,7 @@ def test_graph_batch_padding_and_launch_paths():
     assert not v.launches_per_kernel(200, prefill=False) and v.launches_per_kernel(300, prefill=False)
     assert v.launches_per_kernel(1, prefill=True)  # v0.6 prefills eagerly
     assert not get_engine("vllm@0.10").launches_per_kernel(1, prefill=True)  # piecewise graphs
-    trt = get_engine("tensorrt-llm")
+    trt = get_engine("tensorrt-llm@0.6")
     assert trt.graph_batch_size(1) is None and not trt.launches_per_kernel(4096, prefill=False)
     assert get_engine("hf-eager").launches_per_kernel(1, prefill=False)
 
@@ -50,7 +50,7 @@ def test_graph_batch_padding_and_launch_paths():
 def test_names_versions_aliases():
     assert get_engine("vllm").version == "0.10"  # newest release
     assert get_engine("vllm@0.6.3").version == "0.6"
-    assert get_engine("TRTLLM").name == "tensorrt-llm"
+    assert get_engine("TRTLLM").name == "tensorrt-llm" and get_engine("trtllm@0.6").decode_path == "compiled"
     assert get_engine("sglang@0.4").label == "sglang@0.4"
     with pytest.raises(HetplanError) as e:
         get_engine("vlm")

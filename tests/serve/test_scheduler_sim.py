@@ -69,7 +69,7 @@ def test_batches_up_to_max_in_arrival_order():
     assert s.step(1.0) == []  # one iteration at a time
     s.exec_done(2.0, [acts[0].requests[1]])  # request 1 finished: its slot frees, request 3 joins
     act = s.step(2.0)[0]
-    assert [r.id for r in act.requests] == [0, 2, 3] and [r.id for r in act.joined] == [3]
+    assert sorted(r.id for r in act.requests) == [0, 2, 3] and [r.id for r in act.joined] == [3]
     s.exec_done(3.0, act.requests)
     assert [r.id for r in s.step(3.0)[0].requests] == [4]
 
@@ -217,3 +217,85 @@ def test_step_model_fit_recovers_coefficients():
         assert fit.step_time_s(p, d) == pytest.approx(t, rel=1e-6)
     with pytest.raises(HetplanError):
         LinearStepModel.fit([])
+
+
+class _Recording(LinearStepModel):
+    """1 s per iteration; remembers the prefill lengths and decode contexts it was asked about."""
+
+    def __init__(self):
+        super().__init__(base_s=1.0)
+        object.__setattr__(self, "calls", [])
+
+    def step_time_s(self, prefill_lens, decode_contexts):
+        self.calls.append((list(prefill_lens), list(decode_contexts)))
+        return 1.0
+
+
+def _one_model(blocks, step=None):
+    return [SimModel("m", [1], step or LinearStepModel(base_s=1.0), kv_blocks=blocks)]
+
+
+def test_preemption_by_recompute_worked_example():
+    """Pool of 4 blocks x 2 tokens; A and B (prompt 3, 3 new tokens) at t = 0, A first (its iteration starts on
+    its arrival). [0,1] A prefills (2 blocks); [1,2] A decodes (position 4 fits its second block), B joins (2
+    blocks: pool full); [2,3] A's decode needs a third block: B (the newest) is preempted, A gets its third token
+    and finishes at 3; [3,4] B is prefilled again over its prompt and its 1 token (4 positions) and gets its
+    second; [4,5] B decodes its third: done at 5."""
+    step = _Recording()
+    reqs = [Request(0, "m", 0.0, 3, 3), Request(1, "m", 0.0, 3, 3)]
+    res = simulate(_one_model(4, step), reqs, capacity_bytes=10, policy=Policy(), swap_cost=_const_swap(0.0),
+                   preload=["m"], block_tokens=2, max_seq_tokens=6)
+    lat = {r.id: r.latency_s for r in res.records}
+    assert lat == {0: 3.0, 1: 5.0} and res.preemptions == 1
+    assert [r.output_tokens for r in res.records] == [3, 3] and [r.ttft_s for r in res.records] == [1.0, 2.0]
+    assert step.calls == [([3], []), ([3], [4]), ([], [5]), ([4], []), ([], [5])]
+    # whole slots (no paging): no preemption, B done at 4
+    res = simulate([SimModel("m", [1], LinearStepModel(base_s=1.0))], reqs, capacity_bytes=10, policy=Policy(),
+                   swap_cost=_const_swap(0.0), preload=["m"])
+    assert {r.id: r.latency_s for r in res.records} == {0: 3.0, 1: 4.0} and res.preemptions == 0
+
+
+def test_chunked_prefill_worked_example():
+    """Token budget 4; A (prompt 6) and B (prompt 2), 2 new tokens each, at t = 0. Chunked: [0,1] A's first 4
+    prompt tokens; [1,2] A's last 2 and B's 2 (first tokens of both); [2,3] both decode. Whole prompts: [0,1] A
+    alone (longer than the budget, so in an iteration of its own); [1,2] A decodes, B joins; [2,3] B decodes."""
+    reqs = [Request(0, "m", 0.0, 6, 2), Request(1, "m", 0.0, 2, 2)]
+    out = {}
+    for chunked in (True, False):
+        step = _Recording()
+        res = simulate(_one_model(None, step), reqs, capacity_bytes=10, policy=Policy(),
+                       swap_cost=_const_swap(0.0), preload=["m"], max_batched_tokens=4, chunked_prefill=chunked)
+        out[chunked] = ([r.ttft_s for r in res.records], [r.latency_s for r in res.records], step.calls)
+    assert out[True] == ([2.0, 2.0], [3.0, 3.0], [([4], []), ([2, 2], []), ([], [7, 3])])
+    assert out[False] == ([1.0, 2.0], [2.0, 3.0], [([6], []), ([2], [7]), ([], [3])])
+
+
+def test_pool_smaller_than_one_sequence_is_an_error():
+    with pytest.raises(HetplanError) as e:
+        Scheduler({"m": (1, 0.0)}, 10, Policy(), kv_blocks={"m": 3}, block_tokens=16, max_seq_tokens=64)
+    assert e.value.field == "scheduler.kv_cache_len" and "48 tokens" in e.value.message
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 3), st.integers(1, 40), st.integers(1, 24)), min_size=1, max_size=30),
+       st.integers(0, 30), st.sampled_from([1, 4, 16]), st.one_of(st.none(), st.integers(1, 64)), st.booleans(),
+       st.integers(1, 8))
+def test_paged_chunked_every_request_gets_all_its_tokens(shape, extra_blocks, block, budget, chunked, batch):
+    """Any workload, pool, block size, token budget and batch: every request finishes once with all its tokens,
+    the pool is whole again at the end; with a pool that cannot run out, paging changes nothing."""
+    reqs = [Request(i, "m", t, p, n) for i, (t, p, n) in enumerate(sorted(shape))]
+    longest = max(p + n for _, p, n in shape)
+    blocks = -(-longest // block) + extra_blocks
+    if budget is not None and not chunked:
+        budget = max(budget, longest)  # whole prompts: the budget must hold the longest sequence (as in vLLM)
+    res = simulate(_one_model(blocks), reqs, capacity_bytes=10, policy=Policy(), swap_cost=_const_swap(0.0),
+                   preload=["m"], block_tokens=block, max_batched_tokens=budget, chunked_prefill=chunked,
+                   max_seq_tokens=longest, max_batch_size=batch, max_queue_len=1000)
+    assert all(r.finish_s is not None and r.output_tokens == q.max_new_tokens for r, q in
+               zip(sorted(res.records, key=lambda r: r.id), reqs))
+    ample = _one_model(batch * -(-longest // block))
+    a = simulate(ample, reqs, capacity_bytes=10, policy=Policy(), swap_cost=_const_swap(0.0), preload=["m"],
+                 block_tokens=block, max_seq_tokens=longest, max_batch_size=batch, max_queue_len=1000)
+    b = simulate(_one_model(None), reqs, capacity_bytes=10, policy=Policy(), swap_cost=_const_swap(0.0),
+                 preload=["m"], max_batch_size=batch, max_queue_len=1000)
+    assert a.preemptions == 0 and [r.finish_s for r in a.records] == [r.finish_s for r in b.records]

@@ -29,11 +29,14 @@ def _oversubscribed() -> bool:
 def test_simulator_matches_engine_percentiles(fixtures):
     ents = [ModelEntry(name=f"m{i}", model=str(fixtures / "small-opt.json"), seed=i) for i in range(4)]
     busy = _oversubscribed()
+    # paged admission and recompute preemption on, in both: a pool of 64 tokens (4 blocks of 16, one longest
+    # sequence) for 4 sequences of up to 20 tokens, and a budget of 64 tokens per iteration
     out = compare_sim_engine(ents, tp=2, capacity_bytes=24_000_000, rates_per_s=[3.0, 1.5, 1.0, 1.0], cv=1.5,
-                             duration_s=6.0, seed=0)
+                             duration_s=6.0, seed=0, kv_cache_tokens=64, kv_block_tokens=16, max_batched_tokens=64)
     busy = busy or _oversubscribed()
     eng, sim = out["engine"]["all"], out["sim"]["all"]
-    print("engine", eng, "sim", sim, "swaps", out["engine_swaps"], out["sim_swaps"], "busy", busy)
+    print("engine", eng, "sim", sim, "swaps", out["engine_swaps"], out["sim_swaps"], "preemptions",
+          out["engine_preemptions"], out["sim_preemptions"], "busy", busy)
     assert out["requests"] > 25 and out["engine_swaps"] > 3
     checks = (("p50", P50_TOL),) if busy else (("p50", P50_TOL), ("p90", TAIL_TOL), ("p99", TAIL_TOL))
     for metric in ("latency", "ttft", "tpot"):

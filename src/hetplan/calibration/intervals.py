@@ -39,6 +39,8 @@ from typing import Iterable
 import numpy as np
 
 from hetplan.hardware.catalog import Catalog, GPUSpec
+from hetplan.calibration.validation import RATE_QUANTITIES  # rates (TFLOP/s, tokens/s): the time ratio inverts
+from hetplan.hardware.stacks import FRAMEWORK_STACK  # the stack a framework runs by default (what export writes)
 
 #: Nominal coverage of the intervals.
 LEVEL = 0.8
@@ -46,9 +48,6 @@ LEVEL = 0.8
 MIN_ROWS = 9
 #: Upper edges (GPUs) of the scale bands: one node, a rack-scale job, hundreds, beyond.
 SCALE_BANDS = ((8, "≤8 GPUs"), (64, "9-64 GPUs"), (512, "65-512 GPUs"), (math.inf, ">512 GPUs"))
-#: The stack a framework runs by default (what ``hetplan export`` writes for it): Megatron-LM for ``megatron``,
-#: DeepSpeed for ``deepspeed``, torchtitan for ``fsdp`` (docs/runtime.md).
-FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": "torchtitan"}
 #: The stack each validation set's runs used, where the plan does not name one (sources: each set's README in
 #: ``validation_data``): vTrain measured Megatron-DeepSpeed; SC'21 and Korthikanti Megatron-LM; DGX Cloud
 #: benchmarking and NeMo's long-sequence tables NeMo; Espresso's traces DeepSpeed's pipeline engine; the Llama 3
@@ -59,8 +58,6 @@ SET_STACK = {
     "dgxc_h100": "nemo", "dgxc_gb200": "nemo", "long_context_cp": "nemo", "torchtitan": "torchtitan",
     "llama3_405b": "meta-llama3", "megatron_lm_h100": "megatron-lm", "moe_h100": "megatron-lm",
 }
-#: Sets whose measured quantity is a rate (TFLOP/s or tokens/s per GPU): the time ratio is its inverse.
-RATE_QUANTITIES = ("tflops_per_gpu", "tokens_per_s_per_gpu")
 
 RESIDUALS_FILE = "residuals.csv"
 COLUMNS = ("set", "key", "stack", "gpu", "generation", "moe", "num_gpus", "dtype", "predicted_time_s",
@@ -216,6 +213,27 @@ def case_stack(case) -> str:
     if case.set == "independent_h100":
         return "fms-fsdp" if ":fms:" in case.key else "nemo" if ":nemo:" in case.key else "llm-foundry"
     return SET_STACK.get(case.set, stack_name(case.plan.job))
+
+
+def per_stack(cases) -> dict:
+    """The validation error per stack (:func:`case_stack`; a case without a plan, a per-layer profile, by its
+    set): ``{stack: {n, mape, max_abs_error, signed_median, sets}}`` over every row of the given cases (errors
+    as :func:`hetplan.calibration.validation.metrics` counts them; ``signed_median``: predicted speed / measured
+    speed - 1, positive = too fast), largest stack first."""
+    from hetplan.calibration.validation import speed_error
+
+    groups: dict[str, list] = {}
+    for c in cases:
+        if not (c.predicted > 0 and c.measured > 0):
+            continue
+        groups.setdefault(case_stack(c) if c.plan is not None else f"({c.set})", []).append(c)
+    out = {}
+    for stack, cs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        err = np.array([c.predicted / c.measured - 1 for c in cs])
+        out[stack] = {"n": len(cs), "mape": float(np.mean(np.abs(err))), "max_abs_error": float(np.max(np.abs(err))),
+                      "signed_median": float(np.median([speed_error(c) for c in cs])),
+                      "sets": sorted({c.set for c in cs})}
+    return out
 
 
 def build_residuals() -> list[Residual]:

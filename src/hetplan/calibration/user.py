@@ -48,6 +48,7 @@ COLUMNS: dict[str, tuple[str, str, type]] = {
     "model": ("job", "model", str), "seq_len": ("job", "seq_len", int), "global_batch": ("job", "global_batch", int),
     "dtype": ("job", "dtype", str), "attention": ("job", "attention", str), "framework": ("job", "framework", str),
     "stack": ("job", "stack", str), "attention_kernel": ("job", "attention_kernel", str),
+    "torch_compile": ("job", "torch_compile", bool),
     "gpu": ("pool", "gpu", str), "gpus": ("pool", "count", int), "node": ("pool", "node", str),
     "gpus_per_node": ("pool", "gpus_per_node", int), "inter_node_gbit": ("pool", "inter_node_bandwidth_bytes_per_s", float),
     "network": ("pool", "network", str),
@@ -63,59 +64,63 @@ MAX_LOG_SE = 0.1
 
 @dataclass
 class Run:
-    """One measured run: its row (1-based, after the header), plan, model and measurements (s, bytes)."""
+    """One measured run: its number, plan, model, measurements (s, bytes) and where it came from (``row 3``,
+    ``train.log``)."""
 
     row: int
     plan: Plan
     model: ModelSpec
     step_time_s: float
     memory_bytes: float | None = None
+    label: str = ""
 
 
-def _cell(raw: str, col: str, typ: type, row: int):
+def _cell(raw: str, col: str, typ: type, row: str):
+    if typ is bool:
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise HetplanError(f"{row}: {raw!r} is not true or false", field=f"runs.{col}", fix="write true or false")
+        return raw.lower() in ("true", "1")
     try:
         value = typ(float(raw)) if typ is int and raw.strip().replace(".", "", 1).isdigit() else typ(raw)
     except ValueError:
-        raise HetplanError(f"row {row}: {raw!r} is not a {typ.__name__}", field=f"runs.{col}",
+        raise HetplanError(f"{row}: {raw!r} is not a {typ.__name__}", field=f"runs.{col}",
                            fix=f"write a {typ.__name__} in column {col}") from None
     if typ is int and (value != float(raw)):
-        raise HetplanError(f"row {row}: {raw!r} is not a whole number", field=f"runs.{col}", fix="write an integer")
+        raise HetplanError(f"{row}: {raw!r} is not a whole number", field=f"runs.{col}", fix="write an integer")
     return value
 
 
-def _positive(raw: str | None, col: str, row: int) -> float | None:
+def _positive(raw: str | None, col: str, row: str) -> float | None:
     if raw is None or not raw.strip():
         return None
     try:
         x = float(raw)
     except ValueError:
-        raise HetplanError(f"row {row}: {raw!r} is not a number", field=f"runs.{col}",
+        raise HetplanError(f"{row}: {raw!r} is not a number", field=f"runs.{col}",
                            fix=f"write the measured {col} as a number") from None
     if not (math.isfinite(x) and x > 0):
-        raise HetplanError(f"row {row}: {col} = {raw} is not a positive, finite measurement", field=f"runs.{col}",
+        raise HetplanError(f"{row}: {col} = {raw} is not a positive, finite measurement", field=f"runs.{col}",
                            fix="remove the row or give the measured value")
     return x
 
 
-def read_runs(path: Path, catalog: Catalog, progress=None) -> list[Run]:
-    """The runs of a RUNS CSV (module doc), each built into the plan ``hetplan plan`` gives for its pins.
+def _rows(path: Path, defaults: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
+    """``(label, row)`` of each run in a RUNS CSV or a training log (:mod:`hetplan.calibration.logs`), with
+    ``defaults`` (``hetplan calibrate``'s flags) filling the columns a row leaves empty.
 
     Raises:
-        HetplanError: unreadable or empty file, no ``step_time_s`` column, an unknown column, a value that is not
-            of its column's type, a NaN / negative / zero measurement, or a row whose job or plan is invalid
-            (the message names the row and the column).
+        HetplanError: unreadable or empty file, unknown columns, no ``step_time_s`` column.
     """
+    from hetplan.calibration.logs import finish_row, is_log, log_row
     from hetplan.inputs import read_csv, read_text
-    from hetplan.jobfile import read_structured, validated
-    from hetplan.model.spec import load_model
-    from hetplan.plan import Inventory, Job
-    from hetplan.search.objective import Objective
-    from hetplan.search.planner import search_plans
-    from hetplan.search.space import Pins
 
-    header, rows = read_csv(read_text(path, "RUNS"), str(path), "RUNS")
+    text = read_text(path, "RUNS")
+    if is_log(text):
+        return [(f"{path.name}", finish_row({**defaults, **log_row(text, str(path))}, str(path)))]
+    header, rows = read_csv(text, str(path), "RUNS")
     if not header or not rows:
-        raise HetplanError(f"{path} has no runs", field="RUNS", fix="give a CSV with a header line and one row per run")
+        raise HetplanError(f"{path} has no runs", field="RUNS",
+                           fix="give a CSV with a header line and one row per run, or a Megatron-LM / torchtitan log")
     unknown = [c for c in header if c not in COLUMNS and c not in MEASURED and c != "plan"]
     if unknown:
         raise HetplanError(f"unknown column(s) {', '.join(unknown)}", field="RUNS",
@@ -123,40 +128,70 @@ def read_runs(path: Path, catalog: Catalog, progress=None) -> list[Run]:
     if "step_time_s" not in header:
         raise HetplanError("no step_time_s column", field="RUNS.step_time_s",
                            fix="add the measured seconds per iteration as column step_time_s")
+    return [(f"row {i}", {**defaults, **{k: v for k, v in r.items() if v is not None and v.strip()}})
+            for i, r in enumerate(rows, start=2)]
+
+
+def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | None = None, progress=None) -> list[Run]:
+    """The runs of RUNS CSVs and training logs (module doc), each built into the plan ``hetplan plan`` gives for
+    its pins; ``defaults`` fill the columns a run does not give (``hetplan calibrate``'s flags).
+
+    Raises:
+        HetplanError: unreadable or empty file, no ``step_time_s`` column, an unknown column, a value that is not
+            of its column's type, a NaN / negative / zero measurement, or a row whose job or plan is invalid
+            (the message names the row and the column).
+    """
+    from hetplan.jobfile import read_structured, validated
+    from hetplan.model.spec import load_model
+
     out = []
-    for i, r in enumerate(rows, start=2):
-        step = _positive(r.get("step_time_s"), "step_time_s", i)
-        if step is None:
-            raise HetplanError(f"row {i}: step_time_s is empty", field="runs.step_time_s",
-                               fix="give every run its measured seconds per iteration")
-        mem = _positive(r.get("memory_gib"), "memory_gib", i)
-        if r.get("plan"):
-            plan = validated(Plan, read_structured(path.parent / r["plan"]), f"runs.plan (row {i})")
-        else:
-            parts: dict[str, dict] = {"job": {}, "pool": {}, "pin": {}}
-            for col, raw in r.items():
-                if col in COLUMNS and raw is not None and raw.strip():
-                    table, name, typ = COLUMNS[col]
-                    value = _cell(raw.strip(), col, typ, i)
-                    parts[table][name] = value * 1e9 / 8 if col == "inter_node_gbit" else value
-            for need in ("model", "seq_len", "global_batch"):
-                if need not in parts["job"]:
-                    raise HetplanError(f"row {i}: no {need}", field=f"runs.{need}", fix=f"add column {need}")
-            if "gpu" not in parts["pool"] or "count" not in parts["pool"]:
-                raise HetplanError(f"row {i}: no gpu / gpus", field="runs.gpu", fix="add columns gpu and gpus")
-            job = validated(Job, parts["job"], f"runs (row {i})")
-            inv = validated(Inventory, {"pools": [parts["pool"]]}, f"runs (row {i})")
-            try:
-                pins = Pins(num_gpus=parts["pool"]["count"], **parts["pin"])
-                res = search_plans(job, inv, Objective(), pins, top_k=1, catalog=catalog, heterogeneous=False)
-            except HetplanError as exc:
-                raise HetplanError(f"row {i}: {exc.message}", field=f"runs (row {i}) {exc.field or ''}".strip(),
-                                   fix=exc.fix) from None
-            plan = res.plans[0].plan
-        out.append(Run(i, plan, load_model(plan.job.model), step, None if mem is None else mem * 2**30))
-        if progress is not None:
-            progress()
+    for path in paths:
+        for label, r in _rows(path, defaults or {}):
+            step = _positive(r.get("step_time_s"), "step_time_s", label)
+            if step is None:
+                raise HetplanError(f"{label}: step_time_s is empty", field="runs.step_time_s",
+                                   fix="give every run its measured seconds per iteration")
+            mem = _positive(r.get("memory_gib"), "memory_gib", label)
+            if r.get("plan"):
+                plan = validated(Plan, read_structured(path.parent / r["plan"]), f"runs.plan ({label})")
+            else:
+                plan = _plan_of(r, label, catalog)
+            out.append(Run(len(out) + 1, plan, load_model(plan.job.model), step, None if mem is None else mem * 2**30,
+                           f"{path.name} {label}" if len(paths) > 1 else label))
+            if progress is not None:
+                progress()
     return out
+
+
+def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
+    """The plan ``hetplan plan`` proposes for a run's columns (its pins fixed)."""
+    from hetplan.jobfile import validated
+    from hetplan.plan import Inventory, Job
+    from hetplan.search.objective import Objective
+    from hetplan.search.planner import search_plans
+    from hetplan.search.space import Pins
+
+    parts: dict[str, dict] = {"job": {}, "pool": {}, "pin": {}}
+    for col, raw in r.items():
+        if col in COLUMNS:
+            table, name, typ = COLUMNS[col]
+            value = _cell(raw.strip(), col, typ, label)
+            parts[table][name] = value * 1e9 / 8 if col == "inter_node_gbit" else value
+    for need in ("model", "seq_len", "global_batch"):
+        if need not in parts["job"]:
+            raise HetplanError(f"{label}: no {need}", field=f"runs.{need}",
+                               fix=f"add column {need} (or pass --{need.replace('_', '-')})")
+    if "gpu" not in parts["pool"] or "count" not in parts["pool"]:
+        raise HetplanError(f"{label}: no gpu / gpus", field="runs.gpu", fix="add columns gpu and gpus (or pass --gpu, --gpus)")
+    job = validated(Job, parts["job"], f"runs ({label})")
+    inv = validated(Inventory, {"pools": [parts["pool"]]}, f"runs ({label})")
+    pins = validated(Pins, {"num_gpus": parts["pool"]["count"], **parts["pin"]}, f"runs ({label})")
+    try:
+        res = search_plans(job, inv, Objective(), pins, top_k=1, catalog=catalog, heterogeneous=False)
+    except HetplanError as exc:
+        raise HetplanError(f"{label}: {exc.message}", field=f"runs ({label}) {exc.field or ''}".strip(),
+                           fix=exc.fix) from None
+    return res.plans[0].plan
 
 
 @dataclass(frozen=True)
@@ -386,6 +421,6 @@ def fit(runs: list[Run], catalog: Catalog) -> FitReport:
         mem_med = float(np.median([estimate(r.plan, catalog=catalog, model=r.model).memory_bytes_per_gpu.total / m - 1
                                    for r, m in mem]))
     cal = Calibration(fc, fm, gpus, stacks, tuple(float(x) for x in np.log(meas / loo)), why, mem_med)
-    rows = [{"row": r.row, "measured_s": float(m), "before_s": float(b), "after_s": float(a), "loo_s": float(lv)}
+    rows = [{"row": r.row, "label": r.label, "measured_s": float(m), "before_s": float(b), "after_s": float(a), "loo_s": float(lv)}
             for r, m, b, a, lv in zip(runs, meas, before, after, loo)]
     return FitReport(cal, rows, _errors(before, meas), _errors(after, meas), _errors(loo, meas))

@@ -16,12 +16,18 @@ def register(app: typer.Typer) -> None:
 
     @app.command("calibrate")
     def calibrate(
-        runs: Path = typer.Argument(..., help="CSV of measured runs: columns named after `hetplan plan`'s flags "
-                                    "(model, gpu, gpus, seq_len, global_batch, mbs, tp, pp, dp, cp, ep, "
-                                    "virtual_stages, zero, recompute, dtype, attention, framework, stack, node or "
-                                    "inter_node_gbit) plus step_time_s (and optionally memory_gib); or a column "
-                                    "plan naming a plan JSON."),
+        runs: list[Path] = typer.Argument(..., help="CSV files of measured runs — columns named after `hetplan "
+                                          "plan`'s flags (model, gpu, gpus, seq_len, global_batch, mbs, tp, pp, dp, "
+                                          "cp, ep, virtual_stages, zero, recompute, dtype, attention, framework, "
+                                          "stack, node or inter_node_gbit) plus step_time_s (and optionally "
+                                          "memory_gib), or a column plan naming a plan JSON — and/or Megatron-LM "
+                                          "or torchtitan training logs (one run each)."),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the calibration TOML here."),
+        model: Optional[str] = typer.Option(None, "--model", help="Model of runs that do not name one (logs)."),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type of runs that do not name one (logs)."),
+        gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of runs that do not say (torchtitan logs "
+                                           "without a mesh line)."),
+        node: Optional[str] = typer.Option(None, "--node", help="Node preset of runs that do not name one."),
         catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
     ) -> None:
@@ -39,11 +45,13 @@ def register(app: typer.Typer) -> None:
         cat = load_catalog(catalog)
         with Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("pricing runs", total=None)
-            rs = read_runs(runs, cat, progress=lambda: bar.advance(task))
+            defaults = {k: str(v) for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("node", node))
+                        if v is not None}
+            rs = read_runs(runs, cat, defaults, progress=lambda: bar.advance(task))
         report = fit(rs, cat)
         c = report.calibration
         if output is not None:
-            output.write_text(c.to_toml(str(runs), report.leave_one_out))
+            output.write_text(c.to_toml(", ".join(map(str, runs)), report.leave_one_out))
         if as_json:
             print(json.dumps({"compute_factor": c.compute_factor, "comm_factor": c.comm_factor, "gpus": c.gpus,
                               "stacks": c.stacks, "not_identified": c.not_identified, "before": report.before,
@@ -53,10 +61,10 @@ def register(app: typer.Typer) -> None:
         con = table_console()
         t = new_table(f"{len(rs)} runs of {', '.join(c.stacks)} on {', '.join(c.gpus)} (s per iteration)",
                       con.width < NARROW)
-        for col in ("row", "measured", "hetplan", "calibrated", "left out"):
-            t.add_column(col, justify="right")
+        for col in ("run", "measured", "hetplan", "calibrated", "left out"):
+            t.add_column(col, justify="left" if col == "run" else "right")
         for r in report.rows:
-            t.add_row(str(r["row"]), f"{r['measured_s']:.3f}", f"{r['before_s']:.3f}", f"{r['after_s']:.3f}",
+            t.add_row(r["label"], f"{r['measured_s']:.3f}", f"{r['before_s']:.3f}", f"{r['after_s']:.3f}",
                       f"{r['loo_s']:.3f}")
         con.print(t)
 

@@ -1,4 +1,4 @@
-"""``hetplan catalog gpus|nodes|models``: what the bundled catalog knows."""
+"""``hetplan catalog gpus|nodes|models|stacks``: what the bundled catalog knows."""
 
 from __future__ import annotations
 
@@ -89,6 +89,67 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
                   str(ffn), experts, f"{counts.total_parameters(m) / 1e9:.1f}",
                   f"{counts.active_parameters(m) / 1e9:.1f}")
     table_console().print(t)
+
+
+def _attention(st) -> str:
+    """A stack's attention in a few characters: ``std``/``eager``, or the flash kernel with per-family ones
+    (``fa2 H,B:cudnn``: FlashAttention-2, cuDNN on Hopper and Blackwell)."""
+    if st.attention != "flash":
+        return {"standard": "std", "eager": "eager"}[st.attention]
+    base = st.attention_kernel.get("default", "fa2")
+    other: dict[str, list[str]] = {}
+    for fam, k in st.attention_kernel.items():
+        if fam != "default" and k != base:
+            other.setdefault(k, []).append(fam[0])
+    return " ".join([base] + [f"{','.join(f)}:{k}" for k, f in other.items()])
+
+
+@catalog_app.command("stacks")
+def stacks(
+    name: Optional[str] = typer.Argument(None, help="NAME[@VERSION|@YYYY-MM]: one release with every field's source."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every field and its source)."),
+) -> None:
+    """Software stacks: what each framework release runs (GEMM path, attention kernel by GPU, sequence
+    parallelism, TP-comm overlap, DP overlap, launch, ZeRO), each field sourced; `--stack` / job `stack` pick one."""
+    from hetplan.hardware.stacks import FRAMEWORK_STACK, load_stacks, resolve_stack
+
+    cat = load_stacks()
+    chosen = [resolve_stack(name, field="NAME")] if name else list(cat.stacks)
+    if as_json:
+        print(json.dumps({"date": cat.date, "stacks": [dict(s.model_dump(mode="json"), id=s.id) for s in chosen]},
+                         indent=1))
+        return
+    con = table_console()
+    if name:
+        st = chosen[0]
+        con.print(f"[bold]{st.id}[/] (released {st.released}; framework {st.framework})", highlight=False)
+        for f in ("released",) + tuple(st.model_fields)[3:-1]:
+            value = getattr(st, f)
+            shown = ", ".join(map(str, value)) if isinstance(value, tuple) else (
+                ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else str(value))
+            con.print(f"  {f}: {shown}\n      source: {st.sources.get(f, 'hetplan (framework family)')}",
+                      highlight=False, soft_wrap=True)
+        return
+    narrow = con.width < NARROW
+    t = new_table(f"Software stacks ({cat.date}); a release holds until the next", narrow)
+    cols = ("stack", "from", "GEMM", "attention", "SP", "TPo", "DPo", "launch", "ZeRO")
+    for col in cols:
+        t.add_column(col, no_wrap=True)
+    latest = {s.name: s for s in cat.stacks}
+    for st in cat.stacks:
+        star = "*" if st.name in FRAMEWORK_STACK.values() and latest[st.name] is st else ""
+        z = st.zero
+        t.add_row(st.id + star, st.released, "TE" if st.gemm == "transformer-engine" else "cuBLAS", _attention(st),
+                  "y" if st.sequence_parallel else "-", "y" if st.tp_comm_overlap else "-",
+                  {"bucketed": "y", "none": "-", "after-last-microbatch": "z12"}[st.dp_overlap],
+                  {"eager": "eager", "cuda-graphs": "graphs", "compiled": "compile"}[st.launch],
+                  f"{z[0]}-{z[-1]}" if len(z) > 1 and z == tuple(range(z[0], z[-1] + 1)) else ",".join(map(str, z)))
+    con.print(t)
+    con.print("* the default stack of its framework (" + ", ".join(f"{fw}: {n}" for fw, n in FRAMEWORK_STACK.items())
+              + "), what `hetplan export` writes. SP: sequence parallelism; TPo: TP-communication overlap; DPo: DP "
+              "gradient reduction overlapped with backward (z12: only ZeRO-1/2 without a pipeline, DeepSpeed); "
+              "attention: std = s x s scores stored, H,B:cudnn = cuDNN on Hopper and Blackwell. `hetplan catalog "
+              "stacks NAME` shows every field's source.", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

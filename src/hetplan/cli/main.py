@@ -25,7 +25,7 @@ SUBCOMMAND_MODULES = {
     "hetplan.cli.calibrate": ("calibrate",),
     "hetplan.cli.serve": ("serve", "simulate", "capacity"),
     "hetplan.cli.profile": ("profile",),
-    "hetplan.cli.runtime": ("run", "export", "verify"),
+    "hetplan.cli.runtime": ("run", "export", "import", "verify"),
 }
 
 

@@ -151,12 +151,15 @@ def export_cmd(
     to: str = typer.Option(..., "--to", help="megatron, deepspeed or torchtitan."),
     out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Write the files here (default: print them)."),
     virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", help="Interleaved schedule chunks per rank."),
+    framework_version: Optional[str] = typer.Option(
+        None, "--framework-version", help="Release to write for: torchtitan 0.3 (default: --module/--config + "
+        "overrides) or 0.2 (TOML); Megatron-LM 2026-08-22; DeepSpeed 0.19."),
 ) -> None:
     """Write the launch arguments / config files of Megatron-LM, DeepSpeed or torchtitan for PLAN."""
     from hetplan.runtime import exporters, planio
 
     p = planio.load_plan(plan)
-    ex = exporters.export(p, planio.plan_model(p), to, virtual_stages)
+    ex = exporters.export(p, planio.plan_model(p), to, virtual_stages, framework_version)
     c = Console()
     for name, text in ex.files.items():
         if out_dir:
@@ -168,6 +171,39 @@ def export_cmd(
             print(text)
     for n in ex.notes:
         Console(stderr=True).print(f"note: {n}", highlight=False)
+
+
+def import_cmd(
+    files: list[Path] = typer.Argument(..., help="A Megatron-LM launch script or arguments file; a torchtitan 0.3 "
+                                       "launch (+ hetplan_torchtitan_job.py) or 0.2 TOML (+ launch.sh); a DeepSpeed "
+                                       "JSON config + its launch script."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the plan JSON here (default: print)."),
+    model: Optional[str] = typer.Option(None, "--model", help="The model (default: the preset with the launch's "
+                                        "shapes)."),
+    gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU type the launch runs on."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="World size, when the launch does not give "
+                                       "--nnodes x --nproc-per-node."),
+) -> None:
+    """Read a framework launch back into a plan: `hetplan estimate` prices it, `plan --baseline` compares it."""
+    from hetplan.errors import HetplanError
+    from hetplan.runtime.importers import import_files
+    from hetplan.runtime.planio import plan_model
+    from hetplan.plan_rules import check_plan
+
+    texts = {}
+    for f in files:
+        if not f.is_file():
+            raise HetplanError(f"{f} is not a file", field="FILES", fix="give the launch files")
+        texts[f.name] = f.read_text()
+    plan = import_files(texts, model=model, gpu=gpu, gpus=gpus)
+    check_plan(plan, plan_model(plan))
+    text = plan.model_dump_json(indent=2) + "\n"
+    if output:
+        output.write_text(text)
+        Console(stderr=True).print(f"wrote {output}: {plan.job.model}, {plan.num_gpus} GPUs, PP {plan.pp}, TP "
+                                   f"{plan.stages[0].tp}, DP {plan.stages[0].dp}, EP {plan.ep}", highlight=False)
+    else:
+        print(text, end="")
 
 
 def verify_cmd(
@@ -208,7 +244,8 @@ def verify_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``hetplan run``, ``hetplan export`` and ``hetplan verify`` to ``app``."""
+    """Add ``hetplan run``, ``hetplan export``, ``hetplan import`` and ``hetplan verify`` to ``app``."""
     app.command("run")(run_cmd)
     app.command("export")(export_cmd)
+    app.command("import")(import_cmd)
     app.command("verify")(verify_cmd)

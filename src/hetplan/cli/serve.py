@@ -120,10 +120,16 @@ def register(app: typer.Typer) -> None:
     def capacity_cmd(
         workload: Path = typer.Argument(..., help="WORKLOAD.toml (see examples/serve/capacity.toml)"),
         gpus: str = typer.Option(None, "--gpus", help="candidate GPU types, comma-separated (default: "
-                                 "capacity.gpus, else the whole catalog)"),
+                                 "capacity.gpus, else cluster.gpu; with none the command refuses)"),
+        catalog: Path = typer.Option(None, "--catalog", help="GPU catalog TOML extending or overriding the "
+                                     "package's (same layout as hetplan/hardware/data/gpus.toml)"),
+        price: list[str] = typer.Option(None, "--price", help="GPU=USD per GPU-hour, overriding the catalog "
+                                        "and capacity.prices; repeatable, e.g. --price A100-SXM-80GB=3.67"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
     ) -> None:
         """Cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (checked by simulation)."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         from hetplan.serve.capacity import plan_capacity
         from hetplan.serve.config import load_workload_config
 
@@ -131,7 +137,16 @@ def register(app: typer.Typer) -> None:
         names = [g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None
         if names is not None and not names:
             raise HetplanError("--gpus names no GPU type", field="--gpus", fix="e.g. --gpus A100-SXM-80GB,H100-SXM,L4")
-        out = plan_capacity(wf, names)
+        prices = _parse_prices(price or [])
+        err = Console(stderr=True)
+        with Progress(TextColumn("capacity: rate search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), console=err, transient=True) as bar:
+            task = bar.add_task("", total=None)
+
+            def step(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=what)
+
+            out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step)
         if as_json:
             typer.echo(json.dumps(out, indent=2))
             return
@@ -152,5 +167,28 @@ def register(app: typer.Typer) -> None:
             t.add_row(name, str(r["requests"]), f"{r['slo_attainment']:.3f}", _fmt(r["p99_latency_s"]),
                       _fmt(r["p99_ttft_s"]), _fmt(_ms(r["p99_tpot_s"]), digits=1))
         con.print(t)
+        used = sorted(out["gpus_by_type"])
+        con.print("prices: " + "; ".join(f"{g} {out['prices'][g]['usd_per_gpu_hour']:.2f} $/h "
+                                         f"({out['prices'][g]['source']})" for g in used))
         if not out["meets_target"]:
             con.print("[yellow]the simulated mix misses the target after 3 rounds of derating; see the table[/]")
+
+
+def _parse_prices(items: list[str]) -> dict[str, float]:
+    """``["A100-SXM-80GB=3.67", ...]`` -> ``{"A100-SXM-80GB": 3.67}``.
+
+    Raises:
+        HetplanError: an item without ``=``, a price that is not a positive number below 1,000 $/h.
+    """
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            usd = float(value)
+        except ValueError:
+            usd = float("nan")
+        if not sep or not name.strip() or not 0 < usd <= 1000:
+            raise HetplanError(f"bad price {item!r}", field="--price",
+                               fix="write GPU=USD_PER_GPU_HOUR with a price in (0, 1000], e.g. A100-SXM-80GB=3.67")
+        out[name.strip()] = usd
+    return out

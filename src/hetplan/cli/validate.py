@@ -27,6 +27,23 @@ def _fmt(x: float, pct: bool = True) -> str:
     return f"{100 * x:.1f} %" if pct else f"{x:.3f}"
 
 
+def _signed(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{100 * x:+.1f} %"
+
+
+def _print_stacks(console, stacks: dict) -> None:
+    """The error per software stack (``--json``'s ``stacks``): n, MAPE, signed median, max and its sets."""
+    from rich.table import Table
+
+    t = Table(title="Per stack (every row of the sets run; signed: predicted speed / measured - 1, + = too fast)")
+    for col in ("stack", "n", "MAPE", "signed", "max", "sets"):
+        t.add_column(col, no_wrap=col == "stack")
+    for name, r in stacks.items():
+        t.add_row(name, str(r["n"]), _fmt(r["mape"]), _signed(r["signed_median"]), _fmt(r["max_abs_error"]),
+                  ", ".join(r["sets"]))
+    console.print(t)
+
+
 def _print_fasop(console, r: dict) -> None:
     """FASOP's set in detail: errors per GPU type and the A10G / A100 layer-time ratio (``--json`` figures)."""
     from rich.table import Table
@@ -53,11 +70,12 @@ def _print_modern(console, sets: dict) -> None:
     from rich.table import Table
 
     t = Table(title="Modern sets (errors as % of measured)")
-    for col in ("set", "n", "excl.", "MAPE", "max", "τ", "held-out", "memory"):
+    for col in ("set", "n", "excl.", "MAPE", "signed", "max", "τ", "held-out", "memory"):
         t.add_column(col, no_wrap=col == "set")
     for name, r in sets.items():
         mem = r.get("memory", {}).get("max_abs_error", float("nan"))
-        t.add_row(name, str(r["n"]), str(r["not_expressible"]["n"]), _fmt(r["mape"]), _fmt(r["max_abs_error"]),
+        t.add_row(name, str(r["n"]), str(r["not_expressible"]["n"]), _fmt(r["mape"]), _signed(r["signed_median"]),
+                  _fmt(r["max_abs_error"]),
                   _fmt(r["kendall_tau"], pct=False), _fmt(r["held_out"]["mape"]), _fmt(mem))
     console.print(t)
 
@@ -87,18 +105,39 @@ def _print_modern(console, sets: dict) -> None:
         "report memory.")
 
 
+def _print_serving(console, r: dict) -> None:
+    """The serving set (:mod:`hetplan.calibration.serving`): calibration / held-out halves, per source, worst rows."""
+    from rich.table import Table
+
+    t = Table(title="Serving set (time errors in %; bias: speed, + = too fast)")
+    for col in ("part", "n", "MAPE", "bias", "median", "max"):
+        t.add_column(col, no_wrap=col == "part")
+    parts = [("all", r), ("calibration", r["calibration"]), ("held-out", r["held_out"])]
+    parts += [(name, x) for name, x in r["per_source"].items()]
+    for name, x in parts:
+        t.add_row(name, str(x["n"]), _fmt(x["mape"]), _signed(x["signed_median"]), _fmt(x["median_abs_error"]),
+                  _fmt(x["max_abs_error"]))
+    console.print(t)
+    console.print(f"serving: {r['convention']}; target MAPE ≤ {100 * r['target']['mape']:.0f} %. Worst rows:",
+                  highlight=False)
+    for x in r["rows"][:3]:
+        console.print(f"  time {100 * x['error']:+.1f} %  {x['key']}", highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``validate`` to ``app``."""
 
     @app.command("validate")
     def validate(
-        json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, kendall_tau, "
-                                      "calibration, held_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
+        json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, "
+                                      "signed_median, kendall_tau, calibration, held_out}}, \"stacks\": {STACK: {n, "
+                                      "mape, max_abs_error, signed_median, sets}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
                                       "independent_h100 adds rows: per-row errors, worst first)"),
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
                                               "espresso_hetero, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
-                                              "megatron_lm_h100, moe_h100, long_context_cp, independent_h100"),
+                                              "megatron_lm_h100, moe_h100, long_context_cp, independent_h100, "
+                                              "serving"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
@@ -110,8 +149,9 @@ def register(app: typer.Typer) -> None:
         per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), and on the modern H100/H200/B200/GB200 sets
         (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
         of llm-foundry, NeMo 24.07 and fms-fsdp, never fitted (the issue's independent check: median ≤ 10 %, no
-        row beyond 25 %)."""
-        from hetplan.calibration import independent, modern
+        row beyond 25 %); serving: published TensorRT-LLM and vLLM serving benchmarks (TTFT, TPOT, tokens/s)
+        against the engine-aware inference cost model (docs/serving.md)."""
+        from hetplan.calibration import independent, modern, serving
         from hetplan.errors import HetplanError
         from hetplan.calibration import validation as v
 
@@ -121,7 +161,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"wrote {write()}")
             return
 
-        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME,)
+        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, serving.SET_NAME)
         names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
         bad = [n for n in names if n not in every]
         if bad:
@@ -129,6 +169,7 @@ def register(app: typer.Typer) -> None:
                                fix=f"use some of: {', '.join(every)}")
         new = tuple(n for n in names if n in modern.SET_NAMES)
         check_independent = independent.SET_NAME in names
+        serving_result, serving_cases = serving.run_serving() if serving.SET_NAME in names else ({}, [])
         names = tuple(n for n in names if n in v.SET_NAMES)
         result, cases = v.run_validation(names)
         new_result, new_cases = modern.run_modern(new)
@@ -137,6 +178,7 @@ def register(app: typer.Typer) -> None:
             new_result.update(ind_result)
             new_cases += ind_cases
         result["sets"].update(new_result)
+        result["sets"].update(serving_result)
         cases += new_cases
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -146,13 +188,17 @@ def register(app: typer.Typer) -> None:
             v.write_csv(cases, csv_path)
         if plot_path is not None:
             v.plot(cases, plot_path)
+        from hetplan.calibration.intervals import per_stack
+
+        result["stacks"] = per_stack(cases) | serving.per_engine(serving_cases)
         if json_out:
             typer.echo(json.dumps(result, indent=2, allow_nan=True))
             return
         from rich.table import Table
 
         table = Table(title="Estimator vs. measured (errors as % of measured)")
-        for col in ("set", "n", "MAPE", "max |err|", "Kendall τ", "held-out MAPE", "calib. MAPE", "target", "met"):
+        for col in ("set", "n", "MAPE", "signed", "max |err|", "Kendall τ", "held-out MAPE", "calib. MAPE", "target",
+                    "met"):
             table.add_column(col, no_wrap=col == "set")  # set names stay whole (they are what --sets takes)
         for name in names:
             r = result["sets"][name]
@@ -166,7 +212,8 @@ def register(app: typer.Typer) -> None:
                 f"{b if k == 'kendall_tau' else f'{100 * b:.0f} %'}" for k, b in tgt.items()
             )
             table.add_row(
-                name, str(r["n"]), _fmt(r["mape"]), _fmt(r["max_abs_error"]), _fmt(r["kendall_tau"], pct=False),
+                name, str(r["n"]), _fmt(r["mape"]), _signed(r["signed_median"]), _fmt(r["max_abs_error"]),
+                _fmt(r["kendall_tau"], pct=False),
                 _fmt(r.get("held_out", {}).get("mape", float("nan"))), _fmt(r.get("calibration", {}).get("mape", float("nan"))),
                 tgt_txt or "-", ("yes" if all(met) else "NO") if met else "-",
             )
@@ -179,12 +226,15 @@ def register(app: typer.Typer) -> None:
             _print_fasop(console, result["sets"]["fasop_layers"])
         if new_result:
             _print_modern(console, new_result)
+        if serving_result:
+            _print_serving(console, serving_result[serving.SET_NAME])
         if names:
             console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same "
                           "model, GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows "
                           "(V100), seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's "
                           "hosts), Espresso's runs that fitted A30/A4000/A6000/3090; SC'21 and Korthikanti are fully held "
                           "out.")
+        _print_stacks(console, result["stacks"])
         if csv_path is not None:
             console.print(f"wrote {csv_path}")
         if plot_path is not None:

@@ -80,12 +80,14 @@ RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 
 
 def attention_kernel(job, gpu: GPUSpec) -> str:
-    """The fused attention kernel ``job`` runs on ``gpu``: ``job.attention_kernel`` if set, else its framework's
-    default on the GPU's architecture (:func:`hetplan.hardware.catalog.default_attention_kernel`); ``job`` None:
-    Megatron's."""
+    """The fused attention kernel ``job`` runs on ``gpu``: ``job.attention_kernel`` if set, else what its stack
+    runs on the GPU's architecture (``Job.stack_spec().kernel_on``, :mod:`hetplan.hardware.stacks`); ``job``
+    None: Megatron's default stack."""
     chosen = getattr(job, "attention_kernel", None)
     if chosen is not None:
         return chosen
+    if hasattr(job, "stack_spec"):
+        return job.stack_spec().kernel_on(gpu.architecture)
     return default_attention_kernel(getattr(job, "framework", "megatron"), gpu.architecture)
 
 
@@ -134,16 +136,20 @@ def gemm_efficiency(gpu: GPUSpec, M, N, K, dtype: str = "bf16"):
     return fp8.gemm_ceiling(gpu, dtype) * M / (M + x0) * N / (N + x0) * K / (K + k0)
 
 
-def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1):
+def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1, weight_bytes=None):
     """Seconds for ``batch`` GEMMs of shape (M, N, K) on ``gpu`` (roofline with shape-dependent ceiling). FP8
     GEMMs (:mod:`hetplan.estimate.fp8`): the FP8 peak and ceiling, 1-byte inputs, bf16 output.
+    ``weight_bytes``: bytes per element of the ``K x N`` operand when it is stored narrower than the GEMM's
+    dtype (weight-only quantisation, W8A16 / W4A16: the kernel reads the narrow weights and widens them in
+    registers; :mod:`hetplan.estimate.inference`); default: the operand size of ``dtype``.
 
     Raises:
         HetplanError: the GPU lacks ``dtype``.
     """
     flops = 2.0 * batch * M * N * K
     operand = fp8.OPERAND_BYTES if fp8.is_fp8(dtype) else OPERAND_BYTES
-    bytes_ = batch * (operand * (M * K + K * N) + OPERAND_BYTES * M * N)
+    weight = operand if weight_bytes is None else weight_bytes
+    bytes_ = batch * (operand * M * K + weight * K * N + OPERAND_BYTES * M * N)
     return np.maximum(flops / (gpu.peak_flops_per_s(dtype) * gemm_efficiency(gpu, M, N, K, dtype)),
                       bytes_ / gpu.hbm_bandwidth_bytes_per_s)
 

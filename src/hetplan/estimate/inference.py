@@ -21,6 +21,27 @@ training forward pass, so serving and training agree on the same shape.
   (:func:`hetplan.estimate.memory.stage_parameters`) divided by ``t``, times the dtype size — the bytes a swap
   moves.
 
+**Engines** (:mod:`hetplan.hardware.engines`). With ``engine=None`` the costs above are those of the training
+forward (standard attention, every kernel launched from the host). With an :class:`EngineSpec` the same functions
+price what that serving engine runs (docs/serving.md, "The engine model"):
+
+* *launches*: a decode step that replays a CUDA graph (vLLM, SGLang, TGI: batch padded to the next captured size
+  of ``cuda_graph_batch_sizes``) or a compiled engine (TensorRT-LLM) pays one launch per step, not
+  ``kernel_overhead_s`` per kernel: the layers run with the training estimator's CUDA-graph switch
+  (:func:`hetplan.estimate.compute.layer_time_s` ``cuda_graphs=True``); eager engines, prefills of engines without
+  prefill graphs and batches above the largest capture keep the per-kernel host floor;
+* *attention*: fused causal flash attention (``attention="flash"``) at the measured rate of the kernel the engine
+  runs on that GPU generation (FlashAttention-2/-3, FlashInfer, TensorRT-LLM FMHA: ``EngineSpec.attention``);
+  decode attention reads the paged K/V at the HBM bandwidth (above);
+* *weights*: ``weights`` = bf16 / fp16 / fp8 / int8 / int4: the layers' weight bytes at that size (the embedding
+  and the head stay 16-bit, as FP8/INT4 checkpoints keep them), their GEMMs on FP8 tensor cores where the engine
+  runs W8A8 FP8 on that generation, else 16-bit GEMMs reading the narrow weights (weight-only, W8A16 / W4A16);
+  unsupported combinations raise naming ``quantization``;
+* *KV cache*: ``kv_dtype`` (fp8 halves the K/V bytes) and the engine's memory budget in blocks
+  (:func:`kv_capacity_tokens`, :func:`max_num_seqs`);
+* *per-step overhead*: ``EngineSpec.step_overhead_s`` of host time (scheduling, input preparation, sampling)
+  once per engine step.
+
 This module does not import torch.
 """
 
@@ -28,16 +49,18 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hetplan.errors import HetplanError
+from hetplan.errors import HetplanError, InfeasibleError
 from hetplan.estimate.comm import ALPHA_INTRA_NODE_S, p2p_time_s
-from hetplan.estimate.compute import embedding_time_s, gemm_time_s, layer_time_s
+from hetplan.estimate.compute import (attention_gemm_times_s, attention_linear_shapes, embedding_time_s, gemm_time_s,
+                                      layer_time_s, mlp_linear_shapes)
 from hetplan.estimate.memory import stage_parameters
 from hetplan.hardware.catalog import GPUSpec
+from hetplan.hardware.engines import WEIGHT_DTYPE_BYTES, EngineSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import layer_ranges
 
-#: Bytes per element of the serving dtypes.
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+#: Bytes per element of the serving dtypes (activations; ``fp8`` only for the KV cache).
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -71,20 +94,31 @@ def _stages(m: ModelSpec, pp: int) -> list[tuple[int, int]]:
     return layer_ranges(m.num_layers, pp)
 
 
-def weight_bytes_per_worker(m: ModelSpec, tp: int, pp: int, dtype: str = "fp16") -> list[int]:
+def weight_bytes_per_worker(m: ModelSpec, tp: int, pp: int, dtype: str = "fp16",
+                            weights: str | None = None) -> list[int]:
     """Weight bytes of each worker in rank order (rank = pp_rank · TP + tp_rank): its stage's parameters as the
-    training memory model counts them, divided over TP, times the dtype size.
+    training memory model counts them, divided over TP, times the dtype size; ``weights`` (fp8 / int8 / int4 ...,
+    default ``dtype``): the layers' weights at that size, the embedding and head at ``dtype``'s.
 
     Raises:
         HetplanError: TP does not divide the model, PP exceeds the layers, unknown dtype.
     """
     check_tp(m, tp)
     nb = dtype_bytes(dtype)
+    wb = _weight_bytes(weights or dtype)
     out = []
     for i, (a, b) in enumerate(_stages(m, pp)):
         params = float(stage_parameters(m, b - a, i == 0, i == pp - 1, pp == 1))
-        out += [int(round(params / tp * nb))] * tp
+        rest = float(stage_parameters(m, 0, i == 0, i == pp - 1, pp == 1))
+        out += [int(round(((params - rest) * wb + rest * nb) / tp))] * tp
     return out
+
+
+def _weight_bytes(weights: str) -> float:
+    if weights not in WEIGHT_DTYPE_BYTES:
+        raise HetplanError(f"unknown weight dtype {weights!r}", field="quantization",
+                           fix=f"use one of {', '.join(WEIGHT_DTYPE_BYTES)}")
+    return WEIGHT_DTYPE_BYTES[weights]
 
 
 def kv_cache_bytes_per_worker(m: ModelSpec, tokens: int, tp: int, pp: int, dtype: str = "fp16") -> list[int]:
@@ -102,44 +136,171 @@ def _pipeline_p2p_s(m: ModelSpec, gpu: GPUSpec, tokens: int, pp: int, nb: int) -
                                        ALPHA_INTRA_NODE_S))
 
 
-def _forward_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: int, s: int, tp: int) -> float:
-    """Embedding, L layers (with their TP all-reduces) and the last position's logits of one forward pass."""
-    layer_fwd = float(layer_time_s(m, gpu, dtype, b, s, tp, 0, gpu.gpu_link_bandwidth_bytes_per_s)[0])
-    emb = float(embedding_time_s(m, gpu, b, s, tp)[0])
-    logits = float(gemm_time_s(gpu, dtype, b, m.padded_vocab_size() / tp, m.hidden_size))
-    return m.num_layers * layer_fwd + emb + logits
+def _engine_gpu(gpu: GPUSpec, engine: EngineSpec) -> GPUSpec:
+    """``gpu`` running ``engine``'s attention kernel (its measured rate class, :data:`KERNEL_RATE_CLASS`), its
+    memory-bound kernels at ``engine.hbm_efficiency`` of the HBM peak bandwidth."""
+    return gpu.model_copy(update={"attention_kernel": engine.attention_rate_kernel(gpu),
+                                  "hbm_bandwidth_bytes_per_s": gpu.hbm_bandwidth_bytes_per_s * engine.hbm_efficiency})
+
+
+def _forward_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: int, s: int, tp: int, engine: EngineSpec | None = None,
+               weights: str | None = None, prefill: bool = True) -> float:
+    """Embedding, L layers (with their TP all-reduces) and the last position's logits of one forward pass.
+
+    ``engine`` None: the training forward (standard attention, per-kernel launches). Else the engine's path
+    (module docstring): launches per its decode path, its attention kernel, ``weights`` at their size and GEMM
+    dtype; a captured decode batch is padded to the captured size."""
+    link = gpu.gpu_link_bandwidth_bytes_per_s
+    if engine is None:
+        layer_fwd = float(layer_time_s(m, gpu, dtype, b, s, tp, 0, link)[0])
+        emb = float(embedding_time_s(m, gpu, b, s, tp)[0])
+        logits = float(gemm_time_s(gpu, dtype, b, m.padded_vocab_size() / tp, m.hidden_size))
+        return m.num_layers * layer_fwd + emb + logits
+    w = weights or dtype
+    g = _engine_gpu(gpu, engine)
+    gemm_dtype = engine.gemm_dtype(w, gpu)
+    launches = engine.launches_per_kernel(b, prefill)
+    if not prefill and not launches and engine.graph_batch_size(b) is not None:
+        b = int(engine.graph_batch_size(b))  # the replayed graph runs the padded batch
+    wb = _weight_bytes(w)
+    tokens = b * s
+    shapes = attention_linear_shapes(m, tokens, tp) + mlp_linear_shapes(m, tokens, m.ffn_hidden_size, tp)
+    linear = sum(float(gemm_time_s(g, gemm_dtype, M, N, K, weight_bytes=wb)) for M, N, K in shapes)
+    core = float(attention_gemm_times_s(m, g, dtype, b, s, tp)[1])
+    layer_fwd = float(layer_time_s(m, g, gemm_dtype, b, s, tp, 0, link, attention="flash",
+                                   gemm_times_s=(linear, core), cuda_graphs=not launches)[0])
+    host = g if launches else g.model_copy(update={"kernel_overhead_s": 0.0})
+    emb = float(embedding_time_s(m, host, b, s, tp)[0])
+    logits = float(gemm_time_s(g, dtype, b, m.padded_vocab_size() / tp, m.hidden_size))
+    graph_launch = 0.0 if launches else gpu.kernel_overhead_s  # one graph launch / engine enqueue per pass
+    return m.num_layers * layer_fwd + emb + logits + graph_launch
+
+
+def _overhead_s(engine: EngineSpec | None) -> float:
+    return engine.step_overhead_s if engine is not None else 0.0
+
+
+def _prefill_gpu_s(m, gpu, dtype, prompt_len, batch, tp, pp, engine, weights) -> float:
+    return (_forward_s(m, gpu, dtype, batch, prompt_len, tp, engine, weights, prefill=True)
+            + _pipeline_p2p_s(m, gpu, batch * prompt_len, pp, dtype_bytes(dtype)))
 
 
 def prefill_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prompt_len: int, *, batch: int = 1, tp: int = 1,
-                   pp: int = 1) -> float:
-    """Seconds to prefill ``batch`` prompts of ``prompt_len`` tokens (module docstring)."""
+                   pp: int = 1, engine: EngineSpec | None = None, weights: str | None = None) -> float:
+    """Seconds to prefill ``batch`` prompts of ``prompt_len`` tokens (module docstring), with the engine's
+    per-step overhead when ``engine`` is given."""
     check_tp(m, tp)
-    return _forward_s(m, gpu, dtype, batch, prompt_len, tp) + _pipeline_p2p_s(m, gpu, batch * prompt_len, pp,
-                                                                               dtype_bytes(dtype))
+    return _prefill_gpu_s(m, gpu, dtype, prompt_len, batch, tp, pp, engine, weights) + _overhead_s(engine)
 
 
-def kv_read_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, kv_tokens: int, tp: int = 1) -> float:
+def kv_read_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, kv_tokens: int, tp: int = 1,
+                   kv_dtype: str | None = None) -> float:
     """Seconds one layer's decode attention takes over ``kv_tokens`` cached tokens on one of ``tp`` ranks: the
-    larger of its FLOPs (scores and values, ``4 · n · q_dim / t``) at peak and its K/V reads from HBM."""
+    larger of its FLOPs (scores and values, ``4 · n · q_dim / t``) at the ``dtype`` peak and its K/V reads
+    (``kv_dtype``, default ``dtype``) from HBM."""
     flops = 4.0 * kv_tokens * m.q_dim / tp
-    nbytes = 2.0 * kv_tokens * (m.kv_dim / tp) * dtype_bytes(dtype)
+    nbytes = 2.0 * kv_tokens * (m.kv_dim / tp) * dtype_bytes(kv_dtype or dtype)
     return max(flops / (gpu.peak_flops_per_s(dtype) * gpu.compute_efficiency), nbytes / gpu.hbm_bandwidth_bytes_per_s)
 
 
-def decode_step_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, batch: int, kv_tokens: int, *, tp: int = 1,
-                       pp: int = 1) -> float:
-    """Seconds for one decode step of ``batch`` sequences holding ``kv_tokens`` cached tokens in all."""
+def _decode_gpu_s(m, gpu, dtype, batch, kv_tokens, tp, pp, engine, weights, kv_dtype) -> float:
     if batch == 0:
         return 0.0
-    check_tp(m, tp)
-    return (_forward_s(m, gpu, dtype, batch, 1, tp) + m.num_layers * kv_read_time_s(m, gpu, dtype, kv_tokens, tp)
+    g = gpu if engine is None else _engine_gpu(gpu, engine)
+    return (_forward_s(m, gpu, dtype, batch, 1, tp, engine, weights, prefill=False)
+            + m.num_layers * kv_read_time_s(m, g, dtype, kv_tokens, tp, kv_dtype)
             + _pipeline_p2p_s(m, gpu, batch, pp, dtype_bytes(dtype)))
 
 
+def decode_step_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, batch: int, kv_tokens: int, *, tp: int = 1,
+                       pp: int = 1, engine: EngineSpec | None = None, weights: str | None = None,
+                       kv_dtype: str | None = None) -> float:
+    """Seconds for one decode step of ``batch`` sequences holding ``kv_tokens`` cached tokens in all (with the
+    engine's per-step overhead when ``engine`` is given)."""
+    if batch == 0:
+        return 0.0
+    check_tp(m, tp)
+    return _decode_gpu_s(m, gpu, dtype, batch, kv_tokens, tp, pp, engine, weights, kv_dtype) + _overhead_s(engine)
+
+
 def step_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prefill_lens: Sequence[int], decode_contexts: Sequence[int],
-                *, tp: int = 1, pp: int = 1) -> float:
+                *, tp: int = 1, pp: int = 1, engine: EngineSpec | None = None, weights: str | None = None,
+                kv_dtype: str | None = None) -> float:
     """One engine iteration: one prefill pass over the joining requests' prompts (``prefill_lens``, right-padded
     to the longest, as the engine runs them) and one decode step over the running requests (``decode_contexts``:
-    tokens each holds in the cache)."""
-    t = prefill_time_s(m, gpu, dtype, max(prefill_lens), batch=len(prefill_lens), tp=tp, pp=pp) if prefill_lens else 0.0
-    return t + decode_step_time_s(m, gpu, dtype, len(decode_contexts), int(sum(decode_contexts)), tp=tp, pp=pp)
+    tokens each holds in the cache); the engine's per-step overhead once."""
+    if not prefill_lens and not decode_contexts:
+        return 0.0
+    check_tp(m, tp)
+    t = (_prefill_gpu_s(m, gpu, dtype, max(prefill_lens), len(prefill_lens), tp, pp, engine, weights)
+         if prefill_lens else 0.0)
+    return t + _decode_gpu_s(m, gpu, dtype, len(decode_contexts), int(sum(decode_contexts)), tp, pp, engine,
+                             weights, kv_dtype) + _overhead_s(engine)
+
+
+def activation_peak_bytes(m: ModelSpec, tp: int, tokens: int, seqs: int, dtype: str = "bf16") -> int:
+    """Peak activation and workspace bytes of one worker during the engine's memory profile run: the largest live
+    tensors of one layer's forward over ``tokens`` tokens — the residual stream and its normalised copy
+    (``2·h``), the fused gate/up output and the activated MLP input (``3·f/t`` for SwiGLU, ``2·f/t`` otherwise) —
+    at ``dtype``, plus the fp32 logits of ``seqs`` sequences over the rank's ``V/t`` vocabulary for sampling.
+    vLLM sizes its KV cache after exactly such a run (``profile_run``: a dummy forward of
+    ``max_num_batched_tokens`` tokens, then a dummy sampler run over ``max_num_seqs`` logits;
+    ``vllm/v1/worker/gpu_model_runner.py``); SGLang and TensorRT-LLM reserve the same workspace before the pool."""
+    mlp = (3 if m.gated_mlp else 2) * m.ffn_hidden_size / tp
+    act = tokens * (2 * m.hidden_size + mlp) * dtype_bytes(dtype)
+    logits = seqs * m.padded_vocab_size() / tp * 4
+    return int(act + logits)
+
+
+def kv_capacity_tokens(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, *, tp: int = 1, pp: int = 1,
+                       dtype: str = "bf16", weights: str | None = None, kv_dtype: str | None = None,
+                       gpu_memory_utilization: float | None = None, max_num_seqs: int | None = None,
+                       max_num_batched_tokens: int | None = None) -> int:
+    """Tokens of KV cache one replica (TP x PP workers) holds under ``engine``'s memory budget, whole blocks:
+
+    * ``total`` budget (vLLM, SGLang): ``u · memory − weights − activations − non-torch memory`` per worker;
+    * ``free`` budget (TensorRT-LLM): ``u · (memory − weights − activations − non-torch memory)``;
+
+    ``u`` = ``gpu_memory_utilization`` (default the engine's), weights from :func:`weight_bytes_per_worker`,
+    activations from :func:`activation_peak_bytes` (``max_num_batched_tokens`` tokens, ``max_num_seqs`` logits;
+    defaults the engine's), non-torch memory ``EngineSpec.non_torch_memory_bytes``. The budget over the worker's
+    K/V bytes per token (:func:`kv_cache_bytes_per_worker`), rounded down to ``kv_block_tokens``; the smallest
+    worker's count is the replica's.
+
+    Raises:
+        HetplanError: the engine does not run ``weights`` on the GPU (field ``quantization``).
+        InfeasibleError: the weights and workspace leave no room for one block (field ``gpu``).
+    """
+    check_tp(m, tp)
+    w = weights or dtype
+    engine.check_weight_dtype(w, gpu)
+    u = engine.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
+    seqs = engine.default_max_num_seqs(gpu) if max_num_seqs is None else max_num_seqs
+    tokens = max_num_batched_tokens if max_num_batched_tokens is not None else (engine.max_num_batched_tokens or 2048)
+    act = activation_peak_bytes(m, tp, tokens, seqs, dtype)
+    per_token = kv_cache_bytes_per_worker(m, 1, tp, pp, kv_dtype or dtype)
+    best = None
+    for wbytes, kv in zip(weight_bytes_per_worker(m, tp, pp, dtype, w), per_token):
+        used = wbytes + act + engine.non_torch_memory_bytes
+        budget = (u * gpu.memory_bytes - used) if engine.memory_budget == "total" else u * (gpu.memory_bytes - used)
+        n = int(budget // kv) if budget > 0 else 0
+        best = n if best is None else min(best, n)
+    block = max(1, engine.kv_block_tokens)
+    n = (best or 0) // block * block
+    if n <= 0:
+        need = max(weight_bytes_per_worker(m, tp, pp, dtype, w)) / 2**30
+        raise InfeasibleError(
+            f"{m.name} ({w} weights, {need:.1f} GiB per GPU at TP {tp} x PP {pp}) leaves no KV-cache room on "
+            f"{gpu.name} ({gpu.memory_bytes / 2**30:.0f} GiB, {engine.label} budget {u:g})", field="gpu",
+            fix="use more TP or PP, narrower weights (quantization), or a GPU with more memory")
+    return n
+
+
+def max_num_seqs(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, seq_tokens: int, **kw) -> int:
+    """Sequences of ``seq_tokens`` tokens (prompt + output) that run at once under ``engine``: the KV blocks of
+    :func:`kv_capacity_tokens` (``kw`` passed on) over the blocks one sequence needs, capped by the engine's
+    ``max_num_seqs`` on this GPU (or ``kw['max_num_seqs']``)."""
+    block = max(1, engine.kv_block_tokens)
+    per_seq = -(-seq_tokens // block) * block
+    cap = kw.get("max_num_seqs") or engine.default_max_num_seqs(gpu)
+    return max(0, min(cap, kv_capacity_tokens(m, gpu, engine, **kw) // per_seq))

@@ -25,6 +25,7 @@ from typing import Annotated, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hetplan.errors import HetplanError
+from hetplan.hardware.stacks import default_stack
 from hetplan.inputs import bounded, parse_toml, read_text, validation_message
 
 GB = 1e9
@@ -41,29 +42,15 @@ FLASH_TO_GEMM_RATIO = (0.86, 0.74)
 #: cuDNN backend). Which one a job runs: :func:`hetplan.estimate.compute.attention_kernel`.
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
 AttentionKernel = Literal["fa2", "fa3", "cudnn"]
-#: The fused attention kernel (:data:`ATTENTION_KERNELS`) each framework runs under
-#: ``attention = "flash"``, by GPU architecture family (the first word of ``GPUSpec.architecture``); a family not
-#: listed runs FlashAttention-2 (``fa2``).
-#:
-#: * ``megatron``: Transformer Engine's ``DotProductAttention`` prefers cuDNN's fused attention on Hopper and later
-#:   and FlashAttention-2 (``flash-attn``) on Ampere (NeMo ``docs/source/performance/memory_optimizations.rst``,
-#:   NVIDIA/NeMo PR #9188).
-#: * ``fsdp``: PyTorch SDPA in the order torchtitan sets it (``sdpa_kernel(backends, set_priority=True)``,
-#:   ``torchtitan/models/attention.py``): cuDNN first on every GPU since pytorch/torchtitan@6a3a9da (2025-10-09),
-#:   as PyTorch itself does on sm90 / sm100 once its bundled cuDNN is newer than 9.15.0 (``sdp_utils.cpp``
-#:   ``check_prefer_cudnn_attention``, PyTorch 2.11). Before, the flash backend (FlashAttention-2) came first on
-#:   Hopper (torchtitan before 6a3a9da; PyTorch's default order, cuDNN last) and cuDNN on sm100 since
-#:   torchtitan@3b85aa3 (2025-05-14): such jobs set ``Job.attention_kernel = "fa2"`` (:class:`hetplan.plan.Job`).
-#: * ``deepspeed``: the ``flash-attn`` package, FlashAttention-2.
-DEFAULT_ATTENTION_KERNEL = {"megatron": {"Hopper": "cudnn", "Blackwell": "cudnn"},
-                            "fsdp": {"Hopper": "cudnn", "Blackwell": "cudnn"},
-                            "deepspeed": {}}
 
 
 def default_attention_kernel(framework: str, architecture: str) -> str:
-    """The kernel ``framework`` runs by default on a GPU of ``architecture`` (:data:`DEFAULT_ATTENTION_KERNEL`)."""
-    family = architecture.split()[0] if architecture.split() else ""
-    return DEFAULT_ATTENTION_KERNEL.get(framework, {}).get(family, "fa2")
+    """The fused attention kernel ``framework``'s default stack runs under ``attention = "flash"`` on a GPU of
+    ``architecture`` (:func:`hetplan.hardware.stacks.default_stack`, its ``attention_kernel`` with sources in
+    ``data/stacks.toml``): cuDNN's fused attention on Hopper and Blackwell for Megatron-Core / Transformer Engine
+    and for torchtitan's SDPA order since pytorch/torchtitan@6a3a9da, FlashAttention-2 otherwise and under
+    DeepSpeed. Earlier releases (``Job.stack``) have their own."""
+    return default_stack(framework).kernel_on(architecture)
 
 
 _Fraction = Annotated[float, Field(gt=0, le=1)]

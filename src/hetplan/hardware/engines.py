@@ -57,7 +57,7 @@ KERNEL_RATE_CLASS: Mapping[str, str] = {
 DecodePath = Literal["cuda_graphs", "compiled", "eager"]
 _FIELDS_WITH_SOURCES = ("decode_path", "prefill_graphs", "cuda_graph_batch_sizes", "attention", "kv_block_tokens",
                         "memory_budget", "gpu_memory_utilization", "max_num_seqs", "chunked_prefill",
-                        "max_num_batched_tokens", "non_torch_memory_gib", "step_overhead_s", "weight_dtypes",
+                        "max_num_batched_tokens", "non_torch_memory_gib", "step_overhead_s", "hbm_efficiency", "weight_dtypes",
                         "fp8_compute")
 
 
@@ -101,6 +101,8 @@ class EngineSpec(BaseModel):
         chunked_prefill, max_num_batched_tokens: chunked prefill on by default, and the token budget per step.
         non_torch_memory_bytes: per-GPU memory outside the engine's tensors (CUDA context, cuBLAS, NCCL).
         step_overhead_s: host time per engine step the GPU waits for (scheduling, input preparation, sampling).
+        hbm_efficiency: fraction of the HBM peak bandwidth the engine's memory-bound kernels (decode GEMMs
+            streaming the weights, paged attention reading the KV cache) reach.
         weight_dtypes: ``{dtype: families}`` where the release runs weights of that dtype.
         fp8_compute: families where FP8 weights run FP8 GEMMs (W8A8); elsewhere FP8 is weight-only.
         sources: ``{field: source}``.
@@ -126,6 +128,7 @@ class EngineSpec(BaseModel):
     max_num_batched_tokens: int = Field(ge=0, le=1 << 24)
     non_torch_memory_bytes: int = Field(ge=0, le=1 << 40)
     step_overhead_s: float = Field(ge=0, le=1.0)
+    hbm_efficiency: float = Field(default=1.0, gt=0, le=1)
     weight_dtypes: Mapping[str, tuple[str, ...]]
     fp8_compute: tuple[str, ...] = ()
     sources: Mapping[str, str]

@@ -52,11 +52,37 @@ import json
 from dataclasses import dataclass, field
 
 from hetplan.errors import HetplanError
+from hetplan.hardware.stacks import default_stack
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Plan
 from hetplan.plan_rules import check_plan, degree
 
 TARGETS = ("megatron", "deepspeed", "torchtitan")
+#: the framework releases each target writes for, the default first (``hetplan export --framework-version``):
+#: Megatron-LM's arguments of 2026-08-22 (:mod:`hetplan.runtime.argspec`), DeepSpeed 0.19's config, torchtitan
+#: 0.3.x (``--module/--config`` + overrides) or 0.2.x (TOML job config, ``--job.config_file``).
+VERSIONS: dict[str, tuple[str, ...]] = {"megatron": ("2026-08-22",), "deepspeed": ("0.19",),
+                                        "torchtitan": ("0.3", "0.2")}
+
+
+def release(target: str, version: str | None) -> str:
+    """The release of ``target`` an export writes for: ``version`` (``0.3.0`` matches ``0.3``) or the default.
+
+    Raises:
+        HetplanError: a release the target's export does not write.
+    """
+    known = VERSIONS[target]
+    if version is None or not version.strip():
+        return known[0]
+    v = version.strip().lstrip("v")
+    for k in known:
+        if v == k or v.startswith(k + "."):
+            return k
+    raise HetplanError(f"hetplan exports {target} for releases {', '.join(known)}, not {version!r}",
+                       field="--framework-version", fix=f"use one of {', '.join(known)} (or leave it out)")
+#: The framework family (``Job.framework``) each target launches; its default stack is what the export writes
+#: (:func:`hetplan.hardware.stacks.default_stack`).
+TARGET_FRAMEWORK = {"megatron": "megatron", "deepspeed": "deepspeed", "torchtitan": "fsdp"}
 #: torchtitan's Llama 3 flavors (``torchtitan/models/llama3/__init__.py``, ``llama3_args``) by hetplan preset.
 TORCHTITAN_FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
 
@@ -151,6 +177,28 @@ def _interleaved_units(plan: Plan, spec: ModelSpec, v: int, what: str) -> tuple[
                        field="plan.virtual_stages", fix="use a balanced split or virtual_stages = 1")
 
 
+def megatron_layout(chunks: list[list[int]]) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` for ``chunks[stage][virtual stage]`` decoder layers:
+    one ``|``-separated segment per model chunk in model order (virtual stage 0 of every pipeline rank, then
+    virtual stage 1, ...), ``t`` a decoder layer, ``E`` the embedding at the start of the first, ``L`` the loss at
+    the end of the last; runs of equal segments written ``(t*k|)*n``
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``, ``parse_str_to_list``)."""
+    pp, v = len(chunks), len(chunks[0])
+    counts = [chunks[s][k] for k in range(v) for s in range(pp)]
+    segs = [("t" if n == 1 else f"t*{n}" if n else "") for n in counts]
+    segs[0], segs[-1] = "E" + segs[0], segs[-1] + "L"
+    out, i = [], 0
+    while i < len(segs):
+        j = i
+        while j + 1 < len(segs) and segs[j + 1] == segs[i]:
+            j += 1
+        run = j - i + 1
+        out.append(f"({segs[i]}|)*{run}" if run > 2 and segs[i] else "|".join(segs[i:j + 1]) + "|")
+        i = j + 1
+    text = "".join(out)
+    return text[:-1]
+
+
 def _pools_note(plan: Plan, nproc: int) -> str | None:
     """Which node ranks each stage's pool must supply, when stages sit on different GPU types (ranks are
     pipeline-outermost in all three frameworks, so stage i holds ranks [i*n, (i+1)*n) for n GPUs per stage)."""
@@ -230,15 +278,15 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
             ["--account-for-loss-in-pipeline-split"] if loss else [])
     elif pp > 1 and len(set(layers)) > 1:
         mid = layers[1:-1]
-        if len(set(mid)) > 1:
-            raise HetplanError(f"Megatron-LM can make only the first and last pipeline stages uneven; this plan's "
-                               f"middle stages hold {mid} layers", field="plan.stages[].num_layers",
-                               fix="make the middle stages equal, or export --to torchtitan or deepspeed (any split)")
-        if not mid or layers[0] != mid[0]:
-            args.append(f"--decoder-first-pipeline-num-layers {layers[0]}")
-        if not mid or layers[-1] != mid[0]:
-            args.append(f"--decoder-last-pipeline-num-layers {layers[-1]}")
-        notes.append("uneven split via --decoder-first/last-pipeline-num-layers (Megatron-Core >= 0.10)")
+        if len(set(mid)) > 1:  # any other split: Megatron-Core's layout string, one chunk per stage
+            args.append(f"--pipeline-model-parallel-layout '{megatron_layout([[n] for n in layers])}'")
+            notes.append("uneven middle stages via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
+        else:
+            if not mid or layers[0] != mid[0]:
+                args.append(f"--decoder-first-pipeline-num-layers {layers[0]}")
+            if not mid or layers[-1] != mid[0]:
+                args.append(f"--decoder-last-pipeline-num-layers {layers[-1]}")
+            notes.append("uneven split via --decoder-first/last-pipeline-num-layers (Megatron-Core >= 0.10)")
     if plan.zero == 1:
         args.append("--use-distributed-optimizer")
     elif plan.zero >= 2:
@@ -255,6 +303,8 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--overlap-grad-reduce")
     if plan.job.attention == "flash":  # the estimate assumed FlashAttention (hetplan.plan.Job.attention)
         args.append("--use-flash-attn")
+    else:  # s x s scores stored: Megatron-Core's unfused attention (its default backend, auto, fuses)
+        args.append("--attention-backend unfused")
     if plan.cross_entropy != "fp32":  # the estimate charged the fused loss (hetplan.plan.Plan.cross_entropy)
         args.append("--cross-entropy-loss-fusion")
     if m.recompute == "full":
@@ -299,6 +349,7 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
          f"mbs {plan.mbs}, gbs {plan.job.global_batch} ({plan.num_microbatches(0)} micro-batches), model {spec.name}. "
          "Generated by hetplan export."),
         "# Run on every node; set NODE_RANK and MASTER_ADDR. Ranks: TP innermost, then CP, DP, PP (Megatron order).",
+        f"# hetplan model: {plan.job.model}",
         *env,
         f"torchrun --nnodes {nnodes} --nproc-per-node {per_node} --node-rank ${{NODE_RANK:-0}} \\",
         "  --master-addr ${MASTER_ADDR:-127.0.0.1} --master-port ${MASTER_PORT:-6000} \\",
@@ -436,7 +487,7 @@ def balanced_split_ds(num_layers: int, pp: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(pp)]
 
 
-def _torchtitan_parts(plan: Plan, spec: ModelSpec, v: int) -> list[list[str]]:
+def _torchtitan_parts(plan: Plan, spec: ModelSpec, v: int, head: str = "output") -> list[list[str]]:
     """``module_fqns_per_model_part``: the plan's stages (or, interleaved, pp x v chunks in model order — chunk k
     runs on pipeline rank k % pp — of equal units, the embedding and the loss counting as one where the plan's
     split does, :func:`_interleaved_units`), the embedding with the first part, the final norm and head with the
@@ -453,7 +504,7 @@ def _torchtitan_parts(plan: Plan, spec: ModelSpec, v: int) -> list[list[str]]:
         parts.append([f"layers.{i}" for i in range(start, start + n)])
         start += n
     parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
+    parts[-1] += ["norm", head]  # the output head: "output" before 0.3, "lm_head" in 0.3
     return parts
 
 
@@ -472,35 +523,32 @@ llama3_args[{flavor!r}] = TransformerModelArgs(
 '''
 
 
-def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = None) -> Export:
-    """A torchtitan TOML job config (see module doc), plus a flavor-registering module for Llama shapes that
-    torchtitan does not ship.
+def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = None,
+                      version: str | None = None) -> Export:
+    """torchtitan's launch for ``version`` (:data:`VERSIONS`): 0.3.x's ``--module/--config`` with overrides
+    (:func:`export_torchtitan_03`), or 0.2.x's TOML job config (see module doc) plus a flavor-registering module
+    for Llama shapes that torchtitan does not ship.
 
     Raises:
         HetplanError: per-stage TP/DP/CP/EP/recompute differ, a model that is not Llama-shaped, fp16, partial
             recomputation, bf16 resident parameters or loss (``Plan.fsdp_param_dtype``, ``Plan.cross_entropy``).
     """
+    version = release("torchtitan", version)
     m = _mesh(plan, "torchtitan")
     pp = plan.pp
     notes = []
-    if not (spec.gated_mlp and spec.norm == "rmsnorm" and not spec.linear_bias and spec.learned_positions == 0):
-        raise HetplanError(f"torchtitan trains Llama-shaped models (SwiGLU, RMSNorm, rotary, no biases); {spec.name} "
-                           f"is {spec.family}", field="--to", fix="export --to megatron or deepspeed")
+    shipped = version == "0.3" and spec.name in TORCHTITAN_03_MODELS
+    if not shipped and not (spec.gated_mlp and spec.norm == "rmsnorm" and not spec.linear_bias
+                            and spec.learned_positions == 0):
+        raise HetplanError(f"torchtitan {version} trains Llama-shaped models (SwiGLU, RMSNorm, rotary, no biases) "
+                           f"and, from 0.3, the models it ships ({', '.join(TORCHTITAN_03_MODELS)}); {spec.name} is "
+                           f"{spec.family}", field="--to", fix="export --to megatron or deepspeed")
+    _torchtitan_common_checks(plan, m)
+    if version == "0.3":
+        return export_torchtitan_03(plan, spec, m, v=_virtual(plan, virtual_stages) if pp > 1 else 1)
     if int(getattr(spec, "num_experts", 0) or 0):
-        raise HetplanError(f"{spec.name} is a mixture of experts; torchtitan's MoE models (DeepSeek-V3, Llama 4) "
-                           "have their own configs hetplan does not write", field="--to", fix="export --to megatron")
-    if plan.job.dtype == "fp16":
-        raise HetplanError("torchtitan's mixed precision keeps bfloat16 or float32 parameters, not float16",
-                           field="plan.job.dtype", fix="plan with dtype bf16, or export --to megatron / deepspeed")
-    if plan.fsdp_param_dtype == "bf16" or plan.cross_entropy == "bf16":
-        raise HetplanError("torchtitan keeps fp32 sharded parameters (master weights) and runs its loss on fp32 logits "
-                           "or compiled; the plan's bf16 parameters or loss are NeMo AutoModel's and need less memory",
-                           field="plan.fsdp_param_dtype", fix='plan with fsdp_param_dtype = "fp32" and cross_entropy '
-                           'unset, or run the plan with NeMo AutoModel')
-    if m.recompute_layers is not None:
-        raise HetplanError("torchtitan's activation checkpointing covers every layer (or every n-th), not the first k "
-                           "of a stage", field="plan.stages[].recompute_layers",
-                           fix="recompute all layers, or export --to megatron (recompute-method block)")
+        raise HetplanError(f"{spec.name} is a mixture of experts; torchtitan 0.2's TOML export covers dense Llama "
+                           "shapes only", field="--framework-version", fix="export with --framework-version 0.3")
     v = _virtual(plan, virtual_stages)
     v = v if pp > 1 else 1
     sched = {"1f1b": "Interleaved1F1B" if v > 1 else "1F1B", "gpipe": "GPipe"}[plan.schedule]
@@ -563,7 +611,8 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         notes.append("torchtitan's TP always uses sequence parallelism")
     nnodes, per_node = _nodes(plan)
     files["torchtitan.toml"] = "\n".join(lines)
-    files["launch.sh"] = (f"torchrun --nnodes {nnodes} --nproc-per-node {per_node} -m torchtitan.train "
+    files["launch.sh"] = (f"# torchtitan {version}.x (reads a TOML job config)\n"
+                          f"torchrun --nnodes {nnodes} --nproc-per-node {per_node} -m torchtitan.train "
                           f"--job.config_file torchtitan.toml\n")
     mixed = _pools_note(plan, per_node)
     if mixed:
@@ -571,7 +620,222 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     return Export("torchtitan", files, notes)
 
 
-def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None = None) -> Export:
+def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
+    """What no torchtitan release runs: fp16 parameters, NeMo AutoModel's bf16 master weights / loss, the first k
+    layers of a stage checkpointed."""
+    if plan.job.dtype == "fp16":
+        raise HetplanError("torchtitan's mixed precision keeps bfloat16 or float32 parameters, not float16",
+                           field="plan.job.dtype", fix="plan with dtype bf16, or export --to megatron / deepspeed")
+    if plan.fsdp_param_dtype == "bf16" or plan.cross_entropy == "bf16":
+        raise HetplanError("torchtitan keeps fp32 sharded parameters (master weights) and runs its loss on fp32 logits "
+                           "or compiled; the plan's bf16 parameters or loss are NeMo AutoModel's and need less memory",
+                           field="plan.fsdp_param_dtype", fix='plan with fsdp_param_dtype = "fp32" and cross_entropy '
+                           'unset, or run the plan with NeMo AutoModel')
+    if m.recompute_layers is not None:
+        raise HetplanError("torchtitan's activation checkpointing covers every layer (or every n-th), not the first k "
+                           "of a stage", field="plan.stages[].recompute_layers",
+                           fix="recompute all layers, or export --to megatron (recompute-method block)")
+
+
+#: torchtitan 0.3.0's shipped models by hetplan preset: (``--module``, ``--config`` function or None, flavor of the
+#: module's ``model_registry``) — ``torchtitan/models/*/config_registry.py`` and ``*/__init__.py`` of the 0.3.0
+#: wheel. A flavor without a config function is built by the generated module on the config of a sibling.
+TORCHTITAN_03_MODELS: dict[str, tuple[str, str | None, str]] = {
+    "llama3-8b": ("llama3", "llama3_8b", "8B"), "llama3-70b": ("llama3", "llama3_70b", "70B"),
+    "llama3-405b": ("llama3", "llama3_405b", "405B"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", "30B-A3B"),
+    "qwen3-235b-a22b": ("qwen3", None, "235B-A22B"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B"),
+    "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", "120b"),
+}
+#: the config function a module's other flavors start from (its training/parallelism defaults are overridden)
+_TT03_BASE = {"llama3": "llama3_8b", "qwen3": "qwen3_30b_a3b", "deepseek_v3": "deepseek_v3_671b",
+              "gpt_oss": "gpt_oss_120b"}
+#: converters the shipped config functions already set (llama3_405b trains with torchao float8)
+_TT03_SHIPPED_FP8 = {"llama3_405b"}
+
+_TT03_JOB = '''"""torchtitan {version}.x job for a hetplan plan (generated by hetplan export): {what}.
+
+Run as ``--module hetplan_torchtitan_job --config hetplan_job`` with this file on PYTHONPATH; the command line
+overrides the training and parallelism sections (torchtitan/config/manager.py: CLI > config function).
+"""
+
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.models.{module} import model_registry
+from torchtitan.models.{module}.config_registry import {base}
+{imports}{shape}
+
+def hetplan_job():
+    config = {base}()
+    config.model_spec = model_registry({flavor!r}, converters={converters})
+    config.loss.loss_fn.global_vocab_size = decoder_vocab_size(config.model_spec)
+    return config
+'''
+
+#: a Mixtral-class MoE (SwiGLU experts, top-k softmax routing, no shared experts) in torchtitan 0.3.0's Qwen3
+#: MoE block (``torchtitan/models/qwen3/__init__.py``: ``_build_qwen3_moe_layers``, as its ``_30b_a3b`` does)
+_TT03_MOE_SHAPE = '''
+import torchtitan.models.qwen3 as _q
+
+
+def _hetplan_shape(attn_backend, moe_comm_backend="standard"):
+    return _q.Qwen3Model.Config(
+        vocab_size={vocab}, dim={dim}, norm=_q._qwen3_norm({dim}),
+        tok_embeddings=_q.Embedding.Config(num_embeddings={vocab}, embedding_dim={dim}, param_init=_q._EMBEDDING_INIT),
+        lm_head=_q.Linear.Config(in_features={dim}, out_features={vocab}, param_init=_q._LINEAR_INIT),
+        layers=_q._build_qwen3_moe_layers(
+            fuse_qkv=True, n_layers={layers}, dim={dim}, n_heads={heads}, n_kv_heads={kv}, head_dim={hd},
+            moe_hidden_dim={ffn}, num_experts={experts}, top_k={topk}, attn_backend=attn_backend,
+            rope=_q.CosSinRoPE.Config(dim={hd}, max_seq_len={seq}, theta={theta}), moe_comm_backend=moe_comm_backend),
+    )
+
+
+_q.qwen3_configs[{flavor!r}] = _hetplan_shape
+'''
+
+#: a Llama shape torchtitan does not ship, in torchtitan 0.3.0's Llama 3 block (``torchtitan/models/llama3/
+#: __init__.py``: ``_build_llama3_layers``, as its ``_8b`` does), torchtitan's default rotary base 10000
+_TT03_DENSE_SHAPE = '''
+import torchtitan.models.llama3 as _l
+
+
+def _hetplan_shape(attn_backend, tp_gemm_backend="default"):
+    return _l.Llama3Model.Config(
+        dim={dim}, vocab_size={vocab},
+        tok_embeddings=_l.Embedding.Config(num_embeddings={vocab}, embedding_dim={dim}, param_init=_l._EMBEDDING_INIT),
+        norm=_l.RMSNorm.Config(normalized_shape={dim}, param_init=_l._NORM_INIT),
+        lm_head=_l.Linear.Config(in_features={dim}, out_features={vocab}, param_init=_l._output_linear_init({dim})),
+        layers=_l._build_llama3_layers(
+            fuse_qkv=True, n_layers={layers}, dim={dim}, n_heads={heads}, n_kv_heads={kv}, hidden_dim={ffn},
+            rope=_l.ComplexRoPE.Config(dim={hd}, max_seq_len={seq}), attn_backend=attn_backend,
+            tp_gemm_backend=tp_gemm_backend),
+    )
+
+
+_l.llama3_configs[{flavor!r}] = _hetplan_shape
+'''
+
+
+def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Export:
+    """torchtitan 0.3.x: ``torchrun -m torchtitan.train --module M --config C`` plus ``--section.key`` overrides
+    and the activation checkpointing subcommand (``activation-checkpoint:none|selective|full``), the form its
+    ``ConfigManager.parse_args`` reads (``torchtitan/config/manager.py``, 0.3.0). The model is a shipped config
+    (:data:`TORCHTITAN_03_MODELS`) or, when the plan needs other converters (FP8) or a shape torchtitan does not
+    ship (a Mixtral-class MoE), a generated ``hetplan_torchtitan_job.py`` whose ``hetplan_job()`` builds it.
+
+    What 0.3.0 runs (``torchtitan/distributed/parallel_dims.py``): experts sharded over EP inside the
+    FSDP x CP x TP ranks (``efsdp = dp_shard * cp * tp / ep``), never tensor-parallel (expert-TP 1).
+
+    Raises:
+        HetplanError: expert-TP > 1; EP with DDP (ZeRO-0); a model it neither ships nor can build.
+    """
+    pp, notes = plan.pp, []
+    experts = int(getattr(spec, "num_experts", 0) or 0)
+    etp = {degree(plan, i, "expert_tp") for i in range(pp)}
+    if etp != {1}:
+        raise HetplanError(f"torchtitan 0.3 never splits an expert over TP (parallel_dims: efsdp = dp_shard * cp * tp "
+                           f"/ ep); the plan has expert-TP {sorted(etp)}", field="plan.expert_tp",
+                           fix="plan with expert_tp = 1, or export --to megatron")
+    if m.ep > 1 and plan.zero == 0:
+        raise HetplanError("torchtitan 0.3 folds EP into the FSDP shard ranks; a ZeRO-0 (DDP) plan has none",
+                           field="plan.zero", fix="plan with zero 3 (FSDP), or export --to megatron")
+    shipped = TORCHTITAN_03_MODELS.get(spec.name)
+    fp8 = plan.job.dtype == "fp8"
+    shape = imports = ""
+    if shipped is not None:
+        module, config, flavor = shipped
+    elif experts and not spec.is_mla and not getattr(spec, "shared_expert_ffn_hidden_size", 0) and \
+            spec.num_moe_layers == spec.num_layers:
+        module, config, flavor = "qwen3", None, f"hetplan-{spec.name}"
+        shape = _TT03_MOE_SHAPE.format(
+            vocab=spec.vocab_size, dim=spec.hidden_size, layers=spec.num_layers, heads=spec.num_attention_heads,
+            kv=spec.num_kv_heads, hd=spec.head_dim, ffn=spec.expert_ffn_hidden_size, experts=experts,
+            topk=spec.experts_per_token, seq=max(spec.max_seq_len, plan.job.seq_len),
+            theta=1e6, flavor=flavor)  # Mixtral's rotary base (config.json rope_theta); no cost depends on it
+        notes.append(f"{spec.name} runs as torchtitan's Qwen3 MoE block with its shapes (flavor {flavor!r} in "
+                     "hetplan_torchtitan_job.py): Qwen3's q/k RMSNorm adds 2 x head_dim parameters per layer")
+    elif not experts:  # a Llama shape (checked by export_torchtitan)
+        module, config, flavor = "llama3", None, f"hetplan-{spec.name}"
+        shape = _TT03_DENSE_SHAPE.format(
+            vocab=spec.vocab_size, dim=spec.hidden_size, layers=spec.num_layers, heads=spec.num_attention_heads,
+            kv=spec.num_kv_heads, hd=spec.head_dim, ffn=spec.ffn_hidden_size,
+            seq=max(spec.max_seq_len, plan.job.seq_len), flavor=flavor)
+        notes.append(f"{spec.name} is built as torchtitan Llama 3 flavor {flavor!r} by hetplan_torchtitan_job.py, "
+                     "with torchtitan's default rotary base 10000")
+    else:
+        raise HetplanError(f"torchtitan 0.3 runs the models it ships ({', '.join(TORCHTITAN_03_MODELS)}), Llama "
+                           f"shapes and Mixtral-class MoEs; {spec.name} has shared experts, MLA or dense layers "
+                           "among its MoE layers", field="--to", fix="export --to megatron")
+    compiled = plan.job.torch_compile
+    converters = "None"
+    if fp8:  # torchao float8 (rowwise in 0.3.0's Float8LinearConverter), output head and router gate kept bf16
+        imports = "from torchtitan.components.quantization import Float8GroupedExpertsConverter, " \
+                  "Float8LinearConverter\n" if experts else \
+                  "from torchtitan.components.quantization import Float8LinearConverter\n"
+        items = [f"Float8LinearConverter.Config(filter_fqns={['lm_head', 'router.gate'] if experts else ['lm_head']}"
+                 f", model_compile_enabled={compiled})"]
+        if experts:
+            items.append(f"Float8GroupedExpertsConverter.Config(model_compile_enabled={compiled})")
+        converters = "[" + ", ".join(items) + "]"
+    files = {}
+    generated = config is None or fp8 != (config in _TT03_SHIPPED_FP8) or bool(shape)
+    if generated:
+        base = config or _TT03_BASE[module]
+        what = f"{spec.name} as {module} flavor {flavor!r}" + (" with float8 converters" if fp8 else "")
+        files["hetplan_torchtitan_job.py"] = _TT03_JOB.format(
+            version="0.3", what=what, module=module, base=base, imports=imports, shape=shape, flavor=flavor,
+            converters=converters)
+        head = ["--module hetplan_torchtitan_job", "--config hetplan_job"]
+        notes.append("put hetplan_torchtitan_job.py on PYTHONPATH (it builds the model torchtitan runs)")
+    else:
+        head = [f"--module {module}", f"--config {config}"]
+    local = plan.job.global_batch // m.dp if pp > 1 else plan.mbs
+    if plan.zero == 0:
+        dp = [f"--parallelism.data_parallel_replicate_degree {m.dp}", "--parallelism.data_parallel_shard_degree 1"]
+    else:
+        dp = ["--parallelism.data_parallel_replicate_degree 1", f"--parallelism.data_parallel_shard_degree {m.dp}",
+              "--parallelism.fsdp_reshard_after_forward " + ("default" if plan.zero == 3 else "never")]
+        if plan.zero == 1:
+            notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
+                         "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
+    args = head + [
+        f"--training.local_batch_size {local}", f"--training.global_batch_size {plan.job.global_batch}",
+        f"--training.seq_len {plan.job.seq_len}", f"--training.steps {int(plan.job.iterations())}",
+        "--training.mixed_precision_param bfloat16",
+        # CUDA graphs of the step only where the plan prices them (hetplan.plan.Plan.cuda_graphs)
+        "--training." + ("no-" if plan.cuda_graphs else "") + "disable_cuda_graphs", *dp,
+        f"--parallelism.tensor_parallel_degree {m.tp}",
+        "--parallelism." + ("" if plan.sequence_parallel or m.tp == 1 else "no-") + "enable_sequence_parallel",
+        f"--parallelism.context_parallel_degree {m.cp}", f"--parallelism.expert_parallel_degree {m.ep}",
+        f"--parallelism.pipeline_parallel_degree {pp}",
+    ]
+    if pp > 1:
+        sched = {"1f1b": "Interleaved1F1B" if v > 1 else "1F1B", "gpipe": "GPipe"}[plan.schedule]
+        parts = _torchtitan_parts(plan, spec, v, head="lm_head")
+        args += [f"--parallelism.pipeline_parallel_microbatch_size {plan.mbs}",
+                 f"--parallelism.pipeline_parallel_schedule {sched}",
+                 "--parallelism.module_fqns_per_model_part " + " ".join(",".join(p) for p in parts)]
+    args += ["--compile." + ("" if compiled else "no-") + "enable"]
+    if compiled:
+        args.append("--compile.components model,loss")
+    args.append("--compile." + ("" if plan.job.async_tp else "no-") + "enable_async_tensor_parallel")
+    args.append("activation-checkpoint:" + m.recompute)
+    nnodes, per_node = _nodes(plan)
+    files["launch.sh"] = "\n".join([
+        "#!/usr/bin/env bash",
+        f"# torchtitan 0.3.x launch for plan: {pp} stages {[st.num_layers for st in plan.stages]}, mbs {plan.mbs}, "
+        f"{plan.num_microbatches(0)} micro-batches, model {spec.name}. Generated by hetplan export.",
+        f"# hetplan model: {plan.job.model}",
+        f"torchrun --nnodes {nnodes} --nproc-per-node {per_node} --node-rank ${{NODE_RANK:-0}} \\",
+        "  --master-addr ${MASTER_ADDR:-127.0.0.1} --master-port ${MASTER_PORT:-29500} \\",
+        "  -m torchtitan.train \\",
+        "  " + " \\\n  ".join(args), ""])
+    mixed = _pools_note(plan, per_node)
+    if mixed:
+        notes.append(mixed)
+    return Export("torchtitan", files, notes)
+
+
+def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None = None,
+           version: str | None = None) -> Export:
     """Export ``plan`` for ``target`` (``megatron``, ``deepspeed``, ``torchtitan``).
 
     Raises:
@@ -583,6 +847,8 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
     """
     t = target.lower().strip()
     check_plan(plan, spec)
+    if t in VERSIONS:
+        version = release(t, version)
     if plan.pipeline_calls() > 1:
         raise HetplanError(f"the plan splits each iteration into {plan.pipeline_calls()} calls of the pipeline "
                            "schedule (NeMo AutoModel); the exports run all its micro-batches in one call",
@@ -597,9 +863,16 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
     elif t == "deepspeed":
         out = export_deepspeed(plan, spec)
     elif t == "torchtitan":
-        out = export_torchtitan(plan, spec, virtual_stages)
+        out = export_torchtitan(plan, spec, virtual_stages, version)
     else:
         raise HetplanError(f"unknown export target {target!r}", field="--to", fix=f"use one of {', '.join(TARGETS)}")
+    # What each target writes is its framework's default stack (hetplan.hardware.stacks.FRAMEWORK_STACK); a plan
+    # priced under another stack (Job.stack) was priced for software this export does not launch.
+    written = default_stack(TARGET_FRAMEWORK[t])
+    priced = plan.job.stack_spec()
+    if priced.id != written.id:
+        out.notes.append(f"the plan was priced for stack {priced.id}; this export launches {written.id}, whose "
+                         f"numbers differ: re-estimate with --stack {written.name} to price what runs")
     if any(pool.network == "ethernet" for pool in plan.pools):
         # The estimate assumed NCCL's socket transport (hetplan.estimate.comm.NETWORKS); say so where NCCL reads it.
         env = ("export NCCL_IB_DISABLE=1  # nodes joined by Ethernet without RDMA (GPUPool.network): NCCL sockets; "

@@ -10,7 +10,7 @@ This module does not import torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -93,15 +93,28 @@ class ClusterConfig(_Strict):
 
 class SchedulerConfig(_Strict):
     """``policy`` (``lru`` | ``load_aware``), ``batching`` (``continuous`` | ``static``), largest running batch
-    per model (= its KV-cache slots), tokens per KV-cache slot (``kv_cache_len``: prompt + generated), per-model
-    queue bound (beyond it: HTTP 429 / refused), whether swap-out writes weights back to host (``write_back``),
-    models loaded at start (``preload``)."""
+    per model (``max_batch_size``, vLLM's ``max_num_seqs``), longest sequence (``kv_cache_len``: prompt +
+    generated, vLLM's ``max_model_len``), per-model queue bound (beyond it: HTTP 429 / refused), whether swap-out
+    writes weights back to host (``write_back``), models loaded at start (``preload``).
+
+    Paged KV cache (:mod:`hetplan.serve.scheduler`): ``paged_kv`` on, each model's pool holds ``kv_cache_tokens``
+    tokens in blocks of ``kv_block_tokens`` (vLLM's ``--block-size``, default 16 on CUDA:
+    vllm/engine/arg_utils.py ``--block-size`` help, vllm/config.py ``CacheConfig``); ``kv_cache_tokens`` unset: the
+    simulator fills the memory budget left by the weights (one model per GPU, vLLM's
+    ``gpu_memory_utilization`` rule) or reserves ``max_batch_size`` x ``kv_cache_len`` (several models sharing
+    GPUs). ``max_batched_tokens`` bounds the tokens of one iteration (vLLM's ``--max-num-batched-tokens``),
+    ``chunked_prefill`` splits prompts to fit it (simulator only)."""
 
     policy: str = "lru"
     batching: Literal["continuous", "static"] = "continuous"
     max_batch_size: int = Field(default=8, ge=1, le=4096)
     kv_cache_len: int = Field(default=256, ge=2, le=1_048_576)
     max_queue_len: int = Field(default=256, ge=1)
+    paged_kv: bool = True
+    kv_block_tokens: int = Field(default=16, ge=1, le=4096)
+    kv_cache_tokens: int | None = Field(default=None, ge=1, le=2**40)
+    max_batched_tokens: int | None = Field(default=None, ge=1, le=2**24)
+    chunked_prefill: bool = False
     write_back: bool = True
     preload: list[str] = []
     rate_window_s: float = Field(default=10.0, gt=0)
@@ -255,10 +268,14 @@ class SwapConfig(_Strict):
 
 
 class CapacityConfig(_Strict):
-    """Capacity search: candidate ``gpus`` (default: whole catalog), largest cluster ``max_gpus``, required
-    fraction of requests within SLO for every model (``target_attainment``)."""
+    """Capacity search: candidate ``gpus`` (default: ``cluster.gpu``; none: refused), their ``prices`` in USD per
+    GPU-hour (``{name = price}``, overriding the catalog's; ``hetplan capacity --price`` overrides these), largest
+    cluster ``max_gpus`` of each type, required fraction of requests within SLO for every model
+    (``target_attainment``)."""
 
     gpus: list[str] = []
+    prices: dict[str, Annotated[float, bounded(1000.0, "no GPU rents for $1,000 an hour", gt=0)]] = Field(
+        default_factory=dict)
     max_gpus: int = Field(default=8, ge=1)
     target_attainment: float = Field(default=0.99, gt=0, le=1)
 

@@ -7,11 +7,20 @@ runs) decides swaps and batches, and the controller sends each action to every w
 
 * ``Swap(load, evict)`` -> every worker swaps its own shard, out and in overlapped; the model becomes resident
   when all workers acknowledge (requests for it wait in its queue meanwhile);
-* ``Execute(model, running, joined)`` -> one iteration: every worker prefills the joining requests into free
-  KV-cache slots and runs one decode step over the others; the last stage returns one token per request. The
-  controller appends it, and a request leaves the running batch (its future resolves, its slot is freed) at its
-  stop token, at ``max_new_tokens``, or when its slot is full (continuous batching: requests join and leave
+* ``Execute(model, chunks, decode, preempted)`` -> one iteration: every worker prefills the joining requests
+  into free KV-cache slots and runs one decode step over the others; the last stage returns one token per request.
+  The controller appends it, and a request leaves the running batch (its future resolves, its slot is freed) at
+  its stop token, at ``max_new_tokens``, or when its slot is full (continuous batching: requests join and leave
   between iterations).
+
+Paged admission and preemption (``kv_cache_tokens``): the scheduler admits by KV blocks of a pool of
+``kv_cache_tokens`` tokens and preempts by recompute as on a GPU (:mod:`hetplan.serve.scheduler`); the workers
+still hold one whole slot of ``kv_cache_len`` tokens per running sequence (torch on CPU has no paged attention
+kernel; the slots only back what the block accounting admits). A preempted request's slot is freed and its
+tokens kept; when it resumes, its prompt and those tokens are prefilled again into a new slot. A token budget
+per iteration (``max_batched_tokens``) bounds the prefill tokens that join; the engine does not split a prompt
+over iterations (chunked prefill): the model's cache is written from position 0 by a prefill pass
+(:class:`hetplan.model.torch_transformer.CacheRows`).
 
 Bounded queues: :meth:`submit` raises :class:`QueueFull` when the model's queue holds ``max_queue_len``
 requests (the API answers 429). :meth:`shutdown` stops intake, drains queued work up to a timeout, then stops the
@@ -97,6 +106,9 @@ class Engine:
         preload: models swapped in at start (while they fit).
         kv_cache_len: tokens (prompt + generated) one KV-cache slot holds.
         batching: ``"continuous"`` or ``"static"`` (:mod:`hetplan.serve.scheduler`).
+        kv_cache_tokens: the paged KV pool of each model (tokens; module docstring); ``None``: whole slots.
+        kv_block_tokens: tokens per KV block of that pool.
+        max_batched_tokens: tokens one iteration processes at most (prefill tokens + one per decode).
 
     Raises:
         HetplanError: bad settings (unknown policy, model does not fit a worker, ...).
@@ -106,7 +118,8 @@ class Engine:
                  dtype: str = "fp32", capacity_bytes: int, policy: str = "lru", max_batch_size: int = 8,
                  max_queue_len: int = 256, write_back: bool = True, preload: Sequence[str] = (),
                  rate_window_s: float = 10.0, threads_per_worker: int = 1, kv_cache_len: int = 256,
-                 batching: str = "continuous"):
+                 batching: str = "continuous", kv_cache_tokens: int | None = None, kv_block_tokens: int = 16,
+                 max_batched_tokens: int | None = None):
         self.entries = list(models)
         self.tp, self.pp, self.world = tp, pp, tp * pp
         self.device, self.dtype = device, dtype
@@ -117,6 +130,9 @@ class Engine:
         self.preload = list(preload)
         self.threads_per_worker = threads_per_worker
         self.kv_cache_len, self.batching = kv_cache_len, batching
+        self.kv_cache_tokens, self.kv_block_tokens = kv_cache_tokens, kv_block_tokens
+        self.max_batched_tokens = max_batched_tokens
+        self._preempted: dict[int, _Running] = {}
         self.specs = {m.name: m.spec() for m in self.entries}
         from hetplan.estimate.inference import kv_cache_bytes_per_worker, weight_bytes_per_worker
         from hetplan.serve.scheduler import BATCHING
@@ -169,7 +185,14 @@ class Engine:
         kw = dict(tp=c.tp, pp=c.pp, device=c.device, dtype=c.dtype, capacity_bytes=c.capacity_bytes(),
                   policy=s.policy, max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len,
                   write_back=s.write_back, preload=s.preload, rate_window_s=s.rate_window_s,
-                  kv_cache_len=s.kv_cache_len, batching=s.batching)
+                  kv_cache_len=s.kv_cache_len, batching=s.batching,
+                  kv_cache_tokens=s.kv_cache_tokens if s.paged_kv else None,
+                  kv_block_tokens=s.kv_block_tokens, max_batched_tokens=s.max_batched_tokens)
+        if s.chunked_prefill:
+            raise HetplanError("the torch engine prefills whole prompts; chunked prefill is the simulator's",
+                               field="scheduler.chunked_prefill",
+                               fix="set chunked_prefill = false for hetplan serve (max_batched_tokens still bounds "
+                                   "each iteration)")
         kw.update(overrides)
         return cls(cfg.models, **kw)
 
@@ -229,7 +252,12 @@ class Engine:
         try:
             self.scheduler = Scheduler({n: (self.footprint_bytes(n), max(b) / est_bw) for n, b in self.shard_bytes.items()},
                                        self.capacity_bytes, self.policy, max_batch_size=self.max_batch_size,
-                                       max_queue_len=self.max_queue_len, batching=self.batching)
+                                       max_queue_len=self.max_queue_len, batching=self.batching,
+                                       kv_blocks=(None if self.kv_cache_tokens is None else
+                                                  {n: self.kv_cache_tokens // self.kv_block_tokens
+                                                   for n in self.specs}),
+                                       block_tokens=self.kv_block_tokens, max_batched_tokens=self.max_batched_tokens,
+                                       max_seq_tokens=self.kv_cache_len)
         except HetplanError:
             self.shutdown(0)
             raise
@@ -344,14 +372,22 @@ class Engine:
                     q.put(("swap", sid, act.load, list(act.evict)))
             else:
                 sid = next(self._swap_ids)
-                joined = {r.id for r in act.joined}
+                for r in act.preempted:  # recompute preemption: the slot is freed, the tokens kept
+                    run = self._running.pop(r.id)
+                    self._free_slots[act.model].append(run.slot)
+                    self._preempted[r.id] = run
                 for r in act.joined:
-                    self._running[r.id] = _Running(self._free_slots[act.model].pop(0), now, len(act.requests), [])
-                joins = [(self._running[r.id].slot, r.prompt) for r in act.joined]
+                    slot = self._free_slots[act.model].pop(0)
+                    back = self._preempted.pop(r.id, None)
+                    if back is not None:
+                        back.slot = slot
+                        self._running[r.id] = back
+                    else:
+                        self._running[r.id] = _Running(slot, now, len(act.requests), [])
+                joins = [(self._running[r.id].slot, r.prompt + self._running[r.id].tokens) for r in act.joined]
                 decodes = [(self._running[r.id].slot, self._running[r.id].tokens[-1],
-                            r.prompt_len + len(self._running[r.id].tokens) - 1)
-                           for r in act.requests if r.id not in joined]
-                shape = (tuple(r.prompt_len for r in act.joined), tuple(d[2] + 1 for d in decodes))
+                            r.prompt_len + len(self._running[r.id].tokens) - 1) for r in act.decode]
+                shape = (tuple(len(p) for _, p in joins), tuple(d[2] + 1 for d in decodes))
                 self._batches[sid] = (act, now, shape)
                 for q in self._cmd_qs:
                     q.put(("step", sid, act.model, joins, decodes))
@@ -439,8 +475,7 @@ class Engine:
             act, t_start, shape = self._batches.pop(sid)
             now = self.now_s()
             self.exec_log.append((act.model, *shape, now - t_start))
-            joined = {r.id for r in act.joined}
-            order = act.joined + [r for r in act.requests if r.id not in joined]  # the workers' answer order
+            order = act.requests  # the workers' answer order: prefills, then decodes
             finished = []
             for req, tok in zip(order, tokens):
                 run = self._running[req.id]

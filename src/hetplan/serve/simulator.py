@@ -4,8 +4,11 @@ One event loop (vidur-style) over three event kinds — request arrival, swap fi
 followed by :meth:`hetplan.serve.scheduler.Scheduler.step`. Swap durations come from a swap-cost function
 (default: :class:`hetplan.serve.swap_model.SwapModel` over each worker's weight bytes, out and in overlapped; KV
 caches are dropped, not moved), iteration durations from a :class:`hetplan.serve.exec_model.StepModel` per model.
-An iteration gives every request of its batch one token (the first one, from the prefill, to those that joined);
-a request finishes with its ``max_new_tokens``-th token (the simulator has no token values, so no stop token).
+An iteration gives one token to every request it decodes and to every request whose prefill it completes (the
+first one; a request prefilled in chunks gets it from its last chunk, a preempted one resumes after its
+re-prefill); a request finishes with its ``max_new_tokens``-th token (the simulator has no token values, so no
+stop token). Paged KV, chunked prefill and preemption are the scheduler's (:mod:`hetplan.serve.scheduler`); a
+chunk is costed as a prefill of its tokens (its attention over the chunks before it is not charged).
 Events at the same time are processed completions first, then arrivals, in id order, so a run is deterministic.
 
 This module does not import torch.
@@ -35,6 +38,7 @@ class SimModel:
         step_model: iteration time model.
         kv_worker_bytes: KV-cache bytes each worker reserves while the model is resident (rank order; default 0).
         swap_in_s, swap_out_s: measured load / write-back times (s); ``None`` = from the swap model.
+        kv_blocks: KV blocks of its pool (paged KV cache, :mod:`hetplan.serve.scheduler`); ``None``: whole slots.
     """
 
     name: str
@@ -43,6 +47,7 @@ class SimModel:
     kv_worker_bytes: list[int] | None = None
     swap_in_s: float | None = None
     swap_out_s: float | None = None
+    kv_blocks: int | None = None
 
     @property
     def bytes(self) -> int:
@@ -62,6 +67,9 @@ class SimResult:
     bytes_swapped_out: int
     batches: list[tuple[str, int]] = field(default_factory=list)  # (model, running batch size) per iteration
     end_s: float = 0.0
+    preemptions: int = 0
+    busy_s: float = 0.0  # time the workers spent executing iterations (s)
+    aborted: bool = False  # stopped early by ``miss_limit``
 
     def report(self, slos: dict[str, SLO]) -> dict:
         out = summarize(self.records, slos, self.duration_s)
@@ -69,6 +77,8 @@ class SimResult:
         out["bytes_swapped_in"] = self.bytes_swapped_in
         out["bytes_swapped_out"] = self.bytes_swapped_out
         out["batches"] = len(self.batches)
+        out["preemptions"] = self.preemptions
+        out["busy_s"] = self.busy_s
         out["mean_batch_size"] = (sum(b for _, b in self.batches) / len(self.batches)) if self.batches else 0.0
         return out
 
@@ -93,7 +103,9 @@ def swap_cost_fn(swap_model: SwapModel, write_back: bool = True) -> Callable[[Si
 def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacity_bytes: int, policy: Policy,
              swap_cost: Callable[[SimModel, Sequence[SimModel]], float], max_batch_size: int = 8,
              max_queue_len: int = 1024, preload: Sequence[str] = (), duration_s: float | None = None,
-             batching: str = "continuous") -> SimResult:
+             batching: str = "continuous", block_tokens: int = 16, max_batched_tokens: int | None = None,
+             chunked_prefill: bool = False, max_seq_tokens: int | None = None,
+             miss_limit: tuple[dict[str, SLO], int] | None = None) -> SimResult:
     """Run the workload ``requests`` through the modelled cluster.
 
     Args:
@@ -104,6 +116,10 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
         swap_cost: swap time function (see :func:`swap_cost_fn`).
         max_batch_size, max_queue_len: scheduler bounds.
         batching: ``"continuous"`` or ``"static"`` (:mod:`hetplan.serve.scheduler`).
+        block_tokens, max_batched_tokens, chunked_prefill, max_seq_tokens: paged KV cache and chunked prefill
+            (:class:`hetplan.serve.scheduler.Scheduler`); paging is on for the models with ``kv_blocks``.
+        miss_limit: ``(slos, n)``: stop as soon as more than ``n`` requests finished outside their SLOs (or were
+            refused); the result is then marked ``aborted`` (a capacity probe that has already failed).
         preload: models resident at time 0 (in order, while they fit).
         duration_s: workload length for goodput and throughput (default: the makespan, t = 0 to the last
             answer or arrival).
@@ -113,8 +129,12 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
     """
     by_name = {m.name: m for m in models}
     swap_in_est = {m.name: swap_cost(m, []) for m in models}
+    paged = all(m.kv_blocks is not None for m in models)
     sched = Scheduler({m.name: (m.bytes, swap_in_est[m.name]) for m in models}, capacity_bytes, policy,
-                      max_batch_size=max_batch_size, max_queue_len=max_queue_len, batching=batching)
+                      max_batch_size=max_batch_size, max_queue_len=max_queue_len, batching=batching,
+                      kv_blocks={m.name: int(m.kv_blocks or 0) for m in models} if paged else None,
+                      block_tokens=block_tokens, max_batched_tokens=max_batched_tokens,
+                      chunked_prefill=chunked_prefill, max_seq_tokens=max_seq_tokens)
     sched.preload(preload)
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.id))
     records = {r.id: Record(r.id, r.model, r.arrival_s, None, prompt_tokens=r.prompt_len) for r in reqs}
@@ -126,17 +146,20 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
         seq += 1
     heapq.heapify(events)
     batches: list[tuple[str, int]] = []
+    busy = 0.0
     now = 0.0
-    while events:
+    misses, aborted = 0, False
+    while events and not aborted:
         now, _, _, kind, payload = heapq.heappop(events)
         if kind == "arrival":
             if not sched.submit(payload, now):
                 records[payload.id].refused = True
+                misses += 1
         elif kind == "swap":
             sched.swap_done(now)
-        else:  # exec: every request of the iteration got one token
+        else:  # exec: every emitting request of the iteration got one token
             finished = []
-            for r in payload.requests:
+            for r in payload.emitting:
                 rec = records[r.id]
                 rec.output_tokens += 1
                 if rec.first_token_s is None:
@@ -144,21 +167,26 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
                 if rec.output_tokens >= r.max_new_tokens:
                     rec.finish_s = now
                     finished.append(r)
+                    if miss_limit is not None and not miss_limit[0].get(r.model, SLO()).met(rec):
+                        misses += 1
             sched.exec_done(now, finished)
+        if miss_limit is not None and misses > miss_limit[1]:
+            aborted = True
+            break
         for act in sched.step(now):
             seq += 1
             if isinstance(act, Swap):
                 dt = swap_cost(by_name[act.load], [by_name[v] for v in act.evict])
                 heapq.heappush(events, (now + dt, 0, seq, "swap", act))
             elif isinstance(act, Execute):
-                joined = {r.id for r in act.joined}
-                decode = [r.prompt_len + records[r.id].output_tokens for r in act.requests if r.id not in joined]
-                dt = by_name[act.model].step_model.step_time_s([r.prompt_len for r in act.joined], decode)
+                decode = [sched.seqs[r.id].cached + 1 for r in act.decode]
+                dt = by_name[act.model].step_model.step_time_s([c.tokens for c in act.chunks], decode)
                 batches.append((act.model, len(act.requests)))
+                busy += dt
                 heapq.heappush(events, (now + dt, 0, seq, "exec", act))
     # without a stated duration (a trace, an offline batch): the makespan, first arrival at 0 to the last answer
     # (as vLLM's benchmarks count throughput), never 0 for requests that all arrive at t = 0
     ends = [r.finish_s for r in records.values() if r.finish_s is not None] + [r.arrival_s for r in reqs]
     dur = duration_s if duration_s is not None else max(ends, default=0.0)
     return SimResult(list(records.values()), dur, sched.swaps, sched.bytes_swapped_in, sched.bytes_swapped_out,
-                     batches, now)
+                     batches, now, sched.preemptions, busy, aborted)

@@ -96,14 +96,18 @@ def calibrate_from_logs(engine: Engine) -> dict:
 
 def simulate_calibrated(costs: dict, requests: Sequence[Request], *, capacity_bytes: int, policy: str,
                         max_batch_size: int, max_queue_len: int, batching: str = "continuous",
-                        duration_s: float | None = None, sample_seed: int = 0) -> SimResult:
-    """Simulate ``requests`` with the costs of :func:`calibrate_from_logs`."""
+                        duration_s: float | None = None, sample_seed: int = 0, kv_cache_tokens: int | None = None,
+                        kv_block_tokens: int = 16, max_batched_tokens: int | None = None,
+                        kv_cache_len: int | None = None) -> SimResult:
+    """Simulate ``requests`` with the costs of :func:`calibrate_from_logs` (and the engine's paged KV pool and token
+    budget, when it had them)."""
     all_solo = [c["swap_in_s"] for c in costs.values() if c["swap_in_s"] is not None]
     all_pair = [c["swap_pair_s"] for c in costs.values() if c["swap_pair_s"] is not None]
     solo_default = statistics.median(all_solo) if all_solo else 0.0
     pair_default = statistics.median(all_pair) if all_pair else solo_default
+    blocks = None if kv_cache_tokens is None else kv_cache_tokens // kv_block_tokens
     models = [SimModel(n, c["worker_bytes"], ResampledStepModel(c["step"], c["ratios"], [sample_seed, i]),
-                       c["kv_worker_bytes"]) for i, (n, c) in enumerate(costs.items())]
+                       c["kv_worker_bytes"], kv_blocks=blocks) for i, (n, c) in enumerate(costs.items())]
 
     def cost(load: SimModel, evict) -> float:
         c = costs[load.name]
@@ -113,7 +117,8 @@ def simulate_calibrated(costs: dict, requests: Sequence[Request], *, capacity_by
 
     return simulate(models, requests, capacity_bytes=capacity_bytes, policy=make_policy(policy), swap_cost=cost,
                     max_batch_size=max_batch_size, max_queue_len=max_queue_len, duration_s=duration_s,
-                    batching=batching)
+                    batching=batching, block_tokens=kv_block_tokens, max_batched_tokens=max_batched_tokens,
+                    max_seq_tokens=kv_cache_len)
 
 
 def _pct(records: Sequence[Record], names: Sequence[str]) -> dict:
@@ -137,6 +142,7 @@ def _reset(eng: Engine) -> None:
             m.last_used_s = float("-inf")
             m.arrivals.clear()
         eng.scheduler.swaps = 0
+        eng.scheduler.preemptions = 0
         eng._refresh_gauges()
         eng.exec_log.clear()
         eng.swap_log.clear()
@@ -147,36 +153,42 @@ def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 
                        rates_per_s: Sequence[float], cv: float = 1.5, duration_s: float = 8.0, seed: int = 0,
                        prompt_len: int = 8, new_tokens: tuple[int, int] = (2, 12), policy: str = "lru",
                        max_batch_size: int = 4, kv_cache_len: int = 64, max_queue_len: int = 1000,
-                       sim_replicas: int = 15) -> dict:
+                       sim_replicas: int = 15, kv_cache_tokens: int | None = None, kv_block_tokens: int = 16,
+                       max_batched_tokens: int | None = None) -> dict:
     """Run the same seeded workload on the engine and in the simulator (module docstring).
 
     Returns:
         ``{"engine": {model: {metric: {p50, p90, p99}}}, "sim": {...} (medians over ``sim_replicas`` sampling
-        seeds), "requests": n, "engine_swaps", "sim_swaps", "engine_report", "sim_report", "costs"}``; models
-        include ``"all"``, metrics are ``latency``, ``ttft`` and ``tpot`` (s).
+        seeds), "requests": n, "engine_swaps", "sim_swaps", "engine_preemptions", "sim_preemptions",
+        "engine_report", "sim_report", "costs"}``; models include ``"all"``, metrics are ``latency``, ``ttft`` and
+        ``tpot`` (s). With ``kv_cache_tokens`` both run paged admission and recompute preemption over that pool,
+        with ``max_batched_tokens`` both bound each iteration.
     """
+    paging = dict(kv_cache_tokens=kv_cache_tokens, kv_block_tokens=kv_block_tokens,
+                  max_batched_tokens=max_batched_tokens)
     reqs = seeded_requests(entries, rates_per_s, cv=cv, duration_s=duration_s, seed=seed, prompt_len=prompt_len,
                            new_tokens=new_tokens)
     with Engine(entries, tp=tp, pp=pp, capacity_bytes=capacity_bytes, policy=policy, max_batch_size=max_batch_size,
-                max_queue_len=max_queue_len, kv_cache_len=kv_cache_len) as eng:
+                max_queue_len=max_queue_len, kv_cache_len=kv_cache_len, **paging) as eng:
         attach_prompts(reqs, eng.vocab_sizes, seed)
         for m in entries:  # warm-up: first-touch allocation of every model
             eng.generate(m.name, [1] * prompt_len, 2)
         _reset(eng)
         recs = replay(eng, reqs)
-        eng_swaps = eng.scheduler.swaps
+        eng_swaps, eng_pre = eng.scheduler.swaps, eng.scheduler.preemptions
         costs = calibrate_from_logs(eng)
     plain = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs]
     sims = [simulate_calibrated(costs, plain, capacity_bytes=capacity_bytes, policy=policy,
                                 max_batch_size=max_batch_size, max_queue_len=max_queue_len, duration_s=duration_s,
-                                sample_seed=k) for k in range(sim_replicas)]
+                                sample_seed=k, kv_cache_len=kv_cache_len, **paging) for k in range(sim_replicas)]
     names = [m.name for m in entries]
     per = [_pct(s.records, names) for s in sims]
     sim = {n: {m: {q: float(np.median([p[n][m][q] for p in per])) for q in per[0][n][m]} for m in METRICS}
            for n in per[0]}
     slo = {n: SLO(latency_s=1.0) for n in names}
     return {"engine": _pct(recs, names), "sim": sim, "requests": len(reqs), "engine_swaps": eng_swaps,
-            "sim_swaps": int(np.median([s.swaps for s in sims])), "costs": costs,
+            "sim_swaps": int(np.median([s.swaps for s in sims])), "costs": costs, "engine_preemptions": eng_pre,
+            "sim_preemptions": int(np.median([s.preemptions for s in sims])),
             "engine_report": summarize(recs, slo, duration_s), "sim_report": sims[0].report(slo)}
 
 

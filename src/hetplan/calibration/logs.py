@@ -1,0 +1,146 @@
+"""Training logs into measured runs for ``hetplan calibrate``: a Megatron-LM log or a torchtitan log becomes one
+RUNS row (:data:`hetplan.calibration.user.COLUMNS` + ``step_time_s``, ``memory_gib``).
+
+* **Megatron-LM** (and Megatron-DeepSpeed, NeMo's Megatron path): the argument block that
+  ``megatron/training/arguments.py`` prints at start (``------------------------ arguments ---------------------``,
+  one ``  name ....... value`` line per argument, ``---- end of arguments ----``) gives the layout; the
+  ``training_log`` lines of ``megatron/training/training.py`` (``iteration N/ M | … | elapsed time per iteration
+  (ms): X | …``) the step time; ``memory (MB) | … | max reserved: X`` (``report_memory``) the memory.
+* **torchtitan**: the metrics line of ``torchtitan/components/metrics.py`` (``step: N  loss: …  memory: X GiB(…%)
+  tps: T …``; ``tps`` is tokens/s per GPU: the tokens of the step over time × non-data-parallel size), the start
+  line ``Training starts at step 1, with local batch size B, global batch size G, sequence length S`` and the mesh
+  line ``Building K-D device mesh with [names], [sizes]`` of ``torchtitan/distributed/parallel_dims.py``;
+  step time = G·S / (T·GPUs).
+
+The step time is the median over the logged iterations after the first :data:`WARMUP_ITERATIONS` (compilation,
+allocator and NCCL warm-up). What a log does not say (the model preset, the GPU type, the node) comes from
+``hetplan calibrate``'s flags.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+from hetplan.errors import HetplanError
+
+#: Logged iterations skipped before the median: the first ones carry compilation and warm-up.
+WARMUP_ITERATIONS = 3
+
+_ARG = re.compile(r"^\s*(?:\S+\s+)?([A-Za-z_][A-Za-z0-9_]*) \.+ (.*?)\s*$")
+_MEGATRON_STEP = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
+_MEGATRON_MEMORY = re.compile(r"max reserved:\s*([0-9.]+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TITAN_STEP = re.compile(r"step:\s*(\d+).*?memory:\s*([0-9.]+)\s*GiB.*?tps:\s*([0-9,]+)")
+_TITAN_START = re.compile(r"local batch size (\d+), global batch size (\d+),.*?sequence length (\d+)")
+_TITAN_MESH = re.compile(r"Building \d+-D device mesh with \[([^\]]*)\], \[([^\]]*)\]")
+
+
+def is_log(text: str) -> bool:
+    """Whether ``text`` is a Megatron-LM or torchtitan training log (rather than a RUNS CSV)."""
+    return "end of arguments" in text or bool(_TITAN_STEP.search(_ANSI.sub("", text)))
+
+
+def _median_after_warmup(values: list[float], origin: str, what: str) -> float:
+    if not values:
+        raise HetplanError(f"{origin} has no {what} lines", field="RUNS",
+                           fix="give the log of a run that logged training iterations")
+    kept = values[WARMUP_ITERATIONS:] or values[-1:]
+    return statistics.median(kept)
+
+
+def megatron_row(text: str, origin: str) -> dict[str, str]:
+    """The RUNS row of a Megatron-LM log (module doc).
+
+    Raises:
+        HetplanError: no argument block, or no iteration lines.
+    """
+    if "end of arguments" not in text:
+        raise HetplanError(f"{origin} has no Megatron-LM argument block", field="RUNS",
+                           fix="give the log from the start of the run (it prints the arguments first)")
+    block = text.split("------------------------ arguments ------------------------", 1)[-1]
+    block = block.split("end of arguments", 1)[0]
+    args = {m.group(1): m.group(2) for line in block.splitlines() if (m := _ARG.match(line))}
+
+    def get(name: str, default: str = "") -> str:
+        v = args.get(name, default)
+        return "" if v in ("None", "none") else v
+
+    tp, pp, cp = (int(get(k, "1") or 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                   "context_parallel_size"))
+    row = {"framework": "megatron", "tp": str(tp), "pp": str(pp), "cp": str(cp),
+           "ep": get("expert_model_parallel_size", "1") or "1", "mbs": get("micro_batch_size"),
+           "global_batch": get("global_batch_size"), "seq_len": get("seq_length"), "gpus": get("world_size")}
+    if row["gpus"]:
+        row["dp"] = str(int(row["gpus"]) // (tp * pp * cp))
+    vp = get("virtual_pipeline_model_parallel_size")
+    if vp:
+        row["virtual_stages"] = vp
+    granularity = get("recompute_granularity")
+    row["recompute"] = granularity or "none"
+    row["dtype"] = "fp8" if get("fp8") else "bf16" if get("bf16") == "True" else "fp16" if get("fp16") == "True" else "fp32"
+    row["zero"] = "1" if get("use_distributed_optimizer") == "True" else "0"
+    steps = [float(x) / 1e3 for x in _MEGATRON_STEP.findall(text)]
+    row["step_time_s"] = repr(_median_after_warmup(steps, origin, "'elapsed time per iteration (ms)'"))
+    mem = _MEGATRON_MEMORY.findall(text)
+    if mem:
+        row["memory_gib"] = repr(max(float(x) for x in mem) / 1024)
+    return {k: v for k, v in row.items() if v}
+
+
+def torchtitan_row(text: str, origin: str) -> dict[str, str]:
+    """The RUNS row of a torchtitan log (module doc).
+
+    Raises:
+        HetplanError: no metrics lines, or no start line (batch and sequence length).
+    """
+    text = _ANSI.sub("", text)
+    steps = _TITAN_STEP.findall(text)
+    start = _TITAN_START.search(text)
+    if start is None:
+        raise HetplanError(f"{origin} has no 'Training starts at step …, with local batch size …' line",
+                           field="RUNS", fix="give the log from the start of the run, or write the run as a CSV row")
+    local, gbs, seq = (int(x) for x in start.groups())
+    row = {"framework": "fsdp", "mbs": str(local), "global_batch": str(gbs), "seq_len": str(seq)}
+    mesh = _TITAN_MESH.search(text)
+    gpus = None
+    if mesh:
+        names = [n.strip(" '\"") for n in mesh.group(1).split(",")]
+        sizes = [int(s) for s in mesh.group(2).split(",")]
+        dims = dict(zip(names, sizes))
+        gpus = 1
+        for s in sizes:
+            gpus *= s
+        for name, col in (("tp", "tp"), ("pp", "pp"), ("cp", "cp")):
+            if name in dims:
+                row[col] = str(dims[name])
+        row["dp"] = str(dims.get("dp_shard", 1) * dims.get("dp_replicate", 1) * dims.get("dp", 1))
+        row["gpus"] = str(gpus)
+        row["zero"] = "3" if dims.get("dp_shard", 1) > 1 else "0"
+    tps = _median_after_warmup([float(t.replace(",", "")) for _, _, t in steps], origin, "'step: … tps:'")
+    row["tokens_per_s_per_gpu"] = repr(tps)
+    row["memory_gib"] = repr(max(float(m) for _, m, _ in steps))
+    return row
+
+
+def log_row(text: str, origin: str) -> dict[str, str]:
+    """The RUNS row of a Megatron-LM or torchtitan log. A torchtitan row carries ``tokens_per_s_per_gpu``
+    until the GPU count is known (:func:`finish_row`)."""
+    return megatron_row(text, origin) if "end of arguments" in text else torchtitan_row(text, origin)
+
+
+def finish_row(row: dict[str, str], origin: str) -> dict[str, str]:
+    """Turn a torchtitan row's tokens/s per GPU into ``step_time_s`` once ``gpus`` is known (from the log's mesh
+    or the flags).
+
+    Raises:
+        HetplanError: the GPU count is unknown.
+    """
+    tps = row.pop("tokens_per_s_per_gpu", None)
+    if tps is None:
+        return row
+    if not row.get("gpus"):
+        raise HetplanError(f"{origin} does not say how many GPUs ran", field="--gpus",
+                           fix="pass --gpus N (the world size of the run)")
+    row["step_time_s"] = repr(int(row["global_batch"]) * int(row["seq_len"]) / (float(tps) * int(row["gpus"])))
+    return row

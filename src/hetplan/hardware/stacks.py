@@ -1,0 +1,205 @@
+"""Software stacks as data: what each training framework release runs, read from ``data/stacks.toml``.
+
+A *stack* is a framework and release (Megatron-LM 2.5, Megatron-Core 0.15, NeMo 24.07, DeepSpeed's pipeline
+engine, torchtitan, llm-foundry, ...). What a step costs depends on it as much as on the GPU: the GEMM path
+(Transformer Engine or cuBLAS through torch), the attention kernel on each GPU generation, which ops are fused,
+whether sequence parallelism and TP-communication overlap exist, when data-parallel gradients are reduced, eager
+launch or CUDA graphs or ``torch.compile``, how the optimizer lays out memory, the allocator. Each release is one
+:class:`StackSpec`, every field with its source (release notes, launcher defaults, code paths) in the data file.
+
+A release is in force from its ``released`` month until the next release of the same name, so
+``NAME@YYYY-MM`` names the release a run of that month used (:func:`resolve_stack`). ``Job.stack`` takes
+``NAME``, ``NAME@VERSION`` or ``NAME@YYYY-MM``; a job without one runs its framework's default stack
+(:func:`default_stack`), which is what ``hetplan export`` writes for that framework: Megatron-LM's current
+Megatron-Core for ``megatron``, DeepSpeed for ``deepspeed``, torchtitan for ``fsdp``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hetplan.errors import HetplanError
+from hetplan.inputs import parse_toml, validation_message
+
+#: The stacks' names as the projects spell themselves.
+STACK_NAMES = ("megatron-lm", "nemo", "megatron-deepspeed", "deepspeed", "torchtitan", "llm-foundry",
+               "hf-accelerate", "nemo-automodel", "fms-fsdp")
+#: The stack each framework runs when a job names none: what ``hetplan export`` writes for it (Megatron-LM
+#: ``pretrain_gpt.py`` arguments of current Megatron-Core, a DeepSpeed ``ds_config.json``, a torchtitan job TOML
+#: of the late-2025 schema; :mod:`hetplan.runtime.exporters`). Its latest release.
+FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": "torchtitan"}
+#: The behaviour fields of a stack; each but ``framework`` (hetplan's own family, :class:`hetplan.plan.Job`) needs
+#: a source in the data file.
+FIELDS = ("framework", "gemm", "attention", "attention_kernel", "fused", "sequence_parallel", "tp_comm_overlap",
+          "dp_overlap", "launch", "zero", "optimizer_memory", "allocator")
+#: Kernel names of ``attention_kernel``; ``triton`` (MosaicML's Triton FlashAttention of 2023) is priced as ``fa2``.
+StackKernel = Literal["fa2", "fa3", "cudnn", "triton"]
+FusedOp = Literal["norm", "rope", "cross-entropy", "adam", "softmax", "bias-act"]
+_MONTH = re.compile(r"^(\d{4})-(\d{2})(?:-\d{2})?$")
+
+
+class StackSpec(BaseModel):
+    """One release of a software stack (fields: the data file's header; all with sources).
+
+    Attributes:
+        name, version: the stack (:data:`STACK_NAMES`) and its release label; ``released``: ``YYYY-MM``.
+        framework: hetplan's framework family whose memory and pipeline terms apply (``Job.framework``).
+        gemm: ``transformer-engine`` or ``cublas`` (torch's matmul).
+        attention: ``standard`` | ``eager`` | ``flash`` (``Job.attention``).
+        attention_kernel: the fused kernel under flash by GPU family, ``default`` for the others.
+        fused: the ops that run as fused kernels.
+        sequence_parallel, tp_comm_overlap: available or not.
+        dp_overlap: ``bucketed`` | ``none`` | ``after-last-microbatch``.
+        launch: ``eager`` | ``cuda-graphs`` | ``compiled``.
+        zero: ZeRO stages it runs.
+        optimizer_memory: ``megatron`` | ``deepspeed`` | ``fsdp1`` | ``fsdp2``.
+        allocator: ``caching`` | ``expandable-segments``.
+        sources: one source per field and for ``released``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    version: str
+    released: str = Field(pattern=r"^\d{4}-(0[1-9]|1[0-2])$")
+    framework: Literal["megatron", "deepspeed", "fsdp"]
+    gemm: Literal["transformer-engine", "cublas"]
+    attention: Literal["standard", "eager", "flash"]
+    attention_kernel: dict[str, StackKernel]
+    fused: tuple[FusedOp, ...]
+    sequence_parallel: bool
+    tp_comm_overlap: bool
+    dp_overlap: Literal["bucketed", "none", "after-last-microbatch"]
+    launch: Literal["eager", "cuda-graphs", "compiled"]
+    zero: tuple[Literal[0, 1, 2, 3], ...]
+    optimizer_memory: Literal["megatron", "deepspeed", "fsdp1", "fsdp2"]
+    allocator: Literal["caching", "expandable-segments"]
+    sources: dict[str, str]
+
+    @property
+    def id(self) -> str:
+        """``name@version``: what ``Job.stack`` holds once resolved."""
+        return f"{self.name}@{self.version}"
+
+    def kernel_on(self, architecture: str) -> str:
+        """The fused attention kernel (``fa2`` / ``fa3`` / ``cudnn``) this release runs under flash on a GPU of
+        ``architecture`` (its first word is the family); Triton FlashAttention is priced as ``fa2``."""
+        family = architecture.split()[0] if architecture.split() else ""
+        kernel = self.attention_kernel.get(family, self.attention_kernel.get("default", "fa2"))
+        return "fa2" if kernel == "triton" else kernel
+
+
+    def overlaps_grad_reduce(self, pp: int, zero: int) -> bool:
+        """Whether this release can overlap the data-parallel gradient reduction with the backward pass of a
+        plan with ``pp`` stages and ZeRO stage ``zero`` (``dp_overlap``): always under ``bucketed``, never under
+        ``none``; under ``after-last-microbatch`` (DeepSpeed) only ZeRO-1/2 without a pipeline, whose
+        ``overlap_comm`` buckets reduce during backward — the pipeline engine's ``ReduceGrads`` instruction
+        follows the schedule's last micro-batch (``deepspeed/runtime/pipe/schedule.py`` ``TrainSchedule``) and
+        ZeRO-0 all-reduces at the accumulation boundary (``deepspeed/runtime/engine.py``)."""
+        if self.dp_overlap == "bucketed":
+            return True
+        return self.dp_overlap == "after-last-microbatch" and pp == 1 and zero in (1, 2)
+
+
+class StackCatalog(BaseModel):
+    """Every release in the data file, in file order (each name's releases oldest first)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    date: str
+    stacks: tuple[StackSpec, ...]
+
+    def releases(self, name: str) -> tuple[StackSpec, ...]:
+        """The releases of ``name``, oldest first."""
+        return tuple(s for s in self.stacks if s.name == name)
+
+
+def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
+    """Each ``[[stack]]`` table with the fields and sources it does not give carried over from the previous
+    release of its name."""
+    last: dict[str, dict] = {}
+    out = []
+    for i, entry in enumerate(raw):
+        where = f"{origin}: stack[{i}]"
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise HetplanError("a [[stack]] table without a name", field=where, fix="give name = \"...\"")
+        prev = last.get(entry["name"], {})
+        merged = {k: v for k, v in prev.items() if k not in ("version", "released", "sources")}
+        merged.update({k: v for k, v in entry.items() if k != "sources"})
+        sources = dict(prev.get("sources", {}))
+        sources.pop("released", None)
+        sources.update(entry.get("sources", {}))
+        merged["sources"] = sources
+        missing = [f for f in FIELDS[1:] + ("released",) if f not in sources]
+        if missing:
+            raise HetplanError(f"{entry['name']} {entry.get('version')}: no source for {', '.join(missing)}",
+                               field=where, fix="add a line per field to [stack.sources]")
+        try:
+            spec = StackSpec.model_validate(merged)
+        except ValidationError as exc:
+            raise validation_message(exc, where, StackSpec) from None
+        if prev and spec.released < prev["released"]:
+            raise HetplanError(f"{spec.id} released {spec.released}, before the previous release "
+                               f"{prev['version']} ({prev['released']})", field=where,
+                               fix="list each stack's releases oldest first")
+        last[spec.name] = spec.model_dump()
+        out.append(spec)
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def load_stacks() -> StackCatalog:
+    """The package's stack catalog (``hetplan/hardware/data/stacks.toml``), validated."""
+    text = resources.files("hetplan.hardware").joinpath("data", "stacks.toml").read_text()
+    data = parse_toml(text, "stacks.toml")
+    return StackCatalog(date=str(data.get("date", "?")), stacks=_merge(data.get("stack", []), "stacks.toml"))
+
+
+def default_stack(framework: str) -> StackSpec:
+    """The stack ``framework`` runs when the job names none (:data:`FRAMEWORK_STACK`, its latest release)."""
+    return load_stacks().releases(FRAMEWORK_STACK[framework])[-1]
+
+
+@lru_cache(maxsize=256)
+def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
+    """The release ``text`` names: ``NAME`` (the latest), ``NAME@VERSION`` (that release) or ``NAME@YYYY-MM``
+    (the release in force that month: the latest released then).
+
+    Raises:
+        HetplanError: unknown name or version, or a month before the stack's first release.
+    """
+    cat = load_stacks()
+    name, _, version = str(text).strip().partition("@")
+    name = name.strip().lower()
+    releases = cat.releases(name)
+    if not releases:
+        close = [n for n in STACK_NAMES if name and n.startswith(name)][:1] or difflib.get_close_matches(
+            name, STACK_NAMES, n=1)
+        raise HetplanError(f"unknown stack {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
+                           field=field, fix=f"use one of {', '.join(STACK_NAMES)} (hetplan catalog stacks), "
+                                            "optionally @VERSION or @YYYY-MM")
+    version = version.strip()
+    if not version:
+        return releases[-1]
+    for r in releases:
+        if r.version.lower() == version.lower():
+            return r
+    month = _MONTH.match(version)
+    if month is None:
+        raise HetplanError(f"{name} has no release {version!r}", field=field,
+                           fix=f"use one of {', '.join(r.version for r in releases)}, or a month YYYY-MM")
+    if not 1 <= int(month.group(2)) <= 12:
+        raise HetplanError(f"{version!r} is not a month", field=field, fix="write the date as YYYY-MM")
+    when = f"{month.group(1)}-{month.group(2)}"
+    in_force = [r for r in releases if r.released <= when]
+    if not in_force:
+        raise HetplanError(f"{name} had no release by {when} (its first, {releases[0].version}, is of "
+                           f"{releases[0].released})", field=field,
+                           fix=f"use a month from {releases[0].released} on, or another stack")
+    return in_force[-1]

@@ -1,0 +1,422 @@
+"""From a framework's launch back to a plan: ``hetplan import`` reads what a user runs — a Megatron-LM launch
+script or arguments file, a torchtitan 0.3 command line (``--module/--config`` + overrides) or 0.2 TOML job
+config, a DeepSpeed JSON config with its launcher arguments — and returns the :class:`~hetplan.plan.Plan` it
+runs, so that ``hetplan estimate`` prices the user's own run and ``hetplan plan --baseline`` compares it with the
+search's best. The inverse of :mod:`hetplan.runtime.exporters`: ``export`` then ``import`` gives the plan back
+(``tests/runtime/test_import.py``, a property test over plans).
+
+How each framework's arguments become a plan (the framework's own semantics, cited where they matter):
+
+* **Megatron-LM**: parsed with the recorded argument list of its release (:mod:`hetplan.runtime.argspec`); the
+  world size is ``--nnodes x --nproc-per-node`` of the ``torchrun`` line (or ``gpus``), DP = world / (TP x CP x
+  PP) (``megatron/core/parallel_state.py``); the layer split from ``--pipeline-model-parallel-layout``,
+  ``--decoder-first/last-pipeline-num-layers``, ``--account-for-embedding/loss-in-pipeline-split`` or an equal
+  split; ZeRO-1 = ``--use-distributed-optimizer``, ZeRO-2/3 = Megatron-FSDP's ``optim_grads`` /
+  ``optim_grads_params``.
+* **torchtitan 0.3**: ``--module``/``--config`` name a shipped model (or hetplan's generated job module), the
+  ``--section.key`` overrides the degrees and batch; the shipped config's own degrees are not known without
+  torchtitan, so every degree the plan needs must be on the command line (as hetplan's export writes it).
+* **DeepSpeed**: ``ds_config.json`` (micro-batch, accumulation, ZeRO stage, dtype) with the launcher's
+  ``--num_nodes``/``--num_gpus`` and ``--pipeline-parallel-size``; the split from ``pipeline_module.json`` or
+  ``hetplan_pipeline.py`` when present, else DeepSpeed's ``uniform`` partition.
+
+The model is the preset whose shapes the arguments give (hidden size, layers, heads, FFN width, experts), or
+``model`` when given.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+import tomllib
+from typing import Any
+
+from hetplan.errors import HetplanError
+from hetplan.model.spec import ModelSpec, list_presets, load_model
+from hetplan.plan import GPUPool, Job, Plan, Stage
+from hetplan.runtime.argspec import megatron_argv, parse_megatron_args
+from hetplan.runtime.exporters import TORCHTITAN_03_MODELS, balanced_split_ds
+
+
+def _words(text: str) -> list[str]:
+    """The shell words of a launch script, line continuations joined, comments dropped."""
+    out: list[str] = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            out += shlex.split(line, comments=True)
+    return out
+
+
+def _opt(words: list[str], *names: str) -> str | None:
+    for i, w in enumerate(words):
+        for n in names:
+            if w == n and i + 1 < len(words):
+                return words[i + 1]
+            if w.startswith(n + "="):
+                return w.split("=", 1)[1]
+    return None
+
+
+def _world(words: list[str], gpus: int | None, nodes_flag: str, per_node_flags: tuple[str, ...]) -> tuple[int, int]:
+    """(world size, GPUs per node) from the launcher's words, or ``gpus``."""
+    nnodes, nproc = _opt(words, nodes_flag), _opt(words, *per_node_flags)
+    if gpus is not None:
+        return gpus, int(nproc) if nproc and nproc.isdigit() else min(gpus, 8)
+    if nnodes and nproc and nnodes.isdigit() and nproc.isdigit():
+        return int(nnodes) * int(nproc), int(nproc)
+    raise HetplanError("the launch names no world size (torchrun --nnodes/--nproc-per-node, deepspeed "
+                       "--num_nodes/--num_gpus)", field="--gpus", fix="give the job's GPU count with --gpus")
+
+
+def match_model(shape: dict[str, int], model: str | None) -> ModelSpec:
+    """The model: ``model`` when given (its shapes must agree), else the preset with exactly these shapes.
+
+    Raises:
+        HetplanError: no preset (or ``model`` disagrees) with the shapes.
+    """
+    def agrees(spec: ModelSpec) -> list[str]:
+        return [f"{k} {v} (model: {getattr(spec, k)})" for k, v in shape.items()
+                if v is not None and int(getattr(spec, k) or 0) != int(v)]
+
+    if model:
+        spec = load_model(model)
+        bad = agrees(spec)
+        if bad:
+            raise HetplanError(f"the launch's shapes disagree with {spec.name}: {', '.join(bad)}", field="--model",
+                               fix="name the model the launch trains")
+        return spec
+    for name in list_presets():
+        spec = load_model(name)
+        if not agrees(spec):
+            return spec
+    raise HetplanError(f"no preset model has the launch's shapes {shape}", field="--model",
+                       fix="give --model NAME or a Hugging Face config.json path")
+
+
+def parse_layout(text: str, pp: int) -> list[list[int]]:
+    """Decoder layers ``[stage][virtual stage]`` of a Megatron-Core ``--pipeline-model-parallel-layout``
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``: commas cosmetic, ``(...)*n`` and ``x*n``
+    unrolled, ``|`` between model chunks in model order, chunk k on pipeline rank k % pp).
+
+    Raises:
+        HetplanError: characters other than E, L, t, or a chunk count that is no multiple of pp.
+    """
+    s = text.replace(",", "")
+    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    chunks = s.split("|")
+    if set(s) - set("ELt|") or len(chunks) % pp:
+        raise HetplanError(f"--pipeline-model-parallel-layout {text!r}: hetplan reads E, L, t and | (no MTP), "
+                           f"in a multiple of pp = {pp} chunks", field="--pipeline-model-parallel-layout",
+                           fix="give the layout of the decoder layers")
+    v = len(chunks) // pp
+    return [[chunks[k * pp + st].count("t") for k in range(v)] for st in range(pp)]
+
+
+def _megatron_split(a: dict[str, Any], L: int, pp: int) -> tuple[list[int], int]:
+    """(layers per stage, virtual stages) of Megatron-LM's arguments."""
+    if "pipeline_model_parallel_layout" in a:
+        chunks = parse_layout(a["pipeline_model_parallel_layout"], pp)
+        return [sum(c) for c in chunks], len(chunks[0])
+    e = int("account_for_embedding_in_pipeline_split" in a)
+    loss = int("account_for_loss_in_pipeline_split" in a)
+    v = int(a.get("num_virtual_stages_per_pipeline_rank", 0)) or (
+        L // (pp * a["num_layers_per_virtual_pipeline_stage"]) if "num_layers_per_virtual_pipeline_stage" in a else 1)
+    if e or loss:
+        c = (L + e + loss) // (pp * v)
+        return ([v * c - e - loss] if pp == 1 else [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]), v
+    first, last = a.get("decoder_first_pipeline_num_layers"), a.get("decoder_last_pipeline_num_layers")
+    given = [x for x in (first, last) if x is not None]
+    mid = (L - sum(given)) // max(1, pp - len(given))
+    layers = [mid] * pp
+    if first is not None:
+        layers[0] = first
+    if last is not None:
+        layers[-1] = last
+    if sum(layers) != L:
+        raise HetplanError(f"the split {layers} does not cover the {L} layers", field="--num-layers",
+                           fix="give a layer count the pipeline divides, or --decoder-first/last-pipeline-num-layers")
+    return layers, v
+
+
+def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None) -> Plan:
+    """The plan a Megatron-LM launch script (or arguments file) runs (see module doc).
+
+    Raises:
+        HetplanError: arguments the release refuses, no world size, shapes of no known model, fp32 training.
+    """
+    a = parse_megatron_args(megatron_argv(text))
+    words = _words(text)
+    world, per_node = _world(words, gpus, "--nnodes", ("--nproc-per-node", "--nproc_per_node"))
+    tp, pp, cp = (int(a.get(k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                              "context_parallel_size"))
+    if world % (tp * pp * cp):
+        raise HetplanError(f"{world} GPUs is no multiple of TP x CP x PP = {tp * cp * pp}", field="--gpus",
+                           fix="give the launch's world size")
+    dp = world // (tp * pp * cp)
+    experts = a.get("num_experts")
+    spec = match_model({"num_layers": a.get("num_layers"), "hidden_size": a.get("hidden_size"),
+                        "num_attention_heads": a.get("num_attention_heads"), "vocab_size": a.get("vocab_size"),
+                        "num_kv_heads": a.get("num_query_groups") if "group_query_attention" in a else None,
+                        "ffn_hidden_size": a.get("ffn_hidden_size"), "num_experts": experts,
+                        "expert_ffn_hidden_size": a.get("moe_ffn_hidden_size")}, model)
+    layers, v = _megatron_split(a, spec.num_layers, pp)
+    dtype = "fp8" if "fp8_format" in a else "bf16" if "bf16" in a else "fp16" if "fp16" in a else None
+    if dtype is None:
+        raise HetplanError("the launch trains in fp32 (no --bf16, --fp16 or --fp8-format); hetplan prices mixed "
+                           "precision", field="--bf16", fix="add --bf16")
+    zero = 1 if "use_distributed_optimizer" in a else 0
+    if "use_megatron_fsdp" in a:
+        zero = {"optim_grads": 2, "optim_grads_params": 3}.get(a.get("data_parallel_sharding_strategy", ""), 3)
+    gran = a.get("recompute_granularity", "none")
+    rec_layers = None
+    if gran == "full" and a.get("recompute_method") == "block":
+        rec_layers = int(a.get("recompute_num_layers", 0))
+    modules = [m for m in a.get("recompute_modules", []) if m != "core_attn"]
+    moe_recompute = "moe" in modules
+    if moe_recompute:
+        modules.remove("moe")
+    if gran == "selective" and "recompute_modules" in a and "core_attn" not in a["recompute_modules"]:
+        gran = "none"  # only per-module recomputation was asked for
+    attention = "flash" if "use_flash_attn" in a or a.get("attention_backend") in (None, "flash", "fused", "auto") \
+        else "standard"
+    dispatcher = a.get("moe_token_dispatcher_type", "alltoall")
+    if dispatcher == "flex":
+        dispatcher = a.get("moe_flex_dispatcher_backend", "deepep")
+    job = Job(model=model or spec.name, seq_len=int(a["seq_length"]), global_batch=int(a["global_batch_size"]),
+              train_iterations=int(a.get("train_iters", 1)), dtype=dtype, attention=attention, framework="megatron",
+              moe_dispatcher=dispatcher if dispatcher in ("alltoall", "deepep", "hybridep") else "alltoall",
+              moe_a2a_overlap="overlap_moe_expert_parallel_comm" in a, moe_recompute=moe_recompute,
+              recompute_modules=modules, offload_modules=list(a.get("offload_modules", [])))
+    stages = [Stage(num_layers=n, tp=tp, dp=dp, recompute=gran,
+                    recompute_layers=rec_layers if gran == "full" else None) for n in layers]
+    return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)], stages=stages,
+                mbs=int(a.get("micro_batch_size", 1)), zero=zero, virtual_stages=v,
+                sequence_parallel="sequence_parallel" in a, overlap_grad_reduce="overlap_grad_reduce" in a,
+                cross_entropy=None if "cross_entropy_loss_fusion" in a else "fp32", cp=cp,
+                ep=int(a.get("expert_model_parallel_size", 1)), expert_tp=int(a.get("expert_tensor_parallel_size", 1)))
+
+
+def _tt_parts(parts: list[list[str]], pp: int) -> tuple[list[int], int]:
+    layers = [0] * pp
+    for k, part in enumerate(parts):  # looped schedules: model part k on pipeline rank k % pp
+        layers[k % pp] += sum(1 for fqn in part if fqn.startswith("layers."))
+    return layers, len(parts) // pp
+
+
+def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
+                      job_module: str | None = None) -> Plan:
+    """The plan a torchtitan 0.3 launch (``-m torchtitan.train --module M --config C`` + overrides) runs; with
+    hetplan's generated ``hetplan_torchtitan_job.py`` as ``job_module`` its flavor names the model.
+
+    Raises:
+        HetplanError: no world size, a model neither shipped nor named, a value of the wrong type.
+    """
+    words = _words(text)
+    world, per_node = _world(words, gpus, "--nnodes", ("--nproc-per-node", "--nproc_per_node"))
+    start = words.index("torchtitan.train") + 1 if "torchtitan.train" in words else 0
+    over: dict[str, str | bool] = {}
+    ac = "none"
+    argv = words[start:]
+    i = 0
+    while i < len(argv):
+        w = argv[i]
+        if w.startswith("activation-checkpoint:"):
+            ac = w.split(":", 1)[1]
+        elif w.startswith("--"):
+            key = w[2:].replace("-", "_")
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is not None and not nxt.startswith("--") and not nxt.startswith("activation-checkpoint:"):
+                vals = [nxt]
+                while i + 2 < len(argv) and key.endswith("module_fqns_per_model_part") and \
+                        not argv[i + 2].startswith("--") and not argv[i + 2].startswith("activation-"):
+                    vals.append(argv[i + 2])
+                    i += 1
+                over[key] = " ".join(vals)
+                i += 1
+            else:
+                section, _, name = key.rpartition(".")
+                over[(section + "." if section else "") + name.removeprefix("no_")] = not name.startswith("no_")
+        i += 1
+
+    def num(key: str, default: int) -> int:
+        v = over.get(key, default)
+        try:
+            return int(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise HetplanError(f"--{key} {v!r} is not an integer", field=f"--{key}", fix="give an integer") from None
+
+    module, config = str(over.get("module", "")), str(over.get("config", ""))
+    name = model
+    if name is None:
+        for preset, (mod, cfg, flavor) in TORCHTITAN_03_MODELS.items():
+            if module == mod and config == cfg:
+                name = preset
+        if name is None and job_module:
+            m = re.search(r"model_registry\('([^']+)'", job_module)
+            flavor = m.group(1) if m else ""
+            for preset, (mod, _, fl) in TORCHTITAN_03_MODELS.items():
+                if fl == flavor and f"torchtitan.models.{mod} import" in job_module:
+                    name = preset
+            if name is None and flavor.startswith("hetplan-"):
+                name = flavor.removeprefix("hetplan-")
+    if name is None:
+        raise HetplanError(f"--module {module} --config {config} is no torchtitan model hetplan knows",
+                           field="--model", fix="give --model NAME (and the generated job module if any)")
+    spec = load_model(name)
+    p = "parallelism."
+    tp, cp, ep, pp = num(p + "tensor_parallel_degree", 1), num(p + "context_parallel_degree", 1), \
+        num(p + "expert_parallel_degree", 1), num(p + "pipeline_parallel_degree", 1)
+    rep, shard = num(p + "data_parallel_replicate_degree", 1), num(p + "data_parallel_shard_degree", -1)
+    if shard == -1:  # torchtitan: the shard degree takes the ranks left over
+        shard = world // (rep * tp * cp * pp)
+    dp = rep * shard
+    if shard > 1:
+        zero = 2 if over.get(p + "fsdp_reshard_after_forward") == "never" else 3
+    else:
+        zero = 0
+    gbs, seq = num("training.global_batch_size", 0), num("training.seq_len", 0)
+    local = num("training.local_batch_size", 0)
+    if pp > 1:
+        mbs = num(p + "pipeline_parallel_microbatch_size", 1)
+        parts = [part.split(",") for part in str(over.get(p + "module_fqns_per_model_part", "")).split()]
+        if parts:
+            layers, v = _tt_parts(parts, pp)
+        else:
+            q, r = divmod(spec.num_layers, pp)
+            layers, v = [q + (i < r) for i in range(pp)], 1
+    else:
+        mbs, layers, v = local, [spec.num_layers], 1
+    if gbs <= 0:
+        gbs = local * dp
+    fp8 = "Float8LinearConverter" in (job_module or "") or config.endswith("float8") or config == "llama3_405b"
+    compiled = bool(over.get("compile.enable", False))
+    rec = {"none": "none", "full": "full", "selective": "selective", "memory-budget": "selective"}.get(ac, "none")
+    job = Job(model=name, seq_len=seq, global_batch=gbs, train_iterations=num("training.steps", 1),
+              dtype="fp8" if fp8 else "bf16", attention="flash", framework="fsdp", torch_compile=compiled,
+              async_tp=bool(over.get("compile.enable_async_tensor_parallel", False)))
+    return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
+                stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
+                virtual_stages=v, sequence_parallel=tp > 1 and bool(over.get(p + "enable_sequence_parallel", True)),
+                cuda_graphs=not over.get("training.disable_cuda_graphs", False),
+                schedule="gpipe" if over.get(p + "pipeline_parallel_schedule") == "GPipe" else "1f1b",
+                cp=cp, ep=ep)
+
+
+def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
+                           launch: str = "") -> Plan:
+    """The plan a torchtitan 0.2 TOML job config runs (``[model]``, ``[training]``, ``[parallelism]``,
+    ``[activation_checkpoint]``); the world size from ``launch`` (torchrun) or ``gpus``."""
+    try:
+        cfg = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise HetplanError(f"the torchtitan TOML does not parse: {e}", field="config", fix="give a TOML file") from e
+    par, tr = cfg.get("parallelism", {}), cfg.get("training", {})
+    world, per_node = _world(_words(launch), gpus, "--nnodes", ("--nproc-per-node", "--nproc_per_node"))
+    flavor = cfg.get("model", {}).get("flavor", "")
+    name = model or {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}.get(flavor) or (
+        flavor.removeprefix("hetplan-") if flavor.startswith("hetplan-") else None)
+    if name is None:
+        raise HetplanError(f"torchtitan flavor {flavor!r} is no model hetplan knows", field="--model",
+                           fix="give --model NAME")
+    spec = load_model(name)
+    tp, cp, ep, pp = (int(par.get(k, 1)) for k in ("tensor_parallel_degree", "context_parallel_degree",
+                                                    "expert_parallel_degree", "pipeline_parallel_degree"))
+    rep, shard = int(par.get("data_parallel_replicate_degree", 1)), int(par.get("data_parallel_shard_degree", -1))
+    if shard == -1:
+        shard = world // (rep * tp * cp * pp)
+    dp = rep * shard
+    zero = (2 if par.get("fsdp_reshard_after_forward") == "never" else 3) if shard > 1 else 0
+    if pp > 1:
+        mbs = int(par.get("pipeline_parallel_microbatch_size", 1))
+        layers, v = _tt_parts(par["module_fqns_per_model_part"], pp)
+    else:
+        mbs, layers, v = int(tr["local_batch_size"]), [spec.num_layers], 1
+    comp = cfg.get("compile", {})
+    job = Job(model=name, seq_len=int(tr["seq_len"]), global_batch=int(tr["global_batch_size"]),
+              train_iterations=int(tr.get("steps", 1)),
+              dtype="fp8" if "float8" in cfg.get("model", {}).get("converters", []) else "bf16", attention="flash",
+              framework="fsdp", torch_compile=bool(comp.get("enable", False)),
+              async_tp=bool(par.get("enable_async_tensor_parallel", False)))
+    rec = cfg.get("activation_checkpoint", {}).get("mode", "none")
+    return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
+                stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
+                virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep,
+                schedule="gpipe" if par.get("pipeline_parallel_schedule") == "GPipe" else "1f1b")
+
+
+def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = None, partition: str | None = None,
+                     model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None) -> Plan:
+    """The plan a DeepSpeed JSON config runs, with the launcher's arguments (``deepspeed --num_nodes N --num_gpus G
+    train.py ... --pipeline-parallel-size P``), and hetplan's ``pipeline_module.json`` / ``hetplan_pipeline.py``
+    when present (else DeepSpeed's ``uniform`` partition, ``ds_utils.partition_uniform``)."""
+    try:
+        cfg = json.loads(config)
+    except json.JSONDecodeError as e:
+        raise HetplanError(f"the DeepSpeed config does not parse: {e}", field="config", fix="give a JSON file") from e
+    words = _words(launch)
+    world, per_node = _world(words, gpus, "--num_nodes", ("--num_gpus",))
+    pipe = json.loads(pipeline) if pipeline else {}
+    pp = int(pipe.get("num_stages") or _opt(words, "--pipeline-parallel-size", "--pipeline_parallel_size") or 1)
+    name = model or pipe.get("model")
+    if not name:
+        raise HetplanError("a DeepSpeed config does not name its model", field="--model", fix="give --model NAME")
+    spec = load_model(name)
+    mbs, gas = int(cfg["train_micro_batch_size_per_gpu"]), int(cfg.get("gradient_accumulation_steps", 1))
+    gbs = int(cfg.get("train_batch_size") or mbs * gas * (world // pp))
+    dp = gbs // (mbs * gas)
+    if partition:
+        tree = ast.parse(partition)
+        parts = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                     and getattr(n.targets[0], "id", "") == "PARTS")
+        layers = [b - a for a, b in zip(parts, parts[1:])]
+        layers[0] -= 1  # the embedding spec
+        layers[-1] -= 1  # final norm + head
+    else:
+        layers = list(pipe.get("stage_layers") or balanced_split_ds(spec.num_layers, pp))
+    rec = "full" if pipe.get("activation_checkpoint_interval") or "activation_checkpointing" in cfg else "none"
+    dtype = "bf16" if cfg.get("bf16", {}).get("enabled") else "fp16" if cfg.get("fp16", {}).get("enabled") else None
+    if dtype is None:
+        raise HetplanError("the DeepSpeed config trains in fp32; hetplan prices mixed precision", field="bf16",
+                           fix='set "bf16": {"enabled": true}')
+    zero_cfg = cfg.get("zero_optimization", {})
+    job = Job(model=name, seq_len=int(pipe.get("seq_len") or _opt(words, "--seq-length", "--seq_len") or 2048),
+              global_batch=gbs, train_iterations=1, dtype=dtype, attention="flash", framework="deepspeed")
+    return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
+                stages=[Stage(num_layers=n, dp=dp, recompute=rec) for n in layers], mbs=mbs,
+                zero=int(zero_cfg.get("stage", 0)), overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", False)))
+
+
+def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = "H100-SXM",
+                 gpus: int | None = None) -> Plan:
+    """The plan of a set of launch files (name -> text), whichever framework wrote them (see module doc); the
+    model named by a ``# hetplan model: NAME`` line (hetplan's exports write one) when ``model`` is not given.
+
+    Raises:
+        HetplanError: no file of a known framework.
+    """
+    by = dict(files)
+    if model is None:
+        named = next((m.group(1).strip() for t in by.values()
+                      for m in [re.search(r"^# hetplan model: (.+)$", t, re.M)] if m), None)
+        model = named
+    json_cfg = next((t for n, t in by.items() if n.endswith(".json") and "train_micro_batch_size_per_gpu" in t), None)
+    launch = next((t for n, t in by.items() if n.endswith(".sh")), "")
+    if json_cfg is not None:
+        return import_deepspeed(json_cfg, launch=launch, pipeline=by.get("pipeline_module.json"),
+                                partition=by.get("hetplan_pipeline.py"), model=model, gpu=gpu, gpus=gpus)
+    toml_cfg = next((t for n, t in by.items() if n.endswith(".toml")), None)
+    if toml_cfg is not None:
+        return import_torchtitan_toml(toml_cfg, model=model, gpu=gpu, gpus=gpus, launch=launch)
+    for t in by.values():
+        if "torchtitan.train" in t or re.search(r"(^|\s)--module[\s=]", t):
+            return import_torchtitan(t, model=model, gpu=gpu, gpus=gpus, job_module=by.get("hetplan_torchtitan_job.py"))
+    for t in by.values():
+        if "--num-layers" in t or "--tensor-model-parallel-size" in t:
+            return import_megatron(t, model=model, gpu=gpu, gpus=gpus)
+    raise HetplanError(f"found no Megatron-LM, torchtitan or DeepSpeed launch in {', '.join(by)}", field="FILES",
+                       fix="give a Megatron-LM launch script or arguments file, a torchtitan launch or TOML, or a "
+                           "DeepSpeed JSON config (with its launch script)")

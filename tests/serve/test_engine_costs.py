@@ -1,0 +1,90 @@
+"""Engine-aware serving costs (hetplan.estimate.inference with an EngineSpec): launches per decode path, weight
+bytes per dtype, the KV budget in blocks, and the serving validation set."""
+
+import pytest
+
+from hetplan.calibration.serving import TARGET, run_serving
+from hetplan.errors import HetplanError, InfeasibleError
+from hetplan.estimate.compute import FLASH_FUSED_KERNELS, KERNELS_PER_LAYER_FORWARD
+from hetplan.estimate.inference import (activation_peak_bytes, decode_step_time_s, kv_cache_bytes_per_worker,
+                                        kv_capacity_tokens, max_num_seqs, prefill_time_s, weight_bytes_per_worker)
+from hetplan.hardware.catalog import get_gpu
+from hetplan.hardware.engines import get_engine
+from hetplan.model.spec import load_model
+
+
+def test_cuda_graph_decode_drops_the_per_kernel_launch_floor():
+    m, h200 = load_model("llama3-8b"), get_gpu("H200")
+    legacy = decode_step_time_s(m, h200, "bf16", 1, 1100)
+    graphs = decode_step_time_s(m, h200, "bf16", 1, 1100, engine=get_engine("vllm"))
+    eager = decode_step_time_s(m, h200, "bf16", 1, 1100, engine=get_engine("hf-eager"))
+    # eager: 15 host launches per flash layer x 32 layers at 44.3 us, ~21 ms; a graph replay: weights / HBM, ~4 ms
+    assert legacy > 0.020 and eager > 32 * (KERNELS_PER_LAYER_FORWARD - FLASH_FUSED_KERNELS) * h200.kernel_overhead_s
+    weights = weight_bytes_per_worker(m, 1, 1, "bf16")[0] / h200.hbm_bandwidth_bytes_per_s
+    assert weights < graphs < 1.5 * weights
+    # above vLLM V1's largest capture (512) a decode step runs eagerly again
+    v = get_engine("vllm")
+    assert v.launches_per_kernel(600, prefill=False) and not v.launches_per_kernel(512, prefill=False)
+
+
+def test_fp8_and_int4_weights():
+    m, h100, a100 = load_model("llama2-7b"), get_gpu("H100-SXM"), get_gpu("A100-SXM-80GB")
+    bf16 = weight_bytes_per_worker(m, 1, 1, "bf16")[0]
+    fp8 = weight_bytes_per_worker(m, 1, 1, "bf16", "fp8")[0]
+    int4 = weight_bytes_per_worker(m, 1, 1, "bf16", "int4")[0]
+    emb_head = 2 * m.padded_vocab_size() * m.hidden_size  # parameters kept 16-bit (untied embedding + head)
+    assert fp8 == pytest.approx((bf16 - 2 * emb_head) / 2 + 2 * emb_head, rel=1e-3)
+    assert int4 == pytest.approx((bf16 - 2 * emb_head) / 4 + 2 * emb_head, rel=1e-3)
+    v = get_engine("vllm")
+    # W8A8 on Hopper: half the weight bytes and twice the tensor-core rate
+    t16 = decode_step_time_s(m, h100, "bf16", 1, 512, engine=v)
+    t8 = decode_step_time_s(m, h100, "bf16", 1, 512, engine=v, weights="fp8")
+    assert 0.5 < t8 / t16 < 0.75
+    # compute-bound prefill: FP8 tensor cores on Hopper only
+    p16, p8 = (prefill_time_s(m, h100, "bf16", 4096, engine=v, weights=w) for w in ("bf16", "fp8"))
+    assert p8 < 0.8 * p16
+    a16, a8 = (prefill_time_s(m, a100, "bf16", 4096, engine=v, weights=w) for w in ("bf16", "fp8"))
+    assert a8 == pytest.approx(a16, rel=0.05)
+    with pytest.raises(HetplanError) as e:
+        decode_step_time_s(m, get_gpu("V100-SXM-32GB"), "fp16", 1, 10, engine=get_engine("vllm@0.6"), weights="fp8")
+    assert e.value.field == "quantization"
+
+
+def test_kv_capacity_worked_example():
+    m, a100, v = load_model("llama2-7b"), get_gpu("A100-SXM-80GB"), get_engine("vllm@0.6")
+    # total budget: 0.9 x memory - weights - activations of the profile run - non-torch memory, in 16-token blocks
+    weights = weight_bytes_per_worker(m, 1, 1, "bf16")[0]
+    act = activation_peak_bytes(m, 1, 8192, 256, "bf16")
+    assert act == 8192 * (2 * 4096 + 3 * 11008) * 2 + 256 * m.padded_vocab_size() * 4
+    per_token = kv_cache_bytes_per_worker(m, 1, 1, 1, "bf16")[0]
+    assert per_token == 2 * 32 * 4096 * 2  # 512 KiB
+    budget = 0.9 * a100.memory_bytes - weights - act - 2**30
+    want = int(budget // per_token) // 16 * 16
+    assert kv_capacity_tokens(m, a100, v, dtype="bf16") == want
+    assert kv_capacity_tokens(m, a100, v, dtype="bf16", kv_dtype="fp8") == int(budget // (per_token / 2)) // 16 * 16
+    # sequences of 2,048 tokens: blocks / 128 blocks each, under the engine's cap of 256
+    assert max_num_seqs(m, a100, v, 2048, dtype="bf16") == min(256, want // 2048)
+    assert max_num_seqs(m, a100, v, 100, dtype="bf16") == 256
+    # TensorRT-LLM: a fraction of the free memory
+    t = get_engine("tensorrt-llm@0.6")
+    free = a100.memory_bytes - weights - activation_peak_bytes(m, 1, 8192, 256, "bf16") - 2**30
+    assert kv_capacity_tokens(m, a100, t, dtype="bf16") == int(0.9 * free // per_token) // 64 * 64
+
+
+def test_no_room_for_the_cache_is_infeasible():
+    m = load_model("llama2-70b")
+    with pytest.raises(InfeasibleError) as e:
+        kv_capacity_tokens(m, get_gpu("A100-SXM-80GB"), get_engine("vllm"), dtype="bf16")
+    assert e.value.field == "gpu" and "TP" in e.value.fix
+    assert kv_capacity_tokens(m, get_gpu("A100-SXM-80GB"), get_engine("vllm"), tp=4, dtype="bf16") > 100_000
+
+
+def test_serving_validation_set():
+    res = run_serving()[0]["serving"]
+    assert res["n"] >= 60 and res["not_expressible"] == 0  # FP8 rows included
+    assert res["held_out"]["n"] > 20 and res["calibration"]["n"] > 20
+    # the engine model's error on published rows (docs/serving.md): issue 25's target 15 %, with a small margin
+    # for the held-out half
+    assert res["mape"] <= TARGET["mape"] + 0.01
+    assert res["held_out"]["mape"] <= 0.20
+    assert abs(res["signed_median"]) < 0.10 and res["max_abs_error"] < 1.0

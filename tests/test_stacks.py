@@ -1,0 +1,156 @@
+"""Software stacks as data (:mod:`hetplan.hardware.stacks`): the data file, resolution by version and month, the
+job field, what the stack switches in the estimate, and the CLI (``catalog stacks``, ``--stack``)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hetplan.calibration.validation import gpt_model, megatron_plan
+from hetplan.errors import HetplanError
+from hetplan.estimate.estimator import estimate
+from hetplan.hardware.stacks import FIELDS, FRAMEWORK_STACK, STACK_NAMES, default_stack, load_stacks, resolve_stack
+from hetplan.jobfile import validated
+from hetplan.plan import Job
+from hetplan.plan_rules import PlanRuleError, check_plan
+
+
+def test_every_stack_every_field_sourced_and_releases_in_order():
+    cat = load_stacks()
+    assert {s.name for s in cat.stacks} == set(STACK_NAMES)
+    for name in STACK_NAMES:
+        rel = cat.releases(name)
+        assert [r.released for r in rel] == sorted(r.released for r in rel)
+        for r in rel:
+            missing = [f for f in FIELDS[1:] + ("released",) if not r.sources.get(f, "").strip()]
+            assert not missing, (r.id, missing)
+    assert len({s.id for s in cat.stacks}) == len(cat.stacks)
+
+
+def test_resolve_by_name_version_and_month():
+    assert resolve_stack("megatron-lm").id == load_stacks().releases("megatron-lm")[-1].id
+    assert resolve_stack("NeMo@24.07").id == "nemo@24.07"
+    # a month resolves to the release in force then: v3.0 (sequence parallelism) came in 2022-07
+    assert resolve_stack("megatron-lm@2022-06").version == "2.5"
+    assert resolve_stack("megatron-lm@2022-07").version == "3.0"
+    assert resolve_stack("megatron-lm@2022-07-15").version == "3.0"
+    assert not resolve_stack("megatron-lm@2022-06").sequence_parallel
+    for bad, words in (("megatronlm", "did you mean 'megatron-lm'"), ("nemo@1.0", "no release '1.0'"),
+                       ("nemo@2020-01", "no release by 2020-01"), ("nemo@2024-13", "not a month")):
+        with pytest.raises(HetplanError, match=words) as exc:
+            resolve_stack(bad)
+        assert exc.value.field == "job.stack" and exc.value.fix
+
+
+def test_default_stacks_are_what_export_writes_and_keep_todays_kernels():
+    assert {fw: default_stack(fw).name for fw in FRAMEWORK_STACK} == {
+        "megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": "torchtitan"}
+    # the kernels the estimate ran before stacks were data: cuDNN on Hopper/Blackwell under Megatron-Core and
+    # torchtitan (since 6a3a9da), FlashAttention-2 elsewhere and under DeepSpeed
+    for fw, hopper in (("megatron", "cudnn"), ("fsdp", "cudnn"), ("deepspeed", "fa2")):
+        st = default_stack(fw)
+        assert st.kernel_on("Hopper GH100") == hopper and st.kernel_on("Ampere GA100") == "fa2"
+        assert st.kernel_on("Blackwell GB100") == hopper
+    assert default_stack("fsdp").launch == "compiled" and default_stack("megatron").dp_overlap == "bucketed"
+
+
+def _job(**kw):
+    return validated(Job, dict(model="llama2-7b", seq_len=4096, global_batch=64, **kw), "job")
+
+
+def test_job_stack_sets_defaults_and_refuses_contradictions():
+    j = _job(stack="llm-foundry")
+    assert (j.framework, j.attention, j.torch_compile, j.stack) == ("fsdp", "flash", False, "llm-foundry@0.3")
+    j = _job(stack="megatron-lm@2021-06")
+    assert (j.framework, j.attention, j.stack) == ("megatron", "standard", "megatron-lm@2.5")
+    assert _job(stack="torchtitan@2024-06", torch_compile=True).torch_compile  # a given field wins
+    assert _job().stack_spec().id == default_stack("megatron").id
+    with pytest.raises(HetplanError, match="runs framework 'megatron', not 'fsdp'"):
+        _job(stack="nemo", framework="fsdp")
+    with pytest.raises(HetplanError, match="no fused"):
+        _job(stack="nemo@22.09", attention="flash")
+    with pytest.raises(HetplanError) as exc:
+        _job(stack="titan")
+    assert exc.value.field == "job.stack"
+
+
+def _plan(stack=None, tp=4, pp=1, dp=8, zero=0, **kw):
+    m = gpt_model(24, 4096, 32, 2048)
+    plan = megatron_plan(m, gpu="A100-SXM-80GB", tp=tp, pp=pp, dp=dp, mbs=1, gbs=8 * dp, recompute="none",
+                         seq=2048, inter_node_bandwidth_bytes_per_s=25e9, sequence_parallel=True,
+                         overlap_grad_reduce=True, dtype="bf16")
+    job = plan.job.model_dump()
+    if stack is not None:
+        job = {k: v for k, v in job.items() if k not in ("framework", "attention")} | {"stack": stack}
+    return m, plan.model_copy(update=dict(job=Job.model_validate(job), zero=zero, **kw))
+
+
+def test_megatron_2021_has_neither_sequence_parallelism_nor_dp_overlap():
+    m, new = _plan("megatron-lm@3.0")
+    _, old = _plan("megatron-lm@2.5")
+    e_new, e_old = estimate(new, model=m), estimate(old, model=m)
+    # without SP each TP rank keeps the LayerNorm/dropout activations whole (Korthikanti et al. 2022, Table 2)
+    assert e_old.stages[0].memory.activations > 1.2 * e_new.stages[0].memory.activations
+    # v3.0 still reduces after backward like 2.5 (no --overlap-grad-reduce before Megatron-Core 0.4): the same
+    # exposed DP time; Megatron-Core 0.4 hides part of it
+    assert e_old.dp_exposed_time_s == pytest.approx(e_new.dp_exposed_time_s)
+    _, core = _plan("megatron-lm@core_r0.4")
+    assert estimate(core, model=m).dp_exposed_time_s < 0.99 * e_new.dp_exposed_time_s
+
+
+def test_deepspeed_pipeline_engine_reduces_after_the_last_microbatch():
+    """DeepSpeed's TrainSchedule issues ReduceGrads after the schedule: plan.overlap_grad_reduce changes nothing
+    at pp > 1, while ZeRO-1 without a pipeline overlaps its buckets (overlap_comm)."""
+    for pp, zero, hides in ((2, 1, False), (1, 0, False), (1, 1, True)):
+        m, on = _plan("deepspeed", tp=1, pp=pp, dp=8, zero=zero)
+        off = on.model_copy(update=dict(overlap_grad_reduce=False))
+        t_on, t_off = estimate(on, model=m).dp_exposed_time_s, estimate(off, model=m).dp_exposed_time_s
+        assert (t_on < 0.9 * t_off) if hides else (t_on == pytest.approx(t_off)), (pp, zero)
+
+
+def test_plan_options_the_stack_lacks_are_refused():
+    m, plan = _plan("megatron-lm@2.5", tp_comm_overlap=True)
+    with pytest.raises(PlanRuleError, match="has no TP-communication overlap") as exc:
+        check_plan(plan, m)
+    assert exc.value.rule == "stack-has-option" and exc.value.field == "plan.tp_comm_overlap"
+    m, plan = _plan("megatron-lm@core_r0.4", tp_comm_overlap=True)
+    check_plan(plan, m)
+
+
+def _hetplan(*args):
+    return subprocess.run([sys.executable, "-m", "hetplan.cli.main", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_catalog_stacks_and_stack_flag(tmp_path):
+    r = _hetplan("catalog", "stacks", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {s["id"] for s in json.loads(r.stdout)["stacks"]} == {s.id for s in load_stacks().stacks}
+    r = _hetplan("catalog", "stacks", "nemo@2024-08")
+    assert r.returncode == 0 and "nemo@24.07" in r.stdout and "PR #9188" in r.stdout
+    base = ("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "64", "--gpu", "A100-SXM-80GB",
+            "--gpus", "8", "--tp", "1", "--pp", "1", "--top", "1", "--json")
+    r = _hetplan(*base, "--stack", "megatron-lm@2099-01", "-o", tmp_path / "p.json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "p.json").read_text())["job"]["stack"] == "megatron-lm@core_r0.15"
+    r = _hetplan(*base, "--stack", "megatron-lm@1999-01")
+    assert r.returncode == 2 and "job.stack" in r.stderr and "Traceback" not in r.stderr
+    r = _hetplan("estimate", tmp_path / "p.json", "--json", "--stack", "llm-foundry")
+    assert r.returncode == 0, r.stderr
+    r = _hetplan("estimate", tmp_path / "p.json", "--stack", "fms")
+    assert r.returncode == 2 and "did you mean 'fms-fsdp'" in r.stderr
+
+
+def test_speed_error_sign_follows_the_quantity():
+    """+ = predicted too fast, whether the row measures a time or a rate (the issue's '+26 %')."""
+    from hetplan.calibration.modern import ModernCase
+    from hetplan.calibration.validation import Case, speed_error
+
+    slow_time = Case(set="vtrain_single_node", key="a", group="g", measured=1.0, predict=None, predicted=1.25)
+    fast_rate = ModernCase(set="torchtitan", key="b", group="g", measured=100.0, predict=None, predicted=125.0,
+                           quantity="tokens_per_s_per_gpu")
+    sc21 = Case(set="megatron_sc21_table1", key="c", group="g", measured=150.0, predict=None, predicted=120.0)
+    assert speed_error(slow_time) == pytest.approx(-0.2)
+    assert speed_error(fast_rate) == pytest.approx(0.25)
+    assert speed_error(sc21) == pytest.approx(-0.2)
