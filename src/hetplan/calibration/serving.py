@@ -17,8 +17,9 @@ engine's steps together:
 * ``concurrency`` (closed loop, ``vllm bench serve --max-concurrency C``): TPOT = one decode step of ``C``
   sequences plus the prefills of the other ``C - 1`` requests spread over their ``out`` steps.
 
-Metrics: ``n``, MAPE, signed median error (bias: + = predicted high), max |error| (errors as fractions, of the
-measured value, for times as for throughputs). One constant is fitted: ``hbm_efficiency`` (the fraction of the HBM
+Metrics (the project's convention, :mod:`hetplan.calibration.validation`): errors of time — predicted time /
+measured time - 1, for a throughput row the time per output token — as MAPE, median and max |error|; the signed
+median (bias) of predicted speed / measured speed - 1 (+ = predicted too fast). One constant is fitted: ``hbm_efficiency`` (the fraction of the HBM
 peak the engines' memory-bound kernels reach), on a seeded half of the rows (:func:`is_calibration`, a hash of the
 row key) by :func:`fit_hbm_efficiency`, and stored as data in ``engines.toml``; the other half is held out and
 reported apart.
@@ -58,6 +59,7 @@ def is_calibration(key: str) -> bool:
     return _is_calibration(key, CALIBRATION_FRACTION)
 _METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu")
 _MODES = ("static", "offline", "concurrency")
+_TIME_METRICS = ("ttft_s", "tpot_s")
 
 
 @dataclass
@@ -73,7 +75,15 @@ class ServingCase:
 
     @property
     def error(self) -> float:
-        return self.predicted / self.measured - 1.0
+        """Time error, the project's convention: predicted time / measured time - 1 (for a throughput row, the
+        time per token: measured / predicted - 1)."""
+        ratio = self.predicted / self.measured
+        return (ratio if self.row["metric"] in _TIME_METRICS else 1.0 / ratio) - 1.0
+
+    @property
+    def speed_error(self) -> float:
+        """Predicted speed / measured speed - 1 (+ = predicted too fast)."""
+        return 1.0 / (1.0 + self.error) - 1.0
 
 
 def load_rows() -> list[dict]:
@@ -188,9 +198,20 @@ def set_metrics(cases: list[ServingCase]) -> dict:
         tau, pairs = kendall_tau([c.predicted for c in g], [c.measured for c in g])
         if pairs and math.isfinite(tau):
             num, den = num + tau * pairs, den + pairs
-    return {"n": len(ok), "mape": float(np.mean(np.abs(err))), "signed_median": float(np.median(err)),
+    speed = np.array([c.speed_error for c in ok])
+    return {"n": len(ok), "mape": float(np.mean(np.abs(err))), "signed_median": float(np.median(speed)),
             "median_abs_error": float(np.median(np.abs(err))), "max_abs_error": float(np.max(np.abs(err))),
             "kendall_tau": num / den if den else math.nan, "not_expressible": len(cases) - len(ok)}
+
+
+def per_engine(cases: list[ServingCase]) -> dict:
+    """The serving rows' error per engine release, in the shape of ``hetplan validate``'s per-stack table
+    (:func:`hetplan.calibration.intervals.per_stack`): ``{engine: {n, mape, max_abs_error, signed_median, sets}}``."""
+    out = {}
+    for name in sorted({c.row["engine"] for c in cases}):
+        m = set_metrics([c for c in cases if c.row["engine"] == name])
+        out[name] = {k: m[k] for k in ("n", "mape", "max_abs_error", "signed_median")} | {"sets": [SET_NAME]}
+    return out
 
 
 def run_serving(catalog: Catalog | None = None) -> tuple[dict, list[ServingCase]]:
@@ -206,6 +227,7 @@ def run_serving(catalog: Catalog | None = None) -> tuple[dict, list[ServingCase]
     res["per_source"] = {s: set_metrics([c for c in cases if c.source == s]) for s in sorted({c.source for c in cases})}
     res["per_metric"] = {k: set_metrics([c for c in cases if c.row["metric"] == k])
                          for k in sorted({c.row["metric"] for c in cases})}
-    res["rows"] = [{"key": c.key, "measured": c.measured, "predicted": c.predicted, "error": c.error, **c.info}
+    res["rows"] = [{"key": c.key, "metric": c.row["metric"], "measured": c.measured, "predicted": c.predicted,
+                    "error": c.error, "speed_error": c.speed_error, **c.info}
                    for c in sorted(cases, key=lambda c: -abs(c.error) if math.isfinite(c.predicted) else 0)]
     return {SET_NAME: res}, cases
