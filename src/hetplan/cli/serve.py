@@ -84,11 +84,16 @@ def register(app: typer.Typer) -> None:
         workload: Path = typer.Argument(..., help="WORKLOAD.toml (see examples/serve/workload.toml)"),
         as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
         policy: str = typer.Option(None, help="override scheduler.policy (lru, load_aware)"),
+        export: str = typer.Option(None, "--export", help="also write one launch command per model for this "
+                                   "engine (vllm, sglang; sleep mode where models share the GPUs) and a router "
+                                   "config into --out-dir"),
+        out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
     ) -> None:
         """Simulate the workload: per-model latency percentiles, SLO attainment and goodput."""
         from hetplan.serve.capacity import simulate_workload, slos
         from hetplan.serve.config import load_workload_config
 
+        _check_export(export, out_dir)
         wf = load_workload_config(workload)
         if policy:
             wf.scheduler.policy = policy
@@ -96,6 +101,14 @@ def register(app: typer.Typer) -> None:
         rep = res.report(slos(wf))
         rep.update(policy=wf.scheduler.policy, batching=wf.scheduler.batching, gpu=wf.cluster.gpu, tp=wf.cluster.tp,
                    pp=wf.cluster.pp)
+        if export:
+            from hetplan.serve.capacity import cluster_footprints
+            from hetplan.serve.export import replicas_from_cluster, write_export
+
+            foot, mem = cluster_footprints(wf)
+            paths = write_export(export, replicas_from_cluster(wf, foot, mem), out_dir,
+                                 source=f"simulate {workload.name}")
+            rep["export"] = [str(p) for p in paths]
         if as_json:
             typer.echo(json.dumps(rep, indent=2))
             return
@@ -126,6 +139,9 @@ def register(app: typer.Typer) -> None:
         price: list[str] = typer.Option(None, "--price", help="GPU=USD per GPU-hour, overriding the catalog "
                                         "and capacity.prices; repeatable, e.g. --price A100-SXM-80GB=3.67"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+        export: str = typer.Option(None, "--export", help="write one launch command per replica for this engine "
+                                   "(vllm, sglang) and a router config (LiteLLM) into --out-dir"),
+        out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
     ) -> None:
         """Cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (checked by simulation)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -133,6 +149,7 @@ def register(app: typer.Typer) -> None:
         from hetplan.serve.capacity import plan_capacity
         from hetplan.serve.config import load_workload_config
 
+        _check_export(export, out_dir)
         wf = load_workload_config(workload)
         names = [g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None
         if names is not None and not names:
@@ -147,6 +164,11 @@ def register(app: typer.Typer) -> None:
                 bar.update(task, completed=done, total=total, description=what)
 
             out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step)
+        if export:
+            from hetplan.serve.export import replicas_from_capacity, write_export
+
+            paths = write_export(export, replicas_from_capacity(wf, out), out_dir, source=f"capacity {workload.name}")
+            out["export"] = [str(p) for p in paths]
         if as_json:
             typer.echo(json.dumps(out, indent=2))
             return
@@ -172,6 +194,31 @@ def register(app: typer.Typer) -> None:
                                          f"({out['prices'][g]['source']})" for g in used))
         if not out["meets_target"]:
             con.print("[yellow]the simulated mix misses the target after 3 rounds of derating; see the table[/]")
+        if export:
+            con.print(f"wrote {len(out['export']) - 2} {export} launch scripts, replicas.json and router.yaml to "
+                      f"{out_dir}")
+
+
+def _check_export(export: str | None, out_dir: Path | None) -> None:
+    """``--export`` and ``--out-dir`` go together, and the engine is one that can be exported for (checked before
+    any simulation).
+
+    Raises:
+        HetplanError: naming the option at fault.
+    """
+    from hetplan.serve.export import EXPORT_ENGINES
+
+    if export is None and out_dir is None:
+        return
+    if export is None:
+        raise HetplanError("--out-dir without --export", field="--export", fix="add --export vllm or --export sglang")
+    if export not in EXPORT_ENGINES:
+        raise HetplanError(f"unknown engine {export!r} to export for", field="--export",
+                           fix=f"use one of {', '.join(EXPORT_ENGINES)}")
+    if out_dir is None:
+        raise HetplanError("--export needs a folder to write into", field="--out-dir", fix="add --out-dir DIR")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise HetplanError(f"{out_dir} is a file, not a folder", field="--out-dir", fix="give a folder path")
 
 
 def _parse_prices(items: list[str]) -> dict[str, float]:

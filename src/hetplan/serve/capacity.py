@@ -169,6 +169,24 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
                     duration_s=wf.workload.duration_s if not (wf.workload.trace or wf.workload.offline) else None)
 
 
+def cluster_footprints(wf: WorkloadFile) -> tuple[dict[str, int], int]:
+    """Per model, the bytes per worker it holds while resident on the workload's cluster (weights + KV pool, as
+    :func:`simulate_workload` sizes them), and the GPU's memory (bytes).
+
+    Raises:
+        HetplanError: no ``cluster.gpu``; as :func:`sim_model`.
+    """
+    c = wf.cluster
+    if c.gpu is None:
+        raise HetplanError("the export needs the cluster's GPU type", field="cluster.gpu",
+                           fix='set cluster.gpu to a catalog name, e.g. "A100-SXM-80GB"')
+    gpu = load_catalog().get(c.gpu, field="cluster.gpu")
+    cap = c.memory_bytes or int(gpu.memory_bytes * c.memory_fraction)
+    out = {m.name: sim_model(m.name, m.spec(), gpu, c.tp, c.pp, c.dtype, wf, cap, len(wf.models)).bytes
+           for m in wf.models}
+    return out, gpu.memory_bytes
+
+
 #: Bisection steps of the largest sustainable rate of one replica (relative resolution 2^-6 of the bracket).
 RATE_STEPS = 6
 #: Requests simulated per rate probe.

@@ -32,12 +32,14 @@ class _Strict(BaseModel):
 
 
 class ModelEntry(_Strict):
-    """One served model: ``name`` (API name), ``model`` (preset or config.json), weights ``seed``,
+    """One served model: ``name`` (API name), ``model`` (preset or config.json), ``hf_model`` (the Hugging Face
+    repository or path a real engine loads, for ``--export``; default: ``model``), weights ``seed``,
     ``num_layers`` override (to shrink a preset for tests), and for workloads its own ``rate_per_s``, ``cv`` and
     SLOs ``slo_s`` (end-to-end), ``ttft_slo_s``, ``tpot_slo_s``."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     model: str
+    hf_model: str | None = Field(default=None, min_length=1)
     seed: int = Field(default=0, ge=0, lt=2**63)
     num_layers: int | None = Field(default=None, gt=0)
     rate_per_s: float | None = Field(default=None, ge=0)
