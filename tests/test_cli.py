@@ -197,3 +197,27 @@ def test_cli_runs_without_click_where_typer_does_not_need_it():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "--price-source" in r.stdout
+
+
+def test_pin_flags_are_generated_from_the_pins_fields():
+    """Every :class:`Pins` field is a ``hetplan plan`` option (its flag and its description as help), and the
+    flags given reach the search as pins; a bad value exits 2 naming the flag itself (``--use-gpus`` for
+    ``num_gpus``)."""
+    import inspect
+
+    from hetplan.cli.plan import _with_pin_options, plan_command
+    from hetplan.search.space import Pins
+
+    params = inspect.signature(_with_pin_options(plan_command)).parameters
+    assert "pin_flags" not in params
+    for name, field in Pins.model_fields.items():
+        option = params[name].default
+        assert option.param_decls == (Pins.flag(name),) and option.help == field.description, name
+    assert Pins.flag("num_gpus") == "--use-gpus" and Pins.choices("zero") == (0, 1, 2, 3)
+    r = hetplan("plan", *BASE, "--gpu", "H100-SXM", "--gpus", "16", "--use-gpus", "8", "--tp", "2", "--pp", "1",
+                "--zero", "1", "--recompute", "full", "--top", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    for p in json.loads(r.stdout)["plans"]:
+        assert (p["num_gpus"], p["tp"], p["pp"], p["zero"], p["recompute"]) == (8, 2, 1, 1, "full")
+    r = hetplan("plan", *BASE, "--gpu", "H100-SXM", "--gpus", "16", "--use-gpus", "0")
+    assert r.returncode == 2 and "--use-gpus: must be a positive integer" in r.stderr, r.stderr

@@ -185,8 +185,8 @@ def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
         raise HetplanError(f"{label}: no gpu / gpus", field="runs.gpu", fix="add columns gpu and gpus (or pass --gpu, --gpus)")
     job = validated(Job, parts["job"], f"runs ({label})")
     inv = validated(Inventory, {"pools": [parts["pool"]]}, f"runs ({label})")
+    pins = validated(Pins, {"num_gpus": parts["pool"]["count"], **parts["pin"]}, f"runs ({label})")
     try:
-        pins = Pins(num_gpus=parts["pool"]["count"], **parts["pin"])
         res = search_plans(job, inv, Objective(), pins, top_k=1, catalog=catalog, heterogeneous=False)
     except HetplanError as exc:
         raise HetplanError(f"{label}: {exc.message}", field=f"runs ({label}) {exc.field or ''}".strip(),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import re
 import textwrap
@@ -175,22 +177,15 @@ def plan_command(
                                    "(default: also stages on different pools, hetplan.search.hetero)."),
     pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier, "
                                           "print it and draw it to this PNG."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Pin the tensor-parallel degree."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pin the pipeline-parallel degree."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Pin the data-parallel degree."),
-    mbs: Optional[int] = typer.Option(None, "--mbs", help="Pin the micro-batch size."),
-    zero: Optional[int] = typer.Option(None, "--zero", help="Pin the ZeRO stage (0-3)."),
-    recompute: Optional[str] = typer.Option(None, "--recompute", help="Pin recomputation: none|selective|full."),
-    use_gpus: Optional[int] = typer.Option(None, "--use-gpus", help="Pin the number of GPUs the plan uses."),
-    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
-                                                 help="Pin interleaved 1F1B's virtual stages per stage (1 = plain 1F1B)."),
-    cp: Optional[int] = typer.Option(None, "--cp", help="Pin the context-parallel degree (sequence split)."),
-    ep: Optional[int] = typer.Option(None, "--ep", help="Pin the expert-parallel degree (MoE models)."),
+    pin_flags: Optional[dict] = None,  # one option per Pins field (_with_pin_options)
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the table of plans (no memory breakdown, "
                                "explanations or search statistics)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A plan JSON of your own run (e.g. from "
+                                            "`hetplan import` of its launch script): priced the same way and "
+                                            "compared with the best plan."),
     search: str = typer.Option("uniform", "--search", help="uniform (exhaustive) | fine (Aceso-style bottleneck "
                                "alleviation from the best uniform plan: per-stage GPUs/TP/DP, per-layer recompute)."),
     explain: bool = typer.Option(False, "--explain", help="With --search fine: print each bottleneck and its move."),
@@ -219,6 +214,10 @@ def plan_command(
                      ("stack", stack)):
         if val is not None:
             job_raw[key] = val
+    if tokens is not None and iterations is None:  # a flag's job length replaces the file's other one
+        job_raw.pop("train_iterations", None)
+    if iterations is not None and tokens is None:
+        job_raw.pop("train_tokens", None)
     for key in ("model", "seq_len", "global_batch"):
         if key not in job_raw:
             raise HetplanError("is required", field=f"job.{key}", fix=f"pass --{key.replace('_', '-')} or set it in [job]")
@@ -258,8 +257,7 @@ def plan_command(
         obj_raw["slo_iteration_s"] = slo_s
     obj = validated(Objective, obj_raw, "objective")
     pin_raw = data["pin"]
-    for key, val in (("tp", tp), ("pp", pp), ("dp", dp), ("mbs", mbs), ("zero", zero), ("recompute", recompute),
-                     ("num_gpus", use_gpus), ("virtual_stages", virtual_stages), ("cp", cp), ("ep", ep)):
+    for key, val in (pin_flags or {}).items():
         if val is not None:
             pin_raw[key] = val
     pins = _pins(pin_raw)
@@ -281,6 +279,9 @@ def plan_command(
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
     with walk_progress() as progress:
         result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
+    if job.train_tokens is None and job.train_iterations is None:
+        typer.echo("note: no train_tokens (--tokens) or train_iterations (--iterations): job time and $ are for "
+                   "one iteration", err=True)
     for line in result.explanation:  # a budget that ran out is said on stderr always, also under -q and --json
         if STOPPED in line:
             typer.echo(f"note: {line}", err=True)
@@ -292,6 +293,7 @@ def plan_command(
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
         output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
+    base = _baseline(baseline, cat, summaries[0]) if baseline is not None else None
     if usd_per_kwh is not None and not energy:
         raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
     if energy:
@@ -308,6 +310,7 @@ def plan_command(
             "search_time_s": result.search_time_s,
             "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
+            **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
             **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
@@ -327,8 +330,29 @@ def plan_command(
         _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
         if energy:
             _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, usd_per_kwh, False)
+    if base is not None:
+        b = base["summary"]
+        table_console().print(
+            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${b['usd_per_iteration']:.2f}/iteration, "
+            f"job ${b['job_usd']:,.0f}; the best plan is {base['speedup']:.2f}x as fast and costs "
+            f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+
+
+def _baseline(path: Path, cat, best: dict) -> dict:
+    """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator and catalog as
+    the search's plans, with the best plan's speed-up (baseline time / best time) and cost ratio (best job $ /
+    baseline job $)."""
+    from hetplan.runtime.planio import load_plan
+
+    plan = load_plan(path)
+    spec = load_model(plan.job.model)
+    check_plan(plan, spec)
+    summary = plan_summary(plan, estimate_plan(plan, cat, spec), "baseline")
+    return {"plan": str(path), "summary": summary,
+            "speedup": summary["iteration_time_s"] / best["iteration_time_s"],
+            "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
 
 
 def _calibrated(path: Path | None, cat):
@@ -486,19 +510,50 @@ def _print_fine(fine, explain: bool) -> None:
 
 
 def _pins(raw: dict) -> Pins:
-    allowed = {"tp", "pp", "dp", "mbs", "zero", "recompute", "num_gpus", "virtual_stages", "cp", "ep"}
+    """The :class:`Pins` of a job file's ``[pin]`` section with the pin flags given over it; a bad value exits 2
+    naming its flag."""
     for key, val in raw.items():
-        if key not in allowed:
-            raise HetplanError("unknown pin", field=f"pin.{key}", fix=f"pins are {', '.join(sorted(allowed))}")
-        if key == "recompute":
-            if val not in ("none", "selective", "full"):
-                raise HetplanError(f"got {val!r}", field="--recompute", fix="use none, selective or full")
-        elif key == "zero":
-            if val not in (0, 1, 2, 3):
-                raise HetplanError(f"got {val!r}", field="--zero", fix="use 0, 1, 2 or 3")
+        if key not in Pins.model_fields:
+            raise HetplanError("unknown pin", field=f"pin.{key}", fix=f"pins are {', '.join(sorted(Pins.model_fields))}")
+        choices = Pins.choices(key)
+        if choices is not None:
+            if val not in choices:
+                listed = ", ".join(str(c) for c in choices[:-1]) + f" or {choices[-1]}"
+                raise HetplanError(f"got {val!r}", field=Pins.flag(key), fix=f"use {listed}")
         elif not isinstance(val, int) or val < 1:
-            raise HetplanError(f"must be a positive integer, got {val!r}", field=f"--{key.replace('_', '-')}", fix="give a value >= 1")
+            raise HetplanError(f"must be a positive integer, got {val!r}", field=Pins.flag(key), fix="give a value >= 1")
     return Pins(**raw)
+
+
+def _iterations(job: Job) -> str:
+    """ "1 iteration", "238,419 iterations" (the job's length, for a title)."""
+    n = job.iterations()
+    return f"{n:,.0f} iteration" + ("" if round(n) == 1 else "s")
+
+
+def _with_pin_options(command):
+    """``command`` with one ``typer`` option per :class:`Pins` field in place of its ``pin_flags`` parameter (the
+    flag :meth:`Pins.flag`, the field's description as help, an int or, for a list of words, a text value),
+    passing the values given as ``pin_flags``: a new pin needs a field of :class:`Pins` only."""
+    sig = inspect.signature(command)
+    pins = []
+    for name, f in Pins.model_fields.items():
+        words = Pins.choices(name) is not None and isinstance(Pins.choices(name)[0], str)
+        pins.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                      default=typer.Option(None, Pins.flag(name), help=f.description),
+                                      annotation=Optional[str] if words else Optional[int]))
+    params = []
+    for p in sig.parameters.values():
+        params += pins if p.name == "pin_flags" else [p]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        return command(**{k: v for k, v in kwargs.items() if k not in Pins.model_fields},
+                       pin_flags={k: kwargs[k] for k in Pins.model_fields})
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = (),
@@ -506,7 +561,7 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
     con = table_console()
     goal = {"fastest": "fastest job", "cheapest": "cheapest job" + (" by the deadline" if obj.deadline_s else ""),
             "budget": f"fastest job within ${obj.budget_usd:,.0f}" if obj.budget_usd else "budget"}[obj.goal]
-    title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {job.iterations():,.0f} iterations — {goal}"
+    title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {_iterations(job)} — {goal}"
     guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
     con.print(_ranking_table(title, summaries, narrow=con.width < NARROW, guess=guess))
     if quiet:
@@ -539,8 +594,10 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     """The ranked plans: one column per figure, or under ``narrow`` (< 130 columns) the plan's GPUs and layout
     in one two-line cell and only the figures that decide a ranking (iteration time, MFU, memory, job time, $).
     GPU types in ``guess`` (uncalibrated efficiency) are starred."""
-    t = new_table(title, narrow, caption="plan: GPUs, then TPxPPxDP \\[vN: virtual stages, cpN: context-parallel], "
-                  "micro-batch, ZeRO stage, recomputation" if narrow else None)
+    legend = "vN: virtual stages, cpN: context-parallel, epN: expert-parallel, etpN: expert-TP"
+    marked = any(re.search(r" (v|cp|ep|etp)\d", _layout(s)) for s in summaries)
+    t = new_table(title, narrow, caption=f"plan: GPUs, then TPxPPxDP \\[{legend}], micro-batch, ZeRO stage, "
+                  "recomputation" if narrow else f"TPxPPxDP \\[{legend}]" if marked else None)
     kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
     if narrow:
         for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $") + kwh:
@@ -572,12 +629,13 @@ def _stages_line(s: dict) -> str:
 
 
 def _layout(s: dict) -> str:
-    """TPxPPxDP of a plan summary, then ``vN`` (virtual stages) and ``cpN`` (context-parallel degree) when above
-    1; stages of different TP (or DP) degrees show them in stage order, ``2/1x4x2``."""
+    """TPxPPxDP of a plan summary, then ``vN`` (virtual stages), ``cpN`` (context-parallel), ``epN``
+    (expert-parallel) and ``etpN`` (expert-TP) degrees when above 1; stages of different TP (or DP) degrees show
+    them in stage order, ``2/1x4x2``."""
     tp, dp = ("/".join(dict.fromkeys(str(st[k]) for st in s["stages"])) if s[k] is None else s[k] for k in ("tp", "dp"))
-    cp = s["plan"].get("cp", 1)
-    return (f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
-            + (f" cp{cp}" if cp > 1 else ""))
+    extra = "".join(f" {name}{s['plan'].get(key, 1)}" for key, name in (("cp", "cp"), ("ep", "ep"), ("expert_tp", "etp"))
+                    if (s["plan"].get(key) or 1) > 1)
+    return f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "") + extra
 
 
 def merge_best_with_another(lines: list[str]) -> list[str]:
@@ -673,5 +731,5 @@ def estimate_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``hetplan plan`` and ``hetplan estimate``."""
-    app.command("plan")(plan_command)
+    app.command("plan")(_with_pin_options(plan_command))
     app.command("estimate")(estimate_command)

@@ -19,29 +19,52 @@ Size: O(#tp · L · #dp · #mbs · 3 · #zero) rows, e.g. ~10^5 for GPT-3 175B o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Literal, get_args, get_origin
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from hetplan.model.spec import ModelSpec
 
 RECOMPUTE_NAMES = ("none", "selective", "full")
 
 
-@dataclass(frozen=True)
-class Pins:
-    """Dimensions fixed by the user (``None`` = searched)."""
+def _pin(help_text: str, flag: str | None = None):
+    """A :class:`Pins` field: ``None`` (searched), its ``hetplan plan`` flag's help and the flag's name when it is
+    not the field's (``--`` and the name with dashes)."""
+    return Field(None, description=help_text, json_schema_extra={"flag": flag} if flag else None)
 
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    mbs: int | None = None
-    zero: int | None = None
-    recompute: str | None = None
-    num_gpus: int | None = None
-    virtual_stages: int | None = None
-    cp: int | None = None
-    ep: int | None = None
+
+class Pins(BaseModel):
+    """Dimensions fixed by the user (``None`` = searched): the ``[pin]`` section of a job file and the pin flags of
+    ``hetplan plan``, which are generated from these fields (:meth:`flag`, the field's description as help), so
+    a pin is added here only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: PositiveInt | None = _pin("Pin the tensor-parallel degree.")
+    pp: PositiveInt | None = _pin("Pin the pipeline-parallel degree.")
+    dp: PositiveInt | None = _pin("Pin the data-parallel degree.")
+    mbs: PositiveInt | None = _pin("Pin the micro-batch size.")
+    zero: Literal[0, 1, 2, 3] | None = _pin("Pin the ZeRO stage (0-3).")
+    recompute: Literal["none", "selective", "full"] | None = _pin("Pin recomputation: none|selective|full.")
+    num_gpus: PositiveInt | None = _pin("Pin the number of GPUs the plan uses.", flag="--use-gpus")
+    virtual_stages: PositiveInt | None = _pin("Pin interleaved 1F1B's virtual stages per stage (1 = plain 1F1B).")
+    cp: PositiveInt | None = _pin("Pin the context-parallel degree (sequence split).")
+    ep: PositiveInt | None = _pin("Pin the expert-parallel degree (MoE models).")
+
+    @classmethod
+    def flag(cls, name: str) -> str:
+        """The ``hetplan plan`` flag of pin ``name`` (``--tp``, ``--use-gpus`` …)."""
+        extra = cls.model_fields[name].json_schema_extra
+        return extra["flag"] if isinstance(extra, dict) else "--" + name.replace("_", "-")
+
+    @classmethod
+    def choices(cls, name: str) -> tuple | None:
+        """The values pin ``name`` takes when they are a fixed list (ZeRO stage, recomputation), else None (a
+        positive integer)."""
+        args = [a for a in get_args(cls.model_fields[name].annotation) if a is not type(None)]
+        return get_args(args[0]) if get_origin(args[0]) is Literal else None
 
 
 #: Fewest tokens of a sequence per CP rank the search considers: NeMo's long-context recipes start CP at 16K
@@ -142,12 +165,15 @@ def ep_degrees(m: ModelSpec, ranks: int, pin: int | None = None) -> list[int]:
 
 def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | None):
     """Add the ``ep`` dimension: 1 for a dense model; for a MoE model every divisor of the expert count that
-    divides dp·cp (each configuration repeated per EP degree), or only ``pin``."""
+    divides tp·cp·dp (each configuration repeated per EP degree), or only ``pin``. EP may exceed dp·cp: Megatron-
+    Core's MoE parallel folding lays the expert group over the attention's TP x CP x DP ranks (EP x expert-TP x
+    expert-DP = TP x CP x DP, Liu et al. 2025, arXiv 2504.14960, Sec. 3; ``--expert-tensor-parallel-size 1``
+    here), and torchtitan 0.3 shards experts over ``dp_shard x cp x tp / ep`` (``parallel_dims.py``, efsdp)."""
     n = len(cfg["tp"])
     if not m.is_moe:
         keep = np.ones(n, dtype=bool) if pin in (None, 1) else np.zeros(n, dtype=bool)
         return {k: a[keep] for k, a in cfg.items()} | {"ep": np.ones(int(keep.sum()), dtype=np.int64)}
-    group = cfg["dp"] * cfg["cp"]
+    group = cfg["tp"] * cfg["dp"] * cfg["cp"]
     blocks = []
     for e in divisors(m.num_experts) if pin is None else [pin]:
         rows = (group % e == 0) & (m.num_experts % e == 0)
