@@ -94,6 +94,7 @@ def attention_kernel(job, gpu: GPUSpec) -> str:
 def pool_gpu(catalog, pool, field: str = "gpu", job=None) -> GPUSpec:
     """The :class:`GPUSpec` of ``pool``'s GPU type as it runs ``job``'s software on that pool's machines: the
     catalog entry, with ``attention_kernel`` set to the kernel the job runs there (:func:`attention_kernel`),
+    the GEMM efficiencies times the job's stack's ``gemm_factor`` (:class:`hetplan.hardware.stacks.StackSpec`),
     ``kernel_overhead_s`` replaced by the pool's ``kernel_overhead_s`` (seconds per kernel) when the pool sets one
     (a host slower or faster at launching kernels than the one the catalog value was calibrated on), and
     ``attention_efficiency`` by the pool's (a measured attention rate of its software stack).
@@ -103,6 +104,11 @@ def pool_gpu(catalog, pool, field: str = "gpu", job=None) -> GPUSpec:
     """
     gpu = catalog.get(pool.gpu, field=field)
     update: dict = {"attention_kernel": attention_kernel(job, gpu)}
+    factor = job.stack_spec().gemm_factor if hasattr(job, "stack_spec") else 1.0
+    if factor != 1.0:  # the stack's residual GEMM efficiency (StackSpec.gemm_factor, fitted on its own rows)
+        update["compute_efficiency"] = min(1.0, gpu.compute_efficiency * factor)
+        if gpu.fp8_compute_efficiency is not None:
+            update["fp8_compute_efficiency"] = min(1.0, gpu.fp8_compute_efficiency * factor)
     if getattr(pool, "kernel_overhead_s", None) is not None:
         update["kernel_overhead_s"] = float(pool.kernel_overhead_s)
     if getattr(pool, "attention_efficiency", None) is not None:
