@@ -76,7 +76,8 @@ class Job(BaseModel):
             element-wise op its own kernel, :mod:`hetplan.estimate.elementwise`). Megatron-LM and DeepSpeed run
             fused kernels: False is refused for them.
         attention_kernel: the fused attention kernel under ``attention = "flash"``: ``fa2`` (FlashAttention-2),
-            ``fa3`` (FlashAttention-3, Hopper) or ``cudnn`` (cuDNN fused attention), each at its own measured rate
+            ``fa3`` (FlashAttention-3, Hopper), ``cudnn`` (cuDNN fused attention) or ``triton`` (llm-foundry's
+            Triton FlashAttention of 2023), each at its own measured rate
             per GPU type (``attention_kernels`` in the GPU catalog). Default: what the framework runs on the
             pool's GPU (:data:`hetplan.hardware.catalog.DEFAULT_ATTENTION_KERNEL`: cuDNN on Hopper and Blackwell
             for Megatron-Core / Transformer Engine and for PyTorch SDPA as torchtitan and PyTorch >= 2.11 order
@@ -143,7 +144,7 @@ class Job(BaseModel):
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: Bool = True
     torch_compile: Bool = True
-    attention_kernel: Literal["fa2", "fa3", "cudnn"] | None = None
+    attention_kernel: Literal["fa2", "fa3", "cudnn", "triton"] | None = None
     async_tp: Bool = False
     stack: str | None = None
 
