@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 from hetplan.estimate.comm import p2p_time_s  # noqa: E402
 from hetplan.estimate.estimator import estimate, estimate_many  # noqa: E402
 from hetplan.estimate.pipeline import pipeline_time_s  # noqa: E402
+from hetplan.estimate.options import TrainingOptions  # noqa: E402
 from hetplan.estimate.stage import Link, p2p_bytes, stage_costs  # noqa: E402
 from hetplan.calibration.validation import gpt_model, megatron_plan  # noqa: E402
 from hetplan.hardware.catalog import get_gpu  # noqa: E402
@@ -61,7 +62,7 @@ def vectorised(n: int = 20000, repeat: int = 5) -> float:
     best = float("inf")
     for _ in range(repeat):
         t0 = time.process_time()
-        c = stage_costs(m, gpu, link, "bf16", s=2048, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers,
+        c = stage_costs(m, gpu, link, TrainingOptions(attention="standard"), s=2048, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers,
                         has_embedding=emb, has_head=head, single_stage=col(pp == 1), in_flight=inflight,
                         num_microbatches=col(mb), zero=1, recompute_code=2, sequence_parallel=col(tp > 1))
         p2p = (pp - 1) * p2p_time_s(p2p_bytes(m, mbs, 2048, tp, tp > 1), 200e9 / 8)

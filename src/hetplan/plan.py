@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hetplan.degrees import ParallelLayout  # noqa: F401  (re-exported: the plan schema's layout)
 from hetplan.errors import HetplanError
 from hetplan.hardware.stacks import StackSpec, default_stack, resolve_stack
 from hetplan.inputs import bounded
@@ -289,89 +290,6 @@ class Inventory(BaseModel):
     pools: list[GPUPool] = Field(min_length=1, max_length=64)
 
 
-class ParallelLayout(BaseModel):
-    """How one pipeline stage's GPUs are laid out: every parallel degree in one frozen, validated object (as
-    torchtitan's ``ParallelDims``, ``torchtitan/distributed/parallel_dims.py``). The estimator, the searches,
-    the exporters and the runtime read degrees from it (:meth:`Plan.stage_layout`), so a new dimension is one
-    field here plus the code that costs it.
-
-    Attributes:
-        tp: tensor-parallel degree (Megatron-LM ``--tensor-model-parallel-size``).
-        cp: context-parallel degree: the sequence is split over ``cp`` ranks (``--context-parallel-size``).
-        ep: expert-parallel degree: the experts of an MoE layer are split over ``ep`` ranks.
-        expert_tp: tensor-parallel degree inside an expert (``--expert-tensor-parallel-size``).
-        dp_shard: data-parallel ranks over which weights / gradients / optimizer states are sharded (ZeRO / FSDP).
-        dp_replicate: data-parallel replicas of those shards (HSDP's replicate dimension; plain DP when
-            ``dp_shard == 1``). The data-parallel degree is ``dp = dp_shard * dp_replicate``.
-        pp: pipeline-parallel degree (stages).
-        virtual_stages: model chunks per stage (interleaved 1F1B).
-        sequence_parallel: Megatron sequence parallelism inside the TP group (acts only when ``tp > 1``).
-        zero_stage: ZeRO stage 0-3 over the ``dp_shard`` group (1 = Megatron-LM's distributed optimizer,
-            3 = FSDP).
-
-    Raises (on construction, pydantic ``ValidationError`` naming the rule):
-        a degree below 1; ``dp_shard > 1`` without ZeRO (nothing would be sharded); ``ep * expert_tp`` not
-        dividing ``tp * cp * dp`` (Megatron-LM ``megatron/core/parallel_state.py``, ``initialize_model_parallel``:
-        the expert layout re-partitions the same ranks, expert-DP = ``tp * cp * dp / (ep * expert_tp)``).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tp: int = Field(default=1, ge=1)
-    cp: int = Field(default=1, ge=1)
-    ep: int = Field(default=1, ge=1)
-    expert_tp: int = Field(default=1, ge=1)
-    dp_shard: int = Field(default=1, ge=1)
-    dp_replicate: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    virtual_stages: int = Field(default=1, ge=1)
-    sequence_parallel: bool = False
-    zero_stage: int = Field(default=0, ge=0, le=3)
-
-    @model_validator(mode="after")
-    def _check(self) -> "ParallelLayout":
-        if self.zero_stage == 0 and self.dp_shard > 1:
-            raise ValueError(f"dp_shard = {self.dp_shard} needs zero_stage >= 1 (without ZeRO / FSDP nothing is "
-                             "sharded): use dp_replicate for plain data parallelism")
-        dense = self.tp * self.cp * self.dp
-        if dense % (self.ep * self.expert_tp):
-            raise ValueError(f"ep * expert_tp = {self.ep} * {self.expert_tp} must divide tp * cp * dp = {dense} "
-                             "(the expert layout re-partitions the same ranks)")
-        return self
-
-    @classmethod
-    def of(cls, *, dp: int, zero_stage: int = 0, **degrees) -> "ParallelLayout":
-        """The layout with ``dp`` data-parallel ranks sharded (``zero_stage >= 1``: ``dp_shard = dp``) or
-        replicated (``zero_stage == 0``: ``dp_replicate = dp``); ``degrees``: the other fields."""
-        shard = {"dp_shard": dp} if zero_stage else {"dp_replicate": dp}
-        return cls(zero_stage=zero_stage, **shard, **degrees)
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel degree: ``dp_shard * dp_replicate``."""
-        return self.dp_shard * self.dp_replicate
-
-    @property
-    def gpus_per_stage(self) -> int:
-        """GPUs of one pipeline stage: ``tp * cp * dp``."""
-        return self.tp * self.cp * self.dp
-
-    @property
-    def world_size(self) -> int:
-        """GPUs of the whole job: ``gpus_per_stage * pp``."""
-        return self.gpus_per_stage * self.pp
-
-    @property
-    def expert_dp(self) -> int:
-        """Data-parallel degree of the expert weights: ``tp * cp * dp / (ep * expert_tp)``."""
-        return self.gpus_per_stage // (self.ep * self.expert_tp)
-
-    @property
-    def sequence_parallel_active(self) -> bool:
-        """Sequence parallelism takes effect: asked for and ``tp > 1``."""
-        return self.sequence_parallel and self.tp > 1
-
-
 @lru_cache(maxsize=4096)
 def _stage_layout(tp: int, dp: int, zero: int, pp: int, virtual_stages: int, sequence_parallel: bool,
                   fsdp_shard: int | None, cp: int = 1, ep: int = 1, expert_tp: int = 1) -> ParallelLayout:
@@ -552,8 +470,8 @@ class Plan(BaseModel):
 
     @property
     def num_gpus(self) -> int:
-        """GPUs used: sum over stages of tp * cp * dp."""
-        return sum(st.tp * self.cp * st.dp for st in self.stages)
+        """GPUs used: sum over stages of :attr:`hetplan.degrees.Degrees.gpus_per_stage`."""
+        return sum(self.stage_layout(i).gpus_per_stage for i in range(self.pp))
 
     def num_microbatches(self, stage: int = 0) -> int:
         """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs) (the stage's mbs)."""

@@ -2,6 +2,7 @@
 
 import pytest
 
+from hetplan.degrees import Degrees
 from hetplan.errors import HetplanError
 from hetplan.estimate import context
 from hetplan.estimate.comm import group_collective_time_s
@@ -65,7 +66,7 @@ def test_allgather_is_the_cp_group_collective():
 
 
 def test_gradient_reduction_and_bad_kind():
-    assert context.gradient_reduction_degree(4, 8) == 32
+    assert Degrees(dp_replicate=4, cp=8).dense_dp == 32
     with pytest.raises(HetplanError, match="job.cp_kv_exchange"):
         context.check_kv_exchange("all2all")
 

@@ -7,6 +7,7 @@ import pytest
 
 from hetplan.estimate import compute, elementwise
 from hetplan.estimate.estimator import estimate, hardware_flops_per_iteration
+from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.stage import Link, stage_costs
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
@@ -43,9 +44,11 @@ def _stage(torch_compile, recompute_code, **kw):
     link = Link(gpus_per_node=8, intra_node_bandwidth_bytes_per_s=450e9, inter_node_bandwidth_bytes_per_s=400e9)
     args = dict(s=8192, b=2, t=1, dp=8, num_layers=32, has_embedding=False, has_head=False, single_stage=False,
                 in_flight=1, num_microbatches=1, zero=3, recompute_code=recompute_code, sequence_parallel=False,
-                attention="flash", framework="fsdp")
-    args.update(kw)
-    return stage_costs(M, GPU, link, "bf16", torch_compile=torch_compile, **args)
+                )
+    options = dict(framework="fsdp", torch_compile=torch_compile)
+    for k, v in kw.items():
+        (options if k in TrainingOptions.__dataclass_fields__ else args)[k] = v
+    return stage_costs(M, GPU, link, TrainingOptions(**options), **args)
 
 
 @pytest.mark.parametrize("recompute_code, again", [(0, 0), (1, 1), (2, 1)])

@@ -6,6 +6,7 @@ import pytest
 from hetplan.estimate import compute, fp8, moe
 from hetplan.estimate.estimator import estimate
 from hetplan.estimate.memory import stage_memory_bytes
+from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.stage import Link, stage_costs
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
@@ -73,9 +74,11 @@ def _stage(m, gpu, dtype, framework="megatron", **kw):
     link = Link(gpus_per_node=8, intra_node_bandwidth_bytes_per_s=450e9, inter_node_bandwidth_bytes_per_s=400e9)
     args = dict(s=8192, b=1, t=4, dp=8, num_layers=8, has_embedding=False, has_head=False, single_stage=False,
                 in_flight=4, num_microbatches=16, zero=1, recompute_code=0, sequence_parallel=True,
-                attention="flash", framework=framework)
-    args.update(kw)
-    return stage_costs(m, gpu, link, dtype, **args)
+                )
+    options: dict = {}
+    for k, v in kw.items():
+        (options if k in TrainingOptions.__dataclass_fields__ else args)[k] = v
+    return stage_costs(m, gpu, link, TrainingOptions(dtype=dtype, framework=framework, **options), **args)
 
 
 def test_fp8_stage_is_faster_and_its_parts_add_up(h100):

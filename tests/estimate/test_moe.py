@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from hetplan.degrees import Degrees
 from hetplan.estimate import moe
 from hetplan.model import counts
 from hetplan.model.spec import load_model
@@ -91,7 +92,7 @@ def test_mla_gemms_are_the_counted_flops():
 @pytest.mark.parametrize("tp,cp,dp,ep,edp", [(2, 1, 16, 32, 1), (2, 1, 128, 8, 32), (2, 1, 4, 8, 1), (1, 2, 8, 4, 4)])
 def test_expert_data_parallel_matches_modelzoo_rows(tp, cp, dp, ep, edp):
     """Megatron MoE ModelZoo Qwen3-235B rows state their EDP (calibration/validation_data/modern)."""
-    assert moe.expert_data_parallel(tp, cp, dp, ep) == edp
+    assert Degrees(tp=tp, cp=cp, dp_replicate=dp, ep=ep).expert_dp == edp
 
 
 def test_parameters_per_gpu_shards_experts_over_ep():

@@ -216,3 +216,54 @@ def test_torchtitan_0_3_config_manager_accepts_the_export(name, gpus, dtype, kw,
             par.pipeline_parallel_degree) == (kw["tp"], kw["dp"], kw.get("ep", 1), len(kw["stages"]))
     assert cfg.training.global_batch_size == gpus * 2 and cfg.training.seq_len == 4096
     assert type(cfg.activation_checkpoint).__qualname__.startswith("FullAC")
+
+
+# --- every searched best plan launches on the framework it was planned for -----------------------------------
+
+@settings(max_examples=8, deadline=None)
+@given(case=st.sampled_from([("qwen3-30b-a3b", 8), ("qwen3-30b-a3b", 16), ("mixtral-8x7b", 16),
+                             ("mixtral-8x7b", 32), ("llama3-8b", 8), ("llama3-8b", 32), ("gpt-oss-120b", 32),
+                             ("llama3-70b", 32)]),
+       framework=st.sampled_from(["megatron", "fsdp"]))
+def test_searched_best_plan_exports_to_its_framework(case, framework):
+    """The search's best plan under --framework megatron exports to Megatron-LM (and passes the release's
+    argument list), under --framework fsdp to torchtitan 0.3; both read back as the plan."""
+    from hetplan.plan import Inventory
+    from hetplan.search.planner import search_plans
+
+    name, gpus = case
+    job = Job(model=name, seq_len=4096, global_batch=gpus * 4, train_iterations=100, framework=framework)
+    best = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=gpus)]), top_k=1,
+                        heterogeneous=False).plans[0].plan
+    target = "megatron" if framework == "megatron" else "torchtitan"
+    ex = exporters.export(best, load_model(name), target)
+    if target == "megatron":
+        parse_megatron_args(megatron_argv(ex.files["megatron_launch.sh"]))
+    assert _key(importers.import_files(ex.files)) == _key(best)
+
+
+def test_plan_baseline_compares_the_users_run(tmp_path):
+    """`plan --baseline`: the search's own best as baseline is 1.00x at 100 % of the cost; the same run with full
+    recomputation (a user's launch read back by import) is slower, so the best plan is faster than it."""
+    import json
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", *map(str, args)], capture_output=True,
+                           text=True, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    job = ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM", "--gpus", "8", "--seq-len", "4096",
+           "--global-batch", "64", "--tokens", "1e9", "--no-hetero"]
+    best = tmp_path / "best.json"
+    run(*job, "-q", "-o", best)
+    out = json.loads(run(*job, "--json", "--top", "1", "--baseline", best))["baseline"]
+    assert out["speedup"] == pytest.approx(1.0) and out["usd_ratio"] == pytest.approx(1.0)
+    ex = exporters.export(Plan.model_validate_json(best.read_text()), load_model("llama3-8b"), "megatron")
+    script = tmp_path / "run.sh"
+    script.write_text(ex.files["megatron_launch.sh"].replace("--hidden-size", "--recompute-granularity full "
+                                                             "--recompute-method uniform --hidden-size"))
+    user = tmp_path / "user.json"
+    run("import", script, "-o", user)
+    out = json.loads(run(*job, "--json", "--top", "1", "--baseline", user))["baseline"]
+    assert out["speedup"] > 1.05 and out["usd_ratio"] < 1

@@ -183,6 +183,9 @@ def plan_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the table of plans (no memory breakdown, "
                                "explanations or search statistics)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A plan JSON of your own run (e.g. from "
+                                            "`hetplan import` of its launch script): priced the same way and "
+                                            "compared with the best plan."),
     search: str = typer.Option("uniform", "--search", help="uniform (exhaustive) | fine (Aceso-style bottleneck "
                                "alleviation from the best uniform plan: per-stage GPUs/TP/DP, per-layer recompute)."),
     explain: bool = typer.Option(False, "--explain", help="With --search fine: print each bottleneck and its move."),
@@ -283,6 +286,7 @@ def plan_command(
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
         output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
+    base = _baseline(baseline, cat, summaries[0]) if baseline is not None else None
     if usd_per_kwh is not None and not energy:
         raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
     if energy:
@@ -299,6 +303,7 @@ def plan_command(
             "search_time_s": result.search_time_s,
             "prices": prices,
             **({"fine": _fine_json(fine)} if fine else {}),
+            **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
             **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
@@ -318,8 +323,29 @@ def plan_command(
         _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
         if energy:
             _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, usd_per_kwh, False)
+    if base is not None:
+        b = base["summary"]
+        table_console().print(
+            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${b['usd_per_iteration']:.2f}/iteration, "
+            f"job ${b['job_usd']:,.0f}; the best plan is {base['speedup']:.2f}x as fast and costs "
+            f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+
+
+def _baseline(path: Path, cat, best: dict) -> dict:
+    """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator and catalog as
+    the search's plans, with the best plan's speed-up (baseline time / best time) and cost ratio (best job $ /
+    baseline job $)."""
+    from hetplan.runtime.planio import load_plan
+
+    plan = load_plan(path)
+    spec = load_model(plan.job.model)
+    check_plan(plan, spec)
+    summary = plan_summary(plan, estimate_plan(plan, cat, spec), "baseline")
+    return {"plan": str(path), "summary": summary,
+            "speedup": summary["iteration_time_s"] / best["iteration_time_s"],
+            "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
 
 
 def _calibrated(path: Path | None, cat):
@@ -555,8 +581,10 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     """The ranked plans: one column per figure, or under ``narrow`` (< 130 columns) the plan's GPUs and layout
     in one two-line cell and only the figures that decide a ranking (iteration time, MFU, memory, job time, $).
     GPU types in ``guess`` (uncalibrated efficiency) are starred."""
-    t = new_table(title, narrow, caption="plan: GPUs, then TPxPPxDP \\[vN: virtual stages, cpN: context-parallel], "
-                  "micro-batch, ZeRO stage, recomputation" if narrow else None)
+    legend = "vN: virtual stages, cpN: context-parallel, epN: expert-parallel, etpN: expert-TP"
+    marked = any(re.search(r" (v|cp|ep|etp)\d", _layout(s)) for s in summaries)
+    t = new_table(title, narrow, caption=f"plan: GPUs, then TPxPPxDP \\[{legend}], micro-batch, ZeRO stage, "
+                  "recomputation" if narrow else f"TPxPPxDP \\[{legend}]" if marked else None)
     kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
     if narrow:
         for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $") + kwh:
@@ -588,12 +616,13 @@ def _stages_line(s: dict) -> str:
 
 
 def _layout(s: dict) -> str:
-    """TPxPPxDP of a plan summary, then ``vN`` (virtual stages) and ``cpN`` (context-parallel degree) when above
-    1; stages of different TP (or DP) degrees show them in stage order, ``2/1x4x2``."""
+    """TPxPPxDP of a plan summary, then ``vN`` (virtual stages), ``cpN`` (context-parallel), ``epN``
+    (expert-parallel) and ``etpN`` (expert-TP) degrees when above 1; stages of different TP (or DP) degrees show
+    them in stage order, ``2/1x4x2``."""
     tp, dp = ("/".join(dict.fromkeys(str(st[k]) for st in s["stages"])) if s[k] is None else s[k] for k in ("tp", "dp"))
-    cp = s["plan"].get("cp", 1)
-    return (f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
-            + (f" cp{cp}" if cp > 1 else ""))
+    extra = "".join(f" {name}{s['plan'].get(key, 1)}" for key, name in (("cp", "cp"), ("ep", "ep"), ("expert_tp", "etp"))
+                    if (s["plan"].get(key) or 1) > 1)
+    return f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "") + extra
 
 
 def merge_best_with_another(lines: list[str]) -> list[str]:

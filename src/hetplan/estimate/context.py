@@ -20,7 +20,7 @@ the dense FLOP count does), i.e. ``cp`` blocks of ``(s/cp) x (s/cp)``.
   K/V heads it is small), and dK, dV reduce-scattered in backward.
 
 **Gradients** of every parameter are reduced over ``dp·cp`` ranks (each CP rank saw part of every sequence):
-:func:`gradient_reduction_degree`. CP members sit ``t`` GPUs apart (Megatron-LM rank order TP, CP, DP).
+:attr:`hetplan.degrees.Degrees.dense_dp`. CP members sit ``t`` GPUs apart (Megatron-LM rank order TP, CP, DP).
 
 All functions broadcast over numpy arrays. Seconds, bytes, bytes/s.
 """
@@ -67,11 +67,6 @@ def attention_blocks(cp, load_balance=True):
     ranks: ``_is_causal_behavior`` in ``torch/distributed/tensor/experimental/_attention.py``)."""
     cp = np.asarray(cp, dtype=float)
     return np.where(np.asarray(load_balance), cp, 2.0 * cp - 1.0)
-
-
-def gradient_reduction_degree(dp, cp):
-    """Ranks that reduce each gradient (and shard the distributed optimizer's states): ``dp·cp``."""
-    return np.asarray(dp) * np.asarray(cp)
 
 
 def kv_block_bytes(m: ModelSpec, b, s, t, cp):

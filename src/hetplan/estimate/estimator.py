@@ -15,10 +15,11 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from hetplan.degrees import Degrees
 from hetplan.estimate.comm import CommConstants, network_terms
 from hetplan.estimate.compute import RECOMPUTE_CODES, op_sac_matmuls, pool_gpu
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
-from hetplan.estimate.moe import MoEOptions
+from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.schedule import simulate, simulate_many
 from hetplan.estimate.stage import Link, StageCost, stage_costs
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
@@ -106,15 +107,6 @@ def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None 
     cc = comm_constants or _DEFAULT_COMM
     return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s,
                 cc.p2p_call_s)
-
-
-def job_stage_options(job) -> dict:
-    """The :func:`~hetplan.estimate.stage.stage_costs` keyword arguments a :class:`~hetplan.plan.Job` fixes for
-    every stage (attention, framework, MoE load imbalance and options, CP's K/V exchange, torch.compile): the searches pass them
-    through, so a new job-level option reaches every search from here."""
-    return dict(attention=job.attention, framework=job.framework, moe_load_imbalance=job.moe_load_imbalance,
-                kv_exchange=job.cp_kv_exchange, cp_load_balance=job.cp_load_balance, torch_compile=job.torch_compile,
-                async_tp=job.async_tp, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap))
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
@@ -290,32 +282,12 @@ class _StageRow(NamedTuple):
     link: Link
     price_usd_per_hour: float
     group: int  # stage_costs group id; -1: costed alone (per-layer recompute)
-    dtype: str
-    overlap_grad_reduce: bool
+    options: TrainingOptions
     recompute_layers: int | None
-    attention: str
-    framework: str
     stage: Stage
     global_batch: int
     peak_flops_per_s: float
     recomputed_layers: int
-    flash: bool
-    moe_load_imbalance: float
-    kv_exchange: str
-    moe_options: MoEOptions
-    cp_load_balance: bool
-    fsdp_shard: int | None = None
-    reshard_after_forward: bool = True
-    grad_reduce_dtype: str | None = None
-    fsdp_param_dtype: str = "fp32"
-    cross_entropy: str | None = None
-    tp_comm_overlap: bool = False
-    cuda_graphs: bool = False
-    torch_compile: bool = True
-    recompute_modules: tuple = ()
-    offload_modules: tuple = ()
-    async_tp: bool = False
-    pipeline_outputs: str = "last"
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -362,7 +334,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
     rows: list[_StageRow] = []
-    group_ids: dict[tuple, int] = {}  # (GPU, host cost, link, dtype, overlap, attention, framework) -> id
+    group_ids: dict[tuple, int] = {}  # (GPU spec, link, options) -> id
     start, vs, m0s, calls = [], [], [], []
     resolved: dict[tuple, GPUSpec] = {}  # pool_gpu of equal pools under equal attention-kernel choices, made once
     for plan in plans:
@@ -374,28 +346,18 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         calls.append(plan.pipeline_calls(0))
         on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
         gpipe = plan.schedule == "gpipe"
-        flash = job.attention == "flash"
-        stack = job.stack_spec()
-        # The stack decides whether DP gradients can be reduced during backward (DeepSpeed's pipeline engine
-        # reduces after the last micro-batch, Megatron-LM 2021's local DDP after backward): StackSpec.dp_overlap.
-        overlap_grad_reduce = plan.overlap_grad_reduce and stack.overlaps_grad_reduce(plan.pp, plan.zero)
+        opts = TrainingOptions.from_plan(plan)
+        stack = opts.stack_spec()
         layouts: dict = {}  # (tp, dp) -> degrees read from the stage's ParallelLayout (one per distinct layout)
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
-                key = (pool.gpu, pool.kernel_overhead_s, pool.attention_efficiency, job.attention_kernel, stack.id)
+                key = (pool.gpu, pool.kernel_overhead_s, pool.attention_efficiency, opts.attention_kernel, stack.id)
                 gpu = resolved.get(key)
                 if gpu is None:
-                    gpu = resolved[key] = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=job)
+                    gpu = resolved[key] = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=opts)
                 link = pool_link(pool, gpu, comm_constants)
-                group = group_ids.setdefault((gpu.name, gpu.kernel_overhead_s, gpu.flash_attention_efficiency(), gpu.flash_attention_efficiency(causal=True), link, job.dtype,
-                                              overlap_grad_reduce, plan.tp_comm_overlap, plan.cuda_graphs, job.attention, job.framework,
-                                              plan.fsdp_shard, plan.reshard_after_forward, plan.grad_reduce_dtype, plan.fsdp_param_dtype,
-                                              plan.cross_entropy, job.moe_load_imbalance,
-                                              job.cp_kv_exchange, job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap,
-                                              job.cp_load_balance, job.torch_compile, tuple(job.recompute_modules),
-                                              tuple(job.offload_modules), job.async_tp, plan.pipeline_outputs),
-                                             len(group_ids))
+                group = group_ids.setdefault((id(gpu), link, opts), len(group_ids))
                 on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
                                     gpu.peak_flops_per_s(job.dtype))
             gpu, link, price, group, peak = on_pool[st.pool]
@@ -414,25 +376,16 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, step_mb, v), num_microbatches=mb,
                 zero=zero, recompute_code=RECOMPUTE_CODES[st.recompute],
                 sequence_parallel=sp, gpu=gpu, link=link, price_usd_per_hour=price,
-                group=group if rl is None else -1, dtype=job.dtype, overlap_grad_reduce=overlap_grad_reduce,
-                recompute_layers=rl, attention=job.attention, framework=job.framework, stage=st,
+                group=group if rl is None else -1, options=opts, recompute_layers=rl, stage=st,
                 global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                flash=flash, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v,
-                step_microbatches=step_mb, moe_load_imbalance=job.moe_load_imbalance,
-                kv_exchange=job.cp_kv_exchange, moe_options=MoEOptions(job.moe_dispatcher, job.moe_routing, job.moe_recompute, job.moe_a2a_overlap),
-                cp_load_balance=job.cp_load_balance,
-                fsdp_shard=plan.fsdp_shard,
-                reshard_after_forward=plan.reshard_after_forward, grad_reduce_dtype=plan.grad_reduce_dtype,
-                fsdp_param_dtype=plan.fsdp_param_dtype, cross_entropy=plan.cross_entropy,
-                tp_comm_overlap=plan.tp_comm_overlap, cuda_graphs=plan.cuda_graphs, torch_compile=job.torch_compile,
-                recompute_modules=tuple(job.recompute_modules), offload_modules=tuple(job.offload_modules),
-                async_tp=job.async_tp, pipeline_outputs=plan.pipeline_outputs,
+                cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v, step_microbatches=step_mb,
             ))
     n = len(rows)
     every = dict(zip(_StageRow._fields, zip(*rows)))
     gpus, links, prices, groups_of_rows = every["gpu"], every["link"], every["price_usd_per_hour"], every["group"]
     st_rows, gbs, peak_rows = every["stage"], every["global_batch"], every["peak_flops_per_s"]
-    recomputed, flash = every["recomputed_layers"], every["flash"]
+    recomputed = every["recomputed_layers"]
+    flash = [o.attention == "flash" for o in every["options"]]
     columns = {k: every[k] for k in _ROW_KEYS}
     gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*columns["in_flight"]))
     columns["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
@@ -444,7 +397,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     measured = [None] * n
     if profiles is not None:
         for r in range(n):
-            measured[r] = profiles.layer_time_s(gpus[r].name, m, rows[r].dtype, int(cols["b"][r]),
+            measured[r] = profiles.layer_time_s(gpus[r].name, m, rows[r].options.dtype, int(cols["b"][r]),
                                                 int(cols["s"][r]), int(cols["t"][r]))
     groups: dict = {}  # group id -> rows; ("row", r) for a row costed alone
     for r, (gid, ms) in enumerate(zip(groups_of_rows, measured)):
@@ -457,17 +410,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         alone = isinstance(key, tuple)
         kw = {k: cols[k][r0].item() for k in _ROW_KEYS} if alone else {k: cols[k][sel] for k in _ROW_KEYS}
         row = rows[r0]
-        c = stage_costs(m, row.gpu, row.link, row.dtype, overlap_grad_reduce=row.overlap_grad_reduce,
-                        measured_layer_time_s=measured[r0], recompute_layers=row.recompute_layers,
-                        attention=row.attention, framework=row.framework, fsdp_shard=row.fsdp_shard,
-                        reshard_after_forward=row.reshard_after_forward, grad_reduce_dtype=row.grad_reduce_dtype,
-                        fsdp_param_dtype=row.fsdp_param_dtype, cross_entropy=row.cross_entropy,
-                        moe_load_imbalance=row.moe_load_imbalance, kv_exchange=row.kv_exchange,
-                        cp_load_balance=row.cp_load_balance, tp_comm_overlap=row.tp_comm_overlap,
-                        cuda_graphs=row.cuda_graphs, torch_compile=row.torch_compile,
-                        recompute_modules=row.recompute_modules, offload_modules=row.offload_modules,
-                        async_tp=row.async_tp, pipeline_outputs=row.pipeline_outputs,
-                        moe_options=row.moe_options, **kw)
+        c = stage_costs(m, row.gpu, row.link, row.options, measured_layer_time_s=measured[r0],
+                        recompute_layers=row.recompute_layers, **kw)
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)
         for k, x in c.memory.items():
@@ -480,7 +424,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     intra = []
     for plan in plans:
         intra += boundary_is_intra_node(
-            [st.tp * plan.cp * st.dp for st in plan.stages], [st.pool for st in plan.stages],
+            [plan.stage_layout(i).gpus_per_stage for i in range(plan.pp)], [st.pool for st in plan.stages],
             [pl.gpus_per_node for pl in plan.pools])
     send = np.flatnonzero(~cols["has_head"])  # every stage but a plan's last sends to the next row
     recv = send + 1
@@ -532,14 +476,14 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
 
     # Per-plan reductions over each plan's rows (what the report adds: FLOPs, $, TP share).
     gbs = np.array(gbs)
-    ngpu = cols["t"] * cols["cp"] * cols["dp"]
+    ngpu = Degrees(tp=cols["t"], cp=cols["cp"], dp_replicate=cols["dp"]).gpus_per_stage
     peak_flops = np.add.reduceat(ngpu * np.array(peak_rows), starts)
     usd_per_hour = np.add.reduceat(ngpu * np.array(prices), starts)
     model_rows = counts.model_flops_per_iteration(m, gbs, cols["s"])
     recompute_flops = np.add.reduceat(hardware_flops_per_iteration(
         m, cols["s"], gbs, cols["recompute_code"], np.array(recomputed) / m.num_layers,
         flash=np.array(flash), all_layers_weight=cols["num_layers"] / m.num_layers,
-        op_sac=np.array(every["framework"]) == "fsdp",
+        op_sac=np.array([o.framework == "fsdp" for o in every["options"]]),
     ) - model_rows, starts)
     model_flops = model_rows[starts]
     tp_comm = np.add.reduceat(res["tp_comm_s"], starts) * np.array(m0s)

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetplan.degrees import Degrees
 from hetplan.errors import HetplanError
 from hetplan.estimate import context, fp8, moe
 from hetplan.model import counts
@@ -373,7 +374,7 @@ def stage_memory_bytes(
         cp: context-parallel degree: each GPU holds ``s / cp`` tokens of every sequence
             (:func:`hetplan.estimate.context.layer_activation_bytes`); ZeRO shards over ``dp·cp``.
         ep: expert-parallel degree: routed experts split over ``ep`` (expert-TP 1), ZeRO shards them over the
-            expert data-parallel ranks (:func:`hetplan.estimate.moe.expert_data_parallel`).
+            expert data-parallel ranks (:attr:`hetplan.degrees.Degrees.expert_dp`).
         etp: expert-TP degree: each expert's matrices split over ``etp`` more ranks (experts over ``ep·etp``).
         moe_recompute: MoE layers recompute their MLP (``--recompute-modules moe``) and store only its input;
             ignored where the stage recomputes in full (Megatron-Core checkpoints the MoE layer only under
@@ -408,7 +409,8 @@ def stage_memory_bytes(
     dense, expert = moe.parameters_per_gpu(stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep, etp)
     layer_params = layer_parameters_per_gpu(m, t, ep, etp)
-    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep, etp)
+    deg = Degrees.of(tp=t, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp)
+    dp_all, edp = np.asarray(deg.dense_dp), deg.expert_dp
 
     def split(per_parameter, dense_shard, expert_shard):  # bytes: dense over dp·cp, experts over expert-DP
         return dense * per_parameter / dense_shard + expert * per_parameter / expert_shard

@@ -5,7 +5,7 @@ expert parallelism (EP).
 ``ParallelDims``): attention and dense layers are split over TP (and CP, DP); the routed experts of a MoE layer are
 split over ``ep`` expert-parallel ranks (``E / ep`` whole experts each) times ``etp`` expert-TP ranks (each
 expert's matrices split like TP), and replicated over the *expert data-parallel* degree
-``edp = tp·cp·dp / (ep·etp)`` (:func:`expert_data_parallel`): expert gradients are reduced, and with the
+``edp = tp·cp·dp / (ep·etp)`` (:attr:`hetplan.degrees.Degrees.expert_dp`): expert gradients are reduced, and with the
 distributed optimizer their states sharded, over ``edp`` ranks, the other parameters over ``dp·cp``.
 
 **Tokens.** A rank enters the MoE layer with its ``T = b·s / t`` tokens (Megatron-LM requires sequence
@@ -142,12 +142,6 @@ def distinct_destinations(m: ModelSpec, groups, routing="random"):
     for i in range(k):  # P(no expert of one group among the k) = prod (E - E/g - i) / (E - i)
         miss = miss * np.maximum(e - per - i, 0.0) / (e - i)
     return g * (1.0 - miss)
-
-
-def expert_data_parallel(tp, cp, dp, ep, etp=1):
-    """Expert data-parallel degree ``edp = tp·cp·dp / (ep·etp)`` (module doc, Layout): the ranks that hold the
-    same experts and reduce their gradients. ``ep·etp`` must divide ``tp·cp·dp`` (the plan validator's rule)."""
-    return np.asarray(tp) * np.asarray(cp) * np.asarray(dp) / (np.asarray(ep) * np.asarray(etp))
 
 
 def expert_tokens(m: ModelSpec, tokens_per_rank, ep, etp=1, imbalance=1.0):

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from hetplan.estimate import compute, context, elementwise, fp8, memory, moe
+from hetplan.degrees import Degrees
+from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, P2P_CALL_S, dp_collective_time_s,
                                    group_collective_time_s, overlap_contention)
 from hetplan.hardware.catalog import GPUSpec
@@ -73,48 +75,29 @@ def stage_costs(
     m: ModelSpec,
     gpu: GPUSpec,
     link: Link,
-    dtype: str,
+    options: TrainingOptions,
     *,
-    s,
-    b,
-    t,
-    dp,
-    num_layers,
-    has_embedding,
-    has_head,
-    single_stage,
-    in_flight,
-    num_microbatches,
-    zero,
-    recompute_code,
-    sequence_parallel,
-    overlap_grad_reduce=True,
-    measured_layer_time_s=None,
-    recompute_layers=None,
-    attention="standard",
-    framework="megatron",
-    fsdp_shard=None,
-    reshard_after_forward=True,
-    grad_reduce_dtype=None,
-    fsdp_param_dtype="fp32",
-    cross_entropy=None,
-    cp=1,
-    ep=1,
-    etp=1,
-    moe_load_imbalance=1.0,
-    kv_exchange="ring",
-    cp_load_balance=True,
-    moe_options: moe.MoEOptions = moe.MoEOptions(),
-    virtual_stages=1,
-    step_microbatches=None,
-    recompute_modules=(),
-    offload_modules=(),
-    pipeline_outputs="last",
-    tp_comm_overlap=False,
-    cuda_graphs=False,
-    torch_compile=True,
-    async_tp=False,
-):
+    s: Any,
+    b: Any,
+    t: Any,
+    dp: Any,
+    num_layers: Any,
+    has_embedding: Any,
+    has_head: Any,
+    single_stage: Any,
+    in_flight: Any,
+    num_microbatches: Any,
+    zero: Any,
+    recompute_code: Any,
+    sequence_parallel: Any,
+    measured_layer_time_s: tuple[float, float] | None = None,
+    recompute_layers: Any = None,
+    cp: Any = 1,
+    ep: Any = 1,
+    etp: Any = 1,
+    virtual_stages: Any = 1,
+    step_microbatches: Any = None,
+) -> StageCost:
     """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
 
     * ``forward_s``, ``backward_s``: one micro-batch through the stage (backward includes recomputation and TP
@@ -186,8 +169,20 @@ def stage_costs(
     Megatron-FSDP rows, whose TP is Megatron-Core's. ``async_tp`` (:attr:`hetplan.plan.Job.async_tp`, dense models):
     PyTorch's async TP in place of those copies and the exposed collectives (same function).
 
+    ``options``: every job and plan option that changes the cost (:class:`hetplan.estimate.options.TrainingOptions`;
+    the option names below are its fields).
+
     Units: seconds, bytes.
     """
+    dtype, attention, framework = options.dtype, options.attention, options.framework
+    overlap_grad_reduce, fsdp_shard = options.overlap_grad_reduce, options.fsdp_shard
+    reshard_after_forward, grad_reduce_dtype = options.reshard_after_forward, options.grad_reduce_dtype
+    fsdp_param_dtype, cross_entropy = options.fsdp_param_dtype, options.cross_entropy
+    moe_load_imbalance, moe_options = options.moe_load_imbalance, options.moe
+    kv_exchange, cp_load_balance = options.cp_kv_exchange, options.cp_load_balance
+    recompute_modules, offload_modules = options.recompute_modules, options.offload_modules
+    pipeline_outputs, tp_comm_overlap = options.pipeline_outputs, options.tp_comm_overlap
+    cuda_graphs, torch_compile, async_tp = options.cuda_graphs, options.torch_compile, options.async_tp
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
@@ -283,7 +278,8 @@ def stage_costs(
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
     dp_net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
               link.intra_node_alpha_s)
-    dp_all, edp = np.asarray(dp) * cp, moe.expert_data_parallel(t, cp, dp, ep, etp)
+    deg = Degrees.of(tp=t, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp)
+    dp_all, edp = np.asarray(deg.dense_dp), deg.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
     weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
@@ -295,7 +291,7 @@ def stage_costs(
         out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, *dp_net)
         if m.is_moe:
             out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp,
-                                             np.asarray(ep) * etp, *dp_net)
+                                             np.asarray(deg.expert_ranks), *dp_net)
         return out * units
 
     grad_bytes = params * grad_per
@@ -351,7 +347,7 @@ def stage_costs(
         compute_embedding_sync_s(m, dtype, t, link), 0.0,
     )
 
-    owned = dense / np.where(zero >= 1, np.asarray(dp) * cp, 1) + expert / np.where(zero >= 1, edp, 1)
+    owned = dense / np.where(zero >= 1, dp_all, 1) + expert / np.where(zero >= 1, edp, 1)
     mem = memory.stage_memory_bytes(
         m,
         num_layers=num_layers,

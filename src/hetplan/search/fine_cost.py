@@ -33,7 +33,8 @@ from typing import NamedTuple
 import numpy as np
 
 from hetplan.estimate.compute import RECOMPUTE_CODES
-from hetplan.estimate.estimator import LayerTimeSource, job_stage_options, pool_link
+from hetplan.estimate.estimator import LayerTimeSource, pool_link
+from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.schedule import simulate
 from hetplan.estimate.stage import stage_costs
@@ -196,6 +197,7 @@ class FineCostModel:
                  memory_capacity_bytes: float | None = None, max_stages: int | None = None,
                  recompute_modes: tuple[str, ...] = ("selective", "full")):
         self.m, self.job, self.pool, self.gpu = m, job, pool, gpu
+        self.options = TrainingOptions.from_job(job)
         self.recompute_modes = tuple(recompute_modes)
         self.profiles = profiles
         self.link = pool_link(pool, gpu)
@@ -222,11 +224,10 @@ class FineCostModel:
     def _call(self, ctx: StageContext, n, in_flight, code, r):
         emb, head, single, tp, dp, b, mb, zero, cp, ep = ctx
         return stage_costs(
-            self.m, self.gpu, self.link, self.job.dtype, s=self.job.seq_len, b=b, t=tp, dp=dp, num_layers=n,
+            self.m, self.gpu, self.link, self.options, s=self.job.seq_len, b=b, t=tp, dp=dp, num_layers=n,
             has_embedding=emb, has_head=head, single_stage=single, in_flight=in_flight, num_microbatches=mb,
             zero=zero, recompute_code=code, sequence_parallel=tp > 1,
             measured_layer_time_s=self._measured_time(b, tp), recompute_layers=r, cp=cp, ep=ep,
-            **job_stage_options(self.job),
         )
 
     @staticmethod

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.estimate.estimator import in_flight_microbatches, job_stage_options, pool_link, pool_price_usd_per_hour
+from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
+from hetplan.degrees import Degrees
+from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.memory import stage_memory_bytes
 from hetplan.estimate.stage import stage_costs
@@ -248,13 +250,14 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     link = pool_link(pool, gpu)
     col = lambda a: a[:, None]  # noqa: E731
     c = stage_costs(
-        m, gpu, link, job.dtype,
+        m, gpu, link, TrainingOptions.from_job(job),
         s=job.seq_len, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers, has_embedding=has_emb,
         has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
         zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), cp=col(cp), ep=col(ep),
-        **job_stage_options(job), virtual_stages=col(v),
+        virtual_stages=col(v),
     )
-    n_intra = _intra_boundaries(tp * cp * dp, pp, pool.gpus_per_node)
+    deg = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, pp=pp, virtual_stages=v)
+    n_intra = _intra_boundaries(deg.gpus_per_stage, pp, pool.gpus_per_node)
     lay = (tp, cp, dp, mbs)
     p2p_one_intra = boundary_time_s(m, job.seq_len, lay, lay, link, link, True)
     p2p_one_inter = boundary_time_s(m, job.seq_len, lay, lay, link, link, False)
@@ -288,7 +291,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         "optimizer_s": it.optimizer_s,
     }
     memory = {k: np.broadcast_to(x, per.shape)[rows, it.peak_stage] for k, x in c.memory.items()}
-    num_gpus = tp * pp * cp * dp
+    num_gpus = deg.world_size
     price = pool_price_usd_per_hour(pool, gpu)
     model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)
     return PoolResult(

@@ -8,7 +8,7 @@ every per-stage figure from these tables and nothing else.
 
 The figures come from :func:`hetplan.estimate.stage.stage_costs`, evaluated once per (GPU type, TP, ``b``, ``d``,
 ZeRO, CP, EP) on arrays over the grid: the same function that :func:`hetplan.estimate.estimator.estimate`
-applies to one plan, with the job's options from :func:`hetplan.estimate.estimator.job_stage_options`.
+applies to one plan, with the job's :class:`~hetplan.estimate.options.TrainingOptions` (``from_job``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.estimate.compute import pool_gpu
-from hetplan.estimate.estimator import job_stage_options, pool_link, pool_price_usd_per_hour
+from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
+from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.stage import Link, stage_costs
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
@@ -138,11 +139,10 @@ def _cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, 
         """(a, e, o, rc, nmax) arrays (G, kinds, flights, L+1) and the raw fwd+bwd s (G, kinds, L+1)."""
         kind = np.array(kinds).reshape(1, -1, 1, 1, 1)
         c = stage_costs(
-            m, st.gpu, st.link, job.dtype, s=job.seq_len, b=b, t=st.tp, dp=d, num_layers=n,
+            m, st.gpu, st.link, TrainingOptions.from_job(job), s=job.seq_len, b=b, t=st.tp, dp=d, num_layers=n,
             has_embedding=(kind == FIRST) | (kind == SINGLE), has_head=(kind == LAST) | (kind == SINGLE),
             single_stage=kind == SINGLE, in_flight=np.arange(1, flights + 1).reshape(1, 1, -1, 1, 1),
             num_microbatches=mb, zero=zero, recompute_code=rc, sequence_parallel=st.tp > 1, cp=cp, ep=ep,
-            **job_stage_options(job),
         )
         shape = (G, len(kinds), flights, L + 1, len(rcs))
         per = np.broadcast_to(c.forward_s + c.backward_s, shape)
