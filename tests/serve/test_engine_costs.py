@@ -108,3 +108,19 @@ def test_serving_validation_set():
     assert res["mape"] <= TARGET["mape"] + 0.01
     assert res["held_out"]["mape"] <= 0.20
     assert abs(res["signed_median"]) < 0.10 and res["max_abs_error"] < 1.0
+
+
+def test_step_model_prices_the_engine():
+    from hetplan.estimate.inference import step_time_s
+    from hetplan.serve.exec_model import EstimatedStepModel
+
+    m, h100, v = load_model("llama3-8b"), get_gpu("H100-SXM"), get_engine("vllm")
+    sm = EstimatedStepModel(m, h100, dtype="bf16", engine=v, weights="fp8", kv_dtype="fp8")
+    want = step_time_s(m, h100, "bf16", [512], [600, 600], engine=v, weights="fp8", kv_dtype="fp8")
+    assert sm.step_time_s([512], [600, 600]) == pytest.approx(want)
+    # the engine's step overhead once per iteration, not once per pass
+    both = step_time_s(m, h100, "bf16", [512], [600], engine=v)
+    alone = (prefill_time_s(m, h100, "bf16", 512, engine=v)
+             + decode_step_time_s(m, h100, "bf16", 1, 600, engine=v))
+    assert both == pytest.approx(alone - v.step_overhead_s)
+    assert EstimatedStepModel(m, h100, dtype="bf16").step_time_s([], [600]) > 5 * sm.step_time_s([], [600])
