@@ -44,6 +44,11 @@ Rules (name: what must hold, and why):
   matrix: Ampere, Ada, Hopper, Blackwell), FlashAttention-2 needs Ampere or later on NVIDIA (flash-attn README:
   "Ampere, Ada, or Hopper GPUs"; Turing/Volta unsupported) or AMD CDNA (its ROCm backend). Elsewhere the
   estimate would price a kernel that cannot run (FA3 on A100 came out faster than the default).
+* ``pipeline-step-microbatches``: a call of the pipeline schedule (``plan.pipeline_step_microbatches``, NeMo
+  AutoModel's ``pp_microbatch_size`` split) holds at most the iteration's micro-batches (more is a typo, not a
+  setting: remove it to run them all in one call), and under interleaving a multiple of pp (each call is an
+  interleaved schedule of its own: Megatron-LM's and PyTorch's ``ScheduleInterleaved1F1B`` need a micro-batch
+  count divisible by pp; the estimate's schedule raised on 2 or 3 at PP 4).
 * ``dtype-on-gpu``: every pool's GPU type has a tensor-core rate for ``job.dtype`` (FP8 needs Hopper, Ada,
   Blackwell or CDNA3; BF16 needs Ampere or later): the export would otherwise write FP8 flags for an A100 plan
   that ``estimate`` refuses. GPU types the package catalog does not know (a user's ``--catalog``) are left to
@@ -64,7 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
          "tp-within-node", "virtual-stages", "seq-len", "cp-divides-sequence", "ep-needs-experts",
          "ep-divides-experts", "moe-modules-need-experts", "stack-has-option",
-         "attention-kernel-on-gpu", "dtype-on-gpu")
+         "pipeline-step-microbatches", "attention-kernel-on-gpu", "dtype-on-gpu")
 
 #: Architecture families (first word of ``GPUSpec.architecture``) each fused attention kernel runs on (module doc,
 #: rule ``attention-kernel-on-gpu``).
@@ -200,6 +205,19 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
         out.append(PlanRuleError("stack-has-option", f"{f} = true, but stack {stack.id} has no {what}",
                                  field=f"plan.{f}", fix=f"set {f} = false, or pick a stack that has it "
                                                         "(hetplan catalog stacks)"))
+    step = plan.pipeline_step_microbatches
+    if step is not None and plan.pp > 1:
+        m = plan.num_microbatches(0)
+        if step > m:
+            out.append(PlanRuleError(
+                "pipeline-step-microbatches", f"pipeline_step_microbatches {step:,} is more than the {m} "
+                f"micro-batches of an iteration", field="plan.pipeline_step_microbatches",
+                fix=f"remove it (all {m} run in one call) or use at most {m}"))
+        elif v > 1 and step % pp:
+            out.append(PlanRuleError(
+                "pipeline-step-microbatches", f"interleaved 1F1B runs each call of {step} micro-batches as its own "
+                f"schedule, which needs a multiple of pp = {pp}", field="plan.pipeline_step_microbatches",
+                fix=f"use a multiple of {pp}, or virtual_stages = 1"))
     out.extend(_gpu_violations(plan))
     return out
 
