@@ -35,6 +35,7 @@ Rules (name: what must hold, and why):
   (:meth:`hetplan.plan.Job.stack_spec`, ``hetplan catalog stacks``): Megatron-LM before Megatron-Core 0.4 has no
   ``--tp-comm-overlap`` and before 0.9 no ``--enable-cuda-graph``; priced anyway they would be numbers of a run
   that stack cannot make.
+
 * ``moe-modules-need-experts`` also covers ``job.moe_recompute`` (Megatron-Core ``--recompute-modules moe``: the
   MoE layers' MLP), which a dense model does not have.
 * ``attention-kernel-on-gpu``: a fused attention kernel the job names (``job.attention_kernel``) runs on the plan's
@@ -56,8 +57,6 @@ Rules (name: what must hold, and why):
   framework release the export writes for runs the plan's layer split, interleaving, schedule, ZeRO mode (with
   PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP and FP8 on the plan's GPUs, as
   ``hardware/data/frameworks.toml`` records them with their sources.
-
-CP and EP degrees are read from the stage when it has them, else from its :meth:`Plan.stage_layout`.
 """
 
 from __future__ import annotations
