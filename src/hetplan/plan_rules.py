@@ -53,6 +53,10 @@ Rules (name: what must hold, and why):
   Blackwell or CDNA3; BF16 needs Ampere or later): the export would otherwise write FP8 flags for an A100 plan
   that ``estimate`` refuses. GPU types the package catalog does not know (a user's ``--catalog``) are left to
   the estimator.
+* ``framework-can-launch`` (``hetplan export``, checked against the target; :func:`launch_violations`): the
+  framework release the export writes for runs the plan's layer split, interleaving, schedule, ZeRO mode (with
+  PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP and FP8 on the plan's GPUs, as
+  ``hardware/data/frameworks.toml`` records them with their sources.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
          "tp-within-node", "virtual-stages", "seq-len", "cp-divides-sequence", "ep-needs-experts",
          "ep-divides-experts", "moe-modules-need-experts", "stack-has-option",
-         "pipeline-step-microbatches", "attention-kernel-on-gpu", "dtype-on-gpu")
+         "pipeline-step-microbatches", "attention-kernel-on-gpu", "dtype-on-gpu", "framework-can-launch")
 
 #: Architecture families (first word of ``GPUSpec.architecture``) each fused attention kernel runs on (module doc,
 #: rule ``attention-kernel-on-gpu``).
@@ -248,6 +252,90 @@ def _gpu_violations(plan: "Plan") -> list[PlanRuleError]:
             out.append(PlanRuleError(
                 "dtype-on-gpu", f"{gpu.name} (pool {p}) has no {dtype} tensor cores", field="plan.job.dtype",
                 fix=f"use dtype {' or '.join(have)}, or GPUs with {dtype}"))
+    return out
+
+
+def embedding_loss_split(layers: list[int], num_layers: int, v: int) -> tuple[int, int, int] | None:
+    """``(e, l, c)`` when the stages hold ``v * c`` units each with the embedding (``e`` = 1) and / or the loss
+    (``l`` = 1) counted as a unit of the first / last stage, the first ``e`` and the last ``l`` fewer layers
+    (Megatron-Core ``--account-for-embedding/loss-in-pipeline-split``); None when ``layers`` is no such split."""
+    pp = len(layers)
+    for e, loss in ((0, 0), (1, 1), (1, 0), (0, 1)):
+        units = num_layers + e + loss
+        c = units // (pp * v)
+        if units % (pp * v) == 0 and layers == [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]:
+            return e, loss, c
+    return None
+
+
+def split_kind(plan: "Plan", spec: "ModelSpec", v: int | None = None) -> str:
+    """How the plan splits its layers over the pipeline (``frameworks.toml`` ``splits``): ``equal``,
+    ``embedding-loss`` (an equal split of the layers plus the embedding / loss), ``first-last`` (only the first /
+    last stage differ; without interleaving) or ``any``."""
+    layers, v = [st.num_layers for st in plan.stages], v or plan.virtual_stages
+    found = embedding_loss_split(layers, spec.num_layers, v) if len(layers) > 1 else (0, 0, 0)
+    if found is not None:
+        return "equal" if found[:2] == (0, 0) else "embedding-loss"
+    if v == 1 and len(set(layers[1:-1])) <= 1:
+        return "first-last"
+    return "any"
+
+
+def launch_violations(plan: "Plan", spec: "ModelSpec", export: str, release: str | None = None,
+                      virtual_stages: int | None = None) -> list[PlanRuleError]:
+    """Rule ``framework-can-launch``: what of ``plan`` the framework release behind export target ``export``
+    cannot run, from its entry in ``hardware/data/frameworks.toml`` (the source of each capability is there):
+    the layer split, interleaving, the schedule, ZeRO (with pipeline parallelism), TP / CP / EP / expert-TP, EP
+    beyond DP x CP, FP8 on the plan's GPU generation."""
+    from hetplan.hardware.frameworks import framework_for
+
+    fw = framework_for(export, release)
+    out: list[PlanRuleError] = []
+
+    def bad(what: str, field: str, fix: str, source: str) -> None:
+        out.append(PlanRuleError("framework-can-launch", f"{fw.id} {what} ({fw.sources.get(source, '')})",
+                                 field=field, fix=fix))
+
+    pp = plan.pp
+    v = (virtual_stages if virtual_stages is not None else plan.virtual_stages) if pp > 1 else 1
+    if pp > 1 and v > 1 and not fw.interleaved:
+        bad("has no interleaved schedule", "plan.virtual_stages", "use virtual_stages = 1", "interleaved")
+    kind = split_kind(plan, spec, v) if pp > 1 else "equal"
+    if kind not in fw.splits and "any" not in fw.splits:
+        bad(f"expresses the layer splits {', '.join(fw.splits)}; this plan's {[st.num_layers for st in plan.stages]}"
+            f" is {kind}", "plan.stages[].num_layers", "use a split it expresses", "splits")
+    if pp > 1 and plan.schedule not in fw.schedules:
+        bad(f"schedules pipelines with {', '.join(fw.schedules)} only, not {plan.schedule}", "plan.schedule",
+            f"use schedule {fw.schedules[0]}", "schedules")
+    if plan.zero not in fw.zero or (pp > 1 and plan.zero not in fw.zero_with_pp):
+        bad(f"refuses pipeline parallelism with ZeRO-{plan.zero}" if pp > 1 and plan.zero in fw.zero
+            else f"has no ZeRO-{plan.zero}", "plan.zero",
+            f"use zero {max(fw.zero_with_pp if pp > 1 else fw.zero)} or less", "zero_with_pp" if pp > 1 else "zero")
+    dims = [("tensor", max(st.tp for st in plan.stages), fw.tp, "tp"),
+            ("context", max(degree(plan, i, "cp") for i in range(pp)), fw.cp, "cp"),
+            ("expert", max(degree(plan, i, "ep") for i in range(pp)), fw.ep, "ep")]
+    lacking = [(what, n, key) for what, n, has, key in dims if n > 1 and not has]
+    if lacking:
+        bad("has no " + ", ".join(f"{what} parallelism (plan: {n})" for what, n, _ in lacking),
+            f"plan.stages[].{lacking[0][2]}", "export --to megatron (Megatron-DeepSpeed takes the same arguments)",
+            lacking[0][2])
+    etp = max(degree(plan, i, "expert_tp") for i in range(pp))
+    if etp > 1 and fw.ep and not fw.expert_tp:
+        bad(f"never splits an expert over TP; the plan has expert-TP {etp}", "plan.expert_tp",
+            "plan with expert_tp = 1", "expert_tp")
+    for i, st in enumerate(plan.stages):
+        ep, cp = degree(plan, i, "ep"), degree(plan, i, "cp")
+        if fw.ep and ep > st.dp * cp and not fw.ep_beyond_dp:
+            bad(f"needs EP within DP x CP; stage {i} has EP {ep} over DP {st.dp} x CP {cp}", "plan.ep",
+                "use an EP degree dividing DP x CP", "ep_beyond_dp")
+            break
+    if plan.job.dtype == "fp8":
+        from hetplan.hardware.catalog import load_catalog
+
+        cat = load_catalog()
+        archs = sorted({cat.get(plan.pools[st.pool].gpu).architecture for st in plan.stages})
+        if not all(fw.fp8_recipes(a) for a in archs):
+            bad(f"has no FP8 training on {', '.join(archs)}", "plan.job.dtype", "plan with dtype bf16", "fp8")
     return out
 
 
