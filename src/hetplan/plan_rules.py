@@ -74,6 +74,21 @@ def degree(plan: "Plan", stage: int, name: str) -> int:
     return int(own) if own is not None else int(getattr(plan.stage_layout(stage), name))
 
 
+def expert_degree_violation(spec: "ModelSpec", ep: int, *, field: str, where: str = "") -> PlanRuleError | None:
+    """``ep-needs-experts`` / ``ep-divides-experts`` for an EP degree ``ep`` of model ``spec`` (a plan's stage, or
+    ``hetplan plan --ep``), else None."""
+    experts = int(getattr(spec, "num_experts", 0) or 0)
+    if ep > 1 and not experts:
+        return PlanRuleError("ep-needs-experts", f"EP {ep} on {spec.name}, which has no experts{where}", field=field,
+                             fix="use ep = 1 for a dense model")
+    if ep > 1 and experts % ep:
+        ok = ", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0)
+        return PlanRuleError("ep-divides-experts", f"EP {ep} does not divide the {experts} experts of {spec.name}"
+                             f"{where}: each EP rank holds experts / EP whole experts", field=field,
+                             fix=f"use an EP degree that divides {experts} ({ok})")
+    return None
+
+
 def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     """Every rule ``plan`` breaks for model ``spec`` (empty when the plan is valid), in :data:`RULES` order."""
     out: list[PlanRuleError] = []
@@ -148,13 +163,9 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
                 "cp-divides-sequence", f"CP {cp} needs seq_len divisible by 2 x CP = {2 * cp}; it is "
                 f"{plan.job.seq_len} (stage {i})", field=f"plan.stages[{i}].cp",
                 fix="choose a CP degree whose 2 x CP divides seq_len"))
-        if ep > 1 and not experts:
-            out.append(PlanRuleError("ep-needs-experts", f"EP {ep} on {name}, which has no experts (stage {i})",
-                                     field=f"plan.stages[{i}].ep", fix="use ep = 1 for a dense model"))
-        elif ep > 1 and experts % ep:
-            out.append(PlanRuleError("ep-divides-experts", f"EP {ep} does not divide the {experts} experts of "
-                                     f"{name} (stage {i})", field=f"plan.stages[{i}].ep",
-                                     fix=f"use an EP degree that divides {experts}"))
+        bad_ep = expert_degree_violation(spec, ep, field=f"plan.stages[{i}].ep", where=f" (stage {i})")
+        if bad_ep is not None:
+            out.append(bad_ep)
     moe_modules = {"recompute_modules": [x for x in plan.job.recompute_modules if x == "moe_act"],
                    "offload_modules": list(plan.job.offload_modules)}
     for key, modules in moe_modules.items():

@@ -97,7 +97,44 @@ def test_capacity_cheapest_mix_over_gpu_types(monkeypatch, capsys, tmp_path):
     code, out, _ = _run(monkeypatch, capsys, "capacity", p, "--gpus", "A100-SXM-80GB,L4")
     assert code == 0 and "cheapest mix" in out and "SLO met" in out
     code, _, err = _run(monkeypatch, capsys, "capacity", p, "--gpus", "A100-XYZ")
-    assert code == 2 and "capacity.gpus" in err
+    assert code == 2 and "--gpus" in err
+
+
+def test_capacity_prices_catalog_and_refusals(monkeypatch, capsys, tmp_path):
+    """Per-GPU prices decide the mix (a price override, then a user catalog); the search never picks an unpriced
+    GPU, refuses without candidate types, and reports progress."""
+    text = (EXAMPLES / "capacity.toml").read_text().replace("max_gpus = 8", "max_gpus = 4")
+    p = tmp_path / "cap.toml"
+    p.write_text(text)
+    base = ("capacity", p, "--gpus", "A100-SXM-80GB,L4", "--json")
+    code, out, err = _run(monkeypatch, capsys, *base, "--price", "L4=40")
+    assert code == 0, err
+    res = json.loads(out)
+    assert {r["gpu"] for r in res["mix"]} == {"A100-SXM-80GB"}  # L4 at 40 $/h loses to the catalog's A100
+    assert res["prices"]["L4"] == {"usd_per_gpu_hour": 40.0, "source": "--price"}
+    assert res["price_usd_per_hour"] == pytest.approx(sum(r["gpus"] for r in res["mix"]) * 5.12)
+    cat = tmp_path / "gpus.toml"
+    cat.write_text("[gpus.A100-SXM-80GB]\nprice_usd_per_hour = 0.05\n")
+    code, out, err = _run(monkeypatch, capsys, *base, "--catalog", cat)
+    assert code == 0, err
+    res = json.loads(out)
+    assert {r["gpu"] for r in res["mix"]} == {"A100-SXM-80GB"} and res["prices"]["A100-SXM-80GB"]["usd_per_gpu_hour"] == 0.05
+    # refusals: an unpriced GPU, no candidate types at all, a price for a GPU not searched, a malformed price
+    for args, field in ((("--gpus", "A100-SXM-80GB,H100-SXM-96GB-500W"), "--price"),
+                        (("--gpus", "L4", "--price", "A100-SXM-80GB=2"), "--price"),
+                        (("--gpus", "L4", "--price", "L4"), "--price")):
+        code, _, err = _run(monkeypatch, capsys, "capacity", p, *args)
+        assert code == 2 and field in err and "fix" in err and "Traceback" not in err, err
+    bare = tmp_path / "bare.toml"
+    bare.write_text(text.replace('gpus = ["A100-SXM-80GB", "A100-PCIe-40GB", "H100-SXM-80GB", "L4", "A10G"]', ""))
+    code, _, err = _run(monkeypatch, capsys, "capacity", bare)
+    assert code == 2 and "capacity.gpus" in err and "no candidate GPU types" in err
+    from hetplan.serve.capacity import plan_capacity
+    from hetplan.serve.config import load_workload_config
+
+    seen = []
+    plan_capacity(load_workload_config(p), ["A100-SXM-80GB"], progress=lambda d, t, w: seen.append((d, t)))
+    assert seen and seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == list(range(1, len(seen) + 1))
 
 
 def test_capacity_integer_program_equals_brute_force():

@@ -87,4 +87,4 @@ def test_serving_validation_set():
     # for the held-out half
     assert res["mape"] <= TARGET["mape"] + 0.01
     assert res["held_out"]["mape"] <= 0.20
-    assert abs(res["signed_median"]) < 0.10
+    assert abs(res["signed_median"]) < 0.10 and res["max_abs_error"] < 1.0

@@ -17,11 +17,15 @@ engine's steps together:
 * ``concurrency`` (closed loop, ``vllm bench serve --max-concurrency C``): TPOT = one decode step of ``C``
   sequences plus the prefills of the other ``C - 1`` requests spread over their ``out`` steps.
 
-Metrics: ``n``, MAPE, signed median error (bias: + = predicted high), max |error| (errors as fractions, of the
-measured value, for times as for throughputs). One constant is fitted: ``hbm_efficiency`` (the fraction of the HBM
-peak the engines' memory-bound kernels reach), on a seeded half of the rows (:func:`is_calibration`, a hash of the
-row key) by :func:`fit_hbm_efficiency`, and stored as data in ``engines.toml``; the other half is held out and
-reported apart.
+Metrics (the project's convention, :mod:`hetplan.calibration.validation`): errors of time — predicted time /
+measured time - 1, for a throughput row the time per output token — as MAPE, median and max |error|; the signed
+median (bias) of predicted speed / measured speed - 1 (+ = predicted too fast).
+
+Fitting (:func:`fit_engine_constants`, on a seeded half of the rows, :func:`is_calibration`, a hash of the row
+key; the other half is held out and reported apart): ``hbm_efficiency`` (the fraction of the HBM peak the
+engines' memory-bound kernels reach) and the ``step_overhead_s`` of releases with enough rows. Both fits end at
+their grid bounds on today's rows (the sources pull apart: docs/serving.md), so ``engines.toml`` keeps
+``hbm_efficiency`` = 1.0 (the fit) and the step overheads as unvalidated first guesses.
 
 This module does not import torch.
 """
@@ -32,6 +36,7 @@ import csv
 import io
 import math
 from dataclasses import dataclass, field
+from typing import Mapping
 from importlib import resources
 
 import numpy as np
@@ -58,6 +63,7 @@ def is_calibration(key: str) -> bool:
     return _is_calibration(key, CALIBRATION_FRACTION)
 _METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu")
 _MODES = ("static", "offline", "concurrency")
+_TIME_METRICS = ("ttft_s", "tpot_s")
 
 
 @dataclass
@@ -73,7 +79,15 @@ class ServingCase:
 
     @property
     def error(self) -> float:
-        return self.predicted / self.measured - 1.0
+        """Time error, the project's convention: predicted time / measured time - 1 (for a throughput row, the
+        time per token: measured / predicted - 1)."""
+        ratio = self.predicted / self.measured
+        return (ratio if self.row["metric"] in _TIME_METRICS else 1.0 / ratio) - 1.0
+
+    @property
+    def speed_error(self) -> float:
+        """Predicted speed / measured speed - 1 (+ = predicted too fast)."""
+        return 1.0 / (1.0 + self.error) - 1.0
 
 
 def load_rows() -> list[dict]:
@@ -87,13 +101,19 @@ def load_rows() -> list[dict]:
     return rows
 
 
-def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog,
-                hbm_efficiency: float | None = None) -> tuple[float, dict]:
+def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog, hbm_efficiency: float | None = None,
+                step_overhead_s: Mapping[str, float] | None = None) -> tuple[float, dict]:
     """The row's metric under the cost model (module docstring) and what was assumed (``batch`` for offline);
-    ``hbm_efficiency``: a trial value instead of the engine's (a fit)."""
+    ``hbm_efficiency`` and ``step_overhead_s`` (``{engine label: seconds}``): trial values instead of the
+    engine's (a fit)."""
     engine = engines.get(r["engine"])
+    update: dict = {}
     if hbm_efficiency is not None:
-        engine = engine.model_copy(update={"hbm_efficiency": hbm_efficiency})
+        update["hbm_efficiency"] = hbm_efficiency
+    if step_overhead_s and engine.label in step_overhead_s:
+        update["step_overhead_s"] = step_overhead_s[engine.label]
+    if update:
+        engine = engine.model_copy(update=update)
     gpu = catalog.get(r["gpu"])
     m = load_model(r["model"])
     tp, i, o = int(r["tp"]), int(r["input_len"]), int(r["output_len"])
@@ -141,29 +161,47 @@ def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog,
 
 
 def serving_cases(catalog: Catalog | None = None, engines: EngineCatalog | None = None,
-                  hbm_efficiency: float | None = None, rows: list[dict] | None = None) -> list[ServingCase]:
-    """Every row (or ``rows``), predicted."""
+                  hbm_efficiency: float | None = None, rows: list[dict] | None = None,
+                  step_overhead_s: Mapping[str, float] | None = None) -> list[ServingCase]:
+    """Every row (or ``rows``), predicted (trial constants: :func:`predict_row`)."""
     catalog = catalog or load_catalog()
     engines = engines or load_engines()
     out = []
     for r in load_rows() if rows is None else rows:
         c = ServingCase(r["key"], r["source"], r, float(r["measured"]))
-        c.predicted, c.info = predict_row(r, catalog, engines, hbm_efficiency)
+        c.predicted, c.info = predict_row(r, catalog, engines, hbm_efficiency, step_overhead_s)
         out.append(c)
     return out
 
 
-def fit_hbm_efficiency(step: float = 0.01) -> float:
-    """The ``hbm_efficiency`` in [0.5, 1] (to ``step``) with the least MAPE on the calibration half: a coarse grid
-    of 0.05, then ``step`` around its best point."""
+#: Least calibration rows of an engine release for its ``step_overhead_s`` to be fitted.
+MIN_ROWS_TO_FIT = 8
+
+
+def fit_engine_constants(rounds: int = 2) -> dict:
+    """Fit ``hbm_efficiency`` (one value, in [0.5, 1]) and the ``step_overhead_s`` of every engine release with at
+    least :data:`MIN_ROWS_TO_FIT` calibration rows (in [0, 3 ms]) by least calibration-half MAPE, coordinate by
+    coordinate on grids (0.02; 0.1 ms), ``rounds`` times. Returns ``{"hbm_efficiency": e, "step_overhead_s":
+    {label: s}, "mape": m}`` (minutes of CPU: run by hand, not by the tests; the results are data in
+    ``engines.toml``)."""
     rows = [r for r in load_rows() if is_calibration(r["key"])]
+    engines = load_engines()
+    counts: dict[str, int] = {}
+    for r in rows:
+        label = engines.get(r["engine"]).label
+        counts[label] = counts.get(label, 0) + 1
+    fitted = {k: engines.get(k).step_overhead_s for k, n in counts.items() if n >= MIN_ROWS_TO_FIT}
+    eff = engines.all()[0].hbm_efficiency
 
-    def mape(e: float) -> float:
-        return set_metrics(serving_cases(hbm_efficiency=float(e), rows=rows))["mape"]
+    def mape(e: float, over: Mapping[str, float]) -> float:
+        return set_metrics(serving_cases(hbm_efficiency=float(e), rows=rows, step_overhead_s=over))["mape"]
 
-    coarse = min(np.arange(0.5, 1.0001, 0.05), key=mape)
-    fine = np.arange(max(0.5, coarse - 0.05), min(1.0, coarse + 0.05) + 1e-9, step)
-    return float(min(fine, key=mape))
+    for _ in range(rounds):
+        eff = float(min(np.arange(0.5, 1.0001, 0.02), key=lambda e: mape(e, fitted)))
+        for label in fitted:
+            grid = np.arange(0.0, 3.0001e-3, 1e-4)
+            fitted[label] = float(min(grid, key=lambda x: mape(eff, {**fitted, label: float(x)})))
+    return {"hbm_efficiency": eff, "step_overhead_s": fitted, "mape": mape(eff, fitted)}
 
 
 def _group(c: ServingCase) -> tuple:
@@ -188,9 +226,20 @@ def set_metrics(cases: list[ServingCase]) -> dict:
         tau, pairs = kendall_tau([c.predicted for c in g], [c.measured for c in g])
         if pairs and math.isfinite(tau):
             num, den = num + tau * pairs, den + pairs
-    return {"n": len(ok), "mape": float(np.mean(np.abs(err))), "signed_median": float(np.median(err)),
+    speed = np.array([c.speed_error for c in ok])
+    return {"n": len(ok), "mape": float(np.mean(np.abs(err))), "signed_median": float(np.median(speed)),
             "median_abs_error": float(np.median(np.abs(err))), "max_abs_error": float(np.max(np.abs(err))),
             "kendall_tau": num / den if den else math.nan, "not_expressible": len(cases) - len(ok)}
+
+
+def per_engine(cases: list[ServingCase]) -> dict:
+    """The serving rows' error per engine release, in the shape of ``hetplan validate``'s per-stack table
+    (:func:`hetplan.calibration.intervals.per_stack`): ``{engine: {n, mape, max_abs_error, signed_median, sets}}``."""
+    out = {}
+    for name in sorted({c.row["engine"] for c in cases}):
+        m = set_metrics([c for c in cases if c.row["engine"] == name])
+        out[name] = {k: m[k] for k in ("n", "mape", "max_abs_error", "signed_median")} | {"sets": [SET_NAME]}
+    return out
 
 
 def run_serving(catalog: Catalog | None = None) -> tuple[dict, list[ServingCase]]:
@@ -206,6 +255,7 @@ def run_serving(catalog: Catalog | None = None) -> tuple[dict, list[ServingCase]
     res["per_source"] = {s: set_metrics([c for c in cases if c.source == s]) for s in sorted({c.source for c in cases})}
     res["per_metric"] = {k: set_metrics([c for c in cases if c.row["metric"] == k])
                          for k in sorted({c.row["metric"] for c in cases})}
-    res["rows"] = [{"key": c.key, "measured": c.measured, "predicted": c.predicted, "error": c.error, **c.info}
+    res["rows"] = [{"key": c.key, "metric": c.row["metric"], "measured": c.measured, "predicted": c.predicted,
+                    "error": c.error, "speed_error": c.speed_error, **c.info}
                    for c in sorted(cases, key=lambda c: -abs(c.error) if math.isfinite(c.predicted) else 0)]
     return {SET_NAME: res}, cases

@@ -581,8 +581,10 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     """The ranked plans: one column per figure, or under ``narrow`` (< 130 columns) the plan's GPUs and layout
     in one two-line cell and only the figures that decide a ranking (iteration time, MFU, memory, job time, $).
     GPU types in ``guess`` (uncalibrated efficiency) are starred."""
-    t = new_table(title, narrow, caption="plan: GPUs, then TPxPPxDP \\[vN: virtual stages, cpN: context-parallel], "
-                  "micro-batch, ZeRO stage, recomputation" if narrow else None)
+    legend = "vN: virtual stages, cpN: context-parallel, epN: expert-parallel, etpN: expert-TP"
+    marked = any(re.search(r" (v|cp|ep|etp)\d", _layout(s)) for s in summaries)
+    t = new_table(title, narrow, caption=f"plan: GPUs, then TPxPPxDP \\[{legend}], micro-batch, ZeRO stage, "
+                  "recomputation" if narrow else f"TPxPPxDP \\[{legend}]" if marked else None)
     kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
     if narrow:
         for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $") + kwh:
@@ -614,12 +616,13 @@ def _stages_line(s: dict) -> str:
 
 
 def _layout(s: dict) -> str:
-    """TPxPPxDP of a plan summary, then ``vN`` (virtual stages) and ``cpN`` (context-parallel degree) when above
-    1; stages of different TP (or DP) degrees show them in stage order, ``2/1x4x2``."""
+    """TPxPPxDP of a plan summary, then ``vN`` (virtual stages), ``cpN`` (context-parallel), ``epN``
+    (expert-parallel) and ``etpN`` (expert-TP) degrees when above 1; stages of different TP (or DP) degrees show
+    them in stage order, ``2/1x4x2``."""
     tp, dp = ("/".join(dict.fromkeys(str(st[k]) for st in s["stages"])) if s[k] is None else s[k] for k in ("tp", "dp"))
-    cp = s["plan"].get("cp", 1)
-    return (f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
-            + (f" cp{cp}" if cp > 1 else ""))
+    extra = "".join(f" {name}{s['plan'].get(key, 1)}" for key, name in (("cp", "cp"), ("ep", "ep"), ("expert_tp", "etp"))
+                    if (s["plan"].get(key) or 1) > 1)
+    return f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "") + extra
 
 
 def merge_best_with_another(lines: list[str]) -> list[str]:

@@ -84,11 +84,16 @@ def register(app: typer.Typer) -> None:
         workload: Path = typer.Argument(..., help="WORKLOAD.toml (see examples/serve/workload.toml)"),
         as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
         policy: str = typer.Option(None, help="override scheduler.policy (lru, load_aware)"),
+        export: str = typer.Option(None, "--export", help="also write one launch command per model for this "
+                                   "engine (vllm, sglang; sleep mode where models share the GPUs) and a router "
+                                   "config into --out-dir"),
+        out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
     ) -> None:
         """Simulate the workload: per-model latency percentiles, SLO attainment and goodput."""
         from hetplan.serve.capacity import simulate_workload, slos
         from hetplan.serve.config import load_workload_config
 
+        _check_export(export, out_dir)
         wf = load_workload_config(workload)
         if policy:
             wf.scheduler.policy = policy
@@ -96,6 +101,14 @@ def register(app: typer.Typer) -> None:
         rep = res.report(slos(wf))
         rep.update(policy=wf.scheduler.policy, batching=wf.scheduler.batching, gpu=wf.cluster.gpu, tp=wf.cluster.tp,
                    pp=wf.cluster.pp)
+        if export:
+            from hetplan.serve.capacity import cluster_footprints
+            from hetplan.serve.export import replicas_from_cluster, write_export
+
+            foot, mem = cluster_footprints(wf)
+            paths = write_export(export, replicas_from_cluster(wf, foot, mem), out_dir,
+                                 source=f"simulate {workload.name}")
+            rep["export"] = [str(p) for p in paths]
         if as_json:
             typer.echo(json.dumps(rep, indent=2))
             return
@@ -120,18 +133,42 @@ def register(app: typer.Typer) -> None:
     def capacity_cmd(
         workload: Path = typer.Argument(..., help="WORKLOAD.toml (see examples/serve/capacity.toml)"),
         gpus: str = typer.Option(None, "--gpus", help="candidate GPU types, comma-separated (default: "
-                                 "capacity.gpus, else the whole catalog)"),
+                                 "capacity.gpus, else cluster.gpu; with none the command refuses)"),
+        catalog: Path = typer.Option(None, "--catalog", help="GPU catalog TOML extending or overriding the "
+                                     "package's (same layout as hetplan/hardware/data/gpus.toml)"),
+        price: list[str] = typer.Option(None, "--price", help="GPU=USD per GPU-hour, overriding the catalog "
+                                        "and capacity.prices; repeatable, e.g. --price A100-SXM-80GB=3.67"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+        export: str = typer.Option(None, "--export", help="write one launch command per replica for this engine "
+                                   "(vllm, sglang) and a router config (LiteLLM) into --out-dir"),
+        out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
     ) -> None:
         """Cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (checked by simulation)."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         from hetplan.serve.capacity import plan_capacity
         from hetplan.serve.config import load_workload_config
 
+        _check_export(export, out_dir)
         wf = load_workload_config(workload)
         names = [g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None
         if names is not None and not names:
             raise HetplanError("--gpus names no GPU type", field="--gpus", fix="e.g. --gpus A100-SXM-80GB,H100-SXM,L4")
-        out = plan_capacity(wf, names)
+        prices = _parse_prices(price or [])
+        err = Console(stderr=True)
+        with Progress(TextColumn("capacity: rate search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), console=err, transient=True) as bar:
+            task = bar.add_task("", total=None)
+
+            def step(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=what)
+
+            out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step)
+        if export:
+            from hetplan.serve.export import replicas_from_capacity, write_export
+
+            paths = write_export(export, replicas_from_capacity(wf, out), out_dir, source=f"capacity {workload.name}")
+            out["export"] = [str(p) for p in paths]
         if as_json:
             typer.echo(json.dumps(out, indent=2))
             return
@@ -152,5 +189,53 @@ def register(app: typer.Typer) -> None:
             t.add_row(name, str(r["requests"]), f"{r['slo_attainment']:.3f}", _fmt(r["p99_latency_s"]),
                       _fmt(r["p99_ttft_s"]), _fmt(_ms(r["p99_tpot_s"]), digits=1))
         con.print(t)
+        used = sorted(out["gpus_by_type"])
+        con.print("prices: " + "; ".join(f"{g} {out['prices'][g]['usd_per_gpu_hour']:.2f} $/h "
+                                         f"({out['prices'][g]['source']})" for g in used))
         if not out["meets_target"]:
             con.print("[yellow]the simulated mix misses the target after 3 rounds of derating; see the table[/]")
+        if export:
+            con.print(f"wrote {len(out['export']) - 2} {export} launch scripts, replicas.json and router.yaml to "
+                      f"{out_dir}")
+
+
+def _check_export(export: str | None, out_dir: Path | None) -> None:
+    """``--export`` and ``--out-dir`` go together, and the engine is one that can be exported for (checked before
+    any simulation).
+
+    Raises:
+        HetplanError: naming the option at fault.
+    """
+    from hetplan.serve.export import EXPORT_ENGINES
+
+    if export is None and out_dir is None:
+        return
+    if export is None:
+        raise HetplanError("--out-dir without --export", field="--export", fix="add --export vllm or --export sglang")
+    if export not in EXPORT_ENGINES:
+        raise HetplanError(f"unknown engine {export!r} to export for", field="--export",
+                           fix=f"use one of {', '.join(EXPORT_ENGINES)}")
+    if out_dir is None:
+        raise HetplanError("--export needs a folder to write into", field="--out-dir", fix="add --out-dir DIR")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise HetplanError(f"{out_dir} is a file, not a folder", field="--out-dir", fix="give a folder path")
+
+
+def _parse_prices(items: list[str]) -> dict[str, float]:
+    """``["A100-SXM-80GB=3.67", ...]`` -> ``{"A100-SXM-80GB": 3.67}``.
+
+    Raises:
+        HetplanError: an item without ``=``, a price that is not a positive number below 1,000 $/h.
+    """
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            usd = float(value)
+        except ValueError:
+            usd = float("nan")
+        if not sep or not name.strip() or not 0 < usd <= 1000:
+            raise HetplanError(f"bad price {item!r}", field="--price",
+                               fix="write GPU=USD_PER_GPU_HOUR with a price in (0, 1000], e.g. A100-SXM-80GB=3.67")
+        out[name.strip()] = usd
+    return out

@@ -109,19 +109,19 @@ def _print_serving(console, r: dict) -> None:
     """The serving set (:mod:`hetplan.calibration.serving`): calibration / held-out halves, per source, worst rows."""
     from rich.table import Table
 
-    t = Table(title="Serving set (errors as % of measured; bias = signed median)")
+    t = Table(title="Serving set (time errors in %; bias: speed, + = too fast)")
     for col in ("part", "n", "MAPE", "bias", "median", "max"):
         t.add_column(col, no_wrap=col == "part")
     parts = [("all", r), ("calibration", r["calibration"]), ("held-out", r["held_out"])]
     parts += [(name, x) for name, x in r["per_source"].items()]
     for name, x in parts:
-        t.add_row(name, str(x["n"]), _fmt(x["mape"]), _fmt(x["signed_median"]), _fmt(x["median_abs_error"]),
+        t.add_row(name, str(x["n"]), _fmt(x["mape"]), _signed(x["signed_median"]), _fmt(x["median_abs_error"]),
                   _fmt(x["max_abs_error"]))
     console.print(t)
     console.print(f"serving: {r['convention']}; target MAPE ≤ {100 * r['target']['mape']:.0f} %. Worst rows:",
                   highlight=False)
     for x in r["rows"][:3]:
-        console.print(f"  {100 * x['error']:+.1f} %  {x['key']}", highlight=False)
+        console.print(f"  time {100 * x['error']:+.1f} %  {x['key']}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
                                fix=f"use some of: {', '.join(every)}")
         new = tuple(n for n in names if n in modern.SET_NAMES)
         check_independent = independent.SET_NAME in names
-        serving_result = serving.run_serving()[0] if serving.SET_NAME in names else {}
+        serving_result, serving_cases = serving.run_serving() if serving.SET_NAME in names else ({}, [])
         names = tuple(n for n in names if n in v.SET_NAMES)
         result, cases = v.run_validation(names)
         new_result, new_cases = modern.run_modern(new)
@@ -190,7 +190,7 @@ def register(app: typer.Typer) -> None:
             v.plot(cases, plot_path)
         from hetplan.calibration.intervals import per_stack
 
-        result["stacks"] = per_stack(cases)
+        result["stacks"] = per_stack(cases) | serving.per_engine(serving_cases)
         if json_out:
             typer.echo(json.dumps(result, indent=2, allow_nan=True))
             return

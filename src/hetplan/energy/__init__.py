@@ -4,6 +4,7 @@ Modules: :mod:`.profile` (stage profile CSV), :mod:`.options` (Pareto options, e
 :mod:`.dag` (pipeline DAG), :mod:`.solver` (Phillips–Dessouky frontier), :mod:`.maxflow` (min cuts),
 :mod:`.frontier` (frontier and frequency plans), :mod:`.simulate` (replay on the measured profile),
 :mod:`.baselines` (all-max, EnvPipe, ZeusGlobal, ZeusPerStage), :mod:`.report` (savings, straggler, plot),
+:mod:`.inference` (J per request and per output token of a serving run),
 :mod:`.server` (plan server, needs the ``serve`` extra), :mod:`.client` and :mod:`.nvml` (training ranks).
 """
 

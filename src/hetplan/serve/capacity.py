@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetplan.errors import HetplanError, InfeasibleError
-from hetplan.hardware.catalog import GPUSpec, load_catalog
+from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.serve.config import WorkloadFile
 from hetplan.estimate.inference import kv_cache_bytes_per_worker, weight_bytes_per_worker
 from hetplan.serve.exec_model import EstimatedStepModel
@@ -103,6 +103,21 @@ def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacit
     return max(0, int(tokens) // s.kv_block_tokens * s.kv_block_tokens)
 
 
+_STEP_MODELS: dict[tuple, tuple] = {}
+
+
+def step_model(spec, gpu: GPUSpec, tp: int, pp: int, dtype: str) -> EstimatedStepModel:
+    """One :class:`EstimatedStepModel` per (model, GPU, TP, PP, dtype) objects, shared by every simulation of a
+    search so its memo of iteration times is too (a capacity search asks the same iterations in every rate
+    probe). Keyed on the objects' identities (specs hold dicts, so they do not hash); the entry keeps them alive."""
+    key = (id(spec), id(gpu), tp, pp, dtype)
+    if key not in _STEP_MODELS:
+        if len(_STEP_MODELS) > 1024:
+            _STEP_MODELS.clear()
+        _STEP_MODELS[key] = (spec, gpu, EstimatedStepModel(spec, gpu, tp, pp, dtype))
+    return _STEP_MODELS[key][2]
+
+
 def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, wf: WorkloadFile, capacity_bytes: int,
               n_models: int = 1) -> SimModel:
     """A model as the simulator sees it on ``gpu`` x TP x PP: weight and KV-cache bytes per worker from
@@ -111,7 +126,7 @@ def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, wf: W
     s = wf.scheduler
     pool = kv_pool_tokens(wf, spec, tp, pp, dtype, capacity_bytes, n_models)
     tokens = pool if pool is not None else s.max_batch_size * s.kv_cache_len
-    return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype), EstimatedStepModel(spec, gpu, tp, pp, dtype),
+    return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype), step_model(spec, gpu, tp, pp, dtype),
                     kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype),
                     kv_blocks=None if pool is None else pool // s.kv_block_tokens)
 
@@ -154,6 +169,24 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
                     duration_s=wf.workload.duration_s if not (wf.workload.trace or wf.workload.offline) else None)
 
 
+def cluster_footprints(wf: WorkloadFile) -> tuple[dict[str, int], int]:
+    """Per model, the bytes per worker it holds while resident on the workload's cluster (weights + KV pool, as
+    :func:`simulate_workload` sizes them), and the GPU's memory (bytes).
+
+    Raises:
+        HetplanError: no ``cluster.gpu``; as :func:`sim_model`.
+    """
+    c = wf.cluster
+    if c.gpu is None:
+        raise HetplanError("the export needs the cluster's GPU type", field="cluster.gpu",
+                           fix='set cluster.gpu to a catalog name, e.g. "A100-SXM-80GB"')
+    gpu = load_catalog().get(c.gpu, field="cluster.gpu")
+    cap = c.memory_bytes or int(gpu.memory_bytes * c.memory_fraction)
+    out = {m.name: sim_model(m.name, m.spec(), gpu, c.tp, c.pp, c.dtype, wf, cap, len(wf.models)).bytes
+           for m in wf.models}
+    return out, gpu.memory_bytes
+
+
 #: Bisection steps of the largest sustainable rate of one replica (relative resolution 2^-6 of the bracket).
 RATE_STEPS = 6
 #: Requests simulated per rate probe.
@@ -180,10 +213,14 @@ def _attainment(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, r
     s, c = wf.scheduler, wf.cluster
     cap = int(gpu.memory_bytes * c.memory_fraction)
     m = sim_model(entry.name, spec, gpu, tp, pp, c.dtype, wf, cap)
+    objectives = slos(wf)
+    allowed = int((1.0 - wf.capacity.target_attainment) * len(reqs))  # more misses than this fail the probe
     res = simulate([m], reqs, capacity_bytes=cap, policy=make_policy(s.policy),
                    swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
-                   **scheduler_kwargs(wf))
-    return res.report(slos(wf))["models"][entry.name]["slo_attainment"]
+                   miss_limit=(objectives, allowed), **scheduler_kwargs(wf))
+    if res.aborted:
+        return 0.0
+    return res.report(objectives)["models"][entry.name]["slo_attainment"]
 
 
 def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int) -> float:
@@ -191,7 +228,7 @@ def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int
     request misses its SLO)."""
     w, s = wf.workload, wf.scheduler
     cv = entry.cv or w.cv
-    step = EstimatedStepModel(spec, gpu, tp, pp, wf.cluster.dtype)
+    step = step_model(spec, gpu, tp, pp, wf.cluster.dtype)
     b = s.max_batch_size
     busy = step.step_time_s([w.prompt_len] * b, []) + sum(
         step.step_time_s([], [w.prompt_len + i] * b) for i in range(1, w.max_new_tokens))
@@ -278,25 +315,72 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
     return out
 
 
-def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None) -> dict:
+def candidate_gpus(wf: WorkloadFile, gpus: list[str] | None, catalog: Catalog,
+                   prices: dict[str, float] | None = None) -> list[tuple[GPUSpec, float, str]]:
+    """The GPU types a capacity search considers, each with its price per GPU-hour and where the price comes
+    from: ``gpus`` (``--gpus``), else ``capacity.gpus``, else ``cluster.gpu`` — the workload's own types; with none
+    of them it refuses rather than search the whole catalog. Prices: ``prices`` (``--price``), else
+    ``capacity.prices``, else the catalog's; a GPU priced $0/h (the catalog's entry for a GPU nobody rents) is
+    refused, never chosen for free.
+
+    Raises:
+        HetplanError: no candidate named, an unknown GPU, a price override for a GPU not among the candidates, or
+            an unpriced candidate.
+    """
+    names = gpus or wf.capacity.gpus or ([wf.cluster.gpu] if wf.cluster.gpu else [])
+    field = "--gpus" if gpus else "capacity.gpus"
+    if not names:
+        raise HetplanError(f"no candidate GPU types: the workload names none (capacity.gpus, cluster.gpu), and "
+                           f"searching all {len(catalog.names())} catalog types costs minutes of simulation",
+                           field="capacity.gpus", fix="give --gpus A100-SXM-80GB,L4 or capacity.gpus = [...] "
+                                                      "(`hetplan catalog gpus` lists the types and prices)")
+    specs = list({g.name: g for g in (catalog.get(n, field=field) for n in names)}.values())
+    given = {}
+    for where, table in (("capacity.prices", wf.capacity.prices), ("--price", prices or {})):
+        for name, usd in table.items():
+            given[catalog.get(name, field=where).name] = (float(usd), where)
+    extra = sorted(set(given) - {g.name for g in specs})
+    if extra:
+        raise HetplanError(f"a price is given for {', '.join(extra)}, which is not a candidate GPU type",
+                           field=given[extra[0]][1], fix=f"add {extra[0]} to the candidates or drop its price")
+    out = []
+    for g in specs:
+        usd, where = given.get(g.name, (g.price_usd_per_hour, f"catalog ({g.price_provider}, {g.price_date})"))
+        if usd <= 0:
+            raise HetplanError(f"{g.name} has no price ({usd:g} $/h in the catalog: nobody rents it), so a search "
+                               "would choose it for free", field="--price",
+                               fix=f"give --price {g.name}=USD_PER_GPU_HOUR or drop {g.name} from the candidates")
+        out.append((g, usd, where))
+    return out
+
+
+def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: str | None = None,
+                  prices: dict[str, float] | None = None, progress=None) -> dict:
     """The cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (module docstring).
 
     Args:
-        gpus: candidate GPU types (default: ``capacity.gpus``, else the whole catalog).
+        gpus: candidate GPU types (default: :func:`candidate_gpus`).
+        catalog: a user GPU catalog file (TOML) extending or overriding the package's.
+        prices: ``{GPU type: USD per GPU-hour}`` overrides.
+        progress: ``progress(done, total, what)`` called after each replica configuration's rate search.
 
     Returns:
         ``{"mix": [{model, gpu, tp, pp, replicas, gpus, rate_per_s (one replica), price_usd_per_hour}],
         "price_usd_per_hour", "gpus_by_type", "simulated": {model: {slo_attainment, p50/p90/p99 of latency,
-        ttft, tpot}}, "load_per_s": {model: λ}, "target_attainment", "candidates": [...], "rounds"}``.
+        ttft, tpot}}, "load_per_s": {model: λ}, "target_attainment", "candidates": [...], "rounds",
+        "prices": {GPU: {usd_per_gpu_hour, source}}}``.
 
     Raises:
         InfeasibleError: a model fits no candidate, no replica meets its SLO even unloaded, or the GPU limits
             cannot carry the load.
         HetplanError: unknown GPU or model, bad workload.
     """
-    cat = load_catalog()
-    names = gpus or wf.capacity.gpus or cat.names()
-    gpu_specs = [cat.get(n, field="capacity.gpus") for n in names]
+    cands_gpu = candidate_gpus(wf, gpus, load_catalog(catalog), prices)
+    gpu_specs = [g for g, _, _ in cands_gpu]
+    usd = {g.name: p for g, p, _ in cands_gpu}
+    if wf.workload.offline:
+        raise HetplanError("capacity plans for a request rate; an offline batch (all at t = 0) has none",
+                           field="workload.offline", fix="give duration_s and rates, or a trace, for capacity")
     entries = list(wf.models)
     specs = [m.spec() for m in entries]
     reqs = workload_requests(wf)
@@ -306,8 +390,12 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None) -> dict:
     configs = _configs(gpu_specs, max_gpus)
     rates = np.zeros((len(entries), len(configs)))
     cands, memo = [], {}
+    done, total = 0, len(entries) * len(configs)
     for m, (entry, spec) in enumerate(zip(entries, specs)):
         for k, (g, tp, pp) in enumerate(configs):
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{entry.name} on {g.name} TP {tp} x PP {pp}")
             fits, why = _fits(spec, g, tp, pp, wf)
             if fits:  # models of the same shape, burstiness and SLOs share their answer
                 key = (spec, entry.cv, slos(wf)[entry.name], k)
@@ -316,18 +404,18 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None) -> dict:
                 rates[m, k] = memo[key]
                 why = "meets the SLO up to this rate" if rates[m, k] > 0 else "misses the SLO even unloaded"
             cands.append({"model": entry.name, "gpu": g.name, "tp": tp, "pp": pp, "rate_per_s": float(rates[m, k]),
-                          "price_usd_per_hour": g.price_usd_per_hour * tp * pp, "reason": why})
+                          "price_usd_per_hour": usd[g.name] * tp * pp, "reason": why})
         if not rates[m].any():
             reasons = sorted({c["reason"] for c in cands if c["model"] == entry.name})
             raise InfeasibleError(f"model {entry.name}: no candidate replica up to {max_gpus} GPUs works "
                                   f"({'; '.join(reasons[:2])})", field="capacity.gpus",
                                   fix="allow more GPUs or larger GPU types, or relax the SLOs")
-    prices = np.array([g.price_usd_per_hour * tp * pp for g, tp, pp in configs])
+    cost = np.array([usd[g.name] * tp * pp for g, tp, pp in configs])
     gpus_per = np.array([tp * pp for _, tp, pp in configs])
     gpu_of = [g.name for g, _, _ in configs]
     derate = np.ones(len(entries))
     for rounds in range(1, 4):
-        replicas = _solve(rates * derate[:, None], prices, loads, gpu_of, gpus_per, max_gpus)
+        replicas = _solve(rates * derate[:, None], cost, loads, gpu_of, gpus_per, max_gpus)
         if replicas is None:
             raise InfeasibleError(f"the load ({', '.join(f'{e.name} {x:.2f}/s' for e, x in zip(entries, loads))}) "
                                   f"needs more than {max_gpus} GPUs of each candidate type",
@@ -339,7 +427,7 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None) -> dict:
         derate[low] *= 0.9
     mix = [{"model": e.name, "gpu": configs[k][0].name, "tp": configs[k][1], "pp": configs[k][2],
             "replicas": int(replicas[m, k]), "gpus": int(replicas[m, k] * gpus_per[k]),
-            "rate_per_s": float(rates[m, k]), "price_usd_per_hour": float(replicas[m, k] * prices[k])}
+            "rate_per_s": float(rates[m, k]), "price_usd_per_hour": float(replicas[m, k] * cost[k])}
            for m, e in enumerate(entries) for k in range(len(configs)) if replicas[m, k] > 0]
     by_type: dict[str, int] = {}
     for row in mix:
@@ -347,4 +435,5 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None) -> dict:
     return {"mix": mix, "price_usd_per_hour": float(sum(r["price_usd_per_hour"] for r in mix)),
             "gpus_by_type": by_type, "simulated": sim, "load_per_s": dict(zip([e.name for e in entries], loads.tolist())),
             "target_attainment": wf.capacity.target_attainment, "candidates": cands, "rounds": rounds,
+            "prices": {g.name: {"usd_per_gpu_hour": p, "source": src} for g, p, src in cands_gpu},
             "meets_target": not low}

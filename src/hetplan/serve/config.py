@@ -10,7 +10,7 @@ This module does not import torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -32,12 +32,14 @@ class _Strict(BaseModel):
 
 
 class ModelEntry(_Strict):
-    """One served model: ``name`` (API name), ``model`` (preset or config.json), weights ``seed``,
+    """One served model: ``name`` (API name), ``model`` (preset or config.json), ``hf_model`` (the Hugging Face
+    repository or path a real engine loads, for ``--export``; default: ``model``), weights ``seed``,
     ``num_layers`` override (to shrink a preset for tests), and for workloads its own ``rate_per_s``, ``cv`` and
     SLOs ``slo_s`` (end-to-end), ``ttft_slo_s``, ``tpot_slo_s``."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     model: str
+    hf_model: str | None = Field(default=None, min_length=1)
     seed: int = Field(default=0, ge=0, lt=2**63)
     num_layers: int | None = Field(default=None, gt=0)
     rate_per_s: float | None = Field(default=None, ge=0)
@@ -268,10 +270,14 @@ class SwapConfig(_Strict):
 
 
 class CapacityConfig(_Strict):
-    """Capacity search: candidate ``gpus`` (default: whole catalog), largest cluster ``max_gpus``, required
-    fraction of requests within SLO for every model (``target_attainment``)."""
+    """Capacity search: candidate ``gpus`` (default: ``cluster.gpu``; none: refused), their ``prices`` in USD per
+    GPU-hour (``{name = price}``, overriding the catalog's; ``hetplan capacity --price`` overrides these), largest
+    cluster ``max_gpus`` of each type, required fraction of requests within SLO for every model
+    (``target_attainment``)."""
 
     gpus: list[str] = []
+    prices: dict[str, Annotated[float, bounded(1000.0, "no GPU rents for $1,000 an hour", gt=0)]] = Field(
+        default_factory=dict)
     max_gpus: int = Field(default=8, ge=1)
     target_attainment: float = Field(default=0.99, gt=0, le=1)
 

@@ -69,6 +69,7 @@ class SimResult:
     end_s: float = 0.0
     preemptions: int = 0
     busy_s: float = 0.0  # time the workers spent executing iterations (s)
+    aborted: bool = False  # stopped early by ``miss_limit``
 
     def report(self, slos: dict[str, SLO]) -> dict:
         out = summarize(self.records, slos, self.duration_s)
@@ -103,7 +104,8 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
              swap_cost: Callable[[SimModel, Sequence[SimModel]], float], max_batch_size: int = 8,
              max_queue_len: int = 1024, preload: Sequence[str] = (), duration_s: float | None = None,
              batching: str = "continuous", block_tokens: int = 16, max_batched_tokens: int | None = None,
-             chunked_prefill: bool = False, max_seq_tokens: int | None = None) -> SimResult:
+             chunked_prefill: bool = False, max_seq_tokens: int | None = None,
+             miss_limit: tuple[dict[str, SLO], int] | None = None) -> SimResult:
     """Run the workload ``requests`` through the modelled cluster.
 
     Args:
@@ -116,6 +118,8 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
         batching: ``"continuous"`` or ``"static"`` (:mod:`hetplan.serve.scheduler`).
         block_tokens, max_batched_tokens, chunked_prefill, max_seq_tokens: paged KV cache and chunked prefill
             (:class:`hetplan.serve.scheduler.Scheduler`); paging is on for the models with ``kv_blocks``.
+        miss_limit: ``(slos, n)``: stop as soon as more than ``n`` requests finished outside their SLOs (or were
+            refused); the result is then marked ``aborted`` (a capacity probe that has already failed).
         preload: models resident at time 0 (in order, while they fit).
         duration_s: workload length for goodput and throughput (default: the makespan, t = 0 to the last
             answer or arrival).
@@ -144,11 +148,13 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
     batches: list[tuple[str, int]] = []
     busy = 0.0
     now = 0.0
-    while events:
+    misses, aborted = 0, False
+    while events and not aborted:
         now, _, _, kind, payload = heapq.heappop(events)
         if kind == "arrival":
             if not sched.submit(payload, now):
                 records[payload.id].refused = True
+                misses += 1
         elif kind == "swap":
             sched.swap_done(now)
         else:  # exec: every emitting request of the iteration got one token
@@ -161,7 +167,12 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
                 if rec.output_tokens >= r.max_new_tokens:
                     rec.finish_s = now
                     finished.append(r)
+                    if miss_limit is not None and not miss_limit[0].get(r.model, SLO()).met(rec):
+                        misses += 1
             sched.exec_done(now, finished)
+        if miss_limit is not None and misses > miss_limit[1]:
+            aborted = True
+            break
         for act in sched.step(now):
             seq += 1
             if isinstance(act, Swap):
@@ -178,4 +189,4 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
     ends = [r.finish_s for r in records.values() if r.finish_s is not None] + [r.arrival_s for r in reqs]
     dur = duration_s if duration_s is not None else max(ends, default=0.0)
     return SimResult(list(records.values()), dur, sched.swaps, sched.bytes_swapped_in, sched.bytes_swapped_out,
-                     batches, now, sched.preemptions, busy)
+                     batches, now, sched.preemptions, busy, aborted)

@@ -1,0 +1,307 @@
+"""Launch a serving plan on real engines: one vLLM or SGLang launch command per replica, and a router config.
+
+``hetplan capacity WORKLOAD.toml --export vllm|sglang --out-dir D`` turns the cheapest mix into replicas (each
+model's replicas on their own GPUs, Mélange's setting); ``hetplan simulate WORKLOAD.toml --export ...`` turns the
+shared cluster of a Computron-style workload into one engine instance per model on the same GPUs, with the
+engines' form of weight swapping switched on: vLLM's ``--enable-sleep-mode`` (an instance put to sleep offloads
+its weights to host memory and drops its KV cache, and wakes up on demand) and SGLang's ``--enable-memory-saver``
+with ``--enable-weights-cpu-backup`` (``release_memory_occupation`` / ``resume_memory_occupation``).
+
+What each flag carries (the plan's own numbers, nothing re-derived):
+
+==============================  ===============================  ==========================================
+plan                            vLLM                             SGLang
+==============================  ===============================  ==========================================
+model (``hf_model``)            ``serve MODEL``                  ``--model-path``
+served name                     ``--served-model-name``          ``--served-model-name``
+TP, PP                          ``--tensor-parallel-size``,      ``--tp-size``, ``--pp-size``
+                                ``--pipeline-parallel-size``
+``scheduler.max_batch_size``    ``--max-num-seqs``               ``--max-running-requests``
+``scheduler.kv_cache_len``      ``--max-model-len``              ``--context-length``
+``cluster.memory_fraction``     ``--gpu-memory-utilization``     ``--mem-fraction-static``
+  (a shared GPU: the model's
+  share of the memory)
+``scheduler.kv_block_tokens``   ``--block-size``                 ``--page-size``
+``max_batched_tokens``          ``--max-num-batched-tokens``     ``--max-prefill-tokens``
+``chunked_prefill``             ``--enable-chunked-prefill``     ``--chunked-prefill-size`` (N, or -1: off)
+weight dtype                    ``--dtype``, ``--quantization``  ``--dtype``, ``--quantization``
+port                            ``--port``                       ``--port``
+==============================  ===============================  ==========================================
+
+Flag names and types were checked against the engines' argument parsers: vLLM ``vllm/engine/arg_utils.py``
+``EngineArgs.add_cli_args`` at commit 001999d2f360 (vLLM v0.7 line, early 2025: ``--block-size`` choices 8, 16, 32,
+64, 128; ``--enable-sleep-mode``; ``--quantization`` from ``QUANTIZATION_METHODS``) and SGLang
+``python/sglang/srt/server_args.py`` ``ServerArgs`` at commit 001067fffe33 (2026: flags are the field names,
+``tp_size`` -> ``--tp-size``; ``--enable-memory-saver``, ``--enable-weights-cpu-backup``). :func:`parse_args`
+reads the written arguments back with the same names and types, which the tests use to check them against the
+plan.
+
+The router is a LiteLLM proxy config (``router.yaml``; https://docs.litellm.ai/docs/proxy/configs): every
+replica is one deployment of its model name at ``http://HOST:PORT/v1`` (an OpenAI-compatible server, which both
+engines start), with ``rpm`` = 60 x the rate the replica sustains in the plan, so LiteLLM's default
+``simple-shuffle`` routing spreads a model's requests over its replicas in proportion to their capacity. Hosts
+are written as 127.0.0.1 (``--host``): replicas on several machines need their addresses there. GPUs are not
+pinned (``CUDA_VISIBLE_DEVICES``): the scripts do not know the machines' layout.
+
+This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from hetplan.errors import HetplanError
+
+#: Engines ``--export`` writes for.
+EXPORT_ENGINES = ("vllm", "sglang")
+#: The parser versions the flags were checked against (module docstring).
+CHECKED_AGAINST = {
+    "vllm": "vllm-project/vllm vllm/engine/arg_utils.py @ 001999d2f360 (v0.7 line, 2025)",
+    "sglang": "sgl-project/sglang python/sglang/srt/server_args.py @ 001067fffe33 (2026)",
+}
+#: ``--block-size`` choices of vLLM's parser (arg_utils.py at the commit above).
+VLLM_BLOCK_SIZES = (8, 16, 32, 64, 128)
+#: Serving dtype -> the engines' ``--dtype`` value (both parsers accept these choices).
+_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+#: Weight dtype -> ``--quantization`` method: FP8 is quantized online from 16-bit weights by both engines
+#: (vLLM ``fp8``, SGLang ``fp8``); INT8 and INT4 need pre-quantized checkpoints: SGLang ``w8a8_int8``, AWQ for INT4
+#: (vLLM ``awq``, SGLang ``awq``); vLLM reads INT8 (W8A8) from a compressed-tensors checkpoint's config.
+_QUANT = {"vllm": {"fp8": "fp8", "int8": "compressed-tensors", "int4": "awq"},
+          "sglang": {"fp8": "fp8", "int8": "w8a8_int8", "int4": "awq"}}
+
+
+@dataclass
+class Replica:
+    """One engine instance of a serving plan.
+
+    Attributes:
+        name: served model name (the API name). model: what the engine loads (Hugging Face repository or path).
+        gpu: GPU type; tp, pp: its TP x PP workers. index: replica number within the model.
+        port: HTTP port. max_num_seqs: running sequences at most. max_model_len: longest sequence (tokens).
+        gpu_memory_utilization: fraction of each GPU's memory the instance may use.
+        dtype: 16/32-bit activation dtype; weights: weight dtype (``fp8``/``int8``/``int4`` -> quantization).
+        block_tokens: KV block size; max_batched_tokens, chunked_prefill: the per-step token budget.
+        sleep: several models share these GPUs (sleep mode / memory saver).
+        rate_per_s: requests per second the replica sustains in the plan (0: not planned for a rate).
+    """
+
+    name: str
+    model: str
+    gpu: str
+    tp: int
+    pp: int
+    index: int
+    port: int
+    max_num_seqs: int
+    max_model_len: int
+    gpu_memory_utilization: float
+    dtype: str
+    weights: str | None = None
+    block_tokens: int = 16
+    max_batched_tokens: int | None = None
+    chunked_prefill: bool = False
+    sleep: bool = False
+    rate_per_s: float = 0.0
+    argv: list[str] = field(default_factory=list)
+
+
+def _model_path(entry) -> str:
+    """What the engine loads: ``hf_model``, else the ``model`` value (a config.json's folder)."""
+    if entry.hf_model:
+        return entry.hf_model
+    return str(Path(entry.model).parent) if entry.model.endswith(".json") else entry.model
+
+
+def replicas_from_capacity(wf, out: dict, base_port: int = 8000) -> list[Replica]:
+    """The replicas of a :func:`hetplan.serve.capacity.plan_capacity` result, one per (model, configuration,
+    replica), ports from ``base_port`` up."""
+    s, c = wf.scheduler, wf.cluster
+    entries = {m.name: m for m in wf.models}
+    reps: list[Replica] = []
+    for row in out["mix"]:
+        for j in range(row["replicas"]):
+            e = entries[row["model"]]
+            reps.append(Replica(e.name, _model_path(e), row["gpu"], row["tp"], row["pp"], j, base_port + len(reps),
+                                s.max_batch_size, s.kv_cache_len, c.memory_fraction, c.dtype, row.get("weights"),
+                                s.kv_block_tokens, s.max_batched_tokens, s.chunked_prefill, False,
+                                float(row["rate_per_s"])))
+    return reps
+
+
+def replicas_from_cluster(wf, footprint_bytes: dict[str, int], gpu_memory_bytes: int,
+                          base_port: int = 8000) -> list[Replica]:
+    """One instance per model on the shared cluster of a workload file (``cluster.gpu`` x TP x PP), each allowed
+    the share of the GPU memory its weights and KV pool take in the simulation (``footprint_bytes`` per worker),
+    with sleep mode / memory saver on when there are several models."""
+    s, c = wf.scheduler, wf.cluster
+    shared = len(wf.models) > 1
+    reps = []
+    for i, e in enumerate(wf.models):
+        share = min(c.memory_fraction, footprint_bytes[e.name] / gpu_memory_bytes) if shared else c.memory_fraction
+        reps.append(Replica(e.name, _model_path(e), c.gpu or "", c.tp, c.pp, 0, base_port + i, s.max_batch_size,
+                            s.kv_cache_len, round(share, 4), c.dtype, None, s.kv_block_tokens, s.max_batched_tokens,
+                            s.chunked_prefill, shared))
+    return reps
+
+
+def engine_args(engine: str, r: Replica) -> list[str]:
+    """The launch command of replica ``r`` on ``engine`` (argv, program first).
+
+    Raises:
+        HetplanError: unknown engine, a KV block size vLLM's parser refuses, a weight dtype without a
+            quantization method, or a dtype the engines do not name.
+    """
+    if engine not in EXPORT_ENGINES:
+        raise HetplanError(f"unknown engine {engine!r} to export for", field="--export",
+                           fix=f"use one of {', '.join(EXPORT_ENGINES)}")
+    if r.dtype not in _DTYPE:
+        raise HetplanError(f"dtype {r.dtype!r} has no engine name", field="cluster.dtype",
+                           fix=f"use one of {', '.join(_DTYPE)}")
+    quant = None
+    if r.weights and r.weights not in ("fp16", "bf16", "fp32"):
+        quant = _QUANT[engine].get(r.weights)
+        if quant is None:
+            raise HetplanError(f"{engine} has no quantization method for {r.weights} weights", field="quantization",
+                               fix=f"use one of {', '.join(_QUANT[engine])} or 16-bit weights")
+    if engine == "vllm":
+        if r.block_tokens not in VLLM_BLOCK_SIZES:
+            raise HetplanError(f"vLLM's --block-size takes {', '.join(map(str, VLLM_BLOCK_SIZES))}, not "
+                               f"{r.block_tokens}", field="scheduler.kv_block_tokens", fix="use 16 (vLLM's default)")
+        argv = ["vllm", "serve", r.model, "--served-model-name", r.name, "--tensor-parallel-size", str(r.tp),
+                "--pipeline-parallel-size", str(r.pp), "--max-num-seqs", str(r.max_num_seqs), "--max-model-len",
+                str(r.max_model_len), "--gpu-memory-utilization", f"{r.gpu_memory_utilization:g}", "--dtype",
+                _DTYPE[r.dtype], "--block-size", str(r.block_tokens), "--port", str(r.port)]
+        if quant:
+            argv += ["--quantization", quant]
+        if r.max_batched_tokens is not None:
+            argv += ["--max-num-batched-tokens", str(r.max_batched_tokens)]
+        if r.chunked_prefill:
+            argv += ["--enable-chunked-prefill"]
+        if r.sleep:
+            argv += ["--enable-sleep-mode"]
+        return argv
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", r.model, "--served-model-name", r.name,
+            "--tp-size", str(r.tp), "--pp-size", str(r.pp), "--max-running-requests", str(r.max_num_seqs),
+            "--context-length", str(r.max_model_len), "--mem-fraction-static", f"{r.gpu_memory_utilization:g}",
+            "--dtype", _DTYPE[r.dtype], "--page-size", str(r.block_tokens), "--port", str(r.port)]
+    if quant:
+        argv += ["--quantization", quant]
+    if r.max_batched_tokens is not None:
+        argv += ["--max-prefill-tokens", str(r.max_batched_tokens),
+                 "--chunked-prefill-size", str(r.max_batched_tokens if r.chunked_prefill else -1)]
+    if r.sleep:
+        argv += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
+    return argv
+
+
+def _parser(engine: str) -> argparse.ArgumentParser:
+    """The subset of the engine's own parser that :func:`engine_args` writes: same flag names and types."""
+    p = argparse.ArgumentParser(prog=engine, add_help=False)
+    if engine == "vllm":
+        p.add_argument("model")
+        p.add_argument("--served-model-name", nargs="+")
+        p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+        p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+        p.add_argument("--max-num-seqs", type=int)
+        p.add_argument("--max-model-len", type=int)
+        p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+        p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+        p.add_argument("--block-size", type=int, choices=list(VLLM_BLOCK_SIZES))
+        p.add_argument("--port", type=int)
+        p.add_argument("--quantization", "-q")
+        p.add_argument("--max-num-batched-tokens", type=int)
+        p.add_argument("--enable-chunked-prefill", action="store_true")
+        p.add_argument("--enable-sleep-mode", action="store_true")
+    else:
+        p.add_argument("--model-path", "--model")
+        p.add_argument("--served-model-name")
+        p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+        p.add_argument("--pp-size", "--pipeline-parallel-size", type=int, default=1)
+        p.add_argument("--max-running-requests", type=int)
+        p.add_argument("--context-length", type=int)
+        p.add_argument("--mem-fraction-static", type=float)
+        p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+        p.add_argument("--page-size", type=int)
+        p.add_argument("--port", type=int)
+        p.add_argument("--quantization")
+        p.add_argument("--max-prefill-tokens", type=int)
+        p.add_argument("--chunked-prefill-size", type=int)
+        p.add_argument("--enable-memory-saver", action="store_true")
+        p.add_argument("--enable-weights-cpu-backup", action="store_true")
+    return p
+
+
+def parse_args(engine: str, argv: Sequence[str]) -> dict:
+    """Read a command written by :func:`engine_args` back into ``{flag: value}`` (argparse, the engines' names and
+    types; program words dropped).
+
+    Raises:
+        HetplanError: an argument the engine's parser would refuse.
+    """
+    argv = list(argv)
+    skip = 2 if engine == "vllm" else 3  # "vllm serve" / "python -m sglang.launch_server"
+    try:
+        ns = _parser(engine).parse_args(argv[skip:])
+    except SystemExit:
+        raise HetplanError(f"{engine} would refuse {shlex.join(argv)}", field="--export",
+                           fix="report this as a bug of hetplan's exporter") from None
+    return vars(ns)
+
+
+def _yaml_str(x) -> str:
+    return json.dumps(x)  # a JSON string is a YAML flow scalar
+
+
+def router_config(replicas: Sequence[Replica], host: str = "127.0.0.1") -> str:
+    """LiteLLM proxy ``config.yaml`` text mapping each model name to its replicas (module docstring)."""
+    lines = ["# LiteLLM proxy config written by hetplan: `litellm --config router.yaml`",
+             "# one deployment per engine replica; rpm = 60 x the requests/s it sustains in the plan", "model_list:"]
+    for r in replicas:
+        lines += [f"  - model_name: {_yaml_str(r.name)}",
+                  "    litellm_params:",
+                  f"      model: {_yaml_str('openai/' + r.name)}",
+                  f"      api_base: {_yaml_str(f'http://{host}:{r.port}/v1')}",
+                  '      api_key: "none"']
+        if r.rate_per_s > 0:
+            lines.append(f"      rpm: {max(1, int(r.rate_per_s * 60))}")
+    lines += ["router_settings:", '  routing_strategy: "simple-shuffle"', ""]
+    return "\n".join(lines)
+
+
+def write_export(engine: str, replicas: Sequence[Replica], out_dir: str | Path, *, host: str = "127.0.0.1",
+                 source: str = "") -> list[Path]:
+    """Write ``replica-NNN-MODEL.sh`` per replica, ``replicas.json`` (every replica with its argv) and
+    ``router.yaml`` into ``out_dir`` (created); returns the paths written.
+
+    Raises:
+        HetplanError: ``out_dir`` is a file or cannot be created; as :func:`engine_args`.
+    """
+    d = Path(out_dir)
+    if d.exists() and not d.is_dir():
+        raise HetplanError(f"{d} is a file, not a folder", field="--out-dir", fix="give a folder path")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HetplanError(f"cannot create {d}: {exc.strerror or exc}", field="--out-dir",
+                           fix="give a writable folder path") from None
+    written = []
+    for i, r in enumerate(replicas):
+        r.argv = engine_args(engine, r)
+        p = d / f"replica-{i:03d}-{r.name}.sh"
+        head = (f"#!/bin/sh\n# hetplan {source}: model {r.name}, replica {r.index}, {r.gpu} x {r.tp * r.pp} "
+                f"(TP {r.tp} x PP {r.pp})" + (f", planned for {r.rate_per_s:.3g} requests/s" if r.rate_per_s else "")
+                + ("; shares its GPUs with other models (sleep mode)" if r.sleep else "")
+                + f"\n# flags checked against {CHECKED_AGAINST[engine]}\n")
+        p.write_text(head + "exec " + shlex.join(r.argv) + ' "$@"\n')
+        p.chmod(0o755)
+        written.append(p)
+    manifest = {"engine": engine, "checked_against": CHECKED_AGAINST[engine], "source": source,
+                "replicas": [asdict(r) for r in replicas]}
+    (d / "replicas.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (d / "router.yaml").write_text(router_config(replicas, host))
+    return written + [d / "replicas.json", d / "router.yaml"]

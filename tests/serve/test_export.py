@@ -1,0 +1,132 @@
+"""--export vllm|sglang: the launch commands and router config written for a plan, read back with the engines'
+flag names and types (round trip against the plan, not a GPU run)."""
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetplan.cli.main import main
+from hetplan.errors import HetplanError
+from hetplan.serve.export import Replica, engine_args, parse_args, replicas_from_capacity, write_export
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "serve"
+
+
+def _run(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["hetplan", *map(str, args)])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _argv(script: Path) -> list[str]:
+    line = [x for x in script.read_text().splitlines() if x.startswith("exec ")][0]
+    return shlex.split(line)[1:-1]  # drop "exec" and the trailing "$@"
+
+
+def _router(path: Path) -> dict:
+    yaml = pytest.importorskip("yaml")
+    return yaml.safe_load(path.read_text())
+
+
+def test_capacity_export_round_trips_the_plan(monkeypatch, capsys, tmp_path):
+    text = (EXAMPLES / "capacity.toml").read_text().replace("max_gpus = 8", "max_gpus = 4")
+    wl = tmp_path / "cap.toml"
+    wl.write_text(text)
+    out_dir = tmp_path / "vllm"
+    code, out, err = _run(monkeypatch, capsys, "capacity", wl, "--gpus", "A100-SXM-80GB,L4", "--json",
+                          "--export", "vllm", "--out-dir", out_dir)
+    assert code == 0, err
+    plan = json.loads(out)
+    from hetplan.serve.config import load_workload_config
+
+    wf = load_workload_config(wl)
+    for engine, d in (("vllm", out_dir), ("sglang", tmp_path / "sglang")):
+        if engine == "sglang":
+            write_export("sglang", replicas_from_capacity(wf, plan), d)
+        scripts = sorted(d.glob("replica-*.sh"))
+        assert len(scripts) == sum(r["replicas"] for r in plan["mix"])
+        seen: dict = {}
+        ports = []
+        for sc in scripts:
+            a = parse_args(engine, _argv(sc))
+            name = a["served_model_name"][0] if engine == "vllm" else a["served_model_name"]
+            tp = a["tensor_parallel_size"] if engine == "vllm" else a["tp_size"]
+            pp = a["pipeline_parallel_size"] if engine == "vllm" else a["pp_size"]
+            key = (name, tp, pp)
+            seen[key] = seen.get(key, 0) + 1
+            seqs, ctx = ((a["max_num_seqs"], a["max_model_len"]) if engine == "vllm"
+                         else (a["max_running_requests"], a["context_length"]))
+            util = a["gpu_memory_utilization"] if engine == "vllm" else a["mem_fraction_static"]
+            assert (seqs, ctx, util) == (wf.scheduler.max_batch_size, wf.scheduler.kv_cache_len,
+                                         wf.cluster.memory_fraction)
+            assert (a["model"] if engine == "vllm" else a["model_path"]) == "facebook/opt-13b"
+            assert a["dtype"] == "float16" and not a.get("enable_sleep_mode") and not a.get("enable_memory_saver")
+            ports.append(a["port"])
+        want: dict = {}
+        for r in plan["mix"]:
+            want[(r["model"], r["tp"], r["pp"])] = want.get((r["model"], r["tp"], r["pp"]), 0) + r["replicas"]
+        assert seen == want  # every replica of the plan, with its TP x PP, once
+        assert len(set(ports)) == len(ports)
+        manifest = json.loads((d / "replicas.json").read_text())
+        assert manifest["engine"] == engine and "@" in manifest["checked_against"]
+        router = _router(d / "router.yaml")
+        by_model: dict = {}
+        for dep in router["model_list"]:
+            by_model.setdefault(dep["model_name"], []).append(dep["litellm_params"])
+        for name in plan["load_per_s"]:  # each model's deployments: its replicas, weighted by their planned rates
+            rows = [r for r in plan["mix"] if r["model"] == name]
+            assert len(by_model[name]) == sum(r["replicas"] for r in rows)
+            assert sum(p["rpm"] for p in by_model[name]) == sum(int(r["rate_per_s"] * 60) * r["replicas"] for r in rows)
+        assert router["router_settings"]["routing_strategy"] == "simple-shuffle"
+
+
+def test_shared_cluster_export_uses_sleep_mode(monkeypatch, capsys, tmp_path):
+    """simulate --export: one instance per model on the shared GPUs, each allowed its simulated footprint's share
+    of the memory, with vLLM's sleep mode (SGLang's memory saver) on: the engines' form of weight swapping."""
+    for engine, flag in (("vllm", "enable_sleep_mode"), ("sglang", "enable_memory_saver")):
+        d = tmp_path / engine
+        code, out, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", "--json", "--export", engine,
+                              "--out-dir", d)
+        assert code == 0, err
+        scripts = sorted(d.glob("replica-*.sh"))
+        assert len(scripts) == 6
+        args = [parse_args(engine, _argv(s)) for s in scripts]
+        assert all(a[flag] for a in args)
+        util = [a["gpu_memory_utilization" if engine == "vllm" else "mem_fraction_static"] for a in args]
+        # footprints of workload.toml's models per worker: 13B shard ~6.6 GB + KV, 1.3B ~0.7 GB + KV, of 80 GB
+        assert all(0 < u < 0.15 for u in util) and util[0] > 5 * util[-1]
+
+
+@pytest.mark.parametrize("args,field", [
+    (("--export", "trtllm", "--out-dir", "X"), "--export"),
+    (("--export", "vllm"), "--out-dir"),
+    (("--out-dir", "X"), "--export"),
+])
+def test_export_option_errors_exit_2(monkeypatch, capsys, tmp_path, args, field):
+    args = tuple(str(tmp_path / a) if a == "X" else a for a in args)
+    code, _, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", *args)
+    assert code == 2 and field in err and "fix" in err and "Traceback" not in err
+
+
+def test_engine_args_refusals_and_quantization():
+    r = Replica("m", "org/m", "H100-SXM", 2, 1, 0, 8000, 64, 4096, 0.9, "bf16", weights="fp8")
+    assert parse_args("vllm", engine_args("vllm", r))["quantization"] == "fp8"
+    r.weights = "int4"
+    assert parse_args("sglang", engine_args("sglang", r))["quantization"] == "awq"
+    r.block_tokens = 24  # not among vLLM's --block-size choices
+    with pytest.raises(HetplanError) as e:
+        engine_args("vllm", r)
+    assert e.value.field == "scheduler.kv_block_tokens"
+    assert parse_args("sglang", engine_args("sglang", r))["page_size"] == 24  # SGLang takes any page size
+    r.block_tokens, r.chunked_prefill, r.max_batched_tokens = 16, True, 2048
+    a = parse_args("vllm", engine_args("vllm", r))
+    assert a["enable_chunked_prefill"] and a["max_num_batched_tokens"] == 2048
+    assert parse_args("sglang", engine_args("sglang", r))["chunked_prefill_size"] == 2048
