@@ -6,8 +6,9 @@ measured metric. Each row is predicted with :mod:`hetplan.estimate.inference` un
 (:mod:`hetplan.hardware.engines`); nothing here has a formula of its own beyond how a benchmark strings the
 engine's steps together:
 
-* ``static`` (TensorRT-LLM's ``gptSessionBenchmark``: one batch of ``B`` requests prefilled together, then decoded
-  to the end): TTFT = one prefill of ``B`` prompts; throughput = ``B · out`` over the prefill plus ``out - 1``
+* ``static`` (TensorRT-LLM's ``gptSessionBenchmark``, vLLM's ``benchmark_latency``: one batch of ``B`` requests
+  prefilled together, then decoded to the end): TTFT = one prefill of ``B`` prompts; end-to-end latency = the
+  prefill plus ``out - 1`` decode steps; throughput = ``B · out`` over the prefill plus ``out - 1``
   decode steps whose cache grows from ``B · in`` to ``B · (in + out)`` tokens (the decode time is sampled at
   :data:`DECODE_SAMPLES` points of that growth and averaged: it is linear in the cached tokens);
 * ``offline`` (all requests queued at once, ``trtllm-bench throughput``): ``B`` = the sequences of ``in + out``
@@ -19,10 +20,13 @@ engine's steps together:
 
 Metrics (the project's convention, :mod:`hetplan.calibration.validation`): errors of time — predicted time /
 measured time - 1, for a throughput row the time per output token — as MAPE, median and max |error|; the signed
-median (bias) of predicted speed / measured speed - 1 (+ = predicted too fast). One constant is fitted: ``hbm_efficiency`` (the fraction of the HBM
-peak the engines' memory-bound kernels reach), on a seeded half of the rows (:func:`is_calibration`, a hash of the
-row key) by :func:`fit_hbm_efficiency`, and stored as data in ``engines.toml``; the other half is held out and
-reported apart.
+median (bias) of predicted speed / measured speed - 1 (+ = predicted too fast).
+
+Fitting (:func:`fit_engine_constants`, on a seeded half of the rows, :func:`is_calibration`, a hash of the row
+key; the other half is held out and reported apart): ``hbm_efficiency`` (the fraction of the HBM peak the
+engines' memory-bound kernels reach) and the ``step_overhead_s`` of releases with enough rows. Both fits end at
+their grid bounds on today's rows (the sources pull apart: docs/serving.md), so ``engines.toml`` keeps
+``hbm_efficiency`` = 1.0 (the fit) and the step overheads as unvalidated first guesses.
 
 This module does not import torch.
 """
@@ -33,6 +37,7 @@ import csv
 import io
 import math
 from dataclasses import dataclass, field
+from typing import Mapping
 from importlib import resources
 
 import numpy as np
@@ -57,9 +62,9 @@ CONVENTION = ("published serving benchmarks (TensorRT-LLM v0.6.1 and v1.0 perf t
 def is_calibration(key: str) -> bool:
     """The row fits ``hbm_efficiency`` (a seeded hash of its key, :data:`CALIBRATION_FRACTION` of the rows)."""
     return _is_calibration(key, CALIBRATION_FRACTION)
-_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu")
+_METRICS = ("ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu")
 _MODES = ("static", "offline", "concurrency")
-_TIME_METRICS = ("ttft_s", "tpot_s")
+_TIME_METRICS = ("ttft_s", "tpot_s", "e2e_s")
 
 
 @dataclass
@@ -97,13 +102,19 @@ def load_rows() -> list[dict]:
     return rows
 
 
-def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog,
-                hbm_efficiency: float | None = None) -> tuple[float, dict]:
+def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog, hbm_efficiency: float | None = None,
+                step_overhead_s: Mapping[str, float] | None = None) -> tuple[float, dict]:
     """The row's metric under the cost model (module docstring) and what was assumed (``batch`` for offline);
-    ``hbm_efficiency``: a trial value instead of the engine's (a fit)."""
+    ``hbm_efficiency`` and ``step_overhead_s`` (``{engine label: seconds}``): trial values instead of the
+    engine's (a fit)."""
     engine = engines.get(r["engine"])
+    update: dict = {}
     if hbm_efficiency is not None:
-        engine = engine.model_copy(update={"hbm_efficiency": hbm_efficiency})
+        update["hbm_efficiency"] = hbm_efficiency
+    if step_overhead_s and engine.label in step_overhead_s:
+        update["step_overhead_s"] = step_overhead_s[engine.label]
+    if update:
+        engine = engine.model_copy(update=update)
     gpu = catalog.get(r["gpu"])
     m = load_model(r["model"])
     tp, i, o = int(r["tp"]), int(r["input_len"]), int(r["output_len"])
@@ -130,6 +141,8 @@ def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog,
         ks = np.linspace(1, max(1, o - 1), DECODE_SAMPLES)
         decode = (o - 1) * float(np.mean([decode_s(b, i + k) for k in ks])) if o > 1 else 0.0
         total = inference.prefill_time_s(m, gpu, dt, i, batch=b, **kw) + decode
+        if metric == "e2e_s":
+            return total, info
         tput = b * o / total
     else:
         if mode == "offline":
@@ -151,29 +164,48 @@ def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog,
 
 
 def serving_cases(catalog: Catalog | None = None, engines: EngineCatalog | None = None,
-                  hbm_efficiency: float | None = None, rows: list[dict] | None = None) -> list[ServingCase]:
-    """Every row (or ``rows``), predicted."""
+                  hbm_efficiency: float | None = None, rows: list[dict] | None = None,
+                  step_overhead_s: Mapping[str, float] | None = None) -> list[ServingCase]:
+    """Every row (or ``rows``), predicted (trial constants: :func:`predict_row`)."""
     catalog = catalog or load_catalog()
     engines = engines or load_engines()
     out = []
     for r in load_rows() if rows is None else rows:
         c = ServingCase(r["key"], r["source"], r, float(r["measured"]))
-        c.predicted, c.info = predict_row(r, catalog, engines, hbm_efficiency)
+        c.predicted, c.info = predict_row(r, catalog, engines, hbm_efficiency, step_overhead_s)
         out.append(c)
     return out
 
 
-def fit_hbm_efficiency(step: float = 0.01) -> float:
-    """The ``hbm_efficiency`` in [0.5, 1] (to ``step``) with the least MAPE on the calibration half: a coarse grid
-    of 0.05, then ``step`` around its best point."""
+#: Least calibration rows of an engine release for its ``step_overhead_s`` to be fitted.
+MIN_ROWS_TO_FIT = 8
+
+
+def fit_engine_constants(rounds: int = 2, fit_overheads: bool = False) -> dict:
+    """Fit ``hbm_efficiency`` (one value, in [0.5, 1], grid 0.01) by least calibration-half MAPE; with
+    ``fit_overheads`` also the ``step_overhead_s`` of every engine release with at least :data:`MIN_ROWS_TO_FIT`
+    calibration rows (in [0, 3 ms], grid 0.1 ms), coordinate by coordinate, ``rounds`` times. Returns
+    ``{"hbm_efficiency": e, "step_overhead_s": {label: s}, "mape": m}`` (seconds to a minute of CPU: run by hand,
+    not by the tests; the results are data in ``engines.toml``). The overheads are not stored: their fit runs to
+    its grid bound (docs/serving.md)."""
     rows = [r for r in load_rows() if is_calibration(r["key"])]
+    engines = load_engines()
+    counts: dict[str, int] = {}
+    for r in rows:
+        label = engines.get(r["engine"]).label
+        counts[label] = counts.get(label, 0) + 1
+    fitted = {k: engines.get(k).step_overhead_s for k, n in counts.items() if n >= MIN_ROWS_TO_FIT}
+    eff = engines.all()[0].hbm_efficiency
 
-    def mape(e: float) -> float:
-        return set_metrics(serving_cases(hbm_efficiency=float(e), rows=rows))["mape"]
+    def mape(e: float, over: Mapping[str, float]) -> float:
+        return set_metrics(serving_cases(hbm_efficiency=float(e), rows=rows, step_overhead_s=over))["mape"]
 
-    coarse = min(np.arange(0.5, 1.0001, 0.05), key=mape)
-    fine = np.arange(max(0.5, coarse - 0.05), min(1.0, coarse + 0.05) + 1e-9, step)
-    return float(min(fine, key=mape))
+    for _ in range(rounds if fit_overheads else 1):
+        eff = float(min(np.arange(0.5, 1.0001, 0.01), key=lambda e: mape(e, fitted)))
+        for label in fitted if fit_overheads else ():
+            grid = np.arange(0.0, 3.0001e-3, 1e-4)
+            fitted[label] = float(min(grid, key=lambda x: mape(eff, {**fitted, label: float(x)})))
+    return {"hbm_efficiency": eff, "step_overhead_s": fitted, "mape": mape(eff, fitted)}
 
 
 def _group(c: ServingCase) -> tuple:

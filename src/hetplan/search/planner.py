@@ -80,6 +80,20 @@ def check_job(job: Job, m: ModelSpec) -> None:
         )
 
 
+def check_pins(pins: Pins, m: ModelSpec) -> None:
+    """Refuse a pinned degree the model cannot take, naming the plan rule it breaks (before the search says only
+    that no configuration matches).
+
+    Raises:
+        PlanRuleError: ``--ep`` on a dense model or not dividing the experts.
+    """
+    from hetplan.plan_rules import expert_degree_violation
+
+    bad = expert_degree_violation(m, pins.ep or 1, field="pin.ep")
+    if bad is not None:
+        raise bad
+
+
 def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult, i: int) -> Plan:
     c = {k: int(v[i]) for k, v in res.config.items()}
     split = balanced_split(m.num_layers, c["pp"])
@@ -129,6 +143,7 @@ def search_plans(
     catalog = catalog or load_catalog()
     m = load_model(job.model)
     check_job(job, m)
+    check_pins(pins, m)
     divisor = (pins.dp or 1) * (pins.mbs or 1)
     if job.global_batch % divisor:
         raise HetplanError(

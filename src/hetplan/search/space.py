@@ -165,12 +165,15 @@ def ep_degrees(m: ModelSpec, ranks: int, pin: int | None = None) -> list[int]:
 
 def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | None):
     """Add the ``ep`` dimension: 1 for a dense model; for a MoE model every divisor of the expert count that
-    divides dp·cp (each configuration repeated per EP degree), or only ``pin``."""
+    divides tp·cp·dp (each configuration repeated per EP degree), or only ``pin``. EP may exceed dp·cp: Megatron-
+    Core's MoE parallel folding lays the expert group over the attention's TP x CP x DP ranks (EP x expert-TP x
+    expert-DP = TP x CP x DP, Liu et al. 2025, arXiv 2504.14960, Sec. 3; ``--expert-tensor-parallel-size 1``
+    here), and torchtitan 0.3 shards experts over ``dp_shard x cp x tp / ep`` (``parallel_dims.py``, efsdp)."""
     n = len(cfg["tp"])
     if not m.is_moe:
         keep = np.ones(n, dtype=bool) if pin in (None, 1) else np.zeros(n, dtype=bool)
         return {k: a[keep] for k, a in cfg.items()} | {"ep": np.ones(int(keep.sum()), dtype=np.int64)}
-    group = cfg["dp"] * cfg["cp"]
+    group = cfg["tp"] * cfg["dp"] * cfg["cp"]
     blocks = []
     for e in divisors(m.num_experts) if pin is None else [pin]:
         rows = (group % e == 0) & (m.num_experts % e == 0)

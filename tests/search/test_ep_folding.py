@@ -1,0 +1,63 @@
+"""MoE parallel folding in the search: EP may span TP x CP x DP (EP > DP), the expert layout re-partitioning the
+attention ranks (Megatron-Core MoE parallel folding); pinned EP degrees the model cannot take name the plan rule;
+the plan table shows EP and expert-TP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hetplan.cli.plan import _layout
+from hetplan.estimate.estimator import estimate
+from hetplan.model.spec import load_model
+from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage
+from hetplan.runtime import exporters, importers
+from hetplan.search.planner import search_plans
+from hetplan.search.space import Pins
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_search_folds_ep_over_tp_and_dp():
+    """Mixtral 8x7B on 16 H100 at TP 2: the 8 experts over EP 8 with DP only 4 exist in the space, and the best
+    such plan costs what estimate() says of it."""
+    job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10)
+    res = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=16)]), pins=Pins(tp=2, pp=2, ep=8),
+                       top_k=1, heterogeneous=False)
+    plan = res.plans[0].plan
+    assert plan.ep == 8 and plan.stages[0].dp * plan.cp < 8 and plan.stages[0].tp == 2
+    assert estimate(plan).iteration_time_s == res.plans[0].estimate.iteration_time_s
+
+
+def test_nvidia_folded_layout_is_estimated_and_exported():
+    """Qwen3-235B-A22B as the Megatron MoE model zoo runs it on 256 H100: TP 2, PP 8, EP 32 folded over TP x DP
+    (DP 16 < EP 32), expert-TP 1: estimable, exported with its real flags, read back by import."""
+    spec = load_model("qwen3-235b-a22b")
+    layers = [12] * 7 + [10]
+    job = Job(model="qwen3-235b-a22b", seq_len=4096, global_batch=1024, train_iterations=10)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=256)], mbs=1, zero=1, ep=32, expert_tp=1,
+                sequence_parallel=True, stages=[Stage(num_layers=n, tp=2, dp=16, recompute="full") for n in layers])
+    assert plan.stage_layout(0).expert_dp == 1 and estimate(plan).iteration_time_s > 0
+    script = exporters.export(plan, spec, "megatron").files["megatron_launch.sh"]
+    for flag in ("--expert-model-parallel-size 32", "--expert-tensor-parallel-size 1",
+                 "--decoder-last-pipeline-num-layers 10", "--tensor-model-parallel-size 2"):
+        assert flag in script
+    back = importers.import_files({"run.sh": script})
+    assert (back.ep, back.expert_tp, back.stages[0].dp, [s.num_layers for s in back.stages]) == (32, 1, 16, layers)
+
+
+def test_plan_table_shows_ep_and_expert_tp():
+    summary = {"tp": 2, "dp": 4, "pp": 2, "virtual_stages": 1, "stages": [],
+               "plan": {"cp": 1, "ep": 8, "expert_tp": 2}}
+    assert _layout(summary) == "2x2x4 ep8 etp2"
+    assert _layout({**summary, "plan": {"cp": 2}}) == "2x2x4 cp2"
+
+
+def test_pinned_ep_names_the_rule():
+    base = [sys.executable, "-m", "hetplan.cli.main", "plan", "--gpu", "H100-SXM", "--gpus", "64", "--seq-len",
+            "4096", "--global-batch", "512", "--tokens", "1e10"]
+    r = subprocess.run(base + ["--model", "mixtral-8x7b", "--ep", "3"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "rule ep-divides-experts" in r.stderr and "1, 2, 4, 8" in r.stderr
+    r = subprocess.run(base + ["--model", "llama3-8b", "--ep", "2"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "rule ep-needs-experts" in r.stderr
