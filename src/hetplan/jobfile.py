@@ -93,9 +93,21 @@ def normalise_objective(raw: dict) -> dict:
     return out
 
 
+def resolve_model_path(model: str, job_file: str | Path) -> str:
+    """A job file's ``model`` as the path it means: a relative path to a file resolves against the job file's
+    folder (so an example runs from any folder); a preset name, an absolute path, or a relative path that only
+    exists from the current folder (how job files were read before) is kept as given."""
+    if not model or Path(model).is_absolute() or not (model.endswith(".json") or "/" in model or "\\" in model):
+        return model
+    beside = Path(job_file).parent / model
+    if beside.is_file():
+        return str(beside)
+    return model
+
+
 def load_job_file(path: str | Path) -> dict:
     """The sections of a job file as plain dicts (``job``, ``inventory`` list, ``objective``, ``pin``),
-    convenience units converted. Validation into pydantic models is left to the caller, which may first merge
+    convenience units converted, ``job.model`` resolved against the file's folder (:func:`resolve_model_path`). Validation into pydantic models is left to the caller, which may first merge
     command-line flags.
 
     Raises:
@@ -114,8 +126,11 @@ def load_job_file(path: str | Path) -> dict:
     if not isinstance(inventory, list):
         raise HetplanError(f"must be a list of tables, got {_short(inventory)}", field="inventory",
                            fix="write one [[inventory]] table per GPU pool")
+    job = dict(data.get("job", {}))
+    if isinstance(job.get("model"), str):
+        job["model"] = resolve_model_path(job["model"], path)
     return {
-        "job": data.get("job", {}),
+        "job": job,
         "inventory": [normalise_pool(p, f"inventory.{i}") for i, p in enumerate(inventory)],
         "objective": normalise_objective(data.get("objective", {})),
         "pin": data.get("pin", {}),

@@ -14,12 +14,24 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hetplan.degrees import ParallelLayout  # noqa: F401  (re-exported: the plan schema's layout)
 from hetplan.errors import HetplanError
 from hetplan.hardware.stacks import StackSpec, default_stack, resolve_stack
 from hetplan.inputs import bounded
+
+def _no_text_bool(value):
+    """Refuse text where a boolean is meant: pydantic's lax mode reads "yes", "on", "1" as true, so a typo or a
+    quoted value in a job file or plan would silently switch an option (issue 27). TOML and JSON have real
+    booleans; Python and numpy booleans and 0/1 pass."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError("must be a boolean, not text; fix: write true or false without quotes")
+    return value
+
+
+#: A boolean that text cannot set (:func:`_no_text_bool`).
+Bool = Annotated[bool, BeforeValidator(_no_text_bool)]
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "gpipe"]
@@ -64,7 +76,8 @@ class Job(BaseModel):
             element-wise op its own kernel, :mod:`hetplan.estimate.elementwise`). Megatron-LM and DeepSpeed run
             fused kernels: False is refused for them.
         attention_kernel: the fused attention kernel under ``attention = "flash"``: ``fa2`` (FlashAttention-2),
-            ``fa3`` (FlashAttention-3, Hopper) or ``cudnn`` (cuDNN fused attention), each at its own measured rate
+            ``fa3`` (FlashAttention-3, Hopper), ``cudnn`` (cuDNN fused attention) or ``triton`` (llm-foundry's
+            Triton FlashAttention of 2023), each at its own measured rate
             per GPU type (``attention_kernels`` in the GPU catalog). Default: what the framework runs on the
             pool's GPU (:data:`hetplan.hardware.catalog.DEFAULT_ATTENTION_KERNEL`: cuDNN on Hopper and Blackwell
             for Megatron-Core / Transformer Engine and for PyTorch SDPA as torchtitan and PyTorch >= 2.11 order
@@ -124,15 +137,15 @@ class Job(BaseModel):
     moe_load_imbalance: float = Field(default=1.25, ge=1.0, le=8.0, allow_inf_nan=False)
     moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] = "alltoall"
     moe_routing: Literal["random", "contiguous"] = "random"
-    moe_recompute: bool = False
+    moe_recompute: Bool = False
     recompute_modules: list[Literal["layernorm", "moe_act"]] = Field(default_factory=list)
     offload_modules: list[Literal["expert_fc1", "moe_act"]] = Field(default_factory=list)
-    moe_a2a_overlap: bool = False
+    moe_a2a_overlap: Bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
-    cp_load_balance: bool = True
-    torch_compile: bool = True
-    attention_kernel: Literal["fa2", "fa3", "cudnn"] | None = None
-    async_tp: bool = False
+    cp_load_balance: Bool = True
+    torch_compile: Bool = True
+    attention_kernel: Literal["fa2", "fa3", "cudnn", "triton"] | None = None
+    async_tp: Bool = False
     stack: str | None = None
 
     @model_validator(mode="before")
@@ -174,6 +187,25 @@ class Job(BaseModel):
         """The stack that runs the job: :attr:`stack` resolved, else the framework's default
         (:func:`hetplan.hardware.stacks.default_stack`, what ``hetplan export`` writes)."""
         return resolve_stack(self.stack) if self.stack else default_stack(self.framework)
+
+
+    @field_validator("train_tokens")
+    @classmethod
+    def _at_least_one_iteration(cls, value, info):
+        """A job shorter than one iteration would plan 0 iterations (1e-300 tokens: $0, 0 s)."""
+        batch = info.data.get("global_batch", 0) * info.data.get("seq_len", 0)
+        if value is not None and batch and value < batch:
+            raise ValueError(f"{value:g} tokens is less than one iteration's {batch:,} (global_batch x seq_len); "
+                             "fix: give at least that, or train_iterations")
+        return value
+
+    @field_validator("train_iterations")
+    @classmethod
+    def _not_both_lengths(cls, value, info):
+        """Both lengths given: one would be dropped without a word (train_tokens wins in :meth:`iterations`)."""
+        if value is not None and info.data.get("train_tokens") is not None:
+            raise ValueError("give train_tokens or train_iterations, not both; fix: remove one")
+        return value
 
     @model_validator(mode="after")
     def _check_compile(self) -> "Job":
@@ -401,14 +433,14 @@ class Plan(BaseModel):
     stages: list[Stage] = Field(min_length=1, max_length=10**5)
     mbs: int = bounded(65536, "a micro-batch is at most the largest global batch", gt=0)
     zero: int = Field(default=0, ge=0, le=3)
-    sequence_parallel: bool = False
+    sequence_parallel: Bool = False
     schedule: Schedule = "1f1b"
     virtual_stages: int = bounded(1024, "more virtual stages than 1,024 is more than layers per GPU", default=1, ge=1)
-    overlap_grad_reduce: bool = True
-    tp_comm_overlap: bool = False
-    cuda_graphs: bool = False
+    overlap_grad_reduce: Bool = True
+    tp_comm_overlap: Bool = False
+    cuda_graphs: Bool = False
     fsdp_shard: int | None = Field(default=None, gt=0)
-    reshard_after_forward: bool = True
+    reshard_after_forward: Bool = True
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     fsdp_param_dtype: Literal["fp32", "bf16"] = "fp32"
     cross_entropy: Literal["fp32", "bf16", "compiled"] | None = None

@@ -36,7 +36,27 @@ Rules (name: what must hold, and why):
   ``--tp-comm-overlap`` and before 0.9 no ``--enable-cuda-graph``; priced anyway they would be numbers of a run
   that stack cannot make.
 
-CP and EP degrees are read from the stage when it has them, else from its :meth:`Plan.stage_layout`.
+* ``moe-modules-need-experts`` also covers ``job.moe_recompute`` (Megatron-Core ``--recompute-modules moe``: the
+  MoE layers' MLP), which a dense model does not have.
+* ``attention-kernel-on-gpu``: a fused attention kernel the job names (``job.attention_kernel``) runs on the plan's
+  GPUs: FlashAttention-3 is written for Hopper (Shah et al. 2024, Sec. 1; Dao-AILab/flash-attention ``hopper/``:
+  sm90 only), cuDNN's fused flash attention needs NVIDIA sm80 or later (cuDNN ``Fused Flash Attention`` support
+  matrix: Ampere, Ada, Hopper, Blackwell), FlashAttention-2 needs Ampere or later on NVIDIA (flash-attn README:
+  "Ampere, Ada, or Hopper GPUs"; Turing/Volta unsupported) or AMD CDNA (its ROCm backend). Elsewhere the
+  estimate would price a kernel that cannot run (FA3 on A100 came out faster than the default).
+* ``pipeline-step-microbatches``: a call of the pipeline schedule (``plan.pipeline_step_microbatches``, NeMo
+  AutoModel's ``pp_microbatch_size`` split) holds at most the iteration's micro-batches (more is a typo, not a
+  setting: remove it to run them all in one call), and under interleaving a multiple of pp (each call is an
+  interleaved schedule of its own: Megatron-LM's and PyTorch's ``ScheduleInterleaved1F1B`` need a micro-batch
+  count divisible by pp; the estimate's schedule raised on 2 or 3 at PP 4).
+* ``dtype-on-gpu``: every pool's GPU type has a tensor-core rate for ``job.dtype`` (FP8 needs Hopper, Ada,
+  Blackwell or CDNA3; BF16 needs Ampere or later): the export would otherwise write FP8 flags for an A100 plan
+  that ``estimate`` refuses. GPU types the package catalog does not know (a user's ``--catalog``) are left to
+  the estimator.
+* ``framework-can-launch`` (``hetplan export``, checked against the target; :func:`launch_violations`): the
+  framework release the export writes for runs the plan's layer split, interleaving, schedule, ZeRO mode (with
+  PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP and FP8 on the plan's GPUs, as
+  ``hardware/data/frameworks.toml`` records them with their sources.
 """
 
 from __future__ import annotations
@@ -52,7 +72,13 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Every rule's name, in the order they are checked.
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
          "tp-within-node", "virtual-stages", "seq-len", "cp-divides-sequence", "ep-needs-experts",
-         "ep-divides-experts", "moe-modules-need-experts", "stack-has-option")
+         "ep-divides-experts", "moe-modules-need-experts", "stack-has-option",
+         "pipeline-step-microbatches", "attention-kernel-on-gpu", "dtype-on-gpu", "framework-can-launch")
+
+#: Architecture families (first word of ``GPUSpec.architecture``) each fused attention kernel runs on (module doc,
+#: rule ``attention-kernel-on-gpu``).
+KERNEL_ARCHITECTURES = {"fa3": ("Hopper",), "cudnn": ("Ampere", "Ada", "Hopper", "Blackwell"),
+                        "fa2": ("Ampere", "Ada", "Hopper", "Blackwell", "CDNA3")}
 
 
 class PlanRuleError(HetplanError):
@@ -167,12 +193,14 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
         if bad_ep is not None:
             out.append(bad_ep)
     moe_modules = {"recompute_modules": [x for x in plan.job.recompute_modules if x == "moe_act"],
-                   "offload_modules": list(plan.job.offload_modules)}
+                   "offload_modules": list(plan.job.offload_modules),
+                   "moe_recompute": ["moe"] if plan.job.moe_recompute else []}
     for key, modules in moe_modules.items():
         if modules and not experts:
             out.append(PlanRuleError("moe-modules-need-experts", f"{key} {sorted(set(modules))} act on MoE layers; "
                                      f"{name} has no experts", field=f"plan.job.{key}",
-                                     fix=f"remove {', '.join(sorted(set(modules)))} from {key} for a dense model"))
+                                     fix=f"remove {', '.join(sorted(set(modules)))} from {key} for a dense model"
+                                     if key != "moe_recompute" else "set moe_recompute = false for a dense model"))
     stack = plan.job.stack_spec()
     lacks = [(f, what) for f, what, has in (
         ("tp_comm_overlap", "TP-communication overlap", stack.tp_comm_overlap),
@@ -181,6 +209,133 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
         out.append(PlanRuleError("stack-has-option", f"{f} = true, but stack {stack.id} has no {what}",
                                  field=f"plan.{f}", fix=f"set {f} = false, or pick a stack that has it "
                                                         "(hetplan catalog stacks)"))
+    step = plan.pipeline_step_microbatches
+    if step is not None and plan.pp > 1:
+        m = plan.num_microbatches(0)
+        if step > m:
+            out.append(PlanRuleError(
+                "pipeline-step-microbatches", f"pipeline_step_microbatches {step:,} is more than the {m} "
+                f"micro-batches of an iteration", field="plan.pipeline_step_microbatches",
+                fix=f"remove it (all {m} run in one call) or use at most {m}"))
+        elif v > 1 and step % pp:
+            out.append(PlanRuleError(
+                "pipeline-step-microbatches", f"interleaved 1F1B runs each call of {step} micro-batches as its own "
+                f"schedule, which needs a multiple of pp = {pp}", field="plan.pipeline_step_microbatches",
+                fix=f"use a multiple of {pp}, or virtual_stages = 1"))
+    out.extend(_gpu_violations(plan))
+    return out
+
+
+def _gpu_violations(plan: "Plan") -> list[PlanRuleError]:
+    """Rules ``attention-kernel-on-gpu`` and ``dtype-on-gpu`` (module doc), for the GPU types the package catalog
+    knows."""
+    from hetplan.hardware.catalog import load_catalog
+
+    out: list[PlanRuleError] = []
+    catalog = load_catalog()
+    kernel, dtype = plan.job.attention_kernel, plan.job.dtype
+    for p, pool in enumerate(plan.pools):
+        try:
+            gpu = catalog.get(pool.gpu)
+        except HetplanError:
+            continue
+        family = (gpu.architecture.split() or [""])[0]
+        if kernel is not None and plan.job.attention == "flash" and family not in KERNEL_ARCHITECTURES[kernel]:
+            ok = [k for k, fams in KERNEL_ARCHITECTURES.items() if family in fams]
+            out.append(PlanRuleError(
+                "attention-kernel-on-gpu", f"attention_kernel {kernel} does not run on {gpu.name} ({gpu.architecture})",
+                field="plan.job.attention_kernel",
+                fix=f"use attention_kernel {' or '.join(ok)}, or leave it unset" if ok
+                else "leave attention_kernel unset, or use attention = 'standard'"))
+        if dtype not in gpu.dense_flops_per_s:
+            have = [d for d in ("bf16", "fp16", "fp8") if d in gpu.dense_flops_per_s]
+            out.append(PlanRuleError(
+                "dtype-on-gpu", f"{gpu.name} (pool {p}) has no {dtype} tensor cores", field="plan.job.dtype",
+                fix=f"use dtype {' or '.join(have)}, or GPUs with {dtype}"))
+    return out
+
+
+def embedding_loss_split(layers: list[int], num_layers: int, v: int) -> tuple[int, int, int] | None:
+    """``(e, l, c)`` when the stages hold ``v * c`` units each with the embedding (``e`` = 1) and / or the loss
+    (``l`` = 1) counted as a unit of the first / last stage, the first ``e`` and the last ``l`` fewer layers
+    (Megatron-Core ``--account-for-embedding/loss-in-pipeline-split``); None when ``layers`` is no such split."""
+    pp = len(layers)
+    for e, loss in ((0, 0), (1, 1), (1, 0), (0, 1)):
+        units = num_layers + e + loss
+        c = units // (pp * v)
+        if units % (pp * v) == 0 and layers == [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]:
+            return e, loss, c
+    return None
+
+
+def split_kind(plan: "Plan", spec: "ModelSpec", v: int | None = None) -> str:
+    """How the plan splits its layers over the pipeline (``frameworks.toml`` ``splits``): ``equal``,
+    ``embedding-loss`` (an equal split of the layers plus the embedding / loss), ``first-last`` (only the first /
+    last stage differ; without interleaving) or ``any``."""
+    layers, v = [st.num_layers for st in plan.stages], v or plan.virtual_stages
+    found = embedding_loss_split(layers, spec.num_layers, v) if len(layers) > 1 else (0, 0, 0)
+    if found is not None:
+        return "equal" if found[:2] == (0, 0) else "embedding-loss"
+    if v == 1 and len(set(layers[1:-1])) <= 1:
+        return "first-last"
+    return "any"
+
+
+def launch_violations(plan: "Plan", spec: "ModelSpec", export: str, release: str | None = None,
+                      virtual_stages: int | None = None) -> list[PlanRuleError]:
+    """Rule ``framework-can-launch``: what of ``plan`` the framework release behind export target ``export``
+    cannot run, from its entry in ``hardware/data/frameworks.toml`` (the source of each capability is there):
+    the layer split, interleaving, the schedule, ZeRO (with pipeline parallelism), TP / CP / EP / expert-TP, EP
+    beyond DP x CP, FP8 on the plan's GPU generation."""
+    from hetplan.hardware.frameworks import framework_for
+
+    fw = framework_for(export, release)
+    out: list[PlanRuleError] = []
+
+    def bad(what: str, field: str, fix: str, source: str) -> None:
+        out.append(PlanRuleError("framework-can-launch", f"{fw.id} {what} ({fw.sources.get(source, '')})",
+                                 field=field, fix=fix))
+
+    pp = plan.pp
+    v = (virtual_stages if virtual_stages is not None else plan.virtual_stages) if pp > 1 else 1
+    if pp > 1 and v > 1 and not fw.interleaved:
+        bad("has no interleaved schedule", "plan.virtual_stages", "use virtual_stages = 1", "interleaved")
+    kind = split_kind(plan, spec, v) if pp > 1 else "equal"
+    if kind not in fw.splits and "any" not in fw.splits:
+        bad(f"expresses the layer splits {', '.join(fw.splits)}; this plan's {[st.num_layers for st in plan.stages]}"
+            f" is {kind}", "plan.stages[].num_layers", "use a split it expresses", "splits")
+    if pp > 1 and plan.schedule not in fw.schedules:
+        bad(f"schedules pipelines with {', '.join(fw.schedules)} only, not {plan.schedule}", "plan.schedule",
+            f"use schedule {fw.schedules[0]}", "schedules")
+    if plan.zero not in fw.zero or (pp > 1 and plan.zero not in fw.zero_with_pp):
+        bad(f"refuses pipeline parallelism with ZeRO-{plan.zero}" if pp > 1 and plan.zero in fw.zero
+            else f"has no ZeRO-{plan.zero}", "plan.zero",
+            f"use zero {max(fw.zero_with_pp if pp > 1 else fw.zero)} or less", "zero_with_pp" if pp > 1 else "zero")
+    dims = [("tensor", max(st.tp for st in plan.stages), fw.tp, "tp"),
+            ("context", max(degree(plan, i, "cp") for i in range(pp)), fw.cp, "cp"),
+            ("expert", max(degree(plan, i, "ep") for i in range(pp)), fw.ep, "ep")]
+    lacking = [(what, n, key) for what, n, has, key in dims if n > 1 and not has]
+    if lacking:
+        bad("has no " + ", ".join(f"{what} parallelism (plan: {n})" for what, n, _ in lacking),
+            f"plan.stages[].{lacking[0][2]}", "export --to megatron (Megatron-DeepSpeed takes the same arguments)",
+            lacking[0][2])
+    etp = max(degree(plan, i, "expert_tp") for i in range(pp))
+    if etp > 1 and fw.ep and not fw.expert_tp:
+        bad(f"never splits an expert over TP; the plan has expert-TP {etp}", "plan.expert_tp",
+            "plan with expert_tp = 1", "expert_tp")
+    for i, st in enumerate(plan.stages):
+        ep, cp = degree(plan, i, "ep"), degree(plan, i, "cp")
+        if fw.ep and ep > st.dp * cp and not fw.ep_beyond_dp:
+            bad(f"needs EP within DP x CP; stage {i} has EP {ep} over DP {st.dp} x CP {cp}", "plan.ep",
+                "use an EP degree dividing DP x CP", "ep_beyond_dp")
+            break
+    if plan.job.dtype == "fp8":
+        from hetplan.hardware.catalog import load_catalog
+
+        cat = load_catalog()
+        archs = sorted({cat.get(plan.pools[st.pool].gpu).architecture for st in plan.stages})
+        if not all(fw.fp8_recipes(a) for a in archs):
+            bad(f"has no FP8 training on {', '.join(archs)}", "plan.job.dtype", "plan with dtype bf16", "fp8")
     return out
 
 

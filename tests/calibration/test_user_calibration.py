@@ -25,9 +25,11 @@ def _cli(*args: str, cwd=None):
 
 @pytest.mark.slow
 def test_quarter_of_llm_foundry_calibrates_the_rest():
-    """llm-foundry's 77 published H100 runs (independent_h100, never fitted by hetplan): hetplan alone is off by a
-    median 14.3 % on the 58 held-out; fitted on the seeded other 19, within 8.5 % median with |signed median| < 5 %
-    (achieved 8.0 %, +1.8 %); the compute factor is identified, the communication factor is not (said why)."""
+    """llm-foundry's 77 published H100 runs (independent_h100): hetplan with the stack's own fitted residuals
+    (hetplan.calibration.stack_fit: Triton attention rate and gemm_factor on a seeded half) is off by a median
+    3.7 % on the 58 runs outside the user's quarter (14.3 % before the stack was modelled); fitted on the seeded
+    other 19, within 8.5 % median with |signed median| < 5 % and no worse than before (achieved 3.5 %, +0.1 %);
+    the compute factor is then 1 within 5 %, and the communication factor is not identified (said why)."""
     cat = load_catalog()
     cases = [c for c in independent.independent_cases(cat)[0] if case_stack(c) == "llm-foundry"]
     runs = [Run(i, c.plan, c.model, c.plan.job.global_batch * c.plan.job.seq_len / (c.measured * c.plan.num_gpus))
@@ -39,9 +41,9 @@ def test_quarter_of_llm_foundry_calibrates_the_rest():
     meas = np.array([r.step_time_s for r in rest])
     before = _predict(rest, cat, Calibration(gpus=rep.calibration.gpus)) / meas - 1
     after = _predict(rest, cat, rep.calibration) / meas - 1
-    assert np.median(np.abs(before)) > 0.12
-    assert np.median(np.abs(after)) <= 0.085 and abs(np.median(after)) < 0.05
-    assert rep.calibration.compute_factor < 0.9 and "comm_factor" in rep.calibration.not_identified
+    assert np.median(np.abs(after)) <= min(0.085, np.median(np.abs(before)) + 0.005)
+    assert abs(np.median(after)) < 0.05
+    assert abs(rep.calibration.compute_factor - 1) < 0.05 and "comm_factor" in rep.calibration.not_identified
     assert rep.leave_one_out["n"] == len(quarter)
 
 

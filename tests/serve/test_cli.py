@@ -91,6 +91,14 @@ def test_capacity_cheapest_mix_over_gpu_types(monkeypatch, capsys, tmp_path):
     assert sum(res["gpus_by_type"].values()) == sum(r["gpus"] for r in res["mix"])
     assert all(n <= 4 for n in res["gpus_by_type"].values())
     assert res["price_usd_per_hour"] == pytest.approx(sum(r["price_usd_per_hour"] for r in res["mix"]))
+    # energy: every rented GPU is charged at least its idle power over the 120 s workload; per-model parts add up
+    from hetplan.energy.inference import busy_idle_power_w
+
+    e = res["energy"]
+    assert e["num_gpus"] == sum(res["gpus_by_type"].values())
+    assert e["energy_j"] == pytest.approx(sum(m["energy"]["energy_j"] for m in res["simulated"].values()))
+    assert e["energy_j"] >= sum(n * busy_idle_power_w(g)[1] * 120 for g, n in res["gpus_by_type"].items())
+    assert e["energy_j_per_output_token"] == pytest.approx(e["energy_j"] / e["output_tokens"])
     # one OPT-13B fp16 (25.7 GB) cannot sit in half of a 24 GB L4: memory is given as the reason
     l4 = [c for c in res["candidates"] if c["gpu"] == "L4" and c["tp"] * c["pp"] == 1]
     assert l4 and "shard" in l4[0]["reason"]
@@ -258,3 +266,41 @@ def test_light_core_modules_do_not_import_torch_or_fastapi():
             "hetplan.serve.scheduler, hetplan.serve.swap_model, hetplan.serve.metrics, hetplan.serve.config; "
             "bad = [m for m in ('torch', 'fastapi', 'uvicorn') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_energy_per_request_and_token(monkeypatch, capsys, tmp_path):
+    """Energy from the power model over each GPU's busy and idle time: decoding in larger batches costs fewer
+    joules per output token; GPUs waiting for requests are charged their idle power; the parts add up."""
+    from hetplan.energy.inference import busy_idle_power_w
+
+    text = (EXAMPLES / "offline.toml").read_text().replace("num_requests = 256", "num_requests = 64").replace(
+        '"lengths.jsonl"', json.dumps(str(EXAMPLES / "lengths.jsonl")))
+    out = {}
+    for batch in (4, 64):
+        p = tmp_path / f"o{batch}.toml"
+        p.write_text(text.replace("max_batch_size = 256", f"max_batch_size = {batch}"))
+        code, o, err = _run(monkeypatch, capsys, "simulate", p, "--json")
+        assert code == 0, err
+        out[batch] = json.loads(o)
+    e4, e64 = out[4]["energy"], out[64]["energy"]
+    assert e64["energy_j_per_output_token"] < 0.5 * e4["energy_j_per_output_token"]
+    busy_w, idle_w, source = busy_idle_power_w("A100-SXM-80GB")
+    for rep in out.values():
+        e = rep["energy"]
+        assert e["energy_source"] == source and e["output_tokens"] == rep["all"]["output_tokens_per_s"] * rep["duration_s"]
+        wall = rep["duration_s"]  # offline: the makespan, every GPU busy or idle over it
+        assert e["energy_j"] == pytest.approx(busy_w * rep["busy_s"] + idle_w * (wall - rep["busy_s"]))
+        assert e["prefill_energy_j"] == pytest.approx(busy_w * rep["prefill_busy_s"])
+        assert e["energy_j_per_request"] == pytest.approx(e["energy_j"] / 64)
+    # the same requests spread over a longer window: the extra time is idle power on every GPU (TP = 2 here)
+    slow = text.replace("offline = true\nnum_requests = 64", "duration_s = 120\ntotal_rate_per_s = 0.5").replace(
+        "tp = 1", "tp = 2")
+    p = tmp_path / "slow.toml"
+    p.write_text(slow)
+    code, o, err = _run(monkeypatch, capsys, "simulate", p, "--json")
+    assert code == 0, err
+    rep = json.loads(o)
+    e, wall = rep["energy"], max(rep["duration_s"], rep["end_s"])  # the window, or the last answer after it
+    assert e["num_gpus"] == 2 and e["idle_energy_j"] == pytest.approx(2 * idle_w * (wall - rep["busy_s"]), rel=1e-6)
+    code, o, _ = _run(monkeypatch, capsys, "simulate", p)
+    assert "J/output token" in o

@@ -248,7 +248,8 @@ def test_preemption_by_recompute_worked_example():
     lat = {r.id: r.latency_s for r in res.records}
     assert lat == {0: 3.0, 1: 5.0} and res.preemptions == 1
     assert [r.output_tokens for r in res.records] == [3, 3] and [r.ttft_s for r in res.records] == [1.0, 2.0]
-    assert step.calls == [([3], []), ([3], [4]), ([], [5]), ([4], []), ([], [5])]
+    # (a mixed iteration is followed by the price of its prefill part alone: the energy split)
+    assert step.calls == [([3], []), ([3], [4]), ([3], []), ([], [5]), ([4], []), ([], [5])]
     # whole slots (no paging): no preemption, B done at 4
     res = simulate([SimModel("m", [1], LinearStepModel(base_s=1.0))], reqs, capacity_bytes=10, policy=Policy(),
                    swap_cost=_const_swap(0.0), preload=["m"])
@@ -267,7 +268,7 @@ def test_chunked_prefill_worked_example():
                        swap_cost=_const_swap(0.0), preload=["m"], max_batched_tokens=4, chunked_prefill=chunked)
         out[chunked] = ([r.ttft_s for r in res.records], [r.latency_s for r in res.records], step.calls)
     assert out[True] == ([2.0, 2.0], [3.0, 3.0], [([4], []), ([2, 2], []), ([], [7, 3])])
-    assert out[False] == ([1.0, 2.0], [2.0, 3.0], [([6], []), ([2], [7]), ([], [3])])
+    assert out[False] == ([1.0, 2.0], [2.0, 3.0], [([6], []), ([2], [7]), ([2], []), ([], [3])])
 
 
 def test_pool_smaller_than_one_sequence_is_an_error():

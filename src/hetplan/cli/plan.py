@@ -214,6 +214,10 @@ def plan_command(
                      ("stack", stack)):
         if val is not None:
             job_raw[key] = val
+    if tokens is not None and iterations is None:  # a flag's job length replaces the file's other one
+        job_raw.pop("train_iterations", None)
+    if iterations is not None and tokens is None:
+        job_raw.pop("train_tokens", None)
     for key in ("model", "seq_len", "global_batch"):
         if key not in job_raw:
             raise HetplanError("is required", field=f"job.{key}", fix=f"pass --{key.replace('_', '-')} or set it in [job]")
@@ -275,6 +279,9 @@ def plan_command(
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
     with walk_progress() as progress:
         result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
+    if job.train_tokens is None and job.train_iterations is None:
+        typer.echo("note: no train_tokens (--tokens) or train_iterations (--iterations): job time and $ are for "
+                   "one iteration", err=True)
     for line in result.explanation:  # a budget that ran out is said on stderr always, also under -q and --json
         if STOPPED in line:
             typer.echo(f"note: {line}", err=True)
@@ -518,6 +525,12 @@ def _pins(raw: dict) -> Pins:
     return Pins(**raw)
 
 
+def _iterations(job: Job) -> str:
+    """ "1 iteration", "238,419 iterations" (the job's length, for a title)."""
+    n = job.iterations()
+    return f"{n:,.0f} iteration" + ("" if round(n) == 1 else "s")
+
+
 def _with_pin_options(command):
     """``command`` with one ``typer`` option per :class:`Pins` field in place of its ``pin_flags`` parameter (the
     flag :meth:`Pins.flag`, the field's description as help, an int or, for a list of words, a text value),
@@ -548,7 +561,7 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
     con = table_console()
     goal = {"fastest": "fastest job", "cheapest": "cheapest job" + (" by the deadline" if obj.deadline_s else ""),
             "budget": f"fastest job within ${obj.budget_usd:,.0f}" if obj.budget_usd else "budget"}[obj.goal]
-    title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {job.iterations():,.0f} iterations — {goal}"
+    title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {_iterations(job)} — {goal}"
     guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
     con.print(_ranking_table(title, summaries, narrow=con.width < NARROW, guess=guess))
     if quiet:

@@ -101,6 +101,10 @@ def register(app: typer.Typer) -> None:
         rep = res.report(slos(wf))
         rep.update(policy=wf.scheduler.policy, batching=wf.scheduler.batching, gpu=wf.cluster.gpu, tp=wf.cluster.tp,
                    pp=wf.cluster.pp)
+        from hetplan.serve.capacity import serving_energy
+
+        rep["energy"] = serving_energy(res, wf.cluster.gpu or "", wf.cluster.tp, wf.cluster.pp,
+                                       max(res.duration_s, res.end_s))
         if export:
             from hetplan.serve.capacity import cluster_footprints
             from hetplan.serve.export import replicas_from_cluster, write_export
@@ -127,7 +131,8 @@ def register(app: typer.Typer) -> None:
         s = next(iter(rep["models"].values()))["slo"]
         con.print(f"SLOs (s): latency {_fmt(s['latency_s'])}, TTFT {_fmt(s['ttft_s'])}, TPOT {_fmt(s['tpot_s'])}; "
                   f"swaps {rep['swaps']}, {rep['bytes_swapped_in'] / 1e9:.2f} GB in per worker; "
-                  f"mean batch {rep['mean_batch_size']:.2f}")
+                  f"mean batch {rep['mean_batch_size']:.2f}; preemptions {rep['preemptions']}")
+        _energy_line(con, rep["energy"])
 
     @app.command("capacity")
     def capacity_cmd(
@@ -183,12 +188,14 @@ def register(app: typer.Typer) -> None:
                       str(r["replicas"]), f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
         con.print(t)
         t = Table(title=f"simulated (target: {out['target_attainment']:.0%} of requests within SLO)")
-        for col in ("model", "requests", "SLO met", "p99 s", "TTFT p99 s", "TPOT p99 ms"):
+        for col in ("model", "reqs", "SLO met", "p99 s", "TTFT p99 s", "TPOT p99 ms", "J/token"):
             t.add_column(col)
         for name, r in out["simulated"].items():
             t.add_row(name, str(r["requests"]), f"{r['slo_attainment']:.3f}", _fmt(r["p99_latency_s"]),
-                      _fmt(r["p99_ttft_s"]), _fmt(_ms(r["p99_tpot_s"]), digits=1))
+                      _fmt(r["p99_ttft_s"]), _fmt(_ms(r["p99_tpot_s"]), digits=1),
+                      _fmt(r["energy"]["energy_j_per_output_token"], digits=2))
         con.print(t)
+        _energy_line(con, out["energy"])
         used = sorted(out["gpus_by_type"])
         con.print("prices: " + "; ".join(f"{g} {out['prices'][g]['usd_per_gpu_hour']:.2f} $/h "
                                          f"({out['prices'][g]['source']})" for g in used))
@@ -197,6 +204,15 @@ def register(app: typer.Typer) -> None:
         if export:
             con.print(f"wrote {len(out['export']) - 2} {export} launch scripts, replicas.json and router.yaml to "
                       f"{out_dir}")
+
+
+def _energy_line(con: Console, e: dict) -> None:
+    """One line: energy, J per request and per output token, and where the power comes from."""
+    how = {"dvfs-model": "DVFS power model", "tdp": "TDP while busy: an upper bound"}
+    src = ", ".join(how.get(x, x) for x in e["energy_source"].split(","))
+    con.print(f"energy on {e['num_gpus']} GPUs: {e['energy_j'] / 1e3:.1f} kJ, "
+              f"{_fmt(e['energy_j_per_request'], digits=1)} J/request, "
+              f"{_fmt(e['energy_j_per_output_token'], digits=2)} J/output token ({src})")
 
 
 def _check_export(export: str | None, out_dir: Path | None) -> None:

@@ -3,7 +3,8 @@
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
 korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero; modern sets (:mod:`hetplan.calibration.modern`):
 dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp; the independent
-check ``independent_h100`` (:mod:`hetplan.calibration.independent`, never fitted). See
+check ``independent_h100`` (:mod:`hetplan.calibration.independent`; only a seeded half of its llm-foundry rows
+fitted that stack's own residuals). See
 :mod:`hetplan.calibration.validation` and docs/estimator.md.
 
 The table shows, per set, the error metrics and the calibration / held-out split; with ``fasop_layers`` also its
@@ -148,7 +149,8 @@ def register(app: typer.Typer) -> None:
         """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5, Aceso's V100 profile and FASOP's
         per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), and on the modern H100/H200/B200/GB200 sets
         (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
-        of llm-foundry, NeMo 24.07 and fms-fsdp, never fitted (the issue's independent check: median ≤ 10 %, no
+        of llm-foundry, NeMo 24.07 and fms-fsdp (a seeded half of llm-foundry's fitted that stack's residuals, the
+        rest held out; the issue's independent check: median ≤ 10 %, no
         row beyond 25 %); serving: published TensorRT-LLM and vLLM serving benchmarks (TTFT, TPOT, tokens/s)
         against the engine-aware inference cost model (docs/serving.md)."""
         from hetplan.calibration import independent, modern, serving

@@ -39,9 +39,13 @@ FLASH_TO_GEMM_RATIO = (0.86, 0.74)
 #: The fused attention kernels whose rates the catalog carries (``attention_kernels``): ``fa2`` FlashAttention-2
 #: (Dao 2023; the ``flash-attn`` package, PyTorch SDPA's flash backend), ``fa3`` FlashAttention-3 (Shah et al.
 #: 2024; Hopper only), ``cudnn`` cuDNN's fused attention (Transformer Engine's ``FusedAttention``, PyTorch SDPA's
-#: cuDNN backend). Which one a job runs: :func:`hetplan.estimate.compute.attention_kernel`.
-ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
-AttentionKernel = Literal["fa2", "fa3", "cudnn"]
+#: cuDNN backend), ``triton`` the Triton FlashAttention of 2023 that llm-foundry ran by default
+#: (``llmfoundry/models/layers/flash_attn_triton.py`` on the pre-MLIR Triton compiler, ``attn_impl: triton``);
+#: a GPU without a ``triton`` rate charges it at FlashAttention-2's (an upper bound: the same tiling, a compiler
+#: without Hopper's or Ampere's hand-tuned pipelining). Which one a job runs:
+#: :func:`hetplan.estimate.compute.attention_kernel`.
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "triton")
+AttentionKernel = Literal["fa2", "fa3", "cudnn", "triton"]
 
 
 def default_attention_kernel(framework: str, architecture: str) -> str:
@@ -145,6 +149,8 @@ class GPUSpec(BaseModel):
         if self.attention_efficiency is not None:
             return self.attention_efficiency
         kernel = self.attention_kernel or default_attention_kernel("megatron", self.architecture)
+        if kernel == "triton" and kernel not in self.attention_kernels:
+            kernel = "fa2"  # no measured Triton rate on this GPU: FlashAttention-2's (ATTENTION_KERNELS)
         if kernel in self.attention_kernels:
             f, b = self.attention_kernels[kernel]
         else:

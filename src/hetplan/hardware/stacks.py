@@ -38,7 +38,7 @@ FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": 
 #: a source in the data file.
 FIELDS = ("framework", "gemm", "attention", "attention_kernel", "fused", "sequence_parallel", "tp_comm_overlap",
           "dp_overlap", "launch", "zero", "optimizer_memory", "allocator")
-#: Kernel names of ``attention_kernel``; ``triton`` (MosaicML's Triton FlashAttention of 2023) is priced as ``fa2``.
+#: Kernel names of ``attention_kernel`` (:data:`hetplan.hardware.catalog.ATTENTION_KERNELS`).
 StackKernel = Literal["fa2", "fa3", "cudnn", "triton"]
 FusedOp = Literal["norm", "rope", "cross-entropy", "adam", "softmax", "bias-act"]
 _MONTH = re.compile(r"^(\d{4})-(\d{2})(?:-\d{2})?$")
@@ -60,7 +60,10 @@ class StackSpec(BaseModel):
         zero: ZeRO stages it runs.
         optimizer_memory: ``megatron`` | ``deepspeed`` | ``fsdp1`` | ``fsdp2``.
         allocator: ``caching`` | ``expandable-segments``.
-        sources: one source per field and for ``released``.
+        gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
+            ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
+            fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
+        sources: one source per field (``gemm_factor`` only when not 1) and for ``released``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -80,6 +83,7 @@ class StackSpec(BaseModel):
     zero: tuple[Literal[0, 1, 2, 3], ...]
     optimizer_memory: Literal["megatron", "deepspeed", "fsdp1", "fsdp2"]
     allocator: Literal["caching", "expandable-segments"]
+    gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     sources: dict[str, str]
 
     @property
@@ -88,11 +92,10 @@ class StackSpec(BaseModel):
         return f"{self.name}@{self.version}"
 
     def kernel_on(self, architecture: str) -> str:
-        """The fused attention kernel (``fa2`` / ``fa3`` / ``cudnn``) this release runs under flash on a GPU of
-        ``architecture`` (its first word is the family); Triton FlashAttention is priced as ``fa2``."""
+        """The fused attention kernel (``fa2`` / ``fa3`` / ``cudnn`` / ``triton``) this release runs under flash on
+        a GPU of ``architecture`` (its first word is the family)."""
         family = architecture.split()[0] if architecture.split() else ""
-        kernel = self.attention_kernel.get(family, self.attention_kernel.get("default", "fa2"))
-        return "fa2" if kernel == "triton" else kernel
+        return self.attention_kernel.get(family, self.attention_kernel.get("default", "fa2"))
 
 
     def overlaps_grad_reduce(self, pp: int, zero: int) -> bool:
@@ -136,7 +139,8 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         sources.pop("released", None)
         sources.update(entry.get("sources", {}))
         merged["sources"] = sources
-        missing = [f for f in FIELDS[1:] + ("released",) if f not in sources]
+        missing = [f for f in FIELDS[1:] + ("released",) + (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ())
+                   if f not in sources]
         if missing:
             raise HetplanError(f"{entry['name']} {entry.get('version')}: no source for {', '.join(missing)}",
                                field=where, fix="add a line per field to [stack.sources]")

@@ -338,7 +338,8 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
     comp = cfg.get("compile", {})
     job = Job(model=name, seq_len=int(tr["seq_len"]), global_batch=int(tr["global_batch_size"]),
               train_iterations=int(tr.get("steps", 1)),
-              dtype="fp8" if "float8" in cfg.get("model", {}).get("converters", []) else "bf16", attention="flash",
+              dtype="fp8" if {"float8", "quantize.linear.float8"} & set(cfg.get("model", {}).get("converters", []))
+              else "bf16", attention="flash",
               framework="fsdp", torch_compile=bool(comp.get("enable", False)),
               async_tp=bool(par.get("enable_async_tensor_parallel", False)))
     rec = cfg.get("activation_checkpoint", {}).get("mode", "none")

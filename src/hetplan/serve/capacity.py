@@ -277,6 +277,36 @@ def _solve(rates: np.ndarray, prices: np.ndarray, loads: np.ndarray, gpu_of: lis
     return np.rint(res.x).astype(int).reshape(n_m, n_k)
 
 
+def serving_energy(res: SimResult | None, gpu: str, tp: int, pp: int, wall_s: float) -> dict:
+    """Energy of one replica (TP x PP GPUs of type ``gpu``) over ``wall_s`` seconds of a simulation ``res`` (None:
+    it served nothing and idled), from :func:`hetplan.energy.inference.inference_energy`: each GPU computes the
+    iterations' prefill and decode parts (``SimResult.prefill_busy_s``, the rest of ``busy_s``) over PP — the
+    stages of one iteration run one after another, so a GPU computes 1/PP of it — and idles the rest of
+    ``wall_s`` (swaps included: the copy engines, not the SMs, move the weights). Returns
+    :meth:`InferenceEnergy.to_dict` with ``num_gpus``, ``requests`` (finished) and ``output_tokens``."""
+    from hetplan.energy.inference import inference_energy
+
+    busy = res.busy_s if res is not None else 0.0
+    pre = res.prefill_busy_s if res is not None else 0.0
+    done = [r for r in res.records if r.finish_s is not None] if res is not None else []
+    tokens = sum(r.output_tokens for r in res.records) if res is not None else 0
+    e = inference_energy(gpu, prefill_busy_s=pre / pp, decode_busy_s=max(busy - pre, 0.0) / pp,
+                         idle_s=max(wall_s - busy / pp, 0.0), num_gpus=tp * pp, num_requests=len(done),
+                         output_tokens=tokens)
+    return {**e.to_dict(), "num_gpus": tp * pp, "requests": len(done), "output_tokens": tokens}
+
+
+def _energy_summary(parts: list[dict]) -> dict:
+    """Energies of several replicas summed; per request and per output token over all of them (J)."""
+    e = sum(p["energy_j"] for p in parts)
+    n = sum(p["requests"] for p in parts)
+    t = sum(p["output_tokens"] for p in parts)
+    sources = sorted({s for p in parts for s in p["energy_source"].split(",") if s})
+    return {"energy_j": e, "energy_j_per_request": e / n if n else None,
+            "energy_j_per_output_token": e / t if t else None, "num_gpus": sum(p["num_gpus"] for p in parts),
+            "requests": n, "output_tokens": t, "energy_source": ",".join(sources)}
+
+
 def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rates: np.ndarray,
            reqs: list[Request], duration_s: float) -> dict[str, dict]:
     """Simulate every replica of the mix with its share of its model's requests; per-model attainment and
@@ -292,12 +322,14 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
         pick = rng.choice(len(slots), size=len(mine), p=weights / weights.sum()) if mine else []
         ok = total = 0
         recs = []
+        energy = []
         for i, (k, _) in enumerate(slots):
             share = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens)
                      for r, p in zip(mine, pick) if p == i]
-            if not share:
-                continue
             g, tp, pp = configs[k]
+            if not share:  # a replica that drew no request still runs (and idles) for the whole workload
+                energy.append(serving_energy(None, g.name, tp, pp, duration_s))
+                continue
             s, c = wf.scheduler, wf.cluster
             cap = int(g.memory_bytes * c.memory_fraction)
             res = simulate([sim_model(entry.name, spec, g, tp, pp, c.dtype, wf, cap)], share,
@@ -305,10 +337,12 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
                            swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
                            **scheduler_kwargs(wf))
             rep = res.report(slos(wf))["models"][entry.name]
+            energy.append(serving_energy(res, g.name, tp, pp, max(duration_s, res.end_s)))
             ok += rep["slo_attainment"] * rep["requests"]
             total += rep["requests"]
             recs += res.records
         out[entry.name] = {"slo_attainment": ok / total if total else 1.0, "requests": total,
+                           "energy": _energy_summary(energy),
                            **{f"{q}_{mt}_s": v for mt in ("latency", "ttft", "tpot")
                               for q, v in percentiles([getattr(r, f"{mt}_s") for r in recs
                                                        if getattr(r, f"{mt}_s") is not None]).items()}}
@@ -436,4 +470,5 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
             "gpus_by_type": by_type, "simulated": sim, "load_per_s": dict(zip([e.name for e in entries], loads.tolist())),
             "target_attainment": wf.capacity.target_attainment, "candidates": cands, "rounds": rounds,
             "prices": {g.name: {"usd_per_gpu_hour": p, "source": src} for g, p, src in cands_gpu},
+            "energy": _energy_summary([v["energy"] for v in sim.values()]),
             "meets_target": not low}

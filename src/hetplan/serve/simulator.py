@@ -69,6 +69,7 @@ class SimResult:
     end_s: float = 0.0
     preemptions: int = 0
     busy_s: float = 0.0  # time the workers spent executing iterations (s)
+    prefill_busy_s: float = 0.0  # the part of busy_s spent on prefill chunks (s)
     aborted: bool = False  # stopped early by ``miss_limit``
 
     def report(self, slos: dict[str, SLO]) -> dict:
@@ -79,6 +80,8 @@ class SimResult:
         out["batches"] = len(self.batches)
         out["preemptions"] = self.preemptions
         out["busy_s"] = self.busy_s
+        out["end_s"] = self.end_s
+        out["prefill_busy_s"] = self.prefill_busy_s
         out["mean_batch_size"] = (sum(b for _, b in self.batches) / len(self.batches)) if self.batches else 0.0
         return out
 
@@ -146,7 +149,7 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
         seq += 1
     heapq.heapify(events)
     batches: list[tuple[str, int]] = []
-    busy = 0.0
+    busy = pre = 0.0
     now = 0.0
     misses, aborted = 0, False
     while events and not aborted:
@@ -180,13 +183,17 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
                 heapq.heappush(events, (now + dt, 0, seq, "swap", act))
             elif isinstance(act, Execute):
                 decode = [sched.seqs[r.id].cached + 1 for r in act.decode]
-                dt = by_name[act.model].step_model.step_time_s([c.tokens for c in act.chunks], decode)
+                sm = by_name[act.model].step_model
+                dt = sm.step_time_s([c.tokens for c in act.chunks], decode)
                 batches.append((act.model, len(act.requests)))
                 busy += dt
+                # the prefill part of a mixed iteration: what its chunks alone would take (for energy)
+                pre += (min(dt, sm.step_time_s([c.tokens for c in act.chunks], [])) if act.decode else dt) \
+                    if act.chunks else 0.0
                 heapq.heappush(events, (now + dt, 0, seq, "exec", act))
     # without a stated duration (a trace, an offline batch): the makespan, first arrival at 0 to the last answer
     # (as vLLM's benchmarks count throughput), never 0 for requests that all arrive at t = 0
     ends = [r.finish_s for r in records.values() if r.finish_s is not None] + [r.arrival_s for r in reqs]
     dur = duration_s if duration_s is not None else max(ends, default=0.0)
     return SimResult(list(records.values()), dur, sched.swaps, sched.bytes_swapped_in, sched.bytes_swapped_out,
-                     batches, now, sched.preemptions, busy, aborted)
+                     batches, now, sched.preemptions, busy, pre, aborted)
