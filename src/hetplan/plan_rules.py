@@ -169,14 +169,25 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             why = f"needs the 1f1b schedule, not {plan.schedule}"
         elif any(plan.num_microbatches(i) % pp for i in range(pp)):
             why = f"needs a micro-batch count that is a multiple of pp = {pp} (it is {plan.num_microbatches(0)})"
+        elif plan.pipeline_chunks is not None:  # the chunks as given (Megatron-Core's layout string)
+            chunks = plan.pipeline_chunks
+            if len(chunks) != pp or any(len(c) != v for c in chunks) or \
+                    [sum(c) for c in chunks] != [st.num_layers for st in plan.stages]:
+                why = (f"needs pipeline_chunks of {pp} stages x {v} chunks adding up to the stages' layers "
+                       f"{[st.num_layers for st in plan.stages]}; it is {chunks}")
         # the first / last stage may hold one layer less: its embedding / loss counts as a layer of the split
         # (Megatron-Core account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split; Llama 3)
         elif any((st.num_layers + (i in (0, pp - 1) and st.num_layers % v != 0)) % v
                  for i, st in enumerate(plan.stages)):
-            why = f"needs each stage's layers {[st.num_layers for st in plan.stages]} divisible by {v}"
+            why = (f"needs each stage's layers {[st.num_layers for st in plan.stages]} divisible by {v}, or the "
+                   "layers of each chunk given as pipeline_chunks")
         if why:
             out.append(PlanRuleError("virtual-stages", f"interleaved 1F1B with {v} virtual stages {why}",
                                      field="plan.virtual_stages", fix="set virtual_stages = 1 or change the plan"))
+    elif plan.pipeline_chunks is not None:
+        out.append(PlanRuleError("virtual-stages", "pipeline_chunks are the layers of interleaved 1F1B's virtual "
+                                 "stages; this plan has virtual_stages = 1", field="plan.pipeline_chunks",
+                                 fix="remove pipeline_chunks, or set virtual_stages"))
     if plan.job.seq_len > spec.max_seq_len:
         out.append(PlanRuleError(
             "seq-len", f"seq_len {plan.job.seq_len} is longer than {name} allows ({spec.max_seq_len})",
@@ -273,6 +284,8 @@ def split_kind(plan: "Plan", spec: "ModelSpec", v: int | None = None) -> str:
     ``embedding-loss`` (an equal split of the layers plus the embedding / loss), ``first-last`` (only the first /
     last stage differ; without interleaving) or ``any``."""
     layers, v = [st.num_layers for st in plan.stages], v or plan.virtual_stages
+    if plan.pipeline_chunks is not None and v > 1 and len({n for c in plan.pipeline_chunks for n in c}) > 1:
+        return "any"
     found = embedding_loss_split(layers, spec.num_layers, v) if len(layers) > 1 else (0, 0, 0)
     if found is not None:
         return "equal" if found[:2] == (0, 0) else "embedding-loss"
