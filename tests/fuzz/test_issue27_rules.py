@@ -83,3 +83,68 @@ def test_job_file_model_path_resolves_against_its_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # outside the repository and outside the job file's folder
     r = run_cli("plan", "ex/job.toml", "-q", "--top", "1", "--no-hetero")
     assert r.code == 0, r.stderr
+
+
+def _preset(name: str) -> dict:
+    import json
+    from importlib import resources
+    return json.loads(resources.files("hetplan.model").joinpath(f"presets/{name}.json").read_text())
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=st.sampled_from([("mixtral-8x7b", "num_local_experts"), ("qwen3-235b-a22b", "num_experts"),
+                             ("deepseek-v3", "n_routed_experts"), ("deepseek-v3", "kv_lora_rank"),
+                             ("deepseek-v3", "v_head_dim"), ("gpt-oss-120b", "num_local_experts"),
+                             ("llama4-scout", "num_local_experts")]),
+       value=st.sampled_from([0, None]))
+def test_zero_family_fields_are_refused_not_reinterpreted(case, value):
+    from hetplan.errors import HetplanError
+    from hetplan.model.spec import from_hf_config
+    name, key = case
+    cfg = _preset(name)
+    target = cfg.get("text_config", cfg)
+    target[key] = value
+    with pytest.raises(HetplanError) as err:
+        from_hf_config(cfg, name)
+    assert key in err.value.field
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(64, 8192), a=st.integers(2, 128))
+def test_hidden_not_divisible_by_heads_needs_head_dim(h, a):
+    from hetplan.errors import HetplanError
+    from hetplan.model.spec import from_hf_config
+    cfg = _preset("llama2-7b")
+    cfg.update(hidden_size=h, num_attention_heads=a, num_key_value_heads=a)
+    if h % a:
+        with pytest.raises(HetplanError, match="not divisible"):
+            from_hf_config(cfg, "x")
+        cfg["head_dim"] = 64
+    assert from_hf_config(cfg, "x").head_dim == (64 if h % a else h // a)
+
+
+@settings(max_examples=30, deadline=None)
+@given(types=st.lists(st.sampled_from(["sliding_attention", "full_attention", "chunked", ""]), max_size=40))
+def test_gpt_oss_layer_types(types):
+    from hetplan.errors import HetplanError
+    from hetplan.model.spec import from_hf_config
+    cfg = _preset("gpt-oss-120b")
+    cfg["layer_types"] = types
+    ok = not types or (len(types) == cfg["num_hidden_layers"] and all(
+        t in ("sliding_attention", "full_attention") for t in types))
+    if ok:
+        from_hf_config(cfg, "x")
+    else:
+        with pytest.raises(HetplanError, match="layer_types"):
+            from_hf_config(cfg, "x")
+
+
+@settings(max_examples=30, deadline=None)
+@given(step=st.integers(1, 10**9), v=st.sampled_from([1, 2]))
+def test_pipeline_step_microbatches_rule(step, v):
+    job = Job(**BASE, train_iterations=10, framework="fsdp")  # 64 sequences, mbs 1, dp 2: 32 micro-batches
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, virtual_stages=v, zero=3,
+                stages=[Stage(num_layers=8, tp=1, dp=2) for _ in range(4)], pipeline_step_microbatches=step)
+    rules = {e.rule for e in violations(plan, load_model("llama2-7b"))}
+    bad = step > 32 or (v > 1 and step % 4 != 0)
+    assert ("pipeline-step-microbatches" in rules) == bad, rules

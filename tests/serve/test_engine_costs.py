@@ -36,10 +36,14 @@ def test_fp8_and_int4_weights():
     assert fp8 == pytest.approx((bf16 - 2 * emb_head) / 2 + 2 * emb_head, rel=1e-3)
     assert int4 == pytest.approx((bf16 - 2 * emb_head) / 4 + 2 * emb_head, rel=1e-3)
     v = get_engine("vllm")
-    # W8A8 on Hopper: half the weight bytes and twice the tensor-core rate
-    t16 = decode_step_time_s(m, h100, "bf16", 1, 512, engine=v)
-    t8 = decode_step_time_s(m, h100, "bf16", 1, 512, engine=v, weights="fp8")
-    assert 0.5 < t8 / t16 < 0.75
+    for gpu in (h100, a100):  # W8A8 on Hopper, FP8 Marlin (weight-only) on Ampere: both read half the bytes
+        t16 = decode_step_time_s(m, gpu, "bf16", 1, 512, engine=v)
+        t8 = decode_step_time_s(m, gpu, "bf16", 1, 512, engine=v, weights="fp8")
+        t4 = decode_step_time_s(m, gpu, "bf16", 1, 512, engine=v, weights="int4")
+        assert 0.5 < t8 / t16 < 0.75 and 0.25 < t4 / t16 < t8 / t16
+    # weight-only gains vanish once the decode batch makes the 16-bit GEMMs compute-bound (Marlin, Sec. 4)
+    big16, big4 = (decode_step_time_s(m, a100, "bf16", 256, 256 * 512, engine=v, weights=w) for w in ("bf16", "int4"))
+    assert big4 == pytest.approx(big16, rel=0.02)
     # compute-bound prefill: FP8 tensor cores on Hopper only
     p16, p8 = (prefill_time_s(m, h100, "bf16", 4096, engine=v, weights=w) for w in ("bf16", "fp8"))
     assert p8 < 0.8 * p16
@@ -71,6 +75,22 @@ def test_kv_capacity_worked_example():
     assert kv_capacity_tokens(m, a100, t, dtype="bf16") == int(0.9 * free // per_token) // 64 * 64
 
 
+def test_decode_gemms_pad_rows_to_the_mma_tile():
+    # a decode GEMM of b rows costs its padding to the tensor cores' MMA tile (16 rows on Ampere, 64 on Hopper),
+    # not the training fit's phi(M): 1 to 16 rows on A100 cost the same compute, and batch 1 is memory-bound
+    from hetplan.estimate.compute import gemm_time_s
+    from hetplan.estimate.inference import mma_row_tile
+
+    a100, h100 = get_gpu("A100-SXM-80GB"), get_gpu("H100-SXM")
+    assert (mma_row_tile(a100), mma_row_tile(h100)) == (16, 64)
+    one = gemm_time_s(a100, "bf16", 1, 4096, 4096, row_tile=16)
+    assert one == pytest.approx(2 * 4096 * 4096 / a100.hbm_bandwidth_bytes_per_s, rel=0.01)  # weights read once
+    assert gemm_time_s(a100, "bf16", 1, 4096, 4096) > one  # phi(1) = 1/135 makes it compute-bound
+    flops16 = gemm_time_s(a100, "bf16", 16, 4096, 4096, row_tile=16, weight_bytes=0.0)
+    assert gemm_time_s(a100, "bf16", 9, 4096, 4096, row_tile=16, weight_bytes=0.0) == pytest.approx(flops16)
+    assert gemm_time_s(a100, "bf16", 17, 4096, 4096, row_tile=16, weight_bytes=0.0) > 1.9 * flops16
+
+
 def test_no_room_for_the_cache_is_infeasible():
     m = load_model("llama2-70b")
     with pytest.raises(InfeasibleError) as e:
@@ -88,3 +108,45 @@ def test_serving_validation_set():
     assert res["mape"] <= TARGET["mape"] + 0.01
     assert res["held_out"]["mape"] <= 0.20
     assert abs(res["signed_median"]) < 0.10 and res["max_abs_error"] < 1.0
+
+
+def test_step_model_prices_the_engine():
+    from hetplan.estimate.inference import step_time_s
+    from hetplan.serve.exec_model import EstimatedStepModel
+
+    m, h100, v = load_model("llama3-8b"), get_gpu("H100-SXM"), get_engine("vllm")
+    sm = EstimatedStepModel(m, h100, dtype="bf16", engine=v, weights="fp8", kv_dtype="fp8")
+    want = step_time_s(m, h100, "bf16", [512], [600, 600], engine=v, weights="fp8", kv_dtype="fp8")
+    assert sm.step_time_s([512], [600, 600]) == pytest.approx(want)
+    # the engine's step overhead once per iteration, not once per pass
+    both = step_time_s(m, h100, "bf16", [512], [600], engine=v)
+    alone = (prefill_time_s(m, h100, "bf16", 512, engine=v)
+             + decode_step_time_s(m, h100, "bf16", 1, 600, engine=v))
+    assert both == pytest.approx(alone - v.step_overhead_s)
+    assert EstimatedStepModel(m, h100, dtype="bf16").step_time_s([], [600]) > 5 * sm.step_time_s([], [600])
+
+
+def test_bad_capacity_inputs_name_the_field():
+    m, a100 = load_model("llama2-7b"), get_gpu("A100-SXM-80GB")
+    for kw, field in (({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+                      ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+                      ({"weights": "fp8", "dtype": "fp16"}, "quantization")):
+        engine = get_engine("hf-eager") if field == "quantization" else get_engine("vllm")
+        with pytest.raises(HetplanError) as e:
+            kv_capacity_tokens(m, a100, engine, **kw)
+        assert e.value.field == field
+    with pytest.raises(HetplanError) as e:
+        kv_capacity_tokens(m, get_gpu("V100-SXM-32GB"), get_engine("vllm@0.10"), dtype="fp16")
+    assert e.value.field == "engine"
+    with pytest.raises(HetplanError) as e:
+        max_num_seqs(m, a100, get_engine("vllm"), 0, dtype="bf16")
+    assert e.value.field == "seq_tokens"
+
+
+def test_capacity_and_step_time_are_monotone():
+    m, h100, v = load_model("llama3-8b"), get_gpu("H100-SXM"), get_engine("vllm")
+    caps = [kv_capacity_tokens(m, h100, v, dtype="bf16", gpu_memory_utilization=u) for u in (0.5, 0.7, 0.9)]
+    assert caps[0] < caps[1] < caps[2]
+    assert kv_capacity_tokens(m, h100, v, dtype="bf16", kv_dtype="fp8") > 1.9 * caps[2]
+    steps = [decode_step_time_s(m, h100, "bf16", b, b * 1000, engine=v) for b in (1, 8, 64, 256, 1024)]
+    assert all(x <= y for x, y in zip(steps, steps[1:]))

@@ -6,8 +6,9 @@ measured metric. Each row is predicted with :mod:`hetplan.estimate.inference` un
 (:mod:`hetplan.hardware.engines`); nothing here has a formula of its own beyond how a benchmark strings the
 engine's steps together:
 
-* ``static`` (TensorRT-LLM's ``gptSessionBenchmark``: one batch of ``B`` requests prefilled together, then decoded
-  to the end): TTFT = one prefill of ``B`` prompts; throughput = ``B · out`` over the prefill plus ``out - 1``
+* ``static`` (TensorRT-LLM's ``gptSessionBenchmark``, vLLM's ``benchmark_latency``: one batch of ``B`` requests
+  prefilled together, then decoded to the end): TTFT = one prefill of ``B`` prompts; end-to-end latency = the
+  prefill plus ``out - 1`` decode steps; throughput = ``B · out`` over the prefill plus ``out - 1``
   decode steps whose cache grows from ``B · in`` to ``B · (in + out)`` tokens (the decode time is sampled at
   :data:`DECODE_SAMPLES` points of that growth and averaged: it is linear in the cached tokens);
 * ``offline`` (all requests queued at once, ``trtllm-bench throughput``): ``B`` = the sequences of ``in + out``
@@ -61,9 +62,9 @@ CONVENTION = ("published serving benchmarks (TensorRT-LLM v0.6.1 and v1.0 perf t
 def is_calibration(key: str) -> bool:
     """The row fits ``hbm_efficiency`` (a seeded hash of its key, :data:`CALIBRATION_FRACTION` of the rows)."""
     return _is_calibration(key, CALIBRATION_FRACTION)
-_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu")
+_METRICS = ("ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu")
 _MODES = ("static", "offline", "concurrency")
-_TIME_METRICS = ("ttft_s", "tpot_s")
+_TIME_METRICS = ("ttft_s", "tpot_s", "e2e_s")
 
 
 @dataclass
@@ -140,6 +141,8 @@ def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog, hbm_efficienc
         ks = np.linspace(1, max(1, o - 1), DECODE_SAMPLES)
         decode = (o - 1) * float(np.mean([decode_s(b, i + k) for k in ks])) if o > 1 else 0.0
         total = inference.prefill_time_s(m, gpu, dt, i, batch=b, **kw) + decode
+        if metric == "e2e_s":
+            return total, info
         tput = b * o / total
     else:
         if mode == "offline":
@@ -178,12 +181,13 @@ def serving_cases(catalog: Catalog | None = None, engines: EngineCatalog | None 
 MIN_ROWS_TO_FIT = 8
 
 
-def fit_engine_constants(rounds: int = 2) -> dict:
-    """Fit ``hbm_efficiency`` (one value, in [0.5, 1]) and the ``step_overhead_s`` of every engine release with at
-    least :data:`MIN_ROWS_TO_FIT` calibration rows (in [0, 3 ms]) by least calibration-half MAPE, coordinate by
-    coordinate on grids (0.02; 0.1 ms), ``rounds`` times. Returns ``{"hbm_efficiency": e, "step_overhead_s":
-    {label: s}, "mape": m}`` (minutes of CPU: run by hand, not by the tests; the results are data in
-    ``engines.toml``)."""
+def fit_engine_constants(rounds: int = 2, fit_overheads: bool = False) -> dict:
+    """Fit ``hbm_efficiency`` (one value, in [0.5, 1], grid 0.01) by least calibration-half MAPE; with
+    ``fit_overheads`` also the ``step_overhead_s`` of every engine release with at least :data:`MIN_ROWS_TO_FIT`
+    calibration rows (in [0, 3 ms], grid 0.1 ms), coordinate by coordinate, ``rounds`` times. Returns
+    ``{"hbm_efficiency": e, "step_overhead_s": {label: s}, "mape": m}`` (seconds to a minute of CPU: run by hand,
+    not by the tests; the results are data in ``engines.toml``). The overheads are not stored: their fit runs to
+    its grid bound (docs/serving.md)."""
     rows = [r for r in load_rows() if is_calibration(r["key"])]
     engines = load_engines()
     counts: dict[str, int] = {}
@@ -196,9 +200,9 @@ def fit_engine_constants(rounds: int = 2) -> dict:
     def mape(e: float, over: Mapping[str, float]) -> float:
         return set_metrics(serving_cases(hbm_efficiency=float(e), rows=rows, step_overhead_s=over))["mape"]
 
-    for _ in range(rounds):
-        eff = float(min(np.arange(0.5, 1.0001, 0.02), key=lambda e: mape(e, fitted)))
-        for label in fitted:
+    for _ in range(rounds if fit_overheads else 1):
+        eff = float(min(np.arange(0.5, 1.0001, 0.01), key=lambda e: mape(e, fitted)))
+        for label in fitted if fit_overheads else ():
             grid = np.arange(0.0, 3.0001e-3, 1e-4)
             fitted[label] = float(min(grid, key=lambda x: mape(eff, {**fitted, label: float(x)})))
     return {"hbm_efficiency": eff, "step_overhead_s": fitted, "mape": mape(eff, fitted)}

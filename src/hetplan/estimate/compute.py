@@ -134,20 +134,28 @@ def reduction_half_dim(gpu: GPUSpec, dtype: str = "bf16"):
     return gpu.gemm_half_dim * balance / REFERENCE_BALANCE_FLOP_PER_BYTE
 
 
-def gemm_efficiency(gpu: GPUSpec, M, N, K, dtype: str = "bf16"):
+def gemm_efficiency(gpu: GPUSpec, M, N, K, dtype: str = "bf16", row_tile=None):
     """Fraction of the ``dtype`` dense peak a GEMM of shape (M, N, K) reaches: ``e_max · φ(M)·φ(N)·ψ(K)`` (module
-    doc; ``K½`` of ψ: :func:`reduction_half_dim`); ``e_max`` of FP8 GEMMs: :func:`hetplan.estimate.fp8.gemm_ceiling`."""
+    doc; ``K½`` of ψ: :func:`reduction_half_dim`); ``e_max`` of FP8 GEMMs: :func:`hetplan.estimate.fp8.gemm_ceiling`.
+    ``row_tile``: the ``M`` rows are charged by tile quantisation, ``M / (⌈M / row_tile⌉ · row_tile)``, instead of
+    φ(M) (:func:`gemm_time_s`)."""
     x0 = gpu.gemm_half_dim
     k0 = reduction_half_dim(gpu, dtype)
-    return fp8.gemm_ceiling(gpu, dtype) * M / (M + x0) * N / (N + x0) * K / (K + k0)
+    rows = M / (M + x0) if row_tile is None else M / (np.ceil(M / row_tile) * row_tile)
+    return fp8.gemm_ceiling(gpu, dtype) * rows * N / (N + x0) * K / (K + k0)
 
 
-def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1, weight_bytes=None):
+def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1, weight_bytes=None, row_tile=None):
     """Seconds for ``batch`` GEMMs of shape (M, N, K) on ``gpu`` (roofline with shape-dependent ceiling). FP8
     GEMMs (:mod:`hetplan.estimate.fp8`): the FP8 peak and ceiling, 1-byte inputs, bf16 output.
     ``weight_bytes``: bytes per element of the ``K x N`` operand when it is stored narrower than the GEMM's
     dtype (weight-only quantisation, W8A16 / W4A16: the kernel reads the narrow weights and widens them in
-    registers; :mod:`hetplan.estimate.inference`); default: the operand size of ``dtype``.
+    registers; :mod:`hetplan.estimate.inference`); default: the operand size of ``dtype``. ``row_tile``: the GEMM
+    is one of a serving engine's decode steps, whose ``M`` = the running batch (1 to a few hundred rows) is far
+    below the training GEMMs that fitted φ; such skinny GEMMs run kernels that tile ``M`` at the tensor cores'
+    MMA row count and spread ``N`` (and split ``K``) over the SMs, so the rows cost their padding to the tile
+    (:func:`gemm_efficiency`), not φ(M) (weight-only kernels: Frantar et al. 2024, "MARLIN", Sec. 3-4: memory-bound
+    up to batch 16-32).
 
     Raises:
         HetplanError: the GPU lacks ``dtype``.
@@ -156,7 +164,7 @@ def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1, weight_bytes=None):
     operand = fp8.OPERAND_BYTES if fp8.is_fp8(dtype) else OPERAND_BYTES
     weight = operand if weight_bytes is None else weight_bytes
     bytes_ = batch * (operand * M * K + weight * K * N + OPERAND_BYTES * M * N)
-    return np.maximum(flops / (gpu.peak_flops_per_s(dtype) * gemm_efficiency(gpu, M, N, K, dtype)),
+    return np.maximum(flops / (gpu.peak_flops_per_s(dtype) * gemm_efficiency(gpu, M, N, K, dtype, row_tile)),
                       bytes_ / gpu.hbm_bandwidth_bytes_per_s)
 
 

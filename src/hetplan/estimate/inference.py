@@ -30,6 +30,10 @@ price what that serving engine runs (docs/serving.md, "The engine model"):
   ``kernel_overhead_s`` per kernel: the layers run with the training estimator's CUDA-graph switch
   (:func:`hetplan.estimate.compute.layer_time_s` ``cuda_graphs=True``); eager engines, prefills of engines without
   prefill graphs and batches above the largest capture keep the per-kernel host floor;
+* *decode GEMMs*: ``M`` = the running batch pays its padding to the tensor cores' MMA row tile
+  (:func:`mma_row_tile`, ``compute.gemm_time_s(row_tile=)``) instead of the training fit's φ(M), fitted on
+  ``M = b·s >= 2,048``: a small batch is memory-bound, and narrow weights shorten it;
+* *memory-bound kernels* at ``EngineSpec.hbm_efficiency`` of the HBM peak (:func:`_engine_gpu`);
 * *attention*: fused causal flash attention (``attention="flash"``) at the measured rate of the kernel the engine
   runs on that GPU generation (FlashAttention-2/-3, FlashInfer, TensorRT-LLM FMHA: ``EngineSpec.attention``);
   decode attention reads the paged K/V at the HBM bandwidth (above);
@@ -165,7 +169,8 @@ def _forward_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: int, s: int, tp: int, 
     wb = _weight_bytes(w)
     tokens = b * s
     shapes = attention_linear_shapes(m, tokens, tp) + mlp_linear_shapes(m, tokens, m.ffn_hidden_size, tp)
-    linear = sum(float(gemm_time_s(g, gemm_dtype, M, N, K, weight_bytes=wb)) for M, N, K in shapes)
+    tile = None if prefill else mma_row_tile(gpu)
+    linear = sum(float(gemm_time_s(g, gemm_dtype, M, N, K, weight_bytes=wb, row_tile=tile)) for M, N, K in shapes)
     core = float(attention_gemm_times_s(m, g, dtype, b, s, tp)[1])
     layer_fwd = float(layer_time_s(m, g, gemm_dtype, b, s, tp, 0, link, attention="flash",
                                    gemm_times_s=(linear, core), cuda_graphs=not launches)[0])
@@ -174,6 +179,18 @@ def _forward_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: int, s: int, tp: int, 
     logits = float(gemm_time_s(g, dtype, b, m.padded_vocab_size() / tp, m.hidden_size))
     graph_launch = 0.0 if launches else gpu.kernel_overhead_s  # one graph launch / engine enqueue per pass
     return m.num_layers * layer_fwd + emb + logits + graph_launch
+
+
+#: Rows of one tensor-core MMA tile by architecture family: ``mma.sync.m16n8k16`` (Volta to Ada: 16 rows) and
+#: Hopper's / Blackwell's warpgroup ``wgmma.m64nNk16`` (64 rows) (NVIDIA PTX ISA, "Warp-level matrix multiply" and
+#: "Asynchronous warpgroup level matrix multiply"); CDNA3's MFMA 16 x 16 tiles.
+MMA_ROW_TILE = {"Volta": 16, "Turing": 16, "Ampere": 16, "Ada": 16, "Hopper": 64, "Blackwell": 64, "CDNA3": 16}
+
+
+def mma_row_tile(gpu: GPUSpec) -> int:
+    """Rows of the tensor-core tile a decode GEMM is padded to on ``gpu`` (:data:`MMA_ROW_TILE`; default 16)."""
+    words = gpu.architecture.split()
+    return MMA_ROW_TILE.get(words[0] if words else "", 16)
 
 
 def _overhead_s(engine: EngineSpec | None) -> float:
@@ -268,13 +285,18 @@ def kv_capacity_tokens(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, *, tp: in
     worker's count is the replica's.
 
     Raises:
-        HetplanError: the engine does not run ``weights`` on the GPU (field ``quantization``).
+        HetplanError: the engine does not run on the GPU's generation (field ``engine``) or not ``weights`` there
+            (field ``quantization``); ``gpu_memory_utilization`` outside (0, 1].
         InfeasibleError: the weights and workspace leave no room for one block (field ``gpu``).
     """
     check_tp(m, tp)
+    engine.attention_kernel(gpu)  # raises (field engine) where the release does not run on this GPU generation
     w = weights or dtype
     engine.check_weight_dtype(w, gpu)
     u = engine.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
+    if not 0 < u <= 1:
+        raise HetplanError(f"gpu_memory_utilization = {u} is not a fraction of the GPU memory",
+                           field="gpu_memory_utilization", fix="give a number in (0, 1], e.g. 0.9")
     seqs = engine.default_max_num_seqs(gpu) if max_num_seqs is None else max_num_seqs
     tokens = max_num_batched_tokens if max_num_batched_tokens is not None else (engine.max_num_batched_tokens or 2048)
     act = activation_peak_bytes(m, tp, tokens, seqs, dtype)
@@ -300,6 +322,9 @@ def max_num_seqs(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, seq_tokens: int
     """Sequences of ``seq_tokens`` tokens (prompt + output) that run at once under ``engine``: the KV blocks of
     :func:`kv_capacity_tokens` (``kw`` passed on) over the blocks one sequence needs, capped by the engine's
     ``max_num_seqs`` on this GPU (or ``kw['max_num_seqs']``)."""
+    if seq_tokens < 1:
+        raise HetplanError(f"a sequence of {seq_tokens} tokens", field="seq_tokens",
+                           fix="give the prompt plus output tokens of one sequence, at least 1")
     block = max(1, engine.kv_block_tokens)
     per_seq = -(-seq_tokens // block) * block
     cap = kw.get("max_num_seqs") or engine.default_max_num_seqs(gpu)

@@ -297,6 +297,11 @@ def _common_shape(cfg: Mapping[str, Any], family: str, gpt2_names: bool = False)
     if h <= 0 or a <= 0:
         raise HetplanError(f"hidden_size ({h}) and num_attention_heads ({a}) must be positive", field="model",
                            fix="check the config.json shapes")
+    if cfg.get("head_dim") is None and h % a:
+        # transformers' attention splits hidden_size into heads of hidden_size // num_attention_heads and fails
+        # on the rest (LlamaAttention's q_proj is num_heads * head_dim wide): h / a would be a fractional head
+        raise HetplanError(f"hidden_size {h} is not divisible by num_attention_heads {a}", field="model.hidden_size",
+                           fix="give head_dim explicitly, or a hidden size that is a multiple of the heads")
     return dict(
         family=family,
         num_layers=_get(cfg, *alt("n_layer", "num_hidden_layers")),
@@ -369,6 +374,38 @@ def _moe_fields(cfg: Mapping[str, Any], family: str) -> dict:
                 num_experts=_get(cfg, "num_local_experts"), experts_per_token=_get(cfg, "num_experts_per_tok"),
                 expert_ffn_hidden_size=f_e, shared_expert_ffn_hidden_size=f_e,
                 moe_layer_step=cfg.get("interleave_moe_layer_step", 1))
+
+
+def _check_family_fields(cfg: Mapping[str, Any], model_type: str, fields: dict) -> None:
+    """Refuse family fields whose 0 or odd value :class:`ModelSpec` would silently read as something else: an
+    MoE family with no experts (planned as dense), DeepSeek's MLA without its latent (``kv_lora_rank = 0`` reads as
+    no MLA) or with ``v_head_dim = 0`` (reads as ``head_dim``), and gpt-oss ``layer_types`` of unknown kinds or of
+    another length than the layers (HF ``GptOssConfig`` lists one type per layer: ``sliding_attention`` or
+    ``full_attention``).
+
+    Raises:
+        HetplanError: naming the config field and the fix."""
+    if model_type in MOE_FAMILIES and not fields.get("num_experts"):
+        key = {"deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts", "qwen2_moe": "num_experts",
+               "qwen3_moe": "num_experts"}.get(model_type, "num_local_experts")
+        raise HetplanError(f"a {model_type} config with {key} = {fields.get('num_experts')} has no experts: it "
+                           "would be planned as a dense model", field=f"model.{key}",
+                           fix="give the number of routed experts, or a dense model_type (e.g. llama)")
+    if model_type in ("deepseek_v2", "deepseek_v3"):
+        for key in ("kv_lora_rank", "v_head_dim"):
+            if not fields.get(key):
+                raise HetplanError(f"{key} = {fields.get(key)}: DeepSeek's multi-head latent attention needs a "
+                                   f"positive {key} (0 would be read as {'no MLA' if key == 'kv_lora_rank' else 'head_dim'})",
+                                   field=f"model.{key}", fix=f"give the model's {key} (DeepSeek-V3: "
+                                   f"{512 if key == 'kv_lora_rank' else 128})")
+    if model_type == "gpt_oss" and cfg.get("layer_types"):
+        types = cfg["layer_types"]
+        kinds = ("sliding_attention", "full_attention")
+        bad = [t for t in types if t not in kinds]
+        if bad or len(types) != fields["num_layers"]:
+            what = f"unknown kind {bad[0]!r}" if bad else f"{len(types)} entries for {fields['num_layers']} layers"
+            raise HetplanError(f"layer_types has {what}", field="model.layer_types",
+                               fix=f"list one of {', '.join(kinds)} per layer, or remove layer_types")
 
 
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4")
@@ -456,6 +493,7 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
             field="model.model_type",
             fix="use one of llama, mistral, gpt2, gpt_neox, opt, megatron_gpt, " + ", ".join(MOE_FAMILIES),
         )
+    _check_family_fields(cfg, model_type, fields)
     try:
         return ModelSpec(name=name, **fields, **extra)
     except ValidationError as exc:

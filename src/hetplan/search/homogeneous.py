@@ -294,6 +294,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     num_gpus = deg.world_size
     price = pool_price_usd_per_hour(pool, gpu)
     model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)
+    assert it.fits is not None  # the memory was given
     return PoolResult(
         pool_index=pool_index,
         gpu=gpu,

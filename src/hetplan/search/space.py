@@ -57,7 +57,7 @@ class Pins(BaseModel):
     def flag(cls, name: str) -> str:
         """The ``hetplan plan`` flag of pin ``name`` (``--tp``, ``--use-gpus`` …)."""
         extra = cls.model_fields[name].json_schema_extra
-        return extra["flag"] if isinstance(extra, dict) else "--" + name.replace("_", "-")
+        return str(extra["flag"]) if isinstance(extra, dict) else "--" + name.replace("_", "-")
 
     @classmethod
     def choices(cls, name: str) -> tuple | None:
@@ -137,10 +137,10 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
                         break
                     if (pins.dp is not None and d != pins.dp) or (pins.num_gpus is not None and n != pins.num_gpus):
                         continue
-                    mbs = divisors(global_batch // d) if pins.mbs is None else [pins.mbs] if (global_batch // d) % pins.mbs == 0 else []
-                    if mbs:
+                    sizes = divisors(global_batch // d) if pins.mbs is None else [pins.mbs] if (global_batch // d) % pins.mbs == 0 else []
+                    if sizes:
                         triples.append((t, p, d, c))
-                        mbs_lists.append(mbs)
+                        mbs_lists.append(sizes)
     names = ("tp", "pp", "dp", "mbs", "zero", "recompute")
     if not triples:
         return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages", "cp", "ep")}
