@@ -47,6 +47,8 @@ COST_NEUTRAL: dict[str, str] = {
     "train_tokens": "the job length: iterations, not the cost of one",
     "train_iterations": "the job length: iterations, not the cost of one",
     "optimizer": "one value (adam), priced by the memory and optimizer-step terms",
+    "pipeline_chunks": "layers per interleaved chunk (Megatron's layout string): the schedule prices each chunk at "
+                       "1/v of its stage, so only the stage totals (stages[].num_layers) cost",
 }
 
 
