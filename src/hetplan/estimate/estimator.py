@@ -364,8 +364,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             deg = layouts.get((st.tp, st.dp))
             if deg is None:
                 lay = plan.stage_layout(i)
-                deg = layouts[st.tp, st.dp] = (lay.tp, lay.dp, lay.zero_stage,
-                                                  lay.sequence_parallel_active and stack.sequence_parallel)
+                deg = layouts[st.tp, st.dp] = (lay.tp, lay.dp, lay.zero_stage, lay.sequence_parallel_active)
             t, dp, zero, sp = deg
             b = st.mbs or plan.mbs
             mb = job.global_batch // (dp * b)

@@ -285,13 +285,18 @@ def kv_capacity_tokens(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, *, tp: in
     worker's count is the replica's.
 
     Raises:
-        HetplanError: the engine does not run ``weights`` on the GPU (field ``quantization``).
+        HetplanError: the engine does not run on the GPU's generation (field ``engine``) or not ``weights`` there
+            (field ``quantization``); ``gpu_memory_utilization`` outside (0, 1].
         InfeasibleError: the weights and workspace leave no room for one block (field ``gpu``).
     """
     check_tp(m, tp)
+    engine.attention_kernel(gpu)  # raises (field engine) where the release does not run on this GPU generation
     w = weights or dtype
     engine.check_weight_dtype(w, gpu)
     u = engine.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
+    if not 0 < u <= 1:
+        raise HetplanError(f"gpu_memory_utilization = {u} is not a fraction of the GPU memory",
+                           field="gpu_memory_utilization", fix="give a number in (0, 1], e.g. 0.9")
     seqs = engine.default_max_num_seqs(gpu) if max_num_seqs is None else max_num_seqs
     tokens = max_num_batched_tokens if max_num_batched_tokens is not None else (engine.max_num_batched_tokens or 2048)
     act = activation_peak_bytes(m, tp, tokens, seqs, dtype)
@@ -317,6 +322,9 @@ def max_num_seqs(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, seq_tokens: int
     """Sequences of ``seq_tokens`` tokens (prompt + output) that run at once under ``engine``: the KV blocks of
     :func:`kv_capacity_tokens` (``kw`` passed on) over the blocks one sequence needs, capped by the engine's
     ``max_num_seqs`` on this GPU (or ``kw['max_num_seqs']``)."""
+    if seq_tokens < 1:
+        raise HetplanError(f"a sequence of {seq_tokens} tokens", field="seq_tokens",
+                           fix="give the prompt plus output tokens of one sequence, at least 1")
     block = max(1, engine.kv_block_tokens)
     per_seq = -(-seq_tokens // block) * block
     cap = kw.get("max_num_seqs") or engine.default_max_num_seqs(gpu)

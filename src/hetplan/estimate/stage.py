@@ -18,6 +18,7 @@ from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, P2P_CALL_S, dp_collective_time_s,
                                    group_collective_time_s, overlap_contention)
 from hetplan.hardware.catalog import GPUSpec
+from hetplan.hardware.stacks import StackSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -183,6 +184,10 @@ def stage_costs(
     recompute_modules, offload_modules = options.recompute_modules, options.offload_modules
     pipeline_outputs, tp_comm_overlap = options.pipeline_outputs, options.tp_comm_overlap
     cuda_graphs, torch_compile, async_tp = options.cuda_graphs, options.torch_compile, options.async_tp
+    # what the stack can do: sequence parallelism, and reducing DP gradients during backward (hetplan.hardware.stacks)
+    stack = options.stack_spec()
+    sequence_parallel = np.asarray(sequence_parallel) & stack.sequence_parallel
+    overlap_grad_reduce = overlap_grad_reduce & stack_overlaps_grad_reduce(stack, single_stage, zero)
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
     tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
@@ -396,6 +401,14 @@ def stage_costs(
         memory=mem,
         params_per_gpu=params,
     )
+
+
+def stack_overlaps_grad_reduce(stack: StackSpec, single_stage: Any, zero: Any) -> Any:
+    """Whether ``stack`` can overlap the data-parallel gradient reduction with the backward pass
+    (:meth:`hetplan.hardware.stacks.StackSpec.overlaps_grad_reduce`, which depends on whether there is a pipeline
+    and on the ZeRO stage), for arrays: its answer for each (pipeline or not, ZeRO 0-3), indexed."""
+    table = np.array([[stack.overlaps_grad_reduce(pp, z) for z in range(4)] for pp in (2, 1)])
+    return table[np.asarray(single_stage, dtype=int), np.asarray(zero, dtype=int)]
 
 
 def exposed_behind_s(sync_s, window_s, bucket_share, contention):

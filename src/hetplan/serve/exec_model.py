@@ -2,7 +2,9 @@
 
 * :class:`EstimatedStepModel` — the cost model of :mod:`hetplan.estimate.inference` (compute-bound prefill,
   memory-bound decode over weights and KV bytes, TP all-reduces and PP p2p from :mod:`hetplan.estimate.comm`) for a
-  model on a catalog GPU partitioned TP x PP. No formula of its own.
+  model on a catalog GPU partitioned TP x PP, as a serving engine runs it when ``engine`` is given (its launches,
+  attention kernel, weight dtype ``weights``, KV dtype ``kv_dtype`` and per-step overhead;
+  :mod:`hetplan.hardware.engines`). No formula of its own.
 * :class:`LinearStepModel` — ``t = base + per_prefill · joins + per_prefill_token · prompt tokens + per_decode_seq ·
   running + per_kv_token · cached tokens`` with non-negative coefficients fitted by least squares on the iterations
   an engine measured (:meth:`LinearStepModel.fit`); used to check the simulator's queueing and batching against the
@@ -21,6 +23,7 @@ import numpy as np
 from hetplan.errors import HetplanError
 from hetplan.estimate.inference import step_time_s
 from hetplan.hardware.catalog import GPUSpec
+from hetplan.hardware.engines import EngineSpec
 from hetplan.model.spec import ModelSpec
 
 
@@ -33,13 +36,18 @@ class StepModel:
 
 @dataclass(frozen=True)
 class EstimatedStepModel(StepModel):
-    """Iteration time of ``spec`` on ``gpu`` partitioned TP x PP, from :func:`hetplan.estimate.inference.step_time_s`."""
+    """Iteration time of ``spec`` on ``gpu`` partitioned TP x PP, from :func:`hetplan.estimate.inference.step_time_s`
+    (``engine`` None: the training forward; else that engine's costs with ``weights`` / ``kv_dtype``, default
+    ``dtype``)."""
 
     spec: ModelSpec
     gpu: GPUSpec
     tp: int = 1
     pp: int = 1
     dtype: str = "fp16"
+    engine: EngineSpec | None = None
+    weights: str | None = None
+    kv_dtype: str | None = None
 
     def step_time_s(self, prefill_lens, decode_contexts) -> float:
         # the time depends only on the joining count and longest prompt, and on the running count and their
@@ -48,7 +56,8 @@ class EstimatedStepModel(StepModel):
         cache = self.__dict__.setdefault("_memo", {})
         if key not in cache:
             cache[key] = step_time_s(self.spec, self.gpu, self.dtype, [key[1]] * key[0],
-                                     [key[3] / key[2]] * key[2] if key[2] else [], tp=self.tp, pp=self.pp)
+                                     [key[3] / key[2]] * key[2] if key[2] else [], tp=self.tp, pp=self.pp,
+                                     engine=self.engine, weights=self.weights, kv_dtype=self.kv_dtype)
         return cache[key]
 
 
