@@ -111,7 +111,7 @@ def test_deepspeed_pipeline_engine_reduces_after_the_last_microbatch():
 
 def test_plan_options_the_stack_lacks_are_refused():
     m, plan = _plan("megatron-lm@2.5", tp_comm_overlap=True)
-    with pytest.raises(PlanRuleError, match="has no TP-communication overlap") as exc:
+    with pytest.raises(PlanRuleError, match="TP-communication overlap, which stack megatron-lm@2.5 lacks") as exc:
         check_plan(plan, m)
     assert exc.value.rule == "stack-has-option" and exc.value.field == "plan.tp_comm_overlap"
     m, plan = _plan("megatron-lm@core_r0.4", tp_comm_overlap=True)
@@ -154,3 +154,23 @@ def test_speed_error_sign_follows_the_quantity():
     assert speed_error(slow_time) == pytest.approx(-0.2)
     assert speed_error(fast_rate) == pytest.approx(0.25)
     assert speed_error(sc21) == pytest.approx(-0.2)
+
+
+def test_search_enumerates_only_what_the_stack_offers():
+    """Megatron-LM 2.5 has neither the distributed optimizer (ZeRO-1) nor selective recomputation: the searches
+    offer neither, and a plan that asks for them is refused; Megatron-Core offers both."""
+    from hetplan.search.space import Pins, enumerate_space
+
+    m = gpt_model(24, 2048, 16, 2048)
+    old = enumerate_space(m, 64, 32, 8, Pins(), "standard", 2048, stack=resolve_stack("megatron-lm@2.5"))
+    new = enumerate_space(m, 64, 32, 8, Pins(), "standard", 2048, stack=resolve_stack("megatron-lm"))
+    assert set(old["zero"].tolist()) == {0} and set(old["recompute"].tolist()) == {0, 2}
+    assert set(new["zero"].tolist()) == {0, 1, 2, 3} and set(new["recompute"].tolist()) == {0, 1, 2}
+    assert len(old["tp"]) < len(new["tp"])
+    m, plan = _plan("megatron-lm@2.5", zero=1)
+    with pytest.raises(PlanRuleError, match="ZeRO-1, which stack megatron-lm@2.5 lacks"):
+        check_plan(plan, m)
+    m, plan = _plan("megatron-lm@2.5")
+    plan = plan.model_copy(update={"stages": [st.model_copy(update={"recompute": "selective"}) for st in plan.stages]})
+    with pytest.raises(PlanRuleError, match="selective recomputation"):
+        check_plan(plan, m)

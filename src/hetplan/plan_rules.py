@@ -31,10 +31,11 @@ Rules (name: what must hold, and why):
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
   without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
   (``megatron/core/transformer/transformer_config.py``).
-* ``stack-has-option``: ``plan.tp_comm_overlap`` and ``plan.cuda_graphs`` exist in the job's stack
-  (:meth:`hetplan.plan.Job.stack_spec`, ``hetplan catalog stacks``): Megatron-LM before Megatron-Core 0.4 has no
-  ``--tp-comm-overlap`` and before 0.9 no ``--enable-cuda-graph``; priced anyway they would be numbers of a run
-  that stack cannot make.
+* ``stack-has-option``: ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; FSDP stacks
+  shard as ZeRO-3) and each stage's recomputation exist in the job's stack (:meth:`hetplan.plan.Job.stack_spec`,
+  ``hetplan catalog stacks``): Megatron-LM 2.5 has no distributed optimizer and no selective recomputation,
+  before Megatron-Core 0.4 no ``--tp-comm-overlap``, before 0.9 no ``--enable-cuda-graph``; priced anyway they
+  would be numbers of a run that stack cannot make. The searches enumerate only what the stack offers.
 
 * ``moe-modules-need-experts`` also covers ``job.moe_recompute`` (Megatron-Core ``--recompute-modules moe``: the
   MoE layers' MLP), which a dense model does not have.
@@ -216,9 +217,18 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     lacks = [(f, what) for f, what, has in (
         ("tp_comm_overlap", "TP-communication overlap", stack.tp_comm_overlap),
         ("cuda_graphs", "CUDA graphs", stack.launch == "cuda-graphs")) if getattr(plan, f) and not has]
+    if (plan.job.framework != "fsdp" and plan.zero not in stack.zero
+            and any(st.dp * degree(plan, i, "cp") > 1 for i, st in enumerate(plan.stages))):
+        lacks.append(("zero", f"ZeRO-{plan.zero} (it runs {', '.join(map(str, stack.zero))})"))
+    modes = {st.recompute for st in plan.stages} - set(stack.recompute)
+    if plan.job.attention == "flash":
+        modes.discard("selective")  # the same plan as none under flash (hetplan.plan.Job)
+    if modes:
+        lacks.append(("stages[].recompute", f"{'/'.join(sorted(modes))} recomputation"))
     for f, what in lacks:
-        out.append(PlanRuleError("stack-has-option", f"{f} = true, but stack {stack.id} has no {what}",
-                                 field=f"plan.{f}", fix=f"set {f} = false, or pick a stack that has it "
+        out.append(PlanRuleError("stack-has-option", f"plan.{f} asks for {what.split(' (')[0]}, which stack "
+                                 f"{stack.id} lacks" + (f" ({what.split(' (', 1)[1]}" if " (" in what else ""),
+                                 field=f"plan.{f}", fix="change the plan, or pick a stack that has it "
                                                         "(hetplan catalog stacks)"))
     step = plan.pipeline_step_microbatches
     if step is not None and plan.pp > 1:

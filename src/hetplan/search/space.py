@@ -99,12 +99,29 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int) -> list[int]:
     return out
 
 
+def stack_allows(stack, zero: int | None = None, recompute: str | None = None, attention: str = "flash") -> bool:
+    """Whether ``stack`` (a :class:`hetplan.hardware.stacks.StackSpec`, None: any) offers ZeRO stage ``zero``
+    and recomputation ``recompute``. FSDP stacks shard as the estimate does (ZeRO-3) whatever ``zero`` says;
+    selective recomputation under flash attention is the plan without recomputation (:class:`hetplan.plan.Job`),
+    which every stack runs."""
+    if stack is None:
+        return True
+    if zero is not None and stack.framework != "fsdp" and zero not in stack.zero:
+        return False
+    if recompute is not None and recompute not in stack.recompute:
+        return recompute == "selective" and attention == "flash"
+    return True
+
+
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
-                    attention: str = "standard", seq_len: int | None = None) -> dict[str, np.ndarray]:
+                    attention: str = "standard", seq_len: int | None = None, stack=None) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
     ep`` (recompute as codes 0/1/2), honouring ``pins``. Empty arrays if nothing matches. Under ``attention =
     "flash"`` selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out
-    unless pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1)."""
+    unless pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1). ``stack``: the job's
+    :class:`hetplan.hardware.stacks.StackSpec`; only the ZeRO stages and recomputation modes it offers are
+    enumerated (:func:`stack_allows`; Megatron-LM 2.5 has neither the distributed optimizer nor selective
+    recomputation)."""
     tps = tp_degrees(m, gpus_per_node, available)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
@@ -134,12 +151,14 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     base_cp = np.repeat(cp_of, counts)
     mbs = np.concatenate([np.asarray(x, dtype=np.int64) for x in mbs_lists])
     free = [0, 2] if attention == "flash" else [0, 1, 2]
+    free = [r for r in free if stack_allows(stack, recompute=RECOMPUTE_NAMES[r], attention=attention)]
     rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free, dtype=np.int64)
     parts = []
     base = np.column_stack([base, base_cp])  # cp rides along as a last column
     no_dp = base[:, 2] == 1
     no_pp = base[:, 1] == 1
     for sel, zeros in ((no_dp, [0]), (~no_dp & no_pp, [0, 1, 2, 3]), (~no_dp & ~no_pp, [0, 1])):
+        zeros = [z for z in zeros if sel is no_dp or stack_allows(stack, zero=z)]
         if pins.zero is not None:
             # a pinned ZeRO-1 with DP = 1 is a harmless what-if; ZeRO-2/3 still need pp = 1
             ok = pins.zero in zeros or (sel is no_dp and pins.zero == 1)
