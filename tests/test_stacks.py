@@ -198,3 +198,17 @@ def test_megatron_stacks_without_the_fused_loss_run_it_on_fp32_logits():
     _, new = _plan("megatron-lm")
     assert TrainingOptions.from_plan(old).cross_entropy == "fp32"
     assert TrainingOptions.from_plan(new).cross_entropy is None
+
+
+def test_export_writes_the_default_stack_and_says_when_the_plan_was_priced_for_another():
+    from hetplan.model.spec import load_model
+    from hetplan.runtime.exporters import export
+
+    m = load_model("llama2-7b")
+    plan = megatron_plan(m, gpu="A100-SXM-80GB", tp=2, pp=1, dp=4, mbs=1, gbs=8, recompute="none", seq=2048,
+                         inter_node_bandwidth_bytes_per_s=25e9, sequence_parallel=True, dtype="bf16")
+    job = {k: v for k, v in plan.job.model_dump().items() if k not in ("framework", "attention")}
+    assert not [n for n in export(plan, m, "megatron").notes if "priced for stack" in n]
+    old = plan.model_copy(update={"job": Job.model_validate(job | {"stack": "megatron-lm@3.0"})})
+    notes = [n for n in export(old, m, "megatron").notes if "priced for stack" in n]
+    assert notes and "megatron-lm@3.0" in notes[0] and default_stack("megatron").id in notes[0]
