@@ -37,7 +37,7 @@ FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": 
 #: The behaviour fields of a stack; each but ``framework`` (hetplan's own family, :class:`hetplan.plan.Job`) needs
 #: a source in the data file.
 FIELDS = ("framework", "gemm", "attention", "attention_kernel", "fused", "sequence_parallel", "tp_comm_overlap",
-          "dp_overlap", "launch", "zero", "optimizer_memory", "allocator")
+          "dp_overlap", "launch", "zero", "recompute", "optimizer_memory", "allocator")
 #: Kernel names of ``attention_kernel`` (:data:`hetplan.hardware.catalog.ATTENTION_KERNELS`).
 StackKernel = Literal["fa2", "fa3", "cudnn", "triton"]
 FusedOp = Literal["norm", "rope", "cross-entropy", "adam", "softmax", "bias-act"]
@@ -57,7 +57,8 @@ class StackSpec(BaseModel):
         sequence_parallel, tp_comm_overlap: available or not.
         dp_overlap: ``bucketed`` | ``none`` | ``after-last-microbatch``.
         launch: ``eager`` | ``cuda-graphs`` | ``compiled``.
-        zero: ZeRO stages it runs.
+        zero: ZeRO stages it runs (under ``fsdp``: its sharding modes; the estimate runs ZeRO-3 there).
+        recompute: the activation-recomputation modes it offers (the searches enumerate only these).
         optimizer_memory: ``megatron`` | ``deepspeed`` | ``fsdp1`` | ``fsdp2``.
         allocator: ``caching`` | ``expandable-segments``.
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
@@ -81,6 +82,7 @@ class StackSpec(BaseModel):
     dp_overlap: Literal["bucketed", "none", "after-last-microbatch"]
     launch: Literal["eager", "cuda-graphs", "compiled"]
     zero: tuple[Literal[0, 1, 2, 3], ...]
+    recompute: tuple[Literal["none", "selective", "full"], ...]
     optimizer_memory: Literal["megatron", "deepspeed", "fsdp1", "fsdp2"]
     allocator: Literal["caching", "expandable-segments"]
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
