@@ -168,3 +168,18 @@ def test_chunked_prefill_pays_attention_to_earlier_chunks():
     sm = EstimatedStepModel(m, h100, dtype="bf16", engine=v)
     assert sm.step_time_s([4096], [], [4096]) == pytest.approx(second)
     assert sm.step_time_s([4096], []) == pytest.approx(first)
+
+
+def test_validate_serving_table_fits_80_columns():
+    import json
+
+    from typer.testing import CliRunner
+
+    from hetplan.cli.main import app
+
+    r = CliRunner().invoke(app, ["validate", "--sets", "serving"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and "held-out" in r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80
+    r = CliRunner().invoke(app, ["validate", "--sets", "serving", "--json"])
+    res = json.loads(r.output)
+    assert res["sets"]["serving"]["n"] == 72 and "tensorrt-llm@1.0" in res["stacks"]
