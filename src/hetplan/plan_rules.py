@@ -31,10 +31,11 @@ Rules (name: what must hold, and why):
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
   without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
   (``megatron/core/transformer/transformer_config.py``).
-* ``stack-has-option``: ``plan.tp_comm_overlap`` and ``plan.cuda_graphs`` exist in the job's stack
-  (:meth:`hetplan.plan.Job.stack_spec`, ``hetplan catalog stacks``): Megatron-LM before Megatron-Core 0.4 has no
-  ``--tp-comm-overlap`` and before 0.9 no ``--enable-cuda-graph``; priced anyway they would be numbers of a run
-  that stack cannot make.
+* ``stack-has-option``: ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; FSDP stacks
+  shard as ZeRO-3) and each stage's recomputation exist in the job's stack (:meth:`hetplan.plan.Job.stack_spec`,
+  ``hetplan catalog stacks``): Megatron-LM 2.5 has no distributed optimizer and no selective recomputation,
+  before Megatron-Core 0.4 no ``--tp-comm-overlap``, before 0.9 no ``--enable-cuda-graph``; priced anyway they
+  would be numbers of a run that stack cannot make. The searches enumerate only what the stack offers.
 
 * ``moe-modules-need-experts`` also covers ``job.moe_recompute`` (Megatron-Core ``--recompute-modules moe``: the
   MoE layers' MLP), which a dense model does not have.
@@ -53,6 +54,10 @@ Rules (name: what must hold, and why):
   Blackwell or CDNA3; BF16 needs Ampere or later): the export would otherwise write FP8 flags for an A100 plan
   that ``estimate`` refuses. GPU types the package catalog does not know (a user's ``--catalog``) are left to
   the estimator.
+* ``framework-can-launch`` (``hetplan export``, checked against the target; :func:`launch_violations`): the
+  framework release the export writes for runs the plan's layer split, interleaving, schedule, ZeRO mode (with
+  PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP and FP8 on the plan's GPUs, as
+  ``hardware/data/frameworks.toml`` records them with their sources.
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ if TYPE_CHECKING:  # pragma: no cover
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
          "tp-within-node", "virtual-stages", "seq-len", "cp-divides-sequence", "ep-needs-experts",
          "ep-divides-experts", "moe-modules-need-experts", "stack-has-option",
-         "pipeline-step-microbatches", "attention-kernel-on-gpu", "dtype-on-gpu")
+         "pipeline-step-microbatches", "attention-kernel-on-gpu", "dtype-on-gpu", "framework-can-launch")
 
 #: Architecture families (first word of ``GPUSpec.architecture``) each fused attention kernel runs on (module doc,
 #: rule ``attention-kernel-on-gpu``).
@@ -165,14 +170,25 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             why = f"needs the 1f1b schedule, not {plan.schedule}"
         elif any(plan.num_microbatches(i) % pp for i in range(pp)):
             why = f"needs a micro-batch count that is a multiple of pp = {pp} (it is {plan.num_microbatches(0)})"
+        elif plan.pipeline_chunks is not None:  # the chunks as given (Megatron-Core's layout string)
+            chunks = plan.pipeline_chunks
+            if len(chunks) != pp or any(len(c) != v for c in chunks) or \
+                    [sum(c) for c in chunks] != [st.num_layers for st in plan.stages]:
+                why = (f"needs pipeline_chunks of {pp} stages x {v} chunks adding up to the stages' layers "
+                       f"{[st.num_layers for st in plan.stages]}; it is {chunks}")
         # the first / last stage may hold one layer less: its embedding / loss counts as a layer of the split
         # (Megatron-Core account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split; Llama 3)
         elif any((st.num_layers + (i in (0, pp - 1) and st.num_layers % v != 0)) % v
                  for i, st in enumerate(plan.stages)):
-            why = f"needs each stage's layers {[st.num_layers for st in plan.stages]} divisible by {v}"
+            why = (f"needs each stage's layers {[st.num_layers for st in plan.stages]} divisible by {v}, or the "
+                   "layers of each chunk given as pipeline_chunks")
         if why:
             out.append(PlanRuleError("virtual-stages", f"interleaved 1F1B with {v} virtual stages {why}",
                                      field="plan.virtual_stages", fix="set virtual_stages = 1 or change the plan"))
+    elif plan.pipeline_chunks is not None:
+        out.append(PlanRuleError("virtual-stages", "pipeline_chunks are the layers of interleaved 1F1B's virtual "
+                                 "stages; this plan has virtual_stages = 1", field="plan.pipeline_chunks",
+                                 fix="remove pipeline_chunks, or set virtual_stages"))
     if plan.job.seq_len > spec.max_seq_len:
         out.append(PlanRuleError(
             "seq-len", f"seq_len {plan.job.seq_len} is longer than {name} allows ({spec.max_seq_len})",
@@ -201,9 +217,18 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     lacks = [(f, what) for f, what, has in (
         ("tp_comm_overlap", "TP-communication overlap", stack.tp_comm_overlap),
         ("cuda_graphs", "CUDA graphs", stack.launch == "cuda-graphs")) if getattr(plan, f) and not has]
+    if (plan.job.framework != "fsdp" and plan.zero not in stack.zero
+            and any(st.dp * degree(plan, i, "cp") > 1 for i, st in enumerate(plan.stages))):
+        lacks.append(("zero", f"ZeRO-{plan.zero} (it runs {', '.join(map(str, stack.zero))})"))
+    modes = {st.recompute for st in plan.stages} - set(stack.recompute)
+    if plan.job.attention == "flash":
+        modes.discard("selective")  # the same plan as none under flash (hetplan.plan.Job)
+    if modes:
+        lacks.append(("stages[].recompute", f"{'/'.join(sorted(modes))} recomputation"))
     for f, what in lacks:
-        out.append(PlanRuleError("stack-has-option", f"{f} = true, but stack {stack.id} has no {what}",
-                                 field=f"plan.{f}", fix=f"set {f} = false, or pick a stack that has it "
+        out.append(PlanRuleError("stack-has-option", f"plan.{f} asks for {what.split(' (')[0]}, which stack "
+                                 f"{stack.id} lacks" + (f" ({what.split(' (', 1)[1]}" if " (" in what else ""),
+                                 field=f"plan.{f}", fix="change the plan, or pick a stack that has it "
                                                         "(hetplan catalog stacks)"))
     step = plan.pipeline_step_microbatches
     if step is not None and plan.pp > 1:
@@ -248,6 +273,92 @@ def _gpu_violations(plan: "Plan") -> list[PlanRuleError]:
             out.append(PlanRuleError(
                 "dtype-on-gpu", f"{gpu.name} (pool {p}) has no {dtype} tensor cores", field="plan.job.dtype",
                 fix=f"use dtype {' or '.join(have)}, or GPUs with {dtype}"))
+    return out
+
+
+def embedding_loss_split(layers: list[int], num_layers: int, v: int) -> tuple[int, int, int] | None:
+    """``(e, l, c)`` when the stages hold ``v * c`` units each with the embedding (``e`` = 1) and / or the loss
+    (``l`` = 1) counted as a unit of the first / last stage, the first ``e`` and the last ``l`` fewer layers
+    (Megatron-Core ``--account-for-embedding/loss-in-pipeline-split``); None when ``layers`` is no such split."""
+    pp = len(layers)
+    for e, loss in ((0, 0), (1, 1), (1, 0), (0, 1)):
+        units = num_layers + e + loss
+        c = units // (pp * v)
+        if units % (pp * v) == 0 and layers == [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]:
+            return e, loss, c
+    return None
+
+
+def split_kind(plan: "Plan", spec: "ModelSpec", v: int | None = None) -> str:
+    """How the plan splits its layers over the pipeline (``frameworks.toml`` ``splits``): ``equal``,
+    ``embedding-loss`` (an equal split of the layers plus the embedding / loss), ``first-last`` (only the first /
+    last stage differ; without interleaving) or ``any``."""
+    layers, v = [st.num_layers for st in plan.stages], v or plan.virtual_stages
+    if plan.pipeline_chunks is not None and v > 1 and len({n for c in plan.pipeline_chunks for n in c}) > 1:
+        return "any"
+    found = embedding_loss_split(layers, spec.num_layers, v) if len(layers) > 1 else (0, 0, 0)
+    if found is not None:
+        return "equal" if found[:2] == (0, 0) else "embedding-loss"
+    if v == 1 and len(set(layers[1:-1])) <= 1:
+        return "first-last"
+    return "any"
+
+
+def launch_violations(plan: "Plan", spec: "ModelSpec", export: str, release: str | None = None,
+                      virtual_stages: int | None = None) -> list[PlanRuleError]:
+    """Rule ``framework-can-launch``: what of ``plan`` the framework release behind export target ``export``
+    cannot run, from its entry in ``hardware/data/frameworks.toml`` (the source of each capability is there):
+    the layer split, interleaving, the schedule, ZeRO (with pipeline parallelism), TP / CP / EP / expert-TP, EP
+    beyond DP x CP, FP8 on the plan's GPU generation."""
+    from hetplan.hardware.frameworks import framework_for
+
+    fw = framework_for(export, release)
+    out: list[PlanRuleError] = []
+
+    def bad(what: str, field: str, fix: str, source: str) -> None:
+        out.append(PlanRuleError("framework-can-launch", f"{fw.id} {what} ({fw.sources.get(source, '')})",
+                                 field=field, fix=fix))
+
+    pp = plan.pp
+    v = (virtual_stages if virtual_stages is not None else plan.virtual_stages) if pp > 1 else 1
+    if pp > 1 and v > 1 and not fw.interleaved:
+        bad("has no interleaved schedule", "plan.virtual_stages", "use virtual_stages = 1", "interleaved")
+    kind = split_kind(plan, spec, v) if pp > 1 else "equal"
+    if kind not in fw.splits and "any" not in fw.splits:
+        bad(f"expresses the layer splits {', '.join(fw.splits)}; this plan's {[st.num_layers for st in plan.stages]}"
+            f" is {kind}", "plan.stages[].num_layers", "use a split it expresses", "splits")
+    if pp > 1 and plan.schedule not in fw.schedules:
+        bad(f"schedules pipelines with {', '.join(fw.schedules)} only, not {plan.schedule}", "plan.schedule",
+            f"use schedule {fw.schedules[0]}", "schedules")
+    if plan.zero not in fw.zero or (pp > 1 and plan.zero not in fw.zero_with_pp):
+        bad(f"refuses pipeline parallelism with ZeRO-{plan.zero}" if pp > 1 and plan.zero in fw.zero
+            else f"has no ZeRO-{plan.zero}", "plan.zero",
+            f"use zero {max(fw.zero_with_pp if pp > 1 else fw.zero)} or less", "zero_with_pp" if pp > 1 else "zero")
+    dims = [("tensor", max(st.tp for st in plan.stages), fw.tp, "tp"),
+            ("context", max(degree(plan, i, "cp") for i in range(pp)), fw.cp, "cp"),
+            ("expert", max(degree(plan, i, "ep") for i in range(pp)), fw.ep, "ep")]
+    lacking = [(what, n, key) for what, n, has, key in dims if n > 1 and not has]
+    if lacking:
+        bad("has no " + ", ".join(f"{what} parallelism (plan: {n})" for what, n, _ in lacking),
+            f"plan.stages[].{lacking[0][2]}", "export --to megatron (Megatron-DeepSpeed takes the same arguments)",
+            lacking[0][2])
+    etp = max(degree(plan, i, "expert_tp") for i in range(pp))
+    if etp > 1 and fw.ep and not fw.expert_tp:
+        bad(f"never splits an expert over TP; the plan has expert-TP {etp}", "plan.expert_tp",
+            "plan with expert_tp = 1", "expert_tp")
+    for i, st in enumerate(plan.stages):
+        ep, cp = degree(plan, i, "ep"), degree(plan, i, "cp")
+        if fw.ep and ep > st.dp * cp and not fw.ep_beyond_dp:
+            bad(f"needs EP within DP x CP; stage {i} has EP {ep} over DP {st.dp} x CP {cp}", "plan.ep",
+                "use an EP degree dividing DP x CP", "ep_beyond_dp")
+            break
+    if plan.job.dtype == "fp8":
+        from hetplan.hardware.catalog import load_catalog
+
+        cat = load_catalog()
+        archs = sorted({cat.get(plan.pools[st.pool].gpu).architecture for st in plan.stages})
+        if not all(fw.fp8_recipes(a) for a in archs):
+            bad(f"has no FP8 training on {', '.join(archs)}", "plan.job.dtype", "plan with dtype bf16", "fp8")
     return out
 
 

@@ -146,7 +146,7 @@ def _torchtitan(ex: exporters.Export, spec) -> dict:
     return {"tp": par["tensor_parallel_degree"], "dp": dp, "pp": pp, "stage_layers": layers, "mbs": mbs,
             "global_batch": tr["global_batch_size"], "microbatches": micro, "virtual_stages": v,
             "recompute": cfg["activation_checkpoint"]["mode"], "zero": zero, "flavor": cfg["model"]["flavor"],
-            "dtype": "fp8" if "float8" in cfg["model"].get("converters", []) else
+            "dtype": "fp8" if "quantize.linear.float8" in cfg["model"].get("converters", []) else
             {"bfloat16": "bf16", "float32": "fp32"}[tr["mixed_precision_param"]]}
 
 
@@ -269,12 +269,13 @@ def test_heterogeneous_tp_refused_without_suggesting_run():
 
 @pytest.mark.parametrize("target, update, match", [
     ("deepspeed", {"zero": 2}, "refuses pipeline parallelism with ZeRO-2"),
-    ("deepspeed", {"stages": [Stage(num_layers=16, tp=2, dp=2)] * 2}, "no tensor, context or expert"),
+    ("deepspeed", {"stages": [Stage(num_layers=16, tp=2, dp=2)] * 2}, "has no tensor parallelism"),
     ("torchtitan", {"job": Job(model="gpt3-1.3b", seq_len=2048, global_batch=64)}, "Llama-shaped"),
     ("torchtitan", {"job": Job(model="llama2-7b", seq_len=2048, global_batch=64, dtype="fp16")}, "not float16"),
     ("torchtitan", {"fsdp_param_dtype": "bf16"}, "fp32 sharded parameters"),
     ("torchtitan", {"cross_entropy": "bf16"}, "fp32 sharded parameters"),
-    ("megatron", {"schedule": "gpipe"}, "1F1B only"),
+    ("megatron", {"schedule": "gpipe"}, "1f1b only, not gpipe .*rule framework-can-launch"),
+    ("deepspeed", {"virtual_stages": 2}, "deepspeed 0.19 has no interleaved schedule"),
 ])
 def test_what_a_framework_cannot_run_is_refused(target, update, match):
     plan = _plan("llama2-7b", [{"num_layers": 16, "dp": 4}] * 2, gbs=64, mbs=2).model_copy(update=update)
@@ -317,9 +318,10 @@ def test_fp8_export_carries_the_recipe_the_estimate_assumed():
     args = _megatron(exporters.export(b200, spec, "megatron"), spec)["args"]
     assert args["fp8-recipe"] == "mxfp8" and args["fp8-format"] == "e4m3"
     cfg = tomllib.loads(exporters.export(plan, spec, "torchtitan", version="0.2").files["torchtitan.toml"])
-    assert cfg["model"]["converters"] == ["float8"] and cfg["compile"]["enable"] is True
-    assert cfg["float8"] == {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True,
-                             "filter_fqns": ["output"]}
+    assert cfg["model"]["converters"] == ["quantize.linear.float8"] and cfg["compile"]["enable"] is True
+    assert cfg["quantize"]["linear"]["float8"] == {"enable_fsdp_float8_all_gather": True,
+                                                   "precompute_float8_dynamic_scale_for_fsdp": True,
+                                                   "filter_fqns": ["output"]}
     # torchtitan 0.3: converters live in the model spec, so a generated job module builds it with float8
     files = exporters.export(plan, spec, "torchtitan").files
     launch = " ".join(files["launch.sh"].replace("\\\n", " ").split())

@@ -59,7 +59,7 @@ def test_valid_plans_pass_and_rules_are_listed():
     assert violations(_llama([{"num_layers": 16, "tp": 8, "dp": 4}] * 2), spec) == []
     # TP across whole nodes is allowed (slow, but a placement launchers make)
     assert violations(_llama([{"num_layers": 32, "tp": 16, "dp": 1}], count=16), spec) == []
-    assert len(set(RULES)) == len(RULES) == 16
+    assert len(set(RULES)) == len(RULES) == 17
 
 
 def test_tp_groups_straddling_nodes():

@@ -108,3 +108,78 @@ def test_serving_validation_set():
     assert res["mape"] <= TARGET["mape"] + 0.01
     assert res["held_out"]["mape"] <= 0.20
     assert abs(res["signed_median"]) < 0.10 and res["max_abs_error"] < 1.0
+
+
+def test_step_model_prices_the_engine():
+    from hetplan.estimate.inference import step_time_s
+    from hetplan.serve.exec_model import EstimatedStepModel
+
+    m, h100, v = load_model("llama3-8b"), get_gpu("H100-SXM"), get_engine("vllm")
+    sm = EstimatedStepModel(m, h100, dtype="bf16", engine=v, weights="fp8", kv_dtype="fp8")
+    want = step_time_s(m, h100, "bf16", [512], [600, 600], engine=v, weights="fp8", kv_dtype="fp8")
+    assert sm.step_time_s([512], [600, 600]) == pytest.approx(want)
+    # the engine's step overhead once per iteration, not once per pass
+    both = step_time_s(m, h100, "bf16", [512], [600], engine=v)
+    alone = (prefill_time_s(m, h100, "bf16", 512, engine=v)
+             + decode_step_time_s(m, h100, "bf16", 1, 600, engine=v))
+    assert both == pytest.approx(alone - v.step_overhead_s)
+    assert EstimatedStepModel(m, h100, dtype="bf16").step_time_s([], [600]) > 5 * sm.step_time_s([], [600])
+
+
+def test_bad_capacity_inputs_name_the_field():
+    m, a100 = load_model("llama2-7b"), get_gpu("A100-SXM-80GB")
+    for kw, field in (({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+                      ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+                      ({"weights": "fp8", "dtype": "fp16"}, "quantization")):
+        engine = get_engine("hf-eager") if field == "quantization" else get_engine("vllm")
+        with pytest.raises(HetplanError) as e:
+            kv_capacity_tokens(m, a100, engine, **kw)
+        assert e.value.field == field
+    with pytest.raises(HetplanError) as e:
+        kv_capacity_tokens(m, get_gpu("V100-SXM-32GB"), get_engine("vllm@0.10"), dtype="fp16")
+    assert e.value.field == "engine"
+    with pytest.raises(HetplanError) as e:
+        max_num_seqs(m, a100, get_engine("vllm"), 0, dtype="bf16")
+    assert e.value.field == "seq_tokens"
+
+
+def test_capacity_and_step_time_are_monotone():
+    m, h100, v = load_model("llama3-8b"), get_gpu("H100-SXM"), get_engine("vllm")
+    caps = [kv_capacity_tokens(m, h100, v, dtype="bf16", gpu_memory_utilization=u) for u in (0.5, 0.7, 0.9)]
+    assert caps[0] < caps[1] < caps[2]
+    assert kv_capacity_tokens(m, h100, v, dtype="bf16", kv_dtype="fp8") > 1.9 * caps[2]
+    steps = [decode_step_time_s(m, h100, "bf16", b, b * 1000, engine=v) for b in (1, 8, 64, 256, 1024)]
+    assert all(x <= y for x, y in zip(steps, steps[1:]))
+
+
+def test_chunked_prefill_pays_attention_to_earlier_chunks():
+    from hetplan.estimate.inference import chunk_context_time_s, step_time_s
+    from hetplan.serve.exec_model import EstimatedStepModel
+
+    m, h100, v = load_model("llama3-8b"), get_gpu("H100-SXM"), get_engine("vllm")
+    whole = step_time_s(m, h100, "bf16", [8192], [], engine=v)
+    first = step_time_s(m, h100, "bf16", [4096], [], engine=v)
+    second = step_time_s(m, h100, "bf16", [4096], [], engine=v, prefill_contexts=[4096])
+    # the second chunk attends to the first: more than the first, and the two chunks together do the whole
+    # prompt's work (same GEMM FLOPs; causal attention 8192^2 / 2 = two 4096^2 / 2 triangles + one 4096^2 square)
+    assert second > first
+    assert first + second == pytest.approx(whole, rel=0.15)
+    assert chunk_context_time_s(m, h100, "bf16", [4096], [0], engine=v) == 0.0
+    sm = EstimatedStepModel(m, h100, dtype="bf16", engine=v)
+    assert sm.step_time_s([4096], [], [4096]) == pytest.approx(second)
+    assert sm.step_time_s([4096], []) == pytest.approx(first)
+
+
+def test_validate_serving_table_fits_80_columns():
+    import json
+
+    from typer.testing import CliRunner
+
+    from hetplan.cli.main import app
+
+    r = CliRunner().invoke(app, ["validate", "--sets", "serving"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and "held-out" in r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80
+    r = CliRunner().invoke(app, ["validate", "--sets", "serving", "--json"])
+    res = json.loads(r.output)
+    assert res["sets"]["serving"]["n"] == 72 and "tensorrt-llm@1.0" in res["stacks"]

@@ -6,8 +6,9 @@ measured metric. Each row is predicted with :mod:`hetplan.estimate.inference` un
 (:mod:`hetplan.hardware.engines`); nothing here has a formula of its own beyond how a benchmark strings the
 engine's steps together:
 
-* ``static`` (TensorRT-LLM's ``gptSessionBenchmark``: one batch of ``B`` requests prefilled together, then decoded
-  to the end): TTFT = one prefill of ``B`` prompts; throughput = ``B · out`` over the prefill plus ``out - 1``
+* ``static`` (TensorRT-LLM's ``gptSessionBenchmark``, vLLM's ``benchmark_latency``: one batch of ``B`` requests
+  prefilled together, then decoded to the end): TTFT = one prefill of ``B`` prompts; end-to-end latency = the
+  prefill plus ``out - 1`` decode steps; throughput = ``B · out`` over the prefill plus ``out - 1``
   decode steps whose cache grows from ``B · in`` to ``B · (in + out)`` tokens (the decode time is sampled at
   :data:`DECODE_SAMPLES` points of that growth and averaged: it is linear in the cached tokens);
 * ``offline`` (all requests queued at once, ``trtllm-bench throughput``): ``B`` = the sequences of ``in + out``
@@ -61,9 +62,9 @@ CONVENTION = ("published serving benchmarks (TensorRT-LLM v0.6.1 and v1.0 perf t
 def is_calibration(key: str) -> bool:
     """The row fits ``hbm_efficiency`` (a seeded hash of its key, :data:`CALIBRATION_FRACTION` of the rows)."""
     return _is_calibration(key, CALIBRATION_FRACTION)
-_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu")
+_METRICS = ("ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu")
 _MODES = ("static", "offline", "concurrency")
-_TIME_METRICS = ("ttft_s", "tpot_s")
+_TIME_METRICS = ("ttft_s", "tpot_s", "e2e_s")
 
 
 @dataclass
@@ -140,6 +141,8 @@ def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog, hbm_efficienc
         ks = np.linspace(1, max(1, o - 1), DECODE_SAMPLES)
         decode = (o - 1) * float(np.mean([decode_s(b, i + k) for k in ks])) if o > 1 else 0.0
         total = inference.prefill_time_s(m, gpu, dt, i, batch=b, **kw) + decode
+        if metric == "e2e_s":
+            return total, info
         tput = b * o / total
     else:
         if mode == "offline":

@@ -55,7 +55,7 @@ from hetplan.errors import HetplanError
 from hetplan.hardware.stacks import default_stack
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Plan
-from hetplan.plan_rules import check_plan, degree
+from hetplan.plan_rules import check_plan, degree, embedding_loss_split, launch_violations
 
 TARGETS = ("megatron", "deepspeed", "torchtitan")
 #: the framework releases each target writes for, the default first (``hetplan export --framework-version``):
@@ -147,19 +147,6 @@ def _virtual(plan: Plan, virtual_stages: int | None) -> int:
     return virtual_stages if virtual_stages is not None else plan.virtual_stages
 
 
-def _embedding_loss_split(layers: list[int], num_layers: int, v: int) -> tuple[int, int, int] | None:
-    """``(e, l, c)`` when the stages hold ``v * c`` units each with the embedding (``e`` = 1) and / or the loss
-    (``l`` = 1) counted as a unit of the first / last stage, the first ``e`` and the last ``l`` fewer layers;
-    None when ``layers`` is no such split."""
-    pp = len(layers)
-    for e, loss in ((0, 0), (1, 1), (1, 0), (0, 1)):
-        units = num_layers + e + loss
-        c = units // (pp * v)
-        if units % (pp * v) == 0 and layers == [v * c - e] + [v * c] * (pp - 2) + [v * c - loss]:
-            return e, loss, c
-    return None
-
-
 def _interleaved_units(plan: Plan, spec: ModelSpec, v: int, what: str) -> tuple[int, int, int]:
     """``(e, l, c)`` of an interleaved plan: the embedding (``e`` = 1) and the loss (``l`` = 1) counted as a layer
     of the split (Megatron-Core ``--account-for-embedding/loss-in-pipeline-split``), and ``c`` units per model
@@ -169,7 +156,7 @@ def _interleaved_units(plan: Plan, spec: ModelSpec, v: int, what: str) -> tuple[
         HetplanError: the stages fit no such split.
     """
     layers, pp = [st.num_layers for st in plan.stages], plan.pp
-    split = _embedding_loss_split(layers, spec.num_layers, v)
+    split = embedding_loss_split(layers, spec.num_layers, v)
     if split is not None:
         return split
     raise HetplanError(f"{what}'s interleaved schedule splits the layers (plus, optionally, the embedding and the "
@@ -222,9 +209,6 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
     m = _mesh(plan, "Megatron-LM")
     pp = plan.pp
     notes = []
-    if plan.schedule == "gpipe" and pp > 1:
-        raise HetplanError("Megatron-LM schedules pipelines with 1F1B only", field="plan.schedule",
-                           fix="use schedule 1f1b (or export --to torchtitan / deepspeed)")
     layers = [st.num_layers for st in plan.stages]
     args = [
         f"--tensor-model-parallel-size {m.tp}", f"--pipeline-model-parallel-size {pp}",
@@ -263,17 +247,20 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                  f"--qk-head-dim {spec.head_dim - spec.qk_rope_head_dim}", f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
                  f"--v-head-dim {spec.v_head_dim}"] + ([f"--q-lora-rank {spec.q_lora_rank}"] if spec.q_lora_rank else [])
     v = _virtual(plan, virtual_stages) if pp > 1 else 1
-    if v > 1:  # chunks of c units; the embedding / loss may count as a unit (Llama 3's uneven interleaved stages)
+    if v > 1 and plan.pipeline_chunks is not None and v == plan.virtual_stages:  # the plan's own chunks
+        args.append(f"--pipeline-model-parallel-layout '{megatron_layout(plan.pipeline_chunks)}'")
+        notes.append("interleaved chunks via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
+    elif v > 1:  # chunks of c units; the embedding / loss may count as a unit (Llama 3's uneven interleaved stages)
         e, loss, c = _interleaved_units(plan, spec, v, "Megatron-LM")
         args += (["--account-for-embedding-in-pipeline-split"] if e else []) + (
             ["--account-for-loss-in-pipeline-split"] if loss else [])
         args.append(f"--num-virtual-stages-per-pipeline-rank {v}" if e or loss
                     else f"--num-layers-per-virtual-pipeline-stage {c}")
-    elif pp > 1 and len(set(layers)) > 1 and _embedding_loss_split(layers, spec.num_layers, 1):
+    elif pp > 1 and len(set(layers)) > 1 and embedding_loss_split(layers, spec.num_layers, 1):
         # Llama 3's stages: the embedding / loss counted as a layer of an even split. Megatron-Core refuses these
         # flags together with --decoder-first/last-pipeline-num-layers ("Does not support standalone embedding
         # stage and standalone loss stage with uneven pp", transformer_block.get_num_layers_to_build).
-        e, loss, _ = _embedding_loss_split(layers, spec.num_layers, 1)
+        e, loss, _ = embedding_loss_split(layers, spec.num_layers, 1)
         args += (["--account-for-embedding-in-pipeline-split"] if e else []) + (
             ["--account-for-loss-in-pipeline-split"] if loss else [])
     elif pp > 1 and len(set(layers)) > 1:
@@ -397,19 +384,6 @@ def export_deepspeed(plan: Plan, spec: ModelSpec) -> Export:
     """
     m = _mesh(plan, "DeepSpeed")
     pp = plan.pp
-    if m.tp > 1 or m.cp > 1 or m.ep > 1:
-        raise HetplanError(f"DeepSpeed's PipelineModule has no tensor, context or expert parallelism (plan: TP "
-                           f"{m.tp}, CP {m.cp}, EP {m.ep})", field="plan.stages[].tp",
-                           fix="export --to megatron (Megatron-DeepSpeed takes the same arguments)")
-    if pp > 1 and plan.zero >= 2:
-        raise HetplanError(f"DeepSpeed refuses pipeline parallelism with ZeRO-{plan.zero} (its PipelineEngine "
-                           "asserts ZeRO stage < 2)", field="plan.zero", fix="use zero 0 or 1 with pp > 1")
-    if plan.job.dtype == "fp8":
-        raise HetplanError("DeepSpeed's config has no FP8 training (it needs Transformer Engine modules in the model "
-                           "code)", field="plan.job.dtype", fix="export --to megatron or torchtitan, or plan with bf16")
-    if plan.virtual_stages > 1 and pp > 1:
-        raise HetplanError("DeepSpeed's PipelineEngine has no interleaved schedule", field="plan.virtual_stages",
-                           fix="use virtual_stages = 1, or export --to megatron / torchtitan")
     notes = []
     rec = m.recompute
     if rec == "selective":
@@ -492,7 +466,9 @@ def _torchtitan_parts(plan: Plan, spec: ModelSpec, v: int, head: str = "output")
     runs on pipeline rank k % pp — of equal units, the embedding and the loss counting as one where the plan's
     split does, :func:`_interleaved_units`), the embedding with the first part, the final norm and head with the
     last."""
-    if v > 1:
+    if v > 1 and plan.pipeline_chunks is not None and v == plan.virtual_stages:  # model part k on rank k % pp
+        counts = [plan.pipeline_chunks[k % plan.pp][k // plan.pp] for k in range(plan.pp * v)]
+    elif v > 1:
         e, loss, c = _interleaved_units(plan, spec, v, "torchtitan")
         counts = [c] * (plan.pp * v)
         counts[0] -= e
@@ -585,7 +561,7 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         f"mbs {plan.mbs}, {plan.num_microbatches(0)} micro-batches",
         "[job]", 'description = "hetplan plan"', "",
         "[model]", 'name = "llama3"', f'flavor = "{flavor}"',
-        *(['converters = ["float8"]'] if plan.job.dtype == "fp8" else []), "",
+        *(['converters = ["quantize.linear.float8"]'] if plan.job.dtype == "fp8" else []), "",
         "[training]", f"local_batch_size = {local}", f"global_batch_size = {plan.job.global_batch}",
         f"seq_len = {plan.job.seq_len}", f"steps = {int(plan.job.iterations())}",
         'mixed_precision_param = "bfloat16"', "",
@@ -599,7 +575,8 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
                   f"module_fqns_per_model_part = {json.dumps(_torchtitan_parts(plan, spec, v))}"]
     if plan.job.dtype == "fp8":  # torchao float8 as the estimate assumed it (hetplan.estimate.fp8): tensor-wise
         # dynamic scaling, FP8 all-gather of the FSDP2 parameters; the output head stays bf16
-        lines += ["", "[float8]", "enable_fsdp_float8_all_gather = true",
+        # (torchtitan 0.2.x: converter "quantize.linear.float8", config/job_config.py Quantize.linear.float8)
+        lines += ["", "[quantize.linear.float8]", "enable_fsdp_float8_all_gather = true",
                   "precompute_float8_dynamic_scale_for_fsdp = true", 'filter_fqns = ["output"]']
     # torch.compile of the blocks and the loss, or eager (hetplan.estimate.elementwise)
     lines += ["", "[compile]", *(['enable = true', 'components = ["model", "loss"]'] if plan.job.torch_compile
@@ -729,11 +706,6 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     """
     pp, notes = plan.pp, []
     experts = int(getattr(spec, "num_experts", 0) or 0)
-    etp = {degree(plan, i, "expert_tp") for i in range(pp)}
-    if etp != {1}:
-        raise HetplanError(f"torchtitan 0.3 never splits an expert over TP (parallel_dims: efsdp = dp_shard * cp * tp "
-                           f"/ ep); the plan has expert-TP {sorted(etp)}", field="plan.expert_tp",
-                           fix="plan with expert_tp = 1, or export --to megatron")
     if m.ep > 1 and plan.zero == 0:
         raise HetplanError("torchtitan 0.3 folds EP into the FSDP shard ranks; a ZeRO-0 (DDP) plan has none",
                            field="plan.zero", fix="plan with zero 3 (FSDP), or export --to megatron")
@@ -775,6 +747,8 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
         if experts:
             items.append(f"Float8GroupedExpertsConverter.Config(model_compile_enabled={compiled})")
         converters = "[" + ", ".join(items) + "]"
+        notes.append("torchtitan 0.3.0's Float8LinearConverter scales rowwise (its only recipes: rowwise, "
+                     "rowwise_with_gw_hp); the estimate priced tensorwise dynamic scaling (hetplan.estimate.fp8)")
     files = {}
     generated = config is None or fp8 != (config in _TT03_SHIPPED_FP8) or bool(shape)
     if generated:
@@ -849,6 +823,14 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
     check_plan(plan, spec)
     if t in VERSIONS:
         version = release(t, version)
+        _mesh(plan, {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan"}[t])  # first
+        bad = launch_violations(plan, spec, t, version, virtual_stages)
+        if bad:  # what the target's release cannot launch (hardware/data/frameworks.toml, rule framework-can-launch)
+            first = bad[0]
+            if len(bad) > 1:
+                first = type(first)(first.rule, first.message.rsplit(" (rule ", 1)[0] + "; also: " + "; ".join(
+                    b.message.split(" (", 1)[0] for b in bad[1:]), field=first.field, fix=first.fix)
+            raise first
     if plan.pipeline_calls() > 1:
         raise HetplanError(f"the plan splits each iteration into {plan.pipeline_calls()} calls of the pipeline "
                            "schedule (NeMo AutoModel); the exports run all its micro-batches in one call",

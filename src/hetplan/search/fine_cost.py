@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hetplan.estimate.compute import RECOMPUTE_CODES
-from hetplan.estimate.estimator import LayerTimeSource, pool_link
+from hetplan.estimate.estimator import LayerTimeSource, p2p_model, pool_link
 from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.schedule import simulate
@@ -164,7 +164,7 @@ def simulate_1f1b(forward_s, backward_s, p2p_s, num_microbatches: int) -> tuple[
                 ready = fcur[i] if i == p - 1 else nxt + c[i]
                 s = free[i] if free[i] > ready else ready
                 free[i] = nxt = s + b[i]
-        if 1 <= r < last_steady and prev_free is not None:
+        if 1 <= r < last_steady and prev_free is not None and prev_f is not None:
             lam = free[0] - prev_free[0]
             tol = 1e-12 * (abs(free[0]) + 1.0)
             if all(abs(free[i] - prev_free[i] - lam) <= tol and abs(fcur[i] - prev_f[i] - lam) <= tol
@@ -256,6 +256,7 @@ class FineCostModel:
         """Stage costs of ``n`` layers with r = 0..n of them recomputed, selective (row 0) or full (row 1): six
         arrays of shape (2, n+1)."""
         code = np.array([[RECOMPUTE_CODES["selective"]], [RECOMPUTE_CODES["full"]]])
+        key: tuple
         if self.L <= self.DENSE_LAYERS:
             key = (ctx, in_flight)
             t = self._tables.get(key)
@@ -345,8 +346,13 @@ class FineCostModel:
         intra = boundary_is_intra_node([s.gpus * state.cp for s in state.stages], [0] * p, [self.pool.gpus_per_node])
         c = [self._boundary(state.stages[i], state.stages[i + 1], state.micro_batch, state.cp, intra[i])
              for i in range(p - 1)]
-        iteration = float(assemble_iteration(fw, bw, dpx, opt, sum(c), mb,
-                                             simulated=simulate_1f1b(fw, bw, c, mb)).iteration_s)
+        blocking = p2p_model(self.options.framework)  # DeepSpeed's blocking transfers, as estimate() simulates
+        if blocking:
+            sim = simulate(fw, bw, c, mb, "1f1b", blocking_p2p=blocking)
+            simulated: tuple[float, list[float]] = (sim.makespan_s, list(sim.stage_end_s))
+        else:
+            simulated = simulate_1f1b(fw, bw, c, mb)
+        iteration = float(assemble_iteration(fw, bw, dpx, opt, sum(c), mb, simulated=simulated).iteration_s)
         over = sum(max(0.0, x - self.capacity) for x in mem)
         res = StateCost(iteration, fw, bw, rc_s, tpc, dpx, opt, mem, c, rcs, over)
         self._costs[state] = res

@@ -2,7 +2,9 @@
 
 * :class:`EstimatedStepModel` — the cost model of :mod:`hetplan.estimate.inference` (compute-bound prefill,
   memory-bound decode over weights and KV bytes, TP all-reduces and PP p2p from :mod:`hetplan.estimate.comm`) for a
-  model on a catalog GPU partitioned TP x PP. No formula of its own.
+  model on a catalog GPU partitioned TP x PP, as a serving engine runs it when ``engine`` is given (its launches,
+  attention kernel, weight dtype ``weights``, KV dtype ``kv_dtype`` and per-step overhead;
+  :mod:`hetplan.hardware.engines`). No formula of its own.
 * :class:`LinearStepModel` — ``t = base + per_prefill · joins + per_prefill_token · prompt tokens + per_decode_seq ·
   running + per_kv_token · cached tokens`` with non-negative coefficients fitted by least squares on the iterations
   an engine measured (:meth:`LinearStepModel.fit`); used to check the simulator's queueing and batching against the
@@ -19,23 +21,26 @@ from typing import Sequence
 import numpy as np
 
 from hetplan.errors import HetplanError
-from hetplan.estimate.inference import step_time_s
+from hetplan.estimate.inference import chunk_context_time_s, step_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.hardware.engines import EngineSpec
 from hetplan.model.spec import ModelSpec
 
 
 class StepModel:
-    """Interface: ``step_time_s(prefill_lens, decode_contexts)`` -> seconds for one iteration."""
+    """Interface: ``step_time_s(prefill_lens, decode_contexts[, prefill_contexts])`` -> seconds for one iteration
+    (``prefill_contexts``: tokens cached before each prefill chunk; models that do not price it ignore it)."""
 
-    def step_time_s(self, prefill_lens: Sequence[int], decode_contexts: Sequence[int]) -> float:  # pragma: no cover
+    def step_time_s(self, prefill_lens: Sequence[int], decode_contexts: Sequence[int],
+                    prefill_contexts: Sequence[int] | None = None) -> float:  # pragma: no cover
         raise NotImplementedError
 
 
 @dataclass(frozen=True)
 class EstimatedStepModel(StepModel):
     """Iteration time of ``spec`` on ``gpu`` partitioned TP x PP, from :func:`hetplan.estimate.inference.step_time_s`
-    (under serving ``engine`` with ``weights`` of that dtype when given; None: the training cost model)."""
+    (``engine`` None: the training forward; else that engine's costs with ``weights`` / ``kv_dtype``, default
+    ``dtype``)."""
 
     spec: ModelSpec
     gpu: GPUSpec
@@ -44,18 +49,29 @@ class EstimatedStepModel(StepModel):
     dtype: str = "fp16"
     engine: EngineSpec | None = None
     weights: str | None = None
+    kv_dtype: str | None = None
 
     def _exact(self, n_prefill: int, longest: int, n_decode: int, kv_tokens: int) -> float:
         return step_time_s(self.spec, self.gpu, self.dtype, [longest] * n_prefill,
                            [kv_tokens / n_decode] * n_decode if n_decode else [], tp=self.tp, pp=self.pp,
-                           engine=self.engine, weights=self.weights)
+                           engine=self.engine, weights=self.weights, kv_dtype=self.kv_dtype, prefill_contexts=None)
 
-    def step_time_s(self, prefill_lens, decode_contexts) -> float:
-        # The time depends only on the joining count and longest prompt, and on the running count and their
-        # cached tokens in all. For a given shape the cost model is linear in the cached tokens (the decode
-        # attention reads their K/V, or computes over them, at a fixed rate: estimate/inference.py kv_read_time_s),
-        # so each shape is evaluated at two token counts and the line used for all others — after a third point
-        # has confirmed the line to 1e-9; a shape where it does not is evaluated exactly at every count.
+    def step_time_s(self, prefill_lens, decode_contexts, prefill_contexts=None) -> float:
+        # The time depends only on the joining count and longest prompt, on the running count and their cached
+        # tokens in all, and on the chunks' cached contexts (an additive term, memoised on its own). For a given
+        # shape the cost model is linear in the cached tokens (the decode attention reads their K/V, or computes
+        # over them, at a fixed rate: estimate/inference.py kv_read_time_s), so each shape is evaluated at two
+        # token counts and the line used for all others, after a third point has confirmed it to 1e-9; a shape
+        # where it does not is evaluated exactly at every count (memoised).
+        chunks = tuple(zip(prefill_lens, prefill_contexts)) if prefill_contexts else ()
+        extra = 0.0
+        if chunks:
+            ccache = self.__dict__.setdefault("_chunks", {})
+            if chunks not in ccache:
+                ccache[chunks] = chunk_context_time_s(self.spec, self.gpu, self.dtype, [c for c, _ in chunks],
+                                                      [p for _, p in chunks], tp=self.tp, engine=self.engine,
+                                                      kv_dtype=self.kv_dtype)
+            extra = ccache[chunks]
         n_pre, longest, n_dec = len(prefill_lens), max(prefill_lens, default=0), len(decode_contexts)
         kv = int(sum(decode_contexts))
         lines = self.__dict__.setdefault("_lines", {})
@@ -67,12 +83,12 @@ class EstimatedStepModel(StepModel):
             lines[shape] = (fa, slope, a) if abs(fa + slope * (c - a) - fc) <= 1e-9 * max(fc, 1e-12) else None
         line = lines.get(shape)
         if line is not None:
-            return line[0] + line[1] * (kv - line[2])
+            return line[0] + line[1] * (kv - line[2]) + extra
         cache = self.__dict__.setdefault("_memo", {})
         key = (n_pre, longest, n_dec, kv)
         if key not in cache:
             cache[key] = self._exact(*key)
-        return cache[key]
+        return cache[key] + extra
 
 
 @dataclass(frozen=True)
@@ -89,7 +105,7 @@ class LinearStepModel(StepModel):
     def features(prefill_lens: Sequence[int], decode_contexts: Sequence[int]) -> list[float]:
         return [1.0, len(prefill_lens), float(sum(prefill_lens)), len(decode_contexts), float(sum(decode_contexts))]
 
-    def step_time_s(self, prefill_lens, decode_contexts) -> float:
+    def step_time_s(self, prefill_lens, decode_contexts, prefill_contexts=None) -> float:
         c = (self.base_s, self.per_prefill_s, self.per_prefill_token_s, self.per_decode_seq_s, self.per_kv_token_s)
         return float(np.dot(c, self.features(prefill_lens, decode_contexts)))
 

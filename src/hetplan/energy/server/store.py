@@ -169,10 +169,6 @@ class Store:
     def count_reports(self, job_id: str) -> int:
         return int(self._read("SELECT COUNT(*) FROM reports WHERE job_id=?", (job_id,))[0][0])
 
-    def iteration_complete(self, job_id: str, iteration: int) -> int:
-        """Number of ranks that reported ``iteration``."""
-        return int(self._read("SELECT COUNT(*) FROM reports WHERE job_id=? AND iteration=?", (job_id, iteration))[0][0])
-
     def measured_profile(self, job_id: str) -> list[tuple[int, str, int, float, float, int]]:
         """Mean ``(stage, instruction, frequency_mhz, time_s, energy_j, samples)`` over all measurements with energy."""
         return [(int(s), str(i), int(f), float(t), float(e), int(n)) for s, i, f, t, e, n in self._read(

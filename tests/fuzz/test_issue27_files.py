@@ -1,0 +1,105 @@
+"""Issue 27, items 3-4: files. Profile imports refuse unknown GPUs, NaN / text / negative times and CSVs of
+unrelated columns (generated rows); a read-only command never writes a byte into a foreign or empty SQLite file;
+every output path (a file given as a folder, a folder as a file, a missing or unwritable folder) is one message,
+exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.fuzz.inproc import run_cli
+
+HEADER = "model,gpu,tp,index,kind,forward_time_s_mbs1\n"
+GOOD = "gpt2XL,A100,1,1,layer,0.0031\n"
+
+
+def _ok(r):
+    assert not r.traceback, r.traceback
+    return r
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(time=st.sampled_from(["nan", "NaN", "inf", "-inf", "-0.002", "fast", "", "1e999", "0"]),
+       gpu=st.sampled_from(["A100", "A10", "H100-SXM"]))
+def test_fasop_rows_with_bad_times_are_refused(tmp_path_factory, time, gpu):
+    d = tmp_path_factory.mktemp("f")
+    (d / "f.csv").write_text(HEADER + GOOD + f"gpt2XL,{gpu},1,2,layer,{time}\n")
+    r = _ok(run_cli("profile", "import", "fasop", d / "f.csv", "--db", d / "p.db"))
+    assert r.code == 2 and "forward_time_s_mbs1" in r.stderr and "line 3" in r.stderr
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(gpu=st.text(alphabet="abcxyzQ0123-", min_size=1, max_size=12).filter(
+    lambda g: g.lower() not in ("a100", "a10", "rtx3090", "g4", "p3")))
+def test_fasop_unknown_gpu_is_refused(tmp_path_factory, gpu):
+    d = tmp_path_factory.mktemp("g")
+    (d / "f.csv").write_text(HEADER + f"gpt2XL,{gpu},1,1,layer,0.003\n")
+    r = _ok(run_cli("profile", "import", "fasop", d / "f.csv", "--db", d / "p.db"))
+    assert r.code == 2 and "unknown GPU" in r.stderr
+
+
+@pytest.mark.parametrize("text", ["a,b,c\n1,2,3\n", "a,b,c\n", "hello\n", ""])
+def test_csv_of_unrelated_columns_imports_nothing_and_says_so(tmp_path, text):
+    (tmp_path / "f.csv").write_text(text)
+    r = _ok(run_cli("profile", "import", "fasop", tmp_path / "f.csv", "--db", tmp_path / "p.db"))
+    assert r.code == 2 and "lacks columns" in r.stderr
+
+
+def test_fasop_real_rows_still_import(tmp_path):
+    (tmp_path / "f.csv").write_text(HEADER + GOOD + "gpt2XL,A100,1,0,embedding,0.001\n")
+    r = _ok(run_cli("profile", "import", "fasop", tmp_path / "f.csv", "--db", tmp_path / "p.db"))
+    assert r.code == 0 and "imported 2 rows" in r.stdout
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("kind", ["empty", "foreign", "text"])
+def test_read_only_commands_write_nothing(tmp_path, kind):
+    db = tmp_path / "x.db"
+    if kind == "empty":
+        db.write_bytes(b"")
+    elif kind == "text":
+        db.write_text("not a database\n")
+    else:
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE runs (id INTEGER)")
+        con.commit()
+        con.close()
+    before = _digest(db)
+    plan = tmp_path / "p.json"
+    assert run_cli("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations",
+                   "2", "--gpu", "H100-SXM", "--gpus", "8", "-q", "-o", plan).code == 0
+    for args in (("profile", "show", "--db", db), ("profile", "export-csv", tmp_path / "o.csv", "--db", db),
+                 ("estimate", plan, "--profile-db", db)):
+        r = _ok(run_cli(*args))
+        assert r.code == 2 and "profile database" in r.stderr, (args, r.stderr)
+    assert _digest(db) == before
+    assert not (tmp_path / "o.csv").exists()
+
+
+def test_output_paths(tmp_path):
+    plan = tmp_path / "p.json"
+    assert run_cli("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations",
+                   "2", "--gpu", "H100-SXM", "--gpus", "8", "-q", "-o", plan).code == 0
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cases = [("export", plan, "--to", "megatron", "--out-dir", afile),
+             ("export", plan, "--to", "megatron", "--out-dir", afile / "sub"),
+             ("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations", "2",
+              "--gpu", "H100-SXM", "--gpus", "8", "-q", "-o", tmp_path),
+             ("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations", "2",
+              "--gpu", "H100-SXM", "--gpus", "8", "-q", "-o", afile / "p.json"),
+             ("validate", "--sets", "fasop_layers", "--csv", tmp_path),
+             ("validate", "--sets", "fasop_layers", "--out", afile)]
+    for args in cases:
+        r = _ok(run_cli(*args))
+        assert r.code == 2 and "fix:" in r.stderr, (args, r.stderr)
+    r = _ok(run_cli("export", plan, "--to", "megatron", "--out-dir", tmp_path / "new" / "dir"))
+    assert r.code == 0 and any((tmp_path / "new" / "dir").iterdir())
