@@ -174,3 +174,41 @@ def test_search_enumerates_only_what_the_stack_offers():
     plan = plan.model_copy(update={"stages": [st.model_copy(update={"recompute": "selective"}) for st in plan.stages]})
     with pytest.raises(PlanRuleError, match="selective recomputation"):
         check_plan(plan, m)
+
+
+def test_deepspeed_zero1_keeps_fp32_master_copies_for_its_partition_only():
+    """DeepSpeed ZeRO-1 (stage_1_and_2.py): 16-bit weights and .grad, fp32 master + Adam of the owned partition:
+    2 + 2 + 12/dp bytes per parameter, where Megatron's distributed optimizer keeps a 4-byte fp32 main-grad."""
+    dp = 8
+    m, ds = _plan("deepspeed", tp=1, pp=1, dp=dp, zero=1)
+    _, mg = _plan("megatron-lm", tp=1, pp=1, dp=dp, zero=1)
+    ds_mem, mg_mem = estimate(ds, model=m).stages[0].memory, estimate(mg, model=m).stages[0].memory
+    assert ds_mem.gradients == pytest.approx(ds_mem.weights)
+    assert ds_mem.optimizer == pytest.approx(6 / dp * ds_mem.weights)
+    assert mg_mem.gradients == pytest.approx(2 * mg_mem.weights)
+    # ZeRO-0 DeepSpeed keeps the layout its traces measured (FP16_Optimizer: the 4-byte term plus 16-bit .grad)
+    _, ds0 = _plan("deepspeed", tp=1, pp=1, dp=dp, zero=0)
+    assert estimate(ds0, model=m).stages[0].memory.gradients == pytest.approx(2 * ds_mem.weights)
+
+
+def test_megatron_stacks_without_the_fused_loss_run_it_on_fp32_logits():
+    from hetplan.estimate.options import TrainingOptions
+
+    _, old = _plan("megatron-lm@3.0")
+    _, new = _plan("megatron-lm")
+    assert TrainingOptions.from_plan(old).cross_entropy == "fp32"
+    assert TrainingOptions.from_plan(new).cross_entropy is None
+
+
+def test_export_writes_the_default_stack_and_says_when_the_plan_was_priced_for_another():
+    from hetplan.model.spec import load_model
+    from hetplan.runtime.exporters import export
+
+    m = load_model("llama2-7b")
+    plan = megatron_plan(m, gpu="A100-SXM-80GB", tp=2, pp=1, dp=4, mbs=1, gbs=8, recompute="none", seq=2048,
+                         inter_node_bandwidth_bytes_per_s=25e9, sequence_parallel=True, dtype="bf16")
+    job = {k: v for k, v in plan.job.model_dump().items() if k not in ("framework", "attention")}
+    assert not [n for n in export(plan, m, "megatron").notes if "priced for stack" in n]
+    old = plan.model_copy(update={"job": Job.model_validate(job | {"stack": "megatron-lm@3.0"})})
+    notes = [n for n in export(old, m, "megatron").notes if "priced for stack" in n]
+    assert notes and "megatron-lm@3.0" in notes[0] and default_stack("megatron").id in notes[0]

@@ -91,3 +91,22 @@ def test_deepseek_v3_pp8_vp4_layout_as_nvidia_runs_it():
     fsdp = plan.model_copy(update={"job": job.model_copy(update={"framework": "fsdp"}), "zero": 3})
     ex = exporters.export(fsdp, spec, "torchtitan")
     assert importers.import_files(ex.files).pipeline_chunks == chunks
+
+
+def test_estimate_reports_the_alltoall_inside_the_stage_times(tmp_path):
+    """StageEstimate.alltoall_s: zero for a dense model and without EP, positive with EP, a part of the TP/comm
+    time the stage already includes; `hetplan estimate` prints it."""
+    job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=16)], mbs=1, zero=3, ep=8,
+                stages=[Stage(num_layers=32, tp=2, dp=8)], sequence_parallel=True)
+    (se,) = estimate(plan).stages
+    assert 0 < se.alltoall_s <= se.tp_comm_s < se.forward_s + se.backward_s
+    assert estimate(plan.model_copy(update={"ep": 1})).stages[0].alltoall_s == 0
+    dense = Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=64, train_iterations=10),
+                 pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, stages=[Stage(num_layers=32, dp=8)])
+    assert estimate(dense).stages[0].alltoall_s == 0
+    path = tmp_path / "p.json"
+    path.write_text(plan.model_dump_json())
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "estimate", str(path)], capture_output=True,
+                       text=True, cwd=ROOT, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert r.returncode == 0 and f"stage 0 {se.alltoall_s * 1e3:.1f} ms" in r.stdout

@@ -89,6 +89,14 @@ def estimate_command(
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
               f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
               f"${_usd(est.job_usd)}" + (f"; iteration time {_interval_text(summary)}" if _interval_text(summary) else ""))
+    if any(se.alltoall_s > 0 for se in est.stages):  # the EP all-to-all inside the stage times
+        a2a = [(se.alltoall_s * 1e3, se.alltoall_s / (se.forward_s + se.backward_s)) for se in est.stages]
+        parts = (", ".join(f"stage {i} {ms:.1f} ms ({share:.0%})" for i, (ms, share) in enumerate(a2a))
+                 if len(a2a) <= 4 else f"{min(a[0] for a in a2a):.1f}-{max(a[0] for a in a2a):.1f} ms per stage "
+                 f"({min(a[1] for a in a2a):.0%}-{max(a[1] for a in a2a):.0%})")
+        con.print(f"MoE all-to-all (EP {plan.ep}, {plan.job.moe_dispatcher}"
+                  f"{', 1F1B-overlapped: exposed part' if plan.job.moe_a2a_overlap else ''}) per micro-batch, forward "
+                  f"+ backward, share of the stage's time: {parts}", highlight=False)
     for line in _interval_lines(summary):
         con.print(line, highlight=False, markup=False)
     _print_provenance(con, prices)
