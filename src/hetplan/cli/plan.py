@@ -17,12 +17,11 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.calibration.intervals import add_intervals
-from hetplan.cli.output import NARROW, new_table, table_console
+from hetplan.cli.output import NARROW, new_table, output_file, table_console, write_output
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import load_job_file, read_structured, validated
-from hetplan.inputs import check_output_path
 from hetplan.plan import GPUPool, Inventory, Job, Plan
 from hetplan.plan_rules import check_plan
 from hetplan.report import plan_summary
@@ -204,8 +203,8 @@ def plan_command(
     Give a job file, or the same job through flags (flags override the file). Example:
     hetplan plan --model llama2-7b --seq-len 4096 --global-batch 1024 --tokens 1e12 --gpu H100-SXM --gpus 64
     """
-    check_output_path(output, "--output")
-    check_output_path(pareto, "--pareto", figure=True)
+    output_file(output, "--output")
+    output_file(pareto, "--pareto", figure=True)
     data = load_job_file(job_file) if job_file else {"job": {}, "inventory": [], "objective": {}, "pin": {}}
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
@@ -292,7 +291,8 @@ def plan_command(
     best = fine.plan if fine else result.plans[0].plan
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
-        output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
+        write_output(output, (fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n",
+                     "--output")
     base = _baseline(baseline, cat, summaries[0]) if baseline is not None else None
     if usd_per_kwh is not None and not energy:
         raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
@@ -470,7 +470,7 @@ def _profiles(profile_db: Optional[Path]):
                            fix="give a profile database written by `hetplan profile` or an importer")
     from hetplan.profile.db import ProfileDB
 
-    return ProfileDB(profile_db)
+    return ProfileDB(profile_db, read_only=True, field="--profile-db")
 
 
 def _fine(job, inv, obj, pins, cat, result, profile_db):
@@ -673,7 +673,7 @@ def estimate_command(
                                                "(the 80 % intervals) for plans on its GPUs and stack."),
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
-    check_output_path(timeline, "--timeline", figure=True)
+    output_file(timeline, "--timeline", figure=True)
     raw = read_structured(plan_file)
     if stack is not None and isinstance(raw.get("job"), dict):
         raw["job"] = {k: v for k, v in raw["job"].items() if k not in ("framework", "attention", "torch_compile")}
@@ -721,6 +721,14 @@ def estimate_command(
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
               f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
               f"${_usd(est.job_usd)}" + (f"; iteration time {_interval_text(summary)}" if _interval_text(summary) else ""))
+    if any(se.alltoall_s > 0 for se in est.stages):  # the EP all-to-all inside the stage times
+        a2a = [(se.alltoall_s * 1e3, se.alltoall_s / (se.forward_s + se.backward_s)) for se in est.stages]
+        parts = (", ".join(f"stage {i} {ms:.1f} ms ({share:.0%})" for i, (ms, share) in enumerate(a2a))
+                 if len(a2a) <= 4 else f"{min(a[0] for a in a2a):.1f}-{max(a[0] for a in a2a):.1f} ms per stage "
+                 f"({min(a[1] for a in a2a):.0%}-{max(a[1] for a in a2a):.0%})")
+        con.print(f"MoE all-to-all (EP {plan.ep}, {plan.job.moe_dispatcher}"
+                  f"{', 1F1B-overlapped: exposed part' if plan.job.moe_a2a_overlap else ''}) per micro-batch, forward "
+                  f"+ backward, share of the stage's time: {parts}", highlight=False)
     for line in _interval_lines(summary):
         con.print(line, highlight=False, markup=False)
     _print_provenance(con, prices)

@@ -169,6 +169,14 @@ def register(app: typer.Typer) -> None:
         if bad:
             raise HetplanError(f"unknown validation set(s) {', '.join(bad)}", field="--sets",
                                fix=f"use some of: {', '.join(every)}")
+        from hetplan.cli.output import output_dir, output_file
+
+        if out_dir is not None:
+            output_dir(out_dir, "--out")
+            csv_path = csv_path or out_dir / "validation.csv"
+            plot_path = plot_path or out_dir / "validation.png"
+        output_file(csv_path, "--csv")
+        output_file(plot_path, "--plot", figure=True)
         new = tuple(n for n in names if n in modern.SET_NAMES)
         check_independent = independent.SET_NAME in names
         serving_result, serving_cases = serving.run_serving() if serving.SET_NAME in names else ({}, [])
@@ -182,10 +190,6 @@ def register(app: typer.Typer) -> None:
         result["sets"].update(new_result)
         result["sets"].update(serving_result)
         cases += new_cases
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            csv_path = csv_path or out_dir / "validation.csv"
-            plot_path = plot_path or out_dir / "validation.png"
         if csv_path is not None:
             v.write_csv(cases, csv_path)
         if plot_path is not None:

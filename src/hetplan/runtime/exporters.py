@@ -247,7 +247,10 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                  f"--qk-head-dim {spec.head_dim - spec.qk_rope_head_dim}", f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
                  f"--v-head-dim {spec.v_head_dim}"] + ([f"--q-lora-rank {spec.q_lora_rank}"] if spec.q_lora_rank else [])
     v = _virtual(plan, virtual_stages) if pp > 1 else 1
-    if v > 1:  # chunks of c units; the embedding / loss may count as a unit (Llama 3's uneven interleaved stages)
+    if v > 1 and plan.pipeline_chunks is not None and v == plan.virtual_stages:  # the plan's own chunks
+        args.append(f"--pipeline-model-parallel-layout '{megatron_layout(plan.pipeline_chunks)}'")
+        notes.append("interleaved chunks via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
+    elif v > 1:  # chunks of c units; the embedding / loss may count as a unit (Llama 3's uneven interleaved stages)
         e, loss, c = _interleaved_units(plan, spec, v, "Megatron-LM")
         args += (["--account-for-embedding-in-pipeline-split"] if e else []) + (
             ["--account-for-loss-in-pipeline-split"] if loss else [])
@@ -463,7 +466,9 @@ def _torchtitan_parts(plan: Plan, spec: ModelSpec, v: int, head: str = "output")
     runs on pipeline rank k % pp — of equal units, the embedding and the loss counting as one where the plan's
     split does, :func:`_interleaved_units`), the embedding with the first part, the final norm and head with the
     last."""
-    if v > 1:
+    if v > 1 and plan.pipeline_chunks is not None and v == plan.virtual_stages:  # model part k on rank k % pp
+        counts = [plan.pipeline_chunks[k % plan.pp][k // plan.pp] for k in range(plan.pp * v)]
+    elif v > 1:
         e, loss, c = _interleaved_units(plan, spec, v, "torchtitan")
         counts = [c] * (plan.pp * v)
         counts[0] -= e

@@ -21,16 +21,18 @@ from typing import Sequence
 import numpy as np
 
 from hetplan.errors import HetplanError
-from hetplan.estimate.inference import step_time_s
+from hetplan.estimate.inference import chunk_context_time_s, step_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.hardware.engines import EngineSpec
 from hetplan.model.spec import ModelSpec
 
 
 class StepModel:
-    """Interface: ``step_time_s(prefill_lens, decode_contexts)`` -> seconds for one iteration."""
+    """Interface: ``step_time_s(prefill_lens, decode_contexts[, prefill_contexts])`` -> seconds for one iteration
+    (``prefill_contexts``: tokens cached before each prefill chunk; models that do not price it ignore it)."""
 
-    def step_time_s(self, prefill_lens: Sequence[int], decode_contexts: Sequence[int]) -> float:  # pragma: no cover
+    def step_time_s(self, prefill_lens: Sequence[int], decode_contexts: Sequence[int],
+                    prefill_contexts: Sequence[int] | None = None) -> float:  # pragma: no cover
         raise NotImplementedError
 
 
@@ -49,15 +51,22 @@ class EstimatedStepModel(StepModel):
     weights: str | None = None
     kv_dtype: str | None = None
 
-    def step_time_s(self, prefill_lens, decode_contexts) -> float:
-        # the time depends only on the joining count and longest prompt, and on the running count and their
-        # cached tokens: memoised on those (a simulation asks for the same iterations again and again)
-        key = (len(prefill_lens), max(prefill_lens, default=0), len(decode_contexts), sum(decode_contexts))
+    def step_time_s(self, prefill_lens, decode_contexts, prefill_contexts=None) -> float:
+        # the time depends only on the joining count and longest prompt, on the running count and their cached
+        # tokens, and on the chunks' cached contexts: memoised on those (a simulation asks for the same
+        # iterations again and again)
+        chunks = tuple(zip(prefill_lens, prefill_contexts)) if prefill_contexts else ()
+        key = (len(prefill_lens), max(prefill_lens, default=0), len(decode_contexts), sum(decode_contexts), chunks)
         cache = self.__dict__.setdefault("_memo", {})
         if key not in cache:
             cache[key] = step_time_s(self.spec, self.gpu, self.dtype, [key[1]] * key[0],
                                      [key[3] / key[2]] * key[2] if key[2] else [], tp=self.tp, pp=self.pp,
-                                     engine=self.engine, weights=self.weights, kv_dtype=self.kv_dtype)
+                                     engine=self.engine, weights=self.weights, kv_dtype=self.kv_dtype,
+                                     prefill_contexts=None)
+            if chunks:
+                cache[key] += chunk_context_time_s(self.spec, self.gpu, self.dtype, [c for c, _ in chunks],
+                                                   [p for _, p in chunks], tp=self.tp, engine=self.engine,
+                                                   kv_dtype=self.kv_dtype)
         return cache[key]
 
 
@@ -75,7 +84,7 @@ class LinearStepModel(StepModel):
     def features(prefill_lens: Sequence[int], decode_contexts: Sequence[int]) -> list[float]:
         return [1.0, len(prefill_lens), float(sum(prefill_lens)), len(decode_contexts), float(sum(decode_contexts))]
 
-    def step_time_s(self, prefill_lens, decode_contexts) -> float:
+    def step_time_s(self, prefill_lens, decode_contexts, prefill_contexts=None) -> float:
         c = (self.base_s, self.per_prefill_s, self.per_prefill_token_s, self.per_decode_seq_s, self.per_kv_token_s)
         return float(np.dot(c, self.features(prefill_lens, decode_contexts)))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import fields
+from typing import Any
 
 import numpy as np
 
@@ -297,7 +298,9 @@ def price_boundaries(items) -> None:
         return np.array([get(*item) for item in work])
 
     def links(side: int) -> Link:
-        return Link(**{f.name: column(lambda *it: getattr(it[side].link, f.name)) for f in fields(Link)})
+        # a Link of arrays (one element per boundary): the cost functions are elementwise
+        arrays: dict[str, Any] = {f.name: column(lambda *it: getattr(it[side].link, f.name)) for f in fields(Link)}
+        return Link(**arrays)
 
     layout = (column(lambda g, s1, s2, i: s1.tp), column(lambda g, s1, s2, i: g.cp), column(lambda g, s1, s2, i: g.d),
               column(lambda g, s1, s2, i: g.b))
