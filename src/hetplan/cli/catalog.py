@@ -79,9 +79,12 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
                                active_parameters=counts.active_parameters(m)) for m in specs], indent=1))
         return
     t = Table(title="Model presets (any HF config.json path works too). heads: query/KV; ffn: per expert for "
-                    "MoE; parameters in billions, active = per token (top-k experts)", box=box.SIMPLE_HEAD, pad_edge=False)
+                    "MoE; parameters in billions, active = per token (top-k experts)", box=box.SIMPLE_HEAD, pad_edge=False,
+              padding=(0, 0))
+    # whole names and "E top-k" at 80 columns (issue 27: "llama2-7…" beside "llama2-7b"): no column wraps,
+    # one space between columns
     for col in ("name", "layers", "hidden", "heads", "ffn", "experts", "total B", "active B"):
-        t.add_column(col, justify="left" if col == "name" else "right")
+        t.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for m in specs:
         ffn = m.expert_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
         experts = f"{m.num_experts} top-{m.experts_per_token}" if m.is_moe else "-"
