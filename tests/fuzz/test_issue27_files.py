@@ -103,3 +103,64 @@ def test_output_paths(tmp_path):
         assert r.code == 2 and "fix:" in r.stderr, (args, r.stderr)
     r = _ok(run_cli("export", plan, "--to", "megatron", "--out-dir", tmp_path / "new" / "dir"))
     assert r.code == 0 and any((tmp_path / "new" / "dir").iterdir())
+
+
+@settings(max_examples=40, deadline=None)
+@given(body=st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400"]),
+       where=st.sampled_from(["report", "measurement", "target", "energy"]))
+def test_energy_server_non_finite_numbers_are_422(body, where):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from hetplan.energy.server.app import create_app
+    c = TestClient(create_app(":memory:"), raise_server_exceptions=False)
+    job = {"job_id": "j", "num_stages": 1, "num_microbatches": 2,
+           "scheduler": {"kind": "point_solution", "plans": [{"frequencies_mhz": [[1000] * 4]}]}}
+    assert c.post("/jobs", json=job).status_code == 201
+    assert c.post("/jobs/j/ranks", json={"rank": 0, "stage": 0}).status_code == 200
+    texts = {"report": f'{{"iteration": 0, "schedule_id": "x", "time_s": {body}}}',
+             "energy": f'{{"iteration": 0, "schedule_id": "x", "time_s": 1, "energy_j": {body}}}',
+             "measurement": '{"iteration": 0, "schedule_id": "x", "time_s": 1, "measurements": [{"instruction": '
+                            f'"forward", "frequency_mhz": 1000, "time_s": {body}}}]}}',
+             "target": f'{{"target_time_s": {body}}}'}
+    url = "/jobs/j/target" if where == "target" else "/jobs/j/ranks/0/reports"
+    send = c.put if where == "target" else c.post
+    r = send(url, content=texts[where], headers={"content-type": "application/json"})
+    assert r.status_code == 422, (r.status_code, r.text)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rank=st.integers(2**31, 10**30))
+def test_energy_server_huge_rank_is_422(rank):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from hetplan.energy.server.app import create_app
+    c = TestClient(create_app(":memory:"), raise_server_exceptions=False)
+    assert c.get(f"/jobs/j/ranks/{rank}/schedule").status_code == 422
+    assert c.post(f"/jobs/j/ranks/{rank}/reports", json={"iteration": 0, "schedule_id": "x",
+                                                        "time_s": 1}).status_code == 422
+    assert c.post("/jobs/j/ranks", json={"rank": rank, "stage": 0}).status_code == 422
+
+
+@pytest.mark.parametrize("kind", ["profile", "foreign", "text"])
+def test_energy_serve_refuses_other_databases(tmp_path, kind):
+    from hetplan.energy.server.store import Store
+    from hetplan.errors import HetplanError
+    from hetplan.profile.db import ProfileDB
+    db = tmp_path / "x.db"
+    if kind == "profile":
+        ProfileDB(db).close()
+    elif kind == "text":
+        db.write_text("not sqlite\n")
+    else:
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE runs (id INTEGER)")
+        con.commit()
+        con.close()
+    before = _digest(db)
+    with pytest.raises(HetplanError):
+        Store(db)
+    assert _digest(db) == before
+    r = _ok(run_cli("energy", "serve", "--db", db, "--max-in-flight", "0"))
+    assert r.code == 2 and "--max-in-flight" in r.stderr

@@ -79,9 +79,12 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
                                active_parameters=counts.active_parameters(m)) for m in specs], indent=1))
         return
     t = Table(title="Model presets (any HF config.json path works too). heads: query/KV; ffn: per expert for "
-                    "MoE; parameters in billions, active = per token (top-k experts)", box=box.SIMPLE_HEAD, pad_edge=False)
+                    "MoE; parameters in billions, active = per token (top-k experts)", box=box.SIMPLE_HEAD, pad_edge=False,
+              padding=(0, 0))
+    # whole names and "E top-k" at 80 columns (issue 27: "llama2-7…" beside "llama2-7b"): no column wraps,
+    # one space between columns
     for col in ("name", "layers", "hidden", "heads", "ffn", "experts", "total B", "active B"):
-        t.add_column(col, justify="left" if col == "name" else "right")
+        t.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for m in specs:
         ffn = m.expert_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
         experts = f"{m.num_experts} top-{m.experts_per_token}" if m.is_moe else "-"
@@ -141,13 +144,14 @@ def stacks(
         z = st.zero
         t.add_row(st.id + star, st.released, "TE" if st.gemm == "transformer-engine" else "cuBLAS", _attention(st),
                   "y" if st.sequence_parallel else "-", "y" if st.tp_comm_overlap else "-",
-                  {"bucketed": "y", "none": "-", "after-last-microbatch": "z12"}[st.dp_overlap],
+                  {"bucketed": "y", "none": "-", "ddp-only": "z0", "after-last-microbatch": "z12"}[st.dp_overlap],
                   {"eager": "eager", "cuda-graphs": "graphs", "compiled": "compile"}[st.launch],
                   f"{z[0]}-{z[-1]}" if len(z) > 1 and z == tuple(range(z[0], z[-1] + 1)) else ",".join(map(str, z)))
     con.print(t)
     con.print("* the default stack of its framework (" + ", ".join(f"{fw}: {n}" for fw, n in FRAMEWORK_STACK.items())
               + "), what `hetplan export` writes. SP: sequence parallelism; TPo: TP-communication overlap; DPo: DP "
-              "gradient reduction overlapped with backward (z12: only ZeRO-1/2 without a pipeline, DeepSpeed); "
+              "gradient reduction overlapped with backward (z0: only ZeRO-0 through torch DDP; z12: only ZeRO-1/2 "
+              "without a pipeline, DeepSpeed); "
               "attention: std = s x s scores stored, H,B:cudnn = cuDNN on Hopper and Blackwell. `hetplan catalog "
               "stacks NAME` shows every field's source.", highlight=False)
 

@@ -71,7 +71,7 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
 
         if not profile_db.is_file():
             raise HetplanError(f"{profile_db} does not exist", field="--profile-db", fix="give the server's --db file")
-        store = Store(profile_db)
+        store = Store(profile_db, read_only=True, field="--profile-db")
         rows = store.measured_profile(job)
         if not rows:
             raise HetplanError(f"job {job!r} has no measured profile in {profile_db}", field="--job",
@@ -260,9 +260,12 @@ def register(app: typer.Typer) -> None:
                                fix="pip install 'hetplan[serve]'") from None
         if not 0 < port < 65536:
             raise HetplanError(f"port {port} is out of range", field="--port", fix="use 1..65535")
-        if max_body_bytes < 1024 or max_in_flight < 1:
-            raise HetplanError("limits must be positive (body ≥ 1024 bytes)", field="--max-body-bytes",
-                               fix="use the defaults or larger values")
+        if max_body_bytes < 1024:
+            raise HetplanError(f"got {max_body_bytes}: a body limit under 1,024 bytes refuses every report",
+                               field="--max-body-bytes", fix="use the default (8 MiB) or at least 1024")
+        if max_in_flight < 1:
+            raise HetplanError(f"got {max_in_flight}: the server would answer every request 429",
+                               field="--max-in-flight", fix="use the default (256) or at least 1")
         if token is not None and len(token) < 16:
             raise HetplanError("the token is too short (under 16 characters)", field="--token",
                                fix="use a long random token, e.g. `python -c 'import secrets; print(secrets.token_hex(16))'`")

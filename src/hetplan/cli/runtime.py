@@ -161,6 +161,14 @@ def export_cmd(
     from hetplan.runtime import exporters, planio
 
     p = planio.load_plan(plan)
+    if virtual_stages is not None:  # the override passes the same rules as a plan's own virtual_stages
+        from hetplan.errors import HetplanError
+        from hetplan.plan_rules import check_plan
+
+        if virtual_stages < 1:
+            raise HetplanError(f"got {virtual_stages}: model chunks per rank are 1 (no interleaving) or more",
+                               field="--virtual-stages", fix="use --virtual-stages 1 or more, or leave it out")
+        check_plan(p.model_copy(update={"virtual_stages": virtual_stages}), planio.plan_model(p))
     ex = exporters.export(p, planio.plan_model(p), to, virtual_stages, framework_version)
     c = Console()
     if out_dir:

@@ -59,7 +59,7 @@ def plan_energy(plan: Plan, est: Estimate, catalog: Catalog | None = None, model
 
     Returns:
         ``energy_j_per_iteration``, ``job_energy_kwh``, ``average_power_w`` (all GPUs), ``energy_source``
-        (``"dvfs-model"`` or ``"tdp"``), ``perseus_saved_j_per_iteration`` and ``perseus_saved_fraction`` (None
+        (``"dvfs-model"``, ``"dvfs-physics"`` or ``"tdp"``: :func:`_energy_source`), ``perseus_saved_j_per_iteration`` and ``perseus_saved_fraction`` (None
         when not computed), ``energy_usd`` (None without ``usd_per_kwh``).
 
     Raises:
@@ -85,17 +85,25 @@ def plan_energy(plan: Plan, est: Estimate, catalog: Catalog | None = None, model
         "energy_j_per_iteration": e_iter,
         "job_energy_kwh": kwh,
         "average_power_w": e_iter / T,
-        "energy_source": "tdp" if any(not p.fitted and len(p.frequencies_mhz) == 1 for p in pp.power) else "dvfs-model",
+        "energy_source": _energy_source(pp.power),
         "perseus_saved_j_per_iteration": None,
         "perseus_saved_fraction": None,
         "energy_usd": None if usd_per_kwh is None else kwh * usd_per_kwh,
     }
-    if frontier and out["energy_source"] == "dvfs-model":
+    if frontier and out["energy_source"] != "tdp":
         saved = _perseus_saving(pp, M)
         if saved is not None:
             out["perseus_saved_j_per_iteration"] = saved * plan.num_gpus / len(plan.stages)
             out["perseus_saved_fraction"] = out["perseus_saved_j_per_iteration"] / e_iter
     return out
+
+
+def _energy_source(power) -> str:
+    """``"tdp"`` if a GPU of the plan has no DVFS model, ``"dvfs-physics"`` if one has a model that is not fitted
+    (transferred from a fitted GPU, ``gpu_power.toml``), else ``"dvfs-model"`` (every model fitted)."""
+    if any(not p.fitted and len(p.frequencies_mhz) == 1 for p in power):
+        return "tdp"
+    return "dvfs-model" if all(p.fitted for p in power) else "dvfs-physics"
 
 
 def _perseus_saving(pp, M: int) -> float | None:

@@ -23,7 +23,6 @@ Cost: one :func:`estimate_many` call over (number of distinct effective clocks) 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +32,7 @@ from hetplan.errors import HetplanError
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import effective_virtual_stages, estimate_many
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
-from hetplan.hardware.power import GPUPower, get_power
+from hetplan.hardware.power import GPUPower, board_limited, get_power
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Plan
 
@@ -102,8 +101,8 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
     for name, pw in list(power.items()):
         gpu = catalog.get(name)
         idle = gpu.idle_power_w
-        default = pw.model_copy(update={"power_limit_w": min(pw.power_limit_w, gpu.tdp_w)})
-        power[name] = pw = _limited(pw, gpu, power_limit_w)
+        default = board_limited(pw, gpu.tdp_w, idle)
+        power[name] = pw = board_limited(pw, gpu.tdp_w, idle, power_limit_w)
         f = np.array(pw.frequencies_mhz, dtype=float)
         f_eff = pw.effective_frequency_mhz(f, idle)
         distinct = sorted(set(f_eff.tolist()), reverse=True)
@@ -139,24 +138,6 @@ def tdp_power(gpu: GPUSpec) -> GPUPower:
     return GPUPower(gpu=gpu.name, frequencies_mhz=(1,), power_limit_w=gpu.tdp_w,
                     dynamic_power_w=max(gpu.tdp_w - gpu.idle_power_w, 1e-3), voltage_floor=1.0, voltage_knee_mhz=0.5,
                     date="", source="no DVFS data: busy at the catalog TDP", fitted=False)
-
-
-def _limited(pw: GPUPower, gpu: GPUSpec, power_limit_w: float | str | None) -> GPUPower:
-    """``pw`` with the board's power limit: ``power_limit_w`` (checked against the TDP, the highest limit a
-    board takes) or, without one, the lower of the model's limit and the TDP (``idle ≤ P ≤ TDP`` at every
-    clock: a fitted limit above it describes another board SKU, e.g. Perseus' 500 W A100)."""
-    if power_limit_w == "model":
-        return pw
-    if power_limit_w is None or isinstance(power_limit_w, str):
-        if isinstance(power_limit_w, str):
-            raise HetplanError(f"unknown power limit {power_limit_w!r}", field="power_limit_w",
-                               fix="give watts, or leave it out for the TDP")
-        return pw.model_copy(update={"power_limit_w": min(pw.power_limit_w, gpu.tdp_w)})
-    if not (math.isfinite(power_limit_w) and gpu.idle_power_w < power_limit_w <= gpu.tdp_w * (1 + 1e-9)):
-        raise HetplanError(f"power limit {power_limit_w} W is outside {gpu.name}'s range (above its "
-                           f"{gpu.idle_power_w:g} W idle power, at most its {gpu.tdp_w:g} W TDP)",
-                           field="power_limit_w", fix=f"give a limit in ({gpu.idle_power_w:g}, {gpu.tdp_w:g}] W")
-    return pw.model_copy(update={"power_limit_w": float(power_limit_w)})
 
 
 def _power(gpu: GPUSpec, power_catalog, tdp_fallback: bool, field: str) -> GPUPower:

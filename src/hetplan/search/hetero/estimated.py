@@ -21,8 +21,8 @@ from hetplan.model.spec import ModelSpec
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.hetero.allocations import (PreparedSpace, allocation_blocks, bounded_allocations, build_groups,
                                                concat_rows, solve_allocation)
-from hetplan.search.hetero.bounds import refined_bounds_s
 from hetplan.search.hetero.closed_form import HeteroCandidate, StageChoice, search_hetero
+from hetplan.search.hetero.group import refined_bounds_s
 from hetplan.search.hetero.tables import INF
 from hetplan.search.space import Pins
 
