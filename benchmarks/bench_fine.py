@@ -151,10 +151,9 @@ def main(argv=None) -> int:
             for line in row["result"].explanation():
                 print(f"{'':20}{line}")
     # Aceso's own plan shape for the small case (4 stages x 1 GPU, micro-batch 1) under our cost model.
-    if True:
-        row = run_case(*CASES[0], pins=Pins(pp=4, tp=1, dp=1, mbs=1))
-        print(f"Aceso's plan shape (4 stages x 1 GPU, mbs 1) on the 1.3B small case, best partition/recompute found: "
-              f"{row['fine_s']:.2f} s/iteration ({512 / row['fine_s']:.2f} samples/s): {row['plan']}")
+    row = run_case(*CASES[0], pins=Pins(pp=4, tp=1, dp=1, mbs=1))
+    print(f"Aceso's plan shape (4 stages x 1 GPU, mbs 1) on the 1.3B small case, best partition/recompute found: "
+          f"{row['fine_s']:.2f} s/iteration ({512 / row['fine_s']:.2f} samples/s): {row['plan']}")
     small = rows[0]
     big = next((r for r in rows if r["name"].startswith("GPT 1,024")), None)
     print(f"speed: 1.3B Aceso case {small['search_s']:.2f} s (target <= 1 s; Aceso 99.31 s)"

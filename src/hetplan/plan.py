@@ -424,6 +424,12 @@ class Plan(BaseModel):
             stage's ``dp·cp`` ranks (:mod:`hetplan.estimate.moe`).
         expert_tp: tensor-parallel degree inside each expert (``--expert-tensor-parallel-size``); ``ep·expert_tp``
             must divide every stage's ``tp·cp·dp`` (:class:`ParallelLayout`).
+        pipeline_chunks: under interleaving, the layers of each virtual stage of each stage, ``[stage][chunk]``
+            (chunk ``k`` of stage ``i`` is model chunk ``k·pp + i``), for splits that are not ``v`` equal chunks
+            per stage — Megatron-Core's ``--pipeline-model-parallel-layout``, e.g. DeepSeek-V3's 61 layers at PP 8 x
+            VP 4 with the loss in a chunk of its own. ``None``: equal chunks. The schedule prices each chunk
+            at ``1/v`` of its stage (:func:`hetplan.estimate.schedule.simulate`), so the stage totals are exact and
+            only the bubble's shape inside a stage is approximated.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -449,6 +455,7 @@ class Plan(BaseModel):
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     expert_tp: int = Field(default=1, ge=1)
+    pipeline_chunks: list[list[Annotated[int, Field(ge=0)]]] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":

@@ -31,10 +31,11 @@ Rules (name: what must hold, and why):
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
   without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
   (``megatron/core/transformer/transformer_config.py``).
-* ``stack-has-option``: ``plan.tp_comm_overlap`` and ``plan.cuda_graphs`` exist in the job's stack
-  (:meth:`hetplan.plan.Job.stack_spec`, ``hetplan catalog stacks``): Megatron-LM before Megatron-Core 0.4 has no
-  ``--tp-comm-overlap`` and before 0.9 no ``--enable-cuda-graph``; priced anyway they would be numbers of a run
-  that stack cannot make.
+* ``stack-has-option``: ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; FSDP stacks
+  shard as ZeRO-3) and each stage's recomputation exist in the job's stack (:meth:`hetplan.plan.Job.stack_spec`,
+  ``hetplan catalog stacks``): Megatron-LM 2.5 has no distributed optimizer and no selective recomputation,
+  before Megatron-Core 0.4 no ``--tp-comm-overlap``, before 0.9 no ``--enable-cuda-graph``; priced anyway they
+  would be numbers of a run that stack cannot make. The searches enumerate only what the stack offers.
 
 * ``moe-modules-need-experts`` also covers ``job.moe_recompute`` (Megatron-Core ``--recompute-modules moe``: the
   MoE layers' MLP), which a dense model does not have.
@@ -169,14 +170,25 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             why = f"needs the 1f1b schedule, not {plan.schedule}"
         elif any(plan.num_microbatches(i) % pp for i in range(pp)):
             why = f"needs a micro-batch count that is a multiple of pp = {pp} (it is {plan.num_microbatches(0)})"
+        elif plan.pipeline_chunks is not None:  # the chunks as given (Megatron-Core's layout string)
+            chunks = plan.pipeline_chunks
+            if len(chunks) != pp or any(len(c) != v for c in chunks) or \
+                    [sum(c) for c in chunks] != [st.num_layers for st in plan.stages]:
+                why = (f"needs pipeline_chunks of {pp} stages x {v} chunks adding up to the stages' layers "
+                       f"{[st.num_layers for st in plan.stages]}; it is {chunks}")
         # the first / last stage may hold one layer less: its embedding / loss counts as a layer of the split
         # (Megatron-Core account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split; Llama 3)
         elif any((st.num_layers + (i in (0, pp - 1) and st.num_layers % v != 0)) % v
                  for i, st in enumerate(plan.stages)):
-            why = f"needs each stage's layers {[st.num_layers for st in plan.stages]} divisible by {v}"
+            why = (f"needs each stage's layers {[st.num_layers for st in plan.stages]} divisible by {v}, or the "
+                   "layers of each chunk given as pipeline_chunks")
         if why:
             out.append(PlanRuleError("virtual-stages", f"interleaved 1F1B with {v} virtual stages {why}",
                                      field="plan.virtual_stages", fix="set virtual_stages = 1 or change the plan"))
+    elif plan.pipeline_chunks is not None:
+        out.append(PlanRuleError("virtual-stages", "pipeline_chunks are the layers of interleaved 1F1B's virtual "
+                                 "stages; this plan has virtual_stages = 1", field="plan.pipeline_chunks",
+                                 fix="remove pipeline_chunks, or set virtual_stages"))
     if plan.job.seq_len > spec.max_seq_len:
         out.append(PlanRuleError(
             "seq-len", f"seq_len {plan.job.seq_len} is longer than {name} allows ({spec.max_seq_len})",
@@ -205,9 +217,18 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     lacks = [(f, what) for f, what, has in (
         ("tp_comm_overlap", "TP-communication overlap", stack.tp_comm_overlap),
         ("cuda_graphs", "CUDA graphs", stack.launch == "cuda-graphs")) if getattr(plan, f) and not has]
+    if (plan.job.framework != "fsdp" and plan.zero not in stack.zero
+            and any(st.dp * degree(plan, i, "cp") > 1 for i, st in enumerate(plan.stages))):
+        lacks.append(("zero", f"ZeRO-{plan.zero} (it runs {', '.join(map(str, stack.zero))})"))
+    modes = {st.recompute for st in plan.stages} - set(stack.recompute)
+    if plan.job.attention == "flash":
+        modes.discard("selective")  # the same plan as none under flash (hetplan.plan.Job)
+    if modes:
+        lacks.append(("stages[].recompute", f"{'/'.join(sorted(modes))} recomputation"))
     for f, what in lacks:
-        out.append(PlanRuleError("stack-has-option", f"{f} = true, but stack {stack.id} has no {what}",
-                                 field=f"plan.{f}", fix=f"set {f} = false, or pick a stack that has it "
+        out.append(PlanRuleError("stack-has-option", f"plan.{f} asks for {what.split(' (')[0]}, which stack "
+                                 f"{stack.id} lacks" + (f" ({what.split(' (', 1)[1]}" if " (" in what else ""),
+                                 field=f"plan.{f}", fix="change the plan, or pick a stack that has it "
                                                         "(hetplan catalog stacks)"))
     step = plan.pipeline_step_microbatches
     if step is not None and plan.pp > 1:
@@ -273,6 +294,8 @@ def split_kind(plan: "Plan", spec: "ModelSpec", v: int | None = None) -> str:
     ``embedding-loss`` (an equal split of the layers plus the embedding / loss), ``first-last`` (only the first /
     last stage differ; without interleaving) or ``any``."""
     layers, v = [st.num_layers for st in plan.stages], v or plan.virtual_stages
+    if plan.pipeline_chunks is not None and v > 1 and len({n for c in plan.pipeline_chunks for n in c}) > 1:
+        return "any"
     found = embedding_loss_split(layers, spec.num_layers, v) if len(layers) > 1 else (0, 0, 0)
     if found is not None:
         return "equal" if found[:2] == (0, 0) else "embedding-loss"

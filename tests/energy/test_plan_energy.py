@@ -49,10 +49,23 @@ def test_single_stage_has_no_pipeline_bloat():
 
 
 def test_gpu_without_dvfs_model_is_charged_tdp():
-    plan = _plan(gpu="H100-SXM")
+    plan = _plan(gpu="A10G", pp=1, dp=4)
     got = plan_energy(plan, estimate(plan))
     assert got["energy_source"] == "tdp" and got["perseus_saved_fraction"] is None
-    assert got["average_power_w"] / 4 <= 700.0 + 1e-9
+    assert got["average_power_w"] / 4 <= 300.0 + 1e-9
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "H200", "B200", "A100-PCIE-80GB", "L4", "L40S", "H100-PCIE"])
+def test_rented_gpus_have_a_power_model_under_tdp(gpu):
+    """No TDP fallback for the GPUs people rent: a (transferred, not fitted) DVFS model, average power per GPU
+    below the TDP, and a Perseus saving."""
+    from hetplan.hardware.catalog import load_catalog
+
+    plan = _plan(gpu=gpu)
+    got = plan_energy(plan, estimate(plan))
+    assert got["energy_source"] == "dvfs-physics"
+    assert load_catalog().get(gpu).idle_power_w < got["average_power_w"] / 4 < load_catalog().get(gpu).tdp_w
+    assert got["perseus_saved_fraction"] is not None and got["perseus_saved_fraction"] >= 0
 
 
 def test_bad_price():
@@ -96,3 +109,33 @@ def test_plan_command_usd_per_kwh_needs_energy():
                         "--global-batch", "32", "--tokens", "1e9", "--gpu", "A100-SXM-80GB", "--gpus", "8",
                         "--usd-per-kwh", "0.1"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--usd-per-kwh" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_pipeline_over_1024_instructions_gets_its_saving():
+    """4 stages x 160 micro-batches = 1,280 instructions: skipped silently before; now the unit is coarsened."""
+    plan = Plan.model_validate(dict(
+        job=dict(model="gpt3-1.3b", seq_len=2048, global_batch=160, train_tokens=1e9),
+        pools=[dict(gpu="A100-SXM-80GB", count=4)], stages=[dict(num_layers=6)] * 4, mbs=1))
+    assert 2 * 4 * plan.num_microbatches(0) > 1024
+    got = plan_energy(plan, estimate(plan))
+    assert got["perseus_saved_fraction"] is not None and 0 < got["perseus_saved_fraction"] < 0.5
+
+
+@pytest.mark.parametrize("gpu", ["A40", "A100-SXM-80GB"])
+def test_top_clock_profile_is_the_estimators_time_and_power_stays_under_tdp(gpu):
+    """The estimator's compute efficiencies were calibrated on boards at their default power limit, so the
+    profile's top clock IS the estimator's stage time (the A40's 1,740 MHz is power-capped: scaling by the cap
+    again made `energy frontier` 23 % slower than `plan --energy` for one A40 plan); busy power ≤ TDP."""
+    from hetplan.hardware.catalog import load_catalog
+
+    plan = _plan(gpu=gpu)
+    est = estimate(plan)
+    pp = plan_stage_profile(plan)
+    tdp = load_catalog().get(gpu).tdp_w
+    for s, st in enumerate(est.stages):
+        f, b = pp.profile.get(s, "forward"), pp.profile.get(s, "backward")
+        assert f.time_s[0] == pytest.approx(st.forward_s, rel=1e-9)
+        assert b.time_s[0] == pytest.approx(st.backward_s, rel=1e-9)
+        assert max((f.energy_j / f.time_s).max(), (b.energy_j / b.time_s).max()) <= tdp * (1 + 1e-9)
+    got = plan_energy(plan, est)
+    assert got["average_power_w"] / plan.num_gpus <= tdp

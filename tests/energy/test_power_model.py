@@ -71,7 +71,8 @@ def test_frontier_from_model_profile(device, same_time, same_slowdown):
     derived one's range, the least energy each offers within it differs by < 5 % (A100 4.3 %, A40 4.3 %)."""
     gpu = PERSEUS_GPUS[device]
     measured = load_stage_profile(profile_path("bloom", device))
-    derived = plan_stage_profile(perseus_plan("bloom", gpu), time_scale=TIME_SCALE[gpu], tp_collectives=False).profile
+    derived = plan_stage_profile(perseus_plan("bloom", gpu), time_scale=TIME_SCALE[gpu], tp_collectives=False,
+                                 power_limit_w="model", time_reference="top").profile
     idle = load_catalog().get(gpu).idle_power_w
     same_t = frontier_gap(measured, derived, idle, 12)
     # the common range is most of the frontier (A100: 575 of 641 points; 587 before the reduction's K½ followed the
@@ -139,3 +140,48 @@ def test_without_tp_collectives():
     full = plan.model_copy(update={"stages": [st.model_copy(update={"recompute": "full"}) for st in plan.stages]})
     with pytest.raises(HetplanError, match="without recomputation"):
         stage_times_at_clocks(full, cat, m, gpu, [1410.0], 1410.0, tp_collectives=False)
+
+
+def _models():
+    from hetplan.hardware.power import _load
+
+    return sorted(p.gpu for p in _load(None).values())
+
+
+@pytest.mark.parametrize("gpu", _models())
+def test_every_model_is_bounded_by_idle_and_tdp_at_every_clock(gpu):
+    """idle ≤ P_busy(f_eff) ≤ limit ≤ TDP at every supported clock, under the default limit and any limit a
+    board takes (hypothesis draws the limit and a clock between the table's ends)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from hetplan.hardware.power import board_limited
+
+    spec = load_catalog().get(gpu)
+    pw = get_power(gpu)
+
+    floor = float(pw.busy_power_w(min(pw.frequencies_mhz), spec.idle_power_w))  # the board's minimum limit
+    assert spec.idle_power_w < floor < spec.tdp_w
+
+    @settings(max_examples=30, deadline=None)
+    @given(st.one_of(st.none(), st.floats(floor, spec.tdp_w)),
+           st.floats(min(pw.frequencies_mhz), pw.max_frequency_mhz))
+    def check(limit, clock):
+        board = board_limited(pw, spec.tdp_w, spec.idle_power_w, limit)
+        assert board.power_limit_w <= spec.tdp_w * (1 + 1e-9)
+        f = np.array(list(board.frequencies_mhz) + [clock])
+        p = board.busy_power_w(board.effective_frequency_mhz(f, spec.idle_power_w), spec.idle_power_w)
+        assert np.all(p >= spec.idle_power_w) and np.all(p <= board.power_limit_w * (1 + 1e-6))
+        assert np.all(np.diff(p[:-1]) <= 1e-9)  # descending clocks never draw more
+
+    check()
+
+
+def test_board_limit_outside_idle_and_tdp_is_refused():
+    from hetplan.hardware.power import board_limited
+
+    pw = get_power("H100-SXM")
+    for bad in (800.0, 150.0, float("nan"), "max"):  # 150 W: under what its lowest clock draws
+        with pytest.raises(HetplanError) as e:
+            board_limited(pw, 700.0, 147.0, bad)
+        assert e.value.field == "power_limit_w"

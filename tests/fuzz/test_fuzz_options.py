@@ -119,7 +119,7 @@ def combinations(draw) -> dict:
 
 
 def check_energy(data: dict, what: str) -> None:
-    """``plan --energy [--pareto] --json``: the Pareto lists' plans consistent too; energy finite and >= 0, and
+    """``plan --energy [--pareto] --json``: the Pareto lists' plans consistent too; energy finite and > 0, and
     with an electricity price GPU $ + energy $ = job $."""
     fronts = [*data.get("pareto", []), *data.get("energy_pareto", [])]
     check_numbers({"plans": fronts}, what)
@@ -127,20 +127,20 @@ def check_energy(data: dict, what: str) -> None:
         if "job_energy_kwh" not in p:
             continue
         for key in ("energy_j_per_iteration", "job_energy_kwh", "average_power_w"):
-            assert math.isfinite(p[key]) and p[key] >= 0, (what, key, p[key])
+            assert math.isfinite(p[key]) and p[key] > 0, (what, key, p[key])  # GPUs draw power while they run
         if p.get("energy_usd") is not None:
             assert 0 <= p["energy_usd"] < math.inf, (what, p)
             assert p["energy_usd"] + p["gpu_usd"] == pytest.approx(p["job_usd"], rel=1e-6), (what, p)
 
 
 def check_frontier(out: Path, what: str) -> None:
-    """``energy frontier`` exit 0: its summary's times > 0 and energies finite >= 0."""
+    """``energy frontier`` exit 0: its summary's times and energies finite and > 0."""
     summary = json.loads((out / "summary.json").read_text())
     assert summary["points"] >= 1 and summary["pareto_points"] >= 1, (what, summary)
     assert 0 < summary["min_time_s"] <= summary["max_time_s"] < math.inf, (what, summary)
-    assert 0 <= summary["min_energy_j"] < math.inf and summary["idle_power_w"] >= 0, (what, summary)
+    assert 0 < summary["min_energy_j"] < math.inf and summary["idle_power_w"] >= 0, (what, summary)
     for row in json.loads((out / "plans.json").read_text())["plans"]:
-        assert row["time_s"] > 0 and 0 <= row["energy_j"] < math.inf, (what, row)
+        assert row["time_s"] > 0 and 0 < row["energy_j"] < math.inf, (what, row)
 
 
 # --- the cases ----------------------------------------------------------------------------------------------

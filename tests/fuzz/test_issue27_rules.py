@@ -148,3 +148,23 @@ def test_pipeline_step_microbatches_rule(step, v):
     rules = {e.rule for e in violations(plan, load_model("llama2-7b"))}
     bad = step > 32 or (v > 1 and step % 4 != 0)
     assert ("pipeline-step-microbatches" in rules) == bad, rules
+
+
+def test_catalog_models_shows_whole_names_at_80_columns():
+    from hetplan.model.spec import list_presets
+    r = run_cli("catalog", "models", columns=80)
+    assert r.code == 0 and "…" not in r.stdout
+    assert max(len(line.rstrip()) for line in r.stdout.splitlines()) <= 80
+    names = {line.split()[0] for line in r.stdout.splitlines() if line.strip()}
+    assert set(list_presets()) <= names
+
+
+@settings(max_examples=15, deadline=None)
+@given(v=st.integers(-10**6, 0))
+def test_export_virtual_stages_override_below_one_is_refused(tmp_path_factory, v):
+    d = tmp_path_factory.mktemp("v")
+    plan = d / "p.json"
+    assert run_cli("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations", "2",
+                   "--gpu", "H100-SXM", "--gpus", "8", "-q", "-o", plan).code == 0
+    r = run_cli("export", plan, "--to", "megatron", "--virtual-stages", v)
+    assert r.code == 2 and "--virtual-stages" in r.stderr and not r.traceback

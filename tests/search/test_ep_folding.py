@@ -61,3 +61,52 @@ def test_pinned_ep_names_the_rule():
     assert r.returncode == 2 and "rule ep-divides-experts" in r.stderr and "1, 2, 4, 8" in r.stderr
     r = subprocess.run(base + ["--model", "llama3-8b", "--ep", "2"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "rule ep-needs-experts" in r.stderr
+
+
+def test_deepseek_v3_pp8_vp4_layout_as_nvidia_runs_it():
+    """DeepSeek-V3's 61 layers at PP 8 x VP 4 with Megatron-Core's layout string (the embedding with one layer, 30
+    chunks of two, the loss alone in the last chunk): estimable, exported with that layout, imported back, and the
+    torchtitan export's model parts follow the same chunks."""
+    from hetplan.plan_rules import violations
+    from hetplan.runtime.argspec import megatron_argv, parse_megatron_args
+
+    spec = load_model("deepseek-v3")
+    chunks = importers.parse_layout("Et|(tt|)*30,L", 8)
+    job = Job(model="deepseek-v3", seq_len=4096, global_batch=8192, train_iterations=10, dtype="fp8")
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=1024)], mbs=1, zero=1, ep=64, virtual_stages=4,
+                sequence_parallel=True, pipeline_chunks=chunks,
+                stages=[Stage(num_layers=sum(c), tp=2, dp=64, recompute="full") for c in chunks])
+    assert violations(plan, spec) == []
+    interleaved, plain = estimate(plan), estimate(plan.model_copy(update={"virtual_stages": 1,
+                                                                          "pipeline_chunks": None}))
+    assert interleaved.bubble_fraction < plain.bubble_fraction
+    script = exporters.export(plan, spec, "megatron").files["megatron_launch.sh"]
+    assert "--pipeline-model-parallel-layout 'Et|(t*2|)*30L'" in script
+    args = parse_megatron_args(megatron_argv(script))
+    assert "num_virtual_stages_per_pipeline_rank" not in args  # Megatron: the layout alone sets VP
+    back = importers.import_files({"run.sh": script})
+    assert back.pipeline_chunks == chunks and back.virtual_stages == 4 and back.ep == 64
+    bad = plan.model_copy(update={"pipeline_chunks": [[2, 2, 2, 2]] * 8})
+    assert [v.rule for v in violations(bad, spec)] == ["virtual-stages"]
+    fsdp = plan.model_copy(update={"job": job.model_copy(update={"framework": "fsdp"}), "zero": 3})
+    ex = exporters.export(fsdp, spec, "torchtitan")
+    assert importers.import_files(ex.files).pipeline_chunks == chunks
+
+
+def test_estimate_reports_the_alltoall_inside_the_stage_times(tmp_path):
+    """StageEstimate.alltoall_s: zero for a dense model and without EP, positive with EP, a part of the TP/comm
+    time the stage already includes; `hetplan estimate` prints it."""
+    job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=16)], mbs=1, zero=3, ep=8,
+                stages=[Stage(num_layers=32, tp=2, dp=8)], sequence_parallel=True)
+    (se,) = estimate(plan).stages
+    assert 0 < se.alltoall_s <= se.tp_comm_s < se.forward_s + se.backward_s
+    assert estimate(plan.model_copy(update={"ep": 1})).stages[0].alltoall_s == 0
+    dense = Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=64, train_iterations=10),
+                 pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, stages=[Stage(num_layers=32, dp=8)])
+    assert estimate(dense).stages[0].alltoall_s == 0
+    path = tmp_path / "p.json"
+    path.write_text(plan.model_dump_json())
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "estimate", str(path)], capture_output=True,
+                       text=True, cwd=ROOT, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert r.returncode == 0 and f"stage 0 {se.alltoall_s * 1e3:.1f} ms" in r.stdout

@@ -145,6 +145,47 @@ def test_capacity_prices_catalog_and_refusals(monkeypatch, capsys, tmp_path):
     assert seen and seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == list(range(1, len(seen) + 1))
 
 
+def test_capacity_chooses_engine_and_quantization(monkeypatch, capsys, tmp_path):
+    """capacity.engines x capacity.quantizations are candidates like GPU types: each (GPU, TP x PP, engine,
+    weights) gets its own rate; combinations an engine does not run are given their reason; the mix names its
+    engine and weights, and FP8 weights (half the bytes) leave more KV cache, so an FP8 replica sustains at least
+    the rate of its 16-bit twin."""
+    p = tmp_path / "eng.toml"
+    p.write_text("""
+[cluster]
+dtype = "fp16"
+[scheduler]
+max_batch_size = 32
+kv_cache_len = 2048
+[workload]
+duration_s = 60
+total_rate_per_s = 3
+prompt_len = 512
+max_new_tokens = 64
+slo_s = 8
+[capacity]
+gpus = ["A100-SXM-80GB", "V100-SXM-32GB"]
+engines = ["vllm"]
+quantizations = ["none", "fp8"]
+max_gpus = 2
+[[models]]
+name = "llama"
+model = "llama3-8b"
+""")
+    code, out, err = _run(monkeypatch, capsys, "capacity", p, "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    stacks = {(c["gpu"], c["stack"]) for c in res["candidates"]}
+    assert ("A100-SXM-80GB", "vllm@0.10/fp8") in stacks and ("A100-SXM-80GB", "vllm@0.10/none") in stacks
+    v100 = [c for c in res["candidates"] if c["gpu"] == "V100-SXM-32GB"]
+    assert v100 and all(c["rate_per_s"] == 0 for c in v100)  # vLLM 0.10 does not run on Volta: said why
+    assert any("does not run" in c["reason"] for c in v100)
+    rate = {(c["tp"], c["pp"], c["stack"]): c["rate_per_s"] for c in res["candidates"] if c["gpu"] == "A100-SXM-80GB"}
+    assert rate[(1, 1, "vllm@0.10/fp8")] >= rate[(1, 1, "vllm@0.10/none")] > 0
+    assert all(r["engine"] == "vllm@0.10" and r["weights"] in (None, "fp8") for r in res["mix"])
+    assert all(r["chunked_prefill"] and r["kv_block_tokens"] == 16 for r in res["mix"])  # vLLM 0.10's defaults
+
+
 def test_capacity_integer_program_equals_brute_force():
     """Two models, three replica types (prices 3, 5, 2 $/h; 1, 2, 1 GPUs; the first two on GPU type X, at most 4
     GPUs per type): the integer program's cost equals the cheapest of all assignments up to 4 replicas each."""
@@ -197,6 +238,12 @@ model = "opt-1.3b"
     (BASE.replace("total_rate_per_s = 1", "trace = \"neg.csv\""), "workload.trace.prompt_len"),  # negative length
     (BASE + "[workload.input]\ndist = \"lognormal\"\nmean = 100\n", "workload.input"),  # std and max missing
     (BASE.replace("total_rate_per_s = 1", "offline = true"), "workload.num_requests"),
+    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nengine = "vlm"'), "cluster.engine"),  # unknown
+    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nengine = "vllm@0.3"'), "cluster.engine"),
+    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "T4"\nengine = "vllm"\nquantization = "fp8"'),
+     "cluster.quantization"),                                                   # no FP8 on Turing in vLLM
+    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nquantization = "int4"'),
+     "cluster.quantization"),                                                   # quantized weights need an engine
     (BASE.replace("memory_bytes = 30_000_000_000", "memory_bytes = 1_000"), "models.a"),  # does not fit
 ])
 def test_user_errors_exit_2(monkeypatch, capsys, tmp_path, text, needle):

@@ -150,3 +150,36 @@ def test_capacity_and_step_time_are_monotone():
     assert kv_capacity_tokens(m, h100, v, dtype="bf16", kv_dtype="fp8") > 1.9 * caps[2]
     steps = [decode_step_time_s(m, h100, "bf16", b, b * 1000, engine=v) for b in (1, 8, 64, 256, 1024)]
     assert all(x <= y for x, y in zip(steps, steps[1:]))
+
+
+def test_chunked_prefill_pays_attention_to_earlier_chunks():
+    from hetplan.estimate.inference import chunk_context_time_s, step_time_s
+    from hetplan.serve.exec_model import EstimatedStepModel
+
+    m, h100, v = load_model("llama3-8b"), get_gpu("H100-SXM"), get_engine("vllm")
+    whole = step_time_s(m, h100, "bf16", [8192], [], engine=v)
+    first = step_time_s(m, h100, "bf16", [4096], [], engine=v)
+    second = step_time_s(m, h100, "bf16", [4096], [], engine=v, prefill_contexts=[4096])
+    # the second chunk attends to the first: more than the first, and the two chunks together do the whole
+    # prompt's work (same GEMM FLOPs; causal attention 8192^2 / 2 = two 4096^2 / 2 triangles + one 4096^2 square)
+    assert second > first
+    assert first + second == pytest.approx(whole, rel=0.15)
+    assert chunk_context_time_s(m, h100, "bf16", [4096], [0], engine=v) == 0.0
+    sm = EstimatedStepModel(m, h100, dtype="bf16", engine=v)
+    assert sm.step_time_s([4096], [], [4096]) == pytest.approx(second)
+    assert sm.step_time_s([4096], []) == pytest.approx(first)
+
+
+def test_validate_serving_table_fits_80_columns():
+    import json
+
+    from typer.testing import CliRunner
+
+    from hetplan.cli.main import app
+
+    r = CliRunner().invoke(app, ["validate", "--sets", "serving"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and "held-out" in r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80
+    r = CliRunner().invoke(app, ["validate", "--sets", "serving", "--json"])
+    res = json.loads(r.output)
+    assert res["sets"]["serving"]["n"] == 72 and "tensorrt-llm@1.0" in res["stacks"]

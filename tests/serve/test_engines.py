@@ -111,3 +111,21 @@ def test_user_file_overrides_and_bad_fields(tmp_path):
     with pytest.raises(HetplanError) as e:
         load_engines(f)
     assert "gpu_memory_utilization" in str(e.value)
+
+
+def test_catalog_engines_cli():
+    import json
+
+    from typer.testing import CliRunner
+
+    from hetplan.cli.main import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["catalog", "engines"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and "vllm@0.10" in r.output and "tensorrt-llm@0.6" in r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80
+    r = runner.invoke(app, ["catalog", "engines", "sglang@0.4", "--json"])
+    data = json.loads(r.output)["engines"][0]
+    assert data["label"] == "sglang@0.4" and data["cuda_graph_batch_sizes"][-1] == 160
+    r = runner.invoke(app, ["catalog", "engines", "vlm"])  # hetplan.cli.main.main turns this into exit 2
+    assert isinstance(r.exception, HetplanError) and r.exception.field == "NAME"

@@ -226,7 +226,7 @@ class _Recording(LinearStepModel):
         super().__init__(base_s=1.0)
         object.__setattr__(self, "calls", [])
 
-    def step_time_s(self, prefill_lens, decode_contexts):
+    def step_time_s(self, prefill_lens, decode_contexts, prefill_contexts=None):
         self.calls.append((list(prefill_lens), list(decode_contexts)))
         return 1.0
 

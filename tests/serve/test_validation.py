@@ -1,11 +1,10 @@
 """Simulator against the real engine on CPU, same seeded workload; continuous against static batching.
 
-Stated tolerance (simulator vs engine): overall p50 of latency, TTFT and TPOT within 40 %; p90 and p99 within
-60 % when the machine is not oversubscribed by other jobs; swap counts within 40 %. The simulator's iteration and
+Stated tolerance (simulator vs engine): overall p50 of latency, TTFT and TPOT within 40 %; p90 and p99 at most
+60 % above the engine's (from above only: other jobs on the machine stretch the engine's tail, never the
+simulator's, so the verdict does not depend on the load); swap counts within 40 %. The simulator's iteration and
 swap costs are calibrated on the run (hetplan.serve.validate); the queueing, batching and swapping are its own.
 Measured errors: docs/serving.md ("Simulator vs the real engine")."""
-
-import os
 
 import pytest
 
@@ -18,30 +17,20 @@ from hetplan.serve.workload import Request  # noqa: E402
 P50_TOL, TAIL_TOL = 0.40, 0.60
 
 
-def _oversubscribed() -> bool:
-    """More runnable processes than 1.5 per core over the last minute (other jobs share the machine)."""
-    try:
-        return os.getloadavg()[0] > 1.5 * (os.cpu_count() or 1)
-    except OSError:  # pragma: no cover
-        return False
-
-
 def test_simulator_matches_engine_percentiles(fixtures):
     ents = [ModelEntry(name=f"m{i}", model=str(fixtures / "small-opt.json"), seed=i) for i in range(4)]
-    busy = _oversubscribed()
     # paged admission and recompute preemption on, in both: a pool of 64 tokens (4 blocks of 16, one longest
     # sequence) for 4 sequences of up to 20 tokens, and a budget of 64 tokens per iteration
     out = compare_sim_engine(ents, tp=2, capacity_bytes=24_000_000, rates_per_s=[3.0, 1.5, 1.0, 1.0], cv=1.5,
                              duration_s=6.0, seed=0, kv_cache_tokens=64, kv_block_tokens=16, max_batched_tokens=64)
-    busy = busy or _oversubscribed()
     eng, sim = out["engine"]["all"], out["sim"]["all"]
     print("engine", eng, "sim", sim, "swaps", out["engine_swaps"], out["sim_swaps"], "preemptions",
-          out["engine_preemptions"], out["sim_preemptions"], "busy", busy)
+          out["engine_preemptions"], out["sim_preemptions"])
     assert out["requests"] > 25 and out["engine_swaps"] > 3
-    checks = (("p50", P50_TOL),) if busy else (("p50", P50_TOL), ("p90", TAIL_TOL), ("p99", TAIL_TOL))
     for metric in ("latency", "ttft", "tpot"):
-        for q, tol in checks:
-            assert sim[metric][q] == pytest.approx(eng[metric][q], rel=tol), (metric, q)
+        assert sim[metric]["p50"] == pytest.approx(eng[metric]["p50"], rel=P50_TOL), metric
+        for q in ("p90", "p99"):
+            assert sim[metric][q] <= (1 + TAIL_TOL) * eng[metric][q], (metric, q)
     assert out["sim_swaps"] == pytest.approx(out["engine_swaps"], rel=0.4)
 
 

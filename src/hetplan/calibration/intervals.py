@@ -207,11 +207,16 @@ def residuals_csv(rows: Iterable[Residual]) -> str:
 
 def case_stack(case) -> str:
     """The stack of a validation case: its plan's ``stack`` where set, else its set's (:data:`SET_STACK`); the
-    independent set by source (fms-fsdp, NeMo 24.07, llm-foundry)."""
+    independent set by source (fms-fsdp, NeMo 24.07, llm-foundry), ``moe_h100``'s AutoModel rows NeMo AutoModel,
+    ``long_context_cp``'s torchtitan and Llama 3 rows theirs."""
     if getattr(case.plan.job, "stack", None):
         return stack_name(case.plan.job)
     if case.set == "independent_h100":
         return "fms-fsdp" if ":fms:" in case.key else "nemo" if ":nemo:" in case.key else "llm-foundry"
+    if case.set == "moe_h100" and ":automodel:" in case.key:  # NeMo AutoModel's FSDP2 runs, not Megatron-Core's
+        return "nemo-automodel"
+    if case.set == "long_context_cp" and ":nemo:" not in case.key:  # torchtitan's CP rows, Llama 3's 128K row
+        return "torchtitan" if case.plan.job.framework == "fsdp" else "meta-llama3"
     return SET_STACK.get(case.set, stack_name(case.plan.job))
 
 

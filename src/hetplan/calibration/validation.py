@@ -61,8 +61,6 @@ TARGETS = {
     "megatron_sc21_table1": {"max_abs_error": 0.10},
     "korthikanti_table5": {"max_abs_error": 0.10},
 }
-#: Errors of vTrain itself on its data (vTrain paper, Sec. VI).
-REFERENCE = {"vtrain_single_node": {"mape": 0.0837}, "vtrain_multi_node": {"mape": 0.1473}}
 
 #: Fraction of vTrain rows (single- and multi-node) used for calibration (selected by a hash of the row, seed below).
 CALIBRATION_FRACTION = 0.25

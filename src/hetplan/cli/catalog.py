@@ -1,4 +1,4 @@
-"""``hetplan catalog gpus|nodes|models|stacks``: what the bundled catalog knows."""
+"""``hetplan catalog gpus|nodes|models|stacks|engines``: what the bundled catalog knows."""
 
 from __future__ import annotations
 
@@ -79,9 +79,12 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
                                active_parameters=counts.active_parameters(m)) for m in specs], indent=1))
         return
     t = Table(title="Model presets (any HF config.json path works too). heads: query/KV; ffn: per expert for "
-                    "MoE; parameters in billions, active = per token (top-k experts)", box=box.SIMPLE_HEAD, pad_edge=False)
+                    "MoE; parameters in billions, active = per token (top-k experts)", box=box.SIMPLE_HEAD, pad_edge=False,
+              padding=(0, 0))
+    # whole names and "E top-k" at 80 columns (issue 27: "llama2-7…" beside "llama2-7b"): no column wraps,
+    # one space between columns
     for col in ("name", "layers", "hidden", "heads", "ffn", "experts", "total B", "active B"):
-        t.add_column(col, justify="left" if col == "name" else "right")
+        t.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for m in specs:
         ffn = m.expert_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
         experts = f"{m.num_experts} top-{m.experts_per_token}" if m.is_moe else "-"
@@ -141,15 +144,67 @@ def stacks(
         z = st.zero
         t.add_row(st.id + star, st.released, "TE" if st.gemm == "transformer-engine" else "cuBLAS", _attention(st),
                   "y" if st.sequence_parallel else "-", "y" if st.tp_comm_overlap else "-",
-                  {"bucketed": "y", "none": "-", "after-last-microbatch": "z12"}[st.dp_overlap],
+                  {"bucketed": "y", "none": "-", "ddp-only": "z0", "after-last-microbatch": "z12"}[st.dp_overlap],
                   {"eager": "eager", "cuda-graphs": "graphs", "compiled": "compile"}[st.launch],
                   f"{z[0]}-{z[-1]}" if len(z) > 1 and z == tuple(range(z[0], z[-1] + 1)) else ",".join(map(str, z)))
     con.print(t)
     con.print("* the default stack of its framework (" + ", ".join(f"{fw}: {n}" for fw, n in FRAMEWORK_STACK.items())
               + "), what `hetplan export` writes. SP: sequence parallelism; TPo: TP-communication overlap; DPo: DP "
-              "gradient reduction overlapped with backward (z12: only ZeRO-1/2 without a pipeline, DeepSpeed); "
+              "gradient reduction overlapped with backward (z0: only ZeRO-0 through torch DDP; z12: only ZeRO-1/2 "
+              "without a pipeline, DeepSpeed); "
               "attention: std = s x s scores stored, H,B:cudnn = cuDNN on Hopper and Blackwell. `hetplan catalog "
               "stacks NAME` shows every field's source.", highlight=False)
+
+
+#: Short names of the serving engines' attention kernels in the engines table.
+_KERNEL_SHORT = {"flashinfer": "fi", "trtllm-fmha": "fmha", "xformers": "xf"}
+
+
+@catalog_app.command("engines")
+def engines(
+    name: Optional[str] = typer.Argument(None, help="ENGINE[@VERSION]: one release with every field's source."),
+    engines_file: Optional[str] = typer.Option(None, "--engines", help="User TOML extending the engine data."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every field and its source)."),
+) -> None:
+    """Serving engines (vLLM, SGLang, TensorRT-LLM, HF eager, TGI): decode path and CUDA-graph batches, attention
+    kernel by GPU generation, KV block and memory budget, default max sequences, weight dtypes, each sourced."""
+    from hetplan.hardware.engines import load_engines
+
+    cat = load_engines(engines_file)
+    chosen = [cat.get(name, field="NAME")] if name else cat.all()
+    if as_json:
+        print(json.dumps({"date": cat.date, "engines": [dict(e.model_dump(mode="json"), label=e.label)
+                                                        for e in chosen]}, indent=1))
+        return
+    con = table_console()
+    if name:
+        e = chosen[0]
+        con.print(f"[bold]{e.label}[/] ({e.display}, {e.repository}; released {e.released})", highlight=False)
+        for f in tuple(e.model_fields)[5:-1]:
+            value = getattr(e, f)
+            shown = ", ".join(map(str, value)) if isinstance(value, tuple) else (
+                "; ".join(f"{k} {', '.join(v) if isinstance(v, tuple) else v}" for k, v in value.items())
+                if isinstance(value, dict) else str(value))
+            key = "non_torch_memory_gib" if f == "non_torch_memory_bytes" else f
+            con.print(f"  {f}: {shown}\n      source: {e.sources.get(key, '-')}", highlight=False, soft_wrap=True)
+        return
+    t = new_table(f"Serving engines ({cat.date})", con.width < NARROW)
+    for col in ("engine", "decode", "graphs", "attn A / H", "block", "budget", "max seqs", "fp8"):
+        t.add_column(col, no_wrap=True)
+    for e in chosen:
+        attn = " / ".join(_KERNEL_SHORT.get(e.attention.get(f, "-"), e.attention.get(f, "-"))
+                          for f in ("Ampere", "Hopper"))
+        small = e.max_num_seqs_small_gpu
+        t.add_row(e.label, {"cuda_graphs": "graphs", "compiled": "compiled", "eager": "eager"}[e.decode_path],
+                  f"≤{e.cuda_graph_batch_sizes[-1]}" if e.cuda_graph_batch_sizes else "-", attn,
+                  str(e.kv_block_tokens or "-"), f"{e.gpu_memory_utilization:g} {e.memory_budget}",
+                  f"{e.max_num_seqs}/{small}" if small else str(e.max_num_seqs),
+                  "w8a8" if e.fp8_compute else ("w8" if "fp8" in e.weight_dtypes else "-"))
+    con.print(t)
+    con.print("graphs: largest decode batch replayed as a CUDA graph; attn: Ampere / Hopper kernel (fi = FlashInfer, "
+              "fmha = TensorRT-LLM context FMHA); budget: KV memory fraction of the total or of the memory free after "
+              "loading; max seqs: default (/ on A100 and GPUs under 70 GiB); fp8: W8A8 FP8 GEMMs on Ada/Hopper (w8: "
+              "weight-only). `hetplan catalog engines NAME` shows every field's source.", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -19,6 +21,28 @@ from hetplan.errors import HetplanError
 def _positive(value: float, name: str, fix: str) -> None:
     if not (value > 0 and math.isfinite(value)):
         raise HetplanError(f"must be positive, got {value}", field=name, fix=fix)
+
+
+@contextmanager
+def _progress_bar(what: str) -> Iterator[Callable[[float], None]]:
+    """A rich progress bar on stderr (only on a terminal; it disappears when done); yields ``tick(share)``."""
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda share: None
+        return
+    with Progress(TextColumn(what), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task(what, total=1.0)
+        last = [0.0]
+
+        def tick(share: float) -> None:
+            if share - last[0] >= 0.005 or share >= 1.0:
+                last[0] = share
+                bar.update(task, completed=share)
+
+        yield tick
 
 
 def energy_change(saved_fraction: float) -> str:
@@ -47,7 +71,7 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
 
         if not profile_db.is_file():
             raise HetplanError(f"{profile_db} does not exist", field="--profile-db", fix="give the server's --db file")
-        store = Store(profile_db)
+        store = Store(profile_db, read_only=True, field="--profile-db")
         rows = store.measured_profile(job)
         if not rows:
             raise HetplanError(f"job {job!r} has no measured profile in {profile_db}", field="--job",
@@ -81,7 +105,12 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
         idle = idle_power_w if idle_power_w is not None else sum(derived.idle_power_w) / len(derived.idle_power_w)
         v = derived.virtual_stages
         sched = schedule or ("interleaved" if v > 1 else plan.schedule)
-        return prof, M, idle, sched.lower(), v, origin
+        plan_time = None
+        if measured is None and num_microbatches is None:  # the estimator's iteration of this very pipeline
+            from hetplan.estimate.estimator import estimate
+
+            plan_time = estimate(plan, model=model).iteration_time_s
+        return prof, M, idle, sched.lower(), v, origin, plan_time
     prof = measured or load_stage_profile(source)
     origin = origin if measured else f"measured ({source})"
     if num_microbatches is None:
@@ -92,7 +121,7 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
             raise HetplanError("a profile CSV needs the idle power", field="--idle-power-w",
                                fix="add --idle-power-w W or --gpu NAME (the catalog's idle power)")
         idle_power_w = load_catalog().get(gpu, field="--gpu").idle_power_w
-    return prof, num_microbatches, idle_power_w, (schedule or "1f1b").lower(), virtual_stages or 1, origin
+    return prof, num_microbatches, idle_power_w, (schedule or "1f1b").lower(), virtual_stages or 1, origin, None
 
 
 def register(app: typer.Typer) -> None:
@@ -143,7 +172,7 @@ def register(app: typer.Typer) -> None:
         if idle_power_w is not None and not (idle_power_w >= 0 and math.isfinite(idle_power_w)):
             raise HetplanError(f"must be ≥ 0, got {idle_power_w}", field="--idle-power-w",
                                fix="use the GPU's blocking power, e.g. 83.64 (A100-SXM)")
-        prof, M, idle, sched, v, origin = _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile,
+        prof, M, idle, sched, v, origin, plan_time = _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile,
                                                            profile_db, job, power_catalog, schedule, virtual_stages)
         if M * v > 65536:  # the instruction DAG grows with M·v: no larger than 65,536 micro-batches without chunks
             raise HetplanError(f"{M} micro-batches x {v} virtual stages = {M * v:,} chunk passes per stage, more than "
@@ -160,7 +189,8 @@ def register(app: typer.Typer) -> None:
             from hetplan.energy.dag import build_pipeline_dag
 
             pending = summary_entries_in_background(prof, build_pipeline_dag(prof.num_stages, M, sched, v), idle)
-        fr = compute_frontier(prof, M, idle, unit_time_s, sched, virtual_stages=v)
+        with _progress_bar(f"frontier of {2 * prof.num_stages * M * v:,} instructions") as tick:
+            fr = compute_frontier(prof, M, idle, unit_time_s, sched, virtual_stages=v, progress=tick)
         fr.write_csv(output / "frontier.csv")
         if plans:
             fr.write_plans_file(output / "plans.json")
@@ -168,6 +198,9 @@ def register(app: typer.Typer) -> None:
             fr.write_plans(output / "plans")
         summary = summarize(fr, straggler_slowdown=straggler_slowdown, baselines=pending() if pending else False)
         summary["profile"] = origin
+        if plan_time is not None:  # what `hetplan plan --energy` charges: the pipeline plus what lies outside it
+            summary["plan_iteration_time_s"] = plan_time
+            summary["outside_pipeline_s"] = plan_time - summary["all_max"]["time_s"]
         (output / "summary.json").write_text(json.dumps(summary, indent=1))
         if plot:
             plot_frontier(fr, output / "frontier.png", summary)
@@ -175,7 +208,7 @@ def register(app: typer.Typer) -> None:
             short = {k: summary[k] for k in ("points", "pareto_points", "planner_time_s", "min_time_s", "max_time_s",
                                              "all_max", "energy_saved_at_max_speed_j", "at_max_speed", "idle_power_w",
                                              "profile")}
-            for k in ("straggler", "envpipe"):
+            for k in ("straggler", "envpipe", "plan_iteration_time_s", "outside_pipeline_s"):
                 if k in summary:
                     short[k] = summary[k]
             short["output"] = str(output)
@@ -189,6 +222,8 @@ def register(app: typer.Typer) -> None:
         t.add_row("frontier fastest", f"{fr.time_s.min():.3f}", f"{fr.energy_j[-1]:.1f}")
         t.add_row("frontier least energy", f"{fr.time_s[int(fr.energy_j.argmin())]:.3f}", f"{fr.energy_j.min():.1f}")
         t.add_row("all-max (replayed)", f"{summary['all_max']['time_s']:.4f}", f"{summary['all_max']['energy_j']:.1f}")
+        if plan_time is not None:
+            t.add_row("plan iteration (estimator)", f"{plan_time:.4f}", "pipeline + DP sync, optimizer")
         b = summary.get("at_max_speed")
         if b:
             t.add_row("Perseus at all-max time", f"{b['time_s']:.4f}",
@@ -225,9 +260,12 @@ def register(app: typer.Typer) -> None:
                                fix="pip install 'hetplan[serve]'") from None
         if not 0 < port < 65536:
             raise HetplanError(f"port {port} is out of range", field="--port", fix="use 1..65535")
-        if max_body_bytes < 1024 or max_in_flight < 1:
-            raise HetplanError("limits must be positive (body ≥ 1024 bytes)", field="--max-body-bytes",
-                               fix="use the defaults or larger values")
+        if max_body_bytes < 1024:
+            raise HetplanError(f"got {max_body_bytes}: a body limit under 1,024 bytes refuses every report",
+                               field="--max-body-bytes", fix="use the default (8 MiB) or at least 1024")
+        if max_in_flight < 1:
+            raise HetplanError(f"got {max_in_flight}: the server would answer every request 429",
+                               field="--max-in-flight", fix="use the default (256) or at least 1")
         if token is not None and len(token) < 16:
             raise HetplanError("the token is too short (under 16 characters)", field="--token",
                                fix="use a long random token, e.g. `python -c 'import secrets; print(secrets.token_hex(16))'`")

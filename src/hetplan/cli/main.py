@@ -20,7 +20,8 @@ from hetplan.errors import HetplanError
 SUBCOMMAND_MODULES = {
     "hetplan.cli.energy": ("energy",),
     "hetplan.cli.catalog": ("catalog",),
-    "hetplan.cli.plan": ("plan", "estimate"),
+    "hetplan.cli.plan": ("plan",),
+    "hetplan.cli.estimate": ("estimate",),
     "hetplan.cli.validate": ("validate",),
     "hetplan.cli.calibrate": ("calibrate",),
     "hetplan.cli.serve": ("serve", "simulate", "capacity"),

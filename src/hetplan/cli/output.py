@@ -1,7 +1,13 @@
 """Console for tables: the terminal's width (``COLUMNS`` when set), or 160 columns when the output is a pipe or a
-file; and :data:`NARROW`, the width under which tables switch to their compact layout."""
+file; and :data:`NARROW`, the width under which tables switch to their compact layout.
+
+And the one writer of output paths (:func:`output_file`, :func:`output_dir`, :func:`write_output`): every command
+that writes a file or fills a folder goes through them, so an existing file given as a folder, a folder given as a
+file, a missing or unwritable folder, or a full disk is one message naming the option (exit 2), never a traceback
+(issue 27: ``export --out-dir FILE``, ``profile export-csv DIR``, ``validate --csv DIR`` / ``--out FILE``)."""
 
 import os
+from pathlib import Path
 
 from rich import box
 from rich.console import Console
@@ -22,3 +28,61 @@ def new_table(title: str, narrow: bool, **kwargs) -> Table:
     columns (what fits 80 columns)."""
     return Table(title=title, box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD, padding=(0, 0 if narrow else 1),
                  show_edge=not narrow, **kwargs)
+
+
+def _os_error(exc: OSError, path: Path, field: str, fix: str):
+    from hetplan.errors import HetplanError
+
+    return HetplanError(f"cannot write {path}: {exc.strerror or exc}", field=field, fix=fix)
+
+
+def output_file(path: Path | None, field: str, figure: bool = False) -> None:
+    """Refuse an output file before any work: the path a folder, its folder missing, a file or not writable, or
+    (``figure``) an image format matplotlib cannot write (:func:`hetplan.inputs.check_output_path`).
+
+    Raises:
+        HetplanError: naming ``field``."""
+    from hetplan.errors import HetplanError
+    from hetplan.inputs import check_output_path
+
+    if path is None:
+        return
+    if path.parent.exists() and not path.parent.is_dir():
+        raise HetplanError(f"cannot write {path}: {path.parent} is a file, not a folder", field=field,
+                           fix="give a file path in an existing folder")
+    check_output_path(path, field, figure)
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise HetplanError(f"cannot write {path}: no permission", field=field,
+                           fix="give a path in a folder you can write")
+
+
+def output_dir(path: Path, field: str) -> Path:
+    """Make folder ``path`` (and its parents) for a command's files; returns it.
+
+    Raises:
+        HetplanError: ``path`` (or a parent) is a file, or the folder cannot be made or written."""
+    from hetplan.errors import HetplanError
+
+    if path.exists() and not path.is_dir():
+        raise HetplanError(f"{path} is a file, not a folder", field=field, fix="give a folder path (new or existing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _os_error(exc, path, field, "give a folder path you can write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise HetplanError(f"cannot write into {path}: no permission", field=field,
+                           fix="give a folder you can write")
+    return path
+
+
+def write_output(path: Path, text: str, field: str) -> None:
+    """Write ``text`` to ``path`` (checked as :func:`output_file`), an ``OSError`` (disk full, permission taken
+    away meanwhile) turned into a message naming ``field``.
+
+    Raises:
+        HetplanError: naming ``field``."""
+    output_file(path, field)
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise _os_error(exc, path, field, "give a file path in a folder you can write") from None

@@ -1,4 +1,5 @@
-"""``hetplan plan`` (search and rank plans) and ``hetplan estimate`` (cost of one pinned plan)."""
+"""``hetplan plan``: search and rank plans (``hetplan estimate``, the cost of one pinned plan, is
+:mod:`hetplan.cli.estimate`; it shares the pricing and interval helpers of this module)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import json
 import re
 import textwrap
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -17,17 +17,16 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.calibration.intervals import add_intervals
-from hetplan.cli.output import NARROW, new_table, table_console
+from hetplan.cli.output import NARROW, new_table, output_file, table_console, write_output
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
-from hetplan.jobfile import load_job_file, read_structured, validated
-from hetplan.inputs import check_output_path
-from hetplan.plan import GPUPool, Inventory, Job, Plan
+from hetplan.jobfile import load_job_file, validated
+from hetplan.plan import GPUPool, Inventory, Job
 from hetplan.plan_rules import check_plan
 from hetplan.report import plan_summary
 from hetplan.search.objective import Objective
-from hetplan.search.planner import Pins, check_job, search_plans
+from hetplan.search.planner import Pins, search_plans
 from hetplan.model.spec import load_model
 
 GIB = 2**30
@@ -204,8 +203,8 @@ def plan_command(
     Give a job file, or the same job through flags (flags override the file). Example:
     hetplan plan --model llama2-7b --seq-len 4096 --global-batch 1024 --tokens 1e12 --gpu H100-SXM --gpus 64
     """
-    check_output_path(output, "--output")
-    check_output_path(pareto, "--pareto", figure=True)
+    output_file(output, "--output")
+    output_file(pareto, "--pareto", figure=True)
     data = load_job_file(job_file) if job_file else {"job": {}, "inventory": [], "objective": {}, "pin": {}}
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
@@ -292,7 +291,8 @@ def plan_command(
     best = fine.plan if fine else result.plans[0].plan
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
-        output.write_text((fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n")
+        write_output(output, (fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n",
+                     "--output")
     base = _baseline(baseline, cat, summaries[0]) if baseline is not None else None
     if usd_per_kwh is not None and not energy:
         raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
@@ -470,7 +470,7 @@ def _profiles(profile_db: Optional[Path]):
                            fix="give a profile database written by `hetplan profile` or an importer")
     from hetplan.profile.db import ProfileDB
 
-    return ProfileDB(profile_db)
+    return ProfileDB(profile_db, read_only=True, field="--profile-db")
 
 
 def _fine(job, inv, obj, pins, cat, result, profile_db):
@@ -657,79 +657,6 @@ def merge_best_with_another(lines: list[str]) -> list[str]:
     return [x if isinstance(x, str) else f"Best with another {joined[x[0]]}: {x[0]}" for x in out]
 
 
-def estimate_command(
-    plan_file: Path = typer.Argument(..., help="A plan JSON (as written by `hetplan plan -o`)."),
-    catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
-    as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
-    timeline: Optional[Path] = typer.Option(None, "--timeline", help="Draw the pipeline schedule (Gantt chart) to this PNG."),
-    profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
-                                              "layer times: stages it covers use them (column `source`)."),
-    price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
-    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: price the plan under this "
-                                        "stack (`hetplan catalog stacks`); its framework, attention and compile "
-                                        "replace the plan's."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan "
-                                               "calibrate` from your measured runs: its factors and your residuals "
-                                               "(the 80 % intervals) for plans on its GPUs and stack."),
-) -> None:
-    """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
-    check_output_path(timeline, "--timeline", figure=True)
-    raw = read_structured(plan_file)
-    if stack is not None and isinstance(raw.get("job"), dict):
-        raw["job"] = {k: v for k, v in raw["job"].items() if k not in ("framework", "attention", "torch_compile")}
-        raw["job"]["stack"] = stack
-    plan = validated(Plan, raw, "plan")
-    m = load_model(plan.job.model)
-    check_job(plan.job, m)
-    check_plan(plan, m)
-    cat = load_catalog(catalog)
-    pools_priced, prices = _priced(plan.pools, cat, price_source, provider)
-    cal, cat = _calibrated(calibration, cat)
-    plan = plan.model_copy(update={"pools": cal.apply_pools(pools_priced, cat) if cal else pools_priced})
-    profiles = _profiles(profile_db)
-    est = estimate_plan(plan, cat, m, profiles)
-    if timeline is not None:
-        from hetplan.estimate.timeline import draw_timeline
-
-        try:
-            draw_timeline(plan, timeline, model=m, catalog=cat, profiles=profiles)
-        except ImportError:
-            raise HetplanError("drawing a timeline needs matplotlib", field="--timeline",
-                               fix="pip install 'hetplan[plot]'") from None
-    summary = plan_summary(plan, est)
-    add_intervals([summary], cat, cal)
-    if as_json:
-        print(json.dumps(dict(summary, estimate=asdict(est), prices=prices), indent=1))
-        return
-    con = table_console()
-    narrow = con.width < NARROW
-    t = new_table(f"{plan.job.model}: {plan.num_gpus} GPUs, pp {plan.pp}, mbs {plan.mbs}, "
-                  f"{plan.num_microbatches(0)} micro-batches, ZeRO-{plan.zero}", narrow)
-    cols = (("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd/bwd ms", "source", "GiB/capacity", "fits")
-            if narrow else ("stage", "GPU", "TP", "DP", "layers", "recompute", "fwd ms", "bwd ms", "source", "mem GiB",
-                            "capacity GiB", "fits"))
-    for col in cols:
-        t.add_column(col)
-    for i, se in enumerate(est.stages):
-        fwd, bwd = f"{se.forward_s * 1e3:.1f}", f"{se.backward_s * 1e3:.1f}"
-        mem, cap = _mem(se.memory.total), _mem(se.memory_capacity_bytes)
-        figures = (f"{fwd}/{bwd}", se.time_source, f"{mem}/{cap}") if narrow else (fwd, bwd, se.time_source, mem, cap)
-        t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, *figures,
-                  "yes" if se.fits else "[red]NO[/]")
-    con.print(t)
-    con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "
-              f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
-              f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
-              f"${_usd(est.job_usd)}" + (f"; iteration time {_interval_text(summary)}" if _interval_text(summary) else ""))
-    for line in _interval_lines(summary):
-        con.print(line, highlight=False, markup=False)
-    _print_provenance(con, prices)
-    if not est.fits:
-        raise HetplanError("the plan does not fit in GPU memory (see the table)", field="plan",
-                           fix="raise tp/pp, use recompute or ZeRO, or lower mbs")
-
-
 def register(app: typer.Typer) -> None:
-    """Add ``hetplan plan`` and ``hetplan estimate``."""
+    """Add ``hetplan plan``."""
     app.command("plan")(_with_pin_options(plan_command))
-    app.command("estimate")(estimate_command)

@@ -134,9 +134,10 @@ def export_csv(
     """Write the layer rows as CSV (the form in which measured profiles ship as package data)."""
     from hetplan.profile.db import ProfileDB
 
-    if not Path(db).is_file():
-        raise HetplanError(f"{db} does not exist", field="--db", fix="give an existing profile database")
-    with ProfileDB(db) as pdb:
+    from hetplan.cli.output import output_file
+
+    output_file(out, "OUT")
+    with ProfileDB(db, read_only=True) as pdb:
         n = pdb.export_csv(out, source or None)
     Console().print(f"wrote {n} rows to {out}")
 
@@ -149,9 +150,7 @@ def show(
     """List a profile database."""
     from hetplan.profile.db import ProfileDB
 
-    if not Path(db).is_file():
-        raise HetplanError(f"{db} does not exist", field="--db", fix="give an existing profile database")
-    with ProfileDB(db) as pdb:
+    with ProfileDB(db, read_only=True) as pdb:
         rows, comm_rows, stages = list(pdb.layer_rows()), pdb.comm_rows(), pdb.stage_rows()
         version = pdb.schema_version
     if as_json:

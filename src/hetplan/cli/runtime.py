@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from hetplan.cli.output import output_dir, output_file, write_output
+
 
 
 def _opts(iterations, warmup, schedule, virtual_stages, dp_mode, dtype, nnodes, node_rank, rdzv_endpoint, max_procs,
@@ -159,12 +161,21 @@ def export_cmd(
     from hetplan.runtime import exporters, planio
 
     p = planio.load_plan(plan)
+    if virtual_stages is not None:  # the override passes the same rules as a plan's own virtual_stages
+        from hetplan.errors import HetplanError
+        from hetplan.plan_rules import check_plan
+
+        if virtual_stages < 1:
+            raise HetplanError(f"got {virtual_stages}: model chunks per rank are 1 (no interleaving) or more",
+                               field="--virtual-stages", fix="use --virtual-stages 1 or more, or leave it out")
+        check_plan(p.model_copy(update={"virtual_stages": virtual_stages}), planio.plan_model(p))
     ex = exporters.export(p, planio.plan_model(p), to, virtual_stages, framework_version)
     c = Console()
+    if out_dir:
+        output_dir(out_dir, "--out-dir")
     for name, text in ex.files.items():
         if out_dir:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / name).write_text(text)
+            write_output(out_dir / name, text, "--out-dir")
             c.print(f"wrote {out_dir / name}")
         else:
             c.print(f"[bold]# {name}[/]", highlight=False)
@@ -190,6 +201,7 @@ def import_cmd(
     from hetplan.runtime.planio import plan_model
     from hetplan.plan_rules import check_plan
 
+    output_file(output, "--output")
     texts = {}
     for f in files:
         if not f.is_file():
@@ -199,7 +211,7 @@ def import_cmd(
     check_plan(plan, plan_model(plan))
     text = plan.model_dump_json(indent=2) + "\n"
     if output:
-        output.write_text(text)
+        write_output(output, text, "--output")
         Console(stderr=True).print(f"wrote {output}: {plan.job.model}, {plan.num_gpus} GPUs, PP {plan.pp}, TP "
                                    f"{plan.stages[0].tp}, DP {plan.stages[0].dp}, EP {plan.ep}", highlight=False)
     else:

@@ -168,8 +168,14 @@ def register(app: typer.Typer) -> None:
             def step(done: int, total: int, what: str) -> None:
                 bar.update(task, completed=done, total=total, description=what)
 
-            out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step)
+            only = [export] if export and not (wf.capacity.engines or wf.cluster.engine) else None
+            out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step,
+                                engines=only)
         if export:
+            other = sorted({r["engine"] for r in out["mix"] if r["engine"] and r["engine"].split("@")[0] != export})
+            if other:
+                raise HetplanError(f"the plan runs {', '.join(other)}, not {export}", field="--export",
+                                   fix=f"export for that engine, or set capacity.engines = [\"{export}\"]")
             from hetplan.serve.export import replicas_from_capacity, write_export
 
             paths = write_export(export, replicas_from_capacity(wf, out), out_dir, source=f"capacity {workload.name}")
@@ -181,11 +187,12 @@ def register(app: typer.Typer) -> None:
         kinds = ", ".join(f"{n} x {g}" for g, n in out["gpus_by_type"].items())
         con.print(f"[bold]cheapest mix: {kinds}[/], {out['price_usd_per_hour']:.2f} $/h")
         t = Table(title="replicas per model")
-        for col in ("model", "load/s", "GPU", "TPxPP", "replicas", "max/s each", "$/h"):
+        for col in ("model", "load/s", "GPU", "TPxPP", "engine", "reps", "max/s", "$/h"):
             t.add_column(col)
         for r in out["mix"]:
             t.add_row(r["model"], f"{out['load_per_s'][r['model']]:.2f}", r["gpu"], f"{r['tp']}x{r['pp']}",
-                      str(r["replicas"]), f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
+                      f"{r['engine'] or '-'}/{r['weights'] or wf.cluster.dtype}", str(r["replicas"]),
+                      f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
         con.print(t)
         t = Table(title=f"simulated (target: {out['target_attainment']:.0%} of requests within SLO)")
         for col in ("model", "reqs", "SLO met", "p99 s", "TTFT p99 s", "TPOT p99 ms", "J/token"):

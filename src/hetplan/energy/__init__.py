@@ -4,8 +4,10 @@ Modules: :mod:`.profile` (stage profile CSV), :mod:`.options` (Pareto options, e
 :mod:`.dag` (pipeline DAG), :mod:`.solver` (Phillips–Dessouky frontier), :mod:`.maxflow` (min cuts),
 :mod:`.frontier` (frontier and frequency plans), :mod:`.simulate` (replay on the measured profile),
 :mod:`.baselines` (all-max, EnvPipe, ZeusGlobal, ZeusPerStage), :mod:`.report` (savings, straggler, plot),
-:mod:`.inference` (J per request and per output token of a serving run),
-:mod:`.server` (plan server, needs the ``serve`` extra), :mod:`.client` and :mod:`.nvml` (training ranks).
+:mod:`.model` (stage profiles derived from a plan and the DVFS power model), :mod:`.job` (a plan's energy per
+iteration and job, and the time–$–energy frontier), :mod:`.calibrate` (the power model fitted on Perseus'
+profiles), :mod:`.inference` (J per request and per output token of a serving run), :mod:`.server` (plan server,
+needs the ``serve`` extra), :mod:`.client` and :mod:`.nvml` (training ranks).
 """
 
 from hetplan.energy.frontier import FrequencyPlan, Frontier, compute_frontier

@@ -29,7 +29,7 @@ import numpy as np
 from hetplan.energy.dag import KIND_NAMES, CriticalPath, PipelineDAG, build_pipeline_dag
 from hetplan.energy.options import pareto_mask
 from hetplan.energy.profile import StageProfile
-from hetplan.energy.simulate import longest_path_s, op_time_energy, simulate_plan
+from hetplan.energy.simulate import longest_path_s, simulate_plan
 
 
 @dataclass(frozen=True)
@@ -219,8 +219,3 @@ def summary_entries_in_background(profile: StageProfile, dag: PipelineDAG, idle_
 def energy_at(time_s: float, energy_j: float, deadline_s: float, num_stages: int, idle_power_w: float) -> float:
     """Energy of a point that finishes at ``time_s`` and then idles until ``deadline_s`` (J)."""
     return energy_j + num_stages * idle_power_w * max(deadline_s - time_s, 0.0)
-
-
-def op_durations(profile: StageProfile, dag: PipelineDAG, frequency_mhz: np.ndarray) -> np.ndarray:
-    """Measured time (s) of each instruction at its frequency; shape (n,)."""
-    return op_time_energy(profile, dag, frequency_mhz)[0]

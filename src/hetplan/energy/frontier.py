@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -258,9 +259,14 @@ def read_plan(path: str | Path, index: int) -> FrequencyPlan:
     return FrequencyPlan.from_json(json.dumps({**data, **plans[index]}))
 
 
+#: Finest time unit, as a share of the shortest instruction (:func:`compute_frontier`).
+MAX_QUANTA_PER_INSTRUCTION = 1000
+
+
 def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w: float,
                      unit_time_s: float = 0.001, schedule: str = "1f1b", *, virtual_stages: int = 1,
-                     maxflow_backend: str = "auto", max_points: int | None = None) -> Frontier:
+                     maxflow_backend: str = "auto", max_points: int | None = None,
+                     progress: Callable[[float], None] | None = None) -> Frontier:
     """Compute the iteration time–energy frontier of a pipeline (Perseus, SOSP'24, §4).
 
     Args:
@@ -273,13 +279,23 @@ def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w:
             instruction (a model-derived profile does: :func:`hetplan.energy.model.plan_stage_profile`).
         maxflow_backend: see :func:`hetplan.energy.maxflow.min_cut_source_side`.
         max_points: stop after this many points (None: the whole frontier).
+        progress: called with the share of the way done after each step (:meth:`PhillipsDessoukySolver.run`).
 
     Returns:
         The :class:`Frontier`, slowest point first.
 
     Raises:
-        HetplanError: bad counts, idle power, unit time or schedule.
+        HetplanError: bad counts, idle power, unit time or schedule; a unit time under 1/:data:`MAX_QUANTA_PER_INSTRUCTION`
+            of the shortest instruction (the solver takes up to one step per quantum of iteration time, so the
+            cost grows as 1/unit: 1e-9 s ran for minutes without end in sight).
     """
+    shortest = min(float(profile.get(s, i).time_s.min()) for s in range(profile.num_stages) for i in INSTRUCTIONS)
+    if isinstance(unit_time_s, (int, float)) and 0 < unit_time_s < shortest / MAX_QUANTA_PER_INSTRUCTION:
+        raise HetplanError(f"unit time {unit_time_s:.3g} s is under 1/{MAX_QUANTA_PER_INSTRUCTION} of the shortest "
+                           f"instruction ({shortest:.3g} s): the frontier would take ~{shortest / unit_time_s:,.0f}x "
+                           "more steps than needed", field="unit_time_s",
+                           fix=f"use --unit-time-s ≥ {shortest / MAX_QUANTA_PER_INSTRUCTION:.3g} (Perseus: 1 ms for "
+                               "~50 ms instructions)")
     if isinstance(num_microbatches, bool) or int(num_microbatches) != num_microbatches or num_microbatches < 1:
         raise HetplanError(f"number of micro-batches must be a positive integer, got {num_microbatches}",
                            field="num_microbatches", fix="use e.g. --num-microbatches 12")
@@ -287,5 +303,5 @@ def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w:
     options = [build_options(profile.get(s, inst), unit_time_s, idle_power_w)
                for s in range(profile.num_stages) for inst in INSTRUCTIONS]
     solver = PhillipsDessoukySolver(dag, options, idle_power_w, maxflow_backend=maxflow_backend)
-    result = solver.run(max_points=max_points)
+    result = solver.run(max_points=max_points, progress=progress)
     return Frontier(profile, dag, options, float(idle_power_w), float(unit_time_s), result)

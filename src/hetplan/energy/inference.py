@@ -30,7 +30,7 @@ import numpy as np
 
 from hetplan.errors import HetplanError
 from hetplan.hardware.catalog import Catalog, load_catalog
-from hetplan.hardware.power import get_power
+from hetplan.hardware.power import board_limited, get_power
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class InferenceEnergy:
         energy_j_per_request: ``energy_j / requests`` (None with no request).
         energy_j_per_output_token: ``energy_j / output tokens`` (None with no token).
         average_power_w_per_gpu: ``energy_j`` over the GPUs' summed wall time (W).
-        busy_power_w, idle_power_w: the per-GPU powers used (W). energy_source: ``"dvfs-model"`` or ``"tdp"``.
+        busy_power_w, idle_power_w: the per-GPU powers used (W). energy_source: ``"dvfs-model"`` (fitted),
+            ``"dvfs-physics"`` (transferred, not fitted) or ``"tdp"``.
     """
 
     energy_j: float
@@ -88,8 +89,10 @@ def busy_idle_power_w(gpu: str, catalog: Catalog | None = None, power_catalog: s
         pw = get_power(spec.name, power_catalog, field="gpu")
     except HetplanError:
         return float(spec.tdp_w), float(spec.idle_power_w), "tdp"
+    pw = board_limited(pw, spec.tdp_w, spec.idle_power_w)  # the default limit: idle ≤ P ≤ TDP
     f = pw.effective_frequency_mhz(pw.max_frequency_mhz, spec.idle_power_w)
-    return float(pw.busy_power_w(f, spec.idle_power_w)), float(spec.idle_power_w), "dvfs-model"
+    source = "dvfs-model" if pw.fitted else "dvfs-physics"  # fitted, or transferred (gpu_power.toml)
+    return float(pw.busy_power_w(f, spec.idle_power_w)), float(spec.idle_power_w), source
 
 
 def inference_energy(gpu: str, *, prefill_busy_s: float | Sequence[float], decode_busy_s: float | Sequence[float],

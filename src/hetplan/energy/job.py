@@ -14,9 +14,10 @@ DP synchronisation, optimizer step — counted as waiting, a small underestimate
 least energy against all-max's, both idle-padded to the later of their times (so time quantization cannot
 pass for a saving; "not slower" within :data:`SAME_TIME_TOLERANCE`), scaled by the mean GPUs per stage
 (``N / S``; exact when every stage has the same ``tp·dp``). The planner's time unit is coarser here (1/1000 of
-the pipeline time, at most 1/30 of the shortest instruction) so that a plan costs about a second at most;
-``hetplan energy frontier`` plans at 1 ms.
-Plans with more than :data:`MAX_FRONTIER_INSTRUCTIONS` instructions per iteration skip it (``None``).
+the pipeline time, at most 1/30 of the shortest instruction, and no finer than keeps steps × instructions within
+:data:`FRONTIER_WORK` while the unit is under 1/4 of the shortest instruction: the solver takes at most one step per quantum of the pipeline time and each step is O(n),
+docs/energy.md) so that a plan costs about a second at most, whatever its size; ``hetplan energy frontier``
+plans at 1 ms. Every plan with a DVFS model gets its saving (``None`` only for ``energy_source = "tdp"``).
 
 GPUs without a DVFS model (:func:`hetplan.hardware.power.get_power`) are charged their TDP while computing
 and get no frontier (``energy_source = "tdp"``).
@@ -37,8 +38,12 @@ from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Plan
 
 J_PER_KWH = 3.6e6
-#: Largest pipeline (2·S·M·v instructions) whose frontier ``hetplan plan --energy`` computes (~1 s of CPU).
-MAX_FRONTIER_INSTRUCTIONS = 1024
+#: Budget of the frontier ``hetplan plan --energy`` computes per plan: pipeline-time quanta × instructions (each
+#: solver step shortens the iteration by one quantum and costs O(instructions); 2e6 is ~1 s of CPU).
+FRONTIER_WORK = 2e6
+#: ... but the unit stays within this share of the shortest instruction (quantization error; the saving is
+#: measured by replaying the plans unquantized, so a coarse unit finds a smaller saving, never a false one).
+FRONTIER_UNIT_COARSEST = 1 / 4
 #: Frontier time unit as a fraction of the all-max pipeline time, and at most this share of the shortest
 #: instruction (module doc).
 FRONTIER_UNIT_FRACTION = 1 / 1000
@@ -54,7 +59,7 @@ def plan_energy(plan: Plan, est: Estimate, catalog: Catalog | None = None, model
 
     Returns:
         ``energy_j_per_iteration``, ``job_energy_kwh``, ``average_power_w`` (all GPUs), ``energy_source``
-        (``"dvfs-model"`` or ``"tdp"``), ``perseus_saved_j_per_iteration`` and ``perseus_saved_fraction`` (None
+        (``"dvfs-model"``, ``"dvfs-physics"`` or ``"tdp"``: :func:`_energy_source`), ``perseus_saved_j_per_iteration`` and ``perseus_saved_fraction`` (None
         when not computed), ``energy_usd`` (None without ``usd_per_kwh``).
 
     Raises:
@@ -80,18 +85,25 @@ def plan_energy(plan: Plan, est: Estimate, catalog: Catalog | None = None, model
         "energy_j_per_iteration": e_iter,
         "job_energy_kwh": kwh,
         "average_power_w": e_iter / T,
-        "energy_source": "tdp" if any(not p.fitted and len(p.frequencies_mhz) == 1 for p in pp.power) else "dvfs-model",
+        "energy_source": _energy_source(pp.power),
         "perseus_saved_j_per_iteration": None,
         "perseus_saved_fraction": None,
         "energy_usd": None if usd_per_kwh is None else kwh * usd_per_kwh,
     }
-    n_instr = 2 * len(plan.stages) * M * v
-    if frontier and out["energy_source"] == "dvfs-model" and n_instr <= MAX_FRONTIER_INSTRUCTIONS:
+    if frontier and out["energy_source"] != "tdp":
         saved = _perseus_saving(pp, M)
         if saved is not None:
             out["perseus_saved_j_per_iteration"] = saved * plan.num_gpus / len(plan.stages)
             out["perseus_saved_fraction"] = out["perseus_saved_j_per_iteration"] / e_iter
     return out
+
+
+def _energy_source(power) -> str:
+    """``"tdp"`` if a GPU of the plan has no DVFS model, ``"dvfs-physics"`` if one has a model that is not fitted
+    (transferred from a fitted GPU, ``gpu_power.toml``), else ``"dvfs-model"`` (every model fitted)."""
+    if any(not p.fitted and len(p.frequencies_mhz) == 1 for p in power):
+        return "tdp"
+    return "dvfs-model" if all(p.fitted for p in power) else "dvfs-physics"
 
 
 def _perseus_saving(pp, M: int) -> float | None:
@@ -103,8 +115,10 @@ def _perseus_saving(pp, M: int) -> float | None:
     prof = pp.profile
     fast = [prof.get(s, i).time_s.min() for s in range(prof.num_stages) for i in ("forward", "backward")]
     pipe = sum(prof.get(s, i).time_s[0] for s in range(prof.num_stages) for i in ("forward", "backward"))
-    unit = max(min(pipe * M * pp.virtual_stages / prof.num_stages * FRONTIER_UNIT_FRACTION,
-                   min(fast) * FRONTIER_UNIT_OF_INSTRUCTION), 1e-7)
+    pipe_s = pipe * M * pp.virtual_stages / prof.num_stages
+    n = 2 * prof.num_stages * M * pp.virtual_stages
+    unit = max(min(pipe_s * FRONTIER_UNIT_FRACTION, min(fast) * FRONTIER_UNIT_OF_INSTRUCTION),
+               min(pipe_s * n / FRONTIER_WORK, min(fast) * FRONTIER_UNIT_COARSEST), 1e-7)
     idle = sum(pp.idle_power_w) / len(pp.idle_power_w)
     sched = "interleaved" if pp.virtual_stages > 1 else "1f1b"
     fr = compute_frontier(prof, M, idle, unit, sched, virtual_stages=pp.virtual_stages)

@@ -32,7 +32,7 @@ from hetplan.errors import HetplanError
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import effective_virtual_stages, estimate_many
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
-from hetplan.hardware.power import GPUPower, get_power
+from hetplan.hardware.power import GPUPower, board_limited, get_power
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Plan
 
@@ -58,7 +58,8 @@ class PlanProfile:
 
 def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelSpec | None = None, *,
                        power_catalog: str | None = None, time_scale: float = 1.0,
-                       tdp_fallback: bool = False, tp_collectives: bool = True) -> PlanProfile:
+                       tdp_fallback: bool = False, tp_collectives: bool = True,
+                       power_limit_w: float | str | None = None, time_reference: str = "sustained") -> PlanProfile:
     """Derive the stage profile of ``plan`` at every supported SM clock of its GPUs (module doc).
 
     Args:
@@ -72,6 +73,15 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
             instead of raising.
         tp_collectives: False: the instructions without their TP collectives (:func:`stage_times_at_clocks`;
             Perseus' profiles, :mod:`hetplan.energy.calibrate`).
+        power_limit_w: the board power limit (W; ``nvidia-smi -pl``) of every GPU of the plan. None: each GPU's
+            catalog TDP (the default limit), or the DVFS model's own limit where that is lower. A limit above
+            the TDP is refused: a board cannot be set above its maximum limit. ``"model"``: the DVFS model's
+            own limit (the board it was fitted on, e.g. Perseus' A100 at ~480 W; calibration only).
+        time_reference: ``"sustained"`` (plans): the estimator's time is the time at the clock the DEFAULT
+            limit (TDP) sustains, because its compute efficiencies were calibrated on measured runs of boards at
+            their default limit, which throttled as they do; other clocks scale by ``f_eff / f_cap(TDP)``.
+            ``"top"``: the estimator's time is at the top clock uncapped (:mod:`hetplan.energy.calibrate`'s
+            protocol for Perseus' profiles, where a fitted ``time_scale`` absorbs the rest).
 
     Raises:
         HetplanError: a GPU without a DVFS model, or anything :func:`estimate_many` rejects.
@@ -82,16 +92,22 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
     S = len(plan.stages)
     stage_gpu = [pool_gpu(catalog, plan.pools[st.pool], field=f"plan.stages.{i}.pool", job=plan.job)
                  for i, st in enumerate(plan.stages)]
+    if time_reference not in ("sustained", "top"):
+        raise HetplanError(f"unknown time reference {time_reference!r}", field="time_reference",
+                           fix="use 'sustained' (plans) or 'top' (calibration on measured profiles)")
     power = {g.name: _power(g, power_catalog, tdp_fallback, f"plan.pools.{st.pool}.gpu")
              for g, st in zip(stage_gpu, plan.stages)}
     times = {s: {} for s in range(S)}  # stage -> frequency -> (forward_s, backward_s, busy_power_w)
-    for name, pw in power.items():
-        idle = catalog.get(name).idle_power_w
+    for name, pw in list(power.items()):
+        gpu = catalog.get(name)
+        idle = gpu.idle_power_w
+        default = board_limited(pw, gpu.tdp_w, idle)
+        power[name] = pw = board_limited(pw, gpu.tdp_w, idle, power_limit_w)
         f = np.array(pw.frequencies_mhz, dtype=float)
         f_eff = pw.effective_frequency_mhz(f, idle)
         distinct = sorted(set(f_eff.tolist()), reverse=True)
-        fwd, bwd = stage_times_at_clocks(plan, catalog, model, name, distinct, pw.max_frequency_mhz,
-                                         tp_collectives=tp_collectives)
+        ref = default.cap_frequency_mhz(idle) if time_reference == "sustained" else pw.max_frequency_mhz
+        fwd, bwd = stage_times_at_clocks(plan, catalog, model, name, distinct, ref, tp_collectives=tp_collectives)
         row = {fe: k for k, fe in enumerate(distinct)}
         for s in range(S):
             if stage_gpu[s].name == name:

@@ -160,11 +160,6 @@ class OperationOptions:
         i = int(idx[0]) if idx.size else self.quant_time.size - 1
         return int(self.frequency_mhz[i])
 
-    def option_for(self, quant_time: int) -> int:
-        """Index into the kept options chosen for ``quant_time`` (see :meth:`frequency_for`)."""
-        idx = np.nonzero(self.quant_time <= quant_time)[0]
-        return int(idx[0]) if idx.size else self.quant_time.size - 1
-
 
 def build_options(profile: InstructionProfile, unit_time_s: float, idle_power_w: float) -> OperationOptions:
     """Pareto-filter, quantize, convert to effective energy and fit one instruction's options.

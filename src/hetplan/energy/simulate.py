@@ -95,21 +95,3 @@ def simulate_plan(profile: StageProfile, dag: PipelineDAG, frequency_mhz: np.nda
     t, e = op_time_energy(profile, dag, frequency_mhz)
     T, _, _ = longest_path_s(dag, t)
     return T, float(e.sum() + idle_power_w * (dag.num_stages * T - t.sum()))
-
-
-def plan_to_op_array(dag: PipelineDAG, per_stage: list[list[int]]) -> np.ndarray:
-    """Flatten per-stage frequency lists (schedule order) into one value per DAG instruction.
-
-    Raises:
-        HetplanError: wrong number of stages or of instructions in a stage.
-    """
-    if len(per_stage) != dag.num_stages:
-        raise HetplanError(f"plan has {len(per_stage)} stages, the pipeline has {dag.num_stages}",
-                           field="frequencies_mhz", fix="give one list per stage")
-    out = np.empty(dag.num_ops, np.int64)
-    for s, ids in enumerate(dag.stage_ops):
-        if len(per_stage[s]) != ids.size:
-            raise HetplanError(f"stage {s} has {len(per_stage[s])} frequencies, needs {ids.size}",
-                               field="frequencies_mhz", fix="one frequency per forward/backward in schedule order")
-        out[ids] = per_stage[s]
-    return out

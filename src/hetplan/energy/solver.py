@@ -31,6 +31,7 @@ every instruction plus idle (blocking) power on all ``S`` GPUs for the whole ite
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -270,11 +271,14 @@ class PhillipsDessoukySolver:
         self._last_cut = int(fwd.size + bwd.size)
         return None
 
-    def run(self, max_points: int | None = None) -> SolverResult:
+    def run(self, max_points: int | None = None, progress: Callable[[float], None] | None = None) -> SolverResult:
         """Trace the frontier from all-slowest to the fastest reachable iteration time.
 
         Args:
             max_points: stop after this many points (None: until the algorithm stops).
+            progress: called after each step with the share of the way done, ``(T_0 − T) / (T_0 − T_fast)`` where
+                ``T_fast`` is the all-fastest iteration time (a bound: the solver stops at or before it), and
+                with 1.0 at the end.
 
         Returns:
             :class:`SolverResult`; point 0 is the all-slowest start, the others follow the reference planner's
@@ -289,6 +293,8 @@ class PhillipsDessoukySolver:
         cuts: list[int] = []
         reason = "max_points reached"
         it = 0
+        span = max(T - self.schedule(self.qmin.copy())[0], 1) if progress is not None else 1
+        T0 = T
         while max_points is None or len(times) < max_points:
             stop = self._step(d, T, ef, ls)
             if stop is not None:
@@ -300,5 +306,9 @@ class PhillipsDessoukySolver:
             energies.append(self.energy_j(d, T))
             durs.append(d.astype(np.int32).copy())
             cuts.append(self._last_cut)
+            if progress is not None:
+                progress(min((T0 - T) / span, 1.0))
+        if progress is not None:
+            progress(1.0)
         return SolverResult(np.array(times, np.int64), np.array(energies), np.stack(durs), reason,
                             _time.process_time() - t0, it, cuts)

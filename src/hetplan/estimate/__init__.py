@@ -1,1 +1,2 @@
-"""The cost model: time, memory, money and energy of a plan (see :func:`hetplan.estimate.estimator.estimate`)."""
+"""The cost model: time, memory and money of a plan (see :func:`hetplan.estimate.estimator.estimate`); its
+energy is :mod:`hetplan.energy`'s, on these stage times."""

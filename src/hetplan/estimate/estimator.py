@@ -68,6 +68,7 @@ class StageEstimate:
     memory: MemoryBreakdown
     memory_capacity_bytes: float
     fits: bool
+    alltoall_s: float = 0.0  # MoE all-to-all within forward_s + backward_s (StageCost.alltoall_s)
 
 
 @dataclass(slots=True)
@@ -473,10 +474,10 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     mem_rows = list(map(MemoryBreakdown, *(mem[k].tolist() for k in _MEMORY_FIELDS)))
     stage_objects = [
         StageEstimate(g.name, st.tp, st.dp, st.num_layers, st.recompute, f, bk, tc, de,
-                      "analytic" if ms is None else "profiled", mr, cap, ft)
-        for g, st, f, bk, tc, de, ms, mr, cap, ft in zip(
+                      "analytic" if ms is None else "profiled", mr, cap, ft, a2a)
+        for g, st, f, bk, tc, de, ms, mr, cap, ft, a2a in zip(
             gpus, st_rows, *(res[k].tolist() for k in ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s")),
-            measured, mem_rows, capacity.tolist(), fits.tolist())
+            measured, mem_rows, capacity.tolist(), fits.tolist(), res["alltoall_s"].tolist())
     ]
     tokens = [plan.job.global_batch * plan.job.seq_len for plan in plans]
     per_plan = {k: np.asarray(x, dtype=float).tolist() for k, x in dict(

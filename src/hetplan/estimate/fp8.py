@@ -93,7 +93,6 @@ CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 5.0, "mxfp8": 4.0 + 2.0 
 #: (a second 1-byte write); a separate transposed copy of an FP8 tensor (read + write).
 TRANSPOSED_WRITE_BYTES = 1.0
 TRANSPOSED_COPY_BYTES = 2.0
-RECIPES = tuple(CAST_BYTES_PER_ELEMENT)
 #: Bytes per FP8 GEMM input operand element (E4M3 / E5M2).
 OPERAND_BYTES = 1
 #: Transformer Engine's cached FP8 weight and its transpose (Hopper), bytes per linear parameter; MXFP8 adds a

@@ -211,11 +211,13 @@ def prefill_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prompt_len: int, *, b
 
 
 def kv_read_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, kv_tokens: int, tp: int = 1,
-                   kv_dtype: str | None = None) -> float:
+                   kv_dtype: str | None = None, queries: int = 1) -> float:
     """Seconds one layer's decode attention takes over ``kv_tokens`` cached tokens on one of ``tp`` ranks: the
-    larger of its FLOPs (scores and values, ``4 · n · q_dim / t``) at the ``dtype`` peak and its K/V reads
-    (``kv_dtype``, default ``dtype``) from HBM."""
-    flops = 4.0 * kv_tokens * m.q_dim / tp
+    larger of its FLOPs (scores and values, ``4 · queries · n · q_dim / t``) at the ``dtype`` peak and its K/V
+    reads (``kv_dtype``, default ``dtype``) from HBM. ``queries``: query tokens per cached token read (1 for a
+    decode step; a prefill chunk's length for its attention over the chunks before it, the K/V read once per
+    query tile)."""
+    flops = 4.0 * queries * kv_tokens * m.q_dim / tp
     nbytes = 2.0 * kv_tokens * (m.kv_dim / tp) * dtype_bytes(kv_dtype or dtype)
     return max(flops / (gpu.peak_flops_per_s(dtype) * gpu.compute_efficiency), nbytes / gpu.hbm_bandwidth_bytes_per_s)
 
@@ -240,17 +242,33 @@ def decode_step_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, batch: int, kv_to
     return _decode_gpu_s(m, gpu, dtype, batch, kv_tokens, tp, pp, engine, weights, kv_dtype) + _overhead_s(engine)
 
 
+def chunk_context_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, chunk_lens: Sequence[int],
+                         contexts: Sequence[int], *, tp: int = 1, engine: EngineSpec | None = None,
+                         kv_dtype: str | None = None) -> float:
+    """Seconds the prefill chunks ``chunk_lens`` spend attending to the tokens cached before them (``contexts``,
+    one per chunk; chunked prefill, Agrawal et al. 2024, "Sarathi-Serve", Sec. 4): per layer and chunk,
+    :func:`kv_read_time_s` over its context with the chunk's tokens as queries. A whole prompt (context 0)
+    costs nothing here: its causal attention is in the prefill pass."""
+    g = gpu if engine is None else _engine_gpu(gpu, engine)
+    return m.num_layers * sum(kv_read_time_s(m, g, dtype, int(p), tp, kv_dtype, queries=int(c))
+                              for c, p in zip(chunk_lens, contexts) if p > 0 and c > 0)
+
+
 def step_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prefill_lens: Sequence[int], decode_contexts: Sequence[int],
                 *, tp: int = 1, pp: int = 1, engine: EngineSpec | None = None, weights: str | None = None,
-                kv_dtype: str | None = None) -> float:
-    """One engine iteration: one prefill pass over the joining requests' prompts (``prefill_lens``, right-padded
-    to the longest, as the engine runs them) and one decode step over the running requests (``decode_contexts``:
-    tokens each holds in the cache); the engine's per-step overhead once."""
+                kv_dtype: str | None = None, prefill_contexts: Sequence[int] | None = None) -> float:
+    """One engine iteration: one prefill pass over the joining requests' prompts or prompt chunks
+    (``prefill_lens``, right-padded to the longest, as the engine runs them; ``prefill_contexts``: tokens already
+    cached before each chunk, whose attention :func:`chunk_context_time_s` adds) and one decode step over the
+    running requests (``decode_contexts``: tokens each holds in the cache); the engine's per-step overhead once."""
     if not prefill_lens and not decode_contexts:
         return 0.0
     check_tp(m, tp)
     t = (_prefill_gpu_s(m, gpu, dtype, max(prefill_lens), len(prefill_lens), tp, pp, engine, weights)
          if prefill_lens else 0.0)
+    if prefill_contexts:
+        t += chunk_context_time_s(m, gpu, dtype, prefill_lens, prefill_contexts, tp=tp, engine=engine,
+                                  kv_dtype=kv_dtype)
     return t + _decode_gpu_s(m, gpu, dtype, len(decode_contexts), int(sum(decode_contexts)), tp, pp, engine,
                              weights, kv_dtype) + _overhead_s(engine)
 

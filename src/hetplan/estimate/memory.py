@@ -56,6 +56,10 @@ Attention: with ``attention="flash"`` (FlashAttention, Dao et al. 2022) no s x s
   - optimizer step, ``framework="deepspeed"``: the 16-bit grads plus the fp32 copies the step makes
     (``p.grad.to(fp32)`` per parameter, then flattened: :data:`DEEPSPEED_STEP_BYTES` per owned parameter;
     DeepSpeed ``runtime/fp16/fused_optimizer.py`` ``FP16_Optimizer.step``), while activations are freed.
+    Under ZeRO-1/2 (``runtime/zero/stage_1_and_2.py``) the model states are 16-bit weights and 16-bit ``.grad``
+    (partitioned under ZeRO-2), fp32 master weights and Adam moments of the owned partition only
+    (``single_partition_of_fp32_groups``), no fp32 gradient buffer; the step adds one fp32 copy of the owned
+    gradient partition (4 B per owned parameter).
     Megatron-LM's optimizer uses its fp32 main-gradient buffer (the 4-byte gradients above) directly;
 
 * :data:`ALLOCATOR_MARGIN` of the allocated bytes: caching-allocator fragmentation (reserved minus allocated;
@@ -452,7 +456,11 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         if fp8_recipe is not None:  # the FP8 weights' extra bytes (of the gathered layers under ZeRO-3)
             weights = weights + fp8.weight_copy_bytes(np.where(zero >= 3, 2, num_layers) * layer_params, fp8_recipe,
                                                       framework)
-        grads = split(GRAD16_BYTES if grad16 else GRAD_BYTES, level(2, dp_all), level(2, edp))
+        # DeepSpeed ZeRO-1/2 (deepspeed/runtime/zero/stage_1_and_2.py): the 16-bit .grad (partitioned as it is
+        # reduced under ZeRO-2) and fp32 master weights only for the owned partition
+        # (single_partition_of_fp32_groups, in OPTIMIZER_BYTES); no fp32 gradient buffer of the whole model.
+        ds_zero = (framework == "deepspeed") & (zero >= 1)
+        grads = split(np.where(ds_zero | grad16, GRAD16_BYTES, GRAD_BYTES), level(2, dp_all), level(2, edp))
         optim = split(OPTIMIZER_BYTES, level(1, dp_all), level(1, edp))
 
     rc = np.asarray({"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else recompute)
@@ -530,9 +538,13 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
     if framework == "deepspeed":
         # DeepSpeed's pipeline engine keeps the last stage's 16-bit logits (its output buffer) through the
         # backward pass: the sum, as measured on the traces; plus the 16-bit grads; or the optimizer step.
-        grad16 = DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES
+        # ZeRO-1/2: the 16-bit grads are ``grads`` already, and the step makes one fp32 copy of the owned
+        # gradient partition (stage_1_and_2.py ``single_grad_partition``): 4 B per owned parameter.
+        ds_zero = np.asarray(zero) >= 1
+        grad16 = np.where(ds_zero, 0.0, DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES)
         train = backward + logits + grad16
-        step = grad16 + DEEPSPEED_STEP_BYTES * optim / OPTIMIZER_BYTES - activations  # activations freed
+        step_bytes = np.where(ds_zero, MAIN_GRAD_COPY_BYTES, DEEPSPEED_STEP_BYTES)
+        step = grad16 + step_bytes * optim / OPTIMIZER_BYTES - activations  # activations freed
         transient = np.maximum(train, step)
     else:
         # Megatron-LM's last stage outputs the loss: the logits and the cross-entropy's saved fp32 softmax (the

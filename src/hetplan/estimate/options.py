@@ -47,6 +47,8 @@ COST_NEUTRAL: dict[str, str] = {
     "train_tokens": "the job length: iterations, not the cost of one",
     "train_iterations": "the job length: iterations, not the cost of one",
     "optimizer": "one value (adam), priced by the memory and optimizer-step terms",
+    "pipeline_chunks": "layers per interleaved chunk (Megatron's layout string): the schedule prices each chunk at "
+                       "1/v of its stage, so only the stage totals (stages[].num_layers) cost",
 }
 
 
@@ -128,4 +130,8 @@ def _build(job: Job, plan: Plan | None) -> TrainingOptions:
         kw.update({k: Plan.model_fields[k].default for k in PLAN_FIELDS})
     else:
         kw.update({k: getattr(plan, k) for k in PLAN_FIELDS})
+    if kw["cross_entropy"] is None and kw["framework"] == "megatron" and "cross-entropy" not in job.stack_spec().fused:
+        # a Megatron stack without the fused loss (before Megatron-Core 0.9 / NeMo 25.04) runs Megatron-LM's
+        # vocab-parallel cross-entropy on an fp32 copy of the logits (StackSpec.fused; Plan.cross_entropy)
+        kw["cross_entropy"] = "fp32"
     return TrainingOptions(**kw)  # type: ignore[arg-type]

@@ -34,6 +34,9 @@ class StageCost:
         optimizer_s: the Adam step.
         memory: :func:`hetplan.estimate.memory.stage_memory_bytes` (bytes per GPU by component).
         params_per_gpu: parameters held per GPU before ZeRO sharding.
+        alltoall_s: the MoE all-to-all (dispatch + combine) of one micro-batch through the stage that the
+            forward and backward times include: exposed (after the 1F1B overlap where on), and again where the MoE
+            layer is recomputed; a part of ``tp_comm_s`` (0 for a dense model).
     """
 
     forward_s: Any
@@ -44,6 +47,7 @@ class StageCost:
     optimizer_s: Any
     memory: memory.StageMemory
     params_per_gpu: Any
+    alltoall_s: Any = 0.0
 
 
 #: Gradient bucket of the overlapped data-parallel reduction (elements): Megatron-LM's DDP default
@@ -191,6 +195,7 @@ def stage_costs(
     atp: Any = None
     if measured_layer_time_s is not None or recompute_layers is not None:
         af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
+    layer_a2a: Any = 0.0  # the all-to-all the layer's forward + backward include (StageCost.alltoall_s)
     if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
         net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
         a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, etp, *net, imbalance=moe_load_imbalance, dispatch=moe_options,
@@ -202,10 +207,12 @@ def stage_costs(
             af, ab, atp = af + x + kv_f, ab + x + kv_b, atp + 2 * x + kv_f + kv_b
         x = moe.exposed_alltoall_s(a2a, lf, lb, overlap_contention(gpu)) if moe_options.a2a_overlap else a2a
         lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
+        layer_a2a = 2 * x
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
             again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
             rerun = np.where(rc == Recompute.FULL, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(rc == Recompute.FULL, 0.0, a2a)
+            layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
     fp8_recipe = stage_fp8_recipe(gpu, options)
     work = replace(work, fp8_recipe=fp8_recipe)
     if fp8_recipe is not None:  # FP8 quantization of the linear layers' inputs and output gradients
@@ -343,6 +350,7 @@ def stage_costs(
         optimizer_s=optimizer,
         memory=mem,
         params_per_gpu=params,
+        alltoall_s=num_layers * np.asarray(layer_a2a, dtype=float) if m.is_moe else 0.0,
     )
 
 

@@ -21,6 +21,7 @@ has no DVFS model (:func:`get_power` raises; callers say so).
 
 from __future__ import annotations
 
+import math
 import sys
 from functools import lru_cache
 from importlib import resources
@@ -151,3 +152,35 @@ def get_power(gpu_name: str, user_file: str | Path | None = None, field: str = "
             f"no DVFS/power model for GPU {gpu_name} (have: {', '.join(p.gpu for p in table.values())})",
             field=field, fix="add an entry for it to a user power catalog (--power-catalog, see gpu_power.toml)",
         ) from None
+
+
+def board_limited(power: GPUPower, tdp_w: float, idle_power_w: float,
+                  power_limit_w: float | str | None = None, field: str = "power_limit_w") -> GPUPower:
+    """``power`` under the board's power limit (``nvidia-smi -pl``), so that ``idle ≤ P_busy(f_eff) ≤ limit ≤ TDP``.
+
+    Args:
+        power: the DVFS model. tdp_w, idle_power_w: the GPU catalog's TDP (the highest limit a board takes, its
+            default) and blocking power (W).
+        power_limit_w: watts from what the lowest supported clock draws (a board's minimum limit: below it
+            no clock keeps within it) to the TDP; None: the lower of the model's own limit and the TDP (a fitted
+            limit above the TDP describes another board SKU, e.g. Perseus' ~480 W A100); ``"model"``: the model's
+            own limit unchanged (calibration on the board it was fitted on).
+        field: the input field named in errors.
+
+    Raises:
+        HetplanError: a limit outside that range or an unknown word.
+    """
+    if power_limit_w == "model":
+        return power
+    if isinstance(power_limit_w, str):
+        raise HetplanError(f"unknown power limit {power_limit_w!r}", field=field,
+                           fix="give watts, or leave it out for the TDP")
+    if power_limit_w is None:
+        return power.model_copy(update={"power_limit_w": min(power.power_limit_w, tdp_w)})
+    floor = float(power.busy_power_w(min(power.frequencies_mhz), idle_power_w))
+    if not (np.isfinite(power_limit_w) and floor <= power_limit_w <= tdp_w * (1 + 1e-9)):
+        raise HetplanError(f"power limit {power_limit_w} W is outside {power.gpu}'s range (at least the "
+                           f"{floor:.0f} W its lowest clock draws, at most its {tdp_w:g} W TDP)", field=field,
+                           fix=f"give a limit in [{math.ceil(floor)}, {tdp_w:g}] W")
+    return power.model_copy(update={"power_limit_w": float(power_limit_w)})
+

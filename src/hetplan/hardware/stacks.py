@@ -37,7 +37,7 @@ FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": 
 #: The behaviour fields of a stack; each but ``framework`` (hetplan's own family, :class:`hetplan.plan.Job`) needs
 #: a source in the data file.
 FIELDS = ("framework", "gemm", "attention", "attention_kernel", "fused", "sequence_parallel", "tp_comm_overlap",
-          "dp_overlap", "launch", "zero", "optimizer_memory", "allocator")
+          "dp_overlap", "launch", "zero", "recompute", "optimizer_memory", "allocator")
 #: Kernel names of ``attention_kernel`` (:data:`hetplan.hardware.catalog.ATTENTION_KERNELS`).
 StackKernel = Literal["fa2", "fa3", "cudnn", "triton"]
 FusedOp = Literal["norm", "rope", "cross-entropy", "adam", "softmax", "bias-act"]
@@ -55,9 +55,10 @@ class StackSpec(BaseModel):
         attention_kernel: the fused kernel under flash by GPU family, ``default`` for the others.
         fused: the ops that run as fused kernels.
         sequence_parallel, tp_comm_overlap: available or not.
-        dp_overlap: ``bucketed`` | ``none`` | ``after-last-microbatch``.
+        dp_overlap: ``bucketed`` | ``none`` | ``ddp-only`` | ``after-last-microbatch``.
         launch: ``eager`` | ``cuda-graphs`` | ``compiled``.
-        zero: ZeRO stages it runs.
+        zero: ZeRO stages it runs (under ``fsdp``: its sharding modes; the estimate runs ZeRO-3 there).
+        recompute: the activation-recomputation modes it offers (the searches enumerate only these).
         optimizer_memory: ``megatron`` | ``deepspeed`` | ``fsdp1`` | ``fsdp2``.
         allocator: ``caching`` | ``expandable-segments``.
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
@@ -78,9 +79,10 @@ class StackSpec(BaseModel):
     fused: tuple[FusedOp, ...]
     sequence_parallel: bool
     tp_comm_overlap: bool
-    dp_overlap: Literal["bucketed", "none", "after-last-microbatch"]
+    dp_overlap: Literal["bucketed", "none", "ddp-only", "after-last-microbatch"]
     launch: Literal["eager", "cuda-graphs", "compiled"]
     zero: tuple[Literal[0, 1, 2, 3], ...]
+    recompute: tuple[Literal["none", "selective", "full"], ...]
     optimizer_memory: Literal["megatron", "deepspeed", "fsdp1", "fsdp2"]
     allocator: Literal["caching", "expandable-segments"]
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
@@ -101,12 +103,15 @@ class StackSpec(BaseModel):
     def overlaps_grad_reduce(self, pp: int, zero: int) -> bool:
         """Whether this release can overlap the data-parallel gradient reduction with the backward pass of a
         plan with ``pp`` stages and ZeRO stage ``zero`` (``dp_overlap``): always under ``bucketed``, never under
-        ``none``; under ``after-last-microbatch`` (DeepSpeed) only ZeRO-1/2 without a pipeline, whose
+        ``none``; under ``ddp-only`` (Megatron-LM before Megatron-Core 0.4) only ZeRO-0 through torch DDP's buckets
+        (``--DDP-impl torch``), the distributed optimizer reduce-scattering after backward; under ``after-last-microbatch`` (DeepSpeed) only ZeRO-1/2 without a pipeline, whose
         ``overlap_comm`` buckets reduce during backward — the pipeline engine's ``ReduceGrads`` instruction
         follows the schedule's last micro-batch (``deepspeed/runtime/pipe/schedule.py`` ``TrainSchedule``) and
         ZeRO-0 all-reduces at the accumulation boundary (``deepspeed/runtime/engine.py``)."""
         if self.dp_overlap == "bucketed":
             return True
+        if self.dp_overlap == "ddp-only":
+            return zero == 0
         return self.dp_overlap == "after-last-microbatch" and pp == 1 and zero in (1, 2)
 
 

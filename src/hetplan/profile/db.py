@@ -182,13 +182,19 @@ class ProfileDB:
         path: the SQLite file (``":memory:"`` for a throw-away database).
         extrapolate: answer outside the measured micro-batch / sequence-length range by scaling the nearest
             measured point with the analytic FLOP ratio (default True); when False such queries return None.
+        read_only: open an existing file without writing (:meth:`_open_read_only`); the write methods then fail.
+        field: the option the file came from, for messages.
     Raises:
         HetplanError: the file is not a SQLite database, or it has another schema version.
     """
 
-    def __init__(self, path: str | Path = ":memory:", *, extrapolate: bool = True):
+    def __init__(self, path: str | Path = ":memory:", *, extrapolate: bool = True, read_only: bool = False,
+                 field: str = "--db"):
         self.path = str(path)
         self.extrapolate = extrapolate
+        if read_only:
+            self._open_read_only(field)
+            return
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -207,6 +213,37 @@ class ProfileDB:
                 f"{self.path} has profile schema version {row[0]}, this hetplan reads version {SCHEMA_VERSION}",
                 field="--db", fix="re-profile into a new file (or use the hetplan version that wrote it)",
             )
+
+    def _open_read_only(self, field: str) -> None:
+        """Open an existing profile database without writing a byte (SQLite ``mode=ro``): a read (``profile
+        show``, ``export-csv``, ``plan``/``estimate --profile-db``) must not create hetplan's tables in an empty
+        file or in another program's database (issue 27).
+
+        Raises:
+            HetplanError: missing file, not SQLite, not a hetplan profile database, another schema version."""
+        p = Path(self.path)
+        if not p.is_file():
+            raise HetplanError(f"{p} does not exist" if not p.exists() else f"{p} is not a file", field=field,
+                               fix="give a profile database written by `hetplan profile` or an importer")
+        try:
+            self.conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            missing = {"meta", "layer_times", "comm_times", "stage_times"} - tables
+            row = None if missing else self.conn.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise HetplanError(f"{p} is not a profile database ({exc})", field=field,
+                               fix="give a file written by `hetplan profile` or an importer") from None
+        if missing or row is None:
+            self.conn.close()
+            lacks = ", ".join(sorted(missing)) or "schema version"
+            raise HetplanError(f"{p} is not a hetplan profile database (no {lacks})", field=field,
+                               fix="give a file written by `hetplan profile` or an importer")
+        if str(row[0]) != str(SCHEMA_VERSION):
+            self.conn.close()
+            raise HetplanError(
+                f"{p} has profile schema version {row[0]}, this hetplan reads version {SCHEMA_VERSION}",
+                field=field, fix="re-profile into a new file (or use the hetplan version that wrote it)")
 
     # -- context manager -------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -79,16 +80,70 @@ def read_espresso_rank(folder: str | Path) -> EspressoRank | None:
     Raises:
         HetplanError: the folder has no ``operations_record.csv``.
     """
-    ops = _open_csv(Path(folder) / "operations_record.csv")
-    fw = [float(o["duration"]) for o in ops if o["task"] == "ForwardPass"][ESPRESSO_WARMUP_MICROBATCHES:]
-    bw = [float(o["duration"]) for o in ops if o["task"] == "BackwardPass"][ESPRESSO_WARMUP_MICROBATCHES:]
+    path = Path(folder) / "operations_record.csv"
+    ops = _open_csv(path, {"task", "duration", "max_mem"}, "an Espresso operations_record.csv")
+    fw = [_num(o, "duration", path) for o in ops if o["task"] == "ForwardPass"][ESPRESSO_WARMUP_MICROBATCHES:]
+    bw = [_num(o, "duration", path) for o in ops if o["task"] == "BackwardPass"][ESPRESSO_WARMUP_MICROBATCHES:]
     if not fw or not bw:
         return None
-    return EspressoRank(ops, statistics.median(fw), statistics.median(bw), max(float(o["max_mem"]) for o in ops))
+    return EspressoRank(ops, statistics.median(fw), statistics.median(bw), max(_num(o, "max_mem", path) for o in ops))
 
 
-def _open_csv(path: Path) -> list[dict]:
-    return list(csv.DictReader(io.StringIO(read_text(path, "path"), newline="")))
+def _open_csv(path: Path, need: set[str] | frozenset[str] = frozenset(), what: str = "") -> list[dict]:
+    """The rows of a CSV file; its header must name the ``need`` columns (checked even when no row follows: a
+    CSV of unrelated columns imported nothing and said nothing). Each row gets ``_line`` (its line number).
+
+    Raises:
+        HetplanError: unreadable file, or columns missing (``what``: the format, for the fix)."""
+    reader = csv.DictReader(io.StringIO(read_text(path, "path"), newline=""))
+    header = set(reader.fieldnames or ())
+    if not need <= header:
+        raise HetplanError(f"{path} lacks columns {sorted(need - header)} (it has {sorted(header)[:8]})",
+                           field="path", fix=f"give {what or 'a file of the expected format'}")
+    return [dict(r, _line=reader.line_num) for r in reader]
+
+
+def _num(row: dict, key: str, path, integer: bool = False, positive: bool = False) -> float:
+    """Column ``key`` of ``row`` as a finite number >= 0 (> 0 under ``positive``; an int under ``integer``): a
+    text, NaN, infinite or negative time would be stored as a measurement and price plans with it (issue 27).
+
+    Raises:
+        HetplanError: naming the file, line and column."""
+    raw = row.get(key)
+    try:
+        value = int(raw) if integer else float(raw)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        kind = "a whole number" if integer else "a finite number"
+        raise HetplanError(f"{path} line {row.get('_line', '?')}: {key} = {raw!r} is not {kind} "
+                           f"{'> 0' if positive else '>= 0'}", field=f"path.{key}",
+                           fix="correct or remove that row")
+    return value
+
+
+def _device(name: str, field: str) -> str:
+    """The catalog name of GPU ``name`` (an alias or vendor name works): a profile of a GPU the catalog does not
+    know would never be looked up (plans name catalog GPUs) and would be imported for nothing.
+
+    Raises:
+        HetplanError: unknown GPU."""
+    from hetplan.hardware.catalog import load_catalog
+
+    device = normalize_device(name)
+    try:
+        return load_catalog().get(device).name
+    except HetplanError:
+        raise HetplanError(f"unknown GPU {name!r}", field=field,
+                           fix="name a GPU of the catalog (hetplan catalog gpus)") from None
+
+
+def _some(n: int, path, what: str) -> int:
+    """``n`` rows imported; none is an error (a file of another format, or labels no --model maps)."""
+    if n == 0:
+        raise HetplanError(f"nothing imported from {path}: {what}", field="path",
+                           fix="check the format and the --model LABEL=MODEL mappings")
+    return n
 
 
 def import_fasop(db: ProfileDB, path: str | Path, models: dict[str, tuple[ModelSpec | str, int]] | None = None,
@@ -102,30 +157,29 @@ def import_fasop(db: ProfileDB, path: str | Path, models: dict[str, tuple[ModelS
     Raises:
         HetplanError: missing file or missing columns.
     """
-    rows = _open_csv(Path(path))
     need = {"model", "gpu", "tp", "index", "kind", "forward_time_s_mbs1"}
-    if rows and not need <= set(rows[0]):
-        raise HetplanError(f"{path} lacks columns {sorted(need - set(rows[0]))}", field="path",
-                           fix="give FASOP's converted CSV (model,gpu,tp,index,kind,forward_time_s_mbs1)")
+    rows = _open_csv(Path(path), need, "FASOP's converted CSV (model,gpu,tp,index,kind,forward_time_s_mbs1)")
     mapping = {k.lower(): v for k, v in (models or FASOP_MODELS).items()}
     groups: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
-        groups[(r["model"].lower(), r["gpu"].lower(), int(r["tp"]), r["kind"])].append(float(r["forward_time_s_mbs1"]))
+        tp = int(_num(r, "tp", path, integer=True, positive=True))
+        groups[(r["model"].lower(), r["gpu"].lower(), tp, r["kind"])].append(
+            _num(r, "forward_time_s_mbs1", path, positive=True))
     recs = []
     for (model, gpu, tp, kind), times in groups.items():
         if model not in mapping:
             continue
         spec, seq = mapping[model]
         spec = load_model(spec) if isinstance(spec, str) else spec
-        device = FASOP_GPUS.get(gpu, gpu)
+        device = _device(FASOP_GPUS.get(gpu, gpu), "path.gpu")
         ours = {"layer": "layer", "embedding": "embedding", "post_process": "head"}.get(kind)
         if ours is None:
             continue
         f = statistics.median(times)
-        recs.append(LayerRecord(device=normalize_device(device), dtype=dtype, kind=ours, shape=LayerShape.of(spec, ours),
+        recs.append(LayerRecord(device=device, dtype=dtype, kind=ours, shape=LayerShape.of(spec, ours),
                                 mbs=1, seq_len=seq, tp=tp, forward_s=f, backward_s=2 * f, source="fasop",
                                 software="Megatron-LM (FASOP HPDC'24 known_cost)"))
-    return db.add_layers(recs)
+    return _some(db.add_layers(recs), path, f"no row of a mapped model ({', '.join(sorted(mapping))})")
 
 
 _ACESO_NAME = re.compile(r"^(?P<model>.+)_mbs(?P<mbs>\d+)_tp(?P<tp>\d+)_algo(?P<algo>\d+)\.csv$")
@@ -146,7 +200,7 @@ def import_aceso(db: ProfileDB, directory: str | Path, models: dict[str, tuple[M
     if not d.is_dir():
         raise HetplanError(f"{d} is not a directory", field="path", fix="give Aceso's profiled-time directory")
     mapping = models or ACESO_MODELS
-    device = normalize_device(device)
+    device = _device(device, "--device")
     recs = []
     for f in sorted(d.glob("*.csv")):
         m = _ACESO_NAME.match(f.name)
@@ -154,15 +208,15 @@ def import_aceso(db: ProfileDB, directory: str | Path, models: dict[str, tuple[M
             continue
         spec, seq = mapping[m["model"]]
         spec = load_model(spec) if isinstance(spec, str) else spec
-        ops = _open_csv(f)
+        ops = _open_csv(f, {"op_name", "forward-compute", "backward-compute"}, "an Aceso per-op profile CSV")
         sums = {"layer": [0.0, 0.0], "embedding": [0.0, 0.0], "head": [0.0, 0.0]}
         for op in ops:
             name = op["op_name"]
             kind = ("layer" if name.startswith("enc-") else "embedding" if name == "encoder-embedding"
                     else "head" if name in ("final-layernorm", "gpt-post-process") else None)
             if kind:
-                sums[kind][0] += float(op["forward-compute"]) * 1e-6
-                sums[kind][1] += float(op["backward-compute"]) * 1e-6
+                sums[kind][0] += _num(op, "forward-compute", f) * 1e-6
+                sums[kind][1] += _num(op, "backward-compute", f) * 1e-6
         for kind, (fw, bw) in sums.items():
             recs.append(LayerRecord(device=device, dtype=dtype, kind=kind, shape=LayerShape.of(spec, kind),
                                     mbs=int(m["mbs"]), seq_len=seq, tp=int(m["tp"]), forward_s=fw, backward_s=bw,
@@ -176,9 +230,9 @@ def import_aceso(db: ProfileDB, directory: str | Path, models: dict[str, tuple[M
             continue
         nranks = int(pm["n"])
         factor = {"all_reduce": 2 * (nranks - 1) / nranks}.get(pm["coll"], (nranks - 1) / nranks)
-        for r in _open_csv(f):
-            size = float(r["data_size(MB)"]) * 2**20
-            t = float(r["time(ms)"]) * 1e-3
+        for r in _open_csv(f, {"data_size(MB)", "time(ms)"}, "an Aceso collective CSV"):
+            size = _num(r, "data_size(MB)", f) * 2**20
+            t = _num(r, "time(ms)", f, positive=True) * 1e-3
             db.add_comm(CommRecord(device=device, backend="nccl", collective=pm["coll"].replace("_", "-"),
                                    world_size=nranks, message_bytes=size, time_s=t,
                                    bandwidth_bytes_per_s=size / t * factor, source="aceso",
@@ -189,14 +243,14 @@ def import_aceso(db: ProfileDB, directory: str | Path, models: dict[str, tuple[M
         header, values = (list(csv.reader(io.StringIO(read_text(p2p, "path"), newline=""))) + [[], []])[:2]
         # Header: message sizes in MB; values: bandwidth in GB/s (Aceso's p2p benchmark).
         for size_mb, gbps in zip(header, values):
-            size = float(size_mb) * 2**20
-            bw = float(gbps) * 1e9
+            size = _num({"size_mb": size_mb, "_line": 1}, "size_mb", p2p, positive=True) * 2**20
+            bw = _num({"gbps": gbps, "_line": 2}, "gbps", p2p, positive=True) * 1e9
             db.add_comm(CommRecord(device=device, backend="nccl", collective="send-recv", world_size=2,
                                    message_bytes=size, time_s=size / bw, bandwidth_bytes_per_s=bw, source="aceso",
                                    software="Aceso EuroSys'24"), commit=False)
             n += 1
     db.commit()
-    return n
+    return _some(n, d, f"no {', '.join(sorted(mapping))} profile (files *_mbsB_tpT_algo0.csv)")
 
 
 _RANK_DIR = re.compile(r"^(?P<rank>\d+)_(?P<run>.+?)_(?P<bounds>0(?:_\d+)+)_tmp$")

@@ -116,6 +116,22 @@ def parse_layout(text: str, pp: int) -> list[list[int]]:
     return [[chunks[k * pp + st].count("t") for k in range(v)] for st in range(pp)]
 
 
+def _chunks_if_uneven(chunks: list[list[int]], L: int) -> list[list[int]] | None:
+    """``chunks`` for :attr:`Plan.pipeline_chunks` when they are not what equal chunks (with the embedding / loss
+    counted as a layer) give, else None."""
+    from hetplan.plan_rules import embedding_loss_split
+
+    pp, v = len(chunks), len(chunks[0])
+    found = embedding_loss_split([sum(c) for c in chunks], L, v) if pp > 1 else None
+    if v == 1 or found is None:
+        return None if v == 1 else chunks
+    e, loss, c = found
+    flat = [c] * (pp * v)
+    flat[0] -= e
+    flat[-1] -= loss
+    return None if [[flat[k * pp + i] for k in range(v)] for i in range(pp)] == chunks else chunks
+
+
 def _megatron_split(a: dict[str, Any], L: int, pp: int) -> tuple[list[int], int]:
     """(layers per stage, virtual stages) of Megatron-LM's arguments."""
     if "pipeline_model_parallel_layout" in a:
@@ -164,6 +180,8 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
                         "ffn_hidden_size": a.get("ffn_hidden_size"), "num_experts": experts,
                         "expert_ffn_hidden_size": a.get("moe_ffn_hidden_size")}, model)
     layers, v = _megatron_split(a, spec.num_layers, pp)
+    chunks = (_chunks_if_uneven(parse_layout(a["pipeline_model_parallel_layout"], pp), spec.num_layers)
+              if "pipeline_model_parallel_layout" in a and pp > 1 else None)
     dtype = "fp8" if "fp8_format" in a else "bf16" if "bf16" in a else "fp16" if "fp16" in a else None
     if dtype is None:
         raise HetplanError("the launch trains in fp32 (no --bf16, --fp16 or --fp8-format); hetplan prices mixed "
@@ -197,7 +215,8 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
                 mbs=int(a.get("micro_batch_size", 1)), zero=zero, virtual_stages=v,
                 sequence_parallel="sequence_parallel" in a, overlap_grad_reduce="overlap_grad_reduce" in a,
                 cross_entropy=None if "cross_entropy_loss_fusion" in a else "fp32", cp=cp,
-                ep=int(a.get("expert_model_parallel_size", 1)), expert_tp=int(a.get("expert_tensor_parallel_size", 1)))
+                ep=int(a.get("expert_model_parallel_size", 1)), expert_tp=int(a.get("expert_tensor_parallel_size", 1)),
+                pipeline_chunks=chunks)
 
 
 def _tt_parts(parts: list[list[str]], pp: int) -> tuple[list[int], int]:
@@ -205,6 +224,16 @@ def _tt_parts(parts: list[list[str]], pp: int) -> tuple[list[int], int]:
     for k, part in enumerate(parts):  # looped schedules: model part k on pipeline rank k % pp
         layers[k % pp] += sum(1 for fqn in part if fqn.startswith("layers."))
     return layers, len(parts) // pp
+
+
+def _tt_chunks(parts: list[list[str]], pp: int, L: int) -> list[list[int]] | None:
+    """:attr:`Plan.pipeline_chunks` of torchtitan's model parts (part k = chunk k // pp of rank k % pp) when
+    they are not equal chunks."""
+    v = len(parts) // pp
+    if v <= 1:
+        return None
+    counts = [sum(1 for fqn in part if fqn.startswith("layers.")) for part in parts]
+    return _chunks_if_uneven([[counts[k * pp + i] for k in range(v)] for i in range(pp)], L)
 
 
 def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -285,11 +314,14 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
         parts = [part.split(",") for part in str(over.get(p + "module_fqns_per_model_part", "")).split()]
         if parts:
             layers, v = _tt_parts(parts, pp)
+            tt_chunks = _tt_chunks(parts, pp, spec.num_layers)
         else:
             q, r = divmod(spec.num_layers, pp)
             layers, v = [q + (i < r) for i in range(pp)], 1
     else:
         mbs, layers, v = local, [spec.num_layers], 1
+    if pp <= 1 or not parts:
+        tt_chunks = None
     if gbs <= 0:
         gbs = local * dp
     fp8 = "Float8LinearConverter" in (job_module or "") or config.endswith("float8") or config == "llama3_405b"
@@ -303,7 +335,7 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
                 virtual_stages=v, sequence_parallel=tp > 1 and bool(over.get(p + "enable_sequence_parallel", True)),
                 cuda_graphs=not over.get("training.disable_cuda_graphs", False),
                 schedule="gpipe" if over.get(p + "pipeline_parallel_schedule") == "GPipe" else "1f1b",
-                cp=cp, ep=ep)
+                cp=cp, ep=ep, pipeline_chunks=tt_chunks)
 
 
 def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,

@@ -11,6 +11,7 @@ configuration for each other value of TP, PP, micro-batch size, recomputation, Z
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ def _row(results: list[PoolResult], cat, idx: int, exact_time_s: float | None = 
     the closed-form breakdown still gives the shares of each component."""
     res = results[cat["pool"][idx]]
     r = int(cat["row"][idx])
-    out = {k: int(v[r]) for k, v in res.config.items()}
+    out: dict[str, Any] = {k: int(v[r]) for k, v in res.config.items()}
     out["gpu"] = res.gpu.name
     out["num_gpus"] = int(res.num_gpus[r])
     out["closed_form_time_s"] = float(res.iteration_time_s[r])
@@ -60,7 +61,7 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
     """One sentence: how much worse ``loser`` is than ``winner`` and the component that explains it."""
     share = lambda c, k: c["components"][k] / c["closed_form_time_s"]  # noqa: E731
     shares = {k: share(loser, k) - share(winner, k) for k in COMPONENTS}
-    key = max(shares, key=shares.get)
+    key = max(shares, key=lambda k: shares[k])
     diffs = [f"{d} {loser[d] if d != 'recompute' else RECOMPUTE_NAMES[loser[d]]} vs "
              f"{winner[d] if d != 'recompute' else RECOMPUTE_NAMES[winner[d]]}"
              for d in DIMENSIONS if loser[d] != winner[d]]

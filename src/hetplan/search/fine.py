@@ -186,14 +186,14 @@ class FineSearch:
                 hi = mid
             else:
                 lo = mid
-        n = [max(1, int((hi - ai) // li)) if hi > ai else 1 for ai, li in zip(a, lam)]
-        while sum(n) > L:
-            k = max((i for i in range(p) if n[i] > 1), key=lambda i: a[i] + lam[i] * n[i])
-            n[k] -= 1
-        while sum(n) < L:
-            k = min(range(p), key=lambda i: a[i] + lam[i] * (n[i] + 1))
-            n[k] += 1
-        return FineState(tuple(FineStage(k, st.tp, st.dp) for k, st in zip(n, s.stages)), s.micro_batch, s.zero,
+        layers = [max(1, int((hi - ai) // li)) if hi > ai else 1 for ai, li in zip(a, lam)]
+        while sum(layers) > L:
+            k = max((i for i in range(p) if layers[i] > 1), key=lambda i: a[i] + lam[i] * layers[i])
+            layers[k] -= 1
+        while sum(layers) < L:
+            k = min(range(p), key=lambda i: a[i] + lam[i] * (layers[i] + 1))
+            layers[k] += 1
+        return FineState(tuple(FineStage(k, st.tp, st.dp) for k, st in zip(layers, s.stages)), s.micro_batch, s.zero,
                          s.cp, s.ep)
 
     def bottleneck(self, c: StateCost) -> tuple[int, str]:
@@ -329,10 +329,10 @@ class FineSearch:
         for e in ep_degrees(self.cm.m, min(st.dp for st in S) * s.cp, self.pins.ep):
             if e != s.ep:
                 structural.append((f"EP {s.ep} -> {e}", mk(S, ep=e)))
-        for desc, st in structural:
-            out.append((desc, st))
-            rb = self.rebalance(st) if self.valid(st) else st
-            if rb != st:
+        for desc, moved in structural:
+            out.append((desc, moved))
+            rb = self.rebalance(moved) if self.valid(moved) else moved
+            if rb != moved:
                 out.append((desc + " + re-balance layers", rb))
         if p >= 2:
             rb = self.rebalance(s)

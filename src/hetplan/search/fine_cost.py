@@ -166,7 +166,7 @@ def simulate_1f1b(forward_s, backward_s, p2p_s, num_microbatches: int) -> tuple[
                 ready = fcur[i] if i == p - 1 else nxt + c[i]
                 s = free[i] if free[i] > ready else ready
                 free[i] = nxt = s + b[i]
-        if 1 <= r < last_steady and prev_free is not None:
+        if 1 <= r < last_steady and prev_free is not None and prev_f is not None:
             lam = free[0] - prev_free[0]
             tol = 1e-12 * (abs(free[0]) + 1.0)
             if all(abs(free[i] - prev_free[i] - lam) <= tol and abs(fcur[i] - prev_f[i] - lam) <= tol
@@ -258,6 +258,7 @@ class FineCostModel:
         """Stage costs of ``n`` layers with r = 0..n of them recomputed, selective (row 0) or full (row 1): six
         arrays of shape (2, n+1)."""
         code = np.array([[RECOMPUTE_CODES["selective"]], [RECOMPUTE_CODES["full"]]])
+        key: tuple
         if self.L <= self.DENSE_LAYERS:
             key = (ctx, in_flight)
             t = self._tables.get(key)

@@ -240,7 +240,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     kept so that an infeasible request can say how far off it is). ``configurations_evaluated`` counts all.
     """
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
-                          seq_len=job.seq_len)
+                          seq_len=job.seq_len, stack=job.stack_spec())
     if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
         cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}
@@ -297,6 +297,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     num_gpus = deg.world_size
     price = pool_price_usd_per_hour(pool, gpu)
     model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)
+    assert it.fits is not None  # the memory was given
     return PoolResult(
         pool_index=pool_index,
         gpu=gpu,

@@ -74,13 +74,6 @@ def pareto_frontier(m, job: Job, inventory: Inventory, catalog, pins: Pins | Non
     return Frontier(points=pts, evaluated=res.evaluated, result=res, proven_below_s=res.open_bound)
 
 
-def explain_frontier(points: list[FrontierPoint]) -> list[str]:
-    """For each point after the cheapest (in :func:`by_cost` order): what the extra $ buys —
-    ``+x% $/iteration buys y% less time`` than the next cheaper point (estimated figures)."""
-    pts = by_cost(points)
-    return [f"{cur.description}: {buys(prev, cur)} than {prev.description}" for prev, cur in zip(pts, pts[1:])]
-
-
 def buys(prev: FrontierPoint, cur: FrontierPoint) -> str:
     """``+x% $/iteration buys y% less time`` (``cur`` against the next cheaper point ``prev``; estimates)."""
     dc = cur.estimate.usd_per_iteration / prev.estimate.usd_per_iteration - 1

@@ -105,7 +105,7 @@ def solve_partition(a, e, o, nmax, L: int, m: int, p2p_s: float = 0.0, upper_bou
     ms, mm = minsum.tolist(), minmax.tolist()
     nm = nmax.tolist()
     k = m - 1
-    best = [upper_bound, None]
+    best: list = [upper_bound, None]  # least time, its layers
     chosen = [0] * p
     labels: dict = {}
 

@@ -9,6 +9,7 @@ objective (:mod:`hetplan.search.objective`), and the top K are re-estimated one 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
@@ -174,7 +175,7 @@ def search_plans(
             "and global_batch is divisible by dp*mbs",
         )
     iterations = job.iterations()
-    cat = {
+    cat: dict[str, Any] = {
         "pool": np.concatenate([np.full(len(r), k) for k, r in enumerate(results)]),
         "row": np.concatenate([np.arange(len(r)) for r in results]),
         "iteration_time_s": np.concatenate([r.iteration_time_s for r in results]),
@@ -281,6 +282,7 @@ def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progr
     entries = []
     for ep in res.top:
         keys = estimate_keys(objective, ep.estimate)
+        assert keys is not None  # the top plans fit and meet the constraints
         entries.append((*keys, ep.estimate.memory_bytes_per_gpu.total, ep.plan, ep.estimate,
                         ep.candidate.describe(inventory)))
     return entries, res
@@ -331,11 +333,13 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
     ref_rank = next((r for r, x in enumerate(allp, start=1) if ref is not None and x[4] is ref.estimate), None)
     ref_label = f"#{ref_rank}" if ref_rank else "the best homogeneous plan"
     for r, (k, s2, mem, plan, est, reason, is_het) in enumerate(allp, start=1):
+        assert win is not None  # allp is not empty
         if r == 1 and is_het:
             reason = f"best {what}; {reason}"
         elif is_het:
             reason = f"{k / win[0] - 1:+.1%} {what} vs #1; {reason}"
         elif het_wins:
+            assert ref is not None  # a homogeneous plan is ranked: ranked is not empty
             if est is ref.estimate:
                 reason = f"the best homogeneous plan; {reason.split('; ', 1)[1]}"
             else:
@@ -343,7 +347,7 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
             reason = f"{k / win[0] - 1:+.1%} {what} vs #1; {reason}"
         out.append(RankedPlan(rank=r, plan=plan, estimate=est, reason=reason))
     lines = list(explanation)
-    if het_wins:
+    if het_wins and win is not None:
         head = f"#1 {win[5]}"
         if ref is not None:
             head += f": {1 - win[0] / iterations_key(ref.estimate):.1%} better {what} than the best homogeneous plan"
@@ -468,11 +472,11 @@ def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estima
             )
     if objective.goal == "cheapest" and objective.deadline_s is not None:
         # The closed form can be far below estimate() (slow networks), so the fastest plan is estimated.
-        best = fastest_estimated() if fastest_estimated is not None else None
-        best = float(job_time[fits].min()) if best is None else best
+        fastest = fastest_estimated() if fastest_estimated is not None else None
+        fastest = float(job_time[fits].min()) if fastest is None else fastest
         raise InfeasibleError(
             f"no plan finishes by the deadline of {objective.deadline_s / 86400:.2f} days; the fastest plan that fits "
-            f"takes {best / 86400:.2f} days",
+            f"takes {fastest / 86400:.2f} days",
             field="objective.deadline_s",
             fix="extend the deadline, add GPUs, or train on fewer tokens",
         )

@@ -57,7 +57,7 @@ class Pins(BaseModel):
     def flag(cls, name: str) -> str:
         """The ``hetplan plan`` flag of pin ``name`` (``--tp``, ``--use-gpus`` …)."""
         extra = cls.model_fields[name].json_schema_extra
-        return extra["flag"] if isinstance(extra, dict) else "--" + name.replace("_", "-")
+        return str(extra["flag"]) if isinstance(extra, dict) else "--" + name.replace("_", "-")
 
     @classmethod
     def choices(cls, name: str) -> tuple | None:
@@ -99,12 +99,29 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int) -> list[int]:
     return out
 
 
+def stack_allows(stack, zero: int | None = None, recompute: str | None = None, attention: str = "flash") -> bool:
+    """Whether ``stack`` (a :class:`hetplan.hardware.stacks.StackSpec`, None: any) offers ZeRO stage ``zero``
+    and recomputation ``recompute``. FSDP stacks shard as the estimate does (ZeRO-3) whatever ``zero`` says;
+    selective recomputation under flash attention is the plan without recomputation (:class:`hetplan.plan.Job`),
+    which every stack runs."""
+    if stack is None:
+        return True
+    if zero is not None and stack.framework != "fsdp" and zero not in stack.zero:
+        return False
+    if recompute is not None and recompute not in stack.recompute:
+        return recompute == "selective" and attention == "flash"
+    return True
+
+
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
-                    attention: str = "standard", seq_len: int | None = None) -> dict[str, np.ndarray]:
+                    attention: str = "standard", seq_len: int | None = None, stack=None) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
     ep`` (recompute as codes 0/1/2), honouring ``pins``. Empty arrays if nothing matches. Under ``attention =
     "flash"`` selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out
-    unless pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1)."""
+    unless pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1). ``stack``: the job's
+    :class:`hetplan.hardware.stacks.StackSpec`; only the ZeRO stages and recomputation modes it offers are
+    enumerated (:func:`stack_allows`; Megatron-LM 2.5 has neither the distributed optimizer nor selective
+    recomputation)."""
     tps = tp_degrees(m, gpus_per_node, available)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
@@ -120,10 +137,10 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
                         break
                     if (pins.dp is not None and d != pins.dp) or (pins.num_gpus is not None and n != pins.num_gpus):
                         continue
-                    mbs = divisors(global_batch // d) if pins.mbs is None else [pins.mbs] if (global_batch // d) % pins.mbs == 0 else []
-                    if mbs:
+                    sizes = divisors(global_batch // d) if pins.mbs is None else [pins.mbs] if (global_batch // d) % pins.mbs == 0 else []
+                    if sizes:
                         triples.append((t, p, d, c))
-                        mbs_lists.append(mbs)
+                        mbs_lists.append(sizes)
     names = ("tp", "pp", "dp", "mbs", "zero", "recompute")
     if not triples:
         return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages", "cp", "ep")}
@@ -134,12 +151,14 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     base_cp = np.repeat(cp_of, counts)
     mbs = np.concatenate([np.asarray(x, dtype=np.int64) for x in mbs_lists])
     free = [0, 2] if attention == "flash" else [0, 1, 2]
+    free = [r for r in free if stack_allows(stack, recompute=RECOMPUTE_NAMES[r], attention=attention)]
     rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free, dtype=np.int64)
     parts = []
     base = np.column_stack([base, base_cp])  # cp rides along as a last column
     no_dp = base[:, 2] == 1
     no_pp = base[:, 1] == 1
     for sel, zeros in ((no_dp, [0]), (~no_dp & no_pp, [0, 1, 2, 3]), (~no_dp & ~no_pp, [0, 1])):
+        zeros = [z for z in zeros if sel is no_dp or stack_allows(stack, zero=z)]
         if pins.zero is not None:
             # a pinned ZeRO-1 with DP = 1 is a harmless what-if; ZeRO-2/3 still need pp = 1
             ok = pins.zero in zeros or (sel is no_dp and pins.zero == 1)

@@ -28,12 +28,15 @@ This module does not import torch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from hetplan.errors import HetplanError, InfeasibleError
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
+from hetplan.hardware.engines import EngineSpec, load_engines
 from hetplan.serve.config import WorkloadFile
-from hetplan.estimate.inference import kv_cache_bytes_per_worker, weight_bytes_per_worker
+from hetplan.estimate.inference import kv_cache_bytes_per_worker, kv_capacity_tokens, weight_bytes_per_worker
 from hetplan.serve.exec_model import EstimatedStepModel
 from hetplan.serve.metrics import SLO
 from hetplan.serve.policies import make_policy
@@ -82,61 +85,155 @@ def slos(wf: WorkloadFile) -> dict[str, SLO]:
             for m in wf.models}
 
 
+@dataclass(frozen=True)
+class Stack:
+    """What software a replica runs: a serving engine release (:class:`hetplan.hardware.engines.EngineSpec`;
+    None: the training cost model, as before engines were data) and its weight dtype (``fp8``/``int8``/``int4``;
+    None: the cluster's ``dtype``)."""
+
+    engine: EngineSpec | None = None
+    weights: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``engine@version/weights`` for tables and JSON (``-`` without an engine)."""
+        return f"{self.engine.label if self.engine else '-'}/{self.weights or 'none'}"
+
+
+@dataclass(frozen=True)
+class KVSettings:
+    """The paged-KV and token-budget settings a replica runs with: the workload's ``[scheduler]`` values where set,
+    else its engine's defaults (``kv_block_tokens``, ``chunked_prefill``, ``max_num_batched_tokens``), else 16-token
+    blocks, no budget and no chunking. ``block_tokens`` 0 (an engine with a contiguous cache, or
+    ``paged_kv = false``): whole slots."""
+
+    block_tokens: int
+    max_batched_tokens: int | None
+    chunked_prefill: bool
+
+
+def kv_settings(wf: WorkloadFile, stack: Stack = Stack()) -> KVSettings:
+    """:class:`KVSettings` of a replica running ``stack`` (without chunking, a budget below ``kv_cache_len`` is
+    raised to it: vLLM requires ``max_num_batched_tokens >= max_model_len`` then)."""
+    s, e = wf.scheduler, stack.engine
+    block = s.kv_block_tokens if s.kv_block_tokens is not None else (e.kv_block_tokens if e is not None else 16)
+    chunked = s.chunked_prefill if s.chunked_prefill is not None else bool(e is not None and e.chunked_prefill)
+    budget = s.max_batched_tokens
+    if budget is None and e is not None and e.max_num_batched_tokens:
+        budget = e.max_num_batched_tokens
+    if budget is not None and not chunked:
+        budget = max(budget, s.kv_cache_len)
+    return KVSettings(block if s.paged_kv else 0, budget, chunked)
+
+
 def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacity_bytes: int,
-                   n_models: int) -> int | None:
+                   n_models: int, gpu: GPUSpec | None = None, stack: Stack = Stack()) -> int | None:
     """Tokens of a model's KV pool per :class:`hetplan.serve.config.SchedulerConfig`: ``kv_cache_tokens`` as
-    given; else, one model on the workers, what the memory budget leaves after the weights (vLLM sizes its KV
-    cache so: ``gpu_memory_utilization`` x memory - weights - activation peak, vllm/worker/worker.py
-    ``determine_num_available_blocks``; the activation peak is not charged here); else, several models sharing the
-    workers, ``max_batch_size`` x ``kv_cache_len``. Rounded down to whole blocks; ``None`` when paging is off."""
-    s = wf.scheduler
-    if not s.paged_kv:
+    given; else, one model on the workers, what the memory budget leaves: under an engine its own rule
+    (:func:`hetplan.estimate.inference.kv_capacity_tokens`: ``gpu_memory_utilization`` = ``memory_fraction`` of the
+    GPU, less weights, activation peak and non-torch memory; used when no ``cluster.memory_bytes`` overrides the
+    worker's memory), without one ``capacity_bytes`` less the weights (vLLM's rule, vllm/worker/worker.py
+    ``determine_num_available_blocks``, without the activation peak); else, several models sharing the workers,
+    ``max_batch_size`` x ``kv_cache_len``. Rounded down to whole blocks; ``None`` when paging is off."""
+    s, c = wf.scheduler, wf.cluster
+    kv = kv_settings(wf, stack)
+    if kv.block_tokens == 0:
         return None
     if s.kv_cache_tokens is not None:
         tokens = s.kv_cache_tokens
+    elif n_models == 1 and stack.engine is not None and gpu is not None and c.memory_bytes is None:
+        try:
+            tokens = kv_capacity_tokens(spec, gpu, stack.engine, tp=tp, pp=pp, dtype=dtype, weights=stack.weights,
+                                        gpu_memory_utilization=c.memory_fraction, max_num_seqs=s.max_batch_size,
+                                        max_num_batched_tokens=kv.max_batched_tokens)
+        except InfeasibleError:
+            tokens = 0
     elif n_models == 1:
-        weights = weight_bytes_per_worker(spec, tp, pp, dtype)
+        weights = weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights)
         per_token = kv_cache_bytes_per_worker(spec, 1, tp, pp, dtype)
         tokens = min((capacity_bytes - w) // max(k, 1) for w, k in zip(weights, per_token))
     else:
         tokens = s.max_batch_size * s.kv_cache_len
-    return max(0, int(tokens) // s.kv_block_tokens * s.kv_block_tokens)
+    return max(0, int(tokens) // kv.block_tokens * kv.block_tokens)
 
 
 _STEP_MODELS: dict[tuple, tuple] = {}
 
 
-def step_model(spec, gpu: GPUSpec, tp: int, pp: int, dtype: str) -> EstimatedStepModel:
-    """One :class:`EstimatedStepModel` per (model, GPU, TP, PP, dtype) objects, shared by every simulation of a
-    search so its memo of iteration times is too (a capacity search asks the same iterations in every rate
+def step_model(spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, stack: Stack = Stack()) -> EstimatedStepModel:
+    """One :class:`EstimatedStepModel` per (model, GPU, TP, PP, dtype, stack) objects, shared by every simulation
+    of a search so its memo of iteration times is too (a capacity search asks the same iterations in every rate
     probe). Keyed on the objects' identities (specs hold dicts, so they do not hash); the entry keeps them alive."""
-    key = (id(spec), id(gpu), tp, pp, dtype)
+    key = (id(spec), id(gpu), tp, pp, dtype, id(stack.engine), stack.weights)
     if key not in _STEP_MODELS:
         if len(_STEP_MODELS) > 1024:
             _STEP_MODELS.clear()
-        _STEP_MODELS[key] = (spec, gpu, EstimatedStepModel(spec, gpu, tp, pp, dtype))
-    return _STEP_MODELS[key][2]
+        _STEP_MODELS[key] = (spec, gpu, stack, EstimatedStepModel(spec, gpu, tp, pp, dtype, stack.engine,
+                                                                  stack.weights))
+    return _STEP_MODELS[key][3]
 
 
 def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, wf: WorkloadFile, capacity_bytes: int,
-              n_models: int = 1) -> SimModel:
-    """A model as the simulator sees it on ``gpu`` x TP x PP: weight and KV-cache bytes per worker from
-    :mod:`hetplan.estimate.inference` (the paged pool of :func:`kv_pool_tokens`, or ``max_batch_size`` whole slots
-    of ``kv_cache_len``), iteration times from the cost model."""
+              n_models: int = 1, stack: Stack = Stack()) -> SimModel:
+    """A model as the simulator sees it on ``gpu`` x TP x PP running ``stack``: weight and KV-cache bytes per
+    worker from :mod:`hetplan.estimate.inference` (the paged pool of :func:`kv_pool_tokens`, or ``max_batch_size``
+    whole slots of ``kv_cache_len``), iteration times from the cost model."""
     s = wf.scheduler
-    pool = kv_pool_tokens(wf, spec, tp, pp, dtype, capacity_bytes, n_models)
+    pool = kv_pool_tokens(wf, spec, tp, pp, dtype, capacity_bytes, n_models, gpu, stack)
     tokens = pool if pool is not None else s.max_batch_size * s.kv_cache_len
-    return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype), step_model(spec, gpu, tp, pp, dtype),
-                    kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype),
-                    kv_blocks=None if pool is None else pool // s.kv_block_tokens)
+    block = kv_settings(wf, stack).block_tokens
+    return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights),
+                    step_model(spec, gpu, tp, pp, dtype, stack), kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype),
+                    kv_blocks=None if pool is None else pool // block)
 
 
-def scheduler_kwargs(wf: WorkloadFile) -> dict:
-    """The scheduler settings of :func:`hetplan.serve.simulator.simulate` from the workload file."""
-    s = wf.scheduler
+def scheduler_kwargs(wf: WorkloadFile, stack: Stack = Stack()) -> dict:
+    """The scheduler settings of :func:`hetplan.serve.simulator.simulate` from the workload file (and the engine's
+    defaults, :func:`kv_settings`)."""
+    s, kv = wf.scheduler, kv_settings(wf, stack)
     return dict(max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len, batching=s.batching,
-                block_tokens=s.kv_block_tokens, max_batched_tokens=s.max_batched_tokens,
-                chunked_prefill=s.chunked_prefill, max_seq_tokens=s.kv_cache_len)
+                block_tokens=kv.block_tokens or 16, max_batched_tokens=kv.max_batched_tokens,
+                chunked_prefill=kv.chunked_prefill, max_seq_tokens=s.kv_cache_len)
+
+
+def check_stack(stack: Stack, gpu: GPUSpec, dtype: str, field: str = "cluster") -> None:
+    """Raise unless ``stack`` runs on ``gpu``: the engine supports the GPU's generation and runs its weight dtype.
+
+    Raises:
+        HetplanError: naming ``FIELD.engine`` or ``FIELD.quantization`` and the fix.
+    """
+    e = stack.engine
+    if e is None:
+        if stack.weights is not None:
+            raise HetplanError(f"{stack.weights} weights are priced by a serving engine's kernels",
+                               field=f"{field}.quantization", fix='set cluster.engine (e.g. "vllm") or drop it')
+        return
+    try:
+        e.attention_kernel(gpu)
+    except HetplanError as exc:
+        raise HetplanError(exc.message, field=f"{field}.engine", fix=exc.fix) from None
+    try:
+        e.check_weight_dtype(stack.weights or dtype, gpu)
+    except HetplanError as exc:
+        raise HetplanError(exc.message, field=f"{field}.quantization", fix=exc.fix) from None
+
+
+def cluster_stack(wf: WorkloadFile, gpu: GPUSpec | None = None) -> Stack:
+    """The :class:`Stack` of ``cluster.engine`` and ``cluster.quantization`` (checked on ``gpu`` when given).
+
+    Raises:
+        HetplanError: unknown engine or release (field ``cluster.engine``), quantization without an engine or one
+            the engine does not run on the GPU (``cluster.quantization``).
+    """
+    c = wf.cluster
+    eng = load_engines().get(c.engine, field="cluster.engine") if c.engine else None
+    stack = Stack(eng, c.quantization)
+    if eng is None and c.quantization:
+        raise HetplanError(f"{c.quantization} weights are priced by a serving engine's kernels",
+                           field="cluster.quantization", fix='set cluster.engine (e.g. "vllm") or drop it')
+    if gpu is not None:
+        check_stack(stack, gpu, c.dtype)
+    return stack
 
 
 def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int | None = None, pp: int | None = None,
@@ -162,10 +259,11 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     swap_model = SwapModel(gpu.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
                            sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
     s = wf.scheduler
-    models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, wf, cap, len(wf.models)) for m in wf.models]
+    stack = cluster_stack(wf, gpu)
+    models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, wf, cap, len(wf.models), stack) for m in wf.models]
     reqs = requests if requests is not None else workload_requests(wf)
     return simulate(models, reqs, capacity_bytes=cap, policy=make_policy(s.policy, rate_window_s=s.rate_window_s),
-                    swap_cost=swap_cost_fn(swap_model, s.write_back), preload=s.preload, **scheduler_kwargs(wf),
+                    swap_cost=swap_cost_fn(swap_model, s.write_back), preload=s.preload, **scheduler_kwargs(wf, stack),
                     duration_s=wf.workload.duration_s if not (wf.workload.trace or wf.workload.offline) else None)
 
 
@@ -182,7 +280,8 @@ def cluster_footprints(wf: WorkloadFile) -> tuple[dict[str, int], int]:
                            fix='set cluster.gpu to a catalog name, e.g. "A100-SXM-80GB"')
     gpu = load_catalog().get(c.gpu, field="cluster.gpu")
     cap = c.memory_bytes or int(gpu.memory_bytes * c.memory_fraction)
-    out = {m.name: sim_model(m.name, m.spec(), gpu, c.tp, c.pp, c.dtype, wf, cap, len(wf.models)).bytes
+    stack = cluster_stack(wf, gpu)
+    out = {m.name: sim_model(m.name, m.spec(), gpu, c.tp, c.pp, c.dtype, wf, cap, len(wf.models), stack).bytes
            for m in wf.models}
     return out, gpu.memory_bytes
 
@@ -193,45 +292,48 @@ RATE_STEPS = 6
 PROBE_REQUESTS = 200
 
 
-def _fits(spec, gpu: GPUSpec, tp: int, pp: int, wf: WorkloadFile) -> tuple[bool, str]:
+def _fits(spec, gpu: GPUSpec, tp: int, pp: int, wf: WorkloadFile, stack: Stack = Stack()) -> tuple[bool, str]:
     try:
         gpu.peak_flops_per_s(wf.cluster.dtype)
+        check_stack(stack, gpu, wf.cluster.dtype, "capacity")
         cap = int(gpu.memory_bytes * wf.cluster.memory_fraction)
-        m = sim_model("", spec, gpu, tp, pp, wf.cluster.dtype, wf, cap)
+        m = sim_model("", spec, gpu, tp, pp, wf.cluster.dtype, wf, cap, 1, stack)
     except HetplanError as exc:
         return False, exc.message
     if m.bytes > cap or max(m.worker_bytes) > cap:
         return False, f"largest shard {max(m.bytes, max(m.worker_bytes)) / 1e9:.2f} GB > {cap / 1e9:.2f} GB usable per GPU"
-    if m.kv_blocks is not None and m.kv_blocks * wf.scheduler.kv_block_tokens < wf.scheduler.kv_cache_len:
-        return False, (f"KV cache of {m.kv_blocks * wf.scheduler.kv_block_tokens:,} tokens (what the weights leave) "
+    block = kv_settings(wf, stack).block_tokens
+    if m.kv_blocks is not None and m.kv_blocks * block < wf.scheduler.kv_cache_len:
+        return False, (f"KV cache of {m.kv_blocks * block:,} tokens (what the weights leave) "
                        f"< one sequence of kv_cache_len = {wf.scheduler.kv_cache_len:,}")
     return True, ""
 
 
 def _attainment(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, reqs: list[Request],
-                duration_s: float) -> float:
+                duration_s: float, stack: Stack = Stack()) -> float:
     s, c = wf.scheduler, wf.cluster
     cap = int(gpu.memory_bytes * c.memory_fraction)
-    m = sim_model(entry.name, spec, gpu, tp, pp, c.dtype, wf, cap)
+    m = sim_model(entry.name, spec, gpu, tp, pp, c.dtype, wf, cap, 1, stack)
     objectives = slos(wf)
     allowed = int((1.0 - wf.capacity.target_attainment) * len(reqs))  # more misses than this fail the probe
     res = simulate([m], reqs, capacity_bytes=cap, policy=make_policy(s.policy),
                    swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
-                   miss_limit=(objectives, allowed), **scheduler_kwargs(wf))
+                   miss_limit=(objectives, allowed), **scheduler_kwargs(wf, stack))
     if res.aborted:
         return 0.0
     return res.report(objectives)["models"][entry.name]["slo_attainment"]
 
 
-def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int) -> float:
+def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, stack: Stack = Stack()) -> float:
     """Largest arrival rate (requests/s) one replica sustains at ``target_attainment`` (0 when even a lone
-    request misses its SLO)."""
+    request misses its SLO); probe requests draw their lengths as the workload's do."""
     w, s = wf.workload, wf.scheduler
     cv = entry.cv or w.cv
-    step = step_model(spec, gpu, tp, pp, wf.cluster.dtype)
+    step = step_model(spec, gpu, tp, pp, wf.cluster.dtype, stack)
     b = s.max_batch_size
-    busy = step.step_time_s([w.prompt_len] * b, []) + sum(
-        step.step_time_s([], [w.prompt_len + i] * b) for i in range(1, w.max_new_tokens))
+    prompt, new = (max(1, round(x)) for x in w.mean_lengths())
+    busy = step.step_time_s([prompt] * b, []) + sum(
+        step.step_time_s([], [prompt + i] * b) for i in range(1, new))
     hi = 1.2 * b / busy  # above the throughput of full batches back to back
     target = wf.capacity.target_attainment
 
@@ -239,7 +341,8 @@ def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int
         dur = PROBE_REQUESTS / rate
         reqs = generate([ModelLoad(entry.name, rate, cv)], dur, w.seed, prompt_len=w.prompt_len,
                         max_new_tokens=w.max_new_tokens)
-        return bool(reqs) and _attainment(wf, entry, spec, gpu, tp, pp, reqs, dur) >= target
+        w.assign_lengths(reqs)
+        return bool(reqs) and _attainment(wf, entry, spec, gpu, tp, pp, reqs, dur, stack) >= target
 
     if not ok(hi / 2 ** RATE_STEPS):
         return 0.0
@@ -250,9 +353,26 @@ def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int
     return lo
 
 
-def _configs(gpus: list[GPUSpec], max_gpus: int) -> list[tuple[GPUSpec, int, int]]:
+def _configs(gpus: list[GPUSpec], max_gpus: int, stacks: list[Stack]) -> list[tuple[GPUSpec, int, int, Stack]]:
     sizes = [n for n in (1, 2, 4, 8, 16, 32) if n <= max_gpus]
-    return [(g, tp, n // tp) for g in gpus for n in sizes for tp in sizes if n % tp == 0]
+    return [(g, tp, n // tp, st) for g in gpus for n in sizes for tp in sizes if n % tp == 0 for st in stacks]
+
+
+def candidate_stacks(wf: WorkloadFile, engines: list[str] | None = None) -> list[Stack]:
+    """The engine x weight-dtype pairs a capacity search chooses among: ``engines`` (``--export``'s engine),
+    else ``capacity.engines``, else ``cluster.engine`` (else none: the training cost model), times
+    ``capacity.quantizations`` (``"none"``: unquantized), else ``cluster.quantization``.
+
+    Raises:
+        HetplanError: an unknown engine or release (field ``capacity.engines``).
+    """
+    c, cap = wf.cluster, wf.capacity
+    cat = load_engines()
+    names = engines or cap.engines or ([c.engine] if c.engine else [])
+    field = "--export" if engines else "capacity.engines"
+    specs: list[EngineSpec | None] = [cat.get(n, field=field) for n in names] or [None]
+    quants = [None if q == "none" else q for q in cap.quantizations] or [c.quantization]
+    return [Stack(e, q) for e in specs for q in quants]
 
 
 def _solve(rates: np.ndarray, prices: np.ndarray, loads: np.ndarray, gpu_of: list[str], gpus_per: np.ndarray,
@@ -326,16 +446,16 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
         for i, (k, _) in enumerate(slots):
             share = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens)
                      for r, p in zip(mine, pick) if p == i]
-            g, tp, pp = configs[k]
+            g, tp, pp, st = configs[k]
             if not share:  # a replica that drew no request still runs (and idles) for the whole workload
                 energy.append(serving_energy(None, g.name, tp, pp, duration_s))
                 continue
             s, c = wf.scheduler, wf.cluster
             cap = int(g.memory_bytes * c.memory_fraction)
-            res = simulate([sim_model(entry.name, spec, g, tp, pp, c.dtype, wf, cap)], share,
+            res = simulate([sim_model(entry.name, spec, g, tp, pp, c.dtype, wf, cap, 1, st)], share,
                            capacity_bytes=cap, policy=make_policy(s.policy),
                            swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
-                           **scheduler_kwargs(wf))
+                           **scheduler_kwargs(wf, st))
             rep = res.report(slos(wf))["models"][entry.name]
             energy.append(serving_energy(res, g.name, tp, pp, max(duration_s, res.end_s)))
             ok += rep["slo_attainment"] * rep["requests"]
@@ -347,6 +467,11 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
                               for q, v in percentiles([getattr(r, f"{mt}_s") for r in recs
                                                        if getattr(r, f"{mt}_s") is not None]).items()}}
     return out
+
+
+def _kv_row(kv: KVSettings) -> dict:
+    return {"kv_block_tokens": kv.block_tokens, "max_batched_tokens": kv.max_batched_tokens,
+            "chunked_prefill": kv.chunked_prefill}
 
 
 def candidate_gpus(wf: WorkloadFile, gpus: list[str] | None, catalog: Catalog,
@@ -389,7 +514,7 @@ def candidate_gpus(wf: WorkloadFile, gpus: list[str] | None, catalog: Catalog,
 
 
 def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: str | None = None,
-                  prices: dict[str, float] | None = None, progress=None) -> dict:
+                  prices: dict[str, float] | None = None, progress=None, engines: list[str] | None = None) -> dict:
     """The cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (module docstring).
 
     Args:
@@ -397,9 +522,11 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
         catalog: a user GPU catalog file (TOML) extending or overriding the package's.
         prices: ``{GPU type: USD per GPU-hour}`` overrides.
         progress: ``progress(done, total, what)`` called after each replica configuration's rate search.
+        engines: serving engines to choose among (default: :func:`candidate_stacks`).
 
     Returns:
-        ``{"mix": [{model, gpu, tp, pp, replicas, gpus, rate_per_s (one replica), price_usd_per_hour}],
+        ``{"mix": [{model, gpu, tp, pp, engine, weights, kv_block_tokens, max_batched_tokens, chunked_prefill,
+        replicas, gpus, rate_per_s (one replica), price_usd_per_hour}],
         "price_usd_per_hour", "gpus_by_type", "simulated": {model: {slo_attainment, p50/p90/p99 of latency,
         ttft, tpot}}, "load_per_s": {model: λ}, "target_attainment", "candidates": [...], "rounds",
         "prices": {GPU: {usd_per_gpu_hour, source}}}``.
@@ -421,32 +548,34 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
     duration = wf.workload.duration_s if not wf.workload.trace else max((r.arrival_s for r in reqs), default=1.0)
     loads = np.array([sum(r.model == e.name for r in reqs) / duration for e in entries])
     max_gpus = wf.capacity.max_gpus
-    configs = _configs(gpu_specs, max_gpus)
+    stacks = candidate_stacks(wf, engines)
+    configs = _configs(gpu_specs, max_gpus, stacks)
     rates = np.zeros((len(entries), len(configs)))
     cands, memo = [], {}
     done, total = 0, len(entries) * len(configs)
     for m, (entry, spec) in enumerate(zip(entries, specs)):
-        for k, (g, tp, pp) in enumerate(configs):
+        for k, (g, tp, pp, st) in enumerate(configs):
             done += 1
             if progress is not None:
-                progress(done, total, f"{entry.name} on {g.name} TP {tp} x PP {pp}")
-            fits, why = _fits(spec, g, tp, pp, wf)
+                progress(done, total, f"{entry.name} on {g.name} TP {tp} x PP {pp} {st.label}")
+            fits, why = _fits(spec, g, tp, pp, wf, st)
             if fits:  # models of the same shape, burstiness and SLOs share their answer
                 key = (spec, entry.cv, slos(wf)[entry.name], k)
                 if key not in memo:
-                    memo[key] = max_rate_per_s(wf, entry, spec, g, tp, pp)
+                    memo[key] = max_rate_per_s(wf, entry, spec, g, tp, pp, st)
                 rates[m, k] = memo[key]
                 why = "meets the SLO up to this rate" if rates[m, k] > 0 else "misses the SLO even unloaded"
-            cands.append({"model": entry.name, "gpu": g.name, "tp": tp, "pp": pp, "rate_per_s": float(rates[m, k]),
-                          "price_usd_per_hour": usd[g.name] * tp * pp, "reason": why})
+            cands.append({"model": entry.name, "gpu": g.name, "tp": tp, "pp": pp, "stack": st.label,
+                          "rate_per_s": float(rates[m, k]), "price_usd_per_hour": usd[g.name] * tp * pp,
+                          "reason": why})
         if not rates[m].any():
             reasons = sorted({c["reason"] for c in cands if c["model"] == entry.name})
             raise InfeasibleError(f"model {entry.name}: no candidate replica up to {max_gpus} GPUs works "
                                   f"({'; '.join(reasons[:2])})", field="capacity.gpus",
                                   fix="allow more GPUs or larger GPU types, or relax the SLOs")
-    cost = np.array([usd[g.name] * tp * pp for g, tp, pp in configs])
-    gpus_per = np.array([tp * pp for _, tp, pp in configs])
-    gpu_of = [g.name for g, _, _ in configs]
+    cost = np.array([usd[g.name] * tp * pp for g, tp, pp, _ in configs])
+    gpus_per = np.array([tp * pp for _, tp, pp, _ in configs])
+    gpu_of = [g.name for g, _, _, _ in configs]
     derate = np.ones(len(entries))
     for rounds in range(1, 4):
         replicas = _solve(rates * derate[:, None], cost, loads, gpu_of, gpus_per, max_gpus)
@@ -460,6 +589,8 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
             break
         derate[low] *= 0.9
     mix = [{"model": e.name, "gpu": configs[k][0].name, "tp": configs[k][1], "pp": configs[k][2],
+            "engine": configs[k][3].engine.label if configs[k][3].engine else None,
+            "weights": configs[k][3].weights, **_kv_row(kv_settings(wf, configs[k][3])),
             "replicas": int(replicas[m, k]), "gpus": int(replicas[m, k] * gpus_per[k]),
             "rate_per_s": float(rates[m, k]), "price_usd_per_hour": float(replicas[m, k] * cost[k])}
            for m, e in enumerate(entries) for k in range(len(configs)) if replicas[m, k] > 0]

@@ -67,7 +67,10 @@ class ModelEntry(_Strict):
 class ClusterConfig(_Strict):
     """Workers: ``device`` (``cpu`` or ``cuda``), ``gpu`` (catalog name, for memory and the cost models),
     ``tp`` x ``pp`` workers, weights ``dtype``, weight memory per worker ``memory_bytes`` (default
-    ``memory_fraction`` of the GPU's memory)."""
+    ``memory_fraction`` of the GPU's memory: vLLM's ``gpu_memory_utilization``). For the simulator and
+    ``capacity``: the serving ``engine`` whose costs are priced (``vllm``, ``sglang``, ``tensorrt-llm``,
+    ``hf-eager``, ``tgi``, or ``NAME@VERSION``; :mod:`hetplan.hardware.engines`; unset: the training cost model)
+    and its weight ``quantization`` (``fp8``, ``int8``, ``int4``; unset: ``dtype`` weights)."""
 
     device: Literal["cpu", "cuda"] = "cpu"
     gpu: str | None = None
@@ -76,6 +79,8 @@ class ClusterConfig(_Strict):
     dtype: Literal["fp32", "fp16", "bf16"] = "fp16"
     memory_bytes: int | None = Field(default=None, gt=0)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
+    engine: str | None = Field(default=None, min_length=1)
+    quantization: Literal["fp8", "int8", "int4"] | None = None
 
     def capacity_bytes(self) -> int:
         """Weight memory per worker (bytes).
@@ -100,12 +105,14 @@ class SchedulerConfig(_Strict):
     writes weights back to host (``write_back``), models loaded at start (``preload``).
 
     Paged KV cache (:mod:`hetplan.serve.scheduler`): ``paged_kv`` on, each model's pool holds ``kv_cache_tokens``
-    tokens in blocks of ``kv_block_tokens`` (vLLM's ``--block-size``, default 16 on CUDA:
-    vllm/engine/arg_utils.py ``--block-size`` help, vllm/config.py ``CacheConfig``); ``kv_cache_tokens`` unset: the
-    simulator fills the memory budget left by the weights (one model per GPU, vLLM's
-    ``gpu_memory_utilization`` rule) or reserves ``max_batch_size`` x ``kv_cache_len`` (several models sharing
-    GPUs). ``max_batched_tokens`` bounds the tokens of one iteration (vLLM's ``--max-num-batched-tokens``),
-    ``chunked_prefill`` splits prompts to fit it (simulator only)."""
+    tokens in blocks of ``kv_block_tokens`` (unset: the engine's, else 16, vLLM's ``--block-size`` default on
+    CUDA: vllm/engine/arg_utils.py ``--block-size`` help, vllm/config.py ``CacheConfig``); ``kv_cache_tokens``
+    unset: the simulator fills the memory budget left by the weights (one model per GPU, vLLM's
+    ``gpu_memory_utilization`` rule; with ``cluster.engine`` the engine's own budget,
+    :func:`hetplan.estimate.inference.kv_capacity_tokens`) or reserves ``max_batch_size`` x ``kv_cache_len``
+    (several models sharing GPUs). ``max_batched_tokens`` bounds the tokens of one iteration (vLLM's
+    ``--max-num-batched-tokens``), ``chunked_prefill`` splits prompts to fit it (simulator only); unset: the
+    engine's defaults, else no bound and no chunking."""
 
     policy: str = "lru"
     batching: Literal["continuous", "static"] = "continuous"
@@ -113,10 +120,10 @@ class SchedulerConfig(_Strict):
     kv_cache_len: int = Field(default=256, ge=2, le=1_048_576)
     max_queue_len: int = Field(default=256, ge=1)
     paged_kv: bool = True
-    kv_block_tokens: int = Field(default=16, ge=1, le=4096)
+    kv_block_tokens: int | None = Field(default=None, ge=1, le=4096)
     kv_cache_tokens: int | None = Field(default=None, ge=1, le=2**40)
     max_batched_tokens: int | None = Field(default=None, ge=1, le=2**24)
-    chunked_prefill: bool = False
+    chunked_prefill: bool | None = None
     write_back: bool = True
     preload: list[str] = []
     rate_window_s: float = Field(default=10.0, gt=0)
@@ -271,11 +278,14 @@ class SwapConfig(_Strict):
 
 class CapacityConfig(_Strict):
     """Capacity search: candidate ``gpus`` (default: ``cluster.gpu``; none: refused), their ``prices`` in USD per
-    GPU-hour (``{name = price}``, overriding the catalog's; ``hetplan capacity --price`` overrides these), largest
-    cluster ``max_gpus`` of each type, required fraction of requests within SLO for every model
-    (``target_attainment``)."""
+    GPU-hour (``{name = price}``, overriding the catalog's; ``hetplan capacity --price`` overrides these), the
+    serving ``engines`` and weight ``quantizations`` to choose among (default: ``cluster.engine`` and
+    ``cluster.quantization``; ``"none"`` is unquantized ``dtype`` weights), largest cluster ``max_gpus`` of each
+    type, required fraction of requests within SLO for every model (``target_attainment``)."""
 
     gpus: list[str] = []
+    engines: list[str] = []
+    quantizations: list[Literal["none", "fp8", "int8", "int4"]] = []
     prices: dict[str, Annotated[float, bounded(1000.0, "no GPU rents for $1,000 an hour", gt=0)]] = Field(
         default_factory=dict)
     max_gpus: int = Field(default=8, ge=1)

@@ -187,7 +187,7 @@ class Engine:
                   write_back=s.write_back, preload=s.preload, rate_window_s=s.rate_window_s,
                   kv_cache_len=s.kv_cache_len, batching=s.batching,
                   kv_cache_tokens=s.kv_cache_tokens if s.paged_kv else None,
-                  kv_block_tokens=s.kv_block_tokens, max_batched_tokens=s.max_batched_tokens)
+                  kv_block_tokens=s.kv_block_tokens or 16, max_batched_tokens=s.max_batched_tokens)
         if s.chunked_prefill:
             raise HetplanError("the torch engine prefills whole prompts; chunked prefill is the simulator's",
                                field="scheduler.chunked_prefill",

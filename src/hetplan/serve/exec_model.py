@@ -21,16 +21,18 @@ from typing import Sequence
 import numpy as np
 
 from hetplan.errors import HetplanError
-from hetplan.estimate.inference import step_time_s
+from hetplan.estimate.inference import chunk_context_time_s, step_time_s
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.hardware.engines import EngineSpec
 from hetplan.model.spec import ModelSpec
 
 
 class StepModel:
-    """Interface: ``step_time_s(prefill_lens, decode_contexts)`` -> seconds for one iteration."""
+    """Interface: ``step_time_s(prefill_lens, decode_contexts[, prefill_contexts])`` -> seconds for one iteration
+    (``prefill_contexts``: tokens cached before each prefill chunk; models that do not price it ignore it)."""
 
-    def step_time_s(self, prefill_lens: Sequence[int], decode_contexts: Sequence[int]) -> float:  # pragma: no cover
+    def step_time_s(self, prefill_lens: Sequence[int], decode_contexts: Sequence[int],
+                    prefill_contexts: Sequence[int] | None = None) -> float:  # pragma: no cover
         raise NotImplementedError
 
 
@@ -49,16 +51,44 @@ class EstimatedStepModel(StepModel):
     weights: str | None = None
     kv_dtype: str | None = None
 
-    def step_time_s(self, prefill_lens, decode_contexts) -> float:
-        # the time depends only on the joining count and longest prompt, and on the running count and their
-        # cached tokens: memoised on those (a simulation asks for the same iterations again and again)
-        key = (len(prefill_lens), max(prefill_lens, default=0), len(decode_contexts), sum(decode_contexts))
+    def _exact(self, n_prefill: int, longest: int, n_decode: int, kv_tokens: int) -> float:
+        return step_time_s(self.spec, self.gpu, self.dtype, [longest] * n_prefill,
+                           [kv_tokens / n_decode] * n_decode if n_decode else [], tp=self.tp, pp=self.pp,
+                           engine=self.engine, weights=self.weights, kv_dtype=self.kv_dtype, prefill_contexts=None)
+
+    def step_time_s(self, prefill_lens, decode_contexts, prefill_contexts=None) -> float:
+        # The time depends only on the joining count and longest prompt, on the running count and their cached
+        # tokens in all, and on the chunks' cached contexts (an additive term, memoised on its own). For a given
+        # shape the cost model is linear in the cached tokens (the decode attention reads their K/V, or computes
+        # over them, at a fixed rate: estimate/inference.py kv_read_time_s), so each shape is evaluated at two
+        # token counts and the line used for all others, after a third point has confirmed it to 1e-9; a shape
+        # where it does not is evaluated exactly at every count (memoised).
+        chunks = tuple(zip(prefill_lens, prefill_contexts)) if prefill_contexts else ()
+        extra = 0.0
+        if chunks:
+            ccache = self.__dict__.setdefault("_chunks", {})
+            if chunks not in ccache:
+                ccache[chunks] = chunk_context_time_s(self.spec, self.gpu, self.dtype, [c for c, _ in chunks],
+                                                      [p for _, p in chunks], tp=self.tp, engine=self.engine,
+                                                      kv_dtype=self.kv_dtype)
+            extra = ccache[chunks]
+        n_pre, longest, n_dec = len(prefill_lens), max(prefill_lens, default=0), len(decode_contexts)
+        kv = int(sum(decode_contexts))
+        lines = self.__dict__.setdefault("_lines", {})
+        shape = (n_pre, longest, n_dec)
+        if n_dec and shape not in lines:
+            a, b, c = n_dec, n_dec * 4096, n_dec * 512
+            fa, fb, fc = (self._exact(n_pre, longest, n_dec, x) for x in (a, b, c))
+            slope = (fb - fa) / (b - a)
+            lines[shape] = (fa, slope, a) if abs(fa + slope * (c - a) - fc) <= 1e-9 * max(fc, 1e-12) else None
+        line = lines.get(shape)
+        if line is not None:
+            return line[0] + line[1] * (kv - line[2]) + extra
         cache = self.__dict__.setdefault("_memo", {})
+        key = (n_pre, longest, n_dec, kv)
         if key not in cache:
-            cache[key] = step_time_s(self.spec, self.gpu, self.dtype, [key[1]] * key[0],
-                                     [key[3] / key[2]] * key[2] if key[2] else [], tp=self.tp, pp=self.pp,
-                                     engine=self.engine, weights=self.weights, kv_dtype=self.kv_dtype)
-        return cache[key]
+            cache[key] = self._exact(*key)
+        return cache[key] + extra
 
 
 @dataclass(frozen=True)
@@ -75,7 +105,7 @@ class LinearStepModel(StepModel):
     def features(prefill_lens: Sequence[int], decode_contexts: Sequence[int]) -> list[float]:
         return [1.0, len(prefill_lens), float(sum(prefill_lens)), len(decode_contexts), float(sum(decode_contexts))]
 
-    def step_time_s(self, prefill_lens, decode_contexts) -> float:
+    def step_time_s(self, prefill_lens, decode_contexts, prefill_contexts=None) -> float:
         c = (self.base_s, self.per_prefill_s, self.per_prefill_token_s, self.per_decode_seq_s, self.per_kv_token_s)
         return float(np.dot(c, self.features(prefill_lens, decode_contexts)))
 

@@ -128,8 +128,8 @@ def replicas_from_capacity(wf, out: dict, base_port: int = 8000) -> list[Replica
             e = entries[row["model"]]
             reps.append(Replica(e.name, _model_path(e), row["gpu"], row["tp"], row["pp"], j, base_port + len(reps),
                                 s.max_batch_size, s.kv_cache_len, c.memory_fraction, c.dtype, row.get("weights"),
-                                s.kv_block_tokens, s.max_batched_tokens, s.chunked_prefill, False,
-                                float(row["rate_per_s"])))
+                                row["kv_block_tokens"] or 16, row["max_batched_tokens"], row["chunked_prefill"],
+                                False, float(row["rate_per_s"])))
     return reps
 
 
@@ -138,14 +138,17 @@ def replicas_from_cluster(wf, footprint_bytes: dict[str, int], gpu_memory_bytes:
     """One instance per model on the shared cluster of a workload file (``cluster.gpu`` x TP x PP), each allowed
     the share of the GPU memory its weights and KV pool take in the simulation (``footprint_bytes`` per worker),
     with sleep mode / memory saver on when there are several models."""
+    from hetplan.serve.capacity import cluster_stack, kv_settings
+
+    kv = kv_settings(wf, cluster_stack(wf))
     s, c = wf.scheduler, wf.cluster
     shared = len(wf.models) > 1
     reps = []
     for i, e in enumerate(wf.models):
         share = min(c.memory_fraction, footprint_bytes[e.name] / gpu_memory_bytes) if shared else c.memory_fraction
         reps.append(Replica(e.name, _model_path(e), c.gpu or "", c.tp, c.pp, 0, base_port + i, s.max_batch_size,
-                            s.kv_cache_len, round(share, 4), c.dtype, None, s.kv_block_tokens, s.max_batched_tokens,
-                            s.chunked_prefill, shared))
+                            s.kv_cache_len, round(share, 4), c.dtype, c.quantization, kv.block_tokens or 16,
+                            kv.max_batched_tokens, kv.chunked_prefill, shared))
     return reps
 
 

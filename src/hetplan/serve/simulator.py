@@ -8,7 +8,8 @@ An iteration gives one token to every request it decodes and to every request wh
 first one; a request prefilled in chunks gets it from its last chunk, a preempted one resumes after its
 re-prefill); a request finishes with its ``max_new_tokens``-th token (the simulator has no token values, so no
 stop token). Paged KV, chunked prefill and preemption are the scheduler's (:mod:`hetplan.serve.scheduler`); a
-chunk is costed as a prefill of its tokens (its attention over the chunks before it is not charged).
+chunk is costed as a prefill of its tokens plus its attention over the tokens cached before it (the step model's
+``prefill_contexts``).
 Events at the same time are processed completions first, then arrivals, in id order, so a run is deterministic.
 
 This module does not import torch.
@@ -184,11 +185,12 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
             elif isinstance(act, Execute):
                 decode = [sched.seqs[r.id].cached + 1 for r in act.decode]
                 sm = by_name[act.model].step_model
-                dt = sm.step_time_s([c.tokens for c in act.chunks], decode)
+                starts = [c.start for c in act.chunks] if any(c.start for c in act.chunks) else None
+                dt = sm.step_time_s([c.tokens for c in act.chunks], decode, starts)
                 batches.append((act.model, len(act.requests)))
                 busy += dt
                 # the prefill part of a mixed iteration: what its chunks alone would take (for energy)
-                pre += (min(dt, sm.step_time_s([c.tokens for c in act.chunks], [])) if act.decode else dt) \
+                pre += (min(dt, sm.step_time_s([c.tokens for c in act.chunks], [], starts)) if act.decode else dt) \
                     if act.chunks else 0.0
                 heapq.heappush(events, (now + dt, 0, seq, "exec", act))
     # without a stated duration (a trace, an offline batch): the makespan, first arrival at 0 to the last answer

@@ -73,7 +73,7 @@ class ResampledStepModel(StepModel):
     def __init__(self, fit: StepModel, ratios: Sequence[float], seed):
         self.fit, self.ratios, self.rng = fit, list(ratios) or [1.0], np.random.default_rng(seed)
 
-    def step_time_s(self, prefill_lens, decode_contexts) -> float:
+    def step_time_s(self, prefill_lens, decode_contexts, prefill_contexts=None) -> float:
         return self.fit.step_time_s(prefill_lens, decode_contexts) * self.ratios[int(self.rng.integers(len(self.ratios)))]
 
 

@@ -8,8 +8,7 @@ full :class:`~hetplan.plan.Plan` with its published layout (TP / PP / DP / micro
 recomputation / framework / dtype / GPU / node / CP / EP) and the model of the run (proxy runs with their own,
 reduced, layer count), and predicted by :func:`hetplan.estimate.estimator.estimate`. Rows the estimator or the
 plan schema cannot express are never dropped: they are counted and listed with the reason
-(:class:`NotExpressible`). Features the estimator gains later (FP8, ``framework = "fsdp"``, CP, EP, MoE models,
-GPU entries) are probed, not assumed, so the same mapping picks them up as they land.
+(:class:`NotExpressible`), with the plan schema's own reason where it rejects the row.
 
 Measured quantity per source (compared directly, never through MFU, whose convention differs between sources;
 :data:`CONVENTIONS`): step time (DGX Cloud, NeMo AutoModel, Megatron MoE ModelZoo where given), tokens/s per GPU

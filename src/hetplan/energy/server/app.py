@@ -30,7 +30,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Path as PathParam, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,12 +42,20 @@ from hetplan.errors import HetplanError
 NAME = r"^[A-Za-z0-9_.\-]{1,128}$"
 
 
+#: Largest rank (and stage, iteration, micro-batch) a request may name: torch.distributed ranks are C ``int``
+#: (32-bit), and SQLite stores at most a signed 64-bit INTEGER; a 23-digit rank in a path or body was an HTTP 500
+#: (sqlite3 OverflowError) before this bound (issue 27).
+MAX_INDEX = 2**31 - 1
+#: A rank in a request path.
+Rank = Annotated[int, PathParam(ge=0, le=MAX_INDEX)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PlanIn(_Strict):
-    frequencies_mhz: list[list[Annotated[int, Field(gt=0)]]]
+    frequencies_mhz: list[list[Annotated[int, Field(gt=0, le=MAX_INDEX)]]]
     time_s: float | None = Field(default=None, ge=0)
     energy_j: float | None = Field(default=None, ge=0)
     name: str | None = None
@@ -61,7 +70,7 @@ class Then(_Strict):
 
 class OnlineProfiling(_Strict):
     kind: Literal["online_profiling"]
-    frequencies_mhz: list[Annotated[int, Field(gt=0)]] = Field(min_length=1)
+    frequencies_mhz: list[Annotated[int, Field(gt=0, le=MAX_INDEX)]] = Field(min_length=1)
     iterations_per_frequency: int = Field(default=1, ge=1)
     then: Then | None = None
 
@@ -88,20 +97,20 @@ class JobIn(_Strict):
 
 
 class RankIn(_Strict):
-    rank: int = Field(ge=0)
-    stage: int = Field(ge=0)
+    rank: int = Field(ge=0, le=MAX_INDEX)
+    stage: int = Field(ge=0, le=MAX_INDEX)
 
 
 class MeasurementIn(_Strict):
     instruction: Literal["forward", "backward"]
-    frequency_mhz: int = Field(gt=0)
+    frequency_mhz: int = Field(gt=0, le=MAX_INDEX)
     time_s: float = Field(ge=0)
     energy_j: float | None = Field(default=None, ge=0)
-    microbatch: int | None = Field(default=None, ge=0)
+    microbatch: int | None = Field(default=None, ge=0, le=MAX_INDEX)
 
 
 class ReportIn(_Strict):
-    iteration: int = Field(ge=0)
+    iteration: int = Field(ge=0, le=MAX_INDEX)
     schedule_id: str = Field(min_length=1, max_length=128)
     time_s: float = Field(ge=0)
     energy_j: float | None = Field(default=None, ge=0)
@@ -197,6 +206,14 @@ def create_app(db_path: str | Path, *, token: str | None = None, max_body_bytes:
     async def _hetplan_error(_: Request, exc: HetplanError) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": exc.render(), "field": exc.field, "fix": exc.fix})
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each error's input, and a NaN or Infinity input (JSON accepts neither)
+        # made its response an HTTP 500 (issue 27): say where and what, not the value.
+        errors = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")),
+                   "type": str(e.get("type", ""))} for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": errors})
+
     def job_or_404(job_id: str) -> tuple[dict, dict]:
         with lock:
             if job_id in cache:
@@ -286,7 +303,7 @@ def create_app(db_path: str | Path, *, token: str | None = None, max_body_bytes:
                 "next_iteration": store.next_iteration(job_id, body.rank)}
 
     @app.get("/jobs/{job_id}/ranks/{rank}/schedule")
-    def schedule(job_id: str, rank: int) -> dict:
+    def schedule(job_id: str, rank: Rank) -> dict:
         spec, state = job_or_404(job_id)
         stage = stage_or_404(job_id, rank)
         state = maybe_finish_profiling(job_id, spec, state)
@@ -296,7 +313,7 @@ def create_app(db_path: str | Path, *, token: str | None = None, max_body_bytes:
                 "instructions": sch.instructions(spec, stage), "frequencies_mhz": freqs}
 
     @app.post("/jobs/{job_id}/ranks/{rank}/reports", status_code=201)
-    def report(job_id: str, rank: int, body: ReportIn) -> JSONResponse:
+    def report(job_id: str, rank: Rank, body: ReportIn) -> JSONResponse:
         job_or_404(job_id)
         stage = stage_or_404(job_id, rank)
         nxt = store.next_iteration(job_id, rank)

@@ -96,13 +96,6 @@ def schedule_for(spec: dict, state: dict, stage: int, iteration: int) -> tuple[s
     raise HetplanError(f"unknown scheduler {kind!r}", field="scheduler.kind", fix=f"use one of {', '.join(KINDS)}")
 
 
-def profiling_done(spec: dict, iteration_reported_by_all: int) -> bool:
-    """Whether every rank has reported every sweep iteration (``iteration_reported_by_all`` = completed count)."""
-    sch = spec["scheduler"]
-    total = len(sch["frequencies_mhz"]) * max(sch.get("iterations_per_frequency", 1), 1)
-    return iteration_reported_by_all >= total
-
-
 def frontier_state_from_profile(spec: dict, rows: list[tuple], then: dict[str, Any]) -> dict:
     """Compute the frontier of a measured profile and turn it into ``frontier_pick`` state.
 

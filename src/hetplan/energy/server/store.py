@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetplan.errors import HetplanError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY,
@@ -59,17 +61,48 @@ class Store:
 
     Args:
         path: database file (created if missing); ``":memory:"`` for a throw-away store.
+        read_only: open an existing server file without writing (``energy frontier --profile-db``).
+        field: the option the file came from, for messages.
+    Raises:
+        HetplanError: not SQLite, or another program's database (:meth:`_check_ours`).
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, read_only: bool = False, field: str = "--db"):
         self.path = str(path)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a committed report survives even a power loss
-        self._db.executescript(SCHEMA)
+        try:
+            if read_only:
+                self._db = sqlite3.connect(f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True,
+                                           check_same_thread=False, isolation_level=None, timeout=30)
+            else:
+                self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+            self._check_ours(field, read_only)
+            if read_only:
+                return
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # a committed report survives even a power loss
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise HetplanError(f"{self.path} is not a plan-server database ({exc})", field=field,
+                               fix="give a new file name or the file an earlier `hetplan energy serve` wrote") from None
         if "energy_source" not in {r[1] for r in self._db.execute("PRAGMA table_info(reports)")}:
             self._db.execute("ALTER TABLE reports ADD COLUMN energy_source TEXT")  # a file from before the column
+
+    def _check_ours(self, field: str, read_only: bool) -> None:
+        """Refuse another program's SQLite file (a hetplan profile database, anything else with tables but none of
+        the server's): the server would add its tables into it (issue 27: ``energy serve --db`` on a profile DB).
+        A read-only open also needs the server's tables.
+
+        Raises:
+            HetplanError: naming ``field``; sqlite3.DatabaseError: not SQLite (turned into a message above)."""
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        ours = {"jobs", "ranks", "reports", "measurements"}
+        if (tables and not tables & ours) or (read_only and not ours <= tables):
+            self._db.close()
+            what = "a hetplan profile database" if "layer_times" in tables else (
+                f"another program's database (tables {', '.join(sorted(tables)[:5])})" if tables else "empty")
+            raise HetplanError(f"{self.path} is {what}, not a plan-server database", field=field,
+                               fix="give a new file name or the file an earlier `hetplan energy serve` wrote")
 
     def close(self) -> None:
         """Checkpoint the WAL into the main file and close (a later open needs no recovery)."""
@@ -168,10 +201,6 @@ class Store:
 
     def count_reports(self, job_id: str) -> int:
         return int(self._read("SELECT COUNT(*) FROM reports WHERE job_id=?", (job_id,))[0][0])
-
-    def iteration_complete(self, job_id: str, iteration: int) -> int:
-        """Number of ranks that reported ``iteration``."""
-        return int(self._read("SELECT COUNT(*) FROM reports WHERE job_id=? AND iteration=?", (job_id, iteration))[0][0])
 
     def measured_profile(self, job_id: str) -> list[tuple[int, str, int, float, float, int]]:
         """Mean ``(stage, instruction, frequency_mhz, time_s, energy_j, samples)`` over all measurements with energy."""

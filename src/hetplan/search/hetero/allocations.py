@@ -20,7 +20,7 @@ from hetplan.plan import Inventory, Job
 from hetplan.search.hetero.bounds import TooMany, allocation_bounds
 from hetplan.search.hetero.group import Group, block_orders, price_boundaries
 from hetplan.search.hetero.tables import StageType, cost_tables, stage_types
-from hetplan.search.space import RECOMPUTE_NAMES, Pins, cp_degrees, divisors, ep_degrees
+from hetplan.search.space import RECOMPUTE_NAMES, Pins, cp_degrees, divisors, ep_degrees, stack_allows
 
 
 class PreparedSpace(NamedTuple):
@@ -44,9 +44,12 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
     as their cost tables are built."""
     types = stage_types(m, inventory, catalog, job.dtype, pins, job=job)
     # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice.
-    free = [0, 2] if job.attention == "flash" else [0, 1, 2]
+    stack = job.stack_spec()  # only the ZeRO stages and recomputation modes the job's stack offers
+    free = [r for r in ([0, 2] if job.attention == "flash" else [0, 1, 2])
+            if stack_allows(stack, recompute=RECOMPUTE_NAMES[r], attention=job.attention)]
     rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free
-    zeros = [0, 1] if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
+    zeros = [z for z in (0, 1) if z == 0 or stack_allows(stack, zero=z)]
+    zeros = zeros if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
     cps = cp_degrees(job.seq_len, max(p.count for p in inventory.pools)) if pins.cp is None else [pins.cp]
     shapes = [(b, d, z, c, e) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
               for b in divisors(job.global_batch // d) if pins.mbs is None or b == pins.mbs

@@ -13,7 +13,7 @@ takes at least ``n·λ_i``, so the sum of stage times is at least ``L·min λ``,
 fluid balance ``L / Σ 1/λ_i``; ``t_emb``, ``t_head`` the least embedding/head time of any GPU type; ``c_min``
 the least p2p time of any boundary; exposed DP and optimizer time ≥ 0), and a memory bound: stage ``i`` can hold
 at most ``nmax_i`` layers even in the most lenient position (one micro-batch in flight, no embedding or head,
-any recomputation), so ``Σ nmax_i < L`` means nothing fits. :func:`refined_bounds_s` tightens ``T_SIM`` for
+any recomputation), so ``Σ nmax_i < L`` means nothing fits. :func:`.group.refined_bounds_s` tightens ``T_SIM`` for
 allocations the estimated search visits.
 
 Why not Espresso's bound: Espresso prunes a GPU allocation when a *per-GPU* lower bound of its cost exceeds the
@@ -25,16 +25,13 @@ one stage as if it held for another position or partition.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hetplan.search.hetero.group import Group
 from hetplan.search.hetero.tables import MID
 from hetplan.search.homogeneous import window_lower_bound_s
 from hetplan.search.space import Pins
-
-if TYPE_CHECKING:
-    from hetplan.search.hetero.group import Group
 
 
 class TooMany(Exception):
@@ -199,38 +196,3 @@ def _option_columns(group: Group, k: int, sub_t: np.ndarray, sub_p: np.ndarray) 
         "cap": np.where((used & (room < 0)).any(axis=1), -1, np.where(used, sub_p * room, 0).sum(axis=1)).astype(float),
         "lmax": np.where(used, lam, 0.0).max(axis=1),
     }
-
-
-def refined_bounds_s(L: int, cols: np.ndarray, m_: np.ndarray, c_min: np.ndarray, tail: np.ndarray) -> np.ndarray:
-    """:meth:`.Group.refined_sim_bounds_s` of allocations of any groups, on arrays (:meth:`.Group.refined_columns`,
-    concatenated: one bisection for all)."""
-    lam, s, cap = cols[:, :, 0], cols[:, :, 1], cols[:, :, 2]
-    used = s > 0
-    p = s.sum(axis=1)
-    fixed = cols[:, :, 3].min(axis=1) + cols[:, :, 4].min(axis=1)
-    r = 1.0 - 1.0 / m_
-    fill = 1.0 - r ** p
-    c_part = 2 * c_min * ((p - 1) - np.where(m_ > 1, r * (1 - r ** (p - 1)) / np.where(m_ > 1, 1 - r, 1.0), 0.0))
-    rounds = np.ceil(m_ / np.minimum(p, m_))  # 1F1B's in-flight window (window_lower_bound_s)
-    base = (lam * s).sum(axis=1)
-
-    def chain(M: np.ndarray) -> np.ndarray:
-        total, left = base.copy(), L - p
-        for j in range(cols.shape[1]):
-            take = np.minimum(np.minimum(left, cap[:, j]), s[:, j] * np.maximum(M / lam[:, j] - 1.0, 0.0))
-            total += take * lam[:, j]
-            left -= take
-        out = np.maximum((total + fixed + c_part) / fill, rounds * (total + fixed + 2 * (p - 1) * c_min))
-        return np.where(left > 1e-9, np.inf, out)
-
-    lam_min = np.where(used, lam, np.inf).min(axis=1)
-    lo = np.maximum.reduce([np.where(used, lam, 0.0).max(axis=1), -(-L // p) * lam_min, L / (s / lam).sum(axis=1)])
-    hi = np.where(m_ * lo < chain(lo), np.maximum(lo, np.where(used, lam * (1 + cap / np.maximum(s, 1)), 0.0)
-                                                  .max(axis=1)), lo)
-    while np.any(short := m_ * hi < chain(hi)):  # the capacity suffices (allocation_bounds), so this ends
-        hi = np.where(short, 2 * hi, hi)
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        below = m_ * mid < chain(mid)
-        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-    return m_ * lo + tail

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hetplan.estimate.estimator import Estimate
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.hetero.allocations import (PreparedSpace, allocation_blocks, bounded_allocations, build_groups,
                                                concat_rows, solve_allocation)
-from hetplan.search.hetero.bounds import refined_bounds_s
 from hetplan.search.hetero.closed_form import HeteroCandidate, StageChoice, search_hetero
+from hetplan.search.hetero.group import refined_bounds_s
 from hetplan.search.hetero.tables import INF
 from hetplan.search.space import Pins
 
@@ -33,7 +34,7 @@ class EstimatedPlan:
 
     candidate: HeteroCandidate
     plan: Plan
-    estimate: object
+    estimate: Estimate
     lower_bound_s: float
 
     @property
@@ -150,7 +151,7 @@ def search_hetero_estimated(
     evaluated: list[EstimatedPlan] = []
     seen: set = set()
     top = TopK(top_k)
-    known = set()
+    known: set[str] = set()
     for plan, est in ([] if pareto else incumbents):
         k2 = estimate_keys(objective, est)
         if k2 is not None:

@@ -1,26 +1,26 @@
 """One group of the heterogeneous space: the plans sharing (micro-batch, DP, ZeRO, CP, EP).
 
 Within a group every stage of TP degree ``t`` uses ``t·cp·d`` GPUs, so a plan is a sequence of stage types
-(:class:`.StageType`) and a layer count per stage. :class:`Group` holds the stage
-types' cost tables, prices the boundaries between stages as the estimator does
-(:func:`hetplan.estimate.iteration.boundary_time_s`: a p2p send when both stages lay the micro-batch out alike,
-else a resharding transfer), bounds the iteration time of one stage order from below on each position's own cost
-row, and solves an order's layer partition exactly (:func:`hetplan.search.partition.solve_partition`). A stage
-order keeps a pool's stages contiguous: it is a list of blocks ``(stage type, stages)``
-(:func:`block_orders` lists the orders of one allocation).
+(:class:`.StageType`) and a layer count per stage. :class:`Group` holds the stage types' cost tables, prices the
+boundaries between stages as the estimator does (:func:`hetplan.estimate.iteration.boundary_time_s`: a p2p send
+when both stages lay the micro-batch out alike, else a resharding transfer), bounds the iteration time of one stage
+order from below on each position's own cost row (and of one allocation, :func:`refined_bounds_s`), and solves an
+order's layer partition exactly (:func:`hetplan.search.partition.solve_partition`). A stage order keeps a pool's
+stages contiguous: it is a list of blocks ``(stage type, stages)`` (:func:`block_orders` lists the orders of one
+allocation).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import fields
+from typing import Any
 
 import numpy as np
 
 from hetplan.estimate.iteration import boundary_time_s
 from hetplan.estimate.stage import Link
 from hetplan.plan import boundary_is_intra_node
-from hetplan.search.hetero.bounds import refined_bounds_s
 from hetplan.search.hetero.tables import FIRST, INF, MID, SINGLE, StageType, cost_table, stage_positions
 from hetplan.search.homogeneous import window_lower_bound_s
 from hetplan.search.partition import solve_partition
@@ -297,7 +297,9 @@ def price_boundaries(items) -> None:
         return np.array([get(*item) for item in work])
 
     def links(side: int) -> Link:
-        return Link(**{f.name: column(lambda *it: getattr(it[side].link, f.name)) for f in fields(Link)})
+        # a Link of arrays (one element per boundary): the cost functions are elementwise
+        arrays: dict[str, Any] = {f.name: column(lambda *it: getattr(it[side].link, f.name)) for f in fields(Link)}
+        return Link(**arrays)
 
     layout = (column(lambda g, s1, s2, i: s1.tp), column(lambda g, s1, s2, i: g.cp), column(lambda g, s1, s2, i: g.d),
               column(lambda g, s1, s2, i: g.b))
@@ -351,3 +353,38 @@ def block_orders(g: Group, blocks):
 def _blocks_of(seq: list[StageType]) -> list:
     """The block order of a stage order: runs of one stage type."""
     return [(run[0], len(run)) for run in (list(r) for _, r in itertools.groupby(seq, key=lambda st: (st.pool, st.tp)))]
+
+
+def refined_bounds_s(L: int, cols: np.ndarray, m_: np.ndarray, c_min: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """:meth:`.Group.refined_sim_bounds_s` of allocations of any groups, on arrays (:meth:`.Group.refined_columns`,
+    concatenated: one bisection for all)."""
+    lam, s, cap = cols[:, :, 0], cols[:, :, 1], cols[:, :, 2]
+    used = s > 0
+    p = s.sum(axis=1)
+    fixed = cols[:, :, 3].min(axis=1) + cols[:, :, 4].min(axis=1)
+    r = 1.0 - 1.0 / m_
+    fill = 1.0 - r ** p
+    c_part = 2 * c_min * ((p - 1) - np.where(m_ > 1, r * (1 - r ** (p - 1)) / np.where(m_ > 1, 1 - r, 1.0), 0.0))
+    rounds = np.ceil(m_ / np.minimum(p, m_))  # 1F1B's in-flight window (window_lower_bound_s)
+    base = (lam * s).sum(axis=1)
+
+    def chain(M: np.ndarray) -> np.ndarray:
+        total, left = base.copy(), L - p
+        for j in range(cols.shape[1]):
+            take = np.minimum(np.minimum(left, cap[:, j]), s[:, j] * np.maximum(M / lam[:, j] - 1.0, 0.0))
+            total += take * lam[:, j]
+            left -= take
+        out = np.maximum((total + fixed + c_part) / fill, rounds * (total + fixed + 2 * (p - 1) * c_min))
+        return np.where(left > 1e-9, np.inf, out)
+
+    lam_min = np.where(used, lam, np.inf).min(axis=1)
+    lo = np.maximum.reduce([np.where(used, lam, 0.0).max(axis=1), -(-L // p) * lam_min, L / (s / lam).sum(axis=1)])
+    hi = np.where(m_ * lo < chain(lo), np.maximum(lo, np.where(used, lam * (1 + cap / np.maximum(s, 1)), 0.0)
+                                                  .max(axis=1)), lo)
+    while np.any(short := m_ * hi < chain(hi)):  # the capacity suffices (allocation_bounds), so this ends
+        hi = np.where(short, 2 * hi, hi)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        below = m_ * mid < chain(mid)
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return m_ * lo + tail

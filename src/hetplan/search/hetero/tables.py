@@ -168,9 +168,11 @@ def _cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, 
         both[:, :2], both[:, 2:] = x, y  # y repeated over in-flight counts
         full.append(both)
     raw = np.concatenate([raw, raw_ls], axis=1)
+    a, e, o, rc, nmax = full
     return [CostTable(
-        *(x[g, :, :Fg].copy() for x in full), layer_s=float(raw[g, MID, 1] - raw[g, MID, 0]),
-        emb_s=float(raw[g, FIRST, 0] - raw[g, MID, 0]), head_s=float(raw[g, LAST, 0] - raw[g, MID, 0]),
+        a[g, :, :Fg].copy(), e[g, :, :Fg].copy(), o[g, :, :Fg].copy(), rc[g, :, :Fg].copy(), nmax[g, :, :Fg].copy(),
+        layer_s=float(raw[g, MID, 1] - raw[g, MID, 0]), emb_s=float(raw[g, FIRST, 0] - raw[g, MID, 0]),
+        head_s=float(raw[g, LAST, 0] - raw[g, MID, 0]),
     ) for g, (_, _, _, Fg) in enumerate(shapes)]
 
 
