@@ -125,6 +125,21 @@ def _print_serving(console, r: dict) -> None:
         console.print(f"  time {100 * x['error']:+.1f} %  {x['key']}", highlight=False)
 
 
+def _print_energy(console, r: dict) -> None:
+    """The energy set (:mod:`hetplan.energy.validation`): J per instruction and average power, held out."""
+    from rich.table import Table
+
+    t = Table(title="Energy: Perseus' measured J per instruction (GPT-3 fitted, BLOOM held out)")
+    for col in ("rows", "n", "energy MAPE", "signed", "power MAPE", "signed", "power |err| median"):
+        t.add_column(col)
+    for name, e, p in (("all", r, r["power"]), ("held out", r["held_out"], r["power_held_out"])):
+        t.add_row(name, str(e["n"]), _fmt(e["mape"]), _signed(e["signed_median"]), _fmt(p["mape"]),
+                  _signed(p["signed_median"]), _fmt(p["median_abs"]))
+    console.print(t)
+    console.print(f"Target (held out): power per GPU within 10 % median, energy within 15 % where the time is within "
+                  f"10 %: {'met' if r['met'] else 'NOT met'}.")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``validate`` to ``app``."""
 
@@ -138,7 +153,7 @@ def register(app: typer.Typer) -> None:
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
                                               "espresso_hetero, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
                                               "megatron_lm_h100, moe_h100, long_context_cp, independent_h100, "
-                                              "serving"),
+                                              "serving, energy"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
@@ -163,7 +178,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"wrote {write()}")
             return
 
-        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, serving.SET_NAME)
+        from hetplan.energy import validation as energy_set
+
+        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, serving.SET_NAME, energy_set.SET_NAME)
         names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
         bad = [n for n in names if n not in every]
         if bad:
@@ -177,6 +194,7 @@ def register(app: typer.Typer) -> None:
             plot_path = plot_path or out_dir / "validation.png"
         output_file(csv_path, "--csv")
         output_file(plot_path, "--plot", figure=True)
+        every_chosen = names
         new = tuple(n for n in names if n in modern.SET_NAMES)
         check_independent = independent.SET_NAME in names
         serving_result, serving_cases = serving.run_serving() if serving.SET_NAME in names else ({}, [])
@@ -189,6 +207,8 @@ def register(app: typer.Typer) -> None:
             new_cases += ind_cases
         result["sets"].update(new_result)
         result["sets"].update(serving_result)
+        energy_result = energy_set.run_energy() if energy_set.SET_NAME in every_chosen else {}
+        result["sets"].update(energy_result)
         cases += new_cases
         if csv_path is not None:
             v.write_csv(cases, csv_path)
@@ -234,13 +254,16 @@ def register(app: typer.Typer) -> None:
             _print_modern(console, new_result)
         if serving_result:
             _print_serving(console, serving_result[serving.SET_NAME])
+        if energy_result:
+            _print_energy(console, energy_result[energy_set.SET_NAME])
         if names:
             console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same "
                           "model, GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows "
                           "(V100), seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's "
                           "hosts), Espresso's runs that fitted A30/A4000/A6000/3090; SC'21 and Korthikanti are fully held "
                           "out.")
-        _print_stacks(console, result["stacks"])
+        if result["stacks"]:  # none when only the energy set ran
+            _print_stacks(console, result["stacks"])
         if csv_path is not None:
             console.print(f"wrote {csv_path}")
         if plot_path is not None:
