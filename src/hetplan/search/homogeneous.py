@@ -217,7 +217,7 @@ def _stage_inputs(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> tuple[D
     layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb, v)
     col = lambda a: a[:, None]  # noqa: E731
     degrees = Degrees.of(tp=col(tp), cp=col(cfg["cp"]), dp=col(dp), zero=col(cfg["zero"]), ep=col(cfg["ep"]),
-                         virtual_stages=col(v))
+                         expert_tp=col(cfg["expert_tp"]), virtual_stages=col(v))
     work = StageWork(s=job.seq_len, b=col(mbs), num_layers=layers, has_embedding=has_emb, has_head=has_head,
                      single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
                      recompute=col(cfg["recompute"]), zero=col(cfg["zero"]), sequence_parallel=col(tp > 1))
@@ -239,7 +239,12 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     :data:`NEAR_MISS_MEMORY_FACTOR` x the GPU's memory (the others can never run; the smallest footprint is
     kept so that an infeasible request can say how far off it is). ``configurations_evaluated`` counts all.
     """
+    from hetplan.hardware.frameworks import load_frameworks
+
+    # expert-TP only where the job's framework runs it (hardware/data/frameworks.toml, its default export release)
+    split_experts = next((f.expert_tp for f in load_frameworks() if f.job_framework == job.framework), True)
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
+                          expert_tp=split_experts,
                           seq_len=job.seq_len, stack=job.stack_spec())
     if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
@@ -252,13 +257,13 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         keep = peak <= NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes
         keep[int(np.argmin(peak))] = True
         cfg = {k: v[keep] for k, v in cfg.items()}
-    tp, pp, dp, mbs, zero, v, cp, ep = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "virtual_stages", "cp",
-                                                        "ep"))
+    tp, pp, dp, mbs, zero, v, cp, ep, etp = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "virtual_stages",
+                                                             "cp", "ep", "expert_tp"))
     mb = job.global_batch // (dp * mbs)
     link = hardware.link
     degrees, work, count = _stage_inputs(m, job, cfg)
     c = stage_costs(m, hardware, degrees, work, options)
-    deg = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, pp=pp, virtual_stages=v)
+    deg = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp, pp=pp, virtual_stages=v)
     n_intra = _intra_boundaries(deg.gpus_per_stage, pp, pool.gpus_per_node)
     lay = (tp, cp, dp, mbs)
     p2p_one_intra = boundary_time_s(m, job.seq_len, lay, lay, link, link, True)

@@ -110,6 +110,7 @@ def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult
         virtual_stages=c["virtual_stages"],
         cp=c["cp"],
         ep=c["ep"],
+        expert_tp=c.get("expert_tp", 1),
     )
 
 
