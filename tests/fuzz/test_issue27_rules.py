@@ -168,3 +168,19 @@ def test_export_virtual_stages_override_below_one_is_refused(tmp_path_factory, v
                    "--gpu", "H100-SXM", "--gpus", "8", "-q", "-o", plan).code == 0
     r = run_cli("export", plan, "--to", "megatron", "--virtual-stages", v)
     assert r.code == 2 and "--virtual-stages" in r.stderr and not r.traceback
+
+
+@settings(max_examples=25, deadline=None)
+@given(key=st.sampled_from(["memory_gib", "dense_tflops.fp8", "dense_tflops.bf16", "hbm_bandwidth_gb_per_s"]),
+       value=st.sampled_from(["1e300", "1e-9", "-1", "0", "1e400", "nan"]))
+def test_user_catalog_numbers_out_of_physics_are_refused(tmp_path_factory, key, value):
+    d = tmp_path_factory.mktemp("c")
+    if key.startswith("dense_tflops."):
+        body = f"dense_tflops = {{ bf16 = 989, fp16 = 989, {key.split('.')[1]} = {value} }}"
+    else:
+        body = f"{key} = {value}"
+    (d / "cat.toml").write_text(f"[gpus.H100-SXM]\n{body}\n")
+    r = run_cli("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations", "2",
+                "--gpu", "H100-SXM", "--gpus", "8", "-q", "--catalog", d / "cat.toml")
+    assert not r.traceback, r.traceback
+    assert r.code == 2 and "fix:" in r.stderr, (body, r.stdout[-300:], r.stderr)

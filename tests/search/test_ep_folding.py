@@ -61,6 +61,8 @@ def test_pinned_ep_names_the_rule():
     assert r.returncode == 2 and "rule ep-divides-experts" in r.stderr and "1, 2, 4, 8" in r.stderr
     r = subprocess.run(base + ["--model", "llama3-8b", "--ep", "2"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "rule ep-needs-experts" in r.stderr
+    r = subprocess.run(base + ["--model", "llama3-8b", "--tp", "3"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "pin.tp" in r.stderr and "rule tp-divides-heads" in r.stderr
 
 
 def test_deepseek_v3_pp8_vp4_layout_as_nvidia_runs_it():
@@ -110,3 +112,25 @@ def test_estimate_reports_the_alltoall_inside_the_stage_times(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "estimate", str(path)], capture_output=True,
                        text=True, cwd=ROOT, env={**__import__("os").environ, "COLUMNS": "200"})
     assert r.returncode == 0 and f"stage 0 {se.alltoall_s * 1e3:.1f} ms" in r.stdout
+
+
+def test_expert_tp_is_a_search_dimension_where_the_framework_runs_it():
+    """Megatron-Core splits experts over --expert-tensor-parallel-size (any divisor of TP with EP x expert-TP
+    dividing TP x CP x DP); torchtitan 0.3 never does (frameworks.toml): the space has expert-TP > 1 only for the
+    former, and a searched plan with it costs what estimate() says."""
+    from hetplan.search.space import enumerate_space
+
+    m = load_model("mixtral-8x7b")
+    space = enumerate_space(m, 64, 16, 8, Pins(), "flash", seq_len=4096)
+    ok = (space["tp"] % space["expert_tp"] == 0) & ((space["tp"] * space["dp"] * space["cp"])
+                                                     % (space["ep"] * space["expert_tp"]) == 0)
+    assert ok.all() and set(space["expert_tp"]) == {1, 2, 4, 8}
+    assert set(enumerate_space(m, 64, 16, 8, Pins(), "flash", seq_len=4096, expert_tp=False)["expert_tp"]) == {1}
+    job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10)
+    res = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=32)]), pins=Pins(tp=4, ep=8, pp=2),
+                       top_k=20, heterogeneous=False)
+    etp = [rp for rp in res.plans if rp.plan.expert_tp > 1]
+    assert etp and all(estimate(rp.plan).iteration_time_s == rp.estimate.iteration_time_s for rp in etp)
+    fsdp = search_plans(job.model_copy(update={"framework": "fsdp"}), Inventory(pools=[GPUPool(gpu="H100-SXM",
+                        count=32)]), pins=Pins(tp=4, ep=8, pp=2), top_k=20, heterogeneous=False)
+    assert all(rp.plan.expert_tp == 1 for rp in fsdp.plans)

@@ -3,27 +3,14 @@ flag names and types (round trip against the plan, not a GPU run)."""
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
-from hetplan.cli.main import main
 from hetplan.errors import HetplanError
 from hetplan.serve.export import Replica, engine_args, parse_args, replicas_from_capacity, write_export
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "serve"
-
-
-def _run(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["hetplan", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from .test_cli import EXAMPLES, _run
 
 
 def _argv(script: Path) -> list[str]:

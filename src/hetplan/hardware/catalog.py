@@ -111,10 +111,13 @@ class GPUSpec(BaseModel):
     vendor: str
     architecture: str
     form_factor: str
-    memory_bytes: int = bounded(2**44, "16 TiB is 60x the largest GPU memory (B300: 288 GB)", gt=0)
-    hbm_bandwidth_bytes_per_s: float = bounded(1e14, "100 TB/s is 12x B200's 8 TB/s", gt=0)
-    dense_flops_per_s: Mapping[str, Annotated[float, bounded(1e17, "100 PFLOP/s dense is 20x B200's fp8 rate",
-                                                             gt=0, allow_inf_nan=False)]]
+    memory_bytes: int = bounded(2**44, "from 1 GiB (T4, the smallest in the catalog, has 15) to 16 TiB (60x the "
+                                "largest GPU memory, B300: 288 GB)", ge=2**30)
+    hbm_bandwidth_bytes_per_s: float = bounded(1e14, "from 10 GB/s (T4 has 320) to 100 TB/s (12x B200's 8 TB/s)",
+                                               ge=1e10)
+    dense_flops_per_s: Mapping[str, Annotated[float, bounded(1e17, "from 1 TFLOP/s (below any tensor-core GPU: "
+                                                             "T4's fp32 is 8.1) to 100 PFLOP/s dense (20x B200's "
+                                                             "fp8 rate)", ge=1e12, allow_inf_nan=False)]]
     gpu_link: str
     gpu_link_bandwidth_bytes_per_s: float = bounded(1e13, "10 TB/s is 5x NVLink 5's 1.8 TB/s", gt=0)
     host_link: str
@@ -201,7 +204,8 @@ def _spec_from_toml(name: str, raw: Mapping) -> GPUSpec:
     for key, (si_key, factor) in conv.items():
         if key in data:
             value = data.pop(key)
-            data[si_key] = int(value * factor) if si_key == "memory_bytes" else value * factor
+            si = value * factor  # 1e300 GiB overflows to inf, which int() cannot take: the bound below says so
+            data[si_key] = int(si) if si_key == "memory_bytes" and math.isfinite(si) else si
     if "dense_tflops" in data:
         data["dense_flops_per_s"] = {k: v * TERA for k, v in data.pop("dense_tflops").items()}
     data["name"] = name

@@ -219,7 +219,7 @@ def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np
         m, num_layers=layers, has_embedding=has_emb, has_head=has_head, single_stage=col(pp == 1), b=col(mbs),
         s=job.seq_len, t=col(tp), dp=col(dp), zero=col(cfg["zero"]), recompute=col(cfg["recompute"]),
         sequence_parallel=col(tp > 1), in_flight=in_flight, attention=job.attention, framework=job.framework,
-        cp=col(cfg["cp"]), ep=col(cfg["ep"]),
+        cp=col(cfg["cp"]), ep=col(cfg["ep"]), etp=col(cfg["expert_tp"]),
     )
     return np.max(np.where(count > 0, mem["total"], -1.0), axis=1)
 
@@ -231,7 +231,12 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     :data:`NEAR_MISS_MEMORY_FACTOR` x the GPU's memory (the others can never run; the smallest footprint is
     kept so that an infeasible request can say how far off it is). ``configurations_evaluated`` counts all.
     """
+    from hetplan.hardware.frameworks import load_frameworks
+
+    # expert-TP only where the job's framework runs it (hardware/data/frameworks.toml, its default export release)
+    split_experts = next((f.expert_tp for f in load_frameworks() if f.job_framework == job.framework), True)
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
+                          expert_tp=split_experts,
                           seq_len=job.seq_len, stack=job.stack_spec())
     if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
@@ -243,8 +248,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         keep = peak <= NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes
         keep[int(np.argmin(peak))] = True
         cfg = {k: v[keep] for k, v in cfg.items()}
-    tp, pp, dp, mbs, zero, rc, v, cp, ep = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "recompute",
-                                                            "virtual_stages", "cp", "ep"))
+    tp, pp, dp, mbs, zero, rc, v, cp, ep, etp = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "recompute",
+                                                                 "virtual_stages", "cp", "ep", "expert_tp"))
     mb = job.global_batch // (dp * mbs)
     layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb, v)
     link = pool_link(pool, gpu)
@@ -254,9 +259,9 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         s=job.seq_len, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers, has_embedding=has_emb,
         has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
         zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), cp=col(cp), ep=col(ep),
-        virtual_stages=col(v),
+        etp=col(etp), virtual_stages=col(v),
     )
-    deg = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, pp=pp, virtual_stages=v)
+    deg = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp, pp=pp, virtual_stages=v)
     n_intra = _intra_boundaries(deg.gpus_per_stage, pp, pool.gpus_per_node)
     lay = (tp, cp, dp, mbs)
     p2p_one_intra = boundary_time_s(m, job.seq_len, lay, lay, link, link, True)

@@ -114,9 +114,11 @@ def stack_allows(stack, zero: int | None = None, recompute: str | None = None, a
 
 
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
-                    attention: str = "standard", seq_len: int | None = None, stack=None) -> dict[str, np.ndarray]:
+                    attention: str = "standard", seq_len: int | None = None, stack=None,
+                    expert_tp: bool = True) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
-    ep`` (recompute as codes 0/1/2), honouring ``pins``. Empty arrays if nothing matches. Under ``attention =
+    ep, expert_tp`` (recompute as codes 0/1/2), honouring ``pins``; ``expert_tp``: whether the framework splits
+    experts over their own TP degree (``hardware/data/frameworks.toml``; else expert-TP 1). Empty arrays if nothing matches. Under ``attention =
     "flash"`` selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out
     unless pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1). ``stack``: the job's
     :class:`hetplan.hardware.stacks.StackSpec`; only the ZeRO stages and recomputation modes it offers are
@@ -143,7 +145,7 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
                         mbs_lists.append(sizes)
     names = ("tp", "pp", "dp", "mbs", "zero", "recompute")
     if not triples:
-        return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages", "cp", "ep")}
+        return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages", "cp", "ep", "expert_tp")}
     quads = np.array(triples, dtype=np.int64)
     tri, cp_of = quads[:, :3], quads[:, 3]
     counts = np.array([len(x) for x in mbs_lists])
@@ -170,7 +172,7 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
         parts.append(np.column_stack([rows[:, :4], np.tile(zr, (int(sel.sum()), 1)), rows[:, 4]]))
     arr = np.concatenate(parts) if parts else np.zeros((0, 7), dtype=np.int64)
     out = {k: arr[:, i] for i, k in enumerate((*names, "cp"))}
-    out = _with_expert_parallel(out, m, pins.ep)
+    out = _with_expert_parallel(out, m, pins.ep, expert_tp)
     return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages)
 
 
@@ -182,21 +184,27 @@ def ep_degrees(m: ModelSpec, ranks: int, pin: int | None = None) -> list[int]:
     return [e for e in (divisors(m.num_experts) if pin is None else [pin]) if ranks % e == 0 and m.num_experts % e == 0]
 
 
-def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | None):
-    """Add the ``ep`` dimension: 1 for a dense model; for a MoE model every divisor of the expert count that
-    divides tp·cp·dp (each configuration repeated per EP degree), or only ``pin``. EP may exceed dp·cp: Megatron-
-    Core's MoE parallel folding lays the expert group over the attention's TP x CP x DP ranks (EP x expert-TP x
-    expert-DP = TP x CP x DP, Liu et al. 2025, arXiv 2504.14960, Sec. 3; ``--expert-tensor-parallel-size 1``
-    here), and torchtitan 0.3 shards experts over ``dp_shard x cp x tp / ep`` (``parallel_dims.py``, efsdp)."""
+def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | None, expert_tp: bool = True):
+    """Add the ``ep`` and ``expert_tp`` dimensions: 1 and 1 for a dense model; for a MoE model every divisor of the
+    expert count that divides tp·cp·dp, or only ``pin``, times every expert-TP degree ``etp`` dividing TP with
+    ``ep·etp`` dividing tp·cp·dp (only 1 unless ``expert_tp``). EP may exceed dp·cp: Megatron-Core's MoE parallel
+    folding lays the expert mesh EP x expert-TP x expert-DP over the attention's TP x CP x DP ranks (Liu et al.
+    2025, arXiv 2504.14960, Sec. 3; ``--expert-tensor-parallel-size``), and torchtitan 0.3 shards experts over
+    ``dp_shard x cp x tp / ep`` with expert-TP 1 (``parallel_dims.py``, efsdp)."""
     n = len(cfg["tp"])
     if not m.is_moe:
         keep = np.ones(n, dtype=bool) if pin in (None, 1) else np.zeros(n, dtype=bool)
-        return {k: a[keep] for k, a in cfg.items()} | {"ep": np.ones(int(keep.sum()), dtype=np.int64)}
+        ones = np.ones(int(keep.sum()), dtype=np.int64)
+        return {k: a[keep] for k, a in cfg.items()} | {"ep": ones, "expert_tp": ones.copy()}
     group = cfg["tp"] * cfg["dp"] * cfg["cp"]
     blocks = []
+    etps = divisors(int(cfg["tp"].max())) if expert_tp and n else [1]
     for e in divisors(m.num_experts) if pin is None else [pin]:
-        rows = (group % e == 0) & (m.num_experts % e == 0)
-        blocks.append({**{k: a[rows] for k, a in cfg.items()}, "ep": np.full(int(rows.sum()), e, dtype=np.int64)})
+        for d in etps:
+            rows = (group % (e * d) == 0) & (m.num_experts % e == 0) & (cfg["tp"] % d == 0)
+            k = int(rows.sum())
+            blocks.append({**{key: a[rows] for key, a in cfg.items()}, "ep": np.full(k, e, dtype=np.int64),
+                           "expert_tp": np.full(k, d, dtype=np.int64)})
     return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
 
 

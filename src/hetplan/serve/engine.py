@@ -188,6 +188,12 @@ class Engine:
                   kv_cache_len=s.kv_cache_len, batching=s.batching,
                   kv_cache_tokens=s.kv_cache_tokens if s.paged_kv else None,
                   kv_block_tokens=s.kv_block_tokens or 16, max_batched_tokens=s.max_batched_tokens)
+        if c.engine or c.quantization:
+            which = "cluster.engine" if c.engine else "cluster.quantization"
+            raise HetplanError(f"{which} prices the simulator's costs; hetplan serve runs its own torch engine at "
+                               "cluster.dtype", field=which,
+                               fix=f"drop {which} from SERVE.toml (or launch the engine itself: hetplan capacity "
+                                   "--export vllm)")
         if s.chunked_prefill:
             raise HetplanError("the torch engine prefills whole prompts; chunked prefill is the simulator's",
                                field="scheduler.chunked_prefill",

@@ -1,0 +1,208 @@
+"""The Megatron-LM export (``pretrain_gpt.py`` arguments, Megatron-Core): see :mod:`hetplan.runtime.exporters`
+for what it expresses."""
+
+from __future__ import annotations
+
+
+from hetplan.errors import HetplanError
+from hetplan.model.spec import ModelSpec
+from hetplan.plan import Plan
+from hetplan.plan_rules import degree, embedding_loss_split
+from hetplan.runtime.exporters.common import Export, _interleaved_units, _mesh, _nodes, _pools_note, _virtual
+
+
+def megatron_layout(chunks: list[list[int]]) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` for ``chunks[stage][virtual stage]`` decoder layers:
+    one ``|``-separated segment per model chunk in model order (virtual stage 0 of every pipeline rank, then
+    virtual stage 1, ...), ``t`` a decoder layer, ``E`` the embedding at the start of the first, ``L`` the loss at
+    the end of the last; runs of equal segments written ``(t*k|)*n``
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``, ``parse_str_to_list``)."""
+    pp, v = len(chunks), len(chunks[0])
+    counts = [chunks[s][k] for k in range(v) for s in range(pp)]
+    segs = [("t" if n == 1 else f"t*{n}" if n else "") for n in counts]
+    segs[0], segs[-1] = "E" + segs[0], segs[-1] + "L"
+    out, i = [], 0
+    while i < len(segs):
+        j = i
+        while j + 1 < len(segs) and segs[j + 1] == segs[i]:
+            j += 1
+        run = j - i + 1
+        out.append(f"({segs[i]}|)*{run}" if run > 2 and segs[i] else "|".join(segs[i:j + 1]) + "|")
+        i = j + 1
+    text = "".join(out)
+    return text[:-1]
+
+
+def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = None) -> Export:
+    """Megatron-LM ``pretrain_gpt.py`` arguments, as a torchrun launch script (see module doc).
+
+    Raises:
+        HetplanError: per-stage TP/DP/CP/EP/recompute differ, an uneven split beyond first/last stage, uneven
+            stages with interleaving, selective recomputation of only some layers, GPipe.
+    """
+    m = _mesh(plan, "Megatron-LM")
+    pp = plan.pp
+    notes = []
+    layers = [st.num_layers for st in plan.stages]
+    args = [
+        f"--tensor-model-parallel-size {m.tp}", f"--pipeline-model-parallel-size {pp}",
+        f"--context-parallel-size {m.cp}",
+        f"--num-layers {spec.num_layers}", f"--hidden-size {spec.hidden_size}",
+        f"--num-attention-heads {spec.num_attention_heads}", f"--ffn-hidden-size {spec.ffn_hidden_size}",
+        f"--seq-length {plan.job.seq_len}", f"--max-position-embeddings {max(spec.max_seq_len, plan.job.seq_len)}",
+        f"--micro-batch-size {plan.mbs}", f"--global-batch-size {plan.job.global_batch}",
+        f"--train-iters {int(plan.job.iterations())}", f"--{'bf16' if plan.job.dtype == 'fp8' else plan.job.dtype}",
+        "--lr 1e-4", "--optimizer adam", "--mock-data", "--tokenizer-type NullTokenizer",
+        f"--vocab-size {spec.vocab_size}",
+    ]
+    if spec.head_dim * spec.num_attention_heads != spec.hidden_size:
+        args.append(f"--kv-channels {spec.head_dim}")
+    experts = int(getattr(spec, "num_experts", 0) or 0)
+    if experts:
+        etp = {degree(plan, i, "expert_tp") for i in range(pp)}
+        if len(etp) > 1:
+            raise HetplanError(f"Megatron-LM runs one expert-TP degree on all stages; the plan has {sorted(etp)}",
+                               field="plan.stages[].expert_tp", fix="use one expert-TP degree")
+        args += [f"--num-experts {experts}", f"--moe-router-topk {spec.experts_per_token}",
+                 f"--moe-ffn-hidden-size {spec.expert_ffn_hidden_size}",
+                 f"--expert-model-parallel-size {m.ep}", f"--expert-tensor-parallel-size {etp.pop()}"]
+        if getattr(spec, "shared_expert_ffn_hidden_size", 0):
+            args.append(f"--moe-shared-expert-intermediate-size {spec.shared_expert_ffn_hidden_size}")
+        if spec.num_moe_layers < spec.num_layers:  # dense layers among them (DeepSeek's first k, Llama 4's step)
+            pattern = ",".join("1" if spec.is_moe_layer(i) else "0" for i in range(spec.num_layers))
+            args.append(f"--moe-layer-freq '[{pattern}]'")
+        dispatcher = plan.job.moe_dispatcher  # Megatron-Core's flex dispatcher runs DeepEP / HybridEP
+        args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type "
+                 + ("alltoall" if dispatcher == "alltoall" else f"flex --moe-flex-dispatcher-backend {dispatcher}")]
+        if plan.job.moe_a2a_overlap:  # the 1F1B all-to-all overlap (combined_1f1b)
+            args.append("--overlap-moe-expert-parallel-comm")
+    if spec.is_mla:
+        args += ["--multi-latent-attention", f"--kv-lora-rank {spec.kv_lora_rank}",
+                 f"--qk-head-dim {spec.head_dim - spec.qk_rope_head_dim}", f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
+                 f"--v-head-dim {spec.v_head_dim}"] + ([f"--q-lora-rank {spec.q_lora_rank}"] if spec.q_lora_rank else [])
+    v = _virtual(plan, virtual_stages) if pp > 1 else 1
+    if v > 1 and plan.pipeline_chunks is not None and v == plan.virtual_stages:  # the plan's own chunks
+        args.append(f"--pipeline-model-parallel-layout '{megatron_layout(plan.pipeline_chunks)}'")
+        notes.append("interleaved chunks via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
+    elif v > 1:  # chunks of c units; the embedding / loss may count as a unit (Llama 3's uneven interleaved stages)
+        e, loss, c = _interleaved_units(plan, spec, v, "Megatron-LM")
+        args += (["--account-for-embedding-in-pipeline-split"] if e else []) + (
+            ["--account-for-loss-in-pipeline-split"] if loss else [])
+        args.append(f"--num-virtual-stages-per-pipeline-rank {v}" if e or loss
+                    else f"--num-layers-per-virtual-pipeline-stage {c}")
+    elif pp > 1 and len(set(layers)) > 1 and embedding_loss_split(layers, spec.num_layers, 1):
+        # Llama 3's stages: the embedding / loss counted as a layer of an even split. Megatron-Core refuses these
+        # flags together with --decoder-first/last-pipeline-num-layers ("Does not support standalone embedding
+        # stage and standalone loss stage with uneven pp", transformer_block.get_num_layers_to_build).
+        e, loss, _ = embedding_loss_split(layers, spec.num_layers, 1)
+        args += (["--account-for-embedding-in-pipeline-split"] if e else []) + (
+            ["--account-for-loss-in-pipeline-split"] if loss else [])
+    elif pp > 1 and len(set(layers)) > 1:
+        mid = layers[1:-1]
+        if len(set(mid)) > 1:  # any other split: Megatron-Core's layout string, one chunk per stage
+            args.append(f"--pipeline-model-parallel-layout '{megatron_layout([[n] for n in layers])}'")
+            notes.append("uneven middle stages via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
+        else:
+            if not mid or layers[0] != mid[0]:
+                args.append(f"--decoder-first-pipeline-num-layers {layers[0]}")
+            if not mid or layers[-1] != mid[0]:
+                args.append(f"--decoder-last-pipeline-num-layers {layers[-1]}")
+            notes.append("uneven split via --decoder-first/last-pipeline-num-layers (Megatron-Core >= 0.10)")
+    if plan.zero == 1:
+        args.append("--use-distributed-optimizer")
+    elif plan.zero >= 2:
+        strategy = {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
+                 "--no-gradient-accumulation-fusion", "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]
+        notes.append(f"ZeRO-{plan.zero} runs as Megatron-FSDP (sharding strategy {strategy}); Megatron's "
+                     "distributed optimizer alone is ZeRO-1")
+    if plan.sequence_parallel and m.tp > 1:
+        args.append("--sequence-parallel")
+    if plan.job.dtype == "fp8":
+        args += _megatron_fp8_args(plan)
+    if plan.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if plan.job.attention == "flash":  # the estimate assumed FlashAttention (hetplan.plan.Job.attention)
+        args.append("--use-flash-attn")
+    else:  # s x s scores stored: Megatron-Core's unfused attention (its default backend, auto, fuses)
+        args.append("--attention-backend unfused")
+    if plan.cross_entropy != "fp32":  # the estimate charged the fused loss (hetplan.plan.Plan.cross_entropy)
+        args.append("--cross-entropy-loss-fusion")
+    if m.recompute == "full":
+        if m.recompute_layers is None:  # every layer checkpointed on its own
+            args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        else:  # the first k layers of every stage (megatron/core/transformer/transformer_block.py, "block")
+            args += ["--recompute-granularity full", "--recompute-method block",
+                     f"--recompute-num-layers {m.recompute_layers}"]
+    elif m.recompute == "selective":
+        if m.recompute_layers is not None:
+            raise HetplanError("Megatron-LM's selective recomputation applies to every layer",
+                               field="plan.stages[].recompute_layers",
+                               fix="recompute all layers selectively, or use full recomputation of k layers")
+        args.append("--recompute-granularity selective")
+    # per-module recomputation (the MoE layer checkpointed on its own, output-discarding element-wise modules);
+    # under full recomputation the whole layer is recomputed instead
+    modules = ((["moe"] if experts and plan.job.moe_recompute else []) + list(plan.job.recompute_modules)
+               if m.recompute != "full" else [])
+    if modules:
+        if m.recompute != "selective":
+            args.append("--recompute-granularity selective")
+        args.append("--recompute-modules " + " ".join((["core_attn"] if m.recompute == "selective" else []) + modules))
+    if plan.job.offload_modules:
+        args += ["--fine-grained-activation-offloading", "--offload-modules " + " ".join(plan.job.offload_modules)]
+    if spec.family in ("llama", "mistral") or (experts and spec.gated_mlp):
+        args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
+    elif spec.learned_positions == 0:
+        args.append("--position-embedding-type rope")
+    if spec.num_kv_heads != spec.num_attention_heads:
+        args += ["--group-query-attention", f"--num-query-groups {spec.num_kv_heads}"]
+    if not spec.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if spec.dropout:
+        args += ["--attention-dropout 0.1", "--hidden-dropout 0.1"]
+    else:
+        args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
+    nnodes, per_node = _nodes(plan)
+    env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM: keeps TP/SP communication ordered before compute"]
+    script = "\n".join([
+        "#!/usr/bin/env bash",
+        (f"# Megatron-LM launch for plan: {pp} stages {layers} layers, TP {m.tp}, CP {m.cp}, DP {m.dp}, "
+         f"mbs {plan.mbs}, gbs {plan.job.global_batch} ({plan.num_microbatches(0)} micro-batches), model {spec.name}. "
+         "Generated by hetplan export."),
+        "# Run on every node; set NODE_RANK and MASTER_ADDR. Ranks: TP innermost, then CP, DP, PP (Megatron order).",
+        f"# hetplan model: {plan.job.model}",
+        *env,
+        f"torchrun --nnodes {nnodes} --nproc-per-node {per_node} --node-rank ${{NODE_RANK:-0}} \\",
+        "  --master-addr ${MASTER_ADDR:-127.0.0.1} --master-port ${MASTER_PORT:-6000} \\",
+        "  pretrain_gpt.py \\",
+        "  " + " \\\n  ".join(args),
+        "",
+    ])
+    if spec.family == "opt":
+        notes.append("OPT's ReLU MLP and position offset are approximated by Megatron's GPT (GeLU) model")
+    mixed = _pools_note(plan, per_node)
+    if mixed:
+        notes.append(mixed)
+    return Export("megatron", {"megatron_launch.sh": script}, notes)
+
+
+def _megatron_fp8_args(plan: Plan) -> list[str]:
+    """Megatron-Core's FP8 arguments for the recipe the estimate assumed (:func:`hetplan.estimate.fp8.recipe`):
+    NeMo / Megatron-Bridge's ``bf16_with_fp8_mixed`` on Hopper (``hybrid`` E4M3/E5M2, delayed scaling over a
+    1,024-step amax history, max of the history, FP8 parameters), ``bf16_with_mxfp8_mixed`` on Blackwell.
+
+    Raises:
+        HetplanError: stages on GPU generations with different FP8 recipes (one ``--fp8-recipe`` per job).
+    """
+    from hetplan.estimate import fp8
+    from hetplan.hardware.catalog import load_catalog
+
+    catalog = load_catalog()
+    recipes = {fp8.recipe(catalog.get(plan.pools[st.pool].gpu), "megatron") for st in plan.stages}
+    if len(recipes) > 1:
+        raise HetplanError(f"Megatron-LM runs one FP8 recipe per job; this plan's GPUs need {sorted(recipes)}",
+                           field="plan.job.dtype", fix="plan with dtype bf16, or on one GPU generation")
+    if recipes.pop() == "mxfp8":
+        return ["--fp8-format e4m3", "--fp8-recipe mxfp8", "--fp8-param-gather"]
+    return ["--fp8-format hybrid", "--fp8-recipe delayed", "--fp8-amax-history-len 1024",
+            "--fp8-amax-compute-algo max", "--fp8-param-gather"]
