@@ -308,13 +308,12 @@ def test_serve_model_too_big_for_worker_exits_2(monkeypatch, capsys, tmp_path, f
 
 @pytest.mark.parametrize("extra,field", [('engine = "vllm"\n', "cluster.engine"),
                                          ('engine = "vllm"\nquantization = "fp8"\n', "cluster.engine"),
-                                         ("", "scheduler.chunked_prefill")])
+                                         ('quantization = "int4"\n', "cluster.quantization")])
 def test_serve_refuses_simulator_only_settings(monkeypatch, capsys, tmp_path, fixtures, extra, field):
-    """The torch engine runs its own kernels whole-prompt: an engine stack, quantisation or chunked prefill in
-    SERVE.toml would be silently ignored, so they exit 2 naming the field."""
+    """The torch engine runs its own kernels: an engine stack or quantisation in SERVE.toml would be silently
+    ignored, so they exit 2 naming the field."""
     p = tmp_path / "s.toml"
-    sched = "[scheduler]\nchunked_prefill = true\n" if not extra else ""
-    p.write_text(f'[cluster]\ndtype = "fp32"\nmemory_bytes = 100_000_000\n{extra}{sched}[[models]]\nname = "a"\n'
+    p.write_text(f'[cluster]\ndtype = "fp32"\nmemory_bytes = 100_000_000\n{extra}[[models]]\nname = "a"\n'
                  f'model = "{fixtures / "tiny-opt.json"}"\n')
     code, _, err = _run(monkeypatch, capsys, "serve", p)
     assert code == 2 and field in err and "fix" in err and "Traceback" not in err, err

@@ -58,6 +58,7 @@ import numpy as np
 
 from hetplan.estimate import fp8
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s, overlap_contention, overlapped_exposed_s
+from hetplan.estimate.stagework import Recompute
 from hetplan.hardware.catalog import GPUSpec, default_attention_kernel
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -76,7 +77,8 @@ FLASH_FUSED_KERNELS = 3
 #: Dtype size of GEMM operands (bytes).
 OPERAND_BYTES = 2
 
-RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+#: :class:`~hetplan.estimate.stagework.Recompute` of each plan name.
+RECOMPUTE_CODES = {r.name.lower(): r for r in Recompute}
 
 
 def attention_kernel(job, gpu: GPUSpec) -> str:
