@@ -58,6 +58,7 @@ import numpy as np
 
 from hetplan.estimate import fp8
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s, overlap_contention, overlapped_exposed_s
+from hetplan.estimate.stagework import Recompute
 from hetplan.hardware.catalog import GPUSpec, default_attention_kernel
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -76,7 +77,8 @@ FLASH_FUSED_KERNELS = 3
 #: Dtype size of GEMM operands (bytes).
 OPERAND_BYTES = 2
 
-RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+#: :class:`~hetplan.estimate.stagework.Recompute` of each plan name.
+RECOMPUTE_CODES = {r.name.lower(): r for r in Recompute}
 
 
 def attention_kernel(job, gpu: GPUSpec) -> str:
@@ -87,8 +89,8 @@ def attention_kernel(job, gpu: GPUSpec) -> str:
     if chosen is not None:
         return chosen
     if hasattr(job, "stack_spec"):
-        return job.stack_spec().kernel_on(gpu.architecture)
-    return default_attention_kernel(getattr(job, "framework", "megatron"), gpu.architecture)
+        return job.stack_spec().kernel_on(gpu.family_name)
+    return default_attention_kernel(getattr(job, "framework", "megatron"), gpu.family_name)
 
 
 def pool_gpu(catalog, pool, field: str = "gpu", job=None) -> GPUSpec:
