@@ -188,3 +188,12 @@ def test_user_catalog_numbers_out_of_physics_are_refused(tmp_path_factory, key, 
                 "--gpu", "H100-SXM", "--gpus", "8", "-q", "--catalog", d / "cat.toml")
     assert not r.traceback, r.traceback
     assert r.code == 2 and "fix:" in r.stderr, (body, r.stdout[-300:], r.stderr)
+
+
+@pytest.mark.parametrize("kernel,backend", [("cudnn", "fused"), ("fa2", "flash"), ("fa3", "flash")])
+def test_megatron_export_keeps_the_attention_kernel(tmp_path, kernel, backend):
+    plan = tmp_path / "p.json"
+    assert run_cli("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations", "2",
+                   "--gpu", "H100-SXM", "--gpus", "8", "--attention-kernel", kernel, "-q", "-o", plan).code == 0
+    r = run_cli("export", plan, "--to", "megatron")
+    assert r.code == 0 and f"--attention-backend {backend}" in r.stdout and "--use-flash-attn" not in r.stdout
