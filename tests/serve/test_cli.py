@@ -322,7 +322,7 @@ def test_serve_refuses_simulator_only_settings(monkeypatch, capsys, tmp_path, fi
 def test_light_core_modules_do_not_import_torch_or_fastapi():
     import subprocess
 
-    code = ("import sys, hetplan.cli.main, hetplan.serve.simulator, hetplan.serve.workload, hetplan.serve.capacity, "
+    code = ("import sys, hetplan.cli.main, hetplan.serve.simulator, hetplan.serve.workload, hetplan.serve.capacity, hetplan.serve.export, "
             "hetplan.serve.scheduler, hetplan.serve.swap_model, hetplan.serve.metrics, hetplan.serve.config; "
             "bad = [m for m in ('torch', 'fastapi', 'uvicorn') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
