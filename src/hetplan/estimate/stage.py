@@ -271,6 +271,9 @@ def stage_costs(
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
     weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
+    if weight_per != 2:  # only the layers' linear weights gather in FP8; the embedding and output stay 16-bit
+        weight_per = fp8.mixed_gathered_weight_bytes(
+            weight_per, np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp), params)
 
     def dp_collective(bytes_per_parameter, collective, units=1.0, group=None):
         """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
