@@ -146,7 +146,8 @@ def register(app: typer.Typer) -> None:
                                                                    "its measured profile (online profiling)"),
         job: str = typer.Option(None, "--job", help="job id in --profile-db"),
         power_catalog: Path = typer.Option(None, "--power-catalog", help="user GPU DVFS/power TOML"),
-        unit_time_s: float = typer.Option(0.001, "--unit-time-s", help="time quantum of the planner (s)"),
+        unit_time_s: float = typer.Option(0.001, "--unit-time-s", help="time quantum of the planner (s; at least "
+                                                                          "1/1000 of the shortest instruction)"),
         schedule: str = typer.Option(None, "--schedule", help="1f1b, gpipe or interleaved (default: the plan's; 1f1b)"),
         virtual_stages: int = typer.Option(None, "--virtual-stages", help="model chunks per stage (interleaved)"),
         straggler_slowdown: float = typer.Option(None, "--straggler-slowdown",
