@@ -208,7 +208,7 @@ def ep_ranks_per_node(ep, stride, gpus_per_node):
 
 
 def alltoall_time_s(message_bytes, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
-                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S):
+                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=ALPHA_INTRA_NODE_S):
     """One all-to-all in which each of ``ep`` ranks (``stride`` GPUs apart) sends ``message_bytes`` in total,
     ``1/ep`` of it to each rank (itself included). Of its ``ep`` peers ``k = min(ep, max(1, G // stride))`` share
     its node: ``(k-1)/ep`` of the bytes go over NVLink, ``(ep-k)/ep`` through the node's NICs at ``1/G`` of their
@@ -220,18 +220,20 @@ def alltoall_time_s(message_bytes, ep, stride, gpus_per_node, intra_bandwidth_by
     ep = np.asarray(ep, dtype=float)
     k = ep_ranks_per_node(ep, stride, gpus_per_node)
     return exchange_time_s(message_bytes * (k - 1.0) / ep, message_bytes * (ep - k) / ep, ep, k, gpus_per_node,
-                           intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+                           intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s, intra_alpha_s)
 
 
 def exchange_time_s(intra_bytes, inter_bytes, ep, ranks_per_node, gpus_per_node, intra_bandwidth_bytes_per_s,
-                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S):
+                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=ALPHA_INTRA_NODE_S):
     """An all-to-all that moves ``intra_bytes`` over NVLink and ``inter_bytes`` through the node's NICs (at
-    ``1/G`` of their bandwidth per GPU) concurrently: the slower part + one latency; 0 for ``ep = 1``."""
+    ``1/G`` of their bandwidth per GPU) concurrently: the slower part + one latency (``inter_alpha_s`` when the
+    group spans nodes, else ``intra_alpha_s``: the stage link's, :class:`hetplan.estimate.stagework.Link`); 0 for
+    ``ep = 1``."""
     ep = np.asarray(ep, dtype=float)
     g = np.asarray(gpus_per_node, dtype=float)
     intra = intra_bytes / (intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY)
     inter = inter_bytes / (inter_bandwidth_bytes_per_s / g * INTER_LINK_EFFICIENCY)
-    alpha = np.where(ep > ranks_per_node, inter_alpha_s, ALPHA_INTRA_NODE_S)
+    alpha = np.where(ep > ranks_per_node, inter_alpha_s, intra_alpha_s)
     return np.where(ep > 1, np.maximum(intra, inter) + alpha, 0.0)
 
 
@@ -257,7 +259,7 @@ def dispatch_bytes(m: ModelSpec, b, s, t, imbalance=1.0):
 
 def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
                         inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, imbalance=1.0,
-                        dispatch: MoEOptions = MoEOptions(), etp=1):
+                        dispatch: MoEOptions = MoEOptions(), etp=1, intra_alpha_s=ALPHA_INTRA_NODE_S):
     """Dispatch + combine of one MoE layer's forward (backward: the same again), mean over the model's layers
     (dense layers have none), with ``dispatch``'s dispatcher and routing (module doc; the busiest rank moves
     ``imbalance`` times the balanced bytes). Not overlapped with compute (Megatron-LM's default; its 1F1B
@@ -270,15 +272,16 @@ def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_
         intra, inter = deepep_traffic_bytes(m, np.asarray(b, dtype=float) * s / t, ep, stride, domain,
                                             dispatch.routing)
         one = exchange_time_s(imbalance * intra, imbalance * inter, ep, ep_ranks_per_node(ep, stride, domain),
-                              gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+                              gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s,
+                              intra_alpha_s)
     else:
         one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, gpus_per_node,
-                              intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+                              intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s, intra_alpha_s)
     if np.any(np.asarray(etp) > 1):
         gathered = dispatch_bytes(m, b, s, t, imbalance) * np.asarray(etp, dtype=float)
         one = one + np.where(np.asarray(etp) > 1, group_collective_time_s(
             gathered, "allgather", etp, 1, gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s,
-            inter_alpha_s=inter_alpha_s), 0.0)
+            inter_alpha_s=inter_alpha_s, intra_alpha_s=intra_alpha_s), 0.0)
     return 2 * one * m.num_moe_layers / m.num_layers
 
 
