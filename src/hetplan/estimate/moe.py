@@ -105,34 +105,6 @@ def extra_kernels(m: ModelSpec, ep, framework="megatron"):
     return (MOE_EXTRA_KERNELS + gemms + shared) * m.num_moe_layers / m.num_layers
 
 
-#: Kernels of a MoE layer's forward before its dispatcher's host synchronisation (Megatron-Core ``MoELayer``: the
-#: router's 5 and the load-balancing loss's 6 of :data:`MOE_EXTRA_KERNELS`, and the dispatcher's token counting
-#: and their device-to-host copy, 2); the rest of the layer is launched after it.
-MOE_PRE_SYNC_KERNELS = 13
-
-
-def host_sync_split(m: ModelSpec, gpu, dtype: str, b, s, t, ep, etp=1, imbalance=1.0, framework="megatron"):
-    """``(gpu_s, kernels)`` of one layer's forward after its MoE token dispatcher waits on the host for the token
-    counts (mean over the model's layers, as :func:`extra_kernels`), or None where nothing waits.
-
-    Megatron-Core's ``MoEAlltoAllTokenDispatcher`` copies the tokens per expert to the host and synchronises at
-    ``cuda_sync_point`` — ``before_ep_alltoall`` with EP or TP > 1 (the all-to-all's split sizes), else
-    ``before_finish`` (Transformer Engine's grouped GEMM takes its splits as a host list) —
-    (``megatron/core/transformer/moe/token_dispatcher.py``, Megatron-LM 2026-08-22); DeepEP's normal dispatch returns
-    the received counts as a host list (``deep_ep/buffer.py``, ``num_recv_tokens_per_expert_list``), and torchtitan's
-    all-to-all takes ``input_splits.tolist()`` (``torchtitan/models/common/token_dispatcher.py``, 0.3.0) with EP
-    > 1; with EP 1 PyTorch's grouped GEMM reads its offsets on the GPU (no synchronisation). After it: the expert
-    GEMMs and activation (the MLP part of the layer's GPU time) and the kernels of the layer's MoE part beyond
-    :data:`MOE_PRE_SYNC_KERNELS`, with the dense MLP's 3 they replace."""
-    if not m.is_moe:
-        return None
-    syncs = np.asarray(ep) > 1 if framework == "fsdp" else np.ones_like(np.asarray(ep), dtype=bool)
-    share = m.num_moe_layers / m.num_layers
-    post_gpu = moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, imbalance, framework)  # mean over layers already
-    post_kernels = (extra_kernels(m, ep, framework) + (3.0 - MOE_PRE_SYNC_KERNELS) * share)
-    return np.where(syncs, post_gpu, 0.0), np.where(syncs, post_kernels, 0.0)
-
-
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
 #: GPUs DeepEP's normal kernels reach over NVLink (``NUM_MAX_NVL_PEERS = 8`` in DeepEP's ``csrc/kernels/configs.cuh``;
 #: one host's GPUs, CUDA IPC): the NVLink domain of its ``deepep`` dispatch whatever the pool's.

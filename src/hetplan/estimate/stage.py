@@ -181,8 +181,7 @@ def stage_costs(
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
-                     extra_kernels=moe.extra_kernels(m, ep, framework),
-                     host_sync=moe.host_sync_split(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework))
+                     extra_kernels=moe.extra_kernels(m, ep, framework))
     eager = framework == "fsdp" and not torch_compile
     loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
