@@ -59,6 +59,11 @@ class Request:
     stop_token: int | None = None
 
 
+# below this CV the gaps' std (CV/λ) is under a millionth of their mean: Gamma(k = 1e12) draws are the mean to
+# float precision, and 1/CV² leaves the float range near CV = 1e-154
+_CV_DETERMINISTIC = 1e-6
+
+
 def gamma_arrivals(rate_per_s: float, cv: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
     """Arrival times (s) in ``[0, duration_s)`` of a Gamma renewal process of rate λ and coefficient of variation CV.
 
@@ -75,6 +80,11 @@ def gamma_arrivals(rate_per_s: float, cv: float, duration_s: float, rng: np.rand
         raise HetplanError(f"duration {duration_s} s must be > 0", field="workload.duration_s", fix="give a positive duration")
     if rate_per_s == 0:
         return np.empty(0)
+    if cv < _CV_DETERMINISTIC:
+        # the CV -> 0 limit of the Gamma renewal process: every gap is its mean 1/λ (1/CV² would overflow or
+        # divide by an underflowed 0 for a CV of 1e-300)
+        times = np.arange(1, math.ceil(rate_per_s * duration_s) + 1) / rate_per_s
+        return times[times < duration_s]
     shape, scale = 1.0 / cv**2, cv**2 / rate_per_s
     n_guess = int(rate_per_s * duration_s * 1.5 + 10 * (1 + cv))
     times = np.cumsum(rng.gamma(shape, scale, size=n_guess))
