@@ -196,7 +196,6 @@ def import_cmd(
                                        "--nnodes x --nproc-per-node."),
 ) -> None:
     """Read a framework launch back into a plan: `hetplan estimate` prices it, `plan --baseline` compares it."""
-    from hetplan.errors import HetplanError
     from hetplan.inputs import read_text
     from hetplan.runtime.importers import import_files
     from hetplan.runtime.planio import plan_model
