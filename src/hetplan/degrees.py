@@ -19,6 +19,7 @@ Expert layout (MoE parallel folding, Megatron-Core ``megatron/core/parallel_stat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -156,9 +157,9 @@ class ParallelLayout(BaseModel):
         shard = {"dp_shard": dp} if zero_stage else {"dp_replicate": dp}
         return cls(zero_stage=zero_stage, **shard, **degrees)
 
-    @property
+    @cached_property
     def degrees(self) -> Degrees:
-        """The :class:`Degrees` of this layout (ints)."""
+        """The :class:`Degrees` of this layout (ints; made once, the layout is frozen)."""
         return Degrees(tp=self.tp, cp=self.cp, dp_shard=self.dp_shard, dp_replicate=self.dp_replicate, ep=self.ep,
                        expert_tp=self.expert_tp, pp=self.pp, virtual_stages=self.virtual_stages)
 

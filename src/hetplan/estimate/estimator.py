@@ -257,14 +257,21 @@ _SIMULATE_MANY_MIN_PLANS = 16
 
 #: The per-stage numbers the estimator gathers into columns: the fields of Degrees and of StageWork it fills.
 _DEGREE_COLUMNS = tuple(f.name for f in fields(Degrees))
-_WORK_COLUMNS = ("s", "b", "num_layers", "has_embedding", "has_head", "single_stage", "num_microbatches", "zero",
-                 "recompute", "sequence_parallel", "step_microbatches")
+_WORK_COLUMNS = ("zero", "sequence_parallel", "s", "b", "num_layers", "has_embedding", "has_head", "single_stage",
+                 "num_microbatches", "recompute", "step_microbatches")
+_ROW_COLUMNS = (*_DEGREE_COLUMNS, *_WORK_COLUMNS)
+
+
+_FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in (Degrees, StageWork)}
 
 
 def _take(obj: Any, index: Any, scalar: bool = False) -> Any:
     """``obj`` (Degrees or StageWork of columns) at rows ``index``; ``scalar``: one row, as Python scalars."""
-    return replace(obj, **{f.name: (x[index].item() if scalar else x[index])
-                           for f in fields(obj) if isinstance(x := getattr(obj, f.name), np.ndarray)})
+    values = {}
+    for name in _FIELDS[type(obj)]:
+        x = getattr(obj, name)
+        values[name] = (x[index].item() if scalar else x[index]) if isinstance(x, np.ndarray) else x
+    return type(obj)(**values)
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -310,9 +317,9 @@ def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_mo
 def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed, comm_constants):
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
-    col: dict[str, list] = {k: [] for k in (*_DEGREE_COLUMNS, *_WORK_COLUMNS)}
+    rows: list[tuple] = []  # per stage: the _ROW_COLUMNS, read as columns below
     hardware, options, price_rows, peak_rows, group_rows, st_rows, gbs = [], [], [], [], [], [], []
-    in_flight_inputs, recompute_layers, recomputed = [], [], []
+    in_flight_inputs, recompute_layers, recomputed, stage_gpus = [], [], [], []
     group_ids: dict[tuple, int] = {}  # (hardware, options, DP overlap) -> id
     start, vs, m0s, calls = [], [], [], []
     resolved: dict[tuple, GPUSpec] = {}  # pool_gpu of equal pools under equal attention-kernel choices, made once
@@ -328,7 +335,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         gpipe = plan.schedule == "gpipe"
         opts = TrainingOptions.from_plan(plan)
         stack = opts.stack_spec()
-        layouts: dict = {}  # (tp, dp) -> the stage's ParallelLayout (one per distinct layout)
+        layouts: dict = {}  # (tp, dp) -> (layout, its _DEGREE_COLUMNS values, GPUs of the stage), once per layout
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
@@ -344,20 +351,20 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                                              len(group_ids))
                 on_pool[st.pool] = (hw, pool_price_usd_per_hour(pool, gpu), group, gpu.peak_flops_per_s(job.dtype))
             hw, price, group, peak = on_pool[st.pool]
-            lay = layouts.get((st.tp, st.dp))
-            if lay is None:
-                lay = layouts[st.tp, st.dp] = plan.stage_layout(i)
+            known = layouts.get((st.tp, st.dp))
+            if known is None:
+                lay = plan.stage_layout(i)
+                deg = lay.degrees  # every degree of the stage's layout; v as the schedule runs it
+                known = layouts[st.tp, st.dp] = (
+                    lay, tuple(v if k == "virtual_stages" else getattr(deg, k) for k in _DEGREE_COLUMNS)
+                    + (lay.zero_stage, lay.sequence_parallel_active), deg.gpus_per_stage, deg.dp)
+            lay, dvals, n_gpus, dp = known
             b = st.mbs or plan.mbs
-            mb = job.global_batch // (lay.dp * b)
+            mb = job.global_batch // (dp * b)
             step_mb = min(mb, plan.pipeline_step_microbatches or mb)  # one call of the schedule holds at most these
-            deg = lay.degrees
-            for k in _DEGREE_COLUMNS:  # every degree of the stage's layout; v as the schedule runs it
-                col[k].append(v if k == "virtual_stages" else getattr(deg, k))
-            for k, x in (("s", job.seq_len), ("b", b), ("num_layers", st.num_layers),
-                         ("has_embedding", i == 0), ("has_head", i == p - 1), ("single_stage", p == 1),
-                         ("num_microbatches", mb), ("zero", lay.zero_stage), ("recompute", RECOMPUTE_CODES[st.recompute]),
-                         ("sequence_parallel", lay.sequence_parallel_active), ("step_microbatches", step_mb)):
-                col[k].append(x)
+            rows.append(dvals + (job.seq_len, b, st.num_layers, i == 0, i == p - 1, p == 1, mb,
+                                 RECOMPUTE_CODES[st.recompute], step_mb))
+            stage_gpus.append(n_gpus)
             in_flight_inputs.append((gpipe, p, i, step_mb, v))
             hardware.append(hw)
             options.append(opts)
@@ -371,7 +378,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     n = len(st_rows)
     gpus = [hw.gpu for hw in hardware]
     flash = [o.attention == "flash" for o in options]
-    cols = {k: np.asarray(x) for k, x in col.items()}
+    cols = {k: np.asarray(x) for k, x in zip(_ROW_COLUMNS, zip(*rows))}
     gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*in_flight_inputs))
     in_flight = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
                          in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
@@ -409,10 +416,9 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     # node NICs shared by the sending GPUs; boundaries between stages that lay the micro-batch out differently
     # reshard.
     intra = []
-    for plan in plans:
-        intra += boundary_is_intra_node(
-            [plan.stage_layout(i).gpus_per_stage for i in range(plan.pp)], [st.pool for st in plan.stages],
-            [pl.gpus_per_node for pl in plan.pools])
+    for plan, s0 in zip(plans, start):
+        intra += boundary_is_intra_node(stage_gpus[s0:s0 + plan.pp], [st.pool for st in plan.stages],
+                                        [pl.gpus_per_node for pl in plan.pools])
     send = np.flatnonzero(~cols["has_head"])  # every stage but a plan's last sends to the next row
     recv = send + 1
     p2p = np.zeros(len(send))
