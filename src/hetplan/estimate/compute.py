@@ -301,6 +301,7 @@ def layer_time_s(
     sequence_dim_copies: Array = False,
     async_tp: Array = False,
     tp_allreduce: Array = "ring",
+    extra_gpu_s: Array = 0.0,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -327,6 +328,9 @@ def layer_time_s(
         extra_kernels: kernels the layer's forward launches beyond :data:`KERNELS_PER_LAYER_FORWARD` (MoE layers:
             :func:`hetplan.estimate.moe.extra_kernels`; eager PyTorch:
             :func:`hetplan.estimate.elementwise.eager_layer_kernels`); they count in the host floor.
+        extra_gpu_s: memory-bound GPU work of the forward beyond the GEMMs and the element-wise term, costed by the
+            caller (a MoE layer's token permutation, :func:`hetplan.estimate.moe.permute_time_s`); backward runs
+            the same again once (the inverse kernels on the gradients), full recomputation once more.
         extra_elementwise_bytes: bytes the layer's forward moves beyond the fused element-wise kernels (eager
             PyTorch: :func:`hetplan.estimate.elementwise.eager_layer_bytes`), charged like the element-wise term:
             at the HBM bandwidth, twice in backward, again in full recomputation.
@@ -397,8 +401,9 @@ def layer_time_s(
     # backward launches twice the forward's kernels.
     # Async TP: the fused GEMMs run in t chunks (forward, and the backward's data-gradient GEMMs) and the pass moves
     # the bytes of async_tp_extra_s.
-    fwd_compute = _softmax_floor(linear + gemm_f + core_fwd + elem + bytes_f, kernels * kernel)
-    bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b, 2 * kernels * kernel)
+    fwd_compute = _softmax_floor(linear + gemm_f + core_fwd + elem + bytes_f + extra_gpu_s, kernels * kernel)
+    bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b + extra_gpu_s,
+                                 2 * kernels * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
                             KERNELS_ATTENTION_CORE * kernel)

@@ -50,6 +50,7 @@ All functions broadcast over numpy arrays. Seconds, bytes, bytes/s.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -144,6 +145,70 @@ def distinct_destinations(m: ModelSpec, groups: Array, routing: str = "random"):
     for i in range(k):  # P(no expert of one group among the k) = prod (E - E/g - i) / (E - i)
         miss = miss * np.maximum(e - per - i, 0.0) / (e - i)
     return g * (1.0 - miss)
+
+
+def _expected_max_standard_normal(n: Array):
+    """Expected largest of ``n`` independent standard normals, by Blom's approximation of normal order statistics
+    (Blom 1958, *Statistical Estimates and Transformed Beta-Variables*; ``E[X_(n:n)] ≈ Φ⁻¹((n - 0.375) /
+    (n + 0.25))``, within 1 % of the exact values for n = 2-1,000, e.g. 1.539 against 1.539 at n = 5, 3.258
+    against 3.241 at n = 1,000); 0 for ``n = 1``."""
+    inv = np.vectorize(lambda x: NormalDist().inv_cdf(x), otypes=[float])
+    n = np.maximum(np.asarray(n, dtype=float), 1.0)
+    return inv((n - 0.375) / (n + 0.25))
+
+
+def routing_imbalance(m: ModelSpec, tokens_per_rank: Array, ep: Array):
+    """Tokens the busiest of ``ep`` expert-parallel ranks receives, relative to perfect balance, when each of the
+    group's ``ep · T`` tokens picks ``k`` distinct experts of ``E`` uniformly at random (Megatron-Core's
+    ``--moe-router-force-load-balancing`` draws random router logits, ``moe_utils.py``
+    ``apply_random_logits``; a learned router at best): the copies rank ``r`` (``E / ep`` experts) receives from
+    one token are hypergeometric, mean ``k / ep`` and variance ``k (1/ep)(1 - 1/ep)(E - k)/(E - 1)``; summed over
+    the ``ep · T`` tokens, mean ``μ = k·T`` and ``σ² = k·T (1 - 1/ep)(E - k)/(E - 1)`` (normal by the central
+    limit theorem for ``k·T`` in the hundreds and more). The busiest rank takes about the expected largest of
+    ``ep`` such loads: ``1 + σ · z_ep / μ`` (:func:`_expected_max_standard_normal`), 1 for ``ep = 1``. For
+    Qwen3-30B-A3B (E 128, k 8) at EP 16 and 4,096 tokens per rank: 1.0095. The multinomial spread is small
+    next to the skew of learned routers (the fixed :data:`DEFAULT_LOAD_IMBALANCE` of real training)."""
+    e, k = float(m.num_experts), float(m.experts_per_token)
+    ep = np.asarray(ep, dtype=float)
+    mu = k * np.maximum(np.asarray(tokens_per_rank, dtype=float), 1.0)
+    var = mu * (1.0 - 1.0 / ep) * (e - k) / max(e - 1.0, 1.0)
+    return 1.0 + np.sqrt(var) * _expected_max_standard_normal(ep) / mu
+
+
+#: Passes over the ``k·T·h`` routed-token tensor (2-byte elements, read or written once each) that Megatron-Core's
+#: all-to-all dispatcher makes per MoE layer and pass beyond the write of the permuted tokens (counted with the
+#: layer's activations, :func:`hetplan.model.counts.moe_mlp_activation_bytes`) and the GEMMs' own reads and writes
+#: (``megatron/core/transformer/moe/token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher`` and ``moe_utils.py``):
+#: the expert outputs read by ``unpermute`` (which weights them by the router probabilities and sums each token's
+#: ``k`` copies, writing ``T·h``), and, with more than one local expert, ``sort_chunks_by_idxs`` after the
+#: dispatch all-to-all (regroup the received chunks from source-rank order to local-expert order: read and write)
+#: and its inverse before the combine (read and write): 1 + 4. The ``T·h`` token tensor is read once by
+#: ``permute`` and written once by ``unpermute`` (:data:`PERMUTE_TOKEN_PASSES`). Counted for the fused kernels
+#: (``--moe-permute-fusion``, Transformer Engine ``moe_permute`` / ``moe_unpermute`` /
+#: ``moe_sort_chunks_by_index``: one read of each input, one write of each output); the unfused PyTorch path
+#: (``index_select``, ``scatter_add``, and a separate multiply by the probabilities) moves more. Backward runs
+#: each kernel's inverse on the gradients: the same bytes again.
+PERMUTE_COPY_PASSES = 1.0
+SORT_CHUNKS_PASSES = 4.0
+PERMUTE_TOKEN_PASSES = 2.0
+
+
+def permute_time_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array, ep: Array, etp: Array = 1,
+                   imbalance: Array = 1.0):
+    """Memory-bound time of one MoE layer's token permutation, sort and unpermutation in one pass (forward, and
+    the same again in backward), mean over the model's layers (:data:`PERMUTE_COPY_PASSES`,
+    :data:`SORT_CHUNKS_PASSES`, :data:`PERMUTE_TOKEN_PASSES`): the busiest rank's ``imbalance · k · T · etp``
+    routed copies (each expert-TP rank works on the copies all-gathered over its ``etp`` group) and its ``T =
+    b·s/t`` tokens, ``h`` elements of 2 bytes, at the HBM bandwidth. 0 for a dense model."""
+    if not m.is_moe:
+        return 0.0
+    tokens = np.asarray(b, dtype=float) * s / t
+    copies = imbalance * m.experts_per_token * tokens * np.asarray(etp, dtype=float)
+    local = m.num_experts / np.asarray(ep, dtype=float)
+    passes = PERMUTE_COPY_PASSES + np.where(local > 1, SORT_CHUNKS_PASSES, 0.0)
+    row = m.hidden_size * counts.BYTES_PER_ACTIVATION
+    moved = (passes * copies + PERMUTE_TOKEN_PASSES * tokens) * row
+    return moved / gpu.hbm_bandwidth_bytes_per_s * m.num_moe_layers / m.num_layers
 
 
 def expert_tokens(m: ModelSpec, tokens_per_rank: Array, ep: Array, etp: Array = 1, imbalance: Array = 1.0):

@@ -180,10 +180,13 @@ def stage_costs(
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
+        if m.is_moe and moe_options.routing == "random":  # the multinomial spread of random top-k routing
+            moe_load_imbalance = np.maximum(moe_load_imbalance, moe.routing_imbalance(m, b * s / t, ep))
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
-                     extra_kernels=moe.extra_kernels(m, ep, framework))
+                     extra_kernels=moe.extra_kernels(m, ep, framework),
+                     extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
     eager = framework == "fsdp" and not torch_compile
     loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
@@ -213,7 +216,8 @@ def stage_costs(
         lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
         layer_a2a = 2 * x
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
-            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
+            again = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
+                     + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
             rerun = np.where(rc == Recompute.FULL, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(rc == Recompute.FULL, 0.0, a2a)
             layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
