@@ -130,7 +130,7 @@ BOUNDS = {
     # --recompute-modules moe, CUDA graphs (no host floor) and the 1F1B all-to-all overlap where the rows run
     # them. The NeMo AutoModel rows (PyTorch FSDP2 eager) stay 4-34 % too fast.
     # With Megatron-Bridge's 12 DGX-H100 rows (GPT-OSS 120B, Qwen3-30B-A3B, Qwen3-235B-A22B) and the token
-    # permutation and random routing's spread (issue 28): 34 rows, MAPE 14.1 %, max 31.3 %.
+    # permutation, random routing's spread and TE's 4-stream expert GEMMs (issue 28): 34 rows, MAPE 14.0 %, max 31.3 %.
     "moe_h100": {"mape": 0.15, "max_abs_error": 0.35},
     # long_context_cp (target 15 % met): 7.1 % on 16 rows once FP8 landed (47.9 % before torchtitan's CP rows ran
     # without causal load balancing and NeMo 24.03's H100 rows with FlashAttention-2); Llama 3's 128K row +55 %.

@@ -426,11 +426,32 @@ def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Arra
     return attn + ((m.num_layers - n_moe) * dense + n_moe * moe_s) / m.num_layers, core
 
 
+#: Streams Transformer Engine's grouped GEMM spreads its per-expert cuBLAS GEMMs over
+#: (``get_num_compute_streams``: ``static constexpr int num_compute_streams = 4``,
+#: ``transformer_engine/common/util/multi_stream.cpp``; ``multi_stream_cublas_gemm`` issues GEMM ``i`` on stream
+#: ``i % 4``, ``common/gemm/cublaslt_gemm.cpp``): at most 4 experts' GEMMs share the GPU at a time.
+TE_COMPUTE_STREAMS = 4
+
+
+def grouped_gemm_rows(rows: Array, groups: Array, framework: str = "megatron"):
+    """Rows of the routed experts' GEMMs that run at once, the ``M`` of their shape efficiency
+    (:func:`hetplan.estimate.compute.gemm_efficiency`, the one GEMM shape model): Megatron-Core's
+    ``TEGroupedMLP`` runs one cuBLAS GEMM per local expert, :data:`TE_COMPUTE_STREAMS` at a time, so ``rows`` (one
+    expert's padded rows) times ``min(groups, 4)``; PyTorch's ``torch._grouped_mm`` (``framework="fsdp"``:
+    torchtitan, NeMo AutoModel) is one kernel over every local expert's tiles: ``rows · groups``. Arrays
+    broadcast."""
+    rows, groups = np.asarray(rows, dtype=float), np.asarray(groups, dtype=float)
+    if framework == "fsdp":
+        return rows * groups
+    return rows * np.minimum(groups, TE_COMPUTE_STREAMS)
+
+
 def moe_mlp_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, ep: Array = 1,
                    etp: Array = 1, imbalance: Array = 1.0, framework: str = "megatron"):
     """Forward GEMM time of the MoE MLPs (router, grouped experts, shared experts: :func:`moe_mlp_gemms`) on one
     rank, mean over the model's layers (dense layers count 0); what ``--recompute-modules moe`` runs again. The
-    routed experts' grouped GEMM runs at :func:`grouped_gemm_ceiling` of ``framework``'s kernel."""
+    routed experts' grouped GEMM runs at :func:`grouped_gemm_ceiling` of ``framework``'s kernel, its shape
+    efficiency on the rows that run at once (:func:`grouped_gemm_rows`)."""
     moe_s = 0.0
     for i, (M, N, K, groups, eff) in enumerate(moe_mlp_gemms(m, b, s, t, ep, etp, imbalance)):
         rows = M / eff  # padded rows per group
@@ -438,7 +459,7 @@ def moe_mlp_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t
         flops = 2.0 * groups * rows * N * K
         operand = fp8.OPERAND_BYTES if fp8.is_fp8(d) else compute.OPERAND_BYTES
         bytes_ = groups * (operand * (rows * K + K * N) + compute.OPERAND_BYTES * rows * N)
-        e = compute.gemm_efficiency(gpu, groups * rows, N, K, d)
+        e = compute.gemm_efficiency(gpu, grouped_gemm_rows(rows, groups, framework), N, K, d)
         if i in (1, 2):  # the routed experts' grouped GEMM
             e = e * grouped_gemm_ceiling(gpu, d, framework) / fp8.gemm_ceiling(gpu, d)
         moe_s = moe_s + np.maximum(flops / (gpu.peak_flops_per_s(d) * e), bytes_ / gpu.hbm_bandwidth_bytes_per_s)
