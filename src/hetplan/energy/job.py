@@ -39,8 +39,8 @@ from hetplan.plan import Plan
 
 J_PER_KWH = 3.6e6
 #: Budget of the frontier ``hetplan plan --energy`` computes per plan: pipeline-time quanta × instructions (each
-#: solver step shortens the iteration by one quantum and costs O(instructions); 2e6 is ~1 s of CPU).
-FRONTIER_WORK = 2e6
+#: solver step shortens the iteration by one quantum and costs O(instructions); 1e6 is ~0.5 s of CPU).
+FRONTIER_WORK = 1e6
 #: ... but the unit stays within this share of the shortest instruction (quantization error; the saving is
 #: measured by replaying the plans unquantized, so a coarse unit finds a smaller saving, never a false one).
 FRONTIER_UNIT_COARSEST = 1 / 4
