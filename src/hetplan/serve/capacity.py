@@ -126,6 +126,17 @@ def kv_settings(wf: WorkloadFile, stack: Stack = Stack()) -> KVSettings:
     return KVSettings(block if s.paged_kv else 0, budget, chunked)
 
 
+def max_running(wf: WorkloadFile, stack: Stack = Stack(), gpu: GPUSpec | None = None) -> int:
+    """Running sequences per replica at most (the scheduler's ``max_batch_size``, vLLM's ``max_num_seqs``,
+    SGLang's ``max_running_requests``): ``scheduler.max_batch_size`` where the workload sets it, else the engine's
+    own default on ``gpu`` (:meth:`hetplan.hardware.engines.EngineSpec.default_max_num_seqs`, sourced in
+    ``engines.toml``: vLLM V0 256, V1 1,024 on >= 70 GiB GPUs other than A100 ...), else the schema's 8."""
+    s = wf.scheduler
+    if "max_batch_size" in s.model_fields_set or stack.engine is None or gpu is None:
+        return s.max_batch_size
+    return stack.engine.default_max_num_seqs(gpu)
+
+
 def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacity_bytes: int,
                    n_models: int, gpu: GPUSpec | None = None, stack: Stack = Stack()) -> int | None:
     """Tokens of a model's KV pool per :class:`hetplan.serve.config.SchedulerConfig`: ``kv_cache_tokens`` as
@@ -144,7 +155,8 @@ def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacit
     elif n_models == 1 and stack.engine is not None and gpu is not None and c.memory_bytes is None:
         try:
             tokens = kv_capacity_tokens(spec, gpu, stack.engine, tp=tp, pp=pp, dtype=dtype, weights=stack.weights,
-                                        gpu_memory_utilization=c.memory_fraction, max_num_seqs=s.max_batch_size,
+                                        gpu_memory_utilization=c.memory_fraction,
+                                        max_num_seqs=max_running(wf, stack, gpu),
                                         max_num_batched_tokens=kv.max_batched_tokens)
         except InfeasibleError:
             tokens = 0
@@ -153,7 +165,7 @@ def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacit
         per_token = kv_cache_bytes_per_worker(spec, 1, tp, pp, dtype)
         tokens = min((capacity_bytes - w) // max(k, 1) for w, k in zip(weights, per_token))
     else:
-        tokens = s.max_batch_size * s.kv_cache_len
+        tokens = max_running(wf, stack, gpu) * s.kv_cache_len
     return max(0, int(tokens) // kv.block_tokens * kv.block_tokens)
 
 
@@ -180,20 +192,22 @@ def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, wf: W
     whole slots of ``kv_cache_len``), iteration times from the cost model."""
     s = wf.scheduler
     pool = kv_pool_tokens(wf, spec, tp, pp, dtype, capacity_bytes, n_models, gpu, stack)
-    tokens = pool if pool is not None else s.max_batch_size * s.kv_cache_len
+    tokens = pool if pool is not None else max_running(wf, stack, gpu) * s.kv_cache_len
     block = kv_settings(wf, stack).block_tokens
     return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights),
                     step_model(spec, gpu, tp, pp, dtype, stack), kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype),
                     kv_blocks=None if pool is None else pool // block)
 
 
-def scheduler_kwargs(wf: WorkloadFile, stack: Stack = Stack()) -> dict:
-    """The scheduler settings of :func:`hetplan.serve.simulator.simulate` from the workload file (and the engine's
-    defaults, :func:`kv_settings`)."""
+def scheduler_kwargs(wf: WorkloadFile, stack: Stack = Stack(), gpu: GPUSpec | None = None) -> dict:
+    """The scheduler settings of :func:`hetplan.serve.simulator.simulate` from the workload file and the engine's
+    defaults on ``gpu`` (:func:`kv_settings`, :func:`max_running`, the engine's admission watermark
+    ``kv_watermark``)."""
     s, kv = wf.scheduler, kv_settings(wf, stack)
-    return dict(max_batch_size=s.max_batch_size, max_queue_len=s.max_queue_len, batching=s.batching,
+    return dict(max_batch_size=max_running(wf, stack, gpu), max_queue_len=s.max_queue_len, batching=s.batching,
                 block_tokens=kv.block_tokens or 16, max_batched_tokens=kv.max_batched_tokens,
-                chunked_prefill=kv.chunked_prefill, max_seq_tokens=s.kv_cache_len)
+                chunked_prefill=kv.chunked_prefill, max_seq_tokens=s.kv_cache_len,
+                kv_watermark=stack.engine.kv_watermark if stack.engine is not None and kv.block_tokens else 0.0)
 
 
 def check_stack(stack: Stack, gpu: GPUSpec, dtype: str, field: str = "cluster") -> None:
@@ -263,7 +277,7 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, wf, cap, len(wf.models), stack) for m in wf.models]
     reqs = requests if requests is not None else workload_requests(wf)
     return simulate(models, reqs, capacity_bytes=cap, policy=make_policy(s.policy, rate_window_s=s.rate_window_s),
-                    swap_cost=swap_cost_fn(swap_model, s.write_back), preload=s.preload, **scheduler_kwargs(wf, stack),
+                    swap_cost=swap_cost_fn(swap_model, s.write_back), preload=s.preload, **scheduler_kwargs(wf, stack, gpu),
                     duration_s=wf.workload.duration_s if not (wf.workload.trace or wf.workload.offline) else None)
 
 
@@ -318,7 +332,7 @@ def _attainment(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, r
     allowed = int((1.0 - wf.capacity.target_attainment) * len(reqs))  # more misses than this fail the probe
     res = simulate([m], reqs, capacity_bytes=cap, policy=make_policy(s.policy),
                    swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
-                   miss_limit=(objectives, allowed), **scheduler_kwargs(wf, stack))
+                   miss_limit=(objectives, allowed), **scheduler_kwargs(wf, stack, gpu))
     if res.aborted:
         return 0.0
     return res.report(objectives)["models"][entry.name]["slo_attainment"]
@@ -332,7 +346,7 @@ def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int
     w, s = wf.workload, wf.scheduler
     cv = entry.cv or w.cv
     step = step_model(spec, gpu, tp, pp, wf.cluster.dtype, stack)
-    b = s.max_batch_size
+    b = max_running(wf, stack, gpu)
     if lengths:
         means = (sum(p for p, _ in lengths) / len(lengths), sum(n for _, n in lengths) / len(lengths))
     else:
@@ -465,7 +479,7 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
             res = simulate([sim_model(entry.name, spec, g, tp, pp, c.dtype, wf, cap, 1, st)], share,
                            capacity_bytes=cap, policy=make_policy(s.policy),
                            swap_cost=lambda load, evict: 0.0, preload=[entry.name], duration_s=duration_s,
-                           **scheduler_kwargs(wf, st))
+                           **scheduler_kwargs(wf, st, g))
             rep = res.report(slos(wf))["models"][entry.name]
             energy.append(serving_energy(res, g.name, tp, pp, max(duration_s, res.end_s)))
             ok += rep["slo_attainment"] * rep["requests"]
@@ -536,6 +550,7 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
 
     Returns:
         ``{"mix": [{model, gpu, tp, pp, engine, weights, kv_block_tokens, max_batched_tokens, chunked_prefill,
+        max_num_seqs,
         replicas, gpus, rate_per_s (one replica), price_usd_per_hour}],
         "price_usd_per_hour", "gpus_by_type", "simulated": {model: {slo_attainment, p50/p90/p99 of latency,
         ttft, tpot}}, "load_per_s": {model: λ}, "target_attainment", "candidates": [...], "rounds",
@@ -602,6 +617,7 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
     mix = [{"model": e.name, "gpu": configs[k][0].name, "tp": configs[k][1], "pp": configs[k][2],
             "engine": configs[k][3].engine.label if configs[k][3].engine else None,
             "weights": configs[k][3].weights, **_kv_row(kv_settings(wf, configs[k][3])),
+            "max_num_seqs": max_running(wf, configs[k][3], configs[k][0]),
             "replicas": int(replicas[m, k]), "gpus": int(replicas[m, k] * gpus_per[k]),
             "rate_per_s": float(rates[m, k]), "price_usd_per_hour": float(replicas[m, k] * cost[k])}
            for m, e in enumerate(entries) for k in range(len(configs)) if replicas[m, k] > 0]
