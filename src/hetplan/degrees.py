@@ -56,6 +56,7 @@ class Degrees:
     def of(cls, *, dp: Any, zero: Any = 0, **degrees: Any) -> Degrees:
         """The degrees with ``dp`` data-parallel ranks sharded where ``zero >= 1`` (``dp_shard = dp``) and
         replicated where ``zero == 0`` (``dp_replicate = dp``); arrays broadcast. ``degrees``: the other fields."""
+        shard: tuple[Any, Any]
         if np.ndim(dp) == 0 and np.ndim(zero) == 0:
             shard = (dp, 1) if zero else (1, dp)
         else:

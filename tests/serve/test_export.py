@@ -117,3 +117,33 @@ def test_engine_args_refusals_and_quantization():
     a = parse_args("vllm", engine_args("vllm", r))
     assert a["enable_chunked_prefill"] and a["max_num_batched_tokens"] == 2048
     assert parse_args("sglang", engine_args("sglang", r))["chunked_prefill_size"] == 2048
+
+
+def test_engine_defaults_replace_max_batch_size(tmp_path):
+    """Without scheduler.max_batch_size a replica runs its engine's own max_num_seqs (engines.toml: vLLM V1 1,024
+    on >= 70 GiB GPUs but A100, else 256; V0 256) and V0's 1 % admission watermark; with it, the user's value;
+    the exported --max-num-seqs carries the same number."""
+    from hetplan.hardware.catalog import get_gpu
+    from hetplan.hardware.engines import get_engine
+    from hetplan.serve.capacity import Stack, max_running, scheduler_kwargs
+    from hetplan.serve.config import load_workload_config
+
+    text = (EXAMPLES / "capacity-engines.toml").read_text()
+    assert "max_batch_size = 64" in text
+    bare, fixed = tmp_path / "bare.toml", tmp_path / "fixed.toml"
+    bare.write_text(text.replace("max_batch_size = 64", ""))
+    fixed.write_text(text)
+    wf, wf64 = load_workload_config(bare), load_workload_config(fixed)
+    h100, a100, l40s = get_gpu("H100-SXM"), get_gpu("A100-SXM-80GB"), get_gpu("L40S")
+    v1, v0 = Stack(get_engine("vllm@0.10")), Stack(get_engine("vllm@0.6"))
+    assert [max_running(wf, v1, g) for g in (h100, a100, l40s)] == [1024, 256, 256]
+    assert max_running(wf, v0, h100) == 256 and max_running(wf, Stack(), h100) == 8
+    assert max_running(wf64, v1, h100) == 64
+    kw0, kw1 = scheduler_kwargs(wf, v0, a100), scheduler_kwargs(wf, v1, h100)
+    assert (kw0["max_batch_size"], kw0["kv_watermark"]) == (256, 0.01)
+    assert (kw1["max_batch_size"], kw1["kv_watermark"]) == (1024, 0.0)
+    row = {"model": "llama3-8b", "gpu": "H100-SXM", "tp": 1, "pp": 1, "weights": None, "kv_block_tokens": 16,
+           "max_batched_tokens": 8192, "chunked_prefill": True, "replicas": 1, "rate_per_s": 3.0,
+           "max_num_seqs": max_running(wf, v1, h100)}
+    r = replicas_from_capacity(wf, {"mix": [row]})[0]
+    assert parse_args("vllm", engine_args("vllm", r))["max_num_seqs"] == 1024

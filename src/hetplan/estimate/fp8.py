@@ -84,6 +84,7 @@ import numpy as np
 from hetplan.hardware.catalog import Architecture, GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
+from hetplan.estimate.arrays import Array
 
 #: The job dtype of FP8 training (:attr:`hetplan.plan.Job.dtype`).
 FP8 = "fp8"
@@ -128,7 +129,8 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str) -> float:
     return gpu.compute_efficiency
 
 
-def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes, t=1, sequence_parallel=False, column_parallel=None):
+def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array, t: Array = 1, sequence_parallel: Array = False,
+                      column_parallel: Array = None):
     """``(forward_s, backward_s)`` of the FP8 quantization of one layer, one micro-batch: the inputs ``M·K`` of its
     linear GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, :func:`hetplan.estimate.moe.linear_gemm_shapes`) in
     forward, their output gradients ``M·N`` in backward, :data:`CAST_BYTES_PER_ELEMENT` each, at the HBM bandwidth
@@ -142,7 +144,8 @@ def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes, t=1, sequence_para
     return fwd * per, bwd * per
 
 
-def tensorwise_cast_time_s(gpu: GPUSpec, shapes, t=1, sequence_parallel=False, column_parallel=None):
+def tensorwise_cast_time_s(gpu: GPUSpec, shapes: Array, t: Array = 1, sequence_parallel: Array = False,
+                           column_parallel: Array = None):
     """``(forward_s, backward_s)``: torchao float8 tensor-wise scaling of one layer's linear GEMMs ``shapes``
     (``[(M, N, K, batch), ...]``) for one micro-batch, compiled (module doc, Casts). Per GEMM, bytes per element of
     its input ``M·K``, output gradient ``M·N`` and weight ``N·K`` (:data:`CAST_BYTES_PER_ELEMENT` ``c`` = 5):
@@ -172,7 +175,7 @@ def tensorwise_cast_time_s(gpu: GPUSpec, shapes, t=1, sequence_parallel=False, c
     return fwd / gpu.hbm_bandwidth_bytes_per_s, bwd / gpu.hbm_bandwidth_bytes_per_s
 
 
-def weight_cast_time_s(linear_parameters, gpu: GPUSpec, recipe_name: str, framework: str):
+def weight_cast_time_s(linear_parameters: Array, gpu: GPUSpec, recipe_name: str, framework: str):
     """Quantization of the weights once per iteration under Transformer Engine (module doc); 0 under torchao
     (``fsdp``: the shard is cast before the all-gather)."""
     if framework == "fsdp":
@@ -180,7 +183,7 @@ def weight_cast_time_s(linear_parameters, gpu: GPUSpec, recipe_name: str, framew
     return np.asarray(linear_parameters, dtype=float) * CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
 
 
-def weight_copy_bytes(linear_parameters, recipe_name: str, framework: str):
+def weight_copy_bytes(linear_parameters: Array, recipe_name: str, framework: str):
     """Bytes the FP8 weights add to the bf16 weights' (module doc, Memory): the MXFP8 scales under ``megatron``
     (FP8 parameters replace the bf16 ones), :data:`WEIGHT_COPY_BYTES` (+ MXFP8 scales) per linear parameter under
     ``deepspeed`` (TE's cached copies), 0 under ``fsdp``."""
@@ -195,7 +198,7 @@ def gathered_weight_bytes(dtype: str, framework: str) -> int:
     return OPERAND_BYTES if is_fp8(dtype) and framework in ("megatron", "fsdp") else 2
 
 
-def mixed_gathered_weight_bytes(fp8_bytes, linear_parameters, parameters):
+def mixed_gathered_weight_bytes(fp8_bytes: Array, linear_parameters: Array, parameters: Array):
     """Mean bytes per parameter of a stage's data-parallel parameter all-gather when only its layers' linear
     weights (``linear_parameters`` of its ``parameters`` per GPU) gather in FP8 (``fp8_bytes`` each) and the rest
     in bf16 (2 B): the word embedding and the output layer. torchao converts only ``nn.Linear`` modules to
@@ -209,7 +212,8 @@ def mixed_gathered_weight_bytes(fp8_bytes, linear_parameters, parameters):
     return (fp8_bytes * lin + 2.0 * (p - lin)) / p
 
 
-def saved_activation_savings_bytes(m: ModelSpec, b, s, t, sequence_parallel, framework: str):
+def saved_activation_savings_bytes(m: ModelSpec, b: Array, s: Array, t: Array, sequence_parallel: Array,
+                                   framework: str):
     """Bytes of one layer's saved activations (per GPU, one micro-batch) that Transformer Engine keeps in FP8
     instead of bf16 — one byte per element of the linear-layer inputs among the tensors that
     :func:`hetplan.model.counts.layer_activation_bytes` counts: the attention and MLP inputs after the norms

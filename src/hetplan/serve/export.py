@@ -16,7 +16,9 @@ model (``hf_model``)            ``serve MODEL``                  ``--model-path`
 served name                     ``--served-model-name``          ``--served-model-name``
 TP, PP                          ``--tensor-parallel-size``,      ``--tp-size``, ``--pp-size``
                                 ``--pipeline-parallel-size``
-``scheduler.max_batch_size``    ``--max-num-seqs``               ``--max-running-requests``
+max running sequences           ``--max-num-seqs``               ``--max-running-requests``
+  (``max_batch_size``, else
+  the engine's default)
 ``scheduler.kv_cache_len``      ``--max-model-len``              ``--context-length``
 ``cluster.memory_fraction``     ``--gpu-memory-utilization``     ``--mem-fraction-static``
   (a shared GPU: the model's
@@ -127,7 +129,7 @@ def replicas_from_capacity(wf, out: dict, base_port: int = 8000) -> list[Replica
         for j in range(row["replicas"]):
             e = entries[row["model"]]
             reps.append(Replica(e.name, _model_path(e), row["gpu"], row["tp"], row["pp"], j, base_port + len(reps),
-                                s.max_batch_size, s.kv_cache_len, c.memory_fraction, c.dtype, row.get("weights"),
+                                row.get("max_num_seqs", s.max_batch_size), s.kv_cache_len, c.memory_fraction, c.dtype, row.get("weights"),
                                 row["kv_block_tokens"] or 16, row["max_batched_tokens"], row["chunked_prefill"],
                                 False, float(row["rate_per_s"])))
     return reps
@@ -138,15 +140,18 @@ def replicas_from_cluster(wf, footprint_bytes: dict[str, int], gpu_memory_bytes:
     """One instance per model on the shared cluster of a workload file (``cluster.gpu`` x TP x PP), each allowed
     the share of the GPU memory its weights and KV pool take in the simulation (``footprint_bytes`` per worker),
     with sleep mode / memory saver on when there are several models."""
-    from hetplan.serve.capacity import cluster_stack, kv_settings
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.serve.capacity import cluster_stack, kv_settings, max_running
 
-    kv = kv_settings(wf, cluster_stack(wf))
+    stack = cluster_stack(wf)
+    kv = kv_settings(wf, stack)
+    seqs = max_running(wf, stack, load_catalog().get(wf.cluster.gpu, field="cluster.gpu") if wf.cluster.gpu else None)
     s, c = wf.scheduler, wf.cluster
     shared = len(wf.models) > 1
     reps = []
     for i, e in enumerate(wf.models):
         share = min(c.memory_fraction, footprint_bytes[e.name] / gpu_memory_bytes) if shared else c.memory_fraction
-        reps.append(Replica(e.name, _model_path(e), c.gpu or "", c.tp, c.pp, 0, base_port + i, s.max_batch_size,
+        reps.append(Replica(e.name, _model_path(e), c.gpu or "", c.tp, c.pp, 0, base_port + i, seqs,
                             s.kv_cache_len, round(share, 4), c.dtype, c.quantization, kv.block_tokens or 16,
                             kv.max_batched_tokens, kv.chunked_prefill, shared))
     return reps
