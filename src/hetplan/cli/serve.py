@@ -147,6 +147,9 @@ def register(app: typer.Typer) -> None:
         export: str = typer.Option(None, "--export", help="write one launch command per replica for this engine "
                                    "(vllm, sglang) and a router config (LiteLLM) into --out-dir"),
         out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
+        exhaustive: bool = typer.Option(None, "--exhaustive/--pruned", help="simulate every candidate replica, or "
+                                        "only those a rate bound cannot rule out (default: capacity.exhaustive, "
+                                        "else pruned; the same price)"),
     ) -> None:
         """Cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (checked by simulation)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -170,7 +173,7 @@ def register(app: typer.Typer) -> None:
 
             only = [export] if export and not (wf.capacity.engines or wf.cluster.engine) else None
             out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step,
-                                engines=only)
+                                engines=only, exhaustive=exhaustive)
         if export:
             other = sorted({r["engine"] for r in out["mix"] if r["engine"] and r["engine"].split("@")[0] != export})
             if other:
