@@ -212,8 +212,12 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     dispatcher = a.get("moe_token_dispatcher_type", "alltoall")
     if dispatcher == "flex":
         dispatcher = a.get("moe_flex_dispatcher_backend", "deepep")
+    # --fp8-recipe tensorwise is TE's Float8CurrentScaling (megatron/core/fp8_utils.py); delayed / mxfp8 are the
+    # recipes the estimate picks by GPU generation when none is named
+    fp8_recipe = "current" if dtype == "fp8" and a.get("fp8_recipe") == "tensorwise" else None
     job = Job(model=model or spec.name, seq_len=int(a["seq_length"]), global_batch=int(a["global_batch_size"]),
-              train_iterations=int(a.get("train_iters", 1)), dtype=dtype, attention=attention, framework="megatron",
+              train_iterations=int(a.get("train_iters", 1)), dtype=dtype, fp8_recipe=fp8_recipe, attention=attention,
+              framework="megatron",
               moe_dispatcher=dispatcher if dispatcher in ("alltoall", "deepep", "hybridep") else "alltoall",
               moe_a2a_overlap="overlap_moe_expert_parallel_comm" in a, moe_recompute=moe_recompute,
               recompute_modules=modules, offload_modules=list(a.get("offload_modules", [])))
