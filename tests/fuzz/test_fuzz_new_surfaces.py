@@ -296,3 +296,18 @@ def test_calibration_residuals_that_overflow_are_refused(calibration, tmp_path):
     json.loads(run("plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "16", "--tokens", "1e8",
                    "--gpu", "H100-SXM-96GB-500W", "--gpus", "8", "--stack", "torchtitan", "--json",
                    "--calibration", calibration).stdout)
+
+
+def test_estimate_finds_the_model_config_beside_the_plan(tmp_path, monkeypatch):
+    """`estimate` reads a plan's relative ``job.model`` against the plan's folder, like `plan`, `export` and
+    `run` (it was read against the current folder: a plan beside its config.json failed from anywhere else)."""
+    plan = json.loads((ROOT / "examples" / "tiny-pp2-dp2.json").read_text())
+    plan["pools"] = [{**p, "gpu": "H100-SXM"} for p in plan["pools"]]
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    shutil.copy(ROOT / "examples" / "tiny-model.json", tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    r = run("estimate", tmp_path / "p.json", "--json")
+    assert r.code == 0 and not r.traceback, r.stderr
+    assert json.loads(r.stdout)["num_gpus"] == 4
