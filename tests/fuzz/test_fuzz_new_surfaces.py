@@ -335,6 +335,7 @@ def test_damaged_engines_file(tmp_path_factory, data, value):
 @pytest.mark.parametrize("line, value", [
     ("attention = {", "{ Ampere = [1, 2, 3] }"),  # a list as an attention kernel: unhashable
     ("non_torch_memory_gib = ", '"x"'),           # text as memory: float('x')
+    ("non_torch_memory_gib = ", "inf"),           # infinite memory: int(inf)
     ("weight_dtypes = {", "{ int4 = -1e300 }"),   # a number as the generations: not iterable
     ("weight_dtypes = {", '{ fp8 = "zzz" }'),     # text as the generations: read as ('z', 'z', 'z')
     ("aliases = ", "nan"),                        # a number as aliases

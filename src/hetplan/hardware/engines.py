@@ -293,7 +293,7 @@ def _release_from_toml(name: str, engine: Mapping, raw: Mapping, where: str) -> 
         return _release(name, engine, raw, where)
     except HetplanError:  # already names its field (HetplanError is a ValueError)
         raise
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(inf GiB)
         raise HetplanError(f"a field has the wrong type or value ({exc})", field=where,
                            fix="compare the release with hetplan/hardware/data/engines.toml "
                            "(`hetplan catalog engines NAME`)") from None
