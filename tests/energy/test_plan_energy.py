@@ -57,13 +57,13 @@ def test_gpu_without_dvfs_model_is_charged_tdp():
 
 @pytest.mark.parametrize("gpu", ["H100-SXM", "H200", "B200", "A100-PCIE-80GB", "L4", "L40S", "H100-PCIE"])
 def test_rented_gpus_have_a_power_model_under_tdp(gpu):
-    """No TDP fallback for the GPUs people rent: a (transferred, not fitted) DVFS model, average power per GPU
-    below the TDP, and a Perseus saving."""
+    """No TDP fallback for the GPUs people rent: a DVFS model (fitted on measured serving power for H100-SXM and
+    B200, transferred for the rest), average power per GPU below the TDP, and a Perseus saving."""
     from hetplan.hardware.catalog import load_catalog
 
     plan = _plan(gpu=gpu)
     got = plan_energy(plan, estimate(plan))
-    assert got["energy_source"] == "dvfs-physics"
+    assert got["energy_source"] == ("dvfs-model" if gpu in ("H100-SXM", "B200") else "dvfs-physics")
     assert load_catalog().get(gpu).idle_power_w < got["average_power_w"] / 4 < load_catalog().get(gpu).tdp_w
     assert got["perseus_saved_fraction"] is not None and got["perseus_saved_fraction"] > 0
 

@@ -88,12 +88,17 @@ def register(app: typer.Typer) -> None:
                                    "engine (vllm, sglang; sleep mode where models share the GPUs) and a router "
                                    "config into --out-dir"),
         out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
+        host: str = typer.Option(None, "--host", help="with --export: the machines' addresses, comma-separated in "
+                                 "machine order (default: 127.0.0.1 on one machine, else machine-0, machine-1 ...)"),
+        gpus_per_host: int = typer.Option(8, "--gpus-per-host", help="with --export: GPUs per machine; each "
+                                          "replica gets its own CUDA_VISIBLE_DEVICES on one machine"),
     ) -> None:
         """Simulate the workload: per-model latency percentiles, SLO attainment and goodput."""
         from hetplan.serve.capacity import simulate_workload, slos
         from hetplan.serve.config import load_workload_config
 
         _check_export(export, out_dir)
+        hosts = _hosts(host, export)
         wf = load_workload_config(workload)
         if policy:
             wf.scheduler.policy = policy
@@ -110,8 +115,8 @@ def register(app: typer.Typer) -> None:
             from hetplan.serve.export import replicas_from_cluster, write_export
 
             foot, mem = cluster_footprints(wf)
-            paths = write_export(export, replicas_from_cluster(wf, foot, mem), out_dir,
-                                 source=f"simulate {workload.name}")
+            paths = write_export(export, replicas_from_cluster(wf, foot, mem), out_dir, hosts=hosts,
+                                 gpus_per_host=gpus_per_host, source=f"simulate {workload.name}")
             rep["export"] = [str(p) for p in paths]
         if as_json:
             typer.echo(json.dumps(rep, indent=2))
@@ -147,6 +152,13 @@ def register(app: typer.Typer) -> None:
         export: str = typer.Option(None, "--export", help="write one launch command per replica for this engine "
                                    "(vllm, sglang) and a router config (LiteLLM) into --out-dir"),
         out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
+        host: str = typer.Option(None, "--host", help="with --export: the machines' addresses, comma-separated in "
+                                 "machine order (default: 127.0.0.1 on one machine, else machine-0, machine-1 ...)"),
+        gpus_per_host: int = typer.Option(8, "--gpus-per-host", help="with --export: GPUs per machine; each "
+                                          "replica gets its own CUDA_VISIBLE_DEVICES on one machine"),
+        exhaustive: bool = typer.Option(None, "--exhaustive/--pruned", help="simulate every candidate replica, or "
+                                        "only those a rate bound cannot rule out (default: capacity.exhaustive, "
+                                        "else pruned; the same price)"),
     ) -> None:
         """Cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (checked by simulation)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -155,6 +167,7 @@ def register(app: typer.Typer) -> None:
         from hetplan.serve.config import load_workload_config
 
         _check_export(export, out_dir)
+        hosts = _hosts(host, export)
         wf = load_workload_config(workload)
         names = [g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None
         if names is not None and not names:
@@ -170,7 +183,7 @@ def register(app: typer.Typer) -> None:
 
             only = [export] if export and not (wf.capacity.engines or wf.cluster.engine) else None
             out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step,
-                                engines=only)
+                                engines=only, exhaustive=exhaustive)
         if export:
             other = sorted({r["engine"] for r in out["mix"] if r["engine"] and r["engine"].split("@")[0] != export})
             if other:
@@ -178,7 +191,8 @@ def register(app: typer.Typer) -> None:
                                    fix=f"export for that engine, or set capacity.engines = [\"{export}\"]")
             from hetplan.serve.export import replicas_from_capacity, write_export
 
-            paths = write_export(export, replicas_from_capacity(wf, out), out_dir, source=f"capacity {workload.name}")
+            paths = write_export(export, replicas_from_capacity(wf, out), out_dir, hosts=hosts,
+                                 gpus_per_host=gpus_per_host, source=f"capacity {workload.name}")
             out["export"] = [str(p) for p in paths]
         if as_json:
             typer.echo(json.dumps(out, indent=2))
@@ -243,6 +257,24 @@ def _check_export(export: str | None, out_dir: Path | None) -> None:
         raise HetplanError("--export needs a folder to write into", field="--out-dir", fix="add --out-dir DIR")
     if out_dir.exists() and not out_dir.is_dir():
         raise HetplanError(f"{out_dir} is a file, not a folder", field="--out-dir", fix="give a folder path")
+
+
+def _hosts(text: str | None, export: str | None) -> list[str] | None:
+    """``--host "10.0.0.5,10.0.0.6"`` -> the addresses (None when not given).
+
+    Raises:
+        HetplanError: ``--host`` without ``--export``, an empty address or one with spaces or URL syntax.
+    """
+    if text is None:
+        return None
+    if export is None:
+        raise HetplanError("--host places exported replicas", field="--host", fix="add --export vllm|sglang --out-dir D")
+    hosts = [h.strip() for h in text.split(",")]
+    bad = [h for h in hosts if not h or any(c in h for c in " /:@")]
+    if bad:
+        raise HetplanError(f"bad machine address {bad[0]!r} in --host", field="--host",
+                           fix="give host names or IPv4 addresses, comma-separated, e.g. --host 10.0.0.5,10.0.0.6")
+    return hosts
 
 
 def _parse_prices(items: list[str]) -> dict[str, float]:

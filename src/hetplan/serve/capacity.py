@@ -338,23 +338,39 @@ def _attainment(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, r
     return res.report(objectives)["models"][entry.name]["slo_attainment"]
 
 
-def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, stack: Stack = Stack(),
-                   lengths: list[tuple[int, int]] | None = None) -> float:
-    """Largest arrival rate (requests/s) one replica sustains at ``target_attainment`` (0 when even a lone
-    request misses its SLO); probe requests draw their lengths as the workload's do, or take ``lengths``
-    (``(prompt, new tokens)`` of the model's trace requests, in order, wrapping around)."""
-    w, s = wf.workload, wf.scheduler
-    cv = entry.cv or w.cv
-    step = step_model(spec, gpu, tp, pp, wf.cluster.dtype, stack)
-    b = max_running(wf, stack, gpu)
+def _mean_shape(wf: WorkloadFile, lengths: list[tuple[int, int]] | None) -> tuple[int, int]:
+    """Mean (prompt, new tokens) of the probe requests, rounded, at least 1."""
     if lengths:
         means = (sum(p for p, _ in lengths) / len(lengths), sum(n for _, n in lengths) / len(lengths))
     else:
-        means = w.mean_lengths()
+        means = wf.workload.mean_lengths()
     prompt, new = (max(1, round(x)) for x in means)
+    return prompt, new
+
+
+def rate_upper_bound(wf: WorkloadFile, spec, gpu: GPUSpec, tp: int, pp: int, stack: Stack = Stack(),
+                     lengths: list[tuple[int, int]] | None = None) -> float:
+    """The top of :func:`max_rate_per_s`'s bracket: 1.2 x the requests/s of full batches (``max_running``
+    sequences of the mean shape, one prefill then decode steps) back to back. :func:`max_rate_per_s` never
+    returns more (its bisection stays below the top), so a candidate whose bound cannot make the integer program
+    cheaper need not be simulated (:func:`plan_capacity`). A few cost-model calls, no simulation."""
+    step = step_model(spec, gpu, tp, pp, wf.cluster.dtype, stack)
+    b = max_running(wf, stack, gpu)
+    prompt, new = _mean_shape(wf, lengths)
     busy = step.step_time_s([prompt] * b, []) + sum(
         step.step_time_s([], [prompt + i] * b) for i in range(1, new))
-    hi = 1.2 * b / busy  # above the throughput of full batches back to back
+    return 1.2 * b / busy
+
+
+def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, stack: Stack = Stack(),
+                   lengths: list[tuple[int, int]] | None = None) -> float:
+    """Largest arrival rate (requests/s) one replica sustains at ``target_attainment`` (0 when even a lone
+    request misses its SLO): a geometric bisection below :func:`rate_upper_bound`; probe requests draw their
+    lengths as the workload's do, or take ``lengths`` (``(prompt, new tokens)`` of the model's trace requests, in
+    order, wrapping around)."""
+    w = wf.workload
+    cv = entry.cv or w.cv
+    hi = rate_upper_bound(wf, spec, gpu, tp, pp, stack, lengths)
     target = wf.capacity.target_attainment
 
     def ok(rate: float) -> bool:
@@ -538,14 +554,22 @@ def candidate_gpus(wf: WorkloadFile, gpus: list[str] | None, catalog: Catalog,
 
 
 def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: str | None = None,
-                  prices: dict[str, float] | None = None, progress=None, engines: list[str] | None = None) -> dict:
+                  prices: dict[str, float] | None = None, progress=None, engines: list[str] | None = None,
+                  exhaustive: bool | None = None) -> dict:
     """The cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (module docstring).
+
+    Only the candidates the integer program could use are simulated: each candidate's rate is first bounded
+    from the cost model (:func:`rate_upper_bound`), the program is solved with the bounds standing in for the
+    rates not simulated yet, and the candidates its optimum uses are simulated until it uses simulated ones only
+    — the optimum over every candidate's simulated rate (the exhaustive search's answer; tested equal), found
+    with a fraction of the simulations. ``exhaustive`` (default ``capacity.exhaustive``) simulates them all.
 
     Args:
         gpus: candidate GPU types (default: :func:`candidate_gpus`).
         catalog: a user GPU catalog file (TOML) extending or overriding the package's.
         prices: ``{GPU type: USD per GPU-hour}`` overrides.
-        progress: ``progress(done, total, what)`` called after each replica configuration's rate search.
+        progress: ``progress(done, total, what)`` called for each replica configuration's fit and rate bound,
+            then for each rate search (``total`` grows by one with each).
         engines: serving engines to choose among (default: :func:`candidate_stacks`).
 
     Returns:
@@ -553,7 +577,8 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
         max_num_seqs,
         replicas, gpus, rate_per_s (one replica), price_usd_per_hour}],
         "price_usd_per_hour", "gpus_by_type", "simulated": {model: {slo_attainment, p50/p90/p99 of latency,
-        ttft, tpot}}, "load_per_s": {model: λ}, "target_attainment", "candidates": [...], "rounds",
+        ttft, tpot}}, "load_per_s": {model: λ}, "target_attainment", "candidates": [{..., rate_per_s (None:
+        not simulated), rate_bound_per_s, reason}], "rounds",
         "prices": {GPU: {usd_per_gpu_hour, source}}}``.
 
     Raises:
@@ -573,38 +598,76 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
     duration = wf.workload.duration_s if not wf.workload.trace else max((r.arrival_s for r in reqs), default=1.0)
     loads = np.array([sum(r.model == e.name for r in reqs) / duration for e in entries])
     max_gpus = wf.capacity.max_gpus
+    exhaustive = wf.capacity.exhaustive if exhaustive is None else exhaustive
     stacks = candidate_stacks(wf, engines)
     configs = _configs(gpu_specs, max_gpus, stacks)
-    rates = np.zeros((len(entries), len(configs)))
-    cands, memo = [], {}
-    done, total = 0, len(entries) * len(configs)
+    n_m, n_k = len(entries), len(configs)
+    rates, bound = np.zeros((n_m, n_k)), np.zeros((n_m, n_k))
+    simulated = np.zeros((n_m, n_k), dtype=bool)
+    why: dict[tuple[int, int], str] = {}
+    memo: dict = {}
+    done, total = 0, n_m * n_k
+    own = {e.name: [(r.prompt_len, r.max_new_tokens) for r in reqs if r.model == e.name] if wf.workload.trace
+           else None for e in entries}
+    # 1. which replicas fit, and an upper bound of each one's rate (cost model only, no simulation)
     for m, (entry, spec) in enumerate(zip(entries, specs)):
         for k, (g, tp, pp, st) in enumerate(configs):
             done += 1
             if progress is not None:
-                progress(done, total, f"{entry.name} on {g.name} TP {tp} x PP {pp} {st.label}")
-            fits, why = _fits(spec, g, tp, pp, wf, st)
-            if fits:  # models of the same shape, burstiness and SLOs share their answer
-                key = (spec, entry.cv, slos(wf)[entry.name], k, entry.name if wf.workload.trace else "")
-                if key not in memo:
-                    own = [(r.prompt_len, r.max_new_tokens) for r in reqs if r.model == entry.name]
-                    memo[key] = max_rate_per_s(wf, entry, spec, g, tp, pp, st, own if wf.workload.trace else None)
-                rates[m, k] = memo[key]
-                why = "meets the SLO up to this rate" if rates[m, k] > 0 else "misses the SLO even unloaded"
-            cands.append({"model": entry.name, "gpu": g.name, "tp": tp, "pp": pp, "stack": st.label,
-                          "rate_per_s": float(rates[m, k]), "price_usd_per_hour": usd[g.name] * tp * pp,
-                          "reason": why})
-        if not rates[m].any():
-            reasons = sorted({c["reason"] for c in cands if c["model"] == entry.name})
+                progress(done, total, f"{entry.name} on {g.name} TP {tp} x PP {pp} {st.label}: fits?")
+            fits, why[m, k] = _fits(spec, g, tp, pp, wf, st)
+            if fits:
+                bound[m, k] = rate_upper_bound(wf, spec, g, tp, pp, st, own[entry.name])
+        if not bound[m].any():
+            reasons = sorted({why[m, k] for k in range(n_k)})
             raise InfeasibleError(f"model {entry.name}: no candidate replica up to {max_gpus} GPUs works "
                                   f"({'; '.join(reasons[:2])})", field="capacity.gpus",
                                   fix="allow more GPUs or larger GPU types, or relax the SLOs")
+
+    def simulate_rate(m: int, k: int) -> None:
+        nonlocal done, total
+        entry, spec = entries[m], specs[m]
+        g, tp, pp, st = configs[k]
+        done, total = done + 1, total + 1
+        if progress is not None:
+            progress(done, total, f"{entry.name} on {g.name} TP {tp} x PP {pp} {st.label}: rate")
+        # models of the same shape, burstiness and SLOs share their answer
+        key = (spec, entry.cv, slos(wf)[entry.name], k, entry.name if wf.workload.trace else "")
+        if key not in memo:
+            memo[key] = max_rate_per_s(wf, entry, spec, g, tp, pp, st, own[entry.name])
+        rates[m, k] = memo[key]
+        simulated[m, k] = True
+        why[m, k] = "meets the SLO up to this rate" if rates[m, k] > 0 else "misses the SLO even unloaded"
+
     cost = np.array([usd[g.name] * tp * pp for g, tp, pp, _ in configs])
     gpus_per = np.array([tp * pp for _, tp, pp, _ in configs])
     gpu_of = [g.name for g, _, _, _ in configs]
-    derate = np.ones(len(entries))
+    if exhaustive:
+        for m, k in zip(*np.nonzero(bound)):
+            simulate_rate(int(m), int(k))
+
+    def solve(derate: np.ndarray):
+        """2. the integer program, simulating lazily: unsimulated candidates enter at their rate bound (a
+        relaxation: every mix that covers the loads at the simulated rates covers them at the bounds too); an
+        optimum that uses only simulated candidates is then the optimum over the simulated rates of all, as the
+        exhaustive search finds it; else the candidates it used are simulated and it is solved again."""
+        while True:
+            x = _solve(np.where(simulated, rates, bound) * derate[:, None], cost, loads, gpu_of, gpus_per, max_gpus)
+            todo = list(zip(*np.nonzero(((x > 0) if x is not None else bound > 0) & ~simulated & (bound > 0))))
+            if not todo:
+                return x
+            for m, k in todo:
+                simulate_rate(int(m), int(k))
+            for m in range(n_m):  # the exhaustive search's refusal: a model no simulated candidate serves
+                if simulated[m][bound[m] > 0].all() and not rates[m].any():
+                    reasons = sorted({why[m, k] for k in range(n_k)})
+                    raise InfeasibleError(f"model {entries[m].name}: no candidate replica up to {max_gpus} GPUs "
+                                          f"works ({'; '.join(reasons[:2])})", field="capacity.gpus",
+                                          fix="allow more GPUs or larger GPU types, or relax the SLOs")
+
+    derate = np.ones(n_m)
     for rounds in range(1, 4):
-        replicas = _solve(rates * derate[:, None], cost, loads, gpu_of, gpus_per, max_gpus)
+        replicas = solve(derate)
         if replicas is None:
             raise InfeasibleError(f"the load ({', '.join(f'{e.name} {x:.2f}/s' for e, x in zip(entries, loads))}) "
                                   f"needs more than {max_gpus} GPUs of each candidate type",
@@ -614,6 +677,15 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
         if not low:
             break
         derate[low] *= 0.9
+    cands = []
+    for m, entry in enumerate(entries):
+        for k, (g, tp, pp, st) in enumerate(configs):
+            c = {"model": entry.name, "gpu": g.name, "tp": tp, "pp": pp, "stack": st.label,
+                 "rate_per_s": float(rates[m, k]) if simulated[m, k] or not bound[m, k] else None,
+                 "rate_bound_per_s": float(bound[m, k]), "price_usd_per_hour": float(cost[k]),
+                 "reason": why[m, k] if simulated[m, k] or not bound[m, k] else
+                 "not simulated: even at its rate bound it cannot make the mix cheaper"}
+            cands.append(c)
     mix = [{"model": e.name, "gpu": configs[k][0].name, "tp": configs[k][1], "pp": configs[k][2],
             "engine": configs[k][3].engine.label if configs[k][3].engine else None,
             "weights": configs[k][3].weights, **_kv_row(kv_settings(wf, configs[k][3])),

@@ -281,7 +281,9 @@ class CapacityConfig(_Strict):
     GPU-hour (``{name = price}``, overriding the catalog's; ``hetplan capacity --price`` overrides these), the
     serving ``engines`` and weight ``quantizations`` to choose among (default: ``cluster.engine`` and
     ``cluster.quantization``; ``"none"`` is unquantized ``dtype`` weights), largest cluster ``max_gpus`` of each
-    type, required fraction of requests within SLO for every model (``target_attainment``)."""
+    type, required fraction of requests within SLO for every model (``target_attainment``); ``exhaustive``
+    simulates every candidate replica instead of only those a bound on their rate cannot rule out (the same
+    answer, slower: :func:`hetplan.serve.capacity.plan_capacity`)."""
 
     gpus: list[str] = []
     engines: list[str] = []
@@ -290,6 +292,7 @@ class CapacityConfig(_Strict):
         default_factory=dict)
     max_gpus: int = Field(default=8, ge=1)
     target_attainment: float = Field(default=0.99, gt=0, le=1)
+    exhaustive: bool = False
 
 
 class _Common(_Strict):

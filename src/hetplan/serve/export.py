@@ -41,9 +41,16 @@ plan.
 The router is a LiteLLM proxy config (``router.yaml``; https://docs.litellm.ai/docs/proxy/configs): every
 replica is one deployment of its model name at ``http://HOST:PORT/v1`` (an OpenAI-compatible server, which both
 engines start), with ``rpm`` = 60 x the rate the replica sustains in the plan, so LiteLLM's default
-``simple-shuffle`` routing spreads a model's requests over its replicas in proportion to their capacity. Hosts
-are written as 127.0.0.1 (``--host``): replicas on several machines need their addresses there. GPUs are not
-pinned (``CUDA_VISIBLE_DEVICES``): the scripts do not know the machines' layout.
+``simple-shuffle`` routing spreads a model's requests over its replicas in proportion to their capacity.
+
+**Placement** (:func:`place_replicas`): the replicas of each GPU type are packed first-fit, in plan order, onto
+machines of ``gpus_per_host`` GPUs (``--gpus-per-host``, default 8, an HGX/DGX board), a replica never split
+over machines (one engine instance is one process group on one machine here); each script exports
+``CUDA_VISIBLE_DEVICES`` with its replica's GPUs on its machine. Instances sharing GPUs (sleep mode) all get
+the same GPUs of one machine. Machine k's address is the k-th ``--host``; without ``--host`` a plan on one
+machine is written for 127.0.0.1 and a plan on several for placeholders ``machine-K`` (to be resolved, e.g. in
+``/etc/hosts``, or replaced). An instance on a non-loopback address binds ``--host 0.0.0.0`` (SGLang binds
+127.0.0.1 by default, so a router elsewhere could not reach it).
 
 This module does not import torch.
 """
@@ -90,6 +97,9 @@ class Replica:
         block_tokens: KV block size; max_batched_tokens, chunked_prefill: the per-step token budget.
         sleep: several models share these GPUs (sleep mode / memory saver).
         rate_per_s: requests per second the replica sustains in the plan (0: not planned for a rate).
+        argv: its launch command (:func:`engine_args`).
+        machine, host, devices: the machine it runs on (number and address) and its GPUs there
+            (:func:`place_replicas`; ``CUDA_VISIBLE_DEVICES``).
     """
 
     name: str
@@ -110,6 +120,9 @@ class Replica:
     sleep: bool = False
     rate_per_s: float = 0.0
     argv: list[str] = field(default_factory=list)
+    machine: int = 0
+    host: str = "127.0.0.1"
+    devices: list[int] = field(default_factory=list)
 
 
 def _model_path(entry) -> str:
@@ -157,6 +170,51 @@ def replicas_from_cluster(wf, footprint_bytes: dict[str, int], gpu_memory_bytes:
     return reps
 
 
+def place_replicas(replicas: Sequence[Replica], gpus_per_host: int = 8,
+                   hosts: Sequence[str] | None = None) -> int:
+    """Give every replica its machine, address and GPUs (module docstring); returns the number of machines.
+
+    Raises:
+        HetplanError: a replica wider than a machine (``--gpus-per-host``), fewer ``--host`` addresses than
+            machines, a bad ``gpus_per_host``.
+    """
+    if gpus_per_host < 1:
+        raise HetplanError(f"gpus_per_host = {gpus_per_host}", field="--gpus-per-host", fix="give 1 or more")
+    machines: list[tuple[str, int]] = []  # (GPU type, GPUs used)
+    shared: dict[str, int] = {}  # GPU type -> the machine its sleep-mode instances share
+    for r in replicas:
+        n = r.tp * r.pp
+        if n > gpus_per_host:
+            raise HetplanError(f"replica {r.index} of {r.name} needs {n} GPUs ({r.gpu}, TP {r.tp} x PP {r.pp}), "
+                               f"more than a machine of {gpus_per_host}", field="--gpus-per-host",
+                               fix=f"give --gpus-per-host {n} or more, or plan with max_gpus <= {gpus_per_host}")
+        if r.sleep and r.gpu in shared:
+            r.machine = shared[r.gpu]
+            r.devices = list(range(n))
+            continue
+        k = next((i for i, (g, used) in enumerate(machines)
+                  if g == r.gpu and used + n <= gpus_per_host and not r.sleep), None)
+        if k is None:
+            machines.append((r.gpu, 0))
+            k = len(machines) - 1
+        used = machines[k][1]
+        r.machine, r.devices = k, list(range(used, used + n))
+        machines[k] = (r.gpu, used + n)
+        if r.sleep:
+            shared[r.gpu] = k
+    if hosts and len(hosts) < len(machines):
+        raise HetplanError(f"the plan runs on {len(machines)} machines but --host gives {len(hosts)} addresses",
+                           field="--host", fix=f"give {len(machines)} comma-separated addresses, in machine order "
+                                               "(or none: placeholders machine-0, machine-1, ...)")
+    for r in replicas:
+        r.host = (hosts[r.machine] if hosts else "127.0.0.1" if len(machines) == 1 else f"machine-{r.machine}")
+    return len(machines)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 def engine_args(engine: str, r: Replica) -> list[str]:
     """The launch command of replica ``r`` on ``engine`` (argv, program first).
 
@@ -192,6 +250,8 @@ def engine_args(engine: str, r: Replica) -> list[str]:
             argv += ["--enable-chunked-prefill"]
         if r.sleep:
             argv += ["--enable-sleep-mode"]
+        if not _loopback(r.host):
+            argv += ["--host", "0.0.0.0"]
         return argv
     argv = ["python", "-m", "sglang.launch_server", "--model-path", r.model, "--served-model-name", r.name,
             "--tp-size", str(r.tp), "--pp-size", str(r.pp), "--max-running-requests", str(r.max_num_seqs),
@@ -204,6 +264,8 @@ def engine_args(engine: str, r: Replica) -> list[str]:
                  "--chunked-prefill-size", str(r.max_batched_tokens if r.chunked_prefill else -1)]
     if r.sleep:
         argv += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
+    if not _loopback(r.host):
+        argv += ["--host", "0.0.0.0"]
     return argv
 
 
@@ -225,6 +287,7 @@ def _parser(engine: str) -> argparse.ArgumentParser:
         p.add_argument("--max-num-batched-tokens", type=int)
         p.add_argument("--enable-chunked-prefill", action="store_true")
         p.add_argument("--enable-sleep-mode", action="store_true")
+        p.add_argument("--host")
     else:
         p.add_argument("--model-path", "--model")
         p.add_argument("--served-model-name")
@@ -241,6 +304,7 @@ def _parser(engine: str) -> argparse.ArgumentParser:
         p.add_argument("--chunked-prefill-size", type=int)
         p.add_argument("--enable-memory-saver", action="store_true")
         p.add_argument("--enable-weights-cpu-backup", action="store_true")
+        p.add_argument("--host")
     return p
 
 
@@ -265,15 +329,16 @@ def _yaml_str(x) -> str:
     return json.dumps(x)  # a JSON string is a YAML flow scalar
 
 
-def router_config(replicas: Sequence[Replica], host: str = "127.0.0.1") -> str:
-    """LiteLLM proxy ``config.yaml`` text mapping each model name to its replicas (module docstring)."""
+def router_config(replicas: Sequence[Replica]) -> str:
+    """LiteLLM proxy ``config.yaml`` text mapping each model name to its replicas at their hosts (module
+    docstring)."""
     lines = ["# LiteLLM proxy config written by hetplan: `litellm --config router.yaml`",
              "# one deployment per engine replica; rpm = 60 x the requests/s it sustains in the plan", "model_list:"]
     for r in replicas:
         lines += [f"  - model_name: {_yaml_str(r.name)}",
                   "    litellm_params:",
                   f"      model: {_yaml_str('openai/' + r.name)}",
-                  f"      api_base: {_yaml_str(f'http://{host}:{r.port}/v1')}",
+                  f"      api_base: {_yaml_str(f'http://{r.host}:{r.port}/v1')}",
                   '      api_key: "none"']
         if r.rate_per_s > 0:
             lines.append(f"      rpm: {max(1, int(r.rate_per_s * 60))}")
@@ -281,14 +346,17 @@ def router_config(replicas: Sequence[Replica], host: str = "127.0.0.1") -> str:
     return "\n".join(lines)
 
 
-def write_export(engine: str, replicas: Sequence[Replica], out_dir: str | Path, *, host: str = "127.0.0.1",
-                 source: str = "") -> list[Path]:
-    """Write ``replica-NNN-MODEL.sh`` per replica, ``replicas.json`` (every replica with its argv) and
-    ``router.yaml`` into ``out_dir`` (created); returns the paths written.
+def write_export(engine: str, replicas: Sequence[Replica], out_dir: str | Path, *,
+                 hosts: Sequence[str] | None = None, gpus_per_host: int = 8, source: str = "") -> list[Path]:
+    """Place the replicas (:func:`place_replicas`), then write ``replica-NNN-MODEL.sh`` per replica (its
+    ``CUDA_VISIBLE_DEVICES`` and launch command), ``replicas.json`` (every replica with its machine, GPUs and
+    argv) and ``router.yaml`` into ``out_dir`` (created); returns the paths written.
 
     Raises:
-        HetplanError: ``out_dir`` is a file or cannot be created; as :func:`engine_args`.
+        HetplanError: ``out_dir`` is a file or cannot be created; as :func:`place_replicas` and
+            :func:`engine_args`.
     """
+    place_replicas(replicas, gpus_per_host, hosts)
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise HetplanError(f"{d} is a file, not a folder", field="--out-dir", fix="give a folder path")
@@ -304,12 +372,14 @@ def write_export(engine: str, replicas: Sequence[Replica], out_dir: str | Path, 
         head = (f"#!/bin/sh\n# hetplan {source}: model {r.name}, replica {r.index}, {r.gpu} x {r.tp * r.pp} "
                 f"(TP {r.tp} x PP {r.pp})" + (f", planned for {r.rate_per_s:.3g} requests/s" if r.rate_per_s else "")
                 + ("; shares its GPUs with other models (sleep mode)" if r.sleep else "")
+                + f"\n# run on machine {r.machine} ({r.host}), its GPUs {','.join(map(str, r.devices))}"
                 + f"\n# flags checked against {CHECKED_AGAINST[engine]}\n")
-        p.write_text(head + "exec " + shlex.join(r.argv) + ' "$@"\n')
+        p.write_text(head + f"export CUDA_VISIBLE_DEVICES={','.join(map(str, r.devices))}\n"
+                     + "exec " + shlex.join(r.argv) + ' "$@"\n')
         p.chmod(0o755)
         written.append(p)
     manifest = {"engine": engine, "checked_against": CHECKED_AGAINST[engine], "source": source,
                 "replicas": [asdict(r) for r in replicas]}
     (d / "replicas.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    (d / "router.yaml").write_text(router_config(replicas, host))
+    (d / "router.yaml").write_text(router_config(replicas))
     return written + [d / "replicas.json", d / "router.yaml"]
