@@ -386,8 +386,8 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     recompute_extra = np.where(rc == 2, fwd_compute, np.where(rc == 1, 0.0 if flash else core_f, 0.0))
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
     g, inter = link.gpus_per_node, link.inter_node_bandwidth_bytes_per_s
-    tp_kw = dict(inter_alpha_s=link.inter_node_alpha_s, intra_alpha_s=link.intra_node_alpha_s,
-                 algorithm=terms.tp_allreduce)
+    tp_kw: dict[str, Array] = dict(inter_alpha_s=link.inter_node_alpha_s, intra_alpha_s=link.intra_node_alpha_s,
+                                   algorithm=terms.tp_allreduce)
     tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
     reduce_scatter = tp_one / 2  # one reduce-scatter: half an all-reduce's ring steps
     if fp8.is_fp8(dtype):  # FP8 + SP: each all-gather half of an all-reduce moves FP8 (fp8 module doc)
