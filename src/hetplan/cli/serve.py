@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import check_path_name
 
 
 def _fmt(x, unit: str = "", digits: int = 3) -> str:
@@ -255,6 +256,7 @@ def _check_export(export: str | None, out_dir: Path | None) -> None:
                            fix=f"use one of {', '.join(EXPORT_ENGINES)}")
     if out_dir is None:
         raise HetplanError("--export needs a folder to write into", field="--out-dir", fix="add --out-dir DIR")
+    check_path_name(out_dir, "--out-dir")
     if out_dir.exists() and not out_dir.is_dir():
         raise HetplanError(f"{out_dir} is a file, not a folder", field="--out-dir", fix="give a folder path")
 

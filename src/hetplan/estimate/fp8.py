@@ -26,6 +26,13 @@ all-gather under torchao's FSDP2 float8 all-gather (1/dp of the weights; not cha
   cast-transpose reads the bf16 tensor (2 B) and writes the FP8 tensor and its transpose (1 + 1 B): Hopper's FP8
   tensor cores take only the "TN" layout, so the backward GEMMs need the transposed copies
   (TE ``transformer_engine/common/transpose/cast_transpose.cu``; TE docs, FP8 primer). 4 B per element.
+* ``current`` (TE ``Float8CurrentScaling``: Megatron-Core ``--fp8-recipe tensorwise``, TE >= 2.2,
+  ``megatron/core/fp8_utils.py`` ``get_fp8_recipe``; Megatron-Bridge / NeMo's ``fp8_cs`` recipes, the "FP8-CS"
+  of their performance tables; ``Job.fp8_recipe = "current"``): the scale comes from the tensor being cast, so
+  TE's quantizer runs an amax kernel over it before the cast-transpose (``Float8CurrentScalingQuantizer``,
+  ``transformer_engine/pytorch/csrc/quantizer.cpp``: ``nvte_compute_amax``, the optional amax all-reduce,
+  ``nvte_compute_scale_from_amax``, then ``nvte_quantize``): one more 2-byte read, 6 B per element. The
+  amax all-reduce of a sequence-parallel input (one fp32 per cast, latency only) is not charged.
 * ``tensorwise`` (torchao float8's default dynamic tensor-wise scaling, ``framework = "fsdp"``): the scale needs
   the amax of the tensor being cast, a read (2 B) before the cast's read and 1-byte write: 5 B per element
   (torchao ``float8/float8_scaling_utils.py`` ``hp_tensor_to_float8_dynamic``: amax, then scale and cast). Beyond
@@ -89,7 +96,7 @@ from hetplan.estimate.arrays import Array
 #: The job dtype of FP8 training (:attr:`hetplan.plan.Job.dtype`).
 FP8 = "fp8"
 #: Scaling recipes (module doc) and the bytes each moves per element it quantizes.
-CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 5.0, "mxfp8": 4.0 + 2.0 / 32.0}
+CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "current": 6.0, "tensorwise": 5.0, "mxfp8": 4.0 + 2.0 / 32.0}
 #: torchao tensor-wise backward, bytes per element (module doc): the transposed output gradient fused with its cast
 #: (a second 1-byte write); a separate transposed copy of an FP8 tensor (read + write).
 TRANSPOSED_WRITE_BYTES = 1.0
@@ -112,12 +119,15 @@ def high_precision(dtype: str) -> str:
     return "bf16" if is_fp8(dtype) else dtype
 
 
-def recipe(gpu: GPUSpec, framework: str) -> str:
+def recipe(gpu: GPUSpec, framework: str, requested: str | None = None) -> str:
     """The scaling recipe the framework runs on ``gpu``: torchao's dynamic ``tensorwise`` under ``fsdp``
-    (torchtitan's default float8 recipe); under Transformer Engine (megatron, deepspeed) ``mxfp8`` on Blackwell
-    (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise (Megatron-Core's default)."""
+    (torchtitan's default float8 recipe); under Transformer Engine (megatron, deepspeed) the job's
+    ``requested`` one (:attr:`hetplan.plan.Job.fp8_recipe`: ``delayed`` or ``current``), else ``mxfp8`` on
+    Blackwell (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise (Megatron-Core's default)."""
     if framework == "fsdp":
         return "tensorwise"
+    if requested is not None:
+        return requested
     return "mxfp8" if gpu.family is Architecture.BLACKWELL else "delayed"
 
 

@@ -61,6 +61,7 @@ class TrainingOptions:
 
     # Job
     dtype: str = "bf16"
+    fp8_recipe: str | None = None
     attention: str = "flash"
     attention_kernel: str | None = None
     framework: str = "megatron"
@@ -113,7 +114,7 @@ class TrainingOptions:
         return self.framework == "fsdp"
 
 
-JOB_FIELDS = ("dtype", "attention", "attention_kernel", "framework", "torch_compile", "async_tp",
+JOB_FIELDS = ("dtype", "fp8_recipe", "attention", "attention_kernel", "framework", "torch_compile", "async_tp",
               "moe_load_imbalance", "moe_dispatcher", "moe_routing", "moe_recompute", "moe_a2a_overlap",
               "recompute_modules", "offload_modules", "cp_kv_exchange", "cp_load_balance", "stack")
 PLAN_FIELDS = tuple(f.name for f in fields(TrainingOptions) if f.name not in JOB_FIELDS)

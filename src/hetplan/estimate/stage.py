@@ -373,7 +373,7 @@ def stage_costs(
 
 def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:
     """The FP8 scaling recipe of a stage's GEMMs (:func:`hetplan.estimate.fp8.recipe`), None unless FP8."""
-    return fp8.recipe(gpu, options.framework) if fp8.is_fp8(options.dtype) else None
+    return fp8.recipe(gpu, options.framework, options.fp8_recipe) if fp8.is_fp8(options.dtype) else None
 
 
 def stage_memory(m: ModelSpec, hardware: StageHardware, degrees: Degrees, work: StageWork,

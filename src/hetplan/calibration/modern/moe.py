@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from hetplan.calibration.modern.mapping import Layout, collect, expert_tp_of, row_case
+from hetplan.calibration.modern.mapping import Layout, collect, expert_tp_of, row_case, row_fp8_recipe
 from hetplan.calibration.modern.rows import NotExpressibleError, cell_float, cell_int, fact_table, read_rows, run_facts
 from hetplan.calibration.modern.sets import FILES
 from hetplan.hardware.catalog import Catalog, load_catalog
@@ -94,6 +94,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
         mbs = cell_int(r, "micro_batch", 1)
         gbs = cell_int(r, "global_batch")
         job = dict(seq_len=cell_int(r, "seq_len"), global_batch=gbs, framework="fsdp" if fsdp else "megatron")
+        if (recipe := row_fp8_recipe(r)) is not None:
+            job["fp8_recipe"] = recipe
         if src == "automodel" or "forced" in r["notes"].lower():  # balanced routing forced by the benchmark
             job["moe_load_imbalance"] = 1.0
         if ep > 1:
