@@ -22,22 +22,23 @@ def test_integer_program_with_shared_groups_equals_brute_force():
     assignments of up to 3 replicas each and the group on or off, at most 4 GPUs."""
     rates = np.array([[2.0, 5.0], [1.0, 3.0]])
     prices, gpus_per, gpu_of = np.array([3.0, 5.0]), np.array([1, 2]), ["X", "X"]
-    groups = [([0, 1], 4.0, "X", 2)]
+    groups = [([0, 1], 4.0, "X", 2), ([1], 0.5, "X", 1)]  # a model may be in one chosen group at most
     for loads in ([1.0, 1.0], [3.0, 0.5], [6.0, 2.0], [1.5, 2.5]):
         best = None
         for x in itertools.product(range(4), repeat=4):
-            for y in (0, 1):
+            for y in itertools.product((0, 1), repeat=2):
                 xm = np.array(x).reshape(2, 2)
-                covered = (xm * rates).sum(1) + y * np.array(loads)
-                if any(covered < loads) or (xm * gpus_per).sum() + 2 * y > 4:
+                covered = (xm * rates).sum(1) + np.array([y[0], y[0] + y[1]]) * np.array(loads)
+                if any(covered < loads) or (xm * gpus_per).sum() + 2 * y[0] + y[1] > 4 or y[0] + y[1] > 1:
                     continue
-                cost = float((xm * prices).sum() + 4.0 * y)
+                cost = float((xm * prices).sum() + 4.0 * y[0] + 0.5 * y[1])
                 best = cost if best is None else min(best, cost)
         got = _solve(rates, prices, np.array(loads), gpu_of, gpus_per, 4, groups)
         assert (got is None) == (best is None)
         if got is not None:
             x, used = got
-            assert float((x * prices).sum() + 4.0 * len(used)) == pytest.approx(best)
+            assert sum(1 in groups[j][0] for j in used) <= 1
+            assert float((x * prices).sum() + sum(groups[j][1] for j in used)) == pytest.approx(best)
 
 
 def test_capacity_shares_gpus_when_cheaper(tmp_path):

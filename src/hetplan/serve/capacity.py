@@ -424,7 +424,7 @@ def _solve(rates: np.ndarray, prices: np.ndarray, loads: np.ndarray, gpu_of: lis
            max_gpus: int, groups: list[tuple[list[int], float, str, int]] | None = None):
     """Integer program of the module docstring; ``rates`` is models x configs. ``groups``: shared replica groups
     ``(member models, price, GPU type, GPUs)``, each used at most once and then serving its members' whole load
-    (``y_j`` binary: Σ_k x_mk r_mk + λ_m Σ_{j ∋ m} y_j >= λ_m). Returns replicas (models x configs), or ``None``;
+    (``y_j`` binary: Σ_k x_mk r_mk + λ_m Σ_{j ∋ m} y_j >= λ_m), a model in one chosen group at most. Returns replicas (models x configs), or ``None``;
     with ``groups`` the pair (replicas, groups used)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -444,6 +444,11 @@ def _solve(rates: np.ndarray, prices: np.ndarray, loads: np.ndarray, gpu_of: lis
         limit[i, :n_m * n_k] = np.tile([gpus_per[k] if gpu_of[k] == t else 0 for k in range(n_k)], n_m)
         limit[i, n_m * n_k:] = [g[3] if g[2] == t else 0 for g in groups]
     cons = [LinearConstraint(cover, lb=loads, ub=np.inf), LinearConstraint(limit, lb=0, ub=max_gpus)]
+    if n_g:  # a model is in one group at most (its requests go to one group; the group was simulated with all)
+        member = np.zeros((n_m, n_m * n_k + n_g))
+        for j, (members, _, _, _) in enumerate(groups):
+            member[members, n_m * n_k + j] = 1
+        cons.append(LinearConstraint(member, lb=0, ub=1))
     ub = np.concatenate([np.where(rates.reshape(-1) > 0, max_gpus, 0), np.ones(n_g)])
     res = milp(cost, constraints=cons, integrality=np.ones(n_m * n_k + n_g), bounds=Bounds(0, ub))
     if res.x is None:
