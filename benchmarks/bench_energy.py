@@ -3,6 +3,7 @@
     python benchmarks/bench_energy.py              # 8x12 and 8x24 for GPT-3 175B and BLOOM, then 16x64
     python benchmarks/bench_energy.py --no-lowtime # hetplan only
     python benchmarks/bench_energy.py --cases gpt3-175b:12
+    python benchmarks/bench_energy.py --cases --no-big --no-command   # the scale targets only (below)
 
 For each case both planners get the same stage profile (A100-SXM, idle power 83.64 W, unit time 1 ms, 1F1B);
 the script prints CPU time of each, the speed-up, the largest relative energy difference between the two
@@ -131,6 +132,7 @@ def main() -> None:
     ap.add_argument("--no-lowtime", action="store_true", help="skip the lowtime comparison")
     ap.add_argument("--no-big", action="store_true", help="skip the 16x64 case")
     ap.add_argument("--no-command", action="store_true", help="skip timing the whole CLI command")
+    ap.add_argument("--no-scale", action="store_true", help="skip the GPT-3 175B example plan and 16x128")
     args = ap.parse_args()
     have_lowtime = False
     if not args.no_lowtime:
@@ -169,9 +171,41 @@ def main() -> None:
         print(f"\n16x64: {fr.dag.num_ops} instructions, {len(fr)} frontier points from {fr.time_s.max():.3f} s to "
               f"{fr.time_s.min():.3f} s; stop: {fr.result.stop_reason}")
     print("\nCPU seconds (time.process_time); 'vs' columns: largest relative energy difference at equal iteration times.")
+    if not args.no_scale:
+        scale_cases()
     if not args.no_command:
         command_timings(big=not args.no_big)
     np.seterr(all="ignore")
+
+
+def scale_cases() -> None:
+    """The issue's scale targets, in one run: the GPT-3 175B example's best plan (``hetplan plan
+    examples/gpt3-175b-a100.toml``: PP 8, interleaved v = 12, 24 micro-batches, 4,608 instructions, model-derived
+    profile) at most 30x the 8x12 CSV frontier's CPU time, and 16 stages x 128 micro-batches within 60 s CPU."""
+    from hetplan.energy.model import plan_stage_profile
+    from hetplan.runtime.planio import load_plan
+
+    t0 = time.process_time()
+    compute_frontier(load_stage_profile(profile_file("gpt3-175b")), 12, IDLE_W, UNIT_S)
+    base = time.process_time() - t0
+    tmp = Path(tempfile.mkdtemp())
+    subprocess.run([sys.executable, "-m", "hetplan.cli.main", "plan", str(ROOT / "examples" / "gpt3-175b-a100.toml"),
+                    "-q", "-o", str(tmp / "best.json")], check=True, capture_output=True,
+                   env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""})
+    plan = load_plan(tmp / "best.json")
+    pp = plan_stage_profile(plan)
+    t0 = time.process_time()
+    fr = compute_frontier(pp.profile, plan.num_microbatches(0), sum(pp.idle_power_w) / len(pp.idle_power_w), UNIT_S,
+                          "interleaved" if pp.virtual_stages > 1 else plan.schedule, virtual_stages=pp.virtual_stages)
+    big = time.process_time() - t0
+    t0 = time.process_time()
+    f16 = compute_frontier(sixteen_stage_profile("gpt3-175b"), 128, IDLE_W, UNIT_S)
+    s16 = time.process_time() - t0
+    print(f"\n{'scale case':<34}{'instr.':>8}{'points':>8}{'CPU s':>8}{'target':>16}")
+    print(f"{'gpt3-175b 8x12 csv':<34}{192:>8}{640:>8}{base:>8.2f}{'-':>16}")
+    print(f"{'gpt3-175b example plan (v 12, 24)':<34}{fr.dag.num_ops:>8}{len(fr):>8}{big:>8.2f}"
+          f"{f'{big / base:.0f}x (<= 30x)':>16}")
+    print(f"{'16 x 128 csv':<34}{f16.dag.num_ops:>8}{len(f16):>8}{s16:>8.2f}{'<= 60 s':>16}")
 
 
 def _timed(cmd: list[str]) -> tuple[float, float]:

@@ -35,7 +35,9 @@ from hetplan.estimate.comm import p2p_time_s  # noqa: E402
 from hetplan.estimate.estimator import estimate, estimate_many  # noqa: E402
 from hetplan.estimate.pipeline import pipeline_time_s  # noqa: E402
 from hetplan.estimate.options import TrainingOptions  # noqa: E402
-from hetplan.estimate.stage import Link, p2p_bytes, stage_costs  # noqa: E402
+from hetplan.degrees import Degrees  # noqa: E402
+from hetplan.estimate.stage import p2p_bytes, stage_costs  # noqa: E402
+from hetplan.estimate.stagework import Link, Recompute, StageHardware, StageWork  # noqa: E402
 from hetplan.calibration.validation import gpt_model, megatron_plan  # noqa: E402
 from hetplan.hardware.catalog import get_gpu  # noqa: E402
 
@@ -62,9 +64,11 @@ def vectorised(n: int = 20000, repeat: int = 5) -> float:
     best = float("inf")
     for _ in range(repeat):
         t0 = time.process_time()
-        c = stage_costs(m, gpu, link, TrainingOptions(attention="standard"), s=2048, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers,
-                        has_embedding=emb, has_head=head, single_stage=col(pp == 1), in_flight=inflight,
-                        num_microbatches=col(mb), zero=1, recompute_code=2, sequence_parallel=col(tp > 1))
+        work = StageWork(s=2048, b=col(mbs), num_layers=layers, has_embedding=emb, has_head=head,
+                         single_stage=col(pp == 1), in_flight=inflight, num_microbatches=col(mb), zero=1,
+                         recompute=Recompute.FULL, sequence_parallel=col(tp > 1))
+        c = stage_costs(m, StageHardware(gpu, link), Degrees.of(tp=col(tp), dp=col(dp), zero=1), work,
+                        TrainingOptions(attention="standard"))
         p2p = (pp - 1) * p2p_time_s(p2p_bytes(m, mbs, 2048, tp, tp > 1), 200e9 / 8)
         t, _, _ = pipeline_time_s(c.forward_s, c.backward_s, count, p2p, mb)
         _ = t + np.max(c.dp_exposed_s, axis=1) + np.max(c.optimizer_s, axis=1)

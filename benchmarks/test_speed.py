@@ -65,3 +65,22 @@ def test_plan_gpt3_175b_on_1024_a100(benchmark):
     res = benchmark.pedantic(search_plans, args=(job, inv), kwargs=dict(top_k=5), rounds=5, warmup_rounds=1)
     benchmark.extra_info["items"] = res.configurations_evaluated
     assert res.plans
+
+
+def test_capacity_example(benchmark):
+    """``hetplan capacity examples/serve/capacity.toml`` (issue #25: at most 5 s of CPU; bench_serve_capacity.py
+    prints the CPU time). Each round from a cold step-model memo, as a fresh process."""
+    from pathlib import Path
+
+    from hetplan.serve import capacity
+    from hetplan.serve.config import load_workload_config
+
+    wf = load_workload_config(Path(__file__).resolve().parents[1] / "examples" / "serve" / "capacity.toml")
+
+    def run():
+        capacity._STEP_MODELS.clear()
+        return capacity.plan_capacity(wf)
+
+    benchmark.extra_info["items"] = 1
+    out = benchmark.pedantic(run, rounds=2, iterations=1)
+    assert out["meets_target"]

@@ -65,7 +65,7 @@ def test_human_output_and_catalog():
     (["--gpu", "H100-SXM", "--gpus", "-4"], "--gpus"),
     (["--gpu", "H100-SXM", "--gpus", "0"], "--gpus"),
     (["--gpu", "H100-SXM", "--gpus", "8", "--dp", "3"], "job.global_batch"),
-    (["--gpu", "H100-SXM", "--gpus", "8", "--tp", "3"], "pins"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--tp", "3"], "rule tp-divides-heads"),
     (["--gpu", "H100-SXM", "--gpus", "8", "--recompute", "some"], "--recompute"),
     (["--gpu", "H100-SXM", "--gpus", "8", "--objective", "budget"], "budget_usd"),
     (["--gpu", "H100-SXM", "--gpus", "8", "--top", "0"], "--top"),

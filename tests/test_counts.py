@@ -2,9 +2,9 @@
 
 import pytest
 
-from hetplan.estimate.memory import stage_memory_bytes
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
+from estimate.stage_kwargs import memory_of
 
 
 def megatron_num_floating_point_operations(batch, s, L, h, a, g, f, V, swiglu, kv_channels):
@@ -100,26 +100,26 @@ def megatron_activation_bytes(m, s, b, tp, pp, num_microbatches):
 def test_memory_matches_megatron_theoretical(tp, pp, dp, zero):
     m = gpt()
     s, b, mb = 2048, 2, 16
-    first = stage_memory_bytes(
+    first = memory_of(
         m, num_layers=m.num_layers // pp, has_embedding=True, has_head=pp == 1, single_stage=pp == 1, b=b, s=s, t=tp,
         dp=dp, zero=zero, recompute="selective", sequence_parallel=True, in_flight=min(pp, mb),
     )
-    states = first["weights"] + first["gradients"] + first["optimizer"]
+    states = first.weights + first.gradients + first.optimizer
     # Megatron spreads the final LayerNorm (2h parameters) over all stages (its 1/(Lh) term); we put it on the
     # last stage only: the two agree up to those 2h parameters.
     assert abs(states - megatron_weight_and_optimizer_bytes(m, tp, pp, dp, zero == 1)) <= 2 * m.hidden_size * 18 / tp
-    assert first["activations"] == pytest.approx(megatron_activation_bytes(m, s, b, tp, pp, mb), rel=1e-12)
-    assert first["total"] > states + first["activations"]  # overhead is added on top
+    assert first.activations == pytest.approx(megatron_activation_bytes(m, s, b, tp, pp, mb), rel=1e-12)
+    assert first.total > states + first.activations  # overhead is added on top
 
 
 def test_zero_stages_shard_model_states():
     m = gpt()
     kw = dict(num_layers=24, has_embedding=True, has_head=True, single_stage=True, b=1, s=2048, t=1, dp=8,
               recompute="full", sequence_parallel=False, in_flight=1)
-    mem = [stage_memory_bytes(m, zero=z, **kw) for z in range(4)]
+    mem = [memory_of(m, zero=z, **kw) for z in range(4)]
     p = counts.total_parameters(m)
-    assert mem[0]["optimizer"] == 12 * p and mem[1]["optimizer"] == 12 * p / 8
-    assert mem[1]["gradients"] == 4 * p and mem[2]["gradients"] == 4 * p / 8
-    assert mem[2]["weights"] == 2 * p
-    assert mem[3]["weights"] == pytest.approx(2 * p / 8 + 2 * 2 * counts.layer_parameters(m))  # + prefetch buffer
-    assert [x["total"] for x in mem] == sorted((x["total"] for x in mem), reverse=True)
+    assert mem[0].optimizer == 12 * p and mem[1].optimizer == 12 * p / 8
+    assert mem[1].gradients == 4 * p and mem[2].gradients == 4 * p / 8
+    assert mem[2].weights == 2 * p
+    assert mem[3].weights == pytest.approx(2 * p / 8 + 2 * 2 * counts.layer_parameters(m))  # + prefetch buffer
+    assert [x.total for x in mem] == sorted((x.total for x in mem), reverse=True)

@@ -138,6 +138,7 @@ def test_cli_catalog_stacks_and_stack_flag(tmp_path):
     r = _hetplan(*base, "--stack", "megatron-lm@2099-01", "-o", tmp_path / "p.json")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "p.json").read_text())["job"]["stack"] == "megatron-lm@core_r0.15"
+    assert json.loads(r.stdout)["plans"][0]["stack"] == "megatron-lm@core_r0.15"
     r = _hetplan(*base, "--stack", "megatron-lm@1999-01")
     assert r.returncode == 2 and "job.stack" in r.stderr and "Traceback" not in r.stderr
     r = _hetplan("estimate", tmp_path / "p.json", "--json", "--stack", "llm-foundry")

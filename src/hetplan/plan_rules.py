@@ -101,6 +101,20 @@ def degree(plan: "Plan", stage: int, name: str) -> int:
     return int(own) if own is not None else int(getattr(plan.stage_layout(stage), name))
 
 
+def tensor_degree_violations(spec: "ModelSpec", tp: int, *, field: str, where: str = "") -> list[PlanRuleError]:
+    """``tp-divides-heads`` / ``tp-divides-kv-heads`` / ``tp-divides-ffn`` for a TP degree ``tp`` of model ``spec``
+    (a plan's stage, or ``hetplan plan --tp``), in that order."""
+    out = []
+    for rule, what, n in (("tp-divides-heads", "attention heads", spec.num_attention_heads),
+                          ("tp-divides-kv-heads", "key/value heads", spec.num_kv_heads),
+                          ("tp-divides-ffn", "MLP width (ffn_hidden_size)", spec.ffn_hidden_size)):
+        if n % tp:
+            ok = max(d for d in (1, 2, 4, 8) if n % d == 0)
+            out.append(PlanRuleError(rule, f"TP {tp} does not divide the {n} {what} of {spec.name}{where}",
+                                     field=field, fix=f"use a TP degree that divides {n}, e.g. {ok}"))
+    return out
+
+
 def expert_degree_violation(spec: "ModelSpec", ep: int, *, field: str, where: str = "") -> PlanRuleError | None:
     """``ep-needs-experts`` / ``ep-divides-experts`` for an EP degree ``ep`` of model ``spec`` (a plan's stage, or
     ``hetplan plan --ep``), else None."""
@@ -125,16 +139,11 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
         out.append(PlanRuleError(
             "layers-cover-model", f"the stages hold {total} layers but {name} has {spec.num_layers}",
             field="plan.stages[].num_layers", fix=f"make the stages' num_layers add up to {spec.num_layers}"))
-    for rule, what, n in (("tp-divides-heads", "attention heads", spec.num_attention_heads),
-                          ("tp-divides-kv-heads", "key/value heads", spec.num_kv_heads),
-                          ("tp-divides-ffn", "MLP width (ffn_hidden_size)", spec.ffn_hidden_size)):
-        bad = [i for i, st in enumerate(plan.stages) if n % st.tp]
-        if bad:
-            tp = plan.stages[bad[0]].tp
-            ok = max(d for d in (1, 2, 4, 8) if n % d == 0)
-            out.append(PlanRuleError(
-                rule, f"TP {tp} does not divide the {n} {what} of {name} (stage {bad[0]})",
-                field=f"plan.stages[{bad[0]}].tp", fix=f"use a TP degree that divides {n}, e.g. {ok}"))
+    by_rule: dict[str, PlanRuleError] = {}
+    for i, st in enumerate(plan.stages):
+        for err in tensor_degree_violations(spec, st.tp, field=f"plan.stages[{i}].tp", where=f" (stage {i})"):
+            by_rule.setdefault(err.rule, err)
+    out += sorted(by_rule.values(), key=lambda e: RULES.index(e.rule))
     used: dict[int, int] = {}
     for i, st in enumerate(plan.stages):
         used[st.pool] = used.get(st.pool, 0) + st.tp * degree(plan, i, "cp") * st.dp

@@ -18,7 +18,8 @@ def plan_summary(plan: Plan, est: Estimate, reason: str = "") -> dict:
     """One plan as the flat dict that ``hetplan plan --json`` prints (field names are a stable interface).
 
     ``gpu``, ``tp``, ``dp``, ``recompute`` are ``None`` when stages differ (heterogeneous plans); ``stages`` always
-    lists each stage's GPU type, layers, TP and DP. Units: seconds, bytes, USD.
+    lists each stage's GPU type, layers, TP and DP; ``stack`` is the software stack and release that priced it
+    (``Job.stack``, else the framework's default: what ``hetplan export`` writes). Units: seconds, bytes, USD.
     """
     check_estimate(est)
     gpus = [s.gpu for s in est.stages]
@@ -35,6 +36,7 @@ def plan_summary(plan: Plan, est: Estimate, reason: str = "") -> dict:
         "sequence_parallel": plan.sequence_parallel,
         "schedule": plan.schedule,
         "virtual_stages": plan.virtual_stages,
+        "stack": plan.job.stack_spec().id,
         "stages": [
             {"gpu": se.gpu, "num_layers": se.num_layers, "tp": se.tp, "dp": se.dp, "recompute": se.recompute,
              "memory_bytes": se.memory.total, "time_source": se.time_source}

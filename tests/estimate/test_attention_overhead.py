@@ -20,6 +20,7 @@ from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split
 from hetplan.search.homogeneous import evaluate_pool
 from hetplan.search.space import RECOMPUTE_NAMES, Pins
+from stage_kwargs import memory_of
 
 CAT = load_catalog()
 GIB = 2**30
@@ -80,25 +81,25 @@ def _kw(**over):
 
 def test_overhead_is_separate_from_the_theoretical_components():
     m = _gpt()
-    std = memory.stage_memory_bytes(m, **_kw())
-    ds = memory.stage_memory_bytes(m, framework="deepspeed", **_kw())
-    fl = memory.stage_memory_bytes(m, attention="flash", **_kw())
+    std = memory_of(m, **_kw())
+    ds = memory_of(m, framework="deepspeed", **_kw())
+    fl = memory_of(m, attention="flash", **_kw())
     for k in ("weights", "gradients", "optimizer", "activations"):
-        assert float(ds[k]) == float(std[k])  # the framework only changes the overhead
-    assert float(fl["activations"]) < float(std["activations"])
+        assert float(getattr(ds, k)) == float(getattr(std, k))  # the framework only changes the overhead
+    assert float(fl.activations) < float(std.activations)
     for mem in (std, ds, fl):
-        allocated = sum(float(mem[k]) for k in ("weights", "gradients", "optimizer", "activations", "transient"))
-        assert float(mem["overhead"]) == pytest.approx(
-            memory.CUDA_CONTEXT_BYTES + float(mem["transient"]) + memory.ALLOCATOR_MARGIN * allocated, rel=1e-12)
-        assert float(mem["total"]) == pytest.approx(allocated - float(mem["transient"]) + float(mem["overhead"]))
+        allocated = sum(float(getattr(mem, k)) for k in ("weights", "gradients", "optimizer", "activations", "transient"))
+        assert float(mem.overhead) == pytest.approx(
+            memory.CUDA_CONTEXT_BYTES + float(mem.transient) + memory.ALLOCATOR_MARGIN * allocated, rel=1e-12)
+        assert float(mem.total) == pytest.approx(allocated - float(mem.transient) + float(mem.overhead))
     # Megatron, standard attention: c x one layer's activations without its s x s part + one s x s gradient.
     lin = counts.layer_activation_bytes(m, 2, 4096, 1, attention="flash")
     scores_grad = 2 * 16 * 4096**2 * 2
-    assert float(std["transient"]) == pytest.approx(memory.BACKWARD_WORKING_SET * lin + scores_grad, rel=1e-12)
-    assert float(fl["transient"]) == pytest.approx(memory.BACKWARD_WORKING_SET * lin, rel=1e-12)
+    assert float(std.transient) == pytest.approx(memory.BACKWARD_WORKING_SET * lin + scores_grad, rel=1e-12)
+    assert float(fl.transient) == pytest.approx(memory.BACKWARD_WORKING_SET * lin, rel=1e-12)
     # DeepSpeed, training phase: + the 16-bit grads (2 B per gradient element).
-    grads16 = memory.DEEPSPEED_GRAD_BYTES * float(std["gradients"]) / memory.GRAD_BYTES
-    assert float(ds["transient"]) == pytest.approx(float(std["transient"]) + grads16, rel=1e-12)
+    grads16 = memory.DEEPSPEED_GRAD_BYTES * float(std.gradients) / memory.GRAD_BYTES
+    assert float(ds.transient) == pytest.approx(float(std.transient) + grads16, rel=1e-12)
 
 
 def test_deepspeed_optimizer_step_dominates_with_many_parameters():
@@ -106,22 +107,22 @@ def test_deepspeed_optimizer_step_dominates_with_many_parameters():
     (16-bit grads + fp32 copies), independent of the activations freed before it."""
     m = _gpt(h=4096, a=32)
     kw = _kw(num_layers=24, s=512, b=1, in_flight=1, recompute="full")
-    ds = memory.stage_memory_bytes(m, framework="deepspeed", **kw)
-    states = float(ds["weights"] + ds["gradients"] + ds["optimizer"])
-    params = float(ds["weights"]) / memory.WEIGHT_BYTES
-    assert float(states + ds["activations"] + ds["transient"]) == pytest.approx(states + 10 * params, rel=1e-12)
+    ds = memory_of(m, framework="deepspeed", **kw)
+    states = float(ds.weights + ds.gradients + ds.optimizer)
+    params = float(ds.weights) / memory.WEIGHT_BYTES
+    assert float(states + ds.activations + ds.transient) == pytest.approx(states + 10 * params, rel=1e-12)
     # ZeRO-1 shards the step's fp32 copies with the optimizer states: less memory.
-    z1 = memory.stage_memory_bytes(m, framework="deepspeed", **dict(kw, dp=8, zero=1))
-    assert float(z1["total"]) < float(ds["total"])
+    z1 = memory_of(m, framework="deepspeed", **dict(kw, dp=8, zero=1))
+    assert float(z1.total) < float(ds.total)
 
 
 def test_bad_attention_and_framework_are_named():
     m = _gpt()
     with pytest.raises(HetplanError, match="attention") as e:
-        memory.stage_memory_bytes(m, attention="flash2", **_kw())
+        memory_of(m, attention="flash2", **_kw())
     assert e.value.field == "job.attention"
     with pytest.raises(HetplanError) as e:
-        memory.stage_memory_bytes(m, framework="torchtitan", **_kw())
+        memory_of(m, framework="torchtitan", **_kw())
     assert e.value.field == "job.framework"
     with pytest.raises(ValidationError):
         Job(model="gpt2-xl", seq_len=1024, global_batch=8, attention="sdpa")
@@ -170,9 +171,9 @@ def test_espresso_trace_allocated_peak():
         rows = csv.DictReader((folder / "operations_record.csv").read_text().splitlines())
         measured = max(float(r["max_mem"]) for r in rows)
         mem = c.memory
-        theoretical = float(mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"])
+        theoretical = float(mem.weights + mem.gradients + mem.optimizer + mem.activations)
         assert theoretical / measured - 1 < -0.10  # the gap this overhead closes
-        assert abs((theoretical + float(mem["transient"])) / measured - 1) < 0.04, rank
+        assert abs((theoretical + float(mem.transient)) / measured - 1) < 0.04, rank
 
 
 def test_megatron_export_asks_for_flash_attention():
@@ -194,8 +195,8 @@ def test_megatron_last_stage_peaks_in_the_larger_of_the_loss_and_the_layer_backw
     DeepSpeed keeps its 16-bit output logits through the backward (the traces): the sum."""
     m = _gpt()
     kw = _kw(has_head=True, recompute="full", in_flight=1, b=4, s=2048)
-    meg = memory.stage_memory_bytes(m, **kw)
-    ds = memory.stage_memory_bytes(m, framework="deepspeed", **kw)
+    meg = memory_of(m, **kw)
+    ds = memory_of(m, framework="deepspeed", **kw)
     s, b, V, h = 2048, 4, m.padded_vocab_size(), m.hidden_size
     head = 4 * s * b * (h + V)
     logits = memory.LOGITS_COPY_BYTES * s * b * V
@@ -203,15 +204,15 @@ def test_megatron_last_stage_peaks_in_the_larger_of_the_loss_and_the_layer_backw
     backward = memory.BACKWARD_WORKING_SET * counts.layer_activation_bytes(m, b, s, 1, attention="flash") \
         + 2 * m.num_attention_heads * s * s * b
     stored = 8 * counts.layer_activation_bytes(m, b, s, 1, recompute="full")
-    states = float(meg["weights"] + meg["gradients"] + meg["optimizer"])
-    allocated = float(states + meg["activations"] + meg["transient"])
+    states = float(meg.weights + meg.gradients + meg.optimizer)
+    allocated = float(states + meg.activations + meg.transient)
     assert allocated == pytest.approx(states + stored + max(head + logits, layer + backward), rel=1e-12)
-    assert float(states + ds["activations"] + ds["transient"]) == pytest.approx(
-        states + stored + head + logits + layer + backward + memory.DEEPSPEED_GRAD_BYTES * float(ds["gradients"])
+    assert float(states + ds.activations + ds.transient) == pytest.approx(
+        states + stored + head + logits + layer + backward + memory.DEEPSPEED_GRAD_BYTES * float(ds.gradients)
         / memory.GRAD_BYTES, rel=1e-12)
     # Without a head, both frameworks' training phases hold the recomputed layer and the working set.
-    mid = memory.stage_memory_bytes(m, **dict(kw, has_head=False))
-    assert float(mid["activations"] + mid["transient"]) == pytest.approx(stored + layer + backward, rel=1e-12)
+    mid = memory_of(m, **dict(kw, has_head=False))
+    assert float(mid.activations + mid.transient) == pytest.approx(stored + layer + backward, rel=1e-12)
 
 
 def test_every_measured_vtrain_run_fits():

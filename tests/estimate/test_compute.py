@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from hetplan.estimate import compute
-from hetplan.estimate.options import TrainingOptions
-from hetplan.estimate.stage import Link, stage_costs
+from hetplan.estimate.stagework import Link
 from hetplan.calibration.validation import gpt_model
 from hetplan.hardware.catalog import get_gpu
+from stage_kwargs import costs_of
 
 
 def test_gemm_efficiency_grows_with_every_dimension_and_is_bounded():
@@ -73,10 +73,10 @@ def test_stage_costs_arrays_equal_scalar_calls():
     mbs = np.array([1, 2, 4, 8, 2])
     kw = dict(s=1024, dp=2, num_layers=6, has_embedding=True, has_head=False, single_stage=False, in_flight=4,
               num_microbatches=8, zero=1, recompute_code=2)
-    opts = TrainingOptions(dtype="fp16", attention="standard")
-    arr = stage_costs(m, g, link, opts, b=mbs, t=tp, sequence_parallel=tp > 1, **kw)
+    kw.update(dtype="fp16", attention="standard")
+    arr = costs_of(m, g, link, b=mbs, t=tp, sequence_parallel=tp > 1, **kw)
     for i in range(len(tp)):
-        one = stage_costs(m, g, link, opts, b=int(mbs[i]), t=int(tp[i]), sequence_parallel=bool(tp[i] > 1), **kw)
+        one = costs_of(m, g, link, b=int(mbs[i]), t=int(tp[i]), sequence_parallel=bool(tp[i] > 1), **kw)
         for key in ("forward_s", "backward_s", "dp_exposed_s", "optimizer_s"):
             assert float(getattr(arr, key)[i]) == pytest.approx(float(getattr(one, key)), rel=1e-12)
-        assert float(arr.memory["total"][i]) == pytest.approx(float(one.memory["total"]), rel=1e-12)
+        assert float(arr.memory.total[i]) == pytest.approx(float(one.memory.total), rel=1e-12)

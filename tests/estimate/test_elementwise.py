@@ -7,11 +7,11 @@ import pytest
 
 from hetplan.estimate import compute, elementwise
 from hetplan.estimate.estimator import estimate, hardware_flops_per_iteration
-from hetplan.estimate.options import TrainingOptions
-from hetplan.estimate.stage import Link, stage_costs
+from hetplan.estimate.stagework import Link
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
+from stage_kwargs import costs_of
 
 M = load_model("llama3-8b")  # h 4096, q 4096, kv 1024, f 14336, RMSNorm, rotary, SwiGLU
 GPU = load_catalog().get("H100-SXM")
@@ -45,10 +45,9 @@ def _stage(torch_compile, recompute_code, **kw):
     args = dict(s=8192, b=2, t=1, dp=8, num_layers=32, has_embedding=False, has_head=False, single_stage=False,
                 in_flight=1, num_microbatches=1, zero=3, recompute_code=recompute_code, sequence_parallel=False,
                 )
-    options = dict(framework="fsdp", torch_compile=torch_compile)
-    for k, v in kw.items():
-        (options if k in TrainingOptions.__dataclass_fields__ else args)[k] = v
-    return stage_costs(M, GPU, link, TrainingOptions(**options), **args)
+    args.update(framework="fsdp", torch_compile=torch_compile)
+    args.update(kw)
+    return costs_of(M, GPU, link, **args)
 
 
 @pytest.mark.parametrize("recompute_code, again", [(0, 0), (1, 1), (2, 1)])

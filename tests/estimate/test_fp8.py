@@ -5,12 +5,11 @@ import pytest
 
 from hetplan.estimate import compute, fp8, moe
 from hetplan.estimate.estimator import estimate
-from hetplan.estimate.memory import stage_memory_bytes
-from hetplan.estimate.options import TrainingOptions
-from hetplan.estimate.stage import Link, stage_costs
+from hetplan.estimate.stagework import Link
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
+from stage_kwargs import costs_of, memory_of
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +74,8 @@ def _stage(m, gpu, dtype, framework="megatron", **kw):
     args = dict(s=8192, b=1, t=4, dp=8, num_layers=8, has_embedding=False, has_head=False, single_stage=False,
                 in_flight=4, num_microbatches=16, zero=1, recompute_code=0, sequence_parallel=True,
                 )
-    options: dict = {}
-    for k, v in kw.items():
-        (options if k in TrainingOptions.__dataclass_fields__ else args)[k] = v
-    return stage_costs(m, gpu, link, TrainingOptions(dtype=dtype, framework=framework, **options), **args)
+    args.update(kw)
+    return costs_of(m, gpu, link, dtype=dtype, framework=framework, **args)
 
 
 def test_fp8_stage_is_faster_and_its_parts_add_up(h100):
@@ -111,24 +108,25 @@ def test_fp8_memory_weight_copies_and_fp8_activations():
               zero=1, recompute="none", sequence_parallel=True, in_flight=1, attention="flash")
     layer = (m.hidden_size * (m.q_dim + 2 * m.kv_dim) + m.q_dim * m.hidden_size
              + 3 * m.hidden_size * m.ffn_hidden_size + 2 * m.hidden_size) / 2
-    for fw, extra in (("deepspeed", 2.0), ("megatron", 0.0)):
-        base = stage_memory_bytes(m, framework=fw, **kw)
-        f8 = stage_memory_bytes(m, framework=fw, fp8_recipe="delayed", **kw)
-        assert f8["weights"] - base["weights"] == pytest.approx(extra * 32 * layer, rel=1e-12)
-        assert f8["activations"] < base["activations"]
+    for fw, extra in (("deepspeed", 2.0), ("megatron", 0.0)):  # a DeepSpeed stack with sequence parallelism
+        stack = "megatron-deepspeed@2023" if fw == "deepspeed" else None
+        base = memory_of(m, framework=fw, stack=stack, **kw)
+        f8 = memory_of(m, framework=fw, fp8_recipe="delayed", stack=stack, **kw)
+        assert f8.weights - base.weights == pytest.approx(extra * 32 * layer, rel=1e-12)
+        assert f8.activations < base.activations
         saved = fp8.saved_activation_savings_bytes(m, 1, 8192, 2, True, fw)
-        assert base["activations"] - f8["activations"] == pytest.approx(32 * saved, rel=1e-12)
-    mx = stage_memory_bytes(m, framework="megatron", fp8_recipe="mxfp8", **kw)
-    assert mx["weights"] - stage_memory_bytes(m, framework="megatron", **kw)["weights"] == pytest.approx(
+        assert base.activations - f8.activations == pytest.approx(32 * saved, rel=1e-12)
+    mx = memory_of(m, framework="megatron", fp8_recipe="mxfp8", **kw)
+    assert mx.weights - memory_of(m, framework="megatron", **kw).weights == pytest.approx(
         32 * layer / 16, rel=1e-12)
     full = dict(kw, recompute="full")
-    assert stage_memory_bytes(m, framework="megatron", fp8_recipe="delayed", **full)["activations"] == \
-        stage_memory_bytes(m, framework="megatron", **full)["activations"]
+    assert memory_of(m, framework="megatron", fp8_recipe="delayed", **full).activations == \
+        memory_of(m, framework="megatron", **full).activations
     for single, units in ((True, 2), (False, 32)):  # 2 units in flight; a pipeline stage holds all its units
-        fs16 = stage_memory_bytes(m, framework="fsdp", **dict(kw, single_stage=single))
-        fs8 = stage_memory_bytes(m, framework="fsdp", fp8_recipe="tensorwise", **dict(kw, single_stage=single))
-        assert fs16["weights"] - fs8["weights"] == pytest.approx(units * layer, rel=1e-12)  # 1 B less each
-        assert fs8["activations"] == fs16["activations"]
+        fs16 = memory_of(m, framework="fsdp", **dict(kw, single_stage=single))
+        fs8 = memory_of(m, framework="fsdp", fp8_recipe="tensorwise", **dict(kw, single_stage=single))
+        assert fs16.weights - fs8.weights == pytest.approx(units * layer, rel=1e-12)  # 1 B less each
+        assert fs8.activations == fs16.activations
 
 
 def test_estimate_fp8_plan_end_to_end():

@@ -6,9 +6,9 @@ from hypothesis import given, settings, strategies as st
 
 from hetplan.estimate import memory
 from hetplan.estimate.estimator import estimate_detailed, in_flight_microbatches
-from hetplan.estimate.memory import stage_memory_bytes
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage
+from stage_kwargs import memory_of
 
 
 def _gpt(L=32, h=4096, a=32, V=51200, bias=False, dropout=True):
@@ -53,7 +53,7 @@ def test_weights_and_optimizer_match_megatron_single_stage(tp, dp, zero):
     m = _gpt()
     est, _, costs, _ = estimate_detailed(_plan(m, tp=tp, pp=1, dp=dp, mbs=1, gbs=8 * dp, zero=zero), model=m)
     mem = costs[0].memory
-    ours = float(mem["weights"] + mem["gradients"] + mem["optimizer"])
+    ours = float(mem.weights + mem.gradients + mem.optimizer)
     assert ours == pytest.approx(megatron_weight_optimizer_bytes(32, 4096, 51200, tp, 1, dp, zero == 1), rel=1e-12)
 
 
@@ -62,7 +62,7 @@ def test_weights_first_stage_close_to_megatron_with_pipeline():
     m = _gpt()
     _, _, costs, _ = estimate_detailed(_plan(m, tp=2, pp=4, dp=2, mbs=1, gbs=16, zero=0), model=m)
     mem = costs[0].memory
-    ours = float(mem["weights"] + mem["gradients"] + mem["optimizer"])
+    ours = float(mem.weights + mem.gradients + mem.optimizer)
     ref = megatron_weight_optimizer_bytes(32, 4096, 51200, 2, 4, 2, False)
     assert abs(ours - ref) <= 18 * 2 * 4096 / 4 / 2 + 1e-6
 
@@ -75,7 +75,7 @@ def test_activations_match_megatron(tp, pp, v, mbs, m_):
     est, _, costs, _ = estimate_detailed(_plan(m, tp=tp, pp=pp, dp=1, mbs=mbs, gbs=gbs, zero=0), model=m,
                                          virtual_stages=v)
     assert est.virtual_stages == (v or 1)
-    ours = float(costs[0].memory["activations"])
+    ours = float(costs[0].memory.activations)
     ref = megatron_activation_bytes(32, 4096, 51200, 2048, mbs, tp, pp, v, m_)
     assert ours == pytest.approx(ref, rel=1e-12)
 
@@ -98,21 +98,21 @@ def test_korthikanti_table2_per_layer(t):
         (1, True): sbh * 34 / t,
     }
     for (rc, sp), ref in cases.items():
-        mem = stage_memory_bytes(m, num_layers=1, has_embedding=False, has_head=False, single_stage=False, b=b, s=s,
+        mem = memory_of(m, num_layers=1, has_embedding=False, has_head=False, single_stage=False, b=b, s=s,
                                  t=t, dp=1, zero=0, recompute=rc, sequence_parallel=sp, in_flight=1)
-        assert float(mem["activations"]) == pytest.approx(ref, rel=1e-12)
+        assert float(mem.activations) == pytest.approx(ref, rel=1e-12)
     # full recompute: 2sbh per layer kept (Table 2 last row) + the working set of the layer being recomputed
     L, inflight = 8, 3
-    mem = stage_memory_bytes(m, num_layers=L, has_embedding=False, has_head=False, single_stage=False, b=b, s=s,
+    mem = memory_of(m, num_layers=L, has_embedding=False, has_head=False, single_stage=False, b=b, s=s,
                              t=t, dp=1, zero=0, recompute="full", sequence_parallel=False, in_flight=inflight)
-    assert float(mem["activations"]) == pytest.approx(inflight * L * 2 * sbh + cases[(0, False)], rel=1e-12)
+    assert float(mem.activations) == pytest.approx(inflight * L * 2 * sbh + cases[(0, False)], rel=1e-12)
 
 
 def _total(m, **kw):
     base = dict(num_layers=8, has_embedding=True, has_head=False, single_stage=False, b=2, s=2048, t=1, dp=4, zero=0,
                 recompute="none", sequence_parallel=False, in_flight=4)
     base.update(kw)
-    return float(stage_memory_bytes(m, **base)["total"])
+    return float(memory_of(m, **base).total)
 
 
 @settings(max_examples=40, deadline=None)
@@ -145,17 +145,17 @@ def test_bf16_gradient_buffer_matches_megatron_distributed_optimizer_table():
               recompute="none", sequence_parallel=False, in_flight=1)
     P = 4 * (12 * 1024 * 1024 + 13 * 1024)
     for dp in (1, 2, 8):
-        f32 = stage_memory_bytes(m, dp=dp, **kw)
-        b16 = stage_memory_bytes(m, dp=dp, grad_reduce_dtype="bf16", **kw)
+        f32 = memory_of(m, dp=dp, **kw)
+        b16 = memory_of(m, dp=dp, grad_reduce_dtype="bf16", **kw)
         for mem, per in ((f32, 6 + 12 / dp), (b16, 4 + 12 / dp)):
-            states = float(mem["weights"] + mem["gradients"] + mem["optimizer"])
+            states = float(mem.weights + mem.gradients + mem.optimizer)
             assert states == pytest.approx(P * per, rel=1e-3)
-        step = 4 * P / dp - float(b16["activations"])  # the optimizer step's fp32 gradient shard, activations freed
-        assert float(b16["transient"]) == pytest.approx(max(float(f32["transient"]), step), rel=1e-9)
+        step = 4 * P / dp - float(b16.activations)  # the optimizer step's fp32 gradient shard, activations freed
+        assert float(b16.transient) == pytest.approx(max(float(f32.transient), step), rel=1e-9)
     # DeepSpeed and FSDP keep their own gradient layouts: the Megatron buffer dtype does not apply
     ds = dict(kw, framework="deepspeed", dp=2)
-    assert float(stage_memory_bytes(m, grad_reduce_dtype="bf16", **ds)["total"]) == float(
-        stage_memory_bytes(m, **ds)["total"])
+    assert float(memory_of(m, grad_reduce_dtype="bf16", **ds).total) == float(
+        memory_of(m, **ds).total)
 
 
 def _fsdp_kw(**kw):
@@ -176,19 +176,19 @@ def test_fsdp_pipeline_stage_holds_every_unit_unsharded_with_its_accumulated_gra
     m = _gpt(L=8, h=1024, a=16, V=32000)
     Lp = counts.layer_parameters(m)
     P = 8 * Lp
-    alone = stage_memory_bytes(m, **_fsdp_kw(single_stage=True))
-    assert float(alone["weights"]) == pytest.approx(4 * P / 8 + 2 * 2 * Lp)
-    assert float(alone["gradients"]) == pytest.approx(4 * P / 8 + (2 + 4) * Lp)
-    mid = stage_memory_bytes(m, **_fsdp_kw())
-    assert float(mid["weights"]) == pytest.approx(4 * P / 8 + 8 * 2 * Lp)
-    assert float(mid["gradients"]) == pytest.approx(4 * P + (2 + 4) * Lp)
-    assert float(mid["optimizer"]) == float(alone["optimizer"]) == pytest.approx(8 * P / 8)
-    bf16 = stage_memory_bytes(m, **_fsdp_kw(grad_reduce_dtype="bf16"))  # reduce dtype = grad dtype: no upcast
-    assert float(bf16["gradients"]) == pytest.approx(2 * P + (2 + 4) * Lp)
-    first = stage_memory_bytes(m, **_fsdp_kw(has_embedding=True))
+    alone = memory_of(m, **_fsdp_kw(single_stage=True))
+    assert float(alone.weights) == pytest.approx(4 * P / 8 + 2 * 2 * Lp)
+    assert float(alone.gradients) == pytest.approx(4 * P / 8 + (2 + 4) * Lp)
+    mid = memory_of(m, **_fsdp_kw())
+    assert float(mid.weights) == pytest.approx(4 * P / 8 + 8 * 2 * Lp)
+    assert float(mid.gradients) == pytest.approx(4 * P + (2 + 4) * Lp)
+    assert float(mid.optimizer) == float(alone.optimizer) == pytest.approx(8 * P / 8)
+    bf16 = memory_of(m, **_fsdp_kw(grad_reduce_dtype="bf16"))  # reduce dtype = grad dtype: no upcast
+    assert float(bf16.gradients) == pytest.approx(2 * P + (2 + 4) * Lp)
+    first = memory_of(m, **_fsdp_kw(has_embedding=True))
     E = counts.embedding_parameters(m)
-    assert float(first["weights"]) == pytest.approx(4 * (P + E) / 8 + 8 * 2 * Lp + 2 * E)
-    assert float(first["gradients"]) == pytest.approx(4 * (P + E) + (2 + 4) * Lp)
+    assert float(first.weights) == pytest.approx(4 * (P + E) / 8 + 8 * 2 * Lp + 2 * E)
+    assert float(first.gradients) == pytest.approx(4 * (P + E) + (2 + 4) * Lp)
 
 
 def test_fsdp_bf16_resident_parameters_hold_two_two_four_bytes():
@@ -198,12 +198,12 @@ def test_fsdp_bf16_resident_parameters_hold_two_two_four_bytes():
 
     m = _gpt(L=8, h=1024, a=16, V=32000)
     P, Lp = 8 * counts.layer_parameters(m), counts.layer_parameters(m)
-    f32 = stage_memory_bytes(m, **_fsdp_kw(single_stage=True))
-    b16 = stage_memory_bytes(m, **_fsdp_kw(single_stage=True, fsdp_param_dtype="bf16"))
-    assert float(f32["weights"] - b16["weights"]) == pytest.approx(2 * P / 8)
-    assert float(f32["gradients"] - b16["gradients"]) == pytest.approx(2 * P / 8)
-    assert float(f32["optimizer"] - b16["optimizer"]) == pytest.approx(4 * P / 8)
-    assert float(b16["weights"]) == pytest.approx(2 * P / 8 + 2 * 2 * Lp)  # the gathered units stay bf16
+    f32 = memory_of(m, **_fsdp_kw(single_stage=True))
+    b16 = memory_of(m, **_fsdp_kw(single_stage=True, fsdp_param_dtype="bf16"))
+    assert float(f32.weights - b16.weights) == pytest.approx(2 * P / 8)
+    assert float(f32.gradients - b16.gradients) == pytest.approx(2 * P / 8)
+    assert float(f32.optimizer - b16.optimizer) == pytest.approx(4 * P / 8)
+    assert float(b16.weights) == pytest.approx(2 * P / 8 + 2 * 2 * Lp)  # the gathered units stay bf16
 
 
 @pytest.mark.parametrize("loss,t,per_logit", [("fp32", 1, 12 + 2), ("fp32", 2, 16 + 2), ("bf16", 2, 6),
@@ -218,12 +218,12 @@ def test_fsdp_cross_entropy_peak_per_logit(loss, t, per_logit):
     − recomputed layer."""
     m = _gpt(L=2, h=1024, a=16, V=128000)
     kw = _fsdp_kw(num_layers=2, has_head=True, single_stage=True, s=4096, t=t)
-    mem = stage_memory_bytes(m, cross_entropy=loss, **kw)
+    mem = memory_of(m, cross_entropy=loss, **kw)
     logits = 4096 * m.padded_vocab_size() / t
     head = 4 * 4096 * (1024 + m.padded_vocab_size()) / t
-    recomputed = float(mem["activations"]) - 2 * 2 * 4096 * 1024 - head  # full recompute: 2 layer inputs + head
+    recomputed = float(mem.activations) - 2 * 2 * 4096 * 1024 - head  # full recompute: 2 layer inputs + head
     loss_phase = per_logit * logits + 2 * 4096 * 1024
-    assert float(mem["transient"]) == pytest.approx(loss_phase - head - recomputed, rel=1e-9)
+    assert float(mem.transient) == pytest.approx(loss_phase - head - recomputed, rel=1e-9)
 
 
 @settings(max_examples=40, deadline=None)
@@ -298,14 +298,14 @@ def test_pytorch_pipeline_buffers_worked_example():
                                                  (False, False, 3, (mb - 3 + mb) * io, mb * io),
                                                  (False, True, 1, (mb - 1) * io + mb * logits, 0.0)):
         kw = _fsdp_kw(has_embedding=first, has_head=last, in_flight=in_flight, s=s, b=b, t=t, sequence_parallel=True)
-        base = stage_memory_bytes(m, **kw)["activations"]
-        with_buffers = stage_memory_bytes(m, num_microbatches=mb, **kw)["activations"]
+        base = memory_of(m, **kw).activations
+        with_buffers = memory_of(m, num_microbatches=mb, **kw).activations
         assert float(with_buffers - base) == pytest.approx(extra)
-        every = stage_memory_bytes(m, num_microbatches=mb, pipeline_outputs="all", **kw)["activations"]
+        every = memory_of(m, num_microbatches=mb, pipeline_outputs="all", **kw).activations
         assert float(every - with_buffers) == pytest.approx(older)
     alone = _fsdp_kw(has_embedding=True, has_head=True, single_stage=True)
-    assert float(stage_memory_bytes(m, num_microbatches=mb, **alone)["total"]) == float(
-        stage_memory_bytes(m, **alone)["total"])
+    assert float(memory_of(m, num_microbatches=mb, **alone).total) == float(
+        memory_of(m, **alone).total)
 
 
 @pytest.mark.parametrize("t", [1, 2, 8])
@@ -318,10 +318,10 @@ def test_pytorch_tp_saves_the_all_gathered_inputs(t):
     s, b, layers = 2048, 1, 8
     kw = dict(num_layers=layers, has_embedding=False, has_head=False, single_stage=False, b=b, s=s, t=t, dp=8, zero=3,
               recompute="none", in_flight=1, attention="flash")
-    fsdp = stage_memory_bytes(m, framework="fsdp", sequence_parallel=True, **kw)["activations"]
-    megatron = stage_memory_bytes(m, framework="megatron", sequence_parallel=True, **kw)["activations"]
+    fsdp = memory_of(m, framework="fsdp", sequence_parallel=True, **kw).activations
+    megatron = memory_of(m, framework="megatron", sequence_parallel=True, **kw).activations
     assert float(fsdp - megatron) == pytest.approx(layers * 4 * s * b * 1024 * (1 - 1 / t))
-    no_sp = [stage_memory_bytes(m, framework=f, sequence_parallel=False, **kw)["activations"]
+    no_sp = [memory_of(m, framework=f, sequence_parallel=False, **kw).activations
              for f in ("fsdp", "megatron")]
     assert float(no_sp[0]) == float(no_sp[1])
 
@@ -361,10 +361,10 @@ def test_allgather_cp_holds_every_ranks_kv_in_the_layer_backward():
     assert float(memory.sdpa_kv_bytes(m, b, s / cp, t, expanded=True)) == 2 * (s / cp) * (2 * 16 * 64) / t
     for framework, expanded in (("megatron", False), ("fsdp", True)):
         kw = _fsdp_kw(num_layers=4, s=s, t=t, cp=cp, sequence_parallel=True, framework=framework, zero=1)
-        ring, gathered = (stage_memory_bytes(m, cp_kv_exchange=x, **kw) for x in ("ring", "allgather"))
+        ring, gathered = (memory_of(m, cp_kv_exchange=x, **kw) for x in ("ring", "allgather"))
         extra = cp * float(memory.sdpa_kv_bytes(m, b, s / cp, t, expanded=expanded))
-        assert float(gathered["transient"] - ring["transient"]) == pytest.approx(extra)
-        assert float(gathered["total"] - ring["total"]) == pytest.approx(extra * (1 + memory.ALLOCATOR_MARGIN))
+        assert float(gathered.transient - ring.transient) == pytest.approx(extra)
+        assert float(gathered.total - ring.total) == pytest.approx(extra * (1 + memory.ALLOCATOR_MARGIN))
     one = _fsdp_kw(num_layers=4, s=s, t=t, cp=1, sequence_parallel=True)
-    assert float(stage_memory_bytes(m, cp_kv_exchange="allgather", **one)["total"]) == float(
-        stage_memory_bytes(m, **one)["total"])
+    assert float(memory_of(m, cp_kv_exchange="allgather", **one).total) == float(
+        memory_of(m, **one).total)

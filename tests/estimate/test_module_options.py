@@ -10,6 +10,7 @@ from hetplan.estimate import compute, memory
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split
+from stage_kwargs import memory_of
 
 M = load_model("qwen3-30b-a3b")  # every layer MoE: h 2048, top-8 of 128 experts of 768
 
@@ -43,14 +44,14 @@ def test_stage_memory_drops_the_modules_bytes_and_holds_two_offloaded_layers():
     (only the layer input stored) or where the whole MoE MLP is recomputed the MoE modules change nothing."""
     opts = dict(recompute_modules=["layernorm", "moe_act"], offload_modules=["expert_fc1", "moe_act"])
     disc, off = memory.module_activation_bytes(M, 1, 4096, 1, False, *opts.values())
-    plain = memory.stage_memory_bytes(M, **_kw())["activations"]
-    with_ = memory.stage_memory_bytes(M, **_kw(), **opts)["activations"]
+    plain = memory_of(M, **_kw()).activations
+    with_ = memory_of(M, **_kw(), **opts).activations
     assert float(plain - with_) == pytest.approx(4 * 12 * (disc + off) - memory.OFFLOAD_LAYERS_ON_GPU * off)
-    full = [memory.stage_memory_bytes(M, **_kw(recompute="full"), **o)["total"] for o in ({}, opts)]
+    full = [memory_of(M, **_kw(recompute="full"), **o).total for o in ({}, opts)]
     assert float(full[0]) == float(full[1])
-    moe = [memory.stage_memory_bytes(M, **_kw(), moe_recompute=True, recompute_modules=["moe_act"],
-                                     offload_modules=o)["total"] for o in ([], ["expert_fc1"])]
-    assert float(moe[0]) == float(memory.stage_memory_bytes(M, **_kw(), moe_recompute=True)["total"]) == float(moe[1])
+    moe = [memory_of(M, **_kw(), moe_recompute=True, recompute_modules=["moe_act"],
+                                     offload_modules=o).total for o in ([], ["expert_fc1"])]
+    assert float(moe[0]) == float(memory_of(M, **_kw(), moe_recompute=True).total) == float(moe[1])
     with pytest.raises(Exception, match="job.offload_modules"):
         memory.module_activation_bytes(M, 1, 4096, 1, False, (), ["core_attn"])
 
@@ -106,8 +107,8 @@ def test_more_modules_never_raise_memory(b, layers, inflight, t, rc, fp8, moe_rc
 
     kw = _kw(b=b, num_layers=layers, in_flight=inflight, t=t, sequence_parallel=t > 1, recompute=rc,
              moe_recompute=moe_rc, fp8_recipe=fp8_mod.recipe(load_catalog().get("H100-SXM"), "megatron") if fp8 else None)
-    with_ = float(memory.stage_memory_bytes(M, **kw, recompute_modules=sorted(rec), offload_modules=sorted(off))["total"])
+    with_ = float(memory_of(M, **kw, recompute_modules=sorted(rec), offload_modules=sorted(off)).total)
     for smaller_rec, smaller_off in ((set(), off), (rec, set())):
-        fewer = memory.stage_memory_bytes(M, **kw, recompute_modules=sorted(smaller_rec),
-                                          offload_modules=sorted(smaller_off))["total"]
+        fewer = memory_of(M, **kw, recompute_modules=sorted(smaller_rec),
+                                          offload_modules=sorted(smaller_off)).total
         assert with_ <= float(fewer) + 1e-6

@@ -6,6 +6,7 @@ import pytest
 from hetplan.estimate import compute, memory
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
+from stage_kwargs import memory_of
 
 M = load_model("llama3-8b")  # h 4096, 32 heads, 8 KV heads of 128, f 14336, gated
 
@@ -43,19 +44,19 @@ def test_recompute_is_the_even_matmuls_plus_the_elementwise_work():
 def test_fsdp_selective_keeps_op_sac_bytes_and_megatron_keeps_its_own():
     kw = dict(num_layers=4, has_embedding=False, has_head=False, single_stage=False, b=2, s=8192, t=1, dp=8, zero=3,
               recompute="selective", sequence_parallel=False, in_flight=1, attention="flash")
-    fsdp = memory.stage_memory_bytes(M, framework="fsdp", **kw)
-    meg = memory.stage_memory_bytes(M, framework="megatron", **kw)
-    assert float(fsdp["activations"]) == pytest.approx(4 * float(memory.op_sac_activation_bytes(M, 2, 8192, 1)))
-    assert float(fsdp["activations"]) < 0.5 * float(meg["activations"])
+    fsdp = memory_of(M, framework="fsdp", **kw)
+    meg = memory_of(M, framework="megatron", **kw)
+    assert float(fsdp.activations) == pytest.approx(4 * float(memory.op_sac_activation_bytes(M, 2, 8192, 1)))
+    assert float(fsdp.activations) < 0.5 * float(meg.activations)
 
 
 def test_eager_loss_peak_on_the_last_stage():
     """torchtitan's fp32 cross-entropy: 12 bytes per logit at its peak, against Megatron's fused 4 + 2."""
     kw = dict(num_layers=1, has_embedding=False, has_head=True, single_stage=False, b=2, s=8192, t=1, dp=8, zero=3,
               recompute="full", sequence_parallel=False, in_flight=1, attention="flash", framework="fsdp")
-    mem = memory.stage_memory_bytes(M, **kw)
+    mem = memory_of(M, **kw)
     logits = 2 * 8192 * M.padded_vocab_size()
     head = 4 * 2 * 8192 * (M.hidden_size + M.padded_vocab_size())
     recomputed = float(compute.counts.layer_activation_bytes(M, 2, 8192, 1, recompute="none", attention="flash"))
     recomputed += float(memory.sdpa_kv_bytes(M, 2, 8192, 1, expanded=True) - memory.sdpa_kv_bytes(M, 2, 8192, 1))
-    assert float(mem["transient"]) >= memory.CROSS_ENTROPY_BYTES_PER_LOGIT["fp32"] * logits - head - recomputed - 1
+    assert float(mem.transient) >= memory.CROSS_ENTROPY_BYTES_PER_LOGIT["fp32"] * logits - head - recomputed - 1

@@ -74,20 +74,20 @@ def test_zero3_at_fixed_global_batch_stops_scaling():
 
 
 def test_fsdp_framework_shards_in_fp32_and_hsdp_replicates():
-    from hetplan.estimate import memory
+    from stage_kwargs import memory_of
 
     m = gpt_model(24, 4096, 32, 2048)
     kw = dict(num_layers=24, has_embedding=False, has_head=False, single_stage=True, b=1, s=2048, t=1, dp=64,
               zero=0, recompute="full", sequence_parallel=False, in_flight=1, attention="flash")
-    f = memory.stage_memory_bytes(m, framework="fsdp", **kw)  # no pipeline (a pipeline stage: test_memory.py)
+    f = memory_of(m, framework="fsdp", **kw)  # no pipeline (a pipeline stage: test_memory.py)
     from hetplan.model import counts
     P, Lp = 24 * counts.layer_parameters(m), counts.layer_parameters(m)
-    assert float(f["weights"]) == pytest.approx(4 * P / 64 + 2 * 2 * Lp)  # fp32 shard + two unsharded bf16 units
-    assert float(f["optimizer"]) == pytest.approx(8 * P / 64)
-    h = memory.stage_memory_bytes(m, framework="fsdp", fsdp_shard=8, **kw)  # HSDP: shard over 8, replicate x 8
-    assert float(h["optimizer"]) == pytest.approx(8 * P / 8)
-    keep = memory.stage_memory_bytes(m, framework="fsdp", reshard_after_forward=False, **kw)
-    assert float(keep["weights"]) == pytest.approx(4 * P / 64 + 24 * 2 * Lp)
+    assert float(f.weights) == pytest.approx(4 * P / 64 + 2 * 2 * Lp)  # fp32 shard + two unsharded bf16 units
+    assert float(f.optimizer) == pytest.approx(8 * P / 64)
+    h = memory_of(m, framework="fsdp", fsdp_shard=8, **kw)  # HSDP: shard over 8, replicate x 8
+    assert float(h.optimizer) == pytest.approx(8 * P / 8)
+    keep = memory_of(m, framework="fsdp", reshard_after_forward=False, **kw)
+    assert float(keep.weights) == pytest.approx(4 * P / 64 + 24 * 2 * Lp)
 
 
 def test_pipelined_fsdp_gathers_and_reduce_scatters_once_per_step():

@@ -267,3 +267,44 @@ def test_plan_baseline_compares_the_users_run(tmp_path):
     run("import", script, "-o", user)
     out = json.loads(run(*job, "--json", "--top", "1", "--baseline", user))["baseline"]
     assert out["speedup"] > 1.05 and out["usd_ratio"] < 1
+
+
+# --- DeepSpeed 0.19's own config class (optional extra: pip install 'hetplan[deepspeed]') -----------------------
+
+_DS_CHECK = """
+import json, sys
+import deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+from deepspeed.runtime.config import DeepSpeedConfig
+class MPU:  # the data-parallel world the launch gives DeepSpeed
+    def __init__(self, dp): self.dp = dp
+    def get_data_parallel_world_size(self): return self.dp
+cfg, dp = json.loads(sys.argv[1]), int(sys.argv[2])
+c = DeepSpeedConfig(cfg, mpu=MPU(dp))
+print(json.dumps([c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
+                  c.zero_optimization_stage]))
+"""
+
+
+def test_deepspeed_0_19_config_class_accepts_the_export(tmp_path):
+    """DeepSpeed's DeepSpeedConfig (0.19.8) parses the exported ds_config.json and checks train_batch_size =
+    micro-batch x accumulation x DP (in a subprocess: DeepSpeed initialises a one-rank gloo group)."""
+    import importlib.util
+    import json
+    import os
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("DeepSpeed not installed (pip install 'hetplan[deepspeed]')")
+    job = Job(model="llama2-7b", seq_len=4096, global_batch=64, train_iterations=10)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=16)], mbs=2, zero=1,
+                stages=[Stage(num_layers=17, dp=8, recompute="full"), Stage(num_layers=15, dp=8, recompute="full")])
+    cfg = exporters.export(plan, load_model("llama2-7b"), "deepspeed").files["ds_config.json"]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29617", "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0"}
+    r = subprocess.run([sys.executable, "-c", _DS_CHECK, cfg, "8"], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [64, 2, 4, 1]
+    r = subprocess.run([sys.executable, "-c", _DS_CHECK, cfg, "4"], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode != 0 and "train_batch_size is not equal" in r.stderr

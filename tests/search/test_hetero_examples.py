@@ -111,7 +111,7 @@ def test_cli_slo_and_no_hetero(tmp_path):
 
 def test_search_section_in_job_file(tmp_path):
     text = (ROOT / "examples" / "fasop_gpt2xl.toml").read_text()
-    text = text.replace('model = "examples/', f'model = "{ROOT}/examples/')
+    text = text.replace('model = "models/', f'model = "{ROOT}/examples/models/')  # the file's folder
     off = tmp_path / "off.toml"
     off.write_text(text + "\n[search]\nheterogeneous = false\n")
     r = hetplan("plan", off, "--json", "--top", "1")

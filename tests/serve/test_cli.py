@@ -239,7 +239,7 @@ model = "opt-1.3b"
     (BASE + "[workload.input]\ndist = \"lognormal\"\nmean = 100\n", "workload.input"),  # std and max missing
     (BASE.replace("total_rate_per_s = 1", "offline = true"), "workload.num_requests"),
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nengine = "vlm"'), "cluster.engine"),  # unknown
-    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nengine = "vllm@0.3"'), "cluster.engine"),
+    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nengine = "vllm@0.4"'), "cluster.engine"),
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "T4"\nengine = "vllm"\nquantization = "fp8"'),
      "cluster.quantization"),                                                   # no FP8 on Turing in vLLM
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nquantization = "int4"'),

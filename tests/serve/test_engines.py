@@ -56,7 +56,7 @@ def test_names_versions_aliases():
         get_engine("vlm")
     assert e.value.field == "engine" and "vllm" in e.value.fix
     with pytest.raises(HetplanError) as e:
-        get_engine("vllm@0.3")
+        get_engine("vllm@0.4")
     assert e.value.field == "engine" and "vllm@0.6" in e.value.fix
 
 

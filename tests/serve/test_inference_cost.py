@@ -34,7 +34,7 @@ def test_serving_and_training_agree_on_the_same_shape(tp, pp):
     b, s = 2, 512
     costs = _training(m, tp, pp, b, s)
     # swap bytes per worker = the training memory model's weight bytes per GPU of that stage (fp16)
-    want = [float(c.memory["weights"]) for c in costs for _ in range(tp)]
+    want = [float(c.memory.weights) for c in costs for _ in range(tp)]
     assert weight_bytes_per_worker(m, tp, pp, "fp16") == pytest.approx(want, rel=1e-12)
     if pp == 1:
         # prefill of b prompts of s tokens = training forward of that micro-batch, with the head on the last

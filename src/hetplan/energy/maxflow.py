@@ -204,6 +204,13 @@ class StaticNetwork:
         self._ins = [sorted(x, key=lambda e: rl[e] != self.s) for x in ins]
         self._outs = [sorted(x, key=lambda e: cl[e] != self.t) for x in outs]
         self._rl, self._cl = rl, cl
+        # each node's own edge to the sink and from the source, if it has one (local repair in _cancel)
+        self._to_t, self._from_s = [-1] * self.n, [-1] * self.n
+        for e, (u, v) in enumerate(zip(rl, cl)):
+            if v == self.t:
+                self._to_t[u] = e
+            if u == self.s:
+                self._from_s[v] = e
 
     def min_cut(self, caps: np.ndarray, backend: str = "scipy") -> tuple[int, np.ndarray]:
         """``(max flow value, source side of the minimal minimum cut)`` for capacities ``caps`` (shape (E,), ≥ 0).
@@ -217,10 +224,25 @@ class StaticNetwork:
         f = self.flow if self.warm else np.zeros(self.E, np.int64)
         over = np.nonzero(f > caps)[0]
         if over.size:
-            fl = f.tolist()
-            for e in over.tolist():
-                self._cancel(fl, e, fl[e] - int(caps[e]))
-            f = np.array(fl, np.int64)
+            f = f.copy()
+            rest = []
+            for e in over.tolist():  # local repair first (_cancel), on a few array entries
+                x = int(f[e] - caps[e])
+                a, b = self._to_t[self._rl[e]], self._from_s[self._cl[e]]
+                if a >= 0 and b >= 0:
+                    y = min(x, int(caps[a] - f[a]), int(caps[b] - f[b]))
+                    if y > 0:
+                        f[e] -= y
+                        f[a] += y
+                        f[b] += y
+                        x -= y
+                if x > 0:
+                    rest.append(e)
+            if rest:  # what is left: along flow-carrying paths, on Python lists
+                fl, cl = f.tolist(), caps.tolist()
+                for e in rest:
+                    self._cancel(fl, e, fl[e] - cl[e], cl)
+                f = np.array(fl, np.int64)
         data = np.empty(self.R.size, np.int32)
         data[self.pos] = caps - f
         data[self.rpos] = f
@@ -242,10 +264,22 @@ class StaticNetwork:
         side[reach] = True
         return int(f[self.from_source].sum()), side
 
-    def _cancel(self, f: list[int], e: int, x: int) -> None:
-        """Take ``x`` units of flow off edge ``e`` and off a flow-carrying path source → ``e`` → sink (repeated
-        until ``x`` is gone): the flow stays conserved and within every capacity it was within."""
+    def _cancel(self, f: list[int], e: int, x: int, caps: list[int]) -> None:
+        """Take ``x`` units of flow off edge ``e`` (tail ``u``, head ``w``) and restore conservation: first
+        locally — the excess at ``u`` leaves through ``u``'s own edge to the sink and the deficit at ``w`` is fed
+        through ``w``'s own edge from the source, as far as their new capacities ``caps`` allow (O(1); every
+        instruction node of the solver's network has such an edge) — then, for what is left, along a
+        flow-carrying path source → ``e`` → sink (repeated until it is gone). The flow stays feasible under
+        ``caps`` wherever it was, and acyclic (terminal edges close no cycle)."""
         rl, cl, s, t = self._rl, self._cl, self.s, self.t
+        a, b = self._to_t[rl[e]], self._from_s[cl[e]]
+        if a >= 0 and b >= 0 and x > 0:
+            y = min(x, caps[a] - f[a], caps[b] - f[b])
+            if y > 0:
+                f[e] -= y
+                f[a] += y
+                f[b] += y
+                x -= y
         while x > 0:
             path = [e]
             u = rl[e]

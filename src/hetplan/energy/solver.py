@@ -213,6 +213,17 @@ class PhillipsDessoukySolver:
         caps[b[5]:b[6]][ef[dag.exit] == T] = big
         return caps
 
+    def _infinite_path(self, big: np.ndarray) -> bool:
+        """True if the edges ``big`` (infinite capacity) alone connect the source to the sink: then every cut is
+        infinite and the frontier ends (found by one BFS instead of the exact Python flow: 1.5 s of the GPT-3
+        175B plan's frontier)."""
+        from scipy.sparse import csr_array
+        from scipy.sparse.csgraph import breadth_first_order
+
+        r, c = self.net.rows[big], self.net.cols[big]
+        g = csr_array((np.ones(r.size, np.int8), (r, c)), shape=(self.num_nodes, self.num_nodes))
+        return bool(np.isin(1, breadth_first_order(g, 0, directed=True, return_predecessors=False)))
+
     # -- one Phillips–Dessouky step ------------------------------------------------------------------
     def _step(self, d: np.ndarray, T: int, ef: np.ndarray, ls: np.ndarray) -> str | None:
         dag = self.dag
@@ -243,6 +254,8 @@ class PhillipsDessoukySolver:
             flow, side = self.net.min_cut(caps)
             big_edges = caps == INT32_MAX
             crosses_big = bool((side[self.net.rows[big_edges]] & ~side[self.net.cols[big_edges]]).any())
+        if crosses_big and self._infinite_path(caps == INT32_MAX):
+            return "no finite cut: critical instructions at their fastest and dependencies span the iteration"
         if crosses_big:
             big = int(fin.sum()) + 2 * int(lb.sum()) + 1
             flow, side = self.net.min_cut(self._capacities(ops, lb, fin, inf, emask, ls, ef, T, big), backend="python")

@@ -9,6 +9,12 @@
   (Parallel Computing 2009); NCCL 2.4 (Jeaugey, NVIDIA blog 2019). NCCL picks the faster; so do we
   (:func:`allreduce_time_s` with ``algorithm="auto"``).
 * p2p ``M/B + α``.
+* custom all-reduce (``algorithm="custom"``, :func:`custom_allreduce_time_s`): the serving engines' one-kernel
+  all-reduce over NVLink peer memory (vLLM ``csrc/custom_all_reduce.cuh``, TensorRT-LLM's AllReduce plugin, SGLang's
+  copies of both): *one-shot* — every rank reads the other ``n-1`` ranks' buffers and reduces them itself,
+  ``(n-1)·M/B_c + α_c`` — for 2 ranks, for ``M`` < 512 KiB on up to 4 ranks and < 256 KiB on up to 8;
+  *two-shot* — a reduce-scatter then an all-gather through peer memory, ``2(n-1)/n·M/B_c + 2·α_c`` — above;
+  NCCL above :data:`CUSTOM_AR_MAX_BYTES` (vLLM ``custom_all_reduce.py`` ``max_size``) or past 8 ranks.
 
 **Topology.** A group of n ranks whose members sit ``stride`` GPUs apart (Megatron-LM's rank order: TP
 innermost, then DP, then PP) has ``k = min(n, max(1, G // stride))`` members per node of G GPUs and spans
@@ -135,13 +141,54 @@ def network_terms(network: str) -> tuple[float, float]:
     return efficiency / INTER_LINK_EFFICIENCY, alpha
 
 
+#: Per-barrier latency of the custom all-reduce kernel (s) and the bandwidth one rank reaches reading its peers'
+#: buffers (bytes/s): the intercept and slope of vLLM's kernel on 8 x H100 SXM as measured in sgl-project/sglang
+#: pull request #2904 (unit test ``tests/test_trt_reduce.py``, "vllm" table, without CUDA graphs): TP 4 one-shot
+#: 32 KiB 9.2 µs / 256 KiB 20.6 µs, two-shot 512 KiB 26.9 µs / 1 MiB 40.2 µs; TP 2 one-shot 256 KiB 12.9 µs / 1 MiB
+#: 26.6 µs -> ~7.6 µs per barrier stage, ~58 GB/s per rank (the kernel runs at most 36 thread blocks: its
+#: ``block_limit``, so it is issue-bound well below the NVLink rate). Without graphs these include the launch, so
+#: inside a captured decode step they are an upper bound.
+CUSTOM_AR_ALPHA_S = 7.6e-6
+CUSTOM_AR_BANDWIDTH_BYTES_PER_S = 58e9
+#: Largest message the custom all-reduce takes (bytes): vLLM ``CustomAllreduce(max_size=8192 * 1024)``; above it
+#: (and past 8 ranks) the engines fall back to NCCL.
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+
+
+def custom_allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *,
+                            efficiency=LINK_EFFICIENCY):
+    """The serving engines' custom all-reduce of ``message_bytes`` over ``n`` ranks of one NVLink domain (module
+    doc): one-shot or two-shot by vLLM's size thresholds (``csrc/custom_all_reduce.cuh``: one-shot for 2 ranks,
+    below 512 KiB up to 4 ranks, below 256 KiB up to 8), at :data:`CUSTOM_AR_BANDWIDTH_BYTES_PER_S` (or the link's
+    rate if lower) and :data:`CUSTOM_AR_ALPHA_S` per barrier stage; NCCL's ring (``alpha_s``, ``efficiency``)
+    above :data:`CUSTOM_AR_MAX_BYTES` or beyond 8 ranks. 0 when n == 1."""
+    n = np.asarray(n, dtype=float)
+    m = np.asarray(message_bytes, dtype=float)
+    bw = np.minimum(CUSTOM_AR_BANDWIDTH_BYTES_PER_S, bandwidth_bytes_per_s * efficiency)
+    one_shot = (n <= 2) | ((n <= 4) & (m < 512 * 1024)) | ((n <= 8) & (m < 256 * 1024))
+    one = (n - 1.0) * m / bw + CUSTOM_AR_ALPHA_S
+    two = 2.0 * (n - 1.0) / np.maximum(n, 1.0) * m / bw + 2.0 * CUSTOM_AR_ALPHA_S
+    custom = np.where(one_shot, one, two)
+    nccl = allreduce_time_s(m, n, bandwidth_bytes_per_s, alpha_s, efficiency=efficiency)
+    return np.where(n > 1, np.where((m <= CUSTOM_AR_MAX_BYTES) & (n <= 8), custom, nccl), 0.0)
+
+
 def allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *,
                      efficiency=LINK_EFFICIENCY, algorithm="ring"):
     """All-reduce of ``message_bytes`` over ``n`` ranks (0 when n == 1).
 
     Args:
-        algorithm: ``"ring"``, ``"tree"`` or ``"auto"`` (the faster of the two, as NCCL's tuner picks).
+        algorithm: ``"ring"``, ``"tree"``, ``"auto"`` (the faster of the two, as NCCL's tuner picks),
+            ``"custom"`` (the serving engines' one-/two-shot kernel, :func:`custom_allreduce_time_s`, up to its
+            size limit, as vLLM uses it) or ``"custom-auto"`` (the faster of the custom kernel and NCCL's ring, as
+            TensorRT-LLM's ``AllReduceStrategy.AUTO`` chooses by message size).
     """
+    if algorithm in ("custom", "custom-auto"):
+        custom = custom_allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s, efficiency=efficiency)
+        if algorithm == "custom":
+            return custom
+        return np.minimum(custom, allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s,
+                                                   efficiency=efficiency))
     n = np.asarray(n, dtype=float)
     bw = bandwidth_bytes_per_s * efficiency
     ring = 2.0 * (n - 1.0) / np.maximum(n, 1.0) * message_bytes / bw + 2.0 * (n - 1.0) * alpha_s
@@ -174,6 +221,7 @@ def p2p_time_s(message_bytes, bandwidth_bytes_per_s, alpha_s=ALPHA_INTER_NODE_S,
 def group_collective_time_s(
     message_bytes, collective: str, n, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
     inter_bandwidth_bytes_per_s, nic_sharers=None, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=None,
+    algorithm="ring",
 ):
     """One collective of ``n`` ranks placed ``stride`` GPUs apart (module doc, "Topology").
 
@@ -185,6 +233,7 @@ def group_collective_time_s(
         inter_alpha_s: per-step latency between nodes (:func:`network_terms`).
         intra_alpha_s: per-step latency inside a node (default :data:`ALPHA_INTRA_NODE_S`; a calibration passes
             its fitted value: :class:`hetplan.estimate.stage.Link`).
+        algorithm: the all-reduce inside one node (:func:`allreduce_time_s`; ``"custom"``: a serving engine's).
     Raises:
         ValueError: unknown collective.
     """
@@ -201,7 +250,7 @@ def group_collective_time_s(
     alpha_intra = ALPHA_INTRA_NODE_S if intra_alpha_s is None else intra_alpha_s
     if collective == "allreduce":
         single = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra,
-                                  efficiency=INTRA_LINK_EFFICIENCY)
+                                  efficiency=INTRA_LINK_EFFICIENCY, algorithm=algorithm)
         volume = 2.0 * (n - 1.0) / np.maximum(n, 1.0) * message_bytes
         ring = (np.maximum(np.where(k > 1, volume / nvlink, 0.0), volume / group_nic)
                 + 2.0 * (n - nodes) * alpha_intra + 2.0 * (nodes - 1.0) * inter_alpha_s)

@@ -58,6 +58,7 @@ import numpy as np
 
 from hetplan.estimate import fp8
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s, overlap_contention, overlapped_exposed_s
+from hetplan.estimate.stagework import Recompute
 from hetplan.hardware.catalog import GPUSpec, default_attention_kernel
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -76,7 +77,8 @@ FLASH_FUSED_KERNELS = 3
 #: Dtype size of GEMM operands (bytes).
 OPERAND_BYTES = 2
 
-RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+#: :class:`~hetplan.estimate.stagework.Recompute` of each plan name.
+RECOMPUTE_CODES = {r.name.lower(): r for r in Recompute}
 
 
 def attention_kernel(job, gpu: GPUSpec) -> str:
@@ -294,6 +296,7 @@ def layer_time_s(
     op_sac=False,
     sequence_dim_copies=False,
     async_tp=False,
+    tp_allreduce="ring",
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -353,6 +356,8 @@ def layer_time_s(
             collectives and the backward's two all-gathers with their GEMMs (:func:`async_tp_exposed_s`,
             :func:`async_tp_extra_s`; the backward reduce-scatters stay NCCL's, with their copies); no
             sequence-dim copies for the fused ones.
+        tp_allreduce: algorithm of the TP all-reduces inside a node (:func:`hetplan.estimate.comm.allreduce_time_s`:
+            ``"ring"``, NCCL as training runs it; ``"custom"``, a serving engine's one-/two-shot kernel).
     Returns:
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
@@ -400,7 +405,7 @@ def layer_time_s(
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
     g = gpus_per_node if gpus_per_node is not None else 1 << 30
     inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s
-    tp_kw = dict(inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s)
+    tp_kw = dict(inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s, algorithm=tp_allreduce)
     tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
     reduce_scatter = tp_one / 2  # one reduce-scatter: half an all-reduce's ring steps
     if fp8.is_fp8(dtype):  # FP8 + SP: each all-gather half of an all-reduce moves FP8 (fp8 module doc)

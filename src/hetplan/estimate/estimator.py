@@ -10,8 +10,8 @@ time; job time = iterations · iteration time, iterations = train_tokens / (glob
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass, fields, replace
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,11 +21,13 @@ from hetplan.estimate.compute import RECOMPUTE_CODES, op_sac_matmuls, pool_gpu
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.schedule import simulate, simulate_many
-from hetplan.estimate.stage import Link, StageCost, stage_costs
+from hetplan.estimate.memory import StageMemory
+from hetplan.estimate.stage import StageCost, stage_costs
+from hetplan.estimate.stagework import Link, StageHardware, StageWork
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import GPUPool, Plan, Stage, boundary_is_intra_node
+from hetplan.plan import GPUPool, Plan, boundary_is_intra_node
 
 
 class LayerTimeSource(Protocol):
@@ -237,6 +239,7 @@ def estimate_detailed(
 
 
 _MEMORY_FIELDS = tuple(MemoryBreakdown.__dataclass_fields__)
+_MEMORY_COMPONENTS = tuple(f.name for f in fields(StageMemory))
 _COST_FIELDS = tuple(f for f in StageCost.__dataclass_fields__ if f != "memory")
 
 def p2p_model(framework: str) -> str | bool:
@@ -251,44 +254,16 @@ def p2p_model(framework: str) -> str | bool:
 #: Plans of one pipeline shape from which :func:`simulate_many` beats one :func:`simulate` per plan.
 _SIMULATE_MANY_MIN_PLANS = 16
 
-_ROW_KEYS = ("s", "b", "t", "dp", "num_layers", "has_embedding", "has_head", "single_stage", "in_flight",
-             "num_microbatches", "zero", "recompute_code", "sequence_parallel", "cp", "ep", "etp", "virtual_stages",
-             "step_microbatches")
+#: The per-stage numbers the estimator gathers into columns: the fields of Degrees and of StageWork it fills.
+_DEGREE_COLUMNS = ("tp", "cp", "dp", "ep", "expert_tp", "virtual_stages")
+_WORK_COLUMNS = ("s", "b", "num_layers", "has_embedding", "has_head", "single_stage", "num_microbatches", "zero",
+                 "recompute", "sequence_parallel", "step_microbatches")
 
 
-class _StageRow(NamedTuple):
-    """One stage of one plan in a batch: the :func:`~hetplan.estimate.stage.stage_costs` arguments (the
-    :data:`_ROW_KEYS`, first, read as columns), then what the assembly needs. ``in_flight`` holds
-    ``(gpipe, p, i, micro-batches, v)`` until the columns are built."""
-
-    s: int
-    b: int
-    t: int
-    dp: int
-    num_layers: int
-    has_embedding: bool
-    has_head: bool
-    single_stage: bool
-    in_flight: tuple
-    num_microbatches: int
-    zero: int
-    recompute_code: int
-    sequence_parallel: bool
-    cp: int
-    ep: int
-    etp: int
-    virtual_stages: int
-    step_microbatches: int
-    gpu: GPUSpec
-    link: Link
-    price_usd_per_hour: float
-    group: int  # stage_costs group id; -1: costed alone (per-layer recompute)
-    options: TrainingOptions
-    recompute_layers: int | None
-    stage: Stage
-    global_batch: int
-    peak_flops_per_s: float
-    recomputed_layers: int
+def _take(obj: Any, index: Any, scalar: bool = False) -> Any:
+    """``obj`` (Degrees or StageWork of columns) at rows ``index``; ``scalar``: one row, as Python scalars."""
+    return replace(obj, **{f.name: (x[index].item() if scalar else x[index])
+                           for f in fields(obj) if isinstance(x := getattr(obj, f.name), np.ndarray)})
 
 
 def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
@@ -334,22 +309,25 @@ def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_mo
 def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed, comm_constants):
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
-    rows: list[_StageRow] = []
-    group_ids: dict[tuple, int] = {}  # (GPU spec, link, options) -> id
+    col: dict[str, list] = {k: [] for k in (*_DEGREE_COLUMNS, *_WORK_COLUMNS)}
+    hardware, options, price_rows, peak_rows, group_rows, st_rows, gbs = [], [], [], [], [], [], []
+    in_flight_inputs, recompute_layers, recomputed = [], [], []
+    group_ids: dict[tuple, int] = {}  # (hardware, options, DP overlap) -> id
     start, vs, m0s, calls = [], [], [], []
     resolved: dict[tuple, GPUSpec] = {}  # pool_gpu of equal pools under equal attention-kernel choices, made once
+    on_link: dict[tuple, StageHardware] = {}  # one StageHardware per (GPU spec, link)
     for plan in plans:
         job, p = plan.job, plan.pp
         v = effective_virtual_stages(plan, virtual_stages)
-        start.append(len(rows))
+        start.append(len(st_rows))
         vs.append(v)
         m0s.append(plan.num_microbatches(0))
         calls.append(plan.pipeline_calls(0))
-        on_pool = {}  # pool index -> (GPUSpec, Link, $/GPU-hour, stage_costs group)
+        on_pool = {}  # pool index -> (StageHardware, $/GPU-hour, stage_costs group, peak FLOP/s)
         gpipe = plan.schedule == "gpipe"
         opts = TrainingOptions.from_plan(plan)
         stack = opts.stack_spec()
-        layouts: dict = {}  # (tp, dp) -> degrees read from the stage's ParallelLayout (one per distinct layout)
+        layouts: dict = {}  # (tp, dp) -> the stage's ParallelLayout (one per distinct layout)
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
@@ -358,64 +336,69 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                 if gpu is None:
                     gpu = resolved[key] = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=opts)
                 link = pool_link(pool, gpu, comm_constants)
-                group = group_ids.setdefault((id(gpu), link, opts), len(group_ids))
-                on_pool[st.pool] = (gpu, link, pool_price_usd_per_hour(pool, gpu), group,
-                                    gpu.peak_flops_per_s(job.dtype))
-            gpu, link, price, group, peak = on_pool[st.pool]
-            deg = layouts.get((st.tp, st.dp))
-            if deg is None:
-                lay = plan.stage_layout(i)
-                deg = layouts[st.tp, st.dp] = (lay.tp, lay.dp, lay.zero_stage, lay.sequence_parallel_active)
-            t, dp, zero, sp = deg
+                hw = on_link.setdefault((id(gpu), link), StageHardware(gpu, link))
+                # one group per (hardware, options); plans whose stack overlaps the DP reduction and those whose
+                # does not apart, as numpy's vector loops round the last bit by position (same numbers per row)
+                group = group_ids.setdefault((hw, opts, stack.overlaps_grad_reduce(plan.pp, plan.zero)),
+                                             len(group_ids))
+                on_pool[st.pool] = (hw, pool_price_usd_per_hour(pool, gpu), group, gpu.peak_flops_per_s(job.dtype))
+            hw, price, group, peak = on_pool[st.pool]
+            lay = layouts.get((st.tp, st.dp))
+            if lay is None:
+                lay = layouts[st.tp, st.dp] = plan.stage_layout(i)
             b = st.mbs or plan.mbs
-            mb = job.global_batch // (dp * b)
-            rl = st.recompute_layers
+            mb = job.global_batch // (lay.dp * b)
             step_mb = min(mb, plan.pipeline_step_microbatches or mb)  # one call of the schedule holds at most these
-            rows.append(_StageRow(
-                s=job.seq_len, b=b, t=t, dp=dp, num_layers=st.num_layers, has_embedding=i == 0,
-                has_head=i == p - 1, single_stage=p == 1, in_flight=(gpipe, p, i, step_mb, v), num_microbatches=mb,
-                zero=zero, recompute_code=RECOMPUTE_CODES[st.recompute],
-                sequence_parallel=sp, gpu=gpu, link=link, price_usd_per_hour=price,
-                group=group if rl is None else -1, options=opts, recompute_layers=rl, stage=st,
-                global_batch=job.global_batch, peak_flops_per_s=peak, recomputed_layers=st.recomputed_layers(),
-                cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, virtual_stages=v, step_microbatches=step_mb,
-            ))
-    n = len(rows)
-    every = dict(zip(_StageRow._fields, zip(*rows)))
-    gpus, links, prices, groups_of_rows = every["gpu"], every["link"], every["price_usd_per_hour"], every["group"]
-    st_rows, gbs, peak_rows = every["stage"], every["global_batch"], every["peak_flops_per_s"]
-    recomputed = every["recomputed_layers"]
-    flash = [o.attention == "flash" for o in every["options"]]
-    columns = {k: every[k] for k in _ROW_KEYS}
-    gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*columns["in_flight"]))
-    columns["in_flight"] = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
-                                    in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
-    cols = {key: np.asarray(x) for key, x in columns.items()}
+            for k, x in (("tp", lay.tp), ("cp", lay.cp), ("dp", lay.dp), ("ep", lay.ep), ("expert_tp", lay.expert_tp),
+                         ("virtual_stages", v), ("s", job.seq_len), ("b", b), ("num_layers", st.num_layers),
+                         ("has_embedding", i == 0), ("has_head", i == p - 1), ("single_stage", p == 1),
+                         ("num_microbatches", mb), ("zero", lay.zero_stage), ("recompute", RECOMPUTE_CODES[st.recompute]),
+                         ("sequence_parallel", lay.sequence_parallel_active), ("step_microbatches", step_mb)):
+                col[k].append(x)
+            in_flight_inputs.append((gpipe, p, i, step_mb, v))
+            hardware.append(hw)
+            options.append(opts)
+            price_rows.append(price)
+            peak_rows.append(peak)
+            group_rows.append(group if st.recompute_layers is None else -1)  # -1: costed alone (per-layer recompute)
+            recompute_layers.append(st.recompute_layers)
+            recomputed.append(st.recomputed_layers())
+            st_rows.append(st)
+            gbs.append(job.global_batch)
+    n = len(st_rows)
+    gpus = [hw.gpu for hw in hardware]
+    flash = [o.attention == "flash" for o in options]
+    cols = {k: np.asarray(x) for k, x in col.items()}
+    gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*in_flight_inputs))
+    in_flight = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
+                         in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
+    degrees = Degrees.of(dp=cols["dp"], zero=cols["zero"], **{k: cols[k] for k in _DEGREE_COLUMNS if k != "dp"})
+    work = StageWork(in_flight=in_flight, **{k: cols[k] for k in _WORK_COLUMNS})
 
-    # Stage costs: one vectorised call per (GPU, link, dtype, overlap) group of rows without measured times or
-    # per-layer recompute; those rows one by one.
+    # Stage costs: one vectorised call per (hardware, options) group of rows without measured times or per-layer
+    # recompute; those rows one by one.
     measured = [None] * n
     if profiles is not None:
         for r in range(n):
-            measured[r] = profiles.layer_time_s(gpus[r].name, m, rows[r].options.dtype, int(cols["b"][r]),
-                                                int(cols["s"][r]), int(cols["t"][r]))
+            measured[r] = profiles.layer_time_s(gpus[r].name, m, options[r].dtype, int(cols["b"][r]),
+                                                int(cols["s"][r]), int(cols["tp"][r]))
     groups: dict = {}  # group id -> rows; ("row", r) for a row costed alone
-    for r, (gid, ms) in enumerate(zip(groups_of_rows, measured)):
+    for r, (gid, ms) in enumerate(zip(group_rows, measured)):
         groups.setdefault(gid if gid >= 0 and ms is None else ("row", r), []).append(r)
     res: dict[str, np.ndarray] = {}
     mem: dict[str, np.ndarray] = {}
     for key, g in groups.items():
         r0 = g[0]
-        sel = np.array(g)
         alone = isinstance(key, tuple)
-        kw = {k: cols[k][r0].item() for k in _ROW_KEYS} if alone else {k: cols[k][sel] for k in _ROW_KEYS}
-        row = rows[r0]
-        c = stage_costs(m, row.gpu, row.link, row.options, measured_layer_time_s=measured[r0],
-                        recompute_layers=row.recompute_layers, **kw)
+        sel = r0 if alone else np.array(g)
+        w = _take(work, sel, alone)
+        if alone:
+            w = replace(w, recompute_layers=recompute_layers[r0])
+        c = stage_costs(m, hardware[r0], _take(degrees, sel, alone), w, options[r0], measured[r0])
         for k in _COST_FIELDS:
             res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)
-        for k, x in c.memory.items():
-            mem.setdefault(k, np.zeros(n))[sel] = x
+        for k in _MEMORY_COMPONENTS:
+            mem.setdefault(k, np.zeros(n))[sel] = getattr(c.memory, k)
     fwd, bwd = res["forward_s"], res["backward_s"]
 
     # p2p across each boundary (hetplan.estimate.iteration.boundary_time_s): the intra-node link or the (slower)
@@ -433,8 +416,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         link_cols = [np.array(x) for x in zip(*((ln.gpus_per_node, ln.intra_node_bandwidth_bytes_per_s,
                                                  ln.inter_node_bandwidth_bytes_per_s, ln.inter_node_alpha_s,
                                                  ln.intra_node_alpha_s)
-                                                for ln in links))]
-        lay = [cols[k] for k in ("t", "cp", "dp", "b")]
+                                                for ln in (hw.link for hw in hardware)))]
+        lay = [cols[k] for k in ("tp", "cp", "dp", "b")]
         p2p = np.asarray(boundary_time_s(m, cols["s"][send], [c[send] for c in lay], [c[recv] for c in lay],
                                          Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols)),
                                          np.array(intra)), dtype=float)
@@ -476,14 +459,14 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
 
     # Per-plan reductions over each plan's rows (what the report adds: FLOPs, $, TP share).
     gbs = np.array(gbs)
-    ngpu = Degrees(tp=cols["t"], cp=cols["cp"], dp_replicate=cols["dp"]).gpus_per_stage
+    ngpu = degrees.gpus_per_stage
     peak_flops = np.add.reduceat(ngpu * np.array(peak_rows), starts)
-    usd_per_hour = np.add.reduceat(ngpu * np.array(prices), starts)
+    usd_per_hour = np.add.reduceat(ngpu * np.array(price_rows), starts)
     model_rows = counts.model_flops_per_iteration(m, gbs, cols["s"])
     recompute_flops = np.add.reduceat(hardware_flops_per_iteration(
-        m, cols["s"], gbs, cols["recompute_code"], np.array(recomputed) / m.num_layers,
+        m, cols["s"], gbs, cols["recompute"], np.array(recomputed) / m.num_layers,
         flash=np.array(flash), all_layers_weight=cols["num_layers"] / m.num_layers,
-        op_sac=np.array([o.framework == "fsdp" for o in every["options"]]),
+        op_sac=np.array([o.framework == "fsdp" for o in options]),
     ) - model_rows, starts)
     model_flops = model_rows[starts]
     tp_comm = np.add.reduceat(res["tp_comm_s"], starts) * np.array(m0s)
@@ -531,7 +514,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         )
         costs = None
         if detailed:
-            costs = [StageCost(**{key: res[key][r] for key in _COST_FIELDS}, memory={key: mem[key][r] for key in mem})
+            costs = [StageCost(**{key: res[key][r] for key in _COST_FIELDS},
+                               memory=StageMemory(**{key: mem[key][r] for key in mem}))
                      for r in range(s0, s0 + p)]
         out.append((est, sims[k], costs, p2p[p2p_start[k]:p2p_start[k + 1]].tolist()))
     return out

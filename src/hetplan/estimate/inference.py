@@ -43,6 +43,10 @@ price what that serving engine runs (docs/serving.md, "The engine model"):
   unsupported combinations raise naming ``quantization``;
 * *KV cache*: ``kv_dtype`` (fp8 halves the K/V bytes) and the engine's memory budget in blocks
   (:func:`kv_capacity_tokens`, :func:`max_num_seqs`);
+* *TP all-reduces*: the release's algorithm (``EngineSpec.tp_allreduce``): NCCL's ring, or the one-/two-shot
+  custom all-reduce over NVLink peer memory (:func:`hetplan.estimate.comm.custom_allreduce_time_s`);
+* *decode K/V reads*: a GQA model's cache is read once per key/value head, or once per query head where the
+  release's decode kernel does not share the group's loads (``EngineSpec.decode_kv_reads``);
 * *per-step overhead*: ``EngineSpec.step_overhead_s`` of host time (scheduling, input preparation, sampling)
   once per engine step.
 
@@ -173,12 +177,17 @@ def _forward_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: int, s: int, tp: int, 
     linear = sum(float(gemm_time_s(g, gemm_dtype, M, N, K, weight_bytes=wb, row_tile=tile)) for M, N, K in shapes)
     core = float(attention_gemm_times_s(m, g, dtype, b, s, tp)[1])
     layer_fwd = float(layer_time_s(m, g, gemm_dtype, b, s, tp, 0, link, attention="flash",
-                                   gemm_times_s=(linear, core), cuda_graphs=not launches)[0])
+                                   gemm_times_s=(linear, core), cuda_graphs=not launches,
+                                   tp_allreduce=_TP_ALLREDUCE[engine.tp_allreduce])[0])
     host = g if launches else g.model_copy(update={"kernel_overhead_s": 0.0})
     emb = float(embedding_time_s(m, host, b, s, tp)[0])
     logits = float(gemm_time_s(g, dtype, b, m.padded_vocab_size() / tp, m.hidden_size))
     graph_launch = 0.0 if launches else gpu.kernel_overhead_s  # one graph launch / engine enqueue per pass
     return m.num_layers * layer_fwd + emb + logits + graph_launch
+
+
+#: The all-reduce algorithm of :func:`hetplan.estimate.comm.allreduce_time_s` each ``EngineSpec.tp_allreduce`` runs.
+_TP_ALLREDUCE = {"nccl": "ring", "custom": "custom", "auto": "custom-auto"}
 
 
 #: Rows of one tensor-core MMA tile by architecture family: ``mma.sync.m16n8k16`` (Volta to Ada: 16 rows) and
@@ -211,14 +220,15 @@ def prefill_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prompt_len: int, *, b
 
 
 def kv_read_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, kv_tokens: int, tp: int = 1,
-                   kv_dtype: str | None = None, queries: int = 1) -> float:
+                   kv_dtype: str | None = None, queries: int = 1, reads: float = 1.0) -> float:
     """Seconds one layer's decode attention takes over ``kv_tokens`` cached tokens on one of ``tp`` ranks: the
     larger of its FLOPs (scores and values, ``4 · queries · n · q_dim / t``) at the ``dtype`` peak and its K/V
     reads (``kv_dtype``, default ``dtype``) from HBM. ``queries``: query tokens per cached token read (1 for a
     decode step; a prefill chunk's length for its attention over the chunks before it, the K/V read once per
-    query tile)."""
+    query tile). ``reads``: times each cached byte is read (:meth:`EngineSpec.decode_kv_reads`: the query heads
+    per key/value head for a decode kernel that does not share a GQA group's loads)."""
     flops = 4.0 * queries * kv_tokens * m.q_dim / tp
-    nbytes = 2.0 * kv_tokens * (m.kv_dim / tp) * dtype_bytes(kv_dtype or dtype)
+    nbytes = 2.0 * kv_tokens * (m.kv_dim / tp) * dtype_bytes(kv_dtype or dtype) * reads
     return max(flops / (gpu.peak_flops_per_s(dtype) * gpu.compute_efficiency), nbytes / gpu.hbm_bandwidth_bytes_per_s)
 
 
@@ -226,8 +236,9 @@ def _decode_gpu_s(m, gpu, dtype, batch, kv_tokens, tp, pp, engine, weights, kv_d
     if batch == 0:
         return 0.0
     g = gpu if engine is None else _engine_gpu(gpu, engine)
+    reads = 1.0 if engine is None else engine.decode_kv_reads(m.num_attention_heads, m.num_kv_heads)
     return (_forward_s(m, gpu, dtype, batch, 1, tp, engine, weights, prefill=False)
-            + m.num_layers * kv_read_time_s(m, g, dtype, kv_tokens, tp, kv_dtype)
+            + m.num_layers * kv_read_time_s(m, g, dtype, kv_tokens, tp, kv_dtype, reads=reads)
             + _pipeline_p2p_s(m, gpu, batch, pp, dtype_bytes(dtype)))
 
 

@@ -71,13 +71,20 @@ Measured on 37 stages of Espresso's DeepSpeed traces (``benchmarks/bench_memory_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
-from hetplan.degrees import Degrees
 from hetplan.errors import HetplanError
 from hetplan.estimate import context, fp8, moe
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from hetplan.degrees import Degrees
+    from hetplan.estimate.options import TrainingOptions
+    from hetplan.estimate.stagework import StageWork
 
 WEIGHT_BYTES = 2
 GRAD_BYTES = 4
@@ -318,51 +325,34 @@ def layer_parameters_per_gpu(m: ModelSpec, t, ep=1, etp=1):
     return counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / (np.asarray(ep) * etp))
 
 
-def stage_memory_bytes(
-    m: ModelSpec,
-    *,
-    num_layers,
-    has_embedding,
-    has_head,
-    single_stage,
-    b,
-    s,
-    t,
-    dp,
-    zero,
-    recompute: str | np.ndarray,
-    sequence_parallel,
-    in_flight,
-    recompute_layers=None,
-    attention: str = "standard",
-    framework: str = "megatron",
-    fsdp_shard=None,
-    reshard_after_forward=True,
-    cp=1,
-    ep=1,
-    etp=1,
-    moe_recompute=False,
-    grad_reduce_dtype=None,
-    fp8_recipe=None,
-    fsdp_param_dtype="fp32",
-    cross_entropy="fp32",
-    num_microbatches=None,
-    virtual_stages=1,
-    recompute_modules=(),
-    offload_modules=(),
-    cp_kv_exchange="ring",
-    pipeline_outputs="last",
-):
-    """Peak memory per GPU of one stage, as a dict of arrays (bytes):
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Peak memory per GPU of one stage by component (bytes; floats or arrays): :func:`stage_memory_bytes`.
+    ``transient`` is the allocated working memory included in ``overhead``."""
+
+    weights: Any
+    gradients: Any
+    optimizer: Any
+    activations: Any
+    overhead: Any
+    total: Any
+    transient: Any
+
+
+def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options: TrainingOptions) -> StageMemory:
+    """Peak memory per GPU of one stage (:class:`StageMemory`, bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
-    allocated working memory included in ``overhead``; see the module doc).
+    allocated working memory included in ``overhead``; see the module doc). The degrees, the stage's work and the
+    options are :class:`~hetplan.degrees.Degrees`, :class:`~hetplan.estimate.stagework.StageWork` and
+    :class:`~hetplan.estimate.options.TrainingOptions`; the names below are their fields.
 
     ``weights + gradients + optimizer + activations`` is Megatron-LM's theoretical memory; ``total`` adds the
     overhead; ``total - CUDA_CONTEXT_BYTES - margin`` (``states + activations + transient``) is what
     ``torch.cuda.max_memory_allocated`` reports.
 
-    Args:
-        recompute: ``"none"`` | ``"selective"`` | ``"full"``, or an integer array of codes 0/1/2.
+    Args (fields):
+        recompute: ``"none"`` | ``"selective"`` | ``"full"``, or :class:`~hetplan.estimate.stagework.Recompute`
+            codes.
         in_flight: micro-batches whose activations the stage holds at its peak.
         recompute_layers: how many layers use ``recompute`` (the others keep all activations); default all.
         attention: ``"standard"`` | ``"flash"`` (:attr:`hetplan.plan.Job.attention`).
@@ -391,8 +381,9 @@ def stage_memory_bytes(
             Transformer Engine saves in FP8 (in ``activations``); under torchao (``fsdp``) the unsharded units
             gathered in FP8 (:mod:`hetplan.estimate.fp8`).
         fsdp_param_dtype: FSDP's resident parameter dtype, ``"fp32"`` | ``"bf16"`` (:data:`FSDP_STATE_BYTES`).
-        cross_entropy: FSDP's loss, ``"fp32"`` | ``"bf16"`` | ``"compiled"`` (:data:`CROSS_ENTROPY_BYTES_PER_LOGIT`).
-        num_microbatches, virtual_stages: micro-batches per iteration and local stages of an interleaved schedule;
+        cross_entropy: FSDP's loss, ``"fp32"`` | ``"bf16"`` | ``"compiled"`` (:data:`CROSS_ENTROPY_BYTES_PER_LOGIT`;
+            None: ``compiled`` under ``torch_compile``, else ``fp32``).
+        num_microbatches (``step_microbatches`` where set), virtual_stages: micro-batches per iteration and local stages of an interleaved schedule;
             under ``fsdp`` with pp > 1 they size PyTorch's pipeline buffers (:func:`pipeline_buffer_bytes`, in
             ``activations``; ``pipeline_outputs``: which stages keep their outputs); None: no such buffers. Under ``fsdp`` a layer without checkpointing (and the layer
             recomputed under full checkpointing) also holds :func:`dtensor_gathered_input_bytes`.
@@ -405,16 +396,30 @@ def stage_memory_bytes(
     Raises:
         HetplanError: unknown ``attention`` or ``framework``.
     """
+    attention, framework = options.attention, options.framework
+    num_layers, has_embedding, has_head = work.num_layers, work.has_embedding, work.has_head
+    single_stage, b, s, in_flight = work.single_stage, work.b, work.s, work.in_flight
+    zero, recompute, recompute_layers, fp8_recipe = work.zero, work.recompute, work.recompute_layers, work.fp8_recipe
+    num_microbatches = work.num_microbatches if work.step_microbatches is None else work.step_microbatches
+    t, dp, cp, ep, etp = degrees.tp, degrees.dp, degrees.cp, degrees.ep, degrees.expert_tp
+    virtual_stages = degrees.virtual_stages
+    fsdp_shard, reshard_after_forward = options.fsdp_shard, options.reshard_after_forward
+    moe_recompute, grad_reduce_dtype = options.moe_recompute, options.grad_reduce_dtype
+    fsdp_param_dtype, pipeline_outputs = options.fsdp_param_dtype, options.pipeline_outputs
+    cross_entropy = options.cross_entropy or ("compiled" if options.torch_compile else "fp32")
+    recompute_modules, offload_modules = options.recompute_modules, options.offload_modules
+    cp_kv_exchange = options.cp_kv_exchange
     counts.check_attention(attention)
     s, b = counts.as_float(s), counts.as_float(b)
     if framework not in FRAMEWORKS:
         raise HetplanError(f"unknown framework {framework!r}", field="job.framework",
                            fix="use 'megatron', 'deepspeed' or 'fsdp'")
+    # sequence parallelism where the stack has it (hetplan.hardware.stacks)
+    sequence_parallel = np.asarray(work.sequence_parallel) & options.stack_spec().sequence_parallel
     dense, expert = moe.parameters_per_gpu(stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep, etp)
     layer_params = layer_parameters_per_gpu(m, t, ep, etp)
-    deg = Degrees.of(tp=t, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp)
-    dp_all, edp = np.asarray(deg.dense_dp), deg.expert_dp
+    dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
 
     def split(per_parameter, dense_shard, expert_shard):  # bytes: dense over dp·cp, experts over expert-DP
         return dense * per_parameter / dense_shard + expert * per_parameter / expert_shard
@@ -563,12 +568,5 @@ def stage_memory_bytes(
             transient = np.maximum(transient, step)
     allocated = tensors + transient
     overhead = CUDA_CONTEXT_BYTES + transient + ALLOCATOR_MARGIN * allocated
-    return {
-        "weights": weights,
-        "gradients": grads,
-        "optimizer": optim,
-        "activations": activations,
-        "overhead": overhead,
-        "total": tensors + overhead,
-        "transient": transient,
-    }
+    return StageMemory(weights=weights, gradients=grads, optimizer=optim, activations=activations,
+                       overhead=overhead, total=tensors + overhead, transient=transient)

@@ -7,35 +7,20 @@ at once (every argument but ``m``, ``gpu``, ``pool`` and ``dtype`` may be an arr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from hetplan.estimate import compute, context, elementwise, fp8, memory, moe
 from hetplan.degrees import Degrees
+from hetplan.estimate.comm import ALPHA_INTER_NODE_S, dp_collective_time_s, group_collective_time_s, overlap_contention
 from hetplan.estimate.options import TrainingOptions
-from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, P2P_CALL_S, dp_collective_time_s,
-                                   group_collective_time_s, overlap_contention)
+from hetplan.estimate.stagework import Link, Recompute, StageHardware, StageWork
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.hardware.stacks import StackSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
-
-
-@dataclass(frozen=True)
-class Link:
-    """Bandwidths a stage sees (bytes/s, unidirectional): inside its node and out of its node (whole NIC, as far
-    as its network lets NCCL use it: :func:`hetplan.estimate.comm.network_terms`), and the per-step latencies
-    between nodes and inside a node (s; the latter fitted, :class:`hetplan.estimate.comm.CommConstants`), and the
-    time a stage loses per pipeline p2p call of an extra model chunk (:data:`hetplan.estimate.comm.P2P_CALL_S`)."""
-
-    gpus_per_node: int
-    intra_node_bandwidth_bytes_per_s: float
-    inter_node_bandwidth_bytes_per_s: float
-    inter_node_alpha_s: float = ALPHA_INTER_NODE_S
-    intra_node_alpha_s: float = ALPHA_INTRA_NODE_S
-    p2p_call_s: float = P2P_CALL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +32,7 @@ class StageCost:
             collectives); tp_comm_s: the TP-collective part of both.
         dp_s: data-parallel gradient/parameter collectives per iteration; dp_exposed_s: the part not hidden.
         optimizer_s: the Adam step.
-        memory: :func:`hetplan.estimate.memory.stage_memory_bytes`' dict (bytes per GPU by component).
+        memory: :func:`hetplan.estimate.memory.stage_memory_bytes` (bytes per GPU by component).
         params_per_gpu: parameters held per GPU before ZeRO sharding.
         alltoall_s: the MoE all-to-all (dispatch + combine) of one micro-batch through the stage that the
             forward and backward times include: exposed (after the 1F1B overlap where on), and again where the MoE
@@ -60,7 +45,7 @@ class StageCost:
     dp_s: Any
     dp_exposed_s: Any
     optimizer_s: Any
-    memory: dict
+    memory: memory.StageMemory
     params_per_gpu: Any
     alltoall_s: Any = 0.0
 
@@ -78,30 +63,11 @@ def grad_comm_bytes_per_parameter(dtype: str) -> int:
 
 def stage_costs(
     m: ModelSpec,
-    gpu: GPUSpec,
-    link: Link,
+    hardware: StageHardware,
+    degrees: Degrees,
+    work: StageWork,
     options: TrainingOptions,
-    *,
-    s: Any,
-    b: Any,
-    t: Any,
-    dp: Any,
-    num_layers: Any,
-    has_embedding: Any,
-    has_head: Any,
-    single_stage: Any,
-    in_flight: Any,
-    num_microbatches: Any,
-    zero: Any,
-    recompute_code: Any,
-    sequence_parallel: Any,
     measured_layer_time_s: tuple[float, float] | None = None,
-    recompute_layers: Any = None,
-    cp: Any = 1,
-    ep: Any = 1,
-    etp: Any = 1,
-    virtual_stages: Any = 1,
-    step_microbatches: Any = None,
 ) -> StageCost:
     """Costs of one stage (see module doc). Returns a :class:`StageCost` of arrays:
 
@@ -132,7 +98,7 @@ def stage_costs(
     ``num_microbatches``), which sizes PyTorch's pipeline buffers in the memory; ``pipeline_outputs``: which
     stages keep their outputs (:attr:`hetplan.plan.Plan.pipeline_outputs`).
 
-    ``recompute_layers``: optional number of the stage's layers that use ``recompute_code`` (per-layer
+    ``recompute_layers``: optional number of the stage's layers that use ``recompute`` (per-layer
     recomputation, Aceso EuroSys'24 Sec. 4.2); the other layers recompute nothing. Default (None): all layers.
 
     ``attention`` (``"standard"`` | ``"flash"``) and ``framework`` (``"megatron"`` | ``"deepspeed"`` |
@@ -174,8 +140,11 @@ def stage_costs(
     Megatron-FSDP rows, whose TP is Megatron-Core's. ``async_tp`` (:attr:`hetplan.plan.Job.async_tp`, dense models):
     PyTorch's async TP in place of those copies and the exposed collectives (same function).
 
-    ``options``: every job and plan option that changes the cost (:class:`hetplan.estimate.options.TrainingOptions`;
-    the option names below are its fields).
+    ``hardware``: the GPU and its links (:class:`~hetplan.estimate.stagework.StageHardware`); ``degrees``: the
+    stage's parallel degrees (:class:`~hetplan.degrees.Degrees`: ``t`` below is its ``tp``, ``etp`` its
+    ``expert_tp``); ``work``: what the stage computes (:class:`~hetplan.estimate.stagework.StageWork`); ``options``:
+    every job and plan option that changes the cost (:class:`~hetplan.estimate.options.TrainingOptions`). The
+    names below are their fields.
 
     Units: seconds, bytes.
     """
@@ -188,13 +157,20 @@ def stage_costs(
     recompute_modules, offload_modules = options.recompute_modules, options.offload_modules
     pipeline_outputs, tp_comm_overlap = options.pipeline_outputs, options.tp_comm_overlap
     cuda_graphs, torch_compile, async_tp = options.cuda_graphs, options.torch_compile, options.async_tp
+    gpu, link = hardware.gpu, hardware.link
+    t, dp, cp, ep, etp = degrees.tp, degrees.dp, degrees.cp, degrees.ep, degrees.expert_tp
+    virtual_stages = degrees.virtual_stages
+    s, b, num_layers, has_embedding = work.s, work.b, work.num_layers, work.has_embedding
+    has_head, single_stage, num_microbatches = work.has_head, work.single_stage, work.num_microbatches
+    zero, recompute_code, recompute_layers = work.zero, work.recompute, work.recompute_layers
+    rc = np.asarray(recompute_code)
     # what the stack can do: sequence parallelism, and reducing DP gradients during backward (hetplan.hardware.stacks)
     stack = options.stack_spec()
-    sequence_parallel = np.asarray(sequence_parallel) & stack.sequence_parallel
+    sequence_parallel = np.asarray(work.sequence_parallel) & stack.sequence_parallel
     overlap_grad_reduce = overlap_grad_reduce & stack_overlaps_grad_reduce(stack, single_stage, zero)
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
-    tp_kw = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
+    tp_kw: dict[str, Any] = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
                  intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe,
                  cuda_graphs=cuda_graphs, op_sac=framework == "fsdp",
@@ -234,10 +210,11 @@ def stage_costs(
         layer_a2a = 2 * x
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
             again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
-            rerun = np.where(np.asarray(recompute_code) == 2, 0.0, again)
-            lb, ltp = lb + rerun, ltp + np.where(np.asarray(recompute_code) == 2, 0.0, a2a)
-            layer_a2a = layer_a2a + np.where(np.asarray(recompute_code) == 2, 0.0, a2a)
-    fp8_recipe = fp8.recipe(gpu, framework) if fp8.is_fp8(dtype) else None
+            rerun = np.where(rc == Recompute.FULL, 0.0, again)
+            lb, ltp = lb + rerun, ltp + np.where(rc == Recompute.FULL, 0.0, a2a)
+            layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
+    fp8_recipe = stage_fp8_recipe(gpu, options)
+    work = replace(work, fp8_recipe=fp8_recipe)
     if fp8_recipe is not None:  # FP8 quantization of the linear layers' inputs and output gradients
         shapes = moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)
         dense = not (m.is_moe or m.is_mla)  # QKV / FC1 column-parallel, projection / FC2 row-parallel
@@ -246,7 +223,7 @@ def stage_costs(
         if eager:  # torchao's casts as separate ATen kernels
             xf, xb = elementwise.eager_cast_time_s(gpu, shapes)
             cf, cb = cf + xf, cb + xb
-        lf, lb = lf + cf, lb + cb + np.where(np.asarray(recompute_code) == 2, cf, 0.0)
+        lf, lb = lf + cf, lb + cb + np.where(rc == Recompute.FULL, cf, 0.0)
         if af is not None:
             af, ab = af + cf, ab + cb
     if recompute_modules or offload_modules:  # Megatron-Core's per-module recomputation and offloading
@@ -260,7 +237,7 @@ def stage_costs(
         # recomputed whole
         again = compute.ELEMENTWISE_PASSES * redo / gpu.hbm_bandwidth_bytes_per_s
         copy = moved / gpu.host_link_bandwidth_bytes_per_s
-        on = np.asarray(recompute_code) != 2
+        on = rc != Recompute.FULL
         lf, lb = lf + np.where(on, np.maximum(copy - lf, 0.0), 0.0), lb + np.where(on, again + np.maximum(copy - lb, 0.0), 0.0)
         if af is not None:
             af, ab = af + np.maximum(copy - af, 0.0), ab + again + np.maximum(copy - ab, 0.0)
@@ -272,7 +249,7 @@ def stage_costs(
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, loss_kind if framework == "fsdp" else cross_entropy)
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
-        lb = lb + np.where(np.asarray(recompute_code) == 1, compute.op_sac_recompute_s(
+        lb = lb + np.where(rc == Recompute.SELECTIVE, compute.op_sac_recompute_s(
             m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes), 0.0)
     if recompute_layers is None:
         layers_bwd, layers_tp = num_layers * lb, num_layers * ltp
@@ -290,8 +267,7 @@ def stage_costs(
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
     dp_net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
               link.intra_node_alpha_s)
-    deg = Degrees.of(tp=t, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp)
-    dp_all, edp = np.asarray(deg.dense_dp), deg.expert_dp
+    dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
     weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
@@ -303,7 +279,7 @@ def stage_costs(
         out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, *dp_net)
         if m.is_moe:
             out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp,
-                                             np.asarray(deg.expert_ranks), *dp_net)
+                                             np.asarray(degrees.expert_ranks), *dp_net)
         return out * units
 
     grad_bytes = params * grad_per
@@ -360,40 +336,7 @@ def stage_costs(
     )
 
     owned = dense / np.where(zero >= 1, dp_all, 1) + expert / np.where(zero >= 1, edp, 1)
-    mem = memory.stage_memory_bytes(
-        m,
-        num_layers=num_layers,
-        has_embedding=has_embedding,
-        has_head=has_head,
-        single_stage=single_stage,
-        b=b,
-        s=s_all,
-        t=t,
-        dp=dp,
-        zero=zero,
-        recompute=recompute_code,
-        sequence_parallel=sequence_parallel,
-        in_flight=in_flight,
-        recompute_layers=recompute_layers,
-        attention=attention,
-        framework=framework,
-        fsdp_shard=fsdp_shard,
-        reshard_after_forward=reshard_after_forward,
-        cp=cp,
-        ep=ep,
-        etp=etp,
-        moe_recompute=moe_options.recompute,
-        grad_reduce_dtype=grad_reduce_dtype,
-        fsdp_param_dtype=fsdp_param_dtype,
-        cross_entropy=loss_kind,
-        fp8_recipe=fp8_recipe,
-        num_microbatches=num_microbatches if step_microbatches is None else step_microbatches,
-        virtual_stages=virtual_stages,
-        recompute_modules=recompute_modules,
-        offload_modules=offload_modules,
-        cp_kv_exchange=kv_exchange,
-        pipeline_outputs=pipeline_outputs,
-    )
+    mem = memory.stage_memory_bytes(m, degrees, work, options)
     optimizer = compute.optimizer_step_time_s(owned, gpu)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
         linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
@@ -409,6 +352,19 @@ def stage_costs(
         params_per_gpu=params,
         alltoall_s=num_layers * np.asarray(layer_a2a, dtype=float) if m.is_moe else 0.0,
     )
+
+
+def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:
+    """The FP8 scaling recipe of a stage's GEMMs (:func:`hetplan.estimate.fp8.recipe`), None unless FP8."""
+    return fp8.recipe(gpu, options.framework) if fp8.is_fp8(options.dtype) else None
+
+
+def stage_memory(m: ModelSpec, hardware: StageHardware, degrees: Degrees, work: StageWork,
+                 options: TrainingOptions) -> memory.StageMemory:
+    """The memory part of :func:`stage_costs` alone (what a search prunes by before it costs times):
+    :func:`hetplan.estimate.memory.stage_memory_bytes` with the FP8 recipe of the stage's GPU."""
+    return memory.stage_memory_bytes(m, degrees, replace(work, fp8_recipe=stage_fp8_recipe(hardware.gpu, options)),
+                                     options)
 
 
 def stack_overlaps_grad_reduce(stack: StackSpec, single_stage: Any, zero: Any) -> Any:

@@ -58,7 +58,7 @@ DecodePath = Literal["cuda_graphs", "compiled", "eager"]
 _FIELDS_WITH_SOURCES = ("decode_path", "prefill_graphs", "cuda_graph_batch_sizes", "attention", "kv_block_tokens",
                         "memory_budget", "gpu_memory_utilization", "max_num_seqs", "chunked_prefill",
                         "max_num_batched_tokens", "non_torch_memory_gib", "step_overhead_s", "hbm_efficiency", "weight_dtypes",
-                        "fp8_compute")
+                        "fp8_compute", "gqa_decode_kv_shared", "tp_allreduce")
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -105,6 +105,15 @@ class EngineSpec(BaseModel):
             streaming the weights, paged attention reading the KV cache) reach.
         weight_dtypes: ``{dtype: families}`` where the release runs weights of that dtype.
         fp8_compute: families where FP8 weights run FP8 GEMMs (W8A8); elsewhere FP8 is weight-only.
+        gqa_decode_kv_shared: the decode attention kernel reads each key/value head's cached K/V once for all the
+            query heads of its group (FlashAttention / FlashInfer / XQA tile the group's queries together); False:
+            one thread block per *query* head reads its group's K/V again (TensorRT-LLM's masked MHA kernel before
+            XQA), so a GQA model's decode reads ``num_attention_heads / num_kv_heads`` times the K/V bytes
+            (:meth:`decode_kv_reads`).
+        tp_allreduce: the all-reduce the release runs between the TP ranks of a layer: ``nccl`` (NCCL's ring /
+            tree) or ``custom`` (a one-shot / two-shot all-reduce over NVLink peer memory inside the step, vLLM's
+            ``custom_all_reduce``; :func:`hetplan.estimate.comm.allreduce_time_s` ``algorithm="custom"``) or
+            ``auto`` (the faster of the custom kernel and NCCL by message size, TensorRT-LLM's AUTO strategy).
         sources: ``{field: source}``.
     """
 
@@ -131,6 +140,8 @@ class EngineSpec(BaseModel):
     hbm_efficiency: float = Field(default=1.0, gt=0, le=1)
     weight_dtypes: Mapping[str, tuple[str, ...]]
     fp8_compute: tuple[str, ...] = ()
+    gqa_decode_kv_shared: bool = True
+    tp_allreduce: Literal["nccl", "custom", "auto"] = "nccl"
     sources: Mapping[str, str]
 
     @property
@@ -190,6 +201,11 @@ class EngineSpec(BaseModel):
         if dtype in ("fp8", "int8", "int4"):
             return "bf16" if "bf16" in gpu.dense_flops_per_s else "fp16"
         return dtype
+
+    def decode_kv_reads(self, num_attention_heads: int, num_kv_heads: int) -> float:
+        """Times a decode step reads each cached K/V byte from HBM: 1 where the kernel shares a key/value head's
+        loads among its query heads (``gqa_decode_kv_shared``), else the query heads per key/value head."""
+        return 1.0 if self.gqa_decode_kv_shared else num_attention_heads / max(1, num_kv_heads)
 
     def graph_batch_size(self, batch: int) -> int | None:
         """The captured batch size a decode step of ``batch`` sequences replays (the smallest captured size

@@ -170,6 +170,7 @@ def load_stacks() -> StackCatalog:
     return StackCatalog(date=str(data.get("date", "?")), stacks=_merge(data.get("stack", []), "stacks.toml"))
 
 
+@lru_cache(maxsize=8)
 def default_stack(framework: str) -> StackSpec:
     """The stack ``framework`` runs when the job names none (:data:`FRAMEWORK_STACK`, its latest release)."""
     return load_stacks().releases(FRAMEWORK_STACK[framework])[-1]

@@ -32,12 +32,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hetplan.degrees import Degrees
 from hetplan.estimate.compute import RECOMPUTE_CODES
 from hetplan.estimate.estimator import LayerTimeSource, p2p_model, pool_link
 from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.schedule import simulate
 from hetplan.estimate.stage import stage_costs
+from hetplan.estimate.stagework import StageHardware, StageWork
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
@@ -201,6 +203,7 @@ class FineCostModel:
         self.recompute_modes = tuple(recompute_modes)
         self.profiles = profiles
         self.link = pool_link(pool, gpu)
+        self.hardware = StageHardware(gpu, self.link)
         self.capacity = float(gpu.memory_bytes if memory_capacity_bytes is None
                               else min(memory_capacity_bytes, gpu.memory_bytes))
         self.L = m.num_layers
@@ -223,18 +226,17 @@ class FineCostModel:
 
     def _call(self, ctx: StageContext, n, in_flight, code, r):
         emb, head, single, tp, dp, b, mb, zero, cp, ep = ctx
-        return stage_costs(
-            self.m, self.gpu, self.link, self.options, s=self.job.seq_len, b=b, t=tp, dp=dp, num_layers=n,
-            has_embedding=emb, has_head=head, single_stage=single, in_flight=in_flight, num_microbatches=mb,
-            zero=zero, recompute_code=code, sequence_parallel=tp > 1,
-            measured_layer_time_s=self._measured_time(b, tp), recompute_layers=r, cp=cp, ep=ep,
-        )
+        degrees = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep)
+        work = StageWork(s=self.job.seq_len, b=b, num_layers=n, has_embedding=emb, has_head=head, single_stage=single,
+                         in_flight=in_flight, num_microbatches=mb, recompute=code, zero=zero,
+                         sequence_parallel=tp > 1, recompute_layers=r)
+        return stage_costs(self.m, self.hardware, degrees, work, self.options, self._measured_time(b, tp))
 
     @staticmethod
     def _unpack(c, shape):
         keys = ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s")
         out = [np.broadcast_to(np.asarray(getattr(c, k), dtype=float), shape) for k in keys]
-        out.append(np.broadcast_to(np.asarray(c.memory["total"], dtype=float), shape))
+        out.append(np.broadcast_to(np.asarray(c.memory.total, dtype=float), shape))
         return out
 
     def table(self, ctx):

@@ -12,16 +12,16 @@ Cost: O(rows) numpy work with a small constant; no pruning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
 from hetplan.degrees import Degrees
-from hetplan.estimate.options import TrainingOptions
+from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
-from hetplan.estimate.memory import stage_memory_bytes
-from hetplan.estimate.stage import stage_costs
+from hetplan.estimate.options import TrainingOptions
+from hetplan.estimate.stage import stage_costs, stage_memory
+from hetplan.estimate.stagework import StageHardware, StageWork
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -209,19 +209,27 @@ def one_f_one_b_cycle_lower_bound_s(stage_min_s, p2p_max_s, pp, num_microbatches
                     0.0)
 
 
-def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> np.ndarray:
-    """Peak memory per GPU over the stages of each configuration (bytes), as the estimator computes it."""
-    tp, pp, dp, mbs = cfg["tp"], cfg["pp"], cfg["dp"], cfg["mbs"]
-    layers, count, has_emb, has_head, in_flight = _stage_kinds(
-        m.num_layers, pp, job.global_batch // (dp * mbs), cfg["virtual_stages"])
+def _stage_inputs(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> tuple[Degrees, StageWork, np.ndarray]:
+    """The :class:`Degrees` and :class:`StageWork` of the 4 stage kinds of every configuration, arrays (n, 1) and
+    (n, 4), and each kind's multiplicity (:func:`_stage_kinds`)."""
+    tp, pp, dp, mbs, v = cfg["tp"], cfg["pp"], cfg["dp"], cfg["mbs"], cfg["virtual_stages"]
+    mb = job.global_batch // (dp * mbs)
+    layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb, v)
     col = lambda a: a[:, None]  # noqa: E731
-    mem = stage_memory_bytes(
-        m, num_layers=layers, has_embedding=has_emb, has_head=has_head, single_stage=col(pp == 1), b=col(mbs),
-        s=job.seq_len, t=col(tp), dp=col(dp), zero=col(cfg["zero"]), recompute=col(cfg["recompute"]),
-        sequence_parallel=col(tp > 1), in_flight=in_flight, attention=job.attention, framework=job.framework,
-        cp=col(cfg["cp"]), ep=col(cfg["ep"]), etp=col(cfg["expert_tp"]),
-    )
-    return np.max(np.where(count > 0, mem["total"], -1.0), axis=1)
+    degrees = Degrees.of(tp=col(tp), cp=col(cfg["cp"]), dp=col(dp), zero=col(cfg["zero"]), ep=col(cfg["ep"]),
+                         expert_tp=col(cfg["expert_tp"]), virtual_stages=col(v))
+    work = StageWork(s=job.seq_len, b=col(mbs), num_layers=layers, has_embedding=has_emb, has_head=has_head,
+                     single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
+                     recompute=col(cfg["recompute"]), zero=col(cfg["zero"]), sequence_parallel=col(tp > 1))
+    return degrees, work, count
+
+
+def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray], hardware: StageHardware,
+                       options: TrainingOptions) -> np.ndarray:
+    """Peak memory per GPU over the stages of each configuration (bytes), as the estimator computes it."""
+    degrees, work, count = _stage_inputs(m, job, cfg)
+    mem = stage_memory(m, hardware, degrees, work, options)
+    return np.max(np.where(count > 0, mem.total, -1.0), axis=1)
 
 
 def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pins, pool_index: int = 0) -> PoolResult:
@@ -243,24 +251,18 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}
         cfg["zero"] = np.where(cfg["dp"] > 1, 3, 0)
     n_all = len(cfg["tp"])
+    hardware, options = StageHardware(gpu, pool_link(pool, gpu)), TrainingOptions.from_job(job)
     if n_all:
-        peak = _peak_memory_bytes(m, job, cfg)
+        peak = _peak_memory_bytes(m, job, cfg, hardware, options)
         keep = peak <= NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes
         keep[int(np.argmin(peak))] = True
         cfg = {k: v[keep] for k, v in cfg.items()}
-    tp, pp, dp, mbs, zero, rc, v, cp, ep, etp = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "recompute",
-                                                                 "virtual_stages", "cp", "ep", "expert_tp"))
+    tp, pp, dp, mbs, zero, v, cp, ep, etp = (cfg[k] for k in ("tp", "pp", "dp", "mbs", "zero", "virtual_stages",
+                                                             "cp", "ep", "expert_tp"))
     mb = job.global_batch // (dp * mbs)
-    layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb, v)
-    link = pool_link(pool, gpu)
-    col = lambda a: a[:, None]  # noqa: E731
-    c = stage_costs(
-        m, gpu, link, TrainingOptions.from_job(job),
-        s=job.seq_len, b=col(mbs), t=col(tp), dp=col(dp), num_layers=layers, has_embedding=has_emb,
-        has_head=has_head, single_stage=col(pp == 1), in_flight=in_flight, num_microbatches=col(mb),
-        zero=col(zero), recompute_code=col(rc), sequence_parallel=col(tp > 1), cp=col(cp), ep=col(ep),
-        etp=col(etp), virtual_stages=col(v),
-    )
+    link = hardware.link
+    degrees, work, count = _stage_inputs(m, job, cfg)
+    c = stage_costs(m, hardware, degrees, work, options)
     deg = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp, pp=pp, virtual_stages=v)
     n_intra = _intra_boundaries(deg.gpus_per_stage, pp, pool.gpus_per_node)
     lay = (tp, cp, dp, mbs)
@@ -268,7 +270,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     p2p_one_inter = boundary_time_s(m, job.seq_len, lay, lay, link, link, False)
     p2p_total = n_intra * p2p_one_intra + (pp - 1 - n_intra) * p2p_one_inter
     it = assemble_iteration(c.forward_s, c.backward_s, c.dp_exposed_s, c.optimizer_s, p2p_total, mb,
-                            count=count, virtual_stages=v, memory_bytes=c.memory["total"],
+                            count=count, virtual_stages=v, memory_bytes=c.memory.total,
                             capacity_bytes=gpu.memory_bytes)
     present = count > 0
     per = c.forward_s + c.backward_s
@@ -295,7 +297,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         "dp_exposed_s": it.dp_exposed_s,
         "optimizer_s": it.optimizer_s,
     }
-    memory = {k: np.broadcast_to(x, per.shape)[rows, it.peak_stage] for k, x in c.memory.items()}
+    memory = {f.name: np.broadcast_to(getattr(c.memory, f.name), per.shape)[rows, it.peak_stage]
+              for f in fields(c.memory)}
     num_gpus = deg.world_size
     price = pool_price_usd_per_hour(pool, gpu)
     model_flops = counts.model_flops_per_iteration(m, job.global_batch, job.seq_len)

@@ -86,13 +86,16 @@ def check_pins(pins: Pins, m: ModelSpec) -> None:
     that no configuration matches).
 
     Raises:
-        PlanRuleError: ``--ep`` on a dense model or not dividing the experts.
+        PlanRuleError: ``--tp`` not dividing the heads, key/value heads or MLP width; ``--ep`` on a dense model or
+            not dividing the experts.
     """
-    from hetplan.plan_rules import expert_degree_violation
+    from hetplan.plan_rules import expert_degree_violation, tensor_degree_violations
 
-    bad = expert_degree_violation(m, pins.ep or 1, field="pin.ep")
-    if bad is not None:
-        raise bad
+    bad = [*tensor_degree_violations(m, pins.tp or 1, field="pin.tp"), expert_degree_violation(m, pins.ep or 1,
+                                                                                                field="pin.ep")]
+    for err in bad:
+        if err is not None:
+            raise err
 
 
 def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult, i: int) -> Plan:

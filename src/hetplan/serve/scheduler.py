@@ -116,7 +116,8 @@ class Scheduler:
     """Residency, queues and batching (see the module docstring).
 
     Args:
-        models: model name -> (bytes per worker, estimated load time s).
+        models: model name -> (bytes per worker, estimated load time s[, bytes a swap moves: the weights; default
+            the bytes per worker]).
         capacity_bytes: weight memory of each worker (bytes).
         policy: a :class:`~hetplan.serve.policies.Policy`.
         max_batch_size: largest running batch per model (requests; KV-cache slots).
@@ -132,7 +133,8 @@ class Scheduler:
         HetplanError: a model larger than the capacity, a KV pool smaller than one longest sequence, or bad sizes.
     """
 
-    def __init__(self, models: dict[str, tuple[int, float]], capacity_bytes: int, policy: Policy, *,
+    def __init__(self, models: dict[str, tuple[int, float]] | dict[str, tuple[int, float, int]], capacity_bytes: int,
+                 policy: Policy, *,
                  max_batch_size: int = 8, max_queue_len: int = 1024, batching: str = "continuous",
                  kv_blocks: dict[str, int] | None = None, block_tokens: int = 16,
                  max_batched_tokens: int | None = None, chunked_prefill: bool = False,
@@ -144,7 +146,7 @@ class Scheduler:
             raise HetplanError("max_batch_size must be >= 1", field="scheduler.max_batch_size", fix="give 1 or more")
         if max_queue_len < 1:
             raise HetplanError("max_queue_len must be >= 1", field="scheduler.max_queue_len", fix="give 1 or more")
-        for name, (b, _) in models.items():
+        for name, (b, *_) in models.items():
             if b > capacity_bytes:
                 raise HetplanError(
                     f"model {name} needs {b / 1e9:.3f} GB per worker but a worker has {capacity_bytes / 1e9:.3f} GB",
@@ -174,7 +176,9 @@ class Scheduler:
         self.chunked_prefill = chunked_prefill
         self.seqs: dict[int, _Seq] = {}
         self.preemptions = 0
-        self.models = {n: ModelState(n, b, t) for n, (b, t) in models.items()}
+        self.models = {n: ModelState(n, v[0], v[1]) for n, v in models.items()}
+        # what a swap moves: the weights (a third item) when given, else the whole footprint
+        self.moved_bytes = {n: (v[2] if len(v) > 2 else v[0]) for n, v in models.items()}
         self.capacity_bytes = capacity_bytes
         self.policy = policy
         self.max_batch_size = max_batch_size
@@ -377,10 +381,10 @@ class Scheduler:
                 if victims is not None:
                     for v in victims:
                         v.state = "offloaded"
-                        self.bytes_swapped_out += v.bytes
+                        self.bytes_swapped_out += self.moved_bytes[v.name]
                     m.state = "loading"
                     self.swaps += 1
-                    self.bytes_swapped_in += m.bytes
+                    self.bytes_swapped_in += self.moved_bytes[m.name]
                     self.swapping = Swap(m.name, [v.name for v in victims])
                     actions.append(self.swapping)
         return actions

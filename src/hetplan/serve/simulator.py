@@ -134,7 +134,8 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
     by_name = {m.name: m for m in models}
     swap_in_est = {m.name: swap_cost(m, []) for m in models}
     paged = all(m.kv_blocks is not None for m in models)
-    sched = Scheduler({m.name: (m.bytes, swap_in_est[m.name]) for m in models}, capacity_bytes, policy,
+    sched = Scheduler({m.name: (m.bytes, swap_in_est[m.name], max(m.worker_bytes)) for m in models}, capacity_bytes,
+                      policy,
                       max_batch_size=max_batch_size, max_queue_len=max_queue_len, batching=batching,
                       kv_blocks={m.name: int(m.kv_blocks or 0) for m in models} if paged else None,
                       block_tokens=block_tokens, max_batched_tokens=max_batched_tokens,

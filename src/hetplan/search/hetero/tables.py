@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hetplan.degrees import Degrees
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import pool_link, pool_price_usd_per_hour
 from hetplan.estimate.options import TrainingOptions
-from hetplan.estimate.stage import Link, stage_costs
+from hetplan.estimate.stage import stage_costs
+from hetplan.estimate.stagework import Link, StageHardware, StageWork
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Inventory, Job
@@ -138,15 +140,15 @@ def _cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, 
     def tables(kinds: list[int], flights: int):
         """(a, e, o, rc, nmax) arrays (G, kinds, flights, L+1) and the raw fwd+bwd s (G, kinds, L+1)."""
         kind = np.array(kinds).reshape(1, -1, 1, 1, 1)
-        c = stage_costs(
-            m, st.gpu, st.link, TrainingOptions.from_job(job), s=job.seq_len, b=b, t=st.tp, dp=d, num_layers=n,
-            has_embedding=(kind == FIRST) | (kind == SINGLE), has_head=(kind == LAST) | (kind == SINGLE),
-            single_stage=kind == SINGLE, in_flight=np.arange(1, flights + 1).reshape(1, 1, -1, 1, 1),
-            num_microbatches=mb, zero=zero, recompute_code=rc, sequence_parallel=st.tp > 1, cp=cp, ep=ep,
-        )
+        work = StageWork(s=job.seq_len, b=b, num_layers=n, has_embedding=(kind == FIRST) | (kind == SINGLE),
+                         has_head=(kind == LAST) | (kind == SINGLE), single_stage=kind == SINGLE,
+                         in_flight=np.arange(1, flights + 1).reshape(1, 1, -1, 1, 1), num_microbatches=mb,
+                         recompute=rc, zero=zero, sequence_parallel=st.tp > 1)
+        c = stage_costs(m, StageHardware(st.gpu, st.link), Degrees.of(tp=st.tp, cp=cp, dp=d, zero=zero, ep=ep), work,
+                        TrainingOptions.from_job(job))
         shape = (G, len(kinds), flights, L + 1, len(rcs))
         per = np.broadcast_to(c.forward_s + c.backward_s, shape)
-        fits = np.broadcast_to(c.memory["total"], shape) <= st.gpu.memory_bytes
+        fits = np.broadcast_to(c.memory.total, shape) <= st.gpu.memory_bytes
         exposed = np.broadcast_to(c.dp_exposed_s, shape)
         # the lightest recomputation that fits (rcs go from light to heavy; the lightest when none fits)
         a, e, pick = per[..., 0], exposed[..., 0], np.zeros(shape[:-1], dtype=np.int64)
