@@ -205,6 +205,21 @@ def test_megatron_stacks_without_the_fused_loss_run_it_on_fp32_logits():
     assert TrainingOptions.from_plan(new).cross_entropy is None
 
 
+def test_paper_sets_run_their_papers_megatron_release():
+    """SC'21 ran Megatron-LM v2.5 and Korthikanti et al. v3.0: their validation plans name those releases, so
+    the unfused fp32 loss of those releases is priced (slower than today's default stack's fused loss)."""
+    from hetplan.calibration.validation import DEFAULT, korthikanti_cases, megatron_plan, sc21_cases, _time_predictor
+
+    assert {c.plan.job.stack for c in sc21_cases()} == {"megatron-lm@2.5"}
+    assert {c.plan.job.stack for c in korthikanti_cases()} == {"megatron-lm@3.0"}
+    c = sc21_cases()[0]
+    kw = dict(gpu="A100-SXM-80GB", tp=1, pp=1, dp=32, mbs=16, gbs=512, recompute="full", seq=2048,
+              inter_node_bandwidth_bytes_per_s=200e9)
+    old = _time_predictor(megatron_plan(c.model, stack="megatron-lm@2.5", **kw), c.model)(DEFAULT)
+    new = _time_predictor(megatron_plan(c.model, **kw), c.model)(DEFAULT)
+    assert old > new
+
+
 def test_export_writes_the_default_stack_and_says_when_the_plan_was_priced_for_another():
     from hetplan.model.spec import load_model
     from hetplan.runtime.exporters import export

@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 from hetplan.energy.dag import instruction_name, stage_order  # noqa: E402
 from hetplan.errors import HetplanError  # noqa: E402
 from hetplan.hardware.catalog import load_catalog  # noqa: E402
-from hetplan.hardware.power import get_power  # noqa: E402
+from hetplan.hardware.power import board_limited, get_power  # noqa: E402
 from hetplan.runtime import planio  # noqa: E402
 from hetplan.runtime.energy_loop import EnergyOptions, job_spec  # noqa: E402
 from hetplan.runtime.launcher import RunOptions, run_plan  # noqa: E402
@@ -73,7 +73,8 @@ def test_loop_profiles_applies_reports_and_survives_kill_9(tmp_path, plan_path):
     assert info["energy_sources"] == ["model"]
 
     # Each rank ran its stage's instructions in the server's order, at the server's clocks (recorded on CPU).
-    pw, idle = get_power(GPU), load_catalog().get(GPU).idle_power_w
+    idle = load_catalog().get(GPU).idle_power_w
+    pw = board_limited(get_power(GPU), load_catalog().get(GPU).tdp_w, idle)  # the catalog board's 400 W limit
     for r in res["ranks"]:
         stage = r["pp_rank"]
         names = [instruction_name(k, m) for k, m, _ in stage_order("1f1b", 2, res["num_microbatches"], stage)]
@@ -152,3 +153,26 @@ def test_energy_options_without_a_server_exit_2(plan_path):
     r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "run", str(plan_path), "--energy-frequencies",
                         "1410"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--energy-server" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_loop_on_a_simulated_nvml(tmp_path, plan_path, monkeypatch):
+    """HETPLAN_SIMULATED_NVML: the ranks run the NVML path on CPU: every planned clock is locked (applied), energy
+    comes from the simulated counter, reported as modelled; the server's frontier plan is then applied too."""
+    from hetplan.energy.nvml import SIMULATED_ENV
+
+    monkeypatch.setenv(SIMULATED_ENV, GPU)
+    srv = ServerProcess(tmp_path / "energy.sqlite")
+    try:
+        energy = EnergyOptions(server=srv.url, token=TOKEN, frequencies_mhz=CLOCKS)
+        res = run_plan(plan_path, RunOptions(iterations=3, warmup=1, stage_repeats=1, energy=energy))
+    finally:
+        srv.stop()
+    assert res["energy"]["energy_source"] == "model"
+    idle = load_catalog().get(GPU).idle_power_w
+    pw = board_limited(get_power(GPU), load_catalog().get(GPU).tdp_w, idle)
+    for r in res["ranks"]:
+        log = r["energy"]["frequency_log"]
+        assert log and all(x["applied"] for x in log)
+        for it in r["energy"]["iterations"]:  # the counter ran at busy power of the locked clocks all along
+            lo = float(pw.busy_power_w(pw.effective_frequency_mhz(min(CLOCKS), idle), idle))
+            assert lo * it["time_s"] * 0.98 <= it["energy_j"] <= 400.0 * it["time_s"] * 1.02

@@ -108,3 +108,48 @@ def test_pipelined_fsdp_gathers_and_reduce_scatters_once_per_step():
 
     assert exposed(plan(32 * 16, 2)) == pytest.approx(exposed(plan(32 * 4, 2)), rel=1e-9)
     assert exposed(plan(32 * 16, 1)) == pytest.approx(4 * exposed(plan(32 * 4, 1)), rel=1e-9)  # no pipeline
+
+
+def test_fsdp2_copies_worked_example():
+    """FSDP2's copy-out (read + write of each gathered element) and reduce-scatter copy-in (read the bf16
+    gradient, write it in the reduce dtype), at the GPU's HBM bandwidth."""
+    from types import SimpleNamespace
+
+    from hetplan.estimate.stage import fsdp2_copy_s
+
+    gpu = SimpleNamespace(hbm_bandwidth_bytes_per_s=2e12)
+    f, b = fsdp2_copy_s(1e9, gpu, 2, 4)  # 1e9 parameters, bf16 all-gather, fp32 reduce-scatter
+    assert float(f) == pytest.approx(2 * 2 * 1e9 / 2e12)  # 2 ms
+    assert float(b) == pytest.approx((2 * 2 + 2 + 4) * 1e9 / 2e12)  # gather again + copy-in: 5 ms
+    _, keep = fsdp2_copy_s(1e9, gpu, 1, 2, reshard_after_forward=False)  # float8 gather, bf16 reduce
+    assert float(keep) == pytest.approx((2 + 2) * 1e9 / 2e12)
+
+
+def test_fsdp2_stack_pays_its_copies_and_fsdp1_does_not():
+    """The same FSDP plan under torchtitan (FSDP2) and fms-fsdp (FSDP1 FlatParameters, no copies): per
+    micro-batch, the forward differs by FSDP2's copy-out and the backward by its copy-out and copy-in; in a
+    pipeline the copies run once per step, exposed."""
+    from hetplan.estimate.stage import fsdp2_copy_s
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    def plan(stack, pp=1, gbs=64):
+        return Plan(job=Job(model="llama2-7b", seq_len=4096, global_batch=gbs, framework="fsdp", stack=stack,
+                            attention_kernel="fa2"),
+                    pools=[GPUPool(gpu="H100-SXM", count=32 * pp)],
+                    stages=[Stage(num_layers=32 // pp, tp=1, dp=32, recompute="full") for _ in range(pp)],
+                    mbs=1, zero=3)
+
+    two, one = estimate(plan("torchtitan")), estimate(plan("fms-fsdp"))
+    s2, s1 = two.stages[0], one.stages[0]
+    from hetplan.estimate import memory
+    from hetplan.model.spec import load_model
+
+    params = memory.stage_parameters(load_model("llama2-7b"), 32, True, True, True)  # TP 1: all of them
+    f, b = fsdp2_copy_s(params, load_catalog().get("H100-SXM"), 2, 4)
+    assert s2.forward_s - s1.forward_s == pytest.approx(float(f), rel=1e-6)
+    assert s2.backward_s - s1.backward_s == pytest.approx(float(b), rel=1e-6)
+    assert two.iteration_time_s > one.iteration_time_s
+    p2, p1 = estimate(plan("torchtitan", pp=2)), estimate(plan("fms-fsdp", pp=2))
+    assert p2.stages[0].forward_s == pytest.approx(p1.stages[0].forward_s, rel=1e-12)  # not per micro-batch
+    assert p2.dp_exposed_time_s > p1.dp_exposed_time_s

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -159,14 +159,18 @@ def test_catalog_models_shows_whole_names_at_80_columns():
     assert set(list_presets()) <= names
 
 
-@settings(max_examples=15, deadline=None)
-@given(v=st.integers(-10**6, 0))
-def test_export_virtual_stages_override_below_one_is_refused(tmp_path_factory, v):
-    d = tmp_path_factory.mktemp("v")
-    plan = d / "p.json"
+@pytest.fixture(scope="module")
+def h100_plan(tmp_path_factory):
+    plan = tmp_path_factory.mktemp("v") / "p.json"
     assert run_cli("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations", "2",
                    "--gpu", "H100-SXM", "--gpus", "8", "-q", "-o", plan).code == 0
-    r = run_cli("export", plan, "--to", "megatron", "--virtual-stages", v)
+    return plan
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(v=st.integers(-10**6, 0))
+def test_export_virtual_stages_override_below_one_is_refused(h100_plan, v):
+    r = run_cli("export", h100_plan, "--to", "megatron", "--virtual-stages", v)
     assert r.code == 2 and "--virtual-stages" in r.stderr and not r.traceback
 
 
@@ -184,3 +188,12 @@ def test_user_catalog_numbers_out_of_physics_are_refused(tmp_path_factory, key, 
                 "--gpu", "H100-SXM", "--gpus", "8", "-q", "--catalog", d / "cat.toml")
     assert not r.traceback, r.traceback
     assert r.code == 2 and "fix:" in r.stderr, (body, r.stdout[-300:], r.stderr)
+
+
+@pytest.mark.parametrize("kernel,backend", [("cudnn", "fused"), ("fa2", "flash"), ("fa3", "flash")])
+def test_megatron_export_keeps_the_attention_kernel(tmp_path, kernel, backend):
+    plan = tmp_path / "p.json"
+    assert run_cli("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations", "2",
+                   "--gpu", "H100-SXM", "--gpus", "8", "--attention-kernel", kernel, "-q", "-o", plan).code == 0
+    r = run_cli("export", plan, "--to", "megatron")
+    assert r.code == 0 and f"--attention-backend {backend}" in r.stdout and "--use-flash-attn" not in r.stdout

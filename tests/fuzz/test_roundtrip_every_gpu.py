@@ -47,3 +47,17 @@ def test_plan_written_then_estimated_and_exported(gpu, tmp_path):
         assert r.code == 0 and not r.traceback, (framework, r.stdout, r.stderr, r.traceback)
         r = run_cli("export", out, "--to", target)
         assert r.code == 0 and not r.traceback, (target, r.stdout, r.stderr, r.traceback)
+
+
+def test_readme_flow_plan_then_estimate_and_export(tmp_path, monkeypatch):
+    """The README's first command followed by estimate / export of the plan it writes (issue 27: every
+    A100-SXM-40GB plan was refused), run from outside the repository."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama2-7b-mixed-cloud.toml"
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("plan", example, "-q", "-o", "plan.json")
+    assert r.code == 0 and not r.traceback, r.stderr
+    assert run_cli("estimate", "plan.json").code == 0
+    r = run_cli("export", "plan.json", "--to", "megatron")
+    assert r.code == 0 and not r.traceback, r.stderr

@@ -308,3 +308,24 @@ def test_deepspeed_0_19_config_class_accepts_the_export(tmp_path):
     r = subprocess.run([sys.executable, "-c", _DS_CHECK, cfg, "4"], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode != 0 and "train_batch_size is not equal" in r.stderr
+
+
+@settings(max_examples=60, deadline=None)
+@given(target=st.sampled_from(["megatron", "torchtitan", "deepspeed"]), data=st.data())
+def test_import_of_a_damaged_launch_says_what_is_wrong(target, data):
+    """A launch with one word replaced (a number by text, zero or a negative, an option dropped) is read back or
+    refused with a HetplanError naming the field — never another exception (the CLI turns that into exit 2)."""
+    job = Job(model="llama2-7b", seq_len=2048, global_batch=64, train_iterations=10, attention="flash",
+              framework="fsdp" if target == "torchtitan" else target)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=16)], mbs=2, zero=1 if target != "torchtitan" else 3,
+                stages=[Stage(num_layers=17, dp=8), Stage(num_layers=15, dp=8)])
+    files = dict(exporters.export(plan, load_model("llama2-7b"), target).files)
+    name = data.draw(st.sampled_from(sorted(files)))
+    words = files[name].split(" ")
+    i = data.draw(st.integers(0, len(words) - 1))
+    words[i] = data.draw(st.sampled_from(["", "x", "0", "-3", "1e9", "--bogus", "'", "{", "[]"]))
+    files[name] = " ".join(words)
+    try:
+        importers.import_files(files)
+    except HetplanError as e:
+        assert e.field and e.fix

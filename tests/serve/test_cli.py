@@ -310,13 +310,12 @@ def test_serve_model_too_big_for_worker_exits_2(monkeypatch, capsys, tmp_path, f
 
 @pytest.mark.parametrize("extra,field", [('engine = "vllm"\n', "cluster.engine"),
                                          ('engine = "vllm"\nquantization = "fp8"\n', "cluster.engine"),
-                                         ("", "scheduler.chunked_prefill")])
+                                         ('quantization = "int4"\n', "cluster.quantization")])
 def test_serve_refuses_simulator_only_settings(monkeypatch, capsys, tmp_path, fixtures, extra, field):
-    """The torch engine runs its own kernels whole-prompt: an engine stack, quantisation or chunked prefill in
-    SERVE.toml would be silently ignored, so they exit 2 naming the field."""
+    """The torch engine runs its own kernels: an engine stack or quantisation in SERVE.toml would be silently
+    ignored, so they exit 2 naming the field."""
     p = tmp_path / "s.toml"
-    sched = "[scheduler]\nchunked_prefill = true\n" if not extra else ""
-    p.write_text(f'[cluster]\ndtype = "fp32"\nmemory_bytes = 100_000_000\n{extra}{sched}[[models]]\nname = "a"\n'
+    p.write_text(f'[cluster]\ndtype = "fp32"\nmemory_bytes = 100_000_000\n{extra}[[models]]\nname = "a"\n'
                  f'model = "{fixtures / "tiny-opt.json"}"\n')
     code, _, err = _run(monkeypatch, capsys, "serve", p)
     assert code == 2 and field in err and "fix" in err and "Traceback" not in err, err
@@ -325,7 +324,7 @@ def test_serve_refuses_simulator_only_settings(monkeypatch, capsys, tmp_path, fi
 def test_light_core_modules_do_not_import_torch_or_fastapi():
     import subprocess
 
-    code = ("import sys, hetplan.cli.main, hetplan.serve.simulator, hetplan.serve.workload, hetplan.serve.capacity, "
+    code = ("import sys, hetplan.cli.main, hetplan.serve.simulator, hetplan.serve.workload, hetplan.serve.capacity, hetplan.serve.export, "
             "hetplan.serve.scheduler, hetplan.serve.swap_model, hetplan.serve.metrics, hetplan.serve.config; "
             "bad = [m for m in ('torch', 'fastapi', 'uvicorn') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -367,3 +366,21 @@ def test_energy_per_request_and_token(monkeypatch, capsys, tmp_path):
     assert e["num_gpus"] == 2 and e["idle_energy_j"] == pytest.approx(2 * idle_w * (wall - rep["busy_s"]), rel=1e-6)
     code, o, _ = _run(monkeypatch, capsys, "simulate", p)
     assert "J/output token" in o
+
+
+def test_capacity_probes_take_the_trace_lengths(tmp_path):
+    """A trace's models are probed with their own requests' lengths: a model whose requests generate 16x more
+    tokens sustains a lower rate on the same replica."""
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.serve.capacity import max_rate_per_s
+    from hetplan.serve.config import load_workload_config
+
+    p = tmp_path / "w.toml"
+    p.write_text(BASE.replace("total_rate_per_s = 1", "total_rate_per_s = 1\nslo_s = 10")
+                 + "[capacity]\ntarget_attainment = 0.9\n")
+    wf = load_workload_config(p)
+    entry = wf.models[0]
+    gpu = load_catalog().get("A100-SXM-80GB")
+    short = max_rate_per_s(wf, entry, entry.spec(), gpu, 1, 1, lengths=[(64, 4)])
+    long = max_rate_per_s(wf, entry, entry.spec(), gpu, 1, 1, lengths=[(64, 64)])
+    assert short > 2 * long > 0

@@ -155,3 +155,20 @@ def test_paged_admission_and_recompute_preemption_keep_every_answer(fixtures):
         assert any(p and max(p) > 6 for _, p, _, _ in e.exec_log)  # a resumed request: prompt and tokens prefilled
     for p, r in zip(prompts, res):
         assert r.tokens == _ref(fixtures, ent.name, p, 12)
+
+
+def test_chunked_prefill_keeps_every_answer(fixtures):
+    """Prompts of 14-22 tokens under a budget of 8 tokens per iteration with chunked prefill: prompts are split
+    over iterations (each chunk written after the tokens cached before it, attending over them), decodes go first;
+    every answer equals the single-process model's greedy output, on TP = 2."""
+    ents = _entries(fixtures)[:2]  # an OPT (learned positions) and a Llama (rotary, GQA)
+    prompts = [[(7 * i + 3 * j) % 50 + 1 for j in range(14 + 2 * i)] for i in range(5)]
+    with Engine(ents, tp=2, capacity_bytes=CAPACITY, max_batch_size=4, kv_cache_len=KV_LEN,
+                preload=[e.name for e in ents], max_batched_tokens=8, chunked_prefill=True) as e:
+        with e._lock:
+            futs = [(ent.name, p, e.submit(ent.name, p, 6)) for p in prompts for ent in ents]
+        res = [(n, p, f.result(60)) for n, p, f in futs]
+        assert max(sum(p) + len(d) for _, p, d, _ in e.exec_log) <= 8  # the budget holds every iteration
+        assert any(len(p) >= 1 and sum(p) == 8 and d == () for _, p, d, _ in e.exec_log)  # a prompt was split
+    for name, p, r in res:
+        assert r.tokens == _ref(fixtures, name, p, 6), name

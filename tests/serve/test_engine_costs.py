@@ -230,3 +230,18 @@ def test_tp_decode_prices_the_engines_allreduce():
     # at TP 1 nothing changes
     assert (decode_step_time_s(m, h200, "fp8", 8, 800, engine=v, weights="fp8")
             == decode_step_time_s(m, h200, "fp8", 8, 800, engine=nccl, weights="fp8"))
+
+
+def test_custom_allreduce_needs_a_peer_to_peer_domain():
+    """vLLM runs its custom all-reduce on an NVLink/NVSwitch domain or 2 PCIe GPUs, NCCL on more PCIe GPUs."""
+    from hetplan.estimate.inference import tp_allreduce_algorithm
+
+    v, trt6, trt10 = get_engine("vllm@0.6"), get_engine("tensorrt-llm@0.6"), get_engine("tensorrt-llm@1.0")
+    h100, a10g = get_gpu("H100-SXM"), get_gpu("A10G")
+    assert tp_allreduce_algorithm(v, h100, 8) == "custom" and tp_allreduce_algorithm(v, a10g, 2) == "custom"
+    assert tp_allreduce_algorithm(v, a10g, 4) == "ring" and tp_allreduce_algorithm(trt6, h100, 4) == "ring"
+    assert tp_allreduce_algorithm(trt10, h100, 4) == "custom-auto"
+    m = load_model("llama2-13b")
+    nccl = v.model_copy(update={"tp_allreduce": "nccl"})
+    assert (decode_step_time_s(m, a10g, "fp16", 8, 800, tp=4, engine=v)
+            == decode_step_time_s(m, a10g, "fp16", 8, 800, tp=4, engine=nccl))

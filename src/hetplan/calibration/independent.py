@@ -125,6 +125,10 @@ def nemo_layout(r: dict) -> Layout:
                             sequence_parallel=True, grad_reduce_dtype="bf16", tp_comm_overlap=True))
 
 
+#: The stack of the fms-fsdp rows (:mod:`hetplan.hardware.stacks`): FSDP1 FlatParameters, which price no FSDP2
+#: copy-in / copy-out (:func:`hetplan.estimate.stage.fsdp2_copy_s`).
+FMS_STACK = "fms-fsdp"
+
 #: Network of the fms-fsdp H100 cluster: "96 H100 GPUs with 800 Gbps" per node (the README's column header).
 FMS_NODE_BYTES_PER_S = 800e9 / 8
 
@@ -134,7 +138,7 @@ def fms_layout(r: dict) -> Layout:
     over all 96 GPUs (``FULL_SHARD``; the 7B row's ``HYBRID_SHARD`` shards within each 8-GPU node, set by
     :func:`_fms_case`), micro-batch 2 of 4,096 tokens and no gradient accumulation, the ``bfSixteen`` policy (bf16
     parameters in compute and bf16 gradient reduction over fp32 shards, fp32 AdamW), ``torch.nn.CrossEntropyLoss``
-    on the bf16 logits (``cross_entropy = "bf16"``), eager PyTorch with SDPA's FlashAttention-2 (charged at
+    on the bf16 logits (``cross_entropy = "bf16"``), the ``fms-fsdp`` stack (:data:`FMS_STACK`), eager PyTorch with SDPA's FlashAttention-2 (charged at
     ``Job.attention_kernel = "fa2"``), full recomputation of every block under "Full AC".
 
     Raises:
@@ -146,7 +150,7 @@ def fms_layout(r: dict) -> Layout:
     n = int(r["num_gpus"])
     return Layout(tp=1, pp=1, dp=n, recompute="full" if "full" in ac else "none",
                   job=dict(seq_len=int(r["seq_len"]), global_batch=int(r["global_batch"]), framework="fsdp",
-                           torch_compile=False, attention_kernel="fa2"),
+                           torch_compile=False, attention_kernel="fa2", stack=FMS_STACK),
                   plan=dict(mbs=int(r["micro_batch"]), zero=3, grad_reduce_dtype="bf16", fsdp_param_dtype="fp32",
                             cross_entropy="bf16"))
 

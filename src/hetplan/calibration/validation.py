@@ -143,13 +143,14 @@ def gpt_model(num_layers: int, hidden: int, heads: int, seq: int, vocab: int = 5
 def megatron_plan(
     m: ModelSpec, *, gpu: str, tp: int, pp: int, dp: int, mbs: int, gbs: int, recompute: str, seq: int,
     inter_node_bandwidth_bytes_per_s: float, dtype: str = "fp16", sequence_parallel: bool = False,
-    overlap_grad_reduce: bool = False, gpus_per_node: int = 8,
+    overlap_grad_reduce: bool = False, gpus_per_node: int = 8, stack: str | None = None,
 ) -> Plan:
     """A homogeneous Megatron-LM plan: ``pp`` equal stages of ``tp x dp`` GPUs each. Standard (unfused) attention
     and Megatron-LM memory: none of the measured runs used FlashAttention; SC'21 and Korthikanti ran Megatron-LM,
     vTrain ran Megatron-DeepSpeed (vTrain's ``data/README.md``; Microsoft's fork of Megatron-LM, most likely its
     Megatron-LM path without ``--deepspeed``: docs/estimator.md, Validation), evaluated with the same Megatron-LM
-    layer and 1F1B schedule — only its iteration times are compared, not its memory."""
+    layer and 1F1B schedule — only its iteration times are compared, not its memory. ``stack``: the release
+    that ran (:attr:`hetplan.plan.Job.stack`; None: the framework's default)."""
     from hetplan.plan import balanced_split
 
     n = tp * pp * dp
@@ -157,7 +158,8 @@ def megatron_plan(
                    inter_node_bandwidth_bytes_per_s=inter_node_bandwidth_bytes_per_s)
     stages = [Stage(pool=0, num_layers=k, tp=tp, dp=dp, recompute=recompute) for k in balanced_split(m.num_layers, pp)]
     return Plan(
-        job=Job(model=m.name, seq_len=seq, global_batch=gbs, dtype=dtype, attention="standard", framework="megatron"),
+        job=Job(model=m.name, seq_len=seq, global_batch=gbs, dtype=dtype, attention="standard", framework="megatron",
+                stack=stack),
         pools=[pool], stages=stages, mbs=mbs,
         zero=0, sequence_parallel=sequence_parallel, schedule="1f1b", overlap_grad_reduce=overlap_grad_reduce,
     )
@@ -217,6 +219,12 @@ SC21_RUN_CONFIG = {
 SELENE_INTER_NODE_BYTES_PER_S = 200e9
 
 
+#: The Megatron-LM releases the papers' runs used (:mod:`hetplan.hardware.stacks`): SC'21's PTD-P is tag v2.5
+#: (no sequence parallelism, unfused loss on fp32 logits), Korthikanti et al.'s sequence parallelism and selective
+#: recomputation tag v3.0.
+SC21_STACK, KORTHIKANTI_STACK = "megatron-lm@2.5", "megatron-lm@3.0"
+
+
 def sc21_flops_per_iteration(B, s, L, h, V=51200):
     """Narayanan et al. SC'21 Eq. 3 (with the recompute forward): 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))."""
     return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
@@ -236,7 +244,7 @@ def sc21_cases() -> list[Case]:
         m = gpt_model(L, h, a, s)
         plan = megatron_plan(m, gpu=A100, tp=tp, pp=pp, dp=dp, mbs=mbs, gbs=gbs, recompute="full", seq=s,
                              inter_node_bandwidth_bytes_per_s=SELENE_INTER_NODE_BYTES_PER_S,
-                             overlap_grad_reduce=ddp == "torch")
+                             overlap_grad_reduce=ddp == "torch", stack=SC21_STACK)
         flops = sc21_flops_per_iteration(gbs, s, L, h)
         t_pred = _time_predictor(plan, m, v)
 
@@ -262,7 +270,8 @@ def korthikanti_cases() -> list[Case]:
         for mode, col, sp in (("full", "iteration_time_full_recompute_s", False),
                               ("selective", "iteration_time_seqpar_selective_s", True)):
             plan = megatron_plan(m, gpu=A100, tp=tp, pp=pp, dp=dp, mbs=mbs, gbs=gbs, recompute=mode, seq=s,
-                                 inter_node_bandwidth_bytes_per_s=SELENE_INTER_NODE_BYTES_PER_S, sequence_parallel=sp)
+                                 inter_node_bandwidth_bytes_per_s=SELENE_INTER_NODE_BYTES_PER_S, sequence_parallel=sp,
+                                 stack=KORTHIKANTI_STACK)
             out.append(Case(set="korthikanti_table5", key=f"k5:{r['model']}:{mode}", group=mode,
                             measured=float(r[col]), predict=_time_predictor(plan, m, v),
                             info=dict(tp=tp, pp=pp, dp=dp, mbs=mbs, v=v, mode=mode), plan=plan, model=m,

@@ -146,7 +146,8 @@ def register(app: typer.Typer) -> None:
                                                                    "its measured profile (online profiling)"),
         job: str = typer.Option(None, "--job", help="job id in --profile-db"),
         power_catalog: Path = typer.Option(None, "--power-catalog", help="user GPU DVFS/power TOML"),
-        unit_time_s: float = typer.Option(0.001, "--unit-time-s", help="time quantum of the planner (s)"),
+        unit_time_s: float = typer.Option(0.001, "--unit-time-s", help="time quantum of the planner (s; at least "
+                                                                          "1/1000 of the shortest instruction)"),
         schedule: str = typer.Option(None, "--schedule", help="1f1b, gpipe or interleaved (default: the plan's; 1f1b)"),
         virtual_stages: int = typer.Option(None, "--virtual-stages", help="model chunks per stage (interleaved)"),
         straggler_slowdown: float = typer.Option(None, "--straggler-slowdown",
@@ -237,6 +238,53 @@ def register(app: typer.Typer) -> None:
         con.print(t)
         con.print(f"{len(fr)} points ({summary['pareto_points']} Pareto-optimal) in {fr.result.planner_time_s:.2f} s "
                   f"CPU; idle {idle:.2f} W; wrote {output}/frontier.csv" + (", plans.json" if plans else ""))
+
+    @energy.command("power-limits")
+    def power_limits_cmd(
+        plan_path: Path = typer.Argument(..., metavar="PLAN.json", help="a plan (hetplan plan -o)"),
+        steps: int = typer.Option(12, "--steps", help="power limits from the board minimum to the TDP"),
+        eta: float = typer.Option(0.5, "--eta", help="Zeus' weight on energy (0 = fastest, 1 = least energy)"),
+        settings: Path = typer.Option(None, "--settings", help="write the chosen limit per rank (nvidia-smi -pl / "
+                                                              "NVML) as JSON here"),
+        power_catalog: Path = typer.Option(None, "--power-catalog", help="user GPU DVFS/power TOML"),
+        as_json: bool = typer.Option(False, "--json", help="print the curve, Zeus' choice and the settings as JSON"),
+    ) -> None:
+        """Iteration time and energy of PLAN over the GPUs' power limit (Zeus' knob), Zeus' choice, per-rank
+        settings."""
+        from hetplan.energy.power_limit import power_limit_curve, rank_settings, zeus_choice
+        from hetplan.runtime.planio import load_plan
+
+        if not (0 <= eta <= 1):
+            raise HetplanError(f"must be in [0, 1], got {eta}", field="--eta",
+                               fix="0 = fastest, 1 = least energy; Zeus' default is 0.5")
+        if not 2 <= steps <= 200:
+            raise HetplanError(f"must be from 2 to 200, got {steps}", field="--steps", fix="use e.g. 12")
+        plan = load_plan(plan_path)
+        pts = power_limit_curve(plan, steps=steps, power_catalog=None if power_catalog is None else str(power_catalog))
+        k = zeus_choice(pts, plan.num_gpus, eta)
+        ranks = rank_settings(plan, pts[k])
+        if settings is not None:
+            from hetplan.cli.output import output_file
+
+            output_file(settings, "--settings")
+            settings.write_text(json.dumps({"eta": eta, "point": pts[k].to_dict(), "ranks": ranks}, indent=1))
+        if as_json:
+            typer.echo(json.dumps({"points": [p.to_dict() for p in pts], "zeus_index": k, "eta": eta,
+                                   "ranks": ranks}, indent=1))
+            return
+        t = Table(title=f"{plan_path.name}: {plan.num_gpus} GPUs under a power limit (Zeus' knob)")
+        for col in ("limit", "W", "clock MHz", "iter s", "kJ/iter", "W/GPU", ""):
+            t.add_column(col, justify="right")
+        base = pts[0]
+        for i, p in enumerate(pts):
+            t.add_row(f"{p.share_of_tdp:.0%}", ", ".join(f"{w:.0f}" for w in p.power_limit_w.values()),
+                      ", ".join(f"{c:.0f}" for c in p.clock_mhz.values()), f"{p.iteration_time_s:.3f}",
+                      f"{p.energy_j / 1e3:,.1f} {energy_change(1 - p.energy_j / base.energy_j)}",
+                      f"{p.average_power_w:.0f}", "Zeus" if i == k else "")
+        con = Console()
+        con.print(t)
+        con.print(f"Zeus (η = {eta:g}) picks {pts[k].share_of_tdp:.0%} of TDP: {ranks[0]['nvidia_smi']} on rank 0, "
+                  f"... ({len(ranks)} ranks{'; written to ' + str(settings) if settings else ''}).")
 
     @energy.command("serve")
     def serve_cmd(

@@ -6,7 +6,8 @@ Modules: :mod:`.profile` (stage profile CSV), :mod:`.options` (Pareto options, e
 :mod:`.baselines` (all-max, EnvPipe, ZeusGlobal, ZeusPerStage), :mod:`.report` (savings, straggler, plot),
 :mod:`.model` (stage profiles derived from a plan and the DVFS power model), :mod:`.job` (a plan's energy per
 iteration and job, and the time–$–energy frontier), :mod:`.calibrate` (the power model fitted on Perseus'
-profiles), :mod:`.inference` (J per request and per output token of a serving run), :mod:`.server` (plan server,
+profiles), power limits as the knob (:mod:`.power_limit`, Zeus), :mod:`.validation` (the energy set of
+``hetplan validate``), :mod:`.inference` (J per request and per output token of a serving run), :mod:`.server` (plan server,
 needs the ``serve`` extra), :mod:`.client` and :mod:`.nvml` (training ranks).
 """
 

@@ -167,7 +167,9 @@ class IterationRunner:
                  power_w: Callable[[int], float] | None = None, idle_power_w: float = 0.0):
         self.client, self.gpu, self.sync = client, gpu, sync or (lambda: None)
         self.power_w, self.idle_power_w = (None if gpu is not None else power_w), float(idle_power_w)
-        self.energy_source = "nvml" if gpu is not None else ("model" if power_w is not None else None)
+        # a simulated NVML's counter is the power model's (hetplan.energy.nvml.SimulatedNvml): not measured
+        self.energy_source = (("model" if getattr(gpu, "simulated", False) else "nvml") if gpu is not None
+                              else ("model" if power_w is not None else None))
         self.frequency_log: list[dict] = []
         self._it: _Iter | None = None
 

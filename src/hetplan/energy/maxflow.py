@@ -226,7 +226,7 @@ class StaticNetwork:
         if over.size:
             f = f.copy()
             rest = []
-            for e in over.tolist():  # local repair first (_cancel), on a few array entries
+            for e in over.tolist():  # local repair first (see _cancel), on a few array entries
                 x = int(f[e] - caps[e])
                 a, b = self._to_t[self._rl[e]], self._from_s[self._cl[e]]
                 if a >= 0 and b >= 0:
@@ -241,7 +241,7 @@ class StaticNetwork:
             if rest:  # what is left: along flow-carrying paths, on Python lists
                 fl, cl = f.tolist(), caps.tolist()
                 for e in rest:
-                    self._cancel(fl, e, fl[e] - cl[e], cl)
+                    self._cancel(fl, e, fl[e] - cl[e])
                 f = np.array(fl, np.int64)
         data = np.empty(self.R.size, np.int32)
         data[self.pos] = caps - f
@@ -264,22 +264,14 @@ class StaticNetwork:
         side[reach] = True
         return int(f[self.from_source].sum()), side
 
-    def _cancel(self, f: list[int], e: int, x: int, caps: list[int]) -> None:
-        """Take ``x`` units of flow off edge ``e`` (tail ``u``, head ``w``) and restore conservation: first
-        locally — the excess at ``u`` leaves through ``u``'s own edge to the sink and the deficit at ``w`` is fed
-        through ``w``'s own edge from the source, as far as their new capacities ``caps`` allow (O(1); every
-        instruction node of the solver's network has such an edge) — then, for what is left, along a
-        flow-carrying path source → ``e`` → sink (repeated until it is gone). The flow stays feasible under
-        ``caps`` wherever it was, and acyclic (terminal edges close no cycle)."""
+    def _cancel(self, f: list[int], e: int, x: int) -> None:
+        """Take ``x`` units of flow off edge ``e`` and off a flow-carrying path source → ``e`` → sink (repeated
+        until ``x`` is gone): the flow stays conserved and within every capacity it was within. (:meth:`min_cut`
+        first repairs locally what it can: the excess at ``e``'s tail leaves through the tail's own edge to the
+        sink, the deficit at its head is fed through the head's own edge from the source, within their new
+        capacities — O(1), every instruction node of the solver's network has both; terminal edges close no
+        cycle, so the flow stays acyclic.)"""
         rl, cl, s, t = self._rl, self._cl, self.s, self.t
-        a, b = self._to_t[rl[e]], self._from_s[cl[e]]
-        if a >= 0 and b >= 0 and x > 0:
-            y = min(x, caps[a] - f[a], caps[b] - f[b])
-            if y > 0:
-                f[e] -= y
-                f[a] += y
-                f[b] += y
-                x -= y
         while x > 0:
             path = [e]
             u = rl[e]

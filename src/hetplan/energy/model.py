@@ -166,21 +166,33 @@ def stage_times_at_clocks(plan: Plan, catalog: Catalog, model: ModelSpec, gpu_na
     if not tp_collectives and (plan.tp_comm_overlap or any(st.recompute != "none" for st in plan.stages)):
         raise HetplanError("TP collectives can be taken out of a stage only without recomputation and TP overlap",
                            field="plan.stages", fix="use recompute = 'none' and tp_comm_overlap = false")
-    base = catalog.get(gpu_name)
-    variants, plans = {}, []
-    for k, clock in enumerate(clocks_mhz):
-        scale = float(clock) / float(max_clock_mhz)
-        spec = base.model_copy(update={
-            "name": f"{base.name}@{k}", "aliases": (),
-            "dense_flops_per_s": {d: x * scale for d, x in base.dense_flops_per_s.items()}})
-        variants[spec.name] = spec
-        pools = [p.model_copy(update={"gpu": spec.name}) if catalog.get(p.gpu).name == base.name else p
-                 for p in plan.pools]
-        plans.append(plan.model_copy(update={"pools": pools}))
-    est = estimate_many(plans, Catalog({**catalog.gpus, **variants}, catalog.date), model)
+    name = catalog.get(gpu_name).name
+    est = estimates_at_clock_scales(plan, catalog, model, [{name: float(c) / float(max_clock_mhz)} for c in clocks_mhz])
     fwd = np.array([[st.forward_s for st in e.stages] for e in est])
     bwd = np.array([[st.backward_s for st in e.stages] for e in est])
     if not tp_collectives:
         tp = np.array([[st.tp_comm_s for st in e.stages] for e in est]) / 2
         fwd, bwd = fwd - tp, bwd - tp
     return fwd, bwd
+
+
+def estimates_at_clock_scales(plan: Plan, catalog: Catalog, model: ModelSpec,
+                              scales: list[dict[str, float]]) -> list:
+    """The estimator's :class:`~hetplan.estimate.estimator.Estimate` of ``plan`` once per entry of ``scales``,
+    each GPU type named there running with its dense peak scaled by the factor (its SM clock over the clock the
+    catalog's peak is calibrated at; other GPU types unchanged). One :func:`estimate_many` call."""
+    variants, plans = {}, []
+    for k, by_gpu in enumerate(scales):
+        rename = {}
+        for gpu_name, scale in by_gpu.items():
+            base = catalog.get(gpu_name)
+            spec = base.model_copy(update={
+                "name": f"{base.name}@{k}", "aliases": (),
+                "dense_flops_per_s": {d: x * scale for d, x in base.dense_flops_per_s.items()}})
+            variants[spec.name] = spec
+            rename[base.name] = spec.name
+        pools = [p.model_copy(update={"gpu": rename[catalog.get(p.gpu).name]})
+                 if catalog.get(p.gpu).name in rename else p for p in plan.pools]
+        plans.append(plan.model_copy(update={"pools": pools}))
+    return estimate_many(plans, Catalog({**catalog.gpus, **variants}, catalog.date), model)
+

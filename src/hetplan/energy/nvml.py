@@ -27,10 +27,12 @@ class NvmlGpu:
         RuntimeError: NVML or the device is not available (use :func:`open_gpu` to get None instead).
     """
 
-    def __init__(self, index: int | str = 0):
-        import pynvml
+    def __init__(self, index: int | str = 0, nvml=None):
+        if nvml is None:
+            import pynvml as nvml
 
-        self._nvml = pynvml
+        pynvml = self._nvml = nvml
+        self.simulated = isinstance(nvml, SimulatedNvml)
         pynvml.nvmlInit()
         self.index = index
         self.handle = (pynvml.nvmlDeviceGetHandleByUUID(index) if isinstance(index, str)
@@ -90,9 +92,103 @@ def nvml_device(cuda_index: int, visible: str | None = None) -> int | str:
     return int(x) if x.isdigit() else x
 
 
+#: Environment variable naming a catalog GPU: :func:`open_gpu` then returns a :class:`SimulatedNvml` device.
+SIMULATED_ENV = "HETPLAN_SIMULATED_NVML"
+
+
+class SimulatedNvml:
+    """The pynvml calls :class:`NvmlGpu` makes, answered on CPU by a GPU's DVFS model (:mod:`hetplan.hardware.power`):
+    the training loop's NVML path (lock clocks, read the energy counter, reset) runs end to end without a GPU.
+
+    The simulated board supports exactly the model's clocks (others: ``NVMLError``, as NVML refuses clocks off its
+    table), sustains ``f_eff = min(locked, f_cap)`` under its default power limit (the TDP), and its energy
+    counter (mJ) integrates ``P_busy(f_eff)`` over wall-clock time (the CPU's time: the clock does not slow the
+    host down, so only power follows the clock, and waiting counts as busy: an upper bound). Energy read from it
+    is reported as ``energy_source = "model"``, never as measured. ``HETPLAN_SIMULATED_NVML_DENY=1`` makes locking
+    fail with a permission error, as on a GPU without administrator rights.
+
+    Args:
+        gpu_name: catalog GPU with a DVFS model.
+
+    Raises:
+        HetplanError: unknown GPU or no DVFS model.
+    """
+
+    NVML_CLOCK_SM = 1
+
+    class NVMLError(Exception):
+        """What pynvml raises."""
+
+    def __init__(self, gpu_name: str):
+        import time
+
+        from hetplan.hardware.catalog import load_catalog
+        from hetplan.hardware.power import board_limited, get_power
+
+        spec = load_catalog().get(gpu_name, field=SIMULATED_ENV)
+        self.gpu, self.idle_w = spec.name, spec.idle_power_w
+        self.power = board_limited(get_power(spec.name, field=SIMULATED_ENV), spec.tdp_w, spec.idle_power_w)
+        self._clock = time.perf_counter
+        self._locked: dict[int, int | None] = {}
+        self._energy_mj: dict[int, float] = {}
+        self._since: dict[int, float] = {}
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        self._locked.setdefault(index, None)
+        self._energy_mj.setdefault(index, 0.0)
+        self._since.setdefault(index, self._clock())
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:  # noqa: N802
+        return self.nvmlDeviceGetHandleByIndex(abs(hash(uuid)) % 1024)
+
+    def nvmlDeviceGetName(self, handle: int) -> str:  # noqa: N802
+        return f"{self.gpu} (simulated)"
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle: int) -> list[int]:  # noqa: N802
+        return [1]
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, handle: int, memory_mhz: int) -> list[int]:  # noqa: N802
+        return list(self.power.frequencies_mhz)
+
+    def _advance(self, handle: int) -> None:
+        now = self._clock()
+        f = self.nvmlDeviceGetClockInfo(handle, self.NVML_CLOCK_SM)
+        self._energy_mj[handle] += 1000.0 * float(self.power.busy_power_w(f, self.idle_w)) * (now - self._since[handle])
+        self._since[handle] = now
+
+    def nvmlDeviceGetClockInfo(self, handle: int, which: int) -> int:  # noqa: N802
+        f = self._locked.get(handle) or self.power.max_frequency_mhz
+        return int(self.power.effective_frequency_mhz(f, self.idle_w))
+
+    def nvmlDeviceSetGpuLockedClocks(self, handle: int, lo: int, hi: int) -> None:  # noqa: N802
+        import os
+
+        if os.environ.get(SIMULATED_ENV + "_DENY"):
+            raise self.NVMLError("Insufficient Permissions")
+        if lo != hi or lo not in self.power.frequencies_mhz:
+            raise self.NVMLError(f"Invalid Argument: {lo}-{hi} MHz is not a supported clock")
+        self._advance(handle)
+        self._locked[handle] = lo
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle: int) -> None:  # noqa: N802
+        self._advance(handle)
+        self._locked[handle] = None
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:  # noqa: N802
+        self._advance(handle)
+        return int(self._energy_mj[handle])
+
+
 def open_gpu(index: int | str = 0) -> NvmlGpu | None:
     """An :class:`NvmlGpu` for NVML device ``index`` (see :func:`nvml_device`), or None without pynvml / NVIDIA
-    driver / device."""
+    driver / device; with ``$HETPLAN_SIMULATED_NVML`` set to a catalog GPU, one over :class:`SimulatedNvml`."""
+    name = os.environ.get(SIMULATED_ENV)
+    if name:
+        return NvmlGpu(index, nvml=SimulatedNvml(name))
     try:
         return NvmlGpu(index)
     except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, NVMLError_InvalidArgument, ...

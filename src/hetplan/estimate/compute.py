@@ -89,8 +89,8 @@ def attention_kernel(job, gpu: GPUSpec) -> str:
     if chosen is not None:
         return chosen
     if hasattr(job, "stack_spec"):
-        return job.stack_spec().kernel_on(gpu.architecture)
-    return default_attention_kernel(getattr(job, "framework", "megatron"), gpu.architecture)
+        return job.stack_spec().kernel_on(gpu.family_name)
+    return default_attention_kernel(getattr(job, "framework", "megatron"), gpu.family_name)
 
 
 def pool_gpu(catalog, pool, field: str = "gpu", job=None) -> GPUSpec:

@@ -255,7 +255,7 @@ def p2p_model(framework: str) -> str | bool:
 _SIMULATE_MANY_MIN_PLANS = 16
 
 #: The per-stage numbers the estimator gathers into columns: the fields of Degrees and of StageWork it fills.
-_DEGREE_COLUMNS = ("tp", "cp", "dp", "ep", "expert_tp", "virtual_stages")
+_DEGREE_COLUMNS = tuple(f.name for f in fields(Degrees))
 _WORK_COLUMNS = ("s", "b", "num_layers", "has_embedding", "has_head", "single_stage", "num_microbatches", "zero",
                  "recompute", "sequence_parallel", "step_microbatches")
 
@@ -349,8 +349,10 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             b = st.mbs or plan.mbs
             mb = job.global_batch // (lay.dp * b)
             step_mb = min(mb, plan.pipeline_step_microbatches or mb)  # one call of the schedule holds at most these
-            for k, x in (("tp", lay.tp), ("cp", lay.cp), ("dp", lay.dp), ("ep", lay.ep), ("expert_tp", lay.expert_tp),
-                         ("virtual_stages", v), ("s", job.seq_len), ("b", b), ("num_layers", st.num_layers),
+            deg = lay.degrees
+            for k in _DEGREE_COLUMNS:  # every degree of the stage's layout; v as the schedule runs it
+                col[k].append(v if k == "virtual_stages" else getattr(deg, k))
+            for k, x in (("s", job.seq_len), ("b", b), ("num_layers", st.num_layers),
                          ("has_embedding", i == 0), ("has_head", i == p - 1), ("single_stage", p == 1),
                          ("num_microbatches", mb), ("zero", lay.zero_stage), ("recompute", RECOMPUTE_CODES[st.recompute]),
                          ("sequence_parallel", lay.sequence_parallel_active), ("step_microbatches", step_mb)):
@@ -372,7 +374,8 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*in_flight_inputs))
     in_flight = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
                          in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
-    degrees = Degrees.of(dp=cols["dp"], zero=cols["zero"], **{k: cols[k] for k in _DEGREE_COLUMNS if k != "dp"})
+    degrees = Degrees(**{k: cols[k] for k in _DEGREE_COLUMNS})
+    cols["dp"] = degrees.dp
     work = StageWork(in_flight=in_flight, **{k: cols[k] for k in _WORK_COLUMNS})
 
     # Stage costs: one vectorised call per (hardware, options) group of rows without measured times or per-layer

@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hetplan.hardware.catalog import GPUSpec
+from hetplan.hardware.catalog import Architecture, GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -117,7 +117,7 @@ def recipe(gpu: GPUSpec, framework: str) -> str:
     (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise (Megatron-Core's default)."""
     if framework == "fsdp":
         return "tensorwise"
-    return "mxfp8" if "blackwell" in gpu.architecture.lower() else "delayed"
+    return "mxfp8" if gpu.family is Architecture.BLACKWELL else "delayed"
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str) -> float:

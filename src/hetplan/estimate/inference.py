@@ -178,7 +178,7 @@ def _forward_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: int, s: int, tp: int, 
     core = float(attention_gemm_times_s(m, g, dtype, b, s, tp)[1])
     layer_fwd = float(layer_time_s(m, g, gemm_dtype, b, s, tp, 0, link, attention="flash",
                                    gemm_times_s=(linear, core), cuda_graphs=not launches,
-                                   tp_allreduce=_TP_ALLREDUCE[engine.tp_allreduce])[0])
+                                   tp_allreduce=tp_allreduce_algorithm(engine, gpu, tp))[0])
     host = g if launches else g.model_copy(update={"kernel_overhead_s": 0.0})
     emb = float(embedding_time_s(m, host, b, s, tp)[0])
     logits = float(gemm_time_s(g, dtype, b, m.padded_vocab_size() / tp, m.hidden_size))
@@ -188,6 +188,18 @@ def _forward_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: int, s: int, tp: int, 
 
 #: The all-reduce algorithm of :func:`hetplan.estimate.comm.allreduce_time_s` each ``EngineSpec.tp_allreduce`` runs.
 _TP_ALLREDUCE = {"nccl": "ring", "custom": "custom", "auto": "custom-auto"}
+
+
+def tp_allreduce_algorithm(engine: EngineSpec, gpu: GPUSpec, tp: int) -> str:
+    """The :func:`hetplan.estimate.comm.allreduce_time_s` algorithm of ``engine``'s TP all-reduce on ``gpu``: its
+    ``tp_allreduce``, except that the custom kernel needs every pair of the TP ranks linked peer to peer — an
+    NVLink (NVSwitch) or Infinity Fabric domain, or just 2 ranks — else NCCL's ring (vLLM
+    ``custom_all_reduce.py``: "Custom allreduce is disabled because it's not supported on more than two
+    PCIe-only GPUs")."""
+    algorithm = _TP_ALLREDUCE[engine.tp_allreduce]
+    link = gpu.gpu_link.lower()
+    connected = link.startswith("nvlink") or link.startswith("infinity fabric")
+    return algorithm if tp <= 2 or connected else "ring"
 
 
 #: Rows of one tensor-core MMA tile by architecture family: ``mma.sync.m16n8k16`` (Volta to Ada: 16 rows) and

@@ -56,6 +56,7 @@ import numpy as np
 from hetplan.estimate import compute, fp8
 from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY,
                                    group_collective_time_s)
+from hetplan.hardware.catalog import Architecture
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -160,7 +161,7 @@ def grouped_gemm_row_efficiency(rows):
 def grouped_gemm_ceiling(gpu, dtype: str, framework: str = "megatron") -> float:
     """``e_max`` of the routed experts' grouped GEMM: :data:`TORCH_GROUPED_MM_BLACKWELL` for PyTorch's grouped GEMM
     (``framework="fsdp"``: torchtitan) on a Blackwell GPU, else the dense GEMMs' (:func:`hetplan.estimate.fp8.gemm_ceiling`)."""
-    if framework == "fsdp" and "blackwell" in gpu.architecture.lower():
+    if framework == "fsdp" and gpu.family is Architecture.BLACKWELL:
         return TORCH_GROUPED_MM_BLACKWELL["fp8" if fp8.is_fp8(dtype) else "bf16"]
     return fp8.gemm_ceiling(gpu, dtype)
 

@@ -320,10 +320,17 @@ def stage_costs(
     # (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync): no backward left to hide it behind.
     # The memory side: hetplan.estimate.memory.FSDP_PIPELINE_GRAD_BYTES.
     pipelined_fsdp = (framework == "fsdp") & ~np.asarray(single_stage)
+    # FSDP2's copies on the compute stream (fsdp2_copy_s): per micro-batch in the stage's forward / backward, once
+    # per iteration (exposed) in a pipeline, where each unit is gathered and reduce-scattered once.
+    fsdp2 = framework == "fsdp" and stack.optimizer_memory == "fsdp2"
+    copy_f, copy_b = (fsdp2_copy_s(params, gpu, weight_per, grad_per, reshard_after_forward) if fsdp2
+                      else (0.0, 0.0))
+    fwd = fwd + np.where(pipelined_fsdp, 0.0, copy_f)
+    bwd = bwd + np.where(pipelined_fsdp, 0.0, copy_b)
     gather_exposed = np.where(
         z3, np.where(pipelined_fsdp,
                      zero3_exposed_s(z3_gather, 0.0, num_layers * lf, layers_bwd, num_layers, 1, True, False, rho)
-                     + z3_reduce_scatter,
+                     + z3_reduce_scatter + copy_f + copy_b,
                      zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
                                      num_microbatches, overlap_grad_reduce, reshard_after_forward, rho)), 0.0,
     )
@@ -430,6 +437,35 @@ def zero3_exposed_s(gather_s, reduce_scatter_s, forward_s, backward_s, num_layer
     bwd_part = np.where(overlap, r + (L - 1.0) * np.maximum(gb + r - b, k * (gb + r)),
                         (L - 1.0) * np.maximum(gb - b, k * gb) + L * r)
     return num_microbatches * (fwd_part + bwd_part)
+
+
+#: Bytes FSDP2 reads and writes per element of a unit's gathered parameters (copy-out) and of its unsharded
+#: gradient (copy-in), beyond the collectives' own buffers (:func:`fsdp2_copy_s`).
+FSDP2_GRAD_ELEMENT_BYTES = 2  # the unsharded gradient autograd produces, in the bf16 param_dtype
+
+
+def fsdp2_copy_s(params_per_gpu, gpu: GPUSpec, gathered_bytes, reduce_bytes, reshard_after_forward=True):
+    """Time of FSDP2's copies on the compute stream per micro-batch, ``(forward_s, backward_s)``, for a stage
+    holding ``params_per_gpu`` parameters (unsharded over DP) on ``gpu``.
+
+    PyTorch FSDP2 (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``) gathers a unit into one flat
+    buffer and then copies it out into the per-parameter unsharded tensors (``foreach_all_gather_copy_out``:
+    ``split_with_sizes_copy`` on the current stream after waiting for the all-gather): a read and a write of
+    ``gathered_bytes`` per element (2 for bf16, 1 for torchao's float8 all-gather), for each all-gather
+    (forward, and again in backward with ``reshard_after_forward``). Before each reduce-scatter it concatenates
+    the unit's unsharded gradients, cast to the reduce dtype, into the reduce-scatter input
+    (``foreach_reduce``: ``foreach_reduce_scatter_copy_in`` / ``_chunk_cat`` on the current stream, before
+    ``reduce_scatter_stream.wait_stream(current_stream)``): a read of the bf16 gradient
+    (:data:`FSDP2_GRAD_ELEMENT_BYTES`) and a write of ``reduce_bytes`` (4 for fp32 reduction) per element.
+    Both are memory-bound copies at the GPU's HBM bandwidth on the compute stream, so they add to the stage's
+    time rather than hide behind it. FSDP1 (llm-foundry, fms-fsdp, HF Accelerate) gathers straight into its
+    FlatParameter, whose parameters are views, and casts gradients on its post-backward stream: no such copies.
+    Arrays broadcast. Units: s."""
+    hbm = gpu.hbm_bandwidth_bytes_per_s
+    gather = 2.0 * np.asarray(gathered_bytes, dtype=float) * np.asarray(params_per_gpu, dtype=float) / hbm
+    copy_in = (FSDP2_GRAD_ELEMENT_BYTES + np.asarray(reduce_bytes, dtype=float)) * np.asarray(
+        params_per_gpu, dtype=float) / hbm
+    return gather, np.where(reshard_after_forward, gather, 0.0) + copy_in
 
 
 def compute_embedding_sync_s(m: ModelSpec, dtype: str, t, link: Link):

@@ -20,9 +20,10 @@ import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal, Mapping
+from enum import Enum
+from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hetplan.errors import HetplanError
 from hetplan.hardware.stacks import default_stack
@@ -60,6 +61,30 @@ def default_attention_kernel(framework: str, architecture: str) -> str:
 _Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
+class Architecture(str, Enum):
+    """GPU architecture family: the first word of a catalog entry's ``architecture`` (``"Hopper GH100"``), read
+    once on load into :attr:`GPUSpec.family`. The cost model asks the family, never the text: the FP8 recipe
+    (:func:`hetplan.estimate.fp8.recipe`), the grouped-GEMM ceiling (:func:`hetplan.estimate.moe`) and the
+    attention kernel a stack runs (:meth:`hetplan.hardware.stacks.StackSpec.kernel_on`) depend on it."""
+
+    VOLTA = "Volta"
+    TURING = "Turing"
+    AMPERE = "Ampere"
+    ADA = "Ada"
+    HOPPER = "Hopper"
+    BLACKWELL = "Blackwell"
+    CDNA3 = "CDNA3"
+
+    @classmethod
+    def of(cls, architecture: str) -> Architecture | None:
+        """The family of an ``architecture`` text (None: a family the catalog does not know)."""
+        words = architecture.split()
+        try:
+            return cls(words[0]) if words else None
+        except ValueError:
+            return None
+
+
 class GPUSpec(BaseModel):
     """One GPU type. All fields SI; the data file uses GB, GB/s and TFLOP/s (converted on load).
 
@@ -67,6 +92,8 @@ class GPUSpec(BaseModel):
         name: canonical name, e.g. ``"A100-SXM-80GB"``.
         aliases: other accepted names (matched case-insensitively).
         vendor, architecture, form_factor: descriptive.
+        family: the :class:`Architecture` family (read from ``architecture`` when not given; None: unknown,
+            costed as a GPU of no later family).
         memory_bytes: device memory as reported by the driver's total (bytes).
         hbm_bandwidth_bytes_per_s: device memory bandwidth (bytes/s).
         dense_flops_per_s: peak dense tensor FLOP/s per dtype (``"bf16"``, ``"fp16"``, ``"fp8"``, ``"fp32"``).
@@ -110,6 +137,7 @@ class GPUSpec(BaseModel):
     aliases: tuple[str, ...] = ()
     vendor: str
     architecture: str
+    family: Architecture | None = None
     form_factor: str
     memory_bytes: int = bounded(2**44, "from 1 GiB (T4, the smallest in the catalog, has 15) to 16 TiB (60x the "
                                 "largest GPU memory, B300: 288 GB)", ge=2**30)
@@ -143,6 +171,19 @@ class GPUSpec(BaseModel):
     sm_count: int | None = Field(default=None, gt=0)
     sources: tuple[str, ...] = ()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _family(cls, data: Any) -> Any:
+        """``family`` from the first word of ``architecture`` where not given."""
+        if isinstance(data, dict) and data.get("family") is None and isinstance(data.get("architecture"), str):
+            return {**data, "family": Architecture.of(data["architecture"])}
+        return data
+
+    @property
+    def family_name(self) -> str:
+        """The :attr:`family`'s name (``"Hopper"``), ``""`` for an unknown family."""
+        return self.family.value if self.family is not None else ""
+
     def flash_attention_efficiency(self, causal: bool = False) -> tuple[float, float]:
         """``(forward, backward)`` efficiency of the fused attention kernel that runs (fraction of the dense peak,
         per FLOP of the tiles it computes): ``attention_efficiency`` if given, else the ``attention_kernels`` rate
@@ -151,7 +192,7 @@ class GPUSpec(BaseModel):
         ``attention_causal_efficiency``."""
         if self.attention_efficiency is not None:
             return self.attention_efficiency
-        kernel = self.attention_kernel or default_attention_kernel("megatron", self.architecture)
+        kernel = self.attention_kernel or default_attention_kernel("megatron", self.family_name)
         if kernel == "triton" and kernel not in self.attention_kernels:
             kernel = "fa2"  # no measured Triton rate on this GPU: FlashAttention-2's (ATTENTION_KERNELS)
         if kernel in self.attention_kernels:

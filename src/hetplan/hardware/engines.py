@@ -11,6 +11,8 @@ field (the ``sources`` table of the data file):
 * **attention kernel** per GPU generation (architecture family of :mod:`hetplan.hardware.catalog`): paged
   FlashAttention-2/-3, FlashInfer, TensorRT-LLM's context FMHA / XQA, xFormers, PyTorch SDPA. The cost model
   prices each at the measured rate of the catalog kernel of its class (:data:`KERNEL_RATE_CLASS`);
+* **TP all-reduce** (``tp_allreduce``: NCCL, the engines' custom one-/two-shot kernel, or the faster of the two)
+  and whether the decode attention kernel shares a GQA group's K/V loads (``gqa_decode_kv_shared``);
 * **per-step overhead** (``step_overhead_s``): host time of scheduling, input preparation and sampling per
   engine step that the GPU waits for;
 * **KV cache**: block size in tokens (``kv_block_tokens``; 0 = no paging), the memory budget rule

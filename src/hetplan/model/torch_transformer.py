@@ -210,8 +210,9 @@ class KVCache:
 @dataclass
 class CacheRows:
     """The cache rows a forward pass uses: sequence i of the batch owns slot ``slots[i]`` and has ``start[i]``
-    tokens cached already. A pass is a *prefill* (every ``start`` 0, ``s`` new tokens each) or a *decode* step
-    (one new token per sequence, any ``start``)."""
+    tokens cached already. A pass is a *prefill* (every ``start`` 0, ``s`` new tokens each), a *prefill chunk*
+    (``s`` new tokens after ``start[i]`` cached ones: chunked prefill, Sarathi-Serve, Agrawal et al. OSDI'24) or a
+    *decode* step (one new token per sequence, any ``start``)."""
 
     cache: KVCache
     slots: torch.Tensor  # [b] int64
@@ -264,9 +265,21 @@ class Block(nn.Module):
         mask, causal = None, True
         if rows is not None:
             ck, cv = rows.cache.k[layer], rows.cache.v[layer]
-            if s > 1:  # prefill: the rows start empty; write the prompt's K/V, attend causally over it
+            if s > 1 and not bool(rows.start.any()):  # prefill: the rows start empty; write, attend causally
                 ck[rows.slots, :, :s] = k
                 cv[rows.slots, :, :s] = v
+            elif s > 1:  # prefill chunks: write each row's K/V after its cached tokens, attend over all of them
+                limit = rows.cache.max_len
+                for r in range(b):  # a row padded past its slot writes only what fits (never attended)
+                    st = int(rows.start[r])
+                    m = min(s, limit - st)
+                    ck[rows.slots[r], :, st:st + m] = k[r, :, :m]
+                    cv[rows.slots[r], :, st:st + m] = v[r, :, :m]
+                n = min(int(rows.start.max()) + s, limit)
+                k, v = ck[:, :, :n].index_select(0, rows.slots), cv[:, :, :n].index_select(0, rows.slots)
+                qpos = rows.start[:, None] + torch.arange(s, device=x.device)[None]  # [b, s]
+                mask = (torch.arange(n, device=x.device)[None, None] <= qpos[:, :, None])[:, None]  # [b, 1, s, n]
+                causal = False
             else:  # decode: write the new token at its position, attend over the row's cached tokens
                 ck[rows.slots, :, rows.start] = k[:, :, 0]
                 cv[rows.slots, :, rows.start] = v[:, :, 0]
@@ -390,6 +403,8 @@ class TransformerStage(nn.Module):
             positions = torch.arange(s, device=x.device)
             if rows is not None and s == 1:
                 positions = rows.start[:, None]  # [b, 1]: each sequence's next position
+            elif rows is not None and bool(rows.start.any()):  # prefill chunks: positions after the cached tokens
+                positions = (rows.start[:, None] + positions[None]).clamp(max=rows.cache.max_len - 1)
         if part.first:
             x = self._embed(x, positions)
         for i, layer in enumerate(self.layers):

@@ -24,7 +24,9 @@ Recomputation runs inside the backward call, as in the energy planner (:mod:`het
 Without pipelining the trainer's gradient-accumulation loop opens the same instructions itself.
 
 Frequencies are applied with NVML (:mod:`hetplan.energy.nvml`) when the rank has a GPU and pynvml; energy is
-then NVML's counter (``energy_source = "nvml"``). On CPU nothing can be set: each rank records the frequency it
+then NVML's counter (``energy_source = "nvml"``). With ``HETPLAN_SIMULATED_NVML=GPU`` a CPU rank runs the same
+NVML path on a simulated board (clocks locked from the GPU's table, energy counter from its power model;
+``energy_source = "model"``). On CPU nothing can be set: each rank records the frequency it
 would set (``frequency_log``), and energy is the plan's GPU's DVFS model (:mod:`hetplan.hardware.power`) times
 the measured time, plus idle power between instructions (``energy_source = "model"``: not measured).
 """
@@ -35,12 +37,13 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from hetplan.errors import HetplanError
 from hetplan.hardware.catalog import load_catalog
-from hetplan.hardware.power import get_power
+from hetplan.hardware.power import board_limited, get_power
 
 
 @dataclass(frozen=True)
@@ -167,19 +170,22 @@ class RankLoop:
         self.client = PlanClient(server, job_id, rank, stage)
         self.client.register()
         gpu, sync, power_w, idle = None, None, None, 0.0
+        from hetplan.energy.nvml import SIMULATED_ENV, nvml_device, open_gpu
+
         if device.type == "cuda":
             import torch
 
-            from hetplan.energy.nvml import nvml_device, open_gpu
-
             gpu, sync = open_gpu(nvml_device(device.index or 0)), torch.cuda.synchronize
+        elif os.environ.get(SIMULATED_ENV):  # CPU: the NVML path on a simulated board (energy.nvml.SimulatedNvml)
+            gpu = open_gpu(rank)
         if gpu is None:
             try:
-                pw = get_power(gpu_name)
+                spec = load_catalog().get(gpu_name)
+                pw = board_limited(get_power(gpu_name), spec.tdp_w, spec.idle_power_w)  # the default limit
             except HetplanError:
                 pw = None  # no DVFS model (e.g. a "cpu" pool): frequencies recorded, no energy
             if pw is not None:
-                idle = load_catalog().get(gpu_name).idle_power_w
+                idle = spec.idle_power_w
 
                 def power_w(f: int, pw=pw, idle=idle) -> float:
                     return float(pw.busy_power_w(pw.effective_frequency_mhz(f, idle), idle))

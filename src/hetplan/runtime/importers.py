@@ -33,6 +33,8 @@ import shlex
 import tomllib
 from typing import Any
 
+from pydantic import ValidationError
+
 from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec, list_presets, load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
@@ -165,6 +167,12 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
         HetplanError: arguments the release refuses, no world size, shapes of no known model, fp32 training.
     """
     a = parse_megatron_args(megatron_argv(text))
+    missing = [o for o in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size")
+               if o not in a]
+    if missing:
+        raise HetplanError(f"the launch does not set {', '.join('--' + o.replace('_', '-') for o in missing)}; "
+                           "Megatron-LM needs them to build the model and the batch", field="--" +
+                           missing[0].replace("_", "-"), fix="give them in the launch script")
     words = _words(text)
     world, per_node = _world(words, gpus, "--nnodes", ("--nproc-per-node", "--nproc_per_node"))
     tp, pp, cp = (int(a.get(k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -309,6 +317,11 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
         zero = 0
     gbs, seq = num("training.global_batch_size", 0), num("training.seq_len", 0)
     local = num("training.local_batch_size", 0)
+    unset = [k for k, v in (("training.seq_len", seq), ("training.local_batch_size", local)) if v <= 0]
+    if unset:  # the config function's defaults need torchtitan itself
+        raise HetplanError(f"the launch does not set --{unset[0]}; hetplan reads the command line only (the "
+                           f"defaults of --config {config} live in torchtitan)", field=f"--{unset[0]}",
+                           fix=f"add --{unset[0]} to the launch (hetplan export writes it)")
     if pp > 1:
         mbs = num(p + "pipeline_parallel_microbatch_size", 1)
         parts = [part.split(",") for part in str(over.get(p + "module_fqns_per_model_part", "")).split()]
@@ -431,7 +444,22 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
     Raises:
         HetplanError: no file of a known framework.
     """
-    by = dict(files)
+    try:
+        return _import_files(dict(files), model=model, gpu=gpu, gpus=gpus)
+    except HetplanError:
+        raise
+    except ValidationError as e:  # a value the plan schema refuses (e.g. a zero batch in a hand-written launch)
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise HetplanError(f"the launch gives a plan the schema refuses: {where}: {err['msg']}", field=where,
+                           fix="correct that value in the launch") from None
+    except (KeyError, ValueError, TypeError, SyntaxError, StopIteration, ZeroDivisionError, IndexError,
+            AttributeError) as e:
+        raise HetplanError(f"the launch files cannot be read as a plan: {type(e).__name__} {e}", field="FILES",
+                           fix="give the launch as the framework reads it (hetplan export shows the form)") from None
+
+
+def _import_files(by: dict[str, str], *, model: str | None, gpu: str, gpus: int | None) -> Plan:
     if model is None:
         named = next((m.group(1).strip() for t in by.values()
                       for m in [re.search(r"^# hetplan model: (.+)$", t, re.M)] if m), None)

@@ -187,7 +187,7 @@ def window_lower_bound_s(stage_sum_s, p2p_one_way_s, pp, num_microbatches, virtu
     return np.maximum(rounds * chunk, np.where(v > 1, chained, 0.0))
 
 
-def one_f_one_b_cycle_lower_bound_s(stage_min_s, p2p_max_s, pp, num_microbatches):
+def one_f_one_b_cycle_lower_bound_s(stage_min_s, p2p_max_s, pp, num_microbatches, virtual_stages=1):
     """A lower bound (s) on the pipeline time of (non-interleaved) 1F1B from the cycle across one boundary
     (arrays or scalars; ``stage_min_s`` = the least ``a_i`` = forward+backward of a stage per micro-batch,
     ``p2p_max_s`` = the slowest boundary's one-way transfer ``c``).
@@ -201,12 +201,20 @@ def one_f_one_b_cycle_lower_bound_s(stage_min_s, p2p_max_s, pp, num_microbatches
     every ``x`` from ``w_i`` to ``m - 3``: ``T >= floor((m - p) / 2) (2 a_min + 2 c_max)``. A blocking transfer
     only lengthens the cycle. On a 10 Gb/s network this is the binding bound: Llama-2-7B on 32 one-GPU stages
     with 512 micro-batches and 105 ms transfers between nodes cannot beat 60 s per iteration (its estimate 64 s),
-    where the in-flight window allows 17 s (issue 27)."""
+    where the in-flight window allows 17 s (issue 27).
+
+    Interleaved (v > 1, Megatron-LM ``forward_backward_pipelining_with_interleaving``): stage ``i`` runs
+    ``w_i = 2(p - i - 1) + (v - 1)p`` warm-up forwards of virtual micro-batches, then forward ``w_i + k``,
+    backward ``k``; a virtual micro-batch's ordinal names the same (chunk, micro-batch) on every stage, so the same
+    cycle holds with ``w_i = w_{i+1} + 2``: it advances three ordinals per ``a_i / v + a_{i+1} / v + 2c`` (a
+    stage's chunk takes ``a / v``), ``T >= floor((m v - W) / 3) (2 a_min / v + 2 c_max)`` with ``W = w_0 + 1``."""
     p = np.asarray(pp, dtype=float)
     m = np.asarray(num_microbatches, dtype=float)
-    steps = np.floor(np.maximum(m - p, 0.0) / 2)
-    return np.where(p > 1, steps * 2 * (np.asarray(stage_min_s, dtype=float) + np.asarray(p2p_max_s, dtype=float)),
-                    0.0)
+    v = np.asarray(virtual_stages, dtype=float)
+    window = np.where(v > 1, 2 * (p - 1) + (v - 1) * p + 1, p)
+    steps = np.floor(np.maximum(m * v - window, 0.0) / np.where(v > 1, 3.0, 2.0))
+    per_cycle = 2 * (np.asarray(stage_min_s, dtype=float) / v + np.asarray(p2p_max_s, dtype=float))
+    return np.where(p > 1, steps * per_cycle, 0.0)
 
 
 def _stage_inputs(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> tuple[Degrees, StageWork, np.ndarray]:
@@ -282,7 +290,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
                                   wrap_s=c_min)
     a_min = np.min(np.where(present, per, np.inf), axis=1)
     c_max = np.where(pp - 1 - n_intra > 0, p2p_one_inter, p2p_one_intra)
-    cycle = np.where(v == 1, one_f_one_b_cycle_lower_bound_s(a_min, c_max, pp, mb), 0.0)
+    cycle = one_f_one_b_cycle_lower_bound_s(a_min, c_max, pp, mb, v)
     lower = (np.maximum(np.maximum(np.maximum(pipeline_lower_bound_s(per, count, c_min, mb, v), window), cycle)
                         + c.dp_exposed_s[:, 0], own_work) + it.optimizer_s)
 

@@ -324,14 +324,20 @@ def _attainment(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, r
     return res.report(objectives)["models"][entry.name]["slo_attainment"]
 
 
-def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, stack: Stack = Stack()) -> float:
+def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, stack: Stack = Stack(),
+                   lengths: list[tuple[int, int]] | None = None) -> float:
     """Largest arrival rate (requests/s) one replica sustains at ``target_attainment`` (0 when even a lone
-    request misses its SLO); probe requests draw their lengths as the workload's do."""
+    request misses its SLO); probe requests draw their lengths as the workload's do, or take ``lengths``
+    (``(prompt, new tokens)`` of the model's trace requests, in order, wrapping around)."""
     w, s = wf.workload, wf.scheduler
     cv = entry.cv or w.cv
     step = step_model(spec, gpu, tp, pp, wf.cluster.dtype, stack)
     b = s.max_batch_size
-    prompt, new = (max(1, round(x)) for x in w.mean_lengths())
+    if lengths:
+        means = (sum(p for p, _ in lengths) / len(lengths), sum(n for _, n in lengths) / len(lengths))
+    else:
+        means = w.mean_lengths()
+    prompt, new = (max(1, round(x)) for x in means)
     busy = step.step_time_s([prompt] * b, []) + sum(
         step.step_time_s([], [prompt + i] * b) for i in range(1, new))
     hi = 1.2 * b / busy  # above the throughput of full batches back to back
@@ -341,7 +347,11 @@ def max_rate_per_s(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int
         dur = PROBE_REQUESTS / rate
         reqs = generate([ModelLoad(entry.name, rate, cv)], dur, w.seed, prompt_len=w.prompt_len,
                         max_new_tokens=w.max_new_tokens)
-        w.assign_lengths(reqs)
+        if lengths:
+            for i, r in enumerate(reqs):
+                r.prompt_len, r.max_new_tokens = lengths[i % len(lengths)]
+        else:
+            w.assign_lengths(reqs)
         return bool(reqs) and _attainment(wf, entry, spec, gpu, tp, pp, reqs, dur, stack) >= target
 
     if not ok(hi / 2 ** RATE_STEPS):
@@ -560,9 +570,10 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
                 progress(done, total, f"{entry.name} on {g.name} TP {tp} x PP {pp} {st.label}")
             fits, why = _fits(spec, g, tp, pp, wf, st)
             if fits:  # models of the same shape, burstiness and SLOs share their answer
-                key = (spec, entry.cv, slos(wf)[entry.name], k)
+                key = (spec, entry.cv, slos(wf)[entry.name], k, entry.name if wf.workload.trace else "")
                 if key not in memo:
-                    memo[key] = max_rate_per_s(wf, entry, spec, g, tp, pp, st)
+                    own = [(r.prompt_len, r.max_new_tokens) for r in reqs if r.model == entry.name]
+                    memo[key] = max_rate_per_s(wf, entry, spec, g, tp, pp, st, own if wf.workload.trace else None)
                 rates[m, k] = memo[key]
                 why = "meets the SLO up to this rate" if rates[m, k] > 0 else "misses the SLO even unloaded"
             cands.append({"model": entry.name, "gpu": g.name, "tp": tp, "pp": pp, "stack": st.label,

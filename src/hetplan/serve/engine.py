@@ -18,9 +18,9 @@ Paged admission and preemption (``kv_cache_tokens``): the scheduler admits by KV
 still hold one whole slot of ``kv_cache_len`` tokens per running sequence (torch on CPU has no paged attention
 kernel; the slots only back what the block accounting admits). A preempted request's slot is freed and its
 tokens kept; when it resumes, its prompt and those tokens are prefilled again into a new slot. A token budget
-per iteration (``max_batched_tokens``) bounds the prefill tokens that join; the engine does not split a prompt
-over iterations (chunked prefill): the model's cache is written from position 0 by a prefill pass
-(:class:`hetplan.model.torch_transformer.CacheRows`).
+per iteration (``max_batched_tokens``) bounds the prefill tokens that join; with ``chunked_prefill`` a prompt is
+split over iterations, each chunk written after the tokens cached before it and attending over them
+(:class:`hetplan.model.torch_transformer.CacheRows`), its first token coming with the last chunk.
 
 Bounded queues: :meth:`submit` raises :class:`QueueFull` when the model's queue holds ``max_queue_len``
 requests (the API answers 429). :meth:`shutdown` stops intake, drains queued work up to a timeout, then stops the
@@ -109,6 +109,7 @@ class Engine:
         kv_cache_tokens: the paged KV pool of each model (tokens; module docstring); ``None``: whole slots.
         kv_block_tokens: tokens per KV block of that pool.
         max_batched_tokens: tokens one iteration processes at most (prefill tokens + one per decode).
+        chunked_prefill: split prompts over iterations to fit ``max_batched_tokens`` (module docstring).
 
     Raises:
         HetplanError: bad settings (unknown policy, model does not fit a worker, ...).
@@ -119,7 +120,7 @@ class Engine:
                  max_queue_len: int = 256, write_back: bool = True, preload: Sequence[str] = (),
                  rate_window_s: float = 10.0, threads_per_worker: int = 1, kv_cache_len: int = 256,
                  batching: str = "continuous", kv_cache_tokens: int | None = None, kv_block_tokens: int = 16,
-                 max_batched_tokens: int | None = None):
+                 max_batched_tokens: int | None = None, chunked_prefill: bool = False):
         self.entries = list(models)
         self.tp, self.pp, self.world = tp, pp, tp * pp
         self.device, self.dtype = device, dtype
@@ -131,7 +132,7 @@ class Engine:
         self.threads_per_worker = threads_per_worker
         self.kv_cache_len, self.batching = kv_cache_len, batching
         self.kv_cache_tokens, self.kv_block_tokens = kv_cache_tokens, kv_block_tokens
-        self.max_batched_tokens = max_batched_tokens
+        self.max_batched_tokens, self.chunked_prefill = max_batched_tokens, chunked_prefill
         self._preempted: dict[int, _Running] = {}
         self.specs = {m.name: m.spec() for m in self.entries}
         from hetplan.estimate.inference import kv_cache_bytes_per_worker, weight_bytes_per_worker
@@ -187,18 +188,14 @@ class Engine:
                   write_back=s.write_back, preload=s.preload, rate_window_s=s.rate_window_s,
                   kv_cache_len=s.kv_cache_len, batching=s.batching,
                   kv_cache_tokens=s.kv_cache_tokens if s.paged_kv else None,
-                  kv_block_tokens=s.kv_block_tokens or 16, max_batched_tokens=s.max_batched_tokens)
+                  kv_block_tokens=s.kv_block_tokens or 16, max_batched_tokens=s.max_batched_tokens,
+                  chunked_prefill=bool(s.chunked_prefill))
         if c.engine or c.quantization:
             which = "cluster.engine" if c.engine else "cluster.quantization"
             raise HetplanError(f"{which} prices the simulator's costs; hetplan serve runs its own torch engine at "
                                "cluster.dtype", field=which,
                                fix=f"drop {which} from SERVE.toml (or launch the engine itself: hetplan capacity "
                                    "--export vllm)")
-        if s.chunked_prefill:
-            raise HetplanError("the torch engine prefills whole prompts; chunked prefill is the simulator's",
-                               field="scheduler.chunked_prefill",
-                               fix="set chunked_prefill = false for hetplan serve (max_batched_tokens still bounds "
-                                   "each iteration)")
         kw.update(overrides)
         return cls(cfg.models, **kw)
 
@@ -263,7 +260,7 @@ class Engine:
                                                   {n: self.kv_cache_tokens // self.kv_block_tokens
                                                    for n in self.specs}),
                                        block_tokens=self.kv_block_tokens, max_batched_tokens=self.max_batched_tokens,
-                                       max_seq_tokens=self.kv_cache_len)
+                                       chunked_prefill=self.chunked_prefill, max_seq_tokens=self.kv_cache_len)
         except HetplanError:
             self.shutdown(0)
             raise
@@ -382,7 +379,10 @@ class Engine:
                     run = self._running.pop(r.id)
                     self._free_slots[act.model].append(run.slot)
                     self._preempted[r.id] = run
-                for r in act.joined:
+                for c in act.chunks:
+                    r = c.request
+                    if c.start:  # a later chunk of a prompt: its slot is held since the first chunk
+                        continue
                     slot = self._free_slots[act.model].pop(0)
                     back = self._preempted.pop(r.id, None)
                     if back is not None:
@@ -390,10 +390,14 @@ class Engine:
                         self._running[r.id] = back
                     else:
                         self._running[r.id] = _Running(slot, now, len(act.requests), [])
-                joins = [(self._running[r.id].slot, r.prompt + self._running[r.id].tokens) for r in act.joined]
+                # a chunk covers positions start .. start + tokens of the prompt and the tokens generated before a
+                # preemption (recomputed with it)
+                joins = [(self._running[c.request.id].slot,
+                          (c.request.prompt + self._running[c.request.id].tokens)[c.start:c.start + c.tokens], c.start)
+                         for c in act.chunks]
                 decodes = [(self._running[r.id].slot, self._running[r.id].tokens[-1],
                             r.prompt_len + len(self._running[r.id].tokens) - 1) for r in act.decode]
-                shape = (tuple(len(p) for _, p in joins), tuple(d[2] + 1 for d in decodes))
+                shape = (tuple(len(j[1]) for j in joins), tuple(d[2] + 1 for d in decodes))
                 self._batches[sid] = (act, now, shape)
                 for q in self._cmd_qs:
                     q.put(("step", sid, act.model, joins, decodes))
@@ -481,9 +485,12 @@ class Engine:
             act, t_start, shape = self._batches.pop(sid)
             now = self.now_s()
             self.exec_log.append((act.model, *shape, now - t_start))
-            order = act.requests  # the workers' answer order: prefills, then decodes
+            # the workers' answer order: prefill rows, then decodes; a chunk that does not end its prompt emits none
+            emits = [c.last for c in act.chunks] + [True] * len(act.decode)
             finished = []
-            for req, tok in zip(order, tokens):
+            for req, tok, emit in zip(act.requests, tokens, emits):
+                if not emit:
+                    continue
                 run = self._running[req.id]
                 run.tokens.append(int(tok))
                 if run.first_s is None:

@@ -98,7 +98,7 @@ def simulate_calibrated(costs: dict, requests: Sequence[Request], *, capacity_by
                         max_batch_size: int, max_queue_len: int, batching: str = "continuous",
                         duration_s: float | None = None, sample_seed: int = 0, kv_cache_tokens: int | None = None,
                         kv_block_tokens: int = 16, max_batched_tokens: int | None = None,
-                        kv_cache_len: int | None = None) -> SimResult:
+                        kv_cache_len: int | None = None, chunked_prefill: bool = False) -> SimResult:
     """Simulate ``requests`` with the costs of :func:`calibrate_from_logs` (and the engine's paged KV pool and token
     budget, when it had them)."""
     all_solo = [c["swap_in_s"] for c in costs.values() if c["swap_in_s"] is not None]
@@ -118,7 +118,7 @@ def simulate_calibrated(costs: dict, requests: Sequence[Request], *, capacity_by
     return simulate(models, requests, capacity_bytes=capacity_bytes, policy=make_policy(policy), swap_cost=cost,
                     max_batch_size=max_batch_size, max_queue_len=max_queue_len, duration_s=duration_s,
                     batching=batching, block_tokens=kv_block_tokens, max_batched_tokens=max_batched_tokens,
-                    max_seq_tokens=kv_cache_len)
+                    chunked_prefill=chunked_prefill, max_seq_tokens=kv_cache_len)
 
 
 def _pct(records: Sequence[Record], names: Sequence[str]) -> dict:
@@ -154,7 +154,7 @@ def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 
                        prompt_len: int = 8, new_tokens: tuple[int, int] = (2, 12), policy: str = "lru",
                        max_batch_size: int = 4, kv_cache_len: int = 64, max_queue_len: int = 1000,
                        sim_replicas: int = 15, kv_cache_tokens: int | None = None, kv_block_tokens: int = 16,
-                       max_batched_tokens: int | None = None) -> dict:
+                       max_batched_tokens: int | None = None, chunked_prefill: bool = False) -> dict:
     """Run the same seeded workload on the engine and in the simulator (module docstring).
 
     Returns:
@@ -162,10 +162,10 @@ def compare_sim_engine(entries: Sequence[ModelEntry], *, tp: int = 2, pp: int = 
         seeds), "requests": n, "engine_swaps", "sim_swaps", "engine_preemptions", "sim_preemptions",
         "engine_report", "sim_report", "costs"}``; models include ``"all"``, metrics are ``latency``, ``ttft`` and
         ``tpot`` (s). With ``kv_cache_tokens`` both run paged admission and recompute preemption over that pool,
-        with ``max_batched_tokens`` both bound each iteration.
+        with ``max_batched_tokens`` both bound each iteration, with ``chunked_prefill`` both split prompts to fit it.
     """
     paging = dict(kv_cache_tokens=kv_cache_tokens, kv_block_tokens=kv_block_tokens,
-                  max_batched_tokens=max_batched_tokens)
+                  max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill)
     reqs = seeded_requests(entries, rates_per_s, cv=cv, duration_s=duration_s, seed=seed, prompt_len=prompt_len,
                            new_tokens=new_tokens)
     with Engine(entries, tp=tp, pp=pp, capacity_bytes=capacity_bytes, policy=policy, max_batch_size=max_batch_size,

@@ -249,21 +249,23 @@ class Worker:
         return y
 
     @torch.inference_mode()
-    def step(self, step_id: int, name: str, joins: list[tuple[int, list[int]]],
+    def step(self, step_id: int, name: str, joins: list[tuple],
              decodes: list[tuple[int, int, int]]) -> None:
-        """One iteration of model ``name``: one prefill pass over the ``(slot, prompt)`` of ``joins``, then one
-        decode step over ``decodes`` = ``(slot, last token, cached tokens)``; the last stage's TP rank 0 reports
-        the next token of each (joins first)."""
+        """One iteration of model ``name``: one prefill pass over ``joins`` = ``(slot, tokens[, start])`` (a whole
+        prompt from position 0, or a chunk after ``start`` cached tokens: chunked prefill), then one decode step
+        over ``decodes`` = ``(slot, last token, cached tokens)``; the last stage's TP rank 0 reports the next token
+        of each (joins first; a chunk that does not end its prompt reports one too, which the controller drops)."""
         cache = self.caches[name]
         out: list[int] = []
-        if joins:  # one prefill pass, prompts right-padded: a row's tokens never attend to its padding (causal),
-            # and the padding's K/V beyond the prompt are overwritten by decode steps before any mask admits them
-            s = max(len(p) for _, p in joins)
+        if joins:  # one prefill pass, rows right-padded: a row's tokens never attend to its padding (causal),
+            # and the padding's K/V beyond the row are overwritten (next chunk, decode) before any mask admits them
+            s = max(len(j[1]) for j in joins)
             slots = torch.tensor([j[0] for j in joins], device=self.device)
-            last = torch.tensor([len(p) - 1 for _, p in joins], device=self.device)
-            rows = CacheRows(cache, slots, torch.zeros(len(joins), dtype=torch.long, device=self.device), last)
-            y = self._pass(name, [p + [0] * (s - len(p)) for _, p in joins], rows)
-            if y is not None:  # logits of each prompt's last token only
+            last = torch.tensor([len(j[1]) - 1 for j in joins], device=self.device)
+            start = torch.tensor([j[2] if len(j) > 2 else 0 for j in joins], dtype=torch.long, device=self.device)
+            rows = CacheRows(cache, slots, start, last)
+            y = self._pass(name, [list(j[1]) + [0] * (s - len(j[1])) for j in joins], rows)
+            if y is not None:  # logits of each row's last token only
                 out += y[:, 0].argmax(-1).tolist()
         if decodes:
             slots = torch.tensor([d[0] for d in decodes], device=self.device)

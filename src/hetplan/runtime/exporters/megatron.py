@@ -122,7 +122,12 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args += _megatron_fp8_args(plan)
     if plan.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
-    if plan.job.attention == "flash":  # the estimate assumed FlashAttention (hetplan.plan.Job.attention)
+    if plan.job.attention == "flash" and plan.job.attention_kernel is not None:
+        # the kernel the estimate priced (issue 27: the export dropped it), as Megatron-Core's AttnBackend
+        # (megatron/core/transformer/enums.py): "flash" = Transformer Engine's FlashAttention (flash-attn 2, or 3
+        # where installed on Hopper), "fused" = TE's cuDNN fused attention
+        args.append("--attention-backend " + ("fused" if plan.job.attention_kernel == "cudnn" else "flash"))
+    elif plan.job.attention == "flash":  # the estimate assumed FlashAttention (hetplan.plan.Job.attention)
         args.append("--use-flash-attn")
     else:  # s x s scores stored: Megatron-Core's unfused attention (its default backend, auto, fuses)
         args.append("--attention-backend unfused")
