@@ -129,7 +129,8 @@ def test_per_stack_table_partitions_the_rows(result):
     """Every row of every set is counted under exactly one stack: the counts add up to the sets' rows, and the
     stacks of the visible sets are the ones their sources name (vTrain: Megatron-DeepSpeed; DGX Cloud: NeMo)."""
     stacks = result["stacks"]
-    assert sum(r["n"] for r in stacks.values()) == sum(r["n"] for r in result["sets"].values())
+    # the energy set is GPU joules per instruction of Perseus' profiles, priced by the power model, no stack's
+    assert sum(r["n"] for r in stacks.values()) == sum(r["n"] for k, r in result["sets"].items() if k != "energy")
     for r in stacks.values():
         assert {"n", "mape", "signed_median", "max_abs_error", "sets"} <= set(r) and r["sets"]
     assert stacks["megatron-deepspeed"]["sets"] == ["vtrain_multi_node", "vtrain_single_node"]

@@ -174,3 +174,20 @@ def test_fp8_sequence_parallel_all_gathers_carry_fp8(h100):
     assert tp("fp8", True) / tp("bf16", True) == pytest.approx((ar(x) + ar(x / 2)) / (2 * ar(x)), rel=1e-12)
     assert 0.74 < tp("fp8", True) / tp("bf16", True) < 0.8
     assert tp("fp8", False) == tp("bf16", False)
+
+
+def test_only_linear_weights_gather_in_fp8():
+    """FP8 parameter all-gathers (torchao's float8 all-gather, Megatron's --fp8-param-gather) move the layers'
+    linear weights in 1 byte and the embedding and output layer in 2: Llama 3 8B's 2 x 525M vocabulary
+    parameters of 8.0B make the mean 1.13 bytes, not 1."""
+    from hetplan.estimate import memory
+    from hetplan.estimate.fp8 import mixed_gathered_weight_bytes
+    from hetplan.model.spec import load_model
+
+    assert mixed_gathered_weight_bytes(1, 6e9, 8e9) == pytest.approx((6 + 2 * 2) / 8)
+    assert mixed_gathered_weight_bytes(1, 9e9, 8e9) == pytest.approx(1.0)  # never below the FP8 size
+    m = load_model("llama3-8b")
+    params = memory.stage_parameters(m, m.num_layers, True, True, True)
+    mean = mixed_gathered_weight_bytes(1, m.num_layers * memory.layer_parameters_per_gpu(m, 1), params)
+    vocab = 2 * m.padded_vocab_size() * m.hidden_size
+    assert mean == pytest.approx(1 + vocab / params, rel=0.01) and 1.1 < mean < 1.16

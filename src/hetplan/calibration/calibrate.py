@@ -232,8 +232,8 @@ class EspressoTraces:
                 est, c = costs[espresso_attention(g, attention)]
                 mem = c[i].memory
                 out.append({"forward_s": est.stages[i].forward_s, "backward_s": est.stages[i].backward_s,
-                            "memory_bytes": float(mem["weights"] + mem["gradients"] + mem["optimizer"]
-                                                  + mem["activations"] + mem["transient"])})
+                            "memory_bytes": float(mem.weights + mem.gradients + mem.optimizer
+                                                  + mem.activations + mem.transient)})
         return out
 
     def errors(self, predictions: list[dict | None]) -> dict:

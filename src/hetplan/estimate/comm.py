@@ -51,16 +51,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hetplan.hardware.network import load_network
+
+_NETWORK = load_network()
 #: Per-step latency inside a node (s), fitted on vTrain calibration rows (hetplan.calibration.calibrate): 8.8 µs,
 #: i.e. ~120 µs for an 8-GPU all-reduce of a small message — above NCCL-tests' bare ~20-30 µs because it also
-#: absorbs the launch and the wait for the slowest TP rank in a host-bound training step.
-ALPHA_INTRA_NODE_S = 8.8e-6
+#: absorbs the launch and the wait for the slowest TP rank in a host-bound training step. This and the constants
+#: below are ``hardware/data/network.toml``'s (:func:`hetplan.hardware.network.load_network`, with sources).
+ALPHA_INTRA_NODE_S = _NETWORK.alpha_intra_node_s
 #: Per-step latency between nodes (s): InfiniBand/RoCE NCCL step (~5-10 µs, NCCL-tests multi-node).
-ALPHA_INTER_NODE_S = 8e-6
+ALPHA_INTER_NODE_S = _NETWORK.alpha_inter_node_s
 #: Fraction of the nominal NVLink/PCIe bandwidth NCCL reaches for large messages (busbw / link rate).
-INTRA_LINK_EFFICIENCY = 0.77
+INTRA_LINK_EFFICIENCY = _NETWORK.intra_link_efficiency
 #: Fraction of the nominal NIC bandwidth NCCL reaches for large messages.
-INTER_LINK_EFFICIENCY = 0.9
+INTER_LINK_EFFICIENCY = _NETWORK.inter_link_efficiency
 #: Backwards-compatible single efficiency (v1); used when a caller gives no efficiency.
 LINK_EFFICIENCY = INTRA_LINK_EFFICIENCY
 #: Inter-node networks (:attr:`hetplan.plan.GPUPool.network`): ``(per-step latency s, fraction of the line rate
@@ -71,12 +75,7 @@ LINK_EFFICIENCY = INTRA_LINK_EFFICIENCY
 #: Ethernet without RDMA, NCCL's socket (TCP) transport: no more than 60 % of wire speed for large messages
 #: (NVIDIA/nccl issue #209, nccl-tests all-reduce over 32 Gb/s TCP) and ≈ 40 µs per step (NVIDIA/nccl-tests issue
 #: #82: 38–46 µs for an 8-byte broadcast between two hosts over TCP sockets, NCCL 2.9).
-NETWORKS = {
-    "infiniband": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
-    "roce": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
-    "efa": (ALPHA_INTER_NODE_S, INTER_LINK_EFFICIENCY),
-    "ethernet": (40e-6, 0.6),
-}
+NETWORKS = {name: (n.alpha_s, n.efficiency) for name, n in _NETWORK.networks.items()}
 
 
 #: Time a pipeline stage stands still at each p2p call of an interleaved schedule's extra model chunks (s). Each
@@ -89,26 +88,45 @@ NETWORKS = {
 #: torchtitan's 405B 1F1B-vs-interleaved pair, ratio error 7.8 % without the term, 6.3 % with it, ordered as
 #: measured 1 of 7 pairs -> 7 of 7): 0.98 ms, the order of the ≈ 1.2 ms per blocking p2p call seen on vTrain's
 #: A100 pipelines (docs/estimator.md, Validation).
-P2P_CALL_S = 0.98e-3
+P2P_CALL_S = _NETWORK.p2p_call_s
 
 
 @dataclass(frozen=True)
 class CommConstants:
-    """The fitted communication constants the estimator takes as data (``estimate(..., comm_constants=)``;
-    :mod:`hetplan.calibration.calibrate` fits them and passes its trial values, nothing is rewritten in place).
-    Defaults: the reviewed values of this module."""
+    """The communication constants the estimator takes as data (``estimate(..., comm_constants=)``;
+    :mod:`hetplan.calibration.calibrate` fits some and passes its trial values, nothing is rewritten in place).
+    Defaults: ``hardware/data/network.toml`` (:func:`hetplan.hardware.network.load_network`). The estimator
+    builds every stage's :class:`~hetplan.estimate.stagework.Link` from them
+    (:func:`hetplan.estimate.estimator.pool_link`), and the stage's collectives read the link: TP and DP
+    collectives, the MoE all-to-all, the CP K/V exchange and the pipeline calls."""
 
     #: Per-step latency of a collective inside a node (s): :data:`ALPHA_INTRA_NODE_S`.
     alpha_intra_node_s: float = ALPHA_INTRA_NODE_S
     #: Stage time per p2p call of an extra model chunk (s): :data:`P2P_CALL_S`.
     p2p_call_s: float = P2P_CALL_S
+    #: Per-step latency of a collective between nodes over RDMA (s): :data:`ALPHA_INTER_NODE_S`.
+    alpha_inter_node_s: float = ALPHA_INTER_NODE_S
+    #: Fractions of the nominal intra- / inter-node bandwidth NCCL reaches (:data:`INTRA_LINK_EFFICIENCY`, ...).
+    intra_link_efficiency: float = INTRA_LINK_EFFICIENCY
+    inter_link_efficiency: float = INTER_LINK_EFFICIENCY
+    #: ``(network, per-step latency s, line-rate fraction)`` of each inter-node network (:data:`NETWORKS`).
+    networks: tuple[tuple[str, float, float], ...] = tuple((k, a, e) for k, (a, e) in NETWORKS.items())
+
+    def network_terms(self, network: str) -> tuple[float, float]:
+        """``(bandwidth factor, per-step latency s)`` of ``network`` under these constants (:func:`network_terms`).
+
+        Raises:
+            KeyError: unknown network (the pool validator names the allowed ones first).
+        """
+        alpha, efficiency = {k: (a, e) for k, a, e in self.networks}[network]
+        return efficiency / self.inter_link_efficiency, alpha
 
 
 #: Thread blocks (CTAs, one per channel) an NCCL collective kernel occupies while it runs: 24 measured for an
 #: ncclAllGather overlapping a GEMM on H100 (NVIDIA developer forum, "Compute-Communication Overlap Causes Severe
 #: GEMM Performance Degradation because of Tail Effect", 2025, Nsight Systems trace); NCCL's default upper bound
 #: is 32 (``NCCL_MAX_CTAS``, NCCL 2.17+ environment variables).
-NCCL_CTAS = 24
+NCCL_CTAS = _NETWORK.nccl_ctas
 
 
 def overlap_contention(gpu) -> float:

@@ -297,6 +297,7 @@ def layer_time_s(
     sequence_dim_copies=False,
     async_tp=False,
     tp_allreduce="ring",
+    host_sync=None,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -323,6 +324,10 @@ def layer_time_s(
         extra_kernels: kernels the layer's forward launches beyond :data:`KERNELS_PER_LAYER_FORWARD` (MoE layers:
             :func:`hetplan.estimate.moe.extra_kernels`; eager PyTorch:
             :func:`hetplan.estimate.elementwise.eager_layer_kernels`); they count in the host floor.
+        host_sync: ``(gpu_s, kernels)`` of the forward's work after a host synchronisation inside it (a MoE
+            layer's token dispatcher waits for the token counts, :func:`hetplan.estimate.moe.host_sync_split`):
+            the GPU queue drains there, so host launches and GPU work overlap only on either side of it — the
+            smooth maximum is taken of each part and the parts add. None: no synchronisation.
         extra_elementwise_bytes: bytes the layer's forward moves beyond the fused element-wise kernels (eager
             PyTorch: :func:`hetplan.estimate.elementwise.eager_layer_bytes`), charged like the element-wise term:
             at the HBM bandwidth, twice in backward, again in full recomputation.
@@ -393,7 +398,14 @@ def layer_time_s(
     # backward launches twice the forward's kernels.
     # Async TP: the fused GEMMs run in t chunks (forward, and the backward's data-gradient GEMMs) and the pass moves
     # the bytes of async_tp_extra_s.
-    fwd_compute = _softmax_floor(linear + gemm_f + core_fwd + elem + bytes_f, kernels * kernel)
+    fwd_gpu = linear + gemm_f + core_fwd + elem + bytes_f
+    if host_sync is None:
+        fwd_compute = _softmax_floor(fwd_gpu, kernels * kernel)
+    else:  # the forward's two sides of the synchronisation, each its own smooth maximum
+        post_gpu = np.minimum(host_sync[0], fwd_gpu)
+        post_kernels = np.minimum(host_sync[1], kernels)
+        fwd_compute = (_softmax_floor(fwd_gpu - post_gpu, (kernels - post_kernels) * kernel)
+                       + _softmax_floor(post_gpu, post_kernels * kernel))
     bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b, 2 * kernels * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,

@@ -89,7 +89,8 @@ def layer_activation_bytes(m: ModelSpec, b, s, t, cp, sequence_parallel=False, r
 
 
 def kv_exchange_time_s(m: ModelSpec, b, s, t, cp, kind, block_forward_s, gpus_per_node,
-                       intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S):
+                       intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S,
+                       intra_alpha_s=ALPHA_INTRA_NODE_S):
     """Exposed K/V exchange of one layer, ``(forward_s, backward_s)`` (module doc); 0 for ``cp = 1``.
 
     Args:
@@ -97,6 +98,8 @@ def kv_exchange_time_s(m: ModelSpec, b, s, t, cp, kind, block_forward_s, gpus_pe
             transfer with it; its backward is taken as 2x).
         gpus_per_node: G; the CP group is ``t`` GPUs apart, inside a node if ``t·cp <= G`` (NVLink), else each
             ring step crosses the node's NICs shared by its G GPUs.
+        inter_alpha_s, intra_alpha_s: per-step latencies between and inside nodes (the stage link's,
+            :class:`hetplan.estimate.stagework.Link`).
     Raises:
         HetplanError: unknown ``kind``.
     """
@@ -107,13 +110,13 @@ def kv_exchange_time_s(m: ModelSpec, b, s, t, cp, kind, block_forward_s, gpus_pe
         gathered = block * cp
         one = group_collective_time_s(gathered, "allgather", cp, t, gpus_per_node, intra_bandwidth_bytes_per_s,
                                       inter_bandwidth_bytes_per_s, nic_sharers=gpus_per_node,
-                                      inter_alpha_s=inter_alpha_s)
+                                      inter_alpha_s=inter_alpha_s, intra_alpha_s=intra_alpha_s)
         fwd, bwd = one, one  # backward: reduce-scatter of dK, dV, same volume
     else:
         inside = np.asarray(t) * cp <= gpus_per_node
         bw = np.where(inside, intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY,
                       inter_bandwidth_bytes_per_s / gpus_per_node * INTER_LINK_EFFICIENCY)
-        alpha = np.where(inside, ALPHA_INTRA_NODE_S, inter_alpha_s)
+        alpha = np.where(inside, intra_alpha_s, inter_alpha_s)
         step = block / bw + alpha
         fwd = (cp - 1) * np.maximum(step - block_forward_s, 0.0)
         bwd = (cp - 1) * np.maximum(2 * step - 2 * block_forward_s, 0.0)

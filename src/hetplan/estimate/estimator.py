@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hetplan.degrees import Degrees
-from hetplan.estimate.comm import CommConstants, network_terms
+from hetplan.estimate.comm import CommConstants
 from hetplan.estimate.compute import RECOMPUTE_CODES, op_sac_matmuls, pool_gpu
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.options import TrainingOptions
@@ -103,11 +103,12 @@ _DEFAULT_COMM = CommConstants()
 
 def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None = None) -> Link:
     """The :class:`Link` of a pool (intra-node bandwidth defaults to the catalog's GPU link; the inter-node
-    bandwidth and latency follow the pool's network, :func:`hetplan.estimate.comm.network_terms`; the intra-node
-    latency and the p2p call time are ``comm_constants``' (default :class:`~hetplan.estimate.comm.CommConstants`))."""
+    bandwidth and latency follow the pool's network, :meth:`hetplan.estimate.comm.CommConstants.network_terms`; the
+    intra-node latency and the p2p call time too are ``comm_constants``' (default
+    :class:`~hetplan.estimate.comm.CommConstants`, ``hardware/data/network.toml``))."""
     intra = pool.intra_node_bandwidth_bytes_per_s or gpu.gpu_link_bandwidth_bytes_per_s
-    factor, alpha = network_terms(pool.network)
     cc = comm_constants or _DEFAULT_COMM
+    factor, alpha = cc.network_terms(pool.network)
     return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s,
                 cc.p2p_call_s)
 

@@ -195,6 +195,20 @@ def gathered_weight_bytes(dtype: str, framework: str) -> int:
     return OPERAND_BYTES if is_fp8(dtype) and framework in ("megatron", "fsdp") else 2
 
 
+def mixed_gathered_weight_bytes(fp8_bytes, linear_parameters, parameters):
+    """Mean bytes per parameter of a stage's data-parallel parameter all-gather when only its layers' linear
+    weights (``linear_parameters`` of its ``parameters`` per GPU) gather in FP8 (``fp8_bytes`` each) and the rest
+    in bf16 (2 B): the word embedding and the output layer. torchao converts only ``nn.Linear`` modules to
+    ``Float8Linear`` (``torchao/float8/float8_linear_utils.py`` ``convert_to_float8_training``; an ``nn.Embedding``
+    is not one) and torchtitan leaves the output layer out (``filter_fqns = ["output"]``, what ``hetplan export``
+    writes); Megatron-Core's ``--fp8-param-gather`` makes Transformer Engine modules' weights FP8
+    (``fp8_model_init``), while its ``VocabParallelEmbedding`` and its ``output_layer`` (a
+    ``tensor_parallel.ColumnParallelLinear``) stay bf16. Arrays broadcast."""
+    p = np.maximum(np.asarray(parameters, dtype=float), 1.0)
+    lin = np.minimum(np.asarray(linear_parameters, dtype=float), p)
+    return (fp8_bytes * lin + 2.0 * (p - lin)) / p
+
+
 def saved_activation_savings_bytes(m: ModelSpec, b, s, t, sequence_parallel, framework: str):
     """Bytes of one layer's saved activations (per GPU, one micro-batch) that Transformer Engine keeps in FP8
     instead of bf16 — one byte per element of the linear-layer inputs among the tensors that

@@ -105,6 +105,34 @@ def extra_kernels(m: ModelSpec, ep, framework="megatron"):
     return (MOE_EXTRA_KERNELS + gemms + shared) * m.num_moe_layers / m.num_layers
 
 
+#: Kernels of a MoE layer's forward before its dispatcher's host synchronisation (Megatron-Core ``MoELayer``: the
+#: router's 5 and the load-balancing loss's 6 of :data:`MOE_EXTRA_KERNELS`, and the dispatcher's token counting
+#: and their device-to-host copy, 2); the rest of the layer is launched after it.
+MOE_PRE_SYNC_KERNELS = 13
+
+
+def host_sync_split(m: ModelSpec, gpu, dtype: str, b, s, t, ep, etp=1, imbalance=1.0, framework="megatron"):
+    """``(gpu_s, kernels)`` of one layer's forward after its MoE token dispatcher waits on the host for the token
+    counts (mean over the model's layers, as :func:`extra_kernels`), or None where nothing waits.
+
+    Megatron-Core's ``MoEAlltoAllTokenDispatcher`` copies the tokens per expert to the host and synchronises at
+    ``cuda_sync_point`` — ``before_ep_alltoall`` with EP or TP > 1 (the all-to-all's split sizes), else
+    ``before_finish`` (Transformer Engine's grouped GEMM takes its splits as a host list) —
+    (``megatron/core/transformer/moe/token_dispatcher.py``, Megatron-LM 2026-08-22); DeepEP's normal dispatch returns
+    the received counts as a host list (``deep_ep/buffer.py``, ``num_recv_tokens_per_expert_list``), and torchtitan's
+    all-to-all takes ``input_splits.tolist()`` (``torchtitan/models/common/token_dispatcher.py``, 0.3.0) with EP
+    > 1; with EP 1 PyTorch's grouped GEMM reads its offsets on the GPU (no synchronisation). After it: the expert
+    GEMMs and activation (the MLP part of the layer's GPU time) and the kernels of the layer's MoE part beyond
+    :data:`MOE_PRE_SYNC_KERNELS`, with the dense MLP's 3 they replace."""
+    if not m.is_moe:
+        return None
+    syncs = np.asarray(ep) > 1 if framework == "fsdp" else np.ones_like(np.asarray(ep), dtype=bool)
+    share = m.num_moe_layers / m.num_layers
+    post_gpu = moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, imbalance, framework)  # mean over layers already
+    post_kernels = (extra_kernels(m, ep, framework) + (3.0 - MOE_PRE_SYNC_KERNELS) * share)
+    return np.where(syncs, post_gpu, 0.0), np.where(syncs, post_kernels, 0.0)
+
+
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
 #: GPUs DeepEP's normal kernels reach over NVLink (``NUM_MAX_NVL_PEERS = 8`` in DeepEP's ``csrc/kernels/configs.cuh``;
 #: one host's GPUs, CUDA IPC): the NVLink domain of its ``deepep`` dispatch whatever the pool's.
@@ -208,7 +236,7 @@ def ep_ranks_per_node(ep, stride, gpus_per_node):
 
 
 def alltoall_time_s(message_bytes, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
-                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S):
+                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=ALPHA_INTRA_NODE_S):
     """One all-to-all in which each of ``ep`` ranks (``stride`` GPUs apart) sends ``message_bytes`` in total,
     ``1/ep`` of it to each rank (itself included). Of its ``ep`` peers ``k = min(ep, max(1, G // stride))`` share
     its node: ``(k-1)/ep`` of the bytes go over NVLink, ``(ep-k)/ep`` through the node's NICs at ``1/G`` of their
@@ -220,18 +248,20 @@ def alltoall_time_s(message_bytes, ep, stride, gpus_per_node, intra_bandwidth_by
     ep = np.asarray(ep, dtype=float)
     k = ep_ranks_per_node(ep, stride, gpus_per_node)
     return exchange_time_s(message_bytes * (k - 1.0) / ep, message_bytes * (ep - k) / ep, ep, k, gpus_per_node,
-                           intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+                           intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s, intra_alpha_s)
 
 
 def exchange_time_s(intra_bytes, inter_bytes, ep, ranks_per_node, gpus_per_node, intra_bandwidth_bytes_per_s,
-                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S):
+                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=ALPHA_INTRA_NODE_S):
     """An all-to-all that moves ``intra_bytes`` over NVLink and ``inter_bytes`` through the node's NICs (at
-    ``1/G`` of their bandwidth per GPU) concurrently: the slower part + one latency; 0 for ``ep = 1``."""
+    ``1/G`` of their bandwidth per GPU) concurrently: the slower part + one latency (``inter_alpha_s`` when the
+    group spans nodes, else ``intra_alpha_s``: the stage link's, :class:`hetplan.estimate.stagework.Link`); 0 for
+    ``ep = 1``."""
     ep = np.asarray(ep, dtype=float)
     g = np.asarray(gpus_per_node, dtype=float)
     intra = intra_bytes / (intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY)
     inter = inter_bytes / (inter_bandwidth_bytes_per_s / g * INTER_LINK_EFFICIENCY)
-    alpha = np.where(ep > ranks_per_node, inter_alpha_s, ALPHA_INTRA_NODE_S)
+    alpha = np.where(ep > ranks_per_node, inter_alpha_s, intra_alpha_s)
     return np.where(ep > 1, np.maximum(intra, inter) + alpha, 0.0)
 
 
@@ -257,7 +287,7 @@ def dispatch_bytes(m: ModelSpec, b, s, t, imbalance=1.0):
 
 def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
                         inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, imbalance=1.0,
-                        dispatch: MoEOptions = MoEOptions(), etp=1):
+                        dispatch: MoEOptions = MoEOptions(), etp=1, intra_alpha_s=ALPHA_INTRA_NODE_S):
     """Dispatch + combine of one MoE layer's forward (backward: the same again), mean over the model's layers
     (dense layers have none), with ``dispatch``'s dispatcher and routing (module doc; the busiest rank moves
     ``imbalance`` times the balanced bytes). Not overlapped with compute (Megatron-LM's default; its 1F1B
@@ -270,15 +300,16 @@ def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_
         intra, inter = deepep_traffic_bytes(m, np.asarray(b, dtype=float) * s / t, ep, stride, domain,
                                             dispatch.routing)
         one = exchange_time_s(imbalance * intra, imbalance * inter, ep, ep_ranks_per_node(ep, stride, domain),
-                              gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+                              gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s,
+                              intra_alpha_s)
     else:
         one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, gpus_per_node,
-                              intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s)
+                              intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s, intra_alpha_s)
     if np.any(np.asarray(etp) > 1):
         gathered = dispatch_bytes(m, b, s, t, imbalance) * np.asarray(etp, dtype=float)
         one = one + np.where(np.asarray(etp) > 1, group_collective_time_s(
             gathered, "allgather", etp, 1, gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s,
-            inter_alpha_s=inter_alpha_s), 0.0)
+            inter_alpha_s=inter_alpha_s, intra_alpha_s=intra_alpha_s), 0.0)
     return 2 * one * m.num_moe_layers / m.num_layers
 
 

@@ -181,7 +181,8 @@ def stage_costs(
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
-                     extra_kernels=moe.extra_kernels(m, ep, framework))
+                     extra_kernels=moe.extra_kernels(m, ep, framework),
+                     host_sync=moe.host_sync_split(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework))
     eager = framework == "fsdp" and not torch_compile
     loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
@@ -199,9 +200,11 @@ def stage_costs(
     if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
         net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
         a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, etp, *net, imbalance=moe_load_imbalance, dispatch=moe_options,
+                                       intra_alpha_s=link.intra_node_alpha_s,
                                        etp=etp)
                if m.is_moe else 0.0)
-        kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, *net)
+        kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, *net,
+                                                intra_alpha_s=link.intra_node_alpha_s)
         if af is not None:
             x = moe.exposed_alltoall_s(a2a, af, ab, overlap_contention(gpu)) if moe_options.a2a_overlap else a2a
             af, ab, atp = af + x + kv_f, ab + x + kv_b, atp + 2 * x + kv_f + kv_b
@@ -271,6 +274,9 @@ def stage_costs(
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
     weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
+    if weight_per != 2:  # only the layers' linear weights gather in FP8; the embedding and output stay 16-bit
+        weight_per = fp8.mixed_gathered_weight_bytes(
+            weight_per, np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp), params)
 
     def dp_collective(bytes_per_parameter, collective, units=1.0, group=None):
         """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
