@@ -19,6 +19,7 @@ Expert layout (MoE parallel folding, Megatron-Core ``megatron/core/parallel_stat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,7 @@ class Degrees:
     def of(cls, *, dp: Any, zero: Any = 0, **degrees: Any) -> Degrees:
         """The degrees with ``dp`` data-parallel ranks sharded where ``zero >= 1`` (``dp_shard = dp``) and
         replicated where ``zero == 0`` (``dp_replicate = dp``); arrays broadcast. ``degrees``: the other fields."""
+        shard: tuple[Any, Any]
         if np.ndim(dp) == 0 and np.ndim(zero) == 0:
             shard = (dp, 1) if zero else (1, dp)
         else:
@@ -156,9 +158,9 @@ class ParallelLayout(BaseModel):
         shard = {"dp_shard": dp} if zero_stage else {"dp_replicate": dp}
         return cls(zero_stage=zero_stage, **shard, **degrees)
 
-    @property
+    @cached_property
     def degrees(self) -> Degrees:
-        """The :class:`Degrees` of this layout (ints)."""
+        """The :class:`Degrees` of this layout (ints; made once, the layout is frozen)."""
         return Degrees(tp=self.tp, cp=self.cp, dp_shard=self.dp_shard, dp_replicate=self.dp_replicate, ep=self.ep,
                        expert_tp=self.expert_tp, pp=self.pp, virtual_stages=self.virtual_stages)
 

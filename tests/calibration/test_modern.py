@@ -32,7 +32,7 @@ def test_every_row_is_predicted_or_listed_with_a_reason(run):
     llama = _file_rows(modern.FILES["llama3_405b"])
     assert total["llama3_405b"] == 2
     assert total["megatron_lm_h100"] == 11
-    assert total["moe_h100"] == 16 + 18
+    assert total["moe_h100"] == 16 + 18 + len(_file_rows(modern.FILES["moe_h100"][2])) == 16 + 18 + 13
     nemo = _file_rows(modern.FILES["long_context_cp"][0])
     assert total["long_context_cp"] == len(nemo) + (len(titan) - total["torchtitan"]) + (len(llama) - 2)
     for s in modern.SET_NAMES:
@@ -129,6 +129,8 @@ BOUNDS = {
     # the GPT-OSS recipes' EP, DeepEP's one copy per node and rank, TE's per-expert GEMM launches and
     # --recompute-modules moe, CUDA graphs (no host floor) and the 1F1B all-to-all overlap where the rows run
     # them. The NeMo AutoModel rows (PyTorch FSDP2 eager) stay 4-34 % too fast.
+    # With Megatron-Bridge's 12 DGX-H100 rows (GPT-OSS 120B, Qwen3-30B-A3B, Qwen3-235B-A22B) and the token
+    # permutation, random routing's spread and TE's 4-stream expert GEMMs (issue 28): 34 rows, MAPE 14.0 %, max 31.3 %.
     "moe_h100": {"mape": 0.15, "max_abs_error": 0.35},
     # long_context_cp (target 15 % met): 7.1 % on 16 rows once FP8 landed (47.9 % before torchtitan's CP rows ran
     # without causal load balancing and NeMo 24.03's H100 rows with FlashAttention-2); Llama 3's 128K row +55 %.

@@ -43,3 +43,44 @@ def test_validate_command_runs_the_energy_set():
     assert r.returncode == 0, r.stderr
     sets = json.loads(r.stdout)["sets"]
     assert list(sets) == ["energy"] and sets["energy"]["n"] == 3136
+
+
+def test_serving_rows_are_the_compute_bound_dense_rows():
+    """Every kept row is a dense model whose measured batch reaches the roofline ridge (peak / HBM bandwidth:
+    ~295 tokens on H100, ~292 on B200); power per GPU is the replica's power over its GPUs."""
+    from hetplan.energy.validation import serving_rows
+
+    rows = serving_rows()
+    assert len(rows) == 38 and {r["gpu"] for r in rows} == {"H100-SXM", "B200"}
+    for r in rows:
+        assert r["avg_batch_size"] >= r["ridge_batch"]
+        assert 280 < r["ridge_batch"] < 300
+        assert 0 < r["measured_power_w"] <= {"H100-SXM": 700, "B200": 1000}[r["gpu"]]
+
+
+def test_serving_fit_is_the_catalog_coefficient_and_held_out_models_are_unseen():
+    """gpu_power.toml's P_dyn of H100-SXM and B200 is what fit_serving_power returns on the seeded half of the
+    models; the held-out models were not in the fit."""
+    from hetplan.energy.validation import fit_serving_power, serving_rows, serving_split
+    from hetplan.hardware.power import get_power
+
+    rows = serving_rows()
+    cal = serving_split(rows)
+    fit = fit_serving_power(rows, cal)
+    for gpu in ("H100-SXM", "B200"):
+        pw = get_power(gpu)
+        assert pw.fitted and pw.dynamic_power_w == pytest.approx(fit[gpu]["dynamic_power_w"], abs=0.06)
+        models = {r["model_id"] for r in rows if r["gpu"] == gpu}
+        assert 0 < len(cal[gpu]) < len(models)
+    assert serving_split(rows) == cal  # seeded
+    assert fit["H100-SXM"]["busy_power_w"] < 700 and fit["B200"]["busy_power_w"] < 1000
+
+
+def test_serving_held_out_power(result):
+    """Held-out models (docs/energy.md): power per GPU MAPE 2.7 %, signed -0.2 %, median |error| 2.5 % (15 rows);
+    the TDP-capped transfer had MAPE 7.9 %, signed +7.3 %."""
+    s = result["serving"]
+    held = s["power_held_out"]
+    assert held["n"] == 15 and held["median_abs"] < 0.05 and abs(held["signed_median"]) < 0.03
+    for gpu in ("H100-SXM", "B200"):
+        assert s["per_gpu"][gpu]["held_out"]["median_abs"] < 0.05

@@ -191,3 +191,35 @@ def test_only_linear_weights_gather_in_fp8():
     mean = mixed_gathered_weight_bytes(1, m.num_layers * memory.layer_parameters_per_gpu(m, 1), params)
     vocab = 2 * m.padded_vocab_size() * m.hidden_size
     assert mean == pytest.approx(1 + vocab / params, rel=0.01) and 1.1 < mean < 1.16
+
+
+def test_current_scaling_adds_an_amax_read_per_cast(h100):
+    """Transformer Engine's current scaling (``Float8CurrentScaling``: amax kernel, then cast-transpose) reads each
+    tensor once more than delayed scaling: 6 B per element against 4, forward and backward, and in the weights'
+    once-per-iteration cast; a job naming it is slower than the same job under delayed scaling by exactly the extra
+    reads of its casts, and everything else is unchanged."""
+    m = load_model("llama3-8b")
+    shapes = moe.linear_gemm_shapes(m, 1, 8192, 1)
+    (df, db), (cf, cb) = (fp8.layer_cast_time_s(h100, r, shapes) for r in ("delayed", "current"))
+    assert (cf, cb) == (pytest.approx(1.5 * df, rel=1e-12), pytest.approx(1.5 * db, rel=1e-12))
+    assert fp8.weight_cast_time_s(1e9, h100, "current", "megatron") == pytest.approx(6e9 / 3.35e12, rel=1e-12)
+    assert fp8.recipe(h100, "megatron", "current") == "current"
+    assert fp8.recipe(h100, "megatron") == "delayed" and fp8.recipe(h100, "fsdp", None) == "tensorwise"
+
+    def plan(recipe):
+        return Plan(job=Job(model="llama3-8b", seq_len=8192, global_batch=64, dtype="fp8", fp8_recipe=recipe),
+                    pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, zero=1,
+                    stages=[Stage(pool=0, num_layers=32, tp=1, dp=8)])
+    delayed, current = estimate(plan("delayed")), estimate(plan("current"))
+    assert estimate(plan(None)).iteration_time_s == delayed.iteration_time_s
+    extra = 0.5 * (df + db) * 32 * 8  # 32 layers x 8 micro-batches of 1 on each DP rank, 2 B more per element
+    assert current.iteration_time_s - delayed.iteration_time_s == pytest.approx(extra, rel=0.05)
+    assert current.stages[0].memory.total == delayed.stages[0].memory.total
+
+
+@pytest.mark.parametrize("kw", [dict(dtype="bf16"), dict(dtype="fp8", framework="fsdp")])
+def test_fp8_recipe_outside_transformer_engine_is_refused(kw):
+    """``fp8_recipe`` names a Transformer Engine recipe: with bf16 or under torchao (``fsdp``) it would be ignored
+    silently, so the job is refused with the fix."""
+    with pytest.raises(ValueError, match="fp8_recipe"):
+        Job(model="llama3-8b", seq_len=4096, global_batch=64, fp8_recipe="current", **kw)

@@ -43,6 +43,7 @@ def _plan(kind: str, job: dict | None = None, plan: dict | None = None) -> Plan:
 #: the plan kind that both plans get]).
 CHANGES = {
     "dtype": ("dense", "job", "fp8"),
+    "fp8_recipe": ("dense", "job", "current", {"job": {"dtype": "fp8"}}),
     "attention": ("dense", "job", "standard"),
     "attention_kernel": ("dense", "job", "fa2"),
     "framework": ("dense", "job", "deepspeed"),

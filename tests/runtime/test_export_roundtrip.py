@@ -345,3 +345,16 @@ def test_torchtitan_export_carries_torch_compile():
     assert "--compile.enable" in words and words[words.index("--compile.components") + 1] == "model,loss"
     words = exporters.export(eager, spec, "torchtitan").files["launch.sh"].split()
     assert "--compile.no-enable" in words and "--compile.components" not in words
+
+
+def test_current_scaling_exports_as_tensorwise_and_reads_back():
+    """``fp8_recipe = "current"`` is Megatron-Core's ``--fp8-recipe tensorwise`` (TE ``Float8CurrentScaling``,
+    ``megatron/core/fp8_utils.py``), with no amax history; ``hetplan import`` reads it back as ``current``."""
+    plan = _plan("llama3-8b", [{"num_layers": 32, "tp": 2, "dp": 4}], gbs=64, mbs=1, zero=1, dtype="fp8",
+                 attention="flash")
+    plan = plan.model_copy(update={"job": plan.job.model_copy(update={"fp8_recipe": "current"})})
+    spec = load_model("llama3-8b")
+    ex = exporters.export(plan, spec, "megatron")
+    args = _megatron(ex, spec)["args"]
+    assert args["fp8-recipe"] == "tensorwise" and "fp8-amax-history-len" not in args
+    assert importers.import_files(ex.files).job.fp8_recipe == "current"

@@ -80,10 +80,10 @@ def test_capacity_cheapest_mix_over_gpu_types(monkeypatch, capsys, tmp_path):
     text = (EXAMPLES / "capacity.toml").read_text().replace("max_gpus = 8", "max_gpus = 4")
     p = tmp_path / "cap.toml"
     p.write_text(text)
-    code, out, err = _run(monkeypatch, capsys, "capacity", p, "--gpus", "A100-SXM-80GB,L4", "--json")
+    code, out, err = _run(monkeypatch, capsys, "capacity", p, "--gpus", "A100-SXM-80GB,L4", "--json", "--no-share")
     assert code == 0, err
     res = json.loads(out)
-    assert res["meets_target"]
+    assert res["meets_target"] and not res["shared"]
     for name, sim in res["simulated"].items():  # the simulator checked the chosen mix
         assert sim["slo_attainment"] >= res["target_attainment"] and sim["requests"] > 0
     for name, load in res["load_per_s"].items():  # every model's load is covered by its replicas' capacity
@@ -114,7 +114,7 @@ def test_capacity_prices_catalog_and_refusals(monkeypatch, capsys, tmp_path):
     text = (EXAMPLES / "capacity.toml").read_text().replace("max_gpus = 8", "max_gpus = 4")
     p = tmp_path / "cap.toml"
     p.write_text(text)
-    base = ("capacity", p, "--gpus", "A100-SXM-80GB,L4", "--json")
+    base = ("capacity", p, "--gpus", "A100-SXM-80GB,L4", "--json", "--no-share")
     code, out, err = _run(monkeypatch, capsys, *base, "--price", "L4=40")
     assert code == 0, err
     res = json.loads(out)
@@ -147,13 +147,7 @@ def test_capacity_prices_catalog_and_refusals(monkeypatch, capsys, tmp_path):
     assert seen and seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == list(range(1, len(seen) + 1))
 
 
-def test_capacity_chooses_engine_and_quantization(monkeypatch, capsys, tmp_path):
-    """capacity.engines x capacity.quantizations are candidates like GPU types: each (GPU, TP x PP, engine,
-    weights) gets its own rate; combinations an engine does not run are given their reason; the mix names its
-    engine and weights, and FP8 weights (half the bytes) leave more KV cache, so an FP8 replica sustains at least
-    the rate of its 16-bit twin."""
-    p = tmp_path / "eng.toml"
-    p.write_text("""
+ENGINES_WORKLOAD = """
 [cluster]
 dtype = "fp16"
 [scheduler]
@@ -170,10 +164,20 @@ gpus = ["A100-SXM-80GB", "V100-SXM-32GB"]
 engines = ["vllm"]
 quantizations = ["none", "fp8"]
 max_gpus = 2
+exhaustive = true
 [[models]]
 name = "llama"
 model = "llama3-8b"
-""")
+"""
+
+
+def test_capacity_chooses_engine_and_quantization(monkeypatch, capsys, tmp_path):
+    """capacity.engines x capacity.quantizations are candidates like GPU types: each (GPU, TP x PP, engine,
+    weights) gets its own rate; combinations an engine does not run are given their reason; the mix names its
+    engine and weights, and FP8 weights (half the bytes) leave more KV cache, so an FP8 replica sustains at least
+    the rate of its 16-bit twin."""
+    p = tmp_path / "eng.toml"
+    p.write_text(ENGINES_WORKLOAD)
     code, out, err = _run(monkeypatch, capsys, "capacity", p, "--json")
     assert code == 0, err
     res = json.loads(out)
@@ -384,3 +388,30 @@ def test_capacity_probes_take_the_trace_lengths(tmp_path):
     short = max_rate_per_s(wf, entry, entry.spec(), gpu, 1, 1, lengths=[(64, 4)])
     long = max_rate_per_s(wf, entry, entry.spec(), gpu, 1, 1, lengths=[(64, 64)])
     assert short > 2 * long > 0
+
+
+def test_capacity_pruned_search_equals_exhaustive(tmp_path):
+    """The lazily simulated search (rate bounds stand in for unsimulated candidates) returns the exhaustive
+    search's price, a mix that covers the loads at simulated rates, with far fewer rate searches; every rate
+    simulated is within its bound. Three OPT-13B on 5 GPU types (150 candidates) and one Llama 3 8B over A100 and
+    V100 x vLLM x 2 weight dtypes x TP x PP <= 2 (24 candidates)."""
+    from hetplan.serve.capacity import plan_capacity
+    from hetplan.serve.config import load_workload_config
+
+    eng = tmp_path / "eng.toml"
+    eng.write_text(ENGINES_WORKLOAD.replace("exhaustive = true", "exhaustive = false"))
+    for path in (EXAMPLES / "capacity.toml", eng):
+        wf = load_workload_config(path)
+        full, lazy = plan_capacity(wf, exhaustive=True, share=False), plan_capacity(wf, share=False)
+        assert lazy["price_usd_per_hour"] == pytest.approx(full["price_usd_per_hour"], rel=1e-12)
+        assert lazy["meets_target"] and full["meets_target"]
+        for name, load in lazy["load_per_s"].items():
+            assert sum(r["replicas"] * r["rate_per_s"] for r in lazy["mix"] if r["model"] == name) >= load
+        done = [c for c in lazy["candidates"] if c["rate_per_s"] is not None and c["rate_bound_per_s"] > 0]
+        assert 0 < len(done) <= len(lazy["candidates"]) // 4
+        full_rate = {(c["model"], c["gpu"], c["tp"], c["pp"], c["stack"]): c for c in full["candidates"]}
+        for c in lazy["candidates"]:
+            f = full_rate[(c["model"], c["gpu"], c["tp"], c["pp"], c["stack"])]
+            assert f["rate_per_s"] <= f["rate_bound_per_s"]
+            if c["rate_per_s"] is not None:
+                assert c["rate_per_s"] == f["rate_per_s"]

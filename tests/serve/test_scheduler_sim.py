@@ -300,3 +300,41 @@ def test_paged_chunked_every_request_gets_all_its_tokens(shape, extra_blocks, bl
     b = simulate(_one_model(None), reqs, capacity_bytes=10, policy=Policy(), swap_cost=_const_swap(0.0),
                  preload=["m"], max_batch_size=batch, max_queue_len=1000)
     assert a.preemptions == 0 and [r.finish_s for r in a.records] == [r.finish_s for r in b.records]
+
+
+def _joins(watermark: float, prompt: int, free_blocks: int = 100) -> list[int]:
+    s = Scheduler({"a": (1, 1.0)}, 10, Policy(), max_batch_size=8, kv_blocks={"a": free_blocks}, block_tokens=16,
+                  max_seq_tokens=prompt + 16, kv_watermark=watermark)
+    s.preload(["a"])
+    for i in range(3):
+        s.submit(Request(i, "a", 0.0, prompt_len=prompt, max_new_tokens=4), 0.0)
+    return [r.id for r in s.step(0.0)[0].joined]
+
+
+def test_kv_watermark_holds_blocks_back_at_admission_only():
+    """vLLM V0's can_allocate: a sequence joins while free - its blocks >= int(w * pool). 100 blocks of 16
+    tokens, prompts of 48 blocks: two join without a watermark (4 left), one with 5 % (the second would leave
+    4 < 5), two again with 4 % (4 >= 4); 47-block prompts leave 6 >= 5, so two join under 5 %."""
+    assert _joins(0.0, 48 * 16) == [0, 1]
+    assert _joins(0.05, 48 * 16) == [0]
+    assert _joins(0.04, 48 * 16) == [0, 1]
+    assert _joins(0.05, 47 * 16) == [0, 1]
+    # decode growth is not held back: one sequence filling the pool but for the watermark still decodes into it
+    s = Scheduler({"a": (1, 1.0)}, 10, Policy(), kv_blocks={"a": 10}, block_tokens=16, kv_watermark=0.2)
+    s.preload(["a"])
+    s.submit(Request(0, "a", 0.0, prompt_len=8 * 16, max_new_tokens=32), 0.0)
+    act = s.step(0.0)[0]
+    assert [r.id for r in act.joined] == [0] and s.free_blocks["a"] == 2
+    s.exec_done(1.0, [])
+    s.step(1.0)
+    assert s.free_blocks["a"] == 1  # the 129th token took a ninth block out of the 2 held back
+
+
+def test_kv_watermark_counts_in_the_one_sequence_check():
+    with pytest.raises(HetplanError) as e:
+        Scheduler({"a": (1, 1.0)}, 10, Policy(), kv_blocks={"a": 10}, block_tokens=16, max_seq_tokens=160,
+                  kv_watermark=0.1)
+    assert e.value.field == "scheduler.kv_cache_len" and "1 kept free" in e.value.message
+    with pytest.raises(HetplanError) as e:
+        Scheduler({"a": (1, 1.0)}, 10, Policy(), kv_blocks={"a": 10}, kv_watermark=1.0)
+    assert e.value.field == "kv_watermark"

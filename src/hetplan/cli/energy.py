@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -175,6 +176,14 @@ def register(app: typer.Typer) -> None:
                                fix="use the GPU's blocking power, e.g. 83.64 (A100-SXM)")
         prof, M, idle, sched, v, origin, plan_time = _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile,
                                                            profile_db, job, power_catalog, schedule, virtual_stages)
+        # a GPU blocked in a p2p wait draws less than one computing (Perseus §4: P_blocking is the floor of every
+        # instruction's power); an idle power above the profile's least computing power made every frontier point
+        # cost more the faster it ran (fuzz: --idle-power-w 1e9 gave exit 0 and 1e9 W idle GPUs)
+        busy_w = min(float(np.min(e.energy_j / e.time_s)) for e in prof.entries.values())
+        if idle > busy_w:
+            raise HetplanError(f"idle power {idle:g} W is above the least power of a computing instruction in the "
+                               f"profile ({busy_w:.1f} W)", field="--idle-power-w",
+                               fix="give the GPU's blocking power (e.g. 83.64 W for A100-SXM), or --gpu NAME")
         if M * v > 65536:  # the instruction DAG grows with M·v: no larger than 65,536 micro-batches without chunks
             raise HetplanError(f"{M} micro-batches x {v} virtual stages = {M * v:,} chunk passes per stage, more than "
                                "65,536", field="--virtual-stages" if virtual_stages else "--num-microbatches",
@@ -201,7 +210,10 @@ def register(app: typer.Typer) -> None:
         summary["profile"] = origin
         if plan_time is not None:  # what `hetplan plan --energy` charges: the pipeline plus what lies outside it
             summary["plan_iteration_time_s"] = plan_time
-            summary["outside_pipeline_s"] = plan_time - summary["all_max"]["time_s"]
+            summary["outside_pipeline_s"] = outside = plan_time - summary["all_max"]["time_s"]
+            # one GPU per stage, like the frontier: all-max plus idle power over what lies outside the pipeline
+            # (plan --energy's energy_j_per_iteration is this times the GPUs per stage)
+            summary["plan_all_max_energy_j"] = summary["all_max"]["energy_j"] + prof.num_stages * idle * max(outside, 0)
         (output / "summary.json").write_text(json.dumps(summary, indent=1))
         if plot:
             plot_frontier(fr, output / "frontier.png", summary)
@@ -209,7 +221,7 @@ def register(app: typer.Typer) -> None:
             short = {k: summary[k] for k in ("points", "pareto_points", "planner_time_s", "min_time_s", "max_time_s",
                                              "all_max", "energy_saved_at_max_speed_j", "at_max_speed", "idle_power_w",
                                              "profile")}
-            for k in ("straggler", "envpipe", "plan_iteration_time_s", "outside_pipeline_s"):
+            for k in ("straggler", "envpipe", "plan_iteration_time_s", "outside_pipeline_s", "plan_all_max_energy_j"):
                 if k in summary:
                     short[k] = summary[k]
             short["output"] = str(output)
@@ -224,7 +236,7 @@ def register(app: typer.Typer) -> None:
         t.add_row("frontier least energy", f"{fr.time_s[int(fr.energy_j.argmin())]:.3f}", f"{fr.energy_j.min():.1f}")
         t.add_row("all-max (replayed)", f"{summary['all_max']['time_s']:.4f}", f"{summary['all_max']['energy_j']:.1f}")
         if plan_time is not None:
-            t.add_row("plan iteration (estimator)", f"{plan_time:.4f}", "pipeline + DP sync, optimizer")
+            t.add_row("plan iteration (estimator)", f"{plan_time:.4f}", f"{summary['plan_all_max_energy_j']:.1f}")
         b = summary.get("at_max_speed")
         if b:
             t.add_row("Perseus at all-max time", f"{b['time_s']:.4f}",

@@ -151,6 +151,9 @@ def plan_command(
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp8 (linear layers in FP8 as "
                                         "Transformer Engine / torchao float8 run them)."),
+    fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="delayed | current: Transformer Engine's "
+                                             "FP8 scaling under --dtype fp8 (current = Megatron's --fp8-recipe "
+                                             "tensorwise, NeMo FP8-CS; default: delayed, MXFP8 on Blackwell)."),
     attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default), "
                                             "standard (s x s scores stored, Megatron-LM without --use-flash-attn) "
                                             "or eager (the same, unfused: Hugging Face eager attention)."),
@@ -215,7 +218,8 @@ def plan_command(
     data = load_job_file(job_file) if job_file else {"job": {}, "inventory": [], "objective": {}, "pin": {}}
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
-                     ("train_iterations", iterations), ("dtype", dtype), ("attention", attention),
+                     ("train_iterations", iterations), ("dtype", dtype), ("fp8_recipe", fp8_recipe),
+                     ("attention", attention),
                      ("framework", framework), ("attention_kernel", attention_kernel), ("async_tp", async_tp or None),
                      ("stack", stack)):
         if val is not None:

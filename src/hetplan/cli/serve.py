@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import check_path_name
 
 
 def _fmt(x, unit: str = "", digits: int = 3) -> str:
@@ -88,12 +89,17 @@ def register(app: typer.Typer) -> None:
                                    "engine (vllm, sglang; sleep mode where models share the GPUs) and a router "
                                    "config into --out-dir"),
         out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
+        host: str = typer.Option(None, "--host", help="with --export: the machines' addresses, comma-separated in "
+                                 "machine order (default: 127.0.0.1 on one machine, else machine-0, machine-1 ...)"),
+        gpus_per_host: int = typer.Option(8, "--gpus-per-host", help="with --export: GPUs per machine; each "
+                                          "replica gets its own CUDA_VISIBLE_DEVICES on one machine"),
     ) -> None:
         """Simulate the workload: per-model latency percentiles, SLO attainment and goodput."""
         from hetplan.serve.capacity import simulate_workload, slos
         from hetplan.serve.config import load_workload_config
 
         _check_export(export, out_dir)
+        hosts = _hosts(host, export)
         wf = load_workload_config(workload)
         if policy:
             wf.scheduler.policy = policy
@@ -110,8 +116,8 @@ def register(app: typer.Typer) -> None:
             from hetplan.serve.export import replicas_from_cluster, write_export
 
             foot, mem = cluster_footprints(wf)
-            paths = write_export(export, replicas_from_cluster(wf, foot, mem), out_dir,
-                                 source=f"simulate {workload.name}")
+            paths = write_export(export, replicas_from_cluster(wf, foot, mem), out_dir, hosts=hosts,
+                                 gpus_per_host=gpus_per_host, source=f"simulate {workload.name}")
             rep["export"] = [str(p) for p in paths]
         if as_json:
             typer.echo(json.dumps(rep, indent=2))
@@ -147,6 +153,15 @@ def register(app: typer.Typer) -> None:
         export: str = typer.Option(None, "--export", help="write one launch command per replica for this engine "
                                    "(vllm, sglang) and a router config (LiteLLM) into --out-dir"),
         out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
+        host: str = typer.Option(None, "--host", help="with --export: the machines' addresses, comma-separated in "
+                                 "machine order (default: 127.0.0.1 on one machine, else machine-0, machine-1 ...)"),
+        gpus_per_host: int = typer.Option(8, "--gpus-per-host", help="with --export: GPUs per machine; each "
+                                          "replica gets its own CUDA_VISIBLE_DEVICES on one machine"),
+        share: bool = typer.Option(None, "--share/--no-share", help="also try replica groups several models "
+                                   "share by swapping (Computron; default: capacity.share_gpus, on)"),
+        exhaustive: bool = typer.Option(None, "--exhaustive/--pruned", help="simulate every candidate replica, or "
+                                        "only those a rate bound cannot rule out (default: capacity.exhaustive, "
+                                        "else pruned; the same price)"),
     ) -> None:
         """Cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (checked by simulation)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -155,6 +170,7 @@ def register(app: typer.Typer) -> None:
         from hetplan.serve.config import load_workload_config
 
         _check_export(export, out_dir)
+        hosts = _hosts(host, export)
         wf = load_workload_config(workload)
         names = [g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None
         if names is not None and not names:
@@ -170,15 +186,16 @@ def register(app: typer.Typer) -> None:
 
             only = [export] if export and not (wf.capacity.engines or wf.cluster.engine) else None
             out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step,
-                                engines=only)
+                                engines=only, exhaustive=exhaustive, share=share)
         if export:
-            other = sorted({r["engine"] for r in out["mix"] if r["engine"] and r["engine"].split("@")[0] != export})
+            other = sorted({r["engine"] for r in out["mix"] + out["shared"] if r["engine"] and r["engine"].split("@")[0] != export})
             if other:
                 raise HetplanError(f"the plan runs {', '.join(other)}, not {export}", field="--export",
                                    fix=f"export for that engine, or set capacity.engines = [\"{export}\"]")
             from hetplan.serve.export import replicas_from_capacity, write_export
 
-            paths = write_export(export, replicas_from_capacity(wf, out), out_dir, source=f"capacity {workload.name}")
+            paths = write_export(export, replicas_from_capacity(wf, out), out_dir, hosts=hosts,
+                                 gpus_per_host=gpus_per_host, source=f"capacity {workload.name}")
             out["export"] = [str(p) for p in paths]
         if as_json:
             typer.echo(json.dumps(out, indent=2))
@@ -186,7 +203,7 @@ def register(app: typer.Typer) -> None:
         con = Console()
         kinds = ", ".join(f"{n} x {g}" for g, n in out["gpus_by_type"].items())
         con.print(f"[bold]cheapest mix: {kinds}[/], {out['price_usd_per_hour']:.2f} $/h")
-        t = Table(title="replicas per model")
+        t = Table(title="replicas per model" if out["mix"] else "no dedicated replicas")
         for col in ("model", "load/s", "GPU", "TPxPP", "engine", "reps", "max/s", "$/h"):
             t.add_column(col)
         for r in out["mix"]:
@@ -194,6 +211,15 @@ def register(app: typer.Typer) -> None:
                       f"{r['engine'] or '-'}/{r['weights'] or wf.cluster.dtype}", str(r["replicas"]),
                       f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
         con.print(t)
+        if out["shared"]:
+            t = Table(title="models sharing a replica group (swapping)")
+            for col in ("models", "GPU", "TPxPP", "engine", "swaps", "$/h"):
+                t.add_column(col)
+            for r in out["shared"]:
+                t.add_row(", ".join(r["models"]), r["gpu"], f"{r['tp']}x{r['pp']}",
+                          f"{r['engine'] or '-'}/{r['weights'] or wf.cluster.dtype}", str(r["swaps"]),
+                          f"{r['price_usd_per_hour']:.2f}")
+            con.print(t)
         t = Table(title=f"simulated (target: {out['target_attainment']:.0%} of requests within SLO)")
         for col in ("model", "reqs", "SLO met", "p99 s", "TTFT p99 s", "TPOT p99 ms", "J/token"):
             t.add_column(col)
@@ -241,8 +267,27 @@ def _check_export(export: str | None, out_dir: Path | None) -> None:
                            fix=f"use one of {', '.join(EXPORT_ENGINES)}")
     if out_dir is None:
         raise HetplanError("--export needs a folder to write into", field="--out-dir", fix="add --out-dir DIR")
+    check_path_name(out_dir, "--out-dir")
     if out_dir.exists() and not out_dir.is_dir():
         raise HetplanError(f"{out_dir} is a file, not a folder", field="--out-dir", fix="give a folder path")
+
+
+def _hosts(text: str | None, export: str | None) -> list[str] | None:
+    """``--host "10.0.0.5,10.0.0.6"`` -> the addresses (None when not given).
+
+    Raises:
+        HetplanError: ``--host`` without ``--export``, an empty address or one with spaces or URL syntax.
+    """
+    if text is None:
+        return None
+    if export is None:
+        raise HetplanError("--host places exported replicas", field="--host", fix="add --export vllm|sglang --out-dir D")
+    hosts = [h.strip() for h in text.split(",")]
+    bad = [h for h in hosts if not h or any(c in h for c in " /:@")]
+    if bad:
+        raise HetplanError(f"bad machine address {bad[0]!r} in --host", field="--host",
+                           fix="give host names or IPv4 addresses, comma-separated, e.g. --host 10.0.0.5,10.0.0.6")
+    return hosts
 
 
 def _parse_prices(items: list[str]) -> dict[str, float]:

@@ -136,6 +136,12 @@ def _print_energy(console, r: dict) -> None:
         t.add_row(name, str(e["n"]), _fmt(e["mape"]), _signed(e["signed_median"]), _fmt(p["mape"]),
                   _signed(p["signed_median"]), _fmt(p["median_abs"]))
     console.print(t)
+    sv = r.get("serving")
+    if sv:
+        h = sv["power_held_out"]
+        console.print(f"Serving power (ML.ENERGY, compute-bound rows, held-out models): {h['n']} rows, MAPE "
+                      f"{_fmt(h['mape'])}, signed {_signed(h['signed_median'])}, |err| median {_fmt(h['median_abs'])}",
+                      highlight=False)
     console.print(f"Target (held out): power per GPU within 10 % median, energy within 15 % where the time is within "
                   f"10 %: {'met' if r['met'] else 'NOT met'}.")
 

@@ -1,7 +1,7 @@
 """Energy of a whole plan: joules per iteration and kWh per job at the top clock, what Perseus' frontier
 removes at the same iteration time, electricity $, and the time–$–energy Pareto frontier of several plans.
 
-Per iteration, at the top clock, every GPU of stage ``s`` (``n_s = tp·dp`` of them) runs its ``M·v``
+Per iteration, at the top clock, every GPU of stage ``s`` (``n_s = tp·cp·dp`` of them, :attr:`hetplan.degrees.Degrees.gpus_per_stage`) runs its ``M·v``
 forward and backward instructions (energy from the model-derived profile, :mod:`hetplan.energy.model`) and
 draws its blocking power ``P_idle`` for the rest of the estimator's iteration time (pipeline bubble, exposed
 DP synchronisation, optimizer step — counted as waiting, a small underestimate for the optimizer step):
@@ -13,7 +13,7 @@ DP synchronisation, optimizer step — counted as waiting, a small underestimate
 :mod:`hetplan.energy.frontier`) whose replay on the profile (unquantized) is not slower than all-max, the
 least energy against all-max's, both idle-padded to the later of their times (so time quantization cannot
 pass for a saving; "not slower" within :data:`SAME_TIME_TOLERANCE`), scaled by the mean GPUs per stage
-(``N / S``; exact when every stage has the same ``tp·dp``). The planner's time unit is coarser here (1/1000 of
+(``N / S``; exact when every stage has the same ``n_s``). The planner's time unit is coarser here (1/1000 of
 the pipeline time, at most 1/30 of the shortest instruction, and no finer than keeps steps × instructions within
 :data:`FRONTIER_WORK` while the unit is under 1/4 of the shortest instruction: the solver takes at most one step per quantum of the pipeline time and each step is O(n),
 docs/energy.md) so that a plan costs about a second at most, whatever its size; ``hetplan energy frontier``
@@ -39,8 +39,8 @@ from hetplan.plan import Plan
 
 J_PER_KWH = 3.6e6
 #: Budget of the frontier ``hetplan plan --energy`` computes per plan: pipeline-time quanta × instructions (each
-#: solver step shortens the iteration by one quantum and costs O(instructions); 2e6 is ~1 s of CPU).
-FRONTIER_WORK = 2e6
+#: solver step shortens the iteration by one quantum and costs O(instructions); 1e6 is ~0.5 s of CPU).
+FRONTIER_WORK = 1e6
 #: ... but the unit stays within this share of the shortest instruction (quantization error; the saving is
 #: measured by replaying the plans unquantized, so a coarse unit finds a smaller saving, never a false one).
 FRONTIER_UNIT_COARSEST = 1 / 4

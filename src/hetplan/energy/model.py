@@ -44,7 +44,8 @@ class PlanProfile:
     Attributes:
         profile: the :class:`StageProfile` (one GPU of each stage; one chunk with interleaving).
         idle_power_w: per stage, the catalog blocking power of its GPU (W).
-        gpus_per_stage: per stage, ``tp · dp`` GPUs running that stage's instructions.
+        gpus_per_stage: per stage, the GPUs running that stage's instructions (``tp·cp·dp``,
+            :attr:`hetplan.degrees.Degrees.gpus_per_stage`).
         virtual_stages: model chunks per stage (1 without interleaving).
         power: per stage, the DVFS model of its GPU.
     """
@@ -127,7 +128,7 @@ def plan_stage_profile(plan: Plan, catalog: Catalog | None = None, model: ModelS
     return PlanProfile(
         profile=StageProfile(entries, source="model-derived", frequencies_mhz=()),
         idle_power_w=tuple(float(g.idle_power_w) for g in stage_gpu),
-        gpus_per_stage=tuple(st.tp * st.dp for st in plan.stages),
+        gpus_per_stage=tuple(plan.stage_layout(i).gpus_per_stage for i in range(S)),  # tp·cp·dp (+ EP's)
         virtual_stages=v,
         power=tuple(power[g.name] for g in stage_gpu),
     )

@@ -96,7 +96,7 @@ def power_limit_curve(plan: Plan, catalog: Catalog | None = None, model: ModelSp
             g = stage_gpu[s]
             busy_t = M * (est.stages[s].forward_s + est.stages[s].backward_s)  # M·v chunk passes of 1/v each
             p_busy = float(lim[g].busy_power_w(clk[g], gpus[g].idle_power_w))
-            e += st.tp * st.dp * (p_busy * busy_t + gpus[g].idle_power_w * max(T - busy_t, 0.0))
+            e += plan.stage_layout(s).gpus_per_stage * (p_busy * busy_t + gpus[g].idle_power_w * max(T - busy_t, 0.0))
         out.append(PowerLimitPoint(float(sh), {n: float(sh * gpus[n].tdp_w) for n in lim}, clk, T, e,
                                    e / T / plan.num_gpus))
     return out
@@ -127,7 +127,7 @@ def rank_settings(plan: Plan, point: PowerLimitPoint, catalog: Catalog | None = 
         pool = plan.pools[st.pool]
         g = pool_gpu(catalog, pool, job=plan.job).name
         watts = point.power_limit_w[g]
-        for _ in range(st.tp * st.dp):
+        for _ in range(plan.stage_layout(s).gpus_per_stage):
             local = rank % pool.gpus_per_node
             out.append({"rank": rank, "stage": s, "gpu": g, "local_gpu": local, "power_limit_w": round(watts, 1),
                         "nvidia_smi": f"nvidia-smi -i {local} -pl {round(watts)}",

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.hardware.network import load_network
+from hetplan.estimate.arrays import Array
 
 _NETWORK = load_network()
 #: Per-step latency inside a node (s), fitted on vTrain calibration rows (hetplan.calibration.calibrate): 8.8 µs,
@@ -129,7 +130,7 @@ class CommConstants:
 NCCL_CTAS = _NETWORK.nccl_ctas
 
 
-def overlap_contention(gpu) -> float:
+def overlap_contention(gpu: object) -> float:
     """Fraction ``ρ`` of ``gpu``'s SMs that a concurrently running NCCL kernel takes from compute:
     ``NCCL_CTAS / sm_count`` (0 when the catalog gives no SM count). Compute overlapping a collective of ``c``
     seconds runs on the other SMs, so ``w`` seconds of compute overlapped with it take ``max(c, w + ρ·c)``: the
@@ -138,7 +139,7 @@ def overlap_contention(gpu) -> float:
     return 0.0 if not sms else min(1.0, NCCL_CTAS / sms)
 
 
-def overlapped_exposed_s(collective_s, compute_s, contention=0.0):
+def overlapped_exposed_s(collective_s: Array, compute_s: Array, contention: Array = 0.0):
     """Exposed time of a collective of ``collective_s`` run concurrently with ``compute_s`` of compute it can hide
     behind (s, arrays broadcast): ``max(c - w, ρ·c)`` — what exceeds the compute, and at least the slowdown
     ``ρ·c`` of the compute from the SMs the communication kernel takes (:func:`overlap_contention`)."""
@@ -173,8 +174,9 @@ CUSTOM_AR_BANDWIDTH_BYTES_PER_S = 58e9
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
 
 
-def custom_allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *,
-                            efficiency=LINK_EFFICIENCY):
+def custom_allreduce_time_s(message_bytes: Array, n: Array, bandwidth_bytes_per_s: Array,
+                            alpha_s: Array = ALPHA_INTRA_NODE_S, *,
+                            efficiency: Array = LINK_EFFICIENCY):
     """The serving engines' custom all-reduce of ``message_bytes`` over ``n`` ranks of one NVLink domain (module
     doc): one-shot or two-shot by vLLM's size thresholds (``csrc/custom_all_reduce.cuh``: one-shot for 2 ranks,
     below 512 KiB up to 4 ranks, below 256 KiB up to 8), at :data:`CUSTOM_AR_BANDWIDTH_BYTES_PER_S` (or the link's
@@ -191,8 +193,9 @@ def custom_allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s=ALP
     return np.where(n > 1, np.where((m <= CUSTOM_AR_MAX_BYTES) & (n <= 8), custom, nccl), 0.0)
 
 
-def allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *,
-                     efficiency=LINK_EFFICIENCY, algorithm="ring"):
+def allreduce_time_s(message_bytes: Array, n: Array, bandwidth_bytes_per_s: Array,
+                     alpha_s: Array = ALPHA_INTRA_NODE_S, *,
+                     efficiency: Array = LINK_EFFICIENCY, algorithm: str = "ring"):
     """All-reduce of ``message_bytes`` over ``n`` ranks (0 when n == 1).
 
     Args:
@@ -218,7 +221,8 @@ def allreduce_time_s(message_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTR
     return np.where(n > 1, t, 0.0)
 
 
-def allgather_time_s(total_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *, efficiency=LINK_EFFICIENCY):
+def allgather_time_s(total_bytes: Array, n: Array, bandwidth_bytes_per_s: Array, alpha_s: Array = ALPHA_INTRA_NODE_S,
+                     *, efficiency: Array = LINK_EFFICIENCY):
     """Ring all-gather whose gathered result is ``total_bytes`` per rank (0 when n == 1)."""
     n = np.asarray(n, dtype=float)
     steps = n - 1.0
@@ -226,20 +230,24 @@ def allgather_time_s(total_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_
                     + steps * alpha_s, 0.0)
 
 
-def reduce_scatter_time_s(total_bytes, n, bandwidth_bytes_per_s, alpha_s=ALPHA_INTRA_NODE_S, *, efficiency=LINK_EFFICIENCY):
+def reduce_scatter_time_s(total_bytes: Array, n: Array, bandwidth_bytes_per_s: Array,
+                          alpha_s: Array = ALPHA_INTRA_NODE_S, *, efficiency: Array = LINK_EFFICIENCY):
     """Ring reduce-scatter of a ``total_bytes`` input per rank: same cost as the all-gather of that size."""
     return allgather_time_s(total_bytes, n, bandwidth_bytes_per_s, alpha_s, efficiency=efficiency)
 
 
-def p2p_time_s(message_bytes, bandwidth_bytes_per_s, alpha_s=ALPHA_INTER_NODE_S, *, efficiency=LINK_EFFICIENCY):
+def p2p_time_s(message_bytes: Array, bandwidth_bytes_per_s: Array, alpha_s: Array = ALPHA_INTER_NODE_S, *,
+               efficiency: Array = LINK_EFFICIENCY):
     """One point-to-point send/recv of ``message_bytes``."""
     return message_bytes / (bandwidth_bytes_per_s * efficiency) + alpha_s
 
 
 def group_collective_time_s(
-    message_bytes, collective: str, n, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
-    inter_bandwidth_bytes_per_s, nic_sharers=None, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=None,
-    algorithm="ring",
+    message_bytes: Array, collective: str, n: Array, stride: Array, gpus_per_node: Array,
+    intra_bandwidth_bytes_per_s: Array,
+    inter_bandwidth_bytes_per_s: Array, nic_sharers: Array = None, inter_alpha_s: Array = ALPHA_INTER_NODE_S,
+    intra_alpha_s: Array = None,
+    algorithm: str = "ring",
 ):
     """One collective of ``n`` ranks placed ``stride`` GPUs apart (module doc, "Topology").
 
@@ -288,10 +296,10 @@ def group_collective_time_s(
 
 
 def dp_collective_time_s(
-    message_bytes,
+    message_bytes: Array,
     collective: str,
-    dp,
-    tp,
+    dp: Array,
+    tp: Array,
     gpus_per_node: int,
     intra_bandwidth_bytes_per_s: float,
     inter_bandwidth_bytes_per_s: float,

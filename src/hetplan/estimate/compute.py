@@ -62,6 +62,7 @@ from hetplan.estimate.stagework import Recompute
 from hetplan.hardware.catalog import GPUSpec, default_attention_kernel
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
+from hetplan.estimate.arrays import Array
 
 #: Passes over the produced activation bytes made by the element-wise kernels of a layer (write + read).
 ELEMENTWISE_PASSES = 2.0
@@ -81,7 +82,7 @@ OPERAND_BYTES = 2
 RECOMPUTE_CODES = {r.name.lower(): r for r in Recompute}
 
 
-def attention_kernel(job, gpu: GPUSpec) -> str:
+def attention_kernel(job: Array, gpu: GPUSpec) -> str:
     """The fused attention kernel ``job`` runs on ``gpu``: ``job.attention_kernel`` if set, else what its stack
     runs on the GPU's architecture (``Job.stack_spec().kernel_on``, :mod:`hetplan.hardware.stacks`); ``job``
     None: Megatron's default stack."""
@@ -93,7 +94,7 @@ def attention_kernel(job, gpu: GPUSpec) -> str:
     return default_attention_kernel(getattr(job, "framework", "megatron"), gpu.family_name)
 
 
-def pool_gpu(catalog, pool, field: str = "gpu", job=None) -> GPUSpec:
+def pool_gpu(catalog: Array, pool: Array, field: str = "gpu", job: Array = None) -> GPUSpec:
     """The :class:`GPUSpec` of ``pool``'s GPU type as it runs ``job``'s software on that pool's machines: the
     catalog entry, with ``attention_kernel`` set to the kernel the job runs there (:func:`attention_kernel`),
     the GEMM efficiencies times the job's stack's ``gemm_factor`` (:class:`hetplan.hardware.stacks.StackSpec`),
@@ -136,7 +137,7 @@ def reduction_half_dim(gpu: GPUSpec, dtype: str = "bf16"):
     return gpu.gemm_half_dim * balance / REFERENCE_BALANCE_FLOP_PER_BYTE
 
 
-def gemm_efficiency(gpu: GPUSpec, M, N, K, dtype: str = "bf16", row_tile=None):
+def gemm_efficiency(gpu: GPUSpec, M: Array, N: Array, K: Array, dtype: str = "bf16", row_tile: Array = None):
     """Fraction of the ``dtype`` dense peak a GEMM of shape (M, N, K) reaches: ``e_max · φ(M)·φ(N)·ψ(K)`` (module
     doc; ``K½`` of ψ: :func:`reduction_half_dim`); ``e_max`` of FP8 GEMMs: :func:`hetplan.estimate.fp8.gemm_ceiling`.
     ``row_tile``: the ``M`` rows are charged by tile quantisation, ``M / (⌈M / row_tile⌉ · row_tile)``, instead of
@@ -147,7 +148,8 @@ def gemm_efficiency(gpu: GPUSpec, M, N, K, dtype: str = "bf16", row_tile=None):
     return fp8.gemm_ceiling(gpu, dtype) * rows * N / (N + x0) * K / (K + k0)
 
 
-def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1, weight_bytes=None, row_tile=None):
+def gemm_time_s(gpu: GPUSpec, dtype: str, M: Array, N: Array, K: Array, batch: Array = 1, weight_bytes: Array = None,
+                row_tile: Array = None):
     """Seconds for ``batch`` GEMMs of shape (M, N, K) on ``gpu`` (roofline with shape-dependent ceiling). FP8
     GEMMs (:mod:`hetplan.estimate.fp8`): the FP8 peak and ceiling, 1-byte inputs, bf16 output.
     ``weight_bytes``: bytes per element of the ``K x N`` operand when it is stored narrower than the GEMM's
@@ -170,21 +172,21 @@ def gemm_time_s(gpu: GPUSpec, dtype: str, M, N, K, batch=1, weight_bytes=None, r
                       bytes_ / gpu.hbm_bandwidth_bytes_per_s)
 
 
-def attention_linear_shapes(m: ModelSpec, T, t):
+def attention_linear_shapes(m: ModelSpec, T: Array, t: Array):
     """``[(M, N, K), ...]`` of a layer's attention projections on one of ``t`` TP ranks for ``T`` tokens: fused QKV
     ``(T, (q+2g·d)/t, h)`` and output ``(T, h, q/t)``."""
     h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
     return [(T, (q + 2 * kv) / t, h), (T, h, q / t)]
 
 
-def mlp_linear_shapes(m: ModelSpec, T, f, t):
+def mlp_linear_shapes(m: ModelSpec, T: Array, f: Array, t: Array):
     """``[(M, N, K), ...]`` of a TP-split MLP of inner size ``f`` on ``T`` tokens: ``(T, f/t, h)`` (``2f/t`` for
     SwiGLU's fused gate/up) and ``(T, h, f/t)``."""
     up = (2 if m.gated_mlp else 1) * f
     return [(T, up / t, m.hidden_size), (T, m.hidden_size, f / t)]
 
 
-def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
+def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array):
     """``(linear_s, core_s)``: forward time of a layer's attention projections (fused QKV, output) and of its two
     attention-core batched GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks. Under FP8 the
     projections run in FP8, the core in bf16 (:mod:`hetplan.estimate.fp8`)."""
@@ -196,12 +198,12 @@ def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
     return linear, core
 
 
-def mlp_gemm_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, tokens, f, t):
+def mlp_gemm_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, tokens: Array, f: Array, t: Array):
     """Forward time of a TP-split MLP of inner size ``f`` on ``tokens`` tokens (:func:`mlp_linear_shapes`)."""
     return sum(gemm_time_s(gpu, dtype, M, N, K) for M, N, K in mlp_linear_shapes(m, tokens, f, t))
 
 
-def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
+def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array):
     """``(linear_s, core_s)``: forward time of a layer's four linear GEMMs and of its two attention-core batched
     GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks (dense layers; MoE and MLA layers:
     :func:`hetplan.estimate.moe.layer_gemm_times_s`)."""
@@ -213,7 +215,7 @@ def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
 FLOOR_NORM = 4.0
 
 
-def _softmax_floor(gpu_s, host_s):
+def _softmax_floor(gpu_s: Array, host_s: Array):
     k = FLOOR_NORM
     return (gpu_s**k + host_s**k) ** (1.0 / k)
 
@@ -223,7 +225,7 @@ def _softmax_floor(gpu_s, host_s):
 FLASH_TILE = 128
 
 
-def causal_work_fraction(s):
+def causal_work_fraction(s: Array):
     """Fraction of the full ``s x s`` score work a causal FlashAttention kernel does: it skips the tiles above the
     diagonal and computes the ``n(n+1)/2`` others in full, ``n = s / FLASH_TILE`` (Dao 2023, FlashAttention-2,
     Sec. 3.1.1: "about half"; 1.7-1.8x faster than non-causal, where the fraction alone gives 1.88-1.97x at s = 2k-8k
@@ -233,7 +235,7 @@ def causal_work_fraction(s):
     return np.minimum(1.0, (s + FLASH_TILE) / (2.0 * s))
 
 
-def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, causal=True):
+def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, causal: Array = True):
     """``(forward_s, backward_s)`` of the fused FlashAttention kernel of one layer, one micro-batch, one of ``t``
     TP ranks.
 
@@ -286,18 +288,20 @@ def eager_score_bytes(m: ModelSpec) -> tuple[int, int]:
 
 
 def layer_time_s(
-    m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, recompute_code, tp_bandwidth_bytes_per_s,
-    *, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None, inter_node_alpha_s=ALPHA_INTER_NODE_S,
-    sequence_parallel=False, attention="standard", intra_node_alpha_s=None, gemm_times_s=None, attention_blocks=1,
-    extra_kernels=0.0,
-    extra_elementwise_bytes=0.0,
-    tp_comm_overlap=False,
-    cuda_graphs=False,
-    op_sac=False,
-    sequence_dim_copies=False,
-    async_tp=False,
-    tp_allreduce="ring",
-    host_sync=None,
+    m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, recompute_code: Array,
+    tp_bandwidth_bytes_per_s: Array,
+    *, gpus_per_node: Array = None, inter_node_bandwidth_bytes_per_s: Array = None, inter_node_alpha_s: Array = ALPHA_INTER_NODE_S,
+    sequence_parallel: Array = False, attention: str = "standard", intra_node_alpha_s: Array = None,
+    gemm_times_s: Array = None, attention_blocks: Array = 1,
+    extra_kernels: Array = 0.0,
+    extra_elementwise_bytes: Array = 0.0,
+    tp_comm_overlap: Array = False,
+    cuda_graphs: Array = False,
+    op_sac: Array = False,
+    sequence_dim_copies: Array = False,
+    async_tp: Array = False,
+    tp_allreduce: Array = "ring",
+    extra_gpu_s: Array = 0.0,
 ):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
@@ -324,10 +328,9 @@ def layer_time_s(
         extra_kernels: kernels the layer's forward launches beyond :data:`KERNELS_PER_LAYER_FORWARD` (MoE layers:
             :func:`hetplan.estimate.moe.extra_kernels`; eager PyTorch:
             :func:`hetplan.estimate.elementwise.eager_layer_kernels`); they count in the host floor.
-        host_sync: ``(gpu_s, kernels)`` of the forward's work after a host synchronisation inside it (a MoE
-            layer's token dispatcher waits for the token counts, :func:`hetplan.estimate.moe.host_sync_split`):
-            the GPU queue drains there, so host launches and GPU work overlap only on either side of it — the
-            smooth maximum is taken of each part and the parts add. None: no synchronisation.
+        extra_gpu_s: memory-bound GPU work of the forward beyond the GEMMs and the element-wise term, costed by the
+            caller (a MoE layer's token permutation, :func:`hetplan.estimate.moe.permute_time_s`); backward runs
+            the same again once (the inverse kernels on the gradients), full recomputation once more.
         extra_elementwise_bytes: bytes the layer's forward moves beyond the fused element-wise kernels (eager
             PyTorch: :func:`hetplan.estimate.elementwise.eager_layer_bytes`), charged like the element-wise term:
             at the HBM bandwidth, twice in backward, again in full recomputation.
@@ -398,15 +401,9 @@ def layer_time_s(
     # backward launches twice the forward's kernels.
     # Async TP: the fused GEMMs run in t chunks (forward, and the backward's data-gradient GEMMs) and the pass moves
     # the bytes of async_tp_extra_s.
-    fwd_gpu = linear + gemm_f + core_fwd + elem + bytes_f
-    if host_sync is None:
-        fwd_compute = _softmax_floor(fwd_gpu, kernels * kernel)
-    else:  # the forward's two sides of the synchronisation, each its own smooth maximum
-        post_gpu = np.minimum(host_sync[0], fwd_gpu)
-        post_kernels = np.minimum(host_sync[1], kernels)
-        fwd_compute = (_softmax_floor(fwd_gpu - post_gpu, (kernels - post_kernels) * kernel)
-                       + _softmax_floor(post_gpu, post_kernels * kernel))
-    bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b, 2 * kernels * kernel)
+    fwd_compute = _softmax_floor(linear + gemm_f + core_fwd + elem + bytes_f + extra_gpu_s, kernels * kernel)
+    bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b + extra_gpu_s,
+                                 2 * kernels * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
                             KERNELS_ATTENTION_CORE * kernel)
@@ -465,10 +462,10 @@ def tp_overlap_shares(m: ModelSpec) -> tuple[float, float, float, float]:
     h, f = m.hidden_size, m.ffn_hidden_size
     w = (h * (m.q_dim + m.kv_dim + m.v_dim), m.attn_out_dim * h, h * f * (2 if m.gated_mlp else 1), f * h)
     total = float(sum(w))
-    return tuple(x / total for x in w)
+    return w[0] / total, w[1] / total, w[2] / total, w[3] / total
 
 
-def tp_overlap_exposed_s(m: ModelSpec, c, linear_s, t, contention):
+def tp_overlap_exposed_s(m: ModelSpec, c: Array, linear_s: Array, t: Array, contention: Array):
     """``(forward_s, backward_s)``: exposed TP communication of one dense layer under ``--tp-comm-overlap``, each
     of its four collectives (``c`` seconds each: an all-gather or reduce-scatter of the ``b·s·h`` activation)
     hidden behind the GEMM it is paired with, as NeMo's userbuffers configurations pair them (Transformer Engine
@@ -489,13 +486,13 @@ def tp_overlap_exposed_s(m: ModelSpec, c, linear_s, t, contention):
     t = np.asarray(t, dtype=float)
     n = TP_OVERLAP_RS_SPLITS
 
-    def ring(g):
+    def ring(g: Array):
         return np.maximum(0.0, c - g * (t - 1.0) / np.maximum(t, 1.0))
 
-    def pipelined(g):
+    def pipelined(g: Array):
         return np.maximum(c / n + contention * c, c - g * (n - 1.0) / n)
 
-    def bulk(g):
+    def bulk(g: Array):
         return overlapped_exposed_s(c, g, contention)
 
     return ring(qkv) + ring(fc1) + pipelined(proj) + pipelined(fc2), ring(proj) + ring(fc2) + bulk(qkv) + bulk(fc1)
@@ -508,7 +505,7 @@ def tp_overlap_exposed_s(m: ModelSpec, c, linear_s, t, contention):
 ASYNC_TP_KERNELS_PER_STEP = 8.0
 
 
-def async_tp_exposed_s(m: ModelSpec, all_gather_s, reduce_scatter_s, linear_s, t):
+def async_tp_exposed_s(m: ModelSpec, all_gather_s: Array, reduce_scatter_s: Array, linear_s: Array, t: Array):
     """``(forward_s, backward_s, op_sac_s)``: exposed TP communication of one dense layer under PyTorch's async TP.
     Inductor's ``micro_pipeline_tp`` pass (``torch/_inductor/fx_passes/micro_pipeline_tp.py``) rewrites an
     all-gather whose result feeds matmuls as their left operand into ``fused_all_gather_matmul``, and a
@@ -534,7 +531,7 @@ def async_tp_exposed_s(m: ModelSpec, all_gather_s, reduce_scatter_s, linear_s, t
     qkv, proj, fc1, fc2 = (linear_s * share for share in tp_overlap_shares(m))
     t = np.asarray(t, dtype=float)
 
-    def fused(c, g):
+    def fused(c: Array, g: Array):
         return np.maximum(0.0, c - g * (t - 1.0) / np.maximum(t, 1.0))
 
     ag, rs = all_gather_s, reduce_scatter_s
@@ -545,7 +542,7 @@ def async_tp_exposed_s(m: ModelSpec, all_gather_s, reduce_scatter_s, linear_s, t
             fused(ag, proj) + fused(ag, fc2) + 2 * rs, sac)
 
 
-def async_tp_extra_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t):
+def async_tp_extra_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array):
     """``(gemm_fwd_s, gemm_bwd_s, bytes_fwd_s, bytes_bwd_s, gather_bytes_s)``: what async TP adds to a dense
     layer's passes beyond the exposed collectives (:func:`async_tp_exposed_s`;
     ``torch/distributed/_symmetric_memory/__init__.py``):
@@ -582,8 +579,9 @@ def op_sac_matmuls(m: ModelSpec) -> tuple[tuple[int, int], ...]:
     return ((h * m.q_dim, m.q_dim), (h * m.kv_dim, m.kv_dim), (h * m.v_dim, m.v_dim), (m.attn_out_dim * h, h)) + mlp
 
 
-def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, sequence_parallel=False,
-                       attention="flash", extra_elementwise_bytes=0.0):
+def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array,
+                       sequence_parallel: Array = False,
+                       attention: str = "flash", extra_elementwise_bytes: Array = 0.0):
     """Backward recomputation of one dense layer under torchtitan's per-op selective activation checkpointing
     (``torchtitan/distributed/activation_checkpoint.py`` ``_apply_op_sac``: the outputs of attention and of every
     other matmul are saved, counting from the first; everything else is recomputed from the block's input):
@@ -602,7 +600,7 @@ def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, sequence
     return linear * sum(w[1::2]) / sum(w) + elem
 
 
-def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b, s, t):
+def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array):
     """Forward and backward time of the input embedding: a gather, memory-bound (writes ``b·s·h`` activations),
     plus position add and dropout (3 kernels); backward scatters the gradient into the ``V x h/t`` table."""
     out = b * s * m.hidden_size * 2
@@ -644,7 +642,7 @@ def cross_entropy_kind(framework: str, cross_entropy: str | None = None) -> str:
     return "unfused" if framework == "megatron" and cross_entropy == "fp32" else "fused"
 
 
-def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, framework: str = "megatron",
+def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, framework: str = "megatron",
                 cross_entropy: str | None = None):
     """Forward and backward time of the output head (logits GEMM ``(b·s, V/t, h)``, vocab-parallel) and the
     cross-entropy loss over the ``b·s·V/t`` logits, memory-bound (:data:`CROSS_ENTROPY` of
@@ -663,6 +661,6 @@ def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b, s, t, framework: str 
 ADAM_BYTES_PER_PARAMETER = 30.0
 
 
-def optimizer_step_time_s(params_per_gpu, gpu: GPUSpec):
+def optimizer_step_time_s(params_per_gpu: Array, gpu: GPUSpec):
     """Adam step over the parameters this GPU owns: memory-bound, :data:`ADAM_BYTES_PER_PARAMETER` per parameter."""
     return params_per_gpu * ADAM_BYTES_PER_PARAMETER / gpu.hbm_bandwidth_bytes_per_s

@@ -34,6 +34,7 @@ from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER
                                    INTRA_LINK_EFFICIENCY, group_collective_time_s)
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
+from hetplan.estimate.arrays import Array
 
 KV_EXCHANGES = ("ring", "allgather")
 #: Bytes per K/V element exchanged (bf16).
@@ -52,12 +53,12 @@ def check_kv_exchange(kind: str) -> str:
     return kind
 
 
-def local_seq_len(s, cp):
+def local_seq_len(s: Array, cp: Array):
     """Tokens of one sequence on each CP rank, ``s / cp``."""
     return np.asarray(s, dtype=float) / np.asarray(cp, dtype=float)
 
 
-def attention_blocks(cp, load_balance=True):
+def attention_blocks(cp: Array, load_balance: Array = True):
     """Causal attention work of the busiest CP rank in units of a causal ``(s/cp) x (s/cp)`` block (about half a
     block's work): its own diagonal block, computed causally, and half-blocks without a mask
     (:func:`hetplan.estimate.compute.layer_time_s`): ``cp`` with load balancing
@@ -69,14 +70,15 @@ def attention_blocks(cp, load_balance=True):
     return np.where(np.asarray(load_balance), cp, 2.0 * cp - 1.0)
 
 
-def kv_block_bytes(m: ModelSpec, b, s, t, cp):
+def kv_block_bytes(m: ModelSpec, b: Array, s: Array, t: Array, cp: Array):
     """Bytes of the K and V of one rank's ``s/cp`` tokens on one TP rank: ``2·b·(s/cp)·(g·d_qk + g·d_v)/t``
     (for MLA, K and V after the up-projection: ``a`` heads)."""
     return KV_BYTES * np.asarray(b, dtype=float) * local_seq_len(s, cp) * (m.kv_dim + m.v_dim) / t
 
 
-def layer_activation_bytes(m: ModelSpec, b, s, t, cp, sequence_parallel=False, recompute="none",
-                           attention="standard", moe_recompute=False):
+def layer_activation_bytes(m: ModelSpec, b: Array, s: Array, t: Array, cp: Array, sequence_parallel: Array = False,
+                           recompute: Array = "none",
+                           attention: str = "standard", moe_recompute: Array = False):
     """Activation bytes of one layer per GPU under CP: :func:`hetplan.model.counts.layer_activation_bytes` of
     the local ``s/cp`` tokens, with the stored attention scores of standard attention widened from
     ``(s/cp)²`` to ``(s/cp)·s`` per head (``cp`` blocks; FlashAttention stores none); ``moe_recompute`` as there."""
@@ -88,9 +90,11 @@ def layer_activation_bytes(m: ModelSpec, b, s, t, cp, sequence_parallel=False, r
     return np.where(np.asarray(cp) == 1, per_rank, blocks + (per_rank - blocks) * np.asarray(cp, dtype=float))
 
 
-def kv_exchange_time_s(m: ModelSpec, b, s, t, cp, kind, block_forward_s, gpus_per_node,
-                       intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S,
-                       intra_alpha_s=ALPHA_INTRA_NODE_S):
+def kv_exchange_time_s(m: ModelSpec, b: Array, s: Array, t: Array, cp: Array, kind: str, block_forward_s: Array,
+                       gpus_per_node: Array,
+                       intra_bandwidth_bytes_per_s: Array, inter_bandwidth_bytes_per_s: Array,
+                       inter_alpha_s: Array = ALPHA_INTER_NODE_S,
+                       intra_alpha_s: Array = ALPHA_INTRA_NODE_S):
     """Exposed K/V exchange of one layer, ``(forward_s, backward_s)`` (module doc); 0 for ``cp = 1``.
 
     Args:

@@ -62,6 +62,7 @@ import numpy as np
 from hetplan.estimate import fp8
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
+from hetplan.estimate.arrays import Array
 
 #: Extra bytes per element (eager minus fused) and extra kernels of each op of the module doc's table.
 RMSNORM_EXTRA_BYTES, RMSNORM_EXTRA_KERNELS = 32.0, 7
@@ -83,7 +84,7 @@ def _mlp_width(m: ModelSpec) -> float:
     return (dense * m.ffn_hidden_size + m.num_moe_layers * moe) / m.num_layers
 
 
-def eager_layer_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False):
+def eager_layer_bytes(m: ModelSpec, b: Array, s: Array, t: Array = 1, sequence_parallel: Array = False):
     """Bytes one layer's forward moves in eager PyTorch beyond fused kernels, on one of ``t`` TP ranks for a
     micro-batch of ``b`` sequences of ``s`` tokens (module doc's table)."""
     T = np.asarray(b, dtype=float) * np.asarray(s, dtype=float)
@@ -108,7 +109,7 @@ def eager_layer_kernels(m: ModelSpec) -> int:
             + (SWIGLU_EXTRA_KERNELS if m.gated_mlp else 0))
 
 
-def eager_cast_time_s(gpu: GPUSpec, shapes):
+def eager_cast_time_s(gpu: GPUSpec, shapes: Array):
     """``(forward_s, backward_s)`` that eager torchao float8 casts add to the fused tensor-wise casts of
     :func:`hetplan.estimate.fp8.layer_cast_time_s` for one layer's linear GEMMs ``shapes``
     (``[(M, N, K, batch), ...]``): the inputs ``M·K`` in forward, the output gradients ``M·N`` in backward, at

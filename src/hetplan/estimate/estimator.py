@@ -27,13 +27,15 @@ from hetplan.estimate.stagework import Link, StageHardware, StageWork
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import GPUPool, Plan, boundary_is_intra_node
+from hetplan.plan import GPUPool, Plan, Stage, boundary_is_intra_node
+from hetplan.estimate.arrays import Array
 
 
 class LayerTimeSource(Protocol):
     """Where measured layer times come from (the profile database implements it)."""
 
-    def layer_time_s(self, gpu: str, model: ModelSpec, dtype: str, mbs: int, seq_len: int, tp: int) -> tuple[float, float] | None:
+    def layer_time_s(self, gpu: str, model: ModelSpec, dtype: str, mbs: int, seq_len: int, tp: int) -> tuple[float,
+                     float] | None:
         """Measured ``(forward_s, backward_s)`` of one transformer layer (TP communication included), or None."""
 
 
@@ -118,8 +120,9 @@ def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
     return gpu.price_usd_per_hour if pool.price_usd_per_hour is None else pool.price_usd_per_hour
 
 
-def hardware_flops_per_iteration(m: ModelSpec, s: int, global_batch, recompute_code, num_layers_weight=1.0, *,
-                                 flash=False, all_layers_weight=1.0, op_sac=False):
+def hardware_flops_per_iteration(m: ModelSpec, s: Any, global_batch: Any, recompute_code: Array,
+                                 num_layers_weight: Array = 1.0, *,
+                                 flash: Array = False, all_layers_weight: Array = 1.0, op_sac: Array = False):
     """FLOPs executed per iteration including recomputation, for ``global_batch`` sequences: model FLOPs plus one
     extra forward of each recomputed layer (full) or of its attention core ``4·b·s²·q`` (selective), on the share
     ``num_layers_weight`` of the layers that recompute. With FlashAttention (``flash``) the backward pass
@@ -210,7 +213,7 @@ def effective_virtual_stages(plan: Plan, virtual_stages: int | None = None) -> i
     return int(v)
 
 
-def in_flight_microbatches(schedule: str, p, i, m, v=1):
+def in_flight_microbatches(schedule: str, p: Array, i: Array, m: Array, v: Array = 1) -> Array:
     """Micro-batches of stage ``i``'s full activations held at its peak: GPipe ``m``; 1F1B ``min(p - i, m)``;
     interleaved ``min((p - i - 1)·2 + (v - 1)·p + 1, m·v) / v`` chunks of ``1/v`` (Megatron-LM's warm-up count;
     ``p + (p-1)/v`` on the first stage, its ``interleaved_schedule_memory_penalty``). Arrays broadcast."""
@@ -257,18 +260,26 @@ _SIMULATE_MANY_MIN_PLANS = 16
 
 #: The per-stage numbers the estimator gathers into columns: the fields of Degrees and of StageWork it fills.
 _DEGREE_COLUMNS = tuple(f.name for f in fields(Degrees))
-_WORK_COLUMNS = ("s", "b", "num_layers", "has_embedding", "has_head", "single_stage", "num_microbatches", "zero",
-                 "recompute", "sequence_parallel", "step_microbatches")
+_WORK_COLUMNS = ("zero", "sequence_parallel", "s", "b", "num_layers", "has_embedding", "has_head", "single_stage",
+                 "num_microbatches", "recompute", "step_microbatches")
+_ROW_COLUMNS = (*_DEGREE_COLUMNS, *_WORK_COLUMNS)
+
+
+_FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in (Degrees, StageWork)}
 
 
 def _take(obj: Any, index: Any, scalar: bool = False) -> Any:
     """``obj`` (Degrees or StageWork of columns) at rows ``index``; ``scalar``: one row, as Python scalars."""
-    return replace(obj, **{f.name: (x[index].item() if scalar else x[index])
-                           for f in fields(obj) if isinstance(x := getattr(obj, f.name), np.ndarray)})
+    values = {}
+    for name in _FIELDS[type(obj)]:
+        x = getattr(obj, name)
+        values[name] = (x[index].item() if scalar else x[index]) if isinstance(x, np.ndarray) else x
+    return type(obj)(**values)
 
 
-def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_model, record, detailed=False,
-                    comm_constants=None):
+def _estimate_batch(plans: list[Plan], catalog: Catalog | None, model: ModelSpec | None,
+                    profiles: LayerTimeSource | None, virtual_stages: int | None, pipeline_model: str, record: bool,
+                    detailed: bool = False, comm_constants: CommConstants | None = None) -> list[tuple]:
     """The estimator for a list of plans (module doc; :func:`estimate_many`). Returns one
     ``(Estimate, ScheduleResult | None, costs | None, p2p)`` per plan (costs only when ``detailed``)."""
     from hetplan.errors import HetplanError
@@ -307,12 +318,23 @@ def _estimate_batch(plans, catalog, model, profiles, virtual_stages, pipeline_mo
     return out
 
 
-def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_model, record, detailed, comm_constants):
+def _estimate_one_model(plans: list[Plan], m: ModelSpec, catalog: Catalog, profiles: LayerTimeSource | None,
+                        virtual_stages: int | None, pipeline_model: str, record: bool, detailed: bool,
+                        comm_constants: CommConstants | None) -> list[tuple]:
     """:func:`_estimate_batch` for plans of one model ``m``."""
     # One row per stage of every plan; plan k's rows are start[k] .. start[k] + p_k - 1.
-    col: dict[str, list] = {k: [] for k in (*_DEGREE_COLUMNS, *_WORK_COLUMNS)}
-    hardware, options, price_rows, peak_rows, group_rows, st_rows, gbs = [], [], [], [], [], [], []
-    in_flight_inputs, recompute_layers, recomputed = [], [], []
+    rows: list[tuple] = []  # per stage: the _ROW_COLUMNS, read as columns below
+    hardware: list[StageHardware] = []
+    options: list[TrainingOptions] = []
+    st_rows: list[Stage] = []
+    price_rows: list[float] = []
+    peak_rows: list[float] = []
+    group_rows: list[int] = []
+    gbs: list[int] = []
+    recompute_layers: list[int | None] = []
+    recomputed: list[int] = []
+    stage_gpus: list[int] = []
+    in_flight_inputs: list[tuple] = []
     group_ids: dict[tuple, int] = {}  # (hardware, options, DP overlap) -> id
     start, vs, m0s, calls = [], [], [], []
     resolved: dict[tuple, GPUSpec] = {}  # pool_gpu of equal pools under equal attention-kernel choices, made once
@@ -328,7 +350,7 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         gpipe = plan.schedule == "gpipe"
         opts = TrainingOptions.from_plan(plan)
         stack = opts.stack_spec()
-        layouts: dict = {}  # (tp, dp) -> the stage's ParallelLayout (one per distinct layout)
+        layouts: dict = {}  # (tp, dp) -> (layout, its _DEGREE_COLUMNS values, GPUs of the stage), once per layout
         for i, st in enumerate(plan.stages):
             if st.pool not in on_pool:
                 pool = plan.pools[st.pool]
@@ -344,20 +366,20 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
                                              len(group_ids))
                 on_pool[st.pool] = (hw, pool_price_usd_per_hour(pool, gpu), group, gpu.peak_flops_per_s(job.dtype))
             hw, price, group, peak = on_pool[st.pool]
-            lay = layouts.get((st.tp, st.dp))
-            if lay is None:
-                lay = layouts[st.tp, st.dp] = plan.stage_layout(i)
+            known = layouts.get((st.tp, st.dp))
+            if known is None:
+                lay = plan.stage_layout(i)
+                deg = lay.degrees  # every degree of the stage's layout; v as the schedule runs it
+                known = layouts[st.tp, st.dp] = (
+                    lay, tuple(v if k == "virtual_stages" else getattr(deg, k) for k in _DEGREE_COLUMNS)
+                    + (lay.zero_stage, lay.sequence_parallel_active), deg.gpus_per_stage, deg.dp)
+            lay, dvals, n_gpus, dp = known
             b = st.mbs or plan.mbs
-            mb = job.global_batch // (lay.dp * b)
+            mb = job.global_batch // (dp * b)
             step_mb = min(mb, plan.pipeline_step_microbatches or mb)  # one call of the schedule holds at most these
-            deg = lay.degrees
-            for k in _DEGREE_COLUMNS:  # every degree of the stage's layout; v as the schedule runs it
-                col[k].append(v if k == "virtual_stages" else getattr(deg, k))
-            for k, x in (("s", job.seq_len), ("b", b), ("num_layers", st.num_layers),
-                         ("has_embedding", i == 0), ("has_head", i == p - 1), ("single_stage", p == 1),
-                         ("num_microbatches", mb), ("zero", lay.zero_stage), ("recompute", RECOMPUTE_CODES[st.recompute]),
-                         ("sequence_parallel", lay.sequence_parallel_active), ("step_microbatches", step_mb)):
-                col[k].append(x)
+            rows.append(dvals + (job.seq_len, b, st.num_layers, i == 0, i == p - 1, p == 1, mb,
+                                 RECOMPUTE_CODES[st.recompute], step_mb))
+            stage_gpus.append(n_gpus)
             in_flight_inputs.append((gpipe, p, i, step_mb, v))
             hardware.append(hw)
             options.append(opts)
@@ -371,17 +393,18 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     n = len(st_rows)
     gpus = [hw.gpu for hw in hardware]
     flash = [o.attention == "flash" for o in options]
-    cols = {k: np.asarray(x) for k, x in col.items()}
+    cols = {k: np.asarray(x) for k, x in zip(_ROW_COLUMNS, zip(*rows))}
     gp, pp_, ii, mbs_, vv = (np.array(c) for c in zip(*in_flight_inputs))
     in_flight = np.where(gp, in_flight_microbatches("gpipe", pp_, ii, mbs_, vv),
                          in_flight_microbatches("1f1b", pp_, ii, mbs_, vv))
     degrees = Degrees(**{k: cols[k] for k in _DEGREE_COLUMNS})
     cols["dp"] = degrees.dp
-    work = StageWork(in_flight=in_flight, **{k: cols[k] for k in _WORK_COLUMNS})
+    work_columns: dict[str, Any] = {k: cols[k] for k in _WORK_COLUMNS}
+    work = StageWork(in_flight=in_flight, **work_columns)
 
     # Stage costs: one vectorised call per (hardware, options) group of rows without measured times or per-layer
     # recompute; those rows one by one.
-    measured = [None] * n
+    measured: list[tuple[float, float] | None] = [None] * n
     if profiles is not None:
         for r in range(n):
             measured[r] = profiles.layer_time_s(gpus[r].name, m, options[r].dtype, int(cols["b"][r]),
@@ -399,32 +422,32 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
         if alone:
             w = replace(w, recompute_layers=recompute_layers[r0])
         c = stage_costs(m, hardware[r0], _take(degrees, sel, alone), w, options[r0], measured[r0])
-        for k in _COST_FIELDS:
-            res.setdefault(k, np.zeros(n))[sel] = getattr(c, k)
-        for k in _MEMORY_COMPONENTS:
-            mem.setdefault(k, np.zeros(n))[sel] = getattr(c.memory, k)
+        for name in _COST_FIELDS:
+            res.setdefault(name, np.zeros(n))[sel] = getattr(c, name)
+        for name in _MEMORY_COMPONENTS:
+            mem.setdefault(name, np.zeros(n))[sel] = getattr(c.memory, name)
     fwd, bwd = res["forward_s"], res["backward_s"]
 
     # p2p across each boundary (hetplan.estimate.iteration.boundary_time_s): the intra-node link or the (slower)
     # node NICs shared by the sending GPUs; boundaries between stages that lay the micro-batch out differently
     # reshard.
     intra = []
-    for plan in plans:
-        intra += boundary_is_intra_node(
-            [plan.stage_layout(i).gpus_per_stage for i in range(plan.pp)], [st.pool for st in plan.stages],
-            [pl.gpus_per_node for pl in plan.pools])
+    for plan, s0 in zip(plans, start):
+        intra += boundary_is_intra_node(stage_gpus[s0:s0 + plan.pp], [st.pool for st in plan.stages],
+                                        [pl.gpus_per_node for pl in plan.pools])
     send = np.flatnonzero(~cols["has_head"])  # every stage but a plan's last sends to the next row
     recv = send + 1
     p2p = np.zeros(len(send))
     if len(send):
-        link_cols = [np.array(x) for x in zip(*((ln.gpus_per_node, ln.intra_node_bandwidth_bytes_per_s,
+        link_cols: list[Any] = [np.array(x) for x in zip(*((ln.gpus_per_node, ln.intra_node_bandwidth_bytes_per_s,
                                                  ln.inter_node_bandwidth_bytes_per_s, ln.inter_node_alpha_s,
                                                  ln.intra_node_alpha_s)
                                                 for ln in (hw.link for hw in hardware)))]
-        lay = [cols[k] for k in ("tp", "cp", "dp", "b")]
-        p2p = np.asarray(boundary_time_s(m, cols["s"][send], [c[send] for c in lay], [c[recv] for c in lay],
+        shape_cols = [cols[k] for k in ("tp", "cp", "dp", "b")]
+        p2p = np.asarray(boundary_time_s(m, cols["s"][send], [c[send] for c in shape_cols],
+                                         [c[recv] for c in shape_cols],
                                          Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols)),
-                                         np.array(intra)), dtype=float)
+                                         np.array(intra)), dtype=np.float64)
     p2p_start = np.concatenate([[0], np.cumsum([plan.pp - 1 for plan in plans])]).astype(int)
     capacity = np.array([g.memory_bytes for g in gpus])
 
@@ -435,12 +458,12 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
     fits_all = np.zeros(len(plans), dtype=bool)
     sims: list = [None] * len(plans)
     shapes: dict[tuple, list[int]] = {}
-    for k, plan in enumerate(plans):
-        sched = "interleaved" if vs[k] > 1 else plan.schedule
-        m_call = -(-m0s[k] // calls[k])  # micro-batches per call of the schedule
-        shapes.setdefault((sched, plan.pp, m_call, vs[k], p2p_model(plan.job.framework)), []).append(k)
+    for j, plan in enumerate(plans):
+        sched = "interleaved" if vs[j] > 1 else plan.schedule
+        m_call = -(-m0s[j] // calls[j])  # micro-batches per call of the schedule
+        shapes.setdefault((sched, plan.pp, m_call, vs[j], p2p_model(plan.job.framework)), []).append(j)
     starts = np.array(start)
-    for (sched, p, m0, v, mode), ks in shapes.items():
+    for (sched, p, m0, v, mode), ks in shapes.items():  # noqa: B007 (p, v: the shape's)
         ridx = starts[ks][:, None] + np.arange(p)
         cidx = p2p_start[ks][:, None] + np.arange(p - 1)
         simulated = None
@@ -448,27 +471,27 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             if len(ks) >= _SIMULATE_MANY_MIN_PLANS and not record:
                 simulated = simulate_many(fwd[ridx], bwd[ridx], p2p[cidx], m0, sched, v, blocking_p2p=mode)
             else:
-                for k, rr, cc in zip(ks, ridx, cidx):
-                    sims[k] = simulate(fwd[rr], bwd[rr], p2p[cc], m0, sched, v, record=record, blocking_p2p=mode)
-                simulated = (np.array([sims[k].makespan_s for k in ks]), np.array([sims[k].stage_end_s for k in ks]))
-        it = assemble_iteration(fwd[ridx], bwd[ridx], res["dp_exposed_s"][ridx], res["optimizer_s"][ridx],
+                for j, rr, cc in zip(ks, ridx, cidx):
+                    sims[j] = simulate(fwd[rr], bwd[rr], p2p[cc], m0, sched, v, record=record, blocking_p2p=mode)
+                simulated = (np.array([sims[j].makespan_s for j in ks]), np.array([sims[j].stage_end_s for j in ks]))
+        shape_it = assemble_iteration(fwd[ridx], bwd[ridx], res["dp_exposed_s"][ridx], res["optimizer_s"][ridx],
                                 p2p[cidx].sum(axis=1), m0, virtual_stages=v, simulated=simulated,
                                 memory_bytes=mem["total"][ridx], capacity_bytes=capacity[ridx],
                                 calls=np.array(calls)[ks])
-        for key, x in (("t", it.pipeline_s), ("bubble", it.bubble_s), ("p2p", it.p2p_s), ("dp", it.dp_exposed_s),
-                       ("opt", it.optimizer_s), ("it", it.iteration_s)):
-            per_plan[key][ks] = x
-        peak_row[ks] = it.peak_stage
-        fits_all[ks] = it.fits
+        for name, x in (("t", shape_it.pipeline_s), ("bubble", shape_it.bubble_s), ("p2p", shape_it.p2p_s),
+                        ("dp", shape_it.dp_exposed_s), ("opt", shape_it.optimizer_s), ("it", shape_it.iteration_s)):
+            per_plan[name][ks] = x
+        peak_row[ks] = shape_it.peak_stage
+        fits_all[ks] = shape_it.fits
 
     # Per-plan reductions over each plan's rows (what the report adds: FLOPs, $, TP share).
-    gbs = np.array(gbs)
+    gbs_rows = np.array(gbs)
     ngpu = degrees.gpus_per_stage
     peak_flops = np.add.reduceat(ngpu * np.array(peak_rows), starts)
     usd_per_hour = np.add.reduceat(ngpu * np.array(price_rows), starts)
-    model_rows = counts.model_flops_per_iteration(m, gbs, cols["s"])
+    model_rows = counts.model_flops_per_iteration(m, gbs_rows, cols["s"])
     recompute_flops = np.add.reduceat(hardware_flops_per_iteration(
-        m, cols["s"], gbs, cols["recompute"], np.array(recomputed) / m.num_layers,
+        m, cols["s"], gbs_rows, cols["recompute"], np.array(recomputed) / m.num_layers,
         flash=np.array(flash), all_layers_weight=cols["num_layers"] / m.num_layers,
         op_sac=np.array([o.framework == "fsdp" for o in options]),
     ) - model_rows, starts)
@@ -484,28 +507,28 @@ def _estimate_one_model(plans, m, catalog, profiles, virtual_stages, pipeline_mo
             measured, mem_rows, capacity.tolist(), fits.tolist(), res["alltoall_s"].tolist())
     ]
     tokens = [plan.job.global_batch * plan.job.seq_len for plan in plans]
-    per_plan = {k: np.asarray(x, dtype=float).tolist() for k, x in dict(
+    values: dict[str, list[float]] = {k: np.asarray(x, dtype=np.float64).tolist() for k, x in dict(
         per_plan, mf=model_flops, hf=model_flops + recompute_flops, pf=peak_flops, usd=usd_per_hour,
         tp=tp_comm).items()}
     out = []
     for k, plan in enumerate(plans):
         p, s0 = plan.pp, start[k]
         stages_out = stage_objects[s0:s0 + p]
-        peak = stages_out[peak_row[k]].memory
-        it, usd, pf, iterations = per_plan["it"][k], per_plan["usd"][k], per_plan["pf"][k], plan.job.iterations()
+        peak_memory = stages_out[peak_row[k]].memory
+        it, usd, pf, iterations = values["it"][k], values["usd"][k], values["pf"][k], plan.job.iterations()
         est = Estimate(
             iteration_time_s=it,
-            pipeline_time_s=per_plan["t"][k],
-            bubble_time_s=per_plan["bubble"][k],
-            bubble_fraction=per_plan["bubble"][k] / it,
-            tp_comm_fraction=min(1.0, per_plan["tp"][k] / p / it),
-            p2p_time_s=per_plan["p2p"][k],
-            dp_exposed_time_s=per_plan["dp"][k],
-            optimizer_time_s=per_plan["opt"][k],
+            pipeline_time_s=values["t"][k],
+            bubble_time_s=values["bubble"][k],
+            bubble_fraction=values["bubble"][k] / it,
+            tp_comm_fraction=min(1.0, values["tp"][k] / p / it),
+            p2p_time_s=values["p2p"][k],
+            dp_exposed_time_s=values["dp"][k],
+            optimizer_time_s=values["opt"][k],
             tokens_per_s=tokens[k] / it,
-            mfu=per_plan["mf"][k] / (it * pf),
-            hfu=per_plan["hf"][k] / (it * pf),
-            memory_bytes_per_gpu=peak,
+            mfu=values["mf"][k] / (it * pf),
+            hfu=values["hf"][k] / (it * pf),
+            memory_bytes_per_gpu=peak_memory,
             fits=bool(fits_all[k]),
             stages=stages_out,
             usd_per_hour=usd,

@@ -26,6 +26,13 @@ all-gather under torchao's FSDP2 float8 all-gather (1/dp of the weights; not cha
   cast-transpose reads the bf16 tensor (2 B) and writes the FP8 tensor and its transpose (1 + 1 B): Hopper's FP8
   tensor cores take only the "TN" layout, so the backward GEMMs need the transposed copies
   (TE ``transformer_engine/common/transpose/cast_transpose.cu``; TE docs, FP8 primer). 4 B per element.
+* ``current`` (TE ``Float8CurrentScaling``: Megatron-Core ``--fp8-recipe tensorwise``, TE >= 2.2,
+  ``megatron/core/fp8_utils.py`` ``get_fp8_recipe``; Megatron-Bridge / NeMo's ``fp8_cs`` recipes, the "FP8-CS"
+  of their performance tables; ``Job.fp8_recipe = "current"``): the scale comes from the tensor being cast, so
+  TE's quantizer runs an amax kernel over it before the cast-transpose (``Float8CurrentScalingQuantizer``,
+  ``transformer_engine/pytorch/csrc/quantizer.cpp``: ``nvte_compute_amax``, the optional amax all-reduce,
+  ``nvte_compute_scale_from_amax``, then ``nvte_quantize``): one more 2-byte read, 6 B per element. The
+  amax all-reduce of a sequence-parallel input (one fp32 per cast, latency only) is not charged.
 * ``tensorwise`` (torchao float8's default dynamic tensor-wise scaling, ``framework = "fsdp"``): the scale needs
   the amax of the tensor being cast, a read (2 B) before the cast's read and 1-byte write: 5 B per element
   (torchao ``float8/float8_scaling_utils.py`` ``hp_tensor_to_float8_dynamic``: amax, then scale and cast). Beyond
@@ -84,11 +91,12 @@ import numpy as np
 from hetplan.hardware.catalog import Architecture, GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
+from hetplan.estimate.arrays import Array
 
 #: The job dtype of FP8 training (:attr:`hetplan.plan.Job.dtype`).
 FP8 = "fp8"
 #: Scaling recipes (module doc) and the bytes each moves per element it quantizes.
-CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 5.0, "mxfp8": 4.0 + 2.0 / 32.0}
+CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "current": 6.0, "tensorwise": 5.0, "mxfp8": 4.0 + 2.0 / 32.0}
 #: torchao tensor-wise backward, bytes per element (module doc): the transposed output gradient fused with its cast
 #: (a second 1-byte write); a separate transposed copy of an FP8 tensor (read + write).
 TRANSPOSED_WRITE_BYTES = 1.0
@@ -111,12 +119,15 @@ def high_precision(dtype: str) -> str:
     return "bf16" if is_fp8(dtype) else dtype
 
 
-def recipe(gpu: GPUSpec, framework: str) -> str:
+def recipe(gpu: GPUSpec, framework: str, requested: str | None = None) -> str:
     """The scaling recipe the framework runs on ``gpu``: torchao's dynamic ``tensorwise`` under ``fsdp``
-    (torchtitan's default float8 recipe); under Transformer Engine (megatron, deepspeed) ``mxfp8`` on Blackwell
-    (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise (Megatron-Core's default)."""
+    (torchtitan's default float8 recipe); under Transformer Engine (megatron, deepspeed) the job's
+    ``requested`` one (:attr:`hetplan.plan.Job.fp8_recipe`: ``delayed`` or ``current``), else ``mxfp8`` on
+    Blackwell (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise (Megatron-Core's default)."""
     if framework == "fsdp":
         return "tensorwise"
+    if requested is not None:
+        return requested
     return "mxfp8" if gpu.family is Architecture.BLACKWELL else "delayed"
 
 
@@ -128,7 +139,8 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str) -> float:
     return gpu.compute_efficiency
 
 
-def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes, t=1, sequence_parallel=False, column_parallel=None):
+def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array, t: Array = 1, sequence_parallel: Array = False,
+                      column_parallel: Array = None):
     """``(forward_s, backward_s)`` of the FP8 quantization of one layer, one micro-batch: the inputs ``M·K`` of its
     linear GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, :func:`hetplan.estimate.moe.linear_gemm_shapes`) in
     forward, their output gradients ``M·N`` in backward, :data:`CAST_BYTES_PER_ELEMENT` each, at the HBM bandwidth
@@ -142,7 +154,8 @@ def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes, t=1, sequence_para
     return fwd * per, bwd * per
 
 
-def tensorwise_cast_time_s(gpu: GPUSpec, shapes, t=1, sequence_parallel=False, column_parallel=None):
+def tensorwise_cast_time_s(gpu: GPUSpec, shapes: Array, t: Array = 1, sequence_parallel: Array = False,
+                           column_parallel: Array = None):
     """``(forward_s, backward_s)``: torchao float8 tensor-wise scaling of one layer's linear GEMMs ``shapes``
     (``[(M, N, K, batch), ...]``) for one micro-batch, compiled (module doc, Casts). Per GEMM, bytes per element of
     its input ``M·K``, output gradient ``M·N`` and weight ``N·K`` (:data:`CAST_BYTES_PER_ELEMENT` ``c`` = 5):
@@ -172,7 +185,7 @@ def tensorwise_cast_time_s(gpu: GPUSpec, shapes, t=1, sequence_parallel=False, c
     return fwd / gpu.hbm_bandwidth_bytes_per_s, bwd / gpu.hbm_bandwidth_bytes_per_s
 
 
-def weight_cast_time_s(linear_parameters, gpu: GPUSpec, recipe_name: str, framework: str):
+def weight_cast_time_s(linear_parameters: Array, gpu: GPUSpec, recipe_name: str, framework: str):
     """Quantization of the weights once per iteration under Transformer Engine (module doc); 0 under torchao
     (``fsdp``: the shard is cast before the all-gather)."""
     if framework == "fsdp":
@@ -180,7 +193,7 @@ def weight_cast_time_s(linear_parameters, gpu: GPUSpec, recipe_name: str, framew
     return np.asarray(linear_parameters, dtype=float) * CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
 
 
-def weight_copy_bytes(linear_parameters, recipe_name: str, framework: str):
+def weight_copy_bytes(linear_parameters: Array, recipe_name: str, framework: str):
     """Bytes the FP8 weights add to the bf16 weights' (module doc, Memory): the MXFP8 scales under ``megatron``
     (FP8 parameters replace the bf16 ones), :data:`WEIGHT_COPY_BYTES` (+ MXFP8 scales) per linear parameter under
     ``deepspeed`` (TE's cached copies), 0 under ``fsdp``."""
@@ -195,7 +208,7 @@ def gathered_weight_bytes(dtype: str, framework: str) -> int:
     return OPERAND_BYTES if is_fp8(dtype) and framework in ("megatron", "fsdp") else 2
 
 
-def mixed_gathered_weight_bytes(fp8_bytes, linear_parameters, parameters):
+def mixed_gathered_weight_bytes(fp8_bytes: Array, linear_parameters: Array, parameters: Array):
     """Mean bytes per parameter of a stage's data-parallel parameter all-gather when only its layers' linear
     weights (``linear_parameters`` of its ``parameters`` per GPU) gather in FP8 (``fp8_bytes`` each) and the rest
     in bf16 (2 B): the word embedding and the output layer. torchao converts only ``nn.Linear`` modules to
@@ -209,7 +222,8 @@ def mixed_gathered_weight_bytes(fp8_bytes, linear_parameters, parameters):
     return (fp8_bytes * lin + 2.0 * (p - lin)) / p
 
 
-def saved_activation_savings_bytes(m: ModelSpec, b, s, t, sequence_parallel, framework: str):
+def saved_activation_savings_bytes(m: ModelSpec, b: Array, s: Array, t: Array, sequence_parallel: Array,
+                                   framework: str):
     """Bytes of one layer's saved activations (per GPU, one micro-batch) that Transformer Engine keeps in FP8
     instead of bf16 — one byte per element of the linear-layer inputs among the tensors that
     :func:`hetplan.model.counts.layer_activation_bytes` counts: the attention and MLP inputs after the norms

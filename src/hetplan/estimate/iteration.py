@@ -40,6 +40,7 @@ from hetplan.estimate.pipeline import pipeline_time_s
 from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.estimate.stage import Link, boundary_alpha_s, boundary_bandwidth_bytes_per_s, p2p_bytes
 from hetplan.model.spec import ModelSpec
+from hetplan.estimate.arrays import Array
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +63,11 @@ class IterationTime:
     fits: np.ndarray | None = None
 
 
-def assemble_iteration(forward_s, backward_s, dp_exposed_s, optimizer_s, p2p_total_s, num_microbatches, *,
-                       count=None, virtual_stages=1, simulated=None, memory_bytes=None,
-                       capacity_bytes=None, calls=1) -> IterationTime:
+def assemble_iteration(forward_s: Array, backward_s: Array, dp_exposed_s: Array, optimizer_s: Array,
+                       p2p_total_s: Array, num_microbatches: Array, *,
+                       count: Array = None, virtual_stages: Array = 1, simulated: Array = None,
+                       memory_bytes: Array = None,
+                       capacity_bytes: Array = None, calls: Array = 1) -> IterationTime:
     """Iteration time of pipelines from their stages' costs (module doc).
 
     Args:
@@ -109,7 +112,8 @@ def assemble_iteration(forward_s, backward_s, dp_exposed_s, optimizer_s, p2p_tot
     return IterationTime(t_pipe, bottleneck, bubble, 2 * p2p, dp_exposed, optimizer, iteration, peak, fits)
 
 
-def boundary_time_s(m: ModelSpec, seq_len, sender, receiver, sender_link: Link, receiver_link: Link, intra_node):
+def boundary_time_s(m: ModelSpec, seq_len: Array, sender: Array, receiver: Array, sender_link: Link,
+                    receiver_link: Link, intra_node: Array) -> Array:
     """One-way time of one micro-batch across pipeline boundaries (s; the activation forward, or its gradient
     backward), as every caller prices it.
 

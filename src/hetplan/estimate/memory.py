@@ -80,6 +80,7 @@ from hetplan.errors import HetplanError
 from hetplan.estimate import context, fp8, moe
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
+from hetplan.estimate.arrays import Array
 
 if TYPE_CHECKING:
     from hetplan.degrees import Degrees
@@ -162,8 +163,10 @@ FSDP_UNITS_IN_FLIGHT = 2
 FSDP_PIPELINE_GRAD_BYTES = {None: 4, "fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def pipeline_buffer_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, has_embedding, has_head, single_stage,
-                          in_flight, num_microbatches, virtual_stages=1, outputs="last"):
+def pipeline_buffer_bytes(m: ModelSpec, b: Array, s_local: Array, t: Array, sequence_parallel: Array,
+                          has_embedding: Array, has_head: Array, single_stage: Array,
+                          in_flight: Array, num_microbatches: Array, virtual_stages: Array = 1,
+                          outputs: Array = "last"):
     """Bytes a stage of PyTorch's pipeline schedules (``framework = "fsdp"``, pp > 1) holds beyond the layers'
     activations (``torch/distributed/pipelining/stage.py``); 0 on a single stage. ``num_microbatches``: those of
     one ``step()`` call.
@@ -203,8 +206,9 @@ RECOMPUTE_MODULES = ("layernorm", "moe_act")
 OFFLOAD_MODULES = ("expert_fc1", "moe_act")
 
 
-def module_activation_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, recompute_modules=(),
-                            offload_modules=(), fp8_inputs=False, moe_recompute=False):
+def module_activation_bytes(m: ModelSpec, b: Array, s_local: Array, t: Array, sequence_parallel: Array,
+                            recompute_modules: Array = (),
+                            offload_modules: Array = (), fp8_inputs: Array = False, moe_recompute: Array = False):
     """``(discarded, offloaded)`` bytes of one layer's saved activations, per GPU and micro-batch (the mean over
     the model's layers), under Megatron-Core's per-module options:
 
@@ -254,7 +258,7 @@ def module_activation_bytes(m: ModelSpec, b, s_local, t, sequence_parallel, reco
     return discarded, offloaded
 
 
-def sdpa_kv_bytes(m: ModelSpec, b, s_local, t, expanded=False):
+def sdpa_kv_bytes(m: ModelSpec, b: Array, s_local: Array, t: Array, expanded: Array = False):
     """Bytes of the K and V one attention call takes, per GPU (``s_local`` tokens, heads split over TP): the
     grouped ``2·s·b·(g·d_qk + g·d_v)/t``, or with ``expanded`` the query heads' ``2·s·b·(a·d_qk + a·d_v)/t``:
     torchtitan's Llama repeats the K/V heads to every query head before calling SDPA
@@ -265,7 +269,7 @@ def sdpa_kv_bytes(m: ModelSpec, b, s_local, t, expanded=False):
     return 2 * s_local * b * width / np.asarray(t, dtype=float)
 
 
-def dtensor_gathered_input_bytes(m: ModelSpec, b, s_local, t, sequence_parallel):
+def dtensor_gathered_input_bytes(m: ModelSpec, b: Array, s_local: Array, t: Array, sequence_parallel: Array):
     """Extra bytes one layer without checkpointing saves under PyTorch's tensor parallelism with sequence
     parallelism (``framework = "fsdp"``), against Megatron's: torchtitan's layer plan
     (``torchtitan/parallelisms/parallelize_llama.py``, ``apply_tp``) hands the sequence-sharded norm outputs to
@@ -280,7 +284,8 @@ def dtensor_gathered_input_bytes(m: ModelSpec, b, s_local, t, sequence_parallel)
     return np.where(np.asarray(sequence_parallel), 2 * 2 * s_local * b * m.hidden_size * (1 - 1 / t), 0.0)
 
 
-def op_sac_activation_bytes(m: ModelSpec, b, s, t, sequence_parallel=False, attention="flash"):
+def op_sac_activation_bytes(m: ModelSpec, b: Array, s: Array, t: Array, sequence_parallel: Array = False,
+                            attention: str = "flash"):
     """Bytes one dense layer keeps under torchtitan's per-op selective checkpointing (``_apply_op_sac``,
     :func:`hetplan.estimate.compute.op_sac_recompute_s`): the block's input (the checkpoint's argument, ``2sbh``,
     split over TP ranks with sequence parallelism), the outputs of the odd-numbered matmuls
@@ -305,21 +310,21 @@ def op_sac_activation_bytes(m: ModelSpec, b, s, t, sequence_parallel=False, atte
     return block_input + saved + attn + scatter
 
 
-def stage_parameters(m: ModelSpec, num_layers, has_embedding, has_head, single_stage):
+def stage_parameters(m: ModelSpec, num_layers: Array, has_embedding: Array, has_head: Array, single_stage: Array):
     """Parameters held by one pipeline stage (before TP/ZeRO sharding).
 
     With tied embeddings and more than one stage, the last stage keeps its own copy of the embedding matrix for
     the head (Megatron-LM's ``word_embeddings`` on the last stage), so it is counted on both.
     """
-    p = num_layers * counts.layer_parameters(m)
+    p: Any = num_layers * counts.layer_parameters(m)
     p = p + np.where(has_embedding, counts.embedding_parameters(m), 0)
-    head = counts.head_parameters(m)
+    head: Any = counts.head_parameters(m)
     if m.tied_embeddings:
         head = np.where(single_stage, head, head + m.vocab_size * m.hidden_size)
     return p + np.where(has_head, head, 0)
 
 
-def layer_parameters_per_gpu(m: ModelSpec, t, ep=1, etp=1):
+def layer_parameters_per_gpu(m: ModelSpec, t: Array, ep: Array = 1, etp: Array = 1):
     """Parameters of one layer (mean over the model's layers) on one GPU: the non-expert part split over TP, the
     routed experts over EP x expert-TP."""
     return counts.layer_parameters(m) / t - counts.layer_expert_parameters(m) * (1 / t - 1 / (np.asarray(ep) * etp))
@@ -421,7 +426,8 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
     layer_params = layer_parameters_per_gpu(m, t, ep, etp)
     dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
 
-    def split(per_parameter, dense_shard, expert_shard):  # bytes: dense over dp·cp, experts over expert-DP
+    def split(per_parameter: Array, dense_shard: Array, expert_shard: Array) -> Array:
+        """Bytes: the dense parameters over dp·cp, the experts over expert-DP."""
         return dense * per_parameter / dense_shard + expert * per_parameter / expert_shard
 
     if framework == "fsdp":
@@ -447,7 +453,7 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
     else:
         zero = np.asarray(zero)
 
-        def level(k, n):
+        def level(k: Array, n: Array):
             return np.where(zero >= k, n, 1)
 
         grad16 = framework == "megatron" and grad_reduce_dtype in ("bf16", "fp16")
@@ -468,7 +474,7 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
 
     s_all = s  # the whole sequence (``s`` becomes this GPU's share below)
 
-    def act(mode, kind=attention):
+    def act(mode: str, kind: str = attention):
         moe_recompute_here = np.asarray(moe_recompute) & (rc != 2)
         out = np.where(
             sp,
@@ -540,11 +546,11 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         # backward pass: the sum, as measured on the traces; plus the 16-bit grads; or the optimizer step.
         # ZeRO-1/2: the 16-bit grads are ``grads`` already, and the step makes one fp32 copy of the owned
         # gradient partition (stage_1_and_2.py ``single_grad_partition``): 4 B per owned parameter.
-        ds_zero = np.asarray(zero) >= 1
-        grad16 = np.where(ds_zero, 0.0, DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES)
-        train = backward + logits + grad16
-        step_bytes = np.where(ds_zero, MAIN_GRAD_COPY_BYTES, DEEPSPEED_STEP_BYTES)
-        step = grad16 + step_bytes * optim / OPTIMIZER_BYTES - activations  # activations freed
+        zero_12 = np.asarray(zero) >= 1
+        grad16_bytes = np.where(zero_12, 0.0, DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES)
+        train = backward + logits + grad16_bytes
+        step_bytes = np.where(zero_12, MAIN_GRAD_COPY_BYTES, DEEPSPEED_STEP_BYTES)
+        step = grad16_bytes + step_bytes * optim / OPTIMIZER_BYTES - activations  # activations freed
         transient = np.maximum(train, step)
     else:
         # Megatron-LM's last stage outputs the loss: the logits and the cross-entropy's saved fp32 softmax (the

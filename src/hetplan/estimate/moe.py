@@ -50,15 +50,17 @@ All functions broadcast over numpy arrays. Seconds, bytes, bytes/s.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 from hetplan.estimate import compute, fp8
 from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY,
                                    group_collective_time_s)
-from hetplan.hardware.catalog import Architecture
+from hetplan.hardware.catalog import Architecture, GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
+from hetplan.estimate.arrays import Array
 
 #: Tokens the busiest expert-parallel rank receives, relative to perfect balance, for plans of real training:
 #: the expert capacity factor 1.25 of Switch Transformer (Fedus et al. JMLR 2022, Sec. 2.2 and Table 1), the most
@@ -90,7 +92,7 @@ DISPATCH_BYTES = 2
 MOE_EXTRA_KERNELS = 17
 
 
-def extra_kernels(m: ModelSpec, ep, framework="megatron"):
+def extra_kernels(m: ModelSpec, ep: Array, framework: str = "megatron"):
     """Kernels one layer's forward launches beyond a dense layer's (mean over the model's layers; counted in the
     host floor of :func:`hetplan.estimate.compute.layer_time_s`): :data:`MOE_EXTRA_KERNELS` plus the expert GEMM
     launches — Megatron-Core's ``TEGroupedMLP`` runs Transformer Engine's ``GroupedLinear``, which issues one
@@ -103,34 +105,6 @@ def extra_kernels(m: ModelSpec, ep, framework="megatron"):
     gemms = 2.0 if framework == "fsdp" else 2.0 * m.num_experts / np.asarray(ep, dtype=float)
     shared = 3.0 if m.shared_expert_ffn_hidden_size else 0.0
     return (MOE_EXTRA_KERNELS + gemms + shared) * m.num_moe_layers / m.num_layers
-
-
-#: Kernels of a MoE layer's forward before its dispatcher's host synchronisation (Megatron-Core ``MoELayer``: the
-#: router's 5 and the load-balancing loss's 6 of :data:`MOE_EXTRA_KERNELS`, and the dispatcher's token counting
-#: and their device-to-host copy, 2); the rest of the layer is launched after it.
-MOE_PRE_SYNC_KERNELS = 13
-
-
-def host_sync_split(m: ModelSpec, gpu, dtype: str, b, s, t, ep, etp=1, imbalance=1.0, framework="megatron"):
-    """``(gpu_s, kernels)`` of one layer's forward after its MoE token dispatcher waits on the host for the token
-    counts (mean over the model's layers, as :func:`extra_kernels`), or None where nothing waits.
-
-    Megatron-Core's ``MoEAlltoAllTokenDispatcher`` copies the tokens per expert to the host and synchronises at
-    ``cuda_sync_point`` — ``before_ep_alltoall`` with EP or TP > 1 (the all-to-all's split sizes), else
-    ``before_finish`` (Transformer Engine's grouped GEMM takes its splits as a host list) —
-    (``megatron/core/transformer/moe/token_dispatcher.py``, Megatron-LM 2026-08-22); DeepEP's normal dispatch returns
-    the received counts as a host list (``deep_ep/buffer.py``, ``num_recv_tokens_per_expert_list``), and torchtitan's
-    all-to-all takes ``input_splits.tolist()`` (``torchtitan/models/common/token_dispatcher.py``, 0.3.0) with EP
-    > 1; with EP 1 PyTorch's grouped GEMM reads its offsets on the GPU (no synchronisation). After it: the expert
-    GEMMs and activation (the MLP part of the layer's GPU time) and the kernels of the layer's MoE part beyond
-    :data:`MOE_PRE_SYNC_KERNELS`, with the dense MLP's 3 they replace."""
-    if not m.is_moe:
-        return None
-    syncs = np.asarray(ep) > 1 if framework == "fsdp" else np.ones_like(np.asarray(ep), dtype=bool)
-    share = m.num_moe_layers / m.num_layers
-    post_gpu = moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, imbalance, framework)  # mean over layers already
-    post_kernels = (extra_kernels(m, ep, framework) + (3.0 - MOE_PRE_SYNC_KERNELS) * share)
-    return np.where(syncs, post_gpu, 0.0), np.where(syncs, post_kernels, 0.0)
 
 
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
@@ -155,7 +129,7 @@ class MoEOptions:
     a2a_overlap: bool = False
 
 
-def distinct_destinations(m: ModelSpec, groups, routing="random"):
+def distinct_destinations(m: ModelSpec, groups: Array, routing: str = "random"):
     """Expected number of distinct groups a token's ``k`` routed experts fall into, when the ``E`` experts are
     split evenly into ``groups`` groups of consecutive experts (EP ranks, or the nodes holding them).
 
@@ -173,12 +147,76 @@ def distinct_destinations(m: ModelSpec, groups, routing="random"):
     return g * (1.0 - miss)
 
 
-def expert_tokens(m: ModelSpec, tokens_per_rank, ep, etp=1, imbalance=1.0):
+def _expected_max_standard_normal(n: Array):
+    """Expected largest of ``n`` independent standard normals, by Blom's approximation of normal order statistics
+    (Blom 1958, *Statistical Estimates and Transformed Beta-Variables*; ``E[X_(n:n)] ≈ Φ⁻¹((n - 0.375) /
+    (n + 0.25))``, within 1 % of the exact values for n = 2-1,000, e.g. 1.539 against 1.539 at n = 5, 3.258
+    against 3.241 at n = 1,000); 0 for ``n = 1``."""
+    inv = np.vectorize(lambda x: NormalDist().inv_cdf(x), otypes=[float])
+    n = np.maximum(np.asarray(n, dtype=float), 1.0)
+    return inv((n - 0.375) / (n + 0.25))
+
+
+def routing_imbalance(m: ModelSpec, tokens_per_rank: Array, ep: Array):
+    """Tokens the busiest of ``ep`` expert-parallel ranks receives, relative to perfect balance, when each of the
+    group's ``ep · T`` tokens picks ``k`` distinct experts of ``E`` uniformly at random (Megatron-Core's
+    ``--moe-router-force-load-balancing`` draws random router logits, ``moe_utils.py``
+    ``apply_random_logits``; a learned router at best): the copies rank ``r`` (``E / ep`` experts) receives from
+    one token are hypergeometric, mean ``k / ep`` and variance ``k (1/ep)(1 - 1/ep)(E - k)/(E - 1)``; summed over
+    the ``ep · T`` tokens, mean ``μ = k·T`` and ``σ² = k·T (1 - 1/ep)(E - k)/(E - 1)`` (normal by the central
+    limit theorem for ``k·T`` in the hundreds and more). The busiest rank takes about the expected largest of
+    ``ep`` such loads: ``1 + σ · z_ep / μ`` (:func:`_expected_max_standard_normal`), 1 for ``ep = 1``. For
+    Qwen3-30B-A3B (E 128, k 8) at EP 16 and 4,096 tokens per rank: 1.0095. The multinomial spread is small
+    next to the skew of learned routers (the fixed :data:`DEFAULT_LOAD_IMBALANCE` of real training)."""
+    e, k = float(m.num_experts), float(m.experts_per_token)
+    ep = np.asarray(ep, dtype=float)
+    mu = k * np.maximum(np.asarray(tokens_per_rank, dtype=float), 1.0)
+    var = mu * (1.0 - 1.0 / ep) * (e - k) / max(e - 1.0, 1.0)
+    return 1.0 + np.sqrt(var) * _expected_max_standard_normal(ep) / mu
+
+
+#: Passes over the ``k·T·h`` routed-token tensor (2-byte elements, read or written once each) that Megatron-Core's
+#: all-to-all dispatcher makes per MoE layer and pass beyond the write of the permuted tokens (counted with the
+#: layer's activations, :func:`hetplan.model.counts.moe_mlp_activation_bytes`) and the GEMMs' own reads and writes
+#: (``megatron/core/transformer/moe/token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher`` and ``moe_utils.py``):
+#: the expert outputs read by ``unpermute`` (which weights them by the router probabilities and sums each token's
+#: ``k`` copies, writing ``T·h``), and, with more than one local expert, ``sort_chunks_by_idxs`` after the
+#: dispatch all-to-all (regroup the received chunks from source-rank order to local-expert order: read and write)
+#: and its inverse before the combine (read and write): 1 + 4. The ``T·h`` token tensor is read once by
+#: ``permute`` and written once by ``unpermute`` (:data:`PERMUTE_TOKEN_PASSES`). Counted for the fused kernels
+#: (``--moe-permute-fusion``, Transformer Engine ``moe_permute`` / ``moe_unpermute`` /
+#: ``moe_sort_chunks_by_index``: one read of each input, one write of each output); the unfused PyTorch path
+#: (``index_select``, ``scatter_add``, and a separate multiply by the probabilities) moves more. Backward runs
+#: each kernel's inverse on the gradients: the same bytes again.
+PERMUTE_COPY_PASSES = 1.0
+SORT_CHUNKS_PASSES = 4.0
+PERMUTE_TOKEN_PASSES = 2.0
+
+
+def permute_time_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array, ep: Array, etp: Array = 1,
+                   imbalance: Array = 1.0):
+    """Memory-bound time of one MoE layer's token permutation, sort and unpermutation in one pass (forward, and
+    the same again in backward), mean over the model's layers (:data:`PERMUTE_COPY_PASSES`,
+    :data:`SORT_CHUNKS_PASSES`, :data:`PERMUTE_TOKEN_PASSES`): the busiest rank's ``imbalance · k · T · etp``
+    routed copies (each expert-TP rank works on the copies all-gathered over its ``etp`` group) and its ``T =
+    b·s/t`` tokens, ``h`` elements of 2 bytes, at the HBM bandwidth. 0 for a dense model."""
+    if not m.is_moe:
+        return 0.0
+    tokens = np.asarray(b, dtype=float) * s / t
+    copies = imbalance * m.experts_per_token * tokens * np.asarray(etp, dtype=float)
+    local = m.num_experts / np.asarray(ep, dtype=float)
+    passes = PERMUTE_COPY_PASSES + np.where(local > 1, SORT_CHUNKS_PASSES, 0.0)
+    row = m.hidden_size * counts.BYTES_PER_ACTIVATION
+    moved = (passes * copies + PERMUTE_TOKEN_PASSES * tokens) * row
+    return moved / gpu.hbm_bandwidth_bytes_per_s * m.num_moe_layers / m.num_layers
+
+
+def expert_tokens(m: ModelSpec, tokens_per_rank: Array, ep: Array, etp: Array = 1, imbalance: Array = 1.0):
     """Tokens each local expert processes on the busiest rank: ``imbalance · k · T · ep · etp / E``."""
     return imbalance * m.experts_per_token * np.asarray(tokens_per_rank, dtype=float) * ep * etp / m.num_experts
 
 
-def grouped_gemm_row_efficiency(rows):
+def grouped_gemm_row_efficiency(rows: Array):
     """Useful fraction of the row tiles of one expert's GEMM: ``M / (⌈M / tile⌉ · tile)`` (module doc); 1 for
     ``M = 0``."""
     rows = np.asarray(rows, dtype=float)
@@ -186,7 +224,7 @@ def grouped_gemm_row_efficiency(rows):
     return np.where(rows > 0, rows / (tiles * GROUPED_GEMM_ROW_TILE), 1.0)
 
 
-def grouped_gemm_ceiling(gpu, dtype: str, framework: str = "megatron") -> float:
+def grouped_gemm_ceiling(gpu: GPUSpec, dtype: str, framework: str = "megatron") -> float:
     """``e_max`` of the routed experts' grouped GEMM: :data:`TORCH_GROUPED_MM_BLACKWELL` for PyTorch's grouped GEMM
     (``framework="fsdp"``: torchtitan) on a Blackwell GPU, else the dense GEMMs' (:func:`hetplan.estimate.fp8.gemm_ceiling`)."""
     if framework == "fsdp" and gpu.family is Architecture.BLACKWELL:
@@ -194,7 +232,7 @@ def grouped_gemm_ceiling(gpu, dtype: str, framework: str = "megatron") -> float:
     return fp8.gemm_ceiling(gpu, dtype)
 
 
-def moe_mlp_gemms(m: ModelSpec, b, s, t, ep, etp=1, imbalance=1.0):
+def moe_mlp_gemms(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array, etp: Array = 1, imbalance: Array = 1.0):
     """GEMMs of one MoE layer's MLP per rank, forward: ``[(M, N, K, batch, row_efficiency), ...]`` for the router
     ``(T, E, h)`` on the rank's ``T = b·s/t`` tokens, the grouped experts ``E/ep`` x (``M_e``, ``2f_e/etp``, h) and
     (``M_e``, h, ``f_e/etp``) (one ``f_e`` for a non-gated MLP), and the shared experts as a TP-split dense MLP
@@ -212,7 +250,7 @@ def moe_mlp_gemms(m: ModelSpec, b, s, t, ep, etp=1, imbalance=1.0):
     return out
 
 
-def mla_gemms(m: ModelSpec, b, s, t):
+def mla_gemms(m: ModelSpec, b: Array, s: Array, t: Array):
     """Forward GEMMs of one MLA block per TP rank (DeepSeek-V2 Sec. 2.1; Megatron-Core ``MLASelfAttention``):
     ``(linear, core)``, each a list of ``(M, N, K, batch)``. Linear: the Q and KV down-projections on all
     ``T = b·s`` tokens, replicated on every TP rank; the up-projections column-parallel (``N/t``); the output
@@ -229,14 +267,16 @@ def mla_gemms(m: ModelSpec, b, s, t):
     return linear, core
 
 
-def ep_ranks_per_node(ep, stride, gpus_per_node):
+def ep_ranks_per_node(ep: Array, stride: Array, gpus_per_node: Array):
     """EP ranks that share a node: ``min(ep, max(1, G // stride))``."""
     g = np.asarray(gpus_per_node, dtype=float)
     return np.minimum(np.asarray(ep, dtype=float), np.maximum(1.0, np.floor(g / np.asarray(stride, dtype=float))))
 
 
-def alltoall_time_s(message_bytes, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
-                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=ALPHA_INTRA_NODE_S):
+def alltoall_time_s(message_bytes: Array, ep: Array, stride: Array, gpus_per_node: Array,
+                    intra_bandwidth_bytes_per_s: Array,
+                    inter_bandwidth_bytes_per_s: Array, inter_alpha_s: Array = ALPHA_INTER_NODE_S,
+                    intra_alpha_s: Array = ALPHA_INTRA_NODE_S):
     """One all-to-all in which each of ``ep`` ranks (``stride`` GPUs apart) sends ``message_bytes`` in total,
     ``1/ep`` of it to each rank (itself included). Of its ``ep`` peers ``k = min(ep, max(1, G // stride))`` share
     its node: ``(k-1)/ep`` of the bytes go over NVLink, ``(ep-k)/ep`` through the node's NICs at ``1/G`` of their
@@ -251,8 +291,10 @@ def alltoall_time_s(message_bytes, ep, stride, gpus_per_node, intra_bandwidth_by
                            intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s, intra_alpha_s)
 
 
-def exchange_time_s(intra_bytes, inter_bytes, ep, ranks_per_node, gpus_per_node, intra_bandwidth_bytes_per_s,
-                    inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, intra_alpha_s=ALPHA_INTRA_NODE_S):
+def exchange_time_s(intra_bytes: Array, inter_bytes: Array, ep: Array, ranks_per_node: Array, gpus_per_node: Array,
+                    intra_bandwidth_bytes_per_s: Array,
+                    inter_bandwidth_bytes_per_s: Array, inter_alpha_s: Array = ALPHA_INTER_NODE_S,
+                    intra_alpha_s: Array = ALPHA_INTRA_NODE_S):
     """An all-to-all that moves ``intra_bytes`` over NVLink and ``inter_bytes`` through the node's NICs (at
     ``1/G`` of their bandwidth per GPU) concurrently: the slower part + one latency (``inter_alpha_s`` when the
     group spans nodes, else ``intra_alpha_s``: the stage link's, :class:`hetplan.estimate.stagework.Link`); 0 for
@@ -265,7 +307,8 @@ def exchange_time_s(intra_bytes, inter_bytes, ep, ranks_per_node, gpus_per_node,
     return np.where(ep > 1, np.maximum(intra, inter) + alpha, 0.0)
 
 
-def deepep_traffic_bytes(m: ModelSpec, tokens, ep, stride, gpus_per_node, routing="random"):
+def deepep_traffic_bytes(m: ModelSpec, tokens: Array, ep: Array, stride: Array, gpus_per_node: Array,
+                         routing: str = "random"):
     """``(nvlink_bytes, nic_bytes)`` one rank sends in one DeepEP dispatch of ``tokens`` tokens (``h`` elements
     of :data:`DISPATCH_BYTES` each; module doc): through the NICs one copy per distinct *remote* node of a token
     (the destination node is any of the ``n`` nodes of the EP group alike, so ``(n-1)/n`` of the distinct nodes
@@ -279,15 +322,17 @@ def deepep_traffic_bytes(m: ModelSpec, tokens, ep, stride, gpus_per_node, routin
     return token * distinct_destinations(m, ep, routing) * (1.0 - 1.0 / r), token * remote
 
 
-def dispatch_bytes(m: ModelSpec, b, s, t, imbalance=1.0):
+def dispatch_bytes(m: ModelSpec, b: Array, s: Array, t: Array, imbalance: Array = 1.0):
     """Bytes one rank sends (and receives, on the busiest rank ``imbalance`` times) in one dispatch or combine:
     ``k`` copies of each of its ``b·s/t`` tokens, ``h`` elements of :data:`DISPATCH_BYTES`."""
     return imbalance * m.experts_per_token * np.asarray(b, dtype=float) * s / t * m.hidden_size * DISPATCH_BYTES
 
 
-def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_bandwidth_bytes_per_s,
-                        inter_bandwidth_bytes_per_s, inter_alpha_s=ALPHA_INTER_NODE_S, imbalance=1.0,
-                        dispatch: MoEOptions = MoEOptions(), etp=1, intra_alpha_s=ALPHA_INTRA_NODE_S):
+def moe_alltoall_time_s(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array, stride: Array, gpus_per_node: Array,
+                        intra_bandwidth_bytes_per_s: Array,
+                        inter_bandwidth_bytes_per_s: Array, inter_alpha_s: Array = ALPHA_INTER_NODE_S,
+                        imbalance: Array = 1.0,
+                        dispatch: MoEOptions = MoEOptions(), etp: Array = 1, intra_alpha_s: Array = ALPHA_INTRA_NODE_S):
     """Dispatch + combine of one MoE layer's forward (backward: the same again), mean over the model's layers
     (dense layers have none), with ``dispatch``'s dispatcher and routing (module doc; the busiest rank moves
     ``imbalance`` times the balanced bytes). Not overlapped with compute (Megatron-LM's default; its 1F1B
@@ -313,7 +358,7 @@ def moe_alltoall_time_s(m: ModelSpec, b, s, t, ep, stride, gpus_per_node, intra_
     return 2 * one * m.num_moe_layers / m.num_layers
 
 
-def exposed_alltoall_s(alltoall_s, forward_s, backward_s, contention):
+def exposed_alltoall_s(alltoall_s: Array, forward_s: Array, backward_s: Array, contention: Array):
     """Exposed part of one pass's dispatch + combine ``alltoall_s`` (:func:`moe_alltoall_time_s`) when the
     all-to-alls of one micro-batch overlap the other's compute: Megatron-Core's ``--overlap-moe-expert-parallel-comm``
     runs the forward of micro-batch ``i + 1`` and the backward of micro-batch ``i`` of the same layer together in
@@ -328,18 +373,19 @@ def exposed_alltoall_s(alltoall_s, forward_s, backward_s, contention):
     return np.maximum(a - 0.5 * (np.asarray(forward_s) + np.asarray(backward_s)), contention * a)
 
 
-def expert_parameters(m: ModelSpec, num_layers):
+def expert_parameters(m: ModelSpec, num_layers: Array):
     """Routed-expert parameters of ``num_layers`` layers (the mean per layer: :func:`counts.layer_expert_parameters`)."""
     return np.asarray(num_layers) * counts.layer_expert_parameters(m)
 
 
-def parameters_per_gpu(stage_parameters, expert_params, t, ep, etp=1):
+def parameters_per_gpu(stage_parameters: Array, expert_params: Array, t: Array, ep: Array, etp: Array = 1):
     """Parameters one GPU holds: the non-expert part split over TP, the experts over ``ep·etp``; returns
     ``(dense, expert)``."""
     return (stage_parameters - expert_params) / t, expert_params / (np.asarray(ep) * etp)
 
 
-def linear_gemm_shapes(m: ModelSpec, b, s, t, ep=1, imbalance=1.0, etp=1):
+def linear_gemm_shapes(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array = 1, imbalance: Array = 1.0,
+                       etp: Array = 1):
     """The linear GEMMs of one layer on one rank, forward, mean over the model's layers (what FP8 runs in FP8,
     :mod:`hetplan.estimate.fp8`): ``[(M, N, K, batch), ...]`` — the attention projections (MLA's or the standard
     ones), the dense MLP and the routed (unpadded rows) and shared experts weighted by the share of dense and MoE
@@ -355,7 +401,8 @@ def linear_gemm_shapes(m: ModelSpec, b, s, t, ep=1, imbalance=1.0, etp=1):
     return attn + [(M, N, K, n * w_dense) for M, N, K, n in dense] + experts
 
 
-def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0, framework="megatron"):
+def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, ep: Array = 1,
+                       etp: Array = 1, imbalance: Array = 1.0, framework: str = "megatron"):
     """``(linear_s, core_s)`` forward GEMM time of one layer (mean over the model's layers) of a MoE and/or MLA
     model on one rank, as :func:`hetplan.estimate.compute.layer_gemm_times_s` gives it for dense layers.
 
@@ -379,10 +426,32 @@ def layer_gemm_times_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imba
     return attn + ((m.num_layers - n_moe) * dense + n_moe * moe_s) / m.num_layers, core
 
 
-def moe_mlp_time_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalance=1.0, framework="megatron"):
+#: Streams Transformer Engine's grouped GEMM spreads its per-expert cuBLAS GEMMs over
+#: (``get_num_compute_streams``: ``static constexpr int num_compute_streams = 4``,
+#: ``transformer_engine/common/util/multi_stream.cpp``; ``multi_stream_cublas_gemm`` issues GEMM ``i`` on stream
+#: ``i % 4``, ``common/gemm/cublaslt_gemm.cpp``): at most 4 experts' GEMMs share the GPU at a time.
+TE_COMPUTE_STREAMS = 4
+
+
+def grouped_gemm_rows(rows: Array, groups: Array, framework: str = "megatron"):
+    """Rows of the routed experts' GEMMs that run at once, the ``M`` of their shape efficiency
+    (:func:`hetplan.estimate.compute.gemm_efficiency`, the one GEMM shape model): Megatron-Core's
+    ``TEGroupedMLP`` runs one cuBLAS GEMM per local expert, :data:`TE_COMPUTE_STREAMS` at a time, so ``rows`` (one
+    expert's padded rows) times ``min(groups, 4)``; PyTorch's ``torch._grouped_mm`` (``framework="fsdp"``:
+    torchtitan, NeMo AutoModel) is one kernel over every local expert's tiles: ``rows · groups``. Arrays
+    broadcast."""
+    rows, groups = np.asarray(rows, dtype=float), np.asarray(groups, dtype=float)
+    if framework == "fsdp":
+        return rows * groups
+    return rows * np.minimum(groups, TE_COMPUTE_STREAMS)
+
+
+def moe_mlp_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, ep: Array = 1,
+                   etp: Array = 1, imbalance: Array = 1.0, framework: str = "megatron"):
     """Forward GEMM time of the MoE MLPs (router, grouped experts, shared experts: :func:`moe_mlp_gemms`) on one
     rank, mean over the model's layers (dense layers count 0); what ``--recompute-modules moe`` runs again. The
-    routed experts' grouped GEMM runs at :func:`grouped_gemm_ceiling` of ``framework``'s kernel."""
+    routed experts' grouped GEMM runs at :func:`grouped_gemm_ceiling` of ``framework``'s kernel, its shape
+    efficiency on the rows that run at once (:func:`grouped_gemm_rows`)."""
     moe_s = 0.0
     for i, (M, N, K, groups, eff) in enumerate(moe_mlp_gemms(m, b, s, t, ep, etp, imbalance)):
         rows = M / eff  # padded rows per group
@@ -390,7 +459,7 @@ def moe_mlp_time_s(m: ModelSpec, gpu, dtype: str, b, s, t, ep=1, etp=1, imbalanc
         flops = 2.0 * groups * rows * N * K
         operand = fp8.OPERAND_BYTES if fp8.is_fp8(d) else compute.OPERAND_BYTES
         bytes_ = groups * (operand * (rows * K + K * N) + compute.OPERAND_BYTES * rows * N)
-        e = compute.gemm_efficiency(gpu, groups * rows, N, K, d)
+        e = compute.gemm_efficiency(gpu, grouped_gemm_rows(rows, groups, framework), N, K, d)
         if i in (1, 2):  # the routed experts' grouped GEMM
             e = e * grouped_gemm_ceiling(gpu, d, framework) / fp8.gemm_ceiling(gpu, d)
         moe_s = moe_s + np.maximum(flops / (gpu.peak_flops_per_s(d) * e), bytes_ / gpu.hbm_bandwidth_bytes_per_s)

@@ -17,6 +17,7 @@ Adding a cost option: docs/adding-options.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from hetplan.estimate.moe import MoEOptions
@@ -60,6 +61,7 @@ class TrainingOptions:
 
     # Job
     dtype: str = "bf16"
+    fp8_recipe: str | None = None
     attention: str = "flash"
     attention_kernel: str | None = None
     framework: str = "megatron"
@@ -100,11 +102,11 @@ class TrainingOptions:
     @property
     def moe(self) -> MoEOptions:
         """The MoE layer's options (:class:`hetplan.estimate.moe.MoEOptions`)."""
-        return MoEOptions(self.moe_dispatcher, self.moe_routing, self.moe_recompute, self.moe_a2a_overlap)
+        return _moe(self.moe_dispatcher, self.moe_routing, self.moe_recompute, self.moe_a2a_overlap)
 
     def stack_spec(self) -> StackSpec:
         """The software stack that runs the job (:meth:`hetplan.plan.Job.stack_spec`)."""
-        return resolve_stack(self.stack) if self.stack else default_stack(self.framework)
+        return _stack(self.stack, self.framework)
 
     @property
     def fsdp(self) -> bool:
@@ -112,10 +114,20 @@ class TrainingOptions:
         return self.framework == "fsdp"
 
 
-JOB_FIELDS = ("dtype", "attention", "attention_kernel", "framework", "torch_compile", "async_tp",
+JOB_FIELDS = ("dtype", "fp8_recipe", "attention", "attention_kernel", "framework", "torch_compile", "async_tp",
               "moe_load_imbalance", "moe_dispatcher", "moe_routing", "moe_recompute", "moe_a2a_overlap",
               "recompute_modules", "offload_modules", "cp_kv_exchange", "cp_load_balance", "stack")
 PLAN_FIELDS = tuple(f.name for f in fields(TrainingOptions) if f.name not in JOB_FIELDS)
+
+
+@lru_cache(maxsize=64)
+def _stack(stack: str | None, framework: str) -> StackSpec:
+    return resolve_stack(stack) if stack else default_stack(framework)
+
+
+@lru_cache(maxsize=64)
+def _moe(dispatcher: str, routing: str, recompute: bool, a2a_overlap: bool) -> MoEOptions:
+    return MoEOptions(dispatcher, routing, recompute, a2a_overlap)
 
 
 def _value(x: object) -> object:

@@ -24,9 +24,11 @@ Cost: O(K) per configuration, independent of the number of layers and micro-batc
 from __future__ import annotations
 
 import numpy as np
+from hetplan.estimate.arrays import Array
 
 
-def pipeline_time_s(stage_forward_s, stage_backward_s, count, p2p_total_s, num_microbatches, *, virtual_stages=1):
+def pipeline_time_s(stage_forward_s: Array, stage_backward_s: Array, count: Array, p2p_total_s: Array,
+                    num_microbatches: Array, *, virtual_stages: Array = 1):
     """Return ``(iteration_pipeline_time_s, bottleneck_stage_time_s, bubble_time_s)`` (arrays over configs).
 
     Args:

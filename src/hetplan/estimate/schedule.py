@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 import numpy as np
+from hetplan.estimate.arrays import Array
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -85,7 +86,7 @@ BLOCKING_P2P = False
 P2P_MODES = (False, True, "megatron", "deepspeed")
 
 
-def p2p_mode(blocking_p2p) -> str | bool:
+def p2p_mode(blocking_p2p: Array) -> str | bool:
     """Normalise a ``blocking_p2p`` value: ``False`` (asynchronous), ``"megatron"`` or ``"deepspeed"``.
 
     Raises:
@@ -155,10 +156,10 @@ def stage_order(schedule: str, p: int, i: int, m: int, v: int = 1) -> list[tuple
         raise ValueError(f"interleaved 1F1B needs the number of micro-batches ({m}) to be a multiple of pp ({p})")
     total = m * v
 
-    def fwd(k):
+    def fwd(k: Array):
         return ("F", (k // (p * v)) * p + k % p, (k // p) % v)
 
-    def bwd(k):
+    def bwd(k: Array):
         return ("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
 
     w = min((p - i - 1) * 2 + (v - 1) * p, total)
@@ -213,7 +214,7 @@ class Program:
         return (order, per_level, [np.concatenate([prev[a:b], dep[a:b]]) for a, b in per_level], new[list(self.last)])
 
 
-def blocking_applies(schedule: str, v: int = 1, blocking_p2p: bool = BLOCKING_P2P) -> bool:
+def blocking_applies(schedule: str, v: int = 1, blocking_p2p: bool | str = BLOCKING_P2P) -> bool:
     """Whether :func:`compile_schedule` models p2p as blocking rendezvous operations for this schedule: GPipe and
     1F1B (and interleaving with ``v = 1``); interleaved 1F1B with ``v > 1`` keeps the asynchronous model."""
     return bool(p2p_mode(blocking_p2p)) and (schedule in ("gpipe", "1f1b") or (schedule == "interleaved" and int(v) <= 1))
@@ -233,21 +234,21 @@ def stage_program_blocking(schedule: str, p: int, i: int, m: int) -> list[tuple]
     """
     first, last = i == 0, i == p - 1
 
-    def rf(j):
+    def rf(j: Array):
         return [] if first else [("a", i - 1, j)]
 
-    def sf(j):
+    def sf(j: Array):
         return [] if last else [("a", i, j)]
 
-    def rb(j):
+    def rb(j: Array):
         return [] if last else [("g", i, j)]
 
-    def sb(j):
+    def sb(j: Array):
         return [] if first else [("g", i - 1, j)]
 
     ops: list[tuple] = []
 
-    def comm(keys):
+    def comm(keys: Array):
         if keys:
             ops.append(("P", tuple(keys)))
 
@@ -282,7 +283,7 @@ def stage_program_deepspeed(p: int, i: int, m: int) -> list[tuple]:
     the previous step's micro-batch (to stage ``i+1``), each only for valid micro-batches and existing
     neighbours, then the step's compute. (The engine's ``ReduceTiedGrads`` / ``ReduceGrads`` / ``OptimizerStep``
     after the last step are the estimator's DP and optimizer terms.)"""
-    def valid(j):
+    def valid(j: Array):
         return 0 <= j < m
 
     ops: list[tuple] = []
@@ -331,7 +332,7 @@ def _compile_blocking(schedule: str, p: int, m: int, mode: str = "megatron") -> 
                 raise RuntimeError(f"p2p call {op} of stage {i} has partners {sorted(others)}")
             partner[(i, pos)] = others.pop()
 
-    def resolve(i, pos, op, index):
+    def resolve(i: Array, pos: Array, op: Array, index: Array):
         if op[0] != "P":
             kind, j, ch = op
             return -1, p, (i if kind == "F" else p + i), (kind, j, ch), (i, pos)
@@ -345,7 +346,7 @@ def _compile_blocking(schedule: str, p: int, m: int, mode: str = "megatron") -> 
     return _assemble(programs, resolve, f"schedule {schedule} with blocking p2p (p={p}, m={m})")
 
 
-def _assemble(programs: list[list], resolve, what: str) -> Program:
+def _assemble(programs: list[list], resolve: Array, what: str) -> Program:
     """The :class:`Program` of per-stage operation lists: each stage's operations are placed in their order, an
     operation once ``resolve(stage, position, op, index)`` finds what it waits for — it returns ``None`` (not yet)
     or ``(dep, comm_index, dur_index, entry, key)``, where ``index`` maps the keys of placed operations to their
@@ -411,7 +412,7 @@ def compile_schedule(schedule: str, p: int, m: int, v: int = 1, blocking_p2p: bo
 
 
 @lru_cache(maxsize=512)
-def _compile_schedule(schedule: str, p: int, m: int, v: int, mode) -> Program:
+def _compile_schedule(schedule: str, p: int, m: int, v: int, mode: str) -> Program:
     v = int(v) if schedule == "interleaved" else 1
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
@@ -420,7 +421,7 @@ def _compile_schedule(schedule: str, p: int, m: int, v: int, mode) -> Program:
     orders = [stage_order(schedule, p, i, m, v) for i in range(p)]
     no_comm, wrap = p, p - 1
 
-    def resolve(i, pos, op, index):
+    def resolve(i: Array, pos: Array, op: Array, index: Array):
         kind, j, ch = op
         if kind == "F":
             if i > 0:
@@ -448,7 +449,8 @@ def _check(p: int, backward_len: int, p2p_len: int) -> None:
 
 
 def simulate(
-    forward_s, backward_s, p2p_s, num_microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
+    forward_s: Array, backward_s: Array, p2p_s: Array, num_microbatches: int, schedule: str = "1f1b",
+    virtual_stages: int = 1,
     *, wrap_p2p_s: float | None = None, record: bool = False, blocking_p2p: bool | str = BLOCKING_P2P,
 ) -> ScheduleResult:
     """Simulate one iteration's pipeline (module doc).
@@ -489,8 +491,9 @@ def simulate(
 
 
 def simulate_many(
-    forward_s, backward_s, p2p_s, num_microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
-    *, wrap_p2p_s=None, blocking_p2p: bool | str = BLOCKING_P2P,
+    forward_s: Array, backward_s: Array, p2p_s: Array, num_microbatches: int, schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    *, wrap_p2p_s: Array = None, blocking_p2p: bool | str = BLOCKING_P2P,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`simulate` for N plans of the same shape at once, one numpy step per dependency level.
 

@@ -21,6 +21,7 @@ from hetplan.hardware.catalog import GPUSpec
 from hetplan.hardware.stacks import StackSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
+from hetplan.estimate.arrays import Array
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +171,8 @@ def stage_costs(
     overlap_grad_reduce = overlap_grad_reduce & stack_overlaps_grad_reduce(stack, single_stage, zero)
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
-    tp_kw: dict[str, Any] = dict(gpus_per_node=link.gpus_per_node, inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
+    tp_kw: dict[str, Any] = dict(gpus_per_node=link.gpus_per_node,
+    inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
                  inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
                  intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe,
                  cuda_graphs=cuda_graphs, op_sac=framework == "fsdp",
@@ -178,11 +180,13 @@ def stage_costs(
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
+        if m.is_moe and moe_options.routing == "random":  # the multinomial spread of random top-k routing
+            moe_load_imbalance = np.maximum(moe_load_imbalance, moe.routing_imbalance(m, b * s / t, ep))
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
                      extra_kernels=moe.extra_kernels(m, ep, framework),
-                     host_sync=moe.host_sync_split(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework))
+                     extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
     eager = framework == "fsdp" and not torch_compile
     loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
@@ -212,7 +216,8 @@ def stage_costs(
         lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
         layer_a2a = 2 * x
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
-            again = moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
+            again = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
+                     + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
             rerun = np.where(rc == Recompute.FULL, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(rc == Recompute.FULL, 0.0, a2a)
             layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
@@ -278,7 +283,7 @@ def stage_costs(
         weight_per = fp8.mixed_gathered_weight_bytes(
             weight_per, np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp), params)
 
-    def dp_collective(bytes_per_parameter, collective, units=1.0, group=None):
+    def dp_collective(bytes_per_parameter: Array, collective: str, units: Array = 1.0, group: Array = None):
         """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
         folded)."""
         n = dp_all if group is None else group
@@ -369,7 +374,7 @@ def stage_costs(
 
 def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:
     """The FP8 scaling recipe of a stage's GEMMs (:func:`hetplan.estimate.fp8.recipe`), None unless FP8."""
-    return fp8.recipe(gpu, options.framework) if fp8.is_fp8(options.dtype) else None
+    return fp8.recipe(gpu, options.framework, options.fp8_recipe) if fp8.is_fp8(options.dtype) else None
 
 
 def stage_memory(m: ModelSpec, hardware: StageHardware, degrees: Degrees, work: StageWork,
@@ -388,7 +393,7 @@ def stack_overlaps_grad_reduce(stack: StackSpec, single_stage: Any, zero: Any) -
     return table[np.asarray(single_stage, dtype=int), np.asarray(zero, dtype=int)]
 
 
-def exposed_behind_s(sync_s, window_s, bucket_share, contention):
+def exposed_behind_s(sync_s: Array, window_s: Array, bucket_share: Array, contention: Array):
     """Exposed time of a bucketed data-parallel collective of ``sync_s`` overlapped with ``window_s`` of compute:
     what exceeds the window, and at least its last bucket (``bucket_share`` of it, which starts when the window
     ends), plus the slowdown ``contention`` x the overlapped part of the compute it overlaps
@@ -401,7 +406,7 @@ def exposed_behind_s(sync_s, window_s, bucket_share, contention):
             + contention * np.minimum(sync_s * (1.0 - bucket_share), window_s))
 
 
-def pipeline_call_s(single_stage, virtual_stages, call_s):
+def pipeline_call_s(single_stage: Array, virtual_stages: Array, call_s: Array):
     """Per-micro-batch time a pipeline stage loses to the p2p calls of its extra model chunks, per direction (s):
     ``(v - 1) · call_s`` (:data:`hetplan.estimate.comm.P2P_CALL_S`); 0 for a single stage or plain 1F1B, whose one
     call per micro-batch and direction the calibrated constants already hold (docs/estimator.md, Validation)."""
@@ -409,8 +414,9 @@ def pipeline_call_s(single_stage, virtual_stages, call_s):
     return np.where(single_stage, 0.0, np.maximum(v - 1.0, 0.0) * call_s)
 
 
-def zero3_exposed_s(gather_s, reduce_scatter_s, forward_s, backward_s, num_layers, num_microbatches,
-                    overlap=True, reshard_after_forward=True, contention=0.0):
+def zero3_exposed_s(gather_s: Array, reduce_scatter_s: Array, forward_s: Array, backward_s: Array, num_layers: Array,
+                    num_microbatches: Array,
+                    overlap: Array = True, reshard_after_forward: Array = True, contention: Array = 0.0):
     """Exposed ZeRO-3 / FSDP communication per iteration (s) of a stage, from the time of one all-gather of the
     stage's parameters (``gather_s``), one reduce-scatter of its gradients (``reduce_scatter_s``, with HSDP's
     replica all-reduce) and one micro-batch's forward and backward compute of its layers (s). Arrays broadcast.
@@ -450,7 +456,8 @@ def zero3_exposed_s(gather_s, reduce_scatter_s, forward_s, backward_s, num_layer
 FSDP2_GRAD_ELEMENT_BYTES = 2  # the unsharded gradient autograd produces, in the bf16 param_dtype
 
 
-def fsdp2_copy_s(params_per_gpu, gpu: GPUSpec, gathered_bytes, reduce_bytes, reshard_after_forward=True):
+def fsdp2_copy_s(params_per_gpu: Array, gpu: GPUSpec, gathered_bytes: Array, reduce_bytes: Array,
+                 reshard_after_forward: Array = True):
     """Time of FSDP2's copies on the compute stream per micro-batch, ``(forward_s, backward_s)``, for a stage
     holding ``params_per_gpu`` parameters (unsharded over DP) on ``gpu``.
 
@@ -474,7 +481,7 @@ def fsdp2_copy_s(params_per_gpu, gpu: GPUSpec, gathered_bytes, reduce_bytes, res
     return gather, np.where(reshard_after_forward, gather, 0.0) + copy_in
 
 
-def compute_embedding_sync_s(m: ModelSpec, dtype: str, t, link: Link):
+def compute_embedding_sync_s(m: ModelSpec, dtype: str, t: Array, link: Link):
     """All-reduce of the ``V·h/t`` word-embedding gradient between the first and last pipeline stage (2 ranks,
     taken across nodes, NIC shared by the node's GPUs)."""
     nbytes = m.padded_vocab_size() * m.hidden_size / np.asarray(t) * grad_comm_bytes_per_parameter(dtype)
@@ -484,14 +491,14 @@ def compute_embedding_sync_s(m: ModelSpec, dtype: str, t, link: Link):
                                    intra_alpha_s=link.intra_node_alpha_s)
 
 
-def p2p_bytes(m: ModelSpec, b, s, t, sequence_parallel):
+def p2p_bytes(m: ModelSpec, b: Array, s: Array, t: Array, sequence_parallel: Array):
     """Bytes one rank sends to the next stage per micro-batch: the ``b·s·h`` boundary activation in 2 bytes,
     split over TP ranks by Megatron's scatter/gather optimisation (Narayanan et al. SC'21 Sec. 4.1) or by
     sequence parallelism."""
     return b * s * m.hidden_size * 2 / t
 
 
-def boundary_bandwidth_bytes_per_s(sender: Link, receiver: Link, sender_gpus, intra_node):
+def boundary_bandwidth_bytes_per_s(sender: Link, receiver: Link, sender_gpus: Array, intra_node: Array):
     """Per-rank bandwidth of a pipeline boundary: the intra-node link if both stages share a node, else the
     slower of the two nodes' NICs shared by the sender's GPUs in one node (``min(G, sender_gpus)`` of them)."""
     inter = np.minimum(sender.inter_node_bandwidth_bytes_per_s, receiver.inter_node_bandwidth_bytes_per_s)
@@ -499,7 +506,7 @@ def boundary_bandwidth_bytes_per_s(sender: Link, receiver: Link, sender_gpus, in
     return np.where(intra_node, sender.intra_node_bandwidth_bytes_per_s, inter / senders)
 
 
-def boundary_alpha_s(sender: Link, receiver: Link, intra_node):
+def boundary_alpha_s(sender: Link, receiver: Link, intra_node: Array):
     """Per-transfer latency of a pipeline boundary (s): :data:`~hetplan.estimate.comm.ALPHA_INTER_NODE_S` inside a
     node (:func:`~hetplan.estimate.comm.p2p_time_s`'s default), else the slower of the two nodes' networks."""
     return np.where(intra_node, ALPHA_INTER_NODE_S, np.maximum(sender.inter_node_alpha_s, receiver.inter_node_alpha_s))

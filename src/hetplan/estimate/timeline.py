@@ -11,9 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from hetplan.plan import Plan
+from hetplan.estimate.arrays import Array
 
 
-def timeline_data(plan: Plan, catalog=None, model=None, virtual_stages: int | None = None, profiles=None):
+def timeline_data(plan: Plan, catalog: Array = None, model: Array = None, virtual_stages: int | None = None,
+                  profiles: Array = None):
     """``(estimate, bars)``: ``bars`` is a list of ``(stage, kind, microbatch, chunk, start_s, end_s)`` with
     kind ``"F"``, ``"B"``, ``"DP"`` or ``"OPT"`` (seconds from the iteration start)."""
     from hetplan.estimate.estimator import estimate_detailed
@@ -29,8 +31,9 @@ def timeline_data(plan: Plan, catalog=None, model=None, virtual_stages: int | No
     return est, bars
 
 
-def draw_timeline(plan: Plan, path: str | Path, *, catalog=None, model=None, virtual_stages: int | None = None,
-                  profiles=None, label_microbatches: bool | None = None) -> Path:
+def draw_timeline(plan: Plan, path: str | Path, *, catalog: Array = None, model: Array = None,
+                  virtual_stages: int | None = None,
+                  profiles: Array = None, label_microbatches: bool | None = None) -> Path:
     """Draw the iteration timeline of ``plan`` to ``path`` (PNG/SVG/PDF by extension) and return the path.
 
     Args:

@@ -141,11 +141,13 @@ class GPUSpec(BaseModel):
     form_factor: str
     memory_bytes: int = bounded(2**44, "from 1 GiB (T4, the smallest in the catalog, has 15) to 16 TiB (60x the "
                                 "largest GPU memory, B300: 288 GB)", ge=2**30)
-    hbm_bandwidth_bytes_per_s: float = bounded(1e14, "from 10 GB/s (T4 has 320) to 100 TB/s (12x B200's 8 TB/s)",
-                                               ge=1e10)
-    dense_flops_per_s: Mapping[str, Annotated[float, bounded(1e17, "from 1 TFLOP/s (below any tensor-core GPU: "
-                                                             "T4's fp32 is 8.1) to 100 PFLOP/s dense (20x B200's "
-                                                             "fp8 rate)", ge=1e12, allow_inf_nan=False)]]
+    hbm_bandwidth_bytes_per_s: float = bounded(1e14, "from 1 GB/s (the host memory `hetplan verify` measures for "
+                                               "its CPU device copies faster; T4 has 320) to 100 TB/s (12x B200's 8 "
+                                               "TB/s)", ge=1e9)
+    dense_flops_per_s: Mapping[str, Annotated[float, bounded(1e17, "from 1 GFLOP/s (one CPU core's fp32 rate, the "
+                                                             "host device of `hetplan verify`; T4's fp32 is 8.1 "
+                                                             "TFLOP/s) to 100 PFLOP/s dense (20x B200's fp8 rate)",
+                                                             ge=1e9, allow_inf_nan=False)]]
     gpu_link: str
     gpu_link_bandwidth_bytes_per_s: float = bounded(1e13, "10 TB/s is 5x NVLink 5's 1.8 TB/s", gt=0)
     host_link: str

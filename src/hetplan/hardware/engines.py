@@ -60,7 +60,7 @@ DecodePath = Literal["cuda_graphs", "compiled", "eager"]
 _FIELDS_WITH_SOURCES = ("decode_path", "prefill_graphs", "cuda_graph_batch_sizes", "attention", "kv_block_tokens",
                         "memory_budget", "gpu_memory_utilization", "max_num_seqs", "chunked_prefill",
                         "max_num_batched_tokens", "non_torch_memory_gib", "step_overhead_s", "hbm_efficiency", "weight_dtypes",
-                        "fp8_compute", "gqa_decode_kv_shared", "tp_allreduce")
+                        "fp8_compute", "gqa_decode_kv_shared", "tp_allreduce", "kv_watermark")
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -116,6 +116,9 @@ class EngineSpec(BaseModel):
             tree) or ``custom`` (a one-shot / two-shot all-reduce over NVLink peer memory inside the step, vLLM's
             ``custom_all_reduce``; :func:`hetplan.estimate.comm.allreduce_time_s` ``algorithm="custom"``) or
             ``auto`` (the faster of the custom kernel and NCCL by message size, TensorRT-LLM's AUTO strategy).
+        kv_watermark: fraction of the KV blocks kept free when a sequence is admitted (vLLM V0's block manager:
+            1 %, so a running batch's next decode blocks are not taken by a new prompt); 0: admitted while the free
+            blocks cover it.
         sources: ``{field: source}``.
     """
 
@@ -144,6 +147,7 @@ class EngineSpec(BaseModel):
     fp8_compute: tuple[str, ...] = ()
     gqa_decode_kv_shared: bool = True
     tp_allreduce: Literal["nccl", "custom", "auto"] = "nccl"
+    kv_watermark: float = Field(default=0.0, ge=0, lt=1)
     sources: Mapping[str, str]
 
     @property

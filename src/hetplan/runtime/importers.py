@@ -212,8 +212,12 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     dispatcher = a.get("moe_token_dispatcher_type", "alltoall")
     if dispatcher == "flex":
         dispatcher = a.get("moe_flex_dispatcher_backend", "deepep")
+    # --fp8-recipe tensorwise is TE's Float8CurrentScaling (megatron/core/fp8_utils.py); delayed / mxfp8 are the
+    # recipes the estimate picks by GPU generation when none is named
+    fp8_recipe = "current" if dtype == "fp8" and a.get("fp8_recipe") == "tensorwise" else None
     job = Job(model=model or spec.name, seq_len=int(a["seq_length"]), global_batch=int(a["global_batch_size"]),
-              train_iterations=int(a.get("train_iters", 1)), dtype=dtype, attention=attention, framework="megatron",
+              train_iterations=int(a.get("train_iters", 1)), dtype=dtype, fp8_recipe=fp8_recipe, attention=attention,
+              framework="megatron",
               moe_dispatcher=dispatcher if dispatcher in ("alltoall", "deepep", "hybridep") else "alltoall",
               moe_a2a_overlap="overlap_moe_expert_parallel_comm" in a, moe_recompute=moe_recompute,
               recompute_modules=modules, offload_modules=list(a.get("offload_modules", [])))
@@ -450,7 +454,8 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
         raise
     except ValidationError as e:  # a value the plan schema refuses (e.g. a zero batch in a hand-written launch)
         err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
+        # a whole-plan rule (batch divisibility) has no location: the field is then the launch files
+        where = ".".join(str(x) for x in err["loc"]) or "FILES"
         raise HetplanError(f"the launch gives a plan the schema refuses: {where}: {err['msg']}", field=where,
                            fix="correct that value in the launch") from None
     except (KeyError, ValueError, TypeError, SyntaxError, StopIteration, ZeroDivisionError, IndexError,

@@ -1,7 +1,8 @@
 """Launch a serving plan on real engines: one vLLM or SGLang launch command per replica, and a router config.
 
 ``hetplan capacity WORKLOAD.toml --export vllm|sglang --out-dir D`` turns the cheapest mix into replicas (each
-model's replicas on their own GPUs, Mélange's setting); ``hetplan simulate WORKLOAD.toml --export ...`` turns the
+model's replicas on their own GPUs, Mélange's setting, and the groups of models that share GPUs, with the
+engines' weight swapping below); ``hetplan simulate WORKLOAD.toml --export ...`` turns the
 shared cluster of a Computron-style workload into one engine instance per model on the same GPUs, with the
 engines' form of weight swapping switched on: vLLM's ``--enable-sleep-mode`` (an instance put to sleep offloads
 its weights to host memory and drops its KV cache, and wakes up on demand) and SGLang's ``--enable-memory-saver``
@@ -16,7 +17,9 @@ model (``hf_model``)            ``serve MODEL``                  ``--model-path`
 served name                     ``--served-model-name``          ``--served-model-name``
 TP, PP                          ``--tensor-parallel-size``,      ``--tp-size``, ``--pp-size``
                                 ``--pipeline-parallel-size``
-``scheduler.max_batch_size``    ``--max-num-seqs``               ``--max-running-requests``
+max running sequences           ``--max-num-seqs``               ``--max-running-requests``
+  (``max_batch_size``, else
+  the engine's default)
 ``scheduler.kv_cache_len``      ``--max-model-len``              ``--context-length``
 ``cluster.memory_fraction``     ``--gpu-memory-utilization``     ``--mem-fraction-static``
   (a shared GPU: the model's
@@ -39,9 +42,16 @@ plan.
 The router is a LiteLLM proxy config (``router.yaml``; https://docs.litellm.ai/docs/proxy/configs): every
 replica is one deployment of its model name at ``http://HOST:PORT/v1`` (an OpenAI-compatible server, which both
 engines start), with ``rpm`` = 60 x the rate the replica sustains in the plan, so LiteLLM's default
-``simple-shuffle`` routing spreads a model's requests over its replicas in proportion to their capacity. Hosts
-are written as 127.0.0.1 (``--host``): replicas on several machines need their addresses there. GPUs are not
-pinned (``CUDA_VISIBLE_DEVICES``): the scripts do not know the machines' layout.
+``simple-shuffle`` routing spreads a model's requests over its replicas in proportion to their capacity.
+
+**Placement** (:func:`place_replicas`): the replicas of each GPU type are packed first-fit, in plan order, onto
+machines of ``gpus_per_host`` GPUs (``--gpus-per-host``, default 8, an HGX/DGX board), a replica never split
+over machines (one engine instance is one process group on one machine here); each script exports
+``CUDA_VISIBLE_DEVICES`` with its replica's GPUs on its machine. Instances sharing GPUs (sleep mode) all get
+the same GPUs of one machine. Machine k's address is the k-th ``--host``; without ``--host`` a plan on one
+machine is written for 127.0.0.1 and a plan on several for placeholders ``machine-K`` (to be resolved, e.g. in
+``/etc/hosts``, or replaced). An instance on a non-loopback address binds ``--host 0.0.0.0`` (SGLang binds
+127.0.0.1 by default, so a router elsewhere could not reach it).
 
 This module does not import torch.
 """
@@ -88,6 +98,10 @@ class Replica:
         block_tokens: KV block size; max_batched_tokens, chunked_prefill: the per-step token budget.
         sleep: several models share these GPUs (sleep mode / memory saver).
         rate_per_s: requests per second the replica sustains in the plan (0: not planned for a rate).
+        argv: its launch command (:func:`engine_args`).
+        machine, host, devices: the machine it runs on (number and address) and its GPUs there
+            (:func:`place_replicas`; ``CUDA_VISIBLE_DEVICES``).
+        group: with ``sleep``, the shared replica group: instances of one group run on the same GPUs.
     """
 
     name: str
@@ -108,6 +122,10 @@ class Replica:
     sleep: bool = False
     rate_per_s: float = 0.0
     argv: list[str] = field(default_factory=list)
+    machine: int = 0
+    host: str = "127.0.0.1"
+    devices: list[int] = field(default_factory=list)
+    group: int = 0
 
 
 def _model_path(entry) -> str:
@@ -119,7 +137,9 @@ def _model_path(entry) -> str:
 
 def replicas_from_capacity(wf, out: dict, base_port: int = 8000) -> list[Replica]:
     """The replicas of a :func:`hetplan.serve.capacity.plan_capacity` result, one per (model, configuration,
-    replica), ports from ``base_port`` up."""
+    replica), then one instance per model of each shared group (sleep mode / memory saver on, each allowed its
+    simulated footprint's share of the GPU memory, planned for its model's whole load), ports from ``base_port``
+    up."""
     s, c = wf.scheduler, wf.cluster
     entries = {m.name: m for m in wf.models}
     reps: list[Replica] = []
@@ -127,9 +147,17 @@ def replicas_from_capacity(wf, out: dict, base_port: int = 8000) -> list[Replica
         for j in range(row["replicas"]):
             e = entries[row["model"]]
             reps.append(Replica(e.name, _model_path(e), row["gpu"], row["tp"], row["pp"], j, base_port + len(reps),
-                                s.max_batch_size, s.kv_cache_len, c.memory_fraction, c.dtype, row.get("weights"),
+                                row.get("max_num_seqs", s.max_batch_size), s.kv_cache_len, c.memory_fraction, c.dtype, row.get("weights"),
                                 row["kv_block_tokens"] or 16, row["max_batched_tokens"], row["chunked_prefill"],
                                 False, float(row["rate_per_s"])))
+    for g, row in enumerate(out.get("shared", [])):  # models sharing one replica group by swapping
+        for name in row["models"]:
+            e = entries[name]
+            share = min(c.memory_fraction, row["footprint_bytes"][name] / row["gpu_memory_bytes"])
+            reps.append(Replica(e.name, _model_path(e), row["gpu"], row["tp"], row["pp"], 0, base_port + len(reps),
+                                row["max_num_seqs"], s.kv_cache_len, round(share, 4), c.dtype, row.get("weights"),
+                                row["kv_block_tokens"] or 16, row["max_batched_tokens"], row["chunked_prefill"],
+                                True, float(out["load_per_s"][name]), group=g))
     return reps
 
 
@@ -138,18 +166,66 @@ def replicas_from_cluster(wf, footprint_bytes: dict[str, int], gpu_memory_bytes:
     """One instance per model on the shared cluster of a workload file (``cluster.gpu`` x TP x PP), each allowed
     the share of the GPU memory its weights and KV pool take in the simulation (``footprint_bytes`` per worker),
     with sleep mode / memory saver on when there are several models."""
-    from hetplan.serve.capacity import cluster_stack, kv_settings
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.serve.capacity import cluster_stack, kv_settings, max_running
 
-    kv = kv_settings(wf, cluster_stack(wf))
+    stack = cluster_stack(wf)
+    kv = kv_settings(wf, stack)
+    seqs = max_running(wf, stack, load_catalog().get(wf.cluster.gpu, field="cluster.gpu") if wf.cluster.gpu else None)
     s, c = wf.scheduler, wf.cluster
     shared = len(wf.models) > 1
     reps = []
     for i, e in enumerate(wf.models):
         share = min(c.memory_fraction, footprint_bytes[e.name] / gpu_memory_bytes) if shared else c.memory_fraction
-        reps.append(Replica(e.name, _model_path(e), c.gpu or "", c.tp, c.pp, 0, base_port + i, s.max_batch_size,
+        reps.append(Replica(e.name, _model_path(e), c.gpu or "", c.tp, c.pp, 0, base_port + i, seqs,
                             s.kv_cache_len, round(share, 4), c.dtype, c.quantization, kv.block_tokens or 16,
                             kv.max_batched_tokens, kv.chunked_prefill, shared))
     return reps
+
+
+def place_replicas(replicas: Sequence[Replica], gpus_per_host: int = 8,
+                   hosts: Sequence[str] | None = None) -> int:
+    """Give every replica its machine, address and GPUs (module docstring); returns the number of machines.
+
+    Raises:
+        HetplanError: a replica wider than a machine (``--gpus-per-host``), fewer ``--host`` addresses than
+            machines, a bad ``gpus_per_host``.
+    """
+    if gpus_per_host < 1:
+        raise HetplanError(f"gpus_per_host = {gpus_per_host}", field="--gpus-per-host", fix="give 1 or more")
+    machines: list[tuple[str, int]] = []  # (GPU type, GPUs used)
+    shared: dict[int, int] = {}  # shared group -> the machine its sleep-mode instances share
+    for r in replicas:
+        n = r.tp * r.pp
+        if n > gpus_per_host:
+            raise HetplanError(f"replica {r.index} of {r.name} needs {n} GPUs ({r.gpu}, TP {r.tp} x PP {r.pp}), "
+                               f"more than a machine of {gpus_per_host}", field="--gpus-per-host",
+                               fix=f"give --gpus-per-host {n} or more, or plan with max_gpus <= {gpus_per_host}")
+        if r.sleep and r.group in shared:
+            r.machine = shared[r.group]
+            r.devices = list(range(n))
+            continue
+        k = next((i for i, (g, used) in enumerate(machines)
+                  if g == r.gpu and used + n <= gpus_per_host and not r.sleep), None)
+        if k is None:
+            machines.append((r.gpu, 0))
+            k = len(machines) - 1
+        used = machines[k][1]
+        r.machine, r.devices = k, list(range(used, used + n))
+        machines[k] = (r.gpu, used + n)
+        if r.sleep:
+            shared[r.group] = k
+    if hosts and len(hosts) < len(machines):
+        raise HetplanError(f"the plan runs on {len(machines)} machines but --host gives {len(hosts)} addresses",
+                           field="--host", fix=f"give {len(machines)} comma-separated addresses, in machine order "
+                                               "(or none: placeholders machine-0, machine-1, ...)")
+    for r in replicas:
+        r.host = (hosts[r.machine] if hosts else "127.0.0.1" if len(machines) == 1 else f"machine-{r.machine}")
+    return len(machines)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 def engine_args(engine: str, r: Replica) -> list[str]:
@@ -187,6 +263,8 @@ def engine_args(engine: str, r: Replica) -> list[str]:
             argv += ["--enable-chunked-prefill"]
         if r.sleep:
             argv += ["--enable-sleep-mode"]
+        if not _loopback(r.host):
+            argv += ["--host", "0.0.0.0"]
         return argv
     argv = ["python", "-m", "sglang.launch_server", "--model-path", r.model, "--served-model-name", r.name,
             "--tp-size", str(r.tp), "--pp-size", str(r.pp), "--max-running-requests", str(r.max_num_seqs),
@@ -199,6 +277,8 @@ def engine_args(engine: str, r: Replica) -> list[str]:
                  "--chunked-prefill-size", str(r.max_batched_tokens if r.chunked_prefill else -1)]
     if r.sleep:
         argv += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
+    if not _loopback(r.host):
+        argv += ["--host", "0.0.0.0"]
     return argv
 
 
@@ -220,6 +300,7 @@ def _parser(engine: str) -> argparse.ArgumentParser:
         p.add_argument("--max-num-batched-tokens", type=int)
         p.add_argument("--enable-chunked-prefill", action="store_true")
         p.add_argument("--enable-sleep-mode", action="store_true")
+        p.add_argument("--host")
     else:
         p.add_argument("--model-path", "--model")
         p.add_argument("--served-model-name")
@@ -236,6 +317,7 @@ def _parser(engine: str) -> argparse.ArgumentParser:
         p.add_argument("--chunked-prefill-size", type=int)
         p.add_argument("--enable-memory-saver", action="store_true")
         p.add_argument("--enable-weights-cpu-backup", action="store_true")
+        p.add_argument("--host")
     return p
 
 
@@ -260,15 +342,16 @@ def _yaml_str(x) -> str:
     return json.dumps(x)  # a JSON string is a YAML flow scalar
 
 
-def router_config(replicas: Sequence[Replica], host: str = "127.0.0.1") -> str:
-    """LiteLLM proxy ``config.yaml`` text mapping each model name to its replicas (module docstring)."""
+def router_config(replicas: Sequence[Replica]) -> str:
+    """LiteLLM proxy ``config.yaml`` text mapping each model name to its replicas at their hosts (module
+    docstring)."""
     lines = ["# LiteLLM proxy config written by hetplan: `litellm --config router.yaml`",
              "# one deployment per engine replica; rpm = 60 x the requests/s it sustains in the plan", "model_list:"]
     for r in replicas:
         lines += [f"  - model_name: {_yaml_str(r.name)}",
                   "    litellm_params:",
                   f"      model: {_yaml_str('openai/' + r.name)}",
-                  f"      api_base: {_yaml_str(f'http://{host}:{r.port}/v1')}",
+                  f"      api_base: {_yaml_str(f'http://{r.host}:{r.port}/v1')}",
                   '      api_key: "none"']
         if r.rate_per_s > 0:
             lines.append(f"      rpm: {max(1, int(r.rate_per_s * 60))}")
@@ -276,14 +359,17 @@ def router_config(replicas: Sequence[Replica], host: str = "127.0.0.1") -> str:
     return "\n".join(lines)
 
 
-def write_export(engine: str, replicas: Sequence[Replica], out_dir: str | Path, *, host: str = "127.0.0.1",
-                 source: str = "") -> list[Path]:
-    """Write ``replica-NNN-MODEL.sh`` per replica, ``replicas.json`` (every replica with its argv) and
-    ``router.yaml`` into ``out_dir`` (created); returns the paths written.
+def write_export(engine: str, replicas: Sequence[Replica], out_dir: str | Path, *,
+                 hosts: Sequence[str] | None = None, gpus_per_host: int = 8, source: str = "") -> list[Path]:
+    """Place the replicas (:func:`place_replicas`), then write ``replica-NNN-MODEL.sh`` per replica (its
+    ``CUDA_VISIBLE_DEVICES`` and launch command), ``replicas.json`` (every replica with its machine, GPUs and
+    argv) and ``router.yaml`` into ``out_dir`` (created); returns the paths written.
 
     Raises:
-        HetplanError: ``out_dir`` is a file or cannot be created; as :func:`engine_args`.
+        HetplanError: ``out_dir`` is a file or cannot be created; as :func:`place_replicas` and
+            :func:`engine_args`.
     """
+    place_replicas(replicas, gpus_per_host, hosts)
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise HetplanError(f"{d} is a file, not a folder", field="--out-dir", fix="give a folder path")
@@ -299,12 +385,14 @@ def write_export(engine: str, replicas: Sequence[Replica], out_dir: str | Path, 
         head = (f"#!/bin/sh\n# hetplan {source}: model {r.name}, replica {r.index}, {r.gpu} x {r.tp * r.pp} "
                 f"(TP {r.tp} x PP {r.pp})" + (f", planned for {r.rate_per_s:.3g} requests/s" if r.rate_per_s else "")
                 + ("; shares its GPUs with other models (sleep mode)" if r.sleep else "")
+                + f"\n# run on machine {r.machine} ({r.host}), its GPUs {','.join(map(str, r.devices))}"
                 + f"\n# flags checked against {CHECKED_AGAINST[engine]}\n")
-        p.write_text(head + "exec " + shlex.join(r.argv) + ' "$@"\n')
+        p.write_text(head + f"export CUDA_VISIBLE_DEVICES={','.join(map(str, r.devices))}\n"
+                     + "exec " + shlex.join(r.argv) + ' "$@"\n')
         p.chmod(0o755)
         written.append(p)
     manifest = {"engine": engine, "checked_against": CHECKED_AGAINST[engine], "source": source,
                 "replicas": [asdict(r) for r in replicas]}
     (d / "replicas.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    (d / "router.yaml").write_text(router_config(replicas, host))
+    (d / "router.yaml").write_text(router_config(replicas))
     return written + [d / "replicas.json", d / "router.yaml"]

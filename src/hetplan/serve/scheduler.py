@@ -26,7 +26,10 @@ memory budget, not a guessed slot count, decides how many sequences run. When a 
 the most recently joined running sequence is **preempted by recompute** (vLLM's default ``preemption_mode``,
 Sec. 4.5): its blocks are freed and it goes back to the head of the queue, to be prefilled again over its prompt
 and the tokens it had generated (which it keeps). No new request joins in an iteration that preempted one (vLLM
-V0's scheduler does the same). Without ``kv_blocks`` every sequence reserves a whole slot (``max_batch_size``
+V0's scheduler does the same). With ``kv_watermark`` w a sequence joins only while ``free blocks - its blocks >=
+int(w · pool blocks)`` (vLLM V0's block manager, ``watermark`` = 0.01: vllm/core/block_manager_v1.py
+``can_allocate``), so a new prompt does not take the blocks the running batch's next decodes need; decode growth
+is not held back. Without ``kv_blocks`` every sequence reserves a whole slot (``max_batch_size``
 slots of the longest sequence), the engine's CPU layout.
 
 **Chunked prefill** (Agrawal et al., "Sarathi-Serve", OSDI'24, Sec. 4; vLLM ``--enable-chunked-prefill``): an
@@ -128,6 +131,7 @@ class Scheduler:
         max_batched_tokens: tokens one iteration processes at most (``None``: no bound).
         chunked_prefill: split prompts over iterations to fit ``max_batched_tokens``.
         max_seq_tokens: the longest sequence a request may reach (prompt + new tokens); every pool must hold one.
+        kv_watermark: fraction of each pool kept free when a sequence joins (module docstring; 0: none).
 
     Raises:
         HetplanError: a model larger than the capacity, a KV pool smaller than one longest sequence, or bad sizes.
@@ -138,7 +142,7 @@ class Scheduler:
                  max_batch_size: int = 8, max_queue_len: int = 1024, batching: str = "continuous",
                  kv_blocks: dict[str, int] | None = None, block_tokens: int = 16,
                  max_batched_tokens: int | None = None, chunked_prefill: bool = False,
-                 max_seq_tokens: int | None = None):
+                 max_seq_tokens: int | None = None, kv_watermark: float = 0.0):
         if batching not in BATCHING:
             raise HetplanError(f"unknown batching {batching!r}", field="scheduler.batching",
                                fix=f"use one of {', '.join(BATCHING)}")
@@ -154,13 +158,18 @@ class Scheduler:
         if block_tokens < 1 or (max_batched_tokens is not None and max_batched_tokens < 1):
             raise HetplanError("block_tokens and max_batched_tokens must be >= 1", field="scheduler.kv_block_tokens",
                                fix="give 1 or more")
+        if not 0.0 <= kv_watermark < 1.0:
+            raise HetplanError(f"kv_watermark = {kv_watermark} is not a fraction of the pool", field="kv_watermark",
+                               fix="give 0 <= kv_watermark < 1 (vLLM V0: 0.01)")
+        self.watermark_blocks = {n: int(kv_watermark * nb) for n, nb in (kv_blocks or {}).items()}
         if kv_blocks is not None and max_seq_tokens is not None:
             need = -(-max_seq_tokens // block_tokens)
             for name, nb in kv_blocks.items():
-                if nb < need:
+                if nb - self.watermark_blocks[name] < need:
                     raise HetplanError(
                         f"the KV cache of model {name} holds {nb:,} blocks of {block_tokens} tokens "
-                        f"({nb * block_tokens:,} tokens), fewer than one longest sequence of {max_seq_tokens:,} tokens",
+                        f"({nb * block_tokens:,} tokens; {self.watermark_blocks[name]:,} kept free at admission), "
+                        f"fewer than one longest sequence of {max_seq_tokens:,} tokens",
                         field="scheduler.kv_cache_len",
                         fix="lower kv_cache_len (max_model_len), give the model more memory or more TP x PP workers")
         if (max_batched_tokens is not None and not chunked_prefill and max_seq_tokens is not None
@@ -339,6 +348,9 @@ class Scheduler:
             n = seq.target if not self.chunked_prefill else int(min(seq.target, budget))
             if n > budget and act.chunks:  # a whole prompt beyond what is left waits for an iteration of its own
                 return
+            if (self.kv_blocks is not None
+                    and self._blocks(n) - seq.blocks > self.free_blocks[m.name] - self.watermark_blocks[m.name]):
+                return  # the watermark (module docstring)
             if not self._grow(m.name, seq, n):
                 return
             self.seqs[r.id] = seq

@@ -109,7 +109,7 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
              max_queue_len: int = 1024, preload: Sequence[str] = (), duration_s: float | None = None,
              batching: str = "continuous", block_tokens: int = 16, max_batched_tokens: int | None = None,
              chunked_prefill: bool = False, max_seq_tokens: int | None = None,
-             miss_limit: tuple[dict[str, SLO], int] | None = None) -> SimResult:
+             miss_limit: tuple[dict[str, SLO], int] | None = None, kv_watermark: float = 0.0) -> SimResult:
     """Run the workload ``requests`` through the modelled cluster.
 
     Args:
@@ -120,7 +120,7 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
         swap_cost: swap time function (see :func:`swap_cost_fn`).
         max_batch_size, max_queue_len: scheduler bounds.
         batching: ``"continuous"`` or ``"static"`` (:mod:`hetplan.serve.scheduler`).
-        block_tokens, max_batched_tokens, chunked_prefill, max_seq_tokens: paged KV cache and chunked prefill
+        block_tokens, max_batched_tokens, chunked_prefill, max_seq_tokens, kv_watermark: paged KV cache and chunked prefill
             (:class:`hetplan.serve.scheduler.Scheduler`); paging is on for the models with ``kv_blocks``.
         miss_limit: ``(slos, n)``: stop as soon as more than ``n`` requests finished outside their SLOs (or were
             refused); the result is then marked ``aborted`` (a capacity probe that has already failed).
@@ -139,7 +139,7 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
                       max_batch_size=max_batch_size, max_queue_len=max_queue_len, batching=batching,
                       kv_blocks={m.name: int(m.kv_blocks or 0) for m in models} if paged else None,
                       block_tokens=block_tokens, max_batched_tokens=max_batched_tokens,
-                      chunked_prefill=chunked_prefill, max_seq_tokens=max_seq_tokens)
+                      chunked_prefill=chunked_prefill, max_seq_tokens=max_seq_tokens, kv_watermark=kv_watermark)
     sched.preload(preload)
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.id))
     records = {r.id: Record(r.id, r.model, r.arrival_s, None, prompt_tokens=r.prompt_len) for r in reqs}

@@ -139,6 +139,14 @@ def row_dtype(r: dict) -> str:
     return "fp8" if ("fp8" in d or "float8" in d) else "bf16"
 
 
+def row_fp8_recipe(r: dict) -> str | None:
+    """``current`` where the row's dtype names Transformer Engine's current scaling (Megatron-Bridge / NeMo
+    "FP8-CS", their ``fp8_cs`` recipes: ``Float8CurrentScaling``, :attr:`hetplan.plan.Job.fp8_recipe`), else None
+    (the framework's default recipe)."""
+    d = re.sub(r"[-_ ]", "", r["dtype"].lower())
+    return "current" if re.search(r"fp8cs\b|currentscaling", d) else None
+
+
 #: Plan settings of every row unless its :class:`Layout` says otherwise: the distributed optimizer (ZeRO-1) of
 #: Megatron-Core and NeMo, the 1F1B schedule and the overlapped gradient reduction every source's engine runs.
 PLAN_DEFAULTS = {"zero": 1, "schedule": "1f1b", "overlap_grad_reduce": True}

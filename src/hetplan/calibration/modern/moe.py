@@ -1,12 +1,15 @@
 """MoE training (set ``moe_h100``): NeMo AutoModel (``nemo_automodel_h100_bf16.csv``: PyTorch FSDP2 + EP, step
 time) and the Megatron MoE ModelZoo (``megatron_moe_modelzoo_qwen3.csv``: Qwen3 with Megatron-Core, step time or
-TFLOP/s). The recipe facts the tables leave out are in ``run_facts.toml`` ``[automodel]`` and ``[modelzoo]``."""
+TFLOP/s) and Megatron-Bridge's performance summaries (``megatron_bridge_moe_h100.csv``: GPT-OSS 120B, Qwen3-30B-A3B
+and Qwen3-235B-A22B on DGX-H100, NeMo containers 26.02-26.06, Megatron-Core with forced-balance dropless routing;
+tokens/s per GPU as step time). The recipe facts the tables leave out are in ``run_facts.toml`` ``[automodel]`` and
+``[modelzoo]``, and for the Megatron-Bridge rows in each row's notes (its H100 recipe file)."""
 
 from __future__ import annotations
 
 import re
 
-from hetplan.calibration.modern.mapping import Layout, collect, expert_tp_of, row_case
+from hetplan.calibration.modern.mapping import Layout, collect, expert_tp_of, row_case, row_fp8_recipe
 from hetplan.calibration.modern.rows import NotExpressibleError, cell_float, cell_int, fact_table, read_rows, run_facts
 from hetplan.calibration.modern.sets import FILES
 from hetplan.hardware.catalog import Catalog, load_catalog
@@ -62,21 +65,37 @@ def _dispatcher(r: dict) -> str:
     return "hybridep" if "hybridep" in text else "deepep" if "deepep" in text else "alltoall"
 
 
+#: Release rows whose same layout (model, GPUs, precision, batch and parallel layout) a later patch release of the
+#: same source re-measured at 1.5 times the throughput or more: a regression of that release's software, which no
+#: term of the estimator describes. Megatron-Bridge 26.02's Qwen3-30B-A3B (5,113 tokens/s per GPU against 26.02.01's
+#: 9,058 on the same PP 2 x VP 12 x EP 8 layout; ``docs/performance-summary-archive.md``).
+REGRESSED_RELEASE_ROWS = {("Qwen3 MoE 30B-A3B", "26.02 NeMo Container")}
+
+
+def _regressed(r: dict) -> bool:
+    return any(m == r["model"] and f"({rel}," in r["source"] for m, rel in REGRESSED_RELEASE_ROWS)
+
+
 def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
     key = f"moe_h100:{src}:{i}:{r['model'][:24]}:n{r['num_gpus']}:s{r['seq_len']}:tp{r['tp']}ep{r['ep']}"
 
     def make():
+        if _regressed(r):
+            raise NotExpressibleError("a release regression: the next patch release of the same source measured "
+                                      "the same layout at 1.77x the throughput (REGRESSED_RELEASE_ROWS)")
         if "lora" in r["model"].lower():
             raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
         tp, pp, cp = (cell_int(r, k, 1) for k in ("tp", "pp", "cp"))
         ep = cell_int(r, "ep") or AUTOMODEL_EP.get(r["model"], 1)
         recompute, moe_recompute = _moe_recompute(r["recompute"])
-        modules, offload = _recompute_modules(r) if src == "modelzoo" else ((), ())
+        modules, offload = _recompute_modules(r) if src in ("modelzoo", "bridge") else ((), ())
         n = cell_int(r, "num_gpus")
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
         mbs = cell_int(r, "micro_batch", 1)
         gbs = cell_int(r, "global_batch")
         job = dict(seq_len=cell_int(r, "seq_len"), global_batch=gbs, framework="fsdp" if fsdp else "megatron")
+        if (recipe := row_fp8_recipe(r)) is not None:
+            job["fp8_recipe"] = recipe
         if src == "automodel" or "forced" in r["notes"].lower():  # balanced routing forced by the benchmark
             job["moe_load_imbalance"] = 1.0
         if ep > 1:
@@ -100,9 +119,11 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
 
 
 def moe_cases(catalog: Catalog | None = None):
-    """NeMo AutoModel (FSDP2 + EP; step time) and the Megatron MoE ModelZoo (Qwen3; step time or TFLOP/s)."""
+    """NeMo AutoModel (FSDP2 + EP; step time), the Megatron MoE ModelZoo (Qwen3; step time or TFLOP/s) and
+    Megatron-Bridge's DGX-H100 MoE rows (step time)."""
     catalog = catalog or load_catalog()
-    auto, zoo = FILES["moe_h100"]
+    auto, zoo, bridge = FILES["moe_h100"]
     items = [_moe_row_case(i, r, "automodel", catalog) for i, r in enumerate(read_rows(auto))]
     items += [_moe_row_case(i, r, "modelzoo", catalog) for i, r in enumerate(read_rows(zoo))]
+    items += [_moe_row_case(i, r, "bridge", catalog) for i, r in enumerate(read_rows(bridge))]
     return collect("moe_h100", items)

@@ -13,7 +13,7 @@ FILES = {
     "torchtitan": "torchtitan_benchmarks.csv",
     "llama3_405b": "llama3_paper_table4_h100.csv",
     "megatron_lm_h100": "megatron_lm_weak_scaling_h100.csv",
-    "moe_h100": ("nemo_automodel_h100_bf16.csv", "megatron_moe_modelzoo_qwen3.csv"),
+    "moe_h100": ("nemo_automodel_h100_bf16.csv", "megatron_moe_modelzoo_qwen3.csv", "megatron_bridge_moe_h100.csv"),
     "long_context_cp": ("nemo_long_sequence_cp.csv", "torchtitan_benchmarks.csv", "llama3_paper_table4_h100.csv"),
 }
 

@@ -194,7 +194,9 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
 def _megatron_fp8_args(plan: Plan) -> list[str]:
     """Megatron-Core's FP8 arguments for the recipe the estimate assumed (:func:`hetplan.estimate.fp8.recipe`):
     NeMo / Megatron-Bridge's ``bf16_with_fp8_mixed`` on Hopper (``hybrid`` E4M3/E5M2, delayed scaling over a
-    1,024-step amax history, max of the history, FP8 parameters), ``bf16_with_mxfp8_mixed`` on Blackwell.
+    1,024-step amax history, max of the history, FP8 parameters), ``bf16_with_mxfp8_mixed`` on Blackwell;
+    ``Job.fp8_recipe = "current"``: ``--fp8-recipe tensorwise`` (TE ``Float8CurrentScaling``,
+    ``megatron/core/fp8_utils.py``).
 
     Raises:
         HetplanError: stages on GPU generations with different FP8 recipes (one ``--fp8-recipe`` per job).
@@ -203,11 +205,14 @@ def _megatron_fp8_args(plan: Plan) -> list[str]:
     from hetplan.hardware.catalog import load_catalog
 
     catalog = load_catalog()
-    recipes = {fp8.recipe(catalog.get(plan.pools[st.pool].gpu), "megatron") for st in plan.stages}
+    recipes = {fp8.recipe(catalog.get(plan.pools[st.pool].gpu), "megatron", plan.job.fp8_recipe) for st in plan.stages}
     if len(recipes) > 1:
         raise HetplanError(f"Megatron-LM runs one FP8 recipe per job; this plan's GPUs need {sorted(recipes)}",
                            field="plan.job.dtype", fix="plan with dtype bf16, or on one GPU generation")
-    if recipes.pop() == "mxfp8":
+    name = recipes.pop()
+    if name == "mxfp8":
         return ["--fp8-format e4m3", "--fp8-recipe mxfp8", "--fp8-param-gather"]
+    if name == "current":  # Megatron-Core's Fp8Recipe.tensorwise is TE's Float8CurrentScaling
+        return ["--fp8-format hybrid", "--fp8-recipe tensorwise", "--fp8-param-gather"]
     return ["--fp8-format hybrid", "--fp8-recipe delayed", "--fp8-amax-history-len 1024",
             "--fp8-amax-compute-algo max", "--fp8-param-gather"]
