@@ -120,7 +120,9 @@ def test_capacity_prices_catalog_and_refusals(monkeypatch, capsys, tmp_path):
     res = json.loads(out)
     assert {r["gpu"] for r in res["mix"]} == {"A100-SXM-80GB"}  # L4 at 40 $/h loses to the catalog's A100
     assert res["prices"]["L4"] == {"usd_per_gpu_hour": 40.0, "source": "--price"}
-    assert res["price_usd_per_hour"] == pytest.approx(sum(r["gpus"] for r in res["mix"]) * 5.12)
+    from hetplan.hardware.catalog import load_catalog
+    a100 = load_catalog().get("A100-SXM-80GB").price_usd_per_hour  # the catalog's default price
+    assert res["price_usd_per_hour"] == pytest.approx(sum(r["gpus"] for r in res["mix"]) * a100)
     cat = tmp_path / "gpus.toml"
     cat.write_text("[gpus.A100-SXM-80GB]\nprice_usd_per_hour = 0.05\n")
     code, out, err = _run(monkeypatch, capsys, *base, "--catalog", cat)
