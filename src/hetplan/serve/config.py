@@ -284,7 +284,8 @@ class CapacityConfig(_Strict):
     ``cluster.quantization``; ``"none"`` is unquantized ``dtype`` weights), largest cluster ``max_gpus`` of each
     type, required fraction of requests within SLO for every model (``target_attainment``); ``exhaustive``
     simulates every candidate replica instead of only those a bound on their rate cannot rule out (the same
-    answer, slower: :func:`hetplan.serve.capacity.plan_capacity`)."""
+    answer, slower: :func:`hetplan.serve.capacity.plan_capacity`); ``share_gpus`` also tries replica groups that
+    several models share by swapping (Computron; up to 6 models)."""
 
     gpus: list[str] = []
     engines: list[str] = []
@@ -294,6 +295,7 @@ class CapacityConfig(_Strict):
     max_gpus: int = Field(default=8, ge=1)
     target_attainment: float = Field(default=0.99, gt=0, le=1)
     exhaustive: bool = False
+    share_gpus: bool = True
 
 
 class _Common(_Strict):
