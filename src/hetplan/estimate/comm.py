@@ -39,7 +39,11 @@ which halves the traffic and which this model does not assume; docs/estimator.md
 
 **Efficiency.** NCCL reaches a fraction of the nominal link rate for large messages: :data:`INTRA_LINK_EFFICIENCY`
 (NCCL-tests all-reduce busbw ≈ 230 of 300 GB/s NVLink3 on DGX A100) and :data:`INTER_LINK_EFFICIENCY`
-(≈ 90 % of InfiniBand line rate). Latencies :data:`ALPHA_INTRA_NODE_S`, :data:`ALPHA_INTER_NODE_S`.
+(≈ 90 % of InfiniBand line rate). Latencies :data:`ALPHA_INTRA_NODE_S`, :data:`ALPHA_INTER_NODE_S`. All of them are
+``hardware/data/network.toml``'s; the collectives on a node topology (:func:`group_collective_time_s`,
+:func:`dp_collective_time_s`, and the MoE all-to-all and CP exchange built on the same terms) read them from the
+stage's :class:`hetplan.estimate.stagework.Link`, which the estimator fills from :class:`CommConstants`, so a
+calibration's values reach them; the single-link formulas below take them as arguments (default: the file's).
 
 All functions broadcast over numpy arrays. Times in seconds, sizes in bytes, bandwidths in bytes/s
 (unidirectional, per rank).
