@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 import typing
 from pathlib import Path
@@ -47,6 +48,7 @@ def read_text(path: str | Path, field: str, max_bytes: int = MAX_FILE_BYTES) -> 
         HetplanError: missing, a directory, unreadable, too large, not UTF-8 (with the byte offset), or binary.
     """
     p = Path(path)
+    check_path_name(p, field)
     try:
         if p.is_dir():
             raise HetplanError(f"{p} is a directory, not a file", field=field, fix="give the path of a file")
@@ -143,6 +145,26 @@ FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpe
                    ".gif", ".avif", ".pgf", ".raw", ".rgba")
 
 
+#: Linux's limits (include/uapi/linux/limits.h): NAME_MAX bytes a path component, PATH_MAX bytes a path. Past them
+#: ``Path.exists()`` / ``is_dir()`` raise ``OSError(ENAMETOOLONG)`` instead of answering.
+NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4096
+
+
+def check_path_name(path: str | Path, field: str) -> None:
+    """Refuse a path the file system cannot name (a component over 255 bytes or the whole over 4,096), before
+    any ``exists()`` on it raises ``ENAMETOOLONG`` (fuzz: ``-o``, ``--out-dir``, ``import``, ``--db`` of 5,000
+    characters were tracebacks).
+
+    Raises:
+        HetplanError: naming ``field``.
+    """
+    raw = os.fsencode(str(path))
+    if len(raw) >= PATH_MAX_BYTES or any(len(part) > NAME_MAX_BYTES for part in raw.split(b"/")):
+        raise HetplanError(f"path {str(path)[:40]}... ({len(raw):,} bytes) is longer than the file system allows "
+                           f"({NAME_MAX_BYTES} bytes a name, {PATH_MAX_BYTES - 1:,} a path)", field=field,
+                           fix="give a shorter path")
+
+
 def check_output_path(path: Path | None, field: str, figure: bool = False) -> None:
     """Refuse an output path before any work: its folder missing or a file, the path a folder, or (``figure``)
     a suffix matplotlib cannot write (fuzz: ``--timeline t.txt`` and ``--pareto /missing/p.png`` were tracebacks).
@@ -152,6 +174,7 @@ def check_output_path(path: Path | None, field: str, figure: bool = False) -> No
     """
     if path is None:
         return
+    check_path_name(path, field)
     if path.is_dir() or not path.parent.is_dir():
         raise HetplanError(f"cannot write {path}: " + ("it is a folder" if path.is_dir() else
                                                         f"folder {path.parent} does not exist"),

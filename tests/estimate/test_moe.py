@@ -7,6 +7,9 @@ from hetplan.degrees import Degrees
 from hetplan.estimate import moe
 from hetplan.model import counts
 from hetplan.model.spec import load_model
+from hetplan.estimate.stagework import LayerTerms, Link
+
+LINK = Link.one_node(450e9)  # the TP group in one node, 450 GB/s per direction
 
 
 def gemm_flops(shapes):
@@ -289,14 +292,14 @@ def test_cuda_graphs_drop_the_per_kernel_host_floor():
     b, s, ep = 1, 4096, 8
     kw = dict(attention="flash", gemm_times_s=moe.layer_gemm_times_s(m, g, "bf16", b, s, 1, ep),
               extra_kernels=moe.extra_kernels(m, ep))
-    fwd, bwd, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, 450e9, **kw)
-    gf, gb, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, 450e9, cuda_graphs=True, **kw)
+    fwd, bwd, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, LayerTerms(LINK, **kw))
+    gf, gb, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, LayerTerms(LINK, cuda_graphs=True, **kw))
     n = compute.KERNELS_PER_LAYER_FORWARD - compute.FLASH_FUSED_KERNELS + moe.MOE_EXTRA_KERNELS + 2 * 128 / ep
     host = n * g.kernel_overhead_s
     assert fwd ** 4 - gf ** 4 == pytest.approx(host ** 4, rel=1e-6)
     assert bwd ** 4 - gb ** 4 == pytest.approx((2 * host) ** 4, rel=1e-6)
-    nofloor = compute.layer_time_s(m, g.model_copy(update={"kernel_overhead_s": 0.0}), "bf16", b, s, 1, 0, 450e9,
-                                   **kw)
+    nofloor = compute.layer_time_s(m, g.model_copy(update={"kernel_overhead_s": 0.0}), "bf16", b, s, 1, 0,
+                                   LayerTerms(LINK, **kw))
     assert (gf, gb) == pytest.approx(nofloor[:2], rel=1e-12)
 
 

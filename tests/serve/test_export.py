@@ -35,7 +35,7 @@ def test_capacity_export_round_trips_the_plan(monkeypatch, capsys, tmp_path):
     wl.write_text(text)
     out_dir = tmp_path / "vllm"
     code, out, err = _run(monkeypatch, capsys, "capacity", wl, "--gpus", "A100-SXM-80GB,L4", "--json",
-                          "--export", "vllm", "--out-dir", out_dir)
+                          "--export", "vllm", "--out-dir", out_dir, "--no-share")
     assert code == 0, err
     plan = json.loads(out)
     from hetplan.serve.config import load_workload_config

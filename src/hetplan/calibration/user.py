@@ -58,6 +58,11 @@ COLUMNS: dict[str, tuple[str, str, type]] = {
 }
 MEASURED = ("step_time_s", "memory_gib")
 FACTOR_MIN, FACTOR_MAX = 0.2, 2.0
+#: Largest |log(measured / predicted)| a calibration file may hold: a run 100x away from its prediction is a wrong
+#: row (a unit slip, ms for s), not a residual, and exp() of the 1e300 a damaged file held overflowed the interval
+#: to Infinity / NaN in `plan --json` (fuzz).
+MAX_ABS_LOG_RATIO = math.log(100.0)
+_RATIO_WHY = "a run 100x off its prediction is a wrong row (units), not a residual"
 #: Largest standard error (of ``log f``) at which the runs identify a factor: ±10 %.
 MAX_LOG_SE = 0.1
 
@@ -291,6 +296,20 @@ def load_calibration(path: Path) -> Calibration:
     except (KeyError, TypeError, ValueError) as exc:
         raise HetplanError(f"{path}: missing or invalid field {exc}", field="--calibration",
                            fix="regenerate it with `hetplan calibrate RUNS -o FILE`") from None
+    for name in ("gpus", "stacks", "loo_log_ratios"):
+        if not isinstance(data.get(name, []), list):
+            raise HetplanError(f"{name} = {data[name]!r} is not a list", field=f"calibration.{name}",
+                               fix="regenerate the file with `hetplan calibrate`")
+    bad = [r for r in c.loo_log_ratios if not abs(r) <= MAX_ABS_LOG_RATIO]
+    if bad:
+        raise HetplanError(f"loo_log_ratios holds {bad[0]}: a run's log(measured / predicted) must be finite and "
+                           f"within ±{MAX_ABS_LOG_RATIO:.2f} (100x): {_RATIO_WHY}",
+                           field="calibration.loo_log_ratios", fix="regenerate the file with `hetplan calibrate`")
+    m = c.memory_signed_median
+    if m is not None and not (isinstance(m, (int, float)) and -1 < m <= 99):
+        raise HetplanError(f"memory_signed_median = {m!r} must be a number in (-1, 99] (a relative error: "
+                           "predicted / measured - 1 of a positive memory)", field="calibration.memory_signed_median",
+                           fix="regenerate the file with `hetplan calibrate`")
     for name in ("compute_factor", "comm_factor"):
         x = getattr(c, name)
         if not (math.isfinite(x) and FACTOR_MIN <= x <= FACTOR_MAX):

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -175,6 +176,14 @@ def register(app: typer.Typer) -> None:
                                fix="use the GPU's blocking power, e.g. 83.64 (A100-SXM)")
         prof, M, idle, sched, v, origin, plan_time = _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile,
                                                            profile_db, job, power_catalog, schedule, virtual_stages)
+        # a GPU blocked in a p2p wait draws less than one computing (Perseus §4: P_blocking is the floor of every
+        # instruction's power); an idle power above the profile's least computing power made every frontier point
+        # cost more the faster it ran (fuzz: --idle-power-w 1e9 gave exit 0 and 1e9 W idle GPUs)
+        busy_w = min(float(np.min(e.energy_j / e.time_s)) for e in prof.entries.values())
+        if idle > busy_w:
+            raise HetplanError(f"idle power {idle:g} W is above the least power of a computing instruction in the "
+                               f"profile ({busy_w:.1f} W)", field="--idle-power-w",
+                               fix="give the GPU's blocking power (e.g. 83.64 W for A100-SXM), or --gpu NAME")
         if M * v > 65536:  # the instruction DAG grows with M·v: no larger than 65,536 micro-batches without chunks
             raise HetplanError(f"{M} micro-batches x {v} virtual stages = {M * v:,} chunk passes per stage, more than "
                                "65,536", field="--virtual-stages" if virtual_stages else "--num-microbatches",

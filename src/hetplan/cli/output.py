@@ -43,10 +43,11 @@ def output_file(path: Path | None, field: str, figure: bool = False) -> None:
     Raises:
         HetplanError: naming ``field``."""
     from hetplan.errors import HetplanError
-    from hetplan.inputs import check_output_path
+    from hetplan.inputs import check_output_path, check_path_name
 
     if path is None:
         return
+    check_path_name(path, field)
     if path.parent.exists() and not path.parent.is_dir():
         raise HetplanError(f"cannot write {path}: {path.parent} is a file, not a folder", field=field,
                            fix="give a file path in an existing folder")
@@ -62,7 +63,9 @@ def output_dir(path: Path, field: str) -> Path:
     Raises:
         HetplanError: ``path`` (or a parent) is a file, or the folder cannot be made or written."""
     from hetplan.errors import HetplanError
+    from hetplan.inputs import check_path_name
 
+    check_path_name(path, field)
     if path.exists() and not path.is_dir():
         raise HetplanError(f"{path} is a file, not a folder", field=field, fix="give a folder path (new or existing)")
     try:

@@ -196,7 +196,7 @@ def import_cmd(
                                        "--nnodes x --nproc-per-node."),
 ) -> None:
     """Read a framework launch back into a plan: `hetplan estimate` prices it, `plan --baseline` compares it."""
-    from hetplan.errors import HetplanError
+    from hetplan.inputs import read_text
     from hetplan.runtime.importers import import_files
     from hetplan.runtime.planio import plan_model
     from hetplan.plan_rules import check_plan
@@ -204,9 +204,7 @@ def import_cmd(
     output_file(output, "--output")
     texts = {}
     for f in files:
-        if not f.is_file():
-            raise HetplanError(f"{f} is not a file", field="FILES", fix="give the launch files")
-        texts[f.name] = f.read_text()
+        texts[f.name] = read_text(f, "FILES")
     plan = import_files(texts, model=model, gpu=gpu, gpus=gpus)
     check_plan(plan, plan_model(plan))
     text = plan.model_dump_json(indent=2) + "\n"

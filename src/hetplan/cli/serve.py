@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import check_path_name
 
 
 def _fmt(x, unit: str = "", digits: int = 3) -> str:
@@ -156,6 +157,8 @@ def register(app: typer.Typer) -> None:
                                  "machine order (default: 127.0.0.1 on one machine, else machine-0, machine-1 ...)"),
         gpus_per_host: int = typer.Option(8, "--gpus-per-host", help="with --export: GPUs per machine; each "
                                           "replica gets its own CUDA_VISIBLE_DEVICES on one machine"),
+        share: bool = typer.Option(None, "--share/--no-share", help="also try replica groups several models "
+                                   "share by swapping (Computron; default: capacity.share_gpus, on)"),
         exhaustive: bool = typer.Option(None, "--exhaustive/--pruned", help="simulate every candidate replica, or "
                                         "only those a rate bound cannot rule out (default: capacity.exhaustive, "
                                         "else pruned; the same price)"),
@@ -183,9 +186,9 @@ def register(app: typer.Typer) -> None:
 
             only = [export] if export and not (wf.capacity.engines or wf.cluster.engine) else None
             out = plan_capacity(wf, names, catalog=str(catalog) if catalog else None, prices=prices, progress=step,
-                                engines=only, exhaustive=exhaustive)
+                                engines=only, exhaustive=exhaustive, share=share)
         if export:
-            other = sorted({r["engine"] for r in out["mix"] if r["engine"] and r["engine"].split("@")[0] != export})
+            other = sorted({r["engine"] for r in out["mix"] + out["shared"] if r["engine"] and r["engine"].split("@")[0] != export})
             if other:
                 raise HetplanError(f"the plan runs {', '.join(other)}, not {export}", field="--export",
                                    fix=f"export for that engine, or set capacity.engines = [\"{export}\"]")
@@ -200,7 +203,7 @@ def register(app: typer.Typer) -> None:
         con = Console()
         kinds = ", ".join(f"{n} x {g}" for g, n in out["gpus_by_type"].items())
         con.print(f"[bold]cheapest mix: {kinds}[/], {out['price_usd_per_hour']:.2f} $/h")
-        t = Table(title="replicas per model")
+        t = Table(title="replicas per model" if out["mix"] else "no dedicated replicas")
         for col in ("model", "load/s", "GPU", "TPxPP", "engine", "reps", "max/s", "$/h"):
             t.add_column(col)
         for r in out["mix"]:
@@ -208,6 +211,15 @@ def register(app: typer.Typer) -> None:
                       f"{r['engine'] or '-'}/{r['weights'] or wf.cluster.dtype}", str(r["replicas"]),
                       f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
         con.print(t)
+        if out["shared"]:
+            t = Table(title="models sharing a replica group (swapping)")
+            for col in ("models", "GPU", "TPxPP", "engine", "swaps", "$/h"):
+                t.add_column(col)
+            for r in out["shared"]:
+                t.add_row(", ".join(r["models"]), r["gpu"], f"{r['tp']}x{r['pp']}",
+                          f"{r['engine'] or '-'}/{r['weights'] or wf.cluster.dtype}", str(r["swaps"]),
+                          f"{r['price_usd_per_hour']:.2f}")
+            con.print(t)
         t = Table(title=f"simulated (target: {out['target_attainment']:.0%} of requests within SLO)")
         for col in ("model", "reqs", "SLO met", "p99 s", "TTFT p99 s", "TPOT p99 ms", "J/token"):
             t.add_column(col)
@@ -255,6 +267,7 @@ def _check_export(export: str | None, out_dir: Path | None) -> None:
                            fix=f"use one of {', '.join(EXPORT_ENGINES)}")
     if out_dir is None:
         raise HetplanError("--export needs a folder to write into", field="--out-dir", fix="add --out-dir DIR")
+    check_path_name(out_dir, "--out-dir")
     if out_dir.exists() and not out_dir.is_dir():
         raise HetplanError(f"{out_dir} is a file, not a folder", field="--out-dir", fix="give a folder path")
 

@@ -16,7 +16,7 @@ from hetplan.estimate import compute, context, elementwise, fp8, memory, moe
 from hetplan.degrees import Degrees
 from hetplan.estimate.comm import ALPHA_INTER_NODE_S, dp_collective_time_s, group_collective_time_s, overlap_contention
 from hetplan.estimate.options import TrainingOptions
-from hetplan.estimate.stagework import Link, Recompute, StageHardware, StageWork
+from hetplan.estimate.stagework import LayerTerms, Link, Recompute, StageHardware, StageWork
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.hardware.stacks import StackSpec
 from hetplan.model import counts
@@ -171,12 +171,10 @@ def stage_costs(
     overlap_grad_reduce = overlap_grad_reduce & stack_overlaps_grad_reduce(stack, single_stage, zero)
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     tp_bw = link.intra_node_bandwidth_bytes_per_s
-    tp_kw: dict[str, Any] = dict(gpus_per_node=link.gpus_per_node,
-    inter_node_bandwidth_bytes_per_s=link.inter_node_bandwidth_bytes_per_s,
-                 inter_node_alpha_s=link.inter_node_alpha_s, sequence_parallel=sequence_parallel, attention=attention,
-                 intra_node_alpha_s=link.intra_node_alpha_s, tp_comm_overlap=tp_comm_overlap and not m.is_moe,
-                 cuda_graphs=cuda_graphs, op_sac=framework == "fsdp",
-                 sequence_dim_copies=framework == "fsdp" and not m.is_moe, async_tp=async_tp and not m.is_moe)
+    terms = LayerTerms(link, sequence_parallel=sequence_parallel, attention=attention,
+                       tp_comm_overlap=tp_comm_overlap and not m.is_moe, cuda_graphs=cuda_graphs,
+                       op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp" and not m.is_moe,
+                       async_tp=async_tp and not m.is_moe)
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
@@ -184,22 +182,23 @@ def stage_costs(
             moe_load_imbalance = np.maximum(moe_load_imbalance, moe.routing_imbalance(m, b * s / t, ep))
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
-        tp_kw.update(gemm_times_s=(linear, core), attention_blocks=context.attention_blocks(cp, cp_load_balance),
-                     extra_kernels=moe.extra_kernels(m, ep, framework),
-                     extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
+        terms = replace(terms, gemm_times_s=(linear, core),
+                        attention_blocks=context.attention_blocks(cp, cp_load_balance),
+                        extra_kernels=moe.extra_kernels(m, ep, framework),
+                        extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
     eager = framework == "fsdp" and not torch_compile
     loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
     if eager:  # eager PyTorch: unfused element-wise ops (and float8 casts) beyond the fused kernels
         casts = len(moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)) if fp8.is_fp8(dtype) else 0
-        tp_kw.update(extra_elementwise_bytes=eager_bytes, extra_kernels=tp_kw.get("extra_kernels", 0.0)
-                     + elementwise.eager_layer_kernels(m) + casts * elementwise.EAGER_CAST_KERNELS)
-    lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, tp_bw, **tp_kw)
+        terms = replace(terms, extra_elementwise_bytes=eager_bytes, extra_kernels=terms.extra_kernels
+                        + elementwise.eager_layer_kernels(m) + casts * elementwise.EAGER_CAST_KERNELS)
+    lf, lb, ltp = compute.layer_time_s(m, gpu, dtype, b, s, t, recompute_code, terms)
     af: Any = None
     ab: Any = None
     atp: Any = None
     if measured_layer_time_s is not None or recompute_layers is not None:
-        af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, tp_bw, **tp_kw)
+        af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, terms)
     layer_a2a: Any = 0.0  # the all-to-all the layer's forward + backward include (StageCost.alltoall_s)
     if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
         net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)

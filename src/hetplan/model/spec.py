@@ -515,8 +515,12 @@ def list_presets() -> tuple[str, ...]:
 
 def _load_any(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
-    if name_or_path.endswith(".json") or path.exists():
-        if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError:  # a name longer than the OS allows for a path (ENAMETOOLONG) is no file: a preset name
+        exists = False
+    if name_or_path.endswith(".json") or exists:
+        if not exists:
             raise HetplanError(f"model file {name_or_path} does not exist", field="model", fix="give a path to a config.json or a preset name")
         # read every time, cached on the text: an edited config.json is read anew
         return _from_text(read_text(path, "model"), name_or_path,

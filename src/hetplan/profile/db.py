@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from hetplan.errors import HetplanError
-from hetplan.inputs import read_text
+from hetplan.inputs import check_path_name, read_text
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
@@ -222,6 +222,7 @@ class ProfileDB:
         Raises:
             HetplanError: missing file, not SQLite, not a hetplan profile database, another schema version."""
         p = Path(self.path)
+        check_path_name(p, field)
         if not p.is_file():
             raise HetplanError(f"{p} does not exist" if not p.exists() else f"{p} is not a file", field=field,
                                fix="give a profile database written by `hetplan profile` or an importer")

@@ -454,7 +454,8 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
         raise
     except ValidationError as e:  # a value the plan schema refuses (e.g. a zero batch in a hand-written launch)
         err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
+        # a whole-plan rule (batch divisibility) has no location: the field is then the launch files
+        where = ".".join(str(x) for x in err["loc"]) or "FILES"
         raise HetplanError(f"the launch gives a plan the schema refuses: {where}: {err['msg']}", field=where,
                            fix="correct that value in the launch") from None
     except (KeyError, ValueError, TypeError, SyntaxError, StopIteration, ZeroDivisionError, IndexError,

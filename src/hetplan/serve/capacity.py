@@ -19,15 +19,20 @@ Serving by Exploiting GPU Heterogeneity", Sec. 5) with the simulator as its prof
    (seeded) and every replica is simulated; a model below target gets its r_mk lowered by 10 % and the program is
    solved again (at most three times).
 
-Models get dedicated replicas (Mélange's setting); sharing GPUs between models by swapping (Computron) is what
-``hetplan simulate`` evaluates for a given cluster. Request-size buckets (Mélange's second dimension) are not
-split: each model's requests share one shape.
+Besides dedicated replicas (Mélange's setting), ``capacity.share_gpus`` (default on) adds *shared groups*
+(Computron's setting): a set of two or more models on one replica configuration, swapping their weights
+(:func:`simulate_shared`, the cluster ``hetplan simulate`` runs), a binary column of the program that serves its
+members' whole loads at the group's price; a group enters the program when every member fits alone and the
+members' loads fit within their rate bounds there, and is simulated with the members' own requests when the
+program chooses it (kept only if every member meets the target). Request-size buckets (Mélange's second
+dimension) are not split: each model's requests share one shape.
 
 This module does not import torch.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -416,25 +421,102 @@ def candidate_stacks(wf: WorkloadFile, engines: list[str] | None = None) -> list
 
 
 def _solve(rates: np.ndarray, prices: np.ndarray, loads: np.ndarray, gpu_of: list[str], gpus_per: np.ndarray,
-           max_gpus: int):
-    """Integer program of the module docstring; ``rates`` is models x configs. Returns replicas or ``None``."""
+           max_gpus: int, groups: list[tuple[list[int], float, str, int]] | None = None):
+    """Integer program of the module docstring; ``rates`` is models x configs. ``groups``: shared replica groups
+    ``(member models, price, GPU type, GPUs)``, each used at most once and then serving its members' whole load
+    (``y_j`` binary: Σ_k x_mk r_mk + λ_m Σ_{j ∋ m} y_j >= λ_m), a model in one chosen group at most. Returns replicas (models x configs), or ``None``;
+    with ``groups`` the pair (replicas, groups used)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
+    groups = groups or []
     n_m, n_k = rates.shape
-    cost = np.tile(prices, n_m)
-    cover = np.zeros((n_m, n_m * n_k))
+    n_g = len(groups)
+    cost = np.concatenate([np.tile(prices, n_m), [g[1] for g in groups]])
+    cover = np.zeros((n_m, n_m * n_k + n_g))
     for m in range(n_m):
         cover[m, m * n_k:(m + 1) * n_k] = rates[m]
-    types = sorted(set(gpu_of))
-    limit = np.zeros((len(types), n_m * n_k))
+    for j, (members, _, _, _) in enumerate(groups):
+        for m in members:
+            cover[m, n_m * n_k + j] = loads[m]
+    types = sorted(set(gpu_of) | {g[2] for g in groups})
+    limit = np.zeros((len(types), n_m * n_k + n_g))
     for i, t in enumerate(types):
-        limit[i] = np.tile([gpus_per[k] if gpu_of[k] == t else 0 for k in range(n_k)], n_m)
+        limit[i, :n_m * n_k] = np.tile([gpus_per[k] if gpu_of[k] == t else 0 for k in range(n_k)], n_m)
+        limit[i, n_m * n_k:] = [g[3] if g[2] == t else 0 for g in groups]
     cons = [LinearConstraint(cover, lb=loads, ub=np.inf), LinearConstraint(limit, lb=0, ub=max_gpus)]
-    res = milp(cost, constraints=cons, integrality=np.ones(n_m * n_k),
-               bounds=Bounds(0, np.where(rates.reshape(-1) > 0, max_gpus, 0)))
+    if n_g:  # a model is in one group at most (its requests go to one group; the group was simulated with all)
+        member = np.zeros((n_m, n_m * n_k + n_g))
+        for j, (members, _, _, _) in enumerate(groups):
+            member[members, n_m * n_k + j] = 1
+        cons.append(LinearConstraint(member, lb=0, ub=1))
+    ub = np.concatenate([np.where(rates.reshape(-1) > 0, max_gpus, 0), np.ones(n_g)])
+    res = milp(cost, constraints=cons, integrality=np.ones(n_m * n_k + n_g), bounds=Bounds(0, ub))
     if res.x is None:
         return None
-    return np.rint(res.x).astype(int).reshape(n_m, n_k)
+    x = np.rint(res.x).astype(int)
+    replicas = x[:n_m * n_k].reshape(n_m, n_k)
+    return (replicas, [j for j in range(n_g) if x[n_m * n_k + j]]) if n_g else replicas
+
+
+#: Most models whose subsets (of two or more) are tried as shared replica groups: 2^6 - 7 = 57 sets.
+MAX_SHARED_MODELS = 6
+
+
+def _shared_fits(wf: WorkloadFile, spec, n_models: int, cfg) -> bool:
+    """A model's weights and KV pool (``max_batch_size`` x ``kv_cache_len`` when ``n_models`` share the workers,
+    :func:`kv_pool_tokens`) fit one worker's ``memory_fraction`` on its own (the least a swapping group needs)."""
+    g, tp, pp, st = cfg
+    cap = int(g.memory_bytes * wf.cluster.memory_fraction)
+    try:
+        m = sim_model("", spec, g, tp, pp, wf.cluster.dtype, wf, cap, n_models, st)
+    except HetplanError:
+        return False
+    return max(m.bytes, max(m.worker_bytes)) <= cap
+
+
+def _shared_summary(wf: WorkloadFile, names: list[str], res: SimResult, gpu: str, tp: int, pp: int,
+                    duration_s: float) -> dict[str, dict]:
+    """Per member of a shared group, :func:`_check`'s summary: attainment, percentiles and its share of the
+    group's energy (by output tokens; the group's GPUs counted once, on the first member)."""
+    from hetplan.serve.metrics import percentiles
+
+    e = serving_energy(res, gpu, tp, pp, max(duration_s, res.end_s))
+    rep = res.report(slos(wf))["models"]
+    out = {}
+    for i, n in enumerate(names):
+        recs = [r for r in res.records if r.model == n]
+        tok = sum(r.output_tokens for r in recs)
+        part = {"energy_j": e["energy_j"] * tok / max(e["output_tokens"], 1), "requests": rep[n]["completed"],
+                "output_tokens": tok, "num_gpus": e["num_gpus"] if i == 0 else 0, "energy_source": e["energy_source"]}
+        out[n] = {"slo_attainment": rep[n]["slo_attainment"], "requests": rep[n]["requests"],
+                  "energy": _energy_summary([part]), "shared_with": [x for x in names if x != n],
+                  **{f"{q}_{mt}_s": v for mt in ("latency", "ttft", "tpot")
+                     for q, v in percentiles([getattr(r, f"{mt}_s") for r in recs
+                                              if getattr(r, f"{mt}_s") is not None]).items()}}
+    return out
+
+
+def simulate_shared(wf: WorkloadFile, entries, specs, members: list[int], cfg, reqs: list[Request],
+                    duration_s: float, early_stop: bool = True) -> SimResult:
+    """Simulate the members' requests on one replica group ``cfg`` = (GPU, TP, PP, stack) they share by swapping
+    (Computron's setting, :func:`simulate_workload`'s cluster): each resident model holds its weights and a KV
+    pool, swaps priced by :class:`~hetplan.serve.swap_model.SwapModel` with the GPU's host link and ``[swap]``.
+    ``early_stop``: stop once more requests missed than ``target_attainment`` allows over all members (then some
+    member is below it: Σ_m (1 − t)·N_m = (1 − t)·N)."""
+    g, tp, pp, st = cfg
+    s, c, sw = wf.scheduler, wf.cluster, wf.swap
+    cap = int(g.memory_bytes * c.memory_fraction)
+    names = [entries[m].name for m in members]
+    models = [sim_model(entries[m].name, specs[m], g, tp, pp, c.dtype, wf, cap, len(members), st) for m in members]
+    swap = SwapModel(g.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
+                     sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
+    share = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs if r.model in names]
+    objectives = slos(wf)
+    allowed = int((1.0 - wf.capacity.target_attainment) * len(share))
+    return simulate(models, share, capacity_bytes=cap, policy=make_policy(s.policy, rate_window_s=s.rate_window_s),
+                    swap_cost=swap_cost_fn(swap, s.write_back), preload=[p for p in s.preload if p in names],
+                    duration_s=duration_s, miss_limit=(objectives, allowed) if early_stop else None,
+                    **scheduler_kwargs(wf, st, g))
 
 
 def serving_energy(res: SimResult | None, gpu: str, tp: int, pp: int, wall_s: float) -> dict:
@@ -477,6 +559,8 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
     for m, (entry, spec) in enumerate(zip(entries, specs)):
         mine = [r for r in reqs if r.model == entry.name]
         slots = [(k, j) for k in range(len(configs)) for j in range(replicas[m, k])]
+        if not slots:  # served by a shared group (simulated when it was chosen)
+            continue
         weights = np.array([rates[m, k] for k, _ in slots])
         rng = np.random.default_rng([wf.workload.seed, m, 7])
         pick = rng.choice(len(slots), size=len(mine), p=weights / weights.sum()) if mine else []
@@ -555,7 +639,7 @@ def candidate_gpus(wf: WorkloadFile, gpus: list[str] | None, catalog: Catalog,
 
 def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: str | None = None,
                   prices: dict[str, float] | None = None, progress=None, engines: list[str] | None = None,
-                  exhaustive: bool | None = None) -> dict:
+                  exhaustive: bool | None = None, share: bool | None = None) -> dict:
     """The cheapest mix of GPU types, counts and TP x PP per model that meets the SLOs (module docstring).
 
     Only the candidates the integer program could use are simulated: each candidate's rate is first bounded
@@ -599,6 +683,7 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
     loads = np.array([sum(r.model == e.name for r in reqs) / duration for e in entries])
     max_gpus = wf.capacity.max_gpus
     exhaustive = wf.capacity.exhaustive if exhaustive is None else exhaustive
+    share = wf.capacity.share_gpus if share is None else share
     stacks = candidate_stacks(wf, engines)
     configs = _configs(gpu_specs, max_gpus, stacks)
     n_m, n_k = len(entries), len(configs)
@@ -646,18 +731,63 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
         for m, k in zip(*np.nonzero(bound)):
             simulate_rate(int(m), int(k))
 
+    # shared replica groups (Computron): two or more models on one replica group, swapping; a set S on
+    # configuration k is a candidate when every member fits on its own and the members' loads fit within their
+    # rate bounds there (Σ λ_m / bound_mk <= 1: a group serves each model at most as fast as a dedicated
+    # replica); it is simulated when the program chooses it, as the dedicated candidates are
+    groups: list[tuple[list[int], int]] = []
+    if share and 2 <= n_m <= MAX_SHARED_MODELS:
+        fits_memo: dict[tuple[int, int, int], bool] = {}
+        for size in range(2, n_m + 1):
+            for members in itertools.combinations(range(n_m), size):
+                for k in range(n_k):
+                    if not all(bound[m, k] > 0 for m in members) or sum(
+                            loads[m] / bound[m, k] for m in members) > 1.0:
+                        continue
+                    for m in members:
+                        if (m, k, size) not in fits_memo:
+                            fits_memo[m, k, size] = _shared_fits(wf, specs[m], size, configs[k])
+                    if all(fits_memo[m, k, size] for m in members):
+                        groups.append((list(members), k))
+    group_ok: dict[int, bool] = {}
+    group_res: dict[int, SimResult] = {}
+
+    def simulate_group(j: int) -> None:
+        nonlocal done, total
+        members, k = groups[j]
+        g, tp, pp, st = configs[k]
+        done, total = done + 1, total + 1
+        if progress is not None:
+            progress(done, total, f"{'+'.join(entries[m].name for m in members)} sharing {g.name} TP {tp} x PP "
+                                  f"{pp} {st.label}")
+        res = simulate_shared(wf, entries, specs, members, configs[k], reqs, duration)
+        rep = res.report(slos(wf))["models"]
+        group_ok[j] = not res.aborted and all(
+            rep[entries[m].name]["slo_attainment"] >= wf.capacity.target_attainment for m in members)
+        group_res[j] = res
+
     def solve(derate: np.ndarray):
         """2. the integer program, simulating lazily: unsimulated candidates enter at their rate bound (a
-        relaxation: every mix that covers the loads at the simulated rates covers them at the bounds too); an
-        optimum that uses only simulated candidates is then the optimum over the simulated rates of all, as the
-        exhaustive search finds it; else the candidates it used are simulated and it is solved again."""
+        relaxation: every mix that covers the loads at the simulated rates covers them at the bounds too), shared
+        groups not simulated yet as if they met the SLOs; an optimum that uses only simulated candidates is then
+        the optimum over the simulated rates of all, as the exhaustive search finds it; else the candidates it
+        used are simulated and it is solved again."""
         while True:
-            x = _solve(np.where(simulated, rates, bound) * derate[:, None], cost, loads, gpu_of, gpus_per, max_gpus)
+            live = [j for j in range(len(groups)) if group_ok.get(j, True)]
+            cols = [(groups[j][0], float(cost[groups[j][1]]), gpu_of[groups[j][1]], int(gpus_per[groups[j][1]]))
+                    for j in live]
+            sol = _solve(np.where(simulated, rates, bound) * derate[:, None], cost, loads, gpu_of, gpus_per, max_gpus,
+                         cols)
+            x, used = (sol if cols else (sol, [])) if sol is not None else (None, [])
+            used = [live[i] for i in used]
             todo = list(zip(*np.nonzero(((x > 0) if x is not None else bound > 0) & ~simulated & (bound > 0))))
-            if not todo:
-                return x
+            todo_g = [j for j in used if j not in group_ok]
+            if not todo and not todo_g:
+                return x, used
             for m, k in todo:
                 simulate_rate(int(m), int(k))
+            for j in todo_g:
+                simulate_group(j)
             for m in range(n_m):  # the exhaustive search's refusal: a model no simulated candidate serves
                 if simulated[m][bound[m] > 0].all() and not rates[m].any():
                     reasons = sorted({why[m, k] for k in range(n_k)})
@@ -667,16 +797,31 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
 
     derate = np.ones(n_m)
     for rounds in range(1, 4):
-        replicas = solve(derate)
+        replicas, used = solve(derate)
         if replicas is None:
             raise InfeasibleError(f"the load ({', '.join(f'{e.name} {x:.2f}/s' for e, x in zip(entries, loads))}) "
                                   f"needs more than {max_gpus} GPUs of each candidate type",
                                   field="capacity.max_gpus", fix="allow more GPUs per type or more GPU types")
         sim = _check(wf, entries, specs, configs, replicas, rates, reqs, duration)
-        low = [m for m, e in enumerate(entries) if sim[e.name]["slo_attainment"] < wf.capacity.target_attainment]
+        low = [m for m, e in enumerate(entries)
+               if e.name in sim and sim[e.name]["slo_attainment"] < wf.capacity.target_attainment]
         if not low:
             break
         derate[low] *= 0.9
+    shared_rows = []
+    for j in used:
+        members, k = groups[j]
+        g, tp, pp, st = configs[k]
+        res = simulate_shared(wf, entries, specs, members, configs[k], reqs, duration, early_stop=False)
+        sim.update(_shared_summary(wf, [entries[m].name for m in members], res, g.name, tp, pp, duration))
+        shared_rows.append({"models": [entries[m].name for m in members], "gpu": g.name, "tp": tp, "pp": pp,
+                            "engine": st.engine.label if st.engine else None, "weights": st.weights,
+                            **_kv_row(kv_settings(wf, st)), "max_num_seqs": max_running(wf, st, g),
+                            "gpus": int(gpus_per[k]), "price_usd_per_hour": float(cost[k]), "swaps": res.swaps,
+                            "footprint_bytes": {entries[m].name: sim_model(
+                                entries[m].name, specs[m], g, tp, pp, wf.cluster.dtype, wf,
+                                int(g.memory_bytes * wf.cluster.memory_fraction), len(members), st).bytes
+                                for m in members}, "gpu_memory_bytes": g.memory_bytes})
     cands = []
     for m, entry in enumerate(entries):
         for k, (g, tp, pp, st) in enumerate(configs):
@@ -694,9 +839,12 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
             "rate_per_s": float(rates[m, k]), "price_usd_per_hour": float(replicas[m, k] * cost[k])}
            for m, e in enumerate(entries) for k in range(len(configs)) if replicas[m, k] > 0]
     by_type: dict[str, int] = {}
-    for row in mix:
+    for row in mix + shared_rows:
         by_type[row["gpu"]] = by_type.get(row["gpu"], 0) + row["gpus"]
-    return {"mix": mix, "price_usd_per_hour": float(sum(r["price_usd_per_hour"] for r in mix)),
+    return {"mix": mix, "shared": shared_rows,
+            "shared_candidates": {"considered": len(groups), "simulated": len(group_ok),
+                                  "meeting_slos": sum(group_ok.values())},
+            "price_usd_per_hour": float(sum(r["price_usd_per_hour"] for r in mix + shared_rows)),
             "gpus_by_type": by_type, "simulated": sim, "load_per_s": dict(zip([e.name for e in entries], loads.tolist())),
             "target_attainment": wf.capacity.target_attainment, "candidates": cands, "rounds": rounds,
             "prices": {g.name: {"usd_per_gpu_hour": p, "source": src} for g, p, src in cands_gpu},

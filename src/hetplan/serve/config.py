@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from hetplan.errors import HetplanError
 from hetplan.inputs import bounded, parse_toml, read_text, validation_message
 from hetplan.model.spec import ModelSpec, load_model
+from hetplan.serve.workload import MAX_TIME_S, MAX_TIME_WHY
 
 #: Most requests a generated workload may expect (duration x rates): the simulator handles ~10,000 per CPU second
 #: (measured: 10,176 requests of opt-1.3b in 1.1 s), so about 10 s at most; fuzz found 16,500 taking 30 s under load.
@@ -199,7 +200,7 @@ class WorkloadConfig(_Strict):
     ``prompt_len,output_len`` rows (JSONL or CSV). Default SLOs: end-to-end latency ``slo_s``, time to first token
     ``ttft_slo_s``, time per output token ``tpot_slo_s`` (each optional)."""
 
-    duration_s: float = Field(default=60.0, gt=0)
+    duration_s: float = bounded(MAX_TIME_S, MAX_TIME_WHY, default=60.0, gt=0)
     seed: int = Field(default=0, ge=0, lt=2**63)
     total_rate_per_s: float = Field(default=1.0, ge=0)
     cv: float = bounded(10.0, _CV_WHY,
@@ -283,7 +284,8 @@ class CapacityConfig(_Strict):
     ``cluster.quantization``; ``"none"`` is unquantized ``dtype`` weights), largest cluster ``max_gpus`` of each
     type, required fraction of requests within SLO for every model (``target_attainment``); ``exhaustive``
     simulates every candidate replica instead of only those a bound on their rate cannot rule out (the same
-    answer, slower: :func:`hetplan.serve.capacity.plan_capacity`)."""
+    answer, slower: :func:`hetplan.serve.capacity.plan_capacity`); ``share_gpus`` also tries replica groups that
+    several models share by swapping (Computron; up to 6 models)."""
 
     gpus: list[str] = []
     engines: list[str] = []
@@ -293,6 +295,7 @@ class CapacityConfig(_Strict):
     max_gpus: int = Field(default=8, ge=1)
     target_attainment: float = Field(default=0.99, gt=0, le=1)
     exhaustive: bool = False
+    share_gpus: bool = True
 
 
 class _Common(_Strict):

@@ -1,7 +1,8 @@
 """Launch a serving plan on real engines: one vLLM or SGLang launch command per replica, and a router config.
 
 ``hetplan capacity WORKLOAD.toml --export vllm|sglang --out-dir D`` turns the cheapest mix into replicas (each
-model's replicas on their own GPUs, Mélange's setting); ``hetplan simulate WORKLOAD.toml --export ...`` turns the
+model's replicas on their own GPUs, Mélange's setting, and the groups of models that share GPUs, with the
+engines' weight swapping below); ``hetplan simulate WORKLOAD.toml --export ...`` turns the
 shared cluster of a Computron-style workload into one engine instance per model on the same GPUs, with the
 engines' form of weight swapping switched on: vLLM's ``--enable-sleep-mode`` (an instance put to sleep offloads
 its weights to host memory and drops its KV cache, and wakes up on demand) and SGLang's ``--enable-memory-saver``
@@ -100,6 +101,7 @@ class Replica:
         argv: its launch command (:func:`engine_args`).
         machine, host, devices: the machine it runs on (number and address) and its GPUs there
             (:func:`place_replicas`; ``CUDA_VISIBLE_DEVICES``).
+        group: with ``sleep``, the shared replica group: instances of one group run on the same GPUs.
     """
 
     name: str
@@ -123,6 +125,7 @@ class Replica:
     machine: int = 0
     host: str = "127.0.0.1"
     devices: list[int] = field(default_factory=list)
+    group: int = 0
 
 
 def _model_path(entry) -> str:
@@ -134,7 +137,9 @@ def _model_path(entry) -> str:
 
 def replicas_from_capacity(wf, out: dict, base_port: int = 8000) -> list[Replica]:
     """The replicas of a :func:`hetplan.serve.capacity.plan_capacity` result, one per (model, configuration,
-    replica), ports from ``base_port`` up."""
+    replica), then one instance per model of each shared group (sleep mode / memory saver on, each allowed its
+    simulated footprint's share of the GPU memory, planned for its model's whole load), ports from ``base_port``
+    up."""
     s, c = wf.scheduler, wf.cluster
     entries = {m.name: m for m in wf.models}
     reps: list[Replica] = []
@@ -145,6 +150,14 @@ def replicas_from_capacity(wf, out: dict, base_port: int = 8000) -> list[Replica
                                 row.get("max_num_seqs", s.max_batch_size), s.kv_cache_len, c.memory_fraction, c.dtype, row.get("weights"),
                                 row["kv_block_tokens"] or 16, row["max_batched_tokens"], row["chunked_prefill"],
                                 False, float(row["rate_per_s"])))
+    for g, row in enumerate(out.get("shared", [])):  # models sharing one replica group by swapping
+        for name in row["models"]:
+            e = entries[name]
+            share = min(c.memory_fraction, row["footprint_bytes"][name] / row["gpu_memory_bytes"])
+            reps.append(Replica(e.name, _model_path(e), row["gpu"], row["tp"], row["pp"], 0, base_port + len(reps),
+                                row["max_num_seqs"], s.kv_cache_len, round(share, 4), c.dtype, row.get("weights"),
+                                row["kv_block_tokens"] or 16, row["max_batched_tokens"], row["chunked_prefill"],
+                                True, float(out["load_per_s"][name]), group=g))
     return reps
 
 
@@ -181,15 +194,15 @@ def place_replicas(replicas: Sequence[Replica], gpus_per_host: int = 8,
     if gpus_per_host < 1:
         raise HetplanError(f"gpus_per_host = {gpus_per_host}", field="--gpus-per-host", fix="give 1 or more")
     machines: list[tuple[str, int]] = []  # (GPU type, GPUs used)
-    shared: dict[str, int] = {}  # GPU type -> the machine its sleep-mode instances share
+    shared: dict[int, int] = {}  # shared group -> the machine its sleep-mode instances share
     for r in replicas:
         n = r.tp * r.pp
         if n > gpus_per_host:
             raise HetplanError(f"replica {r.index} of {r.name} needs {n} GPUs ({r.gpu}, TP {r.tp} x PP {r.pp}), "
                                f"more than a machine of {gpus_per_host}", field="--gpus-per-host",
                                fix=f"give --gpus-per-host {n} or more, or plan with max_gpus <= {gpus_per_host}")
-        if r.sleep and r.gpu in shared:
-            r.machine = shared[r.gpu]
+        if r.sleep and r.group in shared:
+            r.machine = shared[r.group]
             r.devices = list(range(n))
             continue
         k = next((i for i, (g, used) in enumerate(machines)
@@ -201,7 +214,7 @@ def place_replicas(replicas: Sequence[Replica], gpus_per_host: int = 8,
         r.machine, r.devices = k, list(range(used, used + n))
         machines[k] = (r.gpu, used + n)
         if r.sleep:
-            shared[r.gpu] = k
+            shared[r.group] = k
     if hosts and len(hosts) < len(machines):
         raise HetplanError(f"the plan runs on {len(machines)} machines but --host gives {len(hosts)} addresses",
                            field="--host", fix=f"give {len(machines)} comma-separated addresses, in machine order "
