@@ -43,8 +43,8 @@ def test_integer_program_with_shared_groups_equals_brute_force():
 
 def test_capacity_shares_gpus_when_cheaper(tmp_path):
     """examples/serve/capacity.toml (three OPT-13B at 1 req/s each, latency SLO 1.5 s at 95 %): dedicated
-    replicas cost 7.74 $/h (3 x 2 A100-PCIE-40GB); the three models sharing one TP 4 group of 4 cost 5.16 $/h
-    and meet the SLOs, which `hetplan simulate` of that cluster confirms independently; the export starts them
+    replicas cost 7.42 $/h at the catalog's prices (3 x A100-SXM-80GB); the three models sharing one TP 2 group
+    cost 4.95 $/h and meet the SLOs, which `hetplan simulate` of that cluster confirms independently; the export starts them
     as sleep-mode vLLM instances on the same 4 GPUs, within the memory fraction together."""
     wf = load_workload_config(EXAMPLES / "capacity.toml")
     shared, dedicated = plan_capacity(wf), plan_capacity(wf, share=False)

@@ -393,16 +393,17 @@ def test_capacity_probes_take_the_trace_lengths(tmp_path):
 def test_capacity_pruned_search_equals_exhaustive(tmp_path):
     """The lazily simulated search (rate bounds stand in for unsimulated candidates) returns the exhaustive
     search's price, a mix that covers the loads at simulated rates, with far fewer rate searches; every rate
-    simulated is within its bound. Three OPT-13B on 5 GPU types (150 candidates) and one Llama 3 8B over A100 and
+    simulated is within its bound. Three OPT-13B on 2 GPU types (60 candidates) and one Llama 3 8B over A100 and
     V100 x vLLM x 2 weight dtypes x TP x PP <= 2 (24 candidates)."""
     from hetplan.serve.capacity import plan_capacity
     from hetplan.serve.config import load_workload_config
 
     eng = tmp_path / "eng.toml"
     eng.write_text(ENGINES_WORKLOAD.replace("exhaustive = true", "exhaustive = false"))
-    for path in (EXAMPLES / "capacity.toml", eng):
+    for path, gpus in ((EXAMPLES / "capacity.toml", ["A100-PCIE-40GB", "L4"]), (eng, None)):
         wf = load_workload_config(path)
-        full, lazy = plan_capacity(wf, exhaustive=True, share=False), plan_capacity(wf, share=False)
+        full, lazy = (plan_capacity(wf, gpus, exhaustive=True, share=False),
+                      plan_capacity(wf, gpus, share=False))
         assert lazy["price_usd_per_hour"] == pytest.approx(full["price_usd_per_hour"], rel=1e-12)
         assert lazy["meets_target"] and full["meets_target"]
         for name, load in lazy["load_per_s"].items():

@@ -631,6 +631,26 @@ def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: A
 ADAM_BYTES_PER_PARAMETER = 30.0
 
 
-def optimizer_step_time_s(params_per_gpu: Array, gpu: GPUSpec):
-    """Adam step over the parameters this GPU owns: memory-bound, :data:`ADAM_BYTES_PER_PARAMETER` per parameter."""
-    return params_per_gpu * ADAM_BYTES_PER_PARAMETER / gpu.hbm_bandwidth_bytes_per_s
+#: Bytes moved per parameter by DeepSpeed's ``FP16_Optimizer.step`` (ZeRO-0 with fp16,
+#: ``deepspeed/runtime/fp16/fused_optimizer.py``), pass by pass: the overflow check
+#: (``CheckOverflow.has_overflow_serial`` → ``_has_inf_or_nan``: ``float(x.float().sum())`` on each fp16 gradient,
+#: read 2 + fp32 copy 4 + its sum 4 = 10 B); the fp32 flat gradient (``p.grad.to(fp32)``, 2 + 4, then
+#: ``_flatten_dense_tensors``, 4 + 4 = 14 B); the global norm of the flat gradient (``get_flattened_grad_norm``,
+#: 4 B); ``unscale_and_clip_grads`` (``grad.mul_``, 4 + 4 = 8 B); the fused Adam on the fp32 master weights
+#: (read master, gradient, m, v, write master, m, v: 28 B); the copy of the updated master weights into the fp16
+#: ones (``p.data.copy_``, 4 + 2 = 6 B). 70 B. The overflow check's host synchronisation per parameter tensor is
+#: not charged.
+DEEPSPEED_FP16_STEP_BYTES_PER_PARAMETER = 70.0
+#: Bytes moved per parameter by DeepSpeed's gradient reduction of ZeRO-0 at the accumulation boundary beyond the
+#: all-reduce itself (``DeepSpeedEngine.allreduce_gradients`` → ``buffered_allreduce_fallback`` →
+#: ``allreduce_bucket``, ``deepspeed/runtime/engine.py``; the pipeline engine's ``ReduceGrads`` calls the same):
+#: the fp16 gradients flattened into a bucket (read 2 + write 2), scaled by 1/DP in place (2 + 2), copied back
+#: into each ``.grad`` (2 + 2): 12 B, at every DP degree, DP 1 included.
+DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER = 12.0
+
+
+def optimizer_step_time_s(params_per_gpu: Array, gpu: GPUSpec, bytes_per_parameter: Array = ADAM_BYTES_PER_PARAMETER):
+    """Adam step over the parameters this GPU owns: memory-bound, ``bytes_per_parameter`` per parameter
+    (:data:`ADAM_BYTES_PER_PARAMETER`, Megatron's fused step; DeepSpeed's ZeRO-0 fp16 step
+    :data:`DEEPSPEED_FP16_STEP_BYTES_PER_PARAMETER`)."""
+    return params_per_gpu * bytes_per_parameter / gpu.hbm_bandwidth_bytes_per_s

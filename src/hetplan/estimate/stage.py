@@ -346,7 +346,12 @@ def stage_costs(
 
     owned = dense / np.where(zero >= 1, dp_all, 1) + expert / np.where(zero >= 1, edp, 1)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
-    optimizer = compute.optimizer_step_time_s(owned, gpu)
+    # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
+    # more than a fused Adam step (compute doc); serial after the last backward, like the step
+    ds_fp16 = framework == "deepspeed" and stack.optimizer_memory == "deepspeed" and dtype == "fp16"
+    step_bytes = np.where(ds_fp16 & (np.asarray(zero) == 0), compute.DEEPSPEED_FP16_STEP_BYTES_PER_PARAMETER
+                          + compute.DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER, compute.ADAM_BYTES_PER_PARAMETER)
+    optimizer = compute.optimizer_step_time_s(owned, gpu, step_bytes)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
         linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
         optimizer = optimizer + fp8.weight_cast_time_s(linear, gpu, fp8_recipe, framework)

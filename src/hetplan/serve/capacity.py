@@ -255,6 +255,13 @@ def cluster_stack(wf: WorkloadFile, gpu: GPUSpec | None = None) -> Stack:
     return stack
 
 
+def workload_swap_model(wf: WorkloadFile, gpu: GPUSpec) -> SwapModel:
+    """The swap model of ``wf``'s ``[swap]`` (Computron's fit by default) over ``gpu``'s host link."""
+    sw = wf.swap
+    return SwapModel(gpu.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
+                     sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
+
+
 def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int | None = None, pp: int | None = None,
                       requests: list[Request] | None = None, capacity_bytes: int | None = None) -> SimResult:
     """Simulate ``wf`` on ``gpu`` (default: ``cluster.gpu``) partitioned ``tp`` x ``pp`` (default: the file's).
@@ -274,9 +281,7 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     dtype = c.dtype
     gpu.peak_flops_per_s(dtype)  # raises on an unsupported dtype
     cap = capacity_bytes or default_cap or int(gpu.memory_bytes * c.memory_fraction)
-    sw = wf.swap
-    swap_model = SwapModel(gpu.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
-                           sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
+    swap_model = workload_swap_model(wf, gpu)
     s = wf.scheduler
     stack = cluster_stack(wf, gpu)
     models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, wf, cap, len(wf.models), stack) for m in wf.models]
@@ -504,12 +509,11 @@ def simulate_shared(wf: WorkloadFile, entries, specs, members: list[int], cfg, r
     ``early_stop``: stop once more requests missed than ``target_attainment`` allows over all members (then some
     member is below it: Σ_m (1 − t)·N_m = (1 − t)·N)."""
     g, tp, pp, st = cfg
-    s, c, sw = wf.scheduler, wf.cluster, wf.swap
+    s, c = wf.scheduler, wf.cluster
     cap = int(g.memory_bytes * c.memory_fraction)
     names = [entries[m].name for m in members]
     models = [sim_model(entries[m].name, specs[m], g, tp, pp, c.dtype, wf, cap, len(members), st) for m in members]
-    swap = SwapModel(g.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
-                     sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
+    swap = workload_swap_model(wf, g)
     share = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs if r.model in names]
     objectives = slos(wf)
     allowed = int((1.0 - wf.capacity.target_attainment) * len(share))
