@@ -9,11 +9,13 @@ Measured 2026-11-28 (2 cores shared with seven other jobs), ``--exhaustive`` (ev
 search before the rate-bound pruning) -> default (pruned; the same price):
 
 * ``--workload examples/serve/capacity-engines.toml --max-gpus 4`` (48 candidates: H100-SXM, L40S x TP x PP <= 4
-  x vLLM, SGLang x 16-bit, FP8): 103.4 s -> 2.0 s CPU, 48 -> 1 rate searched, 1.86 $/h both (1 x L40S,
+  x vLLM, SGLang x 16-bit, FP8): 103.4 s -> 2.0 s CPU, 48 -> 1 rate searched, 1.86 $/h both (1 x L40S at the price then,
   SGLang 0.5, FP8). The profile of the exhaustive run: 190 of 194 s in 336 rate probes (7 per candidate) of
   200 requests each, 1.7 M simulated iterations, half of the time pricing them in ``estimate/inference.py``.
-* ``examples/serve/capacity.toml`` (3 OPT-13B, 150 candidates): 2.7 s -> 0.1-0.4 s CPU, 129 -> 3 rate searches,
-  7.74 $/h both (a tie: model a on TP 1 x PP 2 -> TP 2 x PP 1 A100-PCIE-40GB, the same price).
+* ``examples/serve/capacity.toml --no-share`` (3 OPT-13B, 150 candidates): 2.7 s -> 0.1-0.4 s CPU, 129 -> 3 rate
+  searches, the same price (7.74 $/h at the catalog prices before 2026-05-07; 7.42 $/h, 3 x A100-SXM-80GB, since).
+* With shared groups (the default): 0.3-0.6 s CPU, 4.95 $/h (the three models sharing 2 x A100-SXM-80GB TP 2;
+  11 of 172 candidate groups simulated, no dedicated rate search).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("--workload", default=str(EXAMPLE))
     ap.add_argument("--max-gpus", type=int, default=None, help="override capacity.max_gpus")
     ap.add_argument("--exhaustive", action="store_true", help="simulate every candidate (the search before pruning)")
+    ap.add_argument("--no-share", action="store_true", help="dedicated replicas only (no shared groups)")
     args = ap.parse_args()
 
     from hetplan.serve import capacity
@@ -42,9 +45,10 @@ def main() -> None:
         if args.max_gpus:
             wf.capacity.max_gpus = args.max_gpus
         c0, w0 = time.process_time(), time.perf_counter()
-        out = capacity.plan_capacity(wf, exhaustive=args.exhaustive)
+        out = capacity.plan_capacity(wf, exhaustive=args.exhaustive, share=not args.no_share)
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-        mix = ", ".join(f"{r['model']}: {r['replicas']} x {r['gpu']} TP{r['tp']}xPP{r['pp']}" for r in out["mix"])
+        mix = ", ".join([f"{r['model']}: {r['replicas']} x {r['gpu']} TP{r['tp']}xPP{r['pp']}" for r in out["mix"]]
+                        + [f"{'+'.join(r['models'])} sharing {r['gpu']} TP{r['tp']}xPP{r['pp']}" for r in out["shared"]])
         searched = sum(c["rate_per_s"] is not None and c["rate_bound_per_s"] > 0 for c in out["candidates"])
         print(f"run {i}: {cpu:.2f} s CPU, {wall:.2f} s wall, {len(out['candidates'])} candidates "
               f"({searched} rate-searched), "

@@ -7,6 +7,9 @@ from hetplan.estimate import compute
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
+from hetplan.estimate.stagework import LayerTerms, Link
+
+LINK = Link.one_node(450e9)  # the TP group in one node, 450 GB/s per direction
 
 CAT = load_catalog()
 GPU = compute.pool_gpu(CAT, GPUPool(gpu="H100-SXM", count=8))
@@ -33,28 +36,29 @@ def test_exposure_worked_example():
 def test_async_tp_hides_the_collectives_and_the_copies_of_a_large_layer():
     m = load_model("llama3-70b")
     kw = dict(sequence_parallel=True, attention="flash", sequence_dim_copies=True)
-    van = compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, 450e9, **kw)
-    asy = compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, 450e9, async_tp=True, **kw)
-    bare = compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, 1e30, sequence_parallel=True, attention="flash")
+    van = compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, LayerTerms(LINK, **kw))
+    asy = compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, LayerTerms(LINK, async_tp=True, **kw))
+    free = LayerTerms(Link.one_node(1e30), sequence_parallel=True, attention="flash")
+    bare = compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, free)
     assert asy[0] < van[0] and asy[1] < van[1]
     assert asy[2] < 0.5 * van[2]
     # never faster than the layer without any TP communication, beyond the chunked GEMMs' and copies' own cost
     assert asy[0] >= bare[0] and asy[1] >= bare[1]
     # without TP, or without sequence parallelism, async TP changes nothing
     one = dict(attention="flash", sequence_dim_copies=True)
-    assert compute.layer_time_s(m, GPU, "bf16", 16, 8192, 1, 0, 450e9, sequence_parallel=True, async_tp=True,
-                                **one) == compute.layer_time_s(m, GPU, "bf16", 16, 8192, 1, 0, 450e9,
-                                                               sequence_parallel=True, **one)
-    assert compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, 450e9, async_tp=True, **one) == \
-        compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, 450e9, **one)
+    assert compute.layer_time_s(m, GPU, "bf16", 16, 8192, 1, 0,
+                                LayerTerms(LINK, sequence_parallel=True, async_tp=True, **one)) == \
+        compute.layer_time_s(m, GPU, "bf16", 16, 8192, 1, 0, LayerTerms(LINK, sequence_parallel=True, **one))
+    assert compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, LayerTerms(LINK, async_tp=True, **one)) == \
+        compute.layer_time_s(m, GPU, "bf16", 16, 8192, 8, 0, LayerTerms(LINK, **one))
 
 
 def test_chunked_gemms_and_extra_launches_make_async_tp_lose_on_tiny_layers():
     """At one short sequence the chunks of T/t rows and the extra kernels per step cost more than they hide."""
     m = load_model("llama3-8b")
     kw = dict(sequence_parallel=True, attention="flash", sequence_dim_copies=True)
-    van = compute.layer_time_s(m, GPU, "bf16", 1, 1024, 8, 0, 450e9, **kw)
-    asy = compute.layer_time_s(m, GPU, "bf16", 1, 1024, 8, 0, 450e9, async_tp=True, **kw)
+    van = compute.layer_time_s(m, GPU, "bf16", 1, 1024, 8, 0, LayerTerms(LINK, **kw))
+    asy = compute.layer_time_s(m, GPU, "bf16", 1, 1024, 8, 0, LayerTerms(LINK, async_tp=True, **kw))
     assert asy[0] + asy[1] > van[0] + van[1]
 
 

@@ -9,6 +9,7 @@ from hetplan.estimate import compute
 from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import FLASH_TO_GEMM_RATIO, load_catalog
 from hetplan.plan import GPUPool, Job, Plan, Stage
+from hetplan.estimate.stagework import LayerTerms, Link
 
 CAT = load_catalog()
 
@@ -147,7 +148,8 @@ def test_under_context_parallelism_only_the_diagonal_block_is_causal():
     m, g = load_model("llama3-8b"), _gpu("H100-SXM")
     b, s = 1, 8192
     nf, nb = compute.flash_attention_time_s(m, g, "bf16", b, s, 1, causal=False)
-    one, four = (compute.layer_time_s(m, g, "bf16", b, s, 1, 0, 450e9, attention="flash", attention_blocks=k)
+    one, four = (compute.layer_time_s(m, g, "bf16", b, s, 1, 0,
+                                      LayerTerms(Link.one_node(450e9), attention="flash", attention_blocks=k))
                  for k in (1, 4))
     assert four[0] - one[0] == pytest.approx(1.5 * nf, rel=1e-3)
     assert four[1] - one[1] == pytest.approx(1.5 * nb, rel=1e-3)

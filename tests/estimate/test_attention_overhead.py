@@ -20,7 +20,10 @@ from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage, balanced_split
 from hetplan.search.homogeneous import evaluate_pool
 from hetplan.search.space import RECOMPUTE_NAMES, Pins
+from hetplan.estimate.stagework import LayerTerms, Link
 from stage_kwargs import memory_of
+
+LINK = Link.one_node(300e9)  # the TP group in one node, 300 GB/s per direction
 
 CAT = load_catalog()
 GIB = 2**30
@@ -49,8 +52,8 @@ def test_flash_drops_the_s2_terms_and_keeps_the_lse(t, sp):
 def test_flash_layer_time():
     m, g = _gpt(), CAT.get("A100-SXM-80GB")
     s, b = 4096, 4
-    f, bwd, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, 300e9, attention="flash")
-    fs, _, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, 300e9)
+    f, bwd, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, LayerTerms(LINK, attention="flash"))
+    fs, _, _ = compute.layer_time_s(m, g, "bf16", b, s, 1, 0, LayerTerms(LINK))
     assert f < fs  # no element-wise passes over the s x s scores, half the score work, a fused kernel
     # Worked example: causal kernel work 4·b·s²·q·(s + 128)/(2s), at 70 % / 60 % of 312 TFLOP/s (FA2 on A100)
     # times FA2's causal efficiency 0.93 times φ(s) = s / (s + 134); backward 2.5x the work.
@@ -60,8 +63,8 @@ def test_flash_layer_time():
     assert core_f == pytest.approx(work / (312e12 * 0.70 * 0.93 * phi), rel=1e-12)
     assert core_b == pytest.approx(2.5 * work / (312e12 * 0.60 * 0.93 * phi), rel=1e-12)
     # Megatron-LM does not checkpoint the flash core: selective = none; full still adds a forward.
-    assert compute.layer_time_s(m, g, "bf16", b, s, 1, 1, 300e9, attention="flash")[1] == pytest.approx(bwd)
-    assert compute.layer_time_s(m, g, "bf16", b, s, 1, 2, 300e9, attention="flash")[1] > bwd
+    assert compute.layer_time_s(m, g, "bf16", b, s, 1, 1, LayerTerms(LINK, attention="flash"))[1] == pytest.approx(bwd)
+    assert compute.layer_time_s(m, g, "bf16", b, s, 1, 2, LayerTerms(LINK, attention="flash"))[1] > bwd
 
 
 def test_causal_work_fraction_counts_the_diagonal_tiles():

@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 
 from hetplan.estimate import compute
-from hetplan.estimate.stagework import Link
+from hetplan.estimate.stagework import LayerTerms, Link
 from hetplan.calibration.validation import gpt_model
 from hetplan.hardware.catalog import get_gpu
 from stage_kwargs import costs_of
+
+LINK = Link.one_node(300e9)  # the TP group in one node, 300 GB/s per direction
 
 
 def test_gemm_efficiency_grows_with_every_dimension_and_is_bounded():
@@ -46,8 +48,8 @@ def test_small_layers_narrow_the_gap_between_gpus():
     a100, a10 = get_gpu("A100-SXM-80GB"), get_gpu("A10")
 
     def ratio(b):
-        f100, _, _ = compute.layer_time_s(m, a100, "fp16", b, 1024, 1, 0, 300e9)
-        f10, _, _ = compute.layer_time_s(m, a10, "fp16", b, 1024, 1, 0, 32e9)
+        f100, _, _ = compute.layer_time_s(m, a100, "fp16", b, 1024, 1, 0, LayerTerms(LINK))
+        f10, _, _ = compute.layer_time_s(m, a10, "fp16", b, 1024, 1, 0, LayerTerms(Link.one_node(32e9)))
         return float(f10 / f100)
 
     assert 1.0 < ratio(1) < 0.85 * ratio(32)
@@ -56,12 +58,12 @@ def test_small_layers_narrow_the_gap_between_gpus():
 def test_recompute_adds_time_and_tp_shortens_compute():
     m = gpt_model(24, 4096, 32, 2048)
     g = get_gpu("A100-SXM-80GB")
-    none = compute.layer_time_s(m, g, "bf16", 4, 2048, 1, 0, 300e9)
-    sel = compute.layer_time_s(m, g, "bf16", 4, 2048, 1, 1, 300e9)
-    full = compute.layer_time_s(m, g, "bf16", 4, 2048, 1, 2, 300e9)
+    none = compute.layer_time_s(m, g, "bf16", 4, 2048, 1, 0, LayerTerms(LINK))
+    sel = compute.layer_time_s(m, g, "bf16", 4, 2048, 1, 1, LayerTerms(LINK))
+    full = compute.layer_time_s(m, g, "bf16", 4, 2048, 1, 2, LayerTerms(LINK))
     assert none[1] < sel[1] < full[1]
     assert none[0] == sel[0] == full[0]
-    tp2 = compute.layer_time_s(m, g, "bf16", 4, 2048, 2, 0, 300e9)
+    tp2 = compute.layer_time_s(m, g, "bf16", 4, 2048, 2, 0, LayerTerms(LINK))
     assert tp2[0] - tp2[2] / 2 < none[0] and tp2[2] > 0
 
 

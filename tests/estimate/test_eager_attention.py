@@ -11,6 +11,7 @@ from hetplan.estimate.compute import eager_score_bytes, layer_time_s
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import load_model
+from hetplan.estimate.stagework import LayerTerms, Link
 
 BLOOM = str(Path(hetplan.energy.__file__).parent / "data" / "bloom-176b.json")
 
@@ -32,8 +33,8 @@ def test_eager_layer_time_against_standard(name):
     m, gpu = load_model(name), load_catalog().get("A100-SXM-80GB")
     b, s, t = 1, 2048, 8
     kw = dict(cuda_graphs=True)
-    fs, bs, _ = layer_time_s(m, gpu, "bf16", b, s, t, 0, 3e11, attention="standard", **kw)
-    fe, be, _ = layer_time_s(m, gpu, "bf16", b, s, t, 0, 3e11, attention="eager", **kw)
+    fs, bs, _ = layer_time_s(m, gpu, "bf16", b, s, t, 0, LayerTerms(Link.one_node(3e11), attention="standard", **kw))
+    fe, be, _ = layer_time_s(m, gpu, "bf16", b, s, t, 0, LayerTerms(Link.one_node(3e11), attention="eager", **kw))
     scores = m.num_attention_heads * s * s * b / t / gpu.hbm_bandwidth_bytes_per_s
     stored = 5 if m.dropout else 2
     fwd, bwd = eager_score_bytes(m)

@@ -7,7 +7,7 @@ import pytest
 
 from hetplan.estimate import compute, elementwise
 from hetplan.estimate.estimator import estimate, hardware_flops_per_iteration
-from hetplan.estimate.stagework import Link
+from hetplan.estimate.stagework import LayerTerms, Link
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
@@ -85,16 +85,16 @@ def test_eager_fp8_casts_are_33_bytes_per_element():
 def test_op_sac_recomputes_the_two_tp_allgathers():
     """Per-op SAC saves the reduce-scatters, not the all-gathers: under TP + SP its backward runs the forward's two
     all-gathers again, one all-reduce's worth of ring steps."""
-    kw = dict(sequence_parallel=True, attention="flash", gpus_per_node=8)
-    off = compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 1, 450e9, op_sac=False, **kw)
-    on = compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 1, 450e9, op_sac=True, **kw)
-    allreduce = compute.group_collective_time_s(12 * 8192 * H * 2, "allreduce", 8, 1, 8, 450e9, 450e9,
-                                                inter_alpha_s=compute.ALPHA_INTER_NODE_S, intra_alpha_s=None)
+    link = Link(8, 450e9, 450e9)  # one node of 8 GPUs
+    kw = dict(sequence_parallel=True, attention="flash")
+    off = compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 1, LayerTerms(link, op_sac=False, **kw))
+    on = compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 1, LayerTerms(link, op_sac=True, **kw))
+    allreduce = compute.group_collective_time_s(12 * 8192 * H * 2, "allreduce", 8, 1, link)
     assert float(on[0]) == float(off[0])
     assert float(on[1] - off[1]) == pytest.approx(float(allreduce), rel=1e-9)
     assert float(on[2] - off[2]) == pytest.approx(float(allreduce), rel=1e-9)
-    full = compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 2, 450e9, op_sac=True, **kw)
-    assert float(full[2]) == float(compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 2, 450e9, **kw)[2])
+    full = compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 2, LayerTerms(link, op_sac=True, **kw))
+    assert float(full[2]) == float(compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 2, LayerTerms(link, **kw))[2])
 
 
 def test_hfu_counts_op_sac_matmuls():
@@ -131,19 +131,23 @@ def test_dtensor_sequence_dim_copies():
     """DTensor's Shard(1) collectives copy the whole b·s·h activation once each (chunk + cat): 4 collectives of
     4 B per element per pass; per-op SAC adds its two recomputed all-gathers' copies; none with tp_comm_overlap
     or without TP."""
-    kw = dict(sequence_parallel=True, attention="flash", gpus_per_node=8)
+    link = Link(8, 450e9, 450e9)  # one node of 8 GPUs
     b, s, t = 12, 8192, 8
+
+    def layer(dtype, t, rc, **terms):
+        return compute.layer_time_s(M, GPU, dtype, b, s, t, rc,
+                                    LayerTerms(link, sequence_parallel=True, attention="flash", **terms))
+
     full = b * s * H / GPU.hbm_bandwidth_bytes_per_s
     for rc, bwd_copies in ((0, 4 * 4), (1, 4 * 4 + 2 * 4), (2, 2 * 4 * 4)):
-        off = compute.layer_time_s(M, GPU, "bf16", b, s, t, rc, 450e9, op_sac=True, **kw)
-        on = compute.layer_time_s(M, GPU, "bf16", b, s, t, rc, 450e9, op_sac=True, sequence_dim_copies=True, **kw)
+        off = layer("bf16", t, rc, op_sac=True)
+        on = layer("bf16", t, rc, op_sac=True, sequence_dim_copies=True)
         assert float(on[0] - off[0]) == pytest.approx(4 * 4 * full, rel=1e-9)
         assert float(on[1] - off[1]) == pytest.approx(bwd_copies * full, rel=1e-9)
         assert float(on[2]) == float(off[2])  # memory traffic, not communication
-    fp8 = [compute.layer_time_s(M, GPU, "fp8", b, s, t, 0, 450e9, sequence_dim_copies=x, **kw)[0] for x in (0, 1)]
+    fp8 = [layer("fp8", t, 0, sequence_dim_copies=x)[0] for x in (0, 1)]
     assert float(fp8[1] - fp8[0]) == pytest.approx((2 * 2 + 2 * 4) * full, rel=1e-9)  # FP8 all-gathers: 1 + 1 B
-    fused = [compute.layer_time_s(M, GPU, "bf16", b, s, t, 0, 450e9, tp_comm_overlap=True, sequence_dim_copies=x,
-                                  **kw)[0] for x in (0, 1)]
+    fused = [layer("bf16", t, 0, tp_comm_overlap=True, sequence_dim_copies=x)[0] for x in (0, 1)]
     assert float(fused[1]) == float(fused[0])
-    tp1 = [compute.layer_time_s(M, GPU, "bf16", b, s, 1, 0, 450e9, sequence_dim_copies=x, **kw)[0] for x in (0, 1)]
+    tp1 = [layer("bf16", 1, 0, sequence_dim_copies=x)[0] for x in (0, 1)]
     assert float(tp1[1]) == float(tp1[0])

@@ -5,7 +5,7 @@ import pytest
 
 from hetplan.estimate import compute, fp8, moe
 from hetplan.estimate.estimator import estimate
-from hetplan.estimate.stagework import Link
+from hetplan.estimate.stagework import LayerTerms, Link
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
@@ -166,10 +166,11 @@ def test_fp8_sequence_parallel_all_gathers_carry_fp8(h100):
     x = 8192 * m.hidden_size * 2
 
     def tp(dtype, sp):
-        return compute.layer_time_s(m, h100, dtype, 1, 8192, 8, 0, 450e9, sequence_parallel=sp, attention="flash")[2]
+        terms = LayerTerms(Link.one_node(450e9), sequence_parallel=sp, attention="flash")
+        return compute.layer_time_s(m, h100, dtype, 1, 8192, 8, 0, terms)[2]
 
     def ar(nbytes):
-        return group_collective_time_s(nbytes, "allreduce", 8, 1, 1 << 30, 450e9, 450e9)
+        return group_collective_time_s(nbytes, "allreduce", 8, 1, Link.one_node(450e9))
 
     assert tp("fp8", True) / tp("bf16", True) == pytest.approx((ar(x) + ar(x / 2)) / (2 * ar(x)), rel=1e-12)
     assert 0.74 < tp("fp8", True) / tp("bf16", True) < 0.8

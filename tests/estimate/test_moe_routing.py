@@ -10,6 +10,9 @@ import pytest
 from hetplan.estimate import compute, moe
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
+from hetplan.estimate.stagework import LayerTerms, Link
+
+LINK = Link.one_node(450e9)  # the TP group in one node, 450 GB/s per direction
 
 GPU = load_catalog().get("H100-SXM")
 
@@ -61,12 +64,12 @@ def test_permutation_is_gpu_work_forward_and_again_in_backward():
     m = load_model("qwen3-30b-a3b")
     gemms = moe.layer_gemm_times_s(m, GPU, "bf16", 4, 4096, 1, 8, 1, 1.0)
     kw = dict(attention="flash", gemm_times_s=gemms, cuda_graphs=True)  # no host floor: GPU time only
-    f0, b0, _ = compute.layer_time_s(m, GPU, "bf16", 4, 4096, 1, 0, 450e9, **kw)
+    f0, b0, _ = compute.layer_time_s(m, GPU, "bf16", 4, 4096, 1, 0, LayerTerms(LINK, **kw))
     extra = float(moe.permute_time_s(m, GPU, 4, 4096, 1, 8))
-    f1, b1, _ = compute.layer_time_s(m, GPU, "bf16", 4, 4096, 1, 0, 450e9, extra_gpu_s=extra, **kw)
+    f1, b1, _ = compute.layer_time_s(m, GPU, "bf16", 4, 4096, 1, 0, LayerTerms(LINK, extra_gpu_s=extra, **kw))
     assert float(f1 - f0) == pytest.approx(extra) and float(b1 - b0) == pytest.approx(extra)
-    _, b2, _ = compute.layer_time_s(m, GPU, "bf16", 4, 4096, 1, 2, 450e9, extra_gpu_s=extra, **kw)
-    _, b3, _ = compute.layer_time_s(m, GPU, "bf16", 4, 4096, 1, 2, 450e9, **kw)
+    _, b2, _ = compute.layer_time_s(m, GPU, "bf16", 4, 4096, 1, 2, LayerTerms(LINK, extra_gpu_s=extra, **kw))
+    _, b3, _ = compute.layer_time_s(m, GPU, "bf16", 4, 4096, 1, 2, LayerTerms(LINK, **kw))
     assert float(b2 - b3) == pytest.approx(2 * extra)  # full recomputation runs the forward's again
 
 

@@ -101,3 +101,18 @@ def test_from_job_is_from_plan_of_a_default_plan_and_hashable():
         _plan("dense").job)
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.dtype = "fp16"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("function, bound", [
+    ("hetplan.estimate.stage:stage_costs", 6),
+    ("hetplan.estimate.memory:stage_memory_bytes", 4),
+    ("hetplan.estimate.compute:layer_time_s", 8),
+])
+def test_cost_functions_take_few_parameters(function, bound):
+    """Issue #24's bounds: an option travels in TrainingOptions / LayerTerms, not as one more parameter."""
+    import importlib
+    import inspect
+
+    module, name = function.split(":")
+    params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    assert len(params) <= bound, f"{name} takes {len(params)} parameters: {list(params)}"

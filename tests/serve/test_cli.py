@@ -120,7 +120,9 @@ def test_capacity_prices_catalog_and_refusals(monkeypatch, capsys, tmp_path):
     res = json.loads(out)
     assert {r["gpu"] for r in res["mix"]} == {"A100-SXM-80GB"}  # L4 at 40 $/h loses to the catalog's A100
     assert res["prices"]["L4"] == {"usd_per_gpu_hour": 40.0, "source": "--price"}
-    assert res["price_usd_per_hour"] == pytest.approx(sum(r["gpus"] for r in res["mix"]) * 5.12)
+    from hetplan.hardware.catalog import load_catalog
+    a100 = load_catalog().get("A100-SXM-80GB").price_usd_per_hour  # the catalog's default price
+    assert res["price_usd_per_hour"] == pytest.approx(sum(r["gpus"] for r in res["mix"]) * a100)
     cat = tmp_path / "gpus.toml"
     cat.write_text("[gpus.A100-SXM-80GB]\nprice_usd_per_hour = 0.05\n")
     code, out, err = _run(monkeypatch, capsys, *base, "--catalog", cat)
@@ -391,16 +393,17 @@ def test_capacity_probes_take_the_trace_lengths(tmp_path):
 def test_capacity_pruned_search_equals_exhaustive(tmp_path):
     """The lazily simulated search (rate bounds stand in for unsimulated candidates) returns the exhaustive
     search's price, a mix that covers the loads at simulated rates, with far fewer rate searches; every rate
-    simulated is within its bound. Three OPT-13B on 5 GPU types (150 candidates) and one Llama 3 8B over A100 and
+    simulated is within its bound. Three OPT-13B on 2 GPU types (60 candidates) and one Llama 3 8B over A100 and
     V100 x vLLM x 2 weight dtypes x TP x PP <= 2 (24 candidates)."""
     from hetplan.serve.capacity import plan_capacity
     from hetplan.serve.config import load_workload_config
 
     eng = tmp_path / "eng.toml"
     eng.write_text(ENGINES_WORKLOAD.replace("exhaustive = true", "exhaustive = false"))
-    for path in (EXAMPLES / "capacity.toml", eng):
+    for path, gpus in ((EXAMPLES / "capacity.toml", ["A100-PCIE-40GB", "L4"]), (eng, None)):
         wf = load_workload_config(path)
-        full, lazy = plan_capacity(wf, exhaustive=True, share=False), plan_capacity(wf, share=False)
+        full, lazy = (plan_capacity(wf, gpus, exhaustive=True, share=False),
+                      plan_capacity(wf, gpus, share=False))
         assert lazy["price_usd_per_hour"] == pytest.approx(full["price_usd_per_hour"], rel=1e-12)
         assert lazy["meets_target"] and full["meets_target"]
         for name, load in lazy["load_per_s"].items():

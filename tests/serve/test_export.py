@@ -149,10 +149,10 @@ def test_engine_defaults_replace_max_batch_size(tmp_path):
     from hetplan.serve.config import load_workload_config
 
     text = (EXAMPLES / "capacity-engines.toml").read_text()
-    assert "max_batch_size = 64" in text
+    assert "\nmax_batch_size" not in text
     bare, fixed = tmp_path / "bare.toml", tmp_path / "fixed.toml"
-    bare.write_text(text.replace("max_batch_size = 64", ""))
-    fixed.write_text(text)
+    bare.write_text(text)
+    fixed.write_text(text.replace("[scheduler]\n", "[scheduler]\nmax_batch_size = 64\n"))
     wf, wf64 = load_workload_config(bare), load_workload_config(fixed)
     h100, a100, l40s = get_gpu("H100-SXM"), get_gpu("A100-SXM-80GB"), get_gpu("L40S")
     v1, v0 = Stack(get_engine("vllm@0.10")), Stack(get_engine("vllm@0.6"))

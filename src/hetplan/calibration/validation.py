@@ -47,6 +47,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from hetplan.estimate.comm import CommConstants
+from hetplan.estimate.stagework import LayerTerms, Link
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job, Plan, Stage
@@ -305,8 +306,8 @@ def aceso_cases() -> list[Case]:
 
             def predict(c, mbs=mbs, tp=tp):
                 gpu = c.gpu_catalog().get(V100)
-                f, b, _ = compute.layer_time_s(m, gpu, "fp16", mbs, 2048, tp, 0, link_bw,
-                                               intra_node_alpha_s=c.comm.alpha_intra_node_s)
+                link = Link.one_node(link_bw, intra_node_alpha_s=c.comm.alpha_intra_node_s)
+                f, b, _ = compute.layer_time_s(m, gpu, "fp16", mbs, 2048, tp, 0, LayerTerms(link))
                 return float(f + b)
 
             out.append(Case(set="aceso_v100", key=f"aceso:mbs{mbs}:tp{tp}", group="gpt1.3b", measured=meas,
@@ -371,8 +372,8 @@ def fasop_layer_forward_s(m: ModelSpec, device: str, s: int, tp: int, mbs: int =
     from hetplan.estimate import compute
 
     gpu = fasop_gpu(device, c)
-    f, _, _ = compute.layer_time_s(m, gpu, "fp16", mbs, s, tp, 0, gpu.gpu_link_bandwidth_bytes_per_s,
-                                   intra_node_alpha_s=c.comm.alpha_intra_node_s)
+    link = Link.one_node(gpu.gpu_link_bandwidth_bytes_per_s, intra_node_alpha_s=c.comm.alpha_intra_node_s)
+    f, _, _ = compute.layer_time_s(m, gpu, "fp16", mbs, s, tp, 0, LayerTerms(link))
     return float(f)
 
 

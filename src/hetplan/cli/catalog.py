@@ -1,4 +1,4 @@
-"""``hetplan catalog gpus|nodes|models|stacks|engines``: what the bundled catalog knows."""
+"""``hetplan catalog gpus|nodes|models|prices|stacks|engines``: what the bundled catalog knows."""
 
 from __future__ import annotations
 
@@ -51,6 +51,60 @@ def gpus(
         )))
         t.add_row(*(row[c] for c in keep))
     con.print(t)
+
+
+@catalog_app.command("prices")
+def prices(
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU type."),
+    prices_file: Optional[str] = typer.Option(None, "--prices", help="Your quotes (the [[quote]] layout of "
+                                              "prices.toml), replacing the shipped ones of the GPU types they name."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every quote with its source)."),
+) -> None:
+    """Dated public GPU prices ($/GPU-hour) by provider and kind, and each GPU type's default price: the median of
+    each provider's newest on-demand quote within 12 months (hetplan/hardware/data/prices.toml)."""
+    import datetime as dt
+    import textwrap
+
+    from hetplan.hardware.prices import MAX_AGE_DAYS, default_price, load_quotes, newest_per_provider
+    from hetplan.hardware.prices import _stale as stale
+
+    cat = load_catalog()
+    quotes = load_quotes(prices_file)
+    names = [cat.get(gpu, field="--gpu").name] if gpu else list(cat.gpus)
+    today = dt.date.today()
+    rows, defaults = [], []
+    for name in names:
+        mine = sorted((q for q in quotes if q.gpu == name), key=lambda q: (q.kind, q.usd_per_gpu_hour))
+        d = default_price(name, quotes, today)
+        used = {id(q) for q in newest_per_provider(x for x in mine if x.kind == "on_demand")
+                if d is not None and (not stale(q.date, today) or d.stale)}
+        for q in mine:
+            rows.append((q, id(q) in used, stale(q.date, today)))
+        spec = cat.get(name)
+        defaults.append({"gpu": name, "usd_per_gpu_hour": d.usd_per_gpu_hour if d else spec.price_usd_per_hour,
+                         "rule": d.label if d else f"no on-demand quote: catalog price ({spec.price_provider})",
+                         "date": d.date if d else spec.price_date,
+                         "stale": d.stale if d else stale(spec.price_date, today)})
+    if as_json:
+        print(json.dumps({"max_age_days": MAX_AGE_DAYS, "defaults": defaults,
+                          "quotes": [dict(q.model_dump(), default_rule=u, stale=st) for q, u, st in rows]}, indent=1))
+        return
+    con = table_console()
+    t = new_table("GPU prices, $/GPU-hour (* in the default's median; ! older than 12 months)", con.width < NARROW)
+    for col in ("GPU", "provider", "kind", "$/GPU-h", "date", ""):
+        t.add_column(col, justify="right" if col == "$/GPU-h" else "left", no_wrap=True)
+    for q, used, st in rows:
+        t.add_row(q.gpu, q.provider, q.kind.replace("_", "-"), f"{q.usd_per_gpu_hour:.2f}", q.date,
+                  ("*" if used else "") + ("!" if st else ""))
+    con.print(t)
+    width = max(40, min(con.width, 100) - 1)
+    con.print("Default price (what `hetplan plan` charges a pool without its own; --price-source picks another):",
+              highlight=False)
+    for d in defaults:
+        line = (f"{d['gpu']} {d['usd_per_gpu_hour']:.2f}: {d['rule']}, {d['date']}"
+                + (" (older than 12 months)" if d["stale"] else ""))
+        con.print(textwrap.fill(line, width=width, initial_indent="  ", subsequent_indent="    "),
+                  highlight=False, markup=False)
 
 
 @catalog_app.command("nodes")

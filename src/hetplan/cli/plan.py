@@ -97,7 +97,13 @@ _PROVIDER = typer.Option(None, "--provider", help="With --price-source: quotes o
                          "lambda, coreweave, runpod, vast.ai); default: the cheapest provider's newest quote.")
 
 
-def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str]) -> tuple[list[GPUPool], list[dict]]:
+_PRICES = typer.Option(None, "--prices", help="Your own dated quotes (TOML, the [[quote]] layout of "
+                       "hetplan/hardware/data/prices.toml): they replace the shipped quotes of every GPU type they "
+                       "name, and the default rule (median of each provider's newest on-demand quote) prices it.")
+
+
+def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
+            prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
     """``pools`` with the chosen price filled in where the pool gives none (hetplan.hardware.prices.choose), and
     one line per GPU type: its price, where it comes from, its date and whether the GPU's efficiency is calibrated."""
     from hetplan.hardware.prices import choose
@@ -106,7 +112,8 @@ def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str
     for pool in pools:
         spec = cat.get(pool.gpu)
         if pool.price_usd_per_hour is None:
-            p = choose(spec, price_source.replace("-", "_"), provider)
+            p = choose(spec, price_source.replace("-", "_"), provider,
+                       prices_file=None if prices_file is None else str(prices_file))
             pool = pool.model_copy(update={"price_usd_per_hour": p.usd_per_gpu_hour})
             line = {"usd_per_gpu_hour": p.usd_per_gpu_hour, "from": p.label, "date": p.date, "stale": p.stale,
                     "source": p.source}
@@ -167,7 +174,7 @@ def plan_command(
     network: Optional[str] = typer.Option(None, "--network", help="Between nodes: infiniband | roce | efa | "
                                           "ethernet (TCP, no RDMA: less bandwidth, more latency)."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
-    price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER,
+    price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER, prices: Optional[Path] = _PRICES,
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file with \\[\\[inventory]] pools (replaces those of the job file)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML (extends/overrides)."),
     objective: Optional[str] = typer.Option(None, "--objective", help="fastest | cheapest | budget."),
@@ -269,7 +276,7 @@ def plan_command(
     if search not in ("uniform", "fine"):
         raise HetplanError(f"unknown search {search!r}", field="--search", fix="use uniform or fine")
     cat = load_catalog(catalog)
-    pools_priced, prices = _priced(inv.pools, cat, price_source, provider)
+    pools_priced, price_lines = _priced(inv.pools, cat, price_source, provider, prices)
     inv = inv.model_copy(update={"pools": pools_priced})
     cal, cat = _calibrated(calibration, cat)
     if cal is not None:
@@ -312,7 +319,7 @@ def plan_command(
             "configurations_evaluated": result.configurations_evaluated,
             "configurations_fitting_memory": result.configurations_fitting_memory,
             "search_time_s": result.search_time_s,
-            "prices": prices,
+            "prices": price_lines,
             **({"fine": _fine_json(fine)} if fine else {}),
             **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
@@ -324,7 +331,7 @@ def plan_command(
                if energy and pareto is not None else {}),
         }, indent=1))
         return
-    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, prices, quiet)
+    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, price_lines, quiet)
     if fine is not None:
         _print_fine(fine, explain)
     if energy:

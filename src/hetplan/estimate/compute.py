@@ -57,8 +57,8 @@ from __future__ import annotations
 import numpy as np
 
 from hetplan.estimate import fp8
-from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s, overlap_contention, overlapped_exposed_s
-from hetplan.estimate.stagework import Recompute
+from hetplan.estimate.comm import group_collective_time_s, overlap_contention, overlapped_exposed_s
+from hetplan.estimate.stagework import LayerTerms, Recompute
 from hetplan.hardware.catalog import GPUSpec, default_attention_kernel
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -287,53 +287,20 @@ def eager_score_bytes(m: ModelSpec) -> tuple[int, int]:
     return 4 + 4 + softmax[0] + dropout, 4 + 4 + softmax[1] + dropout
 
 
-def layer_time_s(
-    m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, recompute_code: Array,
-    tp_bandwidth_bytes_per_s: Array,
-    *, gpus_per_node: Array = None, inter_node_bandwidth_bytes_per_s: Array = None, inter_node_alpha_s: Array = ALPHA_INTER_NODE_S,
-    sequence_parallel: Array = False, attention: str = "standard", intra_node_alpha_s: Array = None,
-    gemm_times_s: Array = None, attention_blocks: Array = 1,
-    extra_kernels: Array = 0.0,
-    extra_elementwise_bytes: Array = 0.0,
-    tp_comm_overlap: Array = False,
-    cuda_graphs: Array = False,
-    op_sac: Array = False,
-    sequence_dim_copies: Array = False,
-    async_tp: Array = False,
-    tp_allreduce: Array = "ring",
-    extra_gpu_s: Array = 0.0,
-):
+def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, recompute_code: Array,
+                 terms: LayerTerms):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
 
     Args:
         b: micro-batch size (sequences); s: sequence length; t: TP degree.
-        recompute_code: 0 none, 1 selective, 2 full (array allowed); see ``RECOMPUTE_CODES``.
-        tp_bandwidth_bytes_per_s: unidirectional per-GPU bandwidth of the intra-node link.
-        gpus_per_node, inter_node_bandwidth_bytes_per_s: where a TP group larger than a node crosses nodes
-            (the node's NIC bandwidth, shared by its GPUs); default: the group stays in one node.
-        inter_node_alpha_s: per-step latency between nodes (:func:`hetplan.estimate.comm.network_terms`);
-            intra_node_alpha_s: inside a node (default :data:`hetplan.estimate.comm.ALPHA_INTRA_NODE_S`).
-        sequence_parallel: with SP the element-wise work is also split over the TP ranks.
-        attention: ``"flash"`` (FlashAttention, causal: one fused kernel for the core,
-            :func:`flash_attention_time_s`; no element-wise passes over s x s scores; selective recompute = none)
-            or ``"standard"`` (two batched GEMMs over the full s x s scores plus the element-wise passes over them)
-            or ``"eager"`` (as standard, with the s x s element-wise work of :func:`eager_score_bytes`).
-        gemm_times_s: ``(linear_s, core_s)`` of the layer's forward GEMMs when the caller costs them (MoE, MLA and
-            CP layers: :func:`hetplan.estimate.moe.layer_gemm_times_s`, :mod:`hetplan.estimate.context`);
-            default :func:`layer_gemm_times_s`.
-        attention_blocks: ``(s x s)`` attention blocks per rank: ``cp`` under context parallelism, where ``s`` is
-            a rank's ``s / cp`` tokens and its queries attend all ``cp`` blocks of keys (:mod:`hetplan.estimate.context`).
-            Flash: one block is the causal diagonal one, the other ``attention_blocks - 1`` are halves of blocks
-            without a mask (a ring step computes half a block of full tiles), at the non-causal rate.
-        extra_kernels: kernels the layer's forward launches beyond :data:`KERNELS_PER_LAYER_FORWARD` (MoE layers:
-            :func:`hetplan.estimate.moe.extra_kernels`; eager PyTorch:
-            :func:`hetplan.estimate.elementwise.eager_layer_kernels`); they count in the host floor.
-        extra_gpu_s: memory-bound GPU work of the forward beyond the GEMMs and the element-wise term, costed by the
-            caller (a MoE layer's token permutation, :func:`hetplan.estimate.moe.permute_time_s`); backward runs
-            the same again once (the inverse kernels on the gradients), full recomputation once more.
-        extra_elementwise_bytes: bytes the layer's forward moves beyond the fused element-wise kernels (eager
-            PyTorch: :func:`hetplan.estimate.elementwise.eager_layer_bytes`), charged like the element-wise term:
-            at the HBM bandwidth, twice in backward, again in full recomputation.
+        recompute_code: 0 none, 1 selective, 2 full (array allowed; :class:`hetplan.estimate.stagework.Recompute`).
+        terms: how the layer runs (:class:`hetplan.estimate.stagework.LayerTerms`): its link (the intra-node
+            bandwidth of the TP collectives; where a TP group larger than a node crosses nodes, the node's NIC
+            bandwidth shared by its GPUs; the per-step latencies of :func:`hetplan.estimate.comm.network_terms`),
+            sequence parallelism, attention, the GEMM times / attention blocks / extra kernels, bytes and GPU
+            work a MoE, CP or eager caller costs, and the options below.
+
+    The options of ``terms``:
         tp_comm_overlap: Megatron-Core's ``--tp-comm-overlap`` (Transformer Engine userbuffers; with sequence
             parallelism, dense layers): each of the layer's four TP collectives per pass (all-gather before the QKV
             and FC1 GEMMs, reduce-scatter after the projection and FC2 GEMMs; in backward the same four around the
@@ -370,6 +337,12 @@ def layer_time_s(
         ``(forward_s, backward_s, tp_comm_s)``: forward and backward (backward includes recomputation and TP
         collectives), and the part of both that is TP communication.
     """
+    link, attention, sequence_parallel = terms.link, terms.attention, terms.sequence_parallel
+    attention_blocks, extra_gpu_s = terms.attention_blocks, terms.extra_gpu_s
+    extra_kernels, extra_elementwise_bytes = terms.extra_kernels, terms.extra_elementwise_bytes
+    tp_comm_overlap, cuda_graphs, op_sac = terms.tp_comm_overlap, terms.cuda_graphs, terms.op_sac
+    async_tp, sequence_dim_copies = terms.async_tp, terms.sequence_dim_copies
+    gemm_times_s = terms.gemm_times_s
     flash = counts.check_attention(attention) == "flash"
     linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t) if gemm_times_s is None else gemm_times_s
     on_async = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & bool(async_tp and not tp_comm_overlap)
@@ -412,13 +385,10 @@ def layer_time_s(
     # does not checkpoint the flash core (nothing to recompute).
     recompute_extra = np.where(rc == 2, fwd_compute, np.where(rc == 1, 0.0 if flash else core_f, 0.0))
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
-    g = gpus_per_node if gpus_per_node is not None else 1 << 30
-    inter = inter_node_bandwidth_bytes_per_s if inter_node_bandwidth_bytes_per_s is not None else tp_bandwidth_bytes_per_s
-    tp_kw = dict(inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s, algorithm=tp_allreduce)
-    tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
+    tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, link, algorithm=terms.tp_allreduce)
     reduce_scatter = tp_one / 2  # one reduce-scatter: half an all-reduce's ring steps
     if fp8.is_fp8(dtype):  # FP8 + SP: each all-gather half of an all-reduce moves FP8 (fp8 module doc)
-        half = group_collective_time_s(tp_msg / 2, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
+        half = group_collective_time_s(tp_msg / 2, "allreduce", t, 1, link, algorithm=terms.tp_allreduce)
         tp_one = np.where(sequence_parallel, 0.5 * (tp_one + half), tp_one)
     tp_pass = 2 * tp_one  # four collectives (two all-reduces' volume) per pass
     tp_bwd_pass = tp_pass
@@ -661,6 +631,26 @@ def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: A
 ADAM_BYTES_PER_PARAMETER = 30.0
 
 
-def optimizer_step_time_s(params_per_gpu: Array, gpu: GPUSpec):
-    """Adam step over the parameters this GPU owns: memory-bound, :data:`ADAM_BYTES_PER_PARAMETER` per parameter."""
-    return params_per_gpu * ADAM_BYTES_PER_PARAMETER / gpu.hbm_bandwidth_bytes_per_s
+#: Bytes moved per parameter by DeepSpeed's ``FP16_Optimizer.step`` (ZeRO-0 with fp16,
+#: ``deepspeed/runtime/fp16/fused_optimizer.py``), pass by pass: the overflow check
+#: (``CheckOverflow.has_overflow_serial`` → ``_has_inf_or_nan``: ``float(x.float().sum())`` on each fp16 gradient,
+#: read 2 + fp32 copy 4 + its sum 4 = 10 B); the fp32 flat gradient (``p.grad.to(fp32)``, 2 + 4, then
+#: ``_flatten_dense_tensors``, 4 + 4 = 14 B); the global norm of the flat gradient (``get_flattened_grad_norm``,
+#: 4 B); ``unscale_and_clip_grads`` (``grad.mul_``, 4 + 4 = 8 B); the fused Adam on the fp32 master weights
+#: (read master, gradient, m, v, write master, m, v: 28 B); the copy of the updated master weights into the fp16
+#: ones (``p.data.copy_``, 4 + 2 = 6 B). 70 B. The overflow check's host synchronisation per parameter tensor is
+#: not charged.
+DEEPSPEED_FP16_STEP_BYTES_PER_PARAMETER = 70.0
+#: Bytes moved per parameter by DeepSpeed's gradient reduction of ZeRO-0 at the accumulation boundary beyond the
+#: all-reduce itself (``DeepSpeedEngine.allreduce_gradients`` → ``buffered_allreduce_fallback`` →
+#: ``allreduce_bucket``, ``deepspeed/runtime/engine.py``; the pipeline engine's ``ReduceGrads`` calls the same):
+#: the fp16 gradients flattened into a bucket (read 2 + write 2), scaled by 1/DP in place (2 + 2), copied back
+#: into each ``.grad`` (2 + 2): 12 B, at every DP degree, DP 1 included.
+DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER = 12.0
+
+
+def optimizer_step_time_s(params_per_gpu: Array, gpu: GPUSpec, bytes_per_parameter: Array = ADAM_BYTES_PER_PARAMETER):
+    """Adam step over the parameters this GPU owns: memory-bound, ``bytes_per_parameter`` per parameter
+    (:data:`ADAM_BYTES_PER_PARAMETER`, Megatron's fused step; DeepSpeed's ZeRO-0 fp16 step
+    :data:`DEEPSPEED_FP16_STEP_BYTES_PER_PARAMETER`)."""
+    return params_per_gpu * bytes_per_parameter / gpu.hbm_bandwidth_bytes_per_s

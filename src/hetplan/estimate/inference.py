@@ -62,6 +62,7 @@ from hetplan.estimate.comm import ALPHA_INTRA_NODE_S, p2p_time_s
 from hetplan.estimate.compute import (attention_gemm_times_s, attention_linear_shapes, embedding_time_s, gemm_time_s,
                                       layer_time_s, mlp_linear_shapes)
 from hetplan.estimate.memory import stage_parameters
+from hetplan.estimate.stagework import LayerTerms, Link
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.hardware.engines import WEIGHT_DTYPE_BYTES, EngineSpec
 from hetplan.model.spec import ModelSpec
@@ -158,9 +159,9 @@ def _forward_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: int, s: int, tp: int, 
     ``engine`` None: the training forward (standard attention, per-kernel launches). Else the engine's path
     (module docstring): launches per its decode path, its attention kernel, ``weights`` at their size and GEMM
     dtype; a captured decode batch is padded to the captured size."""
-    link = gpu.gpu_link_bandwidth_bytes_per_s
+    link = Link.one_node(gpu.gpu_link_bandwidth_bytes_per_s)
     if engine is None:
-        layer_fwd = float(layer_time_s(m, gpu, dtype, b, s, tp, 0, link)[0])
+        layer_fwd = float(layer_time_s(m, gpu, dtype, b, s, tp, 0, LayerTerms(link))[0])
         emb = float(embedding_time_s(m, gpu, b, s, tp)[0])
         logits = float(gemm_time_s(gpu, dtype, b, m.padded_vocab_size() / tp, m.hidden_size))
         return m.num_layers * layer_fwd + emb + logits
@@ -176,9 +177,9 @@ def _forward_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: int, s: int, tp: int, 
     tile = None if prefill else mma_row_tile(gpu)
     linear = sum(float(gemm_time_s(g, gemm_dtype, M, N, K, weight_bytes=wb, row_tile=tile)) for M, N, K in shapes)
     core = float(attention_gemm_times_s(m, g, dtype, b, s, tp)[1])
-    layer_fwd = float(layer_time_s(m, g, gemm_dtype, b, s, tp, 0, link, attention="flash",
-                                   gemm_times_s=(linear, core), cuda_graphs=not launches,
-                                   tp_allreduce=tp_allreduce_algorithm(engine, gpu, tp))[0])
+    terms = LayerTerms(link, attention="flash", gemm_times_s=(linear, core), cuda_graphs=not launches,
+                       tp_allreduce=tp_allreduce_algorithm(engine, gpu, tp))
+    layer_fwd = float(layer_time_s(m, g, gemm_dtype, b, s, tp, 0, terms)[0])
     host = g if launches else g.model_copy(update={"kernel_overhead_s": 0.0})
     emb = float(embedding_time_s(m, host, b, s, tp)[0])
     logits = float(gemm_time_s(g, dtype, b, m.padded_vocab_size() / tp, m.hidden_size))

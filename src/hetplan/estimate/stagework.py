@@ -5,7 +5,9 @@ besides the model, the degrees (:class:`hetplan.degrees.Degrees`) and the option
 * :class:`StageWork` — its layers, embedding / head, micro-batch and sequence, micro-batches per iteration and in
   flight, recomputation (:class:`Recompute`), ZeRO stage and sequence parallelism;
 * :class:`StageHardware` — its GPU (:class:`hetplan.hardware.catalog.GPUSpec`) and the links it sees
-  (:class:`Link`).
+  (:class:`Link`);
+* :class:`LayerTerms` — how one transformer layer runs (its link, sequence parallelism, attention, the terms a
+  MoE / CP / eager caller costs, the TP overlaps): the options of :func:`hetplan.estimate.compute.layer_time_s`.
 
 Like :class:`~hetplan.degrees.Degrees`, the fields of :class:`StageWork` hold scalars (one stage of a plan) or
 numpy arrays (thousands of configurations of a search), broadcasting against each other.
@@ -17,7 +19,10 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from hetplan.estimate.comm import ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, P2P_CALL_S
+from hetplan.estimate.arrays import Array
+
+from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY,
+                                   P2P_CALL_S)
 from hetplan.hardware.catalog import GPUSpec
 
 
@@ -40,8 +45,13 @@ class Recompute(IntEnum):
 class Link:
     """Bandwidths a stage sees (bytes/s, unidirectional): inside its node and out of its node (whole NIC, as far
     as its network lets NCCL use it: :func:`hetplan.estimate.comm.network_terms`), and the per-step latencies
-    between nodes and inside a node (s; the latter fitted, :class:`hetplan.estimate.comm.CommConstants`), and the
-    time a stage loses per pipeline p2p call of an extra model chunk (:data:`hetplan.estimate.comm.P2P_CALL_S`)."""
+    between nodes and inside a node (s; the latter fitted, :class:`hetplan.estimate.comm.CommConstants`), the
+    time a stage loses per pipeline p2p call of an extra model chunk (:data:`hetplan.estimate.comm.P2P_CALL_S`),
+    the fractions of the intra- and inter-node bandwidth NCCL reaches for large messages and the latency of a
+    pipeline p2p transfer inside a node (:func:`hetplan.estimate.stage.boundary_alpha_s`). Defaults:
+    ``hardware/data/network.toml`` with its sources; :func:`hetplan.estimate.estimator.pool_link` fills every
+    field from a :class:`~hetplan.estimate.comm.CommConstants`, so a calibration's values reach each
+    collective."""
 
     gpus_per_node: int
     intra_node_bandwidth_bytes_per_s: float
@@ -49,6 +59,20 @@ class Link:
     inter_node_alpha_s: float = ALPHA_INTER_NODE_S
     intra_node_alpha_s: float = ALPHA_INTRA_NODE_S
     p2p_call_s: float = P2P_CALL_S
+    intra_link_efficiency: float = INTRA_LINK_EFFICIENCY
+    inter_link_efficiency: float = INTER_LINK_EFFICIENCY
+    p2p_alpha_s: float = ALPHA_INTER_NODE_S
+
+    @classmethod
+    def one_node(cls, bandwidth_bytes_per_s: Array, intra_node_alpha_s: float = ALPHA_INTRA_NODE_S) -> Link:
+        """A link whose node holds any group (:data:`ONE_NODE_GPUS` GPUs): every collective stays on the intra-node
+        link of ``bandwidth_bytes_per_s`` (a single-node measurement, a serving replica)."""
+        return cls(ONE_NODE_GPUS, bandwidth_bytes_per_s, bandwidth_bytes_per_s,
+                   intra_node_alpha_s=intra_node_alpha_s)
+
+
+#: GPUs per node of :meth:`Link.one_node`: more than any group holds, so no group crosses a node.
+ONE_NODE_GPUS = 1 << 30
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,3 +120,59 @@ class StageWork:
     recompute_layers: Any = None
     step_microbatches: Any = None
     fp8_recipe: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class LayerTerms:
+    """How one transformer layer runs: the terms of :func:`hetplan.estimate.compute.layer_time_s` besides the
+    model, GPU, dtype, shape and recomputation. Fields hold scalars or arrays (a search), like :class:`StageWork`.
+
+    Attributes:
+        link: the links the TP group sees (:class:`Link`: intra-node bandwidth, the node's NIC bandwidth and
+            GPUs per node where a group larger than a node crosses nodes, the per-step latencies;
+            :meth:`Link.one_node` keeps every group in one node).
+        sequence_parallel: with SP the element-wise work is also split over the TP ranks.
+        attention: ``"flash"`` (FlashAttention, causal: one fused kernel for the core,
+            :func:`hetplan.estimate.compute.flash_attention_time_s`; no element-wise passes over s x s scores;
+            selective recompute = none) or ``"standard"`` (two batched GEMMs over the full s x s scores plus the
+            element-wise passes over them) or ``"eager"`` (as standard, with the s x s element-wise work of
+            :func:`hetplan.estimate.compute.eager_score_bytes`).
+        gemm_times_s: ``(linear_s, core_s)`` of the layer's forward GEMMs when the caller costs them (MoE, MLA
+            and CP layers: :func:`hetplan.estimate.moe.layer_gemm_times_s`, :mod:`hetplan.estimate.context`);
+            default :func:`hetplan.estimate.compute.layer_gemm_times_s`.
+        attention_blocks: ``(s x s)`` attention blocks per rank: ``cp`` under context parallelism, where ``s``
+            is a rank's ``s / cp`` tokens and its queries attend all ``cp`` blocks of keys
+            (:mod:`hetplan.estimate.context`). Flash: one block is the causal diagonal one, the other
+            ``attention_blocks - 1`` are halves of blocks without a mask (a ring step computes half a block of
+            full tiles), at the non-causal rate.
+        extra_kernels: kernels the layer's forward launches beyond
+            :data:`hetplan.estimate.compute.KERNELS_PER_LAYER_FORWARD` (MoE layers:
+            :func:`hetplan.estimate.moe.extra_kernels`; eager PyTorch:
+            :func:`hetplan.estimate.elementwise.eager_layer_kernels`); they count in the host floor.
+        extra_elementwise_bytes: bytes the layer's forward moves beyond the fused element-wise kernels (eager
+            PyTorch: :func:`hetplan.estimate.elementwise.eager_layer_bytes`), charged like the element-wise
+            term: at the HBM bandwidth, twice in backward, again in full recomputation.
+        extra_gpu_s: memory-bound GPU work of the forward beyond the GEMMs and the element-wise term, costed by
+            the caller (a MoE layer's token permutation, :func:`hetplan.estimate.moe.permute_time_s`); backward
+            runs the same again once (the inverse kernels on the gradients), full recomputation once more.
+        tp_comm_overlap, cuda_graphs, op_sac, sequence_dim_copies, async_tp, tp_allreduce: Megatron-Core's
+            ``--tp-comm-overlap``, captured CUDA graphs, torchtitan's per-op SAC as the selective recompute,
+            DTensor's sequence-dimension copies, PyTorch's async TP, and the algorithm of the TP all-reduces
+            inside a node (``"ring"``; ``"custom"``: a serving engine's one-/two-shot kernel); each costed as
+            :func:`hetplan.estimate.compute.layer_time_s` says, with its source.
+    """
+
+    link: Link
+    sequence_parallel: Array = False
+    attention: str = "standard"
+    gemm_times_s: tuple[Array, Array] | None = None
+    attention_blocks: Array = 1
+    extra_kernels: Array = 0.0
+    extra_elementwise_bytes: Array = 0.0
+    extra_gpu_s: Array = 0.0
+    tp_comm_overlap: bool = False
+    cuda_graphs: bool = False
+    op_sac: bool = False
+    sequence_dim_copies: bool = False
+    async_tp: bool = False
+    tp_allreduce: str = "ring"

@@ -255,6 +255,13 @@ def cluster_stack(wf: WorkloadFile, gpu: GPUSpec | None = None) -> Stack:
     return stack
 
 
+def workload_swap_model(wf: WorkloadFile, gpu: GPUSpec) -> SwapModel:
+    """The swap model of ``wf``'s ``[swap]`` (Computron's fit by default) over ``gpu``'s host link."""
+    sw = wf.swap
+    return SwapModel(gpu.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
+                     sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
+
+
 def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int | None = None, pp: int | None = None,
                       requests: list[Request] | None = None, capacity_bytes: int | None = None) -> SimResult:
     """Simulate ``wf`` on ``gpu`` (default: ``cluster.gpu``) partitioned ``tp`` x ``pp`` (default: the file's).
@@ -274,9 +281,7 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     dtype = c.dtype
     gpu.peak_flops_per_s(dtype)  # raises on an unsupported dtype
     cap = capacity_bytes or default_cap or int(gpu.memory_bytes * c.memory_fraction)
-    sw = wf.swap
-    swap_model = SwapModel(gpu.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
-                           sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
+    swap_model = workload_swap_model(wf, gpu)
     s = wf.scheduler
     stack = cluster_stack(wf, gpu)
     models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, wf, cap, len(wf.models), stack) for m in wf.models]
@@ -424,7 +429,7 @@ def _solve(rates: np.ndarray, prices: np.ndarray, loads: np.ndarray, gpu_of: lis
            max_gpus: int, groups: list[tuple[list[int], float, str, int]] | None = None):
     """Integer program of the module docstring; ``rates`` is models x configs. ``groups``: shared replica groups
     ``(member models, price, GPU type, GPUs)``, each used at most once and then serving its members' whole load
-    (``y_j`` binary: Σ_k x_mk r_mk + λ_m Σ_{j ∋ m} y_j >= λ_m). Returns replicas (models x configs), or ``None``;
+    (``y_j`` binary: Σ_k x_mk r_mk + λ_m Σ_{j ∋ m} y_j >= λ_m), a model in one chosen group at most. Returns replicas (models x configs), or ``None``;
     with ``groups`` the pair (replicas, groups used)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -444,6 +449,11 @@ def _solve(rates: np.ndarray, prices: np.ndarray, loads: np.ndarray, gpu_of: lis
         limit[i, :n_m * n_k] = np.tile([gpus_per[k] if gpu_of[k] == t else 0 for k in range(n_k)], n_m)
         limit[i, n_m * n_k:] = [g[3] if g[2] == t else 0 for g in groups]
     cons = [LinearConstraint(cover, lb=loads, ub=np.inf), LinearConstraint(limit, lb=0, ub=max_gpus)]
+    if n_g:  # a model is in one group at most (its requests go to one group; the group was simulated with all)
+        member = np.zeros((n_m, n_m * n_k + n_g))
+        for j, (members, _, _, _) in enumerate(groups):
+            member[members, n_m * n_k + j] = 1
+        cons.append(LinearConstraint(member, lb=0, ub=1))
     ub = np.concatenate([np.where(rates.reshape(-1) > 0, max_gpus, 0), np.ones(n_g)])
     res = milp(cost, constraints=cons, integrality=np.ones(n_m * n_k + n_g), bounds=Bounds(0, ub))
     if res.x is None:
@@ -499,12 +509,11 @@ def simulate_shared(wf: WorkloadFile, entries, specs, members: list[int], cfg, r
     ``early_stop``: stop once more requests missed than ``target_attainment`` allows over all members (then some
     member is below it: Σ_m (1 − t)·N_m = (1 − t)·N)."""
     g, tp, pp, st = cfg
-    s, c, sw = wf.scheduler, wf.cluster, wf.swap
+    s, c = wf.scheduler, wf.cluster
     cap = int(g.memory_bytes * c.memory_fraction)
     names = [entries[m].name for m in members]
     models = [sim_model(entries[m].name, specs[m], g, tp, pp, c.dtype, wf, cap, len(members), st) for m in members]
-    swap = SwapModel(g.host_link_bandwidth_bytes_per_s, sw.efficiency, sw.gpus_per_switch,
-                     sw.switch_bandwidth_bytes_per_s, sw.overhead_s)
+    swap = workload_swap_model(wf, g)
     share = [Request(r.id, r.model, r.arrival_s, r.prompt_len, r.max_new_tokens) for r in reqs if r.model in names]
     objectives = slos(wf)
     allowed = int((1.0 - wf.capacity.target_attainment) * len(share))
