@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from hetplan.estimate import comm
+from hetplan.estimate.stagework import Link
 
 
 def test_ring_formulas():
@@ -27,26 +28,26 @@ def test_tree_beats_ring_for_small_messages_on_many_ranks():
 
 
 def test_group_inside_a_node_uses_the_intra_link_only():
-    t = comm.group_collective_time_s(1e8, "allreduce", 8, 1, 8, 300e9, 25e9)
+    t = comm.group_collective_time_s(1e8, "allreduce", 8, 1, Link(8, 300e9, 25e9))
     assert float(t) == pytest.approx(float(comm.allreduce_time_s(1e8, 8, 300e9, efficiency=comm.INTRA_LINK_EFFICIENCY)))
 
 
 def test_crossing_nodes_costs_more_and_nic_sharing_slows_down():
-    inside = comm.group_collective_time_s(1e8, "allreduce", 8, 1, 8, 300e9, 100e9)
-    across = comm.group_collective_time_s(1e8, "allreduce", 16, 1, 8, 300e9, 100e9)
+    inside = comm.group_collective_time_s(1e8, "allreduce", 8, 1, Link(8, 300e9, 100e9))
+    across = comm.group_collective_time_s(1e8, "allreduce", 16, 1, Link(8, 300e9, 100e9))
     assert across > inside
-    one_ring = comm.group_collective_time_s(1e8, "allreduce", 4, 8, 8, 300e9, 100e9, nic_sharers=1)
-    eight_rings = comm.group_collective_time_s(1e8, "allreduce", 4, 8, 8, 300e9, 100e9, nic_sharers=8)
+    one_ring = comm.group_collective_time_s(1e8, "allreduce", 4, 8, Link(8, 300e9, 100e9), nic_sharers=1)
+    eight_rings = comm.group_collective_time_s(1e8, "allreduce", 4, 8, Link(8, 300e9, 100e9), nic_sharers=8)
     assert eight_rings > one_ring
 
 
 def test_dp_collective_broadcasts_over_arrays():
     dp = np.array([1, 2, 8, 64])
     tp = np.array([8, 4, 1, 1])
-    t = comm.dp_collective_time_s(1e9, "allreduce", dp, tp, 8, 300e9, 100e9)
+    t = comm.dp_collective_time_s(1e9, "allreduce", dp, tp, Link(8, 300e9, 100e9))
     assert t.shape == (4,) and t[0] == 0.0 and np.all(np.diff(t) > 0)
     with pytest.raises(ValueError):
-        comm.dp_collective_time_s(1e9, "broadcast", dp, tp, 8, 300e9, 100e9)
+        comm.dp_collective_time_s(1e9, "broadcast", dp, tp, Link(8, 300e9, 100e9))
 
 
 def test_network_terms():
@@ -68,9 +69,7 @@ def test_ethernet_data_parallel_allreduce_worked_example():
     out = {}
     for net in ("ethernet", "infiniband"):
         link = pool_link(GPUPool(gpu=gpu.name, count=32, inter_node_bandwidth_bytes_per_s=100e9, network=net), gpu)
-        out[net] = float(comm.dp_collective_time_s(1e9, "allreduce", 4, 8, link.gpus_per_node,
-                                                   link.intra_node_bandwidth_bytes_per_s,
-                                                   link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s))
+        out[net] = float(comm.dp_collective_time_s(1e9, "allreduce", 4, 8, link))
     assert out["ethernet"] == pytest.approx(2 * 3 / 4 * 1e9 / 7.5e9 + 6 * 40e-6, rel=1e-12)
     assert out["infiniband"] == pytest.approx(2 * 3 / 4 * 1e9 / 11.25e9 + 6 * 8e-6, rel=1e-12)
 
@@ -82,13 +81,13 @@ def test_multi_node_ring_is_bound_by_the_slower_link_not_their_sum():
     for nvlink, node, bus in ((300e9, 200e9, min(300e9 * 0.77, 200e9 * 0.9)),   # DGX A100, 8 x HDR
                               (450e9, 400e9, min(450e9 * 0.77, 400e9 * 0.9))):  # DGX H100, 8 x NDR
         for n in (16, 64, 256):
-            t = comm.group_collective_time_s(M, "allreduce", n, 1, 8, nvlink, node)
+            t = comm.group_collective_time_s(M, "allreduce", n, 1, Link(8, nvlink, node))
             assert M / t * 2 * (n - 1) / n == pytest.approx(bus, rel=0.03)
-            t = comm.group_collective_time_s(M, "allgather", n, 1, 8, nvlink, node)
+            t = comm.group_collective_time_s(M, "allgather", n, 1, Link(8, nvlink, node))
             assert M / t * (n - 1) / n == pytest.approx(bus, rel=0.03)
     # With TP 8 inside each node, a DP ring has one member per node and one rail of the node's 8.
     n = 32
-    t = comm.group_collective_time_s(M, "allreduce", n, 8, 8, 450e9, 400e9)
+    t = comm.group_collective_time_s(M, "allreduce", n, 8, Link(8, 450e9, 400e9))
     assert M / t * 2 * (n - 1) / n == pytest.approx(400e9 / 8 * 0.9, rel=0.03)
 
 

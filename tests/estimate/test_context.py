@@ -4,8 +4,9 @@ import pytest
 
 from hetplan.degrees import Degrees
 from hetplan.errors import HetplanError
-from hetplan.estimate import context
+from hetplan.estimate import comm, context
 from hetplan.estimate.comm import group_collective_time_s
+from hetplan.estimate.stagework import Link
 from hetplan.model import counts
 from hetplan.model.spec import load_model
 
@@ -44,23 +45,23 @@ def test_activations_per_rank(attention, cp):
 
 
 def test_ring_hides_behind_long_blocks_and_is_exposed_without_compute():
-    kw = dict(gpus_per_node=8, intra_bandwidth_bytes_per_s=450e9, inter_bandwidth_bytes_per_s=400e9)
+    kw = dict(link=Link(8, 450e9, 400e9))
     b, s, t, cp = 1, 131072, 8, 4
     fwd, bwd = context.kv_exchange_time_s(M, b, s, t, cp, "ring", block_forward_s=1.0, **kw)
     assert fwd == 0 and bwd == 0
     fwd, bwd = context.kv_exchange_time_s(M, b, s, t, cp, "ring", block_forward_s=0.0, **kw)
     block = context.kv_block_bytes(M, b, s, t, cp)
     assert block == 2 * b * (s / cp) * 2 * 8 * 128 / t
-    step = block / (400e9 / 8 * context.INTER_LINK_EFFICIENCY) + context.ALPHA_INTER_NODE_S  # t·cp = 32 > 8
+    step = block / (400e9 / 8 * comm.INTER_LINK_EFFICIENCY) + comm.ALPHA_INTER_NODE_S  # t·cp = 32 > 8
     assert fwd == pytest.approx((cp - 1) * step) and bwd == pytest.approx(2 * fwd)
 
 
 def test_allgather_is_the_cp_group_collective():
-    kw = dict(gpus_per_node=8, intra_bandwidth_bytes_per_s=450e9, inter_bandwidth_bytes_per_s=400e9)
+    kw = dict(link=Link(8, 450e9, 400e9))
     b, s, t, cp = 1, 131072, 2, 4
     fwd, bwd = context.kv_exchange_time_s(M, b, s, t, cp, "allgather", block_forward_s=0.0, **kw)
     gathered = context.kv_block_bytes(M, b, s, t, cp) * cp
-    assert fwd == bwd == pytest.approx(group_collective_time_s(gathered, "allgather", cp, t, 8, 450e9, 400e9,
+    assert fwd == bwd == pytest.approx(group_collective_time_s(gathered, "allgather", cp, t, kw["link"],
                                                                nic_sharers=8))
     assert context.kv_exchange_time_s(M, b, s, t, 1, "allgather", 0.0, **kw) == (0, 0)
 

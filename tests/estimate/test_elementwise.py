@@ -89,8 +89,7 @@ def test_op_sac_recomputes_the_two_tp_allgathers():
     kw = dict(sequence_parallel=True, attention="flash")
     off = compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 1, LayerTerms(link, op_sac=False, **kw))
     on = compute.layer_time_s(M, GPU, "bf16", 12, 8192, 8, 1, LayerTerms(link, op_sac=True, **kw))
-    allreduce = compute.group_collective_time_s(12 * 8192 * H * 2, "allreduce", 8, 1, 8, 450e9, 450e9,
-                                                inter_alpha_s=link.inter_node_alpha_s, intra_alpha_s=None)
+    allreduce = compute.group_collective_time_s(12 * 8192 * H * 2, "allreduce", 8, 1, link)
     assert float(on[0]) == float(off[0])
     assert float(on[1] - off[1]) == pytest.approx(float(allreduce), rel=1e-9)
     assert float(on[2] - off[2]) == pytest.approx(float(allreduce), rel=1e-9)

@@ -170,7 +170,7 @@ def test_fp8_sequence_parallel_all_gathers_carry_fp8(h100):
         return compute.layer_time_s(m, h100, dtype, 1, 8192, 8, 0, terms)[2]
 
     def ar(nbytes):
-        return group_collective_time_s(nbytes, "allreduce", 8, 1, 1 << 30, 450e9, 450e9)
+        return group_collective_time_s(nbytes, "allreduce", 8, 1, Link.one_node(450e9))
 
     assert tp("fp8", True) / tp("bf16", True) == pytest.approx((ar(x) + ar(x / 2)) / (2 * ar(x)), rel=1e-12)
     assert 0.74 < tp("fp8", True) / tp("bf16", True) < 0.8

@@ -87,10 +87,5 @@ def test_boundaries_vectorised_equal_one_by_one():
         if (s[0], s[2], s[3]) == (r[0], r[2], r[3]):  # a plain send of the rank's b·(s/cp)·h/t activations
             want = float(p2p_time_s(p2p_bytes(m, s[3], 1024 / s[1], s[0], False), bw, alpha))
         else:
-            rl = links[lr[j]]
-            want = boundary_transfer_time_s(
-                m, 1024, (s[0], s[2], s[3]), (r[0], r[2], r[3]), bw, gpus_per_node=rl.gpus_per_node,
-                intra_node_bandwidth_bytes_per_s=rl.intra_node_bandwidth_bytes_per_s,
-                inter_node_bandwidth_bytes_per_s=rl.inter_node_bandwidth_bytes_per_s, p2p_alpha_s=alpha,
-                inter_node_alpha_s=rl.inter_node_alpha_s, intra_node_alpha_s=rl.intra_node_alpha_s)
+            want = boundary_transfer_time_s(m, 1024, (s[0], s[2], s[3]), (r[0], r[2], r[3]), bw, alpha, links[lr[j]])
         assert one == pytest.approx(want, rel=1e-12)

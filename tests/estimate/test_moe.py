@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hetplan.degrees import Degrees
-from hetplan.estimate import moe
+from hetplan.estimate import comm, moe
 from hetplan.model import counts
 from hetplan.model.spec import load_model
 from hetplan.estimate.stagework import LayerTerms, Link
@@ -58,25 +58,25 @@ def brute_alltoall(message_bytes, ep, stride, G, intra, inter):
     for peer in range(1, ep):
         share = message_bytes / ep
         if nodes[peer] == nodes[0]:
-            t_in += share / (intra * moe.INTRA_LINK_EFFICIENCY)
+            t_in += share / (intra * comm.INTRA_LINK_EFFICIENCY)
         else:
-            t_out += share / (inter / G * moe.INTER_LINK_EFFICIENCY)
+            t_out += share / (inter / G * comm.INTER_LINK_EFFICIENCY)
     return max(t_in, t_out)
 
 
 @pytest.mark.parametrize("ep,stride", [(2, 1), (8, 1), (4, 2), (16, 1), (32, 2), (64, 8), (8, 8)])
 def test_alltoall_matches_brute_force_placement(ep, stride):
     G, intra, inter, msg = 8, 450e9, 400e9, 64e6
-    ours = moe.alltoall_time_s(msg, ep, stride, G, intra, inter)
-    alpha = moe.ALPHA_INTER_NODE_S if ep * stride > G else moe.ALPHA_INTRA_NODE_S
+    ours = moe.alltoall_time_s(msg, ep, stride, Link(G, intra, inter))
+    alpha = comm.ALPHA_INTER_NODE_S if ep * stride > G else comm.ALPHA_INTRA_NODE_S
     assert ours == pytest.approx(brute_alltoall(msg, ep, stride, G, intra, inter) + alpha)
 
 
 def test_alltoall_across_nodes_costs_more_and_ep1_is_free():
     G, intra, inter, msg = 8, 450e9, 400e9, 64e6
-    assert moe.alltoall_time_s(msg, 1, 1, G, intra, inter) == 0
-    inside = moe.alltoall_time_s(msg, 8, 1, G, intra, inter)
-    across = moe.alltoall_time_s(msg, 16, 1, G, intra, inter)
+    assert moe.alltoall_time_s(msg, 1, 1, Link(G, intra, inter)) == 0
+    inside = moe.alltoall_time_s(msg, 8, 1, Link(G, intra, inter))
+    across = moe.alltoall_time_s(msg, 16, 1, Link(G, intra, inter))
     assert across > 3 * inside  # half the bytes leave the node at 1/8 of 400 GB/s vs 450 GB/s NVLink
 
 
@@ -215,8 +215,8 @@ def test_deepep_sends_one_copy_per_remote_node():
 
 def test_deepep_alltoall_is_faster_across_nodes_and_contiguous_routing_fastest():
     m = load_model("deepseek-v3")
-    net = (8, 450e9, 400e9)
-    times = [moe.moe_alltoall_time_s(m, 1, 4096, 1, 64, 1, *net, dispatch=moe.MoEOptions(d, r))
+    net = Link(8, 450e9, 400e9)
+    times = [moe.moe_alltoall_time_s(m, 1, 4096, 1, 64, 1, net, dispatch=moe.MoEOptions(d, r))
              for d, r in (("alltoall", "random"), ("deepep", "random"), ("deepep", "contiguous"))]
     assert times[0] > times[1] > times[2] > 0
 
@@ -254,13 +254,13 @@ def test_deepep_reaches_8_gpus_over_nvlink_hybridep_the_whole_nvl72():
     """On a 72-GPU NVLink domain DeepEP still sends beyond its 8-GPU host through the NICs; HybridEP keeps the
     whole EP 32 group on NVLink; on 8-GPU nodes the two are the same."""
     m = load_model("qwen3-235b-a22b")
-    nvl72 = (72, 900e9, 72 * 50e9)
-    deepep, hybrid = (moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *nvl72, dispatch=moe.MoEOptions(d))
+    nvl72 = Link(72, 900e9, 72 * 50e9)
+    deepep, hybrid = (moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, nvl72, dispatch=moe.MoEOptions(d))
                       for d in ("deepep", "hybridep"))
     assert deepep > 3 * hybrid
-    dgx = (8, 450e9, 400e9)
-    assert moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *dgx, dispatch=moe.MoEOptions("deepep")) == pytest.approx(
-        moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, *dgx, dispatch=moe.MoEOptions("hybridep")))
+    dgx = Link(8, 450e9, 400e9)
+    assert moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, dgx, dispatch=moe.MoEOptions("deepep")) == pytest.approx(
+        moe.moe_alltoall_time_s(m, 1, 4096, 1, 32, 1, dgx, dispatch=moe.MoEOptions("hybridep")))
 
 
 def test_expert_tp_splits_expert_states_and_all_gathers_tokens():
@@ -274,8 +274,8 @@ def test_expert_tp_splits_expert_states_and_all_gathers_tokens():
     experts = m.num_layers * counts.layer_expert_parameters(m)
     assert e1.stages[0].memory.weights - e4.stages[0].memory.weights == pytest.approx(experts * 2 * (1 / 8 - 1 / 32))
     assert e4.stages[0].tp_comm_s > e1.stages[0].tp_comm_s
-    assert moe.moe_alltoall_time_s(m, 1, 4096, 4, 8, 4, 8, 450e9, 400e9, etp=4) > \
-        moe.moe_alltoall_time_s(m, 1, 4096, 4, 8, 4, 8, 450e9, 400e9)
+    assert moe.moe_alltoall_time_s(m, 1, 4096, 4, 8, 4, Link(8, 450e9, 400e9), etp=4) > \
+        moe.moe_alltoall_time_s(m, 1, 4096, 4, 8, 4, Link(8, 450e9, 400e9))
     with pytest.raises(ValueError, match="expert_tp"):
         base.model_copy(update={"expert_tp": 3}).stage_layout(0)
 
@@ -326,8 +326,7 @@ def test_estimate_hides_the_alltoall_only_where_the_job_overlaps_it():
     m = load_model("qwen3-30b-a3b")
     g = get_gpu("H100-SXM")
     link = pool_link(_plan("qwen3-30b-a3b", 1, 1, 16, ep=16).pools[0], g)
-    a2a = moe.moe_alltoall_time_s(m, 1, 4096, 1, 16, 1, link.gpus_per_node, link.intra_node_bandwidth_bytes_per_s,
-                                  link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
+    a2a = moe.moe_alltoall_time_s(m, 1, 4096, 1, 16, 1, link,
                                   imbalance=moe.routing_imbalance(m, 4096, 16))  # random routing's spread
     saved = plain.stages[0].forward_s - hidden.stages[0].forward_s
     assert 0 < saved <= m.num_layers * a2a * (1 - overlap_contention(g)) * (1 + 1e-9)

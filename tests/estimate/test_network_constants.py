@@ -39,3 +39,17 @@ def test_intra_node_latency_reaches_the_moe_alltoall_and_the_cp_exchange():
     for plan in (moe, dense):
         assert _forward_s(plan, alpha_intra_node_s=1e-3) > _forward_s(plan)
 
+
+
+def test_intra_node_link_efficiency_reaches_the_tp_collectives_the_alltoall_and_the_cp_exchange():
+    """A calibration's NCCL intra-node efficiency reaches the TP all-reduces (TP 8 in a node), the MoE all-to-all
+    (EP 8) and the CP K/V all-gather, through the stage's Link (before, these read the module's constant)."""
+    tp = Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=8), pools=[GPUPool(gpu="H100-SXM", count=8)],
+              stages=[Stage(num_layers=32, tp=8, dp=1)], mbs=1)
+    moe = Plan(job=Job(model="qwen3-30b-a3b", seq_len=4096, global_batch=8), pools=[GPUPool(gpu="H100-SXM", count=8)],
+               stages=[Stage(num_layers=48, tp=1, dp=8, recompute="full")], mbs=1, zero=0, ep=8)
+    dense = Plan(job=Job(model="llama3-8b", seq_len=32768, global_batch=1, cp_kv_exchange="allgather"),
+                 pools=[GPUPool(gpu="H100-SXM", count=8)], stages=[Stage(num_layers=32, tp=1, dp=1)], mbs=1, cp=8)
+    for plan in (tp, moe, dense):
+        assert _forward_s(plan, intra_link_efficiency=0.3) > _forward_s(plan)
+    assert _forward_s(tp, intra_link_efficiency=comm.INTRA_LINK_EFFICIENCY) == _forward_s(tp)

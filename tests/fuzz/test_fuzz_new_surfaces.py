@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import signal
 from contextlib import contextmanager
@@ -296,3 +297,57 @@ def test_calibration_residuals_that_overflow_are_refused(calibration, tmp_path):
     json.loads(run("plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "16", "--tokens", "1e8",
                    "--gpu", "H100-SXM-96GB-500W", "--gpus", "8", "--stack", "torchtitan", "--json",
                    "--calibration", calibration).stdout)
+
+
+def test_estimate_finds_the_model_config_beside_the_plan(tmp_path, monkeypatch):
+    """`estimate` reads a plan's relative ``job.model`` against the plan's folder, like `plan`, `export` and
+    `run` (it was read against the current folder: a plan beside its config.json failed from anywhere else)."""
+    plan = json.loads((ROOT / "examples" / "tiny-pp2-dp2.json").read_text())
+    plan["pools"] = [{**p, "gpu": "H100-SXM"} for p in plan["pools"]]
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    shutil.copy(ROOT / "examples" / "tiny-model.json", tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    r = run("estimate", tmp_path / "p.json", "--json")
+    assert r.code == 0 and not r.traceback, r.stderr
+    assert json.loads(r.stdout)["num_gpus"] == 4
+
+
+ENGINES_TOML = ROOT / "src" / "hetplan" / "hardware" / "data" / "engines.toml"
+
+
+@fast(30)
+@given(data=st.data(), value=st.sampled_from(HOSTILE_VALUES + ['"A" ', "[[1, 2]]", '{ Ampere = [1] }']))
+def test_damaged_engines_file(tmp_path_factory, data, value):
+    """`catalog engines --engines FILE` with one ``key = value`` line of the package's file damaged (a list as
+    attention kernel, text as memory, a number as weight dtypes, mixed version types were tracebacks)."""
+    lines = ENGINES_TOML.read_text().splitlines()
+    keyed = [i for i, line in enumerate(lines) if re.match(r"^\s*[A-Za-z_0-9-]+\s*=", line)]
+    i = data.draw(st.sampled_from(keyed))
+    lines[i] = lines[i].split("=", 1)[0] + "= " + value
+    f = tmp_path_factory.mktemp("e") / "engines.toml"
+    f.write_text("\n".join(lines) + "\n")
+    r = run("catalog", "engines", "--engines", f, "--json")
+    refused_or_ok(r, lines[i])
+
+
+@pytest.mark.parametrize("line, value", [
+    ("attention = {", "{ Ampere = [1, 2, 3] }"),  # a list as an attention kernel: unhashable
+    ("non_torch_memory_gib = ", '"x"'),           # text as memory: float('x')
+    ("non_torch_memory_gib = ", "inf"),           # infinite memory: int(inf)
+    ("weight_dtypes = {", "{ int4 = -1e300 }"),   # a number as the generations: not iterable
+    ("weight_dtypes = {", '{ fp8 = "zzz" }'),     # text as the generations: read as ('z', 'z', 'z')
+    ("aliases = ", "nan"),                        # a number as aliases
+    ('version = "', '"AAAA"'),                    # a text release among numbered ones: int < str
+])
+def test_damaged_engines_file_pinned(tmp_path, line, value):
+    lines = ENGINES_TOML.read_text().splitlines()
+    i = next(i for i, x in enumerate(lines) if x.strip().startswith(line.strip()))
+    lines[i] = lines[i].split("=", 1)[0] + "= " + value
+    f = tmp_path / "engines.toml"
+    f.write_text("\n".join(lines) + "\n")
+    r = run("catalog", "engines", "--engines", f, "--json")
+    refused_or_ok(r, lines[i])
+    if "version" not in line:
+        assert r.code == 2, lines[i]

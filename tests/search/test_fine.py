@@ -18,6 +18,7 @@ from hetplan.estimate.estimator import estimate
 from hetplan.estimate.reshard import boundary_transfer_time_s
 from hetplan.estimate.schedule import simulate
 from hetplan.estimate.stage import p2p_bytes
+from hetplan.estimate.stagework import Link
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage
@@ -80,9 +81,10 @@ def test_cost_model_equals_estimator_on_fine_plans():
 
 def test_reshard_equals_p2p_for_equal_layouts_and_costs_more_otherwise():
     m = load_model("gpt3-1.3b")
-    same = boundary_transfer_time_s(m, 2048, (2, 2, 4), (2, 2, 4), 50e9)
+    link = Link(8, 50e9, 50e9)
+    same = boundary_transfer_time_s(m, 2048, (2, 2, 4), (2, 2, 4), 50e9, link.p2p_alpha_s, link)
     assert same == pytest.approx(float(p2p_time_s(p2p_bytes(m, 4, 2048, 2, True), 50e9)))
-    assert boundary_transfer_time_s(m, 2048, (1, 4, 2), (4, 1, 8), 50e9) > same
+    assert boundary_transfer_time_s(m, 2048, (1, 4, 2), (4, 1, 8), 50e9, link.p2p_alpha_s, link) > same
 
 
 # -- schema ----------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hetplan.cli.plan import (_PRICE_SOURCE, _PRICES, _PROVIDER, _calibrated, _d
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
-from hetplan.jobfile import read_structured, validated
+from hetplan.jobfile import read_structured, resolve_model_path, validated
 from hetplan.model.spec import load_model
 from hetplan.plan import Plan
 from hetplan.plan_rules import check_plan
@@ -43,6 +43,9 @@ def estimate_command(
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
     output_file(timeline, "--timeline", figure=True)
     raw = read_structured(plan_file)
+    if isinstance(raw.get("job"), dict) and isinstance(raw["job"].get("model"), str):
+        # a model config beside the plan (examples/tiny-pp2-dp2.json) is found from any folder
+        raw["job"]["model"] = resolve_model_path(raw["job"]["model"], plan_file)
     if stack is not None and isinstance(raw.get("job"), dict):
         raw["job"] = {k: v for k, v in raw["job"].items() if k not in ("framework", "attention", "torch_compile")}
         raw["job"]["stack"] = stack

@@ -39,7 +39,11 @@ which halves the traffic and which this model does not assume; docs/estimator.md
 
 **Efficiency.** NCCL reaches a fraction of the nominal link rate for large messages: :data:`INTRA_LINK_EFFICIENCY`
 (NCCL-tests all-reduce busbw ≈ 230 of 300 GB/s NVLink3 on DGX A100) and :data:`INTER_LINK_EFFICIENCY`
-(≈ 90 % of InfiniBand line rate). Latencies :data:`ALPHA_INTRA_NODE_S`, :data:`ALPHA_INTER_NODE_S`.
+(≈ 90 % of InfiniBand line rate). Latencies :data:`ALPHA_INTRA_NODE_S`, :data:`ALPHA_INTER_NODE_S`. All of them are
+``hardware/data/network.toml``'s; the collectives on a node topology (:func:`group_collective_time_s`,
+:func:`dp_collective_time_s`, and the MoE all-to-all and CP exchange built on the same terms) read them from the
+stage's :class:`hetplan.estimate.stagework.Link`, which the estimator fills from :class:`CommConstants`, so a
+calibration's values reach them; the single-link formulas below take them as arguments (default: the file's).
 
 All functions broadcast over numpy arrays. Times in seconds, sizes in bytes, bandwidths in bytes/s
 (unidirectional, per rank).
@@ -48,11 +52,15 @@ All functions broadcast over numpy arrays. Times in seconds, sizes in bytes, ban
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hetplan.hardware.network import load_network
 from hetplan.estimate.arrays import Array
+
+if TYPE_CHECKING:  # the Link module imports this one for its defaults
+    from hetplan.estimate.stagework import Link
 
 _NETWORK = load_network()
 #: Per-step latency inside a node (s), fitted on vTrain calibration rows (hetplan.calibration.calibrate): 8.8 µs,
@@ -242,41 +250,38 @@ def p2p_time_s(message_bytes: Array, bandwidth_bytes_per_s: Array, alpha_s: Arra
     return message_bytes / (bandwidth_bytes_per_s * efficiency) + alpha_s
 
 
-def group_collective_time_s(
-    message_bytes: Array, collective: str, n: Array, stride: Array, gpus_per_node: Array,
-    intra_bandwidth_bytes_per_s: Array,
-    inter_bandwidth_bytes_per_s: Array, nic_sharers: Array = None, inter_alpha_s: Array = ALPHA_INTER_NODE_S,
-    intra_alpha_s: Array = None,
-    algorithm: str = "ring",
-):
+def group_collective_time_s(message_bytes: Array, collective: str, n: Array, stride: Array, link: Link,
+                            nic_sharers: Array = None, algorithm: str = "ring"):
     """One collective of ``n`` ranks placed ``stride`` GPUs apart (module doc, "Topology").
 
     Args:
         message_bytes: per-rank buffer (all-reduce), or the gathered size (all-gather / reduce-scatter).
         collective: ``"allreduce"``, ``"allgather"`` or ``"reducescatter"``.
-        gpus_per_node: G; ``inter_bandwidth_bytes_per_s``: the node's NIC bandwidth (all NICs together).
+        link: the stage's :class:`hetplan.estimate.stagework.Link`: G GPUs per node, the intra-node bandwidth,
+            the node's NIC bandwidth (all NICs together), the per-step latencies between and inside nodes and the
+            fractions of each bandwidth NCCL reaches (``network.toml``, or a calibration's
+            :class:`CommConstants`).
         nic_sharers: GPUs of a node that cross the network at the same time (default ``min(G, stride·n)``).
-        inter_alpha_s: per-step latency between nodes (:func:`network_terms`).
-        intra_alpha_s: per-step latency inside a node (default :data:`ALPHA_INTRA_NODE_S`; a calibration passes
-            its fitted value: :class:`hetplan.estimate.stage.Link`).
         algorithm: the all-reduce inside one node (:func:`allreduce_time_s`; ``"custom"``: a serving engine's).
     Raises:
         ValueError: unknown collective.
     """
     n = np.asarray(n, dtype=float)
     stride = np.asarray(stride, dtype=float)
-    g = np.asarray(gpus_per_node, dtype=float)
+    g = np.asarray(link.gpus_per_node, dtype=float)
+    intra_bandwidth_bytes_per_s = link.intra_node_bandwidth_bytes_per_s
+    intra_eff, inter_eff, inter_alpha_s = link.intra_link_efficiency, link.inter_link_efficiency, link.inter_node_alpha_s
     k = np.minimum(n, np.maximum(1.0, np.floor(g / stride)))
     nodes = np.ceil(n / k)
     sharers = np.minimum(g, stride * n) if nic_sharers is None else np.asarray(nic_sharers, dtype=float)
     # NICs of the node that carry this group: its k members' share of the node's rails.
-    group_nic = inter_bandwidth_bytes_per_s * k / np.maximum(sharers, 1.0) * INTER_LINK_EFFICIENCY
-    nvlink = intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY
+    group_nic = link.inter_node_bandwidth_bytes_per_s * k / np.maximum(sharers, 1.0) * inter_eff
+    nvlink = intra_bandwidth_bytes_per_s * intra_eff
     multi = nodes > 1
-    alpha_intra = ALPHA_INTRA_NODE_S if intra_alpha_s is None else intra_alpha_s
+    alpha_intra = link.intra_node_alpha_s
     if collective == "allreduce":
         single = allreduce_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra,
-                                  efficiency=INTRA_LINK_EFFICIENCY, algorithm=algorithm)
+                                  efficiency=intra_eff, algorithm=algorithm)
         volume = 2.0 * (n - 1.0) / np.maximum(n, 1.0) * message_bytes
         ring = (np.maximum(np.where(k > 1, volume / nvlink, 0.0), volume / group_nic)
                 + 2.0 * (n - nodes) * alpha_intra + 2.0 * (nodes - 1.0) * inter_alpha_s)
@@ -286,7 +291,7 @@ def group_collective_time_s(
         across = np.minimum(ring, tree)
     elif collective in ("allgather", "reducescatter"):
         single = allgather_time_s(message_bytes, k, intra_bandwidth_bytes_per_s, alpha_intra,
-                                  efficiency=INTRA_LINK_EFFICIENCY)
+                                  efficiency=intra_eff)
         volume = (n - 1.0) / np.maximum(n, 1.0) * message_bytes
         across = (np.maximum(np.where(k > 1, volume / nvlink, 0.0), volume / group_nic)
                   + (n - nodes) * alpha_intra + (nodes - 1.0) * inter_alpha_s)
@@ -295,17 +300,7 @@ def group_collective_time_s(
     return np.where(multi, across, single)
 
 
-def dp_collective_time_s(
-    message_bytes: Array,
-    collective: str,
-    dp: Array,
-    tp: Array,
-    gpus_per_node: int,
-    intra_bandwidth_bytes_per_s: float,
-    inter_bandwidth_bytes_per_s: float,
-    inter_alpha_s: float = ALPHA_INTER_NODE_S,
-    intra_alpha_s: float | None = None,
-):
+def dp_collective_time_s(message_bytes: Array, collective: str, dp: Array, tp: Array, link: Link):
     """Time of one data-parallel collective of a ``message_bytes`` buffer per rank, placed Megatron-style
     (TP innermost, so DP peers are ``tp`` GPUs apart): :func:`group_collective_time_s` with ``stride = tp``; all
     ``min(G, tp·dp)`` GPUs of a node drive their own DP groups through the node's NICs at once.
@@ -313,5 +308,4 @@ def dp_collective_time_s(
     Args:
         collective: ``"allreduce"`` or ``"allgather"`` (also used for reduce-scatter, same cost).
     """
-    return group_collective_time_s(message_bytes, collective, dp, tp, gpus_per_node, intra_bandwidth_bytes_per_s,
-                                   inter_bandwidth_bytes_per_s, inter_alpha_s=inter_alpha_s, intra_alpha_s=intra_alpha_s)
+    return group_collective_time_s(message_bytes, collective, dp, tp, link)

@@ -342,7 +342,7 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     extra_kernels, extra_elementwise_bytes = terms.extra_kernels, terms.extra_elementwise_bytes
     tp_comm_overlap, cuda_graphs, op_sac = terms.tp_comm_overlap, terms.cuda_graphs, terms.op_sac
     async_tp, sequence_dim_copies = terms.async_tp, terms.sequence_dim_copies
-    gemm_times_s, tp_bandwidth_bytes_per_s = terms.gemm_times_s, link.intra_node_bandwidth_bytes_per_s
+    gemm_times_s = terms.gemm_times_s
     flash = counts.check_attention(attention) == "flash"
     linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t) if gemm_times_s is None else gemm_times_s
     on_async = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & bool(async_tp and not tp_comm_overlap)
@@ -385,13 +385,10 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     # does not checkpoint the flash core (nothing to recompute).
     recompute_extra = np.where(rc == 2, fwd_compute, np.where(rc == 1, 0.0 if flash else core_f, 0.0))
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
-    g, inter = link.gpus_per_node, link.inter_node_bandwidth_bytes_per_s
-    tp_kw: dict[str, Array] = dict(inter_alpha_s=link.inter_node_alpha_s, intra_alpha_s=link.intra_node_alpha_s,
-                                   algorithm=terms.tp_allreduce)
-    tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
+    tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, link, algorithm=terms.tp_allreduce)
     reduce_scatter = tp_one / 2  # one reduce-scatter: half an all-reduce's ring steps
     if fp8.is_fp8(dtype):  # FP8 + SP: each all-gather half of an all-reduce moves FP8 (fp8 module doc)
-        half = group_collective_time_s(tp_msg / 2, "allreduce", t, 1, g, tp_bandwidth_bytes_per_s, inter, **tp_kw)
+        half = group_collective_time_s(tp_msg / 2, "allreduce", t, 1, link, algorithm=terms.tp_allreduce)
         tp_one = np.where(sequence_parallel, 0.5 * (tp_one + half), tp_one)
     tp_pass = 2 * tp_one  # four collectives (two all-reduces' volume) per pass
     tp_bwd_pass = tp_pass

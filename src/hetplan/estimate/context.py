@@ -30,8 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from hetplan.errors import HetplanError
-from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY,
-                                   INTRA_LINK_EFFICIENCY, group_collective_time_s)
+from hetplan.estimate.comm import group_collective_time_s
+from hetplan.estimate.stagework import Link
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 from hetplan.estimate.arrays import Array
@@ -91,19 +91,15 @@ def layer_activation_bytes(m: ModelSpec, b: Array, s: Array, t: Array, cp: Array
 
 
 def kv_exchange_time_s(m: ModelSpec, b: Array, s: Array, t: Array, cp: Array, kind: str, block_forward_s: Array,
-                       gpus_per_node: Array,
-                       intra_bandwidth_bytes_per_s: Array, inter_bandwidth_bytes_per_s: Array,
-                       inter_alpha_s: Array = ALPHA_INTER_NODE_S,
-                       intra_alpha_s: Array = ALPHA_INTRA_NODE_S):
+                       link: Link):
     """Exposed K/V exchange of one layer, ``(forward_s, backward_s)`` (module doc); 0 for ``cp = 1``.
 
     Args:
         block_forward_s: forward attention time of one ``(s/cp) x (s/cp)`` block (the ring overlaps a step's
             transfer with it; its backward is taken as 2x).
-        gpus_per_node: G; the CP group is ``t`` GPUs apart, inside a node if ``t·cp <= G`` (NVLink), else each
-            ring step crosses the node's NICs shared by its G GPUs.
-        inter_alpha_s, intra_alpha_s: per-step latencies between and inside nodes (the stage link's,
-            :class:`hetplan.estimate.stagework.Link`).
+        link: the stage's :class:`hetplan.estimate.stagework.Link` (bandwidths, the fractions NCCL reaches,
+            per-step latencies). The CP group is ``t`` GPUs apart, inside a node if ``t·cp <= G`` (NVLink), else
+            each ring step crosses the node's NICs shared by its G GPUs.
     Raises:
         HetplanError: unknown ``kind``.
     """
@@ -112,15 +108,14 @@ def kv_exchange_time_s(m: ModelSpec, b: Array, s: Array, t: Array, cp: Array, ki
     block = kv_block_bytes(m, b, s, t, cp)
     if kind == "allgather":
         gathered = block * cp
-        one = group_collective_time_s(gathered, "allgather", cp, t, gpus_per_node, intra_bandwidth_bytes_per_s,
-                                      inter_bandwidth_bytes_per_s, nic_sharers=gpus_per_node,
-                                      inter_alpha_s=inter_alpha_s, intra_alpha_s=intra_alpha_s)
+        one = group_collective_time_s(gathered, "allgather", cp, t, link, nic_sharers=link.gpus_per_node)
         fwd, bwd = one, one  # backward: reduce-scatter of dK, dV, same volume
     else:
-        inside = np.asarray(t) * cp <= gpus_per_node
-        bw = np.where(inside, intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY,
-                      inter_bandwidth_bytes_per_s / gpus_per_node * INTER_LINK_EFFICIENCY)
-        alpha = np.where(inside, intra_alpha_s, inter_alpha_s)
+        g = link.gpus_per_node
+        inside = np.asarray(t) * cp <= g
+        bw = np.where(inside, link.intra_node_bandwidth_bytes_per_s * link.intra_link_efficiency,
+                      link.inter_node_bandwidth_bytes_per_s / g * link.inter_link_efficiency)
+        alpha = np.where(inside, link.intra_node_alpha_s, link.inter_node_alpha_s)
         step = block / bw + alpha
         fwd = (cp - 1) * np.maximum(step - block_forward_s, 0.0)
         bwd = (cp - 1) * np.maximum(2 * step - 2 * block_forward_s, 0.0)

@@ -142,15 +142,15 @@ def boundary_time_s(m: ModelSpec, seq_len: Array, sender: Array, receiver: Array
     rl = [np.broadcast_to(np.asarray(x), out.shape) for x in (
         receiver_link.gpus_per_node, receiver_link.intra_node_bandwidth_bytes_per_s,
         receiver_link.inter_node_bandwidth_bytes_per_s, receiver_link.inter_node_alpha_s,
-        receiver_link.intra_node_alpha_s)]
+        receiver_link.intra_node_alpha_s, receiver_link.intra_link_efficiency, receiver_link.inter_link_efficiency)]
     lay = [np.broadcast_to(x, out.shape) for x in (ts, ds, bs, tr, dr, br)]
     s = np.broadcast_to(np.asarray(seq_len), out.shape)
     mask = np.broadcast_to(reshard, out.shape)
     for j in (map(tuple, np.argwhere(mask)) if out.ndim else [()]):
         out[j] = boundary_transfer_time_s(
             m, int(s[j]), (int(lay[0][j]), int(lay[1][j]), int(lay[2][j])),
-            (int(lay[3][j]), int(lay[4][j]), int(lay[5][j])), float(bw[j]),
-            gpus_per_node=int(rl[0][j]), intra_node_bandwidth_bytes_per_s=float(rl[1][j]),
-            inter_node_bandwidth_bytes_per_s=float(rl[2][j]), p2p_alpha_s=float(alpha[j]),
-            inter_node_alpha_s=float(rl[3][j]), intra_node_alpha_s=float(rl[4][j]))
+            (int(lay[3][j]), int(lay[4][j]), int(lay[5][j])), float(bw[j]), float(alpha[j]),
+            Link(int(rl[0][j]), float(rl[1][j]), float(rl[2][j]), inter_node_alpha_s=float(rl[3][j]),
+                 intra_node_alpha_s=float(rl[4][j]), intra_link_efficiency=float(rl[5][j]),
+                 inter_link_efficiency=float(rl[6][j])))
     return out if out.ndim else float(out)

@@ -55,8 +55,8 @@ from statistics import NormalDist
 import numpy as np
 
 from hetplan.estimate import compute, fp8
-from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY,
-                                   group_collective_time_s)
+from hetplan.estimate.comm import group_collective_time_s
+from hetplan.estimate.stagework import Link
 from hetplan.hardware.catalog import Architecture, GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -273,37 +273,31 @@ def ep_ranks_per_node(ep: Array, stride: Array, gpus_per_node: Array):
     return np.minimum(np.asarray(ep, dtype=float), np.maximum(1.0, np.floor(g / np.asarray(stride, dtype=float))))
 
 
-def alltoall_time_s(message_bytes: Array, ep: Array, stride: Array, gpus_per_node: Array,
-                    intra_bandwidth_bytes_per_s: Array,
-                    inter_bandwidth_bytes_per_s: Array, inter_alpha_s: Array = ALPHA_INTER_NODE_S,
-                    intra_alpha_s: Array = ALPHA_INTRA_NODE_S):
+def alltoall_time_s(message_bytes: Array, ep: Array, stride: Array, link: Link):
     """One all-to-all in which each of ``ep`` ranks (``stride`` GPUs apart) sends ``message_bytes`` in total,
     ``1/ep`` of it to each rank (itself included). Of its ``ep`` peers ``k = min(ep, max(1, G // stride))`` share
     its node: ``(k-1)/ep`` of the bytes go over NVLink, ``(ep-k)/ep`` through the node's NICs at ``1/G`` of their
     bandwidth each. Time = the slower part + one latency (module doc); 0 for ``ep = 1``.
 
     Args:
-        gpus_per_node: G; ``inter_bandwidth_bytes_per_s``: the node's NIC bandwidth (all NICs together).
+        link: the stage's :class:`~hetplan.estimate.stagework.Link` (G GPUs per node; its NIC bandwidth is the
+            node's, all NICs together).
     """
     ep = np.asarray(ep, dtype=float)
-    k = ep_ranks_per_node(ep, stride, gpus_per_node)
-    return exchange_time_s(message_bytes * (k - 1.0) / ep, message_bytes * (ep - k) / ep, ep, k, gpus_per_node,
-                           intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s, intra_alpha_s)
+    k = ep_ranks_per_node(ep, stride, link.gpus_per_node)
+    return exchange_time_s(message_bytes * (k - 1.0) / ep, message_bytes * (ep - k) / ep, ep, k, link)
 
 
-def exchange_time_s(intra_bytes: Array, inter_bytes: Array, ep: Array, ranks_per_node: Array, gpus_per_node: Array,
-                    intra_bandwidth_bytes_per_s: Array,
-                    inter_bandwidth_bytes_per_s: Array, inter_alpha_s: Array = ALPHA_INTER_NODE_S,
-                    intra_alpha_s: Array = ALPHA_INTRA_NODE_S):
+def exchange_time_s(intra_bytes: Array, inter_bytes: Array, ep: Array, ranks_per_node: Array, link: Link):
     """An all-to-all that moves ``intra_bytes`` over NVLink and ``inter_bytes`` through the node's NICs (at
-    ``1/G`` of their bandwidth per GPU) concurrently: the slower part + one latency (``inter_alpha_s`` when the
-    group spans nodes, else ``intra_alpha_s``: the stage link's, :class:`hetplan.estimate.stagework.Link`); 0 for
-    ``ep = 1``."""
+    ``1/G`` of their bandwidth per GPU) concurrently, each at the fraction of its bandwidth NCCL reaches: the
+    slower part + one latency (between nodes when the group spans nodes, else inside one: the stage link's,
+    :class:`hetplan.estimate.stagework.Link`); 0 for ``ep = 1``."""
     ep = np.asarray(ep, dtype=float)
-    g = np.asarray(gpus_per_node, dtype=float)
-    intra = intra_bytes / (intra_bandwidth_bytes_per_s * INTRA_LINK_EFFICIENCY)
-    inter = inter_bytes / (inter_bandwidth_bytes_per_s / g * INTER_LINK_EFFICIENCY)
-    alpha = np.where(ep > ranks_per_node, inter_alpha_s, intra_alpha_s)
+    g = np.asarray(link.gpus_per_node, dtype=float)
+    intra = intra_bytes / (link.intra_node_bandwidth_bytes_per_s * link.intra_link_efficiency)
+    inter = inter_bytes / (link.inter_node_bandwidth_bytes_per_s / g * link.inter_link_efficiency)
+    alpha = np.where(ep > ranks_per_node, link.inter_node_alpha_s, link.intra_node_alpha_s)
     return np.where(ep > 1, np.maximum(intra, inter) + alpha, 0.0)
 
 
@@ -328,11 +322,8 @@ def dispatch_bytes(m: ModelSpec, b: Array, s: Array, t: Array, imbalance: Array 
     return imbalance * m.experts_per_token * np.asarray(b, dtype=float) * s / t * m.hidden_size * DISPATCH_BYTES
 
 
-def moe_alltoall_time_s(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array, stride: Array, gpus_per_node: Array,
-                        intra_bandwidth_bytes_per_s: Array,
-                        inter_bandwidth_bytes_per_s: Array, inter_alpha_s: Array = ALPHA_INTER_NODE_S,
-                        imbalance: Array = 1.0,
-                        dispatch: MoEOptions = MoEOptions(), etp: Array = 1, intra_alpha_s: Array = ALPHA_INTRA_NODE_S):
+def moe_alltoall_time_s(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array, stride: Array, link: Link,
+                        imbalance: Array = 1.0, dispatch: MoEOptions = MoEOptions(), etp: Array = 1):
     """Dispatch + combine of one MoE layer's forward (backward: the same again), mean over the model's layers
     (dense layers have none), with ``dispatch``'s dispatcher and routing (module doc; the busiest rank moves
     ``imbalance`` times the balanced bytes). Not overlapped with compute (Megatron-LM's default; its 1F1B
@@ -341,20 +332,16 @@ def moe_alltoall_time_s(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array, s
     before the experts and reduce-scattered after them (Megatron-Core ``MoEAlltoAllTokenDispatcher``:
     ``gather_from_sequence_parallel_region`` over the expert-TP group), ``k·T·h`` elements per rank each way."""
     if dispatch.dispatcher in ("deepep", "hybridep"):
-        domain = np.minimum(gpus_per_node, DEEPEP_NVLINK_PEERS) if dispatch.dispatcher == "deepep" else gpus_per_node
+        g = link.gpus_per_node
+        domain = np.minimum(g, DEEPEP_NVLINK_PEERS) if dispatch.dispatcher == "deepep" else g
         intra, inter = deepep_traffic_bytes(m, np.asarray(b, dtype=float) * s / t, ep, stride, domain,
                                             dispatch.routing)
-        one = exchange_time_s(imbalance * intra, imbalance * inter, ep, ep_ranks_per_node(ep, stride, domain),
-                              gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s,
-                              intra_alpha_s)
+        one = exchange_time_s(imbalance * intra, imbalance * inter, ep, ep_ranks_per_node(ep, stride, domain), link)
     else:
-        one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, gpus_per_node,
-                              intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s, inter_alpha_s, intra_alpha_s)
+        one = alltoall_time_s(dispatch_bytes(m, b, s, t, imbalance), ep, stride, link)
     if np.any(np.asarray(etp) > 1):
         gathered = dispatch_bytes(m, b, s, t, imbalance) * np.asarray(etp, dtype=float)
-        one = one + np.where(np.asarray(etp) > 1, group_collective_time_s(
-            gathered, "allgather", etp, 1, gpus_per_node, intra_bandwidth_bytes_per_s, inter_bandwidth_bytes_per_s,
-            inter_alpha_s=inter_alpha_s, intra_alpha_s=intra_alpha_s), 0.0)
+        one = one + np.where(np.asarray(etp) > 1, group_collective_time_s(gathered, "allgather", etp, 1, link), 0.0)
     return 2 * one * m.num_moe_layers / m.num_layers
 
 

@@ -20,29 +20,23 @@ Units: seconds, bytes, bytes/s.
 
 from __future__ import annotations
 
-from hetplan.estimate.comm import ALPHA_INTER_NODE_S, group_collective_time_s, p2p_time_s
+from hetplan.estimate.comm import group_collective_time_s, p2p_time_s
+from hetplan.estimate.stagework import Link
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 
 
 def boundary_transfer_time_s(m: ModelSpec, seq_len: int, sender: tuple[int, int, int], receiver: tuple[int, int, int],
-                             bandwidth_bytes_per_s: float, *, gpus_per_node: int = 8,
-                             intra_node_bandwidth_bytes_per_s: float | None = None,
-                             inter_node_bandwidth_bytes_per_s: float | None = None,
-                             p2p_alpha_s: float = ALPHA_INTER_NODE_S,
-                             inter_node_alpha_s: float = ALPHA_INTER_NODE_S,
-                             intra_node_alpha_s: float | None = None) -> float:
+                             bandwidth_bytes_per_s: float, p2p_alpha_s: float, receiver_link: Link) -> float:
     """One transfer (activation forward, or gradient backward) across a boundary (see module doc).
 
     Args:
         sender, receiver: ``(tp, dp, mbs)`` of the two stages (mbs per replica, sequences).
         bandwidth_bytes_per_s: per-rank bandwidth of the boundary
             (:func:`hetplan.estimate.stage.boundary_bandwidth_bytes_per_s`).
-        gpus_per_node, intra_node_bandwidth_bytes_per_s, inter_node_bandwidth_bytes_per_s: the receiver's node
-            (for its TP all-gather; default intra = ``bandwidth_bytes_per_s``).
-        p2p_alpha_s: latency of the boundary transfer (:func:`hetplan.estimate.stage.boundary_alpha_s`);
-        inter_node_alpha_s: the receiver's per-step latency between nodes (its network); intra_node_alpha_s: inside
-            its node (default :data:`hetplan.estimate.comm.ALPHA_INTRA_NODE_S`).
+        p2p_alpha_s: latency of the boundary transfer (:func:`hetplan.estimate.stage.boundary_alpha_s`).
+        receiver_link: the receiver's :class:`~hetplan.estimate.stagework.Link` (its node, for its TP
+            all-gather).
     Returns:
         seconds.
     """
@@ -52,8 +46,5 @@ def boundary_transfer_time_s(m: ModelSpec, seq_len: int, sender: tuple[int, int,
     per_rank = max(total / (da * ta), total / (db * tb))
     t = float(p2p_time_s(per_rank, bandwidth_bytes_per_s, p2p_alpha_s))
     if (ta, da, ba) != (tb, db, bb) and tb > 1:
-        intra = intra_node_bandwidth_bytes_per_s or bandwidth_bytes_per_s
-        inter = inter_node_bandwidth_bytes_per_s or intra
-        t += float(group_collective_time_s(total / db, "allgather", tb, 1, gpus_per_node, intra, inter,
-                                           inter_alpha_s=inter_node_alpha_s, intra_alpha_s=intra_node_alpha_s))
+        t += float(group_collective_time_s(total / db, "allgather", tb, 1, receiver_link))
     return t

@@ -14,7 +14,7 @@ import numpy as np
 
 from hetplan.estimate import compute, context, elementwise, fp8, memory, moe
 from hetplan.degrees import Degrees
-from hetplan.estimate.comm import ALPHA_INTER_NODE_S, dp_collective_time_s, group_collective_time_s, overlap_contention
+from hetplan.estimate.comm import dp_collective_time_s, group_collective_time_s, overlap_contention
 from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.stagework import LayerTerms, Link, Recompute, StageHardware, StageWork
 from hetplan.hardware.catalog import GPUSpec
@@ -170,7 +170,6 @@ def stage_costs(
     sequence_parallel = np.asarray(work.sequence_parallel) & stack.sequence_parallel
     overlap_grad_reduce = overlap_grad_reduce & stack_overlaps_grad_reduce(stack, single_stage, zero)
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
-    tp_bw = link.intra_node_bandwidth_bytes_per_s
     terms = LayerTerms(link, sequence_parallel=sequence_parallel, attention=attention,
                        tp_comm_overlap=tp_comm_overlap and not m.is_moe, cuda_graphs=cuda_graphs,
                        op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp" and not m.is_moe,
@@ -201,13 +200,10 @@ def stage_costs(
         af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, terms)
     layer_a2a: Any = 0.0  # the all-to-all the layer's forward + backward include (StageCost.alltoall_s)
     if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
-        net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s)
-        a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, etp, *net, imbalance=moe_load_imbalance, dispatch=moe_options,
-                                       intra_alpha_s=link.intra_node_alpha_s,
+        a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, etp, link, imbalance=moe_load_imbalance, dispatch=moe_options,
                                        etp=etp)
                if m.is_moe else 0.0)
-        kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, *net,
-                                                intra_alpha_s=link.intra_node_alpha_s)
+        kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, link)
         if af is not None:
             x = moe.exposed_alltoall_s(a2a, af, ab, overlap_contention(gpu)) if moe_options.a2a_overlap else a2a
             af, ab, atp = af + x + kv_f, ab + x + kv_b, atp + 2 * x + kv_f + kv_b
@@ -272,8 +268,6 @@ def stage_costs(
                                            moe.expert_parameters(m, num_layers), t, ep, etp)
     params = dense + expert
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
-    dp_net = (link.gpus_per_node, tp_bw, link.inter_node_bandwidth_bytes_per_s, link.inter_node_alpha_s,
-              link.intra_node_alpha_s)
     dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
@@ -286,10 +280,10 @@ def stage_costs(
         """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
         folded)."""
         n = dp_all if group is None else group
-        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, *dp_net)
+        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, link)
         if m.is_moe:
             out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp,
-                                             np.asarray(degrees.expert_ranks), *dp_net)
+                                             np.asarray(degrees.expert_ranks), link)
         return out * units
 
     grad_bytes = params * grad_per
@@ -321,9 +315,7 @@ def stage_costs(
     z3_reduce_scatter = dp_collective(grad_per, "allgather", units, shard)
     replicas = dp_all / shard
     z3_reduce_scatter = z3_reduce_scatter + np.where(replicas > 1, group_collective_time_s(
-        grad_bytes / units / shard, "allreduce", replicas, t * shard, link.gpus_per_node, tp_bw,
-        link.inter_node_bandwidth_bytes_per_s, inter_alpha_s=link.inter_node_alpha_s,
-        intra_alpha_s=link.intra_node_alpha_s), 0.0) * units
+        grad_bytes / units / shard, "allreduce", replicas, t * shard, link), 0.0) * units
     # FSDP in a pipeline (torch.distributed.pipelining): every backward but the last runs without resharding or
     # gradient sync, so each unit is gathered once, for the first micro-batch, and its accumulated gradient is
     # reduce-scattered once, by the post-backward the schedule calls after the stage's last backward
@@ -489,10 +481,7 @@ def compute_embedding_sync_s(m: ModelSpec, dtype: str, t: Array, link: Link):
     """All-reduce of the ``V·h/t`` word-embedding gradient between the first and last pipeline stage (2 ranks,
     taken across nodes, NIC shared by the node's GPUs)."""
     nbytes = m.padded_vocab_size() * m.hidden_size / np.asarray(t) * grad_comm_bytes_per_parameter(dtype)
-    return group_collective_time_s(nbytes, "allreduce", 2, link.gpus_per_node, link.gpus_per_node,
-                                   link.intra_node_bandwidth_bytes_per_s, link.inter_node_bandwidth_bytes_per_s,
-                                   nic_sharers=link.gpus_per_node, inter_alpha_s=link.inter_node_alpha_s,
-                                   intra_alpha_s=link.intra_node_alpha_s)
+    return group_collective_time_s(nbytes, "allreduce", 2, link.gpus_per_node, link, nic_sharers=link.gpus_per_node)
 
 
 def p2p_bytes(m: ModelSpec, b: Array, s: Array, t: Array, sequence_parallel: Array):
@@ -511,6 +500,8 @@ def boundary_bandwidth_bytes_per_s(sender: Link, receiver: Link, sender_gpus: Ar
 
 
 def boundary_alpha_s(sender: Link, receiver: Link, intra_node: Array):
-    """Per-transfer latency of a pipeline boundary (s): :data:`~hetplan.estimate.comm.ALPHA_INTER_NODE_S` inside a
-    node (:func:`~hetplan.estimate.comm.p2p_time_s`'s default), else the slower of the two nodes' networks."""
-    return np.where(intra_node, ALPHA_INTER_NODE_S, np.maximum(sender.inter_node_alpha_s, receiver.inter_node_alpha_s))
+    """Per-transfer latency of a pipeline boundary (s): the links' ``p2p_alpha_s`` inside a node
+    (``network.toml``'s ``alpha_inter_node_s``, :func:`~hetplan.estimate.comm.p2p_time_s`'s default), else the
+    slower of the two nodes' networks."""
+    return np.where(intra_node, np.maximum(sender.p2p_alpha_s, receiver.p2p_alpha_s),
+                    np.maximum(sender.inter_node_alpha_s, receiver.inter_node_alpha_s))

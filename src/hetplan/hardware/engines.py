@@ -41,7 +41,7 @@ from typing import Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hetplan.errors import HetplanError
-from hetplan.hardware.catalog import GPUSpec, _canonical, _norm, _overlay
+from hetplan.hardware.catalog import Architecture, GPUSpec, _canonical, _norm, _overlay
 from hetplan.inputs import parse_toml, read_text, validation_message
 
 #: Weight dtypes an engine may run, and bytes per weight element (INT4: two per byte; group scales are < 2 % of
@@ -279,10 +279,27 @@ class EngineCatalog:
 
 
 def _version_key(v: str) -> tuple:
-    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.]", v))
+    # (0, number) before (1, text): a release named by text sorts after the numbered ones, never int < str
+    return tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in re.split(r"[.]", v))
 
 
 def _release_from_toml(name: str, engine: Mapping, raw: Mapping, where: str) -> EngineSpec:
+    """One release of a user's or the package's engines file as an :class:`EngineSpec`.
+
+    Raises:
+        HetplanError: naming ``where``: a field of the wrong type (fuzz: a list as attention kernel, text as
+            ``non_torch_memory_gib``, a number as weight dtypes were tracebacks)."""
+    try:
+        return _release(name, engine, raw, where)
+    except HetplanError:  # already names its field (HetplanError is a ValueError)
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(inf GiB)
+        raise HetplanError(f"a field has the wrong type or value ({exc})", field=where,
+                           fix="compare the release with hetplan/hardware/data/engines.toml "
+                           "(`hetplan catalog engines NAME`)") from None
+
+
+def _release(name: str, engine: Mapping, raw: Mapping, where: str) -> EngineSpec:
     if not isinstance(raw, Mapping):
         raise HetplanError(f"must be a table, got {raw!r:.40}", field=where, fix="write [[engines.NAME.releases]] tables")
     data = dict(raw)
@@ -304,6 +321,12 @@ def _release_from_toml(name: str, engine: Mapping, raw: Mapping, where: str) -> 
         if bad:
             raise HetplanError(f"unknown weight dtype {bad[0]!r}", field=f"{where}.weight_dtypes",
                                fix=f"use dtypes among {', '.join(WEIGHT_DTYPE_BYTES)}")
+        families = {a.value for a in Architecture}
+        for dtype, fams in data["weight_dtypes"].items():
+            if not isinstance(fams, list) or not all(f in families for f in fams):
+                raise HetplanError(f"weight_dtypes.{dtype} = {fams!r:.40} is not a list of GPU generations",
+                                   field=f"{where}.weight_dtypes",
+                                   fix=f"list generations among {', '.join(sorted(families))}")
         data["weight_dtypes"] = {k: tuple(v) for k, v in data["weight_dtypes"].items()}
     if isinstance(data.get("attention"), Mapping):
         bad = [k for k in data["attention"].values() if k not in KERNEL_RATE_CLASS]
@@ -334,7 +357,11 @@ def _load(user_text: str | None, user_file: str | None) -> EngineCatalog:
             raise HetplanError("an engine needs at least one release", field=f"engines.{name}.releases",
                                fix=f"add a [[engines.{name}.releases]] table")
         releases[name] = [_release_from_toml(name, engine, r, f"engines.{name}.releases[{i}]") for i, r in enumerate(rel)]
-        aliases.update({a: name for a in engine.get("aliases", [])})
+        names = engine.get("aliases", [])
+        if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
+            raise HetplanError(f"aliases must be a list of names, got {names!r:.40}", field=f"engines.{name}.aliases",
+                               fix='write e.g. aliases = ["vllm-openai"]')
+        aliases.update({a: name for a in names})
     return EngineCatalog(releases, aliases, str(data.get("meta", {}).get("date", "unknown")))
 
 

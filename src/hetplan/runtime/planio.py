@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from hetplan.errors import HetplanError
 from hetplan.inputs import parse_json, read_text, validation_message
+from hetplan.jobfile import resolve_model_path
 from hetplan.model.reference import unsupported_features
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import ParallelLayout, Plan
@@ -51,10 +52,8 @@ def load_plan(path: str | Path) -> Plan:
         raise HetplanError(f"{p} must hold a JSON object (a plan)", field="PLAN",
                            fix="write the plan as {\"job\": ..., \"pools\": ..., \"stages\": ..., \"mbs\": ...}")
     model = raw.get("job", {}).get("model") if isinstance(raw.get("job"), dict) else None
-    if isinstance(model, str) and model.endswith(".json") and not Path(model).is_absolute():
-        cand = (p.parent / model)
-        if cand.is_file():
-            raw["job"]["model"] = str(cand)
+    if isinstance(model, str):
+        raw["job"]["model"] = resolve_model_path(model, p)
     try:
         return Plan.model_validate(raw)
     except ValidationError as exc:
