@@ -169,8 +169,9 @@ def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacit
         weights = weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights)
         per_token = kv_cache_bytes_per_worker(spec, 1, tp, pp, dtype)
         tokens = min((capacity_bytes - w) // max(k, 1) for w, k in zip(weights, per_token))
-    else:
-        tokens = max_running(wf, stack, gpu) * s.kv_cache_len
+    else:  # the pool each resident model reserves: scheduler.max_batch_size (8 unless set) sequences, not the
+        # engine's max_num_seqs, whose 256-1,024 longest sequences would not leave room for another model
+        tokens = s.max_batch_size * s.kv_cache_len
     return max(0, int(tokens) // kv.block_tokens * kv.block_tokens)
 
 
