@@ -360,3 +360,34 @@ def test_estimate_price_source_reprices_a_written_plan(files):
     given = json.loads(run("estimate", files["plan"], "--json").stdout)
     spot = json.loads(run("estimate", files["plan"], "--json", "--price-source", "spot").stdout)
     assert spot["usd_per_hour"] < given["usd_per_hour"]
+
+
+@fast(25)
+@given(data=st.data(), value=st.sampled_from(["0", "-1", "nan", "inf", "1e300", "zzz", "", "0.0", "1E+400"]))
+def test_damaged_training_log(tmp_path_factory, data, value):
+    """`calibrate` a Megatron-LM or torchtitan log with one number damaged (``inf`` / ``0.0`` as a parallel size
+    was an int() traceback)."""
+    from tests.calibration.test_user_calibration import MEGATRON_LOG, TITAN_LOG
+
+    text, model = data.draw(st.sampled_from([(MEGATRON_LOG, "llama2-7b"), (TITAN_LOG, "llama3-8b")]))
+    spans = [m.span() for m in re.finditer(r"\d[\d,.]*(?:E[+-]?\d+)?", text)]
+    a, b = data.draw(st.sampled_from(spans))
+    d = tmp_path_factory.mktemp("log")
+    (d / "damaged.log").write_text(text[:a] + value + text[b:])
+    (d / "good.log").write_text(text)
+    r = run("calibrate", d / "damaged.log", d / "good.log", "--model", model, "--gpu", "H100-SXM", "--json")
+    refused_or_ok(r, (text[a:b], value))
+    if r.code == 0:
+        assert "NaN" not in r.stdout and "Infinity" not in r.stdout
+
+
+@pytest.mark.parametrize("old, new", [("pipeline_model_parallel_size .................... 2",
+                                       "pipeline_model_parallel_size .................... inf"),
+                                      ("tensor_model_parallel_size ...................... 2",
+                                       "tensor_model_parallel_size ...................... 0")])
+def test_damaged_megatron_log_pinned(tmp_path, old, new):
+    from tests.calibration.test_user_calibration import MEGATRON_LOG
+
+    assert old in MEGATRON_LOG
+    (tmp_path / "a.log").write_text(MEGATRON_LOG.replace(old, new))
+    refused(run("calibrate", tmp_path / "a.log", "--model", "llama2-7b", "--gpu", "H100-SXM"), new, field="RUNS")
