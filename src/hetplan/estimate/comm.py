@@ -156,7 +156,8 @@ def overlapped_exposed_s(collective_s: Array, compute_s: Array, contention: Arra
 
 
 def network_terms(network: str) -> tuple[float, float]:
-    """``(bandwidth factor, per-step latency s)`` of an inter-node network (:data:`NETWORKS`): the factor scales the
+    """``(bandwidth factor, per-step latency s)`` of an inter-node network under ``network.toml``'s constants
+    (:meth:`CommConstants.network_terms`; :data:`NETWORKS`): the factor scales the
     nominal NIC bandwidth to what NCCL reaches on it relative to RDMA (1 for InfiniBand / RoCE), so every cost that
     takes the inter-node bandwidth (and applies :data:`INTER_LINK_EFFICIENCY` or the p2p efficiency itself) sees
     the network's rate.
@@ -164,8 +165,7 @@ def network_terms(network: str) -> tuple[float, float]:
     Raises:
         KeyError: unknown network (the pool validator names the allowed ones first).
     """
-    alpha, efficiency = NETWORKS[network]
-    return efficiency / INTER_LINK_EFFICIENCY, alpha
+    return CommConstants().network_terms(network)
 
 
 #: Per-barrier latency of the custom all-reduce kernel (s) and the bandwidth one rank reaches reading its peers'
