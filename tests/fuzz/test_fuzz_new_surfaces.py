@@ -351,3 +351,12 @@ def test_damaged_engines_file_pinned(tmp_path, line, value):
     refused_or_ok(r, lines[i])
     if "version" not in line:
         assert r.code == 2, lines[i]
+
+
+def test_estimate_price_source_reprices_a_written_plan(files):
+    """`plan -o` writes its chosen prices into the pools; `estimate --price-source/--provider` re-prices them
+    (they were silently ignored, an unknown provider included)."""
+    refused(run("estimate", files["plan"], "--price-source", "spot", "--provider", "zzz"), "zzz", field="--provider")
+    given = json.loads(run("estimate", files["plan"], "--json").stdout)
+    spot = json.loads(run("estimate", files["plan"], "--json", "--price-source", "spot").stdout)
+    assert spot["usd_per_hour"] < given["usd_per_hour"]

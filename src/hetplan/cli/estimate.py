@@ -40,7 +40,8 @@ def estimate_command(
                                                "calibrate` from your measured runs: its factors and your residuals "
                                                "(the 80 % intervals) for plans on its GPUs and stack."),
 ) -> None:
-    """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money."""
+    """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money. --price-source other
+    than catalog, or --provider, re-prices every pool (a written plan carries the prices `plan` chose)."""
     output_file(timeline, "--timeline", figure=True)
     raw = read_structured(plan_file)
     if isinstance(raw.get("job"), dict) and isinstance(raw["job"].get("model"), str):
@@ -61,6 +62,10 @@ def estimate_command(
         named = {q.gpu for q in user_quotes(str(prices_file))}
         pools = [p.model_copy(update={"price_usd_per_hour": None}) if cat.get(p.gpu).name in named else p
                  for p in pools]
+    if price_source != "catalog" or provider is not None:
+        # an asked-for price source re-prices every pool: the prices `plan -o` wrote silently won over
+        # --price-source spot / --provider (an unknown provider exited 0)
+        pools = [p.model_copy(update={"price_usd_per_hour": None}) for p in pools]
     pools_priced, prices = _priced(pools, cat, price_source, provider, prices_file)
     cal, cat = _calibrated(calibration, cat)
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools_priced, cat) if cal else pools_priced})

@@ -200,7 +200,8 @@ def place_replicas(replicas: Sequence[Replica], gpus_per_host: int = 8,
         if n > gpus_per_host:
             raise HetplanError(f"replica {r.index} of {r.name} needs {n} GPUs ({r.gpu}, TP {r.tp} x PP {r.pp}), "
                                f"more than a machine of {gpus_per_host}", field="--gpus-per-host",
-                               fix=f"give --gpus-per-host {n} or more, or plan with max_gpus <= {gpus_per_host}")
+                               fix=f"give --gpus-per-host {n} or more (a replica runs on one machine here), or "
+                                   f"plan with at most {gpus_per_host} GPUs per replica (capacity.max_gpus, TP x PP)")
         if r.sleep and r.group in shared:
             r.machine = shared[r.group]
             r.devices = list(range(n))
