@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from hetplan.estimate.comm import p2p_time_s  # noqa: E402
+from hetplan.estimate.comm import ALPHA_INTER_NODE_S, LINK_EFFICIENCY, p2p_time_s  # noqa: E402
 from hetplan.estimate.estimator import estimate, estimate_many  # noqa: E402
 from hetplan.estimate.pipeline import pipeline_time_s  # noqa: E402
 from hetplan.estimate.options import TrainingOptions  # noqa: E402
@@ -69,7 +69,8 @@ def vectorised(n: int = 20000, repeat: int = 5) -> float:
                          recompute=Recompute.FULL, sequence_parallel=col(tp > 1))
         c = stage_costs(m, StageHardware(gpu, link), Degrees.of(tp=col(tp), dp=col(dp), zero=1), work,
                         TrainingOptions(attention="standard"))
-        p2p = (pp - 1) * p2p_time_s(p2p_bytes(m, mbs, 2048, tp, tp > 1), 200e9 / 8)
+        p2p = (pp - 1) * p2p_time_s(p2p_bytes(m, mbs, 2048, tp, tp > 1), 200e9 / 8, ALPHA_INTER_NODE_S,
+                                    efficiency=LINK_EFFICIENCY)
         t, _, _ = pipeline_time_s(c.forward_s, c.backward_s, count, p2p, mb)
         _ = t + np.max(c.dp_exposed_s, axis=1) + np.max(c.optimizer_s, axis=1)
         best = min(best, time.process_time() - t0)

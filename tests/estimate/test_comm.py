@@ -6,6 +6,10 @@ import pytest
 from hetplan.estimate import comm
 from hetplan.estimate.stagework import Link
 
+#: network.toml's intra-node terms (what a Link carries by default)
+EFF = comm.INTRA_LINK_EFFICIENCY
+NVL = dict(alpha_s=comm.ALPHA_INTRA_NODE_S, efficiency=EFF)
+
 
 def test_ring_formulas():
     M, B = 1e9, 100e9
@@ -13,23 +17,24 @@ def test_ring_formulas():
     assert float(t) == pytest.approx(2 * 7 / 8 * M / B)
     assert float(comm.allgather_time_s(M, 8, B, 0.0, efficiency=1.0)) == pytest.approx(7 / 8 * M / B)
     assert float(comm.reduce_scatter_time_s(M, 4, B, 0.0, efficiency=1.0)) == pytest.approx(3 / 4 * M / B)
-    assert float(comm.allreduce_time_s(M, 1, B)) == 0.0
+    assert float(comm.allreduce_time_s(M, 1, B, **NVL)) == 0.0
     assert float(comm.p2p_time_s(M, B, 1e-5, efficiency=1.0)) == pytest.approx(M / B + 1e-5)
 
 
 def test_tree_beats_ring_for_small_messages_on_many_ranks():
     small, n = 1e4, 256
-    ring = comm.allreduce_time_s(small, n, 25e9, 8e-6, algorithm="ring")
-    tree = comm.allreduce_time_s(small, n, 25e9, 8e-6, algorithm="tree")
-    auto = comm.allreduce_time_s(small, n, 25e9, 8e-6, algorithm="auto")
+    ring = comm.allreduce_time_s(small, n, 25e9, 8e-6, algorithm="ring", efficiency=EFF)
+    tree = comm.allreduce_time_s(small, n, 25e9, 8e-6, algorithm="tree", efficiency=EFF)
+    auto = comm.allreduce_time_s(small, n, 25e9, 8e-6, algorithm="auto", efficiency=EFF)
     assert tree < ring and auto == tree
     big = 1e9
-    assert comm.allreduce_time_s(big, 4, 25e9, 8e-6, algorithm="auto") == comm.allreduce_time_s(big, 4, 25e9, 8e-6)
+    assert comm.allreduce_time_s(big, 4, 25e9, 8e-6, algorithm="auto", efficiency=EFF) == \
+        comm.allreduce_time_s(big, 4, 25e9, 8e-6, efficiency=EFF)
 
 
 def test_group_inside_a_node_uses_the_intra_link_only():
     t = comm.group_collective_time_s(1e8, "allreduce", 8, 1, Link(8, 300e9, 25e9))
-    assert float(t) == pytest.approx(float(comm.allreduce_time_s(1e8, 8, 300e9, efficiency=comm.INTRA_LINK_EFFICIENCY)))
+    assert float(t) == pytest.approx(float(comm.allreduce_time_s(1e8, 8, 300e9, **NVL)))
 
 
 def test_crossing_nodes_costs_more_and_nic_sharing_slows_down():
@@ -102,7 +107,7 @@ def test_custom_allreduce_matches_the_published_kernel_timings():
     for size, n, us, tol in [(32 * kib, 4, 9.2, 0.10), (256 * kib, 4, 20.6, 0.10), (512 * kib, 4, 26.9, 0.10),
                              (1024 * kib, 4, 40.2, 0.10), (256 * kib, 2, 12.9, 0.10), (1024 * kib, 2, 26.6, 0.10),
                              (512 * kib, 2, 17.7, 0.20), (256 * kib, 8, 24.1, 0.20), (32 * kib, 2, 8.7, 0.20)]:
-        got = float(custom_allreduce_time_s(size, n, nvlink)) * 1e6
+        got = float(custom_allreduce_time_s(size, n, nvlink, **NVL)) * 1e6
         assert got == pytest.approx(us, rel=tol), (size, n, got)
 
 
@@ -114,22 +119,23 @@ def test_custom_allreduce_shapes():
     # one-shot below 512 KiB at 4 ranks: each rank reads 3 peers' buffers, one barrier; two-shot from 512 KiB:
     # 2 x 3/4 of the buffer, two barriers
     below, at = 512 * 1024 - 16, 512 * 1024
-    assert custom_allreduce_time_s(below, 4, bw) == pytest.approx(3 * below / c + CUSTOM_AR_ALPHA_S)
-    assert custom_allreduce_time_s(at, 4, bw) == pytest.approx(1.5 * at / c + 2 * CUSTOM_AR_ALPHA_S)
+    assert custom_allreduce_time_s(below, 4, bw, **NVL) == pytest.approx(3 * below / c + CUSTOM_AR_ALPHA_S)
+    assert custom_allreduce_time_s(at, 4, bw, **NVL) == pytest.approx(1.5 * at / c + 2 * CUSTOM_AR_ALPHA_S)
     # 8 ranks switch at 256 KiB; 2 ranks always one-shot
-    assert custom_allreduce_time_s(at, 8, bw) == pytest.approx(1.75 * at / c + 2 * CUSTOM_AR_ALPHA_S)
-    assert custom_allreduce_time_s(4 * at, 2, bw) == pytest.approx(4 * at / c + CUSTOM_AR_ALPHA_S)
+    assert custom_allreduce_time_s(at, 8, bw, **NVL) == pytest.approx(1.75 * at / c + 2 * CUSTOM_AR_ALPHA_S)
+    assert custom_allreduce_time_s(4 * at, 2, bw, **NVL) == pytest.approx(4 * at / c + CUSTOM_AR_ALPHA_S)
     # the kernel's rate is capped by a slower link (PCIe)
-    assert custom_allreduce_time_s(at, 2, 16e9, efficiency=1.0) == pytest.approx(at / 16e9 + CUSTOM_AR_ALPHA_S)
+    assert custom_allreduce_time_s(at, 2, 16e9, comm.ALPHA_INTRA_NODE_S, efficiency=1.0) == pytest.approx(
+        at / 16e9 + CUSTOM_AR_ALPHA_S)
     # a small decode message: far under NCCL's ring latency of 2 (n-1) alpha steps
     small = 8 * 8192 * 2
-    assert custom_allreduce_time_s(small, 4, bw) < 0.3 * allreduce_time_s(small, 4, bw)
+    assert custom_allreduce_time_s(small, 4, bw, **NVL) < 0.3 * allreduce_time_s(small, 4, bw, **NVL)
     # above the engine's buffer and past 8 ranks: NCCL
     big = CUSTOM_AR_MAX_BYTES + 2
-    assert custom_allreduce_time_s(big, 4, bw) == pytest.approx(allreduce_time_s(big, 4, bw))
-    assert custom_allreduce_time_s(small, 16, bw) == pytest.approx(allreduce_time_s(small, 16, bw))
-    assert custom_allreduce_time_s(small, 1, bw) == 0.0
+    assert custom_allreduce_time_s(big, 4, bw, **NVL) == pytest.approx(allreduce_time_s(big, 4, bw, **NVL))
+    assert custom_allreduce_time_s(small, 16, bw, **NVL) == pytest.approx(allreduce_time_s(small, 16, bw, **NVL))
+    assert custom_allreduce_time_s(small, 1, bw, **NVL) == 0.0
     # TensorRT-LLM's AUTO: never slower than either
     for m in (4e3, 1e6, 6e6):
-        auto = allreduce_time_s(m, 2, bw, algorithm="custom-auto")
-        assert auto <= min(custom_allreduce_time_s(m, 2, bw), allreduce_time_s(m, 2, bw)) + 1e-15
+        auto = allreduce_time_s(m, 2, bw, **NVL, algorithm="custom-auto")
+        assert auto <= min(custom_allreduce_time_s(m, 2, bw, **NVL), allreduce_time_s(m, 2, bw, **NVL)) + 1e-15

@@ -85,7 +85,8 @@ def test_boundaries_vectorised_equal_one_by_one():
         bw = float(boundary_bandwidth_bytes_per_s(links[ls[j]], links[lr[j]], s[0] * s[1] * s[2], intra[j]))
         alpha = float(boundary_alpha_s(links[ls[j]], links[lr[j]], intra[j]))
         if (s[0], s[2], s[3]) == (r[0], r[2], r[3]):  # a plain send of the rank's b·(s/cp)·h/t activations
-            want = float(p2p_time_s(p2p_bytes(m, s[3], 1024 / s[1], s[0], False), bw, alpha))
+            want = float(p2p_time_s(p2p_bytes(m, s[3], 1024 / s[1], s[0], False), bw, alpha,
+                                    efficiency=links[lr[j]].intra_link_efficiency))
         else:
             want = boundary_transfer_time_s(m, 1024, (s[0], s[2], s[3]), (r[0], r[2], r[3]), bw, alpha, links[lr[j]])
         assert one == pytest.approx(want, rel=1e-12)

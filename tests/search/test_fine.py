@@ -83,7 +83,8 @@ def test_reshard_equals_p2p_for_equal_layouts_and_costs_more_otherwise():
     m = load_model("gpt3-1.3b")
     link = Link(8, 50e9, 50e9)
     same = boundary_transfer_time_s(m, 2048, (2, 2, 4), (2, 2, 4), 50e9, link.p2p_alpha_s, link)
-    assert same == pytest.approx(float(p2p_time_s(p2p_bytes(m, 4, 2048, 2, True), 50e9)))
+    assert same == pytest.approx(float(p2p_time_s(p2p_bytes(m, 4, 2048, 2, True), 50e9, link.p2p_alpha_s,
+                                                       efficiency=link.intra_link_efficiency)))
     assert boundary_transfer_time_s(m, 2048, (1, 4, 2), (4, 1, 8), 50e9, link.p2p_alpha_s, link) > same
 
 

@@ -218,13 +218,14 @@ def test_gqa_decode_reads_per_query_head_without_xqa():
 def test_tp_decode_prices_the_engines_allreduce():
     """vLLM's custom all-reduce inside the decode graph against NCCL's ring: two all-reduces per layer of
     batch x hidden bytes, latency-bound at small batches (docs/serving.md, The engine model)."""
-    from hetplan.estimate.comm import allreduce_time_s, custom_allreduce_time_s
+    from hetplan.estimate.comm import ALPHA_INTRA_NODE_S, allreduce_time_s, custom_allreduce_time_s
 
     m, h200, v = load_model("llama3-70b"), get_gpu("H200"), get_engine("vllm@0.6")
     nccl = v.model_copy(update={"tp_allreduce": "nccl"})
     custom, ring = (decode_step_time_s(m, h200, "bf16", 8, 8 * 100, tp=4, engine=e) for e in (v, nccl))
     msg, link = 8 * m.hidden_size * 2, h200.gpu_link_bandwidth_bytes_per_s
-    per_ar = (allreduce_time_s(msg, 4, link, efficiency=0.77) - custom_allreduce_time_s(msg, 4, link, efficiency=0.77))
+    per_ar = (allreduce_time_s(msg, 4, link, ALPHA_INTRA_NODE_S, efficiency=0.77)
+              - custom_allreduce_time_s(msg, 4, link, ALPHA_INTRA_NODE_S, efficiency=0.77))
     assert ring - custom == pytest.approx(2 * m.num_layers * per_ar, rel=1e-6)
     assert custom < ring
     # at TP 1 nothing changes

@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
         res = simulate_workload(wf)
         rep = res.report(slos(wf))
         rep.update(policy=wf.scheduler.policy, batching=wf.scheduler.batching, gpu=wf.cluster.gpu, tp=wf.cluster.tp,
-                   pp=wf.cluster.pp)
+                   pp=wf.cluster.pp, engine=wf.cluster.engine)
         from hetplan.serve.capacity import serving_energy
 
         rep["energy"] = serving_energy(res, wf.cluster.gpu or "", wf.cluster.tp, wf.cluster.pp,
@@ -138,6 +138,10 @@ def register(app: typer.Typer) -> None:
         con.print(f"SLOs (s): latency {_fmt(s['latency_s'])}, TTFT {_fmt(s['ttft_s'])}, TPOT {_fmt(s['tpot_s'])}; "
                   f"swaps {rep['swaps']}, {rep['bytes_swapped_in'] / 1e9:.2f} GB in per worker; "
                   f"mean batch {rep['mean_batch_size']:.2f}; preemptions {rep['preemptions']}")
+        con.print(f"priced as engine {wf.cluster.engine}" if wf.cluster.engine else
+                  "priced as eager PyTorch (no cluster.engine): set cluster.engine = \"vllm\" (or sglang, "
+                  "tensorrt-llm) for a production engine's CUDA-graph decode, paged KV budget and step overhead",
+                  highlight=False)
         _energy_line(con, rep["energy"])
 
     @app.command("capacity")

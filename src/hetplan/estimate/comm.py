@@ -156,7 +156,8 @@ def overlapped_exposed_s(collective_s: Array, compute_s: Array, contention: Arra
 
 
 def network_terms(network: str) -> tuple[float, float]:
-    """``(bandwidth factor, per-step latency s)`` of an inter-node network (:data:`NETWORKS`): the factor scales the
+    """``(bandwidth factor, per-step latency s)`` of an inter-node network under ``network.toml``'s constants
+    (:meth:`CommConstants.network_terms`; :data:`NETWORKS`): the factor scales the
     nominal NIC bandwidth to what NCCL reaches on it relative to RDMA (1 for InfiniBand / RoCE), so every cost that
     takes the inter-node bandwidth (and applies :data:`INTER_LINK_EFFICIENCY` or the p2p efficiency itself) sees
     the network's rate.
@@ -164,8 +165,7 @@ def network_terms(network: str) -> tuple[float, float]:
     Raises:
         KeyError: unknown network (the pool validator names the allowed ones first).
     """
-    alpha, efficiency = NETWORKS[network]
-    return efficiency / INTER_LINK_EFFICIENCY, alpha
+    return CommConstants().network_terms(network)
 
 
 #: Per-barrier latency of the custom all-reduce kernel (s) and the bandwidth one rank reaches reading its peers'
@@ -182,9 +182,8 @@ CUSTOM_AR_BANDWIDTH_BYTES_PER_S = 58e9
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
 
 
-def custom_allreduce_time_s(message_bytes: Array, n: Array, bandwidth_bytes_per_s: Array,
-                            alpha_s: Array = ALPHA_INTRA_NODE_S, *,
-                            efficiency: Array = LINK_EFFICIENCY):
+def custom_allreduce_time_s(message_bytes: Array, n: Array, bandwidth_bytes_per_s: Array, alpha_s: Array, *,
+                            efficiency: Array):
     """The serving engines' custom all-reduce of ``message_bytes`` over ``n`` ranks of one NVLink domain (module
     doc): one-shot or two-shot by vLLM's size thresholds (``csrc/custom_all_reduce.cuh``: one-shot for 2 ranks,
     below 512 KiB up to 4 ranks, below 256 KiB up to 8), at :data:`CUSTOM_AR_BANDWIDTH_BYTES_PER_S` (or the link's
@@ -201,9 +200,8 @@ def custom_allreduce_time_s(message_bytes: Array, n: Array, bandwidth_bytes_per_
     return np.where(n > 1, np.where((m <= CUSTOM_AR_MAX_BYTES) & (n <= 8), custom, nccl), 0.0)
 
 
-def allreduce_time_s(message_bytes: Array, n: Array, bandwidth_bytes_per_s: Array,
-                     alpha_s: Array = ALPHA_INTRA_NODE_S, *,
-                     efficiency: Array = LINK_EFFICIENCY, algorithm: str = "ring"):
+def allreduce_time_s(message_bytes: Array, n: Array, bandwidth_bytes_per_s: Array, alpha_s: Array, *,
+                     efficiency: Array, algorithm: str = "ring"):
     """All-reduce of ``message_bytes`` over ``n`` ranks (0 when n == 1).
 
     Args:
@@ -229,8 +227,8 @@ def allreduce_time_s(message_bytes: Array, n: Array, bandwidth_bytes_per_s: Arra
     return np.where(n > 1, t, 0.0)
 
 
-def allgather_time_s(total_bytes: Array, n: Array, bandwidth_bytes_per_s: Array, alpha_s: Array = ALPHA_INTRA_NODE_S,
-                     *, efficiency: Array = LINK_EFFICIENCY):
+def allgather_time_s(total_bytes: Array, n: Array, bandwidth_bytes_per_s: Array, alpha_s: Array, *,
+                     efficiency: Array):
     """Ring all-gather whose gathered result is ``total_bytes`` per rank (0 when n == 1)."""
     n = np.asarray(n, dtype=float)
     steps = n - 1.0
@@ -238,14 +236,13 @@ def allgather_time_s(total_bytes: Array, n: Array, bandwidth_bytes_per_s: Array,
                     + steps * alpha_s, 0.0)
 
 
-def reduce_scatter_time_s(total_bytes: Array, n: Array, bandwidth_bytes_per_s: Array,
-                          alpha_s: Array = ALPHA_INTRA_NODE_S, *, efficiency: Array = LINK_EFFICIENCY):
+def reduce_scatter_time_s(total_bytes: Array, n: Array, bandwidth_bytes_per_s: Array, alpha_s: Array, *,
+                          efficiency: Array):
     """Ring reduce-scatter of a ``total_bytes`` input per rank: same cost as the all-gather of that size."""
     return allgather_time_s(total_bytes, n, bandwidth_bytes_per_s, alpha_s, efficiency=efficiency)
 
 
-def p2p_time_s(message_bytes: Array, bandwidth_bytes_per_s: Array, alpha_s: Array = ALPHA_INTER_NODE_S, *,
-               efficiency: Array = LINK_EFFICIENCY):
+def p2p_time_s(message_bytes: Array, bandwidth_bytes_per_s: Array, alpha_s: Array, *, efficiency: Array):
     """One point-to-point send/recv of ``message_bytes``."""
     return message_bytes / (bandwidth_bytes_per_s * efficiency) + alpha_s
 
@@ -270,7 +267,8 @@ def group_collective_time_s(message_bytes: Array, collective: str, n: Array, str
     stride = np.asarray(stride, dtype=float)
     g = np.asarray(link.gpus_per_node, dtype=float)
     intra_bandwidth_bytes_per_s = link.intra_node_bandwidth_bytes_per_s
-    intra_eff, inter_eff, inter_alpha_s = link.intra_link_efficiency, link.inter_link_efficiency, link.inter_node_alpha_s
+    intra_eff, inter_eff = link.intra_link_efficiency, link.inter_link_efficiency
+    inter_alpha_s = link.inter_node_alpha_s
     k = np.minimum(n, np.maximum(1.0, np.floor(g / stride)))
     nodes = np.ceil(n / k)
     sharers = np.minimum(g, stride * n) if nic_sharers is None else np.asarray(nic_sharers, dtype=float)

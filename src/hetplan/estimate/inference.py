@@ -58,7 +58,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hetplan.errors import HetplanError, InfeasibleError
-from hetplan.estimate.comm import ALPHA_INTRA_NODE_S, p2p_time_s
+from hetplan.estimate.comm import p2p_time_s
 from hetplan.estimate.compute import (attention_gemm_times_s, attention_linear_shapes, embedding_time_s, gemm_time_s,
                                       layer_time_s, mlp_linear_shapes)
 from hetplan.estimate.memory import stage_parameters
@@ -141,8 +141,9 @@ def kv_cache_bytes_per_worker(m: ModelSpec, tokens: int, tp: int, pp: int, dtype
 def _pipeline_p2p_s(m: ModelSpec, gpu: GPUSpec, tokens: int, pp: int, nb: int) -> float:
     if pp == 1:
         return 0.0
-    return (pp - 1) * float(p2p_time_s(tokens * m.hidden_size * nb, gpu.gpu_link_bandwidth_bytes_per_s,
-                                       ALPHA_INTRA_NODE_S))
+    link = Link.one_node(gpu.gpu_link_bandwidth_bytes_per_s)  # the replica's stages share a node
+    return (pp - 1) * float(p2p_time_s(tokens * m.hidden_size * nb, link.intra_node_bandwidth_bytes_per_s,
+                                       link.intra_node_alpha_s, efficiency=link.intra_link_efficiency))
 
 
 def _engine_gpu(gpu: GPUSpec, engine: EngineSpec) -> GPUSpec:

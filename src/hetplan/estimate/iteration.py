@@ -133,7 +133,8 @@ def boundary_time_s(m: ModelSpec, seq_len: Array, sender: Array, receiver: Array
     bw = boundary_bandwidth_bytes_per_s(sender_link, receiver_link, ts * cs * ds, intra_node)
     alpha = boundary_alpha_s(sender_link, receiver_link, intra_node)
     msg = p2p_bytes(m, bs, seq_len / cs, np.maximum(ts, tr), False)
-    out = np.asarray(p2p_time_s(msg, bw, alpha), dtype=float)
+    # at NCCL's intra-node fraction of the bandwidth, as every pipeline send (network.toml's one p2p efficiency)
+    out = np.asarray(p2p_time_s(msg, bw, alpha, efficiency=receiver_link.intra_link_efficiency), dtype=float)
     reshard = (ts != tr) | (ds != dr) | (bs != br)
     if not np.any(reshard):
         return out if out.ndim else float(out)

@@ -44,7 +44,7 @@ def boundary_transfer_time_s(m: ModelSpec, seq_len: int, sender: tuple[int, int,
     tb, db, bb = receiver
     total = da * ba * seq_len * m.hidden_size * counts.BYTES_PER_ACTIVATION
     per_rank = max(total / (da * ta), total / (db * tb))
-    t = float(p2p_time_s(per_rank, bandwidth_bytes_per_s, p2p_alpha_s))
+    t = float(p2p_time_s(per_rank, bandwidth_bytes_per_s, p2p_alpha_s, efficiency=receiver_link.intra_link_efficiency))
     if (ta, da, ba) != (tb, db, bb) and tb > 1:
         t += float(group_collective_time_s(total / db, "allgather", tb, 1, receiver_link))
     return t
