@@ -391,3 +391,16 @@ def test_damaged_megatron_log_pinned(tmp_path, old, new):
     assert old in MEGATRON_LOG
     (tmp_path / "a.log").write_text(MEGATRON_LOG.replace(old, new))
     refused(run("calibrate", tmp_path / "a.log", "--model", "llama2-7b", "--gpu", "H100-SXM"), new, field="RUNS")
+
+
+@fast(10)
+@given(slowdown=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1.0, 1.2, 100.0, 1e307])))
+def test_frontier_straggler_slowdown(tmp_path_factory, slowdown):
+    """A straggler 1e307x slower wrote Infinity / NaN into summary.json; bounded to [1, 100]."""
+    out = tmp_path_factory.mktemp("s")
+    r = run("energy", "frontier", BLOOM, "-m", "4", "--idle-power-w", "83.64", "-o", out, "--no-baselines",
+            "--no-plot", "--no-plans", "--json", "--straggler-slowdown", repr(slowdown))
+    refused_or_ok(r, slowdown)
+    assert (r.code == 0) == (1.0 <= slowdown <= 100.0), (slowdown, r.stderr)
+    if r.code == 0:
+        assert "NaN" not in r.stdout and "Infinity" not in r.stdout
