@@ -404,3 +404,23 @@ def test_frontier_straggler_slowdown(tmp_path_factory, slowdown):
     assert (r.code == 0) == (1.0 <= slowdown <= 100.0), (slowdown, r.stderr)
     if r.code == 0:
         assert "NaN" not in r.stdout and "Infinity" not in r.stdout
+
+
+@fast(30)
+@given(target=st.floats(min_value=1e-3, max_value=1.7e308),
+       plans=st.lists(st.tuples(st.floats(1.0, 10.0), st.floats(100.0, 1e4)), min_size=1, max_size=6))
+def test_frontier_pick_for_any_target_is_the_least_energy_by_brute_force(target, plans):
+    """The plan server's pick under a deadline equals brute force over the plans in exact arithmetic (a target of
+    1e300 s rounded the energies away and picked the first plan)."""
+    from fractions import Fraction
+
+    from hetplan.energy.server.schedulers import pick_frontier_point
+
+    rows = [{"time_s": t, "energy_j": e} for t, e in plans]
+    k = pick_frontier_point(rows, target, 4, 80.0)
+    ok = [i for i, r in enumerate(rows) if r["time_s"] <= target + 1e-12]
+    if not ok:
+        assert k == min(range(len(rows)), key=lambda i: rows[i]["time_s"])
+        return
+    cost = [Fraction(r["energy_j"]) + 4 * Fraction(80) * (Fraction(target) - Fraction(r["time_s"])) for r in rows]
+    assert k in ok and cost[k] - min(cost[i] for i in ok) <= Fraction(1, 10**6)  # float64 of ~1e4 J
