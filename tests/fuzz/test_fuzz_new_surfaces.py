@@ -360,3 +360,67 @@ def test_estimate_price_source_reprices_a_written_plan(files):
     given = json.loads(run("estimate", files["plan"], "--json").stdout)
     spot = json.loads(run("estimate", files["plan"], "--json", "--price-source", "spot").stdout)
     assert spot["usd_per_hour"] < given["usd_per_hour"]
+
+
+@fast(25)
+@given(data=st.data(), value=st.sampled_from(["0", "-1", "nan", "inf", "1e300", "zzz", "", "0.0", "1E+400"]))
+def test_damaged_training_log(tmp_path_factory, data, value):
+    """`calibrate` a Megatron-LM or torchtitan log with one number damaged (``inf`` / ``0.0`` as a parallel size
+    was an int() traceback)."""
+    from tests.calibration.test_user_calibration import MEGATRON_LOG, TITAN_LOG
+
+    text, model = data.draw(st.sampled_from([(MEGATRON_LOG, "llama2-7b"), (TITAN_LOG, "llama3-8b")]))
+    spans = [m.span() for m in re.finditer(r"\d[\d,.]*(?:E[+-]?\d+)?", text)]
+    a, b = data.draw(st.sampled_from(spans))
+    d = tmp_path_factory.mktemp("log")
+    (d / "damaged.log").write_text(text[:a] + value + text[b:])
+    (d / "good.log").write_text(text)
+    r = run("calibrate", d / "damaged.log", d / "good.log", "--model", model, "--gpu", "H100-SXM", "--json")
+    refused_or_ok(r, (text[a:b], value))
+    if r.code == 0:
+        assert "NaN" not in r.stdout and "Infinity" not in r.stdout
+
+
+@pytest.mark.parametrize("old, new", [("pipeline_model_parallel_size .................... 2",
+                                       "pipeline_model_parallel_size .................... inf"),
+                                      ("tensor_model_parallel_size ...................... 2",
+                                       "tensor_model_parallel_size ...................... 0")])
+def test_damaged_megatron_log_pinned(tmp_path, old, new):
+    from tests.calibration.test_user_calibration import MEGATRON_LOG
+
+    assert old in MEGATRON_LOG
+    (tmp_path / "a.log").write_text(MEGATRON_LOG.replace(old, new))
+    refused(run("calibrate", tmp_path / "a.log", "--model", "llama2-7b", "--gpu", "H100-SXM"), new, field="RUNS")
+
+
+@fast(10)
+@given(slowdown=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1.0, 1.2, 100.0, 1e307])))
+def test_frontier_straggler_slowdown(tmp_path_factory, slowdown):
+    """A straggler 1e307x slower wrote Infinity / NaN into summary.json; bounded to [1, 100]."""
+    out = tmp_path_factory.mktemp("s")
+    r = run("energy", "frontier", BLOOM, "-m", "4", "--idle-power-w", "83.64", "-o", out, "--no-baselines",
+            "--no-plot", "--no-plans", "--json", "--straggler-slowdown", repr(slowdown))
+    refused_or_ok(r, slowdown)
+    assert (r.code == 0) == (1.0 <= slowdown <= 100.0), (slowdown, r.stderr)
+    if r.code == 0:
+        assert "NaN" not in r.stdout and "Infinity" not in r.stdout
+
+
+@fast(30)
+@given(target=st.floats(min_value=1e-3, max_value=1.7e308),
+       plans=st.lists(st.tuples(st.floats(1.0, 10.0), st.floats(100.0, 1e4)), min_size=1, max_size=6))
+def test_frontier_pick_for_any_target_is_the_least_energy_by_brute_force(target, plans):
+    """The plan server's pick under a deadline equals brute force over the plans in exact arithmetic (a target of
+    1e300 s rounded the energies away and picked the first plan)."""
+    from fractions import Fraction
+
+    from hetplan.energy.server.schedulers import pick_frontier_point
+
+    rows = [{"time_s": t, "energy_j": e} for t, e in plans]
+    k = pick_frontier_point(rows, target, 4, 80.0)
+    ok = [i for i, r in enumerate(rows) if r["time_s"] <= target + 1e-12]
+    if not ok:
+        assert k == min(range(len(rows)), key=lambda i: rows[i]["time_s"])
+        return
+    cost = [Fraction(r["energy_j"]) + 4 * Fraction(80) * (Fraction(target) - Fraction(r["time_s"])) for r in rows]
+    assert k in ok and cost[k] - min(cost[i] for i in ok) <= Fraction(1, 10**6)  # float64 of ~1e4 J

@@ -125,8 +125,18 @@ def torchtitan_row(text: str, origin: str) -> dict[str, str]:
 
 def log_row(text: str, origin: str) -> dict[str, str]:
     """The RUNS row of a Megatron-LM or torchtitan log. A torchtitan row carries ``tokens_per_s_per_gpu``
-    until the GPU count is known (:func:`finish_row`)."""
-    return megatron_row(text, origin) if "end of arguments" in text else torchtitan_row(text, origin)
+    until the GPU count is known (:func:`finish_row`).
+
+    Raises:
+        HetplanError: naming RUNS and the file: a damaged number in the log (``inf`` or ``0.0`` as a parallel
+            size, a zero degree; fuzz: int('inf') and a division by zero were tracebacks)."""
+    try:
+        return megatron_row(text, origin) if "end of arguments" in text else torchtitan_row(text, origin)
+    except HetplanError:
+        raise
+    except (ValueError, ZeroDivisionError, OverflowError) as exc:
+        raise HetplanError(f"{origin}: a number in the log cannot be read ({exc})", field="RUNS",
+                           fix="give the log as the framework wrote it, or write the run as a CSV row") from None
 
 
 def finish_row(row: dict[str, str], origin: str) -> dict[str, str]:
@@ -142,5 +152,9 @@ def finish_row(row: dict[str, str], origin: str) -> dict[str, str]:
     if not row.get("gpus"):
         raise HetplanError(f"{origin} does not say how many GPUs ran", field="--gpus",
                            fix="pass --gpus N (the world size of the run)")
-    row["step_time_s"] = repr(int(row["global_batch"]) * int(row["seq_len"]) / (float(tps) * int(row["gpus"])))
+    try:
+        row["step_time_s"] = repr(int(row["global_batch"]) * int(row["seq_len"]) / (float(tps) * int(row["gpus"])))
+    except (ValueError, ZeroDivisionError, OverflowError) as exc:
+        raise HetplanError(f"{origin}: no step time from tokens/s {tps} on {row['gpus']} GPUs ({exc})", field="RUNS",
+                           fix="give a log with positive tokens/s, or pass --gpus N") from None
     return row

@@ -152,7 +152,7 @@ def register(app: typer.Typer) -> None:
         schedule: str = typer.Option(None, "--schedule", help="1f1b, gpipe or interleaved (default: the plan's; 1f1b)"),
         virtual_stages: int = typer.Option(None, "--virtual-stages", help="model chunks per stage (interleaved)"),
         straggler_slowdown: float = typer.Option(None, "--straggler-slowdown",
-                                                 help="also pick the plan for a straggler this much slower (e.g. 1.2)"),
+                                                 help="also pick the plan for a straggler this much slower (e.g. 1.2; 1 to 100)"),
         baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="compute EnvPipe / Zeus baselines"),
         plot: bool = typer.Option(False, "--plot/--no-plot", help="also draw DIR/frontier.png (matplotlib)"),
         plans: bool = typer.Option(True, "--plans/--no-plans", help="write the frequency plans (DIR/plans.json)"),

@@ -40,6 +40,12 @@ def best_plan_within(frontier: Frontier, deadline_s: float) -> dict | None:
             "replay_time_s": rt, "replay_energy_j": re}
 
 
+#: Largest straggler slowdown: a rank 100x slower than all-max is a failed GPU, not a straggler; the idle energy
+#: of a 1e307x longer wait overflowed to Infinity / NaN in summary.json (fuzz).
+MAX_STRAGGLER_SLOWDOWN = 100.0
+_STRAGGLER_WHY = "a rank 100x slower than the others is a failure, not a straggler"
+
+
 def summarize(frontier: Frontier, *, straggler_slowdown: float | None = None, baselines: bool | dict = True) -> dict:
     """A JSON-able summary: points, planner time, savings at max speed and under a straggler, baselines
     (``baselines``: True computes them, a dict from :func:`~hetplan.energy.baselines.summary_entries` is used as
@@ -73,8 +79,9 @@ def summarize(frontier: Frontier, *, straggler_slowdown: float | None = None, ba
     out["at_max_speed"] = best
     out["energy_saved_at_max_speed_j"] = None if best is None else best["saved_j"]
     if straggler_slowdown is not None:
-        if not straggler_slowdown >= 1.0:
-            raise HetplanError(f"straggler slowdown must be ≥ 1, got {straggler_slowdown}", field="straggler_slowdown",
+        if not 1.0 <= straggler_slowdown <= MAX_STRAGGLER_SLOWDOWN:
+            raise HetplanError(f"straggler slowdown must be from 1 to {MAX_STRAGGLER_SLOWDOWN:g}, got "
+                               f"{straggler_slowdown}: {_STRAGGLER_WHY}", field="--straggler-slowdown",
                                fix="use e.g. 1.2 for a straggler 20 % slower than all-max")
         deadline = straggler_slowdown * mx.time_s
         base = B.energy_at(mx.time_s, mx.energy_j, deadline, S, P)

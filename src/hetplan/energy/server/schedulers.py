@@ -67,7 +67,10 @@ def pick_frontier_point(plans: list[dict], target_time_s: float | None, num_stag
     ok = [i for i, p in enumerate(plans) if p["time_s"] <= target_time_s + 1e-12]
     if not ok:
         return fastest
-    return min(ok, key=lambda i: plans[i]["energy_j"] + num_stages * idle_power_w * (target_time_s - plans[i]["time_s"]))
+    # energy + N·P_idle·(target - time): the N·P_idle·target term is the same for every plan, so it is left out;
+    # with it, a target of 1e300 s rounded every plan's energy away (all equal: the first plan, not the least
+    # energy) and 1e308 overflowed to inf
+    return min(ok, key=lambda i: plans[i]["energy_j"] - num_stages * idle_power_w * plans[i]["time_s"])
 
 
 def schedule_for(spec: dict, state: dict, stage: int, iteration: int) -> tuple[str, list[int]]:
