@@ -53,3 +53,18 @@ def test_intra_node_link_efficiency_reaches_the_tp_collectives_the_alltoall_and_
     for plan in (tp, moe, dense):
         assert _forward_s(plan, intra_link_efficiency=0.3) > _forward_s(plan)
     assert _forward_s(tp, intra_link_efficiency=comm.INTRA_LINK_EFFICIENCY) == _forward_s(tp)
+
+
+def test_pipeline_p2p_inside_a_node_takes_the_calibrated_latency():
+    """The p2p sends between two pipeline stages in one node read the links' p2p latency (CommConstants'
+    alpha_inter_node_s; before, the estimator rebuilt the boundary links from five fields and the module's
+    constant was used)."""
+    plan = Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=8), pools=[GPUPool(gpu="H100-SXM", count=8)],
+                stages=[Stage(num_layers=16, tp=4, dp=1), Stage(num_layers=16, tp=4, dp=1)], mbs=1)
+
+    def iteration_s(**constants) -> float:
+        return estimate(plan, comm_constants=dataclasses.replace(CommConstants(), **constants)).iteration_time_s
+
+    base = iteration_s()
+    assert iteration_s(alpha_inter_node_s=1e-3) > base
+    assert iteration_s(alpha_inter_node_s=CommConstants().alpha_inter_node_s) == base

@@ -439,14 +439,14 @@ def _estimate_one_model(plans: list[Plan], m: ModelSpec, catalog: Catalog, profi
     recv = send + 1
     p2p = np.zeros(len(send))
     if len(send):
-        link_cols: list[Any] = [np.array(x) for x in zip(*((ln.gpus_per_node, ln.intra_node_bandwidth_bytes_per_s,
-                                                 ln.inter_node_bandwidth_bytes_per_s, ln.inter_node_alpha_s,
-                                                 ln.intra_node_alpha_s)
-                                                for ln in (hw.link for hw in hardware)))]
+        # every field of each row's Link (a calibration's constants included), one array per field
+        link_cols: dict[str, Any] = {f.name: np.array([getattr(hw.link, f.name) for hw in hardware])
+                                     for f in fields(Link)}
         shape_cols = [cols[k] for k in ("tp", "cp", "dp", "b")]
         p2p = np.asarray(boundary_time_s(m, cols["s"][send], [c[send] for c in shape_cols],
                                          [c[recv] for c in shape_cols],
-                                         Link(*(c[send] for c in link_cols)), Link(*(c[recv] for c in link_cols)),
+                                         Link(**{k: c[send] for k, c in link_cols.items()}),
+                                         Link(**{k: c[recv] for k, c in link_cols.items()}),
                                          np.array(intra)), dtype=np.float64)
     p2p_start = np.concatenate([[0], np.cumsum([plan.pp - 1 for plan in plans])]).astype(int)
     capacity = np.array([g.memory_bytes for g in gpus])
