@@ -455,3 +455,12 @@ def test_damaged_prices_file(tmp_path_factory, data, value):
     if lines[i].startswith("usd_per_gpu_hour") and value in ("1e30", "1e300", "100000000000000000000", "-1", "0",
                                                               "nan", "inf", '"zzz"'):
         assert r.code == 2, lines[i]
+
+
+def test_a_pinned_zero_stage_the_stack_lacks_is_named():
+    """Megatron-LM 2.5 has no distributed optimizer: a pinned ZeRO-3 matched nothing and the message advised
+    checking tp*pp*dp; it names pin.zero and the stack now."""
+    r = run("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--tokens", "1e9",
+            "--gpu", "H100-SXM", "--gpus", "8", "-q", "--stack", "megatron-lm@2.5", "--zero", "3")
+    refused(r, "zero 3", field="pin.zero")
+    assert "megatron-lm@2.5" in r.stderr

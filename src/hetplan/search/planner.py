@@ -117,6 +117,26 @@ def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult
     )
 
 
+def _refuse_pins_the_stack_lacks(job: Job, pins: Pins) -> None:
+    """When no configuration matched: name a pinned ZeRO stage or recomputation the job's stack does not offer
+    (the search enumerates only what it offers, :func:`hetplan.search.space.stack_allows`), rather than the
+    generic tp*pp*dp advice (``--stack megatron-lm@2.5 --zero 3`` said to check tp*pp*dp).
+
+    Raises:
+        HetplanError: naming ``pin.zero`` or ``pin.recompute``."""
+    from hetplan.search.space import stack_allows
+
+    stack = job.stack_spec()
+    if pins.zero is not None and not stack_allows(stack, zero=pins.zero):
+        raise HetplanError(f"ZeRO-{pins.zero} is pinned, but stack {stack.id} offers ZeRO "
+                           f"{', '.join(map(str, stack.zero))} only", field="pin.zero",
+                           fix="unpin zero, or pick a stack that has it (hetplan catalog stacks)")
+    if pins.recompute is not None and not stack_allows(stack, recompute=pins.recompute, attention=job.attention):
+        raise HetplanError(f"{pins.recompute} recomputation is pinned, but stack {stack.id} offers "
+                           f"{', '.join(stack.recompute)} only", field="pin.recompute",
+                           fix="unpin recompute, or pick a stack that has it (hetplan catalog stacks)")
+
+
 def search_plans(
     job: Job,
     inventory: Inventory,
@@ -172,6 +192,7 @@ def search_plans(
         )
     n_total = sum(r.configurations_evaluated for r in results)
     if n_total == 0:
+        _refuse_pins_the_stack_lacks(job, pins)
         raise HetplanError(
             "no configuration matches the pinned dimensions and the inventory",
             field="pins",
