@@ -424,3 +424,12 @@ def test_frontier_pick_for_any_target_is_the_least_energy_by_brute_force(target,
         return
     cost = [Fraction(r["energy_j"]) + 4 * Fraction(80) * (Fraction(target) - Fraction(r["time_s"])) for r in rows]
     assert k in ok and cost[k] - min(cost[i] for i in ok) <= Fraction(1, 10**6)  # float64 of ~1e4 J
+
+
+def test_import_of_a_deepspeed_config_with_infinite_steps(files, tmp_path):
+    """DeepSpeed's JSON with ``gradient_accumulation_steps: Infinity`` was an int(inf) OverflowError traceback."""
+    assert run("export", files["plan"], "--to", "deepspeed", "--out-dir", tmp_path).code == 0
+    cfg = json.loads((tmp_path / "ds_config.json").read_text())
+    cfg["gradient_accumulation_steps"] = float("inf")
+    (tmp_path / "ds_config.json").write_text(json.dumps(cfg))
+    refused(run("import", *sorted(tmp_path.iterdir()), "--gpu", "H100-SXM"), "inf", field="FILES")

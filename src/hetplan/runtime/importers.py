@@ -459,7 +459,7 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
         raise HetplanError(f"the launch gives a plan the schema refuses: {where}: {err['msg']}", field=where,
                            fix="correct that value in the launch") from None
     except (KeyError, ValueError, TypeError, SyntaxError, StopIteration, ZeroDivisionError, IndexError,
-            AttributeError) as e:
+            AttributeError, OverflowError) as e:  # OverflowError: int(inf), e.g. gradient_accumulation_steps = inf
         raise HetplanError(f"the launch files cannot be read as a plan: {type(e).__name__} {e}", field="FILES",
                            fix="give the launch as the framework reads it (hetplan export shows the form)") from None
 
