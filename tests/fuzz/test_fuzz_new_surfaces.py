@@ -433,3 +433,25 @@ def test_import_of_a_deepspeed_config_with_infinite_steps(files, tmp_path):
     cfg["gradient_accumulation_steps"] = float("inf")
     (tmp_path / "ds_config.json").write_text(json.dumps(cfg))
     refused(run("import", *sorted(tmp_path.iterdir()), "--gpu", "H100-SXM"), "inf", field="FILES")
+
+
+PRICES_TOML = ROOT / "src" / "hetplan" / "hardware" / "data" / "prices.toml"
+
+
+@fast(30)
+@given(data=st.data(), value=st.sampled_from(HOSTILE_VALUES + ['"2026-13"', '"H100"', '"spot"', "1e30"]))
+def test_damaged_prices_file(tmp_path_factory, data, value):
+    """`catalog prices --prices FILE` with one ``key = value`` line of the package's quotes damaged; a quote
+    above $1,000 per GPU-hour (1e30 was taken into the median) is refused like every other price field."""
+    lines = PRICES_TOML.read_text().splitlines()
+    keyed = [i for i, line in enumerate(lines) if re.match(r"^(gpu|provider|region|kind|usd_per_gpu_hour|date) =",
+                                                            line)]
+    i = data.draw(st.sampled_from(keyed))
+    lines[i] = lines[i].split("=", 1)[0] + "= " + value
+    f = tmp_path_factory.mktemp("p") / "prices.toml"  # a new path each time: the quotes are cached by path
+    f.write_text("\n".join(lines) + "\n")
+    r = run("catalog", "prices", "--prices", f, "--json")
+    refused_or_ok(r, lines[i])
+    if lines[i].startswith("usd_per_gpu_hour") and value in ("1e30", "1e300", "100000000000000000000", "-1", "0",
+                                                              "nan", "inf", '"zzz"'):
+        assert r.code == 2, lines[i]

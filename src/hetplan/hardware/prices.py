@@ -29,6 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hetplan.errors import HetplanError
+from hetplan.inputs import bounded
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,7 +52,9 @@ class Quote(BaseModel):
     provider: str
     region: str
     kind: Literal["on_demand", "spot", "committed"]
-    usd_per_gpu_hour: float = Field(gt=0, allow_inf_nan=False)
+    # the bound every other price field has (GPUSpec, GPUPool, capacity.prices): a user quote of 1e30 $/h was
+    # taken into the median (fuzz)
+    usd_per_gpu_hour: float = bounded(1000.0, "no GPU rents for $1,000 an hour", gt=0, allow_inf_nan=False)
     date: str = Field(pattern=r"^\d{4}-\d{2}(-\d{2})?$")
     source: str
 
