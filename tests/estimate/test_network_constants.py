@@ -19,7 +19,7 @@ def test_constants_come_from_the_sourced_file():
     cc = CommConstants()
     assert (cc.alpha_intra_node_s, cc.alpha_inter_node_s, cc.p2p_call_s) == (
         net.alpha_intra_node_s, net.alpha_inter_node_s, net.p2p_call_s)
-    assert comm.NCCL_CTAS == net.nccl_ctas and set(comm.NETWORKS) == set(net.networks)
+    assert comm.NCCL_CTAS == net.nccl_ctas == cc.nccl_ctas and set(comm.NETWORKS) == set(net.networks)
     assert cc.network_terms("ethernet") == comm.network_terms("ethernet")
     assert cc.network_terms("ethernet")[0] < cc.network_terms("infiniband")[0] == 1.0
 
@@ -68,3 +68,11 @@ def test_pipeline_p2p_inside_a_node_takes_the_calibrated_latency():
     base = iteration_s()
     assert iteration_s(alpha_inter_node_s=1e-3) > base
     assert iteration_s(alpha_inter_node_s=CommConstants().alpha_inter_node_s) == base
+
+
+def test_nccl_thread_blocks_reach_the_overlapped_collectives():
+    """With --tp-comm-overlap the TP collectives hide behind the GEMMs but their NCCL kernels take
+    nccl_ctas / sm_count of the SMs: a calibration's larger count slows the forward (before, the module's)."""
+    plan = Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=8), pools=[GPUPool(gpu="H100-SXM", count=8)],
+                stages=[Stage(num_layers=32, tp=8, dp=1)], mbs=1, sequence_parallel=True, tp_comm_overlap=True)
+    assert _forward_s(plan, nccl_ctas=4 * comm.NCCL_CTAS) > _forward_s(plan)

@@ -6,7 +6,7 @@ import pytest
 
 from hetplan.calibration.validation import gpt_model, megatron_plan
 from hetplan.estimate import compute
-from hetplan.estimate.comm import overlap_contention
+from hetplan.estimate.comm import NCCL_CTAS, overlap_contention
 from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import load_catalog
 
@@ -38,7 +38,7 @@ def test_overlap_never_costs_more_than_the_exposed_collectives(c):
 
 def test_plan_flag_reaches_the_estimate_and_needs_sequence_parallelism():
     gpu = load_catalog().get("H100-SXM")
-    assert 0 < overlap_contention(gpu) < 0.3
+    assert 0 < overlap_contention(gpu, NCCL_CTAS) < 0.3
     plan = megatron_plan(M, gpu="H100-SXM", tp=8, pp=1, dp=1, mbs=1, gbs=8, recompute="none", seq=2048,
                          inter_node_bandwidth_bytes_per_s=400e9)
     plan = plan.model_copy(update={"sequence_parallel": True})

@@ -98,6 +98,11 @@ NETWORKS = {name: (n.alpha_s, n.efficiency) for name, n in _NETWORK.networks.ite
 #: measured 1 of 7 pairs -> 7 of 7): 0.98 ms, the order of the ≈ 1.2 ms per blocking p2p call seen on vTrain's
 #: A100 pipelines (docs/estimator.md, Validation).
 P2P_CALL_S = _NETWORK.p2p_call_s
+#: Thread blocks (CTAs, one per channel) an NCCL collective kernel occupies while it runs: 24 measured for an
+#: ncclAllGather overlapping a GEMM on H100 (NVIDIA developer forum, "Compute-Communication Overlap Causes Severe
+#: GEMM Performance Degradation because of Tail Effect", 2025, Nsight Systems trace); NCCL's default upper bound
+#: is 32 (``NCCL_MAX_CTAS``, NCCL 2.17+ environment variables).
+NCCL_CTAS = _NETWORK.nccl_ctas
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,8 @@ class CommConstants:
     #: Fractions of the nominal intra- / inter-node bandwidth NCCL reaches (:data:`INTRA_LINK_EFFICIENCY`, ...).
     intra_link_efficiency: float = INTRA_LINK_EFFICIENCY
     inter_link_efficiency: float = INTER_LINK_EFFICIENCY
+    #: Thread blocks an NCCL kernel takes from overlapped compute (:data:`NCCL_CTAS`, :func:`overlap_contention`).
+    nccl_ctas: int = NCCL_CTAS
     #: ``(network, per-step latency s, line-rate fraction)`` of each inter-node network (:data:`NETWORKS`).
     networks: tuple[tuple[str, float, float], ...] = tuple((k, a, e) for k, (a, e) in NETWORKS.items())
 
@@ -131,20 +138,15 @@ class CommConstants:
         return efficiency / self.inter_link_efficiency, alpha
 
 
-#: Thread blocks (CTAs, one per channel) an NCCL collective kernel occupies while it runs: 24 measured for an
-#: ncclAllGather overlapping a GEMM on H100 (NVIDIA developer forum, "Compute-Communication Overlap Causes Severe
-#: GEMM Performance Degradation because of Tail Effect", 2025, Nsight Systems trace); NCCL's default upper bound
-#: is 32 (``NCCL_MAX_CTAS``, NCCL 2.17+ environment variables).
-NCCL_CTAS = _NETWORK.nccl_ctas
 
 
-def overlap_contention(gpu: object) -> float:
+def overlap_contention(gpu: object, nccl_ctas: int) -> float:
     """Fraction ``ρ`` of ``gpu``'s SMs that a concurrently running NCCL kernel takes from compute:
-    ``NCCL_CTAS / sm_count`` (0 when the catalog gives no SM count). Compute overlapping a collective of ``c``
+    ``nccl_ctas / sm_count`` (the stage link's :data:`NCCL_CTAS`; 0 when the catalog gives no SM count). Compute overlapping a collective of ``c``
     seconds runs on the other SMs, so ``w`` seconds of compute overlapped with it take ``max(c, w + ρ·c)``: the
     collective is hidden but costs ``ρ·c`` (the forum trace above shows worse, a GEMM wave split in two)."""
     sms = getattr(gpu, "sm_count", None)
-    return 0.0 if not sms else min(1.0, NCCL_CTAS / sms)
+    return 0.0 if not sms else min(1.0, nccl_ctas / sms)
 
 
 def overlapped_exposed_s(collective_s: Array, compute_s: Array, contention: Array = 0.0):

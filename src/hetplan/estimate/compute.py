@@ -393,7 +393,7 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     tp_pass = 2 * tp_one  # four collectives (two all-reduces' volume) per pass
     tp_bwd_pass = tp_pass
     if tp_comm_overlap:
-        f_ov, b_ov = tp_overlap_exposed_s(m, tp_one / 2, linear, t, overlap_contention(gpu))
+        f_ov, b_ov = tp_overlap_exposed_s(m, tp_one / 2, linear, t, overlap_contention(gpu, link.nccl_ctas))
         on = np.asarray(sequence_parallel) & (np.asarray(t) > 1)
         tp_pass, tp_bwd_pass = np.where(on, f_ov, tp_pass), np.where(on, b_ov, tp_bwd_pass)
     gather = tp_one / 2  # one all-gather: half an all-reduce's ring steps (FP8 + SP: of the FP8 input)

@@ -112,7 +112,7 @@ def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None 
     cc = comm_constants or _DEFAULT_COMM
     factor, alpha = cc.network_terms(pool.network)
     return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s,
-                cc.p2p_call_s, cc.intra_link_efficiency, cc.inter_link_efficiency, cc.alpha_inter_node_s)
+                cc.p2p_call_s, cc.intra_link_efficiency, cc.inter_link_efficiency, cc.alpha_inter_node_s, cc.nccl_ctas)
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:

@@ -204,10 +204,11 @@ def stage_costs(
                                        etp=etp)
                if m.is_moe else 0.0)
         kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, link)
+        rho_a2a = overlap_contention(gpu, link.nccl_ctas)
         if af is not None:
-            x = moe.exposed_alltoall_s(a2a, af, ab, overlap_contention(gpu)) if moe_options.a2a_overlap else a2a
+            x = moe.exposed_alltoall_s(a2a, af, ab, rho_a2a) if moe_options.a2a_overlap else a2a
             af, ab, atp = af + x + kv_f, ab + x + kv_b, atp + 2 * x + kv_f + kv_b
-        x = moe.exposed_alltoall_s(a2a, lf, lb, overlap_contention(gpu)) if moe_options.a2a_overlap else a2a
+        x = moe.exposed_alltoall_s(a2a, lf, lb, rho_a2a) if moe_options.a2a_overlap else a2a
         lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
         layer_a2a = 2 * x
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
@@ -295,7 +296,7 @@ def stage_costs(
     z3 = zero >= 3
     grad_sync = np.where(zero == 0, allreduce, reduce_scatter + param_gather)
     bucket_share = np.minimum(1.0, np.maximum(BUCKET_PARAMETERS, 1e6 * np.asarray(dp)) / np.maximum(params, 1.0))
-    rho = overlap_contention(gpu)  # share of the SMs the overlapped NCCL kernels take from compute
+    rho = overlap_contention(gpu, link.nccl_ctas)  # share of the SMs the overlapped NCCL kernels take from compute
     # Megatron-Core's distributed optimizer with --overlap-param-gather: the all-gather of the updated parameters
     # hides behind the next iteration's first forward, not the backward (exposed_behind_s).
     gather_fwd = (framework == "megatron") & (zero >= 1)

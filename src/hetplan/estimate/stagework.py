@@ -22,7 +22,7 @@ from typing import Any
 from hetplan.estimate.arrays import Array
 
 from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY,
-                                   P2P_CALL_S)
+                                   NCCL_CTAS, P2P_CALL_S)
 from hetplan.hardware.catalog import GPUSpec
 
 
@@ -47,8 +47,9 @@ class Link:
     as its network lets NCCL use it: :func:`hetplan.estimate.comm.network_terms`), and the per-step latencies
     between nodes and inside a node (s; the latter fitted, :class:`hetplan.estimate.comm.CommConstants`), the
     time a stage loses per pipeline p2p call of an extra model chunk (:data:`hetplan.estimate.comm.P2P_CALL_S`),
-    the fractions of the intra- and inter-node bandwidth NCCL reaches for large messages and the latency of a
-    pipeline p2p transfer inside a node (:func:`hetplan.estimate.stage.boundary_alpha_s`). Defaults:
+    the fractions of the intra- and inter-node bandwidth NCCL reaches for large messages, the latency of a
+    pipeline p2p transfer inside a node (:func:`hetplan.estimate.stage.boundary_alpha_s`) and the thread blocks
+    an NCCL kernel takes from overlapped compute (:func:`hetplan.estimate.comm.overlap_contention`). Defaults:
     ``hardware/data/network.toml`` with its sources; :func:`hetplan.estimate.estimator.pool_link` fills every
     field from a :class:`~hetplan.estimate.comm.CommConstants`, so a calibration's values reach each
     collective."""
@@ -62,6 +63,7 @@ class Link:
     intra_link_efficiency: float = INTRA_LINK_EFFICIENCY
     inter_link_efficiency: float = INTER_LINK_EFFICIENCY
     p2p_alpha_s: float = ALPHA_INTER_NODE_S
+    nccl_ctas: int = NCCL_CTAS
 
     @classmethod
     def one_node(cls, bandwidth_bytes_per_s: Array, intra_node_alpha_s: float = ALPHA_INTRA_NODE_S) -> Link:
