@@ -36,11 +36,11 @@ def main() -> None:
     ap.add_argument("--no-share", action="store_true", help="dedicated replicas only (no shared groups)")
     args = ap.parse_args()
 
-    from hetplan.serve import capacity
+    from hetplan.serve import capacity, replica
     from hetplan.serve.config import load_workload_config
 
     for i in range(args.repeat):
-        capacity._STEP_MODELS.clear()  # every run from a cold memo, as a fresh `hetplan capacity` process
+        replica._STEP_MODELS.clear()  # every run from a cold memo, as a fresh `hetplan capacity` process
         wf = load_workload_config(args.workload)
         if args.max_gpus:
             wf.capacity.max_gpus = args.max_gpus

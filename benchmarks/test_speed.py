@@ -72,13 +72,13 @@ def test_capacity_example(benchmark):
     prints the CPU time). Each round from a cold step-model memo, as a fresh process."""
     from pathlib import Path
 
-    from hetplan.serve import capacity
+    from hetplan.serve import capacity, replica
     from hetplan.serve.config import load_workload_config
 
     wf = load_workload_config(Path(__file__).resolve().parents[1] / "examples" / "serve" / "capacity.toml")
 
     def run():
-        capacity._STEP_MODELS.clear()
+        replica._STEP_MODELS.clear()
         return capacity.plan_capacity(wf)
 
     benchmark.extra_info["items"] = 1

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from hetplan.serve.capacity import _solve, plan_capacity, simulate_workload, slos, workload_requests
+from hetplan.serve.capacity import _solve, plan_capacity
+from hetplan.serve.replica import simulate_workload, slos, workload_requests
 from hetplan.serve.config import load_workload_config
 from hetplan.serve.export import parse_args, replicas_from_capacity, write_export
 

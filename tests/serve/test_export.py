@@ -145,7 +145,7 @@ def test_engine_defaults_replace_max_batch_size(tmp_path):
     the exported --max-num-seqs carries the same number."""
     from hetplan.hardware.catalog import get_gpu
     from hetplan.hardware.engines import get_engine
-    from hetplan.serve.capacity import Stack, max_running, scheduler_kwargs
+    from hetplan.serve.replica import Stack, max_running, scheduler_kwargs
     from hetplan.serve.config import load_workload_config
 
     text = (EXAMPLES / "capacity-engines.toml").read_text()

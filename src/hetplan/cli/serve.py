@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
                                           "replica gets its own CUDA_VISIBLE_DEVICES on one machine"),
     ) -> None:
         """Simulate the workload: per-model latency percentiles, SLO attainment and goodput."""
-        from hetplan.serve.capacity import simulate_workload, slos
+        from hetplan.serve.replica import simulate_workload, slos
         from hetplan.serve.config import load_workload_config
 
         _check_export(export, out_dir)
@@ -107,12 +107,12 @@ def register(app: typer.Typer) -> None:
         rep = res.report(slos(wf))
         rep.update(policy=wf.scheduler.policy, batching=wf.scheduler.batching, gpu=wf.cluster.gpu, tp=wf.cluster.tp,
                    pp=wf.cluster.pp, engine=wf.cluster.engine)
-        from hetplan.serve.capacity import serving_energy
+        from hetplan.serve.replica import serving_energy
 
         rep["energy"] = serving_energy(res, wf.cluster.gpu or "", wf.cluster.tp, wf.cluster.pp,
                                        max(res.duration_s, res.end_s))
         if export:
-            from hetplan.serve.capacity import cluster_footprints
+            from hetplan.serve.replica import cluster_footprints
             from hetplan.serve.export import replicas_from_cluster, write_export
 
             foot, mem = cluster_footprints(wf)

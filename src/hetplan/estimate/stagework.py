@@ -21,9 +21,15 @@ from typing import Any
 
 from hetplan.estimate.arrays import Array
 
-from hetplan.estimate.comm import (ALPHA_INTER_NODE_S, ALPHA_INTRA_NODE_S, INTER_LINK_EFFICIENCY, INTRA_LINK_EFFICIENCY,
-                                   NCCL_CTAS, P2P_CALL_S)
 from hetplan.hardware.catalog import GPUSpec
+from hetplan.hardware.network import load_network
+
+# The Link's defaults: hardware/data/network.toml's constants, read where estimate.comm reads them (comm takes Link
+# in its signatures, so this module reads the data, not comm, and the two do not import each other).
+_NET = load_network()
+ALPHA_INTRA_NODE_S, ALPHA_INTER_NODE_S = _NET.alpha_intra_node_s, _NET.alpha_inter_node_s
+INTRA_LINK_EFFICIENCY, INTER_LINK_EFFICIENCY = _NET.intra_link_efficiency, _NET.inter_link_efficiency
+NCCL_CTAS, P2P_CALL_S = _NET.nccl_ctas, _NET.p2p_call_s
 
 
 class Recompute(IntEnum):

@@ -167,7 +167,7 @@ def replicas_from_cluster(wf, footprint_bytes: dict[str, int], gpu_memory_bytes:
     the share of the GPU memory its weights and KV pool take in the simulation (``footprint_bytes`` per worker),
     with sleep mode / memory saver on when there are several models."""
     from hetplan.hardware.catalog import load_catalog
-    from hetplan.serve.capacity import cluster_stack, kv_settings, max_running
+    from hetplan.serve.replica import cluster_stack, kv_settings, max_running
 
     stack = cluster_stack(wf)
     kv = kv_settings(wf, stack)
