@@ -23,39 +23,64 @@ def _cli(*args: str, cwd=None):
                           timeout=300, cwd=cwd)
 
 
-@pytest.mark.slow
-def test_quarter_of_llm_foundry_calibrates_the_rest():
-    """llm-foundry's 77 published H100 runs (independent_h100): hetplan with the stack's own fitted residuals
-    (hetplan.calibration.stack_fit: Triton attention rate and gemm_factor on a seeded half) is off by a median
-    3.7 % on the 58 runs outside the user's quarter (14.3 % before the stack was modelled); fitted on the seeded
-    other 19, within 8.5 % median with |signed median| < 5 % and no worse than before (achieved 3.5 %, +0.1 %);
-    the compute factor is then 1 within 5 %, and the communication factor is not identified (said why)."""
+def _foundry_runs(priced_as_default_stack: bool):
+    """llm-foundry's 77 published H100 runs (independent_h100) as measured runs, split into the user's seeded
+    quarter and the rest; with ``priced_as_default_stack`` their plans name no stack, so hetplan prices them as the
+    fsdp framework's default stack (torchtitan) — a user whose stack hetplan does not know."""
     cat = load_catalog()
     cases = [c for c in independent.independent_cases(cat)[0] if case_stack(c) == "llm-foundry"]
-    runs = [Run(i, c.plan, c.model, c.plan.job.global_batch * c.plan.job.seq_len / (c.measured * c.plan.num_gpus))
-            for i, c in enumerate(cases)]
+    runs = []
+    for i, c in enumerate(cases):
+        plan = c.plan.model_copy(update={"job": c.plan.job.model_copy(update={"stack": None})}) \
+            if priced_as_default_stack else c.plan
+        runs.append(Run(i, plan, c.model, c.plan.job.global_batch * c.plan.job.seq_len / (c.measured * c.plan.num_gpus)))
     pick = [_is_calibration("user:" + c.key, 0.25) for c in cases]
-    quarter = [r for r, p in zip(runs, pick) if p]
-    rest = [r for r, p in zip(runs, pick) if not p]
+    return cat, [r for r, p in zip(runs, pick) if p], [r for r, p in zip(runs, pick) if not p]
+
+
+def _errors_before_after(cat, quarter, rest):
     rep = fit(quarter, cat)
     meas = np.array([r.step_time_s for r in rest])
     before = _predict(rest, cat, Calibration(gpus=rep.calibration.gpus)) / meas - 1
     after = _predict(rest, cat, rep.calibration) / meas - 1
-    assert np.median(np.abs(after)) <= min(0.085, np.median(np.abs(before)) + 0.005)
-    assert abs(np.median(after)) < 0.05
-    assert abs(rep.calibration.compute_factor - 1) < 0.05 and "comm_factor" in rep.calibration.not_identified
-    assert rep.leave_one_out["n"] == len(quarter)
+    return rep, before, after
+
+
+@pytest.mark.slow
+def test_quarter_of_an_unknown_stack_calibrates_the_rest():
+    """llm-foundry priced as the default fsdp stack: hetplan is off by a median 15.8 % (signed −15.8 %, too fast:
+    it prices FA3/cuDNN attention where llm-foundry ran Triton's) on the 58 runs outside the user's quarter; fitted
+    on the seeded other 19, within 5 % median and |signed| < 3 % (achieved 3.8 %, +1.7 %). The attention factor
+    is what carries it (fitted 0.35): one factor on all compute took the same runs only to 14.8 %."""
+    cat, quarter, rest = _foundry_runs(priced_as_default_stack=True)
+    rep, before, after = _errors_before_after(cat, quarter, rest)
+    assert np.median(np.abs(before)) > 0.12 and np.median(before) < -0.12
+    assert np.median(np.abs(after)) <= 0.05 and abs(np.median(after)) < 0.03
+    assert rep.calibration.attention_factor < 0.6 and "attention_factor" not in rep.calibration.not_identified
+    assert rep.leave_one_out["n"] == len(quarter) and rep.leave_one_out["mape"] < 0.06
+
+
+@pytest.mark.slow
+def test_quarter_of_a_modelled_stack_does_no_harm():
+    """llm-foundry priced as its own stack (hetplan.calibration.stack_fit's residuals): 3.7 % median on the 58
+    before; the user's quarter keeps it there (achieved 3.1 %, signed +0.4 %)."""
+    cat, quarter, rest = _foundry_runs(priced_as_default_stack=False)
+    rep, before, after = _errors_before_after(cat, quarter, rest)
+    assert np.median(np.abs(after)) <= min(0.05, np.median(np.abs(before)) + 0.005)
+    assert abs(np.median(after)) < 0.03
 
 
 def test_calibrate_cli_round_trip(tmp_path):
     """torchtitan's two published eager Llama 3.1 8B runs: hetplan is within ±12 % of both, in opposite directions
-    (the 128-GPU row gives no network, so it takes the default node's, and is predicted 11 % slow), so neither
-    factor is identified (said why); the written file still carries the two residuals into plan."""
+    (the 128-GPU row gives no network, so it takes the default node's, and is predicted 11 % slow), so no
+    factor is identified (two runs fit at most one, and that one not within ±10 %: said why); the written file
+    still carries the two residuals into plan."""
     out = _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml"), "--json")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["gpus"] == ["H100-SXM-96GB-500W"] and r["stacks"] == ["torchtitan"]
-    assert set(r["not_identified"]) == {"compute_factor", "comm_factor"} and r["compute_factor"] == 1.0
+    assert set(r["not_identified"]) == {"compute_factor", "attention_factor", "comm_factor"}
+    assert r["compute_factor"] == r["attention_factor"] == r["comm_factor"] == 1.0
     assert r["before"]["max_abs_error"] < 0.12
     assert [x["before_s"] < x["measured_s"] for x in r["rows"]] == [True, False]
     base = ["plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "16", "--tokens", "1e9", "--gpu",

@@ -11,9 +11,12 @@ that row's pins (the search's best among what the pins leave open; pin every deg
 
 The factors (both multiply what the catalog and the node say, for the GPU types of the runs only):
 
-* ``compute_factor`` on every compute rate of the GPU: the GEMM efficiency (``compute_efficiency``,
-  ``fp8_compute_efficiency``) and the fused-attention rates (``attention_kernels``). What a stack's kernels reach
-  below the tuned recipes hetplan is fitted on (e.g. cuBLAS through eager PyTorch instead of Transformer Engine).
+* ``compute_factor`` on the GEMM efficiency of the GPU (``compute_efficiency``, ``fp8_compute_efficiency``): what a
+  stack's GEMMs reach below the tuned recipes hetplan is fitted on (e.g. cuBLAS through eager PyTorch instead of
+  Transformer Engine).
+* ``attention_factor`` on the fused-attention rates (``attention_kernels``, ``attention_efficiency``): a stack's
+  attention kernel (e.g. Triton FlashAttention instead of FA2/FA3/cuDNN), whose share of the step grows with the
+  sequence length, so one factor on all compute cannot stand for it.
 * ``comm_factor`` on the bandwidth of every link (GPU-GPU inside a node, the node's network): the collective
   efficiency of the stack's NCCL use (bucket sizes, channels, overlap it loses).
 
@@ -204,7 +207,8 @@ class Calibration:
     """Fitted factors and the residuals behind them (a ``calibration.toml``).
 
     Attributes:
-        compute_factor, comm_factor: module doc (1 = not fitted). gpus: the GPU types they apply to.
+        compute_factor, attention_factor, comm_factor: module doc (1 = not fitted). gpus: the GPU types they
+            apply to.
         stacks: the stacks of the runs (intervals use the calibration for plans of these stacks and GPUs).
         loo_log_ratios: leave-one-out ``log(measured / predicted)`` per run (the intervals' residuals).
         not_identified: factor -> why the runs could not fit it.
@@ -217,16 +221,22 @@ class Calibration:
     loo_log_ratios: tuple[float, ...] = ()
     not_identified: dict = field(default_factory=dict)
     memory_signed_median: float | None = None
+    attention_factor: float = 1.0
+
+    def factors(self) -> tuple[float, float, float]:
+        """The factors in :data:`FACTORS` order."""
+        return self.compute_factor, self.attention_factor, self.comm_factor
 
     def _gpu(self, gpu: GPUSpec) -> GPUSpec:
-        f = self.compute_factor
+        f, fa = self.compute_factor, self.attention_factor
         update = {"compute_efficiency": min(1.0, gpu.compute_efficiency * f),
                   "gpu_link_bandwidth_bytes_per_s": gpu.gpu_link_bandwidth_bytes_per_s * self.comm_factor,
-                  "attention_kernels": {k: (min(1.0, a * f), min(1.0, b * f)) for k, (a, b) in gpu.attention_kernels.items()}}
+                  "attention_kernels": {k: (min(1.0, a * fa), min(1.0, b * fa))
+                                        for k, (a, b) in gpu.attention_kernels.items()}}
         if gpu.fp8_compute_efficiency is not None:
             update["fp8_compute_efficiency"] = min(1.0, gpu.fp8_compute_efficiency * f)
         if gpu.attention_efficiency is not None:
-            update["attention_efficiency"] = tuple(min(1.0, a * f) for a in gpu.attention_efficiency)
+            update["attention_efficiency"] = tuple(min(1.0, a * fa) for a in gpu.attention_efficiency)
         return gpu.model_copy(update=update)
 
     def apply_catalog(self, catalog: Catalog) -> Catalog:
@@ -268,7 +278,8 @@ class Calibration:
         lines = ["# hetplan calibration: factors fitted to measured runs (hetplan calibrate; docs/calibration.md)",
                  "[calibration]", f'created = "{datetime.date.today().isoformat()}"', f'runs = "{runs_path}"',
                  f"gpus = {arr(self.gpus)}", f"stacks = {arr(self.stacks)}",
-                 f"compute_factor = {self.compute_factor:.9g}", f"comm_factor = {self.comm_factor:.9g}",
+                 f"compute_factor = {self.compute_factor:.9g}", f"attention_factor = {self.attention_factor:.9g}",
+                 f"comm_factor = {self.comm_factor:.9g}",
                  f"loo_log_ratios = {arr(self.loo_log_ratios)}"]
         if self.memory_signed_median is not None:
             lines.append(f"memory_signed_median = {self.memory_signed_median:.9g}")
@@ -292,7 +303,8 @@ def load_calibration(path: Path) -> Calibration:
     try:
         c = Calibration(float(data["compute_factor"]), float(data["comm_factor"]), tuple(map(str, data["gpus"])),
                         tuple(map(str, data["stacks"])), tuple(float(x) for x in data.get("loo_log_ratios", ())),
-                        dict(data.get("not_identified", {})), data.get("memory_signed_median"))
+                        dict(data.get("not_identified", {})), data.get("memory_signed_median"),
+                        float(data.get("attention_factor", 1.0)))
     except (KeyError, TypeError, ValueError) as exc:
         raise HetplanError(f"{path}: missing or invalid field {exc}", field="--calibration",
                            fix="regenerate it with `hetplan calibrate RUNS -o FILE`") from None
@@ -310,7 +322,7 @@ def load_calibration(path: Path) -> Calibration:
         raise HetplanError(f"memory_signed_median = {m!r} must be a number in (-1, 99] (a relative error: "
                            "predicted / measured - 1 of a positive memory)", field="calibration.memory_signed_median",
                            fix="regenerate the file with `hetplan calibrate`")
-    for name in ("compute_factor", "comm_factor"):
+    for name in FACTORS:
         x = getattr(c, name)
         if not (math.isfinite(x) and FACTOR_MIN <= x <= FACTOR_MAX):
             raise HetplanError(f"{name} = {x} is outside [{FACTOR_MIN}, {FACTOR_MAX}]", field=f"calibration.{name}",
@@ -326,69 +338,82 @@ def _predict(runs: list[Run], catalog: Catalog, c: Calibration) -> np.ndarray:
                               catalog=cat, model=r.model).iteration_time_s for r in runs])
 
 
-def _with(base: Calibration, fc: float, fm: float) -> Calibration:
-    return Calibration(fc, fm, base.gpus, base.stacks)
+#: The fitted factors, in the order of :meth:`Calibration.factors` and of every factor vector here.
+FACTORS = ("compute_factor", "attention_factor", "comm_factor")
+#: What each factor's share of the step is, for the message when the runs do not identify it.
+SHARES = {"compute_factor": "GEMM", "attention_factor": "attention (sequence length)",
+          "comm_factor": "communication (TP, DP, node count)"}
 
 
-def _fit_factors(runs: list[Run], catalog: Catalog, base: Calibration, free: tuple[bool, bool]) -> tuple[float, float]:
+def _with(base: Calibration, f: tuple[float, ...] | list[float]) -> Calibration:
+    return Calibration(compute_factor=f[0], attention_factor=f[1], comm_factor=f[2], gpus=base.gpus,
+                       stacks=base.stacks)
+
+
+def _fit_factors(runs: list[Run], catalog: Catalog, base: Calibration, free: tuple[bool, ...]) -> list[float]:
     from scipy.optimize import least_squares
 
     meas = np.log([r.step_time_s for r in runs])
     idx = [i for i, f in enumerate(free) if f]
     if not idx:
-        return 1.0, 1.0
+        return [1.0] * len(FACTORS)
 
-    def resid(x: np.ndarray) -> np.ndarray:
-        f = [1.0, 1.0]
+    def full(x: np.ndarray) -> list[float]:
+        f = [1.0] * len(FACTORS)
         for j, i in enumerate(idx):
             f[i] = float(np.exp(x[j]))
-        return np.log(_predict(runs, catalog, _with(base, *f))) - meas
+        return f
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        return np.log(_predict(runs, catalog, _with(base, full(x)))) - meas
 
     lo, hi = math.log(FACTOR_MIN), math.log(FACTOR_MAX)
     sol = least_squares(resid, np.zeros(len(idx)), bounds=([lo] * len(idx), [hi] * len(idx)), diff_step=1e-3)
-    f = [1.0, 1.0]
-    for j, i in enumerate(idx):
-        f[i] = float(np.exp(sol.x[j]))
-    return f[0], f[1]
+    return full(sol.x)
 
 
 def sensitivities(runs: list[Run], catalog: Catalog, base: Calibration, step: float = 0.01) -> np.ndarray:
-    """``∂ log t / ∂ log f`` of every run for each factor (n × 2: compute, comm), by central differences."""
+    """``∂ log t / ∂ log f`` of every run for each factor (n × 3, :data:`FACTORS` order), by central differences."""
     cols = []
-    for k in range(2):
-        up, dn = [1.0, 1.0], [1.0, 1.0]
-        up[k], dn[k] = math.exp(step), math.exp(-step)
-        cols.append((np.log(_predict(runs, catalog, _with(base, *up)))
-                     - np.log(_predict(runs, catalog, _with(base, *dn)))) / (2 * step))
+    f0 = list(base.factors())
+    for k in range(len(FACTORS)):
+        up, dn = list(f0), list(f0)
+        up[k], dn[k] = f0[k] * math.exp(step), f0[k] * math.exp(-step)
+        cols.append((np.log(_predict(runs, catalog, _with(base, up)))
+                     - np.log(_predict(runs, catalog, _with(base, dn)))) / (2 * step))
     return np.stack(cols, axis=1)
 
 
-def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tuple[bool, bool], dict[str, str]]:
-    """Which factors the runs identify (module doc) and, for the others, why not."""
-    names = ("compute_factor", "comm_factor")
-    free = [True, len(runs) >= 3]
-    why: dict[str, str] = {} if free[1] else {"comm_factor": "2 runs identify one factor; give 3 or more runs that "
-                                                            "differ in communication share (TP, DP, nodes)"}
+def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tuple[bool, ...], dict[str, str]]:
+    """Which factors the runs identify (module doc) and, for the others, why not. At most ``len(runs) - 1``
+    factors are fitted (one degree of freedom is left to judge them)."""
+    free = [True] * len(FACTORS)
+    why: dict[str, str] = {}
     while any(free):
         f = _fit_factors(runs, catalog, base, tuple(free))
-        idx = [k for k in range(2) if free[k]]
-        J = sensitivities(runs, catalog, _with(base, *f))[:, idx]
-        r = np.log(_predict(runs, catalog, _with(base, *f)) / np.array([x.step_time_s for x in runs]))
-        dof = max(1, len(runs) - len(idx))
+        idx = [k for k in range(len(FACTORS)) if free[k]]
+        J = sensitivities(runs, catalog, _with(base, f))[:, idx]
+        r = np.log(_predict(runs, catalog, _with(base, f)) / np.array([x.step_time_s for x in runs]))
+        dof = len(runs) - len(idx)
         try:
-            se = np.sqrt(np.diag(float(r @ r) / dof * np.linalg.inv(J.T @ J)))
+            se = np.sqrt(np.diag(float(r @ r) / max(dof, 1) * np.linalg.inv(J.T @ J)))
         except np.linalg.LinAlgError:
             se = np.full(len(idx), np.inf)
-        bad = [(k, s) for k, s in zip(idx, se)
-               if not (s <= MAX_LOG_SE) or not (FACTOR_MIN * 1.001 < f[k] < FACTOR_MAX / 1.001)]
+        if dof < 1:  # no degree of freedom left to judge them: drop the factor the runs move least with
+            k = idx[int(np.argmin(np.linalg.norm(J, axis=0)))]
+            free[k] = False
+            why[FACTORS[k]] = (f"{len(runs)} runs fit at most {len(runs) - 1} factor(s) and the runs move least with "
+                               f"this one; give more runs that differ in the {SHARES[FACTORS[k]]} share of the step")
+            continue
+        bad = [(k, x) for k, x in zip(idx, se)
+               if not (x <= MAX_LOG_SE) or not (FACTOR_MIN * 1.001 < f[k] < FACTOR_MAX / 1.001)]
         if not bad:
             break
-        k, s = max(bad, key=lambda b: b[1] if math.isfinite(b[1]) else math.inf)
+        k, x = max(bad, key=lambda b: b[1] if math.isfinite(b[1]) else math.inf)
         free[k] = False
-        share = "compute" if k == 0 else "communication"
-        why[names[k]] = (f"the runs do not pin it down (standard error ±{min(s, 99):.0%} in log, fit {f[k]:.2f}): "
-                         f"vary what changes the {share} share of the step (TP, DP, node count, micro-batch)")
-    return (free[0], free[1]), why
+        why[FACTORS[k]] = (f"the runs do not pin it down (standard error ±{min(x, 99):.0%} in log, fit {f[k]:.2f}): "
+                           f"vary what changes the {SHARES[FACTORS[k]]} share of the step")
+    return tuple(free), why
 
 
 @dataclass
@@ -424,14 +449,13 @@ def fit(runs: list[Run], catalog: Catalog) -> FitReport:
     base = Calibration(gpus=gpus, stacks=stacks)
     meas = np.array([r.step_time_s for r in runs])
     free, why = identified(runs, catalog, base)
-    fc, fm = _fit_factors(runs, catalog, base, tuple(free))
+    fitted = _fit_factors(runs, catalog, base, free)
     before = _predict(runs, catalog, base)
-    after = _predict(runs, catalog, _with(base, fc, fm))
+    after = _predict(runs, catalog, _with(base, fitted))
     loo = np.empty(len(runs))
     for i in range(len(runs)):
         rest = runs[:i] + runs[i + 1:]
-        f = _fit_factors(rest, catalog, base, tuple(free))
-        loo[i] = _predict([runs[i]], catalog, _with(base, *f))[0]
+        loo[i] = _predict([runs[i]], catalog, _with(base, _fit_factors(rest, catalog, base, free)))[0]
     mem = [(r, r.memory_bytes) for r in runs if r.memory_bytes]
     mem_med = None
     if mem:
@@ -439,7 +463,9 @@ def fit(runs: list[Run], catalog: Catalog) -> FitReport:
 
         mem_med = float(np.median([estimate(r.plan, catalog=catalog, model=r.model).memory_bytes_per_gpu.total / m - 1
                                    for r, m in mem]))
-    cal = Calibration(fc, fm, gpus, stacks, tuple(float(x) for x in np.log(meas / loo)), why, mem_med)
+    cal = Calibration(compute_factor=fitted[0], attention_factor=fitted[1], comm_factor=fitted[2], gpus=gpus,
+                      stacks=stacks, loo_log_ratios=tuple(float(x) for x in np.log(meas / loo)), not_identified=why,
+                      memory_signed_median=mem_med)
     rows = [{"row": r.row, "label": r.label, "measured_s": float(m), "before_s": float(b), "after_s": float(a), "loo_s": float(lv)}
             for r, m, b, a, lv in zip(runs, meas, before, after, loo)]
     return FitReport(cal, rows, _errors(before, meas), _errors(after, meas), _errors(loo, meas))

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
     ) -> None:
-        """Fit the stack factors (compute, communication) that your measured runs identify, report the
+        """Fit the stack factors (GEMM, attention, communication) that your measured runs identify, report the
         leave-one-out error and write a calibration file for `plan` / `estimate --calibration`."""
         from rich.console import Console
         from rich.progress import Progress
@@ -53,7 +53,8 @@ def register(app: typer.Typer) -> None:
         if output is not None:
             output.write_text(c.to_toml(", ".join(map(str, runs)), report.leave_one_out))
         if as_json:
-            print(json.dumps({"compute_factor": c.compute_factor, "comm_factor": c.comm_factor, "gpus": c.gpus,
+            print(json.dumps({"compute_factor": c.compute_factor, "attention_factor": c.attention_factor,
+                              "comm_factor": c.comm_factor, "gpus": c.gpus,
                               "stacks": c.stacks, "not_identified": c.not_identified, "before": report.before,
                               "after": report.after, "leave_one_out": report.leave_one_out, "rows": report.rows,
                               "memory_signed_median": c.memory_signed_median}, indent=1))
@@ -75,7 +76,8 @@ def register(app: typer.Typer) -> None:
         for name, e in (("hetplan", report.before), ("calibrated (fitted runs)", report.after),
                         ("leave-one-out", report.leave_one_out)):
             con.print(line(name, e), highlight=False)
-        con.print(f"compute_factor {c.compute_factor:.3f}, comm_factor {c.comm_factor:.3f}", highlight=False)
+        con.print(f"compute_factor {c.compute_factor:.3f}, attention_factor {c.attention_factor:.3f}, "
+                  f"comm_factor {c.comm_factor:.3f}", highlight=False)
         for name, why in c.not_identified.items():
             con.print(f"not identified: {name} (kept at 1): {why}", highlight=False)
         if c.memory_signed_median is not None:
