@@ -77,9 +77,10 @@ def stack_name(job) -> str:
 
 
 def gpu_generation(gpu: GPUSpec) -> str:
-    """GPU generation (architecture family, e.g. ``Ampere``, ``Hopper``, ``Blackwell``) of a catalog GPU: the first
-    word of its ``architecture``."""
-    return gpu.architecture.split()[0]
+    """GPU generation of a catalog GPU: its :attr:`~hetplan.hardware.catalog.GPUSpec.family` (``Ampere``,
+    ``Hopper``, ``Blackwell`` …), or the first word of its ``architecture`` for a family the catalog does not know
+    (e.g. ``hetplan verify``'s host CPU)."""
+    return gpu.family.value if gpu.family is not None else gpu.architecture.split()[0]
 
 
 def scale_band(num_gpus: int) -> str:
