@@ -71,6 +71,14 @@ def _digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _foreign_db(path) -> None:
+    """A SQLite file that is not hetplan's: one unrelated table."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE runs (id INTEGER)")
+    con.commit()
+    con.close()
+
+
 @pytest.mark.parametrize("kind", ["empty", "foreign", "text"])
 def test_read_only_commands_write_nothing(tmp_path, kind):
     db = tmp_path / "x.db"
@@ -79,10 +87,7 @@ def test_read_only_commands_write_nothing(tmp_path, kind):
     elif kind == "text":
         db.write_text("not a database\n")
     else:
-        con = sqlite3.connect(db)
-        con.execute("CREATE TABLE runs (id INTEGER)")
-        con.commit()
-        con.close()
+        _foreign_db(db)
     before = _digest(db)
     plan = tmp_path / "p.json"
     assert run_cli("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "16", "--iterations",
@@ -165,10 +170,7 @@ def test_energy_serve_refuses_other_databases(tmp_path, kind):
     elif kind == "text":
         db.write_text("not sqlite\n")
     else:
-        con = sqlite3.connect(db)
-        con.execute("CREATE TABLE runs (id INTEGER)")
-        con.commit()
-        con.close()
+        _foreign_db(db)
     before = _digest(db)
     with pytest.raises(HetplanError):
         Store(db)

@@ -12,7 +12,7 @@ import typer
 
 from hetplan.calibration.intervals import add_intervals
 from hetplan.cli.output import NARROW, new_table, output_file, table_console
-from hetplan.cli.plan import (_PRICE_SOURCE, _PRICES, _PROVIDER, _calibrated, _duration, _interval_lines, _interval_text, _mem,
+from hetplan.cli.plan import (_CALIBRATION, _PRICE_SOURCE, _PRICES, _PROVIDER, _calibrated, _duration, _interval_lines, _interval_text, _mem,
                               _priced, _print_provenance, _profiles, _usd)
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
@@ -36,9 +36,7 @@ def estimate_command(
     stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: price the plan under this "
                                         "stack (`hetplan catalog stacks`); its framework, attention and compile "
                                         "replace the plan's."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan "
-                                               "calibrate` from your measured runs: its factors and your residuals "
-                                               "(the 80 % intervals) for plans on its GPUs and stack."),
+    calibration: Optional[Path] = _CALIBRATION,
 ) -> None:
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money. --price-source other
     than catalog, or --provider, re-prices every pool (a written plan carries the prices `plan` chose)."""

@@ -100,6 +100,9 @@ _PROVIDER = typer.Option(None, "--provider", help="With --price-source: quotes o
 _PRICES = typer.Option(None, "--prices", help="Your own dated quotes (TOML, the [[quote]] layout of "
                        "hetplan/hardware/data/prices.toml): they replace the shipped quotes of every GPU type they "
                        "name, and the default rule (median of each provider's newest on-demand quote) prices it.")
+_CALIBRATION = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan calibrate` from your "
+                            "measured runs: its factors and your residuals (the 80 % intervals) for plans on its "
+                            "GPUs and stack.")
 
 
 def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
@@ -204,9 +207,7 @@ def plan_command(
                                 "plans save, per plan; with --pareto the time-$-energy frontier too."),
     usd_per_kwh: Optional[float] = typer.Option(None, "--usd-per-kwh", help="With --energy: electricity price, "
                                                 "added to job $."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan "
-                                               "calibrate` from your measured runs: its factors and your residuals "
-                                               "(the 80 % intervals) for plans on its GPUs and stack."),
+    calibration: Optional[Path] = _CALIBRATION,
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
 

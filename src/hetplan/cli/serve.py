@@ -16,6 +16,13 @@ from rich.table import Table
 from hetplan.errors import HetplanError
 from hetplan.inputs import check_path_name
 
+# The launch-export options simulate and capacity share (hetplan.serve.export).
+_OUT_DIR = typer.Option(None, "--out-dir", help="folder for --export")
+_HOST = typer.Option(None, "--host", help="with --export: the machines' addresses, comma-separated in machine order "
+                     "(default: 127.0.0.1 on one machine, else machine-0, machine-1 ...)")
+_GPUS_PER_HOST = typer.Option(8, "--gpus-per-host", help="with --export: GPUs per machine; each replica gets its own "
+                              "CUDA_VISIBLE_DEVICES on one machine")
+
 
 def _fmt(x, unit: str = "", digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}{unit}"
@@ -88,11 +95,9 @@ def register(app: typer.Typer) -> None:
         export: str = typer.Option(None, "--export", help="also write one launch command per model for this "
                                    "engine (vllm, sglang; sleep mode where models share the GPUs) and a router "
                                    "config into --out-dir"),
-        out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
-        host: str = typer.Option(None, "--host", help="with --export: the machines' addresses, comma-separated in "
-                                 "machine order (default: 127.0.0.1 on one machine, else machine-0, machine-1 ...)"),
-        gpus_per_host: int = typer.Option(8, "--gpus-per-host", help="with --export: GPUs per machine; each "
-                                          "replica gets its own CUDA_VISIBLE_DEVICES on one machine"),
+        out_dir: Path = _OUT_DIR,
+        host: str = _HOST,
+        gpus_per_host: int = _GPUS_PER_HOST,
     ) -> None:
         """Simulate the workload: per-model latency percentiles, SLO attainment and goodput."""
         from hetplan.serve.replica import simulate_workload, slos
@@ -156,11 +161,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
         export: str = typer.Option(None, "--export", help="write one launch command per replica for this engine "
                                    "(vllm, sglang) and a router config (LiteLLM) into --out-dir"),
-        out_dir: Path = typer.Option(None, "--out-dir", help="folder for --export"),
-        host: str = typer.Option(None, "--host", help="with --export: the machines' addresses, comma-separated in "
-                                 "machine order (default: 127.0.0.1 on one machine, else machine-0, machine-1 ...)"),
-        gpus_per_host: int = typer.Option(8, "--gpus-per-host", help="with --export: GPUs per machine; each "
-                                          "replica gets its own CUDA_VISIBLE_DEVICES on one machine"),
+        out_dir: Path = _OUT_DIR,
+        host: str = _HOST,
+        gpus_per_host: int = _GPUS_PER_HOST,
         share: bool = typer.Option(None, "--share/--no-share", help="also try replica groups several models "
                                    "share by swapping (Computron; default: capacity.share_gpus, on)"),
         exhaustive: bool = typer.Option(None, "--exhaustive/--pruned", help="simulate every candidate replica, or "
