@@ -249,10 +249,11 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     """
     from hetplan.hardware.frameworks import load_frameworks
 
-    # expert-TP only where the job's framework runs it (hardware/data/frameworks.toml, its default export release)
-    split_experts = next((f.expert_tp for f in load_frameworks() if f.job_framework == job.framework), True)
+    # expert-TP and interleaving only where the job's framework runs them (hardware/data/frameworks.toml, its
+    # default export release): the search proposes only what the export can launch
+    fw = next((f for f in load_frameworks() if f.job_framework == job.framework), None)
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
-                          expert_tp=split_experts,
+                          expert_tp=fw is None or fw.expert_tp, interleave=fw is None or fw.interleaved,
                           seq_len=job.seq_len, stack=job.stack_spec())
     if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)

@@ -115,10 +115,12 @@ def stack_allows(stack, zero: int | None = None, recompute: str | None = None, a
 
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
                     attention: str = "standard", seq_len: int | None = None, stack=None,
-                    expert_tp: bool = True) -> dict[str, np.ndarray]:
+                    expert_tp: bool = True, interleave: bool = True) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
     ep, expert_tp`` (recompute as codes 0/1/2), honouring ``pins``; ``expert_tp``: whether the framework splits
-    experts over their own TP degree (``hardware/data/frameworks.toml``; else expert-TP 1). Empty arrays if nothing matches. Under ``attention =
+    experts over their own TP degree (``hardware/data/frameworks.toml``; else expert-TP 1); ``interleave``: whether
+    it runs interleaved 1F1B (same file; DeepSpeed's pipeline engine does not: only v = 1 is enumerated). Empty
+    arrays if nothing matches. Under ``attention =
     "flash"`` selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out
     unless pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1). ``stack``: the job's
     :class:`hetplan.hardware.stacks.StackSpec`; only the ZeRO stages and recomputation modes it offers are
@@ -173,7 +175,7 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     arr = np.concatenate(parts) if parts else np.zeros((0, 7), dtype=np.int64)
     out = {k: arr[:, i] for i, k in enumerate((*names, "cp"))}
     out = _with_expert_parallel(out, m, pins.ep, expert_tp)
-    return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages)
+    return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages, interleave)
 
 
 def ep_degrees(m: ModelSpec, ranks: int, pin: int | None = None) -> list[int]:
@@ -208,7 +210,8 @@ def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | N
     return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
 
 
-def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_batch: int, pin: int | None):
+def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_batch: int, pin: int | None,
+                         interleave: bool = True):
     """Add the ``virtual_stages`` dimension (interleaved 1F1B, Narayanan et al. SC'21 Sec. 2.2.2).
 
     Every configuration gets v = 1; those Megatron-LM can interleave — pp > 1, pp·v dividing the layers (equal
@@ -217,13 +220,14 @@ def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_bat
     split (Megatron-Core ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``;
     Llama 3, arXiv 2407.21783 Sec. 3.3.2: one fewer layer on the first and the last stage), ``L + 2`` layer slots
     are divided into pp·v equal chunks — which is :func:`hetplan.plan.balanced_split` when pp divides ``L + 2``.
+    Without ``interleave`` (a framework with no interleaved schedule) every configuration keeps v = 1.
     """
     pp = cfg["pp"]
     mb = global_batch // (cfg["dp"] * cfg["mbs"])
     blocks = [{**cfg, "virtual_stages": np.ones(len(pp), dtype=np.int64)}] if pin in (None, 1) else []
     even = num_layers % pp == 0
     eligible = (pp > 2) & (even | ((num_layers + 2) % pp == 0)) | (pp == 2) & even
-    eligible &= mb % pp == 0
+    eligible &= (mb % pp == 0) & interleave
     for p in sorted(set(pp[eligible].tolist())):  # (not np.unique: it imports numpy.ma, 10 ms)
         rows = eligible & (pp == p)
         slots = num_layers if num_layers % int(p) == 0 else num_layers + 2
