@@ -345,19 +345,54 @@ def moe_alltoall_time_s(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array, s
     return 2 * one * m.num_moe_layers / m.num_layers
 
 
-def exposed_alltoall_s(alltoall_s: Array, forward_s: Array, backward_s: Array, contention: Array):
+def exposed_alltoall_s(alltoall_s: Array, forward_s: Array, backward_s: Array, contention: Array,
+                       mlp_forward_s: Array = 0.0):
     """Exposed part of one pass's dispatch + combine ``alltoall_s`` (:func:`moe_alltoall_time_s`) when the
     all-to-alls of one micro-batch overlap the other's compute: Megatron-Core's ``--overlap-moe-expert-parallel-comm``
     runs the forward of micro-batch ``i + 1`` and the backward of micro-batch ``i`` of the same layer together in
     1F1B's steady state (``combined_1f1b``; Megatron-LM ``megatron/core/transformer/moe/README.md``, "EP A2A
-    overlap"), each one's all-to-alls on a communication stream while the other computes. A pair moves
-    ``2·alltoall_s`` behind ``forward_s + backward_s`` (the layer's forward and backward without all-to-all) and,
-    as any overlap (:func:`hetplan.estimate.comm.overlap_contention`), takes ``contention`` of the SMs while it
-    runs: exposed per pass ``max(alltoall_s - (forward_s + backward_s) / 2, contention · alltoall_s)``. The
+    overlap"), the all-to-alls on a communication stream, the rest on the compute stream, in the fixed order of
+    ``TransformerLayerSchedulePlan.run`` (Megatron-LM ``megatron/core/models/common/model_chunk_schedule_plan.py``)::
+
+        comm stream:    combine_bwd      | dispatch_fwd -> dispatch_bwd      | combine_fwd
+        compute stream: pre_dispatch_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd  | pre_dispatch_bwd
+
+    each node waiting for its inputs (:func:`overlap_pair_time_s`): a communication hides only behind the compute
+    it is paired with — the backward combine behind the forward's attention and router (``pre_dispatch``), the
+    dispatches behind the experts' backward (``mlp_bwd`` and its weight gradients), the forward combine behind the
+    attention's backward — not behind the whole ``(forward_s + backward_s)``. ``mlp_forward_s``: the routed and
+    shared experts' forward (:func:`moe_mlp_time_s`; its backward is taken as twice it, data and weight gradients,
+    as :func:`hetplan.estimate.compute.layer_time_s` takes every GEMM's); the rest of ``forward_s`` and
+    ``backward_s`` is the ``pre_dispatch`` part. As any overlap (:func:`hetplan.estimate.comm.overlap_contention`)
+    the all-to-alls take ``contention`` of the SMs while they run: exposed per pass ``max((pair − forward_s −
+    backward_s) / 2, contention · alltoall_s)``. ``mlp_forward_s = 0`` puts all compute in ``pre_dispatch``. The
     warm-up forwards and cool-down backwards of the pipeline have no partner; that share (``(pp - 1) / m`` of
     the micro-batches on the first stage) is not modelled. Seconds; arrays broadcast."""
     a = np.asarray(alltoall_s, dtype=float)
-    return np.maximum(a - 0.5 * (np.asarray(forward_s) + np.asarray(backward_s)), contention * a)
+    f, b = np.asarray(forward_s, dtype=float), np.asarray(backward_s, dtype=float)
+    mlp = np.minimum(np.asarray(mlp_forward_s, dtype=float), f)
+    pair = overlap_pair_time_s(a / 2, f - mlp, b - 2 * mlp, mlp)
+    return np.maximum((pair - f - b) / 2, contention * a)
+
+
+def overlap_pair_time_s(one_s: Array, attention_forward_s: Array, attention_backward_s: Array, mlp_forward_s: Array):
+    """Time of one forward and one backward of a MoE layer run together as ``TransformerLayerSchedulePlan.run``
+    orders them (:func:`exposed_alltoall_s`): two streams, each running its nodes in order, each node starting
+    when its stream is free and its inputs are ready. ``one_s``: one dispatch or combine; ``attention_*``: the
+    ``pre_dispatch`` compute; ``mlp_forward_s``: the experts' forward (backward: ``mlp_bwd`` and ``mlp_bwd_dw``
+    as long each). Seconds; arrays broadcast."""
+    d = np.asarray(one_s, dtype=float)
+    af, ab, mf = (np.asarray(x, dtype=float) for x in (attention_forward_s, attention_backward_s, mlp_forward_s))
+    combine_bwd = d                                   # comm, first
+    pre_fwd = af                                      # compute, first
+    mlp_bwd = np.maximum(pre_fwd, combine_bwd) + mf   # needs the backward combine
+    dispatch_fwd = np.maximum(combine_bwd, pre_fwd) + d
+    mlp_dw = mlp_bwd + mf
+    dispatch_bwd = np.maximum(dispatch_fwd, mlp_bwd) + d
+    mlp_fwd = np.maximum(mlp_dw, dispatch_fwd) + mf   # needs the forward dispatch
+    combine_fwd = np.maximum(dispatch_bwd, mlp_fwd) + d
+    pre_bwd = np.maximum(mlp_fwd, dispatch_bwd) + ab  # needs the backward dispatch
+    return np.maximum(combine_fwd, pre_bwd)
 
 
 def expert_parameters(m: ModelSpec, num_layers: Array):
