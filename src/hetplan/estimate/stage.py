@@ -184,7 +184,8 @@ def stage_costs(
         terms = replace(terms, gemm_times_s=(linear, core),
                         attention_blocks=context.attention_blocks(cp, cp_load_balance),
                         extra_kernels=moe.extra_kernels(m, ep, framework),
-                        extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
+                        extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
+                        + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework))
     eager = framework == "fsdp" and not torch_compile
     loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
@@ -205,15 +206,18 @@ def stage_costs(
                if m.is_moe else 0.0)
         kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, link)
         rho_a2a = overlap_contention(gpu, link.nccl_ctas)
+        mlp_f = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
+                 if m.is_moe and moe_options.a2a_overlap else 0.0)
         if af is not None:
-            x = moe.exposed_alltoall_s(a2a, af, ab, rho_a2a) if moe_options.a2a_overlap else a2a
+            x = moe.exposed_alltoall_s(a2a, af, ab, rho_a2a, mlp_f) if moe_options.a2a_overlap else a2a
             af, ab, atp = af + x + kv_f, ab + x + kv_b, atp + 2 * x + kv_f + kv_b
-        x = moe.exposed_alltoall_s(a2a, lf, lb, rho_a2a) if moe_options.a2a_overlap else a2a
+        x = moe.exposed_alltoall_s(a2a, lf, lb, rho_a2a, mlp_f) if moe_options.a2a_overlap else a2a
         lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
         layer_a2a = 2 * x
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
             again = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
-                     + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
+                     + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
+                     + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework))
             rerun = np.where(rc == Recompute.FULL, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(rc == Recompute.FULL, 0.0, a2a)
             layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
