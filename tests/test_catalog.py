@@ -160,6 +160,7 @@ def test_memory_is_driver_total(catalog):
     assert catalog.get("H100-SXM").memory_bytes == 81559 * 2**20
     assert catalog.get("A100-SXM-80GB").memory_bytes == 80 * 2**30
     assert catalog.get("B200").memory_bytes == 183359 * 2**20
+    assert catalog.get("GB200").memory_bytes == 189471 * 2**20  # was the datasheet 186e9 B (false "does not fit")
     assert catalog.get("T4").memory_bytes == 15360 * 2**20
 
 

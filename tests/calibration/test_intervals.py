@@ -47,6 +47,28 @@ def test_held_out_coverage_on_validation_rows():
     assert len(hits) > 500 and np.mean(hits) >= 0.75
 
 
+def test_coverage_counts_in_sample_and_leave_set_out():
+    """A set alone in its stack is unvalidated once left out; in sample, split-conformal holds >= 80 % of its own
+    rows (the interval spans the k-th smallest to the k-th largest of n rows: n + 2 - 2k of them)."""
+    rng = np.random.default_rng(3)
+
+    def row(name, stack, i, ratio):
+        return iv.Residual(name, f"{name}:{i}", stack, "H100-SXM", "Hopper", False, 64, "bf16", 1.0, ratio, 0.4)
+
+    a = [row("a", "torchtitan", i, math.exp(x)) for i, x in enumerate(rng.normal(0, 0.1, 23))]
+    b = [row("b", "torchtitan", i, math.exp(x)) for i, x in enumerate(rng.normal(0.3, 0.01, 12))]
+    c = [row("c", "nemo", i, 1.0) for i in range(5)]
+    cov = iv.coverage(a + b + c)
+    assert cov["c"]["unvalidated_leave_set_out"] == 5 and math.isnan(cov["c"]["leave_set_out"])
+    assert cov["b"]["leave_set_out"] < 0.2  # b sits 30 % above a's spread: a's interval misses it
+    hits = 0
+    for r in a:
+        lo, hi = iv.conformal_factors([x.log_ratio for x in a + b])
+        hits += lo <= r.measured_time_s <= hi
+    assert cov["a"]["in_sample"] == pytest.approx(hits / len(a))
+    assert cov["all"]["n"] == 40 and cov["all"]["unvalidated_leave_set_out"] == 5
+
+
 def test_unvalidated_stack_says_so():
     out = iv.interval_from(list(iv.load_residuals()), "hf-accelerate", "Hopper", False, 64)
     assert isinstance(out, str) and out.startswith("unvalidated: 0 held-out")

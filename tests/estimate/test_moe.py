@@ -304,11 +304,44 @@ def test_cuda_graphs_drop_the_per_kernel_host_floor():
 
 
 def test_exposed_alltoall_is_bounded_by_the_paired_compute():
-    """--overlap-moe-expert-parallel-comm: a pass's 10 ms of dispatch + combine behind a 3 ms forward and 5 ms
-    backward of the other micro-batch leaves 10 - 8/2 = 6 ms; 2 ms behind them leaves the SM share 0.1 · 2 ms."""
+    """--overlap-moe-expert-parallel-comm, worked by hand on Megatron-Core's schedule (combine_bwd | pre_dispatch_fwd;
+    dispatch_fwd -> dispatch_bwd | mlp_bwd -> mlp_dw -> mlp_fwd; combine_fwd | pre_dispatch_bwd). 10 ms of
+    dispatch + combine per pass (5 ms each all-to-all) with all 3 + 5 ms of compute in pre_dispatch: the comm chain
+    5 + 5 + 5, then pre_dispatch_bwd's 5 ms after the backward dispatch: pair 20 ms, (20 - 8) / 2 = 6 ms per pass.
+    2 ms (1 ms each) with a 1 ms expert forward (attention 2 + 1 ms, experts 1 + 2 ms): the comm hides entirely
+    (pair = 8 ms of compute), so only the SM share 0.1 · 2 ms is left; with no expert compute the dispatches have
+    nothing to hide behind: pair 10 ms, 1 ms exposed per pass."""
     assert moe.exposed_alltoall_s(10e-3, 3e-3, 5e-3, 0.1) == pytest.approx(6e-3)
-    assert moe.exposed_alltoall_s(2e-3, 3e-3, 5e-3, 0.1) == pytest.approx(0.2e-3)
-    assert moe.exposed_alltoall_s(0.0, 3e-3, 5e-3, 0.1) == 0.0
+    assert moe.overlap_pair_time_s(1e-3, 2e-3, 3e-3, 1e-3) == pytest.approx(8e-3)
+    assert moe.exposed_alltoall_s(2e-3, 3e-3, 5e-3, 0.1, 1e-3) == pytest.approx(0.2e-3)
+    assert moe.exposed_alltoall_s(2e-3, 3e-3, 5e-3, 0.1) == pytest.approx(1e-3)
+    assert moe.exposed_alltoall_s(0.0, 3e-3, 5e-3, 0.1, 1e-3) == 0.0
+
+
+def _two_stream_pair_s(d, af, ab, mf):
+    """Brute force of Megatron-Core's ``TransformerLayerSchedulePlan.run``: the nodes in issue order, each on its
+    stream, starting when its stream and its inputs are free (event semantics of CUDA streams)."""
+    nodes = [("combine_bwd", "comm", d, []), ("pre_fwd", "comp", af, []), ("mlp_bwd", "comp", mf, ["combine_bwd"]),
+             ("dispatch_fwd", "comm", d, ["pre_fwd"]), ("mlp_dw", "comp", mf, ["mlp_bwd"]),
+             ("dispatch_bwd", "comm", d, ["mlp_bwd"]), ("mlp_fwd", "comp", mf, ["dispatch_fwd"]),
+             ("combine_fwd", "comm", d, ["mlp_fwd"]), ("pre_bwd", "comp", ab, ["dispatch_bwd"])]
+    free, end = {"comm": 0.0, "comp": 0.0}, {}
+    for name, stream, dur, deps in nodes:
+        start = max([free[stream]] + [end[x] for x in deps])
+        end[name] = free[stream] = start + dur
+    return max(end.values())
+
+
+def test_overlap_pair_matches_a_two_stream_simulation():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.0, 5e-3, size=(200, 4))
+    for d, af, ab, mf in x:
+        assert moe.overlap_pair_time_s(d, af, ab, mf) == pytest.approx(_two_stream_pair_s(d, af, ab, mf), rel=1e-12)
+    got = moe.overlap_pair_time_s(x[:, 0], x[:, 1], x[:, 2], x[:, 3])
+    assert got == pytest.approx([_two_stream_pair_s(*row) for row in x], rel=1e-12)
+    # never shorter than either stream's own work, never longer than running everything in a row
+    assert np.all(got >= np.maximum(4 * x[:, 0], x[:, 1] + x[:, 2] + 3 * x[:, 3]) - 1e-15)
+    assert np.all(got <= 4 * x[:, 0] + x[:, 1] + x[:, 2] + 3 * x[:, 3] + 1e-15)
 
 
 def test_estimate_hides_the_alltoall_only_where_the_job_overlaps_it():
@@ -360,3 +393,48 @@ def test_torch_grouped_mm_on_blackwell_matches_torchao_benchmark(shape):
     assert moe.grouped_gemm_ceiling(gpu, "bf16", "megatron") == fp8.gemm_ceiling(gpu, "bf16")
     assert moe.grouped_gemm_ceiling(load_catalog().get("H100-SXM"), "bf16", "fsdp") == \
         fp8.gemm_ceiling(load_catalog().get("H100-SXM"), "bf16")
+
+
+def test_expert_bias_loop_bytes_and_kernels_worked_example():
+    """GPT-OSS 120B (128 experts, top-4, h 2,880, f_e 2,880, biased experts) at EP 8, one 4,096-token micro-batch:
+    Megatron-Core's ``TEGroupedMLP._apply_bias`` loops over the 16 local experts for the FC2 bias (``b * p``, the
+    add: 2 kernels each, then one ``cat``): 33 kernels, 16,384 routed copies x 2,880 x 12 B = 0.566 GB; NeMo
+    AutoModel's ``gmm`` path adds the FC1 bias the same way (one add per expert + ``cat``: 17 more kernels,
+    8 B x 5,760 more per copy)."""
+    from hetplan.hardware.catalog import get_gpu
+
+    m, g = load_model("gpt-oss-120b"), get_gpu("H100-SXM")
+    assert moe.expert_bias_kernels(m, 8) == 33
+    assert moe.expert_bias_kernels(m, 8, "fsdp") == 33 + 17
+    copies = 4 * 4096
+    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8) * g.hbm_bandwidth_bytes_per_s == pytest.approx(
+        copies * 2880 * 12)
+    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8, framework="fsdp") * g.hbm_bandwidth_bytes_per_s == \
+        pytest.approx(copies * (2880 * 12 + 5760 * 8))
+    # the busiest rank's copies: imbalance and expert-TP (the copies all-gathered over the etp group, FC1 split)
+    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8, imbalance=1.25) == pytest.approx(
+        1.25 * moe.expert_bias_time_s(m, g, 1, 4096, 1, 8))
+    # counted once per layer in the host floor with the other MoE kernels
+    assert moe.extra_kernels(m, 8) - moe.extra_kernels(m.model_copy(update={"linear_bias": False}), 8) == 33
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b", "llama3-8b"])
+def test_expert_bias_costs_nothing_without_biases(name):
+    from hetplan.hardware.catalog import get_gpu
+
+    m = load_model(name)
+    assert moe.expert_bias_kernels(m, 8) == 0.0 and moe.expert_bias_kernels(m, 8, "fsdp") == 0.0
+    assert moe.expert_bias_time_s(m, get_gpu("H100-SXM"), 1, 4096, 1, 8) == 0.0
+
+
+def test_estimate_charges_the_expert_bias_loop_more_with_more_local_experts():
+    """GPT-OSS 120B on 64 H100 (DP 64): the eager loop's launches grow with the local experts, so with biases
+    the step is slower, and by more at EP 8 (16 local experts) than at EP 64 (2)."""
+    from hetplan.estimate.estimator import estimate
+
+    def step(ep, bias):
+        p = _plan("gpt-oss-120b", 1, 1, 64, ep=ep, gbs=128, imbalance=1.0)
+        return estimate(p, model=load_model("gpt-oss-120b").model_copy(update={"linear_bias": bias})).iteration_time_s
+
+    more8, more64 = step(8, True) - step(8, False), step(64, True) - step(64, False)
+    assert more8 > more64 > 0

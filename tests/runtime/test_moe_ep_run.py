@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 from hetplan.errors import HetplanError
 from hetplan.model import counts
 from hetplan.model.spec import load_model
+from hetplan.plan_rules import PlanRuleError
 from hetplan.runtime import planio
 from hetplan.runtime.launcher import RunOptions, run_plan
 
@@ -106,9 +107,12 @@ def test_run_refusals_name_what_is_missing():
     with pytest.raises(HetplanError, match="CP 2.*_scaled_dot_product_flash_attention_for_cpu") as e:
         planio.layout(_plan(EP_PLAN, cp=2, ep=1, stages=[{"num_layers": 2, "dp": 1}]), spec)
     assert e.value.field == "plan.cp"
-    with pytest.raises(HetplanError, match="EP 4 does not divide DP 2") as e:
-        pools = [{"gpu": "cpu", "count": 4, "gpus_per_node": 4}]
-        planio.layout(_plan(EP_PLAN, ep=4, pools=pools, stages=[{"num_layers": 2, "tp": 2, "dp": 2}]), spec)
+    pools = [{"gpu": "cpu", "count": 4, "gpus_per_node": 4}]
+    for ep, etp in ((4, 1), (2, 2)):  # EP folded over TP x DP, and expert-TP: named, with the way out
+        with pytest.raises(PlanRuleError, match=f"EP {ep} x expert-TP {etp} over DP 2 is MoE parallel folding") as e:
+            planio.layout(_plan(EP_PLAN, ep=ep, expert_tp=etp, pools=pools,
+                                stages=[{"num_layers": 2, "tp": 2, "dp": 2}]), spec)
+        assert e.value.rule == "framework-can-launch" and "expert_tp = 1" in e.value.fix
     with pytest.raises(HetplanError, match="deepseek_v3 router .*MLA"):
         planio.layout(_plan(EP_PLAN), load_model("deepseek-v3").model_copy(update={"num_layers": 2}))
 

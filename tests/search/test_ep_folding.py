@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hetplan.cli.plan import _layout
+from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate
 from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage
+from hetplan.plan_rules import PlanRuleError
 from hetplan.runtime import exporters, importers
 from hetplan.search.planner import search_plans
 from hetplan.search.space import Pins
@@ -134,3 +138,22 @@ def test_expert_tp_is_a_search_dimension_where_the_framework_runs_it():
     fsdp = search_plans(job.model_copy(update={"framework": "fsdp"}), Inventory(pools=[GPUPool(gpu="H100-SXM",
                         count=32)]), pins=Pins(tp=4, ep=8, pp=2), top_k=20, heterogeneous=False)
     assert all(rp.plan.expert_tp == 1 for rp in fsdp.plans)
+
+
+def test_hetero_search_folds_ep_over_tp_and_dp():
+    """Mixtral 8x7B on 16 H100 + 16 A100 with EP 8 and DP 2 pinned: only folding (EP over TP x DP, expert-TP 1)
+    makes that a layout; the heterogeneous search finds plans with it (stages of TP 4 and 8, 8 and 16 ranks),
+    each priced as estimate() prices it. Under DeepSpeed (EP inside DP, frameworks.toml) nothing matches."""
+    job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10)
+    inv = Inventory(pools=[GPUPool(gpu="H100-SXM", count=16), GPUPool(gpu="A100-SXM-80GB", count=16)])
+    res = search_plans(job, inv, pins=Pins(ep=8, dp=2), top_k=3, heterogeneous=True)
+    assert res.plans and any(len({st.pool for st in rp.plan.stages}) > 1 for rp in res.plans)
+    for rp in res.plans:
+        assert rp.plan.ep == 8 and all(st.dp * rp.plan.cp < 8 for st in rp.plan.stages)
+        assert estimate(rp.plan).iteration_time_s == rp.estimate.iteration_time_s
+    deepspeed = job.model_copy(update={"framework": "deepspeed"})
+    with pytest.raises(PlanRuleError, match="keeps EP within DP x CP.*EP 8 does not divide the pinned DP 2") as e:
+        search_plans(deepspeed, inv, pins=Pins(ep=8, dp=2), top_k=3, heterogeneous=True)
+    assert e.value.rule == "framework-can-launch" and e.value.field == "pin.ep"
+    with pytest.raises(HetplanError, match="EP 8 .* does not divide the pinned TP 2 x DP 2"):
+        search_plans(job, inv, pins=Pins(ep=8, dp=2, tp=2, cp=1), top_k=3, heterogeneous=True)

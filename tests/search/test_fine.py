@@ -291,7 +291,9 @@ def _moe_config(tmp: Path, layers: int, experts: int) -> Path:
 
 
 def test_cost_model_equals_estimator_with_cp_and_ep(tmp_path):
-    """States with CP and EP > 1 (per-stage DP, resharding): the fine search's numbers are estimate()'s."""
+    """States with CP and EP > 1 (per-stage DP, resharding), EP folded over TP x CP x DP and expert-TP (MoE
+    parallel folding): the fine search's numbers are estimate()'s; the search takes folded states where the
+    job's framework runs them (frameworks.toml: Megatron-LM yes, DeepSpeed's pipeline engine no)."""
     rng = random.Random(2)
     path = _moe_config(tmp_path, 4, 4)
     m = load_model(path)
@@ -299,21 +301,28 @@ def test_cost_model_equals_estimator_with_cp_and_ep(tmp_path):
     cat = load_catalog()
     pool = GPUPool(gpu="A100-SXM-80GB", count=16, gpus_per_node=8)
     cm = FineCostModel(m, job, pool, cat.get("A100-SXM-80GB"))
-    seen = set()
-    for _ in range(30):
+    seen, folded = set(), set()
+    for _ in range(40):
         p = rng.randint(1, 3)
         cuts = sorted(rng.sample(range(1, 4), p - 1))
         ns = [b - a for a, b in zip([0] + cuts, cuts + [4])]
         cp = rng.choice([1, 2, 4])
         stages = [FineStage(n, rng.choice([1, 2]), rng.choice([1, 2])) for n in ns]
-        ep = rng.choice([e for e in (1, 2, 4) if all((st.dp * cp) % e == 0 for st in stages)])
-        s = FineState(tuple(stages), 2, rng.choice([0, 1]), cp, ep)
+        etp = rng.choice([1, 2]) if all(st.tp == 2 for st in stages) else 1
+        ep = rng.choice([e for e in (1, 2, 4) if all((st.tp * st.dp * cp) % (e * etp) == 0 for st in stages)])
+        s = FineState(tuple(stages), 2, rng.choice([0, 1]), cp, ep, etp)
         c = cm.cost(s)
         est = estimate(cm.to_plan(s), cat, m)
         assert c.iteration_time_s == pytest.approx(est.iteration_time_s, rel=1e-9)
         assert c.memory_bytes == pytest.approx([se.memory.total for se in est.stages], rel=1e-9)
         seen.add((cp > 1, ep > 1))
+        folded.add((any(ep * etp > st.dp * cp for st in stages), etp > 1))
     assert seen == {(False, False), (True, False), (False, True), (True, True)}
+    assert {(False, False), (True, False)} <= folded and any(etp for _, etp in folded)
+    state = FineState((FineStage(4, 2, 1),), 2, 0, 1, 2)  # EP 2 over TP 2 x DP 1
+    assert FineSearch(cm).valid(state) and FineSearch(cm).valid(FineState(state.stages, 2, 0, 1, 2, 2)) is False
+    ds = FineCostModel(m, job.model_copy(update={"framework": "deepspeed"}), pool, cat.get("A100-SXM-80GB"))
+    assert not FineSearch(ds).valid(state)
 
 
 def test_cp_and_ep_search_reaches_the_enumerated_optimum(tmp_path):

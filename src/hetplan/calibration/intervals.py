@@ -276,6 +276,41 @@ def write_residuals(path: Path | None = None) -> Path:
     return path
 
 
+def coverage(residuals: list[Residual]) -> dict:
+    """How often the 80 % intervals hold the measured time, per validation set: ``{set: {n, in_sample,
+    leave_set_out, unvalidated_leave_set_out}}`` and ``"all"`` over every row.
+
+    ``in_sample``: share of the set's rows inside the interval of their regime built from every residual (what a
+    plan like that row prints). ``leave_set_out``: the same with the set's own rows removed first — the coverage
+    a new source of runs would see, the honest check of the intervals (Lei et al. 2018 assume exchangeable rows; a
+    set from another lab or release is not); rows whose regime then has too few rows count as
+    ``unvalidated_leave_set_out`` and are left out of the share. Cost: one regime lookup per row and set,
+    O(n_rows² ) in all (milliseconds for the package's table)."""
+    def share(rows, pool):
+        hit = unval = 0
+        for r in rows:
+            it = interval_from(pool, r.stack, r.generation, r.moe, r.num_gpus)
+            if isinstance(it, str):
+                unval += 1
+                continue
+            low, high = it.of(r.predicted_time_s)
+            hit += low <= r.measured_time_s <= high
+        return hit, len(rows) - unval, unval
+
+    out: dict = {}
+    totals = np.zeros(5)
+    for name in sorted({r.set for r in residuals}):
+        rows = [r for r in residuals if r.set == name]
+        h_in, n_in, _ = share(rows, residuals)
+        h_out, n_out, unval = share(rows, [r for r in residuals if r.set != name])
+        out[name] = {"n": len(rows), "in_sample": h_in / n_in if n_in else math.nan,
+                     "leave_set_out": h_out / n_out if n_out else math.nan, "unvalidated_leave_set_out": unval}
+        totals += (h_in, n_in, h_out, n_out, unval)
+    out["all"] = {"n": len(residuals), "in_sample": totals[0] / max(totals[1], 1),
+                  "leave_set_out": totals[2] / max(totals[3], 1), "unvalidated_leave_set_out": int(totals[4])}
+    return out
+
+
 def mfu_record(residuals: Iterable[Residual], stack: str, gpu: str) -> Residual | None:
     """The held-out validation run of ``stack`` on ``gpu`` with the highest measured MFU, or None."""
     rows = [r for r in residuals if r.stack == stack and r.gpu == gpu]

@@ -447,6 +447,12 @@ def fasop_summary(cases: list[Case], c: Constants = DEFAULT) -> dict:
         "peak_ratio": cat.get("A100-SXM-40GB").peak_flops_per_s("fp16") / cat.get("A10G").peak_flops_per_s("fp16")}}
 
 
+def _stacks_2022_cases() -> list[Case]:
+    from hetplan.calibration import stacks_2022  # the set's own module imports this one
+
+    return stacks_2022.cases()
+
+
 #: The registry of validation sets: name -> loader of its cases, in report order. A new set is a module of
 #: :mod:`hetplan.calibration` with a loader, added here (and a target in :data:`TARGETS` if it has one).
 SETS: dict[str, Callable[[], list[Case]]] = {
@@ -457,6 +463,7 @@ SETS: dict[str, Callable[[], list[Case]]] = {
     "aceso_v100": aceso_cases,
     "fasop_layers": fasop_cases,
     "espresso_hetero": espresso_hetero_cases,
+    "nemo_megatron_a100": lambda: _stacks_2022_cases(),
 }
 #: Names of :data:`SETS`, in report order.
 SET_NAMES = tuple(SETS)

@@ -153,7 +153,8 @@ def register(app: typer.Typer) -> None:
     def validate(
         json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, "
                                       "signed_median, kendall_tau, calibration, held_out}}, \"stacks\": {STACK: {n, "
-                                      "mape, max_abs_error, signed_median, sets}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
+                                      "mape, max_abs_error, signed_median, sets}}, \"interval_coverage\": {SET: {n, in_sample, "
+                                      "leave_set_out, unvalidated_leave_set_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
                                       "independent_h100 adds rows: per-row errors, worst first)"),
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
@@ -220,9 +221,10 @@ def register(app: typer.Typer) -> None:
             v.write_csv(cases, csv_path)
         if plot_path is not None:
             v.plot(cases, plot_path)
-        from hetplan.calibration.intervals import per_stack
+        from hetplan.calibration.intervals import coverage, load_residuals, per_stack
 
         result["stacks"] = per_stack(cases) | serving.per_engine(serving_cases)
+        result["interval_coverage"] = coverage(list(load_residuals()))
         if json_out:
             typer.echo(json.dumps(result, indent=2, allow_nan=True))
             return
@@ -270,6 +272,11 @@ def register(app: typer.Typer) -> None:
                           "out.")
         if result["stacks"]:  # none when only the energy set ran
             _print_stacks(console, result["stacks"])
+        cov = result["interval_coverage"]["all"]
+        console.print(f"80 % intervals (package residuals, {cov['n']} held-out rows): hold the measured time on "
+                      f"{_fmt(cov['in_sample'])} of rows; {_fmt(cov['leave_set_out'])} when each set is left out of "
+                      f"its own intervals ({cov['unvalidated_leave_set_out']} rows then unvalidated). --json: "
+                      "interval_coverage per set.", highlight=False)
         if csv_path is not None:
             console.print(f"wrote {csv_path}")
         if plot_path is not None:

@@ -99,12 +99,64 @@ def extra_kernels(m: ModelSpec, ep: Array, framework: str = "megatron"):
     cuBLAS GEMM per local expert and matrix (``nvte_multi_stream_cublas_gemm``, TransformerEngine
     ``common/gemm/cublaslt_gemm.cu``): ``2·E/ep``; PyTorch's ``torch._grouped_mm`` (torchtitan, NeMo AutoModel
     ``experts: torch_mm``) and the ``grouped_gemm`` kernel (``gmm``) launch one per matrix (``framework="fsdp"``):
-    2 — and a shared expert's two GEMMs and activation (3). 0 for a dense model."""
+    2 — a shared expert's two GEMMs and activation (3), and the per-expert bias kernels of biased experts
+    (:func:`expert_bias_kernels`). 0 for a dense model."""
     if not m.is_moe:
         return 0.0
     gemms = 2.0 if framework == "fsdp" else 2.0 * m.num_experts / np.asarray(ep, dtype=float)
     shared = 3.0 if m.shared_expert_ffn_hidden_size else 0.0
-    return (MOE_EXTRA_KERNELS + gemms + shared) * m.num_moe_layers / m.num_layers
+    return (MOE_EXTRA_KERNELS + gemms + shared + expert_bias_kernels(m, ep, framework)) * m.num_moe_layers / m.num_layers
+
+
+#: Bytes per element of a routed expert GEMM's output that adding its per-expert bias moves, as the frameworks'
+#: eager loop over the local experts runs it (``for t, b, p in zip(torch.split(out, tokens_per_expert), biases,
+#: torch.split(probs, ...))``, then ``torch.cat``; 2-byte elements, each kernel one read of its inputs and one
+#: write of its output). The second expert GEMM's (FC2) bias is weighted by the router probability: ``b * p``
+#: (write 2), ``t + b * p`` (read 2 + 2, write 2), ``torch.cat`` (read 2, write 2): 12, and three kernels per
+#: local expert... two (``b * p``, the add) plus one ``cat`` — Megatron-Core ``TEGroupedMLP._apply_bias``
+#: (``megatron/core/transformer/moe/experts.py``, "Enable bias in expert mlp [gpt-oss 5/5]", September 2025,
+#: until the packed path of August 2026), NeMo AutoModel ``GroupedExpertsDeepEP._apply_bias``
+#: (``nemo_automodel/components/moe/layers.py``, October 2025 - January 2026). The first GEMM's (FC1) bias: in
+#: Megatron-Core, Transformer Engine's ``GroupedLinear`` adds it in the GEMM's epilogue (0); in NeMo AutoModel's
+#: ``gmm`` path the same loop without the probability, ``t + b`` (read 2, write 2) and ``torch.cat`` (read 2,
+#: write 2): 8 per element of its ``2·f_e`` outputs, one kernel per local expert plus the ``cat``
+#: (``framework="fsdp"``; torchtitan's ``GptOssGroupedExperts`` adds a ``repeat_interleave``-d bias in one
+#: vectorised add, the same 8 bytes and a few kernels in all: not distinguished). Backward: the split's and the
+#: products' gradients, about as many bytes again (:attr:`hetplan.estimate.stagework.LayerTerms.extra_gpu_s`).
+EXPERT_BIAS_BYTES_PER_ELEMENT = {"fc1": {"megatron": 0.0, "fsdp": 8.0}, "fc2": {"megatron": 12.0, "fsdp": 12.0}}
+
+
+def _bias_framework(framework: str) -> str:
+    return "fsdp" if framework == "fsdp" else "megatron"
+
+
+def expert_bias_kernels(m: ModelSpec, ep: Array, framework: str = "megatron"):
+    """Kernels of the eager per-expert bias loop of one MoE layer's forward (:data:`EXPERT_BIAS_BYTES_PER_ELEMENT`):
+    FC2 ``2·E/ep + 1``, and under ``framework="fsdp"`` FC1 ``E/ep + 1`` more; 0 for experts without biases
+    (``linear_bias`` off: every MoE preset but GPT-OSS)."""
+    if not (m.is_moe and m.linear_bias):
+        return 0.0
+    local = m.num_experts / np.asarray(ep, dtype=float)
+    fc1 = local + 1.0 if _bias_framework(framework) == "fsdp" else 0.0
+    return 2.0 * local + 1.0 + fc1
+
+
+def expert_bias_time_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array, ep: Array, etp: Array = 1,
+                       imbalance: Array = 1.0, framework: str = "megatron"):
+    """Memory-bound time of the eager per-expert bias additions of one MoE layer's forward (mean over the model's
+    layers; backward the same again, :attr:`hetplan.estimate.stagework.LayerTerms.extra_gpu_s`): the busiest
+    rank's ``imbalance · k · T · etp`` routed copies (``T = b·s/t``), each with ``h`` FC2 outputs and ``2·f_e/etp``
+    (gated) FC1 outputs, at :data:`EXPERT_BIAS_BYTES_PER_ELEMENT` bytes each, at the HBM bandwidth. 0 for experts
+    without biases. For GPT-OSS 120B at EP 8 (4,096 tokens, top-4, h 2,880) under Megatron-Core: 16,384 copies x
+    2,880 x 12 B = 0.57 GB, 0.17 ms per layer forward on an H100."""
+    if not (m.is_moe and m.linear_bias):
+        return 0.0
+    fw = _bias_framework(framework)
+    copies = imbalance * m.experts_per_token * np.asarray(b, dtype=float) * s / t * np.asarray(etp, dtype=float)
+    fc1_out = (2 if m.gated_mlp else 1) * m.expert_ffn_hidden_size / np.asarray(etp, dtype=float)
+    per_copy = (EXPERT_BIAS_BYTES_PER_ELEMENT["fc2"][fw] * m.hidden_size
+                + EXPERT_BIAS_BYTES_PER_ELEMENT["fc1"][fw] * fc1_out)
+    return copies * per_copy / gpu.hbm_bandwidth_bytes_per_s * m.num_moe_layers / m.num_layers
 
 
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
@@ -345,19 +397,54 @@ def moe_alltoall_time_s(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array, s
     return 2 * one * m.num_moe_layers / m.num_layers
 
 
-def exposed_alltoall_s(alltoall_s: Array, forward_s: Array, backward_s: Array, contention: Array):
+def exposed_alltoall_s(alltoall_s: Array, forward_s: Array, backward_s: Array, contention: Array,
+                       mlp_forward_s: Array = 0.0):
     """Exposed part of one pass's dispatch + combine ``alltoall_s`` (:func:`moe_alltoall_time_s`) when the
     all-to-alls of one micro-batch overlap the other's compute: Megatron-Core's ``--overlap-moe-expert-parallel-comm``
     runs the forward of micro-batch ``i + 1`` and the backward of micro-batch ``i`` of the same layer together in
     1F1B's steady state (``combined_1f1b``; Megatron-LM ``megatron/core/transformer/moe/README.md``, "EP A2A
-    overlap"), each one's all-to-alls on a communication stream while the other computes. A pair moves
-    ``2·alltoall_s`` behind ``forward_s + backward_s`` (the layer's forward and backward without all-to-all) and,
-    as any overlap (:func:`hetplan.estimate.comm.overlap_contention`), takes ``contention`` of the SMs while it
-    runs: exposed per pass ``max(alltoall_s - (forward_s + backward_s) / 2, contention · alltoall_s)``. The
+    overlap"), the all-to-alls on a communication stream, the rest on the compute stream, in the fixed order of
+    ``TransformerLayerSchedulePlan.run`` (Megatron-LM ``megatron/core/models/common/model_chunk_schedule_plan.py``)::
+
+        comm stream:    combine_bwd      | dispatch_fwd -> dispatch_bwd      | combine_fwd
+        compute stream: pre_dispatch_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd  | pre_dispatch_bwd
+
+    each node waiting for its inputs (:func:`overlap_pair_time_s`): a communication hides only behind the compute
+    it is paired with — the backward combine behind the forward's attention and router (``pre_dispatch``), the
+    dispatches behind the experts' backward (``mlp_bwd`` and its weight gradients), the forward combine behind the
+    attention's backward — not behind the whole ``(forward_s + backward_s)``. ``mlp_forward_s``: the routed and
+    shared experts' forward (:func:`moe_mlp_time_s`; its backward is taken as twice it, data and weight gradients,
+    as :func:`hetplan.estimate.compute.layer_time_s` takes every GEMM's); the rest of ``forward_s`` and
+    ``backward_s`` is the ``pre_dispatch`` part. As any overlap (:func:`hetplan.estimate.comm.overlap_contention`)
+    the all-to-alls take ``contention`` of the SMs while they run: exposed per pass ``max((pair − forward_s −
+    backward_s) / 2, contention · alltoall_s)``. ``mlp_forward_s = 0`` puts all compute in ``pre_dispatch``. The
     warm-up forwards and cool-down backwards of the pipeline have no partner; that share (``(pp - 1) / m`` of
     the micro-batches on the first stage) is not modelled. Seconds; arrays broadcast."""
     a = np.asarray(alltoall_s, dtype=float)
-    return np.maximum(a - 0.5 * (np.asarray(forward_s) + np.asarray(backward_s)), contention * a)
+    f, b = np.asarray(forward_s, dtype=float), np.asarray(backward_s, dtype=float)
+    mlp = np.minimum(np.asarray(mlp_forward_s, dtype=float), f)
+    pair = overlap_pair_time_s(a / 2, f - mlp, b - 2 * mlp, mlp)
+    return np.maximum((pair - f - b) / 2, contention * a)
+
+
+def overlap_pair_time_s(one_s: Array, attention_forward_s: Array, attention_backward_s: Array, mlp_forward_s: Array):
+    """Time of one forward and one backward of a MoE layer run together as ``TransformerLayerSchedulePlan.run``
+    orders them (:func:`exposed_alltoall_s`): two streams, each running its nodes in order, each node starting
+    when its stream is free and its inputs are ready. ``one_s``: one dispatch or combine; ``attention_*``: the
+    ``pre_dispatch`` compute; ``mlp_forward_s``: the experts' forward (backward: ``mlp_bwd`` and ``mlp_bwd_dw``
+    as long each). Seconds; arrays broadcast."""
+    d = np.asarray(one_s, dtype=float)
+    af, ab, mf = (np.asarray(x, dtype=float) for x in (attention_forward_s, attention_backward_s, mlp_forward_s))
+    combine_bwd = d                                   # comm, first
+    pre_fwd = af                                      # compute, first
+    mlp_bwd = np.maximum(pre_fwd, combine_bwd) + mf   # needs the backward combine
+    dispatch_fwd = np.maximum(combine_bwd, pre_fwd) + d
+    mlp_dw = mlp_bwd + mf
+    dispatch_bwd = np.maximum(dispatch_fwd, mlp_bwd) + d
+    mlp_fwd = np.maximum(mlp_dw, dispatch_fwd) + mf   # needs the forward dispatch
+    combine_fwd = np.maximum(dispatch_bwd, mlp_fwd) + d
+    pre_bwd = np.maximum(mlp_fwd, dispatch_bwd) + ab  # needs the backward dispatch
+    return np.maximum(combine_fwd, pre_bwd)
 
 
 def expert_parameters(m: ModelSpec, num_layers: Array):

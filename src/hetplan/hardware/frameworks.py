@@ -55,6 +55,13 @@ def load_frameworks() -> tuple[FrameworkSpec, ...]:
     return tuple(FrameworkSpec(**f) for f in raw["framework"])
 
 
+def job_framework(job_framework: str) -> FrameworkSpec | None:
+    """The release whose launch ``hetplan export`` writes by default for plans of ``Job.framework`` =
+    ``job_framework`` (the first entry of ``frameworks.toml`` naming it), None when none does: what the searches
+    may propose for such a job (expert-TP, EP folding, interleaving)."""
+    return next((f for f in load_frameworks() if f.job_framework == job_framework), None)
+
+
 def framework_for(export: str, release: str | None = None) -> FrameworkSpec:
     """The entry of export target ``export`` (``megatron``, ``torchtitan``, ``deepspeed``) at ``release`` (default:
     its first, the release the export writes by default).

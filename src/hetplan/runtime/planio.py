@@ -25,7 +25,7 @@ from hetplan.jobfile import resolve_model_path
 from hetplan.model.reference import unsupported_features
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import ParallelLayout, Plan
-from hetplan.plan_rules import check_plan
+from hetplan.plan_rules import PlanRuleError, check_plan
 
 #: Pipeline schedules the runtime offers (the plan's ``schedule`` or the ``--schedule`` override).
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -131,7 +131,8 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
         HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages),
             a stage too small to interleave, an unknown schedule, more ranks than ``max_world_size``; a model
             the reference transformer does not build (:func:`hetplan.model.reference.unsupported_features`); CP > 1
-            (see :data:`CP_MISSING`); EP not dividing DP. All refused before any process starts.
+            (see :data:`CP_MISSING`); EP not dividing DP or expert-TP > 1 (MoE parallel folding: rule
+            ``framework-can-launch``). All refused before any process starts.
     """
     check_plan(plan, spec)
     missing = unsupported_features(spec)
@@ -156,10 +157,17 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
             field="plan.stages[].tp/dp", fix="give every stage the same tp and dp (layer counts may differ)")
     par = plan.stage_layout(0)
     tp, dp, pp = par.tp, par.dp, par.pp
-    if plan.ep > 1 and dp % plan.ep:
-        raise HetplanError(f"EP {plan.ep} does not divide DP {dp}: the runtime places each EP group on EP consecutive "
-                           "data-parallel replicas (experts not TP-sharded)", field="plan.ep",
-                           fix=f"use an EP degree that divides dp = {dp} (and the {spec.num_experts} experts)")
+    if plan.ep > 1 and (dp % plan.ep or par.expert_tp > 1):
+        # MoE parallel folding (EP over TP x DP, expert-TP) needs each TP rank to hold its own tokens (Megatron-Core
+        # sequence parallelism before the dispatch); the reference transformer's TP ranks hold the same tokens, so
+        # an EP group across them would dispatch each token tp times
+        raise PlanRuleError("framework-can-launch", f"hetplan run keeps EP within DP: EP {plan.ep} x expert-TP "
+                            f"{par.expert_tp} over DP {dp} is MoE parallel folding, which the reference trainer "
+                            "does not run (its TP ranks hold the same tokens, so an EP group spanning them would "
+                            "dispatch each token TP times; each EP group is EP consecutive DP replicas, experts "
+                            "not TP-sharded)", field="plan.ep",
+                            fix=f"run with expert_tp = 1 and an EP degree dividing dp = {dp} (and the "
+                                f"{spec.num_experts} experts), or export the plan: hetplan export PLAN --to megatron")
     world = pp * dp * tp
     if max_world_size is not None and world > max_world_size:
         raise HetplanError(f"the plan needs {world} ranks (pp {pp} x dp {dp} x tp {tp}) but at most {max_world_size} "

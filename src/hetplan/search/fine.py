@@ -4,7 +4,9 @@ for Large Model Training with Bottleneck Alleviation", EuroSys'24, Sec. 4).
 **Space.** One GPU pool, a fixed number of GPUs (the start plan's). Stages with their own GPU count, TP and DP
 degree (:class:`hetplan.search.fine_cost.FineStage`), uneven layer splits, one pipeline micro-batch of ``B``
 sequences that stage ``i`` splits over its ``dp_i`` replicas (``B / dp_i`` each; Aceso Sec. 3), one CP and one EP
-degree for all stages (a stage uses ``tp_i·cp·dp_i`` GPUs; EP divides every ``dp_i·cp``), ZeRO 0 or 1,
+degree for all stages (a stage uses ``tp_i·cp·dp_i`` GPUs; EP x expert-TP divides every ``tp_i·cp·dp_i``, MoE
+parallel folding, or EP every ``dp_i·cp`` where the job's framework keeps EP inside DP, ``frameworks.toml``;
+the start's expert-TP is kept or dropped to 1), ZeRO 0 or 1,
 per-layer recomputation (repaired to the lightest that fits, :meth:`FineCostModel.repair`; a ``recompute`` pin
 limits it to that mode, ``none`` to no recomputation), and resharding
 between stages whose layouts differ (:mod:`hetplan.estimate.reshard`). Uniform Megatron-style plans are points of
@@ -36,6 +38,7 @@ returned: the result is never worse than the uniform search.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +46,7 @@ from hetplan.errors import HetplanError
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import Estimate, LayerTimeSource, estimate, estimate_many
 from hetplan.hardware.catalog import Catalog, load_catalog
+from hetplan.hardware.frameworks import job_framework
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.fine_cost import FineCostModel, FineStage, FineState, StateCost, state_from_plan
@@ -135,6 +139,9 @@ class FineSearch:
         if self.pins.tp is not None:
             self.tps = [t for t in self.tps if t == self.pins.tp]
         self.cps = cp_degrees(model.job.seq_len, model.pool.count)
+        # EP folding (EP over tp·cp·dp) and expert-TP where the job's framework runs them, as the uniform space
+        fw = job_framework(model.job.framework)
+        self.ep_fold, self.expert_tp = fw is None or fw.ep_beyond_dp, fw is None or fw.expert_tp
         self.trace: list[TraceStep] = []
         self.visited: set[FineState] = set()
 
@@ -157,7 +164,16 @@ class FineSearch:
             return False
         return ((s.pp == 1 or s.zero <= 1) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
                 and g % s.micro_batch == 0 and sum(st.num_layers for st in s.stages) == self.cm.L
-                and all(s.ep in ep_degrees(self.cm.m, st.dp * s.cp, pins.ep) for st in s.stages))
+                and (s.expert_tp == 1 or self.expert_tp and all(st.tp % s.expert_tp == 0 for st in s.stages))
+                and all(s.ep in ep_degrees(self.cm.m, self._expert_ranks(st, s), pins.ep) for st in s.stages))
+
+    def _expert_ranks(self, st: FineStage, s: FineState) -> int:
+        """Ranks stage ``st``'s experts may spread over: ``tp·cp·dp / expert_tp`` with EP folding (0 when
+        expert-TP does not divide them), ``dp·cp`` without (:func:`hetplan.search.space.ep_degrees`)."""
+        if not self.ep_fold:
+            return st.dp * s.cp
+        ranks = st.tp * s.cp * st.dp
+        return ranks // s.expert_tp if ranks % s.expert_tp == 0 else 0
 
     def rebalance(self, s: FineState) -> FineState:
         """Re-split all layers for the state's stages: per-stage time ``a_i + λ_i·n`` (from the cost tables at the
@@ -194,7 +210,7 @@ class FineSearch:
             k = min(range(p), key=lambda i: a[i] + lam[i] * (layers[i] + 1))
             layers[k] += 1
         return FineState(tuple(FineStage(k, st.tp, st.dp) for k, st in zip(layers, s.stages)), s.micro_batch, s.zero,
-                         s.cp, s.ep)
+                         s.cp, s.ep, s.expert_tp)
 
     def bottleneck(self, c: StateCost) -> tuple[int, str]:
         over = [x - self.cm.capacity for x in c.memory_bytes]
@@ -227,9 +243,9 @@ class FineSearch:
         t = c.stage_time_s
         cj = S[j]
 
-        def mk(stages, B=B, zero=s.zero, cp=s.cp, ep=s.ep):
+        def mk(stages, B=B, zero=s.zero, cp=s.cp, ep=s.ep, etp=s.expert_tp):
             # ZeRO-2/3 only without pipelining (DeepSpeed / Megatron-LM, hetplan.search.space)
-            return FineState(tuple(stages), B, min(zero, 1) if len(stages) > 1 else zero, cp, ep)
+            return FineState(tuple(stages), B, min(zero, 1) if len(stages) > 1 else zero, cp, ep, etp)
 
         # 1. layers to a neighbour
         for nb in (j - 1, j + 1):
@@ -319,16 +335,19 @@ class FineSearch:
                 if z != s.zero:
                     structural.append((f"ZeRO {s.zero} -> {z}", mk(S, zero=z)))
         # 8. CP x2 with every stage's DP halved (same GPUs; each rank holds half the sequence), or back; EP over
-        # the divisors of the experts that divide every stage's dp·cp
+        # the divisors of the experts that divide every stage's tp·cp·dp / expert-TP
         if all(st.dp % 2 == 0 for st in S):
             structural.append((f"CP {s.cp} -> {2 * s.cp}, DP halved",
                                mk([FineStage(st.num_layers, st.tp, st.dp // 2) for st in S], cp=2 * s.cp)))
         if s.cp > 1:
             structural.append((f"CP {s.cp} -> {s.cp // 2}, DP doubled",
                                mk([FineStage(st.num_layers, st.tp, st.dp * 2) for st in S], cp=s.cp // 2)))
-        for e in ep_degrees(self.cm.m, min(st.dp for st in S) * s.cp, self.pins.ep):
+        # (folded over tp·cp·dp: MoE parallel folding, as the uniform space, hetplan.search.space)
+        for e in ep_degrees(self.cm.m, math.gcd(*(self._expert_ranks(st, s) for st in S)), self.pins.ep):
             if e != s.ep:
                 structural.append((f"EP {s.ep} -> {e}", mk(S, ep=e)))
+        if s.expert_tp > 1:
+            structural.append((f"expert-TP {s.expert_tp} -> 1", mk(S, etp=1)))
         for desc, moved in structural:
             out.append((desc, moved))
             rb = self.rebalance(moved) if self.valid(moved) else moved

@@ -48,7 +48,7 @@ from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
 class StageContext(NamedTuple):
     """What a stage's costs depend on besides its layers and recomputation (the key of the cost tables): its
     position (first / last / only stage), TP and DP degrees, micro-batch per replica (sequences), micro-batches per
-    iteration, ZeRO stage, and the CP and EP degrees."""
+    iteration, ZeRO stage, and the CP, EP and expert-TP degrees."""
 
     has_embedding: bool
     has_head: bool
@@ -60,6 +60,7 @@ class StageContext(NamedTuple):
     zero: int
     cp: int = 1
     ep: int = 1
+    expert_tp: int = 1
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,15 @@ class FineStage:
 class FineState:
     """A point of the fine-grained space: stages in order, pipeline micro-batch ``micro_batch`` (sequences; stage i
     runs ``micro_batch / dp_i`` per replica), the ZeRO stage (0 or 1 with pipelining), and the context- and
-    expert-parallel degrees of every stage (each sequence split over ``cp`` ranks; the experts over ``ep`` of a
-    stage's ``dp·cp`` ranks)."""
+    expert-parallel degrees of every stage (each sequence split over ``cp`` ranks; the experts over ``ep`` x
+    ``expert_tp`` of a stage's ``tp·cp·dp`` ranks: MoE parallel folding, :class:`hetplan.degrees.Degrees`)."""
 
     stages: tuple[FineStage, ...]
     micro_batch: int
     zero: int = 0
     cp: int = 1
     ep: int = 1
+    expert_tp: int = 1
 
     @property
     def pp(self) -> int:
@@ -225,8 +227,8 @@ class FineCostModel:
         return self._measured[key]
 
     def _call(self, ctx: StageContext, n, in_flight, code, r):
-        emb, head, single, tp, dp, b, mb, zero, cp, ep = ctx
-        degrees = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep)
+        emb, head, single, tp, dp, b, mb, zero, cp, ep, etp = ctx
+        degrees = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp)
         work = StageWork(s=self.job.seq_len, b=b, num_layers=n, has_embedding=emb, has_head=head, single_stage=single,
                          in_flight=in_flight, num_microbatches=mb, recompute=code, zero=zero,
                          sequence_parallel=tp > 1, recompute_layers=r)
@@ -318,7 +320,7 @@ class FineCostModel:
         st = state.stages[i]
         mb = self.job.global_batch // state.micro_batch
         ctx = StageContext(i == 0, i == p - 1, p == 1, st.tp, st.dp, state.micro_batch // st.dp, mb, state.zero,
-                           state.cp, state.ep)
+                           state.cp, state.ep, state.expert_tp)
         return ctx, min(p - i, mb)
 
     def _boundary(self, a: FineStage, nb: FineStage, B: int, cp: int, intra: bool) -> float:
@@ -375,7 +377,8 @@ class FineCostModel:
                 mbs=None if uniform else state.micro_batch // st.dp,
             ))
         return Plan(job=self.job, pools=[self.pool], stages=stages, mbs=state.micro_batch // state.stages[0].dp,
-                    zero=state.zero, sequence_parallel=any(s.tp > 1 for s in state.stages), cp=state.cp, ep=state.ep)
+                    zero=state.zero, sequence_parallel=any(s.tp > 1 for s in state.stages), cp=state.cp, ep=state.ep,
+                    expert_tp=state.expert_tp)
 
 
 def state_from_plan(plan: Plan) -> FineState:
@@ -388,7 +391,7 @@ def state_from_plan(plan: Plan) -> FineState:
         raise ValueError("fine-grained search works on one GPU pool")
     B = plan.stages[0].dp * plan.stage_mbs(0)
     return FineState(tuple(FineStage(st.num_layers, st.tp, st.dp) for st in plan.stages), B, plan.zero, plan.cp,
-                     plan.ep)
+                     plan.ep, plan.expert_tp)
 
 
 __all__ = ["FineStage", "FineState", "StateCost", "FineCostModel", "simulate_1f1b", "state_from_plan"]

@@ -247,14 +247,14 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     :data:`NEAR_MISS_MEMORY_FACTOR` x the GPU's memory (the others can never run; the smallest footprint is
     kept so that an infeasible request can say how far off it is). ``configurations_evaluated`` counts all.
     """
-    from hetplan.hardware.frameworks import load_frameworks
+    from hetplan.hardware.frameworks import job_framework
 
-    # expert-TP and interleaving only where the job's framework runs them (hardware/data/frameworks.toml, its
-    # default export release): the search proposes only what the export can launch
-    fw = next((f for f in load_frameworks() if f.job_framework == job.framework), None)
+    # expert-TP, EP folding and interleaving only where the job's framework runs them
+    # (hardware/data/frameworks.toml, its default export release): the search proposes only what it can launch
+    fw = job_framework(job.framework)
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
                           expert_tp=fw is None or fw.expert_tp, interleave=fw is None or fw.interleaved,
-                          seq_len=job.seq_len, stack=job.stack_spec())
+                          seq_len=job.seq_len, stack=job.stack_spec(), ep_fold=fw is None or fw.ep_beyond_dp)
     if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
         cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}

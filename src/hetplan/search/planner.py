@@ -135,6 +135,34 @@ def _refuse_pins_the_stack_lacks(job: Job, pins: Pins) -> None:
         raise HetplanError(f"{pins.recompute} recomputation is pinned, but stack {stack.id} offers "
                            f"{', '.join(stack.recompute)} only", field="pin.recompute",
                            fix="unpin recompute, or pick a stack that has it (hetplan catalog stacks)")
+    _refuse_pinned_ep_layout(job, pins)
+
+
+def _refuse_pinned_ep_layout(job: Job, pins: Pins) -> None:
+    """When no configuration matched: a pinned EP that the pinned DP (and TP, CP) cannot hold, naming the rule —
+    ``framework-can-launch`` where the job's framework keeps EP inside DP x CP (``frameworks.toml``
+    ``ep_beyond_dp``), else the expert layout's EP x expert-TP dividing TP x CP x DP
+    (:class:`hetplan.degrees.ParallelLayout`).
+
+    Raises:
+        PlanRuleError: (rule ``framework-can-launch``) or HetplanError, naming ``pin.ep``."""
+    from hetplan.hardware.frameworks import job_framework
+    from hetplan.plan_rules import PlanRuleError
+
+    ep, dp = pins.ep or 1, pins.dp
+    if ep == 1 or dp is None:
+        return
+    fw = job_framework(job.framework)
+    cp = f" x CP {pins.cp}" if pins.cp else " (x CP, searched)"
+    if fw is not None and not fw.ep_beyond_dp and (dp * (pins.cp or 1)) % ep:
+        raise PlanRuleError("framework-can-launch", f"{fw.id} keeps EP within DP x CP (no MoE parallel folding: "
+                            f"{fw.sources.get('ep_beyond_dp', '')}); EP {ep} does not divide the pinned DP {dp}{cp}",
+                            field="pin.ep", fix="pin an EP degree dividing DP x CP, or --framework megatron")
+    if pins.tp is not None and (pins.tp * dp * (pins.cp or 1)) % ep:
+        raise HetplanError(f"EP {ep} (x expert-TP) does not divide the pinned TP {pins.tp} x DP {dp}{cp}: the "
+                           "expert layers re-partition a stage's TP x CP x DP ranks as EP x expert-TP x expert-DP "
+                           "(MoE parallel folding, Megatron-Core parallel_state.py; hetplan.degrees.ParallelLayout)",
+                           field="pin.ep", fix="pin an EP degree dividing TP x CP x DP, or unpin tp / dp")
 
 
 def search_plans(

@@ -11,7 +11,8 @@ shards nothing and ZeRO-3 would only add its prefetch buffer), sequence parallel
 CP (context parallelism, :mod:`hetplan.estimate.context`): powers of two dividing the sequence into 2·CP equal
 chunks and leaving each rank at least :data:`MIN_TOKENS_PER_CP_RANK` tokens; a stage uses tp·cp·dp GPUs.
 EP (expert parallelism, MoE models, :mod:`hetplan.estimate.moe`): divisors of the expert count that divide
-dp·cp (the plan rule ``ep-divides-dp``).
+tp·cp·dp (MoE parallel folding, with expert-TP where the framework has it), or dp·cp where the job's framework
+keeps EP inside DP x CP (``hardware/data/frameworks.toml`` ``ep_beyond_dp``).
 
 Any dimension can be pinned. Nothing is pruned: the search evaluates every row, so it is exact over this space.
 Size: O(#tp · L · #dp · #mbs · 3 · #zero) rows, e.g. ~10^5 for GPT-3 175B on 1,024 GPUs.
@@ -115,10 +116,11 @@ def stack_allows(stack, zero: int | None = None, recompute: str | None = None, a
 
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
                     attention: str = "standard", seq_len: int | None = None, stack=None,
-                    expert_tp: bool = True, interleave: bool = True) -> dict[str, np.ndarray]:
+                    expert_tp: bool = True, interleave: bool = True, ep_fold: bool = True) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
     ep, expert_tp`` (recompute as codes 0/1/2), honouring ``pins``; ``expert_tp``: whether the framework splits
-    experts over their own TP degree (``hardware/data/frameworks.toml``; else expert-TP 1); ``interleave``: whether
+    experts over their own TP degree (``hardware/data/frameworks.toml``; else expert-TP 1); ``ep_fold``: whether EP
+    may span TP x CP x DP (MoE parallel folding; else EP divides DP x CP, same file); ``interleave``: whether
     it runs interleaved 1F1B (same file; DeepSpeed's pipeline engine does not: only v = 1 is enumerated). Empty
     arrays if nothing matches. Under ``attention =
     "flash"`` selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out
@@ -174,33 +176,36 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
         parts.append(np.column_stack([rows[:, :4], np.tile(zr, (int(sel.sum()), 1)), rows[:, 4]]))
     arr = np.concatenate(parts) if parts else np.zeros((0, 7), dtype=np.int64)
     out = {k: arr[:, i] for i, k in enumerate((*names, "cp"))}
-    out = _with_expert_parallel(out, m, pins.ep, expert_tp)
+    out = _with_expert_parallel(out, m, pins.ep, expert_tp, ep_fold)
     return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages, interleave)
 
 
 def ep_degrees(m: ModelSpec, ranks: int, pin: int | None = None) -> list[int]:
-    """EP degrees of a stage with ``ranks = dp·cp`` data ranks: 1 for a dense model; for a MoE model the divisors
-    of the expert count that divide ``ranks`` (or only ``pin``, if it does)."""
+    """EP degrees of a stage whose expert layers may spread over ``ranks`` ranks (``tp·cp·dp / expert_tp`` with
+    MoE parallel folding, :func:`_with_expert_parallel`; ``dp·cp`` without): 1 for a dense model; for a MoE model
+    the divisors of the expert count that divide ``ranks`` (or only ``pin``, if it does)."""
     if not m.is_moe:
         return [1] if pin in (None, 1) else []
     return [e for e in (divisors(m.num_experts) if pin is None else [pin]) if ranks % e == 0 and m.num_experts % e == 0]
 
 
-def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | None, expert_tp: bool = True):
+def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | None, expert_tp: bool = True,
+                          ep_fold: bool = True):
     """Add the ``ep`` and ``expert_tp`` dimensions: 1 and 1 for a dense model; for a MoE model every divisor of the
     expert count that divides tp·cp·dp, or only ``pin``, times every expert-TP degree ``etp`` dividing TP with
     ``ep·etp`` dividing tp·cp·dp (only 1 unless ``expert_tp``). EP may exceed dp·cp: Megatron-Core's MoE parallel
     folding lays the expert mesh EP x expert-TP x expert-DP over the attention's TP x CP x DP ranks (Liu et al.
     2025, arXiv 2504.14960, Sec. 3; ``--expert-tensor-parallel-size``), and torchtitan 0.3 shards experts over
-    ``dp_shard x cp x tp / ep`` with expert-TP 1 (``parallel_dims.py``, efsdp)."""
+    ``dp_shard x cp x tp / ep`` with expert-TP 1 (``parallel_dims.py``, efsdp). Without ``ep_fold`` (a framework
+    whose EP lives inside DP x CP) EP divides dp·cp and expert-TP is 1."""
     n = len(cfg["tp"])
     if not m.is_moe:
         keep = np.ones(n, dtype=bool) if pin in (None, 1) else np.zeros(n, dtype=bool)
         ones = np.ones(int(keep.sum()), dtype=np.int64)
         return {k: a[keep] for k, a in cfg.items()} | {"ep": ones, "expert_tp": ones.copy()}
-    group = cfg["tp"] * cfg["dp"] * cfg["cp"]
+    group = cfg["tp"] * cfg["dp"] * cfg["cp"] if ep_fold else cfg["dp"] * cfg["cp"]
     blocks = []
-    etps = divisors(int(cfg["tp"].max())) if expert_tp and n else [1]
+    etps = divisors(int(cfg["tp"].max())) if expert_tp and ep_fold and n else [1]
     for e in divisors(m.num_experts) if pin is None else [pin]:
         for d in etps:
             rows = (group % (e * d) == 0) & (m.num_experts % e == 0) & (cfg["tp"] % d == 0)

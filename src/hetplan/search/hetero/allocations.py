@@ -18,7 +18,8 @@ import numpy as np
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Inventory, Job
 from hetplan.search.hetero.bounds import TooMany, allocation_bounds
-from hetplan.search.hetero.group import Group, block_orders, price_boundaries
+from hetplan.hardware.frameworks import job_framework
+from hetplan.search.hetero.group import Group, block_orders, ep_fits, price_boundaries
 from hetplan.search.hetero.tables import StageType, cost_tables, stage_types
 from hetplan.search.space import RECOMPUTE_NAMES, Pins, cp_degrees, divisors, ep_degrees, stack_allows
 
@@ -40,8 +41,9 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
             progress=None) -> list[Group]:
     """One :class:`.Group` per (DP, micro-batch size, ZeRO, CP, EP) allowed by ``pins``: CP degrees as the
     homogeneous space's (:func:`hetplan.search.space.cp_degrees`, up to the largest pool), EP degrees the
-    divisors of the expert count that divide ``dp·cp`` (1 for a dense model); ``progress(done, total, phase)``
-    as their cost tables are built."""
+    divisors of the expert count that divide ``tp·cp·dp`` of a stage type (MoE parallel folding, expert-TP 1;
+    ``dp·cp`` where the job's framework keeps EP inside DP; 1 for a dense model), each group holding the stage
+    types whose ranks EP divides; ``progress(done, total, phase)`` as their cost tables are built."""
     types = stage_types(m, inventory, catalog, job.dtype, pins, job=job)
     # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice.
     stack = job.stack_spec()  # only the ZeRO stages and recomputation modes the job's stack offers
@@ -51,14 +53,18 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
     zeros = [z for z in (0, 1) if z == 0 or stack_allows(stack, zero=z)]
     zeros = zeros if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
     cps = cp_degrees(job.seq_len, max(p.count for p in inventory.pools)) if pins.cp is None else [pins.cp]
+    # EP folded over tp·cp·dp where the job's framework does it (a stage type whose tp·cp·d EP does not divide
+    # is left out of that group), else within dp·cp (hardware/data/frameworks.toml ep_beyond_dp)
+    fw = job_framework(job.framework)
+    fold = max((st.tp for st in types), default=1) if fw is None or fw.ep_beyond_dp else 1
     shapes = [(b, d, z, c, e) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
               for b in divisors(job.global_batch // d) if pins.mbs is None or b == pins.mbs
               for z in zeros if not (z == 1 and d == 1)  # ZeRO-1 over one rank is ZeRO-0
-              for c in cps for e in ep_degrees(m, d * c, pins.ep)]
+              for c in cps for e in ep_degrees(m, fold * d * c, pins.ep)]
     by_type: dict = {}  # the groups' tables, built together per (stage type, CP, EP) (cost_tables)
     for b, d, z, c, e in shapes:
         for k, st in enumerate(types):
-            if st.tp * c * d <= inventory.pools[st.pool].count:
+            if st.tp * c * d <= inventory.pools[st.pool].count and ep_fits(st.tp, c, d, e, fold > 1):
                 F = max(1, min(job.global_batch // (b * d), max_stages))
                 by_type.setdefault((k, c, e), []).append((b, d, z, F))
     built: dict = {}  # (b, d, z, c, e) -> {(pool, tp): table}
@@ -70,7 +76,8 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
     groups: list[Group] = []
     shared: dict = {}
     for b, d, z, c, e in shapes:
-        g = Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e, shared, built.get((b, d, z, c, e), {}))
+        g = Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e, shared, built.get((b, d, z, c, e), {}),
+                  ep_fold=fold > 1)
         if g.types:
             groups.append(g)
     return groups

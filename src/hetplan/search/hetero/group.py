@@ -28,18 +28,20 @@ from hetplan.search.partition import solve_partition
 
 class Group:
     """Everything for one (b, d, zero, cp, ep): stage types' tables and the p2p cache. A stage of TP degree t
-    uses ``t·cp·d`` GPUs (``width = cp·d`` per TP rank). ``shared``: a dict the groups of one search share, so
+    uses ``t·cp·d`` GPUs (``width = cp·d`` per TP rank); ``ep_fold``: EP spans ``t·cp·d`` (MoE parallel
+    folding), else ``cp·d`` — the stage types whose ranks EP does not divide are left out (:func:`ep_fits`). ``shared``: a dict the groups of one search share, so
     that groups differing only in ZeRO or EP share their boundary and stage-order transfer times (they depend on
     ``(b, d, cp)`` only). ``tables``: the stage types' cost tables by ``(pool, tp)`` when the caller built them
     (:func:`.cost_tables`), else built here."""
 
     def __init__(self, m, job, inventory, types, b, d, zero, rcs, max_stages, cp=1, ep=1, shared: dict | None = None,
-                 tables: dict | None = None):
+                 tables: dict | None = None, ep_fold: bool = False):
         self.m, self.job, self.inventory, self.b, self.d, self.zero = m, job, inventory, b, d, zero
         self.cp, self.ep, self.width = cp, ep, cp * d
         self.mb = job.global_batch // (b * d)
         self.F = max(1, min(self.mb, max_stages))
-        self.types = [st for st in types if st.tp * self.width <= inventory.pools[st.pool].count]
+        self.types = [st for st in types if st.tp * self.width <= inventory.pools[st.pool].count
+                      and ep_fits(st.tp, cp, d, ep, ep_fold)]
         self.tables = {(st.pool, st.tp): tables[(st.pool, st.tp)] if tables is not None
                        else cost_table(m, job, st, b, d, zero, self.F, rcs, cp, ep) for st in self.types}
         self.by_key = {(st.pool, st.tp): st for st in self.types}
@@ -53,8 +55,8 @@ class Group:
     def pool_options(self, L: int, mixed_tp: bool):
         """:func:`_pool_options` of this group and, per pool, its options' sub-blocks as arrays ``(TP degree,
         stages)`` of shape ``(options, 2)`` (an empty slot: TP 1, no stages); shared by the groups of one width
-        ``cp·d`` (their stage types are the same)."""
-        key = ("options", self.width, L, mixed_tp)
+        ``cp·d`` and the same stage types."""
+        key = ("options", self.width, L, mixed_tp, tuple(self.by_key))  # EP may leave some stage types out
         if key not in self._shared:
             opts = _pool_options(self, L, mixed_tp)
             subs = []
@@ -279,6 +281,12 @@ class Group:
         t, ns = res
         rcs = [int(tb.rc[k, f - 1, n]) for tb, k, f, n in zip(tabs, kinds, flights, ns)]
         return t, ns, rcs
+
+
+def ep_fits(tp: int, cp: int, d: int, ep: int, fold: bool) -> bool:
+    """Whether EP ``ep`` lays out on a stage of ``tp·cp·d`` GPUs: it divides ``tp·cp·d`` with MoE parallel folding
+    (``fold``; expert-TP 1, :class:`hetplan.degrees.ParallelLayout`), else ``cp·d``."""
+    return (tp * cp * d if fold else cp * d) % ep == 0
 
 
 def price_boundaries(items) -> None:
