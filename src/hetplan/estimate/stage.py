@@ -276,7 +276,8 @@ def stage_costs(
     dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
-    weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
+    weight_per = fp8.gathered_weight_bytes(  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
+        dtype, framework, stack.optimizer_memory == "fsdp1")
     if weight_per != 2:  # only the layers' linear weights gather in FP8; the embedding and output stay 16-bit
         weight_per = fp8.mixed_gathered_weight_bytes(
             weight_per, np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp), params)
@@ -332,6 +333,9 @@ def stage_costs(
     fsdp2 = framework == "fsdp" and stack.optimizer_memory == "fsdp2"
     copy_f, copy_b = (fsdp2_copy_s(params, gpu, weight_per, grad_per, reshard_after_forward) if fsdp2
                       else (0.0, 0.0))
+    if framework == "fsdp" and stack.optimizer_memory == "fsdp1":  # FSDP1's FlatParameter passes (fsdp1_passes_s)
+        copy_f, copy_b = fsdp1_passes_s(params, gpu, weight_per, grad_per, shard, reshard_after_forward,
+                                        4 if fsdp_param_dtype == "fp32" else 2)
     fwd = fwd + np.where(pipelined_fsdp, 0.0, copy_f)
     bwd = bwd + np.where(pipelined_fsdp, 0.0, copy_b)
     gather_exposed = np.where(
@@ -354,8 +358,10 @@ def stage_costs(
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
     ds_fp16 = framework == "deepspeed" and stack.optimizer_memory == "deepspeed" and dtype == "fp16"
+    adam_bytes = (compute.ADAM_BYTES_PER_PARAMETER if "adam" in stack.fused  # else one kernel per op (compute doc)
+                  else compute.UNFUSED_ADAMW_BYTES_PER_PARAMETER)
     step_bytes = np.where(ds_fp16 & (np.asarray(zero) == 0), compute.DEEPSPEED_FP16_STEP_BYTES_PER_PARAMETER
-                          + compute.DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER, compute.ADAM_BYTES_PER_PARAMETER)
+                          + compute.DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER, adam_bytes)
     optimizer = compute.optimizer_step_time_s(owned, gpu, step_bytes)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
         linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
@@ -473,13 +479,60 @@ def fsdp2_copy_s(params_per_gpu: Array, gpu: GPUSpec, gathered_bytes: Array, red
     (:data:`FSDP2_GRAD_ELEMENT_BYTES`) and a write of ``reduce_bytes`` (4 for fp32 reduction) per element.
     Both are memory-bound copies at the GPU's HBM bandwidth on the compute stream, so they add to the stage's
     time rather than hide behind it. FSDP1 (llm-foundry, fms-fsdp, HF Accelerate) gathers straight into its
-    FlatParameter, whose parameters are views, and casts gradients on its post-backward stream: no such copies.
+    FlatParameter, whose parameters are views, and moves other bytes (:func:`fsdp1_passes_s`).
     Arrays broadcast. Units: s."""
     hbm = gpu.hbm_bandwidth_bytes_per_s
     gather = 2.0 * np.asarray(gathered_bytes, dtype=float) * np.asarray(params_per_gpu, dtype=float) / hbm
     copy_in = (FSDP2_GRAD_ELEMENT_BYTES + np.asarray(reduce_bytes, dtype=float)) * np.asarray(
         params_per_gpu, dtype=float) / hbm
     return gather, np.where(reshard_after_forward, gather, 0.0) + copy_in
+
+
+#: Bytes per element of the gradient FSDP1's autograd produces: the unsharded FlatParameter's dtype (bf16
+#: ``param_dtype`` of the mixed-precision policies that gather in 16 bits).
+FSDP1_GRAD_ELEMENT_BYTES = 2
+
+
+def fsdp1_passes_s(params_per_gpu: Array, gpu: GPUSpec, gathered_bytes: Array, reduce_bytes: Array, shard: Array,
+                   reshard_after_forward: Array = True, sharded_bytes: Array = 4):
+    """Time of FSDP1's memory passes per micro-batch, ``(forward_s, backward_s)``, for a stage holding
+    ``params_per_gpu`` parameters (unsharded over DP) on ``gpu``, sharded over ``shard`` ranks.
+
+    PyTorch FSDP1 (``torch/distributed/fsdp``, the FlatParameter of every wrapped block; Composer / llm-foundry,
+    fms-fsdp, HF Accelerate) gathers straight into the unsharded FlatParameter, whose original parameters are views
+    of it (``_flat_param.py`` ``_use_unsharded_views``: ``flat_param.split(...)`` then ``.view``). Per element of
+    the unsharded unit, it moves:
+
+    * before each all-gather, the cast of the local shard from its ``sharded_bytes`` (fp32 master parameters) to
+      the ``gathered_bytes`` low-precision shard (``_flat_param.py`` ``_use_low_precision_shard``, on the
+      pre-unshard stream): ``(sharded + gathered) / shard`` bytes, in forward and again in backward with
+      ``reshard_after_forward`` (none when the shard is already in the gathered dtype);
+    * in backward, the gradient of the views reaches the FlatParameter through the backward of ``split``, which is
+      a ``cat`` (``SplitWithSizesBackward``: read + write of :data:`FSDP1_GRAD_ELEMENT_BYTES` per element, on the
+      compute stream);
+    * then, on the post-backward stream (``_runtime_utils.py`` ``_post_backward_hook``), the cast of the unsharded
+      gradient to the reduce dtype when it differs (``flat_param.grad.to(reduce_dtype)``: 2 + ``reduce_bytes``)
+      and ``_reduce_grad``'s pre-division before the reduce-scatter (``_div_if_needed(padded_unsharded_grad,
+      gradient_predivide_factor)``: read + write of ``reduce_bytes``; the factor is above 1 for every shard
+      group of 2 or more, ``_init_utils.py`` ``_get_gradient_predivide_factor``).
+
+    Each pass is a memory-bound kernel at the GPU's HBM bandwidth whose grid fills every SM: the post-backward
+    stream's kernels start when the unit's backward ends and share the SMs with the next unit's backward kernels,
+    so their time adds (the overlap that hides a collective holds for NCCL's few CTAs,
+    :func:`hetplan.estimate.comm.overlap_contention`, not for full-grid kernels). FSDP2 moves other bytes
+    (:func:`fsdp2_copy_s`). Arrays broadcast. Units: s."""
+    hbm = gpu.hbm_bandwidth_bytes_per_s
+    p = np.asarray(params_per_gpu, dtype=float)
+    g, r = np.asarray(gathered_bytes, dtype=float), np.asarray(reduce_bytes, dtype=float)
+    n = np.maximum(np.asarray(shard, dtype=float), 1.0)
+    sb = np.asarray(sharded_bytes, dtype=float)
+    cast_shard = np.where(sb != g, (sb + g) / n, 0.0) * p / hbm
+    grad = FSDP1_GRAD_ELEMENT_BYTES
+    cat = 2.0 * grad
+    to_reduce = np.where(r != grad, grad + r, 0.0)
+    predivide = np.where(n >= 2, 2.0 * r, 0.0)
+    backward = (cat + to_reduce + predivide) * p / hbm
+    return cast_shard, np.where(reshard_after_forward, cast_shard, 0.0) + backward
 
 
 def compute_embedding_sync_s(m: ModelSpec, dtype: str, t: Array, link: Link):
