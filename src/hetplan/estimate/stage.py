@@ -208,10 +208,17 @@ def stage_costs(
         rho_a2a = overlap_contention(gpu, link.nccl_ctas)
         mlp_f = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                  if m.is_moe and moe_options.a2a_overlap else 0.0)
+        alone = moe.unpaired_pass_share(work.in_flight, num_microbatches)  # warm-up / cool-down passes, exposed
+
+        def exposed(f_s: Any, b_s: Any) -> Any:
+            if not moe_options.a2a_overlap:
+                return a2a
+            return (1.0 - alone) * moe.exposed_alltoall_s(a2a, f_s, b_s, rho_a2a, mlp_f) + alone * a2a
+
         if af is not None:
-            x = moe.exposed_alltoall_s(a2a, af, ab, rho_a2a, mlp_f) if moe_options.a2a_overlap else a2a
+            x = exposed(af, ab)
             af, ab, atp = af + x + kv_f, ab + x + kv_b, atp + 2 * x + kv_f + kv_b
-        x = moe.exposed_alltoall_s(a2a, lf, lb, rho_a2a, mlp_f) if moe_options.a2a_overlap else a2a
+        x = exposed(lf, lb)
         lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
         layer_a2a = 2 * x
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
