@@ -438,3 +438,33 @@ def test_estimate_charges_the_expert_bias_loop_more_with_more_local_experts():
 
     more8, more64 = step(8, True) - step(8, False), step(64, True) - step(64, False)
     assert more8 > more64 > 0
+
+
+def test_unpaired_passes_follow_megatron_combined_1f1b_warmup():
+    """Megatron-Core's combined 1F1B runs (pp - i - 1)·2 + (v - 1)·pp + 1 warm-up chunk forwards alone on stage i
+    (one more than the plain interleaved warm-up); over m·v chunk passes that is the in-flight count over m.
+    PP 8 × VP 4, 128 micro-batches: stage 0 39 of 512 chunks, the last stage 25; one stage: 1 of m."""
+    from hetplan.estimate.estimator import in_flight_microbatches
+
+    p, v, m = 8, 4, 128
+    for i in (0, 7):
+        warmup = (p - i - 1) * 2 + (v - 1) * p + 1
+        got = moe.unpaired_pass_share(in_flight_microbatches("1f1b", p, i, m, v), m)
+        assert got == pytest.approx(warmup / (m * v))
+    assert moe.unpaired_pass_share(in_flight_microbatches("1f1b", 1, 0, 16, 1), 16) == pytest.approx(1 / 16)
+    assert moe.unpaired_pass_share(in_flight_microbatches("1f1b", 4, 0, 2, 1), 2) == 1.0  # all warm-up
+    assert moe.unpaired_pass_share(3.0, None) == 0.0
+
+
+def test_overlap_hides_nothing_with_one_micro_batch():
+    """With one micro-batch per iteration there is no second micro-batch to pair with: the overlapped job costs
+    what the plain one does; with 16 it is faster."""
+    from hetplan.estimate.estimator import estimate
+
+    def step(gbs, overlap):
+        plan = _plan("qwen3-30b-a3b", 1, 1, 16, ep=16, gbs=gbs, imbalance=1.0)
+        job = plan.job.model_copy(update={"moe_a2a_overlap": overlap})
+        return estimate(plan.model_copy(update={"job": job})).iteration_time_s
+
+    assert step(16, True) == pytest.approx(step(16, False), rel=1e-12)
+    assert step(256, True) < step(256, False)

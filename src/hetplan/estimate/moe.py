@@ -427,6 +427,24 @@ def exposed_alltoall_s(alltoall_s: Array, forward_s: Array, backward_s: Array, c
     return np.maximum((pair - f - b) / 2, contention * a)
 
 
+def unpaired_pass_share(in_flight: Array, num_microbatches: Array):
+    """Share of a stage's forward passes (and as many backward passes) that run without a partner under the 1F1B
+    all-to-all overlap, their dispatch and combine exposed whole. Megatron-Core's combined 1F1B pairs a forward
+    with a backward only in the steady state: with interleaving the warm-up runs ``(pp - i - 1)·2 + (v - 1)·pp + 1``
+    model-chunk forwards alone on stage ``i`` — one more than the plain interleaved schedule ("we schedule one
+    extra micro-batch forward step before the 1f1b stages", ``get_pp_rank_microbatches``, Megatron-LM
+    ``megatron/core/pipeline_parallel/schedules.py``) — and the cool-down as many backwards; without a pipeline
+    the first forward and the last backward run alone (``combined_1f1b_schedule_for_no_pipelining``,
+    ``pipeline_parallel/combined_1f1b.py``). Over the ``m·v`` chunk passes that is the stage's in-flight
+    micro-batches over ``m`` (:func:`hetplan.estimate.estimator.in_flight_microbatches`: ``min(warm-up, m·v)/v``;
+    ``min(pp - i, m)`` without interleaving, 1 for one stage): ``min(1, in_flight / m)``. 0 where ``m`` is not
+    given. Arrays broadcast."""
+    if num_microbatches is None:
+        return 0.0
+    m = np.maximum(np.asarray(num_microbatches, dtype=float), 1.0)
+    return np.minimum(1.0, np.asarray(in_flight, dtype=float) / m)
+
+
 def overlap_pair_time_s(one_s: Array, attention_forward_s: Array, attention_backward_s: Array, mlp_forward_s: Array):
     """Time of one forward and one backward of a MoE layer run together as ``TransformerLayerSchedulePlan.run``
     orders them (:func:`exposed_alltoall_s`): two streams, each running its nodes in order, each node starting
