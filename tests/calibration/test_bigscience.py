@@ -87,3 +87,39 @@ def test_not_in_the_gpu_efficiency_fit():
 
     assert bs.SET in modern.SET_NAMES and bs.SET in modern.NOT_FITTED
     assert bs.SET not in modern_fit._FIT_SETS
+
+
+def _under(c, stack):
+    from hetplan.estimate.estimator import estimate
+
+    plan = c.plan.model_copy(update={"job": c.plan.job.model_copy(update={"stack": stack})})
+    return estimate(plan, model=c.model)
+
+
+def test_bf16_optimizer_terms_worked_example(loaded):
+    """The production step (bf16) under the 2022 release, whose BF16_Optimizer holds the state, against the same
+    plan under the 2021 release (DeepSpeed's ZeRO-1 optimizer): per GPU, 4 B per parameter of fp32 gradient
+    buffer, 18 B per parameter moved after every micro-batch's backward, and the gradient reduction an fp32
+    all-reduce where ZeRO-1 reduce-scatters."""
+    from hetplan.estimate.stage import BF16_ACCUMULATE_BYTES_PER_PARAMETER
+    from hetplan.hardware.catalog import load_catalog
+
+    cases, _ = loaded
+    c = next(c for c in cases if c.key.split(":")[2] == "production")
+    new, old = _under(c, "megatron-deepspeed@2022"), _under(c, "megatron-deepspeed@2021")
+    hbm = load_catalog().get(c.plan.pools[0].gpu).hbm_bandwidth_bytes_per_s
+    for a, b in zip(new.stages, old.stages):
+        params = (a.memory.gradients - b.memory.gradients) / memory.BF16_OPTIMIZER_GRAD_BYTES
+        assert a.memory.gradients == pytest.approx(3 * b.memory.gradients)  # (2 + 4) B against 2 B
+        assert params == pytest.approx(3.7e9, rel=0.1)  # six layers of 617 M on a middle stage, TP 4
+        assert a.backward_s - b.backward_s == pytest.approx(params * BF16_ACCUMULATE_BYTES_PER_PARAMETER / hbm)
+        assert a.forward_s == b.forward_s
+        assert a.dp_exposed_s > 1.4 * b.dp_exposed_s  # all-reduce (2x a reduce-scatter's traffic) + all-gather
+    assert new.iteration_time_s > old.iteration_time_s
+
+
+def test_measured_oom_rows_the_estimate_refuses():
+    refused = {r["key"].split(":", 2)[2] for r in bs.oom_check() if not r["fits"]}
+    # DP 48 at PP 1 (100.9 GiB), TP 2 x PP 6 x DP 32 at micro-batch 2, and the bf16 100-layer TP 4 x PP 6 x DP 16
+    # at micro-batch 2 (BF16_Optimizer's unpartitioned fp32 gradients: 51 GiB without them)
+    assert refused == {"lower-pp:tp8pp1dp48mb1", "tp-variations:tp2pp6dp32mb2", "rebalancing:tp4pp6dp16mb2"}

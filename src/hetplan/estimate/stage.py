@@ -306,7 +306,12 @@ def stage_costs(
     # ZeRO-0: all-reduce grads. ZeRO-1/2: reduce-scatter grads + all-gather updated weights (distributed optimizer),
     # once per iteration. ZeRO-3 / FSDP: per micro-batch, per unit (zero3_exposed_s).
     z3 = zero >= 3
+    # DeepSpeed's BF16_Optimizer (memory.bf16_optimizer_runs): ReduceGrads all-reduces its whole fp32 gradient
+    # buffer (pipe/engine.py _bf16_reduce_grads -> buffered_allreduce_fallback), and the step all-gathers the
+    # updated 16-bit partitions (bf16_optimizer.py step -> all_gather_dp_groups): all-reduce + all-gather.
+    bf16_opt = memory.bf16_optimizer_runs(options, zero)
     grad_sync = np.where(zero == 0, allreduce, reduce_scatter + param_gather)
+    grad_sync = np.where(bf16_opt, allreduce + param_gather, grad_sync)
     bucket_share = np.minimum(1.0, np.maximum(BUCKET_PARAMETERS, 1e6 * np.asarray(dp)) / np.maximum(params, 1.0))
     rho = overlap_contention(gpu, link.nccl_ctas)  # share of the SMs the overlapped NCCL kernels take from compute
     # Megatron-Core's distributed optimizer with --overlap-param-gather: the all-gather of the updated parameters
@@ -352,6 +357,7 @@ def stage_costs(
                      zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
                                      num_microbatches, overlap_grad_reduce, reshard_after_forward, rho)), 0.0,
     )
+    grad_exposed = np.where(bf16_opt, grad_sync, grad_exposed)  # reduced at the boundary, never overlapped
     dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter, num_microbatches * (
         (2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter)), grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
@@ -360,7 +366,10 @@ def stage_costs(
         compute_embedding_sync_s(m, dtype, t, link), 0.0,
     )
 
-    owned = dense / np.where(zero >= 1, dp_all, 1) + expert / np.where(zero >= 1, edp, 1)
+    owned = dense / np.where((zero >= 1) | bf16_opt, dp_all, 1) + expert / np.where((zero >= 1) | bf16_opt, edp, 1)
+    # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer after that micro-batch's
+    # backward, on the compute stream (pipe/engine.py _exec_backward_pass -> update_hp_grads)
+    bwd = bwd + np.where(bf16_opt, bf16_accumulation_time_s(params, gpu), 0.0)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
@@ -384,6 +393,20 @@ def stage_costs(
         params_per_gpu=params,
         alltoall_s=num_layers * np.asarray(layer_a2a, dtype=float) if m.is_moe else 0.0,
     )
+
+
+#: Bytes per parameter that DeepSpeed's BF16_Optimizer moves after every micro-batch's backward
+#: (``deepspeed/runtime/bf16_optimizer.py`` ``update_hp_grads``, one parameter at a time:
+#: ``hp_grad.add_(lp.grad.to(fp32))``): the cast reads the 2-byte gradient and writes a 4-byte copy (6 B), the
+#: in-place add reads the fp32 buffer and the copy and writes the buffer (12 B).
+BF16_ACCUMULATE_BYTES_PER_PARAMETER = 18.0
+
+
+def bf16_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec):
+    """Time of BF16_Optimizer's fp32 gradient accumulation after one micro-batch's backward (s): memory-bound,
+    :data:`BF16_ACCUMULATE_BYTES_PER_PARAMETER` per parameter of the stage at the GPU's memory bandwidth
+    (:func:`hetplan.estimate.compute.optimizer_step_time_s`'s rate)."""
+    return compute.optimizer_step_time_s(params_per_gpu, gpu, BF16_ACCUMULATE_BYTES_PER_PARAMETER)
 
 
 def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:
