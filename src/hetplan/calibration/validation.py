@@ -528,7 +528,8 @@ def per_tp(cases: list[Case]) -> dict[str, dict]:
     """:func:`metrics` of ``cases`` grouped by their plans' TP degree (first stage), keys ``"1"``, ``"2"`` …"""
     groups: dict[int, list[Case]] = {}
     for c in cases:
-        groups.setdefault(c.plan.stages[0].tp, []).append(c)
+        if c.plan is not None:
+            groups.setdefault(c.plan.stages[0].tp, []).append(c)
     return {str(tp): metrics(cs) for tp, cs in sorted(groups.items())}
 
 
