@@ -35,6 +35,7 @@ def test_every_row_is_predicted_or_listed_with_a_reason(run):
     assert total["moe_h100"] == 16 + 18 + len(_file_rows(modern.FILES["moe_h100"][2])) == 16 + 18 + 13
     nemo = _file_rows(modern.FILES["long_context_cp"][0])
     assert total["long_context_cp"] == len(nemo) + (len(titan) - total["torchtitan"]) + (len(llama) - 2)
+    assert total["bigscience_a100"] == len(_file_rows(modern.FILES["bigscience_a100"])) == 135
     for s in modern.SET_NAMES:
         for row in result[s]["not_expressible"]["rows"]:
             assert row["reason"] and row["key"].startswith(s)

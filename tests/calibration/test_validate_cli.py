@@ -36,7 +36,8 @@ def test_set_names_and_fields(result):
     assert set(result["sets"]) == {"vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1",
                                    "korthikanti_table5", "aceso_v100", "fasop_layers", "espresso_hetero",
                                    "dgxc_h100", "dgxc_gb200", "torchtitan", "llama3_405b", "megatron_lm_h100",
-                                   "moe_h100", "long_context_cp", "independent_h100", "serving", "energy"}
+                                   "moe_h100", "long_context_cp", "bigscience_a100", "independent_h100", "serving",
+                                   "energy", "nemo_megatron_a100"}
     for r in result["sets"].values():
         assert {"n", "mape", "max_abs_error", "signed_median", "kendall_tau"} <= set(r)
         assert abs(r["signed_median"]) <= r["max_abs_error"] / (1 - r["max_abs_error"]) + 1e-12
@@ -46,6 +47,8 @@ def test_set_names_and_fields(result):
     assert result["sets"]["korthikanti_table5"]["n"] == 8
     assert result["sets"]["fasop_layers"]["n"] == 33
     assert result["sets"]["espresso_hetero"]["n"] == 9
+    assert result["sets"]["bigscience_a100"]["n"] == 128
+    assert result["sets"]["nemo_megatron_a100"]["n"] == 31
 
 
 @pytest.mark.parametrize("name", list(BOUNDS))
@@ -133,6 +136,7 @@ def test_per_stack_table_partitions_the_rows(result):
     assert sum(r["n"] for r in stacks.values()) == sum(r["n"] for k, r in result["sets"].items() if k != "energy")
     for r in stacks.values():
         assert {"n", "mape", "signed_median", "max_abs_error", "sets"} <= set(r) and r["sets"]
-    assert stacks["megatron-deepspeed"]["sets"] == ["vtrain_multi_node", "vtrain_single_node"]
-    assert {"dgxc_h100", "dgxc_gb200"} <= set(stacks["nemo"]["sets"])
+    assert stacks["megatron-deepspeed"]["sets"] == ["bigscience_a100", "nemo_megatron_a100", "vtrain_multi_node",
+                                                    "vtrain_single_node"]
+    assert {"dgxc_h100", "dgxc_gb200", "nemo_megatron_a100"} <= set(stacks["nemo"]["sets"])
     assert {"llm-foundry", "fms-fsdp", "torchtitan", "deepspeed"} <= set(stacks)

@@ -393,3 +393,78 @@ def test_torch_grouped_mm_on_blackwell_matches_torchao_benchmark(shape):
     assert moe.grouped_gemm_ceiling(gpu, "bf16", "megatron") == fp8.gemm_ceiling(gpu, "bf16")
     assert moe.grouped_gemm_ceiling(load_catalog().get("H100-SXM"), "bf16", "fsdp") == \
         fp8.gemm_ceiling(load_catalog().get("H100-SXM"), "bf16")
+
+
+def test_expert_bias_loop_bytes_and_kernels_worked_example():
+    """GPT-OSS 120B (128 experts, top-4, h 2,880, f_e 2,880, biased experts) at EP 8, one 4,096-token micro-batch:
+    Megatron-Core's ``TEGroupedMLP._apply_bias`` loops over the 16 local experts for the FC2 bias (``b * p``, the
+    add: 2 kernels each, then one ``cat``): 33 kernels, 16,384 routed copies x 2,880 x 12 B = 0.566 GB; NeMo
+    AutoModel's ``gmm`` path adds the FC1 bias the same way (one add per expert + ``cat``: 17 more kernels,
+    8 B x 5,760 more per copy)."""
+    from hetplan.hardware.catalog import get_gpu
+
+    m, g = load_model("gpt-oss-120b"), get_gpu("H100-SXM")
+    assert moe.expert_bias_kernels(m, 8) == 33
+    assert moe.expert_bias_kernels(m, 8, "fsdp") == 33 + 17
+    copies = 4 * 4096
+    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8) * g.hbm_bandwidth_bytes_per_s == pytest.approx(
+        copies * 2880 * 12)
+    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8, framework="fsdp") * g.hbm_bandwidth_bytes_per_s == \
+        pytest.approx(copies * (2880 * 12 + 5760 * 8))
+    # the busiest rank's copies: imbalance and expert-TP (the copies all-gathered over the etp group, FC1 split)
+    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8, imbalance=1.25) == pytest.approx(
+        1.25 * moe.expert_bias_time_s(m, g, 1, 4096, 1, 8))
+    # counted once per layer in the host floor with the other MoE kernels
+    assert moe.extra_kernels(m, 8) - moe.extra_kernels(m.model_copy(update={"linear_bias": False}), 8) == 33
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b", "llama3-8b"])
+def test_expert_bias_costs_nothing_without_biases(name):
+    from hetplan.hardware.catalog import get_gpu
+
+    m = load_model(name)
+    assert moe.expert_bias_kernels(m, 8) == 0.0 and moe.expert_bias_kernels(m, 8, "fsdp") == 0.0
+    assert moe.expert_bias_time_s(m, get_gpu("H100-SXM"), 1, 4096, 1, 8) == 0.0
+
+
+def test_estimate_charges_the_expert_bias_loop_more_with_more_local_experts():
+    """GPT-OSS 120B on 64 H100 (DP 64): the eager loop's launches grow with the local experts, so with biases
+    the step is slower, and by more at EP 8 (16 local experts) than at EP 64 (2)."""
+    from hetplan.estimate.estimator import estimate
+
+    def step(ep, bias):
+        p = _plan("gpt-oss-120b", 1, 1, 64, ep=ep, gbs=128, imbalance=1.0)
+        return estimate(p, model=load_model("gpt-oss-120b").model_copy(update={"linear_bias": bias})).iteration_time_s
+
+    more8, more64 = step(8, True) - step(8, False), step(64, True) - step(64, False)
+    assert more8 > more64 > 0
+
+
+def test_unpaired_passes_follow_megatron_combined_1f1b_warmup():
+    """Megatron-Core's combined 1F1B runs (pp - i - 1)·2 + (v - 1)·pp + 1 warm-up chunk forwards alone on stage i
+    (one more than the plain interleaved warm-up); over m·v chunk passes that is the in-flight count over m.
+    PP 8 × VP 4, 128 micro-batches: stage 0 39 of 512 chunks, the last stage 25; one stage: 1 of m."""
+    from hetplan.estimate.estimator import in_flight_microbatches
+
+    p, v, m = 8, 4, 128
+    for i in (0, 7):
+        warmup = (p - i - 1) * 2 + (v - 1) * p + 1
+        got = moe.unpaired_pass_share(in_flight_microbatches("1f1b", p, i, m, v), m)
+        assert got == pytest.approx(warmup / (m * v))
+    assert moe.unpaired_pass_share(in_flight_microbatches("1f1b", 1, 0, 16, 1), 16) == pytest.approx(1 / 16)
+    assert moe.unpaired_pass_share(in_flight_microbatches("1f1b", 4, 0, 2, 1), 2) == 1.0  # all warm-up
+    assert moe.unpaired_pass_share(3.0, None) == 0.0
+
+
+def test_overlap_hides_nothing_with_one_micro_batch():
+    """With one micro-batch per iteration there is no second micro-batch to pair with: the overlapped job costs
+    what the plain one does; with 16 it is faster."""
+    from hetplan.estimate.estimator import estimate
+
+    def step(gbs, overlap):
+        plan = _plan("qwen3-30b-a3b", 1, 1, 16, ep=16, gbs=gbs, imbalance=1.0)
+        job = plan.job.model_copy(update={"moe_a2a_overlap": overlap})
+        return estimate(plan.model_copy(update={"job": job})).iteration_time_s
+
+    assert step(16, True) == pytest.approx(step(16, False), rel=1e-12)
+    assert step(256, True) < step(256, False)

@@ -125,11 +125,29 @@ def test_fsdp2_copies_worked_example():
     assert float(keep) == pytest.approx((2 + 2) * 1e9 / 2e12)
 
 
-def test_fsdp2_stack_pays_its_copies_and_fsdp1_does_not():
-    """The same FSDP plan under torchtitan (FSDP2) and fms-fsdp (FSDP1 FlatParameters, no copies): per
-    micro-batch, the forward differs by FSDP2's copy-out and the backward by its copy-out and copy-in; in a
-    pipeline the copies run once per step, exposed."""
-    from hetplan.estimate.stage import fsdp2_copy_s
+def test_fsdp1_passes_worked_example():
+    """FSDP1's passes per micro-batch: the cast of the fp32 shard to the bf16 one before each all-gather
+    ((4 + 2) / shard per element), and in backward the cat of the views' gradients (2 + 2), the cast to an fp32
+    reduce dtype (2 + 4) and the pre-division (4 + 4), at the GPU's HBM bandwidth."""
+    from types import SimpleNamespace
+
+    from hetplan.estimate.stage import fsdp1_passes_s
+
+    gpu = SimpleNamespace(hbm_bandwidth_bytes_per_s=2e12)
+    f, b = fsdp1_passes_s(1e9, gpu, 2, 4, 8)  # 1e9 parameters, bf16 gather, fp32 reduce, 8 shards
+    assert float(f) == pytest.approx(6 / 8 * 1e9 / 2e12)  # 0.375 ms
+    assert float(b) == pytest.approx(float(f) + (4 + 6 + 8) * 1e9 / 2e12)  # re-gather cast + 9 ms
+    _, bf16 = fsdp1_passes_s(1e9, gpu, 2, 2, 8, reshard_after_forward=False)  # bf16 reduce: no cast, 2 B divide
+    assert float(bf16) == pytest.approx((4 + 4) * 1e9 / 2e12)
+    _, alone = fsdp1_passes_s(1e9, gpu, 2, 2, 1, reshard_after_forward=False, sharded_bytes=2)  # nothing to divide
+    assert float(alone) == pytest.approx(4 * 1e9 / 2e12)
+
+
+def test_fsdp2_and_fsdp1_stacks_pay_their_own_passes():
+    """The same FSDP plan under torchtitan (FSDP2: copy-out and copy-in) and fms-fsdp (FSDP1: shard cast, gradient
+    cat, cast and pre-division; bf16 reduce-scatter here): per micro-batch, the forward and backward differ by the
+    two stacks' passes and nothing else; in a pipeline they run once per step, exposed."""
+    from hetplan.estimate.stage import fsdp1_passes_s, fsdp2_copy_s
     from hetplan.hardware.catalog import load_catalog
     from hetplan.plan import GPUPool, Job, Plan, Stage
 
@@ -138,7 +156,7 @@ def test_fsdp2_stack_pays_its_copies_and_fsdp1_does_not():
                             attention_kernel="fa2"),
                     pools=[GPUPool(gpu="H100-SXM", count=32 * pp)],
                     stages=[Stage(num_layers=32 // pp, tp=1, dp=32, recompute="full") for _ in range(pp)],
-                    mbs=1, zero=3)
+                    mbs=1, zero=3, grad_reduce_dtype="fp32")
 
     two, one = estimate(plan("torchtitan")), estimate(plan("fms-fsdp"))
     s2, s1 = two.stages[0], one.stages[0]
@@ -146,10 +164,92 @@ def test_fsdp2_stack_pays_its_copies_and_fsdp1_does_not():
     from hetplan.model.spec import load_model
 
     params = memory.stage_parameters(load_model("llama2-7b"), 32, True, True, True)  # TP 1: all of them
-    f, b = fsdp2_copy_s(params, load_catalog().get("H100-SXM"), 2, 4)
-    assert s2.forward_s - s1.forward_s == pytest.approx(float(f), rel=1e-6)
-    assert s2.backward_s - s1.backward_s == pytest.approx(float(b), rel=1e-6)
-    assert two.iteration_time_s > one.iteration_time_s
+    h100 = load_catalog().get("H100-SXM")
+    f2, b2 = fsdp2_copy_s(params, h100, 2, 4)
+    f1, b1 = fsdp1_passes_s(params, h100, 2, 4, 32)
+    assert s2.forward_s - s1.forward_s == pytest.approx(float(f2 - f1), rel=1e-6)
+    assert s2.backward_s - s1.backward_s == pytest.approx(float(b2 - b1), rel=1e-6)
+    assert float(b1) > float(b2)  # FSDP1's cat and pre-division move more than FSDP2's copy-in
     p2, p1 = estimate(plan("torchtitan", pp=2)), estimate(plan("fms-fsdp", pp=2))
     assert p2.stages[0].forward_s == pytest.approx(p1.stages[0].forward_s, rel=1e-12)  # not per micro-batch
-    assert p2.dp_exposed_time_s > p1.dp_exposed_time_s
+    assert p1.dp_exposed_time_s > p2.dp_exposed_time_s  # the larger FSDP1 passes, exposed once per step
+
+
+def test_unfused_adamw_stack_pays_its_passes():
+    """llm-foundry's Composer DecoupledAdamW (no fused Adam in the stack) moves 80 B per owned parameter where a
+    fused AdamW moves 30: the same FSDP1 plan's optimizer step under llm-foundry and fms-fsdp is 80 / 30."""
+    from hetplan.estimate.compute import ADAM_BYTES_PER_PARAMETER, UNFUSED_ADAMW_BYTES_PER_PARAMETER
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    def step(stack):
+        p = Plan(job=Job(model="llama2-7b", seq_len=2048, global_batch=64, framework="fsdp", stack=stack,
+                         attention_kernel="fa2"),
+                 pools=[GPUPool(gpu="H100-SXM", count=32)], stages=[Stage(num_layers=32, tp=1, dp=32)],
+                 mbs=2, zero=3)
+        return estimate(p).optimizer_time_s
+
+    assert step("llm-foundry") / step("fms-fsdp") == pytest.approx(
+        UNFUSED_ADAMW_BYTES_PER_PARAMETER / ADAM_BYTES_PER_PARAMETER, rel=1e-9)
+
+
+def test_fsdp1_gathers_fp8_runs_in_bf16():
+    """torchao's float8 all-gather is an FSDP2 extension: under an FSDP1 stack (llm-foundry's Transformer Engine
+    FP8 rows) the unsharded units and the all-gathers stay bf16, so the FP8 plan holds the same gathered weights
+    as the bf16 one; under torchtitan (FSDP2) FP8 halves the gathered linear weights."""
+    from hetplan.estimate.fp8 import gathered_weight_bytes
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    assert gathered_weight_bytes("fp8", "fsdp") == 1 and gathered_weight_bytes("fp8", "fsdp", fsdp1=True) == 2
+
+    def weights(stack, dtype):
+        p = Plan(job=Job(model="llama2-7b", seq_len=2048, global_batch=64, framework="fsdp", stack=stack,
+                         attention_kernel="fa2", dtype=dtype, torch_compile=True),
+                 pools=[GPUPool(gpu="H100-SXM", count=8)], stages=[Stage(num_layers=32, tp=1, dp=8)],
+                 mbs=2, zero=3)
+        return estimate(p).memory_bytes_per_gpu.weights
+
+    assert weights("llm-foundry", "fp8") == pytest.approx(weights("llm-foundry", "bf16"), rel=1e-12)
+    assert weights("torchtitan", "fp8") < weights("torchtitan", "bf16")
+
+
+def test_fsdp_root_unit_parameters():
+    """FSDP's root unit holds what is outside the layers: Llama 3 8B's untied embedding and output (2·V·h) and the
+    final norm (h) on a single stage; nothing on a middle pipeline stage; DeepSpeed ZeRO-3 keeps even units."""
+    from hetplan.estimate import memory
+    from hetplan.estimate.stage import fsdp_root_parameters
+    from hetplan.model.spec import load_model
+
+    m = load_model("llama3-8b")
+    whole = memory.stage_parameters(m, m.num_layers, True, True, True)
+    layers = m.num_layers * memory.layer_parameters_per_gpu(m, 1)
+    root = float(fsdp_root_parameters(whole, layers, "fsdp"))
+    assert root == pytest.approx(2 * m.vocab_size * m.hidden_size + m.hidden_size, rel=1e-9)
+    assert root > 4 * float(memory.layer_parameters_per_gpu(m, 1))  # 1.05 B: 4.8 layers
+    middle = memory.stage_parameters(m, 8, False, False, False)
+    assert float(fsdp_root_parameters(middle, 8 * memory.layer_parameters_per_gpu(m, 1), "fsdp")) == 0.0
+    assert float(fsdp_root_parameters(whole, layers, "deepspeed")) == 0.0
+
+
+def test_fsdp_root_unit_is_exposed_every_micro_batch():
+    """Growing the root unit (a larger vocabulary, same layers) adds its whole all-gather and reduce-scatter to the
+    exposed time of each micro-batch: at least its bytes over the node's network at full speed, where units split
+    evenly over the layers would expose about 1/L of it."""
+    from hetplan.model.spec import load_model
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    base = load_model("llama3-8b")
+
+    def exposed(vocab: int, microbatches: int) -> float:
+        m = base.model_copy(update={"vocab_size": vocab, "name": f"llama3-8b-v{vocab}"})
+        p = Plan(job=Job(model="llama3-8b", seq_len=8192, global_batch=128 * microbatches, framework="fsdp",
+                         stack="torchtitan@2025-10"),
+                 pools=[GPUPool(gpu="H100-SXM", count=128)], stages=[Stage(num_layers=32, tp=1, dp=128)],
+                 mbs=1, zero=3, grad_reduce_dtype="fp32")
+        return estimate(p, model=m).dp_exposed_time_s
+
+    extra_params = 2 * (256_000 - 128_256) * base.hidden_size  # untied embedding and output
+    node_bytes_per_s = 8 * 400e9 / 8  # a DGX H100's 8 x 400 Gb/s NICs (nodes.toml), at full speed
+    # each node receives the other 15 nodes' shards of the bf16 gather and sends as much of the fp32 reduce-scatter
+    floor = extra_params * (2 + 4) * (120 / 128) / node_bytes_per_s  # 14.7 ms; even units: about 1/32 of it
+    for mb in (1, 2):
+        assert exposed(256_000, mb) - exposed(128_256, mb) >= mb * floor

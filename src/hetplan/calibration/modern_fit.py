@@ -188,13 +188,17 @@ def fit_p2p_call(cases: list) -> P2PCallFit | None:
                       _pair_metrics(held, CommConstants(p2p_call_s=call)))
 
 
-def fit_cases(sets: Iterable[str] = modern.SET_NAMES, catalog: Catalog | None = None) -> list:
-    """The rows the fit draws on (module doc): the expressible dense rows without CP of the modern ``sets``."""
+_FIT_SETS = tuple(n for n in modern.SET_NAMES if n not in modern.NOT_FITTED)
+
+
+def fit_cases(sets: Iterable[str] = _FIT_SETS, catalog: Catalog | None = None) -> list:
+    """The rows the fit draws on (module doc): the expressible dense rows without CP of the modern ``sets``
+    (by default every modern set but :data:`hetplan.calibration.modern.NOT_FITTED`)."""
     return [c for cs, _ in modern.load_sets(sets, catalog).values() for c in cs
             if not getattr(c.model, "num_experts", 0) and c.info.get("cp", 1) == 1]
 
 
-def fit_modern(sets: Iterable[str] = modern.SET_NAMES, catalog: Catalog | None = None) -> list[EfficiencyFit]:
+def fit_modern(sets: Iterable[str] = _FIT_SETS, catalog: Catalog | None = None) -> list[EfficiencyFit]:
     """Fit every (GPU, dtype) that has calibration rows among :func:`fit_cases`."""
     catalog = catalog or load_catalog()
     cases = fit_cases(sets, catalog)

@@ -14,7 +14,8 @@ enough public rows for that: MosaicML llm-foundry (77 H100 rows of its benchmark
   identify it, and the rows that ran flash-attn 2 (``sweep.py --attn_impl flash``) do not depend on it.
 * ``gemm_factor``: the stack's residual GEMM efficiency (:attr:`hetplan.hardware.stacks.StackSpec.gemm_factor`)
   on the GPU's fitted ``compute_efficiency`` — what eager Composer/FSDP1 around the same cuBLAS GEMMs loses that
-  the modelled terms (eager element-wise kernels, FSDP1 collectives) do not charge.
+  the modelled terms (eager element-wise kernels, FSDP1 collectives, FSDP1's gradient passes, the unfused
+  DecoupledAdamW step) do not charge.
 
 How: least squares on log(predicted / measured) over the calibration rows (Nelder-Mead on the two), bounded.
 The values enter the package data by hand, in a reviewed commit, with this provenance (``gpus.toml`` H100

@@ -447,6 +447,12 @@ def fasop_summary(cases: list[Case], c: Constants = DEFAULT) -> dict:
         "peak_ratio": cat.get("A100-SXM-40GB").peak_flops_per_s("fp16") / cat.get("A10G").peak_flops_per_s("fp16")}}
 
 
+def _stacks_2022_cases() -> list[Case]:
+    from hetplan.calibration import stacks_2022  # the set's own module imports this one
+
+    return stacks_2022.cases()
+
+
 #: The registry of validation sets: name -> loader of its cases, in report order. A new set is a module of
 #: :mod:`hetplan.calibration` with a loader, added here (and a target in :data:`TARGETS` if it has one).
 SETS: dict[str, Callable[[], list[Case]]] = {
@@ -457,6 +463,7 @@ SETS: dict[str, Callable[[], list[Case]]] = {
     "aceso_v100": aceso_cases,
     "fasop_layers": fasop_cases,
     "espresso_hetero": espresso_hetero_cases,
+    "nemo_megatron_a100": lambda: _stacks_2022_cases(),
 }
 #: Names of :data:`SETS`, in report order.
 SET_NAMES = tuple(SETS)
@@ -517,6 +524,15 @@ def metrics(cases: list[Case]) -> dict:
     }
 
 
+def per_tp(cases: list[Case]) -> dict[str, dict]:
+    """:func:`metrics` of ``cases`` grouped by their plans' TP degree (first stage), keys ``"1"``, ``"2"`` …"""
+    groups: dict[int, list[Case]] = {}
+    for c in cases:
+        if c.plan is not None:
+            groups.setdefault(c.plan.stages[0].tp, []).append(c)
+    return {str(tp): metrics(cs) for tp, cs in sorted(groups.items())}
+
+
 def run_validation(sets: Iterable[str] = SET_NAMES, constants: Constants = DEFAULT) -> tuple[dict, list[Case]]:
     """Predict every case under ``constants``; return ``({"sets": {name: metrics + held_out + calibration}},
     cases)``."""
@@ -533,6 +549,8 @@ def run_validation(sets: Iterable[str] = SET_NAMES, constants: Constants = DEFAU
             res["held_out"] = metrics([c for c in cs if not c.is_calibration])
         if name == "fasop_layers" and cs:
             res.update(fasop_summary(cs, constants))
+        if name == "nemo_megatron_a100" and cs:  # the issue's view: the error by TP degree
+            res["per_tp"] = per_tp(cs)
         out[name] = res
     return {"sets": out, "targets": TARGETS}, cases
 

@@ -631,6 +631,17 @@ def head_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: A
 ADAM_BYTES_PER_PARAMETER = 30.0
 
 
+#: Bytes moved per parameter by an AdamW step that runs one kernel per tensor operation, for stacks whose ``fused``
+#: lacks ``adam``: Composer's ``DecoupledAdamW`` (llm-foundry's ``optimizer: decoupled_adamw``;
+#: ``composer/optim/decoupled_weight_decay.py`` ``DecoupledAdamW.adamw``, a Python loop over the parameters), on fp32
+#: tensors: ``exp_avg.mul_`` (4 + 4) ``.add_(grad)`` (4 + 4 + 4), ``exp_avg_sq.mul_`` (4 + 4)
+#: ``.addcmul_(grad, grad)`` (4 + 4 + 4), ``exp_avg_sq.sqrt()`` (4 + 4), ``/ sqrt(bias_correction2)`` (4 + 4),
+#: ``.add_(eps)`` (4 + 4), ``param.addcdiv_(exp_avg, denom)`` (4 + 4 + 4 + 4): 80 B, against the fused step's 30
+#: (:data:`ADAM_BYTES_PER_PARAMETER`). Its weight-decay ``param.mul_`` runs only with ``weight_decay != 0`` (0 in
+#: llm-foundry's MPT pretraining YAMLs) and is not charged; nor is the gradient clipping any stack runs.
+UNFUSED_ADAMW_BYTES_PER_PARAMETER = 80.0
+
+
 #: Bytes moved per parameter by DeepSpeed's ``FP16_Optimizer.step`` (ZeRO-0 with fp16,
 #: ``deepspeed/runtime/fp16/fused_optimizer.py``), pass by pass: the overflow check
 #: (``CheckOverflow.has_overflow_serial`` → ``_has_inf_or_nan``: ``float(x.float().sum())`` on each fp16 gradient,

@@ -202,10 +202,14 @@ def weight_copy_bytes(linear_parameters: Array, recipe_name: str, framework: str
     return np.asarray(linear_parameters, dtype=float) * per
 
 
-def gathered_weight_bytes(dtype: str, framework: str) -> int:
+def gathered_weight_bytes(dtype: str, framework: str, fsdp1: bool = False) -> int:
     """Bytes per parameter of the data-parallel parameter all-gathers (distributed optimizer, FSDP): 1 under FP8
-    with FP8 parameters (``megatron``, ``fp8_param_gather``) or torchao's float8 all-gather (``fsdp``), else 2."""
-    return OPERAND_BYTES if is_fp8(dtype) and framework in ("megatron", "fsdp") else 2
+    with FP8 parameters (``megatron``, ``fp8_param_gather``) or torchao's float8 all-gather (``fsdp``), else 2.
+    ``fsdp1``: an FSDP1 stack (``optimizer_memory = "fsdp1"``) gathers its FlatParameters in the mixed-precision
+    ``param_dtype`` (2 B): torchao's float8 all-gather is an FSDP2 extension (``fsdp_pre_all_gather`` /
+    ``fsdp_post_all_gather`` of ``torch.distributed.fsdp`` ``fully_shard``), and Transformer Engine's ``te.Linear``
+    under FSDP1 (llm-foundry's ``amp_fp8``) casts its gathered bf16 weight itself."""
+    return OPERAND_BYTES if is_fp8(dtype) and framework in ("megatron", "fsdp") and not fsdp1 else 2
 
 
 def mixed_gathered_weight_bytes(fp8_bytes: Array, linear_parameters: Array, parameters: Array):

@@ -59,7 +59,10 @@ Attention: with ``attention="flash"`` (FlashAttention, Dao et al. 2022) no s x s
     Under ZeRO-1/2 (``runtime/zero/stage_1_and_2.py``) the model states are 16-bit weights and 16-bit ``.grad``
     (partitioned under ZeRO-2), fp32 master weights and Adam moments of the owned partition only
     (``single_partition_of_fp32_groups``), no fp32 gradient buffer; the step adds one fp32 copy of the owned
-    gradient partition (4 B per owned parameter).
+    gradient partition (4 B per owned parameter). Under DeepSpeed's BF16_Optimizer (bf16 on a stack with
+    ``bf16_optimizer``, :func:`bf16_optimizer_runs`) the gradients are the 16-bit ``.grad`` plus an fp32 buffer of
+    every parameter of the stage (:data:`BF16_OPTIMIZER_GRAD_BYTES`, not partitioned), the fp32 master weights
+    and moments those of the owned partition, and the step copies nothing.
     Megatron-LM's optimizer uses its fp32 main-gradient buffer (the 4-byte gradients above) directly;
 
 * :data:`ALLOCATOR_MARGIN` of the allocated bytes: caching-allocator fragmentation (reserved minus allocated;
@@ -111,6 +114,13 @@ DEEPSPEED_GRAD_BYTES = 2
 #: DeepSpeed FP16_Optimizer.step: fp32 copy of each gradient plus their flattened concatenation, 4 + 4 B per owned
 #: parameter (measured: the step raises the peak by 8.00 B per parameter on every traced stage it dominates).
 DEEPSPEED_STEP_BYTES = 8
+#: DeepSpeed's BF16_Optimizer (``deepspeed/runtime/bf16_optimizer.py``): ``fp32_groups_gradients_flat``, an fp32
+#: gradient of every parameter of the stage, not partitioned over DP (the 16-bit ``.grad`` of each micro-batch is
+#: added to it; BigScience: "the additional memory usage is 4bytes x params and it's not sharded across gpus",
+#: tr11-176B-ml/chronicles-prequel.md, Rebalancing layers). Its fp32 master weights and Adam moments are those of
+#: the owned partition (``fp32_groups_flat_partition``: ZeRO-1's 12/dp); the step reads them through views of
+#: this buffer, no copy.
+BF16_OPTIMIZER_GRAD_BYTES = 4
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 #: Bytes per logit at the peak of a PyTorch cross-entropy (``framework = "fsdp"``), by
 #: :attr:`hetplan.plan.Plan.cross_entropy` — against Megatron's fused vocab-parallel loss (the ``head`` term and
@@ -344,6 +354,15 @@ class StageMemory:
     transient: Any
 
 
+def bf16_optimizer_runs(options: TrainingOptions, zero: Array) -> Array:
+    """Whether DeepSpeed's BF16_Optimizer holds the job's optimizer state (:attr:`hetplan.hardware.stacks.
+    StackSpec.bf16_optimizer`: its stack sends bf16 runs of the pipeline engine there): ``framework =
+    "deepspeed"``, bf16, ZeRO 0 or 1 (it partitions the fp32 state over DP itself, "its own zero stage 1
+    equivalent" under ds_config stage 0; ZeRO-2/3 run their own optimizers). Arrays broadcast over ``zero``."""
+    on = options.framework == "deepspeed" and options.dtype == "bf16" and options.stack_spec().bf16_optimizer
+    return np.asarray(on) & (np.asarray(zero) <= 1)
+
+
 def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options: TrainingOptions) -> StageMemory:
     """Peak memory per GPU of one stage (:class:`StageMemory`, bytes):
     ``weights``, ``gradients``, ``optimizer``, ``activations``, ``overhead``, ``total``, and ``transient`` (the
@@ -434,7 +453,8 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         shard = dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all)
         eshard = edp if fsdp_shard is None else np.minimum(fsdp_shard, edp)
         units = FSDP_UNITS_IN_FLIGHT if reshard_after_forward else np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT)
-        gathered = WEIGHT_BYTES if fp8_recipe is None else fp8.gathered_weight_bytes(fp8.FP8, framework)
+        gathered = WEIGHT_BYTES if fp8_recipe is None else fp8.gathered_weight_bytes(
+            fp8.FP8, framework, options.stack_spec().optimizer_memory == "fsdp1")
         # In a pipeline (more than one stage) every unit of the stage stays unsharded from its first micro-batch
         # to its last, with its accumulated unsharded gradient (FSDP_PIPELINE_GRAD_BYTES); the embedding and
         # head are the root unit's, gathered in 16 bits (float8 converts linear layers only).
@@ -466,8 +486,12 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         # reduced under ZeRO-2) and fp32 master weights only for the owned partition
         # (single_partition_of_fp32_groups, in OPTIMIZER_BYTES); no fp32 gradient buffer of the whole model.
         ds_zero = (framework == "deepspeed") & (zero >= 1)
+        bf16_opt = bf16_optimizer_runs(options, zero)
         grads = split(np.where(ds_zero | grad16, GRAD16_BYTES, GRAD_BYTES), level(2, dp_all), level(2, edp))
-        optim = split(OPTIMIZER_BYTES, level(1, dp_all), level(1, edp))
+        # BF16_Optimizer: the 16-bit .grad of the last micro-batch plus the whole fp32 accumulation buffer
+        grads = np.where(bf16_opt, split(GRAD16_BYTES + BF16_OPTIMIZER_GRAD_BYTES, 1, 1), grads)
+        optim = split(OPTIMIZER_BYTES, np.where(bf16_opt, dp_all, level(1, dp_all)),
+                      np.where(bf16_opt, edp, level(1, edp)))
 
     rc = np.asarray({"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else recompute)
     sp = np.asarray(sequence_parallel)
@@ -546,10 +570,12 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         # backward pass: the sum, as measured on the traces; plus the 16-bit grads; or the optimizer step.
         # ZeRO-1/2: the 16-bit grads are ``grads`` already, and the step makes one fp32 copy of the owned
         # gradient partition (stage_1_and_2.py ``single_grad_partition``): 4 B per owned parameter.
-        zero_12 = np.asarray(zero) >= 1
+        # BF16_Optimizer: its gradients are ``grads`` already and its step works on views of them (no copy).
+        bf16_opt = bf16_optimizer_runs(options, zero)
+        zero_12 = (np.asarray(zero) >= 1) | bf16_opt
         grad16_bytes = np.where(zero_12, 0.0, DEEPSPEED_GRAD_BYTES * grads / GRAD_BYTES)
         train = backward + logits + grad16_bytes
-        step_bytes = np.where(zero_12, MAIN_GRAD_COPY_BYTES, DEEPSPEED_STEP_BYTES)
+        step_bytes = np.where(bf16_opt, 0.0, np.where(zero_12, MAIN_GRAD_COPY_BYTES, DEEPSPEED_STEP_BYTES))
         step = grad16_bytes + step_bytes * optim / OPTIMIZER_BYTES - activations  # activations freed
         transient = np.maximum(train, step)
     else:

@@ -99,12 +99,64 @@ def extra_kernels(m: ModelSpec, ep: Array, framework: str = "megatron"):
     cuBLAS GEMM per local expert and matrix (``nvte_multi_stream_cublas_gemm``, TransformerEngine
     ``common/gemm/cublaslt_gemm.cu``): ``2·E/ep``; PyTorch's ``torch._grouped_mm`` (torchtitan, NeMo AutoModel
     ``experts: torch_mm``) and the ``grouped_gemm`` kernel (``gmm``) launch one per matrix (``framework="fsdp"``):
-    2 — and a shared expert's two GEMMs and activation (3). 0 for a dense model."""
+    2 — a shared expert's two GEMMs and activation (3), and the per-expert bias kernels of biased experts
+    (:func:`expert_bias_kernels`). 0 for a dense model."""
     if not m.is_moe:
         return 0.0
     gemms = 2.0 if framework == "fsdp" else 2.0 * m.num_experts / np.asarray(ep, dtype=float)
     shared = 3.0 if m.shared_expert_ffn_hidden_size else 0.0
-    return (MOE_EXTRA_KERNELS + gemms + shared) * m.num_moe_layers / m.num_layers
+    return (MOE_EXTRA_KERNELS + gemms + shared + expert_bias_kernels(m, ep, framework)) * m.num_moe_layers / m.num_layers
+
+
+#: Bytes per element of a routed expert GEMM's output that adding its per-expert bias moves, as the frameworks'
+#: eager loop over the local experts runs it (``for t, b, p in zip(torch.split(out, tokens_per_expert), biases,
+#: torch.split(probs, ...))``, then ``torch.cat``; 2-byte elements, each kernel one read of its inputs and one
+#: write of its output). The second expert GEMM's (FC2) bias is weighted by the router probability: ``b * p``
+#: (write 2), ``t + b * p`` (read 2 + 2, write 2), ``torch.cat`` (read 2, write 2): 12, and three kernels per
+#: local expert... two (``b * p``, the add) plus one ``cat`` — Megatron-Core ``TEGroupedMLP._apply_bias``
+#: (``megatron/core/transformer/moe/experts.py``, "Enable bias in expert mlp [gpt-oss 5/5]", September 2025,
+#: until the packed path of August 2026), NeMo AutoModel ``GroupedExpertsDeepEP._apply_bias``
+#: (``nemo_automodel/components/moe/layers.py``, October 2025 - January 2026). The first GEMM's (FC1) bias: in
+#: Megatron-Core, Transformer Engine's ``GroupedLinear`` adds it in the GEMM's epilogue (0); in NeMo AutoModel's
+#: ``gmm`` path the same loop without the probability, ``t + b`` (read 2, write 2) and ``torch.cat`` (read 2,
+#: write 2): 8 per element of its ``2·f_e`` outputs, one kernel per local expert plus the ``cat``
+#: (``framework="fsdp"``; torchtitan's ``GptOssGroupedExperts`` adds a ``repeat_interleave``-d bias in one
+#: vectorised add, the same 8 bytes and a few kernels in all: not distinguished). Backward: the split's and the
+#: products' gradients, about as many bytes again (:attr:`hetplan.estimate.stagework.LayerTerms.extra_gpu_s`).
+EXPERT_BIAS_BYTES_PER_ELEMENT = {"fc1": {"megatron": 0.0, "fsdp": 8.0}, "fc2": {"megatron": 12.0, "fsdp": 12.0}}
+
+
+def _bias_framework(framework: str) -> str:
+    return "fsdp" if framework == "fsdp" else "megatron"
+
+
+def expert_bias_kernels(m: ModelSpec, ep: Array, framework: str = "megatron"):
+    """Kernels of the eager per-expert bias loop of one MoE layer's forward (:data:`EXPERT_BIAS_BYTES_PER_ELEMENT`):
+    FC2 ``2·E/ep + 1``, and under ``framework="fsdp"`` FC1 ``E/ep + 1`` more; 0 for experts without biases
+    (``linear_bias`` off: every MoE preset but GPT-OSS)."""
+    if not (m.is_moe and m.linear_bias):
+        return 0.0
+    local = m.num_experts / np.asarray(ep, dtype=float)
+    fc1 = local + 1.0 if _bias_framework(framework) == "fsdp" else 0.0
+    return 2.0 * local + 1.0 + fc1
+
+
+def expert_bias_time_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array, ep: Array, etp: Array = 1,
+                       imbalance: Array = 1.0, framework: str = "megatron"):
+    """Memory-bound time of the eager per-expert bias additions of one MoE layer's forward (mean over the model's
+    layers; backward the same again, :attr:`hetplan.estimate.stagework.LayerTerms.extra_gpu_s`): the busiest
+    rank's ``imbalance · k · T · etp`` routed copies (``T = b·s/t``), each with ``h`` FC2 outputs and ``2·f_e/etp``
+    (gated) FC1 outputs, at :data:`EXPERT_BIAS_BYTES_PER_ELEMENT` bytes each, at the HBM bandwidth. 0 for experts
+    without biases. For GPT-OSS 120B at EP 8 (4,096 tokens, top-4, h 2,880) under Megatron-Core: 16,384 copies x
+    2,880 x 12 B = 0.57 GB, 0.17 ms per layer forward on an H100."""
+    if not (m.is_moe and m.linear_bias):
+        return 0.0
+    fw = _bias_framework(framework)
+    copies = imbalance * m.experts_per_token * np.asarray(b, dtype=float) * s / t * np.asarray(etp, dtype=float)
+    fc1_out = (2 if m.gated_mlp else 1) * m.expert_ffn_hidden_size / np.asarray(etp, dtype=float)
+    per_copy = (EXPERT_BIAS_BYTES_PER_ELEMENT["fc2"][fw] * m.hidden_size
+                + EXPERT_BIAS_BYTES_PER_ELEMENT["fc1"][fw] * fc1_out)
+    return copies * per_copy / gpu.hbm_bandwidth_bytes_per_s * m.num_moe_layers / m.num_layers
 
 
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
@@ -373,6 +425,24 @@ def exposed_alltoall_s(alltoall_s: Array, forward_s: Array, backward_s: Array, c
     mlp = np.minimum(np.asarray(mlp_forward_s, dtype=float), f)
     pair = overlap_pair_time_s(a / 2, f - mlp, b - 2 * mlp, mlp)
     return np.maximum((pair - f - b) / 2, contention * a)
+
+
+def unpaired_pass_share(in_flight: Array, num_microbatches: Array):
+    """Share of a stage's forward passes (and as many backward passes) that run without a partner under the 1F1B
+    all-to-all overlap, their dispatch and combine exposed whole. Megatron-Core's combined 1F1B pairs a forward
+    with a backward only in the steady state: with interleaving the warm-up runs ``(pp - i - 1)·2 + (v - 1)·pp + 1``
+    model-chunk forwards alone on stage ``i`` — one more than the plain interleaved schedule ("we schedule one
+    extra micro-batch forward step before the 1f1b stages", ``get_pp_rank_microbatches``, Megatron-LM
+    ``megatron/core/pipeline_parallel/schedules.py``) — and the cool-down as many backwards; without a pipeline
+    the first forward and the last backward run alone (``combined_1f1b_schedule_for_no_pipelining``,
+    ``pipeline_parallel/combined_1f1b.py``). Over the ``m·v`` chunk passes that is the stage's in-flight
+    micro-batches over ``m`` (:func:`hetplan.estimate.estimator.in_flight_microbatches`: ``min(warm-up, m·v)/v``;
+    ``min(pp - i, m)`` without interleaving, 1 for one stage): ``min(1, in_flight / m)``. 0 where ``m`` is not
+    given. Arrays broadcast."""
+    if num_microbatches is None:
+        return 0.0
+    m = np.maximum(np.asarray(num_microbatches, dtype=float), 1.0)
+    return np.minimum(1.0, np.asarray(in_flight, dtype=float) / m)
 
 
 def overlap_pair_time_s(one_s: Array, attention_forward_s: Array, attention_backward_s: Array, mlp_forward_s: Array):

@@ -184,7 +184,8 @@ def stage_costs(
         terms = replace(terms, gemm_times_s=(linear, core),
                         attention_blocks=context.attention_blocks(cp, cp_load_balance),
                         extra_kernels=moe.extra_kernels(m, ep, framework),
-                        extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
+                        extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
+                        + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework))
     eager = framework == "fsdp" and not torch_compile
     loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
@@ -207,15 +208,23 @@ def stage_costs(
         rho_a2a = overlap_contention(gpu, link.nccl_ctas)
         mlp_f = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                  if m.is_moe and moe_options.a2a_overlap else 0.0)
+        alone = moe.unpaired_pass_share(work.in_flight, num_microbatches)  # warm-up / cool-down passes, exposed
+
+        def exposed(f_s: Any, b_s: Any) -> Any:
+            if not moe_options.a2a_overlap:
+                return a2a
+            return (1.0 - alone) * moe.exposed_alltoall_s(a2a, f_s, b_s, rho_a2a, mlp_f) + alone * a2a
+
         if af is not None:
-            x = moe.exposed_alltoall_s(a2a, af, ab, rho_a2a, mlp_f) if moe_options.a2a_overlap else a2a
+            x = exposed(af, ab)
             af, ab, atp = af + x + kv_f, ab + x + kv_b, atp + 2 * x + kv_f + kv_b
-        x = moe.exposed_alltoall_s(a2a, lf, lb, rho_a2a, mlp_f) if moe_options.a2a_overlap else a2a
+        x = exposed(lf, lb)
         lf, lb, ltp = lf + x + kv_f, lb + x + kv_b, ltp + 2 * x + kv_f + kv_b
         layer_a2a = 2 * x
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
             again = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
-                     + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance))
+                     + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
+                     + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework))
             rerun = np.where(rc == Recompute.FULL, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(rc == Recompute.FULL, 0.0, a2a)
             layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
@@ -274,17 +283,21 @@ def stage_costs(
     dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
-    weight_per = fp8.gathered_weight_bytes(dtype, framework)  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
+    layer_weight_per = weight_per = fp8.gathered_weight_bytes(  # FP8 parameters / FSDP2 float8 all-gather
+        dtype, framework, stack.optimizer_memory == "fsdp1")                        # (fp8 doc)
+    layers_params = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
     if weight_per != 2:  # only the layers' linear weights gather in FP8; the embedding and output stay 16-bit
-        weight_per = fp8.mixed_gathered_weight_bytes(
-            weight_per, np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp), params)
+        weight_per = fp8.mixed_gathered_weight_bytes(weight_per, layers_params, params)
+    root = fsdp_root_parameters(params, layers_params, framework)  # FSDP's root unit, exposed (its doc)
 
-    def dp_collective(bytes_per_parameter: Array, collective: str, units: Array = 1.0, group: Array = None):
-        """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
-        folded)."""
+    def dp_collective(bytes_per_parameter: Array, collective: str, units: Array = 1.0, group: Array = None,
+                      dense_params: Array = None, experts: bool = True):
+        """Dense parameters (``dense_params``, default all of the stage's) over dp·cp ranks (or ``group``; t apart),
+        experts (unless ``experts`` is False) over the expert-DP ranks (ep apart, folded)."""
         n = dp_all if group is None else group
-        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, link)
-        if m.is_moe:
+        d = dense if dense_params is None else dense_params
+        out = dp_collective_time_s(d * bytes_per_parameter / units, collective, n, t, link)
+        if m.is_moe and experts:
             out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp,
                                              np.asarray(degrees.expert_ranks), link)
         return out * units
@@ -296,7 +309,12 @@ def stage_costs(
     # ZeRO-0: all-reduce grads. ZeRO-1/2: reduce-scatter grads + all-gather updated weights (distributed optimizer),
     # once per iteration. ZeRO-3 / FSDP: per micro-batch, per unit (zero3_exposed_s).
     z3 = zero >= 3
+    # DeepSpeed's BF16_Optimizer (memory.bf16_optimizer_runs): ReduceGrads all-reduces its whole fp32 gradient
+    # buffer (pipe/engine.py _bf16_reduce_grads -> buffered_allreduce_fallback), and the step all-gathers the
+    # updated 16-bit partitions (bf16_optimizer.py step -> all_gather_dp_groups): all-reduce + all-gather.
+    bf16_opt = memory.bf16_optimizer_runs(options, zero)
     grad_sync = np.where(zero == 0, allreduce, reduce_scatter + param_gather)
+    grad_sync = np.where(bf16_opt, allreduce + param_gather, grad_sync)
     bucket_share = np.minimum(1.0, np.maximum(BUCKET_PARAMETERS, 1e6 * np.asarray(dp)) / np.maximum(params, 1.0))
     rho = overlap_contention(gpu, link.nccl_ctas)  # share of the SMs the overlapped NCCL kernels take from compute
     # Megatron-Core's distributed optimizer with --overlap-param-gather: the all-gather of the updated parameters
@@ -314,11 +332,26 @@ def stage_costs(
     # across the replicas (stride t·shard).
     units = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
     shard = np.asarray(dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all), dtype=float)
-    z3_gather = dp_collective(weight_per, "allgather", units, shard)
-    z3_reduce_scatter = dp_collective(grad_per, "allgather", units, shard)
     replicas = dp_all / shard
-    z3_reduce_scatter = z3_reduce_scatter + np.where(replicas > 1, group_collective_time_s(
-        grad_bytes / units / shard, "allreduce", replicas, t * shard, link), 0.0) * units
+
+    def replica_allreduce(grad_bytes_per_unit: Array):
+        """HSDP: one unit's sharded gradient all-reduced across the replicas."""
+        return np.where(replicas > 1, group_collective_time_s(
+            grad_bytes_per_unit / shard, "allreduce", replicas, t * shard, link), 0.0)
+
+    has_root = np.any(root > 0)
+    z3_gather = dp_collective(layer_weight_per if framework == "fsdp" else weight_per, "allgather", units, shard,
+                              dense_params=dense - root)
+    z3_reduce_scatter = (dp_collective(grad_per, "allgather", units, shard, dense_params=dense - root)
+                         + replica_allreduce((params - root) * grad_per / units) * units)
+    root_gather: Any = 0.0
+    root_reduce_scatter: Any = 0.0
+    if has_root:
+        root_gather = dp_collective(2.0, "allgather", 1.0, shard, dense_params=root, experts=False)
+        root_reduce_scatter = (dp_collective(grad_per, "allgather", 1.0, shard, dense_params=root, experts=False)
+                               + replica_allreduce(root * grad_per))
+        root_gather, root_reduce_scatter = (np.where(root > 0, root_gather, 0.0),
+                                            np.where(root > 0, root_reduce_scatter, 0.0))
     # FSDP in a pipeline (torch.distributed.pipelining): every backward but the last runs without resharding or
     # gradient sync, so each unit is gathered once, for the first micro-batch, and its accumulated gradient is
     # reduce-scattered once, by the post-backward the schedule calls after the stage's last backward
@@ -330,30 +363,41 @@ def stage_costs(
     fsdp2 = framework == "fsdp" and stack.optimizer_memory == "fsdp2"
     copy_f, copy_b = (fsdp2_copy_s(params, gpu, weight_per, grad_per, reshard_after_forward) if fsdp2
                       else (0.0, 0.0))
+    if framework == "fsdp" and stack.optimizer_memory == "fsdp1":  # FSDP1's FlatParameter passes (fsdp1_passes_s)
+        copy_f, copy_b = fsdp1_passes_s(params, gpu, weight_per, grad_per, shard, reshard_after_forward,
+                                        4 if fsdp_param_dtype == "fp32" else 2)
     fwd = fwd + np.where(pipelined_fsdp, 0.0, copy_f)
     bwd = bwd + np.where(pipelined_fsdp, 0.0, copy_b)
+    root_s = root_gather + root_reduce_scatter  # exposed, once per micro-batch (once per step in a pipeline)
     gather_exposed = np.where(
         z3, np.where(pipelined_fsdp,
                      zero3_exposed_s(z3_gather, 0.0, num_layers * lf, layers_bwd, num_layers, 1, True, False, rho)
-                     + z3_reduce_scatter + copy_f + copy_b,
+                     + z3_reduce_scatter + copy_f + copy_b + root_s,
                      zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
-                                     num_microbatches, overlap_grad_reduce, reshard_after_forward, rho)), 0.0,
+                                     num_microbatches, overlap_grad_reduce, reshard_after_forward, rho)
+                     + num_microbatches * root_s), 0.0,
     )
-    dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter, num_microbatches * (
-        (2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter)), grad_sync)
+    grad_exposed = np.where(bf16_opt, grad_sync, grad_exposed)  # reduced at the boundary, never overlapped
+    dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter + root_s, num_microbatches * (
+        (2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter + root_s)), grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
     emb_sync = np.where(
         (np.asarray(has_embedding) | np.asarray(has_head)) & ~np.asarray(single_stage) & m.tied_embeddings,
         compute_embedding_sync_s(m, dtype, t, link), 0.0,
     )
 
-    owned = dense / np.where(zero >= 1, dp_all, 1) + expert / np.where(zero >= 1, edp, 1)
+    owned = dense / np.where((zero >= 1) | bf16_opt, dp_all, 1) + expert / np.where((zero >= 1) | bf16_opt, edp, 1)
+    # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer after that micro-batch's
+    # backward, on the compute stream (pipe/engine.py _exec_backward_pass -> update_hp_grads)
+    bwd = bwd + np.where(bf16_opt, bf16_accumulation_time_s(params, gpu), 0.0)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
     ds_fp16 = framework == "deepspeed" and stack.optimizer_memory == "deepspeed" and dtype == "fp16"
+    adam_bytes = (compute.ADAM_BYTES_PER_PARAMETER if "adam" in stack.fused  # else one kernel per op (compute doc)
+                  else compute.UNFUSED_ADAMW_BYTES_PER_PARAMETER)
     step_bytes = np.where(ds_fp16 & (np.asarray(zero) == 0), compute.DEEPSPEED_FP16_STEP_BYTES_PER_PARAMETER
-                          + compute.DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER, compute.ADAM_BYTES_PER_PARAMETER)
+                          + compute.DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER, adam_bytes)
     optimizer = compute.optimizer_step_time_s(owned, gpu, step_bytes)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
         linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
@@ -369,6 +413,20 @@ def stage_costs(
         params_per_gpu=params,
         alltoall_s=num_layers * np.asarray(layer_a2a, dtype=float) if m.is_moe else 0.0,
     )
+
+
+#: Bytes per parameter that DeepSpeed's BF16_Optimizer moves after every micro-batch's backward
+#: (``deepspeed/runtime/bf16_optimizer.py`` ``update_hp_grads``, one parameter at a time:
+#: ``hp_grad.add_(lp.grad.to(fp32))``): the cast reads the 2-byte gradient and writes a 4-byte copy (6 B), the
+#: in-place add reads the fp32 buffer and the copy and writes the buffer (12 B).
+BF16_ACCUMULATE_BYTES_PER_PARAMETER = 18.0
+
+
+def bf16_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec):
+    """Time of BF16_Optimizer's fp32 gradient accumulation after one micro-batch's backward (s): memory-bound,
+    :data:`BF16_ACCUMULATE_BYTES_PER_PARAMETER` per parameter of the stage at the GPU's memory bandwidth
+    (:func:`hetplan.estimate.compute.optimizer_step_time_s`'s rate)."""
+    return compute.optimizer_step_time_s(params_per_gpu, gpu, BF16_ACCUMULATE_BYTES_PER_PARAMETER)
 
 
 def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:
@@ -450,6 +508,26 @@ def zero3_exposed_s(gather_s: Array, reduce_scatter_s: Array, forward_s: Array, 
     return num_microbatches * (fwd_part + bwd_part)
 
 
+def fsdp_root_parameters(params_per_gpu: Array, layers_params_per_gpu: Array, framework: str):
+    """Parameters of a stage's FSDP root unit (``framework = "fsdp"``; 0 otherwise): those outside its
+    transformer layers (``params_per_gpu - layers_params_per_gpu``) — the word embedding (and learned positions),
+    the final norm and the output layer — which belong to the root module's own unit, not to the layers'
+    (torchtitan ``parallelize_llama.py`` ``apply_fsdp``: ``fully_shard`` on each block, then on the whole model;
+    Composer's FSDP1 ``auto_wrap_policy`` wraps MPT's blocks, and the root FlatParameter holds ``wte``, ``wpe``,
+    ``norm_f``). The root is all-gathered in the root's pre-forward, before the first layer's forward is issued,
+    so nothing hides it, and stays unsharded through the backward (FSDP1 ``_runtime_utils.py``
+    ``_post_forward_reshard`` does not free the root after forward; FSDP2 keeps the root's too); its gradients
+    are the last the backward produces (the embedding's), so their reduce-scatter is exposed as well. Per
+    micro-batch :func:`stage_costs` charges one exposed 16-bit all-gather (float8 converts linear layers only,
+    and the output layer is filtered) and one exposed reduce-scatter of the root; the layers' units, with only
+    their own parameters, follow :func:`zero3_exposed_s`. Llama 3 8B's root (untied 128,256-token embedding and
+    output, 1.05 B parameters) is 4.8 of its layers; MPT-7B's (tied 50,368 × 4,096 embedding, 2,048 learned
+    positions) one. DeepSpeed's ZeRO-3 keeps evenly split units. Arrays broadcast."""
+    root = np.asarray(params_per_gpu, dtype=float) - layers_params_per_gpu
+    root = np.where(root >= 1.0, root, 0.0)  # a middle stage's float remainder is no unit
+    return root if framework == "fsdp" else np.zeros_like(root)
+
+
 #: Bytes FSDP2 reads and writes per element of a unit's gathered parameters (copy-out) and of its unsharded
 #: gradient (copy-in), beyond the collectives' own buffers (:func:`fsdp2_copy_s`).
 FSDP2_GRAD_ELEMENT_BYTES = 2  # the unsharded gradient autograd produces, in the bf16 param_dtype
@@ -471,13 +549,60 @@ def fsdp2_copy_s(params_per_gpu: Array, gpu: GPUSpec, gathered_bytes: Array, red
     (:data:`FSDP2_GRAD_ELEMENT_BYTES`) and a write of ``reduce_bytes`` (4 for fp32 reduction) per element.
     Both are memory-bound copies at the GPU's HBM bandwidth on the compute stream, so they add to the stage's
     time rather than hide behind it. FSDP1 (llm-foundry, fms-fsdp, HF Accelerate) gathers straight into its
-    FlatParameter, whose parameters are views, and casts gradients on its post-backward stream: no such copies.
+    FlatParameter, whose parameters are views, and moves other bytes (:func:`fsdp1_passes_s`).
     Arrays broadcast. Units: s."""
     hbm = gpu.hbm_bandwidth_bytes_per_s
     gather = 2.0 * np.asarray(gathered_bytes, dtype=float) * np.asarray(params_per_gpu, dtype=float) / hbm
     copy_in = (FSDP2_GRAD_ELEMENT_BYTES + np.asarray(reduce_bytes, dtype=float)) * np.asarray(
         params_per_gpu, dtype=float) / hbm
     return gather, np.where(reshard_after_forward, gather, 0.0) + copy_in
+
+
+#: Bytes per element of the gradient FSDP1's autograd produces: the unsharded FlatParameter's dtype (bf16
+#: ``param_dtype`` of the mixed-precision policies that gather in 16 bits).
+FSDP1_GRAD_ELEMENT_BYTES = 2
+
+
+def fsdp1_passes_s(params_per_gpu: Array, gpu: GPUSpec, gathered_bytes: Array, reduce_bytes: Array, shard: Array,
+                   reshard_after_forward: Array = True, sharded_bytes: Array = 4):
+    """Time of FSDP1's memory passes per micro-batch, ``(forward_s, backward_s)``, for a stage holding
+    ``params_per_gpu`` parameters (unsharded over DP) on ``gpu``, sharded over ``shard`` ranks.
+
+    PyTorch FSDP1 (``torch/distributed/fsdp``, the FlatParameter of every wrapped block; Composer / llm-foundry,
+    fms-fsdp, HF Accelerate) gathers straight into the unsharded FlatParameter, whose original parameters are views
+    of it (``_flat_param.py`` ``_use_unsharded_views``: ``flat_param.split(...)`` then ``.view``). Per element of
+    the unsharded unit, it moves:
+
+    * before each all-gather, the cast of the local shard from its ``sharded_bytes`` (fp32 master parameters) to
+      the ``gathered_bytes`` low-precision shard (``_flat_param.py`` ``_use_low_precision_shard``, on the
+      pre-unshard stream): ``(sharded + gathered) / shard`` bytes, in forward and again in backward with
+      ``reshard_after_forward`` (none when the shard is already in the gathered dtype);
+    * in backward, the gradient of the views reaches the FlatParameter through the backward of ``split``, which is
+      a ``cat`` (``SplitWithSizesBackward``: read + write of :data:`FSDP1_GRAD_ELEMENT_BYTES` per element, on the
+      compute stream);
+    * then, on the post-backward stream (``_runtime_utils.py`` ``_post_backward_hook``), the cast of the unsharded
+      gradient to the reduce dtype when it differs (``flat_param.grad.to(reduce_dtype)``: 2 + ``reduce_bytes``)
+      and ``_reduce_grad``'s pre-division before the reduce-scatter (``_div_if_needed(padded_unsharded_grad,
+      gradient_predivide_factor)``: read + write of ``reduce_bytes``; the factor is above 1 for every shard
+      group of 2 or more, ``_init_utils.py`` ``_get_gradient_predivide_factor``).
+
+    Each pass is a memory-bound kernel at the GPU's HBM bandwidth whose grid fills every SM: the post-backward
+    stream's kernels start when the unit's backward ends and share the SMs with the next unit's backward kernels,
+    so their time adds (the overlap that hides a collective holds for NCCL's few CTAs,
+    :func:`hetplan.estimate.comm.overlap_contention`, not for full-grid kernels). FSDP2 moves other bytes
+    (:func:`fsdp2_copy_s`). Arrays broadcast. Units: s."""
+    hbm = gpu.hbm_bandwidth_bytes_per_s
+    p = np.asarray(params_per_gpu, dtype=float)
+    g, r = np.asarray(gathered_bytes, dtype=float), np.asarray(reduce_bytes, dtype=float)
+    n = np.maximum(np.asarray(shard, dtype=float), 1.0)
+    sb = np.asarray(sharded_bytes, dtype=float)
+    cast_shard = np.where(sb != g, (sb + g) / n, 0.0) * p / hbm
+    grad = FSDP1_GRAD_ELEMENT_BYTES
+    cat = 2.0 * grad
+    to_reduce = np.where(r != grad, grad + r, 0.0)
+    predivide = np.where(n >= 2, 2.0 * r, 0.0)
+    backward = (cat + to_reduce + predivide) * p / hbm
+    return cast_shard, np.where(reshard_after_forward, cast_shard, 0.0) + backward
 
 
 def compute_embedding_sync_s(m: ModelSpec, dtype: str, t: Array, link: Link):

@@ -61,6 +61,11 @@ class StackSpec(BaseModel):
         recompute: the activation-recomputation modes it offers (the searches enumerate only these).
         optimizer_memory: ``megatron`` | ``deepspeed`` | ``fsdp1`` | ``fsdp2``.
         allocator: ``caching`` | ``expandable-segments``.
+        bf16_optimizer: bf16 runs use DeepSpeed's ``BF16_Optimizer`` (``deepspeed/runtime/bf16_optimizer.py``; the
+            pipeline engine's only bf16 path in 2022): every micro-batch's 16-bit gradients are accumulated into
+            an fp32 gradient buffer of the whole model, which ``ReduceGrads`` all-reduces in fp32; fp32 master
+            weights and Adam moments of the owned partition (its own ZeRO-1), the updated 16-bit weights
+            all-gathered after the step. False unless its source says so.
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
@@ -85,6 +90,7 @@ class StackSpec(BaseModel):
     recompute: tuple[Literal["none", "selective", "full"], ...]
     optimizer_memory: Literal["megatron", "deepspeed", "fsdp1", "fsdp2"]
     allocator: Literal["caching", "expandable-segments"]
+    bf16_optimizer: bool = False
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     sources: dict[str, str]
 
@@ -144,8 +150,9 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         sources.pop("released", None)
         sources.update(entry.get("sources", {}))
         merged["sources"] = sources
-        missing = [f for f in FIELDS[1:] + ("released",) + (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ())
-                   if f not in sources]
+        optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
+            ("bf16_optimizer",) if merged.get("bf16_optimizer") else ())
+        missing = [f for f in FIELDS[1:] + ("released",) + optional if f not in sources]
         if missing:
             raise HetplanError(f"{entry['name']} {entry.get('version')}: no source for {', '.join(missing)}",
                                field=where, fix="add a line per field to [stack.sources]")

@@ -1,6 +1,7 @@
 """Validation on modern training measurements (H100 / H200 / B200 / GB200, 2024-2026): ``hetplan validate`` sets
 ``dgxc_h100``, ``dgxc_gb200``, ``torchtitan``, ``llama3_405b``, ``megatron_lm_h100``, ``moe_h100`` and
-``long_context_cp``.
+``long_context_cp``, and one A100 set of DeepSpeed's pipeline engine, ``bigscience_a100``
+(:mod:`~hetplan.calibration.modern.bigscience`).
 
 The rows are the published measurements of ``validation_data/modern/`` (copied from the project's shared data;
 every row names its source ``repo@commit:path`` or arXiv table, see the README there). Each row is mapped to a
@@ -35,6 +36,7 @@ source (:mod:`~hetplan.calibration.modern.dgxc`, :mod:`~hetplan.calibration.mode
 (:mod:`~hetplan.calibration.modern.sets`) and their metrics (:mod:`~hetplan.calibration.modern.metrics`).
 """
 
+from hetplan.calibration.modern.bigscience import bigscience_cases, oom_check
 from hetplan.calibration.modern.dgxc import DGXC_LAUNCH_CP, dgxc_cases, unfused_mla_on_blackwell
 from hetplan.calibration.modern.llama3 import llama3_cases
 from hetplan.calibration.modern.long_context import long_context_cases
@@ -45,11 +47,11 @@ from hetplan.calibration.modern.metrics import LOADERS, load_sets, memory_metric
 from hetplan.calibration.modern.models import MOE_CONFIGS, MOE_PRESETS, moe_model, row_model
 from hetplan.calibration.modern.moe import moe_cases
 from hetplan.calibration.modern.rows import NotExpressible, NotExpressibleError, read_rows, run_facts
-from hetplan.calibration.modern.sets import CONVENTIONS, FILES, SET_NAMES, TARGETS
+from hetplan.calibration.modern.sets import CONVENTIONS, FILES, NOT_FITTED, SET_NAMES, TARGETS
 from hetplan.calibration.modern.torchtitan import ASYNC_TP_NOTE, TORCHTITAN_LOCAL_BATCH, torchtitan_cases
 
 __all__ = [
-    "ASYNC_TP_NOTE", "CALIBRATION_FRACTION", "CONVENTIONS", "DGXC_LAUNCH_CP", "FILES", "LOADERS", "Layout",
+    "ASYNC_TP_NOTE", "CALIBRATION_FRACTION", "NOT_FITTED", "bigscience_cases", "oom_check", "CONVENTIONS", "DGXC_LAUNCH_CP", "FILES", "LOADERS", "Layout",
     "MOE_CONFIGS", "MOE_PRESETS", "ModernCase", "NotExpressible", "NotExpressibleError", "SET_NAMES", "TARGETS",
     "TORCHTITAN_LOCAL_BATCH", "build_plan", "catalog_gpu", "collect", "dgxc_cases", "llama3_cases",
     "load_sets", "long_context_cases", "megatron_lm_cases", "megatron_lm_layout", "megatron_lm_model",

@@ -53,6 +53,8 @@ class ModernCase(Case):
         notes: approximations the mapping had to make (e.g. ZeRO-3 for FSDP2 before ``framework = "fsdp"``).
         causal_flops: the source's TFLOP/s count the causal half of the attention scores
             (:func:`hetplan.model.counts.model_flops_per_iteration`), not the full ``s x s``.
+        memory_includes_context: the source's memory is what ``nvidia-smi`` shows (the CUDA context included),
+            so ``predicted_memory_bytes`` is the largest stage total itself.
     """
 
     quantity: str = "iteration_time_s"
@@ -64,6 +66,7 @@ class ModernCase(Case):
     dense_cp1: bool = False
     notes: list[str] = field(default_factory=list)
     causal_flops: bool = False
+    memory_includes_context: bool = False
 
     def evaluate(self, catalog: Catalog | None = None, comm_constants=None) -> float:
         """Estimate the plan with ``catalog`` (default: the package catalog) and ``comm_constants`` (default: the
@@ -74,7 +77,8 @@ class ModernCase(Case):
         est = estimate(self.plan, catalog=catalog, model=self.model, virtual_stages=self.virtual_stages,
                        comm_constants=comm_constants)
         self.predicted = quantity_of(est, self.quantity, self.plan, self.model, self.causal_flops)
-        self.predicted_memory_bytes = max(s.memory.total for s in est.stages) - memory.CUDA_CONTEXT_BYTES
+        context = 0.0 if self.memory_includes_context else memory.CUDA_CONTEXT_BYTES
+        self.predicted_memory_bytes = max(s.memory.total for s in est.stages) - context
         self.fits = bool(est.fits)
         return self.predicted
 
@@ -162,7 +166,8 @@ class Layout:
     ``plan``, fields of :class:`~hetplan.plan.Plan` (``mbs`` always; e.g. ``zero``, ``cp``, ``ep``,
     ``expert_tp``, ``virtual_stages``, ``sequence_parallel`` (with TP > 1 only), ``grad_reduce_dtype``,
     ``tp_comm_overlap``, ``cuda_graphs``, ``cross_entropy``), over :data:`PLAN_DEFAULTS`. The model and dtype
-    come from the row (:func:`row_case`)."""
+    come from the row (:func:`row_case`). ``stage_layers``: the framework's own split of the layers over the
+    stages where the source fixes it (DeepSpeed's partition); None: a balanced split."""
 
     tp: int
     pp: int
@@ -171,6 +176,7 @@ class Layout:
     plan: dict
     recompute: str = "none"
     recompute_fraction: float = 1.0
+    stage_layers: list[int] | None = None
 
     @property
     def cp(self) -> int:
@@ -208,17 +214,18 @@ class Layout:
         return self.tp * self.pp * self.dp * self.cp
 
 
-def build_plan(m: ModelSpec, lay: Layout, gpu: str, dtype: str) -> Plan:
-    """The :class:`Plan` of a row's layout: ``pp`` stages of ``tp x dp`` GPUs (balanced split of the run's layers),
-    one pool of the nodes of :func:`node_pool`. Raises :class:`NotExpressibleError` for what the schema rejects."""
+def build_plan(m: ModelSpec, lay: Layout, gpu: str, dtype: str, pool: GPUPool | None = None) -> Plan:
+    """The :class:`Plan` of a row's layout: ``pp`` stages of ``tp x dp`` GPUs (balanced split of the run's layers,
+    or the layout's ``stage_layers``), one pool of the nodes of :func:`node_pool` (or ``pool``). Raises
+    :class:`NotExpressibleError` for what the schema rejects."""
     if lay.pp > m.num_layers:
         raise NotExpressibleError(f"PP {lay.pp} exceeds the {m.num_layers} layers")
     if lay.gbs % (lay.dp * lay.mbs):
         raise NotExpressibleError(f"global batch {lay.gbs} is not a multiple of DP {lay.dp} x micro-batch {lay.mbs}")
     job = probe_job(model=m.name, dtype=dtype, **lay.job)
-    pool = node_pool(gpu, lay.num_gpus)
+    pool = pool or node_pool(gpu, lay.num_gpus)
     stages = []
-    for k in balanced_split(m.num_layers, lay.pp):
+    for k in lay.stage_layers or balanced_split(m.num_layers, lay.pp):
         rl = None if lay.recompute_fraction >= 1 else round(k * lay.recompute_fraction)
         stages.append(Stage(pool=0, num_layers=k, tp=lay.tp, dp=lay.dp, recompute=lay.recompute, recompute_layers=rl))
     plan = PLAN_DEFAULTS | lay.plan
@@ -250,16 +257,16 @@ def _check_gpus(r: dict, lay: Layout) -> None:
 
 def row_case(set_name: str, key: str, r: dict, lay: Layout, quantity: str, measured: float, *, catalog: Catalog,
              group: str | None = None, memory_gib: float | None = None, causal_flops: bool = False,
-             model: ModelSpec | None = None) -> ModernCase:
+             model: ModelSpec | None = None, dtype: str | None = None, pool: GPUPool | None = None) -> ModernCase:
     """The case of row ``r`` of set ``set_name`` in layout ``lay``: ``quantity`` measured at ``measured`` (and
     ``memory_gib`` GiB per GPU where the source gives it), the model of the row (:func:`row_model`) unless
-    ``model``, Kendall τ within ``group`` (default: same model, GPU, GPU count, global batch and sequence).
+    ``model``, the row's dtype (:func:`row_dtype`) unless ``dtype``, the pool of :func:`node_pool` unless ``pool``, Kendall τ within ``group`` (default: same model, GPU, GPU count, global batch and sequence).
     Raises :class:`NotExpressibleError`."""
     m = model or row_model(r)
     gpu = catalog_gpu(r["gpu"], catalog)
-    dtype = row_dtype(r)
+    dtype = dtype or row_dtype(r)
     _check_gpus(r, lay)
-    plan = build_plan(m, lay, gpu, dtype)
+    plan = build_plan(m, lay, gpu, dtype, pool)
     c = ModernCase(set=set_name, key=key, group=group or f"{r['model']}|{gpu}|n{r['num_gpus']}|g{lay.gbs}|s{lay.seq}",
                    measured=measured, predict=lambda: math.nan,
                    is_calibration=_is_calibration(key, CALIBRATION_FRACTION),

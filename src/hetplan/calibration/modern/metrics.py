@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from hetplan.calibration.modern.bigscience import bigscience_cases, oom_check
 from hetplan.calibration.modern.dgxc import dgxc_cases
 from hetplan.calibration.modern.llama3 import llama3_cases
 from hetplan.calibration.modern.long_context import long_context_cases
@@ -30,6 +31,7 @@ LOADERS = {
     "megatron_lm_h100": megatron_lm_cases,
     "moe_h100": moe_cases,
     "long_context_cp": long_context_cases,
+    "bigscience_a100": bigscience_cases,
 }
 
 
@@ -63,6 +65,8 @@ def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible
     res["per_gpu_dtype"] = {f"{g}:{d}": metrics([c for c in cases if (c.gpu, c.dtype) == (g, d)])
                             for g, d in sorted({(c.gpu, c.dtype) for c in cases})}
     res["does_not_fit"] = [c.key for c in cases if not c.fits]
+    if name == "bigscience_a100":  # its rows measured "OOM": refused by the estimate too?
+        res["measured_oom"] = oom_check()
     res["approximations"] = dict(Counter(n for c in cases for n in c.notes).most_common())
     res["not_expressible"] = {"n": len(skipped), "rows": [{"key": s.key, "reason": s.reason} for s in skipped]}
     res["target"] = target if target is not None else TARGETS.get(name, {})

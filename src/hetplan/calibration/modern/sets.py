@@ -4,7 +4,11 @@ done-when targets of issues 13 and 14."""
 from __future__ import annotations
 
 SET_NAMES = ("dgxc_h100", "dgxc_gb200", "torchtitan", "llama3_405b", "megatron_lm_h100", "moe_h100",
-             "long_context_cp")
+             "long_context_cp", "bigscience_a100")
+
+#: Sets left out of the GPU-efficiency fit (:mod:`hetplan.calibration.modern_fit`): the A100's constants are
+#: fitted on the A100 sets of :mod:`hetplan.calibration.validation`; ``bigscience_a100`` validates a stack on them.
+NOT_FITTED = ("bigscience_a100",)
 
 #: Source file of each set (``validation_data/modern/``) and what is compared.
 FILES = {
@@ -15,6 +19,7 @@ FILES = {
     "megatron_lm_h100": "megatron_lm_weak_scaling_h100.csv",
     "moe_h100": ("nemo_automodel_h100_bf16.csv", "megatron_moe_modelzoo_qwen3.csv", "megatron_bridge_moe_h100.csv"),
     "long_context_cp": ("nemo_long_sequence_cp.csv", "torchtitan_benchmarks.csv", "llama3_paper_table4_h100.csv"),
+    "bigscience_a100": "bigscience_a100.csv",
 }
 
 #: What each set compares and the MFU convention its source states (printed by ``hetplan validate``).
@@ -30,6 +35,8 @@ CONVENTIONS = {
                 "MFU vs bf16 989",
     "long_context_cp": "TFLOP/s per GPU (NeMo's FLOP formula: full s^2, no causal halving), tokens/s per GPU "
                        "(torchtitan), TFLOP/s (Llama 3); MFU not compared",
+    "bigscience_a100": "step time (Megatron-DeepSpeed log, iteration 2 or later); memory is nvidia-smi's, CUDA "
+                       "context included; published TFLOP/s count the recomputation forward (SC'21 Eq. 3)",
 }
 
 #: Done-when targets (issues 13 and 14), fractions; ``kendall_tau`` is a lower bound, the others upper bounds.
