@@ -53,3 +53,13 @@ def test_tp2_rows_within_ten_percent(cases):
         if c.plan.stages[0].tp == 2:
             c.predicted = c.predict(validation.DEFAULT)
             assert abs(validation.speed_error(c)) < 0.10, c.key
+
+
+def test_per_tp_partitions_the_set():
+    """``per_tp`` (the set's metrics by TP degree, in ``hetplan validate --json``) counts every row once."""
+    res, cases = validation.run_validation(["nemo_megatron_a100"])
+    r = res["sets"]["nemo_megatron_a100"]
+    assert {k: v["n"] for k, v in r["per_tp"].items()} == {"1": 6, "2": 14, "8": 11}
+    tp8 = [c for c in cases if c.plan.stages[0].tp == 8]
+    assert r["per_tp"]["8"]["signed_median"] == pytest.approx(
+        sorted(validation.speed_error(c) for c in tp8)[len(tp8) // 2])

@@ -176,8 +176,9 @@ def test_fsdp2_and_fsdp1_stacks_pay_their_own_passes():
 
 
 def test_unfused_adamw_stack_pays_its_passes():
-    """llm-foundry's Composer DecoupledAdamW (no fused Adam in the stack) moves 80 B per owned parameter where a
-    fused AdamW moves 30: the same FSDP1 plan's optimizer step under llm-foundry and fms-fsdp is 80 / 30."""
+    """llm-foundry's Composer DecoupledAdamW and fms-fsdp's foreach torch AdamW (no fused Adam in either stack) move
+    80 B per owned parameter where a fused AdamW moves 30: the same FSDP1 plan's optimizer step under llm-foundry
+    or fms-fsdp and under HF Accelerate (``adamw_torch_fused``) is 80 / 30."""
     from hetplan.estimate.compute import ADAM_BYTES_PER_PARAMETER, UNFUSED_ADAMW_BYTES_PER_PARAMETER
     from hetplan.plan import GPUPool, Job, Plan, Stage
 
@@ -188,8 +189,9 @@ def test_unfused_adamw_stack_pays_its_passes():
                  mbs=2, zero=3)
         return estimate(p).optimizer_time_s
 
-    assert step("llm-foundry") / step("fms-fsdp") == pytest.approx(
+    assert step("llm-foundry") / step("hf-accelerate") == pytest.approx(
         UNFUSED_ADAMW_BYTES_PER_PARAMETER / ADAM_BYTES_PER_PARAMETER, rel=1e-9)
+    assert step("fms-fsdp") == pytest.approx(step("llm-foundry"), rel=1e-12)
 
 
 def test_fsdp1_gathers_fp8_runs_in_bf16():
@@ -210,3 +212,46 @@ def test_fsdp1_gathers_fp8_runs_in_bf16():
 
     assert weights("llm-foundry", "fp8") == pytest.approx(weights("llm-foundry", "bf16"), rel=1e-12)
     assert weights("torchtitan", "fp8") < weights("torchtitan", "bf16")
+
+
+def test_fsdp_root_unit_parameters():
+    """FSDP's root unit holds what is outside the layers: Llama 3 8B's untied embedding and output (2·V·h) and the
+    final norm (h) on a single stage; nothing on a middle pipeline stage; DeepSpeed ZeRO-3 keeps even units."""
+    from hetplan.estimate import memory
+    from hetplan.estimate.stage import fsdp_root_parameters
+    from hetplan.model.spec import load_model
+
+    m = load_model("llama3-8b")
+    whole = memory.stage_parameters(m, m.num_layers, True, True, True)
+    layers = m.num_layers * memory.layer_parameters_per_gpu(m, 1)
+    root = float(fsdp_root_parameters(whole, layers, "fsdp"))
+    assert root == pytest.approx(2 * m.vocab_size * m.hidden_size + m.hidden_size, rel=1e-9)
+    assert root > 4 * float(memory.layer_parameters_per_gpu(m, 1))  # 1.05 B: 4.8 layers
+    middle = memory.stage_parameters(m, 8, False, False, False)
+    assert float(fsdp_root_parameters(middle, 8 * memory.layer_parameters_per_gpu(m, 1), "fsdp")) == 0.0
+    assert float(fsdp_root_parameters(whole, layers, "deepspeed")) == 0.0
+
+
+def test_fsdp_root_unit_is_exposed_every_micro_batch():
+    """Growing the root unit (a larger vocabulary, same layers) adds its whole all-gather and reduce-scatter to the
+    exposed time of each micro-batch: at least its bytes over the node's network at full speed, where units split
+    evenly over the layers would expose about 1/L of it."""
+    from hetplan.model.spec import load_model
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    base = load_model("llama3-8b")
+
+    def exposed(vocab: int, microbatches: int) -> float:
+        m = base.model_copy(update={"vocab_size": vocab, "name": f"llama3-8b-v{vocab}"})
+        p = Plan(job=Job(model="llama3-8b", seq_len=8192, global_batch=128 * microbatches, framework="fsdp",
+                         stack="torchtitan@2025-10"),
+                 pools=[GPUPool(gpu="H100-SXM", count=128)], stages=[Stage(num_layers=32, tp=1, dp=128)],
+                 mbs=1, zero=3, grad_reduce_dtype="fp32")
+        return estimate(p, model=m).dp_exposed_time_s
+
+    extra_params = 2 * (256_000 - 128_256) * base.hidden_size  # untied embedding and output
+    node_bytes_per_s = 8 * 400e9 / 8  # a DGX H100's 8 x 400 Gb/s NICs (nodes.toml), at full speed
+    # each node receives the other 15 nodes' shards of the bf16 gather and sends as much of the fp32 reduce-scatter
+    floor = extra_params * (2 + 4) * (120 / 128) / node_bytes_per_s  # 14.7 ms; even units: about 1/32 of it
+    for mb in (1, 2):
+        assert exposed(256_000, mb) - exposed(128_256, mb) >= mb * floor

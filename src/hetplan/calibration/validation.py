@@ -524,6 +524,15 @@ def metrics(cases: list[Case]) -> dict:
     }
 
 
+def per_tp(cases: list[Case]) -> dict[str, dict]:
+    """:func:`metrics` of ``cases`` grouped by their plans' TP degree (first stage), keys ``"1"``, ``"2"`` …"""
+    groups: dict[int, list[Case]] = {}
+    for c in cases:
+        if c.plan is not None:
+            groups.setdefault(c.plan.stages[0].tp, []).append(c)
+    return {str(tp): metrics(cs) for tp, cs in sorted(groups.items())}
+
+
 def run_validation(sets: Iterable[str] = SET_NAMES, constants: Constants = DEFAULT) -> tuple[dict, list[Case]]:
     """Predict every case under ``constants``; return ``({"sets": {name: metrics + held_out + calibration}},
     cases)``."""
@@ -540,6 +549,8 @@ def run_validation(sets: Iterable[str] = SET_NAMES, constants: Constants = DEFAU
             res["held_out"] = metrics([c for c in cs if not c.is_calibration])
         if name == "fasop_layers" and cs:
             res.update(fasop_summary(cs, constants))
+        if name == "nemo_megatron_a100" and cs:  # the issue's view: the error by TP degree
+            res["per_tp"] = per_tp(cs)
         out[name] = res
     return {"sets": out, "targets": TARGETS}, cases
 

@@ -1,7 +1,8 @@
 """``hetplan validate``: run the estimator on public measured training data and report its error.
 
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
-korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero; modern sets (:mod:`hetplan.calibration.modern`):
+korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero, nemo_megatron_a100 (the 2021-22 stacks on A100,
+:mod:`hetplan.calibration.stacks_2022`); modern sets (:mod:`hetplan.calibration.modern`):
 dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp; the independent
 check ``independent_h100`` (:mod:`hetplan.calibration.independent`; only a seeded half of its llm-foundry rows
 fitted that stack's own residuals). See
@@ -155,10 +156,11 @@ def register(app: typer.Typer) -> None:
                                       "signed_median, kendall_tau, calibration, held_out}}, \"stacks\": {STACK: {n, "
                                       "mape, max_abs_error, signed_median, sets}}, \"interval_coverage\": {SET: {n, in_sample, "
                                       "leave_set_out, unvalidated_leave_set_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
-                                      "independent_h100 adds rows: per-row errors, worst first)"),
+                                      "independent_h100 adds rows: per-row errors, worst first; nemo_megatron_a100 adds "
+                                      "per_tp: the metrics per TP degree)"),
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
-                                              "espresso_hetero, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
+                                              "espresso_hetero, nemo_megatron_a100, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
                                               "megatron_lm_h100, moe_h100, long_context_cp, independent_h100, "
                                               "serving, energy"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
@@ -169,7 +171,8 @@ def register(app: typer.Typer) -> None:
                                              "(hetplan.calibration.intervals) and exit"),
     ) -> None:
         """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5, Aceso's V100 profile and FASOP's
-        per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), and on the modern H100/H200/B200/GB200 sets
+        per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), the 2021-22 stacks on A100 (NeMo Megatron
+        22.05-22.09, MT-NLG 530B under Megatron-DeepSpeed), and on the modern H100/H200/B200/GB200 sets
         (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
         of llm-foundry, NeMo 24.07 and fms-fsdp (a seeded half of llm-foundry's fitted that stack's residuals, the
         rest held out; the issue's independent check: median ≤ 10 %, no

@@ -661,6 +661,10 @@ ADAM_BYTES_PER_PARAMETER = 30.0
 #: ``.add_(eps)`` (4 + 4), ``param.addcdiv_(exp_avg, denom)`` (4 + 4 + 4 + 4): 80 B, against the fused step's 30
 #: (:data:`ADAM_BYTES_PER_PARAMETER`). Its weight-decay ``param.mul_`` runs only with ``weight_decay != 0`` (0 in
 #: llm-foundry's MPT pretraining YAMLs) and is not charged; nor is the gradient clipping any stack runs.
+#: PyTorch's default ``torch.optim.AdamW`` (``foreach``, ``torch/optim/adamw.py`` ``_multi_tensor_adamw``; fms-fsdp)
+#: moves the same 80 B: the weight decay ``_foreach_mul_`` (4 + 4), ``_foreach_lerp_`` of the first moment
+#: (4 + 4 + 4) in place of ``mul_`` + ``add_``, then the same second-moment, square-root, division, ``eps`` and
+#: ``addcdiv_`` passes.
 UNFUSED_ADAMW_BYTES_PER_PARAMETER = 80.0
 
 

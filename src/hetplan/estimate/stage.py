@@ -283,18 +283,21 @@ def stage_costs(
     dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
-    weight_per = fp8.gathered_weight_bytes(  # FP8 parameters / FSDP2 float8 all-gather (fp8 doc)
-        dtype, framework, stack.optimizer_memory == "fsdp1")
+    layer_weight_per = weight_per = fp8.gathered_weight_bytes(  # FP8 parameters / FSDP2 float8 all-gather
+        dtype, framework, stack.optimizer_memory == "fsdp1")                        # (fp8 doc)
+    layers_params = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
     if weight_per != 2:  # only the layers' linear weights gather in FP8; the embedding and output stay 16-bit
-        weight_per = fp8.mixed_gathered_weight_bytes(
-            weight_per, np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp), params)
+        weight_per = fp8.mixed_gathered_weight_bytes(weight_per, layers_params, params)
+    root = fsdp_root_parameters(params, layers_params, framework)  # FSDP's root unit, exposed (its doc)
 
-    def dp_collective(bytes_per_parameter: Array, collective: str, units: Array = 1.0, group: Array = None):
-        """Dense parameters over dp·cp ranks (or ``group``; t apart), experts over the expert-DP ranks (ep apart,
-        folded)."""
+    def dp_collective(bytes_per_parameter: Array, collective: str, units: Array = 1.0, group: Array = None,
+                      dense_params: Array = None, experts: bool = True):
+        """Dense parameters (``dense_params``, default all of the stage's) over dp·cp ranks (or ``group``; t apart),
+        experts (unless ``experts`` is False) over the expert-DP ranks (ep apart, folded)."""
         n = dp_all if group is None else group
-        out = dp_collective_time_s(dense * bytes_per_parameter / units, collective, n, t, link)
-        if m.is_moe:
+        d = dense if dense_params is None else dense_params
+        out = dp_collective_time_s(d * bytes_per_parameter / units, collective, n, t, link)
+        if m.is_moe and experts:
             out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp,
                                              np.asarray(degrees.expert_ranks), link)
         return out * units
@@ -329,11 +332,26 @@ def stage_costs(
     # across the replicas (stride t·shard).
     units = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
     shard = np.asarray(dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all), dtype=float)
-    z3_gather = dp_collective(weight_per, "allgather", units, shard)
-    z3_reduce_scatter = dp_collective(grad_per, "allgather", units, shard)
     replicas = dp_all / shard
-    z3_reduce_scatter = z3_reduce_scatter + np.where(replicas > 1, group_collective_time_s(
-        grad_bytes / units / shard, "allreduce", replicas, t * shard, link), 0.0) * units
+
+    def replica_allreduce(grad_bytes_per_unit: Array):
+        """HSDP: one unit's sharded gradient all-reduced across the replicas."""
+        return np.where(replicas > 1, group_collective_time_s(
+            grad_bytes_per_unit / shard, "allreduce", replicas, t * shard, link), 0.0)
+
+    has_root = np.any(root > 0)
+    z3_gather = dp_collective(layer_weight_per if framework == "fsdp" else weight_per, "allgather", units, shard,
+                              dense_params=dense - root)
+    z3_reduce_scatter = (dp_collective(grad_per, "allgather", units, shard, dense_params=dense - root)
+                         + replica_allreduce((params - root) * grad_per / units) * units)
+    root_gather: Any = 0.0
+    root_reduce_scatter: Any = 0.0
+    if has_root:
+        root_gather = dp_collective(2.0, "allgather", 1.0, shard, dense_params=root, experts=False)
+        root_reduce_scatter = (dp_collective(grad_per, "allgather", 1.0, shard, dense_params=root, experts=False)
+                               + replica_allreduce(root * grad_per))
+        root_gather, root_reduce_scatter = (np.where(root > 0, root_gather, 0.0),
+                                            np.where(root > 0, root_reduce_scatter, 0.0))
     # FSDP in a pipeline (torch.distributed.pipelining): every backward but the last runs without resharding or
     # gradient sync, so each unit is gathered once, for the first micro-batch, and its accumulated gradient is
     # reduce-scattered once, by the post-backward the schedule calls after the stage's last backward
@@ -350,16 +368,18 @@ def stage_costs(
                                         4 if fsdp_param_dtype == "fp32" else 2)
     fwd = fwd + np.where(pipelined_fsdp, 0.0, copy_f)
     bwd = bwd + np.where(pipelined_fsdp, 0.0, copy_b)
+    root_s = root_gather + root_reduce_scatter  # exposed, once per micro-batch (once per step in a pipeline)
     gather_exposed = np.where(
         z3, np.where(pipelined_fsdp,
                      zero3_exposed_s(z3_gather, 0.0, num_layers * lf, layers_bwd, num_layers, 1, True, False, rho)
-                     + z3_reduce_scatter + copy_f + copy_b,
+                     + z3_reduce_scatter + copy_f + copy_b + root_s,
                      zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
-                                     num_microbatches, overlap_grad_reduce, reshard_after_forward, rho)), 0.0,
+                                     num_microbatches, overlap_grad_reduce, reshard_after_forward, rho)
+                     + num_microbatches * root_s), 0.0,
     )
     grad_exposed = np.where(bf16_opt, grad_sync, grad_exposed)  # reduced at the boundary, never overlapped
-    dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter, num_microbatches * (
-        (2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter)), grad_sync)
+    dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter + root_s, num_microbatches * (
+        (2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter + root_s)), grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
     emb_sync = np.where(
         (np.asarray(has_embedding) | np.asarray(has_head)) & ~np.asarray(single_stage) & m.tied_embeddings,
@@ -486,6 +506,26 @@ def zero3_exposed_s(gather_s: Array, reduce_scatter_s: Array, forward_s: Array, 
     bwd_part = np.where(overlap, r + (L - 1.0) * np.maximum(gb + r - b, k * (gb + r)),
                         (L - 1.0) * np.maximum(gb - b, k * gb) + L * r)
     return num_microbatches * (fwd_part + bwd_part)
+
+
+def fsdp_root_parameters(params_per_gpu: Array, layers_params_per_gpu: Array, framework: str):
+    """Parameters of a stage's FSDP root unit (``framework = "fsdp"``; 0 otherwise): those outside its
+    transformer layers (``params_per_gpu - layers_params_per_gpu``) — the word embedding (and learned positions),
+    the final norm and the output layer — which belong to the root module's own unit, not to the layers'
+    (torchtitan ``parallelize_llama.py`` ``apply_fsdp``: ``fully_shard`` on each block, then on the whole model;
+    Composer's FSDP1 ``auto_wrap_policy`` wraps MPT's blocks, and the root FlatParameter holds ``wte``, ``wpe``,
+    ``norm_f``). The root is all-gathered in the root's pre-forward, before the first layer's forward is issued,
+    so nothing hides it, and stays unsharded through the backward (FSDP1 ``_runtime_utils.py``
+    ``_post_forward_reshard`` does not free the root after forward; FSDP2 keeps the root's too); its gradients
+    are the last the backward produces (the embedding's), so their reduce-scatter is exposed as well. Per
+    micro-batch :func:`stage_costs` charges one exposed 16-bit all-gather (float8 converts linear layers only,
+    and the output layer is filtered) and one exposed reduce-scatter of the root; the layers' units, with only
+    their own parameters, follow :func:`zero3_exposed_s`. Llama 3 8B's root (untied 128,256-token embedding and
+    output, 1.05 B parameters) is 4.8 of its layers; MPT-7B's (tied 50,368 × 4,096 embedding, 2,048 learned
+    positions) one. DeepSpeed's ZeRO-3 keeps evenly split units. Arrays broadcast."""
+    root = np.asarray(params_per_gpu, dtype=float) - layers_params_per_gpu
+    root = np.where(root >= 1.0, root, 0.0)  # a middle stage's float remainder is no unit
+    return root if framework == "fsdp" else np.zeros_like(root)
 
 
 #: Bytes FSDP2 reads and writes per element of a unit's gathered parameters (copy-out) and of its unsharded
