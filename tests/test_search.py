@@ -13,7 +13,7 @@ from hetplan.model.spec import load_model
 from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage, balanced_split
 from hetplan.search.homogeneous import evaluate_pool
 from hetplan.search.objective import Objective
-from hetplan.search.planner import Pins, search_plans
+from hetplan.search.planner import Pins, _plan_from_row, search_plans
 from hetplan.search.space import RECOMPUTE_NAMES, divisors, tp_degrees
 
 CAT = load_catalog()
@@ -41,8 +41,9 @@ def test_vectorised_rows_equal_plan_estimates(model, gpu, count, gpn, gbs, seq, 
     rng = np.random.default_rng(0)
     for i in rng.choice(len(res), size=min(60, len(res)), replace=False):
         c = {k: int(v[i]) for k, v in res.config.items()}
-        e = estimate(_plan(job, pool, c["tp"], c["pp"], c["dp"], c["mbs"], c["zero"], RECOMPUTE_NAMES[c["recompute"]],
-                           m.num_layers, c["virtual_stages"]), CAT, m)
+        plan = _plan_from_row(job, Inventory(pools=[pool]), m, res, int(i))  # uneven interleaving: its chunks
+        e = estimate(plan, CAT, m)
+        assert plan.virtual_stages == c["virtual_stages"] and plan.stages[0].tp == c["tp"] and plan.pp == c["pp"]
         assert res.lower_bound_time_s[i] <= e.iteration_time_s * (1 + 1e-6), c
         if c["virtual_stages"] == 1:  # the closed form ignores interleaving's per-chunk transfers
             assert res.iteration_time_s[i] == pytest.approx(e.iteration_time_s, rel=0.15), c

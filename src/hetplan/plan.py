@@ -557,6 +557,48 @@ def balanced_split(num_layers: int, pp: int) -> list[int]:
     return split
 
 
+def ends_split(num_layers: int, pp: int, v: int) -> list[list[int]] | None:
+    """Interleaved chunks ``[stage][chunk]`` with every chunk ``c = ceil(L / (pp v))`` layers except the first
+    (stage 0's first chunk, beside the embedding) and the last (the last stage's last chunk, beside the loss), which
+    together hold ``d = pp v c - L`` fewer — the loss's chunk the more (``ceil(d / 2)``, at most ``c``). NVIDIA's
+    DeepSeek-V3 recipe runs its 61 layers at PP 8 x VP 4 so: ``Et|(tt|)*30L`` (Megatron-Core
+    ``--pipeline-model-parallel-layout``, ``megatron/core/transformer/pipeline_parallel_layer_layout.py``; c = 2,
+    d = 3). None when ``d > 2c`` (the ends cannot absorb it) or ``v < 2``."""
+    if v < 2 or pp < 2:
+        return None
+    c = -(-num_layers // (pp * v))
+    d = pp * v * c - num_layers
+    if d > 2 * c:
+        return None
+    loss = min(c, -(-d // 2))
+    chunks = [[c] * v for _ in range(pp)]
+    chunks[0][0] -= d - loss
+    chunks[-1][-1] -= loss
+    return chunks
+
+
+def balanced_chunks(num_layers: int, pp: int, v: int) -> list[list[int]] | None:
+    """Interleaved chunks ``[stage][chunk]`` of :func:`balanced_split`'s stages, each stage's layers split into
+    ``v`` chunks differing by at most one layer (the short ones first on the first stage, beside the embedding,
+    last elsewhere, the last stage's beside the loss); None when a stage has fewer than ``v`` layers."""
+    out = []
+    for i, n in enumerate(balanced_split(num_layers, pp)):
+        q, r = divmod(n, v)
+        if q < 1:
+            return None
+        out.append([q] * (v - r) + [q + 1] * r if i == 0 else [q + 1] * r + [q] * (v - r))
+    return out
+
+
+#: :func:`interleaved_chunks` split codes (the search's ``split`` dimension, :mod:`hetplan.search.space`).
+SPLITS = ("balanced", "ends")
+
+
+def interleaved_chunks(num_layers: int, pp: int, v: int, split: str = "balanced") -> list[list[int]] | None:
+    """The chunks of split ``split`` (:data:`SPLITS`): :func:`balanced_chunks` or :func:`ends_split`."""
+    return balanced_chunks(num_layers, pp, v) if split == "balanced" else ends_split(num_layers, pp, v)
+
+
 def layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
     """``[start, end)`` layer indices of each stage of :func:`balanced_split`.
 

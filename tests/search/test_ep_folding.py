@@ -131,12 +131,12 @@ def test_expert_tp_is_a_search_dimension_where_the_framework_runs_it():
     assert ok.all() and set(space["expert_tp"]) == {1, 2, 4, 8}
     assert set(enumerate_space(m, 64, 16, 8, Pins(), "flash", seq_len=4096, expert_tp=False)["expert_tp"]) == {1}
     job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10)
-    res = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=32)]), pins=Pins(tp=4, ep=8, pp=2),
+    res = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=32)]), pins=Pins(tp=4, ep=8, pp=2, virtual_stages=1),
                        top_k=20, heterogeneous=False)
     etp = [rp for rp in res.plans if rp.plan.expert_tp > 1]
     assert etp and all(estimate(rp.plan).iteration_time_s == rp.estimate.iteration_time_s for rp in etp)
     fsdp = search_plans(job.model_copy(update={"framework": "fsdp"}), Inventory(pools=[GPUPool(gpu="H100-SXM",
-                        count=32)]), pins=Pins(tp=4, ep=8, pp=2), top_k=20, heterogeneous=False)
+                        count=32)]), pins=Pins(tp=4, ep=8, pp=2, virtual_stages=1), top_k=20, heterogeneous=False)
     assert all(rp.plan.expert_tp == 1 for rp in fsdp.plans)
 
 

@@ -1,7 +1,7 @@
 """Vectorised evaluation of every homogeneous configuration of one GPU pool.
 
-Each configuration's p stages (balanced split, :func:`hetplan.plan.balanced_split`) fall into at most four
-kinds that share costs: the first stage (embedding), the middle stages with one extra layer, the other middle
+Each configuration's p stages (balanced split, :func:`hetplan.plan.balanced_split`, or under interleaving the
+short-ends split :func:`hetplan.plan.ends_split`) fall into at most four kinds that share costs: the first stage (embedding), the middle stages with one extra layer, the other middle
 stages, and the last stage (head). :func:`evaluate_pool` calls :func:`hetplan.estimate.stage.stage_costs` once on
 arrays of shape (configurations, 4) and assembles the kinds with their multiplicities into an iteration with
 :func:`hetplan.estimate.iteration.assemble_iteration` (closed-form pipeline) — the assembly
@@ -63,11 +63,13 @@ class PoolResult:
         return len(self.num_gpus)
 
 
-def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray, v: np.ndarray):
+def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray, v: np.ndarray, split: np.ndarray | None = None):
     """Layers, multiplicity, embedding/head flags and in-flight micro-batches of the 4 stage kinds, (n, 4).
 
-    In-flight counts are those of the first stage of each kind (the largest), per
-    :func:`hetplan.estimate.estimator.in_flight_microbatches` (1F1B, or interleaved with v virtual stages)."""
+    Split 0 is :func:`hetplan.plan.balanced_split`; split 1 :func:`hetplan.plan.ends_split` (the middle stages
+    ``v·c`` layers, the first and the last ``d - ceil(d/2)`` and ``ceil(d/2)`` fewer). In-flight counts are those
+    of the first stage of each kind (the largest), per :func:`hetplan.estimate.estimator.in_flight_microbatches`
+    (1F1B, or interleaved with v virtual stages)."""
     q, r = L // pp, L % pp
     mids = np.maximum(pp - 2, 0)
     r_mid = np.minimum(r, mids)
@@ -75,6 +77,14 @@ def _stage_kinds(L: int, pp: np.ndarray, mb: np.ndarray, v: np.ndarray):
     single = pp == 1
     layers = np.stack([q + (r_rest >= 1), q + 1, q, q + (r_rest >= 2)], axis=1)
     layers[single, 0] = L
+    if split is not None and np.any(split == 1):  # ends_split: r_mid = mids middle stages of v·c layers
+        ends = split == 1
+        c = -(-L // (pp * v))
+        d = pp * v * c - L
+        loss = np.minimum(c, -(-d // 2))
+        full = v * c
+        layers = np.where(ends[:, None], np.stack([full - (d - loss), full, full, full - loss], axis=1), layers)
+        r_mid = np.where(ends, mids, r_mid)
     count = np.stack([np.ones_like(pp), r_mid, mids - r_mid, (~single).astype(np.int64)], axis=1)
     first_index = np.stack([np.zeros_like(pp), np.ones_like(pp), 1 + r_mid, pp - 1], axis=1)
     in_flight = in_flight_microbatches("1f1b", pp[:, None], first_index, mb[:, None], v[:, None])
@@ -222,7 +232,7 @@ def _stage_inputs(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray]) -> tuple[D
     (n, 4), and each kind's multiplicity (:func:`_stage_kinds`)."""
     tp, pp, dp, mbs, v = cfg["tp"], cfg["pp"], cfg["dp"], cfg["mbs"], cfg["virtual_stages"]
     mb = job.global_batch // (dp * mbs)
-    layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb, v)
+    layers, count, has_emb, has_head, in_flight = _stage_kinds(m.num_layers, pp, mb, v, cfg.get("split"))
     col = lambda a: a[:, None]  # noqa: E731
     degrees = Degrees.of(tp=col(tp), cp=col(cfg["cp"]), dp=col(dp), zero=col(cfg["zero"]), ep=col(cfg["ep"]),
                          expert_tp=col(cfg["expert_tp"]), virtual_stages=col(v))
@@ -254,7 +264,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     fw = job_framework(job.framework)
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
                           expert_tp=fw is None or fw.expert_tp, interleave=fw is None or fw.interleaved,
-                          seq_len=job.seq_len, stack=job.stack_spec(), ep_fold=fw is None or fw.ep_beyond_dp)
+                          seq_len=job.seq_len, stack=job.stack_spec(), ep_fold=fw is None or fw.ep_beyond_dp,
+                          uneven=fw is not None and fw.interleaved and "any" in fw.splits)
     if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
         cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}

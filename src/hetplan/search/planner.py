@@ -19,7 +19,8 @@ from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import Estimate, estimate
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import Inventory, Job, Plan, Stage, balanced_split
+from hetplan.plan import SPLITS, Inventory, Job, Plan, Stage, balanced_split, interleaved_chunks
+from hetplan.plan_rules import embedding_loss_split
 from hetplan.search.explain import explain_ranking
 from hetplan.search.homogeneous import COMPONENTS, PoolResult, evaluate_pool
 from hetplan.search.objective import (Objective, TopK, estimate_keys, guarded_best_first, lower_bound_keys,
@@ -101,11 +102,19 @@ def check_pins(pins: Pins, m: ModelSpec) -> None:
 def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult, i: int) -> Plan:
     c = {k: int(v[i]) for k, v in res.config.items()}
     split = balanced_split(m.num_layers, c["pp"])
+    v = c["virtual_stages"]
+    chunks = None
+    if v > 1 and (c.get("split", 0) == 1 or embedding_loss_split(split, m.num_layers, v) is None):
+        # a layer list per chunk (Megatron-Core's layout string; hetplan.search.space._with_virtual_stages)
+        chunks = interleaved_chunks(m.num_layers, c["pp"], v, SPLITS[c.get("split", 0)])
+        assert chunks is not None  # the space enumerates only splits that exist
+        split = [sum(ch) for ch in chunks]
     recompute = RECOMPUTE_NAMES[c["recompute"]]
     pool = inventory.pools[res.pool_index]
     return Plan(
         job=job,
         pools=[pool],
+        pipeline_chunks=chunks,
         stages=[Stage(pool=0, num_layers=n, tp=c["tp"], dp=c["dp"], recompute=recompute) for n in split],
         mbs=c["mbs"],
         zero=c["zero"],

@@ -116,15 +116,17 @@ def stack_allows(stack, zero: int | None = None, recompute: str | None = None, a
 
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
                     attention: str = "standard", seq_len: int | None = None, stack=None,
-                    expert_tp: bool = True, interleave: bool = True, ep_fold: bool = True) -> dict[str, np.ndarray]:
+                    expert_tp: bool = True, interleave: bool = True, ep_fold: bool = True,
+                    uneven: bool = False) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
-    ep, expert_tp`` (recompute as codes 0/1/2), honouring ``pins``; ``expert_tp``: whether the framework splits
-    experts over their own TP degree (``hardware/data/frameworks.toml``; else expert-TP 1); ``ep_fold``: whether EP
-    may span TP x CP x DP (MoE parallel folding; else EP divides DP x CP, same file); ``interleave``: whether
-    it runs interleaved 1F1B (same file; DeepSpeed's pipeline engine does not: only v = 1 is enumerated). Empty
-    arrays if nothing matches. Under ``attention =
-    "flash"`` selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out
-    unless pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1). ``stack``: the job's
+    ep, expert_tp, split`` (recompute as codes 0/1/2, split as :data:`hetplan.plan.SPLITS` indices), honouring
+    ``pins``. What the job's framework runs (``hardware/data/frameworks.toml``): ``expert_tp``, whether it splits
+    experts over their own TP degree (else expert-TP 1); ``ep_fold``, whether EP may span TP x CP x DP (MoE
+    parallel folding; else EP divides DP x CP); ``interleave``, whether it runs interleaved 1F1B (DeepSpeed's
+    pipeline engine does not: only v = 1 is enumerated); ``uneven``, interleaved splits that need a layer list
+    per chunk (:func:`_with_virtual_stages`). Empty arrays if nothing matches. Under ``attention = "flash"``
+    selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out unless
+    pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1). ``stack``: the job's
     :class:`hetplan.hardware.stacks.StackSpec`; only the ZeRO stages and recomputation modes it offers are
     enumerated (:func:`stack_allows`; Megatron-LM 2.5 has neither the distributed optimizer nor selective
     recomputation)."""
@@ -149,7 +151,7 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
                         mbs_lists.append(sizes)
     names = ("tp", "pp", "dp", "mbs", "zero", "recompute")
     if not triples:
-        return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages", "cp", "ep", "expert_tp")}
+        return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages", "cp", "ep", "expert_tp", "split")}
     quads = np.array(triples, dtype=np.int64)
     tri, cp_of = quads[:, :3], quads[:, 3]
     counts = np.array([len(x) for x in mbs_lists])
@@ -177,7 +179,7 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     arr = np.concatenate(parts) if parts else np.zeros((0, 7), dtype=np.int64)
     out = {k: arr[:, i] for i, k in enumerate((*names, "cp"))}
     out = _with_expert_parallel(out, m, pins.ep, expert_tp, ep_fold)
-    return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages, interleave)
+    return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages, interleave, uneven)
 
 
 def ep_degrees(m: ModelSpec, ranks: int, pin: int | None = None) -> list[int]:
@@ -216,29 +218,58 @@ def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | N
 
 
 def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_batch: int, pin: int | None,
-                         interleave: bool = True):
-    """Add the ``virtual_stages`` dimension (interleaved 1F1B, Narayanan et al. SC'21 Sec. 2.2.2).
+                         interleave: bool = True, uneven: bool = False):
+    """Add the ``virtual_stages`` and ``split`` dimensions (interleaved 1F1B, Narayanan et al. SC'21 Sec. 2.2.2;
+    ``split`` indexes :data:`hetplan.plan.SPLITS`).
 
-    Every configuration gets v = 1; those Megatron-LM can interleave — pp > 1, pp·v dividing the layers (equal
-    chunks) and the micro-batch count a multiple of pp — are repeated for each v > 1 dividing L/pp. Uneven
-    pipelines like Llama 3's also interleave: with the embedding and the loss each counted as one layer of the
-    split (Megatron-Core ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``;
-    Llama 3, arXiv 2407.21783 Sec. 3.3.2: one fewer layer on the first and the last stage), ``L + 2`` layer slots
-    are divided into pp·v equal chunks — which is :func:`hetplan.plan.balanced_split` when pp divides ``L + 2``.
+    Every configuration gets v = 1 on :func:`hetplan.plan.balanced_split`; those Megatron-LM can interleave — pp >
+    1, pp·v dividing the layers (equal chunks) and the micro-batch count a multiple of pp — are repeated for each
+    v > 1 dividing L/pp. Uneven pipelines like Llama 3's also interleave: with the embedding and the loss each
+    counted as one layer of the split (Megatron-Core ``account_for_embedding_in_pipeline_split`` /
+    ``account_for_loss_in_pipeline_split``; Llama 3, arXiv 2407.21783 Sec. 3.3.2: one fewer layer on the first
+    and the last stage), ``L + 2`` layer slots are divided into pp·v equal chunks — which is
+    :func:`hetplan.plan.balanced_split` when pp divides ``L + 2``. With ``uneven`` (a framework that takes any
+    layer list per chunk: Megatron-Core's ``--pipeline-model-parallel-layout``, torchtitan's
+    ``module_fqns_per_model_part``; ``frameworks.toml`` ``splits = any``) every other v from 2 to L/pp is
+    enumerated too, on two splits: the balanced split with each stage's layers in v near-equal chunks
+    (:func:`hetplan.plan.balanced_chunks`, split 0) and equal chunks with the first and the last chunk short
+    (:func:`hetplan.plan.ends_split`, split 1: DeepSeek-V3's 61 layers at PP 8 x VP 4 as NVIDIA runs them).
     Without ``interleave`` (a framework with no interleaved schedule) every configuration keeps v = 1.
     """
+    from hetplan.plan import balanced_split, ends_split
+
     pp = cfg["pp"]
     mb = global_batch // (cfg["dp"] * cfg["mbs"])
-    blocks = [{**cfg, "virtual_stages": np.ones(len(pp), dtype=np.int64)}] if pin in (None, 1) else []
+    ones = np.ones(len(pp), dtype=np.int64)
+    blocks = [{**cfg, "virtual_stages": ones, "split": ones * 0}] if pin in (None, 1) else []
+
+    def add(rows: np.ndarray, v: int, split: int) -> None:
+        k = int(rows.sum())
+        blocks.append({**{key: a[rows] for key, a in cfg.items()}, "virtual_stages": np.full(k, v),
+                       "split": np.full(k, split)})
+
     even = num_layers % pp == 0
     eligible = (pp > 2) & (even | ((num_layers + 2) % pp == 0)) | (pp == 2) & even
-    eligible &= (mb % pp == 0) & interleave
+    ok_mb = (mb % pp == 0) & interleave
+    eligible &= ok_mb
+    done: set[tuple[int, int]] = set()
     for p in sorted(set(pp[eligible].tolist())):  # (not np.unique: it imports numpy.ma, 10 ms)
         rows = eligible & (pp == p)
         slots = num_layers if num_layers % int(p) == 0 else num_layers + 2
         for v in divisors(slots // int(p))[1:]:
             if pin is None or v == pin:
-                blocks.append({**{k: a[rows] for k, a in cfg.items()}, "virtual_stages": np.full(int(rows.sum()), v)})
+                add(rows, v, 0)
+                done.add((int(p), v))
+    for p in sorted(set(pp[ok_mb & (pp > 1)].tolist())) if uneven else []:
+        rows = ok_mb & (pp == p)
+        for v in range(2, num_layers // p + 1) if pin is None else [pin] if pin <= num_layers // p else []:
+            if (p, v) in done:
+                continue
+            add(rows, v, 0)  # balanced_chunks exist: every stage holds at least L // p >= v layers
+            ends = ends_split(num_layers, p, v)
+            if ends is not None and [sum(c) for c in ends] != balanced_split(num_layers, p):
+                add(rows, v, 1)
     if not blocks:
-        return {k: a[:0] for k, a in cfg.items()} | {"virtual_stages": np.zeros(0, dtype=np.int64)}
+        return {k: a[:0] for k, a in cfg.items()} | {"virtual_stages": np.zeros(0, dtype=np.int64),
+                                                     "split": np.zeros(0, dtype=np.int64)}
     return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}

@@ -257,11 +257,11 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     FSDP x CP x TP ranks (``efsdp = dp_shard * cp * tp / ep``), never tensor-parallel (expert-TP 1).
 
     Raises:
-        HetplanError: expert-TP > 1; EP with DDP (ZeRO-0); a model it neither ships nor can build.
+        HetplanError: expert-TP > 1; EP with DDP (ZeRO-0 over DP > 1); a model it neither ships nor can build.
     """
     pp, notes = plan.pp, []
     experts = int(getattr(spec, "num_experts", 0) or 0)
-    if m.ep > 1 and plan.zero == 0:
+    if m.ep > 1 and plan.zero == 0 and m.dp > 1:  # one replica: shard degree 1, EP carved out of cp x tp
         raise HetplanError("torchtitan 0.3 folds EP into the FSDP shard ranks; a ZeRO-0 (DDP) plan has none",
                            field="plan.zero", fix="plan with zero 3 (FSDP), or export --to megatron")
     shipped = TORCHTITAN_03_MODELS.get(spec.name)

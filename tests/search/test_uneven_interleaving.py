@@ -1,0 +1,92 @@
+"""Uneven interleaved pipelines in the uniform search: layer counts that no equal split of pp x v chunks (with
+the embedding / loss counted as layers) expresses are enumerated as per-chunk layer lists where the job's
+framework takes them (frameworks.toml splits = any: Megatron-Core's --pipeline-model-parallel-layout,
+torchtitan's module_fqns_per_model_part), priced as estimate() prices the plan, exported exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetplan.estimate.compute import pool_gpu
+from hetplan.estimate.estimator import estimate
+from hetplan.hardware.catalog import load_catalog
+from hetplan.model.spec import load_model
+from hetplan.plan import GPUPool, Inventory, Job, balanced_chunks, balanced_split, ends_split
+from hetplan.plan_rules import violations
+from hetplan.runtime import exporters, importers
+from hetplan.runtime.argspec import megatron_argv, parse_megatron_args
+from hetplan.search.homogeneous import evaluate_pool
+from hetplan.search.planner import _plan_from_row, search_plans
+from hetplan.search.space import Pins, enumerate_space
+
+NVIDIA_DSV3 = "Et|(tt|)*30L"  # Megatron-LM DeepSeek-V3 recipe layout at PP 8 x VP 4 (without the MTP layer)
+
+
+def test_splits_cover_the_layers_and_nvidia_layout_is_the_ends_split():
+    assert ends_split(61, 8, 4) == importers.parse_layout(NVIDIA_DSV3, 8)
+    for L in (7, 32, 61, 94, 126):
+        for pp in range(2, 9):
+            for v in range(2, L // pp + 1):
+                bal = balanced_chunks(L, pp, v)
+                assert bal is not None and [sum(c) for c in bal] == balanced_split(L, pp)
+                assert all(len(c) == v and min(c) >= 1 and max(c) - min(c) <= 1 for c in bal)
+                ends = ends_split(L, pp, v)
+                if ends is not None:
+                    flat = [n for c in ends for n in c]
+                    assert sum(flat) == L and min(flat) >= 0 and len(set(flat[1:-1])) == 1
+
+
+def test_space_has_uneven_interleaving_only_where_the_framework_takes_layer_lists():
+    m = load_model("deepseek-v3")
+    kw = dict(seq_len=4096, pins=Pins(pp=8, tp=2, dp=64), available=1024, gpus_per_node=8, attention="flash")
+    with_lists = enumerate_space(m, 8192, **kw, uneven=True)
+    assert {(4, 0), (4, 1)} <= set(zip(with_lists["virtual_stages"].tolist(), with_lists["split"].tolist()))
+    assert set(enumerate_space(m, 8192, **kw)["virtual_stages"]) == {1}  # 61 layers: no equal split at PP 8
+    assert set(enumerate_space(m, 8192, **kw, uneven=True, interleave=False)["virtual_stages"]) == {1}
+
+
+def test_search_proposes_nvidia_deepseek_v3_layout_and_exports_it():
+    """DeepSeek-V3, 1,024 H100, fp8, PP 8 x VP 4 pinned: the search's plans include NVIDIA's layout, each costs
+    what estimate() says, and the Megatron-LM export writes that layout (accepted by the release's argument list)
+    and reads back as the plan."""
+    spec = load_model("deepseek-v3")
+    job = Job(model="deepseek-v3", seq_len=4096, global_batch=8192, train_iterations=10, dtype="fp8")
+    res = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=1024)]), top_k=4,
+                       pins=Pins(pp=8, virtual_stages=4), heterogeneous=False)
+    nvidia = importers.parse_layout(NVIDIA_DSV3, 8)
+    assert any(rp.plan.pipeline_chunks == nvidia for rp in res.plans)
+    for rp in res.plans:
+        assert rp.plan.pipeline_chunks is not None and violations(rp.plan, spec) == []
+        assert estimate(rp.plan).iteration_time_s == rp.estimate.iteration_time_s
+        script = exporters.export(rp.plan, spec, "megatron").files["megatron_launch.sh"]
+        parse_megatron_args(megatron_argv(script))
+        assert "--pipeline-model-parallel-layout" in script
+        assert importers.import_files({"run.sh": script}).pipeline_chunks == rp.plan.pipeline_chunks
+    best = next(rp.plan for rp in res.plans if rp.plan.pipeline_chunks == nvidia)
+    assert "--pipeline-model-parallel-layout 'Et|(t*2|)*30L'" in exporters.export(best, spec, "megatron").files[
+        "megatron_launch.sh"]
+
+
+@pytest.mark.parametrize("framework, target", [("megatron", "megatron"), ("fsdp", "torchtitan")])
+def test_uneven_rows_agree_with_estimate_and_export(framework, target):
+    """Every sampled interleaved row whose split needs a layer list per chunk: estimate() of the plan built from
+    it has the row's memory and no less than its lower bound; it passes the plan rules and exports (torchtitan:
+    model parts) and imports back with its chunks."""
+    m = load_model("mixtral-8x7b")
+    job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10, framework=framework)
+    pool = GPUPool(gpu="H100-SXM", count=16)
+    cat = load_catalog()
+    res = evaluate_pool(m, job, pool, pool_gpu(cat, pool), Pins())
+    rows = [int(i) for i in np.nonzero(res.config["virtual_stages"] > 1)[0]]
+    plans = {i: _plan_from_row(job, Inventory(pools=[pool]), m, res, i) for i in rows}
+    uneven = [i for i in rows if plans[i].pipeline_chunks is not None]
+    assert uneven and set(res.config["split"][uneven]) == {0, 1}
+    for i in np.random.default_rng(0).choice(uneven, size=12, replace=False):
+        plan = plans[int(i)]
+        e = estimate(plan, cat, m)
+        assert res.lower_bound_time_s[i] <= e.iteration_time_s * (1 + 1e-6)
+        assert res.memory["total"][i] == pytest.approx(e.memory_bytes_per_gpu.total, rel=1e-9)
+        assert violations(plan, m) == []
+        back = importers.import_files(exporters.export(plan, m, target).files)
+        assert back.pipeline_chunks == plan.pipeline_chunks and back.virtual_stages == plan.virtual_stages
