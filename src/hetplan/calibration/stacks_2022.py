@@ -17,6 +17,11 @@ Rows (``validation_data/nemo_megatron_a100.csv``, every row with its source):
   Megatron-DeepSpeed 2021: DeepSpeed's pipeline engine with ZeRO-powered data parallelism (§2), taken as
   ZeRO-1 (the pipeline engine refuses ZeRO-2); micro-batch 1 and full recomputation are not stated (Megatron's
   setting for its TP 8 × PP 35 530B run, SC'21 ``examples/sc21/run_table_1.sh``).
+* Megatron-LM v2.0 (2021-01): GPT-3 175B on 1,024 A100 at TP 8 × PP 16 × DP 8, micro-batch 1, global batch
+  1,536, fp16, full recomputation, "each iteration takes around 32 seconds" (138 TFLOP/s per GPU), from the
+  README at ``NVIDIA/Megatron-LM@152aab30`` with ``examples/pretrain_gpt3_175B.sh`` of that commit, whose
+  default ``--DDP-impl local`` reduces the gradients after backward (``overlap_grad_reduce`` 0 in the file;
+  the other rows leave it to their stack).
 
 Each row runs under the stack it names (``Job.stack``): what the stack does (sequence parallelism, gradient
 overlap, ZeRO layout, unfused fp32 loss) is priced from ``hardware/data/stacks.toml``, never from the row. The
@@ -50,7 +55,8 @@ def row_plan(r: dict) -> tuple[Plan, object]:
     job = Job(model=m.name, seq_len=s, global_batch=int(r["global_batch"]), dtype=r["dtype"], attention="standard",
               framework=r["framework"], stack=r["stack"])
     plan = Plan(job=job, pools=[pool], stages=stages, mbs=int(r["mbs"]), zero=int(r["zero"]),
-                sequence_parallel=r["sequence_parallel"] == "1", schedule="1f1b", overlap_grad_reduce=True)
+                sequence_parallel=r["sequence_parallel"] == "1", schedule="1f1b",
+                overlap_grad_reduce=r["overlap_grad_reduce"] == "1")
     return plan, m
 
 

@@ -195,7 +195,29 @@ def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: 
     heads = b * a / t
     hp = fp8.high_precision(dtype)
     core = gemm_time_s(gpu, hp, s, s, d, heads) + gemm_time_s(gpu, hp, s, d, s, heads)
-    return linear, core
+    return linear, core * core_alignment_factor(m, gpu, hp)
+
+
+#: Byte alignment below which the attention core's batched GEMMs run on CUDA cores. cuBLAS's tensor-core kernels
+#: want every operand pointer, leading dimension and batch stride 16-byte aligned (cuBLAS documentation, "Tensor
+#: Core Usage" restrictions: 128-bit accesses). Below 8 bytes (an odd head dimension, or twice an odd one) the
+#: measured cores run at the SIMT rate (BLOOM's d = 225 and 150, below); at exactly 8 bytes the measured slowdown
+#: differs by GPU (FASOP's GPT-2 XL, d = 100: about 1.6x on an A10G, 8x on an A100; BLOOM's d = 108: about 8x on
+#: an A100), no single rate holds, so it is not charged.
+SIMT_BELOW_BYTES = 8
+
+
+def core_alignment_factor(m: ModelSpec, gpu: GPUSpec, dtype: str) -> float:
+    """Slowdown of the materialised attention core's two batched GEMMs (``baddbmm`` / ``bmm`` on Megatron's
+    ``[s, b·a, d]`` layout, whose batches lie ``d`` elements apart) when the head dimension leaves the batch
+    pointers less than :data:`SIMT_BELOW_BYTES` aligned: cuBLAS runs CUDA-core kernels at the GPU's fp32 FMA
+    rate (fp32 accumulation), ``peak(dtype) / peak(fp32)`` times slower at the same shape efficiency (A100:
+    312 / 19.5 = 16). Measured by BLOOM's layout search: hidden 14,400 with 64 heads (d = 225) ran 221 s per step
+    where hidden 13,824 (d = 216) ran 160 s in the same layout (bigscience chronicles-prequel.md, "tile and wave
+    quantization"; 8.5 % more FLOPs). 1 for aligned heads or GPUs without an fp32 rate."""
+    if (m.head_dim * OPERAND_BYTES) % SIMT_BELOW_BYTES == 0 or "fp32" not in gpu.dense_flops_per_s:
+        return 1.0
+    return gpu.peak_flops_per_s(dtype) / gpu.peak_flops_per_s("fp32")
 
 
 def mlp_gemm_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, tokens: Array, f: Array, t: Array):

@@ -183,9 +183,10 @@ def stage_costs(
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         terms = replace(terms, gemm_times_s=(linear, core),
                         attention_blocks=context.attention_blocks(cp, cp_load_balance),
-                        extra_kernels=moe.extra_kernels(m, ep, framework),
+                        extra_kernels=moe.extra_kernels(m, ep, framework, moe_options.dispatcher),
                         extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
-                        + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework))
+                        + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework,
+                                                 moe_options.dispatcher))
     eager = framework == "fsdp" and not torch_compile
     loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
@@ -224,7 +225,8 @@ def stage_costs(
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
             again = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
                      + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
-                     + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework))
+                     + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework,
+                                              moe_options.dispatcher))
             rerun = np.where(rc == Recompute.FULL, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(rc == Recompute.FULL, 0.0, a2a)
             layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
