@@ -157,3 +157,13 @@ def test_set_accuracy_reached(loaded):
     r = run_modern([bs.SET])[0][bs.SET]
     assert r["n"] == 128
     assert r["mape"] <= 0.17 and r["signed_median"] <= 0.19 and r["max_abs_error"] <= 0.38
+
+
+def test_validate_reports_per_tp_per_pp_and_the_oom_rows():
+    from hetplan.calibration.modern import run_modern
+
+    r = run_modern([bs.SET])[0][bs.SET]
+    assert set(r["per_tp"]) == {"1", "2", "4", "8"} and sum(g["n"] for g in r["per_tp"].values()) == r["n"]
+    assert sum(g["n"] for g in r["per_pp"].values()) == r["n"] and "48" in r["per_pp"]
+    assert r["per_tp"]["8"]["signed_median"] > r["per_tp"]["4"]["signed_median"] > 0  # still too fast at TP 8
+    assert len(r["measured_oom"]) == 6 and r["does_not_fit"] == []

@@ -399,23 +399,28 @@ def test_expert_bias_loop_bytes_and_kernels_worked_example():
     """GPT-OSS 120B (128 experts, top-4, h 2,880, f_e 2,880, biased experts) at EP 8, one 4,096-token micro-batch:
     Megatron-Core's ``TEGroupedMLP._apply_bias`` loops over the 16 local experts for the FC2 bias (``b * p``, the
     add: 2 kernels each, then one ``cat``): 33 kernels, 16,384 routed copies x 2,880 x 12 B = 0.566 GB; NeMo
-    AutoModel's ``gmm`` path adds the FC1 bias the same way (one add per expert + ``cat``: 17 more kernels,
-    8 B x 5,760 more per copy)."""
+    AutoModel's DeepEP experts add the FC1 bias the same way (one add per expert + ``cat``: 17 more kernels,
+    8 B x 5,760 more per copy); torchtitan's vectorised add: 4 kernels per GEMM whatever the experts, 8 B per
+    element of both outputs."""
     from hetplan.hardware.catalog import get_gpu
 
     m, g = load_model("gpt-oss-120b"), get_gpu("H100-SXM")
+    bw = g.hbm_bandwidth_bytes_per_s
     assert moe.expert_bias_kernels(m, 8) == 33
-    assert moe.expert_bias_kernels(m, 8, "fsdp") == 33 + 17
+    assert moe.expert_bias_kernels(m, 8, "fsdp", "deepep") == 33 + 17
+    assert moe.expert_bias_kernels(m, 8, "fsdp") == moe.expert_bias_kernels(m, 64, "fsdp") == 8
     copies = 4 * 4096
-    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8) * g.hbm_bandwidth_bytes_per_s == pytest.approx(
-        copies * 2880 * 12)
-    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8, framework="fsdp") * g.hbm_bandwidth_bytes_per_s == \
+    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8) * bw == pytest.approx(copies * 2880 * 12)
+    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8, framework="fsdp", dispatcher="deepep") * bw == \
         pytest.approx(copies * (2880 * 12 + 5760 * 8))
+    assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8, framework="fsdp") * bw == pytest.approx(
+        copies * (2880 * 8 + 5760 * 8))
     # the busiest rank's copies: imbalance and expert-TP (the copies all-gathered over the etp group, FC1 split)
     assert moe.expert_bias_time_s(m, g, 1, 4096, 1, 8, imbalance=1.25) == pytest.approx(
         1.25 * moe.expert_bias_time_s(m, g, 1, 4096, 1, 8))
     # counted once per layer in the host floor with the other MoE kernels
     assert moe.extra_kernels(m, 8) - moe.extra_kernels(m.model_copy(update={"linear_bias": False}), 8) == 33
+    assert moe.extra_kernels(m, 8, "fsdp", "deepep") - moe.extra_kernels(m, 8, "fsdp") == 50 - 8
 
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b", "llama3-8b"])
@@ -423,7 +428,8 @@ def test_expert_bias_costs_nothing_without_biases(name):
     from hetplan.hardware.catalog import get_gpu
 
     m = load_model(name)
-    assert moe.expert_bias_kernels(m, 8) == 0.0 and moe.expert_bias_kernels(m, 8, "fsdp") == 0.0
+    assert moe.expert_bias_kernels(m, 8) == 0.0 and moe.expert_bias_kernels(m, 8, "fsdp", "deepep") == 0.0
+    assert moe.expert_bias_kernels(m, 8, "fsdp") == 0.0
     assert moe.expert_bias_time_s(m, get_gpu("H100-SXM"), 1, 4096, 1, 8) == 0.0
 
 

@@ -352,3 +352,31 @@ def test_import_of_a_damaged_launch_says_what_is_wrong(target, data):
         importers.import_files(files)
     except HetplanError as e:
         assert e.field and e.fix
+
+
+@pytest.mark.parametrize("example", ["llama2-7b-mixed-cloud", "espresso_open_llama_3b", "gpt3-175b-a100"])
+def test_readme_examples_export_and_import_back(example, tmp_path, monkeypatch):
+    """The README's examples: `hetplan plan EXAMPLE -o plan.json`, then every export target that launches the plan
+    (the others refuse naming the field, e.g. torchtitan's fp16 or a non-Llama model), then `hetplan import` of the
+    files: the same plan comes back (a model given as a config.json path included: DeepSpeed's
+    pipeline_module.json names it as the plan does)."""
+    from tests.fuzz.inproc import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("plan", ROOT / "examples" / f"{example}.toml", "-q", "-o", "plan.json").code == 0
+    plan = Plan.model_validate_json((tmp_path / "plan.json").read_text())
+    back_ok = 0
+    for target in ("megatron", "torchtitan", "deepspeed"):
+        r = run_cli("export", "plan.json", "--to", target, "--out-dir", target)
+        if r.code != 0:
+            assert r.code == 2 and not r.traceback and "fix" in r.stderr, r.stderr
+            continue
+        files = sorted(str(p) for p in (tmp_path / target).iterdir())
+        r = run_cli("import", *files, "-o", f"{target}.json")
+        assert r.code == 0 and not r.traceback, r.stderr
+        back = Plan.model_validate_json((tmp_path / f"{target}.json").read_text())
+        assert {k: v for k, v in _key(back).items() if k != "gpus"} == \
+            {k: v for k, v in _key(plan).items() if k != "gpus"}, target
+        assert back.num_gpus == plan.num_gpus
+        back_ok += 1
+    assert back_ok >= 1  # Megatron-LM launches each of them

@@ -90,3 +90,24 @@ def test_uneven_rows_agree_with_estimate_and_export(framework, target):
         assert violations(plan, m) == []
         back = importers.import_files(exporters.export(plan, m, target).files)
         assert back.pipeline_chunks == plan.pipeline_chunks and back.virtual_stages == plan.virtual_stages
+
+
+def test_multi_token_prediction_in_a_launch_is_refused_by_name():
+    """DeepSeek-V3's MTP module (--mtp-num-layers, an 'm' in the layout) is not priced: import refuses it naming
+    the flag and the way out, never a plan of another run."""
+    from hetplan.errors import HetplanError
+    from hetplan.plan import Plan, Stage
+
+    spec = load_model("deepseek-v3")
+    chunks = importers.parse_layout(NVIDIA_DSV3, 8)
+    job = Job(model="deepseek-v3", seq_len=4096, global_batch=8192, train_iterations=10, dtype="fp8")
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=1024)], mbs=1, zero=1, ep=64, virtual_stages=4,
+                sequence_parallel=True, pipeline_chunks=chunks,
+                stages=[Stage(num_layers=sum(c), tp=2, dp=64, recompute="full") for c in chunks])
+    script = exporters.export(plan, spec, "megatron").files["megatron_launch.sh"]
+    assert importers.import_files({"run.sh": script}).pipeline_chunks == chunks
+    with pytest.raises(HetplanError, match="multi-token-prediction") as e:
+        importers.import_files({"run.sh": script.replace("--num-layers", "--mtp-num-layers 1 --num-layers")})
+    assert e.value.field == "--mtp-num-layers"
+    with pytest.raises(HetplanError, match="no MTP"):
+        importers.parse_layout("Et|(tt|)*30mL", 8)

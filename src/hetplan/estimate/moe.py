@@ -92,70 +92,85 @@ DISPATCH_BYTES = 2
 MOE_EXTRA_KERNELS = 17
 
 
-def extra_kernels(m: ModelSpec, ep: Array, framework: str = "megatron"):
+def extra_kernels(m: ModelSpec, ep: Array, framework: str = "megatron", dispatcher: str = "alltoall"):
     """Kernels one layer's forward launches beyond a dense layer's (mean over the model's layers; counted in the
     host floor of :func:`hetplan.estimate.compute.layer_time_s`): :data:`MOE_EXTRA_KERNELS` plus the expert GEMM
     launches — Megatron-Core's ``TEGroupedMLP`` runs Transformer Engine's ``GroupedLinear``, which issues one
     cuBLAS GEMM per local expert and matrix (``nvte_multi_stream_cublas_gemm``, TransformerEngine
     ``common/gemm/cublaslt_gemm.cu``): ``2·E/ep``; PyTorch's ``torch._grouped_mm`` (torchtitan, NeMo AutoModel
     ``experts: torch_mm``) and the ``grouped_gemm`` kernel (``gmm``) launch one per matrix (``framework="fsdp"``):
-    2 — a shared expert's two GEMMs and activation (3), and the per-expert bias kernels of biased experts
-    (:func:`expert_bias_kernels`). 0 for a dense model."""
+    2 — a shared expert's two GEMMs and activation (3), and the bias kernels of biased experts
+    (:func:`expert_bias_kernels`, which depend on ``dispatcher``). 0 for a dense model."""
     if not m.is_moe:
         return 0.0
     gemms = 2.0 if framework == "fsdp" else 2.0 * m.num_experts / np.asarray(ep, dtype=float)
     shared = 3.0 if m.shared_expert_ffn_hidden_size else 0.0
-    return (MOE_EXTRA_KERNELS + gemms + shared + expert_bias_kernels(m, ep, framework)) * m.num_moe_layers / m.num_layers
+    bias = expert_bias_kernels(m, ep, framework, dispatcher)
+    return (MOE_EXTRA_KERNELS + gemms + shared + bias) * m.num_moe_layers / m.num_layers
 
 
-#: Bytes per element of a routed expert GEMM's output that adding its per-expert bias moves, as the frameworks'
-#: eager loop over the local experts runs it (``for t, b, p in zip(torch.split(out, tokens_per_expert), biases,
-#: torch.split(probs, ...))``, then ``torch.cat``; 2-byte elements, each kernel one read of its inputs and one
-#: write of its output). The second expert GEMM's (FC2) bias is weighted by the router probability: ``b * p``
-#: (write 2), ``t + b * p`` (read 2 + 2, write 2), ``torch.cat`` (read 2, write 2): 12, and three kernels per
-#: local expert... two (``b * p``, the add) plus one ``cat`` — Megatron-Core ``TEGroupedMLP._apply_bias``
-#: (``megatron/core/transformer/moe/experts.py``, "Enable bias in expert mlp [gpt-oss 5/5]", September 2025,
-#: until the packed path of August 2026), NeMo AutoModel ``GroupedExpertsDeepEP._apply_bias``
-#: (``nemo_automodel/components/moe/layers.py``, October 2025 - January 2026). The first GEMM's (FC1) bias: in
-#: Megatron-Core, Transformer Engine's ``GroupedLinear`` adds it in the GEMM's epilogue (0); in NeMo AutoModel's
-#: ``gmm`` path the same loop without the probability, ``t + b`` (read 2, write 2) and ``torch.cat`` (read 2,
-#: write 2): 8 per element of its ``2·f_e`` outputs, one kernel per local expert plus the ``cat``
-#: (``framework="fsdp"``; torchtitan's ``GptOssGroupedExperts`` adds a ``repeat_interleave``-d bias in one
-#: vectorised add, the same 8 bytes and a few kernels in all: not distinguished). Backward: the split's and the
-#: products' gradients, about as many bytes again (:attr:`hetplan.estimate.stagework.LayerTerms.extra_gpu_s`).
-EXPERT_BIAS_BYTES_PER_ELEMENT = {"fc1": {"megatron": 0.0, "fsdp": 8.0}, "fc2": {"megatron": 12.0, "fsdp": 12.0}}
+#: How a framework adds the per-expert biases of a routed expert GEMM's output (2-byte elements, each kernel one
+#: read of its inputs and one write of its output), by code path (:func:`expert_bias_path`):
+#:
+#: * ``megatron`` — Megatron-Core's ``TEGroupedMLP._apply_bias`` (``megatron/core/transformer/moe/experts.py``,
+#:   "Enable bias in expert mlp [gpt-oss 5/5]", September 2025, until the packed path of August 2026): the FC1 bias
+#:   in Transformer Engine's GEMM epilogue (0); the FC2 bias, weighted by the router probability, in an eager loop
+#:   over the local experts (``torch.split``; per expert ``b * p``: write 2, ``t + b * p``: read 2 + 2, write 2;
+#:   one ``torch.cat``: read 2, write 2): 12 bytes per element, ``2·E/ep + 1`` kernels;
+#: * ``loop`` — NeMo AutoModel's ``GroupedExpertsDeepEP._apply_bias`` (``nemo_automodel/components/moe/layers.py``,
+#:   October 2025 - January 2026; its DeepEP experts, ``framework="fsdp"`` with the ``deepep`` / ``hybridep``
+#:   dispatcher): the same FC2 loop, and the FC1 bias in one without the probability (``t + b``, ``cat``): 8
+#:   bytes per element of the ``2·f_e`` outputs, ``E/ep + 1`` more kernels;
+#: * ``vectorised`` — torchtitan's ``GptOssGroupedExperts`` (``torchtitan/models/gpt_oss/moe.py``;
+#:   ``framework="fsdp"`` with its own all-to-all): per GEMM the bias ``repeat_interleave``-d to one row per token
+#:   (write 2) and added (read 2 + 2, write 2): 8 bytes per element, and a few kernels whatever the experts
+#:   (``cat`` of the tail row, ``repeat_interleave``, the add: :data:`VECTORISED_BIAS_KERNELS` per GEMM).
+#:
+#: Backward: the split's and the products' gradients, about as many bytes again
+#: (:attr:`hetplan.estimate.stagework.LayerTerms.extra_gpu_s`).
+EXPERT_BIAS_BYTES_PER_ELEMENT = {"fc1": {"megatron": 0.0, "loop": 8.0, "vectorised": 8.0},
+                                 "fc2": {"megatron": 12.0, "loop": 12.0, "vectorised": 8.0}}
+VECTORISED_BIAS_KERNELS = 4.0
 
 
-def _bias_framework(framework: str) -> str:
-    return "fsdp" if framework == "fsdp" else "megatron"
+def expert_bias_path(framework: str, dispatcher: str = "alltoall") -> str:
+    """The code path that adds the expert biases (:data:`EXPERT_BIAS_BYTES_PER_ELEMENT`): ``megatron`` under
+    Megatron-Core; under ``framework="fsdp"`` NeMo AutoModel's DeepEP experts (``loop``) where the dispatcher is
+    DeepEP / HybridEP, else torchtitan's (``vectorised``)."""
+    if framework != "fsdp":
+        return "megatron"
+    return "loop" if dispatcher in ("deepep", "hybridep") else "vectorised"
 
 
-def expert_bias_kernels(m: ModelSpec, ep: Array, framework: str = "megatron"):
-    """Kernels of the eager per-expert bias loop of one MoE layer's forward (:data:`EXPERT_BIAS_BYTES_PER_ELEMENT`):
-    FC2 ``2·E/ep + 1``, and under ``framework="fsdp"`` FC1 ``E/ep + 1`` more; 0 for experts without biases
-    (``linear_bias`` off: every MoE preset but GPT-OSS)."""
+def expert_bias_kernels(m: ModelSpec, ep: Array, framework: str = "megatron", dispatcher: str = "alltoall"):
+    """Kernels that add one MoE layer's expert biases in its forward (:data:`EXPERT_BIAS_BYTES_PER_ELEMENT`):
+    ``megatron`` ``2·E/ep + 1``, ``loop`` ``3·E/ep + 2``, ``vectorised`` ``2 x`` :data:`VECTORISED_BIAS_KERNELS`;
+    0 for experts without biases (``linear_bias`` off: every MoE preset but GPT-OSS)."""
     if not (m.is_moe and m.linear_bias):
         return 0.0
     local = m.num_experts / np.asarray(ep, dtype=float)
-    fc1 = local + 1.0 if _bias_framework(framework) == "fsdp" else 0.0
-    return 2.0 * local + 1.0 + fc1
+    path = expert_bias_path(framework, dispatcher)
+    if path == "vectorised":
+        return np.full_like(local, 2.0 * VECTORISED_BIAS_KERNELS)
+    return 2.0 * local + 1.0 + (local + 1.0 if path == "loop" else 0.0)
 
 
 def expert_bias_time_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array, ep: Array, etp: Array = 1,
-                       imbalance: Array = 1.0, framework: str = "megatron"):
-    """Memory-bound time of the eager per-expert bias additions of one MoE layer's forward (mean over the model's
-    layers; backward the same again, :attr:`hetplan.estimate.stagework.LayerTerms.extra_gpu_s`): the busiest
-    rank's ``imbalance · k · T · etp`` routed copies (``T = b·s/t``), each with ``h`` FC2 outputs and ``2·f_e/etp``
-    (gated) FC1 outputs, at :data:`EXPERT_BIAS_BYTES_PER_ELEMENT` bytes each, at the HBM bandwidth. 0 for experts
-    without biases. For GPT-OSS 120B at EP 8 (4,096 tokens, top-4, h 2,880) under Megatron-Core: 16,384 copies x
-    2,880 x 12 B = 0.57 GB, 0.17 ms per layer forward on an H100."""
+                       imbalance: Array = 1.0, framework: str = "megatron", dispatcher: str = "alltoall"):
+    """Memory-bound time of adding one MoE layer's expert biases in its forward (mean over the model's layers;
+    backward the same again, :attr:`hetplan.estimate.stagework.LayerTerms.extra_gpu_s`): the busiest rank's
+    ``imbalance · k · T · etp`` routed copies (``T = b·s/t``), each with ``h`` FC2 outputs and ``2·f_e/etp``
+    (gated) FC1 outputs, at :data:`EXPERT_BIAS_BYTES_PER_ELEMENT` bytes each for the path of ``framework`` and
+    ``dispatcher`` (:func:`expert_bias_path`), at the HBM bandwidth. 0 for experts without biases. For GPT-OSS
+    120B at EP 8 (4,096 tokens, top-4, h 2,880) under Megatron-Core: 16,384 copies x 2,880 x 12 B = 0.57 GB,
+    0.17 ms per layer forward on an H100."""
     if not (m.is_moe and m.linear_bias):
         return 0.0
-    fw = _bias_framework(framework)
+    path = expert_bias_path(framework, dispatcher)
     copies = imbalance * m.experts_per_token * np.asarray(b, dtype=float) * s / t * np.asarray(etp, dtype=float)
     fc1_out = (2 if m.gated_mlp else 1) * m.expert_ffn_hidden_size / np.asarray(etp, dtype=float)
-    per_copy = (EXPERT_BIAS_BYTES_PER_ELEMENT["fc2"][fw] * m.hidden_size
-                + EXPERT_BIAS_BYTES_PER_ELEMENT["fc1"][fw] * fc1_out)
+    per_copy = (EXPERT_BIAS_BYTES_PER_ELEMENT["fc2"][path] * m.hidden_size
+                + EXPERT_BIAS_BYTES_PER_ELEMENT["fc1"][path] * fc1_out)
     return copies * per_copy / gpu.hbm_bandwidth_bytes_per_s * m.num_moe_layers / m.num_layers
 
 

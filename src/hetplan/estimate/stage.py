@@ -183,9 +183,10 @@ def stage_costs(
                         if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
         terms = replace(terms, gemm_times_s=(linear, core),
                         attention_blocks=context.attention_blocks(cp, cp_load_balance),
-                        extra_kernels=moe.extra_kernels(m, ep, framework),
+                        extra_kernels=moe.extra_kernels(m, ep, framework, moe_options.dispatcher),
                         extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
-                        + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework))
+                        + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework,
+                                                 moe_options.dispatcher))
     eager = framework == "fsdp" and not torch_compile
     loss_kind = cross_entropy or ("compiled" if torch_compile else "fp32")
     eager_bytes = elementwise.eager_layer_bytes(m, b, s, t, sequence_parallel) if eager else 0.0
@@ -224,7 +225,8 @@ def stage_costs(
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
             again = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
                      + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
-                     + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework))
+                     + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework,
+                                              moe_options.dispatcher))
             rerun = np.where(rc == Recompute.FULL, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(rc == Recompute.FULL, 0.0, a2a)
             layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
@@ -241,6 +243,11 @@ def stage_costs(
         lf, lb = lf + cf, lb + cb + np.where(rc == Recompute.FULL, cf, 0.0)
         if af is not None:
             af, ab = af + cf, ab + cb
+    if gpu.attention_kernel in stack.attention_unpad and attention == "flash":  # flash-attn's bert_padding
+        uf, ub = attention_unpad_s(m, gpu, b, s, t)
+        lf, lb = lf + uf, lb + ub + np.where(rc == Recompute.FULL, uf, 0.0)
+        if af is not None:
+            af, ab = af + uf, ab + ub
     if recompute_modules or offload_modules:  # Megatron-Core's per-module recomputation and offloading
         redo, _ = memory.module_activation_bytes(m, b, s, t, sequence_parallel, recompute_modules,
                                                  moe_recompute=moe_options.recompute)
@@ -531,6 +538,22 @@ def zero3_exposed_s(gather_s: Array, reduce_scatter_s: Array, forward_s: Array, 
     bwd_part = np.where(overlap, r + (L - 1.0) * np.maximum(gb + r - b, k * (gb + r)),
                         (L - 1.0) * np.maximum(gb - b, k * gb) + L * r)
     return num_microbatches * (fwd_part + bwd_part)
+
+
+def attention_unpad_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array):
+    """``(forward_s, backward_s)`` of flash-attn's ``bert_padding`` around a varlen attention kernel, one layer and
+    micro-batch of ``b·s`` tokens on one of ``t`` TP ranks (stacks whose ``attention_unpad`` lists the kernel:
+    llm-foundry's ``flash_attn_fn``). Forward: ``index_first_axis`` gathers Q, K and V into unpadded tensors
+    (``torch.gather``: read + write, 2 + 2 B per element) and ``pad_input`` writes a zero-filled padded output and
+    scatters the kernel's output into it (``index_put``: 2 B zero fill, 2 + 2 B). Backward: ``pad_input``'s backward
+    gathers the output gradient (2 + 2 B) and each ``index_first_axis`` backward zero-fills and scatters its
+    gradient (2 + 2 + 2 B) (``flash_attn/bert_padding.py`` ``IndexFirstAxis``, ``IndexPutFirstAxis``). Memory-bound
+    passes at the GPU's HBM bandwidth; with full recomputation the forward passes run again. Arrays broadcast."""
+    tokens = np.asarray(b, dtype=float) * np.asarray(s, dtype=float) / np.asarray(t, dtype=float)
+    qkv = m.q_dim + m.kv_dim + m.v_dim
+    out = m.attn_out_dim
+    hbm = gpu.hbm_bandwidth_bytes_per_s
+    return (4.0 * qkv + 6.0 * out) * tokens / hbm, (4.0 * out + 6.0 * qkv) * tokens / hbm
 
 
 def fsdp_root_parameters(params_per_gpu: Array, layers_params_per_gpu: Array, framework: str):

@@ -70,6 +70,9 @@ class StackSpec(BaseModel):
             an fp32 gradient buffer of the whole model, which ``ReduceGrads`` all-reduces in fp32; fp32 master
             weights and Adam moments of the owned partition (its own ZeRO-1), the updated 16-bit weights
             all-gathered after the step. False unless its source says so.
+        attention_unpad: the fused attention kernels the stack calls through flash-attn's ``bert_padding``: the
+            Q, K, V gathered into unpadded (token, head, dim) tensors before the varlen kernel and its output
+            scattered back into the padded batch (:func:`hetplan.estimate.stage.attention_unpad_s`); empty for most.
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
@@ -96,6 +99,7 @@ class StackSpec(BaseModel):
     optimizer_memory: Literal["megatron", "deepspeed", "fsdp1", "fsdp2"]
     allocator: Literal["caching", "expandable-segments"]
     bf16_optimizer: bool = False
+    attention_unpad: tuple[StackKernel, ...] = ()
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     sources: dict[str, str]
 
@@ -162,7 +166,8 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         sources.update(entry.get("sources", {}))
         merged["sources"] = sources
         optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
-            ("bf16_optimizer",) if merged.get("bf16_optimizer") else ())
+            ("bf16_optimizer",) if merged.get("bf16_optimizer") else ()) + (
+            ("attention_unpad",) if merged.get("attention_unpad") else ())
         missing = [f for f in FIELDS[1:] + ("released",) + optional if f not in sources]
         if missing:
             raise HetplanError(f"{entry['name']} {entry.get('version')}: no source for {', '.join(missing)}",

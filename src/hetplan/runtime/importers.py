@@ -164,7 +164,8 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     """The plan a Megatron-LM launch script (or arguments file) runs (see module doc).
 
     Raises:
-        HetplanError: arguments the release refuses, no world size, shapes of no known model, fp32 training.
+        HetplanError: arguments the release refuses, no world size, shapes of no known model, fp32 training,
+            multi-token prediction (``--mtp-num-layers``, not priced).
     """
     a = parse_megatron_args(megatron_argv(text))
     missing = [o for o in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size")
@@ -173,6 +174,14 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
         raise HetplanError(f"the launch does not set {', '.join('--' + o.replace('_', '-') for o in missing)}; "
                            "Megatron-LM needs them to build the model and the batch", field="--" +
                            missing[0].replace("_", "-"), fix="give them in the launch script")
+    if int(a.get("mtp_num_layers") or 0) > 0:
+        # DeepSeek-V3's multi-token prediction (arXiv 2412.19437 Sec. 2.2): per depth one more transformer block,
+        # a projection of [h; embedding] and the shared output head and loss on the last stage — none of it in
+        # hetplan's model spec, so the estimate would be of a run without it
+        raise HetplanError(f"the launch trains {a['mtp_num_layers']} multi-token-prediction layer(s) "
+                           "(--mtp-num-layers, DeepSeek-V3's MTP module); hetplan does not price MTP, so the plan "
+                           "would be of a different run", field="--mtp-num-layers",
+                           fix="remove --mtp-num-layers (and any 'm' of the layout) to price the run without MTP")
     words = _words(text)
     world, per_node = _world(words, gpus, "--nnodes", ("--nproc-per-node", "--nproc_per_node"))
     tp, pp, cp = (int(a.get(k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",

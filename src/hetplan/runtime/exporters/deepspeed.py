@@ -54,7 +54,7 @@ def export_deepspeed(plan: Plan, spec: ModelSpec) -> Export:
     uneven = pp > 1 and layers != balanced_split_ds(spec.num_layers, pp)
     pipe = {"num_stages": pp, "partition_method": "hetplan" if uneven else "uniform",
             "activation_checkpoint_interval": 1 if rec == "full" else 0, "world_size": plan.num_gpus,
-            "data_parallel_size": m.dp, "stage_layers": layers, "parts": parts, "model": spec.name,
+            "data_parallel_size": m.dp, "stage_layers": layers, "parts": parts, "model": plan.job.model,
             "seq_len": plan.job.seq_len}
     nnodes, per_node = _nodes(plan)
     launch = (f"deepspeed --num_nodes {nnodes} --num_gpus {per_node} train.py --deepspeed "
