@@ -397,6 +397,10 @@ def stage_costs(
     # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer after that micro-batch's
     # backward, on the compute stream (pipe/engine.py _exec_backward_pass -> update_hp_grads)
     bwd = bwd + np.where(bf16_opt, bf16_accumulation_time_s(params, gpu), 0.0)
+    # A Megatron stack without weight-gradient accumulation fusion adds each micro-batch's 16-bit gradients into
+    # the accumulator with a kernel of its own after the backward GEMMs (stack field wgrad_accumulation)
+    separate = (framework == "megatron") & stack_separate_wgrad_accumulation(stack, single_stage)
+    bwd = bwd + np.where(separate, separate_accumulation_time_s(params, gpu, grad_per), 0.0)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
@@ -434,6 +438,27 @@ def bf16_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec):
     :data:`BF16_ACCUMULATE_BYTES_PER_PARAMETER` per parameter of the stage at the GPU's memory bandwidth
     (:func:`hetplan.estimate.compute.optimizer_step_time_s`'s rate)."""
     return compute.optimizer_step_time_s(params_per_gpu, gpu, BF16_ACCUMULATE_BYTES_PER_PARAMETER)
+
+
+def separate_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, accumulator_bytes: Array):
+    """Time of one micro-batch's gradient accumulation where the weight-gradient GEMMs write a 16-bit gradient
+    and a separate kernel adds it into the accumulator (s; ``wgrad_accumulation = "separate"``): Megatron-LM
+    v2.x's DDP hook ``param.main_grad.add_(param.grad.data)`` (``megatron/model/distributed.py``, v2.0 / v2.5;
+    autograd's in-place ``.grad`` accumulation under ``--DDP-impl torch``), NeMo 1.8-1.10's
+    ``MainParamsOptimizerWrapper`` hook and apex distributed Adam's gradient copy at PP 1 (NeMo 1.11-1.12).
+    Memory-bound: the 2-byte gradient read, the accumulator (``accumulator_bytes``: fp32 4 for bf16 and under
+    ``--accumulate-allreduce-grads-in-fp32``, else 2, as :func:`grad_comm_bytes_per_parameter`) read and
+    written, per parameter of the stage at the GPU's memory bandwidth. With fusion
+    (``--gradient-accumulation-fusion``, NVIDIA/Megatron-LM@83b1e42f30; Transformer Engine) the GEMM
+    accumulates in place and nothing is added."""
+    return compute.optimizer_step_time_s(params_per_gpu, gpu, 2.0 + 2.0 * np.asarray(accumulator_bytes, dtype=float))
+
+
+def stack_separate_wgrad_accumulation(stack: StackSpec, single_stage: Any) -> Any:
+    """:meth:`hetplan.hardware.stacks.StackSpec.separate_wgrad_accumulation` of each plan (``single_stage``
+    scalar or array: PP 1 or more)."""
+    table = np.array([stack.separate_wgrad_accumulation(pp) for pp in (2, 1)])
+    return table[np.asarray(single_stage, dtype=int)]
 
 
 def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:

@@ -37,7 +37,7 @@ FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": 
 #: The behaviour fields of a stack; each but ``framework`` (hetplan's own family, :class:`hetplan.plan.Job`) needs
 #: a source in the data file.
 FIELDS = ("framework", "gemm", "attention", "attention_kernel", "fused", "sequence_parallel", "tp_comm_overlap",
-          "dp_overlap", "launch", "zero", "recompute", "optimizer_memory", "allocator")
+          "wgrad_accumulation", "dp_overlap", "launch", "zero", "recompute", "optimizer_memory", "allocator")
 #: Kernel names of ``attention_kernel`` (:data:`hetplan.hardware.catalog.ATTENTION_KERNELS`).
 StackKernel = Literal["fa2", "fa3", "cudnn", "triton"]
 FusedOp = Literal["norm", "rope", "cross-entropy", "adam", "softmax", "bias-act"]
@@ -55,6 +55,10 @@ class StackSpec(BaseModel):
         attention_kernel: the fused kernel under flash by GPU family, ``default`` for the others.
         fused: the ops that run as fused kernels.
         sequence_parallel, tp_comm_overlap: available or not.
+        wgrad_accumulation: how a micro-batch's weight gradients reach the accumulator: ``fused`` (the
+            weight-gradient GEMM accumulates into it), ``separate`` (the GEMM writes a 16-bit gradient that a
+            separate kernel adds in), ``fused-with-pipeline`` (fused only in a pipeline, PP > 1);
+            :meth:`separate_wgrad_accumulation`.
         dp_overlap: ``bucketed`` | ``none`` | ``ddp-only`` | ``after-last-microbatch``.
         launch: ``eager`` | ``cuda-graphs`` | ``compiled``.
         zero: ZeRO stages it runs (under ``fsdp``: its sharding modes; the estimate runs ZeRO-3 there).
@@ -87,6 +91,7 @@ class StackSpec(BaseModel):
     fused: tuple[FusedOp, ...]
     sequence_parallel: bool
     tp_comm_overlap: bool
+    wgrad_accumulation: Literal["fused", "separate", "fused-with-pipeline"]
     dp_overlap: Literal["bucketed", "none", "ddp-only", "after-last-microbatch"]
     launch: Literal["eager", "cuda-graphs", "compiled"]
     zero: tuple[Literal[0, 1, 2, 3], ...]
@@ -109,6 +114,12 @@ class StackSpec(BaseModel):
         family = architecture.split()[0] if architecture.split() else ""
         return self.attention_kernel.get(family, self.attention_kernel.get("default", "fa2"))
 
+
+    def separate_wgrad_accumulation(self, pp: int) -> bool:
+        """Whether a plan with ``pp`` stages adds each micro-batch's 16-bit weight gradients into the
+        accumulator with a kernel of its own (``wgrad_accumulation``: ``separate``, or ``fused-with-pipeline``
+        without a pipeline)."""
+        return self.wgrad_accumulation == "separate" or (self.wgrad_accumulation == "fused-with-pipeline" and pp == 1)
 
     def overlaps_grad_reduce(self, pp: int, zero: int) -> bool:
         """Whether this release can overlap the data-parallel gradient reduction with the backward pass of a
