@@ -59,6 +59,9 @@ def test_vocabulary_padding_and_model():
     assert bs.padded_vocab(250680, 4) == bs.padded_vocab(250680, 8) == 250880
     assert bs.padded_vocab(250680, 1) == 250752
     r = next(r for r in _rows() if r["section"] == "production")
+    assert bs.bigscience_config(r) | {"model_type": "bloom"} == {
+        "model_type": "bloom", "n_layer": 70, "hidden_size": 14336, "n_head": 112, "vocab_size": 250880,
+        "seq_length": 2048, "hidden_dropout": 0.1, "attention_dropout": 0.1}
     m = bs.bigscience_model(r)
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.vocab_size) == (70, 14336, 112, 250880)
     assert m.tied_embeddings and m.learned_positions == 0  # ALiBi
@@ -157,3 +160,13 @@ def test_set_accuracy_reached(loaded):
     r = run_modern([bs.SET])[0][bs.SET]
     assert r["n"] == 128
     assert r["mape"] <= 0.17 and r["signed_median"] <= 0.19 and r["max_abs_error"] <= 0.38
+
+
+def test_validate_reports_per_tp_per_pp_and_the_oom_rows():
+    from hetplan.calibration.modern import run_modern
+
+    r = run_modern([bs.SET])[0][bs.SET]
+    assert set(r["per_tp"]) == {"1", "2", "4", "8"} and sum(g["n"] for g in r["per_tp"].values()) == r["n"]
+    assert sum(g["n"] for g in r["per_pp"].values()) == r["n"] and "48" in r["per_pp"]
+    assert r["per_tp"]["8"]["signed_median"] > r["per_tp"]["4"]["signed_median"] > 0  # still too fast at TP 8
+    assert len(r["measured_oom"]) == 6 and r["does_not_fit"] == []

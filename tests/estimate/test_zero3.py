@@ -255,3 +255,38 @@ def test_fsdp_root_unit_is_exposed_every_micro_batch():
     floor = extra_params * (2 + 4) * (120 / 128) / node_bytes_per_s  # 14.7 ms; even units: about 1/32 of it
     for mb in (1, 2):
         assert exposed(256_000, mb) - exposed(128_256, mb) >= mb * floor
+
+
+def test_attention_unpad_worked_example_and_switch():
+    """llm-foundry's flash path (bert_padding around flash_attn_varlen_func): per layer and token, forward gathers
+    Q, K, V (4 B per element) and pads the output (6 B), backward gathers the output gradient (4 B) and zero-fills
+    and scatters Q, K, V's (6 B); only where the stack lists the kernel it runs (fa2 under llm-foundry, not its
+    Triton kernel, not torchtitan)."""
+    from types import SimpleNamespace
+
+    from unittest.mock import patch
+
+    from hetplan.estimate.stage import attention_unpad_s
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.hardware.stacks import resolve_stack
+    from hetplan.model.spec import load_model
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    m = load_model("llama2-7b")  # multi-head: Q, K, V and the output each h = 4096 wide
+    f, b = attention_unpad_s(m, SimpleNamespace(hbm_bandwidth_bytes_per_s=2e12), 2, 2048, 1)
+    h, tokens = 4096, 2 * 2048
+    assert float(f) == pytest.approx((4 * 3 * h + 6 * h) * tokens / 2e12)
+    assert float(b) == pytest.approx((4 * h + 6 * 3 * h) * tokens / 2e12)
+
+    def forward(kernel, unpad):
+        p = Plan(job=Job(model="llama2-7b", seq_len=2048, global_batch=64, framework="fsdp", stack="llm-foundry",
+                         attention_kernel=kernel),
+                 pools=[GPUPool(gpu="H100-SXM", count=8)], stages=[Stage(num_layers=32, tp=1, dp=8)], mbs=2, zero=3)
+        spec = resolve_stack("llm-foundry").model_copy(update={"attention_unpad": unpad})
+        with patch("hetplan.estimate.options._stack", lambda *_: spec):
+            return estimate(p).stages[0].forward_s
+
+    unpad_f, _ = attention_unpad_s(m, load_catalog().get("H100-SXM"), 2, 2048, 1)
+    assert forward("fa2", ("fa2",)) - forward("fa2", ()) == pytest.approx(32 * float(unpad_f), rel=1e-9)
+    assert forward("triton", ("fa2",)) == pytest.approx(forward("triton", ()), rel=1e-12)  # its kernel is padded
+    assert resolve_stack("llm-foundry").attention_unpad == ("fa2",) and not resolve_stack("torchtitan").attention_unpad

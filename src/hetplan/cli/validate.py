@@ -157,11 +157,12 @@ def register(app: typer.Typer) -> None:
                                       "mape, max_abs_error, signed_median, sets}}, \"interval_coverage\": {SET: {n, in_sample, "
                                       "leave_set_out, unvalidated_leave_set_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
                                       "independent_h100 adds rows: per-row errors, worst first; nemo_megatron_a100 adds "
-                                      "per_tp: the metrics per TP degree)"),
+                                      "per_tp: the metrics per TP degree; bigscience_a100 adds per_tp, per_pp and "
+                                      "measured_oom: whether its rows that ran out of memory are refused)"),
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
                                               "espresso_hetero, nemo_megatron_a100, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
-                                              "megatron_lm_h100, moe_h100, long_context_cp, independent_h100, "
+                                              "megatron_lm_h100, moe_h100, long_context_cp, bigscience_a100, independent_h100, "
                                               "serving, energy"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),

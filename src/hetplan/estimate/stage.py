@@ -243,6 +243,11 @@ def stage_costs(
         lf, lb = lf + cf, lb + cb + np.where(rc == Recompute.FULL, cf, 0.0)
         if af is not None:
             af, ab = af + cf, ab + cb
+    if gpu.attention_kernel in stack.attention_unpad and attention == "flash":  # flash-attn's bert_padding
+        uf, ub = attention_unpad_s(m, gpu, b, s, t)
+        lf, lb = lf + uf, lb + ub + np.where(rc == Recompute.FULL, uf, 0.0)
+        if af is not None:
+            af, ab = af + uf, ab + ub
     if recompute_modules or offload_modules:  # Megatron-Core's per-module recomputation and offloading
         redo, _ = memory.module_activation_bytes(m, b, s, t, sequence_parallel, recompute_modules,
                                                  moe_recompute=moe_options.recompute)
@@ -392,6 +397,10 @@ def stage_costs(
     # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer after that micro-batch's
     # backward, on the compute stream (pipe/engine.py _exec_backward_pass -> update_hp_grads)
     bwd = bwd + np.where(bf16_opt, bf16_accumulation_time_s(params, gpu), 0.0)
+    # A Megatron stack without weight-gradient accumulation fusion adds each micro-batch's 16-bit gradients into
+    # the accumulator with a kernel of its own after the backward GEMMs (stack field wgrad_accumulation)
+    separate = (framework == "megatron") & stack_separate_wgrad_accumulation(stack, single_stage)
+    bwd = bwd + np.where(separate, separate_accumulation_time_s(params, gpu, grad_per), 0.0)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
@@ -429,6 +438,27 @@ def bf16_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec):
     :data:`BF16_ACCUMULATE_BYTES_PER_PARAMETER` per parameter of the stage at the GPU's memory bandwidth
     (:func:`hetplan.estimate.compute.optimizer_step_time_s`'s rate)."""
     return compute.optimizer_step_time_s(params_per_gpu, gpu, BF16_ACCUMULATE_BYTES_PER_PARAMETER)
+
+
+def separate_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, accumulator_bytes: Array):
+    """Time of one micro-batch's gradient accumulation where the weight-gradient GEMMs write a 16-bit gradient
+    and a separate kernel adds it into the accumulator (s; ``wgrad_accumulation = "separate"``): Megatron-LM
+    v2.x's DDP hook ``param.main_grad.add_(param.grad.data)`` (``megatron/model/distributed.py``, v2.0 / v2.5;
+    autograd's in-place ``.grad`` accumulation under ``--DDP-impl torch``), NeMo 1.8-1.10's
+    ``MainParamsOptimizerWrapper`` hook and apex distributed Adam's gradient copy at PP 1 (NeMo 1.11-1.12).
+    Memory-bound: the 2-byte gradient read, the accumulator (``accumulator_bytes``: fp32 4 for bf16 and under
+    ``--accumulate-allreduce-grads-in-fp32``, else 2, as :func:`grad_comm_bytes_per_parameter`) read and
+    written, per parameter of the stage at the GPU's memory bandwidth. With fusion
+    (``--gradient-accumulation-fusion``, NVIDIA/Megatron-LM@83b1e42f30; Transformer Engine) the GEMM
+    accumulates in place and nothing is added."""
+    return compute.optimizer_step_time_s(params_per_gpu, gpu, 2.0 + 2.0 * np.asarray(accumulator_bytes, dtype=float))
+
+
+def stack_separate_wgrad_accumulation(stack: StackSpec, single_stage: Any) -> Any:
+    """:meth:`hetplan.hardware.stacks.StackSpec.separate_wgrad_accumulation` of each plan (``single_stage``
+    scalar or array: PP 1 or more)."""
+    table = np.array([stack.separate_wgrad_accumulation(pp) for pp in (2, 1)])
+    return table[np.asarray(single_stage, dtype=int)]
 
 
 def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:
@@ -508,6 +538,22 @@ def zero3_exposed_s(gather_s: Array, reduce_scatter_s: Array, forward_s: Array, 
     bwd_part = np.where(overlap, r + (L - 1.0) * np.maximum(gb + r - b, k * (gb + r)),
                         (L - 1.0) * np.maximum(gb - b, k * gb) + L * r)
     return num_microbatches * (fwd_part + bwd_part)
+
+
+def attention_unpad_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array):
+    """``(forward_s, backward_s)`` of flash-attn's ``bert_padding`` around a varlen attention kernel, one layer and
+    micro-batch of ``b·s`` tokens on one of ``t`` TP ranks (stacks whose ``attention_unpad`` lists the kernel:
+    llm-foundry's ``flash_attn_fn``). Forward: ``index_first_axis`` gathers Q, K and V into unpadded tensors
+    (``torch.gather``: read + write, 2 + 2 B per element) and ``pad_input`` writes a zero-filled padded output and
+    scatters the kernel's output into it (``index_put``: 2 B zero fill, 2 + 2 B). Backward: ``pad_input``'s backward
+    gathers the output gradient (2 + 2 B) and each ``index_first_axis`` backward zero-fills and scatters its
+    gradient (2 + 2 + 2 B) (``flash_attn/bert_padding.py`` ``IndexFirstAxis``, ``IndexPutFirstAxis``). Memory-bound
+    passes at the GPU's HBM bandwidth; with full recomputation the forward passes run again. Arrays broadcast."""
+    tokens = np.asarray(b, dtype=float) * np.asarray(s, dtype=float) / np.asarray(t, dtype=float)
+    qkv = m.q_dim + m.kv_dim + m.v_dim
+    out = m.attn_out_dim
+    hbm = gpu.hbm_bandwidth_bytes_per_s
+    return (4.0 * qkv + 6.0 * out) * tokens / hbm, (4.0 * out + 6.0 * qkv) * tokens / hbm
 
 
 def fsdp_root_parameters(params_per_gpu: Array, layers_params_per_gpu: Array, framework: str):

@@ -37,7 +37,7 @@ FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": 
 #: The behaviour fields of a stack; each but ``framework`` (hetplan's own family, :class:`hetplan.plan.Job`) needs
 #: a source in the data file.
 FIELDS = ("framework", "gemm", "attention", "attention_kernel", "fused", "sequence_parallel", "tp_comm_overlap",
-          "dp_overlap", "launch", "zero", "recompute", "optimizer_memory", "allocator")
+          "wgrad_accumulation", "dp_overlap", "launch", "zero", "recompute", "optimizer_memory", "allocator")
 #: Kernel names of ``attention_kernel`` (:data:`hetplan.hardware.catalog.ATTENTION_KERNELS`).
 StackKernel = Literal["fa2", "fa3", "cudnn", "triton"]
 FusedOp = Literal["norm", "rope", "cross-entropy", "adam", "softmax", "bias-act"]
@@ -55,6 +55,10 @@ class StackSpec(BaseModel):
         attention_kernel: the fused kernel under flash by GPU family, ``default`` for the others.
         fused: the ops that run as fused kernels.
         sequence_parallel, tp_comm_overlap: available or not.
+        wgrad_accumulation: how a micro-batch's weight gradients reach the accumulator: ``fused`` (the
+            weight-gradient GEMM accumulates into it), ``separate`` (the GEMM writes a 16-bit gradient that a
+            separate kernel adds in), ``fused-with-pipeline`` (fused only in a pipeline, PP > 1);
+            :meth:`separate_wgrad_accumulation`.
         dp_overlap: ``bucketed`` | ``none`` | ``ddp-only`` | ``after-last-microbatch``.
         launch: ``eager`` | ``cuda-graphs`` | ``compiled``.
         zero: ZeRO stages it runs (under ``fsdp``: its sharding modes; the estimate runs ZeRO-3 there).
@@ -66,6 +70,9 @@ class StackSpec(BaseModel):
             an fp32 gradient buffer of the whole model, which ``ReduceGrads`` all-reduces in fp32; fp32 master
             weights and Adam moments of the owned partition (its own ZeRO-1), the updated 16-bit weights
             all-gathered after the step. False unless its source says so.
+        attention_unpad: the fused attention kernels the stack calls through flash-attn's ``bert_padding``: the
+            Q, K, V gathered into unpadded (token, head, dim) tensors before the varlen kernel and its output
+            scattered back into the padded batch (:func:`hetplan.estimate.stage.attention_unpad_s`); empty for most.
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
@@ -84,6 +91,7 @@ class StackSpec(BaseModel):
     fused: tuple[FusedOp, ...]
     sequence_parallel: bool
     tp_comm_overlap: bool
+    wgrad_accumulation: Literal["fused", "separate", "fused-with-pipeline"]
     dp_overlap: Literal["bucketed", "none", "ddp-only", "after-last-microbatch"]
     launch: Literal["eager", "cuda-graphs", "compiled"]
     zero: tuple[Literal[0, 1, 2, 3], ...]
@@ -91,6 +99,7 @@ class StackSpec(BaseModel):
     optimizer_memory: Literal["megatron", "deepspeed", "fsdp1", "fsdp2"]
     allocator: Literal["caching", "expandable-segments"]
     bf16_optimizer: bool = False
+    attention_unpad: tuple[StackKernel, ...] = ()
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     sources: dict[str, str]
 
@@ -105,6 +114,12 @@ class StackSpec(BaseModel):
         family = architecture.split()[0] if architecture.split() else ""
         return self.attention_kernel.get(family, self.attention_kernel.get("default", "fa2"))
 
+
+    def separate_wgrad_accumulation(self, pp: int) -> bool:
+        """Whether a plan with ``pp`` stages adds each micro-batch's 16-bit weight gradients into the
+        accumulator with a kernel of its own (``wgrad_accumulation``: ``separate``, or ``fused-with-pipeline``
+        without a pipeline)."""
+        return self.wgrad_accumulation == "separate" or (self.wgrad_accumulation == "fused-with-pipeline" and pp == 1)
 
     def overlaps_grad_reduce(self, pp: int, zero: int) -> bool:
         """Whether this release can overlap the data-parallel gradient reduction with the backward pass of a
@@ -151,7 +166,8 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         sources.update(entry.get("sources", {}))
         merged["sources"] = sources
         optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
-            ("bf16_optimizer",) if merged.get("bf16_optimizer") else ())
+            ("bf16_optimizer",) if merged.get("bf16_optimizer") else ()) + (
+            ("attention_unpad",) if merged.get("attention_unpad") else ())
         missing = [f for f in FIELDS[1:] + ("released",) + optional if f not in sources]
         if missing:
             raise HetplanError(f"{entry['name']} {entry.get('version')}: no source for {', '.join(missing)}",

@@ -65,12 +65,23 @@ def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible
     res["per_gpu_dtype"] = {f"{g}:{d}": metrics([c for c in cases if (c.gpu, c.dtype) == (g, d)])
                             for g, d in sorted({(c.gpu, c.dtype) for c in cases})}
     res["does_not_fit"] = [c.key for c in cases if not c.fits]
-    if name == "bigscience_a100":  # its rows measured "OOM": refused by the estimate too?
+    if name == "bigscience_a100":  # the issue's view (error by TP and PP degree); its "OOM" rows refused too?
+        res["per_tp"] = per_info(cases, "tp")
+        res["per_pp"] = per_info(cases, "pp")
         res["measured_oom"] = oom_check()
     res["approximations"] = dict(Counter(n for c in cases for n in c.notes).most_common())
     res["not_expressible"] = {"n": len(skipped), "rows": [{"key": s.key, "reason": s.reason} for s in skipped]}
     res["target"] = target if target is not None else TARGETS.get(name, {})
     return res
+
+
+def per_info(cases: list[ModernCase], field: str) -> dict[str, dict]:
+    """:func:`metrics` of ``cases`` grouped by the layout value ``info[field]`` (e.g. ``"tp"``, ``"pp"``), keys
+    its values as text, in order."""
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault(c.info[field], []).append(c)
+    return {str(k): metrics(cs) for k, cs in sorted(groups.items())}
 
 
 def load_sets(names: Iterable[str] = SET_NAMES, catalog: Catalog | None = None):
