@@ -56,8 +56,8 @@ Rules (name: what must hold, and why):
   the estimator.
 * ``framework-can-launch`` (``hetplan export``, checked against the target; :func:`launch_violations`): the
   framework release the export writes for runs the plan's layer split, interleaving, schedule, ZeRO mode (with
-  PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP and FP8 on the plan's GPUs, as
-  ``hardware/data/frameworks.toml`` records them with their sources.
+  PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP, FP8 on the plan's GPUs and CUDA graphs (with PP /
+  EP), as ``hardware/data/frameworks.toml`` records them with their sources.
 """
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ def launch_violations(plan: "Plan", spec: "ModelSpec", export: str, release: str
     """Rule ``framework-can-launch``: what of ``plan`` the framework release behind export target ``export``
     cannot run, from its entry in ``hardware/data/frameworks.toml`` (the source of each capability is there):
     the layer split, interleaving, the schedule, ZeRO (with pipeline parallelism), TP / CP / EP / expert-TP, EP
-    beyond DP x CP, FP8 on the plan's GPU generation."""
+    beyond DP x CP, FP8 on the plan's GPU generation, CUDA graphs (with PP / EP)."""
     from hetplan.hardware.frameworks import framework_for
 
     fw = framework_for(export, release)
@@ -361,6 +361,16 @@ def launch_violations(plan: "Plan", spec: "ModelSpec", export: str, release: str
             bad(f"needs EP within DP x CP; stage {i} has EP {ep} over DP {st.dp} x CP {cp}", "plan.ep",
                 "use an EP degree dividing DP x CP", "ep_beyond_dp")
             break
+    if plan.cuda_graphs:
+        ep_max = max(degree(plan, i, "ep") for i in range(pp))
+        without = [what for what, key, on in (("pipeline parallelism", "pp", pp > 1),
+                                              ("expert parallelism", "ep", ep_max > 1))
+                   if on and key not in fw.cuda_graphs_with]
+        if not fw.cuda_graphs:
+            bad("captures no CUDA graphs", "plan.cuda_graphs", "set cuda_graphs = false", "cuda_graphs")
+        elif without:
+            bad(f"captures no CUDA graphs with {' or '.join(without)}", "plan.cuda_graphs",
+                "set cuda_graphs = false, or export --to megatron", "cuda_graphs_with")
     if plan.job.dtype == "fp8":
         from hetplan.hardware.catalog import load_catalog
 

@@ -59,6 +59,9 @@ def test_vocabulary_padding_and_model():
     assert bs.padded_vocab(250680, 4) == bs.padded_vocab(250680, 8) == 250880
     assert bs.padded_vocab(250680, 1) == 250752
     r = next(r for r in _rows() if r["section"] == "production")
+    assert bs.bigscience_config(r) | {"model_type": "bloom"} == {
+        "model_type": "bloom", "n_layer": 70, "hidden_size": 14336, "n_head": 112, "vocab_size": 250880,
+        "seq_length": 2048, "hidden_dropout": 0.1, "attention_dropout": 0.1}
     m = bs.bigscience_model(r)
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.vocab_size) == (70, 14336, 112, 250880)
     assert m.tied_embeddings and m.learned_positions == 0  # ALiBi

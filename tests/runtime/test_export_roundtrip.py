@@ -358,3 +358,37 @@ def test_current_scaling_exports_as_tensorwise_and_reads_back():
     args = _megatron(ex, spec)["args"]
     assert args["fp8-recipe"] == "tensorwise" and "fp8-amax-history-len" not in args
     assert importers.import_files(ex.files).job.fp8_recipe == "current"
+
+
+def test_megatron_writes_tp_overlap_and_cuda_graphs_the_estimate_priced():
+    """tp_comm_overlap and cuda_graphs change the estimate (hetplan.estimate.compute); Megatron-LM's export writes
+    them (--tp-comm-overlap, --cuda-graph-impl local; both were dropped) and import reads them back. A MoE model
+    gets partial graphs (attention, router, preprocessing: dropless experts cannot be captured) with a note;
+    torchtitan 0.3 refuses graphs with pipeline parallelism and DeepSpeed any, naming the rule and the source."""
+    from hetplan.plan_rules import PlanRuleError, launch_violations
+    from hetplan.runtime import importers
+    from hetplan.runtime.argspec import megatron_argv, parse_megatron_args
+
+    job = Job(model="llama3-8b", seq_len=4096, global_batch=64, train_iterations=10)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=16)], mbs=1, zero=1, sequence_parallel=True,
+                tp_comm_overlap=True, cuda_graphs=True, stages=[Stage(num_layers=16, tp=4, dp=2)] * 2)
+    script = exporters.export(plan, load_model("llama3-8b"), "megatron").files["megatron_launch.sh"]
+    assert "--tp-comm-overlap" in script and "--cuda-graph-impl local" in script
+    assert "--cuda-graph-modules" not in script  # a dense layer is captured whole
+    args = parse_megatron_args(megatron_argv(script))
+    assert args["tp_comm_overlap"] and args["cuda_graph_impl"] == "local"
+    back = importers.import_files({"run.sh": script})
+    assert back.tp_comm_overlap and back.cuda_graphs
+    moe_job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10)
+    moe = plan.model_copy(update={"job": moe_job, "ep": 2, "tp_comm_overlap": False})
+    ex = exporters.export(moe, load_model("mixtral-8x7b"), "megatron")
+    assert "--cuda-graph-modules attn moe_router moe_preprocess" in ex.files["megatron_launch.sh"]
+    assert any("experts run eagerly" in n for n in ex.notes)
+    fsdp = plan.model_copy(update={"job": job.model_copy(update={"framework": "fsdp"}), "zero": 3,
+                                   "tp_comm_overlap": False})
+    (err,) = launch_violations(fsdp, load_model("llama3-8b"), "torchtitan")
+    assert isinstance(err, PlanRuleError) and err.rule == "framework-can-launch" and \
+        "no CUDA graphs with pipeline parallelism" in err.message and "disable_cuda_graphs" in err.message
+    ds = plan.model_copy(update={"job": job.model_copy(update={"framework": "deepspeed"}), "tp_comm_overlap": False})
+    assert any("captures no CUDA graphs" in e.message for e in launch_violations(ds, load_model("llama3-8b"),
+                                                                                 "deepspeed"))

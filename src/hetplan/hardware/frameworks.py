@@ -37,6 +37,8 @@ class FrameworkSpec(BaseModel):
     ep_beyond_dp: bool
     fp8: dict[str, tuple[str, ...]]
     attention: tuple[str, ...]
+    cuda_graphs: tuple[str, ...]
+    cuda_graphs_with: tuple[str, ...]
     sources: dict[str, str]
 
     @property

@@ -235,6 +235,8 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)], stages=stages,
                 mbs=int(a.get("micro_batch_size", 1)), zero=zero, virtual_stages=v,
                 sequence_parallel="sequence_parallel" in a, overlap_grad_reduce="overlap_grad_reduce" in a,
+                tp_comm_overlap="tp_comm_overlap" in a,
+                cuda_graphs="enable_cuda_graph" in a or a.get("cuda_graph_impl", "none") != "none",
                 cross_entropy=None if "cross_entropy_loss_fusion" in a else "fp32", cp=cp,
                 ep=int(a.get("expert_model_parallel_size", 1)), expert_tp=int(a.get("expert_tensor_parallel_size", 1)),
                 pipeline_chunks=chunks)

@@ -65,21 +65,30 @@ def padded_vocab(tokens: int, tp: int) -> int:
     return -(-tokens // step) * step
 
 
-def bigscience_model(r: dict) -> ModelSpec:
-    """The model of a row as its Hugging Face ``config.json`` would give it (``model_type = "bloom"``: ``n_layer``,
-    ``hidden_size``, ``n_head``, ``vocab_size``): Megatron's GPT block (4h GeLU MLP, LayerNorm, biases, dropout
-    0.1 by default), ALiBi instead of learned positions (``--position-embedding-type alibi``), tied input and
-    output embeddings, the tokenizer's 250,680 entries padded (:func:`padded_vocab`). The embedding LayerNorm
-    (``--embed-layernorm``) is 2h parameters and one element-wise pass, left out."""
+def bigscience_config(r: dict) -> dict:
+    """The Hugging Face ``config.json`` of a row's model as ``BloomConfig`` spells it (``model_type = "bloom"``:
+    ``n_layer``, ``hidden_size``, ``n_head``, ``vocab_size``; ``transformers`` ``configuration_bloom.py``), from
+    its table's NLAYERS / NHIDDEN / NHEADS, the tokenizer's 250,680 entries padded as Megatron pads them at the
+    row's TP (:func:`padded_vocab`), and the launch scripts' ``--seq-length`` and dropouts (Megatron's 0.1)."""
     L, h, a = cell_int(r, "layers"), cell_int(r, "hidden"), cell_int(r, "heads")
     if not (L and h and a):
         raise NotExpressibleError("the source gives no layer count for this row")
-    V = padded_vocab(cell_int(r, "tokenizer_vocab"), cell_int(r, "tp"))
-    s = cell_int(r, "seq_len")
+    return {"model_type": "bloom", "n_layer": L, "hidden_size": h, "n_head": a,
+            "vocab_size": padded_vocab(cell_int(r, "tokenizer_vocab"), cell_int(r, "tp")),
+            "seq_length": cell_int(r, "seq_len"), "hidden_dropout": 0.1, "attention_dropout": 0.1}
+
+
+def bigscience_model(r: dict) -> ModelSpec:
+    """The model of a row (:func:`bigscience_config`): Megatron's GPT block (4h GeLU MLP, LayerNorm, biases,
+    dropout), ALiBi instead of learned positions (``--position-embedding-type alibi``), tied input and output
+    embeddings. The embedding LayerNorm (``--embed-layernorm``) is 2h parameters and one element-wise pass, left
+    out."""
+    c = bigscience_config(r)
+    L, h, a = c["n_layer"], c["hidden_size"], c["n_head"]
     return ModelSpec(name=f"bloom-L{L}-h{h}-a{a}", family="megatron_gpt", num_layers=L, hidden_size=h,
-                     num_attention_heads=a, num_kv_heads=a, head_dim=h // a, ffn_hidden_size=4 * h, vocab_size=V,
-                     max_seq_len=s, gated_mlp=False, norm="layernorm", linear_bias=True, learned_positions=0,
-                     tied_embeddings=True, dropout=True,
+                     num_attention_heads=a, num_kv_heads=a, head_dim=h // a, ffn_hidden_size=4 * h,
+                     vocab_size=c["vocab_size"], max_seq_len=c["seq_length"], gated_mlp=False, norm="layernorm",
+                     linear_bias=True, learned_positions=0, tied_embeddings=True, dropout=c["hidden_dropout"] > 0,
                      source="bigscience-workshop/bigscience train/tr11-176B-ml (NLAYERS/NHIDDEN/NHEADS per table)")
 
 
@@ -188,5 +197,5 @@ def oom_check(catalog: Catalog | None = None) -> list[dict]:
     return out
 
 
-__all__ = ["JEAN_ZAY_NODE_BYTES_PER_S", "SET", "STACK", "ModernCase", "bigscience_cases", "bigscience_layout",
-           "bigscience_model", "deepspeed_partition", "jean_zay_pool", "oom_check", "padded_vocab", "sc21_tflops"]
+__all__ = ["JEAN_ZAY_NODE_BYTES_PER_S", "SET", "STACK", "ModernCase", "bigscience_cases", "bigscience_config",
+           "bigscience_layout", "bigscience_model", "deepspeed_partition", "jean_zay_pool", "oom_check", "padded_vocab", "sc21_tflops"]

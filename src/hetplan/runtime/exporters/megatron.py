@@ -122,6 +122,19 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args += _megatron_fp8_args(plan)
     if plan.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
+    if plan.tp_comm_overlap:  # priced by the estimate (hetplan.plan.Plan.tp_comm_overlap); was dropped
+        args.append("--tp-comm-overlap")
+    if plan.cuda_graphs:  # per-layer graphs (frameworks.toml cuda_graphs; --enable-cuda-graph is deprecated)
+        args.append("--cuda-graph-impl local")
+        if experts:
+            # a dropless MoE layer's experts have data-dependent shapes: Megatron-Core captures the "moe" scope for
+            # drop-and-pad layers only (megatron/core/transformer/enums.py CudaGraphScope), so the graphs cover
+            # attention, the dense MLPs and the router / token preprocessing: partial CUDA graphs
+            dense = spec.num_moe_layers < spec.num_layers
+            args.append("--cuda-graph-modules attn " + ("mlp " if dense else "") + "moe_router moe_preprocess")
+            notes.append("CUDA graphs capture attention, dense MLPs and the MoE router / preprocessing; the experts "
+                         "run eagerly (dropless routing), while the estimate prices every kernel of the layer as "
+                         "captured")
     if plan.job.attention == "flash" and plan.job.attention_kernel is not None:
         # the kernel the estimate priced (issue 27: the export dropped it), as Megatron-Core's AttnBackend
         # (megatron/core/transformer/enums.py): "flash" = Transformer Engine's FlashAttention (flash-attn 2, or 3
