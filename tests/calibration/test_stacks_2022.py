@@ -32,11 +32,15 @@ def test_rows_layouts_and_stacks(cases):
 
 def test_stack_releases_follow_the_launcher_changelog():
     """22.05: no sequence parallelism, no selective recomputation, no distributed Adam; 22.06 adds the first
-    two, 22.08 the distributed optimizer (ZeRO-1)."""
+    two, 22.08 the distributed optimizer (ZeRO-1); the gradient reduction overlaps only at PP 1 until 23.05."""
     s05, s06, s08 = (resolve_stack(f"nemo@{v}") for v in ("22.05", "22.06", "22.08"))
     assert not s05.sequence_parallel and "selective" not in s05.recompute and s05.zero == (0,)
     assert s06.sequence_parallel and "selective" in s06.recompute and s06.zero == (0,)
     assert s08.zero == (0, 1) and resolve_stack("nemo@2022-07").id == "nemo@22.06"
+    # the DP gradient reduction overlaps the backward only without a pipeline until NeMo 1.13 (23.05 here)
+    s09, s23 = resolve_stack("nemo@22.09"), resolve_stack("nemo@23.05")
+    assert s09.overlaps_grad_reduce(1, 1) and not s09.overlaps_grad_reduce(8, 1) and not s05.overlaps_grad_reduce(2, 0)
+    assert s23.overlaps_grad_reduce(8, 1)
 
 
 def test_measured_time_from_tokens_per_second(cases):

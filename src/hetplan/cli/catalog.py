@@ -198,14 +198,15 @@ def stacks(
         z = st.zero
         t.add_row(st.id + star, st.released, "TE" if st.gemm == "transformer-engine" else "cuBLAS", _attention(st),
                   "y" if st.sequence_parallel else "-", "y" if st.tp_comm_overlap else "-",
-                  {"bucketed": "y", "none": "-", "ddp-only": "z0", "after-last-microbatch": "z12"}[st.dp_overlap],
+                  {"bucketed": "y", "none": "-", "ddp-only": "z0", "after-last-microbatch": "z12",
+                   "single-stage": "pp1"}[st.dp_overlap],
                   {"eager": "eager", "cuda-graphs": "graphs", "compiled": "compile"}[st.launch],
                   f"{z[0]}-{z[-1]}" if len(z) > 1 and z == tuple(range(z[0], z[-1] + 1)) else ",".join(map(str, z)))
     con.print(t)
     con.print("* the default stack of its framework (" + ", ".join(f"{fw}: {n}" for fw, n in FRAMEWORK_STACK.items())
               + "), what `hetplan export` writes. SP: sequence parallelism; TPo: TP-communication overlap; DPo: DP "
               "gradient reduction overlapped with backward (z0: only ZeRO-0 through torch DDP; z12: only ZeRO-1/2 "
-              "without a pipeline, DeepSpeed); "
+              "without a pipeline, DeepSpeed; pp1: only without a pipeline, NeMo 2022); "
               "attention: std = s x s scores stored, H,B:cudnn = cuDNN on Hopper and Blackwell. `hetplan catalog "
               "stacks NAME` shows every field's source.", highlight=False)
 

@@ -59,7 +59,7 @@ class StackSpec(BaseModel):
             weight-gradient GEMM accumulates into it), ``separate`` (the GEMM writes a 16-bit gradient that a
             separate kernel adds in), ``fused-with-pipeline`` (fused only in a pipeline, PP > 1);
             :meth:`separate_wgrad_accumulation`.
-        dp_overlap: ``bucketed`` | ``none`` | ``ddp-only`` | ``after-last-microbatch``.
+        dp_overlap: ``bucketed`` | ``none`` | ``ddp-only`` | ``after-last-microbatch`` | ``single-stage``.
         launch: ``eager`` | ``cuda-graphs`` | ``compiled``.
         zero: ZeRO stages it runs (under ``fsdp``: its sharding modes; the estimate runs ZeRO-3 there).
         recompute: the activation-recomputation modes it offers (the searches enumerate only these).
@@ -92,7 +92,7 @@ class StackSpec(BaseModel):
     sequence_parallel: bool
     tp_comm_overlap: bool
     wgrad_accumulation: Literal["fused", "separate", "fused-with-pipeline"]
-    dp_overlap: Literal["bucketed", "none", "ddp-only", "after-last-microbatch"]
+    dp_overlap: Literal["bucketed", "none", "ddp-only", "after-last-microbatch", "single-stage"]
     launch: Literal["eager", "cuda-graphs", "compiled"]
     zero: tuple[Literal[0, 1, 2, 3], ...]
     recompute: tuple[Literal["none", "selective", "full"], ...]
@@ -124,13 +124,16 @@ class StackSpec(BaseModel):
     def overlaps_grad_reduce(self, pp: int, zero: int) -> bool:
         """Whether this release can overlap the data-parallel gradient reduction with the backward pass of a
         plan with ``pp`` stages and ZeRO stage ``zero`` (``dp_overlap``): always under ``bucketed``, never under
-        ``none``; under ``ddp-only`` (Megatron-LM before Megatron-Core 0.4) only ZeRO-0 through torch DDP's buckets
+        ``none``; under ``single-stage`` (NeMo 22.05-22.09) only without a pipeline; under ``ddp-only`` (Megatron-LM
+        before Megatron-Core 0.4) only ZeRO-0 through torch DDP's buckets
         (``--DDP-impl torch``), the distributed optimizer reduce-scattering after backward; under ``after-last-microbatch`` (DeepSpeed) only ZeRO-1/2 without a pipeline, whose
         ``overlap_comm`` buckets reduce during backward — the pipeline engine's ``ReduceGrads`` instruction
         follows the schedule's last micro-batch (``deepspeed/runtime/pipe/schedule.py`` ``TrainSchedule``) and
         ZeRO-0 all-reduces at the accumulation boundary (``deepspeed/runtime/engine.py``)."""
         if self.dp_overlap == "bucketed":
             return True
+        if self.dp_overlap == "single-stage":  # NeMo 22.05-22.09: only without a pipeline
+            return pp == 1
         if self.dp_overlap == "ddp-only":
             return zero == 0
         return self.dp_overlap == "after-last-microbatch" and pp == 1 and zero in (1, 2)
