@@ -218,6 +218,27 @@ def test_torchtitan_0_3_config_manager_accepts_the_export(name, gpus, dtype, kw,
     assert type(cfg.activation_checkpoint).__qualname__.startswith("FullAC")
 
 
+def test_torchtitan_0_3_config_manager_accepts_uneven_interleaved_chunks(tmp_path, monkeypatch):
+    """Mixtral 8x7B on 64 H100 under --framework fsdp: the best interleaved plan on 2 stages with 3 uneven chunks
+    each (16 layers in 6, 5, 5) is exported as torchtitan model parts; 0.3.0's parser takes them with the
+    interleaved schedule, and import gives the chunks back."""
+    from hetplan.plan import Inventory
+    from hetplan.search.planner import search_plans
+    from hetplan.search.space import Pins
+
+    job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=512, train_iterations=10, framework="fsdp")
+    res = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=64)]), top_k=1, heterogeneous=False,
+                       pins=Pins(pp=2, virtual_stages=3))
+    plan = res.plans[0].plan
+    assert plan.pipeline_chunks is not None and sorted(plan.pipeline_chunks[0]) == [5, 5, 6]
+    ex = exporters.export(plan, load_model("mixtral-8x7b"), "torchtitan")
+    assert importers.import_files(ex.files).pipeline_chunks == plan.pipeline_chunks
+    par = _torchtitan_parse(ex.files, tmp_path, monkeypatch).parallelism
+    assert par.pipeline_parallel_schedule == "Interleaved1F1B" and len(par.module_fqns_per_model_part) == 6
+    layers = [sum(f.startswith("layers.") for f in part) for part in par.module_fqns_per_model_part]
+    assert layers == [plan.pipeline_chunks[k % 2][k // 2] for k in range(6)]
+
+
 # --- every searched best plan launches on the framework it was planned for -----------------------------------
 
 def _preset_gpus(name: str) -> int:
@@ -263,6 +284,39 @@ def test_every_presets_searched_best_plan_exports_to_its_framework():
             assert _key(back) == _key(best), (name, framework)
             assert (back.pipeline_chunks, back.expert_tp) == (best.pipeline_chunks, best.expert_tp), (name, framework)
     assert not refused & set(exporters.TORCHTITAN_03_MODELS)  # the models torchtitan ships all export
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(name=st.sampled_from(["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "llama3-8b", "llama3-70b",
+                             "llama2-13b", "mistral-7b", "llama4-scout"]),
+       gpus=st.sampled_from([16, 24, 32, 48, 128, 256]), framework=st.sampled_from(["megatron", "fsdp"]))
+def test_searched_best_plan_exports_at_any_gpu_count(name, gpus, framework):
+    """The same as the every-preset test at other GPU counts (24 and 48: not powers of two): the best plan
+    exports to its framework and reads back."""
+    from hypothesis import assume
+
+    from hetplan.errors import InfeasibleError
+    from hetplan.plan import Inventory
+    from hetplan.search.planner import search_plans
+
+    spec = load_model(name)
+    job = Job(model=name, seq_len=4096, global_batch=gpus * 4, train_iterations=100, framework=framework)
+    try:
+        best = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=gpus)]), top_k=1,
+                            heterogeneous=False).plans[0].plan
+    except InfeasibleError:
+        assume(False)
+        raise
+    target = "megatron" if framework == "megatron" else "torchtitan"
+    try:
+        ex = exporters.export(best, spec, target)
+    except HetplanError as e:  # only a model torchtitan does not build (llama4-scout)
+        assert target == "torchtitan" and any(w in e.message for w in TORCHTITAN_MODEL_REFUSAL), e
+        return
+    if target == "megatron":
+        parse_megatron_args(megatron_argv(ex.files["megatron_launch.sh"]))
+    back = importers.import_files(ex.files)
+    assert _key(back) == _key(best) and back.pipeline_chunks == best.pipeline_chunks
 
 
 def test_plan_baseline_compares_the_users_run(tmp_path):

@@ -326,11 +326,17 @@ def stage_costs(
     rho = overlap_contention(gpu, link.nccl_ctas)  # share of the SMs the overlapped NCCL kernels take from compute
     # Megatron-Core's distributed optimizer with --overlap-param-gather: the all-gather of the updated parameters
     # hides behind the next iteration's first forward, not the backward (exposed_behind_s).
-    gather_fwd = (framework == "megatron") & (zero >= 1)
-    behind_bwd = np.where(gather_fwd, reduce_scatter, grad_sync)
+    # NeMo 22.05-22.09 (dp_overlap "single-stage"): apex's distributed Adam all-gathers the updated parameters
+    # inside its step, after the local update (apex/contrib/optimizers/distributed_fused_adam.py step() at
+    # NVIDIA/apex@6816ef64, 2022-10; overlap with the forward arrived in apex@c0a0b0f6, 2023-02): never hidden.
+    distributed = (framework == "megatron") & (zero >= 1)
+    gather_in_step = distributed & (stack.dp_overlap == "single-stage")
+    gather_fwd = distributed & ~gather_in_step
+    behind_bwd = np.where(distributed, reduce_scatter, grad_sync)
     grad_exposed = np.where(
         z3, 0.0, np.where(overlap_grad_reduce, exposed_behind_s(behind_bwd, bwd, bucket_share, rho)
-                          + np.where(gather_fwd, exposed_behind_s(param_gather, fwd, bucket_share, rho), 0.0),
+                          + np.where(gather_fwd, exposed_behind_s(param_gather, fwd, bucket_share, rho), 0.0)
+                          + np.where(gather_in_step, param_gather, 0.0),
                           grad_sync)
     )
     # FSDP gathers and reduce-scatters one layer (FSDP unit) at a time: L collectives per pass, each paying its

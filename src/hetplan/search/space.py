@@ -262,7 +262,7 @@ def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_bat
                 done.add((int(p), v))
     for p in sorted(set(pp[ok_mb & (pp > 1)].tolist())) if uneven else []:
         rows = ok_mb & (pp == p)
-        for v in range(2, num_layers // p + 1) if pin is None else [pin] if pin <= num_layers // p else []:
+        for v in range(2, num_layers // p + 1) if pin is None else [pin] if 2 <= pin <= num_layers // p else []:
             if (p, v) in done:
                 continue
             add(rows, v, 0)  # balanced_chunks exist: every stage holds at least L // p >= v layers
