@@ -102,3 +102,19 @@ def test_separate_accumulation_worked_example():
         extra = bwd["megatron-lm@2.5"] - bwd["megatron-lm@3.0"]
         assert extra == pytest.approx(total_parameters(m) * per_param / 2.039e12, rel=0.01)
     assert extra == pytest.approx(8.10e-3, rel=0.01)
+
+
+def test_apex_distributed_adam_gathers_after_its_step(cases):
+    """NeMo 22.09 at PP 1 (apex DistributedFusedAdam of 2022-10): the all-gather of the updated bf16 parameters
+    runs inside the optimizer step, so all of it is exposed on top of the overlapped reduce-scatter's tail."""
+    from hetplan.estimate.comm import dp_collective_time_s
+    from hetplan.estimate.estimator import estimate, pool_link
+    from hetplan.hardware.catalog import load_catalog
+
+    c = next(c for c in cases if c.plan.job.stack == "nemo@22.09" and c.info["n"] == 256)
+    est = estimate(c.plan, model=c.model)
+    params = est.stages[0].memory.weights / 2  # bf16 weights
+    link = pool_link(c.plan.pools[0], load_catalog().get(c.plan.pools[0].gpu))
+    gather = float(dp_collective_time_s(params * 2, "allgather", 256, 1, link))
+    assert gather > 0.04  # 10 GB of bf16 parameters over 32 nodes' NICs
+    assert est.stages[0].dp_exposed_s >= gather
