@@ -367,12 +367,10 @@ class FineCostModel:
              for i in range(p - 1)]
         blocking = p2p_model(self.options.framework)  # DeepSpeed's blocking transfers, as estimate() simulates
         v = state.virtual_stages
-        if v > 1:  # interleaved 1F1B, each chunk 1/v of its stage (hetplan.estimate.schedule.simulate)
-            sim = simulate(fw, bw, c, mb, "interleaved", v, blocking_p2p=blocking)
+        simulated: tuple[float, list[float]]
+        if v > 1 or blocking:  # interleaved 1F1B: each chunk 1/v of its stage (hetplan.estimate.schedule.simulate)
+            sim = simulate(fw, bw, c, mb, "interleaved" if v > 1 else "1f1b", v, blocking_p2p=blocking)
             simulated = (sim.makespan_s, list(sim.stage_end_s))
-        elif blocking:
-            sim = simulate(fw, bw, c, mb, "1f1b", blocking_p2p=blocking)
-            simulated: tuple[float, list[float]] = (sim.makespan_s, list(sim.stage_end_s))
         else:
             simulated = simulate_1f1b(fw, bw, c, mb)
         iteration = float(assemble_iteration(fw, bw, dpx, opt, sum(c), mb, virtual_stages=v,
