@@ -422,6 +422,9 @@ def stage_costs(
     # the accumulator with a kernel of its own after the backward GEMMs (stack field wgrad_accumulation)
     separate = (framework == "megatron") & stack_separate_wgrad_accumulation(stack, single_stage)
     bwd = bwd + np.where(separate, separate_accumulation_time_s(params, gpu, grad_per), 0.0)
+    # Megatron-FSDP (framework megatron, ZeRO-3): each micro-batch's 16-bit gradient copied into its main_grad
+    # bucket (megatron_fsdp_grad_copy_s); no copy around its collectives, whose buffers the parameters view
+    bwd = bwd + np.where((framework == "megatron") & z3, megatron_fsdp_grad_copy_s(params, gpu, grad_per), 0.0)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
@@ -473,6 +476,24 @@ def separate_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, accumulato
     (``--gradient-accumulation-fusion``, NVIDIA/Megatron-LM@83b1e42f30; Transformer Engine) the GEMM
     accumulates in place and nothing is added."""
     return compute.optimizer_step_time_s(params_per_gpu, gpu, 2.0 + 2.0 * np.asarray(accumulator_bytes, dtype=float))
+
+
+def megatron_fsdp_grad_copy_s(params_per_gpu: Array, gpu: GPUSpec, main_grad_bytes: Array):
+    """Time of Megatron-FSDP's gradient hand-over after one micro-batch's backward (s; ``framework = "megatron"``
+    at ZeRO-3, which ``hetplan export`` writes as ``--use-megatron-fsdp --data-parallel-sharding-strategy
+    optim_grads_params`` with ``--no-gradient-accumulation-fusion``, as Megatron-Core's own
+    custom-FSDP guide of May 2025 prescribes, ``docs/source/api-guide/custom_fsdp.md`` at NVIDIA/Megatron-LM
+    1e057005). The weight-gradient GEMMs write a 16-bit ``param.grad``; the unit's post-backward hook copies it
+    into the unit's ``main_grad`` bucket (``_grad_acc``: ``param.main_grad.copy_(param.grad)``, overwriting,
+    since the sharded gradients are reduce-scattered every micro-batch; ``custom_fsdp/fully_sharded_data_parallel.py``
+    at 1e057005, ``megatron_fsdp/megatron_fsdp.py`` of 2026-08), on the compute stream: a read of 2 bytes and a
+    write of ``main_grad_bytes`` (fp32 4 under ``grad_reduce_in_fp32``, Megatron-LM's default for bf16) per
+    parameter of the stage at the GPU's memory bandwidth. Nothing else is copied: the all-gather writes straight
+    into the unit's contiguous parameter bucket, of which the parameters are views, and the reduce-scatter reads
+    the ``main_grad`` bucket itself (``param_and_grad_buffer.py`` ``DataParallelBuffer``) — unlike FSDP2's
+    per-parameter copy-out and copy-in (:func:`fsdp2_copy_s`, the ``docs/runtime_schedule.md`` of
+    ``megatron/core/distributed/fsdp/src``: "FSDP2 issues more data copy than MFSDP")."""
+    return compute.optimizer_step_time_s(params_per_gpu, gpu, 2.0 + np.asarray(main_grad_bytes, dtype=float))
 
 
 def stack_separate_wgrad_accumulation(stack: StackSpec, single_stage: Any) -> Any:
