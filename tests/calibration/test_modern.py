@@ -401,3 +401,23 @@ def test_mla_runs_unfused_on_blackwell_and_needs_its_core_attention_recompute(ru
         bare = c.plan.model_copy(update={"stages": [s.model_copy(update={"recompute": "none"}) for s in c.plan.stages]})
         assert not estimate(bare, model=c.model, virtual_stages=c.virtual_stages).fits
     assert {c.plan.job.attention for c in rows if c.gpu != "GB200"} == {"flash"}
+
+
+def test_torchtitan_rows_run_the_release_of_their_commit():
+    """Each torchtitan row runs the stack release in force when its commit ran (run_facts ``[[torchtitan.release]]``):
+    the December 2024 benchmark (9dec370) a foreach AdamW, 80 B per parameter, the June 2025 ones (after
+    pytorch/torchtitan#881) the fused one, 30 B — the same plan's optimizer step differs by exactly 80 / 30."""
+    from hetplan.calibration.modern.torchtitan import torchtitan_cases
+    from hetplan.estimate.compute import ADAM_BYTES_PER_PARAMETER, UNFUSED_ADAMW_BYTES_PER_PARAMETER
+    from hetplan.estimate.estimator import estimate
+
+    cases, _ = torchtitan_cases()
+    releases = {c.plan.job.stack_spec().id for c in cases}
+    assert {"torchtitan@2024-04", "torchtitan@2025-05"} <= releases  # 2024-08 / 2024-12 and 2025-06 / 2025-08
+    old = next(c for c in cases if c.plan.job.stack_spec().id == "torchtitan@2024-04")
+    assert "adam" not in old.plan.job.stack_spec().fused
+    first = old.plan.job.stack_spec().id
+    assert all("adam" in c.plan.job.stack_spec().fused for c in cases if c.plan.job.stack_spec().id != first)
+    new = old.plan.model_copy(update={"job": old.plan.job.model_copy(update={"stack": "torchtitan@2025-02"})})
+    ratio = estimate(old.plan, model=old.model).optimizer_time_s / estimate(new, model=old.model).optimizer_time_s
+    assert ratio == pytest.approx(UNFUSED_ADAMW_BYTES_PER_PARAMETER / ADAM_BYTES_PER_PARAMETER, rel=1e-9)

@@ -244,7 +244,7 @@ def test_fsdp_root_unit_is_exposed_every_micro_batch():
     def exposed(vocab: int, microbatches: int) -> float:
         m = base.model_copy(update={"vocab_size": vocab, "name": f"llama3-8b-v{vocab}"})
         p = Plan(job=Job(model="llama3-8b", seq_len=8192, global_batch=128 * microbatches, framework="fsdp",
-                         stack="torchtitan@2025-10"),
+                         stack="torchtitan@2025-05"),
                  pools=[GPUPool(gpu="H100-SXM", count=128)], stages=[Stage(num_layers=32, tp=1, dp=128)],
                  mbs=1, zero=3, grad_reduce_dtype="fp32")
         return estimate(p, model=m).dp_exposed_time_s
@@ -290,3 +290,29 @@ def test_attention_unpad_worked_example_and_switch():
     assert forward("fa2", ("fa2",)) - forward("fa2", ()) == pytest.approx(32 * float(unpad_f), rel=1e-9)
     assert forward("triton", ("fa2",)) == pytest.approx(forward("triton", ()), rel=1e-12)  # its kernel is padded
     assert resolve_stack("llm-foundry").attention_unpad == ("fa2",) and not resolve_stack("torchtitan").attention_unpad
+
+
+def test_torchtitan_own_embedding_and_output_units():
+    """Since pytorch/torchtitan#1094 (torchtitan@2025-10: fsdp_units = "embedding-output") the output layer and
+    final norm are a unit of their own, gathered behind the last layer's forward and reduce-scattered behind its
+    backward: of the earlier root unit only the embedding stays exposed. Per micro-batch the exposed time drops by
+    at least (1 - rho) of the output unit's gather and reduce-scatter over the nodes' network at full speed."""
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    def exposed(release: str, microbatches: int) -> float:
+        p = Plan(job=Job(model="llama3-8b", seq_len=8192, global_batch=128 * microbatches, framework="fsdp",
+                         stack=release, torch_compile=True, attention_kernel="fa2"),
+                 pools=[GPUPool(gpu="H100-SXM", count=128)], stages=[Stage(num_layers=32, tp=1, dp=128)],
+                 mbs=1, zero=3, grad_reduce_dtype="fp32")
+        return estimate(p).dp_exposed_time_s
+
+    from hetplan.model.spec import load_model
+
+    m = load_model("llama3-8b")
+    output_params = m.vocab_size * m.hidden_size + m.hidden_size  # output layer and final norm
+    floor = output_params * (2 + 4) * (120 / 128) / (8 * 400e9 / 8)  # bf16 gather + fp32 reduce-scatter
+    rho = 24 / 132  # NCCL's CTAs next to compute on H100 (comm.overlap_contention)
+    for mb in (1, 2):
+        drop = exposed("torchtitan@2025-05", mb) - exposed("torchtitan@2025-10", mb)
+        assert drop >= mb * (1 - rho) * floor
+        assert exposed("torchtitan@2025-10", mb) > 0

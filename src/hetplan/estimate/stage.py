@@ -359,12 +359,26 @@ def stage_costs(
                          + replica_allreduce((params - root) * grad_per / units) * units)
     root_gather: Any = 0.0
     root_reduce_scatter: Any = 0.0
+    head_s: Any = 0.0  # [norm, output] as their own unit (stack fsdp_units): its gather and reduce-scatter
+    head_exposed: Any = 0.0  # the part of head_s its neighbouring layer's compute does not hide
+
+    def unit_collectives(n_params: Array):
+        """(all-gather in 16 bits, reduce-scatter + HSDP all-reduce) of one unit of ``n_params`` dense parameters."""
+        g = dp_collective(2.0, "allgather", 1.0, shard, dense_params=n_params, experts=False)
+        r = (dp_collective(grad_per, "allgather", 1.0, shard, dense_params=n_params, experts=False)
+             + replica_allreduce(n_params * grad_per))
+        return np.where(n_params > 0, g, 0.0), np.where(n_params > 0, r, 0.0)
+
     if has_root:
-        root_gather = dp_collective(2.0, "allgather", 1.0, shard, dense_params=root, experts=False)
-        root_reduce_scatter = (dp_collective(grad_per, "allgather", 1.0, shard, dense_params=root, experts=False)
-                               + replica_allreduce(root * grad_per))
-        root_gather, root_reduce_scatter = (np.where(root > 0, root_gather, 0.0),
-                                            np.where(root > 0, root_reduce_scatter, 0.0))
+        head = np.zeros_like(root)
+        if stack.fsdp_units == "embedding-output":  # fsdp_root_parameters: the embedding alone stays exposed
+            embedding = np.where(has_embedding, counts.embedding_parameters(m) / np.asarray(t, dtype=float), 0.0)
+            head = root - np.minimum(root, embedding)
+        root_gather, root_reduce_scatter = unit_collectives(root - head)
+        if stack.fsdp_units == "embedding-output":
+            hg, hr = unit_collectives(head)
+            head_s = hg + hr
+            head_exposed = np.maximum(hg - lf, rho * hg) + np.maximum(hr - lb, rho * hr)
     # FSDP in a pipeline (torch.distributed.pipelining): every backward but the last runs without resharding or
     # gradient sync, so each unit is gathered once, for the first micro-batch, and its accumulated gradient is
     # reduce-scattered once, by the post-backward the schedule calls after the stage's last backward
@@ -385,14 +399,15 @@ def stage_costs(
     gather_exposed = np.where(
         z3, np.where(pipelined_fsdp,
                      zero3_exposed_s(z3_gather, 0.0, num_layers * lf, layers_bwd, num_layers, 1, True, False, rho)
-                     + z3_reduce_scatter + copy_f + copy_b + root_s,
+                     + z3_reduce_scatter + copy_f + copy_b + root_s + head_s,
                      zero3_exposed_s(z3_gather, z3_reduce_scatter, num_layers * lf, layers_bwd, num_layers,
                                      num_microbatches, overlap_grad_reduce, reshard_after_forward, rho)
-                     + num_microbatches * root_s), 0.0,
+                     + num_microbatches * (root_s + head_exposed)), 0.0,
     )
     grad_exposed = np.where(bf16_opt, grad_sync, grad_exposed)  # reduced at the boundary, never overlapped
-    dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter + root_s, num_microbatches * (
-        (2 if reshard_after_forward else 1) * z3_gather + z3_reduce_scatter + root_s)), grad_sync)
+    dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter + root_s + head_s,
+                                     num_microbatches * ((2 if reshard_after_forward else 1) * z3_gather
+                                                         + z3_reduce_scatter + root_s + head_s)), grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
     emb_sync = np.where(
         (np.asarray(has_embedding) | np.asarray(has_head)) & ~np.asarray(single_stage) & m.tied_embeddings,
@@ -412,6 +427,9 @@ def stage_costs(
     # the accumulator with a kernel of its own after the backward GEMMs (stack field wgrad_accumulation)
     separate = (framework == "megatron") & stack_separate_wgrad_accumulation(stack, single_stage)
     bwd = bwd + np.where(separate, separate_accumulation_time_s(params, gpu, grad_per), 0.0)
+    # Megatron-FSDP (framework megatron, ZeRO-3): each micro-batch's 16-bit gradient copied into its main_grad
+    # bucket (megatron_fsdp_grad_copy_s); no copy around its collectives, whose buffers the parameters view
+    bwd = bwd + np.where((framework == "megatron") & z3, megatron_fsdp_grad_copy_s(params, gpu, grad_per), 0.0)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
@@ -486,6 +504,24 @@ def separate_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, accumulato
     (``--gradient-accumulation-fusion``, NVIDIA/Megatron-LM@83b1e42f30; Transformer Engine) the GEMM
     accumulates in place and nothing is added."""
     return compute.optimizer_step_time_s(params_per_gpu, gpu, 2.0 + 2.0 * np.asarray(accumulator_bytes, dtype=float))
+
+
+def megatron_fsdp_grad_copy_s(params_per_gpu: Array, gpu: GPUSpec, main_grad_bytes: Array):
+    """Time of Megatron-FSDP's gradient hand-over after one micro-batch's backward (s; ``framework = "megatron"``
+    at ZeRO-3, which ``hetplan export`` writes as ``--use-megatron-fsdp --data-parallel-sharding-strategy
+    optim_grads_params`` with ``--no-gradient-accumulation-fusion``, as Megatron-Core's own
+    custom-FSDP guide of May 2025 prescribes, ``docs/source/api-guide/custom_fsdp.md`` at NVIDIA/Megatron-LM
+    1e057005). The weight-gradient GEMMs write a 16-bit ``param.grad``; the unit's post-backward hook copies it
+    into the unit's ``main_grad`` bucket (``_grad_acc``: ``param.main_grad.copy_(param.grad)``, overwriting,
+    since the sharded gradients are reduce-scattered every micro-batch; ``custom_fsdp/fully_sharded_data_parallel.py``
+    at 1e057005, ``megatron_fsdp/megatron_fsdp.py`` of 2026-08), on the compute stream: a read of 2 bytes and a
+    write of ``main_grad_bytes`` (fp32 4 under ``grad_reduce_in_fp32``, Megatron-LM's default for bf16) per
+    parameter of the stage at the GPU's memory bandwidth. Nothing else is copied: the all-gather writes straight
+    into the unit's contiguous parameter bucket, of which the parameters are views, and the reduce-scatter reads
+    the ``main_grad`` bucket itself (``param_and_grad_buffer.py`` ``DataParallelBuffer``) — unlike FSDP2's
+    per-parameter copy-out and copy-in (:func:`fsdp2_copy_s`, the ``docs/runtime_schedule.md`` of
+    ``megatron/core/distributed/fsdp/src``: "FSDP2 issues more data copy than MFSDP")."""
+    return compute.optimizer_step_time_s(params_per_gpu, gpu, 2.0 + np.asarray(main_grad_bytes, dtype=float))
 
 
 def stack_separate_wgrad_accumulation(stack: StackSpec, single_stage: Any) -> Any:
@@ -604,7 +640,12 @@ def fsdp_root_parameters(params_per_gpu: Array, layers_params_per_gpu: Array, fr
     and the output layer is filtered) and one exposed reduce-scatter of the root; the layers' units, with only
     their own parameters, follow :func:`zero3_exposed_s`. Llama 3 8B's root (untied 128,256-token embedding and
     output, 1.05 B parameters) is 4.8 of its layers; MPT-7B's (tied 50,368 × 4,096 embedding, 2,048 learned
-    positions) one. DeepSpeed's ZeRO-3 keeps evenly split units. Arrays broadcast."""
+    positions) one. DeepSpeed's ZeRO-3 keeps evenly split units. Since pytorch/torchtitan#1094 (2025-07-28;
+    stack field ``fsdp_units = "embedding-output"``, ``torchtitan@2025-10``) ``tok_embeddings`` and ``[norm,
+    output]`` are units of their own and the root holds nothing: the embedding's gather and reduce-scatter stay
+    exposed, the ``[norm, output]`` unit is gathered behind the last layer's forward, kept for the backward
+    (``reshard_after_forward=False``) and reduce-scattered behind the last layer's backward, exposed only beyond
+    them (:func:`stage_costs`). Arrays broadcast."""
     root = np.asarray(params_per_gpu, dtype=float) - layers_params_per_gpu
     root = np.where(root >= 1.0, root, 0.0)  # a middle stage's float remainder is no unit
     return root if framework == "fsdp" else np.zeros_like(root)

@@ -73,6 +73,8 @@ class StackSpec(BaseModel):
         attention_unpad: the fused attention kernels the stack calls through flash-attn's ``bert_padding``: the
             Q, K, V gathered into unpadded (token, head, dim) tensors before the varlen kernel and its output
             scattered back into the padded batch (:func:`hetplan.estimate.stage.attention_unpad_s`); empty for most.
+        fsdp_units: under FSDP, where the embedding, final norm and output layer sit: ``model`` (the root module's
+            unit, :func:`hetplan.estimate.stage.fsdp_root_parameters`) or ``embedding-output`` (units of their own).
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
@@ -100,6 +102,7 @@ class StackSpec(BaseModel):
     allocator: Literal["caching", "expandable-segments"]
     bf16_optimizer: bool = False
     attention_unpad: tuple[StackKernel, ...] = ()
+    fsdp_units: Literal["model", "embedding-output"] = "model"
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     sources: dict[str, str]
 
@@ -170,7 +173,8 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         merged["sources"] = sources
         optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
             ("bf16_optimizer",) if merged.get("bf16_optimizer") else ()) + (
-            ("attention_unpad",) if merged.get("attention_unpad") else ())
+            ("attention_unpad",) if merged.get("attention_unpad") else ()) + (
+            ("fsdp_units",) if merged.get("fsdp_units", "model") != "model" else ())
         missing = [f for f in FIELDS[1:] + ("released",) + optional if f not in sources]
         if missing:
             raise HetplanError(f"{entry['name']} {entry.get('version')}: no source for {', '.join(missing)}",

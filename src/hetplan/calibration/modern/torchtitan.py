@@ -34,6 +34,18 @@ TORCHTITAN_LOCAL_BATCH = {f["source"]: f["local_batch"] for f in _FACTS["local_b
 TORCHTITAN_TORCH_BEFORE_153383 = tuple(_FACTS["torch_before_153383"]["match"])
 
 
+#: The torchtitan release each source's runs used, by source (``[[torchtitan.release]]``: the month of the commit
+#: its write-up names): the rows run ``Job.stack = "torchtitan@YYYY-MM"``, the release in force then (the
+#: optimizer: foreach AdamW before pytorch/torchtitan#881 of 2025-02-24, fused after).
+TORCHTITAN_RELEASE = {f["match"]: f["month"] for f in _FACTS["release"]}
+
+
+def torchtitan_stack(source: str) -> str | None:
+    """``torchtitan@YYYY-MM`` of a row's source (:data:`TORCHTITAN_RELEASE`), None if the source is not listed."""
+    month = next((v for k, v in TORCHTITAN_RELEASE.items() if k in source), None)
+    return f"torchtitan@{month}" if month else None
+
+
 def _torchtitan_recompute(label: str) -> tuple[str, float]:
     """torchtitan's activation checkpointing: ``selective`` op-level SAC (what the row says 'selective' or
     'per-op SAC') saves the matmul outputs, i.e. Megatron's selective; ``selective layer`` checkpoints every
@@ -124,6 +136,8 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
         rc, frac = _torchtitan_recompute(r["recompute"])
         job = dict(seq_len=seq, global_batch=gbs, framework="fsdp", torch_compile=_torchtitan_compiled(r),
                    attention_kernel=_torchtitan_attention_kernel(catalog.get(catalog_gpu(r["gpu"], catalog))))
+        if (stack := torchtitan_stack(r["source"])) is not None:
+            job["stack"] = stack
         if cp > 1:
             job.update(cp_kv_exchange="allgather", cp_load_balance=False)
         lay = Layout(tp=tp, pp=pp, dp=dp, recompute=rc, recompute_fraction=frac, job=job, plan=dict(
