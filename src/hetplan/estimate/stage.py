@@ -418,10 +418,18 @@ def stage_costs(
     # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer after that micro-batch's
     # backward, on the compute stream (pipe/engine.py _exec_backward_pass -> update_hp_grads)
     bwd = bwd + np.where(bf16_opt, bf16_accumulation_time_s(params, gpu), 0.0)
+    # Without BF16_Optimizer, DeepSpeed's engine (ZeRO 0/1) leaves the sum over micro-batches to autograd's
+    # in-place .grad accumulation, a kernel of its own after each backward but the first (autograd_accumulation_s)
+    autograd_acc = ((framework == "deepspeed") & (stack.optimizer_memory == "deepspeed") & ~np.asarray(bf16_opt)
+                    & (np.asarray(zero) <= 1))
+    bwd = bwd + np.where(autograd_acc, autograd_accumulation_time_s(params, gpu, num_microbatches), 0.0)
     # A Megatron stack without weight-gradient accumulation fusion adds each micro-batch's 16-bit gradients into
     # the accumulator with a kernel of its own after the backward GEMMs (stack field wgrad_accumulation)
     separate = (framework == "megatron") & stack_separate_wgrad_accumulation(stack, single_stage)
     bwd = bwd + np.where(separate, separate_accumulation_time_s(params, gpu, grad_per), 0.0)
+    # Megatron-FSDP (framework megatron, ZeRO-3): each micro-batch's 16-bit gradient copied into its main_grad
+    # bucket (megatron_fsdp_grad_copy_s); no copy around its collectives, whose buffers the parameters view
+    bwd = bwd + np.where((framework == "megatron") & z3, megatron_fsdp_grad_copy_s(params, gpu, grad_per), 0.0)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
@@ -461,6 +469,29 @@ def bf16_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec):
     return compute.optimizer_step_time_s(params_per_gpu, gpu, BF16_ACCUMULATE_BYTES_PER_PARAMETER)
 
 
+#: Bytes per parameter of autograd's in-place gradient accumulation, in units of the gradient's element size:
+#: ``AccumulateGrad`` runs ``variable_grad += new_grad`` when ``.grad`` already holds a tensor
+#: (``torch/csrc/autograd/functions/accumulate_grad.h``, ``accumulateGrad``), which reads both and writes one.
+AUTOGRAD_ACCUMULATE_PASSES = 3.0
+
+
+def autograd_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, num_microbatches: Array):
+    """Time per micro-batch, averaged over the step, of autograd's ``.grad`` accumulation under DeepSpeed's engine
+    without BF16_Optimizer at ZeRO 0 or 1 (s). Nothing in that path sums the micro-batches' gradients itself:
+    the pipeline engine's ``_exec_backward_pass`` calls ``torch.autograd.backward`` (the last stage
+    ``DeepSpeedEngine.backward``) and ZeRO-1 reduces only at the accumulation boundary
+    (``stage_1_and_2.py`` ``reduce_ready_partitions_and_remove_grads``: ``partition_gradients or
+    is_gradient_accumulation_boundary``; ``reduce_gradients`` from ``_exec_reduce_grads``), so every parameter's
+    16-bit ``.grad`` is summed by autograd (microsoft/DeepSpeed v0.5.x-v0.6.x). The step frees the gradients
+    (``zero_grad`` with ``set_grads_to_None``; ZeRO-1's ``free_grad_in_param_list``), so the first micro-batch's
+    gradient is taken as it is and each later one is added in place: :data:`AUTOGRAD_ACCUMULATE_PASSES` x 2 B
+    (the 16-bit ``.grad`` of an fp16 or bf16 model) per parameter of the stage at the GPU's memory bandwidth,
+    ``(m - 1) / m`` of it per micro-batch of a step of ``m``. Arrays broadcast."""
+    m = np.maximum(np.asarray(num_microbatches, dtype=float), 1.0)
+    per = compute.optimizer_step_time_s(params_per_gpu, gpu, AUTOGRAD_ACCUMULATE_PASSES * 2.0)
+    return per * (m - 1.0) / m
+
+
 def separate_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, accumulator_bytes: Array):
     """Time of one micro-batch's gradient accumulation where the weight-gradient GEMMs write a 16-bit gradient
     and a separate kernel adds it into the accumulator (s; ``wgrad_accumulation = "separate"``): Megatron-LM
@@ -473,6 +504,24 @@ def separate_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, accumulato
     (``--gradient-accumulation-fusion``, NVIDIA/Megatron-LM@83b1e42f30; Transformer Engine) the GEMM
     accumulates in place and nothing is added."""
     return compute.optimizer_step_time_s(params_per_gpu, gpu, 2.0 + 2.0 * np.asarray(accumulator_bytes, dtype=float))
+
+
+def megatron_fsdp_grad_copy_s(params_per_gpu: Array, gpu: GPUSpec, main_grad_bytes: Array):
+    """Time of Megatron-FSDP's gradient hand-over after one micro-batch's backward (s; ``framework = "megatron"``
+    at ZeRO-3, which ``hetplan export`` writes as ``--use-megatron-fsdp --data-parallel-sharding-strategy
+    optim_grads_params`` with ``--no-gradient-accumulation-fusion``, as Megatron-Core's own
+    custom-FSDP guide of May 2025 prescribes, ``docs/source/api-guide/custom_fsdp.md`` at NVIDIA/Megatron-LM
+    1e057005). The weight-gradient GEMMs write a 16-bit ``param.grad``; the unit's post-backward hook copies it
+    into the unit's ``main_grad`` bucket (``_grad_acc``: ``param.main_grad.copy_(param.grad)``, overwriting,
+    since the sharded gradients are reduce-scattered every micro-batch; ``custom_fsdp/fully_sharded_data_parallel.py``
+    at 1e057005, ``megatron_fsdp/megatron_fsdp.py`` of 2026-08), on the compute stream: a read of 2 bytes and a
+    write of ``main_grad_bytes`` (fp32 4 under ``grad_reduce_in_fp32``, Megatron-LM's default for bf16) per
+    parameter of the stage at the GPU's memory bandwidth. Nothing else is copied: the all-gather writes straight
+    into the unit's contiguous parameter bucket, of which the parameters are views, and the reduce-scatter reads
+    the ``main_grad`` bucket itself (``param_and_grad_buffer.py`` ``DataParallelBuffer``) — unlike FSDP2's
+    per-parameter copy-out and copy-in (:func:`fsdp2_copy_s`, the ``docs/runtime_schedule.md`` of
+    ``megatron/core/distributed/fsdp/src``: "FSDP2 issues more data copy than MFSDP")."""
+    return compute.optimizer_step_time_s(params_per_gpu, gpu, 2.0 + np.asarray(main_grad_bytes, dtype=float))
 
 
 def stack_separate_wgrad_accumulation(stack: StackSpec, single_stage: Any) -> Any:

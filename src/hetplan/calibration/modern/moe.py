@@ -30,6 +30,9 @@ AUTOMODEL_PP_STEP: dict[str, int] = fact_table("automodel", "pipeline_step_micro
 #: "activation offloading required") offload (``[modelzoo]``).
 MODELZOO_MXFP8_RECOMPUTE_MODULES = tuple(run_facts()["modelzoo"]["mxfp8_recompute_modules"])
 MODELZOO_OFFLOAD_MODULES = tuple(run_facts()["modelzoo"]["offload_modules"])
+#: The ModelZoo's TP where its launch command differs from its table, by the row's ``zero_or_fsdp`` cell
+#: (``[modelzoo.launch_tp]``: the Megatron-FSDP layout ran TP 1, DP 256, two micro-batches of 4).
+MODELZOO_LAUNCH_TP: dict[str, int] = fact_table("modelzoo", "launch_tp")
 
 
 def _recompute_modules(r: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -86,14 +89,21 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
         if "lora" in r["model"].lower():
             raise NotExpressibleError("LoRA fine-tuning: frozen base weights and adapters are not modelled")
         tp, pp, cp = (cell_int(r, k, 1) for k in ("tp", "pp", "cp"))
+        if src == "modelzoo":
+            tp = MODELZOO_LAUNCH_TP.get(r["zero_or_fsdp"], tp)
         ep = cell_int(r, "ep") or AUTOMODEL_EP.get(r["model"], 1)
         recompute, moe_recompute = _moe_recompute(r["recompute"])
         modules, offload = _recompute_modules(r) if src in ("modelzoo", "bridge") else ((), ())
         n = cell_int(r, "num_gpus")
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
+        # Megatron-FSDP (ModelZoo: Megatron-Core's --use-custom-fsdp --data-parallel-sharding-strategy
+        # optim_grads_params) is Megatron-Core at ZeRO-3 (what export writes as --use-megatron-fsdp), not
+        # PyTorch's FSDP2 (NeMo AutoModel: framework "fsdp")
+        megatron_fsdp = fsdp and "megatron-fsdp" in r["zero_or_fsdp"].lower()
         mbs = cell_int(r, "micro_batch", 1)
         gbs = cell_int(r, "global_batch")
-        job = dict(seq_len=cell_int(r, "seq_len"), global_batch=gbs, framework="fsdp" if fsdp else "megatron")
+        job = dict(seq_len=cell_int(r, "seq_len"), global_batch=gbs,
+                   framework="fsdp" if fsdp and not megatron_fsdp else "megatron")
         if (recipe := row_fp8_recipe(r)) is not None:
             job["fp8_recipe"] = recipe
         if src == "automodel" or "forced" in r["notes"].lower():  # balanced routing forced by the benchmark
@@ -106,9 +116,8 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
         lay = Layout(tp=tp, pp=pp, dp=n // (tp * pp * cp), recompute=recompute, job=job, plan=dict(
             mbs=mbs, zero=3 if fsdp else 1, cp=cp, ep=ep, expert_tp=expert_tp_of(r),
             virtual_stages=cell_int(r, "vp", 1), sequence_parallel=True, cuda_graphs="cuda graph" in r["notes"].lower(),
-            # Megatron-FSDP (ModelZoo) runs Megatron-Core's loss: the plan's default, not torchtitan's fp32
             pipeline_step_microbatches=AUTOMODEL_PP_STEP.get(r["model"]) if src == "automodel" else None,
-            **(AUTOMODEL_FSDP if src == "automodel" else {"cross_entropy": None})))
+            **(AUTOMODEL_FSDP if src == "automodel" else {})))
         t = cell_float(r, "iteration_time_s")
         if t is not None:
             return row_case("moe_h100", key, r, lay, "iteration_time_s", t, catalog=catalog)
