@@ -68,3 +68,29 @@ def test_modelzoo_megatron_fsdp_row_as_launched():
     assert (job.framework, row.plan.zero, job.moe_load_imbalance) == ("megatron", 3, 1.0)
     assert (row.info["tp"], row.info["dp"], row.plan.num_microbatches(0)) == (1, 256, 2)
     assert row.evaluate() == pytest.approx(row.measured, rel=0.10)
+
+
+def test_megatron_fsdp_memory_holds_unsharded_gradient_buckets():
+    """ZeRO-3 under Megatron-Core holds, beyond ZeRO-2's sharded fp32 gradients, one layer's 16-bit gradient and
+    two layers' fp32 main-gradient buckets (10 B per parameter of a layer): Llama 2 7B's 202 M-parameter layer."""
+    from hetplan.estimate import memory
+    from hetplan.model.spec import load_model
+
+    z2, z3 = estimate(_plan(2)).stages[0].memory, estimate(_plan(3)).stages[0].memory
+    layer = memory.layer_parameters_per_gpu(load_model("llama2-7b"), 1, 1, 1)
+    assert z3.gradients - z2.gradients == pytest.approx(layer * (2 + 2 * 4), rel=1e-9)
+    assert 1.9e9 < z3.gradients - z2.gradients < 2.1e9
+
+
+def test_modelzoo_megatron_fsdp_row_exports_as_megatron_fsdp():
+    """The row's plan exports to Megatron-LM with the flags of its launch command."""
+    from hetplan.calibration.modern.moe import moe_cases
+    from hetplan.runtime.exporters.megatron import export_megatron
+
+    cases, _ = moe_cases()
+    (row,) = [c for c in cases if c.key.startswith("moe_h100:modelzoo:2:")]
+    text = " ".join(str(x) for x in vars(export_megatron(row.plan, row.model)).values())
+    for flag in ("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+                 "--no-gradient-accumulation-fusion", "--expert-model-parallel-size 8",
+                 "--tensor-model-parallel-size 1"):
+        assert flag in text
