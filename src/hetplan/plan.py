@@ -577,17 +577,20 @@ def ends_split(num_layers: int, pp: int, v: int) -> list[list[int]] | None:
     return chunks
 
 
+def stage_chunks(n: int, v: int, first: bool = False) -> list[int]:
+    """``n`` layers of a stage in ``v`` interleaved chunks differing by at most one layer, the short ones first on
+    the first stage (beside the embedding), last elsewhere (the last stage's beside the loss)."""
+    q, r = divmod(n, v)
+    return [q] * (v - r) + [q + 1] * r if first else [q + 1] * r + [q] * (v - r)
+
+
 def balanced_chunks(num_layers: int, pp: int, v: int) -> list[list[int]] | None:
-    """Interleaved chunks ``[stage][chunk]`` of :func:`balanced_split`'s stages, each stage's layers split into
-    ``v`` chunks differing by at most one layer (the short ones first on the first stage, beside the embedding,
-    last elsewhere, the last stage's beside the loss); None when a stage has fewer than ``v`` layers."""
-    out = []
-    for i, n in enumerate(balanced_split(num_layers, pp)):
-        q, r = divmod(n, v)
-        if q < 1:
-            return None
-        out.append([q] * (v - r) + [q + 1] * r if i == 0 else [q + 1] * r + [q] * (v - r))
-    return out
+    """Interleaved chunks ``[stage][chunk]`` of :func:`balanced_split`'s stages (:func:`stage_chunks`); None when a
+    stage has fewer than ``v`` layers."""
+    split = balanced_split(num_layers, pp)
+    if min(split) < v:
+        return None
+    return [stage_chunks(n, v, first=i == 0) for i, n in enumerate(split)]
 
 
 #: :func:`interleaved_chunks` split codes (the search's ``split`` dimension, :mod:`hetplan.search.space`).

@@ -40,3 +40,55 @@ def test_other_deepspeed_optimizers_keep_the_fused_step(dtype, zero):
     t, params, bw = _step("deepspeed", dtype, zero, dp=2)
     owned = params / (2 if zero else 1)  # ZeRO-1 steps the owned half
     assert t == pytest.approx(owned * compute.ADAM_BYTES_PER_PARAMETER / bw, rel=1e-12)
+
+
+def _backward(framework, dtype, zero, num_microbatches, stack=None):
+    m, gpu = load_model("llama2-7b"), load_catalog().get("A100-SXM-80GB")
+    kw = {} if stack is None else {"stack": stack}
+    c = costs_of(m, gpu, LINK, s=4096, b=1, t=1, dp=2, num_layers=8, has_embedding=False, has_head=False,
+                 single_stage=False, in_flight=4, num_microbatches=num_microbatches, zero=zero, recompute_code=0,
+                 framework=framework, dtype=dtype, attention="flash", **kw)
+    return float(c.backward_s), float(c.params_per_gpu), gpu.hbm_bandwidth_bytes_per_s
+
+
+@pytest.mark.parametrize("dtype, zero", [("fp16", 0), ("fp16", 1)])
+def test_deepspeed_autograd_accumulation_worked_example(dtype, zero):
+    """Worked example: 8 Llama 2 7B layers (1.62 B parameters) on an A100 under DeepSpeed's engine without
+    BF16_Optimizer: autograd adds each micro-batch's 16-bit gradient into ``.grad`` in place (read both, write
+    one: 3 x 2 B) after every backward but the first. At 8 micro-batches a step moves 7 x 6 B = 42 B per
+    parameter, charged 42/8 B per micro-batch: 4.2 ms per backward at the A100 80GB's 2.04 TB/s; one
+    micro-batch (nothing accumulated) costs nothing."""
+    from hetplan.estimate.stage import AUTOGRAD_ACCUMULATE_PASSES
+
+    element = 2
+    one, params, bw = _backward("deepspeed", dtype, zero, 1)
+    eight, _, _ = _backward("deepspeed", dtype, zero, 8)
+    assert params == pytest.approx(8 * 202.4e6, rel=0.01)
+    assert AUTOGRAD_ACCUMULATE_PASSES * element * 7 / 8 == 5.25
+    assert eight - one == pytest.approx(params * AUTOGRAD_ACCUMULATE_PASSES * element * 7 / 8 / bw, rel=1e-9)
+    assert (eight - one) * 1e3 == pytest.approx(4.17, abs=0.01)
+
+
+@pytest.mark.parametrize("framework, dtype, zero", [("megatron", "fp16", 1), ("deepspeed", "fp16", 2),
+                                                    ("deepspeed", "fp16", 3)])
+def test_autograd_accumulation_only_under_deepspeeds_zero0_and_1(framework, dtype, zero):
+    """Megatron's stacks accumulate by their own term (``wgrad_accumulation``), ZeRO-2 and ZeRO-3 partition the
+    gradients after every micro-batch (other code paths): the number of micro-batches does not move their
+    backward."""
+    one, _, _ = _backward(framework, dtype, zero, 1)
+    eight, _, _ = _backward(framework, dtype, zero, 8)
+    assert eight == pytest.approx(one, rel=1e-12)
+
+
+def test_bf16_optimizer_replaces_autograd_accumulation():
+    """Under a stack whose bf16 runs go to BF16_Optimizer (``megatron-deepspeed@2022``), bf16 backward carries
+    its 18 B per parameter per micro-batch (``update_hp_grads``) and no autograd accumulation: the number of
+    micro-batches does not move it; under the 2021 release (ZeRO-1's optimizer) autograd accumulates."""
+    from hetplan.estimate.stage import AUTOGRAD_ACCUMULATE_PASSES
+
+    one, params, bw = _backward("deepspeed", "bf16", 1, 1, stack="megatron-deepspeed@2022")
+    eight, _, _ = _backward("deepspeed", "bf16", 1, 8, stack="megatron-deepspeed@2022")
+    assert eight == pytest.approx(one, rel=1e-12)
+    one, _, _ = _backward("deepspeed", "bf16", 1, 1, stack="megatron-deepspeed@2021")
+    eight, _, _ = _backward("deepspeed", "bf16", 1, 8, stack="megatron-deepspeed@2021")
+    assert eight - one == pytest.approx(params * AUTOGRAD_ACCUMULATE_PASSES * 2 * 7 / 8 / bw, rel=1e-9)

@@ -418,6 +418,11 @@ def stage_costs(
     # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer after that micro-batch's
     # backward, on the compute stream (pipe/engine.py _exec_backward_pass -> update_hp_grads)
     bwd = bwd + np.where(bf16_opt, bf16_accumulation_time_s(params, gpu), 0.0)
+    # Without BF16_Optimizer, DeepSpeed's engine (ZeRO 0/1) leaves the sum over micro-batches to autograd's
+    # in-place .grad accumulation, a kernel of its own after each backward but the first (autograd_accumulation_s)
+    autograd_acc = ((framework == "deepspeed") & (stack.optimizer_memory == "deepspeed") & ~np.asarray(bf16_opt)
+                    & (np.asarray(zero) <= 1))
+    bwd = bwd + np.where(autograd_acc, autograd_accumulation_time_s(params, gpu, num_microbatches), 0.0)
     # A Megatron stack without weight-gradient accumulation fusion adds each micro-batch's 16-bit gradients into
     # the accumulator with a kernel of its own after the backward GEMMs (stack field wgrad_accumulation)
     separate = (framework == "megatron") & stack_separate_wgrad_accumulation(stack, single_stage)
@@ -462,6 +467,29 @@ def bf16_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec):
     :data:`BF16_ACCUMULATE_BYTES_PER_PARAMETER` per parameter of the stage at the GPU's memory bandwidth
     (:func:`hetplan.estimate.compute.optimizer_step_time_s`'s rate)."""
     return compute.optimizer_step_time_s(params_per_gpu, gpu, BF16_ACCUMULATE_BYTES_PER_PARAMETER)
+
+
+#: Bytes per parameter of autograd's in-place gradient accumulation, in units of the gradient's element size:
+#: ``AccumulateGrad`` runs ``variable_grad += new_grad`` when ``.grad`` already holds a tensor
+#: (``torch/csrc/autograd/functions/accumulate_grad.h``, ``accumulateGrad``), which reads both and writes one.
+AUTOGRAD_ACCUMULATE_PASSES = 3.0
+
+
+def autograd_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, num_microbatches: Array):
+    """Time per micro-batch, averaged over the step, of autograd's ``.grad`` accumulation under DeepSpeed's engine
+    without BF16_Optimizer at ZeRO 0 or 1 (s). Nothing in that path sums the micro-batches' gradients itself:
+    the pipeline engine's ``_exec_backward_pass`` calls ``torch.autograd.backward`` (the last stage
+    ``DeepSpeedEngine.backward``) and ZeRO-1 reduces only at the accumulation boundary
+    (``stage_1_and_2.py`` ``reduce_ready_partitions_and_remove_grads``: ``partition_gradients or
+    is_gradient_accumulation_boundary``; ``reduce_gradients`` from ``_exec_reduce_grads``), so every parameter's
+    16-bit ``.grad`` is summed by autograd (microsoft/DeepSpeed v0.5.x-v0.6.x). The step frees the gradients
+    (``zero_grad`` with ``set_grads_to_None``; ZeRO-1's ``free_grad_in_param_list``), so the first micro-batch's
+    gradient is taken as it is and each later one is added in place: :data:`AUTOGRAD_ACCUMULATE_PASSES` x 2 B
+    (the 16-bit ``.grad`` of an fp16 or bf16 model) per parameter of the stage at the GPU's memory bandwidth,
+    ``(m - 1) / m`` of it per micro-batch of a step of ``m``. Arrays broadcast."""
+    m = np.maximum(np.asarray(num_microbatches, dtype=float), 1.0)
+    per = compute.optimizer_step_time_s(params_per_gpu, gpu, AUTOGRAD_ACCUMULATE_PASSES * 2.0)
+    return per * (m - 1.0) / m
 
 
 def separate_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, accumulator_bytes: Array):

@@ -6,7 +6,9 @@ degree (:class:`hetplan.search.fine_cost.FineStage`), uneven layer splits, one p
 sequences that stage ``i`` splits over its ``dp_i`` replicas (``B / dp_i`` each; Aceso Sec. 3), one CP and one EP
 degree for all stages (a stage uses ``tp_i·cp·dp_i`` GPUs; EP x expert-TP divides every ``tp_i·cp·dp_i``, MoE
 parallel folding, or EP every ``dp_i·cp`` where the job's framework keeps EP inside DP, ``frameworks.toml``;
-the start's expert-TP is kept or dropped to 1), ZeRO 0 or 1,
+the start's expert-TP is kept or dropped to 1), 1F1B or interleaved 1F1B with v virtual stages (each stage's layers
+in v near-equal chunks, :func:`hetplan.plan.stage_chunks`, where the job's framework interleaves and takes a layer
+list per chunk, ``frameworks.toml``), ZeRO 0 or 1,
 per-layer recomputation (repaired to the lightest that fits, :meth:`FineCostModel.repair`; a ``recompute`` pin
 limits it to that mode, ``none`` to no recomputation), and resharding
 between stages whose layouts differ (:mod:`hetplan.estimate.reshard`). Uniform Megatron-style plans are points of
@@ -25,7 +27,8 @@ stays met).
    degree; structural moves are also tried followed by a
    re-balancing of all layers (fluid balance of per-layer times); recomputation follows every move (repair);
 3. take the best move; if none improves, take the best move to a state not visited yet anyway (a *hop*, Aceso's
-   multi-hop escape from local optima) — at most ``max_hops`` hops in a row; stop when they are spent.
+   multi-hop escape from local optima) — at most ``max_hops`` hops in a row; stop when they are spent;
+4. then hill-climb the best state's interleaving (:meth:`FineSearch.tune_interleaving`).
 
 Then restart from the next uniform start points while the budget lasts. Order: (memory excess, iteration time).
 
@@ -38,6 +41,7 @@ returned: the result is never worse than the uniform search.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -142,6 +146,9 @@ class FineSearch:
         # EP folding (EP over tp·cp·dp) and expert-TP where the job's framework runs them, as the uniform space
         fw = job_framework(model.job.framework)
         self.ep_fold, self.expert_tp = fw is None or fw.ep_beyond_dp, fw is None or fw.expert_tp
+        # interleaved 1F1B where the framework runs it; uneven chunks where it takes a layer list per chunk
+        self.interleave = fw is not None and fw.interleaved
+        self.layer_lists = fw is not None and "any" in fw.splits
         self.trace: list[TraceStep] = []
         self.visited: set[FineState] = set()
 
@@ -161,6 +168,11 @@ class FineSearch:
                 or (pins.mbs is not None and any(s.micro_batch != pins.mbs * st.dp for st in s.stages))):
             return False
         if (pins.cp is not None and s.cp != pins.cp) or s.cp not in self.cps:
+            return False
+        v = s.virtual_stages
+        if (pins.virtual_stages is not None and v != pins.virtual_stages) or v > 1 and not (
+                self.interleave and s.pp > 1 and (g // s.micro_batch) % s.pp == 0
+                and all(st.num_layers >= v and (self.layer_lists or st.num_layers % v == 0) for st in s.stages)):
             return False
         return ((s.pp == 1 or s.zero <= 1) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
                 and g % s.micro_batch == 0 and sum(st.num_layers for st in s.stages) == self.cm.L
@@ -210,7 +222,7 @@ class FineSearch:
             k = min(range(p), key=lambda i: a[i] + lam[i] * (layers[i] + 1))
             layers[k] += 1
         return FineState(tuple(FineStage(k, st.tp, st.dp) for k, st in zip(layers, s.stages)), s.micro_batch, s.zero,
-                         s.cp, s.ep, s.expert_tp)
+                         s.cp, s.ep, s.expert_tp, s.virtual_stages)
 
     def bottleneck(self, c: StateCost) -> tuple[int, str]:
         over = [x - self.cm.capacity for x in c.memory_bytes]
@@ -243,9 +255,11 @@ class FineSearch:
         t = c.stage_time_s
         cj = S[j]
 
-        def mk(stages, B=B, zero=s.zero, cp=s.cp, ep=s.ep, etp=s.expert_tp):
-            # ZeRO-2/3 only without pipelining (DeepSpeed / Megatron-LM, hetplan.search.space)
-            return FineState(tuple(stages), B, min(zero, 1) if len(stages) > 1 else zero, cp, ep, etp)
+        def mk(stages, B=B, zero=s.zero, cp=s.cp, ep=s.ep, etp=s.expert_tp, v=s.virtual_stages):
+            # ZeRO-2/3 only without pipelining (DeepSpeed / Megatron-LM, hetplan.search.space); one stage runs no
+            # interleaving
+            return FineState(tuple(stages), B, min(zero, 1) if len(stages) > 1 else zero, cp, ep, etp,
+                             v if len(stages) > 1 else 1)
 
         # 1. layers to a neighbour
         for nb in (j - 1, j + 1):
@@ -399,7 +413,42 @@ class FineSearch:
                 best, bc, hops = cur, cc, 0
             elif kind == "hop":
                 hops += 1
-        return best
+        return self.tune_interleaving(best, start_index)
+
+    def tune_interleaving(self, s: FineState, start_index: int = 0) -> FineState:
+        """Hill-climb the interleaving of a found state: v to 1, v ± 1, 2v and v / 2 (each stage's layers in v
+        near-equal chunks, with and without re-balancing the layers), while the iteration gets shorter and the
+        budget lasts. A pass after the bottleneck search rather than a move of it, so that its hops are not
+        spent on schedule changes that do not relieve a bottleneck."""
+        if s.pp == 1 or not self.interleave:
+            return s
+        cc = self.cm.cost(s)
+        while self.cm.evaluations < self.budget:
+            v = s.virtual_stages
+            cands = []
+            for v2 in sorted({1, v - 1, v + 1, 2 * v, v // 2} - {0, v}):
+                moved = FineState(s.stages, s.micro_batch, s.zero, s.cp, s.ep, s.expert_tp, v2)
+                if self.valid(moved):
+                    cands += [(f"virtual stages {v} -> {v2}", moved)]
+                    rb = self.rebalance(moved)
+                    if rb != moved and self.valid(rb):
+                        cands.append((f"virtual stages {v} -> {v2} + re-balance layers", rb))
+            scored = sorted(((self.cm.cost(st).key, k, d, st) for k, (d, st) in enumerate(cands)
+                             if self.cm.evaluations < self.budget or st in self.cm._costs),
+                            key=lambda x: (x[0], x[1]))
+            if not scored:
+                return s
+            key, _, desc, st = scored[0]
+            if not (key[0] < cc.key[0] or (key[0] == cc.key[0] and key[1] < cc.key[1] * (1 - 1e-12))):
+                return s
+            nc = self.cm.cost(st)
+            j, reason = self.bottleneck(cc)
+            self.trace.append(TraceStep(
+                step=len(self.trace) + 1, start_point=start_index, bottleneck_stage=j, reason=reason,
+                bottleneck_time_s=cc.stage_time_s[j], dominant=self.dominant(s, cc, j), move=desc, kind="improve",
+                iteration_time_s_before=cc.iteration_time_s, iteration_time_s_after=nc.iteration_time_s))
+            s, cc = st, nc
+        return s
 
 
 def _recompute_change(a: StateCost, b: StateCost, sa: FineState, sb: FineState) -> str:
@@ -455,9 +504,15 @@ def fine_search(
     else:
         from hetplan.search.planner import search_plans
 
-        res = uniform or search_plans(job, inventory, objective, pins, top_k=max(start_points, 8 if profiles else 1),
-                                      catalog=catalog)
+        top = max(start_points, 8 if profiles else 1)
+        res = uniform or search_plans(job, inventory, objective, pins, top_k=top, catalog=catalog)
         starts = [rp.plan for rp in res.plans]
+        if (pins is None or pins.virtual_stages is None) and any(sp.virtual_stages > 1 for sp in starts):
+            # the best plans differ mostly in their interleaving, which every start point's search tunes at its
+            # end: start also from the best plain-1F1B layouts, as many and as different as without interleaving
+            plain = (pins or Pins()).model_copy(update={"virtual_stages": 1})
+            starts += [rp.plan for rp in search_plans(job, inventory, objective, plain, top_k=top,
+                                                      catalog=catalog).plans]
     for sp in starts:
         if len({st.pool for st in sp.stages}) > 1 or sp.schedule != "1f1b":
             raise HetplanError("fine-grained search starts from a one-pool 1F1B plan", field="start",
@@ -479,10 +534,13 @@ def fine_search(
         {"none": (), "selective": ("selective",), "full": ("full",)}[pins.recompute]
     cm = FineCostModel(m, job, pool, gpu, profiles, max_stages=max(n_gpus, pool.count), recompute_modes=modes)
     states: list[FineState] = []
+    layouts: set[FineState] = set()  # start points differ in layout, not only in interleaving (tuned at the end)
     for sp in starts:  # same GPUs as the best uniform plan: $/hour stays fixed (module doc)
         s = state_from_plan(sp)
-        if s not in states and sp.num_gpus == start_plan.num_gpus:
+        layout = dataclasses.replace(s, virtual_stages=1)
+        if layout not in layouts and sp.num_gpus == start_plan.num_gpus:
             states.append(s)
+            layouts.add(layout)
     states = states[:start_points]
     search = FineSearch(cm, budget_evaluations, max_hops, pins)
     best = states[0]

@@ -42,13 +42,14 @@ from hetplan.estimate.stage import stage_costs
 from hetplan.estimate.stagework import StageHardware, StageWork
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node
+from hetplan.plan import GPUPool, Job, Plan, Stage, boundary_is_intra_node, stage_chunks
 
 
 class StageContext(NamedTuple):
     """What a stage's costs depend on besides its layers and recomputation (the key of the cost tables): its
     position (first / last / only stage), TP and DP degrees, micro-batch per replica (sequences), micro-batches per
-    iteration, ZeRO stage, and the CP, EP and expert-TP degrees."""
+    iteration, ZeRO stage, the CP, EP and expert-TP degrees, and under interleaved 1F1B its virtual stages and the
+    pipeline's stage count (which the in-flight count then depends on; 0 without interleaving)."""
 
     has_embedding: bool
     has_head: bool
@@ -61,6 +62,8 @@ class StageContext(NamedTuple):
     cp: int = 1
     ep: int = 1
     expert_tp: int = 1
+    virtual_stages: int = 1
+    pp: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class FineState:
     cp: int = 1
     ep: int = 1
     expert_tp: int = 1
+    virtual_stages: int = 1
 
     @property
     def pp(self) -> int:
@@ -227,12 +231,22 @@ class FineCostModel:
         return self._measured[key]
 
     def _call(self, ctx: StageContext, n, in_flight, code, r):
-        emb, head, single, tp, dp, b, mb, zero, cp, ep, etp = ctx
-        degrees = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp)
+        emb, head, single, tp, dp, b, mb, zero, cp, ep, etp, v, _ = ctx
+        degrees = Degrees.of(tp=tp, cp=cp, dp=dp, zero=zero, ep=ep, expert_tp=etp, virtual_stages=v)
         work = StageWork(s=self.job.seq_len, b=b, num_layers=n, has_embedding=emb, has_head=head, single_stage=single,
-                         in_flight=in_flight, num_microbatches=mb, recompute=code, zero=zero,
+                         in_flight=self._in_flight(ctx, in_flight), num_microbatches=mb, recompute=code, zero=zero,
                          sequence_parallel=tp > 1, recompute_layers=r)
         return stage_costs(self.m, self.hardware, degrees, work, self.options, self._measured_time(b, tp))
+
+    @staticmethod
+    def _in_flight(ctx: StageContext, k):
+        """Micro-batches in flight of a stage ``k = p - i`` from the pipeline's end (the tables' index 1..P): ``k``
+        under 1F1B (clipped to the micro-batches by :meth:`stage_context`), interleaved 1F1B's
+        ``min(2(k-1) + (v-1)p + 1, m v) / v`` (:func:`hetplan.estimate.estimator.in_flight_microbatches`)."""
+        v = ctx.virtual_stages
+        if v == 1:
+            return k
+        return np.minimum(2 * (np.asarray(k) - 1) + (v - 1) * ctx.pp + 1, ctx.num_microbatches * v) / v
 
     @staticmethod
     def _unpack(c, shape):
@@ -315,13 +329,14 @@ class FineCostModel:
 
     # -- states -----------------------------------------------------------------------------------------------
     def stage_context(self, state: FineState, i: int) -> tuple[StageContext, int]:
-        """The :class:`StageContext` of stage ``i`` and its micro-batches in flight (1F1B)."""
-        p = state.pp
+        """The :class:`StageContext` of stage ``i`` and its table index of micro-batches in flight (1F1B:
+        ``min(p - i, m)``; interleaved: ``p - i``, :meth:`_in_flight`)."""
+        p, v = state.pp, state.virtual_stages
         st = state.stages[i]
         mb = self.job.global_batch // state.micro_batch
         ctx = StageContext(i == 0, i == p - 1, p == 1, st.tp, st.dp, state.micro_batch // st.dp, mb, state.zero,
-                           state.cp, state.ep, state.expert_tp)
-        return ctx, min(p - i, mb)
+                           state.cp, state.ep, state.expert_tp, v, p if v > 1 else 0)
+        return ctx, min(p - i, mb) if v == 1 else p - i
 
     def _boundary(self, a: FineStage, nb: FineStage, B: int, cp: int, intra: bool) -> float:
         key = (a, nb, B, cp, intra)
@@ -351,12 +366,15 @@ class FineCostModel:
         c = [self._boundary(state.stages[i], state.stages[i + 1], state.micro_batch, state.cp, intra[i])
              for i in range(p - 1)]
         blocking = p2p_model(self.options.framework)  # DeepSpeed's blocking transfers, as estimate() simulates
-        if blocking:
-            sim = simulate(fw, bw, c, mb, "1f1b", blocking_p2p=blocking)
-            simulated: tuple[float, list[float]] = (sim.makespan_s, list(sim.stage_end_s))
+        v = state.virtual_stages
+        simulated: tuple[float, list[float]]
+        if v > 1 or blocking:  # interleaved 1F1B: each chunk 1/v of its stage (hetplan.estimate.schedule.simulate)
+            sim = simulate(fw, bw, c, mb, "interleaved" if v > 1 else "1f1b", v, blocking_p2p=blocking)
+            simulated = (sim.makespan_s, list(sim.stage_end_s))
         else:
             simulated = simulate_1f1b(fw, bw, c, mb)
-        iteration = float(assemble_iteration(fw, bw, dpx, opt, sum(c), mb, simulated=simulated).iteration_s)
+        iteration = float(assemble_iteration(fw, bw, dpx, opt, sum(c), mb, virtual_stages=v,
+                                             simulated=simulated).iteration_s)
         over = sum(max(0.0, x - self.capacity) for x in mem)
         res = StateCost(iteration, fw, bw, rc_s, tpc, dpx, opt, mem, c, rcs, over)
         self._costs[state] = res
@@ -376,9 +394,13 @@ class FineCostModel:
                 recompute_layers=None if (r == 0 or r >= st.num_layers) else r,
                 mbs=None if uniform else state.micro_batch // st.dp,
             ))
+        v = state.virtual_stages
+        chunks = [stage_chunks(st.num_layers, v, first=i == 0) for i, st in enumerate(state.stages)] if v > 1 else None
+        if chunks is not None and len({n for c in chunks for n in c}) == 1:
+            chunks = None  # v equal chunks per stage
         return Plan(job=self.job, pools=[self.pool], stages=stages, mbs=state.micro_batch // state.stages[0].dp,
                     zero=state.zero, sequence_parallel=any(s.tp > 1 for s in state.stages), cp=state.cp, ep=state.ep,
-                    expert_tp=state.expert_tp)
+                    expert_tp=state.expert_tp, virtual_stages=v, pipeline_chunks=chunks)
 
 
 def state_from_plan(plan: Plan) -> FineState:
@@ -391,7 +413,7 @@ def state_from_plan(plan: Plan) -> FineState:
         raise ValueError("fine-grained search works on one GPU pool")
     B = plan.stages[0].dp * plan.stage_mbs(0)
     return FineState(tuple(FineStage(st.num_layers, st.tp, st.dp) for st in plan.stages), B, plan.zero, plan.cp,
-                     plan.ep, plan.expert_tp)
+                     plan.ep, plan.expert_tp, plan.virtual_stages if plan.pp > 1 else 1)
 
 
 __all__ = ["FineStage", "FineState", "StateCost", "FineCostModel", "simulate_1f1b", "state_from_plan"]
