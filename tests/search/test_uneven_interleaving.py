@@ -44,6 +44,11 @@ def test_space_has_uneven_interleaving_only_where_the_framework_takes_layer_list
     assert {(4, 0), (4, 1)} <= set(zip(with_lists["virtual_stages"].tolist(), with_lists["split"].tolist()))
     assert set(enumerate_space(m, 8192, **kw)["virtual_stages"]) == {1}  # 61 layers: no equal split at PP 8
     assert set(enumerate_space(m, 8192, **kw, uneven=True, interleave=False)["virtual_stages"]) == {1}
+    for pin in (1, 4, None):  # every row once, a pinned v included
+        kw["pins"] = Pins(pp=8, tp=2, dp=64, virtual_stages=pin)
+        space = enumerate_space(m, 8192, **kw, uneven=True)
+        rows = np.stack([space[k] for k in sorted(space)], axis=1)
+        assert len(np.unique(rows, axis=0)) == len(rows) and (pin is None or set(space["virtual_stages"]) == {pin})
 
 
 def test_search_proposes_nvidia_deepseek_v3_layout_and_exports_it():

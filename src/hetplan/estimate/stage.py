@@ -433,9 +433,10 @@ def stage_costs(
     # the accumulator with a kernel of its own after the backward GEMMs (stack field wgrad_accumulation)
     separate = (framework == "megatron") & stack_separate_wgrad_accumulation(stack, single_stage)
     bwd = bwd + np.where(separate, separate_accumulation_time_s(params, gpu, grad_per), 0.0)
-    # Megatron-FSDP (framework megatron, ZeRO-3): each micro-batch's 16-bit gradient copied into its main_grad
+    # Megatron-FSDP (framework megatron, ZeRO-2/3): each micro-batch's 16-bit gradient copied into its main_grad
     # bucket (megatron_fsdp_grad_copy_s); no copy around its collectives, whose buffers the parameters view
-    bwd = bwd + np.where((framework == "megatron") & z3, megatron_fsdp_grad_copy_s(params, gpu, grad_per), 0.0)
+    bwd = bwd + np.where((framework == "megatron") & (zero >= 2), megatron_fsdp_grad_copy_s(params, gpu, grad_per),
+                         0.0)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
@@ -540,8 +541,8 @@ def separate_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, accumulato
 
 def megatron_fsdp_grad_copy_s(params_per_gpu: Array, gpu: GPUSpec, main_grad_bytes: Array):
     """Time of Megatron-FSDP's gradient hand-over after one micro-batch's backward (s; ``framework = "megatron"``
-    at ZeRO-3, which ``hetplan export`` writes as ``--use-megatron-fsdp --data-parallel-sharding-strategy
-    optim_grads_params`` with ``--no-gradient-accumulation-fusion``, as Megatron-Core's own
+    at ZeRO-2 / 3, which ``hetplan export`` writes as ``--use-megatron-fsdp --data-parallel-sharding-strategy
+    optim_grads`` / ``optim_grads_params`` with ``--no-gradient-accumulation-fusion``, as Megatron-Core's own
     custom-FSDP guide of May 2025 prescribes, ``docs/source/api-guide/custom_fsdp.md`` at NVIDIA/Megatron-LM
     1e057005). The weight-gradient GEMMs write a 16-bit ``param.grad``; the unit's post-backward hook copies it
     into the unit's ``main_grad`` bucket (``_grad_acc``: ``param.main_grad.copy_(param.grad)``, overwriting,

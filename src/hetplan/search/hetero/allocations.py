@@ -41,9 +41,9 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
             progress=None) -> list[Group]:
     """One :class:`.Group` per (DP, micro-batch size, ZeRO, CP, EP) allowed by ``pins``: CP degrees as the
     homogeneous space's (:func:`hetplan.search.space.cp_degrees`, up to the largest pool), EP degrees the
-    divisors of the expert count that divide ``tp·cp·dp`` of a stage type (MoE parallel folding, expert-TP 1;
-    ``dp·cp`` where the job's framework keeps EP inside DP; 1 for a dense model), each group holding the stage
-    types whose ranks EP divides; ``progress(done, total, phase)`` as their cost tables are built."""
+    divisors of the expert count that divide ``tp·cp·dp`` of a stage type (MoE parallel folding, with every
+    expert-TP degree dividing TP where the framework has expert-TP; ``dp·cp`` where the job's framework keeps EP
+    inside DP; 1 for a dense model), each group holding the stage types whose ranks EP x expert-TP divides; ``progress(done, total, phase)`` as their cost tables are built."""
     types = stage_types(m, inventory, catalog, job.dtype, pins, job=job)
     # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice.
     stack = job.stack_spec()  # only the ZeRO stages and recomputation modes the job's stack offers
@@ -57,27 +57,29 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
     # is left out of that group), else within dp·cp (hardware/data/frameworks.toml ep_beyond_dp)
     fw = job_framework(job.framework)
     fold = max((st.tp for st in types), default=1) if fw is None or fw.ep_beyond_dp else 1
-    shapes = [(b, d, z, c, e) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
+    # expert-TP (experts split over their own TP degree) where the framework has it, with EP > 1
+    etps = divisors(fold) if m.is_moe and (fw is None or fw.expert_tp) else [1]
+    shapes = [(b, d, z, c, e, t) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
               for b in divisors(job.global_batch // d) if pins.mbs is None or b == pins.mbs
               for z in zeros if not (z == 1 and d == 1)  # ZeRO-1 over one rank is ZeRO-0
-              for c in cps for e in ep_degrees(m, fold * d * c, pins.ep)]
-    by_type: dict = {}  # the groups' tables, built together per (stage type, CP, EP) (cost_tables)
-    for b, d, z, c, e in shapes:
+              for c in cps for e in ep_degrees(m, fold * d * c, pins.ep) for t in (etps if e > 1 else [1])]
+    by_type: dict = {}  # the groups' tables, built together per (stage type, CP, EP, expert-TP) (cost_tables)
+    for b, d, z, c, e, t in shapes:
         for k, st in enumerate(types):
-            if st.tp * c * d <= inventory.pools[st.pool].count and ep_fits(st.tp, c, d, e, fold > 1):
+            if st.tp * c * d <= inventory.pools[st.pool].count and ep_fits(st.tp, c, d, e, fold > 1, t):
                 F = max(1, min(job.global_batch // (b * d), max_stages))
-                by_type.setdefault((k, c, e), []).append((b, d, z, F))
-    built: dict = {}  # (b, d, z, c, e) -> {(pool, tp): table}
-    for i, ((k, c, e), group_shapes) in enumerate(by_type.items()):
+                by_type.setdefault((k, c, e, t), []).append((b, d, z, F))
+    built: dict = {}  # (b, d, z, c, e, t) -> {(pool, tp): table}
+    for i, ((k, c, e, t), group_shapes) in enumerate(by_type.items()):
         if progress is not None:
             progress(i, len(by_type), "cost tables (groups)")
-        for (b, d, z, _), tb in zip(group_shapes, cost_tables(m, job, types[k], group_shapes, rcs, c, e)):
-            built.setdefault((b, d, z, c, e), {})[(types[k].pool, types[k].tp)] = tb
+        for (b, d, z, _), tb in zip(group_shapes, cost_tables(m, job, types[k], group_shapes, rcs, c, e, t)):
+            built.setdefault((b, d, z, c, e, t), {})[(types[k].pool, types[k].tp)] = tb
     groups: list[Group] = []
     shared: dict = {}
-    for b, d, z, c, e in shapes:
-        g = Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e, shared, built.get((b, d, z, c, e), {}),
-                  ep_fold=fold > 1)
+    for b, d, z, c, e, t in shapes:
+        g = Group(m, job, inventory, types, b, d, z, rcs, max_stages, c, e, shared,
+                  built.get((b, d, z, c, e, t), {}), ep_fold=fold > 1, expert_tp=t)
         if g.types:
             groups.append(g)
     return groups

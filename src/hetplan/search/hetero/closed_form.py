@@ -55,6 +55,7 @@ class HeteroCandidate:
     usd_per_hour: float
     cp: int = 1
     ep: int = 1
+    expert_tp: int = 1
 
     @property
     def usd_per_iteration(self) -> float:
@@ -87,6 +88,7 @@ class HeteroCandidate:
             sequence_parallel=any(t > 1 for _, t, _, _ in self.stages),
             cp=self.cp,
             ep=self.ep,
+            expert_tp=self.expert_tp,
         )
 
     def describe(self, inventory: Inventory) -> str:
@@ -98,7 +100,8 @@ class HeteroCandidate:
             else:
                 blocks.append([(k, t), 1])
         parts = [f"{inventory.pools[k].gpu}(tp{t})" + (f"x{c}" if c > 1 else "") for (k, t), c in blocks]
-        extra = (f" cp{self.cp}" if self.cp > 1 else "") + (f" ep{self.ep}" if self.ep > 1 else "")
+        extra = (f" cp{self.cp}" if self.cp > 1 else "") + (f" ep{self.ep}" if self.ep > 1 else "") + \
+            (f" etp{self.expert_tp}" if self.expert_tp > 1 else "")
         return (" + ".join(parts) + f" dp{self.dp}{extra} mbs{self.mbs} zero{self.zero}: layers "
                 f"{[n for _, _, n, _ in self.stages]}")
 
@@ -247,6 +250,7 @@ def search_hetero(
         cand = HeteroCandidate(
             stages=[StageChoice(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
             mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=R, cp=g.cp, ep=g.ep,
+            expert_tp=g.expert_tp,
         )
         found.append(cand)
         if goal == "cheapest":

@@ -162,7 +162,7 @@ def search_hetero_estimated(
 
     def record(cand: HeteroCandidate, bound: float) -> None:
         """Estimate one plan of H (once) and file it."""
-        key = (tuple(cand.stages), cand.mbs, cand.dp, cand.zero, cand.cp, cand.ep)
+        key = (tuple(cand.stages), cand.mbs, cand.dp, cand.zero, cand.cp, cand.ep, cand.expert_tp)
         if key in seen:
             return
         seen.add(key)
@@ -266,7 +266,7 @@ def search_hetero_estimated(
                 return ()
             cand = HeteroCandidate(stages=[StageChoice(st.pool, st.tp, n, rc) for st, n, rc in zip(seq, ns, rcv)],
                                    mbs=g.b, dp=g.d, zero=g.zero, iteration_time_s=t, usd_per_hour=float(rate[j]),
-                                   cp=g.cp, ep=g.ep)
+                                   cp=g.cp, ep=g.ep, expert_tp=g.expert_tp)
             bound = g.lower_bound_s(seq, ns)
             return ((item_key(bound, cand.usd_per_hour), ("plan", cand, bound)),)
         record(item[1], item[2])

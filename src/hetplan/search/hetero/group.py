@@ -27,7 +27,7 @@ from hetplan.search.partition import solve_partition
 
 
 class Group:
-    """Everything for one (b, d, zero, cp, ep): stage types' tables and the p2p cache. A stage of TP degree t
+    """Everything for one (b, d, zero, cp, ep, expert_tp): stage types' tables and the p2p cache. A stage of TP degree t
     uses ``t·cp·d`` GPUs (``width = cp·d`` per TP rank); ``ep_fold``: EP spans ``t·cp·d`` (MoE parallel
     folding), else ``cp·d`` — the stage types whose ranks EP does not divide are left out (:func:`ep_fits`). ``shared``: a dict the groups of one search share, so
     that groups differing only in ZeRO or EP share their boundary and stage-order transfer times (they depend on
@@ -35,15 +35,15 @@ class Group:
     (:func:`.cost_tables`), else built here."""
 
     def __init__(self, m, job, inventory, types, b, d, zero, rcs, max_stages, cp=1, ep=1, shared: dict | None = None,
-                 tables: dict | None = None, ep_fold: bool = False):
+                 tables: dict | None = None, ep_fold: bool = False, expert_tp: int = 1):
         self.m, self.job, self.inventory, self.b, self.d, self.zero = m, job, inventory, b, d, zero
-        self.cp, self.ep, self.width = cp, ep, cp * d
+        self.cp, self.ep, self.expert_tp, self.width = cp, ep, expert_tp, cp * d
         self.mb = job.global_batch // (b * d)
         self.F = max(1, min(self.mb, max_stages))
         self.types = [st for st in types if st.tp * self.width <= inventory.pools[st.pool].count
-                      and ep_fits(st.tp, cp, d, ep, ep_fold)]
+                      and ep_fits(st.tp, cp, d, ep, ep_fold, expert_tp)]
         self.tables = {(st.pool, st.tp): tables[(st.pool, st.tp)] if tables is not None
-                       else cost_table(m, job, st, b, d, zero, self.F, rcs, cp, ep) for st in self.types}
+                       else cost_table(m, job, st, b, d, zero, self.F, rcs, cp, ep, expert_tp) for st in self.types}
         self.by_key = {(st.pool, st.tp): st for st in self.types}
         self.gpus_per_node = [pool.gpus_per_node for pool in inventory.pools]
         shared = {} if shared is None else shared
@@ -283,10 +283,13 @@ class Group:
         return t, ns, rcs
 
 
-def ep_fits(tp: int, cp: int, d: int, ep: int, fold: bool) -> bool:
-    """Whether EP ``ep`` lays out on a stage of ``tp·cp·d`` GPUs: it divides ``tp·cp·d`` with MoE parallel folding
-    (``fold``; expert-TP 1, :class:`hetplan.degrees.ParallelLayout`), else ``cp·d``."""
-    return (tp * cp * d if fold else cp * d) % ep == 0
+def ep_fits(tp: int, cp: int, d: int, ep: int, fold: bool, expert_tp: int = 1) -> bool:
+    """Whether EP ``ep`` with expert-TP ``expert_tp`` lays out on a stage of ``tp·cp·d`` GPUs: with MoE parallel
+    folding (``fold``) ``ep·expert_tp`` divides ``tp·cp·d`` and ``expert_tp`` divides ``tp``
+    (:class:`hetplan.degrees.ParallelLayout`), else ``ep`` divides ``cp·d`` with expert-TP 1."""
+    if fold:
+        return tp % expert_tp == 0 and (tp * cp * d) % (ep * expert_tp) == 0
+    return expert_tp == 1 and (cp * d) % ep == 0
 
 
 def price_boundaries(items) -> None:

@@ -85,24 +85,25 @@ _BATCH_ELEMENTS = 400_000
 
 
 def cost_table(m: ModelSpec, job: Job, st: StageType, b: int, d: int, zero: int, F: int, rcs: list[int],
-               cp: int = 1, ep: int = 1) -> CostTable:
+               cp: int = 1, ep: int = 1, expert_tp: int = 1) -> CostTable:
     """Evaluate :func:`stage_costs` for ``st`` on the grid (kind, in-flight 1..F, layers 0..L, recompute), at
-    context-parallel degree ``cp`` and expert-parallel degree ``ep`` (:func:`cost_tables` of one shape)."""
-    return cost_tables(m, job, st, [(b, d, zero, F)], rcs, cp, ep)[0]
+    context-parallel degree ``cp``, expert-parallel degree ``ep`` and expert-TP ``expert_tp``
+    (:func:`cost_tables` of one shape)."""
+    return cost_tables(m, job, st, [(b, d, zero, F)], rcs, cp, ep, expert_tp)[0]
 
 
 def cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, int, int, int]], rcs: list[int],
-                cp: int = 1, ep: int = 1) -> list[CostTable]:
+                cp: int = 1, ep: int = 1, expert_tp: int = 1) -> list[CostTable]:
     """:func:`cost_table` of ``st`` for each ``(b, d, zero, F)`` of ``shapes``, those not cached evaluated
     together: one :func:`stage_costs` call over a leading axis of shapes (at most :data:`_BATCH_ELEMENTS` grid
     elements a call; elementwise, so each table equals its own call's). The per-call overhead dominated
     (1,476 tables of the README example: 2.5 s one by one).
 
-    Cached (by model, job, GPU, TP, link, b, d, ZeRO, F, recomputations, CP, EP; at most 4,096 tables), so sweeps
+    Cached (by model, job, GPU, TP, link, b, d, ZeRO, F, recomputations, CP, EP, expert-TP; at most 4,096 tables), so sweeps
     over many inventories of the same GPU types reuse them."""
     # JSON text rather than the models: a str keeps its hash, a model hashes its fields again at every look-up
     common = (m.model_dump_json(), job.model_dump_json(), st.gpu.model_dump_json(), st.tp, st.link)
-    keys = [common + (b, d, zero, F, tuple(rcs), cp, ep) for b, d, zero, F in shapes]
+    keys = [common + (b, d, zero, F, tuple(rcs), cp, ep, expert_tp) for b, d, zero, F in shapes]
     todo = sorted({sh for sh, key in zip(shapes, keys) if key not in _TABLES}, key=lambda sh: sh[3])
     if len(_TABLES) + len(todo) > 4096:
         _TABLES.clear()
@@ -113,7 +114,7 @@ def cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, i
         while n < len(todo) and (n + 1) * todo[n][3] * per_shape <= _BATCH_ELEMENTS:
             n += 1
         batch, todo = todo[:n], todo[n:]
-        done.update(zip(batch, _cost_tables(m, job, st, batch, rcs, cp, ep)))
+        done.update(zip(batch, _cost_tables(m, job, st, batch, rcs, cp, ep, expert_tp)))
     for sh, key in zip(shapes, keys):
         if sh in done:
             _TABLES[key] = done[sh]
@@ -121,7 +122,7 @@ def cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, i
 
 
 def _cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, int, int, int]], rcs: list[int],
-                 cp: int, ep: int) -> list[CostTable]:
+                 cp: int, ep: int, expert_tp: int = 1) -> list[CostTable]:
     """The tables of ``shapes``: one :func:`stage_costs` call over (shape, kind, in-flight, layers, recomputation)
     for the first and middle stages at 1..F micro-batches in flight, one for the last and single stages at one
     (under 1F1B the last stage runs each backward right after its forward); their rows repeat it for every
@@ -144,7 +145,8 @@ def _cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, 
                          has_head=(kind == LAST) | (kind == SINGLE), single_stage=kind == SINGLE,
                          in_flight=np.arange(1, flights + 1).reshape(1, 1, -1, 1, 1), num_microbatches=mb,
                          recompute=rc, zero=zero, sequence_parallel=st.tp > 1)
-        c = stage_costs(m, StageHardware(st.gpu, st.link), Degrees.of(tp=st.tp, cp=cp, dp=d, zero=zero, ep=ep), work,
+        c = stage_costs(m, StageHardware(st.gpu, st.link), Degrees.of(tp=st.tp, cp=cp, dp=d, zero=zero, ep=ep,
+                                                                     expert_tp=expert_tp), work,
                         TrainingOptions.from_job(job))
         shape = (G, len(kinds), flights, L + 1, len(rcs))
         per = np.broadcast_to(c.forward_s + c.backward_s, shape)
