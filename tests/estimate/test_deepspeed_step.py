@@ -92,3 +92,68 @@ def test_bf16_optimizer_replaces_autograd_accumulation():
     one, _, _ = _backward("deepspeed", "bf16", 1, 1, stack="megatron-deepspeed@2021")
     eight, _, _ = _backward("deepspeed", "bf16", 1, 8, stack="megatron-deepspeed@2021")
     assert eight - one == pytest.approx(params * AUTOGRAD_ACCUMULATE_PASSES * 2 * 7 / 8 / bw, rel=1e-9)
+
+
+def _zero1(stack, dtype="fp16", zero=1, dp=8):
+    m, gpu = load_model("llama2-7b"), load_catalog().get("A100-SXM-80GB")
+    return costs_of(m, gpu, LINK, s=4096, b=1, t=1, dp=dp, num_layers=8, has_embedding=False, has_head=False,
+                    single_stage=False, in_flight=4, num_microbatches=8, zero=zero, recompute_code=0,
+                    framework="deepspeed", dtype=dtype, attention="flash", stack=stack), gpu
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_deepspeed_zero1_of_2021_all_reduces_every_gradient(dtype):
+    """Worked example, 8 Llama 2 7B layers (1.62 B parameters) on 8 A100 of one node: DeepSpeed 0.5-0.12's
+    ZeRO-1 all-reduces the 16-bit gradients (stage 1 forces contiguous_gradients off: allreduce_bucket) and
+    all-gathers the updated 16-bit weights, 3 x 7/8 x 3.2 GB through each GPU's link, where the release of 2024
+    (contiguous gradients) reduce-scatters: 2 x 7/8 x 3.2 GB. Every parameter of the stage, owned or not, also
+    pays the bucket copies and the overflow check, 22 B, at the HBM bandwidth (4.2 ms per 1 B/param here: 18 ms).
+    bf16 under the 2021 release goes the same way (BF16_Optimizer arrived in 2022), reduced in bf16."""
+    from hetplan.estimate.comm import dp_collective_time_s
+    from hetplan.estimate.stage import DEEPSPEED_ZERO1_PASS_BYTES_PER_PARAMETER
+
+    old, gpu = _zero1("megatron-deepspeed@2021", dtype)
+    new, _ = _zero1("deepspeed@0.16", dtype)
+    params = float(old.params_per_gpu)
+    grad = 2 if dtype == "fp16" else 4  # the reduce-scatter path reduces bf16 in fp32 (grad_comm_bytes_per_parameter)
+    allreduce = dp_collective_time_s(params * 2, "allreduce", 8, 1, LINK)
+    gather = dp_collective_time_s(params * 2, "allgather", 8, 1, LINK)
+    scatter = dp_collective_time_s(params * grad, "allgather", 8, 1, LINK)
+    assert float(old.dp_exposed_s) == pytest.approx(allreduce + gather, rel=1e-9)
+    assert float(new.dp_exposed_s) == pytest.approx(scatter + gather, rel=1e-9)
+    if dtype == "fp16":
+        assert float(old.dp_exposed_s) / float(new.dp_exposed_s) == pytest.approx(1.5, rel=0.05)
+    assert DEEPSPEED_ZERO1_PASS_BYTES_PER_PARAMETER == 12 + 10
+    extra = float(old.optimizer_s) - float(new.optimizer_s)
+    assert extra == pytest.approx(params * 22 / gpu.hbm_bandwidth_bytes_per_s, rel=1e-9)
+    assert extra * 1e3 == pytest.approx(17.5, abs=0.2)
+
+
+@pytest.mark.parametrize("stack, zero", [("megatron-deepspeed@2022", 1), ("megatron-deepspeed@2021", 0),
+                                         ("megatron-deepspeed@2021", 2)])
+def test_zero1_allreduce_path_only_at_zero1_without_bf16_optimizer(stack, zero):
+    """BF16_Optimizer (bf16 under the 2022 release) has its own fp32 all-reduce; ZeRO-0 all-reduces without the
+    all-gather; ZeRO-2 partitions the gradients: none of them takes ZeRO-1's all-reduce path or its passes."""
+    from hetplan.estimate.stage import deepspeed_zero1_allreduce
+    from hetplan.hardware.stacks import resolve_stack
+
+    dtype = "bf16" if stack.endswith("2022") else "fp16"
+    c, _ = _zero1(stack, dtype, zero)
+    spec = resolve_stack(stack)
+    bf16_opt = dtype == "bf16" and spec.bf16_optimizer and zero <= 1
+    assert not deepspeed_zero1_allreduce(spec, "deepspeed", zero, bf16_opt)
+    assert deepspeed_zero1_allreduce(spec, "deepspeed", 1, False)  # the same release at ZeRO-1 with fp16
+    assert not deepspeed_zero1_allreduce(spec, "megatron", 1, False)
+
+
+def test_deepspeed_zero1_overlap_by_release():
+    """Without a pipeline DeepSpeed overlaps its gradient buckets with the backward (overlap_comm) at ZeRO-2, and
+    at ZeRO-1 only from v0.13.0 (#4887); the releases before force it off at stage 1."""
+    from hetplan.hardware.stacks import resolve_stack
+
+    old, new = resolve_stack("deepspeed@0.5"), resolve_stack("deepspeed@0.16")
+    assert (old.zero1_grad_reduce, new.zero1_grad_reduce) == ("allreduce", "reduce-scatter")
+    assert resolve_stack("megatron-deepspeed@2022").zero1_grad_reduce == "allreduce"  # carried over from 2021
+    assert [old.overlaps_grad_reduce(1, z) for z in (0, 1, 2)] == [False, False, True]
+    assert [new.overlaps_grad_reduce(1, z) for z in (0, 1, 2)] == [False, True, True]
+    assert not any(s.overlaps_grad_reduce(2, 1) for s in (old, new))  # the pipeline engine reduces after the schedule

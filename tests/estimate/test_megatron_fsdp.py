@@ -30,17 +30,20 @@ def _plan(zero: int, stack: str | None = None, gbs: int = 64) -> Plan:
 
 
 def test_megatron_zero3_pays_the_grad_copy_and_no_copy_out():
-    """The same Megatron-Core plan at ZeRO-1 and ZeRO-3: the forward is the same (the all-gather writes into the
-    bucket the parameters view), the backward differs by the gradient copy of the stage's parameters exactly."""
+    """The same Megatron-Core plan at ZeRO-1 and at ZeRO-2 / 3 (Megatron-FSDP): the forward is the same (the
+    all-gather writes into the bucket the parameters view), the backward differs by the gradient copy of the
+    stage's parameters exactly."""
     from hetplan.estimate import memory
     from hetplan.hardware.catalog import load_catalog
     from hetplan.model.spec import load_model
 
-    z1, z3 = estimate(_plan(1)).stages[0], estimate(_plan(3)).stages[0]
+    z1 = estimate(_plan(1)).stages[0]
     params = memory.stage_parameters(load_model("llama2-7b"), 32, True, True, True)
     copy = float(megatron_fsdp_grad_copy_s(params, load_catalog().get("H100-SXM"), 4))  # bf16: fp32 main grads
-    assert z3.forward_s == pytest.approx(z1.forward_s, rel=1e-12)
-    assert z3.backward_s - z1.backward_s == pytest.approx(copy, rel=1e-9)
+    for zero in (2, 3):  # optim_grads and optim_grads_params both copy every micro-batch's gradient
+        z = estimate(_plan(zero)).stages[0]
+        assert z.forward_s == pytest.approx(z1.forward_s, rel=1e-12)
+        assert z.backward_s - z1.backward_s == pytest.approx(copy, rel=1e-9)
     assert copy == pytest.approx(params * 6 / 3.35e12, rel=1e-6)  # 6.7 B parameters x 6 B at 3.35 TB/s: 12 ms
 
 
@@ -68,3 +71,34 @@ def test_modelzoo_megatron_fsdp_row_as_launched():
     assert (job.framework, row.plan.zero, job.moe_load_imbalance) == ("megatron", 3, 1.0)
     assert (row.info["tp"], row.info["dp"], row.plan.num_microbatches(0)) == (1, 256, 2)
     assert row.evaluate() == pytest.approx(row.measured, rel=0.10)
+
+
+def test_megatron_fsdp_memory_holds_unsharded_gradient_buckets():
+    """ZeRO-2/3 under Megatron-Core (Megatron-FSDP) hold, beyond their sharded fp32 gradients (4 B per parameter
+    over DP 32), one layer's 16-bit gradient and two layers' fp32 main-gradient buckets (10 B per parameter of a
+    layer): 2.0 GB for Llama 2 7B's 202 M-parameter layer."""
+    from hetplan.estimate import memory
+    from hetplan.model.spec import load_model
+
+    spec = load_model("llama2-7b")
+    params = memory.stage_parameters(spec, 32, True, True, True)
+    layer = memory.layer_parameters_per_gpu(spec, 1, 1, 1)
+    for zero in (2, 3):
+        grads = estimate(_plan(zero)).stages[0].memory.gradients
+        assert grads - 4 * params / 32 == pytest.approx(layer * (2 + 2 * 4), rel=1e-9)
+    assert 1.9e9 < layer * 10 < 2.1e9
+    assert estimate(_plan(1)).stages[0].memory.gradients == pytest.approx(4 * params, rel=1e-9)  # no buckets
+
+
+def test_modelzoo_megatron_fsdp_row_exports_as_megatron_fsdp():
+    """The row's plan exports to Megatron-LM with the flags of its launch command."""
+    from hetplan.calibration.modern.moe import moe_cases
+    from hetplan.runtime.exporters.megatron import export_megatron
+
+    cases, _ = moe_cases()
+    (row,) = [c for c in cases if c.key.startswith("moe_h100:modelzoo:2:")]
+    text = " ".join(str(x) for x in vars(export_megatron(row.plan, row.model)).values())
+    for flag in ("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+                 "--no-gradient-accumulation-fusion", "--expert-model-parallel-size 8",
+                 "--tensor-model-parallel-size 1"):
+        assert flag in text

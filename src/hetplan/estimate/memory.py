@@ -96,6 +96,14 @@ OPTIMIZER_BYTES = 12
 #: Bytes per gradient element of a 16-bit gradient buffer, and of the fp32 copy of the owned gradient shard the
 #: optimizer step needs with it (module doc).
 GRAD16_BYTES, MAIN_GRAD_COPY_BYTES = 2, 4
+#: Megatron-FSDP (``framework = "megatron"`` at ZeRO-2 / 3, ``optim_grads`` / ``optim_grads_params``) in backward,
+#: bytes per parameter of one layer: the unit's
+#: 16-bit ``param.grad`` the weight-gradient GEMMs write (freed once copied) and two units' unsharded main-gradient
+#: buckets in the reduce dtype (fp32 4 B; 2 B with bf16 reduction) — the unit being filled and the one being
+#: reduce-scattered ("the currently used main_grad buffer does not exceed the scope of two FSDP Unit Modules, i.e.,
+#: the buffer limit imposed by double-buffer allocator", ``_grad_acc`` in
+#: ``megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py`` at NVIDIA/Megatron-LM 1e057005).
+MEGATRON_FSDP_MAIN_GRAD_UNITS = 2
 #: CUDA context + cuBLAS workspace + NCCL communicator buffers (bytes). PyTorch's CUDA context alone is
 #: ~0.3-0.5 GiB on A100/H100; NCCL allocates a few hundred MiB per communicator. Stated assumption.
 CUDA_CONTEXT_BYTES = 1.0 * 2**30
@@ -488,6 +496,10 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         ds_zero = (framework == "deepspeed") & (zero >= 1)
         bf16_opt = bf16_optimizer_runs(options, zero)
         grads = split(np.where(ds_zero | grad16, GRAD16_BYTES, GRAD_BYTES), level(2, dp_all), level(2, edp))
+        # Megatron-FSDP (ZeRO-2/3): one unit's 16-bit gradient and two units' unsharded main-gradient buckets
+        megatron_fsdp = (framework == "megatron") & (zero >= 2)
+        grads = grads + np.where(megatron_fsdp, layer_params * (GRAD16_BYTES + MEGATRON_FSDP_MAIN_GRAD_UNITS * np.where(
+            grad16, GRAD16_BYTES, GRAD_BYTES)), 0.0)
         # BF16_Optimizer: the 16-bit .grad of the last micro-batch plus the whole fp32 accumulation buffer
         grads = np.where(bf16_opt, split(GRAD16_BYTES + BF16_OPTIMIZER_GRAD_BYTES, 1, 1), grads)
         optim = split(OPTIMIZER_BYTES, np.where(bf16_opt, dp_all, level(1, dp_all)),

@@ -321,7 +321,13 @@ def stage_costs(
     # updated 16-bit partitions (bf16_optimizer.py step -> all_gather_dp_groups): all-reduce + all-gather.
     bf16_opt = memory.bf16_optimizer_runs(options, zero)
     grad_sync = np.where(zero == 0, allreduce, reduce_scatter + param_gather)
+    # DeepSpeed's ZeRO-1 of 2021-23 (stack zero1_grad_reduce "allreduce") all-reduces every 16-bit gradient through
+    # its non-contiguous bucket path (allreduce_bucket) before stepping its partition and all-gathering the weights
+    # (in the gradients' own 16-bit dtype: communication_data_type defaults to it)
+    ds_z1_allreduce = deepspeed_zero1_allreduce(stack, framework, zero, bf16_opt)
     grad_sync = np.where(bf16_opt, allreduce + param_gather, grad_sync)
+    if np.any(ds_z1_allreduce):
+        grad_sync = np.where(ds_z1_allreduce, dp_collective(2.0, "allreduce") + param_gather, grad_sync)
     bucket_share = np.minimum(1.0, np.maximum(BUCKET_PARAMETERS, 1e6 * np.asarray(dp)) / np.maximum(params, 1.0))
     rho = overlap_contention(gpu, link.nccl_ctas)  # share of the SMs the overlapped NCCL kernels take from compute
     # Megatron-Core's distributed optimizer with --overlap-param-gather: the all-gather of the updated parameters
@@ -427,9 +433,10 @@ def stage_costs(
     # the accumulator with a kernel of its own after the backward GEMMs (stack field wgrad_accumulation)
     separate = (framework == "megatron") & stack_separate_wgrad_accumulation(stack, single_stage)
     bwd = bwd + np.where(separate, separate_accumulation_time_s(params, gpu, grad_per), 0.0)
-    # Megatron-FSDP (framework megatron, ZeRO-3): each micro-batch's 16-bit gradient copied into its main_grad
+    # Megatron-FSDP (framework megatron, ZeRO-2/3): each micro-batch's 16-bit gradient copied into its main_grad
     # bucket (megatron_fsdp_grad_copy_s); no copy around its collectives, whose buffers the parameters view
-    bwd = bwd + np.where((framework == "megatron") & z3, megatron_fsdp_grad_copy_s(params, gpu, grad_per), 0.0)
+    bwd = bwd + np.where((framework == "megatron") & (zero >= 2), megatron_fsdp_grad_copy_s(params, gpu, grad_per),
+                         0.0)
     mem = memory.stage_memory_bytes(m, degrees, work, options)
     # DeepSpeed ZeRO-0 with fp16: the gradient bucket copies of its boundary reduction and FP16_Optimizer's passes,
     # more than a fused Adam step (compute doc); serial after the last backward, like the step
@@ -439,6 +446,9 @@ def stage_costs(
     step_bytes = np.where(ds_fp16 & (np.asarray(zero) == 0), compute.DEEPSPEED_FP16_STEP_BYTES_PER_PARAMETER
                           + compute.DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER, adam_bytes)
     optimizer = compute.optimizer_step_time_s(owned, gpu, step_bytes)
+    # ... and passes over every parameter of the stage, not only the owned partition (deepspeed_zero1_allreduce)
+    optimizer = optimizer + np.where(ds_z1_allreduce, compute.optimizer_step_time_s(
+        params, gpu, DEEPSPEED_ZERO1_PASS_BYTES_PER_PARAMETER), 0.0)
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
         linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
         optimizer = optimizer + fp8.weight_cast_time_s(linear, gpu, fp8_recipe, framework)
@@ -467,6 +477,29 @@ def bf16_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec):
     :data:`BF16_ACCUMULATE_BYTES_PER_PARAMETER` per parameter of the stage at the GPU's memory bandwidth
     (:func:`hetplan.estimate.compute.optimizer_step_time_s`'s rate)."""
     return compute.optimizer_step_time_s(params_per_gpu, gpu, BF16_ACCUMULATE_BYTES_PER_PARAMETER)
+
+
+#: Bytes per parameter of the stage, owned or not, that DeepSpeed's ZeRO-1 moves at the boundary where it
+#: all-reduces (:func:`deepspeed_zero1_allreduce`): the bucket copies of ``allreduce_and_copy`` (flatten, 1/DP
+#: scale, copy back: :data:`hetplan.estimate.compute.DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER`, 12 B) and the
+#: step's overflow check, which at stage 1 runs over every parameter's gradient (``has_overflow(partition_gradients
+#: =False)`` -> ``has_overflow_serial``: ``float(x.float().sum())``, read 2 + fp32 copy 4 + its sum 4 = 10 B;
+#: ``stage_1_and_2.py`` v0.6.0). The owned partition's passes (flatten, fp32 cast, norm, unscale, Adam, copy back)
+#: stay in the fused step over the owned parameters.
+DEEPSPEED_ZERO1_PASS_BYTES_PER_PARAMETER = compute.DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER + 10.0
+
+
+def deepspeed_zero1_allreduce(stack: StackSpec, framework: str, zero: Array, bf16_opt: Array) -> Array:
+    """Whether a stage runs DeepSpeed's ZeRO-1 through its all-reduce path (:attr:`hetplan.hardware.stacks.
+    StackSpec.zero1_grad_reduce` ``allreduce``: DeepSpeed #1246 to v0.13.0): ``framework = "deepspeed"`` with
+    DeepSpeed's optimizer layout, ZeRO 1, not BF16_Optimizer. ``engine.py`` ``_configure_zero_optimizer`` turns
+    ``contiguous_gradients`` off at stage 1, so ``stage_1_and_2.py`` ``reduce_ipg_grads`` takes
+    ``buffered_reduce_fallback`` -> ``allreduce_and_copy`` -> ``allreduce_bucket``: ``dist.all_reduce`` of each
+    flattened bucket of 16-bit gradients (twice a reduce-scatter's traffic), the step then updates the owned
+    partition and all-gathers the 16-bit weights. Arrays broadcast over ``zero`` and ``bf16_opt``."""
+    on = (framework == "deepspeed" and stack.optimizer_memory == "deepspeed"
+          and stack.zero1_grad_reduce == "allreduce")
+    return np.asarray(on) & (np.asarray(zero) == 1) & ~np.asarray(bf16_opt, dtype=bool)
 
 
 #: Bytes per parameter of autograd's in-place gradient accumulation, in units of the gradient's element size:
@@ -508,8 +541,8 @@ def separate_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, accumulato
 
 def megatron_fsdp_grad_copy_s(params_per_gpu: Array, gpu: GPUSpec, main_grad_bytes: Array):
     """Time of Megatron-FSDP's gradient hand-over after one micro-batch's backward (s; ``framework = "megatron"``
-    at ZeRO-3, which ``hetplan export`` writes as ``--use-megatron-fsdp --data-parallel-sharding-strategy
-    optim_grads_params`` with ``--no-gradient-accumulation-fusion``, as Megatron-Core's own
+    at ZeRO-2 / 3, which ``hetplan export`` writes as ``--use-megatron-fsdp --data-parallel-sharding-strategy
+    optim_grads`` / ``optim_grads_params`` with ``--no-gradient-accumulation-fusion``, as Megatron-Core's own
     custom-FSDP guide of May 2025 prescribes, ``docs/source/api-guide/custom_fsdp.md`` at NVIDIA/Megatron-LM
     1e057005). The weight-gradient GEMMs write a 16-bit ``param.grad``; the unit's post-backward hook copies it
     into the unit's ``main_grad`` bucket (``_grad_acc``: ``param.main_grad.copy_(param.grad)``, overwriting,

@@ -75,6 +75,12 @@ class StackSpec(BaseModel):
             scattered back into the padded batch (:func:`hetplan.estimate.stage.attention_unpad_s`); empty for most.
         fsdp_units: under FSDP, where the embedding, final norm and output layer sit: ``model`` (the root module's
             unit, :func:`hetplan.estimate.stage.fsdp_root_parameters`) or ``embedding-output`` (units of their own).
+        zero1_grad_reduce: how DeepSpeed's ZeRO-1 (without BF16_Optimizer) reduces the 16-bit gradients at the
+            accumulation boundary: ``allreduce`` (DeepSpeed #1246, 2021-07 to #4887, v0.13.0, 2024-01: stage 1
+            forces ``contiguous_gradients`` and ``overlap_comm`` off, so ``reduce_ipg_grads`` takes
+            ``buffered_reduce_fallback`` -> ``allreduce_bucket``: every rank all-reduces every gradient, then
+            steps its partition and all-gathers the weights; never overlapped with the backward) or
+            ``reduce-scatter`` (each rank receives only its partition's sums; the default).
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
@@ -103,6 +109,7 @@ class StackSpec(BaseModel):
     bf16_optimizer: bool = False
     attention_unpad: tuple[StackKernel, ...] = ()
     fsdp_units: Literal["model", "embedding-output"] = "model"
+    zero1_grad_reduce: Literal["reduce-scatter", "allreduce"] = "reduce-scatter"
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     sources: dict[str, str]
 
@@ -130,7 +137,8 @@ class StackSpec(BaseModel):
         ``none``; under ``single-stage`` (NeMo 22.05-22.09) only without a pipeline; under ``ddp-only`` (Megatron-LM
         before Megatron-Core 0.4) only ZeRO-0 through torch DDP's buckets
         (``--DDP-impl torch``), the distributed optimizer reduce-scattering after backward; under ``after-last-microbatch`` (DeepSpeed) only ZeRO-1/2 without a pipeline, whose
-        ``overlap_comm`` buckets reduce during backward — the pipeline engine's ``ReduceGrads`` instruction
+        ``overlap_comm`` buckets reduce during backward (ZeRO-2 only where ``zero1_grad_reduce`` is ``allreduce``:
+        those releases force ``overlap_comm`` off at stage 1) — the pipeline engine's ``ReduceGrads`` instruction
         follows the schedule's last micro-batch (``deepspeed/runtime/pipe/schedule.py`` ``TrainSchedule``) and
         ZeRO-0 all-reduces at the accumulation boundary (``deepspeed/runtime/engine.py``)."""
         if self.dp_overlap == "bucketed":
@@ -139,7 +147,8 @@ class StackSpec(BaseModel):
             return pp == 1
         if self.dp_overlap == "ddp-only":
             return zero == 0
-        return self.dp_overlap == "after-last-microbatch" and pp == 1 and zero in (1, 2)
+        overlapping = (2,) if self.zero1_grad_reduce == "allreduce" else (1, 2)  # ZeRO-1 forces overlap_comm off
+        return self.dp_overlap == "after-last-microbatch" and pp == 1 and zero in overlapping
 
 
 class StackCatalog(BaseModel):
@@ -174,7 +183,8 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
             ("bf16_optimizer",) if merged.get("bf16_optimizer") else ()) + (
             ("attention_unpad",) if merged.get("attention_unpad") else ()) + (
-            ("fsdp_units",) if merged.get("fsdp_units", "model") != "model" else ())
+            ("fsdp_units",) if merged.get("fsdp_units", "model") != "model" else ()) + (
+            ("zero1_grad_reduce",) if merged.get("zero1_grad_reduce", "reduce-scatter") != "reduce-scatter" else ())
         missing = [f for f in FIELDS[1:] + ("released",) + optional if f not in sources]
         if missing:
             raise HetplanError(f"{entry['name']} {entry.get('version')}: no source for {', '.join(missing)}",
