@@ -131,3 +131,27 @@ def test_pinned_virtual_stages_name_the_rule(framework, pins, rule, words):
         search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=64)]), pins=Pins(**pins),
                      heterogeneous=False)
     assert e.value.rule == rule and e.value.field == "pin.virtual_stages"
+
+
+@pytest.mark.parametrize("model, gpus", [("mixtral-8x7b", 32), ("llama2-13b", 16)])
+def test_memory_cut_of_interleaved_rows_is_exact(model, gpus):
+    """Interleaved rows whose plain-1F1B sibling needs more than the near-miss limit are not computed: computed
+    anyway, each needs more than the limit too, and every other row's peak is the one computed without the cut."""
+    from hetplan.estimate.estimator import pool_link
+    from hetplan.estimate.options import TrainingOptions
+    from hetplan.estimate.stagework import StageHardware
+    from hetplan.search.homogeneous import NEAR_MISS_MEMORY_FACTOR, _peak_memory_bytes, _pruned_peak_memory_bytes
+
+    m = load_model(model)
+    job = Job(model=model, seq_len=4096, global_batch=gpus * 4, train_iterations=10)
+    pool = GPUPool(gpu="H100-SXM", count=gpus)
+    gpu = load_catalog().get("H100-SXM")
+    cfg = enumerate_space(m, job.global_batch, gpus, 8, Pins(), "flash", seq_len=4096, uneven=True)
+    base = cfg.pop("base")
+    hw, opt = StageHardware(gpu, pool_link(pool, gpu)), TrainingOptions.from_job(job)
+    limit = NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes
+    cut = _pruned_peak_memory_bytes(m, job, cfg, hw, opt, base, Pins(), limit)
+    full = _peak_memory_bytes(m, job, cfg, hw, opt)
+    skipped = np.isinf(cut)
+    assert skipped.any() and np.all(full[skipped] > limit)
+    assert np.array_equal(cut[~skipped], full[~skipped])

@@ -250,6 +250,28 @@ def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray], hardw
     return np.max(np.where(count > 0, mem.total, -1.0), axis=1)
 
 
+def _pruned_peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray], hardware: StageHardware,
+                              options: TrainingOptions, base: np.ndarray, pins: Pins, limit: float) -> np.ndarray:
+    """:func:`_peak_memory_bytes` of every row, except interleaved rows on the balanced split whose plain-1F1B
+    sibling (row ``base``) already needs more than ``limit``: those get ``inf`` without being computed. Exact
+    for the cut: on the same layers, interleaving holds at least as many micro-batches in flight on every stage
+    (``min(2(k-1) + (v-1)p + 1, m v) / v >= min(k, m)`` with ``k = p - i``, as ``(v-1)(p-k) + k - 1 >= 0``) and
+    the stage memory grows with them (:func:`hetplan.estimate.memory.stage_memory_bytes`: activations ``in_flight``
+    times non-negative per-micro-batch bytes) — except PyTorch pipelining's receive buffers (``framework =
+    "fsdp"``, :func:`hetplan.estimate.memory.pipeline_buffer_bytes`), which shrink as more micro-batches are in
+    flight: there, and when v is pinned (no v = 1 rows), every row is computed."""
+    v, split = cfg["virtual_stages"], cfg["split"]
+    if job.framework == "fsdp" or pins.virtual_stages is not None or not np.any(v > 1):
+        return _peak_memory_bytes(m, job, cfg, hardware, options)
+    plain = v == 1
+    peak = np.full(len(v), np.inf)
+    peak[plain] = _peak_memory_bytes(m, job, {k: a[plain] for k, a in cfg.items()}, hardware, options)
+    todo = ~plain & ((split != 0) | (peak[base] <= limit))  # rows 0..n-1 are the v = 1 block (space.py)
+    if np.any(todo):
+        peak[todo] = _peak_memory_bytes(m, job, {k: a[todo] for k, a in cfg.items()}, hardware, options)
+    return peak
+
+
 def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pins, pool_index: int = 0) -> PoolResult:
     """Evaluate every configuration of ``pool`` for ``job`` (see module doc).
 
@@ -270,10 +292,12 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
         cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}
         cfg["zero"] = np.where(cfg["dp"] > 1, 3, 0)
+    base = cfg.pop("base")
     n_all = len(cfg["tp"])
     hardware, options = StageHardware(gpu, pool_link(pool, gpu)), TrainingOptions.from_job(job)
     if n_all:
-        peak = _peak_memory_bytes(m, job, cfg, hardware, options)
+        peak = _pruned_peak_memory_bytes(m, job, cfg, hardware, options, base, pins,
+                                         NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes)
         keep = peak <= NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes
         keep[int(np.argmin(peak))] = True
         cfg = {k: v[keep] for k, v in cfg.items()}

@@ -151,7 +151,8 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
                         mbs_lists.append(sizes)
     names = ("tp", "pp", "dp", "mbs", "zero", "recompute")
     if not triples:
-        return {k: np.zeros(0, dtype=np.int64) for k in (*names, "virtual_stages", "cp", "ep", "expert_tp", "split")}
+        return {k: np.zeros(0, dtype=np.int64)
+                for k in (*names, "virtual_stages", "cp", "ep", "expert_tp", "split", "base")}
     quads = np.array(triples, dtype=np.int64)
     tri, cp_of = quads[:, :3], quads[:, 3]
     counts = np.array([len(x) for x in mbs_lists])
@@ -234,13 +235,15 @@ def _with_virtual_stages(cfg: dict[str, np.ndarray], num_layers: int, global_bat
     enumerated too, on two splits: the balanced split with each stage's layers in v near-equal chunks
     (:func:`hetplan.plan.balanced_chunks`, split 0) and equal chunks with the first and the last chunk short
     (:func:`hetplan.plan.ends_split`, split 1: DeepSeek-V3's 61 layers at PP 8 x VP 4 as NVIDIA runs them).
-    Without ``interleave`` (a framework with no interleaved schedule) every configuration keeps v = 1.
+    Without ``interleave`` (a framework with no interleaved schedule) every configuration keeps v = 1. ``base``:
+    the row of each configuration's v = 1 sibling (rows ``0..n-1`` are the v = 1 block unless v is pinned).
     """
     from hetplan.plan import balanced_split, ends_split
 
     pp = cfg["pp"]
     mb = global_batch // (cfg["dp"] * cfg["mbs"])
     ones = np.ones(len(pp), dtype=np.int64)
+    cfg = {**cfg, "base": np.arange(len(pp))}  # each row's plain-1F1B sibling (the first block, when unpinned)
     blocks = [{**cfg, "virtual_stages": ones, "split": ones * 0}] if pin in (None, 1) else []
 
     def add(rows: np.ndarray, v: int, split: int) -> None:
