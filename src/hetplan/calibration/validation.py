@@ -452,7 +452,7 @@ STACKS_2022_SET = "nemo_megatron_a100"
 STACKS_2022_FILE = "nemo_megatron_a100.csv"
 
 
-def stacks_2022_row_plan(r: dict) -> tuple[Plan, object]:
+def stacks_2022_row_plan(r: dict) -> tuple[Plan, ModelSpec]:
     """The plan and model of one row of :data:`STACKS_2022_FILE` (its published layout, under the stack it names)."""
     L, h, a = int(r["num_layers"]), int(r["hidden_size"]), int(r["attention_heads"])
     s, V = int(r["seq_len"]), int(r["vocab_size"])
