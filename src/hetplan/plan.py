@@ -72,8 +72,8 @@ class Job(BaseModel):
             Megatron-LM's theoretical memory (fp32 main-gradient buffer used directly by the optimizer).
             ``deepspeed``: DeepSpeed's FP16_Optimizer also keeps the 16-bit ``.grad`` tensors and makes fp32
             copies of the gradients during the optimizer step (docs/estimator.md, Memory). ``fsdp``: PyTorch FSDP2
-            / Megatron-FSDP — parameters, gradients and optimizer states sharded (ZeRO-3 whatever ``Plan.zero``
-            says), one all-gather per layer in forward and backward and one reduce-scatter per layer, every
+            / FSDP1 — parameters, gradients and optimizer states sharded (ZeRO-3 whatever ``Plan.zero``
+            says; Megatron-FSDP is ``megatron`` with ``Plan.zero`` 2 / 3), one all-gather per layer in forward and backward and one reduce-scatter per layer, every
             micro-batch (:func:`hetplan.estimate.stage.zero3_exposed_s`); see ``Plan.fsdp_shard``,
             ``Plan.reshard_after_forward``, ``Plan.grad_reduce_dtype``.
         torch_compile: under ``framework = "fsdp"``, the transformer blocks and the loss run under
@@ -387,7 +387,9 @@ class Plan(BaseModel):
         pools: the GPU pools the stages run on (with bandwidths and prices).
         stages: pipeline stages in order.
         mbs: micro-batch size (sequences).
-        zero: ZeRO stage 0-3 over each stage's data-parallel group (1 = Megatron-LM's distributed optimizer).
+        zero: ZeRO stage 0-3 over each stage's data-parallel group (1 = Megatron-LM's distributed optimizer;
+            2 / 3 under ``framework = "megatron"``: Megatron-FSDP, ``--data-parallel-sharding-strategy
+            optim_grads`` / ``optim_grads_params``).
         sequence_parallel: Megatron sequence parallelism in TP groups (Korthikanti et al. 2023).
         schedule: pipeline schedule.
         virtual_stages: model chunks per stage for interleaved 1F1B (Narayanan et al. SC'21 Sec. 2.2.2); 1 = plain

@@ -157,3 +157,20 @@ def test_planner_does_not_import_torch():
             "hetplan.profile.profiler; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_plan_interleaving_runs_as_priced(tmp_path):
+    """A plan with virtual_stages (and uneven pipeline_chunks, e.g. a searched layout with an empty loss chunk) runs
+    interleaved with its own chunks when no --schedule overrides it; --schedule still does; an empty chunk inside
+    the pipeline is refused naming the field."""
+    p = _plan(tmp_path, stages=[{"num_layers": 3, "dp": 2}, {"num_layers": 1, "dp": 2}], virtual_stages=2,
+              pipeline_chunks=[[1, 2], [1, 0]])
+    plan = planio.load_plan(p)
+    lay = planio.layout(plan, planio.plan_model(plan))
+    assert (lay.schedule, lay.virtual_stages) == ("interleaved", 2)
+    assert lay.chunk_layers == ((0, 1), (1, 2), (2, 4), (4, 4))  # chunk k on rank k % pp, layers in chunk order
+    assert planio.layout(plan, planio.plan_model(plan), schedule="1f1b").schedule == "1f1b"
+    bad = plan.model_copy(update={"pipeline_chunks": [[3, 0], [0, 1]]})
+    with pytest.raises(HetplanError, match="without layers") as e:
+        planio.layout(bad, planio.plan_model(bad))
+    assert e.value.field == "plan.pipeline_chunks"

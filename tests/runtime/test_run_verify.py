@@ -50,6 +50,20 @@ def test_run_fsdp_gpipe_matches_ddp_1f1b():
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
 
 
+def test_run_plan_own_uneven_interleaving(tmp_path):
+    """A searched-style plan with virtual_stages 2 and a layer list per chunk (the last chunk holds only the loss,
+    as NVIDIA's DeepSeek-V3 layout) runs interleaved with those chunks without --schedule: what it was priced as."""
+    raw = json.loads(TINY.read_text())
+    raw["job"]["model"] = str(ROOT / "examples" / "tiny-model.json")
+    raw.update(virtual_stages=2, pipeline_chunks=[[1, 2], [1, 0]])
+    p = tmp_path / "chunks.json"
+    p.write_text(json.dumps(raw))
+    res = run_plan(p, RunOptions(iterations=1, warmup=1, stage_repeats=1))
+    assert (res["schedule"], res["virtual_stages"]) == ("interleaved", 2) and res["dp_replicas_in_sync"]
+    # PP 2 x DP 2: rank 0 (stage 0) holds chunks 0 and 2, rank 2 (stage 1) chunks 1 and 3 (the empty loss chunk)
+    assert res["ranks"][0]["layers"] == [[0, 1], [2, 4]] and res["ranks"][2]["layers"] == [[1, 2], [4, 4]]
+
+
 def test_run_tp2_pp2_interleaved(tmp_path):
     """TP 2 (DTensor) x PP 2 with the interleaved 1F1B schedule, 2 virtual stages per rank."""
     raw = json.loads(TINY.read_text())

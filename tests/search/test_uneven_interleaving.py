@@ -116,3 +116,18 @@ def test_multi_token_prediction_in_a_launch_is_refused_by_name():
     assert e.value.field == "--mtp-num-layers"
     with pytest.raises(HetplanError, match="no MTP"):
         importers.parse_layout("Et|(tt|)*30mL", 8)
+
+
+@pytest.mark.parametrize("framework, pins, rule, words", [
+    ("deepspeed", dict(virtual_stages=2), "framework-can-launch", "has no interleaved schedule"),
+    ("megatron", dict(pp=1, virtual_stages=2), "virtual-stages", "needs pipeline parallelism"),
+    ("megatron", dict(pp=16, virtual_stages=3), "virtual-stages", "at least 3 layers on each of the 16 stages"),
+])
+def test_pinned_virtual_stages_name_the_rule(framework, pins, rule, words):
+    from hetplan.plan_rules import PlanRuleError
+
+    job = Job(model="llama3-8b", seq_len=4096, global_batch=512, train_iterations=10, framework=framework)
+    with pytest.raises(PlanRuleError, match=words) as e:
+        search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=64)]), pins=Pins(**pins),
+                     heterogeneous=False)
+    assert e.value.rule == rule and e.value.field == "pin.virtual_stages"

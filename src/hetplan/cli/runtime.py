@@ -29,7 +29,8 @@ def _opts(iterations, warmup, schedule, virtual_stages, dp_mode, dtype, nnodes, 
 _ITER = typer.Option(3, "--iterations", min=1, help="Timed iterations.")
 _WARM = typer.Option(1, "--warmup", min=0, help="Untimed iterations first.")
 _SCHED = typer.Option(None, "--schedule", help="Override the plan's schedule: 1f1b, gpipe, interleaved.")
-_VIRT = typer.Option(2, "--virtual-stages", min=1, help="Model chunks per rank (interleaved schedule).")
+_VIRT = typer.Option(2, "--virtual-stages", min=1, help="Model chunks per rank with --schedule interleaved (a plan "
+                     "with virtual_stages runs its own).")
 _DPM = typer.Option(None, "--dp-mode", help="ddp or fsdp (default: fsdp for ZeRO-3 plans, else ddp).")
 _DT = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: the plan's on GPU, fp32 on CPU).")
 _NN = typer.Option(1, "--nnodes", min=1, help="Nodes (torchrun rendezvous).")

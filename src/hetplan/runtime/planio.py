@@ -122,8 +122,9 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
     """Check that the runtime can run ``plan`` and return its :class:`Layout`.
 
     Args:
-        schedule: override of the plan's schedule (``1f1b``, ``gpipe``, ``interleaved``).
-        virtual_stages: model chunks per pipeline rank for the interleaved schedule (>= 2; ignored otherwise).
+        schedule: override of the plan's schedule (``1f1b``, ``gpipe``, ``interleaved``); without it a plan with
+            ``virtual_stages`` > 1 runs interleaved with its own v and ``pipeline_chunks`` (what its estimate priced).
+        virtual_stages: model chunks per pipeline rank for ``schedule = "interleaved"`` (>= 2; ignored otherwise).
         max_world_size: the most ranks allowed (e.g. GPUs available, or a CPU process cap).
     Raises:
         PlanRuleError: the plan breaks a rule of :mod:`hetplan.plan_rules` (TP not dividing heads, layers not
@@ -145,7 +146,9 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
         raise HetplanError(f"context parallelism (CP {plan.cp}) does not run here: {CP_MISSING}", field="plan.cp",
                            fix="run the plan with cp = 1, or export it: hetplan export PLAN --to megatron (or "
                                "torchtitan)")
-    sched = (schedule or plan.schedule).lower()
+    # a plan priced as interleaved runs its own interleaving (its v and chunks) unless --schedule overrides it
+    own = schedule is None and plan.pp > 1 and plan.virtual_stages > 1
+    sched = "interleaved" if own else (schedule or plan.schedule).lower()
     if sched not in SCHEDULES:
         raise HetplanError(f"unknown schedule {sched!r}", field="--schedule", fix=f"use one of {', '.join(SCHEDULES)}")
     tps = {st.tp for st in plan.stages}
@@ -177,7 +180,8 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
     for st in plan.stages:
         bounds.append((start, start + st.num_layers))
         start += st.num_layers
-    v = virtual_stages if sched == "interleaved" else 1
+    v = plan.virtual_stages if own else virtual_stages if sched == "interleaved" else 1
+    sizes = plan.pipeline_chunks if own else None  # Megatron-Core's layout: a layer list per chunk
     if sched == "interleaved":
         if v < 2:
             raise HetplanError("the interleaved schedule needs at least 2 virtual stages per rank",
@@ -186,16 +190,21 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
             raise HetplanError("the interleaved schedule needs pipeline parallelism", field="--schedule",
                                fix="use 1f1b or gpipe for a single-stage plan")
     small = [i for i, st in enumerate(plan.stages) if st.num_layers < v]
-    if small:
+    if small and sizes is None:
         raise HetplanError(f"stages {small} hold fewer layers than the {v} virtual stages per rank",
                            field="plan.stages[].num_layers", fix="give each stage at least --virtual-stages layers")
+    if sizes is not None and any(n == 0 for i, c in enumerate(sizes) for j, n in enumerate(c)
+                                 if (i, j) not in ((0, 0), (pp - 1, v - 1))):
+        raise HetplanError(f"pipeline_chunks {sizes} leave a model chunk inside the pipeline without layers; the "
+                           "reference trainer builds an empty chunk only beside the embedding or the loss",
+                           field="plan.pipeline_chunks", fix="give every inner chunk at least one layer")
     chunks: list[tuple[int, int] | None] = [None] * (pp * v)
     for i, (a, b) in enumerate(bounds):
         n = b - a
         q, r = divmod(n, v)
         s0 = a
         for j in range(v):
-            size = q + (1 if j < r else 0)
+            size = sizes[i][j] if sizes is not None else q + (1 if j < r else 0)
             chunks[j * pp + i] = (s0, s0 + size)
             s0 += size
     # Chunks must cover layers in pipeline order; rebuild contiguously in chunk order with the per-chunk sizes.

@@ -118,7 +118,7 @@ def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult
         stages=[Stage(pool=0, num_layers=n, tp=c["tp"], dp=c["dp"], recompute=recompute) for n in split],
         mbs=c["mbs"],
         zero=c["zero"],
-        sequence_parallel=c["tp"] > 1,
+        sequence_parallel=c["tp"] > 1 and job.stack_spec().sequence_parallel,  # only where the stack has it
         virtual_stages=c["virtual_stages"],
         cp=c["cp"],
         ep=c["ep"],
@@ -145,6 +145,35 @@ def _refuse_pins_the_stack_lacks(job: Job, pins: Pins) -> None:
                            f"{', '.join(stack.recompute)} only", field="pin.recompute",
                            fix="unpin recompute, or pick a stack that has it (hetplan catalog stacks)")
     _refuse_pinned_ep_layout(job, pins)
+
+
+def _refuse_pinned_interleaving(job: Job, pins: Pins, m: ModelSpec) -> None:
+    """When no configuration matched: pinned virtual stages the job's framework or the pinned pipeline cannot
+    run, naming the rule — ``framework-can-launch`` (no interleaved schedule, ``frameworks.toml``) or
+    ``virtual-stages`` (interleaving needs pp > 1 and at least v layers per stage).
+
+    Raises:
+        PlanRuleError: naming ``pin.virtual_stages``."""
+    from hetplan.hardware.frameworks import job_framework
+    from hetplan.plan_rules import PlanRuleError
+
+    v = pins.virtual_stages or 1
+    if v == 1:
+        return
+    fw = job_framework(job.framework)
+    if fw is not None and not fw.interleaved:
+        raise PlanRuleError("framework-can-launch", f"{fw.id} has no interleaved schedule "
+                            f"({fw.sources.get('interleaved', '')}); {v} virtual stages are pinned",
+                            field="pin.virtual_stages", fix="unpin virtual_stages, or --framework megatron")
+    if pins.pp == 1:
+        raise PlanRuleError("virtual-stages", f"interleaved 1F1B with {v} virtual stages needs pipeline "
+                            "parallelism; pp = 1 is pinned", field="pin.virtual_stages",
+                            fix="pin pp > 1, or unpin virtual_stages")
+    if pins.pp is not None and m.num_layers // pins.pp < v:
+        raise PlanRuleError("virtual-stages", f"{v} virtual stages per stage need at least {v} layers on each of "
+                            f"the {pins.pp} stages; {m.name} has {m.num_layers} layers",
+                            field="pin.virtual_stages",
+                            fix=f"pin at most {max(1, m.num_layers // pins.pp)} virtual stages, or fewer stages")
 
 
 def _refuse_pinned_ep_layout(job: Job, pins: Pins) -> None:
@@ -230,6 +259,7 @@ def search_plans(
     n_total = sum(r.configurations_evaluated for r in results)
     if n_total == 0:
         _refuse_pins_the_stack_lacks(job, pins)
+        _refuse_pinned_interleaving(job, pins, m)
         raise HetplanError(
             "no configuration matches the pinned dimensions and the inventory",
             field="pins",

@@ -96,10 +96,12 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
         modules, offload = _recompute_modules(r) if src in ("modelzoo", "bridge") else ((), ())
         n = cell_int(r, "num_gpus")
         fsdp = "fsdp" in r["zero_or_fsdp"].lower()
-        # Megatron-FSDP (ModelZoo: Megatron-Core's --use-custom-fsdp --data-parallel-sharding-strategy
-        # optim_grads_params) is Megatron-Core at ZeRO-3 (what export writes as --use-megatron-fsdp), not
-        # PyTorch's FSDP2 (NeMo AutoModel: framework "fsdp")
-        megatron_fsdp = fsdp and "megatron-fsdp" in r["zero_or_fsdp"].lower()
+        # FSDP under Megatron-Core (the ModelZoo, Megatron-Bridge) is Megatron-FSDP (--use-custom-fsdp /
+        # --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params): Megatron-Core at ZeRO-3, what
+        # export writes for it, unless the row names PyTorch's FSDP2 (NeMo AutoModel's: framework "fsdp")
+        cell = r["zero_or_fsdp"].lower()
+        megatron_fsdp = fsdp and ("megatron" in cell or src in ("modelzoo", "bridge")) and not re.search(
+            r"torch|fsdp2", cell)
         mbs = cell_int(r, "micro_batch", 1)
         gbs = cell_int(r, "global_batch")
         job = dict(seq_len=cell_int(r, "seq_len"), global_batch=gbs,
