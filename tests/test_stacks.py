@@ -191,9 +191,12 @@ def test_deepspeed_zero1_keeps_fp32_master_copies_for_its_partition_only():
     assert ds_mem.gradients == pytest.approx(ds_mem.weights)
     assert ds_mem.optimizer == pytest.approx(6 / dp * ds_mem.weights)
     assert mg_mem.gradients == pytest.approx(2 * mg_mem.weights)
-    # ZeRO-0 DeepSpeed keeps the layout its traces measured (FP16_Optimizer: the 4-byte term plus 16-bit .grad)
+    # ZeRO-0 DeepSpeed in fp16 keeps the layout its traces measured (FP16_Optimizer: the 4-byte term plus 16-bit
+    # .grad); in bf16 v0.16 hands ZeRO-0 to BF16_Optimizer (16-bit .grad + its fp32 gradient buffer)
     _, ds0 = _plan("deepspeed", tp=1, pp=1, dp=dp, zero=0)
-    assert estimate(ds0, model=m).stages[0].memory.gradients == pytest.approx(2 * ds_mem.weights)
+    fp16 = ds0.model_copy(update={"job": ds0.job.model_copy(update={"dtype": "fp16"})})
+    assert estimate(fp16, model=m).stages[0].memory.gradients == pytest.approx(2 * ds_mem.weights)
+    assert estimate(ds0, model=m).stages[0].memory.gradients == pytest.approx(3 * ds_mem.weights)
 
 
 def test_megatron_stacks_without_the_fused_loss_run_it_on_fp32_logits():

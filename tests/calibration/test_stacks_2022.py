@@ -5,13 +5,13 @@ import statistics
 
 import pytest
 
-from hetplan.calibration import stacks_2022, validation
+from hetplan.calibration import validation
 from hetplan.hardware.stacks import resolve_stack
 
 
 @pytest.fixture(scope="module")
 def cases():
-    return stacks_2022.cases()
+    return validation.stacks_2022_cases()
 
 
 def test_rows_layouts_and_stacks(cases):

@@ -2,6 +2,7 @@
 (:data:`hetplan.estimate.compute.DEEPSPEED_FP16_STEP_BYTES_PER_PARAMETER`, ``DEEPSPEED_GRAD_BUCKET_BYTES_PER_PARAMETER``)
 against Megatron's fused Adam step, and the stacks and settings that do not run them."""
 
+import numpy as np
 import pytest
 
 from hetplan.estimate import compute
@@ -38,7 +39,7 @@ def test_other_deepspeed_optimizers_keep_the_fused_step(dtype, zero):
     """BF16_Optimizer (bf16) and ZeRO-1/2's partitioned step are other code paths: they keep 30 B per owned
     parameter."""
     t, params, bw = _step("deepspeed", dtype, zero, dp=2)
-    owned = params / (2 if zero else 1)  # ZeRO-1 steps the owned half
+    owned = params / 2  # ZeRO-1 steps the owned half; so does BF16_Optimizer (the default stack's bf16 at ZeRO-0)
     assert t == pytest.approx(owned * compute.ADAM_BYTES_PER_PARAMETER / bw, rel=1e-12)
 
 
@@ -157,3 +158,26 @@ def test_deepspeed_zero1_overlap_by_release():
     assert [old.overlaps_grad_reduce(1, z) for z in (0, 1, 2)] == [False, False, True]
     assert [new.overlaps_grad_reduce(1, z) for z in (0, 1, 2)] == [False, True, True]
     assert not any(s.overlaps_grad_reduce(2, 1) for s in (old, new))  # the pipeline engine reduces after the schedule
+
+
+def test_deepspeed_016_sends_bf16_to_bf16_optimizer_at_zero0_only():
+    """DeepSpeed v0.16's engine wraps a bf16 optimizer in BF16_Optimizer without ZeRO (fp32 gradient
+    accumulation by default) and leaves bf16 ZeRO-1 to its ZeRO optimizer (bf16 accumulation): at ZeRO-0 the
+    backward carries BF16_Optimizer's 18 B per parameter and the micro-batch count does not move it; at ZeRO-1
+    autograd accumulates in bf16 (6 B per parameter after the first micro-batch). The 2022 branch keeps both
+    stages on BF16_Optimizer."""
+    from hetplan.estimate import memory
+    from hetplan.estimate.options import TrainingOptions
+    from hetplan.estimate.stage import AUTOGRAD_ACCUMULATE_PASSES, BF16_ACCUMULATE_BYTES_PER_PARAMETER
+
+    new = TrainingOptions(framework="deepspeed", dtype="bf16", stack="deepspeed@0.16")
+    old = TrainingOptions(framework="deepspeed", dtype="bf16", stack="megatron-deepspeed@2022")
+    assert list(memory.bf16_optimizer_runs(new, np.array([0, 1, 2]))) == [True, False, False]
+    assert list(memory.bf16_optimizer_runs(old, np.array([0, 1, 2]))) == [True, True, False]
+    z0_one, params, bw = _backward("deepspeed", "bf16", 0, 1, stack="deepspeed@0.16")
+    z0_eight, _, _ = _backward("deepspeed", "bf16", 0, 8, stack="deepspeed@0.16")
+    z1_one, _, _ = _backward("deepspeed", "bf16", 1, 1, stack="deepspeed@0.16")
+    z1_eight, _, _ = _backward("deepspeed", "bf16", 1, 8, stack="deepspeed@0.16")
+    assert z0_eight == pytest.approx(z0_one, rel=1e-12)
+    assert z0_one - z1_one == pytest.approx(params * BF16_ACCUMULATE_BYTES_PER_PARAMETER / bw, rel=1e-9)
+    assert z1_eight - z1_one == pytest.approx(params * AUTOGRAD_ACCUMULATE_PASSES * 2 * 7 / 8 / bw, rel=1e-9)

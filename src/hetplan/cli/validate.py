@@ -2,7 +2,7 @@
 
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
 korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero, nemo_megatron_a100 (the 2021-22 stacks on A100,
-:mod:`hetplan.calibration.stacks_2022`); modern sets (:mod:`hetplan.calibration.modern`):
+:func:`hetplan.calibration.validation.stacks_2022_cases`); modern sets (:mod:`hetplan.calibration.modern`):
 dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp; the independent
 check ``independent_h100`` (:mod:`hetplan.calibration.independent`; only a seeded half of its llm-foundry rows
 fitted that stack's own residuals). See

@@ -367,8 +367,9 @@ def bf16_optimizer_runs(options: TrainingOptions, zero: Array) -> Array:
     StackSpec.bf16_optimizer`: its stack sends bf16 runs of the pipeline engine there): ``framework =
     "deepspeed"``, bf16, ZeRO 0 or 1 (it partitions the fp32 state over DP itself, "its own zero stage 1
     equivalent" under ds_config stage 0; ZeRO-2/3 run their own optimizers). Arrays broadcast over ``zero``."""
-    on = options.framework == "deepspeed" and options.dtype == "bf16" and options.stack_spec().bf16_optimizer
-    return np.asarray(on) & (np.asarray(zero) <= 1)
+    spec = options.stack_spec()
+    on = options.framework == "deepspeed" and options.dtype == "bf16" and spec.bf16_optimizer
+    return np.asarray(on) & np.isin(np.asarray(zero), spec.bf16_optimizer_zero)
 
 
 def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options: TrainingOptions) -> StageMemory:

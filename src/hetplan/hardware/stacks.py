@@ -70,6 +70,9 @@ class StackSpec(BaseModel):
             an fp32 gradient buffer of the whole model, which ``ReduceGrads`` all-reduces in fp32; fp32 master
             weights and Adam moments of the owned partition (its own ZeRO-1), the updated 16-bit weights
             all-gathered after the step. False unless its source says so.
+        bf16_optimizer_zero: the ds_config ZeRO stages whose bf16 runs go to BF16_Optimizer (the 2022 branch:
+            0 and 1, hetplan's ZeRO-1 standing for its own partitioning under stage 0; DeepSpeed v0.16: 0 only,
+            ZeRO-1 accumulating in bf16 through its own optimizer).
         attention_unpad: the fused attention kernels the stack calls through flash-attn's ``bert_padding``: the
             Q, K, V gathered into unpadded (token, head, dim) tensors before the varlen kernel and its output
             scattered back into the padded batch (:func:`hetplan.estimate.stage.attention_unpad_s`); empty for most.
@@ -107,6 +110,7 @@ class StackSpec(BaseModel):
     optimizer_memory: Literal["megatron", "deepspeed", "fsdp1", "fsdp2"]
     allocator: Literal["caching", "expandable-segments"]
     bf16_optimizer: bool = False
+    bf16_optimizer_zero: tuple[Literal[0, 1], ...] = (0, 1)
     attention_unpad: tuple[StackKernel, ...] = ()
     fsdp_units: Literal["model", "embedding-output"] = "model"
     zero1_grad_reduce: Literal["reduce-scatter", "allreduce"] = "reduce-scatter"
@@ -182,6 +186,7 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         merged["sources"] = sources
         optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
             ("bf16_optimizer",) if merged.get("bf16_optimizer") else ()) + (
+            ("bf16_optimizer_zero",) if tuple(merged.get("bf16_optimizer_zero", (0, 1))) != (0, 1) else ()) + (
             ("attention_unpad",) if merged.get("attention_unpad") else ()) + (
             ("fsdp_units",) if merged.get("fsdp_units", "model") != "model" else ()) + (
             ("zero1_grad_reduce",) if merged.get("zero1_grad_reduce", "reduce-scatter") != "reduce-scatter" else ())

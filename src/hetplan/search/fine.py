@@ -55,7 +55,7 @@ from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.fine_cost import FineCostModel, FineStage, FineState, StateCost, state_from_plan
 from hetplan.search.objective import Objective
-from hetplan.search.space import Pins, cp_degrees, ep_degrees, tp_degrees
+from hetplan.search.space import Pins, cp_degrees, ep_degrees, stack_allows, tp_degrees
 
 #: Default work budget: state evaluations (cost-model calls) over all start points.
 DEFAULT_BUDGET_EVALUATIONS = 4000
@@ -149,6 +149,7 @@ class FineSearch:
         # interleaved 1F1B where the framework runs it; uneven chunks where it takes a layer list per chunk
         self.interleave = fw is not None and fw.interleaved
         self.layer_lists = fw is not None and "any" in fw.splits
+        self.stack = model.job.stack_spec()  # only the ZeRO stages the job's stack offers (as the uniform space)
         self.trace: list[TraceStep] = []
         self.visited: set[FineState] = set()
 
@@ -173,6 +174,8 @@ class FineSearch:
         if (pins.virtual_stages is not None and v != pins.virtual_stages) or v > 1 and not (
                 self.interleave and s.pp > 1 and (g // s.micro_batch) % s.pp == 0
                 and all(st.num_layers >= v and (self.layer_lists or st.num_layers % v == 0) for st in s.stages)):
+            return False
+        if any(st.dp > 1 for st in s.stages) and not stack_allows(self.stack, zero=s.zero):
             return False
         return ((s.pp == 1 or s.zero <= 1) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
                 and g % s.micro_batch == 0 and sum(st.num_layers for st in s.stages) == self.cm.L
@@ -529,7 +532,8 @@ def fine_search(
         start_plan, start_est = starts[0], res.plans[0].estimate
     gpu = pool_gpu(catalog, pool, field="inventory.gpu", job=job)
     n_gpus = max(sp.num_gpus for sp in starts)
-    free = ("full",) if job.attention == "flash" else ("selective", "full")  # flash: selective = none
+    free = tuple(r for r in (("full",) if job.attention == "flash" else ("selective", "full"))  # flash: selective = none
+                 if stack_allows(job.stack_spec(), recompute=r, attention=job.attention))
     modes = free if pins is None or pins.recompute is None else \
         {"none": (), "selective": ("selective",), "full": ("full",)}[pins.recompute]
     cm = FineCostModel(m, job, pool, gpu, profiles, max_stages=max(n_gpus, pool.count), recompute_modes=modes)

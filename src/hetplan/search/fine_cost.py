@@ -399,7 +399,8 @@ class FineCostModel:
         if chunks is not None and len({n for c in chunks for n in c}) == 1:
             chunks = None  # v equal chunks per stage
         return Plan(job=self.job, pools=[self.pool], stages=stages, mbs=state.micro_batch // state.stages[0].dp,
-                    zero=state.zero, sequence_parallel=any(s.tp > 1 for s in state.stages), cp=state.cp, ep=state.ep,
+                    zero=state.zero, cp=state.cp, ep=state.ep,
+                    sequence_parallel=any(s.tp > 1 for s in state.stages) and self.job.stack_spec().sequence_parallel,
                     expert_tp=state.expert_tp, virtual_stages=v, pipeline_chunks=chunks)
 
 

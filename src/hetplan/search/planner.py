@@ -118,7 +118,7 @@ def _plan_from_row(job: Job, inventory: Inventory, m: ModelSpec, res: PoolResult
         stages=[Stage(pool=0, num_layers=n, tp=c["tp"], dp=c["dp"], recompute=recompute) for n in split],
         mbs=c["mbs"],
         zero=c["zero"],
-        sequence_parallel=c["tp"] > 1,
+        sequence_parallel=c["tp"] > 1 and job.stack_spec().sequence_parallel,  # only where the stack has it
         virtual_stages=c["virtual_stages"],
         cp=c["cp"],
         ep=c["ep"],
