@@ -109,7 +109,10 @@ def test_multi_token_prediction_in_a_launch_is_refused_by_name():
     plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=1024)], mbs=1, zero=1, ep=64, virtual_stages=4,
                 sequence_parallel=True, pipeline_chunks=chunks,
                 stages=[Stage(num_layers=sum(c), tp=2, dp=64, recompute="full") for c in chunks])
-    script = exporters.export(plan, spec, "megatron").files["megatron_launch.sh"]
+    ex = exporters.export(plan, spec, "megatron")
+    script = ex.files["megatron_launch.sh"]
+    assert spec.mtp_layers == 1 and "--mtp-num-layers" not in script  # the priced run: no MTP, and said so
+    assert any("multi-token-prediction" in n for n in ex.notes)
     assert importers.import_files({"run.sh": script}).pipeline_chunks == chunks
     with pytest.raises(HetplanError, match="multi-token-prediction") as e:
         importers.import_files({"run.sh": script.replace("--num-layers", "--mtp-num-layers 1 --num-layers")})

@@ -72,6 +72,9 @@ class ModelSpec(BaseModel):
         shared_expert_ffn_hidden_size: inner size of the shared experts together (0 = none).
         shared_expert_gate: a sigmoid gate ``h -> 1`` scales the shared expert (Qwen2-MoE).
         first_dense_layers, moe_layer_step: which layers are MoE (module doc).
+        mtp_layers: multi-token-prediction modules after the last layer (DeepSeek-V3 ``num_nextn_predict_layers``,
+            arXiv 2412.19437 Sec. 2.2): recorded, not priced — the estimate and the exports train the main model
+            (``hetplan export`` says so; ``hetplan import`` refuses a launch with ``--mtp-num-layers``).
         published_parameters: parameter count quoted by the model's authors, if any (for checks).
         published_active_parameters: activated parameters per token quoted by the authors (MoE).
         source: where the shape comes from.
@@ -116,6 +119,7 @@ class ModelSpec(BaseModel):
     shared_expert_gate: bool = False
     first_dense_layers: int = Field(0, ge=0)
     moe_layer_step: int = Field(1, gt=0)
+    mtp_layers: int = Field(0, ge=0)
     published_parameters: int | None = None
     published_active_parameters: int | None = None
     source: str = ""
@@ -226,6 +230,7 @@ class HFConfig(BaseModel):
     shared_expert_intermediate_size: _Int = None
     n_shared_experts: _Int = None
     first_k_dense_replace: _Int = None
+    num_nextn_predict_layers: _Int = None
     moe_layer_freq: _Int = None
     decoder_sparse_step: _Int = None
     interleave_moe_layer_step: _Int = None
@@ -359,7 +364,7 @@ def _moe_fields(cfg: Mapping[str, Any], family: str) -> dict:
                     experts_per_token=_get(cfg, "num_experts_per_tok"), expert_ffn_hidden_size=f_e,
                     shared_expert_ffn_hidden_size=cfg.get("n_shared_experts", 0) * f_e,
                     first_dense_layers=cfg.get("first_k_dense_replace", 0),
-                    moe_layer_step=cfg.get("moe_layer_freq", 1))
+                    moe_layer_step=cfg.get("moe_layer_freq", 1), mtp_layers=cfg.get("num_nextn_predict_layers") or 0)
     if family == "gpt_oss":
         f = _get(cfg, "intermediate_size")
         types = cfg.get("layer_types") or []

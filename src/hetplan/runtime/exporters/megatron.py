@@ -122,6 +122,10 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args += _megatron_fp8_args(plan)
     if plan.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
+    if spec.mtp_layers:  # not priced (hetplan.model.spec.ModelSpec.mtp_layers): the launch leaves it out too
+        notes.append(f"{spec.name}'s {spec.mtp_layers} multi-token-prediction layer(s) are not trained (no "
+                     "--mtp-num-layers): the estimate prices the main model; adding MTP costs time the estimate "
+                     "does not include")
     if plan.tp_comm_overlap:  # priced by the estimate (hetplan.plan.Plan.tp_comm_overlap); was dropped
         args.append("--tp-comm-overlap")
     if plan.cuda_graphs:  # per-layer graphs (frameworks.toml cuda_graphs; --enable-cuda-graph is deprecated)
