@@ -35,7 +35,10 @@ Rules (name: what must hold, and why):
   shard as ZeRO-3) and each stage's recomputation exist in the job's stack (:meth:`hetplan.plan.Job.stack_spec`,
   ``hetplan catalog stacks``): Megatron-LM 2.5 has no distributed optimizer and no selective recomputation,
   before Megatron-Core 0.4 no ``--tp-comm-overlap``, before 0.9 no ``--enable-cuda-graph``; priced anyway they
-  would be numbers of a run that stack cannot make. The searches enumerate only what the stack offers.
+  would be numbers of a run that stack cannot make. Likewise the parallel dimensions (TP, PP, CP, EP > 1) and
+  interleaved 1F1B (virtual stages > 1) the stack's launcher runs (``parallel``, ``interleaved`` in
+  ``hardware/data/stacks.toml``): llm-foundry 0.3 runs FSDP only, DeepSpeed's engine no TP, torchtitan of 2024-04
+  no PP. The searches enumerate only what the stack offers.
 
 * ``moe-modules-need-experts`` also covers ``job.moe_recompute`` (Megatron-Core ``--recompute-modules moe``: the
   MoE layers' MLP), which a dense model does not have.
@@ -226,6 +229,16 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     lacks = [(f, what) for f, what, has in (
         ("tp_comm_overlap", "TP-communication overlap", stack.tp_comm_overlap),
         ("cuda_graphs", "CUDA graphs", stack.launch == "cuda-graphs")) if getattr(plan, f) and not has]
+    used = {"tp": max(st.tp for st in plan.stages), "pp": plan.pp,
+            "cp": max(degree(plan, i, "cp") for i in range(plan.pp)),
+            "ep": max(degree(plan, i, "ep") for i in range(plan.pp))}
+    lacks += [(field, f"{what} ({dim.upper()} {used[dim]}; it runs {'/'.join(d.upper() for d in stack.parallel)})")
+              for dim, field, what in (("tp", "stages[].tp", "tensor parallelism"),
+                                       ("pp", "stages", "pipeline parallelism"),
+                                       ("cp", "cp", "context parallelism"), ("ep", "ep", "expert parallelism"))
+              if used[dim] > 1 and not stack.has(dim)]
+    if plan.pp > 1 and plan.virtual_stages > 1 and not stack.has("vp"):
+        lacks.append(("virtual_stages", f"interleaved 1F1B ({plan.virtual_stages} virtual stages)"))
     if (plan.job.framework != "fsdp" and plan.zero not in stack.zero
             and any(st.dp * degree(plan, i, "cp") > 1 for i, st in enumerate(plan.stages))):
         lacks.append(("zero", f"ZeRO-{plan.zero} (it runs {', '.join(map(str, stack.zero))})"))

@@ -37,7 +37,11 @@ FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": 
 #: The behaviour fields of a stack; each but ``framework`` (hetplan's own family, :class:`hetplan.plan.Job`) needs
 #: a source in the data file.
 FIELDS = ("framework", "gemm", "attention", "attention_kernel", "fused", "sequence_parallel", "tp_comm_overlap",
-          "wgrad_accumulation", "dp_overlap", "launch", "zero", "recompute", "optimizer_memory", "allocator")
+          "wgrad_accumulation", "dp_overlap", "launch", "zero", "recompute", "optimizer_memory", "allocator",
+          "parallel", "interleaved")
+#: The parallel dimensions a release may run (``StackSpec.parallel``): data, tensor, pipeline, context, expert.
+PARALLEL_DIMS = ("dp", "tp", "pp", "cp", "ep")
+ParallelDim = Literal["dp", "tp", "pp", "cp", "ep"]
 #: Kernel names of ``attention_kernel`` (:data:`hetplan.hardware.catalog.ATTENTION_KERNELS`).
 StackKernel = Literal["fa2", "fa3", "cudnn", "triton"]
 FusedOp = Literal["norm", "rope", "cross-entropy", "adam", "softmax", "bias-act"]
@@ -63,6 +67,10 @@ class StackSpec(BaseModel):
         launch: ``eager`` | ``cuda-graphs`` | ``compiled``.
         zero: ZeRO stages it runs (under ``fsdp``: its sharding modes; the estimate runs ZeRO-3 there).
         recompute: the activation-recomputation modes it offers (the searches enumerate only these).
+        parallel: the parallel dimensions its launcher runs (:data:`PARALLEL_DIMS`; ``dp`` always): ``tp``, ``pp``,
+            ``cp`` (context parallelism), ``ep`` (expert parallelism). Every search enumerates only these and
+            rule ``stack-has-option`` refuses a plan using another (:meth:`has`).
+        interleaved: it runs interleaved 1F1B with virtual stages (Narayanan et al. SC'21 Sec. 2.2.2).
         optimizer_memory: ``megatron`` | ``deepspeed`` | ``fsdp1`` | ``fsdp2``.
         allocator: ``caching`` | ``expandable-segments``.
         bf16_optimizer: bf16 runs use DeepSpeed's ``BF16_Optimizer`` (``deepspeed/runtime/bf16_optimizer.py``; the
@@ -109,6 +117,8 @@ class StackSpec(BaseModel):
     recompute: tuple[Literal["none", "selective", "full"], ...]
     optimizer_memory: Literal["megatron", "deepspeed", "fsdp1", "fsdp2"]
     allocator: Literal["caching", "expandable-segments"]
+    parallel: tuple[ParallelDim, ...] = Field(min_length=1)
+    interleaved: bool
     bf16_optimizer: bool = False
     bf16_optimizer_zero: tuple[Literal[0, 1], ...] = (0, 1)
     attention_unpad: tuple[StackKernel, ...] = ()
@@ -121,6 +131,11 @@ class StackSpec(BaseModel):
     def id(self) -> str:
         """``name@version``: what ``Job.stack`` holds once resolved."""
         return f"{self.name}@{self.version}"
+
+    def has(self, dim: str) -> bool:
+        """Whether this release runs parallel dimension ``dim`` (``dp`` / ``tp`` / ``pp`` / ``cp`` / ``ep``, or
+        ``vp``: interleaved 1F1B's virtual stages)."""
+        return self.interleaved if dim == "vp" else dim in self.parallel
 
     def kernel_on(self, architecture: str) -> str:
         """The fused attention kernel (``fa2`` / ``fa3`` / ``cudnn`` / ``triton``) this release runs under flash on
@@ -198,6 +213,10 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
             spec = StackSpec.model_validate(merged)
         except ValidationError as exc:
             raise validation_message(exc, where, StackSpec) from None
+        if "dp" not in spec.parallel or (spec.interleaved and "pp" not in spec.parallel):
+            raise HetplanError(f"{spec.id}: parallel {list(spec.parallel)} with interleaved = {spec.interleaved}",
+                               field=f"{where}.parallel",
+                               fix="list \"dp\" (every stack runs data parallelism), and \"pp\" where interleaved")
         if prev and spec.released < prev["released"]:
             raise HetplanError(f"{spec.id} released {spec.released}, before the previous release "
                                f"{prev['version']} ({prev['released']})", field=where,

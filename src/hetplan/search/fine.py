@@ -55,7 +55,7 @@ from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.fine_cost import FineCostModel, FineStage, FineState, StateCost, state_from_plan
 from hetplan.search.objective import Objective
-from hetplan.search.space import Pins, cp_degrees, ep_degrees, stack_allows, tp_degrees
+from hetplan.search.space import Pins, cp_degrees, ep_degrees, stack_allows, stack_has, tp_degrees
 
 #: Default work budget: state evaluations (cost-model calls) over all start points.
 DEFAULT_BUDGET_EVALUATIONS = 4000
@@ -139,17 +139,18 @@ class FineSearch:
         self.budget = budget_evaluations
         self.max_hops = max_hops
         self.pins = pins or Pins()
-        self.tps = tp_degrees(model.m, model.pool.gpus_per_node, model.pool.count)
+        # only the ZeRO stages, parallel dimensions and interleaving the job's stack offers (as the uniform space)
+        self.stack = model.job.stack_spec()
+        self.tps = tp_degrees(model.m, model.pool.gpus_per_node, model.pool.count, self.stack)
         if self.pins.tp is not None:
             self.tps = [t for t in self.tps if t == self.pins.tp]
-        self.cps = cp_degrees(model.job.seq_len, model.pool.count)
+        self.cps = cp_degrees(model.job.seq_len, model.pool.count, self.stack)
         # EP folding (EP over tp·cp·dp) and expert-TP where the job's framework runs them, as the uniform space
         fw = job_framework(model.job.framework)
         self.ep_fold, self.expert_tp = fw is None or fw.ep_beyond_dp, fw is None or fw.expert_tp
         # interleaved 1F1B where the framework runs it; uneven chunks where it takes a layer list per chunk
-        self.interleave = fw is not None and fw.interleaved
+        self.interleave = fw is not None and fw.interleaved and stack_has(self.stack, "vp")
         self.layer_lists = fw is not None and "any" in fw.splits
-        self.stack = model.job.stack_spec()  # only the ZeRO stages the job's stack offers (as the uniform space)
         self.trace: list[TraceStep] = []
         self.visited: set[FineState] = set()
 
@@ -170,6 +171,8 @@ class FineSearch:
             return False
         if (pins.cp is not None and s.cp != pins.cp) or s.cp not in self.cps:
             return False
+        if s.pp > 1 and not stack_has(self.stack, "pp"):
+            return False
         v = s.virtual_stages
         if (pins.virtual_stages is not None and v != pins.virtual_stages) or v > 1 and not (
                 self.interleave and s.pp > 1 and (g // s.micro_batch) % s.pp == 0
@@ -180,7 +183,8 @@ class FineSearch:
         return ((s.pp == 1 or s.zero <= 1) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
                 and g % s.micro_batch == 0 and sum(st.num_layers for st in s.stages) == self.cm.L
                 and (s.expert_tp == 1 or self.expert_tp and all(st.tp % s.expert_tp == 0 for st in s.stages))
-                and all(s.ep in ep_degrees(self.cm.m, self._expert_ranks(st, s), pins.ep) for st in s.stages))
+                and all(s.ep in ep_degrees(self.cm.m, self._expert_ranks(st, s), pins.ep, self.stack)
+                        for st in s.stages))
 
     def _expert_ranks(self, st: FineStage, s: FineState) -> int:
         """Ranks stage ``st``'s experts may spread over: ``tp·cp·dp / expert_tp`` with EP folding (0 when
@@ -360,7 +364,8 @@ class FineSearch:
             structural.append((f"CP {s.cp} -> {s.cp // 2}, DP doubled",
                                mk([FineStage(st.num_layers, st.tp, st.dp * 2) for st in S], cp=s.cp // 2)))
         # (folded over tp·cp·dp: MoE parallel folding, as the uniform space, hetplan.search.space)
-        for e in ep_degrees(self.cm.m, math.gcd(*(self._expert_ranks(st, s) for st in S)), self.pins.ep):
+        for e in ep_degrees(self.cm.m, math.gcd(*(self._expert_ranks(st, s) for st in S)), self.pins.ep,
+                                self.stack):
             if e != s.ep:
                 structural.append((f"EP {s.ep} -> {e}", mk(S, ep=e)))
         if s.expert_tp > 1:

@@ -82,16 +82,30 @@ def check_job(job: Job, m: ModelSpec) -> None:
         )
 
 
-def check_pins(pins: Pins, m: ModelSpec) -> None:
-    """Refuse a pinned degree the model cannot take, naming the plan rule it breaks (before the search says only
-    that no configuration matches).
+def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
+    """Refuse a pinned degree the model or the job's stack cannot take, naming the plan rule it breaks (before the
+    search says only that no configuration matches).
 
     Raises:
         PlanRuleError: ``--tp`` not dividing the heads, key/value heads or MLP width; ``--ep`` on a dense model or
-            not dividing the experts.
+            not dividing the experts; ``--tp`` / ``--pp`` / ``--cp`` / ``--ep`` > 1 or ``--virtual-stages`` > 1
+            where ``job``'s stack lacks that dimension or interleaving (rule ``stack-has-option``).
     """
-    from hetplan.plan_rules import expert_degree_violation, tensor_degree_violations
+    from hetplan.plan_rules import PlanRuleError, expert_degree_violation, tensor_degree_violations
 
+    if job is not None:
+        stack = job.stack_spec()
+        names = {"tp": "tensor parallelism", "pp": "pipeline parallelism", "cp": "context parallelism",
+                 "ep": "expert parallelism", "vp": "interleaved 1F1B"}
+        for dim, pin in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("vp", "virtual_stages")):
+            value = getattr(pins, pin)
+            if value is not None and value > 1 and not stack.has(dim):
+                runs = "/".join(d.upper() for d in stack.parallel) + (" with interleaving" if stack.interleaved else "")
+                raise PlanRuleError("stack-has-option", f"{Pins.flag(pin)} {value} asks for {names[dim]}, "
+                                    f"which stack {stack.id} lacks (it runs {runs}: "
+                                    f"{stack.sources.get('parallel' if dim != 'vp' else 'interleaved', '')})",
+                                    field=f"pin.{pin}", fix=f"unpin {pin}, or pick a stack that has it "
+                                                            "(hetplan catalog stacks)")
     bad = [*tensor_degree_violations(m, pins.tp or 1, field="pin.tp"), expert_degree_violation(m, pins.ep or 1,
                                                                                                 field="pin.ep")]
     for err in bad:
@@ -234,7 +248,7 @@ def search_plans(
     catalog = catalog or load_catalog()
     m = load_model(job.model)
     check_job(job, m)
-    check_pins(pins, m)
+    check_pins(pins, m, job)
     divisor = (pins.dp or 1) * (pins.mbs or 1)
     if job.global_batch % divisor:
         raise HetplanError(
@@ -289,7 +303,7 @@ def search_plans(
         ranked, ranked_idx, walk = _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog,
                                                 progress=progress)
         homo = _walk_summary(walk, objective, ranked)
-    if heterogeneous and len(inventory.pools) > 1:
+    if heterogeneous and len(inventory.pools) > 1 and job.stack_spec().has("pp"):  # stages on two pools: PP
         # the homogeneous top K fill the walk's cut: it only has to prove what could enter the joint ranking
         het = _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progress,
                                  incumbents=[(rp.plan, rp.estimate) for rp in ranked])

@@ -14,6 +14,10 @@ EP (expert parallelism, MoE models, :mod:`hetplan.estimate.moe`): divisors of th
 tp·cp·dp (MoE parallel folding, with expert-TP where the framework has it), or dp·cp where the job's framework
 keeps EP inside DP x CP (``hardware/data/frameworks.toml`` ``ep_beyond_dp``).
 
+The job's stack bounds the space: only the parallel dimensions its launcher runs (``parallel`` in
+``hardware/data/stacks.toml``: llm-foundry 0.3 runs FSDP alone, DeepSpeed's engine no TP, NeMo AutoModel 25.07 no
+PP) and interleaving only where it has that schedule (``interleaved``), :func:`stack_has`.
+
 Any dimension can be pinned. Nothing is pruned: the search evaluates every row, so it is exact over this space.
 Size: O(#tp · L · #dp · #mbs · 3 · #zero) rows, e.g. ~10^5 for GPT-3 175B on 1,024 GPUs.
 """
@@ -74,9 +78,19 @@ class Pins(BaseModel):
 MIN_TOKENS_PER_CP_RANK = 4096
 
 
-def cp_degrees(seq_len: int | None, available: int) -> list[int]:
+def stack_has(stack, dim: str) -> bool:
+    """Whether ``stack`` (a :class:`hetplan.hardware.stacks.StackSpec`, None: any) runs parallel dimension ``dim``
+    (``tp`` / ``pp`` / ``cp`` / ``ep``, or ``vp``: interleaved 1F1B), as ``stacks.toml`` records it (``parallel``,
+    ``interleaved``); every search enumerates a dimension only where this holds, rule ``stack-has-option``
+    refuses the rest."""
+    return stack is None or stack.has(dim)
+
+
+def cp_degrees(seq_len: int | None, available: int, stack=None) -> list[int]:
     """CP degrees searched: 1, and powers of two ``c ≤ available`` with ``seq_len`` divisible by ``2c`` and
-    ``seq_len / c ≥`` :data:`MIN_TOKENS_PER_CP_RANK`."""
+    ``seq_len / c ≥`` :data:`MIN_TOKENS_PER_CP_RANK` (only 1 where ``stack`` lacks CP, :func:`stack_has`)."""
+    if not stack_has(stack, "cp"):
+        return [1]
     out, c = [1], 2
     while seq_len and c <= available and seq_len % (2 * c) == 0 and seq_len // c >= MIN_TOKENS_PER_CP_RANK:
         out.append(c)
@@ -90,10 +104,11 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int) -> list[int]:
-    """TP degrees allowed: powers of two ≤ min(GPUs per node, available) dividing heads and KV heads."""
+def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int, stack=None) -> list[int]:
+    """TP degrees allowed: powers of two ≤ min(GPUs per node, available) dividing heads and KV heads (only 1
+    where ``stack`` lacks TP, :func:`stack_has`)."""
     out, t = [], 1
-    while t <= min(gpus_per_node, available):
+    while t <= min(gpus_per_node, available) and (t == 1 or stack_has(stack, "tp")):
         if m.num_attention_heads % t == 0 and m.num_kv_heads % t == 0:
             out.append(t)
         t *= 2
@@ -129,15 +144,18 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1). ``stack``: the job's
     :class:`hetplan.hardware.stacks.StackSpec`; only the ZeRO stages and recomputation modes it offers are
     enumerated (:func:`stack_allows`; Megatron-LM 2.5 has neither the distributed optimizer nor selective
-    recomputation)."""
-    tps = tp_degrees(m, gpus_per_node, available)
+    recomputation), and only the parallel dimensions and interleaving its launcher runs (:func:`stack_has`:
+    llm-foundry 0.3 gets TP = PP = CP = EP = 1)."""
+    tps = tp_degrees(m, gpus_per_node, available, stack)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
-    cps = cp_degrees(seq_len, available) if pins.cp is None else [pins.cp]
+    cps = cp_degrees(seq_len, available, stack)
+    cps = cps if pins.cp is None else [pins.cp] if pins.cp in cps or stack_has(stack, "cp") else []
     dps = divisors(global_batch)
     triples, mbs_lists = [], []
+    max_pp = m.num_layers if stack_has(stack, "pp") else 1
     for t in tps:
-        for p in range(1, min(m.num_layers, available // t) + 1) if pins.pp is None else [pins.pp]:
+        for p in range(1, min(max_pp, available // t) + 1) if pins.pp is None else [pins.pp] if pins.pp <= max_pp else []:
             for c in cps:
                 for d in dps:
                     n = t * p * c * d
@@ -179,30 +197,32 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
         parts.append(np.column_stack([rows[:, :4], np.tile(zr, (int(sel.sum()), 1)), rows[:, 4]]))
     arr = np.concatenate(parts) if parts else np.zeros((0, 7), dtype=np.int64)
     out = {k: arr[:, i] for i, k in enumerate((*names, "cp"))}
-    out = _with_expert_parallel(out, m, pins.ep, expert_tp, ep_fold)
-    return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages, interleave, uneven)
+    out = _with_expert_parallel(out, m, pins.ep, expert_tp, ep_fold, stack)
+    return _with_virtual_stages(out, m.num_layers, global_batch, pins.virtual_stages,
+                                interleave and stack_has(stack, "vp"), uneven)
 
 
-def ep_degrees(m: ModelSpec, ranks: int, pin: int | None = None) -> list[int]:
+def ep_degrees(m: ModelSpec, ranks: int, pin: int | None = None, stack=None) -> list[int]:
     """EP degrees of a stage whose expert layers may spread over ``ranks`` ranks (``tp·cp·dp / expert_tp`` with
-    MoE parallel folding, :func:`_with_expert_parallel`; ``dp·cp`` without): 1 for a dense model; for a MoE model
-    the divisors of the expert count that divide ``ranks`` (or only ``pin``, if it does)."""
-    if not m.is_moe:
+    MoE parallel folding, :func:`_with_expert_parallel`; ``dp·cp`` without): 1 for a dense model or a ``stack``
+    without EP (:func:`stack_has`); for a MoE model the divisors of the expert count that divide ``ranks`` (or
+    only ``pin``, if it does)."""
+    if not m.is_moe or not stack_has(stack, "ep"):
         return [1] if pin in (None, 1) else []
     return [e for e in (divisors(m.num_experts) if pin is None else [pin]) if ranks % e == 0 and m.num_experts % e == 0]
 
 
 def _with_expert_parallel(cfg: dict[str, np.ndarray], m: ModelSpec, pin: int | None, expert_tp: bool = True,
-                          ep_fold: bool = True):
+                          ep_fold: bool = True, stack=None):
     """Add the ``ep`` and ``expert_tp`` dimensions: 1 and 1 for a dense model; for a MoE model every divisor of the
     expert count that divides tp·cp·dp, or only ``pin``, times every expert-TP degree ``etp`` dividing TP with
     ``ep·etp`` dividing tp·cp·dp (only 1 unless ``expert_tp``). EP may exceed dp·cp: Megatron-Core's MoE parallel
     folding lays the expert mesh EP x expert-TP x expert-DP over the attention's TP x CP x DP ranks (Liu et al.
     2025, arXiv 2504.14960, Sec. 3; ``--expert-tensor-parallel-size``), and torchtitan 0.3 shards experts over
     ``dp_shard x cp x tp / ep`` with expert-TP 1 (``parallel_dims.py``, efsdp). Without ``ep_fold`` (a framework
-    whose EP lives inside DP x CP) EP divides dp·cp and expert-TP is 1."""
+    whose EP lives inside DP x CP) EP divides dp·cp and expert-TP is 1. A ``stack`` without EP: as a dense model."""
     n = len(cfg["tp"])
-    if not m.is_moe:
+    if not m.is_moe or not stack_has(stack, "ep"):
         keep = np.ones(n, dtype=bool) if pin in (None, 1) else np.zeros(n, dtype=bool)
         ones = np.ones(int(keep.sum()), dtype=np.int64)
         return {k: a[keep] for k, a in cfg.items()} | {"ep": ones, "expert_tp": ones.copy()}

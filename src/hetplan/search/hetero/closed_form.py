@@ -29,7 +29,7 @@ from hetplan.plan import Inventory, Job, Plan, Stage
 from hetplan.search.hetero.allocations import (PreparedSpace, allocation_blocks, bounded_allocations, build_groups,
                                                concat_rows, solve_allocation)
 from hetplan.search.hetero.tables import INF
-from hetplan.search.space import RECOMPUTE_NAMES, Pins
+from hetplan.search.space import Pins, RECOMPUTE_NAMES, stack_has
 
 
 class StageChoice(NamedTuple):
@@ -187,7 +187,8 @@ def search_hetero(
     """
     t0 = time.perf_counter()
     pins = pins or Pins()
-    max_stages = min(max_stages or m.num_layers, m.num_layers)
+    # one stage where the job's stack has no pipeline parallelism (stacks.toml parallel; space.stack_has)
+    max_stages = min(max_stages or m.num_layers, m.num_layers) if stack_has(job.stack_spec(), "pp") else 1
     if prepared is None:
         groups = build_groups(m, job, inventory, catalog, pins, max_stages)
         rows, max_pools, n_alloc = bounded_allocations(groups, inventory, pins, max_stages, max_allocations,

@@ -24,7 +24,7 @@ from hetplan.search.hetero.allocations import (PreparedSpace, allocation_blocks,
 from hetplan.search.hetero.closed_form import HeteroCandidate, StageChoice, search_hetero
 from hetplan.search.hetero.group import refined_bounds_s
 from hetplan.search.hetero.tables import INF
-from hetplan.search.space import Pins
+from hetplan.search.space import Pins, stack_has
 
 
 @dataclass
@@ -137,7 +137,8 @@ def search_hetero_estimated(
     estimator = estimator or estimate
     objective = objective or Objective()
     pins = pins or Pins()
-    max_stages = min(max_stages or m.num_layers, m.num_layers)
+    # one stage where the job's stack has no pipeline parallelism (stacks.toml parallel; space.stack_has)
+    max_stages = min(max_stages or m.num_layers, m.num_layers) if stack_has(job.stack_spec(), "pp") else 1
     iterations = job.iterations()
     groups = build_groups(m, job, inventory, catalog, pins, max_stages, progress)
     rows, max_pools, n_alloc = bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp,

@@ -71,7 +71,7 @@ def stage_types(m: ModelSpec, inventory: Inventory, catalog, dtype: str, pins: P
         gpu = pool_gpu(catalog, pool, field=f"inventory[{k}].gpu", job=job)
         if dtype not in gpu.dense_flops_per_s:
             continue
-        for t in tp_degrees(m, pool.gpus_per_node, pool.count):
+        for t in tp_degrees(m, pool.gpus_per_node, pool.count, None if job is None else job.stack_spec()):
             if pins.tp is None or t == pins.tp:
                 out.append(StageType(k, t, gpu, pool_link(pool, gpu), pool_price_usd_per_hour(pool, gpu)))
     return out
