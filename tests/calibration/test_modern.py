@@ -413,11 +413,12 @@ def test_torchtitan_rows_run_the_release_of_their_commit():
 
     cases, _ = torchtitan_cases()
     releases = {c.plan.job.stack_spec().id for c in cases}
-    assert {"torchtitan@2024-04", "torchtitan@2025-05"} <= releases  # 2024-08 / 2024-12 and 2025-06 / 2025-08
-    old = next(c for c in cases if c.plan.job.stack_spec().id == "torchtitan@2024-04")
+    # 2024-08 / 2024-12 (torchtitan@2024-06 with PP, @2024-10 with CP) and 2025-06 / 2025-08
+    assert {"torchtitan@2024-06", "torchtitan@2024-10", "torchtitan@2025-05"} <= releases
+    old = next(c for c in cases if c.plan.job.stack_spec().id == "torchtitan@2024-10")
     assert "adam" not in old.plan.job.stack_spec().fused
-    first = old.plan.job.stack_spec().id
-    assert all("adam" in c.plan.job.stack_spec().fused for c in cases if c.plan.job.stack_spec().id != first)
+    before = {"torchtitan@2024-06", "torchtitan@2024-10"}
+    assert all("adam" in c.plan.job.stack_spec().fused for c in cases if c.plan.job.stack_spec().id not in before)
     new = old.plan.model_copy(update={"job": old.plan.job.model_copy(update={"stack": "torchtitan@2025-02"})})
     ratio = estimate(old.plan, model=old.model).optimizer_time_s / estimate(new, model=old.model).optimizer_time_s
     assert ratio == pytest.approx(UNFUSED_ADAMW_BYTES_PER_PARAMETER / ADAM_BYTES_PER_PARAMETER, rel=1e-9)

@@ -161,13 +161,21 @@ def _attention(st) -> str:
     return " ".join([base] + [f"{','.join(f)}:{k}" for k, f in other.items()])
 
 
+def _dims(st) -> str:
+    """A stack's parallel dimensions beside DP in a few characters: ``TPCEv`` (TP, PP, CP, EP, interleaved 1F1B),
+    ``-`` for data parallelism alone."""
+    out = "".join(d[0].upper() for d in st.parallel if d != "dp") + ("v" if st.interleaved else "")
+    return out or "-"
+
+
 @catalog_app.command("stacks")
 def stacks(
     name: Optional[str] = typer.Argument(None, help="NAME[@VERSION|@YYYY-MM]: one release with every field's source."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every field and its source)."),
 ) -> None:
     """Software stacks: what each framework release runs (GEMM path, attention kernel by GPU, sequence
-    parallelism, TP-comm overlap, DP overlap, launch, ZeRO), each field sourced; `--stack` / job `stack` pick one."""
+    parallelism, TP-comm overlap, DP overlap, launch, ZeRO, parallel dimensions), each field sourced; `--stack` /
+    job `stack` pick one; the searches propose only the parallel dimensions a stack runs."""
     from hetplan.hardware.stacks import FRAMEWORK_STACK, load_stacks, resolve_stack
 
     cat = load_stacks()
@@ -189,7 +197,7 @@ def stacks(
         return
     narrow = con.width < NARROW
     t = new_table(f"Software stacks ({cat.date}); a release holds until the next", narrow)
-    cols = ("stack", "from", "GEMM", "attention", "SP", "TPo", "DPo", "launch", "ZeRO")
+    cols = ("stack", "from", "GEMM", "attention", "SP", "TPo", "DPo", "launch", "ZeRO", "dims")
     for col in cols:
         t.add_column(col, no_wrap=True)
     latest = {s.name: s for s in cat.stacks}
@@ -201,14 +209,16 @@ def stacks(
                   {"bucketed": "y", "none": "-", "ddp-only": "z0", "after-last-microbatch": "z12",
                    "single-stage": "pp1"}[st.dp_overlap],
                   {"eager": "eager", "cuda-graphs": "graphs", "compiled": "compile"}[st.launch],
-                  f"{z[0]}-{z[-1]}" if len(z) > 1 and z == tuple(range(z[0], z[-1] + 1)) else ",".join(map(str, z)))
+                  f"{z[0]}-{z[-1]}" if len(z) > 1 and z == tuple(range(z[0], z[-1] + 1)) else ",".join(map(str, z)),
+                  _dims(st))
     con.print(t)
     con.print("* the default stack of its framework (" + ", ".join(f"{fw}: {n}" for fw, n in FRAMEWORK_STACK.items())
               + "), what `hetplan export` writes. SP: sequence parallelism; TPo: TP-communication overlap; DPo: DP "
               "gradient reduction overlapped with backward (z0: only ZeRO-0 through torch DDP; z12: only ZeRO-1/2 "
               "without a pipeline, DeepSpeed; pp1: only without a pipeline, NeMo 2022); "
-              "attention: std = s x s scores stored, H,B:cudnn = cuDNN on Hopper and Blackwell. `hetplan catalog "
-              "stacks NAME` shows every field's source.", highlight=False)
+              "attention: std = s x s scores stored, H,B:cudnn = cuDNN on Hopper and Blackwell; dims: the parallel "
+              "dimensions beside DP it runs (T/P/C/E = TP/PP/CP/EP, v = interleaved 1F1B), the only ones the "
+              "searches propose. `hetplan catalog stacks NAME` shows every field's source.", highlight=False)
 
 
 #: Short names of the serving engines' attention kernels in the engines table.
