@@ -143,8 +143,8 @@ def test_expert_tp_is_a_search_dimension_where_the_framework_runs_it():
 def test_hetero_search_folds_ep_over_tp_and_dp():
     """Mixtral 8x7B on 16 H100 + 16 A100 with EP 8 and DP 2 pinned: only folding (EP over TP x DP, expert-TP 1)
     makes that a layout; the heterogeneous search finds plans with it (stages of TP 4 and 8, 8 and 16 ranks),
-    each priced as estimate() prices it, and with expert-TP where the framework has it. Under DeepSpeed (EP inside
-    DP, frameworks.toml) nothing matches."""
+    each priced as estimate() prices it, and with expert-TP where the framework has it. DeepSpeed's stack runs no
+    EP (stacks.toml parallel): the pin is refused by stack-has-option."""
     job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10)
     inv = Inventory(pools=[GPUPool(gpu="H100-SXM", count=16), GPUPool(gpu="A100-SXM-80GB", count=16)])
     res = search_plans(job, inv, pins=Pins(ep=8, dp=2), top_k=3, heterogeneous=True)
@@ -160,9 +160,9 @@ def test_hetero_search_folds_ep_over_tp_and_dp():
     fsdp = search_plans(job.model_copy(update={"framework": "fsdp"}), inv, pins=Pins(ep=4, dp=2, tp=4), top_k=40,
                         heterogeneous=True)
     assert fsdp.plans and all(rp.plan.expert_tp == 1 for rp in fsdp.plans)  # torchtitan 0.3: no expert-TP
-    deepspeed = job.model_copy(update={"framework": "deepspeed"})
-    with pytest.raises(PlanRuleError, match="keeps EP within DP x CP.*EP 8 does not divide the pinned DP 2") as e:
+    deepspeed = job.model_copy(update={"framework": "deepspeed"})  # its stack has no EP at all (stacks.toml)
+    with pytest.raises(PlanRuleError, match="expert parallelism, which stack deepspeed@0.16 lacks") as e:
         search_plans(deepspeed, inv, pins=Pins(ep=8, dp=2), top_k=3, heterogeneous=True)
-    assert e.value.rule == "framework-can-launch" and e.value.field == "pin.ep"
+    assert e.value.rule == "stack-has-option" and e.value.field == "pin.ep"
     with pytest.raises(HetplanError, match="EP 8 .* does not divide the pinned TP 2 x DP 2"):
         search_plans(job, inv, pins=Pins(ep=8, dp=2, tp=2, cp=1), top_k=3, heterogeneous=True)

@@ -122,7 +122,7 @@ def test_multi_token_prediction_in_a_launch_is_refused_by_name():
 
 
 @pytest.mark.parametrize("framework, pins, rule, words", [
-    ("deepspeed", dict(virtual_stages=2), "framework-can-launch", "has no interleaved schedule"),
+    ("deepspeed", dict(virtual_stages=2), "stack-has-option", "interleaved 1F1B, which stack deepspeed@0.16 lacks"),
     ("megatron", dict(pp=1, virtual_stages=2), "virtual-stages", "needs pipeline parallelism"),
     ("megatron", dict(pp=16, virtual_stages=3), "virtual-stages", "at least 3 layers on each of the 16 stages"),
 ])

@@ -162,9 +162,9 @@ def _attention(st) -> str:
 
 
 def _dims(st) -> str:
-    """A stack's parallel dimensions beside DP in a few characters: ``TPCEv`` (TP, PP, CP, EP, interleaved 1F1B),
-    ``-`` for data parallelism alone."""
-    out = "".join(d[0].upper() for d in st.parallel if d != "dp") + ("v" if st.interleaved else "")
+    """A stack's parallel dimensions beside DP in at most four characters: ``TVCE`` (TP, PP with interleaved
+    1F1B, CP, EP; ``P``: PP without interleaving), ``-`` for data parallelism alone."""
+    out = "".join(("V" if st.interleaved else "P") if d == "pp" else d[0].upper() for d in st.parallel if d != "dp")
     return out or "-"
 
 
@@ -208,16 +208,17 @@ def stacks(
                   "y" if st.sequence_parallel else "-", "y" if st.tp_comm_overlap else "-",
                   {"bucketed": "y", "none": "-", "ddp-only": "z0", "after-last-microbatch": "z12",
                    "single-stage": "pp1"}[st.dp_overlap],
-                  {"eager": "eager", "cuda-graphs": "graphs", "compiled": "compile"}[st.launch],
+                  {"eager": "eager", "cuda-graphs": "graphs", "compiled": "tc"}[st.launch],
                   f"{z[0]}-{z[-1]}" if len(z) > 1 and z == tuple(range(z[0], z[-1] + 1)) else ",".join(map(str, z)),
                   _dims(st))
     con.print(t)
     con.print("* the default stack of its framework (" + ", ".join(f"{fw}: {n}" for fw, n in FRAMEWORK_STACK.items())
               + "), what `hetplan export` writes. SP: sequence parallelism; TPo: TP-communication overlap; DPo: DP "
               "gradient reduction overlapped with backward (z0: only ZeRO-0 through torch DDP; z12: only ZeRO-1/2 "
-              "without a pipeline, DeepSpeed; pp1: only without a pipeline, NeMo 2022); "
+              "without a pipeline, DeepSpeed; pp1: only without a pipeline, NeMo 2022); launch: graphs = CUDA graphs available, "
+              "tc = torch.compile by default; "
               "attention: std = s x s scores stored, H,B:cudnn = cuDNN on Hopper and Blackwell; dims: the parallel "
-              "dimensions beside DP it runs (T/P/C/E = TP/PP/CP/EP, v = interleaved 1F1B), the only ones the "
+              "dimensions beside DP it runs (T/P/C/E = TP/PP/CP/EP, V = PP with interleaved 1F1B), the only ones the "
               "searches propose. `hetplan catalog stacks NAME` shows every field's source.", highlight=False)
 
 
