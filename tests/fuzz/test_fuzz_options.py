@@ -351,13 +351,14 @@ def test_fuzz_kernel_flags_with_others(tmp_path, kernel, async_tp, flags, job_fi
 
 
 def _pipeline_plan(moe: bool, pp: int, framework: str, global_batch: int, mbs: int) -> dict:
-    """The tiny dense (4 layers) or MoE (2 layers, EP 2) model on ``pp`` stages of DP 2 each."""
+    """The tiny dense (4 layers) or MoE (2 layers, EP 2; EP 1 under DeepSpeed, whose stack runs no EP:
+    ``stacks.toml`` parallel) model on ``pp`` stages of DP 2 each."""
     layers = 2 if moe else 4
     plan = {"job": {"model": str(ROOT / "examples" / ("tiny-moe.json" if moe else "tiny-model.json")), "seq_len": 64,
                     "global_batch": global_batch, "train_iterations": 3, "framework": framework},
             "pools": [{"gpu": "A100-SXM-80GB", "count": 2 * pp, "gpus_per_node": 8}],
             "stages": [{"pool": 0, "num_layers": layers // pp, "tp": 1, "dp": 2} for _ in range(pp)], "mbs": mbs}
-    if moe:
+    if moe and framework != "deepspeed":
         plan["ep"] = 2
     return plan
 
