@@ -241,8 +241,10 @@ def aceso_db():
 
 def test_aceso_gpt3_1_3b_small_case(aceso_db):
     """GPT-3 1.3B, 4 x V100-32GB limited to 12,000 MB, global batch 512 (Aceso's artifact): Aceso predicted 58.76 s
-    and measured 59.01 s per iteration. Measured here (2026-11-28): uniform 59.06 s, fine 58.71 s (0.08 % under
-    Aceso's prediction), 216 evaluations."""
+    and measured 59.01 s per iteration. Measured here (2026-11-28): uniform and fine 59.81 s (1.4 % over Aceso's
+    measurement). Before ZeRO-3 under ``framework = "megatron"`` ran as Megatron-FSDP (its per-micro-batch
+    gradient copy and main-gradient buckets, docs/estimator.md) the fine search found a ZeRO-3 plan at 58.71 s;
+    that plan now needs 12.13 GiB of the 11.72 GiB limit."""
     m = load_model(ACESO_13)
     job = Job(model=str(ACESO_13), seq_len=2048, global_batch=512, dtype="fp16", attention="standard")
     inv = Inventory(pools=[GPUPool(gpu=V100, count=4, gpus_per_node=4)])
@@ -251,10 +253,7 @@ def test_aceso_gpt3_1_3b_small_case(aceso_db):
     assert all(se.time_source == "profiled" for se in r.estimate.stages)
     assert r.estimate.fits
     assert r.estimate.iteration_time_s <= r.start_estimate.iteration_time_s
-    assert r.estimate.iteration_time_s == pytest.approx(59.01, rel=0.05)  # Aceso measured
-    # Aceso's own prediction for its plan is 58.76 s; since ZeRO-3's overlap is bounded per layer and overlapped
-    # NCCL kernels take SMs from compute (issue 13), the plan found is predicted within 0.1 % of it
-    assert r.estimate.iteration_time_s == pytest.approx(58.76, rel=0.001)
+    assert r.estimate.iteration_time_s == pytest.approx(59.01, rel=0.02)  # Aceso measured
     assert r.evaluations < 1000
 
 
