@@ -31,8 +31,8 @@ from hetplan.inputs import parse_toml, validation_message
 STACK_NAMES = ("megatron-lm", "nemo", "megatron-deepspeed", "deepspeed", "torchtitan", "llm-foundry",
                "hf-accelerate", "nemo-automodel", "fms-fsdp")
 #: The stack each framework runs when a job names none: what ``hetplan export`` writes for it (Megatron-LM
-#: ``pretrain_gpt.py`` arguments of current Megatron-Core, a DeepSpeed ``ds_config.json``, a torchtitan job TOML
-#: of the late-2025 schema; :mod:`hetplan.runtime.exporters`). Its latest release.
+#: ``pretrain_gpt.py`` arguments of current Megatron-Core, a DeepSpeed ``ds_config.json``, torchtitan 0.3.0's
+#: ``--module/--config`` launch; :mod:`hetplan.runtime.exporters`). Its latest release.
 FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": "torchtitan"}
 #: The behaviour fields of a stack; each but ``framework`` (hetplan's own family, :class:`hetplan.plan.Job`) needs
 #: a source in the data file.

@@ -133,7 +133,7 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         # dynamic scaling with FP8 all-gather of the FSDP2 parameters, or a rowwise recipe (bf16 gathers; 0.2.x
         # refuses the float8 all-gather with a recipe_name); the output head stays bf16
         # (torchtitan 0.2.x: converter "quantize.linear.float8", config/job_config.py Quantize.linear.float8)
-        name = torchtitan_fp8_recipe(plan)
+        name = torchtitan_fp8_recipe(plan, "0.2")
         lines += ["", "[quantize.linear.float8]",
                   *([f'recipe_name = "{name}"'] if name != "tensorwise" else
                     ["enable_fsdp_float8_all_gather = true", "precompute_float8_dynamic_scale_for_fsdp = true"]),
@@ -251,16 +251,24 @@ _l.llama3_configs[{flavor!r}] = _hetplan_shape
 '''
 
 
-def torchtitan_fp8_recipe(plan: Plan) -> str:
-    """The torchao float8 recipe the estimate priced for an FP8 plan (:func:`hetplan.estimate.fp8.recipe` under
-    the plan's stack: ``rowwise`` for torchtitan 0.3.0, ``tensorwise`` for the releases before it).
+#: The torchtitan stack release (``hetplan.hardware.data/stacks.toml``) of each export version.
+TORCHTITAN_RELEASE_STACKS = {"0.3": "torchtitan@0.3.0", "0.2": "torchtitan@2025-10"}
+
+
+def torchtitan_fp8_recipe(plan: Plan, version: str = "0.3") -> str:
+    """The torchao float8 recipe of an FP8 plan's torchtitan launch: what the estimate priced for an ``fsdp`` plan
+    (:func:`hetplan.estimate.fp8.recipe` under the plan's stack: ``rowwise`` for torchtitan 0.3.0, ``tensorwise``
+    for the releases before it), for a plan of another framework the default of the release ``version`` writes
+    (:data:`TORCHTITAN_RELEASE_STACKS`).
 
     Raises:
         HetplanError: stages on GPU generations the stack gives different recipes (one converter per job).
     """
     from hetplan.hardware.catalog import load_catalog
+    from hetplan.hardware.stacks import resolve_stack
 
-    catalog, stack = load_catalog(), plan.job.stack_spec()
+    catalog = load_catalog()
+    stack = plan.job.stack_spec() if plan.job.framework == "fsdp" else resolve_stack(TORCHTITAN_RELEASE_STACKS[version])
     recipes = {fp8_model.recipe(catalog.get(plan.pools[st.pool].gpu), "fsdp", plan.job.fp8_recipe, stack)
                for st in plan.stages}
     if len(recipes) > 1:
@@ -316,7 +324,7 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
                            "among its MoE layers", field="--to", fix="export --to megatron")
     compiled = plan.job.torch_compile
     converters = "None"
-    recipe_name = torchtitan_fp8_recipe(plan) if fp8 else None
+    recipe_name = torchtitan_fp8_recipe(plan, "0.3") if fp8 else None
     if fp8:  # torchao float8 in the recipe the estimate priced, output head and router gate kept bf16
         imports = "from torchtitan.components.quantization import Float8GroupedExpertsConverter, " \
                   "Float8LinearConverter\n" if experts else \
