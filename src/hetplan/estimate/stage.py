@@ -207,7 +207,7 @@ def stage_costs(
                                        etp=etp)
                if m.is_moe else 0.0)
         kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, link)
-        rho_a2a = overlap_contention(gpu, link.nccl_ctas)
+        rho_a2a = moe.alltoall_contention(gpu, moe_options.dispatcher, link.nccl_ctas)
         mlp_f = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                  if m.is_moe and moe_options.a2a_overlap else 0.0)
         alone = moe.unpaired_pass_share(work.in_flight, num_microbatches)  # warm-up / cool-down passes, exposed
