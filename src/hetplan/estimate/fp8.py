@@ -19,7 +19,8 @@ Deep Learning", arXiv 2209.05433), the output bf16.
 :func:`recipe`): in forward each FP8 GEMM's activation input is quantized, in backward each output gradient.
 The weights are quantized once per iteration under Transformer Engine (the FP8 copies are cached across
 micro-batches: Megatron-Core passes ``is_first_microbatch`` to TE modules), on the local shard before the FP8
-all-gather under torchao's FSDP2 float8 all-gather (1/dp of the weights; not charged).
+all-gather under torchao's FSDP2 float8 all-gather (tensorwise: 1/dp of the weights; not charged), and on the
+gathered bf16 weight in every micro-batch under the rowwise recipes (their layer casts, below).
 
 * ``delayed`` (TE ``DelayedScaling``, Megatron-Core's default ``--fp8-recipe delayed``): the scale comes from the
   amax history of earlier iterations; the current amax is recorded by the cast kernel itself. TE's fused
@@ -288,7 +289,8 @@ def fp8_gathers(recipe_name: str | None) -> bool:
 
 def weight_cast_time_s(linear_parameters: Array, gpu: GPUSpec, recipe_name: str, framework: str):
     """Quantization of the weights once per iteration under Transformer Engine (module doc); 0 under torchao
-    (``fsdp``: the shard is cast before the all-gather)."""
+    (``fsdp``: tensorwise casts the shard before the all-gather, rowwise the gathered weight in each micro-batch's
+    layer casts, :func:`rowwise_cast_bytes`)."""
     if framework == "fsdp":
         return 0.0 * np.asarray(linear_parameters, dtype=float)
     return np.asarray(linear_parameters, dtype=float) * CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
