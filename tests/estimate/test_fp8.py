@@ -218,12 +218,40 @@ def test_current_scaling_adds_an_amax_read_per_cast(h100):
     assert current.stages[0].memory.total == delayed.stages[0].memory.total
 
 
-@pytest.mark.parametrize("kw", [dict(dtype="bf16"), dict(dtype="fp8", framework="fsdp")])
-def test_fp8_recipe_outside_transformer_engine_is_refused(kw):
-    """``fp8_recipe`` names a Transformer Engine recipe: with bf16 or under torchao (``fsdp``) it would be ignored
-    silently, so the job is refused with the fix."""
+@pytest.mark.parametrize("recipe,kw", [("current", dict(dtype="bf16")), ("current", dict(dtype="fp8", framework="fsdp")),
+                                       ("rowwise", dict(dtype="fp8", framework="megatron")),
+                                       ("rowwise_with_gw_hp", dict(dtype="bf16", framework="fsdp"))])
+def test_fp8_recipe_outside_its_framework_is_refused(recipe, kw):
+    """``fp8_recipe`` names a Transformer Engine recipe (megatron, deepspeed) or a torchao one (fsdp): with bf16
+    or under the other framework it would be ignored silently, so the job is refused with the fix."""
     with pytest.raises(ValueError, match="fp8_recipe"):
-        Job(model="llama3-8b", seq_len=4096, global_batch=64, fp8_recipe="current", **kw)
+        Job(model="llama3-8b", seq_len=4096, global_batch=64, fp8_recipe=recipe, **kw)
+
+
+def test_job_recipe_overrides_the_stack_and_round_trips_through_the_export():
+    """Under fsdp the job's torchao recipe overrides the release's: tensorwise on torchtitan 0.3.0 is priced as
+    tensorwise (fewer cast bytes, FP8 gathers: faster than the release's rowwise), rowwise_with_gw_hp with its own
+    casts and bf16 weight-gradient GEMMs (a different time); gw_hp is written as 0.3's recipe_name and read back
+    by ``hetplan import``; tensorwise requested on a 0.2 export writes the float8 all-gather."""
+    from hetplan.runtime import exporters
+    from hetplan.runtime.importers import import_torchtitan, import_torchtitan_toml
+
+    spec = load_model("llama3-8b")
+
+    def plan(recipe, stack=None):
+        p = _fsdp_plan(stack)
+        return p.model_copy(update={"job": p.job.model_copy(update={"fp8_recipe": recipe})})
+
+    gw, rw, tw = (estimate(plan(r)).iteration_time_s for r in ("rowwise_with_gw_hp", None, "tensorwise"))
+    assert tw < rw and gw != rw
+    files = exporters.export(plan("rowwise_with_gw_hp"), spec, "torchtitan").files
+    assert "recipe_name='rowwise_with_gw_hp'" in files["hetplan_torchtitan_job.py"]
+    back = import_torchtitan(files["launch.sh"], job_module=files["hetplan_torchtitan_job.py"])
+    assert back.job.fp8_recipe == "rowwise_with_gw_hp"
+    toml = exporters.export(plan("tensorwise", "torchtitan@0.3.0"), spec, "torchtitan", version="0.2").files
+    assert "enable_fsdp_float8_all_gather = true" in toml["torchtitan.toml"]
+    back = import_torchtitan_toml(toml["torchtitan.toml"], gpus=16)
+    assert back.job.fp8_recipe == "tensorwise"
 
 
 def test_rowwise_cast_bytes_worked_example():
@@ -231,15 +259,19 @@ def test_rowwise_cast_bytes_worked_example():
     N = 6144, K = 4096), bytes per element from torchao's roofline (``roofline_utils.py``): a row cast reads bf16
     and writes FP8 (2 + 1), a column cast first writes a transposed bf16 copy (2 + 2) then casts it (2 + 1).
     rowwise: forward x and W along their rows; backward dY along rows and columns (one read feeding both, 8 B),
-    x and W along their columns. rowwise_with_gw_hp: no column casts of x and dY (the weight-gradient GEMM takes
-    them in bf16), W for the data gradient scaled tensor-wise from its row scales (one more 3-byte cast)."""
+    x and W along their columns; and the data- and weight-gradient outputs (M·K, N·K) rescaled after cuBLAS's
+    tensor-wise GEMM, a bf16 read and write (torchao ``addmm_float8_unwrapped`` without fast accumulation).
+    rowwise_with_gw_hp: no column casts of x and dY (the weight-gradient GEMM takes them in bf16), W for the data
+    gradient scaled tensor-wise from its row scales (one more 3-byte cast), no rescale."""
     M, N, K = 8192, 6144, 4096
     mk, mn, nk = M * K, M * N, N * K
-    row, col = 2 + 1, (2 + 2) + (2 + 1)
+    row, col, rescale = 2 + 1, (2 + 2) + (2 + 1), 2 + 2
     fwd, bwd = fp8.rowwise_cast_bytes("rowwise", [(M, N, K, 1)])
     assert fwd == row * mk + row * nk
-    assert bwd == col * mk + ((2 + 1 + 2) + (2 + 1)) * mn + col * nk  # dY read once for its row cast and copy
-    assert fwd + bwd == 10 * mk + 8 * mn + 10 * nk  # the roofline's 8 + 8 + 10, plus the recast x's own read
+    # dY read once for its row cast and transposed copy
+    assert bwd == col * mk + ((2 + 1 + 2) + (2 + 1)) * mn + col * nk + rescale * (mk + nk)
+    # the roofline's 8 + 8 + 10 casts, plus the recast x's own read, plus the two rescales
+    assert fwd + bwd == (10 + 4) * mk + 8 * mn + (10 + 4) * nk
     fwd, bwd = fp8.rowwise_cast_bytes("rowwise_with_gw_hp", [(M, N, K, 1)])
     assert (fwd, bwd) == (row * mk + row * nk, row * mn + row * nk)
     # two GEMMs add up; the batch of a grouped GEMM multiplies

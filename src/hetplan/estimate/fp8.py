@@ -64,7 +64,14 @@ all-gather under torchao's FSDP2 float8 all-gather (1/dp of the weights; not cha
   forward and 7 B in backward (the backward recasts the saved bf16 input; torchao's roofline, which assumes one
   kernel writing both, counts 8 B in all); output gradient 8 B in backward (one read feeds the row cast and the
   transposed copy, then 3 B); weight 3 B in forward and 7 B in backward — on the whole unsharded weight every
-  micro-batch, since nothing is gathered in FP8 (below).
+  micro-batch, since nothing is gathered in FP8 (below). And the backward GEMMs' outputs are rescaled in a pass
+  of their own: torchao runs a rowwise-scaled GEMM without fast accumulation (its data- and weight-gradient GEMMs,
+  ``Float8LinearConfig.gemm_config_grad_input`` / ``gemm_config_grad_weight``, ``use_fast_accum=False``) as the
+  tensor-wise cuBLAS kernel with unit scales followed by ``output *= post_inverse_scale``
+  (``float8/float8_ops.py`` ``addmm_float8_unwrapped``: "The rowwise CUTLASS-based kernel is so slow without
+  fast-accum that we'd rather use the tensorwise cuBLAS-based kernel and do the scaling manually afterwards";
+  under torch.compile an extra Triton kernel per GEMM, pytorch/ao#2184): a bf16 read and write, 4 B per element
+  of the data gradient ``M·K`` and of the weight gradient ``N·K`` (:data:`ROWWISE_RESCALE_BYTES`).
 * ``rowwise_with_gw_hp`` (torchao's third recipe; torchtitan 0.3.0 ``recipe_name = "rowwise_with_gw_hp"``): the
   forward and the data-gradient GEMM as ``rowwise`` (the weight for the data gradient scaled tensor-wise from
   its row scales, no extra pass), the weight-gradient GEMM in bf16 on the high-precision ``x`` and ``dY``
@@ -145,6 +152,10 @@ ROWWISE_CAST_BYTES = {
     "rowwise": {"input": (3.0, 7.0), "grad_output": (0.0, 8.0), "weight": (3.0, 7.0)},
     "rowwise_with_gw_hp": {"input": (3.0, 0.0), "grad_output": (0.0, 3.0), "weight": (3.0, 3.0)},
 }
+#: Bytes per element of the two backward GEMMs' outputs (data gradient ``M·K``, weight gradient ``N·K``) that
+#: torchao rescales after a cuBLAS tensor-wise GEMM (module doc): a bf16 read and write under ``rowwise``; none
+#: under ``rowwise_with_gw_hp`` (its data-gradient weight is tensor-wise, its weight gradient a bf16 GEMM).
+ROWWISE_RESCALE_BYTES = {"rowwise": 4.0, "rowwise_with_gw_hp": 0.0}
 #: Bytes per FP8 GEMM input operand element (E4M3 / E5M2).
 OPERAND_BYTES = 1
 #: Transformer Engine's cached FP8 weight and its transpose (Hopper), bytes per linear parameter; MXFP8 adds a
@@ -164,14 +175,15 @@ def high_precision(dtype: str) -> str:
 
 
 def recipe(gpu: GPUSpec, framework: str, requested: str | None = None, stack: StackSpec | None = None) -> str:
-    """The scaling recipe the framework runs on ``gpu``: under ``fsdp`` (torchao) the stack's ``fp8_recipe`` on
-    that GPU family (torchtitan 0.3.0: ``rowwise``; :meth:`hetplan.hardware.stacks.StackSpec.fp8_recipe_on`),
-    else torchao's dynamic ``tensorwise`` (torchtitan's default float8 recipe before 0.3); under Transformer
+    """The scaling recipe the framework runs on ``gpu``: under ``fsdp`` (torchao) the job's ``requested`` one
+    (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``), else the stack's ``fp8_recipe`` on that GPU family
+    (torchtitan 0.3.0: ``rowwise``; :meth:`hetplan.hardware.stacks.StackSpec.fp8_recipe_on`), else torchao's
+    dynamic ``tensorwise`` (torchtitan's default float8 recipe before 0.3); under Transformer
     Engine (megatron, deepspeed) the job's ``requested`` one (:attr:`hetplan.plan.Job.fp8_recipe`: ``delayed``
     or ``current``), else ``mxfp8`` on Blackwell (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise
     (Megatron-Core's default)."""
     if framework == "fsdp":
-        return (stack.fp8_recipe_on(gpu.architecture) if stack is not None else None) or "tensorwise"
+        return requested or (stack.fp8_recipe_on(gpu.architecture) if stack is not None else None) or "tensorwise"
     if requested is not None:
         return requested
     return "mxfp8" if gpu.family is Architecture.BLACKWELL else "delayed"
@@ -237,14 +249,16 @@ def rowwise_cast_bytes(recipe_name: str, shapes: Array) -> tuple[Array, Array]:
     """``(forward_bytes, backward_bytes)`` the ``rowwise`` / ``rowwise_with_gw_hp`` casts of one layer's linear
     GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, local to a rank) move in one micro-batch:
     :data:`ROWWISE_CAST_BYTES` per element of each GEMM's input ``M·K``, output gradient ``M·N`` and weight
-    ``N·K`` (module doc). Under TP the operands are the gathered bf16 tensors (no FP8 all-gather), so the
-    shapes are the GEMMs' own."""
-    per = ROWWISE_CAST_BYTES[recipe_name]
+    ``N·K``, plus :data:`ROWWISE_RESCALE_BYTES` per element of the backward GEMMs' outputs ``M·K`` and ``N·K``
+    (module doc). Under TP the operands are the gathered bf16 tensors (no FP8 all-gather), so the shapes are the
+    GEMMs' own."""
+    per, rescale = ROWWISE_CAST_BYTES[recipe_name], ROWWISE_RESCALE_BYTES[recipe_name]
     fwd = bwd = 0.0
     for M, N, K, n in shapes:
         for name, elements in (("input", M * K * n), ("grad_output", M * N * n), ("weight", N * K * n)):
             f, b = per[name]
             fwd, bwd = fwd + f * elements, bwd + b * elements
+        bwd = bwd + rescale * (M * K + N * K) * n
     return fwd, bwd
 
 

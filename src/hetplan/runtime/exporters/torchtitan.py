@@ -257,8 +257,9 @@ TORCHTITAN_RELEASE_STACKS = {"0.3": "torchtitan@0.3.0", "0.2": "torchtitan@2025-
 
 def torchtitan_fp8_recipe(plan: Plan, version: str = "0.3") -> str:
     """The torchao float8 recipe of an FP8 plan's torchtitan launch: what the estimate priced for an ``fsdp`` plan
-    (:func:`hetplan.estimate.fp8.recipe` under the plan's stack: ``rowwise`` for torchtitan 0.3.0, ``tensorwise``
-    for the releases before it), for a plan of another framework the default of the release ``version`` writes
+    (:func:`hetplan.estimate.fp8.recipe`: the job's ``fp8_recipe``, else the plan's stack's: ``rowwise`` for
+    torchtitan 0.3.0, ``tensorwise`` for the releases before it), for a plan of another framework the default of
+    the release ``version`` writes
     (:data:`TORCHTITAN_RELEASE_STACKS`).
 
     Raises:
@@ -267,9 +268,10 @@ def torchtitan_fp8_recipe(plan: Plan, version: str = "0.3") -> str:
     from hetplan.hardware.catalog import load_catalog
     from hetplan.hardware.stacks import resolve_stack
 
-    catalog = load_catalog()
-    stack = plan.job.stack_spec() if plan.job.framework == "fsdp" else resolve_stack(TORCHTITAN_RELEASE_STACKS[version])
-    recipes = {fp8_model.recipe(catalog.get(plan.pools[st.pool].gpu), "fsdp", plan.job.fp8_recipe, stack)
+    catalog, fsdp = load_catalog(), plan.job.framework == "fsdp"
+    stack = plan.job.stack_spec() if fsdp else resolve_stack(TORCHTITAN_RELEASE_STACKS[version])
+    requested = plan.job.fp8_recipe if fsdp else None  # another framework's recipe is Transformer Engine's
+    recipes = {fp8_model.recipe(catalog.get(plan.pools[st.pool].gpu), "fsdp", requested, stack)
                for st in plan.stages}
     if len(recipes) > 1:
         raise HetplanError(f"torchtitan runs one float8 recipe per job; this plan's GPUs need {sorted(recipes)}",
@@ -337,9 +339,10 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
             items.append(f"Float8GroupedExpertsConverter.Config(model_compile_enabled={compiled})")
         converters = "[" + ", ".join(items) + "]"
         if written != recipe_name:
-            notes.append(f"the estimate priced the plan's stack {plan.job.stack_spec().id}: torchao {recipe_name} "
-                         "scaling with FP8 all-gathers; torchtitan 0.3.0's Float8LinearConverter scales rowwise "
-                         "(bf16 all-gathers): plan with --stack torchtitan@0.3.0 for this launch's price")
+            notes.append(f"the estimate priced torchao {recipe_name} scaling with FP8 all-gathers (stack "
+                         f"{plan.job.stack_spec().id}); torchtitan 0.3.0's Float8LinearConverter scales rowwise "
+                         "(bf16 all-gathers): plan with --stack torchtitan@0.3.0 and no --fp8-recipe for this "
+                         "launch's price")
     files = {}
     generated = (config is None or fp8 != (config in _TT03_SHIPPED_FP8) or bool(shape)
                  or recipe_name not in (None, "rowwise"))  # the shipped float8 configs run the default rowwise
