@@ -289,11 +289,11 @@ def test_rowwise_moves_more_than_tensorwise_and_gw_hp_prices_bf16_weight_gradien
     rw = sum(fp8.layer_cast_time_s(h100, "rowwise", shapes))
     gw = sum(fp8.layer_cast_time_s(h100, "rowwise_with_gw_hp", shapes))
     assert gw < tw < rw
-    extra = fp8.wgrad_bf16_extra_s(h100, "rowwise_with_gw_hp", shapes)
+    extra = compute.wgrad_bf16_extra_s(h100, "rowwise_with_gw_hp", shapes)
     lin16 = compute.layer_gemm_times_s(m, h100, "bf16", 1, 8192, 1)[0]
     lin8 = compute.layer_gemm_times_s(m, h100, "fp8", 1, 8192, 1)[0]
     assert extra == pytest.approx(lin16 - lin8, rel=1e-9) and extra > 0
-    assert fp8.wgrad_bf16_extra_s(h100, "rowwise", shapes) == 0.0
+    assert compute.wgrad_bf16_extra_s(h100, "rowwise", shapes) == 0.0
 
 
 def test_rowwise_gathers_bf16_under_fsdp_and_tp(h100):

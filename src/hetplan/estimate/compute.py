@@ -172,6 +172,16 @@ def gemm_time_s(gpu: GPUSpec, dtype: str, M: Array, N: Array, K: Array, batch: A
                       bytes_ / gpu.hbm_bandwidth_bytes_per_s)
 
 
+def wgrad_bf16_extra_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
+    """Seconds the weight-gradient GEMMs of one layer's linear ``shapes`` take beyond the FP8 rate in one
+    micro-batch's backward: under ``rowwise_with_gw_hp`` they run in bf16 (:mod:`hetplan.estimate.fp8`),
+    ``Σ n·(t_bf16 − t_fp8)`` of each ``(M, N, K, n)`` GEMM (:func:`gemm_time_s`: the weight gradient has the
+    forward's FLOPs); 0 for every other recipe."""
+    if recipe_name != "rowwise_with_gw_hp":
+        return 0.0
+    return sum(gemm_time_s(gpu, "bf16", M, N, K, n) - gemm_time_s(gpu, fp8.FP8, M, N, K, n) for M, N, K, n in shapes)
+
+
 def attention_linear_shapes(m: ModelSpec, T: Array, t: Array):
     """``[(M, N, K), ...]`` of a layer's attention projections on one of ``t`` TP ranks for ``T`` tokens: fused QKV
     ``(T, (q+2g·d)/t, h)`` and output ``(T, h, q/t)``."""

@@ -78,7 +78,7 @@ gathered bf16 weight in every micro-batch under the rowwise recipes (their layer
   its row scales, no extra pass), the weight-gradient GEMM in bf16 on the high-precision ``x`` and ``dY``
   (``cast_config_input_for_grad_weight`` / ``cast_config_grad_output_for_grad_weight`` ``ScalingType.DISABLED``):
   input 3 B forward, output gradient 3 B backward, weight 3 + 3 B; the weight-gradient GEMM at the bf16 rate
-  (:func:`wgrad_bf16_extra_s`).
+  (:func:`hetplan.estimate.compute.wgrad_bf16_extra_s`).
 * ``mxfp8`` (Blackwell, TE ``MXFP8BlockScaling``; OCP Microscaling Formats spec v1.0): one E8M0 scale per 32
   elements, computed inside the cast kernel; row-wise and column-wise quantized copies instead of a transpose:
   read 2 B, write 1 + 1 B, plus one scale byte per 32 elements of each: 4 + 2/32 B per element.
@@ -267,18 +267,6 @@ def rowwise_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
     """``(forward_s, backward_s)``: :func:`rowwise_cast_bytes` at the HBM bandwidth."""
     fwd, bwd = rowwise_cast_bytes(recipe_name, shapes)
     return fwd / gpu.hbm_bandwidth_bytes_per_s, bwd / gpu.hbm_bandwidth_bytes_per_s
-
-
-def wgrad_bf16_extra_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
-    """Seconds the weight-gradient GEMMs of one layer's linear ``shapes`` take beyond the FP8 rate in one
-    micro-batch's backward: under ``rowwise_with_gw_hp`` they run in bf16 (module doc), ``Σ n·(t_bf16 − t_fp8)``
-    of each ``(M, N, K, n)`` GEMM (:func:`hetplan.estimate.compute.gemm_time_s`: the weight gradient has the
-    forward's FLOPs); 0 for every other recipe."""
-    if recipe_name != "rowwise_with_gw_hp":
-        return 0.0
-    from hetplan.estimate.compute import gemm_time_s  # compute imports this module
-
-    return sum(gemm_time_s(gpu, "bf16", M, N, K, n) - gemm_time_s(gpu, FP8, M, N, K, n) for M, N, K, n in shapes)
 
 
 def fp8_gathers(recipe_name: str | None) -> bool:

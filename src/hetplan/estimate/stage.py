@@ -237,7 +237,7 @@ def stage_costs(
         dense = not (m.is_moe or m.is_mla)  # QKV / FC1 column-parallel, projection / FC2 row-parallel
         cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, shapes, t, sequence_parallel,
                                        (True, False, True, False) if dense else None)
-        cb = cb + fp8.wgrad_bf16_extra_s(gpu, fp8_recipe, shapes)  # rowwise_with_gw_hp: bf16 weight gradients
+        cb = cb + compute.wgrad_bf16_extra_s(gpu, fp8_recipe, shapes)  # rowwise_with_gw_hp: bf16 weight gradients
         if eager:  # torchao's casts as separate ATen kernels
             xf, xb = elementwise.eager_cast_time_s(gpu, shapes)
             cf, cb = cf + xf, cb + xb
