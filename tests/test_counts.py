@@ -2,6 +2,7 @@
 
 import pytest
 
+from hetplan.estimate import memory
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
 from estimate.stage_kwargs import memory_of
@@ -119,7 +120,10 @@ def test_zero_stages_shard_model_states():
     mem = [memory_of(m, zero=z, **kw) for z in range(4)]
     p = counts.total_parameters(m)
     assert mem[0].optimizer == 12 * p and mem[1].optimizer == 12 * p / 8
-    assert mem[1].gradients == 4 * p and mem[2].gradients == 4 * p / 8
+    # ZeRO-2/3 under megatron run as Megatron-FSDP: + one layer's 16-bit gradient and two layers' fp32 main-gradient
+    # buckets (memory.MEGATRON_FSDP_MAIN_GRAD_UNITS, custom_fsdp's double-buffer limit)
+    buckets = counts.layer_parameters(m) * (2 + memory.MEGATRON_FSDP_MAIN_GRAD_UNITS * 4)
+    assert mem[1].gradients == 4 * p and mem[2].gradients == pytest.approx(4 * p / 8 + buckets)
     assert mem[2].weights == 2 * p
     assert mem[3].weights == pytest.approx(2 * p / 8 + 2 * 2 * counts.layer_parameters(m))  # + prefetch buffer
     assert [x.total for x in mem] == sorted((x.total for x in mem), reverse=True)

@@ -52,12 +52,14 @@ class Job(BaseModel):
         dtype: compute dtype of weights and activations: ``bf16``, ``fp16``, or ``fp8`` (FP8 training as
             Transformer Engine / torchao float8 run it: the linear layers' GEMMs in FP8, everything else in bf16,
             bf16 weights with fp32 master weights and optimizer states; :mod:`hetplan.estimate.fp8`).
-        fp8_recipe: Transformer Engine's FP8 scaling recipe under ``dtype = "fp8"`` (megatron, deepspeed):
+        fp8_recipe: the FP8 scaling recipe under ``dtype = "fp8"``. Transformer Engine's (megatron, deepspeed):
             ``delayed`` (scales from an amax history; Megatron-Core's default on Hopper) or ``current`` (TE
             ``Float8CurrentScaling``, Megatron-Core ``--fp8-recipe tensorwise``, NeMo / Megatron-Bridge "FP8-CS":
             an amax pass over each tensor before its cast, :data:`hetplan.estimate.fp8.CAST_BYTES_PER_ELEMENT`).
-            None: the framework's default (:func:`hetplan.estimate.fp8.recipe`; MXFP8 on Blackwell). Under
-            ``fsdp`` torchao's float8 recipe applies and this field is refused.
+            torchao float8's (fsdp, torchtitan's ``recipe_name``): ``tensorwise`` (with the FSDP2 / TP float8
+            all-gathers), ``rowwise`` or ``rowwise_with_gw_hp`` (bf16 communication; the latter's weight-gradient
+            GEMMs in bf16). None: the stack's default (:func:`hetplan.estimate.fp8.recipe`: MXFP8 on Blackwell
+            under TE; the torchtitan release's ``fp8_recipe``, rowwise for 0.3.0).
         optimizer: ``adam`` (mixed precision: fp32 master weights, fp32 momentum and variance; Megatron-LM's
             fp32 gradient accumulation buffer).
         attention: ``flash`` (the default: FlashAttention, Dao et al. 2022, causal: no s x s tensor stored, scores
@@ -137,7 +139,7 @@ class Job(BaseModel):
     train_iterations: int | None = bounded(10**9, "a billion iterations is 1,000x any published run", default=None,
                                            gt=0)
     dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
-    fp8_recipe: Literal["delayed", "current"] | None = None
+    fp8_recipe: Literal["delayed", "current", "tensorwise", "rowwise", "rowwise_with_gw_hp"] | None = None
     optimizer: Literal["adam"] = "adam"
     attention: Literal["standard", "flash", "eager"] = "flash"
     framework: Literal["megatron", "deepspeed", "fsdp"] = "megatron"
@@ -226,10 +228,17 @@ class Job(BaseModel):
         if (self.recompute_modules or self.offload_modules) and self.framework != "megatron":
             raise ValueError(f"recompute_modules and offload_modules are Megatron-Core options; framework "
                              f"{self.framework!r} has neither: remove them or set framework = 'megatron'")
-        if self.fp8_recipe is not None and (self.dtype != "fp8" or self.framework == "fsdp"):
-            raise ValueError(f"fp8_recipe is Transformer Engine's FP8 scaling recipe: it needs dtype = 'fp8' and "
-                             f"framework 'megatron' or 'deepspeed' (got dtype {self.dtype!r}, framework "
-                             f"{self.framework!r}): remove fp8_recipe or set dtype = 'fp8'")
+        if self.fp8_recipe is not None and self.dtype != "fp8":
+            raise ValueError(f"fp8_recipe is an FP8 scaling recipe: it needs dtype = 'fp8' (got {self.dtype!r}): "
+                             "remove fp8_recipe or set dtype = 'fp8'")
+        torchao = self.fp8_recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+        if self.fp8_recipe is not None and torchao != (self.framework == "fsdp"):
+            raise ValueError(f"fp8_recipe {self.fp8_recipe!r} is " + (
+                "torchao float8's (torchtitan): it needs framework 'fsdp'" if torchao else
+                "Transformer Engine's: it needs framework 'megatron' or 'deepspeed'") +
+                f" (got {self.framework!r}): use " + ("delayed or current" if torchao else
+                                                       "tensorwise, rowwise or rowwise_with_gw_hp") +
+                " for this framework, or remove fp8_recipe")
         if self.attention_kernel is not None and self.attention != "flash":
             raise ValueError(f"attention_kernel applies to attention = 'flash' (a fused kernel); attention = "
                              f"{self.attention!r} materialises the scores: remove attention_kernel or set attention = 'flash'")

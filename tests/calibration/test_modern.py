@@ -252,7 +252,8 @@ def test_moe_models_without_preset_have_their_published_size(name, total_b, acti
 
 def test_fp8_rows_are_predicted_and_reported_apart(run):
     """FP8 rows are expressible (dtype = "fp8") and reported apart from bf16: the dense CP-1 subset of dgxc_h100
-    meets the issue's 10 % for each dtype; every set with both dtypes reports them apart."""
+    meets the issue's 10 % for each dtype; every set with both dtypes reports them apart; torchtitan's four
+    "float8 rowwise" rows run torchao's rowwise recipe (``Job.fp8_recipe``)."""
     result, cases = run
     r = result["dgxc_h100"]
     assert set(r["dense_cp1_per_dtype"]) == {"bf16", "fp8"}
@@ -262,7 +263,9 @@ def test_fp8_rows_are_predicted_and_reported_apart(run):
     assert r["dense_cp1"]["kendall_tau"] >= 0.8
     assert {"bf16", "fp8"} <= set(result["torchtitan"]["per_dtype"])
     reasons = [x["reason"] for x in result["torchtitan"]["not_expressible"]["rows"]]
-    assert any("row-wise" in x for x in reasons)
+    assert not any("row-wise" in x for x in reasons)  # torchao's rowwise recipe is priced (hetplan.estimate.fp8)
+    rowwise = [c for c in cases if "float8 rowwise" in c.key]
+    assert len(rowwise) == 4 and all(c.plan.job.fp8_recipe == "rowwise" for c in rowwise)
 
 
 def test_fp8_efficiency_fit_reproduces_the_catalog_and_holds_out():

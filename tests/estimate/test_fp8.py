@@ -218,9 +218,145 @@ def test_current_scaling_adds_an_amax_read_per_cast(h100):
     assert current.stages[0].memory.total == delayed.stages[0].memory.total
 
 
-@pytest.mark.parametrize("kw", [dict(dtype="bf16"), dict(dtype="fp8", framework="fsdp")])
-def test_fp8_recipe_outside_transformer_engine_is_refused(kw):
-    """``fp8_recipe`` names a Transformer Engine recipe: with bf16 or under torchao (``fsdp``) it would be ignored
-    silently, so the job is refused with the fix."""
+@pytest.mark.parametrize("recipe,kw", [("current", dict(dtype="bf16")), ("current", dict(dtype="fp8", framework="fsdp")),
+                                       ("rowwise", dict(dtype="fp8", framework="megatron")),
+                                       ("rowwise_with_gw_hp", dict(dtype="bf16", framework="fsdp"))])
+def test_fp8_recipe_outside_its_framework_is_refused(recipe, kw):
+    """``fp8_recipe`` names a Transformer Engine recipe (megatron, deepspeed) or a torchao one (fsdp): with bf16
+    or under the other framework it would be ignored silently, so the job is refused with the fix."""
     with pytest.raises(ValueError, match="fp8_recipe"):
-        Job(model="llama3-8b", seq_len=4096, global_batch=64, fp8_recipe="current", **kw)
+        Job(model="llama3-8b", seq_len=4096, global_batch=64, fp8_recipe=recipe, **kw)
+
+
+def test_job_recipe_overrides_the_stack_and_round_trips_through_the_export():
+    """Under fsdp the job's torchao recipe overrides the release's: tensorwise on torchtitan 0.3.0 is priced as
+    tensorwise (fewer cast bytes, FP8 gathers: faster than the release's rowwise), rowwise_with_gw_hp with its own
+    casts and bf16 weight-gradient GEMMs (a different time); gw_hp is written as 0.3's recipe_name and read back
+    by ``hetplan import``; tensorwise requested on a 0.2 export writes the float8 all-gather."""
+    from hetplan.runtime import exporters
+    from hetplan.runtime.importers import import_torchtitan, import_torchtitan_toml
+
+    spec = load_model("llama3-8b")
+
+    def plan(recipe, stack=None):
+        p = _fsdp_plan(stack)
+        return p.model_copy(update={"job": p.job.model_copy(update={"fp8_recipe": recipe})})
+
+    gw, rw, tw = (estimate(plan(r)).iteration_time_s for r in ("rowwise_with_gw_hp", None, "tensorwise"))
+    assert tw < rw and gw != rw
+    files = exporters.export(plan("rowwise_with_gw_hp"), spec, "torchtitan").files
+    assert "recipe_name='rowwise_with_gw_hp'" in files["hetplan_torchtitan_job.py"]
+    back = import_torchtitan(files["launch.sh"], job_module=files["hetplan_torchtitan_job.py"])
+    assert back.job.fp8_recipe == "rowwise_with_gw_hp"
+    toml = exporters.export(plan("tensorwise", "torchtitan@0.3.0"), spec, "torchtitan", version="0.2").files
+    assert "enable_fsdp_float8_all_gather = true" in toml["torchtitan.toml"]
+    back = import_torchtitan_toml(toml["torchtitan.toml"], gpus=16)
+    assert back.job.fp8_recipe == "tensorwise"
+
+
+def test_rowwise_cast_bytes_worked_example():
+    """torchao's rowwise recipes, one GEMM by hand (Llama 3 8B's QKV at micro-batch 1 x 8192: M = 8192 tokens,
+    N = 6144, K = 4096), bytes per element from torchao's roofline (``roofline_utils.py``): a row cast reads bf16
+    and writes FP8 (2 + 1), a column cast first writes a transposed bf16 copy (2 + 2) then casts it (2 + 1).
+    rowwise: forward x and W along their rows; backward dY along rows and columns (one read feeding both, 8 B),
+    x and W along their columns; and the data- and weight-gradient outputs (M·K, N·K) rescaled after cuBLAS's
+    tensor-wise GEMM, a bf16 read and write (torchao ``addmm_float8_unwrapped`` without fast accumulation).
+    rowwise_with_gw_hp: no column casts of x and dY (the weight-gradient GEMM takes them in bf16), W for the data
+    gradient scaled tensor-wise from its row scales (one more 3-byte cast), no rescale."""
+    M, N, K = 8192, 6144, 4096
+    mk, mn, nk = M * K, M * N, N * K
+    row, col, rescale = 2 + 1, (2 + 2) + (2 + 1), 2 + 2
+    fwd, bwd = fp8.rowwise_cast_bytes("rowwise", [(M, N, K, 1)])
+    assert fwd == row * mk + row * nk
+    # dY read once for its row cast and transposed copy
+    assert bwd == col * mk + ((2 + 1 + 2) + (2 + 1)) * mn + col * nk + rescale * (mk + nk)
+    # the roofline's 8 + 8 + 10 casts, plus the recast x's own read, plus the two rescales
+    assert fwd + bwd == (10 + 4) * mk + 8 * mn + (10 + 4) * nk
+    fwd, bwd = fp8.rowwise_cast_bytes("rowwise_with_gw_hp", [(M, N, K, 1)])
+    assert (fwd, bwd) == (row * mk + row * nk, row * mn + row * nk)
+    # two GEMMs add up; the batch of a grouped GEMM multiplies
+    assert fp8.rowwise_cast_bytes("rowwise", [(M, N, K, 3)])[1] == 3 * fp8.rowwise_cast_bytes(
+        "rowwise", [(M, N, K, 1)])[1]
+
+
+def test_rowwise_moves_more_than_tensorwise_and_gw_hp_prices_bf16_weight_gradients(h100):
+    """Per layer at TP 1, rowwise casts every operand along both axes from bf16 (and the unsharded weight every
+    micro-batch), so it moves more than tensorwise; rowwise_with_gw_hp moves less but runs the weight-gradient
+    GEMMs in bf16: its backward extra is exactly the bf16 - FP8 time of the forward shapes."""
+    m = load_model("llama3-8b")
+    shapes = moe.linear_gemm_shapes(m, 1, 8192, 1, 1, 1.0, 1)
+    tw = sum(fp8.tensorwise_cast_time_s(h100, shapes))
+    rw = sum(fp8.layer_cast_time_s(h100, "rowwise", shapes))
+    gw = sum(fp8.layer_cast_time_s(h100, "rowwise_with_gw_hp", shapes))
+    assert gw < tw < rw
+    extra = compute.wgrad_bf16_extra_s(h100, "rowwise_with_gw_hp", shapes)
+    lin16 = compute.layer_gemm_times_s(m, h100, "bf16", 1, 8192, 1)[0]
+    lin8 = compute.layer_gemm_times_s(m, h100, "fp8", 1, 8192, 1)[0]
+    assert extra == pytest.approx(lin16 - lin8, rel=1e-9) and extra > 0
+    assert compute.wgrad_bf16_extra_s(h100, "rowwise", shapes) == 0.0
+
+
+def test_rowwise_gathers_bf16_under_fsdp_and_tp(h100):
+    """torchtitan's rowwise recipes communicate in high precision: the FSDP parameter all-gather moves 2 bytes
+    per parameter, and a TP layer's sequence-parallel all-gathers move bf16, so its TP time is bf16's."""
+    assert fp8.gathered_weight_bytes("fp8", "fsdp", recipe_name="tensorwise") == 1
+    assert fp8.gathered_weight_bytes("fp8", "fsdp", recipe_name="rowwise") == 2
+    assert fp8.gathered_weight_bytes("fp8", "fsdp", recipe_name="rowwise_with_gw_hp") == 2
+    assert fp8.gathered_weight_bytes("fp8", "megatron", recipe_name="delayed") == 1
+    m = load_model("llama3-70b")
+
+    def tp(dtype, gathers):
+        terms = LayerTerms(Link.one_node(450e9), sequence_parallel=True, attention="flash", fp8_gathers=gathers)
+        return compute.layer_time_s(m, h100, dtype, 1, 8192, 8, 0, terms)[2]
+
+    assert tp("fp8", False) == tp("bf16", True)
+    assert tp("fp8", True) < 0.8 * tp("bf16", True)
+
+
+def _fsdp_plan(stack, gpu="H100-SXM", dtype="fp8"):
+    return Plan(job=Job(model="llama3-8b", seq_len=8192, global_batch=16, framework="fsdp", stack=stack,
+                        dtype=dtype, torch_compile=True),
+                pools=[GPUPool(gpu=gpu, count=16)], stages=[Stage(num_layers=32, tp=2, dp=8)], mbs=1, zero=3,
+                sequence_parallel=True)
+
+
+def test_stack_release_picks_the_recipe_and_the_export_writes_it():
+    """The default fsdp stack is torchtitan 0.3.0 (what ``hetplan export --to torchtitan`` writes), rowwise on
+    Hopper and Blackwell; the releases before it run tensorwise. What the estimate prices is what the export
+    writes: 0.3's Float8LinearConverter recipe_name, 0.2's TOML (recipe_name, or the tensorwise float8
+    all-gather)."""
+    import tomllib
+
+    from hetplan.estimate.options import TrainingOptions
+    from hetplan.estimate.stage import stage_fp8_recipe
+    from hetplan.hardware.stacks import default_stack
+    from hetplan.runtime import exporters
+
+    assert default_stack("fsdp").id == "torchtitan@0.3.0"
+    spec, catalog = load_model("llama3-8b"), load_catalog()
+    for stack, gpu, want in [(None, "H100-SXM", "rowwise"), ("torchtitan@0.3.0", "B200", "rowwise"),
+                             ("torchtitan@2025-10", "H100-SXM", "tensorwise"),
+                             ("torchtitan@2024-04", "B200", "tensorwise")]:
+        plan = _fsdp_plan(stack, gpu)
+        priced = stage_fp8_recipe(catalog.get(gpu), TrainingOptions.from_plan(plan))
+        assert priced == want, (stack, gpu)
+        job = exporters.export(plan, spec, "torchtitan").files.get("hetplan_torchtitan_job.py", "")
+        assert "recipe_name='rowwise'" in job  # 0.3.0's converter: rowwise (tensorwise plans get a note)
+        toml = tomllib.loads(exporters.export(plan, spec, "torchtitan", version="0.2").files["torchtitan.toml"])
+        f8 = toml["quantize"]["linear"]["float8"]
+        assert (f8.get("recipe_name", "tensorwise"), "enable_fsdp_float8_all_gather" in f8) == (
+            want, want == "tensorwise")
+    notes = " ".join(exporters.export(_fsdp_plan("torchtitan@2025-10"), spec, "torchtitan").notes)
+    assert "plan with --stack torchtitan@0.3.0" in notes
+    assert "tensorwise" not in " ".join(exporters.export(_fsdp_plan(None), spec, "torchtitan").notes)
+
+
+def test_rowwise_plan_costs_what_it_moves():
+    """End to end, Llama 3 8B on 16 H100 at TP 2 x FSDP 8: the same plan under torchtitan 0.3.0 (rowwise) takes
+    longer than under its 2025-10 release (tensorwise, FP8 gathers) and still less than bf16; its gathered
+    weights are bf16's, the tensorwise plan's smaller."""
+    new, old = estimate(_fsdp_plan("torchtitan@0.3.0")), estimate(_fsdp_plan("torchtitan@2025-10"))
+    bf16 = estimate(_fsdp_plan("torchtitan@0.3.0", dtype="bf16"))
+    assert old.iteration_time_s < new.iteration_time_s < bf16.iteration_time_s
+    assert new.memory_bytes_per_gpu.weights == pytest.approx(bf16.memory_bytes_per_gpu.weights, rel=1e-12)
+    assert old.memory_bytes_per_gpu.weights < new.memory_bytes_per_gpu.weights

@@ -307,15 +307,44 @@ def test_exposed_alltoall_is_bounded_by_the_paired_compute():
     """--overlap-moe-expert-parallel-comm, worked by hand on Megatron-Core's schedule (combine_bwd | pre_dispatch_fwd;
     dispatch_fwd -> dispatch_bwd | mlp_bwd -> mlp_dw -> mlp_fwd; combine_fwd | pre_dispatch_bwd). 10 ms of
     dispatch + combine per pass (5 ms each all-to-all) with all 3 + 5 ms of compute in pre_dispatch: the comm chain
-    5 + 5 + 5, then pre_dispatch_bwd's 5 ms after the backward dispatch: pair 20 ms, (20 - 8) / 2 = 6 ms per pass.
+    5 + 5 + 5, then pre_dispatch_bwd after the backward dispatch, beside the 5 ms forward combine on 0.9 of the SMs
+    (5 + 0.1 · 5 = 5.5 ms): pair 20.5 ms, (20.5 - 8) / 2 = 6.25 ms per pass (6 ms with all SMs).
     2 ms (1 ms each) with a 1 ms expert forward (attention 2 + 1 ms, experts 1 + 2 ms): the comm hides entirely
     (pair = 8 ms of compute), so only the SM share 0.1 · 2 ms is left; with no expert compute the dispatches have
-    nothing to hide behind: pair 10 ms, 1 ms exposed per pass."""
-    assert moe.exposed_alltoall_s(10e-3, 3e-3, 5e-3, 0.1) == pytest.approx(6e-3)
+    nothing to hide behind: pair 10 ms with all SMs, 10.2 ms with each attention part 0.1 · 1 ms longer beside
+    its 1 ms combine: 1.1 ms exposed per pass."""
+    assert moe.exposed_alltoall_s(10e-3, 3e-3, 5e-3, 0.1) == pytest.approx(6.25e-3)
+    assert moe.exposed_alltoall_s(10e-3, 3e-3, 5e-3, 0.0) == pytest.approx(6e-3)
     assert moe.overlap_pair_time_s(1e-3, 2e-3, 3e-3, 1e-3) == pytest.approx(8e-3)
     assert moe.exposed_alltoall_s(2e-3, 3e-3, 5e-3, 0.1, 1e-3) == pytest.approx(0.2e-3)
-    assert moe.exposed_alltoall_s(2e-3, 3e-3, 5e-3, 0.1) == pytest.approx(1e-3)
+    assert moe.exposed_alltoall_s(2e-3, 3e-3, 5e-3, 0.1) == pytest.approx(1.1e-3)
+    assert moe.exposed_alltoall_s(2e-3, 3e-3, 5e-3, 0.0) == pytest.approx(1e-3)
     assert moe.exposed_alltoall_s(0.0, 3e-3, 5e-3, 0.1, 1e-3) == 0.0
+
+
+def test_contention_slows_the_compute_on_a_communication_bound_pair():
+    """Worked by hand (ms): 2 ms per dispatch or combine, attention 1 / 3, experts 1 (forward), ρ 0.2. Each
+    compute node is longer by ρ times the part of it its paired communication covers: pre_dispatch_fwd 1 + 0.2 · 1
+    = 1.2 (beside the 2 ms backward combine), each expert node 1 + 0.2 · min(1, 4/3) = 1.2 (beside the two
+    dispatches), pre_dispatch_bwd 3 + 0.2 · 2 = 3.4. Comm chain: combine_bwd 0-2, dispatch_fwd 2-4, dispatch_bwd
+    4-6 (after mlp_bwd 2-3.2), mlp_fwd 4-5.2 (after mlp_dw 3.2-4.4), combine_fwd 6-8, pre_dispatch_bwd 6-9.4: pair
+    9.4 where all SMs give 9.0 — the slowed attention backward sits on the communication chain's tail."""
+    assert moe.overlap_pair_time_s(2e-3, 1e-3, 3e-3, 1e-3, 0.2) == pytest.approx(9.4e-3)
+    assert moe.overlap_pair_time_s(2e-3, 1e-3, 3e-3, 1e-3) == pytest.approx(9.0e-3)
+    # compute-bound: the communication hides and the slowdown is the floor ρ · (dispatch + combine) per pass
+    assert moe.exposed_alltoall_s(2e-3, 5e-3, 9e-3, 0.2, 2e-3) == pytest.approx(0.2 * 2e-3)
+
+
+def test_deepep_takes_its_own_sms_from_the_overlapped_compute():
+    """DeepEP's normal kernels hold ``Buffer.num_sms = 20`` SMs (Megatron-Core's default), the alltoall dispatcher
+    NCCL's thread blocks: on an H100 SXM (132 SMs) 20/132 and ctas/132."""
+    from hetplan.estimate.comm import NCCL_CTAS
+    from hetplan.hardware.catalog import get_gpu
+
+    g = get_gpu("H100-SXM")
+    assert moe.alltoall_contention(g, "deepep", NCCL_CTAS) == pytest.approx(20 / 132)
+    assert moe.alltoall_contention(g, "alltoall", NCCL_CTAS) == pytest.approx(NCCL_CTAS / 132)
+    assert moe.alltoall_contention(g, "alltoall", 24) == pytest.approx(24 / 132)
 
 
 def _two_stream_pair_s(d, af, ab, mf):

@@ -197,7 +197,8 @@ def test_unfused_adamw_stack_pays_its_passes():
 def test_fsdp1_gathers_fp8_runs_in_bf16():
     """torchao's float8 all-gather is an FSDP2 extension: under an FSDP1 stack (llm-foundry's Transformer Engine
     FP8 rows) the unsharded units and the all-gathers stay bf16, so the FP8 plan holds the same gathered weights
-    as the bf16 one; under torchtitan (FSDP2) FP8 halves the gathered linear weights."""
+    as the bf16 one; under torchtitan's tensorwise releases (FSDP2, float8 all-gather) FP8 halves the gathered
+    linear weights, while torchtitan 0.3.0's rowwise recipe gathers bf16 (hetplan.estimate.fp8)."""
     from hetplan.estimate.fp8 import gathered_weight_bytes
     from hetplan.plan import GPUPool, Job, Plan, Stage
 
@@ -211,7 +212,8 @@ def test_fsdp1_gathers_fp8_runs_in_bf16():
         return estimate(p).memory_bytes_per_gpu.weights
 
     assert weights("llm-foundry", "fp8") == pytest.approx(weights("llm-foundry", "bf16"), rel=1e-12)
-    assert weights("torchtitan", "fp8") < weights("torchtitan", "bf16")
+    assert weights("torchtitan@2025-10", "fp8") < weights("torchtitan@2025-10", "bf16")
+    assert weights("torchtitan@0.3.0", "fp8") == pytest.approx(weights("torchtitan@0.3.0", "bf16"), rel=1e-12)
 
 
 def test_fsdp_root_unit_parameters():

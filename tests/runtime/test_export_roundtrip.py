@@ -305,8 +305,9 @@ def test_megatron_partial_full_recompute_is_block_method():
 
 def test_fp8_export_carries_the_recipe_the_estimate_assumed():
     """Megatron-LM: bf16 plus NeMo's FP8 recipe on Hopper (hybrid, delayed scaling over 1,024 steps, FP8
-    parameters) and MXFP8 on Blackwell; torchtitan: the float8 converter with the FSDP2 float8 all-gather, the head
-    filtered, torch.compile on; DeepSpeed refuses with the reason."""
+    parameters) and MXFP8 on Blackwell; torchtitan 0.2: the float8 converter with the FSDP2 float8 all-gather
+    (tensorwise), 0.3: rowwise (its converter's default), the head filtered, torch.compile on; DeepSpeed refuses
+    with the reason."""
     plan = _plan("llama3-8b", [{"num_layers": 32, "tp": 2, "dp": 4}], gbs=64, mbs=1, zero=1, dtype="fp8",
                  attention="flash")
     spec = load_model("llama3-8b")
@@ -326,8 +327,8 @@ def test_fp8_export_carries_the_recipe_the_estimate_assumed():
     files = exporters.export(plan, spec, "torchtitan").files
     launch = " ".join(files["launch.sh"].replace("\\\n", " ").split())
     assert "--module hetplan_torchtitan_job --config hetplan_job" in launch
-    assert "Float8LinearConverter.Config(filter_fqns=['lm_head'], model_compile_enabled=True)" in \
-        files["hetplan_torchtitan_job.py"]
+    assert "Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns=['lm_head'], model_compile_enabled=True)" \
+        in files["hetplan_torchtitan_job.py"]
     with pytest.raises(HetplanError, match="no FP8"):
         exporters.export(plan.model_copy(update={"stages": [Stage(num_layers=32, dp=8)]}), spec, "deepspeed")
 

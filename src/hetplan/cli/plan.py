@@ -154,9 +154,12 @@ def plan_command(
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Job length in iterations (if no --tokens)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp8 (linear layers in FP8 as "
                                         "Transformer Engine / torchao float8 run them)."),
-    fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="delayed | current: Transformer Engine's "
-                                             "FP8 scaling under --dtype fp8 (current = Megatron's --fp8-recipe "
-                                             "tensorwise, NeMo FP8-CS; default: delayed, MXFP8 on Blackwell)."),
+    fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="FP8 scaling under --dtype fp8: delayed | "
+                                             "current, Transformer Engine's (current = Megatron's --fp8-recipe "
+                                             "tensorwise, NeMo FP8-CS; default: delayed, MXFP8 on Blackwell); "
+                                             "tensorwise | rowwise | rowwise_with_gw_hp, torchao's under "
+                                             "--framework fsdp (default: the stack's, rowwise for torchtitan "
+                                             "0.3.0)."),
     attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default), "
                                             "standard (s x s scores stored, Megatron-LM without --use-flash-attn) "
                                             "or eager (the same, unfused: Hugging Face eager attention)."),

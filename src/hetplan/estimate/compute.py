@@ -172,6 +172,16 @@ def gemm_time_s(gpu: GPUSpec, dtype: str, M: Array, N: Array, K: Array, batch: A
                       bytes_ / gpu.hbm_bandwidth_bytes_per_s)
 
 
+def wgrad_bf16_extra_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
+    """Seconds the weight-gradient GEMMs of one layer's linear ``shapes`` take beyond the FP8 rate in one
+    micro-batch's backward: under ``rowwise_with_gw_hp`` they run in bf16 (:mod:`hetplan.estimate.fp8`),
+    ``Σ n·(t_bf16 − t_fp8)`` of each ``(M, N, K, n)`` GEMM (:func:`gemm_time_s`: the weight gradient has the
+    forward's FLOPs); 0 for every other recipe."""
+    if recipe_name != "rowwise_with_gw_hp":
+        return 0.0
+    return sum(gemm_time_s(gpu, "bf16", M, N, K, n) - gemm_time_s(gpu, fp8.FP8, M, N, K, n) for M, N, K, n in shapes)
+
+
 def attention_linear_shapes(m: ModelSpec, T: Array, t: Array):
     """``[(M, N, K), ...]`` of a layer's attention projections on one of ``t`` TP ranks for ``T`` tokens: fused QKV
     ``(T, (q+2g·d)/t, h)`` and output ``(T, h, q/t)``."""
@@ -369,7 +379,8 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t) if gemm_times_s is None else gemm_times_s
     on_async = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & bool(async_tp and not tp_comm_overlap)
     gemm_f, gemm_b, bytes_f, bytes_b, gather_bytes = (
-        (np.where(on_async, x, 0.0) for x in async_tp_extra_s(m, gpu, dtype, b, s, t)) if async_tp else (0.0,) * 5)
+        (np.where(on_async, x, 0.0) for x in async_tp_extra_s(m, gpu, dtype, b, s, t, terms.fp8_gathers))
+        if async_tp else (0.0,) * 5)
     act_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none", attention=attention)
     act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none", attention=attention)
     act = np.where(sequence_parallel, act_sp, act_nosp)
@@ -409,7 +420,8 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     tp_msg = b * s * m.hidden_size * counts.BYTES_PER_ACTIVATION
     tp_one = group_collective_time_s(tp_msg, "allreduce", t, 1, link, algorithm=terms.tp_allreduce)
     reduce_scatter = tp_one / 2  # one reduce-scatter: half an all-reduce's ring steps
-    if fp8.is_fp8(dtype):  # FP8 + SP: each all-gather half of an all-reduce moves FP8 (fp8 module doc)
+    fp8_gather = fp8.is_fp8(dtype) and terms.fp8_gathers  # not under torchao's rowwise recipes (fp8 doc)
+    if fp8_gather:  # FP8 + SP: each all-gather half of an all-reduce moves FP8 (fp8 module doc)
         half = group_collective_time_s(tp_msg / 2, "allreduce", t, 1, link, algorithm=terms.tp_allreduce)
         tp_one = np.where(sequence_parallel, 0.5 * (tp_one + half), tp_one)
     tp_pass = 2 * tp_one  # four collectives (two all-reduces' volume) per pass
@@ -419,7 +431,7 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
         on = np.asarray(sequence_parallel) & (np.asarray(t) > 1)
         tp_pass, tp_bwd_pass = np.where(on, f_ov, tp_pass), np.where(on, b_ov, tp_bwd_pass)
     gather = tp_one / 2  # one all-gather: half an all-reduce's ring steps (FP8 + SP: of the FP8 input)
-    if fp8.is_fp8(dtype):
+    if fp8_gather:
         gather = np.where(sequence_parallel, half / 2, gather)
     sac_on = (rc == 1) & op_sac & np.asarray(sequence_parallel) & (np.asarray(t) > 1)
     sac_gathers = np.where(sac_on, 2 * gather, 0.0)
@@ -432,7 +444,7 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     tp_bwd = tp_bwd_pass + np.where(rc == 2, tp_pass, 0.0) + sac_gathers
     if sequence_dim_copies:  # DTensor's chunk + cat around each sequence-parallel collective
         full = b * s * m.hidden_size / gpu.hbm_bandwidth_bytes_per_s
-        gather_copy = (2.0 if fp8.is_fp8(dtype) else 4.0) * full
+        gather_copy = (2.0 if fp8_gather else 4.0) * full
         on = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & (not tp_comm_overlap) & ~on_async
         pass_copy = np.where(on, 2 * gather_copy + 2 * 4.0 * full, 0.0)
         fwd = fwd + pass_copy
@@ -534,7 +546,8 @@ def async_tp_exposed_s(m: ModelSpec, all_gather_s: Array, reduce_scatter_s: Arra
             fused(ag, proj) + fused(ag, fc2) + 2 * rs, sac)
 
 
-def async_tp_extra_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array):
+def async_tp_extra_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array,
+                     fp8_gathers: bool = True):
     """``(gemm_fwd_s, gemm_bwd_s, bytes_fwd_s, bytes_bwd_s, gather_bytes_s)``: what async TP adds to a dense
     layer's passes beyond the exposed collectives (:func:`async_tp_exposed_s`;
     ``torch/distributed/_symmetric_memory/__init__.py``):
@@ -543,7 +556,8 @@ def async_tp_extra_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array,
       (:func:`gemm_time_s` of each chunk), all four in forward, the projection / FC2 data-gradient GEMMs in
       backward (:func:`attention_linear_shapes`, :func:`mlp_linear_shapes`);
     * bytes, at the HBM bandwidth: per fused all-gather, the copy of the local shard into the symmetric buffer
-      before the first GEMM chunk (read + write of ``b·s·h/t`` elements, 1 byte each under FP8); per fused
+      before the first GEMM chunk (read + write of ``b·s·h/t`` elements, 1 byte each under FP8 with
+      ``fp8_gathers``, 2 under torchao's rowwise recipes); per fused
       reduce-scatter, the fp32-accumulating sum of the ``t`` received bf16 partials (``reduce_partials``: reads
       ``b·s·h``, writes ``b·s·h/t`` elements); per unfused backward reduce-scatter, DTensor's sequence-dim copy of
       its input (4 B per element, as :func:`layer_time_s`'s ``sequence_dim_copies``);
@@ -556,7 +570,7 @@ def async_tp_extra_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array,
     chunked = [t * gemm_time_s(gpu, dtype, M / t, N, K) - gemm_time_s(gpu, dtype, M, N, K) for M, N, K in shapes]
     n = T * m.hidden_size
     hbm = gpu.hbm_bandwidth_bytes_per_s
-    shard = (fp8.OPERAND_BYTES if fp8.is_fp8(dtype) else OPERAND_BYTES) * 2.0 * n / t / hbm
+    shard = (fp8.OPERAND_BYTES if fp8.is_fp8(dtype) and fp8_gathers else OPERAND_BYTES) * 2.0 * n / t / hbm
     reduce = OPERAND_BYTES * (n + n / t) / hbm
     rs_copy = 2.0 * OPERAND_BYTES * n / hbm
     return (sum(chunked), chunked[1] + chunked[3], 2 * shard + 2 * reduce, 2 * shard + 2 * rs_copy, shard)

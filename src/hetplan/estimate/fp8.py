@@ -19,7 +19,8 @@ Deep Learning", arXiv 2209.05433), the output bf16.
 :func:`recipe`): in forward each FP8 GEMM's activation input is quantized, in backward each output gradient.
 The weights are quantized once per iteration under Transformer Engine (the FP8 copies are cached across
 micro-batches: Megatron-Core passes ``is_first_microbatch`` to TE modules), on the local shard before the FP8
-all-gather under torchao's FSDP2 float8 all-gather (1/dp of the weights; not charged).
+all-gather under torchao's FSDP2 float8 all-gather (tensorwise: 1/dp of the weights; not charged), and on the
+gathered bf16 weight in every micro-batch under the rowwise recipes (their layer casts, below).
 
 * ``delayed`` (TE ``DelayedScaling``, Megatron-Core's default ``--fp8-recipe delayed``): the scale comes from the
   amax history of earlier iterations; the current amax is recorded by the cast kernel itself. TE's fused
@@ -49,6 +50,35 @@ all-gather under torchao's FSDP2 float8 all-gather (1/dp of the weights; not cha
   torchao before pytorch/ao@12396c6 (2025-01-13; the rows of December 2024 ran eab345c) saved the FP8 input instead
   (``manual_float8_matmul_with_args_in_float8``): a 2-byte transposed copy where the current code recasts (5 B);
   not distinguished.
+* ``rowwise`` (torchao ``Float8LinearConfig.from_recipe_name("rowwise")``, ``torchao/float8/config.py``: input,
+  weight and output gradient each scaled along an axis, E4M3, power-of-2 scales; torchtitan 0.3.0's only recipe
+  by default, ``Float8LinearConverter.Config.recipe_name = "rowwise"``, what ``hetplan export --to torchtitan``
+  writes; the stack field ``fp8_recipe``): every operand is quantised along each axis it is used in, each time
+  from the high-precision tensor (``float8_linear.py`` ``matmul_with_hp_or_float8_args``: forward ``x`` along
+  its rows and ``W`` along its rows; backward ``dY`` along its rows for the data gradient and along its columns
+  for the weight gradient, ``W`` along its columns, the saved bf16 ``x`` along its columns). Bytes per element
+  as torchao's own roofline counts them (``torchao/testing/training/roofline_utils.py``
+  ``get_tensor_memory_traffic_ovhd_s``, not fused with the previous op): a cast along the rows reads bf16 and
+  writes FP8 with the row's amax in the same pass (2 + 1 B); a cast along the columns first writes a transposed
+  bf16 copy (a read and a write, 2 + 2 B; "can't fuse ... would require loading the entire tensor to shared
+  memory") and casts that (2 + 1 B). Per GEMM and micro-batch (:data:`ROWWISE_CAST_BYTES`): input 3 B in
+  forward and 7 B in backward (the backward recasts the saved bf16 input; torchao's roofline, which assumes one
+  kernel writing both, counts 8 B in all); output gradient 8 B in backward (one read feeds the row cast and the
+  transposed copy, then 3 B); weight 3 B in forward and 7 B in backward — on the whole unsharded weight every
+  micro-batch, since nothing is gathered in FP8 (below). And the backward GEMMs' outputs are rescaled in a pass
+  of their own: torchao runs a rowwise-scaled GEMM without fast accumulation (its data- and weight-gradient GEMMs,
+  ``Float8LinearConfig.gemm_config_grad_input`` / ``gemm_config_grad_weight``, ``use_fast_accum=False``) as the
+  tensor-wise cuBLAS kernel with unit scales followed by ``output *= post_inverse_scale``
+  (``float8/float8_ops.py`` ``addmm_float8_unwrapped``: "The rowwise CUTLASS-based kernel is so slow without
+  fast-accum that we'd rather use the tensorwise cuBLAS-based kernel and do the scaling manually afterwards";
+  under torch.compile an extra Triton kernel per GEMM, pytorch/ao#2184): a bf16 read and write, 4 B per element
+  of the data gradient ``M·K`` and of the weight gradient ``N·K`` (:data:`ROWWISE_RESCALE_BYTES`).
+* ``rowwise_with_gw_hp`` (torchao's third recipe; torchtitan 0.3.0 ``recipe_name = "rowwise_with_gw_hp"``): the
+  forward and the data-gradient GEMM as ``rowwise`` (the weight for the data gradient scaled tensor-wise from
+  its row scales, no extra pass), the weight-gradient GEMM in bf16 on the high-precision ``x`` and ``dY``
+  (``cast_config_input_for_grad_weight`` / ``cast_config_grad_output_for_grad_weight`` ``ScalingType.DISABLED``):
+  input 3 B forward, output gradient 3 B backward, weight 3 + 3 B; the weight-gradient GEMM at the bf16 rate
+  (:func:`hetplan.estimate.compute.wgrad_bf16_extra_s`).
 * ``mxfp8`` (Blackwell, TE ``MXFP8BlockScaling``; OCP Microscaling Formats spec v1.0): one E8M0 scale per 32
   elements, computed inside the cast kernel; row-wise and column-wise quantized copies instead of a transpose:
   read 2 B, write 1 + 1 B, plus one scale byte per 32 elements of each: 4 + 2/32 B per element.
@@ -58,7 +88,18 @@ already quantized FP8 input, and in backward the all-gather before each row-para
 FP8 output gradient: 1 byte per element, while the reduce-scatters stay bf16 (TE ``gather_along_first_dim`` on
 quantized tensors, ``transformer_engine/pytorch/distributed.py``; torchtitan ``docs/float8.md``: float8 all-gather
 for TP by default with ``Float8Linear``). Each all-reduce-sized pair then moves 3/4 of its bf16 bytes
-(:func:`hetplan.estimate.compute.layer_time_s`).
+(:func:`hetplan.estimate.compute.layer_time_s`). Not under the ``rowwise`` recipes: torchtitan applies its
+float8 TP plans only to tensorwise scaling — "for float8 with rowwise scaling, all distributed communication is
+done in high precision" (torchtitan ``components/quantization/float8.md``, 0.3.0; before pytorch/torchtitan#3127
+``models/llama3/infra/parallelize.py``: "For rowwise recipes, we use regular TP and all-gather happens in high
+precision"), so the casts run on the gathered bf16 tensors (:func:`fp8_gathers`).
+
+**GEMM rate of rowwise.** ``torch._scaled_mm`` with one scale per row and per column runs a CUTLASS
+rowwise-scaled kernel on sm90, tensor-wise scales cuBLAS. No torchao or PyTorch page publishes their GEMM
+throughput side by side (torchao's roofline, ``roofline_utils.py`` ``get_individual_gemm_time_sympy``, prices
+every float8 recipe at the same FP8 peak; its published end-to-end table, Llama 3 8B on 8 H100, bf16 6150 tok/s,
+tensorwise with float8 all-gather 7689.5, rowwise with bf16 all-gather 6768, docs ``workflows/training.md``,
+measures the whole step): the rowwise GEMMs take the tensor-wise FP8 rate (stated simplification).
 
 **Memory.** Master weights, gradients and optimizer states stay as in bf16 (fp32 master weights and Adam states;
 Megatron's fp32 main-gradient buffer; the gradient reduction dtype is unchanged). The 16-bit weights:
@@ -73,8 +114,9 @@ Megatron's fp32 main-gradient buffer; the gradient reduction dtype is unchanged)
   transpose that TE caches across micro-batches, :data:`WEIGHT_COPY_BYTES` more per linear parameter
   (:func:`weight_copy_bytes`).
 * ``fsdp`` (torchao): no cached copies (``Float8Linear`` casts per call); with torchtitan's
-  ``enable_fsdp_float8_all_gather`` the all-gathered parameters are FP8: the unsharded units and the parameter
-  all-gather take 1 byte per parameter.
+  ``enable_fsdp_float8_all_gather`` (tensorwise only) the all-gathered parameters are FP8: the unsharded units
+  and the parameter all-gather take 1 byte per parameter. The ``rowwise`` recipes gather bf16 (2 bytes; the
+  option left torchtitan with tensorwise in pytorch/torchtitan#3127).
 
 Saved activations: Transformer Engine saves the linear layers' inputs for the weight-gradient GEMM in FP8, 1 byte
 instead of 2 (TE ``Linear`` / ``LayerNormLinear`` / ``LayerNormMLP``; :func:`saved_activation_savings_bytes`);
@@ -89,6 +131,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetplan.hardware.catalog import Architecture, GPUSpec
+from hetplan.hardware.stacks import StackSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 from hetplan.estimate.arrays import Array
@@ -101,6 +144,19 @@ CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "current": 6.0, "tensorwise": 5.0, "mx
 #: (a second 1-byte write); a separate transposed copy of an FP8 tensor (read + write).
 TRANSPOSED_WRITE_BYTES = 1.0
 TRANSPOSED_COPY_BYTES = 2.0
+#: The torchao recipes that scale along an axis (module doc): their casts are :data:`ROWWISE_CAST_BYTES`, and no
+#: FSDP or TP all-gather carries FP8 (:func:`fp8_gathers`).
+ROWWISE = ("rowwise", "rowwise_with_gw_hp")
+#: Bytes per element of each operand of a linear GEMM, ``(forward, backward)``, per micro-batch (module doc,
+#: torchao ``roofline_utils.py``): the input ``M·K``, the output gradient ``M·N``, the weight ``N·K``.
+ROWWISE_CAST_BYTES = {
+    "rowwise": {"input": (3.0, 7.0), "grad_output": (0.0, 8.0), "weight": (3.0, 7.0)},
+    "rowwise_with_gw_hp": {"input": (3.0, 0.0), "grad_output": (0.0, 3.0), "weight": (3.0, 3.0)},
+}
+#: Bytes per element of the two backward GEMMs' outputs (data gradient ``M·K``, weight gradient ``N·K``) that
+#: torchao rescales after a cuBLAS tensor-wise GEMM (module doc): a bf16 read and write under ``rowwise``; none
+#: under ``rowwise_with_gw_hp`` (its data-gradient weight is tensor-wise, its weight gradient a bf16 GEMM).
+ROWWISE_RESCALE_BYTES = {"rowwise": 4.0, "rowwise_with_gw_hp": 0.0}
 #: Bytes per FP8 GEMM input operand element (E4M3 / E5M2).
 OPERAND_BYTES = 1
 #: Transformer Engine's cached FP8 weight and its transpose (Hopper), bytes per linear parameter; MXFP8 adds a
@@ -119,13 +175,16 @@ def high_precision(dtype: str) -> str:
     return "bf16" if is_fp8(dtype) else dtype
 
 
-def recipe(gpu: GPUSpec, framework: str, requested: str | None = None) -> str:
-    """The scaling recipe the framework runs on ``gpu``: torchao's dynamic ``tensorwise`` under ``fsdp``
-    (torchtitan's default float8 recipe); under Transformer Engine (megatron, deepspeed) the job's
-    ``requested`` one (:attr:`hetplan.plan.Job.fp8_recipe`: ``delayed`` or ``current``), else ``mxfp8`` on
-    Blackwell (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise (Megatron-Core's default)."""
+def recipe(gpu: GPUSpec, framework: str, requested: str | None = None, stack: StackSpec | None = None) -> str:
+    """The scaling recipe the framework runs on ``gpu``: under ``fsdp`` (torchao) the job's ``requested`` one
+    (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``), else the stack's ``fp8_recipe`` on that GPU family
+    (torchtitan 0.3.0: ``rowwise``; :meth:`hetplan.hardware.stacks.StackSpec.fp8_recipe_on`), else torchao's
+    dynamic ``tensorwise`` (torchtitan's default float8 recipe before 0.3); under Transformer
+    Engine (megatron, deepspeed) the job's ``requested`` one (:attr:`hetplan.plan.Job.fp8_recipe`: ``delayed``
+    or ``current``), else ``mxfp8`` on Blackwell (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise
+    (Megatron-Core's default)."""
     if framework == "fsdp":
-        return "tensorwise"
+        return requested or (stack.fp8_recipe_on(gpu.architecture) if stack is not None else None) or "tensorwise"
     if requested is not None:
         return requested
     return "mxfp8" if gpu.family is Architecture.BLACKWELL else "delayed"
@@ -148,6 +207,8 @@ def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array, t: Array = 
     ``column_parallel``)."""
     if recipe_name == "tensorwise":
         return tensorwise_cast_time_s(gpu, shapes, t, sequence_parallel, column_parallel)
+    if recipe_name in ROWWISE:
+        return rowwise_cast_time_s(gpu, recipe_name, shapes)
     per = CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
     fwd = sum(M * K * n for M, N, K, n in shapes)
     bwd = sum(M * N * n for M, N, K, n in shapes)
@@ -185,9 +246,39 @@ def tensorwise_cast_time_s(gpu: GPUSpec, shapes: Array, t: Array = 1, sequence_p
     return fwd / gpu.hbm_bandwidth_bytes_per_s, bwd / gpu.hbm_bandwidth_bytes_per_s
 
 
+def rowwise_cast_bytes(recipe_name: str, shapes: Array) -> tuple[Array, Array]:
+    """``(forward_bytes, backward_bytes)`` the ``rowwise`` / ``rowwise_with_gw_hp`` casts of one layer's linear
+    GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, local to a rank) move in one micro-batch:
+    :data:`ROWWISE_CAST_BYTES` per element of each GEMM's input ``M·K``, output gradient ``M·N`` and weight
+    ``N·K``, plus :data:`ROWWISE_RESCALE_BYTES` per element of the backward GEMMs' outputs ``M·K`` and ``N·K``
+    (module doc). Under TP the operands are the gathered bf16 tensors (no FP8 all-gather), so the shapes are the
+    GEMMs' own."""
+    per, rescale = ROWWISE_CAST_BYTES[recipe_name], ROWWISE_RESCALE_BYTES[recipe_name]
+    fwd = bwd = 0.0
+    for M, N, K, n in shapes:
+        for name, elements in (("input", M * K * n), ("grad_output", M * N * n), ("weight", N * K * n)):
+            f, b = per[name]
+            fwd, bwd = fwd + f * elements, bwd + b * elements
+        bwd = bwd + rescale * (M * K + N * K) * n
+    return fwd, bwd
+
+
+def rowwise_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
+    """``(forward_s, backward_s)``: :func:`rowwise_cast_bytes` at the HBM bandwidth."""
+    fwd, bwd = rowwise_cast_bytes(recipe_name, shapes)
+    return fwd / gpu.hbm_bandwidth_bytes_per_s, bwd / gpu.hbm_bandwidth_bytes_per_s
+
+
+def fp8_gathers(recipe_name: str | None) -> bool:
+    """Whether the TP and FSDP all-gathers of an FP8 run carry FP8 (module doc): every recipe but torchao's
+    ``rowwise`` ones, whose communication is all in high precision."""
+    return recipe_name not in ROWWISE
+
+
 def weight_cast_time_s(linear_parameters: Array, gpu: GPUSpec, recipe_name: str, framework: str):
     """Quantization of the weights once per iteration under Transformer Engine (module doc); 0 under torchao
-    (``fsdp``: the shard is cast before the all-gather)."""
+    (``fsdp``: tensorwise casts the shard before the all-gather, rowwise the gathered weight in each micro-batch's
+    layer casts, :func:`rowwise_cast_bytes`)."""
     if framework == "fsdp":
         return 0.0 * np.asarray(linear_parameters, dtype=float)
     return np.asarray(linear_parameters, dtype=float) * CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
@@ -202,14 +293,16 @@ def weight_copy_bytes(linear_parameters: Array, recipe_name: str, framework: str
     return np.asarray(linear_parameters, dtype=float) * per
 
 
-def gathered_weight_bytes(dtype: str, framework: str, fsdp1: bool = False) -> int:
+def gathered_weight_bytes(dtype: str, framework: str, fsdp1: bool = False, recipe_name: str | None = None) -> int:
     """Bytes per parameter of the data-parallel parameter all-gathers (distributed optimizer, FSDP): 1 under FP8
-    with FP8 parameters (``megatron``, ``fp8_param_gather``) or torchao's float8 all-gather (``fsdp``), else 2.
+    with FP8 parameters (``megatron``, ``fp8_param_gather``) or torchao's float8 all-gather (``fsdp``, tensorwise),
+    else 2 — the ``rowwise`` recipes (``recipe_name``) gather bf16 (module doc).
     ``fsdp1``: an FSDP1 stack (``optimizer_memory = "fsdp1"``) gathers its FlatParameters in the mixed-precision
     ``param_dtype`` (2 B): torchao's float8 all-gather is an FSDP2 extension (``fsdp_pre_all_gather`` /
     ``fsdp_post_all_gather`` of ``torch.distributed.fsdp`` ``fully_shard``), and Transformer Engine's ``te.Linear``
     under FSDP1 (llm-foundry's ``amp_fp8``) casts its gathered bf16 weight itself."""
-    return OPERAND_BYTES if is_fp8(dtype) and framework in ("megatron", "fsdp") and not fsdp1 else 2
+    return OPERAND_BYTES if (is_fp8(dtype) and framework in ("megatron", "fsdp") and not fsdp1
+                             and fp8_gathers(recipe_name)) else 2
 
 
 def mixed_gathered_weight_bytes(fp8_bytes: Array, linear_parameters: Array, parameters: Array):

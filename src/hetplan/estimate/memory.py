@@ -463,7 +463,7 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         eshard = edp if fsdp_shard is None else np.minimum(fsdp_shard, edp)
         units = FSDP_UNITS_IN_FLIGHT if reshard_after_forward else np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT)
         gathered = WEIGHT_BYTES if fp8_recipe is None else fp8.gathered_weight_bytes(
-            fp8.FP8, framework, options.stack_spec().optimizer_memory == "fsdp1")
+            fp8.FP8, framework, options.stack_spec().optimizer_memory == "fsdp1", fp8_recipe)
         # In a pipeline (more than one stage) every unit of the stage stays unsharded from its first micro-batch
         # to its last, with its accumulated unsharded gradient (FSDP_PIPELINE_GRAD_BYTES); the embedding and
         # head are the root unit's, gathered in 16 bits (float8 converts linear layers only).

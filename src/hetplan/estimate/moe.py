@@ -55,7 +55,7 @@ from statistics import NormalDist
 import numpy as np
 
 from hetplan.estimate import compute, fp8
-from hetplan.estimate.comm import group_collective_time_s
+from hetplan.estimate.comm import group_collective_time_s, overlap_contention
 from hetplan.estimate.stagework import Link
 from hetplan.hardware.catalog import Architecture, GPUSpec
 from hetplan.model import counts
@@ -178,6 +178,10 @@ DISPATCHERS = ("alltoall", "deepep", "hybridep")
 #: GPUs DeepEP's normal kernels reach over NVLink (``NUM_MAX_NVL_PEERS = 8`` in DeepEP's ``csrc/kernels/configs.cuh``;
 #: one host's GPUs, CUDA IPC): the NVLink domain of its ``deepep`` dispatch whatever the pool's.
 DEEPEP_NVLINK_PEERS = 8
+#: SMs DeepEP's normal dispatch and combine kernels occupy while they run: ``Buffer.num_sms = 20``
+#: (deepseek-ai/DeepEP ``deep_ep/buffer.py``), the default Megatron-Core keeps ("Number of SMs to use for DeepEP
+#: (historical default 20)", ``moe_deepep_num_sms``, ``transformer/transformer_config.py``).
+DEEPEP_NUM_SMS = 20
 ROUTINGS = ("random", "contiguous")
 
 
@@ -431,15 +435,23 @@ def exposed_alltoall_s(alltoall_s: Array, forward_s: Array, backward_s: Array, c
     shared experts' forward (:func:`moe_mlp_time_s`; its backward is taken as twice it, data and weight gradients,
     as :func:`hetplan.estimate.compute.layer_time_s` takes every GEMM's); the rest of ``forward_s`` and
     ``backward_s`` is the ``pre_dispatch`` part. As any overlap (:func:`hetplan.estimate.comm.overlap_contention`)
-    the all-to-alls take ``contention`` of the SMs while they run: exposed per pass ``max((pair − forward_s −
+    the all-to-alls take ``contention`` of the SMs while they run (:func:`alltoall_contention`), which slows the
+    compute beside them inside the pair (:func:`overlap_pair_time_s`): exposed per pass ``max((pair − forward_s −
     backward_s) / 2, contention · alltoall_s)``. ``mlp_forward_s = 0`` puts all compute in ``pre_dispatch``. The
-    warm-up forwards and cool-down backwards of the pipeline have no partner; that share (``(pp - 1) / m`` of
-    the micro-batches on the first stage) is not modelled. Seconds; arrays broadcast."""
+    warm-up forwards and cool-down backwards of the pipeline have no partner (:func:`unpaired_pass_share`, applied
+    by the stage). Seconds; arrays broadcast."""
     a = np.asarray(alltoall_s, dtype=float)
     f, b = np.asarray(forward_s, dtype=float), np.asarray(backward_s, dtype=float)
     mlp = np.minimum(np.asarray(mlp_forward_s, dtype=float), f)
-    pair = overlap_pair_time_s(a / 2, f - mlp, b - 2 * mlp, mlp)
+    pair = overlap_pair_time_s(a / 2, f - mlp, b - 2 * mlp, mlp, contention)
     return np.maximum((pair - f - b) / 2, contention * a)
+
+
+def alltoall_contention(gpu: GPUSpec, dispatcher: str, nccl_ctas: int):
+    """Share of the SMs the dispatch and combine kernels take from the compute they overlap
+    (:func:`hetplan.estimate.comm.overlap_contention`): DeepEP's :data:`DEEPEP_NUM_SMS` for ``deepep``, NCCL's
+    ``nccl_ctas`` thread blocks for the ``alltoall`` dispatcher and HybridEP (whose SM count is not examined)."""
+    return overlap_contention(gpu, DEEPEP_NUM_SMS if dispatcher == "deepep" else nccl_ctas)
 
 
 def unpaired_pass_share(in_flight: Array, num_microbatches: Array):
@@ -460,14 +472,29 @@ def unpaired_pass_share(in_flight: Array, num_microbatches: Array):
     return np.minimum(1.0, np.asarray(in_flight, dtype=float) / m)
 
 
-def overlap_pair_time_s(one_s: Array, attention_forward_s: Array, attention_backward_s: Array, mlp_forward_s: Array):
+def overlap_pair_time_s(one_s: Array, attention_forward_s: Array, attention_backward_s: Array, mlp_forward_s: Array,
+                        contention: Array = 0.0):
     """Time of one forward and one backward of a MoE layer run together as ``TransformerLayerSchedulePlan.run``
     orders them (:func:`exposed_alltoall_s`): two streams, each running its nodes in order, each node starting
-    when its stream is free and its inputs are ready. ``one_s``: one dispatch or combine; ``attention_*``: the
-    ``pre_dispatch`` compute; ``mlp_forward_s``: the experts' forward (backward: ``mlp_bwd`` and ``mlp_bwd_dw``
-    as long each). Seconds; arrays broadcast."""
+    when its stream is free and its inputs are ready (each node waits on and records its micro-batch's CUDA event,
+    ``ScheduleNode.stream_acquire_context``, Megatron-LM ``megatron/core/pipeline_parallel/utils.py``; the
+    experts' delayed weight gradients ``mlp_bwd_dw`` record none, so the backward dispatch waits only for
+    ``mlp_bwd``). ``one_s``: one dispatch or combine; ``attention_*``: the ``pre_dispatch`` compute;
+    ``mlp_forward_s``: the experts' forward (backward: ``mlp_bwd`` and ``mlp_bwd_dw`` as long each).
+
+    ``contention``: the share of the SMs the dispatch and combine kernels hold while they run
+    (:func:`alltoall_contention`). Compute beside them runs on the rest, so each compute node is longer by
+    ``contention`` times the part of it that the communication paired with it in the schedule covers
+    (:func:`hetplan.estimate.comm.overlap_contention`'s ``w + ρ·c`` for ``c ≤ w``, ``w + ρ·w`` when the
+    communication outlasts it): ``pre_dispatch_fwd`` beside the backward combine, the three expert nodes beside
+    the two dispatches, ``pre_dispatch_bwd`` beside the forward combine. Where the pair is bound by its
+    communication chain (dispatch → experts → combine), the slowed compute on that chain lengthens the pair.
+    Seconds; arrays broadcast."""
     d = np.asarray(one_s, dtype=float)
     af, ab, mf = (np.asarray(x, dtype=float) for x in (attention_forward_s, attention_backward_s, mlp_forward_s))
+    rho = np.asarray(contention, dtype=float)
+    af, ab = af + rho * np.minimum(af, d), ab + rho * np.minimum(ab, d)
+    mf = mf + rho * np.minimum(mf, 2.0 * d / 3.0)
     combine_bwd = d                                   # comm, first
     pre_fwd = af                                      # compute, first
     mlp_bwd = np.maximum(pre_fwd, combine_bwd) + mf   # needs the backward combine

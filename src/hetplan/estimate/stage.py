@@ -170,10 +170,11 @@ def stage_costs(
     sequence_parallel = np.asarray(work.sequence_parallel) & stack.sequence_parallel
     overlap_grad_reduce = overlap_grad_reduce & stack_overlaps_grad_reduce(stack, single_stage, zero)
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
+    fp8_recipe = stage_fp8_recipe(gpu, options)
     terms = LayerTerms(link, sequence_parallel=sequence_parallel, attention=attention,
                        tp_comm_overlap=tp_comm_overlap and not m.is_moe, cuda_graphs=cuda_graphs,
                        op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp" and not m.is_moe,
-                       async_tp=async_tp and not m.is_moe)
+                       async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe))
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
@@ -206,7 +207,7 @@ def stage_costs(
                                        etp=etp)
                if m.is_moe else 0.0)
         kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, link)
-        rho_a2a = overlap_contention(gpu, link.nccl_ctas)
+        rho_a2a = moe.alltoall_contention(gpu, moe_options.dispatcher, link.nccl_ctas)
         mlp_f = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
                  if m.is_moe and moe_options.a2a_overlap else 0.0)
         alone = moe.unpaired_pass_share(work.in_flight, num_microbatches)  # warm-up / cool-down passes, exposed
@@ -230,13 +231,13 @@ def stage_costs(
             rerun = np.where(rc == Recompute.FULL, 0.0, again)
             lb, ltp = lb + rerun, ltp + np.where(rc == Recompute.FULL, 0.0, a2a)
             layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
-    fp8_recipe = stage_fp8_recipe(gpu, options)
     work = replace(work, fp8_recipe=fp8_recipe)
     if fp8_recipe is not None:  # FP8 quantization of the linear layers' inputs and output gradients
         shapes = moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)
         dense = not (m.is_moe or m.is_mla)  # QKV / FC1 column-parallel, projection / FC2 row-parallel
         cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, shapes, t, sequence_parallel,
                                        (True, False, True, False) if dense else None)
+        cb = cb + compute.wgrad_bf16_extra_s(gpu, fp8_recipe, shapes)  # rowwise_with_gw_hp: bf16 weight gradients
         if eager:  # torchao's casts as separate ATen kernels
             xf, xb = elementwise.eager_cast_time_s(gpu, shapes)
             cf, cb = cf + xf, cb + xb
@@ -291,7 +292,7 @@ def stage_costs(
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
     layer_weight_per = weight_per = fp8.gathered_weight_bytes(  # FP8 parameters / FSDP2 float8 all-gather
-        dtype, framework, stack.optimizer_memory == "fsdp1")                        # (fp8 doc)
+        dtype, framework, stack.optimizer_memory == "fsdp1", fp8_recipe)            # (fp8 doc)
     layers_params = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
     if weight_per != 2:  # only the layers' linear weights gather in FP8; the embedding and output stay 16-bit
         weight_per = fp8.mixed_gathered_weight_bytes(weight_per, layers_params, params)
@@ -566,7 +567,8 @@ def stack_separate_wgrad_accumulation(stack: StackSpec, single_stage: Any) -> An
 
 def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:
     """The FP8 scaling recipe of a stage's GEMMs (:func:`hetplan.estimate.fp8.recipe`), None unless FP8."""
-    return fp8.recipe(gpu, options.framework, options.fp8_recipe) if fp8.is_fp8(options.dtype) else None
+    return (fp8.recipe(gpu, options.framework, options.fp8_recipe, options.stack_spec())
+            if fp8.is_fp8(options.dtype) else None)
 
 
 def stage_memory(m: ModelSpec, hardware: StageHardware, degrees: Degrees, work: StageWork,

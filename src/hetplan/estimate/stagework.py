@@ -163,6 +163,8 @@ class LayerTerms:
         extra_gpu_s: memory-bound GPU work of the forward beyond the GEMMs and the element-wise term, costed by
             the caller (a MoE layer's token permutation, :func:`hetplan.estimate.moe.permute_time_s`); backward
             runs the same again once (the inverse kernels on the gradients), full recomputation once more.
+        fp8_gathers: under FP8, whether the sequence-parallel all-gathers carry the FP8 operands (False for
+            torchao's rowwise recipes, which gather bf16: :func:`hetplan.estimate.fp8.fp8_gathers`).
         tp_comm_overlap, cuda_graphs, op_sac, sequence_dim_copies, async_tp, tp_allreduce: Megatron-Core's
             ``--tp-comm-overlap``, captured CUDA graphs, torchtitan's per-op SAC as the selective recompute,
             DTensor's sequence-dimension copies, PyTorch's async TP, and the algorithm of the TP all-reduces
@@ -184,3 +186,4 @@ class LayerTerms:
     sequence_dim_copies: bool = False
     async_tp: bool = False
     tp_allreduce: str = "ring"
+    fp8_gathers: bool = True

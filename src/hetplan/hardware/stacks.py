@@ -31,8 +31,8 @@ from hetplan.inputs import parse_toml, validation_message
 STACK_NAMES = ("megatron-lm", "nemo", "megatron-deepspeed", "deepspeed", "torchtitan", "llm-foundry",
                "hf-accelerate", "nemo-automodel", "fms-fsdp")
 #: The stack each framework runs when a job names none: what ``hetplan export`` writes for it (Megatron-LM
-#: ``pretrain_gpt.py`` arguments of current Megatron-Core, a DeepSpeed ``ds_config.json``, a torchtitan job TOML
-#: of the late-2025 schema; :mod:`hetplan.runtime.exporters`). Its latest release.
+#: ``pretrain_gpt.py`` arguments of current Megatron-Core, a DeepSpeed ``ds_config.json``, torchtitan 0.3.0's
+#: ``--module/--config`` launch; :mod:`hetplan.runtime.exporters`). Its latest release.
 FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": "torchtitan"}
 #: The behaviour fields of a stack; each but ``framework`` (hetplan's own family, :class:`hetplan.plan.Job`) needs
 #: a source in the data file.
@@ -45,6 +45,9 @@ ParallelDim = Literal["dp", "tp", "pp", "cp", "ep"]
 #: Kernel names of ``attention_kernel`` (:data:`hetplan.hardware.catalog.ATTENTION_KERNELS`).
 StackKernel = Literal["fa2", "fa3", "cudnn", "triton"]
 FusedOp = Literal["norm", "rope", "cross-entropy", "adam", "softmax", "bias-act"]
+#: FP8 scaling recipes a stack can run (:mod:`hetplan.estimate.fp8`): torchao float8's ``tensorwise``,
+#: ``rowwise`` and ``rowwise_with_gw_hp``, and MXFP8.
+StackFp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"]
 _MONTH = re.compile(r"^(\d{4})-(\d{2})(?:-\d{2})?$")
 
 
@@ -92,6 +95,9 @@ class StackSpec(BaseModel):
             ``buffered_reduce_fallback`` -> ``allreduce_bucket``: every rank all-reduces every gradient, then
             steps its partition and all-gathers the weights; never overlapped with the backward) or
             ``reduce-scatter`` (each rank receives only its partition's sums; the default).
+        fp8_recipe: under ``fsdp``, the FP8 scaling recipe an FP8 run of this release uses (torchao float8) by
+            GPU family, ``default`` for the others (:meth:`fp8_recipe_on`); empty: the framework's
+            default (:func:`hetplan.estimate.fp8.recipe`, torchao's ``tensorwise``).
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
@@ -124,6 +130,7 @@ class StackSpec(BaseModel):
     attention_unpad: tuple[StackKernel, ...] = ()
     fsdp_units: Literal["model", "embedding-output"] = "model"
     zero1_grad_reduce: Literal["reduce-scatter", "allreduce"] = "reduce-scatter"
+    fp8_recipe: dict[str, StackFp8Recipe] = Field(default_factory=dict)
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     sources: dict[str, str]
 
@@ -143,6 +150,11 @@ class StackSpec(BaseModel):
         family = architecture.split()[0] if architecture.split() else ""
         return self.attention_kernel.get(family, self.attention_kernel.get("default", "fa2"))
 
+    def fp8_recipe_on(self, architecture: str) -> str | None:
+        """The FP8 scaling recipe this release runs on a GPU of ``architecture`` (``fp8_recipe``; its first word
+        is the family), None where the data gives none."""
+        family = architecture.split()[0] if architecture.split() else ""
+        return self.fp8_recipe.get(family, self.fp8_recipe.get("default"))
 
     def separate_wgrad_accumulation(self, pp: int) -> bool:
         """Whether a plan with ``pp`` stages adds each micro-batch's 16-bit weight gradients into the
@@ -204,7 +216,8 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
             ("bf16_optimizer_zero",) if tuple(merged.get("bf16_optimizer_zero", (0, 1))) != (0, 1) else ()) + (
             ("attention_unpad",) if merged.get("attention_unpad") else ()) + (
             ("fsdp_units",) if merged.get("fsdp_units", "model") != "model" else ()) + (
-            ("zero1_grad_reduce",) if merged.get("zero1_grad_reduce", "reduce-scatter") != "reduce-scatter" else ())
+            ("zero1_grad_reduce",) if merged.get("zero1_grad_reduce", "reduce-scatter") != "reduce-scatter" else ()) + (
+            ("fp8_recipe",) if merged.get("fp8_recipe") else ())
         missing = [f for f in FIELDS[1:] + ("released",) + optional if f not in sources]
         if missing:
             raise HetplanError(f"{entry['name']} {entry.get('version')}: no source for {', '.join(missing)}",

@@ -353,10 +353,13 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     if gbs <= 0:
         gbs = local * dp
     fp8 = "Float8LinearConverter" in (job_module or "") or config.endswith("float8") or config == "llama3_405b"
+    # the converter's recipe_name (0.3.0: rowwise, its default, or rowwise_with_gw_hp)
+    recipe = "rowwise_with_gw_hp" if fp8 and "recipe_name='rowwise_with_gw_hp'" in (job_module or "") else None
     compiled = bool(over.get("compile.enable", False))
     rec = {"none": "none", "full": "full", "selective": "selective", "memory-budget": "selective"}.get(ac, "none")
     job = Job(model=name, seq_len=seq, global_batch=gbs, train_iterations=num("training.steps", 1),
-              dtype="fp8" if fp8 else "bf16", attention="flash", framework="fsdp", torch_compile=compiled,
+              dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe, attention="flash", framework="fsdp",
+              torch_compile=compiled,
               async_tp=bool(over.get("compile.enable_async_tensor_parallel", False)))
     return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
@@ -396,10 +399,17 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
     else:
         mbs, layers, v = int(tr["local_batch_size"]), [spec.num_layers], 1
     comp = cfg.get("compile", {})
+    fp8 = bool({"float8", "quantize.linear.float8"} & set(cfg.get("model", {}).get("converters", [])))
+    float8 = cfg.get("quantize", {}).get("linear", {}).get("float8", cfg.get("float8", {}))
+    # 0.2.x: recipe_name (rowwise, rowwise_with_gw_hp, tensorwise), or none: tensorwise (the float8 all-gather)
+    recipe = str(float8.get("recipe_name") or "tensorwise") if fp8 else None
+    if recipe not in (None, "tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        raise HetplanError(f"[quantize.linear.float8] recipe_name {recipe!r} is no torchao float8 recipe",
+                           field="quantize.linear.float8.recipe_name",
+                           fix="use tensorwise, rowwise or rowwise_with_gw_hp")
     job = Job(model=name, seq_len=int(tr["seq_len"]), global_batch=int(tr["global_batch_size"]),
-              train_iterations=int(tr.get("steps", 1)),
-              dtype="fp8" if {"float8", "quantize.linear.float8"} & set(cfg.get("model", {}).get("converters", []))
-              else "bf16", attention="flash",
+              train_iterations=int(tr.get("steps", 1)), dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe,
+              attention="flash",
               framework="fsdp", torch_compile=bool(comp.get("enable", False)),
               async_tp=bool(par.get("enable_async_tensor_parallel", False)))
     rec = cfg.get("activation_checkpoint", {}).get("mode", "none")

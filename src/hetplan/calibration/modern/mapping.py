@@ -131,23 +131,20 @@ def probe_job(**kw) -> Job:
 
 
 def row_dtype(r: dict) -> str:
-    """``fp8`` (Transformer Engine's delayed / MXFP8 recipes, torchao's tensor-wise float8) or ``bf16``.
-
-    Raises:
-        NotExpressibleError: torchao's row-wise float8 recipe (per-row scales, its own slower kernels: not modelled).
-    """
+    """``fp8`` (Transformer Engine's delayed / current / MXFP8 recipes, torchao's tensor-wise and row-wise float8:
+    :func:`row_fp8_recipe`) or ``bf16``."""
     d = r["dtype"].lower()
-    if "rowwise" in d:
-        raise NotExpressibleError("float8 row-wise scaling (torchao 'rowwise' recipe): its per-row scales and kernels "
-                                  "are not modelled (tensor-wise, delayed and MXFP8 are)")
     return "fp8" if ("fp8" in d or "float8" in d) else "bf16"
 
 
 def row_fp8_recipe(r: dict) -> str | None:
     """``current`` where the row's dtype names Transformer Engine's current scaling (Megatron-Bridge / NeMo
-    "FP8-CS", their ``fp8_cs`` recipes: ``Float8CurrentScaling``, :attr:`hetplan.plan.Job.fp8_recipe`), else None
-    (the framework's default recipe)."""
+    "FP8-CS", their ``fp8_cs`` recipes: ``Float8CurrentScaling``, :attr:`hetplan.plan.Job.fp8_recipe`); ``rowwise``
+    / ``rowwise_with_gw_hp`` where it names torchao's row-wise float8 recipes (``float8 rowwise``: torchtitan's
+    ``recipe_name``); else None (the stack's default recipe)."""
     d = re.sub(r"[-_ ]", "", r["dtype"].lower())
+    if "rowwise" in d:
+        return "rowwise_with_gw_hp" if "gwhp" in d else "rowwise"
     return "current" if re.search(r"fp8cs\b|currentscaling", d) else None
 
 

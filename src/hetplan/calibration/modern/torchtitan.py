@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from hetplan.calibration.modern.mapping import Layout, catalog_gpu, collect, row_case
+from hetplan.calibration.modern.mapping import Layout, catalog_gpu, collect, row_case, row_fp8_recipe
 from hetplan.calibration.modern.rows import NotExpressibleError, cell_float, cell_int, read_rows, run_facts
 from hetplan.calibration.modern.sets import FILES
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
@@ -138,6 +138,8 @@ def torchtitan_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
                    attention_kernel=_torchtitan_attention_kernel(catalog.get(catalog_gpu(r["gpu"], catalog))))
         if (stack := torchtitan_stack(r["source"])) is not None:
             job["stack"] = stack
+        if (recipe := row_fp8_recipe(r)) is not None:  # torchao's rowwise where the row names it
+            job["fp8_recipe"] = recipe
         if cp > 1:
             job.update(cp_kv_exchange="allgather", cp_load_balance=False)
         lay = Layout(tp=tp, pp=pp, dp=dp, recompute=rc, recompute_fraction=frac, job=job, plan=dict(

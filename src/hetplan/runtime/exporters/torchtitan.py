@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from hetplan.errors import HetplanError
+from hetplan.estimate import fp8 as fp8_model
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Plan
 from hetplan.runtime.exporters.common import (Export, _interleaved_units, _Mesh, _mesh, _nodes, _pools_note,
@@ -128,11 +129,15 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     if pp > 1:
         lines += [f"pipeline_parallel_microbatch_size = {plan.mbs}", f'pipeline_parallel_schedule = "{sched}"',
                   f"module_fqns_per_model_part = {json.dumps(_torchtitan_parts(plan, spec, v))}"]
-    if plan.job.dtype == "fp8":  # torchao float8 as the estimate assumed it (hetplan.estimate.fp8): tensor-wise
-        # dynamic scaling, FP8 all-gather of the FSDP2 parameters; the output head stays bf16
+    if plan.job.dtype == "fp8":  # torchao float8 as the estimate priced it (hetplan.estimate.fp8): tensor-wise
+        # dynamic scaling with FP8 all-gather of the FSDP2 parameters, or a rowwise recipe (bf16 gathers; 0.2.x
+        # refuses the float8 all-gather with a recipe_name); the output head stays bf16
         # (torchtitan 0.2.x: converter "quantize.linear.float8", config/job_config.py Quantize.linear.float8)
-        lines += ["", "[quantize.linear.float8]", "enable_fsdp_float8_all_gather = true",
-                  "precompute_float8_dynamic_scale_for_fsdp = true", 'filter_fqns = ["output"]']
+        name = torchtitan_fp8_recipe(plan, "0.2")
+        lines += ["", "[quantize.linear.float8]",
+                  *([f'recipe_name = "{name}"'] if name != "tensorwise" else
+                    ["enable_fsdp_float8_all_gather = true", "precompute_float8_dynamic_scale_for_fsdp = true"]),
+                  'filter_fqns = ["output"]']
     # torch.compile of the blocks and the loss, or eager (hetplan.estimate.elementwise)
     lines += ["", "[compile]", *(['enable = true', 'components = ["model", "loss"]'] if plan.job.torch_compile
                                  else ["enable = false"])]
@@ -246,6 +251,34 @@ _l.llama3_configs[{flavor!r}] = _hetplan_shape
 '''
 
 
+#: The torchtitan stack release (``hetplan.hardware.data/stacks.toml``) of each export version.
+TORCHTITAN_RELEASE_STACKS = {"0.3": "torchtitan@0.3.0", "0.2": "torchtitan@2025-10"}
+
+
+def torchtitan_fp8_recipe(plan: Plan, version: str = "0.3") -> str:
+    """The torchao float8 recipe of an FP8 plan's torchtitan launch: what the estimate priced for an ``fsdp`` plan
+    (:func:`hetplan.estimate.fp8.recipe`: the job's ``fp8_recipe``, else the plan's stack's: ``rowwise`` for
+    torchtitan 0.3.0, ``tensorwise`` for the releases before it), for a plan of another framework the default of
+    the release ``version`` writes
+    (:data:`TORCHTITAN_RELEASE_STACKS`).
+
+    Raises:
+        HetplanError: stages on GPU generations the stack gives different recipes (one converter per job).
+    """
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.hardware.stacks import resolve_stack
+
+    catalog, fsdp = load_catalog(), plan.job.framework == "fsdp"
+    stack = plan.job.stack_spec() if fsdp else resolve_stack(TORCHTITAN_RELEASE_STACKS[version])
+    requested = plan.job.fp8_recipe if fsdp else None  # another framework's recipe is Transformer Engine's
+    recipes = {fp8_model.recipe(catalog.get(plan.pools[st.pool].gpu), "fsdp", requested, stack)
+               for st in plan.stages}
+    if len(recipes) > 1:
+        raise HetplanError(f"torchtitan runs one float8 recipe per job; this plan's GPUs need {sorted(recipes)}",
+                           field="plan.job.dtype", fix="plan with dtype bf16, or on one GPU generation")
+    return recipes.pop()
+
+
 def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Export:
     """torchtitan 0.3.x: ``torchrun -m torchtitan.train --module M --config C`` plus ``--section.key`` overrides
     and the activation checkpointing subcommand (``activation-checkpoint:none|selective|full``), the form its
@@ -293,19 +326,26 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
                            "among its MoE layers", field="--to", fix="export --to megatron")
     compiled = plan.job.torch_compile
     converters = "None"
-    if fp8:  # torchao float8 (rowwise in 0.3.0's Float8LinearConverter), output head and router gate kept bf16
+    recipe_name = torchtitan_fp8_recipe(plan, "0.3") if fp8 else None
+    if fp8:  # torchao float8 in the recipe the estimate priced, output head and router gate kept bf16
         imports = "from torchtitan.components.quantization import Float8GroupedExpertsConverter, " \
                   "Float8LinearConverter\n" if experts else \
                   "from torchtitan.components.quantization import Float8LinearConverter\n"
-        items = [f"Float8LinearConverter.Config(filter_fqns={['lm_head', 'router.gate'] if experts else ['lm_head']}"
+        written = recipe_name if recipe_name in fp8_model.ROWWISE else "rowwise"  # 0.3.0's only recipes
+        items = [f"Float8LinearConverter.Config(recipe_name={written!r}, "
+                 f"filter_fqns={['lm_head', 'router.gate'] if experts else ['lm_head']}"
                  f", model_compile_enabled={compiled})"]
         if experts:
             items.append(f"Float8GroupedExpertsConverter.Config(model_compile_enabled={compiled})")
         converters = "[" + ", ".join(items) + "]"
-        notes.append("torchtitan 0.3.0's Float8LinearConverter scales rowwise (its only recipes: rowwise, "
-                     "rowwise_with_gw_hp); the estimate priced tensorwise dynamic scaling (hetplan.estimate.fp8)")
+        if written != recipe_name:
+            notes.append(f"the estimate priced torchao {recipe_name} scaling with FP8 all-gathers (stack "
+                         f"{plan.job.stack_spec().id}); torchtitan 0.3.0's Float8LinearConverter scales rowwise "
+                         "(bf16 all-gathers): plan with --stack torchtitan@0.3.0 and no --fp8-recipe for this "
+                         "launch's price")
     files = {}
-    generated = config is None or fp8 != (config in _TT03_SHIPPED_FP8) or bool(shape)
+    generated = (config is None or fp8 != (config in _TT03_SHIPPED_FP8) or bool(shape)
+                 or recipe_name not in (None, "rowwise"))  # the shipped float8 configs run the default rowwise
     if generated:
         base = config or _TT03_BASE[module]
         what = f"{spec.name} as {module} flavor {flavor!r}" + (" with float8 converters" if fp8 else "")
