@@ -134,7 +134,7 @@ def test_cli_catalog_stacks_and_stack_flag(tmp_path):
     r = _hetplan("catalog", "stacks", "nemo@2024-08")
     assert r.returncode == 0 and "nemo@24.07" in r.stdout and "PR #9188" in r.stdout
     base = ("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "64", "--gpu", "A100-SXM-80GB",
-            "--gpus", "8", "--tp", "1", "--pp", "1", "--top", "1", "--json")
+            "--gpus", "8", "--tp", "1", "--pp", "1", "--zero", "3", "--top", "1", "--json")
     r = _hetplan(*base, "--stack", "megatron-lm@2099-01", "-o", tmp_path / "p.json")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "p.json").read_text())["job"]["stack"] == "megatron-lm@core_r0.15"
@@ -143,6 +143,10 @@ def test_cli_catalog_stacks_and_stack_flag(tmp_path):
     assert r.returncode == 2 and "job.stack" in r.stderr and "Traceback" not in r.stderr
     r = _hetplan("estimate", tmp_path / "p.json", "--json", "--stack", "llm-foundry")
     assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "p.json").read_text())  # llm-foundry's fsdp_config runs FULL_SHARD only
+    (tmp_path / "z1.json").write_text(json.dumps({**plan, "zero": 1}))
+    r = _hetplan("estimate", tmp_path / "z1.json", "--stack", "llm-foundry")
+    assert r.returncode == 2 and "ZeRO-1, which stack llm-foundry@0.3 lacks" in r.stderr and "stack-has-option" in r.stderr
     r = _hetplan("estimate", tmp_path / "p.json", "--stack", "fms")
     assert r.returncode == 2 and "did you mean 'fms-fsdp'" in r.stderr
 

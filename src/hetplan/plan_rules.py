@@ -31,8 +31,8 @@ Rules (name: what must hold, and why):
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
   without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
   (``megatron/core/transformer/transformer_config.py``).
-* ``stack-has-option``: ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; FSDP stacks
-  shard as ZeRO-3) and each stage's recomputation exist in the job's stack (:meth:`hetplan.plan.Job.stack_spec`,
+* ``stack-has-option``: ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; under FSDP
+  stacks the sharding mode the launch names: llm-foundry runs FULL_SHARD only) and each stage's recomputation exist in the job's stack (:meth:`hetplan.plan.Job.stack_spec`,
   ``hetplan catalog stacks``): Megatron-LM 2.5 has no distributed optimizer and no selective recomputation,
   before Megatron-Core 0.4 no ``--tp-comm-overlap``, before 0.9 no ``--enable-cuda-graph``; priced anyway they
   would be numbers of a run that stack cannot make. Likewise the parallel dimensions (TP, PP, CP, EP > 1) and
@@ -239,7 +239,7 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
               if used[dim] > 1 and not stack.has(dim)]
     if plan.pp > 1 and plan.virtual_stages > 1 and not stack.has("vp"):
         lacks.append(("virtual_stages", f"interleaved 1F1B ({plan.virtual_stages} virtual stages)"))
-    if (plan.job.framework != "fsdp" and plan.zero not in stack.zero
+    if (plan.zero not in stack.zero
             and any(st.dp * degree(plan, i, "cp") > 1 for i, st in enumerate(plan.stages))):
         lacks.append(("zero", f"ZeRO-{plan.zero} (it runs {', '.join(map(str, stack.zero))})"))
     modes = {st.recompute for st in plan.stages} - set(stack.recompute)

@@ -38,6 +38,7 @@ def test_every_row_of_the_uniform_space_is_one_the_stack_runs(stack, model, gpus
     used = set().union(*(_uses(cfg, i) for i in range(len(cfg["tp"]))))
     lacks = {d for d in (*DIMS, "vp") if not s.has(d)}
     assert not used & lacks, (stack, used & lacks)
+    assert all(int(z) in s.zero for z, d in zip(cfg["zero"], cfg["dp"]) if d > 1)  # llm-foundry: ZeRO-3 only
     assert {"tp", "pp"} & set(s.parallel) <= used
     if "ep" in s.parallel and spec.is_moe:
         assert "ep" in used

@@ -117,12 +117,13 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int, stack=None) -> 
 
 def stack_allows(stack, zero: int | None = None, recompute: str | None = None, attention: str = "flash") -> bool:
     """Whether ``stack`` (a :class:`hetplan.hardware.stacks.StackSpec`, None: any) offers ZeRO stage ``zero``
-    and recomputation ``recompute``. FSDP stacks shard as the estimate does (ZeRO-3) whatever ``zero`` says;
-    selective recomputation under flash attention is the plan without recomputation (:class:`hetplan.plan.Job`),
+    and recomputation ``recompute``. Under FSDP stacks ``zero`` is the sharding mode the launch names (the
+    estimate shards as ZeRO-3 whatever it says; torchtitan's export writes ZeRO-0 as DDP replication): llm-foundry,
+    HF Accelerate's FSDP plugin and NeMo AutoModel run FULL_SHARD only (``zero = [3]``), so no ZeRO-0 label; selective recomputation under flash attention is the plan without recomputation (:class:`hetplan.plan.Job`),
     which every stack runs."""
     if stack is None:
         return True
-    if zero is not None and stack.framework != "fsdp" and zero not in stack.zero:
+    if zero is not None and zero not in stack.zero:
         return False
     if recompute is not None and recompute not in stack.recompute:
         return recompute == "selective" and attention == "flash"
