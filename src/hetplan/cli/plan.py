@@ -167,7 +167,8 @@ def plan_command(
                                             "runs that framework's current stack, what `hetplan export` writes "
                                             "for it (Megatron-Core, DeepSpeed, torchtitan)."),
     stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: the software stack and "
-                                        "release (`hetplan catalog stacks`); a month picks the release then."),
+                                        "release (`hetplan catalog stacks`); a month picks the release then. The "
+                                        "search proposes only the parallel dimensions it runs."),
     attention_kernel: Optional[str] = typer.Option(None, "--attention-kernel", help="fa2 | fa3 | cudnn: the fused "
                                                    "attention kernel (default: the framework's on the GPU)."),
     async_tp: bool = typer.Option(False, "--async-tp", help="PyTorch's async TP (framework fsdp, compiled)."),
