@@ -65,6 +65,7 @@ def test_llm_foundry_proposes_fsdp_only_plans():
     job = Job(model="llama2-7b", seq_len=4096, global_batch=1024, train_iterations=10, stack="llm-foundry@0.3")
     res = search_plans(job, inv, top_k=5, heterogeneous=False)
     assert len(res.plans) == 5
+    assert "Stack llm-foundry@0.3 runs DP: no TP, PP, CP searched" in " ".join(res.explanation)
     for rp in res.plans:
         p = rp.plan
         assert (p.pp, p.cp, p.ep, p.virtual_stages, {s.tp for s in p.stages}) == (1, 1, 1, 1, {1})
@@ -72,6 +73,7 @@ def test_llm_foundry_proposes_fsdp_only_plans():
     titan = search_plans(job.model_copy(update={"stack": "torchtitan@2025-10"}), inv, pins=Pins(tp=2), top_k=1,
                          heterogeneous=False)
     assert titan.plans[0].plan.stages[0].tp == 2
+    assert not any(line.startswith("Stack ") for line in titan.explanation)  # it runs every dense dimension
 
 
 def _plan(stack: str, **kw) -> tuple:

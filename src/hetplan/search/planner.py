@@ -324,6 +324,8 @@ def search_plans(
                            f"unestimated plan beats {homo['unestimated_lower_bound']:,.4g} ({_what(objective)}){gap}.")
     if het is not None:
         ranked, explanation = _merge_hetero(objective, ranked, explanation, het, top_k)
+    if ranked and (scope := _stack_scope(job, m)) is not None:
+        explanation.append(scope)
     if not ranked:
         _raise_infeasible(objective, results, cat, job_time, job_usd, lambda: _fastest_estimated(
             job, inventory, m, results, cat, catalog, het))
@@ -337,6 +339,20 @@ def search_plans(
                                                               ranked[0].estimate if ranked else None),
         homogeneous=homo,
     )
+
+
+def _stack_scope(job: Job, m: ModelSpec) -> str | None:
+    """The explanation's line on what the job's stack leaves out of every search (``stacks.toml`` ``parallel`` /
+    ``interleaved``, :func:`hetplan.search.space.stack_has`); None when it runs every dimension that applies (EP
+    only to a MoE model)."""
+    stack = job.stack_spec()
+    missing = [name for dim, name in (("tp", "TP"), ("pp", "PP"), ("cp", "CP"), ("ep", "EP"), ("vp", "interleaving"))
+               if not stack.has(dim) and (dim != "ep" or m.is_moe) and (dim != "vp" or stack.has("pp"))]
+    if not missing:
+        return None
+    runs = "/".join(d.upper() for d in stack.parallel)
+    return (f"Stack {stack.id} runs {runs}{' with interleaving' if stack.interleaved else ''}: no "
+            f"{', '.join(missing)} searched (`hetplan catalog stacks {stack.id}`).")
 
 
 def _what(objective) -> str:
