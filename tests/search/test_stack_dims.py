@@ -139,3 +139,23 @@ def test_pinned_dimension_the_stack_lacks_exits_2_naming_the_rule():
     assert r.returncode == 2 and "pin.virtual_stages" in r.stderr and "rule stack-has-option" in r.stderr
     r = _cli("catalog", "stacks", "llm-foundry")
     assert r.returncode == 0 and "parallel: dp" in r.stdout and "tp_config" in r.stdout
+
+
+def test_pinned_zero_or_recompute_the_stack_lacks_is_refused_before_the_search():
+    """``--stack nemo@22.05 --zero 1`` printed ZeRO-1 plans at DP = 1 only (the one place ZeRO-1 is allowed)
+    instead of saying the stack has no ZeRO-1; ``--dp 1`` keeps the harmless what-if."""
+    from hetplan.errors import HetplanError
+    from hetplan.search.planner import check_pins
+
+    m = load_model("llama2-7b")
+    job = Job(model="llama2-7b", seq_len=4096, global_batch=1024, train_iterations=10, stack="nemo@22.05")
+    with pytest.raises(HetplanError) as err:
+        check_pins(Pins(zero=1), m, job)
+    assert err.value.field == "pin.zero" and "nemo@22.05" in str(err.value) and "ZeRO 0 only" in str(err.value)
+    check_pins(Pins(zero=1, dp=1), m, job)
+    check_pins(Pins(zero=0), m, job)
+    old = Job(model="llama2-7b", seq_len=4096, global_batch=1024, train_iterations=10, stack="megatron-lm@2.0")
+    with pytest.raises(HetplanError) as err:
+        check_pins(Pins(recompute="selective"), m, old.model_copy(update={"attention": "standard"}))
+    assert err.value.field == "pin.recompute" and "none, full only" in str(err.value)
+    check_pins(Pins(recompute="full"), m, old)

@@ -90,6 +90,7 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
         PlanRuleError: ``--tp`` not dividing the heads, key/value heads or MLP width; ``--ep`` on a dense model or
             not dividing the experts; ``--tp`` / ``--pp`` / ``--cp`` / ``--ep`` > 1 or ``--virtual-stages`` > 1
             where ``job``'s stack lacks that dimension or interleaving (rule ``stack-has-option``).
+        HetplanError: ``--zero`` (unless ``--dp 1``) or ``--recompute`` the stack does not offer.
     """
     from hetplan.plan_rules import PlanRuleError, expert_degree_violation, tensor_degree_violations
 
@@ -106,6 +107,9 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
                                     f"{stack.sources.get('parallel' if dim != 'vp' else 'interleaved', '')})",
                                     field=f"pin.{pin}", fix=f"unpin {pin}, or pick a stack that has it "
                                                             "(hetplan catalog stacks)")
+        # before the search: a pinned ZeRO-1 with DP > 1 possible kept only the DP = 1 rows (nemo@22.05 --zero 1
+        # printed 768-stage ZeRO-1 plans), a pinned recomputation was priced though the stack lacks it
+        _refuse_stack_modes(job, pins, zero=pins.dp != 1)
     bad = [*tensor_degree_violations(m, pins.tp or 1, field="pin.tp"), expert_degree_violation(m, pins.ep or 1,
                                                                                                 field="pin.ep")]
     for err in bad:
@@ -147,10 +151,19 @@ def _refuse_pins_the_stack_lacks(job: Job, pins: Pins) -> None:
 
     Raises:
         HetplanError: naming ``pin.zero`` or ``pin.recompute``."""
+    _refuse_stack_modes(job, pins)
+    _refuse_pinned_ep_layout(job, pins)
+
+
+def _refuse_stack_modes(job: Job, pins: Pins, zero: bool = True) -> None:
+    """A pinned ZeRO stage (when ``zero``) or recomputation that ``job``'s stack does not offer.
+
+    Raises:
+        HetplanError: naming ``pin.zero`` or ``pin.recompute`` and the stages or modes the stack offers."""
     from hetplan.search.space import stack_allows
 
     stack = job.stack_spec()
-    if pins.zero is not None and not stack_allows(stack, zero=pins.zero):
+    if zero and pins.zero is not None and not stack_allows(stack, zero=pins.zero):
         raise HetplanError(f"ZeRO-{pins.zero} is pinned, but stack {stack.id} offers ZeRO "
                            f"{', '.join(map(str, stack.zero))} only", field="pin.zero",
                            fix="unpin zero, or pick a stack that has it (hetplan catalog stacks)")
@@ -158,7 +171,6 @@ def _refuse_pins_the_stack_lacks(job: Job, pins: Pins) -> None:
         raise HetplanError(f"{pins.recompute} recomputation is pinned, but stack {stack.id} offers "
                            f"{', '.join(stack.recompute)} only", field="pin.recompute",
                            fix="unpin recompute, or pick a stack that has it (hetplan catalog stacks)")
-    _refuse_pinned_ep_layout(job, pins)
 
 
 def _refuse_pinned_interleaving(job: Job, pins: Pins, m: ModelSpec) -> None:
