@@ -239,3 +239,22 @@ def test_export_writes_the_default_stack_and_says_when_the_plan_was_priced_for_a
     old = plan.model_copy(update={"job": Job.model_validate(job | {"stack": "megatron-lm@3.0"})})
     notes = [n for n in export(old, m, "megatron").notes if "priced for stack" in n]
     assert notes and "megatron-lm@3.0" in notes[0] and default_stack("megatron").id in notes[0]
+
+
+def test_cli_catalog_stack_detail_fits_80_columns_and_prints_sources_as_written():
+    """``catalog stacks torchtitan@0.3.0`` printed 470-column source lines, and rich read the TOML sections
+    in them (``[parallelism] enable_async_tensor_parallel``) as markup and dropped them."""
+    import os
+
+    env = {**os.environ, "COLUMNS": "80"}
+    for args in (("catalog", "stacks", "torchtitan@0.3.0"), ("catalog", "engines", "vllm")):
+        r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", *args], capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        assert max(len(line) for line in r.stdout.splitlines()) <= 80
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "catalog", "stacks", "torchtitan@0.3.0"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    text = " ".join(r.stdout.split())
+    st = resolve_stack("torchtitan@0.3.0")
+    for f in ("tp_comm_overlap", "launch", "fsdp_units"):
+        assert " ".join(st.sources[f].split()) in text

@@ -168,6 +168,19 @@ def _dims(st) -> str:
     return out or "-"
 
 
+def _print_field(con, name: str, shown: str, source: str) -> None:
+    """One field of ``catalog stacks NAME`` / ``catalog engines NAME`` and its source, wrapped to the console's
+    width with the source indented under it, printed as written (a source such as ``[parallelism]
+    enable_async_tensor_parallel`` is a TOML section, not rich markup, which swallowed it)."""
+    import textwrap
+
+    width = max(con.width, 40)
+    lines = textwrap.wrap(f"{name}: {shown}", width, initial_indent="  ", subsequent_indent="    ") or [f"  {name}:"]
+    lines += textwrap.wrap(f"source: {source}", width, initial_indent="      ", subsequent_indent="        ",
+                           break_on_hyphens=False)
+    con.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
+
+
 @catalog_app.command("stacks")
 def stacks(
     name: Optional[str] = typer.Argument(None, help="NAME[@VERSION|@YYYY-MM]: one release with every field's source."),
@@ -192,8 +205,7 @@ def stacks(
             value = getattr(st, f)
             shown = ", ".join(map(str, value)) if isinstance(value, tuple) else (
                 ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else str(value))
-            con.print(f"  {f}: {shown}\n      source: {st.sources.get(f, 'hetplan (framework family)')}",
-                      highlight=False, soft_wrap=True)
+            _print_field(con, f, shown, st.sources.get(f, "hetplan (framework family)"))
         return
     narrow = con.width < NARROW
     t = new_table(f"Software stacks ({cat.date}); a release holds until the next", narrow)
@@ -252,7 +264,7 @@ def engines(
                 "; ".join(f"{k} {', '.join(v) if isinstance(v, tuple) else v}" for k, v in value.items())
                 if isinstance(value, dict) else str(value))
             key = "non_torch_memory_gib" if f == "non_torch_memory_bytes" else f
-            con.print(f"  {f}: {shown}\n      source: {e.sources.get(key, '-')}", highlight=False, soft_wrap=True)
+            _print_field(con, f, shown, e.sources.get(key, "-"))
         return
     t = new_table(f"Serving engines ({cat.date})", con.width < NARROW)
     for col in ("engine", "decode", "graphs", "attn A / H", "block", "budget", "max seqs", "fp8"):
