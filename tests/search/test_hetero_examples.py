@@ -98,6 +98,18 @@ def test_cli_pareto_writes_png(tmp_path):
     assert "heterogeneous" in out and out["plans"][0]["stages"][0]["gpu"] == "A100-SXM-40GB"
 
 
+def test_cli_pareto_table_fits_80_columns(tmp_path):
+    """The frontier table took 160 columns whenever stdout was not a terminal, COLUMNS=80 or not."""
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "plan", ROOT / "examples" / "fasop_gpt2xl.toml",
+                        "--pareto", tmp_path / "p.png", "--top", "1"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300, env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    assert "Cost-time Pareto frontier" in r.stdout and "cheapest" in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
 def test_cli_slo_and_no_hetero(tmp_path):
     ex = ROOT / "examples" / "fasop_gpt2xl.toml"
     r = hetplan("plan", ex, "--no-hetero", "--json", "--top", "1")

@@ -442,13 +442,13 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
                 buys=bought.get(id(p), "cheapest"), exact=p.estimate.iteration_time_s < fr.proven_below_s)
            for p in fr.points]
     if not quiet:
-        con = Console(width=None if Console().is_terminal else 160)
+        con = table_console()  # COLUMNS when set (it printed 160 columns at COLUMNS=80 through a pipe)
         r = fr.result
-        t = Table(title=f"Cost-time Pareto frontier by estimate() ({len(fr.points)} plans; {r.allocations_solved:,} of "
-                        f"{r.allocations:,} allocations solved, {r.plans_estimated:,} plans estimated in "
-                        f"{r.search_time_s:.2f} s)")
+        t = new_table(f"Cost-time Pareto frontier by estimate() ({len(fr.points)} plans; {r.allocations_solved:,} "
+                      f"of {r.allocations:,} allocations solved, {r.plans_estimated:,} plans estimated in "
+                      f"{r.search_time_s:.2f} s)", con.width < NARROW)
         for col in ("#", "plan", "GPUs", "iter s", "$/iteration", "$/h", "what the extra $ buys"):
-            t.add_column(col)
+            t.add_column(col, no_wrap=col in ("#", "GPUs", "iter s", "$/iteration", "$/h"))
         pts = by_cost(fr.points)
         what = ["cheapest"] + [f"{buys(p, c)} than #{i}" for i, (p, c) in enumerate(zip(pts, pts[1:]), start=1)]
         for i, (p, b) in enumerate(zip(pts, what), start=1):
