@@ -28,11 +28,26 @@ BOUNDS = {
 
 
 @pytest.fixture(scope="module")
-def result():
+def raw():
     out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--json"], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def result(raw):
+    return json.loads(raw)
+
+
+def test_json_is_strict_json(raw):
+    """``validate --json`` wrote NaN (Kendall tau of single-row groups, interval_coverage of sets without
+    held-out rows), which JSON.parse, Go and serde refuse: a metric without a value is null."""
+    def refuse(token):
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    d = json.loads(raw, parse_constant=refuse)
+    assert d["interval_coverage"]["espresso_hetero"]["leave_set_out"] is None
 
 
 def test_set_names_and_fields(result):
