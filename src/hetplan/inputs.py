@@ -211,7 +211,11 @@ def validation_message(exc: ValidationError, where: str, cls: type[BaseModel] | 
     if why and err["type"] in ("less_than_equal", "less_than", "greater_than_equal", "greater_than"):
         return HetplanError(f"{err['msg']} (got {shown}): {why}", field=loc, fix="give a value within the bounds")
     if err["type"] == "value_error" and isinstance(got, dict):  # a check across fields: the message names them
-        return HetplanError(err["msg"].removeprefix("Value error, "), field=loc, fix="correct the values it names")
+        msg, _, fix = err["msg"].removeprefix("Value error, ").partition("; fix: ")
+        first = msg.split(" ", 1)[0]
+        if first in got:  # the check names the field it refuses first ("fp8_recipe 'rowwise' is ...")
+            loc = f"{loc}.{first}"
+        return HetplanError(msg, field=loc, fix=fix or "correct the values it names")
     if err["type"] == "value_error" and "; fix: " in err["msg"]:  # a field check that says its own fix
         msg, _, fix = err["msg"].removeprefix("Value error, ").partition("; fix: ")
         return HetplanError(f"{msg} (got {shown})", field=loc, fix=fix)

@@ -229,15 +229,15 @@ class Job(BaseModel):
             raise ValueError(f"recompute_modules and offload_modules are Megatron-Core options; framework "
                              f"{self.framework!r} has neither: remove them or set framework = 'megatron'")
         if self.fp8_recipe is not None and self.dtype != "fp8":
-            raise ValueError(f"fp8_recipe is an FP8 scaling recipe: it needs dtype = 'fp8' (got {self.dtype!r}): "
-                             "remove fp8_recipe or set dtype = 'fp8'")
+            raise ValueError(f"fp8_recipe is an FP8 scaling recipe: it needs dtype = 'fp8' (got {self.dtype!r}); "
+                             "fix: remove fp8_recipe (--fp8-recipe) or set dtype = 'fp8' (--dtype fp8)")
         torchao = self.fp8_recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp")
         if self.fp8_recipe is not None and torchao != (self.framework == "fsdp"):
             raise ValueError(f"fp8_recipe {self.fp8_recipe!r} is " + (
                 "torchao float8's (torchtitan): it needs framework 'fsdp'" if torchao else
                 "Transformer Engine's: it needs framework 'megatron' or 'deepspeed'") +
-                f" (got {self.framework!r}): use " + ("delayed or current" if torchao else
-                                                       "tensorwise, rowwise or rowwise_with_gw_hp") +
+                f" (got {self.framework!r}); fix: use " + ("delayed or current" if torchao else
+                                                             "tensorwise, rowwise or rowwise_with_gw_hp") +
                 " for this framework, or remove fp8_recipe")
         if self.attention_kernel is not None and self.attention != "flash":
             raise ValueError(f"attention_kernel applies to attention = 'flash' (a fused kernel); attention = "

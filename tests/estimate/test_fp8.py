@@ -228,6 +228,20 @@ def test_fp8_recipe_outside_its_framework_is_refused(recipe, kw):
         Job(model="llama3-8b", seq_len=4096, global_batch=64, fp8_recipe=recipe, **kw)
 
 
+@pytest.mark.parametrize("recipe,kw,fix", [("delayed", dict(dtype="bf16", framework="fsdp"), "--dtype fp8"),
+                                           ("delayed", dict(dtype="fp8", framework="fsdp"), "rowwise"),
+                                           ("rowwise", dict(dtype="fp8", framework="megatron"), "delayed or current")])
+def test_fp8_recipe_refusal_names_the_field_and_the_fix(recipe, kw, fix):
+    """From a job file or the flags the refusal said field ``job`` and fix 'correct the values it names'; it names
+    ``job.fp8_recipe`` and says what to use."""
+    from hetplan.errors import HetplanError
+    from hetplan.jobfile import validated
+
+    with pytest.raises(HetplanError) as err:
+        validated(Job, dict(model="llama3-8b", seq_len=4096, global_batch=64, fp8_recipe=recipe, **kw), "job")
+    assert err.value.field == "job.fp8_recipe" and fix in err.value.fix and "; fix:" not in str(err.value)
+
+
 def test_job_recipe_overrides_the_stack_and_round_trips_through_the_export():
     """Under fsdp the job's torchao recipe overrides the release's: tensorwise on torchtitan 0.3.0 is priced as
     tensorwise (fewer cast bytes, FP8 gathers: faster than the release's rowwise), rowwise_with_gw_hp with its own
