@@ -37,7 +37,8 @@ def test_resolve_by_name_version_and_month():
     assert resolve_stack("megatron-lm@2022-07-15").version == "3.0"
     assert not resolve_stack("megatron-lm@2022-06").sequence_parallel
     for bad, words in (("megatronlm", "did you mean 'megatron-lm'"), ("nemo@1.0", "no release '1.0'"),
-                       ("nemo@2020-01", "no release by 2020-01"), ("nemo@2024-13", "not a month")):
+                       ("nemo@2020-01", "no release by 2020-01"), ("nemo@2024-13", "not a month"),
+                       ("megatron-lm@", "no release after '@'"), ("torchtitan@ ", "no release after '@'")):
         with pytest.raises(HetplanError, match=words) as exc:
             resolve_stack(bad)
         assert exc.value.field == "job.stack" and exc.value.fix

@@ -259,10 +259,11 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
     (the release in force that month: the latest released then).
 
     Raises:
-        HetplanError: unknown name or version, or a month before the stack's first release.
+        HetplanError: unknown name or version, an empty version after ``@``, or a month before the stack's first
+            release.
     """
     cat = load_stacks()
-    name, _, version = str(text).strip().partition("@")
+    name, at, version = str(text).strip().partition("@")
     name = name.strip().lower()
     releases = cat.releases(name)
     if not releases:
@@ -272,6 +273,10 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
                            field=field, fix=f"use one of {', '.join(STACK_NAMES)} (hetplan catalog stacks), "
                                             "optionally @VERSION or @YYYY-MM")
     version = version.strip()
+    if at and not version:  # 'megatron-lm@' (a version left out) priced the latest release without a word
+        raise HetplanError(f"{text!r} names no release after '@'", field=field,
+                           fix=f"write {name}@VERSION ({', '.join(r.version for r in releases)}), {name}@YYYY-MM, "
+                               f"or {name} alone for its latest release")
     if not version:
         return releases[-1]
     for r in releases:
