@@ -158,3 +158,19 @@ def test_per_stack_table_partitions_the_rows(result):
                                                     "vtrain_single_node"]
     assert {"dgxc_h100", "dgxc_gb200", "nemo_megatron_a100"} <= set(stacks["nemo"]["sets"])
     assert {"llm-foundry", "fms-fsdp", "torchtitan", "deepspeed"} <= set(stacks)
+
+
+def test_tables_fit_80_columns_with_every_number_whole():
+    """At COLUMNS=80 the heavy-bordered tables fitted by cutting every number to '14…' / '+0…'; the compact
+    layout keeps them whole."""
+    import os
+
+    out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--sets",
+                          "vtrain_multi_node,korthikanti_table5,bigscience_a100"], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in out.stdout
+    row = next(line for line in lines if line.startswith("vtrain_multi_node "))
+    assert len(row.split()) >= 9 and row.split()[1].isdigit()
+    assert any(line.startswith("bigscience_a100 ") for line in lines)

@@ -22,6 +22,8 @@ from typing import Optional
 
 import typer
 
+from hetplan.cli.output import NARROW, new_table
+
 
 def _fmt(x: float, pct: bool = True) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -35,11 +37,11 @@ def _signed(x: float) -> str:
 
 def _print_stacks(console, stacks: dict) -> None:
     """The error per software stack (``--json``'s ``stacks``): n, MAPE, signed median, max and its sets."""
-    from rich.table import Table
 
-    t = Table(title="Per stack (every row of the sets run; signed: predicted speed / measured - 1, + = too fast)")
+    t = new_table("Per stack (every row of the sets run; signed: predicted speed / measured - 1, + = too fast)",
+                  console.width < NARROW)
     for col in ("stack", "n", "MAPE", "signed", "max", "sets"):
-        t.add_column(col, no_wrap=col == "stack")
+        t.add_column(col, no_wrap=col != "sets")
     for name, r in stacks.items():
         t.add_row(name, str(r["n"]), _fmt(r["mape"]), _signed(r["signed_median"]), _fmt(r["max_abs_error"]),
                   ", ".join(r["sets"]))
@@ -48,12 +50,11 @@ def _print_stacks(console, stacks: dict) -> None:
 
 def _print_fasop(console, r: dict) -> None:
     """FASOP's set in detail: errors per GPU type and the A10G / A100 layer-time ratio (``--json`` figures)."""
-    from rich.table import Table
 
     if "per_gpu" in r:
-        t = Table(title="fasop_layers: per-layer forward time at micro-batch 1, per GPU type")
+        t = new_table("fasop_layers: per-layer forward time at micro-batch 1, per GPU type", console.width < NARROW)
         for col in ("GPU", "n", "MAPE", "mean error", "max |err|"):
-            t.add_column(col)
+            t.add_column(col, no_wrap=True)
         for gpu, g in r["per_gpu"].items():
             t.add_row(gpu, str(g["n"]), _fmt(g["mape"]), f"{100 * g['mean_error']:+.1f} %", _fmt(g["max_abs_error"]))
         console.print(t)
@@ -69,11 +70,9 @@ def _print_modern(console, sets: dict) -> None:
     set compares (its MFU convention)."""
     from collections import Counter
 
-    from rich.table import Table
-
-    t = Table(title="Modern sets (errors as % of measured)")
+    t = new_table("Modern sets (errors as % of measured)", console.width < NARROW)
     for col in ("set", "n", "excl.", "MAPE", "signed", "max", "τ", "held-out", "memory"):
-        t.add_column(col, no_wrap=col == "set")
+        t.add_column(col, no_wrap=True)
     for name, r in sets.items():
         mem = r.get("memory", {}).get("max_abs_error", float("nan"))
         t.add_row(name, str(r["n"]), str(r["not_expressible"]["n"]), _fmt(r["mape"]), _signed(r["signed_median"]),
@@ -247,12 +246,15 @@ def register(app: typer.Typer) -> None:
             # rows) is null, not NaN, which JSON.parse, Go and serde refuse
             typer.echo(json.dumps(_finite(result), indent=2, allow_nan=False))
             return
-        from rich.table import Table
+        from hetplan.cli.output import table_console
 
-        table = Table(title="Estimator vs. measured (errors as % of measured)")
-        for col in ("set", "n", "MAPE", "signed", "max |err|", "Kendall τ", "held-out MAPE", "calib. MAPE", "target",
-                    "met"):
-            table.add_column(col, no_wrap=col == "set")  # set names stay whole (they are what --sets takes)
+        console = table_console()
+        narrow = console.width < NARROW  # an 80-column terminal: compact, numbers whole (they were cut to '14…')
+        table = new_table("Estimator vs. measured (errors as % of measured)", narrow)
+        for col in ("set", "n", "MAPE", "signed", "max |err|" if not narrow else "max",
+                    "Kendall τ" if not narrow else "τ", "held-out MAPE" if not narrow else "held-out",
+                    "calib. MAPE" if not narrow else "calib.", "target", "met"):
+            table.add_column(col, no_wrap=col != "target")  # set names stay whole (they are what --sets takes)
         for name in names:
             r = result["sets"][name]
             tgt = v.TARGETS.get(name, {})
@@ -270,9 +272,6 @@ def register(app: typer.Typer) -> None:
                 _fmt(r.get("held_out", {}).get("mape", float("nan"))), _fmt(r.get("calibration", {}).get("mape", float("nan"))),
                 tgt_txt or "-", ("yes" if all(met) else "NO") if met else "-",
             )
-        from hetplan.cli.output import table_console
-
-        console = table_console()
         if names:  # only modern / independent sets chosen: no empty first table
             console.print(table)
         if "fasop_layers" in names:
