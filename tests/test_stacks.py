@@ -259,3 +259,24 @@ def test_cli_catalog_stack_detail_fits_80_columns_and_prints_sources_as_written(
     st = resolve_stack("torchtitan@0.3.0")
     for f in ("tp_comm_overlap", "launch", "fsdp_units"):
         assert " ".join(st.sources[f].split()) in text
+
+
+def test_fp8_only_where_the_stack_has_an_fp8_path():
+    """Releases before an FP8 GEMM path (Megatron-LM before Transformer Engine, NeMo 22.xx, Megatron-DeepSpeed,
+    DeepSpeed's engine) refuse dtype fp8 in the plan rule and before the search, each with the source of the absence;
+    the releases with Transformer Engine take it."""
+    no_fp8 = [s for s in load_stacks().stacks if not s.fp8]
+    assert {s.name for s in no_fp8} == {"megatron-lm", "nemo", "megatron-deepspeed", "deepspeed"}
+    assert all(s.sources["fp8"].strip() for s in no_fp8)
+    assert resolve_stack("megatron-lm@2.5").fp8 is False and resolve_stack("megatron-lm@23.04").fp8
+    assert resolve_stack("nemo@22.09").fp8 is False and resolve_stack("nemo@23.05").fp8
+    m = gpt_model(4, 1024, 16, 2048)
+    kw = dict(gpu="H100-SXM", tp=1, pp=1, dp=8, mbs=1, gbs=8, recompute="none", seq=2048,
+              inter_node_bandwidth_bytes_per_s=50e9, dtype="fp8")
+    with pytest.raises(PlanRuleError) as exc:
+        check_plan(megatron_plan(m, stack="megatron-lm@2.5", **kw), m)
+    assert exc.value.rule == "stack-has-option" and exc.value.field == "plan.job.dtype"
+    check_plan(megatron_plan(m, stack="megatron-lm@core_r0.4", **kw), m)
+    r = _hetplan("plan", "--model", "llama3-8b", "--gpu", "H100-SXM", "--gpus", "16", "--seq-len", "4096",
+                 "--global-batch", "64", "--dtype", "fp8", "--framework", "deepspeed", "-q")
+    assert r.returncode == 2 and "job.dtype" in r.stderr and "stack-has-option" in r.stderr, r.stderr

@@ -31,7 +31,7 @@ Rules (name: what must hold, and why):
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
   without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
   (``megatron/core/transformer/transformer_config.py``).
-* ``stack-has-option``: ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; under FSDP
+* ``stack-has-option``: ``job.dtype = "fp8"`` (stacks.toml ``fp8``), ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; under FSDP
   stacks the sharding mode the launch names: llm-foundry runs FULL_SHARD only) and each stage's recomputation exist in the job's stack (:meth:`hetplan.plan.Job.stack_spec`,
   ``hetplan catalog stacks``): Megatron-LM 2.5 has no distributed optimizer and no selective recomputation,
   before Megatron-Core 0.4 no ``--tp-comm-overlap``, before 0.9 no ``--enable-cuda-graph``; priced anyway they
@@ -237,6 +237,8 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
                                        ("pp", "stages", "pipeline parallelism"),
                                        ("cp", "cp", "context parallelism"), ("ep", "ep", "expert parallelism"))
               if used[dim] > 1 and not stack.has(dim)]
+    if plan.job.dtype == "fp8" and not stack.fp8:
+        lacks.append(("job.dtype", f"FP8 training ({stack.sources.get('fp8', '')})"))
     if plan.pp > 1 and plan.virtual_stages > 1 and not stack.has("vp"):
         lacks.append(("virtual_stages", f"interleaved 1F1B ({plan.virtual_stages} virtual stages)"))
     if (plan.zero not in stack.zero

@@ -95,6 +95,9 @@ class StackSpec(BaseModel):
             ``buffered_reduce_fallback`` -> ``allreduce_bucket``: every rank all-reduces every gradient, then
             steps its partition and all-gathers the weights; never overlapped with the backward) or
             ``reduce-scatter`` (each rank receives only its partition's sums; the default).
+        fp8: FP8 training available (an FP8 GEMM path: Transformer Engine, torchao float8); false for the
+            releases before one (their source says which code path runs instead), refused by plan rule
+            ``stack-has-option`` and before the search.
         fp8_recipe: under ``fsdp``, the FP8 scaling recipe an FP8 run of this release uses (torchao float8) by
             GPU family, ``default`` for the others (:meth:`fp8_recipe_on`); empty: the framework's
             default (:func:`hetplan.estimate.fp8.recipe`, torchao's ``tensorwise``).
@@ -130,6 +133,7 @@ class StackSpec(BaseModel):
     attention_unpad: tuple[StackKernel, ...] = ()
     fsdp_units: Literal["model", "embedding-output"] = "model"
     zero1_grad_reduce: Literal["reduce-scatter", "allreduce"] = "reduce-scatter"
+    fp8: bool = True
     fp8_recipe: dict[str, StackFp8Recipe] = Field(default_factory=dict)
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     sources: dict[str, str]
@@ -217,7 +221,8 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
             ("attention_unpad",) if merged.get("attention_unpad") else ()) + (
             ("fsdp_units",) if merged.get("fsdp_units", "model") != "model" else ()) + (
             ("zero1_grad_reduce",) if merged.get("zero1_grad_reduce", "reduce-scatter") != "reduce-scatter" else ()) + (
-            ("fp8_recipe",) if merged.get("fp8_recipe") else ())
+            ("fp8_recipe",) if merged.get("fp8_recipe") else ()) + (
+            ("fp8",) if "fp8" in entry or not merged.get("fp8", True) else ())
         missing = [f for f in FIELDS[1:] + ("released",) + optional if f not in sources]
         if missing:
             raise HetplanError(f"{entry['name']} {entry.get('version')}: no source for {', '.join(missing)}",
