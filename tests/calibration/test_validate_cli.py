@@ -50,6 +50,15 @@ def test_json_is_strict_json(raw):
     assert d["interval_coverage"]["espresso_hetero"]["leave_set_out"] is None
 
 
+def test_interval_coverage_follows_sets():
+    """``--sets`` chooses the per-set coverage rows too; ``all`` stays the whole residual table."""
+    out = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "validate", "--json", "--sets", "torchtitan"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    cov = json.loads(out.stdout)["interval_coverage"]
+    assert set(cov) == {"torchtitan", "all"} and cov["all"]["n"] > cov["torchtitan"]["n"]
+
+
 def test_set_names_and_fields(result):
     assert set(result["sets"]) == {"vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1",
                                    "korthikanti_table5", "aceso_v100", "fasop_layers", "espresso_hetero",

@@ -240,7 +240,9 @@ def register(app: typer.Typer) -> None:
         from hetplan.calibration.intervals import coverage, load_residuals, per_stack
 
         result["stacks"] = per_stack(cases) | serving.per_engine(serving_cases)
-        result["interval_coverage"] = coverage(list(load_residuals()))
+        # per chosen set, and "all" over every set of the package's residual table
+        result["interval_coverage"] = {k: v for k, v in coverage(list(load_residuals())).items()
+                                       if k == "all" or k in every_chosen}
         if json_out:
             # strict JSON: a metric with no value (Kendall tau of one row, coverage of a set with no held-out
             # rows) is null, not NaN, which JSON.parse, Go and serde refuse
