@@ -71,7 +71,7 @@ from hetplan.errors import HetplanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetplan.model.spec import ModelSpec
-    from hetplan.plan import Plan
+    from hetplan.plan import Job, Plan
 
 #: Every rule's name, in the order they are checked.
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
@@ -237,8 +237,6 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
                                        ("pp", "stages", "pipeline parallelism"),
                                        ("cp", "cp", "context parallelism"), ("ep", "ep", "expert parallelism"))
               if used[dim] > 1 and not stack.has(dim)]
-    if plan.job.dtype == "fp8" and not stack.fp8:
-        lacks.append(("job.dtype", f"FP8 training ({stack.sources.get('fp8', '')})"))
     if plan.pp > 1 and plan.virtual_stages > 1 and not stack.has("vp"):
         lacks.append(("virtual_stages", f"interleaved 1F1B ({plan.virtual_stages} virtual stages)"))
     if (plan.zero not in stack.zero
@@ -249,6 +247,9 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
         modes.discard("selective")  # the same plan as none under flash (hetplan.plan.Job)
     if modes:
         lacks.append(("stages[].recompute", f"{'/'.join(sorted(modes))} recomputation"))
+    fp8 = stack_fp8_violation(plan.job, field="plan.job.dtype")
+    if fp8 is not None:
+        out.append(fp8)
     for f, what in lacks:
         out.append(PlanRuleError("stack-has-option", f"plan.{f} asks for {what.split(' (')[0]}, which stack "
                                  f"{stack.id} lacks" + (f" ({what.split(' (', 1)[1]}" if " (" in what else ""),
@@ -269,6 +270,18 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
                 fix=f"use a multiple of {pp}, or virtual_stages = 1"))
     out.extend(_gpu_violations(plan))
     return out
+
+
+def stack_fp8_violation(job: "Job", field: str = "job.dtype") -> PlanRuleError | None:
+    """Rule ``stack-has-option`` for the job's dtype: ``fp8`` on a stack without an FP8 GEMM path (stacks.toml
+    ``fp8``, whose source names the code path that runs instead), else None. ``field`` names the dtype where
+    the caller holds it (``job.dtype`` before the search, ``plan.job.dtype`` in :func:`check_plan`)."""
+    stack = job.stack_spec()
+    if job.dtype != "fp8" or stack.fp8:
+        return None
+    return PlanRuleError("stack-has-option", f"dtype fp8 asks for FP8 training, which stack {stack.id} lacks "
+                         f"({stack.sources.get('fp8', '')})", field=field,
+                         fix="use dtype bf16, or pick a stack with FP8 (hetplan catalog stacks NAME)")
 
 
 def _gpu_violations(plan: "Plan") -> list[PlanRuleError]:

@@ -20,7 +20,7 @@ from hetplan.estimate.estimator import Estimate, estimate
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import SPLITS, Inventory, Job, Plan, Stage, balanced_split, interleaved_chunks
-from hetplan.plan_rules import embedding_loss_split
+from hetplan.plan_rules import embedding_loss_split, stack_fp8_violation
 from hetplan.search.explain import explain_ranking
 from hetplan.search.homogeneous import COMPONENTS, PoolResult, evaluate_pool
 from hetplan.search.objective import (Objective, TopK, estimate_keys, guarded_best_first, lower_bound_keys,
@@ -89,8 +89,7 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
     Raises:
         PlanRuleError: ``--tp`` not dividing the heads, key/value heads or MLP width; ``--ep`` on a dense model or
             not dividing the experts; ``--tp`` / ``--pp`` / ``--cp`` / ``--ep`` > 1 or ``--virtual-stages`` > 1
-            where ``job``'s stack lacks that dimension or interleaving, or ``dtype fp8`` where it has no FP8
-            path (rule ``stack-has-option``).
+            where ``job``'s stack lacks that dimension or interleaving (rule ``stack-has-option``).
         HetplanError: ``--zero`` (unless ``--dp 1``) or ``--recompute`` the stack does not offer.
     """
     from hetplan.plan_rules import PlanRuleError, expert_degree_violation, tensor_degree_violations
@@ -108,10 +107,6 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
                                     f"{stack.sources.get('parallel' if dim != 'vp' else 'interleaved', '')})",
                                     field=f"pin.{pin}", fix=f"unpin {pin}, or pick a stack that has it "
                                                             "(hetplan catalog stacks)")
-        if job.dtype == "fp8" and not stack.fp8:
-            raise PlanRuleError("stack-has-option", f"dtype fp8 asks for FP8 training, which stack {stack.id} "
-                                f"lacks ({stack.sources.get('fp8', '')})", field="job.dtype",
-                                fix="use dtype bf16, or pick a stack with FP8 (hetplan catalog stacks NAME)")
         # before the search: a pinned ZeRO-1 with DP > 1 possible kept only the DP = 1 rows (nemo@22.05 --zero 1
         # printed 768-stage ZeRO-1 plans), a pinned recomputation was priced though the stack lacks it
         _refuse_stack_modes(job, pins, zero=pins.dp != 1)
@@ -265,6 +260,8 @@ def search_plans(
     catalog = catalog or load_catalog()
     m = load_model(job.model)
     check_job(job, m)
+    if (fp8 := stack_fp8_violation(job)) is not None:  # before the search: every plan would break it
+        raise fp8
     check_pins(pins, m, job)
     divisor = (pins.dp or 1) * (pins.mbs or 1)
     if job.global_batch % divisor:
