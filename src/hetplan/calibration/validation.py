@@ -152,7 +152,6 @@ def megatron_plan(
     Megatron-LM path without ``--deepspeed``: docs/estimator.md, Validation), evaluated with the same Megatron-LM
     layer and 1F1B schedule — only its iteration times are compared, not its memory. ``stack``: the release
     that ran (:attr:`hetplan.plan.Job.stack`; None: the framework's default)."""
-    from hetplan.plan import balanced_split
 
     n = tp * pp * dp
     pool = GPUPool(gpu=gpu, count=n, gpus_per_node=gpus_per_node,
