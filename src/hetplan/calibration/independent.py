@@ -36,6 +36,12 @@ block; llm-foundry's default loss ``fused_crossentropy`` (flash-attn's fused ker
 ``addmm`` and the attention kernel, single kernels whose eager extra bytes are the residual re-read only,
 :mod:`hetplan.estimate.elementwise`); the stack ``llm-foundry@0.3`` (:data:`FOUNDRY_STACK`) with its attention
 kernel of 2023 (Triton FlashAttention unless the row ran flash-attn 2).
+
+``llm_foundry_a100`` (:func:`run_a100`): llm-foundry's A100 80GB / 40GB tables (``llm_foundry_a100.csv``, 223 rows
+of the README's May and October 2023 revisions), run the same way on 8-GPU nodes of 1,600 Gb/s
+(:data:`A100_NODE_BYTES_PER_S`), each with the gradient reduction dtype of its Composer ``MP Mode``
+(:func:`grad_reduce_dtype`). Every row is held out; the A100 Triton FlashAttention rate is the H100 fit's ratio
+to FlashAttention-2 (``gpus.toml``), not fitted on these rows.
 """
 
 from __future__ import annotations
