@@ -94,6 +94,31 @@ done in high precision" (torchtitan ``components/quantization/float8.md``, 0.3.0
 ``models/llama3/infra/parallelize.py``: "For rowwise recipes, we use regular TP and all-gather happens in high
 precision"), so the casts run on the gathered bf16 tensors (:func:`fp8_gathers`).
 
+**Amax all-reduces of tensor-wise casts under TP** (:func:`tp_amax_allreduce_time_s`). torchtitan's float8 TP plan
+(``Float8ColwiseParallel``, ``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput``; torchao
+``float8/float8_tensor_parallel.py`` at pytorch/ao@6243040, the commit of the June 2025 TP rows) casts DTensor
+activations: the scale of a tensor-wise cast is ``torch.max(torch.abs(x))`` (``float8/float8_utils.py``
+``tensor_to_amax``), which on a sharded DTensor is a partial maximum, so each cast waits for an all-reduce of one
+fp32 over the TP group before it can scale (the trace of meta-pytorch/float8_experimental#326: "AR for input ->
+AG -> ..."). Per dense layer and micro-batch: in forward the two ``PrepareFloat8ModuleInput`` casts (attention
+and MLP inputs, on the sequence shard) and the two row-parallel inputs (``attention.wo``, ``feed_forward.w2``);
+in backward ``NoopFwToFloat8BwDynamic``'s cast of each column-parallel output gradient (``wq``, ``wk``, ``wv``,
+``w1``, ``w3``: torchtitan's Llama keeps them separate modules) and of each row-parallel one (``wo``, ``w2``).
+Each is latency-bound: an all-reduce of 4 bytes on the cost model's TP link
+(:func:`hetplan.estimate.comm.group_collective_time_s`), on the critical path of the cast that needs it. A
+recomputed forward runs its four again (full recomputation; per-op SAC, whose ``_save_list`` keeps ``aten.max``
+but not the all-reduce, and whose backward re-runs the FP8 all-gathers these casts feed). Not under the rowwise
+recipes (plain TP: no float8 TP plan) nor under Transformer Engine (its amax reduction is not charged, above).
+The FSDP float8 all-gather's weight scales come from one all-reduce per step
+(``precompute_float8_dynamic_scale_for_fsdp``, ``float8/fsdp_utils.py``): not charged.
+
+**What else was checked** (docs/estimator.md, FP8): per linear layer, the casts and GEMMs above predict torchao's
+own compiled forward + backward microbenchmark of Llama 3 70B's TP-8 shapes on H100 (pytorch/ao#2185, rowwise
+recipe, ``M = 16384``: speed-ups 1.11 / 1.43 / 1.73 / 1.71 for QKV / projection / FC1 / FC2) at 1.08 / 1.10 /
+1.50 / 1.40 — the per-linear model is not too fast. The end-to-end over-prediction of the TP-8 rowwise rows
+(measured slower than bf16, pytorch/torchtitan#1207) is therefore outside the linear layers, and no source
+states its mechanism: it is not modelled.
+
 **GEMM rate of rowwise.** ``torch._scaled_mm`` with one scale per row and per column runs a CUTLASS
 rowwise-scaled kernel on sm90, tensor-wise scales cuBLAS. No torchao or PyTorch page publishes their GEMM
 throughput side by side (torchao's roofline, ``roofline_utils.py`` ``get_individual_gemm_time_sympy``, prices
@@ -130,6 +155,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetplan.estimate.comm import group_collective_time_s
 from hetplan.hardware.catalog import Architecture, GPUSpec
 from hetplan.hardware.stacks import StackSpec
 from hetplan.model import counts
@@ -267,6 +293,29 @@ def rowwise_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
     """``(forward_s, backward_s)``: :func:`rowwise_cast_bytes` at the HBM bandwidth."""
     fwd, bwd = rowwise_cast_bytes(recipe_name, shapes)
     return fwd / gpu.hbm_bandwidth_bytes_per_s, bwd / gpu.hbm_bandwidth_bytes_per_s
+
+
+#: Tensor-wise casts of DTensor activations per dense layer and micro-batch under torchtitan's float8 TP plan,
+#: each waiting for an amax all-reduce (module doc): forward (the attention and MLP inputs, the inputs of ``wo``
+#: and ``w2``); backward (the output gradients of ``wq``, ``wk``, ``wv``, ``wo``, ``w1``, ``w2``, and ``w3`` of a
+#: gated MLP).
+TP_AMAX_ALLREDUCES_FORWARD = 4
+TP_AMAX_ALLREDUCES_BACKWARD_GATED = 7
+#: Bytes of one amax all-reduce: one fp32.
+AMAX_BYTES = 4.0
+
+
+def tp_amax_allreduce_time_s(m: ModelSpec, recipe_name: str | None, t: Array, sequence_parallel: Array, link):
+    """``(forward_s, backward_s)`` of the amax all-reduces of one dense layer's tensor-wise casts under
+    torchtitan's float8 TP plan, one micro-batch (module doc): :data:`TP_AMAX_ALLREDUCES_FORWARD` and
+    :data:`TP_AMAX_ALLREDUCES_BACKWARD_GATED` (one fewer without a gated MLP) all-reduces of :data:`AMAX_BYTES`
+    over the ``t`` ranks of the TP group on ``link`` (:func:`hetplan.estimate.comm.group_collective_time_s`);
+    0 unless ``recipe_name`` is ``tensorwise``, ``t > 1`` and ``sequence_parallel`` (torchtitan's TP). The
+    caller charges the forward's again where the forward is recomputed. Seconds; arrays broadcast."""
+    on = (recipe_name == "tensorwise") & (np.asarray(t) > 1) & np.asarray(sequence_parallel, dtype=bool)
+    one = np.where(on, group_collective_time_s(AMAX_BYTES, "allreduce", np.maximum(t, 1), 1, link), 0.0)
+    backward = TP_AMAX_ALLREDUCES_BACKWARD_GATED - (0 if m.gated_mlp else 1)
+    return TP_AMAX_ALLREDUCES_FORWARD * one, backward * one
 
 
 def fp8_gathers(recipe_name: str | None) -> bool:
