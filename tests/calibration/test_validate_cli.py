@@ -101,6 +101,7 @@ def test_plain_output_and_files(tmp_path):
                          env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "korthikanti_table5" in out.stdout
+    assert "korthikanti_table5 is fully held out" in out.stdout and "vTrain's own MAPE" not in out.stdout
     assert (tmp_path / "validation.csv").read_text().count("\n") == 9
     assert (tmp_path / "validation.png").stat().st_size > 1000
 

@@ -241,7 +241,15 @@ def stage_costs(
         if eager:  # torchao's casts as separate ATen kernels
             xf, xb = elementwise.eager_cast_time_s(gpu, shapes)
             cf, cb = cf + xf, cb + xb
-        lf, lb = lf + cf, lb + cb + np.where(rc == Recompute.FULL, cf, 0.0)
+        sac_rerun: Any = 0.0
+        if dense and framework == "fsdp":  # torchao tensor-wise casts of TP DTensors: amax all-reduces (fp8 doc)
+            rf, rb, rs = fp8.tp_amax_allreduce_time_s(m, fp8_recipe, t, sequence_parallel, link, b * s)
+            cf, cb = cf + rf, cb + rb
+            sac_rerun = np.where(rc == Recompute.SELECTIVE, rs, 0.0)  # per-op SAC runs them again (full: with cf)
+            ltp = ltp + rf + rb + sac_rerun + np.where(rc == Recompute.FULL, rf, 0.0)
+            if atp is not None:
+                atp = atp + rf + rb
+        lf, lb = lf + cf, lb + cb + sac_rerun + np.where(rc == Recompute.FULL, cf, 0.0)
         if af is not None:
             af, ab = af + cf, ab + cb
     if gpu.attention_kernel in stack.attention_unpad and attention == "flash":  # flash-attn's bert_padding
