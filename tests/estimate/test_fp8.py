@@ -376,41 +376,53 @@ def test_rowwise_plan_costs_what_it_moves():
     assert old.memory_bytes_per_gpu.weights < new.memory_bytes_per_gpu.weights
 
 
-def test_tensorwise_tp_casts_wait_for_amax_all_reduces(h100):
-    """torchtitan's float8 TP plan (tensor-wise) casts DTensor activations, each after an all-reduce of its amax
-    (torchao ``float8_tensor_parallel.py``): per dense layer 4 in forward and 7 in backward (6 without a gated
-    MLP), each one 4-byte all-reduce over the TP group; none under the rowwise recipes, at TP 1 or without
-    sequence parallelism. In a torchtitan stage the forward's four run again under per-op SAC and full
-    recomputation, and all of them count as TP communication."""
-    link = Link.one_node(450e9)
-    one = comm.group_collective_time_s(4.0, "allreduce", 8, 1, link)
+def test_torchao_tp_casts_wait_for_amax_all_reduces(h100):
+    """torchao's casts of TP-sharded DTensors wait for an all-reduce of their amax (fp8 module doc). Tensor-wise
+    (torchtitan's float8 TP plan): per dense layer 4 in forward and 7 in backward (6 without a gated MLP), one
+    fp32 each, the forward's 4 again under per-op SAC. Rowwise (plain TP): a row-parallel layer's input (one fp32
+    per token) and weight (one per row, ``h``) in forward, for ``wo`` and ``w2``; a column-parallel layer's
+    output gradient and weight in backward, for ``wq``, ``wk``, ``wv``, ``w1``, ``w3``; ``wo``'s two again under
+    per-op SAC. rowwise_with_gw_hp: the data-gradient weights tensor-wise (one fp32 each, seven). None at TP 1
+    or without sequence parallelism, nor for a Transformer Engine recipe. In a torchtitan stage the forward's
+    run again under full recomputation, and all of them count as TP communication."""
+    link = Link(gpus_per_node=8, intra_node_bandwidth_bytes_per_s=450e9, inter_node_bandwidth_bytes_per_s=400e9)
+
+    def ar(nbytes):
+        return comm.group_collective_time_s(nbytes, "allreduce", 8, 1, link)
+
     llama, gpt = load_model("llama3-8b"), load_model("gpt3-1.3b")
     assert llama.gated_mlp and not gpt.gated_mlp
-    f, b = fp8.tp_amax_allreduce_time_s(llama, "tensorwise", 8, True, link)
-    assert (float(f), float(b)) == pytest.approx((4 * one, 7 * one))
+    one, tok, row = ar(4.0), ar(4.0 * 8192), ar(4.0 * 4096)
+    assert tok > one  # the per-token amax vector is not latency alone
+    got = fp8.tp_amax_allreduce_time_s(llama, "tensorwise", 8, True, link, 8192)
+    assert tuple(map(float, got)) == pytest.approx((4 * one, 7 * one, 4 * one))
     assert float(fp8.tp_amax_allreduce_time_s(gpt, "tensorwise", 8, True, link)[1]) == pytest.approx(6 * one)
-    for recipe, t, sp in (("rowwise", 8, True), ("rowwise_with_gw_hp", 8, True), ("tensorwise", 1, True),
-                          ("tensorwise", 8, False)):
-        assert fp8.tp_amax_allreduce_time_s(llama, recipe, t, sp, link) == (0.0, 0.0)
+    got = fp8.tp_amax_allreduce_time_s(llama, "rowwise", 8, True, link, 8192)
+    assert tuple(map(float, got)) == pytest.approx((2 * (tok + row), 5 * (tok + row), tok + row))
+    got = fp8.tp_amax_allreduce_time_s(llama, "rowwise_with_gw_hp", 8, True, link, 8192)
+    assert tuple(map(float, got)) == pytest.approx((2 * (tok + row), 5 * tok + 7 * one, tok + row))
+    for recipe, t, sp in (("tensorwise", 1, True), ("rowwise", 1, True), ("tensorwise", 8, False),
+                          ("rowwise", 8, False), ("delayed", 8, True), ("current", 8, True), ("mxfp8", 8, True)):
+        assert all(float(x) == 0.0 for x in fp8.tp_amax_allreduce_time_s(llama, recipe, t, sp, link, 8192))
     # arrays of TP degrees broadcast, the latency grows with the ring
-    f_arr, _ = fp8.tp_amax_allreduce_time_s(llama, "tensorwise", np.array([1, 2, 8]), True, link)
+    f_arr = fp8.tp_amax_allreduce_time_s(llama, "tensorwise", np.array([1, 2, 8]), True, link)[0]
     assert f_arr[0] == 0.0 < f_arr[1] < f_arr[2]
 
-    def stage(recompute):
-        return _stage(llama, h100, "fp8", "fsdp", t=8, zero=3, stack="torchtitan@2025-10", recompute_code=recompute,
+    def stage(stack, recompute):
+        return _stage(llama, h100, "fp8", "fsdp", t=8, zero=3, stack=stack, recompute_code=recompute,
                       torch_compile=True)
 
-    t8 = Link(gpus_per_node=8, intra_node_bandwidth_bytes_per_s=450e9, inter_node_bandwidth_bytes_per_s=400e9)
-    one = comm.group_collective_time_s(4.0, "allreduce", 8, 1, t8)
-    for code, again in ((0, 0), (1, 4), (2, 4)):  # none; per-op SAC; full: the forward's four run again
-        with_ar = stage(code)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(fp8, "tp_amax_allreduce_time_s", lambda *a: (0.0, 0.0))
-            without = stage(code)
-        n = 8  # layers
-        assert float(with_ar.forward_s - without.forward_s) == pytest.approx(n * 4 * one)
-        assert float(with_ar.backward_s - without.backward_s) == pytest.approx(n * (7 + again) * one)
-        assert float(with_ar.tp_comm_s - without.tp_comm_s) == pytest.approx(n * (4 + 7 + again) * one)
+    n = 8  # the stage's layers
+    for stack, (f, b, sac) in (("torchtitan@2025-10", (4 * one, 7 * one, 4 * one)),
+                               ("torchtitan@0.3.0", (2 * (tok + row), 5 * (tok + row), tok + row))):
+        for code, again in ((0, 0.0), (1, sac), (2, f)):  # none; per-op SAC; full: the forward's again
+            with_ar = stage(stack, code)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(fp8, "tp_amax_allreduce_time_s", lambda *a: (0.0, 0.0, 0.0))
+                without = stage(stack, code)
+            assert float(with_ar.forward_s - without.forward_s) == pytest.approx(n * f)
+            assert float(with_ar.backward_s - without.backward_s) == pytest.approx(n * (b + again))
+            assert float(with_ar.tp_comm_s - without.tp_comm_s) == pytest.approx(n * (f + b + again))
 
 
 def test_per_linear_fp8_speedup_is_not_above_torchaos_microbenchmark(h100):

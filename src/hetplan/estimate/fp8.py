@@ -94,7 +94,7 @@ done in high precision" (torchtitan ``components/quantization/float8.md``, 0.3.0
 ``models/llama3/infra/parallelize.py``: "For rowwise recipes, we use regular TP and all-gather happens in high
 precision"), so the casts run on the gathered bf16 tensors (:func:`fp8_gathers`).
 
-**Amax all-reduces of tensor-wise casts under TP** (:func:`tp_amax_allreduce_time_s`). torchtitan's float8 TP plan
+**Amax all-reduces of torchao's casts under TP** (:func:`tp_amax_allreduce_time_s`). torchtitan's float8 TP plan
 (``Float8ColwiseParallel``, ``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput``; torchao
 ``float8/float8_tensor_parallel.py`` at pytorch/ao@6243040, the commit of the June 2025 TP rows) casts DTensor
 activations: the scale of a tensor-wise cast is ``torch.max(torch.abs(x))`` (``float8/float8_utils.py``
@@ -107,8 +107,12 @@ in backward ``NoopFwToFloat8BwDynamic``'s cast of each column-parallel output gr
 Each is latency-bound: an all-reduce of 4 bytes on the cost model's TP link
 (:func:`hetplan.estimate.comm.group_collective_time_s`), on the critical path of the cast that needs it. A
 recomputed forward runs its four again (full recomputation; per-op SAC, whose ``_save_list`` keeps ``aten.max``
-but not the all-reduce, and whose backward re-runs the FP8 all-gathers these casts feed). Not under the rowwise
-recipes (plain TP: no float8 TP plan) nor under Transformer Engine (its amax reduction is not charged, above).
+but not the all-reduce, and whose backward re-runs the FP8 all-gathers these casts feed). The ``rowwise`` recipes
+run plain TP on ``Float8Linear`` modules, whose casts see DTensors too: an axis-wise amax (``torch.amax`` along
+the cast's axis, a linear reduction for DTensor: a partial maximum over a sharded axis, pytorch/pytorch#147578)
+needs an all-reduce only where its axis is the one TP splits — a row-parallel layer's input and weight in
+forward, a column-parallel layer's output gradient and weight in backward; the activations' carry one fp32 per
+token. Not under Transformer Engine (its amax reduction is not charged, above).
 The FSDP float8 all-gather's weight scales come from one all-reduce per step
 (``precompute_float8_dynamic_scale_for_fsdp``, ``float8/fsdp_utils.py``): not charged.
 
@@ -298,24 +302,56 @@ def rowwise_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
 #: Tensor-wise casts of DTensor activations per dense layer and micro-batch under torchtitan's float8 TP plan,
 #: each waiting for an amax all-reduce (module doc): forward (the attention and MLP inputs, the inputs of ``wo``
 #: and ``w2``); backward (the output gradients of ``wq``, ``wk``, ``wv``, ``wo``, ``w1``, ``w2``, and ``w3`` of a
-#: gated MLP).
+#: gated MLP); the forward's again under per-op SAC.
 TP_AMAX_ALLREDUCES_FORWARD = 4
 TP_AMAX_ALLREDUCES_BACKWARD_GATED = 7
-#: Bytes of one amax all-reduce: one fp32.
+#: Bytes of one amax: one fp32 (a tensor-wise scale; an axis-wise scale has one per row or column).
 AMAX_BYTES = 4.0
 
 
-def tp_amax_allreduce_time_s(m: ModelSpec, recipe_name: str | None, t: Array, sequence_parallel: Array, link):
-    """``(forward_s, backward_s)`` of the amax all-reduces of one dense layer's tensor-wise casts under
-    torchtitan's float8 TP plan, one micro-batch (module doc): :data:`TP_AMAX_ALLREDUCES_FORWARD` and
-    :data:`TP_AMAX_ALLREDUCES_BACKWARD_GATED` (one fewer without a gated MLP) all-reduces of :data:`AMAX_BYTES`
-    over the ``t`` ranks of the TP group on ``link`` (:func:`hetplan.estimate.comm.group_collective_time_s`);
-    0 unless ``recipe_name`` is ``tensorwise``, ``t > 1`` and ``sequence_parallel`` (torchtitan's TP). The
-    caller charges the forward's again where the forward is recomputed. Seconds; arrays broadcast."""
-    on = (recipe_name == "tensorwise") & (np.asarray(t) > 1) & np.asarray(sequence_parallel, dtype=bool)
-    one = np.where(on, group_collective_time_s(AMAX_BYTES, "allreduce", np.maximum(t, 1), 1, link), 0.0)
-    backward = TP_AMAX_ALLREDUCES_BACKWARD_GATED - (0 if m.gated_mlp else 1)
-    return TP_AMAX_ALLREDUCES_FORWARD * one, backward * one
+def tp_amax_allreduce_time_s(m: ModelSpec, recipe_name: str | None, t: Array, sequence_parallel: Array, link,
+                             tokens: Array = 1.0):
+    """``(forward_s, backward_s, op_sac_s)`` of the amax all-reduces of one dense layer's torchao casts of
+    TP-sharded DTensors, one micro-batch of ``tokens`` (``b·s``) on a rank (module doc), each
+    :func:`hetplan.estimate.comm.group_collective_time_s` over the ``t`` ranks on ``link``; ``op_sac_s``: what
+    per-op SAC's recomputation runs again (full recomputation: the forward's). 0 unless ``t > 1`` and
+    ``sequence_parallel`` (torchtitan's TP) and the recipe is torchao's:
+
+    * ``tensorwise`` (torchtitan's float8 TP plan): :data:`TP_AMAX_ALLREDUCES_FORWARD` and
+      :data:`TP_AMAX_ALLREDUCES_BACKWARD_GATED` (one fewer without a gated MLP) all-reduces of
+      :data:`AMAX_BYTES`; the forward's four again under per-op SAC.
+    * ``rowwise`` (plain TP: ``ColwiseParallel`` / ``RowwiseParallel`` on ``Float8Linear``): an axis-wise amax
+      reduces over a sharded dimension only where the cast's axis is the one TP splits (``float8_linear.py``
+      ``matmul_with_hp_or_float8_args`` at pytorch/ao@6243040): in forward a row-parallel layer's input
+      (``[tokens, in/t]`` along ``in``: ``tokens`` fp32) and weight (``[in/t, out]`` along ``in``: ``h`` fp32),
+      for ``wo`` and ``w2``; in backward a column-parallel layer's output gradient (``[tokens, out/t]`` along
+      ``out``) and its weight for the data gradient (along ``out``: ``h`` fp32), for ``wq``, ``wk``, ``wv``,
+      ``w1``, ``w3``; per-op SAC recomputes ``wo`` (its two).
+    * ``rowwise_with_gw_hp``: the forward and the column-parallel output gradients as ``rowwise``; the weights
+      for the data gradient scaled tensor-wise (one fp32 each, all seven sharded); no weight-gradient casts.
+
+    Seconds; arrays broadcast."""
+    on = (np.asarray(t) > 1) & np.asarray(sequence_parallel, dtype=bool)
+    t_ = np.maximum(t, 1)
+
+    def ar(nbytes):
+        return np.where(on, group_collective_time_s(nbytes, "allreduce", t_, 1, link), 0.0)
+
+    col = 5 if m.gated_mlp else 4  # wq, wk, wv, w1 (and w3)
+    if recipe_name == "tensorwise":
+        one = ar(AMAX_BYTES)
+        return (TP_AMAX_ALLREDUCES_FORWARD * one, (TP_AMAX_ALLREDUCES_BACKWARD_GATED - 5 + col) * one,
+                TP_AMAX_ALLREDUCES_FORWARD * one)
+    if recipe_name in ROWWISE:
+        act, weight = ar(AMAX_BYTES * np.asarray(tokens, dtype=float)), ar(AMAX_BYTES * m.hidden_size)
+        fwd = 2 * (act + weight)
+        if recipe_name == "rowwise":
+            bwd = col * (act + weight)
+        else:
+            bwd = col * act + (col + 2) * ar(AMAX_BYTES)
+        return fwd, bwd, act + weight
+    zero = 0.0 * np.asarray(on, dtype=float)
+    return zero, zero, zero
 
 
 def fp8_gathers(recipe_name: str | None) -> bool:

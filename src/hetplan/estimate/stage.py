@@ -243,9 +243,9 @@ def stage_costs(
             cf, cb = cf + xf, cb + xb
         sac_rerun: Any = 0.0
         if dense and framework == "fsdp":  # torchao tensor-wise casts of TP DTensors: amax all-reduces (fp8 doc)
-            rf, rb = fp8.tp_amax_allreduce_time_s(m, fp8_recipe, t, sequence_parallel, link)
+            rf, rb, rs = fp8.tp_amax_allreduce_time_s(m, fp8_recipe, t, sequence_parallel, link, b * s)
             cf, cb = cf + rf, cb + rb
-            sac_rerun = np.where(rc == Recompute.SELECTIVE, rf, 0.0)  # per-op SAC runs them again (full: with cf)
+            sac_rerun = np.where(rc == Recompute.SELECTIVE, rs, 0.0)  # per-op SAC runs them again (full: with cf)
             ltp = ltp + rf + rb + sac_rerun + np.where(rc == Recompute.FULL, rf, 0.0)
             if atp is not None:
                 atp = atp + rf + rb
