@@ -425,6 +425,38 @@ def test_torchao_tp_casts_wait_for_amax_all_reduces(h100):
             assert float(with_ar.tp_comm_s - without.tp_comm_s) == pytest.approx(n * (f + b + again))
 
 
+def test_per_op_sac_reruns_the_forward_casts_its_recomputation_needs(h100):
+    """Worked example, Llama 3 8B, one micro-batch of 8192 tokens (fp8 ``op_sac_cast_time_s``). torchtitan's
+    per-op SAC keeps every other matmul's output and ``aten.max``, not the casts: FSDP-only tensor-wise, the
+    recomputed ``wk``, ``wo``, ``w3`` need the casts of the QKV, projection and gate/up inputs, each without its
+    amax read (3 B per element); under the tensor-wise TP plan every linear saved its FP8 input, so all four
+    forward casts run again (on the sequence shard for the column-parallel ones); rowwise (3 B per input and
+    weight element, amax included) the same three GEMMs' inputs and weights. In a torchtitan stage the backward
+    grows by exactly that under per-op SAC, and by nothing without recomputation."""
+    m = load_model("llama3-8b")
+    M, h, q, f, kv, bw = 8192.0, 4096.0, 4096.0, 14336.0, 1024.0, h100.hbm_bandwidth_bytes_per_s
+    flags = (True, False, True, False)
+    fsdp = fp8.op_sac_cast_time_s(h100, "tensorwise", moe.linear_gemm_shapes(m, 1, M, 1), 1, True, flags)
+    assert float(fsdp) == pytest.approx(3 * M * (h + q + h) / bw)
+    tp = fp8.op_sac_cast_time_s(h100, "tensorwise", moe.linear_gemm_shapes(m, 1, M, 8), 8, True, flags)
+    assert float(tp) == pytest.approx(3 * M * (h / 8 + q / 8 + h / 8 + f / 8) / bw)
+    rw = fp8.op_sac_cast_time_s(h100, "rowwise", moe.linear_gemm_shapes(m, 1, M, 8), 8, True, flags)
+    weights = h * (q + 2 * kv) / 8 + q / 8 * h + h * 2 * f / 8
+    assert float(rw) == pytest.approx(3 * (M * (h + q / 8 + h) + weights) / bw)
+
+    def stage(stack, code):
+        return _stage(m, h100, "fp8", "fsdp", t=8, zero=3, stack=stack, recompute_code=code, torch_compile=True)
+
+    for stack, cast in (("torchtitan@2025-10", tp), ("torchtitan@0.3.0", rw)):
+        for code, again in ((0, 0.0), (1, cast)):
+            with_cast = stage(stack, code)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(fp8, "op_sac_cast_time_s", lambda *a: 0.0)
+                without = stage(stack, code)
+            assert float(with_cast.backward_s - without.backward_s) == pytest.approx(8 * again)
+            assert float(with_cast.forward_s) == float(without.forward_s)
+
+
 def test_per_linear_fp8_speedup_is_not_above_torchaos_microbenchmark(h100):
     """Published measurement: torchao's compiled forward + backward of one float8 linear (rowwise recipe, its
     cuBLAS tensor-wise GEMM + rescale backward) against bf16 at Llama 3 70B's TP-8 shapes on H100, ``M = 16384``

@@ -397,9 +397,11 @@ def _interval_lines(s: dict) -> list[str]:
     if "unvalidated" in iv:
         out.append(f"Interval: {iv['unvalidated']}.")
     elif iv:
+        spread = (", widened by how far one source of runs sits from the others" if iv.get("source") == "validation"
+                  else "")
         out.append(f"Interval ({iv['level']:.0%}): from {iv['n']} held-out measured runs of {iv['regime']} "
-                   f"(signed median error there {iv['signed_median_error']:+.1%}); tokens/s, MFU, job time and $ "
-                   "share it.")
+                   f"(signed median error there {iv['signed_median_error']:+.1%}){spread}; tokens/s, MFU, job time "
+                   "and $ share it.")
     if "mfu_record" in s:
         out.append("Note: " + s["mfu_record"]["note"] + ".")
     return out

@@ -94,6 +94,14 @@ done in high precision" (torchtitan ``components/quantization/float8.md``, 0.3.0
 ``models/llama3/infra/parallelize.py``: "For rowwise recipes, we use regular TP and all-gather happens in high
 precision"), so the casts run on the gathered bf16 tensors (:func:`fp8_gathers`).
 
+**Casts under per-op SAC** (:func:`op_sac_cast_time_s`). torchtitan's per-op selective activation checkpointing
+(``_save_list`` in ``torchtitan/models/llama3/parallelize_llama.py`` at pytorch/torchtitan@820504e: ``aten.mm``
+outputs but every second, SDPA, the reduce-scatters and ``aten.max``) keeps no cast output, so its backward runs
+again the forward casts that the recomputation needs: under the tensor-wise TP plan every linear's saved input is
+its FP8 DTensor, so all four; otherwise (a linear saves its bf16 input) those of the recomputed ``wk``, ``wo``,
+``w3`` — the QKV, projection and gate/up inputs (and, rowwise, their weights). A tensor-wise cast re-runs without
+its amax read (``aten.max`` is kept). Full recomputation re-runs the whole forward, casts included.
+
 **Amax all-reduces of torchao's casts under TP** (:func:`tp_amax_allreduce_time_s`). torchtitan's float8 TP plan
 (``Float8ColwiseParallel``, ``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput``; torchao
 ``float8/float8_tensor_parallel.py`` at pytorch/ao@6243040, the commit of the June 2025 TP rows) casts DTensor
@@ -305,6 +313,8 @@ def rowwise_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
 #: gated MLP); the forward's again under per-op SAC.
 TP_AMAX_ALLREDUCES_FORWARD = 4
 TP_AMAX_ALLREDUCES_BACKWARD_GATED = 7
+#: Bytes per element of a tensor-wise cast's amax pass: the bf16 read before the cast (module doc).
+AMAX_READ_BYTES = 2.0
 #: Bytes of one amax: one fp32 (a tensor-wise scale; an axis-wise scale has one per row or column).
 AMAX_BYTES = 4.0
 
@@ -352,6 +362,29 @@ def tp_amax_allreduce_time_s(m: ModelSpec, recipe_name: str | None, t: Array, se
         return fwd, bwd, act + weight
     zero = 0.0 * np.asarray(on, dtype=float)
     return zero, zero, zero
+
+
+def op_sac_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array, t: Array = 1, sequence_parallel: Array = False,
+                       column_parallel: Array = None):
+    """Seconds of the forward FP8 casts of one dense layer (one micro-batch) that torchtitan's per-op selective
+    activation checkpointing runs again in backward (module doc, Casts under per-op SAC): its policy saves the
+    outputs of every other matmul, of SDPA, of the reduce-scatters and of ``aten.max``, not the casts'. Under
+    torchao's tensor-wise TP plan (``column_parallel`` flags given, ``t > 1``, ``sequence_parallel``) every
+    linear's input arrives as an FP8 DTensor that its autograd function saves, so all the forward casts
+    (:func:`layer_cast_time_s`) run again; otherwise a linear saves its bf16 input and recasts it in backward,
+    and only the recomputed matmuls (``wk``, ``wo``, ``w3`` of a Llama block: their inputs are the QKV, output
+    projection and gate/up inputs) need their forward casts — all of ``shapes`` but the last (``w2``, whose output
+    is kept). A tensor-wise cast re-runs without its amax read (``aten.max`` is kept: 3 of its 5 B per element);
+    the rowwise casts' ``aten.amax`` is not in the list (their whole 3 B). ``shapes``:
+    :func:`hetplan.estimate.moe.linear_gemm_shapes` of a dense layer."""
+    shapes = list(shapes)
+    full = layer_cast_time_s(gpu, recipe_name, shapes, t, sequence_parallel, column_parallel)[0]
+    last_flag = None if column_parallel is None else (column_parallel[-1],)
+    last = layer_cast_time_s(gpu, recipe_name, shapes[-1:], t, sequence_parallel, last_flag)[0]
+    fp8_inputs = ((recipe_name == "tensorwise") & (column_parallel is not None) & (np.asarray(t) > 1)
+                  & np.asarray(sequence_parallel, dtype=bool))
+    kept_amax = (CAST_BYTES_PER_ELEMENT["tensorwise"] - AMAX_READ_BYTES) / CAST_BYTES_PER_ELEMENT["tensorwise"]
+    return np.where(fp8_inputs, full, full - last) * (kept_amax if recipe_name == "tensorwise" else 1.0)
 
 
 def fp8_gathers(recipe_name: str | None) -> bool:
