@@ -320,6 +320,7 @@ def build_residuals() -> list[Residual]:
     _, cases = v.run_validation(v.SET_NAMES)
     cases += modern.run_modern(modern.SET_NAMES)[1]
     cases += independent.run_independent()[1]
+    cases += independent.run_a100()[1]
     cat = load_catalog()
     out = []
     for c in cases:

@@ -5,7 +5,7 @@ korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero, nemo_megatron_a10
 :func:`hetplan.calibration.validation.stacks_2022_cases`); modern sets (:mod:`hetplan.calibration.modern`):
 dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp; the independent
 check ``independent_h100`` (:mod:`hetplan.calibration.independent`; only a seeded half of its llm-foundry rows
-fitted that stack's own residuals). See
+fitted that stack's own residuals) and ``llm_foundry_a100`` (llm-foundry's A100 tables, every row held out). See
 :mod:`hetplan.calibration.validation` and docs/estimator.md.
 
 The table shows, per set, the error metrics and the calibration / held-out split; with ``fasop_layers`` also its
@@ -191,7 +191,8 @@ def register(app: typer.Typer) -> None:
                                       "signed_median, kendall_tau, calibration, held_out}}, \"stacks\": {STACK: {n, "
                                       "mape, max_abs_error, signed_median, sets}}, \"interval_coverage\": {SET: {n, in_sample, "
                                       "leave_set_out, unvalidated_leave_set_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
-                                      "independent_h100 adds rows: per-row errors, worst first; nemo_megatron_a100 adds "
+                                      "independent_h100 and llm_foundry_a100 add rows: per-row errors, worst first (llm_foundry_a100 also "
+                                      "per_gpu, per_model, per_seq_len); nemo_megatron_a100 adds "
                                       "per_tp: the metrics per TP degree; bigscience_a100 adds per_tp, per_pp and "
                                       "measured_oom: whether its rows that ran out of memory are refused); a metric without a value "
                                       "(one row, no held-out rows) is null"),
@@ -199,7 +200,7 @@ def register(app: typer.Typer) -> None:
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
                                               "espresso_hetero, nemo_megatron_a100, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
                                               "megatron_lm_h100, moe_h100, long_context_cp, bigscience_a100, independent_h100, "
-                                              "serving, energy"),
+                                              "llm_foundry_a100, serving, energy"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
@@ -214,7 +215,7 @@ def register(app: typer.Typer) -> None:
         (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
         of llm-foundry, NeMo 24.07 and fms-fsdp (a seeded half of llm-foundry's fitted that stack's residuals, the
         rest held out; the issue's independent check: median ≤ 10 %, no
-        row beyond 25 %); serving: published TensorRT-LLM and vLLM serving benchmarks (TTFT, TPOT, tokens/s)
+        row beyond 25 %); llm_foundry_a100: llm-foundry's A100 80GB / 40GB tables of 2023, all held out; serving: published TensorRT-LLM and vLLM serving benchmarks (TTFT, TPOT, tokens/s)
         against the engine-aware inference cost model (docs/serving.md)."""
         from hetplan.calibration import independent, modern, serving
         from hetplan.errors import HetplanError
@@ -228,7 +229,8 @@ def register(app: typer.Typer) -> None:
 
         from hetplan.energy import validation as energy_set
 
-        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, serving.SET_NAME, energy_set.SET_NAME)
+        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, independent.A100_SET_NAME, serving.SET_NAME,
+                                                  energy_set.SET_NAME)
         names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
         bad = [n for n in names if n not in every]
         if bad:
@@ -253,6 +255,10 @@ def register(app: typer.Typer) -> None:
             ind_result, ind_cases = independent.run_independent()
             new_result.update(ind_result)
             new_cases += ind_cases
+        if independent.A100_SET_NAME in every_chosen:
+            a100_result, a100_cases = independent.run_a100()
+            new_result.update(a100_result)
+            new_cases += a100_cases
         result["sets"].update(new_result)
         result["sets"].update(serving_result)
         energy_result = energy_set.run_energy() if energy_set.SET_NAME in every_chosen else {}
