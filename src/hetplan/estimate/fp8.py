@@ -107,8 +107,10 @@ its amax read (``aten.max`` is kept). Full recomputation re-runs the whole forwa
 ``float8/float8_tensor_parallel.py`` at pytorch/ao@6243040, the commit of the June 2025 TP rows) casts DTensor
 activations: the scale of a tensor-wise cast is ``torch.max(torch.abs(x))`` (``float8/float8_utils.py``
 ``tensor_to_amax``), which on a sharded DTensor is a partial maximum, so each cast waits for an all-reduce of one
-fp32 over the TP group before it can scale (the trace of meta-pytorch/float8_experimental#326: "AR for input ->
-AG -> ..."). Per dense layer and micro-batch: in forward the two ``PrepareFloat8ModuleInput`` casts (attention
+fp32 over the TP group before it can scale (torchtitan ``docs/float8.md`` at 820504e, TP: "The overhead is
+communicating ``max(abs)`` across ranks"; the traces of meta-pytorch/float8_experimental#326, "AR for input ->
+AG -> ...", and of pytorch/torchtitan#1207, "there are all-reduces for syncing the scales (expected)" in the
+tensorwise and rowwise TP forward). Per dense layer and micro-batch: in forward the two ``PrepareFloat8ModuleInput`` casts (attention
 and MLP inputs, on the sequence shard) and the two row-parallel inputs (``attention.wo``, ``feed_forward.w2``);
 in backward ``NoopFwToFloat8BwDynamic``'s cast of each column-parallel output gradient (``wq``, ``wk``, ``wv``,
 ``w1``, ``w3``: torchtitan's Llama keeps them separate modules) and of each row-parallel one (``wo``, ``w2``).
@@ -128,8 +130,11 @@ The FSDP float8 all-gather's weight scales come from one all-reduce per step
 own compiled forward + backward microbenchmark of Llama 3 70B's TP-8 shapes on H100 (pytorch/ao#2185, rowwise
 recipe, ``M = 16384``: speed-ups 1.11 / 1.43 / 1.73 / 1.71 for QKV / projection / FC1 / FC2) at 1.08 / 1.10 /
 1.50 / 1.40 — the per-linear model is not too fast. The end-to-end over-prediction of the TP-8 rowwise rows
-(measured slower than bf16, pytorch/torchtitan#1207) is therefore outside the linear layers, and no source
-states its mechanism: it is not modelled.
+(measured slower than bf16, pytorch/torchtitan#1207) is therefore outside the linear layers. That issue's trace
+(Llama 3 8B, FSDP 2 x TP 2, per-op SAC) puts it in the backward — attention and MLP backward 7,320 µs tensorwise,
+10,128 µs rowwise, "2 blocking all-gathers scheduled back to back" — where this model prices 7.8 and 8.9 ms per
+layer (H100 SXM, local batch 1): about 1.2 ms a layer is missing from rowwise, and no source states its
+mechanism, so it is not modelled.
 
 **GEMM rate of rowwise.** ``torch._scaled_mm`` with one scale per row and per column runs a CUTLASS
 rowwise-scaled kernel on sm90, tensor-wise scales cuBLAS. No torchao or PyTorch page publishes their GEMM
