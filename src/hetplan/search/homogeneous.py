@@ -247,7 +247,7 @@ def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray], hardw
     """Peak memory per GPU over the stages of each configuration (bytes), as the estimator computes it."""
     degrees, work, count = _stage_inputs(m, job, cfg)
     mem = stage_memory(m, hardware, degrees, work, options)
-    return np.max(np.where(count > 0, mem.required, -1.0), axis=1)
+    return np.max(np.where(count > 0, mem.total, -1.0), axis=1)
 
 
 def _pruned_peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray], hardware: StageHardware,
@@ -288,10 +288,16 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
                           expert_tp=fw is None or fw.expert_tp, interleave=fw is None or fw.interleaved,
                           seq_len=job.seq_len, stack=job.stack_spec(), ep_fold=fw is None or fw.ep_beyond_dp,
                           uneven=fw is not None and fw.interleaved and "any" in fw.splits)
-    if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
+    if job.framework == "fsdp" and len(cfg["tp"]):
+        # FSDP2 (ZeRO-3) once per layout, and DDP (ZeRO-0 over DP > 1: torchtitan's data_parallel_replicate_degree,
+        # hetplan.estimate.memory.fsdp_shard_ranks) where the stack runs it (the enumeration kept ZeRO-0 only
+        # then) without experts parallel over DP, which torchtitan folds into the FSDP shard ranks (the export
+        # refuses EP with DDP)
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
-        cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}
-        cfg["zero"] = np.where(cfg["dp"] > 1, 3, 0)
+        ddp = (cfg["dp"] > 1) & (cfg["zero"] == 0) & (cfg["ep"] == 1)
+        kept = (cfg["zero"] == 2) & (pins.zero == 2)  # pinned: FSDP2 never resharding after forward
+        cfg = {k: v[(cfg["zero"] == top) | ddp | kept] for k, v in cfg.items()}
+        cfg["zero"] = np.where((cfg["dp"] > 1) & (cfg["zero"] != 0), np.where(cfg["zero"] == 2, 2, 3), 0)
     base = cfg.pop("base")
     n_all = len(cfg["tp"])
     hardware, options = StageHardware(gpu, pool_link(pool, gpu)), TrainingOptions.from_job(job)
@@ -314,7 +320,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     p2p_one_inter = boundary_time_s(m, job.seq_len, lay, lay, link, link, False)
     p2p_total = n_intra * p2p_one_intra + (pp - 1 - n_intra) * p2p_one_inter
     it = assemble_iteration(c.forward_s, c.backward_s, c.dp_exposed_s, c.optimizer_s, p2p_total, mb,
-                            count=count, virtual_stages=v, memory_bytes=c.memory.required,
+                            count=count, virtual_stages=v, memory_bytes=c.memory.total,
                             capacity_bytes=gpu.memory_bytes)
     present = count > 0
     per = c.forward_s + c.backward_s
