@@ -171,7 +171,8 @@ def _instances(seed: int, n: int, tmp: Path):
         yield path, seq, gpu, N, gbs, mem
 
 
-#: Measured (seed 1, 30 instances, 26 feasible — asserted; the best uniform plan is not optimal on 7 of them,
+#: Measured (seed 1, 30 instances, 28 feasible — asserted; 26 while the CUDA context was an assumed 1 GiB, before
+#: PyTorch's measured 0.27 GiB with lazy module loading, issue 29; the best uniform plan is not optimal on 7 of them,
 #: 2026-11-28 — asserted at least 5, as the count moves with the estimator's calibration): the search found the
 #: optimum of the enumerated fine-grained space on every one, worst gap 0.
 def test_optimum_rate_on_enumerable_instances(tmp_path):
@@ -194,7 +195,7 @@ def test_optimum_rate_on_enumerable_instances(tmp_path):
         found += gap <= 1e-9
         nonuniform += r.start_estimate.iteration_time_s / best[1] - 1 > 1e-9
         assert r.estimate.iteration_time_s <= r.start_estimate.iteration_time_s
-    assert len(gaps) == 26 and nonuniform >= 5  # instances that fit; those where fine-grained plans matter
+    assert len(gaps) == 28 and nonuniform >= 5  # instances that fit; those where fine-grained plans matter
     assert found == len(gaps) and max(gaps) <= 1e-9
 
 
