@@ -515,7 +515,7 @@ class Plan(BaseModel):
         replicated otherwise; HSDP's shard groups of :attr:`fsdp_shard`), the pipeline depth, virtual stages,
         sequence parallelism and ZeRO stage (3 under ``framework = "fsdp"``)."""
         st = self.stages[stage]
-        zero = 3 if self.job.framework == "fsdp" else self.zero  # FSDP shards everything
+        zero = self.zero  # under fsdp: 0 = DDP (replicated), 1-2 = not resharded after forward, 3 = FSDP
         shard = self.fsdp_shard if self.fsdp_shard is not None and zero >= 1 else None
         return _stage_layout(st.tp, st.dp, zero, self.pp, self.virtual_stages, self.sequence_parallel, shard,
                              self.cp, self.ep, self.expert_tp)
