@@ -259,6 +259,17 @@ def _tt_chunks(parts: list[list[str]], pp: int, L: int) -> list[list[int]] | Non
     return _chunks_if_uneven([[counts[k * pp + i] for k in range(v)] for i in range(pp)], L)
 
 
+def _tt_sharding(replicate: int, shard: int, reshard_policy: object) -> tuple[int, int | None, bool]:
+    """``(zero, fsdp_shard, reshard_after_forward)`` of torchtitan's data-parallel degrees and
+    ``fsdp_reshard_after_forward``: DDP (shard degree 1) is ZeRO-0; FSDP2 is ZeRO-3, ZeRO-2 when it never
+    reshards after forward; HSDP (both degrees above 1) shards over ``shard`` ranks (the inverse of the export's
+    ``_tt_data_parallel``)."""
+    reshard = reshard_policy != "never"
+    if shard <= 1:
+        return 0, None, reshard
+    return (3 if reshard else 2), (shard if replicate > 1 else None), reshard
+
+
 def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
                       job_module: str | None = None) -> Plan:
     """The plan a torchtitan 0.3 launch (``-m torchtitan.train --module M --config C`` + overrides) runs; with
@@ -326,10 +337,7 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     if shard == -1:  # torchtitan: the shard degree takes the ranks left over
         shard = world // (rep * tp * cp * pp)
     dp = rep * shard
-    if shard > 1:
-        zero = 2 if over.get(p + "fsdp_reshard_after_forward") == "never" else 3
-    else:
-        zero = 0
+    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, over.get(p + "fsdp_reshard_after_forward"))
     gbs, seq = num("training.global_batch_size", 0), num("training.seq_len", 0)
     local = num("training.local_batch_size", 0)
     unset = [k for k, v in (("training.seq_len", seq), ("training.local_batch_size", local)) if v <= 0]
@@ -366,7 +374,7 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
                 virtual_stages=v, sequence_parallel=tp > 1 and bool(over.get(p + "enable_sequence_parallel", True)),
                 cuda_graphs=not over.get("training.disable_cuda_graphs", False),
                 schedule="gpipe" if over.get(p + "pipeline_parallel_schedule") == "GPipe" else "1f1b",
-                cp=cp, ep=ep, pipeline_chunks=tt_chunks)
+                cp=cp, ep=ep, pipeline_chunks=tt_chunks, fsdp_shard=fsdp_shard, reshard_after_forward=reshard)
 
 
 def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -392,7 +400,7 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
     if shard == -1:
         shard = world // (rep * tp * cp * pp)
     dp = rep * shard
-    zero = (2 if par.get("fsdp_reshard_after_forward") == "never" else 3) if shard > 1 else 0
+    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, par.get("fsdp_reshard_after_forward"))
     if pp > 1:
         mbs = int(par.get("pipeline_parallel_microbatch_size", 1))
         layers, v = _tt_parts(par["module_fqns_per_model_part"], pp)
@@ -415,7 +423,8 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
     rec = cfg.get("activation_checkpoint", {}).get("mode", "none")
     return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
-                virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep,
+                virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep, fsdp_shard=fsdp_shard,
+                reshard_after_forward=reshard,
                 schedule="gpipe" if par.get("pipeline_parallel_schedule") == "GPipe" else "1f1b")
 
 

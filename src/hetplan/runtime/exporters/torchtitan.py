@@ -84,15 +84,9 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     v = _virtual(plan, virtual_stages)
     v = v if pp > 1 else 1
     sched = {"1f1b": "Interleaved1F1B" if v > 1 else "1F1B", "gpipe": "GPipe"}[plan.schedule]
-    if plan.zero == 0:
-        dp_lines = [f"data_parallel_replicate_degree = {m.dp}", "data_parallel_shard_degree = 1"]
-    else:
-        reshard = "default" if plan.zero == 3 else "never"
-        dp_lines = ["data_parallel_replicate_degree = 1", f"data_parallel_shard_degree = {m.dp}",
-                    f'fsdp_reshard_after_forward = "{reshard}"']
-        if plan.zero == 1:
-            notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
-                         "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
+    replicate, shard, reshard = _tt_data_parallel(plan, m, notes)
+    dp_lines = [f"data_parallel_replicate_degree = {replicate}", f"data_parallel_shard_degree = {shard}",
+                f'fsdp_reshard_after_forward = "{reshard}"']
     files = {}
     flavor = TORCHTITAN_FLAVORS.get(spec.name)
     extra = []
@@ -155,6 +149,24 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     if mixed:
         notes.append(mixed)
     return Export("torchtitan", files, notes)
+
+
+def _tt_data_parallel(plan: Plan, m: _Mesh, notes: list[str]) -> tuple[int, int, str]:
+    """``(data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward)`` of the plan's
+    DP ranks, as the estimate prices them under ``fsdp`` (:func:`hetplan.estimate.memory.fsdp_shard_ranks`,
+    :func:`hetplan.estimate.memory.fsdp_reshards`): ZeRO-0 replicates over DP (DDP), ZeRO-1 / 2 / 3 shard over
+    HSDP's ``fsdp_shard`` ranks (all of DP without it) and replicate across the rest; ``never`` reshards at
+    ZeRO-1 / 2 or without ``reshard_after_forward``, else torchtitan's ``default`` (which already keeps the
+    gathered units of a pipeline stage, as the estimate's pipelined FSDP does). A plan of a framework other
+    than ``fsdp`` keeps its own sharding: ZeRO-1 / 2 as ``never``."""
+    if plan.zero == 0 or m.dp == 1:
+        return m.dp, 1, "default" if plan.reshard_after_forward else "never"
+    shard = m.dp if plan.fsdp_shard is None else min(plan.fsdp_shard, m.dp)
+    if plan.zero == 1:
+        notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
+                     "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
+    keep = plan.zero in (1, 2) or not plan.reshard_after_forward
+    return m.dp // shard, shard, "never" if keep else "default"
 
 
 def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
@@ -357,14 +369,9 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     else:
         head = [f"--module {module}", f"--config {config}"]
     local = plan.job.global_batch // m.dp if pp > 1 else plan.mbs
-    if plan.zero == 0:
-        dp = [f"--parallelism.data_parallel_replicate_degree {m.dp}", "--parallelism.data_parallel_shard_degree 1"]
-    else:
-        dp = ["--parallelism.data_parallel_replicate_degree 1", f"--parallelism.data_parallel_shard_degree {m.dp}",
-              "--parallelism.fsdp_reshard_after_forward " + ("default" if plan.zero == 3 else "never")]
-        if plan.zero == 1:
-            notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
-                         "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
+    replicate, shard, reshard = _tt_data_parallel(plan, m, notes)
+    dp = [f"--parallelism.data_parallel_replicate_degree {replicate}",
+          f"--parallelism.data_parallel_shard_degree {shard}", f"--parallelism.fsdp_reshard_after_forward {reshard}"]
     args = head + [
         f"--training.local_batch_size {local}", f"--training.global_batch_size {plan.job.global_batch}",
         f"--training.seq_len {plan.job.seq_len}", f"--training.steps {int(plan.job.iterations())}",
