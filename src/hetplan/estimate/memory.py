@@ -417,7 +417,8 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         recompute_layers: how many layers use ``recompute`` (the others keep all activations); default all.
         attention: ``"standard"`` | ``"flash"`` (:attr:`hetplan.plan.Job.attention`).
         framework: ``"megatron"`` | ``"deepspeed"`` | ``"fsdp"`` (:attr:`hetplan.plan.Job.framework`). FSDP
-            (always sharded, ZeRO-3): sharded fp32 parameters, gradients and Adam moments
+            (FSDP2 at every ZeRO stage, over one-rank shards at ZeRO-0: :func:`fsdp_shard_ranks`; never resharding
+            after forward at ZeRO-1 / 2: :func:`fsdp_reshards`): sharded fp32 parameters, gradients and Adam moments
             (:data:`FSDP_WEIGHT_BYTES` ...) over the shard group (``fsdp_shard``, default ``dp``), plus the
             16-bit unsharded parameters of :data:`FSDP_UNITS_IN_FLIGHT` units (of all the stage's units when
             ``reshard_after_forward`` is False: they are kept from forward to backward) and, in the backward,

@@ -104,8 +104,11 @@ def stage_costs(
 
     ``attention`` (``"standard"`` | ``"flash"``) and ``framework`` (``"megatron"`` | ``"deepspeed"`` |
     ``"fsdp"``): the job's :attr:`hetplan.plan.Job.attention` and :attr:`hetplan.plan.Job.framework` (scalars).
-    ``framework="fsdp"`` (PyTorch FSDP2, Megatron-FSDP) shards parameters, gradients and optimizer states
-    whatever ``zero`` says (ZeRO-3).
+    ``framework="fsdp"`` (PyTorch FSDP2) shards parameters, gradients and optimizer states per unit at every ZeRO
+    stage as torchtitan launches it: over HSDP's ``fsdp_shard`` or all DP ranks at ZeRO-1 to 3 (never resharding
+    after forward at 1 / 2), over single ranks at ZeRO-0 (DDP: the whole states on every rank, each unit's
+    gradient all-reduced across the replicas) (:func:`hetplan.estimate.memory.fsdp_shard_ranks`,
+    :func:`hetplan.estimate.memory.fsdp_reshards`).
 
     ``fsdp_shard``: HSDP's shard-group size (parameters sharded within groups of that many DP ranks, replicated
     across ``dp / fsdp_shard`` of them; gradients all-reduced across the replicas after each reduce-scatter);

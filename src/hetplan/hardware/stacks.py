@@ -68,7 +68,7 @@ class StackSpec(BaseModel):
             :meth:`separate_wgrad_accumulation`.
         dp_overlap: ``bucketed`` | ``none`` | ``ddp-only`` | ``after-last-microbatch`` | ``single-stage``.
         launch: ``eager`` | ``cuda-graphs`` | ``compiled``.
-        zero: ZeRO stages it runs (under ``fsdp``: its sharding modes; the estimate runs ZeRO-3 there).
+        zero: ZeRO stages it runs (under ``fsdp``: its sharding modes, 0 = DDP replication, 3 = full sharding).
         recompute: the activation-recomputation modes it offers (the searches enumerate only these).
         parallel: the parallel dimensions its launcher runs (:data:`PARALLEL_DIMS`; ``dp`` always): ``tp``, ``pp``,
             ``cp`` (context parallelism), ``ep`` (expert parallelism). Every search enumerates only these and

@@ -238,6 +238,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
                 tp_comm_overlap="tp_comm_overlap" in a,
                 cuda_graphs="enable_cuda_graph" in a or a.get("cuda_graph_impl", "none") != "none",
                 cross_entropy=None if "cross_entropy_loss_fusion" in a else "fp32", cp=cp,
+                grad_reduce_dtype="bf16" if "grad_reduce_in_bf16" in a else None,
                 ep=int(a.get("expert_model_parallel_size", 1)), expert_tp=int(a.get("expert_tensor_parallel_size", 1)),
                 pipeline_chunks=chunks)
 
@@ -364,6 +365,9 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     # the converter's recipe_name (0.3.0: rowwise, its default, or rowwise_with_gw_hp)
     recipe = "rowwise_with_gw_hp" if fp8 and "recipe_name='rowwise_with_gw_hp'" in (job_module or "") else None
     compiled = bool(over.get("compile.enable", False))
+    # the loss compiled with the blocks (components model,loss) or eager on fp32 logits (Plan.cross_entropy)
+    loss = None if not compiled or "loss" in str(over.get("compile.components", "model,loss")).split(",") else "fp32"
+    reduce = "bf16" if over.get("training.mixed_precision_reduce") == "bfloat16" else None
     rec = {"none": "none", "full": "full", "selective": "selective", "memory-budget": "selective"}.get(ac, "none")
     job = Job(model=name, seq_len=seq, global_batch=gbs, train_iterations=num("training.steps", 1),
               dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe, attention="flash", framework="fsdp",
@@ -374,7 +378,8 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
                 virtual_stages=v, sequence_parallel=tp > 1 and bool(over.get(p + "enable_sequence_parallel", True)),
                 cuda_graphs=not over.get("training.disable_cuda_graphs", False),
                 schedule="gpipe" if over.get(p + "pipeline_parallel_schedule") == "GPipe" else "1f1b",
-                cp=cp, ep=ep, pipeline_chunks=tt_chunks, fsdp_shard=fsdp_shard, reshard_after_forward=reshard)
+                cp=cp, ep=ep, pipeline_chunks=tt_chunks, fsdp_shard=fsdp_shard, reshard_after_forward=reshard,
+                cross_entropy=loss, grad_reduce_dtype=reduce)
 
 
 def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -421,10 +426,12 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
               framework="fsdp", torch_compile=bool(comp.get("enable", False)),
               async_tp=bool(par.get("enable_async_tensor_parallel", False)))
     rec = cfg.get("activation_checkpoint", {}).get("mode", "none")
+    loss = None if not comp.get("enable", False) or "loss" in comp.get("components", ["model", "loss"]) else "fp32"
+    reduce = "bf16" if tr.get("mixed_precision_reduce") == "bfloat16" else None
     return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
                 virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep, fsdp_shard=fsdp_shard,
-                reshard_after_forward=reshard,
+                reshard_after_forward=reshard, cross_entropy=loss, grad_reduce_dtype=reduce,
                 schedule="gpipe" if par.get("pipeline_parallel_schedule") == "GPipe" else "1f1b")
 
 

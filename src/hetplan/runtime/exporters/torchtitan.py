@@ -114,7 +114,8 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         *(['converters = ["quantize.linear.float8"]'] if plan.job.dtype == "fp8" else []), "",
         "[training]", f"local_batch_size = {local}", f"global_batch_size = {plan.job.global_batch}",
         f"seq_len = {plan.job.seq_len}", f"steps = {int(plan.job.iterations())}",
-        'mixed_precision_param = "bfloat16"', "",
+        'mixed_precision_param = "bfloat16"',
+        *(['mixed_precision_reduce = "bfloat16"'] if plan.grad_reduce_dtype == "bf16" else []), "",
         "[parallelism]", *dp_lines, f"tensor_parallel_degree = {m.tp}",
         f"context_parallel_degree = {m.cp}", f"expert_parallel_degree = {m.ep}",
         f"pipeline_parallel_degree = {pp}",
@@ -133,8 +134,8 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
                     ["enable_fsdp_float8_all_gather = true", "precompute_float8_dynamic_scale_for_fsdp = true"]),
                   'filter_fqns = ["output"]']
     # torch.compile of the blocks and the loss, or eager (hetplan.estimate.elementwise)
-    lines += ["", "[compile]", *(['enable = true', 'components = ["model", "loss"]'] if plan.job.torch_compile
-                                 else ["enable = false"])]
+    lines += ["", "[compile]", *(['enable = true', f'components = {json.dumps(_tt_compiled(plan))}']
+                                 if plan.job.torch_compile else ["enable = false"])]
     ac = {"none": ["mode = \"none\""], "full": ["mode = \"full\""],
           "selective": ["mode = \"selective\"", "selective_ac_option = \"op\""]}[m.recompute]
     lines += ["", "[activation_checkpoint]", *ac, "", *extra]
@@ -169,9 +170,20 @@ def _tt_data_parallel(plan: Plan, m: _Mesh, notes: list[str]) -> tuple[int, int,
     return m.dp // shard, shard, "never" if keep else "default"
 
 
+def _tt_compiled(plan: Plan) -> list[str]:
+    """``[compile] components`` of a compiled plan: the blocks, and the loss unless the plan prices it eager on
+    fp32 logits (``Plan.cross_entropy = "fp32"``, torchtitan's loss outside ``torch.compile``)."""
+    return ["model"] if plan.cross_entropy == "fp32" else ["model", "loss"]
+
+
 def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
     """What no torchtitan release runs: fp16 parameters, NeMo AutoModel's bf16 master weights / loss, the first k
-    layers of a stage checkpointed."""
+    layers of a stage checkpointed, a gradient reduction after the backward."""
+    if not plan.overlap_grad_reduce:
+        raise HetplanError("torchtitan reduces gradients during the backward (FSDP2's per-unit reduce-scatter, "
+                           "DDP's all-reduce); the plan was priced with the reduction after it",
+                           field="plan.overlap_grad_reduce", fix="plan with overlap_grad_reduce = true, or export "
+                           "--to megatron (without --overlap-grad-reduce)")
     if plan.job.dtype == "fp16":
         raise HetplanError("torchtitan's mixed precision keeps bfloat16 or float32 parameters, not float16",
                            field="plan.job.dtype", fix="plan with dtype bf16, or export --to megatron / deepspeed")
@@ -376,6 +388,7 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
         f"--training.local_batch_size {local}", f"--training.global_batch_size {plan.job.global_batch}",
         f"--training.seq_len {plan.job.seq_len}", f"--training.steps {int(plan.job.iterations())}",
         "--training.mixed_precision_param bfloat16",
+        *(["--training.mixed_precision_reduce bfloat16"] if plan.grad_reduce_dtype == "bf16" else []),
         # CUDA graphs of the step only where the plan prices them (hetplan.plan.Plan.cuda_graphs)
         "--training." + ("no-" if plan.cuda_graphs else "") + "disable_cuda_graphs", *dp,
         f"--parallelism.tensor_parallel_degree {m.tp}",
@@ -391,7 +404,7 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
                  "--parallelism.module_fqns_per_model_part " + " ".join(",".join(p) for p in parts)]
     args += ["--compile." + ("" if compiled else "no-") + "enable"]
     if compiled:
-        args.append("--compile.components model,loss")
+        args.append("--compile.components " + ",".join(_tt_compiled(plan)))
     args.append("--compile." + ("" if plan.job.async_tp else "no-") + "enable_async_tensor_parallel")
     args.append("activation-checkpoint:" + m.recompute)
     nnodes, per_node = _nodes(plan)
