@@ -280,3 +280,26 @@ def test_fp8_only_where_the_stack_has_an_fp8_path():
     r = _hetplan("plan", "--model", "llama3-8b", "--gpu", "H100-SXM", "--gpus", "16", "--seq-len", "4096",
                  "--global-batch", "64", "--dtype", "fp8", "--framework", "deepspeed", "-q")
     assert r.returncode == 2 and "job.dtype" in r.stderr and "stack-has-option" in r.stderr, r.stderr
+
+
+def test_nemo_automodel_gains_pipeline_and_expert_parallelism_at_its_first_tag():
+    """AutoModel 25.07 runs FSDP2 with TP/CP only; v0.1.0 (2025-10) adds torch.distributed.pipelining stages and
+    MoE expert parallelism: an EP plan is refused before it and searched after it, its EP cost named as such."""
+    assert "ep" not in resolve_stack("nemo-automodel@2025-09").parallel
+    new = resolve_stack("nemo-automodel@2025-11")
+    assert new.version == "0.1.0" and {"pp", "ep"} <= set(new.parallel) and new.interleaved
+    args = ("plan", "--model", "qwen3-30b-a3b", "--gpu", "H100-SXM", "--gpus", 16, "--seq-len", 4096,
+            "--global-batch", 256, "--tokens", "1e10", "--top", 2)
+    old = _hetplan(*args, "--stack", "nemo-automodel@2025-09", "--ep", 8)
+    assert old.returncode == 2 and "nemo-automodel@25.07" in old.stderr + old.stdout
+    out = _hetplan(*args, "--stack", "nemo-automodel@2025-11")
+    assert out.returncode == 0, out.stderr
+    assert "TP/EP communication" in out.stdout  # the all-to-all is not called TP communication
+
+
+def test_component_name_says_ep_where_the_all_to_all_is_in_it():
+    from hetplan.search.explain import component_name
+
+    assert component_name("tp_comm_s", {"ep": 1}, {"ep": 1}) == "TP communication"
+    assert component_name("tp_comm_s", {"ep": 1}, {"ep": 8}) == "TP/EP communication"
+    assert component_name("bubble_s", {"ep": 8}) == "pipeline bubble"

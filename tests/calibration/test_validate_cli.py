@@ -64,7 +64,7 @@ def test_set_names_and_fields(result):
                                    "korthikanti_table5", "aceso_v100", "fasop_layers", "espresso_hetero",
                                    "dgxc_h100", "dgxc_gb200", "torchtitan", "llama3_405b", "megatron_lm_h100",
                                    "moe_h100", "long_context_cp", "bigscience_a100", "independent_h100", "serving",
-                                   "energy", "nemo_megatron_a100"}
+                                   "energy", "nemo_megatron_a100", "llm_foundry_a100"}
     for r in result["sets"].values():
         assert {"n", "mape", "max_abs_error", "signed_median", "kendall_tau"} <= set(r)
         assert abs(r["signed_median"]) <= r["max_abs_error"] / (1 - r["max_abs_error"]) + 1e-12
@@ -101,6 +101,7 @@ def test_plain_output_and_files(tmp_path):
                          env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "korthikanti_table5" in out.stdout
+    assert "korthikanti_table5 is fully held out" in out.stdout and "vTrain's own MAPE" not in out.stdout
     assert (tmp_path / "validation.csv").read_text().count("\n") == 9
     assert (tmp_path / "validation.png").stat().st_size > 1000
 

@@ -63,3 +63,14 @@ def test_plan_table_shows_context_parallelism_and_mixed_tp():
     s1 = plan_summary(flat, estimate(flat, CAT, load_model(job.model)))
     assert _layout(s1) == "2x2x2"
     assert "cp" not in _stages_line(s1)
+
+
+def test_stages_line_writes_a_run_of_equal_stages_once():
+    """GPT-3 175B's 96 one-layer stages read as one bracket with its count, not 96 brackets."""
+    from hetplan.cli.plan import _stages_line
+
+    st = {"gpu": "A100-SXM-80GB", "tp": 8, "dp": 1, "num_layers": 1}
+    s = {"plan": {"cp": 1}, "stages": [dict(st, num_layers=2)] + [st] * 94 + [dict(st, num_layers=2)]}
+    assert _stages_line(s) == ("Stages of #1: [A100-SXM-80GB tp8xdp1: 2 layers], "
+                               "[A100-SXM-80GB tp8xdp1: 1 layers] × 94, "
+                               "[A100-SXM-80GB tp8xdp1: 2 layers]")

@@ -5,7 +5,8 @@
   (:class:`~hetplan.calibration.validation.Constants`);
 * :mod:`hetplan.calibration.modern` — the modern H100 / H200 / B200 / GB200 sets, one module per source, and
   :mod:`hetplan.calibration.modern_fit`, the GEMM efficiencies fitted on their seeded fraction;
-* :mod:`hetplan.calibration.independent` — ``independent_h100``, published H100 runs never used to fit anything;
+* :mod:`hetplan.calibration.independent` — ``independent_h100``, published H100 runs (a seeded half of llm-foundry's
+  fitted that stack's residuals, the rest held out), and ``llm_foundry_a100``, llm-foundry's A100 runs, held out;
 * :mod:`hetplan.calibration.serving` — the ``serving`` set (engines' published measurements);
 * :mod:`hetplan.calibration.calibrate` — the fits of the constants (``python -m hetplan.calibration.calibrate``);
 * :mod:`hetplan.calibration.traces` — Espresso's measured heterogeneous DeepSpeed pipelines;

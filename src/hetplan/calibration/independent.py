@@ -36,6 +36,12 @@ block; llm-foundry's default loss ``fused_crossentropy`` (flash-attn's fused ker
 ``addmm`` and the attention kernel, single kernels whose eager extra bytes are the residual re-read only,
 :mod:`hetplan.estimate.elementwise`); the stack ``llm-foundry@0.3`` (:data:`FOUNDRY_STACK`) with its attention
 kernel of 2023 (Triton FlashAttention unless the row ran flash-attn 2).
+
+``llm_foundry_a100`` (:func:`run_a100`): llm-foundry's A100 80GB / 40GB tables (``llm_foundry_a100.csv``, 223 rows
+of the README's May and October 2023 revisions), run the same way on 8-GPU nodes of 1,600 Gb/s
+(:data:`A100_NODE_BYTES_PER_S`), each with the gradient reduction dtype of its Composer ``MP Mode``
+(:func:`grad_reduce_dtype`). Every row is held out; the A100 Triton FlashAttention rate is the H100 fit's ratio
+to FlashAttention-2 (``gpus.toml``), not fitted on these rows.
 """
 
 from __future__ import annotations
@@ -46,9 +52,11 @@ from importlib import resources
 
 from hetplan.calibration import modern
 from hetplan.calibration.modern import Layout, ModernCase, NotExpressibleError
-from hetplan.calibration.validation import _is_calibration, gpt_model
+from hetplan.calibration.modern.mapping import catalog_gpu
+from hetplan.calibration.validation import _is_calibration, gpt_model, metrics
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec
+from hetplan.plan import GPUPool
 
 SET_NAME = "independent_h100"
 FOUNDRY_FILE, NEMO_FILE, FMS_FILE = "llm_foundry_h100.csv", "nemo_24_07_h100_fp8.csv", "fms_fsdp_h100.csv"
@@ -58,6 +66,17 @@ CONVENTION = ("tokens/s per GPU; a seeded half of the llm-foundry rows fitted th
               "and GEMM factor (stack_fit), the rest and every NeMo / fms-fsdp row held out; llm-foundry's MFU counts 6N with every "
               "parameter plus the full s^2 attention, vs the run dtype's dense peak (989 bf16 / 1,979 FP8); "
               "NeMo 24.07 gives model TFLOP/s (not used)")
+
+#: llm-foundry's A100 80GB / 40GB tables (``llm_foundry_a100.csv``): ``hetplan validate --sets llm_foundry_a100``,
+#: every row held out (nothing was fitted on them; the H100 fit of :mod:`hetplan.calibration.stack_fit` stays).
+A100_SET_NAME, A100_FILE = "llm_foundry_a100", "llm_foundry_a100.csv"
+A100_CONVENTION = ("tokens/s per GPU, every row held out (llm-foundry's stack residuals were fitted on H100 rows "
+                   "only); the tables of May 2023 (MP mode PURE: bf16 gradient reduction) and October 2023 (DEFAULT: "
+                   "fp32); llm-foundry's MFU counts 6N with every parameter plus the full s^2 attention vs 312 "
+                   "TFLOP/s (not used)")
+#: The A100 nodes of those tables: "A100 80GB / 40GB with 1600 Gbps node-node interconnect (RoCE)" (the tables'
+#: headings since mosaicml/llm-foundry@ef350d9), 8 GPUs per node.
+A100_NODE_BYTES_PER_S = 1600e9 / 8
 
 #: The issue's aim for the independent set: median |error| at most 10 %, no row beyond 25 %.
 TARGET = {"median_abs_error": 0.10, "max_abs_error": 0.25}
@@ -98,17 +117,27 @@ def mpt_model(r: dict) -> ModelSpec:
     return m.model_copy(update={"name": f"{r['model'].lower()}-s{s}", "dropout": False, "source": r["arch_source"]})
 
 
+def grad_reduce_dtype(r: dict) -> str:
+    """The gradient reduction dtype of a row's Composer ``fsdp_config.mixed_precision`` (the table's ``MP Mode``,
+    in ``notes``): ``DEFAULT`` reduces in fp32, ``PURE`` in the compute dtype (bf16): ``param_dtype`` /
+    ``reduce_dtype`` / ``buffer_dtype`` of ``get_mixed_precision`` (mosaicml/composer@v0.13.4
+    ``composer/trainer/mosaic_fsdp.py``, the release llm-foundry's May-2023 benchmarks pinned; the same in
+    v0.16.4 ``composer/trainer/mosaic_fsdp_utils.py``)."""
+    return "bf16" if "MP mode PURE" in r["notes"] else "fp32"
+
+
 def foundry_layout(r: dict) -> Layout:
     """The layout of a row: pure data parallelism over every GPU (FSDP, no TP / PP), its micro-batch and global
     batch (``micro-batch × gradient accumulation × GPUs``), full recomputation where activation checkpointing is on,
-    and the FSDP settings of the module doc."""
+    the gradient reduction dtype of its ``MP Mode`` (:func:`grad_reduce_dtype`) and the FSDP settings of the
+    module doc."""
     n, mbs, gbs = int(r["num_gpus"]), int(r["micro_batch"]), int(r["global_batch"])
     fp8 = r["dtype"].startswith("fp8")
     kernel = {} if "triton" in r["attention"].lower() else {"attention_kernel": "fa2"}
     return Layout(tp=1, pp=1, dp=n, recompute=r["recompute"],
                   job=dict(seq_len=int(r["seq_len"]), global_batch=gbs, stack=FOUNDRY_STACK, torch_compile=fp8,
                            **kernel),
-                  plan=dict(mbs=mbs, zero=3, grad_reduce_dtype="fp32", fsdp_param_dtype="fp32",
+                  plan=dict(mbs=mbs, zero=3, grad_reduce_dtype=grad_reduce_dtype(r), fsdp_param_dtype="fp32",
                             cross_entropy="compiled"))
 
 
@@ -186,17 +215,28 @@ def _nemo_case(i: int, r: dict, catalog: Catalog):
     return key, make
 
 
-def _row_case(i: int, r: dict, catalog: Catalog):
-    key = f"{SET_NAME}:{i}:{r['model']}:n{r['num_gpus']}:s{r['seq_len']}:{r['dtype'].split()[0]}:mbs{r['micro_batch']}"
+def _row_case(i: int, r: dict, catalog: Catalog, set_name: str = SET_NAME):
+    """Row ``i`` of an llm-foundry table as a case of ``set_name``: in ``independent_h100`` a seeded half fitted
+    the stack's residuals (:data:`FOUNDRY_FIT_FRACTION`); every ``llm_foundry_a100`` row is held out."""
+    key = f"{set_name}:{i}:{r['model']}:n{r['num_gpus']}:s{r['seq_len']}:{r['dtype'].split()[0]}:mbs{r['micro_batch']}"
+    if set_name == A100_SET_NAME:  # two README revisions measured some configurations twice (MP mode PURE / DEFAULT)
+        key += f":{grad_reduce_dtype(r)}-reduce"
 
     def make() -> ModernCase:
         lay = foundry_layout(r)
-        c = _held_out_case(key, r, lay, catalog, f"{r['model']}|{r['dtype'].split()[0]}", model=mpt_model(r))
+        pool = None
+        if set_name == A100_SET_NAME:
+            gpu = catalog_gpu(r["gpu"], catalog)
+            pool = GPUPool(gpu=gpu, count=int(r["num_gpus"]), gpus_per_node=8,
+                           inter_node_bandwidth_bytes_per_s=A100_NODE_BYTES_PER_S)
+        c = modern.row_case(set_name, key, r, lay, "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
+                            catalog=catalog, group=f"{r['model']}|{r['gpu']}|{r['dtype'].split()[0]}",
+                            model=mpt_model(r), pool=pool)
         if "SHARD_GRAD_OP" in r["zero_or_fsdp"]:
             c.plan = c.plan.model_copy(update={"reshard_after_forward": False})
         elif "FULL_SHARD" not in r["zero_or_fsdp"]:
             raise NotExpressibleError(f"FSDP sharding strategy {r['zero_or_fsdp']!r} is not mapped")
-        c.is_calibration = _is_calibration(key, FOUNDRY_FIT_FRACTION)
+        c.is_calibration = set_name == SET_NAME and _is_calibration(key, FOUNDRY_FIT_FRACTION)
         if lay.job["torch_compile"]:
             c.notes.append(FP8_NOTE)
         return c
@@ -211,6 +251,36 @@ def independent_cases(catalog: Catalog | None = None) -> tuple[list[ModernCase],
     items += [_nemo_case(i, r, catalog) for i, r in enumerate(_rows(NEMO_FILE))]
     items += [_fms_case(i, r, catalog) for i, r in enumerate(_rows(FMS_FILE))]
     return modern.collect(SET_NAME, items)
+
+
+def a100_cases(catalog: Catalog | None = None) -> tuple[list[ModernCase], list[modern.NotExpressible]]:
+    """The ``llm_foundry_a100`` cases (plans built, nothing predicted) and the rows it cannot express."""
+    catalog = catalog or load_catalog()
+    return modern.collect(A100_SET_NAME, [_row_case(i, r, catalog, A100_SET_NAME) for i, r in enumerate(_rows(A100_FILE))])
+
+
+def _breakdown(cases: list[ModernCase], of) -> dict:
+    """:func:`hetplan.calibration.validation.metrics` per value of ``of(case)`` (sorted)."""
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault(of(c), []).append(c)
+    return {str(k): metrics(v) for k, v in sorted(groups.items())}
+
+
+def run_a100(catalog: Catalog | None = None) -> tuple[dict, list[ModernCase]]:
+    """Predict every ``llm_foundry_a100`` row; ``({A100_SET_NAME: metrics}, cases)``: the modern sets' metrics,
+    the per-row errors (``rows``, worst first) and the metrics by GPU (``per_gpu``), by model (``per_model``) and
+    by sequence length (``per_seq_len``)."""
+    catalog = catalog or load_catalog()
+    cases, skipped = a100_cases(catalog)
+    for c in cases:
+        c.evaluate(catalog)
+    res = modern.set_metrics(A100_SET_NAME, cases, skipped, convention=A100_CONVENTION, target=TARGET)
+    res["rows"] = row_errors(cases)
+    res["per_gpu"] = _breakdown(cases, lambda c: c.gpu)
+    res["per_model"] = _breakdown(cases, lambda c: c.info["model"])
+    res["per_seq_len"] = _breakdown(cases, lambda c: c.info["seq"])
+    return {A100_SET_NAME: res}, cases
 
 
 def row_errors(cases: list[ModernCase]) -> list[dict]:

@@ -17,6 +17,9 @@ enough public rows for that: MosaicML llm-foundry (77 H100 rows of its benchmark
   the modelled terms (eager element-wise kernels, FSDP1 collectives, FSDP1's gradient passes, the unfused
   DecoupledAdamW step) do not charge.
 
+llm-foundry's 223 A100 rows (``hetplan validate --sets llm_foundry_a100``) are not fitted on: the A100 entries
+carry the fitted ``k`` as their Triton rate over FlashAttention-2's, and those rows check it held out.
+
 How: least squares on log(predicted / measured) over the calibration rows (Nelder-Mead on the two), bounded.
 The values enter the package data by hand, in a reviewed commit, with this provenance (``gpus.toml`` H100
 ``attention_kernels.triton``; ``stacks.toml`` llm-foundry ``gemm_factor``): nothing mutates module state.

@@ -397,9 +397,11 @@ def _interval_lines(s: dict) -> list[str]:
     if "unvalidated" in iv:
         out.append(f"Interval: {iv['unvalidated']}.")
     elif iv:
+        spread = (", widened by how far one source of runs sits from the others" if iv.get("source") == "validation"
+                  else "")
         out.append(f"Interval ({iv['level']:.0%}): from {iv['n']} held-out measured runs of {iv['regime']} "
-                   f"(signed median error there {iv['signed_median_error']:+.1%}); tokens/s, MFU, job time and $ "
-                   "share it.")
+                   f"(signed median error there {iv['signed_median_error']:+.1%}){spread}; tokens/s, MFU, job time "
+                   "and $ share it.")
     if "mfu_record" in s:
         out.append("Note: " + s["mfu_record"]["note"] + ".")
     return out
@@ -638,10 +640,17 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
 
 
 def _stages_line(s: dict) -> str:
-    """"Stages of #1: [GPU tpTxcpCxdpD: N layers], ..." of a plan summary (``cpC`` when CP is above 1)."""
+    """"Stages of #1: [GPU tpTxcpCxdpD: N layers], ..." of a plan summary (``cpC`` when CP is above 1); a run of
+    equal consecutive stages is written once with its count, ``[…] × 94``."""
     cp = f"cp{s['plan'].get('cp', 1)}x" if s["plan"].get("cp", 1) > 1 else ""
-    return "Stages of #1: " + ", ".join(f"[{st['gpu']} tp{st['tp']}x{cp}dp{st['dp']}: {st['num_layers']} layers]"
-                                        for st in s["stages"])
+    runs: list[list] = []
+    for st in s["stages"]:
+        text = f"[{st['gpu']} tp{st['tp']}x{cp}dp{st['dp']}: {st['num_layers']} layers]"
+        if runs and runs[-1][0] == text:
+            runs[-1][1] += 1
+        else:
+            runs.append([text, 1])
+    return "Stages of #1: " + ", ".join(text if n == 1 else f"{text} × {n}" for text, n in runs)
 
 
 def _layout(s: dict) -> str:

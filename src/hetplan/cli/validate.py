@@ -5,7 +5,7 @@ korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero, nemo_megatron_a10
 :func:`hetplan.calibration.validation.stacks_2022_cases`); modern sets (:mod:`hetplan.calibration.modern`):
 dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp; the independent
 check ``independent_h100`` (:mod:`hetplan.calibration.independent`; only a seeded half of its llm-foundry rows
-fitted that stack's own residuals). See
+fitted that stack's own residuals) and ``llm_foundry_a100`` (llm-foundry's A100 tables, every row held out). See
 :mod:`hetplan.calibration.validation` and docs/estimator.md.
 
 The table shows, per set, the error metrics and the calibration / held-out split; with ``fasop_layers`` also its
@@ -46,6 +46,31 @@ def _print_stacks(console, stacks: dict) -> None:
         t.add_row(name, str(r["n"]), _fmt(r["mape"]), _signed(r["signed_median"]), _fmt(r["max_abs_error"]),
                   ", ".join(r["sets"]))
     console.print(t)
+
+
+#: What each first-table set was fitted on (the footnote under that table), by set.
+_FITTED_ON = {
+    "vtrain_single_node": "seeded 25 % of vTrain rows (A100)", "vtrain_multi_node": "seeded 25 % of vTrain rows (A100)",
+    "aceso_v100": "Aceso TP-1 rows (V100)",
+    "fasop_layers": "seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's hosts)",
+    "espresso_hetero": "Espresso's runs that fitted A30/A4000/A6000/3090",
+}
+
+
+def _legacy_footnote(names: list[str]) -> str:
+    """The footnote of the first table, for the sets chosen only: vTrain's own MAPE where a vTrain set ran, what
+    each set's calibration rows are, and which sets are fully held out."""
+    parts = []
+    if any(n.startswith("vtrain") for n in names):
+        parts.append("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node.")
+    parts.append("Kendall τ: within each job (same model, GPU count, global batch).")
+    fitted = list(dict.fromkeys(_FITTED_ON[n] for n in names if n in _FITTED_ON))
+    if fitted:
+        parts.append("Calibration: " + ", ".join(fitted) + ".")
+    held = [n for n in names if n not in _FITTED_ON]
+    if held:
+        parts.append(", ".join(held) + (" is" if len(held) == 1 else " are") + " fully held out.")
+    return " ".join(parts)
 
 
 def _print_fasop(console, r: dict) -> None:
@@ -166,7 +191,8 @@ def register(app: typer.Typer) -> None:
                                       "signed_median, kendall_tau, calibration, held_out}}, \"stacks\": {STACK: {n, "
                                       "mape, max_abs_error, signed_median, sets}}, \"interval_coverage\": {SET: {n, in_sample, "
                                       "leave_set_out, unvalidated_leave_set_out}}} only (fasop_layers adds per_gpu and a10g_over_a100_gpt2xl; "
-                                      "independent_h100 adds rows: per-row errors, worst first; nemo_megatron_a100 adds "
+                                      "independent_h100 and llm_foundry_a100 add rows: per-row errors, worst first (llm_foundry_a100 also "
+                                      "per_gpu, per_model, per_seq_len); nemo_megatron_a100 adds "
                                       "per_tp: the metrics per TP degree; bigscience_a100 adds per_tp, per_pp and "
                                       "measured_oom: whether its rows that ran out of memory are refused); a metric without a value "
                                       "(one row, no held-out rows) is null"),
@@ -174,7 +200,7 @@ def register(app: typer.Typer) -> None:
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
                                               "espresso_hetero, nemo_megatron_a100, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
                                               "megatron_lm_h100, moe_h100, long_context_cp, bigscience_a100, independent_h100, "
-                                              "serving, energy"),
+                                              "llm_foundry_a100, serving, energy"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
@@ -189,7 +215,7 @@ def register(app: typer.Typer) -> None:
         (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
         of llm-foundry, NeMo 24.07 and fms-fsdp (a seeded half of llm-foundry's fitted that stack's residuals, the
         rest held out; the issue's independent check: median ≤ 10 %, no
-        row beyond 25 %); serving: published TensorRT-LLM and vLLM serving benchmarks (TTFT, TPOT, tokens/s)
+        row beyond 25 %); llm_foundry_a100: llm-foundry's A100 80GB / 40GB tables of 2023, all held out; serving: published TensorRT-LLM and vLLM serving benchmarks (TTFT, TPOT, tokens/s)
         against the engine-aware inference cost model (docs/serving.md)."""
         from hetplan.calibration import independent, modern, serving
         from hetplan.errors import HetplanError
@@ -203,7 +229,8 @@ def register(app: typer.Typer) -> None:
 
         from hetplan.energy import validation as energy_set
 
-        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, serving.SET_NAME, energy_set.SET_NAME)
+        every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, independent.A100_SET_NAME, serving.SET_NAME,
+                                                  energy_set.SET_NAME)
         names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
         bad = [n for n in names if n not in every]
         if bad:
@@ -228,6 +255,10 @@ def register(app: typer.Typer) -> None:
             ind_result, ind_cases = independent.run_independent()
             new_result.update(ind_result)
             new_cases += ind_cases
+        if independent.A100_SET_NAME in every_chosen:
+            a100_result, a100_cases = independent.run_a100()
+            new_result.update(a100_result)
+            new_cases += a100_cases
         result["sets"].update(new_result)
         result["sets"].update(serving_result)
         energy_result = energy_set.run_energy() if energy_set.SET_NAME in every_chosen else {}
@@ -285,11 +316,7 @@ def register(app: typer.Typer) -> None:
         if energy_result:
             _print_energy(console, energy_result[energy_set.SET_NAME])
         if names:
-            console.print("vTrain's own MAPE: 8.37 % single-node, 14.73 % multi-node. Kendall τ: within each job (same "
-                          "model, GPU count, global batch). Calibration: seeded 25 % of vTrain rows (A100), Aceso TP-1 rows "
-                          "(V100), seeded half of FASOP's per-layer rows (A10G efficiency and the launch cost of FASOP's "
-                          "hosts), Espresso's runs that fitted A30/A4000/A6000/3090; SC'21 and Korthikanti are fully held "
-                          "out.")
+            console.print(_legacy_footnote(names), highlight=False)
         if result["stacks"]:  # none when only the energy set ran
             _print_stacks(console, result["stacks"])
         cov = result["interval_coverage"]["all"]

@@ -94,6 +94,48 @@ done in high precision" (torchtitan ``components/quantization/float8.md``, 0.3.0
 ``models/llama3/infra/parallelize.py``: "For rowwise recipes, we use regular TP and all-gather happens in high
 precision"), so the casts run on the gathered bf16 tensors (:func:`fp8_gathers`).
 
+**Casts under per-op SAC** (:func:`op_sac_cast_time_s`). torchtitan's per-op selective activation checkpointing
+(``_save_list`` in ``torchtitan/models/llama3/parallelize_llama.py`` at pytorch/torchtitan@820504e: ``aten.mm``
+outputs but every second, SDPA, the reduce-scatters and ``aten.max``) keeps no cast output, so its backward runs
+again the forward casts that the recomputation needs: under the tensor-wise TP plan every linear's saved input is
+its FP8 DTensor, so all four; otherwise (a linear saves its bf16 input) those of the recomputed ``wk``, ``wo``,
+``w3`` — the QKV, projection and gate/up inputs (and, rowwise, their weights). A tensor-wise cast re-runs without
+its amax read (``aten.max`` is kept). Full recomputation re-runs the whole forward, casts included.
+
+**Amax all-reduces of torchao's casts under TP** (:func:`tp_amax_allreduce_time_s`). torchtitan's float8 TP plan
+(``Float8ColwiseParallel``, ``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput``; torchao
+``float8/float8_tensor_parallel.py`` at pytorch/ao@6243040, the commit of the June 2025 TP rows) casts DTensor
+activations: the scale of a tensor-wise cast is ``torch.max(torch.abs(x))`` (``float8/float8_utils.py``
+``tensor_to_amax``), which on a sharded DTensor is a partial maximum, so each cast waits for an all-reduce of one
+fp32 over the TP group before it can scale (torchtitan ``docs/float8.md`` at 820504e, TP: "The overhead is
+communicating ``max(abs)`` across ranks"; the traces of meta-pytorch/float8_experimental#326, "AR for input ->
+AG -> ...", and of pytorch/torchtitan#1207, "there are all-reduces for syncing the scales (expected)" in the
+tensorwise and rowwise TP forward). Per dense layer and micro-batch: in forward the two ``PrepareFloat8ModuleInput`` casts (attention
+and MLP inputs, on the sequence shard) and the two row-parallel inputs (``attention.wo``, ``feed_forward.w2``);
+in backward ``NoopFwToFloat8BwDynamic``'s cast of each column-parallel output gradient (``wq``, ``wk``, ``wv``,
+``w1``, ``w3``: torchtitan's Llama keeps them separate modules) and of each row-parallel one (``wo``, ``w2``).
+Each is latency-bound: an all-reduce of 4 bytes on the cost model's TP link
+(:func:`hetplan.estimate.comm.group_collective_time_s`), on the critical path of the cast that needs it. A
+recomputed forward runs its four again (full recomputation; per-op SAC, whose ``_save_list`` keeps ``aten.max``
+but not the all-reduce, and whose backward re-runs the FP8 all-gathers these casts feed). The ``rowwise`` recipes
+run plain TP on ``Float8Linear`` modules, whose casts see DTensors too: an axis-wise amax (``torch.amax`` along
+the cast's axis, a linear reduction for DTensor: a partial maximum over a sharded axis, pytorch/pytorch#147578)
+needs an all-reduce only where its axis is the one TP splits — a row-parallel layer's input and weight in
+forward, a column-parallel layer's output gradient and weight in backward; the activations' carry one fp32 per
+token. Not under Transformer Engine (its amax reduction is not charged, above).
+The FSDP float8 all-gather's weight scales come from one all-reduce per step
+(``precompute_float8_dynamic_scale_for_fsdp``, ``float8/fsdp_utils.py``): not charged.
+
+**What else was checked** (docs/estimator.md, FP8): per linear layer, the casts and GEMMs above predict torchao's
+own compiled forward + backward microbenchmark of Llama 3 70B's TP-8 shapes on H100 (pytorch/ao#2185, rowwise
+recipe, ``M = 16384``: speed-ups 1.11 / 1.43 / 1.73 / 1.71 for QKV / projection / FC1 / FC2) at 1.08 / 1.10 /
+1.50 / 1.40 — the per-linear model is not too fast. The end-to-end over-prediction of the TP-8 rowwise rows
+(measured slower than bf16, pytorch/torchtitan#1207) is therefore outside the linear layers. That issue's trace
+(Llama 3 8B, FSDP 2 x TP 2, per-op SAC) puts it in the backward — attention and MLP backward 7,320 µs tensorwise,
+10,128 µs rowwise, "2 blocking all-gathers scheduled back to back" — where this model prices 7.8 and 8.9 ms per
+layer (H100 SXM, local batch 1): about 1.2 ms a layer is missing from rowwise, and no source states its
+mechanism, so it is not modelled.
+
 **GEMM rate of rowwise.** ``torch._scaled_mm`` with one scale per row and per column runs a CUTLASS
 rowwise-scaled kernel on sm90, tensor-wise scales cuBLAS. No torchao or PyTorch page publishes their GEMM
 throughput side by side (torchao's roofline, ``roofline_utils.py`` ``get_individual_gemm_time_sympy``, prices
@@ -130,6 +172,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetplan.estimate.comm import group_collective_time_s
 from hetplan.hardware.catalog import Architecture, GPUSpec
 from hetplan.hardware.stacks import StackSpec
 from hetplan.model import counts
@@ -267,6 +310,86 @@ def rowwise_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
     """``(forward_s, backward_s)``: :func:`rowwise_cast_bytes` at the HBM bandwidth."""
     fwd, bwd = rowwise_cast_bytes(recipe_name, shapes)
     return fwd / gpu.hbm_bandwidth_bytes_per_s, bwd / gpu.hbm_bandwidth_bytes_per_s
+
+
+#: Tensor-wise casts of DTensor activations per dense layer and micro-batch under torchtitan's float8 TP plan,
+#: each waiting for an amax all-reduce (module doc): forward (the attention and MLP inputs, the inputs of ``wo``
+#: and ``w2``); backward (the output gradients of ``wq``, ``wk``, ``wv``, ``wo``, ``w1``, ``w2``, and ``w3`` of a
+#: gated MLP); the forward's again under per-op SAC.
+TP_AMAX_ALLREDUCES_FORWARD = 4
+TP_AMAX_ALLREDUCES_BACKWARD_GATED = 7
+#: Bytes per element of a tensor-wise cast's amax pass: the bf16 read before the cast (module doc).
+AMAX_READ_BYTES = 2.0
+#: Bytes of one amax: one fp32 (a tensor-wise scale; an axis-wise scale has one per row or column).
+AMAX_BYTES = 4.0
+
+
+def tp_amax_allreduce_time_s(m: ModelSpec, recipe_name: str | None, t: Array, sequence_parallel: Array, link,
+                             tokens: Array = 1.0):
+    """``(forward_s, backward_s, op_sac_s)`` of the amax all-reduces of one dense layer's torchao casts of
+    TP-sharded DTensors, one micro-batch of ``tokens`` (``b·s``) on a rank (module doc), each
+    :func:`hetplan.estimate.comm.group_collective_time_s` over the ``t`` ranks on ``link``; ``op_sac_s``: what
+    per-op SAC's recomputation runs again (full recomputation: the forward's). 0 unless ``t > 1`` and
+    ``sequence_parallel`` (torchtitan's TP) and the recipe is torchao's:
+
+    * ``tensorwise`` (torchtitan's float8 TP plan): :data:`TP_AMAX_ALLREDUCES_FORWARD` and
+      :data:`TP_AMAX_ALLREDUCES_BACKWARD_GATED` (one fewer without a gated MLP) all-reduces of
+      :data:`AMAX_BYTES`; the forward's four again under per-op SAC.
+    * ``rowwise`` (plain TP: ``ColwiseParallel`` / ``RowwiseParallel`` on ``Float8Linear``): an axis-wise amax
+      reduces over a sharded dimension only where the cast's axis is the one TP splits (``float8_linear.py``
+      ``matmul_with_hp_or_float8_args`` at pytorch/ao@6243040): in forward a row-parallel layer's input
+      (``[tokens, in/t]`` along ``in``: ``tokens`` fp32) and weight (``[in/t, out]`` along ``in``: ``h`` fp32),
+      for ``wo`` and ``w2``; in backward a column-parallel layer's output gradient (``[tokens, out/t]`` along
+      ``out``) and its weight for the data gradient (along ``out``: ``h`` fp32), for ``wq``, ``wk``, ``wv``,
+      ``w1``, ``w3``; per-op SAC recomputes ``wo`` (its two).
+    * ``rowwise_with_gw_hp``: the forward and the column-parallel output gradients as ``rowwise``; the weights
+      for the data gradient scaled tensor-wise (one fp32 each, all seven sharded); no weight-gradient casts.
+
+    Seconds; arrays broadcast."""
+    on = (np.asarray(t) > 1) & np.asarray(sequence_parallel, dtype=bool)
+    t_ = np.maximum(t, 1)
+
+    def ar(nbytes):
+        return np.where(on, group_collective_time_s(nbytes, "allreduce", t_, 1, link), 0.0)
+
+    col = 5 if m.gated_mlp else 4  # wq, wk, wv, w1 (and w3)
+    if recipe_name == "tensorwise":
+        one = ar(AMAX_BYTES)
+        return (TP_AMAX_ALLREDUCES_FORWARD * one, (TP_AMAX_ALLREDUCES_BACKWARD_GATED - 5 + col) * one,
+                TP_AMAX_ALLREDUCES_FORWARD * one)
+    if recipe_name in ROWWISE:
+        act, weight = ar(AMAX_BYTES * np.asarray(tokens, dtype=float)), ar(AMAX_BYTES * m.hidden_size)
+        fwd = 2 * (act + weight)
+        if recipe_name == "rowwise":
+            bwd = col * (act + weight)
+        else:
+            bwd = col * act + (col + 2) * ar(AMAX_BYTES)
+        return fwd, bwd, act + weight
+    zero = 0.0 * np.asarray(on, dtype=float)
+    return zero, zero, zero
+
+
+def op_sac_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array, t: Array = 1, sequence_parallel: Array = False,
+                       column_parallel: Array = None):
+    """Seconds of the forward FP8 casts of one dense layer (one micro-batch) that torchtitan's per-op selective
+    activation checkpointing runs again in backward (module doc, Casts under per-op SAC): its policy saves the
+    outputs of every other matmul, of SDPA, of the reduce-scatters and of ``aten.max``, not the casts'. Under
+    torchao's tensor-wise TP plan (``column_parallel`` flags given, ``t > 1``, ``sequence_parallel``) every
+    linear's input arrives as an FP8 DTensor that its autograd function saves, so all the forward casts
+    (:func:`layer_cast_time_s`) run again; otherwise a linear saves its bf16 input and recasts it in backward,
+    and only the recomputed matmuls (``wk``, ``wo``, ``w3`` of a Llama block: their inputs are the QKV, output
+    projection and gate/up inputs) need their forward casts — all of ``shapes`` but the last (``w2``, whose output
+    is kept). A tensor-wise cast re-runs without its amax read (``aten.max`` is kept: 3 of its 5 B per element);
+    the rowwise casts' ``aten.amax`` is not in the list (their whole 3 B). ``shapes``:
+    :func:`hetplan.estimate.moe.linear_gemm_shapes` of a dense layer."""
+    shapes = list(shapes)
+    full = layer_cast_time_s(gpu, recipe_name, shapes, t, sequence_parallel, column_parallel)[0]
+    last_flag = None if column_parallel is None else (column_parallel[-1],)
+    last = layer_cast_time_s(gpu, recipe_name, shapes[-1:], t, sequence_parallel, last_flag)[0]
+    fp8_inputs = ((recipe_name == "tensorwise") & (column_parallel is not None) & (np.asarray(t) > 1)
+                  & np.asarray(sequence_parallel, dtype=bool))
+    kept_amax = (CAST_BYTES_PER_ELEMENT["tensorwise"] - AMAX_READ_BYTES) / CAST_BYTES_PER_ELEMENT["tensorwise"]
+    return np.where(fp8_inputs, full, full - last) * (kept_amax if recipe_name == "tensorwise" else 1.0)
 
 
 def fp8_gathers(recipe_name: str | None) -> bool:

@@ -244,7 +244,17 @@ def stage_costs(
         if eager:  # torchao's casts as separate ATen kernels
             xf, xb = elementwise.eager_cast_time_s(gpu, shapes)
             cf, cb = cf + xf, cb + xb
-        lf, lb = lf + cf, lb + cb + np.where(rc == Recompute.FULL, cf, 0.0)
+        sac_rerun: Any = 0.0
+        if dense and framework == "fsdp":  # torchao tensor-wise casts of TP DTensors: amax all-reduces (fp8 doc)
+            rf, rb, rs = fp8.tp_amax_allreduce_time_s(m, fp8_recipe, t, sequence_parallel, link, b * s)
+            sac_cast = fp8.op_sac_cast_time_s(gpu, fp8_recipe, shapes, t, sequence_parallel, (True, False, True, False))
+            cf, cb = cf + rf, cb + rb
+            # per-op SAC runs them again, with the forward casts its recomputation needs (full: with cf)
+            sac_rerun = np.where(rc == Recompute.SELECTIVE, rs + sac_cast, 0.0)
+            ltp = ltp + rf + rb + np.where(rc == Recompute.SELECTIVE, rs, 0.0) + np.where(rc == Recompute.FULL, rf, 0.0)
+            if atp is not None:
+                atp = atp + rf + rb
+        lf, lb = lf + cf, lb + cb + sac_rerun + np.where(rc == Recompute.FULL, cf, 0.0)
         if af is not None:
             af, ab = af + cf, ab + cb
     if gpu.attention_kernel in stack.attention_unpad and attention == "flash":  # flash-attn's bert_padding

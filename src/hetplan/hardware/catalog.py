@@ -42,8 +42,9 @@ FLASH_TO_GEMM_RATIO = (0.86, 0.74)
 #: 2024; Hopper only), ``cudnn`` cuDNN's fused attention (Transformer Engine's ``FusedAttention``, PyTorch SDPA's
 #: cuDNN backend), ``triton`` the Triton FlashAttention of 2023 that llm-foundry ran by default
 #: (``llmfoundry/models/layers/flash_attn_triton.py`` on the pre-MLIR Triton compiler, ``attn_impl: triton``);
-#: a GPU without a ``triton`` rate charges it at FlashAttention-2's (an upper bound: the same tiling, a compiler
-#: without Hopper's or Ampere's hand-tuned pipelining). Which one a job runs:
+#: H100 carries its fitted rate, the A100 SXM parts the same fraction of FlashAttention-2's (``gpus.toml``
+#: sources); a GPU without a ``triton`` rate charges it at FlashAttention-2's (an upper bound: the same tiling, a
+#: compiler without Hopper's or Ampere's hand-tuned pipelining). Which one a job runs:
 #: :func:`hetplan.estimate.compute.attention_kernel`.
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "triton")
 AttentionKernel = Literal["fa2", "fa3", "cudnn", "triton"]

@@ -30,6 +30,14 @@ COMPONENT_NAMES = {
 DIMENSIONS = ("tp", "pp", "dp", "mbs", "zero", "recompute", "virtual_stages", "cp", "ep")
 
 
+def component_name(key: str, *rows: dict) -> str:
+    """The reader's name of a breakdown component; ``tp_comm_s`` holds the MoE all-to-all as well
+    (:class:`hetplan.estimate.stage.StageCost`), so it reads "TP/EP communication" where a row has EP > 1."""
+    if key == "tp_comm_s" and any(r.get("ep", 1) > 1 for r in rows):
+        return "TP/EP communication"
+    return COMPONENT_NAMES[key]
+
+
 def _row(results: list[PoolResult], cat, idx: int, exact_time_s: float | None = None) -> dict:
     """One configuration as a dict; ``exact_time_s`` (from estimate()) replaces the closed-form time if given,
     the closed-form breakdown still gives the shares of each component."""
@@ -85,7 +93,8 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
         return f"same time as #1 within 0.1 %, {d_usd:+.1%} $" + suffix
     head = (("costs $ where #1 is free" if math.isinf(d_usd) else f"{d_usd:+.1%} $ for the job") if goal == "cheapest"
             else f"{d_time:+.1%} iteration time")
-    text = f"{head}: {COMPONENT_NAMES[key]} {share(loser, key):.0%} of the iteration vs {share(winner, key):.0%}"
+    text = (f"{head}: {component_name(key, loser, winner)} {share(loser, key):.0%} of the iteration vs "
+            f"{share(winner, key):.0%}")
     return text + suffix
 
 
@@ -109,7 +118,7 @@ def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_a
     top = sorted(comp, key=comp.get, reverse=True)
     ranked[0].reason = (
         f"best {'job $' if goal == 'cheapest' else 'job time'}; MFU {ranked[0].estimate.mfu:.1%}; "
-        + ", ".join(f"{COMPONENT_NAMES[k]} {comp[k] / it:.0%}" for k in top[:3])
+        + ", ".join(f"{component_name(k, winner)} {comp[k] / it:.0%}" for k in top[:3])
     )
     for k, rp in enumerate(ranked[1:], start=1):
         rp.reason = why_behind(_row(results, cat, int(ranked_idx[k]), rp.estimate.iteration_time_s), winner, goal)

@@ -111,7 +111,7 @@ def catalog_gpu(label: str, catalog: Catalog) -> str:
                 return g.name
         raise NotExpressibleError("the 500 W HBM2e H100 (96 GB) has no catalog entry yet")
     for key, name in (("gb300", "GB300"), ("gb200", "GB200"), ("h200", "H200"), ("b200", "B200"),
-                      ("h100", "H100-SXM"), ("a100", "A100-SXM-80GB")):
+                      ("h100", "H100-SXM"), ("a100_40gb", "A100-SXM-40GB"), ("a100", "A100-SXM-80GB")):
         if key in low:
             try:
                 return catalog.get(name).name
