@@ -61,9 +61,10 @@ def test_export_import_prices_the_same(target):
 
 
 def test_launch_options_the_estimate_prices_travel():
-    """Options the estimate prices and the exports used to drop: the bf16 gradient reduction (Megatron-LM
-    ``--grad-reduce-in-bf16``, torchtitan ``mixed_precision_reduce``), torchtitan's loss outside
-    ``torch.compile`` (``components = model``: ``cross_entropy = "fp32"``), both torchtitan releases."""
+    """Options the estimate prices and the exports dropped (or the import did not read back): the bf16 gradient
+    reduction (Megatron-LM ``--grad-reduce-in-bf16``, torchtitan ``mixed_precision_reduce``), torchtitan's loss
+    outside ``torch.compile`` (``components = model``: ``cross_entropy = "fp32"``), both torchtitan releases;
+    Megatron-LM's ``--attention-backend`` read back as the attention kernel."""
     for target, version, kw in (("megatron", None, dict(grad_reduce_dtype="bf16")),
                                 ("torchtitan", "0.3", dict(grad_reduce_dtype="bf16", cross_entropy="fp32")),
                                 ("torchtitan", "0.2", dict(grad_reduce_dtype="bf16", cross_entropy="fp32"))):
@@ -71,6 +72,12 @@ def test_launch_options_the_estimate_prices_travel():
         files = exporters.export(plan, load_model(plan.job.model), target, version=version).files
         back = importers.import_files(files)
         assert {k: getattr(back, k) for k in kw} == kw
+        assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+    for kernel in ("cudnn", "fa3"):  # Megatron-Core --attention-backend fused / flash (flash-attn 3 on Hopper)
+        plan = next(_grid("megatron"))
+        plan = plan.model_copy(update={"job": plan.job.model_copy(update={"attention_kernel": kernel})})
+        back = importers.import_files(exporters.export(plan, load_model(plan.job.model), "megatron").files)
+        assert back.job.attention_kernel == kernel
         assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
 
 

@@ -134,6 +134,23 @@ def _chunks_if_uneven(chunks: list[list[int]], L: int) -> list[list[int]] | None
     return None if [[flat[k * pp + i] for k in range(v)] for i in range(pp)] == chunks else chunks
 
 
+def _megatron_kernel(backend: str | None, gpu: str) -> str | None:
+    """The attention kernel (:attr:`hetplan.plan.Job.attention_kernel`) Megatron-Core's ``--attention-backend``
+    names: ``fused`` = Transformer Engine's cuDNN fused attention; ``flash`` = TE's FlashAttention, flash-attn 3 on
+    Hopper (where hetplan's export writes it for ``fa3``) and 2 elsewhere; otherwise None (the stack's default)."""
+    if backend == "fused":
+        return "cudnn"
+    if backend != "flash":
+        return None
+    from hetplan.hardware.catalog import load_catalog
+
+    try:
+        hopper = load_catalog().get(gpu).architecture.startswith("Hopper")
+    except HetplanError:
+        hopper = False
+    return "fa3" if hopper else "fa2"
+
+
 def _megatron_split(a: dict[str, Any], L: int, pp: int) -> tuple[list[int], int]:
     """(layers per stage, virtual stages) of Megatron-LM's arguments."""
     if "pipeline_model_parallel_layout" in a:
@@ -218,6 +235,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
         gran = "none"  # only per-module recomputation was asked for
     attention = "flash" if "use_flash_attn" in a or a.get("attention_backend") in (None, "flash", "fused", "auto") \
         else "standard"
+    kernel = _megatron_kernel(a.get("attention_backend"), gpu)
     dispatcher = a.get("moe_token_dispatcher_type", "alltoall")
     if dispatcher == "flex":
         dispatcher = a.get("moe_flex_dispatcher_backend", "deepep")
@@ -226,7 +244,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     fp8_recipe = "current" if dtype == "fp8" and a.get("fp8_recipe") == "tensorwise" else None
     job = Job(model=model or spec.name, seq_len=int(a["seq_length"]), global_batch=int(a["global_batch_size"]),
               train_iterations=int(a.get("train_iters", 1)), dtype=dtype, fp8_recipe=fp8_recipe, attention=attention,
-              framework="megatron",
+              attention_kernel=kernel, framework="megatron",
               moe_dispatcher=dispatcher if dispatcher in ("alltoall", "deepep", "hybridep") else "alltoall",
               moe_a2a_overlap="overlap_moe_expert_parallel_comm" in a, moe_recompute=moe_recompute,
               recompute_modules=modules, offload_modules=list(a.get("offload_modules", [])))
