@@ -66,6 +66,7 @@ def test_launch_options_the_estimate_prices_travel():
     outside ``torch.compile`` (``components = model``: ``cross_entropy = "fp32"``), both torchtitan releases;
     Megatron-LM's ``--attention-backend`` read back as the attention kernel."""
     for target, version, kw in (("megatron", None, dict(grad_reduce_dtype="bf16")),
+                                ("deepspeed", None, dict(grad_reduce_dtype="bf16")),
                                 ("torchtitan", "0.3", dict(grad_reduce_dtype="bf16", cross_entropy="fp32")),
                                 ("torchtitan", "0.2", dict(grad_reduce_dtype="bf16", cross_entropy="fp32"))):
         plan = next(_grid(target)).model_copy(update=kw)
@@ -124,7 +125,8 @@ def test_hsdp_exports_its_shard_group():
 def test_what_the_target_cannot_launch_as_priced_is_refused():
     """A named torchao recipe exported to Megatron-LM (which would write --fp8-recipe delayed), torchao's
     tensorwise on torchtitan 0.3.0 (removed there; was written as rowwise with a note), a gradient reduction
-    after the backward on torchtitan (FSDP2 and DDP reduce during it)."""
+    after the backward on torchtitan (FSDP2 and DDP reduce during it), an attention kernel torchtitan's SDPA
+    does not pick."""
     spec = load_model("llama3-8b")
     rowwise = _fsdp(3).model_copy(update={"job": _fsdp(3).job.model_copy(update={"dtype": "fp8",
                                                                                   "fp8_recipe": "rowwise"})})
@@ -136,6 +138,10 @@ def test_what_the_target_cannot_launch_as_priced_is_refused():
         exporters.export(tensorwise, spec, "torchtitan")
     with pytest.raises(HetplanError, match="overlap_grad_reduce"):
         exporters.export(_fsdp(3, overlap_grad_reduce=False), spec, "torchtitan")
+    fa2 = _fsdp(3).model_copy(update={"job": _fsdp(3).job.model_copy(update={"attention_kernel": "fa2"})})
+    with pytest.raises(HetplanError, match="cudnn") as e:  # torchtitan 0.3.0's SDPA runs cuDNN first on H100
+        exporters.export(fa2, spec, "torchtitan")
+    assert e.value.field == "plan.job.attention_kernel"
 
 
 def test_cli_refuses_with_exit_2(tmp_path):

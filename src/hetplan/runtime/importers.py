@@ -489,10 +489,12 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
                            fix='set "bf16": {"enabled": true}')
     zero_cfg = cfg.get("zero_optimization", {})
     job = Job(model=name, seq_len=int(pipe.get("seq_len") or _opt(words, "--seq-length", "--seq_len") or 2048),
-              global_batch=gbs, train_iterations=1, dtype=dtype, attention="flash", framework="deepspeed")
+              global_batch=gbs, train_iterations=int(pipe.get("train_iterations") or 1), dtype=dtype,
+              attention="flash", framework="deepspeed")
     return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
                 stages=[Stage(num_layers=n, dp=dp, recompute=rec) for n in layers], mbs=mbs,
-                zero=int(zero_cfg.get("stage", 0)), overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", False)))
+                zero=int(zero_cfg.get("stage", 0)), overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", False)),
+                grad_reduce_dtype=cfg.get("communication_data_type"))
 
 
 def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = "H100-SXM",

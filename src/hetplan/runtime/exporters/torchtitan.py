@@ -76,6 +76,7 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
                            f"and, from 0.3, the models it ships ({', '.join(TORCHTITAN_03_MODELS)}); {spec.name} is "
                            f"{spec.family}", field="--to", fix="export --to megatron or deepspeed")
     _torchtitan_common_checks(plan, m)
+    _torchtitan_kernel_check(plan, version)
     if version == "0.3":
         return export_torchtitan_03(plan, spec, m, v=_virtual(plan, virtual_stages) if pp > 1 else 1)
     if int(getattr(spec, "num_experts", 0) or 0):
@@ -168,6 +169,28 @@ def _tt_data_parallel(plan: Plan, m: _Mesh, notes: list[str]) -> tuple[int, int,
                      "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
     keep = plan.zero in (1, 2) or not plan.reshard_after_forward
     return m.dp // shard, shard, "never" if keep else "default"
+
+
+def _torchtitan_kernel_check(plan: Plan, version: str) -> None:
+    """A fused attention kernel the plan names (``Job.attention_kernel``, priced) must be the one the release's
+    SDPA runs on the plan's GPUs (its stack's ``attention_kernel``: torchtitan orders SDPA's backends itself, and
+    no launch option of the export picks another).
+
+    Raises:
+        HetplanError: another kernel."""
+    asked = plan.job.attention_kernel
+    if asked is None or plan.job.attention != "flash":
+        return
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.hardware.stacks import resolve_stack
+
+    stack, catalog = resolve_stack(TORCHTITAN_RELEASE_STACKS[version]), load_catalog()
+    runs = {stack.kernel_on(catalog.get(plan.pools[st.pool].gpu).architecture) for st in plan.stages}
+    if runs != {asked}:
+        raise HetplanError(f"torchtitan {version} runs the attention kernel {'/'.join(sorted(runs))} on this plan's "
+                           f"GPUs ({stack.id}, its SDPA backend order); the plan was priced with {asked}",
+                           field="plan.job.attention_kernel", fix="plan without attention_kernel (the stack's "
+                           "kernel), or export --to megatron (--attention-backend)")
 
 
 def _tt_compiled(plan: Plan) -> list[str]:
