@@ -157,3 +157,34 @@ def test_cli_refuses_with_exit_2(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "framework-can-launch" in r.stderr and "plan.job.fp8_recipe" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_search_weighs_ddp_only_where_the_stack_runs_it():
+    """Under fsdp the search's rows hold DDP (ZeRO-0 over DP > 1) beside FSDP2 where the stack runs ZeRO-0
+    (torchtitan), none on llm-foundry (FULL_SHARD only); the ten best plans of a small model, whatever mode
+    each has, export to torchtitan and are priced the same read back. Pinned ``--zero 0`` gives DDP, refused on
+    llm-foundry (``pin.zero``)."""
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.plan import Inventory
+    from hetplan.search.homogeneous import evaluate_pool
+    from hetplan.search.planner import search_plans
+    from hetplan.search.space import Pins
+
+    spec = load_model("open-llama-3b-v2")
+    inv = Inventory(pools=[GPUPool(gpu="H100-SXM", count=8)])
+    job = Job(model="open-llama-3b-v2", seq_len=2048, global_batch=256, train_iterations=10, framework="fsdp")
+    plans = [p.plan for p in search_plans(job, inv, top_k=10, heterogeneous=False).plans]
+    for stack, modes in ((None, {0, 3}), ("llm-foundry@0.3", {3})):  # the rows with DP > 1 the search weighs
+        rows = evaluate_pool(spec, job.model_copy(update={"stack": stack}), inv.pools[0],
+                             load_catalog().get("H100-SXM"), Pins()).config
+        assert set(rows["zero"][rows["dp"] > 1].tolist()) == modes
+    for plan in plans:
+        back = importers.import_files(exporters.export(plan, spec, "torchtitan").files)
+        assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+    ddp = search_plans(job, inv, top_k=3, heterogeneous=False, pins=Pins(zero=0)).plans
+    assert all(p.plan.zero == 0 and p.plan.stages[0].dp > 1 for p in ddp)
+    foundry = job.model_copy(update={"stack": "llm-foundry@0.3"})
+    assert all(p.plan.zero == 3 for p in search_plans(foundry, inv, top_k=10, heterogeneous=False).plans)
+    with pytest.raises(HetplanError) as e:
+        search_plans(foundry, inv, top_k=1, heterogeneous=False, pins=Pins(zero=0, dp=8))
+    assert e.value.field == "pin.zero"

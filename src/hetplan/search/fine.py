@@ -181,7 +181,8 @@ class FineSearch:
         if any(st.dp > 1 for st in s.stages) and not stack_allows(self.stack, zero=s.zero):
             return False
         fsdp = self.cm.job.framework == "fsdp"  # DDP (0) or FSDP2 (3), at any pipeline depth; no EP with DDP
-        if fsdp and (s.zero not in (0, 3) or s.zero == 0 and s.ep > 1 and any(st.dp > 1 for st in s.stages)):
+        replicated = s.zero == 0 and any(st.dp > 1 for st in s.stages)
+        if fsdp and (s.zero not in (0, 3, pins.zero) or replicated and s.ep > 1):
             return False
         return ((s.pp == 1 or s.zero <= 1 or fsdp) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
                 and g % s.micro_batch == 0 and sum(st.num_layers for st in s.stages) == self.cm.L

@@ -295,8 +295,9 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         # refuses EP with DDP)
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
         ddp = (cfg["dp"] > 1) & (cfg["zero"] == 0) & (cfg["ep"] == 1)
-        cfg = {k: v[(cfg["zero"] == top) | ddp] for k, v in cfg.items()}
-        cfg["zero"] = np.where((cfg["dp"] > 1) & (cfg["zero"] != 0), 3, 0)
+        kept = (cfg["zero"] == 2) & (pins.zero == 2)  # pinned: FSDP2 never resharding after forward
+        cfg = {k: v[(cfg["zero"] == top) | ddp | kept] for k, v in cfg.items()}
+        cfg["zero"] = np.where((cfg["dp"] > 1) & (cfg["zero"] != 0), np.where(cfg["zero"] == 2, 2, 3), 0)
     base = cfg.pop("base")
     n_all = len(cfg["tp"])
     hardware, options = StageHardware(gpu, pool_link(pool, gpu)), TrainingOptions.from_job(job)
