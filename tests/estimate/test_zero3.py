@@ -78,7 +78,7 @@ def test_fsdp_framework_shards_in_fp32_and_hsdp_replicates():
 
     m = gpt_model(24, 4096, 32, 2048)
     kw = dict(num_layers=24, has_embedding=False, has_head=False, single_stage=True, b=1, s=2048, t=1, dp=64,
-              zero=0, recompute="full", sequence_parallel=False, in_flight=1, attention="flash")
+              zero=3, recompute="full", sequence_parallel=False, in_flight=1, attention="flash")
     f = memory_of(m, framework="fsdp", **kw)  # no pipeline (a pipeline stage: test_memory.py)
     from hetplan.model import counts
     P, Lp = 24 * counts.layer_parameters(m), counts.layer_parameters(m)
@@ -88,6 +88,13 @@ def test_fsdp_framework_shards_in_fp32_and_hsdp_replicates():
     assert float(h.optimizer) == pytest.approx(8 * P / 8)
     keep = memory_of(m, framework="fsdp", reshard_after_forward=False, **kw)
     assert float(keep.weights) == pytest.approx(4 * P / 64 + 24 * 2 * Lp)
+    # ZeRO-1/2: torchtitan's fsdp_reshard_after_forward "never", whatever reshard_after_forward says
+    z2 = memory_of(m, framework="fsdp", **(kw | {"zero": 2}))
+    assert float(z2.weights) == pytest.approx(float(keep.weights))
+    # ZeRO-0: torchtitan's DDP (replicate degree dp, shard degree 1): every rank holds the whole fp32 states
+    ddp = memory_of(m, framework="fsdp", **(kw | {"zero": 0}))
+    assert float(ddp.weights) == pytest.approx(4 * P + 2 * 2 * Lp)
+    assert float(ddp.optimizer) == pytest.approx(8 * P)
 
 
 def test_pipelined_fsdp_gathers_and_reduce_scatters_once_per_step():

@@ -104,8 +104,11 @@ def stage_costs(
 
     ``attention`` (``"standard"`` | ``"flash"``) and ``framework`` (``"megatron"`` | ``"deepspeed"`` |
     ``"fsdp"``): the job's :attr:`hetplan.plan.Job.attention` and :attr:`hetplan.plan.Job.framework` (scalars).
-    ``framework="fsdp"`` (PyTorch FSDP2, Megatron-FSDP) shards parameters, gradients and optimizer states
-    whatever ``zero`` says (ZeRO-3).
+    ``framework="fsdp"`` (PyTorch FSDP2) shards parameters, gradients and optimizer states per unit at every ZeRO
+    stage as torchtitan launches it: over HSDP's ``fsdp_shard`` or all DP ranks at ZeRO-1 to 3 (never resharding
+    after forward at 1 / 2), over single ranks at ZeRO-0 (DDP: the whole states on every rank, each unit's
+    gradient all-reduced across the replicas) (:func:`hetplan.estimate.memory.fsdp_shard_ranks`,
+    :func:`hetplan.estimate.memory.fsdp_reshards`).
 
     ``fsdp_shard``: HSDP's shard-group size (parameters sharded within groups of that many DP ranks, replicated
     across ``dp / fsdp_shard`` of them; gradients all-reduced across the replicas after each reduce-scatter);
@@ -308,6 +311,12 @@ def stage_costs(
     dense, expert = moe.parameters_per_gpu(memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep, etp)
     params = dense + expert
+    # FSDP whatever the ZeRO stage, which sets its shard group (one rank at ZeRO-0) and its resharding (never at
+    # ZeRO-1/2): memory.fsdp_shard_ranks, memory.fsdp_reshards
+    shard_of = memory.fsdp_shard_ranks(zero, np.asarray(degrees.dense_dp), fsdp_shard)
+    expert_shard_of = memory.fsdp_shard_ranks(zero, degrees.expert_dp, fsdp_shard)
+    if framework == "fsdp":
+        reshard_after_forward = memory.fsdp_reshards(zero, reshard_after_forward)
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
     dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
@@ -326,8 +335,9 @@ def stage_costs(
         n = dp_all if group is None else group
         d = dense if dense_params is None else dense_params
         out = dp_collective_time_s(d * bytes_per_parameter / units, collective, n, t, link)
-        if m.is_moe and experts:
-            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp,
+        if m.is_moe and experts:  # FSDP's per-unit collectives (``group``): over the experts' shard group
+            eg = expert_shard_of if group is not None and framework == "fsdp" else edp
+            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, eg,
                                              np.asarray(degrees.expert_ranks), link)
         return out * units
 
@@ -372,7 +382,7 @@ def stage_costs(
     # fully_shard module). HSDP: within shard groups of consecutive DP ranks, then an all-reduce of each shard
     # across the replicas (stride t·shard).
     units = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
-    shard = np.asarray(dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all), dtype=float)
+    shard = np.asarray(shard_of if framework == "fsdp" else dp_all, dtype=float)
     replicas = dp_all / shard
 
     def replica_allreduce(grad_bytes_per_unit: Array):
@@ -434,7 +444,7 @@ def stage_costs(
     )
     grad_exposed = np.where(bf16_opt, grad_sync, grad_exposed)  # reduced at the boundary, never overlapped
     dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter + root_s + head_s,
-                                     num_microbatches * ((2 if reshard_after_forward else 1) * z3_gather
+                                     num_microbatches * (np.where(reshard_after_forward, 2, 1) * z3_gather
                                                          + z3_reduce_scatter + root_s + head_s)), grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
     emb_sync = np.where(
@@ -443,6 +453,8 @@ def stage_costs(
     )
 
     owned = dense / np.where((zero >= 1) | bf16_opt, dp_all, 1) + expert / np.where((zero >= 1) | bf16_opt, edp, 1)
+    if framework == "fsdp":  # each rank steps the shard it holds: of its HSDP shard group (one rank at ZeRO-0)
+        owned = dense / shard_of + expert / expert_shard_of
     # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer after that micro-batch's
     # backward, on the compute stream (pipe/engine.py _exec_backward_pass -> update_hp_grads)
     bwd = bwd + np.where(bf16_opt, bf16_accumulation_time_s(params, gpu), 0.0)
@@ -658,7 +670,7 @@ def zero3_exposed_s(gather_s: Array, reduce_scatter_s: Array, forward_s: Array, 
     L = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
     g, r = np.asarray(gather_s, dtype=float) / L, np.asarray(reduce_scatter_s, dtype=float) / L
     f, b = np.asarray(forward_s, dtype=float) / L, np.asarray(backward_s, dtype=float) / L
-    gb = g if reshard_after_forward else 0.0
+    gb = np.where(reshard_after_forward, g, 0.0)
     k = contention
     fwd_part = g + (L - 1.0) * np.maximum(g - f, k * g)
     bwd_part = np.where(overlap, r + (L - 1.0) * np.maximum(gb + r - b, k * (gb + r)),

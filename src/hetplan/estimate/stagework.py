@@ -107,7 +107,8 @@ class StageWork:
             None: all in one call).
         recompute: :class:`Recompute` (or its integer codes); recompute_layers: how many of the stage's layers
             use it (None: all; the others recompute nothing).
-        zero: ZeRO stage 0-3 over the data-parallel ranks (3 whatever it says under ``framework = "fsdp"``).
+        zero: ZeRO stage 0-3 over the data-parallel ranks (under ``framework = "fsdp"``: 0 = DDP, FSDP2 on one-rank
+            shards; 1 / 2 = FSDP2 never resharding after forward; 3 = FSDP2: :func:`hetplan.estimate.memory.fsdp_shard_ranks`).
         sequence_parallel: Megatron sequence parallelism in the TP group (effective only with ``tp > 1`` and a
             stack that has it).
         fp8_recipe: the FP8 scaling recipe of the stage's GEMMs (:func:`hetplan.estimate.fp8.recipe`), None

@@ -70,7 +70,7 @@ class StackSpec(BaseModel):
             :meth:`separate_wgrad_accumulation`.
         dp_overlap: ``bucketed`` | ``none`` | ``ddp-only`` | ``after-last-microbatch`` | ``single-stage``.
         launch: ``eager`` | ``cuda-graphs`` | ``compiled``.
-        zero: ZeRO stages it runs (under ``fsdp``: its sharding modes; the estimate runs ZeRO-3 there).
+        zero: ZeRO stages it runs (under ``fsdp``: its sharding modes, 0 = DDP replication, 3 = full sharding).
         recompute: the activation-recomputation modes it offers (the searches enumerate only these).
         parallel: the parallel dimensions its launcher runs (:data:`PARALLEL_DIMS`; ``dp`` always): ``tp``, ``pp``,
             ``cp`` (context parallelism), ``ep`` (expert parallelism). Every search enumerates only these and
@@ -110,6 +110,8 @@ class StackSpec(BaseModel):
         fp8_recipe: under ``fsdp``, the FP8 scaling recipe an FP8 run of this release uses (torchao float8) by
             GPU family, ``default`` for the others (:meth:`fp8_recipe_on`); empty: the framework's
             default (:func:`hetplan.estimate.fp8.recipe`, torchao's ``tensorwise``).
+        fp8_recipes: under ``fsdp``, the torchao float8 recipes the release can run (a ``Job.fp8_recipe`` outside
+            them is refused by plan rule ``stack-has-option``); empty: every recipe.
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
@@ -145,6 +147,7 @@ class StackSpec(BaseModel):
     zero1_grad_reduce: Literal["reduce-scatter", "allreduce"] = "reduce-scatter"
     fp8: bool = True
     fp8_recipe: dict[str, StackFp8Recipe] = Field(default_factory=dict)
+    fp8_recipes: tuple[StackFp8Recipe, ...] = ()
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     sources: dict[str, str]
 

@@ -288,10 +288,16 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
                           expert_tp=fw is None or fw.expert_tp, interleave=fw is None or fw.interleaved,
                           seq_len=job.seq_len, stack=job.stack_spec(), ep_fold=fw is None or fw.ep_beyond_dp,
                           uneven=fw is not None and fw.interleaved and "any" in fw.splits)
-    if job.framework == "fsdp" and len(cfg["tp"]):  # FSDP shards everything: one row per layout, as ZeRO-3
+    if job.framework == "fsdp" and len(cfg["tp"]):
+        # FSDP2 (ZeRO-3) once per layout, and DDP (ZeRO-0 over DP > 1: torchtitan's data_parallel_replicate_degree,
+        # hetplan.estimate.memory.fsdp_shard_ranks) where the stack runs it (the enumeration kept ZeRO-0 only
+        # then) without experts parallel over DP, which torchtitan folds into the FSDP shard ranks (the export
+        # refuses EP with DDP)
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
-        cfg = {k: v[cfg["zero"] == top] for k, v in cfg.items()}
-        cfg["zero"] = np.where(cfg["dp"] > 1, 3, 0)
+        ddp = (cfg["dp"] > 1) & (cfg["zero"] == 0) & (cfg["ep"] == 1)
+        kept = (cfg["zero"] == 2) & (pins.zero == 2)  # pinned: FSDP2 never resharding after forward
+        cfg = {k: v[(cfg["zero"] == top) | ddp | kept] for k, v in cfg.items()}
+        cfg["zero"] = np.where((cfg["dp"] > 1) & (cfg["zero"] != 0), np.where(cfg["zero"] == 2, 2, 3), 0)
     base = cfg.pop("base")
     n_all = len(cfg["tp"])
     hardware, options = StageHardware(gpu, pool_link(pool, gpu)), TrainingOptions.from_job(job)
