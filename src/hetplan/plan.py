@@ -74,8 +74,10 @@ class Job(BaseModel):
             Megatron-LM's theoretical memory (fp32 main-gradient buffer used directly by the optimizer).
             ``deepspeed``: DeepSpeed's FP16_Optimizer also keeps the 16-bit ``.grad`` tensors and makes fp32
             copies of the gradients during the optimizer step (docs/estimator.md, Memory). ``fsdp``: PyTorch FSDP2
-            / FSDP1 — parameters, gradients and optimizer states sharded (ZeRO-3 whatever ``Plan.zero``
-            says; Megatron-FSDP is ``megatron`` with ``Plan.zero`` 2 / 3), one all-gather per layer in forward and backward and one reduce-scatter per layer, every
+            / FSDP1 — parameters, gradients and optimizer states sharded (``Plan.zero`` 3: FSDP; 1 / 2: not
+            resharded after forward, torchtitan's ``fsdp_reshard_after_forward = "never"``; 0: DDP, torchtitan's
+            ``data_parallel_replicate_degree``, FSDP2 over one-rank shards, the whole states on every rank:
+            :func:`hetplan.estimate.memory.fsdp_shard_ranks`; Megatron-FSDP is ``megatron`` with ``Plan.zero`` 2 / 3), one all-gather per layer in forward and backward and one reduce-scatter per layer, every
             micro-batch (:func:`hetplan.estimate.stage.zero3_exposed_s`); see ``Plan.fsdp_shard``,
             ``Plan.reshard_after_forward``, ``Plan.grad_reduce_dtype``.
         torch_compile: under ``framework = "fsdp"``, the transformer blocks and the loss run under
@@ -515,7 +517,7 @@ class Plan(BaseModel):
         replicated otherwise; HSDP's shard groups of :attr:`fsdp_shard`), the pipeline depth, virtual stages,
         sequence parallelism and ZeRO stage (3 under ``framework = "fsdp"``)."""
         st = self.stages[stage]
-        zero = 3 if self.job.framework == "fsdp" else self.zero  # FSDP shards everything
+        zero = self.zero  # under fsdp: 0 = DDP (replicated), 1-2 = not resharded after forward, 3 = FSDP
         shard = self.fsdp_shard if self.fsdp_shard is not None and zero >= 1 else None
         return _stage_layout(st.tp, st.dp, zero, self.pp, self.virtual_stages, self.sequence_parallel, shard,
                              self.cp, self.ep, self.expert_tp)

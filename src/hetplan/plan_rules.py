@@ -31,7 +31,8 @@ Rules (name: what must hold, and why):
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
   without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
   (``megatron/core/transformer/transformer_config.py``).
-* ``stack-has-option``: ``job.dtype = "fp8"`` (stacks.toml ``fp8``), ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; under FSDP
+* ``stack-has-option``: ``job.dtype = "fp8"`` (stacks.toml ``fp8``) and its ``job.fp8_recipe`` (``fp8_recipes``:
+  torchtitan 0.3.0 removed torchao's ``tensorwise``), ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; under FSDP
   stacks the sharding mode the launch names: llm-foundry runs FULL_SHARD only) and each stage's recomputation exist in the job's stack (:meth:`hetplan.plan.Job.stack_spec`,
   ``hetplan catalog stacks``): Megatron-LM 2.5 has no distributed optimizer and no selective recomputation,
   before Megatron-Core 0.4 no ``--tp-comm-overlap``, before 0.9 no ``--enable-cuda-graph``; priced anyway they
@@ -59,7 +60,9 @@ Rules (name: what must hold, and why):
   the estimator.
 * ``framework-can-launch`` (``hetplan export``, checked against the target; :func:`launch_violations`): the
   framework release the export writes for runs the plan's layer split, interleaving, schedule, ZeRO mode (with
-  PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP, FP8 on the plan's GPUs and CUDA graphs (with PP /
+  PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP, FP8 on the plan's GPUs (and the FP8 recipe the plan
+  names, ``job.fp8_recipe``, which was priced: a torchao recipe exported to Megatron-LM, or Transformer Engine's
+  to torchtitan, would launch another one; :func:`launched_fp8_recipe`) and CUDA graphs (with PP /
   EP), as ``hardware/data/frameworks.toml`` records them with their sources.
 """
 
@@ -277,6 +280,13 @@ def stack_fp8_violation(job: "Job", field: str = "job.dtype") -> PlanRuleError |
     ``fp8``, whose source names the code path that runs instead), else None. ``field`` names the dtype where
     the caller holds it (``job.dtype`` before the search, ``plan.job.dtype`` in :func:`check_plan`)."""
     stack = job.stack_spec()
+    if job.dtype == "fp8" and stack.fp8 and job.fp8_recipe is not None and stack.fp8_recipes \
+            and job.fp8_recipe not in stack.fp8_recipes:
+        return PlanRuleError("stack-has-option", f"fp8_recipe {job.fp8_recipe} asks for a recipe stack {stack.id} "
+                             f"lacks: it runs {', '.join(stack.fp8_recipes)} ({stack.sources.get('fp8_recipes', '')})",
+                             field=field.rsplit(".", 1)[0] + ".fp8_recipe",
+                             fix=f"use fp8_recipe {' or '.join(stack.fp8_recipes)} (or none: the stack's default), "
+                                 "or pick a release that has it (hetplan catalog stacks torchtitan)")
     if job.dtype != "fp8" or stack.fp8:
         return None
     return PlanRuleError("stack-has-option", f"dtype fp8 asks for FP8 training, which stack {stack.id} lacks "
@@ -406,7 +416,29 @@ def launch_violations(plan: "Plan", spec: "ModelSpec", export: str, release: str
         archs = sorted({cat.get(plan.pools[st.pool].gpu).architecture for st in plan.stages})
         if not all(fw.fp8_recipes(a) for a in archs):
             bad(f"has no FP8 training on {', '.join(archs)}", "plan.job.dtype", "plan with dtype bf16", "fp8")
+        else:
+            asked = plan.job.fp8_recipe  # a recipe the plan names was priced; the export must write that one
+            runs = {a: [launched_fp8_recipe(r, fw.job_framework) for r in fw.fp8_recipes(a)] for a in archs}
+            if asked is not None and not all(asked in r for r in runs.values()):
+                listed = dict.fromkeys(x for r in runs.values() for x in r if x)
+                bad(f"runs the FP8 recipes {', '.join(listed)} (hetplan's names); "
+                    f"the plan was priced with {asked}", "plan.job.fp8_recipe",
+                    "plan again without --fp8-recipe (or with one the target runs), or export to the framework "
+                    "whose recipe it is", "fp8")
     return out
+
+
+#: Transformer Engine's recipe names as Megatron-LM's ``--fp8-recipe`` spells them -> hetplan's
+#: (:attr:`hetplan.plan.Job.fp8_recipe`): ``tensorwise`` is TE's ``Float8CurrentScaling`` (``current``).
+TE_RECIPE_NAMES = {"delayed": "delayed", "tensorwise": "current", "mxfp8": "mxfp8"}
+
+
+def launched_fp8_recipe(name: str, job_framework: str) -> str | None:
+    """hetplan's name (:attr:`hetplan.plan.Job.fp8_recipe`) of FP8 recipe ``name`` as a framework release lists
+    it (``frameworks.toml`` ``fp8``): Transformer Engine's under ``megatron`` / ``deepspeed``
+    (:data:`TE_RECIPE_NAMES`; None for one hetplan does not price, e.g. ``blockwise``), torchao's under ``fsdp``
+    (the same names)."""
+    return name if job_framework == "fsdp" else TE_RECIPE_NAMES.get(name)
 
 
 def check_plan(plan: "Plan", spec: "ModelSpec") -> None:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from hetplan.errors import HetplanError
 from hetplan.estimate import comm, compute, fp8, moe
 from hetplan.estimate.estimator import estimate
 from hetplan.estimate.stagework import LayerTerms, Link
@@ -123,8 +124,8 @@ def test_fp8_memory_weight_copies_and_fp8_activations():
     assert memory_of(m, framework="megatron", fp8_recipe="delayed", **full).activations == \
         memory_of(m, framework="megatron", **full).activations
     for single, units in ((True, 2), (False, 32)):  # 2 units in flight; a pipeline stage holds all its units
-        fs16 = memory_of(m, framework="fsdp", **dict(kw, single_stage=single))
-        fs8 = memory_of(m, framework="fsdp", fp8_recipe="tensorwise", **dict(kw, single_stage=single))
+        fs16 = memory_of(m, framework="fsdp", **dict(kw, single_stage=single, zero=3))
+        fs8 = memory_of(m, framework="fsdp", fp8_recipe="tensorwise", **dict(kw, single_stage=single, zero=3))
         assert fs16.weights - fs8.weights == pytest.approx(units * layer, rel=1e-12)  # 1 B less each
         assert fs8.activations == fs16.activations
 
@@ -256,13 +257,18 @@ def test_job_recipe_overrides_the_stack_and_round_trips_through_the_export():
         p = _fsdp_plan(stack)
         return p.model_copy(update={"job": p.job.model_copy(update={"fp8_recipe": recipe})})
 
-    gw, rw, tw = (estimate(plan(r)).iteration_time_s for r in ("rowwise_with_gw_hp", None, "tensorwise"))
-    assert tw < rw and gw != rw
+    gw, rw = (estimate(plan(r)).iteration_time_s for r in ("rowwise_with_gw_hp", None))
+    old = "torchtitan@2025-10"  # tensorwise: removed from torchtitan 0.3.0 (rule stack-has-option, stacks.toml)
+    tw, rw_old = (estimate(plan(r, old)).iteration_time_s for r in ("tensorwise", "rowwise"))
+    assert tw < rw_old and gw != rw
+    from hetplan.plan_rules import check_plan
+    with pytest.raises(HetplanError, match="stack-has-option"):
+        check_plan(plan("tensorwise", "torchtitan@0.3.0"), spec)
     files = exporters.export(plan("rowwise_with_gw_hp"), spec, "torchtitan").files
     assert "recipe_name='rowwise_with_gw_hp'" in files["hetplan_torchtitan_job.py"]
     back = import_torchtitan(files["launch.sh"], job_module=files["hetplan_torchtitan_job.py"])
     assert back.job.fp8_recipe == "rowwise_with_gw_hp"
-    toml = exporters.export(plan("tensorwise", "torchtitan@0.3.0"), spec, "torchtitan", version="0.2").files
+    toml = exporters.export(plan("tensorwise", old), spec, "torchtitan", version="0.2").files
     assert "enable_fsdp_float8_all_gather = true" in toml["torchtitan.toml"]
     back = import_torchtitan_toml(toml["torchtitan.toml"], gpus=16)
     assert back.job.fp8_recipe == "tensorwise"

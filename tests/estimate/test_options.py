@@ -31,7 +31,7 @@ def _plan(kind: str, job: dict | None = None, plan: dict | None = None) -> Plan:
     elif kind == "fsdp":
         base_job = dict(model="llama3-8b", seq_len=4096, global_batch=64, framework="fsdp")
         base = dict(pools=[GPUPool(gpu="H100-SXM", count=16)], stages=[Stage(num_layers=16, tp=2, dp=4)] * 2,
-                    mbs=1, sequence_parallel=True)
+                    mbs=1, zero=3, sequence_parallel=True)
     else:
         base_job = dict(model="llama3-8b", seq_len=8192, global_batch=64)
         base = dict(pools=[GPUPool(gpu="H100-SXM", count=16)], stages=[Stage(num_layers=16, tp=2, dp=2)] * 2,

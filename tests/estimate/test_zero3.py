@@ -78,7 +78,7 @@ def test_fsdp_framework_shards_in_fp32_and_hsdp_replicates():
 
     m = gpt_model(24, 4096, 32, 2048)
     kw = dict(num_layers=24, has_embedding=False, has_head=False, single_stage=True, b=1, s=2048, t=1, dp=64,
-              zero=0, recompute="full", sequence_parallel=False, in_flight=1, attention="flash")
+              zero=3, recompute="full", sequence_parallel=False, in_flight=1, attention="flash")
     f = memory_of(m, framework="fsdp", **kw)  # no pipeline (a pipeline stage: test_memory.py)
     from hetplan.model import counts
     P, Lp = 24 * counts.layer_parameters(m), counts.layer_parameters(m)
@@ -88,6 +88,13 @@ def test_fsdp_framework_shards_in_fp32_and_hsdp_replicates():
     assert float(h.optimizer) == pytest.approx(8 * P / 8)
     keep = memory_of(m, framework="fsdp", reshard_after_forward=False, **kw)
     assert float(keep.weights) == pytest.approx(4 * P / 64 + 24 * 2 * Lp)
+    # ZeRO-1/2: torchtitan's fsdp_reshard_after_forward "never", whatever reshard_after_forward says
+    z2 = memory_of(m, framework="fsdp", **(kw | {"zero": 2}))
+    assert float(z2.weights) == pytest.approx(float(keep.weights))
+    # ZeRO-0: torchtitan's DDP (replicate degree dp, shard degree 1): every rank holds the whole fp32 states
+    ddp = memory_of(m, framework="fsdp", **(kw | {"zero": 0}))
+    assert float(ddp.weights) == pytest.approx(4 * P + 2 * 2 * Lp)
+    assert float(ddp.optimizer) == pytest.approx(8 * P)
 
 
 def test_pipelined_fsdp_gathers_and_reduce_scatters_once_per_step():
@@ -158,7 +165,9 @@ def test_fsdp2_and_fsdp1_stacks_pay_their_own_passes():
                     stages=[Stage(num_layers=32 // pp, tp=1, dp=32, recompute="full") for _ in range(pp)],
                     mbs=1, zero=3, grad_reduce_dtype="fp32")
 
-    two, one = estimate(plan("torchtitan")), estimate(plan("fms-fsdp"))
+    # torchtitan@2025-10: separate wq / wk / wv and w1 / w3 like fms-fsdp's 2024 model (StackSpec.projections;
+    # 0.3.0 fuses QKV)
+    two, one = estimate(plan("torchtitan@2025-10")), estimate(plan("fms-fsdp"))
     s2, s1 = two.stages[0], one.stages[0]
     from hetplan.estimate import memory
     from hetplan.model.spec import load_model
@@ -170,7 +179,7 @@ def test_fsdp2_and_fsdp1_stacks_pay_their_own_passes():
     assert s2.forward_s - s1.forward_s == pytest.approx(float(f2 - f1), rel=1e-6)
     assert s2.backward_s - s1.backward_s == pytest.approx(float(b2 - b1), rel=1e-6)
     assert float(b1) > float(b2)  # FSDP1's cat and pre-division move more than FSDP2's copy-in
-    p2, p1 = estimate(plan("torchtitan", pp=2)), estimate(plan("fms-fsdp", pp=2))
+    p2, p1 = estimate(plan("torchtitan@2025-10", pp=2)), estimate(plan("fms-fsdp", pp=2))
     assert p2.stages[0].forward_s == pytest.approx(p1.stages[0].forward_s, rel=1e-12)  # not per micro-batch
     assert p1.dp_exposed_time_s > p2.dp_exposed_time_s  # the larger FSDP1 passes, exposed once per step
 

@@ -208,6 +208,33 @@ LOGITS_HOLE_BYTES = 2
 #: ``docs/guides/mixed-precision-training.mdx``, "torch AdamW with bf16 model storage").
 FSDP_WEIGHT_BYTES, FSDP_GRAD_BYTES, FSDP_OPTIMIZER_BYTES = 4, 4, 8
 FSDP_STATE_BYTES = {"fp32": (FSDP_WEIGHT_BYTES, FSDP_GRAD_BYTES, FSDP_OPTIMIZER_BYTES), "bf16": (2, 2, 4)}
+
+
+def fsdp_shard_ranks(zero: Array, group: Array, fsdp_shard: int | None):
+    """Ranks FSDP (``framework = "fsdp"``) shards a parameter over, out of its data-parallel ``group`` (dp·cp for
+    dense parameters, the expert-DP ranks for experts): HSDP's ``fsdp_shard`` (:attr:`hetplan.plan.Plan.fsdp_shard`),
+    else the whole group; 1 at ZeRO-0, which torchtitan launches as ``data_parallel_replicate_degree = dp`` with
+    ``data_parallel_shard_degree = 1`` (``hetplan export``). torchtitan 0.3.0 runs that as FSDP2 on the
+    ``["dp_replicate", "fsdp"]`` mesh with a shard degree of 1 (``torchtitan/models/llama3/parallelize.py``:
+    "Always run apply_fsdp_to_decoder -- with shard_degree=1 it is a no-op for the all-gather"; per-module
+    replicate since pytorch/torchtitan#2458, 2026-03-09): HSDP whose shard groups are single ranks, so every rank
+    holds the whole fp32 parameters, gradients and AdamW moments (:data:`FSDP_STATE_BYTES` unsharded) and each
+    unit's gradient is all-reduced across the ``dp`` replicas (HSDP's replica all-reduce,
+    :func:`hetplan.estimate.stage.stage_costs`). Arrays broadcast."""
+    shard = group if fsdp_shard is None else np.minimum(fsdp_shard, group)
+    return np.where(np.asarray(zero) == 0, 1, shard)
+
+
+def fsdp_reshards(zero: Array, reshard_after_forward: Array):
+    """Whether FSDP (``framework = "fsdp"``) frees each unit's gathered parameters after its forward:
+    :attr:`hetplan.plan.Plan.reshard_after_forward`, except at ZeRO-1 / 2, which torchtitan launches as
+    ``fsdp_reshard_after_forward = "never"`` (parameters gathered once per micro-batch and kept through the
+    backward; gradients and optimizer states sharded: ZeRO-2; torchtitan has no ZeRO-1, ``hetplan export``).
+    Arrays broadcast."""
+    z = np.asarray(zero)
+    return np.asarray(reshard_after_forward) & ~((z == 1) | (z == 2))
+
+
 #: FSDP units whose parameters are unsharded at once at the peak: the one computing and the one prefetched
 #: (FSDP2 prefetches one unit ahead in forward and backward).
 FSDP_UNITS_IN_FLIGHT = 2
@@ -452,7 +479,8 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         recompute_layers: how many layers use ``recompute`` (the others keep all activations); default all.
         attention: ``"standard"`` | ``"flash"`` (:attr:`hetplan.plan.Job.attention`).
         framework: ``"megatron"`` | ``"deepspeed"`` | ``"fsdp"`` (:attr:`hetplan.plan.Job.framework`). FSDP
-            (always sharded, ZeRO-3): sharded fp32 parameters, gradients and Adam moments
+            (FSDP2 at every ZeRO stage, over one-rank shards at ZeRO-0: :func:`fsdp_shard_ranks`; never resharding
+            after forward at ZeRO-1 / 2: :func:`fsdp_reshards`): sharded fp32 parameters, gradients and Adam moments
             (:data:`FSDP_WEIGHT_BYTES` ...) over the shard group (``fsdp_shard``, default ``dp``), plus the
             16-bit unsharded parameters of :data:`FSDP_UNITS_IN_FLIGHT` units (of all the stage's units when
             ``reshard_after_forward`` is False: they are kept from forward to backward) and, in the backward,
@@ -521,9 +549,9 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         return dense * per_parameter / dense_shard + expert * per_parameter / expert_shard
 
     if framework == "fsdp":
-        shard = dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all)
-        eshard = edp if fsdp_shard is None else np.minimum(fsdp_shard, edp)
-        units = FSDP_UNITS_IN_FLIGHT if reshard_after_forward else np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT)
+        shard, eshard = fsdp_shard_ranks(zero, dp_all, fsdp_shard), fsdp_shard_ranks(zero, edp, fsdp_shard)
+        units = np.where(fsdp_reshards(zero, reshard_after_forward), FSDP_UNITS_IN_FLIGHT,
+                         np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT))
         gathered = WEIGHT_BYTES if fp8_recipe is None else fp8.gathered_weight_bytes(
             fp8.FP8, framework, options.stack_spec().optimizer_memory == "fsdp1", fp8_recipe)
         # In a pipeline (more than one stage) every unit of the stage stays unsharded from its first micro-batch

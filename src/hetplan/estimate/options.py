@@ -110,7 +110,8 @@ class TrainingOptions:
 
     @property
     def fsdp(self) -> bool:
-        """PyTorch FSDP2 / Megatron-FSDP (``framework = "fsdp"``): everything sharded, ZeRO-3."""
+        """PyTorch FSDP2 (``framework = "fsdp"``): sharded at ZeRO-1 to 3, replicated (DDP) at ZeRO-0
+        (:func:`hetplan.estimate.memory.fsdp_shard_ranks`)."""
         return self.framework == "fsdp"
 
 

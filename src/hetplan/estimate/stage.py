@@ -104,8 +104,11 @@ def stage_costs(
 
     ``attention`` (``"standard"`` | ``"flash"``) and ``framework`` (``"megatron"`` | ``"deepspeed"`` |
     ``"fsdp"``): the job's :attr:`hetplan.plan.Job.attention` and :attr:`hetplan.plan.Job.framework` (scalars).
-    ``framework="fsdp"`` (PyTorch FSDP2, Megatron-FSDP) shards parameters, gradients and optimizer states
-    whatever ``zero`` says (ZeRO-3).
+    ``framework="fsdp"`` (PyTorch FSDP2) shards parameters, gradients and optimizer states per unit at every ZeRO
+    stage as torchtitan launches it: over HSDP's ``fsdp_shard`` or all DP ranks at ZeRO-1 to 3 (never resharding
+    after forward at 1 / 2), over single ranks at ZeRO-0 (DDP: the whole states on every rank, each unit's
+    gradient all-reduced across the replicas) (:func:`hetplan.estimate.memory.fsdp_shard_ranks`,
+    :func:`hetplan.estimate.memory.fsdp_reshards`).
 
     ``fsdp_shard``: HSDP's shard-group size (parameters sharded within groups of that many DP ranks, replicated
     across ``dp / fsdp_shard`` of them; gradients all-reduced across the replicas after each reduce-scatter);
@@ -174,14 +177,17 @@ def stage_costs(
     terms = LayerTerms(link, sequence_parallel=sequence_parallel, attention=attention,
                        tp_comm_overlap=tp_comm_overlap and not m.is_moe, cuda_graphs=cuda_graphs,
                        op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp" and not m.is_moe,
-                       async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe))
+                       async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe),
+                       projections=stack.projections)
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
         if m.is_moe and moe_options.routing == "random":  # the multinomial spread of random top-k routing
             moe_load_imbalance = np.maximum(moe_load_imbalance, moe.routing_imbalance(m, b * s / t, ep))
-        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
-                        if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
+        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework,
+                                               stack.projections)
+                        if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t,
+                                                                                stack.projections))
         terms = replace(terms, gemm_times_s=(linear, core),
                         attention_blocks=context.attention_blocks(cp, cp_load_balance),
                         extra_kernels=moe.extra_kernels(m, ep, framework, moe_options.dispatcher),
@@ -233,11 +239,19 @@ def stage_costs(
             layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
     work = replace(work, fp8_recipe=fp8_recipe)
     if fp8_recipe is not None:  # FP8 quantization of the linear layers' inputs and output gradients
+        # On Megatron's fused shapes whatever the stack's projections: the output-gradient and weight casts are
+        # element-wise, so split linears cast the same bytes; the separate wq / wk / wv (w1 / w3) casts of one
+        # shared input are identical ops that torch.compile's joint-graph CSE merges into one
+        # (torch/_functorch/partitioners.py min_cut_rematerialization_partition: fx_graph_cse), and torchtitan's
+        # float8 TP plan casts that input once (PrepareFloat8ModuleInput). Eager runs without TP cast it once per
+        # Float8Linear (torchao float8_linear.py): not charged (docs/estimator.md, Separate projections).
         shapes = moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)
         dense = not (m.is_moe or m.is_mla)  # QKV / FC1 column-parallel, projection / FC2 row-parallel
         cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, shapes, t, sequence_parallel,
                                        (True, False, True, False) if dense else None)
-        cb = cb + compute.wgrad_bf16_extra_s(gpu, fp8_recipe, shapes)  # rowwise_with_gw_hp: bf16 weight gradients
+        # rowwise_with_gw_hp: bf16 weight gradients, one per GEMM the stack runs (its projections)
+        cb = cb + compute.wgrad_bf16_extra_s(
+            gpu, fp8_recipe, moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp, stack.projections))
         if eager:  # torchao's casts as separate ATen kernels
             xf, xb = elementwise.eager_cast_time_s(gpu, shapes)
             cf, cb = cf + xf, cb + xb
@@ -283,7 +297,7 @@ def stage_costs(
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, loss_kind if framework == "fsdp" else cross_entropy)
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
         lb = lb + np.where(rc == Recompute.SELECTIVE, compute.op_sac_recompute_s(
-            m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes), 0.0)
+            m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes, stack.projections), 0.0)
     if recompute_layers is None:
         layers_bwd, layers_tp = num_layers * lb, num_layers * ltp
     else:  # r layers recompute, the others do not (their backward is the plain one)
@@ -297,6 +311,12 @@ def stage_costs(
     dense, expert = moe.parameters_per_gpu(memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep, etp)
     params = dense + expert
+    # FSDP whatever the ZeRO stage, which sets its shard group (one rank at ZeRO-0) and its resharding (never at
+    # ZeRO-1/2): memory.fsdp_shard_ranks, memory.fsdp_reshards
+    shard_of = memory.fsdp_shard_ranks(zero, np.asarray(degrees.dense_dp), fsdp_shard)
+    expert_shard_of = memory.fsdp_shard_ranks(zero, degrees.expert_dp, fsdp_shard)
+    if framework == "fsdp":
+        reshard_after_forward = memory.fsdp_reshards(zero, reshard_after_forward)
     zero = np.where(framework == "fsdp", 3, np.asarray(zero))
     dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
@@ -315,8 +335,9 @@ def stage_costs(
         n = dp_all if group is None else group
         d = dense if dense_params is None else dense_params
         out = dp_collective_time_s(d * bytes_per_parameter / units, collective, n, t, link)
-        if m.is_moe and experts:
-            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, edp,
+        if m.is_moe and experts:  # FSDP's per-unit collectives (``group``): over the experts' shard group
+            eg = expert_shard_of if group is not None and framework == "fsdp" else edp
+            out = out + dp_collective_time_s(expert * bytes_per_parameter / units, collective, eg,
                                              np.asarray(degrees.expert_ranks), link)
         return out * units
 
@@ -361,7 +382,7 @@ def stage_costs(
     # fully_shard module). HSDP: within shard groups of consecutive DP ranks, then an all-reduce of each shard
     # across the replicas (stride t·shard).
     units = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
-    shard = np.asarray(dp_all if fsdp_shard is None else np.minimum(fsdp_shard, dp_all), dtype=float)
+    shard = np.asarray(shard_of if framework == "fsdp" else dp_all, dtype=float)
     replicas = dp_all / shard
 
     def replica_allreduce(grad_bytes_per_unit: Array):
@@ -423,7 +444,7 @@ def stage_costs(
     )
     grad_exposed = np.where(bf16_opt, grad_sync, grad_exposed)  # reduced at the boundary, never overlapped
     dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter + root_s + head_s,
-                                     num_microbatches * ((2 if reshard_after_forward else 1) * z3_gather
+                                     num_microbatches * (np.where(reshard_after_forward, 2, 1) * z3_gather
                                                          + z3_reduce_scatter + root_s + head_s)), grad_sync)
     # Embedding-gradient all-reduce between the first and the last stage (tied embeddings, pp > 1).
     emb_sync = np.where(
@@ -432,6 +453,8 @@ def stage_costs(
     )
 
     owned = dense / np.where((zero >= 1) | bf16_opt, dp_all, 1) + expert / np.where((zero >= 1) | bf16_opt, edp, 1)
+    if framework == "fsdp":  # each rank steps the shard it holds: of its HSDP shard group (one rank at ZeRO-0)
+        owned = dense / shard_of + expert / expert_shard_of
     # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer after that micro-batch's
     # backward, on the compute stream (pipe/engine.py _exec_backward_pass -> update_hp_grads)
     bwd = bwd + np.where(bf16_opt, bf16_accumulation_time_s(params, gpu), 0.0)
@@ -647,7 +670,7 @@ def zero3_exposed_s(gather_s: Array, reduce_scatter_s: Array, forward_s: Array, 
     L = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
     g, r = np.asarray(gather_s, dtype=float) / L, np.asarray(reduce_scatter_s, dtype=float) / L
     f, b = np.asarray(forward_s, dtype=float) / L, np.asarray(backward_s, dtype=float) / L
-    gb = g if reshard_after_forward else 0.0
+    gb = np.where(reshard_after_forward, g, 0.0)
     k = contention
     fwd_part = g + (L - 1.0) * np.maximum(g - f, k * g)
     bwd_part = np.where(overlap, r + (L - 1.0) * np.maximum(gb + r - b, k * (gb + r)),

@@ -107,7 +107,8 @@ class StageWork:
             None: all in one call).
         recompute: :class:`Recompute` (or its integer codes); recompute_layers: how many of the stage's layers
             use it (None: all; the others recompute nothing).
-        zero: ZeRO stage 0-3 over the data-parallel ranks (3 whatever it says under ``framework = "fsdp"``).
+        zero: ZeRO stage 0-3 over the data-parallel ranks (under ``framework = "fsdp"``: 0 = DDP, FSDP2 on one-rank
+            shards; 1 / 2 = FSDP2 never resharding after forward; 3 = FSDP2: :func:`hetplan.estimate.memory.fsdp_shard_ranks`).
         sequence_parallel: Megatron sequence parallelism in the TP group (effective only with ``tp > 1`` and a
             stack that has it).
         fp8_recipe: the FP8 scaling recipe of the stage's GEMMs (:func:`hetplan.estimate.fp8.recipe`), None
@@ -165,6 +166,10 @@ class LayerTerms:
             runs the same again once (the inverse kernels on the gradients), full recomputation once more.
         fp8_gathers: under FP8, whether the sequence-parallel all-gathers carry the FP8 operands (False for
             torchao's rowwise recipes, which gather bf16: :func:`hetplan.estimate.fp8.fp8_gathers`).
+        projections: how the stack's model code runs the projections
+            (:attr:`hetplan.hardware.stacks.StackSpec.projections`): ``fused`` (Megatron's QKV and gate/up GEMMs),
+            ``separate`` or ``fused-qkv``; the dense GEMM shapes and kernels of
+            :func:`hetplan.estimate.compute.layer_time_s`.
         tp_comm_overlap, cuda_graphs, op_sac, sequence_dim_copies, async_tp, tp_allreduce: Megatron-Core's
             ``--tp-comm-overlap``, captured CUDA graphs, torchtitan's per-op SAC as the selective recompute,
             DTensor's sequence-dimension copies, PyTorch's async TP, and the algorithm of the TP all-reduces
@@ -187,3 +192,4 @@ class LayerTerms:
     async_tp: bool = False
     tp_allreduce: str = "ring"
     fp8_gathers: bool = True
+    projections: str = "fused"

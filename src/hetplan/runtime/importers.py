@@ -134,6 +134,23 @@ def _chunks_if_uneven(chunks: list[list[int]], L: int) -> list[list[int]] | None
     return None if [[flat[k * pp + i] for k in range(v)] for i in range(pp)] == chunks else chunks
 
 
+def _megatron_kernel(backend: str | None, gpu: str) -> str | None:
+    """The attention kernel (:attr:`hetplan.plan.Job.attention_kernel`) Megatron-Core's ``--attention-backend``
+    names: ``fused`` = Transformer Engine's cuDNN fused attention; ``flash`` = TE's FlashAttention, flash-attn 3 on
+    Hopper (where hetplan's export writes it for ``fa3``) and 2 elsewhere; otherwise None (the stack's default)."""
+    if backend == "fused":
+        return "cudnn"
+    if backend != "flash":
+        return None
+    from hetplan.hardware.catalog import load_catalog
+
+    try:
+        hopper = load_catalog().get(gpu).architecture.startswith("Hopper")
+    except HetplanError:
+        hopper = False
+    return "fa3" if hopper else "fa2"
+
+
 def _megatron_split(a: dict[str, Any], L: int, pp: int) -> tuple[list[int], int]:
     """(layers per stage, virtual stages) of Megatron-LM's arguments."""
     if "pipeline_model_parallel_layout" in a:
@@ -218,6 +235,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
         gran = "none"  # only per-module recomputation was asked for
     attention = "flash" if "use_flash_attn" in a or a.get("attention_backend") in (None, "flash", "fused", "auto") \
         else "standard"
+    kernel = _megatron_kernel(a.get("attention_backend"), gpu)
     dispatcher = a.get("moe_token_dispatcher_type", "alltoall")
     if dispatcher == "flex":
         dispatcher = a.get("moe_flex_dispatcher_backend", "deepep")
@@ -226,7 +244,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     fp8_recipe = "current" if dtype == "fp8" and a.get("fp8_recipe") == "tensorwise" else None
     job = Job(model=model or spec.name, seq_len=int(a["seq_length"]), global_batch=int(a["global_batch_size"]),
               train_iterations=int(a.get("train_iters", 1)), dtype=dtype, fp8_recipe=fp8_recipe, attention=attention,
-              framework="megatron",
+              attention_kernel=kernel, framework="megatron",
               moe_dispatcher=dispatcher if dispatcher in ("alltoall", "deepep", "hybridep") else "alltoall",
               moe_a2a_overlap="overlap_moe_expert_parallel_comm" in a, moe_recompute=moe_recompute,
               recompute_modules=modules, offload_modules=list(a.get("offload_modules", [])))
@@ -238,6 +256,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
                 tp_comm_overlap="tp_comm_overlap" in a,
                 cuda_graphs="enable_cuda_graph" in a or a.get("cuda_graph_impl", "none") != "none",
                 cross_entropy=None if "cross_entropy_loss_fusion" in a else "fp32", cp=cp,
+                grad_reduce_dtype="bf16" if "grad_reduce_in_bf16" in a else None,
                 ep=int(a.get("expert_model_parallel_size", 1)), expert_tp=int(a.get("expert_tensor_parallel_size", 1)),
                 pipeline_chunks=chunks)
 
@@ -257,6 +276,17 @@ def _tt_chunks(parts: list[list[str]], pp: int, L: int) -> list[list[int]] | Non
         return None
     counts = [sum(1 for fqn in part if fqn.startswith("layers.")) for part in parts]
     return _chunks_if_uneven([[counts[k * pp + i] for k in range(v)] for i in range(pp)], L)
+
+
+def _tt_sharding(replicate: int, shard: int, reshard_policy: object) -> tuple[int, int | None, bool]:
+    """``(zero, fsdp_shard, reshard_after_forward)`` of torchtitan's data-parallel degrees and
+    ``fsdp_reshard_after_forward``: DDP (shard degree 1) is ZeRO-0; FSDP2 is ZeRO-3, ZeRO-2 when it never
+    reshards after forward; HSDP (both degrees above 1) shards over ``shard`` ranks (the inverse of the export's
+    ``_tt_data_parallel``)."""
+    reshard = reshard_policy != "never"
+    if shard <= 1:
+        return 0, None, reshard
+    return (3 if reshard else 2), (shard if replicate > 1 else None), reshard
 
 
 def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -326,10 +356,7 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     if shard == -1:  # torchtitan: the shard degree takes the ranks left over
         shard = world // (rep * tp * cp * pp)
     dp = rep * shard
-    if shard > 1:
-        zero = 2 if over.get(p + "fsdp_reshard_after_forward") == "never" else 3
-    else:
-        zero = 0
+    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, over.get(p + "fsdp_reshard_after_forward"))
     gbs, seq = num("training.global_batch_size", 0), num("training.seq_len", 0)
     local = num("training.local_batch_size", 0)
     unset = [k for k, v in (("training.seq_len", seq), ("training.local_batch_size", local)) if v <= 0]
@@ -356,6 +383,9 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     # the converter's recipe_name (0.3.0: rowwise, its default, or rowwise_with_gw_hp)
     recipe = "rowwise_with_gw_hp" if fp8 and "recipe_name='rowwise_with_gw_hp'" in (job_module or "") else None
     compiled = bool(over.get("compile.enable", False))
+    # the loss compiled with the blocks (components model,loss) or eager on fp32 logits (Plan.cross_entropy)
+    loss = None if not compiled or "loss" in str(over.get("compile.components", "model,loss")).split(",") else "fp32"
+    reduce = "bf16" if over.get("training.mixed_precision_reduce") == "bfloat16" else None
     rec = {"none": "none", "full": "full", "selective": "selective", "memory-budget": "selective"}.get(ac, "none")
     job = Job(model=name, seq_len=seq, global_batch=gbs, train_iterations=num("training.steps", 1),
               dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe, attention="flash", framework="fsdp",
@@ -366,7 +396,8 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
                 virtual_stages=v, sequence_parallel=tp > 1 and bool(over.get(p + "enable_sequence_parallel", True)),
                 cuda_graphs=not over.get("training.disable_cuda_graphs", False),
                 schedule="gpipe" if over.get(p + "pipeline_parallel_schedule") == "GPipe" else "1f1b",
-                cp=cp, ep=ep, pipeline_chunks=tt_chunks)
+                cp=cp, ep=ep, pipeline_chunks=tt_chunks, fsdp_shard=fsdp_shard, reshard_after_forward=reshard,
+                cross_entropy=loss, grad_reduce_dtype=reduce)
 
 
 def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -392,7 +423,7 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
     if shard == -1:
         shard = world // (rep * tp * cp * pp)
     dp = rep * shard
-    zero = (2 if par.get("fsdp_reshard_after_forward") == "never" else 3) if shard > 1 else 0
+    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, par.get("fsdp_reshard_after_forward"))
     if pp > 1:
         mbs = int(par.get("pipeline_parallel_microbatch_size", 1))
         layers, v = _tt_parts(par["module_fqns_per_model_part"], pp)
@@ -413,9 +444,12 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
               framework="fsdp", torch_compile=bool(comp.get("enable", False)),
               async_tp=bool(par.get("enable_async_tensor_parallel", False)))
     rec = cfg.get("activation_checkpoint", {}).get("mode", "none")
+    loss = None if not comp.get("enable", False) or "loss" in comp.get("components", ["model", "loss"]) else "fp32"
+    reduce = "bf16" if tr.get("mixed_precision_reduce") == "bfloat16" else None
     return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
-                virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep,
+                virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep, fsdp_shard=fsdp_shard,
+                reshard_after_forward=reshard, cross_entropy=loss, grad_reduce_dtype=reduce,
                 schedule="gpipe" if par.get("pipeline_parallel_schedule") == "GPipe" else "1f1b")
 
 
@@ -455,10 +489,12 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
                            fix='set "bf16": {"enabled": true}')
     zero_cfg = cfg.get("zero_optimization", {})
     job = Job(model=name, seq_len=int(pipe.get("seq_len") or _opt(words, "--seq-length", "--seq_len") or 2048),
-              global_batch=gbs, train_iterations=1, dtype=dtype, attention="flash", framework="deepspeed")
+              global_batch=gbs, train_iterations=int(pipe.get("train_iterations") or 1), dtype=dtype,
+              attention="flash", framework="deepspeed")
     return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
                 stages=[Stage(num_layers=n, dp=dp, recompute=rec) for n in layers], mbs=mbs,
-                zero=int(zero_cfg.get("stage", 0)), overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", False)))
+                zero=int(zero_cfg.get("stage", 0)), overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", False)),
+                grad_reduce_dtype=cfg.get("communication_data_type"))
 
 
 def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = "H100-SXM",

@@ -180,7 +180,11 @@ class FineSearch:
             return False
         if any(st.dp > 1 for st in s.stages) and not stack_allows(self.stack, zero=s.zero):
             return False
-        return ((s.pp == 1 or s.zero <= 1) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
+        fsdp = self.cm.job.framework == "fsdp"  # DDP (0) or FSDP2 (3), at any pipeline depth; no EP with DDP
+        replicated = s.zero == 0 and any(st.dp > 1 for st in s.stages)
+        if fsdp and (s.zero not in (0, 3, pins.zero) or replicated and s.ep > 1):
+            return False
+        return ((s.pp == 1 or s.zero <= 1 or fsdp) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
                 and g % s.micro_batch == 0 and sum(st.num_layers for st in s.stages) == self.cm.L
                 and (s.expert_tp == 1 or self.expert_tp and all(st.tp % s.expert_tp == 0 for st in s.stages))
                 and all(s.ep in ep_degrees(self.cm.m, self._expert_ranks(st, s), pins.ep, self.stack)
@@ -262,10 +266,12 @@ class FineSearch:
         t = c.stage_time_s
         cj = S[j]
 
+        fsdp = self.cm.job.framework == "fsdp"  # DDP (0) or FSDP2 (3) at any pipeline depth
+
         def mk(stages, B=B, zero=s.zero, cp=s.cp, ep=s.ep, etp=s.expert_tp, v=s.virtual_stages):
             # ZeRO-2/3 only without pipelining (DeepSpeed / Megatron-LM, hetplan.search.space); one stage runs no
             # interleaving
-            return FineState(tuple(stages), B, min(zero, 1) if len(stages) > 1 else zero, cp, ep, etp,
+            return FineState(tuple(stages), B, min(zero, 1) if len(stages) > 1 and not fsdp else zero, cp, ep, etp,
                              v if len(stages) > 1 else 1)
 
         # 1. layers to a neighbour
@@ -352,7 +358,7 @@ class FineSearch:
                 structural.append((f"pipeline micro-batch {B} -> {B2} sequences", mk(S, B=B2)))
         # 7. ZeRO stage (sharding over each stage's DP group): 0/1 with pipelining, 0-3 without
         if any(st.dp > 1 for st in S):
-            for z in ((0, 1) if p > 1 else (0, 1, 2, 3)):
+            for z in ((0, 3) if fsdp else (0, 1) if p > 1 else (0, 1, 2, 3)):
                 if z != s.zero:
                     structural.append((f"ZeRO {s.zero} -> {z}", mk(S, zero=z)))
         # 8. CP x2 with every stage's DP halved (same GPUs; each rank holds half the sequence), or back; EP over

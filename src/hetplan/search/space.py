@@ -118,7 +118,7 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int, stack=None) -> 
 def stack_allows(stack, zero: int | None = None, recompute: str | None = None, attention: str = "flash") -> bool:
     """Whether ``stack`` (a :class:`hetplan.hardware.stacks.StackSpec`, None: any) offers ZeRO stage ``zero``
     and recomputation ``recompute``. Under FSDP stacks ``zero`` is the sharding mode the launch names (the
-    estimate shards as ZeRO-3 whatever it says; torchtitan's export writes ZeRO-0 as DDP replication): llm-foundry,
+    estimate prices ZeRO-0 as torchtitan's DDP replication and ZeRO-3 as FSDP2, as the export writes them): llm-foundry,
     HF Accelerate's FSDP plugin and NeMo AutoModel run FULL_SHARD only (``zero = [3]``), so no ZeRO-0 label; selective recomputation under flash attention is the plan without recomputation (:class:`hetplan.plan.Job`),
     which every stack runs."""
     if stack is None:

@@ -27,7 +27,10 @@ What each target can express:
   DeepSpeed itself; no selective recomputation (with FlashAttention the plan's selective = none, so it exports).
 * **torchtitan** (TOML job config of ``torchtitan/config/job_config.py``, late-2025 schema): any per-stage layer
   split and virtual stages through ``module_fqns_per_model_part``; one TP / DP / CP / EP degree on all stages;
-  DDP for ZeRO-0 (``data_parallel_replicate_degree``), FSDP2 for ZeRO-3 (``data_parallel_shard_degree``), FSDP2
+  DDP for ZeRO-0 (``data_parallel_replicate_degree``; priced as torchtitan 0.3.0 runs it, FSDP2 over one-rank
+  shards: :func:`hetplan.estimate.memory.fsdp_shard_ranks`), FSDP2 for ZeRO-3 (``data_parallel_shard_degree``;
+  HSDP's ``fsdp_shard`` as shard degree with ``dp / fsdp_shard`` replicas; ``fsdp_reshard_after_forward =
+  "never"`` without ``reshard_after_forward``), FSDP2
   without resharding after forward for ZeRO-2 (``fsdp_reshard_after_forward = "never"``: parameters stay
   gathered from forward to backward, gradients and optimizer states sharded) and for ZeRO-1, which torchtitan
   lacks (gradients then also sharded: less memory than planned, the same communication volume); Llama-family
@@ -35,8 +38,11 @@ What each target can express:
   by ``hetplan_torchtitan_model.py``, imported through ``[experimental] custom_import``); bf16 or fp32 parameters
   (no fp16 mixed precision) over fp32 sharded master weights (a plan with ``fsdp_param_dtype`` or
   ``cross_entropy = "bf16"``, NeMo AutoModel's, is refused); the job's ``torch_compile`` as ``[compile] enable`` with ``components = ["model",
-  "loss"]`` (``CompileConfig``, torchtitan ``torchtitan/config/job_config.py``; eager: ``enable = false``); the
-  job's ``async_tp`` as ``[parallelism] enable_async_tensor_parallel = true``.
+  "loss"]`` (``CompileConfig``, torchtitan ``torchtitan/config/job_config.py``; eager: ``enable = false``;
+  ``["model"]`` for ``cross_entropy = "fp32"``, the loss left eager); the job's ``async_tp`` as ``[parallelism]
+  enable_async_tensor_parallel = true``; ``grad_reduce_dtype = "bf16"`` as ``mixed_precision_reduce =
+  "bfloat16"``; a plan reducing gradients after the backward (``overlap_grad_reduce = false``) is refused.
+  Megatron-LM gets ``--grad-reduce-in-bf16`` for ``grad_reduce_dtype = "bf16"``.
 
 FP8 plans (``dtype = "fp8"``, :mod:`hetplan.estimate.fp8`): Megatron-LM gets ``--bf16`` plus the FP8 recipe the
 estimate assumed (``--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo
@@ -44,6 +50,9 @@ max --fp8-param-gather`` on Hopper, ``--fp8-format e4m3 --fp8-recipe mxfp8 --fp8
 torchtitan the float8 converter (``[model] converters = ["float8"]``, ``[float8]`` with the FSDP2 float8
 all-gather, the output head filtered out; the float8 casts are fused only under ``[compile] enable``, torchtitan
 ``docs/float8.md``, which the job's default ``torch_compile`` sets); DeepSpeed refuses (no FP8 in its config).
+A recipe the plan names (``Job.fp8_recipe``, priced) that the target release does not run is refused (rule
+``framework-can-launch``: a torchao recipe to Megatron-LM, Transformer Engine's to torchtitan); torchtitan 0.3.0's
+lack of ``tensorwise`` is refused already by rule ``stack-has-option`` (stacks.toml ``fp8_recipes``).
 
 The package: :mod:`.common` (targets, releases, :class:`Export`, the one device mesh and the other checks every
 target needs), one module per target (:mod:`.megatron`, :mod:`.deepspeed`, :mod:`.torchtitan`), and :func:`export`

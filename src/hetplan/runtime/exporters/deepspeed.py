@@ -44,6 +44,8 @@ def export_deepspeed(plan: Plan, spec: ModelSpec) -> Export:
         "optimizer": {"type": "Adam", "params": {"lr": 1e-4}},
         "steps_per_print": 1,
     }
+    if plan.grad_reduce_dtype is not None:  # priced (Plan.grad_reduce_dtype): DeepSpeed's communication_data_type
+        cfg["communication_data_type"] = plan.grad_reduce_dtype  # (deepspeed/runtime/config.py: fp32 / fp16 / bf16)
     if rec == "full":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
     # PipelineModule layer specs: [embedding, layer 0 .. layer L-1, final norm + head]; stage i's boundaries
@@ -55,7 +57,7 @@ def export_deepspeed(plan: Plan, spec: ModelSpec) -> Export:
     pipe = {"num_stages": pp, "partition_method": "hetplan" if uneven else "uniform",
             "activation_checkpoint_interval": 1 if rec == "full" else 0, "world_size": plan.num_gpus,
             "data_parallel_size": m.dp, "stage_layers": layers, "parts": parts, "model": plan.job.model,
-            "seq_len": plan.job.seq_len}
+            "seq_len": plan.job.seq_len, "train_iterations": int(plan.job.iterations())}
     nnodes, per_node = _nodes(plan)
     launch = (f"deepspeed --num_nodes {nnodes} --num_gpus {per_node} train.py --deepspeed "
               f"--deepspeed_config ds_config.json --pipeline-parallel-size {pp}\n")

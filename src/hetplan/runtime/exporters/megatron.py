@@ -122,6 +122,8 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args += _megatron_fp8_args(plan)
     if plan.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
+    if plan.grad_reduce_dtype == "bf16":  # priced (Plan.grad_reduce_dtype); Megatron's default reduces in fp32
+        args.append("--grad-reduce-in-bf16")
     if spec.mtp_layers:  # not priced (hetplan.model.spec.ModelSpec.mtp_layers): the launch leaves it out too
         notes.append(f"{spec.name}'s {spec.mtp_layers} multi-token-prediction layer(s) are not trained (no "
                      "--mtp-num-layers): the estimate prices the main model; adding MTP costs time the estimate "

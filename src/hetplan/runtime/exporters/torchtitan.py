@@ -76,6 +76,7 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
                            f"and, from 0.3, the models it ships ({', '.join(TORCHTITAN_03_MODELS)}); {spec.name} is "
                            f"{spec.family}", field="--to", fix="export --to megatron or deepspeed")
     _torchtitan_common_checks(plan, m)
+    _torchtitan_kernel_check(plan, version)
     if version == "0.3":
         return export_torchtitan_03(plan, spec, m, v=_virtual(plan, virtual_stages) if pp > 1 else 1)
     if int(getattr(spec, "num_experts", 0) or 0):
@@ -84,15 +85,9 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     v = _virtual(plan, virtual_stages)
     v = v if pp > 1 else 1
     sched = {"1f1b": "Interleaved1F1B" if v > 1 else "1F1B", "gpipe": "GPipe"}[plan.schedule]
-    if plan.zero == 0:
-        dp_lines = [f"data_parallel_replicate_degree = {m.dp}", "data_parallel_shard_degree = 1"]
-    else:
-        reshard = "default" if plan.zero == 3 else "never"
-        dp_lines = ["data_parallel_replicate_degree = 1", f"data_parallel_shard_degree = {m.dp}",
-                    f'fsdp_reshard_after_forward = "{reshard}"']
-        if plan.zero == 1:
-            notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
-                         "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
+    replicate, shard, reshard = _tt_data_parallel(plan, m, notes)
+    dp_lines = [f"data_parallel_replicate_degree = {replicate}", f"data_parallel_shard_degree = {shard}",
+                f'fsdp_reshard_after_forward = "{reshard}"']
     files = {}
     flavor = TORCHTITAN_FLAVORS.get(spec.name)
     extra = []
@@ -120,7 +115,8 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         *(['converters = ["quantize.linear.float8"]'] if plan.job.dtype == "fp8" else []), "",
         "[training]", f"local_batch_size = {local}", f"global_batch_size = {plan.job.global_batch}",
         f"seq_len = {plan.job.seq_len}", f"steps = {int(plan.job.iterations())}",
-        'mixed_precision_param = "bfloat16"', "",
+        'mixed_precision_param = "bfloat16"',
+        *(['mixed_precision_reduce = "bfloat16"'] if plan.grad_reduce_dtype == "bf16" else []), "",
         "[parallelism]", *dp_lines, f"tensor_parallel_degree = {m.tp}",
         f"context_parallel_degree = {m.cp}", f"expert_parallel_degree = {m.ep}",
         f"pipeline_parallel_degree = {pp}",
@@ -139,8 +135,8 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
                     ["enable_fsdp_float8_all_gather = true", "precompute_float8_dynamic_scale_for_fsdp = true"]),
                   'filter_fqns = ["output"]']
     # torch.compile of the blocks and the loss, or eager (hetplan.estimate.elementwise)
-    lines += ["", "[compile]", *(['enable = true', 'components = ["model", "loss"]'] if plan.job.torch_compile
-                                 else ["enable = false"])]
+    lines += ["", "[compile]", *(['enable = true', f'components = {json.dumps(_tt_compiled(plan))}']
+                                 if plan.job.torch_compile else ["enable = false"])]
     ac = {"none": ["mode = \"none\""], "full": ["mode = \"full\""],
           "selective": ["mode = \"selective\"", "selective_ac_option = \"op\""]}[m.recompute]
     lines += ["", "[activation_checkpoint]", *ac, "", *extra]
@@ -157,9 +153,60 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     return Export("torchtitan", files, notes)
 
 
+def _tt_data_parallel(plan: Plan, m: _Mesh, notes: list[str]) -> tuple[int, int, str]:
+    """``(data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward)`` of the plan's
+    DP ranks, as the estimate prices them under ``fsdp`` (:func:`hetplan.estimate.memory.fsdp_shard_ranks`,
+    :func:`hetplan.estimate.memory.fsdp_reshards`): ZeRO-0 replicates over DP (DDP), ZeRO-1 / 2 / 3 shard over
+    HSDP's ``fsdp_shard`` ranks (all of DP without it) and replicate across the rest; ``never`` reshards at
+    ZeRO-1 / 2 or without ``reshard_after_forward``, else torchtitan's ``default`` (which already keeps the
+    gathered units of a pipeline stage, as the estimate's pipelined FSDP does). A plan of a framework other
+    than ``fsdp`` keeps its own sharding: ZeRO-1 / 2 as ``never``."""
+    if plan.zero == 0 or m.dp == 1:
+        return m.dp, 1, "default" if plan.reshard_after_forward else "never"
+    shard = m.dp if plan.fsdp_shard is None else min(plan.fsdp_shard, m.dp)
+    if plan.zero == 1:
+        notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
+                     "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
+    keep = plan.zero in (1, 2) or not plan.reshard_after_forward
+    return m.dp // shard, shard, "never" if keep else "default"
+
+
+def _torchtitan_kernel_check(plan: Plan, version: str) -> None:
+    """A fused attention kernel the plan names (``Job.attention_kernel``, priced) must be the one the release's
+    SDPA runs on the plan's GPUs (its stack's ``attention_kernel``: torchtitan orders SDPA's backends itself, and
+    no launch option of the export picks another).
+
+    Raises:
+        HetplanError: another kernel."""
+    asked = plan.job.attention_kernel
+    if asked is None or plan.job.attention != "flash":
+        return
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.hardware.stacks import resolve_stack
+
+    stack, catalog = resolve_stack(TORCHTITAN_RELEASE_STACKS[version]), load_catalog()
+    runs = {stack.kernel_on(catalog.get(plan.pools[st.pool].gpu).architecture) for st in plan.stages}
+    if runs != {asked}:
+        raise HetplanError(f"torchtitan {version} runs the attention kernel {'/'.join(sorted(runs))} on this plan's "
+                           f"GPUs ({stack.id}, its SDPA backend order); the plan was priced with {asked}",
+                           field="plan.job.attention_kernel", fix="plan without attention_kernel (the stack's "
+                           "kernel), or export --to megatron (--attention-backend)")
+
+
+def _tt_compiled(plan: Plan) -> list[str]:
+    """``[compile] components`` of a compiled plan: the blocks, and the loss unless the plan prices it eager on
+    fp32 logits (``Plan.cross_entropy = "fp32"``, torchtitan's loss outside ``torch.compile``)."""
+    return ["model"] if plan.cross_entropy == "fp32" else ["model", "loss"]
+
+
 def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
     """What no torchtitan release runs: fp16 parameters, NeMo AutoModel's bf16 master weights / loss, the first k
-    layers of a stage checkpointed."""
+    layers of a stage checkpointed, a gradient reduction after the backward."""
+    if not plan.overlap_grad_reduce:
+        raise HetplanError("torchtitan reduces gradients during the backward (FSDP2's per-unit reduce-scatter, "
+                           "DDP's all-reduce); the plan was priced with the reduction after it",
+                           field="plan.overlap_grad_reduce", fix="plan with overlap_grad_reduce = true, or export "
+                           "--to megatron (without --overlap-grad-reduce)")
     if plan.job.dtype == "fp16":
         raise HetplanError("torchtitan's mixed precision keeps bfloat16 or float32 parameters, not float16",
                            field="plan.job.dtype", fix="plan with dtype bf16, or export --to megatron / deepspeed")
@@ -357,18 +404,14 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     else:
         head = [f"--module {module}", f"--config {config}"]
     local = plan.job.global_batch // m.dp if pp > 1 else plan.mbs
-    if plan.zero == 0:
-        dp = [f"--parallelism.data_parallel_replicate_degree {m.dp}", "--parallelism.data_parallel_shard_degree 1"]
-    else:
-        dp = ["--parallelism.data_parallel_replicate_degree 1", f"--parallelism.data_parallel_shard_degree {m.dp}",
-              "--parallelism.fsdp_reshard_after_forward " + ("default" if plan.zero == 3 else "never")]
-        if plan.zero == 1:
-            notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
-                         "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
+    replicate, shard, reshard = _tt_data_parallel(plan, m, notes)
+    dp = [f"--parallelism.data_parallel_replicate_degree {replicate}",
+          f"--parallelism.data_parallel_shard_degree {shard}", f"--parallelism.fsdp_reshard_after_forward {reshard}"]
     args = head + [
         f"--training.local_batch_size {local}", f"--training.global_batch_size {plan.job.global_batch}",
         f"--training.seq_len {plan.job.seq_len}", f"--training.steps {int(plan.job.iterations())}",
         "--training.mixed_precision_param bfloat16",
+        *(["--training.mixed_precision_reduce bfloat16"] if plan.grad_reduce_dtype == "bf16" else []),
         # CUDA graphs of the step only where the plan prices them (hetplan.plan.Plan.cuda_graphs)
         "--training." + ("no-" if plan.cuda_graphs else "") + "disable_cuda_graphs", *dp,
         f"--parallelism.tensor_parallel_degree {m.tp}",
@@ -384,7 +427,7 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
                  "--parallelism.module_fqns_per_model_part " + " ".join(",".join(p) for p in parts)]
     args += ["--compile." + ("" if compiled else "no-") + "enable"]
     if compiled:
-        args.append("--compile.components model,loss")
+        args.append("--compile.components " + ",".join(_tt_compiled(plan)))
     args.append("--compile." + ("" if plan.job.async_tp else "no-") + "enable_async_tensor_parallel")
     args.append("activation-checkpoint:" + m.recompute)
     nnodes, per_node = _nodes(plan)

@@ -50,8 +50,10 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
     free = [r for r in ([0, 2] if job.attention == "flash" else [0, 1, 2])
             if stack_allows(stack, recompute=RECOMPUTE_NAMES[r], attention=job.attention)]
     rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free
-    zeros = [z for z in (0, 1) if z == 0 or stack_allows(stack, zero=z)]
-    zeros = zeros if pins.zero is None else [z for z in (0, 1) if z == pins.zero]
+    # under fsdp: DDP (ZeRO-0) or FSDP2 (ZeRO-3) as torchtitan launches them (hetplan.estimate.memory.fsdp_shard_ranks)
+    modes = (0, 3) if job.framework == "fsdp" else (0, 1)
+    zeros = [z for z in modes if z == 0 or stack_allows(stack, zero=z)]
+    zeros = zeros if pins.zero is None else [z for z in modes if z == pins.zero]
     cps = cp_degrees(job.seq_len, max(p.count for p in inventory.pools), stack) if pins.cp is None else [pins.cp]
     # EP folded over tp·cp·dp where the job's framework does it (a stage type whose tp·cp·d EP does not divide
     # is left out of that group), else within dp·cp (hardware/data/frameworks.toml ep_beyond_dp)
@@ -61,8 +63,9 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
     etps = divisors(fold) if m.is_moe and (fw is None or fw.expert_tp) else [1]
     shapes = [(b, d, z, c, e, t) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
               for b in divisors(job.global_batch // d) if pins.mbs is None or b == pins.mbs
-              for z in zeros if not (z == 1 and d == 1)  # ZeRO-1 over one rank is ZeRO-0
-              for c in cps for e in ep_degrees(m, fold * d * c, pins.ep, stack) for t in (etps if e > 1 else [1])]
+              for z in zeros if not (z >= 1 and d == 1)  # ZeRO-1 over one rank is ZeRO-0
+              for c in cps for e in ep_degrees(m, fold * d * c, pins.ep, stack) for t in (etps if e > 1 else [1])
+              if not (job.framework == "fsdp" and z == 0 and d > 1 and e > 1)]  # torchtitan: no EP with DDP
     by_type: dict = {}  # the groups' tables, built together per (stage type, CP, EP, expert-TP) (cost_tables)
     for b, d, z, c, e, t in shapes:
         for k, st in enumerate(types):

@@ -1,0 +1,190 @@
+"""The estimate prices what the export launches: for a grid of small plans per target, ``hetplan export`` then
+``hetplan import`` gives a plan whose re-estimated iteration time and peak memory equal the original's (a field
+the export changed or dropped would move them), and what a target cannot launch as priced is refused (exit 2,
+rule ``framework-can-launch`` / ``stack-has-option``). torchtitan's DDP and HSDP are priced as launched."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from hetplan.errors import HetplanError
+from hetplan.estimate.estimator import estimate
+from hetplan.model import counts
+from hetplan.model.spec import load_model
+from hetplan.plan import GPUPool, Job, Plan, Stage
+from hetplan.plan_rules import violations
+from hetplan.runtime import exporters, importers
+
+FRAMEWORK = {"megatron": "megatron", "torchtitan": "fsdp", "deepspeed": "deepspeed"}
+
+
+def _grid(target: str):
+    """Small plans ``target`` launches: Llama 3 8B (GPT-3 1.3B for DeepSpeed), PP 1-2, TP 1-2, DP 4, every
+    ZeRO / sharding mode the target has (HSDP, no resharding after forward under torchtitan), recomputation."""
+    model = "gpt3-1.3b" if target == "deepspeed" else "llama3-8b"
+    L = load_model(model).num_layers
+    if target == "torchtitan":
+        modes = [dict(zero=0), dict(zero=3), dict(zero=2), dict(zero=3, fsdp_shard=2),
+                 dict(zero=3, reshard_after_forward=False), dict(zero=0, reshard_after_forward=False)]
+    elif target == "megatron":
+        modes = [dict(zero=0), dict(zero=1), dict(zero=3)]
+    else:
+        modes = [dict(zero=0), dict(zero=1)]
+    for pp, tp, mode, rec in itertools.product((1, 2), (1, 2), modes, ("none", "full")):
+        if target == "deepspeed" and tp > 1:
+            continue
+        layers = [L // pp + (i < L % pp) for i in range(pp)]
+        job = Job(model=model, seq_len=2048, global_batch=32, train_iterations=10, framework=FRAMEWORK[target])
+        plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=pp * tp * 4)], mbs=2,
+                    stages=[Stage(num_layers=n, tp=tp, dp=4, recompute=rec) for n in layers],
+                    sequence_parallel=tp > 1, **mode)
+        if not violations(plan, load_model(model)):
+            yield plan
+
+
+def _priced(plan: Plan) -> tuple[float, float]:
+    est = estimate(plan)
+    return est.iteration_time_s, max(st.memory.total for st in est.stages)
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "megatron", "deepspeed"])
+def test_export_import_prices_the_same(target):
+    """Every plan of the grid: the launch read back is priced as the plan was (time and peak memory)."""
+    plans = list(_grid(target))
+    assert len(plans) >= 8
+    for plan in plans:
+        files = exporters.export(plan, load_model(plan.job.model), target).files
+        back = importers.import_files(files)
+        assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9), (plan.zero, plan.fsdp_shard, plan.pp)
+
+
+def test_launch_options_the_estimate_prices_travel():
+    """Options the estimate prices and the exports dropped (or the import did not read back): the bf16 gradient
+    reduction (Megatron-LM ``--grad-reduce-in-bf16``, torchtitan ``mixed_precision_reduce``), torchtitan's loss
+    outside ``torch.compile`` (``components = model``: ``cross_entropy = "fp32"``), both torchtitan releases;
+    Megatron-LM's ``--attention-backend`` read back as the attention kernel."""
+    for target, version, kw in (("megatron", None, dict(grad_reduce_dtype="bf16")),
+                                ("deepspeed", None, dict(grad_reduce_dtype="bf16")),
+                                ("torchtitan", "0.3", dict(grad_reduce_dtype="bf16", cross_entropy="fp32")),
+                                ("torchtitan", "0.2", dict(grad_reduce_dtype="bf16", cross_entropy="fp32"))):
+        plan = next(_grid(target)).model_copy(update=kw)
+        files = exporters.export(plan, load_model(plan.job.model), target, version=version).files
+        back = importers.import_files(files)
+        assert {k: getattr(back, k) for k in kw} == kw
+        assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+    for kernel in ("cudnn", "fa3"):  # Megatron-Core --attention-backend fused / flash (flash-attn 3 on Hopper)
+        plan = next(_grid("megatron"))
+        plan = plan.model_copy(update={"job": plan.job.model_copy(update={"attention_kernel": kernel})})
+        back = importers.import_files(exporters.export(plan, load_model(plan.job.model), "megatron").files)
+        assert back.job.attention_kernel == kernel
+        assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+
+
+def _fsdp(zero: int, **kw) -> Plan:
+    job = Job(model="llama3-8b", seq_len=4096, global_batch=32, train_iterations=10, framework="fsdp")
+    return Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], stages=[Stage(num_layers=32, dp=8)], mbs=1,
+                zero=zero, **kw)
+
+
+def test_torchtitan_ddp_is_priced_as_fsdp2_with_one_rank_shards():
+    """Worked example, Llama 3 8B on 8 H100 (DP 8, 4 micro-batches): ZeRO-0 under fsdp is torchtitan's DDP
+    (replicate degree 8, shard degree 1), which torchtitan 0.3.0 runs as FSDP2 on a replicate-only mesh: HSDP
+    whose shard groups are one rank. So it is priced exactly as ``fsdp_shard = 1`` (brute force through the
+    whole estimate); every rank holds the whole fp32 parameters (4 B), gradients (4 B) and AdamW moments (8 B)
+    where FSDP over 8 ranks holds an eighth; each unit's fp32 gradient is all-reduced across the 8 replicas
+    instead of reduce-scattered, and nothing is gathered over the network."""
+    ddp, hsdp1, fsdp = estimate(_fsdp(0)), estimate(_fsdp(3, fsdp_shard=1)), estimate(_fsdp(3))
+    assert ddp.iteration_time_s == pytest.approx(hsdp1.iteration_time_s, rel=1e-12)
+    assert ddp.stages[0].memory.total == pytest.approx(hsdp1.stages[0].memory.total, rel=1e-12)
+    d, f = ddp.stages[0].memory, fsdp.stages[0].memory
+    assert d.optimizer == pytest.approx(8 * f.optimizer, rel=1e-12)  # 8 B / parameter, unsharded vs over 8
+    params = d.optimizer / 8
+    m = load_model("llama3-8b")
+    assert params == pytest.approx(32 * counts.layer_parameters(m) + counts.embedding_parameters(m)
+                                   + counts.head_parameters(m), rel=1e-3)  # all 8.0 B of them
+    assert d.weights - f.weights == pytest.approx(4 * params * 7 / 8, rel=1e-9)  # fp32 parameters, 7/8 more
+    assert d.total - f.total > 14 * params * 7 / 8  # + gradients 4 B and moments 8 B, 7/8 more
+    # ZeRO-0 and the same plan exported and imported back: the replicate degree, priced the same
+    files = exporters.export(_fsdp(0), load_model("llama3-8b"), "torchtitan").files
+    assert "--parallelism.data_parallel_replicate_degree 8" in files["launch.sh"]
+    back = importers.import_files(files)
+    assert back.zero == 0 and estimate(back).iteration_time_s == pytest.approx(ddp.iteration_time_s, rel=1e-12)
+
+
+def test_hsdp_exports_its_shard_group():
+    """HSDP (``fsdp_shard`` 4 of DP 8) was written as FSDP over all 8; now replicate 2 x shard 4, read back."""
+    files = exporters.export(_fsdp(3, fsdp_shard=4), load_model("llama3-8b"), "torchtitan").files
+    assert "--parallelism.data_parallel_replicate_degree 2" in files["launch.sh"]
+    assert "--parallelism.data_parallel_shard_degree 4" in files["launch.sh"]
+    back = importers.import_files(files)
+    assert (back.zero, back.fsdp_shard) == (3, 4)
+
+
+def test_what_the_target_cannot_launch_as_priced_is_refused():
+    """A named torchao recipe exported to Megatron-LM (which would write --fp8-recipe delayed), torchao's
+    tensorwise on torchtitan 0.3.0 (removed there; was written as rowwise with a note), a gradient reduction
+    after the backward on torchtitan (FSDP2 and DDP reduce during it), an attention kernel torchtitan's SDPA
+    does not pick."""
+    spec = load_model("llama3-8b")
+    rowwise = _fsdp(3).model_copy(update={"job": _fsdp(3).job.model_copy(update={"dtype": "fp8",
+                                                                                  "fp8_recipe": "rowwise"})})
+    with pytest.raises(HetplanError, match="framework-can-launch") as e:
+        exporters.export(rowwise, spec, "megatron")
+    assert e.value.field == "plan.job.fp8_recipe"
+    tensorwise = rowwise.model_copy(update={"job": rowwise.job.model_copy(update={"fp8_recipe": "tensorwise"})})
+    with pytest.raises(HetplanError, match="stack-has-option"):
+        exporters.export(tensorwise, spec, "torchtitan")
+    with pytest.raises(HetplanError, match="overlap_grad_reduce"):
+        exporters.export(_fsdp(3, overlap_grad_reduce=False), spec, "torchtitan")
+    fa2 = _fsdp(3).model_copy(update={"job": _fsdp(3).job.model_copy(update={"attention_kernel": "fa2"})})
+    with pytest.raises(HetplanError, match="cudnn") as e:  # torchtitan 0.3.0's SDPA runs cuDNN first on H100
+        exporters.export(fa2, spec, "torchtitan")
+    assert e.value.field == "plan.job.attention_kernel"
+
+
+def test_cli_refuses_with_exit_2(tmp_path):
+    """``hetplan export`` of the FP8 rowwise plan to Megatron-LM: exit 2, the rule and the field, no traceback."""
+    import subprocess
+    import sys
+
+    plan = _fsdp(3)
+    plan = plan.model_copy(update={"job": plan.job.model_copy(update={"dtype": "fp8", "fp8_recipe": "rowwise"})})
+    path = tmp_path / "p.json"
+    path.write_text(plan.model_dump_json())
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "export", str(path), "--to", "megatron"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "framework-can-launch" in r.stderr and "plan.job.fp8_recipe" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_the_search_weighs_ddp_only_where_the_stack_runs_it():
+    """Under fsdp the search's rows hold DDP (ZeRO-0 over DP > 1) beside FSDP2 where the stack runs ZeRO-0
+    (torchtitan), none on llm-foundry (FULL_SHARD only); the ten best plans of a small model, whatever mode
+    each has, export to torchtitan and are priced the same read back. Pinned ``--zero 0`` gives DDP, refused on
+    llm-foundry (``pin.zero``)."""
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.plan import Inventory
+    from hetplan.search.homogeneous import evaluate_pool
+    from hetplan.search.planner import search_plans
+    from hetplan.search.space import Pins
+
+    spec = load_model("open-llama-3b-v2")
+    inv = Inventory(pools=[GPUPool(gpu="H100-SXM", count=8)])
+    job = Job(model="open-llama-3b-v2", seq_len=2048, global_batch=256, train_iterations=10, framework="fsdp")
+    plans = [p.plan for p in search_plans(job, inv, top_k=10, heterogeneous=False).plans]
+    for stack, modes in ((None, {0, 3}), ("llm-foundry@0.3", {3})):  # the rows with DP > 1 the search weighs
+        rows = evaluate_pool(spec, job.model_copy(update={"stack": stack}), inv.pools[0],
+                             load_catalog().get("H100-SXM"), Pins()).config
+        assert set(rows["zero"][rows["dp"] > 1].tolist()) == modes
+    for plan in plans:
+        back = importers.import_files(exporters.export(plan, spec, "torchtitan").files)
+        assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+    ddp = search_plans(job, inv, top_k=3, heterogeneous=False, pins=Pins(zero=0)).plans
+    assert all(p.plan.zero == 0 and p.plan.stages[0].dp > 1 for p in ddp)
+    foundry = job.model_copy(update={"stack": "llm-foundry@0.3"})
+    assert all(p.plan.zero == 3 for p in search_plans(foundry, inv, top_k=10, heterogeneous=False).plans)
+    with pytest.raises(HetplanError) as e:
+        search_plans(foundry, inv, top_k=1, heterogeneous=False, pins=Pins(zero=0, dp=8))
+    assert e.value.field == "pin.zero"
