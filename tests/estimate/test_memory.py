@@ -432,3 +432,17 @@ def test_stack_memory_residual_is_its_refit_and_helps_its_held_out_rows():
     assert f.held_out_mape_after < 0.05 < 0.15 < f.held_out_mape_before
     assert abs(f.held_out_signed_after) < 0.05
     assert resolve_stack("megatron-deepspeed@2023-09").memory_residual_gib == 0.0  # not carried over unmeasured
+
+
+def test_no_published_2021_22_or_llama3_run_is_refused():
+    """Every row of nemo_megatron_a100 (NeMo 22.05-22.09, MT-NLG, Megatron-LM 2.0 on A100) and of llama3_405b ran:
+    none is refused (``benchmarks/bench_memory_fit.py`` sweeps every set; before issue 29's fit test NeMo 22.09's
+    5B rows 17-18 and Llama 3's 8,192-GPU row were)."""
+    from hetplan.calibration import modern
+    from hetplan.calibration import validation as v
+    from hetplan.estimate.estimator import estimate
+
+    cases = v.all_cases(["nemo_megatron_a100"]) + modern.run_modern(("llama3_405b",))[1]
+    assert len(cases) == 34
+    refused = [c.key for c in cases if not estimate(c.plan, model=c.model, virtual_stages=c.virtual_stages).fits]
+    assert refused == []
