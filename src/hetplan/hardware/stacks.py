@@ -115,7 +115,13 @@ class StackSpec(BaseModel):
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
-        sources: one source per field (``gemm_factor`` only when not 1) and for ``released``.
+        memory_residual_gib: what ``nvidia-smi`` showed per GPU above the estimate's footprint
+            (:attr:`hetplan.estimate.memory.StageMemory.total`) on the stack's own public runs, GiB: memory outside
+            the model (NCCL communicators' buffers, the allocator's cache) that the stack's runs measured; fitted on
+            a seeded fraction of them, the rest held out (:mod:`hetplan.calibration.memory_fit`); counted in the
+            footprint and in the fit test. 0 unless measured.
+        sources: one source per field (``gemm_factor`` and ``memory_residual_gib`` only when not default) and for
+            ``released``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -149,6 +155,7 @@ class StackSpec(BaseModel):
     fp8_recipe: dict[str, StackFp8Recipe] = Field(default_factory=dict)
     fp8_recipes: tuple[StackFp8Recipe, ...] = ()
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
+    memory_residual_gib: float = Field(default=0.0, ge=0.0, le=64.0)
     sources: dict[str, str]
 
     @property
@@ -239,6 +246,7 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         sources.update(entry.get("sources", {}))
         merged["sources"] = sources
         optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
+            ("memory_residual_gib",) if merged.get("memory_residual_gib", 0.0) != 0.0 else ()) + (
             ("bf16_optimizer",) if merged.get("bf16_optimizer") else ()) + (
             ("bf16_optimizer_zero",) if tuple(merged.get("bf16_optimizer_zero", (0, 1))) != (0, 1) else ()) + (
             ("attention_unpad",) if merged.get("attention_unpad") else ()) + (
