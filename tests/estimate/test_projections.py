@@ -74,8 +74,16 @@ def test_layer_time_charges_the_separate_gemms_and_their_kernels():
     lin_f = float(compute.layer_gemm_times_s(M, GPU, "bf16", 1, 8192, 1)[0])
     lin_s = float(compute.layer_gemm_times_s(M, GPU, "bf16", 1, 8192, 1, "separate")[0])
     # GPU-bound layer: forward moves by the GEMM difference, backward (two GEMMs per forward GEMM) by twice it
+    # plus the sum of the separate linears' input gradients: Q + K + V and gate + up, three addends over the
+    # 8192 x 4096 input, 2 B each compiled (read in the norm backward's fused kernel), 6 B eager (an add kernel)
+    addends = 3 * 8192 * 4096 / GPU.hbm_bandwidth_bytes_per_s
     assert float(sep_f - fused_f) == pytest.approx(lin_s - lin_f, rel=0.02)
-    assert float(sep_b - fused_b) == pytest.approx(2 * (lin_s - lin_f), rel=0.02)
+    assert float(sep_b - fused_b) == pytest.approx(2 * (lin_s - lin_f) + 2 * addends, rel=0.02)
+    eager_b = compute.layer_time_s(M, GPU, "bf16", 1, 8192, 1, 0,
+                                   dataclasses.replace(terms, projections="separate", eager_grad_sum=True))[1]
+    assert float(eager_b - sep_b) == pytest.approx(4 * addends, rel=0.02)
+    # fused projections: one GEMM writes the input gradient, nothing to sum
+    assert compute.projection_grad_sum_bytes(M, 1, 8192, "fused", eager=True) == 0
     # a launch-bound layer pays the three more kernels
     tiny = gpt_model(2, 256, 4, 128)
     f0 = compute.layer_time_s(tiny, GPU, "bf16", 1, 128, 1, 0, terms)[0]

@@ -33,7 +33,8 @@ runs one ``nn.Linear`` per projection (:attr:`hetplan.hardware.stacks.StackSpec.
 reads the layer input again (its ``M·K`` operand bytes), each has its own shape efficiency (with GQA the key and
 value GEMMs are narrow: Llama 3 8B's ``N = 1024``), and each is a kernel of its own (:func:`projection_kernels`;
 under ``torch.compile`` the mm's stay extern kernels, Inductor does not merge them). Backward runs two GEMMs per
-forward GEMM, as for the fused ones.
+forward GEMM, as for the fused ones, and sums the input gradients the separate linears return for their shared
+input (:func:`projection_grad_sum_bytes`).
 
 **Element-wise work** (norms, softmax, dropout, GeLU, residual adds): memory-bound, ``ELEMENTWISE_PASSES``
 passes over the activation bytes the layer produces (:func:`hetplan.model.counts.layer_activation_bytes`).
@@ -235,6 +236,24 @@ def projection_kernels(m: ModelSpec, projections: str = FUSED) -> int:
     return qkv + (1 if m.gated_mlp and not m.is_moe and separate_gate_up(projections) else 0)
 
 
+#: Bytes per element of the layer input to add one more linear's input gradient into the sum autograd returns for
+#: an input several linears read (``torch/csrc/autograd/input_buffer.cpp`` ``InputBuffer::add``): eager, one add
+#: kernel that reads the running sum and the new gradient and writes the sum (2 + 2 + 2 B, bf16); compiled, the
+#: adds are point-wise nodes of the joint graph that Inductor fuses into the kernel consuming the sum (the norm's
+#: backward), which reads one more 2-byte tensor per addend.
+GRAD_SUM_BYTES_EAGER, GRAD_SUM_BYTES_COMPILED = 6.0, 2.0
+
+
+def projection_grad_sum_bytes(m: ModelSpec, b: Array, s: Array, projections: str = FUSED, eager: bool = False):
+    """Bytes one dense layer's backward moves summing the input gradients of its separate projections
+    (``projections``): K and V add theirs to Q's, up to gate's (:func:`projection_kernels` addends), each over
+    the ``b·s·h`` layer input — whole on every TP rank, the input the column-parallel GEMMs read after the
+    sequence-parallel all-gather — at :data:`GRAD_SUM_BYTES_EAGER` (one add kernel each) or
+    :data:`GRAD_SUM_BYTES_COMPILED` per element. 0 for fused projections (one GEMM writes the gradient)."""
+    per = GRAD_SUM_BYTES_EAGER if eager else GRAD_SUM_BYTES_COMPILED
+    return projection_kernels(m, projections) * per * b * s * m.hidden_size
+
+
 def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array,
                            projections: str = FUSED):
     """``(linear_s, core_s)``: forward time of a layer's attention projections (QKV fused or separate as
@@ -410,7 +429,8 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
         projections: how the stack's model code runs the projections
             (:attr:`hetplan.hardware.stacks.StackSpec.projections`, module doc): separate ones are GEMMs of their own
             shapes (:func:`layer_gemm_times_s`) and kernels of their own (:func:`projection_kernels`), also in the
-            chunked GEMMs of async TP (:func:`async_tp_extra_s`).
+            chunked GEMMs of async TP (:func:`async_tp_extra_s`); backward sums their input gradients
+            (:func:`projection_grad_sum_bytes`; with ``eager_grad_sum`` in add kernels of their own).
         tp_allreduce: algorithm of the TP all-reduces inside a node (:func:`hetplan.estimate.comm.allreduce_time_s`:
             ``"ring"``, NCCL as training runs it; ``"custom"``, a serving engine's one-/two-shot kernel).
     Returns:
@@ -457,9 +477,12 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     # backward launches twice the forward's kernels.
     # Async TP: the fused GEMMs run in t chunks (forward, and the backward's data-gradient GEMMs) and the pass moves
     # the bytes of async_tp_extra_s.
+    # Separate projections: backward sums their input gradients (eager: an add kernel per addend).
+    grad_sum = projection_grad_sum_bytes(m, b, s, projections, terms.eager_grad_sum) / gpu.hbm_bandwidth_bytes_per_s
+    grad_sum_kernels = projection_kernels(m, projections) if terms.eager_grad_sum else 0
     fwd_compute = _softmax_floor(linear + gemm_f + core_fwd + elem + bytes_f + extra_gpu_s, kernels * kernel)
-    bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b + extra_gpu_s,
-                                 2 * kernels * kernel)
+    bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b + extra_gpu_s + grad_sum,
+                                 (2 * kernels + grad_sum_kernels) * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
                             KERNELS_ATTENTION_CORE * kernel)

@@ -170,6 +170,9 @@ class LayerTerms:
             (:attr:`hetplan.hardware.stacks.StackSpec.projections`): ``fused`` (Megatron's QKV and gate/up GEMMs),
             ``separate`` or ``fused-qkv``; the dense GEMM shapes and kernels of
             :func:`hetplan.estimate.compute.layer_time_s`.
+        eager_grad_sum: autograd sums the separate projections' input gradients in add kernels of their own
+            (eager PyTorch), not inside the fused kernel that consumes the sum (``torch.compile``):
+            :func:`hetplan.estimate.compute.projection_grad_sum_bytes`.
         tp_comm_overlap, cuda_graphs, op_sac, sequence_dim_copies, async_tp, tp_allreduce: Megatron-Core's
             ``--tp-comm-overlap``, captured CUDA graphs, torchtitan's per-op SAC as the selective recompute,
             DTensor's sequence-dimension copies, PyTorch's async TP, and the algorithm of the TP all-reduces
@@ -193,3 +196,4 @@ class LayerTerms:
     tp_allreduce: str = "ring"
     fp8_gathers: bool = True
     projections: str = "fused"
+    eager_grad_sum: bool = False
