@@ -220,3 +220,7 @@ def test_torch_ddp_of_torchtitan_before_2026_03():
     tp2 = old.model_copy(update={"pools": [GPUPool(gpu="H100-SXM", count=16)],
                                  "stages": [Stage(num_layers=32, tp=2, dp=8)], "sequence_parallel": True})
     assert [v.rule for v in violations(tp2, spec)] == ["stack-has-option"]
+    tp2_now = tp2.model_copy(update={"job": _fsdp(0).job})  # 0.3.0's DDP takes TP; the 0.2 TOML cannot
+    with pytest.raises(HetplanError, match="1-D meshes") as e:
+        exporters.export(tp2_now, spec, "torchtitan", version="0.2")
+    assert e.value.field == "plan.zero"

@@ -307,7 +307,7 @@ def stage_costs(
     if framework == "fsdp":
         reshard_after_forward = memory.fsdp_reshards(zero, reshard_after_forward)
     # ... except ZeRO-0 on a stack whose DDP is torch DDP's Reducer (stack field ddp; ddp_reducer_exposed_s)
-    reducer = memory.ddp_reducer_runs(options, zero)
+    reducer = memory.ddp_reducer_runs(options, zero, degrees.dense_dp)
     zero = np.where((framework == "fsdp") & ~reducer, 3, np.asarray(zero))
     dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
