@@ -67,9 +67,9 @@ def stages(attention: str = "auto", before: bool = False, framework: str = "deep
             if attention == "auto":  # per GPU type (the attention kind does not change the other stages' memory)
                 att = "standard" if gpus[i] in STANDARD_ATTENTION_GPUS else "flash"
             mem = costs[att][i].memory
-            pred = float(mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"])
+            pred = float(mem.weights + mem.gradients + mem.optimizer + mem.activations)
             if not before:
-                pred += float(mem["transient"])
+                pred += float(mem.transient)
             out.append(dict(run=name, stage=i, gpu=gpus[i], calibration=name in CALIBRATION_RUNS, attention=att,
                             measured=read_espresso_rank(folder).peak_memory_bytes, predicted=pred))
     return out

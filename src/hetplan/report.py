@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import Estimate
+from hetplan.estimate.memory import fit_warning
 from hetplan.plan import Plan
 
 
@@ -39,7 +40,9 @@ def plan_summary(plan: Plan, est: Estimate, reason: str = "") -> dict:
         "stack": plan.job.stack_spec().id,
         "stages": [
             {"gpu": se.gpu, "num_layers": se.num_layers, "tp": se.tp, "dp": se.dp, "recompute": se.recompute,
-             "memory_bytes": se.memory.total, "time_source": se.time_source}
+             "memory_bytes": se.memory.total, "memory_required_bytes": se.memory.required,
+             "memory_warning": fit_warning(se.memory.required, se.memory.total, se.memory_capacity_bytes),
+             "time_source": se.time_source}
             for se in est.stages
         ],
         "iteration_time_s": est.iteration_time_s,

@@ -203,7 +203,8 @@ def test_torchtitan_memory_within_ten_percent_on_every_row(run):
     assert len(rows) == 20
     one = rows[0]
     est = estimate(one.plan, model=one.model, virtual_stages=one.virtual_stages)
-    assert one.predicted_memory_bytes == max(s.memory.total for s in est.stages) - memory.CUDA_CONTEXT_BYTES
+    assert one.predicted_memory_bytes == max(s.memory.total - s.memory.context for s in est.stages)
+    assert est.stages[0].memory.context == memory.CUDA_CONTEXT_LAZY_BYTES  # torchtitan: lazy module loading
     for c in rows:
         if int(c.key.split(":")[1]) in TORCHTITAN_MEMORY_NOT_YET:
             assert c.predicted_memory_bytes < c.measured_memory_bytes, c.key

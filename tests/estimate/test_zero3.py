@@ -165,7 +165,9 @@ def test_fsdp2_and_fsdp1_stacks_pay_their_own_passes():
                     stages=[Stage(num_layers=32 // pp, tp=1, dp=32, recompute="full") for _ in range(pp)],
                     mbs=1, zero=3, grad_reduce_dtype="fp32")
 
-    two, one = estimate(plan("torchtitan")), estimate(plan("fms-fsdp"))
+    # torchtitan@2025-10: separate wq / wk / wv and w1 / w3 like fms-fsdp's 2024 model (StackSpec.projections;
+    # 0.3.0 fuses QKV)
+    two, one = estimate(plan("torchtitan@2025-10")), estimate(plan("fms-fsdp"))
     s2, s1 = two.stages[0], one.stages[0]
     from hetplan.estimate import memory
     from hetplan.model.spec import load_model
@@ -177,7 +179,7 @@ def test_fsdp2_and_fsdp1_stacks_pay_their_own_passes():
     assert s2.forward_s - s1.forward_s == pytest.approx(float(f2 - f1), rel=1e-6)
     assert s2.backward_s - s1.backward_s == pytest.approx(float(b2 - b1), rel=1e-6)
     assert float(b1) > float(b2)  # FSDP1's cat and pre-division move more than FSDP2's copy-in
-    p2, p1 = estimate(plan("torchtitan", pp=2)), estimate(plan("fms-fsdp", pp=2))
+    p2, p1 = estimate(plan("torchtitan@2025-10", pp=2)), estimate(plan("fms-fsdp", pp=2))
     assert p2.stages[0].forward_s == pytest.approx(p1.stages[0].forward_s, rel=1e-12)  # not per micro-batch
     assert p1.dp_exposed_time_s > p2.dp_exposed_time_s  # the larger FSDP1 passes, exposed once per step
 

@@ -16,6 +16,7 @@ from hetplan.cli.plan import (_CALIBRATION, _PRICE_SOURCE, _PRICES, _PROVIDER, _
                               _priced, _print_provenance, _profiles, _usd)
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
+from hetplan.estimate.memory import fit_warning
 from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import read_structured, resolve_model_path, validated
 from hetplan.model.spec import load_model
@@ -96,8 +97,12 @@ def estimate_command(
         mem, cap = _mem(se.memory.total), _mem(se.memory_capacity_bytes)
         figures = (f"{fwd}/{bwd}", se.time_source, f"{mem}/{cap}") if narrow else (fwd, bwd, se.time_source, mem, cap)
         t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, *figures,
-                  "yes" if se.fits else "[red]NO[/]")
+                  ("tight" if se.memory.total > se.memory_capacity_bytes else "yes") if se.fits else "[red]NO[/]")
     con.print(t)
+    for i, se in enumerate(est.stages):  # fits, but its expected footprint does not: a warning, not a refusal
+        warning = fit_warning(se.memory.required, se.memory.total, se.memory_capacity_bytes)
+        if warning:
+            con.print(f"stage {i}: {warning}", highlight=False, markup=False)
     con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
               f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "

@@ -26,6 +26,16 @@ Per layer (tokens ``T = b·s``, TP degree ``t``, Megatron-LM's sharding, Shoeybi
 attention scores ``b·a/t`` batched ``(s, s, d)``, attention over values ``b·a/t`` batched ``(s, d, s)``, output
 projection ``(T, h, q/t)``, MLP ``(T, f/t, h)`` (``2f/t`` for SwiGLU's fused gate/up) and ``(T, h, f/t)``.
 
+**Separate projections.** Those are Megatron's fused ``linear_qkv`` and ``linear_fc1``. A stack whose model code
+runs one ``nn.Linear`` per projection (:attr:`hetplan.hardware.stacks.StackSpec.projections`: torchtitan's ``wq``,
+``wk``, ``wv`` and ``w1``, ``w3``; Hugging Face's ``q_proj`` ... ``up_proj``) runs each as a GEMM of its own shape,
+``(T, q/t, h)``, ``(T, g·d/t, h)`` twice, and ``(T, f/t, h)`` twice, through the same :func:`gemm_time_s`: each
+reads the layer input again (its ``M·K`` operand bytes), each has its own shape efficiency (with GQA the key and
+value GEMMs are narrow: Llama 3 8B's ``N = 1024``), and each is a kernel of its own (:func:`projection_kernels`;
+under ``torch.compile`` the mm's stay extern kernels, Inductor does not merge them). Backward runs two GEMMs per
+forward GEMM, as for the fused ones, and sums the input gradients the separate linears return for their shared
+input (:func:`projection_grad_sum_bytes`).
+
 **Element-wise work** (norms, softmax, dropout, GeLU, residual adds): memory-bound, ``ELEMENTWISE_PASSES``
 passes over the activation bytes the layer produces (:func:`hetplan.model.counts.layer_activation_bytes`).
 
@@ -182,26 +192,76 @@ def wgrad_bf16_extra_s(gpu: GPUSpec, recipe_name: str, shapes: Array):
     return sum(gemm_time_s(gpu, "bf16", M, N, K, n) - gemm_time_s(gpu, fp8.FP8, M, N, K, n) for M, N, K, n in shapes)
 
 
-def attention_linear_shapes(m: ModelSpec, T: Array, t: Array):
+#: :attr:`hetplan.hardware.stacks.StackSpec.projections` of Megatron's layer: one QKV and one gate/up GEMM.
+FUSED = "fused"
+
+
+def separate_qkv(projections: str) -> bool:
+    """Whether ``projections`` (:attr:`hetplan.hardware.stacks.StackSpec.projections`) runs Q, K and V as three
+    GEMMs."""
+    return projections == "separate"
+
+
+def separate_gate_up(projections: str) -> bool:
+    """Whether ``projections`` runs a gated MLP's gate and up projections as two GEMMs."""
+    return projections in ("separate", "fused-qkv")
+
+
+def attention_linear_shapes(m: ModelSpec, T: Array, t: Array, projections: str = FUSED):
     """``[(M, N, K), ...]`` of a layer's attention projections on one of ``t`` TP ranks for ``T`` tokens: fused QKV
-    ``(T, (q+2g·d)/t, h)`` and output ``(T, h, q/t)``."""
+    ``(T, (q+2g·d)/t, h)`` — or, where the stack runs them separately (``projections``, module doc), Q
+    ``(T, q/t, h)``, K and V ``(T, g·d/t, h)`` — then the output ``(T, h, q/t)``."""
     h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
-    return [(T, (q + 2 * kv) / t, h), (T, h, q / t)]
+    qkv = [(T, q / t, h), (T, kv / t, h), (T, kv / t, h)] if separate_qkv(projections) else [(T, (q + 2 * kv) / t, h)]
+    return qkv + [(T, h, q / t)]
 
 
-def mlp_linear_shapes(m: ModelSpec, T: Array, f: Array, t: Array):
+def mlp_linear_shapes(m: ModelSpec, T: Array, f: Array, t: Array, projections: str = FUSED):
     """``[(M, N, K), ...]`` of a TP-split MLP of inner size ``f`` on ``T`` tokens: ``(T, f/t, h)`` (``2f/t`` for
-    SwiGLU's fused gate/up) and ``(T, h, f/t)``."""
+    SwiGLU's fused gate/up; twice ``(T, f/t, h)`` where the stack runs gate and up separately, ``projections``)
+    and ``(T, h, f/t)``."""
+    h = m.hidden_size
+    if m.gated_mlp and separate_gate_up(projections):
+        return [(T, f / t, h), (T, f / t, h), (T, h, f / t)]
     up = (2 if m.gated_mlp else 1) * f
-    return [(T, up / t, m.hidden_size), (T, m.hidden_size, f / t)]
+    return [(T, up / t, h), (T, h, f / t)]
 
 
-def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array):
-    """``(linear_s, core_s)``: forward time of a layer's attention projections (fused QKV, output) and of its two
-    attention-core batched GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks. Under FP8 the
-    projections run in FP8, the core in bf16 (:mod:`hetplan.estimate.fp8`)."""
+def projection_kernels(m: ModelSpec, projections: str = FUSED) -> int:
+    """GEMM kernels one dense layer's forward launches beyond the four of Megatron's layer
+    (:data:`KERNELS_PER_LAYER_FORWARD`) when the stack runs its projections separately (``projections``): K and V
+    (not under MLA, whose projections are its own), and the up projection of a gated dense MLP (a MoE layer's
+    experts are priced by :mod:`hetplan.estimate.moe`)."""
+    qkv = 2 if separate_qkv(projections) and not m.is_mla else 0
+    return qkv + (1 if m.gated_mlp and not m.is_moe and separate_gate_up(projections) else 0)
+
+
+#: Bytes per element of the layer input to add one more linear's input gradient into the sum autograd returns for
+#: an input several linears read (``torch/csrc/autograd/input_buffer.cpp`` ``InputBuffer::add``): eager, one add
+#: kernel that reads the running sum and the new gradient and writes the sum (2 + 2 + 2 B, bf16); compiled, the
+#: adds are point-wise nodes of the joint graph that Inductor fuses into the kernel consuming the sum (the norm's
+#: backward), which reads one more 2-byte tensor per addend.
+GRAD_SUM_BYTES_EAGER, GRAD_SUM_BYTES_COMPILED = 6.0, 2.0
+
+
+def projection_grad_sum_bytes(m: ModelSpec, b: Array, s: Array, projections: str = FUSED, eager: bool = False):
+    """Bytes one dense layer's backward moves summing the input gradients of its separate projections
+    (``projections``): K and V add theirs to Q's, up to gate's (:func:`projection_kernels` addends), each over
+    the ``b·s·h`` layer input — whole on every TP rank, the input the column-parallel GEMMs read after the
+    sequence-parallel all-gather — at :data:`GRAD_SUM_BYTES_EAGER` (one add kernel each) or
+    :data:`GRAD_SUM_BYTES_COMPILED` per element. 0 for fused projections (one GEMM writes the gradient)."""
+    per = GRAD_SUM_BYTES_EAGER if eager else GRAD_SUM_BYTES_COMPILED
+    return projection_kernels(m, projections) * per * b * s * m.hidden_size
+
+
+def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array,
+                           projections: str = FUSED):
+    """``(linear_s, core_s)``: forward time of a layer's attention projections (QKV fused or separate as
+    ``projections`` says, :func:`attention_linear_shapes`; output) and of its two attention-core batched GEMMs, for
+    one micro-batch of ``b`` sequences on one of ``t`` TP ranks. Under FP8 the projections run in FP8, the core in
+    bf16 (:mod:`hetplan.estimate.fp8`)."""
     a, d = m.num_attention_heads, m.head_dim
-    linear = sum(gemm_time_s(gpu, dtype, M, N, K) for M, N, K in attention_linear_shapes(m, b * s, t))
+    linear = sum(gemm_time_s(gpu, dtype, M, N, K) for M, N, K in attention_linear_shapes(m, b * s, t, projections))
     heads = b * a / t
     hp = fp8.high_precision(dtype)
     core = gemm_time_s(gpu, hp, s, s, d, heads) + gemm_time_s(gpu, hp, s, d, s, heads)
@@ -230,17 +290,20 @@ def core_alignment_factor(m: ModelSpec, gpu: GPUSpec, dtype: str) -> float:
     return gpu.peak_flops_per_s(dtype) / gpu.peak_flops_per_s("fp32")
 
 
-def mlp_gemm_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, tokens: Array, f: Array, t: Array):
+def mlp_gemm_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, tokens: Array, f: Array, t: Array,
+                    projections: str = FUSED):
     """Forward time of a TP-split MLP of inner size ``f`` on ``tokens`` tokens (:func:`mlp_linear_shapes`)."""
-    return sum(gemm_time_s(gpu, dtype, M, N, K) for M, N, K in mlp_linear_shapes(m, tokens, f, t))
+    return sum(gemm_time_s(gpu, dtype, M, N, K) for M, N, K in mlp_linear_shapes(m, tokens, f, t, projections))
 
 
-def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array):
-    """``(linear_s, core_s)``: forward time of a layer's four linear GEMMs and of its two attention-core batched
-    GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks (dense layers; MoE and MLA layers:
-    :func:`hetplan.estimate.moe.layer_gemm_times_s`)."""
-    linear, core = attention_gemm_times_s(m, gpu, dtype, b, s, t)
-    return linear + mlp_gemm_time_s(m, gpu, dtype, b * s, m.ffn_hidden_size, t), core
+def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array,
+                       projections: str = FUSED):
+    """``(linear_s, core_s)``: forward time of a layer's linear GEMMs (four fused, or each projection its own as
+    ``projections`` says: :func:`attention_linear_shapes`, :func:`mlp_linear_shapes`) and of its two
+    attention-core batched GEMMs, for one micro-batch of ``b`` sequences on one of ``t`` TP ranks (dense layers;
+    MoE and MLA layers: :func:`hetplan.estimate.moe.layer_gemm_times_s`)."""
+    linear, core = attention_gemm_times_s(m, gpu, dtype, b, s, t, projections)
+    return linear + mlp_gemm_time_s(m, gpu, dtype, b * s, m.ffn_hidden_size, t, projections), core
 
 
 #: Exponent of the smooth maximum between GPU work and host launch time (p-norm; large = hard max).
@@ -363,6 +426,11 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
             collectives and the backward's two all-gathers with their GEMMs (:func:`async_tp_exposed_s`,
             :func:`async_tp_extra_s`; the backward reduce-scatters stay NCCL's, with their copies); no
             sequence-dim copies for the fused ones.
+        projections: how the stack's model code runs the projections
+            (:attr:`hetplan.hardware.stacks.StackSpec.projections`, module doc): separate ones are GEMMs of their own
+            shapes (:func:`layer_gemm_times_s`) and kernels of their own (:func:`projection_kernels`), also in the
+            chunked GEMMs of async TP (:func:`async_tp_extra_s`); backward sums their input gradients
+            (:func:`projection_grad_sum_bytes`; with ``eager_grad_sum`` in add kernels of their own).
         tp_allreduce: algorithm of the TP all-reduces inside a node (:func:`hetplan.estimate.comm.allreduce_time_s`:
             ``"ring"``, NCCL as training runs it; ``"custom"``, a serving engine's one-/two-shot kernel).
     Returns:
@@ -376,10 +444,11 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     async_tp, sequence_dim_copies = terms.async_tp, terms.sequence_dim_copies
     gemm_times_s = terms.gemm_times_s
     flash = counts.check_attention(attention) == "flash"
-    linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t) if gemm_times_s is None else gemm_times_s
+    projections = terms.projections
+    linear, core_gemm = layer_gemm_times_s(m, gpu, dtype, b, s, t, projections) if gemm_times_s is None else gemm_times_s
     on_async = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & bool(async_tp and not tp_comm_overlap)
     gemm_f, gemm_b, bytes_f, bytes_b, gather_bytes = (
-        (np.where(on_async, x, 0.0) for x in async_tp_extra_s(m, gpu, dtype, b, s, t, terms.fp8_gathers))
+        (np.where(on_async, x, 0.0) for x in async_tp_extra_s(m, gpu, dtype, b, s, t, terms.fp8_gathers, projections))
         if async_tp else (0.0,) * 5)
     act_sp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=True, recompute="none", attention=attention)
     act_nosp = counts.layer_activation_bytes(m, b, s, t, sequence_parallel=False, recompute="none", attention=attention)
@@ -395,6 +464,7 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
                           2 * elem + score_bwd * scores / gpu.hbm_bandwidth_bytes_per_s)
     kernel = 0.0 if cuda_graphs else gpu.kernel_overhead_s
     kernels = (KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels
+               + projection_kernels(m, projections)
                + np.where(on_async, ASYNC_TP_KERNELS_PER_STEP * (np.asarray(t) - 1.0), 0.0))
     core_gemm = core_gemm * attention_blocks
     if flash:
@@ -407,9 +477,12 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     # backward launches twice the forward's kernels.
     # Async TP: the fused GEMMs run in t chunks (forward, and the backward's data-gradient GEMMs) and the pass moves
     # the bytes of async_tp_extra_s.
+    # Separate projections: backward sums their input gradients (eager: an add kernel per addend).
+    grad_sum = projection_grad_sum_bytes(m, b, s, projections, terms.eager_grad_sum) / gpu.hbm_bandwidth_bytes_per_s
+    grad_sum_kernels = projection_kernels(m, projections) if terms.eager_grad_sum else 0
     fwd_compute = _softmax_floor(linear + gemm_f + core_fwd + elem + bytes_f + extra_gpu_s, kernels * kernel)
-    bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b + extra_gpu_s,
-                                 2 * kernels * kernel)
+    bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b + extra_gpu_s + grad_sum,
+                                 (2 * kernels + grad_sum_kernels) * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
     core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
                             KERNELS_ATTENTION_CORE * kernel)
@@ -547,14 +620,15 @@ def async_tp_exposed_s(m: ModelSpec, all_gather_s: Array, reduce_scatter_s: Arra
 
 
 def async_tp_extra_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array,
-                     fp8_gathers: bool = True):
+                     fp8_gathers: bool = True, projections: str = FUSED):
     """``(gemm_fwd_s, gemm_bwd_s, bytes_fwd_s, bytes_bwd_s, gather_bytes_s)``: what async TP adds to a dense
     layer's passes beyond the exposed collectives (:func:`async_tp_exposed_s`;
     ``torch/distributed/_symmetric_memory/__init__.py``):
 
     * GEMM chunks: a fused GEMM runs as ``t`` chunks of ``T/t`` rows (``T = b·s``) instead of one of ``T`` rows
-      (:func:`gemm_time_s` of each chunk), all four in forward, the projection / FC2 data-gradient GEMMs in
-      backward (:func:`attention_linear_shapes`, :func:`mlp_linear_shapes`);
+      (:func:`gemm_time_s` of each chunk), every projection GEMM in forward (``wq``, ``wk``, ``wv`` and ``w1``,
+      ``w3`` each chunked where the stack runs them separately, ``projections``), the projection / FC2
+      data-gradient GEMMs in backward (:func:`attention_linear_shapes`, :func:`mlp_linear_shapes`);
     * bytes, at the HBM bandwidth: per fused all-gather, the copy of the local shard into the symmetric buffer
       before the first GEMM chunk (read + write of ``b·s·h/t`` elements, 1 byte each under FP8 with
       ``fp8_gathers``, 2 under torchao's rowwise recipes); per fused
@@ -566,14 +640,19 @@ def async_tp_extra_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array,
     Seconds; arrays broadcast."""
     T = b * s
     t = np.asarray(t, dtype=float)
-    shapes = attention_linear_shapes(m, T, t) + mlp_linear_shapes(m, T, m.ffn_hidden_size, t)  # qkv, proj, fc1, fc2
-    chunked = [t * gemm_time_s(gpu, dtype, M / t, N, K) - gemm_time_s(gpu, dtype, M, N, K) for M, N, K in shapes]
+    attn = attention_linear_shapes(m, T, t, projections)  # QKV (fused or not), then the output projection
+    mlp = mlp_linear_shapes(m, T, m.ffn_hidden_size, t, projections)  # FC1 (gate/up fused or not), then FC2
+
+    def chunked(shapes: list) -> list:
+        return [t * gemm_time_s(gpu, dtype, M / t, N, K) - gemm_time_s(gpu, dtype, M, N, K) for M, N, K in shapes]
+
+    c_attn, c_mlp = chunked(attn), chunked(mlp)
     n = T * m.hidden_size
     hbm = gpu.hbm_bandwidth_bytes_per_s
     shard = (fp8.OPERAND_BYTES if fp8.is_fp8(dtype) and fp8_gathers else OPERAND_BYTES) * 2.0 * n / t / hbm
     reduce = OPERAND_BYTES * (n + n / t) / hbm
     rs_copy = 2.0 * OPERAND_BYTES * n / hbm
-    return (sum(chunked), chunked[1] + chunked[3], 2 * shard + 2 * reduce, 2 * shard + 2 * rs_copy, shard)
+    return (sum(c_attn) + sum(c_mlp), c_attn[-1] + c_mlp[-1], 2 * shard + 2 * reduce, 2 * shard + 2 * rs_copy, shard)
 
 
 def op_sac_matmuls(m: ModelSpec) -> tuple[tuple[int, int], ...]:
@@ -587,17 +666,18 @@ def op_sac_matmuls(m: ModelSpec) -> tuple[tuple[int, int], ...]:
 
 def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array,
                        sequence_parallel: Array = False,
-                       attention: str = "flash", extra_elementwise_bytes: Array = 0.0):
+                       attention: str = "flash", extra_elementwise_bytes: Array = 0.0, projections: str = FUSED):
     """Backward recomputation of one dense layer under torchtitan's per-op selective activation checkpointing
     (``torchtitan/distributed/activation_checkpoint.py`` ``_apply_op_sac``: the outputs of attention and of every
     other matmul are saved, counting from the first; everything else is recomputed from the block's input):
     the even-numbered matmuls (:func:`op_sac_matmuls`: ``wk``, ``wo`` and ``w3`` of a Llama block) as their
     share of the layer's linear GEMM time, plus every element-wise kernel of the forward (norms, rotary,
     activation; in eager PyTorch with their ``extra_elementwise_bytes``, :mod:`hetplan.estimate.elementwise`).
-    0 for MoE / MLA layers (not modelled). Seconds; arrays broadcast."""
+    0 for MoE / MLA layers (not modelled). ``projections``: the stack's (:func:`layer_gemm_times_s`). Seconds;
+    arrays broadcast."""
     if m.is_moe or m.is_mla:
         return 0.0
-    linear, _ = layer_gemm_times_s(m, gpu, dtype, b, s, t)
+    linear, _ = layer_gemm_times_s(m, gpu, dtype, b, s, t, projections)
     w = [x for x, _ in op_sac_matmuls(m)]
     act = np.where(sequence_parallel,
                    counts.layer_activation_bytes(m, b, s, t, True, recompute="none", attention=attention),

@@ -43,7 +43,9 @@ class LayerTimeSource(Protocol):
 # nothing to validate, and building them is about a tenth of the cost (estimate_many builds one per stage).
 @dataclass(slots=True)
 class MemoryBreakdown:
-    """Bytes per GPU."""
+    """Bytes per GPU. ``total``: the expected footprint (what ``nvidia-smi`` shows); ``required``: what the fit
+    test compares with the GPU's memory; ``context``: the CUDA context in both
+    (:class:`hetplan.estimate.memory.StageMemory`)."""
 
     weights: float
     gradients: float
@@ -51,6 +53,8 @@ class MemoryBreakdown:
     activations: float
     overhead: float
     total: float
+    required: float = float("nan")
+    context: float = 0.0
 
 
 @dataclass(slots=True)
@@ -476,7 +480,7 @@ def _estimate_one_model(plans: list[Plan], m: ModelSpec, catalog: Catalog, profi
                 simulated = (np.array([sims[j].makespan_s for j in ks]), np.array([sims[j].stage_end_s for j in ks]))
         shape_it = assemble_iteration(fwd[ridx], bwd[ridx], res["dp_exposed_s"][ridx], res["optimizer_s"][ridx],
                                 p2p[cidx].sum(axis=1), m0, virtual_stages=v, simulated=simulated,
-                                memory_bytes=mem["total"][ridx], capacity_bytes=capacity[ridx],
+                                memory_bytes=mem["required"][ridx], capacity_bytes=capacity[ridx],
                                 calls=np.array(calls)[ks])
         for name, x in (("t", shape_it.pipeline_s), ("bubble", shape_it.bubble_s), ("p2p", shape_it.p2p_s),
                         ("dp", shape_it.dp_exposed_s), ("opt", shape_it.optimizer_s), ("it", shape_it.iteration_s)):
@@ -497,7 +501,7 @@ def _estimate_one_model(plans: list[Plan], m: ModelSpec, catalog: Catalog, profi
     ) - model_rows, starts)
     model_flops = model_rows[starts]
     tp_comm = np.add.reduceat(res["tp_comm_s"], starts) * np.array(m0s)
-    fits = mem["total"] <= capacity
+    fits = mem["required"] <= capacity  # the fit test (hetplan.estimate.memory, "Does it fit")
     mem_rows = list(map(MemoryBreakdown, *(mem[k].tolist() for k in _MEMORY_FIELDS)))
     stage_objects = [
         StageEstimate(g.name, st.tp, st.dp, st.num_layers, st.recompute, f, bk, tc, de,

@@ -519,15 +519,16 @@ def parameters_per_gpu(stage_parameters: Array, expert_params: Array, t: Array, 
 
 
 def linear_gemm_shapes(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array = 1, imbalance: Array = 1.0,
-                       etp: Array = 1):
+                       etp: Array = 1, projections: str = compute.FUSED):
     """The linear GEMMs of one layer on one rank, forward, mean over the model's layers (what FP8 runs in FP8,
     :mod:`hetplan.estimate.fp8`): ``[(M, N, K, batch), ...]`` — the attention projections (MLA's or the standard
-    ones), the dense MLP and the routed (unpadded rows) and shared experts weighted by the share of dense and MoE
-    layers; the router is left out (it stays bf16). The shapes of :func:`layer_gemm_times_s`."""
+    ones, QKV fused or separate as the stack's ``projections`` says), the dense MLP and the routed (unpadded rows)
+    and shared experts weighted by the share of dense and MoE layers; the router is left out (it stays bf16). The
+    shapes of :func:`layer_gemm_times_s`."""
     T = np.asarray(b, dtype=float) * s
     attn = mla_gemms(m, b, s, t)[0] if m.is_mla else [
-        (M, N, K, 1.0) for M, N, K in compute.attention_linear_shapes(m, T, t)]
-    dense = [(M, N, K, 1.0) for M, N, K in compute.mlp_linear_shapes(m, T, m.ffn_hidden_size, t)]
+        (M, N, K, 1.0) for M, N, K in compute.attention_linear_shapes(m, T, t, projections)]
+    dense = [(M, N, K, 1.0) for M, N, K in compute.mlp_linear_shapes(m, T, m.ffn_hidden_size, t, projections)]
     if not m.is_moe:
         return attn + dense
     w_dense = (m.num_layers - m.num_moe_layers) / m.num_layers
@@ -536,7 +537,8 @@ def linear_gemm_shapes(m: ModelSpec, b: Array, s: Array, t: Array, ep: Array = 1
 
 
 def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, ep: Array = 1,
-                       etp: Array = 1, imbalance: Array = 1.0, framework: str = "megatron"):
+                       etp: Array = 1, imbalance: Array = 1.0, framework: str = "megatron",
+                       projections: str = compute.FUSED):
     """``(linear_s, core_s)`` forward GEMM time of one layer (mean over the model's layers) of a MoE and/or MLA
     model on one rank, as :func:`hetplan.estimate.compute.layer_gemm_times_s` gives it for dense layers.
 
@@ -545,14 +547,15 @@ def layer_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Arra
     (:func:`grouped_gemm_row_efficiency`), the GEMM efficiency taken on all local experts' rows together (one
     grouped kernel fills the GPU with the tiles of every expert), the weights of every local expert read — and
     the shared experts (:func:`moe_mlp_gemms`); ``framework`` picks the grouped GEMM's kernel
-    (:func:`grouped_gemm_ceiling`)."""
+    (:func:`grouped_gemm_ceiling`). ``projections``: how the stack runs the standard attention's and the dense
+    MLP's projections (:func:`hetplan.estimate.compute.layer_gemm_times_s`); the experts are left as they are."""
     if m.is_mla:
         lin_shapes, core_shapes = mla_gemms(m, b, s, t)
         attn = sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in lin_shapes)
         core = sum(compute.gemm_time_s(gpu, fp8.high_precision(dtype), M, N, K, n) for M, N, K, n in core_shapes)
     else:
-        attn, core = compute.attention_gemm_times_s(m, gpu, dtype, b, s, t)
-    dense = compute.mlp_gemm_time_s(m, gpu, dtype, np.asarray(b, dtype=float) * s, m.ffn_hidden_size, t)
+        attn, core = compute.attention_gemm_times_s(m, gpu, dtype, b, s, t, projections)
+    dense = compute.mlp_gemm_time_s(m, gpu, dtype, np.asarray(b, dtype=float) * s, m.ffn_hidden_size, t, projections)
     if not m.is_moe:
         return attn + dense, core
     n_moe = m.num_moe_layers

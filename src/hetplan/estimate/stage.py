@@ -177,14 +177,18 @@ def stage_costs(
     terms = LayerTerms(link, sequence_parallel=sequence_parallel, attention=attention,
                        tp_comm_overlap=tp_comm_overlap and not m.is_moe, cuda_graphs=cuda_graphs,
                        op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp" and not m.is_moe,
-                       async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe))
+                       async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe),
+                       projections=stack.projections,
+                       eager_grad_sum=not (framework == "fsdp" and torch_compile))  # only fsdp stacks compile
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
         if m.is_moe and moe_options.routing == "random":  # the multinomial spread of random top-k routing
             moe_load_imbalance = np.maximum(moe_load_imbalance, moe.routing_imbalance(m, b * s / t, ep))
-        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework)
-                        if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t))
+        linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework,
+                                               stack.projections)
+                        if m.is_moe or m.is_mla else compute.layer_gemm_times_s(m, gpu, dtype, b, s, t,
+                                                                                stack.projections))
         terms = replace(terms, gemm_times_s=(linear, core),
                         attention_blocks=context.attention_blocks(cp, cp_load_balance),
                         extra_kernels=moe.extra_kernels(m, ep, framework, moe_options.dispatcher),
@@ -236,11 +240,19 @@ def stage_costs(
             layer_a2a = layer_a2a + np.where(rc == Recompute.FULL, 0.0, a2a)
     work = replace(work, fp8_recipe=fp8_recipe)
     if fp8_recipe is not None:  # FP8 quantization of the linear layers' inputs and output gradients
+        # On Megatron's fused shapes whatever the stack's projections: the output-gradient and weight casts are
+        # element-wise, so split linears cast the same bytes; the separate wq / wk / wv (w1 / w3) casts of one
+        # shared input are identical ops that torch.compile's joint-graph CSE merges into one
+        # (torch/_functorch/partitioners.py min_cut_rematerialization_partition: fx_graph_cse), and torchtitan's
+        # float8 TP plan casts that input once (PrepareFloat8ModuleInput). Eager runs without TP cast it once per
+        # Float8Linear (torchao float8_linear.py): not charged (docs/estimator.md, Separate projections).
         shapes = moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)
         dense = not (m.is_moe or m.is_mla)  # QKV / FC1 column-parallel, projection / FC2 row-parallel
         cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, shapes, t, sequence_parallel,
                                        (True, False, True, False) if dense else None)
-        cb = cb + compute.wgrad_bf16_extra_s(gpu, fp8_recipe, shapes)  # rowwise_with_gw_hp: bf16 weight gradients
+        # rowwise_with_gw_hp: bf16 weight gradients, one per GEMM the stack runs (its projections)
+        cb = cb + compute.wgrad_bf16_extra_s(
+            gpu, fp8_recipe, moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp, stack.projections))
         if eager:  # torchao's casts as separate ATen kernels
             xf, xb = elementwise.eager_cast_time_s(gpu, shapes)
             cf, cb = cf + xf, cb + xb
@@ -286,7 +298,7 @@ def stage_costs(
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, loss_kind if framework == "fsdp" else cross_entropy)
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
         lb = lb + np.where(rc == Recompute.SELECTIVE, compute.op_sac_recompute_s(
-            m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes), 0.0)
+            m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes, stack.projections), 0.0)
     if recompute_layers is None:
         layers_bwd, layers_tp = num_layers * lb, num_layers * ltp
     else:  # r layers recompute, the others do not (their backward is the plain one)

@@ -166,6 +166,13 @@ class LayerTerms:
             runs the same again once (the inverse kernels on the gradients), full recomputation once more.
         fp8_gathers: under FP8, whether the sequence-parallel all-gathers carry the FP8 operands (False for
             torchao's rowwise recipes, which gather bf16: :func:`hetplan.estimate.fp8.fp8_gathers`).
+        projections: how the stack's model code runs the projections
+            (:attr:`hetplan.hardware.stacks.StackSpec.projections`): ``fused`` (Megatron's QKV and gate/up GEMMs),
+            ``separate`` or ``fused-qkv``; the dense GEMM shapes and kernels of
+            :func:`hetplan.estimate.compute.layer_time_s`.
+        eager_grad_sum: autograd sums the separate projections' input gradients in add kernels of their own
+            (eager PyTorch), not inside the fused kernel that consumes the sum (``torch.compile``):
+            :func:`hetplan.estimate.compute.projection_grad_sum_bytes`.
         tp_comm_overlap, cuda_graphs, op_sac, sequence_dim_copies, async_tp, tp_allreduce: Megatron-Core's
             ``--tp-comm-overlap``, captured CUDA graphs, torchtitan's per-op SAC as the selective recompute,
             DTensor's sequence-dimension copies, PyTorch's async TP, and the algorithm of the TP all-reduces
@@ -188,3 +195,5 @@ class LayerTerms:
     async_tp: bool = False
     tp_allreduce: str = "ring"
     fp8_gathers: bool = True
+    projections: str = "fused"
+    eager_grad_sum: bool = False

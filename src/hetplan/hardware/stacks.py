@@ -38,7 +38,7 @@ FRAMEWORK_STACK = {"megatron": "megatron-lm", "deepspeed": "deepspeed", "fsdp": 
 #: a source in the data file.
 FIELDS = ("framework", "gemm", "attention", "attention_kernel", "fused", "sequence_parallel", "tp_comm_overlap",
           "wgrad_accumulation", "dp_overlap", "launch", "zero", "recompute", "optimizer_memory", "allocator",
-          "parallel", "interleaved")
+          "parallel", "interleaved", "projections")
 #: The parallel dimensions a release may run (``StackSpec.parallel``): data, tensor, pipeline, context, expert.
 PARALLEL_DIMS = ("dp", "tp", "pp", "cp", "ep")
 ParallelDim = Literal["dp", "tp", "pp", "cp", "ep"]
@@ -48,6 +48,8 @@ FusedOp = Literal["norm", "rope", "cross-entropy", "adam", "softmax", "bias-act"
 #: FP8 scaling recipes a stack can run (:mod:`hetplan.estimate.fp8`): torchao float8's ``tensorwise``,
 #: ``rowwise`` and ``rowwise_with_gw_hp``, and MXFP8.
 StackFp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"]
+#: How a release's model code runs a dense layer's input projections (``StackSpec.projections``).
+Projections = Literal["fused", "separate", "fused-qkv"]
 _MONTH = re.compile(r"^(\d{4})-(\d{2})(?:-\d{2})?$")
 
 
@@ -75,6 +77,13 @@ class StackSpec(BaseModel):
             rule ``stack-has-option`` refuses a plan using another (:meth:`has`).
         interleaved: it runs interleaved 1F1B with virtual stages (Narayanan et al. SC'21 Sec. 2.2.2).
         optimizer_memory: ``megatron`` | ``deepspeed`` | ``fsdp1`` | ``fsdp2``.
+        projections: how the release's model code runs a dense layer's input projections, each a GEMM of its
+            own shape (:func:`hetplan.estimate.compute.attention_linear_shapes`,
+            :func:`hetplan.estimate.compute.mlp_linear_shapes`): ``fused`` (one QKV GEMM and one gate/up GEMM:
+            Megatron's ``query_key_value`` / ``linear_qkv`` and ``linear_fc1``, MPT's ``Wqkv``), ``separate``
+            (``wq``, ``wk``, ``wv`` and ``w1``, ``w3``: torchtitan's Llama before 2026-06, Hugging Face's
+            ``q_proj`` ... ``up_proj``) or ``fused-qkv`` (one QKV GEMM, separate gate and up: torchtitan since
+            pytorch/torchtitan#3714); :attr:`separate_qkv`, :attr:`separate_gate_up`.
         allocator: ``caching`` | ``expandable-segments``.
         bf16_optimizer: bf16 runs use DeepSpeed's ``BF16_Optimizer`` (``deepspeed/runtime/bf16_optimizer.py``; the
             pipeline engine's only bf16 path in 2022): every micro-batch's 16-bit gradients are accumulated into
@@ -110,7 +119,13 @@ class StackSpec(BaseModel):
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
-        sources: one source per field (``gemm_factor`` only when not 1) and for ``released``.
+        memory_residual_gib: what ``nvidia-smi`` showed per GPU above the estimate's footprint
+            (:attr:`hetplan.estimate.memory.StageMemory.total`) on the stack's own public runs, GiB: memory outside
+            the model (NCCL communicators' buffers, the allocator's cache) that the stack's runs measured; fitted on
+            a seeded fraction of them, the rest held out (:mod:`hetplan.calibration.memory_fit`); counted in the
+            footprint and in the fit test. 0 unless measured.
+        sources: one source per field (``gemm_factor`` and ``memory_residual_gib`` only when not default) and for
+            ``released``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -134,6 +149,7 @@ class StackSpec(BaseModel):
     allocator: Literal["caching", "expandable-segments"]
     parallel: tuple[ParallelDim, ...] = Field(min_length=1)
     interleaved: bool
+    projections: Projections
     bf16_optimizer: bool = False
     bf16_optimizer_zero: tuple[Literal[0, 1], ...] = (0, 1)
     attention_unpad: tuple[StackKernel, ...] = ()
@@ -144,12 +160,23 @@ class StackSpec(BaseModel):
     fp8_recipes: tuple[StackFp8Recipe, ...] = ()
     ddp: Literal["sharded", "reducer"] = "sharded"
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
+    memory_residual_gib: float = Field(default=0.0, ge=0.0, le=64.0)
     sources: dict[str, str]
 
     @property
     def id(self) -> str:
         """``name@version``: what ``Job.stack`` holds once resolved."""
         return f"{self.name}@{self.version}"
+
+    @property
+    def separate_qkv(self) -> bool:
+        """Whether the query, key and value projections run as three GEMMs (``projections``)."""
+        return self.projections == "separate"
+
+    @property
+    def separate_gate_up(self) -> bool:
+        """Whether a gated MLP's gate and up projections run as two GEMMs (``projections``)."""
+        return self.projections in ("separate", "fused-qkv")
 
     def has(self, dim: str) -> bool:
         """Whether this release runs parallel dimension ``dim`` (``dp`` / ``tp`` / ``pp`` / ``cp`` / ``ep``, or
@@ -224,6 +251,7 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         sources.update(entry.get("sources", {}))
         merged["sources"] = sources
         optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
+            ("memory_residual_gib",) if merged.get("memory_residual_gib", 0.0) != 0.0 else ()) + (
             ("bf16_optimizer",) if merged.get("bf16_optimizer") else ()) + (
             ("bf16_optimizer_zero",) if tuple(merged.get("bf16_optimizer_zero", (0, 1))) != (0, 1) else ()) + (
             ("attention_unpad",) if merged.get("attention_unpad") else ()) + (

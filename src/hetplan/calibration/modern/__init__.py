@@ -20,8 +20,8 @@ NeMo's formula and Megatron-LM's until 2025, and the one that gives the Llama 3 
 ``num_floating_point_operations`` has since 2025). Memory per GPU (torchtitan: ``reserved_bytes.all.peak`` of
 ``torch.cuda.memory_stats``, its ``DeviceMemoryMonitor`` in ``torchtitan/metrics.py`` at 9dec370: the caching
 allocator's reserved peak, not ``active_bytes``) is compared with the estimate's largest stage total less
-:data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES` (the CUDA context, cuBLAS and NCCL memory outside the allocator,
-which its reserved bytes leave out; :attr:`ModernCase.predicted_memory_bytes`).
+:func:`hetplan.estimate.memory.context_bytes` (the CUDA context, outside the allocator, which its reserved bytes
+leave out; :attr:`ModernCase.predicted_memory_bytes`).
 
 Metrics per set: as :func:`hetplan.calibration.validation.metrics` (MAPE, max |error|, Kendall τ within one job:
 same model, GPU type, GPU count, global batch and sequence), the held-out part (rows outside the seeded

@@ -18,7 +18,6 @@ from hetplan.calibration.modern.models import row_model
 from hetplan.calibration.modern.rows import NotExpressible, NotExpressibleError, cell_int
 from hetplan.calibration.validation import Case, _is_calibration
 from hetplan.errors import HetplanError
-from hetplan.estimate import memory
 from hetplan.hardware.catalog import Catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
@@ -48,8 +47,8 @@ class ModernCase(Case):
         gpu, dtype: catalog GPU type and compute dtype of the plan.
         measured_memory_bytes: peak memory per GPU the source reports (None if it gives none).
         predicted_memory_bytes, fits: the estimate's largest stage, as the allocator's reserved bytes that the
-            sources report (its total less :data:`hetplan.estimate.memory.CUDA_CONTEXT_BYTES`), and whether every
-            stage fits (with the context).
+            sources report (its total less its CUDA context, :func:`hetplan.estimate.memory.context_bytes`), and
+            whether every stage fits (the fit test, :attr:`hetplan.estimate.memory.StageMemory.required`).
         notes: approximations the mapping had to make (e.g. ZeRO-3 for FSDP2 before ``framework = "fsdp"``).
         causal_flops: the source's TFLOP/s count the causal half of the attention scores
             (:func:`hetplan.model.counts.model_flops_per_iteration`), not the full ``s x s``.
@@ -77,8 +76,8 @@ class ModernCase(Case):
         est = estimate(self.plan, catalog=catalog, model=self.model, virtual_stages=self.virtual_stages,
                        comm_constants=comm_constants)
         self.predicted = quantity_of(est, self.quantity, self.plan, self.model, self.causal_flops)
-        context = 0.0 if self.memory_includes_context else memory.CUDA_CONTEXT_BYTES
-        self.predicted_memory_bytes = max(s.memory.total for s in est.stages) - context
+        self.predicted_memory_bytes = max(s.memory.total - (0.0 if self.memory_includes_context else s.memory.context)
+                                          for s in est.stages)
         self.fits = bool(est.fits)
         return self.predicted
 
