@@ -592,6 +592,9 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
         f"= {_mem(mem['total'])} GiB"
     )
     con.print(_stages_line(best), markup=False)
+    for i, st in enumerate(best["stages"]):  # fits, but its expected footprint does not (hetplan.estimate.memory)
+        if st.get("memory_warning"):
+            con.print(f"stage {i}: {st['memory_warning']}", highlight=False, markup=False)
     for line in _interval_lines(best):
         con.print(line, highlight=False, markup=False)
     con.print("[bold]Why:[/]")
