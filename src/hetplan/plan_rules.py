@@ -245,6 +245,10 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     if (plan.zero not in stack.zero
             and any(st.dp * degree(plan, i, "cp") > 1 for i, st in enumerate(plan.stages))):
         lacks.append(("zero", f"ZeRO-{plan.zero} (it runs {', '.join(map(str, stack.zero))})"))
+    if (plan.job.framework == "fsdp" and stack.ddp == "reducer" and plan.zero == 0
+            and any(st.dp > 1 for st in plan.stages) and max(used.values()) > 1):
+        lacks.append(("zero", f"DDP with {', '.join(d.upper() for d, n in used.items() if n > 1)} > 1 "
+                              f"(its DDP runs on 1-D meshes only: {stack.sources.get('ddp', '')})"))
     modes = {st.recompute for st in plan.stages} - set(stack.recompute)
     if plan.job.attention == "flash":
         modes.discard("selective")  # the same plan as none under flash (hetplan.plan.Job)

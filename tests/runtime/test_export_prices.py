@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 from hetplan.errors import HetplanError
@@ -70,6 +71,8 @@ def test_launch_options_the_estimate_prices_travel():
                                 ("torchtitan", "0.3", dict(grad_reduce_dtype="bf16", cross_entropy="fp32")),
                                 ("torchtitan", "0.2", dict(grad_reduce_dtype="bf16", cross_entropy="fp32"))):
         plan = next(_grid(target)).model_copy(update=kw)
+        if version == "0.2":  # the release that reads the TOML (hetplan.runtime.exporters.torchtitan)
+            plan = plan.model_copy(update={"job": plan.job.model_copy(update={"stack": "torchtitan@2025-10"})})
         files = exporters.export(plan, load_model(plan.job.model), target, version=version).files
         back = importers.import_files(files)
         assert {k: getattr(back, k) for k in kw} == kw
@@ -178,6 +181,12 @@ def test_the_search_weighs_ddp_only_where_the_stack_runs_it():
         rows = evaluate_pool(spec, job.model_copy(update={"stack": stack}), inv.pools[0],
                              load_catalog().get("H100-SXM"), Pins()).config
         assert set(rows["zero"][rows["dp"] > 1].tolist()) == modes
+        if stack is None:  # torchtitan 0.3.0's DDP at any TP / PP (FSDP2 on a replicate mesh)
+            assert np.any((rows["zero"] == 0) & (rows["dp"] > 1) & ((rows["tp"] > 1) | (rows["pp"] > 1)))
+    rows = evaluate_pool(spec, job.model_copy(update={"stack": "torchtitan@2025-10"}), inv.pools[0],
+                         load_catalog().get("H100-SXM"), Pins()).config
+    ddp = (rows["zero"] == 0) & (rows["dp"] > 1)  # torch DDP: 1-D meshes only
+    assert np.any(ddp) and np.all(rows["tp"][ddp] == 1) and np.all(rows["pp"][ddp] == 1)
     for plan in plans:
         back = importers.import_files(exporters.export(plan, spec, "torchtitan").files)
         assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
@@ -188,3 +197,30 @@ def test_the_search_weighs_ddp_only_where_the_stack_runs_it():
     with pytest.raises(HetplanError) as e:
         search_plans(foundry, inv, top_k=1, heterogeneous=False, pins=Pins(zero=0, dp=8))
     assert e.value.field == "pin.zero"
+
+
+def test_torch_ddp_of_torchtitan_before_2026_03():
+    """torchtitan to v0.2.x (stack ``torchtitan@2025-10``, the TOML export) ran DDP as torch DDP's Reducer
+    (``replicate(model, bucket_cap_mb=100)``, fp32 parameters under autocast, 1-D meshes only). Worked example,
+    Llama 3 8B on 8 H100: every rank holds fp32 parameters and their bf16 casts (6 B), the fp32 ``.grad`` and
+    the Reducer's bucket copy (8 B) and AdamW's moments (8 B); DP with TP is refused (rule stack-has-option);
+    the 0.2 TOML writes the replicate degree and reads back to the same price."""
+    spec = load_model("llama3-8b")
+    old = _fsdp(0).model_copy(update={"job": _fsdp(0).job.model_copy(update={"stack": "torchtitan@2025-10"})})
+    mem = estimate(old).stages[0].memory
+    params = mem.optimizer / 8
+    assert params == pytest.approx(32 * counts.layer_parameters(spec) + counts.embedding_parameters(spec)
+                                   + counts.head_parameters(spec), rel=1e-9)
+    assert (mem.weights, mem.gradients) == (pytest.approx(6 * params), pytest.approx(8 * params))
+    files = exporters.export(old, spec, "torchtitan", version="0.2").files
+    assert "data_parallel_replicate_degree = 8" in files["torchtitan.toml"]
+    back = importers.import_files(files | {"launch.sh": files["launch.sh"]}, gpus=8)
+    assert back.job.stack == "torchtitan@2025-10" and back.zero == 0
+    assert _priced(back) == pytest.approx(_priced(old), rel=1e-9)
+    tp2 = old.model_copy(update={"pools": [GPUPool(gpu="H100-SXM", count=16)],
+                                 "stages": [Stage(num_layers=32, tp=2, dp=8)], "sequence_parallel": True})
+    assert [v.rule for v in violations(tp2, spec)] == ["stack-has-option"]
+    tp2_now = tp2.model_copy(update={"job": _fsdp(0).job})  # 0.3.0's DDP takes TP; the 0.2 TOML cannot
+    with pytest.raises(HetplanError, match="1-D meshes") as e:
+        exporters.export(tp2_now, spec, "torchtitan", version="0.2")
+    assert e.value.field == "plan.zero"

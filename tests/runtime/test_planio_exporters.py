@@ -93,13 +93,16 @@ def test_exports():
                 "--decoder-last-pipeline-num-layers 1", "--micro-batch-size 2", "--global-batch-size 8", "--swiglu",
                 "--nproc-per-node 4"):
         assert arg in meg
-    tt = exporters.export(plan, spec, "torchtitan", version="0.2").files["torchtitan.toml"]
+    with pytest.raises(HetplanError, match="1-D meshes"):  # torchtitan 0.2's DDP has no pipeline
+        exporters.export(plan, spec, "torchtitan", version="0.2")
+    tt = exporters.export(plan.model_copy(update={"zero": 3}), spec, "torchtitan", version="0.2").files[
+        "torchtitan.toml"]
     import tomllib
 
     cfg = tomllib.loads(tt)
     assert cfg["parallelism"]["module_fqns_per_model_part"] == [["tok_embeddings", "layers.0", "layers.1", "layers.2"],
                                                                  ["layers.3", "norm", "output"]]
-    assert cfg["parallelism"]["data_parallel_replicate_degree"] == 2
+    assert cfg["parallelism"]["data_parallel_shard_degree"] == 2
     assert cfg["training"]["local_batch_size"] == 4 and cfg["training"]["global_batch_size"] == 8
     ds = exporters.export(plan, spec, "deepspeed")
     assert "PARTS = [0, 4, 6]" in ds.files["hetplan_pipeline.py"]

@@ -224,6 +224,23 @@ def fsdp_shard_ranks(zero: Array, group: Array, fsdp_shard: int | None):
     return np.where(np.asarray(zero) == 0, 1, shard)
 
 
+#: Bytes per parameter torch DDP holds under torchtitan before 2026-03 (stack field ``ddp = "reducer"``,
+#: :func:`ddp_reducer_runs`): fp32 parameters under ``torch.autocast`` with their bf16 casts kept from the forward
+#: to the backward GEMMs (4 + 2), the fp32 ``.grad`` and the Reducer's bucket of the same size (no
+#: ``gradient_as_bucket_view``: 4 + 4), AdamW's two fp32 moments (8).
+DDP_REDUCER_STATE_BYTES = (FSDP_WEIGHT_BYTES + WEIGHT_BYTES, 2 * FSDP_GRAD_BYTES, FSDP_OPTIMIZER_BYTES)
+
+
+def ddp_reducer_runs(options: "TrainingOptions", zero: Array, dp: Array):
+    """Whether a stage under ``options`` at ZeRO stage ``zero`` runs torch DDP's Reducer: ``framework = "fsdp"``
+    at ZeRO-0 on a stack whose DDP is ``replicate()`` (stacks.toml ``ddp = "reducer"``: torchtitan before
+    pytorch/torchtitan#2458, 2026-03-09, ``apply_ddp`` with ``bucket_cap_mb=100``) rather than FSDP2 over one-rank
+    shards (:func:`fsdp_shard_ranks`), over ``dp`` > 1 data-parallel ranks (dp·cp; one rank has no DDP wrapper).
+    Arrays broadcast."""
+    on = options.framework == "fsdp" and options.stack_spec().ddp == "reducer"
+    return np.asarray(on) & (np.asarray(zero) == 0) & (np.asarray(dp) > 1)
+
+
 def fsdp_reshards(zero: Array, reshard_after_forward: Array):
     """Whether FSDP (``framework = "fsdp"``) frees each unit's gathered parameters after its forward:
     :attr:`hetplan.plan.Plan.reshard_after_forward`, except at ZeRO-1 / 2, which torchtitan launches as
@@ -568,6 +585,12 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
                                  split(g_bytes, shard, eshard))
         grads = sharded_grads + layer_params * (WEIGHT_BYTES + 4)
         optim = split(o_bytes, shard, eshard)
+        reducer = ddp_reducer_runs(options, zero, dp_all)  # torch DDP (DDP_REDUCER_STATE_BYTES), no FSDP units
+        if np.any(reducer):
+            rw, rg, ro = DDP_REDUCER_STATE_BYTES
+            weights = np.where(reducer, split(rw, 1, 1), weights)
+            grads = np.where(reducer, split(rg, 1, 1), grads)
+            optim = np.where(reducer, split(ro, 1, 1), optim)
     else:
         zero = np.asarray(zero)
 

@@ -318,7 +318,9 @@ def stage_costs(
     expert_shard_of = memory.fsdp_shard_ranks(zero, degrees.expert_dp, fsdp_shard)
     if framework == "fsdp":
         reshard_after_forward = memory.fsdp_reshards(zero, reshard_after_forward)
-    zero = np.where(framework == "fsdp", 3, np.asarray(zero))
+    # ... except ZeRO-0 on a stack whose DDP is torch DDP's Reducer (stack field ddp; ddp_reducer_exposed_s)
+    reducer = memory.ddp_reducer_runs(options, zero, degrees.dense_dp)
+    zero = np.where((framework == "fsdp") & ~reducer, 3, np.asarray(zero))
     dp_all, edp = np.asarray(degrees.dense_dp), degrees.expert_dp
     grad_per = (grad_comm_bytes_per_parameter(dtype) if grad_reduce_dtype is None
                 else (4 if grad_reduce_dtype == "fp32" else 2))
@@ -432,8 +434,11 @@ def stage_costs(
     if framework == "fsdp" and stack.optimizer_memory == "fsdp1":  # FSDP1's FlatParameter passes (fsdp1_passes_s)
         copy_f, copy_b = fsdp1_passes_s(params, gpu, weight_per, grad_per, shard, reshard_after_forward,
                                         4 if fsdp_param_dtype == "fp32" else 2)
-    fwd = fwd + np.where(pipelined_fsdp, 0.0, copy_f)
-    bwd = bwd + np.where(pipelined_fsdp, 0.0, copy_b)
+    fwd = fwd + np.where(pipelined_fsdp | reducer, 0.0, copy_f)  # (torch DDP: no FSDP copies, its own below)
+    bwd = bwd + np.where(pipelined_fsdp | reducer, 0.0, copy_b)
+    if np.any(reducer):
+        df, db = ddp_reducer_copies_s(params, gpu, num_microbatches)
+        fwd, bwd = fwd + np.where(reducer, df, 0.0), bwd + np.where(reducer, db, 0.0)
     root_s = root_gather + root_reduce_scatter  # exposed, once per micro-batch (once per step in a pipeline)
     gather_exposed = np.where(
         z3, np.where(pipelined_fsdp,
@@ -444,6 +449,11 @@ def stage_costs(
                      + num_microbatches * (root_s + head_exposed)), 0.0,
     )
     grad_exposed = np.where(bf16_opt, grad_sync, grad_exposed)  # reduced at the boundary, never overlapped
+    if np.any(reducer):  # torch DDP: the fp32 gradients all-reduced in buckets behind every micro-batch's backward
+        ddp_sync = dp_collective(float(memory.FSDP_GRAD_BYTES), "allreduce")
+        grad_exposed = np.where(reducer, num_microbatches * ddp_reducer_exposed_s(
+            ddp_sync, bwd, params, overlap_grad_reduce, rho), grad_exposed)
+        grad_sync = np.where(reducer, num_microbatches * ddp_sync, grad_sync)
     dp_total = np.where(z3, np.where(pipelined_fsdp, z3_gather + z3_reduce_scatter + root_s + head_s,
                                      num_microbatches * (np.where(reshard_after_forward, 2, 1) * z3_gather
                                                          + z3_reduce_scatter + root_s + head_s)), grad_sync)
@@ -543,7 +553,8 @@ def deepspeed_zero1_allreduce(stack: StackSpec, framework: str, zero: Array, bf1
 AUTOGRAD_ACCUMULATE_PASSES = 3.0
 
 
-def autograd_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, num_microbatches: Array):
+def autograd_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, num_microbatches: Array,
+                                 grad_bytes: float = 2.0):
     """Time per micro-batch, averaged over the step, of autograd's ``.grad`` accumulation under DeepSpeed's engine
     without BF16_Optimizer at ZeRO 0 or 1 (s). Nothing in that path sums the micro-batches' gradients itself:
     the pipeline engine's ``_exec_backward_pass`` calls ``torch.autograd.backward`` (the last stage
@@ -554,9 +565,10 @@ def autograd_accumulation_time_s(params_per_gpu: Array, gpu: GPUSpec, num_microb
     (``zero_grad`` with ``set_grads_to_None``; ZeRO-1's ``free_grad_in_param_list``), so the first micro-batch's
     gradient is taken as it is and each later one is added in place: :data:`AUTOGRAD_ACCUMULATE_PASSES` x 2 B
     (the 16-bit ``.grad`` of an fp16 or bf16 model) per parameter of the stage at the GPU's memory bandwidth,
-    ``(m - 1) / m`` of it per micro-batch of a step of ``m``. Arrays broadcast."""
+    ``(m - 1) / m`` of it per micro-batch of a step of ``m``; ``grad_bytes``: 4 for fp32 gradients (torch DDP
+    under autocast, :func:`ddp_reducer_copies_s`). Arrays broadcast."""
     m = np.maximum(np.asarray(num_microbatches, dtype=float), 1.0)
-    per = compute.optimizer_step_time_s(params_per_gpu, gpu, AUTOGRAD_ACCUMULATE_PASSES * 2.0)
+    per = compute.optimizer_step_time_s(params_per_gpu, gpu, AUTOGRAD_ACCUMULATE_PASSES * grad_bytes)
     return per * (m - 1.0) / m
 
 
@@ -640,6 +652,46 @@ def pipeline_call_s(single_stage: Array, virtual_stages: Array, call_s: Array):
     call per micro-batch and direction the calibrated constants already hold (docs/estimator.md, Validation)."""
     v = np.asarray(virtual_stages, dtype=float)
     return np.where(single_stage, 0.0, np.maximum(v - 1.0, 0.0) * call_s)
+
+
+#: torch DDP's gradient bucket under torchtitan (parameters): ``replicate(model, device_mesh=dp_mesh,
+#: bucket_cap_mb=100)`` (pytorch/torchtitan ``torchtitan/models/llama3/infra/parallelize.py`` ``apply_ddp``, to
+#: v0.2.2; DDP's own default is 25 MB) of fp32 gradients: 100 MB / 4 B.
+DDP_BUCKET_PARAMETERS = 100e6 / 4
+#: Bytes per parameter torch DDP's Reducer copies per micro-batch on the compute stream without
+#: ``gradient_as_bucket_view`` (torchtitan leaves it False): each fp32 gradient into its bucket when its hook fires
+#: (read 4 + write 4, ``reducer.cpp`` ``mark_variable_ready_dense``) and the reduced bucket back into ``.grad``
+#: (4 + 4, ``finalize_bucket_dense``).
+DDP_BUCKET_COPY_BYTES_PER_PARAMETER = 16.0
+#: Bytes per parameter of autocast's weight casts per forward (torchtitan before 2026-03 runs DDP with fp32
+#: parameters under ``torch.autocast(bfloat16)``, ``maybe_enable_amp`` in ``torchtitan/distributed/utils.py``):
+#: each fp32 weight read (4 B) and its bf16 copy written (2 B) once per forward (the cast cache of the autocast
+#: region), the copy kept for the backward GEMMs.
+AUTOCAST_CAST_BYTES_PER_PARAMETER = 6.0
+
+
+def ddp_reducer_exposed_s(allreduce_s: Array, backward_s: Array, params_per_gpu: Array, overlap: Array,
+                          contention: Array):
+    """Exposed time per micro-batch of torch DDP's gradient all-reduce (``torch.nn.parallel.DistributedDataParallel``
+    through ``torch.distributed._composable.replicate``, torchtitan's DDP before pytorch/torchtitan#2458,
+    2026-03-09): the Reducer all-reduces a bucket of :data:`DDP_BUCKET_PARAMETERS` fp32 gradients as soon as
+    their hooks have fired, during the backward, on every micro-batch (torchtitan's accumulation loop calls no
+    ``no_sync``, ``torchtitan/train.py`` ``train_step`` at v0.2.2) — :func:`exposed_behind_s` with that bucket's
+    share; without ``overlap`` the whole ``allreduce_s``. Arrays broadcast."""
+    share = np.minimum(1.0, DDP_BUCKET_PARAMETERS / np.maximum(params_per_gpu, 1.0))
+    return np.where(overlap, exposed_behind_s(allreduce_s, backward_s, share, contention), allreduce_s)
+
+
+def ddp_reducer_copies_s(params_per_gpu: Array, gpu: GPUSpec, num_microbatches: Array):
+    """``(forward_s, backward_s)`` per micro-batch of what torch DDP under autocast adds on the compute stream:
+    the weights' casts in forward (:data:`AUTOCAST_CAST_BYTES_PER_PARAMETER`); in backward the Reducer's bucket
+    copies (:data:`DDP_BUCKET_COPY_BYTES_PER_PARAMETER`) and autograd's in-place fp32 ``.grad`` accumulation of
+    the micro-batches after the first (:func:`autograd_accumulation_time_s`, 4-byte gradients). Memory-bound, at
+    the GPU's HBM bandwidth. Arrays broadcast."""
+    fwd = compute.optimizer_step_time_s(params_per_gpu, gpu, AUTOCAST_CAST_BYTES_PER_PARAMETER)
+    bwd = (compute.optimizer_step_time_s(params_per_gpu, gpu, DDP_BUCKET_COPY_BYTES_PER_PARAMETER)
+           + autograd_accumulation_time_s(params_per_gpu, gpu, num_microbatches, grad_bytes=4.0))
+    return fwd, bwd
 
 
 def zero3_exposed_s(gather_s: Array, reduce_scatter_s: Array, forward_s: Array, backward_s: Array, num_layers: Array,

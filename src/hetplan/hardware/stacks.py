@@ -112,6 +112,10 @@ class StackSpec(BaseModel):
             default (:func:`hetplan.estimate.fp8.recipe`, torchao's ``tensorwise``).
         fp8_recipes: under ``fsdp``, the torchao float8 recipes the release can run (a ``Job.fp8_recipe`` outside
             them is refused by plan rule ``stack-has-option``); empty: every recipe.
+        ddp: under ``fsdp``, how ZeRO-0 (DDP) runs: ``sharded`` (FSDP on one-rank shards: FSDP2 on a replicate-only
+            mesh, torchtitan 0.3.0; FSDP1 ``NO_SHARD``; :func:`hetplan.estimate.memory.fsdp_shard_ranks`) or
+            ``reducer`` (torch DDP's Reducer through ``replicate()``, 1-D meshes only: torchtitan before 2026-03;
+            :func:`hetplan.estimate.memory.ddp_reducer_runs`).
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
@@ -154,6 +158,7 @@ class StackSpec(BaseModel):
     fp8: bool = True
     fp8_recipe: dict[str, StackFp8Recipe] = Field(default_factory=dict)
     fp8_recipes: tuple[StackFp8Recipe, ...] = ()
+    ddp: Literal["sharded", "reducer"] = "sharded"
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     memory_residual_gib: float = Field(default=0.0, ge=0.0, le=64.0)
     sources: dict[str, str]

@@ -40,6 +40,7 @@ from hetplan.model.spec import ModelSpec, list_presets, load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
 from hetplan.runtime.argspec import megatron_argv, parse_megatron_args
 from hetplan.runtime.exporters import TORCHTITAN_03_MODELS, balanced_split_ds
+from hetplan.runtime.exporters.torchtitan import TORCHTITAN_RELEASE_STACKS
 
 
 def _words(text: str) -> list[str]:
@@ -442,6 +443,7 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
               train_iterations=int(tr.get("steps", 1)), dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe,
               attention="flash",
               framework="fsdp", torch_compile=bool(comp.get("enable", False)),
+              stack=TORCHTITAN_RELEASE_STACKS["0.2"],  # the release that reads a TOML job config (0.2.x)
               async_tp=bool(par.get("enable_async_tensor_parallel", False)))
     rec = cfg.get("activation_checkpoint", {}).get("mode", "none")
     loss = None if not comp.get("enable", False) or "loss" in comp.get("components", ["model", "loss"]) else "fp32"

@@ -182,7 +182,9 @@ class FineSearch:
             return False
         fsdp = self.cm.job.framework == "fsdp"  # DDP (0) or FSDP2 (3), at any pipeline depth; no EP with DDP
         replicated = s.zero == 0 and any(st.dp > 1 for st in s.stages)
-        if fsdp and (s.zero not in (0, 3, pins.zero) or replicated and s.ep > 1):
+        one_d = s.pp == 1 and s.cp == 1 and all(st.tp == 1 for st in s.stages)  # torch DDP's only mesh
+        if fsdp and (s.zero not in (0, 3, pins.zero) or replicated and (
+                s.ep > 1 or self.stack.ddp == "reducer" and not one_d)):
             return False
         return ((s.pp == 1 or s.zero <= 1 or fsdp) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
                 and g % s.micro_batch == 0 and sum(st.num_layers for st in s.stages) == self.cm.L

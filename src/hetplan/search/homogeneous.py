@@ -295,6 +295,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         # refuses EP with DDP)
         top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
         ddp = (cfg["dp"] > 1) & (cfg["zero"] == 0) & (cfg["ep"] == 1)
+        if job.stack_spec().ddp == "reducer":  # torch DDP on 1-D meshes only (stacks.toml ddp)
+            ddp &= (cfg["tp"] == 1) & (cfg["pp"] == 1) & (cfg["cp"] == 1)
         kept = (cfg["zero"] == 2) & (pins.zero == 2)  # pinned: FSDP2 never resharding after forward
         cfg = {k: v[(cfg["zero"] == top) | ddp | kept] for k, v in cfg.items()}
         cfg["zero"] = np.where((cfg["dp"] > 1) & (cfg["zero"] != 0), np.where(cfg["zero"] == 2, 2, 3), 0)

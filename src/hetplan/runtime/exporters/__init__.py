@@ -63,14 +63,15 @@ and dispatches.
 from __future__ import annotations
 
 from hetplan.errors import HetplanError
-from hetplan.hardware.stacks import default_stack
+from hetplan.hardware.stacks import default_stack, resolve_stack
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Plan
 from hetplan.plan_rules import check_plan, launch_violations
 from hetplan.runtime.exporters.common import TARGET_FRAMEWORK, TARGETS, VERSIONS, Export, _mesh, release
 from hetplan.runtime.exporters.deepspeed import balanced_split_ds, export_deepspeed
 from hetplan.runtime.exporters.megatron import export_megatron, megatron_layout
-from hetplan.runtime.exporters.torchtitan import TORCHTITAN_03_MODELS, TORCHTITAN_FLAVORS, export_torchtitan
+from hetplan.runtime.exporters.torchtitan import (TORCHTITAN_03_MODELS, TORCHTITAN_FLAVORS, TORCHTITAN_RELEASE_STACKS,
+                                                  export_torchtitan)
 
 __all__ = ["TARGETS", "TARGET_FRAMEWORK", "TORCHTITAN_03_MODELS", "TORCHTITAN_FLAVORS", "VERSIONS", "Export",
            "balanced_split_ds", "export", "export_deepspeed", "export_megatron", "export_torchtitan",
@@ -119,11 +120,12 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
         raise HetplanError(f"unknown export target {target!r}", field="--to", fix=f"use one of {', '.join(TARGETS)}")
     # What each target writes is its framework's default stack (hetplan.hardware.stacks.FRAMEWORK_STACK); a plan
     # priced under another stack (Job.stack) was priced for software this export does not launch.
-    written = default_stack(TARGET_FRAMEWORK[t])
+    written = (resolve_stack(TORCHTITAN_RELEASE_STACKS[release(t, version)]) if t == "torchtitan"
+               else default_stack(TARGET_FRAMEWORK[t]))  # torchtitan: the release written (0.2: its TOML)
     priced = plan.job.stack_spec()
     if priced.id != written.id:
         out.notes.append(f"the plan was priced for stack {priced.id}; this export launches {written.id}, whose "
-                         f"numbers differ: re-estimate with --stack {written.name} to price what runs")
+                         f"numbers differ: re-estimate with --stack {written.id} to price what runs")
     if any(pool.network == "ethernet" for pool in plan.pools):
         # The estimate assumed NCCL's socket transport (hetplan.estimate.comm.NETWORKS); say so where NCCL reads it.
         env = ("export NCCL_IB_DISABLE=1  # nodes joined by Ethernet without RDMA (GPUPool.network): NCCL sockets; "

@@ -82,6 +82,10 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     if int(getattr(spec, "num_experts", 0) or 0):
         raise HetplanError(f"{spec.name} is a mixture of experts; torchtitan 0.2's TOML export covers dense Llama "
                            "shapes only", field="--framework-version", fix="export with --framework-version 0.3")
+    if plan.zero == 0 and m.dp > 1 and max(m.tp, m.cp, m.ep, pp) > 1:
+        raise HetplanError("torchtitan 0.2 runs DDP (data_parallel_replicate_degree) on 1-D meshes only ('DDP has "
+                           "not supported > 1D parallelism', torchtitan/models/llama3/infra/parallelize.py)",
+                           field="plan.zero", fix="export with --framework-version 0.3, or plan with zero 3 (FSDP)")
     v = _virtual(plan, virtual_stages)
     v = v if pp > 1 else 1
     sched = {"1f1b": "Interleaved1F1B" if v > 1 else "1F1B", "gpipe": "GPipe"}[plan.schedule]

@@ -65,7 +65,8 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
               for b in divisors(job.global_batch // d) if pins.mbs is None or b == pins.mbs
               for z in zeros if not (z >= 1 and d == 1)  # ZeRO-1 over one rank is ZeRO-0
               for c in cps for e in ep_degrees(m, fold * d * c, pins.ep, stack) for t in (etps if e > 1 else [1])
-              if not (job.framework == "fsdp" and z == 0 and d > 1 and e > 1)]  # torchtitan: no EP with DDP
+              # torchtitan: no EP with DDP; torch DDP (stack ddp "reducer") on 1-D meshes only, not in a pipeline
+              if not (job.framework == "fsdp" and z == 0 and d > 1 and (e > 1 or stack.ddp == "reducer"))]
     by_type: dict = {}  # the groups' tables, built together per (stage type, CP, EP, expert-TP) (cost_tables)
     for b, d, z, c, e, t in shapes:
         for k, st in enumerate(types):
