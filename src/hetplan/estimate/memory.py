@@ -70,8 +70,9 @@ Attention: with ``attention="flash"`` (FlashAttention, Dao et al. 2022) no s x s
 * :data:`ALLOCATOR_MARGIN` of the allocated bytes: what the caching allocator holds beyond the allocated peak
   (reserved minus allocated).
 
-**Does it fit** (``required``, what the estimator and every search compare with the GPU's memory as
-``nvidia-smi`` reports its total, :attr:`hetplan.hardware.catalog.GPUSpec.memory_bytes`): the allocated peak less
+**Does it fit** (``required``, what the estimator compares with the GPU's memory as ``nvidia-smi`` reports its
+total, :attr:`hetplan.hardware.catalog.GPUSpec.memory_bytes`; the searches propose only plans whose footprint
+``total`` fits, so what they propose fits by this test too): the allocated peak less
 :data:`FIT_TOLERANCE` (the largest over-prediction of the allocated peak on held-out traced stages), plus the
 context and the stack's residual. The allocator's cache is not a need (it is released and the allocation retried
 before an out-of-memory error), so the margin is reported (``total``, :func:`fit_warning`), never a refusal: the

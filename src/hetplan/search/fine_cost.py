@@ -107,9 +107,8 @@ class FineState:
 class StateCost:
     """Cost of one state (seconds, bytes); lists have one entry per stage (per boundary for ``p2p_s``).
 
-    ``memory_bytes``: what the fit test compares with the capacity (:attr:`hetplan.estimate.memory.StageMemory.
-    required`); ``recompute``: (mode, layers) chosen per stage by the repair; ``over_memory_bytes``: total excess
-    over the capacity (0 when everything fits); ``key``: (excess, iteration time), the search's order."""
+    ``recompute``: (mode, layers) chosen per stage by the repair; ``over_memory_bytes``: total excess over the
+    capacity (0 when everything fits); ``key``: (excess, iteration time), the search's order."""
 
     iteration_time_s: float
     forward_s: list[float]
@@ -253,7 +252,7 @@ class FineCostModel:
     def _unpack(c, shape):
         keys = ("forward_s", "backward_s", "tp_comm_s", "dp_exposed_s", "optimizer_s")
         out = [np.broadcast_to(np.asarray(getattr(c, k), dtype=float), shape) for k in keys]
-        out.append(np.broadcast_to(np.asarray(c.memory.required, dtype=float), shape))
+        out.append(np.broadcast_to(np.asarray(c.memory.total, dtype=float), shape))
         return out
 
     def table(self, ctx):

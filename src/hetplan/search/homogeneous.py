@@ -247,7 +247,7 @@ def _peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray], hardw
     """Peak memory per GPU over the stages of each configuration (bytes), as the estimator computes it."""
     degrees, work, count = _stage_inputs(m, job, cfg)
     mem = stage_memory(m, hardware, degrees, work, options)
-    return np.max(np.where(count > 0, mem.required, -1.0), axis=1)  # the fit test's bytes (memory.py)
+    return np.max(np.where(count > 0, mem.total, -1.0), axis=1)
 
 
 def _pruned_peak_memory_bytes(m: ModelSpec, job: Job, cfg: dict[str, np.ndarray], hardware: StageHardware,
@@ -322,7 +322,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     p2p_one_inter = boundary_time_s(m, job.seq_len, lay, lay, link, link, False)
     p2p_total = n_intra * p2p_one_intra + (pp - 1 - n_intra) * p2p_one_inter
     it = assemble_iteration(c.forward_s, c.backward_s, c.dp_exposed_s, c.optimizer_s, p2p_total, mb,
-                            count=count, virtual_stages=v, memory_bytes=c.memory.required,
+                            count=count, virtual_stages=v, memory_bytes=c.memory.total,
                             capacity_bytes=gpu.memory_bytes)
     present = count > 0
     per = c.forward_s + c.backward_s

@@ -150,7 +150,7 @@ def _cost_tables(m: ModelSpec, job: Job, st: StageType, shapes: list[tuple[int, 
                         TrainingOptions.from_job(job))
         shape = (G, len(kinds), flights, L + 1, len(rcs))
         per = np.broadcast_to(c.forward_s + c.backward_s, shape)
-        fits = np.broadcast_to(c.memory.required, shape) <= st.gpu.memory_bytes
+        fits = np.broadcast_to(c.memory.total, shape) <= st.gpu.memory_bytes
         exposed = np.broadcast_to(c.dp_exposed_s, shape)
         # the lightest recomputation that fits (rcs go from light to heavy; the lightest when none fits)
         a, e, pick = per[..., 0], exposed[..., 0], np.zeros(shape[:-1], dtype=np.int64)
