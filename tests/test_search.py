@@ -48,7 +48,7 @@ def test_vectorised_rows_equal_plan_estimates(model, gpu, count, gpn, gbs, seq, 
         if c["virtual_stages"] == 1:  # the closed form ignores interleaving's per-chunk transfers
             assert res.iteration_time_s[i] == pytest.approx(e.iteration_time_s, rel=0.15), c
         assert res.memory["total"][i] == pytest.approx(e.memory_bytes_per_gpu.total, rel=1e-9), c
-        assert bool(res.fits[i]) == e.fits
+        assert bool(res.fits[i]) == e.fits_footprint
 
 
 def brute_force(job, pool, m, objective):
@@ -70,7 +70,7 @@ def brute_force(job, pool, m, objective):
                     zeros = [0] if dp == 1 else [0, 1] if pp > 1 else [0, 1, 2, 3]
                     for zero, rc, v in itertools.product(zeros, RECOMPUTE_NAMES, vs):
                         e = estimate(_plan(job, pool, tp, pp, dp, mbs, zero, rc, m.num_layers, v), CAT, m)
-                        if not e.fits:
+                        if not e.fits_footprint:
                             continue
                         if objective.goal == "cheapest":
                             if objective.deadline_s and e.job_time_s > objective.deadline_s:
@@ -124,7 +124,7 @@ def test_ranking_is_sorted_and_pins_are_honoured():
     res = search_plans(job, inv, top_k=8, catalog=CAT)
     times = [p.estimate.job_time_s for p in res.plans]
     assert times == sorted(times)
-    assert all(p.estimate.fits for p in res.plans)
+    assert all(p.estimate.fits_footprint for p in res.plans)
     pinned = search_plans(job, inv, pins=Pins(tp=4, pp=2, recompute="full"), top_k=3, catalog=CAT)
     for p in pinned.plans:
         assert p.plan.pp == 2 and all(s.tp == 4 and s.recompute == "full" for s in p.plan.stages)
@@ -196,7 +196,7 @@ def test_explanation_alternatives_are_the_exact_best_by_estimate():
                     zeros = [0] if dp == 1 else [0, 1] if p > 1 else [0, 1, 2, 3]
                     for zero, rc, v in itertools.product(zeros, RECOMPUTE_NAMES, vs):
                         e = estimate(_plan(job, pool, tp, p, dp, mbs, zero, rc, m.num_layers, v), CAT, m)
-                        if e.fits and (best is None or e.job_time_s < best[0]):
+                        if e.fits_footprint and (best is None or e.job_time_s < best[0]):
                             best = (e.job_time_s, p)
     quoted = float(re.search(r": ([+-][\d.]+)% iteration time", line).group(1)) / 100
     assert quoted == pytest.approx(best[0] / win.estimate.job_time_s - 1, abs=5e-4)

@@ -154,7 +154,7 @@ def test_search_rows_equal_estimate_with_flash(framework):
                             for n in balanced_split(m.num_layers, c["pp"])])
         e = estimate(plan, CAT, m)
         assert res.memory["total"][i] == pytest.approx(e.memory_bytes_per_gpu.total, rel=1e-9), c
-        assert bool(res.fits[i]) == e.fits
+        assert bool(res.fits[i]) == e.fits_footprint
 
 
 def test_espresso_trace_allocated_peak():

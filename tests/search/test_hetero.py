@@ -284,7 +284,7 @@ def test_lightest_recompute_is_optimal(seed):
                                     stages=[Stage(pool=k, tp=t, dp=1, num_layers=n, recompute=r)
                                             for (k, t), n, r in zip(seq, ns, rcs)])
                         est = estimate(plan, CAT, m, pipeline_model="closed_form")
-                        if est.fits:
+                        if est.fits_footprint:
                             best = min(best, est.iteration_time_s)
     res = hetero.search_hetero(m, job, inv, CAT, goal="fastest", pins=Pins(dp=1, tp=1))
     if best == math.inf:

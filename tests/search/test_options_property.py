@@ -101,7 +101,7 @@ def test_homogeneous_rows_are_estimates(case, seed):
         plan = _plan_from_row(job, inv, m, res, int(i))
         est = estimate(plan, CAT, m, pipeline_model="closed_form")
         assert _close(float(res.memory["total"][i]), est.memory_bytes_per_gpu.total), plan
-        assert bool(res.fits[i]) == est.fits
+        assert bool(res.fits[i]) == est.fits_footprint  # the searches recommend no tight plan
         if plan.virtual_stages == 1:  # the closed form ignores interleaving's per-chunk transfers
             assert _close(float(res.iteration_time_s[i]), est.iteration_time_s), plan
 

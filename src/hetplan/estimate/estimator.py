@@ -103,6 +103,13 @@ class Estimate:
     virtual_stages: int = 1
     pipeline_model: str = "simulate"
 
+    @property
+    def fits_footprint(self) -> bool:
+        """Whether every stage's expected footprint (``memory.total``, the allocator's cache included) fits its
+        GPU: the searches' feasibility test, so that no plan they recommend is tight. ``fits`` is the fit test
+        of a given plan, which errs towards fitting (:mod:`hetplan.estimate.memory`, "Does it fit")."""
+        return all(s.memory.total <= s.memory_capacity_bytes for s in self.stages)
+
 
 _DEFAULT_COMM = CommConstants()
 
