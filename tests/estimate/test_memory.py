@@ -446,3 +446,21 @@ def test_no_published_2021_22_or_llama3_run_is_refused():
     assert len(cases) == 34
     refused = [c.key for c in cases if not estimate(c.plan, model=c.model, virtual_stages=c.virtual_stages).fits]
     assert refused == []
+
+
+def test_one_stage_holds_one_microbatch_whatever_the_schedule():
+    """Without a pipeline no schedule runs: each micro-batch's backward follows its forward (Megatron-LM's
+    forward_backward_no_pipelining), so a GPipe schedule named on a one-stage plan holds one micro-batch's
+    activations, not all of them; with two stages GPipe holds every micro-batch."""
+    from hetplan.estimate.estimator import estimate
+
+    job = Job(model="gpt3-1.3b", seq_len=2048, global_batch=64, dtype="bf16")
+    pool = GPUPool(gpu="A100-SXM-80GB", count=8)
+
+    def act(pp, schedule):
+        plan = Plan(job=job, pools=[pool], mbs=1, zero=1, schedule=schedule,
+                    stages=[Stage(num_layers=24 // pp, tp=1, dp=8 // pp)] * pp)
+        return estimate(plan).stages[0].memory.activations
+
+    assert act(1, "gpipe") == pytest.approx(act(1, "1f1b"), rel=1e-12)
+    assert act(2, "gpipe") > 2 * act(2, "1f1b")  # 8 micro-batches in flight against 2

@@ -358,7 +358,8 @@ def _estimate_one_model(plans: list[Plan], m: ModelSpec, catalog: Catalog, profi
         m0s.append(plan.num_microbatches(0))
         calls.append(plan.pipeline_calls(0))
         on_pool = {}  # pool index -> (StageHardware, $/GPU-hour, stage_costs group, peak FLOP/s)
-        gpipe = plan.schedule == "gpipe"
+        gpipe = plan.schedule == "gpipe" and plan.pp > 1  # one stage: no schedule, each micro-batch's backward
+        # follows its forward (Megatron-LM forward_backward_no_pipelining, torchtitan without PP)
         opts = TrainingOptions.from_plan(plan)
         stack = opts.stack_spec()
         layouts: dict = {}  # (tp, dp) -> (layout, its _DEGREE_COLUMNS values, GPUs of the stage), once per layout
