@@ -102,8 +102,15 @@ def test_homogeneous_rows_are_estimates(case, seed):
         est = estimate(plan, CAT, m, pipeline_model="closed_form")
         assert _close(float(res.memory["total"][i]), est.memory_bytes_per_gpu.total), plan
         assert bool(res.fits[i]) == est.fits_footprint  # the searches recommend no tight plan
-        if plan.virtual_stages == 1:  # the closed form ignores interleaving's per-chunk transfers
+        # The closed form ignores interleaving's per-chunk transfers; and under Megatron-Core's all-to-all overlap
+        # a stage's unpaired warm-up passes depend on its index, which the search's middle-stage kinds price at
+        # their first (slowest) stage: exact bottleneck, the other middle stages' sum a little high
+        # (docs/planner.md, "Stage kinds"; at most 0.04 % on the rows hypothesis has found).
+        per_index = m.is_moe and job.moe_a2a_overlap and plan.pp > 2
+        if plan.virtual_stages == 1 and not per_index:
             assert _close(float(res.iteration_time_s[i]), est.iteration_time_s), plan
+        elif plan.virtual_stages == 1:
+            assert est.iteration_time_s * (1 - 1e-9) <= float(res.iteration_time_s[i]) <= est.iteration_time_s * 1.005, plan
 
 
 @SETTINGS
