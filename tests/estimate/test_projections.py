@@ -119,8 +119,9 @@ def test_each_stack_runs_what_its_model_code_runs():
     assert set(titan.values()) == {"separate"}
     for r in cat.stacks:  # a source naming the model code of that release
         assert any(w in r.sources["projections"] for w in (".py", "transformers")), r.id
-    assert resolve_stack("torchtitan@2025-10").separate_qkv and resolve_stack("torchtitan").separate_gate_up
-    assert not resolve_stack("torchtitan").separate_qkv and not resolve_stack("llm-foundry").separate_gate_up
+    p = {name: resolve_stack(name).projections for name in ("torchtitan@2025-10", "torchtitan", "llm-foundry")}
+    assert compute.separate_qkv(p["torchtitan@2025-10"]) and compute.separate_gate_up(p["torchtitan"])
+    assert not compute.separate_qkv(p["torchtitan"]) and not compute.separate_gate_up(p["llm-foundry"])
 
 
 def _plan(stack):

@@ -53,7 +53,7 @@ from importlib import resources
 from hetplan.calibration import modern
 from hetplan.calibration.modern import Layout, ModernCase, NotExpressibleError
 from hetplan.calibration.modern.mapping import catalog_gpu
-from hetplan.calibration.validation import _is_calibration, gpt_model, metrics
+from hetplan.calibration.validation import _is_calibration, gpt_model
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool
@@ -259,14 +259,6 @@ def a100_cases(catalog: Catalog | None = None) -> tuple[list[ModernCase], list[m
     return modern.collect(A100_SET_NAME, [_row_case(i, r, catalog, A100_SET_NAME) for i, r in enumerate(_rows(A100_FILE))])
 
 
-def _breakdown(cases: list[ModernCase], of) -> dict:
-    """:func:`hetplan.calibration.validation.metrics` per value of ``of(case)`` (sorted)."""
-    groups: dict = {}
-    for c in cases:
-        groups.setdefault(of(c), []).append(c)
-    return {str(k): metrics(v) for k, v in sorted(groups.items())}
-
-
 def run_a100(catalog: Catalog | None = None) -> tuple[dict, list[ModernCase]]:
     """Predict every ``llm_foundry_a100`` row; ``({A100_SET_NAME: metrics}, cases)``: the modern sets' metrics,
     the per-row errors (``rows``, worst first) and the metrics by GPU (``per_gpu``), by model (``per_model``) and
@@ -277,9 +269,9 @@ def run_a100(catalog: Catalog | None = None) -> tuple[dict, list[ModernCase]]:
         c.evaluate(catalog)
     res = modern.set_metrics(A100_SET_NAME, cases, skipped, convention=A100_CONVENTION, target=TARGET)
     res["rows"] = row_errors(cases)
-    res["per_gpu"] = _breakdown(cases, lambda c: c.gpu)
-    res["per_model"] = _breakdown(cases, lambda c: c.info["model"])
-    res["per_seq_len"] = _breakdown(cases, lambda c: c.info["seq"])
+    res["per_gpu"] = modern.per_info(cases, lambda c: c.gpu)
+    res["per_model"] = modern.per_info(cases, "model")
+    res["per_seq_len"] = modern.per_info(cases, "seq")
     return {A100_SET_NAME: res}, cases
 
 

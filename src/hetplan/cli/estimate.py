@@ -92,17 +92,20 @@ def estimate_command(
                             "capacity GiB", "fits"))
     for col in cols:
         t.add_column(col)
+    warnings: list[str] = []
     for i, se in enumerate(est.stages):
         fwd, bwd = f"{se.forward_s * 1e3:.1f}", f"{se.backward_s * 1e3:.1f}"
         mem, cap = _mem(se.memory.total), _mem(se.memory_capacity_bytes)
         figures = (f"{fwd}/{bwd}", se.time_source, f"{mem}/{cap}") if narrow else (fwd, bwd, se.time_source, mem, cap)
-        t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, *figures,
-                  ("tight" if se.memory.total > se.memory_capacity_bytes else "yes") if se.fits else "[red]NO[/]")
-    con.print(t)
-    for i, se in enumerate(est.stages):  # fits, but its expected footprint does not: a warning, not a refusal
+        # fits, but its expected footprint does not: a warning, not a refusal
         warning = fit_warning(se.memory.required, se.memory.total, se.memory_capacity_bytes)
         if warning:
-            con.print(f"stage {i}: {warning}", highlight=False, markup=False)
+            warnings.append(f"stage {i}: {warning}")
+        t.add_row(str(i), se.gpu, str(se.tp), str(se.dp), str(se.num_layers), se.recompute, *figures,
+                  ("tight" if warning else "yes") if se.fits else "[red]NO[/]")
+    con.print(t)
+    for line in warnings:
+        con.print(line, highlight=False, markup=False)
     con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
               f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "

@@ -463,9 +463,10 @@ def stage_costs(
         compute_embedding_sync_s(m, dtype, t, link), 0.0,
     )
 
-    owned = dense / np.where((zero >= 1) | bf16_opt, dp_all, 1) + expert / np.where((zero >= 1) | bf16_opt, edp, 1)
     if framework == "fsdp":  # each rank steps the shard it holds: of its HSDP shard group (one rank at ZeRO-0)
         owned = dense / shard_of + expert / expert_shard_of
+    else:
+        owned = dense / np.where((zero >= 1) | bf16_opt, dp_all, 1) + expert / np.where((zero >= 1) | bf16_opt, edp, 1)
     # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer after that micro-batch's
     # backward, on the compute stream (pipe/engine.py _exec_backward_pass -> update_hp_grads)
     bwd = bwd + np.where(bf16_opt, bf16_accumulation_time_s(params, gpu), 0.0)

@@ -83,7 +83,8 @@ class StackSpec(BaseModel):
             Megatron's ``query_key_value`` / ``linear_qkv`` and ``linear_fc1``, MPT's ``Wqkv``), ``separate``
             (``wq``, ``wk``, ``wv`` and ``w1``, ``w3``: torchtitan's Llama before 2026-06, Hugging Face's
             ``q_proj`` ... ``up_proj``) or ``fused-qkv`` (one QKV GEMM, separate gate and up: torchtitan since
-            pytorch/torchtitan#3714); :attr:`separate_qkv`, :attr:`separate_gate_up`.
+            pytorch/torchtitan#3714); :func:`hetplan.estimate.compute.separate_qkv`,
+            :func:`hetplan.estimate.compute.separate_gate_up`.
         allocator: ``caching`` | ``expandable-segments``.
         bf16_optimizer: bf16 runs use DeepSpeed's ``BF16_Optimizer`` (``deepspeed/runtime/bf16_optimizer.py``; the
             pipeline engine's only bf16 path in 2022): every micro-batch's 16-bit gradients are accumulated into
@@ -167,16 +168,6 @@ class StackSpec(BaseModel):
     def id(self) -> str:
         """``name@version``: what ``Job.stack`` holds once resolved."""
         return f"{self.name}@{self.version}"
-
-    @property
-    def separate_qkv(self) -> bool:
-        """Whether the query, key and value projections run as three GEMMs (``projections``)."""
-        return self.projections == "separate"
-
-    @property
-    def separate_gate_up(self) -> bool:
-        """Whether a gated MLP's gate and up projections run as two GEMMs (``projections``)."""
-        return self.projections in ("separate", "fused-qkv")
 
     def has(self, dim: str) -> bool:
         """Whether this release runs parallel dimension ``dim`` (``dp`` / ``tp`` / ``pp`` / ``cp`` / ``ep``, or

@@ -43,7 +43,7 @@ from hetplan.calibration.modern.long_context import long_context_cases
 from hetplan.calibration.modern.mapping import (CALIBRATION_FRACTION, Layout, ModernCase, build_plan, catalog_gpu,
                                                 collect, node_pool, quantity_of, row_case)
 from hetplan.calibration.modern.megatron_lm import megatron_lm_cases, megatron_lm_layout, megatron_lm_model
-from hetplan.calibration.modern.metrics import LOADERS, load_sets, memory_metrics, run_modern, set_metrics
+from hetplan.calibration.modern.metrics import LOADERS, load_sets, memory_metrics, per_info, run_modern, set_metrics
 from hetplan.calibration.modern.models import MOE_CONFIGS, MOE_PRESETS, moe_model, row_model
 from hetplan.calibration.modern.moe import moe_cases
 from hetplan.calibration.modern.rows import NotExpressible, NotExpressibleError, read_rows, run_facts
@@ -55,6 +55,6 @@ __all__ = [
     "MOE_CONFIGS", "MOE_PRESETS", "ModernCase", "NotExpressible", "NotExpressibleError", "SET_NAMES", "TARGETS",
     "TORCHTITAN_LOCAL_BATCH", "build_plan", "catalog_gpu", "collect", "dgxc_cases", "llama3_cases",
     "load_sets", "long_context_cases", "megatron_lm_cases", "megatron_lm_layout", "megatron_lm_model",
-    "memory_metrics", "moe_cases", "moe_model", "node_pool", "quantity_of", "read_rows", "row_case", "row_model",
+    "memory_metrics", "moe_cases", "per_info", "moe_model", "node_pool", "quantity_of", "read_rows", "row_case", "row_model",
     "run_facts", "run_modern", "set_metrics", "torchtitan_cases", "unfused_mla_on_blackwell",
 ]

@@ -75,12 +75,13 @@ def set_metrics(name: str, cases: list[ModernCase], skipped: list[NotExpressible
     return res
 
 
-def per_info(cases: list[ModernCase], field: str) -> dict[str, dict]:
-    """:func:`metrics` of ``cases`` grouped by the layout value ``info[field]`` (e.g. ``"tp"``, ``"pp"``), keys
-    its values as text, in order."""
+def per_info(cases: list[ModernCase], field) -> dict[str, dict]:
+    """:func:`metrics` of ``cases`` grouped by the layout value ``info[field]`` (e.g. ``"tp"``, ``"pp"``), or by
+    ``field(case)`` where ``field`` is a function; keys its values as text, in order."""
+    key = field if callable(field) else (lambda c: c.info[field])
     groups: dict = {}
     for c in cases:
-        groups.setdefault(c.info[field], []).append(c)
+        groups.setdefault(key(c), []).append(c)
     return {str(k): metrics(cs) for k, cs in sorted(groups.items())}
 
 
