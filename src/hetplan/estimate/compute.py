@@ -382,6 +382,97 @@ def eager_score_bytes(m: ModelSpec) -> tuple[int, int]:
     return 4 + 4 + softmax[0] + dropout, 4 + 4 + softmax[1] + dropout
 
 
+#: Threads per block of Megatron's fused softmax kernels (``scaled_masked_softmax.h`` ``get_batch_per_block``:
+#: ``constexpr int threads_per_block = 128``; Transformer Engine's copy of the kernels the same).
+SOFTMAX_THREADS_PER_BLOCK = 128
+
+
+def softmax_batch_per_block(keys: Array):
+    """Rows of scores one CUDA block of Megatron's fused softmax handles, for ``keys`` elements per row:
+    ``next_power_of_two = 2^ceil(log2 keys)``, a warp of ``min(next_power_of_two, 32)`` threads, 2 rows per warp
+    up to 128 elements, 1 above, :data:`SOFTMAX_THREADS_PER_BLOCK` threads per block
+    (``megatron/fused_kernels/scaled_masked_softmax.h`` ``get_batch_per_block``): 4 for 256 < keys <= 2048."""
+    p = 2.0 ** np.ceil(np.log2(np.maximum(np.asarray(keys, dtype=float), 1.0)))
+    warp = np.minimum(p, 32.0)
+    return SOFTMAX_THREADS_PER_BLOCK / warp * np.where(p <= 128, 2.0, 1.0)
+
+
+def fused_softmax_runs(rule: str, m: ModelSpec, dtype: str, b: Array, s: Array, t: Array):
+    """Whether Megatron's ``FusedScaleMaskSoftmax`` runs its fused CUDA kernel on a causal layer's
+    ``[b, a/t, s, s]`` scores under the stack's ``rule`` (:attr:`hetplan.hardware.stacks.StackSpec.fused_softmax`),
+    or falls back to PyTorch ops (:func:`softmax_fallback_work`). The checks of ``is_kernel_available``, with
+    ``bn = b·a/t`` the attention batches:
+
+    * ``any``: every shape (no fused softmax with constraints: flash or eager stacks, or none known);
+    * ``fp16-2048``: fp16 input and ``s <= 2048`` (Megatron-LM v2.0, ``megatron/model/fused_softmax.py`` at
+      be473a5b);
+    * ``megatron-2048``: ``16 < s <= 2048``, ``s % 4 == 0``, ``bn % 4 == 0`` (Megatron-LM 2021-03 to 2022-01,
+      ``custom_kernel_constraint`` of NVIDIA/Megatron-LM@0fa7175f);
+    * ``megatron-2048-heads``: as ``megatron-2048``, and ``bn`` a multiple of the kernel's batch per block computed
+      from the *heads per rank* instead of the key length (bigscience-workshop/Megatron-DeepSpeed from #151,
+      2021-10-21, to #260, 2022-03-06: the static ``get_batch_per_block(b, np, sq, sk)`` is called as
+      ``(sq, sk, b, np)`` and hands ``np`` to the C++ function as the key length): ``bn % batch_per_block(a/t)``,
+      so 8 heads per rank need a micro-batch of 4, 14 of 8 (the chronicle of BLOOM's layout search,
+      ``train/tr11-176B-ml/chronicles-prequel.md``, "NHEADs comparison");
+    * ``megatron-4096``: ``16 < s <= 4096``, ``s % 4 == 0``, ``bn % 4 == 0`` and ``bn % batch_per_block(s) == 0``
+      (NVIDIA/Megatron-LM@7a77abd9, 2022-01-12, to Megatron-Core's local spec today,
+      ``megatron/core/fusions/fused_softmax.py``);
+    * ``te-16384``: ``16 < s < 16384``, ``s % 8 == 0``, ``bn % 4 == 0`` and ``bn % batch_per_block(s) == 0``
+      (Transformer Engine's unfused attention, ``transformer_engine/pytorch/attention/dot_product_attention/
+      softmax.py`` ``FusedScaleMaskSoftmax.is_kernel_available``).
+
+    Every rule but ``any`` also needs a 16-bit input (``input_in_float16``): fp32 runs fall back. Broadcasts over
+    ``b``, ``s``, ``t``.
+
+    Raises:
+        ValueError: an unknown rule."""
+    b, s, t = (np.asarray(x, dtype=float) for x in (b, s, t))
+    if rule == "any":
+        return np.ones(np.broadcast(b, s, t).shape, dtype=bool)
+    heads = m.num_attention_heads / t
+    bn = b * heads
+    half = dtype != "fp32"
+    if rule == "fp16-2048":
+        return np.broadcast_to((dtype == "fp16") & (s <= 2048), np.broadcast(b, s, t).shape)
+    limits = {"megatron-2048": (2048, 4, None), "megatron-2048-heads": (2048, 4, "heads"),
+              "megatron-4096": (4096, 4, "keys"), "te-16384": (16383, 8, "keys")}
+    if rule not in limits:
+        raise ValueError(f"unknown fused-softmax rule {rule!r}")
+    max_keys, key_multiple, per_block = limits[rule]
+    ok = half & (s > 16) & (s <= max_keys) & (np.mod(s, key_multiple) == 0) & (np.mod(bn, 4) == 0)
+    if per_block is not None:
+        ok = ok & (np.mod(bn, softmax_batch_per_block(heads if per_block == "heads" else s)) == 0)
+    return ok
+
+
+#: ``(forward, backward)`` bytes per score that the PyTorch fallback of ``FusedScaleMaskSoftmax`` moves beyond
+#: the fused kernel (``forward_torch_softmax``, 16-bit scores, ``softmax_in_fp32``): ``input.float()`` 2 + 4,
+#: the scale ``input * scale`` 4 + 4 (Megatron-LM's query-key layer scaling, on by default before Megatron-Core:
+#: ``--no-query-key-layer-scaling`` in ``megatron/arguments.py``), ``masked_fill_`` 4 + 4, ``torch.nn.Softmax``
+#: 4 + 4, ``.half()`` / ``.bfloat16()`` 4 + 2 = 36 forward against the fused kernel's 2 + 2; backward the
+#: autograd nodes in reverse, 6 + 12 + 8 + 8 + 6 = 40 against the fused backward's 2 + 2 + 2. Without the scale
+#: (Transformer Engine's unfused attention scales in the score GEMM): 8 fewer each way.
+SOFTMAX_FALLBACK_BYTES = {True: (32.0, 34.0), False: (24.0, 26.0)}
+#: Kernels the fallback launches beyond the fused one, per pass: upcast, scale, mask, downcast (3 unscaled).
+SOFTMAX_FALLBACK_KERNELS = {True: 4, False: 3}
+
+
+def softmax_fallback_work(rule: str, m: ModelSpec, dtype: str, b: Array, s: Array, t: Array):
+    """``(forward_bytes, backward_bytes, kernels)`` a layer's attention adds where its stack's fused softmax does
+    not take the shape (:func:`fused_softmax_runs` false): :data:`SOFTMAX_FALLBACK_BYTES` per score of the
+    ``b·(a/t)·s²`` scores, and :data:`SOFTMAX_FALLBACK_KERNELS` more kernels per forward (the host floor of
+    :func:`layer_time_s` doubles them in backward). Zero where the kernel runs. Evidence: vTrain's single-node
+    rows whose ``b·a/t`` is not a multiple of 4 (TP 8, 16 heads, micro-batch 1: 32 rows) were predicted
+    17-26 % fast against 0.1 % for the other 1,408 rows; BLOOM's layout search measured micro-batch 6 slower
+    than 4 (123.6 vs 114.1 s) with 8 heads per rank (docs/estimator.md)."""
+    fallback = ~fused_softmax_runs(rule, m, dtype, b, s, t)
+    scaled = rule != "te-16384"
+    fwd, bwd = SOFTMAX_FALLBACK_BYTES[scaled]
+    scores = np.asarray(b, dtype=float) * m.num_attention_heads / np.asarray(t, dtype=float) * np.asarray(s, dtype=float) ** 2
+    return (np.where(fallback, fwd * scores, 0.0), np.where(fallback, bwd * scores, 0.0),
+            np.where(fallback, float(SOFTMAX_FALLBACK_KERNELS[scaled]), 0.0))
+
+
 def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, recompute_code: Array,
                  terms: LayerTerms):
     """Forward and backward time of one transformer layer for one micro-batch on one GPU of a TP group.
@@ -431,6 +522,9 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
             shapes (:func:`layer_gemm_times_s`) and kernels of their own (:func:`projection_kernels`), also in the
             chunked GEMMs of async TP (:func:`async_tp_extra_s`); backward sums their input gradients
             (:func:`projection_grad_sum_bytes`; with ``eager_grad_sum`` in add kernels of their own).
+        fused_softmax: the stack's rule for when Megatron's fused softmax kernel takes the scores (standard
+            attention; :func:`fused_softmax_runs`); where it does not, the PyTorch fallback's bytes and kernels
+            (:func:`softmax_fallback_work`) join the element-wise work, the host floor and selective recompute.
         tp_allreduce: algorithm of the TP all-reduces inside a node (:func:`hetplan.estimate.comm.allreduce_time_s`:
             ``"ring"``, NCCL as training runs it; ``"custom"``, a serving engine's one-/two-shot kernel).
     Returns:
@@ -462,8 +556,14 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
         score_fwd, score_bwd = eager_score_bytes(m)
         elem, elem_bwd = (elem + score_fwd * scores / gpu.hbm_bandwidth_bytes_per_s,
                           2 * elem + score_bwd * scores / gpu.hbm_bandwidth_bytes_per_s)
+    softmax_f = softmax_b = softmax_kernels = 0.0
+    if attention == "standard" and terms.fused_softmax != "any":  # the fused softmax's PyTorch fallback
+        softmax_f, softmax_b, softmax_kernels = softmax_fallback_work(terms.fused_softmax, m, dtype, b, s, t)
+        softmax_f = softmax_f * attention_blocks / gpu.hbm_bandwidth_bytes_per_s
+        softmax_b = softmax_b * attention_blocks / gpu.hbm_bandwidth_bytes_per_s
+        elem, elem_bwd = elem + softmax_f, elem_bwd + softmax_b
     kernel = 0.0 if cuda_graphs else gpu.kernel_overhead_s
-    kernels = (KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels
+    kernels = (KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels + softmax_kernels
                + projection_kernels(m, projections)
                + np.where(on_async, ASYNC_TP_KERNELS_PER_STEP * (np.asarray(t) - 1.0), 0.0))
     core_gemm = core_gemm * attention_blocks
@@ -484,8 +584,8 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     bwd_compute = _softmax_floor(2 * linear + gemm_b + elem_bwd + core_bwd + bytes_b + extra_gpu_s + grad_sum,
                                  (2 * kernels + grad_sum_kernels) * kernel)
     quad_bytes = (5 if m.dropout else 2) * m.num_attention_heads * s * s * b / t
-    core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s,
-                            KERNELS_ATTENTION_CORE * kernel)
+    core_f = _softmax_floor(core_gemm + ELEMENTWISE_PASSES * quad_bytes / gpu.hbm_bandwidth_bytes_per_s + softmax_f,
+                            (KERNELS_ATTENTION_CORE + softmax_kernels) * kernel)
     rc = np.asarray(recompute_code)
     # Full: one more forward of the layer; selective (standard attention): of the attention core. Megatron-LM
     # does not checkpoint the flash core (nothing to recompute).

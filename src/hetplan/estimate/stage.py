@@ -178,7 +178,7 @@ def stage_costs(
                        tp_comm_overlap=tp_comm_overlap and not m.is_moe, cuda_graphs=cuda_graphs,
                        op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp" and not m.is_moe,
                        async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe),
-                       projections=stack.projections,
+                       projections=stack.projections, fused_softmax=stack.fused_softmax,
                        eager_grad_sum=not (framework == "fsdp" and torch_compile))  # only fsdp stacks compile
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs

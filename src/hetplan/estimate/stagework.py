@@ -170,6 +170,9 @@ class LayerTerms:
             (:attr:`hetplan.hardware.stacks.StackSpec.projections`): ``fused`` (Megatron's QKV and gate/up GEMMs),
             ``separate`` or ``fused-qkv``; the dense GEMM shapes and kernels of
             :func:`hetplan.estimate.compute.layer_time_s`.
+        fused_softmax: when the stack's fused softmax kernel takes a standard attention's scores
+            (:attr:`hetplan.hardware.stacks.StackSpec.fused_softmax`, :func:`hetplan.estimate.compute.fused_softmax_runs`);
+            ``"any"``: always.
         eager_grad_sum: autograd sums the separate projections' input gradients in add kernels of their own
             (eager PyTorch), not inside the fused kernel that consumes the sum (``torch.compile``):
             :func:`hetplan.estimate.compute.projection_grad_sum_bytes`.
@@ -197,3 +200,4 @@ class LayerTerms:
     fp8_gathers: bool = True
     projections: str = "fused"
     eager_grad_sum: bool = False
+    fused_softmax: str = "any"

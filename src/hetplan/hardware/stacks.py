@@ -117,6 +117,11 @@ class StackSpec(BaseModel):
             mesh, torchtitan 0.3.0; FSDP1 ``NO_SHARD``; :func:`hetplan.estimate.memory.fsdp_shard_ranks`) or
             ``reducer`` (torch DDP's Reducer through ``replicate()``, 1-D meshes only: torchtitan before 2026-03;
             :func:`hetplan.estimate.memory.ddp_reducer_runs`).
+        fused_softmax: under standard attention, which score shapes the release's fused scale-mask-softmax kernel
+            takes (Megatron's ``FusedScaleMaskSoftmax.is_kernel_available``; the rules and their code paths:
+            :func:`hetplan.estimate.compute.fused_softmax_runs`); the others fall back to PyTorch ops
+            (:func:`hetplan.estimate.compute.softmax_fallback_work`). ``any``: no constraint (flash and eager
+            stacks, whose attention has no such kernel).
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
@@ -160,6 +165,8 @@ class StackSpec(BaseModel):
     fp8_recipe: dict[str, StackFp8Recipe] = Field(default_factory=dict)
     fp8_recipes: tuple[StackFp8Recipe, ...] = ()
     ddp: Literal["sharded", "reducer"] = "sharded"
+    fused_softmax: Literal["any", "fp16-2048", "megatron-2048", "megatron-2048-heads", "megatron-4096",
+                           "te-16384"] = "any"
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     memory_residual_gib: float = Field(default=0.0, ge=0.0, le=64.0)
     sources: dict[str, str]
@@ -249,6 +256,7 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
             ("fsdp_units",) if merged.get("fsdp_units", "model") != "model" else ()) + (
             ("zero1_grad_reduce",) if merged.get("zero1_grad_reduce", "reduce-scatter") != "reduce-scatter" else ()) + (
             ("fp8_recipe",) if merged.get("fp8_recipe") else ()) + (
+            ("fused_softmax",) if merged.get("fused_softmax", "any") != "any" else ()) + (
             ("fp8",) if "fp8" in entry or not merged.get("fp8", True) else ())
         missing = [f for f in FIELDS[1:] + ("released",) + optional if f not in sources]
         if missing:
