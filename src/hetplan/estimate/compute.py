@@ -64,6 +64,8 @@ All functions broadcast over numpy arrays (``b``, ``t`` and the recompute code m
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from hetplan.estimate import fp8
@@ -397,11 +399,39 @@ def softmax_batch_per_block(keys: Array):
     return SOFTMAX_THREADS_PER_BLOCK / warp * np.where(p <= 128, 2.0, 1.0)
 
 
+class SoftmaxRule(NamedTuple):
+    """One release's ``is_kernel_available`` (:func:`fused_softmax_runs`): the kernel takes the scores when
+    ``min_keys < s <= max_keys``, ``s % key_multiple == 0``, the attention batches ``b·a/t`` are a multiple of
+    ``batch_multiple`` and of the kernel's batch per block (``per_block``: computed from the key length, from
+    the heads per rank, or not checked), and the scores are 16-bit (fp16 only where ``fp16_only``; fp32 never;
+    FP8 runs feed the softmax 16-bit scores); ``scaled``: its PyTorch
+    fallback applies the query-key layer scale (:data:`SOFTMAX_FALLBACK_BYTES`)."""
+
+    min_keys: int
+    max_keys: int
+    key_multiple: int
+    batch_multiple: int
+    per_block: str | None
+    fp16_only: bool
+    scaled: bool
+
+
+#: The fused-softmax rules of the stacks (:attr:`hetplan.hardware.stacks.StackSpec.fused_softmax`), each from its
+#: release's ``is_kernel_available`` (:func:`fused_softmax_runs`).
+SOFTMAX_RULES = {
+    "fp16-2048": SoftmaxRule(0, 2048, 1, 1, None, True, True),
+    "megatron-2048": SoftmaxRule(16, 2048, 4, 4, None, False, True),
+    "megatron-2048-heads": SoftmaxRule(16, 2048, 4, 4, "heads", False, True),
+    "megatron-4096": SoftmaxRule(16, 4096, 4, 4, "keys", False, True),
+    "te-16384": SoftmaxRule(16, 16383, 8, 4, "keys", False, False),  # sk < 16384
+}
+
+
 def fused_softmax_runs(rule: str, m: ModelSpec, dtype: str, b: Array, s: Array, t: Array):
     """Whether Megatron's ``FusedScaleMaskSoftmax`` runs its fused CUDA kernel on a causal layer's
-    ``[b, a/t, s, s]`` scores under the stack's ``rule`` (:attr:`hetplan.hardware.stacks.StackSpec.fused_softmax`),
-    or falls back to PyTorch ops (:func:`softmax_fallback_work`). The checks of ``is_kernel_available``, with
-    ``bn = b·a/t`` the attention batches:
+    ``[b, a/t, s, s]`` scores under the stack's ``rule`` (:attr:`hetplan.hardware.stacks.StackSpec.fused_softmax`,
+    :data:`SOFTMAX_RULES`), or falls back to PyTorch ops (:func:`softmax_fallback_work`). The checks of
+    ``is_kernel_available``, with ``bn = b·a/t`` the attention batches:
 
     * ``any``: every shape (no fused softmax with constraints: flash or eager stacks, or none known);
     * ``fp16-2048``: fp16 input and ``s <= 2048`` (Megatron-LM v2.0, ``megatron/model/fused_softmax.py`` at
@@ -427,22 +457,20 @@ def fused_softmax_runs(rule: str, m: ModelSpec, dtype: str, b: Array, s: Array, 
     Raises:
         ValueError: an unknown rule."""
     b, s, t = (np.asarray(x, dtype=float) for x in (b, s, t))
+    shape = np.broadcast(b, s, t).shape
     if rule == "any":
-        return np.ones(np.broadcast(b, s, t).shape, dtype=bool)
+        return np.ones(shape, dtype=bool)
+    if rule not in SOFTMAX_RULES:
+        raise ValueError(f"unknown fused-softmax rule {rule!r}")
+    r = SOFTMAX_RULES[rule]
     heads = m.num_attention_heads / t
     bn = b * heads
-    half = dtype != "fp32"
-    if rule == "fp16-2048":
-        return np.broadcast_to((dtype == "fp16") & (s <= 2048), np.broadcast(b, s, t).shape)
-    limits = {"megatron-2048": (2048, 4, None), "megatron-2048-heads": (2048, 4, "heads"),
-              "megatron-4096": (4096, 4, "keys"), "te-16384": (16383, 8, "keys")}
-    if rule not in limits:
-        raise ValueError(f"unknown fused-softmax rule {rule!r}")
-    max_keys, key_multiple, per_block = limits[rule]
-    ok = half & (s > 16) & (s <= max_keys) & (np.mod(s, key_multiple) == 0) & (np.mod(bn, 4) == 0)
-    if per_block is not None:
-        ok = ok & (np.mod(bn, softmax_batch_per_block(heads if per_block == "heads" else s)) == 0)
-    return ok
+    half = dtype == "fp16" if r.fp16_only else dtype != "fp32"
+    ok = (half & (s > r.min_keys) & (s <= r.max_keys) & (np.mod(s, r.key_multiple) == 0)
+          & (np.mod(bn, r.batch_multiple) == 0))
+    if r.per_block is not None:
+        ok = ok & (np.mod(bn, softmax_batch_per_block(heads if r.per_block == "heads" else s)) == 0)
+    return np.broadcast_to(ok, shape)
 
 
 #: ``(forward, backward)`` bytes per score that the PyTorch fallback of ``FusedScaleMaskSoftmax`` moves beyond
@@ -451,7 +479,8 @@ def fused_softmax_runs(rule: str, m: ModelSpec, dtype: str, b: Array, s: Array, 
 #: ``--no-query-key-layer-scaling`` in ``megatron/arguments.py``), ``masked_fill_`` 4 + 4, ``torch.nn.Softmax``
 #: 4 + 4, ``.half()`` / ``.bfloat16()`` 4 + 2 = 36 forward against the fused kernel's 2 + 2; backward the
 #: autograd nodes in reverse, 6 + 12 + 8 + 8 + 6 = 40 against the fused backward's 2 + 2 + 2. Without the scale
-#: (Transformer Engine's unfused attention scales in the score GEMM): 8 fewer each way.
+#: (Transformer Engine's unfused attention scales in the score GEMM, ``SoftmaxRule.scaled`` false): 8 fewer each
+#: way. Keyed by ``scaled``.
 SOFTMAX_FALLBACK_BYTES = {True: (32.0, 34.0), False: (24.0, 26.0)}
 #: Kernels the fallback launches beyond the fused one, per pass: upcast, scale, mask, downcast (3 unscaled).
 SOFTMAX_FALLBACK_KERNELS = {True: 4, False: 3}
@@ -461,12 +490,15 @@ def softmax_fallback_work(rule: str, m: ModelSpec, dtype: str, b: Array, s: Arra
     """``(forward_bytes, backward_bytes, kernels)`` a layer's attention adds where its stack's fused softmax does
     not take the shape (:func:`fused_softmax_runs` false): :data:`SOFTMAX_FALLBACK_BYTES` per score of the
     ``b·(a/t)·s²`` scores, and :data:`SOFTMAX_FALLBACK_KERNELS` more kernels per forward (the host floor of
-    :func:`layer_time_s` doubles them in backward). Zero where the kernel runs. Evidence: vTrain's single-node
-    rows whose ``b·a/t`` is not a multiple of 4 (TP 8, 16 heads, micro-batch 1: 32 rows) were predicted
-    17-26 % fast against 0.1 % for the other 1,408 rows; BLOOM's layout search measured micro-batch 6 slower
-    than 4 (123.6 vs 114.1 s) with 8 heads per rank (docs/estimator.md)."""
+    :func:`layer_time_s` doubles them in backward). Zero where the kernel runs, and for rule ``any``. Evidence:
+    vTrain's single-node rows whose ``b·a/t`` is not a multiple of 4 (TP 8, 16 heads, micro-batch 1: 32 rows)
+    were predicted 17-26 % fast against 0.1 % for the other 1,408 rows; BLOOM's layout search measured
+    micro-batch 6 slower than 4 (123.6 vs 114.1 s) with 8 heads per rank (docs/estimator.md).
+
+    Raises:
+        ValueError: an unknown rule."""
     fallback = ~fused_softmax_runs(rule, m, dtype, b, s, t)
-    scaled = rule != "te-16384"
+    scaled = rule == "any" or SOFTMAX_RULES[rule].scaled
     fwd, bwd = SOFTMAX_FALLBACK_BYTES[scaled]
     scores = np.asarray(b, dtype=float) * m.num_attention_heads / np.asarray(t, dtype=float) * np.asarray(s, dtype=float) ** 2
     return (np.where(fallback, fwd * scores, 0.0), np.where(fallback, bwd * scores, 0.0),
