@@ -158,13 +158,15 @@ def test_misaligned_head_dimension_runs_the_attention_core_on_cuda_cores():
 
 
 def test_set_accuracy_reached(loaded):
-    """Figures reached (docs/estimator.md, "DeepSpeed's pipeline engine"), with a small margin: a regression guard,
-    not the issue's target (the TP 8 rows are still +21 % too fast)."""
+    """Figures reached (docs/estimator.md, "DeepSpeed's pipeline engine"), with a small margin: a regression guard.
+    The held-out three quarters reach them too: the stack's residual is fitted on the seeded quarter
+    (test_stack_fit)."""
     from hetplan.calibration.modern import run_modern
 
     r = run_modern([bs.SET])[0][bs.SET]
     assert r["n"] == 128
-    assert r["mape"] <= 0.17 and r["signed_median"] <= 0.19 and r["max_abs_error"] <= 0.38
+    assert r["mape"] <= 0.06 and abs(r["signed_median"]) <= 0.03 and r["max_abs_error"] <= 0.28
+    assert r["held_out"]["mape"] <= 0.06 and abs(r["held_out"]["signed_median"]) <= 0.03
 
 
 def test_validate_reports_per_tp_per_pp_and_the_oom_rows():
@@ -173,5 +175,5 @@ def test_validate_reports_per_tp_per_pp_and_the_oom_rows():
     r = run_modern([bs.SET])[0][bs.SET]
     assert set(r["per_tp"]) == {"1", "2", "4", "8"} and sum(g["n"] for g in r["per_tp"].values()) == r["n"]
     assert sum(g["n"] for g in r["per_pp"].values()) == r["n"] and "48" in r["per_pp"]
-    assert r["per_tp"]["8"]["signed_median"] > r["per_tp"]["4"]["signed_median"] > 0  # still too fast at TP 8
+    assert all(abs(r["per_tp"][t]["signed_median"]) < 0.05 for t in ("4", "8"))  # no TP trend left (was +10 / +17 %)
     assert len(r["measured_oom"]) == 6 and r["does_not_fit"] == []

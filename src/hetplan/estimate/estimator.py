@@ -114,16 +114,20 @@ class Estimate:
 _DEFAULT_COMM = CommConstants()
 
 
-def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None = None) -> Link:
-    """The :class:`Link` of a pool (intra-node bandwidth defaults to the catalog's GPU link; the inter-node
-    bandwidth and latency follow the pool's network, :meth:`hetplan.estimate.comm.CommConstants.network_terms`; the
-    intra-node latency and the p2p call time too are ``comm_constants``' (default
-    :class:`~hetplan.estimate.comm.CommConstants`, ``hardware/data/network.toml``))."""
+def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None = None, job: Any = None) -> Link:
+    """The :class:`Link` of a pool as ``job``'s software uses it (intra-node bandwidth defaults to the catalog's GPU
+    link; the inter-node bandwidth and latency follow the pool's network,
+    :meth:`hetplan.estimate.comm.CommConstants.network_terms`; the intra-node latency and the p2p call time too are
+    ``comm_constants``' (default :class:`~hetplan.estimate.comm.CommConstants`, ``hardware/data/network.toml``)); the
+    fraction of the intra-node bandwidth NCCL reaches times the job's stack's ``intra_node_comm_factor``
+    (:class:`hetplan.hardware.stacks.StackSpec`, fitted on its own rows; ``job`` None: 1)."""
     intra = pool.intra_node_bandwidth_bytes_per_s or gpu.gpu_link_bandwidth_bytes_per_s
     cc = comm_constants or _DEFAULT_COMM
     factor, alpha = cc.network_terms(pool.network)
+    stack_factor = job.stack_spec().intra_node_comm_factor if hasattr(job, "stack_spec") else 1.0
     return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s,
-                cc.p2p_call_s, cc.intra_link_efficiency, cc.inter_link_efficiency, cc.alpha_inter_node_s, cc.nccl_ctas)
+                cc.p2p_call_s, cc.intra_link_efficiency * stack_factor, cc.inter_link_efficiency, cc.alpha_inter_node_s,
+                cc.nccl_ctas)
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:
@@ -370,7 +374,7 @@ def _estimate_one_model(plans: list[Plan], m: ModelSpec, catalog: Catalog, profi
                 gpu = resolved.get(key)
                 if gpu is None:
                     gpu = resolved[key] = pool_gpu(catalog, pool, field=f"plan.pools[{st.pool}].gpu", job=opts)
-                link = pool_link(pool, gpu, comm_constants)
+                link = pool_link(pool, gpu, comm_constants, job=opts)
                 hw = on_link.setdefault((id(gpu), link), StageHardware(gpu, link))
                 # one group per (hardware, options); plans whose stack overlaps the DP reduction and those whose
                 # does not apart, as numpy's vector loops round the last bit by position (same numbers per row)

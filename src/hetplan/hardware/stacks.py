@@ -125,12 +125,18 @@ class StackSpec(BaseModel):
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
+        intra_node_comm_factor: the stack's residual efficiency of its collectives inside a node, a factor on the
+            fraction of the intra-node bandwidth NCCL reaches (:attr:`hetplan.estimate.stagework.Link.
+            intra_link_efficiency`) for every collective of a stage (TP, the intra-node part of DP, MoE and CP):
+            1 unless the stack's own public rows identify it (fitted on a seeded fraction of them, the rest held
+            out: :func:`hetplan.calibration.stack_fit.fit_megatron_deepspeed`; its source says so).
         memory_residual_gib: what ``nvidia-smi`` showed per GPU above the estimate's footprint
             (:attr:`hetplan.estimate.memory.StageMemory.total`) on the stack's own public runs, GiB: memory outside
             the model (NCCL communicators' buffers, the allocator's cache) that the stack's runs measured; fitted on
             a seeded fraction of them, the rest held out (:mod:`hetplan.calibration.memory_fit`); counted in the
             footprint and in the fit test. 0 unless measured.
-        sources: one source per field (``gemm_factor`` and ``memory_residual_gib`` only when not default) and for
+        sources: one source per field (``gemm_factor``, ``intra_node_comm_factor`` and ``memory_residual_gib`` only
+            when not default) and for
             ``released``.
     """
 
@@ -168,6 +174,7 @@ class StackSpec(BaseModel):
     fused_softmax: Literal["any", "fp16-2048", "megatron-2048", "megatron-2048-heads", "megatron-4096",
                            "te-16384"] = "any"
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
+    intra_node_comm_factor: float = Field(default=1.0, gt=0.1, le=1.5)
     memory_residual_gib: float = Field(default=0.0, ge=0.0, le=64.0)
     sources: dict[str, str]
 
@@ -249,6 +256,7 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         sources.update(entry.get("sources", {}))
         merged["sources"] = sources
         optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
+            ("intra_node_comm_factor",) if merged.get("intra_node_comm_factor", 1.0) != 1.0 else ()) + (
             ("memory_residual_gib",) if merged.get("memory_residual_gib", 0.0) != 0.0 else ()) + (
             ("bf16_optimizer",) if merged.get("bf16_optimizer") else ()) + (
             ("bf16_optimizer_zero",) if tuple(merged.get("bf16_optimizer_zero", (0, 1))) != (0, 1) else ()) + (

@@ -208,7 +208,7 @@ class FineCostModel:
         self.options = TrainingOptions.from_job(job)
         self.recompute_modes = tuple(recompute_modes)
         self.profiles = profiles
-        self.link = pool_link(pool, gpu)
+        self.link = pool_link(pool, gpu, job=job)
         self.hardware = StageHardware(gpu, self.link)
         self.capacity = float(gpu.memory_bytes if memory_capacity_bytes is None
                               else min(memory_capacity_bytes, gpu.memory_bytes))

@@ -302,7 +302,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         cfg["zero"] = np.where((cfg["dp"] > 1) & (cfg["zero"] != 0), np.where(cfg["zero"] == 2, 2, 3), 0)
     base = cfg.pop("base")
     n_all = len(cfg["tp"])
-    hardware, options = StageHardware(gpu, pool_link(pool, gpu)), TrainingOptions.from_job(job)
+    hardware, options = StageHardware(gpu, pool_link(pool, gpu, job=job)), TrainingOptions.from_job(job)
     if n_all:
         peak = _pruned_peak_memory_bytes(m, job, cfg, hardware, options, base, pins,
                                          NEAR_MISS_MEMORY_FACTOR * gpu.memory_bytes)

@@ -73,7 +73,7 @@ def stage_types(m: ModelSpec, inventory: Inventory, catalog, dtype: str, pins: P
             continue
         for t in tp_degrees(m, pool.gpus_per_node, pool.count, None if job is None else job.stack_spec()):
             if pins.tp is None or t == pins.tp:
-                out.append(StageType(k, t, gpu, pool_link(pool, gpu), pool_price_usd_per_hour(pool, gpu)))
+                out.append(StageType(k, t, gpu, pool_link(pool, gpu, job=job), pool_price_usd_per_hour(pool, gpu)))
     return out
 
 
