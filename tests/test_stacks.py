@@ -36,7 +36,13 @@ def test_resolve_by_name_version_and_month():
     assert resolve_stack("megatron-lm@2022-07").version == "3.0"
     assert resolve_stack("megatron-lm@2022-07-15").version == "3.0"
     assert not resolve_stack("megatron-lm@2022-06").sequence_parallel
+    # a numbered release between two listed ones is the listed one before it, as a month is
+    for text, listed in (("nemo@22.11", "nemo@22.09"), ("megatron-lm@core_r0.10", "megatron-lm@core_r0.9"),
+                         ("megatron-lm@core_r0.13.1", "megatron-lm@core_r0.12"), ("nemo@22.05.01", "nemo@22.05"),
+                         ("torchtitan@0.3.1", "torchtitan@0.3.0"), ("deepspeed@0.16.3", "deepspeed@0.16")):
+        assert resolve_stack(text).id == listed
     for bad, words in (("megatronlm", "did you mean 'megatron-lm'"), ("nemo@1.0", "no release '1.0'"),
+                       ("nemo@21.12", "no release '21.12'"), ("torchtitan@0.2.0", "no release '0.2.0'"),
                        ("nemo@2020-01", "no release by 2020-01"), ("nemo@2024-13", "not a month"),
                        ("megatron-lm@", "no release after '@'"), ("torchtitan@ ", "no release after '@'")):
         with pytest.raises(HetplanError, match=words) as exc:

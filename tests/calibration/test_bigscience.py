@@ -165,8 +165,8 @@ def test_set_accuracy_reached(loaded):
 
     r = run_modern([bs.SET])[0][bs.SET]
     assert r["n"] == 128
-    assert r["mape"] <= 0.06 and abs(r["signed_median"]) <= 0.03 and r["max_abs_error"] <= 0.28
-    assert r["held_out"]["mape"] <= 0.06 and abs(r["held_out"]["signed_median"]) <= 0.03
+    assert r["mape"] <= 0.05 and abs(r["signed_median"]) <= 0.03 and r["max_abs_error"] <= 0.30
+    assert r["held_out"]["mape"] <= 0.05 and abs(r["held_out"]["signed_median"]) <= 0.03
 
 
 def test_validate_reports_per_tp_per_pp_and_the_oom_rows():

@@ -36,7 +36,7 @@ def test_checked_in_megatron_deepspeed_comm_factor_is_the_fit():
     """The stack's intra-node collective residual refits to its checked-in value on the seeded quarter of BLOOM's
     rows, and it removes the held-out bias without being fitted on them (module doc; docs/estimator.md)."""
     fit = stack_fit.fit_megatron_deepspeed()
-    assert fit.factor == pytest.approx(resolve_stack("megatron-deepspeed@2022").intra_node_comm_factor, abs=0.01)
+    assert fit.factor == pytest.approx(resolve_stack("megatron-deepspeed@2022").tp_comm_factor, abs=0.01)
     assert fit.n_calibration + fit.n_held_out == 128 and fit.n_held_out >= 90
     before, after = fit.held_out_before, fit.held_out_after
     assert before["signed_median"] > 0.10 and abs(after["signed_median"]) < 0.03  # +14 % -> within 3 %
@@ -46,30 +46,33 @@ def test_checked_in_megatron_deepspeed_comm_factor_is_the_fit():
     assert 0 < other_after["signed_median"] < other_before["signed_median"] - 0.1
 
 
-def test_comm_factor_is_per_release_and_scales_only_the_intra_node_collectives():
+def test_comm_factor_is_per_release_and_slows_only_the_tp_collectives():
     from hetplan.calibration.modern import bigscience
     from hetplan.estimate.estimator import estimate, pool_link
-    from hetplan.plan import Job
 
-    factor = resolve_stack("megatron-deepspeed@2021").intra_node_comm_factor
-    assert factor < 1 and resolve_stack("megatron-deepspeed@2022.03").intra_node_comm_factor == factor
-    assert resolve_stack("megatron-deepspeed@2023").intra_node_comm_factor == 1.0  # the v3 rebase: not measured
-    assert resolve_stack("megatron-lm").intra_node_comm_factor == 1.0
+    factor = resolve_stack("megatron-deepspeed@2021").tp_comm_factor
+    assert factor < 1 and resolve_stack("megatron-deepspeed@2022.03").tp_comm_factor == factor
+    assert resolve_stack("megatron-deepspeed@2023").tp_comm_factor == 1.0  # the v3 rebase: not measured
+    assert resolve_stack("megatron-lm").tp_comm_factor == 1.0
     cases, _ = bigscience.bigscience_cases()
     case = next(c for c in cases if c.plan.stages[0].tp == 8 and c.plan.mbs == 4)
     pool, cat = case.plan.pools[0], load_catalog()
     gpu = cat.get(pool.gpu)
     job = case.plan.job
-    assert pool_link(pool, gpu, job=job).intra_link_efficiency == pytest.approx(
-        factor * pool_link(pool, gpu).intra_link_efficiency)
-    assert pool_link(pool, gpu, job=job).inter_link_efficiency == pool_link(pool, gpu).inter_link_efficiency
-    # the TP all-reduces of these layers are bandwidth-bound messages (b·s·h·2 B = 235 MB): ~1/factor the time
+    link, plain = pool_link(pool, gpu, job=job), pool_link(pool, gpu)
+    assert link.tp_comm_factor == pytest.approx(factor) and plain.tp_comm_factor == 1.0 and plain.tp_link() is plain
+    assert link.intra_link_efficiency == plain.intra_link_efficiency  # DP, p2p: the catalog's efficiency
+    assert link.tp_link().intra_link_efficiency == pytest.approx(factor * plain.intra_link_efficiency)
+    assert link.tp_link().inter_link_efficiency == pytest.approx(factor * plain.inter_link_efficiency)
+    # the TP all-reduces of these layers are bandwidth-bound messages (b·s·h·2 B = 235 MB): ~1/factor the time;
+    # the data-parallel reduction and the pipeline transfers do not move
     with_factor = estimate(case.plan, catalog=cat, model=case.model)
     without = estimate(case.plan, catalog=cat, model=case.model,
                        comm_constants=stack_fit.comm_trial(1.0, job.stack))
     ratio = with_factor.stages[0].tp_comm_s / without.stages[0].tp_comm_s
     assert 0.9 / factor < ratio <= 1 / factor
-    assert Job(model="llama2-7b", seq_len=4096, global_batch=512).stack_spec().intra_node_comm_factor == 1.0
+    assert with_factor.p2p_time_s == without.p2p_time_s
+    assert with_factor.dp_exposed_time_s == without.dp_exposed_time_s
 
 
 def test_search_prices_the_stack_residual_as_the_estimator_does():

@@ -27,14 +27,14 @@ The values enter the package data by hand, in a reviewed commit, with this prove
 Megatron-DeepSpeed (:func:`fit_megatron_deepspeed`): BLOOM's layout search (``bigscience_a100``, 128 timed rows
 under ``megatron-deepspeed@2022-02``) leaves an error that grows with the TP degree after every term modelled from
 the stack's code (docs/estimator.md, "DeepSpeed's pipeline engine on BLOOM's A100 runs"): signed median +1 % at
-TP 1, +5 % at TP 2, +10 % at TP 4, +17 % at TP 8, in proportion to the share of the step in collectives inside a
-node. Fitted on its seeded quarter (:attr:`~hetplan.calibration.modern.mapping.ModernCase.is_calibration`), a
-factor on the GPU link's efficiency (``intra_node_comm_factor``) identifies it within ±15 % (Gauss-Newton
-standard error of the log); a GEMM factor leaves the TP trend and a factor on the node's network is not
-identified. Held out: the other three quarters and MT-NLG 530B's three rows (Smith et al. 2022, the 2021 fork on
-Selene, ``nemo_megatron_a100``), which the fit never sees. The factor is a residual, not a code path: what makes
-the pipeline engine's TP collectives slower than NCCL's bus bandwidth was not found (docs/estimator.md lists the
-candidates checked).
+TP 1, +5 % at TP 2, +10 % at TP 4, +17 % at TP 8, in proportion to the share of the step in TP collectives.
+Fitted on its seeded quarter (:attr:`~hetplan.calibration.modern.mapping.ModernCase.is_calibration`), a factor on
+the efficiency of the TP collectives (``tp_comm_factor``) identifies it within ±8 % (Gauss-Newton standard error
+of the log); a GEMM factor leaves the TP trend, one on every collective inside a node slows the TP 1 row's
+data-parallel all-reduce as well, and one on the node's network is not identified. Held out: the other three
+quarters and MT-NLG 530B's three rows (Smith et al. 2022, the 2021 fork on Selene, ``nemo_megatron_a100``),
+which the fit never sees. The factor is a residual, not a code path: what makes the pipeline engine's TP
+collectives slower than NCCL's bus bandwidth was not found (docs/estimator.md lists the candidates checked).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def fit_foundry(catalog: Catalog | None = None) -> StackFit:
 
 @dataclass
 class CommFit:
-    """A stack's fitted ``intra_node_comm_factor`` and the held-out error before (factor 1) and after.
+    """A stack's fitted ``tp_comm_factor`` and the held-out error before (factor 1) and after.
 
     Attributes:
         stack: the stack whose rows were fitted on; factor: the fitted value (rounded to 0.01).
@@ -153,16 +153,14 @@ class CommFit:
     other_release_after: dict
 
 
-#: Search interval of ``intra_node_comm_factor`` (the field's bounds).
+#: Search interval of ``tp_comm_factor`` (the field's bounds).
 COMM_FACTOR_BOUNDS = (0.1, 1.5)
 
 
 def comm_trial(factor: float, stack: str) -> CommConstants:
-    """The communication constants under which ``stack``'s estimate runs at ``intra_node_comm_factor`` =
-    ``factor`` (the estimator multiplies the constants' intra-node efficiency by the checked-in factor)."""
-    base = CommConstants()
-    scale = factor / resolve_stack(stack).intra_node_comm_factor
-    return replace(base, intra_link_efficiency=base.intra_link_efficiency * scale)
+    """The communication constants under which ``stack``'s estimate runs at ``tp_comm_factor`` = ``factor`` (the
+    estimator multiplies the constants' trial factor by the checked-in one)."""
+    return replace(CommConstants(), tp_comm_factor=factor / resolve_stack(stack).tp_comm_factor)
 
 
 def comm_loss(cases, factor: float, stack: str, catalog: Catalog) -> float:
@@ -191,7 +189,7 @@ def _evaluate(cases, catalog: Catalog, cc: CommConstants | None) -> dict:
 
 
 def fit_megatron_deepspeed(catalog: Catalog | None = None) -> CommFit:
-    """Fit ``megatron-deepspeed``'s ``intra_node_comm_factor`` on the seeded quarter of ``bigscience_a100`` (module
+    """Fit ``megatron-deepspeed``'s ``tp_comm_factor`` on the seeded quarter of ``bigscience_a100`` (module
     doc): a bounded scalar search on log(factor), rounded to 0.01."""
     from scipy.optimize import minimize_scalar
 
@@ -218,7 +216,7 @@ def _print_metrics(label: str, m: dict) -> None:  # pragma: no cover - prints th
 
 def main() -> None:  # pragma: no cover - prints the fit
     comm = fit_megatron_deepspeed()
-    print(f"{comm.stack}: intra_node_comm_factor {comm.factor:.2f}; {comm.n_calibration} calibration rows, "
+    print(f"{comm.stack}: tp_comm_factor {comm.factor:.2f}; {comm.n_calibration} calibration rows, "
           f"{comm.n_held_out} held out")
     for label, m in (("held-out before", comm.held_out_before), ("held-out after", comm.held_out_after),
                      ("MT-NLG (2021 fork) before", comm.other_release_before),

@@ -125,6 +125,9 @@ class CommConstants:
     inter_link_efficiency: float = INTER_LINK_EFFICIENCY
     #: Thread blocks an NCCL kernel takes from overlapped compute (:data:`NCCL_CTAS`, :func:`overlap_contention`).
     nccl_ctas: int = NCCL_CTAS
+    #: A trial factor on the TP collectives' efficiency, on top of the job's stack's ``tp_comm_factor`` (1: none;
+    #: :func:`hetplan.calibration.stack_fit.fit_megatron_deepspeed` passes its trials here).
+    tp_comm_factor: float = 1.0
     #: ``(network, per-step latency s, line-rate fraction)`` of each inter-node network (:data:`NETWORKS`).
     networks: tuple[tuple[str, float, float], ...] = tuple((k, a, e) for k, (a, e) in NETWORKS.items())
 

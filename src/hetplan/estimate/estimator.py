@@ -119,15 +119,15 @@ def pool_link(pool: GPUPool, gpu: GPUSpec, comm_constants: CommConstants | None 
     link; the inter-node bandwidth and latency follow the pool's network,
     :meth:`hetplan.estimate.comm.CommConstants.network_terms`; the intra-node latency and the p2p call time too are
     ``comm_constants``' (default :class:`~hetplan.estimate.comm.CommConstants`, ``hardware/data/network.toml``)); the
-    fraction of the intra-node bandwidth NCCL reaches times the job's stack's ``intra_node_comm_factor``
-    (:class:`hetplan.hardware.stacks.StackSpec`, fitted on its own rows; ``job`` None: 1)."""
+    TP collectives' share of the NCCL efficiencies is the job's stack's ``tp_comm_factor``
+    (:class:`hetplan.hardware.stacks.StackSpec`, fitted on its own rows; ``job`` None: 1) times the constants'."""
     intra = pool.intra_node_bandwidth_bytes_per_s or gpu.gpu_link_bandwidth_bytes_per_s
     cc = comm_constants or _DEFAULT_COMM
     factor, alpha = cc.network_terms(pool.network)
-    stack_factor = job.stack_spec().intra_node_comm_factor if hasattr(job, "stack_spec") else 1.0
+    tp_factor = (job.stack_spec().tp_comm_factor if hasattr(job, "stack_spec") else 1.0) * cc.tp_comm_factor
     return Link(pool.gpus_per_node, intra, pool.inter_node_bandwidth_bytes_per_s * factor, alpha, cc.alpha_intra_node_s,
-                cc.p2p_call_s, cc.intra_link_efficiency * stack_factor, cc.inter_link_efficiency, cc.alpha_inter_node_s,
-                cc.nccl_ctas)
+                cc.p2p_call_s, cc.intra_link_efficiency, cc.inter_link_efficiency, cc.alpha_inter_node_s, cc.nccl_ctas,
+                tp_factor)
 
 
 def pool_price_usd_per_hour(pool: GPUPool, gpu: GPUSpec) -> float:

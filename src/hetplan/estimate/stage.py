@@ -174,7 +174,7 @@ def stage_costs(
     overlap_grad_reduce = overlap_grad_reduce & stack_overlaps_grad_reduce(stack, single_stage, zero)
     s, b = counts.as_float(s), counts.as_float(b)  # token and byte counts in float64 (int64 overflows)
     fp8_recipe = stage_fp8_recipe(gpu, options)
-    terms = LayerTerms(link, sequence_parallel=sequence_parallel, attention=attention,
+    terms = LayerTerms(link.tp_link(), sequence_parallel=sequence_parallel, attention=attention,
                        tp_comm_overlap=tp_comm_overlap and not m.is_moe, cuda_graphs=cuda_graphs,
                        op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp" and not m.is_moe,
                        async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe),
@@ -258,7 +258,7 @@ def stage_costs(
             cf, cb = cf + xf, cb + xb
         sac_rerun: Any = 0.0
         if dense and framework == "fsdp":  # torchao tensor-wise casts of TP DTensors: amax all-reduces (fp8 doc)
-            rf, rb, rs = fp8.tp_amax_allreduce_time_s(m, fp8_recipe, t, sequence_parallel, link, b * s)
+            rf, rb, rs = fp8.tp_amax_allreduce_time_s(m, fp8_recipe, t, sequence_parallel, link.tp_link(), b * s)
             sac_cast = fp8.op_sac_cast_time_s(gpu, fp8_recipe, shapes, t, sequence_parallel, (True, False, True, False))
             cf, cb = cf + rf, cb + rb
             # per-op SAC runs them again, with the forward casts its recomputation needs (full: with cf)

@@ -15,7 +15,7 @@ numpy arrays (thousands of configurations of a search), broadcasting against eac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import Any
 
@@ -55,7 +55,10 @@ class Link:
     time a stage loses per pipeline p2p call of an extra model chunk (:data:`hetplan.estimate.comm.P2P_CALL_S`),
     the fractions of the intra- and inter-node bandwidth NCCL reaches for large messages, the latency of a
     pipeline p2p transfer inside a node (:func:`hetplan.estimate.stage.boundary_alpha_s`) and the thread blocks
-    an NCCL kernel takes from overlapped compute (:func:`hetplan.estimate.comm.overlap_contention`). Defaults:
+    an NCCL kernel takes from overlapped compute (:func:`hetplan.estimate.comm.overlap_contention`), and the
+    fraction of those efficiencies the stage's TP collectives reach (``tp_comm_factor``: the job's stack's residual,
+    :attr:`hetplan.hardware.stacks.StackSpec.tp_comm_factor`, times a calibration's trial,
+    :attr:`hetplan.estimate.comm.CommConstants.tp_comm_factor`; :meth:`tp_link`). Defaults:
     ``hardware/data/network.toml`` with its sources; :func:`hetplan.estimate.estimator.pool_link` fills every
     field from a :class:`~hetplan.estimate.comm.CommConstants`, so a calibration's values reach each
     collective."""
@@ -70,6 +73,14 @@ class Link:
     inter_link_efficiency: float = INTER_LINK_EFFICIENCY
     p2p_alpha_s: float = ALPHA_INTER_NODE_S
     nccl_ctas: int = NCCL_CTAS
+    tp_comm_factor: float = 1.0
+
+    def tp_link(self) -> Link:
+        """The link the TP collectives see: both efficiencies times ``tp_comm_factor`` (itself at 1)."""
+        if self.tp_comm_factor == 1.0:
+            return self
+        return replace(self, intra_link_efficiency=self.intra_link_efficiency * self.tp_comm_factor,
+                       inter_link_efficiency=self.inter_link_efficiency * self.tp_comm_factor, tp_comm_factor=1.0)
 
     @classmethod
     def one_node(cls, bandwidth_bytes_per_s: Array, intra_node_alpha_s: float = ALPHA_INTRA_NODE_S) -> Link:

@@ -51,6 +51,31 @@ StackFp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"]
 #: How a release's model code runs a dense layer's input projections (``StackSpec.projections``).
 Projections = Literal["fused", "separate", "fused-qkv"]
 _MONTH = re.compile(r"^(\d{4})-(\d{2})(?:-\d{2})?$")
+#: A release label as the projects number them: an optional prefix, then dot-separated numbers (``22.09``,
+#: ``core_r0.12``, ``0.3.0``).
+_NUMBERED = re.compile(r"^([a-z_]*)(\d+(?:\.\d+)*)$")
+
+
+def _numbered(version: str) -> tuple[str, int, tuple[int, ...]] | None:
+    """``(prefix, digits of the first number, numbers)`` of a numbered label, None for any other."""
+    m = _NUMBERED.match(version.lower())
+    if m is None:
+        return None
+    parts = m.group(2).split(".")
+    return m.group(1), len(parts[0]), tuple(int(x) for x in parts)
+
+
+def _release_before(releases: list, version: str):
+    """The listed release a numbered ``version`` that is not listed falls under: the highest listed label of the
+    same numbering (prefix and digits of the first number; a patch level beyond the label's numbers is ignored)
+    not above it, None if there is none (``nemo@22.11`` -> ``22.09``; ``megatron-lm@core_r0.13.1`` ->
+    ``core_r0.12``; ``deepspeed@0.9.2`` -> ``0.5``; ``nemo@21.12``, before the first: None)."""
+    want = _numbered(version)
+    if want is None:
+        return None
+    below = [(n[2], r) for r in releases if (n := _numbered(r.version)) is not None
+             and n[:2] == want[:2] and len(n[2]) <= len(want[2]) and n[2] <= want[2][:len(n[2])]]
+    return max(below, key=lambda x: x[0])[1] if below else None
 
 
 class StackSpec(BaseModel):
@@ -125,17 +150,17 @@ class StackSpec(BaseModel):
         gemm_factor: the stack's residual GEMM efficiency, a factor on the GPU's fitted ``compute_efficiency`` /
             ``fp8_compute_efficiency``: 1 unless the stack's own public rows identify it (fitted on a seeded
             fraction of them, the rest held out: :mod:`hetplan.calibration.stack_fit`; its source says so).
-        intra_node_comm_factor: the stack's residual efficiency of its collectives inside a node, a factor on the
-            fraction of the intra-node bandwidth NCCL reaches (:attr:`hetplan.estimate.stagework.Link.
-            intra_link_efficiency`) for every collective of a stage (TP, the intra-node part of DP, MoE and CP):
-            1 unless the stack's own public rows identify it (fitted on a seeded fraction of them, the rest held
-            out: :func:`hetplan.calibration.stack_fit.fit_megatron_deepspeed`; its source says so).
+        tp_comm_factor: the stack's residual efficiency of its TP collectives, a factor on the fraction of the link
+            bandwidth NCCL reaches for them (:meth:`hetplan.estimate.stagework.Link.tp_link`: the layers' TP
+            all-reduces, all-gathers and reduce-scatters; DP, MoE, CP and pipeline transfers keep theirs): 1 unless
+            the stack's own public rows identify it (fitted on a seeded fraction of them, the rest held out:
+            :func:`hetplan.calibration.stack_fit.fit_megatron_deepspeed`; its source says so).
         memory_residual_gib: what ``nvidia-smi`` showed per GPU above the estimate's footprint
             (:attr:`hetplan.estimate.memory.StageMemory.total`) on the stack's own public runs, GiB: memory outside
             the model (NCCL communicators' buffers, the allocator's cache) that the stack's runs measured; fitted on
             a seeded fraction of them, the rest held out (:mod:`hetplan.calibration.memory_fit`); counted in the
             footprint and in the fit test. 0 unless measured.
-        sources: one source per field (``gemm_factor``, ``intra_node_comm_factor`` and ``memory_residual_gib`` only
+        sources: one source per field (``gemm_factor``, ``tp_comm_factor`` and ``memory_residual_gib`` only
             when not default) and for
             ``released``.
     """
@@ -174,7 +199,7 @@ class StackSpec(BaseModel):
     fused_softmax: Literal["any", "fp16-2048", "megatron-2048", "megatron-2048-heads", "megatron-4096",
                            "te-16384"] = "any"
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
-    intra_node_comm_factor: float = Field(default=1.0, gt=0.1, le=1.5)
+    tp_comm_factor: float = Field(default=1.0, gt=0.1, le=1.5)
     memory_residual_gib: float = Field(default=0.0, ge=0.0, le=64.0)
     sources: dict[str, str]
 
@@ -256,7 +281,7 @@ def _merge(raw: list, origin: str) -> tuple[StackSpec, ...]:
         sources.update(entry.get("sources", {}))
         merged["sources"] = sources
         optional = (("gemm_factor",) if merged.get("gemm_factor", 1.0) != 1.0 else ()) + (
-            ("intra_node_comm_factor",) if merged.get("intra_node_comm_factor", 1.0) != 1.0 else ()) + (
+            ("tp_comm_factor",) if merged.get("tp_comm_factor", 1.0) != 1.0 else ()) + (
             ("memory_residual_gib",) if merged.get("memory_residual_gib", 0.0) != 0.0 else ()) + (
             ("bf16_optimizer",) if merged.get("bf16_optimizer") else ()) + (
             ("bf16_optimizer_zero",) if tuple(merged.get("bf16_optimizer_zero", (0, 1))) != (0, 1) else ()) + (
@@ -303,8 +328,9 @@ def default_stack(framework: str) -> StackSpec:
 
 @lru_cache(maxsize=256)
 def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
-    """The release ``text`` names: ``NAME`` (the latest), ``NAME@VERSION`` (that release) or ``NAME@YYYY-MM``
-    (the release in force that month: the latest released then).
+    """The release ``text`` names: ``NAME`` (the latest), ``NAME@VERSION`` (that release; a numbered release the
+    catalog does not list resolves to the listed one it follows, as a month does: ``nemo@22.11`` is
+    ``nemo@22.09``) or ``NAME@YYYY-MM`` (the release in force that month: the latest released then).
 
     Raises:
         HetplanError: unknown name or version, an empty version after ``@``, or a month before the stack's first
@@ -332,6 +358,9 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
             return r
     month = _MONTH.match(version)
     if month is None:
+        listed = _release_before(releases, version)
+        if listed is not None:  # a release between two listed ones: the one in force, as a month resolves
+            return listed
         raise HetplanError(f"{name} has no release {version!r}", field=field,
                            fix=f"use one of {', '.join(r.version for r in releases)}, or a month YYYY-MM")
     if not 1 <= int(month.group(2)) <= 12:
