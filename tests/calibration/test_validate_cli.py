@@ -75,7 +75,7 @@ def test_set_names_and_fields(result):
     assert result["sets"]["fasop_layers"]["n"] == 33
     assert result["sets"]["espresso_hetero"]["n"] == 9
     assert result["sets"]["bigscience_a100"]["n"] == 128
-    assert result["sets"]["nemo_megatron_a100"]["n"] == 32
+    assert result["sets"]["nemo_megatron_a100"]["n"] == 39
 
 
 @pytest.mark.parametrize("name", list(BOUNDS))

@@ -482,10 +482,13 @@ def stacks_2022_cases() -> list[Case]:
 
     Rows (``validation_data/nemo_megatron_a100.csv``, every row with its source):
 
-    * NeMo Megatron 22.05 (NeMo 1.8.2) and 22.06 (NeMo 1.10): GPT-3 5B at TP 2 on 1-20 DGX A100 80GB nodes,
-      tokens/s, from the launcher's README §7.1.2 at ``NVIDIA/NeMo-Framework-Launcher@90aa8f87`` and ``@3bac9805``;
-      layout from ``conf/training/gpt3/5b.yaml`` of the same commit (TP 2, PP 1, micro-batch 2, global batch 1,440,
-      no recomputation, no sequence parallelism, ``fused_adam``: ZeRO-0, bf16).
+    * NeMo Megatron 22.02 and 22.06 (NeMo 1.10): GPT-3 5B at TP 2 on 1-20 DGX A100 80GB nodes, tokens/s, from
+      the launcher's README at ``NVIDIA/NeMo-Framework-Launcher@2b8b56d3`` (2022-03-18, "r22.02", §6.1.2),
+      ``@261d93af`` (2022-03-24, still r22.02: a second measurement, the table the README then kept unchanged
+      through ``@90aa8f87``, NeMo 22.05, so it is priced under the release that ran it, not 22.05) and
+      ``@3bac9805`` (§7.1.2); layout from ``conf/training/gpt3/5b.yaml`` of the same commit (TP 2, PP 1,
+      micro-batch 2, global batch 1,440, no recomputation, no sequence parallelism, ``fused_adam``: ZeRO-0,
+      bf16).
     * NeMo Megatron 22.08 (NeMo 1.11): GPT-3 175B at TP 8 × PP 8 on 16 / 32 / 128 nodes (``@b54e402d``) and 22.09
       (NeMo 1.12): GPT-3 5B at TP 1 on 1-32 nodes and GPT-3 175B at TP 8 × PP 8 on 8-128 nodes (``@562d401d``),
       each with ``conf/training/gpt3/{5b,175b}.yaml`` of its commit (5B: micro-batch 2, global batch 2,048, no

@@ -210,7 +210,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Estimator error on vTrain, Megatron SC'21 Table 1, Korthikanti Table 5, Aceso's V100 profile and FASOP's
         per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), the 2021-22 stacks on A100 (NeMo Megatron
-        22.05-22.09, MT-NLG 530B under Megatron-DeepSpeed; bigscience_a100: BLOOM's layout search and
+        22.02-22.09, MT-NLG 530B under Megatron-DeepSpeed; bigscience_a100: BLOOM's layout search and
         production steps under DeepSpeed's pipeline engine), and on the modern H100/H200/B200/GB200 sets
         (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
         of llm-foundry, NeMo 24.07 and fms-fsdp (a seeded half of llm-foundry's fitted that stack's residuals, the
