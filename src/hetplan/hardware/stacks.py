@@ -161,8 +161,7 @@ class StackSpec(BaseModel):
             a seeded fraction of them, the rest held out (:mod:`hetplan.calibration.memory_fit`); counted in the
             footprint and in the fit test. 0 unless measured.
         sources: one source per field (``gemm_factor``, ``tp_comm_factor`` and ``memory_residual_gib`` only
-            when not default) and for
-            ``released``.
+            when not default) and for ``released``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
