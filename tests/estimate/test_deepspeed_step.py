@@ -154,6 +154,10 @@ def test_deepspeed_zero1_overlap_by_release():
 
     old, new = resolve_stack("deepspeed@0.5"), resolve_stack("deepspeed@0.16")
     assert (old.zero1_grad_reduce, new.zero1_grad_reduce) == ("allreduce", "reduce-scatter")
+    # the change is v0.13.0's: its releases and months resolve to the 0.13 entry, the ones before to 0.5
+    assert [resolve_stack(f"deepspeed@{v}").zero1_grad_reduce for v in ("0.12", "2023-12", "0.13", "0.14.4",
+                                                                         "2024-06")] == [
+        "allreduce", "allreduce", "reduce-scatter", "reduce-scatter", "reduce-scatter"]
     assert resolve_stack("megatron-deepspeed@2022").zero1_grad_reduce == "allreduce"  # carried over from 2021
     assert [old.overlaps_grad_reduce(1, z) for z in (0, 1, 2)] == [False, False, True]
     assert [new.overlaps_grad_reduce(1, z) for z in (0, 1, 2)] == [False, True, True]
