@@ -51,7 +51,11 @@ class ModelSpec(BaseModel):
         gated_mlp: SwiGLU-style MLP with three matrices (gate, up, down).
         norm: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only).
         linear_bias: linear layers have biases (GPT-2, OPT, GPT-NeoX) or not (Llama, Mistral).
-        learned_positions: number of rows in a learned position-embedding table (0 for rotary).
+        learned_positions: number of rows in a learned position-embedding table (0 for rotary or ALiBi).
+        alibi: positions enter as ALiBi's per-head linear bias on the attention scores, no table and no rotary
+            embedding (BLOOM; Press et al. ICLR 2022): priced as the scores' element-wise work it adds, left out
+            (docs/estimator.md, BigScience section); ``hetplan export --to megatron`` refuses it (Megatron-LM has
+            no ALiBi).
         tied_embeddings: the output head shares the input embedding matrix.
         dropout: the model applies dropout (stores dropout masks, Korthikanti et al. 2023, Sec. 4.1).
         softmax_fp32: the attention softmax runs in fp32 on 16-bit scores (upcast, softmax, cast back): BLOOM's
@@ -97,6 +101,7 @@ class ModelSpec(BaseModel):
     norm: Literal["layernorm", "rmsnorm"]
     linear_bias: bool
     learned_positions: int = Field(ge=0)
+    alibi: bool = False
     tied_embeddings: bool
     dropout: bool
     softmax_fp32: bool = False
@@ -204,6 +209,7 @@ class HFConfig(BaseModel):
     model_type: str | None = None
     hidden_size: _Int = None
     n_embd: _Int = None
+    n_embed: _Int = None
     num_hidden_layers: _Int = None
     n_layer: _Int = None
     num_attention_heads: _Int = None
@@ -218,6 +224,7 @@ class HFConfig(BaseModel):
     ffn_dim: _Int = None
     n_positions: _Int = None
     max_position_embeddings: _Int = None
+    seq_length: _Int = None
     word_embed_proj_dim: _Int = None
     sliding_window: _Int = None
     layer_types: list[str] | None = None
@@ -245,6 +252,7 @@ class HFConfig(BaseModel):
     enable_bias: StrictBool | None = None
     attention_softmax_in_fp32: StrictBool | None = None
     attention_dropout: _Float = None
+    hidden_dropout: _Float = None
     attn_pdrop: _Float = None
     dropout: _Float = None
     text_config: dict | None = None
@@ -413,6 +421,10 @@ def _check_family_fields(cfg: Mapping[str, Any], model_type: str, fields: dict) 
                                fix=f"list one of {', '.join(kinds)} per layer, or remove layer_types")
 
 
+#: Longest sequence of a model with ALiBi positions (BLOOM) whose config names none: ALiBi adds a distance bias to
+#: the scores and has no position table to run out of (Press et al. ICLR 2022, "Train Short, Test Long").
+ALIBI_MAX_SEQ_LEN = 1 << 20
+
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4")
 
 
@@ -420,7 +432,7 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary.
 
     Field names follow the ``transformers`` configuration classes of each family (LlamaConfig, MistralConfig,
-    GPT2Config, GPTNeoXConfig, OPTConfig and the MoE ones of :func:`_moe_fields`); a Llama 4 multimodal config
+    GPT2Config, GPTNeoXConfig, OPTConfig, BloomConfig and the MoE ones of :func:`_moe_fields`); a Llama 4 multimodal config
     is read from its ``text_config``. Extra keys ``published_parameters``, ``published_active_parameters`` and
     ``source`` are read if present.
 
@@ -459,6 +471,27 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
             dropout=float(_get(cfg, "attn_pdrop", "attention_dropout", default=0.1)) > 0,
             softmax_fp32=bool(cfg.get("attention_softmax_in_fp32", False)),
         )
+    elif model_type == "bloom":
+        # BloomConfig (transformers models/bloom/configuration_bloom.py): n_layer, n_head, hidden_size (n_embed
+        # accepted), vocab_size. The block is Megatron's GPT block as BigScience's Megatron-DeepSpeed ran it (4h
+        # GeLU MLP, LayerNorm, biases, tied input and output embeddings) with ALiBi instead of a position table
+        # (bigscience train/tr11-176B-ml: --position-embedding-type alibi), so any sequence length is allowed
+        # unless the config names its seq_length; the embedding LayerNorm (2h parameters) is left out.
+        shape = _common_shape(dict(cfg, hidden_size=cfg.get("hidden_size", cfg.get("n_embed"))), "megatron_gpt",
+                              gpt2_names=True)
+        fields = dict(
+            shape,
+            ffn_hidden_size=4 * shape["hidden_size"],
+            max_seq_len=cfg.get("seq_length", ALIBI_MAX_SEQ_LEN),
+            gated_mlp=False,
+            norm="layernorm",
+            linear_bias=True,
+            learned_positions=0,
+            alibi=True,
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            dropout=max(float(cfg.get("hidden_dropout", 0.0)), float(cfg.get("attention_dropout", 0.0))) > 0,
+            softmax_fp32=bool(cfg.get("attention_softmax_in_fp32", True)),  # BloomConfig's default
+        )
     elif model_type == "gpt_neox":
         shape = _common_shape(cfg, model_type)
         fields = dict(
@@ -496,7 +529,7 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
         raise HetplanError(
             f"unsupported model_type {model_type!r}",
             field="model.model_type",
-            fix="use one of llama, mistral, gpt2, gpt_neox, opt, megatron_gpt, " + ", ".join(MOE_FAMILIES),
+            fix="use one of llama, mistral, gpt2, gpt_neox, opt, megatron_gpt, bloom, " + ", ".join(MOE_FAMILIES),
         )
     _check_family_fields(cfg, model_type, fields)
     try:

@@ -39,7 +39,7 @@ from hetplan.calibration.modern.mapping import Layout, ModernCase, build_plan, c
 from hetplan.calibration.modern.rows import NotExpressibleError, cell_float, cell_int, read_rows
 from hetplan.calibration.modern.sets import FILES
 from hetplan.hardware.catalog import Catalog, load_catalog
-from hetplan.model.spec import ModelSpec
+from hetplan.model.spec import ModelSpec, from_hf_config
 from hetplan.plan import GPUPool
 
 SET = "bigscience_a100"
@@ -79,17 +79,15 @@ def bigscience_config(r: dict) -> dict:
 
 
 def bigscience_model(r: dict) -> ModelSpec:
-    """The model of a row (:func:`bigscience_config`): Megatron's GPT block (4h GeLU MLP, LayerNorm, biases,
-    dropout), ALiBi instead of learned positions (``--position-embedding-type alibi``), tied input and output
-    embeddings. The embedding LayerNorm (``--embed-layernorm``) is 2h parameters and one element-wise pass, left
-    out."""
+    """The model of a row: its :func:`bigscience_config` read as any BLOOM ``config.json`` is
+    (:func:`hetplan.model.spec.from_hf_config`, ``model_type = "bloom"``: Megatron's GPT block with a 4h GeLU MLP,
+    LayerNorm, biases and dropout, ALiBi instead of learned positions (``--position-embedding-type alibi``), tied
+    input and output embeddings; the embedding LayerNorm of ``--embed-layernorm``, 2h parameters and one
+    element-wise pass, left out)."""
     c = bigscience_config(r)
-    L, h, a = c["n_layer"], c["hidden_size"], c["n_head"]
-    return ModelSpec(name=f"bloom-L{L}-h{h}-a{a}", family="megatron_gpt", num_layers=L, hidden_size=h,
-                     num_attention_heads=a, num_kv_heads=a, head_dim=h // a, ffn_hidden_size=4 * h,
-                     vocab_size=c["vocab_size"], max_seq_len=c["seq_length"], gated_mlp=False, norm="layernorm",
-                     linear_bias=True, learned_positions=0, tied_embeddings=True, dropout=c["hidden_dropout"] > 0,
-                     source="bigscience-workshop/bigscience train/tr11-176B-ml (NLAYERS/NHIDDEN/NHEADS per table)")
+    m = from_hf_config(c, f"bloom-L{c['n_layer']}-h{c['hidden_size']}-a{c['n_head']}")
+    return m.model_copy(update={"source": "bigscience-workshop/bigscience train/tr11-176B-ml (NLAYERS/NHIDDEN/NHEADS "
+                                          "per table)"})
 
 
 def deepspeed_partition(num_layers: int, pp: int, embedding_units: bool) -> list[int]:

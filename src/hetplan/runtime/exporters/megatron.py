@@ -38,7 +38,7 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
 
     Raises:
         HetplanError: per-stage TP/DP/CP/EP/recompute differ, an uneven split beyond first/last stage, uneven
-            stages with interleaving, selective recomputation of only some layers, GPipe.
+            stages with interleaving, selective recomputation of only some layers, GPipe, an ALiBi model.
     """
     m = _mesh(plan, "Megatron-LM")
     pp = plan.pp
@@ -174,6 +174,11 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--recompute-modules " + " ".join((["core_attn"] if m.recompute == "selective" else []) + modules))
     if plan.job.offload_modules:
         args += ["--fine-grained-activation-offloading", "--offload-modules " + " ".join(plan.job.offload_modules)]
+    if spec.alibi:  # a launch with rotary or learned positions would train another model
+        raise HetplanError(f"Megatron-LM has no ALiBi position embedding (--position-embedding-type: learned_absolute, "
+                           f"rope, yarn, mrope, relative, none); {spec.name} uses ALiBi", field="--to",
+                           fix="export --to deepspeed (BLOOM trained with Megatron-DeepSpeed's "
+                               "--position-embedding-type alibi), or plan a model with rotary or learned positions")
     if spec.family in ("llama", "mistral") or (experts and spec.gated_mlp):
         args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
     elif spec.learned_positions == 0:
