@@ -177,8 +177,9 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
     if spec.alibi:  # a launch with rotary or learned positions would train another model
         raise HetplanError(f"Megatron-LM has no ALiBi position embedding (--position-embedding-type: learned_absolute, "
                            f"rope, yarn, mrope, relative, none); {spec.name} uses ALiBi", field="--to",
-                           fix="export --to deepspeed (BLOOM trained with Megatron-DeepSpeed's "
-                               "--position-embedding-type alibi), or plan a model with rotary or learned positions")
+                           fix="hetplan has no Megatron-DeepSpeed exporter (BLOOM trained with its "
+                               "--position-embedding-type alibi): pin --tp 1 and export --to deepspeed, or plan a "
+                               "model with rotary or learned positions")
     if spec.family in ("llama", "mistral") or (experts and spec.gated_mlp):
         args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
     elif spec.learned_positions == 0:
