@@ -53,9 +53,9 @@ class ModelSpec(BaseModel):
         linear_bias: linear layers have biases (GPT-2, OPT, GPT-NeoX) or not (Llama, Mistral).
         learned_positions: number of rows in a learned position-embedding table (0 for rotary or ALiBi).
         alibi: positions enter as ALiBi's per-head linear bias on the attention scores, no table and no rotary
-            embedding (BLOOM; Press et al. ICLR 2022): priced as the scores' element-wise work it adds, left out
-            (docs/estimator.md, BigScience section); ``hetplan export --to megatron`` refuses it (Megatron-LM has
-            no ALiBi).
+            embedding (BLOOM; Press et al. ICLR 2022). The bias's element-wise work on the scores is not priced
+            (docs/estimator.md, BigScience section); ``hetplan export --to megatron`` refuses the model (Megatron-LM
+            has no ALiBi).
         tied_embeddings: the output head shares the input embedding matrix.
         dropout: the model applies dropout (stores dropout masks, Korthikanti et al. 2023, Sec. 4.1).
         softmax_fp32: the attention softmax runs in fp32 on 16-bit scores (upcast, softmax, cast back): BLOOM's
