@@ -39,7 +39,8 @@ def test_resolve_by_name_version_and_month():
     # a numbered release between two listed ones is the listed one before it, as a month is
     for text, listed in (("nemo@22.11", "nemo@22.09"), ("megatron-lm@core_r0.10", "megatron-lm@core_r0.9"),
                          ("megatron-lm@core_r0.13.1", "megatron-lm@core_r0.12"), ("nemo@22.05.01", "nemo@22.05"),
-                         ("torchtitan@0.3.1", "torchtitan@0.3.0"), ("deepspeed@0.16.3", "deepspeed@0.16")):
+                         ("torchtitan@0.3.1", "torchtitan@0.3.0"), ("deepspeed@0.16.3", "deepspeed@0.16"),
+                         ("deepspeed@0.9", "deepspeed@0.6.2"), ("deepspeed@0.6.1", "deepspeed@0.5")):
         assert resolve_stack(text).id == listed
     for bad, words in (("megatronlm", "did you mean 'megatron-lm'"), ("nemo@1.0", "no release '1.0'"),
                        ("nemo@21.12", "no release '21.12'"), ("torchtitan@0.2.0", "no release '0.2.0'"),

@@ -158,6 +158,10 @@ def test_deepspeed_zero1_overlap_by_release():
     assert [resolve_stack(f"deepspeed@{v}").zero1_grad_reduce for v in ("0.12", "2023-12", "0.13", "0.14.4",
                                                                          "2024-06")] == [
         "allreduce", "allreduce", "reduce-scatter", "reduce-scatter", "reduce-scatter"]
+    # BF16_Optimizer arrives in v0.6.2 (#1801), without ZeRO only; v0.5-v0.6.1 price bf16 without it
+    assert [(resolve_stack(f"deepspeed@{v}").bf16_optimizer, resolve_stack(f"deepspeed@{v}").bf16_optimizer_zero)
+            for v in ("0.6.1", "0.6.2", "2023-06", "0.16")] == [(False, (0, 1)), (True, (0,)), (True, (0,)),
+                                                                 (True, (0,))]
     assert resolve_stack("megatron-deepspeed@2022").zero1_grad_reduce == "allreduce"  # carried over from 2021
     assert [old.overlaps_grad_reduce(1, z) for z in (0, 1, 2)] == [False, False, True]
     assert [new.overlaps_grad_reduce(1, z) for z in (0, 1, 2)] == [False, True, True]

@@ -67,14 +67,19 @@ def _numbered(version: str) -> tuple[str, int, tuple[int, ...]] | None:
 
 def _release_before(releases: list, version: str):
     """The listed release a numbered ``version`` that is not listed falls under: the highest listed label of the
-    same numbering (prefix and digits of the first number; a patch level beyond the label's numbers is ignored)
-    not above it, None if there is none (``nemo@22.11`` -> ``22.09``; ``megatron-lm@core_r0.13.1`` ->
-    ``core_r0.12``; ``deepspeed@0.9.2`` -> ``0.5``; ``nemo@21.12``, before the first: None)."""
+    same numbering (prefix and digits of the first number) not above it, the numbers compared as versions are
+    (missing ones 0), None if there is none (``nemo@22.11`` -> ``22.09``; ``megatron-lm@core_r0.13.1`` ->
+    ``core_r0.12``; ``deepspeed@0.9`` -> ``0.6.2``, ``deepspeed@0.6.1`` -> ``0.5``; ``nemo@21.12``, before the first:
+    None)."""
     want = _numbered(version)
     if want is None:
         return None
-    below = [(n[2], r) for r in releases if (n := _numbered(r.version)) is not None
-             and n[:2] == want[:2] and len(n[2]) <= len(want[2]) and n[2] <= want[2][:len(n[2])]]
+
+    def padded(numbers: tuple[int, ...]) -> tuple[int, ...]:
+        return numbers + (0,) * (8 - len(numbers))
+
+    below = [(padded(n[2]), r) for r in releases if (n := _numbered(r.version)) is not None
+             and n[:2] == want[:2] and padded(n[2]) <= padded(want[2])]
     return max(below, key=lambda x: x[0])[1] if below else None
 
 
