@@ -195,3 +195,35 @@ def test_bad_calibration_file_exit_2(tmp_path):
     f.write_text("[calibration]\ncompute_factor = -1\n")
     out = _cli("estimate", str(tmp_path / "none.json"), "--calibration", str(f))
     assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_calibrate_bloom_runs_from_their_config_files(tmp_path):
+    """A user's BLOOM runs, each a plan JSON whose model is the run's BLOOM ``config.json`` (``model_type``
+    ``bloom``): six rows of BigScience's seeded quarter (``bigscience_a100``) calibrate through the CLI, and the
+    calibrated file prices a plan of them again (hetplan's own error on these rows is a few %)."""
+    from hetplan.calibration.modern import bigscience as bs
+    from hetplan.calibration.modern.rows import read_rows
+    from hetplan.calibration.modern.sets import FILES
+
+    cases = {c.key: c for c in bs.bigscience_cases()[0] if c.is_calibration}
+    lines = ["plan,step_time_s"]
+    for i, r in enumerate(read_rows(FILES[bs.SET])):
+        key = (f"{bs.SET}:{i}:{r['section']}:L{r['layers']}h{r['hidden']}a{r['heads']}:tp{r['tp']}pp{r['pp']}"
+               f"dp{r['dp']}mb{r['micro_batch']}g{r['global_batch']}:{r['dtype']}")
+        if key not in cases or len(lines) > 6:
+            continue
+        cfg = tmp_path / f"bloom_{i}.json"
+        cfg.write_text(json.dumps(bs.bigscience_config(r)))
+        c = cases[key]
+        plan = c.plan.model_copy(update={"job": c.plan.job.model_copy(update={"model": str(cfg)})})
+        (tmp_path / f"plan_{i}.json").write_text(plan.model_dump_json())
+        lines.append(f"plan_{i}.json,{c.measured}")
+    (tmp_path / "runs.csv").write_text("\n".join(lines) + "\n")
+    out = _cli("calibrate", str(tmp_path / "runs.csv"), "-o", str(tmp_path / "cal.toml"), "--json")
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["stacks"] == ["megatron-deepspeed"] and len(rep["rows"]) == 6
+    assert rep["before"]["mape"] < 0.10
+    first = lines[1].split(",")[0]
+    est = _cli("estimate", str(tmp_path / first), "--calibration", str(tmp_path / "cal.toml"), "--json")
+    assert est.returncode == 0, est.stderr
