@@ -158,13 +158,18 @@ COMM_FACTOR_BOUNDS = (0.1, 1.5)
 
 
 def comm_trial(factor: float, stack: str) -> CommConstants:
-    """The communication constants under which ``stack``'s estimate runs at ``tp_comm_factor`` = ``factor`` (the
-    estimator multiplies the constants' trial factor by the checked-in one)."""
+    """The communication constants under which ``stack``'s estimate runs at ``tp_comm_factor`` = ``factor`` (a
+    dimensionless fraction of the NCCL efficiency; the estimator multiplies the constants' trial factor by the
+    checked-in one).
+
+    Raises:
+        HetplanError: ``stack`` names no release (:func:`hetplan.hardware.stacks.resolve_stack`)."""
     return replace(CommConstants(), tp_comm_factor=factor / resolve_stack(stack).tp_comm_factor)
 
 
 def comm_loss(cases, factor: float, stack: str, catalog: Catalog) -> float:
-    """Σ log²(predicted / measured) of ``cases`` with ``stack``'s factor at ``factor``."""
+    """Σ log²(predicted / measured) of ``cases`` (:class:`~hetplan.calibration.modern.mapping.ModernCase`, their
+    iteration times in seconds) with ``stack``'s factor at ``factor`` (dimensionless)."""
     cc = comm_trial(factor, stack)
     return float(sum(math.log(c.evaluate(catalog, comm_constants=cc) / c.measured) ** 2 for c in cases))
 
