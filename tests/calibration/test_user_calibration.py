@@ -13,6 +13,7 @@ from hetplan.calibration import independent
 from hetplan.calibration.intervals import case_stack
 from hetplan.calibration.user import Calibration, Run, _predict, fit
 from hetplan.calibration.validation import _is_calibration
+from hetplan.errors import HetplanError
 from hetplan.hardware.catalog import load_catalog
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "calibration" / "torchtitan_llama3_8b_h100_runs.csv"
@@ -159,6 +160,84 @@ def test_torchtitan_log_row():
     assert r["gpus"] == "8" and r["dp"] == "8" and r["zero"] == "3" and r["mbs"] == "2"
     assert float(r["step_time_s"]) == pytest.approx(16 * 8192 / (5761 * 8))  # median tps of the steps after 3 logged
     assert float(r["memory_gib"]) == 70.0
+
+
+def _titan(mesh: str, *extra: str) -> str:
+    return TITAN_LOG.replace("Building 1-D device mesh with ['dp_shard'], [8]", mesh) + "".join(
+        f"[rank0]:[titan] 2025-01-10 10:00:05,000 - root - INFO - {x}\n" for x in extra)
+
+
+@pytest.mark.parametrize("mesh, want", [
+    # torchtitan since 2026: every degree named; HSDP = both data-parallel degrees above 1
+    ("Building device mesh with parallelism: pp=1, dp_replicate=2, dp_shard=4, cp=1, tp=2, ep=1",
+     {"gpus": "16", "dp": "8", "tp": "2", "zero": "3", "fsdp_shard": "4"}),
+    ("Building 3-D device mesh with ['dp_replicate', 'dp_shard', 'tp'], [2, 4, 2]",
+     {"gpus": "16", "dp": "8", "tp": "2", "zero": "3", "fsdp_shard": "4"}),
+    # v0.2 with EP: dp_shard = dp_shard_mod_ep x dp_shard_in_ep, EP = dp_shard_in_ep x CP x TP (expert-TP 1)
+    ("Building 3-D device mesh with ['dp_shard_mod_ep', 'dp_shard_in_ep', 'tp'], [2, 2, 2]",
+     {"gpus": "8", "dp": "4", "tp": "2", "ep": "4", "zero": "3"}),
+    ("Building device mesh with parallelism: pp=1, dp_replicate=8, dp_shard=1, cp=1, tp=1, ep=1",
+     {"gpus": "8", "dp": "8", "zero": "0"}),
+])
+def test_torchtitan_log_mesh(mesh, want):
+    """The mesh line's degrees (both torchtitan formats) give the layout; HSDP carries its shard group."""
+    from hetplan.calibration.logs import finish_row, log_row
+
+    r = finish_row(log_row(_titan(mesh), "titan.log"), "titan.log")
+    assert {k: r.get(k) for k in want} == want
+    assert ("fsdp_shard" in r) == ("fsdp_shard" in want)
+    assert float(r["step_time_s"]) == pytest.approx(16 * 8192 / (5761 * int(want["gpus"])))
+
+
+def test_torchtitan_log_job_lines():
+    """torch.compile and float8 (the v0.1-v0.2 and current wordings) are read from their log lines; an MX run is
+    refused rather than priced as bf16."""
+    from hetplan.calibration.logs import log_row
+
+    mesh = "Building 1-D device mesh with ['dp_shard'], [8]"
+    assert "torch_compile" not in log_row(TITAN_LOG, "t") and "dtype" not in log_row(TITAN_LOG, "t")
+    r = log_row(_titan(mesh, "Compiling each TransformerBlock with torch.compile",
+                       "Float8 tensorwise scaled training active"), "t")
+    assert (r["torch_compile"], r["dtype"], r["fp8_recipe"]) == ("true", "fp8", "tensorwise")
+    r = log_row(_titan(mesh, "Float8 training active with recipe rowwise"), "t")
+    assert (r["dtype"], r["fp8_recipe"]) == ("fp8", "rowwise")
+    with pytest.raises(HetplanError, match="MX"):
+        log_row(_titan(mesh, "MX training active with recipe mxfp8"), "t")
+
+
+def test_megatron_log_fsdp_and_fp8_recipe():
+    """Megatron-FSDP's sharding strategy is the ZeRO stage; ``--fp8-recipe tensorwise`` is current scaling."""
+    from hetplan.calibration.logs import log_row
+
+    args = ("  fp8 ............................................. hybrid\n"
+            "  fp8_recipe ...................................... tensorwise\n"
+            "  use_megatron_fsdp ............................... True\n"
+            "  data_parallel_sharding_strategy ................. optim_grads\n")
+    r = log_row(MEGATRON_LOG.replace("  fp8 ............................................. None\n", args), "m")
+    assert (r["zero"], r["dtype"], r["fp8_recipe"]) == ("2", "fp8", "current")
+    r = log_row(MEGATRON_LOG.replace("  use_distributed_optimizer ....................... True",
+                                     "  use_torch_fsdp2 ................................. True"), "m")
+    assert r["zero"] == "3"
+
+
+def test_runs_fsdp_shard_column_prices_hsdp(tmp_path):
+    """A run's ``fsdp_shard`` (HSDP, from a torchtitan log or the CSV) is set on the plan its pins give, and
+    the plan is priced with it: the shard group's all-gathers replace the 16-rank ones."""
+    from hetplan.calibration.user import read_runs
+    from hetplan.estimate.estimator import estimate
+
+    head = "model,gpu,gpus,seq_len,global_batch,framework,tp,pp,dp,mbs,zero,recompute,step_time_s"
+    row = "llama3-8b,H100-SXM,16,8192,32,fsdp,1,1,16,2,3,selective,3.0"
+    f = tmp_path / "runs.csv"
+    f.write_text(f"{head},fsdp_shard\n{row},8\n{row},\n")
+    hsdp, full = read_runs([f], load_catalog())
+    assert hsdp.plan.fsdp_shard == 8 and full.plan.fsdp_shard is None
+    assert hsdp.plan.model_copy(update={"fsdp_shard": None}) == full.plan
+    a, b = (estimate(r.plan, model=r.model) for r in (hsdp, full))
+    assert a.stages[0].memory.total > b.stages[0].memory.total  # 8-way shards hold twice the 16-way ones
+    f.write_text(f"{head},fsdp_shard\n{row},3\n")
+    with pytest.raises(HetplanError, match="fsdp_shard"):
+        read_runs([f], load_catalog())
 
 
 def test_calibrate_from_logs(tmp_path):

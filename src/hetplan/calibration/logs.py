@@ -5,12 +5,20 @@ RUNS row (:data:`hetplan.calibration.user.COLUMNS` + ``step_time_s``, ``memory_g
   ``megatron/training/arguments.py`` prints at start (``------------------------ arguments ---------------------``,
   one ``  name ....... value`` line per argument, ``---- end of arguments ----``) gives the layout; the
   ``training_log`` lines of ``megatron/training/training.py`` (``iteration N/ M | … | elapsed time per iteration
-  (ms): X | …``) the step time; ``memory (MB) | … | max reserved: X`` (``report_memory``) the memory.
+  (ms): X | …``) the step time; ``memory (MB) | … | max reserved: X`` (``report_memory``) the memory. The ZeRO
+  stage: :func:`_megatron_zero`; the FP8 recipe: :data:`MEGATRON_FP8_RECIPES`.
 * **torchtitan**: the metrics line of ``torchtitan/components/metrics.py`` (``step: N  loss: …  memory: X GiB(…%)
   tps: T …``; ``tps`` is tokens/s per GPU: the tokens of the step over time × non-data-parallel size), the start
   line ``Training starts at step 1, with local batch size B, global batch size G, sequence length S`` and the mesh
-  line ``Building K-D device mesh with [names], [sizes]`` of ``torchtitan/distributed/parallel_dims.py``;
-  step time = G·S / (T·GPUs).
+  line of ``torchtitan/distributed/parallel_dims.py``: ``Building K-D device mesh with [names], [sizes]``
+  (v0.1-v0.2) or ``Building device mesh with parallelism: pp=…, dp_replicate=…, dp_shard=…, cp=…, tp=…, ep=…``
+  (since 2026; v0.2 with EP names ``dp_shard_mod_ep`` and ``dp_shard_in_ep``, whose product is ``dp_shard``, and
+  EP = ``dp_shard_in_ep``·CP·TP, expert-TP 1 as hetplan's export runs it); step time = G·S / (T·GPUs). ``dp_shard`` above 1 is FSDP2 (ZeRO-3), with ``dp_replicate`` above 1
+  too HSDP (``fsdp_shard`` = ``dp_shard``); ``dp_shard`` 1 is DDP (ZeRO-0). The job lines: ``Compiling each
+  TransformerBlock with torch.compile`` (``torch_compile``), ``Float8 tensorwise scaled training active``
+  (v0.1-v0.2) or ``Float8 training active with recipe R`` (``dtype`` fp8, ``fp8_recipe`` R;
+  ``torchtitan/components/quantization/float8.py``). An MX run (``MX training active``, ``mx.py``) is refused:
+  torchao's MX linear layers under FSDP are not a job hetplan prices.
 
 The step time is the median over the logged iterations after the first :data:`WARMUP_ITERATIONS` (compilation,
 allocator and NCCL warm-up). What a log does not say (the model preset, the GPU type, the node) comes from
@@ -34,6 +42,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TITAN_STEP = re.compile(r"step:\s*(\d+).*?memory:\s*([0-9.]+)\s*GiB.*?tps:\s*([0-9,]+)")
 _TITAN_START = re.compile(r"local batch size (\d+), global batch size (\d+),.*?sequence length (\d+)")
 _TITAN_MESH = re.compile(r"Building \d+-D device mesh with \[([^\]]*)\], \[([^\]]*)\]")
+_TITAN_MESH_DEGREES = re.compile(r"Building device mesh with parallelism: ((?:\w+=\d+,?\s*)+)")
+_TITAN_COMPILE = "Compiling each TransformerBlock with torch.compile"
+_TITAN_FLOAT8 = re.compile(r"Float8 (tensorwise) scaled training active|Float8 training active with recipe (\w+)")
+_TITAN_MX = re.compile(r"MX training active|Float8 training active with recipe mx")
 
 
 def is_log(text: str) -> bool:
@@ -47,6 +59,25 @@ def _median_after_warmup(values: list[float], origin: str, what: str) -> float:
                            fix="give the log of a run that logged training iterations")
     kept = values[WARMUP_ITERATIONS:] or values[-1:]
     return statistics.median(kept)
+
+
+#: Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> ZeRO stage (``megatron/training/arguments.py``; default
+#: ``optim_grads_params``): what hetplan's Megatron export writes for ZeRO 0-3 (docs/runtime.md).
+MEGATRON_FSDP_ZERO = {"no_shard": "0", "optim": "1", "optim_grads": "2", "optim_grads_params": "3"}
+#: Megatron-LM's ``--fp8-recipe`` -> :attr:`hetplan.plan.Job.fp8_recipe` (``tensorwise`` is Transformer Engine's
+#: current scaling); ``mxfp8`` and ``blockwise`` take the stack's default.
+MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}
+
+
+def _megatron_zero(get) -> str:
+    """The ZeRO stage of a Megatron-LM argument block: Megatron-FSDP (``use_megatron_fsdp``, before it
+    ``use_custom_fsdp``) by its sharding strategy, PyTorch FSDP2 (``use_torch_fsdp2``) 3, the distributed
+    optimizer 1, else 0."""
+    if "True" in (get("use_megatron_fsdp"), get("use_custom_fsdp")):
+        return MEGATRON_FSDP_ZERO.get(get("data_parallel_sharding_strategy") or "optim_grads_params", "3")
+    if get("use_torch_fsdp2") == "True":
+        return "3"
+    return "1" if get("use_distributed_optimizer") == "True" else "0"
 
 
 def megatron_row(text: str, origin: str) -> dict[str, str]:
@@ -79,7 +110,9 @@ def megatron_row(text: str, origin: str) -> dict[str, str]:
     granularity = get("recompute_granularity")
     row["recompute"] = granularity or "none"
     row["dtype"] = "fp8" if get("fp8") else "bf16" if get("bf16") == "True" else "fp16" if get("fp16") == "True" else "fp32"
-    row["zero"] = "1" if get("use_distributed_optimizer") == "True" else "0"
+    row["zero"] = _megatron_zero(get)
+    if row["dtype"] == "fp8" and (recipe := MEGATRON_FP8_RECIPES.get(get("fp8_recipe"))):
+        row["fp8_recipe"] = recipe
     steps = [float(x) / 1e3 for x in _MEGATRON_STEP.findall(text)]
     row["step_time_s"] = repr(_median_after_warmup(steps, origin, "'elapsed time per iteration (ms)'"))
     mem = _MEGATRON_MEMORY.findall(text)
@@ -102,25 +135,48 @@ def torchtitan_row(text: str, origin: str) -> dict[str, str]:
                            field="RUNS", fix="give the log from the start of the run, or write the run as a CSV row")
     local, gbs, seq = (int(x) for x in start.groups())
     row = {"framework": "fsdp", "mbs": str(local), "global_batch": str(gbs), "seq_len": str(seq)}
-    mesh = _TITAN_MESH.search(text)
-    gpus = None
-    if mesh:
-        names = [n.strip(" '\"") for n in mesh.group(1).split(",")]
-        sizes = [int(s) for s in mesh.group(2).split(",")]
-        dims = dict(zip(names, sizes))
+    dims = _titan_mesh(text)
+    if dims:
         gpus = 1
-        for s in sizes:
-            gpus *= s
-        for name, col in (("tp", "tp"), ("pp", "pp"), ("cp", "cp")):
+        for name, size in dims.items():
+            if name != "ep":  # the expert mesh folds into the others (efsdp = dp_shard·cp·tp / ep)
+                gpus *= size
+        for name in ("tp", "pp", "cp", "ep"):
             if name in dims:
-                row[col] = str(dims[name])
-        row["dp"] = str(dims.get("dp_shard", 1) * dims.get("dp_replicate", 1) * dims.get("dp", 1))
+                row[name] = str(dims[name])
+        shard, replicate = dims.get("dp_shard", 1), dims.get("dp_replicate", 1) * dims.get("dp", 1)
+        row["dp"] = str(shard * replicate)
         row["gpus"] = str(gpus)
-        row["zero"] = "3" if dims.get("dp_shard", 1) > 1 else "0"
+        row["zero"] = "3" if shard > 1 else "0"
+        if shard > 1 and replicate > 1:
+            row["fsdp_shard"] = str(shard)
+    if _TITAN_MX.search(text):
+        raise HetplanError(f"{origin} is an MX (MXFP8) run: torchao's MX linear layers are not a job hetplan prices",
+                           field="RUNS", fix="calibrate with the bf16 or float8 runs of the stack")
+    if _TITAN_COMPILE in text:
+        row["torch_compile"] = "true"
+    if float8 := _TITAN_FLOAT8.search(text):
+        row["dtype"] = "fp8"
+        row["fp8_recipe"] = float8.group(1) or float8.group(2)
     tps = _median_after_warmup([float(t.replace(",", "")) for _, _, t in steps], origin, "'step: … tps:'")
     row["tokens_per_s_per_gpu"] = repr(tps)
     row["memory_gib"] = repr(max(float(m) for _, m, _ in steps))
     return row
+
+
+def _titan_mesh(text: str) -> dict[str, int]:
+    """The parallel degrees a torchtitan log's mesh line names (module doc), by name; empty without one."""
+    if mesh := _TITAN_MESH.search(text):
+        names = [n.strip(" '\"") for n in mesh.group(1).split(",")]
+        dims = dict(zip(names, (int(x) for x in mesh.group(2).split(","))))
+        if "dp_shard_mod_ep" in dims:  # v0.2 with EP: dp_shard split around the experts, expert-TP 1
+            inside = dims.pop("dp_shard_in_ep", 1)
+            dims["dp_shard"] = dims.pop("dp_shard_mod_ep") * inside
+            dims["ep"] = inside * dims.get("cp", 1) * dims.get("tp", 1)
+        return dims
+    if mesh := _TITAN_MESH_DEGREES.search(text):
+        return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", mesh.group(1))}
+    return {}
 
 
 def log_row(text: str, origin: str) -> dict[str, str]:

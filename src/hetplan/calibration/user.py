@@ -45,19 +45,22 @@ from hetplan.hardware.catalog import Catalog, GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Plan
 
-#: CSV columns -> (table, field, type): ``job`` fields, the one ``pool``, and ``pin`` fields — the names of
-#: ``hetplan plan``'s flags (``--seq-len`` is ``seq_len``; ``gpus`` the pool's count; ``inter_node_gbit`` in Gb/s).
+#: CSV columns -> (table, field, type): ``job`` fields, the one ``pool``, ``pin`` fields — the names of
+#: ``hetplan plan``'s flags (``--seq-len`` is ``seq_len``; ``gpus`` the pool's count; ``inter_node_gbit`` in Gb/s) —
+#: and ``plan`` fields no search enumerates, set on the plan the pins give (``fsdp_shard``: HSDP's shard group,
+#: :attr:`hetplan.plan.Plan.fsdp_shard`).
 COLUMNS: dict[str, tuple[str, str, type]] = {
     "model": ("job", "model", str), "seq_len": ("job", "seq_len", int), "global_batch": ("job", "global_batch", int),
     "dtype": ("job", "dtype", str), "attention": ("job", "attention", str), "framework": ("job", "framework", str),
     "stack": ("job", "stack", str), "attention_kernel": ("job", "attention_kernel", str),
-    "torch_compile": ("job", "torch_compile", bool),
+    "torch_compile": ("job", "torch_compile", bool), "fp8_recipe": ("job", "fp8_recipe", str),
     "gpu": ("pool", "gpu", str), "gpus": ("pool", "count", int), "node": ("pool", "node", str),
     "gpus_per_node": ("pool", "gpus_per_node", int), "inter_node_gbit": ("pool", "inter_node_bandwidth_bytes_per_s", float),
     "network": ("pool", "network", str),
     "tp": ("pin", "tp", int), "pp": ("pin", "pp", int), "dp": ("pin", "dp", int), "cp": ("pin", "cp", int),
     "ep": ("pin", "ep", int), "mbs": ("pin", "mbs", int), "zero": ("pin", "zero", int),
     "recompute": ("pin", "recompute", str), "virtual_stages": ("pin", "virtual_stages", int),
+    "fsdp_shard": ("plan", "fsdp_shard", int),
 }
 MEASURED = ("step_time_s", "memory_gib")
 FACTOR_MIN, FACTOR_MAX = 0.2, 2.0
@@ -179,7 +182,7 @@ def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
     from hetplan.search.planner import search_plans
     from hetplan.search.space import Pins
 
-    parts: dict[str, dict] = {"job": {}, "pool": {}, "pin": {}}
+    parts: dict[str, dict] = {"job": {}, "pool": {}, "pin": {}, "plan": {}}
     for col, raw in r.items():
         if col in COLUMNS:
             table, name, typ = COLUMNS[col]
@@ -199,7 +202,10 @@ def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
     except HetplanError as exc:
         raise HetplanError(f"{label}: {exc.message}", field=f"runs ({label}) {exc.field or ''}".strip(),
                            fix=exc.fix) from None
-    return res.plans[0].plan
+    plan = res.plans[0].plan
+    if parts["plan"]:
+        plan = validated(Plan, {**plan.model_dump(), **parts["plan"]}, f"runs ({label})")
+    return plan
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ def register(app: typer.Typer) -> None:
     def calibrate(
         runs: list[Path] = typer.Argument(..., help="CSV files of measured runs — columns named after `hetplan "
                                           "plan`'s flags (model, gpu, gpus, seq_len, global_batch, mbs, tp, pp, dp, "
-                                          "cp, ep, virtual_stages, zero, recompute, dtype, attention, framework, "
-                                          "stack, node or inter_node_gbit) plus step_time_s (and optionally "
+                                          "cp, ep, virtual_stages, zero, recompute, dtype, fp8_recipe, attention, "
+                                          "framework, stack, node or inter_node_gbit; fsdp_shard for HSDP) plus "
+                                          "step_time_s (and optionally "
                                           "memory_gib), or a column plan naming a plan JSON — and/or Megatron-LM "
                                           "or torchtitan training logs (one run each)."),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the calibration TOML here."),
