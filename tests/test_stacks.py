@@ -42,8 +42,14 @@ def test_resolve_by_name_version_and_month():
                          ("torchtitan@0.3.1", "torchtitan@0.3.0"), ("deepspeed@0.16.3", "deepspeed@0.16"),
                          ("deepspeed@0.9", "deepspeed@0.6.2"), ("deepspeed@0.6.1", "deepspeed@0.5")):
         assert resolve_stack(text).id == listed
+    # a YY.MM label of a stack whose YY.MM labels are months (NeMo, megatron-lm@23.04) is that month: 24.01 is
+    # not "after 23.04" but January 2024, when Megatron Core 0.4 was in force
+    for text, listed in (("megatron-lm@24.01", "megatron-lm@core_r0.4"), ("megatron-lm@25.04", "megatron-lm@core_r0.9"),
+                         ("megatron-lm@23.10", "megatron-lm@23.04"), ("megatron-lm@22.01", "megatron-lm@2.5")):
+        assert resolve_stack(text).id == listed
     for bad, words in (("megatronlm", "did you mean 'megatron-lm'"), ("nemo@1.0", "no release '1.0'"),
-                       ("nemo@21.12", "no release '21.12'"), ("torchtitan@0.2.0", "no release '0.2.0'"),
+                       ("nemo@21.12", "no release by 2021-12"), ("torchtitan@0.2.0", "no release '0.2.0'"),
+                       ("nemo@22.13", "not a month"),
                        ("nemo@2020-01", "no release by 2020-01"), ("nemo@2024-13", "not a month"),
                        ("megatron-lm@", "no release after '@'"), ("torchtitan@ ", "no release after '@'")):
         with pytest.raises(HetplanError, match=words) as exc:

@@ -83,6 +83,23 @@ def _release_before(releases: list, version: str):
     return max(below, key=lambda x: x[0])[1] if below else None
 
 
+_YY_MM = re.compile(r"^(\d{2})\.(\d{2})$")
+
+
+def _month_label(releases: list, version: str) -> str | None:
+    """``YYYY-MM`` of a ``YY.MM`` label of a stack whose ``YY.MM`` labels name months (each listed one released
+    in the month it names: NeMo's containers, ``megatron-lm@23.04``, Megatron-LM's main of 2023-04), else None.
+    Such a label resolves as that month: ``megatron-lm@24.01`` is the release in force in 2024-01 (``core_r0.4``),
+    not the ``23.04`` that a comparison of numbers would give."""
+    m = _YY_MM.match(version)
+    listed = [(r, n) for r in releases if (n := _YY_MM.match(r.version))]
+    if m is None or not listed:
+        return None
+    if all(r.released == f"20{n.group(1)}-{n.group(2)}" for r, n in listed):
+        return f"20{m.group(1)}-{m.group(2)}"
+    return None
+
+
 class StackSpec(BaseModel):
     """One release of a software stack (fields: the data file's header; all with sources).
 
@@ -334,7 +351,8 @@ def default_stack(framework: str) -> StackSpec:
 def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
     """The release ``text`` names: ``NAME`` (the latest), ``NAME@VERSION`` (that release; a numbered release the
     catalog does not list resolves to the listed one it follows, as a month does: ``nemo@22.11`` is
-    ``nemo@22.09``) or ``NAME@YYYY-MM`` (the release in force that month: the latest released then).
+    ``nemo@22.09``; a ``YY.MM`` label of a stack whose such labels are months is that month,
+    :func:`_month_label`) or ``NAME@YYYY-MM`` (the release in force that month: the latest released then).
 
     Raises:
         HetplanError: unknown name or version, an empty version after ``@``, or a month before the stack's first
@@ -361,15 +379,17 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
         if r.version.lower() == version.lower():
             return r
     month = _MONTH.match(version)
-    if month is None:
+    when = f"{month.group(1)}-{month.group(2)}" if month else _month_label(releases, version)
+    if when is None:
         listed = _release_before(releases, version)
         if listed is not None:  # a release between two listed ones: the one in force, as a month resolves
             return listed
         raise HetplanError(f"{name} has no release {version!r}", field=field,
                            fix=f"use one of {', '.join(r.version for r in releases)}, or a month YYYY-MM")
-    if not 1 <= int(month.group(2)) <= 12:
-        raise HetplanError(f"{version!r} is not a month", field=field, fix="write the date as YYYY-MM")
-    when = f"{month.group(1)}-{month.group(2)}"
+    if not 1 <= int(when[5:]) <= 12:
+        raise HetplanError(f"{version!r} is not a month", field=field,
+                           fix="write the date as YYYY-MM" if month else f"use one of "
+                               f"{', '.join(r.version for r in releases)}, or a month YYYY-MM")
     in_force = [r for r in releases if r.released <= when]
     if not in_force:
         raise HetplanError(f"{name} had no release by {when} (its first, {releases[0].version}, is of "
