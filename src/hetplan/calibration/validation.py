@@ -396,8 +396,9 @@ def espresso_hetero_cases() -> list[Case]:
     :func:`hetplan.calibration.traces.summary_rows`): measured iteration time against :func:`estimate` of
     the same plan — one GPU per stage, the traced layer split, 4 micro-batches of 8 sequences of 2,000 tokens, full
     recomputation, the run's attention, ``framework="deepspeed"`` (memory and DeepSpeed's p2p instructions). The
-    traces name no network, so each run's link is the one its own shortest sends imply (every stage on its own
-    machine, :func:`network_for_transfer`): 0.46 GB/s on the juchiyun machines, 3 GB/s on AWS. Group for Kendall
+    traces name no network, so each run's link is the one its measured transfers imply (every stage on its own
+    machine, :func:`network_for_transfer`; :func:`hetplan.calibration.traces.transfer_s`): 0.43-0.45 GB/s on the
+    juchiyun machines, 2.4 GB/s on AWS. Group for Kendall
     tau: one model (the runs are alternative GPU mixes for the same job). Runs whose stages fitted GPU efficiencies
     (:data:`hetplan.calibration.traces.ESPRESSO_CALIBRATION_RUNS`) count as calibration."""
     from hetplan.calibration.traces import espresso_plan
