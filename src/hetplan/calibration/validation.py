@@ -490,12 +490,16 @@ def stacks_2022_cases() -> list[Case]:
       ``@3bac9805`` (§7.1.2); layout from ``conf/training/gpt3/5b.yaml`` of the same commit (TP 2, PP 1,
       micro-batch 2, global batch 1,440, no recomputation, no sequence parallelism, ``fused_adam``: ZeRO-0,
       bf16).
-    * NeMo Megatron 22.08 (NeMo 1.11): GPT-3 175B at TP 8 × PP 8 on 16 / 32 / 128 nodes (``@b54e402d``) and 22.09
-      (NeMo 1.12): GPT-3 5B at TP 1 on 1-32 nodes and GPT-3 175B at TP 8 × PP 8 on 8-128 nodes (``@562d401d``),
-      each with ``conf/training/gpt3/{5b,175b}.yaml`` of its commit (5B: micro-batch 2, global batch 2,048, no
-      recomputation; 175B: micro-batch 2, global batch 2,048, selective recomputation, sequence parallelism; both
-      ``distributed_fused_adam``: ZeRO-1). The 22.08 and 22.09 175B rows run the same configuration file and
-      differ by 29-38 % at the same node count (22.08 faster); both are kept, each under its release.
+    * Each of the later tables under the container of the commit that first published it (the README kept
+      each through later releases): NeMo Megatron 22.06 (NeMo 1.10): GPT-3 175B at TP 8 × PP 8 on 16 / 32 / 128
+      nodes (``@d4317ddd``, 2022-07-14, ``bignlp-training:22.06-py3``; kept through ``@b54e402d``, 22.08), with
+      that commit's ``175b.yaml`` (micro-batch 2, global batch 1,536, selective recomputation, sequence
+      parallelism, ``fused_adam``: ZeRO-0); NeMo Megatron 22.08 (NeMo 1.11): GPT-3 5B at TP 1 on 1-32 nodes and
+      GPT-3 175B at TP 8 × PP 8 on 8-128 nodes (``@3579cdb3``, 2022-09-07, ``bignlp-training:22.08-py3``; kept
+      through ``@562d401d``, 22.09), with that commit's ``conf/training/gpt3/{5b,175b}.yaml`` (5B: micro-batch 2,
+      global batch 2,048, no recomputation; 175B: micro-batch 2, global batch 2,048, selective recomputation,
+      sequence parallelism; both ``distributed_fused_adam``: ZeRO-1). The two 175B tables run the same layout and
+      differ by 29-38 % at the same node count (the 22.06 one faster); both are kept, each under its release.
     * MT-NLG 530B (Smith et al. 2022, arXiv 2201.11990 §2.4): 105 layers, hidden 20,480, 128 heads on 280 / 350 /
       420 DGX A100 (TP 8 × PP 35, DP 8 / 10 / 12), global batch 1,920, iteration time 60.1 / 50.2 / 44.4 s;
       Megatron-DeepSpeed 2021: DeepSpeed's pipeline engine with ZeRO-powered data parallelism (§2), taken as
