@@ -16,7 +16,7 @@ BOUNDS = {
     "vtrain_multi_node": {"mape": 0.075, "kendall_tau_min": 0.60},
     # SC'21 after v2.5's unfused gradient accumulation (2026-11-28): MAPE 3.40 %, max 7.97 %
     "megatron_sc21_table1": {"mape": 0.045, "max_abs_error": 0.09},
-    # the 2021-22 stacks on A100 (2026-11-28): MAPE 8.98 %, max 28.4 % (NeMo 22.09's 175B rows, docs/estimator.md)
+    # the 2021-22 stacks on A100 (2026-11-28): MAPE 6.42 %, max 28.4 % (NeMo 22.08's slow 175B table, docs/estimator.md)
     "nemo_megatron_a100": {"mape": 0.10, "max_abs_error": 0.30},
     "korthikanti_table5": {"mape": 0.025, "max_abs_error": 0.045},
     "aceso_v100": {"mape": 0.10},

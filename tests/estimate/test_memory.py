@@ -398,9 +398,10 @@ def test_fit_warning_only_between_required_and_the_footprint():
     assert text is not None and "84.0 GiB of 80.0 GiB" in text and "79.0 GiB" in text
 
 
-def test_published_nemo_2209_5b_tp1_layout_fits_an_a100_80gb():
-    """NeMo Megatron 22.09's GPT-3 5B at TP 1, micro-batch 2, no recomputation (launcher conf/training/gpt3/5b.yaml
-    at 562d401d: ``activations_checkpoint_num_layers: 0``) ran on DGX A100 80GB (README §7.1.2). Its allocated peak
+def test_published_nemo_2208_5b_tp1_layout_fits_an_a100_80gb():
+    """NeMo Megatron 22.08's GPT-3 5B at TP 1, micro-batch 2, no recomputation (launcher conf/training/gpt3/5b.yaml
+    at 3579cdb3, the table's first commit, kept through 562d401d of 22.09: ``activations_checkpoint_num_layers:
+    0``) ran on DGX A100 80GB (README §7.1.2). Its allocated peak
     is 79.4 GiB (apex DistributedFusedAdam's contiguous fp32 gradient buffer, 4 B per parameter, plus Korthikanti's
     34 sbh + 5 as²b per layer), so it fits only because the fit test does not refuse for the allocator's margin:
     the footprint (what nvidia-smi would show) exceeds 80 GiB and the stage carries a warning instead."""
@@ -410,7 +411,7 @@ def test_published_nemo_2209_5b_tp1_layout_fits_an_a100_80gb():
     from hetplan.estimate.estimator import estimate
 
     rows = list(csv.DictReader(v._data(v.STACKS_2022_FILE).splitlines()))
-    r = next(r for r in rows if r["stack"] == "nemo@22.09" and r["model"] == "gpt3-5b" and r["num_gpus"] == "8")
+    r = next(r for r in rows if r["stack"] == "nemo@22.08" and r["model"] == "gpt3-5b" and r["num_gpus"] == "8")
     plan, m = v.stacks_2022_row_plan(r)
     est = estimate(plan, model=m)
     (st,) = est.stages
@@ -435,7 +436,7 @@ def test_stack_memory_residual_is_its_refit_and_helps_its_held_out_rows():
 
 
 def test_no_published_2021_22_or_llama3_run_is_refused():
-    """Every row of nemo_megatron_a100 (NeMo 22.02-22.09, MT-NLG, Megatron-LM 2.0 on A100) and of llama3_405b ran:
+    """Every row of nemo_megatron_a100 (NeMo 22.02-22.08, MT-NLG, Megatron-LM 2.0 on A100) and of llama3_405b ran:
     none is refused (``benchmarks/bench_memory_fit.py`` sweeps every set; before issue 29's fit test NeMo 22.09's
     5B rows 17-18 and Llama 3's 8,192-GPU row were)."""
     from hetplan.calibration import modern

@@ -121,6 +121,29 @@ def test_cli_slo_and_no_hetero(tmp_path):
     assert r.returncode == 2 and "slo" in (r.stderr + r.stdout).lower()
 
 
+def test_default_search_proposes_only_plans_export_launches(tmp_path):
+    """Every framework builds one device mesh, so by default every stage of a proposed plan has the same TP and DP
+    and the best plan exports (exit 0); ``--per-stage-tp`` (FASOP's and Espresso's space) finds a faster plan of
+    stages with different TP, which ``export`` refuses (exit 2) naming why."""
+    ex = ROOT / "examples" / "fasop_gpt2xl.toml"
+    out = {}
+    for flag in ((), ("--per-stage-tp",)):
+        best = tmp_path / f"best{len(flag)}.json"
+        r = hetplan("plan", ex, *flag, "--json", "--top", "3", "-o", best)
+        assert r.returncode == 0, r.stderr
+        plans = json.loads(r.stdout)["plans"]
+        out[flag] = plans
+        exported = hetplan("export", best, "--to", "megatron", "--out-dir", tmp_path / f"out{len(flag)}")
+        if not flag:
+            for p in plans:  # one mesh: the same TP x DP on every stage
+                assert len({(st["tp"], st["dp"]) for st in p["stages"]}) == 1
+            assert exported.returncode == 0, exported.stderr
+        else:
+            assert len({st["tp"] for st in plans[0]["stages"]}) > 1
+            assert exported.returncode == 2 and "one device mesh" in exported.stderr + exported.stdout
+    assert out[("--per-stage-tp",)][0]["iteration_time_s"] < out[()][0]["iteration_time_s"]
+
+
 def test_search_section_in_job_file(tmp_path):
     text = (ROOT / "examples" / "fasop_gpt2xl.toml").read_text()
     text = text.replace('model = "models/', f'model = "{ROOT}/examples/models/')  # the file's folder

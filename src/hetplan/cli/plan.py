@@ -191,6 +191,9 @@ def plan_command(
                                           "(with --objective cheapest: Espresso's least $ under an SLO)."),
     no_hetero: bool = typer.Option(False, "--no-hetero", help="With several pools: only plans on one GPU type "
                                    "(default: also stages on different pools, hetplan.search.hetero)."),
+    per_stage_tp: bool = typer.Option(False, "--per-stage-tp", help="Let stages on different pools take different "
+                                      "TP degrees (FASOP's and Espresso's space). No framework `export` writes "
+                                      "launches such a plan: all build one device mesh."),
     pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier, "
                                           "print it and draw it to this PNG."),
     pin_flags: Optional[dict] = None,  # one option per Pins field (_with_pin_options)
@@ -289,11 +292,14 @@ def plan_command(
     _check_free_pools(inv, obj, cat)
     search_raw = data.get("search", {})
     for key, val in search_raw.items():
-        if key != "heterogeneous" or not isinstance(val, bool):
-            raise HetplanError(f"got {key} = {val!r}", field=f"search.{key}", fix="[search] takes heterogeneous = true|false")
+        if key not in ("heterogeneous", "per_stage_tp") or not isinstance(val, bool):
+            raise HetplanError(f"got {key} = {val!r}", field=f"search.{key}",
+                               fix="[search] takes heterogeneous = true|false and per_stage_tp = true|false")
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
+    per_stage_tp = per_stage_tp or search_raw.get("per_stage_tp", False)
     with walk_progress() as progress:
-        result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress)
+        result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress,
+                              per_stage_tp=per_stage_tp)
     if job.train_tokens is None and job.train_iterations is None:
         typer.echo("note: no train_tokens (--tokens) or train_iterations (--iterations): job time and $ are for "
                    "one iteration", err=True)
@@ -329,9 +335,9 @@ def plan_command(
             **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
-            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True)} if pareto is not None and not energy
+            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True, per_stage_tp=per_stage_tp)} if pareto is not None and not energy
                else {}),
-            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto,
+            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, per_stage_tp,
                                                                     usd_per_kwh, True)))
                if energy and pareto is not None else {}),
         }, indent=1))
@@ -343,9 +349,9 @@ def plan_command(
         for line in energy_lines(summaries[0]):
             table_console().print(line, highlight=False)
     if pareto is not None:
-        _pareto(job, inv, obj, pins, cat, pareto, quiet=False)
+        _pareto(job, inv, obj, pins, cat, pareto, quiet=False, per_stage_tp=per_stage_tp)
         if energy:
-            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, usd_per_kwh, False)
+            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, per_stage_tp, usd_per_kwh, False)
     if base is not None:
         b = base["summary"]
         table_console().print(
@@ -424,8 +430,9 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
                                fix="give its (amortised) price per GPU-hour, or use --objective fastest")
 
 
-def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
-    """Compute, print (unless ``quiet``) and plot the cost-time frontier; return its points as JSON dicts."""
+def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: bool = False) -> list[dict]:
+    """Compute, print (unless ``quiet``) and plot the cost-time frontier (``per_stage_tp``: as the search's);
+    return its points as JSON dicts."""
     from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
@@ -433,7 +440,7 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
     budget = obj.budget_usd / it if obj.goal == "budget" and obj.budget_usd else None
     with walk_progress() as progress:
         fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s,
-                             budget_usd_per_iteration=budget, progress=progress)
+                             budget_usd_per_iteration=budget, progress=progress, per_stage_tp=per_stage_tp)
     if not fr.points:
         raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
                            field="inventory", fix="add GPUs or relax the SLO/budget")
@@ -468,12 +475,12 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool) -> list[dict]:
     return out
 
 
-def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, usd_per_kwh, quiet: bool):
+def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, per_stage_tp: bool, usd_per_kwh, quiet: bool):
     """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's, both
     with energy; the second drawn next to ``path``."""
     from hetplan.cli.energy import add_energy, print_energy_pareto
 
-    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True)
+    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True, per_stage_tp=per_stage_tp)
     add_energy(walk, cat, usd_per_kwh)
     return walk, print_energy_pareto(summaries + walk, path.with_name(path.stem + "-energy" + path.suffix),
                                      f"{job.model}: time, $ and energy", quiet)

@@ -238,6 +238,7 @@ def search_plans(
     catalog: Catalog | None = None,
     heterogeneous: bool = True,
     progress=None,
+    per_stage_tp: bool = False,
 ) -> SearchResult:
     """Search the plans of every pool and rank them (see module doc).
 
@@ -245,6 +246,9 @@ def search_plans(
         top_k: how many plans to return (best first).
         heterogeneous: with several pools, also search plans whose stages mix pools (:mod:`hetplan.search.hetero`)
             and rank them with the homogeneous ones.
+        per_stage_tp: let the heterogeneous stages of different pools take different TP degrees (FASOP's and
+            Espresso's space). Off by default: Megatron-LM, DeepSpeed, torchtitan and ``hetplan run`` build one
+            device mesh, so ``hetplan export`` refuses such a plan; the default proposes only plans it launches.
         progress: ``progress(done, limit, phase)`` as each budgeted phase advances (a progress display; stderr in
             the CLI): the homogeneous exact top-K (estimates), the heterogeneous cost tables (groups), the
             closed-form seeds (allocations solved) and the walk (expansions). Every phase is bounded by a count,
@@ -320,7 +324,7 @@ def search_plans(
     if heterogeneous and len(inventory.pools) > 1 and job.stack_spec().has("pp"):  # stages on two pools: PP
         # the homogeneous top K fill the walk's cut: it only has to prove what could enter the joint ranking
         het = _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progress,
-                                 incumbents=[(rp.plan, rp.estimate) for rp in ranked])
+                                 incumbents=[(rp.plan, rp.estimate) for rp in ranked], per_stage_tp=per_stage_tp)
     if ranked:
         def best_among(mask):
             found, idx, _ = _exact_top_k(job, inventory, m, results, cat, objective, 1, catalog, among=mask)
@@ -405,7 +409,8 @@ def _fastest_estimated(job, inventory, m, results, cat, catalog, het) -> float |
     return min(times, default=None)
 
 
-def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progress=None, incumbents=()):
+def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progress=None, incumbents=(),
+                       per_stage_tp=False):
     """The ``top_k`` best heterogeneous plans by :func:`estimate` itself
     (:func:`hetplan.search.hetero.search_hetero_estimated`: lower-bound-guarded re-estimation, exact over its
     candidate set when ``complete``, else with a proven bound). Returns ``(entries, EstimatedResult)``, entries as
@@ -414,7 +419,7 @@ def _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progr
 
     res = search_hetero_estimated(m, job, inventory, catalog, objective, pins=pins, top_k=top_k,
                                   max_expansions=HETERO_WALK_EXPANSIONS, seed_solves=HETERO_SEED_SOLVES,
-                                  progress=progress, incumbents=incumbents)
+                                  progress=progress, incumbents=incumbents, per_stage_tp=per_stage_tp)
     entries = []
     for ep in res.top:
         keys = estimate_keys(objective, ep.estimate)

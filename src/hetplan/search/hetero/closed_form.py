@@ -153,6 +153,7 @@ def search_hetero(
     keep_candidates: int = 0,
     max_allocations: int = 4_000_000,
     mixed_tp: bool = True,
+    per_stage_tp: bool = True,
     prepared: PreparedSpace | None = None,
     max_solves: int | None = None,
     progress=None,
@@ -172,6 +173,9 @@ def search_hetero(
         keep_candidates: keep up to this many exactly evaluated plans besides the best (0 = all found).
         mixed_tp: allow a second TP degree on a pool's leftover GPUs
             (:meth:`.Group.pool_options`).
+        per_stage_tp: stages of different pools may take different TP degrees (the space of FASOP and Espresso);
+            ``False``: one TP for every stage, the plans Megatron-LM, DeepSpeed, torchtitan and ``hetplan run``
+            launch (:func:`.build_groups`).
         max_allocations: when the space holds more GPU allocations than this, first one TP degree per pool, then
             plans are restricted to at most two pools (then one), and ``HeteroResult.stats["max_pools_per_plan"]``
             says so: the result is exact over the restricted space only.
@@ -190,7 +194,7 @@ def search_hetero(
     # one stage where the job's stack has no pipeline parallelism (stacks.toml parallel; space.stack_has)
     max_stages = min(max_stages or m.num_layers, m.num_layers) if stack_has(job.stack_spec(), "pp") else 1
     if prepared is None:
-        groups = build_groups(m, job, inventory, catalog, pins, max_stages)
+        groups = build_groups(m, job, inventory, catalog, pins, max_stages, per_stage_tp=per_stage_tp)
         rows, max_pools, n_alloc = bounded_allocations(groups, inventory, pins, max_stages, max_allocations,
                                                         mixed_tp)
         gid, loc, rate, t_lb, _ = concat_rows(rows)

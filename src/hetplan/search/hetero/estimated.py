@@ -84,6 +84,7 @@ def search_hetero_estimated(
     max_expansions: int | None = None,
     seed: bool = True,
     mixed_tp: bool = True,
+    per_stage_tp: bool = True,
     progress=None,
     seed_solves: int | None = None,
     incumbents=(),
@@ -117,7 +118,7 @@ def search_hetero_estimated(
             answer is the same on any machine under any load.
         progress: ``progress(done, limit, phase)`` as the phases advance (a progress display): the cost tables
             (groups), the closed-form seeds (allocations solved), the walk (expansions).
-        mixed_tp: as in :func:`.search_hetero`.
+        mixed_tp, per_stage_tp: as in :func:`.search_hetero`.
         seed: first run the closed-form search (:func:`.search_hetero`) and estimate its best plans (or frontier),
             so the cut starts from strong incumbents (they are plans of H).
         seed_solves: the seed search solves at most this many allocations (``None``: until exact); seeds only
@@ -140,7 +141,7 @@ def search_hetero_estimated(
     # one stage where the job's stack has no pipeline parallelism (stacks.toml parallel; space.stack_has)
     max_stages = min(max_stages or m.num_layers, m.num_layers) if stack_has(job.stack_spec(), "pp") else 1
     iterations = job.iterations()
-    groups = build_groups(m, job, inventory, catalog, pins, max_stages, progress)
+    groups = build_groups(m, job, inventory, catalog, pins, max_stages, progress, per_stage_tp)
     rows, max_pools, n_alloc = bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp,
                                                     progress)
     flat = concat_rows(rows)
