@@ -273,7 +273,10 @@ def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: 
 #: Byte alignment below which the attention core's batched GEMMs run on CUDA cores. cuBLAS's tensor-core kernels
 #: want every operand pointer, leading dimension and batch stride 16-byte aligned (cuBLAS documentation, "Tensor
 #: Core Usage" restrictions: 128-bit accesses). Below 8 bytes (an odd head dimension, or twice an odd one) the
-#: measured cores run at the SIMT rate (BLOOM's d = 225 and 150, below); at exactly 8 bytes the measured slowdown
+#: cores are charged the SIMT rate: BLOOM's d = 225 (2-byte aligned, below) runs at it, its 20 rows of 02-20 within
+#: -6.4…+6.0 %. The six 4-byte-aligned rows of 02-17 (d = 150 and 450) are 5-13 % faster than that charge and
+#: 15-24 % slower than no charge: a tensor-core kernel of narrower loads, whose rate no source gives, so they keep
+#: the SIMT charge (docs/estimator.md, BigScience); at exactly 8 bytes the measured slowdown
 #: differs by GPU (FASOP's GPT-2 XL, d = 100: about 1.6x on an A10G, 8x on an A100; BLOOM's d = 108: about 8x on
 #: an A100), no single rate holds, so it is not charged.
 SIMT_BELOW_BYTES = 8
