@@ -132,6 +132,7 @@ def test_default_search_proposes_only_plans_export_launches(tmp_path):
         r = hetplan("plan", ex, *flag, "--json", "--top", "3", "-o", best)
         assert r.returncode == 0, r.stderr
         plans = json.loads(r.stdout)["plans"]
+        assert json.loads(r.stdout)["heterogeneous"]["per_stage_tp"] is bool(flag)  # the space it searched
         out[flag] = plans
         exported = hetplan("export", best, "--to", "megatron", "--out-dir", tmp_path / f"out{len(flag)}")
         if not flag:

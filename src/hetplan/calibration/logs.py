@@ -13,8 +13,9 @@ RUNS row (:data:`hetplan.calibration.user.COLUMNS` + ``step_time_s``, ``memory_g
   line of ``torchtitan/distributed/parallel_dims.py``: ``Building K-D device mesh with [names], [sizes]``
   (v0.1-v0.2) or ``Building device mesh with parallelism: pp=…, dp_replicate=…, dp_shard=…, cp=…, tp=…, ep=…``
   (since 2026; v0.2 with EP names ``dp_shard_mod_ep`` and ``dp_shard_in_ep``, whose product is ``dp_shard``, and
-  EP = ``dp_shard_in_ep``·CP·TP, expert-TP 1 as hetplan's export runs it); step time = G·S / (T·GPUs). ``dp_shard`` above 1 is FSDP2 (ZeRO-3), with ``dp_replicate`` above 1
-  too HSDP (``fsdp_shard`` = ``dp_shard``); ``dp_shard`` 1 is DDP (ZeRO-0). The job lines: ``Compiling each
+  EP = ``dp_shard_in_ep``·CP·TP, expert-TP 1 as hetplan's export runs it); step time = G·S / (T·GPUs).
+  ``dp_shard`` above 1 is FSDP2 (ZeRO-3), with ``dp_replicate`` above 1 too HSDP (``fsdp_shard`` =
+  ``dp_shard``); ``dp_shard`` 1 is DDP (ZeRO-0). The job lines: ``Compiling each
   TransformerBlock with torch.compile`` (``torch_compile``), ``Float8 tensorwise scaled training active``
   (v0.1-v0.2) or ``Float8 training active with recipe R`` (``dtype`` fp8, ``fp8_recipe`` R;
   ``torchtitan/components/quantization/float8.py``). An MX run (``MX training active``, ``mx.py``) is refused:

@@ -438,6 +438,7 @@ def hetero_summary(res, inventory, objective, ranked_best=None) -> dict:
            "orders_solved": res.orders_solved, "plans_estimated": res.plans_estimated,
            "search_time_s": res.search_time_s, "complete": res.complete,
            "max_pools_per_plan": res.stats.get("max_pools_per_plan"), "mixed_tp": res.stats.get("mixed_tp"),
+           "per_stage_tp": res.stats.get("per_stage_tp"),
            "best": best.candidate.describe(inventory) if best is not None else None}
     if not res.complete:
         out["unestimated_lower_bound"] = res.open_bound

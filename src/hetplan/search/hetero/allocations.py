@@ -41,8 +41,8 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
             progress=None, per_stage_tp: bool = True) -> list[Group]:
     """One :class:`.Group` per (DP, micro-batch size, ZeRO, CP, EP) allowed by ``pins`` — and, without
     ``per_stage_tp``, per TP degree, every stage of a plan then taking the same TP (the one device mesh of
-    Megatron-LM, DeepSpeed, torchtitan and ``hetplan run``: :func:`hetplan.runtime.exporters.common._mesh`): CP degrees as the
-    homogeneous space's (:func:`hetplan.search.space.cp_degrees`, up to the largest pool), EP degrees the
+    Megatron-LM, DeepSpeed, torchtitan and ``hetplan run``: :func:`hetplan.runtime.exporters.common._mesh`): CP
+    degrees as the homogeneous space's (:func:`hetplan.search.space.cp_degrees`, up to the largest pool), EP degrees the
     divisors of the expert count that divide ``tp·cp·dp`` of a stage type (MoE parallel folding, with every
     expert-TP degree dividing TP where the framework has expert-TP; ``dp·cp`` where the job's framework keeps EP
     inside DP; 1 for a dense model), each group holding the stage types whose ranks EP x expert-TP divides; ``progress(done, total, phase)`` as their cost tables are built."""
@@ -83,7 +83,8 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
             built.setdefault((b, d, z, c, e, t), {})[(types[k].pool, types[k].tp)] = tb
     groups: list[Group] = []
     shared: dict = {}
-    tp_sets = [types] if per_stage_tp else [[st for st in types if st.tp == tp] for tp in sorted({st.tp for st in types})]
+    tp_sets = ([types] if per_stage_tp
+               else [[st for st in types if st.tp == tp] for tp in sorted({st.tp for st in types})])
     for b, d, z, c, e, t in shapes:
         for subset in tp_sets:
             g = Group(m, job, inventory, subset, b, d, z, rcs, max_stages, c, e, shared,

@@ -296,7 +296,7 @@ def search_hetero_estimated(
         allocations_solved=count["solved"], plans_estimated=len(evaluated), orders_solved=count["orders"],
         search_time_s=time.perf_counter() - t0,
         open_bound=open_bound,
-        stats={"max_pools_per_plan": max_pools[0], "mixed_tp": max_pools[1],
+        stats={"max_pools_per_plan": max_pools[0], "mixed_tp": max_pools[1], "per_stage_tp": per_stage_tp,
                "restricted": max_pools[0] < len(inventory.pools) or (mixed_tp and pins.tp is None and not max_pools[1]),
                "groups": len(groups)},
     )
