@@ -72,8 +72,8 @@ def _mesh(plan: Plan, what: str) -> _Mesh:
             f"heterogeneous plan has {shown}. Megatron-LM, DeepSpeed, torchtitan and `hetplan run` all send "
             "activations between matching data-parallel replicas of one mesh, so none runs it",
             field="plan.stages[].tp/dp",
-            fix="plan again with one TP and DP for all stages (hetplan plan --tp T --dp D, or --no-hetero); "
-                "stages may still differ in GPU type and layer count")
+            fix="plan again without --per-stage-tp (the default search gives every stage one TP and DP), or pin "
+                "them (hetplan plan --tp T --dp D); stages may still differ in GPU type and layer count")
     # (mode, layers recomputed when not all of the stage's, else None) per stage
     recs = {(st.recompute, None if st.recompute == "none" or st.recomputed_layers() == st.num_layers
              else st.recomputed_layers()) for st in plan.stages}
