@@ -40,7 +40,8 @@ def test_resolve_by_name_version_and_month():
     for text, listed in (("nemo@22.11", "nemo@22.09"), ("megatron-lm@core_r0.10", "megatron-lm@core_r0.9"),
                          ("megatron-lm@core_r0.13.1", "megatron-lm@core_r0.12"), ("nemo@22.05.01", "nemo@22.05"),
                          ("torchtitan@0.3.1", "torchtitan@0.3.0"), ("deepspeed@0.16.3", "deepspeed@0.16"),
-                         ("deepspeed@0.9", "deepspeed@0.6.2"), ("deepspeed@0.6.1", "deepspeed@0.5")):
+                         ("deepspeed@0.9", "deepspeed@0.6.2"), ("deepspeed@0.6.1", "deepspeed@0.6.0"),
+                         ("deepspeed@0.5.9", "deepspeed@0.5.5"), ("deepspeed@0.12", "deepspeed@0.9.2")):
         assert resolve_stack(text).id == listed
     # a YY.MM label of a stack whose YY.MM labels are months (NeMo, megatron-lm@23.04) is that month: 24.01 is
     # not "after 23.04" but January 2024, when Megatron Core 0.4 was in force
@@ -293,6 +294,45 @@ def test_fp8_only_where_the_stack_has_an_fp8_path():
     r = _hetplan("plan", "--model", "llama3-8b", "--gpu", "H100-SXM", "--gpus", "16", "--seq-len", "4096",
                  "--global-batch", "64", "--dtype", "fp8", "--framework", "deepspeed", "-q")
     assert r.returncode == 2 and "job.dtype" in r.stderr and "stack-has-option" in r.stderr, r.stderr
+
+
+def test_deepspeed_bf16_runs_only_the_zero_stages_its_release_accepts(tmp_path):
+    """DeepSpeed's own checks decide which ZeRO stages a bf16 run may use: none before v0.5.5 (no bf16 section),
+    ZeRO-2 in v0.5.5, ZeRO 1-3 in v0.6.0, every stage from v0.6.2; under a pipeline ZeRO-0 only from v0.6.2 to
+    v0.9.1 (``_exec_reduce_grads`` raises for ZeRO-1), ZeRO 0-1 from v0.9.2. The search proposes only those,
+    a pinned one is exit 2 before it, and ``check_plan`` refuses a plan that breaks them."""
+    rule = {v: tuple(resolve_stack(f"deepspeed@{v}").allows_bf16(z, pp) for pp in (1, 2) for z in (0, 1, 2))
+            for v in ("0.5", "0.5.5", "0.6.0", "0.6.2", "0.9.2", "0.16")}
+    assert rule == {"0.5": (False,) * 6, "0.5.5": (False, False, True, False, False, True),
+                    "0.6.0": (False, True, True, False, True, True),
+                    "0.6.2": (True, True, True, True, False, False),
+                    "0.9.2": (True, True, True, True, True, False), "0.16": (True, True, True, True, True, False)}
+    args = ("plan", "--model", "llama2-7b", "--gpu", "A100-SXM-80GB", "--gpus", 32, "--seq-len", 4096,
+            "--global-batch", 256, "--tokens", "1e9", "--framework", "deepspeed", "--dtype", "bf16", "--pp", 2)
+    zeros = {}
+    for v in ("0.6.2", "0.9.2"):
+        r = _hetplan(*args, "--stack", f"deepspeed@{v}", "--json", "--top", 5)
+        assert r.returncode == 0, r.stderr
+        zeros[v] = {p["zero"] for p in json.loads(r.stdout)["plans"] if p["dp"] > 1}
+    assert zeros["0.6.2"] == {0} and 1 in zeros["0.9.2"]
+    pinned = _hetplan(*args, "--stack", "deepspeed@0.6.2", "--zero", 1)
+    assert pinned.returncode == 2 and "pin.zero" in pinned.stderr and "NotImplementedError" in pinned.stderr
+    old = _hetplan(*args, "--stack", "deepspeed@2021-09")
+    assert old.returncode == 2 and "job.dtype" in old.stderr and "stack-has-option" in old.stderr
+    r = _hetplan(*args, "--stack", "deepspeed@0.9.2", "--zero", 1, "-o", tmp_path / "z1.json")
+    assert r.returncode == 0, r.stderr
+    from hetplan.plan import Plan
+
+    z1 = Plan.model_validate_json((tmp_path / "z1.json").read_text())
+    plan = z1.model_copy(update={"job": z1.job.model_copy(update={"stack": "deepspeed@0.6.2"})})
+    from hetplan.model.spec import load_model
+    from hetplan.plan_rules import violations
+
+    m = load_model("llama2-7b")
+    assert any(e.rule == "stack-has-option" and e.field == "plan.zero" for e in violations(plan, m))
+    with pytest.raises(PlanRuleError, match="NotImplementedError"):
+        check_plan(plan, m)
+    check_plan(plan.model_copy(update={"zero": 0}), m)  # ZeRO-0 in bf16 under a pipeline: BF16_Optimizer
 
 
 def test_nemo_automodel_gains_pipeline_and_expert_parallelism_at_its_first_tag():

@@ -31,7 +31,8 @@ Rules (name: what must hold, and why):
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
   without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
   (``megatron/core/transformer/transformer_config.py``).
-* ``stack-has-option``: ``job.dtype = "fp8"`` (stacks.toml ``fp8``) and its ``job.fp8_recipe`` (``fp8_recipes``:
+* ``stack-has-option``: ``job.dtype = "bf16"`` (stacks.toml ``bf16_zero``, ``pipeline_bf16_zero``: the ZeRO
+  stages a bf16 run may use), ``job.dtype = "fp8"`` (stacks.toml ``fp8``) and its ``job.fp8_recipe`` (``fp8_recipes``:
   torchtitan 0.3.0 removed torchao's ``tensorwise``), ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; under FSDP
   stacks the sharding mode the launch names: llm-foundry runs FULL_SHARD only) and each stage's recomputation exist in the job's stack (:meth:`hetplan.plan.Job.stack_spec`,
   ``hetplan catalog stacks``): Megatron-LM 2.5 has no distributed optimizer and no selective recomputation,
@@ -254,7 +255,12 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
         modes.discard("selective")  # the same plan as none under flash (hetplan.plan.Job)
     if modes:
         lacks.append(("stages[].recompute", f"{'/'.join(sorted(modes))} recomputation"))
-    fp8 = stack_fp8_violation(plan.job, field="plan.job.dtype")
+    if (plan.job.dtype == "bf16" and any(st.dp * degree(plan, i, "cp") > 1 for i, st in enumerate(plan.stages))
+            and not stack.allows_bf16(plan.zero, plan.pp)):
+        rule = stack.sources.get("pipeline_bf16_zero" if plan.pp > 1 and stack.pipeline_bf16_zero is not None
+                                 else "bf16_zero", "")
+        lacks.append(("zero", f"ZeRO-{plan.zero} in bf16{' with a pipeline' if plan.pp > 1 else ''} ({rule})"))
+    fp8 = stack_dtype_violation(plan.job, field="plan.job.dtype")
     if fp8 is not None:
         out.append(fp8)
     for f, what in lacks:
@@ -279,11 +285,16 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     return out
 
 
-def stack_fp8_violation(job: "Job", field: str = "job.dtype") -> PlanRuleError | None:
+def stack_dtype_violation(job: "Job", field: str = "job.dtype") -> PlanRuleError | None:
     """Rule ``stack-has-option`` for the job's dtype: ``fp8`` on a stack without an FP8 GEMM path (stacks.toml
-    ``fp8``, whose source names the code path that runs instead), else None. ``field`` names the dtype where
-    the caller holds it (``job.dtype`` before the search, ``plan.job.dtype`` in :func:`check_plan`)."""
+    ``fp8``, whose source names the code path that runs instead), or ``bf16`` on a release without bf16
+    (``bf16_zero`` empty: DeepSpeed before v0.5.5), else None. ``field`` names the dtype where the caller holds it
+    (``job.dtype`` before the search, ``plan.job.dtype`` in :func:`check_plan`)."""
     stack = job.stack_spec()
+    if job.dtype == "bf16" and not stack.bf16_zero:
+        return PlanRuleError("stack-has-option", f"dtype bf16 asks for bf16 training, which stack {stack.id} lacks "
+                             f"({stack.sources.get('bf16_zero', '')})", field=field,
+                             fix="use dtype fp16, or pick a later release (hetplan catalog stacks NAME)")
     if job.dtype == "fp8" and stack.fp8 and job.fp8_recipe is not None and stack.fp8_recipes \
             and job.fp8_recipe not in stack.fp8_recipes:
         return PlanRuleError("stack-has-option", f"fp8_recipe {job.fp8_recipe} asks for a recipe stack {stack.id} "

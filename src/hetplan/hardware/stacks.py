@@ -69,7 +69,7 @@ def _release_before(releases: list, version: str):
     """The listed release a numbered ``version`` that is not listed falls under: the highest listed label of the
     same numbering (prefix and digits of the first number) not above it, the numbers compared as versions are
     (missing ones 0), None if there is none (``nemo@22.11`` -> ``22.09``; ``megatron-lm@core_r0.13.1`` ->
-    ``core_r0.12``; ``deepspeed@0.9`` -> ``0.6.2``, ``deepspeed@0.6.1`` -> ``0.5``; ``nemo@21.12``, before the first:
+    ``core_r0.12``; ``deepspeed@0.9`` -> ``0.6.2``, ``deepspeed@0.6.1`` -> ``0.6.0``; ``nemo@21.12``, before the first:
     None)."""
     want = _numbered(version)
     if want is None:
@@ -86,7 +86,7 @@ def _release_before(releases: list, version: str):
 _YY_MM = re.compile(r"^(\d{2})\.(\d{2})$")
 
 
-def _month_label(releases: list, version: str) -> str | None:
+def _month_label(releases: tuple | list, version: str) -> str | None:
     """``YYYY-MM`` of a ``YY.MM`` label of a stack whose ``YY.MM`` labels name months (each listed one released
     in the month it names: NeMo's containers, ``megatron-lm@23.04``, Megatron-LM's main of 2023-04), else None.
     Such a label resolves as that month: ``megatron-lm@24.01`` is the release in force in 2024-01 (``core_r0.4``),
@@ -152,6 +152,11 @@ class StackSpec(BaseModel):
             ``buffered_reduce_fallback`` -> ``allreduce_bucket``: every rank all-reduces every gradient, then
             steps its partition and all-gathers the weights; never overlapped with the backward) or
             ``reduce-scatter`` (each rank receives only its partition's sums; the default).
+        bf16_zero: the ZeRO stages a bf16 run may use with more than one data-parallel rank (DeepSpeed's config
+            checks: none before v0.5.5, ZeRO-2 only in v0.5.5-0.5.x, ZeRO 1-3 in v0.6.0-0.6.1); every stage
+            unless its source says otherwise. ``pipeline_bf16_zero``: the same under a pipeline (PP > 1), where the
+            pipeline engine's gradient reduction has its own rule (v0.6.2-0.9.1: ZeRO-0 only); None: as
+            ``bf16_zero``. :meth:`allows_bf16`.
         fp8: FP8 training available (an FP8 GEMM path: Transformer Engine, torchao float8); false for the
             releases before one (their source says which code path runs instead), refused by plan rule
             ``stack-has-option`` and before the search.
@@ -213,6 +218,8 @@ class StackSpec(BaseModel):
     attention_unpad: tuple[StackKernel, ...] = ()
     fsdp_units: Literal["model", "embedding-output"] = "model"
     zero1_grad_reduce: Literal["reduce-scatter", "allreduce"] = "reduce-scatter"
+    bf16_zero: tuple[Literal[0, 1, 2, 3], ...] = (0, 1, 2, 3)
+    pipeline_bf16_zero: tuple[Literal[0, 1, 2, 3], ...] | None = None
     fp8: bool = True
     fp8_recipe: dict[str, StackFp8Recipe] = Field(default_factory=dict)
     fp8_recipes: tuple[StackFp8Recipe, ...] = ()
@@ -233,6 +240,13 @@ class StackSpec(BaseModel):
         """Whether this release runs parallel dimension ``dim`` (``dp`` / ``tp`` / ``pp`` / ``cp`` / ``ep``, or
         ``vp``: interleaved 1F1B's virtual stages)."""
         return self.interleaved if dim == "vp" else dim in self.parallel
+
+    def allows_bf16(self, zero: int, pp: int = 1) -> bool:
+        """Whether a bf16 run of this release may use ZeRO stage ``zero`` with ``pp`` pipeline stages
+        (``bf16_zero``, ``pipeline_bf16_zero``; one data-parallel rank is ZeRO-free and always allowed by the
+        caller)."""
+        allowed = self.pipeline_bf16_zero if pp > 1 and self.pipeline_bf16_zero is not None else self.bf16_zero
+        return zero in allowed
 
     def kernel_on(self, architecture: str) -> str:
         """The fused attention kernel (``fa2`` / ``fa3`` / ``cudnn`` / ``triton``) this release runs under flash on

@@ -178,7 +178,8 @@ class FineSearch:
                 self.interleave and s.pp > 1 and (g // s.micro_batch) % s.pp == 0
                 and all(st.num_layers >= v and (self.layer_lists or st.num_layers % v == 0) for st in s.stages)):
             return False
-        if any(st.dp > 1 for st in s.stages) and not stack_allows(self.stack, zero=s.zero):
+        if any(st.dp > 1 for st in s.stages) and not stack_allows(self.stack, zero=s.zero, dtype=self.cm.job.dtype,
+                                                                  pp=s.pp):
             return False
         fsdp = self.cm.job.framework == "fsdp"  # DDP (0) or FSDP2 (3), at any pipeline depth; no EP with DDP
         replicated = s.zero == 0 and any(st.dp > 1 for st in s.stages)

@@ -20,7 +20,7 @@ from hetplan.estimate.estimator import Estimate, estimate
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import SPLITS, Inventory, Job, Plan, Stage, balanced_split, interleaved_chunks
-from hetplan.plan_rules import embedding_loss_split, stack_fp8_violation
+from hetplan.plan_rules import embedding_loss_split, stack_dtype_violation
 from hetplan.search.explain import explain_ranking
 from hetplan.search.homogeneous import COMPONENTS, PoolResult, evaluate_pool
 from hetplan.search.objective import (Objective, TopK, estimate_keys, guarded_best_first, lower_bound_keys,
@@ -167,6 +167,14 @@ def _refuse_stack_modes(job: Job, pins: Pins, zero: bool = True) -> None:
         raise HetplanError(f"ZeRO-{pins.zero} is pinned, but stack {stack.id} offers ZeRO "
                            f"{', '.join(map(str, stack.zero))} only", field="pin.zero",
                            fix="unpin zero, or pick a stack that has it (hetplan catalog stacks)")
+    pps = [pins.pp] if pins.pp is not None else [1, 2]
+    if (zero and pins.zero and job.dtype == "bf16"
+            and not any(stack_allows(stack, zero=pins.zero, dtype="bf16", pp=pp) for pp in pps)):
+        raise HetplanError(f"ZeRO-{pins.zero} is pinned, but a bf16 run of stack {stack.id} cannot use it"
+                           f"{' with a pipeline' if pins.pp and pins.pp > 1 else ''} "
+                           f"({stack.sources.get('pipeline_bf16_zero' if pins.pp and pins.pp > 1 else 'bf16_zero', '')})",
+                           field="pin.zero", fix="unpin zero, use dtype fp16, or pick a later release "
+                                                 "(hetplan catalog stacks NAME)")
     if pins.recompute is not None and not stack_allows(stack, recompute=pins.recompute, attention=job.attention):
         raise HetplanError(f"{pins.recompute} recomputation is pinned, but stack {stack.id} offers "
                            f"{', '.join(stack.recompute)} only", field="pin.recompute",
@@ -264,8 +272,8 @@ def search_plans(
     catalog = catalog or load_catalog()
     m = load_model(job.model)
     check_job(job, m)
-    if (fp8 := stack_fp8_violation(job)) is not None:  # before the search: every plan would break it
-        raise fp8
+    if (bad := stack_dtype_violation(job)) is not None:  # before the search: every plan would break it
+        raise bad
     check_pins(pins, m, job)
     divisor = (pins.dp or 1) * (pins.mbs or 1)
     if job.global_batch % divisor:

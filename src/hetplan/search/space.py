@@ -115,15 +115,17 @@ def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int, stack=None) -> 
     return out
 
 
-def stack_allows(stack, zero: int | None = None, recompute: str | None = None, attention: str = "flash") -> bool:
+def stack_allows(stack, zero: int | None = None, recompute: str | None = None, attention: str = "flash",
+                 dtype: str | None = None, pp: int = 1) -> bool:
     """Whether ``stack`` (a :class:`hetplan.hardware.stacks.StackSpec`, None: any) offers ZeRO stage ``zero``
-    and recomputation ``recompute``. Under FSDP stacks ``zero`` is the sharding mode the launch names (the
+    (for a ``dtype`` of ``bf16`` over ``pp`` pipeline stages, also the release's bf16 rules,
+    :meth:`~hetplan.hardware.stacks.StackSpec.allows_bf16`) and recomputation ``recompute``. Under FSDP stacks ``zero`` is the sharding mode the launch names (the
     estimate prices ZeRO-0 as torchtitan's DDP replication and ZeRO-3 as FSDP2, as the export writes them): llm-foundry,
     HF Accelerate's FSDP plugin and NeMo AutoModel run FULL_SHARD only (``zero = [3]``), so no ZeRO-0 label; selective recomputation under flash attention is the plan without recomputation (:class:`hetplan.plan.Job`),
     which every stack runs."""
     if stack is None:
         return True
-    if zero is not None and zero not in stack.zero:
+    if zero is not None and (zero not in stack.zero or dtype == "bf16" and not stack.allows_bf16(zero, pp)):
         return False
     if recompute is not None and recompute not in stack.recompute:
         return recompute == "selective" and attention == "flash"
@@ -133,7 +135,7 @@ def stack_allows(stack, zero: int | None = None, recompute: str | None = None, a
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
                     attention: str = "standard", seq_len: int | None = None, stack=None,
                     expert_tp: bool = True, interleave: bool = True, ep_fold: bool = True,
-                    uneven: bool = False) -> dict[str, np.ndarray]:
+                    uneven: bool = False, dtype: str | None = None) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
     ep, expert_tp, split`` (recompute as codes 0/1/2, split as :data:`hetplan.plan.SPLITS` indices), honouring
     ``pins``. What the job's framework runs (``hardware/data/frameworks.toml``): ``expert_tp``, whether it splits
@@ -144,8 +146,8 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     selective recomputation is the same plan as none (:class:`hetplan.plan.Job`), so it is left out unless
     pinned. ``seq_len``: the job's sequence (CP needs it; without it CP is 1). ``stack``: the job's
     :class:`hetplan.hardware.stacks.StackSpec`; only the ZeRO stages and recomputation modes it offers are
-    enumerated (:func:`stack_allows`; Megatron-LM 2.5 has neither the distributed optimizer nor selective
-    recomputation), and only the parallel dimensions and interleaving its launcher runs (:func:`stack_has`:
+    enumerated (:func:`stack_allows`, with its bf16 rules for a ``dtype`` of ``bf16``; Megatron-LM 2.5 has neither
+    the distributed optimizer nor selective recomputation), and only the parallel dimensions and interleaving its launcher runs (:func:`stack_has`:
     llm-foundry 0.3 gets TP = PP = CP = EP = 1)."""
     tps = tp_degrees(m, gpus_per_node, available, stack)
     if pins.tp is not None:
@@ -185,8 +187,8 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     base = np.column_stack([base, base_cp])  # cp rides along as a last column
     no_dp = base[:, 2] == 1
     no_pp = base[:, 1] == 1
-    for sel, zeros in ((no_dp, [0]), (~no_dp & no_pp, [0, 1, 2, 3]), (~no_dp & ~no_pp, [0, 1])):
-        zeros = [z for z in zeros if sel is no_dp or stack_allows(stack, zero=z)]
+    for sel, zeros, pp in ((no_dp, [0], 1), (~no_dp & no_pp, [0, 1, 2, 3], 1), (~no_dp & ~no_pp, [0, 1], 2)):
+        zeros = [z for z in zeros if sel is no_dp or stack_allows(stack, zero=z, dtype=dtype, pp=pp)]
         if pins.zero is not None:
             # a pinned ZeRO-1 with DP = 1 is a harmless what-if; ZeRO-2/3 still need pp = 1
             ok = pins.zero in zeros or (sel is no_dp and pins.zero == 1)

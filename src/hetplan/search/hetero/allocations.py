@@ -66,6 +66,8 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
     shapes = [(b, d, z, c, e, t) for d in divisors(job.global_batch) if pins.dp is None or d == pins.dp
               for b in divisors(job.global_batch // d) if pins.mbs is None or b == pins.mbs
               for z in zeros if not (z >= 1 and d == 1)  # ZeRO-1 over one rank is ZeRO-0
+              # the release's bf16 rules under a pipeline (stacks.toml pipeline_bf16_zero); one rank: no ZeRO
+              if d == 1 or job.dtype != "bf16" or stack.allows_bf16(z, 2)
               for c in cps for e in ep_degrees(m, fold * d * c, pins.ep, stack) for t in (etps if e > 1 else [1])
               # torchtitan: no EP with DDP; torch DDP (stack ddp "reducer") on 1-D meshes only, not in a pipeline
               if not (job.framework == "fsdp" and z == 0 and d > 1 and (e > 1 or stack.ddp == "reducer"))]
