@@ -257,8 +257,7 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
         lacks.append(("stages[].recompute", f"{'/'.join(sorted(modes))} recomputation"))
     if (plan.job.dtype == "bf16" and any(st.dp * degree(plan, i, "cp") > 1 for i, st in enumerate(plan.stages))
             and not stack.allows_bf16(plan.zero, plan.pp)):
-        rule = stack.sources.get("pipeline_bf16_zero" if plan.pp > 1 and stack.pipeline_bf16_zero is not None
-                                 else "bf16_zero", "")
+        rule = stack.sources.get(stack.bf16_rule(plan.pp), "")
         lacks.append(("zero", f"ZeRO-{plan.zero} in bf16{' with a pipeline' if plan.pp > 1 else ''} ({rule})"))
     fp8 = stack_dtype_violation(plan.job, field="plan.job.dtype")
     if fp8 is not None:

@@ -241,12 +241,15 @@ class StackSpec(BaseModel):
         ``vp``: interleaved 1F1B's virtual stages)."""
         return self.interleaved if dim == "vp" else dim in self.parallel
 
+    def bf16_rule(self, pp: int = 1) -> str:
+        """The field whose ZeRO stages a bf16 run with ``pp`` pipeline stages may use: ``pipeline_bf16_zero``
+        under a pipeline where the release sets it, else ``bf16_zero`` (its source says why)."""
+        return "pipeline_bf16_zero" if pp > 1 and self.pipeline_bf16_zero is not None else "bf16_zero"
+
     def allows_bf16(self, zero: int, pp: int = 1) -> bool:
         """Whether a bf16 run of this release may use ZeRO stage ``zero`` with ``pp`` pipeline stages
-        (``bf16_zero``, ``pipeline_bf16_zero``; one data-parallel rank is ZeRO-free and always allowed by the
-        caller)."""
-        allowed = self.pipeline_bf16_zero if pp > 1 and self.pipeline_bf16_zero is not None else self.bf16_zero
-        return zero in allowed
+        (:meth:`bf16_rule`; one data-parallel rank is ZeRO-free and always allowed by the caller)."""
+        return zero in getattr(self, self.bf16_rule(pp))
 
     def kernel_on(self, architecture: str) -> str:
         """The fused attention kernel (``fa2`` / ``fa3`` / ``cudnn`` / ``triton``) this release runs under flash on

@@ -170,9 +170,9 @@ def _refuse_stack_modes(job: Job, pins: Pins, zero: bool = True) -> None:
     pps = [pins.pp] if pins.pp is not None else [1, 2]
     if (zero and pins.zero and job.dtype == "bf16"
             and not any(stack_allows(stack, zero=pins.zero, dtype="bf16", pp=pp) for pp in pps)):
+        pp = pins.pp or 1
         raise HetplanError(f"ZeRO-{pins.zero} is pinned, but a bf16 run of stack {stack.id} cannot use it"
-                           f"{' with a pipeline' if pins.pp and pins.pp > 1 else ''} "
-                           f"({stack.sources.get('pipeline_bf16_zero' if pins.pp and pins.pp > 1 else 'bf16_zero', '')})",
+                           f"{' with a pipeline' if pp > 1 else ''} ({stack.sources.get(stack.bf16_rule(pp), '')})",
                            field="pin.zero", fix="unpin zero, use dtype fp16, or pick a later release "
                                                  "(hetplan catalog stacks NAME)")
     if pins.recompute is not None and not stack_allows(stack, recompute=pins.recompute, attention=job.attention):
