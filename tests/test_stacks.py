@@ -335,6 +335,20 @@ def test_deepspeed_bf16_runs_only_the_zero_stages_its_release_accepts(tmp_path):
     check_plan(plan.model_copy(update={"zero": 0}), m)  # ZeRO-0 in bf16 under a pipeline: BF16_Optimizer
 
 
+def test_fits_on_no_gpu_names_what_the_stack_withheld():
+    """GPT-3 175B in bf16 on 64 A100-80GB: deepspeed@0.5.5 runs no TP and bf16 only at ZeRO-2, so no plan fits;
+    the error names those limits beside the inventory, and the fix names the other way out (another release).
+    Under deepspeed@0.6.2 (bf16 at every stage) the same job plans."""
+    args = ("plan", "--model", "gpt3-175b", "--gpu", "A100-SXM-80GB", "--gpus", 64, "--seq-len", 2048,
+            "--global-batch", 512, "--iterations", 10, "--dtype", "bf16")
+    r = _hetplan(*args, "--stack", "deepspeed@0.5.5")
+    assert r.returncode == 2 and "fits on no GPU" in r.stderr
+    assert "no TP" in r.stderr and "bf16 only at ZeRO 2 (bf16_zero)" in r.stderr and "--stack" in r.stderr
+    assert _hetplan(*args, "--stack", "deepspeed@0.6.2").returncode == 0
+    plain = _hetplan(*args[:6], 8, *args[7:])  # Megatron-LM withholds nothing: the inventory alone is named
+    assert plain.returncode == 2 and "fits on no GPU" in plain.stderr and "searched" not in plain.stderr
+
+
 def test_nemo_automodel_gains_pipeline_and_expert_parallelism_at_its_first_tag():
     """AutoModel 25.07 runs FSDP2 with TP/CP only; v0.1.0 (2025-10) adds torch.distributed.pipelining stages and
     MoE expert parallelism: an EP plan is refused before it and searched after it, its EP cost named as such."""

@@ -354,7 +354,7 @@ def search_plans(
         explanation.append(scope)
     if not ranked:
         _raise_infeasible(objective, results, cat, job_time, job_usd, lambda: _fastest_estimated(
-            job, inventory, m, results, cat, catalog, het))
+            job, inventory, m, results, cat, catalog, het), _stack_limits(job, m))
     return SearchResult(
         plans=ranked,
         explanation=explanation,
@@ -367,18 +367,45 @@ def search_plans(
     )
 
 
+def _missing_dims(stack, m: ModelSpec) -> list[str]:
+    """The parallel dimensions ``stack`` does not run (``stacks.toml`` ``parallel`` / ``interleaved``), of those
+    that apply to ``m`` (EP only to a MoE model, interleaving only with a pipeline)."""
+    return [name for dim, name in (("tp", "TP"), ("pp", "PP"), ("cp", "CP"), ("ep", "EP"), ("vp", "interleaving"))
+            if not stack.has(dim) and (dim != "ep" or m.is_moe) and (dim != "vp" or stack.has("pp"))]
+
+
 def _stack_scope(job: Job, m: ModelSpec) -> str | None:
-    """The explanation's line on what the job's stack leaves out of every search (``stacks.toml`` ``parallel`` /
-    ``interleaved``, :func:`hetplan.search.space.stack_has`); None when it runs every dimension that applies (EP
-    only to a MoE model)."""
+    """The explanation's line on what the job's stack leaves out of every search (:func:`_missing_dims`); None
+    when it runs every dimension that applies."""
     stack = job.stack_spec()
-    missing = [name for dim, name in (("tp", "TP"), ("pp", "PP"), ("cp", "CP"), ("ep", "EP"), ("vp", "interleaving"))
-               if not stack.has(dim) and (dim != "ep" or m.is_moe) and (dim != "vp" or stack.has("pp"))]
-    if not missing:
+    if not (missing := _missing_dims(stack, m)):
         return None
     runs = "/".join(d.upper() for d in stack.parallel)
     return (f"Stack {stack.id} runs {runs}{' with interleaving' if stack.interleaved else ''}: no "
             f"{', '.join(missing)} searched (`hetplan catalog stacks {stack.id}`).")
+
+
+def _stack_limits(job: Job, m: ModelSpec) -> str | None:
+    """What the job's stack withholds from the search that could shrink a plan's memory: the dimensions it does
+    not run (:func:`_missing_dims`), ZeRO stages it lacks, and for bf16 the ZeRO stages its release accepts
+    (:meth:`hetplan.hardware.stacks.StackSpec.bf16_rule`); None when it withholds none of them. For the
+    "fits on no GPU" error, which would otherwise blame the inventory alone."""
+    stack = job.stack_spec()
+    parts = [f"no {', '.join(missing)}"] if (missing := _missing_dims(stack, m)) else []
+    if 3 not in stack.zero:
+        parts.append(f"ZeRO {'/'.join(map(str, stack.zero))} only")  # FSDP stacks list 3
+    if job.dtype == "bf16":
+        rules = {(stack.bf16_rule(1), stack.bf16_zero)}
+        if stack.has("pp"):
+            rules.add((stack.bf16_rule(2), getattr(stack, stack.bf16_rule(2))))
+        for rule, stages in sorted(rules):
+            stages = tuple(z for z in stack.zero if z in stages)
+            if stages != tuple(stack.zero):
+                where = " under a pipeline" if rule == "pipeline_bf16_zero" else (
+                    "" if len(rules) == 1 else " without a pipeline")
+                allowed = f"only at ZeRO {'/'.join(map(str, stages))}" if stages else "at no ZeRO stage"
+                parts.append(f"bf16 {allowed}{where} ({rule})")
+    return f"stack {stack.id} searched {'; '.join(parts)}" if parts else None
 
 
 def _what(objective) -> str:
@@ -595,7 +622,7 @@ def _small_allocation_seeds(job, inventory, results, cat, objective, lb_key) -> 
     return out
 
 
-def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estimated=None):
+def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estimated=None, stack_limits=None):
     if not cat["fits"].any():
         i = int(np.argmin(cat["memory_total"]))
         res = results[cat["pool"][i]]
@@ -606,9 +633,11 @@ def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estima
             f"the model fits on no GPU of the inventory: the smallest per-GPU footprint found is "
             f"{cat['memory_total'][i] / GIB:.1f} GiB (on {res.gpu.name}, tp={c['tp']} pp={c['pp']} dp={c['dp']} "
             f"mbs={c['mbs']} zero={c['zero']} recompute={RECOMPUTE_NAMES[c['recompute']]}) but the largest GPU "
-            f"memory available is {largest / GIB:.1f} GiB",
+            f"memory available is {largest / GIB:.1f} GiB" + (f"; {stack_limits}" if stack_limits else ""),
             field="inventory",
-            fix="add GPUs (more pipeline/tensor parallelism), GPUs with more memory, or shorten seq_len",
+            fix="add GPUs (more pipeline/tensor parallelism), GPUs with more memory, or shorten seq_len"
+            + (", or pick a stack or release that runs more (`hetplan catalog stacks`, --stack)"
+               if stack_limits else ""),
         )
     fits = cat["fits"]
     if objective.slo_iteration_s is not None:
