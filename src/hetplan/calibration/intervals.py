@@ -423,9 +423,18 @@ def add_intervals(summaries: list[dict], catalog: Catalog, calibration=None) -> 
     residuals = list(load_residuals())
     for s in summaries:
         job = s["plan"]["job"]
-        stack, gpus = stack_name(job), [catalog.get(st["gpu"]) for st in s["stages"]]
-        covered = calibration.interval_for({g.name for g in gpus}, stack) if calibration is not None else None
-        interval = covered if covered is not None else interval_from(
-            residuals, stack, gpu_generation(gpus[0]), load_model(job["model"]).is_moe, s["num_gpus"],
-            package_shifts())
-        annotate(s, interval, mfu_record(residuals, stack, gpus[0].name))
+        gpus = [catalog.get(st["gpu"]) for st in s["stages"]]
+        interval = plan_interval(job, gpus, load_model(job["model"]).is_moe, s["num_gpus"], calibration)
+        annotate(s, interval, mfu_record(residuals, stack_name(job), gpus[0].name))
+
+
+def plan_interval(job, gpus: list[GPUSpec], moe: bool, num_gpus: int, calibration=None) -> Interval | str:
+    """The 80 % interval of a plan of ``job`` (a :class:`~hetplan.plan.Job` or its JSON dict) on ``gpus`` (its
+    stages' GPU specs) over ``num_gpus``: from the user's ``calibration``
+    (:meth:`hetplan.calibration.user.Calibration.interval_for`) where it covers the plan's GPUs and stack, else
+    from hetplan's held-out validation rows of its regime (:func:`interval_from`); a string where unvalidated."""
+    stack = stack_name(job)
+    covered = calibration.interval_for({g.name for g in gpus}, stack) if calibration is not None else None
+    if covered is not None:
+        return covered
+    return interval_from(list(load_residuals()), stack, gpu_generation(gpus[0]), moe, num_gpus, package_shifts())

@@ -475,3 +475,50 @@ def fit(runs: list[Run], catalog: Catalog) -> FitReport:
     rows = [{"row": r.row, "label": r.label, "measured_s": float(m), "before_s": float(b), "after_s": float(a), "loo_s": float(lv)}
             for r, m, b, a, lv in zip(runs, meas, before, after, loo)]
     return FitReport(cal, rows, _errors(before, meas), _errors(after, meas), _errors(loo, meas))
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check` found on runs a calibration was not fitted on: per run the measured, uncalibrated and
+    calibrated step times (s) and the 80 % interval ``[low, high]`` (s; None where unvalidated), and summary errors
+    (:func:`_errors`) before and after the calibration, with the share of runs inside their interval."""
+
+    rows: list[dict]
+    before: dict
+    after: dict
+    coverage: dict
+    not_covered: int
+
+
+def check(runs: list[Run], catalog: Catalog, calibration: Calibration) -> CheckReport:
+    """Price ``runs`` with and without ``calibration`` and say how far each lands from its measured step: the
+    held-out check of a calibration (fit on some runs with :func:`fit`, check the rest here). A run whose GPUs or
+    stack the calibration does not cover is priced without its factors and takes hetplan's own interval
+    (:func:`hetplan.calibration.intervals.plan_interval`), as ``plan`` / ``estimate --calibration`` would;
+    ``not_covered`` counts them.
+
+    Raises:
+        HetplanError: no runs.
+    """
+    from hetplan.calibration.intervals import plan_interval
+
+    if not runs:
+        raise HetplanError("no runs to check the calibration on", field="RUNS",
+                           fix="give the runs the calibration was not fitted on")
+    meas = np.array([r.step_time_s for r in runs])
+    before = _predict(runs, catalog, Calibration(gpus=calibration.gpus, stacks=calibration.stacks))
+    after = _predict(runs, catalog, calibration)
+    rows, inside, not_covered = [], [], 0
+    for r, m, b, a in zip(runs, meas, before, after):
+        gpus = [catalog.get(r.plan.pools[s.pool].gpu) for s in r.plan.stages]
+        covered = calibration.interval_for({g.name for g in gpus}, stack_name(r.plan.job)) is not None
+        not_covered += not covered
+        iv = plan_interval(r.plan.job, gpus, r.model.is_moe, r.plan.num_gpus, calibration)
+        bounds = None if isinstance(iv, str) else iv.of(float(a))
+        if bounds is not None:
+            slack = 1e-9 * m  # a run of the calibration's own fit sits on its interval's edge: not rounding out
+            inside.append(bool(bounds[0] - slack <= m <= bounds[1] + slack))
+        rows.append({"row": r.row, "label": r.label, "measured_s": float(m), "before_s": float(b),
+                     "after_s": float(a), "interval_s": bounds, "inside": None if bounds is None else inside[-1]})
+    coverage = {"n": len(inside), "inside": float(np.mean(inside)) if inside else None, "level": LEVEL}
+    return CheckReport(rows, _errors(before, meas), _errors(after, meas), coverage, not_covered)

@@ -31,24 +31,42 @@ def register(app: typer.Typer) -> None:
         node: Optional[str] = typer.Option(None, "--node", help="Node preset of runs that do not name one."),
         catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
+        check_file: Optional[Path] = typer.Option(
+            None, "--calibration", help="Check this calibration (written by `hetplan calibrate -o`) on RUNS "
+            "instead of fitting one: each run priced with and without it, and whether its measured step falls in "
+            "the 80 % interval `plan --calibration` prints. Give runs it was not fitted on."),
     ) -> None:
         """Fit the stack factors (GEMM, attention, communication) that your measured runs identify, report the
-        leave-one-out error and write a calibration file for `plan` / `estimate --calibration`."""
+        leave-one-out error and write a calibration file for `plan` / `estimate --calibration`; with
+        --calibration FILE, check that file on other runs instead."""
         from rich.console import Console
         from rich.progress import Progress
 
-        from hetplan.calibration.user import fit, read_runs
+        from hetplan.calibration.user import check, fit, read_runs
         from hetplan.cli.output import new_table, table_console, NARROW
         from hetplan.hardware.catalog import load_catalog
         from hetplan.inputs import check_output_path
 
+        from hetplan.errors import HetplanError
+
+        if check_file is not None and output is not None:
+            raise HetplanError("--output writes a fitted calibration; --calibration checks an existing one",
+                               field="--output", fix="drop --output to check FILE, or drop --calibration to fit")
         check_output_path(output, "--output")
         cat = load_catalog(catalog)
+        cal_in = None
+        if check_file is not None:
+            from hetplan.calibration.user import load_calibration
+
+            cal_in = load_calibration(check_file)
         with Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("pricing runs", total=None)
             defaults = {k: str(v) for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("node", node))
                         if v is not None}
             rs = read_runs(runs, cat, defaults, progress=lambda: bar.advance(task))
+        if cal_in is not None:
+            _print_check(check(rs, cat, cal_in), cal_in, check_file, as_json)
+            return
         report = fit(rs, cat)
         c = report.calibration
         if output is not None:
@@ -70,10 +88,6 @@ def register(app: typer.Typer) -> None:
                       f"{r['loo_s']:.3f}")
         con.print(t)
 
-        def line(name: str, e: dict) -> str:
-            return (f"{name}: MAPE {e['mape']:.1%}, signed median {e['signed_median']:+.1%}, "
-                    f"max {e['max_abs_error']:.1%}")
-
         for name, e in (("hetplan", report.before), ("calibrated (fitted runs)", report.after),
                         ("leave-one-out", report.leave_one_out)):
             con.print(line(name, e), highlight=False)
@@ -86,3 +100,40 @@ def register(app: typer.Typer) -> None:
                       highlight=False)
         if output is not None:
             con.print(f"wrote {output} (use: hetplan plan ... --calibration {output})", highlight=False)
+
+
+def line(name: str, e: dict) -> str:
+    """One summary line of errors (:func:`hetplan.calibration.user._errors`)."""
+    return (f"{name}: MAPE {e['mape']:.1%}, signed median {e['signed_median']:+.1%} (+: too slow), "
+            f"max {e['max_abs_error']:.1%}")
+
+
+def _print_check(report, cal, path: Path, as_json: bool) -> None:
+    """The held-out check of a calibration (:func:`hetplan.calibration.user.check`), as a table or JSON."""
+    from hetplan.cli.output import NARROW, new_table, table_console
+
+    if as_json:
+        print(json.dumps({"calibration": str(path), "before": report.before, "after": report.after,
+                          "interval_coverage": report.coverage, "not_covered": report.not_covered,
+                          "rows": report.rows}, indent=1))
+        return
+    con = table_console()
+    t = new_table(f"{len(report.rows)} runs checked against {path} (s per iteration)", con.width < NARROW)
+    for col in ("run", "measured", "hetplan", "calibrated", "80 % interval", "in"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for r in report.rows:
+        iv = r["interval_s"]
+        t.add_row(r["label"], f"{r['measured_s']:.3f}", f"{r['before_s']:.3f}", f"{r['after_s']:.3f}",
+                  "unvalidated" if iv is None else f"{iv[0]:.3f}-{iv[1]:.3f}",
+                  "" if r["inside"] is None else ("yes" if r["inside"] else "no"))
+    con.print(t)
+    con.print(line("hetplan", report.before), highlight=False)
+    con.print(line("calibrated", report.after), highlight=False)
+    cov = report.coverage
+    if cov["n"]:
+        con.print(f"measured inside the {cov['level']:.0%} interval: {cov['inside']:.0%} of {cov['n']} runs",
+                  highlight=False)
+    if report.not_covered:
+        con.print(f"{report.not_covered} run(s) on GPUs or stacks the calibration does not cover "
+                  f"({', '.join(cal.stacks)} on {', '.join(cal.gpus)}): priced without its factors",
+                  highlight=False)
