@@ -48,11 +48,16 @@ def test_resolve_by_name_version_and_month():
     for text, listed in (("megatron-lm@24.01", "megatron-lm@core_r0.4"), ("megatron-lm@25.04", "megatron-lm@core_r0.9"),
                          ("megatron-lm@23.10", "megatron-lm@23.04"), ("megatron-lm@22.01", "megatron-lm@2.5")):
         assert resolve_stack(text).id == listed
+    # releases as their git tags spell them (DeepSpeed / torchtitan v0.x.y, Megatron-LM core_v0.x.y)
+    for text, listed in (("deepspeed@v0.9.2", "deepspeed@0.9.2"), ("torchtitan@v0.3.0", "torchtitan@0.3.0"),
+                         ("megatron-lm@core_v0.12.1", "megatron-lm@core_r0.12"), ("nemo@v22.06", "nemo@22.06")):
+        assert resolve_stack(text).id == listed
     for bad, words in (("megatronlm", "did you mean 'megatron-lm'"), ("nemo@1.0", "no release '1.0'"),
                        ("nemo@21.12", "no release by 2021-12"), ("torchtitan@0.2.0", "no release '0.2.0'"),
                        ("nemo@22.13", "not a month"),
                        ("nemo@2020-01", "no release by 2020-01"), ("nemo@2024-13", "not a month"),
-                       ("megatron-lm@", "no release after '@'"), ("torchtitan@ ", "no release after '@'")):
+                       ("megatron-lm@", "no release after '@'"), ("torchtitan@ ", "no release after '@'"),
+                       ("deepspeed@vx", "no release 'vx'")):
         with pytest.raises(HetplanError, match=words) as exc:
             resolve_stack(bad)
         assert exc.value.field == "job.stack" and exc.value.fix

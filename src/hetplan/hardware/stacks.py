@@ -86,6 +86,13 @@ def _release_before(releases: list, version: str):
 _YY_MM = re.compile(r"^(\d{2})\.(\d{2})$")
 
 
+def _from_git_tag(version: str) -> str:
+    """A release as its project's git tag spells it, in the catalog's spelling: DeepSpeed's and torchtitan's
+    ``v0.9.2`` is ``0.9.2``; Megatron-LM's tag ``core_v0.12.1`` names the release of branch ``core_r0.12.0``
+    (``git tag`` / ``git branch -r`` of NVIDIA/Megatron-LM), ``core_r0.12.1`` here. Other labels unchanged."""
+    return re.sub(r"^(core_)?v(?=\d)", lambda m: "core_r" if m.group(1) else "", version.strip(), flags=re.I)
+
+
 def _month_label(releases: tuple | list, version: str) -> str | None:
     """``YYYY-MM`` of a ``YY.MM`` label of a stack whose ``YY.MM`` labels name months (each listed one released
     in the month it names: NeMo's containers, ``megatron-lm@23.04``, Megatron-LM's main of 2023-04), else None.
@@ -392,6 +399,7 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
                                f"or {name} alone for its latest release")
     if not version:
         return releases[-1]
+    version = _from_git_tag(version)
     for r in releases:
         if r.version.lower() == version.lower():
             return r
