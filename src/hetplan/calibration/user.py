@@ -91,11 +91,12 @@ def _cell(raw: str, col: str, typ: type, row: str):
         if raw.lower() not in ("true", "false", "1", "0"):
             raise HetplanError(f"{row}: {raw!r} is not true or false", field=f"runs.{col}", fix="write true or false")
         return raw.lower() in ("true", "1")
+    kind = {int: "an integer", float: "a number", str: "text"}[typ]
     try:
         value = typ(float(raw)) if typ is int and raw.strip().replace(".", "", 1).isdigit() else typ(raw)
     except ValueError:
-        raise HetplanError(f"{row}: {raw!r} is not a {typ.__name__}", field=f"runs.{col}",
-                           fix=f"write a {typ.__name__} in column {col}") from None
+        raise HetplanError(f"{row}: {raw!r} is not {kind}", field=f"runs.{col}",
+                           fix=f"write {kind} in column {col}") from None
     if typ is int and (value != float(raw)):
         raise HetplanError(f"{row}: {raw!r} is not a whole number", field=f"runs.{col}", fix="write an integer")
     return value
