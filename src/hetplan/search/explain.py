@@ -2,7 +2,9 @@
 
 For two configurations the reason is read off their time breakdown (:data:`hetplan.search.homogeneous.COMPONENTS`):
 the component whose share of the iteration grew the most against the winner (pipeline bubble, TP communication,
-exposed DP synchronisation, compute including recomputation, ...), together with the dimensions that differ.
+exposed DP synchronisation, compute including recomputation, ...), together with the dimensions that differ; where
+no share grew by :data:`SAME_SHARE`, the MFU of each (the same work run more slowly per GPU); on another GPU type,
+each one's price per GPU-hour, GPU count and iteration time (what the job's $ is the product of).
 Also reported: of the configurations that would beat the winner but do not fit in memory, the one that misses by
 the least, and the best
 configuration for each other value of TP, PP, micro-batch size, recomputation, ZeRO stage and GPU type.
@@ -93,9 +95,30 @@ def why_behind(loser: dict, winner: dict, goal: str) -> str:
         return f"same time as #1 within 0.1 %, {d_usd:+.1%} $" + suffix
     head = (("costs $ where #1 is free" if math.isinf(d_usd) else f"{d_usd:+.1%} $ for the job") if goal == "cheapest"
             else f"{d_time:+.1%} iteration time")
+    if loser["gpu"] != winner["gpu"]:  # price and speed of another GPU: $ = $/GPU-h x GPUs x time
+        def on(c: dict) -> str:
+            return (f"{c['num_gpus']}x {c['gpu']} at ${c['usd_per_hour'] / c['num_gpus']:.2f}/GPU-h, "
+                    f"{c['iteration_time_s']:.2f} s per iteration")
+        rest = [d for d in diffs if not d.startswith(f"{loser['gpu']} vs ")]
+        return f"{head}: {on(loser)} vs {on(winner)}" + (f" ({', '.join(rest)})" if rest else "")
+    if shares[key] < SAME_SHARE:  # the same breakdown: each GPU does the same work more slowly (MFU)
+        gpus = (f" on {loser['num_gpus']} vs {winner['num_gpus']} GPUs"
+                if loser["num_gpus"] != winner["num_gpus"] else "")
+        return f"{head}: MFU {_mfu(loser):.1%} vs {_mfu(winner):.1%}{gpus}, the same time breakdown" + suffix
     text = (f"{head}: {component_name(key, loser, winner)} {share(loser, key):.0%} of the iteration vs "
             f"{share(winner, key):.0%}")
     return text + suffix
+
+
+#: A rise in a component's share of the iteration below which two breakdowns count as the same (1 percentage
+#: point): the difference is then in how fast each GPU runs the same work, said as MFU, not as "100 % vs 100 %".
+SAME_SHARE = 0.01
+
+
+def _mfu(c: dict) -> float:
+    """MFU of a :func:`_row` at its (exact where given) iteration time: the closed form's MFU scaled by
+    closed-form time / time (the model FLOPs and GPUs are the same)."""
+    return c["mfu"] * c["closed_form_time_s"] / c["iteration_time_s"]
 
 
 def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_among, estimate_row,
