@@ -117,6 +117,11 @@ class Job(BaseModel):
         moe_a2a_overlap: the dispatch and combine all-to-alls of one micro-batch run behind the other
             micro-batch's compute in 1F1B's paired forward and backward (Megatron-Core
             ``--overlap-moe-expert-parallel-comm``, :class:`hetplan.estimate.moe.MoEOptions`).
+        moe_capacity_factor, moe_pad_to_capacity: token dropping (Megatron-Core ``--moe-expert-capacity-factor``,
+            ``--moe-pad-expert-input-to-capacity``; NeMo's ``MegatronTokenDropCallback``: 1.0 and padded): each
+            expert takes at most ``capacity_factor`` times its even share of the routed tokens, the rest dropped,
+            and with padding exactly that many rows (:func:`hetplan.estimate.moe.capacity_imbalance`). None:
+            dropless (Megatron-Core's default). Runs with the ``alltoall`` dispatcher only.
         cp_load_balance: context parallelism splits each sequence into ``2·cp`` chunks so that every rank has the
             same causal attention work (True: Megatron-Core, Llama 3, PyTorch's ``context_parallel`` with load
             balancing), or into ``cp`` contiguous chunks (False: the last rank attends to every earlier block,
@@ -152,6 +157,8 @@ class Job(BaseModel):
     recompute_modules: list[Literal["layernorm", "moe_act"]] = Field(default_factory=list)
     offload_modules: list[Literal["expert_fc1", "moe_act"]] = Field(default_factory=list)
     moe_a2a_overlap: Bool = False
+    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=8.0, allow_inf_nan=False)
+    moe_pad_to_capacity: Bool = False
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: Bool = True
     torch_compile: Bool = True
@@ -230,6 +237,20 @@ class Job(BaseModel):
         if (self.recompute_modules or self.offload_modules) and self.framework != "megatron":
             raise ValueError(f"recompute_modules and offload_modules are Megatron-Core options; framework "
                              f"{self.framework!r} has neither: remove them or set framework = 'megatron'")
+        if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
+            raise ValueError("moe_pad_to_capacity pads each expert's input to its capacity: it needs "
+                             "moe_capacity_factor (Megatron-Core: 'moe_expert_capacity_factor must be set to use "
+                             "moe_pad_expert_input_to_capacity'); fix: set moe_capacity_factor (e.g. 1.0) or remove "
+                             "moe_pad_to_capacity")
+        if self.moe_capacity_factor is not None and self.framework != "megatron":
+            raise ValueError(f"token dropping (moe_capacity_factor) is Megatron-Core's; framework "
+                             f"{self.framework!r} routes dropless (torchtitan's router; DeepSpeed's pipeline engine "
+                             "has no experts): remove moe_capacity_factor or set framework = 'megatron'")
+        if self.moe_capacity_factor is not None and self.moe_dispatcher != "alltoall":
+            raise ValueError(f"token dropping (moe_capacity_factor) runs with the alltoall dispatcher only, not "
+                             f"{self.moe_dispatcher!r} (NeMo's MegatronTokenDropCallback asserts the alltoall "
+                             "dispatcher; Megatron-Core refuses padding to capacity under DeepEP); fix: set "
+                             "moe_dispatcher = 'alltoall' or remove moe_capacity_factor")
         if self.fp8_recipe is not None and self.dtype != "fp8":
             raise ValueError(f"fp8_recipe is an FP8 scaling recipe: it needs dtype = 'fp8' (got {self.dtype!r}); "
                              "fix: remove fp8_recipe (--fp8-recipe) or set dtype = 'fp8' (--dtype fp8)")

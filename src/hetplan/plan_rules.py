@@ -43,7 +43,7 @@ Rules (name: what must hold, and why):
   no PP. The searches enumerate only what the stack offers.
 
 * ``moe-modules-need-experts`` also covers ``job.moe_recompute`` (Megatron-Core ``--recompute-modules moe``: the
-  MoE layers' MLP), which a dense model does not have.
+  MoE layers' MLP) and ``job.moe_capacity_factor`` (token dropping), which a dense model does not have.
 * ``attention-kernel-on-gpu``: a fused attention kernel the job names (``job.attention_kernel``) runs on the plan's
   GPUs: FlashAttention-3 is written for Hopper (Shah et al. 2024, Sec. 1; Dao-AILab/flash-attention ``hopper/``:
   sm90 only), cuDNN's fused flash attention needs NVIDIA sm80 or later (cuDNN ``Fused Flash Attention`` support
@@ -61,7 +61,8 @@ Rules (name: what must hold, and why):
   the estimator.
 * ``framework-can-launch`` (``hetplan export``, checked against the target; :func:`launch_violations`): the
   framework release the export writes for runs the plan's layer split, interleaving, schedule, ZeRO mode (with
-  PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP, FP8 on the plan's GPUs (and the FP8 recipe the plan
+  PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP, token dropping (``job.moe_capacity_factor``), FP8 on
+  the plan's GPUs (and the FP8 recipe the plan
   names, ``job.fp8_recipe``, which was priced: a torchao recipe exported to Megatron-LM, or Transformer Engine's
   to torchtitan, would launch another one; :func:`launched_fp8_recipe`) and CUDA graphs (with PP /
   EP), as ``hardware/data/frameworks.toml`` records them with their sources.
@@ -222,13 +223,18 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             out.append(bad_ep)
     moe_modules = {"recompute_modules": [x for x in plan.job.recompute_modules if x == "moe_act"],
                    "offload_modules": list(plan.job.offload_modules),
-                   "moe_recompute": ["moe"] if plan.job.moe_recompute else []}
+                   "moe_recompute": ["moe"] if plan.job.moe_recompute else [],
+                   "moe_capacity_factor": ["capacity"] if plan.job.moe_capacity_factor is not None else []}
     for key, modules in moe_modules.items():
         if modules and not experts:
-            out.append(PlanRuleError("moe-modules-need-experts", f"{key} {sorted(set(modules))} act on MoE layers; "
+            fix = {"moe_recompute": "set moe_recompute = false for a dense model",
+                   "moe_capacity_factor": "remove moe_capacity_factor (and moe_pad_to_capacity) for a dense model"}
+            what = (f"{key} = {plan.job.moe_capacity_factor:g} (token dropping) acts" if key == "moe_capacity_factor"
+                    else f"{key} {sorted(set(modules))} act")
+            out.append(PlanRuleError("moe-modules-need-experts", f"{what} on MoE layers; "
                                      f"{name} has no experts", field=f"plan.job.{key}",
-                                     fix=f"remove {', '.join(sorted(set(modules)))} from {key} for a dense model"
-                                     if key != "moe_recompute" else "set moe_recompute = false for a dense model"))
+                                     fix=fix.get(key, f"remove {', '.join(sorted(set(modules)))} from {key} for a "
+                                                      "dense model")))
     stack = plan.job.stack_spec()
     lacks = [(f, what) for f, what, has in (
         ("tp_comm_overlap", "TP-communication overlap", stack.tp_comm_overlap),
@@ -370,7 +376,7 @@ def launch_violations(plan: "Plan", spec: "ModelSpec", export: str, release: str
     """Rule ``framework-can-launch``: what of ``plan`` the framework release behind export target ``export``
     cannot run, from its entry in ``hardware/data/frameworks.toml`` (the source of each capability is there):
     the layer split, interleaving, the schedule, ZeRO (with pipeline parallelism), TP / CP / EP / expert-TP, EP
-    beyond DP x CP, FP8 on the plan's GPU generation, CUDA graphs (with PP / EP)."""
+    beyond DP x CP, token dropping, FP8 on the plan's GPU generation, CUDA graphs (with PP / EP)."""
     from hetplan.hardware.frameworks import framework_for
 
     fw = framework_for(export, release)
@@ -413,6 +419,10 @@ def launch_violations(plan: "Plan", spec: "ModelSpec", export: str, release: str
             bad(f"needs EP within DP x CP; stage {i} has EP {ep} over DP {st.dp} x CP {cp}", "plan.ep",
                 "use an EP degree dividing DP x CP", "ep_beyond_dp")
             break
+    if plan.job.moe_capacity_factor is not None and spec.is_moe and not fw.moe_capacity:
+        bad(f"routes dropless; the plan drops tokens at capacity factor {plan.job.moe_capacity_factor:g}",
+            "plan.job.moe_capacity_factor", "plan without moe_capacity_factor, or export --to megatron",
+            "moe_capacity")
     if plan.cuda_graphs:
         ep_max = max(degree(plan, i, "ep") for i in range(pp))
         without = [what for what, key, on in (("pipeline parallelism", "pp", pp > 1),

@@ -229,7 +229,8 @@ def test_torchtitan_log_job_lines():
 
 
 def test_megatron_log_fsdp_and_fp8_recipe():
-    """Megatron-FSDP's sharding strategy is the ZeRO stage; ``--fp8-recipe tensorwise`` is current scaling."""
+    """Megatron-FSDP's sharding strategy is the ZeRO stage; ``--fp8-recipe tensorwise`` is current scaling; the
+    capacity factor and padding are token dropping."""
     from hetplan.calibration.logs import log_row
 
     args = ("  fp8 ............................................. hybrid\n"
@@ -241,6 +242,11 @@ def test_megatron_log_fsdp_and_fp8_recipe():
     r = log_row(MEGATRON_LOG.replace("  use_distributed_optimizer ....................... True",
                                      "  use_torch_fsdp2 ................................. True"), "m")
     assert r["zero"] == "3"
+    drop = ("  moe_expert_capacity_factor ...................... 1.0\n"
+            "  moe_pad_expert_input_to_capacity ................ True\n")
+    r = log_row(MEGATRON_LOG.replace("  fp8 ............................................. None\n", drop), "m")
+    assert (r["moe_capacity_factor"], r["moe_pad_to_capacity"]) == ("1.0", "true")
+    assert "moe_capacity_factor" not in log_row(MEGATRON_LOG, "m")  # dropless: the argument prints None
 
 
 def test_runs_fsdp_shard_column_prices_hsdp(tmp_path):

@@ -175,6 +175,69 @@ def test_run_refuses_moe_and_cp_plans_before_starting_ranks():
         planio.layout(_plan("llama3-8b", 1, 8, 1, cp=4, seq=32768, gbs=8), load_model("llama3-8b"))
 
 
+def test_capacity_imbalance_caps_and_padding_fixes_the_busiest_expert():
+    """Megatron-Core's token dropping: capacity ``ceil(T·k/E·c)`` per rank and expert, so the busiest expert takes
+    ``min(imbalance, c)`` of its share; padded to capacity exactly ``c``; dropless unchanged."""
+    assert moe.capacity_imbalance(1.4, None) == 1.4
+    assert moe.capacity_imbalance(1.4, 1.25) == 1.25 and moe.capacity_imbalance(1.1, 1.25) == 1.1
+    assert moe.capacity_imbalance(1.1, 1.25, pad=True) == 1.25
+    assert np.allclose(moe.capacity_imbalance(np.array([1.0, 3.0]), 2.0), [1.0, 2.0])
+
+
+def test_token_dropping_prices_the_capped_expert_rows():
+    """Qwen3-30B-A3B at EP 8 on 16 H100: with capacity factor 1.1 the busiest expert is priced at 1.1 whatever
+    imbalance the job states beyond it (the multinomial spread of random routing, 1.01 here, is below it); padded
+    to a capacity of 1.5 it costs what a job skewed to exactly 1.5 costs without dropping — and it is slower than
+    dropping alone, since the padding rows are sent and multiplied."""
+    from hetplan.estimate.estimator import estimate
+
+    def t(imbalance=1.25, **job):
+        plan = _plan("qwen3-30b-a3b", 1, 1, 16, ep=8, imbalance=imbalance)
+        return estimate(plan.model_copy(update={"job": plan.job.model_copy(update=job)})).iteration_time_s
+
+    assert t(2.0, moe_capacity_factor=1.1) == pytest.approx(t(1.1))
+    assert t(1.0, moe_capacity_factor=1.5, moe_pad_to_capacity=True) == pytest.approx(t(1.5))
+    assert t(1.0, moe_capacity_factor=1.5) < t(1.0, moe_capacity_factor=1.5, moe_pad_to_capacity=True)
+    assert t(moe_capacity_factor=1.0) < t()
+
+
+def test_token_dropping_is_validated_exported_imported_and_refused_where_it_cannot_run():
+    """The job refuses padding without a capacity, a capacity outside Megatron-Core and under DeepEP; a dense model with one breaks
+    ``moe-modules-need-experts``; Megatron-LM's export writes both flags and its importer reads them back;
+    torchtitan (dropless router) refuses to launch it, and so does ``hetplan run``'s reference trainer."""
+    from hetplan.errors import HetplanError
+    from hetplan.plan import Job
+    from hetplan.plan_rules import launch_violations, violations
+    from hetplan.runtime import planio
+    from hetplan.runtime.exporters import export_megatron
+    from hetplan.runtime.importers import import_megatron
+
+    with pytest.raises(ValueError, match="needs moe_capacity_factor"):
+        Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, moe_pad_to_capacity=True)
+    with pytest.raises(ValueError, match="routes dropless"):
+        Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, moe_capacity_factor=1.0, framework="fsdp")
+    with pytest.raises(ValueError, match="alltoall dispatcher only"):
+        Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, moe_capacity_factor=1.0, moe_dispatcher="deepep")
+    plan = _plan("mixtral-8x7b", 1, 1, 16, ep=8)
+    plan = plan.model_copy(update={"job": plan.job.model_copy(update={"moe_capacity_factor": 1.0,
+                                                                     "moe_pad_to_capacity": True})})
+    m = load_model("mixtral-8x7b")
+    assert not violations(plan, m)
+    dense = plan.model_copy(update={"job": plan.job.model_copy(update={"model": "llama3-8b"}), "ep": 1})
+    assert [e.rule for e in violations(dense, load_model("llama3-8b"))] == ["moe-modules-need-experts"]
+    files = export_megatron(plan, m).files
+    text = "\n".join(files.values())
+    assert "--moe-expert-capacity-factor 1 " in text + " " and "--moe-pad-expert-input-to-capacity" in text
+    launch = next(name for name in files if name.endswith(".sh"))
+    back = import_megatron(files[launch], model="mixtral-8x7b", gpu="H100-SXM")
+    assert back.job.moe_capacity_factor == 1.0 and back.job.moe_pad_to_capacity
+    bad = launch_violations(plan, m, "torchtitan")
+    assert any(e.field == "plan.job.moe_capacity_factor" and "dropless" in e.message for e in bad)
+    assert not [e for e in launch_violations(plan, m, "megatron") if "capacity" in e.field]
+    with pytest.raises(HetplanError, match="dropless"):
+        planio.layout(plan, m)
+
+
 def _tiny_moe(experts, k):
     return load_model("qwen3-30b-a3b").model_copy(update={"num_experts": experts, "experts_per_token": k})
 

@@ -54,6 +54,8 @@ COLUMNS: dict[str, tuple[str, str, type]] = {
     "dtype": ("job", "dtype", str), "attention": ("job", "attention", str), "framework": ("job", "framework", str),
     "stack": ("job", "stack", str), "attention_kernel": ("job", "attention_kernel", str),
     "torch_compile": ("job", "torch_compile", bool), "fp8_recipe": ("job", "fp8_recipe", str),
+    "moe_capacity_factor": ("job", "moe_capacity_factor", float),
+    "moe_pad_to_capacity": ("job", "moe_pad_to_capacity", bool),
     "gpu": ("pool", "gpu", str), "gpus": ("pool", "count", int), "node": ("pool", "node", str),
     "gpus_per_node": ("pool", "gpus_per_node", int), "inter_node_gbit": ("pool", "inter_node_bandwidth_bytes_per_s", float),
     "network": ("pool", "network", str),

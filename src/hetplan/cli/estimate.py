@@ -115,7 +115,10 @@ def estimate_command(
         parts = (", ".join(f"stage {i} {ms:.1f} ms ({share:.0%})" for i, (ms, share) in enumerate(a2a))
                  if len(a2a) <= 4 else f"{min(a[0] for a in a2a):.1f}-{max(a[0] for a in a2a):.1f} ms per stage "
                  f"({min(a[1] for a in a2a):.0%}-{max(a[1] for a in a2a):.0%})")
-        con.print(f"MoE all-to-all (EP {plan.ep}, {plan.job.moe_dispatcher}"
+        cf = plan.job.moe_capacity_factor
+        drop = ("" if cf is None else
+                f", tokens dropped beyond capacity {cf:g}{' and padded to it' if plan.job.moe_pad_to_capacity else ''}")
+        con.print(f"MoE all-to-all (EP {plan.ep}, {plan.job.moe_dispatcher}{drop}"
                   f"{', 1F1B-overlapped: exposed part' if plan.job.moe_a2a_overlap else ''}) per micro-batch, forward "
                   f"+ backward, share of the stage's time: {parts}", highlight=False)
     for line in _interval_lines(summary):

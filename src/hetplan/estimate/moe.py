@@ -246,6 +246,22 @@ def routing_imbalance(m: ModelSpec, tokens_per_rank: Array, ep: Array):
     return 1.0 + np.sqrt(var) * _expected_max_standard_normal(ep) / mu
 
 
+def capacity_imbalance(imbalance: Array, capacity_factor: float | None, pad: bool = False):
+    """Rows the busiest expert processes relative to its even share once token dropping caps them
+    (:attr:`hetplan.plan.Job.moe_capacity_factor`). Megatron-Core gives each expert a capacity of
+    ``ceil(T·k / E · c)`` of a rank's ``T`` tokens (``moe_utils.py`` ``get_capacity``; the router's
+    ``apply_router_token_dropping`` keeps the top ``capacity`` by probability and drops the rest), so an expert
+    receives at most ``c`` times its share from the ``ep`` ranks: ``min(imbalance, c)``; padded to capacity
+    (``--moe-pad-expert-input-to-capacity``: ``MoEAlltoAllTokenDispatcher`` sets every local expert's tokens to
+    ``capacity · tp · ep``, ``token_dispatcher.py``) exactly ``c`` — the padding rows are sent and multiplied
+    too. ``imbalance`` unchanged for a dropless run (``capacity_factor`` None). Arrays broadcast."""
+    if capacity_factor is None:
+        return imbalance
+    if pad:
+        return np.full_like(np.asarray(imbalance, dtype=float), float(capacity_factor))
+    return np.minimum(imbalance, float(capacity_factor))
+
+
 #: Passes over the ``k·T·h`` routed-token tensor (2-byte elements, read or written once each) that Megatron-Core's
 #: all-to-all dispatcher makes per MoE layer and pass beyond the write of the permuted tokens (counted with the
 #: layer's activations, :func:`hetplan.model.counts.moe_mlp_activation_bytes`) and the GEMMs' own reads and writes

@@ -72,6 +72,8 @@ class TrainingOptions:
     moe_routing: str = "random"
     moe_recompute: bool = False
     moe_a2a_overlap: bool = False
+    moe_capacity_factor: float | None = None
+    moe_pad_to_capacity: bool = False
     recompute_modules: tuple[str, ...] = ()
     offload_modules: tuple[str, ...] = ()
     cp_kv_exchange: str = "ring"
@@ -117,7 +119,8 @@ class TrainingOptions:
 
 JOB_FIELDS = ("dtype", "fp8_recipe", "attention", "attention_kernel", "framework", "torch_compile", "async_tp",
               "moe_load_imbalance", "moe_dispatcher", "moe_routing", "moe_recompute", "moe_a2a_overlap",
-              "recompute_modules", "offload_modules", "cp_kv_exchange", "cp_load_balance", "stack")
+              "moe_capacity_factor", "moe_pad_to_capacity", "recompute_modules", "offload_modules",
+              "cp_kv_exchange", "cp_load_balance", "stack")
 PLAN_FIELDS = tuple(f.name for f in fields(TrainingOptions) if f.name not in JOB_FIELDS)
 
 

@@ -35,6 +35,7 @@ class FrameworkSpec(BaseModel):
     ep: bool
     expert_tp: bool
     ep_beyond_dp: bool
+    moe_capacity: bool
     fp8: dict[str, tuple[str, ...]]
     attention: tuple[str, ...]
     cuda_graphs: tuple[str, ...]

@@ -243,11 +243,24 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     # --fp8-recipe tensorwise is TE's Float8CurrentScaling (megatron/core/fp8_utils.py); delayed / mxfp8 are the
     # recipes the estimate picks by GPU generation when none is named
     fp8_recipe = "current" if dtype == "fp8" and a.get("fp8_recipe") == "tensorwise" else None
+    capacity = a.get("moe_expert_capacity_factor")
+    capacity = float(capacity) if capacity is not None and float(capacity) >= 0 else None  # < 0: dropless
+    if capacity is not None and not 0 < capacity <= 8:
+        raise HetplanError(f"--moe-expert-capacity-factor {capacity:g} would drop every token" if capacity == 0 else
+                           f"--moe-expert-capacity-factor {capacity:g} is beyond any expert's load (8x its share)",
+                           field="--moe-expert-capacity-factor", fix="give a capacity factor in (0, 8], e.g. 1.0")
+    if capacity is not None and dispatcher != "alltoall":
+        raise HetplanError(f"the launch drops tokens (--moe-expert-capacity-factor {capacity:g}) under the "
+                           f"{dispatcher} dispatcher; hetplan prices token dropping with the alltoall dispatcher "
+                           "only", field="--moe-expert-capacity-factor",
+                           fix="use --moe-token-dispatcher-type alltoall, or drop the capacity factor")
     job = Job(model=model or spec.name, seq_len=int(a["seq_length"]), global_batch=int(a["global_batch_size"]),
               train_iterations=int(a.get("train_iters", 1)), dtype=dtype, fp8_recipe=fp8_recipe, attention=attention,
               attention_kernel=kernel, framework="megatron",
               moe_dispatcher=dispatcher if dispatcher in ("alltoall", "deepep", "hybridep") else "alltoall",
               moe_a2a_overlap="overlap_moe_expert_parallel_comm" in a, moe_recompute=moe_recompute,
+              moe_capacity_factor=capacity,
+              moe_pad_to_capacity=capacity is not None and "moe_pad_expert_input_to_capacity" in a,
               recompute_modules=modules, offload_modules=list(a.get("offload_modules", [])))
     stages = [Stage(num_layers=n, tp=tp, dp=dp, recompute=gran,
                     recompute_layers=rec_layers if gran == "full" else None) for n in layers]

@@ -26,6 +26,19 @@ DGXC_CUDA_GRAPHS = {(f["source"], f["gpu"]) for f in run_facts()["dgxc"]["cuda_g
 #: (``[[dgxc.core_attn_recompute]]``: DeepSeek-V3 on GB200).
 DGXC_CORE_ATTN_RECOMPUTE = {(f["source"], f["gpu"]) for f in run_facts()["dgxc"]["core_attn_recompute"]}
 
+#: Recipes that drop tokens, by row source: ``(capacity factor, padded)`` (``[[dgxc.token_drop]]``: NeMo's
+#: ``MegatronTokenDropCallback`` or the launcher config's ``moe_expert_capacity_factor``; Grok-1, DeepSeek-V3,
+#: Llama 4 Maverick).
+DGXC_TOKEN_DROP = {f["source"]: (f["capacity_factor"], f["pad"]) for f in run_facts()["dgxc"]["token_drop"]}
+
+
+def _token_drop(r: dict) -> dict:
+    """The job fields of a row whose recipe drops tokens (:data:`DGXC_TOKEN_DROP`), else none."""
+    if r["source"] not in DGXC_TOKEN_DROP:
+        return {}
+    factor, pad = DGXC_TOKEN_DROP[r["source"]]
+    return {"moe_capacity_factor": factor, "moe_pad_to_capacity": pad}
+
 
 def _is_jax(r: dict) -> bool:
     """Whether a row ran on JAX (MaxText, Paxml)."""
@@ -54,7 +67,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     False``, NeMo ``nemo/collections/llm/recipes/*``), TP communication overlapped (their
     ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
     recomputation (the recipes' default for these rows; not restated in the tables), CUDA graphs where the launch
-    script captures them (:data:`DGXC_CUDA_GRAPHS`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
+    script captures them (:data:`DGXC_CUDA_GRAPHS`), token dropping where the recipe drops tokens
+    (:data:`DGXC_TOKEN_DROP`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
     the core-attention recomputation its recipe sets (:data:`DGXC_CORE_ATTN_RECOMPUTE`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
@@ -88,7 +102,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
             core_attn = (r["source"], r["gpu"][:5]) in DGXC_CORE_ATTN_RECOMPUTE
             lay = Layout(tp=tp, pp=pp, dp=cell_int(r, "num_gpus") // (tp * pp * cp),
                          job=dict(seq_len=cell_int(r, "seq_len"), global_batch=cell_int(r, "global_batch"),
-                                  attention="standard" if unfused else "flash"),
+                                  attention="standard" if unfused else "flash", **_token_drop(r)),
                          plan=dict(mbs=cell_int(r, "micro_batch", 1), cp=cp, ep=cell_int(r, "ep", 1),
                                    expert_tp=expert_tp_of(r), virtual_stages=vp, sequence_parallel=True,
                                    grad_reduce_dtype="bf16", tp_comm_overlap=True,

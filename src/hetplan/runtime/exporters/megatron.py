@@ -76,6 +76,10 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                  + ("alltoall" if dispatcher == "alltoall" else f"flex --moe-flex-dispatcher-backend {dispatcher}")]
         if plan.job.moe_a2a_overlap:  # the 1F1B all-to-all overlap (combined_1f1b)
             args.append("--overlap-moe-expert-parallel-comm")
+        if plan.job.moe_capacity_factor is not None:  # token dropping (and padding to capacity)
+            args.append(f"--moe-expert-capacity-factor {plan.job.moe_capacity_factor:g}")
+            if plan.job.moe_pad_to_capacity:
+                args.append("--moe-pad-expert-input-to-capacity")
     if spec.is_mla:
         args += ["--multi-latent-attention", f"--kv-lora-rank {spec.kv_lora_rank}",
                  f"--qk-head-dim {spec.head_dim - spec.qk_rope_head_dim}", f"--qk-pos-emb-head-dim {spec.qk_rope_head_dim}",
