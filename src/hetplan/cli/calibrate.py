@@ -135,6 +135,7 @@ def _print_check(report, cal, path: Path, as_json: bool) -> None:
         con.print(f"measured inside the {cov['level']:.0%} interval: {cov['inside']:.0%} of {cov['n']} runs",
                   highlight=False)
     if report.not_covered:
-        con.print(f"{report.not_covered} run(s) on GPUs or stacks the calibration does not cover "
-                  f"({', '.join(cal.stacks)} on {', '.join(cal.gpus)}): priced without its factors",
-                  highlight=False)
+        covers = (f"it covers {', '.join(cal.stacks)} on {', '.join(cal.gpus)}" if cal.stacks and cal.gpus
+                  else "it covers no GPU and stack")
+        con.print(f"{report.not_covered} run(s) on GPUs or stacks the calibration does not cover ({covers}): "
+                  "priced without its factors", highlight=False)
