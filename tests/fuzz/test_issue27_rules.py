@@ -20,7 +20,7 @@ from tests.fuzz.inproc import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CAT = load_catalog()
-BOOLS = ["moe_recompute", "moe_a2a_overlap", "cp_load_balance", "torch_compile", "async_tp"]
+BOOLS = ["moe_recompute", "moe_a2a_overlap", "moe_pad_to_capacity", "cp_load_balance", "torch_compile", "async_tp"]
 BASE = dict(model="llama2-7b", seq_len=4096, global_batch=64)
 
 
