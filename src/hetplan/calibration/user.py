@@ -404,8 +404,9 @@ def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tu
         J = sensitivities(runs, catalog, _with(base, f))[:, idx]
         r = np.log(_predict(runs, catalog, _with(base, f)) / np.array([x.step_time_s for x in runs]))
         dof = len(runs) - len(idx)
-        try:
-            se = np.sqrt(np.diag(float(r @ r) / max(dof, 1) * np.linalg.inv(J.T @ J)))
+        try:  # a near-singular JᵀJ can give a negative variance: NaN, read below as not identified (no warning)
+            with np.errstate(invalid="ignore"):
+                se = np.sqrt(np.diag(float(r @ r) / max(dof, 1) * np.linalg.inv(J.T @ J)))
         except np.linalg.LinAlgError:
             se = np.full(len(idx), np.inf)
         if dof < 1:  # no degree of freedom left to judge them: drop the factor the runs move least with
@@ -420,7 +421,8 @@ def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tu
             break
         k, x = max(bad, key=lambda b: b[1] if math.isfinite(b[1]) else math.inf)
         free[k] = False
-        why[FACTORS[k]] = (f"the runs do not pin it down (standard error ±{min(x, 99):.0%} in log, fit {f[k]:.2f}): "
+        se_text = f"±{min(x, 99):.0%} in log" if math.isfinite(x) else "unbounded: the runs move with it as with another"
+        why[FACTORS[k]] = (f"the runs do not pin it down (standard error {se_text}, fit {f[k]:.2f}): "
                            f"vary what changes the {SHARES[FACTORS[k]]} share of the step")
     return tuple(free), why
 
