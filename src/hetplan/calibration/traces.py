@@ -146,13 +146,13 @@ P2P_MODELS: dict[str, bool | str] = {"async": False, "megatron": "megatron", "de
 #: :data:`hetplan.profile.importers.ESPRESSO_WARMUP_MICROBATCHES`).
 WARMUP_ITERATIONS = 1
 
+
 def transfer_s(sender, receiver, send: str, recv: str) -> list[float]:
     """Durations (s) of ``sender``'s ``send`` instructions whose matching ``recv`` on ``receiver`` (the same
     ordinal) started first: the partner was waiting, so the send lasted the transfer alone (module doc)."""
     posted = [float(r["start_time"]) for r in receiver.records if r["task"] == recv]
     sends = [(float(r["start_time"]), float(r["duration"])) for r in sender.records if r["task"] == send]
     return [d for (start, d), p in zip(sends, posted) if p < start]
-
 
 
 @dataclass

@@ -43,23 +43,18 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import Progress
 
-        from hetplan.calibration.user import check, fit, read_runs
+        from hetplan.calibration.user import check, fit, load_calibration, read_runs
         from hetplan.cli.output import new_table, table_console, NARROW
+        from hetplan.errors import HetplanError
         from hetplan.hardware.catalog import load_catalog
         from hetplan.inputs import check_output_path
-
-        from hetplan.errors import HetplanError
 
         if check_file is not None and output is not None:
             raise HetplanError("--output writes a fitted calibration; --calibration checks an existing one",
                                field="--output", fix="drop --output to check FILE, or drop --calibration to fit")
         check_output_path(output, "--output")
         cat = load_catalog(catalog)
-        cal_in = None
-        if check_file is not None:
-            from hetplan.calibration.user import load_calibration
-
-            cal_in = load_calibration(check_file)
+        cal_in = load_calibration(check_file) if check_file is not None else None
         with Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("pricing runs", total=None)
             defaults = {k: str(v) for k, v in (("model", model), ("gpu", gpu), ("gpus", gpus), ("node", node))

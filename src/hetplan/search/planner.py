@@ -394,12 +394,10 @@ def _stack_limits(job: Job, m: ModelSpec) -> str | None:
     parts = [f"no {', '.join(missing)}"] if (missing := _missing_dims(stack, m)) else []
     if 3 not in stack.zero:
         parts.append(f"ZeRO {'/'.join(map(str, stack.zero))} only")  # FSDP stacks list 3
-    if job.dtype == "bf16":
-        rules = {(stack.bf16_rule(1), stack.bf16_zero)}
-        if stack.has("pp"):
-            rules.add((stack.bf16_rule(2), getattr(stack, stack.bf16_rule(2))))
-        for rule, stages in sorted(rules):
-            stages = tuple(z for z in stack.zero if z in stages)
+    if job.dtype == "bf16":  # the stages each rule in force allows, without and (where run) with a pipeline
+        rules = {stack.bf16_rule(pp): tuple(z for z in stack.zero if stack.allows_bf16(z, pp))
+                 for pp in ((1, 2) if stack.has("pp") else (1,))}
+        for rule, stages in rules.items():
             if stages != tuple(stack.zero):
                 where = " under a pipeline" if rule == "pipeline_bf16_zero" else (
                     "" if len(rules) == 1 else " without a pipeline")
