@@ -271,15 +271,21 @@ def test_fp8_rows_are_predicted_and_reported_apart(run):
 
 def test_fp8_efficiency_fit_reproduces_the_catalog_and_holds_out():
     """The FP8 GEMM efficiency of H100-SXM, fitted on the seeded 25 % of the dense CP-1 FP8 rows of the modern
-    sets (:func:`hetplan.calibration.modern_fit.fit_cases`: 9 rows), is the catalog's 0.630, and the 48 held-out
-    rows stay within 8 % MAPE (6.2 % measured) — the held-out error bound of the FP8 fit."""
+    sets (:func:`hetplan.calibration.modern_fit.fit_cases`: 9 rows) under the model it was fitted in (before a
+    stage waited for its slowest GPU: speed variability 0), is the catalog's 0.652, and the 48 held-out rows stay
+    within 8 % MAPE. Refitted with the slowest-GPU term it would rise (0.682), but its held-out rows would get
+    worse (4.5 -> 5.3 %): why the catalog keeps it (docs/estimator.md, The slowest GPU)."""
     from hetplan.calibration import modern_fit
 
-    fit = modern_fit.fit_gpu_dtype(modern_fit.fit_cases(), "H100-SXM", "fp8")
+    cat = load_catalog()
+    before = modern_fit.with_every_gpu(cat, "speed_variability", 0.0)
+    fit = modern_fit.fit_gpu_dtype(modern_fit.fit_cases(catalog=before), "H100-SXM", "fp8", before)
     assert fit.field == "fp8_compute_efficiency"
-    assert fit.value == pytest.approx(load_catalog().get("H100-SXM").fp8_compute_efficiency, abs=0.002)
+    assert fit.value == pytest.approx(cat.get("H100-SXM").fp8_compute_efficiency, abs=0.002)
     assert fit.n_calibration >= 5 and fit.n_held_out >= 30
     assert fit.held_out_after["mape"] <= 0.08
+    refit = modern_fit.fit_gpu_dtype(modern_fit.fit_cases(catalog=cat), "H100-SXM", "fp8", cat)
+    assert refit.value > fit.value and refit.held_out_after["mape"] > refit.held_out_before["mape"]
 
 
 def test_megatron_lm_gpt_family_has_the_published_sizes_with_untied_embeddings():

@@ -10,7 +10,11 @@ from hetplan.hardware.stacks import resolve_stack
 
 @pytest.mark.slow
 def test_checked_in_llm_foundry_residuals_are_the_fit():
-    fit = stack_fit.fit_foundry()
+    """Under the model they were fitted in (before a stage waited for its slowest GPU, hetplan.estimate.variability:
+    refitting with it moves the GEMM factor to 0.98 and leaves the held-out half where it is, 3.8 %)."""
+    from hetplan.calibration.modern_fit import with_every_gpu
+
+    fit = stack_fit.fit_foundry(with_every_gpu(load_catalog(), "speed_variability", 0.0))
     spec = load_catalog().get(fit.gpu)
     k_data = spec.attention_kernels["triton"][0] / spec.attention_kernels["fa2"][0]
     assert fit.k == pytest.approx(k_data, abs=0.01)

@@ -74,8 +74,9 @@ def test_quarter_of_a_modelled_stack_does_no_harm():
 
 def test_calibrate_cli_round_trip(tmp_path):
     """torchtitan's two published eager Llama 3.1 8B runs: hetplan is within ±15 % of both, in opposite directions
-    (the 128-GPU row gives no network, so it takes the default node's, and is predicted 15 % slow: 11 % before
-    FSDP's exposed embedding unit, whose gather and reduce-scatter cross that slow network every step), so no
+    (the 128-GPU row gives no network, so it takes the default node's, and is predicted 18 % slow: 15 % before its
+    128 GPUs waited for the slowest, 11 % before FSDP's exposed embedding unit, whose gather and reduce-scatter
+    cross that slow network every step), so no
     factor is identified (two runs fit at most one, and that one not within ±10 %: said why); the written file
     still carries the two residuals into plan."""
     out = _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml"), "--json")
@@ -84,7 +85,7 @@ def test_calibrate_cli_round_trip(tmp_path):
     assert r["gpus"] == ["H100-SXM-96GB-500W"] and r["stacks"] == ["torchtitan"]
     assert set(r["not_identified"]) == {"compute_factor", "attention_factor", "comm_factor"}
     assert r["compute_factor"] == r["attention_factor"] == r["comm_factor"] == 1.0
-    assert r["before"]["max_abs_error"] < 0.16
+    assert r["before"]["max_abs_error"] < 0.19
     assert [x["before_s"] < x["measured_s"] for x in r["rows"]] == [True, False]
     base = ["plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "16", "--tokens", "1e9", "--gpu",
             "H100-SXM-96GB-500W", "--gpus", "8", "--framework", "fsdp", "--tp", "1", "--pp", "1", "--mbs", "2",
@@ -110,7 +111,7 @@ def test_calibrate_check_mode_cli(tmp_path):
     for row in r["rows"]:
         lo, hi = row["interval_s"]
         assert row["after_s"] == pytest.approx(row["before_s"]) and lo < row["after_s"] < hi
-    assert r["before"]["max_abs_error"] < 0.16
+    assert r["before"]["max_abs_error"] < 0.19  # test_calibrate_cli_round_trip
     text = _cli("calibrate", str(RUNS), "--calibration", str(tmp_path / "cal.toml"))
     assert text.returncode == 0 and "80 % interval" in text.stdout and "calibrated: MAPE" in text.stdout
     both = _cli("calibrate", str(RUNS), "--calibration", str(tmp_path / "cal.toml"), "-o", str(tmp_path / "x.toml"))

@@ -7,6 +7,7 @@ import pytest
 from hetplan.calibration import modern
 from hetplan.estimate import compute
 from hetplan.estimate.estimator import estimate
+from hetplan.estimate.variability import slowest_gpu_factor
 from hetplan.hardware.catalog import load_catalog
 from hetplan.runtime.exporters import export_megatron
 
@@ -61,7 +62,9 @@ def test_plan_flag_reaches_the_estimate_and_the_megatron_export():
     slow, fast = estimate(c.plan, model=c.model), estimate(fused, model=c.model)
     m = c.model
     X = c.plan.mbs * c.plan.job.seq_len * m.padded_vocab_size()
-    extra = (30 + 6) * X / GPU.hbm_bandwidth_bytes_per_s + GPU.kernel_overhead_s
+    last = slow.stages[-1]  # its tp·dp GPUs compute at the pace of the slowest (hetplan.estimate.variability)
+    extra = ((30 + 6) * X / GPU.hbm_bandwidth_bytes_per_s + GPU.kernel_overhead_s) * float(
+        slowest_gpu_factor(last.tp * last.dp, GPU.speed_variability))
     assert slow.stages[-1].forward_s + slow.stages[-1].backward_s - fast.stages[-1].forward_s \
         - fast.stages[-1].backward_s == pytest.approx(extra, rel=1e-6)
     assert slow.iteration_time_s > fast.iteration_time_s

@@ -224,3 +224,89 @@ def main() -> None:  # pragma: no cover - prints the fit
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+#: Search interval of the GPU speed variability (dimensionless).
+SPEED_VARIABILITY_BOUNDS = (0.0, 0.1)
+#: Seeded fraction of the weak-scaling series (hash of the series name) the speed variability is fitted on.
+SERIES_FRACTION = 0.5
+#: Row fields that grow along a weak-scaling series; the rest (and the batch per replica) stay.
+_SCALED = ("n", "dp", "gbs")
+
+
+def weak_scaling_series(cases: list) -> dict[str, list]:
+    """``{series: cases}``: runs of at least three consecutive rows (``cases`` in their files' order) of one set that repeat one configuration
+    (model, GPU, TP, PP, CP, EP, VP, micro-batch, sequence, dtype, recompute, and the batch per data-parallel
+    replica) on more and more GPUs — the weak-scaling tables of the DGX Cloud recipes. Along one, the GEMM
+    efficiency and every per-job constant cancel; what changes is how many GPUs each stage waits for."""
+    runs: list[list] = []
+    for c in cases:  # in the order of their set's file
+        info = {k: v for k, v in c.info.items() if k not in _SCALED}
+        info["per_replica"] = c.info.get("gbs", 0) / max(1, c.info.get("dp", 1))
+        last = runs[-1][-1] if runs else None
+        if last is not None and last[0].set == c.set and last[1] == info and last[0].info["n"] < c.info["n"]:
+            runs[-1].append((c, info))
+        else:
+            runs.append([(c, info)])
+    return {r[0][0].key.rsplit(":", 1)[0]: [c for c, _ in r] for r in runs if len(r) >= 3}
+
+
+def _within_series_sq(series: Iterable[list], catalog: Catalog) -> float:
+    """Σ over ``series`` of the squared log errors about each series' own mean (the level cancels)."""
+    out = 0.0
+    for cases in series:
+        e = _log_err(cases, catalog)
+        out += float(np.sum((e - e.mean()) ** 2))
+    return out
+
+
+def with_every_gpu(catalog: Catalog, field: str, value: float) -> Catalog:
+    """A new catalog: ``catalog`` with ``field`` set to ``value`` on every GPU type."""
+    return Catalog({k: g.model_copy(update={field: value}) for k, g in catalog.gpus.items()}, catalog.date)
+
+
+@dataclass
+class SpeedVariabilityFit:
+    """The fitted GPU speed variability (:mod:`hetplan.estimate.variability`).
+
+    Attributes:
+        value, was: fitted and catalog value (the catalog's default, one value for every GPU).
+        series_calibration, series_held_out: the weak-scaling series (:func:`weak_scaling_series`) fitted on /
+            held out.
+        held_out_before, held_out_after: root-mean-square of the held-out rows' log errors about their series'
+            mean, without the term (σ = 0) and with the fitted value.
+    """
+
+    value: float
+    was: float
+    series_calibration: list
+    series_held_out: list
+    held_out_before: float
+    held_out_after: float
+
+
+def fit_speed_variability(cases: list, catalog: Catalog | None = None) -> SpeedVariabilityFit | None:
+    """Fit :attr:`hetplan.hardware.catalog.GPUSpec.speed_variability` (one value, every GPU) on the seeded
+    :data:`SERIES_FRACTION` of the weak-scaling series among ``cases``: least squares on the log errors about
+    each series' mean, so only how the error grows with the GPU count along a series counts. None without a
+    calibration series."""
+    from scipy.optimize import minimize_scalar
+
+    from hetplan.calibration.validation import _is_calibration
+
+    catalog = catalog or load_catalog()
+    series = weak_scaling_series(cases)
+    cal = {k: v for k, v in series.items() if _is_calibration(k, SERIES_FRACTION)}
+    held = {k: v for k, v in series.items() if not _is_calibration(k, SERIES_FRACTION)}
+    if not cal:
+        return None
+    res = minimize_scalar(lambda s: _within_series_sq(cal.values(), with_every_gpu(catalog, "speed_variability", s)),
+                          bounds=SPEED_VARIABILITY_BOUNDS, method="bounded", options={"xatol": 1e-4})
+    value = round(float(res.x), 3)
+    rows = max(1, sum(len(v) for v in held.values()))
+
+    def rms(s: float) -> float:
+        return math.sqrt(_within_series_sq(held.values(), with_every_gpu(catalog, "speed_variability", s)) / rows)
+
+    was = float(next(iter(catalog.gpus.values())).speed_variability)
+    return SpeedVariabilityFit(value, was, sorted(cal), sorted(held), rms(0.0), rms(value))

@@ -17,6 +17,7 @@ from hetplan.cli.plan import (_CALIBRATION, _PRICE_SOURCE, _PRICES, _PROVIDER, _
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.estimate.memory import fit_warning
+from hetplan.estimate.variability import slowest_gpu_factor
 from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import read_structured, resolve_model_path, validated
 from hetplan.model.spec import load_model
@@ -110,6 +111,12 @@ def estimate_command(
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
               f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
               f"${_usd(est.job_usd)}" + (f"; iteration time {_interval_text(summary)}" if _interval_text(summary) else ""))
+    slowest = max(((float(slowest_gpu_factor(se.tp * plan.cp * se.dp, cat.get(se.gpu).speed_variability)),
+                    se.tp * plan.cp * se.dp, cat.get(se.gpu).speed_variability) for se in est.stages))
+    if slowest[0] > 1.0:  # hetplan.estimate.variability
+        con.print(f"slowest GPU: a stage of {slowest[1]} GPUs computes at the pace of its slowest, compute "
+                  f"+{slowest[0] - 1:.1%} (boards of one type differ by {slowest[2]:.1%}, one standard deviation)",
+                  highlight=False)
     if any(se.alltoall_s > 0 for se in est.stages):  # the EP all-to-all inside the stage times
         a2a = [(se.alltoall_s * 1e3, se.alltoall_s / (se.forward_s + se.backward_s)) for se in est.stages]
         parts = (", ".join(f"stage {i} {ms:.1f} ms ({share:.0%})" for i, (ms, share) in enumerate(a2a))

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hetplan.estimate import compute, context, elementwise, fp8, memory, moe
+from hetplan.estimate import compute, context, elementwise, fp8, memory, moe, variability
 from hetplan.degrees import Degrees
 from hetplan.estimate.comm import dp_collective_time_s, group_collective_time_s, overlap_contention
 from hetplan.estimate.options import TrainingOptions
@@ -501,9 +501,11 @@ def stage_costs(
     if fp8_recipe is not None:  # Transformer Engine re-quantizes the weights once per iteration
         linear = np.asarray(num_layers, dtype=float) * memory.layer_parameters_per_gpu(m, t, ep, etp)
         optimizer = optimizer + fp8.weight_cast_time_s(linear, gpu, fp8_recipe, framework)
+    # the stage's tp·cp·dp GPUs wait for the slowest of them at every collective (hetplan.estimate.variability)
+    slowest = variability.slowest_gpu_factor(t * cp * dp, gpu.speed_variability)
     return StageCost(
-        forward_s=fwd,
-        backward_s=bwd,
+        forward_s=fwd * slowest,
+        backward_s=bwd * slowest,
         tp_comm_s=layers_tp,
         dp_s=dp_total + emb_sync,
         dp_exposed_s=grad_exposed + gather_exposed + emb_sync,

@@ -86,6 +86,15 @@ class Architecture(str, Enum):
             return None
 
 
+#: Standard deviation of one board's sustained speed over the mean, every GPU type (dimensionless;
+#: :mod:`hetplan.estimate.variability`): fitted by :func:`hetplan.calibration.modern_fit.fit_speed_variability` on
+#: the seeded half of the weak-scaling series of the modern sets (24 series of the DGX Cloud H100 and GB200
+#: recipes, 8 to 2,048 GPUs: how the error grows with the GPU count along each, the level cancelled), 0.027;
+#: held-out (22 series) root-mean-square error about each series' mean 0.95 -> 0.70 %. Of the order of the 8 %
+#: average variation between GPUs of one SKU that Sinha et al. (SC'22) measured on V100 and MI60 clusters.
+SPEED_VARIABILITY = 0.027
+
+
 class GPUSpec(BaseModel):
     """One GPU type. All fields SI; the data file uses GB, GB/s and TFLOP/s (converted on load).
 
@@ -129,6 +138,9 @@ class GPUSpec(BaseModel):
         attention_efficiency: ``(forward, backward)`` for whatever kernel runs, overriding ``attention_kernels``
             (a user catalog's or a pool's measured figure). Default None.
         sm_count: streaming multiprocessors (None: unknown; NCCL's share of the GPU is then not charged).
+        speed_variability: standard deviation of the sustained speed of one board of this type over the mean
+            (dimensionless): a stage of ``n`` GPUs runs at the pace of its slowest
+            (:mod:`hetplan.estimate.variability`). Default :data:`SPEED_VARIABILITY`.
         sources: where each figure comes from.
     """
 
@@ -172,6 +184,8 @@ class GPUSpec(BaseModel):
     attention_kernel: AttentionKernel | None = None
     attention_efficiency: tuple[_Fraction, _Fraction] | None = None
     sm_count: int | None = Field(default=None, gt=0)
+    speed_variability: float = bounded(0.2, "a spread of 20 % is twice the 8 % average variation Sinha et al. "
+                                       "(SC'22) measured between GPUs of one SKU", default=SPEED_VARIABILITY, ge=0)
     sources: tuple[str, ...] = ()
 
     @model_validator(mode="before")
