@@ -24,11 +24,9 @@ different rank; FP8's higher power draw makes this larger) is charged as one tha
 
 from __future__ import annotations
 
-from functools import lru_cache
+import math
 
 import numpy as np
-from scipy import integrate
-from scipy.special import ndtr
 
 from hetplan.estimate.arrays import Array
 
@@ -36,22 +34,33 @@ from hetplan.estimate.arrays import Array
 REFERENCE_GPUS = 8
 
 
-@lru_cache(maxsize=4096)
-def _expected_max(n: int) -> float:
-    if n <= 1:
-        return 0.0
-    upper = integrate.quad(lambda x: 1.0 - ndtr(x) ** n, 0.0, np.inf)[0]
-    lower = integrate.quad(lambda x: ndtr(x) ** n, -np.inf, 0.0)[0]
-    return upper - lower
+#: Quadrature grid of :func:`expected_max_normal` (standard deviations): the tails beyond ±9 add under 1e-9 for n
+#: up to 10^9; trapezoids of 0.005 reproduce Harter's (1961) tabulated values to 1e-5 (tests). Φ from ``math.erfc``
+#: (scipy's import would cost every ``hetplan plan`` 0.2 s).
+_GRID = np.linspace(-9.0, 9.0, 3601)
+_LOG_CDF = np.log(np.maximum([0.5 * math.erfc(-x / math.sqrt(2.0)) for x in _GRID], 1e-300))  # log Φ(x)
+_KNOWN: dict[int, float] = {1: 0.0}
+
+
+def _integrate(n: np.ndarray) -> np.ndarray:
+    """``E[max of n]`` for each of the integers ``n`` (module doc) on :data:`_GRID`."""
+    power = np.exp(n[:, None] * _LOG_CDF[None, :])  # Φ(x)^n
+    pos = _GRID >= 0
+    neg = _GRID <= 0
+    return (np.trapezoid(1.0 - power[:, pos], _GRID[pos], axis=1)
+            - np.trapezoid(power[:, neg], _GRID[neg], axis=1))
 
 
 def expected_max_normal(n: Array) -> np.ndarray:
     """``E[max(Z_1..Z_n)]`` of ``n`` independent standard normal variables (``n`` GPUs, rounded, at least 1):
-    ``∫_0^∞ (1 − Φ(x)^n) dx − ∫_{−∞}^0 Φ(x)^n dx`` by quadrature (0 for one, 1.4236 for 8, 3.4 for 2,048).
-    Arrays broadcast."""
+    ``∫_0^∞ (1 − Φ(x)^n) dx − ∫_{−∞}^0 Φ(x)^n dx`` by the trapezoid rule on :data:`_GRID`, each ``n`` once per
+    process (0 for one, 1.4236 for 8, 3.4 for 2,048). Arrays broadcast."""
     n = np.maximum(np.rint(np.asarray(n, dtype=float)), 1.0).astype(np.int64)
     values, inverse = np.unique(n, return_inverse=True)
-    return np.array([_expected_max(int(v)) for v in values])[inverse].reshape(n.shape)
+    new = np.array([v for v in values if int(v) not in _KNOWN], dtype=np.int64)
+    if new.size:
+        _KNOWN.update(zip((int(v) for v in new), _integrate(new.astype(float)).tolist()))
+    return np.array([_KNOWN[int(v)] for v in values])[inverse].reshape(n.shape)
 
 
 def slowest_gpu_factor(n: Array, speed_variability: Array) -> np.ndarray:
@@ -59,5 +68,5 @@ def slowest_gpu_factor(n: Array, speed_variability: Array) -> np.ndarray:
     ``1 + σ·max(0, E[max of n] − E[max of REFERENCE_GPUS])``, ``σ`` the GPU's ``speed_variability``
     (dimensionless: the standard deviation of its sustained speed over the mean). 1 up to one node. Arrays
     broadcast."""
-    gap = np.maximum(expected_max_normal(n) - _expected_max(REFERENCE_GPUS), 0.0)
+    gap = np.maximum(expected_max_normal(n) - expected_max_normal(REFERENCE_GPUS), 0.0)
     return 1.0 + np.asarray(speed_variability, dtype=float) * gap
