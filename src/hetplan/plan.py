@@ -40,6 +40,13 @@ Schedule = Literal["1f1b", "gpipe"]
 DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S = 25e9
 
 
+#: Stacks that train multi-token prediction (``Job.mtp_layers``), from the month Megatron-Core's
+#: ``megatron/core/transformer/multi_token_prediction.py`` landed (ADLR/megatron-lm!2628, 2025-03-22, first in tag
+#: core_v0.12.0); NeMo runs Megatron-Core.
+MTP_STACKS = ("megatron-lm", "nemo")
+MTP_RELEASED = "2025-03"
+
+
 class Job(BaseModel):
     """What to train.
 
@@ -122,6 +129,12 @@ class Job(BaseModel):
             expert takes at most ``capacity_factor`` times its even share of the routed tokens, the rest dropped,
             and with padding exactly that many rows (:func:`hetplan.estimate.moe.capacity_imbalance`). None:
             dropless (Megatron-Core's default). Runs with the ``alltoall`` dispatcher only.
+        mtp_layers: multi-token-prediction modules trained after the last layer (Megatron-Core
+            ``--mtp-num-layers``, ``megatron/core/transformer/multi_token_prediction.py``, core_v0.12.0; DeepSeek-V3,
+            arXiv 2412.19437 Sec. 2.2; NeMo's DeepSeek-V3 recipe trains one): on the last pipeline stage, per
+            module and micro-batch, one more transformer layer, the projection of ``[norm(h); norm(embedding)]``
+            (``2h -> h``), the embedding of the shifted tokens and the shared output head and loss
+            (:func:`hetplan.estimate.stage.stage_costs`). Megatron only.
         cp_load_balance: context parallelism splits each sequence into ``2·cp`` chunks so that every rank has the
             same causal attention work (True: Megatron-Core, Llama 3, PyTorch's ``context_parallel`` with load
             balancing), or into ``cp`` contiguous chunks (False: the last rank attends to every earlier block,
@@ -159,6 +172,7 @@ class Job(BaseModel):
     moe_a2a_overlap: Bool = False
     moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=8.0, allow_inf_nan=False)
     moe_pad_to_capacity: Bool = False
+    mtp_layers: int = bounded(8, "8 prediction depths is 8x DeepSeek-V3's one", default=0, ge=0)
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     cp_load_balance: Bool = True
     torch_compile: Bool = True
@@ -251,6 +265,18 @@ class Job(BaseModel):
                              f"{self.moe_dispatcher!r} (NeMo's MegatronTokenDropCallback asserts the alltoall "
                              "dispatcher; Megatron-Core refuses padding to capacity under DeepEP); fix: set "
                              "moe_dispatcher = 'alltoall' or remove moe_capacity_factor")
+        if self.mtp_layers and self.framework != "megatron":
+            raise ValueError(f"multi-token prediction (mtp_layers) is priced and exported as Megatron-Core runs it "
+                             f"(--mtp-num-layers); framework {self.framework!r} has no launch for it here (torchtitan's "
+                             "DeepSeek-V3 MTP, pytorch/torchtitan#3392 of 2026-08, is a model-registry argument its "
+                             "export does not write; DeepSpeed's pipeline engine has none): remove mtp_layers or set "
+                             "framework = 'megatron'")
+        if self.mtp_layers and (self.stack_spec().name not in MTP_STACKS
+                                or self.stack_spec().released < MTP_RELEASED):
+            st = self.stack_spec()
+            raise ValueError(f"multi-token prediction (mtp_layers) arrived in Megatron-Core core_v0.12.0 "
+                             f"({MTP_RELEASED}); stack {st.name}@{st.version} ({st.released}) has none: remove "
+                             "mtp_layers or pick a later megatron-lm or nemo release")
         if self.fp8_recipe is not None and self.dtype != "fp8":
             raise ValueError(f"fp8_recipe is an FP8 scaling recipe: it needs dtype = 'fp8' (got {self.dtype!r}); "
                              "fix: remove fp8_recipe (--fp8-recipe) or set dtype = 'fp8' (--dtype fp8)")

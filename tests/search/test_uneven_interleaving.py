@@ -97,9 +97,10 @@ def test_uneven_rows_agree_with_estimate_and_export(framework, target):
         assert back.pipeline_chunks == plan.pipeline_chunks and back.virtual_stages == plan.virtual_stages
 
 
-def test_multi_token_prediction_in_a_launch_is_refused_by_name():
-    """DeepSeek-V3's MTP module (--mtp-num-layers, an 'm' in the layout) is not priced: import refuses it naming
-    the flag and the way out, never a plan of another run."""
+def test_multi_token_prediction_in_a_launch_is_read_and_an_m_in_the_layout_refused_by_name():
+    """DeepSeek-V3's MTP module: a plan that does not train it exports no --mtp-num-layers and says so; a launch
+    with --mtp-num-layers imports as a job that trains it (priced on the last stage, Job.mtp_layers); an 'm' in
+    the layout (MTP placed elsewhere) is refused naming the flag, never a plan of another run."""
     from hetplan.errors import HetplanError
     from hetplan.plan import Plan, Stage
 
@@ -114,11 +115,11 @@ def test_multi_token_prediction_in_a_launch_is_refused_by_name():
     assert spec.mtp_layers == 1 and "--mtp-num-layers" not in script  # the priced run: no MTP, and said so
     assert any("multi-token-prediction" in n for n in ex.notes)
     assert importers.import_files({"run.sh": script}).pipeline_chunks == chunks
-    with pytest.raises(HetplanError, match="multi-token-prediction") as e:
-        importers.import_files({"run.sh": script.replace("--num-layers", "--mtp-num-layers 1 --num-layers")})
-    assert e.value.field == "--mtp-num-layers"
-    with pytest.raises(HetplanError, match="no MTP"):
+    back = importers.import_files({"run.sh": script.replace("--num-layers", "--mtp-num-layers 1 --num-layers")})
+    assert back.job.mtp_layers == 1 and back.pipeline_chunks == chunks
+    with pytest.raises(HetplanError, match="no m: give the MTP modules as --mtp-num-layers") as e:
         importers.parse_layout("Et|(tt|)*30mL", 8)
+    assert e.value.field == "--pipeline-model-parallel-layout"
 
 
 @pytest.mark.parametrize("framework, pins, rule, words", [

@@ -7,7 +7,8 @@ RUNS row (:data:`hetplan.calibration.user.COLUMNS` + ``step_time_s``, ``memory_g
   ``training_log`` lines of ``megatron/training/training.py`` (``iteration N/ M | … | elapsed time per iteration
   (ms): X | …``) the step time; ``memory (MB) | … | max reserved: X`` (``report_memory``) the memory. The ZeRO
   stage: :func:`_megatron_zero`; the FP8 recipe: :data:`MEGATRON_FP8_RECIPES`; token dropping:
-  ``moe_expert_capacity_factor`` and ``moe_pad_expert_input_to_capacity``.
+  ``moe_expert_capacity_factor`` and ``moe_pad_expert_input_to_capacity``; multi-token prediction:
+  ``mtp_num_layers``.
 * **torchtitan**: the metrics line of ``torchtitan/components/metrics.py`` (``step: N  loss: …  memory: X GiB(…%)
   tps: T …``; ``tps`` is tokens/s per GPU: the tokens of the step over time × non-data-parallel size), the start
   line ``Training starts at step 1, with local batch size B, global batch size G, sequence length S`` and the mesh
@@ -119,6 +120,8 @@ def megatron_row(text: str, origin: str) -> dict[str, str]:
     if capacity and float(capacity) >= 0:  # token dropping (a negative factor is Megatron-Core's dropless)
         row["moe_capacity_factor"] = capacity
         row["moe_pad_to_capacity"] = "true" if get("moe_pad_expert_input_to_capacity") == "True" else "false"
+    if get("mtp_num_layers") not in ("", "0"):
+        row["mtp_layers"] = get("mtp_num_layers")
     steps = [float(x) / 1e3 for x in _MEGATRON_STEP.findall(text)]
     row["step_time_s"] = repr(_median_after_warmup(steps, origin, "'elapsed time per iteration (ms)'"))
     mem = _MEGATRON_MEMORY.findall(text)

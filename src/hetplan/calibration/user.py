@@ -55,7 +55,7 @@ COLUMNS: dict[str, tuple[str, str, type]] = {
     "stack": ("job", "stack", str), "attention_kernel": ("job", "attention_kernel", str),
     "torch_compile": ("job", "torch_compile", bool), "fp8_recipe": ("job", "fp8_recipe", str),
     "moe_capacity_factor": ("job", "moe_capacity_factor", float),
-    "moe_pad_to_capacity": ("job", "moe_pad_to_capacity", bool),
+    "moe_pad_to_capacity": ("job", "moe_pad_to_capacity", bool), "mtp_layers": ("job", "mtp_layers", int),
     "gpu": ("pool", "gpu", str), "gpus": ("pool", "count", int), "node": ("pool", "node", str),
     "gpus_per_node": ("pool", "gpus_per_node", int), "inter_node_gbit": ("pool", "inter_node_bandwidth_bytes_per_s", float),
     "network": ("pool", "network", str),

@@ -20,7 +20,8 @@ def register(app: typer.Typer) -> None:
                                           "plan`'s flags (model, gpu, gpus, seq_len, global_batch, mbs, tp, pp, dp, "
                                           "cp, ep, virtual_stages, zero, recompute, dtype, fp8_recipe, attention, "
                                           "framework, stack, node or inter_node_gbit; fsdp_shard for HSDP, "
-                                          "moe_capacity_factor and moe_pad_to_capacity for token dropping) plus "
+                                          "moe_capacity_factor and moe_pad_to_capacity for token dropping, "
+                                          "mtp_layers for multi-token prediction) plus "
                                           "step_time_s (and optionally "
                                           "memory_gib), or a column plan naming a plan JSON — and/or Megatron-LM "
                                           "or torchtitan training logs (one run each)."),

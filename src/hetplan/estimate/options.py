@@ -74,6 +74,7 @@ class TrainingOptions:
     moe_a2a_overlap: bool = False
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
+    mtp_layers: int = 0
     recompute_modules: tuple[str, ...] = ()
     offload_modules: tuple[str, ...] = ()
     cp_kv_exchange: str = "ring"
@@ -119,7 +120,7 @@ class TrainingOptions:
 
 JOB_FIELDS = ("dtype", "fp8_recipe", "attention", "attention_kernel", "framework", "torch_compile", "async_tp",
               "moe_load_imbalance", "moe_dispatcher", "moe_routing", "moe_recompute", "moe_a2a_overlap",
-              "moe_capacity_factor", "moe_pad_to_capacity", "recompute_modules", "offload_modules",
+              "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers", "recompute_modules", "offload_modules",
               "cp_kv_exchange", "cp_load_balance", "stack")
 PLAN_FIELDS = tuple(f.name for f in fields(TrainingOptions) if f.name not in JOB_FIELDS)
 

@@ -99,6 +99,10 @@ def stage_costs(
     ``num_microbatches``), which sizes PyTorch's pipeline buffers in the memory; ``pipeline_outputs``: which
     stages keep their outputs (:attr:`hetplan.plan.Plan.pipeline_outputs`).
 
+    ``options.mtp_layers``: multi-token prediction on the stage that holds the head (:attr:`hetplan.plan.Job.mtp_layers`):
+    per module one more layer (compute, communication, memory, gradients), in a pipeline the word-embedding copy
+    and its lookup, the projection ``2h -> h`` (backward twice) and one more pass of the output head and loss.
+
     ``recompute_layers``: optional number of the stage's layers that use ``recompute`` (per-layer
     recomputation, Aceso EuroSys'24 Sec. 4.2); the other layers recompute nothing. Default (None): all layers.
 
@@ -162,6 +166,13 @@ def stage_costs(
     pipeline_outputs, tp_comm_overlap = options.pipeline_outputs, options.tp_comm_overlap
     cuda_graphs, torch_compile, async_tp = options.cuda_graphs, options.torch_compile, options.async_tp
     gpu, link = hardware.gpu, hardware.link
+    mtp: Any = 0
+    if options.mtp_layers:  # multi-token prediction on the last stage: one more layer per module (Job.mtp_layers)
+        mtp = np.where(np.asarray(work.has_head, dtype=bool), options.mtp_layers, 0)
+        # ... and, in a pipeline, the embedding of the shifted tokens (Megatron-Core's GPTModel builds one on the
+        # MTP stage, kept in sync like tied embeddings; a tied head's copy serves it already)
+        embedding = np.asarray(work.has_embedding, dtype=bool) | ((mtp > 0) & (not m.tied_embeddings))
+        work = replace(work, num_layers=work.num_layers + mtp, has_embedding=embedding)
     t, dp, cp, ep, etp = degrees.tp, degrees.dp, degrees.cp, degrees.ep, degrees.expert_tp
     virtual_stages = degrees.virtual_stages
     s, b, num_layers, has_embedding = work.s, work.b, work.num_layers, work.has_embedding
@@ -311,6 +322,9 @@ def stage_costs(
     calls = pipeline_call_s(single_stage, virtual_stages, link.p2p_call_s)
     fwd = num_layers * lf + np.where(has_embedding, ef, 0.0) + np.where(has_head, hf, 0.0) + calls
     bwd = layers_bwd + np.where(has_embedding, eb, 0.0) + np.where(has_head, hb, 0.0) + calls
+    if options.mtp_layers:  # each MTP module's projection [hnorm(h); enorm(emb)] -> h and its pass of the shared head
+        proj = compute.gemm_time_s(gpu, fp8.high_precision(dtype), b * s, m.hidden_size / t, 2 * m.hidden_size)
+        fwd, bwd = fwd + mtp * (proj + hf), bwd + mtp * (2 * proj + hb)
 
     dense, expert = moe.parameters_per_gpu(memory.stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep, etp)

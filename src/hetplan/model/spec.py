@@ -76,9 +76,10 @@ class ModelSpec(BaseModel):
         shared_expert_ffn_hidden_size: inner size of the shared experts together (0 = none).
         shared_expert_gate: a sigmoid gate ``h -> 1`` scales the shared expert (Qwen2-MoE).
         first_dense_layers, moe_layer_step: which layers are MoE (module doc).
-        mtp_layers: multi-token-prediction modules after the last layer (DeepSeek-V3 ``num_nextn_predict_layers``,
-            arXiv 2412.19437 Sec. 2.2): recorded, not priced — the estimate and the exports train the main model
-            (``hetplan export`` says so; ``hetplan import`` refuses a launch with ``--mtp-num-layers``).
+        mtp_layers: multi-token-prediction modules the model was released with (DeepSeek-V3
+            ``num_nextn_predict_layers``, arXiv 2412.19437 Sec. 2.2). Whether a job trains them is the job's
+            :attr:`hetplan.plan.Job.mtp_layers` (priced, exported as ``--mtp-num-layers``); ``hetplan export`` of a
+            job that trains none says so.
         published_parameters: parameter count quoted by the model's authors, if any (for checks).
         published_active_parameters: activated parameters per token quoted by the authors (MoE).
         source: where the shape comes from.

@@ -112,7 +112,8 @@ def parse_layout(text: str, pp: int) -> list[list[int]]:
     s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
     chunks = s.split("|")
     if set(s) - set("ELt|") or len(chunks) % pp:
-        raise HetplanError(f"--pipeline-model-parallel-layout {text!r}: hetplan reads E, L, t and | (no MTP), "
+        raise HetplanError(f"--pipeline-model-parallel-layout {text!r}: hetplan reads E, L, t and | (no m: "
+                           "give the MTP modules as --mtp-num-layers, which Megatron-Core places on the last stage), "
                            f"in a multiple of pp = {pp} chunks", field="--pipeline-model-parallel-layout",
                            fix="give the layout of the decoder layers")
     v = len(chunks) // pp
@@ -182,8 +183,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     """The plan a Megatron-LM launch script (or arguments file) runs (see module doc).
 
     Raises:
-        HetplanError: arguments the release refuses, no world size, shapes of no known model, fp32 training,
-            multi-token prediction (``--mtp-num-layers``, not priced).
+        HetplanError: arguments the release refuses, no world size, shapes of no known model, fp32 training.
     """
     a = parse_megatron_args(megatron_argv(text))
     missing = [o for o in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size")
@@ -192,14 +192,10 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
         raise HetplanError(f"the launch does not set {', '.join('--' + o.replace('_', '-') for o in missing)}; "
                            "Megatron-LM needs them to build the model and the batch", field="--" +
                            missing[0].replace("_", "-"), fix="give them in the launch script")
-    if int(a.get("mtp_num_layers") or 0) > 0:
-        # DeepSeek-V3's multi-token prediction (arXiv 2412.19437 Sec. 2.2): per depth one more transformer block,
-        # a projection of [h; embedding] and the shared output head and loss on the last stage — none of it in
-        # hetplan's model spec, so the estimate would be of a run without it
-        raise HetplanError(f"the launch trains {a['mtp_num_layers']} multi-token-prediction layer(s) "
-                           "(--mtp-num-layers, DeepSeek-V3's MTP module); hetplan does not price MTP, so the plan "
-                           "would be of a different run", field="--mtp-num-layers",
-                           fix="remove --mtp-num-layers (and any 'm' of the layout) to price the run without MTP")
+    mtp = int(a.get("mtp_num_layers") or 0)  # DeepSeek-V3's multi-token prediction, priced (Job.mtp_layers)
+    if not 0 <= mtp <= 8:
+        raise HetplanError(f"--mtp-num-layers {mtp}: hetplan prices 0 to 8 prediction depths", field="--mtp-num-layers",
+                           fix="give --mtp-num-layers between 0 and 8 (DeepSeek-V3 trains 1)")
     words = _words(text)
     world, per_node = _world(words, gpus, "--nnodes", ("--nproc-per-node", "--nproc_per_node"))
     tp, pp, cp = (int(a.get(k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -260,7 +256,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
               moe_dispatcher=dispatcher if dispatcher in ("alltoall", "deepep", "hybridep") else "alltoall",
               moe_a2a_overlap="overlap_moe_expert_parallel_comm" in a, moe_recompute=moe_recompute,
               moe_capacity_factor=capacity,
-              moe_pad_to_capacity=capacity is not None and "moe_pad_expert_input_to_capacity" in a,
+              moe_pad_to_capacity=capacity is not None and "moe_pad_expert_input_to_capacity" in a, mtp_layers=mtp,
               recompute_modules=modules, offload_modules=list(a.get("offload_modules", [])))
     stages = [Stage(num_layers=n, tp=tp, dp=dp, recompute=gran,
                     recompute_layers=rec_layers if gran == "full" else None) for n in layers]

@@ -132,7 +132,8 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
         HetplanError: stages with different TP or DP degrees (the runtime needs one (dp, tp) for all stages),
             a stage too small to interleave, an unknown schedule, more ranks than ``max_world_size``; a model
             the reference transformer does not build (:func:`hetplan.model.reference.unsupported_features`); token
-            dropping (``job.moe_capacity_factor``: its router is dropless); CP > 1 (see :data:`CP_MISSING`); EP not dividing DP or expert-TP > 1 (MoE parallel folding: rule
+            dropping (``job.moe_capacity_factor``: its router is dropless); multi-token prediction
+            (``job.mtp_layers``: it builds no MTP module); CP > 1 (see :data:`CP_MISSING`); EP not dividing DP or expert-TP > 1 (MoE parallel folding: rule
             ``framework-can-launch``). All refused before any process starts.
     """
     check_plan(plan, spec)
@@ -147,6 +148,11 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
                            "trainer's router is dropless (hetplan.model.torch_moe), so it would run another job",
                            field="plan.job.moe_capacity_factor",
                            fix="plan without moe_capacity_factor, or export it: hetplan export PLAN --to megatron")
+    if plan.job.mtp_layers:
+        raise HetplanError(f"the plan trains {plan.job.mtp_layers} multi-token-prediction module(s); the reference "
+                           "trainer builds none (hetplan.model.torch_transformer), so it would run another job",
+                           field="plan.job.mtp_layers",
+                           fix="plan without mtp_layers, or export it: hetplan export PLAN --to megatron")
     if plan.cp > 1:
         raise HetplanError(f"context parallelism (CP {plan.cp}) does not run here: {CP_MISSING}", field="plan.cp",
                            fix="run the plan with cp = 1, or export it: hetplan export PLAN --to megatron (or "

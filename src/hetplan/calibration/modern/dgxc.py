@@ -32,6 +32,30 @@ DGXC_CORE_ATTN_RECOMPUTE = {(f["source"], f["gpu"]) for f in run_facts()["dgxc"]
 DGXC_TOKEN_DROP = {f["source"]: (f["capacity_factor"], f["pad"]) for f in run_facts()["dgxc"]["token_drop"]}
 
 
+#: Recipes that train multi-token prediction, by row source: ``(MTP modules, virtual layers)``
+#: (``[[dgxc.mtp]]``: DeepSeek-V3's NeMo recipe, one module, its layers laid out as 64 around the embedding, the
+#: MTP module and the loss).
+DGXC_MTP = {f["source"]: (f["mtp_layers"], f["virtual_layers"]) for f in run_facts()["dgxc"]["mtp"]}
+
+
+def mtp_stage_layers(num_layers: int, pp: int, virtual_layers: int) -> list[int]:
+    """Layers per stage of a NeMo recipe that counts ``virtual_layers`` around the embedding (one on the first
+    stage) and the MTP module and loss (two on the last): ``v/pp - 1``, ``v/pp`` ..., ``v/pp - 2``
+    (``pretrain_deepseek_v3.py``: ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``).
+
+    Raises:
+        NotExpressibleError: ``pp`` does not divide ``virtual_layers`` or the split does not add up to
+            ``num_layers`` (the recipe asserts both)."""
+    per = virtual_layers // pp
+    split = [per] * pp if pp > 1 else [num_layers]
+    if pp > 1:
+        split[0], split[-1] = per - 1, per - 2
+    if virtual_layers % pp or sum(split) != num_layers:
+        raise NotExpressibleError(f"the recipe's MTP layout of {virtual_layers} virtual layers does not split over "
+                                  f"PP {pp} into {num_layers} layers")
+    return split
+
+
 def _token_drop(r: dict) -> dict:
     """The job fields of a row whose recipe drops tokens (:data:`DGXC_TOKEN_DROP`), else none."""
     if r["source"] not in DGXC_TOKEN_DROP:
@@ -68,7 +92,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
     recomputation (the recipes' default for these rows; not restated in the tables), CUDA graphs where the launch
     script captures them (:data:`DGXC_CUDA_GRAPHS`), token dropping where the recipe drops tokens
-    (:data:`DGXC_TOKEN_DROP`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
+    (:data:`DGXC_TOKEN_DROP`), multi-token prediction and the layer split around it where the recipe trains it
+    (:data:`DGXC_MTP`, :func:`mtp_stage_layers`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
     the core-attention recomputation its recipe sets (:data:`DGXC_CORE_ATTN_RECOMPUTE`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
@@ -100,14 +125,16 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
             unfused = unfused_mla_on_blackwell(row_model(r), catalog.get(catalog_gpu(r["gpu"], catalog)))
             core_attn = (r["source"], r["gpu"][:5]) in DGXC_CORE_ATTN_RECOMPUTE
+            mtp, virtual = DGXC_MTP.get(r["source"], (0, 0))
             lay = Layout(tp=tp, pp=pp, dp=cell_int(r, "num_gpus") // (tp * pp * cp),
                          job=dict(seq_len=cell_int(r, "seq_len"), global_batch=cell_int(r, "global_batch"),
-                                  attention="standard" if unfused else "flash", **_token_drop(r)),
+                                  attention="standard" if unfused else "flash", mtp_layers=mtp, **_token_drop(r)),
                          plan=dict(mbs=cell_int(r, "micro_batch", 1), cp=cp, ep=cell_int(r, "ep", 1),
                                    expert_tp=expert_tp_of(r), virtual_stages=vp, sequence_parallel=True,
                                    grad_reduce_dtype="bf16", tp_comm_overlap=True,
                                    cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS),
-                         recompute="selective" if core_attn else "none")
+                         recompute="selective" if core_attn else "none",
+                         stage_layers=mtp_stage_layers(row_model(r).num_layers, pp, virtual) if mtp else None)
             t = cell_float(r, "iteration_time_s")
             if t is None:
                 raise NotExpressibleError("no step time published")

@@ -128,10 +128,12 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--overlap-grad-reduce")
     if plan.grad_reduce_dtype == "bf16":  # priced (Plan.grad_reduce_dtype); Megatron's default reduces in fp32
         args.append("--grad-reduce-in-bf16")
-    if spec.mtp_layers:  # not priced (hetplan.model.spec.ModelSpec.mtp_layers): the launch leaves it out too
+    if plan.job.mtp_layers:  # priced on the last stage (hetplan.plan.Job.mtp_layers)
+        args.append(f"--mtp-num-layers {plan.job.mtp_layers}")
+    elif spec.mtp_layers:  # the model has MTP modules the job does not train: neither priced nor launched
         notes.append(f"{spec.name}'s {spec.mtp_layers} multi-token-prediction layer(s) are not trained (no "
-                     "--mtp-num-layers): the estimate prices the main model; adding MTP costs time the estimate "
-                     "does not include")
+                     "--mtp-num-layers): the estimate prices the main model; set the job's mtp_layers = "
+                     f"{spec.mtp_layers} to price and launch them")
     if plan.tp_comm_overlap:  # priced by the estimate (hetplan.plan.Plan.tp_comm_overlap); was dropped
         args.append("--tp-comm-overlap")
     if plan.cuda_graphs:  # per-layer graphs (frameworks.toml cuda_graphs; --enable-cuda-graph is deprecated)
