@@ -84,6 +84,18 @@ def test_export_writes_the_flag_import_reads_it_and_run_refuses():
     assert megatron_row(log, "log").get("mtp_layers") == "1"
 
 
+def test_estimate_says_the_last_stage_trains_the_modules(tmp_path):
+    from typer.testing import CliRunner
+
+    from hetplan.cli.main import app
+
+    path = tmp_path / "plan.json"
+    path.write_text(_plan(1).model_dump_json())
+    out = CliRunner().invoke(app, ["estimate", str(path)])
+    assert out.exit_code == 0, out.output
+    assert "multi-token prediction: 1 module(s) on the last stage" in out.output
+
+
 def test_deepseek_v3_recipe_splits_its_layers_around_the_module():
     """NeMo's DeepSeek-V3 recipe counts 64 layers over the stages (the embedding one, the MTP module and the loss
     two): PP 16 gives 3, 4 x 14, 2; PP 4 gives 15, 16, 16, 14; a PP that does not divide 64 is not expressible."""

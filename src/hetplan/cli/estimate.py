@@ -117,6 +117,9 @@ def estimate_command(
         con.print(f"slowest GPU: a stage of {slowest[1]} GPUs computes at the pace of its slowest, compute "
                   f"+{slowest[0] - 1:.1%} (boards of one type differ by {slowest[2]:.1%}, one standard deviation)",
                   highlight=False)
+    if plan.job.mtp_layers:  # Job.mtp_layers, inside the last stage's times and memory
+        con.print(f"multi-token prediction: {plan.job.mtp_layers} module(s) on the last stage (each one more layer, "
+                  "the embedding copy, the 2h -> h projection and a pass of the output head)", highlight=False)
     if any(se.alltoall_s > 0 for se in est.stages):  # the EP all-to-all inside the stage times
         a2a = [(se.alltoall_s * 1e3, se.alltoall_s / (se.forward_s + se.backward_s)) for se in est.stages]
         parts = (", ".join(f"stage {i} {ms:.1f} ms ({share:.0%})" for i, (ms, share) in enumerate(a2a))
