@@ -56,6 +56,7 @@ CHANGES = {
     "moe_a2a_overlap": ("moe", "job", True),
     "moe_capacity_factor": ("moe", "job", 1.0),
     "moe_pad_to_capacity": ("moe", "job", True, {"job": {"moe_capacity_factor": 2.0}}),
+    "mtp_layers": ("moe", "job", 1),
     "recompute_modules": ("moe", "job", ["layernorm", "moe_act"]),
     "offload_modules": ("moe", "job", ["expert_fc1", "moe_act"]),
     "cp_kv_exchange": ("dense", "job", "allgather"),
