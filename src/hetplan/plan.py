@@ -271,9 +271,8 @@ class Job(BaseModel):
                              "DeepSeek-V3 MTP, pytorch/torchtitan#3392 of 2026-08, is a model-registry argument its "
                              "export does not write; DeepSpeed's pipeline engine has none): remove mtp_layers or set "
                              "framework = 'megatron'")
-        if self.mtp_layers and (self.stack_spec().name not in MTP_STACKS
-                                or self.stack_spec().released < MTP_RELEASED):
-            st = self.stack_spec()
+        st = self.stack_spec() if self.mtp_layers else None
+        if st is not None and (st.name not in MTP_STACKS or st.released < MTP_RELEASED):
             raise ValueError(f"multi-token prediction (mtp_layers) arrived in Megatron-Core core_v0.12.0 "
                              f"({MTP_RELEASED}); stack {st.name}@{st.version} ({st.released}) has none: remove "
                              "mtp_layers or pick a later megatron-lm or nemo release")
