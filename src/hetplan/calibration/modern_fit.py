@@ -210,22 +210,6 @@ def fit_modern(sets: Iterable[str] = _FIT_SETS, catalog: Catalog | None = None) 
     return out
 
 
-def main() -> None:  # pragma: no cover - prints the fit
-    p = fit_p2p_call(fit_cases())
-    if p is not None:
-        b, a = p.held_out_before, p.held_out_after
-        print(f"p2p call {1e3 * p.was:.2f} -> {1e3 * p.p2p_call_s:.2f} ms on jobs {p.jobs_calibration}; held-out "
-              f"({a['n']} pairs of {len(p.jobs_held_out)} jobs): ratio error {100 * b['ratio_mape']:.1f} % -> "
-              f"{100 * a['ratio_mape']:.1f} %, ordered as measured {b['ordered']:.2f} -> {a['ordered']:.2f}")
-    for f in fit_modern():
-        print(f"{f.gpu} {f.dtype}: {f.field} {f.was:.3f} -> {f.value:.3f} on {f.n_calibration} rows; held-out "
-              f"({f.n_held_out}) MAPE {100 * f.held_out_before['mape']:.1f} % -> {100 * f.held_out_after['mape']:.1f} %")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
-
 #: Search interval of the GPU speed variability (dimensionless).
 SPEED_VARIABILITY_BOUNDS = (0.0, 0.1)
 #: Seeded fraction of the weak-scaling series (hash of the series name) the speed variability is fitted on.
@@ -235,10 +219,11 @@ _SCALED = ("n", "dp", "gbs")
 
 
 def weak_scaling_series(cases: list) -> dict[str, list]:
-    """``{series: cases}``: runs of at least three consecutive rows (``cases`` in their files' order) of one set that repeat one configuration
-    (model, GPU, TP, PP, CP, EP, VP, micro-batch, sequence, dtype, recompute, and the batch per data-parallel
-    replica) on more and more GPUs — the weak-scaling tables of the DGX Cloud recipes. Along one, the GEMM
-    efficiency and every per-job constant cancel; what changes is how many GPUs each stage waits for."""
+    """``{series: cases}``: runs of at least three consecutive rows (``cases`` in their files' order) of one set
+    that repeat one configuration (model, GPU, TP, PP, CP, EP, VP, micro-batch, sequence, dtype, recompute, and the
+    batch per data-parallel replica) on more and more GPUs — the weak-scaling tables of the DGX Cloud recipes.
+    Along one, the GEMM efficiency and every per-job constant cancel; what changes is how many GPUs each stage
+    waits for."""
     runs: list[list] = []
     for c in cases:  # in the order of their set's file
         info = {k: v for k, v in c.info.items() if k not in _SCALED}
@@ -310,3 +295,25 @@ def fit_speed_variability(cases: list, catalog: Catalog | None = None) -> SpeedV
 
     was = float(next(iter(catalog.gpus.values())).speed_variability)
     return SpeedVariabilityFit(value, was, sorted(cal), sorted(held), rms(0.0), rms(value))
+
+
+def main() -> None:  # pragma: no cover - prints the fit
+    p = fit_p2p_call(fit_cases())
+    if p is not None:
+        b, a = p.held_out_before, p.held_out_after
+        print(f"p2p call {1e3 * p.was:.2f} -> {1e3 * p.p2p_call_s:.2f} ms on jobs {p.jobs_calibration}; held-out "
+              f"({a['n']} pairs of {len(p.jobs_held_out)} jobs): ratio error {100 * b['ratio_mape']:.1f} % -> "
+              f"{100 * a['ratio_mape']:.1f} %, ordered as measured {b['ordered']:.2f} -> {a['ordered']:.2f}")
+    v = fit_speed_variability([c for cs, _ in modern.load_sets(modern.SET_NAMES).values() for c in cs])
+    if v is not None:
+        print(f"GPU speed variability {v.was:.3f} -> {v.value:.3f} on {len(v.series_calibration)} weak-scaling "
+              f"series; held-out ({len(v.series_held_out)}) RMS about each series' mean "
+              f"{100 * v.held_out_before:.2f} % -> {100 * v.held_out_after:.2f} %")
+    for f in fit_modern():
+        print(f"{f.gpu} {f.dtype}: {f.field} {f.was:.3f} -> {f.value:.3f} on {f.n_calibration} rows; held-out "
+              f"({f.n_held_out}) MAPE {100 * f.held_out_before['mape']:.1f} % -> {100 * f.held_out_after['mape']:.1f} %")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
+

@@ -89,7 +89,7 @@ class Architecture(str, Enum):
 #: Standard deviation of one board's sustained speed over the mean, every GPU type (dimensionless;
 #: :mod:`hetplan.estimate.variability`): fitted by :func:`hetplan.calibration.modern_fit.fit_speed_variability` on
 #: the seeded half of the weak-scaling series of the modern sets (24 series of the DGX Cloud H100 and GB200
-#: recipes, 8 to 2,048 GPUs: how the error grows with the GPU count along each, the level cancelled), 0.027;
+#: recipes, 8 to 2,304 GPUs: how the error grows with the GPU count along each, the level cancelled), 0.027;
 #: held-out (22 series) root-mean-square error about each series' mean 0.95 -> 0.70 %. Of the order of the 8 %
 #: average variation between GPUs of one SKU that Sinha et al. (SC'22) measured on V100 and MI60 clusters.
 SPEED_VARIABILITY = 0.027
