@@ -49,3 +49,24 @@ def test_vectorised_boundary_count_matches_placement_rule():
         got = _intra_boundaries(sizes, pps, g)
         want = [sum(boundary_is_intra_node([int(s)] * int(p), [0] * int(p), [g])) for s, p in zip(sizes, pps)]
         assert got.tolist() == want
+
+
+@pytest.mark.parametrize("where, field, value", [
+    ("job", "train_iterations", True), ("job", "mtp_layers", True), ("job", "global_batch", False),
+    ("plan", "zero", True), ("plan", "mbs", True), ("stage", "num_layers", True), ("pool", "count", True),
+])
+def test_a_boolean_is_no_number(where, field, value):
+    """pydantic reads ``true`` as 1 (``train_iterations = true`` ran one iteration, ``zero = true`` ZeRO-1): every
+    number of the models a user fills refuses a boolean, naming the field; a real number still passes."""
+    from hetplan.errors import HetplanError
+    from hetplan.jobfile import validated
+
+    job = dict(model="llama3-8b", seq_len=4096, global_batch=64)
+    pool = dict(gpu="H100-SXM", count=8)
+    stage = dict(num_layers=32, tp=1, dp=8)
+    plan = dict(job=job, pools=[pool], stages=[stage], mbs=1, zero=1)
+    cls, data = {"job": (Job, job), "pool": (GPUPool, pool), "stage": (Stage, stage), "plan": (Plan, plan)}[where]
+    validated(cls, data, where)
+    with pytest.raises(HetplanError, match=f"{field} is a number, not {str(value).lower()}") as err:
+        validated(cls, {**data, field: value}, where)
+    assert err.value.field == f"{where}.{field}"

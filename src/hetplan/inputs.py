@@ -18,11 +18,12 @@ import io
 import json
 import os
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from hetplan.errors import HetplanError
 
@@ -188,6 +189,32 @@ def bounded(limit: float, why: str, **field_kwargs) -> Any:
     """A pydantic ``Field`` bounded above by ``limit`` (and by ``field_kwargs``' ``gt``/``ge`` below), whose error
     message gives ``why``: the reason for the bounds."""
     return Field(le=limit, json_schema_extra={"why": why}, **field_kwargs)
+
+
+def _takes_number(annotation: Any) -> bool:
+    """Whether a field's type is a number (``int``, ``float``, a ``Literal`` of integers, optionally ``None``) and
+    not a boolean."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    args = typing.get_args(annotation) if union else (annotation,)
+    literal = [a for a in args if typing.get_origin(a) is typing.Literal]
+    numbers = any(a in (int, float) for a in args) or any(
+        all(isinstance(v, int) and not isinstance(v, bool) for v in typing.get_args(a)) for a in literal)
+    return numbers and bool not in args
+
+
+class UserInput(BaseModel):
+    """Base of the models a user's file fills (job, plan, pools, stages, catalogs, serving configs): a boolean
+    where a number belongs is refused, naming the field. pydantic reads ``true`` as 1, so ``train_iterations =
+    true`` ran one iteration and ``zero = true`` ZeRO-1 — a silently wrong number."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                if isinstance(data.get(name), bool) and _takes_number(field.annotation):
+                    raise ValueError(f"{name} is a number, not {str(data[name]).lower()}; fix: give {name} a number")
+        return data
 
 
 def validation_message(exc: ValidationError, where: str, cls: type[BaseModel] | None = None) -> HetplanError:

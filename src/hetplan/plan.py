@@ -14,12 +14,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hetplan.degrees import ParallelLayout  # noqa: F401  (re-exported: the plan schema's layout)
 from hetplan.errors import HetplanError
 from hetplan.hardware.stacks import StackSpec, default_stack, resolve_stack
-from hetplan.inputs import bounded
+from hetplan.inputs import UserInput, bounded
 
 def _no_text_bool(value):
     """Refuse text where a boolean is meant: pydantic's lax mode reads "yes", "on", "1" as true, so a typo or a
@@ -47,7 +47,7 @@ MTP_STACKS = ("megatron-lm", "nemo")
 MTP_RELEASED = "2025-03"
 
 
-class Job(BaseModel):
+class Job(UserInput):
     """What to train.
 
     Attributes:
@@ -301,7 +301,7 @@ class Job(BaseModel):
         return 1.0
 
 
-class GPUPool(BaseModel):
+class GPUPool(UserInput):
     """GPUs of one type that the user can rent.
 
     Attributes:
@@ -382,7 +382,7 @@ class GPUPool(BaseModel):
         return {**data, **filled, **{k: v for k, v in data.items() if v is not None and k != "node"}}
 
 
-class Inventory(BaseModel):
+class Inventory(UserInput):
     """All GPU pools available to the job."""
 
     model_config = ConfigDict(extra="forbid")
@@ -402,7 +402,7 @@ def _stage_layout(tp: int, dp: int, zero: int, pp: int, virtual_stages: int, seq
     return ParallelLayout.of(dp=dp, **degrees)
 
 
-class Stage(BaseModel):
+class Stage(UserInput):
     """One pipeline stage: ``num_layers`` consecutive transformer layers on ``tp * dp`` GPUs of one pool.
 
     Attributes:
@@ -436,7 +436,7 @@ class Stage(BaseModel):
         return self.num_layers if self.recompute_layers is None else min(self.recompute_layers, self.num_layers)
 
 
-class Plan(BaseModel):
+class Plan(UserInput):
     """A fully pinned training plan: everything the estimator and the runtime need.
 
     Attributes:

@@ -23,11 +23,11 @@ from pathlib import Path
 from enum import Enum
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from hetplan.errors import HetplanError
 from hetplan.hardware.stacks import default_stack
-from hetplan.inputs import bounded, parse_toml, read_text, validation_message
+from hetplan.inputs import UserInput, bounded, parse_toml, read_text, validation_message
 
 GB = 1e9
 TERA = 1e12
@@ -95,7 +95,7 @@ class Architecture(str, Enum):
 SPEED_VARIABILITY = 0.027
 
 
-class GPUSpec(BaseModel):
+class GPUSpec(UserInput):
     """One GPU type. All fields SI; the data file uses GB, GB/s and TFLOP/s (converted on load).
 
     Attributes:
@@ -387,7 +387,7 @@ def get_gpu(name: str, user_file: str | Path | None = None) -> GPUSpec:
 NETWORK_KINDS = ("infiniband", "roce", "efa", "ethernet")
 
 
-class NodeSpec(BaseModel):
+class NodeSpec(UserInput):
     """One node preset. All fields SI; the data file uses Gb/s per NIC and GB/s (converted on load).
 
     Attributes:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from hetplan.errors import HetplanError
-from hetplan.inputs import bounded, parse_toml, read_text, validation_message
+from hetplan.inputs import UserInput, bounded, parse_toml, read_text, validation_message
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.serve.workload import MAX_TIME_S, MAX_TIME_WHY
 
@@ -28,7 +28,7 @@ _CV_WHY = ("a Gamma CV above 10 (shape below 0.01) puts nearly all arrivals into
            "then runs for minutes")
 
 
-class _Strict(BaseModel):
+class _Strict(UserInput):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
