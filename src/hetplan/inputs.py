@@ -8,7 +8,8 @@ nesting too deep for the parser, a top level that is not a table.
 
 Numbers are bounded where they are declared (pydantic ``Field(le=..., json_schema_extra={"why": ...})``, made
 by :func:`bounded`); the reason a bound exists is shown with the error, e.g. "job.global_batch: Input should be
-less than or equal to 65536 (got 1000000000000): 65,536 sequences is LAMB's record batch ...".
+less than or equal to 65536 (got 1000000000000): 65,536 sequences is LAMB's record batch ...". A boolean is no
+number (:class:`UserInput`): "job.train_iterations: train_iterations is a number, not true".
 """
 
 from __future__ import annotations
