@@ -47,9 +47,7 @@ def mtp_stage_layers(num_layers: int, pp: int, virtual_layers: int) -> list[int]
         NotExpressibleError: ``pp`` does not divide ``virtual_layers`` or the split does not add up to
             ``num_layers`` (the recipe asserts both)."""
     per = virtual_layers // pp
-    split = [per] * pp if pp > 1 else [num_layers]
-    if pp > 1:
-        split[0], split[-1] = per - 1, per - 2
+    split = [per - 1] + [per] * (pp - 2) + [per - 2] if pp > 1 else [num_layers]
     if virtual_layers % pp or sum(split) != num_layers:
         raise NotExpressibleError(f"the recipe's MTP layout of {virtual_layers} virtual layers does not split over "
                                   f"PP {pp} into {num_layers} layers")
