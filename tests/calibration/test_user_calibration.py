@@ -332,3 +332,28 @@ def test_calibrate_bloom_runs_from_their_config_files(tmp_path):
     first = lines[1].split(",")[0]
     est = _cli("estimate", str(tmp_path / first), "--calibration", str(tmp_path / "cal.toml"), "--json")
     assert est.returncode == 0, est.stderr
+
+
+@pytest.mark.slow
+def test_quarter_of_unfused_attention_runs_fits_the_compute_factor():
+    """BLOOM's timed runs (``bigscience_a100``: Megatron-DeepSpeed, unfused attention) priced as the megatron
+    framework's default stack — a user whose stack hetplan does not know: 11.7 % median, signed −11.7 % (too fast)
+    on the 89 runs outside the seeded quarter. No run depends on the attention factor (it scales fused kernels only),
+    so the runs must not be judged unable to fit the others: before :func:`identified` set it aside, its zero column
+    made ``JᵀJ`` singular and the compute factor was the one dropped, leaving the 11.7 %. Fitted on the quarter's 39
+    runs the GEMM factor (0.83) brings the rest to 6.2 % median, inside the issue's 8 %."""
+    from hetplan.calibration.modern import run_modern
+
+    cat = load_catalog()
+    cases = [c for c in run_modern(["bigscience_a100"])[1]
+             if c.predicted == c.predicted and c.quantity == "iteration_time_s"]
+    runs = [Run(i, c.plan.model_copy(update={"job": c.plan.job.model_copy(update={"stack": None})}), c.model,
+                c.measured) for i, c in enumerate(cases)]
+    pick = [_is_calibration("user:" + c.key, 0.25) for c in cases]
+    quarter, rest = [r for r, p in zip(runs, pick) if p], [r for r, p in zip(runs, pick) if not p]
+    rep = fit(quarter, cat)
+    assert "compute_factor" not in rep.calibration.not_identified and rep.calibration.compute_factor < 0.9
+    assert "depends on it" in rep.calibration.not_identified["attention_factor"]
+    ck = check(rest, cat, rep.calibration)
+    before, after = ([abs(r[k] / r["measured_s"] - 1) for r in ck.rows] for k in ("before_s", "after_s"))
+    assert np.median(before) > 0.1 and np.median(after) <= 0.08

@@ -73,6 +73,9 @@ MAX_ABS_LOG_RATIO = math.log(100.0)
 _RATIO_WHY = "a run 100x off its prediction is a wrong row (units), not a residual"
 #: Largest standard error (of ``log f``) at which the runs identify a factor: ±10 %.
 MAX_LOG_SE = 0.1
+#: Largest ``|∂ log t / ∂ log f|`` over the runs below which no run depends on a factor (:func:`identified`): a
+#: 1 % change of the factor moves no step by 1e-6 of itself.
+ZERO_SENSITIVITY = 1e-4
 
 
 @dataclass
@@ -395,9 +398,19 @@ def sensitivities(runs: list[Run], catalog: Catalog, base: Calibration, step: fl
 
 def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tuple[bool, ...], dict[str, str]]:
     """Which factors the runs identify (module doc) and, for the others, why not. At most ``len(runs) - 1``
-    factors are fitted (one degree of freedom is left to judge them)."""
+    factors are fitted (one degree of freedom is left to judge them). A factor no run's step moves with (e.g. the
+    attention factor where every run's attention is unfused, ``attention = "standard"``, whose kernels it does not
+    scale) is set aside first: left in, it makes ``JᵀJ`` singular and every factor's standard error unbounded, and
+    the factor that does move the runs would be the one dropped. Among factors the runs cannot tell apart, the one
+    they move least with is dropped."""
     free = [True] * len(FACTORS)
     why: dict[str, str] = {}
+    moves = np.abs(sensitivities(runs, catalog, base)).max(axis=0)
+    for k in range(len(FACTORS)):
+        if moves[k] < ZERO_SENSITIVITY:
+            free[k] = False
+            why[FACTORS[k]] = (f"no run's step depends on it (the {SHARES[FACTORS[k]]} share is 0 in every run): "
+                               f"it stays 1; give runs that have that share if your plans will")
     while any(free):
         f = _fit_factors(runs, catalog, base, tuple(free))
         idx = [k for k in range(len(FACTORS)) if free[k]]
@@ -419,7 +432,8 @@ def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tu
                if not (x <= MAX_LOG_SE) or not (FACTOR_MIN * 1.001 < f[k] < FACTOR_MAX / 1.001)]
         if not bad:
             break
-        k, x = max(bad, key=lambda b: b[1] if math.isfinite(b[1]) else math.inf)
+        norms = np.linalg.norm(J, axis=0)
+        k, x = max(bad, key=lambda b: (b[1] if math.isfinite(b[1]) else math.inf, -norms[idx.index(b[0])]))
         free[k] = False
         se_text = f"±{min(x, 99):.0%} in log" if math.isfinite(x) else "unbounded: the runs move with it as with another"
         why[FACTORS[k]] = (f"the runs do not pin it down (standard error {se_text}, fit {f[k]:.2f}): "

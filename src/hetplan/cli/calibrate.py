@@ -14,7 +14,8 @@ import typer
 def register(app: typer.Typer) -> None:
     """Add ``calibrate``."""
 
-    @app.command("calibrate")
+    @app.command("calibrate", short_help="Fit the stack factors your measured runs identify into a calibration "
+                 "file (or, with --calibration, check one).")
     def calibrate(
         runs: list[Path] = typer.Argument(..., help="CSV files of measured runs — columns named after `hetplan "
                                           "plan`'s flags (model, gpu, gpus, seq_len, global_batch, mbs, tp, pp, dp, "

@@ -141,4 +141,5 @@ def estimate_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``hetplan estimate``."""
-    app.command("estimate")(estimate_command)
+    app.command("estimate", short_help="Estimate one fully pinned plan: iteration time, memory per stage, MFU, "
+                "money.")(estimate_command)

@@ -185,7 +185,8 @@ def _finite(x):
 def register(app: typer.Typer) -> None:
     """Add ``validate`` to ``app``."""
 
-    @app.command("validate")
+    @app.command("validate", short_help="Estimator error (MAPE, signed median) on every published validation "
+                 "set, per set and per software stack.")
     def validate(
         json_out: bool = typer.Option(False, "--json", help="print {\"sets\": {NAME: {n, mape, max_abs_error, "
                                       "signed_median, kendall_tau, calibration, held_out}}, \"stacks\": {STACK: {n, "
