@@ -107,7 +107,8 @@ class Job(UserInput):
             DTensor's layout copies.
         moe_load_imbalance: tokens the busiest expert-parallel rank receives relative to perfect balance (MoE
             models; :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` = 1.25, Switch Transformer's capacity
-            factor; 1 for benchmarks that force balanced routing).
+            factor; 1 for benchmarks that force balanced routing), at most what routing can send one rank
+            (:func:`hetplan.estimate.moe.bounded_imbalance`: 1 at ``ep = 1``).
         moe_dispatcher, moe_routing: how tokens reach their experts (:class:`hetplan.estimate.moe.MoEOptions`):
             ``alltoall`` (Megatron-Core's default dispatcher: every routed copy sent), ``deepep`` (DeepEP: one
             copy per destination node and rank, NVLink within 8-GPU hosts) or ``hybridep`` (the same over the

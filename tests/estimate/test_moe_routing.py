@@ -86,3 +86,39 @@ def test_te_grouped_gemm_runs_four_experts_at_a_time():
     one_te, one_mm = (float(moe.moe_mlp_time_s(m, GPU, "bf16", 1, 4096, 1, 128, framework=f))
                       for f in ("megatron", "fsdp"))
     assert one_te == pytest.approx(one_mm)
+
+
+def _busiest_share(e, k, ep):
+    """The most of a token's ``k`` copies one EP rank can take, against its mean ``k/ep``, over every choice of
+    ``k`` distinct experts (rank r holds the ``E/ep`` consecutive experts from ``r·E/ep``)."""
+    from itertools import combinations
+
+    return max(np.bincount(np.array(c) // (e // ep), minlength=ep).max()
+               for c in combinations(range(e), k)) / (k / ep)
+
+
+@pytest.mark.parametrize("e,k,ep", [(8, 2, 1), (8, 2, 2), (8, 2, 8), (16, 4, 1), (16, 4, 2), (16, 4, 8),
+                                    (16, 4, 16)])
+def test_bounded_imbalance_is_what_routing_can_send_one_rank(e, k, ep):
+    """The bound is the most any routing sends one rank (every choice of experts enumerated); at EP 1 it is 1."""
+    m = load_model("qwen3-30b-a3b").model_copy(update={"num_experts": e, "experts_per_token": k})
+    bound = float(moe.bounded_imbalance(m, 100.0, ep))
+    assert bound == pytest.approx(_busiest_share(e, k, ep))
+    assert float(moe.bounded_imbalance(m, 1.25, ep)) == min(1.25, bound)
+    assert (bound == 1.0) == (ep == 1)
+
+
+def test_a_learned_routers_skew_costs_nothing_without_expert_parallelism():
+    """Qwen3-30B-A3B on 8 GPUs at EP 1: the one rank holds all 128 experts and multiplies every routed copy, so the
+    default learned-router imbalance (1.25) prices it as balanced routing; at EP 8 it costs time."""
+    from hetplan.estimate.estimator import estimate
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    def t(ep, imbalance):
+        job = Job(model="qwen3-30b-a3b", seq_len=4096, global_batch=64, moe_load_imbalance=imbalance)
+        plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], ep=ep, mbs=1,
+                    stages=[Stage(num_layers=48, tp=1, dp=8, recompute="full")])
+        return estimate(plan).iteration_time_s
+
+    assert t(1, 1.25) == pytest.approx(t(1, 1.0), rel=1e-12)
+    assert t(8, 1.25) > t(8, 1.0) * 1.01

@@ -246,6 +246,17 @@ def routing_imbalance(m: ModelSpec, tokens_per_rank: Array, ep: Array):
     return 1.0 + np.sqrt(var) * _expected_max_standard_normal(ep) / mu
 
 
+def bounded_imbalance(m: ModelSpec, imbalance: Array, ep: Array):
+    """``imbalance`` (tokens the busiest EP rank receives relative to perfect balance) within what routing allows:
+    a token's ``k`` routed copies go to ``k`` distinct experts, so one rank holding ``E/ep`` of them receives at most
+    ``min(E/ep, k)`` copies of it, against ``k/ep`` on average — at most ``ep·min(E/ep, k)/k`` times its share. At
+    ``ep = 1`` that is 1: the one rank holds every expert and multiplies all ``k·T`` copies whatever the router
+    picks, so a learned router's skew (:data:`DEFAULT_LOAD_IMBALANCE`) costs it nothing. Arrays broadcast."""
+    ep = np.asarray(ep, dtype=float)
+    k = float(m.experts_per_token)
+    return np.minimum(imbalance, ep * np.minimum(m.num_experts / ep, k) / k)
+
+
 def capacity_imbalance(imbalance: Array, capacity_factor: float | None, pad: bool = False):
     """Rows the busiest expert processes relative to its even share once token dropping caps them
     (:attr:`hetplan.plan.Job.moe_capacity_factor`). Megatron-Core gives each expert a capacity of

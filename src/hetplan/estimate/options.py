@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from hetplan.estimate.moe import MoEOptions
+from hetplan.estimate.moe import DEFAULT_LOAD_IMBALANCE, MoEOptions
 from hetplan.hardware.stacks import StackSpec, default_stack, resolve_stack
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class TrainingOptions:
     framework: str = "megatron"
     torch_compile: bool = True
     async_tp: bool = False
-    moe_load_imbalance: float = 1.25
+    moe_load_imbalance: float = DEFAULT_LOAD_IMBALANCE
     moe_dispatcher: str = "alltoall"
     moe_routing: str = "random"
     moe_recompute: bool = False

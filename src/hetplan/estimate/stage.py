@@ -196,7 +196,8 @@ def stage_costs(
         s = context.local_seq_len(s_all, cp)
         if m.is_moe and moe_options.routing == "random":  # the multinomial spread of random top-k routing
             moe_load_imbalance = np.maximum(moe_load_imbalance, moe.routing_imbalance(m, b * s / t, ep))
-        if m.is_moe:  # token dropping caps (and padding fixes) each expert's rows
+        if m.is_moe:  # no rank takes more than routing can send it; token dropping caps (padding fixes) the rows
+            moe_load_imbalance = moe.bounded_imbalance(m, moe_load_imbalance, ep)
             moe_load_imbalance = moe.capacity_imbalance(moe_load_imbalance, options.moe_capacity_factor,
                                                         options.moe_pad_to_capacity)
         linear, core = (moe.layer_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework,
