@@ -60,6 +60,22 @@ def test_permute_bytes_worked_example():
     assert moe.permute_time_s(load_model("llama3-8b"), GPU, 1, 4096, 1, 1) == 0.0
 
 
+def test_fp8_padding_of_expert_segments_worked_example():
+    """Megatron-Core FP8 experts pad each expert's segment (Fp8Padding: read + write) and drop the padding rows
+    of the output (Fp8Unpadding: read + write): 4 more passes of the 32,768 copies at EP 16, 4 · 32,768 · 2,048 ·
+    2 B = 536,870,912 B on top of the 704,643,072 B of test_permute_bytes_worked_example. Only under FP8 on
+    Megatron-Core, and not where HybridEP's dispatch writes padded segments itself or torchtitan aligns them in
+    its permutation indices."""
+    m = load_model("qwen3-30b-a3b")
+    bw = GPU.hbm_bandwidth_bytes_per_s
+    padded = float(moe.permute_time_s(m, GPU, 1, 4096, 1, 16, fp8_padding=True)) * bw
+    assert padded == pytest.approx(704_643_072 + 536_870_912)
+    assert moe.fp8_pads_experts("fp8", "megatron", "alltoall") and moe.fp8_pads_experts("fp8", "megatron", "deepep")
+    assert not moe.fp8_pads_experts("fp8", "megatron", "hybridep")
+    assert not moe.fp8_pads_experts("fp8", "fsdp", "alltoall") and not moe.fp8_pads_experts("bf16", "megatron",
+                                                                                          "alltoall")
+
+
 def test_permutation_is_gpu_work_forward_and_again_in_backward():
     m = load_model("qwen3-30b-a3b")
     gemms = moe.layer_gemm_times_s(m, GPU, "bf16", 4, 4096, 1, 8, 1, 1.0)

@@ -289,13 +289,31 @@ def capacity_imbalance(imbalance: Array, capacity_factor: float | None, pad: boo
 PERMUTE_COPY_PASSES = 1.0
 SORT_CHUNKS_PASSES = 4.0
 PERMUTE_TOKEN_PASSES = 2.0
+#: Passes over the routed-token tensor that FP8 adds to Megatron-Core's experts (:func:`fp8_pads_experts`): FP8
+#: GEMMs need every expert's row count a multiple of 16, so ``TEGroupedMLP`` (FP8 since ADLR/megatron-lm!1865,
+#: 2024-10; ``megatron/core/transformer/moe/experts.py``) pads each local expert's segment into a new tensor before
+#: FC1 (Transformer Engine ``Fp8Padding``: read and write) and drops the padding rows of FC2's output
+#: (``Fp8Unpadding``: read and write); ``SequentialMLP`` pads its one expert's input likewise
+#: (``_pad_tensor_for_fp8``). Their backward moves the gradients the same way. 2 + 2 per pass.
+FP8_PADDING_PASSES = 4.0
+
+
+def fp8_pads_experts(dtype: str, framework: str, dispatcher: str) -> bool:
+    """Whether Megatron-Core pads the expert inputs for FP8 in a pass of its own (:data:`FP8_PADDING_PASSES`): FP8
+    (or MXFP8) under Megatron-Core, unless the dispatcher pads the segments in its own fused permutation — HybridEP
+    (``moe_utils.py`` ``skip_routed_expert_padding``: the HybridEP / NCCL-EP dispatch writes padded segments). The
+    alternative, ``--moe-router-padding-for-fp8`` (padding the routing map, ADLR/megatron-lm!3170, 2025-06, off by
+    default), is not what ``hetplan export`` writes. torchtitan aligns each expert's rows in its permutation indices
+    (``generate_permute_indices``), no pass of its own."""
+    return fp8.is_fp8(dtype) and framework != "fsdp" and dispatcher != "hybridep"
 
 
 def permute_time_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array, ep: Array, etp: Array = 1,
-                   imbalance: Array = 1.0):
+                   imbalance: Array = 1.0, fp8_padding: bool = False):
     """Memory-bound time of one MoE layer's token permutation, sort and unpermutation in one pass (forward, and
     the same again in backward), mean over the model's layers (:data:`PERMUTE_COPY_PASSES`,
-    :data:`SORT_CHUNKS_PASSES`, :data:`PERMUTE_TOKEN_PASSES`): the busiest rank's ``imbalance · k · T · etp``
+    :data:`SORT_CHUNKS_PASSES`, :data:`PERMUTE_TOKEN_PASSES`, and with ``fp8_padding`` Megatron-Core's FP8
+    padding of the expert segments, :data:`FP8_PADDING_PASSES`): the busiest rank's ``imbalance · k · T · etp``
     routed copies (each expert-TP rank works on the copies all-gathered over its ``etp`` group) and its ``T =
     b·s/t`` tokens, ``h`` elements of 2 bytes, at the HBM bandwidth. 0 for a dense model."""
     if not m.is_moe:
@@ -303,7 +321,8 @@ def permute_time_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array, ep:
     tokens = np.asarray(b, dtype=float) * s / t
     copies = imbalance * m.experts_per_token * tokens * np.asarray(etp, dtype=float)
     local = m.num_experts / np.asarray(ep, dtype=float)
-    passes = PERMUTE_COPY_PASSES + np.where(local > 1, SORT_CHUNKS_PASSES, 0.0)
+    passes = (PERMUTE_COPY_PASSES + np.where(local > 1, SORT_CHUNKS_PASSES, 0.0)
+              + (FP8_PADDING_PASSES if fp8_padding else 0.0))
     row = m.hidden_size * counts.BYTES_PER_ACTIVATION
     moved = (passes * copies + PERMUTE_TOKEN_PASSES * tokens) * row
     return moved / gpu.hbm_bandwidth_bytes_per_s * m.num_moe_layers / m.num_layers

@@ -192,6 +192,7 @@ def stage_costs(
                        projections=stack.projections, fused_softmax=stack.fused_softmax,
                        eager_grad_sum=not (framework == "fsdp" and torch_compile))  # only fsdp stacks compile
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
+    fp8_padding = moe.fp8_pads_experts(dtype, framework, moe_options.dispatcher)
     if parallel_layer:  # a rank's s/cp tokens; attention over cp blocks; MoE/MLA GEMMs
         s = context.local_seq_len(s_all, cp)
         if m.is_moe and moe_options.routing == "random":  # the multinomial spread of random top-k routing
@@ -207,7 +208,7 @@ def stage_costs(
         terms = replace(terms, gemm_times_s=(linear, core),
                         attention_blocks=context.attention_blocks(cp, cp_load_balance),
                         extra_kernels=moe.extra_kernels(m, ep, framework, moe_options.dispatcher),
-                        extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
+                        extra_gpu_s=moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, fp8_padding)
                         + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework,
                                                  moe_options.dispatcher))
     eager = framework == "fsdp" and not torch_compile
@@ -247,7 +248,7 @@ def stage_costs(
         layer_a2a = 2 * x
         if m.is_moe and moe_options.recompute:  # the MoE layer again in backward, unless the whole layer is
             again = (moe.moe_mlp_time_s(m, gpu, dtype, b, s, t, ep, etp, moe_load_imbalance, framework) + a2a
-                     + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance)
+                     + moe.permute_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, fp8_padding)
                      + moe.expert_bias_time_s(m, gpu, b, s, t, ep, etp, moe_load_imbalance, framework,
                                               moe_options.dispatcher))
             rerun = np.where(rc == Recompute.FULL, 0.0, again)
