@@ -70,3 +70,17 @@ def test_a_boolean_is_no_number(where, field, value):
     with pytest.raises(HetplanError, match=f"{field} is a number, not {str(value).lower()}") as err:
         validated(cls, {**data, field: value}, where)
     assert err.value.field == f"{where}.{field}"
+
+
+def test_a_bound_error_gives_the_reason_of_its_own_bound():
+    """A field's reason for its upper bound ("a million GPUs is 5x the largest cluster built") is given when the
+    value passes that bound, not when it is below the lower one (−8 GPUs)."""
+    from hetplan.errors import HetplanError
+    from hetplan.jobfile import validated
+
+    with pytest.raises(HetplanError) as low:
+        validated(GPUPool, dict(gpu="H100-SXM", count=-8), "pool")
+    assert low.value.field == "pool.count" and "greater than 0" in str(low.value) and "cluster" not in str(low.value)
+    with pytest.raises(HetplanError) as high:
+        validated(GPUPool, dict(gpu="H100-SXM", count=10**7), "pool")
+    assert "largest cluster" in str(high.value)

@@ -136,10 +136,15 @@ def read_csv(text: str, origin: str, field: str) -> tuple[list[str] | None, list
     """
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
-        return reader.fieldnames, list(reader)
+        header, rows = reader.fieldnames, list(reader)
     except csv.Error as exc:
         raise HetplanError(f"{origin} line {reader.line_num}: not a CSV file ({exc})", field=field,
                            fix="give a comma-separated text file with a header line") from None
+    twice = sorted({c for c in header or () if list(header or ()).count(c) > 1})
+    if twice:  # DictReader keeps the last of two same-named columns: the first would be dropped unsaid
+        raise HetplanError(f"{origin}: column(s) {', '.join(map(repr, twice))} appear more than once in the header",
+                           field=field, fix="keep one column of each name")
+    return header, rows
 
 
 #: Figure formats matplotlib's ``savefig`` writes (``FigureCanvasBase.get_supported_filetypes()`` of matplotlib 3.9+).
@@ -186,10 +191,14 @@ def check_output_path(path: Path | None, field: str, figure: bool = False) -> No
                            field=field, fix="end the file name in .png, .svg or .pdf")
 
 
-def bounded(limit: float, why: str, **field_kwargs) -> Any:
+def bounded(limit: float, why: str, *, why_low: str | None = None, **field_kwargs) -> Any:
     """A pydantic ``Field`` bounded above by ``limit`` (and by ``field_kwargs``' ``gt``/``ge`` below), whose error
-    message gives ``why``: the reason for the bounds."""
-    return Field(le=limit, json_schema_extra={"why": why}, **field_kwargs)
+    message gives ``why``, the reason for the upper bound, when a value passes it, and ``why_low`` (if given) when
+    a value falls below the lower one — "a million GPUs is 5x the largest cluster built" explains nothing about -8.
+    A ``why`` that spans both bounds ("from 1 Gb/s ... to 80 Tb/s") serves both."""
+    if why_low is None and why.startswith("from "):
+        why_low = why
+    return Field(le=limit, json_schema_extra={"why": why, "why_low": why_low}, **field_kwargs)
 
 
 def _takes_number(annotation: Any) -> bool:
@@ -232,12 +241,13 @@ def validation_message(exc: ValidationError, where: str, cls: type[BaseModel] | 
         return HetplanError("required field is missing", field=loc, fix="add it")
     got = err.get("input")
     shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:57] + "..."
-    why = (info.json_schema_extra or {}).get("why") if info is not None and isinstance(
-        info.json_schema_extra, dict) else None
+    extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
+    why = extra.get("why_low" if err["type"] in ("greater_than_equal", "greater_than") else "why")
     if err["type"] in ("finite_number",):
         return HetplanError(f"must be a finite number (got {shown})", field=loc, fix="give a finite value")
-    if why and err["type"] in ("less_than_equal", "less_than", "greater_than_equal", "greater_than"):
-        return HetplanError(f"{err['msg']} (got {shown}): {why}", field=loc, fix="give a value within the bounds")
+    if err["type"] in ("less_than_equal", "less_than", "greater_than_equal", "greater_than"):
+        return HetplanError(f"{err['msg']} (got {shown})" + (f": {why}" if why else ""), field=loc,
+                            fix="give a value within the bounds")
     if err["type"] == "value_error" and isinstance(got, dict):  # a check across fields: the message names them
         msg, _, fix = err["msg"].removeprefix("Value error, ").partition("; fix: ")
         first = msg.split(" ", 1)[0]

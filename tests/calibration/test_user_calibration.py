@@ -291,6 +291,12 @@ def test_calibrate_from_logs(tmp_path):
     ("model,gpu,gpus,seq_len,global_batch,step_time_s\nllama3-8b,H100-SXM,eight,8192,16,2\n", "runs.gpus"),
     ("model,gpu,gpus,seq_len,global_batch,step_time_s\nllama3-8b,H100-SXM,8,8192,16,2\n", "RUNS"),  # one run
     ("", "RUNS"),
+    # a unit slip: the first run's step in milliseconds, 1,000x hetplan's prediction (and the other in seconds)
+    ("model,gpu,gpus,seq_len,global_batch,step_time_s\nllama3-8b,H100-SXM,8,8192,16,2843\n"
+     "llama3-8b,H100-SXM,16,8192,32,2.9\n", "runs.step_time_s"),
+    # two step_time_s columns: csv.DictReader would keep the second and drop the first unsaid
+    ("model,gpu,gpus,seq_len,global_batch,step_time_s,step_time_s\nllama3-8b,H100-SXM,8,8192,16,2,3\n"
+     "llama3-8b,H100-SXM,16,8192,32,2,3\n", "RUNS"),
 ])
 def test_bad_runs_exit_2_naming_the_field(tmp_path, body, field):
     f = tmp_path / "runs.csv"

@@ -453,6 +453,20 @@ class FitReport:
     leave_one_out: dict
 
 
+def _refuse_wrong_rows(runs: list[Run], predicted_s: np.ndarray) -> None:
+    """Refuse a run measured more than 100 times off hetplan's prediction (:data:`MAX_ABS_LOG_RATIO`): a unit slip
+    (milliseconds given as seconds) or a wrong row, not a residual to fit or to widen every interval with.
+
+    Raises:
+        HetplanError: naming the first such run, its measurement and the prediction."""
+    for r, p in zip(runs, predicted_s):
+        if abs(math.log(r.step_time_s / p)) > MAX_ABS_LOG_RATIO:
+            where = r.label or f"row {r.row}"
+            raise HetplanError(f"{where}: step_time_s = {r.step_time_s:.4g} s is {r.step_time_s / p:.3g} times "
+                               f"hetplan's {p:.4g} s for that plan — {_RATIO_WHY}", field="runs.step_time_s",
+                               fix="give seconds per iteration (not ms or tokens/s), or remove the row")
+
+
 def _errors(pred: np.ndarray, meas: np.ndarray) -> dict:
     e = pred / meas - 1
     return {"n": len(e), "mape": float(np.mean(np.abs(e))), "signed_median": float(np.median(e)),
@@ -473,9 +487,10 @@ def fit(runs: list[Run], catalog: Catalog) -> FitReport:
     stacks = tuple(sorted({stack_name(r.plan.job) for r in runs}))
     base = Calibration(gpus=gpus, stacks=stacks)
     meas = np.array([r.step_time_s for r in runs])
+    before = _predict(runs, catalog, base)
+    _refuse_wrong_rows(runs, before)
     free, why = identified(runs, catalog, base)
     fitted = _fit_factors(runs, catalog, base, free)
-    before = _predict(runs, catalog, base)
     after = _predict(runs, catalog, _with(base, fitted))
     loo = np.empty(len(runs))
     for i in range(len(runs)):
@@ -526,6 +541,7 @@ def check(runs: list[Run], catalog: Catalog, calibration: Calibration) -> CheckR
                            fix="give the runs the calibration was not fitted on")
     meas = np.array([r.step_time_s for r in runs])
     before = _predict(runs, catalog, Calibration(gpus=calibration.gpus, stacks=calibration.stacks))
+    _refuse_wrong_rows(runs, before)
     after = _predict(runs, catalog, calibration)
     rows, inside, not_covered = [], [], 0
     for r, m, b, a in zip(runs, meas, before, after):
