@@ -41,7 +41,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -118,6 +118,11 @@ class Residual:
     predicted_time_s: float
     measured_time_s: float
     measured_mfu: float
+    #: :func:`scale_band` of ``num_gpus``, computed once: regimes are looked up over every row, per plan.
+    band: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "band", scale_band(self.num_gpus))
 
     @property
     def log_ratio(self) -> float:
@@ -173,7 +178,7 @@ def _regime_keys(stack: str, generation: str, moe: bool, band: str) -> list[tupl
 
 
 def _row_key(r: Residual, width: int) -> tuple:
-    return (r.stack, r.generation, r.moe, scale_band(r.num_gpus))[:width]
+    return (r.stack, r.generation, r.moe, r.band)[:width]
 
 
 def _regime_rows(residuals: Iterable[Residual], stack: str, generation: str, moe: bool,

@@ -9,7 +9,6 @@ time; job time = iterations · iteration time, iterations = train_tokens / (glob
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
@@ -24,6 +23,7 @@ from hetplan.estimate.schedule import simulate, simulate_many
 from hetplan.estimate.memory import StageMemory
 from hetplan.estimate.stage import StageCost, stage_costs
 from hetplan.estimate.stagework import Link, StageHardware, StageWork
+from hetplan.gcpause import paused_gc
 from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec, load_model
@@ -318,18 +318,13 @@ def _estimate_batch(plans: list[Plan], catalog: Catalog | None, model: ModelSpec
         by_model.setdefault(id(m), []).append(k)
     out: list = [None] * len(plans)
     # The batch allocates a few dicts per stage and frees none of them, which would trigger the cyclic garbage
-    # collector over and over (about a quarter of the time); it creates no cycles, so it pauses the collector.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    # collector over and over (about a quarter of the time); it creates no cycles (hetplan.gcpause).
+    with paused_gc():
         for idx in by_model.values():
             for k, r in zip(idx, _estimate_one_model([plans[k] for k in idx], specs[idx[0]], catalog, profiles,
                                                      virtual_stages, pipeline_model, record, detailed,
                                                      comm_constants)):
                 out[k] = r
-    finally:
-        if was_enabled:
-            gc.enable()
     return out
 
 

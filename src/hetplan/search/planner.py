@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from hetplan.gcpause import paused_gc
 from hetplan.errors import HetplanError, InfeasibleError
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import Estimate, estimate
@@ -237,6 +238,7 @@ def _refuse_pinned_ep_layout(job: Job, pins: Pins) -> None:
                            field="pin.ep", fix="pin an EP degree dividing TP x CP x DP, or unpin tp / dp")
 
 
+@paused_gc()
 def search_plans(
     job: Job,
     inventory: Inventory,
