@@ -58,7 +58,8 @@ def brute_force(job, pool, m, objective):
     for tp in tp_degrees(m, pool.gpus_per_node, pool.count):
         for pp in range(1, m.num_layers + 1):
             for dp in divisors(job.global_batch):
-                if tp * pp * dp > pool.count:
+                n = tp * pp * dp
+                if n > pool.count or (n > pool.gpus_per_node and n % pool.gpus_per_node):  # whole nodes (launch)
                     continue
                 for mbs in divisors(job.global_batch // dp):
                     m_mb = job.global_batch // (dp * mbs)
@@ -201,3 +202,23 @@ def test_explanation_alternatives_are_the_exact_best_by_estimate():
     quoted = float(re.search(r": ([+-][\d.]+)% iteration time", line).group(1)) / 100
     assert quoted == pytest.approx(best[0] / win.estimate.job_time_s - 1, abs=5e-4)
     assert pp == best[1] or quoted == pytest.approx(0, abs=1e-3)
+
+
+def test_plans_spanning_nodes_use_whole_nodes_and_export_refuses_others():
+    """torchrun and the DeepSpeed launcher start the same number of processes on every node: on 8-GPU nodes the
+    space holds no configuration of 9-15, 17-23, ... GPUs, and export refuses a written plan of 10 (it would start
+    16 ranks), naming the plan and the fix."""
+    from hetplan.errors import HetplanError
+    from hetplan.runtime import exporters
+    from hetplan.search.space import enumerate_space
+
+    m = load_model("llama3-8b")
+    cfg = enumerate_space(m, 480, 64, 8, Pins(), seq_len=4096)
+    n = cfg["tp"] * cfg["pp"] * cfg["dp"] * cfg["cp"]
+    assert len(n) and np.all((n <= 8) | (n % 8 == 0)) and set(n.tolist()) >= {1, 3, 5, 8, 16, 24, 40, 64}
+    plan = Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=40), mbs=1,
+                pools=[GPUPool(gpu="H100-SXM", count=16)],
+                stages=[Stage(num_layers=16, tp=1, dp=5), Stage(num_layers=16, tp=1, dp=5)])
+    with pytest.raises(HetplanError, match="10 ranks on nodes of 8 GPUs") as err:
+        exporters.export(plan, m, "megatron")
+    assert err.value.field == "plan"

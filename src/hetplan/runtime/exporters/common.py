@@ -91,8 +91,19 @@ def _mesh(plan: Plan, what: str) -> _Mesh:
 
 
 def _nodes(plan: Plan) -> tuple[int, int]:
+    """``(nodes, processes per node)`` of the launch: torchrun and the DeepSpeed launcher start the same number of
+    processes on every node.
+
+    Raises:
+        HetplanError: a plan on more than one node that does not fill whole nodes (the launch would start more
+            processes than the plan has ranks)."""
     per_node = min(plan.pools[st.pool].gpus_per_node for st in plan.stages)
     n = sum(st.tp * degree(plan, i, "cp") * st.dp for i, st in enumerate(plan.stages))
+    if n > per_node and n % per_node:
+        raise HetplanError(f"the plan runs {n} ranks on nodes of {per_node} GPUs: a launch spanning nodes starts the "
+                           f"same number of processes on every node, so it would start "
+                           f"{-(-n // per_node) * per_node}", field="plan",
+                           fix=f"use a multiple of {per_node} GPUs (hetplan plan proposes only such plans)")
     return (max(1, -(-n // per_node)), min(n, per_node))
 
 
