@@ -255,3 +255,19 @@ def test_non_utf8_and_directory_config(tmp_path):
         load_model(str(bad))
     with pytest.raises(HetplanError, match="is a directory"):
         load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("llama3.1-70b", "llama3-70b"), ("meta-llama/Llama-3.1-8B", "llama3-8b"), ("Llama-3.1-405B", "llama3-405b"),
+    ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"), ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
+    ("meta-llama/Llama-2-7b-hf", "llama2-7b"), ("bigscience/bloom", "bloom-176b"), ("llama3-8b", "llama3-8b"),
+])
+def test_a_preset_answers_to_its_hugging_face_id_and_release_name(name, preset):
+    """The names users type: the Hugging Face id whose config.json a preset is (its ``source``), that id without
+    its organisation, and Llama 3.1's release names (the llama3 presets are the 3.1 configs); the spec is the
+    preset's, under the preset's name."""
+    from hetplan.model.spec import list_presets, preset_aliases
+
+    assert load_model(name).name == preset and load_model(name) == load_model(preset)
+    assert set(preset_aliases().values()) <= set(list_presets())
+    assert not set(preset_aliases()) & set(list_presets())  # no alias shadows a preset

@@ -23,6 +23,8 @@ and V has ``v_head_dim``.
 
 from __future__ import annotations
 
+import json
+
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -567,9 +569,34 @@ def _load_any(name_or_path: str) -> ModelSpec:
     return _load_preset(name_or_path)
 
 
+def _preset_key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+#: Llama 3.1's release names: the ``llama3-*`` presets are the Llama 3.1 configs (128K context; their ``source``).
+LLAMA31_NAMES = {"llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b", "llama3.1-405b": "llama3-405b"}
+
+
+@lru_cache(maxsize=1)
+def preset_aliases() -> dict[str, str]:
+    """Other names of the presets (normalised like preset names: lower case, ``_`` as ``-``) -> preset: the Hugging
+    Face repository id whose ``config.json`` a preset is (the first word of its ``source``, e.g.
+    ``meta-llama/llama-3.1-70b``), that id without its organisation (``llama-3.1-70b``), and
+    :data:`LLAMA31_NAMES`. A name that is a preset's own stays that preset."""
+    out = dict(LLAMA31_NAMES)
+    for name in list_presets():
+        words = str(json.loads(_presets_dir().joinpath(f"{name}.json").read_text()).get("source", "")).split()
+        if len(words) > 1 and words[0].count("/") == 1 and words[1].startswith("config.json"):
+            repo = _preset_key(words[0])
+            for alias in (repo, repo.split("/")[1]):
+                out.setdefault(alias, name)
+    return {k: v for k, v in out.items() if k not in list_presets()}
+
+
 @lru_cache(maxsize=256)
 def _load_preset(name_or_path: str) -> ModelSpec:
-    key = name_or_path.strip().lower().replace("_", "-")
+    key = _preset_key(name_or_path)
+    key = preset_aliases().get(key, key)
     if key not in list_presets():
         import difflib
 
