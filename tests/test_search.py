@@ -222,3 +222,9 @@ def test_plans_spanning_nodes_use_whole_nodes_and_export_refuses_others():
     with pytest.raises(HetplanError, match="10 ranks on nodes of 8 GPUs") as err:
         exporters.export(plan, m, "megatron")
     assert err.value.field == "plan"
+    from hetplan.search.planner import search_plans
+
+    with pytest.raises(HetplanError, match="12 GPUs span nodes of 8") as err:  # --use-gpus 12 says why
+        search_plans(Job(model="llama3-8b", seq_len=4096, global_batch=48),
+                     Inventory(pools=[GPUPool(gpu="H100-SXM", count=16)]), pins=Pins(num_gpus=12))
+    assert err.value.field == "pin.num_gpus"

@@ -302,6 +302,13 @@ def search_plans(
     if n_total == 0:
         _refuse_pins_the_stack_lacks(job, pins)
         _refuse_pinned_interleaving(job, pins, m)
+        per_node = max(p.gpus_per_node for p in inventory.pools)
+        if pins.num_gpus is not None and all(pins.num_gpus > p.gpus_per_node and pins.num_gpus % p.gpus_per_node
+                                             for p in inventory.pools):
+            raise HetplanError(f"{pins.num_gpus} GPUs span nodes of {per_node} GPUs without filling them: a launch "
+                               "starts the same number of processes on every node (torchrun, the DeepSpeed "
+                               "launcher)", field="pin.num_gpus",
+                               fix=f"pin --use-gpus at most {per_node} or a multiple of {per_node}")
         raise HetplanError(
             "no configuration matches the pinned dimensions and the inventory",
             field="pins",
