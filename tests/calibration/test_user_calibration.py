@@ -363,3 +363,26 @@ def test_quarter_of_unfused_attention_runs_fits_the_compute_factor():
     ck = check(rest, cat, rep.calibration)
     before, after = ([abs(r[k] / r["measured_s"] - 1) for r in ck.rows] for k in ("before_s", "after_s"))
     assert np.median(before) > 0.1 and np.median(after) <= 0.08
+
+
+def test_attention_factor_reaches_gpus_without_measured_kernel_rates():
+    """A GPU with no measured attention-kernel rate (GB200) runs its attention at the GEMM efficiency x
+    FLASH_TO_GEMM_RATIO; the attention factor scales that too (it once moved no GB200 run, so it was never
+    identified there), and a calibration at factors 1 prices every GPU's attention, every kernel, causal or not,
+    exactly as the catalog does."""
+    from hetplan.calibration.user import Calibration
+    from hetplan.hardware.catalog import ATTENTION_KERNELS
+
+    cat = load_catalog()
+    ones = Calibration(gpus=tuple(cat.gpus), stacks=("megatron-lm",))
+    for name, g in cat.gpus.items():
+        g1 = ones._gpu(g)
+        for k in (None, *ATTENTION_KERNELS):
+            for causal in (False, True):
+                assert g1.model_copy(update={"attention_kernel": k}).flash_attention_efficiency(causal) == \
+                    pytest.approx(g.model_copy(update={"attention_kernel": k}).flash_attention_efficiency(causal)), \
+                    (name, k, causal)
+    gb200 = cat.get("GB200")
+    assert not gb200.attention_kernels
+    half = Calibration(attention_factor=0.5, gpus=("GB200",), stacks=("megatron-lm",))._gpu(gb200)
+    assert half.flash_attention_efficiency() == pytest.approx(tuple(0.5 * x for x in gb200.flash_attention_efficiency()))

@@ -41,7 +41,7 @@ import numpy as np
 
 from hetplan.calibration.intervals import LEVEL, MIN_ROWS, Interval, conformal_factors, stack_name
 from hetplan.errors import HetplanError
-from hetplan.hardware.catalog import Catalog, GPUSpec
+from hetplan.hardware.catalog import ATTENTION_KERNELS, FLASH_TO_GEMM_RATIO, Catalog, GPUSpec
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Plan
 
@@ -241,10 +241,16 @@ class Calibration:
 
     def _gpu(self, gpu: GPUSpec) -> GPUSpec:
         f, fa = self.compute_factor, self.attention_factor
-        update = {"compute_efficiency": min(1.0, gpu.compute_efficiency * f),
+        ce = min(1.0, gpu.compute_efficiency * f)
+        # a kernel the catalog has no rate for runs at the GEMM efficiency x FLASH_TO_GEMM_RATIO
+        # (GPUSpec.flash_attention_efficiency): written out here, so that the attention factor scales it too —
+        # without it the factor moved no run on such a GPU (GB200) and was never identified
+        # (Triton without a rate of its own takes FlashAttention-2's, rate and causal efficiency: left to that rule)
+        kernels = {k: gpu.attention_kernels.get(k, (ce * FLASH_TO_GEMM_RATIO[0], ce * FLASH_TO_GEMM_RATIO[1]))
+                   for k in (*ATTENTION_KERNELS, *gpu.attention_kernels) if k != "triton" or k in gpu.attention_kernels}
+        update = {"compute_efficiency": ce,
                   "gpu_link_bandwidth_bytes_per_s": gpu.gpu_link_bandwidth_bytes_per_s * self.comm_factor,
-                  "attention_kernels": {k: (min(1.0, a * fa), min(1.0, b * fa))
-                                        for k, (a, b) in gpu.attention_kernels.items()}}
+                  "attention_kernels": {k: (min(1.0, a * fa), min(1.0, b * fa)) for k, (a, b) in kernels.items()}}
         if gpu.fp8_compute_efficiency is not None:
             update["fp8_compute_efficiency"] = min(1.0, gpu.fp8_compute_efficiency * f)
         if gpu.attention_efficiency is not None:
