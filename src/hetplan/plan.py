@@ -680,6 +680,13 @@ def layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
     return out
 
 
+def fills_whole_nodes(num_gpus: int, gpus_per_node: int) -> bool:
+    """Whether ``num_gpus`` ranks can be launched on nodes of ``gpus_per_node`` GPUs: inside one node, or on whole
+    nodes. torchrun (``--nnodes N --nproc-per-node P``) and the DeepSpeed launcher (``--num_nodes``, ``--num_gpus``)
+    start the same number of processes on every node, so 58 ranks on 8-GPU nodes would start 64."""
+    return num_gpus <= gpus_per_node or num_gpus % gpus_per_node == 0
+
+
 def boundary_is_intra_node(stage_sizes: list[int], stage_pools: list[int], gpus_per_node: list[int]) -> list[bool]:
     """For each of the p-1 stage boundaries: do both stages sit in one node?
 

@@ -20,7 +20,7 @@ from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import Estimate, estimate
 from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
-from hetplan.plan import SPLITS, Inventory, Job, Plan, Stage, balanced_split, interleaved_chunks
+from hetplan.plan import SPLITS, Inventory, Job, Plan, Stage, balanced_split, fills_whole_nodes, interleaved_chunks
 from hetplan.plan_rules import embedding_loss_split, stack_dtype_violation
 from hetplan.search.explain import explain_ranking
 from hetplan.search.homogeneous import COMPONENTS, PoolResult, evaluate_pool
@@ -302,9 +302,9 @@ def search_plans(
     if n_total == 0:
         _refuse_pins_the_stack_lacks(job, pins)
         _refuse_pinned_interleaving(job, pins, m)
-        per_node = max(p.gpus_per_node for p in inventory.pools)
-        if pins.num_gpus is not None and all(pins.num_gpus > p.gpus_per_node and pins.num_gpus % p.gpus_per_node
-                                             for p in inventory.pools):
+        if pins.num_gpus is not None and not any(fills_whole_nodes(pins.num_gpus, p.gpus_per_node)
+                                                 for p in inventory.pools):
+            per_node = max(p.gpus_per_node for p in inventory.pools)
             raise HetplanError(f"{pins.num_gpus} GPUs span nodes of {per_node} GPUs without filling them: a launch "
                                "starts the same number of processes on every node (torchrun, the DeepSpeed "
                                "launcher)", field="pin.num_gpus",

@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from hetplan.model.spec import ModelSpec
+from hetplan.plan import fills_whole_nodes
 
 RECOMPUTE_NAMES = ("none", "selective", "full")
 
@@ -148,10 +149,8 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     :class:`hetplan.hardware.stacks.StackSpec`; only the ZeRO stages and recomputation modes it offers are
     enumerated (:func:`stack_allows`, with its bf16 rules for a ``dtype`` of ``bf16``; Megatron-LM 2.5 has neither
     the distributed optimizer nor selective recomputation), and only the parallel dimensions and interleaving its launcher runs (:func:`stack_has`:
-    llm-foundry 0.3 gets TP = PP = CP = EP = 1). A configuration on more than one node uses whole nodes: torchrun
-    (``--nnodes N --nproc-per-node P``) and the DeepSpeed launcher (``--num_nodes``, ``--num_gpus``) start the same
-    number of processes on every node, which is what ``hetplan export`` writes (58 GPUs of 8-GPU nodes — TP 2 x
-    PP 29 — is no launch: it would start 64)."""
+    llm-foundry 0.3 gets TP = PP = CP = EP = 1). A configuration on more than one node uses whole nodes
+    (:func:`hetplan.plan.fills_whole_nodes`: what ``hetplan export``'s launch starts)."""
     tps = tp_degrees(m, gpus_per_node, available, stack)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
@@ -169,7 +168,7 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
                         break
                     if (pins.dp is not None and d != pins.dp) or (pins.num_gpus is not None and n != pins.num_gpus):
                         continue
-                    if n > gpus_per_node and n % gpus_per_node:  # a launch spanning nodes uses whole nodes
+                    if not fills_whole_nodes(n, gpus_per_node):  # what a launch starts (docstring)
                         continue
                     sizes = divisors(global_batch // d) if pins.mbs is None else [pins.mbs] if (global_batch // d) % pins.mbs == 0 else []
                     if sizes:

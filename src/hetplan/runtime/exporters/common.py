@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import Plan
+from hetplan.plan import Plan, fills_whole_nodes
 from hetplan.plan_rules import degree, embedding_loss_split
 
 
@@ -99,7 +99,7 @@ def _nodes(plan: Plan) -> tuple[int, int]:
             processes than the plan has ranks)."""
     per_node = min(plan.pools[st.pool].gpus_per_node for st in plan.stages)
     n = sum(st.tp * degree(plan, i, "cp") * st.dp for i, st in enumerate(plan.stages))
-    if n > per_node and n % per_node:
+    if not fills_whole_nodes(n, per_node):
         raise HetplanError(f"the plan runs {n} ranks on nodes of {per_node} GPUs: a launch spanning nodes starts the "
                            f"same number of processes on every node, so it would start "
                            f"{-(-n // per_node) * per_node}", field="plan",
