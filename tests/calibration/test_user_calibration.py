@@ -77,9 +77,13 @@ def test_calibrate_cli_round_trip(tmp_path):
     (the 128-GPU row gives no network, so it takes the default node's, and is predicted 18 % slow: 15 % before its
     128 GPUs waited for the slowest, 11 % before FSDP's exposed embedding unit, whose gather and reduce-scatter
     cross that slow network every step), so no
-    factor is identified (two runs fit at most one, and that one not within ±10 %: said why); the written file
-    still carries the two residuals into plan."""
-    out = _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml"), "--json")
+    factor is identified (two runs fit at most one, and that one not within ±10 %: said why). That is exit 2
+    naming each factor's reason and writing nothing; with ``--residuals-only`` the written file carries the two
+    residuals into plan."""
+    refused = _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml"))
+    assert refused.returncode == 2 and "identify no factor" in refused.stderr and "--residuals-only" in refused.stderr
+    assert "comm_factor" in refused.stderr and not (tmp_path / "cal.toml").exists()
+    out = _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml"), "--json", "--residuals-only")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["gpus"] == ["H100-SXM-96GB-500W"] and r["stacks"] == ["torchtitan"]
@@ -103,7 +107,7 @@ def test_calibrate_check_mode_cli(tmp_path):
     torchtitan runs against the calibration they wrote (no factor identified, so calibrated = uncalibrated), each
     with the interval ``plan --calibration`` prints (the range of the file's two residuals); ``-o`` beside it is
     exit 2, as is a file that is not a calibration."""
-    assert _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml")).returncode == 0
+    assert _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml"), "--residuals-only").returncode == 0
     out = _cli("calibrate", str(RUNS), "--calibration", str(tmp_path / "cal.toml"), "--json")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
@@ -314,8 +318,9 @@ def test_bad_calibration_file_exit_2(tmp_path):
 
 def test_calibrate_bloom_runs_from_their_config_files(tmp_path):
     """A user's BLOOM runs, each a plan JSON whose model is the run's BLOOM ``config.json`` (``model_type``
-    ``bloom``): six rows of BigScience's seeded quarter (``bigscience_a100``) calibrate through the CLI, and the
-    calibrated file prices a plan of them again (hetplan's own error on these rows is a few %)."""
+    ``bloom``): six rows of BigScience's seeded quarter (``bigscience_a100``) identify no factor (hetplan's own
+    error on them is a few %, unfused attention): refused, then written with ``--residuals-only``, and the file
+    prices a plan of them again."""
     from hetplan.calibration.modern import bigscience as bs
     from hetplan.calibration.modern.rows import read_rows
     from hetplan.calibration.modern.sets import FILES
@@ -330,7 +335,9 @@ def test_calibrate_bloom_runs_from_their_config_files(tmp_path):
         (tmp_path / f"plan_{i}.json").write_text(plan.model_dump_json())
         lines.append(f"plan_{i}.json,{c.measured}")
     (tmp_path / "runs.csv").write_text("\n".join(lines) + "\n")
-    out = _cli("calibrate", str(tmp_path / "runs.csv"), "-o", str(tmp_path / "cal.toml"), "--json")
+    assert _cli("calibrate", str(tmp_path / "runs.csv")).returncode == 2
+    out = _cli("calibrate", str(tmp_path / "runs.csv"), "-o", str(tmp_path / "cal.toml"), "--json",
+               "--residuals-only")
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
     assert rep["stacks"] == ["megatron-deepspeed"] and len(rep["rows"]) == 6

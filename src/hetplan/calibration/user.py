@@ -479,12 +479,17 @@ def _errors(pred: np.ndarray, meas: np.ndarray) -> dict:
             "max_abs_error": float(np.max(np.abs(e)))}
 
 
-def fit(runs: list[Run], catalog: Catalog) -> FitReport:
+def fit(runs: list[Run], catalog: Catalog, residuals_only: bool = False) -> FitReport:
     """Fit the identified factors to ``runs`` and measure them by leave-one-out (module doc).
 
+    ``residuals_only``: accept runs that identify no factor, for a calibration that carries only their residuals
+    (the intervals of ``plan --calibration``) with every factor at 1.
+
     Raises:
-        HetplanError: fewer than 2 runs, or runs whose plans do not fit in memory as predicted (the factors
-            change time, not memory; the message names the row).
+        HetplanError: fewer than 2 runs; runs that identify no factor (unless ``residuals_only``; the message
+            gives each factor's reason); a run 100x off its prediction (:func:`_refuse_wrong_rows`); runs whose
+            plans do not fit in memory as predicted (the factors change time, not memory; the message names the
+            row).
     """
     if len(runs) < 2:
         raise HetplanError(f"{len(runs)} run: nothing to fit and nothing to check it on", field="RUNS",
@@ -496,6 +501,11 @@ def fit(runs: list[Run], catalog: Catalog) -> FitReport:
     before = _predict(runs, catalog, base)
     _refuse_wrong_rows(runs, before)
     free, why = identified(runs, catalog, base)
+    if not any(free) and not residuals_only:
+        raise HetplanError(f"the {len(runs)} runs identify no factor — "
+                           + "; ".join(f"{k}: {v}" for k, v in why.items()), field="RUNS",
+                           fix="add runs that differ in what the reasons name, or pass --residuals-only to write "
+                               "a calibration of your residuals alone (intervals, every factor 1)")
     fitted = _fit_factors(runs, catalog, base, free)
     after = _predict(runs, catalog, _with(base, fitted))
     loo = np.empty(len(runs))

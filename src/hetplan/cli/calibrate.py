@@ -34,6 +34,10 @@ def register(app: typer.Typer) -> None:
         node: Optional[str] = typer.Option(None, "--node", help="Node preset of runs that do not name one."),
         catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
+        residuals_only: bool = typer.Option(
+            False, "--residuals-only", help="Accept runs that identify no factor: the file then carries only "
+            "their residuals (the intervals of `plan --calibration`), every factor at 1. Without it such runs "
+            "are refused (exit 2) with each factor's reason."),
         check_file: Optional[Path] = typer.Option(
             None, "--calibration", help="Check this calibration (written by `hetplan calibrate -o`) on RUNS "
             "instead of fitting one: each run priced with and without it, and whether its measured step falls in "
@@ -65,7 +69,7 @@ def register(app: typer.Typer) -> None:
         if cal_in is not None:
             _print_check(check(rs, cat, cal_in), cal_in, check_file, as_json)
             return
-        report = fit(rs, cat)
+        report = fit(rs, cat, residuals_only)
         c = report.calibration
         if output is not None:
             output.write_text(c.to_toml(", ".join(map(str, runs)), report.leave_one_out))
