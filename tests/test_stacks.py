@@ -40,6 +40,7 @@ def test_resolve_by_name_version_and_month():
     for text, listed in (("nemo@22.11", "nemo@22.09"), ("megatron-lm@core_r0.10", "megatron-lm@core_r0.9"),
                          ("megatron-lm@core_r0.13.1", "megatron-lm@core_r0.12"), ("nemo@22.05.01", "nemo@22.05"),
                          ("torchtitan@0.3.1", "torchtitan@0.3.0"), ("deepspeed@0.16.3", "deepspeed@0.16"),
+                         ("megatron-lm@core_r0.15.2", "megatron-lm@core_r0.15"),  # a patch of the latest listed
                          ("deepspeed@0.9", "deepspeed@0.6.2"), ("deepspeed@0.6.1", "deepspeed@0.6.0"),
                          ("deepspeed@0.5.9", "deepspeed@0.5.5"), ("deepspeed@0.12", "deepspeed@0.9.2")):
         assert resolve_stack(text).id == listed
@@ -57,7 +58,12 @@ def test_resolve_by_name_version_and_month():
                        ("nemo@22.13", "not a month"),
                        ("nemo@2020-01", "no release by 2020-01"), ("nemo@2024-13", "not a month"),
                        ("megatron-lm@", "no release after '@'"), ("torchtitan@ ", "no release after '@'"),
-                       ("deepspeed@vx", "no release 'vx'")):
+                       ("deepspeed@vx", "no release 'vx'"),
+                       # after what the catalog knows: it cannot say what ran, and resolved silently to its latest
+                       ("megatron-lm@2027-06", "after the stack catalog's date"),
+                       ("nemo@27.01", "after the stack catalog's date"),
+                       ("megatron-lm@core_r0.99", "newer than the catalog's latest"),
+                       ("deepspeed@0.99", "newer than the catalog's latest"), ("torchtitan@0.9", "newer than")):
         with pytest.raises(HetplanError, match=words) as exc:
             resolve_stack(bad)
         assert exc.value.field == "job.stack" and exc.value.fix
@@ -155,12 +161,13 @@ def test_cli_catalog_stacks_and_stack_flag(tmp_path):
     assert r.returncode == 0 and "nemo@24.07" in r.stdout and "PR #9188" in r.stdout
     base = ("plan", "--model", "llama2-7b", "--seq-len", "2048", "--global-batch", "64", "--gpu", "A100-SXM-80GB",
             "--gpus", "8", "--tp", "1", "--pp", "1", "--zero", "3", "--top", "1", "--json")
-    r = _hetplan(*base, "--stack", "megatron-lm@2099-01", "-o", tmp_path / "p.json")
+    r = _hetplan(*base, "--stack", "megatron-lm@2026-11", "-o", tmp_path / "p.json")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "p.json").read_text())["job"]["stack"] == "megatron-lm@core_r0.15"
     assert json.loads(r.stdout)["plans"][0]["stack"] == "megatron-lm@core_r0.15"
-    r = _hetplan(*base, "--stack", "megatron-lm@1999-01")
-    assert r.returncode == 2 and "job.stack" in r.stderr and "Traceback" not in r.stderr
+    for month in ("1999-01", "2099-01"):  # before its first release; after what the catalog knows
+        r = _hetplan(*base, "--stack", f"megatron-lm@{month}")
+        assert r.returncode == 2 and "job.stack" in r.stderr and "Traceback" not in r.stderr
     r = _hetplan("estimate", tmp_path / "p.json", "--json", "--stack", "llm-foundry")
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "p.json").read_text())  # llm-foundry's fsdp_config runs FULL_SHARD only

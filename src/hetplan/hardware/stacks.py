@@ -83,6 +83,14 @@ def _release_before(releases: list, version: str):
     return max(below, key=lambda x: x[0])[1] if below else None
 
 
+def _beyond(releases: list, version: str) -> bool:
+    """Whether a numbered ``version`` is a newer major or minor release than the latest listed, numbered alike
+    (``megatron-lm@core_r0.16`` past ``core_r0.15``, ``deepspeed@0.17``): the catalog cannot know what it changed.
+    A patch of the latest listed minor release (``deepspeed@0.16.3``, ``torchtitan@0.3.1``) is that release."""
+    want, last = _numbered(version), _numbered(releases[-1].version)
+    return want is not None and last is not None and want[:2] == last[:2] and want[2][:2] > last[2][:2]
+
+
 _YY_MM = re.compile(r"^(\d{2})\.(\d{2})$")
 
 
@@ -379,8 +387,8 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
     :func:`_month_label`) or ``NAME@YYYY-MM`` (the release in force that month: the latest released then).
 
     Raises:
-        HetplanError: unknown name or version, an empty version after ``@``, or a month before the stack's first
-            release.
+        HetplanError: unknown name or version, an empty version after ``@``, a month before the stack's first
+            release or after the catalog's date, or a release newer than the latest listed (:func:`_beyond`).
     """
     cat = load_stacks()
     name, at, version = str(text).strip().partition("@")
@@ -407,6 +415,12 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
     when = f"{month.group(1)}-{month.group(2)}" if month else _month_label(releases, version)
     if when is None:
         listed = _release_before(releases, version)
+        if listed is not None and _beyond(releases, version):
+            raise HetplanError(f"{name}@{version} is newer than the catalog's latest {name} release, "
+                               f"{releases[-1].version} ({releases[-1].released}); hetplan does not know what it "
+                               "changed", field=field,
+                               fix=f"write {name} (or @{releases[-1].version}) to price the latest release it "
+                                   "knows, or calibrate on your runs (hetplan calibrate)")
         if listed is not None:  # a release between two listed ones: the one in force, as a month resolves
             return listed
         raise HetplanError(f"{name} has no release {version!r}", field=field,
@@ -415,6 +429,11 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
         raise HetplanError(f"{version!r} is not a month", field=field,
                            fix="write the date as YYYY-MM" if month else f"use one of "
                                f"{', '.join(r.version for r in releases)}, or a month YYYY-MM")
+    if when > cat.date:  # a month the catalog has not seen: a release of it would resolve silently to an older one
+        raise HetplanError(f"{when} is after the stack catalog's date ({cat.date}): it cannot say which {name} "
+                           "release ran then", field=field,
+                           fix=f"write {name} for the latest release it knows ({releases[-1].version}), or a month "
+                               f"up to {cat.date}")
     in_force = [r for r in releases if r.released <= when]
     if not in_force:
         raise HetplanError(f"{name} had no release by {when} (its first, {releases[0].version}, is of "
