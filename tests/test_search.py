@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hetplan.errors import InfeasibleError
+from hetplan.errors import HetplanError, InfeasibleError
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import load_catalog
@@ -208,7 +208,6 @@ def test_plans_spanning_nodes_use_whole_nodes_and_export_refuses_others():
     """torchrun and the DeepSpeed launcher start the same number of processes on every node: on 8-GPU nodes the
     space holds no configuration of 9-15, 17-23, ... GPUs, and export refuses a written plan of 10 (it would start
     16 ranks), naming the plan and the fix."""
-    from hetplan.errors import HetplanError
     from hetplan.runtime import exporters
     from hetplan.search.space import enumerate_space
 
@@ -228,3 +227,24 @@ def test_plans_spanning_nodes_use_whole_nodes_and_export_refuses_others():
         search_plans(Job(model="llama3-8b", seq_len=4096, global_batch=48),
                      Inventory(pools=[GPUPool(gpu="H100-SXM", count=16)]), pins=Pins(num_gpus=12))
     assert err.value.field == "pin.num_gpus"
+
+
+@pytest.mark.parametrize("pins, field, words", [
+    (Pins(cp=16), "pins", "CP 16 needs at least 16 GPUs; the largest pool has 8"),
+    (Pins(tp=2, pp=2, dp=4), "pins", "TP 2 x PP 2 x DP 4 need at least 16 GPUs"),
+    (Pins(tp=2, num_gpus=3), "pin.num_gpus", "TP 2 uses a multiple of 2 GPUs; --use-gpus 3"),
+])
+def test_pins_no_pool_holds_say_what_the_inventory_has(pins, field, words):
+    """Pinned degrees the inventory cannot hold are refused naming them and the GPUs there are, instead of
+    "no configuration matches the pinned dimensions"."""
+    with pytest.raises(HetplanError, match=words) as err:
+        search_plans(Job(model="llama3-8b", seq_len=8192, global_batch=64),
+                     Inventory(pools=[GPUPool(gpu="H100-SXM", count=8)]), pins=pins)
+    assert err.value.field == field
+
+
+def test_pinned_tp_across_nodes_is_refused_naming_the_node():
+    with pytest.raises(HetplanError, match="TP 16 spans nodes.*8 GPUs") as err:
+        search_plans(Job(model="llama2-7b", seq_len=4096, global_batch=64),
+                     Inventory(pools=[GPUPool(gpu="H100-SXM", count=32)]), pins=Pins(tp=16))
+    assert err.value.field == "pin.tp"

@@ -238,6 +238,32 @@ def _refuse_pinned_ep_layout(job: Job, pins: Pins) -> None:
                            field="pin.ep", fix="pin an EP degree dividing TP x CP x DP, or unpin tp / dp")
 
 
+def _refuse_pins_no_pool_holds(pins: Pins, inventory: Inventory) -> None:
+    """When no configuration matched: pinned degrees that no pool has the GPUs for — their product ``TP x PP x
+    CP x DP`` (a plan uses that many GPUs at least, :mod:`hetplan.search.space`) above the largest pool or not
+    dividing a pinned ``--use-gpus``, or a TP degree above every pool's GPUs per node (TP stays inside a node:
+    ``space.tp_degrees``).
+
+    Raises:
+        HetplanError: naming the pins and what the inventory has."""
+    pinned = {k: v for k in ("tp", "pp", "cp", "dp") if (v := getattr(pins, k)) is not None}
+    need = int(np.prod(list(pinned.values()))) if pinned else 1
+    text = " x ".join(f"{k.upper()} {v}" for k, v in pinned.items())
+    s_ = "" if len(pinned) > 1 else "s"
+    largest = max(p.count for p in inventory.pools)
+    if need > largest:
+        raise HetplanError(f"the pinned {text} need{s_} at least {need} GPUs; the largest pool has {largest}",
+                           field="pins", fix=f"pin degrees whose product is at most {largest}, or add GPUs")
+    if pins.num_gpus is not None and pins.num_gpus % need:
+        raise HetplanError(f"the pinned {text} use{s_} a multiple of {need} GPUs; --use-gpus {pins.num_gpus} is not one",
+                           field="pin.num_gpus", fix=f"pin --use-gpus to a multiple of {need}, or unpin a degree")
+    per_node = max(p.gpus_per_node for p in inventory.pools)
+    if pins.tp is not None and pins.tp > per_node:
+        raise HetplanError(f"TP {pins.tp} spans nodes: hetplan keeps TP inside a node (its all-reduces in every "
+                           f"layer need NVLink), and the largest node here has {per_node} GPUs",
+                           field="pin.tp", fix=f"pin TP at most {per_node}, and PP or DP across nodes")
+
+
 @paused_gc()
 def search_plans(
     job: Job,
@@ -309,6 +335,7 @@ def search_plans(
                                "starts the same number of processes on every node (torchrun, the DeepSpeed "
                                "launcher)", field="pin.num_gpus",
                                fix=f"pin --use-gpus at most {per_node} or a multiple of {per_node}")
+        _refuse_pins_no_pool_holds(pins, inventory)
         raise HetplanError(
             "no configuration matches the pinned dimensions and the inventory",
             field="pins",
