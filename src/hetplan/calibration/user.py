@@ -526,8 +526,8 @@ def fit(runs: list[Run], catalog: Catalog, residuals_only: bool = False) -> FitR
                                "to other runs; give more runs")
         free, loo = (False,) * len(FACTORS), before
     if not any(free) and not residuals_only:
-        raise HetplanError(f"the {len(runs)} runs identify no factor — "
-                           + "; ".join(f"{k}: {v}" for k, v in why.items()), field="RUNS",
+        raise HetplanError(f"the {len(runs)} runs identify no factor:"
+                           + "".join(f"\n  - {k}: {v}" for k, v in why.items()), field="RUNS",
                            fix="add runs that differ in what the reasons name, or pass --residuals-only to write "
                                "a calibration of your residuals alone (intervals, every factor 1)")
     fitted = _fit_factors(runs, catalog, base, free)
