@@ -128,15 +128,25 @@ def read_table(path: str | Path, field: str) -> dict:
     return data
 
 
-def read_csv(text: str, origin: str, field: str) -> tuple[list[str] | None, list[dict]]:
-    """The header (``None`` when the text is empty) and the rows (dicts) of CSV ``text``.
+def read_csv(text: str, origin: str, field: str, line_key: str | None = None) -> tuple[list[str] | None, list[dict]]:
+    """The header (``None`` when the text is empty) and the rows (dicts) of CSV ``text``; ``line_key``: also give
+    each row its line number under that key.
 
     Raises:
-        HetplanError: the csv module refuses it (e.g. a field longer than its 128 kB limit, a NUL byte).
+        HetplanError: the csv module refuses it (e.g. a field longer than its 128 kB limit, a NUL byte); a row with
+            more cells than the header; a column named twice.
     """
     reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = []
     try:
-        header, rows = reader.fieldnames, list(reader)
+        header = reader.fieldnames
+        for row in reader:
+            if None in row:  # DictReader files cells past the header under the key None, a list no reader expects
+                raise HetplanError(f"{origin} line {reader.line_num}: {len(header or ()) + len(row[None])} cells "
+                                   f"under a header of {len(header or ())} columns", field=field,
+                                   fix="remove the extra cells (a comma too many, or an unquoted comma in a "
+                                       "value), or name their column in the header")
+            rows.append(row if line_key is None else {**row, line_key: reader.line_num})
     except csv.Error as exc:
         raise HetplanError(f"{origin} line {reader.line_num}: not a CSV file ({exc})", field=field,
                            fix="give a comma-separated text file with a header line") from None

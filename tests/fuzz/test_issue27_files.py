@@ -177,3 +177,25 @@ def test_energy_serve_refuses_other_databases(tmp_path, kind):
     assert _digest(db) == before
     r = _ok(run_cli("energy", "serve", "--db", db, "--max-in-flight", "0"))
     assert r.code == 2 and "--max-in-flight" in r.stderr
+
+
+@pytest.mark.parametrize("what", ["fasop", "runs", "trace"])
+def test_a_row_with_more_cells_than_the_header_is_refused_naming_its_line(tmp_path, what):
+    """csv.DictReader files the extra cells of a row under the key None (a list): the RUNS reader called .strip()
+    on it (a traceback), other readers dropped them unsaid. Every user CSV now names the line (exit 2)."""
+    f = tmp_path / "f.csv"
+    if what == "fasop":
+        f.write_text(HEADER + GOOD + "gpt2XL,A100,1,2,layer,0.003,7\n")
+        r = _ok(run_cli("profile", "import", "fasop", f, "--db", tmp_path / "p.db"))
+    elif what == "runs":
+        f.write_text("model,gpu,gpus,seq_len,global_batch,step_time_s\nllama3-8b,H100-SXM,8,8192,16,2.0\n"
+                     "llama3-8b,H100-SXM,16,8192,32,2.1,extra\n")
+        r = _ok(run_cli("calibrate", f))
+    else:
+        f.write_text("arrival_s,model\n0.1,a\n0.2,a,3\n")
+        from hetplan.serve.workload import read_trace
+
+        with pytest.raises(HetplanError, match="line 3: 3 cells under a header of 2 columns"):
+            read_trace(f, ["a"])
+        return
+    assert r.code == 2 and "cells under a header of 6 columns" in r.stderr and "line 3" in r.stderr

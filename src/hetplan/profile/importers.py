@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetplan.errors import HetplanError
-from hetplan.inputs import read_text
+from hetplan.inputs import read_csv, read_text
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.profile.db import CommRecord, LayerRecord, LayerShape, ProfileDB, normalize_device
 
@@ -94,13 +94,14 @@ def _open_csv(path: Path, need: set[str] | frozenset[str] = frozenset(), what: s
     CSV of unrelated columns imported nothing and said nothing). Each row gets ``_line`` (its line number).
 
     Raises:
-        HetplanError: unreadable file, or columns missing (``what``: the format, for the fix)."""
-    reader = csv.DictReader(io.StringIO(read_text(path, "path"), newline=""))
-    header = set(reader.fieldnames or ())
+        HetplanError: unreadable file, a row of more cells than the header (:func:`hetplan.inputs.read_csv`), or
+            columns missing (``what``: the format, for the fix)."""
+    names, rows = read_csv(read_text(path, "path"), str(path), "path", line_key="_line")
+    header = set(names or ())
     if not need <= header:
         raise HetplanError(f"{path} lacks columns {sorted(need - header)} (it has {sorted(header)[:8]})",
                            field="path", fix=f"give {what or 'a file of the expected format'}")
-    return [dict(r, _line=reader.line_num) for r in reader]
+    return rows
 
 
 def _num(row: dict, key: str, path, integer: bool = False, positive: bool = False) -> float:
