@@ -248,7 +248,8 @@ def validation_message(exc: ValidationError, where: str, cls: type[BaseModel] | 
         fix = f"allowed fields here: {', '.join(owner.model_fields)}" if owner else "remove it"
         return HetplanError("unknown field", field=loc, fix=fix)
     if err["type"] == "missing":
-        return HetplanError("required field is missing", field=loc, fix="add it")
+        what = f": {info.description.split('.')[0]}" if info is not None and info.description else ""
+        return HetplanError("required field is missing", field=loc, fix=f"add {err['loc'][-1]}{what}")
     got = err.get("input")
     shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:57] + "..."
     extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
