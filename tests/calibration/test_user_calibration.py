@@ -83,8 +83,12 @@ def test_calibrate_cli_round_trip(tmp_path):
     refused = _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml"))
     assert refused.returncode == 2 and "identify no factor" in refused.stderr and "--residuals-only" in refused.stderr
     assert "comm_factor" in refused.stderr and not (tmp_path / "cal.toml").exists()
-    out = _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml"), "--json", "--residuals-only")
+    out = _cli("calibrate", str(RUNS), "-o", str(tmp_path / "cal.toml"), "--json", "--residuals-only", "--plot",
+               str(tmp_path / "runs.png"))
     assert out.returncode == 0, out.stderr
+    assert (tmp_path / "runs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # measured vs predicted, a real PNG
+    bad_plot = _cli("calibrate", str(RUNS), "--residuals-only", "--plot", str(tmp_path / "runs.xyz"))
+    assert bad_plot.returncode == 2 and "--plot" in bad_plot.stderr
     r = json.loads(out.stdout)
     assert r["gpus"] == ["H100-SXM-96GB-500W"] and r["stacks"] == ["torchtitan"]
     assert set(r["not_identified"]) == {"compute_factor", "attention_factor", "comm_factor"}

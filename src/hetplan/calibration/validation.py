@@ -641,6 +641,33 @@ def write_csv(cases: list[Case], path) -> None:
                         int(c.is_calibration)])
 
 
+def predicted_vs_measured_panel(ax, series: list[tuple[str, str, list[float], list[float]]], title: str,
+                                unit: str = "s", log: bool = True) -> None:
+    """One predicted-vs-measured panel on matplotlib axes ``ax``: per series ``(label, color, measured,
+    predicted)`` a scatter, the diagonal and the ±10 % lines; log axes unless ``log`` is False."""
+    values = [v for _, _, meas, pred in series for v in (*meas, *pred)]
+    for label, color, meas, pred in series:
+        if meas:
+            ax.scatter(meas, pred, s=8, c=color, label=label, alpha=0.7)
+    lo, hi = min(values), max(values)
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.plot([lo, hi], [lo * 1.1, hi * 1.1], ":", c="gray", lw=0.6)
+    ax.plot([lo, hi], [lo * 0.9, hi * 0.9], ":", c="gray", lw=0.6)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(f"measured ({unit})")
+    ax.set_ylabel(f"predicted ({unit})")
+    if log:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers; the minor ticks labelled when the panel spans < a decade
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(plain if hi < 10 * lo else NullFormatter())
+    ax.legend(fontsize=7)
+
+
 def plot(cases: list[Case], path) -> None:
     """Predicted vs measured scatter, one panel per set (matplotlib imported here)."""
     import matplotlib
@@ -652,23 +679,11 @@ def plot(cases: list[Case], path) -> None:
     fig, axes = plt.subplots(1, len(sets), figsize=(4 * len(sets), 4), squeeze=False)
     for ax, s in zip(axes[0], sets):
         cs = [c for c in cases if c.set == s]
-        for cal, color, label in ((True, "tab:orange", "calibration"), (False, "tab:blue", "held out")):
-            sub = [c for c in cs if c.is_calibration == cal]
-            if sub:
-                ax.scatter([c.measured for c in sub], [c.predicted for c in sub], s=8, c=color, label=label, alpha=0.7)
-        lo = min(min(c.measured, c.predicted) for c in cs)
-        hi = max(max(c.measured, c.predicted) for c in cs)
-        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-        ax.plot([lo, hi], [lo * 1.1, hi * 1.1], ":", c="gray", lw=0.6)
-        ax.plot([lo, hi], [lo * 0.9, hi * 0.9], ":", c="gray", lw=0.6)
-        unit = "TFLOP/s per GPU" if s == "megatron_sc21_table1" else "s"
-        ax.set_title(s, fontsize=9)
-        ax.set_xlabel(f"measured ({unit})")
-        ax.set_ylabel(f"predicted ({unit})")
-        if s not in ("megatron_sc21_table1",):
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        series = [(label, color, [c.measured for c in sub], [c.predicted for c in sub])
+                  for cal, color, label in ((True, "tab:orange", "calibration"), (False, "tab:blue", "held out"))
+                  if (sub := [c for c in cs if c.is_calibration == cal])]
+        sc21 = s == "megatron_sc21_table1"
+        predicted_vs_measured_panel(ax, series, s, "TFLOP/s per GPU" if sc21 else "s", log=not sc21)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -34,6 +34,9 @@ def register(app: typer.Typer) -> None:
         node: Optional[str] = typer.Option(None, "--node", help="Node preset of runs that do not name one."),
         catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
+        plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a predicted-vs-measured plot of the "
+                                                 "runs (PNG, PDF, SVG …): hetplan alone, calibrated, and each run "
+                                                 "left out of the fit."),
         residuals_only: bool = typer.Option(
             False, "--residuals-only", help="Accept runs that identify no factor: the file then carries only "
             "their residuals (the intervals of `plan --calibration`), every factor at 1. Without it such runs "
@@ -50,7 +53,7 @@ def register(app: typer.Typer) -> None:
         from rich.progress import Progress
 
         from hetplan.calibration.user import check, fit, load_calibration, read_runs
-        from hetplan.cli.output import new_table, table_console, NARROW
+        from hetplan.cli.output import new_table, output_file, table_console, NARROW
         from hetplan.errors import HetplanError
         from hetplan.hardware.catalog import load_catalog
         from hetplan.inputs import check_output_path
@@ -59,6 +62,7 @@ def register(app: typer.Typer) -> None:
             raise HetplanError("--output writes a fitted calibration; --calibration checks an existing one",
                                field="--output", fix="drop --output to check FILE, or drop --calibration to fit")
         check_output_path(output, "--output")
+        output_file(plot_path, "--plot", figure=True)
         cat = load_catalog(catalog)
         cal_in = load_calibration(check_file) if check_file is not None else None
         with Progress(console=Console(stderr=True), transient=True) as bar:
@@ -73,6 +77,8 @@ def register(app: typer.Typer) -> None:
         c = report.calibration
         if output is not None:
             output.write_text(c.to_toml(", ".join(map(str, runs)), report.leave_one_out))
+        if plot_path is not None:
+            _plot(report, plot_path)
         if as_json:
             print(json.dumps({"compute_factor": c.compute_factor, "attention_factor": c.attention_factor,
                               "comm_factor": c.comm_factor, "gpus": c.gpus,
@@ -102,6 +108,32 @@ def register(app: typer.Typer) -> None:
                       highlight=False)
         if output is not None:
             con.print(f"wrote {output} (use: hetplan plan ... --calibration {output})", highlight=False)
+        if plot_path is not None:
+            con.print(f"wrote {plot_path}", highlight=False)
+
+
+def _plot(report, path: Path) -> None:
+    """Measured vs predicted step time of each run of a fit (:class:`hetplan.calibration.user.FitReport`):
+    hetplan alone, calibrated, and left out of the fit (leave-one-out), on one log-log panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hetplan.calibration.validation import predicted_vs_measured_panel
+
+    meas = [r["measured_s"] for r in report.rows]
+    series = [(f"{name} (MAPE {e['mape']:.1%})", color, meas, [r[key] for r in report.rows])
+              for name, color, key, e in (("hetplan", "tab:gray", "before_s", report.before),
+                                          ("calibrated", "tab:orange", "after_s", report.after),
+                                          ("left out", "tab:blue", "loo_s", report.leave_one_out))]
+    fig, ax = plt.subplots(figsize=(5, 5))
+    c = report.calibration
+    predicted_vs_measured_panel(ax, series, f"{len(meas)} runs of {', '.join(c.stacks)} on {', '.join(c.gpus)} "
+                                "(s per iteration)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def line(name: str, e: dict) -> str:
