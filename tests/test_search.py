@@ -145,6 +145,30 @@ def test_budget_objective_respects_budget():
         search_plans(job, inv, Objective(goal="budget", budget_usd=1.0), catalog=CAT)
 
 
+def test_every_constraint_given_holds_whatever_the_goal():
+    """A deadline under goal "fastest" and a budget under "cheapest" were ignored without a word (a plan of 6 s
+    returned for a deadline of 86 µs). Now: a deadline the fastest plan meets leaves the answer as it was; one it
+    misses, and a budget below the cheapest plan, are refused naming the constraint; a deadline and a budget each
+    met by some plan but never by one are refused naming both."""
+    job = Job(model="llama2-7b", seq_len=4096, global_batch=512, train_tokens=1e11, attention="standard")
+    inv = Inventory(pools=[GPUPool(gpu="A100-SXM-80GB", count=128, inter_node_bandwidth_bytes_per_s=25e9)])
+    fastest = search_plans(job, inv, catalog=CAT).plans[0].estimate
+    cheapest = search_plans(job, inv, Objective(goal="cheapest"), catalog=CAT).plans[0].estimate
+    assert cheapest.job_usd < fastest.job_usd and cheapest.job_time_s > fastest.job_time_s
+    met = search_plans(job, inv, Objective(deadline_s=fastest.job_time_s * 1.01), catalog=CAT).plans[0].estimate
+    assert met.job_time_s == fastest.job_time_s
+    with pytest.raises(InfeasibleError, match="no plan finishes by the deadline") as err:
+        search_plans(job, inv, Objective(deadline_s=fastest.job_time_s * 0.9), catalog=CAT)
+    assert err.value.field == "objective.deadline_s"
+    with pytest.raises(InfeasibleError, match="no plan stays within the budget") as err:
+        search_plans(job, inv, Objective(goal="cheapest", budget_usd=cheapest.job_usd * 0.9), catalog=CAT)
+    assert err.value.field == "objective.budget_usd"
+    both = Objective(deadline_s=fastest.job_time_s * 1.01, budget_usd=cheapest.job_usd * 1.01)
+    with pytest.raises(InfeasibleError, match="no plan both finishes by the deadline") as err:
+        search_plans(job, inv, both, catalog=CAT)
+    assert err.value.field == "objective"
+
+
 def test_infeasible_memory_reports_smallest_footprint():
     job = Job(model="llama3-405b", seq_len=8192, global_batch=64, train_iterations=10)
     with pytest.raises(InfeasibleError, match=r"smallest per-GPU footprint found is .* GiB .* largest GPU memory available is 22\.\d GiB"):

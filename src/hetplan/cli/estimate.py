@@ -12,8 +12,8 @@ import typer
 
 from hetplan.calibration.intervals import add_intervals
 from hetplan.cli.output import NARROW, new_table, output_file, table_console
-from hetplan.cli.plan import (_CALIBRATION, _PRICE_SOURCE, _PRICES, _PROVIDER, _calibrated, _duration, _interval_lines, _interval_text, _mem,
-                              _priced, _print_provenance, _profiles, _usd)
+from hetplan.cli.plan import (_CALIBRATION, _PRICE_SOURCE, _PRICES, _PROVIDER, _calibrated, _interval_lines, _interval_text, _mem,
+                              _priced, _print_provenance, _profiles)
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.estimate.memory import fit_warning
@@ -23,7 +23,7 @@ from hetplan.jobfile import read_structured, resolve_model_path, validated
 from hetplan.model.spec import load_model
 from hetplan.plan import Plan
 from hetplan.plan_rules import check_plan
-from hetplan.report import plan_summary
+from hetplan.report import duration_text, plan_summary, usd_text
 from hetplan.search.planner import check_job
 
 
@@ -109,8 +109,8 @@ def estimate_command(
         con.print(line, highlight=False, markup=False)
     con.print(f"iteration {est.iteration_time_s:.3f} s (bubble {est.bubble_fraction:.1%}, exposed DP sync "
               f"{est.dp_exposed_time_s:.3f} s), {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%} (HFU {est.hfu:.1%}); "
-              f"${_usd(est.usd_per_hour)}/h, ${_usd(est.usd_per_iteration)}/iteration; job {_duration(est.job_time_s)}, "
-              f"${_usd(est.job_usd)}" + (f"; iteration time {_interval_text(summary)}" if _interval_text(summary) else ""))
+              f"${usd_text(est.usd_per_hour)}/h, ${usd_text(est.usd_per_iteration)}/iteration; job {duration_text(est.job_time_s)}, "
+              f"${usd_text(est.job_usd)}" + (f"; iteration time {_interval_text(summary)}" if _interval_text(summary) else ""))
     slowest = max(((float(slowest_gpu_factor(se.tp * plan.cp * se.dp, cat.get(se.gpu).speed_variability)),
                     se.tp * plan.cp * se.dp, cat.get(se.gpu).speed_variability) for se in est.stages))
     if slowest[0] > 1.0:  # hetplan.estimate.variability

@@ -24,7 +24,7 @@ from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import load_job_file, validated
 from hetplan.plan import GPUPool, Inventory, Job
 from hetplan.plan_rules import check_plan
-from hetplan.report import plan_summary
+from hetplan.report import duration_text, plan_summary, usd_text
 from hetplan.search.objective import Objective
 from hetplan.search.planner import Pins, search_plans
 from hetplan.model.spec import load_model
@@ -67,19 +67,6 @@ def walk_progress():
     finally:
         if tasks:
             bar.stop()
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 86400:
-        return f"{seconds / 86400:.1f} d"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds:.1f} s"
-
-
-def _usd(x: float) -> str:
-    """Dollars with as many decimals as the amount needs ($0.2019 per iteration, $445,885 per job)."""
-    return f"{x:,.0f}" if x >= 1000 else f"{x:.2f}" if x >= 1 else f"{x:.4f}"
 
 
 def _mem(b: float) -> str:
@@ -185,8 +172,8 @@ def plan_command(
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file with \\[\\[inventory]] pools (replaces those of the job file)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML (extends/overrides)."),
     objective: Optional[str] = typer.Option(None, "--objective", help="fastest | cheapest | budget."),
-    deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="For cheapest: finish within."),
-    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="For budget: spend at most."),
+    deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Finish within (days; holds under every goal, the constraint of cheapest)."),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Spend at most (USD; holds under every goal, the constraint of budget)."),
     slo_s: Optional[float] = typer.Option(None, "--slo-s", help="Iteration-time SLO (s): plans slower are rejected "
                                           "(with --objective cheapest: Espresso's least $ under an SLO)."),
     no_hetero: bool = typer.Option(False, "--no-hetero", help="With several pools: only plans on one GPU type "
@@ -437,7 +424,7 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
 
     m = load_model(job.model)
     it = job.iterations()
-    budget = obj.budget_usd / it if obj.goal == "budget" and obj.budget_usd else None
+    budget = obj.budget_usd / it if obj.budget_usd else None
     with walk_progress() as progress:
         fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s,
                              budget_usd_per_iteration=budget, progress=progress, per_stage_tp=per_stage_tp)
@@ -584,8 +571,8 @@ def _with_pin_options(command):
 def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = (),
                    quiet: bool = False) -> None:
     con = table_console()
-    goal = {"fastest": "fastest job", "cheapest": "cheapest job" + (" by the deadline" if obj.deadline_s else ""),
-            "budget": f"fastest job within ${obj.budget_usd:,.0f}" if obj.budget_usd else "budget"}[obj.goal]
+    goal = ("cheapest job" if obj.goal == "cheapest" else "fastest job") + (
+        " by the deadline" if obj.deadline_s else "") + (f" within ${usd_text(obj.budget_usd)}" if obj.budget_usd else "")
     title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {_iterations(job)} — {goal}"
     guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
     con.print(_ranking_table(title, summaries, narrow=con.width < NARROW, guess=guess))
@@ -640,12 +627,12 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
         iv = _interval_text(s)
         figures = (f"{s['iteration_time_s']:.2f}" + (f"\n{iv}" if iv else ""), f"{s['mfu']:.1%}",
                    _mem(s["memory_bytes_per_gpu"]["total"]))
-        money = (_duration(s["job_time_s"]), _usd(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
+        money = (duration_text(s["job_time_s"]), usd_text(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
         if narrow:
             t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {s['recompute']}", *figures, *money)
         else:
             t.add_row(str(i), gpus, layout, str(s["mbs"]), str(s["zero"]), str(s["recompute"]), figures[0],
-                      f"{s['tokens_per_s']:,.0f}", *figures[1:], _usd(s["usd_per_hour"]), *money)
+                      f"{s['tokens_per_s']:,.0f}", *figures[1:], usd_text(s["usd_per_hour"]), *money)
     return t
 
 

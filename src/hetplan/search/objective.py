@@ -6,6 +6,10 @@
 * ``slo_iteration_s`` (any goal): iteration time ≤ this SLO, e.g. ``cheapest`` with an SLO is Espresso's problem
   (Espresso: least $ per iteration subject to an iteration-time SLO).
 
+A constraint given holds whatever the goal: ``fastest`` with a deadline finds nothing when even the fastest plan
+misses it (the search then says the best achievable), ``cheapest`` with a budget nothing above it. Before, a
+deadline under ``fastest`` or ``budget`` and a budget under ``cheapest`` were ignored without a word.
+
 Every configuration must fit in GPU memory. :func:`rank_keys` returns one sort key per configuration (smaller is
 better, ``inf`` when a constraint fails), so the ranking is a single ``argsort``.
 """
@@ -48,14 +52,13 @@ def rank_keys(objective: Objective, job_time_s: np.ndarray, job_usd: np.ndarray,
     ok = np.array(fits, dtype=bool, copy=True)
     if objective.slo_iteration_s is not None and iteration_time_s is not None:
         ok &= np.asarray(iteration_time_s) <= objective.slo_iteration_s
-    if objective.goal == "fastest":
-        primary, secondary = job_time_s, job_usd
-    elif objective.goal == "cheapest":
-        if objective.deadline_s is not None:
-            ok &= job_time_s <= objective.deadline_s
+    if objective.deadline_s is not None:  # every constraint given holds, whatever the goal (module doc)
+        ok &= job_time_s <= objective.deadline_s
+    if objective.budget_usd is not None:
+        ok &= job_usd <= objective.budget_usd
+    if objective.goal == "cheapest":
         primary, secondary = job_usd, job_time_s
     else:
-        ok &= job_usd <= objective.budget_usd
         primary, secondary = job_time_s, job_usd
     return np.where(ok, primary, np.inf), secondary
 

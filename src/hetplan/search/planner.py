@@ -22,6 +22,7 @@ from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import SPLITS, Inventory, Job, Plan, Stage, balanced_split, fills_whole_nodes, interleaved_chunks
 from hetplan.plan_rules import embedding_loss_split, stack_dtype_violation
+from hetplan.report import duration_text, usd_text
 from hetplan.search.explain import explain_ranking
 from hetplan.search.homogeneous import COMPONENTS, PoolResult, evaluate_pool
 from hetplan.search.objective import (Objective, TopK, estimate_keys, guarded_best_first, lower_bound_keys,
@@ -683,21 +684,32 @@ def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estima
                 field="objective.slo_iteration_s",
                 fix="relax the SLO or add GPUs",
             )
-    if objective.goal == "cheapest" and objective.deadline_s is not None:
+    if objective.deadline_s is not None:
         # The closed form can be far below estimate() (slow networks), so the fastest plan is estimated.
         fastest = fastest_estimated() if fastest_estimated is not None else None
         fastest = float(job_time[fits].min()) if fastest is None else fastest
-        raise InfeasibleError(
-            f"no plan finishes by the deadline of {objective.deadline_s / 86400:.2f} days; the fastest plan that fits "
-            f"takes {fastest / 86400:.2f} days",
-            field="objective.deadline_s",
-            fix="extend the deadline, add GPUs, or train on fewer tokens",
-        )
+        if fastest > objective.deadline_s:
+            raise InfeasibleError(
+                f"no plan finishes by the deadline of {duration_text(objective.deadline_s)}; the fastest plan that fits "
+                f"takes {duration_text(fastest)}",
+                field="objective.deadline_s",
+                fix="extend the deadline, add GPUs, or train on fewer tokens",
+            )
     best = float(job_usd[fits].min())
-    raise InfeasibleError(
-        f"no plan stays within the budget of ${objective.budget_usd:,.0f}; the cheapest plan that fits costs ${best:,.0f}",
-        field="objective.budget_usd",
-        fix="raise the budget, use cheaper GPUs, or train on fewer tokens",
+    if objective.budget_usd is not None and best > objective.budget_usd:
+        raise InfeasibleError(
+            f"no plan stays within the budget of ${usd_text(objective.budget_usd)}; the cheapest plan that fits "
+            f"costs ${usd_text(best)}",
+            field="objective.budget_usd",
+            fix="raise the budget, use cheaper GPUs, or train on fewer tokens",
+        )
+    raise InfeasibleError(  # each holds for some plan, never both for one
+        f"no plan both finishes by the deadline of {duration_text(objective.deadline_s or 0.0)} and stays within the "
+        f"budget of ${usd_text(objective.budget_usd or 0.0)}: the plans fast enough cost more, the cheap enough ones take "
+        "longer",
+        field="objective",
+        fix="extend the deadline or raise the budget (goal = \"cheapest\" with the deadline alone gives the least $ "
+            "that meets it)",
     )
 
 
