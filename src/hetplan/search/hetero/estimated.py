@@ -322,11 +322,10 @@ def _insert_estimated(frontier: list[EstimatedPlan], ep: EstimatedPlan) -> list[
 
 
 def _closed_form_goal(objective, iterations: float):
-    """The closed-form search's goal, iteration SLO and $-per-iteration budget for ``objective``."""
+    """The closed-form search's goal, iteration SLO and $-per-iteration budget for ``objective``: every constraint
+    given, whatever the goal (:mod:`hetplan.search.objective`), the deadline as an SLO per iteration."""
     slo = objective.slo_iteration_s
-    if objective.goal == "cheapest":
-        if objective.deadline_s is not None:
-            slo = min(slo or INF, objective.deadline_s / iterations)
-        return "cheapest", slo, None
-    budget = objective.budget_usd / iterations if objective.goal == "budget" else None
-    return "fastest", None, budget
+    if objective.deadline_s is not None:
+        slo = min(slo or INF, objective.deadline_s / iterations)
+    budget = objective.budget_usd / iterations if objective.budget_usd is not None else None
+    return ("cheapest" if objective.goal == "cheapest" else "fastest"), slo, budget
