@@ -223,3 +223,16 @@ def test_pin_flags_are_generated_from_the_pins_fields():
         assert (p["num_gpus"], p["tp"], p["pp"], p["zero"], p["recompute"]) == (8, 2, 1, 1, "full")
     r = hetplan("plan", *BASE, "--gpu", "H100-SXM", "--gpus", "16", "--use-gpus", "0")
     assert r.returncode == 2 and "--use-gpus: must be a positive integer" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("line, words", [
+    ('tp = "2"', "write tp = 2 without quotes"),  # a TOML string where a number belongs
+    ("tp = true", "must be a positive integer, got True"),  # pydantic read true as TP 1
+    ("zero = true", "--zero: got True"),  # True == 1: ZeRO-1 pinned without a word
+])
+def test_pin_section_booleans_and_quoted_numbers_exit_2(tmp_path, line, words):
+    f = tmp_path / "job.toml"
+    f.write_text('[job]\nmodel = "llama3-8b"\nseq_len = 8192\nglobal_batch = 64\n\n[[inventory]]\ngpu = "H100-SXM"\n'
+                 f'count = 8\n\n[pin]\n{line}\n')
+    r = hetplan("plan", str(f))
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -529,11 +529,14 @@ def _pins(raw: dict) -> Pins:
             raise HetplanError("unknown pin", field=f"pin.{key}", fix=f"pins are {', '.join(sorted(Pins.model_fields))}")
         choices = Pins.choices(key)
         if choices is not None:
-            if val not in choices:
+            if val not in choices or isinstance(val, bool):  # True == 1: zero = true would pin ZeRO-1
                 listed = ", ".join(str(c) for c in choices[:-1]) + f" or {choices[-1]}"
                 raise HetplanError(f"got {val!r}", field=Pins.flag(key), fix=f"use {listed}")
-        elif not isinstance(val, int) or val < 1:
-            raise HetplanError(f"must be a positive integer, got {val!r}", field=Pins.flag(key), fix="give a value >= 1")
+        elif not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            quoted = isinstance(val, str) and val.strip().isdigit()
+            raise HetplanError(f"must be a positive integer, got {val!r} (the flag, or {key} in the job file's [pin])",
+                               field=Pins.flag(key),
+                               fix=f"write {key} = {val.strip()} without quotes" if quoted else "give a value >= 1")
     return Pins(**raw)
 
 
