@@ -236,3 +236,13 @@ def test_pin_section_booleans_and_quoted_numbers_exit_2(tmp_path, line, words):
                  f'count = 8\n\n[pin]\n{line}\n')
     r = hetplan("plan", str(f))
     assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("line", ["budget_usd = true", "slo_iteration_s = true"])
+def test_objective_booleans_exit_2(tmp_path, line):
+    """``budget_usd = true`` was a $1 budget and ``slo_iteration_s = true`` a 1 s SLO (pydantic reads true as 1)."""
+    f = tmp_path / "job.toml"
+    f.write_text('[job]\nmodel = "llama3-8b"\nseq_len = 8192\nglobal_batch = 64\n\n[[inventory]]\ngpu = "H100-SXM"\n'
+                 f'count = 8\n\n[objective]\n{line}\n')
+    r = hetplan("plan", str(f))
+    assert r.returncode == 2 and "is a number, not true" in r.stderr, r.stderr

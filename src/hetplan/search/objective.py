@@ -20,13 +20,14 @@ import math
 from typing import Callable, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import ConfigDict, model_validator
 
-from hetplan.inputs import bounded
+from hetplan.inputs import UserInput, bounded
 
 
-class Objective(BaseModel):
-    """What to optimise: ``goal`` plus its constraint (seconds, USD)."""
+class Objective(UserInput):
+    """What to optimise: ``goal`` plus its constraints (seconds, USD); a boolean where a number belongs is refused
+    (:class:`hetplan.inputs.UserInput`: ``budget_usd = true`` was a $1 budget)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
