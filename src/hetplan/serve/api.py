@@ -44,9 +44,10 @@ MAX_REQUEST_BYTES = 1 << 20
 
 
 class GenerateRequest(BaseModel):
-    """Body of ``POST /v1/models/{model}/generate``."""
+    """Body of ``POST /v1/models/{model}/generate``. Strict types: ``"max_new_tokens": true`` is refused (422),
+    not read as 1 token, nor a token id ``true`` as id 1."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt_tokens: list[int] | None = Field(default=None, max_length=1 << 17)
     prompt: str | None = Field(default=None, max_length=1 << 19)

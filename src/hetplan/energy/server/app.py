@@ -51,7 +51,9 @@ Rank = Annotated[int, PathParam(ge=0, le=MAX_INDEX)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """Request bodies: unknown fields, NaN / infinity and a boolean for a number are refused (422)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class PlanIn(_Strict):
