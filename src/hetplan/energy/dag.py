@@ -246,6 +246,9 @@ def build_pipeline_dag(num_stages: int, num_microbatches: int, schedule: str = "
                            field="virtual_stages", fix="use 1 (no interleaving) or the model chunks per stage")
     S, M, V = int(num_stages), int(num_microbatches), int(virtual_stages)
     schedule = str(schedule).lower()
+    if schedule not in SCHEDULES:
+        raise HetplanError(f"unknown schedule {schedule!r}", field="schedule",
+                           fix=f"use --schedule {', '.join(SCHEDULES)}")
     if V > 1 and schedule != "interleaved":
         raise HetplanError(f"{V} virtual stages need the interleaved schedule, not {schedule!r}",
                            field="schedule", fix="use --schedule interleaved or 1 virtual stage")
