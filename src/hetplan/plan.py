@@ -117,7 +117,9 @@ class Job(UserInput):
         moe_recompute: recompute every MoE layer's MLP in backward (Megatron-Core ``--recompute-modules moe``).
         recompute_modules: Megatron-Core's output-discarding recomputation of element-wise modules
             (``--recompute-granularity selective --recompute-modules``): ``layernorm`` (the two norm outputs of every
-            layer), ``moe_act`` (the expert activation's output); ``moe`` is :attr:`moe_recompute`.
+            layer), ``moe_act`` (the expert activation's output), ``mla_up_proj`` (MLA's up-projections and RoPE:
+            the queries, keys and values, rebuilt from the latents before the attention core's backward);
+            ``moe`` is :attr:`moe_recompute`.
         offload_modules: Megatron-Core's fine-grained activation offloading (``--fine-grained-activation-offloading
             --offload-modules``): the inputs of ``expert_fc1`` and / or ``moe_act`` go to host memory after their
             forward and come back before their backward, over the GPU's host link behind the layer's compute
@@ -168,7 +170,7 @@ class Job(UserInput):
     moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] = "alltoall"
     moe_routing: Literal["random", "contiguous"] = "random"
     moe_recompute: Bool = False
-    recompute_modules: list[Literal["layernorm", "moe_act"]] = Field(default_factory=list)
+    recompute_modules: list[Literal["layernorm", "moe_act", "mla_up_proj"]] = Field(default_factory=list)
     offload_modules: list[Literal["expert_fc1", "moe_act"]] = Field(default_factory=list)
     moe_a2a_overlap: Bool = False
     moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=8.0, allow_inf_nan=False)

@@ -31,6 +31,9 @@ Rules (name: what must hold, and why):
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
   without a word, and Megatron-Core refuses ``moe_act`` recomputation without ``--moe-grouped-gemm``
   (``megatron/core/transformer/transformer_config.py``).
+* ``mla-modules-need-mla``: ``job.recompute_modules = ["mla_up_proj"]`` recomputes multi-latent attention's
+  up-projections: the model has MLA (Megatron-Core's ``TransformerConfig`` raises "mla_up_proj in
+  recompute_modules is only supported with multi_latent_attention").
 * ``stack-has-option``: ``job.dtype = "bf16"`` (stacks.toml ``bf16_zero``, ``pipeline_bf16_zero``: the ZeRO
   stages a bf16 run may use), ``job.dtype = "fp8"`` (stacks.toml ``fp8``) and its ``job.fp8_recipe`` (``fp8_recipes``:
   torchtitan 0.3.0 removed torchao's ``tensorwise``), ``plan.tp_comm_overlap``, ``plan.cuda_graphs``, the ZeRO stage (with DP > 1; under FSDP
@@ -81,7 +84,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Every rule's name, in the order they are checked.
 RULES = ("layers-cover-model", "tp-divides-heads", "tp-divides-kv-heads", "tp-divides-ffn", "pool-gpu-count",
          "tp-within-node", "virtual-stages", "seq-len", "cp-divides-sequence", "ep-needs-experts",
-         "ep-divides-experts", "moe-modules-need-experts", "stack-has-option",
+         "ep-divides-experts", "moe-modules-need-experts", "mla-modules-need-mla", "stack-has-option",
          "pipeline-step-microbatches", "attention-kernel-on-gpu", "dtype-on-gpu", "framework-can-launch")
 
 #: Architecture families (first word of ``GPUSpec.architecture``) each fused attention kernel runs on (module doc,
@@ -235,6 +238,8 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
                                      f"{name} has no experts", field=f"plan.job.{key}",
                                      fix=fix.get(key, f"remove {', '.join(sorted(set(modules)))} from {key} for a "
                                                       "dense model")))
+    if (bad_mla := mla_module_violation(plan.job, spec, "plan.job")) is not None:
+        out.append(bad_mla)
     stack = plan.job.stack_spec()
     lacks = [(f, what) for f, what, has in (
         ("tp_comm_overlap", "TP-communication overlap", stack.tp_comm_overlap),
@@ -463,6 +468,16 @@ def launched_fp8_recipe(name: str, job_framework: str) -> str | None:
     (:data:`TE_RECIPE_NAMES`; None for one hetplan does not price, e.g. ``blockwise``), torchao's under ``fsdp``
     (the same names)."""
     return name if job_framework == "fsdp" else TE_RECIPE_NAMES.get(name)
+
+
+def mla_module_violation(job: "Job", spec: "ModelSpec", where: str = "job") -> PlanRuleError | None:
+    """Rule ``mla-modules-need-mla`` (module doc) for ``job`` on ``spec``: the error, or None. ``where``: the
+    prefix of the field it names (``job`` in a job file, ``plan.job`` in a plan)."""
+    if "mla_up_proj" in job.recompute_modules and not spec.is_mla:
+        return PlanRuleError("mla-modules-need-mla", f"recompute_modules ['mla_up_proj'] recomputes multi-latent "
+                             f"attention's up-projections; {spec.name} has no MLA", field=f"{where}.recompute_modules",
+                             fix="remove mla_up_proj (it is for MLA models: DeepSeek-V2 / V3)")
+    return None
 
 
 def check_plan(plan: "Plan", spec: "ModelSpec") -> None:

@@ -1,4 +1,4 @@
-"""Megatron-Core's per-module recomputation (``--recompute-modules layernorm moe_act``) and fine-grained activation
+"""Megatron-Core's per-module recomputation (``--recompute-modules layernorm moe_act mla_up_proj``) and fine-grained activation
 offloading (``--offload-modules expert_fc1 moe_act``): memory, time, validation and export
 (:func:`hetplan.estimate.memory.module_activation_bytes`)."""
 
@@ -99,7 +99,8 @@ def test_module_options_are_megatron_core_options_and_are_exported():
 @settings(max_examples=30, deadline=None)
 @given(b=st.integers(1, 4), layers=st.integers(1, 24), inflight=st.integers(1, 8), t=st.sampled_from([1, 2, 4]),
        rc=st.sampled_from(["none", "selective", "full"]), fp8=st.booleans(), moe_rc=st.booleans(),
-       rec=st.sets(st.sampled_from(memory.RECOMPUTE_MODULES)), off=st.sets(st.sampled_from(memory.OFFLOAD_MODULES)))
+       rec=st.sets(st.sampled_from([x for x in memory.RECOMPUTE_MODULES if x != "mla_up_proj"])),  # Qwen3: no MLA
+       off=st.sets(st.sampled_from(memory.OFFLOAD_MODULES)))
 def test_more_modules_never_raise_memory(b, layers, inflight, t, rc, fp8, moe_rc, rec, off):
     """Adding a recompute or offload module never raises a stage's memory (two layers' offloaded inputs on the
     GPU never exceed what the stage stored), whatever the recomputation, TP, FP8 and MoE-layer recomputation."""
@@ -112,3 +113,49 @@ def test_more_modules_never_raise_memory(b, layers, inflight, t, rc, fp8, moe_rc
         fewer = memory_of(M, **kw, recompute_modules=sorted(smaller_rec),
                                           offload_modules=sorted(smaller_off)).total
         assert with_ <= float(fewer) + 1e-6
+
+
+DSV3 = load_model("deepseek-v3")  # MLA: 128 heads, q/k head 128 + 64 RoPE, v head 128, latents 1536 / 512
+
+
+def _dsv3_plan(**job):
+    return Plan(job=Job(model="deepseek-v3", seq_len=4096, global_batch=1024, **job),
+                pools=[GPUPool(gpu="H100-SXM", count=1024)],
+                stages=[Stage(num_layers=k, tp=2, dp=32) for k in balanced_split(DSV3.num_layers, 16)],
+                mbs=1, zero=1, ep=64)
+
+
+def test_mla_up_proj_drops_the_queries_keys_values_and_reruns_the_up_projections():
+    """``--recompute-modules mla_up_proj`` (Megatron-Core ``multi_latent_attention.py``: ``CheckpointWithoutOutput``
+    around ``qkv_up_proj_and_rope_apply``): per layer and micro-batch of 4,096 tokens at TP 2 the queries and keys
+    (128 heads x 192) and values (128 x 128) are not stored, 2·4096·(24576 + 24576 + 16384)/2 bytes = 256 MiB;
+    backward runs the query and key/value up-projections again (forward unchanged). A model without MLA is refused
+    (Megatron-Core's TransformerConfig raises too); the launch writes the module and reads back."""
+    from hetplan.estimate.estimator import estimate
+    from hetplan.estimate.stage import mla_up_proj_time_s
+    from hetplan.estimate.variability import slowest_gpu_factor
+    from hetplan.errors import HetplanError
+    from hetplan.runtime.exporters import export_megatron
+    from hetplan.runtime.importers import import_files
+
+    disc, _ = memory.module_activation_bytes(DSV3, 1, 4096, 2, True, ["mla_up_proj"])
+    assert (DSV3.q_dim, DSV3.kv_dim, DSV3.v_dim) == (24576, 24576, 16384)
+    assert float(disc) == 2 * 4096 * (24576 + 24576 + 16384) / 2 == 256 * 2**20
+    base, rec = estimate(_dsv3_plan()), estimate(_dsv3_plan(recompute_modules=["mla_up_proj"]))
+    gpu = load_catalog().get("H100-SXM")
+    gemms = float(mla_up_proj_time_s(DSV3, gpu, "bf16", 1, 4096, 2))
+    # q up (4096 x 12288 x 1536) and kv up (4096 x 16384 x 512) per TP rank: 2·4096·(12288·1536 + 16384·512) FLOPs
+    assert gemms > 2 * 4096 * (12288 * 1536 + 16384 * 512) / gpu.peak_flops_per_s("bf16")
+    for a, b in zip(base.stages, rec.stages):
+        assert b.forward_s == a.forward_s
+        assert b.backward_s - a.backward_s == pytest.approx(  # a stage's 64 GPUs wait for their slowest (+2.5 %)
+            a.num_layers * (gemms + compute.ELEMENTWISE_PASSES * float(disc) / gpu.hbm_bandwidth_bytes_per_s)
+            * float(slowest_gpu_factor(64, gpu.speed_variability)), rel=1e-3)
+        assert b.memory.total < a.memory.total
+    with pytest.raises(HetplanError, match="mla_up_proj") as err:
+        memory.module_activation_bytes(M, 1, 4096, 1, False, ["mla_up_proj"])
+    assert err.value.field == "job.recompute_modules"
+    plan = _dsv3_plan(recompute_modules=["mla_up_proj"])
+    ex = export_megatron(plan, DSV3)
+    assert "--recompute-modules mla_up_proj" in "\n".join(ex.files.values())
+    assert import_files(ex.files).job.recompute_modules == ["mla_up_proj"]  # Job refused the module before

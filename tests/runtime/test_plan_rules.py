@@ -59,7 +59,7 @@ def test_valid_plans_pass_and_rules_are_listed():
     assert violations(_llama([{"num_layers": 16, "tp": 8, "dp": 4}] * 2), spec) == []
     # TP across whole nodes is allowed (slow, but a placement launchers make)
     assert violations(_llama([{"num_layers": 32, "tp": 16, "dp": 1}], count=16), spec) == []
-    assert len(set(RULES)) == len(RULES) == 17
+    assert len(set(RULES)) == len(RULES) == 18
 
 
 def test_tp_groups_straddling_nodes():
@@ -141,3 +141,19 @@ def test_search_results_pass_the_validator():
     assert res.plans
     for rp in res.plans:
         assert violations(rp.plan, spec) == [], rp.plan.stages
+
+
+def test_mla_up_proj_needs_multi_latent_attention():
+    """Rule ``mla-modules-need-mla``: Megatron-Core's ``--recompute-modules mla_up_proj`` on a model without MLA
+    (its TransformerConfig raises) is refused on a plan and, before the search, on a job."""
+    from hetplan.plan import GPUPool, Inventory, Job
+    from hetplan.search.planner import search_plans
+
+    spec = load_model("llama2-7b")
+    plan = _llama([{"num_layers": 16, "tp": 8, "dp": 4}] * 2)
+    plan = plan.model_copy(update={"job": plan.job.model_copy(update={"recompute_modules": ["mla_up_proj"]})})
+    assert [e.rule for e in violations(plan, spec)] == ["mla-modules-need-mla"]
+    with pytest.raises(PlanRuleError, match="has no MLA") as err:
+        search_plans(Job(model="llama2-7b", seq_len=4096, global_batch=64, recompute_modules=["mla_up_proj"]),
+                     Inventory(pools=[GPUPool(gpu="H100-SXM", count=8)]))
+    assert err.value.rule == "mla-modules-need-mla" and err.value.field == "job.recompute_modules"

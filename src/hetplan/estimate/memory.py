@@ -304,7 +304,7 @@ def pipeline_buffer_bytes(m: ModelSpec, b: Array, s_local: Array, t: Array, sequ
 #: ``ChunkOffloadHandler`` reloads a layer's groups on the H2D stream ahead of its backward and keeps the last
 #: group on the GPU; stated assumption: two layers).
 OFFLOAD_LAYERS_ON_GPU = 2
-RECOMPUTE_MODULES = ("layernorm", "moe_act")
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj")
 OFFLOAD_MODULES = ("expert_fc1", "moe_act")
 
 
@@ -319,7 +319,11 @@ def module_activation_bytes(m: ModelSpec, b: Array, s_local: Array, t: Array, se
       outputs of ``input_layernorm`` and ``pre_mlp_layernorm`` (the attention and MLP inputs, ``2·s·b·h`` each,
       split over TP with sequence parallelism) and recomputes them in backward; ``moe_act`` drops the expert
       activation function's output (the second expert GEMM's input, ``2·f_e`` per routed copy of a token, split
-      over TP) on MoE layers;
+      over TP) on MoE layers; ``mla_up_proj`` (multi-latent attention only) drops the queries, keys and values
+      that MLA's up-projections and RoPE build from the saved latents, ``2·(q + k + v)`` per token split over TP
+      (``megatron/core/transformer/multi_latent_attention.py``: ``CheckpointWithoutOutput`` around
+      ``qkv_up_proj_and_rope_apply``, its outputs discarded once the core attention has run and rebuilt before
+      its backward);
     * ``--fine-grained-activation-offloading --offload-modules`` (:attr:`hetplan.plan.Job.offload_modules`;
       Megatron-LM ``docs/user-guide/features/fine_grained_activation_offloading.md``: each module's *input* goes
       to host memory after its forward and comes back before its backward): ``expert_fc1`` the routed copies
@@ -337,6 +341,9 @@ def module_activation_bytes(m: ModelSpec, b: Array, s_local: Array, t: Array, se
         if set(given) - set(known):
             raise HetplanError(f"unknown module(s) {sorted(set(given) - set(known))}", field=name,
                                fix=f"use any of {list(known)}")
+    if "mla_up_proj" in recompute_modules and not m.is_mla:  # Megatron-Core's TransformerConfig refuses it too
+        raise HetplanError(f"mla_up_proj recomputes multi-latent attention's up-projections; {m.name} has none",
+                           field="job.recompute_modules", fix="drop mla_up_proj (it is for MLA models: DeepSeek-V2/V3)")
     if moe_recompute:
         recompute_modules = [x for x in recompute_modules if x not in ("moe_act", "expert_fc1")]
         offload_modules = [x for x in offload_modules if x not in ("moe_act", "expert_fc1")]
@@ -352,6 +359,8 @@ def module_activation_bytes(m: ModelSpec, b: Array, s_local: Array, t: Array, se
         discarded = discarded + 2 * linear_in * tokens * h / np.where(np.asarray(sequence_parallel), t, 1.0)
     if "moe_act" in recompute_modules:
         discarded = discarded + moe_share * routed * linear_in * f_e
+    if "mla_up_proj" in recompute_modules:
+        discarded = discarded + 2 * tokens * (m.q_dim + m.kv_dim + m.v_dim) / t
     offloaded = 0.0
     if "expert_fc1" in offload_modules:
         offloaded = offloaded + moe_share * routed * linear_in * h

@@ -300,6 +300,8 @@ def stage_costs(
         # their own streams behind the layer's compute (exposed only beyond it); none where a layer is
         # recomputed whole
         again = compute.ELEMENTWISE_PASSES * redo / gpu.hbm_bandwidth_bytes_per_s
+        if "mla_up_proj" in recompute_modules:  # and MLA's up-projection GEMMs (memory.module_activation_bytes)
+            again = again + mla_up_proj_time_s(m, gpu, dtype, b, s, t)
         copy = moved / gpu.host_link_bandwidth_bytes_per_s
         on = rc != Recompute.FULL
         lf, lb = lf + np.where(on, np.maximum(copy - lf, 0.0), 0.0), lb + np.where(on, again + np.maximum(copy - lb, 0.0), 0.0)
@@ -631,6 +633,20 @@ def stack_separate_wgrad_accumulation(stack: StackSpec, single_stage: Any) -> An
     scalar or array: PP 1 or more)."""
     table = np.array([stack.separate_wgrad_accumulation(pp) for pp in (2, 1)])
     return table[np.asarray(single_stage, dtype=int)]
+
+
+def mla_up_proj_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array):
+    """Seconds the backward of one MLA layer spends rebuilding its queries, keys and values under Megatron-Core's
+    ``--recompute-modules mla_up_proj`` (:attr:`hetplan.plan.Job.recompute_modules`): the forward GEMMs inside
+    ``qkv_up_proj_and_rope_apply`` run again — the query up-projection from the query latent (or the query
+    projection from the hidden state where the model has no query latent) and the key/value up-projection from
+    the KV latent, column-parallel over ``t`` (:func:`hetplan.estimate.moe.mla_gemms`), for one micro-batch of
+    ``b`` sequences of ``s`` tokens (the element-wise RoPE and concatenation are the discarded bytes' passes,
+    :func:`hetplan.estimate.memory.module_activation_bytes`). Under FP8 the GEMMs run at the FP8 rate
+    (``CheckpointWithoutOutput(fp8=...)``); their input casts are not charged. Arrays broadcast."""
+    linear, _ = moe.mla_gemms(m, b, s, t)
+    n_q = 2 if m.q_lora_rank else 1
+    return sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in (linear[n_q - 1], linear[-2]))
 
 
 def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:

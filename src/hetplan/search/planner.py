@@ -75,7 +75,13 @@ def check_job(job: Job, m: ModelSpec) -> None:
 
     Raises:
         HetplanError: sequence longer than the model's position limit.
+        PlanRuleError: ``recompute_modules`` naming MLA's up-projections on a model without MLA (rule
+            ``mla-modules-need-mla``).
     """
+    from hetplan.plan_rules import mla_module_violation
+
+    if (bad := mla_module_violation(job, m)) is not None:
+        raise bad
     if job.seq_len > m.max_seq_len:
         raise HetplanError(
             f"seq_len {job.seq_len} is longer than {m.name} allows ({m.max_seq_len})",

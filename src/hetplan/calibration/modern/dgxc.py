@@ -21,10 +21,10 @@ DGXC_LAUNCH_CP = {(f["source"], f["dtype"]): f["cp"] for f in run_facts()["dgxc"
 #: (``[[dgxc.cuda_graphs]]``: Grok-1 on GB200).
 DGXC_CUDA_GRAPHS = {(f["source"], f["gpu"]) for f in run_facts()["dgxc"]["cuda_graphs"]}
 
-#: Recipes whose launch script recomputes the core attention (``--recompute_modules core_attn``: Megatron's
-#: selective recomputation, ``recompute = "selective"``), by (row source, GPU label start)
-#: (``[[dgxc.core_attn_recompute]]``: DeepSeek-V3 on GB200).
-DGXC_CORE_ATTN_RECOMPUTE = {(f["source"], f["gpu"]) for f in run_facts()["dgxc"]["core_attn_recompute"]}
+#: Modules a recipe's launch script recomputes (``--recompute_modules``), by (row source, GPU label start)
+#: (``[[dgxc.recompute_modules]]``: DeepSeek-V3, ``core_attn`` on GB200 — Megatron's selective recomputation,
+#: ``recompute = "selective"`` — and ``mla_up_proj`` on H100, :attr:`hetplan.plan.Job.recompute_modules`).
+DGXC_RECOMPUTE_MODULES = {(f["source"], f["gpu"]): tuple(f["modules"]) for f in run_facts()["dgxc"]["recompute_modules"]}
 
 #: Recipes that drop tokens, by row source: ``(capacity factor, padded)`` (``[[dgxc.token_drop]]``: NeMo's
 #: ``MegatronTokenDropCallback`` or the launcher config's ``moe_expert_capacity_factor``; Grok-1, DeepSeek-V3,
@@ -75,7 +75,7 @@ def unfused_mla_on_blackwell(m: ModelSpec, gpu: GPUSpec) -> bool:
     "special conditions for blackwell": ``!(sm_arch_ >= 100 && (head_dim_qk > 128 || head_dim_v > 128))``,
     ``transformer_engine/common/fused_attn/fused_attn.cpp``; gone in v2.5). The DGX Cloud GB200 rows ran the NeMo
     25.04 containers of that window. That leaves ``UnfusedDotProductAttention``: the two batched GEMMs over all ``s x s`` scores and the
-    softmax between them, which the GB200 recipe recomputes (:data:`DGXC_CORE_ATTN_RECOMPUTE`; without it the
+    softmax between them, which the GB200 recipe recomputes (:data:`DGXC_RECOMPUTE_MODULES`; without it the
     scores would take 274 GiB on a 173 GiB GPU). Hopper keeps cuDNN (head dimensions up to 256)."""
     return m.is_mla and m.head_dim != (m.v_head_dim or m.head_dim) and gpu.architecture.startswith("Blackwell")
 
@@ -92,7 +92,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     script captures them (:data:`DGXC_CUDA_GRAPHS`), token dropping where the recipe drops tokens
     (:data:`DGXC_TOKEN_DROP`), multi-token prediction and the layer split around it where the recipe trains it
     (:data:`DGXC_MTP`, :func:`mtp_stage_layers`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
-    the core-attention recomputation its recipe sets (:data:`DGXC_CORE_ATTN_RECOMPUTE`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
+    the per-module recomputation its recipe sets (:data:`DGXC_RECOMPUTE_MODULES`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
     are another runtime); LoRA rows neither (frozen base weights: no estimator support); Nemotron-H (Mamba layers)
     and the MoE models until the estimator has them. ``set_name``: ``dgxc_h100`` (H100 rows) or ``dgxc_gb200``.
     """
@@ -122,11 +122,13 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                 vp = siblings.most_common(1)[0][0]
                 note = f"VP not stated; {vp} as the other releases of this layout publish"
             unfused = unfused_mla_on_blackwell(row_model(r), catalog.get(catalog_gpu(r["gpu"], catalog)))
-            core_attn = (r["source"], r["gpu"][:5]) in DGXC_CORE_ATTN_RECOMPUTE
+            modules = DGXC_RECOMPUTE_MODULES.get((r["source"], r["gpu"][:5]), ())
+            core_attn = "core_attn" in modules
             mtp, virtual = DGXC_MTP.get(r["source"], (0, 0))
             lay = Layout(tp=tp, pp=pp, dp=cell_int(r, "num_gpus") // (tp * pp * cp),
                          job=dict(seq_len=cell_int(r, "seq_len"), global_batch=cell_int(r, "global_batch"),
-                                  attention="standard" if unfused else "flash", mtp_layers=mtp, **_token_drop(r)),
+                                  attention="standard" if unfused else "flash", mtp_layers=mtp, **_token_drop(r),
+                                  recompute_modules=[x for x in modules if x != "core_attn"]),
                          plan=dict(mbs=cell_int(r, "micro_batch", 1), cp=cp, ep=cell_int(r, "ep", 1),
                                    expert_tp=expert_tp_of(r), virtual_stages=vp, sequence_parallel=True,
                                    grad_reduce_dtype="bf16", tp_comm_overlap=True,
