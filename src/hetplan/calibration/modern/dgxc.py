@@ -32,6 +32,12 @@ DGXC_RECOMPUTE_MODULES = {(f["source"], f["gpu"]): tuple(f["modules"]) for f in 
 DGXC_TOKEN_DROP = {f["source"]: (f["capacity_factor"], f["pad"]) for f in run_facts()["dgxc"]["token_drop"]}
 
 
+#: Row sources whose NeMo 1.x YAML leaves the fused cross-entropy off (``[[dgxc.unfused_cross_entropy]]``: Grok-1
+#: and GPT-3 175B of the 2024-25 releases): Megatron-Core's unfused loss on fp32 logits, ``Plan.cross_entropy =
+#: "fp32"``.
+DGXC_UNFUSED_CROSS_ENTROPY = {f["source"] for f in run_facts()["dgxc"]["unfused_cross_entropy"]}
+
+
 #: Recipes that train multi-token prediction, by row source: ``(MTP modules, virtual layers)``
 #: (``[[dgxc.mtp]]``: DeepSeek-V3's NeMo recipe, one module, its layers laid out as 64 around the embedding, the
 #: MTP module and the loss).
@@ -89,7 +95,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     False``, NeMo ``nemo/collections/llm/recipes/*``), TP communication overlapped (their
     ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
     recomputation (the recipes' default for these rows; not restated in the tables), CUDA graphs where the launch
-    script captures them (:data:`DGXC_CUDA_GRAPHS`), token dropping where the recipe drops tokens
+    script captures them (:data:`DGXC_CUDA_GRAPHS`), the unfused loss where the config leaves it off
+    (:data:`DGXC_UNFUSED_CROSS_ENTROPY`), token dropping where the recipe drops tokens
     (:data:`DGXC_TOKEN_DROP`), multi-token prediction and the layer split around it where the recipe trains it
     (:data:`DGXC_MTP`, :func:`mtp_stage_layers`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
     the per-module recomputation its recipe sets (:data:`DGXC_RECOMPUTE_MODULES`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
@@ -132,7 +139,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                          plan=dict(mbs=cell_int(r, "micro_batch", 1), cp=cp, ep=cell_int(r, "ep", 1),
                                    expert_tp=expert_tp_of(r), virtual_stages=vp, sequence_parallel=True,
                                    grad_reduce_dtype="bf16", tp_comm_overlap=True,
-                                   cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS),
+                                   cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS,
+                                   cross_entropy="fp32" if r["source"] in DGXC_UNFUSED_CROSS_ENTROPY else None),
                          recompute="selective" if core_attn else "none",
                          stage_layers=mtp_stage_layers(row_model(r).num_layers, pp, virtual) if mtp else None)
             t = cell_float(r, "iteration_time_s")
