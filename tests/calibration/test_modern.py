@@ -353,7 +353,8 @@ def test_torchtitan_compile_speedup_is_the_eager_elementwise_work(run):
 def test_rows_map_the_recipe_as_it_ran(run):
     """Mapping facts read from the runs' sources: the Llama 4 Scout GB200 rows run local batch 1 (pytorch/ao's
     first write-up; 8,192 tokens per GPU, global batch 256) and fit; the DGX Cloud Grok-1 rows capture CUDA graphs
-    on GB200 only (grok1/launch.sh)."""
+    on GB200 only (grok1/launch.sh); the loss and the recomputed modules as each launch configured them
+    (run_facts.toml)."""
     _, cases = run
     scout = [c for c in cases if "Scout" in c.key]
     assert len(scout) == 2
@@ -363,6 +364,17 @@ def test_rows_map_the_recipe_as_it_ran(run):
     grok = [c for c in cases if c.key.startswith("dgxc") and "Grok" in c.key]
     assert {c.plan.cuda_graphs for c in grok if c.gpu == "GB200"} == {True}
     assert {c.plan.cuda_graphs for c in grok if c.gpu != "GB200"} == {False}
+    # the NeMo 1.x YAML runs of Grok-1 and GPT-3 175B leave the fused loss off (their configs have no
+    # cross_entropy_loss_fusion); the Llama 3.1 YAMLs of the same releases and the NeMo 2 recipes fuse it
+    sources = [r["source"] for r in _file_rows(modern.FILES["dgxc_h100"])]
+    dgxc = [(c, sources[int(c.key.split(":")[1])]) for c in cases if c.key.startswith("dgxc")]
+    yaml_runs = [c for c, src in dgxc if ("Grok" in c.key or "GPT-3" in c.key) and "/README_" in src]
+    assert len(yaml_runs) == 56 and {c.plan.cross_entropy for c in yaml_runs} == {"fp32"}
+    assert {c.plan.cross_entropy for c, src in dgxc if "Llama 3.1" in c.key or "60d6fd33" in src} == {None}
+    # and DeepSeek-V3 recomputes MLA's up-projections on H100 (RM='mla_up_proj'), the core attention on GB200
+    dsv3 = {c.gpu: c.plan for c, _ in dgxc if "DeepSeek" in c.key}
+    assert dsv3["H100-SXM"].job.recompute_modules == ["mla_up_proj"]
+    assert dsv3["GB200"].job.recompute_modules == [] and dsv3["GB200"].stages[0].recompute == "selective"
 
 
 #: torchtitan's published async-TP / vanilla-TP pairs (row indices: vanilla, async), the same job otherwise.
