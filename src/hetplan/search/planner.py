@@ -709,14 +709,15 @@ def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estima
             field="objective.budget_usd",
             fix="raise the budget, use cheaper GPUs, or train on fewer tokens",
         )
-    raise InfeasibleError(  # each holds for some plan, never both for one
-        f"no plan both finishes by the deadline of {duration_text(objective.deadline_s or 0.0)} and stays within the "
-        f"budget of ${usd_text(objective.budget_usd or 0.0)}: the plans fast enough cost more, the cheap enough ones take "
-        "longer",
-        field="objective",
-        fix="extend the deadline or raise the budget (goal = \"cheapest\" with the deadline alone gives the least $ "
-            "that meets it)",
-    )
+    if objective.deadline_s is not None and objective.budget_usd is not None:  # each holds for some plan, not both
+        raise InfeasibleError(
+            f"no plan both finishes by the deadline of {duration_text(objective.deadline_s)} and stays within the "
+            f"budget of ${usd_text(objective.budget_usd)}: the plans fast enough cost more, the cheap enough ones "
+            "take longer", field="objective",
+            fix="extend the deadline or raise the budget (goal = \"cheapest\" with the deadline alone gives the "
+                "least $ that meets it)")
+    raise InfeasibleError("no plan meets the objective's constraints", field="objective",
+                          fix="relax the deadline, budget or SLO, or add GPUs")
 
 
 __all__ = ["search_plans", "SearchResult", "RankedPlan", "Pins", "Objective", "COMPONENTS", "check_job"]
