@@ -518,8 +518,8 @@ def fit(runs: list[Run], catalog: Catalog, residuals_only: bool = False) -> FitR
     _refuse_wrong_rows(runs, before)
     free, why = identified(runs, catalog, base)
     loo = _leave_one_out(runs, catalog, base, free)
-    if any(free) and _errors(loo, meas)["mape"] >= _errors(before, meas)["mape"]:
-        e_loo, e_before = _errors(loo, meas)["mape"], _errors(before, meas)["mape"]
+    e_loo, e_before = _errors(loo, meas)["mape"], _errors(before, meas)["mape"]
+    if any(free) and e_loo >= e_before:
         for k in (k for k in range(len(FACTORS)) if free[k]):
             why[FACTORS[k]] = (f"fitted, but each run predicted from the others with it was worse (leave-one-out "
                                f"MAPE {e_loo:.1%}) than hetplan without it ({e_before:.1%}): the fit does not carry "
