@@ -15,7 +15,7 @@ import hetplan
 
 #: Rank of each top-level module; the order of README's "Package layers".
 LAYERS = {
-    "errors": 0, "gcpause": 0, "inputs": 0.5, "hardware": 1, "model": 2, "degrees": 2.5, "plan": 3, "jobfile": 3,
+    "errors": 0, "gcpause": 0, "units": 0, "inputs": 0.5, "hardware": 1, "model": 2, "degrees": 2.5, "plan": 3, "jobfile": 3,
     "plan_rules": 4, "profile": 4, "estimate": 5, "search": 6, "report": 6, "calibration": 6.5, "energy": 7,
     "serve": 8, "runtime": 9, "cli": 10,
 }

@@ -1,5 +1,4 @@
-"""Turning search results and estimates into JSON-ready dicts (the stable ``--json`` field names), and the
-human form of durations and dollars every message uses."""
+"""Turning search results and estimates into JSON-ready dicts (the stable ``--json`` field names)."""
 
 from __future__ import annotations
 
@@ -10,21 +9,6 @@ from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import Estimate
 from hetplan.estimate.memory import fit_warning
 from hetplan.plan import Plan
-
-
-def duration_text(seconds: float) -> str:
-    """A duration for people: days from a day on, hours from an hour, else seconds (``6.4 s``, ``1.8 d``)."""
-    if seconds >= 86400:
-        return f"{seconds / 86400:.1f} d"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds:.1f} s" if seconds >= 0.1 else f"{seconds:.3g} s"
-
-
-def usd_text(x: float) -> str:
-    """Dollars (without the sign) with as many decimals as the amount needs ($0.2019 per iteration, $445,885 per
-    job)."""
-    return f"{x:,.0f}" if x >= 1000 else f"{x:.2f}" if x >= 1 else f"{x:.4f}"
 
 
 def _uniform(values: list):

@@ -23,7 +23,8 @@ from hetplan.jobfile import read_structured, resolve_model_path, validated
 from hetplan.model.spec import load_model
 from hetplan.plan import Plan
 from hetplan.plan_rules import check_plan
-from hetplan.report import duration_text, plan_summary, usd_text
+from hetplan.report import plan_summary
+from hetplan.units import duration_text, usd_text
 from hetplan.search.planner import check_job
 
 

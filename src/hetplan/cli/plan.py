@@ -24,7 +24,8 @@ from hetplan.hardware.catalog import load_catalog
 from hetplan.jobfile import load_job_file, validated
 from hetplan.plan import GPUPool, Inventory, Job
 from hetplan.plan_rules import check_plan
-from hetplan.report import duration_text, plan_summary, usd_text
+from hetplan.report import plan_summary
+from hetplan.units import duration_text, usd_text
 from hetplan.search.objective import Objective
 from hetplan.search.planner import Pins, search_plans
 from hetplan.model.spec import load_model

@@ -22,7 +22,7 @@ from hetplan.hardware.catalog import Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import SPLITS, Inventory, Job, Plan, Stage, balanced_split, fills_whole_nodes, interleaved_chunks
 from hetplan.plan_rules import embedding_loss_split, stack_dtype_violation
-from hetplan.report import duration_text, usd_text
+from hetplan.units import duration_text, usd_text
 from hetplan.search.explain import explain_ranking
 from hetplan.search.homogeneous import COMPONENTS, PoolResult, evaluate_pool
 from hetplan.search.objective import (Objective, TopK, estimate_keys, guarded_best_first, lower_bound_keys,
