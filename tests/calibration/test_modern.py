@@ -371,6 +371,10 @@ def test_rows_map_the_recipe_as_it_ran(run):
     yaml_runs = [c for c, src in dgxc if ("Grok" in c.key or "GPT-3" in c.key) and "/README_" in src]
     assert len(yaml_runs) == 56 and {c.plan.cross_entropy for c in yaml_runs} == {"fp32"}
     assert {c.plan.cross_entropy for c, src in dgxc if "Llama 3.1" in c.key or "60d6fd33" in src} == {None}
+    # NVTE_FUSED_ATTN=0 in the launch (Grok-1 of two releases, Nemotron-4 340B and GPT-3 of one each): FlashAttention-2
+    fa2 = [c for c, src in dgxc if c.plan.job.attention_kernel == "fa2"]
+    assert len(fa2) == 18 + 18 + 10 + 10 and {c.plan.job.attention_kernel for c, src in dgxc
+                                              if "Llama 3.1" in c.key} == {None}
     # and DeepSeek-V3 recomputes MLA's up-projections on H100 (RM='mla_up_proj'), the core attention on GB200
     dsv3 = {c.gpu: c.plan for c, _ in dgxc if "DeepSeek" in c.key}
     assert dsv3["H100-SXM"].job.recompute_modules == ["mla_up_proj"]

@@ -38,6 +38,11 @@ DGXC_TOKEN_DROP = {f["source"]: (f["capacity_factor"], f["pad"]) for f in run_fa
 DGXC_UNFUSED_CROSS_ENTROPY = {f["source"] for f in run_facts()["dgxc"]["unfused_cross_entropy"]}
 
 
+#: Fused attention kernel of row sources whose launch script turns cuDNN's off (``[[dgxc.attention_kernel]]``:
+#: ``NVTE_FUSED_ATTN=0``, Transformer Engine then runs FlashAttention-2), ``Job.attention_kernel``.
+DGXC_ATTENTION_KERNEL = {f["source"]: f["kernel"] for f in run_facts()["dgxc"]["attention_kernel"]}
+
+
 #: Recipes that train multi-token prediction, by row source: ``(MTP modules, virtual layers)``
 #: (``[[dgxc.mtp]]``: DeepSeek-V3's NeMo recipe, one module, its layers laid out as 64 around the embedding, the
 #: MTP module and the loss).
@@ -96,7 +101,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
     recomputation (the recipes' default for these rows; not restated in the tables), CUDA graphs where the launch
     script captures them (:data:`DGXC_CUDA_GRAPHS`), the unfused loss where the config leaves it off
-    (:data:`DGXC_UNFUSED_CROSS_ENTROPY`), token dropping where the recipe drops tokens
+    (:data:`DGXC_UNFUSED_CROSS_ENTROPY`), FlashAttention-2 where the launch turns cuDNN's fused attention off
+    (:data:`DGXC_ATTENTION_KERNEL`), token dropping where the recipe drops tokens
     (:data:`DGXC_TOKEN_DROP`), multi-token prediction and the layer split around it where the recipe trains it
     (:data:`DGXC_MTP`, :func:`mtp_stage_layers`), MLA unfused on Blackwell (:func:`unfused_mla_on_blackwell`) with
     the per-module recomputation its recipe sets (:data:`DGXC_RECOMPUTE_MODULES`). JAX rows (MaxText, Paxml) are not expressible (XLA's sharding and fusion
@@ -135,7 +141,8 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
             lay = Layout(tp=tp, pp=pp, dp=cell_int(r, "num_gpus") // (tp * pp * cp),
                          job=dict(seq_len=cell_int(r, "seq_len"), global_batch=cell_int(r, "global_batch"),
                                   attention="standard" if unfused else "flash", mtp_layers=mtp, **_token_drop(r),
-                                  recompute_modules=[x for x in modules if x != "core_attn"]),
+                                  recompute_modules=[x for x in modules if x != "core_attn"],
+                                  attention_kernel=DGXC_ATTENTION_KERNEL.get(r["source"])),
                          plan=dict(mbs=cell_int(r, "micro_batch", 1), cp=cp, ep=cell_int(r, "ep", 1),
                                    expert_tp=expert_tp_of(r), virtual_stages=vp, sequence_parallel=True,
                                    grad_reduce_dtype="bf16", tp_comm_overlap=True,
