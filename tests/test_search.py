@@ -10,7 +10,7 @@ from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import load_model
-from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage, balanced_split
+from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage, balanced_chunks, balanced_split, ends_split
 from hetplan.search.homogeneous import evaluate_pool
 from hetplan.search.objective import Objective
 from hetplan.search.planner import Pins, _plan_from_row, search_plans
@@ -19,9 +19,11 @@ from hetplan.search.space import RECOMPUTE_NAMES, divisors, tp_degrees
 CAT = load_catalog()
 
 
-def _plan(job, pool, tp, pp, dp, mbs, zero, rc, L, v=1):
+def _plan(job, pool, tp, pp, dp, mbs, zero, rc, L, v=1, chunks=None):
+    """The plan of one point of the space; ``chunks``: an uneven interleaved layout (layers per chunk per stage)."""
+    split = [sum(c) for c in chunks] if chunks else balanced_split(L, pp)
     return Plan(job=job, pools=[pool], mbs=mbs, zero=zero, sequence_parallel=tp > 1, virtual_stages=v,
-                stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rc) for n in balanced_split(L, pp)])
+                pipeline_chunks=chunks, stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rc) for n in split])
 
 
 @pytest.mark.parametrize("model,gpu,count,gpn,gbs,seq,host_s", [
@@ -52,8 +54,9 @@ def test_vectorised_rows_equal_plan_estimates(model, gpu, count, gpn, gbs, seq, 
 
 
 def brute_force(job, pool, m, objective):
-    """Every plan of the space (interleaved 1F1B included) built one by one and estimated with estimate(); the best
-    by the objective."""
+    """Every plan of the space (interleaved 1F1B included, on equal chunks and, for Megatron-Core's
+    ``--pipeline-model-parallel-layout``, on the uneven layouts ``balanced_chunks`` and ``ends_split``) built one by
+    one and estimated with estimate(); the best by the objective."""
     best = None
     for tp in tp_degrees(m, pool.gpus_per_node, pool.count):
         for pp in range(1, m.num_layers + 1):
@@ -67,10 +70,18 @@ def brute_force(job, pool, m, objective):
                     slots = m.num_layers if m.num_layers % pp == 0 else m.num_layers + 2
                     interleave = (pp > 1 and slots % pp == 0 and m_mb % pp == 0
                                   and (pp > 2 or m.num_layers % pp == 0))
-                    vs = divisors(slots // pp) if interleave else [1]
+                    vs = [(v, None) for v in (divisors(slots // pp) if interleave else [1])]
+                    if pp > 1 and m_mb % pp == 0:  # any other v on uneven chunks (Megatron-Core's layout flag)
+                        for v in range(2, m.num_layers // pp + 1):
+                            if (v, None) in vs:
+                                continue
+                            vs.append((v, balanced_chunks(m.num_layers, pp, v)))
+                            ends = ends_split(m.num_layers, pp, v)
+                            if ends is not None and [sum(c) for c in ends] != balanced_split(m.num_layers, pp):
+                                vs.append((v, ends))
                     zeros = [0] if dp == 1 else [0, 1] if pp > 1 else [0, 1, 2, 3]
-                    for zero, rc, v in itertools.product(zeros, RECOMPUTE_NAMES, vs):
-                        e = estimate(_plan(job, pool, tp, pp, dp, mbs, zero, rc, m.num_layers, v), CAT, m)
+                    for zero, rc, (v, chunks) in itertools.product(zeros, RECOMPUTE_NAMES, vs):
+                        e = estimate(_plan(job, pool, tp, pp, dp, mbs, zero, rc, m.num_layers, v, chunks), CAT, m)
                         if not e.fits_footprint:
                             continue
                         if objective.goal == "cheapest":
