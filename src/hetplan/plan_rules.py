@@ -238,7 +238,7 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
                                      f"{name} has no experts", field=f"plan.job.{key}",
                                      fix=fix.get(key, f"remove {', '.join(sorted(set(modules)))} from {key} for a "
                                                       "dense model")))
-    if (bad_mla := mla_module_violation(plan.job, spec, "plan.job")) is not None:
+    if (bad_mla := mla_module_violation(plan.job.recompute_modules, spec, "plan.job")) is not None:
         out.append(bad_mla)
     stack = plan.job.stack_spec()
     lacks = [(f, what) for f, what, has in (
@@ -470,10 +470,10 @@ def launched_fp8_recipe(name: str, job_framework: str) -> str | None:
     return name if job_framework == "fsdp" else TE_RECIPE_NAMES.get(name)
 
 
-def mla_module_violation(job: "Job", spec: "ModelSpec", where: str = "job") -> PlanRuleError | None:
-    """Rule ``mla-modules-need-mla`` (module doc) for ``job`` on ``spec``: the error, or None. ``where``: the
-    prefix of the field it names (``job`` in a job file, ``plan.job`` in a plan)."""
-    if "mla_up_proj" in job.recompute_modules and not spec.is_mla:
+def mla_module_violation(recompute_modules, spec: "ModelSpec", where: str = "job") -> PlanRuleError | None:
+    """Rule ``mla-modules-need-mla`` (module doc) for a job's ``recompute_modules`` on ``spec``: the error, or
+    None. ``where``: the prefix of the field it names (``job`` in a job file, ``plan.job`` in a plan)."""
+    if "mla_up_proj" in recompute_modules and not spec.is_mla:
         return PlanRuleError("mla-modules-need-mla", f"recompute_modules ['mla_up_proj'] recomputes multi-latent "
                              f"attention's up-projections; {spec.name} has no MLA", field=f"{where}.recompute_modules",
                              fix="remove mla_up_proj (it is for MLA models: DeepSeek-V2 / V3)")

@@ -517,7 +517,7 @@ def fit(runs: list[Run], catalog: Catalog, residuals_only: bool = False) -> FitR
     before = _predict(runs, catalog, base)
     _refuse_wrong_rows(runs, before)
     free, why = identified(runs, catalog, base)
-    loo = _leave_one_out(runs, catalog, base, free)
+    loo = _leave_one_out(runs, catalog, base, free) if any(free) else before
     e_loo, e_before = _errors(loo, meas)["mape"], _errors(before, meas)["mape"]
     if any(free) and e_loo >= e_before:
         for k in (k for k in range(len(FACTORS)) if free[k]):

@@ -95,6 +95,7 @@ from hetplan.errors import HetplanError
 from hetplan.estimate import context, fp8, moe
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
+from hetplan.plan_rules import mla_module_violation
 from hetplan.estimate.arrays import Array
 
 if TYPE_CHECKING:
@@ -341,9 +342,8 @@ def module_activation_bytes(m: ModelSpec, b: Array, s_local: Array, t: Array, se
         if set(given) - set(known):
             raise HetplanError(f"unknown module(s) {sorted(set(given) - set(known))}", field=name,
                                fix=f"use any of {list(known)}")
-    if "mla_up_proj" in recompute_modules and not m.is_mla:  # Megatron-Core's TransformerConfig refuses it too
-        raise HetplanError(f"mla_up_proj recomputes multi-latent attention's up-projections; {m.name} has none",
-                           field="job.recompute_modules", fix="drop mla_up_proj (it is for MLA models: DeepSeek-V2/V3)")
+    if (bad_mla := mla_module_violation(recompute_modules, m)) is not None:  # rule mla-modules-need-mla
+        raise bad_mla
     if moe_recompute:
         recompute_modules = [x for x in recompute_modules if x not in ("moe_act", "expert_fc1")]
         offload_modules = [x for x in offload_modules if x not in ("moe_act", "expert_fc1")]

@@ -80,7 +80,7 @@ def check_job(job: Job, m: ModelSpec) -> None:
     """
     from hetplan.plan_rules import mla_module_violation
 
-    if (bad := mla_module_violation(job, m)) is not None:
+    if (bad := mla_module_violation(job.recompute_modules, m)) is not None:
         raise bad
     if job.seq_len > m.max_seq_len:
         raise HetplanError(
