@@ -25,7 +25,8 @@ Rules (name: what must hold, and why):
 * ``seq-len``: the sequence fits the model's position encoding (``max_position_embeddings``).
 * ``cp-divides-sequence`` (CP > 1): the sequence splits into 2 x CP equal chunks (Megatron-Core's load-balanced
   context parallelism gives each CP rank chunks i and 2·CP-1-i).
-* ``ep-needs-experts`` / ``ep-divides-experts`` (EP > 1): the model has experts and EP divides their number.
+* ``ep-needs-experts`` / ``ep-divides-experts`` (EP > 1): the model has experts and EP divides their number;
+  likewise an expert-TP degree above 1 needs experts to split.
   That EP x expert-TP divides TP x CP x DP is checked by :class:`hetplan.plan.ParallelLayout` itself.
 * ``moe-modules-need-experts``: ``job.recompute_modules = ["moe_act"]`` and ``job.offload_modules`` (``expert_fc1``,
   ``moe_act``) name modules of MoE layers: the model has experts. On a dense model the estimate would drop them
@@ -141,6 +142,24 @@ def expert_degree_violation(spec: "ModelSpec", ep: int, *, field: str, where: st
     return None
 
 
+def cp_sequence_violation(seq_len: int, cp: int, *, field: str, where: str = "") -> PlanRuleError | None:
+    """``cp-divides-sequence`` for a CP degree ``cp`` at ``seq_len`` tokens (a plan's stage, or ``hetplan plan
+    --cp``), else None."""
+    if cp > 1 and seq_len % (2 * cp):
+        return PlanRuleError("cp-divides-sequence", f"CP {cp} needs seq_len divisible by 2 x CP = {2 * cp}; it is "
+                             f"{seq_len}{where}", field=field, fix="choose a CP degree whose 2 x CP divides seq_len")
+    return None
+
+
+def expert_tp_violation(spec: "ModelSpec", expert_tp: int, *, field: str) -> PlanRuleError | None:
+    """``ep-needs-experts`` for an expert-TP degree above 1 on a model without experts (its expert layers do not
+    exist, so the degree would be dropped without a word), else None."""
+    if expert_tp > 1 and not int(getattr(spec, "num_experts", 0) or 0):
+        return PlanRuleError("ep-needs-experts", f"expert_tp {expert_tp} splits expert layers; {spec.name} has no "
+                             "experts", field=field, fix="use expert_tp = 1 for a dense model")
+    return None
+
+
 def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     """Every rule ``plan`` breaks for model ``spec`` (empty when the plan is valid), in :data:`RULES` order."""
     out: list[PlanRuleError] = []
@@ -216,14 +235,14 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
     experts = int(getattr(spec, "num_experts", 0) or 0)
     for i, st in enumerate(plan.stages):
         cp, ep = degree(plan, i, "cp"), degree(plan, i, "ep")
-        if cp > 1 and plan.job.seq_len % (2 * cp):
-            out.append(PlanRuleError(
-                "cp-divides-sequence", f"CP {cp} needs seq_len divisible by 2 x CP = {2 * cp}; it is "
-                f"{plan.job.seq_len} (stage {i})", field=f"plan.stages[{i}].cp",
-                fix="choose a CP degree whose 2 x CP divides seq_len"))
+        bad_cp = cp_sequence_violation(plan.job.seq_len, cp, field=f"plan.stages[{i}].cp", where=f" (stage {i})")
+        if bad_cp is not None:
+            out.append(bad_cp)
         bad_ep = expert_degree_violation(spec, ep, field=f"plan.stages[{i}].ep", where=f" (stage {i})")
         if bad_ep is not None:
             out.append(bad_ep)
+    if (bad_etp := expert_tp_violation(spec, plan.expert_tp, field="plan.expert_tp")) is not None:
+        out.append(bad_etp)
     moe_modules = {"recompute_modules": [x for x in plan.job.recompute_modules if x == "moe_act"],
                    "offload_modules": list(plan.job.offload_modules),
                    "moe_recompute": ["moe"] if plan.job.moe_recompute else [],

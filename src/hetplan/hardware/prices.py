@@ -234,12 +234,16 @@ def choose(gpu, source: str = "catalog", provider: str | None = None, today: dt.
     ``provider`` (see module doc).
 
     Raises:
-        HetplanError: unknown ``source``, or a ``provider`` that has no quote at all.
+        HetplanError: unknown ``source``, a ``provider`` that has no quote at all, or one with the catalog source.
     """
     today = today or dt.date.today()
     if source not in SOURCES:
         raise HetplanError(f"unknown price source {source!r}", field="--price-source",
                            fix=f"use one of {', '.join(s.replace('_', '-') for s in SOURCES)}")
+    if provider is not None and source == "catalog":  # the catalog's one price has no provider to pick
+        raise HetplanError(f"--provider {provider} picks among dated quotes, but the price source is the catalog",
+                           field="--provider", fix="add --price-source on-demand (or spot, committed), or drop "
+                                                   "--provider")
     quotes = load_quotes(prices_file)
     if provider is not None and provider.lower() not in {q.provider for q in quotes}:
         raise HetplanError(f"no quotes from provider {provider!r}", field="--provider",

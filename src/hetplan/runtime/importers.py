@@ -67,11 +67,29 @@ def _world(words: list[str], gpus: int | None, nodes_flag: str, per_node_flags: 
     """(world size, GPUs per node) from the launcher's words, or ``gpus``."""
     nnodes, nproc = _opt(words, nodes_flag), _opt(words, *per_node_flags)
     if gpus is not None:
+        if nnodes and nproc and nnodes.isdigit() and nproc.isdigit() and int(nnodes) * int(nproc) != gpus:
+            # the launch starts nnodes x nproc ranks whatever --gpus says (a plan on --gpus was not the run)
+            raise HetplanError(f"--gpus {gpus} contradicts the launch, which starts {nodes_flag} {nnodes} x "
+                               f"{per_node_flags[0]} {nproc} = {int(nnodes) * int(nproc)} ranks", field="--gpus",
+                               fix="drop --gpus (it is for launches that do not give their world size)")
         return gpus, int(nproc) if nproc and nproc.isdigit() else min(gpus, 8)
     if nnodes and nproc and nnodes.isdigit() and nproc.isdigit():
         return int(nnodes) * int(nproc), int(nproc)
     raise HetplanError("the launch names no world size (torchrun --nnodes/--nproc-per-node, deepspeed "
                        "--num_nodes/--num_gpus)", field="--gpus", fix="give the job's GPU count with --gpus")
+
+
+def _degrees_at_least_one(**flags: int) -> None:
+    """Refuse a parallel degree below 1 (``flag=value``, the flag spelled with ``_`` for ``-``): the frameworks
+    refuse it, and a world size divided by it gave a ZeroDivisionError.
+
+    Raises:
+        HetplanError: naming the first such flag."""
+    for flag, value in flags.items():
+        if value < 1:
+            name = "--" + flag.replace("_", "-")
+            raise HetplanError(f"{name} {value}: a parallel degree is 1 or more", field=name,
+                               fix=f"give {name} 1 (no split) or more")
 
 
 def match_model(shape: dict[str, int], model: str | None) -> ModelSpec:
@@ -200,6 +218,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     world, per_node = _world(words, gpus, "--nnodes", ("--nproc-per-node", "--nproc_per_node"))
     tp, pp, cp = (int(a.get(k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                               "context_parallel_size"))
+    _degrees_at_least_one(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp)
     if world % (tp * pp * cp):
         raise HetplanError(f"{world} GPUs is no multiple of TP x CP x PP = {tp * cp * pp}", field="--gpus",
                            fix="give the launch's world size")
@@ -213,6 +232,9 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     layers, v = _megatron_split(a, spec.num_layers, pp)
     chunks = (_chunks_if_uneven(parse_layout(a["pipeline_model_parallel_layout"], pp), spec.num_layers)
               if "pipeline_model_parallel_layout" in a and pp > 1 else None)
+    if "bf16" in a and "fp16" in a:  # megatron/training/arguments.py validate_args: "assert not args.bf16"
+        raise HetplanError("the launch gives both --bf16 and --fp16; Megatron-LM refuses the pair", field="--bf16",
+                           fix="keep one of --bf16 and --fp16")
     dtype = "fp8" if "fp8_format" in a else "bf16" if "bf16" in a else "fp16" if "fp16" in a else None
     if dtype is None:
         raise HetplanError("the launch trains in fp32 (no --bf16, --fp16 or --fp8-format); hetplan prices mixed "
@@ -286,6 +308,29 @@ def _tt_chunks(parts: list[list[str]], pp: int, L: int) -> list[list[int]] | Non
         return None
     counts = [sum(1 for fqn in part if fqn.startswith("layers.")) for part in parts]
     return _chunks_if_uneven([[counts[k * pp + i] for k in range(v)] for i in range(pp)], L)
+
+
+def _tt_shard(world: int, rep: int, tp: int, cp: int, pp: int, shard: int, prefix: str) -> int:
+    """torchtitan's FSDP shard degree: ``shard``, or with -1 the ranks the other degrees leave over
+    (``ParallelDims``: world = replicate x shard x CP x TP x PP, which it asserts).
+
+    Raises:
+        HetplanError: a degree below 1, or -1 where the other degrees do not divide the world size."""
+    names = {"tensor_parallel_degree": tp, "context_parallel_degree": cp, "pipeline_parallel_degree": pp,
+             "data_parallel_replicate_degree": rep}
+    for key, value in names.items():
+        if value < 1:
+            raise HetplanError(f"{prefix}{key} {value}: a parallel degree is 1 or more", field=f"{prefix}{key}",
+                               fix=f"give {prefix}{key} 1 (no split) or more")
+    if shard != -1:
+        return shard
+    rest = rep * tp * cp * pp
+    if world % rest:
+        raise HetplanError(f"{world} ranks are no multiple of replicate x TP x CP x PP = {rest}, so "
+                           f"{prefix}data_parallel_shard_degree -1 has no value (torchtitan asserts the product)",
+                           field=f"{prefix}data_parallel_shard_degree",
+                           fix="give degrees whose product divides the world size")
+    return world // rest
 
 
 def _tt_sharding(replicate: int, shard: int, reshard_policy: object) -> tuple[int, int | None, bool]:
@@ -363,11 +408,10 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     tp, cp, ep, pp = num(p + "tensor_parallel_degree", 1), num(p + "context_parallel_degree", 1), \
         num(p + "expert_parallel_degree", 1), num(p + "pipeline_parallel_degree", 1)
     rep, shard = num(p + "data_parallel_replicate_degree", 1), num(p + "data_parallel_shard_degree", -1)
-    if shard == -1:  # torchtitan: the shard degree takes the ranks left over
-        shard = world // (rep * tp * cp * pp)
+    shard = _tt_shard(world, rep, tp, cp, pp, shard, "--parallelism.")
     dp = rep * shard
     zero, fsdp_shard, reshard = _tt_sharding(rep, shard, over.get(p + "fsdp_reshard_after_forward"))
-    gbs, seq = num("training.global_batch_size", 0), num("training.seq_len", 0)
+    gbs, seq = num("training.global_batch_size", -1), num("training.seq_len", 0)
     local = num("training.local_batch_size", 0)
     unset = [k for k, v in (("training.seq_len", seq), ("training.local_batch_size", local)) if v <= 0]
     if unset:  # the config function's defaults need torchtitan itself
@@ -387,7 +431,10 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
         mbs, layers, v = local, [spec.num_layers], 1
     if pp <= 1 or not parts:
         tt_chunks = None
-    if gbs <= 0:
+    if gbs == 0:  # torchtitan: -1 (the default) is local x DP; 0 fails its batch assertion
+        raise HetplanError("--training.global_batch_size 0: no sequence per step", field="--training.global_batch_size",
+                           fix="give the global batch, or -1 (local_batch_size x DP)")
+    if gbs < 0:
         gbs = local * dp
     fp8 = "Float8LinearConverter" in (job_module or "") or config.endswith("float8") or config == "llama3_405b"
     # the converter's recipe_name (0.3.0: rowwise, its default, or rowwise_with_gw_hp)
@@ -430,8 +477,7 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
     tp, cp, ep, pp = (int(par.get(k, 1)) for k in ("tensor_parallel_degree", "context_parallel_degree",
                                                     "expert_parallel_degree", "pipeline_parallel_degree"))
     rep, shard = int(par.get("data_parallel_replicate_degree", 1)), int(par.get("data_parallel_shard_degree", -1))
-    if shard == -1:
-        shard = world // (rep * tp * cp * pp)
+    shard = _tt_shard(world, rep, tp, cp, pp, shard, "parallelism.")
     dp = rep * shard
     zero, fsdp_shard, reshard = _tt_sharding(rep, shard, par.get("fsdp_reshard_after_forward"))
     if pp > 1:
@@ -464,6 +510,22 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
                 schedule="gpipe" if par.get("pipeline_parallel_schedule") == "GPipe" else "1f1b")
 
 
+def _ds_count(cfg: dict, key: str) -> int | None:
+    """A batch number of a DeepSpeed config: None when absent, else a whole number of 1 or more.
+
+    Raises:
+        HetplanError: naming ``key`` when it is ``"auto"`` (the Hugging Face Trainer fills it in), not a whole
+            number, or below 1."""
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        why = " (the Hugging Face Trainer fills it in)" if value == "auto" else ""
+        raise HetplanError(f"{key} is {value!r}{why}; DeepSpeed needs a whole number of 1 or more", field=key,
+                           fix=f"write the number the run uses for {key}")
+    return value
+
+
 def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = None, partition: str | None = None,
                      model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None) -> Plan:
     """The plan a DeepSpeed JSON config runs, with the launcher's arguments (``deepspeed --num_nodes N --num_gpus G
@@ -481,9 +543,25 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
     if not name:
         raise HetplanError("a DeepSpeed config does not name its model", field="--model", fix="give --model NAME")
     spec = load_model(name)
-    mbs, gas = int(cfg["train_micro_batch_size_per_gpu"]), int(cfg.get("gradient_accumulation_steps", 1))
-    gbs = int(cfg.get("train_batch_size") or mbs * gas * (world // pp))
-    dp = gbs // (mbs * gas)
+    if pp < 1 or world % pp:
+        raise HetplanError(f"pipeline parallel size {pp} does not divide the {world} ranks", field="--pipeline-parallel-size",
+                           fix="give a pipeline size of 1 or more that divides the world size")
+    # DeepSpeed's runtime/config.py (_set_batch_related_parameters, _batch_assertion): a missing one of the three
+    # batch numbers follows from the others; given, train_batch_size = micro-batch x accumulation x DP ranks
+    dp = world // pp
+    mbs = _ds_count(cfg, "train_micro_batch_size_per_gpu")
+    if mbs is None:
+        raise HetplanError("the DeepSpeed config does not set train_micro_batch_size_per_gpu", fix="give it",
+                           field="train_micro_batch_size_per_gpu")
+    gas = _ds_count(cfg, "gradient_accumulation_steps")
+    gbs = _ds_count(cfg, "train_batch_size") or mbs * (gas or 1) * dp
+    if gas is None and gbs % (mbs * dp) == 0:
+        gas = gbs // (mbs * dp)
+    if gbs != mbs * (gas or 0) * dp:
+        raise HetplanError(f"train_batch_size {gbs} is not train_micro_batch_size_per_gpu {mbs} x "
+                           f"gradient_accumulation_steps {gas if gas is not None else '(any)'} x data-parallel ranks "
+                           f"{dp}; DeepSpeed refuses it", field="train_batch_size",
+                           fix="make the three agree (or leave one of them out)")
     if partition:
         tree = ast.parse(partition)
         parts = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
@@ -494,6 +572,9 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
     else:
         layers = list(pipe.get("stage_layers") or balanced_split_ds(spec.num_layers, pp))
     rec = "full" if pipe.get("activation_checkpoint_interval") or "activation_checkpointing" in cfg else "none"
+    if cfg.get("bf16", {}).get("enabled") and cfg.get("fp16", {}).get("enabled"):
+        raise HetplanError("the DeepSpeed config enables both bf16 and fp16; DeepSpeed refuses the pair",
+                           field="bf16", fix="enable one of bf16 and fp16")
     dtype = "bf16" if cfg.get("bf16", {}).get("enabled") else "fp16" if cfg.get("fp16", {}).get("enabled") else None
     if dtype is None:
         raise HetplanError("the DeepSpeed config trains in fp32; hetplan prices mixed precision", field="bf16",

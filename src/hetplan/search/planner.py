@@ -98,9 +98,11 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
         PlanRuleError: ``--tp`` not dividing the heads, key/value heads or MLP width; ``--ep`` on a dense model or
             not dividing the experts; ``--tp`` / ``--pp`` / ``--cp`` / ``--ep`` > 1 or ``--virtual-stages`` > 1
             where ``job``'s stack lacks that dimension or interleaving (rule ``stack-has-option``).
+        PlanRuleError: ``--cp`` whose 2 x CP does not divide ``job``'s sequence (rule ``cp-divides-sequence``).
         HetplanError: ``--zero`` (unless ``--dp 1``) or ``--recompute`` the stack does not offer.
     """
-    from hetplan.plan_rules import PlanRuleError, expert_degree_violation, tensor_degree_violations
+    from hetplan.plan_rules import (PlanRuleError, cp_sequence_violation, expert_degree_violation,
+                                    tensor_degree_violations)
 
     if job is not None:
         stack = job.stack_spec()
@@ -120,6 +122,9 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
         _refuse_stack_modes(job, pins, zero=pins.dp != 1)
     bad = [*tensor_degree_violations(m, pins.tp or 1, field="pin.tp"), expert_degree_violation(m, pins.ep or 1,
                                                                                                 field="pin.ep")]
+    if job is not None:  # a pinned CP the sequence does not split into 2 x CP chunks (the search said "fits on no
+        # GPU" with a CP-less configuration's footprint)
+        bad.append(cp_sequence_violation(job.seq_len, pins.cp or 1, field="pin.cp"))
     for err in bad:
         if err is not None:
             raise err
@@ -187,6 +192,26 @@ def _refuse_stack_modes(job: Job, pins: Pins, zero: bool = True) -> None:
         raise HetplanError(f"{pins.recompute} recomputation is pinned, but stack {stack.id} offers "
                            f"{', '.join(stack.recompute)} only", field="pin.recompute",
                            fix="unpin recompute, or pick a stack that has it (hetplan catalog stacks)")
+
+
+def _refuse_pinned_zero_layout(pins: Pins) -> None:
+    """When no configuration matched: a pinned ZeRO-2/3 with a pinned pipeline or with DP 1, which the space never
+    pairs (:mod:`hetplan.search.space`: DeepSpeed's pipeline engine refuses ZeRO-2/3 and Megatron-LM shards only
+    the optimizer under a pipeline; with one data-parallel rank ZeRO shards nothing), rather than the generic
+    tp*pp*dp advice (``--zero 3 --pp 2`` said to check that tp*pp*dp fits).
+
+    Raises:
+        HetplanError: naming ``pin.zero``."""
+    if pins.zero not in (2, 3):
+        return
+    if pins.pp is not None and pins.pp > 1:
+        raise HetplanError(f"ZeRO-{pins.zero} is pinned with PP {pins.pp}: ZeRO-2/3 shard the gradients across "
+                           "data-parallel ranks, which no pipeline engine hetplan prices runs (DeepSpeed's refuses "
+                           "it; Megatron-LM shards only the optimizer, ZeRO-1, under a pipeline)", field="pin.zero",
+                           fix="pin zero 0 or 1 with a pipeline, or pp 1")
+    if pins.dp == 1:
+        raise HetplanError(f"ZeRO-{pins.zero} is pinned with DP 1: with one data-parallel rank ZeRO shards nothing",
+                           field="pin.zero", fix="unpin zero (or pin 0), or pin dp above 1")
 
 
 def _refuse_pinned_interleaving(job: Job, pins: Pins, m: ModelSpec) -> None:
@@ -334,6 +359,7 @@ def search_plans(
     n_total = sum(r.configurations_evaluated for r in results)
     if n_total == 0:
         _refuse_pins_the_stack_lacks(job, pins)
+        _refuse_pinned_zero_layout(pins)
         _refuse_pinned_interleaving(job, pins, m)
         if pins.num_gpus is not None and not any(fills_whole_nodes(pins.num_gpus, p.gpus_per_node)
                                                  for p in inventory.pools):

@@ -55,6 +55,12 @@ def workload_requests(wf: WorkloadFile) -> list[Request]:
     else:
         loads = [ModelLoad(m.name, rates[m.name], m.cv or w.cv) for m in wf.models]
         reqs = generate(loads, w.duration_s, w.seed, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
+        if not reqs:  # a report over no request says 100 % SLO attainment of nothing (total_rate_per_s = 0)
+            rate = sum(rates.values())
+            raise HetplanError(f"no request arrives: the models' rates add up to {rate:g}/s over duration_s = "
+                               f"{w.duration_s:g} s", field="workload.total_rate_per_s" if rate == 0 else
+                               "workload.duration_s", fix="give a rate above 0 (total_rate_per_s or a model's "
+                                                          "rate_per_s) and a duration that holds requests")
     w.assign_lengths(reqs, wf.scheduler.kv_cache_len)
     return reqs
 

@@ -1,0 +1,143 @@
+"""Hostile-input audit, session 11: inputs each valid alone but jointly impossible, and flags that were dropped
+without a word. Each case exits 2 with one message naming the field (it printed a result, blamed another field,
+or leaked a ZeroDivisionError's text before)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hetplan.model.spec import load_model
+from hetplan.plan import GPUPool, Job, Plan, Stage
+from hetplan.runtime import exporters
+from tests.fuzz.inproc import run_cli
+
+PLAN = ["plan", "--model", "llama2-7b", "--gpu", "H100-SXM", "--gpus", "16", "--seq-len", "4096", "--global-batch",
+        "64", "--iterations", "10", "-q"]
+
+
+def refused(r, field: str, *words: str):
+    """Exit 2, no traceback, the message naming ``field`` (and ``words``)."""
+    assert not r.traceback, r.traceback
+    assert r.code == 2, (r.code, r.stdout[-500:], r.stderr)
+    assert f"error: {field}:" in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+    return r
+
+
+@pytest.mark.parametrize("cp", ["3", "5"])
+def test_pinned_cp_not_splitting_the_sequence_names_pin_cp(cp):
+    """CP 5 at seq 4096 (2 x 5 does not divide it) said "the model fits on no GPU" with a CP-less footprint."""
+    refused(run_cli(*PLAN, "--cp", cp), "pin.cp", "cp-divides-sequence")
+
+
+@pytest.mark.parametrize("pins, words", [(["--zero", "3", "--pp", "2"], "PP 2"),
+                                         (["--zero", "2", "--dp", "1", "--framework", "deepspeed"], "DP 1")])
+def test_pinned_zero_the_layout_cannot_take_names_pin_zero(pins, words):
+    """ZeRO-2/3 with a pinned pipeline or one data-parallel rank: the generic "no configuration matches"."""
+    refused(run_cli(*PLAN, *pins), "pin.zero", words)
+
+
+def test_provider_without_a_quote_source_is_refused(tmp_path):
+    """--provider with the default catalog price source was dropped without a word (plan and estimate)."""
+    refused(run_cli(*PLAN, "--provider", "aws"), "--provider", "--price-source")
+    out = tmp_path / "p.json"
+    assert run_cli(*PLAN, "-o", out).code == 0
+    refused(run_cli("estimate", out, "--provider", "aws"), "--provider")
+    assert run_cli("estimate", out, "--provider", "aws", "--price-source", "on-demand").code == 0
+
+
+def test_expert_tp_on_a_dense_model_is_refused(tmp_path):
+    """expert_tp = 2 on Llama-2-7B was priced and exported as if absent."""
+    out = tmp_path / "p.json"
+    assert run_cli(*PLAN, "-o", out).code == 0
+    data = json.loads(out.read_text())
+    data["expert_tp"] = 2
+    out.write_text(json.dumps(data))
+    for cmd in (["estimate", out], ["export", out, "--to", "megatron"]):
+        refused(run_cli(*cmd), "plan.expert_tp", "ep-needs-experts")
+
+
+def test_a_workload_with_no_arrivals_is_refused(tmp_path):
+    """total_rate_per_s = 0 simulated nothing and reported 100 % SLO attainment."""
+    w = tmp_path / "w.toml"
+    w.write_text('[cluster]\ngpu = "A100-SXM-80GB"\ndtype = "fp16"\n[workload]\nduration_s = 10\n'
+                 'total_rate_per_s = 0\n[[models]]\nname = "a"\nmodel = "opt-1.3b"\n')
+    refused(run_cli("simulate", w), "workload.total_rate_per_s", "no request")
+
+
+def _launch(target: str) -> dict[str, str]:
+    job = Job(model="llama2-7b", seq_len=2048, global_batch=64, train_iterations=10,
+              framework="fsdp" if target == "torchtitan" else target)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=16)], mbs=1, zero=1 if target != "torchtitan" else 3,
+                stages=[Stage(num_layers=32, dp=16)])
+    return dict(exporters.export(plan, load_model("llama2-7b"), target).files)
+
+
+def _import(tmp_path, files: dict[str, str], *extra):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return run_cli("import", *(tmp_path / n for n in files), *extra)
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 0", "--tensor-model-parallel-size"),
+    ("--pipeline-model-parallel-size 1", "--pipeline-model-parallel-size 0", "--pipeline-model-parallel-size"),
+    ("--bf16", "--bf16 --fp16", "--bf16")])
+def test_megatron_launch_megatron_refuses(tmp_path, old, new, field):
+    """TP 0 leaked "ZeroDivisionError integer modulo by zero"; --bf16 with --fp16 was read as bf16."""
+    files = _launch("megatron")
+    name = next(iter(files))
+    assert old in files[name]
+    files[name] = files[name].replace(old, new)
+    refused(_import(tmp_path, files), field)
+
+
+def test_import_gpus_contradicting_the_launch_is_refused(tmp_path):
+    """--gpus 8 against a launch of 2 nodes x 8 ranks gave a plan on 8 GPUs."""
+    refused(_import(tmp_path, _launch("megatron"), "--gpus", "8"), "--gpus", "16 ranks")
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("pipeline_parallel_degree 1", "pipeline_parallel_degree 0", "--parallelism.pipeline_parallel_degree"),
+    ("global_batch_size 64", "global_batch_size 0", "--training.global_batch_size"),
+    ("tensor_parallel_degree 1", "tensor_parallel_degree 3", "--parallelism.data_parallel_shard_degree")])
+def test_torchtitan_launch_torchtitan_refuses(tmp_path, old, new, field):
+    """PP 0 was read as one stage, global batch 0 as local x DP, and shard -1 with TP 3 of 16 ranks as 5."""
+    files = _launch("torchtitan")
+    if old.startswith("tensor"):  # the shard degree left to torchtitan
+        files["launch.sh"] = files["launch.sh"].replace("data_parallel_shard_degree 16", "data_parallel_shard_degree -1")
+    assert old in files["launch.sh"]
+    files["launch.sh"] = files["launch.sh"].replace(old, new)
+    refused(_import(tmp_path, files), field)
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("train_micro_batch_size_per_gpu", 0, "train_micro_batch_size_per_gpu"),
+    ("train_micro_batch_size_per_gpu", "auto", "train_micro_batch_size_per_gpu"),
+    ("gradient_accumulation_steps", 0, "gradient_accumulation_steps"),
+    ("train_batch_size", 63, "train_batch_size"), ("train_batch_size", 128, "train_batch_size"),
+    ("fp16", {"enabled": True}, "bf16")])
+def test_deepspeed_config_deepspeed_refuses(tmp_path, key, value, field):
+    """Zero batch numbers leaked ZeroDivisionError; a train_batch_size off mbs x accumulation x DP blamed the
+    pool's GPU count; bf16 with fp16 was read as bf16."""
+    files = _launch("deepspeed")
+    cfg = json.loads(files["ds_config.json"])
+    cfg[key] = value
+    files["ds_config.json"] = json.dumps(cfg)
+    refused(_import(tmp_path, files), field)
+
+
+def test_deepspeed_batch_without_accumulation_steps_follows_deepspeed(tmp_path):
+    """train_batch_size and the micro-batch alone: DeepSpeed derives the accumulation (it was taken as 1, so DP 64
+    on 16 GPUs)."""
+    files = _launch("deepspeed")
+    cfg = json.loads(files["ds_config.json"])
+    del cfg["gradient_accumulation_steps"]
+    files["ds_config.json"] = json.dumps(cfg)
+    r = _import(tmp_path, files)
+    assert r.code == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["stages"][0]["dp"] == 16 and plan["job"]["global_batch"] == 64 and plan["mbs"] == 1
