@@ -427,12 +427,13 @@ def test_frontier_pick_for_any_target_is_the_least_energy_by_brute_force(target,
 
 
 def test_import_of_a_deepspeed_config_with_infinite_steps(files, tmp_path):
-    """DeepSpeed's JSON with ``gradient_accumulation_steps: Infinity`` was an int(inf) OverflowError traceback."""
+    """DeepSpeed's JSON with ``gradient_accumulation_steps: Infinity`` was an int(inf) OverflowError traceback (then
+    a message naming only FILES; now the key)."""
     assert run("export", files["plan"], "--to", "deepspeed", "--out-dir", tmp_path).code == 0
     cfg = json.loads((tmp_path / "ds_config.json").read_text())
     cfg["gradient_accumulation_steps"] = float("inf")
     (tmp_path / "ds_config.json").write_text(json.dumps(cfg))
-    refused(run("import", *sorted(tmp_path.iterdir()), "--gpu", "H100-SXM"), "inf", field="FILES")
+    refused(run("import", *sorted(tmp_path.iterdir()), "--gpu", "H100-SXM"), "inf", field="gradient_accumulation_steps")
 
 
 PRICES_TOML = ROOT / "src" / "hetplan" / "hardware" / "data" / "prices.toml"

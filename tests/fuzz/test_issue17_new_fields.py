@@ -25,9 +25,22 @@ def _plan(tmp_path: Path, **fields) -> Path:
     return path
 
 
+def _moe_plan(tmp_path: Path, **fields) -> Path:
+    """:func:`_plan` on the tiny MoE model (2 layers: one per stage); an expert degree needs experts (rule
+    ``ep-needs-experts``)."""
+    path = _plan(tmp_path, **fields)
+    plan = json.loads(path.read_text())
+    plan["job"]["model"] = str(ROOT / "examples" / "tiny-moe.json")
+    for st in plan["stages"]:
+        st["num_layers"] = 1
+    path.write_text(json.dumps(plan))
+    return path
+
+
 def test_expert_tp_not_dividing_the_ranks_exits_2_not_a_layout_traceback(tmp_path):
     # expert_tp 2 on stages of 2 ranks each is fine; expert_tp 4 cannot re-partition 2 ranks
-    assert run_cli("estimate", _plan(tmp_path, expert_tp=2), "--json").code == 0
+    assert run_cli("estimate", _moe_plan(tmp_path, expert_tp=2), "--json").code == 0
+    refused(run_cli("estimate", _moe_plan(tmp_path, expert_tp=4)), "stages[0]", "expert_tp", "must divide")
     refused(run_cli("estimate", _plan(tmp_path, expert_tp=4)), "stages[0]", "expert_tp", "must divide")
 
 

@@ -35,11 +35,12 @@ def test_fasop_rows_with_bad_times_are_refused(tmp_path_factory, time, gpu):
 
 
 def _not_a_catalog_gpu(name: str) -> bool:
-    """True when the importer cannot resolve ``name`` (the catalog grows: 'a30' is the A30 since it was added)."""
-    from hetplan.profile.importers import _device
+    """True when the importer cannot resolve ``name`` (the catalog grows: 'a30' is the A30 since it was added;
+    FASOP's own names map first: 'a100' is its A100-SXM-40GB, :data:`FASOP_GPUS`)."""
+    from hetplan.profile.importers import FASOP_GPUS, _device
 
     try:
-        _device(name, "gpu")
+        _device(FASOP_GPUS.get(name.lower(), name), "gpu")
     except HetplanError:
         return True
     return False
