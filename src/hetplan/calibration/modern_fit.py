@@ -21,6 +21,7 @@ commit, with the provenance in ``calibration_source``, as the A100 fit does.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -188,6 +189,83 @@ def fit_p2p_call(cases: list) -> P2PCallFit | None:
                       _pair_metrics(held, CommConstants(p2p_call_s=call)))
 
 
+#: Search interval of the dropless load imbalance (tokens of the busiest EP rank over its balanced share).
+IMBALANCE_BOUNDS = (1.0, 4.0)
+
+
+@dataclass
+class DroplessImbalanceFit:
+    """The fitted load imbalance of the ModelZoo's dropless runs.
+
+    Attributes:
+        imbalance, was: fitted and current value (:data:`hetplan.calibration.modern.moe.MODELZOO_DROPLESS_IMBALANCE`).
+        pairs: keys of the dropless rows of the pairs (:func:`dropless_pairs`).
+        left_out_before, left_out_after: mean |error| of the pairs' throughput ratio (fraction), with
+            :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE` and with each pair left out of its own fit.
+    """
+
+    imbalance: float
+    was: float
+    pairs: list
+    left_out_before: float
+    left_out_after: float
+
+
+def dropless_pairs(cases: list) -> list[tuple]:
+    """``[(forced, dropless), ...]``: rows of one job and layout (same :attr:`group` and ``info``) measured with
+    forced-balance routing (imbalance 1) and with the dropless learned router
+    (:func:`hetplan.calibration.modern.moe.routing_of`): the contrast that isolates the cost of the busiest EP
+    rank's extra tokens, every other term cancelling in the ratio."""
+    from hetplan.calibration.modern.moe import MODELZOO_DROPLESS_IMBALANCE
+
+    def routed(c, imbalance):
+        return c.set == "moe_h100" and c.plan.job.moe_load_imbalance == imbalance
+
+    forced = [c for c in cases if routed(c, 1.0)]
+    return [(f, d) for d in cases if routed(d, MODELZOO_DROPLESS_IMBALANCE)
+            for f in forced if f.group == d.group and f.info == d.info]
+
+
+def _with_imbalance(case, imbalance: float):
+    out = copy.copy(case)
+    out.plan = case.plan.model_copy(update={"job": case.plan.job.model_copy(
+        update={"moe_load_imbalance": imbalance})})
+    return out
+
+
+def _ratio_log_err(forced, dropless, imbalance: float) -> float:
+    """log(predicted / measured) of the dropless row's time (or rate) over its forced twin's."""
+    return math.log((_with_imbalance(dropless, imbalance).evaluate() / forced.evaluate())
+                    / (dropless.measured / forced.measured))
+
+
+def _fit_imbalance(pairs: list[tuple]) -> float:
+    from scipy.optimize import minimize_scalar
+
+    res = minimize_scalar(lambda x: sum(_ratio_log_err(f, d, x) ** 2 for f, d in pairs), bounds=IMBALANCE_BOUNDS,
+                          method="bounded", options={"xatol": 1e-4})
+    return round(float(res.x), 2)
+
+
+def fit_dropless_imbalance(cases: list) -> DroplessImbalanceFit | None:
+    """Fit :data:`hetplan.calibration.modern.moe.MODELZOO_DROPLESS_IMBALANCE` on the throughput ratios of the
+    forced / dropless pairs (:func:`dropless_pairs`): least squares on log(predicted ratio / measured ratio) over
+    all pairs; each pair is also predicted by the value fitted on the others (leave one out: four pairs are too
+    few to split). A ratio within one layout cancels the GEMM efficiency and every per-layout term, so the fit sees
+    the busiest rank's extra tokens alone. None with fewer than two pairs."""
+    from hetplan.calibration.modern.moe import MODELZOO_DROPLESS_IMBALANCE
+    from hetplan.estimate.moe import DEFAULT_LOAD_IMBALANCE
+
+    pairs = dropless_pairs(cases)
+    if len(pairs) < 2:
+        return None
+    before = [abs(math.expm1(_ratio_log_err(f, d, DEFAULT_LOAD_IMBALANCE))) for f, d in pairs]
+    after = [abs(math.expm1(_ratio_log_err(f, d, _fit_imbalance(pairs[:i] + pairs[i + 1:]))))
+             for i, (f, d) in enumerate(pairs)]
+    return DroplessImbalanceFit(_fit_imbalance(pairs), MODELZOO_DROPLESS_IMBALANCE, [d.key for _, d in pairs],
+                                float(np.mean(before)), float(np.mean(after)))
+
+
 _FIT_SETS = tuple(n for n in modern.SET_NAMES if n not in modern.NOT_FITTED)
 
 
@@ -304,6 +382,10 @@ def main() -> None:  # pragma: no cover - prints the fit
         print(f"p2p call {1e3 * p.was:.2f} -> {1e3 * p.p2p_call_s:.2f} ms on jobs {p.jobs_calibration}; held-out "
               f"({a['n']} pairs of {len(p.jobs_held_out)} jobs): ratio error {100 * b['ratio_mape']:.1f} % -> "
               f"{100 * a['ratio_mape']:.1f} %, ordered as measured {b['ordered']:.2f} -> {a['ordered']:.2f}")
+    d = fit_dropless_imbalance(modern.load_sets(["moe_h100"])["moe_h100"][0])
+    if d is not None:
+        print(f"ModelZoo dropless imbalance {d.was:.2f} -> {d.imbalance:.2f} on {len(d.pairs)} pairs; ratio "
+              f"error {100 * d.left_out_before:.1f} % (default) -> {100 * d.left_out_after:.1f} % (each left out)")
     v = fit_speed_variability([c for cs, _ in modern.load_sets(modern.SET_NAMES).values() for c in cs])
     if v is not None:
         print(f"GPU speed variability {v.was:.3f} -> {v.value:.3f} on {len(v.series_calibration)} weak-scaling "

@@ -33,6 +33,21 @@ MODELZOO_OFFLOAD_MODULES = tuple(run_facts()["modelzoo"]["offload_modules"])
 #: The ModelZoo's TP where its launch command differs from its table, by the row's ``zero_or_fsdp`` cell
 #: (``[modelzoo.launch_tp]``: the Megatron-FSDP layout ran TP 1, DP 256, two micro-batches of 4).
 MODELZOO_LAUNCH_TP: dict[str, int] = fact_table("modelzoo", "launch_tp")
+#: The busiest EP rank's tokens relative to perfect balance in the ModelZoo's dropless runs, which route with the
+#: learned router of the Qwen3-235B-A22B checkpoint they load (``[modelzoo] dropless_load_imbalance``, fitted by
+#: :func:`hetplan.calibration.modern_fit.fit_dropless_imbalance`).
+MODELZOO_DROPLESS_IMBALANCE: float = float(run_facts()["modelzoo"]["dropless_load_imbalance"])
+
+
+def routing_of(r: dict, src: str) -> str:
+    """How the router of a MoE row from source ``src`` ran: ``forced`` (balanced routing forced by the benchmark:
+    NeMo AutoModel's fake balanced gate, Megatron-Core's ``--moe-router-force-load-balancing`` where the row's
+    notes say so), ``dropless`` (the ModelZoo's learned-router twins of its forced rows, whose table cell says
+    "dropless") or ``learned`` (the rest: :data:`hetplan.estimate.moe.DEFAULT_LOAD_IMBALANCE`)."""
+    notes = r["notes"].lower()
+    if src == "automodel" or "forced" in notes:
+        return "forced"
+    return "dropless" if src == "modelzoo" and "dropless routing" in notes else "learned"
 
 
 def _recompute_modules(r: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -108,8 +123,11 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                    framework="fsdp" if fsdp and not megatron_fsdp else "megatron")
         if (recipe := row_fp8_recipe(r)) is not None:
             job["fp8_recipe"] = recipe
-        if src == "automodel" or "forced" in r["notes"].lower():  # balanced routing forced by the benchmark
+        routing = routing_of(r, src)
+        if routing == "forced":
             job["moe_load_imbalance"] = 1.0
+        elif routing == "dropless":
+            job["moe_load_imbalance"] = MODELZOO_DROPLESS_IMBALANCE
         if ep > 1:
             job.update(moe_dispatcher=_dispatcher(r), moe_routing="contiguous" if src == "automodel" else "random",
                        moe_recompute=moe_recompute, moe_a2a_overlap="a2a overlap" in r["notes"].lower())
