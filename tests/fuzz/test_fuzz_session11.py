@@ -141,3 +141,65 @@ def test_deepspeed_batch_without_accumulation_steps_follows_deepspeed(tmp_path):
     assert r.code == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["stages"][0]["dp"] == 16 and plan["job"]["global_batch"] == 64 and plan["mbs"] == 1
+
+
+def test_baseline_of_other_work_per_iteration_is_refused(tmp_path):
+    """A Llama-2-13B baseline at seq 2048 / batch 32 was compared with Llama-2-7B at 4096 / 64 ("0.49x as fast")."""
+    other = tmp_path / "other.json"
+    assert run_cli("plan", "--model", "llama2-13b", "--gpu", "H100-SXM", "--gpus", "16", "--seq-len", "2048",
+                   "--global-batch", "32", "--iterations", "10", "-q", "-o", other).code == 0
+    refused(run_cli(*PLAN, "--baseline", other), "--baseline", "llama2-13b", "seq_len 2048", "global_batch 32")
+
+
+def test_baseline_is_priced_for_the_jobs_length(tmp_path):
+    """A baseline written for 10 iterations against a 1,000-iteration search: the job $ ratio compared two job
+    lengths (it is the per-iteration ratio when both run the same job)."""
+    short = tmp_path / "short.json"
+    assert run_cli(*PLAN, "--pp", "4", "-o", short).code == 0
+    long_job = [*PLAN[:-3], "--iterations", "1000"]
+    r = run_cli(*long_job, "--json", "--top", "1", "--baseline", short)
+    assert r.code == 0, r.stderr
+    out = json.loads(r.stdout)
+    best, base = out["plans"][0], out["baseline"]
+    per_iteration = best["usd_per_iteration"] / base["summary"]["usd_per_iteration"]
+    assert base["usd_ratio"] == pytest.approx(per_iteration, rel=1e-6)
+
+
+@pytest.mark.parametrize("sets", ["", ",,", " , "])
+def test_validate_sets_naming_no_set_is_refused(sets):
+    """--sets "" ran every set; --sets ",," none (exit 0 with one interval line)."""
+    refused(run_cli("validate", "--sets", sets), "--sets", "names no validation set")
+
+
+def test_calibrate_gpus_below_one_is_refused(tmp_path):
+    """--gpus -1 was dropped where the runs give their GPU count."""
+    runs = tmp_path / "r.csv"
+    runs.write_text("model,gpu,gpus,seq_len,global_batch,step_time_s\nllama2-7b,H100-SXM,8,4096,64,1.0\n")
+    refused(run_cli("calibrate", runs, "--gpus", "-1"), "--gpus")
+
+
+def test_frontier_gpu_with_a_plan_is_refused(tmp_path):
+    """--gpu names a profile CSV's GPU (its idle power); with a plan it was dropped, an unknown name included."""
+    out = tmp_path / "p.json"
+    assert run_cli(*PLAN, "-o", out).code == 0
+    for gpu in ("Z", "A100-SXM-80GB"):
+        refused(run_cli("energy", "frontier", out, "-o", tmp_path / "f", "--gpu", gpu), "--gpu", "profile CSV")
+
+
+def test_profile_import_seq_len_without_model_is_refused(tmp_path):
+    """--seq-len 0 (or any) without --model was dropped: the files' labels carry their own lengths."""
+    f = tmp_path / "f.csv"
+    f.write_text("model,gpu,tp,index,kind,forward_time_s_mbs1\ngpt2XL,A100,1,1,layer,0.0031\n")
+    for value in ("0", "2048"):
+        refused(run_cli("profile", "import", "fasop", f, "--db", tmp_path / "p.db", "--seq-len", value), "--seq-len")
+
+
+def test_profile_layers_beyond_memory_is_refused_not_an_allocator_traceback(tmp_path):
+    """mbs 1e8 x seq 2048 of the tiny model: torch's "DefaultCPUAllocator: can't allocate memory" escaped."""
+    pytest.importorskip("torch")
+    model = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "tiny-model.json")
+    refused(run_cli("profile", "layers", "--model", model, "--db", tmp_path / "l.db", "--kinds", "layer",
+                    "--dtype", "fp32", "--mbs", "100000000", "--seq-len", "2048", "--warmup", "0", "--repeats", "1"),
+            "--mbs/--seq-len", "mbs 100000000")
+    r = run_cli("profile", "layers", "--model", model, "--db", tmp_path / "l.db", "--threads", "0")  # was the default
+    assert r.code == 2 and not r.traceback and "--threads" in r.stderr, r.stderr

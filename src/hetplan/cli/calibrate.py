@@ -61,6 +61,8 @@ def register(app: typer.Typer) -> None:
         if check_file is not None and output is not None:
             raise HetplanError("--output writes a fitted calibration; --calibration checks an existing one",
                                field="--output", fix="drop --output to check FILE, or drop --calibration to fit")
+        if gpus is not None and gpus < 1:  # was passed on only to runs that lack the column, else dropped
+            raise HetplanError(f"--gpus {gpus}: a run uses 1 GPU or more", field="--gpus", fix="give --gpus 1 or more")
         check_output_path(output, "--output")
         output_file(plot_path, "--plot", figure=True)
         cat = load_catalog(catalog)

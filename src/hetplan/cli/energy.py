@@ -83,6 +83,9 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
         what = "measured" if "model" not in store.energy_sources(job) else "measured time, modelled energy"
         origin = f"{what} ({profile_db}:{job})"
     if source.suffix.lower() == ".json":
+        if gpu is not None:  # was dropped without a word, an unknown name included
+            raise HetplanError(f"--gpu {gpu} names the GPU of a profile CSV; a plan's pools name its GPUs",
+                               field="--gpu", fix="drop --gpu (give --idle-power-w W for another idle power)")
         from hetplan.energy.model import plan_stage_profile
         from hetplan.model.spec import load_model
         from hetplan.plan_rules import PlanRuleError, check_plan
@@ -117,6 +120,8 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
     if num_microbatches is None:
         raise HetplanError("a profile CSV needs the number of micro-batches", field="--num-microbatches",
                            fix="add e.g. --num-microbatches 12 (or give a plan JSON)")
+    if gpu is not None:  # checked even where --idle-power-w makes its idle power unused
+        load_catalog().get(gpu, field="--gpu")
     if idle_power_w is None:
         if gpu is None:
             raise HetplanError("a profile CSV needs the idle power", field="--idle-power-w",

@@ -303,7 +303,7 @@ def plan_command(
     if output is not None:
         write_output(output, (fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n",
                      "--output")
-    base = _baseline(baseline, cat, summaries[0]) if baseline is not None else None
+    base = _baseline(baseline, cat, summaries[0], job) if baseline is not None else None
     if usd_per_kwh is not None and not energy:
         raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
     if energy:
@@ -350,14 +350,35 @@ def plan_command(
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
 
 
-def _baseline(path: Path, cat, best: dict) -> dict:
+#: The shapes that make two models the same training work per token (``--baseline`` compares runs of one job).
+_SAME_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+               "num_experts", "expert_ffn_hidden_size")
+
+
+def _baseline(path: Path, cat, best: dict, job) -> dict:
     """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator and catalog as
     the search's plans, with the best plan's speed-up (baseline time / best time) and cost ratio (best job $ /
-    baseline job $)."""
+    baseline job $). The baseline trains ``job``'s model, sequence length and global batch (else its iteration is
+    other work: a Llama-2-13B plan at half the batch came out "0.49x as fast"); it is priced for ``job``'s length
+    (a launch's own ``--train-iters`` of a short benchmark would make the job $ ratio that of two job lengths).
+
+    Raises:
+        HetplanError: naming ``--baseline`` and what differs."""
     from hetplan.runtime.planio import load_plan
 
     plan = load_plan(path)
     spec = load_model(plan.job.model)
+    mine = load_model(job.model)
+    differs = [f"model {spec.name} (the job's: {mine.name})"] if any(
+        getattr(spec, k) != getattr(mine, k) for k in _SAME_MODEL) else []
+    differs += [f"{k} {getattr(plan.job, k)} (the job's: {getattr(job, k)})" for k in ("seq_len", "global_batch")
+                if getattr(plan.job, k) != getattr(job, k)]
+    if differs:
+        raise HetplanError(f"the baseline {path} trains other work per iteration: {', '.join(differs)}",
+                           field="--baseline", fix="give a plan of the same model, sequence length and global batch "
+                                                   "(or search the baseline's job)")
+    plan = plan.model_copy(update={"job": plan.job.model_copy(update={"train_tokens": job.train_tokens,
+                                                                      "train_iterations": job.train_iterations})})
     check_plan(plan, spec)
     summary = plan_summary(plan, estimate_plan(plan, cat, spec), "baseline")
     return {"plan": str(path), "summary": summary,

@@ -44,7 +44,7 @@ def layers(
     kinds: str = typer.Option("layer,embedding,head", "--kinds", help="What to time."),
     warmup: int = typer.Option(2, "--warmup", min=0),
     repeats: int = typer.Option(5, "--repeats", min=1),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads on CPU (default: torch's)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads on CPU (default: torch's)."),
 ) -> None:
     """Time forward and backward of one layer, the embedding and the head (median of repeats); resumable."""
     from rich.progress import Progress
@@ -108,6 +108,9 @@ def import_(
     if fmt not in fns:
         raise HetplanError(f"unknown format {fmt!r}", field="FORMAT", fix="use fasop, aceso or espresso")
     kwargs = {}
+    if seq_len is not None and not models:  # was dropped: the files' own labels carry their sequence lengths
+        raise HetplanError(f"--seq-len {seq_len} is the sequence length of --model profiles; none is given",
+                           field="--seq-len", fix="add --model LABEL=MODEL, or drop --seq-len")
     if models:
         if fmt == "espresso":
             raise HetplanError("Espresso runs name their model themselves", field="--model", fix="drop --model")

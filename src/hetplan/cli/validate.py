@@ -232,7 +232,10 @@ def register(app: typer.Typer) -> None:
 
         every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, independent.A100_SET_NAME, serving.SET_NAME,
                                                   energy_set.SET_NAME)
-        names = every if not sets else tuple(s.strip() for s in sets.split(",") if s.strip())
+        names = every if sets is None else tuple(s.strip() for s in sets.split(",") if s.strip())
+        if not names:  # --sets "" ran every set, --sets ",," none (an interval line and exit 0)
+            raise HetplanError(f"--sets {sets!r} names no validation set", field="--sets",
+                               fix=f"leave --sets out for every set, or name some of: {', '.join(every)}")
         bad = [n for n in names if n not in every]
         if bad:
             raise HetplanError(f"unknown validation set(s) {', '.join(bad)}", field="--sets",

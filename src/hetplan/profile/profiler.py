@@ -141,7 +141,8 @@ def profile_layers(db: ProfileDB, spec: ModelSpec, *, dtypes: Iterable[str] = ("
     launch, which measures all points of one TP degree).
 
     Raises:
-        HetplanError: bad arguments (see :func:`plan_points`), torch missing, a TP worker failed.
+        HetplanError: bad arguments (see :func:`plan_points`), torch missing, a TP worker failed, a point that
+            does not fit the device's memory (naming its micro-batch and sequence).
     """
     try:
         import torch
@@ -154,7 +155,15 @@ def profile_layers(db: ProfileDB, spec: ModelSpec, *, dtypes: Iterable[str] = ("
                              seq_lens=list(seq_lens), tps=list(tps), kinds=list(kinds))
     total, n = len(todo), 0
     for p in [q for q in todo if q.tp == 1]:
-        r = measure_point(spec, p, warmup=warmup, repeats=repeats, stat=stat)
+        try:
+            r = measure_point(spec, p, warmup=warmup, repeats=repeats, stat=stat)
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one; the CPU allocator raises a plain RuntimeError
+            if not (isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)):
+                raise
+            raise HetplanError(f"{p.kind} ({p.dtype}) at mbs {p.mbs} x seq_len {p.seq_len} does not fit the memory "
+                               f"of {device}: {str(exc).splitlines()[0][:200]}", field="--mbs/--seq-len",
+                               fix=f"profile smaller micro-batches or sequences ({n} points measured so far are "
+                                   "stored; a rerun resumes)") from None
         db.add_layer(_record(spec, p, r, device, software))
         n += 1
         if progress:
