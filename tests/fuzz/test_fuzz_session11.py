@@ -203,3 +203,33 @@ def test_profile_layers_beyond_memory_is_refused_not_an_allocator_traceback(tmp_
             "--mbs/--seq-len", "mbs 100000000")
     r = run_cli("profile", "layers", "--model", model, "--db", tmp_path / "l.db", "--threads", "0")  # was the default
     assert r.code == 2 and not r.traceback and "--threads" in r.stderr, r.stderr
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("edit, words", [("default_max_new_tokens = 100", "max_new_tokens_limit"),
+                                         ("default_max_new_tokens = 300\nmax_new_tokens_limit = 500", "kv_cache_len")])
+def test_serve_default_request_no_request_may_have_is_refused(tmp_path, edit, words):
+    """A default above the limit (or without room for a prompt in a KV-cache slot) started a server that answered
+    every request without max_new_tokens with 422."""
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text((ROOT / "examples" / "serve" / "serve.toml").read_text()
+                   .replace("default_max_new_tokens = 4", edit))
+    refused(run_cli("serve", cfg), "api.default_max_new_tokens", words)
+
+
+@pytest.mark.parametrize("command", ["energy", "serve"])
+def test_servers_on_a_port_in_use_exit_2_before_starting(tmp_path, command):
+    """uvicorn logged "address already in use" and exited 3 after start-up (hetplan serve: after its workers)."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = str(held.getsockname()[1])
+        args = (["energy", "serve", "--db", tmp_path / "e.db"] if command == "energy"
+                else ["serve", ROOT / "examples" / "serve" / "serve.toml"])
+        refused(run_cli(*args, "--port", port), "--port", "in use")
+    refused(run_cli("energy", "serve", "--db", tmp_path / "e.db", "--host", "10.254.254.254", "--token", "x" * 20),
+            "--host", "cannot listen")  # no address of this machine (no DNS look-up)

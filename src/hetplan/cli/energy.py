@@ -344,6 +344,9 @@ def register(app: typer.Typer) -> None:
                                fix="keep --host 127.0.0.1, or give --token (or HETPLAN_ENERGY_TOKEN)")
         if db.exists() and not db.is_file():
             raise HetplanError(f"{db} is not a file", field="--db", fix="give a path for the SQLite file")
+        from hetplan.cli.output import check_listen_address
+
+        check_listen_address(host, port, "--host", "--port")
         uvicorn.run(create_app(db, token=token, max_body_bytes=max_body_bytes, max_in_flight=max_in_flight),
                     host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
 

@@ -4,7 +4,8 @@ file; and :data:`NARROW`, the width under which tables switch to their compact l
 And the one writer of output paths (:func:`output_file`, :func:`output_dir`, :func:`write_output`): every command
 that writes a file or fills a folder goes through them, so an existing file given as a folder, a folder given as a
 file, a missing or unwritable folder, or a full disk is one message naming the option (exit 2), never a traceback
-(issue 27: ``export --out-dir FILE``, ``profile export-csv DIR``, ``validate --csv DIR`` / ``--out FILE``)."""
+(issue 27: ``export --out-dir FILE``, ``profile export-csv DIR``, ``validate --csv DIR`` / ``--out FILE``).
+Likewise the servers' listening address (:func:`check_listen_address`)."""
 
 import os
 from pathlib import Path
@@ -89,3 +90,34 @@ def write_output(path: Path, text: str, field: str) -> None:
         path.write_text(text)
     except OSError as exc:
         raise _os_error(exc, path, field, "give a file path in a folder you can write") from None
+
+
+def check_listen_address(host: str, port: int, host_field: str, port_field: str) -> None:
+    """Refuse an address a server cannot listen on before it starts: a port another process holds, a host that is
+    no address of this machine or does not resolve. Uvicorn reports a failed bind only after start-up, as a log
+    line and exit code 3 (``hetplan serve`` after starting its workers). Port 0 (any free port) is not probed.
+
+    Raises:
+        HetplanError: naming ``port_field`` (port in use or not allowed) or ``host_field``."""
+    import errno
+    import socket
+
+    from hetplan.errors import HetplanError
+
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise HetplanError(f"cannot resolve {host!r}: {exc}", field=host_field,
+                           fix="give an IP address or host name of this machine, e.g. 127.0.0.1") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                raise HetplanError(f"cannot listen on {host}:{port}: {exc.strerror}", field=port_field,
+                                   fix="choose a free port, or stop the process that holds it") from None
+            raise HetplanError(f"cannot listen on {host}:{port}: {exc.strerror}", field=host_field,
+                               fix="give an address of this machine, e.g. 127.0.0.1") from None

@@ -78,6 +78,10 @@ def register(app: typer.Typer) -> None:
         except ImportError as exc:  # pragma: no cover - extras missing
             raise HetplanError(f"serving needs the torch and serve extras ({exc.name} is missing)", field="install",
                                fix="pip install 'hetplan[torch,serve]'") from None
+        from hetplan.cli.output import check_listen_address
+
+        check_listen_address(bind, port if port is not None else cfg.api.port, "--host" if host else "api.host",
+                             "--port" if port is not None else "api.port")  # before the workers start
         engine = Engine.from_config(cfg)
         engine.start()  # before the server: start-up problems surface as errors, not as a failed lifespan
         a = cfg.api

@@ -388,9 +388,22 @@ def load_serve_config(path: str | Path) -> ServeConfig:
     """Read and validate ``SERVE.toml``.
 
     Raises:
-        HetplanError: missing file, TOML syntax error (with line and column), or an invalid field.
+        HetplanError: missing file, TOML syntax error (with line and column), an invalid field, or a default
+            request length no request may have (``api.default_max_new_tokens`` above ``api.max_new_tokens_limit``
+            or without room for a one-token prompt in a KV-cache slot: every request without its own
+            ``max_new_tokens`` was refused, 422, by a server that started).
     """
-    return _load(path, ServeConfig)
+    cfg = _load(path, ServeConfig)
+    a, slot = cfg.api, cfg.scheduler.kv_cache_len
+    if a.default_max_new_tokens > a.max_new_tokens_limit:
+        raise HetplanError(f"api.default_max_new_tokens = {a.default_max_new_tokens} is above api.max_new_tokens_limit "
+                           f"= {a.max_new_tokens_limit} (in {path})", field="api.default_max_new_tokens",
+                           fix="give a default at most the limit")
+    if a.default_max_new_tokens + 1 > slot:
+        raise HetplanError(f"api.default_max_new_tokens = {a.default_max_new_tokens} leaves no room for a prompt in a "
+                           f"KV-cache slot of scheduler.kv_cache_len = {slot} tokens (in {path})",
+                           field="api.default_max_new_tokens", fix="give a default below kv_cache_len, or raise it")
+    return cfg
 
 
 def load_workload_config(path: str | Path) -> WorkloadFile:
