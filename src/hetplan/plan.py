@@ -554,6 +554,11 @@ class Plan(UserInput):
             raise ValueError(f"pipeline_step_microbatches splits an iteration into calls of PyTorch's pipeline "
                              f"schedule (NeMo AutoModel, framework 'fsdp'); {self.job.framework} runs all its "
                              "micro-batches in one call: remove it or set job.framework = 'fsdp'")
+        for key, default in (("fsdp_param_dtype", "fp32"), ("pipeline_outputs", "last")):
+            if getattr(self, key) != default and self.job.framework != "fsdp":  # the estimate dropped it
+                raise ValueError(f"{key} = {getattr(self, key)!r} describes PyTorch FSDP2 / pipelining (framework "
+                                 f"'fsdp'); {self.job.framework} has no such setting: remove it (or give "
+                                 f"{default!r}) or set job.framework = 'fsdp'")
         if any(st.mbs is not None for st in self.stages):
             sizes = {st.dp * (st.mbs or self.mbs) for st in self.stages}
             if len(sizes) > 1:

@@ -233,3 +233,19 @@ def test_servers_on_a_port_in_use_exit_2_before_starting(tmp_path, command):
         refused(run_cli(*args, "--port", port), "--port", "in use")
     refused(run_cli("energy", "serve", "--db", tmp_path / "e.db", "--host", "10.254.254.254", "--token", "x" * 20),
             "--host", "cannot listen")  # no address of this machine (no DNS look-up)
+
+
+@pytest.mark.parametrize("key, value", [("fsdp_param_dtype", "bf16"), ("pipeline_outputs", "all")])
+def test_fsdp_only_plan_fields_outside_fsdp_are_refused(tmp_path, key, value):
+    """fsdp_param_dtype = bf16 / pipeline_outputs = all on a Megatron plan were priced as if absent."""
+    out = tmp_path / "p.json"
+    assert run_cli(*PLAN, "--pp", "2", "-o", out).code == 0
+    data = json.loads(out.read_text())
+    data[key] = value
+    out.write_text(json.dumps(data))
+    for cmd in (["estimate", out], ["export", out, "--to", "megatron"]):
+        refused(run_cli(*cmd), f"plan.{key}", "framework 'fsdp'")
+    data["job"]["framework"] = "fsdp"
+    data["zero"] = 3
+    out.write_text(json.dumps(data))
+    assert run_cli("estimate", out).code == 0
