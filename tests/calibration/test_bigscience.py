@@ -138,7 +138,8 @@ def test_measured_oom_rows_the_estimate_refuses():
 def test_misaligned_head_dimension_runs_the_attention_core_on_cuda_cores():
     """Megatron's attention core strides its batches by the head dimension: d = 225 (hidden 14,400 / 64 heads,
     2-byte-aligned batches) runs the two batched GEMMs at the fp32 FMA rate, 312 / 19.5 = 16x slower on an A100;
-    d = 224 does not, nor d = 100 (8-byte aligned: not charged, compute.SIMT_BELOW_BYTES)."""
+    d = 224 does not; d = 100 (8-byte aligned) takes the GPU's measured slowdown (A100: 9.1x, BLOOM's d = 108 rows),
+    nothing on a GPU where it was not measured (H100)."""
     from hetplan.estimate import compute
     from hetplan.hardware.catalog import load_catalog
     from hetplan.model.spec import ModelSpec
@@ -151,7 +152,8 @@ def test_misaligned_head_dimension_runs_the_attention_core_on_cuda_cores():
     assert compute.core_alignment_factor(m224, a100, "fp16") == 1.0
     m100 = ModelSpec(**(m225.model_dump() | {"hidden_size": 1600, "num_attention_heads": 16, "num_kv_heads": 16,
                                             "head_dim": 100, "ffn_hidden_size": 6400}))
-    assert compute.core_alignment_factor(m100, a100, "fp16") == 1.0
+    assert compute.core_alignment_factor(m100, a100, "fp16") == a100.core_align8_slowdown == 9.1
+    assert compute.core_alignment_factor(m100, load_catalog().get("H100-SXM"), "bf16") == 1.0
     lin225, core225 = compute.attention_gemm_times_s(m225, a100, "fp16", 1, 2048, 8)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(compute, "core_alignment_factor", lambda *a: 1.0)

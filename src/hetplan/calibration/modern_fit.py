@@ -266,6 +266,66 @@ def fit_dropless_imbalance(cases: list) -> DroplessImbalanceFit | None:
                                 float(np.mean(before)), float(np.mean(after)))
 
 
+#: Search interval of the 8-byte-aligned attention core's slowdown.
+ALIGN8_BOUNDS = (1.0, 30.0)
+#: The GA100 entries of the catalog: one silicon, one cuBLAS kernel choice (the fit's value goes to each).
+GA100_GPUS = ("A100-SXM-80GB", "A100-SXM-40GB", "A100-PCIE-40GB", "A100-PCIE-80GB")
+
+
+@dataclass
+class CoreAlign8Fit:
+    """The fitted A100 slowdown of the 8-byte-aligned attention core
+    (:attr:`hetplan.hardware.catalog.GPUSpec.core_align8_slowdown`).
+
+    Attributes:
+        value, was: fitted and catalog value (None: not charged).
+        rows: keys of the rows fitted on (BLOOM's d = 108 rows).
+        held_out: ``{key: (error without the charge, error with the fitted one)}`` of FASOP's A100 layer times of
+            GPT-2 XL (d = 100): measured / predicted − 1.
+    """
+
+    value: float
+    was: float | None
+    rows: list
+    held_out: dict
+
+
+def _align8(m) -> bool:
+    return (m.head_dim * 2) % 16 == 8
+
+
+def fit_core_align8(cases: list) -> CoreAlign8Fit | None:
+    """Fit the A100's :attr:`~hetplan.hardware.catalog.GPUSpec.core_align8_slowdown` on the rows of ``cases``
+    (``bigscience_a100``'s) whose head dimension leaves the attention core's batch pointers exactly 8 bytes aligned
+    (least squares on log(predicted / measured); all four are BLOOM's 128-head layouts of hidden 13,824, the
+    chronicle's "NHEADs comparison"), every GA100 entry taking the value; FASOP's A100 GPT-2 XL layer times
+    (16 heads of d = 100, another stack and another year) are held out. None without such rows."""
+    from scipy.optimize import minimize_scalar
+
+    from hetplan.calibration import validation
+
+    rows = [c for c in cases if c.gpu in GA100_GPUS and _align8(c.model)]
+    if not rows:
+        return None
+    base = load_catalog()
+
+    def with_value(x: float | None) -> Catalog:
+        out = base
+        for g in GA100_GPUS:
+            out = _with(out, g, "core_align8_slowdown", x)
+        return out
+
+    res = minimize_scalar(lambda x: float(np.sum(_log_err(rows, with_value(x)) ** 2)), bounds=ALIGN8_BOUNDS,
+                          method="bounded", options={"xatol": 1e-3})
+    value = round(float(res.x), 1)
+    fasop = [c for c in validation.fasop_cases() if "gpt2XL" in c.key and "A100" in c.key]
+    held = {c.key: tuple(c.measured / c.predict(validation.Constants(catalog=with_value(x))) - 1
+                         for x in (None, value)) for c in fasop}
+    for c in rows:
+        c.evaluate()
+    return CoreAlign8Fit(value, base.get(GA100_GPUS[0]).core_align8_slowdown, sorted(c.key for c in rows), held)
+
+
 _FIT_SETS = tuple(n for n in modern.SET_NAMES if n not in modern.NOT_FITTED)
 
 
@@ -386,6 +446,11 @@ def main() -> None:  # pragma: no cover - prints the fit
     if d is not None:
         print(f"ModelZoo dropless imbalance {d.was:.2f} -> {d.imbalance:.2f} on {len(d.pairs)} pairs; ratio "
               f"error {100 * d.left_out_before:.1f} % (default) -> {100 * d.left_out_after:.1f} % (each left out)")
+    a = fit_core_align8(modern.load_sets(["bigscience_a100"])["bigscience_a100"][0])
+    if a is not None:
+        print(f"A100 8-byte-aligned attention core {a.was} -> {a.value}x on {len(a.rows)} BLOOM rows; held-out FASOP "
+              "GPT-2 XL (measured / predicted - 1): " + ", ".join(f"{100 * b:+.1f} -> {100 * x:+.1f} %"
+                                                                  for b, x in a.held_out.values()))
     v = fit_speed_variability([c for cs, _ in modern.load_sets(modern.SET_NAMES).values() for c in cs])
     if v is not None:
         print(f"GPU speed variability {v.was:.3f} -> {v.value:.3f} on {len(v.series_calibration)} weak-scaling "

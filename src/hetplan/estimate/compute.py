@@ -276,22 +276,35 @@ def attention_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: 
 #: cores are charged the SIMT rate: BLOOM's d = 225 (2-byte aligned, below) runs at it, its 20 rows of 02-20 within
 #: -6.4…+6.0 %. The six 4-byte-aligned rows of 02-17 (d = 150 and 450) are 5-13 % faster than that charge and
 #: 15-24 % slower than no charge: a tensor-core kernel of narrower loads, whose rate no source gives, so they keep
-#: the SIMT charge (docs/estimator.md, BigScience); at exactly 8 bytes the measured slowdown
-#: differs by GPU (FASOP's GPT-2 XL, d = 100: about 1.6x on an A10G, 8x on an A100; BLOOM's d = 108: about 8x on
-#: an A100), no single rate holds, so it is not charged.
+#: the SIMT charge (docs/estimator.md, BigScience). At exactly 8 bytes the slowdown is a measured property of the
+#: GPU (:attr:`hetplan.hardware.catalog.GPUSpec.core_align8_slowdown`).
 SIMT_BELOW_BYTES = 8
+#: Byte alignment of the batch pointers at and above which the core's GEMMs run at their full rate.
+ALIGNED_BYTES = 16
 
 
 def core_alignment_factor(m: ModelSpec, gpu: GPUSpec, dtype: str) -> float:
     """Slowdown of the materialised attention core's two batched GEMMs (``baddbmm`` / ``bmm`` on Megatron's
-    ``[s, b·a, d]`` layout, whose batches lie ``d`` elements apart) when the head dimension leaves the batch
-    pointers less than :data:`SIMT_BELOW_BYTES` aligned: cuBLAS runs CUDA-core kernels at the GPU's fp32 FMA
-    rate (fp32 accumulation), ``peak(dtype) / peak(fp32)`` times slower at the same shape efficiency (A100:
-    312 / 19.5 = 16). Measured by BLOOM's layout search: hidden 14,400 with 64 heads (d = 225) ran 221 s per step
-    where hidden 13,824 (d = 216) ran 160 s in the same layout (bigscience chronicles-prequel.md, "tile and wave
-    quantization"; 8.5 % more FLOPs). 1 for aligned heads or GPUs without an fp32 rate."""
-    if (m.head_dim * OPERAND_BYTES) % SIMT_BELOW_BYTES == 0 or "fp32" not in gpu.dense_flops_per_s:
+    ``[s, b·a, d]`` layout, whose batches lie ``d`` elements apart) by the alignment of their batch pointers,
+    ``2·d`` bytes:
+
+    * below :data:`SIMT_BELOW_BYTES`: cuBLAS runs CUDA-core kernels at the GPU's fp32 FMA rate (fp32
+      accumulation), ``peak(dtype) / peak(fp32)`` times slower at the same shape efficiency (A100: 312 / 19.5 =
+      16). Measured by BLOOM's layout search: hidden 14,400 with 64 heads (d = 225) ran 221 s per step where
+      hidden 13,824 (d = 216) ran 160 s in the same layout (bigscience chronicles-prequel.md, "tile and wave
+      quantization"; 8.5 % more FLOPs);
+    * exactly 8 bytes (d = 100, 108): the GPU's measured :attr:`~hetplan.hardware.catalog.GPUSpec.
+      core_align8_slowdown` (A100: BLOOM's 128 heads of d = 108 ran 100-105 TFLOP/s per GPU where 64 and 96 heads
+      of the same model ran 130-157 in the same layouts, chronicles-prequel.md "NHEADs comparison"; FASOP's GPT-2 XL,
+      d = 100, held out); 1 where not measured;
+    * 16 bytes and more: 1.
+
+    1 also for GPUs without an fp32 rate."""
+    pointer_bytes = m.head_dim * OPERAND_BYTES
+    if pointer_bytes % ALIGNED_BYTES == 0 or "fp32" not in gpu.dense_flops_per_s:
         return 1.0
+    if pointer_bytes % SIMT_BELOW_BYTES == 0:
+        return gpu.core_align8_slowdown or 1.0
     return gpu.peak_flops_per_s(dtype) / gpu.peak_flops_per_s("fp32")
 
 

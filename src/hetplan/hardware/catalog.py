@@ -138,6 +138,11 @@ class GPUSpec(UserInput):
         attention_efficiency: ``(forward, backward)`` for whatever kernel runs, overriding ``attention_kernels``
             (a user catalog's or a pool's measured figure). Default None.
         sm_count: streaming multiprocessors (None: unknown; NCCL's share of the GPU is then not charged).
+        core_align8_slowdown: slowdown of the materialised attention core's batched GEMMs when the head dimension
+            leaves their batch pointers exactly 8 bytes aligned (``2·d`` a multiple of 8, not of 16: d = 100, 108),
+            over the aligned rate (:func:`hetplan.estimate.compute.core_alignment_factor`). Measured per GPU
+            (``sources``, fitted by :func:`hetplan.calibration.modern_fit.fit_core_align8`); None: not measured on
+            this GPU, not charged.
         speed_variability: standard deviation of the sustained speed of one board of this type over the mean
             (dimensionless): a stage of ``n`` GPUs runs at the pace of its slowest
             (:mod:`hetplan.estimate.variability`). Default :data:`SPEED_VARIABILITY`.
@@ -184,6 +189,8 @@ class GPUSpec(UserInput):
     attention_kernel: AttentionKernel | None = None
     attention_efficiency: tuple[_Fraction, _Fraction] | None = None
     sm_count: int | None = Field(default=None, gt=0)
+    core_align8_slowdown: float | None = bounded(100.0, "100x is 6x the CUDA-core charge of a 2-byte-aligned head "
+                                                 "(A100: 16x)", default=None, ge=1)
     speed_variability: float = bounded(0.2, "a spread of 20 % is twice the 8 % average variation Sinha et al. "
                                        "(SC'22) measured between GPUs of one SKU", default=SPEED_VARIABILITY, ge=0)
     sources: tuple[str, ...] = ()
