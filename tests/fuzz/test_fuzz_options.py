@@ -382,7 +382,12 @@ def test_pipeline_step_microbatches_estimates(tmp_path, moe, pp, framework, micr
     the same estimate as without it (one call of the schedule); otherwise ``ceil(m / step)`` calls, each with its
     pipeline flush: no faster, and no more memory (fewer micro-batches buffered per call)."""
     plan = _pipeline_plan(moe, pp, framework, 2 * mbs * microbatches, mbs)
-    plan["pipeline_outputs"] = outputs
+    if framework != "fsdp" and outputs != "last":  # PyTorch pipelining's setting: refused, not dropped
+        (tmp_path / "plan.json").write_text(json.dumps({**plan, "pipeline_outputs": outputs}))
+        r = timed("estimate", tmp_path / "plan.json")
+        check_outcome(r, f"outputs {outputs} {framework}")
+        assert r.code == 2 and "pipeline_outputs" in r.stderr, r.stderr
+    plan["pipeline_outputs"] = outputs if framework == "fsdp" else "last"
     base = _estimate(tmp_path, plan)
     if framework != "fsdp":  # Megatron-LM and DeepSpeed run an iteration in one call: refused, not costed
         (tmp_path / "plan.json").write_text(json.dumps({**plan, "pipeline_step_microbatches": step}))
