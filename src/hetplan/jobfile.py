@@ -85,8 +85,14 @@ def normalise_pool(raw: dict, where: str = "inventory") -> dict:
 
 
 def normalise_objective(raw: dict) -> dict:
-    """Convert ``deadline_days`` to ``deadline_s``."""
+    """Convert ``deadline_days`` to ``deadline_s``.
+
+    Raises:
+        HetplanError: both given (``deadline_days`` replaced ``deadline_s`` without a word)."""
     out = dict(raw)
+    if "deadline_days" in out and "deadline_s" in out:
+        raise HetplanError("give deadline_days or deadline_s, not both", field="objective.deadline_days",
+                           fix="remove one of them")
     if "deadline_days" in out:
         out["deadline_s"] = _number(out, "deadline_days", "objective") * 86400.0
         del out["deadline_days"]

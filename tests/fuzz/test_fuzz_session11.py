@@ -249,3 +249,21 @@ def test_fsdp_only_plan_fields_outside_fsdp_are_refused(tmp_path, key, value):
     data["zero"] = 3
     out.write_text(json.dumps(data))
     assert run_cli("estimate", out).code == 0
+
+
+def test_length_distribution_mean_outside_its_clip_is_refused(tmp_path):
+    """A lognormal input of mean 5,000 clipped at 2,048: every draw at most 2,048, the rate bounds on a mean of
+    5,000 (capacity printed a mix for it)."""
+    text = (ROOT / "examples" / "serve" / "capacity-engines.toml").read_text()
+    assert "mean = 512" in text
+    w = tmp_path / "w.toml"
+    w.write_text(text.replace("mean = 512", "mean = 5000", 1))
+    refused(run_cli("capacity", w), "workload.input.mean", "outside min..max")
+
+
+def test_job_file_with_both_deadlines_is_refused(tmp_path):
+    """deadline_days replaced deadline_s without a word."""
+    text = (ROOT / "examples" / "llama2-7b-mixed-cloud.toml").read_text()
+    job = tmp_path / "job.toml"
+    job.write_text(text.replace("deadline_days = 60", "deadline_days = 60\ndeadline_s = 100"))
+    refused(run_cli("plan", job, "-q"), "objective.deadline_days", "not both")

@@ -175,6 +175,10 @@ class LengthSpec(_Strict):
             raise ValueError(f"a {self.dist} length needs {' and '.join(missing)} (tokens)")
         if self.max is not None and self.max < self.min:
             raise ValueError(f"max = {self.max} is below min = {self.min}")
+        if self.dist in ("normal", "lognormal") and self.max is not None and not self.min <= self.mean <= self.max:
+            # the draws are clipped to min..max, while the capacity bounds and reports use the mean as given
+            raise ValueError(f"mean = {self.mean:g} is outside min..max = {self.min}..{self.max}: the clipped draws "
+                             "cannot have that mean")
         return self
 
     def upper(self) -> int:
