@@ -267,3 +267,17 @@ def test_job_file_with_both_deadlines_is_refused(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(text.replace("deadline_days = 60", "deadline_days = 60\ndeadline_s = 100"))
     refused(run_cli("plan", job, "-q"), "objective.deadline_days", "not both")
+
+
+@pytest.mark.parametrize("flags", [["--price", "0.01"], ["--gpus", "8"], ["--network", "ethernet"],
+                                   ["--inter-node-gbit", "100"]])
+def test_pool_flags_without_gpu_are_refused(flags):
+    """With a job file's pools, --price 0.01 printed the catalog-priced job ($86,009) as if given."""
+    refused(run_cli("plan", ROOT / "examples" / "llama2-7b-mixed-cloud.toml", "-q", *flags), flags[0], "--gpu")
+
+
+def test_inventory_and_gpu_together_are_refused(tmp_path):
+    """--gpu replaced the pools of --inventory without a word."""
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n')
+    refused(run_cli(*PLAN, "--inventory", inv), "--inventory", "--gpu")

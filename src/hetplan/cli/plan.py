@@ -232,7 +232,16 @@ def plan_command(
     job = validated(Job, job_raw, "job")
     pools_raw = data["inventory"]
     if inventory is not None:
+        if gpu is not None:  # --gpu replaced the file's pools without a word
+            raise HetplanError("--inventory and --gpu each give the GPUs", field="--inventory",
+                               fix="give one: --inventory FILE, or --gpu TYPE --gpus N")
         pools_raw = load_job_file(inventory)["inventory"]
+    pool_flags = {"--gpus": gpus, "--node": node, "--gpus-per-node": gpus_per_node, "--inter-node-gbit": inter_node_gbit,
+                  "--network": network, "--price": price}
+    if gpu is None and (given := [k for k, v in pool_flags.items() if v is not None]):
+        # they describe the one pool of --gpu; the job file's or --inventory's pools were priced without them
+        raise HetplanError(f"{', '.join(given)} set the pool of --gpu, and no --gpu is given", field=given[0],
+                           fix="add --gpu TYPE, or set it in the [[inventory]] pools of the job file")
     if gpu is not None:
         if gpus is None:
             raise HetplanError("--gpu needs --gpus", field="--gpus", fix="say how many GPUs of that type are available")
