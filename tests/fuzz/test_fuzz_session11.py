@@ -163,6 +163,11 @@ def test_baseline_is_priced_for_the_jobs_length(tmp_path):
     best, base = out["plans"][0], out["baseline"]
     per_iteration = best["usd_per_iteration"] / base["summary"]["usd_per_iteration"]
     assert base["usd_ratio"] == pytest.approx(per_iteration, rel=1e-6)
+    from hetplan.units import usd_text  # the text line's job $ as the table writes money ($0.26 printed "$0")
+
+    text = run_cli(*PLAN, "--baseline", short).stdout
+    tiny = run_cli(*PLAN, "--json", "--top", "1", "--baseline", short)
+    assert f"job ${usd_text(json.loads(tiny.stdout)['baseline']['summary']['job_usd'])};" in text, text[-400:]
 
 
 @pytest.mark.parametrize("sets", ["", ",,", " , "])

@@ -353,7 +353,7 @@ def plan_command(
         b = base["summary"]
         table_console().print(
             f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${b['usd_per_iteration']:.2f}/iteration, "
-            f"job ${b['job_usd']:,.0f}; the best plan is {base['speedup']:.2f}x as fast and costs "
+            f"job ${usd_text(b['job_usd'])}; the best plan is {base['speedup']:.2f}x as fast and costs "
             f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
         Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
