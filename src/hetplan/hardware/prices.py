@@ -179,6 +179,7 @@ def _stale(date_text: str, today: dt.date) -> bool:
 SINGLE_MARKET = {
     "H100-SXM-96GB-500W": "Meta's own fleet (Llama 3), not rented publicly",
     "GB200": "sold as NVL72 racks on contract; one GPU cloud lists an on-demand Superchip, no hyperscaler does",
+    "GB300": "sold as NVL72 racks on contract; no dated public on-demand quote found by 2026-11",
     "A100-SXM-80GB": "no dated 2026 hyperscaler on-demand quote found (AWS p4de 2024 only)",
     "A100-PCIE-40GB": "no dated public quote since 2025",
     "A100-PCIE-80GB": "one GPU cloud only",
