@@ -298,3 +298,16 @@ def test_calibration_of_other_gpus_is_refused(tmp_path):
     assert run_cli(*PLAN, "-o", out).code == 0
     refused(run_cli(*PLAN, "--calibration", cal), "--calibration", "H100-SXM-96GB-500W")
     refused(run_cli("estimate", out, "--calibration", cal), "--calibration", "no pool here")
+
+
+def test_catalog_prices_of_an_empty_gpu_name_is_refused():
+    """--gpu "" listed every GPU type's quotes as if no filter were given."""
+    refused(run_cli("catalog", "prices", "--gpu", ""), "--gpu", "unknown GPU type")
+
+
+def test_empty_names_are_refused_not_taken_as_absent(tmp_path):
+    """simulate --policy "" kept the file's policy; import --model "" matched a preset, --gpu "" wrote gpu ""."""
+    refused(run_cli("simulate", ROOT / "examples" / "serve" / "workload.toml", "--policy", ""), "scheduler.policy")
+    files = _launch("megatron")
+    refused(_import(tmp_path, files, "--gpu", ""), "--gpu", "empty")
+    refused(_import(tmp_path, files, "--model", " "), "--model", "empty")
