@@ -286,3 +286,28 @@ def test_inventory_and_gpu_together_are_refused(tmp_path):
     inv = tmp_path / "inv.toml"
     inv.write_text('[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n')
     refused(run_cli(*PLAN, "--inventory", inv), "--inventory", "--gpu")
+
+
+def test_calibration_of_other_gpus_is_refused(tmp_path):
+    """A calibration fitted on H100-SXM-96GB-500W runs, given for an H100-SXM plan: its factors and interval
+    applied to no pool and the numbers printed were uncalibrated, without a word (plan and estimate)."""
+    cal = tmp_path / "cal.toml"
+    runs = ROOT / "tests" / "fixtures" / "calibration" / "torchtitan_llama3_8b_h100_runs.csv"
+    assert run_cli("calibrate", runs, "--residuals-only", "-o", cal).code == 0
+    out = tmp_path / "p.json"
+    assert run_cli(*PLAN, "-o", out).code == 0
+    refused(run_cli(*PLAN, "--calibration", cal), "--calibration", "H100-SXM-96GB-500W")
+    refused(run_cli("estimate", out, "--calibration", cal), "--calibration", "no pool here")
+
+
+def test_catalog_prices_of_an_empty_gpu_name_is_refused():
+    """--gpu "" listed every GPU type's quotes as if no filter were given."""
+    refused(run_cli("catalog", "prices", "--gpu", ""), "--gpu", "unknown GPU type")
+
+
+def test_empty_names_are_refused_not_taken_as_absent(tmp_path):
+    """simulate --policy "" kept the file's policy; import --model "" matched a preset, --gpu "" wrote gpu ""."""
+    refused(run_cli("simulate", ROOT / "examples" / "serve" / "workload.toml", "--policy", ""), "scheduler.policy")
+    files = _launch("megatron")
+    refused(_import(tmp_path, files, "--gpu", ""), "--gpu", "empty")
+    refused(_import(tmp_path, files, "--model", " "), "--model", "empty")

@@ -70,7 +70,7 @@ def prices(
 
     cat = load_catalog()
     quotes = load_quotes(prices_file)
-    names = [cat.get(gpu, field="--gpu").name] if gpu else list(cat.gpus)
+    names = [cat.get(gpu, field="--gpu").name] if gpu is not None else list(cat.gpus)  # --gpu "": all of them
     today = dt.date.today()
     rows, defaults = [], []
     for name in names:

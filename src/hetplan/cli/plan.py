@@ -283,7 +283,7 @@ def plan_command(
     cat = load_catalog(catalog)
     pools_priced, price_lines = _priced(inv.pools, cat, price_source, provider, prices)
     inv = inv.model_copy(update={"pools": pools_priced})
-    cal, cat = _calibrated(calibration, cat)
+    cal, cat = _calibrated(calibration, cat, inv.pools)
     if cal is not None:
         inv = inv.model_copy(update={"pools": cal.apply_pools(inv.pools, cat)})
     _check_free_pools(inv, obj, cat)
@@ -395,13 +395,23 @@ def _baseline(path: Path, cat, best: dict, job) -> dict:
             "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
 
 
-def _calibrated(path: Path | None, cat):
-    """``(calibration, catalog with its factors)`` of ``--calibration`` (``(None, cat)`` without one)."""
+def _calibrated(path: Path | None, cat, pools=()):
+    """``(calibration, catalog with its factors)`` of ``--calibration`` (``(None, cat)`` without one).
+
+    Raises:
+        HetplanError: a calibration of GPU types none of ``pools`` is on (its factors and interval applied to
+            none, and the numbers printed were uncalibrated without a word)."""
     if path is None:
         return None, cat
     from hetplan.calibration.user import load_calibration
 
     cal = load_calibration(path)
+    names = sorted({cat.get(p.gpu).name for p in pools})
+    if names and not set(names) & set(cal.gpus):
+        raise HetplanError(f"{path} calibrates {', '.join(cal.gpus) or 'no GPU type'} "
+                           f"({', '.join(cal.stacks) or 'no stack'}); no pool here is on those GPUs "
+                           f"({', '.join(names)})", field="--calibration",
+                           fix="drop --calibration, or fit one on runs of these GPUs (hetplan calibrate)")
     return cal, cal.apply_catalog(cat)
 
 

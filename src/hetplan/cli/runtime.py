@@ -197,12 +197,16 @@ def import_cmd(
                                        "--nnodes x --nproc-per-node."),
 ) -> None:
     """Read a framework launch back into a plan: `hetplan estimate` prices it, `plan --baseline` compares it."""
+    from hetplan.errors import HetplanError
     from hetplan.inputs import read_text
     from hetplan.runtime.importers import import_files
     from hetplan.runtime.planio import plan_model
     from hetplan.plan_rules import check_plan
 
     output_file(output, "--output")
+    for value, flag in ((model, "--model"), (gpu, "--gpu")):
+        if value is not None and not value.strip():  # --model "" matched a preset, --gpu "" wrote gpu ""
+            raise HetplanError(f"{flag} is empty", field=flag, fix=f"give {flag} a name, or leave it out")
     texts = {}
     for f in files:
         texts[f.name] = read_text(f, "FILES")

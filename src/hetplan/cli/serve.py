@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
         _check_export(export, out_dir)
         hosts = _hosts(host, export)
         wf = load_workload_config(workload)
-        if policy:
+        if policy is not None:  # --policy "" was dropped; make_policy names the policies
             wf.scheduler.policy = policy
         res = simulate_workload(wf)
         rep = res.report(slos(wf))
