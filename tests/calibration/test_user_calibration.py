@@ -305,6 +305,11 @@ def test_calibrate_from_logs(tmp_path):
     # two step_time_s columns: csv.DictReader would keep the second and drop the first unsaid
     ("model,gpu,gpus,seq_len,global_batch,step_time_s,step_time_s\nllama3-8b,H100-SXM,8,8192,16,2,3\n"
      "llama3-8b,H100-SXM,16,8192,32,2,3\n", "RUNS"),
+    # 500 GiB measured on an 80 GiB GPU: a unit slip (MiB, or the node's total)
+    ("model,gpu,gpus,seq_len,global_batch,step_time_s,memory_gib\nllama3-8b,H100-SXM,8,8192,16,2.8,500\n"
+     "llama3-8b,H100-SXM,16,8192,32,2.9,60\n", "runs.memory_gib"),
+    # a plan file and a model cell: which describes the run? (the cell would be ignored)
+    ("plan,model,step_time_s\nplan.json,llama2-7b,3\nplan.json,llama2-7b,3.1\n", "runs.model"),
 ])
 def test_bad_runs_exit_2_naming_the_field(tmp_path, body, field):
     f = tmp_path / "runs.csv"

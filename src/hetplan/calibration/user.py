@@ -145,8 +145,16 @@ def _rows(path: Path, defaults: dict[str, str]) -> list[tuple[str, dict[str, str
     if "step_time_s" not in header:
         raise HetplanError("no step_time_s column", field="RUNS.step_time_s",
                            fix="add the measured seconds per iteration as column step_time_s")
-    return [(f"row {i}", {**defaults, **{k: v for k, v in r.items() if v is not None and v.strip()}})
-            for i, r in enumerate(rows, start=2)]
+    out = []
+    for i, r in enumerate(rows, start=2):
+        given = {k: v for k, v in r.items() if v is not None and v.strip()}
+        extra = [c for c in given if c in COLUMNS] if "plan" in given else []
+        if extra:
+            raise HetplanError(f"row {i} names a plan file and gives {', '.join(extra)} too", field=f"runs.{extra[0]}",
+                               fix="a plan file describes the whole run: leave its row's other columns empty, or "
+                                   "drop the plan cell")
+        out.append((f"row {i}", given if "plan" in given else {**defaults, **given}))
+    return out
 
 
 def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | None = None, progress=None) -> list[Run]:
@@ -155,8 +163,9 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
 
     Raises:
         HetplanError: unreadable or empty file, no ``step_time_s`` column, an unknown column, a value that is not
-            of its column's type, a NaN / negative / zero measurement, or a row whose job or plan is invalid
-            (the message names the row and the column).
+            of its column's type, a NaN / negative / zero measurement, a memory above the GPU's, a row that names a
+            plan file and other run columns, or a row whose job or plan is invalid (the message names the row and
+            the column).
     """
     from hetplan.jobfile import read_structured, validated
     from hetplan.model.spec import load_model
@@ -173,11 +182,27 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
                 plan = validated(Plan, read_structured(path.parent / r["plan"]), f"runs.plan ({label})")
             else:
                 plan = _plan_of(r, label, catalog)
+            _check_memory(plan, mem, label, catalog)
             out.append(Run(len(out) + 1, plan, load_model(plan.job.model), step, None if mem is None else mem * 2**30,
                            f"{path.name} {label}" if len(paths) > 1 else label))
             if progress is not None:
                 progress()
     return out
+
+
+def _check_memory(plan: Plan, memory_gib: float | None, label: str, catalog: Catalog) -> None:
+    """A measured footprint no GPU of the run holds (more than its device memory) is a wrong unit or column.
+
+    Raises:
+        HetplanError: ``memory_gib`` above the largest device memory among the run's GPUs (field runs.memory_gib)."""
+    if memory_gib is None:
+        return
+    cap = max(catalog.get(p.gpu).memory_bytes for p in plan.pools) / 2**30
+    if memory_gib > cap:
+        raise HetplanError(f"{label}: memory_gib = {memory_gib:g} is more than a {plan.pools[0].gpu} holds "
+                           f"({cap:.0f} GiB)", field="runs.memory_gib",
+                           fix="give the peak memory of one GPU in GiB (nvidia-smi's MiB / 1024, or "
+                               "torch.cuda.max_memory_reserved() / 2**30), or leave it empty")
 
 
 def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
