@@ -66,6 +66,7 @@ def test_generate_matches_reference(server, fixtures):
     ("/v1/models/a/generate", {"prompt": "x", "max_new_tokens": 0}, 422),
     ("/v1/models/a/generate", {"prompt": "x", "max_new_tokens": True}, 422),  # was read as 1 token
     ("/v1/models/a/generate", {"prompt_tokens": [True, 5]}, 422),  # was read as token ids 1, 5
+    ("/v1/models/a/generate", {"prompt_tokens": [5], "prompt": "x"}, 422),  # the text was dropped unsaid
 ])
 def test_errors(server, path, body, code):
     url, _ = server

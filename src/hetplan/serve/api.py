@@ -2,7 +2,7 @@
 
 Endpoints:
 
-* ``POST /v1/models/{model}/generate`` — body ``{"prompt_tokens": [int, ...]}`` or ``{"prompt": "text"}``
+* ``POST /v1/models/{model}/generate`` — body ``{"prompt_tokens": [int, ...]}`` or ``{"prompt": "text"}`` (one of them: both is 422)
   (bytes of the UTF-8 text, modulo the vocabulary: the models have random weights and no tokenizer), optional
   ``max_new_tokens``, ``stop_token`` and ``client_id`` (echoed back). Answers ``200`` with ``id``, ``model``,
   ``tokens``, ``latency_s``, ``ttft_s``, ``tpot_s``, ``queue_s``, ``batch_size``; ``400`` malformed JSON; ``401``
@@ -101,6 +101,8 @@ def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_token
         if model not in engine.specs:
             return JSONResponse({"error": f"unknown model {model!r}", "models": list(engine.specs)}, status_code=404)
         vocab = engine.vocab_sizes[model]
+        if body.prompt_tokens is not None and body.prompt is not None:
+            return JSONResponse({"error": "give prompt_tokens or prompt, not both"}, status_code=422)
         if body.prompt_tokens is not None:
             prompt = body.prompt_tokens
         elif body.prompt is not None:
