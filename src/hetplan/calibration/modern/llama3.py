@@ -5,21 +5,27 @@ H100."""
 from __future__ import annotations
 
 from hetplan.calibration.modern.mapping import Layout, collect, row_case
-from hetplan.calibration.modern.rows import cell_float, cell_int, read_rows
+from hetplan.calibration.modern.rows import cell_float, cell_int, read_rows, run_facts
 from hetplan.calibration.modern.sets import FILES
 from hetplan.hardware.catalog import Catalog, load_catalog
+
+
+#: The attention kernel of Meta's stack for these runs (``run_facts.toml`` ``[llama3]``: FlashAttention-2, by the
+#: release dates of the kernels a PyTorch stack had on H100 before the paper).
+LLAMA3_ATTENTION_KERNEL: str = run_facts()["llama3"]["attention_kernel"]
 
 
 def llama3_row_case(set_name: str, i: int, r: dict, catalog: Catalog):
     """Llama 3 405B (arXiv 2407.21783, Table 4 and Sec. 3.3.2): TP 8, PP 16, FSDP-style DP (optimizer states
     and gradients sharded, parameters kept after forward: ZeRO-2), no recomputation at 8K, micro-batch 1,
     interleaved pipeline with one layer per virtual stage (8 layers per stage; the paper gives neither micro-batch
-    nor v). TFLOP/s per GPU."""
+    nor v), FlashAttention-2 (:data:`LLAMA3_ATTENTION_KERNEL`). TFLOP/s per GPU."""
     key = f"{set_name}:{i}:n{r['num_gpus']}:s{r['seq_len']}"
 
     def make():
         tp, pp, dp, cp = (cell_int(r, k, 1) for k in ("tp", "pp", "dp", "cp"))
-        job = dict(seq_len=cell_int(r, "seq_len"), global_batch=cell_int(r, "global_batch"))
+        job = dict(seq_len=cell_int(r, "seq_len"), global_batch=cell_int(r, "global_batch"),
+                   attention_kernel=LLAMA3_ATTENTION_KERNEL)
         if cp > 1:
             job["cp_kv_exchange"] = "allgather"
         lay = Layout(tp=tp, pp=pp, dp=dp, recompute="none", job=job,
