@@ -66,6 +66,10 @@ def test_a_workload_with_no_arrivals_is_refused(tmp_path):
     w.write_text('[cluster]\ngpu = "A100-SXM-80GB"\ndtype = "fp16"\n[workload]\nduration_s = 10\n'
                  'total_rate_per_s = 0\n[[models]]\nname = "a"\nmodel = "opt-1.3b"\n')
     refused(run_cli("simulate", w), "workload.total_rate_per_s", "no request")
+    # a window of a nanosecond: one arrival at t = 0 made a goodput of 1e9 requests/s
+    w.write_text(w.read_text().replace("duration_s = 10", "duration_s = 1e-9").replace("total_rate_per_s = 0",
+                                                                                       "total_rate_per_s = 2"))
+    refused(run_cli("simulate", w), "workload.duration_s", "expects")
 
 
 def _launch(target: str) -> dict[str, str]:
