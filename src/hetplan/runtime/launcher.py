@@ -135,6 +135,50 @@ def _visible_gpus() -> int:
     return min(n, len(vis.split(","))) if vis else n
 
 
+def host_memory_bytes() -> int:
+    """Memory this host can give new processes (bytes): ``MemAvailable`` of ``/proc/meminfo`` (Linux), else its
+    physical memory (``os.sysconf``)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_host_memory(plan, spec, lay: planio.Layout, opts: RunOptions, available_bytes: int | None = None) -> None:
+    """A run on CPU keeps every rank's stage in host memory: its weights, gradients, AdamW states and activations
+    in the run's dtype (fp32 unless ``--dtype``), the estimate's breakdown of each stage mapped to them by
+    :func:`hetplan.runtime.verify.predicted_memory_bytes`, times the stage's ``dp · tp`` ranks, over the nodes.
+    Ranks that need more than the host has would be killed by the kernel or swap until ``--timeout``: refused
+    before any starts. ``available_bytes``: default :func:`host_memory_bytes`.
+
+    Raises:
+        HetplanError: the ranks on this node need more memory than it has (field ``plan``)."""
+    from hetplan.estimate.estimator import estimate
+    from hetplan.hardware.catalog import Catalog, load_catalog
+    from hetplan.runtime.verify import predicted_memory_bytes
+
+    element = 2 if opts.dtype in ("bf16", "fp16") else 4
+    cat = load_catalog()
+    known = {n.lower() for g in cat.gpus.values() for n in (g.name, *g.aliases)}
+    # a pool of a GPU type the catalog does not list (``cpu``: hetplan verify's measured host) takes a data-centre
+    # GPU's entry: the breakdown of weights, gradients, optimizer states and activations does not depend on speed
+    stand_in = cat.get("A100-SXM-80GB")
+    cat = Catalog({**cat.gpus, **{p.gpu: stand_in.model_copy(update={"name": p.gpu, "aliases": ()})
+                                  for p in plan.pools if p.gpu.lower() not in known}}, cat.date)
+    est = estimate(plan, catalog=cat, model=spec)
+    need = sum(predicted_memory_bytes(st.memory, element) for st in est.stages) * lay.dp * lay.tp / opts.nnodes
+    have = host_memory_bytes() if available_bytes is None else available_bytes
+    if need > have:
+        raise HetplanError(f"the run's {lay.world_size // opts.nnodes} ranks on this host need about {need / 2**30:,.1f} "
+                           f"GiB of memory ({spec.name}'s weights, gradients, AdamW states and activations in "
+                           f"{'fp32' if element == 4 else opts.dtype}); it has {have / 2**30:,.1f} GiB available",
+                           field="plan", fix="run a smaller model (e.g. examples/tiny-model.json) or a plan of fewer "
+                                             "data-parallel ranks, --dtype bf16, or more nodes (--nnodes)")
+
+
 def torchrun_command(plan_path: str | Path, world_size: int, opts: RunOptions, out: str | Path,
                      energy_job: str | None = None) -> list[str]:
     """The torchrun command line that runs ``plan_path`` (see module doc).
@@ -172,7 +216,8 @@ def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
 
     Raises:
         HetplanError: bad options (:func:`check_options`), bad plan (see :func:`hetplan.runtime.planio.layout`),
-            more ranks per node than allowed, torch missing, or the ranks failed / timed out (with the tail of their
+            more ranks per node than allowed, ranks on CPU that need more memory than the host has
+            (:func:`check_host_memory`), torch missing, or the ranks failed / timed out (with the tail of their
             log; no rank is left running, :func:`_supervise`).
     """
     opts = opts or RunOptions()
@@ -185,6 +230,8 @@ def run_plan(plan_path: str | Path, opts: RunOptions | None = None) -> dict:
     per_node = opts.max_procs or (gpus if gpus else DEFAULT_MAX_CPU_PROCS)
     lay = planio.layout(plan, spec, schedule=opts.schedule, virtual_stages=opts.virtual_stages,
                         max_world_size=per_node * opts.nnodes)
+    if not gpus:  # ranks on CPU hold their stages in host memory
+        check_host_memory(plan, spec, lay, opts)
     try:
         import importlib.util
 
