@@ -166,6 +166,25 @@ def test_hand_written_torchtitan_toml():
     assert not violations(plan, load_model("llama3-70b"))
 
 
+def test_hand_written_deepspeed_launch_needs_its_sequence_length():
+    """A user's own DeepSpeed config and launch do not give the sequence length (the training script holds it):
+    it was taken as 2048 without a word; now --seq-len gives it, and one that contradicts the launch is refused."""
+    cfg = ('{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "bf16": {"enabled": true}, '
+           '"zero_optimization": {"stage": 1}}')
+    launch = "deepspeed --num_nodes 2 --num_gpus 8 train.py --deepspeed_config ds.json\n"
+    files = {"ds.json": cfg, "launch.sh": launch}
+    with pytest.raises(HetplanError) as exc:
+        importers.import_files(files, model="llama2-7b")
+    assert exc.value.field == "--seq-len"
+    plan = importers.import_files(files, model="llama2-7b", seq_len=4096)
+    assert (plan.job.seq_len, plan.job.global_batch, plan.num_gpus) == (4096, 2 * 4 * 16, 16)
+    given_len = {"ds.json": cfg, "launch.sh": launch.replace("ds.json", "ds.json --seq-length 8192")}
+    assert importers.import_files(given_len, model="llama2-7b").job.seq_len == 8192
+    with pytest.raises(HetplanError, match="contradicts") as bad:
+        importers.import_files(given_len, model="llama2-7b", seq_len=4096)
+    assert bad.value.field == "--seq-len"
+
+
 def test_cli_import_estimate(tmp_path):
     script = tmp_path / "run.sh"
     script.write_text(HAND_MEGATRON)

@@ -195,6 +195,8 @@ def import_cmd(
     gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU type the launch runs on."),
     gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="World size, when the launch does not give "
                                        "--nnodes x --nproc-per-node."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Tokens per sequence, for a DeepSpeed "
+                                          "launch that does not give it (its training script holds it)."),
 ) -> None:
     """Read a framework launch back into a plan: `hetplan estimate` prices it, `plan --baseline` compares it."""
     from hetplan.errors import HetplanError
@@ -210,7 +212,7 @@ def import_cmd(
     texts = {}
     for f in files:
         texts[f.name] = read_text(f, "FILES")
-    plan = import_files(texts, model=model, gpu=gpu, gpus=gpus)
+    plan = import_files(texts, model=model, gpu=gpu, gpus=gpus, seq_len=seq_len)
     check_plan(plan, plan_model(plan))
     text = plan.model_dump_json(indent=2) + "\n"
     if output:

@@ -527,10 +527,17 @@ def _ds_count(cfg: dict, key: str) -> int | None:
 
 
 def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = None, partition: str | None = None,
-                     model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None) -> Plan:
+                     model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
+                     seq_len: int | None = None) -> Plan:
     """The plan a DeepSpeed JSON config runs, with the launcher's arguments (``deepspeed --num_nodes N --num_gpus G
     train.py ... --pipeline-parallel-size P``), and hetplan's ``pipeline_module.json`` / ``hetplan_pipeline.py``
-    when present (else DeepSpeed's ``uniform`` partition, ``ds_utils.partition_uniform``)."""
+    when present (else DeepSpeed's ``uniform`` partition, ``ds_utils.partition_uniform``). The sequence length
+    is the training script's, not the config's: from ``pipeline_module.json``, the launch's ``--seq-length``, or
+    ``seq_len``.
+
+    Raises:
+        HetplanError: (among the launch's own errors) no sequence length anywhere, or ``seq_len`` contradicting
+            the launch's."""
     try:
         cfg = json.loads(config)
     except json.JSONDecodeError as e:
@@ -580,7 +587,14 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
         raise HetplanError("the DeepSpeed config trains in fp32; hetplan prices mixed precision", field="bf16",
                            fix='set "bf16": {"enabled": true}')
     zero_cfg = cfg.get("zero_optimization", {})
-    job = Job(model=name, seq_len=int(pipe.get("seq_len") or _opt(words, "--seq-length", "--seq_len") or 2048),
+    launched = pipe.get("seq_len") or _opt(words, "--seq-length", "--seq_len")
+    if launched is None and seq_len is None:
+        raise HetplanError("the DeepSpeed launch does not give the sequence length (it lives in the training "
+                           "script)", field="--seq-len", fix="give --seq-len, the tokens per sequence the script uses")
+    if launched is not None and seq_len is not None and int(launched) != seq_len:
+        raise HetplanError(f"--seq-len {seq_len} contradicts the launch's {launched}", field="--seq-len",
+                           fix="leave --seq-len out, or correct the launch")
+    job = Job(model=name, seq_len=int(launched if launched is not None else seq_len),
               global_batch=gbs, train_iterations=int(pipe.get("train_iterations") or 1), dtype=dtype,
               attention="flash", framework="deepspeed")
     return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
@@ -590,7 +604,7 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
 
 
 def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = "H100-SXM",
-                 gpus: int | None = None) -> Plan:
+                 gpus: int | None = None, seq_len: int | None = None) -> Plan:
     """The plan of a set of launch files (name -> text), whichever framework wrote them (see module doc); the
     model named by a ``# hetplan model: NAME`` line (hetplan's exports write one) when ``model`` is not given.
 
@@ -598,7 +612,7 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
         HetplanError: no file of a known framework.
     """
     try:
-        return _import_files(dict(files), model=model, gpu=gpu, gpus=gpus)
+        return _import_files(dict(files), model=model, gpu=gpu, gpus=gpus, seq_len=seq_len)
     except HetplanError:
         raise
     except ValidationError as e:  # a value the plan schema refuses (e.g. a zero batch in a hand-written launch)
@@ -613,7 +627,8 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
                            fix="give the launch as the framework reads it (hetplan export shows the form)") from None
 
 
-def _import_files(by: dict[str, str], *, model: str | None, gpu: str, gpus: int | None) -> Plan:
+def _import_files(by: dict[str, str], *, model: str | None, gpu: str, gpus: int | None,
+                  seq_len: int | None = None) -> Plan:
     if model is None:
         named = next((m.group(1).strip() for t in by.values()
                       for m in [re.search(r"^# hetplan model: (.+)$", t, re.M)] if m), None)
@@ -622,7 +637,8 @@ def _import_files(by: dict[str, str], *, model: str | None, gpu: str, gpus: int 
     launch = next((t for n, t in by.items() if n.endswith(".sh")), "")
     if json_cfg is not None:
         return import_deepspeed(json_cfg, launch=launch, pipeline=by.get("pipeline_module.json"),
-                                partition=by.get("hetplan_pipeline.py"), model=model, gpu=gpu, gpus=gpus)
+                                partition=by.get("hetplan_pipeline.py"), model=model, gpu=gpu, gpus=gpus,
+                                seq_len=seq_len)
     toml_cfg = next((t for n, t in by.items() if n.endswith(".toml")), None)
     if toml_cfg is not None:
         return import_torchtitan_toml(toml_cfg, model=model, gpu=gpu, gpus=gpus, launch=launch)
