@@ -315,3 +315,10 @@ def test_empty_names_are_refused_not_taken_as_absent(tmp_path):
     files = _launch("megatron")
     refused(_import(tmp_path, files, "--gpu", ""), "--gpu", "empty")
     refused(_import(tmp_path, files, "--model", " "), "--model", "empty")
+
+
+def test_import_for_a_gpu_the_catalog_does_not_know_is_refused(tmp_path):
+    """--gpu FOO wrote a plan on GPU 'FOO' that nothing could price; an alias is written as the catalog's name."""
+    refused(_import(tmp_path, _launch("megatron"), "--gpu", "FOO"), "--gpu", "unknown GPU")
+    ok = _import(tmp_path, _launch("megatron"), "--gpu", "h100")
+    assert ok.code == 0 and '"gpu": "H100-SXM"' in ok.stdout

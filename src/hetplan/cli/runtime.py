@@ -209,6 +209,12 @@ def import_cmd(
     for value, flag in ((model, "--model"), (gpu, "--gpu")):
         if value is not None and not value.strip():  # --model "" matched a preset, --gpu "" wrote gpu ""
             raise HetplanError(f"{flag} is empty", field=flag, fix=f"give {flag} a name, or leave it out")
+    from hetplan.hardware.catalog import load_catalog
+
+    try:  # a GPU the catalog does not know wrote a plan nothing could price
+        gpu = load_catalog().get(gpu).name
+    except HetplanError as exc:
+        raise HetplanError(exc.message, field="--gpu", fix=exc.fix) from None
     texts = {}
     for f in files:
         texts[f.name] = read_text(f, "FILES")
