@@ -143,6 +143,24 @@ def test_ranking_is_sorted_and_pins_are_honoured():
     assert pinned.plans[0].estimate.job_time_s >= res.plans[0].estimate.job_time_s
 
 
+def test_fsdp_with_a_pipeline_can_be_pinned_and_is_what_the_search_finds_unpinned():
+    """PyTorch FSDP2 shards each pipeline stage (torchtitan's "2D PP+FSDP"): pinned ZeRO-3 with PP 2 under
+    --framework fsdp is a plan (it was refused as a pipeline engine that cannot shard), the same plan the unpinned
+    search prices for that layout; under Megatron-LM it stays refused naming pin.zero."""
+    job = Job(model="llama3-8b", seq_len=4096, global_batch=64, train_iterations=10, framework="fsdp")
+    inv = Inventory(pools=[GPUPool(gpu="H100-SXM", count=16)])
+    pinned = search_plans(job, inv, pins=Pins(zero=3, pp=2, tp=1, mbs=1, recompute="none", virtual_stages=1),
+                          catalog=CAT).plans[0]
+    assert (pinned.plan.zero, pinned.plan.pp, pinned.plan.stages[0].dp) == (3, 2, 8)
+    free = search_plans(job, inv, pins=Pins(pp=2, tp=1, mbs=1, recompute="none", virtual_stages=1), top_k=20,
+                        catalog=CAT).plans
+    same = [p for p in free if p.plan.zero == 3 and p.plan.stages[0].dp == 8]
+    assert same and same[0].estimate.iteration_time_s == pytest.approx(pinned.estimate.iteration_time_s, rel=1e-12)
+    with pytest.raises(HetplanError) as exc:
+        search_plans(job.model_copy(update={"framework": "megatron"}), inv, pins=Pins(zero=3, pp=2), catalog=CAT)
+    assert exc.value.field == "pin.zero"
+
+
 def test_budget_objective_respects_budget():
     job = Job(model="llama2-7b", seq_len=4096, global_batch=512, train_tokens=1e11, attention="standard")
     # a slow network (one 200 Gb/s NIC per node), where the fastest plan is not the cheapest

@@ -293,7 +293,7 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         # hetplan.estimate.memory.fsdp_shard_ranks) where the stack runs it (the enumeration kept ZeRO-0 only
         # then) without experts parallel over DP, which torchtitan folds into the FSDP shard ranks (the export
         # refuses EP with DDP)
-        top = np.where(cfg["dp"] > 1, np.where(cfg["pp"] == 1, 3, 1), 0)
+        top = np.where(cfg["dp"] > 1, 3, 0)  # the space offers ZeRO-3 under a pipeline too (FSDP2 + PP)
         ddp = (cfg["dp"] > 1) & (cfg["zero"] == 0) & (cfg["ep"] == 1)
         if job.stack_spec().ddp == "reducer":  # torch DDP on 1-D meshes only (stacks.toml ddp)
             ddp &= (cfg["tp"] == 1) & (cfg["pp"] == 1) & (cfg["cp"] == 1)

@@ -197,7 +197,8 @@ def _refuse_stack_modes(job: Job, pins: Pins, zero: bool = True) -> None:
 def _refuse_pinned_zero_layout(pins: Pins) -> None:
     """When no configuration matched: a pinned ZeRO-2/3 with a pinned pipeline or with DP 1, which the space never
     pairs (:mod:`hetplan.search.space`: DeepSpeed's pipeline engine refuses ZeRO-2/3 and Megatron-LM shards only
-    the optimizer under a pipeline; with one data-parallel rank ZeRO shards nothing), rather than the generic
+    the optimizer under a pipeline, only FSDP2 stacks shard a pipeline's stages; with one data-parallel rank ZeRO
+    shards nothing), rather than the generic
     tp*pp*dp advice (``--zero 3 --pp 2`` said to check that tp*pp*dp fits).
 
     Raises:
@@ -206,9 +207,10 @@ def _refuse_pinned_zero_layout(pins: Pins) -> None:
         return
     if pins.pp is not None and pins.pp > 1:
         raise HetplanError(f"ZeRO-{pins.zero} is pinned with PP {pins.pp}: ZeRO-2/3 shard the gradients across "
-                           "data-parallel ranks, which no pipeline engine hetplan prices runs (DeepSpeed's refuses "
-                           "it; Megatron-LM shards only the optimizer, ZeRO-1, under a pipeline)", field="pin.zero",
-                           fix="pin zero 0 or 1 with a pipeline, or pp 1")
+                           "data-parallel ranks, which this job's pipeline engine does not run (DeepSpeed's refuses "
+                           "it; Megatron-LM shards only the optimizer, ZeRO-1, under a pipeline; PyTorch FSDP2 "
+                           "stacks run it)", field="pin.zero",
+                           fix="pin zero 0 or 1 with a pipeline, pp 1, or --framework fsdp (torchtitan's FSDP + PP)")
     if pins.dp == 1:
         raise HetplanError(f"ZeRO-{pins.zero} is pinned with DP 1: with one data-parallel rank ZeRO shards nothing",
                            field="pin.zero", fix="unpin zero (or pin 0), or pin dp above 1")

@@ -5,8 +5,10 @@ and the key/value heads, as Megatron-LM requires), PP (1..L stages, balanced spl
 :func:`hetplan.plan.balanced_split`), DP (tp·pp·dp ≤ GPUs available, global batch divisible by dp), micro-batch
 size (divides global_batch / dp), recomputation (none / selective / full), ZeRO stage (0-3; 2 and 3 only without
 pipeline parallelism, as in DeepSpeed, whose ZeRO-2/3 cannot be combined with its pipeline engine, and
-Megatron-LM, which implements only the distributed optimizer = ZeRO-1; with DP = 1 only ZeRO-0, since ZeRO then
-shards nothing and ZeRO-3 would only add its prefetch buffer), sequence parallelism on whenever TP > 1
+Megatron-LM, which implements only the distributed optimizer = ZeRO-1 — except under PyTorch's FSDP2 stacks
+(``framework = "fsdp"``), which shard each pipeline stage's module: torchtitan since pytorch/torchtitan@aafe0e8,
+"Add Pipeline Parallel (and 2D PP+FSDP) support", NeMo AutoModel since its pipelining, #371; with DP = 1 only ZeRO-0,
+since ZeRO then shards nothing and ZeRO-3 would only add its prefetch buffer), sequence parallelism on whenever TP > 1
 (it lowers activation memory at equal communication volume, Korthikanti et al. 2023 Sec. 4.2.2).
 CP (context parallelism, :mod:`hetplan.estimate.context`): powers of two dividing the sequence into 2·CP equal
 chunks and leaving each rank at least :data:`MIN_TOKENS_PER_CP_RANK` tokens; a stage uses tp·cp·dp GPUs.
@@ -191,7 +193,8 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     base = np.column_stack([base, base_cp])  # cp rides along as a last column
     no_dp = base[:, 2] == 1
     no_pp = base[:, 1] == 1
-    for sel, zeros, pp in ((no_dp, [0], 1), (~no_dp & no_pp, [0, 1, 2, 3], 1), (~no_dp & ~no_pp, [0, 1], 2)):
+    piped = [0, 1, 2, 3] if stack is not None and stack.framework == "fsdp" else [0, 1]  # module doc: FSDP2 + PP
+    for sel, zeros, pp in ((no_dp, [0], 1), (~no_dp & no_pp, [0, 1, 2, 3], 1), (~no_dp & ~no_pp, piped, 2)):
         zeros = [z for z in zeros if sel is no_dp or stack_allows(stack, zero=z, dtype=dtype, pp=pp)]
         if pins.zero is not None:
             # a pinned ZeRO-1 with DP = 1 is a harmless what-if; ZeRO-2/3 still need pp = 1
