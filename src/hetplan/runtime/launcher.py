@@ -150,7 +150,7 @@ def host_memory_bytes() -> int:
 def check_host_memory(plan, spec, lay: planio.Layout, opts: RunOptions, available_bytes: int | None = None) -> None:
     """A run on CPU keeps every rank's stage in host memory: its weights, gradients, AdamW states and activations
     in the run's dtype (fp32 unless ``--dtype``), the estimate's breakdown of each stage mapped to them by
-    :func:`hetplan.runtime.verify.predicted_memory_bytes`, times the stage's ``dp · tp`` ranks, over the nodes.
+    :func:`hetplan.runtime.planio.predicted_memory_bytes`, times the stage's ``dp · tp`` ranks, over the nodes.
     Ranks that need more than the host has would be killed by the kernel or swap until ``--timeout``: refused
     before any starts. ``available_bytes``: default :func:`host_memory_bytes`.
 
@@ -158,7 +158,6 @@ def check_host_memory(plan, spec, lay: planio.Layout, opts: RunOptions, availabl
         HetplanError: the ranks on this node need more memory than it has (field ``plan``)."""
     from hetplan.estimate.estimator import estimate
     from hetplan.hardware.catalog import Catalog, load_catalog
-    from hetplan.runtime.verify import predicted_memory_bytes
 
     element = 2 if opts.dtype in ("bf16", "fp16") else 4
     cat = load_catalog()
@@ -169,7 +168,7 @@ def check_host_memory(plan, spec, lay: planio.Layout, opts: RunOptions, availabl
     cat = Catalog({**cat.gpus, **{p.gpu: stand_in.model_copy(update={"name": p.gpu, "aliases": ()})
                                   for p in plan.pools if p.gpu.lower() not in known}}, cat.date)
     est = estimate(plan, catalog=cat, model=spec)
-    need = sum(predicted_memory_bytes(st.memory, element) for st in est.stages) * lay.dp * lay.tp / opts.nnodes
+    need = sum(planio.predicted_memory_bytes(st.memory, element) for st in est.stages) * lay.dp * lay.tp / opts.nnodes
     have = host_memory_bytes() if available_bytes is None else available_bytes
     if need > have:
         raise HetplanError(f"the run's {lay.world_size // opts.nnodes} ranks on this host need about {need / 2**30:,.1f} "

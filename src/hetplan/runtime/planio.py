@@ -239,3 +239,12 @@ def plan_model(plan: Plan) -> ModelSpec:
         HetplanError: unknown model / bad config (from :func:`hetplan.model.spec.load_model`).
     """
     return load_model(plan.job.model)
+
+
+def predicted_memory_bytes(mem, element_bytes: int) -> float:
+    """Map an estimator :class:`MemoryBreakdown` (Megatron mixed precision: 2-byte weights, 4-byte gradients,
+    12 bytes of Adam state per parameter, 2-byte activations, plus CUDA overhead) to what the runtime holds when it
+    trains in one dtype of ``element_bytes`` with AdamW (weights, gradients and two Adam states of that size):
+    weights x e/2 + gradients x e/4 + optimizer x 2e/12 + activations x e/2, no CUDA context or fragmentation."""
+    e = element_bytes
+    return mem.weights * e / 2 + mem.gradients * e / 4 + mem.optimizer * 2 * e / 12 + mem.activations * e / 2

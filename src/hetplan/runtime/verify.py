@@ -36,6 +36,7 @@ from pathlib import Path
 
 from hetplan.errors import HetplanError
 from hetplan.runtime import planio
+from hetplan.runtime.planio import predicted_memory_bytes
 from hetplan.runtime.launcher import RunOptions, check_options, run_plan
 
 #: Largest |relative error| of per-stage time accepted on CPU (the CI test asserts it).
@@ -143,15 +144,6 @@ def host_catalog(threads: int = 1):
     gpus["cpu"] = cpu
     return Catalog(gpus, base.date), {"flops_per_s": flops, "memory_bandwidth_bytes_per_s": bw,
                                       "op_overhead_s": best_op}
-
-
-def predicted_memory_bytes(mem, element_bytes: int) -> float:
-    """Map an estimator :class:`MemoryBreakdown` (Megatron mixed precision: 2-byte weights, 4-byte gradients,
-    12 bytes of Adam state per parameter, 2-byte activations, plus CUDA overhead) to what the runtime holds when it
-    trains in one dtype of ``element_bytes`` with AdamW (weights, gradients and two Adam states of that size):
-    weights x e/2 + gradients x e/4 + optimizer x 2e/12 + activations x e/2, no CUDA context or fragmentation."""
-    e = element_bytes
-    return mem.weights * e / 2 + mem.gradients * e / 4 + mem.optimizer * 2 * e / 12 + mem.activations * e / 2
 
 
 def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: RunOptions | None = None,
