@@ -47,7 +47,9 @@ Rules (name: what must hold, and why):
   no PP. The searches enumerate only what the stack offers.
 
 * ``moe-modules-need-experts`` also covers ``job.moe_recompute`` (Megatron-Core ``--recompute-modules moe``: the
-  MoE layers' MLP) and ``job.moe_capacity_factor`` (token dropping), which a dense model does not have.
+  MoE layers' MLP), ``job.moe_capacity_factor`` (token dropping) and, set away from their defaults,
+  ``job.moe_load_imbalance``, ``moe_dispatcher``, ``moe_routing`` and ``moe_a2a_overlap``, which a dense model does
+  not have (the estimate ignored them without a word).
 * ``attention-kernel-on-gpu``: a fused attention kernel the job names (``job.attention_kernel``) runs on the plan's
   GPUs: FlashAttention-3 is written for Hopper (Shah et al. 2024, Sec. 1; Dao-AILab/flash-attention ``hopper/``:
   sm90 only), cuDNN's fused flash attention needs NVIDIA sm80 or later (cuDNN ``Fused Flash Attention`` support
@@ -243,16 +245,24 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             out.append(bad_ep)
     if (bad_etp := expert_tp_violation(spec, plan.expert_tp, field="plan.expert_tp")) is not None:
         out.append(bad_etp)
+    job_fields = type(plan.job).model_fields
     moe_modules = {"recompute_modules": [x for x in plan.job.recompute_modules if x == "moe_act"],
                    "offload_modules": list(plan.job.offload_modules),
                    "moe_recompute": ["moe"] if plan.job.moe_recompute else [],
-                   "moe_capacity_factor": ["capacity"] if plan.job.moe_capacity_factor is not None else []}
+                   "moe_capacity_factor": ["capacity"] if plan.job.moe_capacity_factor is not None else [],
+                   # how tokens reach experts: set away from its default on a dense model it was ignored unsaid
+                   **{key: [str(getattr(plan.job, key))] for key in ("moe_load_imbalance", "moe_dispatcher",
+                                                                    "moe_routing", "moe_a2a_overlap")
+                      if getattr(plan.job, key) != job_fields[key].default}}
     for key, modules in moe_modules.items():
         if modules and not experts:
             fix = {"moe_recompute": "set moe_recompute = false for a dense model",
-                   "moe_capacity_factor": "remove moe_capacity_factor (and moe_pad_to_capacity) for a dense model"}
+                   "moe_capacity_factor": "remove moe_capacity_factor (and moe_pad_to_capacity) for a dense model",
+                   **{k: f"remove {k} for a dense model (it acts on MoE layers only)"
+                      for k in ("moe_load_imbalance", "moe_dispatcher", "moe_routing", "moe_a2a_overlap")}}
             what = (f"{key} = {plan.job.moe_capacity_factor:g} (token dropping) acts" if key == "moe_capacity_factor"
-                    else f"{key} {sorted(set(modules))} act")
+                    else f"{key} = {getattr(plan.job, key)!r} acts" if key in job_fields and key.startswith("moe_")
+                    and key != "moe_recompute" else f"{key} {sorted(set(modules))} act")
             out.append(PlanRuleError("moe-modules-need-experts", f"{what} on MoE layers; "
                                      f"{name} has no experts", field=f"plan.job.{key}",
                                      fix=fix.get(key, f"remove {', '.join(sorted(set(modules)))} from {key} for a "

@@ -234,7 +234,10 @@ def test_frontier_virtual_stages_option_gives_the_plans_own_frontier_not_v_times
 
 
 @pytest.mark.parametrize("field,modules", [("recompute_modules", ["moe_act"]), ("offload_modules", ["expert_fc1"]),
-                                           ("offload_modules", ["moe_act"])])
+                                           ("offload_modules", ["moe_act"]),
+                                           # routing and dispatch settings, away from their defaults: ignored unsaid
+                                           ("moe_load_imbalance", 2.0), ("moe_dispatcher", "deepep"),
+                                           ("moe_routing", "contiguous"), ("moe_a2a_overlap", True)])
 def test_moe_layer_modules_on_a_dense_model_refused_not_ignored(tmp_path, field, modules):
     # the estimate of the dense tiny model dropped them (the same numbers as without), and the Megatron-LM export
     # passed --recompute-modules moe_act, which Megatron-Core refuses without --moe-grouped-gemm
@@ -242,6 +245,7 @@ def test_moe_layer_modules_on_a_dense_model_refused_not_ignored(tmp_path, field,
     for args in (("estimate", path), ("export", path, "--to", "megatron", "--out-dir", tmp_path / "x")):
         refused(run_cli(*args), f"plan.job.{field}", "moe-modules-need-experts", "has no experts")
     assert run_cli("estimate", _with_job(tmp_path, {"recompute_modules": ["layernorm"]})).code == 0
+    assert run_cli("estimate", _with_job(tmp_path, {"moe_load_imbalance": 1.25})).code == 0  # the default: no refusal
     moe = json.loads((ROOT / "examples" / "tiny-moe-ep2.json").read_text())
     moe["job"].update(model=str(ROOT / "examples" / "tiny-moe.json"), **{field: modules})
     moe["pools"][0]["gpu"] = "A100-SXM-80GB"

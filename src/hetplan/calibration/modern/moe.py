@@ -123,12 +123,12 @@ def _moe_row_case(i: int, r: dict, src: str, catalog: Catalog):
                    framework="fsdp" if fsdp and not megatron_fsdp else "megatron")
         if (recipe := row_fp8_recipe(r)) is not None:
             job["fp8_recipe"] = recipe
-        routing = routing_of(r, src)
-        if routing == "forced":
-            job["moe_load_imbalance"] = 1.0
-        elif routing == "dropless":
-            job["moe_load_imbalance"] = MODELZOO_DROPLESS_IMBALANCE
-        if ep > 1:
+        if ep > 1:  # routing and dispatch act on expert-parallel MoE layers (at EP 1 the imbalance is moot)
+            routing = routing_of(r, src)
+            if routing == "forced":
+                job["moe_load_imbalance"] = 1.0
+            elif routing == "dropless":
+                job["moe_load_imbalance"] = MODELZOO_DROPLESS_IMBALANCE
             job.update(moe_dispatcher=_dispatcher(r), moe_routing="contiguous" if src == "automodel" else "random",
                        moe_recompute=moe_recompute, moe_a2a_overlap="a2a overlap" in r["notes"].lower())
         if modules or offload:
