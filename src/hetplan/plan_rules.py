@@ -96,6 +96,10 @@ KERNEL_ARCHITECTURES = {"fa3": ("Hopper",), "cudnn": ("Ampere", "Ada", "Hopper",
                         "fa2": ("Ampere", "Ada", "Hopper", "Blackwell", "CDNA3")}
 
 
+#: Job settings of how tokens reach experts (rule ``moe-modules-need-experts`` away from their defaults).
+MOE_SETTINGS = ("moe_load_imbalance", "moe_dispatcher", "moe_routing", "moe_a2a_overlap")
+
+
 class PlanRuleError(HetplanError):
     """A plan breaks a rule of :mod:`hetplan.plan_rules`.
 
@@ -251,18 +255,15 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
                    "moe_recompute": ["moe"] if plan.job.moe_recompute else [],
                    "moe_capacity_factor": ["capacity"] if plan.job.moe_capacity_factor is not None else [],
                    # how tokens reach experts: set away from its default on a dense model it was ignored unsaid
-                   **{key: [str(getattr(plan.job, key))] for key in ("moe_load_imbalance", "moe_dispatcher",
-                                                                    "moe_routing", "moe_a2a_overlap")
-                      if getattr(plan.job, key) != job_fields[key].default}}
+                   **{key: [key] for key in MOE_SETTINGS if getattr(plan.job, key) != job_fields[key].default}}
     for key, modules in moe_modules.items():
         if modules and not experts:
             fix = {"moe_recompute": "set moe_recompute = false for a dense model",
                    "moe_capacity_factor": "remove moe_capacity_factor (and moe_pad_to_capacity) for a dense model",
-                   **{k: f"remove {k} for a dense model (it acts on MoE layers only)"
-                      for k in ("moe_load_imbalance", "moe_dispatcher", "moe_routing", "moe_a2a_overlap")}}
+                   **{k: f"remove {k} for a dense model (it acts on MoE layers only)" for k in MOE_SETTINGS}}
             what = (f"{key} = {plan.job.moe_capacity_factor:g} (token dropping) acts" if key == "moe_capacity_factor"
-                    else f"{key} = {getattr(plan.job, key)!r} acts" if key in job_fields and key.startswith("moe_")
-                    and key != "moe_recompute" else f"{key} {sorted(set(modules))} act")
+                    else f"{key} = {getattr(plan.job, key)!r} acts" if key in MOE_SETTINGS
+                    else f"{key} {sorted(set(modules))} act")
             out.append(PlanRuleError("moe-modules-need-experts", f"{what} on MoE layers; "
                                      f"{name} has no experts", field=f"plan.job.{key}",
                                      fix=fix.get(key, f"remove {', '.join(sorted(set(modules)))} from {key} for a "

@@ -290,10 +290,6 @@ class CoreAlign8Fit:
     held_out: dict
 
 
-def _align8(m) -> bool:
-    return (m.head_dim * 2) % 16 == 8
-
-
 def fit_core_align8(cases: list) -> CoreAlign8Fit | None:
     """Fit the A100's :attr:`~hetplan.hardware.catalog.GPUSpec.core_align8_slowdown` on the rows of ``cases``
     (``bigscience_a100``'s) whose head dimension leaves the attention core's batch pointers exactly 8 bytes aligned
@@ -304,7 +300,9 @@ def fit_core_align8(cases: list) -> CoreAlign8Fit | None:
 
     from hetplan.calibration import validation
 
-    rows = [c for c in cases if c.gpu in GA100_GPUS and _align8(c.model)]
+    from hetplan.estimate.compute import SIMT_BELOW_BYTES, head_alignment_bytes
+
+    rows = [c for c in cases if c.gpu in GA100_GPUS and head_alignment_bytes(c.model) == SIMT_BELOW_BYTES]
     if not rows:
         return None
     base = load_catalog()
@@ -321,7 +319,7 @@ def fit_core_align8(cases: list) -> CoreAlign8Fit | None:
     fasop = [c for c in validation.fasop_cases() if "gpt2XL" in c.key and "A100" in c.key]
     held = {c.key: tuple(c.measured / c.predict(validation.Constants(catalog=with_value(x))) - 1
                          for x in (None, value)) for c in fasop}
-    for c in rows:
+    for c in rows:  # the fit left each row evaluated at a trial value: back to the catalog's
         c.evaluate()
     return CoreAlign8Fit(value, base.get(GA100_GPUS[0]).core_align8_slowdown, sorted(c.key for c in rows), held)
 

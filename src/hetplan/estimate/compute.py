@@ -283,6 +283,13 @@ SIMT_BELOW_BYTES = 8
 ALIGNED_BYTES = 16
 
 
+def head_alignment_bytes(m: ModelSpec) -> int:
+    """Alignment (bytes) of the attention core's batch pointers, ``d`` 2-byte elements apart: the largest power of
+    two dividing ``2·d``, at most :data:`ALIGNED_BYTES` (d = 128: 16; d = 108: 8; d = 150: 4; d = 225: 2)."""
+    pointer_bytes = int(m.head_dim) * OPERAND_BYTES
+    return min(pointer_bytes & -pointer_bytes, ALIGNED_BYTES)
+
+
 def core_alignment_factor(m: ModelSpec, gpu: GPUSpec, dtype: str) -> float:
     """Slowdown of the materialised attention core's two batched GEMMs (``baddbmm`` / ``bmm`` on Megatron's
     ``[s, b·a, d]`` layout, whose batches lie ``d`` elements apart) by the alignment of their batch pointers,
@@ -300,10 +307,10 @@ def core_alignment_factor(m: ModelSpec, gpu: GPUSpec, dtype: str) -> float:
     * 16 bytes and more: 1.
 
     1 also for GPUs without an fp32 rate."""
-    pointer_bytes = m.head_dim * OPERAND_BYTES
-    if pointer_bytes % ALIGNED_BYTES == 0 or "fp32" not in gpu.dense_flops_per_s:
+    aligned = head_alignment_bytes(m)
+    if aligned == ALIGNED_BYTES or "fp32" not in gpu.dense_flops_per_s:
         return 1.0
-    if pointer_bytes % SIMT_BELOW_BYTES == 0:
+    if aligned == SIMT_BELOW_BYTES:
         return gpu.core_align8_slowdown or 1.0
     return gpu.peak_flops_per_s(dtype) / gpu.peak_flops_per_s("fp32")
 

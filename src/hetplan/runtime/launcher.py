@@ -161,12 +161,19 @@ def check_host_memory(plan, spec, lay: planio.Layout, opts: RunOptions, availabl
 
     element = 2 if opts.dtype in ("bf16", "fp16") else 4
     cat = load_catalog()
-    known = {n.lower() for g in cat.gpus.values() for n in (g.name, *g.aliases)}
+
+    def listed(name: str) -> bool:
+        try:
+            cat.get(name)
+        except HetplanError:
+            return False
+        return True
+
     # a pool of a GPU type the catalog does not list (``cpu``: hetplan verify's measured host) takes a data-centre
     # GPU's entry: the breakdown of weights, gradients, optimizer states and activations does not depend on speed
     stand_in = cat.get("A100-SXM-80GB")
     cat = Catalog({**cat.gpus, **{p.gpu: stand_in.model_copy(update={"name": p.gpu, "aliases": ()})
-                                  for p in plan.pools if p.gpu.lower() not in known}}, cat.date)
+                                  for p in plan.pools if not listed(p.gpu)}}, cat.date)
     est = estimate(plan, catalog=cat, model=spec)
     need = sum(planio.predicted_memory_bytes(st.memory, element) for st in est.stages) * lay.dp * lay.tp / opts.nnodes
     have = host_memory_bytes() if available_bytes is None else available_bytes

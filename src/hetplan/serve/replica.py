@@ -54,16 +54,15 @@ def workload_requests(wf: WorkloadFile) -> list[Request]:
         reqs = offline_arrivals(rates, n)
     else:
         loads = [ModelLoad(m.name, rates[m.name], m.cv or w.cv) for m in wf.models]
-        expected = sum(rates.values()) * w.duration_s
-        if 0 < expected < 1:  # rates per second over a window that holds no request's worth of arrivals
-            raise HetplanError(f"duration_s = {w.duration_s:g} s at {sum(rates.values()):g} requests/s expects "
-                               f"{expected:.2g} requests: the report's rates (goodput, tokens/s) are per second of "
-                               "this window", field="workload.duration_s",
-                               fix=f"give a window that holds requests (at least {1 / sum(rates.values()):.3g} s; "
+        rate = sum(rates.values())
+        if 0 < rate * w.duration_s < 1:  # rates per second over a window that holds no request's worth of arrivals
+            raise HetplanError(f"duration_s = {w.duration_s:g} s at {rate:g} requests/s expects "
+                               f"{rate * w.duration_s:.2g} requests: the report's rates (goodput, tokens/s) are per "
+                               "second of this window", field="workload.duration_s",
+                               fix=f"give a window that holds requests (at least {1 / rate:.3g} s; "
                                    "many more for stable percentiles)")
         reqs = generate(loads, w.duration_s, w.seed, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
         if not reqs:  # a report over no request says 100 % SLO attainment of nothing (total_rate_per_s = 0)
-            rate = sum(rates.values())
             raise HetplanError(f"no request arrives: the models' rates add up to {rate:g}/s over duration_s = "
                                f"{w.duration_s:g} s", field="workload.total_rate_per_s" if rate == 0 else
                                "workload.duration_s", fix="give a rate above 0 (total_rate_per_s or a model's "
