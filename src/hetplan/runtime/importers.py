@@ -79,15 +79,14 @@ def _world(words: list[str], gpus: int | None, nodes_flag: str, per_node_flags: 
                        "--num_nodes/--num_gpus)", field="--gpus", fix="give the job's GPU count with --gpus")
 
 
-def _degrees_at_least_one(**flags: int) -> None:
-    """Refuse a parallel degree below 1 (``flag=value``, the flag spelled with ``_`` for ``-``): the frameworks
-    refuse it, and a world size divided by it gave a ZeroDivisionError.
+def _degrees_at_least_one(degrees: dict[str, int]) -> None:
+    """Refuse a parallel degree below 1 (``{flag or key as the launch spells it: value}``): the frameworks refuse
+    it, and a world size divided by it gave a ZeroDivisionError.
 
     Raises:
         HetplanError: naming the first such flag."""
-    for flag, value in flags.items():
+    for name, value in degrees.items():
         if value < 1:
-            name = "--" + flag.replace("_", "-")
             raise HetplanError(f"{name} {value}: a parallel degree is 1 or more", field=name,
                                fix=f"give {name} 1 (no split) or more")
 
@@ -218,7 +217,8 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     world, per_node = _world(words, gpus, "--nnodes", ("--nproc-per-node", "--nproc_per_node"))
     tp, pp, cp = (int(a.get(k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                               "context_parallel_size"))
-    _degrees_at_least_one(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp)
+    _degrees_at_least_one({"--tensor-model-parallel-size": tp, "--pipeline-model-parallel-size": pp,
+                           "--context-parallel-size": cp})
     if world % (tp * pp * cp):
         raise HetplanError(f"{world} GPUs is no multiple of TP x CP x PP = {tp * cp * pp}", field="--gpus",
                            fix="give the launch's world size")
@@ -316,12 +316,9 @@ def _tt_shard(world: int, rep: int, tp: int, cp: int, pp: int, shard: int, prefi
 
     Raises:
         HetplanError: a degree below 1, or -1 where the other degrees do not divide the world size."""
-    names = {"tensor_parallel_degree": tp, "context_parallel_degree": cp, "pipeline_parallel_degree": pp,
-             "data_parallel_replicate_degree": rep}
-    for key, value in names.items():
-        if value < 1:
-            raise HetplanError(f"{prefix}{key} {value}: a parallel degree is 1 or more", field=f"{prefix}{key}",
-                               fix=f"give {prefix}{key} 1 (no split) or more")
+    _degrees_at_least_one({f"{prefix}{key}": value for key, value in (
+        ("tensor_parallel_degree", tp), ("context_parallel_degree", cp), ("pipeline_parallel_degree", pp),
+        ("data_parallel_replicate_degree", rep))})
     if shard != -1:
         return shard
     rest = rep * tp * cp * pp
