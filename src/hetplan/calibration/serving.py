@@ -14,9 +14,13 @@ engine's steps together:
 * ``offline`` (all requests queued at once, ``trtllm-bench throughput``): ``B`` = the sequences of ``in + out``
   tokens the engine's KV budget holds, capped by its ``max_num_seqs`` (:func:`~hetplan.estimate.inference.max_num_seqs`);
   in steady state each step decodes ``B`` sequences at mean context ``in + out / 2`` and prefills the ``B / out``
-  requests that replace the finished ones; throughput = ``B`` tokens per step;
+  requests that replace the finished ones; throughput = ``B`` tokens per step. The requests are of one length
+  (TensorRT-LLM ``perf-overview.md``, "Preparing a Dataset": ``--input-stdev=0 --output-stdev=0``), so a wave of
+  ``B`` ends together and its successors prefill together, ``⌊max_num_batched_tokens / in⌋`` prompts to a pass
+  (at least one, at most ``B``): a pass's kernel launches are shared by the prompts in it;
 * ``concurrency`` (closed loop, ``vllm bench serve --max-concurrency C``): TPOT = one decode step of ``C``
-  sequences plus the prefills of the other ``C - 1`` requests spread over their ``out`` steps.
+  sequences plus the prefills of the other ``C - 1`` requests spread over their ``out`` steps, one prompt to a
+  pass (each arrives when a request finishes).
 
 Metrics (the project's convention, :mod:`hetplan.calibration.validation`): errors of time — predicted time /
 measured time - 1, for a throughput row the time per output token — as MAPE, median and max |error|; the signed
@@ -130,10 +134,12 @@ def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog, hbm_efficienc
     def decode_s(b: int, context: float) -> float:
         return inference.decode_step_time_s(m, gpu, dt, b, int(b * context), kv_dtype=kv, **kw)
 
-    def prefill_gpu_s(n: float) -> float:  # n prompts' prefill work, no step overhead
+    def prefill_gpu_s(n: float, per_pass: int = 1) -> float:
+        """``n`` prompts' share of prefill passes that hold ``per_pass`` prompts each (no step overhead): a
+        pass's kernel launches are paid once for every prompt in it."""
         if n <= 0:
             return 0.0
-        whole = max(1, math.ceil(n))
+        whole = max(per_pass, math.ceil(n))
         return (inference.prefill_time_s(m, gpu, dt, i, batch=whole, **kw) - engine.step_overhead_s) * n / whole
 
     if mode == "static":
@@ -151,10 +157,14 @@ def predict_row(r: dict, catalog: Catalog, engines: EngineCatalog, hbm_efficienc
             if b == 0:
                 return math.nan, {"reason": "one sequence does not fit the KV budget"}
             others = b / o
+            # equal lengths: a wave of b requests ends together and the next b prompts prefill together, as
+            # many per pass as the engine's token budget holds
+            per_pass = max(1, min(b, engine.max_num_batched_tokens // i)) if engine.max_num_batched_tokens else b
         else:
             b = int(r["batch"])
             others = (b - 1) / o
-        step = decode_s(b, i + o / 2) + prefill_gpu_s(others)
+            per_pass = 1  # closed loop: each prompt arrives alone, when a request finishes
+        step = decode_s(b, i + o / 2) + prefill_gpu_s(others, per_pass)
         if metric == "tpot_s":
             return step, info
         tput = b / step
