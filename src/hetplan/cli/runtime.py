@@ -162,6 +162,12 @@ def export_cmd(
     from hetplan.runtime import exporters, planio
 
     p = planio.load_plan(plan)
+    from hetplan.hardware.catalog import load_catalog
+
+    catalog = load_catalog()
+    for pool in p.pools:  # a hand-edited GPU name is refused as estimate refuses it (the runtime's host "cpu" runs)
+        if pool.gpu != "cpu":
+            catalog.get(pool.gpu)
     if virtual_stages is not None:  # the override passes the same rules as a plan's own virtual_stages
         from hetplan.errors import HetplanError
         from hetplan.plan_rules import check_plan
