@@ -19,6 +19,8 @@ REQUIRED = [
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "mistral-7b",
     "open-llama-3b-v2", "opt-125m", "opt-1.3b", "opt-13b", "opt-175b", "gpt2-xl", "gpt-neox-20b",
     "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "llama4-scout",
+    "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b",
+    "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b",
 ]
 
 # Narayanan et al., SC'21, Table 1: (billions as printed, heads, hidden, layers)
@@ -50,7 +52,7 @@ def test_preset_file_is_well_formed(name):
     assert name == name.lower()
     raw = _raw(name)
     assert raw["model_type"] in ("llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "bloom", "mixtral",
-                                 "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4")
+                                 "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4", "qwen2", "qwen3", "mpt")
     assert isinstance(raw["published_parameters"], int)
     assert raw["source"].strip()
 
@@ -271,3 +273,158 @@ def test_a_preset_answers_to_its_hugging_face_id_and_release_name(name, preset):
     assert load_model(name).name == preset and load_model(name) == load_model(preset)
     assert set(preset_aliases().values()) <= set(list_presets())
     assert not set(preset_aliases()) & set(list_presets())  # no alias shadows a preset
+
+
+# Dense families beyond Llama's (hetplan.model.spec._dense_fields / _mpt_fields), each against a published
+# checkpoint total (the Hugging Face safetensors count of the released weights, which the model cards round).
+QWEN25_05B = {  # Qwen/Qwen2.5-0.5B config.json: tied embeddings; 494,032,768 parameters (safetensors; card 0.49B)
+    "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+    "num_key_value_heads": 2, "num_hidden_layers": 24, "vocab_size": 151936, "max_position_embeddings": 32768,
+    "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": 24,
+}
+PHI3_MINI = {  # microsoft/Phi-3-mini-4k-instruct config.json: 3,821,079,552 parameters (safetensors; card 3.8B)
+    "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 32064, "max_position_embeddings": 4096,
+    "sliding_window": 2047, "tie_word_embeddings": False, "resid_pdrop": 0.0, "attention_dropout": 0.0,
+}
+MPT_7B_RELEASED = {  # mosaicml/mpt-7b config.json: ALiBi, no biases anywhere; 6,649,286,656 parameters (card 6.7B)
+    "model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32, "expansion_ratio": 4, "max_seq_len": 2048,
+    "vocab_size": 50432, "no_bias": True, "learned_pos_emb": True, "norm_type": "low_precision_layernorm",
+    "attn_config": {"alibi": True, "attn_impl": "torch", "attn_pdrop": 0, "qk_ln": False, "clip_qkv": None},
+    "resid_pdrop": 0, "emb_pdrop": 0,
+}
+
+
+def test_qwen2_block_by_hand():
+    """Qwen2.5-7B: per layer Q and O h x h, K and V h x (4·128), biases on Q, K, V only (Qwen2Attention), SwiGLU
+    3·h·f, two RMSNorms; untied V x h embedding and head, final norm h."""
+    m = load_model("qwen2.5-7b")
+    h, f, kv, V = 3584, 18944, 4 * 128, 152064
+    assert m.qkv_bias and not m.linear_bias and not m.qk_norm and m.gated_mlp and m.norm == "rmsnorm"
+    assert not m.tied_embeddings and m.sliding_window_layers == 0  # use_sliding_window false in the release
+    layer = 2 * h * h + 2 * h * kv + (h + 2 * kv) + 3 * h * f + 2 * h
+    assert total_parameters(m) == 28 * layer + 2 * V * h + h == 7_615_616_512
+    small = from_hf_config(QWEN25_05B, "qwen2.5-0.5b")
+    assert small.tied_embeddings and total_parameters(small) == 494_032_768
+
+
+def test_qwen3_head_dim_and_qk_norm():
+    """Qwen3-32B: 64 heads of head_dim 128 on a 5,120 hidden size (Q and O are 5,120 x 8,192), RMSNorm of 128
+    weights on each head's Q and K, no biases; without head_dim a qwen3 config gets Qwen3Config's 128."""
+    m = load_model("qwen3-32b")
+    assert (m.head_dim, m.q_dim, m.hidden_size) == (128, 8192, 5120) and m.qk_norm and not m.qkv_bias
+    h, q, kv, f = 5120, 8192, 8 * 128, 25600
+    layer = 2 * h * q + 2 * h * kv + 2 * 128 + 3 * h * f + 2 * h
+    assert total_parameters(m) == 64 * layer + 2 * 151936 * h + h
+    cfg = json.loads(resources.files("hetplan.model").joinpath("presets/qwen3-32b.json").read_text())
+    del cfg["head_dim"]
+    assert from_hf_config(cfg, "x").head_dim == 128
+    # a window that use_sliding_window turns on covers the layers from max_window_layers on (Qwen3Config)
+    on = from_hf_config(dict(cfg, use_sliding_window=True, sliding_window=4096, max_window_layers=60), "x")
+    assert (on.sliding_window, on.sliding_window_layers) == (4096, 4)
+
+
+def test_phi3_fused_projections_count_as_split_ones():
+    """Phi-3-mini: qkv_proj (h -> 3h) and gate_up_proj (h -> 2f) hold what split Q, K, V and gate, up hold; its
+    2,047-token window applies on every layer (Phi3Attention)."""
+    m = from_hf_config(PHI3_MINI, "phi-3-mini")
+    assert total_parameters(m) == 3_821_079_552
+    assert (m.sliding_window, m.sliding_window_layers, m.linear_bias) == (2047, 32, False)
+    from hetplan.model.counts import attended_keys
+    assert attended_keys(m, 4096) == 2047 and attended_keys(m, 1024) == 1024
+
+
+def test_mpt_released_checkpoint_without_biases():
+    """The released MPT-7B: ALiBi (no position table), ``no_bias`` removes linear and LayerNorm biases, tied
+    embeddings: 12·L·h² + 2·L·h (LayerNorm weights) + V·h + h."""
+    m = from_hf_config(MPT_7B_RELEASED, "mpt-7b-released")
+    assert m.alibi and m.learned_positions == 0 and not m.norm_bias and not m.linear_bias and m.tied_embeddings
+    h = 4096
+    assert total_parameters(m) == 32 * (12 * h * h + 2 * h) + 50432 * h + h == 6_649_286_656
+
+
+def test_mpt_presets_are_the_benchmarked_models():
+    """Each ``mpt-*`` preset is the model :func:`hetplan.calibration.independent.mpt_model` builds for that size's
+    2,048-token rows of llm-foundry's benchmark tables (the rows' ``NumParams``), and the same shapes as the
+    Megatron GPT block the rows were priced with before the ``mpt`` loader existed."""
+    import csv
+
+    from hetplan.calibration.independent import mpt_model
+    from hetplan.calibration.validation import gpt_model
+
+    rows = {}
+    for name in ("llm_foundry_h100.csv", "llm_foundry_a100.csv"):
+        text = resources.files("hetplan.calibration").joinpath("validation_data", "independent", name).read_text()
+        rows.update({r["model"].lower(): r for r in csv.DictReader(text.splitlines()) if r["seq_len"] == "2048"})
+    assert len(rows) == 9
+    shape = {"name", "source", "published_parameters", "family"}
+    for model, r in rows.items():
+        preset, built = load_model(model), mpt_model(r)
+        assert preset.model_dump(exclude=shape) == built.model_dump(exclude=shape), model
+        assert built.family == preset.family == "mpt" and int(r["ffn_hidden"]) == preset.ffn_hidden_size
+        assert total_parameters(preset) == preset.published_parameters == int(r["notes"].split("NumParams ")[1].split()[0])
+        old = gpt_model(int(r["layers"]), int(r["hidden"]), int(r["heads"]), 2048, vocab=int(r["vocab"]))
+        assert old.model_copy(update={"dropout": False}).model_dump(exclude=shape) == preset.model_dump(exclude=shape)
+
+
+@pytest.mark.parametrize("cfg,field,words", [
+    (dict(MPT_7B_RELEASED, n_heads=0), "model.n_heads", "n_heads = 0"),
+    ({k: v for k, v in MPT_7B_RELEASED.items() if k != "d_model"}, "model.d_model", "lacks d_model"),
+    (dict(MPT_7B_RELEASED, d_model=4100), "model.d_model", "d_model 4100 is not divisible by n_heads 32"),
+    (dict(MPT_7B_RELEASED, attn_config={"kv_n_heads": "8"}), "model.attn_config.kv_n_heads", "expected an integer"),
+    (dict(MPT_7B_RELEASED, attn_config={"attn_type": "grouped_query_attention", "kv_n_heads": 5}),
+     "model.attn_config.kv_n_heads", "n_heads 32 is not a multiple of attn_config.kv_n_heads 5"),
+    (dict(MPT_7B_RELEASED, attn_config={"attn_type": "grouped_query_attention"}), "model.attn_config.kv_n_heads",
+     "needs attn_config.kv_n_heads"),
+    (dict(MPT_7B_RELEASED, attn_config={"attn_type": "cross"}), "model.attn_config.attn_type", "'cross'"),
+    (dict(MPT_7B_RELEASED, attn_config={"qk_ln": True}), "model.attn_config.qk_ln", "not modelled"),
+    (dict(MPT_7B_RELEASED, ffn_config={"ffn_type": "mb_dmoe"}), "model.ffn_config.ffn_type", "'mb_dmoe'"),
+    (dict(MPT_7B_RELEASED, norm_type="batchnorm"), "model.norm_type", "'batchnorm'"),
+    (dict(MPT_7B_RELEASED, expansion_ratio=1.3), "model.expansion_ratio", "whole MLP width"),
+    (dict(MPT_7B_RELEASED, no_bias="yes"), "model.no_bias", "expected true or false"),
+    (dict(QWEN25_05B, num_key_value_heads=0), "model.num_key_value_heads", "num_key_value_heads = 0"),
+    (dict(QWEN25_05B, num_key_value_heads=4), "model.num_key_value_heads",
+     "num_attention_heads 14 is not a multiple of num_key_value_heads 4"),
+    (dict(QWEN25_05B, num_hidden_layers=-2), "model.num_hidden_layers", "num_hidden_layers = -2"),
+    (dict(QWEN25_05B, head_dim=0), "model.head_dim", "head_dim = 0"),
+    (dict(QWEN25_05B, use_sliding_window=True, layer_types=["sliding_attention"]), "model.layer_types",
+     "1 entries for 24 layers"),
+    (dict(QWEN25_05B, model_type="qwen3", attention_bias=True), "model.attention_bias", "not modelled"),
+    (dict(PHI3_MINI, intermediate_size=None), "model.intermediate_size", "lacks intermediate_size"),
+    (dict(PHI3_MINI, model_type="phi4"), "model.model_type", "unsupported model_type 'phi4'"),
+])
+def test_dense_family_config_errors_name_the_field(cfg, field, words):
+    with pytest.raises(HetplanError) as info:
+        from_hf_config(cfg, "bad")
+    assert info.value.field == field and words in info.value.message, (info.value.field, info.value.message)
+    assert info.value.fix
+
+
+def test_bad_config_exits_2_from_the_cli(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(MPT_7B_RELEASED, n_heads=0)))
+    r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "plan", "--model", str(path), "--seq-len", "2048",
+                        "--global-batch", "64", "--gpu", "h100-sxm-80gb", "--gpus", "8"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "model.n_heads" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("cfg", [QWEN25_05B, dict(QWEN25_05B, model_type="qwen3", head_dim=96), PHI3_MINI,
+                                 MPT_7B_RELEASED, dict(MPT_7B_RELEASED, no_bias=False, norm_type="rmsnorm", attn_config={})],
+                         ids=["qwen2", "qwen3", "phi3", "mpt-no-bias", "mpt-rmsnorm"])
+def test_torch_reference_holds_the_counted_parameters(cfg):
+    """The torch reference transformer built from a small model of each family (same blocks, fewer and narrower
+    layers; a vocabulary the reference need not pad) holds exactly the parameters hetplan.model.counts prices: QKV biases, Q/K norms of head_dim, a
+    head_dim other than h / a, bias-free LayerNorms."""
+    pytest.importorskip("torch")
+    from hetplan.model.torch_transformer import TransformerStage
+
+    small = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 96, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 128, "d_model": 64, "n_layers": 2, "n_heads": 4}
+    m = from_hf_config({**cfg, **{k: v for k, v in small.items() if k in cfg}, "sliding_window": None}, "tiny")
+    m = m.model_copy(update={"alibi": False})  # the reference refuses ALiBi; its parameters are none
+    model = TransformerStage(m)
+    assert sum(p.numel() for p in model.parameters()) == total_parameters(m)

@@ -53,9 +53,9 @@ from importlib import resources
 from hetplan.calibration import modern
 from hetplan.calibration.modern import Layout, ModernCase, NotExpressibleError
 from hetplan.calibration.modern.mapping import catalog_gpu
-from hetplan.calibration.validation import _is_calibration, gpt_model
+from hetplan.calibration.validation import _is_calibration
 from hetplan.hardware.catalog import Catalog, load_catalog
-from hetplan.model.spec import ModelSpec
+from hetplan.model.spec import ModelSpec, from_hf_config
 from hetplan.plan import GPUPool
 
 SET_NAME = "independent_h100"
@@ -107,14 +107,17 @@ def _rows(name: str) -> list[dict]:
 
 
 def mpt_model(r: dict) -> ModelSpec:
-    """The MPT of a row (llm-foundry ``scripts/train/yamls/pretrain/mpt-*.yaml`` and ``MPTConfig`` defaults at
-    v0.3.0): GPT-style blocks with a 4h GeLU MLP, LayerNorm (``low_precision_layernorm``), biases on every linear
-    (``no_bias = False``), learned positions (``learned_pos_emb = True``, no ALiBi), tied input / output
-    embeddings, no dropout (``*_pdrop = 0``), vocabulary 50,368. The README's ``NumParams`` equals
-    ``12·L·h² + 9·L·h + (4·L + 2)·h + V·h + s·h`` on every row (checked when the CSV was made)."""
-    L, h, a, s = (int(r[k]) for k in ("layers", "hidden", "heads", "seq_len"))
-    m = gpt_model(L, h, a, s, vocab=int(r["vocab"]))
-    return m.model_copy(update={"name": f"{r['model'].lower()}-s{s}", "dropout": False, "source": r["arch_source"]})
+    """The MPT of a row, read by the ``mpt`` loader (:func:`hetplan.model.spec.from_hf_config`) from the shapes of
+    its llm-foundry ``scripts/train/yamls/pretrain/mpt-*.yaml`` and the ``MPTConfig`` defaults at v0.3.0: GPT-style
+    blocks with a 4h GeLU MLP, LayerNorm (``low_precision_layernorm``), biases on every linear (``no_bias =
+    False``), learned positions (``learned_pos_emb = True``, no ALiBi) of the row's sequence length, tied input /
+    output embeddings, no dropout (``*_pdrop = 0``), vocabulary 50,368 — the ``mpt-*`` presets at 2,048 tokens.
+    The README's ``NumParams`` equals ``12·L·h² + 9·L·h + (4·L + 2)·h + V·h + s·h`` on every row (checked when
+    the CSV was made)."""
+    cfg = {"model_type": "mpt", "d_model": int(r["hidden"]), "n_heads": int(r["heads"]),
+           "n_layers": int(r["layers"]), "expansion_ratio": 4, "max_seq_len": int(r["seq_len"]),
+           "vocab_size": int(r["vocab"]), "source": r["arch_source"]}
+    return from_hf_config(cfg, f"{r['model'].lower()}-s{r['seq_len']}")
 
 
 def grad_reduce_dtype(r: dict) -> str:

@@ -107,8 +107,14 @@ def expert_layer_parameters(m: ModelSpec) -> int:
     return m.num_experts * mlp_parameters(m, m.expert_ffn_hidden_size) if m.is_moe else 0
 
 
+def norm_parameters(m: ModelSpec) -> int:
+    """Parameters of one norm over the hidden size: weight and bias (2h) for a LayerNorm with ``norm_bias``, the
+    weight only (h) for RMSNorm or a bias-free LayerNorm (MPT ``no_bias``)."""
+    return 2 * m.hidden_size if m.norm == "layernorm" and m.norm_bias else m.hidden_size
+
+
 def _norms(m: ModelSpec) -> int:
-    return 2 * (2 * m.hidden_size if m.norm == "layernorm" else m.hidden_size)
+    return 2 * norm_parameters(m)
 
 
 def dense_layer_parameters(m: ModelSpec) -> int:
@@ -140,7 +146,7 @@ def layer_parameters(m: ModelSpec):
     is off by the dense/MoE mix of the stage where dense layers are not spread evenly — DeepSeek's first 3).
 
     Attention: :func:`attention_parameters` (Q and O are h x (a*d), K and V are h x (g*d) for standard models).
-    MLP: :func:`mlp_parameters`. LayerNorm has weight and bias (2h), RMSNorm weight only (h).
+    MLP: :func:`mlp_parameters`. Norms: :func:`norm_parameters`.
     """
     return _layer_mean(m, dense_layer_parameters(m), moe_layer_parameters(m))
 
@@ -157,8 +163,7 @@ def embedding_parameters(m: ModelSpec) -> int:
 
 def head_parameters(m: ModelSpec) -> int:
     """Final norm plus the output projection (V x h) when it is not tied to the input embedding."""
-    final_norm = 2 * m.hidden_size if m.norm == "layernorm" else m.hidden_size
-    return final_norm + (0 if m.tied_embeddings else m.vocab_size * m.hidden_size)
+    return norm_parameters(m) + (0 if m.tied_embeddings else m.vocab_size * m.hidden_size)
 
 
 def total_parameters(m: ModelSpec) -> int:

@@ -20,7 +20,8 @@ def unsupported_features(spec: ModelSpec) -> list[str]:
     if spec.is_moe and spec.family not in SOFTMAX_TOPK_FAMILIES:
         out.append(f"a {spec.family} router (not softmax top-k)")
     for on, what in ((spec.is_mla, "MLA (multi-head latent attention)"), (spec.attention_sinks, "attention sinks"),
-                     (spec.alibi, "ALiBi positions")):  # it would run rotary positions instead
+                     (spec.alibi, "ALiBi positions"),  # it would run rotary positions instead
+                     (spec.sliding_window_layers > 0, "sliding-window attention")):  # it attends every key
         if on:
             out.append(what)
     return out

@@ -2,7 +2,9 @@
 
 A :class:`ModelSpec` holds only shapes; parameter, FLOP and activation counts live in
 :mod:`hetplan.model.counts`. Supported ``model_type`` values: ``llama``, ``mistral``, ``gpt2``, ``gpt_neox``,
-``opt``, plus ``megatron_gpt`` (the GPT shapes of Megatron-LM papers: learned positions, 4h GeLU MLP, vocab 51200),
+``opt``, ``bloom``, plus ``megatron_gpt`` (the GPT shapes of Megatron-LM papers: learned positions, 4h GeLU MLP,
+vocab 51200), the dense ``qwen2`` (Qwen2 / Qwen2.5), ``qwen3`` (Qwen3), ``phi3`` (Phi-3, Phi-4-mini) and ``mpt``
+(MosaicML MPT, llm-foundry's ``MPTConfig`` names) of :func:`_dense_fields` and :func:`_mpt_fields`,
 and the mixture-of-experts families ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``deepseek_v2``, ``deepseek_v3``
 (multi-head latent attention, MLA), ``gpt_oss`` and ``llama4`` / ``llama4_text``.
 Presets are ``config.json`` files shipped in ``hetplan/model/presets/`` (``hetplan catalog models`` lists them).
@@ -41,7 +43,8 @@ class ModelSpec(BaseModel):
 
     Attributes:
         name: preset name or file stem.
-        family: ``llama`` | ``mistral`` | ``gpt2`` | ``gpt_neox`` | ``opt`` | ``megatron_gpt``.
+        family: the ``model_type`` it was read as (``llama``, ``qwen2``, ``mpt``, ``mixtral`` ...; BLOOM reads as
+            ``megatron_gpt``, ``llama4_text`` as ``llama4``).
         num_layers: transformer layers L.
         hidden_size: h.
         num_attention_heads: a.
@@ -52,6 +55,8 @@ class ModelSpec(BaseModel):
         max_seq_len: longest sequence the position encoding allows.
         gated_mlp: SwiGLU-style MLP with three matrices (gate, up, down).
         norm: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only).
+        norm_bias: the LayerNorms have a bias (``norm = "layernorm"`` only); MPT's ``no_bias = true`` removes every
+            bias, the LayerNorms' too (llm-foundry ``MPTModel.__init__`` drops each module's ``bias`` parameter).
         linear_bias: linear layers have biases (GPT-2, OPT, GPT-NeoX) or not (Llama, Mistral).
         learned_positions: number of rows in a learned position-embedding table (0 for rotary or ALiBi).
         alibi: positions enter as ALiBi's per-head linear bias on the attention scores, no table and no rotary
@@ -90,8 +95,8 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    family: Literal["llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "mixtral", "qwen2_moe",
-                    "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4"]
+    family: Literal["llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "qwen2", "qwen3", "mpt",
+                    "phi3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4"]
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
@@ -102,6 +107,7 @@ class ModelSpec(BaseModel):
     max_seq_len: int = Field(gt=0)
     gated_mlp: bool
     norm: Literal["layernorm", "rmsnorm"]
+    norm_bias: bool = True
     linear_bias: bool
     learned_positions: int = Field(ge=0)
     alibi: bool = False
@@ -201,6 +207,27 @@ _Int = StrictInt | None
 _Float = Annotated[float, Strict()] | None
 
 
+class _MPTAttnConfig(BaseModel):
+    """The keys of an MPT ``attn_config`` that hetplan reads, typed (llm-foundry ``attn_config_defaults``)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    attn_type: str | None = None
+    kv_n_heads: _Int = None
+    qk_ln: StrictBool | None = None
+    alibi: StrictBool | None = None
+    attn_pdrop: _Float = None
+
+
+class _MPTFFNConfig(BaseModel):
+    """The keys of an MPT ``ffn_config`` that hetplan reads, typed (llm-foundry ``ffn_config_defaults``)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    ffn_type: str | None = None
+    ffn_hidden_size: _Int = None
+
+
 class HFConfig(BaseModel):
     """The fields of a Hugging Face ``config.json`` that hetplan reads, with their types: the one place a config
     is validated, so that a bad value is reported by field name and expected type (``hidden_size = "4096"``:
@@ -230,6 +257,8 @@ class HFConfig(BaseModel):
     seq_length: _Int = None
     word_embed_proj_dim: _Int = None
     sliding_window: _Int = None
+    use_sliding_window: StrictBool | None = None
+    max_window_layers: _Int = None
     layer_types: list[str] | None = None
     num_local_experts: _Int = None
     num_experts: _Int = None
@@ -259,6 +288,19 @@ class HFConfig(BaseModel):
     attn_pdrop: _Float = None
     dropout: _Float = None
     text_config: dict | None = None
+    # MPT (llm-foundry MPTConfig)
+    d_model: _Int = None
+    n_heads: _Int = None
+    n_layers: _Int = None
+    expansion_ratio: StrictInt | Annotated[float, Strict()] | None = None
+    max_seq_len: _Int = None
+    no_bias: StrictBool | None = None
+    learned_pos_emb: StrictBool | None = None
+    norm_type: str | None = None
+    attn_config: _MPTAttnConfig | None = None
+    ffn_config: _MPTFFNConfig | None = None
+    resid_pdrop: _Float = None
+    emb_pdrop: _Float = None
     published_parameters: _Int = None
     published_active_parameters: _Int = None
     source: str | None = None
@@ -291,49 +333,77 @@ def _validated(cfg: Any, where: str = "model") -> dict:
 
 
 def _get(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    return _named(cfg, *keys, default=default)[1]
+
+
+def _named(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> tuple[str, Any]:
+    """The first of ``keys`` that ``cfg`` gives, and its value (``keys[0]`` and ``default`` when none is given).
+
+    Raises:
+        HetplanError: none of ``keys`` is given and there is no default (field: ``keys[0]``)."""
     for key in keys:
         if key in cfg and cfg[key] is not None:
-            return cfg[key]
+            return key, cfg[key]
     if default is not None:
-        return default
+        return keys[0], default
     raise HetplanError(
         f"config.json lacks {' / '.join(keys)}", field=f"model.{keys[0]}", fix="add the field to the config file"
     )
 
 
-def _common_shape(cfg: Mapping[str, Any], family: str, gpt2_names: bool = False) -> dict:
-    """Fields every family reads the same way: layers, hidden size, heads, KV heads (GQA; default = heads),
-    head dimension (default h / a) and vocabulary. GPT-2 configs name the first three ``n_layer``, ``n_embd``,
-    ``n_head`` (the HF generic names are accepted too)."""
-    def alt(gpt2: str, generic: str) -> tuple[str, ...]:
-        return (gpt2, generic) if gpt2_names else (generic,)
+#: Config names of (layers, hidden size, heads) by naming convention: the generic ``transformers`` names; GPT-2's
+#: (``GPT2Config``, the generic names accepted too); MPT's (llm-foundry ``MPTConfig``).
+_SHAPE_NAMES = {
+    "generic": (("num_hidden_layers",), ("hidden_size",), ("num_attention_heads",)),
+    "gpt2": (("n_layer", "num_hidden_layers"), ("n_embd", "hidden_size"), ("n_head", "num_attention_heads")),
+    "mpt": (("n_layers",), ("d_model",), ("n_heads",)),
+}
 
-    h = _get(cfg, *alt("n_embd", "hidden_size"))
-    a = _get(cfg, *alt("n_head", "num_attention_heads"))
-    if h <= 0 or a <= 0:
-        raise HetplanError(f"hidden_size ({h}) and num_attention_heads ({a}) must be positive", field="model",
-                           fix="check the config.json shapes")
-    if cfg.get("head_dim") is None and h % a:
+
+def _common_shape(cfg: Mapping[str, Any], family: str, gpt2_names: bool = False, names: str = "generic",
+                  kv_heads: tuple[str, Any] | None = None, head_dim_default: int | None = None) -> dict:
+    """Fields every family reads the same way: layers, hidden size, heads, KV heads (GQA; default = heads),
+    head dimension (default h / a, or ``head_dim_default``: Qwen3Config's 128) and vocabulary. GPT-2 configs name
+    the first three ``n_layer``, ``n_embd``, ``n_head`` (``gpt2_names``), MPT configs ``n_layers``, ``d_model``,
+    ``n_heads`` (``names="mpt"``; ``kv_heads``: the config name and value of its KV heads).
+
+    Raises:
+        HetplanError: a missing field, a shape that is not positive, a hidden size the heads do not divide (without
+            an explicit ``head_dim``), or heads that are not a multiple of the KV heads; named by its config field.
+    """
+    layer_keys, hidden_keys, head_keys = _SHAPE_NAMES["gpt2" if gpt2_names else names]
+    (l_key, n_layers), (h_key, h), (a_key, a) = (_named(cfg, *layer_keys), _named(cfg, *hidden_keys),
+                                                 _named(cfg, *head_keys))
+
+    def positive(*pairs: tuple[str, Any]) -> None:
+        for key, value in pairs:
+            if value <= 0:
+                raise HetplanError(f"{key} = {value}: must be a positive integer", field=f"model.{key}",
+                                   fix=f"give the model's {key} from its released config.json")
+
+    positive((l_key, n_layers), (h_key, h), (a_key, a))
+    if cfg.get("head_dim") is None and head_dim_default is None and h % a:
         # transformers' attention splits hidden_size into heads of hidden_size // num_attention_heads and fails
         # on the rest (LlamaAttention's q_proj is num_heads * head_dim wide): h / a would be a fractional head
-        raise HetplanError(f"hidden_size {h} is not divisible by num_attention_heads {a}", field="model.hidden_size",
+        raise HetplanError(f"{h_key} {h} is not divisible by {a_key} {a}", field=f"model.{h_key}",
                            fix="give head_dim explicitly, or a hidden size that is a multiple of the heads")
-    return dict(
-        family=family,
-        num_layers=_get(cfg, *alt("n_layer", "num_hidden_layers")),
-        hidden_size=h,
-        num_attention_heads=a,
-        num_kv_heads=_get(cfg, "num_key_value_heads", default=a),
-        head_dim=_get(cfg, "head_dim", default=h // a),
-        vocab_size=_get(cfg, "vocab_size"),
-    )
+    g_key, g = kv_heads or _named(cfg, "num_key_value_heads", default=a)
+    d_key, d = _named(cfg, "head_dim", default=head_dim_default or h // a)
+    v_key, vocab = _named(cfg, "vocab_size")
+    positive((g_key, g), (d_key, d), (v_key, vocab))
+    if a % g:
+        # grouped-query attention shares each K/V head among a / g query heads (Ainslie et al. 2023, GQA)
+        raise HetplanError(f"{a_key} {a} is not a multiple of {g_key} {g}", field=f"model.{g_key}",
+                           fix=f"give KV heads that divide the {a} query heads (1 = multi-query, {a} = multi-head)")
+    return dict(family=family, num_layers=n_layers, hidden_size=h, num_attention_heads=a, num_kv_heads=g,
+                head_dim=d, vocab_size=vocab)
 
 
-def _rms_gated(cfg: Mapping[str, Any], family: str, ffn: int) -> dict:
+def _rms_gated(cfg: Mapping[str, Any], family: str, ffn: int, **shape: Any) -> dict:
     """Shape of a Llama-style decoder (RMSNorm, SwiGLU MLP of ``ffn``, rotary positions), as the Llama, Mistral
-    and all MoE families share it."""
+    and all MoE families share it (``shape``: options of :func:`_common_shape`)."""
     return dict(
-        _common_shape(cfg, family),
+        _common_shape(cfg, family, **shape),
         ffn_hidden_size=ffn,
         max_seq_len=_get(cfg, "max_position_embeddings"),
         gated_mlp=True,
@@ -392,6 +462,125 @@ def _moe_fields(cfg: Mapping[str, Any], family: str) -> dict:
                 moe_layer_step=cfg.get("interleave_moe_layer_step", 1))
 
 
+def _qwen_window(cfg: Mapping[str, Any], num_layers: int) -> dict:
+    """Sliding-window layers of a Qwen2 / Qwen3 dense config: none unless ``use_sliding_window`` (false in the
+    released configs) with a ``sliding_window``; then the layers ``layer_types`` marks ``sliding_attention``, or
+    without ``layer_types`` the layers from ``max_window_layers`` on (default 28) — transformers
+    ``models/qwen2/configuration_qwen2.py`` and ``models/qwen3/configuration_qwen3.py``, which set the window to
+    None without ``use_sliding_window``, and ``Qwen2Attention`` / ``Qwen3Attention``, which apply it only on
+    ``sliding_attention`` layers."""
+    window = cfg.get("sliding_window") or 0
+    if not (cfg.get("use_sliding_window") and window):
+        return {}
+    types = cfg.get("layer_types") or ["sliding_attention" if i >= cfg.get("max_window_layers", 28)
+                                       else "full_attention" for i in range(num_layers)]
+    n = sum(t == "sliding_attention" for t in types)
+    return dict(sliding_window=window, sliding_window_layers=n) if n else {}
+
+
+#: MPT ``norm_type`` values (llm-foundry ``llmfoundry/models/layers/norm.py`` ``NORM_CLASS_REGISTRY``) by the
+#: norm they compute; the low-precision and Triton variants only change the kernel's dtype.
+MPT_NORMS = {"layernorm": "layernorm", "low_precision_layernorm": "layernorm", "rmsnorm": "rmsnorm",
+             "low_precision_rmsnorm": "rmsnorm", "triton_rmsnorm": "rmsnorm"}
+#: MPT ``ffn_config.ffn_type`` values hetplan models: ``mptmlp`` (up, GeLU, down; the default) and
+#: ``te_ln_mlp`` (Transformer Engine's LayerNormMLP: the same MLP with the block's second LayerNorm fused in),
+#: ``mptglu`` (gate, up, down: a gated MLP; llm-foundry ``llmfoundry/models/layers/ffn.py``).
+MPT_FFN_TYPES = ("mptmlp", "te_ln_mlp", "mptglu")
+
+
+def _mpt_fields(cfg: Mapping[str, Any]) -> dict:
+    """An MPT ``config.json`` (llm-foundry ``llmfoundry/models/mpt/configuration_mpt.py`` ``MPTConfig``; the
+    blocks of ``llmfoundry/models/mpt/modeling_mpt.py``, ``layers/attention.py``, ``layers/ffn.py``; defaults of
+    v0.3.0): ``d_model``, ``n_heads``, ``n_layers``, an MLP of ``expansion_ratio · d_model`` (GeLU, not gated;
+    ``ffn_config.ffn_hidden_size`` overrides it), LayerNorm (``norm_type``), biases on every linear and norm unless
+    ``no_bias``, a learned position table of ``max_seq_len`` rows (``learned_pos_emb``; none under
+    ``attn_config.alibi``, which sets it off), input and output embeddings always tied (``MPTForCausalLM``
+    refuses untied ones), fused ``Wqkv`` of ``d_model + 2·kv_n_heads·head_dim`` outputs (``attn_type``
+    ``multihead_attention``: ``kv_n_heads = n_heads``, ``multiquery_attention``: 1, ``grouped_query_attention``:
+    ``attn_config.kv_n_heads``) — the same FLOPs as separate Q, K, V projections. Dropout: ``attn_pdrop`` or
+    ``resid_pdrop`` above 0 (0 by default).
+
+    Raises:
+        HetplanError: an ``attn_config`` / ``ffn_config`` that is not an object or names an attention type, FFN
+            type or norm hetplan does not model, ``qk_ln`` (a LayerNorm over all of Q and over all of K, not
+            per head), or an ``expansion_ratio`` that does not give a whole MLP width.
+    """
+    attn, ffn = cfg.get("attn_config") or {}, cfg.get("ffn_config") or {}
+    attn_type = attn.get("attn_type", "multihead_attention")
+    kv = {"multihead_attention": None, "multiquery_attention": ("attn_config.kv_n_heads", 1),
+          "grouped_query_attention": ("attn_config.kv_n_heads", attn.get("kv_n_heads"))}
+    if attn_type not in kv:
+        raise HetplanError(f"attn_config.attn_type {attn_type!r} is not an MPT attention type",
+                           field="model.attn_config.attn_type", fix=f"use one of {', '.join(kv)}")
+    kv_heads = kv[attn_type]
+    if kv_heads is not None and kv_heads[1] is None:
+        raise HetplanError("grouped_query_attention needs attn_config.kv_n_heads", field="model.attn_config.kv_n_heads",
+                           fix="give the number of key/value heads")
+    if attn.get("qk_ln"):
+        raise HetplanError("attn_config.qk_ln (a LayerNorm over all of Q and over all of K) is not modelled",
+                           field="model.attn_config.qk_ln", fix="set qk_ln to false, or plan a model without it")
+    ffn_type = ffn.get("ffn_type", "mptmlp")
+    if ffn_type not in MPT_FFN_TYPES:
+        raise HetplanError(f"ffn_config.ffn_type {ffn_type!r} is not modelled (MoE FFNs included)",
+                           field="model.ffn_config.ffn_type", fix=f"use one of {', '.join(MPT_FFN_TYPES)}")
+    norm_type = cfg.get("norm_type", "low_precision_layernorm")
+    if norm_type not in MPT_NORMS:
+        raise HetplanError(f"norm_type {norm_type!r} is not an MPT norm", field="model.norm_type",
+                           fix=f"use one of {', '.join(MPT_NORMS)}")
+    shape = _common_shape(cfg, "mpt", names="mpt", kv_heads=kv_heads)
+    ratio = _get(cfg, "expansion_ratio", default=4)
+    width = ffn.get("ffn_hidden_size") or ratio * shape["hidden_size"]
+    if width <= 0 or width != int(width):
+        raise HetplanError(f"expansion_ratio {ratio} x d_model {shape['hidden_size']} = {width} is not a positive "
+                           "whole MLP width", field="model.expansion_ratio",
+                           fix="give an expansion_ratio that makes a whole width, or ffn_config.ffn_hidden_size")
+    alibi = bool(attn.get("alibi", False))
+    learned = bool(cfg.get("learned_pos_emb", True)) and not alibi
+    n_pos = _get(cfg, "max_seq_len", default=2048)
+    no_bias = bool(cfg.get("no_bias", False))
+    drop = max(float(attn.get("attn_pdrop", 0.0) or 0.0), float(cfg.get("resid_pdrop", 0.0) or 0.0))
+    return dict(shape, ffn_hidden_size=int(width), max_seq_len=n_pos,
+                gated_mlp=ffn_type == "mptglu", norm=MPT_NORMS[norm_type], norm_bias=not no_bias,
+                linear_bias=not no_bias, learned_positions=n_pos if learned else 0, alibi=alibi,
+                tied_embeddings=True, dropout=drop > 0)
+
+
+def _dense_fields(cfg: Mapping[str, Any], model_type: str) -> dict:
+    """Fields of the dense families beyond Llama's, each as its ``transformers`` modelling file builds it:
+
+    * ``qwen2`` (Qwen2, Qwen2.5; ``models/qwen2/modeling_qwen2.py``): Llama's block (RMSNorm, SwiGLU, rotary) with
+      biases on the Q, K and V projections only (``Qwen2Attention``: ``o_proj`` has none, the MLP has none);
+      ``tie_word_embeddings`` as configured (true in the small releases); windows of :func:`_qwen_window`.
+    * ``qwen3`` (Qwen3 dense; ``models/qwen3/modeling_qwen3.py``): Llama's attention without biases plus an RMSNorm
+      of ``head_dim`` weights on each head's Q and on each head's K (``Qwen3Attention.q_norm`` / ``k_norm``);
+      ``head_dim`` explicit (Qwen3Config's default 128, which need not be ``hidden_size / heads``: Qwen3-32B has
+      64 heads of 128 on a 5,120 hidden size).
+    * ``phi3`` (Phi-3, Phi-4-mini; ``models/phi3/modeling_phi3.py``): Llama's shapes with Q, K, V fused into one
+      ``qkv_proj`` and gate and up into one ``gate_up_proj`` (the same parameters and FLOPs as separate ones), no
+      biases; a configured ``sliding_window`` applies on every layer (``Phi3Attention`` passes it to each layer's
+      attention); dropout ``resid_pdrop`` / ``attention_dropout``.
+
+    Raises:
+        HetplanError: a Qwen3 config with ``attention_bias`` (biases on Q, K, V and O but not the MLP: not
+            modelled).
+    """
+    if model_type == "qwen2":
+        fields = _rms_gated(cfg, "qwen2", _get(cfg, "intermediate_size"))
+        return dict(fields, linear_bias=False, qkv_bias=True, **_qwen_window(cfg, fields["num_layers"]))
+    if model_type == "qwen3":
+        if cfg.get("attention_bias"):
+            raise HetplanError("attention_bias = true (biases on Q, K, V and O, none in the MLP) is not modelled "
+                               "for qwen3", field="model.attention_bias",
+                               fix="set attention_bias to false, as the released Qwen3 configs do")
+        fields = _rms_gated(cfg, "qwen3", _get(cfg, "intermediate_size"), head_dim_default=128)
+        return dict(fields, qk_norm=True, **_qwen_window(cfg, fields["num_layers"]))
+    fields = _rms_gated(cfg, "phi3", _get(cfg, "intermediate_size"))
+    window = cfg.get("sliding_window") or 0
+    drop = max(float(cfg.get("attention_dropout", 0.0) or 0.0), float(cfg.get("resid_pdrop", 0.0) or 0.0))
+    return dict(fields, linear_bias=False, dropout=drop > 0, sliding_window=window,
+                sliding_window_layers=fields["num_layers"] if window else 0)
+
+
 def _check_family_fields(cfg: Mapping[str, Any], model_type: str, fields: dict) -> None:
     """Refuse family fields whose 0 or odd value :class:`ModelSpec` would silently read as something else: an
     MoE family with no experts (planned as dense), DeepSeek's MLA without its latent (``kv_lora_rank = 0`` reads as
@@ -414,7 +603,7 @@ def _check_family_fields(cfg: Mapping[str, Any], model_type: str, fields: dict) 
                                    f"positive {key} (0 would be read as {'no MLA' if key == 'kv_lora_rank' else 'head_dim'})",
                                    field=f"model.{key}", fix=f"give the model's {key} (DeepSeek-V3: "
                                    f"{512 if key == 'kv_lora_rank' else 128})")
-    if model_type == "gpt_oss" and cfg.get("layer_types"):
+    if model_type in ("gpt_oss", "qwen2", "qwen3") and cfg.get("layer_types"):
         types = cfg["layer_types"]
         kinds = ("sliding_attention", "full_attention")
         bad = [t for t in types if t not in kinds]
@@ -428,6 +617,9 @@ def _check_family_fields(cfg: Mapping[str, Any], model_type: str, fields: dict) 
 #: the scores and has no position table to run out of (Press et al. ICLR 2022, "Train Short, Test Long").
 ALIBI_MAX_SEQ_LEN = 1 << 20
 
+#: The dense ``model_type`` values :func:`from_hf_config` reads (``bloom`` reads as ``megatron_gpt``).
+DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gpt_neox", "opt", "megatron_gpt", "bloom",
+                  "mpt")
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4")
 
 
@@ -457,6 +649,10 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
         model_type = "llama4"
     if model_type in ("llama", "mistral"):
         fields = _rms_gated(cfg, model_type, _get(cfg, "intermediate_size"))
+    elif model_type in ("qwen2", "qwen3", "phi3"):
+        fields = _dense_fields(cfg, model_type)
+    elif model_type == "mpt":
+        fields = _mpt_fields(cfg)
     elif model_type in MOE_FAMILIES:
         fields = _moe_fields(cfg, model_type)
     elif model_type in ("gpt2", "megatron_gpt"):
@@ -532,7 +728,7 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
         raise HetplanError(
             f"unsupported model_type {model_type!r}",
             field="model.model_type",
-            fix="use one of llama, mistral, gpt2, gpt_neox, opt, megatron_gpt, bloom, " + ", ".join(MOE_FAMILIES),
+            fix="use one of " + ", ".join(DENSE_FAMILIES + MOE_FAMILIES),
         )
     _check_family_fields(cfg, model_type, fields)
     try:

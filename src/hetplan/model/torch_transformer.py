@@ -114,7 +114,7 @@ class _Norm(nn.Module):
         self.eps = eps
         size = size or spec.hidden_size
         self.weight = nn.Parameter(torch.ones(size))
-        self.bias = None if self.rms else nn.Parameter(torch.zeros(size))
+        self.bias = None if self.rms or not spec.norm_bias else nn.Parameter(torch.zeros(size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rms:
@@ -331,8 +331,8 @@ class TransformerStage(nn.Module):
         if missing:
             raise HetplanError(f"model {spec.name} ({spec.family}) has {', '.join(missing)}, which this reference "
                                "transformer does not build", field="model",
-                               fix="run or serve a dense model (llama, mistral, gpt2, gpt_neox, opt) or a Mixtral-"
-                                   "shaped MoE")
+                               fix="run or serve a dense model without sliding windows (llama, mistral, qwen2, "
+                                   "qwen3, phi3, gpt2, gpt_neox, opt, mpt) or a Mixtral-shaped MoE")
         part = part or Partition(0, spec.num_layers, True, True)
         if not 0 <= part.start_layer <= part.end_layer <= spec.num_layers:
             raise HetplanError(f"layer range [{part.start_layer}, {part.end_layer}) outside 0..{spec.num_layers}",
