@@ -177,3 +177,31 @@ def test_plan_interleaving_runs_as_priced(tmp_path):
     with pytest.raises(HetplanError, match="without layers") as e:
         planio.layout(bad, planio.plan_model(bad))
     assert e.value.field == "plan.pipeline_chunks"
+
+
+@pytest.mark.parametrize("model_type, extra, want, not_want", [
+    ("qwen2", {}, ["--swiglu", "--normalization RMSNorm", "--disable-bias-linear", "--add-qkv-bias"],
+     ["--qk-layernorm"]),
+    ("qwen3", {"head_dim": 64}, ["--swiglu", "--normalization RMSNorm", "--qk-layernorm", "--kv-channels 64"],
+     ["--add-qkv-bias"]),
+    ("phi3", {}, ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope"], ["--add-qkv-bias"]),
+])
+def test_megatron_export_of_the_llama_block_families(tmp_path, model_type, extra, want, not_want):
+    """Qwen2, Qwen3 and Phi-3 are Llama's block to Megatron-LM (SwiGLU, RMSNorm, rotary, no linear biases) plus
+    Qwen2's QKV biases (``--add-qkv-bias``) and Qwen3's per-head Q/K norms (``--qk-layernorm``) and head_dim
+    (``--kv-channels``); torchtitan's Llama has neither, so torchtitan refuses those two."""
+    cfg = dict(json.loads((ROOT / "examples" / "tiny-model.json").read_text()), model_type=model_type, **extra)
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(cfg))
+    raw = json.loads(TINY.read_text())
+    raw["job"]["model"] = str(model)
+    (tmp_path / "plan.json").write_text(json.dumps(raw))
+    plan = planio.load_plan(tmp_path / "plan.json")
+    spec = planio.plan_model(plan)
+    meg = exporters.export(plan, spec, "megatron").files["megatron_launch.sh"]
+    assert all(a in meg for a in want) and not any(a in meg for a in not_want), meg
+    if model_type == "phi3":
+        return
+    with pytest.raises(HetplanError, match="Q/K norms") as info:
+        exporters.export(plan.model_copy(update={"zero": 3}), spec, "torchtitan", version="0.2")
+    assert info.value.field == "--to"

@@ -33,6 +33,11 @@ def megatron_layout(chunks: list[list[int]]) -> str:
     return text[:-1]
 
 
+#: Dense families built as Llama's block (SwiGLU, RMSNorm, rotary, no linear biases; Qwen2 adds its QKV biases,
+#: Qwen3 its Q/K norms, Phi-3 fuses Q/K/V and gate/up, which Megatron-LM's linear_qkv and linear_fc1 do too).
+LLAMA_BLOCK_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+
+
 def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = None) -> Export:
     """Megatron-LM ``pretrain_gpt.py`` arguments, as a torchrun launch script (see module doc).
 
@@ -186,10 +191,14 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                            fix="hetplan has no Megatron-DeepSpeed exporter (BLOOM trained with its "
                                "--position-embedding-type alibi): pin --tp 1 and export --to deepspeed, or plan a "
                                "model with rotary or learned positions")
-    if spec.family in ("llama", "mistral") or (experts and spec.gated_mlp):
+    if spec.family in LLAMA_BLOCK_FAMILIES or (experts and spec.gated_mlp):
         args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
     elif spec.learned_positions == 0:
         args.append("--position-embedding-type rope")
+    if spec.qkv_bias:  # Qwen2's Q, K, V biases (TransformerConfig.add_qkv_bias; the output projection has none)
+        args.append("--add-qkv-bias")
+    if spec.qk_norm:  # Qwen3's per-head Q/K norms (TransformerConfig.qk_layernorm, of the model's --normalization)
+        args.append("--qk-layernorm")
     if spec.num_kv_heads != spec.num_attention_heads:
         args += ["--group-query-attention", f"--num-query-groups {spec.num_kv_heads}"]
     if not spec.tied_embeddings:
