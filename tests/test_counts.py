@@ -127,3 +127,28 @@ def test_zero_stages_shard_model_states():
     assert mem[2].weights == 2 * p
     assert mem[3].weights == pytest.approx(2 * p / 8 + 2 * 2 * counts.layer_parameters(m))  # + prefetch buffer
     assert [x.total for x in mem] == sorted((x.total for x in mem), reverse=True)
+
+
+def test_post_norms_and_bias_free_norms():
+    """Gemma's post-attention and post-MLP norms (``post_norms``) are two more norms per layer: h parameters each
+    (RMSNorm), and their inputs (the attention and MLP outputs, 2·s·b·h bytes each) are kept for backward, on every
+    TP rank or split by sequence parallelism; an MPT ``no_bias`` LayerNorm holds its weight only."""
+    from hetplan.estimate import elementwise
+
+    m = load_model("llama2-7b")
+    post = m.model_copy(update={"post_norms": True})
+    h, b, s, t = m.hidden_size, 2, 4096, 4
+    assert counts.dense_layer_parameters(post) - counts.dense_layer_parameters(m) == 2 * h
+    for sp, share in ((False, 1), (True, t)):
+        extra = (counts.layer_activation_bytes(post, b, s, t, sequence_parallel=sp)
+                 - counts.layer_activation_bytes(m, b, s, t, sequence_parallel=sp))
+        assert extra == 2 * 2 * s * b * h / share
+    assert counts.layer_activation_bytes(post, b, s, t, recompute="full") == counts.layer_activation_bytes(
+        m, b, s, t, recompute="full")
+    assert (elementwise.eager_layer_kernels(post) - elementwise.eager_layer_kernels(m)
+            == 2 * elementwise.RMSNORM_EXTRA_KERNELS)
+    assert (elementwise.eager_layer_bytes(post, b, s) - elementwise.eager_layer_bytes(m, b, s)
+            == 2 * elementwise.RMSNORM_EXTRA_BYTES * b * s * h)
+    gpt = load_model("gpt3-1.3b")
+    bare = gpt.model_copy(update={"norm_bias": False})
+    assert counts.total_parameters(gpt) - counts.total_parameters(bare) == (2 * gpt.num_layers + 1) * gpt.hidden_size

@@ -20,7 +20,7 @@ REQUIRED = [
     "open-llama-3b-v2", "opt-125m", "opt-1.3b", "opt-13b", "opt-175b", "gpt2-xl", "gpt-neox-20b",
     "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "llama4-scout",
     "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b",
-    "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b",
+    "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b", "gemma2-9b", "gemma2-27b", "gemma3-1b",
 ]
 
 # Narayanan et al., SC'21, Table 1: (billions as printed, heads, hidden, layers)
@@ -52,7 +52,8 @@ def test_preset_file_is_well_formed(name):
     assert name == name.lower()
     raw = _raw(name)
     assert raw["model_type"] in ("llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "bloom", "mixtral",
-                                 "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4", "qwen2", "qwen3", "mpt")
+                                 "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4", "qwen2", "qwen3", "mpt", "gemma2",
+                                 "gemma3_text")
     assert isinstance(raw["published_parameters"], int)
     assert raw["source"].strip()
 
@@ -367,6 +368,37 @@ def test_mpt_presets_are_the_benchmarked_models():
         assert old.model_copy(update={"dropout": False}).model_dump(exclude=shape) == preset.model_dump(exclude=shape)
 
 
+def test_gemma_four_norms_head_dim_and_windows():
+    """Gemma-2-27B: 32 heads of 128 on a 4,608 hidden size, GeGLU 3·h·f, four RMSNorms per layer, tied
+    embeddings; a 4,096-token window on every other layer from the first (23 of 46). Gemma-3-1B adds Q/K norms of
+    head_dim and windows 512 on five layers of six (22 of 26)."""
+    m = load_model("gemma2-27b")
+    h, q, kv, f, V = 4608, 32 * 128, 16 * 128, 36864, 256000
+    assert m.post_norms and m.tied_embeddings and m.gated_mlp and not m.qk_norm and m.q_dim == q
+    assert total_parameters(m) == 46 * (2 * h * q + 2 * h * kv + 3 * h * f + 4 * h) + V * h + h
+    assert (m.sliding_window, m.sliding_window_layers) == (4096, 23)
+    g3 = load_model("gemma3-1b")
+    assert g3.qk_norm and (g3.sliding_window, g3.sliding_window_layers) == (512, 22)
+    from hetplan.model.reference import unsupported_features
+    assert unsupported_features(g3) == ["sliding-window attention", "post-attention / post-MLP norms"]
+
+
+def test_gemma3_vision_config_reads_its_text_model_with_class_defaults():
+    """A Gemma 3 vision release's config.json (model_type gemma3) names only the text shapes that differ from
+    Gemma3TextConfig's defaults (Gemma-3-4B: 8 heads / 4 KV of 256 and the 262,208 vocabulary left out); the vision
+    tower is not modelled."""
+    cfg = {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "hidden_size": 2560,
+                                                   "intermediate_size": 10240, "num_hidden_layers": 34,
+                                                   "sliding_window": 1024},
+           "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}}
+    m = from_hf_config(cfg, "gemma-3-4b-text")
+    assert (m.family, m.num_attention_heads, m.num_kv_heads, m.head_dim, m.vocab_size) == ("gemma3", 8, 4, 256, 262208)
+    h, q, kv, f = 2560, 8 * 256, 4 * 256, 10240
+    layer = 2 * h * q + 2 * h * kv + 2 * 256 + 3 * h * f + 4 * h
+    assert total_parameters(m) == 34 * layer + 262208 * h + h
+    assert (m.sliding_window, m.sliding_window_layers) == (1024, 29)
+
+
 @pytest.mark.parametrize("cfg,field,words", [
     (dict(MPT_7B_RELEASED, n_heads=0), "model.n_heads", "n_heads = 0"),
     ({k: v for k, v in MPT_7B_RELEASED.items() if k != "d_model"}, "model.d_model", "lacks d_model"),
@@ -392,6 +424,11 @@ def test_mpt_presets_are_the_benchmarked_models():
     (dict(QWEN25_05B, model_type="qwen3", attention_bias=True), "model.attention_bias", "not modelled"),
     (dict(PHI3_MINI, intermediate_size=None), "model.intermediate_size", "lacks intermediate_size"),
     (dict(PHI3_MINI, model_type="phi4"), "model.model_type", "unsupported model_type 'phi4'"),
+    (dict(PHI3_MINI, model_type="gemma2", attention_bias=True), "model.attention_bias", "not modelled for gemma2"),
+    (dict(PHI3_MINI, model_type="gemma3_text", sliding_window_pattern=0), "model.sliding_window_pattern",
+     "must be a positive integer"),
+    (dict(PHI3_MINI, model_type="gemma2", layer_types=["full_attention"] * 31 + ["chunked_attention"]),
+     "model.layer_types", "unknown kind 'chunked_attention'"),
 ])
 def test_dense_family_config_errors_name_the_field(cfg, field, words):
     with pytest.raises(HetplanError) as info:

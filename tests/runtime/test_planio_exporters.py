@@ -202,6 +202,26 @@ def test_megatron_export_of_the_llama_block_families(tmp_path, model_type, extra
     assert all(a in meg for a in want) and not any(a in meg for a in not_want), meg
     if model_type == "phi3":
         return
-    with pytest.raises(HetplanError, match="Q/K norms") as info:
+    with pytest.raises(HetplanError, match="Q/K or post-attention norms") as info:
         exporters.export(plan.model_copy(update={"zero": 3}), spec, "torchtitan", version="0.2")
     assert info.value.field == "--to"
+
+
+def test_gemma_post_norms_are_refused_by_megatron_and_torchtitan(tmp_path):
+    """Gemma's four norms per layer: Megatron-LM's TransformerLayer and torchtitan's Llama have no norm after
+    attention or the MLP, so both refuse rather than write a launch of another model; DeepSpeed's export (the
+    user's model code) writes."""
+    cfg = dict(json.loads((ROOT / "examples" / "tiny-model.json").read_text()), model_type="gemma2", head_dim=32)
+    (tmp_path / "tiny.json").write_text(json.dumps(cfg))
+    raw = json.loads(TINY.read_text())
+    raw["job"]["model"] = str(tmp_path / "tiny.json")
+    (tmp_path / "plan.json").write_text(json.dumps(raw))
+    plan = planio.load_plan(tmp_path / "plan.json")
+    spec = planio.plan_model(plan)
+    assert spec.post_norms
+    with pytest.raises(HetplanError, match="post-MLP norms") as info:
+        exporters.export(plan, spec, "megatron")
+    assert info.value.field == "--to" and "deepspeed" in info.value.fix
+    with pytest.raises(HetplanError, match="post-attention norms"):
+        exporters.export(plan.model_copy(update={"zero": 3}), spec, "torchtitan", version="0.2")
+    assert exporters.export(plan, spec, "deepspeed").files

@@ -618,7 +618,9 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
         softmax_b = softmax_b * attention_blocks / gpu.hbm_bandwidth_bytes_per_s
         elem, elem_bwd = elem + softmax_f, elem_bwd + softmax_b
     kernel = 0.0 if cuda_graphs else gpu.kernel_overhead_s
+    # a norm beyond the two of KERNELS_PER_LAYER_FORWARD (post_norms: Gemma's four) is one fused kernel more
     kernels = (KERNELS_PER_LAYER_FORWARD - (FLASH_FUSED_KERNELS if flash else 0) + extra_kernels + softmax_kernels
+               + (counts.layer_norms(m) - 2)
                + projection_kernels(m, projections)
                + np.where(on_async, ASYNC_TP_KERNELS_PER_STEP * (np.asarray(t) - 1.0), 0.0))
     core_gemm = core_gemm * attention_blocks

@@ -31,7 +31,7 @@ residual add before   eager: the ``ffn_norm`` re-reads ``h``; fused: the add and
 the norms and residuals split over TP under sequence parallelism, which torchtitan's TP always uses.) Models with
 LayerNorm (``nn.LayerNorm`` is one fused ATen kernel in eager), learned positions or a non-gated MLP
 (``F.gelu`` is one kernel) have no extra bytes for those ops; Qwen3-style Q/K norms are two more RMSNorms on
-``T·(q + kv)``. The repeat of K and V for grouped-query attention (``repeat_kv``), the SDPA kernel and the
+``T·(q + kv)``, Gemma's post-attention and post-MLP norms (``post_norms``) two more on ``T·h``. The repeat of K and V for grouped-query attention (``repeat_kv``), the SDPA kernel and the
 second residual add (at the block boundary, where each compiled region ends) cost the same both ways.
 
 **Backward** runs autograd's derivative of each op, which reads and writes about twice the forward's bytes (for
@@ -61,6 +61,7 @@ import numpy as np
 
 from hetplan.estimate import fp8
 from hetplan.hardware.catalog import GPUSpec
+from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 from hetplan.estimate.arrays import Array
 
@@ -93,7 +94,7 @@ def eager_layer_bytes(m: ModelSpec, b: Array, s: Array, t: Array = 1, sequence_p
     n_qk = T * (m.q_dim + m.kv_dim) / t
     out = RESIDUAL_EXTRA_BYTES * n_h
     if m.norm == "rmsnorm":
-        out = out + RMSNORM_EXTRA_BYTES * (2.0 * n_h + (n_qk if m.qk_norm else 0.0))
+        out = out + RMSNORM_EXTRA_BYTES * (counts.layer_norms(m) * n_h + (n_qk if m.qk_norm else 0.0))
     if m.learned_positions == 0:
         out = out + ROTARY_EXTRA_BYTES * n_qk
     if m.gated_mlp:
@@ -103,7 +104,7 @@ def eager_layer_bytes(m: ModelSpec, b: Array, s: Array, t: Array = 1, sequence_p
 
 def eager_layer_kernels(m: ModelSpec) -> int:
     """Kernels one layer's forward launches in eager PyTorch beyond fused kernels (module doc's table)."""
-    norms = (2 + (2 if m.qk_norm else 0)) if m.norm == "rmsnorm" else 0
+    norms = (counts.layer_norms(m) + (2 if m.qk_norm else 0)) if m.norm == "rmsnorm" else 0
     return (RESIDUAL_EXTRA_KERNELS + norms * RMSNORM_EXTRA_KERNELS
             + (ROTARY_EXTRA_KERNELS if m.learned_positions == 0 else 0)
             + (SWIGLU_EXTRA_KERNELS if m.gated_mlp else 0))

@@ -113,8 +113,14 @@ def norm_parameters(m: ModelSpec) -> int:
     return 2 * m.hidden_size if m.norm == "layernorm" and m.norm_bias else m.hidden_size
 
 
+def layer_norms(m: ModelSpec) -> int:
+    """Norms over the hidden size in one layer: before attention and before the MLP, plus, with ``post_norms``,
+    after each of them (Gemma 2 / 3's ``post_attention_layernorm`` and ``post_feedforward_layernorm``)."""
+    return 4 if m.post_norms else 2
+
+
 def _norms(m: ModelSpec) -> int:
-    return 2 * norm_parameters(m)
+    return layer_norms(m) * norm_parameters(m)
 
 
 def dense_layer_parameters(m: ModelSpec) -> int:
@@ -252,7 +258,8 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
 
     Term by term after Korthikanti et al. MLSys'23, Sec. 4.1 (2-byte activations, 1-byte dropout masks):
 
-    * kept whole on every TP rank unless sequence parallelism splits them: the two norm inputs (4sbh), the
+    * kept whole on every TP rank unless sequence parallelism splits them: the two norm inputs (4sbh; 8sbh for
+      the four of ``post_norms``, whose extra two take the attention and MLP outputs), the
       attention and MLP inputs after the norms (2sbh each), two dropout masks (sbh each, if the model uses
       dropout) — 10sbh for GPT;
     * split across TP ranks: Q (2sb·q), K and V (2sb·g·d each), output-projection input (2sb·q); MLP: the two
@@ -294,7 +301,7 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
     if recompute == "full":
         return 2 * sbh / (t if sequence_parallel else 1)
     masks = 2 * sbh if m.dropout else 0  # two 1-byte dropout masks of s*b*h elements
-    replicated = 4 * sbh + 2 * sbh + 2 * sbh + masks
+    replicated = 2 * layer_norms(m) * sbh + 2 * sbh + 2 * sbh + masks
     if m.is_mla:  # the Q and KV latents before and after their norms (down-projections are not TP-split)
         replicated = replicated + 4 * s * b * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
     mlp = (3 if m.gated_mlp else 2) * 2 * s * b * f

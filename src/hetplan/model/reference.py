@@ -21,7 +21,8 @@ def unsupported_features(spec: ModelSpec) -> list[str]:
         out.append(f"a {spec.family} router (not softmax top-k)")
     for on, what in ((spec.is_mla, "MLA (multi-head latent attention)"), (spec.attention_sinks, "attention sinks"),
                      (spec.alibi, "ALiBi positions"),  # it would run rotary positions instead
-                     (spec.sliding_window_layers > 0, "sliding-window attention")):  # it attends every key
+                     (spec.sliding_window_layers > 0, "sliding-window attention"),  # it attends every key
+                     (spec.post_norms, "post-attention / post-MLP norms")):  # Gemma's four norms per layer
         if on:
             out.append(what)
     return out

@@ -3,7 +3,8 @@
 A :class:`ModelSpec` holds only shapes; parameter, FLOP and activation counts live in
 :mod:`hetplan.model.counts`. Supported ``model_type`` values: ``llama``, ``mistral``, ``gpt2``, ``gpt_neox``,
 ``opt``, ``bloom``, plus ``megatron_gpt`` (the GPT shapes of Megatron-LM papers: learned positions, 4h GeLU MLP,
-vocab 51200), the dense ``qwen2`` (Qwen2 / Qwen2.5), ``qwen3`` (Qwen3), ``phi3`` (Phi-3, Phi-4-mini) and ``mpt``
+vocab 51200), the dense ``qwen2`` (Qwen2 / Qwen2.5), ``qwen3`` (Qwen3), ``phi3`` (Phi-3, Phi-4-mini), ``gemma2``,
+``gemma3_text`` (and ``gemma3``'s ``text_config``; the vision tower is not modelled) and ``mpt``
 (MosaicML MPT, llm-foundry's ``MPTConfig`` names) of :func:`_dense_fields` and :func:`_mpt_fields`,
 and the mixture-of-experts families ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``deepseek_v2``, ``deepseek_v3``
 (multi-head latent attention, MLA), ``gpt_oss`` and ``llama4`` / ``llama4_text``.
@@ -57,6 +58,9 @@ class ModelSpec(BaseModel):
         norm: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only).
         norm_bias: the LayerNorms have a bias (``norm = "layernorm"`` only); MPT's ``no_bias = true`` removes every
             bias, the LayerNorms' too (llm-foundry ``MPTModel.__init__`` drops each module's ``bias`` parameter).
+        post_norms: the attention and MLP outputs pass through norms of their own before the residual add, four
+            norms per layer (Gemma 2 / 3: ``post_attention_layernorm`` and ``post_feedforward_layernorm`` of
+            transformers ``models/gemma2/modeling_gemma2.py`` ``Gemma2DecoderLayer``).
         linear_bias: linear layers have biases (GPT-2, OPT, GPT-NeoX) or not (Llama, Mistral).
         learned_positions: number of rows in a learned position-embedding table (0 for rotary or ALiBi).
         alibi: positions enter as ALiBi's per-head linear bias on the attention scores, no table and no rotary
@@ -96,7 +100,7 @@ class ModelSpec(BaseModel):
 
     name: str
     family: Literal["llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "qwen2", "qwen3", "mpt",
-                    "phi3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4"]
+                    "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4"]
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
@@ -108,6 +112,7 @@ class ModelSpec(BaseModel):
     gated_mlp: bool
     norm: Literal["layernorm", "rmsnorm"]
     norm_bias: bool = True
+    post_norms: bool = False
     linear_bias: bool
     learned_positions: int = Field(ge=0)
     alibi: bool = False
@@ -258,6 +263,7 @@ class HFConfig(BaseModel):
     word_embed_proj_dim: _Int = None
     sliding_window: _Int = None
     use_sliding_window: StrictBool | None = None
+    sliding_window_pattern: _Int = None
     max_window_layers: _Int = None
     layer_types: list[str] | None = None
     num_local_experts: _Int = None
@@ -560,9 +566,20 @@ def _dense_fields(cfg: Mapping[str, Any], model_type: str) -> dict:
       biases; a configured ``sliding_window`` applies on every layer (``Phi3Attention`` passes it to each layer's
       attention); dropout ``resid_pdrop`` / ``attention_dropout``.
 
+    * ``gemma2`` (Gemma 2; ``models/gemma2/modeling_gemma2.py``) and ``gemma3`` (Gemma 3's text model,
+      ``gemma3_text``; ``models/gemma3/modeling_gemma3.py``): Llama's projections without biases, ``head_dim``
+      explicit (default 256; Gemma-2-27B: 32 heads of 128 on a 4,608 hidden size), a gated MLP with a tanh-GeLU
+      gate (GeGLU; priced as SwiGLU: the same GEMMs, its element-wise work not told apart), four RMSNorms per layer
+      (``post_norms``), embeddings tied by default (the input embedding's ``sqrt(h)`` scale has no parameters);
+      Gemma 3 adds per-head Q/K RMSNorms (``qk_norm``). Sliding windows of ``sliding_window`` tokens on the
+      layers ``layer_types`` marks ``sliding_attention``, or without it on every layer but each ``pattern``-th
+      (Gemma 2: every other layer from the first, pattern 2; Gemma 3: ``sliding_window_pattern``, 6: five local
+      layers to one global). Not priced: the attention-score and final-logit ``tanh`` soft-capping (Gemma 2),
+      element-wise work on the scores and logits like ALiBi's bias (docs/estimator.md).
+
     Raises:
-        HetplanError: a Qwen3 config with ``attention_bias`` (biases on Q, K, V and O but not the MLP: not
-            modelled).
+        HetplanError: a Qwen3 or Gemma config with ``attention_bias`` (biases on Q, K, V and O but not the MLP:
+            not modelled); a ``sliding_window_pattern`` that is not positive.
     """
     if model_type == "qwen2":
         fields = _rms_gated(cfg, "qwen2", _get(cfg, "intermediate_size"))
@@ -574,6 +591,23 @@ def _dense_fields(cfg: Mapping[str, Any], model_type: str) -> dict:
                                fix="set attention_bias to false, as the released Qwen3 configs do")
         fields = _rms_gated(cfg, "qwen3", _get(cfg, "intermediate_size"), head_dim_default=128)
         return dict(fields, qk_norm=True, **_qwen_window(cfg, fields["num_layers"]))
+    if model_type in ("gemma2", "gemma3"):
+        if cfg.get("attention_bias"):
+            raise HetplanError(f"attention_bias = true (biases on Q, K, V and O, none in the MLP) is not modelled "
+                               f"for {model_type}", field="model.attention_bias",
+                               fix="set attention_bias to false, as the released Gemma configs do")
+        fields = _rms_gated(cfg, model_type, _get(cfg, "intermediate_size"), head_dim_default=256)
+        pattern = 2 if model_type == "gemma2" else cfg.get("sliding_window_pattern", 6)
+        if pattern <= 0:
+            raise HetplanError(f"sliding_window_pattern = {pattern}: must be a positive integer",
+                               field="model.sliding_window_pattern", fix="give 6, Gemma 3's pattern (5 local : 1 "
+                               "global), or list layer_types")
+        types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                           for i in range(fields["num_layers"])]
+        n_sw = sum(t == "sliding_attention" for t in types)
+        return dict(fields, tied_embeddings=bool(cfg.get("tie_word_embeddings", True)), post_norms=True,
+                    qk_norm=model_type == "gemma3", sliding_window=cfg.get("sliding_window", 4096) if n_sw else 0,
+                    sliding_window_layers=n_sw)
     fields = _rms_gated(cfg, "phi3", _get(cfg, "intermediate_size"))
     window = cfg.get("sliding_window") or 0
     drop = max(float(cfg.get("attention_dropout", 0.0) or 0.0), float(cfg.get("resid_pdrop", 0.0) or 0.0))
@@ -603,7 +637,7 @@ def _check_family_fields(cfg: Mapping[str, Any], model_type: str, fields: dict) 
                                    f"positive {key} (0 would be read as {'no MLA' if key == 'kv_lora_rank' else 'head_dim'})",
                                    field=f"model.{key}", fix=f"give the model's {key} (DeepSeek-V3: "
                                    f"{512 if key == 'kv_lora_rank' else 128})")
-    if model_type in ("gpt_oss", "qwen2", "qwen3") and cfg.get("layer_types"):
+    if model_type in ("gpt_oss", "qwen2", "qwen3", "gemma2", "gemma3") and cfg.get("layer_types"):
         types = cfg["layer_types"]
         kinds = ("sliding_attention", "full_attention")
         bad = [t for t in types if t not in kinds]
@@ -617,9 +651,15 @@ def _check_family_fields(cfg: Mapping[str, Any], model_type: str, fields: dict) 
 #: the scores and has no position table to run out of (Press et al. ICLR 2022, "Train Short, Test Long").
 ALIBI_MAX_SEQ_LEN = 1 << 20
 
+#: ``Gemma3TextConfig``'s defaults of the shapes (transformers ``models/gemma3/configuration_gemma3.py``): the
+#: ``text_config`` of a released Gemma 3 vision model leaves out what equals them (``save_pretrained`` writes the
+#: difference to the class defaults), e.g. Gemma-3-4B's 8 heads of 256.
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                        "max_position_embeddings": 131072, "sliding_window": 4096, "sliding_window_pattern": 6}
 #: The dense ``model_type`` values :func:`from_hf_config` reads (``bloom`` reads as ``megatron_gpt``).
-DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gpt_neox", "opt", "megatron_gpt", "bloom",
-                  "mpt")
+DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gpt2", "gpt_neox", "opt",
+                  "megatron_gpt", "bloom", "mpt")
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4")
 
 
@@ -647,9 +687,13 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
         model_type = "llama4"
     if model_type == "llama4_text":
         model_type = "llama4"
+    if model_type == "gemma3" and "text_config" in cfg:  # Gemma3Config: the language model of a vision release
+        cfg = {**GEMMA3_TEXT_DEFAULTS, **_validated(cfg["text_config"], "model.text_config")}
+    if model_type == "gemma3_text":
+        model_type = "gemma3"
     if model_type in ("llama", "mistral"):
         fields = _rms_gated(cfg, model_type, _get(cfg, "intermediate_size"))
-    elif model_type in ("qwen2", "qwen3", "phi3"):
+    elif model_type in ("qwen2", "qwen3", "phi3", "gemma2", "gemma3"):
         fields = _dense_fields(cfg, model_type)
     elif model_type == "mpt":
         fields = _mpt_fields(cfg)

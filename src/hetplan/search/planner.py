@@ -86,7 +86,8 @@ def check_job(job: Job, m: ModelSpec) -> None:
         raise HetplanError(
             f"seq_len {job.seq_len} is longer than {m.name} allows ({m.max_seq_len})",
             field="job.seq_len",
-            fix=f"use seq_len <= {m.max_seq_len}, or a model config with a larger max_position_embeddings",
+            fix=f"use seq_len <= {m.max_seq_len}, or a model config with a larger "
+                f"{'max_seq_len' if m.family == 'mpt' else 'max_position_embeddings'}",
         )
 
 

@@ -43,7 +43,8 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
 
     Raises:
         HetplanError: per-stage TP/DP/CP/EP/recompute differ, an uneven split beyond first/last stage, uneven
-            stages with interleaving, selective recomputation of only some layers, GPipe, an ALiBi model.
+            stages with interleaving, selective recomputation of only some layers, GPipe, an ALiBi model, post-norms
+            (Gemma).
     """
     m = _mesh(plan, "Megatron-LM")
     pp = plan.pp
@@ -191,6 +192,10 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                            fix="hetplan has no Megatron-DeepSpeed exporter (BLOOM trained with its "
                                "--position-embedding-type alibi): pin --tp 1 and export --to deepspeed, or plan a "
                                "model with rotary or learned positions")
+    if spec.post_norms:  # a launch without them would train another model
+        raise HetplanError(f"{spec.name} normalises the attention and MLP outputs too (Gemma's post-attention / "
+                           "post-MLP norms), which pretrain_gpt.py's GPT layer has no argument for", field="--to",
+                           fix="export --to deepspeed, or plan a model with two norms per layer")
     if spec.family in LLAMA_BLOCK_FAMILIES or (experts and spec.gated_mlp):
         args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
     elif spec.learned_positions == 0:

@@ -71,12 +71,12 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     notes = []
     shipped = version == "0.3" and spec.name in TORCHTITAN_03_MODELS
     if not shipped and not (spec.gated_mlp and spec.norm == "rmsnorm" and not spec.linear_bias
-                            and not spec.qkv_bias and (spec.is_moe or not spec.qk_norm)
+                            and not spec.qkv_bias and (spec.is_moe or not spec.qk_norm) and not spec.post_norms
                             and spec.learned_positions == 0):
         # QKV biases (Qwen2) are in neither torchtitan block a generated flavor uses, dense Q/K norms (Qwen3) not in
         # its Llama: the launch would train another model (a MoE runs as its Qwen3 MoE block, which has Q/K norms)
         raise HetplanError(f"torchtitan {version} trains Llama-shaped models (SwiGLU, RMSNorm, rotary, no biases, no "
-                           "Q/K norms) "
+                           "Q/K or post-attention norms) "
                            f"and, from 0.3, the models it ships ({', '.join(TORCHTITAN_03_MODELS)}); {spec.name} is "
                            f"{spec.family}", field="--to", fix="export --to megatron or deepspeed")
     _torchtitan_common_checks(plan, m)
