@@ -222,18 +222,31 @@ def _takes_number(annotation: Any) -> bool:
     return numbers and bool not in args
 
 
+def _takes_text(annotation: Any) -> bool:
+    """Whether a field's type admits a string (``str``, a ``Literal`` with a string, a path)."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    args = typing.get_args(annotation) if union else (annotation,)
+    return any(a is str or a is Path or (typing.get_origin(a) is typing.Literal
+                                         and any(isinstance(v, str) for v in typing.get_args(a))) for a in args)
+
+
 class UserInput(BaseModel):
     """Base of the models a user's file fills (job, plan, pools, stages, catalogs, serving configs): a boolean
-    where a number belongs is refused, naming the field. pydantic reads ``true`` as 1, so ``train_iterations =
-    true`` ran one iteration and ``zero = true`` ZeRO-1 — a silently wrong number."""
+    or a quoted number where a number belongs is refused, naming the field. pydantic reads ``true`` as 1, so
+    ``train_iterations = true`` ran one iteration and ``zero = true`` ZeRO-1 — a silently wrong number; and it
+    reads ``seq_len = "4096"`` as 4096 where the CLI's pins refuse the text, so one file meant two things."""
 
     @model_validator(mode="before")
     @classmethod
     def _no_boolean_numbers(cls, data: Any) -> Any:
         if isinstance(data, dict):
             for name, field in cls.model_fields.items():
-                if isinstance(data.get(name), bool) and _takes_number(field.annotation):
-                    raise ValueError(f"{name} is a number, not {str(data[name]).lower()}; fix: give {name} a number")
+                value = data.get(name)
+                if isinstance(value, bool) and _takes_number(field.annotation):
+                    raise ValueError(f"{name} is a number, not {str(value).lower()}; fix: give {name} a number")
+                if isinstance(value, str) and _takes_number(field.annotation) and not _takes_text(field.annotation):
+                    raise ValueError(f"{name} is a number, not the text {value[:40]!r}; fix: write the number "
+                                     f"without quotes")
         return data
 
 
