@@ -230,6 +230,12 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
     ])
     if spec.family == "opt":
         notes.append("OPT's ReLU MLP and position offset are approximated by Megatron's GPT (GeLU) model")
+    if spec.sliding_window_layers and spec.sliding_window < plan.job.seq_len:
+        # Megatron-LM has --window-size / --window-attn-skip-freq, but the spec keeps how many layers have a window,
+        # not which, and HF and TE count the window's edge differently: the launch attends every key
+        notes.append(f"{spec.name}'s {spec.sliding_window}-token window on {spec.sliding_window_layers} of "
+                     f"{spec.num_layers} layers is not written (no --window-size): Megatron-LM attends all "
+                     f"{plan.job.seq_len} keys there, which costs more than hetplan priced")
     mixed = _pools_note(plan, per_node)
     if mixed:
         notes.append(mixed)
