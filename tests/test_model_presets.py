@@ -20,7 +20,8 @@ REQUIRED = [
     "open-llama-3b-v2", "opt-125m", "opt-1.3b", "opt-13b", "opt-175b", "gpt2-xl", "gpt-neox-20b",
     "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "llama4-scout",
     "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b",
-    "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b", "gemma2-9b", "gemma2-27b", "gemma3-1b", "phi3-mini", "phi4",
+    "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b", "gemma2-9b", "gemma2-27b", "gemma3-1b", "gemma3-4b", "gemma3-12b",
+    "gemma3-27b", "phi3-mini", "phi4",
 ]
 
 # Narayanan et al., SC'21, Table 1: (billions as printed, heads, hidden, layers)
@@ -53,7 +54,7 @@ def test_preset_file_is_well_formed(name):
     raw = _raw(name)
     assert raw["model_type"] in ("llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "bloom", "mixtral",
                                  "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4", "qwen2", "qwen3", "mpt", "gemma2",
-                                 "gemma3_text", "phi3")
+                                 "gemma3_text", "gemma3", "phi3")
     assert isinstance(raw["published_parameters"], int)
     assert raw["source"].strip()
 
@@ -398,6 +399,16 @@ def test_gemma3_vision_config_reads_its_text_model_with_class_defaults():
     layer = 2 * h * q + 2 * h * kv + 2 * 256 + 3 * h * f + 4 * h
     assert total_parameters(m) == 34 * layer + 262208 * h + h
     assert (m.sliding_window, m.sliding_window_layers) == (1024, 29)
+
+
+def test_gemma3_vision_releases_leave_the_same_vision_tower():
+    """Gemma-3-4B, 12B and 27B share one SigLIP encoder (Gemma 3 report Table 1: 417M each) and project its 1,152
+    features into the text model's h: their published totals minus hetplan's count of the language model minus
+    that projection leave the same remainder for all three, within half a million of 417M — a check of the three
+    text shapes read from ``text_config`` with Gemma3TextConfig's defaults."""
+    models = [load_model(n) for n in ("gemma3-4b", "gemma3-12b", "gemma3-27b")]
+    rest = {m.published_parameters - total_parameters(m) - 1152 * m.hidden_size for m in models}
+    assert len(rest) == 1 and abs(rest.pop() - 417e6) < 0.5e6
 
 
 @pytest.mark.parametrize("cfg,field,words", [
