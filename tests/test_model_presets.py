@@ -477,3 +477,22 @@ def test_torch_reference_holds_the_counted_parameters(cfg):
     m = m.model_copy(update={"alibi": False})  # the reference refuses ALiBi; its parameters are none
     model = TransformerStage(m)
     assert sum(p.numel() for p in model.parameters()) == total_parameters(m)
+
+
+@pytest.mark.parametrize("spelling, preset", [("llama-3-8b", "llama3-8b"), ("Llama 3 8B", "llama3-8b"),
+                                               ("llama-2-7b", "llama2-7b"), ("Qwen-2.5-72B", "qwen2.5-72b"),
+                                               ("mpt_7b", "mpt-7b"), ("GPT3 1.3B", "gpt3-1.3b")])
+def test_a_preset_answers_to_its_spellings(spelling, preset):
+    """Case, spaces, hyphens and underscores do not matter in a preset name (dots do: 1.3b is not 13b)."""
+    assert load_model(spelling).name == preset
+
+
+def test_no_two_presets_share_a_spelling():
+    from hetplan.model.spec import _compact, list_presets, preset_aliases
+
+    owners: dict[str, set[str]] = {}
+    for alias, name in [*preset_aliases().items(), *((n, n) for n in list_presets())]:
+        owners.setdefault(_compact(alias), set()).add(name)
+    assert all(len(v) == 1 for v in owners.values()), {k: v for k, v in owners.items() if len(v) > 1}
+    with pytest.raises(HetplanError, match="unknown model"):
+        load_model("gpt3-13.b")

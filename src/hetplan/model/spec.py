@@ -26,6 +26,8 @@ and V has ``v_head_dim``.
 
 from __future__ import annotations
 
+import re
+
 import json
 
 from functools import lru_cache
@@ -833,10 +835,25 @@ def preset_aliases() -> dict[str, str]:
     return {k: v for k, v in out.items() if k not in list_presets()}
 
 
+def _compact(name: str) -> str:
+    """A preset name without case, spaces, hyphens and underscores: ``Llama 3 8B``, ``llama-3-8b`` and
+    ``llama3-8b`` are one name (dots stay: ``1.3b`` is not ``13b``)."""
+    return re.sub(r"[\s_\-]", "", name.lower())
+
+
+@lru_cache(maxsize=1)
+def _compact_names() -> dict[str, str]:
+    """:func:`_compact` of every preset name and alias -> preset (no two presets share one: tested)."""
+    out = {_compact(a): n for a, n in preset_aliases().items()}
+    out.update({_compact(n): n for n in list_presets()})
+    return out
+
+
 @lru_cache(maxsize=256)
 def _load_preset(name_or_path: str) -> ModelSpec:
     key = _preset_key(name_or_path)
     key = preset_aliases().get(key, key)
+    key = key if key in list_presets() else _compact_names().get(_compact(key), key)
     if key not in list_presets():
         import difflib
 
@@ -852,7 +869,8 @@ def _from_text(text: str, origin: str, name: str) -> ModelSpec:
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:
-    """A bundled preset by name (case-insensitive, e.g. ``"llama2-7b"``) or a ``config.json`` path.
+    """A bundled preset by name (case, spaces, hyphens and underscores ignored: ``"llama2-7b"``, ``"Llama 2 7B"``,
+    ``"llama-2-7b"``; or its Hugging Face repository id) or a ``config.json`` path.
 
     Raises:
         HetplanError: unknown preset (with suggestions), missing or unreadable file, non-UTF-8 bytes, malformed
