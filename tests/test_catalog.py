@@ -305,3 +305,11 @@ def test_user_node_file_of_the_wrong_shape_names_the_field(tmp_path, text, field
     with pytest.raises(HetplanError) as exc:
         load_nodes(path)
     assert exc.value.field == field
+
+
+@pytest.mark.parametrize("smi_name, gpu", [("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA A100-SXM4-80GB", "A100-SXM-80GB"),
+                                           ("NVIDIA A100 80GB PCIe", "A100-PCIE-80GB"), ("Tesla V100-SXM2-32GB", "V100-SXM-32GB"),
+                                           ("AMD Instinct MI300X", "MI300X")])
+def test_nvidia_smi_product_names_resolve(smi_name, gpu):
+    """The name nvidia-smi (rocm-smi) prints, vendor word included, is the GPU's."""
+    assert load_catalog().get(smi_name).name == gpu

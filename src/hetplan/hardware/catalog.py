@@ -304,15 +304,22 @@ class Catalog:
         return list(self.gpus)
 
 
+#: Vendor words ``nvidia-smi`` and ``rocm-smi`` put before a product name (``NVIDIA H100 80GB HBM3``,
+#: ``Tesla V100-SXM2-32GB``, ``AMD Instinct MI300X``): a name is also looked up without them.
+VENDOR_PREFIXES = ("nvidia-", "tesla-", "amd-")
+
+
 def _canonical(index: Mapping[str, str], name: str, field: str, kind: str, listing: str) -> str:
-    """The canonical name that ``name`` (any case, an alias) stands for in ``index`` (normalised key -> name).
+    """The canonical name that ``name`` (any case, an alias, with or without a vendor word of
+    :data:`VENDOR_PREFIXES`) stands for in ``index`` (normalised key -> name).
 
     Raises:
         HetplanError: unknown name; the message suggests the nearest known names, else `hetplan catalog LISTING`.
     """
     key = _norm(name)
-    if key in index:
-        return index[key]
+    for k in (key, *(key.removeprefix(v) for v in VENDOR_PREFIXES if key.startswith(v))):
+        if k in index:
+            return index[k]
     close = difflib.get_close_matches(key, list(index), n=3, cutoff=0.4)
     suggestions = sorted({index[c] for c in close})
     hint = f"did you mean {', '.join(suggestions)}?" if suggestions else f"run `hetplan catalog {listing}` for the list"
