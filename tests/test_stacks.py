@@ -54,7 +54,7 @@ def test_resolve_by_name_version_and_month():
                          ("megatron-lm@core_v0.12.1", "megatron-lm@core_r0.12"), ("nemo@v22.06", "nemo@22.06")):
         assert resolve_stack(text).id == listed
     for bad, words in (("megatronlm", "did you mean 'megatron-lm'"), ("nemo@1.0", "no release '1.0'"),
-                       ("nemo@21.12", "no release by 2021-12"), ("torchtitan@0.2.0", "no release '0.2.0'"),
+                       ("nemo@21.12", "no release by 2021-12"), ("torchtitan@0.0.9", "no release '0.0.9'"),
                        ("nemo@22.13", "not a month"),
                        ("nemo@2020-01", "no release by 2020-01"), ("nemo@2024-13", "not a month"),
                        ("megatron-lm@", "no release after '@'"), ("torchtitan@ ", "no release after '@'"),
@@ -382,3 +382,17 @@ def test_component_name_says_ep_where_the_all_to_all_is_in_it():
     assert component_name("tp_comm_s", {"ep": 1}, {"ep": 1}) == "TP communication"
     assert component_name("tp_comm_s", {"ep": 1}, {"ep": 8}) == "TP/EP communication"
     assert component_name("bubble_s", {"ep": 8}) == "pipeline bubble"
+
+
+@pytest.mark.parametrize("text, release", [("torchtitan@v0.2.0", "2025-10"), ("torchtitan@0.1.0", "2025-05"),
+                                           ("torchtitan@0.2", "2025-10"), ("torchtitan@0.2.2", "2025-10")])
+def test_a_torchtitan_tag_resolves_to_the_release_in_force_that_month(text, release):
+    """torchtitan's catalog entries are months; its tags (v0.1.0 2025-06-17 ... v0.2.2 2026-02-20) resolve as the
+    month of the tagged commit."""
+    assert resolve_stack(text).version == release
+
+
+def test_an_untagged_torchtitan_version_names_the_tags_in_its_fix():
+    with pytest.raises(HetplanError, match="no release") as exc:
+        resolve_stack("torchtitan@0.0.9")
+    assert "0.2.0" in exc.value.fix

@@ -93,6 +93,11 @@ def _beyond(releases: list, version: str) -> bool:
 
 _YY_MM = re.compile(r"^(\d{2})\.(\d{2})$")
 
+#: Numbered releases of stacks whose catalog entries are months, with the month of the tagged commit: a
+#: ``NAME@VERSION`` of one resolves as that month. torchtitan: ``git tag`` of pytorch/torchtitan, ``v0.1.0``
+#: 2025-06-17, ``v0.2.0`` 2025-10-17, ``v0.2.1`` 2025-12-26, ``v0.2.2`` 2026-02-20 (``git log -1 --format=%ad``).
+TAG_MONTHS = {"torchtitan": {"0.1.0": "2025-06", "0.2.0": "2025-10", "0.2.1": "2025-12", "0.2.2": "2026-02"}}
+
 
 def _from_git_tag(version: str) -> str:
     """A release as its project's git tag spells it, in the catalog's spelling: DeepSpeed's and torchtitan's
@@ -411,6 +416,8 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
     for r in releases:
         if r.version.lower() == version.lower():
             return r
+    tagged = TAG_MONTHS.get(name, {})
+    version = tagged.get(version, tagged.get(f"{version}.0", version))  # torchtitan@0.2 is v0.2.0
     month = _MONTH.match(version)
     when = f"{month.group(1)}-{month.group(2)}" if month else _month_label(releases, version)
     if when is None:
@@ -423,8 +430,9 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
                                    "knows, or calibrate on your runs (hetplan calibrate)")
         if listed is not None:  # a release between two listed ones: the one in force, as a month resolves
             return listed
+        tags = f", a tag ({', '.join(tagged)})" if tagged else ""
         raise HetplanError(f"{name} has no release {version!r}", field=field,
-                           fix=f"use one of {', '.join(r.version for r in releases)}, or a month YYYY-MM")
+                           fix=f"use one of {', '.join(r.version for r in releases)}{tags}, or a month YYYY-MM")
     if not 1 <= int(when[5:]) <= 12:
         raise HetplanError(f"{version!r} is not a month", field=field,
                            fix="write the date as YYYY-MM" if month else f"use one of "
