@@ -396,3 +396,17 @@ def test_an_untagged_torchtitan_version_names_the_tags_in_its_fix():
     with pytest.raises(HetplanError, match="no release") as exc:
         resolve_stack("torchtitan@0.0.9")
     assert "0.2.0" in exc.value.fix
+
+
+@pytest.mark.parametrize("text, release", [("megatron_lm", "megatron-lm@core_r0.15"), ("Megatron-Core@0.12.0", "megatron-lm@core_r0.12"),
+                                           ("mcore@v0.14", "megatron-lm@core_r0.14"), ("HF Accelerate", None),
+                                           ("composer", None), ("NeMo AutoModel", None)])
+def test_stacks_answer_to_the_names_users_give_them(text, release):
+    """Spaces and underscores read as hyphens; Megatron-Core (its PyPI versions), Composer and the HF Trainer
+    name the stacks that run them."""
+    got = resolve_stack(text)
+    if release is not None:
+        assert got.id == release
+    else:
+        assert got.name in ("hf-accelerate", "llm-foundry", "nemo-automodel")
+        assert got.id == load_stacks().releases(got.name)[-1].id

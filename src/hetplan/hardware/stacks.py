@@ -30,6 +30,14 @@ from hetplan.inputs import parse_toml, validation_message
 #: The stacks' names as the projects spell themselves.
 STACK_NAMES = ("megatron-lm", "nemo", "megatron-deepspeed", "deepspeed", "torchtitan", "llm-foundry",
                "hf-accelerate", "nemo-automodel", "fms-fsdp")
+#: Other names users give the stacks (spaces and underscores read as hyphens, any case): Megatron-Core is the
+#: library inside Megatron-LM's releases (NVIDIA/Megatron-LM ``megatron/core``); llm-foundry trains through
+#: MosaicML Composer's ``Trainer``; Accelerate is what the Hugging Face Trainer runs FSDP and DeepSpeed through
+#: (``transformers`` ``trainer.py``: ``Accelerator``).
+STACK_ALIASES = {"megatron-core": "megatron-lm", "mcore": "megatron-lm", "megatron": "megatron-lm",
+                 "composer": "llm-foundry", "mosaicml-composer": "llm-foundry", "accelerate": "hf-accelerate",
+                 "hf-trainer": "hf-accelerate", "transformers": "hf-accelerate",
+                 "huggingface-accelerate": "hf-accelerate", "automodel": "nemo-automodel"}
 #: The stack each framework runs when a job names none: what ``hetplan export`` writes for it (Megatron-LM
 #: ``pretrain_gpt.py`` arguments of current Megatron-Core, a DeepSpeed ``ds_config.json``, torchtitan 0.3.0's
 #: ``--module/--config`` launch; :mod:`hetplan.runtime.exporters`). Its latest release.
@@ -397,7 +405,10 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
     """
     cat = load_stacks()
     name, at, version = str(text).strip().partition("@")
-    name = name.strip().lower()
+    name = re.sub(r"[\s_]+", "-", name.strip().lower())
+    if name in ("megatron-core", "mcore") and re.match(r"^v?0(\.\d+)+$", version.strip()):  # PyPI megatron-core 0.12.0
+        version = "core_r" + version.strip().lstrip("vV")
+    name = STACK_ALIASES.get(name, name)
     releases = cat.releases(name)
     if not releases:
         close = [n for n in STACK_NAMES if name and n.startswith(name)][:1] or difflib.get_close_matches(
