@@ -183,6 +183,21 @@ class Job(UserInput):
     async_tp: Bool = False
     stack: str | None = None
 
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _framework_family(cls, value):
+        """The family in any case (``DeepSpeed``); a stack's name where the family belongs (``torchtitan``,
+        ``Megatron-LM``) is refused with the family it runs and the ``stack`` that names it."""
+        if not isinstance(value, str) or value.strip().lower() in ("megatron", "deepspeed", "fsdp"):
+            return value.strip().lower() if isinstance(value, str) else value
+        try:
+            st = resolve_stack(value)
+        except HetplanError:
+            return value
+        raise ValueError(f"{value!r} is a software stack, not a framework family; fix: write stack = "
+                         f"{st.name!r} (it runs framework {st.framework!r}; --stack {st.name} on the command "
+                         f"line), or framework = {st.framework!r} for that family's default stack")
+
     @model_validator(mode="before")
     @classmethod
     def _stack_defaults(cls, data):
