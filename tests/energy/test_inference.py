@@ -41,8 +41,13 @@ def test_per_gpu_times_sum_and_single_numbers_stand_for_every_gpu():
 
 
 def test_gpu_without_dvfs_model_is_charged_its_tdp():
-    cat = load_catalog()
-    r = inference_energy("T4", prefill_busy_s=2.0, decode_busy_s=0.0, idle_s=1.0, catalog=cat)
+    """A user catalog's GPU without a DVFS entry (every package GPU has one)."""
+    from hetplan.hardware.catalog import Catalog
+
+    base = load_catalog()
+    cat = Catalog({**base.gpus, "T4-custom": base.get("T4").model_copy(update={"name": "T4-custom", "aliases": ()})},
+                  base.date)
+    r = inference_energy("T4-custom", prefill_busy_s=2.0, decode_busy_s=0.0, idle_s=1.0, catalog=cat)
     assert r.energy_source == "tdp"
     assert r.energy_j == pytest.approx(2 * cat.get("T4").tdp_w + cat.get("T4").idle_power_w)
 

@@ -45,7 +45,9 @@ def test_unsupported_clock_or_no_permission_turns_locking_off(monkeypatch):
 def test_open_gpu_from_the_environment(monkeypatch):
     monkeypatch.setenv(SIMULATED_ENV, "H100-SXM")
     assert open_gpu(0).name == "H100-SXM (simulated)"
-    monkeypatch.setenv(SIMULATED_ENV, "T4")  # no DVFS model
+    monkeypatch.setenv(SIMULATED_ENV, "T4")  # a transferred (not fitted) DVFS model
+    assert open_gpu(0).name == "T4 (simulated)"
+    monkeypatch.setenv(SIMULATED_ENV, "Z100")  # not a catalog GPU
     with pytest.raises(HetplanError) as e:
         open_gpu(0)
     assert e.value.field == SIMULATED_ENV

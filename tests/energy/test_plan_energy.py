@@ -49,13 +49,20 @@ def test_single_stage_has_no_pipeline_bloat():
 
 
 def test_gpu_without_dvfs_model_is_charged_tdp():
-    plan = _plan(gpu="A10G", pp=1, dp=4)
-    got = plan_energy(plan, estimate(plan))
+    """A user catalog's GPU without a DVFS entry (every package GPU has one)."""
+    from hetplan.hardware.catalog import Catalog, load_catalog
+
+    base = load_catalog()
+    cat = Catalog({**base.gpus, "A10G-custom": base.get("A10G").model_copy(update={"name": "A10G-custom",
+                                                                                     "aliases": ()})}, base.date)
+    plan = _plan(gpu="A10G-custom", pp=1, dp=4)
+    got = plan_energy(plan, estimate(plan, catalog=cat), catalog=cat)
     assert got["energy_source"] == "tdp" and got["perseus_saved_fraction"] is None
     assert got["average_power_w"] / 4 <= 300.0 + 1e-9
 
 
-@pytest.mark.parametrize("gpu", ["H100-SXM", "H200", "B200", "A100-PCIE-80GB", "L4", "L40S", "H100-PCIE"])
+@pytest.mark.parametrize("gpu", ["H100-SXM", "H200", "B200", "A100-PCIE-80GB", "L4", "L40S", "H100-PCIE", "GB200",
+                                 "MI300X", "A10G", "RTX-4090", "H100-SXM-96GB-500W"])
 def test_rented_gpus_have_a_power_model_under_tdp(gpu):
     """No TDP fallback for the GPUs people rent: a DVFS model (fitted on measured serving power for H100-SXM and
     B200, transferred for the rest), average power per GPU below the TDP, and a Perseus saving."""

@@ -113,17 +113,32 @@ def test_derived_profile_scales_only_compute():
     assert np.all(np.diff(t) >= -1e-15)
 
 
+def test_every_catalog_gpu_has_a_power_model():
+    """Energy for every GPU the planner can choose: each catalog entry has a DVFS model (fitted or transferred,
+    its source says which), under the board's limit."""
+    cat = load_catalog()
+    for name in cat.names():
+        p = get_power(name)
+        assert p.power_limit_w == pytest.approx(cat.get(name).tdp_w) or p.fitted, name
+
+
 def test_gpu_without_power_model_is_a_clear_error():
-    with pytest.raises(HetplanError, match="no DVFS/power model for GPU T4"):
-        get_power("T4")
+    """A user catalog's GPU without a DVFS entry."""
+    from hetplan.hardware.catalog import Catalog
+
+    with pytest.raises(HetplanError, match="no DVFS/power model for GPU T4-custom"):
+        get_power("T4-custom")
+    base = load_catalog()
+    cat = Catalog({**base.gpus, "T4-custom": base.get("A100-SXM-80GB").model_copy(
+        update={"name": "T4-custom", "aliases": ()})}, base.date)
     # from a plan, the error names the pool field that chose the GPU
     plan = perseus_plan("gpt3-175b", "A100-SXM-80GB")
     pool = plan.stages[0].pool
     pools = list(plan.pools)
-    pools[pool] = pools[pool].model_copy(update={"gpu": "T4"})
+    pools[pool] = pools[pool].model_copy(update={"gpu": "T4-custom"})
     plan = plan.model_copy(update={"pools": pools})
     with pytest.raises(HetplanError) as e:
-        plan_stage_profile(plan)
+        plan_stage_profile(plan, catalog=cat)
     assert e.value.field == f"plan.pools.{pool}.gpu"
 
 
