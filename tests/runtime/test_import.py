@@ -5,6 +5,7 @@ recorded argument list always; torchtitan 0.3.0's own ``ConfigManager`` when the
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -464,3 +465,25 @@ def test_readme_examples_export_and_import_back(example, tmp_path, monkeypatch):
         assert back.num_gpus == plan.num_gpus
         back_ok += 1
     assert back_ok >= 1  # Megatron-LM launches each of them
+
+
+def test_an_exported_launch_carries_its_gpu_type_back(tmp_path):
+    """`hetplan import` of an export priced the A100 plan as H100-SXM (its default) without a word: the export now
+    names the GPU in a `# hetplan gpu:` line that import reads; a launch without one says which GPU it assumed."""
+    from tests.fuzz.inproc import run_cli
+
+    plan = tmp_path / "a.json"
+    assert run_cli("plan", "--model", "llama2-7b", "--gpu", "A100-SXM-80GB", "--gpus", "16", "--seq-len", "4096",
+                   "--global-batch", "64", "-q", "-o", plan).code == 0
+    for to in ("megatron", "deepspeed", "torchtitan"):
+        out = tmp_path / to
+        assert run_cli("export", plan, "--to", to, "--out-dir", out).code == 0
+        back = tmp_path / f"{to}.json"
+        assert run_cli("import", *sorted(out.iterdir()), "-o", back).code == 0
+        assert json.loads(back.read_text())["pools"][0]["gpu"] == "A100-SXM-80GB", to
+    launch = (tmp_path / "megatron" / "megatron_launch.sh").read_text()
+    bare = tmp_path / "bare.sh"
+    bare.write_text("\n".join(x for x in launch.splitlines() if not x.startswith("# hetplan gpu:")))
+    r = run_cli("import", bare, "-o", tmp_path / "bare.json")
+    assert r.code == 0 and "priced as H100-SXM" in r.stderr
+    assert json.loads((tmp_path / "bare.json").read_text())["pools"][0]["gpu"] == "H100-SXM"

@@ -198,7 +198,8 @@ def import_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the plan JSON here (default: print)."),
     model: Optional[str] = typer.Option(None, "--model", help="The model (default: the preset with the launch's "
                                         "shapes)."),
-    gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU type the launch runs on."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type the launch runs on (default: the one its "
+                                      "'# hetplan gpu:' line names — hetplan's exports write one — else H100-SXM)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="World size, when the launch does not give "
                                        "--nnodes x --nproc-per-node."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Tokens per sequence, for a DeepSpeed "
@@ -216,14 +217,21 @@ def import_cmd(
         if value is not None and not value.strip():  # --model "" matched a preset, --gpu "" wrote gpu ""
             raise HetplanError(f"{flag} is empty", field=flag, fix=f"give {flag} a name, or leave it out")
     from hetplan.hardware.catalog import load_catalog
+    from hetplan.runtime.importers import DEFAULT_GPU, launch_gpu
 
-    try:  # a GPU the catalog does not know wrote a plan nothing could price
-        gpu = load_catalog().get(gpu).name
-    except HetplanError as exc:
-        raise HetplanError(exc.message, field="--gpu", fix=exc.fix) from None
     texts = {}
     for f in files:
         texts[f.name] = read_text(f, "FILES")
+    field = "--gpu"
+    if gpu is None:
+        gpu, field = launch_gpu(texts), "FILES (# hetplan gpu:)"
+    if gpu is None:
+        gpu = DEFAULT_GPU
+        Console(stderr=True).print(f"note: the launch names no GPU type: priced as {gpu} (give --gpu)", highlight=False)
+    try:  # a GPU the catalog does not know wrote a plan nothing could price
+        gpu = load_catalog().get(gpu).name
+    except HetplanError as exc:
+        raise HetplanError(exc.message, field=field, fix=exc.fix) from None
     plan = import_files(texts, model=model, gpu=gpu, gpus=gpus, seq_len=seq_len)
     check_plan(plan, plan_model(plan))
     text = plan.model_dump_json(indent=2) + "\n"

@@ -600,7 +600,18 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
                 grad_reduce_dtype=cfg.get("communication_data_type"))
 
 
-def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = "H100-SXM",
+#: The GPU type of a launch that names none (no ``--gpu``, no ``# hetplan gpu:`` line).
+DEFAULT_GPU = "H100-SXM"
+
+
+def launch_gpu(files: dict[str, str]) -> str | None:
+    """The GPU type a ``# hetplan gpu: NAME`` line of the launch files names (hetplan's exports write one for a
+    plan on one GPU type), else None."""
+    return next((m.group(1).strip() for t in files.values() for m in [re.search(r"^# hetplan gpu: (.+)$", t, re.M)]
+                 if m), None)
+
+
+def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = DEFAULT_GPU,
                  gpus: int | None = None, seq_len: int | None = None) -> Plan:
     """The plan of a set of launch files (name -> text), whichever framework wrote them (see module doc); the
     model named by a ``# hetplan model: NAME`` line (hetplan's exports write one) when ``model`` is not given.

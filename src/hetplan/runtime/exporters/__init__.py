@@ -126,6 +126,13 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
     if priced.id != written.id:
         out.notes.append(f"the plan was priced for stack {priced.id}; this export launches {written.id}, whose "
                          f"numbers differ: re-estimate with --stack {written.id} to price what runs")
+    gpus = {pool.gpu for pool in plan.pools}
+    if len(gpus) == 1:  # `hetplan import` reads it back: the launch itself names no GPU type
+        line = f"# hetplan gpu: {gpus.pop()}"
+        for name, text in out.files.items():
+            if name.endswith(".sh"):
+                head, sep, rest = text.partition("\n") if text.startswith("#!") else ("", "", text)
+                out.files[name] = f"{head}{sep}{line}\n{rest}"
     if any(pool.network == "ethernet" for pool in plan.pools):
         # The estimate assumed NCCL's socket transport (hetplan.estimate.comm.NETWORKS); say so where NCCL reads it.
         env = ("export NCCL_IB_DISABLE=1  # nodes joined by Ethernet without RDMA (GPUPool.network): NCCL sockets; "
