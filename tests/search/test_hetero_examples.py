@@ -179,3 +179,15 @@ def test_reasons_when_a_heterogeneous_plan_wins():
         assert rp.reason.startswith(f"{key:+.1%} job $ vs #1")
     assert [line.startswith("#1 ") for line in res.explanation].count(True) == 1
     assert any(line.startswith(f"Best homogeneous plan (#{first.rank}): ") for line in res.explanation)
+
+
+def test_a_stack_without_sequence_parallelism_gets_no_sp_plans_and_no_duplicates():
+    """Under Megatron-LM of January 2022 (no sequence parallelism) the heterogeneous walk wrote
+    sequence_parallel = true on its TP plans — priced without it, so the same layout appeared twice in the ranking
+    (once from each search) and the plan JSON claimed what the stack cannot run."""
+    d = load_job_file(ROOT / "examples" / "llama2-7b-mixed-cloud.toml")
+    job, inv = Job(**{**d["job"], "stack": "megatron-lm@2022-01"}), Inventory(pools=d["inventory"])
+    res = search_plans(job, inv, Objective(**d["objective"]), Pins(**d.get("pin", {})), top_k=5, catalog=CAT)
+    plans = [rp.plan for rp in res.plans]
+    assert not any(p.sequence_parallel for p in plans)
+    assert len({p.model_dump_json() for p in plans}) == len(plans)

@@ -85,7 +85,7 @@ class HeteroCandidate:
                     for k, t, n, rc in self.stages],
             mbs=self.mbs,
             zero=self.zero,
-            sequence_parallel=any(t > 1 for _, t, _, _ in self.stages),
+            sequence_parallel=any(t > 1 for _, t, _, _ in self.stages) and job.stack_spec().sequence_parallel,
             cp=self.cp,
             ep=self.ep,
             expert_tp=self.expert_tp,
