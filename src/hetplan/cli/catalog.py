@@ -210,19 +210,24 @@ def stacks(
     narrow = con.width < NARROW
     t = new_table(f"Software stacks ({cat.date}); a release holds until the next", narrow)
     cols = ("stack", "from", "GEMM", "attention", "SP", "TPo", "DPo", "launch", "ZeRO", "dims")
-    for col in cols:
-        t.add_column(col, no_wrap=True)
+    rows = []
     latest = {s.name: s for s in cat.stacks}
     for st in cat.stacks:
         star = "*" if st.name in FRAMEWORK_STACK.values() and latest[st.name] is st else ""
         z = st.zero
-        t.add_row(st.id + star, st.released, "TE" if st.gemm == "transformer-engine" else "cuBLAS", _attention(st),
+        rows.append((st.id + star, st.released, "TE" if st.gemm == "transformer-engine" else "cuBLAS", _attention(st),
                   "y" if st.sequence_parallel else "-", "y" if st.tp_comm_overlap else "-",
                   {"bucketed": "y", "none": "-", "ddp-only": "z0", "after-last-microbatch": "z12",
                    "single-stage": "pp1"}[st.dp_overlap],
                   {"eager": "eager", "cuda-graphs": "graphs", "compiled": "tc"}[st.launch],
                   f"{z[0]}-{z[-1]}" if len(z) > 1 and z == tuple(range(z[0], z[-1] + 1)) else ",".join(map(str, z)),
-                  _dims(st))
+                  _dims(st)))
+    for i, col in enumerate(cols):  # at 80 columns the long release names fold, every short code stays whole
+        width = max(len(col), *(len(r[i]) for r in rows))
+        t.add_column(col, no_wrap=col != "stack", overflow="fold",
+                     min_width=None if col in ("stack", "attention") else width)
+    for r in rows:
+        t.add_row(*r)
     con.print(t)
     con.print("* the default stack of its framework (" + ", ".join(f"{fw}: {n}" for fw, n in FRAMEWORK_STACK.items())
               + "), what `hetplan export` writes. SP: sequence parallelism; TPo: TP-communication overlap; DPo: DP "
