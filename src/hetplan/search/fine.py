@@ -118,10 +118,14 @@ class FineResult:
     def explanation(self) -> list[str]:
         """The trace as text lines plus a summary line."""
         lines = [s.text() for s in self.trace]
+        # with a profile database the fine search prices layers by their measured times, the ranked table above it
+        # by the cost model: say which, or the two "uniform" times read as a contradiction
+        measured = any(st.time_source == "profiled" for st in self.start_estimate.stages)
         lines.append(
-            f"fine search: {self.start_estimate.iteration_time_s:.3f} s (uniform) -> {self.estimate.iteration_time_s:.3f} s "
-            f"per iteration ({self.speedup:.3f}x) after {self.evaluations} evaluations from {self.start_points} "
-            f"start point(s)")
+            f"fine search: {self.start_estimate.iteration_time_s:.3f} s (uniform start) -> "
+            f"{self.estimate.iteration_time_s:.3f} s per iteration ({self.speedup:.3f}x) after {self.evaluations} "
+            f"evaluations from {self.start_points} start point(s)"
+            + ("; priced on the profile's measured layer times (the table above: the cost model)" if measured else ""))
         return lines
 
 
