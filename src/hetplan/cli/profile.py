@@ -159,14 +159,20 @@ def show(
     if as_json:
         print(json.dumps({"schema_version": version, "layers": rows, "comm": comm_rows, "stages": stages}, indent=1))
         return
-    t = Table(title=f"{db}: layer times (schema v{version}; ms per micro-batch)")
-    for col in ("device", "dtype", "kind", "h", "heads", "ffn", "tp", "seq", "mbs", "fwd ms", "bwd ms", "source"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["device"], r["dtype"], r["kind"], str(r["hidden_size"]), str(r["num_heads"]),
-                  str(r["ffn_hidden_size"]), str(r["tp"]), str(r["seq_len"]), str(r["mbs"]),
-                  f"{r['forward_s'] * 1e3:.3f}", f"{r['backward_s'] * 1e3:.3f}", r["source"])
-    c = Console()
+    from hetplan.cli.output import NARROW, new_table, table_console
+
+    c = table_console()
+    t = new_table(f"{db}: layer times (schema v{version}; ms per micro-batch)", c.width < NARROW)
+    cols = ("device", "dtype", "kind", "h", "heads", "ffn", "tp", "seq", "mbs", "fwd ms", "bwd ms", "source")
+    cells = [(r["device"], r["dtype"], r["kind"], str(r["hidden_size"]), str(r["num_heads"]),
+              str(r["ffn_hidden_size"]), str(r["tp"]), str(r["seq_len"]), str(r["mbs"]),
+              f"{r['forward_s'] * 1e3:.3f}", f"{r['backward_s'] * 1e3:.3f}", r["source"]) for r in rows]
+    for i, col in enumerate(cols):  # the names and the source fold at 80 columns, the numbers stay whole
+        text = col in ("device", "kind", "source")
+        t.add_column(col, justify="left" if text else "right", overflow="fold", no_wrap=not text,
+                     min_width=None if text else max(len(col), *(len(x[i]) for x in cells), 1) if cells else None)
+    for x in cells:
+        t.add_row(*x)
     c.print(t)
     c.print(f"{len(comm_rows)} collective rows, {len(stages)} stage rows")
 
