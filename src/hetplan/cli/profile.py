@@ -12,7 +12,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from hetplan.errors import HetplanError
 
