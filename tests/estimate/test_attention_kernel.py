@@ -153,3 +153,16 @@ def test_under_context_parallelism_only_the_diagonal_block_is_causal():
                  for k in (1, 4))
     assert four[0] - one[0] == pytest.approx(1.5 * nf, rel=1e-3)
     assert four[1] - one[1] == pytest.approx(1.5 * nb, rel=1e-3)
+
+
+@pytest.mark.parametrize("s, w", [(8192, 128), (8192, 1024), (8192, 4096), (4096, 4096), (2048, 8192), (8192, 200)])
+def test_window_work_fraction_counts_the_tiles_a_sliding_window_kernel_computes(s, w):
+    """Brute force: FlashAttention's forward visits, for each block of B query rows, the key blocks from
+    ``(first row - w) // B`` to the diagonal (``n_block_min`` from ``window_size_left``); the fraction of the s x s
+    product those tiles cover is the formula's within a tile's rounding."""
+    from hetplan.estimate.compute import FLASH_TILE as B, causal_work_fraction, window_work_fraction
+
+    tiles = sum(i - max(0, (i * B - w) // B) + 1 for i in range(s // B))
+    brute = min(tiles * B * B / (s * s), float(causal_work_fraction(s)))
+    assert float(window_work_fraction(s, w)) == pytest.approx(brute, rel=0.06, abs=2 * B / s)
+    assert float(window_work_fraction(s, w)) <= float(causal_work_fraction(s))

@@ -355,12 +355,24 @@ def causal_work_fraction(s: Array):
     return np.minimum(1.0, (s + FLASH_TILE) / (2.0 * s))
 
 
+def window_work_fraction(s: Array, w: Array):
+    """Fraction of the full ``s x s`` score work a causal sliding-window FlashAttention kernel does (window ``w``
+    keys): each block of query rows scores only the key blocks from its first row minus ``w`` to its diagonal
+    (``n_block_min`` from ``window_size_left``, Dao-AILab/flash-attention ``csrc/flash_attn/src/flash_fwd_kernel.h``;
+    sliding-window local attention since FlashAttention v2.3): ``(w + B) / s`` of the keys, the first ``w`` rows
+    fewer (``w² / (2s²)``), B the tile; never more than the causal kernel (:func:`causal_work_fraction`)."""
+    s = np.asarray(s, dtype=float)
+    w = np.minimum(s, np.asarray(w, dtype=float))
+    return np.minimum(causal_work_fraction(s), (w + FLASH_TILE) / s - w * w / (2.0 * s * s))
+
+
 def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, causal: Array = True):
     """``(forward_s, backward_s)`` of the fused FlashAttention kernel of one layer, one micro-batch, one of ``t``
     TP ranks.
 
     Work: forward ``4·b·s²·q/t`` FLOPs (QKᵀ and PV), causal times :func:`causal_work_fraction` (the tiles the
-    kernel computes, the diagonal ones whole); backward 2.5x the forward (five s x s matmuls: the recomputed QKᵀ,
+    kernel computes, the diagonal ones whole) — on a model's sliding-window layers :func:`window_work_fraction`,
+    averaged over the layers (the unmasked blocks of context parallelism keep the full product: not windowed); backward 2.5x the forward (five s x s matmuls: the recomputed QKᵀ,
     dV, dP, dQ, dK; Dao 2023 Sec. 3.1.2). Rate: the dense 16-bit peak (FlashAttention runs in bf16/fp16 also in
     FP8 training) times the efficiency of the kernel the job's software runs on this GPU
     (:meth:`hetplan.hardware.catalog.GPUSpec.flash_attention_efficiency`, :func:`pool_gpu`): its non-causal rate,
@@ -380,7 +392,11 @@ def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: 
     shape = s / (s + gpu.gemm_half_dim)
     full = 4.0 * b * s * s * m.q_dim / t
     (cf, cb), (nf, nb) = gpu.flash_attention_efficiency(causal=True), gpu.flash_attention_efficiency()
-    work = full * np.where(causal, causal_work_fraction(s), 1.0)
+    masked = causal_work_fraction(s)
+    if m.sliding_window_layers:  # the mean over layers, as the layer time is (counts.attended_keys)
+        share = m.sliding_window_layers / m.num_layers
+        masked = (1.0 - share) * masked + share * window_work_fraction(s, m.sliding_window)
+    work = full * np.where(causal, masked, 1.0)
     fwd_eff, bwd_eff = np.where(causal, cf, nf), np.where(causal, cb, nb)
     return work / (peak * fwd_eff * shape), 2.5 * work / (peak * bwd_eff * shape)
 
