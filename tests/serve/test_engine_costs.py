@@ -247,3 +247,23 @@ def test_custom_allreduce_needs_a_peer_to_peer_domain():
     nccl = v.model_copy(update={"tp_allreduce": "nccl"})
     assert (decode_step_time_s(m, a10g, "fp16", 8, 800, tp=4, engine=v)
             == decode_step_time_s(m, a10g, "fp16", 8, 800, tp=4, engine=nccl))
+
+
+def test_sliding_window_layers_read_only_the_window_in_decode():
+    """A window layer's decode attention reads min(context, w) tokens per sequence (every engine's kernel honours
+    the window); the simulator's step model agrees with step_time_s to 1e-9 on mixed contexts, where the window
+    tokens are Σ min(c, w), not n·min(mean, w)."""
+    from hetplan.estimate.inference import decode_step_time_s, step_time_s, window_tokens
+    from hetplan.serve.exec_model import EstimatedStepModel
+
+    m, h100, v = load_model("gpt-oss-120b"), get_gpu("H100-SXM"), get_engine("vllm")
+    full = m.model_copy(update={"sliding_window_layers": 0, "name": "gpt-oss-120b-full"})
+    short = decode_step_time_s(m, h100, "bf16", 8, 8 * 100, tp=2, engine=v)
+    assert short == pytest.approx(decode_step_time_s(full, h100, "bf16", 8, 8 * 100, tp=2, engine=v))  # inside w
+    long_w, long_full = (decode_step_time_s(x, h100, "bf16", 8, 8 * 32768, tp=2, engine=v) for x in (m, full))
+    assert long_w < long_full
+    assert window_tokens(m, [100, 200, 3000]) == 100 + 128 + 128
+    sm = EstimatedStepModel(m, h100, tp=2, dtype="bf16", engine=v)
+    for contexts in ([100, 200, 3000, 50000], [5000] * 8, [64] * 3):
+        assert sm.step_time_s([], contexts) == pytest.approx(step_time_s(m, h100, "bf16", [], contexts, tp=2, engine=v),
+                                                              rel=1e-9)

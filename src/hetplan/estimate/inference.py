@@ -246,13 +246,46 @@ def kv_read_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, kv_tokens: int, tp: i
     return max(flops / (gpu.peak_flops_per_s(dtype) * gpu.compute_efficiency), nbytes / gpu.hbm_bandwidth_bytes_per_s)
 
 
-def _decode_gpu_s(m, gpu, dtype, batch, kv_tokens, tp, pp, engine, weights, kv_dtype) -> float:
+def window_tokens(m: ModelSpec, contexts: Sequence[float]) -> float:
+    """Cached tokens a sliding-window layer of ``m`` attends to over sequences holding ``contexts`` tokens each:
+    ``Σ min(c, w)``. Every engine's decode kernel reads only the window (FlashAttention's ``window_size`` in vLLM's
+    FlashAttention backend, FlashInfer's ``window_left`` in SGLang, TensorRT-LLM's ``max_attention_window``, the
+    sliding-window cache of transformers' ``HybridCache``); what the engines *allocate* for those layers differs
+    and is not modelled (:func:`kv_cache_bytes_per_worker` keeps every token: an upper bound)."""
+    w = m.sliding_window
+    return float(sum(min(float(c), w) for c in contexts)) if m.sliding_window_layers else float(sum(contexts))
+
+
+def window_read_s(m: ModelSpec, gpu: GPUSpec, dtype: str, tokens: float, *, tp: int = 1,
+                  engine: EngineSpec | None = None, kv_dtype: str | None = None) -> float:
+    """Seconds the sliding-window layers' decode attention spends over ``tokens`` cached tokens (all sequences;
+    :func:`window_tokens`), 0 for a model without such layers; linear in ``tokens`` (:func:`kv_read_time_s`)."""
+    if not m.sliding_window_layers:
+        return 0.0
+    g = gpu if engine is None else _engine_gpu(gpu, engine)
+    reads = 1.0 if engine is None else engine.decode_kv_reads(m.num_attention_heads, m.num_kv_heads)
+    return m.sliding_window_layers * kv_read_time_s(m, g, dtype, tokens, tp, kv_dtype, reads=reads)
+
+
+def _kv_layers_s(m, g, dtype, kv_tokens, windowed, tp, kv_dtype, **kw) -> float:
+    """The decode (or chunk) attention of every layer: the full layers over ``kv_tokens``, the sliding-window
+    layers over ``windowed`` (:func:`window_tokens`)."""
+    full = m.num_layers - m.sliding_window_layers
+    return (full * kv_read_time_s(m, g, dtype, kv_tokens, tp, kv_dtype, **kw)
+            + (m.sliding_window_layers * kv_read_time_s(m, g, dtype, windowed, tp, kv_dtype, **kw)
+               if m.sliding_window_layers else 0.0))
+
+
+def _decode_gpu_s(m, gpu, dtype, batch, kv_tokens, tp, pp, engine, weights, kv_dtype, windowed=None) -> float:
+    """``windowed``: the tokens the window layers read (default: ``batch`` sequences of the mean context)."""
     if batch == 0:
         return 0.0
     g = gpu if engine is None else _engine_gpu(gpu, engine)
     reads = 1.0 if engine is None else engine.decode_kv_reads(m.num_attention_heads, m.num_kv_heads)
+    if windowed is None:
+        windowed = batch * min(kv_tokens / batch, m.sliding_window) if m.sliding_window_layers else kv_tokens
     return (_forward_s(m, gpu, dtype, batch, 1, tp, engine, weights, prefill=False)
-            + m.num_layers * kv_read_time_s(m, g, dtype, kv_tokens, tp, kv_dtype, reads=reads)
+            + _kv_layers_s(m, g, dtype, kv_tokens, windowed, tp, kv_dtype, reads=reads)
             + _pipeline_p2p_s(m, gpu, batch, pp, dtype_bytes(dtype)))
 
 
@@ -275,8 +308,8 @@ def chunk_context_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, chunk_lens: Seq
     :func:`kv_read_time_s` over its context with the chunk's tokens as queries. A whole prompt (context 0)
     costs nothing here: its causal attention is in the prefill pass."""
     g = gpu if engine is None else _engine_gpu(gpu, engine)
-    return m.num_layers * sum(kv_read_time_s(m, g, dtype, int(p), tp, kv_dtype, queries=int(c))
-                              for c, p in zip(chunk_lens, contexts) if p > 0 and c > 0)
+    return sum(_kv_layers_s(m, g, dtype, int(p), window_tokens(m, [p]), tp, kv_dtype, queries=int(c))
+               for c, p in zip(chunk_lens, contexts) if p > 0 and c > 0)
 
 
 def step_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prefill_lens: Sequence[int], decode_contexts: Sequence[int],
@@ -295,7 +328,7 @@ def step_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prefill_lens: Sequence[i
         t += chunk_context_time_s(m, gpu, dtype, prefill_lens, prefill_contexts, tp=tp, engine=engine,
                                   kv_dtype=kv_dtype)
     return t + _decode_gpu_s(m, gpu, dtype, len(decode_contexts), int(sum(decode_contexts)), tp, pp, engine,
-                             weights, kv_dtype) + _overhead_s(engine)
+                             weights, kv_dtype, window_tokens(m, decode_contexts)) + _overhead_s(engine)
 
 
 def activation_peak_bytes(m: ModelSpec, tp: int, tokens: int, seqs: int, dtype: str = "bf16") -> int:

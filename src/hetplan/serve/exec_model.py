@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from hetplan.errors import HetplanError
-from hetplan.estimate.inference import chunk_context_time_s, step_time_s
+from hetplan.estimate.inference import chunk_context_time_s, step_time_s, window_read_s, window_tokens
 from hetplan.hardware.catalog import GPUSpec
 from hetplan.hardware.engines import EngineSpec
 from hetplan.model.spec import ModelSpec
@@ -58,7 +58,8 @@ class EstimatedStepModel(StepModel):
 
     def step_time_s(self, prefill_lens, decode_contexts, prefill_contexts=None) -> float:
         # The time depends only on the joining count and longest prompt, on the running count and their cached
-        # tokens in all, and on the chunks' cached contexts (an additive term, memoised on its own). For a given
+        # tokens in all, on the chunks' cached contexts (an additive term, memoised on its own) and, for a model
+        # with sliding-window layers, on the tokens those read (Σ min(c, w): an additive, linear term). For a given
         # shape the cost model is linear in the cached tokens (the decode attention reads their K/V, or computes
         # over them, at a fixed rate: estimate/inference.py kv_read_time_s), so each shape is evaluated at two
         # token counts and the line used for all others, after a third point has confirmed it to 1e-9; a shape
@@ -76,12 +77,21 @@ class EstimatedStepModel(StepModel):
         kv = int(sum(decode_contexts))
         lines = self.__dict__.setdefault("_lines", {})
         shape = (n_pre, longest, n_dec)
+        # sliding-window layers read min(context, w) per sequence (inference.window_tokens): the time has a kink
+        # where the mean context reaches the window, and is linear on either side (equal contexts, as _exact)
+        kink = n_dec * self.spec.sliding_window if self.spec.sliding_window_layers else None
         if n_dec and shape not in lines:
-            a, b, c = n_dec, n_dec * 4096, n_dec * 512
-            fa, fb, fc = (self._exact(n_pre, longest, n_dec, x) for x in (a, b, c))
-            slope = (fb - fa) / (b - a)
-            lines[shape] = (fa, slope, a) if abs(fa + slope * (c - a) - fc) <= 1e-9 * max(fc, 1e-12) else None
-        line = lines.get(shape)
+            if kink is None or kink <= n_dec:
+                lines[shape] = [self._line(shape, n_dec, n_dec * 4096)]
+            else:
+                lines[shape] = [self._line(shape, n_dec, kink), self._line(shape, kink, max(2 * kink, n_dec * 4096))]
+        segments = lines.get(shape)
+        line = (segments[0] if len(segments) == 1 or kv <= kink else segments[1]) if segments else None
+        if kink is not None and n_dec:  # the window layers read Σ min(c, w), not n·min(mean, w): linear in it
+            extra += (window_read_s(self.spec, self.gpu, self.dtype, window_tokens(self.spec, decode_contexts),
+                                    tp=self.tp, engine=self.engine, kv_dtype=self.kv_dtype)
+                      - window_read_s(self.spec, self.gpu, self.dtype, n_dec * min(kv / n_dec, self.spec.sliding_window),
+                                      tp=self.tp, engine=self.engine, kv_dtype=self.kv_dtype))
         if line is not None:
             return line[0] + line[1] * (kv - line[2]) + extra
         cache = self.__dict__.setdefault("_memo", {})
@@ -89,6 +99,14 @@ class EstimatedStepModel(StepModel):
         if key not in cache:
             cache[key] = self._exact(*key)
         return cache[key] + extra
+
+    def _line(self, shape: tuple[int, int, int], lo: float, hi: float) -> tuple[float, float, float] | None:
+        """``(f(lo), slope, lo)`` of the time over cached tokens in ``[lo, hi]`` for ``shape``, if a third point
+        inside confirms the line to 1e-9; else None (that shape is evaluated exactly)."""
+        mid = (lo + hi) // 2  # whole tokens, as step_time_s counts them
+        f_lo, f_hi, f_mid = (self._exact(*shape, x) for x in (lo, hi, mid))
+        slope = (f_hi - f_lo) / (hi - lo)
+        return (f_lo, slope, lo) if abs(f_lo + slope * (mid - lo) - f_mid) <= 1e-9 * max(f_mid, 1e-12) else None
 
 
 @dataclass(frozen=True)
