@@ -372,8 +372,8 @@ def flash_attention_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: 
 
     Work: forward ``4·b·s²·q/t`` FLOPs (QKᵀ and PV), causal times :func:`causal_work_fraction` (the tiles the
     kernel computes, the diagonal ones whole) — on a model's sliding-window layers :func:`window_work_fraction`,
-    averaged over the layers (the unmasked blocks of context parallelism keep the full product: not windowed); backward 2.5x the forward (five s x s matmuls: the recomputed QKᵀ,
-    dV, dP, dQ, dK; Dao 2023 Sec. 3.1.2). Rate: the dense 16-bit peak (FlashAttention runs in bf16/fp16 also in
+    averaged over the layers (the unmasked blocks of context parallelism keep the full product: not windowed);
+    backward 2.5x the forward (five s x s matmuls: the recomputed QKᵀ, dV, dP, dQ, dK; Dao 2023 Sec. 3.1.2). Rate: the dense 16-bit peak (FlashAttention runs in bf16/fp16 also in
     FP8 training) times the efficiency of the kernel the job's software runs on this GPU
     (:meth:`hetplan.hardware.catalog.GPUSpec.flash_attention_efficiency`, :func:`pool_gpu`): its non-causal rate,
     causal times its ``attention_causal_efficiency`` η (masking the diagonal tiles, rows of unequal length), times
