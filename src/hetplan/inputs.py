@@ -211,11 +211,16 @@ def bounded(limit: float, why: str, *, why_low: str | None = None, **field_kwarg
     return Field(le=limit, json_schema_extra={"why": why, "why_low": why_low}, **field_kwargs)
 
 
+def _alternatives(annotation: Any) -> tuple:
+    """The types a field's annotation admits: the members of a union, else the annotation itself."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    return typing.get_args(annotation) if union else (annotation,)
+
+
 def _takes_number(annotation: Any) -> bool:
     """Whether a field's type is a number (``int``, ``float``, a ``Literal`` of integers, optionally ``None``) and
     not a boolean."""
-    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    args = typing.get_args(annotation) if union else (annotation,)
+    args = _alternatives(annotation)
     literal = [a for a in args if typing.get_origin(a) is typing.Literal]
     numbers = any(a in (int, float) for a in args) or any(
         all(isinstance(v, int) and not isinstance(v, bool) for v in typing.get_args(a)) for a in literal)
@@ -224,10 +229,9 @@ def _takes_number(annotation: Any) -> bool:
 
 def _takes_text(annotation: Any) -> bool:
     """Whether a field's type admits a string (``str``, a ``Literal`` with a string, a path)."""
-    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    args = typing.get_args(annotation) if union else (annotation,)
     return any(a is str or a is Path or (typing.get_origin(a) is typing.Literal
-                                         and any(isinstance(v, str) for v in typing.get_args(a))) for a in args)
+                                         and any(isinstance(v, str) for v in typing.get_args(a)))
+               for a in _alternatives(annotation))
 
 
 class UserInput(BaseModel):

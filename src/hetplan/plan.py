@@ -18,7 +18,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, field_
 
 from hetplan.degrees import ParallelLayout  # noqa: F401  (re-exported: the plan schema's layout)
 from hetplan.errors import HetplanError
-from hetplan.hardware.stacks import StackSpec, default_stack, resolve_stack
+from hetplan.hardware.stacks import FRAMEWORK_STACK, StackSpec, default_stack, resolve_stack
 from hetplan.inputs import UserInput, bounded
 
 def _no_text_bool(value):
@@ -188,8 +188,10 @@ class Job(UserInput):
     def _framework_family(cls, value):
         """The family in any case (``DeepSpeed``); a stack's name where the family belongs (``torchtitan``,
         ``Megatron-LM``) is refused with the family it runs and the ``stack`` that names it."""
-        if not isinstance(value, str) or value.strip().lower() in ("megatron", "deepspeed", "fsdp"):
-            return value.strip().lower() if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        if value.strip().lower() in FRAMEWORK_STACK:  # the families (megatron, deepspeed, fsdp)
+            return value.strip().lower()
         try:
             st = resolve_stack(value)
         except HetplanError:

@@ -217,14 +217,14 @@ def import_cmd(
         if value is not None and not value.strip():  # --model "" matched a preset, --gpu "" wrote gpu ""
             raise HetplanError(f"{flag} is empty", field=flag, fix=f"give {flag} a name, or leave it out")
     from hetplan.hardware.catalog import load_catalog
-    from hetplan.runtime.importers import DEFAULT_GPU, launch_gpu
+    from hetplan.runtime.importers import DEFAULT_GPU, hetplan_line
 
     texts = {}
     for f in files:
         texts[f.name] = read_text(f, "FILES")
     field = "--gpu"
     if gpu is None:
-        gpu, field = launch_gpu(texts), "FILES (# hetplan gpu:)"
+        gpu, field = hetplan_line(texts, "gpu"), "FILES (# hetplan gpu:)"
     if gpu is None:
         gpu = DEFAULT_GPU
         Console(stderr=True).print(f"note: the launch names no GPU type: priced as {gpu} (give --gpu)", highlight=False)

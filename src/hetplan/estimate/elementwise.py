@@ -31,8 +31,9 @@ residual add before   eager: the ``ffn_norm`` re-reads ``h``; fused: the add and
 the norms and residuals split over TP under sequence parallelism, which torchtitan's TP always uses.) Models with
 LayerNorm (``nn.LayerNorm`` is one fused ATen kernel in eager), learned positions or a non-gated MLP
 (``F.gelu`` is one kernel) have no extra bytes for those ops; Qwen3-style Q/K norms are two more RMSNorms on
-``T·(q + kv)``, Gemma's post-attention and post-MLP norms (``post_norms``) two more on ``T·h``. The repeat of K and V for grouped-query attention (``repeat_kv``), the SDPA kernel and the
-second residual add (at the block boundary, where each compiled region ends) cost the same both ways.
+``T·(q + kv)``, Gemma's post-attention and post-MLP norms (``post_norms``) two more on ``T·h``. The repeat of K
+and V for grouped-query attention (``repeat_kv``), the SDPA kernel and the second residual add (at the block
+boundary, where each compiled region ends) cost the same both ways.
 
 **Backward** runs autograd's derivative of each op, which reads and writes about twice the forward's bytes (for
 RMSNorm, counted op by op: 74 B per element) in twice the kernels: 2x forward, the estimator's convention for

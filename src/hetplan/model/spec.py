@@ -26,9 +26,8 @@ and V has ``v_head_dim``.
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 
 from functools import lru_cache
 from importlib import resources
@@ -102,7 +101,8 @@ class ModelSpec(BaseModel):
 
     name: str
     family: Literal["llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "qwen2", "qwen3", "mpt",
-                    "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4"]
+                    "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3",
+                    "gpt_oss", "llama4"]
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
@@ -851,9 +851,7 @@ def _compact_names() -> dict[str, str]:
 
 @lru_cache(maxsize=256)
 def _load_preset(name_or_path: str) -> ModelSpec:
-    key = _preset_key(name_or_path)
-    key = preset_aliases().get(key, key)
-    key = key if key in list_presets() else _compact_names().get(_compact(key), key)
+    key = _compact_names().get(_compact(name_or_path), _preset_key(name_or_path))
     if key not in list_presets():
         import difflib
 

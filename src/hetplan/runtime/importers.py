@@ -604,11 +604,11 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
 DEFAULT_GPU = "H100-SXM"
 
 
-def launch_gpu(files: dict[str, str]) -> str | None:
-    """The GPU type a ``# hetplan gpu: NAME`` line of the launch files names (hetplan's exports write one for a
-    plan on one GPU type), else None."""
-    return next((m.group(1).strip() for t in files.values() for m in [re.search(r"^# hetplan gpu: (.+)$", t, re.M)]
-                 if m), None)
+def hetplan_line(files: dict[str, str], key: str) -> str | None:
+    """The value of the first ``# hetplan KEY: VALUE`` line of the launch files (hetplan's exports write ``model``
+    and, for a plan on one GPU type, ``gpu``), else None."""
+    pattern = re.compile(rf"^# hetplan {re.escape(key)}: (.+)$", re.M)
+    return next((m.group(1).strip() for t in files.values() for m in [pattern.search(t)] if m), None)
 
 
 def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = DEFAULT_GPU,
@@ -638,9 +638,7 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
 def _import_files(by: dict[str, str], *, model: str | None, gpu: str, gpus: int | None,
                   seq_len: int | None = None) -> Plan:
     if model is None:
-        named = next((m.group(1).strip() for t in by.values()
-                      for m in [re.search(r"^# hetplan model: (.+)$", t, re.M)] if m), None)
-        model = named
+        model = hetplan_line(by, "model")
     json_cfg = next((t for n, t in by.items() if n.endswith(".json") and "train_micro_batch_size_per_gpu" in t), None)
     launch = next((t for n, t in by.items() if n.endswith(".sh")), "")
     if json_cfg is not None:

@@ -88,10 +88,11 @@ class EstimatedStepModel(StepModel):
         segments = lines.get(shape)
         line = (segments[0] if len(segments) == 1 or kv <= kink else segments[1]) if segments else None
         if kink is not None and n_dec:  # the window layers read Σ min(c, w), not n·min(mean, w): linear in it
-            extra += (window_read_s(self.spec, self.gpu, self.dtype, window_tokens(self.spec, decode_contexts),
-                                    tp=self.tp, engine=self.engine, kv_dtype=self.kv_dtype)
-                      - window_read_s(self.spec, self.gpu, self.dtype, n_dec * min(kv / n_dec, self.spec.sliding_window),
-                                      tp=self.tp, engine=self.engine, kv_dtype=self.kv_dtype))
+            if "_window_s_per_token" not in self.__dict__:
+                self.__dict__["_window_s_per_token"] = window_read_s(self.spec, self.gpu, self.dtype, 1.0, tp=self.tp,
+                                                                      engine=self.engine, kv_dtype=self.kv_dtype)
+            extra += self.__dict__["_window_s_per_token"] * (
+                window_tokens(self.spec, decode_contexts) - n_dec * min(kv / n_dec, self.spec.sliding_window))
         if line is not None:
             return line[0] + line[1] * (kv - line[2]) + extra
         cache = self.__dict__.setdefault("_memo", {})

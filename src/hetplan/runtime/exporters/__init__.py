@@ -128,18 +128,18 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
                          f"numbers differ: re-estimate with --stack {written.id} to price what runs")
     gpus = {pool.gpu for pool in plan.pools}
     if len(gpus) == 1:  # `hetplan import` reads it back: the launch itself names no GPU type
-        line = f"# hetplan gpu: {gpus.pop()}"
-        for name, text in out.files.items():
-            if name.endswith(".sh"):
-                head, sep, rest = text.partition("\n") if text.startswith("#!") else ("", "", text)
-                out.files[name] = f"{head}{sep}{line}\n{rest}"
+        _head_line(out, f"# hetplan gpu: {gpus.pop()}")
     if any(pool.network == "ethernet" for pool in plan.pools):
         # The estimate assumed NCCL's socket transport (hetplan.estimate.comm.NETWORKS); say so where NCCL reads it.
-        env = ("export NCCL_IB_DISABLE=1  # nodes joined by Ethernet without RDMA (GPUPool.network): NCCL sockets; "
-               "set NCCL_SOCKET_IFNAME to the data-network interface")
-        for name, text in out.files.items():
-            if name.endswith(".sh"):
-                head, sep, rest = text.partition("\n") if text.startswith("#!") else ("", "", text)
-                out.files[name] = f"{head}{sep}{env}\n{rest}"
+        _head_line(out, "export NCCL_IB_DISABLE=1  # nodes joined by Ethernet without RDMA (GPUPool.network): NCCL "
+                        "sockets; set NCCL_SOCKET_IFNAME to the data-network interface")
         out.notes.append("Ethernet between nodes: launch with NCCL_IB_DISABLE=1 and NCCL_SOCKET_IFNAME set")
     return out
+
+
+def _head_line(out: Export, line: str) -> None:
+    """Put ``line`` at the top of every launch script of ``out`` (after its ``#!`` line)."""
+    for name, text in out.files.items():
+        if name.endswith(".sh"):
+            head, sep, rest = text.partition("\n") if text.startswith("#!") else ("", "", text)
+            out.files[name] = f"{head}{sep}{line}\n{rest}"
