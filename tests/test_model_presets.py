@@ -434,6 +434,9 @@ def test_gemma3_vision_releases_leave_the_same_vision_tower():
     (dict(QWEN25_05B, use_sliding_window=True, layer_types=["sliding_attention"]), "model.layer_types",
      "1 entries for 24 layers"),
     (dict(QWEN25_05B, model_type="qwen3", attention_bias=True), "model.attention_bias", "not modelled"),
+    (dict(QWEN25_05B, model_type="llama", attention_bias=True), "model.mlp_bias",
+     "biases on Q, K, V and O but not the MLP"),
+    (dict(QWEN25_05B, model_type="mistral", mlp_bias=True), "model.mlp_bias", "the MLP but not Q, K, V and O"),
     (dict(PHI3_MINI, intermediate_size=None), "model.intermediate_size", "lacks intermediate_size"),
     (dict(PHI3_MINI, model_type="phi4"), "model.model_type", "unsupported model_type 'phi4'"),
     (dict(PHI3_MINI, model_type="gemma2", attention_bias=True), "model.attention_bias", "not modelled for gemma2"),
@@ -447,6 +450,16 @@ def test_dense_family_config_errors_name_the_field(cfg, field, words):
         from_hf_config(cfg, "bad")
     assert info.value.field == field and words in info.value.message, (info.value.field, info.value.message)
     assert info.value.fix
+
+
+def test_llama_with_attention_and_mlp_biases_counts_both():
+    """LlamaConfig's attention_bias (Q, K, V, O) and mlp_bias (gate, up, down) both true: every linear biased."""
+    plain = from_hf_config(dict(QWEN25_05B, model_type="llama"), "plain")
+    biased = from_hf_config(dict(QWEN25_05B, model_type="llama", attention_bias=True, mlp_bias=True), "biased")
+    h, f, a, g, d = 896, 4864, 14, 2, 64
+    per_layer = (a * d + 2 * g * d + h) + (2 * f + h)
+    assert biased.linear_bias and not plain.linear_bias
+    assert total_parameters(biased) - total_parameters(plain) == 24 * per_layer
 
 
 def test_bad_config_exits_2_from_the_cli(tmp_path):

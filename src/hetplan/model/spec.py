@@ -289,6 +289,7 @@ class HFConfig(BaseModel):
     v_head_dim: _Int = None
     tie_word_embeddings: StrictBool | None = None
     attention_bias: StrictBool | None = None
+    mlp_bias: StrictBool | None = None
     enable_bias: StrictBool | None = None
     attention_softmax_in_fp32: StrictBool | None = None
     attention_dropout: _Float = None
@@ -421,6 +422,23 @@ def _rms_gated(cfg: Mapping[str, Any], family: str, ffn: int, **shape: Any) -> d
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         dropout=float(cfg.get("attention_dropout", 0.0) or 0.0) > 0,
     )
+
+
+def _check_llama_biases(cfg: Mapping[str, Any]) -> None:
+    """Refuse a Llama / Mistral config whose attention and MLP biases differ: ``LlamaConfig`` puts biases on Q, K,
+    V and O with ``attention_bias`` and on the gate, up and down projections with ``mlp_bias`` (default false;
+    transformers ``models/llama/modeling_llama.py``), and :class:`ModelSpec` has one switch for both,
+    ``linear_bias``.
+
+    Raises:
+        HetplanError: ``attention_bias`` and ``mlp_bias`` differ."""
+    attention, mlp = bool(cfg.get("attention_bias", False)), bool(cfg.get("mlp_bias", False))
+    if attention != mlp:
+        where = "Q, K, V and O but not the MLP" if attention else "the MLP but not Q, K, V and O"
+        raise HetplanError(f"attention_bias = {str(attention).lower()} with mlp_bias = {str(mlp).lower()} "
+                           f"(biases on {where}) is not modelled", field="model.mlp_bias",
+                           fix="set attention_bias and mlp_bias equal (both false in the released Llama and "
+                               "Mistral configs)")
 
 
 def _moe_fields(cfg: Mapping[str, Any], family: str) -> dict:
@@ -694,6 +712,7 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
     if model_type == "gemma3_text":
         model_type = "gemma3"
     if model_type in ("llama", "mistral"):
+        _check_llama_biases(cfg)
         fields = _rms_gated(cfg, model_type, _get(cfg, "intermediate_size"))
     elif model_type in ("qwen2", "qwen3", "phi3", "gemma2", "gemma3"):
         fields = _dense_fields(cfg, model_type)
