@@ -267,3 +267,25 @@ def test_sliding_window_layers_read_only_the_window_in_decode():
     for contexts in ([100, 200, 3000, 50000], [5000] * 8, [64] * 3):
         assert sm.step_time_s([], contexts) == pytest.approx(step_time_s(m, h100, "bf16", [], contexts, tp=2, engine=v),
                                                               rel=1e-9)
+
+
+def test_window_layers_hold_only_their_window_under_vllm_v1():
+    """vLLM V1's hybrid KV cache manager keeps a window layer's blocks for its window alone, so GPT-OSS-120B
+    (18 of 36 layers with a 128-token window) holds about half the KV blocks per long sequence and runs about
+    twice the sequences; SGLang's pool (window_kv_blocks false: no shared per-window accounting modelled) and a
+    model without windows are unchanged."""
+    from hetplan.estimate.inference import kv_capacity_tokens, kv_layer_blocks, max_num_seqs
+
+    m, h100, v, sg = load_model("gpt-oss-120b"), get_gpu("H100-SXM"), get_engine("vllm"), get_engine("sglang")
+    assert v.window_kv_blocks and not sg.window_kv_blocks
+    whole = v.model_copy(update={"window_kv_blocks": False})
+    kw = dict(tp=4, dtype="bf16")
+    seq = 32768
+    per_seq = kv_layer_blocks(m, 16, seq, windowed=True)
+    assert per_seq == 18 * (seq // 16) + 18 * (128 // 16 + 1)
+    pool = kv_capacity_tokens(m, h100, v, tp=4, dtype="bf16") // 16 * m.num_layers
+    assert max_num_seqs(m, h100, v, seq, **kw) == pool // per_seq
+    ratio = max_num_seqs(m, h100, v, seq, **kw) / max_num_seqs(m, h100, whole, seq, **kw)
+    assert 1.9 < ratio < 2.1
+    dense = load_model("llama3-8b")
+    assert max_num_seqs(dense, h100, v, 4096, **kw) == max_num_seqs(dense, h100, whole, 4096, **kw)

@@ -338,3 +338,63 @@ def test_kv_watermark_counts_in_the_one_sequence_check():
     with pytest.raises(HetplanError) as e:
         Scheduler({"a": (1, 1.0)}, 10, Policy(), kv_blocks={"a": 10}, kv_watermark=1.0)
     assert e.value.field == "kv_watermark"
+
+
+def _window_model(layers: int = 4, window_layers: int = 2, window: int = 8):
+    from hetplan.model.spec import load_model
+
+    return load_model("gpt-oss-120b").model_copy(update={"num_layers": layers, "sliding_window_layers": window_layers,
+                                                         "sliding_window": window})
+
+
+@pytest.mark.parametrize("tokens,cached", [(1, 0), (7, 6), (8, 7), (9, 8), (17, 16), (40, 39), (40, 0), (40, 20)])
+def test_kv_layer_blocks_brute_force(tokens, cached):
+    """Blocks x layers against a per-layer enumeration: a full layer holds every block with a cached token; a
+    window layer (w = 8, blocks of 4) the blocks from the one holding token cached - w on (vLLM V1 frees the older
+    ones before it allocates the step's tokens)."""
+    from hetplan.estimate.inference import kv_layer_blocks
+
+    m, b = _window_model(), 4
+    blocks = {j for j in range((tokens + b - 1) // b)}
+    kept = {j for j in blocks if (j + 1) * b > max(0, cached - 8)}
+    assert kv_layer_blocks(m, b, tokens, cached, windowed=True) == 2 * len(blocks) + 2 * len(kept)
+    assert kv_layer_blocks(m, b, tokens, cached, windowed=False) == 4 * len(blocks)
+
+
+def test_windowed_pool_frees_blocks_that_leave_the_window():
+    """Pool of 6 blocks (24 layer-blocks), blocks of 4 tokens, 4 layers of which 2 have an 8-token window.
+    Whole slots would fit one 20-token sequence (5 blocks); windowed, a sequence's window layers shed blocks as
+    it decodes: its prefill of 12 tokens takes 4·3 = 12; the decode to token 13 takes 2·4 + 2·3 (blocks 1-3 hold
+    tokens 4-12 of the window) = 14; the decode to token 20, 2·5 + 2·3 = 16 (block 0 and 1 left the window)."""
+    m = _window_model()
+    s = Scheduler({"a": (1, 1.0)}, 10, Policy(), kv_blocks={"a": 6}, block_tokens=4, max_seq_tokens=20,
+                  kv_windows={"a": m})
+    s.preload(["a"])
+    s.submit(Request(0, "a", 0.0, prompt_len=12, max_new_tokens=9), 0.0)
+    s.step(0.0)
+    assert s.free_blocks["a"] == 24 - 12
+    s.exec_done(1.0, [])
+    s.step(1.0)
+    assert s.seqs[0].blocks == 14 and s.free_blocks["a"] == 24 - 14
+    t = 2.0
+    while s.seqs[0].cached < 19:  # each step plans the decode of token cached + 1
+        s.exec_done(t, [])
+        s.step(t)
+        t += 1.0
+    assert s.seqs[0].blocks == 2 * 5 + 2 * 3 and s.free_blocks["a"] == 24 - 16
+
+
+def test_windowed_pool_runs_more_sequences_than_whole_layers():
+    """The same workload and pool: with the window layers holding their window only, more sequences run at once
+    and fewer are preempted; every request still gets all its tokens."""
+    m = _window_model()
+    reqs = [Request(i, "m", 0.0, 16, 48) for i in range(6)]
+    out = {}
+    for windowed in (False, True):
+        model = SimModel("m", [1], LinearStepModel(base_s=1.0), kv_blocks=40, kv_window_spec=m if windowed else None)
+        out[windowed] = simulate([model], reqs, capacity_bytes=10, policy=Policy(), swap_cost=_const_swap(0.0),
+                                 preload=["m"], block_tokens=4, max_seq_tokens=64, max_batch_size=8)
+    for res in out.values():
+        assert all(r.output_tokens == 48 for r in res.records)
+    assert out[True].preemptions < out[False].preemptions
+    assert max(r.finish_s for r in out[True].records) < max(r.finish_s for r in out[False].records)

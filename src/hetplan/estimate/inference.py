@@ -394,14 +394,40 @@ def kv_capacity_tokens(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, *, tp: in
     return n
 
 
+def kv_windowed(m: ModelSpec, engine: EngineSpec | None) -> bool:
+    """Whether ``engine`` keeps only the window's KV blocks for ``m``'s sliding-window layers
+    (:attr:`~hetplan.hardware.engines.EngineSpec.window_kv_blocks` and a model with such layers)."""
+    return bool(engine is not None and engine.window_kv_blocks and m.sliding_window_layers)
+
+
+def kv_layer_blocks(m: ModelSpec, block_tokens: int, tokens: int, cached: int | None = None,
+                    windowed: bool = False) -> int:
+    """KV blocks x layers one sequence holds once its cache reaches ``tokens`` tokens, grown from ``cached``
+    (default ``tokens - 1``: a decode step): ``L · ceil(tokens / B)`` for ``L`` layers and blocks of ``B`` tokens.
+    ``windowed`` (:func:`kv_windowed`): a sliding-window layer (window ``w``) holds only the blocks from the one
+    with token ``cached - w`` on, as vLLM V1's ``SlidingWindowManager`` frees the blocks outside the window before
+    it allocates a step's new tokens (``remove_skipped_blocks``, then ``allocate_slots``; a chunk's tokens are
+    allocated whole, the older ones freed at the next step). Layer-granular: vLLM packs layers into KV cache
+    groups of equal size sharing one pool; a group's padding is not counted."""
+    b = max(1, block_tokens)
+    full = -(-tokens // b)
+    if not windowed:
+        return m.num_layers * full
+    before = tokens - 1 if cached is None else cached
+    kept = full - max(0, before - m.sliding_window) // b
+    return (m.num_layers - m.sliding_window_layers) * full + m.sliding_window_layers * kept
+
+
 def max_num_seqs(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, seq_tokens: int, **kw) -> int:
     """Sequences of ``seq_tokens`` tokens (prompt + output) that run at once under ``engine``: the KV blocks of
-    :func:`kv_capacity_tokens` (``kw`` passed on) over the blocks one sequence needs, capped by the engine's
-    ``max_num_seqs`` on this GPU (or ``kw['max_num_seqs']``)."""
+    :func:`kv_capacity_tokens` (``kw`` passed on) over the blocks one sequence holds at its end
+    (:func:`kv_layer_blocks`: the window's only on a sliding-window layer where the engine frees the rest), capped by
+    the engine's ``max_num_seqs`` on this GPU (or ``kw['max_num_seqs']``)."""
     if seq_tokens < 1:
         raise HetplanError(f"a sequence of {seq_tokens} tokens", field="seq_tokens",
                            fix="give the prompt plus output tokens of one sequence, at least 1")
     block = max(1, engine.kv_block_tokens)
-    per_seq = -(-seq_tokens // block) * block
+    pool = kv_capacity_tokens(m, gpu, engine, **kw) // block * m.num_layers
+    per_seq = kv_layer_blocks(m, block, seq_tokens, windowed=kv_windowed(m, engine))
     cap = kw.get("max_num_seqs") or engine.default_max_num_seqs(gpu)
-    return max(0, min(cap, kv_capacity_tokens(m, gpu, engine, **kw) // per_seq))
+    return max(0, min(cap, pool // per_seq))

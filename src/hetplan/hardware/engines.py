@@ -60,7 +60,8 @@ DecodePath = Literal["cuda_graphs", "compiled", "eager"]
 _FIELDS_WITH_SOURCES = ("decode_path", "prefill_graphs", "cuda_graph_batch_sizes", "attention", "kv_block_tokens",
                         "memory_budget", "gpu_memory_utilization", "max_num_seqs", "chunked_prefill",
                         "max_num_batched_tokens", "non_torch_memory_gib", "step_overhead_s", "hbm_efficiency", "weight_dtypes",
-                        "fp8_compute", "gqa_decode_kv_shared", "tp_allreduce", "kv_watermark")
+                        "fp8_compute", "gqa_decode_kv_shared", "tp_allreduce", "kv_watermark",
+                        "window_kv_blocks")
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -119,6 +120,11 @@ class EngineSpec(BaseModel):
         kv_watermark: fraction of the KV blocks kept free when a sequence is admitted (vLLM V0's block manager:
             1 %, so a running batch's next decode blocks are not taken by a new prompt); 0: admitted while the free
             blocks cover it.
+        window_kv_blocks: a sliding-window layer holds KV blocks only for the tokens of its window, in the pool
+            the full-attention layers share (vLLM V1's hybrid KV cache manager; blocks outside the window are freed
+            at the next step, :func:`hetplan.estimate.inference.kv_layer_blocks`); False: every layer holds every
+            cached token (the window is applied by the attention kernel only), or the engine splits its memory
+            among per-window pools in proportions not modelled — an upper bound on the KV memory either way.
         sources: ``{field: source}``.
     """
 
@@ -148,6 +154,7 @@ class EngineSpec(BaseModel):
     gqa_decode_kv_shared: bool = True
     tp_allreduce: Literal["nccl", "custom", "auto"] = "nccl"
     kv_watermark: float = Field(default=0.0, ge=0, lt=1)
+    window_kv_blocks: bool = False
     sources: Mapping[str, str]
 
     @property

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetplan.errors import HetplanError, InfeasibleError
-from hetplan.estimate.inference import kv_cache_bytes_per_worker, kv_capacity_tokens, weight_bytes_per_worker
+from hetplan.estimate.inference import (kv_cache_bytes_per_worker, kv_capacity_tokens, kv_windowed,
+                                       weight_bytes_per_worker)
 from hetplan.hardware.catalog import GPUSpec, load_catalog
 from hetplan.hardware.engines import EngineSpec, load_engines
 from hetplan.serve.config import WorkloadFile
@@ -190,7 +191,8 @@ def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, wf: W
     block = kv_settings(wf, stack).block_tokens
     return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights),
                     step_model(spec, gpu, tp, pp, dtype, stack), kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype),
-                    kv_blocks=None if pool is None else pool // block)
+                    kv_blocks=None if pool is None else pool // block,
+                    kv_window_spec=spec if pool is not None and kv_windowed(spec, stack.engine) else None)
 
 
 def scheduler_kwargs(wf: WorkloadFile, stack: Stack = Stack(), gpu: GPUSpec | None = None) -> dict:

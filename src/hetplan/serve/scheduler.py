@@ -30,7 +30,10 @@ V0's scheduler does the same). With ``kv_watermark`` w a sequence joins only whi
 int(w · pool blocks)`` (vLLM V0's block manager, ``watermark`` = 0.01: vllm/core/block_manager_v1.py
 ``can_allocate``), so a new prompt does not take the blocks the running batch's next decodes need; decode growth
 is not held back. Without ``kv_blocks`` every sequence reserves a whole slot (``max_batch_size``
-slots of the longest sequence), the engine's CPU layout.
+slots of the longest sequence), the engine's CPU layout. With ``kv_windows`` (an engine that keeps only the
+window's blocks on a model's sliding-window layers, vLLM V1's hybrid KV cache manager) the pool is counted in
+blocks x layers and a sequence holds :func:`hetplan.estimate.inference.kv_layer_blocks`: the full layers' blocks
+of every cached token, the window layers' of the window alone, the older ones freed at the sequence's next step.
 
 **Chunked prefill** (Agrawal et al., "Sarathi-Serve", OSDI'24, Sec. 4; vLLM ``--enable-chunked-prefill``): an
 iteration processes at most ``max_batched_tokens`` tokens: one per decoding sequence first, the rest of the budget
@@ -48,11 +51,15 @@ model join the running batch in arrival order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from hetplan.errors import HetplanError
+from hetplan.estimate.inference import kv_layer_blocks
 from hetplan.serve.policies import ModelState, Policy
 from hetplan.serve.workload import Request
+
+if TYPE_CHECKING:
+    from hetplan.model.spec import ModelSpec
 
 
 @dataclass
@@ -132,6 +139,8 @@ class Scheduler:
         chunked_prefill: split prompts over iterations to fit ``max_batched_tokens``.
         max_seq_tokens: the longest sequence a request may reach (prompt + new tokens); every pool must hold one.
         kv_watermark: fraction of each pool kept free when a sequence joins (module docstring; 0: none).
+        kv_windows: model name -> its :class:`~hetplan.model.spec.ModelSpec`, for the models whose sliding-window
+            layers hold only the window's blocks (module docstring); their pools are given in blocks as the others'.
 
     Raises:
         HetplanError: a model larger than the capacity, a KV pool smaller than one longest sequence, or bad sizes.
@@ -142,7 +151,8 @@ class Scheduler:
                  max_batch_size: int = 8, max_queue_len: int = 1024, batching: str = "continuous",
                  kv_blocks: dict[str, int] | None = None, block_tokens: int = 16,
                  max_batched_tokens: int | None = None, chunked_prefill: bool = False,
-                 max_seq_tokens: int | None = None, kv_watermark: float = 0.0):
+                 max_seq_tokens: int | None = None, kv_watermark: float = 0.0,
+                 kv_windows: dict[str, ModelSpec] | None = None):
         if batching not in BATCHING:
             raise HetplanError(f"unknown batching {batching!r}", field="scheduler.batching",
                                fix=f"use one of {', '.join(BATCHING)}")
@@ -161,15 +171,19 @@ class Scheduler:
         if not 0.0 <= kv_watermark < 1.0:
             raise HetplanError(f"kv_watermark = {kv_watermark} is not a fraction of the pool", field="kv_watermark",
                                fix="give 0 <= kv_watermark < 1 (vLLM V0: 0.01)")
+        self.block_tokens = block_tokens
+        self.kv_windows = dict(kv_windows or {})
+        if kv_blocks is not None:  # a windowed model's pool in blocks x layers
+            kv_blocks = {n: nb * self._layers(n) for n, nb in kv_blocks.items()}
         self.watermark_blocks = {n: int(kv_watermark * nb) for n, nb in (kv_blocks or {}).items()}
         if kv_blocks is not None and max_seq_tokens is not None:
-            need = -(-max_seq_tokens // block_tokens)
             for name, nb in kv_blocks.items():
-                if nb - self.watermark_blocks[name] < need:
+                if nb - self.watermark_blocks[name] < self._blocks(name, max_seq_tokens, 0):
+                    layers = self._layers(name)
                     raise HetplanError(
-                        f"the KV cache of model {name} holds {nb:,} blocks of {block_tokens} tokens "
-                        f"({nb * block_tokens:,} tokens; {self.watermark_blocks[name]:,} kept free at admission), "
-                        f"fewer than one longest sequence of {max_seq_tokens:,} tokens",
+                        f"the KV cache of model {name} holds {nb // layers:,} blocks of {block_tokens} tokens "
+                        f"({nb // layers * block_tokens:,} tokens; {self.watermark_blocks[name] // layers:,} kept "
+                        f"free at admission), fewer than one longest sequence of {max_seq_tokens:,} tokens",
                         field="scheduler.kv_cache_len",
                         fix="lower kv_cache_len (max_model_len), give the model more memory or more TP x PP workers")
         if (max_batched_tokens is not None and not chunked_prefill and max_seq_tokens is not None
@@ -180,7 +194,6 @@ class Scheduler:
                                fix="raise max_batched_tokens to kv_cache_len or more, or turn chunked_prefill on")
         self.kv_blocks = dict(kv_blocks) if kv_blocks is not None else None
         self.free_blocks = dict(self.kv_blocks or {})
-        self.block_tokens = block_tokens
         self.max_batched_tokens = max_batched_tokens
         self.chunked_prefill = chunked_prefill
         self.seqs: dict[int, _Seq] = {}
@@ -271,19 +284,26 @@ class Scheduler:
         self.executing = None
 
     # -- KV blocks ----------------------------------------------------------------------------------------------
-    def _blocks(self, tokens: int) -> int:
-        return -(-tokens // self.block_tokens)
+    def _layers(self, model: str) -> int:
+        """Layers per pool unit of ``model``: its layer count where the pool is counted in blocks x layers."""
+        return self.kv_windows[model].num_layers if model in self.kv_windows else 1
+
+    def _blocks(self, model: str, tokens: int, cached: int) -> int:
+        """Pool units a sequence of ``model`` holds at ``tokens`` cached tokens, grown from ``cached``."""
+        if model not in self.kv_windows:
+            return -(-tokens // self.block_tokens)
+        return kv_layer_blocks(self.kv_windows[model], self.block_tokens, tokens, cached, windowed=True)
 
     def _grow(self, model: str, seq: _Seq, tokens: int) -> bool:
-        """Give ``seq`` the blocks for ``tokens`` cached positions; False (nothing taken) when the pool lacks them."""
+        """Give ``seq`` the blocks for ``tokens`` cached positions (a windowed model's sequence also returns the
+        blocks that left its window); False (nothing taken) when the pool lacks them."""
         if self.kv_blocks is None:
             return True
-        extra = self._blocks(tokens) - seq.blocks
+        extra = self._blocks(model, tokens, seq.cached) - seq.blocks
         if extra > self.free_blocks[model]:
             return False
-        if extra > 0:
-            self.free_blocks[model] -= extra
-            seq.blocks += extra
+        self.free_blocks[model] -= extra
+        seq.blocks += extra
         return True
 
     def _free(self, model: str, rid: int) -> None:
@@ -349,7 +369,8 @@ class Scheduler:
             if n > budget and act.chunks:  # a whole prompt beyond what is left waits for an iteration of its own
                 return
             if (self.kv_blocks is not None
-                    and self._blocks(n) - seq.blocks > self.free_blocks[m.name] - self.watermark_blocks[m.name]):
+                    and self._blocks(m.name, n, seq.cached) - seq.blocks
+                    > self.free_blocks[m.name] - self.watermark_blocks[m.name]):
                 return  # the watermark (module docstring)
             if not self._grow(m.name, seq, n):
                 return

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from hetplan.serve.exec_model import StepModel
 from hetplan.serve.metrics import SLO, Record, summarize
@@ -40,6 +40,8 @@ class SimModel:
         kv_worker_bytes: KV-cache bytes each worker reserves while the model is resident (rank order; default 0).
         swap_in_s, swap_out_s: measured load / write-back times (s); ``None`` = from the swap model.
         kv_blocks: KV blocks of its pool (paged KV cache, :mod:`hetplan.serve.scheduler`); ``None``: whole slots.
+        kv_window_spec: the model, where its engine keeps only the window's blocks on its sliding-window layers
+            (:func:`hetplan.estimate.inference.kv_windowed`; the scheduler's ``kv_windows``); else ``None``.
     """
 
     name: str
@@ -49,6 +51,7 @@ class SimModel:
     swap_in_s: float | None = None
     swap_out_s: float | None = None
     kv_blocks: int | None = None
+    kv_window_spec: Any = None
 
     @property
     def bytes(self) -> int:
@@ -139,7 +142,8 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
                       max_batch_size=max_batch_size, max_queue_len=max_queue_len, batching=batching,
                       kv_blocks={m.name: int(m.kv_blocks or 0) for m in models} if paged else None,
                       block_tokens=block_tokens, max_batched_tokens=max_batched_tokens,
-                      chunked_prefill=chunked_prefill, max_seq_tokens=max_seq_tokens, kv_watermark=kv_watermark)
+                      chunked_prefill=chunked_prefill, max_seq_tokens=max_seq_tokens, kv_watermark=kv_watermark,
+                      kv_windows={m.name: m.kv_window_spec for m in models if m.kv_window_spec is not None})
     sched.preload(preload)
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.id))
     records = {r.id: Record(r.id, r.model, r.arrival_s, None, prompt_tokens=r.prompt_len) for r in reqs}
