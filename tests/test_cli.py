@@ -246,3 +246,20 @@ def test_objective_booleans_exit_2(tmp_path, line):
                  f'count = 8\n\n[objective]\n{line}\n')
     r = hetplan("plan", str(f))
     assert r.returncode == 2 and "is a number, not true" in r.stderr, r.stderr
+
+
+def test_plan_says_when_its_framework_export_refuses_it(tmp_path):
+    """Gemma 3's post-norms have no pretrain_gpt.py argument: the Megatron plan says `hetplan export --to megatron`
+    refuses it (JSON ``export_refused`` naming the target and the reason), and `hetplan estimate` of the written
+    plan says it too; a Llama plan carries no such field."""
+    out = tmp_path / "gemma.json"
+    r = hetplan("plan", "--model", "gemma3-1b", "--gpu", "h100", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "64", "--json", "--top", "2", "-o", out)
+    assert r.returncode == 0, r.stderr
+    refused = [p["export_refused"] for p in json.loads(r.stdout)["plans"]]
+    assert all(x["target"] == "megatron" and "post-MLP norms" in x["message"] for x in refused)
+    r = hetplan("estimate", out)
+    assert r.returncode == 0 and "`hetplan export --to megatron` refuses this plan" in r.stdout, r.stdout
+    r = hetplan("plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "64", "--json", "--top", "1")
+    assert r.returncode == 0 and "export_refused" not in json.loads(r.stdout)["plans"][0]

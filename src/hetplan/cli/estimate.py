@@ -13,7 +13,7 @@ import typer
 from hetplan.calibration.intervals import add_intervals
 from hetplan.cli.output import NARROW, new_table, output_file, table_console
 from hetplan.cli.plan import (_CALIBRATION, _PRICE_SOURCE, _PRICES, _PROVIDER, _calibrated, _interval_lines, _interval_text, _mem,
-                              _priced, _print_provenance, _profiles)
+                              _priced, _print_provenance, _profiles, add_launch_refusals)
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.estimate.memory import fit_warning
@@ -82,6 +82,7 @@ def estimate_command(
                                fix="pip install 'hetplan[plot]'") from None
     summary = plan_summary(plan, est)
     add_intervals([summary], cat, cal)
+    add_launch_refusals([summary], [plan])
     if as_json:
         print(json.dumps(dict(summary, estimate=asdict(est), prices=prices), indent=1))
         return

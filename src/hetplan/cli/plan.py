@@ -307,6 +307,7 @@ def plan_command(
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
         summaries.insert(0, plan_summary(fine.plan, fine.estimate, "fine-grained search (bottleneck alleviation)"))
+    add_launch_refusals(summaries, ([fine.plan] if fine else []) + [rp.plan for rp in result.plans])
     best = fine.plan if fine else result.plans[0].plan
     check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
     if output is not None:
@@ -424,8 +425,20 @@ def _interval_text(s: dict) -> str:
     return f"±{hi} %" if lo == -hi else f"{lo:+d}/{hi:+d} %"
 
 
+def add_launch_refusals(summaries: list[dict], plans: list) -> None:
+    """Add ``export_refused`` (:func:`hetplan.runtime.exporters.launch_refusal`) to the summary of each plan that
+    ``hetplan export`` cannot launch under its own framework: its numbers price a run no export here writes."""
+    from hetplan.runtime.exporters import launch_refusal
+
+    for s, p in zip(summaries, plans):
+        refusal = launch_refusal(p, load_model(p.job.model))
+        if refusal is not None:
+            s["export_refused"] = refusal
+
+
 def _interval_lines(s: dict) -> list[str]:
-    """What #1's interval rests on, and the MFU record it exceeds (if any)."""
+    """What #1's interval rests on, the MFU record it exceeds (if any), and the export's refusal to launch it (if
+    any)."""
     iv = s.get("interval", {})
     out = []
     if "unvalidated" in iv:
@@ -438,6 +451,10 @@ def _interval_lines(s: dict) -> list[str]:
                    "and $ share it.")
     if "mfu_record" in s:
         out.append("Note: " + s["mfu_record"]["note"] + ".")
+    if "export_refused" in s:
+        r = s["export_refused"]
+        out.append(f"Note: `hetplan export --to {r['target']}` refuses this plan: {r['message']} (fix: {r['fix']}); "
+                   "the numbers price a run it does not launch.")
     return out
 
 

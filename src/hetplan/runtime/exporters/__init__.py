@@ -75,7 +75,7 @@ from hetplan.runtime.exporters.torchtitan import (TORCHTITAN_03_MODELS, TORCHTIT
 
 __all__ = ["TARGETS", "TARGET_FRAMEWORK", "TORCHTITAN_03_MODELS", "TORCHTITAN_FLAVORS", "VERSIONS", "Export",
            "balanced_split_ds", "export", "export_deepspeed", "export_megatron", "export_torchtitan",
-           "megatron_layout", "release"]
+           "launch_refusal", "megatron_layout", "release"]
 
 
 def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None = None,
@@ -135,6 +135,19 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
                         "sockets; set NCCL_SOCKET_IFNAME to the data-network interface")
         out.notes.append("Ethernet between nodes: launch with NCCL_IB_DISABLE=1 and NCCL_SOCKET_IFNAME set")
     return out
+
+
+def launch_refusal(plan: Plan, spec: ModelSpec) -> dict | None:
+    """What ``hetplan export`` answers for ``plan``'s own framework (its target in :data:`TARGET_FRAMEWORK`, the
+    target's default release) when it cannot write the launch: ``{"target", "field", "message", "fix"}``, else
+    None. The estimate prices the job's framework running the plan, so a refusal means the numbers describe a run
+    that no export here launches (e.g. Gemma's post-norms under Megatron-LM's ``pretrain_gpt.py``)."""
+    target = next(t for t, fw in TARGET_FRAMEWORK.items() if fw == plan.job.framework)
+    try:
+        export(plan, spec, target)
+    except HetplanError as e:
+        return {"target": target, "field": e.field, "message": e.message, "fix": e.fix}
+    return None
 
 
 def _head_line(out: Export, line: str) -> None:
