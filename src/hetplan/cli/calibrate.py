@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     @app.command("calibrate", short_help="Fit the stack factors your measured runs identify into a calibration "
                  "file (or, with --calibration, check one).")
     def calibrate(
-        runs: list[Path] = typer.Argument(..., help="CSV files of measured runs — columns named after `hetplan "
+        runs: list[Path] = typer.Argument(..., metavar="RUNS", help="CSV files of measured runs — columns named after `hetplan "
                                           "plan`'s flags (model, gpu, gpus, seq_len, global_batch, mbs, tp, pp, dp, "
                                           "cp, ep, virtual_stages, zero, recompute, dtype, fp8_recipe, attention, "
                                           "framework, stack, node or inter_node_gbit; fsdp_shard for HSDP, "

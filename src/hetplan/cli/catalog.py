@@ -183,7 +183,7 @@ def _print_field(con, name: str, shown: str, source: str) -> None:
 
 @catalog_app.command("stacks")
 def stacks(
-    name: Optional[str] = typer.Argument(None, help="NAME[@VERSION|@YYYY-MM]: one release with every field's source."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME", help="NAME[@VERSION|@YYYY-MM]: one release with every field's source."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every field and its source)."),
 ) -> None:
     """Software stacks: what each framework release runs (GEMM path, attention kernel by GPU, sequence
@@ -245,7 +245,7 @@ _KERNEL_SHORT = {"flashinfer": "fi", "trtllm-fmha": "fmha", "xformers": "xf"}
 
 @catalog_app.command("engines")
 def engines(
-    name: Optional[str] = typer.Argument(None, help="ENGINE[@VERSION]: one release with every field's source."),
+    name: Optional[str] = typer.Argument(None, metavar="ENGINE", help="ENGINE[@VERSION]: one release with every field's source."),
     engines_file: Optional[str] = typer.Option(None, "--engines", help="User TOML extending the engine data."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every field and its source)."),
 ) -> None:

@@ -29,7 +29,7 @@ from hetplan.search.planner import check_job
 
 
 def estimate_command(
-    plan_file: Path = typer.Argument(..., help="A plan JSON (as written by `hetplan plan -o`)."),
+    plan_file: Path = typer.Argument(..., metavar="PLAN.json", help="A plan JSON (as written by `hetplan plan -o`)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
     timeline: Optional[Path] = typer.Option(None, "--timeline", help="Draw the pipeline schedule (Gantt chart) to this PNG."),

@@ -134,7 +134,7 @@ def _print_provenance(con, lines: list[dict]) -> None:
 
 
 def plan_command(
-    job_file: Optional[Path] = typer.Argument(None, help="Job TOML with sections \\[job], \\[\\[inventory]], \\[objective], \\[pin] (see examples/)."),
+    job_file: Optional[Path] = typer.Argument(None, metavar="JOB.toml", help="Job TOML with sections \\[job], \\[\\[inventory]], \\[objective], \\[pin] (see examples/)."),
     model: Optional[str] = typer.Option(None, "--model", help="Preset name or path to a HF config.json."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per iteration."),

@@ -90,8 +90,8 @@ def comm(
 
 @profile_app.command("import")
 def import_(
-    fmt: str = typer.Argument(..., help="fasop | aceso | espresso"),
-    path: Path = typer.Argument(..., help="FASOP CSV, Aceso profiled-time folder, or an Espresso run folder."),
+    fmt: str = typer.Argument(..., metavar="FORMAT", help="fasop | aceso | espresso"),
+    path: Path = typer.Argument(..., metavar="PATH", help="FASOP CSV, Aceso profiled-time folder, or an Espresso run folder."),
     db: str = typer.Option(DEFAULT_DB, "--db"),
     models: Optional[list[str]] = typer.Option(None, "--model", help="LABEL=MODEL: the model (preset or config.json) "
                                                "whose layers the files labelled LABEL measure, e.g. gpt_1_3B="
@@ -129,7 +129,7 @@ def import_(
 
 @profile_app.command("export-csv")
 def export_csv(
-    out: Path = typer.Argument(..., help="CSV file to write (e.g. src/hetplan/profile/data/h200-2026-11.csv)."),
+    out: Path = typer.Argument(..., metavar="OUT.csv", help="CSV file to write (e.g. src/hetplan/profile/data/h200-2026-11.csv)."),
     db: str = typer.Option(DEFAULT_DB, "--db"),
     source: Optional[str] = typer.Option("hetplan-profiler", "--source", help="Only rows of this source ('' = all)."),
 ) -> None:

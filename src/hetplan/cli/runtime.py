@@ -42,7 +42,7 @@ _THR = typer.Option(1, "--threads", min=1, help="torch threads per rank on CPU."
 
 
 def run_cmd(
-    plan: Path = typer.Argument(..., help="Plan JSON."),
+    plan: Path = typer.Argument(..., metavar="PLAN.json", help="Plan JSON."),
     iterations: int = _ITER, warmup: int = _WARM, schedule: Optional[str] = _SCHED, virtual_stages: int = _VIRT,
     dp_mode: Optional[str] = _DPM, dtype: Optional[str] = _DT, nnodes: int = _NN, node_rank: int = _NR,
     rdzv_endpoint: Optional[str] = _RDZV, max_procs: Optional[int] = _MAXP, timeout: float = _TO, threads: int = _THR,
@@ -150,9 +150,9 @@ def _print_energy(c: Console, e: dict) -> None:
 
 
 def export_cmd(
-    plan: Path = typer.Argument(..., help="Plan JSON."),
+    plan: Path = typer.Argument(..., metavar="PLAN.json", help="Plan JSON."),
     to: str = typer.Option(..., "--to", help="megatron, deepspeed or torchtitan."),
-    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Write the files here (default: print them)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", "-o", help="Write the files here (default: print them)."),
     virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", help="Interleaved schedule chunks per rank."),
     framework_version: Optional[str] = typer.Option(
         None, "--framework-version", help="Release to write for: torchtitan 0.3 (default: --module/--config + "
@@ -192,7 +192,7 @@ def export_cmd(
 
 
 def import_cmd(
-    files: list[Path] = typer.Argument(..., help="A Megatron-LM launch script or arguments file; a torchtitan 0.3 "
+    files: list[Path] = typer.Argument(..., metavar="FILES", help="A Megatron-LM launch script or arguments file; a torchtitan 0.3 "
                                        "launch (+ hetplan_torchtitan_job.py) or 0.2 TOML (+ launch.sh); a DeepSpeed "
                                        "JSON config + its launch script."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the plan JSON here (default: print)."),
@@ -244,7 +244,7 @@ def import_cmd(
 
 
 def verify_cmd(
-    plan: Path = typer.Argument(..., help="Plan JSON."),
+    plan: Path = typer.Argument(..., metavar="PLAN.json", help="Plan JSON."),
     db: Optional[str] = typer.Option(None, "--db", help="Profile database to use/extend (default: a temporary one)."),
     repeats: int = typer.Option(25, "--repeats", min=1, help="Timing repeats (minimum taken) on both sides."),
     iterations: int = _ITER, warmup: int = _WARM, schedule: Optional[str] = _SCHED, virtual_stages: int = _VIRT,

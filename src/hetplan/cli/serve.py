@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("serve")
     def serve_cmd(
-        config: Path = typer.Argument(..., help="SERVE.toml (see examples/serve/serve.toml)"),
+        config: Path = typer.Argument(..., metavar="SERVE.toml", help="SERVE.toml (see examples/serve/serve.toml)"),
         host: str = typer.Option(None, help="override api.host (default 127.0.0.1; other addresses need --token)"),
         port: int = typer.Option(None, min=0, max=65535, help="override api.port"),
         token: str = typer.Option(None, envvar="HETPLAN_SERVE_TOKEN", show_envvar=True,
@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("simulate")
     def simulate_cmd(
-        workload: Path = typer.Argument(..., help="WORKLOAD.toml (see examples/serve/workload.toml)"),
+        workload: Path = typer.Argument(..., metavar="WORKLOAD.toml", help="WORKLOAD.toml (see examples/serve/workload.toml)"),
         as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
         policy: str = typer.Option(None, help="override scheduler.policy (lru, load_aware)"),
         export: str = typer.Option(None, "--export", help="also write one launch command per model for this "
@@ -155,7 +155,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("capacity")
     def capacity_cmd(
-        workload: Path = typer.Argument(..., help="WORKLOAD.toml (see examples/serve/capacity.toml)"),
+        workload: Path = typer.Argument(..., metavar="WORKLOAD.toml", help="WORKLOAD.toml (see examples/serve/capacity.toml)"),
         gpus: str = typer.Option(None, "--gpus", help="candidate GPU types, comma-separated (default: "
                                  "capacity.gpus, else cluster.gpu; with none the command refuses)"),
         catalog: Path = typer.Option(None, "--catalog", help="GPU catalog TOML extending or overriding the "
