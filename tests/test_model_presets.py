@@ -18,8 +18,8 @@ REQUIRED = [
     "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b",
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "mistral-7b",
     "open-llama-3b-v2", "opt-125m", "opt-1.3b", "opt-13b", "opt-175b", "gpt2-xl", "gpt-neox-20b",
-    "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "llama4-scout",
-    "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b",
+    "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b",
+    "llama4-scout", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b",
     "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b", "gemma2-9b", "gemma2-27b", "gemma3-1b", "gemma3-4b", "gemma3-12b",
     "gemma3-27b", "phi3-mini", "phi4",
 ]
@@ -167,6 +167,7 @@ MOE_PUBLISHED = {
     "qwen3-235b-a22b": (235e9, 22e9, True),
     "deepseek-v3": (671e9, 37e9, True),
     "gpt-oss-120b": (116.83e9, 5.13e9, False),
+    "gpt-oss-20b": (20.91e9, 3.61e9, False),
     "llama4-scout": (109e9, 17e9, True),
 }
 
