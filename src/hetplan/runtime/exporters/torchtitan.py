@@ -234,7 +234,8 @@ def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
 #: wheel. A flavor without a config function is built by the generated module on the config of a sibling.
 TORCHTITAN_03_MODELS: dict[str, tuple[str, str | None, str]] = {
     "llama3-8b": ("llama3", "llama3_8b", "8B"), "llama3-70b": ("llama3", "llama3_70b", "70B"),
-    "llama3-405b": ("llama3", "llama3_405b", "405B"), "qwen3-8b": ("qwen3", None, "8B"),
+    "llama3-405b": ("llama3", "llama3_405b", "405B"), "llama3.2-1b": ("llama3", None, "1B"),
+    "llama3.2-3b": ("llama3", None, "3B"), "qwen3-8b": ("qwen3", None, "8B"),
     "qwen3-32b": ("qwen3", "qwen3_32b", "32B"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", "30B-A3B"),
     "qwen3-235b-a22b": ("qwen3", None, "235B-A22B"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B"),
     "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", "120b"), "gpt-oss-20b": ("gpt_oss", None, "20b"),
