@@ -19,7 +19,7 @@ REQUIRED = [
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "llama3.2-1b", "llama3.2-3b",
     "mistral-7b",
     "open-llama-3b-v2", "opt-125m", "opt-1.3b", "opt-13b", "opt-175b", "gpt2-xl", "gpt-neox-20b",
-    "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b",
+    "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "deepseek-v2-lite", "gpt-oss-120b", "gpt-oss-20b",
     "llama4-scout", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b",
     "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b", "gemma2-9b", "gemma2-27b", "gemma3-1b", "gemma3-4b", "gemma3-12b",
     "gemma3-27b", "phi3-mini", "phi4",
@@ -54,7 +54,7 @@ def test_preset_file_is_well_formed(name):
     assert name == name.lower()
     raw = _raw(name)
     assert raw["model_type"] in ("llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "bloom", "mixtral",
-                                 "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4", "qwen2", "qwen3", "mpt", "gemma2",
+                                 "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4", "qwen2", "qwen3", "mpt", "gemma2",
                                  "gemma3_text", "gemma3", "phi3")
     assert isinstance(raw["published_parameters"], int)
     assert raw["source"].strip()

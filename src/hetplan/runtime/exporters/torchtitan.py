@@ -238,6 +238,7 @@ TORCHTITAN_03_MODELS: dict[str, tuple[str, str | None, str]] = {
     "llama3.2-3b": ("llama3", None, "3B"), "qwen3-8b": ("qwen3", None, "8B"),
     "qwen3-32b": ("qwen3", "qwen3_32b", "32B"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", "30B-A3B"),
     "qwen3-235b-a22b": ("qwen3", None, "235B-A22B"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B"),
+    "deepseek-v2-lite": ("deepseek_v3", None, "16B"),
     "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", "120b"), "gpt-oss-20b": ("gpt_oss", None, "20b"),
 }
 #: the config function a module's other flavors start from (its training/parallelism defaults are overridden)
