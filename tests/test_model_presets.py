@@ -20,7 +20,7 @@ REQUIRED = [
     "mistral-7b",
     "open-llama-3b-v2", "opt-125m", "opt-1.3b", "opt-13b", "opt-175b", "gpt2-xl", "gpt-neox-20b",
     "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "deepseek-v2-lite", "gpt-oss-120b", "gpt-oss-20b",
-    "llama4-scout", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b",
+    "llama4-scout", "qwen2.5-7b", "qwen2.5-72b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b",
     "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b", "gemma2-9b", "gemma2-27b", "gemma3-1b", "gemma3-4b", "gemma3-12b",
     "gemma3-27b", "phi3-mini", "phi4",
 ]

@@ -235,7 +235,9 @@ def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
 TORCHTITAN_03_MODELS: dict[str, tuple[str, str | None, str]] = {
     "llama3-8b": ("llama3", "llama3_8b", "8B"), "llama3-70b": ("llama3", "llama3_70b", "70B"),
     "llama3-405b": ("llama3", "llama3_405b", "405B"), "llama3.2-1b": ("llama3", None, "1B"),
-    "llama3.2-3b": ("llama3", None, "3B"), "qwen3-8b": ("qwen3", None, "8B"),
+    "llama3.2-3b": ("llama3", None, "3B"), "qwen3-0.6b": ("qwen3", "qwen3_0_6b", "0.6B"),
+    "qwen3-1.7b": ("qwen3", "qwen3_1_7b", "1.7B"), "qwen3-4b": ("qwen3", None, "4B"), "qwen3-8b": ("qwen3", None, "8B"),
+    "qwen3-14b": ("qwen3", "qwen3_14b", "14B"),
     "qwen3-32b": ("qwen3", "qwen3_32b", "32B"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", "30B-A3B"),
     "qwen3-235b-a22b": ("qwen3", None, "235B-A22B"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B"),
     "deepseek-v2-lite": ("deepseek_v3", None, "16B"),
