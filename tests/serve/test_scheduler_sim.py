@@ -398,3 +398,43 @@ def test_windowed_pool_runs_more_sequences_than_whole_layers():
         assert all(r.output_tokens == 48 for r in res.records)
     assert out[True].preemptions < out[False].preemptions
     assert max(r.finish_s for r in out[True].records) < max(r.finish_s for r in out[False].records)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 3), st.integers(1, 40), st.integers(1, 24)), min_size=1, max_size=25),
+       st.integers(0, 20), st.sampled_from([1, 4, 16]), st.one_of(st.none(), st.integers(8, 64)), st.booleans(),
+       st.integers(1, 8), st.sampled_from([4, 8, 32]))
+def test_windowed_pool_every_request_gets_all_its_tokens(shape, extra_blocks, block, budget, chunked, batch, window):
+    """Any workload, pool, block size, token budget, batch and window, with whole layers and with the window
+    layers returning their blocks as sequences decode past the window: every request finishes once with all its
+    tokens, and the pool is whole again at the end (no block lost or freed twice on the way)."""
+    from unittest import mock
+
+    import hetplan.serve.simulator as simulator_module
+
+    made: list[Scheduler] = []
+
+    class Recorded(Scheduler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    m = _window_model(window=window)
+    reqs = [Request(i, "m", t, p, n) for i, (t, p, n) in enumerate(sorted(shape))]
+    longest = max(p + n for _, p, n in shape)
+    blocks = -(-longest // block) + extra_blocks
+    if budget is not None and not chunked:
+        budget = max(budget, longest)
+    out = {}
+    for windowed in (False, True):
+        model = SimModel("m", [1], LinearStepModel(base_s=1.0), kv_blocks=blocks,
+                         kv_window_spec=m if windowed else None)
+        with mock.patch.object(simulator_module, "Scheduler", Recorded):
+            out[windowed] = simulate([model], reqs, capacity_bytes=10, policy=Policy(),
+                                     swap_cost=_const_swap(0.0), preload=["m"], block_tokens=block,
+                                     max_batched_tokens=budget, chunked_prefill=chunked, max_seq_tokens=longest,
+                                     max_batch_size=batch, max_queue_len=1000)
+        assert all(r.finish_s is not None and r.output_tokens == q.max_new_tokens for r, q in
+                   zip(sorted(out[windowed].records, key=lambda r: r.id), reqs))
+        sched = made[-1]
+        assert not sched.seqs and sched.free_blocks == sched.kv_blocks
