@@ -82,7 +82,7 @@ def estimate_command(
                                fix="pip install 'hetplan[plot]'") from None
     summary = plan_summary(plan, est)
     add_intervals([summary], cat, cal)
-    add_launch_refusals([summary], [plan])
+    add_launch_refusals([summary], [plan], m)
     if as_json:
         print(json.dumps(dict(summary, estimate=asdict(est), prices=prices), indent=1))
         return

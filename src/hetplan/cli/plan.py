@@ -307,12 +307,12 @@ def plan_command(
     fine = _fine(job, inv, obj, pins, cat, result, profile_db) if search == "fine" else None
     if fine is not None:
         summaries.insert(0, plan_summary(fine.plan, fine.estimate, "fine-grained search (bottleneck alleviation)"))
-    add_launch_refusals(summaries, ([fine.plan] if fine else []) + [rp.plan for rp in result.plans])
     best = fine.plan if fine else result.plans[0].plan
-    check_plan(best, load_model(best.job.model))  # the search proposes only valid plans; the validator has the last word
+    spec = load_model(best.job.model)
+    check_plan(best, spec)  # the search proposes only valid plans; the validator has the last word
+    add_launch_refusals(summaries, ([fine.plan] if fine else []) + [rp.plan for rp in result.plans], spec)
     if output is not None:
-        write_output(output, (fine.plan if fine else result.plans[0].plan).model_dump_json(indent=2) + "\n",
-                     "--output")
+        write_output(output, best.model_dump_json(indent=2) + "\n", "--output")
     base = _baseline(baseline, cat, summaries[0], job) if baseline is not None else None
     if usd_per_kwh is not None and not energy:
         raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
@@ -425,13 +425,14 @@ def _interval_text(s: dict) -> str:
     return f"±{hi} %" if lo == -hi else f"{lo:+d}/{hi:+d} %"
 
 
-def add_launch_refusals(summaries: list[dict], plans: list) -> None:
-    """Add ``export_refused`` (:func:`hetplan.runtime.exporters.launch_refusal`) to the summary of each plan that
-    ``hetplan export`` cannot launch under its own framework: its numbers price a run no export here writes."""
+def add_launch_refusals(summaries: list[dict], plans: list, spec) -> None:
+    """Add ``export_refused`` (:func:`hetplan.runtime.exporters.launch_refusal`) to the summary of each plan of
+    model ``spec`` that ``hetplan export`` cannot launch under its own framework: its numbers price a run no export
+    here writes."""
     from hetplan.runtime.exporters import launch_refusal
 
     for s, p in zip(summaries, plans):
-        refusal = launch_refusal(p, load_model(p.job.model))
+        refusal = launch_refusal(p, spec)
         if refusal is not None:
             s["export_refused"] = refusal
 
