@@ -301,3 +301,22 @@ def test_pinned_tp_across_nodes_is_refused_naming_the_node():
         search_plans(Job(model="llama2-7b", seq_len=4096, global_batch=64),
                      Inventory(pools=[GPUPool(gpu="H100-SXM", count=32)]), pins=Pins(tp=16))
     assert err.value.field == "pin.tp"
+
+
+@pytest.mark.parametrize("gpus_per_node", [3, 6])
+def test_no_tp_group_straddles_nodes_of_an_odd_size(gpus_per_node):
+    """On nodes of 3 or 6 GPUs the search proposed TP 2 stages starting at GPU 2 (and TP 4 on 6-GPU nodes), which
+    the plan rules then refused (``tp-within-node``), failing the whole search with an error about a stage the user
+    never wrote: every proposed plan now keeps its TP groups inside nodes, and a pinned TP no node size is a
+    multiple of is refused naming ``pin.tp``."""
+    from hetplan.plan_rules import violations
+
+    job = Job(model="llama3-8b", seq_len=4096, global_batch=8)
+    inv = Inventory(pools=[GPUPool(gpu="H100-SXM", count=12, gpus_per_node=gpus_per_node)])
+    ranked = search_plans(job, inv, top_k=20).plans
+    assert ranked and all(not violations(r.plan, load_model("llama3-8b")) for r in ranked)
+    assert {st.tp for r in ranked for st in r.plan.stages} <= {t for t in (1, 2, 4) if gpus_per_node % t == 0}
+    if gpus_per_node == 6:
+        with pytest.raises(HetplanError, match="TP 4 groups would straddle nodes") as err:
+            search_plans(job, inv, pins=Pins(tp=4))
+        assert err.value.field == "pin.tp"

@@ -99,6 +99,21 @@ def _beyond(releases: list, version: str) -> bool:
     return want is not None and last is not None and want[:2] == last[:2] and want[2][:2] > last[2][:2]
 
 
+def _series_end(releases: list, version: str):
+    """The last listed release of the numbering a ``version`` shares (prefix and digits of the first number) when a
+    later listed release is numbered otherwise and ``version`` is a newer major or minor release than it, else None:
+    that numbering ended there (Megatron-LM's tags ``v2.0`` … ``v3.0.2`` gave way to ``23.04`` and ``core_r0.x``),
+    so ``megatron-lm@4.0`` names no release, where it resolved to ``3.0`` of 2022."""
+    want = _numbered(version)
+    if want is None:
+        return None
+    same = [r for r in releases if (n := _numbered(r.version)) is not None and n[:2] == want[:2]]
+    if not same or same[-1] is releases[-1]:
+        return None
+    last = _numbered(same[-1].version)
+    return same[-1] if want[2][:2] > last[2][:2] else None
+
+
 _YY_MM = re.compile(r"^(\d{2})\.(\d{2})$")
 
 #: Numbered releases of stacks whose catalog entries are months, with the month of the tagged commit: a
@@ -439,6 +454,11 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
                                "changed", field=field,
                                fix=f"write {name} (or @{releases[-1].version}) to price the latest release it "
                                    "knows, or calibrate on your runs (hetplan calibrate)")
+        if (end := _series_end(releases, version)) is not None:
+            later = releases[releases.index(end) + 1]
+            raise HetplanError(f"{name} has no release {version!r}: its releases numbered like {end.version} end "
+                               f"there ({end.released}), the next is {later.version}", field=field,
+                               fix=f"use one of {', '.join(r.version for r in releases)}, or a month YYYY-MM")
         if listed is not None:  # a release between two listed ones: the one in force, as a month resolves
             return listed
         tags = f", a tag ({', '.join(tagged)})" if tagged else ""

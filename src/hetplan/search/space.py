@@ -108,11 +108,13 @@ def divisors(n: int) -> list[int]:
 
 
 def tp_degrees(m: ModelSpec, gpus_per_node: int, available: int, stack=None) -> list[int]:
-    """TP degrees allowed: powers of two ≤ min(GPUs per node, available) dividing heads and KV heads (only 1
-    where ``stack`` lacks TP, :func:`stack_has`)."""
+    """TP degrees allowed: powers of two ≤ min(GPUs per node, available) dividing heads and KV heads, and the node
+    (so that no TP group straddles two nodes, :mod:`hetplan.plan_rules` ``tp-within-node``: a stage's groups start
+    at multiples of its TP degree; on nodes of 6 GPUs TP 4 would); only 1 where ``stack`` lacks TP
+    (:func:`stack_has`)."""
     out, t = [], 1
     while t <= min(gpus_per_node, available) and (t == 1 or stack_has(stack, "tp")):
-        if m.num_attention_heads % t == 0 and m.num_kv_heads % t == 0:
+        if m.num_attention_heads % t == 0 and m.num_kv_heads % t == 0 and gpus_per_node % t == 0:
             out.append(t)
         t *= 2
     return out
