@@ -478,3 +478,50 @@ def test_per_linear_fp8_speedup_is_not_above_torchaos_microbenchmark(h100):
         cast_f, cast_b = fp8.layer_cast_time_s(h100, "rowwise", [(M, N, K, 1)])
         f8 = 3 * compute.gemm_time_s(h100, "fp8", M, N, K) + cast_f + cast_b
         assert 0.75 * measured <= float(bf16 / f8) <= 1.05 * measured, (K, N)
+
+
+#: IBM and Meta, "Supercharging Training using float8 and FSDP2" (PyTorch blog, 2024-11-25;
+#: pytorch/pytorch.github.io ``_posts/2024-11-25-training-using-float8-fsdp2.md``): torchtitan, FSDP2,
+#: ``torch.compile`` for both dtypes, torchao float8 tensor-wise scaling with the float8 FSDP all-gather, SDPA in
+#: bf16, sequence 8,192, H100; the 405B with 4-way DTensor TP. Tokens/s per GPU (bf16, float8) of Table 1 (128
+#: GPUs) and Table 3 (512 GPUs, IBM Cloud, 3.2 Tb/s RoCE per node). Each row's batch size and activation
+#: checkpointing are "the best" the authors found for each dtype and are not published.
+FLOAT8_FSDP2_BLOG = [  # model (config of the row), GPUs, TP, bf16 tokens/s/GPU, float8 tokens/s/GPU
+    ("llama3_1.8b", 128, 1, 29_000, 35_000), ("llama3-8b", 128, 1, 8_000, 10_000), ("llama3-70b", 128, 1, 956, 1_430),
+    ("llama3-405b", 128, 4, 149, 227), ("llama3-70b", 512, 1, 960, 1_448), ("llama3-405b", 512, 4, 152, 217)]
+#: The blog's 1.8B: IBM fms-fsdp's ``llama3_1.8b`` (foundation-model-stack/fms-fsdp ``fms_fsdp/utils/config_utils.py``:
+#: emb_dim 2048, 16 heads, 8 KV heads, 24 layers, hidden_grow_factor 3.5, vocabulary 128,256, untied output).
+LLAMA3_1_8B = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+               "num_key_value_heads": 8, "intermediate_size": 7168, "vocab_size": 128256,
+               "max_position_embeddings": 8192, "tie_word_embeddings": False, "rope_theta": 500000.0}
+
+
+@pytest.mark.parametrize("name, gpus, tp, bf16, float8", FLOAT8_FSDP2_BLOG)
+def test_float8_fsdp2_speedup_matches_the_published_runs(tmp_path, name, gpus, tp, bf16, float8):
+    """The float8 / bf16 speed-up of torchtitan's FSDP2 + compile + tensor-wise float8 (the blog above: 1.21 /
+    1.25 / 1.50 / 1.52 at 128 GPUs, 1.51 / 1.43 at 512) is predicted within 10 % for every micro-batch and
+    activation checkpointing at which both dtypes fit — what the authors searched over (achieved: 1.8B 1.13-1.16,
+    the casts of its small GEMMs; 8B 1.27-1.30; 70B 1.46-1.48 at both scales; 405B 1.51-1.54 at 128 GPUs and
+    1.51-1.56 at 512, where the blog measured 1.43). The speed-up, not the rate, is what the unpublished batch
+    and checkpointing leave identified (the rates: bf16 70B 820-899 tokens/s predicted where 956 / 960 ran)."""
+    import json
+
+    model = name
+    if name == "llama3_1.8b":
+        model = str(tmp_path / "llama3_1.8b.json")
+        (tmp_path / "llama3_1.8b.json").write_text(json.dumps(LLAMA3_1_8B))
+    layers, dp, checked = load_model(model).num_layers, gpus // tp, 0
+    for mbs in (1, 2, 4):
+        for recompute in ("none", "selective", "full"):
+            est = {dtype: estimate(Plan(
+                job=Job(model=model, seq_len=8192, global_batch=dp * mbs, dtype=dtype, framework="fsdp",
+                        stack="torchtitan@2024-11", torch_compile=True),
+                pools=[GPUPool(gpu="H100-SXM", count=gpus)], mbs=mbs, zero=3, sequence_parallel=tp > 1,
+                stages=[Stage(pool=0, num_layers=layers, tp=tp, dp=dp, recompute=recompute)]))
+                for dtype in ("bf16", "fp8")}
+            if not (est["bf16"].fits and est["fp8"].fits):
+                continue
+            speedup = est["bf16"].iteration_time_s / est["fp8"].iteration_time_s
+            assert speedup == pytest.approx(float8 / bf16, rel=0.10), (mbs, recompute)
+            checked += 1
+    assert checked >= 2
