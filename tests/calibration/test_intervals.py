@@ -125,6 +125,36 @@ def test_mfu_record_is_the_best_measured_row():
     assert rec.key in s["mfu_record"]["note"]
 
 
+def test_mfu_record_says_what_the_plan_runs_that_the_record_did_not():
+    """The record above GPT-3 175B's 62.6 % on 1,024 A100 (the bench_plan answer) is Korthikanti et al.'s 1T run
+    on Megatron-LM 3.0 of 2022 with selective recomputation and the unfused-score attention of then; the note
+    says so and what the plan runs instead (today's release, no recomputation, FlashAttention), and says when
+    nothing of that differs."""
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    rows = list(iv.load_residuals())
+    rec = iv.mfu_record(rows, "megatron-lm", "A100-SXM-80GB")
+    assert (rec.key, rec.release, rec.recompute, rec.attention) == ("k5:1T:selective", "megatron-lm@3.0",
+                                                                     "selective", "standard")
+    plan = Plan(job=Job(model="gpt3-175b", seq_len=2048, global_batch=1536), mbs=2, zero=1,
+                pools=[GPUPool(gpu="A100-SXM-80GB", count=1024)], virtual_stages=12,
+                stages=[Stage(num_layers=12, tp=4, dp=32) for _ in range(8)])
+    s = {"iteration_time_s": 17.0, "tokens_per_s": 1e5, "mfu": 0.626, "plan": plan.model_dump(mode="json")}
+    iv.annotate(s, iv.Interval(0.9, 1.2, 30, "x"), rec)
+    assert s["mfu_record"]["differs"] == {"release": "megatron-lm@core_r0.15", "recompute": "none",
+                                          "attention": "flash"}
+    assert s["mfu_record"]["note"].endswith("(k5:1T:selective: megatron-lm@3.0 of 2022-07, selective recomputation, "
+                                            "standard attention); this plan runs megatron-lm@core_r0.15 of 2026-01, "
+                                            "no recomputation, flash attention")
+    same = plan.model_copy(update={"job": plan.job.model_copy(update={"stack": "megatron-lm@3.0",
+                                                                       "attention": "standard"}),
+                                   "stages": [st.model_copy(update={"recompute": "selective"}) for st in plan.stages]})
+    s = {"iteration_time_s": 17.0, "tokens_per_s": 1e5, "mfu": 0.626, "plan": same.model_dump(mode="json")}
+    iv.annotate(s, iv.Interval(0.9, 1.2, 30, "x"), rec)
+    assert s["mfu_record"]["differs"] == {} and "runs the same release, recomputation and attention" in s[
+        "mfu_record"]["note"]
+
+
 @pytest.mark.slow
 def test_residual_table_is_current():
     """The shipped table equals what the current cost model gives (regenerate: hetplan validate --write-residuals)."""

@@ -84,7 +84,7 @@ SET_STACK = {
 
 RESIDUALS_FILE = "residuals.csv"
 COLUMNS = ("set", "key", "stack", "gpu", "generation", "moe", "num_gpus", "dtype", "predicted_time_s",
-           "measured_time_s", "measured_mfu")
+           "measured_time_s", "measured_mfu", "release", "recompute", "attention")
 
 
 def stack_name(job) -> str:
@@ -117,6 +117,7 @@ class Residual:
 
     Attributes:
         measured_mfu: the row's measured MFU (predicted MFU × predicted / measured time), hetplan's convention.
+        release, recompute, attention: :func:`run_setup` of the row's plan.
     """
 
     set: str
@@ -130,6 +131,10 @@ class Residual:
     predicted_time_s: float
     measured_time_s: float
     measured_mfu: float
+    #: What the run ran (:func:`run_setup`): the stack release that priced it, its recomputation and attention.
+    release: str = ""
+    recompute: str = ""
+    attention: str = ""
     #: :func:`scale_band` of ``num_gpus``, computed once: regimes are looked up over every row, per plan.
     band: str = field(init=False, repr=False, compare=False)
 
@@ -275,7 +280,8 @@ def _parse(text: str) -> list[Residual]:
     for row in csv.DictReader(io.StringIO(text)):
         out.append(Residual(row["set"], row["key"], row["stack"], row["gpu"], row["generation"], row["moe"] == "1",
                             int(row["num_gpus"]), row["dtype"], float(row["predicted_time_s"]),
-                            float(row["measured_time_s"]), float(row["measured_mfu"])))
+                            float(row["measured_time_s"]), float(row["measured_mfu"]), row["release"],
+                            row["recompute"], row["attention"]))
     return out
 
 
@@ -286,7 +292,8 @@ def residuals_csv(rows: Iterable[Residual]) -> str:
     w.writerow(COLUMNS)
     for r in rows:
         w.writerow([r.set, r.key, r.stack, r.gpu, r.generation, int(r.moe), r.num_gpus, r.dtype,
-                    f"{r.predicted_time_s:.9g}", f"{r.measured_time_s:.9g}", f"{r.measured_mfu:.6g}"])
+                    f"{r.predicted_time_s:.9g}", f"{r.measured_time_s:.9g}", f"{r.measured_mfu:.6g}", r.release,
+                    r.recompute, r.attention])
     return buf.getvalue()
 
 
@@ -349,7 +356,7 @@ def build_residuals() -> list[Residual]:
         gpu = cat.get(c.plan.pools[c.plan.stages[0].pool].gpu)
         out.append(Residual(c.set, c.key, case_stack(c), gpu.name, gpu_generation(gpu), bool(c.model.is_moe),
                             c.plan.num_gpus, c.plan.job.dtype, est.iteration_time_s, est.iteration_time_s * ratio,
-                            est.mfu / ratio))
+                            est.mfu / ratio, *run_setup(c.plan, stated_only=True)))
     return out
 
 
@@ -421,6 +428,32 @@ def fit_conformal_level(residuals: list[Residual], levels: Iterable[float] = CON
     return next((x for x in levels if per_set_coverage(coverage(residuals, x)) >= LEVEL), levels[-1])
 
 
+def run_setup(plan, stated_only: bool = False) -> tuple[str, str, str]:
+    """``(release, recompute, attention)`` of a plan (a :class:`~hetplan.plan.Plan` or its JSON dict): the stack
+    release that prices it (``megatron-lm@3.0``; with ``stated_only``, "" where the plan names no stack: a
+    validation row whose source does not say which release ran), its stages' recomputation (``none``,
+    ``selective``, ``full``; ``mixed`` where they differ) and its attention (``flash``, ``standard``, ``eager``) —
+    what tells an MFU record of 2022 from a plan on today's software (:func:`annotate`)."""
+    from hetplan.plan import Plan
+
+    plan = plan if isinstance(plan, Plan) else Plan.model_validate(plan)
+    recompute = {st.recompute for st in plan.stages}
+    release = plan.job.stack_spec().id if plan.job.stack or not stated_only else ""
+    return release, recompute.pop() if len(recompute) == 1 else "mixed", plan.job.attention
+
+
+def _setup_words(field: str, value: str) -> str:
+    """One :func:`run_setup` field in words: ``megatron-lm@3.0 of 2022-07``, ``selective recomputation`` (``no
+    recomputation``), ``standard attention``."""
+    if field == "release":
+        from hetplan.hardware.stacks import resolve_stack
+
+        return f"{value} of {resolve_stack(value).released}"
+    if field == "recompute":
+        return "no recomputation" if value == "none" else f"{value} recomputation"
+    return f"{value} {field}"
+
+
 def mfu_record(residuals: Iterable[Residual], stack: str, gpu: str) -> Residual | None:
     """The held-out validation run of ``stack`` on ``gpu`` with the highest measured MFU, or None."""
     rows = [r for r in residuals if r.stack == stack and r.gpu == gpu]
@@ -432,7 +465,9 @@ def annotate(summary: dict, interval: Interval | str, record: Residual | None) -
     regime, source, signed median; or ``{"unvalidated": reason}``), ``iteration_time_s_interval``,
     ``tokens_per_s_interval``, ``mfu_interval``, ``job_time_s_interval``, ``job_usd_interval`` (and
     ``job_energy_kwh_interval`` when energy is there), each ``[low, high]``; ``mfu_record`` when the predicted
-    MFU exceeds the best measured MFU of that stack on that GPU."""
+    MFU exceeds the best measured MFU of that stack on that GPU, with what the plan runs that the record did not
+    (``differs``: release, recomputation, attention, :func:`run_setup`; empty where it runs the record's setup,
+    which the note then says)."""
     if isinstance(interval, str):
         summary["interval"] = {"unvalidated": interval}
     else:
@@ -444,9 +479,17 @@ def annotate(summary: dict, interval: Interval | str, record: Residual | None) -
         for name in ("tokens_per_s", "mfu"):
             summary[f"{name}_interval"] = interval.of_inverse(summary[name])
     if record is not None and summary["mfu"] > record.measured_mfu:
-        summary["mfu_record"] = {"mfu": record.measured_mfu, "set": record.set, "key": record.key,
+        ran = {"release": record.release, "recompute": record.recompute, "attention": record.attention}
+        plan = dict(zip(ran, run_setup(summary["plan"]))) if "plan" in summary else {}
+        differs = {k: v for k, v in plan.items() if ran[k] and v != ran[k]}
+        record_setup = ", ".join(_setup_words(k, v) for k, v in ran.items() if v)
+        why = ("; this plan runs " + ", ".join(_setup_words(k, v) for k, v in differs.items())
+               if differs else "; this plan runs the same release, recomputation and attention" if plan else "")
+        summary["mfu_record"] = {"mfu": record.measured_mfu, "set": record.set, "key": record.key, "run": ran,
+                                 "differs": differs,
                                  "note": f"predicted MFU {summary['mfu']:.1%} is above the best measured for "
-                                         f"{record.stack} on {record.gpu}: {record.measured_mfu:.1%} ({record.key})"}
+                                         f"{record.stack} on {record.gpu}: {record.measured_mfu:.1%} ({record.key}"
+                                         + (f": {record_setup}" if record_setup else "") + ")" + why}
 
 
 def add_intervals(summaries: list[dict], catalog: Catalog, calibration=None) -> None:
