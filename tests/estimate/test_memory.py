@@ -206,23 +206,27 @@ def test_fsdp_bf16_resident_parameters_hold_two_two_four_bytes():
     assert float(b16.weights) == pytest.approx(2 * P / 8 + 2 * 2 * Lp)  # the gathered units stay bf16
 
 
-@pytest.mark.parametrize("loss,t,per_logit", [("fp32", 1, 12 + 2), ("fp32", 2, 16 + 2), ("bf16", 2, 6),
-                                              ("compiled", 2, 4)])
-def test_fsdp_cross_entropy_peak_per_logit(loss, t, per_logit):
+@pytest.mark.parametrize("loss,t,per_logit,stack", [
+    ("fp32", 1, 12 + 2, "torchtitan@2025-10"), ("fp32", 2, 16 + 2, "torchtitan@2025-10"),
+    ("bf16", 2, 6, "torchtitan@2025-10"), ("compiled", 2, 4, "torchtitan@2025-10"),
+    ("compiled", 1, 4 / 8, "torchtitan@0.3.0"), ("fp32", 1, (12 + 2) / 8, "torchtitan@0.3.0")])
+def test_fsdp_cross_entropy_peak_per_logit(loss, t, per_logit, stack):
     """The last stage's loss phase holds ``k·s·b·V/t`` bytes plus the output layer's saved input ``2·s·b·h`` (the
     whole sequence on every TP rank): eager on fp32-cast logits 12 (saved fp32 log-softmax, its fp32 gradient, the
     fp32 input gradient), 16 vocab-parallel under TP (DTensor's ``(grad_input + exp(x)) * grad_output``), eager
     bf16 6, compiled 4 (bf16 input saved, bf16 gradient written); the eager fp32 losses of a single stage 2 more,
     the deleted 16-bit logits' block the allocator cannot reuse for the 4-byte gradients
-    (:data:`hetplan.estimate.memory.LOGITS_HOLE_BYTES`). Where the loss phase is the peak, transient = loss − head
-    − recomputed layer."""
-    m = _gpt(L=2, h=1024, a=16, V=128000)
-    kw = _fsdp_kw(num_layers=2, has_head=True, single_stage=True, s=4096, t=t)
+    (:data:`hetplan.estimate.memory.LOGITS_HOLE_BYTES`). torchtitan 0.3.0's chunked loss (8 chunks) holds one
+    chunk's logits and the whole sequence's float32 hidden-state gradient accumulator, ``4·s·b·h``. Where the
+    loss phase is the peak, transient = loss − head − recomputed layer."""
+    m = _gpt(L=2, h=1024, a=16, V=512000)  # the loss phase is the peak, also for one chunk of eight
+    kw = _fsdp_kw(num_layers=2, has_head=True, single_stage=True, s=4096, t=t, stack=stack)
     mem = memory_of(m, cross_entropy=loss, **kw)
     logits = 4096 * m.padded_vocab_size() / t
     head = 4 * 4096 * (1024 + m.padded_vocab_size()) / t
     recomputed = float(mem.activations) - 2 * 2 * 4096 * 1024 - head  # full recompute: 2 layer inputs + head
-    loss_phase = per_logit * logits + 2 * 4096 * 1024
+    accumulator = 4 * 4096 * 1024 if stack == "torchtitan@0.3.0" else 0
+    loss_phase = per_logit * logits + 2 * 4096 * 1024 + accumulator
     assert float(mem.transient) == pytest.approx(loss_phase - head - recomputed, rel=1e-9)
 
 

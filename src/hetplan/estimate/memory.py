@@ -564,7 +564,8 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         raise HetplanError(f"unknown framework {framework!r}", field="job.framework",
                            fix="use 'megatron', 'deepspeed' or 'fsdp'")
     # sequence parallelism where the stack has it (hetplan.hardware.stacks)
-    sequence_parallel = np.asarray(work.sequence_parallel) & options.stack_spec().sequence_parallel
+    spec = options.stack_spec()
+    sequence_parallel = np.asarray(work.sequence_parallel) & spec.sequence_parallel
     dense, expert = moe.parameters_per_gpu(stage_parameters(m, num_layers, has_embedding, has_head, single_stage),
                                            moe.expert_parameters(m, num_layers), t, ep, etp)
     layer_params = layer_parameters_per_gpu(m, t, ep, etp)
@@ -579,7 +580,7 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         units = np.where(fsdp_reshards(zero, reshard_after_forward), FSDP_UNITS_IN_FLIGHT,
                          np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT))
         gathered = WEIGHT_BYTES if fp8_recipe is None else fp8.gathered_weight_bytes(
-            fp8.FP8, framework, options.stack_spec().optimizer_memory == "fsdp1", fp8_recipe)
+            fp8.FP8, framework, spec.optimizer_memory == "fsdp1", fp8_recipe)
         # In a pipeline (more than one stage) every unit of the stage stays unsharded from its first micro-batch
         # to its last, with its accumulated unsharded gradient (FSDP_PIPELINE_GRAD_BYTES); the embedding and
         # head are the root unit's, gathered in 16 bits (float8 converts linear layers only).
@@ -726,15 +727,19 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
                                  CROSS_ENTROPY_BYTES_PER_LOGIT[cross_entropy])
             per_logit = per_logit + np.where(np.asarray(single_stage) & (cross_entropy == "fp32"), LOGITS_HOLE_BYTES, 0)
             # plus the output layer's saved input, the whole sequence on every TP rank (torchtitan's ``output`` is
-            # ``ColwiseParallel(input_layouts=Shard(1))``: it all-gathers the sequence-parallel norm output)
-            loss = (per_logit * s * b * m.padded_vocab_size() / t + 2 * sbh) * np.asarray(has_head)
+            # ``ColwiseParallel(input_layouts=Shard(1))``: it all-gathers the sequence-parallel norm output). A
+            # chunked loss (StackSpec.loss_chunks: torchtitan's ChunkedLossWrapper) holds one chunk's logits at a
+            # time, and the float32 accumulator of the hidden states' gradient (GradAccumulator) the whole time.
+            chunks = spec.loss_chunks
+            accumulator = 4 * sbh if chunks > 1 else 0.0
+            loss = (per_logit * s * b * m.padded_vocab_size() / t / chunks + 2 * sbh + accumulator) * np.asarray(
+                has_head)
         transient = np.maximum(loss, recomputed + backward) - head - recomputed
         if framework == "megatron" and grad_reduce_dtype in ("bf16", "fp16"):
             # optimizer step: the fp32 copy of the owned 16-bit gradient shard, while the activations are freed
             step = MAIN_GRAD_COPY_BYTES * optim / OPTIMIZER_BYTES - activations
             transient = np.maximum(transient, step)
     allocated = tensors + transient
-    spec = options.stack_spec()
     ctx = context_bytes(spec.released)
     # outside the allocator: the CUDA context and what the stack's own runs measured above the footprint
     outside = ctx + spec.memory_residual_gib * 2**30

@@ -230,8 +230,12 @@ class StackSpec(BaseModel):
             the model (NCCL communicators' buffers, the allocator's cache) that the stack's runs measured; fitted on
             a seeded fraction of them, the rest held out (:mod:`hetplan.calibration.memory_fit`); counted in the
             footprint and in the fit test. 0 unless measured.
-        sources: one source per field (``gemm_factor``, ``tp_comm_factor`` and ``memory_residual_gib`` only
-            when not default) and for ``released``.
+        loss_chunks: under ``fsdp``, the pieces of the sequence the loss runs the output layer and the
+            cross-entropy on one after the other, each back-propagated before the next (torchtitan's
+            ``ChunkedLossWrapper``): only one piece's logits exist at a time (:mod:`hetplan.estimate.memory`). 1
+            (the whole sequence at once) unless the release's configs chunk it.
+        sources: one source per field (``gemm_factor``, ``tp_comm_factor``, ``memory_residual_gib`` and
+            ``loss_chunks`` only when not default) and for ``released``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -272,6 +276,7 @@ class StackSpec(BaseModel):
     gemm_factor: float = Field(default=1.0, gt=0.3, le=1.5)
     tp_comm_factor: float = Field(default=1.0, gt=0.1, le=1.5)
     memory_residual_gib: float = Field(default=0.0, ge=0.0, le=64.0)
+    loss_chunks: int = Field(default=1, ge=1, le=64)
     sources: dict[str, str]
 
     @property

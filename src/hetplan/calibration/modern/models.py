@@ -8,7 +8,7 @@ import re
 from hetplan.calibration.modern.rows import NotExpressibleError, cell_int, run_facts
 from hetplan.calibration.validation import gpt_model
 from hetplan.errors import HetplanError
-from hetplan.model.spec import ModelSpec
+from hetplan.model.spec import ModelSpec, load_model
 
 
 def row_model(r: dict) -> ModelSpec:
@@ -47,6 +47,11 @@ def row_model(r: dict) -> ModelSpec:
                          tied_embeddings=False, dropout=False, source=r["arch_source"])
     if "gpt" in low:
         return gpt_model(L, h, a, s, vocab=V or 50257)
+    if low.startswith("qwen3 "):  # Qwen3 dense: its preset (QK-norm, untied above 4B), checked against the row
+        spec = load_model(tag)
+        if (spec.num_layers, spec.hidden_size, spec.num_attention_heads) != (L, h, a):
+            raise NotExpressibleError(f"the row's shape (L {L}, h {h}, heads {a}) is not the {tag} preset's")
+        return spec
     raise NotExpressibleError(f"model {name!r} has no mapping to a model spec")
 
 
@@ -62,7 +67,7 @@ MOE_CONFIGS: dict[str, dict] = run_facts()["moe_models"]["configs"]
 def moe_model(r: dict) -> ModelSpec:
     """The preset of a MoE row (:data:`MOE_PRESETS`, else :data:`MOE_CONFIGS`) with the run's layer count;
     :class:`NotExpressibleError` when the model has no preset or the estimator has no MoE layers yet."""
-    from hetplan.model.spec import from_hf_config, load_model
+    from hetplan.model.spec import from_hf_config
 
     low = r["model"].lower()
     preset = next((v for k, v in MOE_PRESETS.items() if k in low), None)

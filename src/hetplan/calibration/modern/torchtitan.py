@@ -35,15 +35,17 @@ TORCHTITAN_TORCH_BEFORE_153383 = tuple(_FACTS["torch_before_153383"]["match"])
 
 
 #: The torchtitan release each source's runs used, by source (``[[torchtitan.release]]``: the month of the commit
-#: its write-up names): the rows run ``Job.stack = "torchtitan@YYYY-MM"``, the release in force then (the
-#: optimizer: foreach AdamW before pytorch/torchtitan#881 of 2025-02-24, fused after).
-TORCHTITAN_RELEASE = {f["match"]: f["month"] for f in _FACTS["release"]}
+#: its write-up names, or the release whose changes the runs' upstream build already had): the rows run
+#: ``Job.stack = "torchtitan@YYYY-MM"``, the release in force then (the optimizer: foreach AdamW before
+#: pytorch/torchtitan#881 of 2025-02-24, fused after), or ``torchtitan@VERSION``.
+TORCHTITAN_RELEASE = {f["match"]: f.get("release") or f["month"] for f in _FACTS["release"]}
 
 
 def torchtitan_stack(source: str) -> str | None:
-    """``torchtitan@YYYY-MM`` of a row's source (:data:`TORCHTITAN_RELEASE`), None if the source is not listed."""
-    month = next((v for k, v in TORCHTITAN_RELEASE.items() if k in source), None)
-    return f"torchtitan@{month}" if month else None
+    """``torchtitan@YYYY-MM`` (or ``@VERSION``) of a row's source (:data:`TORCHTITAN_RELEASE`), None if the source
+    is not listed."""
+    release = next((v for k, v in TORCHTITAN_RELEASE.items() if k in source), None)
+    return f"torchtitan@{release}" if release else None
 
 
 def _torchtitan_recompute(label: str) -> tuple[str, float]:
