@@ -65,8 +65,10 @@ class Job(UserInput):
             an amax pass over each tensor before its cast, :data:`hetplan.estimate.fp8.CAST_BYTES_PER_ELEMENT`).
             torchao float8's (fsdp, torchtitan's ``recipe_name``): ``tensorwise`` (with the FSDP2 / TP float8
             all-gathers), ``rowwise`` or ``rowwise_with_gw_hp`` (bf16 communication; the latter's weight-gradient
-            GEMMs in bf16). None: the stack's default (:func:`hetplan.estimate.fp8.recipe`: MXFP8 on Blackwell
-            under TE; the torchtitan release's ``fp8_recipe``, rowwise for 0.3.0).
+            GEMMs in bf16). ``mxfp8`` (Blackwell only): TE's ``MXFP8BlockScaling`` under megatron / deepspeed,
+            torchao's ``MXFP8Linear`` under fsdp (torchtitan's ``MXFP8LinearConverter``; bf16 communication).
+            None: the stack's default (:func:`hetplan.estimate.fp8.recipe`: MXFP8 on Blackwell under TE; the
+            torchtitan release's ``fp8_recipe``, rowwise for 0.3.0).
         optimizer: ``adam`` (mixed precision: fp32 master weights, fp32 momentum and variance; Megatron-LM's
             fp32 gradient accumulation buffer).
         attention: ``flash`` (the default: FlashAttention, Dao et al. 2022, causal: no s x s tensor stored, scores
@@ -162,7 +164,7 @@ class Job(UserInput):
     train_iterations: int | None = bounded(10**9, "a billion iterations is 1,000x any published run", default=None,
                                            gt=0)
     dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
-    fp8_recipe: Literal["delayed", "current", "tensorwise", "rowwise", "rowwise_with_gw_hp"] | None = None
+    fp8_recipe: Literal["delayed", "current", "tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"] | None = None
     optimizer: Literal["adam"] = "adam"
     attention: Literal["standard", "flash", "eager"] = "flash"
     framework: Literal["megatron", "deepspeed", "fsdp"] = "megatron"
@@ -300,7 +302,7 @@ class Job(UserInput):
             raise ValueError(f"fp8_recipe is an FP8 scaling recipe: it needs dtype = 'fp8' (got {self.dtype!r}); "
                              "fix: remove fp8_recipe (--fp8-recipe) or set dtype = 'fp8' (--dtype fp8)")
         torchao = self.fp8_recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-        if self.fp8_recipe is not None and torchao != (self.framework == "fsdp"):
+        if self.fp8_recipe not in (None, "mxfp8") and torchao != (self.framework == "fsdp"):  # mxfp8: both
             raise ValueError(f"fp8_recipe {self.fp8_recipe!r} is " + (
                 "torchao float8's (torchtitan): it needs framework 'fsdp'" if torchao else
                 "Transformer Engine's: it needs framework 'megatron' or 'deepspeed'") +

@@ -62,8 +62,8 @@ Rules (name: what must hold, and why):
   interleaved schedule of its own: Megatron-LM's and PyTorch's ``ScheduleInterleaved1F1B`` need a micro-batch
   count divisible by pp; the estimate's schedule raised on 2 or 3 at PP 4).
 * ``dtype-on-gpu``: every pool's GPU type has a tensor-core rate for ``job.dtype`` (FP8 needs Hopper, Ada,
-  Blackwell or CDNA3; BF16 needs Ampere or later): the export would otherwise write FP8 flags for an A100 plan
-  that ``estimate`` refuses. GPU types the package catalog does not know (a user's ``--catalog``) are left to
+  Blackwell or CDNA3; BF16 needs Ampere or later; ``fp8_recipe = "mxfp8"`` Blackwell): the export would
+  otherwise write FP8 flags for an A100 plan that ``estimate`` refuses. GPU types the package catalog does not know (a user's ``--catalog``) are left to
   the estimator.
 * ``framework-can-launch`` (``hetplan export``, checked against the target; :func:`launch_violations`): the
   framework release the export writes for runs the plan's layer split, interleaving, schedule, ZeRO mode (with
@@ -375,6 +375,11 @@ def _gpu_violations(plan: "Plan") -> list[PlanRuleError]:
             out.append(PlanRuleError(
                 "dtype-on-gpu", f"{gpu.name} (pool {p}) has no {dtype} tensor cores", field="plan.job.dtype",
                 fix=f"use dtype {' or '.join(have)}, or GPUs with {dtype}"))
+        elif dtype == "fp8" and plan.job.fp8_recipe == "mxfp8" and family != "Blackwell":
+            out.append(PlanRuleError(
+                "dtype-on-gpu", f"{gpu.name} (pool {p}, {family}) has no MXFP8 tensor cores: block-scaled FP8 "
+                "GEMMs are Blackwell's (sm100)", field="plan.job.fp8_recipe",
+                fix="use another fp8_recipe (or none: the stack's default), or Blackwell GPUs"))
     return out
 
 

@@ -525,3 +525,50 @@ def test_float8_fsdp2_speedup_matches_the_published_runs(tmp_path, name, gpus, t
             assert speedup == pytest.approx(float8 / bf16, rel=0.10), (mbs, recompute)
             checked += 1
     assert checked >= 2
+
+
+def test_torchao_mxfp8_casts_worked_example():
+    """torchao's MXFP8Linear under fsdp (torchao ``prototype/moe_training/mxfp8_linear.py`` ``mx_mm``): per
+    GEMM and micro-batch six casts, each reading bf16 and writing e4m3 plus one e8m0 scale per 32 elements (3 + 1/32
+    B per element; dim1 casts write the transposed copy directly, no bf16 transpose, no rescale) — forward x and W
+    along their rows, backward dY along rows and columns, W and x along their columns. Transformer Engine's MXFP8
+    (megatron) is another code path: its fused rowwise + columnwise cast, 4 + 2/32 B per element of x and dY."""
+    M, N, K = 8192, 6144, 4096
+    mk, mn, nk = M * K, M * N, N * K
+    c = 3 + 1 / 32
+    assert fp8.rowwise_cast_bytes("mxfp8", [(M, N, K, 1)]) == (c * mk + c * nk, c * mk + 2 * c * mn + c * nk)
+    b200 = load_catalog().get("B200")
+    bw = b200.hbm_bandwidth_bytes_per_s
+    f, b = fp8.layer_cast_time_s(b200, "mxfp8", [(M, N, K, 1)], framework="fsdp")
+    assert (f, b) == pytest.approx(((c * mk + c * nk) / bw, (c * mk + 2 * c * mn + c * nk) / bw))
+    te = fp8.layer_cast_time_s(b200, "mxfp8", [(M, N, K, 1)], framework="megatron")
+    assert te == pytest.approx(((4 + 2 / 32) * mk / bw, (4 + 2 / 32) * mn / bw))
+    # no FP8 communication under torchao's MXFP8, FP8 all-gathers under TE's
+    assert not fp8.fp8_gathers("mxfp8", "fsdp") and fp8.fp8_gathers("mxfp8", "megatron")
+    assert fp8.gathered_weight_bytes("fp8", "fsdp", recipe_name="mxfp8") == 2
+
+
+def test_mxfp8_is_blackwells_and_the_torchtitan_export_writes_it():
+    """``fp8_recipe = "mxfp8"`` under fsdp: refused on Hopper (plan rule ``dtype-on-gpu``; the search, naming
+    job.fp8_recipe), priced on Blackwell cheaper in casts than rowwise (no transposed bf16 copies, no rescale), and
+    exported as torchtitan 0.3's MXFP8LinearConverter on the blocks' linears (the output layer stays bf16, as
+    priced)."""
+    from hetplan.plan_rules import violations
+    from hetplan.runtime import exporters
+    from hetplan.search.planner import search_plans
+    from hetplan.plan import Inventory
+
+    spec = load_model("llama3-8b")
+    hopper = _fsdp_plan(None).model_copy(update={"job": _fsdp_plan(None).job.model_copy(update={"fp8_recipe": "mxfp8"})})
+    assert any(v.field == "plan.job.fp8_recipe" and "MXFP8" in str(v) for v in violations(hopper, spec))
+    with pytest.raises(HetplanError, match="MXFP8") as err:
+        search_plans(hopper.job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=16)]))
+    assert err.value.field == "job.fp8_recipe"
+    plans = {r: Plan.model_validate({**_fsdp_plan(None, "B200").model_dump(), "job": {
+        **_fsdp_plan(None, "B200").job.model_dump(), "fp8_recipe": r}}) for r in ("mxfp8", "rowwise")}
+    assert not violations(plans["mxfp8"], spec)
+    t = {r: estimate(p).iteration_time_s for r, p in plans.items()}
+    assert t["mxfp8"] < t["rowwise"]
+    job = exporters.export(plans["mxfp8"], spec, "torchtitan").files["hetplan_torchtitan_job.py"]
+    assert "MXFP8LinearConverter.Config(fqns=['attention', 'feed_forward', 'shared_experts']" in job
+    assert "Float8LinearConverter" not in job

@@ -147,7 +147,7 @@ def plan_command(
                                              "tensorwise, NeMo FP8-CS; default: delayed, MXFP8 on Blackwell); "
                                              "tensorwise | rowwise | rowwise_with_gw_hp, torchao's under "
                                              "--framework fsdp (default: the stack's, rowwise for torchtitan "
-                                             "0.3.0)."),
+                                             "0.3.0); mxfp8 (Blackwell), TE's or torchao's MXFP8Linear."),
     attention: Optional[str] = typer.Option(None, "--attention", help="flash (FlashAttention, causal; default), "
                                             "standard (s x s scores stored, Megatron-LM without --use-flash-attn) "
                                             "or eager (the same, unfused: Hugging Face eager attention)."),

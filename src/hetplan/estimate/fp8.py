@@ -82,6 +82,20 @@ gathered bf16 weight in every micro-batch under the rowwise recipes (their layer
 * ``mxfp8`` (Blackwell, TE ``MXFP8BlockScaling``; OCP Microscaling Formats spec v1.0): one E8M0 scale per 32
   elements, computed inside the cast kernel; row-wise and column-wise quantized copies instead of a transpose:
   read 2 B, write 1 + 1 B, plus one scale byte per 32 elements of each: 4 + 2/32 B per element.
+* ``mxfp8`` under ``fsdp`` (Blackwell, torchao ``MXFP8Linear``: torchtitan's ``MXFP8LinearConverter``,
+  ``torchtitan/components/quantization/mx.py``, config ``llama3_8b_mxfp8``; torchao
+  ``torchao/prototype/moe_training/mxfp8_linear.py`` ``mx_mm`` at pytorch/ao@36027d8, 2026-08): the autograd
+  function saves the bf16 input and weight and quantizes each operand, every micro-batch, along the axis each GEMM
+  reduces over — forward the input and the weight along their rows (``MXTensor.to_mx``, a Triton "dim0" kernel),
+  backward the output gradient along its rows for the data gradient and along its columns for the weight
+  gradient, the weight along its columns and the saved input along its columns (a CUDA "dim1" kernel that reads
+  the bf16 tensor and writes the transposed FP8 data and its scales in one pass). Each cast reads 2 B and writes
+  1 B plus one E8M0 scale per 32 elements; the GEMM applies the block scales itself (``torch._scaled_mm``, no
+  rescale pass). Per GEMM and micro-batch (:data:`ROWWISE_CAST_BYTES` ``"mxfp8"``): input 3 + 1/32 B forward and
+  backward, weight the same, output gradient 2 x (3 + 1/32) B in backward. No distributed communication carries
+  MXFP8 ("All distributed communication for MXFP8 training is currently done in high precision", torchtitan
+  ``components/quantization/mxfp8.md``; :func:`fp8_gathers`), and no scale needs an all-reduce under TP (a
+  block of 32 lies inside a rank's shard).
 
 **TP communication.** With sequence parallelism the all-gather before each column-parallel GEMM carries its
 already quantized FP8 input, and in backward the all-gather before each row-parallel GEMM's data-gradient GEMM its
@@ -192,14 +206,18 @@ TRANSPOSED_COPY_BYTES = 2.0
 ROWWISE = ("rowwise", "rowwise_with_gw_hp")
 #: Bytes per element of each operand of a linear GEMM, ``(forward, backward)``, per micro-batch (module doc,
 #: torchao ``roofline_utils.py``): the input ``M·K``, the output gradient ``M·N``, the weight ``N·K``.
+#: ``"mxfp8"``: torchao's ``MXFP8Linear`` under ``fsdp`` (module doc), each cast 3 B plus a scale byte per 32.
+MX_CAST_BYTES = 3.0 + 1.0 / 32.0
 ROWWISE_CAST_BYTES = {
     "rowwise": {"input": (3.0, 7.0), "grad_output": (0.0, 8.0), "weight": (3.0, 7.0)},
     "rowwise_with_gw_hp": {"input": (3.0, 0.0), "grad_output": (0.0, 3.0), "weight": (3.0, 3.0)},
+    "mxfp8": {"input": (MX_CAST_BYTES, MX_CAST_BYTES), "grad_output": (0.0, 2 * MX_CAST_BYTES),
+              "weight": (MX_CAST_BYTES, MX_CAST_BYTES)},
 }
 #: Bytes per element of the two backward GEMMs' outputs (data gradient ``M·K``, weight gradient ``N·K``) that
 #: torchao rescales after a cuBLAS tensor-wise GEMM (module doc): a bf16 read and write under ``rowwise``; none
 #: under ``rowwise_with_gw_hp`` (its data-gradient weight is tensor-wise, its weight gradient a bf16 GEMM).
-ROWWISE_RESCALE_BYTES = {"rowwise": 4.0, "rowwise_with_gw_hp": 0.0}
+ROWWISE_RESCALE_BYTES = {"rowwise": 4.0, "rowwise_with_gw_hp": 0.0, "mxfp8": 0.0}
 #: Bytes per FP8 GEMM input operand element (E4M3 / E5M2).
 OPERAND_BYTES = 1
 #: Transformer Engine's cached FP8 weight and its transpose (Hopper), bytes per linear parameter; MXFP8 adds a
@@ -220,7 +238,7 @@ def high_precision(dtype: str) -> str:
 
 def recipe(gpu: GPUSpec, framework: str, requested: str | None = None, stack: StackSpec | None = None) -> str:
     """The scaling recipe the framework runs on ``gpu``: under ``fsdp`` (torchao) the job's ``requested`` one
-    (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``), else the stack's ``fp8_recipe`` on that GPU family
+    (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``, or ``mxfp8`` on Blackwell: torchao's ``MXFP8Linear``), else the stack's ``fp8_recipe`` on that GPU family
     (torchtitan 0.3.0: ``rowwise``; :meth:`hetplan.hardware.stacks.StackSpec.fp8_recipe_on`), else torchao's
     dynamic ``tensorwise`` (torchtitan's default float8 recipe before 0.3); under Transformer
     Engine (megatron, deepspeed) the job's ``requested`` one (:attr:`hetplan.plan.Job.fp8_recipe`: ``delayed``
@@ -242,15 +260,16 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str) -> float:
 
 
 def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array, t: Array = 1, sequence_parallel: Array = False,
-                      column_parallel: Array = None):
+                      column_parallel: Array = None, framework: str = "megatron"):
     """``(forward_s, backward_s)`` of the FP8 quantization of one layer, one micro-batch: the inputs ``M·K`` of its
     linear GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, :func:`hetplan.estimate.moe.linear_gemm_shapes`) in
     forward, their output gradients ``M·N`` in backward, :data:`CAST_BYTES_PER_ELEMENT` each, at the HBM bandwidth
     (module doc); torchao's ``tensorwise``: :func:`tensorwise_cast_time_s` (``t``, ``sequence_parallel``,
-    ``column_parallel``)."""
+    ``column_parallel``); torchao's axis-wise recipes (``rowwise``, ``rowwise_with_gw_hp``, and ``mxfp8`` under
+    ``framework = "fsdp"``): :func:`rowwise_cast_time_s`."""
     if recipe_name == "tensorwise":
         return tensorwise_cast_time_s(gpu, shapes, t, sequence_parallel, column_parallel)
-    if recipe_name in ROWWISE:
+    if recipe_name in ROWWISE or (recipe_name == "mxfp8" and framework == "fsdp"):
         return rowwise_cast_time_s(gpu, recipe_name, shapes)
     per = CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
     fwd = sum(M * K * n for M, N, K, n in shapes)
@@ -294,7 +313,7 @@ def rowwise_cast_bytes(recipe_name: str, shapes: Array) -> tuple[Array, Array]:
     GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, local to a rank) move in one micro-batch:
     :data:`ROWWISE_CAST_BYTES` per element of each GEMM's input ``M·K``, output gradient ``M·N`` and weight
     ``N·K``, plus :data:`ROWWISE_RESCALE_BYTES` per element of the backward GEMMs' outputs ``M·K`` and ``N·K``
-    (module doc). Under TP the operands are the gathered bf16 tensors (no FP8 all-gather), so the shapes are the
+    (module doc); ``mxfp8``: torchao's ``MXFP8Linear`` the same way. Under TP the operands are the gathered bf16 tensors (no FP8 all-gather), so the shapes are the
     GEMMs' own."""
     per, rescale = ROWWISE_CAST_BYTES[recipe_name], ROWWISE_RESCALE_BYTES[recipe_name]
     fwd = bwd = 0.0
@@ -383,19 +402,19 @@ def op_sac_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array, t: Array =
     the rowwise casts' ``aten.amax`` is not in the list (their whole 3 B). ``shapes``:
     :func:`hetplan.estimate.moe.linear_gemm_shapes` of a dense layer."""
     shapes = list(shapes)
-    full = layer_cast_time_s(gpu, recipe_name, shapes, t, sequence_parallel, column_parallel)[0]
+    full = layer_cast_time_s(gpu, recipe_name, shapes, t, sequence_parallel, column_parallel, "fsdp")[0]
     last_flag = None if column_parallel is None else (column_parallel[-1],)
-    last = layer_cast_time_s(gpu, recipe_name, shapes[-1:], t, sequence_parallel, last_flag)[0]
+    last = layer_cast_time_s(gpu, recipe_name, shapes[-1:], t, sequence_parallel, last_flag, "fsdp")[0]
     fp8_inputs = ((recipe_name == "tensorwise") & (column_parallel is not None) & (np.asarray(t) > 1)
                   & np.asarray(sequence_parallel, dtype=bool))
     kept_amax = (CAST_BYTES_PER_ELEMENT["tensorwise"] - AMAX_READ_BYTES) / CAST_BYTES_PER_ELEMENT["tensorwise"]
     return np.where(fp8_inputs, full, full - last) * (kept_amax if recipe_name == "tensorwise" else 1.0)
 
 
-def fp8_gathers(recipe_name: str | None) -> bool:
+def fp8_gathers(recipe_name: str | None, framework: str = "megatron") -> bool:
     """Whether the TP and FSDP all-gathers of an FP8 run carry FP8 (module doc): every recipe but torchao's
-    ``rowwise`` ones, whose communication is all in high precision."""
-    return recipe_name not in ROWWISE
+    ``rowwise`` ones and its ``mxfp8`` (``framework = "fsdp"``), whose communication is all in high precision."""
+    return recipe_name not in ROWWISE and not (recipe_name == "mxfp8" and framework == "fsdp")
 
 
 def weight_cast_time_s(linear_parameters: Array, gpu: GPUSpec, recipe_name: str, framework: str):
@@ -425,7 +444,7 @@ def gathered_weight_bytes(dtype: str, framework: str, fsdp1: bool = False, recip
     ``fsdp_post_all_gather`` of ``torch.distributed.fsdp`` ``fully_shard``), and Transformer Engine's ``te.Linear``
     under FSDP1 (llm-foundry's ``amp_fp8``) casts its gathered bf16 weight itself."""
     return OPERAND_BYTES if (is_fp8(dtype) and framework in ("megatron", "fsdp") and not fsdp1
-                             and fp8_gathers(recipe_name)) else 2
+                             and fp8_gathers(recipe_name, framework)) else 2
 
 
 def mixed_gathered_weight_bytes(fp8_bytes: Array, linear_parameters: Array, parameters: Array):

@@ -188,7 +188,7 @@ def stage_costs(
     terms = LayerTerms(link.tp_link(), sequence_parallel=sequence_parallel, attention=attention,
                        tp_comm_overlap=tp_comm_overlap and not m.is_moe, cuda_graphs=cuda_graphs,
                        op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp" and not m.is_moe,
-                       async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe),
+                       async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe, framework),
                        projections=stack.projections, fused_softmax=stack.fused_softmax,
                        eager_grad_sum=not (framework == "fsdp" and torch_compile))  # only fsdp stacks compile
     s_all, parallel_layer = s, m.is_moe or m.is_mla or np.any(np.asarray(cp) != 1)
@@ -265,7 +265,7 @@ def stage_costs(
         shapes = moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp)
         dense = not (m.is_moe or m.is_mla)  # QKV / FC1 column-parallel, projection / FC2 row-parallel
         cf, cb = fp8.layer_cast_time_s(gpu, fp8_recipe, shapes, t, sequence_parallel,
-                                       (True, False, True, False) if dense else None)
+                                       (True, False, True, False) if dense else None, framework)
         # rowwise_with_gw_hp: bf16 weight gradients, one per GEMM the stack runs (its projections)
         cb = cb + compute.wgrad_bf16_extra_s(
             gpu, fp8_recipe, moe.linear_gemm_shapes(m, b, s, t, ep, moe_load_imbalance, etp, stack.projections))

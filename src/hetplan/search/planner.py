@@ -18,7 +18,7 @@ from hetplan.gcpause import paused_gc
 from hetplan.errors import HetplanError, InfeasibleError
 from hetplan.estimate.compute import pool_gpu
 from hetplan.estimate.estimator import Estimate, estimate
-from hetplan.hardware.catalog import Catalog, load_catalog
+from hetplan.hardware.catalog import Architecture, Catalog, load_catalog
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import SPLITS, Inventory, Job, Plan, Stage, balanced_split, fills_whole_nodes, interleaved_chunks
 from hetplan.plan_rules import embedding_loss_split, stack_dtype_violation
@@ -358,7 +358,13 @@ def search_plans(
         if job.dtype not in gpu.dense_flops_per_s:
             skipped.append(f"{gpu.name} skipped: no {job.dtype} support")
             continue
+        if job.dtype == "fp8" and job.fp8_recipe == "mxfp8" and gpu.family is not Architecture.BLACKWELL:
+            skipped.append(f"{gpu.name} skipped: no MXFP8 (Blackwell only)")
+            continue
         results.append(evaluate_pool(m, job, pool, gpu, pins, pool_index=i))
+    if not results and job.dtype == "fp8" and job.fp8_recipe == "mxfp8":
+        raise HetplanError("no GPU in the inventory runs MXFP8 (block-scaled FP8 GEMMs are Blackwell's)",
+                           field="job.fp8_recipe", fix="use another --fp8-recipe (or none), or Blackwell GPUs")
     if not results:
         raise HetplanError(
             f"no GPU in the inventory supports {job.dtype}", field="job.dtype",

@@ -140,10 +140,13 @@ def row_fp8_recipe(r: dict) -> str | None:
     """``current`` where the row's dtype names Transformer Engine's current scaling (Megatron-Bridge / NeMo
     "FP8-CS", their ``fp8_cs`` recipes: ``Float8CurrentScaling``, :attr:`hetplan.plan.Job.fp8_recipe`); ``rowwise``
     / ``rowwise_with_gw_hp`` where it names torchao's row-wise float8 recipes (``float8 rowwise``: torchtitan's
-    ``recipe_name``); else None (the stack's default recipe)."""
+    ``recipe_name``); ``mxfp8`` where a torchtitan row names MXFP8 (torchao's ``MXFP8Linear``); else None (the
+    stack's default recipe)."""
     d = re.sub(r"[-_ ]", "", r["dtype"].lower())
     if "rowwise" in d:
         return "rowwise_with_gw_hp" if "gwhp" in d else "rowwise"
+    if d.startswith("mxfp8") and "torchtitan" in r.get("framework", "").lower():  # torchao's MXFP8Linear
+        return "mxfp8"
     return "current" if re.search(r"fp8cs\b|currentscaling", d) else None
 
 

@@ -387,7 +387,17 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     compiled = plan.job.torch_compile
     converters = "None"
     recipe_name = torchtitan_fp8_recipe(plan, "0.3") if fp8 else None
-    if fp8:  # torchao float8 in the recipe the estimate priced, output head and router gate kept bf16
+    if fp8 and recipe_name == "mxfp8":  # torchao MXFP8Linear on the blocks' linears (the head stays bf16)
+        imports = "from torchtitan.components.quantization import MXFP8GroupedExpertsConverter, " \
+                  "MXFP8LinearConverter\n" if experts else \
+                  "from torchtitan.components.quantization import MXFP8LinearConverter\n"
+        written = recipe_name
+        items = [f"MXFP8LinearConverter.Config(fqns={['attention', 'feed_forward', 'shared_experts']!r}, "
+                 f"model_compile_enabled={compiled})"]
+        if experts:
+            items.append(f"MXFP8GroupedExpertsConverter.Config(model_compile_enabled={compiled})")
+        converters = "[" + ", ".join(items) + "]"
+    elif fp8:  # torchao float8 in the recipe the estimate priced, output head and router gate kept bf16
         imports = "from torchtitan.components.quantization import Float8GroupedExpertsConverter, " \
                   "Float8LinearConverter\n" if experts else \
                   "from torchtitan.components.quantization import Float8LinearConverter\n"
