@@ -69,3 +69,28 @@ def test_summary_savings(gpt_frontier_12, gpt_profile):
     assert s["straggler"]["saved_fraction"] > s["at_max_speed"]["saved_fraction"]
     with pytest.raises(HetplanError, match="straggler slowdown"):
         summarize(gpt_frontier_12, straggler_slowdown=0.9, baselines=False)
+
+
+def test_unit_time_bounded_by_the_solver_work(gpt_profile):
+    """A unit within 1/1000 of the shortest instruction still ran for hours (> 60 s killed) when another stage's
+    instructions were 5,000x longer (a 1 ms forward next to 5 s ones): the solver takes one step per unit of the
+    iteration's time range. Refused at once, naming the smallest unit within the bounds, which then runs."""
+    import time
+
+    from hetplan.energy.frontier import compute_frontier
+    from hetplan.energy.profile import parse_stage_profile
+
+    rows = gpt_profile.to_csv().splitlines()
+    out = [rows[0]]
+    for row in rows[1:]:
+        s, inst, f, t, e = row.split(",")
+        k = 1 / 50 if (s, inst) == ("0", "forward") else 100 if s == "7" else 1
+        out.append(f"{s},{inst},{f},{float(t) * k!r},{float(e) * k!r}")
+    skew = parse_stage_profile("\n".join(out) + "\n")
+    t0 = time.process_time()
+    with pytest.raises(HetplanError) as err:
+        compute_frontier(skew, 4, 60.0, unit_time_s=1.1e-6)
+    assert time.process_time() - t0 < 2 and err.value.field == "unit_time_s" and "--unit-time-s ≥" in err.value.fix
+    finest = float(err.value.fix.split("≥ ")[1].split()[0])
+    fr = compute_frontier(skew, 4, 60.0, unit_time_s=finest * 1.01, max_points=50)  # within the bounds: it runs
+    assert len(fr.time_s) == 50

@@ -64,3 +64,21 @@ def test_command_json_settings_and_bad_eta(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "energy", "power-limits", str(plan), "--eta", "2"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--eta" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("entry,field", [
+    # a limit under what the lowest clock draws (even under the idle power): energy frontier printed a busy GPU
+    # drawing less than an idle one (612 J where the catalog's model gives 2,714 J), exit 0
+    ("frequencies_mhz = [1410, 1200, 1000, 855]\npower_limit_w = 50", "gpus.A100-SXM-80GB.power_limit_w"),
+    # one clock that draws more than the TDP: power-limits said "give a limit in [506, 400] W"
+    ("frequencies_mhz = [1410]", "gpus.A100-SXM-80GB.frequencies_mhz"),
+])
+def test_power_catalog_limit_below_its_lowest_clock_is_refused(tmp_path, entry, field):
+    plan = tmp_path / "p.json"
+    plan.write_text(_plan("A100-SXM-80GB").model_dump_json())
+    cat = tmp_path / "power.toml"
+    cat.write_text(f"[gpus.A100-SXM-80GB]\n{entry}\n")
+    for cmd in (["power-limits", str(plan)], ["frontier", str(plan), "-o", str(tmp_path / "o"), "--no-baselines"]):
+        r = subprocess.run([sys.executable, "-m", "hetplan.cli.main", "energy", *cmd, "--power-catalog", str(cat)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and field in r.stderr and "fix:" in r.stderr and "Traceback" not in r.stderr, r.stderr

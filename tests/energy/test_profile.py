@@ -45,6 +45,7 @@ def test_reference_profile_loads(gpt_profile):
         (GOOD + "0,forward,1000,0.07,15\n", "duplicate"),
         (GOOD.replace("0.14,30", "0,30"), "positive"),
         (GOOD.replace("0.14,30", "0.14,nan"), "energy"),
+        (GOOD.replace("0.14,30", "1e-300,30"), "below 1e-06 s"),  # quantized into ~1e300 units: OverflowError
         (GOOD.replace("1,backward,1410,0.10,40\n", ""), "no backward"),
         (GOOD.replace("1,forward", "2,forward").replace("1,backward", "2,backward"), "stage 1 has no"),
         ("stage,instruction,frequency,time,energy\n", "no data rows"),

@@ -59,3 +59,15 @@ def test_bad_profile_arguments():
         profile_layers(ProfileDB(), m, dtypes=["fp32"], tps=[3])
     with pytest.raises(HetplanError, match="unknown dtype"):
         profile_layers(ProfileDB(), m, dtypes=["int4"])
+
+
+def test_profile_refuses_sequences_beyond_the_model_and_huge_micro_batches():
+    """--seq-len 100000 on the 512-position tiny model, or --mbs 100000, ran for minutes (killed at 120 s) timing
+    points no plan can use (plans refuse both); now refused before any timing, naming the option."""
+    m = load_model(TINY)
+    with pytest.raises(HetplanError, match="longer than") as err:
+        profile_layers(ProfileDB(), m, dtypes=["fp32"], mbs=[1], seq_lens=[100_000])
+    assert err.value.field == "--seq-len" and "512" in err.value.fix
+    with pytest.raises(HetplanError, match="65,536") as err:
+        profile_layers(ProfileDB(), m, dtypes=["fp32"], mbs=[100_000], seq_lens=[16])
+    assert err.value.field == "--mbs"

@@ -251,13 +251,35 @@ model = "opt-1.3b"
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nquantization = "int4"'),
      "cluster.quantization"),                                                   # quantized weights need an engine
     (BASE.replace("memory_bytes = 30_000_000_000", "memory_bytes = 1_000"), "models.a"),  # does not fit
+    (BASE.replace("total_rate_per_s = 1", "total_rate_per_s = 1\nprompt_len = 4000") + "[scheduler]\n"
+     "kv_cache_len = 8192\n", "workload.prompt_len"),  # beyond OPT-1.3B's 2,048 positions: was priced, exit 0
+    (BASE.replace("total_rate_per_s = 1", 'trace = "hdr.csv"'), "workload.trace"),  # header only: 0 requests, exit 0
 ])
 def test_user_errors_exit_2(monkeypatch, capsys, tmp_path, text, needle):
     p = tmp_path / "w.toml"
     p.write_text(text)
     (tmp_path / "neg.csv").write_text("arrival_s,model,prompt_len\n0.0,a,-12\n")
+    (tmp_path / "hdr.csv").write_text("arrival_s,model\n")
     code, _, err = _run(monkeypatch, capsys, "simulate", p)
     assert code == 2 and needle in err and "fix" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("edit,needle", [
+    # quantized weights with no engine to price them: every candidate was refused and the error named
+    # capacity.gpus, with the fix "allow more GPUs or larger GPU types"
+    (lambda t: t + '[capacity]\nquantizations = ["fp8"]\n', "capacity.quantizations"),
+    # a trace whose requests all arrive at t = 0: its rate divided by zero (ZeroDivisionError traceback)
+    (lambda t: t.replace("total_rate_per_s = 1", 'trace = "zero.jsonl"'), "workload.trace"),
+    # a request beyond the model's positions (capacity sized a KV pool for it)
+    (lambda t: t.replace("total_rate_per_s = 1", "total_rate_per_s = 1\nmax_new_tokens = 3000") + "[scheduler]\n"
+     "kv_cache_len = 4096\n", "workload.max_new_tokens"),
+])
+def test_capacity_user_errors_exit_2(monkeypatch, capsys, tmp_path, edit, needle):
+    p = tmp_path / "w.toml"
+    p.write_text(edit(BASE))
+    (tmp_path / "zero.jsonl").write_text('{"arrival_s": 0, "model": "a"}\n{"arrival_s": 0, "model": "a"}\n')
+    code, _, err = _run(monkeypatch, capsys, "capacity", p)
+    assert code == 2 and needle in err and "fix" in err and "Traceback" not in err, err
 
 
 def test_serve_config_errors_print_their_bound_reasons(monkeypatch, capsys, tmp_path):

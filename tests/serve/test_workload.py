@@ -73,6 +73,7 @@ def test_read_trace(tmp_path):
     ("arrival_s,model\n0.1,zz\n", "unknown model"),
     ("arrival_s,model\n-1,a\n", "line 2"),
     ("time,model\n0.1,a\n", "lacks columns"),
+    ("arrival_s,model\n", "no requests"),  # a header alone simulated 0 requests: 100 % SLO attainment, exit 0
 ])
 def test_read_trace_errors(tmp_path, text, needle):
     p = tmp_path / "t.csv"

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hetplan.energy.dag import PipelineDAG, build_pipeline_dag, instruction_name
-from hetplan.energy.options import OperationOptions, build_options
+from hetplan.energy.options import OperationOptions, build_options, pareto_mask
 from hetplan.energy.profile import INSTRUCTIONS, StageProfile
 from hetplan.energy.simulate import simulate_plan
 from hetplan.energy.solver import PhillipsDessoukySolver, SolverResult
@@ -261,6 +261,52 @@ def read_plan(path: str | Path, index: int) -> FrequencyPlan:
 
 #: Finest time unit, as a share of the shortest instruction (:func:`compute_frontier`).
 MAX_QUANTA_PER_INSTRUCTION = 1000
+#: Most solver steps (quanta between the all-slowest and the all-fastest iteration) and option-ladder quanta (the
+#: solver tabulates every instruction's energy at each quantum between its slowest and fastest option) a frontier
+#: may take, and most steps x instructions: a step costs ~0.4 ms plus ~1.5 us per instruction (measured: 8 x 12,
+#: 641 steps, 0.3 s; GPT-3 175B plan, 2,485 steps of 3,840 instructions, 7 s), so these are a few minutes. A unit
+#: within 1/1000 of the shortest instruction still ran for hours when another instruction was 10,000x longer
+#: (one stage's 1 ms forward next to another's 5 s; a 1e-300 s time overflowed the quantization instead).
+MAX_FRONTIER_STEPS = 200_000
+MAX_FRONTIER_WORK = 2e8
+
+
+def _longest_path_s(dag: PipelineDAG, durations: np.ndarray) -> float:
+    """Iteration time (s) of ``dag`` with per-instruction ``durations`` (s): its longest path."""
+    n = dag.num_ops
+    pred = dag.pred_matrix()
+    ef = np.zeros(n + 1)
+    for idx in dag.levels:
+        ef[idx] = ef[pred[idx]].max(axis=1) + durations[idx]
+    return float(ef[:n].max())
+
+
+def _check_solver_work(profile: StageProfile, dag: PipelineDAG, unit_time_s: float) -> None:
+    """Refuse a unit time that gives the solver more than :data:`MAX_FRONTIER_STEPS` steps or ladder quanta, or more
+    than :data:`MAX_FRONTIER_WORK` steps x instructions (each step is one unit faster, from the all-slowest to at
+    most the all-fastest iteration, both over the Pareto-optimal options as :func:`build_options` keeps them).
+
+    Raises:
+        HetplanError: naming ``unit_time_s`` and the smallest unit within the bounds.
+    """
+    slow, fast = [], []
+    for s in range(profile.num_stages):
+        for inst in INSTRUCTIONS:
+            p = profile.get(s, inst)
+            t = p.time_s[pareto_mask(p.time_s, p.energy_j)]
+            slow.append(float(t.max()))
+            fast.append(float(t.min()))
+    kinds = 2 * dag.stage + dag.kind
+    span_s = _longest_path_s(dag, np.array(slow)[kinds]) - _longest_path_s(dag, np.array(fast)[kinds])
+    ladder_s = sum(a - b for a, b in zip(slow, fast))
+    finest = max(span_s / MAX_FRONTIER_STEPS, ladder_s / MAX_FRONTIER_STEPS, span_s * dag.num_ops / MAX_FRONTIER_WORK)
+    if unit_time_s < finest:
+        raise HetplanError(f"unit time {unit_time_s:.3g} s gives the solver ~{span_s / unit_time_s:.3g} steps over "
+                           f"{dag.num_ops:,} instructions (the iteration time spans {span_s:.3g} s from all-slowest to "
+                           f"all-fastest; the options' ranges add up to {ladder_s:.3g} s): hours of CPU",
+                           field="unit_time_s",
+                           fix=f"use --unit-time-s ≥ {finest:.3g} (at most {MAX_FRONTIER_STEPS:,} steps and "
+                               f"{MAX_FRONTIER_WORK:.0e} steps x instructions)")
 
 
 def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w: float,
@@ -287,7 +333,9 @@ def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w:
     Raises:
         HetplanError: bad counts, idle power, unit time or schedule; a unit time under 1/:data:`MAX_QUANTA_PER_INSTRUCTION`
             of the shortest instruction (the solver takes up to one step per quantum of iteration time, so the
-            cost grows as 1/unit: 1e-9 s ran for minutes without end in sight).
+            cost grows as 1/unit: 1e-9 s ran for minutes without end in sight), or one that gives the solver more
+            steps, option-ladder quanta or steps x instructions than :data:`MAX_FRONTIER_STEPS` /
+            :data:`MAX_FRONTIER_WORK` allow (:func:`_check_solver_work`).
     """
     shortest = min(float(profile.get(s, i).time_s.min()) for s in range(profile.num_stages) for i in INSTRUCTIONS)
     if isinstance(unit_time_s, (int, float)) and 0 < unit_time_s < shortest / MAX_QUANTA_PER_INSTRUCTION:
@@ -300,6 +348,8 @@ def compute_frontier(profile: StageProfile, num_microbatches: int, idle_power_w:
         raise HetplanError(f"number of micro-batches must be a positive integer, got {num_microbatches}",
                            field="num_microbatches", fix="use e.g. --num-microbatches 12")
     dag = build_pipeline_dag(profile.num_stages, int(num_microbatches), schedule, virtual_stages)
+    if isinstance(unit_time_s, (int, float)) and unit_time_s > 0:
+        _check_solver_work(profile, dag, unit_time_s)
     options = [build_options(profile.get(s, inst), unit_time_s, idle_power_w)
                for s in range(profile.num_stages) for inst in INSTRUCTIONS]
     solver = PhillipsDessoukySolver(dag, options, idle_power_w, maxflow_backend=maxflow_backend)

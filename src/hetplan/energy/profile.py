@@ -119,6 +119,11 @@ MAX_VALUE = {"stage": (1e4, "10,000 pipeline stages"), "frequency": (1e4, "10 GH
              "energy": (1e5, "100 kJ for one micro-batch's forward or backward of one stage")}
 
 
+#: Shortest instruction time accepted (s), with the reason: the frontier's time unit is at least 1/1000 of the
+#: shortest instruction, so a time of 1e-300 s let a unit quantize the others into ~1e300 quanta (an overflow).
+MIN_TIME_S = (1e-6, "one micro-batch's forward or backward of one stage launches kernels of ~5 us each")
+
+
 def _number(value: str, column: str, line: int, source: str, *, integer: bool = False) -> float:
     try:
         x = float(value)
@@ -187,6 +192,9 @@ def parse_stage_profile(text: str, source: str = "<memory>") -> StageProfile:
             if val <= 0:
                 raise HetplanError(f"{source} line {line}: {name} must be positive, got {val}", field=name,
                                    fix="time (s), energy (J) and frequency (MHz) are positive measurements")
+        if time_s < MIN_TIME_S[0]:
+            raise HetplanError(f"{source} line {line}: time {time_s:g} s is below {MIN_TIME_S[0]:g} s ({MIN_TIME_S[1]})",
+                               field="time", fix="check the units (seconds, joules, MHz)")
         if (stage, inst, freq) in seen:
             raise HetplanError(f"{source} line {line}: duplicate row for stage {stage} {inst} at {freq} MHz",
                                field="profile", fix="keep one measurement per stage, instruction and frequency")

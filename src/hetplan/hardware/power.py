@@ -168,16 +168,31 @@ def board_limited(power: GPUPower, tdp_w: float, idle_power_w: float,
         field: the input field named in errors.
 
     Raises:
-        HetplanError: a limit outside that range or an unknown word.
+        HetplanError: a limit outside that range or an unknown word; a model whose own default limit (the lower of
+            its ``power_limit_w`` and the TDP) is below what its lowest clock draws (a user power catalog's: a
+            limit under the idle power, or one clock only that draws more than the TDP), naming the catalog
+            entry's field. No clock keeps within such a limit: the cap fell below every supported clock and
+            ``energy frontier`` printed energies of a busy GPU drawing less than an idle one.
     """
     if power_limit_w == "model":
         return power
     if isinstance(power_limit_w, str):
         raise HetplanError(f"unknown power limit {power_limit_w!r}", field=field,
                            fix="give watts, or leave it out for the TDP")
-    if power_limit_w is None:
-        return power.model_copy(update={"power_limit_w": min(power.power_limit_w, tdp_w)})
     floor = float(power.busy_power_w(min(power.frequencies_mhz), idle_power_w))
+    if power_limit_w is None:
+        limit = min(power.power_limit_w, tdp_w)
+        if limit < floor * (1 - 1e-9):
+            lowest = min(power.frequencies_mhz)
+            fix = (f"add lower clocks to gpus.{power.gpu}.frequencies_mhz (at {lowest} MHz it draws {floor:.0f} W, "
+                   f"above the {tdp_w:g} W TDP)" if floor > tdp_w else
+                   f"give gpus.{power.gpu}.power_limit_w ≥ {math.ceil(floor)} W (at most the {tdp_w:g} W TDP)")
+            raise HetplanError(f"{power.gpu}'s power limit {limit:g} W (the lower of its power_limit_w and its "
+                               f"{tdp_w:g} W TDP) is below the {floor:.0f} W its lowest clock ({lowest} MHz) draws "
+                               f"with {idle_power_w:g} W idle: no clock keeps within it",
+                               field=f"gpus.{power.gpu}.{'frequencies_mhz' if floor > tdp_w else 'power_limit_w'}",
+                               fix=fix)
+        return power.model_copy(update={"power_limit_w": limit})
     if not (np.isfinite(power_limit_w) and floor <= power_limit_w <= tdp_w * (1 + 1e-9)):
         raise HetplanError(f"power limit {power_limit_w} W is outside {power.gpu}'s range (at least the "
                            f"{floor:.0f} W its lowest clock draws, at most its {tdp_w:g} W TDP)", field=field,

@@ -59,13 +59,20 @@ def _host() -> tuple[str, str]:
     return normalize_device(torchparts.device_name(dev)), torchparts.software_version()
 
 
+#: Largest micro-batch profiled: a plan's largest global batch (:class:`hetplan.plan.JobSpec`, 65,536 sequences).
+MAX_MBS = 65536
+
+
 def plan_points(db: ProfileDB, spec: ModelSpec, *, device: str, software: str, dtypes: Iterable[str],
                 mbs: Iterable[int], seq_lens: Iterable[int], tps: Iterable[int] = (1,),
                 kinds: Iterable[str] = KINDS) -> tuple[list[Point], int]:
     """The points still to measure (and how many are already stored for this device and software).
 
     Raises:
-        HetplanError: unknown kind or dtype, TP that does not divide the heads, non-positive sizes.
+        HetplanError: unknown kind or dtype, TP that does not divide the heads, non-positive sizes, a sequence
+            longer than the model's positions (``--seq-len 100000`` on a 512-position model ran for minutes
+            timing attention no plan can use; plans refuse it too, ``plan_rules``), or a micro-batch above the
+            largest global batch (65,536 sequences, :class:`hetplan.plan.JobSpec`).
     """
     todo, done = [], 0
     for k in kinds:
@@ -83,6 +90,14 @@ def plan_points(db: ProfileDB, spec: ModelSpec, *, device: str, software: str, d
             if n % t:
                 raise HetplanError(f"TP = {t} does not divide {what} = {n}", field="--tp",
                                    fix=f"choose TP degrees that divide {n}")
+    long = [x for x in seq_lens if x > spec.max_seq_len]
+    if long:
+        raise HetplanError(f"seq_len {long[0]:,} is longer than {spec.name} allows ({spec.max_seq_len:,} positions)",
+                           field="--seq-len", fix=f"profile sequences of at most {spec.max_seq_len:,} tokens")
+    big = [b for b in mbs if b > MAX_MBS]
+    if big:
+        raise HetplanError(f"micro-batch {big[0]:,} is above {MAX_MBS:,} sequences, the largest global batch a plan "
+                           "takes", field="--mbs", fix=f"profile micro-batches of at most {MAX_MBS:,}, e.g. --mbs 1,2,4")
     for d in dtypes:
         for t in tps:
             for s in seq_lens:

@@ -41,7 +41,7 @@ from hetplan.hardware.catalog import Catalog, GPUSpec, load_catalog
 from hetplan.hardware.engines import EngineSpec, load_engines
 from hetplan.serve.config import WorkloadFile
 from hetplan.serve.policies import make_policy
-from hetplan.serve.replica import (KVSettings, Stack, check_stack, energy_summary, kv_settings,
+from hetplan.serve.replica import (KVSettings, Stack, check_context, check_stack, energy_summary, kv_settings,
                                    max_running, scheduler_kwargs, serving_energy, sim_model, slos,
                                    step_model, workload_requests, workload_swap_model)
 from hetplan.serve.simulator import SimResult, simulate, swap_cost_fn
@@ -152,7 +152,9 @@ def candidate_stacks(wf: WorkloadFile, engines: list[str] | None = None) -> list
     ``capacity.quantizations`` (``"none"``: unquantized), else ``cluster.quantization``.
 
     Raises:
-        HetplanError: an unknown engine or release (field ``capacity.engines``).
+        HetplanError: an unknown engine or release (field ``capacity.engines``); quantized weights without an engine
+            (``capacity.quantizations``: a serving engine's kernels price them; every candidate was refused for it,
+            and the search then said to allow more GPUs).
     """
     c, cap = wf.cluster, wf.capacity
     cat = load_engines()
@@ -160,6 +162,12 @@ def candidate_stacks(wf: WorkloadFile, engines: list[str] | None = None) -> list
     field = "--export" if engines else "capacity.engines"
     specs: list[EngineSpec | None] = [cat.get(n, field=field) for n in names] or [None]
     quants = [None if q == "none" else q for q in cap.quantizations] or [c.quantization]
+    narrow = [q for q in quants if q is not None]
+    if not names and narrow:
+        where = "capacity.quantizations" if cap.quantizations else "cluster.quantization"
+        raise HetplanError(f"{narrow[0]} weights are priced by a serving engine's kernels, and no engine is named",
+                           field=where, fix='set capacity.engines (e.g. ["vllm"]) or cluster.engine, or drop '
+                                            f'{narrow[0]} from {where}')
     return [Stack(e, q) for e in specs for q in quants]
 
 
@@ -391,7 +399,13 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
     entries = list(wf.models)
     specs = [m.spec() for m in entries]
     reqs = workload_requests(wf)
+    check_context(wf, {e.name: sp for e, sp in zip(entries, specs)}, reqs)
     duration = wf.workload.duration_s if not wf.workload.trace else max((r.arrival_s for r in reqs), default=1.0)
+    if duration <= 0:  # a trace's rate is its requests over its last arrival: all at t = 0 divided by zero
+        raise HetplanError(f"every request of trace {wf.workload.trace} arrives at t = 0, so it has no arrival rate "
+                           "to plan capacity for", field="workload.trace",
+                           fix="give the requests their arrival times (capacity plans for a rate), or simulate an "
+                               "offline batch with `hetplan simulate` (workload.offline = true)")
     loads = np.array([sum(r.model == e.name for r in reqs) / duration for e in entries])
     max_gpus = wf.capacity.max_gpus
     exhaustive = wf.capacity.exhaustive if exhaustive is None else exhaustive

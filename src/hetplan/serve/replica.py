@@ -72,6 +72,34 @@ def workload_requests(wf: WorkloadFile) -> list[Request]:
     return reqs
 
 
+def check_context(wf: WorkloadFile, specs: dict, requests: list[Request]) -> None:
+    """Refuse requests longer than their model's positions (``max_seq_len``, the config's
+    ``max_position_embeddings``): no engine serves them (vLLM refuses a ``max_model_len`` beyond the model's), yet
+    the cost model priced them and the report looked valid. The longest request is the longest in ``requests`` and,
+    for generated lengths, the longest the distributions may draw (a capacity probe draws others).
+
+    Raises:
+        HetplanError: naming where the lengths come from (``workload.trace``, ``workload.dataset``,
+            ``workload.input`` / ``workload.output`` or the fixed ``workload.prompt_len`` / ``max_new_tokens``).
+    """
+    w = wf.workload
+    for name, spec in specs.items():
+        mine = [r for r in requests if r.model == name]
+        long = max(mine, key=lambda r: r.prompt_len + r.max_new_tokens, default=None)
+        tokens = long.prompt_len + long.max_new_tokens if long is not None else 0
+        if not w.trace:
+            tokens = max(tokens, w.max_tokens())
+        if tokens <= spec.max_seq_len:
+            continue
+        field = ("workload.trace" if w.trace else "workload.dataset" if w.dataset else "workload.input"
+                 if w.input else "workload.output" if w.output else "workload.prompt_len"
+                 if w.prompt_len >= w.max_new_tokens else "workload.max_new_tokens")
+        raise HetplanError(f"model {name} ({spec.name}) has {spec.max_seq_len:,} positions, but a request of it needs "
+                           f"{tokens:,} tokens (prompt + new): no engine serves it", field=field,
+                           fix=f"keep prompt + new tokens within {spec.max_seq_len:,} for this model, or serve a model "
+                               "with a longer context")
+
+
 def slos(wf: WorkloadFile) -> dict[str, SLO]:
     """SLOs of each model: its own ``slo_s`` / ``ttft_slo_s`` / ``tpot_slo_s`` or the workload's."""
     w = wf.workload
@@ -275,8 +303,10 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     swap_model = workload_swap_model(wf, gpu)
     s = wf.scheduler
     stack = cluster_stack(wf, gpu)
-    models = [sim_model(m.name, m.spec(), gpu, tp, pp, dtype, wf, cap, len(wf.models), stack) for m in wf.models]
+    specs = {m.name: m.spec() for m in wf.models}
+    models = [sim_model(m.name, specs[m.name], gpu, tp, pp, dtype, wf, cap, len(wf.models), stack) for m in wf.models]
     reqs = requests if requests is not None else workload_requests(wf)
+    check_context(wf, specs, reqs)
     return simulate(models, reqs, capacity_bytes=cap, policy=make_policy(s.policy, rate_window_s=s.rate_window_s),
                     swap_cost=swap_cost_fn(swap_model, s.write_back), preload=s.preload, **scheduler_kwargs(wf, stack, gpu),
                     duration_s=wf.workload.duration_s if not (wf.workload.trace or wf.workload.offline) else None)

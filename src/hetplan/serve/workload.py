@@ -283,8 +283,9 @@ def read_trace(path: str | Path, models: Sequence[str], *, prompt_len: int = 16,
     (objects with those keys), sorted by arrival.
 
     Raises:
-        HetplanError: missing file or column, a bad number, a negative time or length (naming the column), or an
-            unknown model (with the line).
+        HetplanError: missing file or column, a bad number, a negative time or length (naming the column), an
+            unknown model (with the line), or no request at all (a header alone: the report would say 100 % of no
+            request met its SLO, at 0 requests/s).
     """
     known = set(models)
     out: list[Request] = []
@@ -292,6 +293,9 @@ def read_trace(path: str | Path, models: Sequence[str], *, prompt_len: int = 16,
     if not {"arrival_s", "model"} <= cols:
         raise HetplanError(f"trace {path} lacks columns arrival_s and model (has {sorted(cols)})",
                            field="workload.trace", fix="add a header line: arrival_s,model")
+    if not records:
+        raise HetplanError(f"trace {path} has no requests (a header and no rows)", field="workload.trace",
+                           fix="add rows of arrival_s,model[,prompt_len,max_new_tokens], one per request")
     for line, row in records:
         try:
             t = float(row["arrival_s"])
