@@ -112,6 +112,23 @@ def test_shared_cluster_export_uses_sleep_mode(monkeypatch, capsys, tmp_path):
         assert all(_devices(s) == [0, 1, 2, 3] for s in scripts)  # TP 2 x PP 2: every model on the same 4 GPUs
 
 
+def test_max_model_len_is_at_most_the_models_positions(monkeypatch, capsys, tmp_path):
+    """A kv_cache_len above a model's positions (2,560 for OPT's 2,048) was written as ``--max-model-len 2560``,
+    which vLLM refuses at start ("greater than the derived max_model_len"): the launch now says the model's 2,048,
+    and keeps kv_cache_len where it is shorter."""
+    for kv, want in ((2560, 2048), (1024, 1024)):
+        text = (EXAMPLES / "workload.toml").read_text()
+        assert "[scheduler]" in text
+        wl = tmp_path / f"w{kv}.toml"
+        wl.write_text(text.replace("[scheduler]", f"[scheduler]\nkv_cache_len = {kv}", 1)
+                      .replace("max_batch_size = 8", "max_batch_size = 2"))  # the longer KV slots fit 8 GB
+        d = tmp_path / f"vllm{kv}"
+        code, out, err = _run(monkeypatch, capsys, "simulate", wl, "--json", "--export", "vllm", "--out-dir", d)
+        assert code == 0, err
+        lens = {parse_args("vllm", _argv(sc))["max_model_len"] for sc in sorted(d.glob("replica-*.sh"))}
+        assert lens == {want}
+
+
 @pytest.mark.parametrize("args,field", [
     (("--export", "trtllm", "--out-dir", "X"), "--export"),
     (("--export", "vllm"), "--out-dir"),

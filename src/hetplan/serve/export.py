@@ -21,6 +21,8 @@ max running sequences           ``--max-num-seqs``               ``--max-running
   (``max_batch_size``, else
   the engine's default)
 ``scheduler.kv_cache_len``      ``--max-model-len``              ``--context-length``
+  (at most the model's
+  positions)
 ``cluster.memory_fraction``     ``--gpu-memory-utilization``     ``--mem-fraction-static``
   (a shared GPU: the model's
   share of the memory)
@@ -128,6 +130,14 @@ class Replica:
     group: int = 0
 
 
+def _max_model_len(entry, kv_cache_len: int) -> int:
+    """The longest sequence an engine instance of ``entry`` serves: ``scheduler.kv_cache_len``, at most the model's
+    positions (``max_position_embeddings``): vLLM refuses a ``--max-model-len`` above them ("User-specified
+    max_model_len is greater than the derived max_model_len", ``vllm/config``) and no request is longer
+    (:func:`hetplan.serve.replica.check_context`)."""
+    return min(kv_cache_len, entry.spec().max_seq_len)
+
+
 def _model_path(entry) -> str:
     """What the engine loads: ``hf_model``, else the ``model`` value (a config.json's folder)."""
     if entry.hf_model:
@@ -147,7 +157,8 @@ def replicas_from_capacity(wf, out: dict, base_port: int = 8000) -> list[Replica
         for j in range(row["replicas"]):
             e = entries[row["model"]]
             reps.append(Replica(e.name, _model_path(e), row["gpu"], row["tp"], row["pp"], j, base_port + len(reps),
-                                row.get("max_num_seqs", s.max_batch_size), s.kv_cache_len, c.memory_fraction, c.dtype, row.get("weights"),
+                                row.get("max_num_seqs", s.max_batch_size), _max_model_len(e, s.kv_cache_len),
+                                c.memory_fraction, c.dtype, row.get("weights"),
                                 row["kv_block_tokens"] or 16, row["max_batched_tokens"], row["chunked_prefill"],
                                 False, float(row["rate_per_s"])))
     for g, row in enumerate(out.get("shared", [])):  # models sharing one replica group by swapping
@@ -155,7 +166,8 @@ def replicas_from_capacity(wf, out: dict, base_port: int = 8000) -> list[Replica
             e = entries[name]
             share = min(c.memory_fraction, row["footprint_bytes"][name] / row["gpu_memory_bytes"])
             reps.append(Replica(e.name, _model_path(e), row["gpu"], row["tp"], row["pp"], 0, base_port + len(reps),
-                                row["max_num_seqs"], s.kv_cache_len, round(share, 4), c.dtype, row.get("weights"),
+                                row["max_num_seqs"], _max_model_len(e, s.kv_cache_len), round(share, 4), c.dtype,
+                                row.get("weights"),
                                 row["kv_block_tokens"] or 16, row["max_batched_tokens"], row["chunked_prefill"],
                                 True, float(out["load_per_s"][name]), group=g))
     return reps
@@ -178,7 +190,8 @@ def replicas_from_cluster(wf, footprint_bytes: dict[str, int], gpu_memory_bytes:
     for i, e in enumerate(wf.models):
         share = min(c.memory_fraction, footprint_bytes[e.name] / gpu_memory_bytes) if shared else c.memory_fraction
         reps.append(Replica(e.name, _model_path(e), c.gpu or "", c.tp, c.pp, 0, base_port + i, seqs,
-                            s.kv_cache_len, round(share, 4), c.dtype, c.quantization, kv.block_tokens or 16,
+                            _max_model_len(e, s.kv_cache_len), round(share, 4), c.dtype, c.quantization,
+                            kv.block_tokens or 16,
                             kv.max_batched_tokens, kv.chunked_prefill, shared))
     return reps
 
