@@ -254,6 +254,9 @@ model = "opt-1.3b"
     (BASE.replace("total_rate_per_s = 1", "total_rate_per_s = 1\nprompt_len = 4000") + "[scheduler]\n"
      "kv_cache_len = 8192\n", "workload.prompt_len"),  # beyond OPT-1.3B's 2,048 positions: was priced, exit 0
     (BASE.replace("total_rate_per_s = 1", 'trace = "hdr.csv"'), "workload.trace"),  # header only: 0 requests, exit 0
+    # a token budget below kv_cache_len without chunked prefill (vLLM refuses it): was raised without a word
+    (BASE + "[scheduler]\nkv_cache_len = 1024\nmax_batched_tokens = 512\nchunked_prefill = false\n",
+     "scheduler.max_batched_tokens"),
 ])
 def test_user_errors_exit_2(monkeypatch, capsys, tmp_path, text, needle):
     p = tmp_path / "w.toml"

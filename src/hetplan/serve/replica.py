@@ -135,12 +135,24 @@ class KVSettings:
 
 
 def kv_settings(wf: WorkloadFile, stack: Stack = Stack()) -> KVSettings:
-    """:class:`KVSettings` of a replica running ``stack`` (without chunking, a budget below ``kv_cache_len`` is
-    raised to it: vLLM requires ``max_num_batched_tokens >= max_model_len`` then)."""
+    """:class:`KVSettings` of a replica running ``stack`` (without chunking, an engine's default budget below
+    ``kv_cache_len`` is raised to it, as vLLM raises its own: it requires ``max_num_batched_tokens >=
+    max_model_len`` then).
+
+    Raises:
+        HetplanError: a ``scheduler.max_batched_tokens`` the workload sets below ``kv_cache_len`` without chunked
+            prefill: vLLM refuses it ("max_num_batched_tokens ... is smaller than max_model_len", ``vllm/config``),
+            and one prompt of ``kv_cache_len`` tokens could never be scheduled; it was raised without a word.
+    """
     s, e = wf.scheduler, stack.engine
     block = s.kv_block_tokens if s.kv_block_tokens is not None else (e.kv_block_tokens if e is not None else 16)
     chunked = s.chunked_prefill if s.chunked_prefill is not None else bool(e is not None and e.chunked_prefill)
     budget = s.max_batched_tokens
+    if budget is not None and not chunked and budget < s.kv_cache_len:
+        raise HetplanError(f"scheduler.max_batched_tokens = {budget:,} is below kv_cache_len = {s.kv_cache_len:,} "
+                           "without chunked prefill: a prompt that long could never be scheduled (vLLM refuses "
+                           "this)", field="scheduler.max_batched_tokens",
+                           fix=f"give at least {s.kv_cache_len:,}, lower kv_cache_len, or set chunked_prefill = true")
     if budget is None and e is not None and e.max_num_batched_tokens:
         budget = e.max_num_batched_tokens
     if budget is not None and not chunked:
