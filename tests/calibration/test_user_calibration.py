@@ -222,8 +222,9 @@ def test_torchtitan_log_mesh(mesh, want):
 
 
 def test_torchtitan_log_job_lines():
-    """torch.compile and float8 (the v0.1-v0.2 and current wordings) are read from their log lines; an MX run is
-    refused rather than priced as bf16."""
+    """torch.compile and float8 (the v0.1-v0.2 and current wordings) are read from their log lines, and MXFP8
+    (v0.2's MX recipe line, 0.3's MXFP8Linear conversion line) as fp8_recipe mxfp8; an MXFP4 / NVFP4 run is refused
+    rather than priced as bf16."""
     from hetplan.calibration.logs import log_row
 
     mesh = "Building 1-D device mesh with ['dp_shard'], [8]"
@@ -233,8 +234,11 @@ def test_torchtitan_log_job_lines():
     assert (r["torch_compile"], r["dtype"], r["fp8_recipe"]) == ("true", "fp8", "tensorwise")
     r = log_row(_titan(mesh, "Float8 training active with recipe rowwise"), "t")
     assert (r["dtype"], r["fp8_recipe"]) == ("fp8", "rowwise")
-    with pytest.raises(HetplanError, match="MX"):
-        log_row(_titan(mesh, "MX training active with recipe mxfp8"), "t")
+    for line in ("MX training active with recipe mxfp8_cublas", "Converted Linear layers to MXFP8Linear"):
+        r = log_row(_titan(mesh, line), "t")
+        assert (r["dtype"], r["fp8_recipe"]) == ("fp8", "mxfp8")
+    with pytest.raises(HetplanError, match="MXFP4, NVFP4"):
+        log_row(_titan(mesh, "MX training active with recipe mxfp4_cutlass"), "t")
 
 
 def test_megatron_log_fsdp_and_fp8_recipe():

@@ -20,8 +20,9 @@ RUNS row (:data:`hetplan.calibration.user.COLUMNS` + ``step_time_s``, ``memory_g
   ``dp_shard``); ``dp_shard`` 1 is DDP (ZeRO-0). The job lines: ``Compiling each
   TransformerBlock with torch.compile`` (``torch_compile``), ``Float8 tensorwise scaled training active``
   (v0.1-v0.2) or ``Float8 training active with recipe R`` (``dtype`` fp8, ``fp8_recipe`` R;
-  ``torchtitan/components/quantization/float8.py``). An MX run (``MX training active``, ``mx.py``) is refused:
-  torchao's MX linear layers under FSDP are not a job hetplan prices.
+  ``torchtitan/components/quantization/float8.py``); torchao's MXFP8 linear layers (``MX training active with
+  recipe mxfp8…`` in v0.2, ``Converted Linear layers to MXFP8Linear`` in 0.3, ``mx.py``): ``fp8_recipe`` mxfp8. Other
+  MX or NVFP4 runs (4-bit) are refused: not a job hetplan prices.
 
 The step time is the median over the logged iterations after the first :data:`WARMUP_ITERATIONS` (compilation,
 allocator and NCCL warm-up). What a log does not say (the model preset, the GPU type, the node) comes from
@@ -48,7 +49,11 @@ _TITAN_MESH = re.compile(r"Building \d+-D device mesh with \[([^\]]*)\], \[([^\]
 _TITAN_MESH_DEGREES = re.compile(r"Building device mesh with parallelism: ((?:\w+=\d+,?\s*)+)")
 _TITAN_COMPILE = "Compiling each TransformerBlock with torch.compile"
 _TITAN_FLOAT8 = re.compile(r"Float8 (tensorwise) scaled training active|Float8 training active with recipe (\w+)")
-_TITAN_MX = re.compile(r"MX training active|Float8 training active with recipe mx")
+#: torchao's MXFP8 linear layers: v0.2's ``MX training active with recipe mxfp8...`` (``mx.py`` MXLinear, the
+#: ``mxfp8`` / ``mxfp8_cublas`` / ``mxfp8_cublas_rceil`` recipes) and 0.3's ``Converted Linear layers to MXFP8Linear``
+_TITAN_MXFP8 = re.compile(r"MX training active with recipe mxfp8|Converted Linear layers to MXFP8Linear")
+#: any other MX / NVFP4 run (MXFP4, NVFP4): not a job hetplan prices
+_TITAN_MX = re.compile(r"MX training active|Float8 training active with recipe mx|NVFP4")
 
 
 def is_log(text: str) -> bool:
@@ -159,9 +164,12 @@ def torchtitan_row(text: str, origin: str) -> dict[str, str]:
         row["zero"] = "3" if shard > 1 else "0"
         if shard > 1 and replicate > 1:
             row["fsdp_shard"] = str(shard)
-    if _TITAN_MX.search(text):
-        raise HetplanError(f"{origin} is an MX (MXFP8) run: torchao's MX linear layers are not a job hetplan prices",
-                           field="RUNS", fix="calibrate with the bf16 or float8 runs of the stack")
+    if _TITAN_MXFP8.search(text):  # torchao's MXFP8 linear layers (hetplan.estimate.fp8, fp8_recipe mxfp8)
+        row["dtype"], row["fp8_recipe"] = "fp8", "mxfp8"
+    elif _TITAN_MX.search(text):
+        raise HetplanError(f"{origin} is an MX / NVFP4 run other than MXFP8 (MXFP4, NVFP4): torchao's 4-bit linear "
+                           "layers are not a job hetplan prices",
+                           field="RUNS", fix="calibrate with the bf16, float8 or MXFP8 runs of the stack")
     if _TITAN_COMPILE in text:
         row["torch_compile"] = "true"
     if float8 := _TITAN_FLOAT8.search(text):
