@@ -572,3 +572,22 @@ def test_mxfp8_is_blackwells_and_the_torchtitan_export_writes_it():
     job = exporters.export(plans["mxfp8"], spec, "torchtitan").files["hetplan_torchtitan_job.py"]
     assert "MXFP8LinearConverter.Config(fqns=['attention', 'feed_forward', 'shared_experts']" in job
     assert "Float8LinearConverter" not in job
+
+
+def test_torchtitan_mxfp8_moe_export_needs_expert_parallelism():
+    """torchao's MXFP8 grouped GEMMs pad token groups to 32 in its EP token dispatchers only (torchtitan
+    ``mxfp8.md``: "Expert parallelism (EP) must be enabled"): a Qwen3-30B-A3B MXFP8 plan at EP 1 is refused naming
+    the stage's EP, at EP 8 exported with both MXFP8 converters."""
+    from hetplan.runtime import exporters
+
+    spec = load_model("qwen3-30b-a3b")
+
+    def plan(ep):
+        return Plan(job=Job(model="qwen3-30b-a3b", seq_len=4096, global_batch=16, framework="fsdp", dtype="fp8",
+                            fp8_recipe="mxfp8"), pools=[GPUPool(gpu="B200", count=8)], mbs=1, zero=3, ep=ep,
+                    stages=[Stage(num_layers=spec.num_layers, tp=1, dp=8)])
+    with pytest.raises(HetplanError, match="needs expert parallelism") as err:
+        exporters.export(plan(1), spec, "torchtitan")
+    assert err.value.field == "plan.stages[0].ep"
+    job = exporters.export(plan(8), spec, "torchtitan").files["hetplan_torchtitan_job.py"]
+    assert "MXFP8LinearConverter" in job and "MXFP8GroupedExpertsConverter" in job

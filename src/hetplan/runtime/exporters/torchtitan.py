@@ -387,6 +387,12 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     compiled = plan.job.torch_compile
     converters = "None"
     recipe_name = torchtitan_fp8_recipe(plan, "0.3") if fp8 else None
+    if fp8 and recipe_name == "mxfp8" and experts and m.ep == 1:
+        # torchao's MXFP8 grouped GEMMs need token groups padded to 32, which only its EP token dispatchers do
+        raise HetplanError("torchtitan's MXFP8GroupedExpertsConverter needs expert parallelism (its padded token "
+                           "dispatcher, torchtitan components/quantization/mxfp8.md: 'Expert parallelism (EP) must be "
+                           "enabled'); this MoE plan has EP 1", field="plan.stages[0].ep",
+                           fix="plan with --ep 2 or more, or another --fp8-recipe")
     if fp8 and recipe_name == "mxfp8":  # torchao MXFP8Linear on the blocks' linears (the head stays bf16)
         imports = "from torchtitan.components.quantization import MXFP8GroupedExpertsConverter, " \
                   "MXFP8LinearConverter\n" if experts else \
