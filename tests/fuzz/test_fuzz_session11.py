@@ -204,12 +204,18 @@ def test_profile_import_seq_len_without_model_is_refused(tmp_path):
 
 
 def test_profile_layers_beyond_memory_is_refused_not_an_allocator_traceback(tmp_path):
-    """mbs 1e8 x seq 2048 of the tiny model: torch's "DefaultCPUAllocator: can't allocate memory" escaped."""
+    """mbs 1e8 x seq 2048 of the tiny model: torch's "DefaultCPUAllocator: can't allocate memory" escaped; now a
+    micro-batch above a plan's largest global batch is refused by name, and one below it that no memory holds (mbs
+    65,536 x 512 tokens: the allocator overcommitted and the OOM killer ended the run after minutes) before torch
+    allocates it."""
     pytest.importorskip("torch")
     model = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "tiny-model.json")
     refused(run_cli("profile", "layers", "--model", model, "--db", tmp_path / "l.db", "--kinds", "layer",
-                    "--dtype", "fp32", "--mbs", "100000000", "--seq-len", "2048", "--warmup", "0", "--repeats", "1"),
-            "--mbs/--seq-len", "mbs 100000000")
+                    "--dtype", "fp32", "--mbs", "100000000", "--seq-len", "512", "--warmup", "0", "--repeats", "1"),
+            "--mbs", "micro-batch 100,000,000")
+    refused(run_cli("profile", "layers", "--model", model, "--db", tmp_path / "l.db", "--kinds", "layer",
+                    "--dtype", "fp32", "--mbs", "65536", "--seq-len", "512", "--warmup", "0", "--repeats", "1"),
+            "--mbs/--seq-len", "mbs 65,536 x seq_len 512")
     r = run_cli("profile", "layers", "--model", model, "--db", tmp_path / "l.db", "--threads", "0")  # was the default
     assert r.code == 2 and not r.traceback and "--threads" in r.stderr, r.stderr
 

@@ -61,6 +61,41 @@ def _host() -> tuple[str, str]:
 
 #: Largest micro-batch profiled: a plan's largest global batch (:class:`hetplan.plan.JobSpec`, 65,536 sequences).
 MAX_MBS = 65536
+#: Bytes a point may need, as a multiple of its layer's stored activations without recomputation
+#: (:func:`hetplan.model.counts.layer_activation_bytes`): the forward's saved tensors, the backward's gradients of
+#: as many, and the transient working set (:data:`hetplan.estimate.memory.BACKWARD_WORKING_SET`, 1.72) — a bound
+#: for refusing a point before torch asks the allocator for it.
+POINT_ACTIVATION_FACTOR = 4.0
+
+
+def _device_memory_bytes() -> int:
+    """Memory of the device the points run on: the GPU's free memory, else the host's physical memory."""
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info()[0])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_point_memory(spec: ModelSpec, points: Iterable[Point], available_bytes: int) -> None:
+    """Refuse a point whose layer would need more than ``available_bytes`` (:data:`POINT_ACTIVATION_FACTOR` x its
+    activations at the point's dtype): on a CPU the allocator overcommits such a request and the kernel's
+    out-of-memory killer ends the process minutes later (mbs 65,536 x 512 tokens of the 128-wide tiny model: killed
+    after 100 s), where a request beyond the address space fails at once.
+
+    Raises:
+        HetplanError: naming ``--mbs/--seq-len``, the point and the device's bytes.
+    """
+    from hetplan.model import counts
+
+    for p in points:
+        width = 4 if p.dtype == "fp32" else 2
+        need = POINT_ACTIVATION_FACTOR * float(counts.layer_activation_bytes(
+            spec, p.mbs, p.seq_len, p.tp, recompute="none", attention="flash")) * width / 2
+        if need > available_bytes:
+            raise HetplanError(f"{p.kind} ({p.dtype}) at mbs {p.mbs:,} x seq_len {p.seq_len:,} needs about "
+                               f"{need / 2**30:,.0f} GiB, more than this device's {available_bytes / 2**30:,.0f} GiB",
+                               field="--mbs/--seq-len", fix="profile smaller micro-batches or sequences")
 
 
 def plan_points(db: ProfileDB, spec: ModelSpec, *, device: str, software: str, dtypes: Iterable[str],
@@ -168,6 +203,7 @@ def profile_layers(db: ProfileDB, spec: ModelSpec, *, dtypes: Iterable[str] = ("
     device, software = _host()
     todo, done = plan_points(db, spec, device=device, software=software, dtypes=list(dtypes), mbs=list(mbs),
                              seq_lens=list(seq_lens), tps=list(tps), kinds=list(kinds))
+    check_point_memory(spec, todo, _device_memory_bytes())
     total, n = len(todo), 0
     for p in [q for q in todo if q.tp == 1]:
         try:
