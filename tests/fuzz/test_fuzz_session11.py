@@ -278,6 +278,16 @@ def test_job_file_with_both_deadlines_is_refused(tmp_path):
     refused(run_cli("plan", job, "-q"), "objective.deadline_days", "not both")
 
 
+@pytest.mark.parametrize("units", ["inter_node_bandwidth_gbit_per_s = 400\ninter_node_bandwidth_bytes_per_s = 1e9",
+                                   "intra_node_bandwidth_gb_per_s = 900\nintra_node_bandwidth_bytes_per_s = 1e9"])
+def test_pool_with_a_bandwidth_in_both_units_is_refused(tmp_path, units):
+    """The Gb/s value replaced the bytes/s one without a word (the plan ran at 400 Gb/s, not the 8 Gb/s given)."""
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nmodel = "llama2-7b"\nseq_len = 4096\nglobal_batch = 64\n[[inventory]]\n'
+                   f'gpu = "H100-SXM"\ncount = 8\n{units}\n')
+    refused(run_cli("plan", job, "-q"), f"inventory.0.{units.split(' ')[0]}", "not both")
+
+
 @pytest.mark.parametrize("flags", [["--price", "0.01"], ["--gpus", "8"], ["--network", "ethernet"],
                                    ["--inter-node-gbit", "100"]])
 def test_pool_flags_without_gpu_are_refused(flags):
