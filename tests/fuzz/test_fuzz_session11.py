@@ -288,6 +288,17 @@ def test_pool_with_a_bandwidth_in_both_units_is_refused(tmp_path, units):
     refused(run_cli("plan", job, "-q"), f"inventory.0.{units.split(' ')[0]}", "not both")
 
 
+@pytest.mark.parametrize("where", ["flag", "file"])
+def test_an_empty_model_name_is_refused_as_empty(tmp_path, where):
+    """model = "" read the current folder as the model: "model: . is a directory, not a file"."""
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nmodel = ""\nseq_len = 128\nglobal_batch = 8\n[[inventory]]\ngpu = "H100-SXM"\ncount = 8\n')
+    args = [job] if where == "file" else ["--model", "", "--seq-len", "128", "--global-batch", "8", "--gpu",
+                                           "H100-SXM", "--gpus", "8"]
+    r = refused(run_cli("plan", *args, "-q"), "model", "empty")
+    assert "directory" not in r.stderr
+
+
 @pytest.mark.parametrize("flags", [["--price", "0.01"], ["--gpus", "8"], ["--network", "ethernet"],
                                    ["--inter-node-gbit", "100"]])
 def test_pool_flags_without_gpu_are_refused(flags):

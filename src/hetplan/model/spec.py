@@ -852,6 +852,9 @@ def list_presets() -> tuple[str, ...]:
 
 
 def _load_any(name_or_path: str) -> ModelSpec:
+    if not name_or_path.strip():  # Path("") is the current folder: "model: . is a directory"
+        raise HetplanError("no model given (the name is empty)", field="model",
+                           fix="give a preset name (hetplan catalog models) or the path of a config.json")
     path = Path(name_or_path)
     try:
         exists = path.exists()
@@ -926,7 +929,7 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     ``"llama-2-7b"``; or its Hugging Face repository id) or a ``config.json`` path.
 
     Raises:
-        HetplanError: unknown preset (with suggestions), missing or unreadable file, non-UTF-8 bytes, malformed
-            JSON (with line), a field of the wrong type, bad fields.
+        HetplanError: an empty name, unknown preset (with suggestions), missing or unreadable file, non-UTF-8
+            bytes, malformed JSON (with line), a field of the wrong type, bad fields.
     """
     return _load_any(str(name_or_path))
