@@ -27,6 +27,19 @@ def refused(r, field: str, *words: str):
     return r
 
 
+@pytest.mark.parametrize("gpus, pp, field, words", [
+    ("64", "31", "pins", "fills whole nodes of 8"),  # 31 or 62 GPUs: neither one node nor whole nodes
+    ("64", "17", "pins", "fills whole nodes of 8"),
+    ("264", "33", "pin.pp", "has 32 layers"),  # more stages than layers
+])
+def test_a_pinned_pipeline_no_launch_can_hold_says_why(gpus, pp, field, words):
+    """These said "pins: no configuration matches ... fix: check that tp*pp*dp fits the GPU count, tp divides the
+    heads ...", all of which held."""
+    r = refused(run_cli("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "1024", "--tokens",
+                        "1e12", "--gpu", "H100-SXM", "--gpus", gpus, "--pp", pp, "-q"), field, words)
+    assert "no configuration matches" not in r.stderr
+
+
 @pytest.mark.parametrize("cp", ["3", "5"])
 def test_pinned_cp_not_splitting_the_sequence_names_pin_cp(cp):
     """CP 5 at seq 4096 (2 x 5 does not divide it) said "the model fits on no GPU" with a CP-less footprint."""
