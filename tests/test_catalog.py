@@ -235,6 +235,37 @@ def test_bad_field_names_the_field(tmp_path):
     assert info.value.field == "gpus.A10.price_usd_per_hour"
 
 
+@pytest.mark.parametrize("entry, field, words", [
+    # named by the file's field, not the SI one no file has (it said gpus.A10.memory_bytes)
+    ("memory_gib = 0", "gpus.A10.memory_gib", "in bytes: the file's memory_gib x 2^30"),
+    ("dense_tflops = { bf16 = 0 }", "gpus.A10.dense_tflops.bf16", "in FLOP/s"),
+    ("hbm_bandwidth_gb_per_s = 0", "gpus.A10.hbm_bandwidth_gb_per_s", "in bytes/s"),
+])
+def test_a_field_in_file_units_is_named_as_the_file_gives_it(tmp_path, entry, field, words):
+    path = tmp_path / "bad.toml"
+    path.write_text(f"[gpus.A10]\n{entry}\n")
+    with pytest.raises(HetplanError) as info:
+        load_catalog(path)
+    assert info.value.field == field and words in info.value.message
+
+
+@pytest.mark.parametrize("loader, text, field", [
+    ("load_catalog", "[gpu.H100-SXM]\nmemory_gib = 10\n", "--catalog:gpu"),  # the typo priced the shipped 80 GB
+    ("load_catalog", "[nodes.my-node]\ngpus_per_node = 4\n", "--catalog:nodes"),
+    ("load_nodes", "[gpus.H100-SXM]\nmemory_gib = 10\n", "--nodes:gpus"),
+])
+def test_a_user_file_section_of_another_name_is_refused(tmp_path, loader, text, field):
+    """Only [gpus.NAME] (--catalog) / [nodes.NAME] (--nodes) and [meta] are read: any other section was ignored
+    without a word."""
+    from hetplan.hardware import catalog
+
+    path = tmp_path / "user.toml"
+    path.write_text(text)
+    with pytest.raises(HetplanError) as info:
+        getattr(catalog, loader)(path)
+    assert info.value.field == field and "unknown section" in info.value.message
+
+
 def test_missing_user_file(tmp_path):
     with pytest.raises(HetplanError) as info:
         load_catalog(tmp_path / "nope.toml")

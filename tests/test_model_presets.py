@@ -246,6 +246,14 @@ def test_qwen2_moe_shared_expert_and_qkv_bias():
     (dict(QWEN15_MOE, tie_word_embeddings="no"), "model.tie_word_embeddings", "expected true or false"),
     (dict(QWEN15_MOE, num_experts_per_tok=61), "model", "experts_per_token (61) must be in 1..num_experts (60)"),
     ({"model_type": "llama4", "text_config": [1]}, "model.text_config", "expected a JSON object"),
+    # shapes beyond any preset: 10^9 layers looped the search for hours, a hidden size of 10^12 overflowed int64
+    (dict(QWEN15_MOE, num_hidden_layers=10**9), "model.num_hidden_layers", "less than or equal to 1024"),
+    (dict(QWEN15_MOE, hidden_size=10**12), "model.hidden_size", "less than or equal to 131072"),
+    (dict(QWEN15_MOE, vocab_size=10**12), "model.vocab_size", "less than or equal to 16777216"),
+    # a shape hetplan renames is named by its config.json key (the field was model.ffn_hidden_size)
+    (dict(QWEN15_MOE, intermediate_size=0), "model.intermediate_size", "greater than 0"),
+    (dict(QWEN15_MOE, moe_intermediate_size=10**9), "model.moe_intermediate_size", "less than or equal to 1048576"),
+    (dict(QWEN15_MOE, max_position_embeddings=0), "model.max_position_embeddings", "greater than 0"),
 ])
 def test_config_errors_name_field_and_type(cfg, field, words):
     with pytest.raises(HetplanError) as info:

@@ -133,13 +133,20 @@ def read_csv(text: str, origin: str, field: str, line_key: str | None = None) ->
     each row its line number under that key.
 
     Raises:
-        HetplanError: the csv module refuses it (e.g. a field longer than its 128 kB limit, a NUL byte); a row with
-            more cells than the header; a column named twice.
+        HetplanError: the csv module refuses it (e.g. a field longer than its 128 kB limit, a NUL byte); a header
+            of one column holding semicolons or tabs (a file separated by them, as spreadsheets in many locales save
+            "CSV": it read as one unknown column); a row with more cells than the header; a column named twice.
     """
     reader = csv.DictReader(io.StringIO(text, newline=""))
     rows = []
     try:
         header = reader.fieldnames
+        sep = next((s for s in (";", "\t") if header and len(header) == 1 and s in header[0]), None)
+        if sep is not None:
+            shown = repr(header[0]) if len(header[0]) <= 50 else repr(header[0][:50]) + "..."
+            raise HetplanError(f"{origin}: the header is one column, {shown}: the file is separated by {sep!r}, "
+                               "not commas", field=field,
+                               fix="save it as comma-separated values (a spreadsheet's \"CSV (comma delimited)\")")
         for row in reader:
             if None in row:  # DictReader files cells past the header under the key None, a list no reader expects
                 raise HetplanError(f"{origin} line {reader.line_num}: {len(header or ()) + len(row[None])} cells "

@@ -69,18 +69,21 @@ def normalise_pool(raw: dict, where: str = "inventory") -> dict:
     """Convert the convenience bandwidth units of one inventory entry to bytes/s.
 
     Raises:
-        HetplanError: the entry is not a table, or a convenience field is not a number.
+        HetplanError: the entry is not a table, a convenience field is not a number, or a bandwidth is given in
+            both units (the bytes/s one was replaced without a word).
     """
     if not isinstance(raw, dict):
         raise HetplanError(f"must be a table, got {_short(raw)}", field=where,
                            fix="write one [[inventory]] table per GPU pool")
     out = dict(raw)
-    if "inter_node_bandwidth_gbit_per_s" in out:
-        out["inter_node_bandwidth_bytes_per_s"] = _number(out, "inter_node_bandwidth_gbit_per_s", where) * 1e9 / 8
-        del out["inter_node_bandwidth_gbit_per_s"]
-    if "intra_node_bandwidth_gb_per_s" in out:
-        out["intra_node_bandwidth_bytes_per_s"] = _number(out, "intra_node_bandwidth_gb_per_s", where) * 1e9
-        del out["intra_node_bandwidth_gb_per_s"]
+    for given, si, scale in (("inter_node_bandwidth_gbit_per_s", "inter_node_bandwidth_bytes_per_s", 1e9 / 8),
+                             ("intra_node_bandwidth_gb_per_s", "intra_node_bandwidth_bytes_per_s", 1e9)):
+        if given not in out:
+            continue
+        if si in out:
+            raise HetplanError(f"give {given} or {si}, not both", field=f"{where}.{given}", fix="remove one of them")
+        out[si] = _number(out, given, where) * scale
+        del out[given]
     return out
 
 

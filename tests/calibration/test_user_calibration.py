@@ -322,6 +322,21 @@ def test_bad_runs_exit_2_naming_the_field(tmp_path, body, field):
     assert out.returncode == 2 and field in out.stderr + out.stdout and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("sep", [";", "\t"])
+def test_runs_separated_by_semicolons_or_tabs_say_so(tmp_path, sep):
+    """A spreadsheet's ';'-separated "CSV" read as one column and was refused as "unknown column(s)
+    model;gpu;gpus;...", with the list of columns as the fix: the columns were right, the separator was not."""
+    from tests.fuzz.inproc import run_cli
+
+    rows = ["model,gpu,gpus,seq_len,global_batch,step_time_s", "llama3-8b,H100-SXM,8,8192,16,2.8",
+            "llama3-8b,H100-SXM,16,8192,32,2.9"]
+    f = tmp_path / "runs.csv"
+    f.write_text("\n".join(r.replace(",", sep) for r in rows) + "\n")
+    r = run_cli("calibrate", f)
+    assert r.code == 2 and not r.traceback and "error: RUNS:" in r.stderr
+    assert f"separated by {sep!r}, not commas" in r.stderr and "unknown column" not in r.stderr, r.stderr
+
+
 def test_bad_calibration_file_exit_2(tmp_path):
     f = tmp_path / "cal.toml"
     f.write_text("[calibration]\ncompute_factor = -1\n")

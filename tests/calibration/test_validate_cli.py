@@ -59,6 +59,16 @@ def test_interval_coverage_follows_sets():
     assert set(cov) == {"torchtitan", "all"} and cov["all"]["n"] > cov["torchtitan"]["n"]
 
 
+def test_a_set_named_twice_runs_once():
+    """--sets aceso_v100,aceso_v100 ran its 12 rows twice: n = 24 for the set and for its stack."""
+    from tests.fuzz.inproc import run_cli
+
+    r = run_cli("validate", "--json", "--sets", "aceso_v100, aceso_v100")
+    assert r.code == 0 and not r.traceback, r.stderr
+    out = json.loads(r.stdout)
+    assert out["sets"]["aceso_v100"]["n"] == 12 and [s["n"] for s in out["stacks"].values()] == [12]
+
+
 def test_set_names_and_fields(result):
     assert set(result["sets"]) == {"vtrain_single_node", "vtrain_multi_node", "megatron_sc21_table1",
                                    "korthikanti_table5", "aceso_v100", "fasop_layers", "espresso_hetero",

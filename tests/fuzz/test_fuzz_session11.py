@@ -27,6 +27,19 @@ def refused(r, field: str, *words: str):
     return r
 
 
+@pytest.mark.parametrize("gpus, pp, field, words", [
+    ("64", "31", "pins", "fills whole nodes of 8"),  # 31 or 62 GPUs: neither one node nor whole nodes
+    ("64", "17", "pins", "fills whole nodes of 8"),
+    ("264", "33", "pin.pp", "has 32 layers"),  # more stages than layers
+])
+def test_a_pinned_pipeline_no_launch_can_hold_says_why(gpus, pp, field, words):
+    """These said "pins: no configuration matches ... fix: check that tp*pp*dp fits the GPU count, tp divides the
+    heads ...", all of which held."""
+    r = refused(run_cli("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "1024", "--tokens",
+                        "1e12", "--gpu", "H100-SXM", "--gpus", gpus, "--pp", pp, "-q"), field, words)
+    assert "no configuration matches" not in r.stderr
+
+
 @pytest.mark.parametrize("cp", ["3", "5"])
 def test_pinned_cp_not_splitting_the_sequence_names_pin_cp(cp):
     """CP 5 at seq 4096 (2 x 5 does not divide it) said "the model fits on no GPU" with a CP-less footprint."""
@@ -282,6 +295,27 @@ def test_job_file_with_both_deadlines_is_refused(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(text.replace("deadline_days = 60", "deadline_days = 60\ndeadline_s = 100"))
     refused(run_cli("plan", job, "-q"), "objective.deadline_days", "not both")
+
+
+@pytest.mark.parametrize("units", ["inter_node_bandwidth_gbit_per_s = 400\ninter_node_bandwidth_bytes_per_s = 1e9",
+                                   "intra_node_bandwidth_gb_per_s = 900\nintra_node_bandwidth_bytes_per_s = 1e9"])
+def test_pool_with_a_bandwidth_in_both_units_is_refused(tmp_path, units):
+    """The Gb/s value replaced the bytes/s one without a word (the plan ran at 400 Gb/s, not the 8 Gb/s given)."""
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nmodel = "llama2-7b"\nseq_len = 4096\nglobal_batch = 64\n[[inventory]]\n'
+                   f'gpu = "H100-SXM"\ncount = 8\n{units}\n')
+    refused(run_cli("plan", job, "-q"), f"inventory.0.{units.split(' ')[0]}", "not both")
+
+
+@pytest.mark.parametrize("where", ["flag", "file"])
+def test_an_empty_model_name_is_refused_as_empty(tmp_path, where):
+    """model = "" read the current folder as the model: "model: . is a directory, not a file"."""
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nmodel = ""\nseq_len = 128\nglobal_batch = 8\n[[inventory]]\ngpu = "H100-SXM"\ncount = 8\n')
+    args = [job] if where == "file" else ["--model", "", "--seq-len", "128", "--global-batch", "8", "--gpu",
+                                           "H100-SXM", "--gpus", "8"]
+    r = refused(run_cli("plan", *args, "-q"), "model", "empty")
+    assert "directory" not in r.stderr
 
 
 @pytest.mark.parametrize("flags", [["--price", "0.01"], ["--gpus", "8"], ["--network", "ethernet"],

@@ -66,7 +66,7 @@ def test_inter_node_bandwidth_inf_refused(tmp_path):
 
 
 @pytest.mark.parametrize("entry,field", [("memory_gib = nan", "memory_gib"),
-                                         ("dense_tflops = { bf16 = inf }", "dense_flops_per_s.bf16")])
+                                         ("dense_tflops = { bf16 = inf }", "dense_tflops.bf16")])
 def test_catalog_non_finite_gpu_field_refused(tmp_path, entry, field):
     p = tmp_path / "gpus.toml"
     p.write_text(f'[gpus.A100-SXM-80GB]\n{entry}\n')

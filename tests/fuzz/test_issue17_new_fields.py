@@ -120,7 +120,7 @@ def test_num_experts_1e15_refused_not_a_minutes_long_ep_divisor_search(tmp_path)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     refused(run_cli("plan", "--model", path, "--seq-len", "64", "--global-batch", "8", "--tokens", "1e7", "--gpu",
-                    "A100-SXM-80GB", "--gpus", "4"), "model.num_experts", "1048576")
+                    "A100-SXM-80GB", "--gpus", "4"), "model.num_local_experts", "1048576")
 
 
 def test_frontier_of_1000_micro_batches_no_recursion_error(tmp_path):

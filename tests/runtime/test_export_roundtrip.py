@@ -214,6 +214,21 @@ def test_export_reads_back_as_the_plan(name, make, targets):
         assert {k: got[k] for k in want} == want, (target, got)
 
 
+@pytest.mark.parametrize("tokens, iterations", [(1e12, 238_419), (4_194_304_000.0, 1000), (4_194_305.0, 2)])
+@pytest.mark.parametrize("target", ["megatron", "deepspeed", "torchtitan@0.2", "torchtitan@0.3"])
+def test_a_token_budget_launches_enough_iterations(target, tokens, iterations):
+    """1e12 tokens at 1,024 x 4,096 per iteration launched int(238,418.6) = 238,418 iterations, 2.4 M tokens short
+    of the job (plan printed 238,419); an exact multiple stays exact."""
+    job = Job(model="llama2-7b", seq_len=4096, global_batch=1024, train_tokens=tokens)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=64)], stages=[Stage(num_layers=32, dp=64)], mbs=2)
+    assert job.launch_iterations() == iterations
+    name, _, version = target.partition("@")
+    text = "\n".join(exporters.export(plan, load_model("llama2-7b"), name, version=version or None).files.values())
+    words = {"megatron": f"--train-iters {iterations} ", "deepspeed": f'"train_iterations": {iterations}',
+             "torchtitan@0.2": f"steps = {iterations}\n", "torchtitan@0.3": f"--training.steps {iterations} "}
+    assert words[target] in text
+
+
 def test_torchtitan_pp1_runs_one_microbatch_per_step():
     """Issue 18: a plan at micro-batch 1 x 16 accumulated micro-batches must not run 16 sequences per step."""
     plan = _plan("llama3-8b", [{"num_layers": 32, "dp": 8}], gbs=128, mbs=1, zero=3)

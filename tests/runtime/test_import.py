@@ -122,6 +122,21 @@ def test_hand_written_megatron_script():
     assert plan.num_microbatches(0) == 256 and plan.sequence_parallel
 
 
+@pytest.mark.parametrize("edit, field, words", [
+    # the world size is the launch's own: the degree that does not divide it is at fault, not a --gpus never given
+    (("--tensor-model-parallel-size 8", "--tensor-model-parallel-size 3"), "--tensor-model-parallel-size",
+     "starts 64 ranks"),
+    (("--nnodes 8", "--nnodes 0"), "--nnodes", "starts no rank"),  # was "dp: ... greater than 0"
+    # the schema's message once, without pydantic's "Value error, " (was "FILES: ...: FILES: Value error, ...")
+    (("--global-batch-size 512", "--global-batch-size 511"), "FILES", "refuses: global_batch 511 is not divisible"),
+])
+def test_a_damaged_megatron_launch_names_its_flag(edit, field, words):
+    with pytest.raises(HetplanError) as exc:
+        importers.import_files({"run.sh": HAND_MEGATRON.replace(*edit)})
+    assert exc.value.field == field and words in exc.value.message, exc.value.render()
+    assert "Value error" not in exc.value.message and "--gpus" not in exc.value.render()
+
+
 def test_megatron_parser_refuses_what_the_release_does_not_have():
     with pytest.raises(HetplanError, match="unrecognized arguments: --tensor-parallel-size"):
         parse_megatron_args(["--tensor-parallel-size", "8"])

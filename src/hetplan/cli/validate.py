@@ -232,7 +232,8 @@ def register(app: typer.Typer) -> None:
 
         every = v.SET_NAMES + modern.SET_NAMES + (independent.SET_NAME, independent.A100_SET_NAME, serving.SET_NAME,
                                                   energy_set.SET_NAME)
-        names = every if sets is None else tuple(s.strip() for s in sets.split(",") if s.strip())
+        # each set once: --sets aceso_v100,aceso_v100 ran its 12 rows twice and printed n = 24 for the set and stack
+        names = every if sets is None else tuple(dict.fromkeys(s.strip() for s in sets.split(",") if s.strip()))
         if not names:  # --sets "" ran every set, --sets ",," none (an interval line and exit 0)
             raise HetplanError(f"--sets {sets!r} names no validation set", field="--sets",
                                fix=f"leave --sets out for every set, or name some of: {', '.join(every)}")

@@ -243,6 +243,30 @@ class GPUSpec(UserInput):
             ) from None
 
 
+#: The catalog file's fields in convenient units: the :class:`GPUSpec` field each fills, the factor to SI and the
+#: SI unit.
+_FILE_UNITS = {
+    "memory_gib": ("memory_bytes", 2**30, "bytes"),
+    "hbm_bandwidth_gb_per_s": ("hbm_bandwidth_bytes_per_s", GB, "bytes/s"),
+    "gpu_link_bandwidth_gb_per_s": ("gpu_link_bandwidth_bytes_per_s", GB, "bytes/s"),
+    "host_link_bandwidth_gb_per_s": ("host_link_bandwidth_bytes_per_s", GB, "bytes/s"),
+    "dense_tflops": ("dense_flops_per_s", TERA, "FLOP/s"),
+}
+
+
+def _in_file_units(err: HetplanError, name: str, raw: Mapping) -> HetplanError:
+    """``err`` about GPU ``name``'s entry named by the field the file gave (``memory_gib = 0`` was refused as
+    ``gpus.X.memory_bytes``, a field no file has), saying that its numbers are in SI units."""
+    prefix = f"gpus.{name}."
+    rest = (err.field or "").removeprefix(prefix)
+    for key, (si_key, factor, unit) in _FILE_UNITS.items():
+        if key in raw and (rest == si_key or rest.startswith(si_key + ".")):
+            scale = "2^30" if factor == 2**30 else f"{factor:.0e}"
+            return HetplanError(f"{err.message} [in {unit}: the file's {key} x {scale}]",
+                                field=prefix + key + rest[len(si_key):], fix=err.fix)
+    return err
+
+
 def _spec_from_toml(name: str, raw: Mapping) -> GPUSpec:
     if not isinstance(raw, Mapping):
         raise HetplanError(f"must be a table, got {raw!r:.40}", field=f"gpus.{name}", fix=f"write [gpus.{name}] with its fields")
@@ -260,14 +284,8 @@ def _spec_from_toml(name: str, raw: Mapping) -> GPUSpec:
             isinstance(v, bool) or not isinstance(v, (int, float)) for v in data.get("dense_tflops", {}).values()):
         raise HetplanError("must be a table of dtype = TFLOP/s numbers", field=f"gpus.{name}.dense_tflops",
                            fix='write e.g. dense_tflops = { bf16 = 989, fp16 = 989 }')
-    conv = {
-        "memory_gib": ("memory_bytes", 2**30),
-        "hbm_bandwidth_gb_per_s": ("hbm_bandwidth_bytes_per_s", GB),
-        "gpu_link_bandwidth_gb_per_s": ("gpu_link_bandwidth_bytes_per_s", GB),
-        "host_link_bandwidth_gb_per_s": ("host_link_bandwidth_bytes_per_s", GB),
-    }
-    for key, (si_key, factor) in conv.items():
-        if key in data:
+    for key, (si_key, factor, _) in _FILE_UNITS.items():
+        if key in data and key != "dense_tflops":
             value = data.pop(key)
             si = value * factor  # 1e300 GiB overflows to inf, which int() cannot take: the bound below says so
             data[si_key] = int(si) if si_key == "memory_bytes" and math.isfinite(si) else si
@@ -345,8 +363,14 @@ def _overlay(raw: dict, user: Mapping, section: str, flag: str) -> None:
     case and punctuation (:func:`_norm`) overrides that entry's fields (:func:`_merge`), another NAME adds an entry.
 
     Raises:
-        HetplanError: ``[section]`` is not a table of tables (field ``flag``), or one entry is not a table.
+        HetplanError: ``[section]`` is not a table of tables (field ``flag``), or one entry is not a table; a section
+            other than ``[section]`` and ``[meta]`` (a typo such as ``[gpu.H100-SXM]`` for ``[gpus.H100-SXM]`` was
+            ignored without a word, and the plans priced the shipped entry).
     """
+    unknown = [key for key in user if key not in (section, "meta")]
+    if unknown:
+        raise HetplanError(f"unknown section [{unknown[0]}]", field=f"{flag}:{unknown[0]}",
+                           fix=f"write each entry as [{section}.NAME] (and the file's date under [meta])")
     tables = user.get(section, {})
     if not isinstance(tables, dict):
         raise HetplanError(f"[{section}] must be a table of tables, got {tables!r:.40}", field=flag,
@@ -374,7 +398,7 @@ def _load(user_text: str | None, user_file: str | None) -> Catalog:
         try:
             gpus[name] = _spec_from_toml(name, raw)
         except ValidationError as exc:
-            raise validation_message(exc, f"gpus.{name}", GPUSpec) from None
+            raise _in_file_units(validation_message(exc, f"gpus.{name}", GPUSpec), name, raw) from None
     return Catalog(gpus, str(data.get("meta", {}).get("date", "unknown")))
 
 

@@ -37,7 +37,13 @@ from typing import Annotated, Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, ValidationError, model_validator
 
 from hetplan.errors import HetplanError
-from hetplan.inputs import parse_json, read_text
+from hetplan.inputs import bounded, parse_json, read_text, validation_message
+
+
+#: Reasons of :class:`ModelSpec`'s bounds shared by several fields.
+_LARGEST_HEAD = "4,096 is 16x the largest head of any preset (Gemma 2: 256)"
+_WIDEST_MLP = "1,048,576 is 10x the widest MLP of any preset (Megatron-LM's 1T GPT: 102,400)"
+_WIDEST_RANK = "a rank above 131,072 is wider than the widest hidden size hetplan takes"
 
 
 class ModelSpec(BaseModel):
@@ -103,14 +109,21 @@ class ModelSpec(BaseModel):
     family: Literal["llama", "mistral", "gpt2", "gpt_neox", "opt", "megatron_gpt", "qwen2", "qwen3", "mpt",
                     "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                     "gpt_oss", "llama4"]
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
+    #: Shapes are bounded far above any preset: a config.json of 10^9 layers made the search loop for hours (it
+    #: enumerates pipelines of up to one stage per layer), and a hidden size of 10^12 overflowed the int64
+    #: parameter counts (a traceback).
+    num_layers: int = bounded(1024, "1,024 layers is 8x the deepest preset (Megatron-LM's 1T GPT: 128) and above "
+                                    "DeepNet's 1,000-layer record", gt=0)
+    hidden_size: int = bounded(2**17, "131,072 is 5x the widest preset (Megatron-LM's 1T GPT: 25,600)", gt=0)
+    num_attention_heads: int = bounded(2**14, "16,384 heads is 100x the most of any preset (Megatron-LM's 1T GPT: "
+                                              "160)", gt=0)
     num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    ffn_hidden_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    max_seq_len: int = Field(gt=0)
+    head_dim: int = bounded(2**12, _LARGEST_HEAD, gt=0)
+    ffn_hidden_size: int = bounded(2**20, _WIDEST_MLP, gt=0)
+    vocab_size: int = bounded(2**24, "16,777,216 tokens is 64x the largest vocabulary of any preset (Gemma 3: "
+                                     "262,208)", gt=0)
+    max_seq_len: int = bounded(2**30, "1,073,741,824 positions is 100x the longest context of any preset (Llama 4 "
+                                      "Scout: 10,485,760)", gt=0)
     gated_mlp: bool
     norm: Literal["layernorm", "rmsnorm"]
     norm_bias: bool = True
@@ -121,22 +134,23 @@ class ModelSpec(BaseModel):
     tied_embeddings: bool
     dropout: bool
     softmax_fp32: bool = False
-    v_head_dim: int = Field(0, ge=0)
+    v_head_dim: int = bounded(2**12, "4,096 is 16x the largest head of any preset (Gemma 2: 256)", default=0, ge=0)
     qkv_bias: bool = False
     qk_norm: bool = False
     attention_sinks: bool = False
     sliding_window: int = Field(0, ge=0)
     sliding_window_layers: int = Field(0, ge=0)
-    q_lora_rank: int = Field(0, ge=0)
-    kv_lora_rank: int = Field(0, ge=0)
+    q_lora_rank: int = bounded(2**17, _WIDEST_RANK, default=0, ge=0)
+    kv_lora_rank: int = bounded(2**17, _WIDEST_RANK, default=0, ge=0)
     qk_rope_head_dim: int = Field(0, ge=0)
     #: At most 2^20: PEER (He 2024, "Mixture of A Million Experts") has 1,048,576; fuzz found 1e15 experts looping
     #: the EP divisor search for minutes.
-    num_experts: int = Field(0, ge=0, le=2**20)
+    num_experts: int = bounded(2**20, "1,048,576 experts is PEER's (He 2024, \"Mixture of A Million Experts\"), "
+                                      "the most published", default=0, ge=0)
     experts_per_token: int = Field(0, ge=0)
     router_renormalize: bool = True
-    expert_ffn_hidden_size: int = Field(0, ge=0)
-    shared_expert_ffn_hidden_size: int = Field(0, ge=0)
+    expert_ffn_hidden_size: int = bounded(2**20, _WIDEST_MLP, default=0, ge=0)
+    shared_expert_ffn_hidden_size: int = bounded(2**20, _WIDEST_MLP, default=0, ge=0)
     shared_expert_gate: bool = False
     first_dense_layers: int = Field(0, ge=0)
     moe_layer_step: int = Field(1, gt=0)
@@ -800,9 +814,31 @@ def from_hf_config(cfg: Any, name: str) -> ModelSpec:
         return ModelSpec(name=name, **fields, **extra)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise HetplanError(err["msg"].removeprefix("Value error, "), field=f"model.{loc}" if loc else "model",
-                           fix="check the config.json shapes") from None
+        if not err["loc"]:  # a check across fields: its message names them
+            raise HetplanError(err["msg"].removeprefix("Value error, "), field="model",
+                               fix="check the config.json shapes") from None
+        # one shape: named by the config.json key it was read from (ffn_hidden_size is Llama's intermediate_size),
+        # with the reason of its bound
+        spec_field = str(err["loc"][0])
+        key = next((k for k in _CONFIG_KEYS.get(spec_field, ()) if cfg.get(k) is not None), spec_field)
+        raise HetplanError(validation_message(exc, "model", ModelSpec).message, field=f"model.{key}",
+                           fix="give the model's shapes from its released config.json") from None
+
+
+#: The config.json keys each :class:`ModelSpec` shape is read from, by family naming convention (the first one a
+#: config gives names the shape in an error); a shape not listed has the config's name.
+_CONFIG_KEYS = {
+    "num_layers": ("num_hidden_layers", "n_layer", "n_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "n_heads"),
+    "head_dim": ("head_dim", "num_attention_heads", "n_head", "n_heads"),  # hidden_size / heads when not given
+    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "expansion_ratio"),
+    "max_seq_len": ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len"),
+    "expert_ffn_hidden_size": ("moe_intermediate_size", "intermediate_size"),
+    "shared_expert_ffn_hidden_size": ("shared_expert_intermediate_size", "moe_intermediate_size"),
+    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "experts_per_token": ("num_experts_per_tok", "experts_per_token"),
+}
 
 
 def _presets_dir():
@@ -816,6 +852,9 @@ def list_presets() -> tuple[str, ...]:
 
 
 def _load_any(name_or_path: str) -> ModelSpec:
+    if not name_or_path.strip():  # Path("") is the current folder: "model: . is a directory"
+        raise HetplanError("no model given (the name is empty)", field="model",
+                           fix="give a preset name (hetplan catalog models) or the path of a config.json")
     path = Path(name_or_path)
     try:
         exists = path.exists()
@@ -890,7 +929,7 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     ``"llama-2-7b"``; or its Hugging Face repository id) or a ``config.json`` path.
 
     Raises:
-        HetplanError: unknown preset (with suggestions), missing or unreadable file, non-UTF-8 bytes, malformed
-            JSON (with line), a field of the wrong type, bad fields.
+        HetplanError: an empty name, unknown preset (with suggestions), missing or unreadable file, non-UTF-8
+            bytes, malformed JSON (with line), a field of the wrong type, bad fields.
     """
     return _load_any(str(name_or_path))

@@ -26,6 +26,8 @@ The model is the preset whose shapes the arguments give (hidden size, layers, he
 
 from __future__ import annotations
 
+import math
+
 import ast
 import json
 import re
@@ -74,9 +76,30 @@ def _world(words: list[str], gpus: int | None, nodes_flag: str, per_node_flags: 
                                fix="drop --gpus (it is for launches that do not give their world size)")
         return gpus, int(nproc) if nproc and nproc.isdigit() else min(gpus, 8)
     if nnodes and nproc and nnodes.isdigit() and nproc.isdigit():
+        if not int(nnodes) * int(nproc):  # it reached the schema as "dp: Input should be greater than 0"
+            flag = nodes_flag if not int(nnodes) else per_node_flags[0]
+            raise HetplanError(f"{flag} 0 starts no rank", field=flag, fix=f"give {flag} 1 or more")
         return int(nnodes) * int(nproc), int(nproc)
     raise HetplanError("the launch names no world size (torchrun --nnodes/--nproc-per-node, deepspeed "
                        "--num_nodes/--num_gpus)", field="--gpus", fix="give the job's GPU count with --gpus")
+
+
+def _refuse_world_split(world: int, users: bool, degrees: dict[str, int]) -> None:
+    """Refuse a world size the launch's parallel degrees (``{flag: degree}``) do not divide (Megatron-LM's
+    ``initialize_model_parallel`` raises on it), naming ``--gpus`` when the world size is the user's (``users``: the
+    launch gives none) and else the first degree that does not divide it (a launch of 8 x 8 ranks at TP 3 said
+    "--gpus: ..., give the launch's world size", though no --gpus was given and the world size was the launch's own).
+
+    Raises:
+        HetplanError: always."""
+    product = math.prod(degrees.values())
+    names = " x ".join(f"{flag} {d}" for flag, d in degrees.items() if d > 1)
+    names += f" = {product}" if sum(d > 1 for d in degrees.values()) > 1 else ""
+    if users:
+        raise HetplanError(f"{world} GPUs is no multiple of {names}", field="--gpus", fix="give the launch's world size")
+    flag = next((f for f, d in degrees.items() if world % d), next(f for f, d in reversed(degrees.items()) if d > 1))
+    raise HetplanError(f"the launch starts {world} ranks, no multiple of {names}", field=flag,
+                       fix=f"give degrees whose product divides the {world} ranks")
 
 
 def _degrees_at_least_one(degrees: dict[str, int]) -> None:
@@ -220,8 +243,8 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     _degrees_at_least_one({"--tensor-model-parallel-size": tp, "--pipeline-model-parallel-size": pp,
                            "--context-parallel-size": cp})
     if world % (tp * pp * cp):
-        raise HetplanError(f"{world} GPUs is no multiple of TP x CP x PP = {tp * cp * pp}", field="--gpus",
-                           fix="give the launch's world size")
+        _refuse_world_split(world, _opt(words, "--nnodes") is None, {
+            "--tensor-model-parallel-size": tp, "--context-parallel-size": cp, "--pipeline-model-parallel-size": pp})
     dp = world // (tp * pp * cp)
     experts = a.get("num_experts")
     spec = match_model({"num_layers": a.get("num_layers"), "hidden_size": a.get("hidden_size"),
@@ -627,8 +650,10 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
         err = e.errors()[0]
         # a whole-plan rule (batch divisibility) has no location: the field is then the launch files
         where = ".".join(str(x) for x in err["loc"]) or "FILES"
-        raise HetplanError(f"the launch gives a plan the schema refuses: {where}: {err['msg']}", field=where,
-                           fix="correct that value in the launch") from None
+        # the field is named once, and without pydantic's "Value error, " (it read "FILES: the launch gives a plan
+        # the schema refuses: FILES: Value error, global_batch 1000 is not divisible ...")
+        raise HetplanError(f"the launch gives a plan the schema refuses: {err['msg'].removeprefix('Value error, ')}",
+                           field=where, fix="correct that value in the launch") from None
     except (KeyError, ValueError, TypeError, SyntaxError, StopIteration, ZeroDivisionError, IndexError,
             AttributeError, OverflowError) as e:  # OverflowError: int(inf), e.g. gradient_accumulation_steps = inf
         raise HetplanError(f"the launch files cannot be read as a plan: {type(e).__name__} {e}", field="FILES",

@@ -100,7 +100,8 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
             not dividing the experts; ``--tp`` / ``--pp`` / ``--cp`` / ``--ep`` > 1 or ``--virtual-stages`` > 1
             where ``job``'s stack lacks that dimension or interleaving (rule ``stack-has-option``).
         PlanRuleError: ``--cp`` whose 2 x CP does not divide ``job``'s sequence (rule ``cp-divides-sequence``).
-        HetplanError: ``--zero`` (unless ``--dp 1``) or ``--recompute`` the stack does not offer.
+        HetplanError: ``--zero`` (unless ``--dp 1``) or ``--recompute`` the stack does not offer; ``--pp`` above
+            the model's layers (every stage holds one at least: :mod:`hetplan.search.space` enumerates PP up to L).
     """
     from hetplan.plan_rules import (PlanRuleError, cp_sequence_violation, expert_degree_violation,
                                     tensor_degree_violations)
@@ -121,6 +122,9 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
         # before the search: a pinned ZeRO-1 with DP > 1 possible kept only the DP = 1 rows (nemo@22.05 --zero 1
         # printed 768-stage ZeRO-1 plans), a pinned recomputation was priced though the stack lacks it
         _refuse_stack_modes(job, pins, zero=pins.dp != 1)
+    if pins.pp is not None and pins.pp > m.num_layers:  # said only "no configuration matches the pinned dimensions"
+        raise HetplanError(f"PP {pins.pp} needs a layer on every stage; {m.name} has {m.num_layers} layers",
+                           field="pin.pp", fix=f"pin pp at most {m.num_layers}")
     bad = [*tensor_degree_violations(m, pins.tp or 1, field="pin.tp"), expert_degree_violation(m, pins.ep or 1,
                                                                                                 field="pin.ep")]
     if job is not None:  # a pinned CP the sequence does not split into 2 x CP chunks (the search said "fits on no
@@ -275,9 +279,10 @@ def _refuse_pinned_ep_layout(job: Job, pins: Pins) -> None:
 
 def _refuse_pins_no_pool_holds(pins: Pins, inventory: Inventory) -> None:
     """When no configuration matched: pinned degrees that no pool has the GPUs for — their product ``TP x PP x
-    CP x DP`` (a plan uses that many GPUs at least, :mod:`hetplan.search.space`) above the largest pool or not
-    dividing a pinned ``--use-gpus``, or a TP degree above every pool's GPUs per node (TP stays inside a node:
-    ``space.tp_degrees``).
+    CP x DP`` (a plan uses that many GPUs at least, :mod:`hetplan.search.space`) above the largest pool, not
+    dividing a pinned ``--use-gpus``, or with no multiple within a pool that fills whole nodes
+    (:func:`hetplan.plan.fills_whole_nodes`), or a TP degree above every pool's GPUs per node (TP stays inside a
+    node: ``space.tp_degrees``).
 
     Raises:
         HetplanError: naming the pins and what the inventory has."""
@@ -292,6 +297,14 @@ def _refuse_pins_no_pool_holds(pins: Pins, inventory: Inventory) -> None:
     if pins.num_gpus is not None and pins.num_gpus % need:
         raise HetplanError(f"the pinned {text} use{s_} a multiple of {need} GPUs; --use-gpus {pins.num_gpus} is not one",
                            field="pin.num_gpus", fix=f"pin --use-gpus to a multiple of {need}, or unpin a degree")
+    if pins.num_gpus is None and not any(fills_whole_nodes(n, p.gpus_per_node) for p in inventory.pools
+                                         for n in range(need, p.count + 1, need)):
+        # --pp 31 on 64 GPUs of 8 per node: 31 or 62 GPUs, neither one node nor whole nodes (the generic advice
+        # said to check that tp*pp*dp fits the GPU count, which it does)
+        sizes = ", ".join(map(str, sorted({p.gpus_per_node for p in inventory.pools})))
+        raise HetplanError(f"the pinned {text} use{s_} a multiple of {need} GPUs, and none up to the pools' sizes fills "
+                           f"whole nodes of {sizes} GPUs (a launch starts the same number of processes on every node)",
+                           field="pins", fix="pin degrees whose product divides the node size or is a multiple of it")
     per_node = max(p.gpus_per_node for p in inventory.pools)
     if pins.tp is not None and pins.tp > per_node:
         raise HetplanError(f"TP {pins.tp} spans nodes: hetplan keeps TP inside a node (its all-reduces in every "

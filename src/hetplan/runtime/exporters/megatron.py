@@ -57,7 +57,7 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         f"--num-attention-heads {spec.num_attention_heads}", f"--ffn-hidden-size {spec.ffn_hidden_size}",
         f"--seq-length {plan.job.seq_len}", f"--max-position-embeddings {max(spec.max_seq_len, plan.job.seq_len)}",
         f"--micro-batch-size {plan.mbs}", f"--global-batch-size {plan.job.global_batch}",
-        f"--train-iters {int(plan.job.iterations())}", f"--{'bf16' if plan.job.dtype == 'fp8' else plan.job.dtype}",
+        f"--train-iters {plan.job.launch_iterations()}", f"--{'bf16' if plan.job.dtype == 'fp8' else plan.job.dtype}",
         "--lr 1e-4", "--optimizer adam", "--mock-data", "--tokenizer-type NullTokenizer",
         f"--vocab-size {spec.vocab_size}",
     ]

@@ -122,7 +122,7 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         "[model]", 'name = "llama3"', f'flavor = "{flavor}"',
         *(['converters = ["quantize.linear.float8"]'] if plan.job.dtype == "fp8" else []), "",
         "[training]", f"local_batch_size = {local}", f"global_batch_size = {plan.job.global_batch}",
-        f"seq_len = {plan.job.seq_len}", f"steps = {int(plan.job.iterations())}",
+        f"seq_len = {plan.job.seq_len}", f"steps = {plan.job.launch_iterations()}",
         'mixed_precision_param = "bfloat16"',
         *(['mixed_precision_reduce = "bfloat16"'] if plan.grad_reduce_dtype == "bf16" else []), "",
         "[parallelism]", *dp_lines, f"tensor_parallel_degree = {m.tp}",
@@ -438,7 +438,7 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
           f"--parallelism.data_parallel_shard_degree {shard}", f"--parallelism.fsdp_reshard_after_forward {reshard}"]
     args = head + [
         f"--training.local_batch_size {local}", f"--training.global_batch_size {plan.job.global_batch}",
-        f"--training.seq_len {plan.job.seq_len}", f"--training.steps {int(plan.job.iterations())}",
+        f"--training.seq_len {plan.job.seq_len}", f"--training.steps {plan.job.launch_iterations()}",
         "--training.mixed_precision_param bfloat16",
         *(["--training.mixed_precision_reduce bfloat16"] if plan.grad_reduce_dtype == "bf16" else []),
         # CUDA graphs of the step only where the plan prices them (hetplan.plan.Plan.cuda_graphs)
