@@ -103,3 +103,16 @@ def test_a_bound_error_gives_the_reason_of_its_own_bound():
     with pytest.raises(HetplanError) as high:
         validated(GPUPool, dict(gpu="H100-SXM", count=10**7), "pool")
     assert "largest cluster" in str(high.value)
+
+
+def test_hsdp_shard_group_without_sharding_is_refused():
+    """``fsdp_shard`` (HSDP's shard groups) on a plan whose ZeRO stage shards nothing (0 or 1) changed nothing: the
+    estimate was that of the plan without it. It is refused; under ZeRO-3 / FSDP it shards."""
+    def plan(zero, framework):
+        return Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=64, framework=framework), mbs=1,
+                    zero=zero, fsdp_shard=8, pools=[GPUPool(gpu="H100-SXM", count=64)],
+                    stages=[Stage(num_layers=32, tp=1, dp=64)])
+    for zero, framework in ((1, "megatron"), (0, "fsdp")):
+        with pytest.raises(ValueError, match="fsdp_shard = 8 sets HSDP's shard groups"):
+            plan(zero, framework)
+    assert plan(3, "fsdp").fsdp_shard == 8

@@ -573,6 +573,11 @@ class Plan(UserInput):
                 )
             if self.fsdp_shard is not None and st.dp % self.fsdp_shard:
                 raise ValueError(f"fsdp_shard = {self.fsdp_shard} does not divide stages[{i}].dp = {st.dp}")
+        if self.fsdp_shard is not None and self.zero < 2:  # it changed nothing: the numbers were those without it
+            raise ValueError(f"fsdp_shard = {self.fsdp_shard} sets HSDP's shard groups, but zero = {self.zero} shards no "
+                             "parameters or gradients (only ZeRO-2/3 and FSDP do); fix: remove fsdp_shard, or set "
+                             "zero = 3 (FSDP)")
+        for i, st in enumerate(self.stages):
             try:  # the degrees together (CP, EP x expert TP within TP x CP x DP): one message, not a traceback
                 self.stage_layout(i)
             except ValidationError as exc:
