@@ -134,7 +134,7 @@ class ModelSpec(BaseModel):
     tied_embeddings: bool
     dropout: bool
     softmax_fp32: bool = False
-    v_head_dim: int = bounded(2**12, "4,096 is 16x the largest head of any preset (Gemma 2: 256)", default=0, ge=0)
+    v_head_dim: int = bounded(2**12, _LARGEST_HEAD, default=0, ge=0)
     qkv_bias: bool = False
     qk_norm: bool = False
     attention_sinks: bool = False

@@ -26,10 +26,9 @@ The model is the preset whose shapes the arguments give (hidden size, layers, he
 
 from __future__ import annotations
 
-import math
-
 import ast
 import json
+import math
 import re
 import shlex
 import tomllib
