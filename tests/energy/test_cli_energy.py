@@ -83,6 +83,8 @@ def test_frontier_gpipe_small(tmp_path):
     (["-m", "4", "--idle-power-w", "-5"], "--idle-power-w"),
     (["-m", "4", "--unit-time-s", "0"], "--unit-time-s"),
     (["-m", "4", "--unit-time-s", "1e-9"], "--unit-time-s ≥ 5.02e-05"),  # ran > 150 s without progress before
+    (["-m", "4", "--unit-time-s", "1e-9"], "error: --unit-time-s:"),  # named by the flag, not compute_frontier's
+    (["-m", "4", "--schedule", "zigzag"], "error: --schedule:"),      # unit_time_s / schedule parameters
     (["-m", "4", "--schedule", "zigzag"], "unknown schedule"),
     (["-m", "4", "--straggler-slowdown", "0.5"], "straggler slowdown"),
     ([], "--num-microbatches"),

@@ -19,6 +19,24 @@ from rich.table import Table
 from hetplan.errors import HetplanError
 
 
+#: ``compute_frontier``'s parameters as ``hetplan energy frontier`` spells them (its errors name the parameter).
+FRONTIER_FLAGS = {"unit_time_s": "--unit-time-s", "schedule": "--schedule", "num_microbatches": "--num-microbatches",
+                  "idle_power_w": "--idle-power-w"}
+
+
+@contextmanager
+def _named_by_flags() -> Iterator[None]:
+    """Re-raise a :class:`HetplanError` of the frontier library (which names its parameters, ``unit_time_s``) under
+    this command's flag (:data:`FRONTIER_FLAGS`, ``--unit-time-s``)."""
+    try:
+        yield
+    except HetplanError as exc:
+        flag = FRONTIER_FLAGS.get(exc.field or "")
+        if flag is None:
+            raise
+        raise HetplanError(exc.message, field=flag, fix=exc.fix) from None
+
+
 def _positive(value: float, name: str, fix: str) -> None:
     if not (value > 0 and math.isfinite(value)):
         raise HetplanError(f"must be positive, got {value}", field=name, fix=fix)
@@ -199,13 +217,14 @@ def register(app: typer.Typer) -> None:
             raise HetplanError(f"cannot create {output}: {exc.strerror or exc}", field="--output",
                                fix="give a writable directory") from None
         pending = None
-        if baselines:  # on the other core while the solver runs
-            from hetplan.energy.baselines import summary_entries_in_background
-            from hetplan.energy.dag import build_pipeline_dag
+        with _named_by_flags():
+            if baselines:  # on the other core while the solver runs
+                from hetplan.energy.baselines import summary_entries_in_background
+                from hetplan.energy.dag import build_pipeline_dag
 
-            pending = summary_entries_in_background(prof, build_pipeline_dag(prof.num_stages, M, sched, v), idle)
-        with _progress_bar(f"frontier of {2 * prof.num_stages * M * v:,} instructions") as tick:
-            fr = compute_frontier(prof, M, idle, unit_time_s, sched, virtual_stages=v, progress=tick)
+                pending = summary_entries_in_background(prof, build_pipeline_dag(prof.num_stages, M, sched, v), idle)
+            with _progress_bar(f"frontier of {2 * prof.num_stages * M * v:,} instructions") as tick:
+                fr = compute_frontier(prof, M, idle, unit_time_s, sched, virtual_stages=v, progress=tick)
         fr.write_csv(output / "frontier.csv")
         if plans:
             fr.write_plans_file(output / "plans.json")

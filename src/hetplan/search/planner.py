@@ -311,9 +311,10 @@ def _refuse_pins_no_pool_holds(pins: Pins, inventory: Inventory) -> None:
                            f"layer need NVLink), and the largest node here has {per_node} GPUs",
                            field="pin.tp", fix=f"pin TP at most {per_node}, and PP or DP across nodes")
     if pins.tp is not None and not any(p.gpus_per_node % pins.tp == 0 for p in inventory.pools):
-        sizes = sorted({p.gpus_per_node for p in inventory.pools})
-        fits = [t for t in (1, 2, 4, 8) if all(g % t == 0 for g in sizes)]
-        raise HetplanError(f"TP {pins.tp} groups would straddle nodes: no node size here ({', '.join(map(str, sizes))} "
+        node_sizes = sorted({p.gpus_per_node for p in inventory.pools})
+        fits = [t for t in (1, 2, 4, 8) if all(g % t == 0 for g in node_sizes)]
+        raise HetplanError(f"TP {pins.tp} groups would straddle nodes: no node size here "
+                           f"({', '.join(map(str, node_sizes))} "
                            f"GPUs) is a multiple of it, and hetplan keeps every TP group inside a node",
                            field="pin.tp", fix=f"pin a TP degree dividing the node size (e.g. {fits[-1]})")
 
