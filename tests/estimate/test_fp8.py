@@ -591,3 +591,13 @@ def test_torchtitan_mxfp8_moe_export_needs_expert_parallelism():
     assert err.value.field == "plan.stages[0].ep"
     job = exporters.export(plan(8), spec, "torchtitan").files["hetplan_torchtitan_job.py"]
     assert "MXFP8LinearConverter" in job and "MXFP8GroupedExpertsConverter" in job
+    # the search proposes only what the export launches: EP > 1, and a pinned EP 1 is refused by name
+    from hetplan.plan import Inventory
+    from hetplan.search.planner import Pins, search_plans
+
+    inv = Inventory(pools=[GPUPool(gpu="B200", count=8)])
+    ranked = search_plans(plan(8).job, inv, top_k=10).plans
+    assert ranked and all(r.plan.ep > 1 for r in ranked)
+    with pytest.raises(HetplanError, match="need expert parallelism") as err:
+        search_plans(plan(8).job, inv, pins=Pins(ep=1))
+    assert err.value.field == "pin.ep"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from hetplan.degrees import Degrees
+from hetplan.estimate import fp8
 from hetplan.estimate.estimator import in_flight_microbatches, pool_link, pool_price_usd_per_hour
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.options import TrainingOptions
@@ -304,6 +305,10 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         kept = (cfg["zero"] == 2) & (pins.zero == 2)  # pinned: FSDP2 never resharding after forward
         cfg = {k: v[(cfg["zero"] == top) | ddp | kept] for k, v in cfg.items()}
         cfg["zero"] = np.where((cfg["dp"] > 1) & (cfg["zero"] != 0), np.where(cfg["zero"] == 2, 2, 3), 0)
+        if m.is_moe and fp8.is_fp8(job.dtype) and fp8.recipe(gpu, "fsdp", job.fp8_recipe, job.stack_spec()) == "mxfp8":
+            # torchao's MXFP8 grouped experts run only with expert parallelism (its padded token dispatchers;
+            # the torchtitan export refuses EP 1): what the export launches
+            cfg = {k: v[cfg["ep"] > 1] for k, v in cfg.items()}
     base = cfg.pop("base")
     n_all = len(cfg["tp"])
     hardware, options = StageHardware(gpu, pool_link(pool, gpu, job=job)), TrainingOptions.from_job(job)

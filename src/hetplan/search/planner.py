@@ -101,7 +101,8 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
             where ``job``'s stack lacks that dimension or interleaving (rule ``stack-has-option``).
         PlanRuleError: ``--cp`` whose 2 x CP does not divide ``job``'s sequence (rule ``cp-divides-sequence``).
         HetplanError: ``--zero`` (unless ``--dp 1``) or ``--recompute`` the stack does not offer; ``--pp`` above
-            the model's layers (every stage holds one at least: :mod:`hetplan.search.space` enumerates PP up to L).
+            the model's layers (every stage holds one at least: :mod:`hetplan.search.space` enumerates PP up to L);
+            ``--ep 1`` for an MoE job of torchao's MXFP8 (its grouped experts need expert parallelism).
     """
     from hetplan.plan_rules import (PlanRuleError, cp_sequence_violation, expert_degree_violation,
                                     tensor_degree_violations)
@@ -122,6 +123,11 @@ def check_pins(pins: Pins, m: ModelSpec, job: Job | None = None) -> None:
         # before the search: a pinned ZeRO-1 with DP > 1 possible kept only the DP = 1 rows (nemo@22.05 --zero 1
         # printed 768-stage ZeRO-1 plans), a pinned recomputation was priced though the stack lacks it
         _refuse_stack_modes(job, pins, zero=pins.dp != 1)
+    if (pins.ep == 1 and m.is_moe and job is not None and job.framework == "fsdp" and job.dtype == "fp8"
+            and job.fp8_recipe == "mxfp8"):  # the search keeps EP > 1 for it (hetplan.search.homogeneous)
+        raise HetplanError("torchao's MXFP8 grouped experts need expert parallelism (its padded token dispatchers; "
+                           "torchtitan components/quantization/mxfp8.md)", field="pin.ep",
+                           fix="pin --ep 2 or more, or another --fp8-recipe")
     if pins.pp is not None and pins.pp > m.num_layers:  # said only "no configuration matches the pinned dimensions"
         raise HetplanError(f"PP {pins.pp} needs a layer on every stage; {m.name} has {m.num_layers} layers",
                            field="pin.pp", fix=f"pin pp at most {m.num_layers}")
