@@ -120,6 +120,11 @@ def test_hand_written_megatron_script():
                           "mbs": 1, "global_batch": 512, "seq_len": 4096, "virtual_stages": 4, "recompute": "full",
                           "zero": 1, "dtype": "bf16", "gpus": 64}
     assert plan.num_microbatches(0) == 256 and plan.sequence_parallel
+    # a launch of another model family was read as a GPT decoder and priced as one
+    for script in ("pretrain_bert.py", "/opt/megatron/pretrain_t5.py", "pretrain_mamba.py"):
+        with pytest.raises(HetplanError, match="trains no GPT-style decoder") as err:
+            importers.import_files({"run.sh": HAND_MEGATRON.replace("pretrain_gpt.py", script)})
+        assert err.value.field == "FILES"
 
 
 @pytest.mark.parametrize("edit, field, words", [

@@ -222,8 +222,14 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
     """The plan a Megatron-LM launch script (or arguments file) runs (see module doc).
 
     Raises:
-        HetplanError: arguments the release refuses, no world size, shapes of no known model, fp32 training.
+        HetplanError: arguments the release refuses, no world size, shapes of no known model, fp32 training, a
+            script that trains no GPT-style decoder (``pretrain_bert.py``, ``pretrain_t5.py``, ``pretrain_mamba.py``).
     """
+    script = next((w for w in _words(text) if re.search(r"pretrain_\w+\.py$", w)), None)
+    if script is not None and not script.endswith("pretrain_gpt.py"):
+        # pretrain_bert.py / pretrain_t5.py / pretrain_vlm.py ... were read as a GPT decoder and priced as one
+        raise HetplanError(f"{script.rsplit('/', 1)[-1]} trains no GPT-style decoder, the model hetplan prices",
+                           field="FILES", fix="import a launch of pretrain_gpt.py")
     a = parse_megatron_args(megatron_argv(text))
     missing = [o for o in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size")
                if o not in a]
