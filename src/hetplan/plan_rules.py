@@ -63,8 +63,8 @@ Rules (name: what must hold, and why):
   count divisible by pp; the estimate's schedule raised on 2 or 3 at PP 4).
 * ``dtype-on-gpu``: every pool's GPU type has a tensor-core rate for ``job.dtype`` (FP8 needs Hopper, Ada,
   Blackwell or CDNA3; BF16 needs Ampere or later; ``fp8_recipe = "mxfp8"`` Blackwell): the export would
-  otherwise write FP8 flags for an A100 plan that ``estimate`` refuses. GPU types the package catalog does not know (a user's ``--catalog``) are left to
-  the estimator.
+  otherwise write FP8 flags for an A100 plan that ``estimate`` refuses. GPU types the package catalog does not
+  know (a user's ``--catalog``) are left to the estimator.
 * ``framework-can-launch`` (``hetplan export``, checked against the target; :func:`launch_violations`): the
   framework release the export writes for runs the plan's layer split, interleaving, schedule, ZeRO mode (with
   PP), TP / CP / EP / expert-TP degrees, EP beyond DP x CP, token dropping (``job.moe_capacity_factor``), FP8 on

@@ -238,8 +238,8 @@ def high_precision(dtype: str) -> str:
 
 def recipe(gpu: GPUSpec, framework: str, requested: str | None = None, stack: StackSpec | None = None) -> str:
     """The scaling recipe the framework runs on ``gpu``: under ``fsdp`` (torchao) the job's ``requested`` one
-    (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``, or ``mxfp8`` on Blackwell: torchao's ``MXFP8Linear``), else the stack's ``fp8_recipe`` on that GPU family
-    (torchtitan 0.3.0: ``rowwise``; :meth:`hetplan.hardware.stacks.StackSpec.fp8_recipe_on`), else torchao's
+    (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``, or ``mxfp8`` on Blackwell: torchao's ``MXFP8Linear``),
+    else the stack's ``fp8_recipe`` on that GPU family (torchtitan 0.3.0: ``rowwise``; :meth:`hetplan.hardware.stacks.StackSpec.fp8_recipe_on`), else torchao's
     dynamic ``tensorwise`` (torchtitan's default float8 recipe before 0.3); under Transformer
     Engine (megatron, deepspeed) the job's ``requested`` one (:attr:`hetplan.plan.Job.fp8_recipe`: ``delayed``
     or ``current``), else ``mxfp8`` on Blackwell (NeMo's FP8 recipe on B200 / GB200) and ``delayed`` otherwise
@@ -265,11 +265,10 @@ def layer_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array, t: Array = 
     linear GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, :func:`hetplan.estimate.moe.linear_gemm_shapes`) in
     forward, their output gradients ``M·N`` in backward, :data:`CAST_BYTES_PER_ELEMENT` each, at the HBM bandwidth
     (module doc); torchao's ``tensorwise``: :func:`tensorwise_cast_time_s` (``t``, ``sequence_parallel``,
-    ``column_parallel``); torchao's axis-wise recipes (``rowwise``, ``rowwise_with_gw_hp``, and ``mxfp8`` under
-    ``framework = "fsdp"``): :func:`rowwise_cast_time_s`."""
+    ``column_parallel``); torchao's axis-wise recipes (:func:`torchao_axiswise`): :func:`rowwise_cast_time_s`."""
     if recipe_name == "tensorwise":
         return tensorwise_cast_time_s(gpu, shapes, t, sequence_parallel, column_parallel)
-    if recipe_name in ROWWISE or (recipe_name == "mxfp8" and framework == "fsdp"):
+    if torchao_axiswise(recipe_name, framework):
         return rowwise_cast_time_s(gpu, recipe_name, shapes)
     per = CAST_BYTES_PER_ELEMENT[recipe_name] / gpu.hbm_bandwidth_bytes_per_s
     fwd = sum(M * K * n for M, N, K, n in shapes)
@@ -313,8 +312,8 @@ def rowwise_cast_bytes(recipe_name: str, shapes: Array) -> tuple[Array, Array]:
     GEMMs ``shapes`` (``[(M, N, K, batch), ...]``, local to a rank) move in one micro-batch:
     :data:`ROWWISE_CAST_BYTES` per element of each GEMM's input ``M·K``, output gradient ``M·N`` and weight
     ``N·K``, plus :data:`ROWWISE_RESCALE_BYTES` per element of the backward GEMMs' outputs ``M·K`` and ``N·K``
-    (module doc); ``mxfp8``: torchao's ``MXFP8Linear`` the same way. Under TP the operands are the gathered bf16 tensors (no FP8 all-gather), so the shapes are the
-    GEMMs' own."""
+    (module doc); ``mxfp8``: torchao's ``MXFP8Linear`` the same way. Under TP the operands are the gathered bf16
+    tensors (no FP8 all-gather), so the shapes are the GEMMs' own."""
     per, rescale = ROWWISE_CAST_BYTES[recipe_name], ROWWISE_RESCALE_BYTES[recipe_name]
     fwd = bwd = 0.0
     for M, N, K, n in shapes:
@@ -411,10 +410,18 @@ def op_sac_cast_time_s(gpu: GPUSpec, recipe_name: str, shapes: Array, t: Array =
     return np.where(fp8_inputs, full, full - last) * (kept_amax if recipe_name == "tensorwise" else 1.0)
 
 
+def torchao_axiswise(recipe_name: str | None, framework: str = "megatron") -> bool:
+    """Whether ``recipe_name`` is one of torchao's axis-wise recipes (module doc): ``rowwise``,
+    ``rowwise_with_gw_hp``, and ``mxfp8`` under ``framework = "fsdp"`` (``MXFP8Linear``; Transformer Engine's
+    MXFP8 elsewhere): their casts are :data:`ROWWISE_CAST_BYTES`, and all their communication is in high
+    precision."""
+    return recipe_name in ROWWISE or (recipe_name == "mxfp8" and framework == "fsdp")
+
+
 def fp8_gathers(recipe_name: str | None, framework: str = "megatron") -> bool:
     """Whether the TP and FSDP all-gathers of an FP8 run carry FP8 (module doc): every recipe but torchao's
-    ``rowwise`` ones and its ``mxfp8`` (``framework = "fsdp"``), whose communication is all in high precision."""
-    return recipe_name not in ROWWISE and not (recipe_name == "mxfp8" and framework == "fsdp")
+    axis-wise ones (:func:`torchao_axiswise`), whose communication is all in high precision."""
+    return not torchao_axiswise(recipe_name, framework)
 
 
 def weight_cast_time_s(linear_parameters: Array, gpu: GPUSpec, recipe_name: str, framework: str):
