@@ -276,10 +276,13 @@ def test_user_errors_exit_2(monkeypatch, capsys, tmp_path, text, needle):
     # a request beyond the model's positions (capacity sized a KV pool for it)
     (lambda t: t.replace("total_rate_per_s = 1", "total_rate_per_s = 1\nmax_new_tokens = 3000") + "[scheduler]\n"
      "kv_cache_len = 4096\n", "workload.max_new_tokens"),
+    # one memory size for every candidate type: it was ignored, each type sized by its own memory
+    (lambda t: t.replace('gpu = "A100-SXM-80GB"\n', 'gpu = "A100-SXM-80GB"\nmemory_bytes = 30_000_000_000\n'),
+     "cluster.memory_bytes"),
 ])
 def test_capacity_user_errors_exit_2(monkeypatch, capsys, tmp_path, edit, needle):
     p = tmp_path / "w.toml"
-    p.write_text(edit(BASE))
+    p.write_text(edit(BASE.replace("memory_bytes = 30_000_000_000\n", "")))
     (tmp_path / "zero.jsonl").write_text('{"arrival_s": 0, "model": "a"}\n{"arrival_s": 0, "model": "a"}\n')
     code, _, err = _run(monkeypatch, capsys, "capacity", p)
     assert code == 2 and needle in err and "fix" in err and "Traceback" not in err, err

@@ -327,9 +327,14 @@ def candidate_gpus(wf: WorkloadFile, gpus: list[str] | None, catalog: Catalog,
     refused, never chosen for free.
 
     Raises:
-        HetplanError: no candidate named, an unknown GPU, a price override for a GPU not among the candidates, or
-            an unpriced candidate.
+        HetplanError: no candidate named, an unknown GPU, a price override for a GPU not among the candidates, an
+            unpriced candidate, or a ``cluster.memory_bytes`` (one size for every type).
     """
+    if wf.cluster.memory_bytes is not None:  # each candidate's memory is its own; the override was ignored
+        raise HetplanError(f"cluster.memory_bytes = {wf.cluster.memory_bytes} fixes one memory size per worker, but "
+                           "capacity sizes every candidate GPU type by its own memory (times "
+                           "cluster.memory_fraction)", field="cluster.memory_bytes",
+                           fix="remove cluster.memory_bytes; lower cluster.memory_fraction to leave memory free")
     names = gpus or wf.capacity.gpus or ([wf.cluster.gpu] if wf.cluster.gpu else [])
     field = "--gpus" if gpus else "capacity.gpus"
     if not names:
