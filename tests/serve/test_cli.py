@@ -444,3 +444,22 @@ def test_capacity_pruned_search_equals_exhaustive(tmp_path):
             assert f["rate_per_s"] <= f["rate_bound_per_s"]
             if c["rate_per_s"] is not None:
                 assert c["rate_per_s"] == f["rate_per_s"]
+
+
+def test_a_model_without_requests_attains_nothing(monkeypatch, capsys, tmp_path):
+    """A model the workload sends no request in its window has no SLO attainment (JSON null, "-" in the table);
+    it used to print 1.000, a number no request measured. Capacity still counts it as meeting its target."""
+    p = tmp_path / "w.toml"
+    p.write_text('[cluster]\ngpu = "A100-SXM-80GB"\n[workload]\nduration_s = 2\n[[models]]\nname = "a"\n'
+                 'model = "opt-1.3b"\nrate_per_s = 2\n[[models]]\nname = "b"\nmodel = "opt-1.3b"\nrate_per_s = 0.01\n')
+    code, out, err = _run(monkeypatch, capsys, "simulate", p, "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["models"]["b"]["requests"] == 0 and rep["models"]["b"]["slo_attainment"] is None
+    assert rep["models"]["a"]["requests"] > 0 and 0 <= rep["models"]["a"]["slo_attainment"] <= 1
+    code, out, _ = _run(monkeypatch, capsys, "simulate", p)
+    row = next(line for line in out.splitlines() if line.startswith("│ b ") and "0 │" in line)
+    assert "1.000" not in row and "-" in row
+    from hetplan.serve.capacity import attains
+
+    assert attains(rep["models"]["b"], 0.99) and not attains({"slo_attainment": 0.5}, 0.99)

@@ -235,7 +235,7 @@ def register(app: typer.Typer) -> None:
         for col in ("model", "reqs", "SLO met", "p99 s", "TTFT p99 s", "TPOT p99 ms", "J/token"):
             t.add_column(col)
         for name, r in out["simulated"].items():
-            t.add_row(name, str(r["requests"]), f"{r['slo_attainment']:.3f}", _fmt(r["p99_latency_s"]),
+            t.add_row(name, str(r["requests"]), _fmt(r["slo_attainment"]), _fmt(r["p99_latency_s"]),
                       _fmt(r["p99_ttft_s"]), _fmt(_ms(r["p99_tpot_s"]), digits=1),
                       _fmt(r["energy"]["energy_j_per_output_token"], digits=2))
         con.print(t)

@@ -71,6 +71,12 @@ def _fits(spec, gpu: GPUSpec, tp: int, pp: int, wf: WorkloadFile, stack: Stack =
     return True, ""
 
 
+def attains(report: dict, target: float) -> bool:
+    """Whether one model's simulated ``report`` (:func:`hetplan.serve.metrics` entry) meets ``target`` attainment:
+    a model that received no request (``slo_attainment`` None) has nothing to miss, so it does."""
+    return report["slo_attainment"] is None or report["slo_attainment"] >= target
+
+
 def _attainment(wf: WorkloadFile, entry, spec, gpu: GPUSpec, tp: int, pp: int, reqs: list[Request],
                 duration_s: float, stack: Stack = Stack()) -> float:
     s, c = wf.scheduler, wf.cluster
@@ -302,10 +308,10 @@ def _check(wf: WorkloadFile, entries, specs, configs, replicas: np.ndarray, rate
                            **scheduler_kwargs(wf, st, g))
             rep = res.report(slos(wf))["models"][entry.name]
             energy.append(serving_energy(res, g.name, tp, pp, max(duration_s, res.end_s)))
-            ok += rep["slo_attainment"] * rep["requests"]
+            ok += rep["slo_attainment"] * rep["requests"] if rep["requests"] else 0.0
             total += rep["requests"]
             recs += res.records
-        out[entry.name] = {"slo_attainment": ok / total if total else 1.0, "requests": total,
+        out[entry.name] = {"slo_attainment": ok / total if total else None, "requests": total,
                            "energy": energy_summary(energy),
                            **{f"{q}_{mt}_s": v for mt in ("latency", "ttft", "tpot")
                               for q, v in percentiles([getattr(r, f"{mt}_s") for r in recs
@@ -494,7 +500,7 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
         res = simulate_shared(wf, entries, specs, members, configs[k], reqs, duration)
         rep = res.report(slos(wf))["models"]
         group_ok[j] = not res.aborted and all(
-            rep[entries[m].name]["slo_attainment"] >= wf.capacity.target_attainment for m in members)
+            attains(rep[entries[m].name], wf.capacity.target_attainment) for m in members)
         group_res[j] = res
 
     def solve(derate: np.ndarray):
@@ -535,7 +541,7 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
                                   field="capacity.max_gpus", fix="allow more GPUs per type or more GPU types")
         sim = _check(wf, entries, specs, configs, replicas, rates, reqs, duration)
         low = [m for m, e in enumerate(entries)
-               if e.name in sim and sim[e.name]["slo_attainment"] < wf.capacity.target_attainment]
+               if e.name in sim and not attains(sim[e.name], wf.capacity.target_attainment)]
         if not low:
             break
         derate[low] *= 0.9

@@ -103,7 +103,7 @@ def summarize(records: Sequence[Record], slos: Mapping[str, SLO], duration_s: fl
                 entry[f"mean_{metric}_s"] = float(np.mean(known)) if known else None
             entry.update({f"{k}_{metric}_s": v for k, v in percentiles([v for v in vals if v is not None]).items()})
         entry.update({
-            "slo_attainment": ok / len(rs) if rs else 1.0,
+            "slo_attainment": ok / len(rs) if rs else None,  # no request: nothing attained or missed
             "goodput_per_s": ok / duration_s if duration_s > 0 else 0.0,
             "throughput_per_s": len(lat) / duration_s if duration_s > 0 else 0.0,
             "output_tokens_per_s": sum(r.output_tokens for r in rs) / duration_s if duration_s > 0 else 0.0,
