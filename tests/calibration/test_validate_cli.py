@@ -74,7 +74,7 @@ def test_set_names_and_fields(result):
                                    "korthikanti_table5", "aceso_v100", "fasop_layers", "espresso_hetero",
                                    "dgxc_h100", "dgxc_gb200", "torchtitan", "llama3_405b", "megatron_lm_h100",
                                    "moe_h100", "long_context_cp", "bigscience_a100", "independent_h100", "serving",
-                                   "energy", "nemo_megatron_a100", "llm_foundry_a100"}
+                                   "energy", "nemo_megatron_a100", "llm_foundry_a100", "megatron_bridge"}
     for r in result["sets"].values():
         assert {"n", "mape", "max_abs_error", "signed_median", "kendall_tau"} <= set(r)
         assert abs(r["signed_median"]) <= r["max_abs_error"] / (1 - r["max_abs_error"]) + 1e-12

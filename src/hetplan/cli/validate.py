@@ -3,7 +3,7 @@
 Sets (stable names, read by other tools): vtrain_single_node, vtrain_multi_node, megatron_sc21_table1,
 korthikanti_table5, aceso_v100, fasop_layers, espresso_hetero, nemo_megatron_a100 (the 2021-22 stacks on A100,
 :func:`hetplan.calibration.validation.stacks_2022_cases`); modern sets (:mod:`hetplan.calibration.modern`):
-dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp; the independent
+dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, megatron_lm_h100, moe_h100, long_context_cp, megatron_bridge; the independent
 check ``independent_h100`` (:mod:`hetplan.calibration.independent`; only a seeded half of its llm-foundry rows
 fitted that stack's own residuals) and ``llm_foundry_a100`` (llm-foundry's A100 tables, every row held out). See
 :mod:`hetplan.calibration.validation` and docs/estimator.md.
@@ -200,8 +200,8 @@ def register(app: typer.Typer) -> None:
         sets: Optional[str] = typer.Option(None, "--sets", help="comma-separated subset of: vtrain_single_node, vtrain_multi_node, "
                                               "megatron_sc21_table1, korthikanti_table5, aceso_v100, fasop_layers, "
                                               "espresso_hetero, nemo_megatron_a100, dgxc_h100, dgxc_gb200, torchtitan, llama3_405b, "
-                                              "megatron_lm_h100, moe_h100, long_context_cp, bigscience_a100, independent_h100, "
-                                              "llm_foundry_a100, serving, energy"),
+                                              "megatron_lm_h100, moe_h100, long_context_cp, bigscience_a100, megatron_bridge, "
+                                              "independent_h100, llm_foundry_a100, serving, energy"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
@@ -213,7 +213,8 @@ def register(app: typer.Typer) -> None:
         per-layer profiles (A100, A10G, RTX 3090 at micro-batch 1), the 2021-22 stacks on A100 (NeMo Megatron
         22.02-22.09, MT-NLG 530B under Megatron-DeepSpeed; bigscience_a100: BLOOM's layout search and
         production steps under DeepSpeed's pipeline engine), and on the modern H100/H200/B200/GB200 sets
-        (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context); independent_h100: published H100 runs
+        (DGX Cloud, torchtitan, Llama 3, Megatron-LM, MoE, long context; megatron_bridge: Megatron-Bridge's FP8
+        Llama rows on H100, B200, GB200 and GB300, held out); independent_h100: published H100 runs
         of llm-foundry, NeMo 24.07 and fms-fsdp (a seeded half of llm-foundry's fitted that stack's residuals, the
         rest held out; the issue's independent check: median ≤ 10 %, no
         row beyond 25 %); llm_foundry_a100: llm-foundry's A100 80GB / 40GB tables of 2023, all held out; serving: published TensorRT-LLM and vLLM serving benchmarks (TTFT, TPOT, tokens/s)

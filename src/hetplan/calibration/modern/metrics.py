@@ -14,6 +14,7 @@ from hetplan.calibration.modern.dgxc import dgxc_cases
 from hetplan.calibration.modern.llama3 import llama3_cases
 from hetplan.calibration.modern.long_context import long_context_cases
 from hetplan.calibration.modern.mapping import ModernCase
+from hetplan.calibration.modern.megatron_bridge import megatron_bridge_cases
 from hetplan.calibration.modern.megatron_lm import megatron_lm_cases
 from hetplan.calibration.modern.moe import moe_cases
 from hetplan.calibration.modern.rows import NotExpressible
@@ -32,6 +33,7 @@ LOADERS = {
     "moe_h100": moe_cases,
     "long_context_cp": long_context_cases,
     "bigscience_a100": bigscience_cases,
+    "megatron_bridge": megatron_bridge_cases,
 }
 
 

@@ -4,11 +4,12 @@ done-when targets of issues 13 and 14."""
 from __future__ import annotations
 
 SET_NAMES = ("dgxc_h100", "dgxc_gb200", "torchtitan", "llama3_405b", "megatron_lm_h100", "moe_h100",
-             "long_context_cp", "bigscience_a100")
+             "long_context_cp", "bigscience_a100", "megatron_bridge")
 
 #: Sets left out of the GPU-efficiency fit (:mod:`hetplan.calibration.modern_fit`): the A100's constants are
-#: fitted on the A100 sets of :mod:`hetplan.calibration.validation`; ``bigscience_a100`` validates a stack on them.
-NOT_FITTED = ("bigscience_a100",)
+#: fitted on the A100 sets of :mod:`hetplan.calibration.validation`; ``bigscience_a100`` validates a stack on them;
+#: ``megatron_bridge`` checks the H100 / Blackwell constants on recipes never fitted on.
+NOT_FITTED = ("bigscience_a100", "megatron_bridge")
 
 #: Source file of each set (``validation_data/modern/``) and what is compared.
 FILES = {
@@ -20,6 +21,7 @@ FILES = {
     "moe_h100": ("nemo_automodel_h100_bf16.csv", "megatron_moe_modelzoo_qwen3.csv", "megatron_bridge_moe_h100.csv"),
     "long_context_cp": ("nemo_long_sequence_cp.csv", "torchtitan_benchmarks.csv", "llama3_paper_table4_h100.csv"),
     "bigscience_a100": "bigscience_a100.csv",
+    "megatron_bridge": "megatron_bridge_llama.csv",
 }
 
 #: What each set compares and the MFU convention its source states (printed by ``hetplan validate``).
@@ -37,6 +39,8 @@ CONVENTIONS = {
                        "(torchtitan), TFLOP/s (Llama 3); MFU not compared",
     "bigscience_a100": "step time (Megatron-DeepSpeed log, iteration 2 or later); memory is nvidia-smi's, CUDA "
                        "context included; published TFLOP/s count the recomputation forward (SC'21 Eq. 3)",
+    "megatron_bridge": "step time (global batch x 8,192 over the published tokens/s per GPU x GPUs); published "
+                       "model TFLOP/s per GPU vs the FP8 peak not compared",
 }
 
 #: Done-when targets (issues 13 and 14), fractions; ``kendall_tau`` is a lower bound, the others upper bounds.
