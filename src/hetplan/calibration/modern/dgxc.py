@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hetplan.calibration.modern.mapping import Layout, catalog_gpu, collect, expert_tp_of, row_case
+from hetplan.calibration.modern.mapping import Layout, catalog_gpu, collect, expert_tp_of, row_case, row_dtype
 from hetplan.calibration.modern.models import row_model
 from hetplan.calibration.modern.rows import NotExpressibleError, cell_float, cell_int, read_rows, run_facts
 from hetplan.calibration.modern.sets import FILES
@@ -98,7 +98,9 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
     NeMo's recipes run it: distributed optimizer (ZeRO-1), sequence parallelism with TP, gradient reduction
     overlapped, gradients reduced and buffered in bf16 (the performance recipes' ``plugins.grad_reduce_in_fp32 =
     False``, NeMo ``nemo/collections/llm/recipes/*``), TP communication overlapped (their
-    ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FlashAttention (cuDNN / TE fused attention), no
+    ``MegatronCommOverlapCallback(tp_comm_overlap=True)`` with a userbuffers config per model), FP8 rows in per-tensor delayed scaling (the
+    launches pass no recipe: NeMo's ``scripts/performance`` ``--fp8_recipe`` defaults to ``ds``, NVIDIA/NeMo@023b82de, and
+    ``bf16_with_fp8_mixed`` before it; not the MXFP8 that hetplan plans on Blackwell by default), FlashAttention (cuDNN / TE fused attention), no
     recomputation (the recipes' default for these rows; not restated in the tables), CUDA graphs where the launch
     script captures them (:data:`DGXC_CUDA_GRAPHS`), the unfused loss where the config leaves it off
     (:data:`DGXC_UNFUSED_CROSS_ENTROPY`), FlashAttention-2 where the launch turns cuDNN's fused attention off
@@ -142,6 +144,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                          job=dict(seq_len=cell_int(r, "seq_len"), global_batch=cell_int(r, "global_batch"),
                                   attention="standard" if unfused else "flash", mtp_layers=mtp, **_token_drop(r),
                                   recompute_modules=[x for x in modules if x != "core_attn"],
+                                  fp8_recipe="delayed" if row_dtype(r) == "fp8" else None,
                                   attention_kernel=DGXC_ATTENTION_KERNEL.get(r["source"])),
                          plan=dict(mbs=cell_int(r, "micro_batch", 1), cp=cp, ep=cell_int(r, "ep", 1),
                                    expert_tp=expert_tp_of(r), virtual_stages=vp, sequence_parallel=True,
