@@ -190,7 +190,12 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
             else:
                 catalog, host = host_catalog(opts.threads)
                 device = "cpu"
-            vplan = plan.model_copy(deep=True)
+            # the schedule the run runs (--schedule / --virtual-stages override the plan's): its in-flight
+            # micro-batches set the activation memory compared, and the iteration time
+            ran = {"schedule": "gpipe" if lay.schedule == "gpipe" else "1f1b", "virtual_stages": lay.virtual_stages}
+            if lay.virtual_stages != plan.virtual_stages:  # the plan's own chunks are not the run's
+                ran["pipeline_chunks"] = None
+            vplan = plan.model_copy(deep=True, update=ran)
             for pool in vplan.pools:
                 pool.gpu = device
             est = estimate(vplan, catalog=catalog, model=spec,
