@@ -43,15 +43,19 @@ def test_hsdp_shard_group_outside_fsdp_is_refused(tmp_path, framework):
 
 
 @pytest.mark.parametrize("plan_update, flags, want", [
-    ({}, dict(schedule="gpipe"), ("gpipe", 1)),
-    ({"virtual_stages": 2}, dict(schedule="1f1b"), ("1f1b", 1)),
-    ({}, dict(schedule="interleaved", virtual_stages=2), ("1f1b", 2)),
+    ({}, dict(schedule="gpipe"), ("gpipe", 1, 0)),
+    ({"virtual_stages": 2}, dict(schedule="1f1b"), ("1f1b", 1, 0)),
+    ({}, dict(schedule="interleaved", virtual_stages=2), ("1f1b", 2, 0)),
+    ({"zero": 1}, {}, ("1f1b", 1, 0)),
+    ({"zero": 3}, dict(dp_mode="ddp"), ("1f1b", 1, 0)),
+    ({"zero": 3}, {}, ("1f1b", 1, 3)),
 ])
-def test_verify_estimates_the_schedule_it_runs(tmp_path, monkeypatch, plan_update, flags, want):
+def test_verify_estimates_the_schedule_and_dp_it_runs(tmp_path, monkeypatch, plan_update, flags, want):
     """``hetplan verify PLAN --schedule gpipe`` ran GPipe but compared it with the estimate of the plan's 1F1B:
     the last stage's activations of every micro-batch were measured against 1F1B's one in flight (tiny-pp2-dp2:
-    predicted 8.8 MiB, measured 13.6 MiB, -35 %: FAIL, exit 1, for a correct estimator). The estimate now prices
-    the schedule and virtual stages the run uses."""
+    predicted 8.8 MiB, measured 13.6 MiB, -35 %: FAIL, exit 1, for a correct estimator). Likewise a ZeRO-1 plan
+    (or --dp-mode ddp) runs as DDP, replicated, but was compared with ZeRO-1's sharded optimizer (-25 %: FAIL).
+    The estimate now prices the schedule, virtual stages and DP the run uses."""
     pytest.importorskip("torch")
     from hetplan.estimate import estimator
     from hetplan.profile import profiler
@@ -77,4 +81,4 @@ def test_verify_estimates_the_schedule_it_runs(tmp_path, monkeypatch, plan_updat
     monkeypatch.setattr(verify_mod, "run_plan", run_plan)
     with pytest.raises(Stop):
         verify_mod.verify(plan, db_path=tmp_path / "db.sqlite", opts=RunOptions(**flags), repeats=1)
-    assert (seen[0].schedule, seen[0].virtual_stages) == want
+    assert (seen[0].schedule, seen[0].virtual_stages, seen[0].zero) == want

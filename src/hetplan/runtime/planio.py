@@ -232,6 +232,12 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
                   chunk_layers=tuple(ordered))
 
 
+def dp_mode(plan: Plan, override: str | None = None) -> str:
+    """How the reference trainer runs the plan's data parallelism: ``override`` (``--dp-mode``), else ``fsdp``
+    (FSDP2, ZeRO-3) for a ZeRO-3 plan and ``ddp`` (replicated: ZeRO-0) for any other, ZeRO-1 / 2 included."""
+    return override or ("fsdp" if plan.zero == 3 else "ddp")
+
+
 def plan_model(plan: Plan) -> ModelSpec:
     """The plan's model spec (preset or config path).
 

@@ -195,6 +195,8 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
             ran = {"schedule": "gpipe" if lay.schedule == "gpipe" else "1f1b", "virtual_stages": lay.virtual_stages}
             if lay.virtual_stages != plan.virtual_stages:  # the plan's own chunks are not the run's
                 ran["pipeline_chunks"] = None
+            if planio.dp_mode(plan, opts.dp_mode) == "ddp":  # DDP replicates what ZeRO-1/2/3 would shard
+                ran |= {"zero": 0, "fsdp_shard": None}
             vplan = plan.model_copy(deep=True, update=ran)
             for pool in vplan.pools:
                 pool.gpu = device
