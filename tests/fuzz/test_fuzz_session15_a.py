@@ -82,3 +82,36 @@ def test_verify_estimates_the_schedule_and_dp_it_runs(tmp_path, monkeypatch, pla
     with pytest.raises(Stop):
         verify_mod.verify(plan, db_path=tmp_path / "db.sqlite", opts=RunOptions(**flags), repeats=1)
     assert (seen[0].schedule, seen[0].virtual_stages, seen[0].zero) == want
+
+
+def test_verify_estimates_without_the_recomputation_the_trainer_does_not_run(tmp_path, monkeypatch):
+    """A plan with ``recompute = "full"`` ran without recomputation (the reference trainer checkpoints nothing) but
+    was compared with the estimate of full recomputation: tiny-pp2-dp2 stage 0 predicted 16.4 MiB for 33.5 MiB
+    measured (-51 %) and +28 % time: FAIL, exit 1. The estimate now prices what runs, and says so."""
+    pytest.importorskip("torch")
+    from hetplan.estimate import estimator
+    from hetplan.profile import profiler
+    from hetplan.runtime import verify as verify_mod
+    from hetplan.runtime.launcher import RunOptions
+
+    data = json.loads(TINY_PLAN.read_text())
+    data["job"]["model"] = str(ROOT / "examples" / "tiny-model.json")
+    for st in data["stages"]:
+        st.update(recompute="full", recompute_layers=1)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(data))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def run_plan(*_a, **_k):
+        raise Stop
+
+    monkeypatch.setattr(profiler, "profile_layers", lambda *a, **k: {})
+    monkeypatch.setattr(estimator, "estimate", lambda p, **k: seen.append(p))
+    monkeypatch.setattr(verify_mod, "run_plan", run_plan)
+    with pytest.raises(Stop):
+        verify_mod.verify(plan, db_path=tmp_path / "db.sqlite", opts=RunOptions(), repeats=1)
+    assert [st.recomputed_layers() for st in seen[0].stages] == [0, 0]
+    assert [st.num_layers for st in seen[0].stages] == [3, 1]

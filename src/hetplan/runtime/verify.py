@@ -86,6 +86,13 @@ class StageComparison:
                 "measured_memory_bytes": self.measured_memory_bytes, "memory_error": self.memory_error}
 
 
+def recomputes(plan) -> bool:
+    """Whether ``plan`` recomputes activations (a stage's ``recompute``, or the job's Megatron-Core modules),
+    which the reference trainer does not run."""
+    return (any(st.recomputed_layers() for st in plan.stages) or bool(plan.job.recompute_modules)
+            or plan.job.moe_recompute)
+
+
 def host_catalog(threads: int = 1):
     """The GPU catalog plus a ``cpu`` entry measured on this host (see module doc). Imports torch.
 
@@ -197,6 +204,10 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
                 ran["pipeline_chunks"] = None
             if planio.dp_mode(plan, opts.dp_mode) == "ddp":  # DDP replicates what ZeRO-1/2/3 would shard
                 ran |= {"zero": 0, "fsdp_shard": None}
+            if recomputes(plan):  # the trainer keeps every activation (no checkpointing)
+                ran |= {"stages": [st.model_copy(update={"recompute": "none", "recompute_layers": None})
+                                   for st in plan.stages],
+                        "job": plan.job.model_copy(update={"recompute_modules": [], "moe_recompute": False})}
             vplan = plan.model_copy(deep=True, update=ran)
             for pool in vplan.pools:
                 pool.gpu = device
@@ -221,6 +232,10 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
             predicted_memory_bytes=predicted_memory_bytes(se.memory, element), measured_memory_bytes=meas_m))
     ok = all(abs(s.time_error) <= TIME_TOLERANCE and abs(s.memory_error) <= MEMORY_TOLERANCE for s in stages)
     notes = []
+    if plan.zero and planio.dp_mode(plan, opts.dp_mode) == "ddp":
+        notes.append(f"the plan's ZeRO-{plan.zero} ran as DDP (replicated; --dp-mode fsdp shards): estimated at ZeRO-0")
+    if recomputes(plan):
+        notes.append("the reference trainer recomputes no activations: estimated without the plan's recomputation")
     if result.get("dp_mode") == "fsdp":
         notes.append("FSDP: the measured stage time includes the per-micro-batch parameter all-gathers and gradient "
                      "reduce-scatters (wall clock), which the estimator counts in dp_exposed_s, not in the stage's "
