@@ -49,13 +49,15 @@ def test_hsdp_shard_group_outside_fsdp_is_refused(tmp_path, framework):
     ({"zero": 1}, {}, ("1f1b", 1, 0)),
     ({"zero": 3}, dict(dp_mode="ddp"), ("1f1b", 1, 0)),
     ({"zero": 3}, {}, ("1f1b", 1, 3)),
+    ({"sequence_parallel": True}, {}, ("1f1b", 1, 0)),
 ])
 def test_verify_estimates_the_schedule_and_dp_it_runs(tmp_path, monkeypatch, plan_update, flags, want):
     """``hetplan verify PLAN --schedule gpipe`` ran GPipe but compared it with the estimate of the plan's 1F1B:
     the last stage's activations of every micro-batch were measured against 1F1B's one in flight (tiny-pp2-dp2:
     predicted 8.8 MiB, measured 13.6 MiB, -35 %: FAIL, exit 1, for a correct estimator). Likewise a ZeRO-1 plan
-    (or --dp-mode ddp) runs as DDP, replicated, but was compared with ZeRO-1's sharded optimizer (-25 %: FAIL).
-    The estimate now prices the schedule, virtual stages and DP the run uses."""
+    (or --dp-mode ddp) runs as DDP, replicated, but was compared with ZeRO-1's sharded optimizer (-25 %: FAIL),
+    and sequence parallelism, which the trainer's TP does not run, was priced (-10 % activations at TP 2). The
+    estimate now prices the schedule, virtual stages, DP and TP the run uses."""
     pytest.importorskip("torch")
     from hetplan.estimate import estimator
     from hetplan.profile import profiler
@@ -82,6 +84,7 @@ def test_verify_estimates_the_schedule_and_dp_it_runs(tmp_path, monkeypatch, pla
     with pytest.raises(Stop):
         verify_mod.verify(plan, db_path=tmp_path / "db.sqlite", opts=RunOptions(**flags), repeats=1)
     assert (seen[0].schedule, seen[0].virtual_stages, seen[0].zero) == want
+    assert not seen[0].sequence_parallel
 
 
 def test_verify_estimates_without_the_recomputation_the_trainer_does_not_run(tmp_path, monkeypatch):

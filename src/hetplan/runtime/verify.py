@@ -199,7 +199,8 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
                 device = "cpu"
             # the schedule the run runs (--schedule / --virtual-stages override the plan's): its in-flight
             # micro-batches set the activation memory compared, and the iteration time
-            ran = {"schedule": "gpipe" if lay.schedule == "gpipe" else "1f1b", "virtual_stages": lay.virtual_stages}
+            ran = {"schedule": "gpipe" if lay.schedule == "gpipe" else "1f1b", "virtual_stages": lay.virtual_stages,
+                   "sequence_parallel": False, "tp_comm_overlap": False}  # its TP ranks hold the whole sequence
             if lay.virtual_stages != plan.virtual_stages:  # the plan's own chunks are not the run's
                 ran["pipeline_chunks"] = None
             if planio.dp_mode(plan, opts.dp_mode) == "ddp":  # DDP replicates what ZeRO-1/2/3 would shard
@@ -236,6 +237,8 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
         notes.append(f"the plan's ZeRO-{plan.zero} ran as DDP (replicated; --dp-mode fsdp shards): estimated at ZeRO-0")
     if recomputes(plan):
         notes.append("the reference trainer recomputes no activations: estimated without the plan's recomputation")
+    if plan.sequence_parallel and lay.tp > 1:
+        notes.append("the reference trainer's TP has no sequence parallelism: estimated without it")
     if result.get("dp_mode") == "fsdp":
         notes.append("FSDP: the measured stage time includes the per-micro-batch parameter all-gathers and gradient "
                      "reduce-scatters (wall clock), which the estimator counts in dp_exposed_s, not in the stage's "
