@@ -118,3 +118,37 @@ def test_verify_estimates_without_the_recomputation_the_trainer_does_not_run(tmp
         verify_mod.verify(plan, db_path=tmp_path / "db.sqlite", opts=RunOptions(), repeats=1)
     assert [st.recomputed_layers() for st in seen[0].stages] == [0, 0]
     assert [st.num_layers for st in seen[0].stages] == [3, 1]
+
+
+def test_run_host_memory_check_counts_the_activations_the_trainer_keeps(tmp_path):
+    """``hetplan run`` on CPU checked host memory with the estimate of the plan's recomputation and ZeRO-1, which
+    the trainer does not run (it keeps every activation and replicates AdamW under DDP): a run needing more memory
+    than the host has passed the check. It now counts what runs (:func:`hetplan.runtime.planio.as_run`)."""
+    from hetplan.errors import HetplanError
+    from hetplan.estimate.estimator import estimate
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.runtime import planio
+    from hetplan.runtime.launcher import RunOptions, check_host_memory
+
+    data = json.loads(TINY_PLAN.read_text())
+    data["job"]["model"] = str(ROOT / "examples" / "tiny-model.json")
+    data["pools"][0]["gpu"] = "A100-SXM-80GB"
+    data["zero"] = 1
+    for st in data["stages"]:
+        st["recompute"] = "full"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    plan = planio.load_plan(path)
+    spec = planio.plan_model(plan)
+    lay = planio.layout(plan, spec)
+
+    def need(p) -> float:
+        return sum(planio.predicted_memory_bytes(st.memory, 4) for st in
+                   estimate(p, catalog=load_catalog(), model=spec).stages) * lay.dp * lay.tp
+
+    as_planned, as_run = need(plan), need(planio.as_run(plan, lay))
+    assert as_run > 1.3 * as_planned
+    with pytest.raises(HetplanError) as exc:
+        check_host_memory(plan, spec, lay, RunOptions(), available_bytes=int((as_planned + as_run) / 2))
+    assert exc.value.field == "plan"
+    check_host_memory(plan, spec, lay, RunOptions(), available_bytes=int(as_run * 1.01))

@@ -86,13 +86,6 @@ class StageComparison:
                 "measured_memory_bytes": self.measured_memory_bytes, "memory_error": self.memory_error}
 
 
-def recomputes(plan) -> bool:
-    """Whether ``plan`` recomputes activations (a stage's ``recompute``, or the job's Megatron-Core modules),
-    which the reference trainer does not run."""
-    return (any(st.recomputed_layers() for st in plan.stages) or bool(plan.job.recompute_modules)
-            or plan.job.moe_recompute)
-
-
 def host_catalog(threads: int = 1):
     """The GPU catalog plus a ``cpu`` entry measured on this host (see module doc). Imports torch.
 
@@ -197,19 +190,7 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
             else:
                 catalog, host = host_catalog(opts.threads)
                 device = "cpu"
-            # the schedule the run runs (--schedule / --virtual-stages override the plan's): its in-flight
-            # micro-batches set the activation memory compared, and the iteration time
-            ran = {"schedule": "gpipe" if lay.schedule == "gpipe" else "1f1b", "virtual_stages": lay.virtual_stages,
-                   "sequence_parallel": False, "tp_comm_overlap": False}  # its TP ranks hold the whole sequence
-            if lay.virtual_stages != plan.virtual_stages:  # the plan's own chunks are not the run's
-                ran["pipeline_chunks"] = None
-            if planio.dp_mode(plan, opts.dp_mode) == "ddp":  # DDP replicates what ZeRO-1/2/3 would shard
-                ran |= {"zero": 0, "fsdp_shard": None}
-            if recomputes(plan):  # the trainer keeps every activation (no checkpointing)
-                ran |= {"stages": [st.model_copy(update={"recompute": "none", "recompute_layers": None})
-                                   for st in plan.stages],
-                        "job": plan.job.model_copy(update={"recompute_modules": [], "moe_recompute": False})}
-            vplan = plan.model_copy(deep=True, update=ran)
+            vplan = planio.as_run(plan, lay, opts.dp_mode)
             for pool in vplan.pools:
                 pool.gpu = device
             est = estimate(vplan, catalog=catalog, model=spec,
@@ -235,7 +216,7 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
     notes = []
     if plan.zero and planio.dp_mode(plan, opts.dp_mode) == "ddp":
         notes.append(f"the plan's ZeRO-{plan.zero} ran as DDP (replicated; --dp-mode fsdp shards): estimated at ZeRO-0")
-    if recomputes(plan):
+    if planio.recomputes(plan):
         notes.append("the reference trainer recomputes no activations: estimated without the plan's recomputation")
     if plan.sequence_parallel and lay.tp > 1:
         notes.append("the reference trainer's TP has no sequence parallelism: estimated without it")
