@@ -152,3 +152,43 @@ def test_run_host_memory_check_counts_the_activations_the_trainer_keeps(tmp_path
         check_host_memory(plan, spec, lay, RunOptions(), available_bytes=int((as_planned + as_run) / 2))
     assert exc.value.field == "plan"
     check_host_memory(plan, spec, lay, RunOptions(), available_bytes=int(as_run * 1.01))
+
+
+class _StubEngine:
+    """What ``hetplan.serve.api.create_app`` reads of an engine, with :meth:`Engine.submit`'s refusal of a token
+    id outside the vocabulary (field ``prompt``), without starting workers."""
+
+    specs = {"a": None}
+    vocab_sizes = {"a": 500}
+    scheduler = None
+    _closing = False
+
+    def submit(self, model, prompt, max_new_tokens, stop_token):
+        from hetplan.errors import HetplanError
+
+        raise HetplanError("prompt must be a non-empty list of token ids in [0, 500)", field="prompt",
+                           fix="send token ids within the model's vocabulary")
+
+
+@pytest.mark.parametrize("body, status, field", [
+    (b'{"prompt": "x",', 400, "body"),  # was field "15": the parser's character offset
+    (b"\xff", 400, "body"),
+    (b'{"prompt_tokens": [-1]}', 422, "prompt_tokens"),  # was "prompt", a field the request did not send
+    (b'{"prompt_tokens": []}', 422, "prompt_tokens"),
+    (b'{"prompt": ""}', 422, "prompt"),  # was "a non-empty list of token ids" for a text
+    (b'{"prompt": "x", "max_new_tokens": 100000}', 422, "max_new_tokens"),  # had no field
+    (b"{}", 422, "prompt"),
+])
+def test_serve_api_errors_name_the_request_field(body, status, field):
+    """Each 4xx of ``POST /v1/models/{model}/generate`` names the body field at fault (``field``) and the
+    message starts with it."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from hetplan.serve.api import create_app
+
+    with TestClient(create_app(_StubEngine(), manage_engine=False)) as c:  # type: ignore[arg-type]
+        r = c.post("/v1/models/a/generate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert r.json()["field"] == field, r.text
+    assert r.json()["error"].startswith(field), r.text
