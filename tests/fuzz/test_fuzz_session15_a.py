@@ -192,3 +192,36 @@ def test_serve_api_errors_name_the_request_field(body, status, field):
     assert r.status_code == status, r.text
     assert r.json()["field"] == field, r.text
     assert r.json()["error"].startswith(field), r.text
+
+
+def test_energy_server_profiling_error_names_the_job_spec_key(tmp_path):
+    """An online-profiling job whose ``then.unit_time_s`` is longer than its measured instructions ends profiling
+    with an error in the job's state; it named ``unit_time_s`` with the fix "use a smaller --unit-time-s", a flag
+    of another command, not the key of the job spec the client sent. A malformed body's 422 now carries the JSON
+    parser's message, as the module promises, not only "JSON decode error"."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from hetplan.energy.server.app import create_app
+
+    stages, mbs = 2, 2
+    with TestClient(create_app(tmp_path / "db.sqlite")) as c:
+        bad = c.post("/jobs", content=b"{", headers={"content-type": "application/json"})
+        assert bad.status_code == 422 and "Expecting property name" in bad.json()["detail"][0]["msg"]
+        assert c.post("/jobs", json={"job_id": "p", "num_stages": stages, "num_microbatches": mbs, "scheduler": {
+            "kind": "online_profiling", "frequencies_mhz": [1410, 1005],
+            "then": {"idle_power_w": 60, "unit_time_s": 1e300}}}).status_code == 201
+        for rank in range(stages):
+            assert c.post("/jobs/p/ranks", json={"rank": rank, "stage": rank}).status_code == 200
+        for _ in range(2):
+            for rank in range(stages):
+                s = c.get(f"/jobs/p/ranks/{rank}/schedule").json()
+                f = s["frequencies_mhz"][0]
+                meas = [{"instruction": i.split(":")[0], "frequency_mhz": f, "time_s": 14.1 / f, "energy_j": f / 1410}
+                        for i in s["instructions"]]
+                assert c.post(f"/jobs/p/ranks/{rank}/reports", json={
+                    "iteration": s["iteration"], "schedule_id": s["schedule_id"], "time_s": 0.1, "energy_j": 5.0,
+                    "measurements": meas}).status_code == 201
+        assert c.get("/jobs/p/ranks/0/schedule").json()["schedule_id"] == "max"
+        error = c.get("/jobs/p").json()["error"]
+    assert error.startswith("scheduler.then.unit_time_s:") and "--unit-time-s" not in error, error
