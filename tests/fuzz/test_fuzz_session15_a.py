@@ -225,3 +225,48 @@ def test_energy_server_profiling_error_names_the_job_spec_key(tmp_path):
         assert c.get("/jobs/p/ranks/0/schedule").json()["schedule_id"] == "max"
         error = c.get("/jobs/p").json()["error"]
     assert error.startswith("scheduler.then.unit_time_s:") and "--unit-time-s" not in error, error
+
+
+CAL_TORCHTITAN = """[calibration]
+gpus = ["H100-SXM"]
+stacks = ["torchtitan"]
+compute_factor = 0.5
+attention_factor = 1
+comm_factor = 1
+loo_log_ratios = [0.05, -0.1, 0.02]
+"""
+
+
+def test_calibration_of_another_stack_is_refused_by_plan_and_estimate(tmp_path):
+    """A calibration fitted on torchtitan runs on H100 (compute_factor 0.5) applied its factors to a Megatron-LM
+    plan on H100: iteration 1.35 -> 2.40 s, exit 0, with hetplan's own 'megatron-lm · Hopper' interval printed
+    as if uncalibrated. plan and estimate now refuse it naming --calibration; a plan on the calibrated stack
+    still takes it."""
+    cal = tmp_path / "cal.toml"
+    cal.write_text(CAL_TORCHTITAN)
+    job = ["plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--iterations", "10",
+           "--gpu", "H100-SXM", "--gpus", "16", "-q", "--top", "1"]
+    refused(run_cli(*job, "--framework", "megatron", "--calibration", cal), "--calibration", "megatron-lm")
+    plan = tmp_path / "plan.json"
+    assert run_cli(*job, "--framework", "megatron", "-o", plan).code == 0
+    refused(run_cli("estimate", plan, "--calibration", cal), "--calibration", "torchtitan")
+    assert run_cli(*job, "--framework", "fsdp", "--calibration", cal).code == 0
+
+
+def test_calibration_check_prices_runs_of_another_stack_without_its_factors(tmp_path):
+    """``hetplan calibrate RUNS --calibration FILE`` says a run of a stack FILE does not cover is priced without
+    its factors (``not_covered``), but it applied them by GPU alone: a Megatron-LM run on H100 was priced with
+    a torchtitan calibration's compute factor."""
+    from hetplan.calibration.user import Calibration, _predict, read_runs
+    from hetplan.hardware.catalog import load_catalog
+
+    runs_csv = tmp_path / "runs.csv"
+    runs_csv.write_text("model,gpu,gpus,seq_len,global_batch,framework,tp,pp,dp,mbs,zero,recompute,step_time_s\n"
+                        "llama2-7b,H100-SXM,16,4096,64,megatron,1,1,16,1,1,none,1.4\n")
+    cat = load_catalog()
+    runs = read_runs([runs_csv], cat)
+    plain = _predict(runs, cat, Calibration(gpus=("H100-SXM",), stacks=("torchtitan",)))
+    other = _predict(runs, cat, Calibration(compute_factor=0.5, gpus=("H100-SXM",), stacks=("torchtitan",)))
+    assert other[0] == pytest.approx(plain[0])
+    own = _predict(runs, cat, Calibration(compute_factor=0.5, gpus=("H100-SXM",), stacks=("megatron-lm",)))
+    assert own[0] > 1.3 * plain[0]

@@ -374,11 +374,14 @@ def load_calibration(path: Path) -> Calibration:
 
 
 def _predict(runs: list[Run], catalog: Catalog, c: Calibration) -> np.ndarray:
+    """Each run's predicted step time under ``c``'s factors where ``c`` covers the run's stack, else without them
+    (``plan --calibration`` refuses a job of another stack)."""
     from hetplan.estimate.estimator import estimate
 
     cat = c.apply_catalog(catalog)
     return np.array([estimate(r.plan.model_copy(update={"pools": c.apply_pools(r.plan.pools, catalog)}),
-                              catalog=cat, model=r.model).iteration_time_s for r in runs])
+                              catalog=cat, model=r.model).iteration_time_s if stack_name(r.plan.job) in c.stacks
+                     else estimate(r.plan, catalog=catalog, model=r.model).iteration_time_s for r in runs])
 
 
 #: The fitted factors, in the order of :meth:`Calibration.factors` and of every factor vector here.
