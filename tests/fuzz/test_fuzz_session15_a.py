@@ -270,3 +270,15 @@ def test_calibration_check_prices_runs_of_another_stack_without_its_factors(tmp_
     assert other[0] == pytest.approx(plain[0])
     own = _predict(runs, cat, Calibration(compute_factor=0.5, gpus=("H100-SXM",), stacks=("megatron-lm",)))
     assert own[0] > 1.3 * plain[0]
+
+
+def test_calibration_stacks_written_with_a_release_are_read_by_name(tmp_path):
+    """A hand-written ``stacks = ["torchtitan@0.3.0"]`` (the form --stack takes) matched no plan: plans are
+    matched by stack name, so its interval never applied (and its factors now would be refused)."""
+    cal = tmp_path / "cal.toml"
+    cal.write_text(CAL_TORCHTITAN.replace('"torchtitan"', '"torchtitan@0.3.0"'))
+    r = run_cli("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--iterations", "10",
+                "--gpu", "H100-SXM", "--gpus", "16", "--framework", "fsdp", "--json", "--top", "1",
+                "--calibration", cal)
+    assert r.code == 0, r.stderr
+    assert json.loads(r.stdout)["plans"][0]["interval"]["source"] == "calibration"

@@ -345,7 +345,8 @@ def load_calibration(path: Path) -> Calibration:
                            fix="give a file written by `hetplan calibrate RUNS -o FILE`")
     try:
         c = Calibration(float(data["compute_factor"]), float(data["comm_factor"]), tuple(map(str, data["gpus"])),
-                        tuple(map(str, data["stacks"])), tuple(float(x) for x in data.get("loo_log_ratios", ())),
+                        tuple(str(x).split("@")[0] for x in data["stacks"]),  # plans match by stack name
+                        tuple(float(x) for x in data.get("loo_log_ratios", ())),
                         dict(data.get("not_identified", {})), data.get("memory_signed_median"),
                         float(data.get("attention_factor", 1.0)))
     except (KeyError, TypeError, ValueError) as exc:
