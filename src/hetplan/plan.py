@@ -577,6 +577,11 @@ class Plan(UserInput):
             raise ValueError(f"fsdp_shard = {self.fsdp_shard} sets HSDP's shard groups, but zero = {self.zero} shards no "
                              "parameters or gradients (only ZeRO-2/3 and FSDP do); fix: remove fsdp_shard, or set "
                              "zero = 3 (FSDP)")
+        if self.fsdp_shard is not None and self.job.framework != "fsdp":  # the estimate and export dropped it
+            raise ValueError(f"fsdp_shard = {self.fsdp_shard} sets HSDP's shard groups of PyTorch FSDP2 (framework "
+                             f"'fsdp'); {self.job.framework} shards ZeRO-{self.zero} over all of a stage's DP ranks "
+                             "(its estimate and export ignored fsdp_shard): remove fsdp_shard, or set "
+                             "job.framework = 'fsdp'")
         for i, st in enumerate(self.stages):
             try:  # the degrees together (CP, EP x expert TP within TP x CP x DP): one message, not a traceback
                 self.stage_layout(i)

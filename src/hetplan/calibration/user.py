@@ -345,7 +345,8 @@ def load_calibration(path: Path) -> Calibration:
                            fix="give a file written by `hetplan calibrate RUNS -o FILE`")
     try:
         c = Calibration(float(data["compute_factor"]), float(data["comm_factor"]), tuple(map(str, data["gpus"])),
-                        tuple(map(str, data["stacks"])), tuple(float(x) for x in data.get("loo_log_ratios", ())),
+                        tuple(str(x).split("@")[0] for x in data["stacks"]),  # plans match by stack name
+                        tuple(float(x) for x in data.get("loo_log_ratios", ())),
                         dict(data.get("not_identified", {})), data.get("memory_signed_median"),
                         float(data.get("attention_factor", 1.0)))
     except (KeyError, TypeError, ValueError) as exc:
@@ -374,11 +375,14 @@ def load_calibration(path: Path) -> Calibration:
 
 
 def _predict(runs: list[Run], catalog: Catalog, c: Calibration) -> np.ndarray:
+    """Each run's predicted step time under ``c``'s factors where ``c`` covers the run's stack, else without them
+    (``plan --calibration`` refuses a job of another stack)."""
     from hetplan.estimate.estimator import estimate
 
     cat = c.apply_catalog(catalog)
     return np.array([estimate(r.plan.model_copy(update={"pools": c.apply_pools(r.plan.pools, catalog)}),
-                              catalog=cat, model=r.model).iteration_time_s for r in runs])
+                              catalog=cat, model=r.model).iteration_time_s if stack_name(r.plan.job) in c.stacks
+                     else estimate(r.plan, catalog=catalog, model=r.model).iteration_time_s for r in runs])
 
 
 #: The fitted factors, in the order of :meth:`Calibration.factors` and of every factor vector here.

@@ -68,7 +68,7 @@ def estimate_command(
         # --price-source spot / --provider (an unknown provider exited 0)
         pools = [p.model_copy(update={"price_usd_per_hour": None}) for p in pools]
     pools_priced, prices = _priced(pools, cat, price_source, provider, prices_file)
-    cal, cat = _calibrated(calibration, cat, pools_priced)
+    cal, cat = _calibrated(calibration, cat, pools_priced, plan.job)
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools_priced, cat) if cal else pools_priced})
     profiles = _profiles(profile_db)
     est = estimate_plan(plan, cat, m, profiles)

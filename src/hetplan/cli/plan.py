@@ -283,7 +283,7 @@ def plan_command(
     cat = load_catalog(catalog)
     pools_priced, price_lines = _priced(inv.pools, cat, price_source, provider, prices)
     inv = inv.model_copy(update={"pools": pools_priced})
-    cal, cat = _calibrated(calibration, cat, inv.pools)
+    cal, cat = _calibrated(calibration, cat, inv.pools, job)
     if cal is not None:
         inv = inv.model_copy(update={"pools": cal.apply_pools(inv.pools, cat)})
     _check_free_pools(inv, obj, cat)
@@ -396,14 +396,17 @@ def _baseline(path: Path, cat, best: dict, job) -> dict:
             "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
 
 
-def _calibrated(path: Path | None, cat, pools=()):
+def _calibrated(path: Path | None, cat, pools=(), job=None):
     """``(calibration, catalog with its factors)`` of ``--calibration`` (``(None, cat)`` without one).
 
     Raises:
         HetplanError: a calibration of GPU types none of ``pools`` is on (its factors and interval applied to
-            none, and the numbers printed were uncalibrated without a word)."""
+            none, and the numbers printed were uncalibrated without a word), or of stacks other than ``job``'s
+            (its factors, what the runs' stack reaches on those GPUs, priced another stack's plans while the
+            interval printed was hetplan's own)."""
     if path is None:
         return None, cat
+    from hetplan.calibration.intervals import stack_name
     from hetplan.calibration.user import load_calibration
 
     cal = load_calibration(path)
@@ -413,6 +416,12 @@ def _calibrated(path: Path | None, cat, pools=()):
                            f"({', '.join(cal.stacks) or 'no stack'}); no pool here is on those GPUs "
                            f"({', '.join(names)})", field="--calibration",
                            fix="drop --calibration, or fit one on runs of these GPUs (hetplan calibrate)")
+    if job is not None and stack_name(job) not in cal.stacks:
+        raise HetplanError(f"{path} calibrates stack {', '.join(cal.stacks) or '(none)'}; this job runs "
+                           f"{stack_name(job)}, whose kernels and collectives its factors do not describe",
+                           field="--calibration",
+                           fix="drop --calibration, plan the job on the calibrated stack (--stack / --framework), "
+                               "or fit a calibration on runs of this stack (hetplan calibrate)")
     return cal, cal.apply_catalog(cat)
 
 

@@ -149,7 +149,8 @@ def host_memory_bytes() -> int:
 
 def check_host_memory(plan, spec, lay: planio.Layout, opts: RunOptions, available_bytes: int | None = None) -> None:
     """A run on CPU keeps every rank's stage in host memory: its weights, gradients, AdamW states and activations
-    in the run's dtype (fp32 unless ``--dtype``), the estimate's breakdown of each stage mapped to them by
+    in the run's dtype (fp32 unless ``--dtype``), the estimate's breakdown of each stage of the plan as the trainer
+    runs it (:func:`hetplan.runtime.planio.as_run`: no recomputation, DDP replicated) mapped to them by
     :func:`hetplan.runtime.planio.predicted_memory_bytes`, times the stage's ``dp · tp`` ranks, over the nodes.
     Ranks that need more than the host has would be killed by the kernel or swap until ``--timeout``: refused
     before any starts. ``available_bytes``: default :func:`host_memory_bytes`.
@@ -174,7 +175,7 @@ def check_host_memory(plan, spec, lay: planio.Layout, opts: RunOptions, availabl
     stand_in = cat.get("A100-SXM-80GB")
     cat = Catalog({**cat.gpus, **{p.gpu: stand_in.model_copy(update={"name": p.gpu, "aliases": ()})
                                   for p in plan.pools if not listed(p.gpu)}}, cat.date)
-    est = estimate(plan, catalog=cat, model=spec)
+    est = estimate(planio.as_run(plan, lay, opts.dp_mode), catalog=cat, model=spec)
     need = sum(planio.predicted_memory_bytes(st.memory, element) for st in est.stages) * lay.dp * lay.tp / opts.nnodes
     have = host_memory_bytes() if available_bytes is None else available_bytes
     if need > have:

@@ -232,6 +232,37 @@ def layout(plan: Plan, spec: ModelSpec, *, schedule: str | None = None, virtual_
                   chunk_layers=tuple(ordered))
 
 
+def dp_mode(plan: Plan, override: str | None = None) -> str:
+    """How the reference trainer runs the plan's data parallelism: ``override`` (``--dp-mode``), else ``fsdp``
+    (FSDP2, ZeRO-3) for a ZeRO-3 plan and ``ddp`` (replicated: ZeRO-0) for any other, ZeRO-1 / 2 included."""
+    return override or ("fsdp" if plan.zero == 3 else "ddp")
+
+
+def recomputes(plan: Plan) -> bool:
+    """Whether ``plan`` recomputes activations (a stage's ``recompute``, or the job's Megatron-Core modules),
+    which the reference trainer does not run."""
+    return (any(st.recomputed_layers() for st in plan.stages) or bool(plan.job.recompute_modules)
+            or plan.job.moe_recompute)
+
+
+def as_run(plan: Plan, lay: Layout, dp_mode_override: str | None = None) -> Plan:
+    """``plan`` as the reference trainer runs it on layout ``lay`` (what ``hetplan verify`` estimates and
+    ``hetplan run`` checks host memory with): the layout's schedule and virtual stages (``--schedule`` /
+    ``--virtual-stages`` override the plan's; in-flight micro-batches set the activations), ZeRO-0 where DP runs as
+    DDP (:func:`dp_mode`: replicated, what ZeRO-1/2/3 would shard), no recomputation (it checkpoints nothing) and no
+    sequence parallelism (its TP ranks hold the whole sequence)."""
+    ran: dict = {"schedule": "gpipe" if lay.schedule == "gpipe" else "1f1b", "virtual_stages": lay.virtual_stages,
+                 "sequence_parallel": False, "tp_comm_overlap": False}
+    if lay.virtual_stages != plan.virtual_stages:  # the plan's own chunks are not the run's
+        ran["pipeline_chunks"] = None
+    if dp_mode(plan, dp_mode_override) == "ddp":
+        ran |= {"zero": 0, "fsdp_shard": None}
+    if recomputes(plan):
+        ran |= {"stages": [st.model_copy(update={"recompute": "none", "recompute_layers": None}) for st in plan.stages],
+                "job": plan.job.model_copy(update={"recompute_modules": [], "moe_recompute": False})}
+    return plan.model_copy(deep=True, update=ran)
+
+
 def plan_model(plan: Plan) -> ModelSpec:
     """The plan's model spec (preset or config path).
 

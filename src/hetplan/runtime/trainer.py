@@ -108,7 +108,7 @@ def _train(args, plan, spec, lay: planio.Layout, rank: int, device: torch.device
     dtype = torchparts.torch_dtype(dtype_name)
     mesh = init_device_mesh(device.type, (lay.pp, lay.dp, lay.tp), mesh_dim_names=("pp", "dp", "tp"))
     pp_rank, dp_rank, tp_rank = lay.coords(rank)
-    dp_mode = args.dp_mode or ("fsdp" if plan.zero == 3 else "ddp")
+    dp_mode = planio.dp_mode(plan, args.dp_mode)
     nchunks = lay.pp * lay.virtual_stages
     my_chunks = [k for k in range(nchunks) if k % lay.pp == pp_rank]
     # Under pipelining or EP, DP = DDP's gradient all-reduce done once after the last backward (the DDP wrapper

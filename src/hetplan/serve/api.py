@@ -34,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hetplan.errors import HetplanError
 from hetplan.serve.engine import Engine, EngineClosed, QueueFull, WorkerFailed
@@ -89,12 +90,25 @@ def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_token
                                               f"{max_request_bytes:,} bytes"}, status_code=413)
         return await call_next(request)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI's own 400 for a body it cannot decode (not UTF-8, JSON nested too deeply), and 404 / 405 of
+        # unknown paths, in this API's shape ({"error", "field"}) rather than {"detail"}
+        if exc.status_code == 400:
+            return JSONResponse({"error": "body: could not be read as JSON (not UTF-8, or nested too deeply)",
+                                 "field": "body"}, status_code=400)
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError):
         err = exc.errors()[0]
+        if err.get("type") == "json_invalid":  # its loc is the character offset, not a field
+            at = [x for x in err.get("loc", ()) if x != "body"]
+            why = (err.get("ctx") or {}).get("error", "invalid JSON")
+            return JSONResponse({"error": f"body: malformed JSON{f' at character {at[0]}' if at else ''}: {why}",
+                                 "field": "body"}, status_code=400)
         where = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        status = 400 if err.get("type") == "json_invalid" else 422
-        return JSONResponse({"error": f"{where}: {err.get('msg', 'invalid')}", "field": where}, status_code=status)
+        return JSONResponse({"error": f"{where}: {err.get('msg', 'invalid')}", "field": where}, status_code=422)
 
     @app.post("/v1/models/{model}/generate")
     async def generate(model: str, body: GenerateRequest):
@@ -102,24 +116,31 @@ def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_token
             return JSONResponse({"error": f"unknown model {model!r}", "models": list(engine.specs)}, status_code=404)
         vocab = engine.vocab_sizes[model]
         if body.prompt_tokens is not None and body.prompt is not None:
-            return JSONResponse({"error": "give prompt_tokens or prompt, not both"}, status_code=422)
+            return JSONResponse({"error": "prompt_tokens: give prompt_tokens or prompt, not both", "field": "prompt_tokens"},
+                                status_code=422)
         if body.prompt_tokens is not None:
-            prompt = body.prompt_tokens
+            prompt, given = body.prompt_tokens, "prompt_tokens"
         elif body.prompt is not None:
-            prompt = [b % vocab for b in body.prompt.encode("utf-8")]
+            prompt, given = [b % vocab for b in body.prompt.encode("utf-8")], "prompt"
         else:
-            return JSONResponse({"error": "give prompt_tokens or prompt"}, status_code=422)
+            return JSONResponse({"error": "prompt: give prompt_tokens or prompt", "field": "prompt"}, status_code=422)
+        if not prompt:
+            return JSONResponse({"error": f"{given}: is empty; give at least one token", "field": given},
+                                status_code=422)
         n = body.max_new_tokens or default_max_new_tokens
         if n > max_new_tokens_limit:
-            return JSONResponse({"error": f"max_new_tokens {n} above the limit {max_new_tokens_limit}"}, status_code=422)
+            return JSONResponse({"error": f"max_new_tokens: {n} is above the limit {max_new_tokens_limit}",
+                                 "field": "max_new_tokens"}, status_code=422)
         try:
             fut = engine.submit(model, prompt, n, body.stop_token)
         except QueueFull as exc:
             return JSONResponse({"error": str(exc)}, status_code=429, headers={"Retry-After": "1"})
         except (EngineClosed, WorkerFailed) as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
-        except HetplanError as exc:
-            return JSONResponse({"error": exc.render(), "field": exc.field}, status_code=422)
+        except HetplanError as exc:  # the engine's "prompt" is the body's field that carried it
+            field = given if exc.field == "prompt" else exc.field
+            return JSONResponse({"error": exc.render().replace("prompt:", f"{field}:", 1), "field": field},
+                                status_code=422)
         try:
             res = await asyncio.wrap_future(fut)
         except (EngineClosed, WorkerFailed) as exc:

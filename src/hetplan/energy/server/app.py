@@ -124,6 +124,8 @@ class TargetIn(_Strict):
     target_time_s: float = Field(gt=0)
 
 
+#: The frontier library's parameters (which its errors name) as keys of a job spec's online profiling.
+THEN_KEYS = {k: f"scheduler.then.{k}" for k in ("unit_time_s", "idle_power_w")}
 #: Default request body limit (bytes): a report of 1F1B with 4,096 micro-batches and per-instruction
 #: measurements is ~1 MB.
 MAX_BODY_BYTES = 8 * 2**20
@@ -212,8 +214,9 @@ def create_app(db_path: str | Path, *, token: str | None = None, max_body_bytes:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own handler echoes each error's input, and a NaN or Infinity input (JSON accepts neither)
         # made its response an HTTP 500 (issue 27): say where and what, not the value.
-        errors = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")),
-                   "type": str(e.get("type", ""))} for e in exc.errors()]
+        errors = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")) + (
+                   f": {e['ctx']['error']}" if e.get("type") == "json_invalid" and "error" in (e.get("ctx") or {})
+                   else ""), "type": str(e.get("type", ""))} for e in exc.errors()]
         return JSONResponse(status_code=422, content={"detail": errors})
 
     def job_or_404(job_id: str) -> tuple[dict, dict]:
@@ -252,7 +255,11 @@ def create_app(db_path: str | Path, *, token: str | None = None, max_body_bytes:
                 return state
             try:
                 new = dict(state, **sch.frontier_state_from_profile(spec, store.measured_profile(job_id), s["then"]))
-            except HetplanError as exc:  # keep running at max frequency, tell the user why
+            except HetplanError as exc:  # keep running at max frequency, tell the user why, in the spec's keys
+                key = THEN_KEYS.get(exc.field or "")
+                if key is not None:  # the frontier library names its parameter and the CLI's flag
+                    flag = "--" + (exc.field or "").replace("_", "-")
+                    exc = HetplanError(exc.message, field=key, fix=(exc.fix or "").replace(flag, key))
                 new = dict(state, error=exc.render())
             save_state(job_id, spec, new)
             return new
