@@ -117,12 +117,3 @@ def test_hsdp_shard_group_without_sharding_is_refused():
             plan(zero, framework)
     assert plan(3, "fsdp").fsdp_shard == 8
 
-
-def test_hsdp_shard_group_outside_fsdp_is_refused():
-    """Megatron-FSDP (``megatron``, ZeRO-3) and DeepSpeed ZeRO-3 shard over the whole data-parallel group; only the
-    ``fsdp`` estimate prices HSDP's groups. A ``fsdp_shard`` on another framework's plan was priced as absent
-    (same iteration time and memory for 2, 8 or none); it is refused, naming the framework to use."""
-    for framework in ("megatron", "deepspeed"):
-        with pytest.raises(ValueError, match="fsdp_shard = 8 sets HSDP's shard groups of PyTorch FSDP2"):
-            Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=64, framework=framework), mbs=1, zero=3,
-                 fsdp_shard=8, pools=[GPUPool(gpu="H100-SXM", count=64)], stages=[Stage(num_layers=32, tp=1, dp=64)])

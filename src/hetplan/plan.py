@@ -594,10 +594,6 @@ class Plan(UserInput):
             raise ValueError(f"pipeline_step_microbatches splits an iteration into calls of PyTorch's pipeline "
                              f"schedule (NeMo AutoModel, framework 'fsdp'); {self.job.framework} runs all its "
                              "micro-batches in one call: remove it or set job.framework = 'fsdp'")
-        if self.fsdp_shard is not None and self.job.framework != "fsdp":  # the estimate priced it as absent
-            raise ValueError(f"fsdp_shard = {self.fsdp_shard} sets HSDP's shard groups of PyTorch FSDP2 (framework "
-                             f"'fsdp'); {self.job.framework}'s sharding spans the whole data-parallel group: remove "
-                             "it or set job.framework = 'fsdp'")
         for key, default in (("fsdp_param_dtype", "fp32"), ("pipeline_outputs", "last")):
             if getattr(self, key) != default and self.job.framework != "fsdp":  # the estimate dropped it
                 raise ValueError(f"{key} = {getattr(self, key)!r} describes PyTorch FSDP2 / pipelining (framework "
