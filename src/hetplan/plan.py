@@ -727,6 +727,16 @@ def layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
     return out
 
 
+def selective_is_none(attention: str, framework: str) -> bool:
+    """Whether selective recomputation is the plan without recomputation (:attr:`Job.attention`): under flash
+    attention with Megatron-LM or DeepSpeed, whose ``ParallelAttention.forward`` skips the core-attention checkpoint
+    when FlashAttention runs. Not under ``framework = "fsdp"``: there selective is torchtitan's per-op selective
+    checkpointing (``torchtitan/distributed/activation_checkpoint.py`` ``_apply_op_sac``), which the estimate prices
+    with its own memory and recomputation (:func:`hetplan.estimate.memory.op_sac_activation_bytes`,
+    :func:`hetplan.estimate.compute.op_sac_recompute_s`) and a stack runs only where it has it."""
+    return attention == "flash" and framework != "fsdp"
+
+
 def fills_whole_nodes(num_gpus: int, gpus_per_node: int) -> bool:
     """Whether ``num_gpus`` ranks can be launched on nodes of ``gpus_per_node`` GPUs: inside one node, or on whole
     nodes. torchrun (``--nnodes N --nproc-per-node P``) and the DeepSpeed launcher (``--num_nodes``, ``--num_gpus``)

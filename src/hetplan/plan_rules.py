@@ -291,9 +291,11 @@ def violations(plan: "Plan", spec: "ModelSpec") -> list[PlanRuleError]:
             and any(st.dp > 1 for st in plan.stages) and max(used.values()) > 1):
         lacks.append(("zero", f"DDP with {', '.join(d.upper() for d, n in used.items() if n > 1)} > 1 "
                               f"(its DDP runs on 1-D meshes only: {stack.sources.get('ddp', '')})"))
+    from hetplan.plan import selective_is_none
+
     modes = {st.recompute for st in plan.stages} - set(stack.recompute)
-    if plan.job.attention == "flash":
-        modes.discard("selective")  # the same plan as none under flash (hetplan.plan.Job)
+    if selective_is_none(plan.job.attention, plan.job.framework):
+        modes.discard("selective")  # the same plan as none under flash (hetplan.plan.Job), except under fsdp
     if modes:
         lacks.append(("stages[].recompute", f"{'/'.join(sorted(modes))} recomputation"))
     if (plan.job.dtype == "bf16" and any(st.dp * degree(plan, i, "cp") > 1 for i, st in enumerate(plan.stages))

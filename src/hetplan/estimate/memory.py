@@ -680,7 +680,13 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
     sbh = s * b * m.hidden_size
     emb = in_flight * (8 * s * b + sbh) / np.where(sp, t, 1)  # sequence-parallel: split like the layers
     activations = activations + np.where(has_embedding, emb, 0)
-    head = np.where(has_head, 4 * s * b * (m.hidden_size + m.padded_vocab_size()) / t, 0)
+    # The output layer's theoretical term (Korthikanti et al. 2023, Sec. 4.1: its input and the logits with their
+    # fp32 softmax, ``4sb(h + V)/t``), Megatron-LM's and DeepSpeed's loss. torchtitan's loss (framework fsdp) has
+    # its own peak, the ``loss`` phase below, and keeps nothing of it in the activations: counting the term there
+    # too put it in the activations and took it back in a negative overhead (the total was right, the breakdown
+    # printed activations above the total).
+    head = np.where(np.asarray(has_head) & (framework != "fsdp"),
+                    4 * s * b * (m.hidden_size + m.padded_vocab_size()) / t, 0)
     activations = activations + head
     if framework == "fsdp" and num_microbatches is not None:
         activations = activations + pipeline_buffer_bytes(m, b, s, t, sp, has_embedding, has_head, single_stage,

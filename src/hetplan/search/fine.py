@@ -55,7 +55,8 @@ from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.fine_cost import FineCostModel, FineStage, FineState, StateCost, state_from_plan
 from hetplan.search.objective import Objective
-from hetplan.search.space import Pins, cp_degrees, ep_degrees, stack_allows, stack_has, tp_degrees
+from hetplan.search.space import (RECOMPUTE_NAMES, Pins, cp_degrees, ep_degrees, free_recompute_codes, stack_allows,
+                                  stack_has, tp_degrees)
 
 #: Default work budget: state evaluations (cost-model calls) over all start points.
 DEFAULT_BUDGET_EVALUATIONS = 4000
@@ -550,8 +551,9 @@ def fine_search(
         start_plan, start_est = starts[0], res.plans[0].estimate
     gpu = pool_gpu(catalog, pool, field="inventory.gpu", job=job)
     n_gpus = max(sp.num_gpus for sp in starts)
-    free = tuple(r for r in (("full",) if job.attention == "flash" else ("selective", "full"))  # flash: selective = none
-                 if stack_allows(job.stack_spec(), recompute=r, attention=job.attention))
+    # the recomputing modes among the search's choices (under flash selective is none, except under fsdp)
+    free = tuple(RECOMPUTE_NAMES[r] for r in free_recompute_codes(m, job.attention, job.framework)
+                 if r and stack_allows(job.stack_spec(), recompute=RECOMPUTE_NAMES[r], attention=job.attention))
     modes = free if pins is None or pins.recompute is None else \
         {"none": (), "selective": ("selective",), "full": ("full",)}[pins.recompute]
     cm = FineCostModel(m, job, pool, gpu, profiles, max_stages=max(n_gpus, pool.count), recompute_modes=modes)

@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import fills_whole_nodes
+from hetplan.plan import fills_whole_nodes, selective_is_none
 
 RECOMPUTE_NAMES = ("none", "selective", "full")
 
@@ -127,14 +127,26 @@ def stack_allows(stack, zero: int | None = None, recompute: str | None = None, a
     :meth:`~hetplan.hardware.stacks.StackSpec.allows_bf16`) and recomputation ``recompute``. Under FSDP stacks ``zero`` is the sharding mode the launch names (the
     estimate prices ZeRO-0 as torchtitan's DDP replication and ZeRO-3 as FSDP2, as the export writes them): llm-foundry,
     HF Accelerate's FSDP plugin and NeMo AutoModel run FULL_SHARD only (``zero = [3]``), so no ZeRO-0 label; selective recomputation under flash attention is the plan without recomputation (:class:`hetplan.plan.Job`),
-    which every stack runs."""
+    which every stack runs — except under an FSDP stack, where it is torchtitan's per-op SAC
+    (:func:`hetplan.plan.selective_is_none`), which only the stacks that list it run."""
     if stack is None:
         return True
     if zero is not None and (zero not in stack.zero or dtype == "bf16" and not stack.allows_bf16(zero, pp)):
         return False
     if recompute is not None and recompute not in stack.recompute:
-        return recompute == "selective" and attention == "flash"
+        return recompute == "selective" and selective_is_none(attention, stack.framework)
     return True
+
+
+def free_recompute_codes(m: ModelSpec, attention: str, framework: str) -> list[int]:
+    """Recomputation codes (:data:`RECOMPUTE_NAMES`) a search chooses among, before the stack's own
+    (:func:`stack_allows`): none and full, and selective where it is a plan of its own
+    (:func:`hetplan.plan.selective_is_none`: always without flash; under flash only as torchtitan's per-op SAC,
+    ``framework = "fsdp"``) and priced as one — a dense model without MLA (per-op SAC of MoE and MLA layers is not
+    modelled, :func:`hetplan.estimate.compute.op_sac_recompute_s`, so the search does not propose it)."""
+    if not selective_is_none(attention, framework) and not (framework == "fsdp" and (m.is_moe or m.is_mla)):
+        return [0, 1, 2]
+    return [0, 2]
 
 
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
@@ -188,7 +200,7 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     base = np.repeat(tri, counts, axis=0)
     base_cp = np.repeat(cp_of, counts)
     mbs = np.concatenate([np.asarray(x, dtype=np.int64) for x in mbs_lists])
-    free = [0, 2] if attention == "flash" else [0, 1, 2]
+    free = free_recompute_codes(m, attention, stack.framework if stack is not None else "megatron")
     free = [r for r in free if stack_allows(stack, recompute=RECOMPUTE_NAMES[r], attention=attention)]
     rcs = np.array([RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free, dtype=np.int64)
     parts = []

@@ -21,7 +21,8 @@ from hetplan.search.hetero.bounds import TooMany, allocation_bounds
 from hetplan.hardware.frameworks import job_framework
 from hetplan.search.hetero.group import Group, block_orders, ep_fits, price_boundaries
 from hetplan.search.hetero.tables import StageType, cost_tables, stage_types
-from hetplan.search.space import RECOMPUTE_NAMES, Pins, cp_degrees, divisors, ep_degrees, stack_allows
+from hetplan.search.space import (RECOMPUTE_NAMES, Pins, cp_degrees, divisors, ep_degrees, free_recompute_codes,
+                                  stack_allows)
 
 
 class PreparedSpace(NamedTuple):
@@ -47,9 +48,10 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
     expert-TP degree dividing TP where the framework has expert-TP; ``dp·cp`` where the job's framework keeps EP
     inside DP; 1 for a dense model), each group holding the stage types whose ranks EP x expert-TP divides; ``progress(done, total, phase)`` as their cost tables are built."""
     types = stage_types(m, inventory, catalog, job.dtype, pins, job=job)
-    # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice.
+    # Under flash attention selective recomputation is the same plan as none (hetplan.plan.Job): not a choice,
+    # except under fsdp (torchtitan's per-op SAC; hetplan.search.space.free_recompute_codes)
     stack = job.stack_spec()  # only the ZeRO stages and recomputation modes the job's stack offers
-    free = [r for r in ([0, 2] if job.attention == "flash" else [0, 1, 2])
+    free = [r for r in free_recompute_codes(m, job.attention, job.framework)
             if stack_allows(stack, recompute=RECOMPUTE_NAMES[r], attention=job.attention)]
     rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free
     # under fsdp: DDP (ZeRO-0) or FSDP2 (ZeRO-3) as torchtitan launches them (hetplan.estimate.memory.fsdp_shard_ranks)
