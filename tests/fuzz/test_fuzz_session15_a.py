@@ -42,6 +42,31 @@ def test_hsdp_shard_group_outside_fsdp_is_refused(tmp_path, framework):
     assert run_cli("estimate", plan).code == 0
 
 
+def _verified_plan(tmp_path, monkeypatch, data: dict, opts):
+    """The plan ``hetplan verify`` hands the estimator for plan JSON ``data`` run with ``opts`` (the profile and
+    the run itself stubbed out: verify stops where it would start the run)."""
+    from hetplan.estimate import estimator
+    from hetplan.profile import profiler
+    from hetplan.runtime import verify as verify_mod
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(data))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def run_plan(*_a, **_k):
+        raise Stop
+
+    monkeypatch.setattr(profiler, "profile_layers", lambda *a, **k: {})
+    monkeypatch.setattr(estimator, "estimate", lambda p, **k: seen.append(p))
+    monkeypatch.setattr(verify_mod, "run_plan", run_plan)
+    with pytest.raises(Stop):
+        verify_mod.verify(plan, db_path=tmp_path / "db.sqlite", opts=opts, repeats=1)
+    return seen[0]
+
+
 @pytest.mark.parametrize("plan_update, flags, want", [
     ({}, dict(schedule="gpipe"), ("gpipe", 1, 0)),
     ({"virtual_stages": 2}, dict(schedule="1f1b"), ("1f1b", 1, 0)),
@@ -59,32 +84,15 @@ def test_verify_estimates_the_schedule_and_dp_it_runs(tmp_path, monkeypatch, pla
     and sequence parallelism, which the trainer's TP does not run, was priced (-10 % activations at TP 2). The
     estimate now prices the schedule, virtual stages, DP and TP the run uses."""
     pytest.importorskip("torch")
-    from hetplan.estimate import estimator
-    from hetplan.profile import profiler
-    from hetplan.runtime import verify as verify_mod
     from hetplan.runtime.launcher import RunOptions
 
     data = json.loads(TINY_PLAN.read_text())
     data["job"]["model"] = str(ROOT / "examples" / "tiny-model.json")
     data["stages"][0]["num_layers"] = data["stages"][1]["num_layers"] = 2  # room for 2 virtual stages
     data.update(plan_update)
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(data))
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def run_plan(*_a, **_k):
-        raise Stop
-
-    monkeypatch.setattr(profiler, "profile_layers", lambda *a, **k: {})
-    monkeypatch.setattr(estimator, "estimate", lambda p, **k: seen.append(p))
-    monkeypatch.setattr(verify_mod, "run_plan", run_plan)
-    with pytest.raises(Stop):
-        verify_mod.verify(plan, db_path=tmp_path / "db.sqlite", opts=RunOptions(**flags), repeats=1)
-    assert (seen[0].schedule, seen[0].virtual_stages, seen[0].zero) == want
-    assert not seen[0].sequence_parallel
+    seen = _verified_plan(tmp_path, monkeypatch, data, RunOptions(**flags))
+    assert (seen.schedule, seen.virtual_stages, seen.zero) == want
+    assert not seen.sequence_parallel
 
 
 def test_verify_estimates_without_the_recomputation_the_trainer_does_not_run(tmp_path, monkeypatch):
@@ -92,32 +100,15 @@ def test_verify_estimates_without_the_recomputation_the_trainer_does_not_run(tmp
     was compared with the estimate of full recomputation: tiny-pp2-dp2 stage 0 predicted 16.4 MiB for 33.5 MiB
     measured (-51 %) and +28 % time: FAIL, exit 1. The estimate now prices what runs, and says so."""
     pytest.importorskip("torch")
-    from hetplan.estimate import estimator
-    from hetplan.profile import profiler
-    from hetplan.runtime import verify as verify_mod
     from hetplan.runtime.launcher import RunOptions
 
     data = json.loads(TINY_PLAN.read_text())
     data["job"]["model"] = str(ROOT / "examples" / "tiny-model.json")
     for st in data["stages"]:
         st.update(recompute="full", recompute_layers=1)
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(data))
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def run_plan(*_a, **_k):
-        raise Stop
-
-    monkeypatch.setattr(profiler, "profile_layers", lambda *a, **k: {})
-    monkeypatch.setattr(estimator, "estimate", lambda p, **k: seen.append(p))
-    monkeypatch.setattr(verify_mod, "run_plan", run_plan)
-    with pytest.raises(Stop):
-        verify_mod.verify(plan, db_path=tmp_path / "db.sqlite", opts=RunOptions(), repeats=1)
-    assert [st.recomputed_layers() for st in seen[0].stages] == [0, 0]
-    assert [st.num_layers for st in seen[0].stages] == [3, 1]
+    seen = _verified_plan(tmp_path, monkeypatch, data, RunOptions())
+    assert [st.recomputed_layers() for st in seen.stages] == [0, 0]
+    assert [st.num_layers for st in seen.stages] == [3, 1]
 
 
 def test_run_host_memory_check_counts_the_activations_the_trainer_keeps(tmp_path):
