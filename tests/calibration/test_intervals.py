@@ -177,3 +177,15 @@ def test_plan_json_carries_intervals():
     assert p["job_usd_interval"][1] / p["job_usd"] == pytest.approx(hi / p["iteration_time_s"])
     assert p["tokens_per_s_interval"][0] == pytest.approx(p["tokens_per_s"] * p["iteration_time_s"] / hi)
     assert "unvalidated" in _plan_json("--top", "1", "--framework", "deepspeed")["interval"]
+
+
+def test_a_dense_plan_is_held_to_the_dense_record():
+    """The MFU record a plan is compared with is of its own kind: on GB300 under megatron-lm the only row was the
+    ModelZoo's Qwen3-235B MoE run (23.8 %), and a dense Llama 3 70B FP8 plan at 35 % printed that it was above
+    it. A dense plan has no dense record there, so no note; an MoE plan keeps the MoE one."""
+    rows = list(iv.load_residuals())
+    moe = iv.mfu_record(rows, "megatron-lm", "GB300", moe=True)
+    assert moe is not None and moe.moe and iv.mfu_record(rows, "megatron-lm", "GB300") == moe
+    assert iv.mfu_record(rows, "megatron-lm", "GB300", moe=False) is None
+    dense = iv.mfu_record(rows, "nemo", "GB300", moe=False)  # Megatron-Bridge's Llama rows
+    assert dense is not None and not dense.moe and dense.measured_mfu > moe.measured_mfu

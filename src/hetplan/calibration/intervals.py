@@ -455,9 +455,11 @@ def _setup_words(field: str, value: str) -> str:
     return f"{value} {field}"
 
 
-def mfu_record(residuals: Iterable[Residual], stack: str, gpu: str) -> Residual | None:
-    """The held-out validation run of ``stack`` on ``gpu`` with the highest measured MFU, or None."""
-    rows = [r for r in residuals if r.stack == stack and r.gpu == gpu]
+def mfu_record(residuals: Iterable[Residual], stack: str, gpu: str, moe: bool | None = None) -> Residual | None:
+    """The held-out validation run of ``stack`` on ``gpu`` with the highest measured MFU, or None; with ``moe``,
+    among the runs of that kind only (dense or MoE: an MoE run's MFU counts its active parameters and sits well
+    below a dense model's on the same GPU, so a dense plan above an MoE record says nothing)."""
+    rows = [r for r in residuals if r.stack == stack and r.gpu == gpu and (moe is None or r.moe == moe)]
     return max(rows, key=lambda r: r.measured_mfu) if rows else None
 
 
@@ -502,8 +504,9 @@ def add_intervals(summaries: list[dict], catalog: Catalog, calibration=None) -> 
     for s in summaries:
         job = s["plan"]["job"]
         gpus = [catalog.get(st["gpu"]) for st in s["stages"]]
-        interval = plan_interval(job, gpus, load_model(job["model"]).is_moe, s["num_gpus"], calibration)
-        annotate(s, interval, mfu_record(residuals, stack_name(job), gpus[0].name))
+        moe = load_model(job["model"]).is_moe
+        interval = plan_interval(job, gpus, moe, s["num_gpus"], calibration)
+        annotate(s, interval, mfu_record(residuals, stack_name(job), gpus[0].name, moe))
 
 
 def plan_interval(job, gpus: list[GPUSpec], moe: bool, num_gpus: int, calibration=None) -> Interval | str:
