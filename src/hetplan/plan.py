@@ -346,6 +346,9 @@ class GPUPool(UserInput):
             / B200, GB200 NVL72), else the generic defaults below.
         gpus_per_node: GPUs in one server or NVLink domain (they share the intra-node link and the node's NICs).
             Default 8.
+        gpus_per_host: GPUs of one host where a node (an NVLink domain) spans several: GB200 / GB300 NVL72 racks of
+            18 compute trays of 4 GPUs. A launch starts the same number of processes on every host
+            (:attr:`launch_gpus`, :func:`fills_whole_nodes`). Default: the node's, else ``gpus_per_node``.
         intra_node_bandwidth_bytes_per_s: unidirectional GPU-GPU bandwidth inside a node (default: the catalog link).
         inter_node_bandwidth_bytes_per_s: unidirectional network bandwidth of one node (all its NICs). Default:
             the node's; 25 GB/s (one 200 Gb/s NIC) for GPU types without a reference node.
@@ -369,6 +372,7 @@ class GPUPool(UserInput):
     count: int = bounded(10**6, "a million GPUs is 5x the largest cluster built", gt=0)
     node: str | None = None
     gpus_per_node: int = bounded(576, "576 GPUs is the largest NVLink domain sold (GB200 NVL576)", default=8, gt=0)
+    gpus_per_host: int | None = Field(default=None, gt=0)
     intra_node_bandwidth_bytes_per_s: float | None = bounded(1e13, "from 0.1 GB/s to 10 TB/s (5x NVLink 5's 1.8 "
                                                              "TB/s), in bytes/s", default=None, ge=1e8)
     inter_node_bandwidth_bytes_per_s: float = bounded(1e13, "from 1 Gb/s (slower is no training network) to 80 Tb/s "
@@ -408,11 +412,17 @@ class GPUPool(UserInput):
                 node = None
         if node is None:
             return data
-        filled = {"node": node.name, "gpus_per_node": node.gpus_per_node,
+        filled = {"node": node.name, "gpus_per_node": node.gpus_per_node, "gpus_per_host": node.gpus_per_host,
                   "inter_node_bandwidth_bytes_per_s": node.inter_node_bandwidth_bytes_per_s, "network": node.network}
         if node.gpu_link_bandwidth_bytes_per_s is not None:
             filled["intra_node_bandwidth_bytes_per_s"] = node.gpu_link_bandwidth_bytes_per_s
         return {**data, **filled, **{k: v for k, v in data.items() if v is not None and k != "node"}}
+
+    @property
+    def launch_gpus(self) -> int:
+        """GPUs a launch starts processes on per host (``torchrun --nproc-per-node``, the DeepSpeed launcher's
+        ``--num_gpus``): :attr:`gpus_per_host`, at most :attr:`gpus_per_node`."""
+        return min(self.gpus_per_host or self.gpus_per_node, self.gpus_per_node)
 
 
 class Inventory(UserInput):
@@ -737,11 +747,12 @@ def selective_is_none(attention: str, framework: str) -> bool:
     return attention == "flash" and framework != "fsdp"
 
 
-def fills_whole_nodes(num_gpus: int, gpus_per_node: int) -> bool:
-    """Whether ``num_gpus`` ranks can be launched on nodes of ``gpus_per_node`` GPUs: inside one node, or on whole
-    nodes. torchrun (``--nnodes N --nproc-per-node P``) and the DeepSpeed launcher (``--num_nodes``, ``--num_gpus``)
-    start the same number of processes on every node, so 58 ranks on 8-GPU nodes would start 64."""
-    return num_gpus <= gpus_per_node or num_gpus % gpus_per_node == 0
+def fills_whole_nodes(num_gpus: int, gpus_per_host: int) -> bool:
+    """Whether ``num_gpus`` ranks can be launched on hosts of ``gpus_per_host`` GPUs (:attr:`GPUPool.launch_gpus`:
+    a server, or one compute tray of an NVL72 rack): inside one host, or on whole hosts. torchrun (``--nnodes N
+    --nproc-per-node P``) and the DeepSpeed launcher (``--num_nodes``, ``--num_gpus``) start the same number of
+    processes on every host, so 58 ranks on 8-GPU servers would start 64; 256 GB200 are 64 trays of 4."""
+    return num_gpus <= gpus_per_host or num_gpus % gpus_per_host == 0
 
 
 def boundary_is_intra_node(stage_sizes: list[int], stage_pools: list[int], gpus_per_node: list[int]) -> list[bool]:

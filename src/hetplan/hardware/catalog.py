@@ -432,6 +432,8 @@ class NodeSpec(UserInput):
         name, aliases: preset name (e.g. ``"dgx-h100"``) and other accepted names (case-insensitive).
         gpu: catalog GPU type the node holds.
         gpus_per_node: GPUs that share one NVLink/NVSwitch domain and the node's NICs (72 for GB200 NVL72).
+        gpus_per_host: GPUs of one host, the unit a launch starts processes on (``torchrun --nproc-per-node``), where
+            it is smaller than the NVLink domain (a GB200 / GB300 NVL72 compute tray: 4); None: ``gpus_per_node``.
         nics, nic_bandwidth_bytes_per_s: NICs used for GPU collectives and the unidirectional rate of each.
         network: ``infiniband`` / ``roce`` / ``efa`` (RDMA with GPUDirect) or ``ethernet`` (no RDMA).
         gpu_link_bandwidth_bytes_per_s: unidirectional GPU-GPU bandwidth inside the node (None: the GPU's link).
@@ -445,6 +447,7 @@ class NodeSpec(UserInput):
     aliases: tuple[str, ...] = ()
     gpu: str
     gpus_per_node: int = Field(gt=0)
+    gpus_per_host: int | None = Field(default=None, gt=0)
     nics: int = Field(gt=0)
     nic_bandwidth_bytes_per_s: float = Field(gt=0)
     network: str

@@ -83,6 +83,17 @@ def _world(words: list[str], gpus: int | None, nodes_flag: str, per_node_flags: 
                        "--num_nodes/--num_gpus)", field="--gpus", fix="give the job's GPU count with --gpus")
 
 
+def launch_pool(gpu: str, world: int, per_host: int) -> GPUPool:
+    """The pool a launch of ``world`` ranks, ``per_host`` per host, ran on: the GPU type's reference node where its
+    hosts are that size (a GB200 / GB300 NVL72 rack: NVLink domain 72, trays of 4, :attr:`GPUPool.gpus_per_host`),
+    so that 64 trays of 4 GB200 keep their 72-GPU NVLink domain and one NIC per GPU; else nodes of ``per_host``
+    (a DGX launch of 8 per node, or fewer: the GPUs the launch uses of each server)."""
+    pool = GPUPool(gpu=gpu, count=world)
+    if pool.gpus_per_host is not None and pool.gpus_per_host == per_host:
+        return pool
+    return GPUPool(gpu=gpu, count=world, gpus_per_node=per_host, gpus_per_host=per_host)
+
+
 def _refuse_world_split(world: int, users: bool, degrees: dict[str, int]) -> None:
     """Refuse a world size the launch's parallel degrees (``{flag: degree}``) do not divide (Megatron-LM's
     ``initialize_model_parallel`` raises on it), naming ``--gpus`` when the world size is the user's (``users``: the
@@ -310,7 +321,7 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
               recompute_modules=modules, offload_modules=list(a.get("offload_modules", [])))
     stages = [Stage(num_layers=n, tp=tp, dp=dp, recompute=gran,
                     recompute_layers=rec_layers if gran == "full" else None) for n in layers]
-    return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)], stages=stages,
+    return Plan(job=job, pools=[launch_pool(gpu, world, per_node)], stages=stages,
                 mbs=int(a.get("micro_batch_size", 1)), zero=zero, virtual_stages=v,
                 sequence_parallel="sequence_parallel" in a, overlap_grad_reduce="overlap_grad_reduce" in a,
                 tp_comm_overlap="tp_comm_overlap" in a,
@@ -473,7 +484,7 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
               dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe, attention="flash", framework="fsdp",
               torch_compile=compiled,
               async_tp=bool(over.get("compile.enable_async_tensor_parallel", False)))
-    return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
+    return Plan(job=job, pools=[launch_pool(gpu, world, per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
                 virtual_stages=v, sequence_parallel=tp > 1 and bool(over.get(p + "enable_sequence_parallel", True)),
                 cuda_graphs=not over.get("training.disable_cuda_graphs", False),
@@ -528,7 +539,7 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
     rec = cfg.get("activation_checkpoint", {}).get("mode", "none")
     loss = None if not comp.get("enable", False) or "loss" in comp.get("components", ["model", "loss"]) else "fp32"
     reduce = "bf16" if tr.get("mixed_precision_reduce") == "bfloat16" else None
-    return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
+    return Plan(job=job, pools=[launch_pool(gpu, world, per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
                 virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep, fsdp_shard=fsdp_shard,
                 reshard_after_forward=reshard, cross_entropy=loss, grad_reduce_dtype=reduce,
@@ -622,7 +633,7 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
     job = Job(model=name, seq_len=int(launched if launched is not None else seq_len),
               global_batch=gbs, train_iterations=int(pipe.get("train_iterations") or 1), dtype=dtype,
               attention="flash", framework="deepspeed")
-    return Plan(job=job, pools=[GPUPool(gpu=gpu, count=world, gpus_per_node=per_node)],
+    return Plan(job=job, pools=[launch_pool(gpu, world, per_node)],
                 stages=[Stage(num_layers=n, dp=dp, recompute=rec) for n in layers], mbs=mbs,
                 zero=int(zero_cfg.get("stage", 0)), overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", False)),
                 grad_reduce_dtype=cfg.get("communication_data_type"))

@@ -292,7 +292,8 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
     cfg = enumerate_space(m, job.global_batch, pool.count, pool.gpus_per_node, pins, job.attention,
                           expert_tp=fw is None or fw.expert_tp, interleave=fw is None or fw.interleaved,
                           seq_len=job.seq_len, stack=job.stack_spec(), ep_fold=fw is None or fw.ep_beyond_dp,
-                          uneven=fw is not None and fw.interleaved and "any" in fw.splits, dtype=job.dtype)
+                          uneven=fw is not None and fw.interleaved and "any" in fw.splits, dtype=job.dtype,
+                          gpus_per_host=pool.launch_gpus)
     if job.framework == "fsdp" and len(cfg["tp"]):
         # FSDP2 (ZeRO-3) once per layout, and DDP (ZeRO-0 over DP > 1: torchtitan's data_parallel_replicate_degree,
         # hetplan.estimate.memory.fsdp_shard_ranks) where the stack runs it (the enumeration kept ZeRO-0 only

@@ -303,14 +303,14 @@ def _refuse_pins_no_pool_holds(pins: Pins, inventory: Inventory) -> None:
     if pins.num_gpus is not None and pins.num_gpus % need:
         raise HetplanError(f"the pinned {text} use{s_} a multiple of {need} GPUs; --use-gpus {pins.num_gpus} is not one",
                            field="pin.num_gpus", fix=f"pin --use-gpus to a multiple of {need}, or unpin a degree")
-    if pins.num_gpus is None and not any(fills_whole_nodes(n, p.gpus_per_node) for p in inventory.pools
+    if pins.num_gpus is None and not any(fills_whole_nodes(n, p.launch_gpus) for p in inventory.pools
                                          for n in range(need, p.count + 1, need)):
         # --pp 31 on 64 GPUs of 8 per node: 31 or 62 GPUs, neither one node nor whole nodes (the generic advice
         # said to check that tp*pp*dp fits the GPU count, which it does)
-        sizes = ", ".join(map(str, sorted({p.gpus_per_node for p in inventory.pools})))
+        sizes = ", ".join(map(str, sorted({p.launch_gpus for p in inventory.pools})))
         raise HetplanError(f"the pinned {text} use{s_} a multiple of {need} GPUs, and none up to the pools' sizes fills "
-                           f"whole nodes of {sizes} GPUs (a launch starts the same number of processes on every node)",
-                           field="pins", fix="pin degrees whose product divides the node size or is a multiple of it")
+                           f"whole hosts of {sizes} GPUs (a launch starts the same number of processes on every host)",
+                           field="pins", fix="pin degrees whose product divides the host size or is a multiple of it")
     per_node = max(p.gpus_per_node for p in inventory.pools)
     if pins.tp is not None and pins.tp > per_node:
         raise HetplanError(f"TP {pins.tp} spans nodes: hetplan keeps TP inside a node (its all-reduces in every "
@@ -396,13 +396,13 @@ def search_plans(
         _refuse_pins_the_stack_lacks(job, pins)
         _refuse_pinned_zero_layout(pins)
         _refuse_pinned_interleaving(job, pins, m)
-        if pins.num_gpus is not None and not any(fills_whole_nodes(pins.num_gpus, p.gpus_per_node)
+        if pins.num_gpus is not None and not any(fills_whole_nodes(pins.num_gpus, p.launch_gpus)
                                                  for p in inventory.pools):
-            per_node = max(p.gpus_per_node for p in inventory.pools)
-            raise HetplanError(f"{pins.num_gpus} GPUs span nodes of {per_node} GPUs without filling them: a launch "
-                               "starts the same number of processes on every node (torchrun, the DeepSpeed "
+            per_host = max(p.launch_gpus for p in inventory.pools)
+            raise HetplanError(f"{pins.num_gpus} GPUs span hosts of {per_host} GPUs without filling them: a launch "
+                               "starts the same number of processes on every host (torchrun, the DeepSpeed "
                                "launcher)", field="pin.num_gpus",
-                               fix=f"pin --use-gpus at most {per_node} or a multiple of {per_node}")
+                               fix=f"pin --use-gpus at most {per_host} or a multiple of {per_host}")
         _refuse_pins_no_pool_holds(pins, inventory)
         raise HetplanError(
             "no configuration matches the pinned dimensions and the inventory",

@@ -152,7 +152,8 @@ def free_recompute_codes(m: ModelSpec, attention: str, framework: str) -> list[i
 def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_node: int, pins: Pins,
                     attention: str = "standard", seq_len: int | None = None, stack=None,
                     expert_tp: bool = True, interleave: bool = True, ep_fold: bool = True,
-                    uneven: bool = False, dtype: str | None = None) -> dict[str, np.ndarray]:
+                    uneven: bool = False, dtype: str | None = None,
+                    gpus_per_host: int | None = None) -> dict[str, np.ndarray]:
     """All configurations as parallel integer arrays ``tp, pp, dp, mbs, zero, recompute, virtual_stages, cp,
     ep, expert_tp, split`` (recompute as codes 0/1/2, split as :data:`hetplan.plan.SPLITS` indices), honouring
     ``pins``. What the job's framework runs (``hardware/data/frameworks.toml``): ``expert_tp``, whether it splits
@@ -165,8 +166,9 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
     :class:`hetplan.hardware.stacks.StackSpec`; only the ZeRO stages and recomputation modes it offers are
     enumerated (:func:`stack_allows`, with its bf16 rules for a ``dtype`` of ``bf16``; Megatron-LM 2.5 has neither
     the distributed optimizer nor selective recomputation), and only the parallel dimensions and interleaving its launcher runs (:func:`stack_has`:
-    llm-foundry 0.3 gets TP = PP = CP = EP = 1). A configuration on more than one node uses whole nodes
-    (:func:`hetplan.plan.fills_whole_nodes`: what ``hetplan export``'s launch starts)."""
+    llm-foundry 0.3 gets TP = PP = CP = EP = 1). A configuration on more than one host uses whole hosts of
+    ``gpus_per_host`` GPUs (default ``gpus_per_node``; :attr:`hetplan.plan.GPUPool.launch_gpus`,
+    :func:`hetplan.plan.fills_whole_nodes`: what ``hetplan export``'s launch starts)."""
     tps = tp_degrees(m, gpus_per_node, available, stack)
     if pins.tp is not None:
         tps = [t for t in tps if t == pins.tp]
@@ -184,7 +186,7 @@ def enumerate_space(m: ModelSpec, global_batch: int, available: int, gpus_per_no
                         break
                     if (pins.dp is not None and d != pins.dp) or (pins.num_gpus is not None and n != pins.num_gpus):
                         continue
-                    if not fills_whole_nodes(n, gpus_per_node):  # what a launch starts (docstring)
+                    if not fills_whole_nodes(n, gpus_per_host or gpus_per_node):  # what a launch starts (docstring)
                         continue
                     sizes = divisors(global_batch // d) if pins.mbs is None else [pins.mbs] if (global_batch // d) % pins.mbs == 0 else []
                     if sizes:

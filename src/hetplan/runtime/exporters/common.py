@@ -91,17 +91,17 @@ def _mesh(plan: Plan, what: str) -> _Mesh:
 
 
 def _nodes(plan: Plan) -> tuple[int, int]:
-    """``(nodes, processes per node)`` of the launch: torchrun and the DeepSpeed launcher start the same number of
-    processes on every node.
+    """``(hosts, processes per host)`` of the launch: torchrun and the DeepSpeed launcher start the same number of
+    processes on every host (:attr:`hetplan.plan.GPUPool.launch_gpus`: a server, or an NVL72 compute tray of 4).
 
     Raises:
-        HetplanError: a plan on more than one node that does not fill whole nodes (the launch would start more
+        HetplanError: a plan on more than one host that does not fill whole hosts (the launch would start more
             processes than the plan has ranks)."""
-    per_node = min(plan.pools[st.pool].gpus_per_node for st in plan.stages)
+    per_node = min(plan.pools[st.pool].launch_gpus for st in plan.stages)
     n = sum(st.tp * degree(plan, i, "cp") * st.dp for i, st in enumerate(plan.stages))
     if not fills_whole_nodes(n, per_node):
-        raise HetplanError(f"the plan runs {n} ranks on nodes of {per_node} GPUs: a launch spanning nodes starts the "
-                           f"same number of processes on every node, so it would start "
+        raise HetplanError(f"the plan runs {n} ranks on hosts of {per_node} GPUs: a launch spanning hosts starts the "
+                           f"same number of processes on every host, so it would start "
                            f"{-(-n // per_node) * per_node}", field="plan",
                            fix=f"use a multiple of {per_node} GPUs (hetplan plan proposes only such plans)")
     return (max(1, -(-n // per_node)), min(n, per_node))
