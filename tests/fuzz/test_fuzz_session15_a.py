@@ -273,3 +273,28 @@ def test_calibration_stacks_written_with_a_release_are_read_by_name(tmp_path):
                 "--calibration", cal)
     assert r.code == 0, r.stderr
     assert json.loads(r.stdout)["plans"][0]["interval"]["source"] == "calibration"
+
+
+def test_run_says_what_it_runs_unlike_the_plan(tmp_path, monkeypatch):
+    """``hetplan run`` of a ZeRO-1 plan with full recomputation runs it as DDP without recomputation (the reference
+    trainer's) and printed only "DP ddp"; it now says both, in the text and in ``--json`` (``notes``), as verify
+    does (:func:`hetplan.runtime.planio.run_differences`)."""
+    from hetplan.runtime import launcher
+
+    data = json.loads(TINY_PLAN.read_text())
+    data["job"]["model"] = str(ROOT / "examples" / "tiny-model.json")
+    data["zero"] = 1
+    for st in data["stages"]:
+        st.update(recompute="full")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(data))
+    res = {"world_size": 4, "pp": 2, "dp": 2, "tp": 1, "schedule": "1f1b", "dp_mode": "ddp", "dtype": "fp32",
+           "device": "cpu", "backend": "gloo", "software": "torch", "iteration_time_s": 0.1, "iterations": 1,
+           "loss": 1.0, "dp_replicas_in_sync": True, "ranks": []}
+    monkeypatch.setattr(launcher, "run_plan", lambda *a, **k: dict(res))
+    r = run_cli("run", plan, "--json")
+    assert r.code == 0, r.stderr
+    notes = json.loads(r.stdout)["notes"]
+    assert any("ZeRO-1 runs as DDP" in n for n in notes) and any("recomputes no activations" in n for n in notes)
+    r = run_cli("run", plan)
+    assert r.code == 0 and "note: the plan's ZeRO-1 runs as DDP" in r.stdout

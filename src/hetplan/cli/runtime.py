@@ -86,6 +86,9 @@ def run_cmd(
     if not res:
         Console().print("this node's ranks finished; node 0 reports")
         return
+    from hetplan.runtime import planio
+
+    res["notes"] = planio.run_differences(planio.load_plan(plan), res["tp"], opts.dp_mode)
     if as_json:
         print(json.dumps(res, indent=1))
         return
@@ -93,6 +96,8 @@ def run_cmd(
     ep = f", EP {res['ep']} in DP" if res.get("ep", 1) > 1 else ""
     c.print(f"{res['world_size']} ranks (pp {res['pp']} x dp {res['dp']} x tp {res['tp']}{ep}), {res['schedule']}, "
             f"DP {res['dp_mode']}, {res['dtype']} on {res['device']} ({res['backend']}, {res['software']})")
+    for note in res["notes"]:
+        c.print(f"note: {note}", highlight=False)
     c.print(f"iteration time {res['iteration_time_s'] * 1e3:.1f} ms (median of {res['iterations']}), "
             f"loss {res['loss']:.4f}, DP replicas in sync: {res['dp_replicas_in_sync']}")
     t = Table(title="per rank (stage times: one micro-batch, isolated)")

@@ -263,6 +263,20 @@ def as_run(plan: Plan, lay: Layout, dp_mode_override: str | None = None) -> Plan
     return plan.model_copy(deep=True, update=ran)
 
 
+def run_differences(plan: Plan, tp: int, dp_mode_override: str | None = None) -> list[str]:
+    """What the reference trainer runs unlike ``plan`` (:func:`as_run`), in words: ZeRO-1/2/3 as DDP, no
+    recomputation, no sequence parallelism at ``tp`` > 1. ``hetplan run`` prints them; ``hetplan verify``
+    estimates the plan as run and prints them too."""
+    out = []
+    if plan.zero and dp_mode(plan, dp_mode_override) == "ddp":
+        out.append(f"the plan's ZeRO-{plan.zero} runs as DDP (replicated; --dp-mode fsdp shards)")
+    if recomputes(plan):
+        out.append("the reference trainer recomputes no activations (the plan's recomputation is not run)")
+    if plan.sequence_parallel and tp > 1:
+        out.append("the reference trainer's TP has no sequence parallelism")
+    return out
+
+
 def plan_model(plan: Plan) -> ModelSpec:
     """The plan's model spec (preset or config path).
 

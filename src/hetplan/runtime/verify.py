@@ -213,13 +213,7 @@ def verify(plan_path: str | Path, *, db_path: str | Path | None = None, opts: Ru
             predicted_time_s=se.forward_s + se.backward_s, measured_time_s=meas_t,
             predicted_memory_bytes=predicted_memory_bytes(se.memory, element), measured_memory_bytes=meas_m))
     ok = all(abs(s.time_error) <= TIME_TOLERANCE and abs(s.memory_error) <= MEMORY_TOLERANCE for s in stages)
-    notes = []
-    if plan.zero and planio.dp_mode(plan, opts.dp_mode) == "ddp":
-        notes.append(f"the plan's ZeRO-{plan.zero} ran as DDP (replicated; --dp-mode fsdp shards): estimated at ZeRO-0")
-    if planio.recomputes(plan):
-        notes.append("the reference trainer recomputes no activations: estimated without the plan's recomputation")
-    if plan.sequence_parallel and lay.tp > 1:
-        notes.append("the reference trainer's TP has no sequence parallelism: estimated without it")
+    notes = [f"{d}: estimated as run" for d in planio.run_differences(plan, lay.tp, opts.dp_mode)]
     if result.get("dp_mode") == "fsdp":
         notes.append("FSDP: the measured stage time includes the per-micro-batch parameter all-gathers and gradient "
                      "reduce-scatters (wall clock), which the estimator counts in dp_exposed_s, not in the stage's "
