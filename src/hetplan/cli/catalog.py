@@ -109,17 +109,20 @@ def prices(
 
 @catalog_app.command("nodes")
 def nodes(as_json: bool = typer.Option(False, "--json", help="Print JSON (SI units).")) -> None:
-    """Node presets: GPUs per node (NVLink domain), NICs x Gb/s, network, and which GPU types default to them."""
+    """Node presets: GPUs per node (NVLink domain) and per host (what a launch starts processes on: 4 per NVL72
+    compute tray), NICs x Gb/s, network, and which GPU types default to them."""
     cat = load_nodes()
     if as_json:
         print(json.dumps({"date": cat.date, "nodes": [n.model_dump(mode="json") for n in cat.nodes.values()]}, indent=1))
         return
     t = Table(title=f"Node presets ({cat.date}); `node = NAME` in a pool")
-    t.caption = "default: the node a pool of that GPU type gets when it names none"
+    t.caption = ("GPUs: the NVLink domain; N/host where hosts are smaller (a launch starts its processes per "
+                 "host). default: the node a pool of that GPU type gets when it names none")
     for col in ("name", "GPU", "GPUs", "NICs x Gb/s", "network", "default"):
         t.add_column(col, justify="right" if col == "GPUs" else "left")
     for n in cat.nodes.values():
-        t.add_row(n.name, n.gpu, str(n.gpus_per_node), f"{n.nics} x {n.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f}",
+        gpus = str(n.gpus_per_node) + (f" ({n.gpus_per_host}/host)" if n.gpus_per_host else "")
+        t.add_row(n.name, n.gpu, gpus, f"{n.nics} x {n.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f}",
                   n.network, "yes" if n.reference_for else "")
     table_console().print(t)
 
