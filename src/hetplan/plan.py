@@ -16,6 +16,8 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Annotated, Literal
 
+import numpy as np
+
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hetplan.degrees import ParallelLayout  # noqa: F401  (re-exported: the plan schema's layout)
@@ -753,6 +755,20 @@ def fills_whole_nodes(num_gpus: int, gpus_per_host: int) -> bool:
     --nproc-per-node P``) and the DeepSpeed launcher (``--num_nodes``, ``--num_gpus``) start the same number of
     processes on every host, so 58 ranks on 8-GPU servers would start 64; 256 GB200 are 64 trays of 4."""
     return num_gpus <= gpus_per_host or num_gpus % gpus_per_host == 0
+
+
+def pools_fill_whole_hosts(gpus, hosts) -> np.ndarray:
+    """Whether ranks on several pools can be launched (:func:`fills_whole_nodes` of a launch on more than one pool):
+    ``gpus[..., k]`` ranks on pool ``k``, whose hosts hold ``hosts[k]`` GPUs (:attr:`GPUPool.launch_gpus`), one
+    allocation per row. The launch starts the size of the least host used on every host; a plan on one pool fills
+    :func:`fills_whole_nodes`, on several each pool's ranks fill whole hosts of that size (a pool's stages are
+    contiguous, ranks pipeline-outermost), since no host holds two pools' GPUs: 6 GB200 and 10 H100 were planned
+    and exported as 4 hosts of 4, one of them with 2 GB200 and 2 H100."""
+    gpus = np.asarray(gpus, dtype=np.int64)
+    used = gpus > 0
+    per = np.where(used, np.asarray(hosts, dtype=np.int64), np.iinfo(np.int64).max).min(axis=-1, keepdims=True)
+    one = used.sum(axis=-1) == 1
+    return (one & (gpus.sum(axis=-1) <= per[..., 0])) | (gpus % per == 0).all(axis=-1)
 
 
 def boundary_is_intra_node(stage_sizes: list[int], stage_pools: list[int], gpus_per_node: list[int]) -> list[bool]:

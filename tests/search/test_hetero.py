@@ -14,7 +14,7 @@ import pytest
 from hetplan.estimate.estimator import estimate
 from hetplan.hardware.catalog import load_catalog
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage, boundary_is_intra_node
+from hetplan.plan import GPUPool, Inventory, Job, Plan, Stage, boundary_is_intra_node, pools_fill_whole_hosts
 from hetplan.search import hetero
 from hetplan.search.hetero.group import Group
 from hetplan.search.hetero.tables import stage_positions
@@ -112,6 +112,9 @@ def _orders_of_group(m, job, inv, types, L, b, d, z, c, e):
     for choice in itertools.product(*per_pool):
         blocks = [(k, sub) for k, subs in enumerate(choice) for sub in subs]
         if not blocks or sum(s for _, (t, s) in blocks) > L:
+            continue
+        used = [sum(s * t * c * d for kk, (t, s) in blocks if kk == k) for k in range(len(inv.pools))]
+        if not pools_fill_whole_hosts(used, [pl.launch_gpus for pl in inv.pools]):  # what a launch can start
             continue
         rate = sum(s * t * c * d * g.by_key[(k, t)].price_usd_per_hour for k, (t, s) in blocks)
         for perm in block_orders(blocks):

@@ -165,6 +165,9 @@ def test_reasons_when_a_heterogeneous_plan_wins():
     and no line but the winner's calls itself best or #1."""
     job, inv, d = load("espresso_open_llama_3b.toml")
     job = job.model_copy(update={"framework": "megatron"})
+    # one GPU per machine: 1 + 2 GPUs of two 8-GPU servers no launch starts (a host holds one pool's GPUs, and the
+    # launch starts as many processes on each; hetplan.plan.pools_fill_whole_hosts)
+    inv = Inventory(pools=[p.model_copy(update={"gpus_per_node": 1}) for p in inv.pools])
     # Espresso's setting: plain 1F1B (interleaving the uneven 26-layer split, 6 + 7 + 7 + 6 with the embedding and
     # loss as layers, makes 4 x A6000 cheapest; the heterogeneous search does not interleave)
     res = search_plans(job, inv, Objective(**d["objective"]), Pins(**d["pin"], virtual_stages=1), top_k=5,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec
-from hetplan.plan import Plan, fills_whole_nodes
+from hetplan.plan import Plan, fills_whole_nodes, pools_fill_whole_hosts
 from hetplan.plan_rules import degree, embedding_loss_split
 
 
@@ -98,12 +98,20 @@ def _nodes(plan: Plan) -> tuple[int, int]:
         HetplanError: a plan on more than one host that does not fill whole hosts (the launch would start more
             processes than the plan has ranks)."""
     per_node = min(plan.pools[st.pool].launch_gpus for st in plan.stages)
-    n = sum(st.tp * degree(plan, i, "cp") * st.dp for i, st in enumerate(plan.stages))
+    used = [0] * len(plan.pools)
+    for i, st in enumerate(plan.stages):
+        used[st.pool] += st.tp * degree(plan, i, "cp") * st.dp
+    n = sum(used)
     if not fills_whole_nodes(n, per_node):
         raise HetplanError(f"the plan runs {n} ranks on hosts of {per_node} GPUs: a launch spanning hosts starts the "
                            f"same number of processes on every host, so it would start "
                            f"{-(-n // per_node) * per_node}", field="plan",
                            fix=f"use a multiple of {per_node} GPUs (hetplan plan proposes only such plans)")
+    if not pools_fill_whole_hosts(used, [p.launch_gpus for p in plan.pools]):
+        k = next(k for k, u in enumerate(used) if u % per_node)
+        raise HetplanError(f"the plan runs {used[k]} ranks on pool {k} ({plan.pools[k].gpu}), no multiple of the "
+                           f"launch's {per_node} per host: a host would hold two pools' GPUs", field=f"plan.pools[{k}]",
+                           fix=f"use a multiple of {per_node} GPUs of each pool (hetplan plan proposes only such plans)")
     return (max(1, -(-n // per_node)), min(n, per_node))
 
 

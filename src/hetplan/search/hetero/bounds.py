@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from hetplan.plan import pools_fill_whole_hosts
 from hetplan.search.hetero.group import Group
 from hetplan.search.hetero.tables import MID
 from hetplan.search.homogeneous import window_lower_bound_s
@@ -131,6 +132,9 @@ def allocation_bounds(group: Group, pins: Pins, max_pools: int = 64, max_rows: i
         ok &= pcount == pins.pp
     if pins.num_gpus is not None:
         ok &= sum(cols[k]["gpus"][idx[:, k]] for k in range(K)) == pins.num_gpus
+    # what a launch can start: whole hosts, none holding two pools' GPUs
+    ok &= pools_fill_whole_hosts(np.stack([cols[k]["gpus"][idx[:, k]] for k in range(K)], axis=-1),
+                                 [pool.launch_gpus for pool in group.inventory.pools])
     idx, p = idx[ok], pcount[ok]
     per = {name: [cols[k][name][idx[:, k]] for k in range(K)]
            for name in ("p", "gpus", "rate", "inv", "lam", "cap", "lmax")}
