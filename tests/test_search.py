@@ -271,12 +271,12 @@ def test_plans_spanning_nodes_use_whole_nodes_and_export_refuses_others():
     plan = Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=40), mbs=1,
                 pools=[GPUPool(gpu="H100-SXM", count=16)],
                 stages=[Stage(num_layers=16, tp=1, dp=5), Stage(num_layers=16, tp=1, dp=5)])
-    with pytest.raises(HetplanError, match="10 ranks on nodes of 8 GPUs") as err:
+    with pytest.raises(HetplanError, match="10 ranks on hosts of 8 GPUs") as err:
         exporters.export(plan, m, "megatron")
     assert err.value.field == "plan"
     from hetplan.search.planner import search_plans
 
-    with pytest.raises(HetplanError, match="12 GPUs span nodes of 8") as err:  # --use-gpus 12 says why
+    with pytest.raises(HetplanError, match="12 GPUs span hosts of 8") as err:  # --use-gpus 12 says why
         search_plans(Job(model="llama3-8b", seq_len=4096, global_batch=48),
                      Inventory(pools=[GPUPool(gpu="H100-SXM", count=16)]), pins=Pins(num_gpus=12))
     assert err.value.field == "pin.num_gpus"

@@ -28,8 +28,8 @@ def refused(r, field: str, *words: str):
 
 
 @pytest.mark.parametrize("gpus, pp, field, words", [
-    ("64", "31", "pins", "fills whole nodes of 8"),  # 31 or 62 GPUs: neither one node nor whole nodes
-    ("64", "17", "pins", "fills whole nodes of 8"),
+    ("64", "31", "pins", "fills whole hosts of 8"),  # 31 or 62 GPUs: neither one node nor whole nodes
+    ("64", "17", "pins", "fills whole hosts of 8"),
     ("264", "33", "pin.pp", "has 32 layers"),  # more stages than layers
 ])
 def test_a_pinned_pipeline_no_launch_can_hold_says_why(gpus, pp, field, words):
