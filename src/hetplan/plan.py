@@ -420,6 +420,20 @@ class GPUPool(UserInput):
             filled["intra_node_bandwidth_bytes_per_s"] = node.gpu_link_bandwidth_bytes_per_s
         return {**data, **filled, **{k: v for k, v in data.items() if v is not None and k != "node"}}
 
+    @model_validator(mode="after")
+    def _hosts_tile_the_node(self) -> "GPUPool":
+        """Hosts tile the NVLink domain: a host of 5 GPUs in a 72-GPU rack (or the rack's trays of 4 in a node of 6)
+        would span two domains, and the launch and the cost model would disagree on which GPUs share NVLink."""
+        if self.gpus_per_node % self.launch_gpus:
+            from hetplan.hardware.catalog import load_nodes
+
+            host = load_nodes().get(self.node).gpus_per_host if self.node else None
+            preset = f" (node {self.node} has hosts of {host})" if host else ""
+            raise ValueError(f"gpus_per_host = {self.launch_gpus} does not divide gpus_per_node = "
+                             f"{self.gpus_per_node}{preset}: hosts must tile the NVLink domain; fix: give a gpus_per_host that "
+                             "divides gpus_per_node")
+        return self
+
     @property
     def launch_gpus(self) -> int:
         """GPUs a launch starts processes on per host (``torchrun --nproc-per-node``, the DeepSpeed launcher's
@@ -641,6 +655,12 @@ class Plan(UserInput):
     def num_gpus(self) -> int:
         """GPUs used: sum over stages of :attr:`hetplan.degrees.Degrees.gpus_per_stage`."""
         return sum(self.stage_layout(i).gpus_per_stage for i in range(self.pp))
+
+    @property
+    def processes_per_host(self) -> int:
+        """Processes a launch of this plan starts on every host: the least :attr:`GPUPool.launch_gpus` of the pools
+        its stages use (:func:`pools_fill_whole_hosts`); a rank's local GPU index is its rank modulo this."""
+        return min(self.pools[st.pool].launch_gpus for st in self.stages)
 
     def num_microbatches(self, stage: int = 0) -> int:
         """Micro-batches per pipeline per iteration for ``stage``: global_batch / (dp * mbs) (the stage's mbs)."""

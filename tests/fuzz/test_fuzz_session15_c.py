@@ -63,3 +63,30 @@ def test_pools_fill_whole_hosts_is_fills_whole_nodes_on_one_pool_and_whole_hosts
     else:
         per = min(h for _, h in used)
         assert got == all(n % per == 0 for n, _ in used)
+
+
+def test_hosts_must_tile_the_nvlink_domain():
+    """A GB200 pool with hosts of 5 (72 is no multiple of 5), or a node of 6 keeping the rack's trays of 4, was
+    planned with hosts spanning two NVLink domains, exit 0. Refused, naming gpus_per_host."""
+    import pytest
+
+    for kw in ({"gpus_per_host": 5}, {"gpus_per_host": 16}, {"gpus_per_node": 6}):
+        with pytest.raises(ValueError, match="does not divide gpus_per_node"):
+            GPUPool(gpu="GB200", count=40, **kw)
+    assert GPUPool(gpu="GB200", count=40, gpus_per_host=8).launch_gpus == 8
+    assert GPUPool(gpu="H100-SXM", count=16, gpus_per_node=4).launch_gpus == 4
+
+
+def test_power_limit_commands_index_the_gpu_of_its_host():
+    """On an NVL72 rack the power-limit commands named GPU 37 of a 4-GPU tray (rank modulo the rack's 72); the local
+    index is the rank modulo the processes per host, as the export launches them."""
+    from hetplan.energy.power_limit import PowerLimitPoint, rank_settings
+    from hetplan.plan import Job, Plan, Stage
+
+    plan = Plan(job=Job(model="llama3-8b", seq_len=4096, global_batch=64), mbs=1,
+                pools=[GPUPool(gpu="GB200", count=64)], stages=[Stage(num_layers=32, tp=1, dp=64)])
+    point = PowerLimitPoint(share_of_tdp=0.83, power_limit_w={"GB200": 1000.0}, clock_mhz={"GB200": 1800.0},
+                            iteration_time_s=1.0, energy_j=1.0, average_power_w=1000.0)
+    ranks = rank_settings(plan, point)
+    assert plan.processes_per_host == 4 and max(r["local_gpu"] for r in ranks) == 3
+    assert ranks[37]["nvidia_smi"] == "nvidia-smi -i 1 -pl 1000"

@@ -119,8 +119,8 @@ def zeus_choice(points: list[PowerLimitPoint], num_gpus: int, eta: float = 0.5) 
 def rank_settings(plan: Plan, point: PowerLimitPoint, catalog: Catalog | None = None) -> list[dict]:
     """Per global rank: its stage, GPU type, local GPU index and the limit, with the ``nvidia-smi`` command and
     the NVML call that apply it. Ranks are numbered stage by stage (``rank = (pp_rank·dp + dp_rank)·tp +
-    tp_rank``, hetplan's device mesh, :mod:`hetplan.runtime.planio`); local index = rank mod the pool's GPUs per
-    node. Setting a limit needs root (or an operator's daemon); the training job only reads it."""
+    tp_rank``, hetplan's device mesh, :mod:`hetplan.runtime.planio`); local index = rank mod the processes the
+    launch starts per host (:attr:`hetplan.plan.Plan.processes_per_host`: 4 on an NVL72 tray, not the rack's 72). Setting a limit needs root (or an operator's daemon); the training job only reads it."""
     catalog = catalog or load_catalog()
     out, rank = [], 0
     for s, st in enumerate(plan.stages):
@@ -128,7 +128,7 @@ def rank_settings(plan: Plan, point: PowerLimitPoint, catalog: Catalog | None = 
         g = pool_gpu(catalog, pool, job=plan.job).name
         watts = point.power_limit_w[g]
         for _ in range(plan.stage_layout(s).gpus_per_stage):
-            local = rank % pool.gpus_per_node
+            local = rank % plan.processes_per_host
             out.append({"rank": rank, "stage": s, "gpu": g, "local_gpu": local, "power_limit_w": round(watts, 1),
                         "nvidia_smi": f"nvidia-smi -i {local} -pl {round(watts)}",
                         "nvml": f"nvmlDeviceSetPowerManagementLimit(nvmlDeviceGetHandleByIndex({local}), "

@@ -97,7 +97,7 @@ def _nodes(plan: Plan) -> tuple[int, int]:
     Raises:
         HetplanError: a plan on more than one host that does not fill whole hosts (the launch would start more
             processes than the plan has ranks)."""
-    per_node = min(plan.pools[st.pool].launch_gpus for st in plan.stages)
+    per_node = plan.processes_per_host
     used = [0] * len(plan.pools)
     for i, st in enumerate(plan.stages):
         used[st.pool] += st.tp * degree(plan, i, "cp") * st.dp
