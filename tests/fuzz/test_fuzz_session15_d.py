@@ -51,3 +51,35 @@ def test_straggler_pick_finishes_by_the_straggler_on_replay(h100_interleaved_pla
     assert r.code == 0, r.stdout + r.stderr + r.traceback
     st = json.loads(r.stdout)["straggler"]
     assert st["replay_time_s"] <= st["straggler_time_s"] + 1e-12
+
+
+_RUNS_HEAD = "model,gpu,gpus,seq_len,global_batch,tp,pp,dp,mbs,zero,recompute,framework,step_time_s\n"
+_RUN_A = "llama3-8b,H100-SXM,8,8192,16,1,1,8,2,3,selective,fsdp,2.9\n"
+_RUN_B = "llama3-8b,H100-SXM,16,8192,32,1,1,16,2,3,selective,fsdp,3.0\n"
+
+
+def test_calibrate_one_layout_repeated_is_one_run(tmp_path):
+    """One run pasted three times fitted two factors exactly (compute = attention = 0.59: residuals 0, so standard
+    errors 0, "identified") and its leave-one-out MAPE was 1e-12 (each copy predicted from its twins); with
+    --residuals-only it wrote an interval of zero width. It is one layout: exit 2, like one run."""
+    f = tmp_path / "runs.csv"
+    f.write_text(_RUNS_HEAD + _RUN_A * 3)
+    for extra in ((), ("--residuals-only",)):
+        r = run_cli("calibrate", f, "--json", *extra)
+        assert r.code == 2 and "RUNS" in r.stderr and "one layout" in r.stderr and not r.traceback, r.stdout
+
+
+def test_calibrate_repeats_count_once_and_leave_out_together(tmp_path):
+    """Runs A, A, B (A measured twice) fitted 2 factors as if they were 3 layouts, and A's leave-one-out came from
+    its twin. Now 2 layouts fit at most 1 factor, and each A is predicted from B alone (both A the same)."""
+    f = tmp_path / "runs.csv"
+    f.write_text(_RUNS_HEAD + _RUN_A + _RUN_A + _RUN_B)
+    r = run_cli("calibrate", f, "--json", "--residuals-only")
+    assert r.code == 0, r.stderr + r.traceback
+    j = json.loads(r.stdout)
+    assert sum(j[k] != 1.0 for k in ("compute_factor", "attention_factor", "comm_factor")) <= 1
+    a1, a2, b = j["rows"]
+    f.write_text(_RUNS_HEAD + _RUN_A + _RUN_B)  # A predicted from B alone: what its leave-one-out must be
+    alone = json.loads(run_cli("calibrate", f, "--json", "--residuals-only").stdout)["rows"][0]["loo_s"]
+    assert a1["loo_s"] == pytest.approx(alone) and a2["loo_s"] == pytest.approx(alone)  # was 2.936 s, not 2.973 s
+
