@@ -83,3 +83,17 @@ def test_calibrate_repeats_count_once_and_leave_out_together(tmp_path):
     alone = json.loads(run_cli("calibrate", f, "--json", "--residuals-only").stdout)["rows"][0]["loo_s"]
     assert a1["loo_s"] == pytest.approx(alone) and a2["loo_s"] == pytest.approx(alone)  # was 2.936 s, not 2.973 s
 
+
+def test_log_cut_mid_line_does_not_read_a_cut_number():
+    """A log cut mid-line (a killed job, a copied tail) ends in a number cut short: Megatron's last
+    ``elapsed time per iteration (ms): 42`` (of 4200.0) made the median of the two steps after warm-up 2.02 s
+    instead of 4.0-4.2 s; torchtitan's last ``tps: 5,7`` (of 5,762) read 57 tokens/s and a 5.6 s step for 2.8 s.
+    A number is read only where the framework wrote something after it."""
+    from hetplan.calibration.logs import finish_row, log_row
+    from tests.calibration.test_user_calibration import MEGATRON_LOG, TITAN_LOG
+
+    cut = MEGATRON_LOG[:MEGATRON_LOG.index("4200.0") + 2]
+    assert float(log_row(cut, "train.log")["step_time_s"]) == pytest.approx(4.0)
+    cut = TITAN_LOG[:TITAN_LOG.rindex("tps: 5,7") + 8]
+    row = finish_row(log_row(cut, "titan.log"), "titan.log")
+    assert float(row["step_time_s"]) == pytest.approx(16 * 8192 / (5760 * 8))

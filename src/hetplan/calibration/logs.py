@@ -40,10 +40,13 @@ from hetplan.errors import HetplanError
 WARMUP_ITERATIONS = 3
 
 _ARG = re.compile(r"^\s*(?:\S+\s+)?([A-Za-z_][A-Za-z0-9_]*) \.+ (.*?)\s*$")
-_MEGATRON_STEP = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
-_MEGATRON_MEMORY = re.compile(r"max reserved:\s*([0-9.]+)")
+#: A number is read only where the framework wrote something after it (Megatron's ``|``, the line's end,
+#: torchtitan's next field): a log cut mid-line (a killed job, a copied tail) ends in a number cut short, and its
+#: last ``elapsed time per iteration (ms): 42`` (of 4200.0) halved the median of two steps (fuzz).
+_MEGATRON_STEP = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)\s*\|")
+_MEGATRON_MEMORY = re.compile(r"max reserved:\s*([0-9.]+)(?=\s)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_TITAN_STEP = re.compile(r"step:\s*(\d+).*?memory:\s*([0-9.]+)\s*GiB.*?tps:\s*([0-9,]+)")
+_TITAN_STEP = re.compile(r"step:\s*(\d+).*?memory:\s*([0-9.]+)\s*GiB.*?tps:\s*([0-9,]+)(?=\s)")
 _TITAN_START = re.compile(r"local batch size (\d+), global batch size (\d+),.*?sequence length (\d+)")
 _TITAN_MESH = re.compile(r"Building \d+-D device mesh with \[([^\]]*)\], \[([^\]]*)\]")
 _TITAN_MESH_DEGREES = re.compile(r"Building device mesh with parallelism: ((?:\w+=\d+,?\s*)+)")
