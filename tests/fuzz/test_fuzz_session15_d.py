@@ -97,3 +97,16 @@ def test_log_cut_mid_line_does_not_read_a_cut_number():
     cut = TITAN_LOG[:TITAN_LOG.rindex("tps: 5,7") + 8]
     row = finish_row(log_row(cut, "titan.log"), "titan.log")
     assert float(row["step_time_s"]) == pytest.approx(16 * 8192 / (5760 * 8))
+
+
+def test_log_of_warm_up_iterations_only_is_refused(tmp_path):
+    """A log with no iteration past the 3 of warm-up gave its last warm-up step as the run's: torchtitan's step 1
+    (compilation) read 16.4 s for a 2.8 s step, Megatron's iteration 2 5.0 s for 4.1 s. Exit 2 naming RUNS."""
+    from tests.calibration.test_user_calibration import MEGATRON_LOG, TITAN_LOG
+
+    titan = "\n".join(TITAN_LOG.splitlines()[:3]) + "\n"
+    megatron = MEGATRON_LOG[:MEGATRON_LOG.index(" iteration        3/")]
+    for name, text in (("titan.log", titan), ("train.log", megatron)):
+        (tmp_path / name).write_text(text)
+        r = run_cli("calibrate", tmp_path / name, "--model", "llama3-8b", "--gpu", "H100-SXM", "--json")
+        assert r.code == 2 and "RUNS" in r.stderr and "warm-up" in r.stderr and not r.traceback, r.stdout

@@ -25,7 +25,7 @@ RUNS row (:data:`hetplan.calibration.user.COLUMNS` + ``step_time_s``, ``memory_g
   MX or NVFP4 runs (4-bit) are refused: not a job hetplan prices.
 
 The step time is the median over the logged iterations after the first :data:`WARMUP_ITERATIONS` (compilation,
-allocator and NCCL warm-up). What a log does not say (the model preset, the GPU type, the node) comes from
+allocator and NCCL warm-up); a log of no more is refused. What a log does not say (the model preset, the GPU type, the node) comes from
 ``hetplan calibrate``'s flags.
 """
 
@@ -68,8 +68,12 @@ def _median_after_warmup(values: list[float], origin: str, what: str) -> float:
     if not values:
         raise HetplanError(f"{origin} has no {what} lines", field="RUNS",
                            fix="give the log of a run that logged training iterations")
-    kept = values[WARMUP_ITERATIONS:] or values[-1:]
-    return statistics.median(kept)
+    if len(values) <= WARMUP_ITERATIONS:  # its last was taken: torchtitan's step 1 (compilation) read 5.8x the step
+        raise HetplanError(f"{origin} has {len(values)} {what} line(s), all warm-up (the first {WARMUP_ITERATIONS} "
+                           "carry compilation and allocator warm-up)", field="RUNS",
+                           fix=f"give a log with more than {WARMUP_ITERATIONS} logged iterations, or write the run "
+                               "as a CSV row")
+    return statistics.median(values[WARMUP_ITERATIONS:])
 
 
 #: Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> ZeRO stage (``megatron/training/arguments.py``; default
