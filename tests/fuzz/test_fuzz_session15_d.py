@@ -110,3 +110,17 @@ def test_log_of_warm_up_iterations_only_is_refused(tmp_path):
         (tmp_path / name).write_text(text)
         r = run_cli("calibrate", tmp_path / name, "--model", "llama3-8b", "--gpu", "H100-SXM", "--json")
         assert r.code == 2 and "RUNS" in r.stderr and "warm-up" in r.stderr and not r.traceback, r.stdout
+
+
+def test_runs_of_several_logs_are_labelled_once(tmp_path):
+    """With two logs each run's label was its file name twice ("a.log a.log"), in the table, --json and the errors
+    that name the run; a CSV row keeps "runs.csv row 2"."""
+    from tests.calibration.test_user_calibration import MEGATRON_LOG
+
+    world = "world_size ...................................... "
+    (tmp_path / "a.log").write_text(MEGATRON_LOG)
+    (tmp_path / "b.log").write_text(MEGATRON_LOG.replace("4100.0", "4300.0").replace(world + "8", world + "16"))
+    r = run_cli("calibrate", tmp_path / "a.log", tmp_path / "b.log", "--model", "llama2-7b", "--gpu", "H100-SXM",
+                "--json", "--residuals-only")
+    assert r.code == 0, r.stderr + r.traceback
+    assert [x["label"] for x in json.loads(r.stdout)["rows"]] == ["a.log", "b.log"]

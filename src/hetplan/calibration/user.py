@@ -184,7 +184,7 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
                 plan = _plan_of(r, label, catalog)
             _check_memory(plan, mem, label, catalog)
             out.append(Run(len(out) + 1, plan, load_model(plan.job.model), step, None if mem is None else mem * 2**30,
-                           f"{path.name} {label}" if len(paths) > 1 else label))
+                           f"{path.name} {label}" if len(paths) > 1 and label != path.name else label))
             if progress is not None:
                 progress()
     return out
