@@ -284,9 +284,11 @@ def test_runs_fsdp_shard_column_prices_hsdp(tmp_path):
 
 def test_calibrate_from_logs(tmp_path):
     (tmp_path / "a.log").write_text(MEGATRON_LOG)
-    (tmp_path / "b.log").write_text(MEGATRON_LOG.replace("4100.0", "4300.0"))
+    # another layout (a log of the same layout is a repeat: one layout identifies nothing, test_fuzz_session15_d)
+    world = "world_size ...................................... "
+    (tmp_path / "b.log").write_text(MEGATRON_LOG.replace("4100.0", "4300.0").replace(world + "8", world + "16"))
     out = _cli("calibrate", str(tmp_path / "a.log"), str(tmp_path / "b.log"), "--model", "llama2-7b", "--gpu",
-               "H100-SXM", "--json")
+               "H100-SXM", "--json", "--residuals-only")  # two runs rarely pin a factor to ±10 %
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert [x["measured_s"] for x in r["rows"]] == pytest.approx([4.1, 4.2])

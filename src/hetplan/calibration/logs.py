@@ -25,7 +25,7 @@ RUNS row (:data:`hetplan.calibration.user.COLUMNS` + ``step_time_s``, ``memory_g
   MX or NVFP4 runs (4-bit) are refused: not a job hetplan prices.
 
 The step time is the median over the logged iterations after the first :data:`WARMUP_ITERATIONS` (compilation,
-allocator and NCCL warm-up). What a log does not say (the model preset, the GPU type, the node) comes from
+allocator and NCCL warm-up); a log of no more is refused. What a log does not say (the model preset, the GPU type, the node) comes from
 ``hetplan calibrate``'s flags.
 """
 
@@ -40,10 +40,13 @@ from hetplan.errors import HetplanError
 WARMUP_ITERATIONS = 3
 
 _ARG = re.compile(r"^\s*(?:\S+\s+)?([A-Za-z_][A-Za-z0-9_]*) \.+ (.*?)\s*$")
-_MEGATRON_STEP = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
-_MEGATRON_MEMORY = re.compile(r"max reserved:\s*([0-9.]+)")
+#: A number is read only where the framework wrote something after it (Megatron's ``|``, the line's end,
+#: torchtitan's next field): a log cut mid-line (a killed job, a copied tail) ends in a number cut short, and its
+#: last ``elapsed time per iteration (ms): 42`` (of 4200.0) halved the median of two steps (fuzz).
+_MEGATRON_STEP = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)\s*\|")
+_MEGATRON_MEMORY = re.compile(r"max reserved:\s*([0-9.]+)(?=\s)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_TITAN_STEP = re.compile(r"step:\s*(\d+).*?memory:\s*([0-9.]+)\s*GiB.*?tps:\s*([0-9,]+)")
+_TITAN_STEP = re.compile(r"step:\s*(\d+).*?memory:\s*([0-9.]+)\s*GiB.*?tps:\s*([0-9,]+)(?=\s)")
 _TITAN_START = re.compile(r"local batch size (\d+), global batch size (\d+),.*?sequence length (\d+)")
 _TITAN_MESH = re.compile(r"Building \d+-D device mesh with \[([^\]]*)\], \[([^\]]*)\]")
 _TITAN_MESH_DEGREES = re.compile(r"Building device mesh with parallelism: ((?:\w+=\d+,?\s*)+)")
@@ -65,8 +68,12 @@ def _median_after_warmup(values: list[float], origin: str, what: str) -> float:
     if not values:
         raise HetplanError(f"{origin} has no {what} lines", field="RUNS",
                            fix="give the log of a run that logged training iterations")
-    kept = values[WARMUP_ITERATIONS:] or values[-1:]
-    return statistics.median(kept)
+    if len(values) <= WARMUP_ITERATIONS:  # its last was taken: torchtitan's step 1 (compilation) read 5.8x the step
+        raise HetplanError(f"{origin} has {len(values)} {what} line(s), all warm-up (the first {WARMUP_ITERATIONS} "
+                           "carry compilation and allocator warm-up)", field="RUNS",
+                           fix=f"give a log with more than {WARMUP_ITERATIONS} logged iterations, or write the run "
+                               "as a CSV row")
+    return statistics.median(values[WARMUP_ITERATIONS:])
 
 
 #: Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> ZeRO stage (``megatron/training/arguments.py``; default

@@ -184,7 +184,7 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
                 plan = _plan_of(r, label, catalog)
             _check_memory(plan, mem, label, catalog)
             out.append(Run(len(out) + 1, plan, load_model(plan.job.model), step, None if mem is None else mem * 2**30,
-                           f"{path.name} {label}" if len(paths) > 1 else label))
+                           f"{path.name} {label}" if len(paths) > 1 and label != path.name else label))
             if progress is not None:
                 progress()
     return out
@@ -431,15 +431,29 @@ def sensitivities(runs: list[Run], catalog: Catalog, base: Calibration, step: fl
     return np.stack(cols, axis=1)
 
 
+def layouts(runs: list[Run]) -> list[int]:
+    """Each run's layout: the index of the first run with the same plan. A run measured again is one more
+    measurement of one layout, not one more equation: three copies of one row fitted two factors exactly (residual
+    variance 0, so standard errors 0) and predicted each copy "left out" from the others to 1e-12."""
+    plans: list[Plan] = []
+    out = []
+    for r in runs:
+        out.append(next((i for i, p in enumerate(plans) if p == r.plan), len(plans)))
+        if out[-1] == len(plans):
+            plans.append(r.plan)
+    return out
+
+
 def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tuple[bool, ...], dict[str, str]]:
-    """Which factors the runs identify (module doc) and, for the others, why not. At most ``len(runs) - 1``
-    factors are fitted (one degree of freedom is left to judge them). A factor no run's step moves with (e.g. the
+    """Which factors the runs identify (module doc) and, for the others, why not. At most one factor fewer than
+    the runs' distinct layouts (:func:`layouts`) is fitted (one degree of freedom is left to judge them). A factor no run's step moves with (e.g. the
     attention factor where every run's attention is unfused, ``attention = "standard"``, whose kernels it does not
     scale) is set aside first: left in, it makes ``JᵀJ`` singular and every factor's standard error unbounded, and
     the factor that does move the runs would be the one dropped. Among factors the runs cannot tell apart, the one
     they move least with is dropped."""
     free = [True] * len(FACTORS)
     why: dict[str, str] = {}
+    n = len(set(layouts(runs)))
     moves = np.abs(sensitivities(runs, catalog, base)).max(axis=0)
     for k in range(len(FACTORS)):
         if moves[k] < ZERO_SENSITIVITY:
@@ -451,7 +465,7 @@ def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tu
         idx = [k for k in range(len(FACTORS)) if free[k]]
         J = sensitivities(runs, catalog, _with(base, f))[:, idx]
         r = np.log(_predict(runs, catalog, _with(base, f)) / np.array([x.step_time_s for x in runs]))
-        dof = len(runs) - len(idx)
+        dof = n - len(idx)
         try:  # a near-singular JᵀJ can give a negative variance: NaN, read below as not identified (no warning)
             with np.errstate(invalid="ignore"):
                 se = np.sqrt(np.diag(float(r @ r) / max(dof, 1) * np.linalg.inv(J.T @ J)))
@@ -460,7 +474,8 @@ def identified(runs: list[Run], catalog: Catalog, base: Calibration) -> tuple[tu
         if dof < 1:  # no degree of freedom left to judge them: drop the factor the runs move least with
             k = idx[int(np.argmin(np.linalg.norm(J, axis=0)))]
             free[k] = False
-            why[FACTORS[k]] = (f"{len(runs)} runs fit at most {len(runs) - 1} factor(s) and the runs move least with "
+            runs_text = f"{len(runs)} runs" if n == len(runs) else f"{len(runs)} runs of {n} distinct layouts"
+            why[FACTORS[k]] = (f"{runs_text} fit at most {n - 1} factor(s) and the runs move least with "
                                f"this one; give more runs that differ in the {SHARES[FACTORS[k]]} share of the step")
             continue
         bad = [(k, x) for k, x in zip(idx, se)
@@ -509,10 +524,12 @@ def _errors(pred: np.ndarray, meas: np.ndarray) -> dict:
 
 
 def _leave_one_out(runs: list[Run], catalog: Catalog, base: Calibration, free: tuple[bool, ...]) -> np.ndarray:
-    """Each run's step time (s) predicted by the ``free`` factors fitted on the other runs."""
+    """Each run's step time (s) predicted by the ``free`` factors fitted on the runs of the other layouts (its
+    repeats, :func:`layouts`, are left out with it)."""
     loo = np.empty(len(runs))
+    group = layouts(runs)
     for i in range(len(runs)):
-        rest = runs[:i] + runs[i + 1:]
+        rest = [r for r, g in zip(runs, group) if g != group[i]]
         loo[i] = _predict([runs[i]], catalog, _with(base, _fit_factors(rest, catalog, base, free)))[0]
     return loo
 
@@ -531,7 +548,7 @@ def fit(runs: list[Run], catalog: Catalog, residuals_only: bool = False) -> FitR
     (the intervals of ``plan --calibration``) with every factor at 1.
 
     Raises:
-        HetplanError: fewer than 2 runs; runs that identify no factor (unless ``residuals_only``; the message
+        HetplanError: fewer than 2 runs, or of fewer than 2 layouts (:func:`layouts`); runs that identify no factor (unless ``residuals_only``; the message
             gives each factor's reason); a run 100x off its prediction (:func:`_refuse_wrong_rows`); runs whose
             plans do not fit in memory as predicted (the factors change time, not memory; the message names the
             row).
@@ -539,6 +556,10 @@ def fit(runs: list[Run], catalog: Catalog, residuals_only: bool = False) -> FitR
     if len(runs) < 2:
         raise HetplanError(f"{len(runs)} run: nothing to fit and nothing to check it on", field="RUNS",
                            fix="give at least 2 runs (a quarter of your runs identifies a factor, the rest check it)")
+    if len(set(layouts(runs))) < 2:
+        raise HetplanError(f"the {len(runs)} runs are one layout measured {len(runs)} times: nothing to fit and "
+                           "nothing to check it on", field="RUNS",
+                           fix="give runs of at least 2 layouts (GPU count, TP/PP/DP, batch, sequence length)")
     gpus = tuple(sorted({r.plan.pools[s.pool].gpu for r in runs for s in r.plan.stages}))
     stacks = tuple(sorted({stack_name(r.plan.job) for r in runs}))
     base = Calibration(gpus=gpus, stacks=stacks)

@@ -243,7 +243,7 @@ def register(app: typer.Typer) -> None:
             plot_frontier(fr, output / "frontier.png", summary)
         if as_json:
             short = {k: summary[k] for k in ("points", "pareto_points", "planner_time_s", "min_time_s", "max_time_s",
-                                             "all_max", "energy_saved_at_max_speed_j", "at_max_speed", "idle_power_w",
+                                             "all_max", "fastest", "least_energy", "energy_saved_at_max_speed_j", "at_max_speed", "idle_power_w",
                                              "profile")}
             for k in ("straggler", "envpipe", "plan_iteration_time_s", "outside_pipeline_s", "plan_all_max_energy_j"):
                 if k in summary:
@@ -256,14 +256,17 @@ def register(app: typer.Typer) -> None:
         t.add_column("what")
         t.add_column("time (s)", justify="right")
         t.add_column("energy (J)", justify="right")
-        t.add_row("frontier fastest", f"{fr.time_s.min():.3f}", f"{fr.energy_j[-1]:.1f}")
-        t.add_row("frontier least energy", f"{fr.time_s[int(fr.energy_j.argmin())]:.3f}", f"{fr.energy_j.min():.1f}")
+        # every plan replayed on the profile: the planner floors each instruction to the unit, and its fastest point
+        # (planned 1.496 s) read 2.6 % faster than all-max (1.536 s) on an interleaved H100 plan
+        for name, key in (("frontier fastest", "fastest"), ("frontier least energy", "least_energy")):
+            t.add_row(f"{name} (replayed)", f"{summary[key]['replay_time_s']:.4f}",
+                      f"{summary[key]['replay_energy_j']:.1f}")
         t.add_row("all-max (replayed)", f"{summary['all_max']['time_s']:.4f}", f"{summary['all_max']['energy_j']:.1f}")
         if plan_time is not None:
             t.add_row("plan iteration (estimator)", f"{plan_time:.4f}", f"{summary['plan_all_max_energy_j']:.1f}")
         b = summary.get("at_max_speed")
         if b:
-            t.add_row("Perseus at all-max time", f"{b['time_s']:.4f}",
+            t.add_row("Perseus at all-max time", f"{b['replay_time_s']:.4f}",
                       f"{b['energy_at_deadline_j']:.1f} {energy_change(b['saved_fraction'])}")
         if summary.get("envpipe"):
             t.add_row("EnvPipe", f"{summary['envpipe']['time_s']:.4f}", f"{summary['envpipe']['energy_j']:.1f}")

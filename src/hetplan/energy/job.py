@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hetplan.energy.model import plan_stage_profile
+from hetplan.energy.report import SAME_TIME_TOLERANCE
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import Estimate
 from hetplan.hardware.catalog import Catalog, load_catalog
@@ -48,9 +49,6 @@ FRONTIER_UNIT_COARSEST = 1 / 4
 #: instruction (module doc).
 FRONTIER_UNIT_FRACTION = 1 / 1000
 FRONTIER_UNIT_OF_INSTRUCTION = 1 / 30
-#: "The same iteration time": a frontier plan's replay may exceed all-max's by this fraction (time is floored to
-#: the unit in the planner, so its plans replay slightly slower, docs/energy.md).
-SAME_TIME_TOLERANCE = 0.01
 
 
 def plan_energy(plan: Plan, est: Estimate, catalog: Catalog | None = None, model: ModelSpec | None = None, *,
