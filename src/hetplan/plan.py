@@ -785,8 +785,13 @@ def pools_fill_whole_hosts(gpus, hosts) -> np.ndarray:
     contiguous, ranks pipeline-outermost), since no host holds two pools' GPUs: 6 GB200 and 10 H100 were planned
     and exported as 4 hosts of 4, one of them with 2 GB200 and 2 H100."""
     gpus = np.asarray(gpus, dtype=np.int64)
+    hosts = np.asarray(hosts, dtype=np.int64)
     used = gpus > 0
-    per = np.where(used, np.asarray(hosts, dtype=np.int64), np.iinfo(np.int64).max).min(axis=-1, keepdims=True)
+    if (hosts == hosts[0]).all():  # one host size (every pool a DGX, say): no per-row least host; cost O(rows x pools)
+        h = int(hosts[0])
+        rem = gpus & (h - 1) if h & (h - 1) == 0 else gpus % h  # a power of two: a mask, not a division
+        return ~rem.any(axis=-1) | ((used.sum(axis=-1) == 1) & (gpus.sum(axis=-1) <= h))
+    per = np.where(used, hosts, np.iinfo(np.int64).max).min(axis=-1, keepdims=True)
     one = used.sum(axis=-1) == 1
     return (one & (gpus.sum(axis=-1) <= per[..., 0])) | (gpus % per == 0).all(axis=-1)
 
