@@ -164,9 +164,10 @@ def test_cli_refuses_with_exit_2(tmp_path):
 
 def test_the_search_weighs_ddp_only_where_the_stack_runs_it():
     """Under fsdp the search's rows hold DDP (ZeRO-0 over DP > 1) beside FSDP2 where the stack runs ZeRO-0
-    (torchtitan), none on llm-foundry (FULL_SHARD only); the ten best plans of a small model, whatever mode
-    each has, export to torchtitan and are priced the same read back. Pinned ``--zero 0`` gives DDP, refused on
-    llm-foundry (``pin.zero``)."""
+    (torchtitan), none on llm-foundry (FULL_SHARD only), and FSDP2 never resharding after forward (ZeRO-2) only
+    without a pipeline, where torchtitan's default policy would reshard (``space.fsdp_zero_stages``); the ten
+    best plans of a small model, whatever mode each has, export to torchtitan and are priced the same read back.
+    Pinned ``--zero 0`` gives DDP, refused on llm-foundry (``pin.zero``)."""
     from hetplan.hardware.catalog import load_catalog
     from hetplan.plan import Inventory
     from hetplan.search.homogeneous import evaluate_pool
@@ -177,12 +178,14 @@ def test_the_search_weighs_ddp_only_where_the_stack_runs_it():
     inv = Inventory(pools=[GPUPool(gpu="H100-SXM", count=8)])
     job = Job(model="open-llama-3b-v2", seq_len=2048, global_batch=256, train_iterations=10, framework="fsdp")
     plans = [p.plan for p in search_plans(job, inv, top_k=10, heterogeneous=False).plans]
-    for stack, modes in ((None, {0, 3}), ("llm-foundry@0.3", {3})):  # the rows with DP > 1 the search weighs
+    for stack, modes in ((None, {0, 2, 3}), ("llm-foundry@0.3", {3})):  # the rows with DP > 1 the search weighs
         rows = evaluate_pool(spec, job.model_copy(update={"stack": stack}), inv.pools[0],
                              load_catalog().get("H100-SXM"), Pins()).config
         assert set(rows["zero"][rows["dp"] > 1].tolist()) == modes
+        assert set(rows["pp"][rows["zero"] == 2].tolist()) <= {1}
         if stack is None:  # torchtitan 0.3.0's DDP at any TP / PP (FSDP2 on a replicate mesh)
             assert np.any((rows["zero"] == 0) & (rows["dp"] > 1) & ((rows["tp"] > 1) | (rows["pp"] > 1)))
+    assert any(p.zero == 2 for p in plans)  # a 3B model on 8 H100 keeps its gathered parameters: faster
     rows = evaluate_pool(spec, job.model_copy(update={"stack": "torchtitan@2025-10"}), inv.pools[0],
                          load_catalog().get("H100-SXM"), Pins()).config
     ddp = (rows["zero"] == 0) & (rows["dp"] > 1)  # torch DDP: 1-D meshes only

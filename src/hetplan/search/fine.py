@@ -55,8 +55,8 @@ from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.fine_cost import FineCostModel, FineStage, FineState, StateCost, state_from_plan
 from hetplan.search.objective import Objective
-from hetplan.search.space import (RECOMPUTE_NAMES, Pins, cp_degrees, ep_degrees, free_recompute_codes, stack_allows,
-                                  stack_has, tp_degrees)
+from hetplan.search.space import (RECOMPUTE_NAMES, Pins, cp_degrees, ep_degrees, free_recompute_codes, fsdp_zero_stages,
+                                  stack_allows, stack_has, tp_degrees)
 
 #: Default work budget: state evaluations (cost-model calls) over all start points.
 DEFAULT_BUDGET_EVALUATIONS = 4000
@@ -186,10 +186,10 @@ class FineSearch:
         if any(st.dp > 1 for st in s.stages) and not stack_allows(self.stack, zero=s.zero, dtype=self.cm.job.dtype,
                                                                   pp=s.pp):
             return False
-        fsdp = self.cm.job.framework == "fsdp"  # DDP (0) or FSDP2 (3), at any pipeline depth; no EP with DDP
+        fsdp = self.cm.job.framework == "fsdp"  # DDP (0) or FSDP2 (3, and 2 without a pipeline); no EP with DDP
         replicated = s.zero == 0 and any(st.dp > 1 for st in s.stages)
         one_d = s.pp == 1 and s.cp == 1 and all(st.tp == 1 for st in s.stages)  # torch DDP's only mesh
-        if fsdp and (s.zero not in (0, 3, pins.zero) or replicated and (
+        if fsdp and (s.zero not in (*fsdp_zero_stages(s.pp), pins.zero) or replicated and (
                 s.ep > 1 or self.stack.ddp == "reducer" and not one_d)):
             return False
         return ((s.pp == 1 or s.zero <= 1 or fsdp) and all(st.num_layers >= 1 and s.micro_batch % st.dp == 0 and st.tp in self.tps for st in s.stages)
@@ -366,7 +366,7 @@ class FineSearch:
                 structural.append((f"pipeline micro-batch {B} -> {B2} sequences", mk(S, B=B2)))
         # 7. ZeRO stage (sharding over each stage's DP group): 0/1 with pipelining, 0-3 without
         if any(st.dp > 1 for st in S):
-            for z in ((0, 3) if fsdp else (0, 1) if p > 1 else (0, 1, 2, 3)):
+            for z in (fsdp_zero_stages(p) if fsdp else (0, 1) if p > 1 else (0, 1, 2, 3)):
                 if z != s.zero:
                     structural.append((f"ZeRO {s.zero} -> {z}", mk(S, zero=z)))
         # 8. CP x2 with every stage's DP halved (same GPUs; each rank holds half the sequence), or back; EP over

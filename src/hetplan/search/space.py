@@ -138,6 +138,17 @@ def stack_allows(stack, zero: int | None = None, recompute: str | None = None, a
     return True
 
 
+def fsdp_zero_stages(pp: int) -> tuple[int, ...]:
+    """ZeRO stages a search proposes under ``framework = "fsdp"`` over DP > 1, for a plan of ``pp`` pipeline
+    stages, before the stack's own (:func:`stack_allows`): 0 (DDP replication, where the stack runs it), 3 (FSDP2)
+    and, without a pipeline, 2 (FSDP2 never resharding after forward, torchtitan ``fsdp_reshard_after_forward =
+    "never"``: one all-gather per unit and micro-batch instead of two, for the gathered parameters' memory). Under a
+    pipeline torchtitan's ``"default"`` policy already never reshards (``reshard_after_forward = not pp_enabled``,
+    pytorch/torchtitan@b5bcd76 ``torchtitan/distributed/fsdp.py`` ``get_fsdp_reshard_after_forward_policy``), so
+    ZeRO-2 would launch the plan ZeRO-3 already is; torchtitan has no ZeRO-1 mode (``hetplan export``)."""
+    return (0, 2, 3) if pp == 1 else (0, 3)
+
+
 def free_recompute_codes(m: ModelSpec, attention: str, framework: str) -> list[int]:
     """Recomputation codes (:data:`RECOMPUTE_NAMES`) a search chooses among, before the stack's own
     (:func:`stack_allows`): none and full, and selective where it is a plan of its own

@@ -22,7 +22,7 @@ from hetplan.hardware.frameworks import job_framework
 from hetplan.search.hetero.group import Group, block_orders, ep_fits, price_boundaries
 from hetplan.search.hetero.tables import StageType, cost_tables, stage_types
 from hetplan.search.space import (RECOMPUTE_NAMES, Pins, cp_degrees, divisors, ep_degrees, free_recompute_codes,
-                                  stack_allows)
+                                  fsdp_zero_stages, stack_allows)
 
 
 class PreparedSpace(NamedTuple):
@@ -54,8 +54,9 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
     free = [r for r in free_recompute_codes(m, job.attention, job.framework)
             if stack_allows(stack, recompute=RECOMPUTE_NAMES[r], attention=job.attention)]
     rcs = [RECOMPUTE_NAMES.index(pins.recompute)] if pins.recompute is not None else free
-    # under fsdp: DDP (ZeRO-0) or FSDP2 (ZeRO-3) as torchtitan launches them (hetplan.estimate.memory.fsdp_shard_ranks)
-    modes = (0, 3) if job.framework == "fsdp" else (0, 1)
+    # under fsdp: DDP (ZeRO-0) or FSDP2 (ZeRO-3) as torchtitan launches them in a pipeline, the plans of this search
+    # (hetplan.search.space.fsdp_zero_stages; hetplan.estimate.memory.fsdp_shard_ranks)
+    modes = fsdp_zero_stages(pp=2) if job.framework == "fsdp" else (0, 1)
     zeros = [z for z in modes if z == 0 or stack_allows(stack, zero=z)]
     zeros = zeros if pins.zero is None else [z for z in modes if z == pins.zero]
     cps = cp_degrees(job.seq_len, max(p.count for p in inventory.pools), stack) if pins.cp is None else [pins.cp]
