@@ -469,3 +469,28 @@ def test_one_stage_holds_one_microbatch_whatever_the_schedule():
 
     assert act(1, "gpipe") == pytest.approx(act(1, "1f1b"), rel=1e-12)
     assert act(2, "gpipe") > 2 * act(2, "1f1b")  # 8 micro-batches in flight against 2
+
+
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed", "fsdp"])
+def test_zero3_gathers_no_more_layers_than_the_stage_has(framework):
+    """ZeRO-3 / FSDP holds the gathered 16-bit parameters of the layer computing and the one prefetched: two
+    layers, but one on a one-layer stage (there is nothing to prefetch), and never more layers than the stage
+    has when FSDP keeps them from forward to backward (``reshard_after_forward`` False)."""
+    m = _gpt(L=24, h=2048, a=16)
+    dp = 8
+    kw = dict(has_embedding=False, has_head=False, single_stage=True, b=1, s=2048, t=1, dp=dp, zero=3,
+              recompute="none", sequence_parallel=False, in_flight=1, framework=framework)
+    layer = float(memory.layer_parameters_per_gpu(m, 1))  # parameters of one layer
+
+    def weights(**extra):
+        return float(memory_of(m, **{**kw, **extra}).weights)
+
+    one, two, three = (weights(num_layers=n) for n in (1, 2, 3))
+    shard = 2 * layer / dp if framework != "fsdp" else 4 * layer / dp  # 16-bit (fp32 under FSDP2) shard per layer
+    assert one == pytest.approx(shard + 2 * layer, rel=1e-6)  # its shard and itself gathered
+    assert two - one == pytest.approx(shard + 2 * layer, rel=1e-6)  # a second layer gathered (prefetched)
+    assert three - two == pytest.approx(shard, rel=1e-6)  # a third: only its shard
+    if framework == "fsdp":
+        kept = dict(reshard_after_forward=False)
+        assert weights(num_layers=1, **kept) == pytest.approx(one, rel=1e-9)
+        assert weights(num_layers=3, **kept) == pytest.approx(3 * (shard + 2 * layer), rel=1e-6)

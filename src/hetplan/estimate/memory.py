@@ -4,7 +4,7 @@ Model states follow Megatron-LM's mixed-precision Adam (Narayanan et al. SC'21; 
 ``theoretical_memory_usage.py``): 2-byte weights, 4-byte fp32 gradient accumulation buffer, 12 bytes of optimizer
 state (fp32 master weights, momentum, variance) = 18 bytes per parameter. ZeRO (Rajbhandari et al. SC'20, Sec. 5)
 shards over the stage's DP group: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the
-weights (plus a gathered-layer prefetch buffer of two layers).
+weights (plus a gathered-layer prefetch buffer of two layers, or the stage's one).
 
 The gradient buffer's dtype is the gradient-reduction dtype (``grad_reduce_dtype``): Megatron-Core's DDP
 allocates one contiguous grad buffer per stage in fp32 when ``grad_reduce_in_fp32`` (Megatron-LM sets
@@ -575,10 +575,11 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         """Bytes: the dense parameters over dp·cp, the experts over expert-DP."""
         return dense * per_parameter / dense_shard + expert * per_parameter / expert_shard
 
+    # gathered units at once: the computing and the prefetched one, no more than the stage has
+    in_flight_units = np.minimum(num_layers, FSDP_UNITS_IN_FLIGHT)
     if framework == "fsdp":
         shard, eshard = fsdp_shard_ranks(zero, dp_all, fsdp_shard), fsdp_shard_ranks(zero, edp, fsdp_shard)
-        units = np.where(fsdp_reshards(zero, reshard_after_forward), FSDP_UNITS_IN_FLIGHT,
-                         np.maximum(num_layers, FSDP_UNITS_IN_FLIGHT))
+        units = np.where(fsdp_reshards(zero, reshard_after_forward), in_flight_units, num_layers)
         gathered = WEIGHT_BYTES if fp8_recipe is None else fp8.gathered_weight_bytes(
             fp8.FP8, framework, spec.optimizer_memory == "fsdp1", fp8_recipe)
         # In a pipeline (more than one stage) every unit of the stage stays unsharded from its first micro-batch
@@ -610,10 +611,10 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
 
         grad16 = framework == "megatron" and grad_reduce_dtype in ("bf16", "fp16")
         weights = split(WEIGHT_BYTES, level(3, dp_all), level(3, edp))
-        weights = weights + np.where(zero >= 3, 2 * layer_params * WEIGHT_BYTES, 0)
+        weights = weights + np.where(zero >= 3, in_flight_units * layer_params * WEIGHT_BYTES, 0)
         if fp8_recipe is not None:  # the FP8 weights' extra bytes (of the gathered layers under ZeRO-3)
-            weights = weights + fp8.weight_copy_bytes(np.where(zero >= 3, 2, num_layers) * layer_params, fp8_recipe,
-                                                      framework)
+            weights = weights + fp8.weight_copy_bytes(np.where(zero >= 3, in_flight_units, num_layers) * layer_params,
+                                                      fp8_recipe, framework)
         # DeepSpeed ZeRO-1/2 (deepspeed/runtime/zero/stage_1_and_2.py): the 16-bit .grad (partitioned as it is
         # reduced under ZeRO-2) and fp32 master weights only for the owned partition
         # (single_partition_of_fp32_groups, in OPTIMIZER_BYTES); no fp32 gradient buffer of the whole model.
@@ -622,8 +623,8 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         grads = split(np.where(ds_zero | grad16, GRAD16_BYTES, GRAD_BYTES), level(2, dp_all), level(2, edp))
         # Megatron-FSDP (ZeRO-2/3): one unit's 16-bit gradient and two units' unsharded main-gradient buckets
         megatron_fsdp = (framework == "megatron") & (zero >= 2)
-        grads = grads + np.where(megatron_fsdp, layer_params * (GRAD16_BYTES + MEGATRON_FSDP_MAIN_GRAD_UNITS * np.where(
-            grad16, GRAD16_BYTES, GRAD_BYTES)), 0.0)
+        grads = grads + np.where(megatron_fsdp, layer_params * (GRAD16_BYTES + np.minimum(
+            num_layers, MEGATRON_FSDP_MAIN_GRAD_UNITS) * np.where(grad16, GRAD16_BYTES, GRAD_BYTES)), 0.0)
         # BF16_Optimizer: the 16-bit .grad of the last micro-batch plus the whole fp32 accumulation buffer
         grads = np.where(bf16_opt, split(GRAD16_BYTES + BF16_OPTIMIZER_GRAD_BYTES, 1, 1), grads)
         optim = split(OPTIMIZER_BYTES, np.where(bf16_opt, dp_all, level(1, dp_all)),
