@@ -316,6 +316,10 @@ def test_calibrate_from_logs(tmp_path):
      "llama3-8b,H100-SXM,16,8192,32,2.9,60\n", "runs.memory_gib"),
     # a plan file and a model cell: which describes the run? (the cell would be ignored)
     ("plan,model,step_time_s\nplan.json,llama2-7b,3\nplan.json,llama2-7b,3.1\n", "runs.model"),
+    # runs of two stacks: one set of factors would be fitted on both (a stack's factors come from its own runs)
+    ("model,gpu,gpus,seq_len,global_batch,framework,step_time_s\nllama3-8b,H100-SXM,8,8192,16,fsdp,2.8\n"
+     "llama3-8b,H100-SXM,16,8192,32,fsdp,2.9\nllama3-8b,H100-SXM,8,8192,16,megatron,2.5\n"
+     "llama3-8b,H100-SXM,16,8192,32,megatron,2.6\n", "runs.stack"),
 ])
 def test_bad_runs_exit_2_naming_the_field(tmp_path, body, field):
     f = tmp_path / "runs.csv"

@@ -548,7 +548,8 @@ def fit(runs: list[Run], catalog: Catalog, residuals_only: bool = False) -> FitR
     (the intervals of ``plan --calibration``) with every factor at 1.
 
     Raises:
-        HetplanError: fewer than 2 runs, or of fewer than 2 layouts (:func:`layouts`); runs that identify no factor (unless ``residuals_only``; the message
+        HetplanError: fewer than 2 runs, or of fewer than 2 layouts (:func:`layouts`); runs of more than one
+            software stack (``runs.stack``: a stack's factors are fitted on its own runs only); runs that identify no factor (unless ``residuals_only``; the message
             gives each factor's reason); a run 100x off its prediction (:func:`_refuse_wrong_rows`); runs whose
             plans do not fit in memory as predicted (the factors change time, not memory; the message names the
             row).
@@ -562,6 +563,14 @@ def fit(runs: list[Run], catalog: Catalog, residuals_only: bool = False) -> FitR
                            fix="give runs of at least 2 layouts (GPU count, TP/PP/DP, batch, sequence length)")
     gpus = tuple(sorted({r.plan.pools[s.pool].gpu for r in runs for s in r.plan.stages}))
     stacks = tuple(sorted({stack_name(r.plan.job) for r in runs}))
+    if len(stacks) > 1:  # a stack's factors come from its own runs (issue 29: "fitted only on its own rows")
+        first = {name: next(r.label for r in runs if stack_name(r.plan.job) == name) for name in stacks}
+        raise HetplanError(f"the runs are of {len(stacks)} software stacks ("
+                           + ", ".join(f"{n}: e.g. {first[n]}" for n in stacks)
+                           + "); one calibration holds the factors of one stack", field="runs.stack",
+                           fix="calibrate each stack's runs on their own (one RUNS file or set of logs per stack, "
+                               "or a `stack` / `framework` column that says the stack each run ran) and pass each "
+                               "calibration to the plans of its stack")
     base = Calibration(gpus=gpus, stacks=stacks)
     meas = np.array([r.step_time_s for r in runs])
     before = _predict(runs, catalog, base)
