@@ -190,8 +190,27 @@ def test_torchtitan_log_row():
 
     r = finish_row(log_row(TITAN_LOG, "titan.log"), "titan.log")
     assert r["gpus"] == "8" and r["dp"] == "8" and r["zero"] == "3" and r["mbs"] == "2"
-    assert float(r["step_time_s"]) == pytest.approx(16 * 8192 / (5761 * 8))  # median tps of the steps after 3 logged
+    # median tps of the lines averaging no step among the first 3: steps 20, 30, 40 (step 10's spans steps 2-10)
+    assert float(r["step_time_s"]) == pytest.approx(16 * 8192 / (5762 * 8))
     assert float(r["memory_gib"]) == 70.0
+
+
+@pytest.mark.parametrize("iterations, want_ms", [
+    ((1, 2, 3, 4, 5, 6), (4000.0, 4200.0, 4100.0)),  # a line per iteration: the first three are warm-up
+    ((100, 200, 300, 400, 500, 600), (4400.0, 4400.0, 4000.0, 4200.0, 4100.0)),  # --log-interval 100: one line
+    ((5001, 5002, 5003, 5004, 5005, 5006), (4000.0, 4200.0, 4100.0)),  # resumed at 5000: its own warm-up
+])
+def test_megatron_log_warmup_is_counted_in_iterations(iterations, want_ms):
+    """Warm-up is the process's first 3 iterations, not the log's first 3 lines: with ``--log-interval 100`` the
+    first line averages iterations 1-100 (warm-up in it) and is dropped, the next ones are not (the lines'
+    skipping dropped 300 iterations); a run resumed from a checkpoint warms up again at its first iterations."""
+    from hetplan.calibration.logs import log_row
+
+    text = MEGATRON_LOG.replace("(ms): 5000.0", "(ms): 4400.0").replace("(ms): 4100.0 | lm loss: 9.9", "(ms): 4400.0 | lm loss: 9.9")
+    for k, i in enumerate(iterations, start=1):
+        text = text.replace(f" iteration        {k}/     100 |", f" iteration {i:8d}/   10000 |")
+    r = log_row(text, "train.log")
+    assert float(r["step_time_s"]) == pytest.approx(float(np.median(want_ms)) / 1e3)
 
 
 def _titan(mesh: str, *extra: str) -> str:
@@ -218,7 +237,7 @@ def test_torchtitan_log_mesh(mesh, want):
     r = finish_row(log_row(_titan(mesh), "titan.log"), "titan.log")
     assert {k: r.get(k) for k in want} == want
     assert ("fsdp_shard" in r) == ("fsdp_shard" in want)
-    assert float(r["step_time_s"]) == pytest.approx(16 * 8192 / (5761 * int(want["gpus"])))
+    assert float(r["step_time_s"]) == pytest.approx(16 * 8192 / (5762 * int(want["gpus"])))
 
 
 def test_torchtitan_log_job_lines():

@@ -24,8 +24,10 @@ RUNS row (:data:`hetplan.calibration.user.COLUMNS` + ``step_time_s``, ``memory_g
   recipe mxfp8…`` in v0.2, ``Converted Linear layers to MXFP8Linear`` in 0.3, ``mx.py``): ``fp8_recipe`` mxfp8. Other
   MX or NVFP4 runs (4-bit) are refused: not a job hetplan prices.
 
-The step time is the median over the logged iterations after the first :data:`WARMUP_ITERATIONS` (compilation,
-allocator and NCCL warm-up); a log of no more is refused. What a log does not say (the model preset, the GPU type, the node) comes from
+The step time is the median over the logged lines that average no iteration among the process's first
+:data:`WARMUP_ITERATIONS` (compilation, allocator and NCCL warm-up; :func:`_median_after_warmup`: with
+``--log-interval 100`` the first line, with a line per iteration the first three); a log of no other line is
+refused. What a log does not say (the model preset, the GPU type, the node) comes from
 ``hetplan calibrate``'s flags.
 """
 
@@ -43,7 +45,7 @@ _ARG = re.compile(r"^\s*(?:\S+\s+)?([A-Za-z_][A-Za-z0-9_]*) \.+ (.*?)\s*$")
 #: A number is read only where the framework wrote something after it (Megatron's ``|``, the line's end,
 #: torchtitan's next field): a log cut mid-line (a killed job, a copied tail) ends in a number cut short, and its
 #: last ``elapsed time per iteration (ms): 42`` (of 4200.0) halved the median of two steps (fuzz).
-_MEGATRON_STEP = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)\s*\|")
+_MEGATRON_STEP = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.]+)\s*\|")
 _MEGATRON_MEMORY = re.compile(r"max reserved:\s*([0-9.]+)(?=\s)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TITAN_STEP = re.compile(r"step:\s*(\d+).*?memory:\s*([0-9.]+)\s*GiB.*?tps:\s*([0-9,]+)(?=\s)")
@@ -64,16 +66,31 @@ def is_log(text: str) -> bool:
     return "end of arguments" in text or bool(_TITAN_STEP.search(_ANSI.sub("", text)))
 
 
-def _median_after_warmup(values: list[float], origin: str, what: str) -> float:
-    if not values:
+def _median_after_warmup(points: list[tuple[int, float]], origin: str, what: str) -> float:
+    """Median of the values of the logged lines ``(iteration, value)`` that average no warm-up iteration.
+
+    A line logged at iteration ``i`` averages the iterations since the previous line (Megatron-LM's
+    ``elapsed time per iteration`` over ``--log-interval`` iterations, ``megatron/training/training.py``
+    ``training_log``; torchtitan's ``tps`` over the steps since its last metrics line, which it writes at step 1
+    and every ``metrics.log_freq`` steps, ``torchtitan/components/metrics.py`` ``should_log``). The process
+    started at the first line's iteration less the log interval (that of the last two lines; 0 at the least):
+    a line is kept when the line before it is at least :data:`WARMUP_ITERATIONS` iterations past that start.
+
+    Raises:
+        HetplanError: no line, or none but warm-up (``RUNS``)."""
+    if not points:
         raise HetplanError(f"{origin} has no {what} lines", field="RUNS",
                            fix="give the log of a run that logged training iterations")
-    if len(values) <= WARMUP_ITERATIONS:  # its last was taken: torchtitan's step 1 (compilation) read 5.8x the step
-        raise HetplanError(f"{origin} has {len(values)} {what} line(s), all warm-up (the first {WARMUP_ITERATIONS} "
-                           "carry compilation and allocator warm-up)", field="RUNS",
-                           fix=f"give a log with more than {WARMUP_ITERATIONS} logged iterations, or write the run "
-                               "as a CSV row")
-    return statistics.median(values[WARMUP_ITERATIONS:])
+    iterations = [i for i, _ in points]
+    interval = iterations[-1] - iterations[-2] if len(points) > 1 else iterations[0]
+    start = max(0, iterations[0] - max(interval, 1))
+    kept = [v for prev, (_, v) in zip([start, *iterations[:-1]], points) if prev - start >= WARMUP_ITERATIONS]
+    if not kept:  # its last was taken: torchtitan's step 1 (compilation) read 5.8x the step
+        raise HetplanError(f"{origin} has {len(points)} {what} line(s) up to iteration {iterations[-1]}, each "
+                           f"averaging some of the first {WARMUP_ITERATIONS} iterations (compilation and allocator "
+                           "warm-up)", field="RUNS",
+                           fix="give a log with lines logged after those iterations, or write the run as a CSV row")
+    return statistics.median(kept)
 
 
 #: Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> ZeRO stage (``megatron/training/arguments.py``; default
@@ -134,7 +151,7 @@ def megatron_row(text: str, origin: str) -> dict[str, str]:
         row["moe_pad_to_capacity"] = "true" if get("moe_pad_expert_input_to_capacity") == "True" else "false"
     if get("mtp_num_layers") not in ("", "0"):
         row["mtp_layers"] = get("mtp_num_layers")
-    steps = [float(x) / 1e3 for x in _MEGATRON_STEP.findall(text)]
+    steps = [(int(i), float(x) / 1e3) for i, x in _MEGATRON_STEP.findall(text)]
     row["step_time_s"] = repr(_median_after_warmup(steps, origin, "'elapsed time per iteration (ms)'"))
     mem = _MEGATRON_MEMORY.findall(text)
     if mem:
@@ -182,7 +199,7 @@ def torchtitan_row(text: str, origin: str) -> dict[str, str]:
     if float8 := _TITAN_FLOAT8.search(text):
         row["dtype"] = "fp8"
         row["fp8_recipe"] = float8.group(1) or float8.group(2)
-    tps = _median_after_warmup([float(t.replace(",", "")) for _, _, t in steps], origin, "'step: … tps:'")
+    tps = _median_after_warmup([(int(i), float(t.replace(",", ""))) for i, _, t in steps], origin, "'step: … tps:'")
     row["tokens_per_s_per_gpu"] = repr(tps)
     row["memory_gib"] = repr(max(float(m) for _, m, _ in steps))
     return row
