@@ -463,3 +463,18 @@ def test_a_model_without_requests_attains_nothing(monkeypatch, capsys, tmp_path)
     from hetplan.serve.capacity import attains
 
     assert attains(rep["models"]["b"], 0.99) and not attains({"slo_attainment": 0.5}, 0.99)
+
+
+def test_simulate_table_shows_each_models_own_slos(monkeypatch, capsys, tmp_path):
+    """Models with their own SLOs: the line under the table gave the first model's SLOs as everyone's (model b's
+    0.05 s latency and 10 ms TPOT, which its 0.000 attainment is measured against, were shown as a's 5 s)."""
+    p = tmp_path / "w.toml"
+    p.write_text('[cluster]\ngpu = "A100-SXM-80GB"\n[workload]\nduration_s = 5\ntotal_rate_per_s = 2\n'
+                 'max_new_tokens = 4\n[[models]]\nname = "a"\nmodel = "opt-1.3b"\nslo_s = 5\n[[models]]\nname = "b"\n'
+                 'model = "opt-1.3b"\nslo_s = 0.05\ntpot_slo_s = 0.01\n')
+    code, out, err = _run(monkeypatch, capsys, "simulate", p)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "a latency 5.000, TTFT -, TPOT -; b latency 0.050, TTFT -, TPOT 0.010" in text, out
+    code, out, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml")
+    assert "SLOs (s): latency 2.000, TTFT 1.500, TPOT 0.100;" in " ".join(out.split())  # one set: shown once
