@@ -478,3 +478,16 @@ def test_simulate_table_shows_each_models_own_slos(monkeypatch, capsys, tmp_path
     assert "a latency 5.000, TTFT -, TPOT -; b latency 0.050, TTFT -, TPOT 0.010" in text, out
     code, out, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml")
     assert "SLOs (s): latency 2.000, TTFT 1.500, TPOT 0.100;" in " ".join(out.split())  # one set: shown once
+
+
+def test_capacity_refusal_quotes_the_candidates_nearest_to_fitting(monkeypatch, capsys, tmp_path):
+    """Llama-2-70B on up to 4 L4 / A10G: the refusal quoted the first two reasons in alphabetical order, "largest
+    shard 137.95 GB" (the whole model on one GPU) twice without naming a GPU, hiding that TP 4 still needs 34.49 GB
+    of a 24 GB GPU; it names the nearest candidates now."""
+    p = tmp_path / "w.toml"
+    p.write_text('[workload]\nduration_s = 30\ntotal_rate_per_s = 1\nslo_s = 5\n[capacity]\ngpus = ["A10G", "L4"]\n'
+                 'max_gpus = 4\n[[models]]\nname = "a"\nmodel = "llama-2-70b"\n')
+    code, _, err = _run(monkeypatch, capsys, "capacity", p)
+    text = " ".join(err.split())
+    assert code == 2 and "capacity.gpus" in text and "Traceback" not in text, err
+    assert "the nearest: L4 TP 4 x PP 1: largest shard 34.49 GB >" in text and "137.95" not in text, err
