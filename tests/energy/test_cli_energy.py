@@ -176,3 +176,18 @@ def test_frontier_refuses_a_profile_of_other_gpus_or_another_pipeline(tmp_path):
     r = hetplan(*base, _eight_stage_plan(tmp_path), "--profile", a100)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["profile"].startswith("measured")
+
+
+@pytest.mark.parametrize("command", [["energy", "frontier"], ["energy", "power-limits"], ["energy", "serve"],
+                                     ["simulate"], ["capacity"], ["serve"]])
+def test_help_is_whole_on_an_80_column_terminal(command):
+    """At 80 columns rich cut words longer than the help column: the profile CSV's columns read
+    ``stage,instruction,frequency,time,en…``, ``--plan-files`` ``DIR/plans/plan_NNNN…`` and capacity's
+    ``--catalog`` ``hetplan/hardware/data/gpus.to…``."""
+    from typer.testing import CliRunner
+
+    from hetplan.cli.main import app
+
+    r = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and "…" not in r.output, r.output
+    assert max(map(len, r.output.splitlines())) <= 80

@@ -172,7 +172,7 @@ def register(app: typer.Typer) -> None:
     def frontier_cmd(
         source: Path = typer.Argument(..., metavar="PLAN.json|PROFILE.csv",
                                       help="a plan (stage profile derived from the cost model) or a measured stage "
-                                           "profile CSV: stage,instruction,frequency,time,energy"),
+                                           "profile CSV with columns stage, instruction, frequency, time, energy"),
         output: Path = typer.Option(..., "-o", "--output", help="output directory"),
         num_microbatches: int = typer.Option(None, "--num-microbatches", "-m",
                                              help="micro-batches per iteration (default: the plan's)"),
@@ -193,7 +193,7 @@ def register(app: typer.Typer) -> None:
         baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="compute EnvPipe / Zeus baselines"),
         plot: bool = typer.Option(False, "--plot/--no-plot", help="also draw DIR/frontier.png (matplotlib)"),
         plans: bool = typer.Option(True, "--plans/--no-plans", help="write the frequency plans (DIR/plans.json)"),
-        plan_files: bool = typer.Option(False, "--plan-files", help="also one DIR/plans/plan_NNNNN.json per point"),
+        plan_files: bool = typer.Option(False, "--plan-files", help="also one file per point (plan_*.json in DIR/plans)"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
         """Compute the frontier; write DIR/frontier.csv, DIR/plans.json, DIR/summary.json (DIR/frontier.png)."""

@@ -171,7 +171,7 @@ def register(app: typer.Typer) -> None:
         gpus: str = typer.Option(None, "--gpus", help="candidate GPU types, comma-separated (default: "
                                  "capacity.gpus, else cluster.gpu; with none the command refuses)"),
         catalog: Path = typer.Option(None, "--catalog", help="GPU catalog TOML extending or overriding the "
-                                     "package's (same layout as hetplan/hardware/data/gpus.toml)"),
+                                     "package's (same layout as its gpus.toml in hetplan/hardware/data/)"),
         price: list[str] = typer.Option(None, "--price", help="GPU=USD per GPU-hour, overriding the catalog "
                                         "and capacity.prices; repeatable, e.g. --price A100-SXM-80GB=3.67"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
