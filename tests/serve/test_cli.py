@@ -491,3 +491,20 @@ def test_capacity_refusal_quotes_the_candidates_nearest_to_fitting(monkeypatch, 
     text = " ".join(err.split())
     assert code == 2 and "capacity.gpus" in text and "Traceback" not in text, err
     assert "the nearest: L4 TP 4 x PP 1: largest shard 34.49 GB >" in text and "137.95" not in text, err
+
+
+@pytest.mark.parametrize("text, field, fix", [
+    ('[workload]\nmax_new_tokens = 300\n', "scheduler.kv_cache_len", "raise kv_cache_len or shorten the requests"),
+    ('[workload]\noffline = true\ntrace = "t.csv"\n', "workload.offline", "drop one of them"),
+    ('[workload]\nduration_s = 100000\ntotal_rate_per_s = 100\n', "workload.duration_s", "shorten duration_s"),
+    ('[scheduler]\npreload = ["z"]\n', "scheduler.preload", "name models of the [[models]] entries: a"),
+    ('[[models]]\nname = "a"\nmodel = "opt-1.3b"\n', "models", "give each [[models]] entry its own name"),
+])
+def test_checks_across_fields_name_the_field_and_the_fix(monkeypatch, capsys, tmp_path, text, field, fix):
+    """The workload file's checks across sections were refused as 'error: (top level): ...' with the fix 'correct
+    the values it names'; they name the field and say the fix now."""
+    p = tmp_path / "w.toml"
+    p.write_text('[cluster]\ngpu = "A100-SXM-80GB"\n[[models]]\nname = "a"\nmodel = "opt-1.3b"\n' + text)
+    code, _, err = _run(monkeypatch, capsys, "simulate", p)
+    text = " ".join(err.split())
+    assert code == 2 and f"error: {field}: " in text and f"fix: {fix}" in text and "top level" not in text, err
