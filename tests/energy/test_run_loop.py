@@ -163,7 +163,7 @@ def test_job_spec_refuses_an_impossible_target_and_clocks_the_gpu_lacks(tmp_path
         if ok:
             assert job_spec(plan, b"x", 2, 4, "1f1b", opts)["scheduler"]["target_time_s"] == target
             continue
-        with pytest.raises(HetplanError, match="no plan of .* finishes within") as err:
+        with pytest.raises(HetplanError, match="no plan finishes within") as err:
             job_spec(plan, b"x", 2, 4, "1f1b", opts)
         assert err.value.field == "--energy-target-s"
     assert job_spec(plan, b"x", 2, 4, "1f1b", EnergyOptions(server="x", frequencies_mhz=(1410, 840)))

@@ -114,11 +114,9 @@ def job_spec(plan, plan_bytes: bytes, num_stages: int, num_microbatches: int, sc
                                fix="give the plans.json written by 'hetplan energy frontier PLAN.json'")
         sched: dict = {"kind": "frontier_pick", "plans": plans, "idle_power_w": float(idle)}
         if opts.target_time_s is not None:
-            fastest = min(p["time_s"] for p in plans)
-            if opts.target_time_s < fastest - 1e-12:  # the server ran the fastest plan instead, without a word
-                raise HetplanError(f"no plan of {opts.plans} finishes within {opts.target_time_s:.6g} s (the fastest "
-                                   f"takes {fastest:.6g} s)", field="--energy-target-s",
-                                   fix=f"give a target time >= {fastest:.6g} s, or leave it out for the fastest plan")
+            from hetplan.energy.server.schedulers import check_target
+
+            check_target(plans, opts.target_time_s, "--energy-target-s")  # before the server gets a job it refuses
             sched["target_time_s"] = opts.target_time_s
         return {**base, "scheduler": sched}
     gpus = _stage_gpus(plan)
