@@ -508,3 +508,10 @@ def test_checks_across_fields_name_the_field_and_the_fix(monkeypatch, capsys, tm
     code, _, err = _run(monkeypatch, capsys, "simulate", p)
     text = " ".join(err.split())
     assert code == 2 and f"error: {field}: " in text and f"fix: {fix}" in text and "top level" not in text, err
+
+
+def test_an_unknown_policy_option_is_named_as_given(monkeypatch, capsys):
+    """``--policy fifo`` was refused as the file's field (``error: scheduler.policy``), which the file did not set."""
+    for policy in ("fifo", ""):
+        code, _, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", "--policy", policy)
+        assert code == 2 and "error: --policy: unknown policy" in err and "lru, load_aware" in err, err

@@ -123,7 +123,12 @@ def register(app: typer.Typer) -> None:
         _check_export(export, out_dir)
         hosts = _hosts(host, export)
         wf = load_workload_config(workload)
-        if policy is not None:  # --policy "" was dropped; make_policy names the policies
+        if policy is not None:  # --policy "" was dropped; an unknown one was refused as scheduler.policy
+            from hetplan.serve.policies import POLICIES
+
+            if policy not in POLICIES:
+                raise HetplanError(f"unknown policy {policy!r}", field="--policy",
+                                   fix=f"use one of {', '.join(POLICIES)}")
             wf.scheduler.policy = policy
         res = simulate_workload(wf)
         rep = res.report(slos(wf))
