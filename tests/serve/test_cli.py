@@ -515,3 +515,16 @@ def test_an_unknown_policy_option_is_named_as_given(monkeypatch, capsys):
     for policy in ("fifo", ""):
         code, _, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", "--policy", policy)
         assert code == 2 and "error: --policy: unknown policy" in err and "lru, load_aware" in err, err
+
+
+def test_capacity_table_without_dedicated_replicas_and_one_gpu(monkeypatch, capsys, tmp_path):
+    """examples/serve/capacity.toml picks one shared group: the text printed an empty table titled "no dedicated
+    replicas" (a header of 8 columns and no row); and one GPU was "1 GPUs"."""
+    code, out, err = _run(monkeypatch, capsys, "capacity", EXAMPLES / "capacity.toml")
+    assert code == 0, err
+    assert "no dedicated replicas: the models share replica groups" in out and "load/s" not in out
+    p = tmp_path / "w.toml"
+    p.write_text('[cluster]\ngpu = "A100-SXM-80GB"\n[workload]\nduration_s = 5\n[[models]]\nname = "a"\n'
+                 'model = "opt-1.3b"\nrate_per_s = 2\n')
+    code, out, err = _run(monkeypatch, capsys, "simulate", p)
+    assert code == 0 and "energy on 1 GPU:" in out, err

@@ -231,14 +231,17 @@ def register(app: typer.Typer) -> None:
         con = Console()
         kinds = ", ".join(f"{n} x {g}" for g, n in out["gpus_by_type"].items())
         con.print(f"[bold]cheapest mix: {kinds}[/], {out['price_usd_per_hour']:.2f} $/h")
-        t = Table(title="replicas per model" if out["mix"] else "no dedicated replicas")
-        for col in ("model", "load/s", "GPU", "TPxPP", "engine", "reps", "max/s", "$/h"):
-            t.add_column(col)
-        for r in out["mix"]:
-            t.add_row(r["model"], f"{out['load_per_s'][r['model']]:.2f}", r["gpu"], f"{r['tp']}x{r['pp']}",
-                      f"{r['engine'] or '-'}/{r['weights'] or wf.cluster.dtype}", str(r["replicas"]),
-                      f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
-        con.print(t)
+        if out["mix"]:
+            t = Table(title="replicas per model")
+            for col in ("model", "load/s", "GPU", "TPxPP", "engine", "reps", "max/s", "$/h"):
+                t.add_column(col)
+            for r in out["mix"]:
+                t.add_row(r["model"], f"{out['load_per_s'][r['model']]:.2f}", r["gpu"], f"{r['tp']}x{r['pp']}",
+                          f"{r['engine'] or '-'}/{r['weights'] or wf.cluster.dtype}", str(r["replicas"]),
+                          f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
+            con.print(t)
+        else:  # an empty table's header, titled "no dedicated replicas", read as a table of them
+            con.print("no dedicated replicas: the models share replica groups")
         if out["shared"]:
             t = Table(title="models sharing a replica group (swapping)")
             for col in ("models", "GPU", "TPxPP", "engine", "swaps", "$/h"):
@@ -272,7 +275,7 @@ def _energy_line(con: Console, e: dict) -> None:
     how = {"dvfs-model": "fitted DVFS power model", "dvfs-physics": "DVFS power model transferred, not fitted",
            "tdp": "TDP while busy: an upper bound"}
     src = ", ".join(how.get(x, x) for x in e["energy_source"].split(","))
-    con.print(f"energy on {e['num_gpus']} GPUs: {e['energy_j'] / 1e3:.1f} kJ, "
+    con.print(f"energy on {e['num_gpus']} GPU{'s' if e['num_gpus'] != 1 else ''}: {e['energy_j'] / 1e3:.1f} kJ, "
               f"{_fmt(e['energy_j_per_request'], digits=1)} J/request, "
               f"{_fmt(e['energy_j_per_output_token'], digits=2)} J/output token ({src})")
 
