@@ -528,3 +528,27 @@ def test_capacity_table_without_dedicated_replicas_and_one_gpu(monkeypatch, caps
                  'model = "opt-1.3b"\nrate_per_s = 2\n')
     code, out, err = _run(monkeypatch, capsys, "simulate", p)
     assert code == 0 and "energy on 1 GPU:" in out, err
+
+
+def test_a_trace_starts_at_its_first_request(monkeypatch, capsys, tmp_path):
+    """A slice of a longer trace, its 3 requests at 1,000-1,001 s, was counted from t = 0: 0.003 requests/s over
+    1,001 s with 83.7 kJ of idle GPU before the first request, and capacity planned for that rate; it reports what
+    the same trace starting at 0 does."""
+    reports = []
+    for t0 in (0.0, 1000.0):
+        (tmp_path / "t.csv").write_text("arrival_s,model\n" + "".join(f"{t0 + t},a\n" for t in (0.0, 0.5, 1.0)))
+        p = tmp_path / "w.toml"
+        p.write_text('[cluster]\ngpu = "A100-SXM-80GB"\n[workload]\ntrace = "t.csv"\n[[models]]\nname = "a"\n'
+                     'model = "opt-1.3b"\n')
+        code, out, err = _run(monkeypatch, capsys, "simulate", p, "--json")
+        assert code == 0, err
+        reports.append(json.loads(out))
+    early, late = reports
+    assert late["duration_s"] == pytest.approx(early["duration_s"]) and late["duration_s"] < 2
+    assert late["all"]["throughput_per_s"] == pytest.approx(early["all"]["throughput_per_s"])
+    assert late["all"]["throughput_per_s"] > 1
+    assert late["energy"]["energy_j"] == pytest.approx(early["energy"]["energy_j"])
+    from hetplan.serve.config import load_workload_config
+    from hetplan.serve.replica import workload_requests
+
+    assert [r.arrival_s for r in workload_requests(load_workload_config(p))] == [0.0, 0.5, 1.0]
