@@ -286,8 +286,12 @@ def validation_message(exc: ValidationError, where: str, cls: type[BaseModel] | 
     if err["type"] == "value_error" and isinstance(got, dict):  # a check across fields: the message names them
         msg, _, fix = err["msg"].removeprefix("Value error, ").partition("; fix: ")
         first = msg.split(" ", 1)[0]
-        if first in got:  # the check names the field it refuses first ("fp8_recipe 'rowwise' is ...")
-            loc = f"{loc}.{first}"
+        owner = _model_at(cls, err["loc"]) if cls is not None else None
+        head = first.split(".", 1)[0]
+        # the check names the field it refuses first ("fp8_recipe 'rowwise' is ..."), or its path in a section
+        # ("scheduler.kv_cache_len = 256 ...", a section the file may leave to its defaults)
+        if first in got or ("." in first and (head in got or (owner is not None and head in owner.model_fields))):
+            loc = f"{loc}.{first}" if loc else first
         return HetplanError(msg, field=loc, fix=fix or "correct the values it names")
     if err["type"] == "value_error" and "; fix: " in err["msg"]:  # a field check that says its own fix
         msg, _, fix = err["msg"].removeprefix("Value error, ").partition("; fix: ")

@@ -146,3 +146,48 @@ def test_energy_change_is_signed_once_when_perseus_saves_a_negative_amount():
 
     assert energy_change(0.123) == "(-12.3 %)"
     assert energy_change(-0.002) == "(+0.2 %)"
+
+
+def _eight_stage_plan(tmp_path, stages=8):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({
+        "job": {"model": "gpt3-1.3b", "seq_len": 2048, "global_batch": 16, "train_iterations": 10},
+        "pools": [{"gpu": "A100-SXM-80GB", "count": stages}],
+        "stages": [{"num_layers": 24 // stages}] * stages, "mbs": 1, "schedule": "1f1b"}))
+    return plan
+
+
+def test_frontier_refuses_a_profile_of_other_gpus_or_another_pipeline(tmp_path):
+    """A measured profile is planned on the GPUs said to run it: an A40 profile (clocks to 1,740 MHz) with
+    ``--gpu A100-SXM-80GB`` (top clock 1,410 MHz) made plans of clocks the A100 cannot lock, at the A100's idle
+    power; a plan's ``--profile`` of 8 stages replaced the plan's 7-stage pipeline; both exit 0 before."""
+    a40, a100 = profile_path("bloom", "a40"), profile_path("bloom")
+    base = ["energy", "frontier", "-m", 4, "-o", tmp_path / "o", "--no-baselines", "--no-plans", "--json"]
+    r = hetplan(*base, a40, "--gpu", "A100-SXM-80GB")
+    assert r.returncode == 2 and "error: --gpu:" in r.stderr and "1740 MHz" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    for profile, gpu in ((a40, "A40"), (a100, "A100-SXM-80GB"), (a100, "H100-SXM")):
+        assert hetplan(*base, profile, "--gpu", gpu).returncode == 0, (profile, gpu)
+    base = base[:2] + base[4:]
+    r = hetplan(*base, _eight_stage_plan(tmp_path), "--profile", a40)
+    assert r.returncode == 2 and "error: --profile:" in r.stderr and "A100-SXM-80GB (1410 MHz)" in r.stderr
+    r = hetplan(*base, _eight_stage_plan(tmp_path, 6), "--profile", a100)
+    assert r.returncode == 2 and "8 pipeline stages, the pipeline has 6" in r.stderr, r.stderr
+    r = hetplan(*base, _eight_stage_plan(tmp_path), "--profile", a100)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["profile"].startswith("measured")
+
+
+@pytest.mark.parametrize("command", [["energy", "frontier"], ["energy", "power-limits"], ["energy", "serve"],
+                                     ["simulate"], ["capacity"], ["serve"]])
+def test_help_is_whole_on_an_80_column_terminal(command):
+    """At 80 columns rich cut words longer than the help column: the profile CSV's columns read
+    ``stage,instruction,frequency,time,en…``, ``--plan-files`` ``DIR/plans/plan_NNNN…`` and capacity's
+    ``--catalog`` ``hetplan/hardware/data/gpus.to…``."""
+    from typer.testing import CliRunner
+
+    from hetplan.cli.main import app
+
+    r = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and "…" not in r.output, r.output
+    assert max(map(len, r.output.splitlines())) <= 80

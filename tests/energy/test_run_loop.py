@@ -146,6 +146,32 @@ def test_job_spec_refuses_what_the_server_cannot_run(tmp_path, plan_path):
         run_plan(plan_path, RunOptions(energy=EnergyOptions(server="http://127.0.0.1:1", frequencies_mhz=CLOCKS)))
 
 
+def test_job_spec_refuses_an_impossible_target_and_clocks_the_gpu_lacks(tmp_path, plan_path):
+    """A target time below the fastest plan of --energy-plans was sent on, and the server ran the fastest plan
+    instead without a word; a sweep clock above the GPU's top clock (1,410 MHz on an A100) could not be locked, so
+    the ranks profiled their default clock under its label. Both are refused before the job is created."""
+    from hetplan.energy.frontier import compute_frontier
+    from hetplan.energy.model import plan_stage_profile
+
+    plan = planio.load_plan(plan_path)
+    derived = plan_stage_profile(plan)
+    fr = compute_frontier(derived.profile, 4, derived.idle_power_w[0], 1e-4)
+    fr.write_plans_file(tmp_path / "ok.json")
+    fastest = float(fr.time_s.min())
+    for target, ok in ((fastest, True), (fastest * 0.9, False)):
+        opts = EnergyOptions(server="x", plans=str(tmp_path / "ok.json"), target_time_s=target)
+        if ok:
+            assert job_spec(plan, b"x", 2, 4, "1f1b", opts)["scheduler"]["target_time_s"] == target
+            continue
+        with pytest.raises(HetplanError, match="no plan finishes within") as err:
+            job_spec(plan, b"x", 2, 4, "1f1b", opts)
+        assert err.value.field == "--energy-target-s"
+    assert job_spec(plan, b"x", 2, 4, "1f1b", EnergyOptions(server="x", frequencies_mhz=(1410, 840)))
+    with pytest.raises(HetplanError, match="1500 MHz is above the top SM clock") as err:
+        job_spec(plan, b"x", 2, 4, "1f1b", EnergyOptions(server="x", frequencies_mhz=(1500, 1410)))
+    assert err.value.field == "--energy-frequencies"
+
+
 def test_energy_options_without_a_server_exit_2(plan_path):
     import subprocess
     import sys

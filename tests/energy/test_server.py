@@ -249,3 +249,20 @@ def test_nvml_device_follows_cuda_visible_devices():
     assert nvml_device(0, "") == 0 and nvml_device(1, "") == 1
     assert nvml_device(0, "3,1") == 3 and nvml_device(1, "3,1") == 1
     assert nvml_device(0, "GPU-8f2c, 2") == "GPU-8f2c" and nvml_device(1, "GPU-8f2c, 2") == 2
+
+
+def test_a_target_no_plan_meets_is_refused(tmp_path):
+    """A frontier pick asked for a target time below its fastest plan (1.0 s) ran the fastest plan without a word,
+    at job creation and on PUT /target; both answer 422 naming the field now."""
+    with LiveServer(tmp_path / "db.sqlite") as srv, httpx.Client(base_url=srv.url) as h:
+        job = dict(JOBS["pick"], job_id="late")
+        r = h.post("/jobs", json={**job, "scheduler": {**job["scheduler"], "target_time_s": 0.9}})
+        assert r.status_code == 422 and r.json()["field"] == "scheduler.target_time_s", r.text
+        assert "the fastest takes 1 s" in r.json()["detail"]
+        assert h.post("/jobs", json=job).status_code == 201
+        r = h.put("/jobs/late/target", json={"target_time_s": 0.5})
+        assert r.status_code == 422 and r.json()["field"] == "target_time_s", r.text
+        assert h.put("/jobs/late/target", json={"target_time_s": 1.0}).status_code == 200
+        # a profiling job has no plans before its sweep ends: any target is taken then
+        assert h.post("/jobs", json=JOBS["prof"]).status_code == 201
+        assert h.put("/jobs/prof/target", json={"target_time_s": 0.001}).status_code == 200

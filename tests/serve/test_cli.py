@@ -463,3 +463,92 @@ def test_a_model_without_requests_attains_nothing(monkeypatch, capsys, tmp_path)
     from hetplan.serve.capacity import attains
 
     assert attains(rep["models"]["b"], 0.99) and not attains({"slo_attainment": 0.5}, 0.99)
+
+
+def test_simulate_table_shows_each_models_own_slos(monkeypatch, capsys, tmp_path):
+    """Models with their own SLOs: the line under the table gave the first model's SLOs as everyone's (model b's
+    0.05 s latency and 10 ms TPOT, which its 0.000 attainment is measured against, were shown as a's 5 s)."""
+    p = tmp_path / "w.toml"
+    p.write_text('[cluster]\ngpu = "A100-SXM-80GB"\n[workload]\nduration_s = 5\ntotal_rate_per_s = 2\n'
+                 'max_new_tokens = 4\n[[models]]\nname = "a"\nmodel = "opt-1.3b"\nslo_s = 5\n[[models]]\nname = "b"\n'
+                 'model = "opt-1.3b"\nslo_s = 0.05\ntpot_slo_s = 0.01\n')
+    code, out, err = _run(monkeypatch, capsys, "simulate", p)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "a latency 5.000, TTFT -, TPOT -; b latency 0.050, TTFT -, TPOT 0.010" in text, out
+    code, out, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml")
+    assert "SLOs (s): latency 2.000, TTFT 1.500, TPOT 0.100;" in " ".join(out.split())  # one set: shown once
+
+
+def test_capacity_refusal_quotes_the_candidates_nearest_to_fitting(monkeypatch, capsys, tmp_path):
+    """Llama-2-70B on up to 4 L4 / A10G: the refusal quoted the first two reasons in alphabetical order, "largest
+    shard 137.95 GB" (the whole model on one GPU) twice without naming a GPU, hiding that TP 4 still needs 34.49 GB
+    of a 24 GB GPU; it names the nearest candidates now."""
+    p = tmp_path / "w.toml"
+    p.write_text('[workload]\nduration_s = 30\ntotal_rate_per_s = 1\nslo_s = 5\n[capacity]\ngpus = ["A10G", "L4"]\n'
+                 'max_gpus = 4\n[[models]]\nname = "a"\nmodel = "llama-2-70b"\n')
+    code, _, err = _run(monkeypatch, capsys, "capacity", p)
+    text = " ".join(err.split())
+    assert code == 2 and "capacity.gpus" in text and "Traceback" not in text, err
+    assert "the nearest: L4 TP 4 x PP 1: largest shard 34.49 GB >" in text and "137.95" not in text, err
+
+
+@pytest.mark.parametrize("text, field, fix", [
+    ('[workload]\nmax_new_tokens = 300\n', "scheduler.kv_cache_len", "raise kv_cache_len or shorten the requests"),
+    ('[workload]\noffline = true\ntrace = "t.csv"\n', "workload.offline", "drop one of them"),
+    ('[workload]\nduration_s = 100000\ntotal_rate_per_s = 100\n', "workload.duration_s", "shorten duration_s"),
+    ('[scheduler]\npreload = ["z"]\n', "scheduler.preload", "name models of the [[models]] entries: a"),
+    ('[[models]]\nname = "a"\nmodel = "opt-1.3b"\n', "models", "give each [[models]] entry its own name"),
+])
+def test_checks_across_fields_name_the_field_and_the_fix(monkeypatch, capsys, tmp_path, text, field, fix):
+    """The workload file's checks across sections were refused as 'error: (top level): ...' with the fix 'correct
+    the values it names'; they name the field and say the fix now."""
+    p = tmp_path / "w.toml"
+    p.write_text('[cluster]\ngpu = "A100-SXM-80GB"\n[[models]]\nname = "a"\nmodel = "opt-1.3b"\n' + text)
+    code, _, err = _run(monkeypatch, capsys, "simulate", p)
+    text = " ".join(err.split())
+    assert code == 2 and f"error: {field}: " in text and f"fix: {fix}" in text and "top level" not in text, err
+
+
+def test_an_unknown_policy_option_is_named_as_given(monkeypatch, capsys):
+    """``--policy fifo`` was refused as the file's field (``error: scheduler.policy``), which the file did not set."""
+    for policy in ("fifo", ""):
+        code, _, err = _run(monkeypatch, capsys, "simulate", EXAMPLES / "workload.toml", "--policy", policy)
+        assert code == 2 and "error: --policy: unknown policy" in err and "lru, load_aware" in err, err
+
+
+def test_capacity_table_without_dedicated_replicas_and_one_gpu(monkeypatch, capsys, tmp_path):
+    """examples/serve/capacity.toml picks one shared group: the text printed an empty table titled "no dedicated
+    replicas" (a header of 8 columns and no row); and one GPU was "1 GPUs"."""
+    code, out, err = _run(monkeypatch, capsys, "capacity", EXAMPLES / "capacity.toml")
+    assert code == 0, err
+    assert "no dedicated replicas: the models share replica groups" in out and "load/s" not in out
+    p = tmp_path / "w.toml"
+    p.write_text('[cluster]\ngpu = "A100-SXM-80GB"\n[workload]\nduration_s = 5\n[[models]]\nname = "a"\n'
+                 'model = "opt-1.3b"\nrate_per_s = 2\n')
+    code, out, err = _run(monkeypatch, capsys, "simulate", p)
+    assert code == 0 and "energy on 1 GPU:" in out, err
+
+
+def test_a_trace_starts_at_its_first_request(monkeypatch, capsys, tmp_path):
+    """A slice of a longer trace, its 3 requests at 1,000-1,001 s, was counted from t = 0: 0.003 requests/s over
+    1,001 s with 83.7 kJ of idle GPU before the first request, and capacity planned for that rate; it reports what
+    the same trace starting at 0 does."""
+    reports = []
+    for t0 in (0.0, 1000.0):
+        (tmp_path / "t.csv").write_text("arrival_s,model\n" + "".join(f"{t0 + t},a\n" for t in (0.0, 0.5, 1.0)))
+        p = tmp_path / "w.toml"
+        p.write_text('[cluster]\ngpu = "A100-SXM-80GB"\n[workload]\ntrace = "t.csv"\n[[models]]\nname = "a"\n'
+                     'model = "opt-1.3b"\n')
+        code, out, err = _run(monkeypatch, capsys, "simulate", p, "--json")
+        assert code == 0, err
+        reports.append(json.loads(out))
+    early, late = reports
+    assert late["duration_s"] == pytest.approx(early["duration_s"]) and late["duration_s"] < 2
+    assert late["all"]["throughput_per_s"] == pytest.approx(early["all"]["throughput_per_s"])
+    assert late["all"]["throughput_per_s"] > 1
+    assert late["energy"]["energy_j"] == pytest.approx(early["energy"]["energy_j"])
+    from hetplan.serve.config import load_workload_config
+    from hetplan.serve.replica import workload_requests
+
+    assert [r.arrival_s for r in workload_requests(load_workload_config(p))] == [0.0, 0.5, 1.0]

@@ -76,8 +76,9 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
     a plan gives the model-derived profile (or ``--profile`` / ``--profile-db`` a measured one), its micro-batches,
     schedule and the catalog idle power of its GPUs (mean over stages); a profile CSV needs ``-m`` and
     ``--idle-power-w`` or ``--gpu``."""
-    from hetplan.energy.profile import load_stage_profile, parse_stage_profile
+    from hetplan.energy.profile import check_profile_gpus, load_stage_profile, parse_stage_profile
     from hetplan.hardware.catalog import load_catalog
+    from hetplan.hardware.power import get_power
 
     if (profile_db is None) != (job is None):
         raise HetplanError("--profile-db and --job go together", field="--profile-db",
@@ -122,6 +123,10 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
                                "plan's stages can interleave, or leave the option out") from None
         derived = plan_stage_profile(plan, model=model,
                                      power_catalog=None if power_catalog is None else str(power_catalog))
+        if measured is not None:  # an 8-stage A40 profile was planned as this plan's pipeline without a word
+            check_profile_gpus(measured, [(p.gpu, p.max_frequency_mhz) for p in derived.power],
+                               "--profile" if profile is not None else "--job",
+                               fix="give a profile measured on this plan's stages and GPUs")
         prof = measured or derived.profile
         M = num_microbatches or plan.num_microbatches(0)
         idle = idle_power_w if idle_power_w is not None else sum(derived.idle_power_w) / len(derived.idle_power_w)
@@ -139,7 +144,16 @@ def _frontier_inputs(source, num_microbatches, idle_power_w, gpu, profile, profi
         raise HetplanError("a profile CSV needs the number of micro-batches", field="--num-microbatches",
                            fix="add e.g. --num-microbatches 12 (or give a plan JSON)")
     if gpu is not None:  # checked even where --idle-power-w makes its idle power unused
-        load_catalog().get(gpu, field="--gpu")
+        name = load_catalog().get(gpu, field="--gpu").name
+        try:
+            top = get_power(name, None if power_catalog is None else str(power_catalog),
+                            field="--gpu").max_frequency_mhz
+        except HetplanError as exc:  # no DVFS data for this GPU: its clocks are unknown (a bad file still raises)
+            if exc.field != "--gpu":
+                raise
+            top = None
+        check_profile_gpus(prof, [None if top is None else (name, top)] * prof.num_stages, "--gpu",
+                           fix="give the GPU the profile was measured on (or --idle-power-w W without --gpu)")
     if idle_power_w is None:
         if gpu is None:
             raise HetplanError("a profile CSV needs the idle power", field="--idle-power-w",
@@ -158,7 +172,7 @@ def register(app: typer.Typer) -> None:
     def frontier_cmd(
         source: Path = typer.Argument(..., metavar="PLAN.json|PROFILE.csv",
                                       help="a plan (stage profile derived from the cost model) or a measured stage "
-                                           "profile CSV: stage,instruction,frequency,time,energy"),
+                                           "profile CSV with columns stage, instruction, frequency, time, energy"),
         output: Path = typer.Option(..., "-o", "--output", help="output directory"),
         num_microbatches: int = typer.Option(None, "--num-microbatches", "-m",
                                              help="micro-batches per iteration (default: the plan's)"),
@@ -179,7 +193,7 @@ def register(app: typer.Typer) -> None:
         baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="compute EnvPipe / Zeus baselines"),
         plot: bool = typer.Option(False, "--plot/--no-plot", help="also draw DIR/frontier.png (matplotlib)"),
         plans: bool = typer.Option(True, "--plans/--no-plans", help="write the frequency plans (DIR/plans.json)"),
-        plan_files: bool = typer.Option(False, "--plan-files", help="also one DIR/plans/plan_NNNNN.json per point"),
+        plan_files: bool = typer.Option(False, "--plan-files", help="also one file per point (plan_*.json in DIR/plans)"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
         """Compute the frontier; write DIR/frontier.csv, DIR/plans.json, DIR/summary.json (DIR/frontier.png)."""

@@ -32,6 +32,19 @@ def _ms(x):
     return None if x is None else 1e3 * x
 
 
+def _slo_text(models: dict) -> str:
+    """The SLOs the table's "SLO met" counts against: one set where every model has the same, else each model's
+    (a model's own ``slo_s`` / ``ttft_slo_s`` / ``tpot_slo_s`` override the workload's; the line used to show the
+    first model's as every model's)."""
+    def one(s: dict) -> str:
+        return f"latency {_fmt(s['latency_s'])}, TTFT {_fmt(s['ttft_s'])}, TPOT {_fmt(s['tpot_s'])}"
+
+    per = {name: m["slo"] for name, m in models.items()}
+    if len({tuple(sorted(s.items())) for s in per.values()}) == 1:
+        return "SLOs (s): " + one(next(iter(per.values())))
+    return "SLOs (s): " + "; ".join(f"{name} {one(s)}" for name, s in per.items())
+
+
 def _latency_table(con: Console, rep: dict, title: str) -> None:
     """Mean and p50/p90/p99 of end-to-end latency (s), TTFT (s) and TPOT (ms) per model and overall: one row per
     model and metric, so the table stays within 80 columns."""
@@ -110,7 +123,12 @@ def register(app: typer.Typer) -> None:
         _check_export(export, out_dir)
         hosts = _hosts(host, export)
         wf = load_workload_config(workload)
-        if policy is not None:  # --policy "" was dropped; make_policy names the policies
+        if policy is not None:  # --policy "" was dropped; an unknown one was refused as scheduler.policy
+            from hetplan.serve.policies import POLICIES
+
+            if policy not in POLICIES:
+                raise HetplanError(f"unknown policy {policy!r}", field="--policy",
+                                   fix=f"use one of {', '.join(POLICIES)}")
             wf.scheduler.policy = policy
         res = simulate_workload(wf)
         rep = res.report(slos(wf))
@@ -143,8 +161,7 @@ def register(app: typer.Typer) -> None:
                       _fmt(m["goodput_per_s"], digits=2), _fmt(m["throughput_per_s"], digits=2),
                       _fmt(m["output_tokens_per_s"], digits=1), _fmt(m["total_tokens_per_s"], digits=1))
         con.print(t)
-        s = next(iter(rep["models"].values()))["slo"]
-        con.print(f"SLOs (s): latency {_fmt(s['latency_s'])}, TTFT {_fmt(s['ttft_s'])}, TPOT {_fmt(s['tpot_s'])}; "
+        con.print(f"{_slo_text(rep['models'])}; "
                   f"swaps {rep['swaps']}, {rep['bytes_swapped_in'] / 1e9:.2f} GB in per worker; "
                   f"mean batch {rep['mean_batch_size']:.2f}; preemptions {rep['preemptions']}")
         con.print(f"priced as engine {wf.cluster.engine}" if wf.cluster.engine else
@@ -159,7 +176,7 @@ def register(app: typer.Typer) -> None:
         gpus: str = typer.Option(None, "--gpus", help="candidate GPU types, comma-separated (default: "
                                  "capacity.gpus, else cluster.gpu; with none the command refuses)"),
         catalog: Path = typer.Option(None, "--catalog", help="GPU catalog TOML extending or overriding the "
-                                     "package's (same layout as hetplan/hardware/data/gpus.toml)"),
+                                     "package's (same layout as its gpus.toml in hetplan/hardware/data/)"),
         price: list[str] = typer.Option(None, "--price", help="GPU=USD per GPU-hour, overriding the catalog "
                                         "and capacity.prices; repeatable, e.g. --price A100-SXM-80GB=3.67"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
@@ -214,14 +231,17 @@ def register(app: typer.Typer) -> None:
         con = Console()
         kinds = ", ".join(f"{n} x {g}" for g, n in out["gpus_by_type"].items())
         con.print(f"[bold]cheapest mix: {kinds}[/], {out['price_usd_per_hour']:.2f} $/h")
-        t = Table(title="replicas per model" if out["mix"] else "no dedicated replicas")
-        for col in ("model", "load/s", "GPU", "TPxPP", "engine", "reps", "max/s", "$/h"):
-            t.add_column(col)
-        for r in out["mix"]:
-            t.add_row(r["model"], f"{out['load_per_s'][r['model']]:.2f}", r["gpu"], f"{r['tp']}x{r['pp']}",
-                      f"{r['engine'] or '-'}/{r['weights'] or wf.cluster.dtype}", str(r["replicas"]),
-                      f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
-        con.print(t)
+        if out["mix"]:
+            t = Table(title="replicas per model")
+            for col in ("model", "load/s", "GPU", "TPxPP", "engine", "reps", "max/s", "$/h"):
+                t.add_column(col)
+            for r in out["mix"]:
+                t.add_row(r["model"], f"{out['load_per_s'][r['model']]:.2f}", r["gpu"], f"{r['tp']}x{r['pp']}",
+                          f"{r['engine'] or '-'}/{r['weights'] or wf.cluster.dtype}", str(r["replicas"]),
+                          f"{r['rate_per_s']:.2f}", f"{r['price_usd_per_hour']:.2f}")
+            con.print(t)
+        else:  # an empty table's header, titled "no dedicated replicas", read as a table of them
+            con.print("no dedicated replicas: the models share replica groups")
         if out["shared"]:
             t = Table(title="models sharing a replica group (swapping)")
             for col in ("models", "GPU", "TPxPP", "engine", "swaps", "$/h"):
@@ -255,7 +275,7 @@ def _energy_line(con: Console, e: dict) -> None:
     how = {"dvfs-model": "fitted DVFS power model", "dvfs-physics": "DVFS power model transferred, not fitted",
            "tdp": "TDP while busy: an upper bound"}
     src = ", ".join(how.get(x, x) for x in e["energy_source"].split(","))
-    con.print(f"energy on {e['num_gpus']} GPUs: {e['energy_j'] / 1e3:.1f} kJ, "
+    con.print(f"energy on {e['num_gpus']} GPU{'s' if e['num_gpus'] != 1 else ''}: {e['energy_j'] / 1e3:.1f} kJ, "
               f"{_fmt(e['energy_j_per_request'], digits=1)} J/request, "
               f"{_fmt(e['energy_j_per_output_token'], digits=2)} J/output token ({src})")
 

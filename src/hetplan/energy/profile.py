@@ -17,6 +17,7 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -215,6 +216,32 @@ def parse_stage_profile(text: str, source: str = "<memory>") -> StageProfile:
         entries[key] = InstructionProfile(key[0], key[1], arr[:, 0].astype(np.int64), arr[:, 1].copy(), arr[:, 2].copy())
     freqs = tuple(sorted({f for v in rows.values() for f, _, _ in v}, reverse=True))
     return StageProfile(entries=entries, source=source, frequencies_mhz=freqs)
+
+
+def check_profile_gpus(profile: StageProfile, stage_gpus: Sequence[tuple[str, int] | None], field: str,
+                       fix: str) -> None:
+    """Refuse a profile that cannot have been measured on the GPUs said to run it: ``stage_gpus`` gives, per
+    pipeline stage, the GPU type and its top SM clock (MHz; ``nvidia-smi -q -d SUPPORTED_CLOCKS``, the power
+    catalog's :attr:`~hetplan.hardware.power.GPUPower.max_frequency_mhz`), or None where it is unknown. A
+    frequency plan locks the clocks it was planned at (NVML ``nvmlDeviceSetGpuLockedClocks``), so a clock above
+    the GPU's top clock is one the GPU cannot run, and the catalog idle power taken for the wrong GPU was silently
+    wrong too (an A40 profile, clocks to 1,740 MHz, planned as an A100's, top 1,410 MHz).
+
+    Raises:
+        HetplanError: (``field``, ``fix``) the profile has another number of stages than ``stage_gpus``, or a stage
+            was profiled above its GPU's top clock.
+    """
+    if profile.num_stages != len(stage_gpus):
+        raise HetplanError(f"{profile.source} profiles {profile.num_stages} pipeline stages, the pipeline has "
+                           f"{len(stage_gpus)}", field=field, fix=fix)
+    for s, gpu in enumerate(stage_gpus):
+        if gpu is None:
+            continue
+        name, top = gpu
+        f = max(profile.get(s, i).max_frequency_mhz for i in INSTRUCTIONS)
+        if f > top:
+            raise HetplanError(f"{profile.source}: stage {s} was profiled at {f} MHz, above the top SM clock of "
+                               f"{name} ({top} MHz): not a profile of that GPU", field=field, fix=fix)
 
 
 def load_stage_profile(path: str | Path) -> StageProfile:

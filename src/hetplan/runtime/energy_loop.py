@@ -79,7 +79,9 @@ def job_spec(plan, plan_bytes: bytes, num_stages: int, num_microbatches: int, sc
     """The ``POST /jobs`` body for a run of ``plan`` (module doc).
 
     Raises:
-        HetplanError: interleaved schedule; unreadable or mismatched plans file; no common clock to sweep.
+        HetplanError: interleaved schedule; unreadable or mismatched plans file; a target time no plan of the
+            file meets (``--energy-target-s``); a sweep clock above a GPU's top clock (``--energy-frequencies``); no
+            common clock to sweep.
     """
     if schedule not in ("1f1b", "gpipe"):
         raise HetplanError(f"the plan server runs one model chunk per stage; {schedule!r} is not supported",
@@ -112,10 +114,24 @@ def job_spec(plan, plan_bytes: bytes, num_stages: int, num_microbatches: int, sc
                                fix="give the plans.json written by 'hetplan energy frontier PLAN.json'")
         sched: dict = {"kind": "frontier_pick", "plans": plans, "idle_power_w": float(idle)}
         if opts.target_time_s is not None:
+            from hetplan.energy.server.schedulers import check_target
+
+            check_target(plans, opts.target_time_s, "--energy-target-s")  # before the server gets a job it refuses
             sched["target_time_s"] = opts.target_time_s
         return {**base, "scheduler": sched}
     gpus = _stage_gpus(plan)
     freqs = opts.frequencies_mhz
+    if freqs is not None:  # a clock above the GPU's top one cannot be locked (NVML refuses it: the rank then ran
+        for g in sorted(set(gpus)):  # the whole sweep at its default clock and reported it as that clock's profile)
+            try:
+                top = get_power(g).max_frequency_mhz
+            except HetplanError:  # no DVFS data for this GPU: its clocks are unknown
+                continue
+            if max(freqs) > top:
+                raise HetplanError(f"{max(freqs)} MHz is above the top SM clock of the plan's {g} ({top} MHz)",
+                                   field="--energy-frequencies",
+                                   fix=f"sweep clocks the GPU supports, at most {top} MHz (nvidia-smi -q -d "
+                                       "SUPPORTED_CLOCKS)")
     if freqs is None:
         common = None
         for g in set(gpus):

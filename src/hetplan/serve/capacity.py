@@ -54,21 +54,32 @@ RATE_STEPS = 6
 PROBE_REQUESTS = 200
 
 
-def _fits(spec, gpu: GPUSpec, tp: int, pp: int, wf: WorkloadFile, stack: Stack = Stack()) -> tuple[bool, str]:
+def _fits(spec, gpu: GPUSpec, tp: int, pp: int, wf: WorkloadFile, stack: Stack = Stack()) -> tuple[bool, str, float]:
+    """``(fits, why not, how far)``: how far is the candidate's largest per-GPU footprint over the memory it may
+    use (0 when it fits, inf where it cannot run at all), so that a refusal quotes the candidates nearest to
+    fitting (DESIGN.md: "the smallest per-GPU footprint versus the largest GPU memory"), not the first two reasons
+    in alphabetical order (the whole model on one GPU, twice, without naming the GPU)."""
     try:
         gpu.peak_flops_per_s(wf.cluster.dtype)
         check_stack(stack, gpu, wf.cluster.dtype, "capacity")
         cap = int(gpu.memory_bytes * wf.cluster.memory_fraction)
         m = sim_model("", spec, gpu, tp, pp, wf.cluster.dtype, wf, cap, 1, stack)
     except HetplanError as exc:
-        return False, exc.message
-    if m.bytes > cap or max(m.worker_bytes) > cap:
-        return False, f"largest shard {max(m.bytes, max(m.worker_bytes)) / 1e9:.2f} GB > {cap / 1e9:.2f} GB usable per GPU"
+        return False, exc.message, float("inf")
+    need = max(m.bytes, max(m.worker_bytes))
+    if need > cap:
+        return False, f"largest shard {need / 1e9:.2f} GB > {cap / 1e9:.2f} GB usable per GPU", need / cap
     block = kv_settings(wf, stack).block_tokens
     if m.kv_blocks is not None and m.kv_blocks * block < wf.scheduler.kv_cache_len:
         return False, (f"KV cache of {m.kv_blocks * block:,} tokens (what the weights leave) "
-                       f"< one sequence of kv_cache_len = {wf.scheduler.kv_cache_len:,}")
-    return True, ""
+                       f"< one sequence of kv_cache_len = {wf.scheduler.kv_cache_len:,}"), 1.0
+    return True, "", 0.0
+
+
+def _label(config: tuple[GPUSpec, int, int, Stack]) -> str:
+    """``A100-SXM-80GB TP 2 x PP 1`` (and its stack where it names an engine): one candidate replica."""
+    g, tp, pp, st = config
+    return f"{g.name} TP {tp} x PP {pp}" + (f" {st.label}" if st.engine is not None else "")
 
 
 def attains(report: dict, target: float) -> bool:
@@ -431,19 +442,20 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
     done, total = 0, n_m * n_k
     own = {e.name: [(r.prompt_len, r.max_new_tokens) for r in reqs if r.model == e.name] if wf.workload.trace
            else None for e in entries}
+    short = np.zeros(n_k)  # per candidate of the model at hand: how far it is from fitting (_fits)
     # 1. which replicas fit, and an upper bound of each one's rate (cost model only, no simulation)
     for m, (entry, spec) in enumerate(zip(entries, specs)):
         for k, (g, tp, pp, st) in enumerate(configs):
             done += 1
             if progress is not None:
                 progress(done, total, f"{entry.name} on {g.name} TP {tp} x PP {pp} {st.label}: fits?")
-            fits, why[m, k] = _fits(spec, g, tp, pp, wf, st)
+            fits, why[m, k], short[k] = _fits(spec, g, tp, pp, wf, st)
             if fits:
                 bound[m, k] = rate_upper_bound(wf, spec, g, tp, pp, st, own[entry.name])
         if not bound[m].any():
-            reasons = sorted({why[m, k] for k in range(n_k)})
-            raise InfeasibleError(f"model {entry.name}: no candidate replica up to {max_gpus} GPUs works "
-                                  f"({'; '.join(reasons[:2])})", field="capacity.gpus",
+            nearest = [f"{_label(configs[k])}: {why[m, k]}" for k in map(int, np.argsort(short, kind="stable")[:2])]
+            raise InfeasibleError(f"model {entry.name}: no candidate replica up to {max_gpus} GPUs works; the "
+                                  f"nearest: {'; '.join(nearest)}", field="capacity.gpus",
                                   fix="allow more GPUs or larger GPU types, or relax the SLOs")
 
     def simulate_rate(m: int, k: int) -> None:
@@ -527,7 +539,7 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
                 simulate_group(j)
             for m in range(n_m):  # the exhaustive search's refusal: a model no simulated candidate serves
                 if simulated[m][bound[m] > 0].all() and not rates[m].any():
-                    reasons = sorted({why[m, k] for k in range(n_k)})
+                    reasons = sorted({why[m, k] for k in range(n_k) if simulated[m, k]})  # those that fit
                     raise InfeasibleError(f"model {entries[m].name}: no candidate replica up to {max_gpus} GPUs "
                                           f"works ({'; '.join(reasons[:2])})", field="capacity.gpus",
                                           fix="allow more GPUs or larger GPU types, or relax the SLOs")

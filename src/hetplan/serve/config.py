@@ -311,13 +311,14 @@ class _Common(_Strict):
     def _names(self):
         names = [m.name for m in self.models]
         if not names:
-            raise ValueError("at least one [[models]] entry is needed")
+            raise ValueError("models lists no model; fix: add a [[models]] entry with a name and a model")
         dup = {n for n in names if names.count(n) > 1}
         if dup:
-            raise ValueError(f"duplicate model names {sorted(dup)}")
+            raise ValueError(f"models has duplicate names {sorted(dup)}; fix: give each [[models]] entry its own name")
         for p in self.scheduler.preload:
             if p not in names:
-                raise ValueError(f"preload names unknown model {p!r}")
+                raise ValueError(f"scheduler.preload names unknown model {p!r}; fix: name models of the [[models]] "
+                                 f"entries: {', '.join(names)}")
         return self
 
 
@@ -340,15 +341,17 @@ class WorkloadFile(_Common):
         expected = self.workload.duration_s * rate
         w = self.workload
         if w.trace is None and not w.offline and expected > MAX_SIMULATED_REQUESTS:
-            raise ValueError(f"duration_s x rates = {expected:,.0f} expected requests; at most "
-                             f"{MAX_SIMULATED_REQUESTS:,} (the simulator handles ~10,000 per CPU second)")
+            raise ValueError(f"workload.duration_s x rates = {expected:,.0f} expected requests; at most "
+                             f"{MAX_SIMULATED_REQUESTS:,} (the simulator handles ~10,000 per CPU second); fix: "
+                             "shorten duration_s or lower the rates")
         if w.offline and w.trace is not None:
-            raise ValueError("workload.offline and workload.trace exclude each other: a trace has its own arrivals")
+            raise ValueError("workload.offline and workload.trace exclude each other: a trace has its own arrivals; "
+                             "fix: drop one of them")
         tokens = w.max_tokens()
         if tokens > self.scheduler.kv_cache_len:  # fuzz: max_new_tokens 802,001 simulated for minutes
-            raise ValueError(f"the longest request (prompt + max_new_tokens, or the distributions' max) = {tokens:,} "
-                             f"tokens does not fit a sequence of scheduler.kv_cache_len = "
-                             f"{self.scheduler.kv_cache_len:,} tokens; raise kv_cache_len or shorten the requests")
+            raise ValueError(f"scheduler.kv_cache_len = {self.scheduler.kv_cache_len:,} tokens is shorter than the "
+                             f"longest request (prompt + max_new_tokens, or the distributions' max) = {tokens:,} "
+                             "tokens; fix: raise kv_cache_len or shorten the requests")
         return self
 
 

@@ -39,6 +39,12 @@ def workload_requests(wf: WorkloadFile) -> list[Request]:
     names = [m.name for m in wf.models]
     if w.trace:
         reqs = read_trace(w.trace, names, prompt_len=w.prompt_len, max_new_tokens=w.max_new_tokens)
+        # the trace's clock starts at its first request: a slice of a longer trace keeps its timestamps, and the
+        # makespan (t = 0 to the last answer: throughput, goodput, the GPUs' idle energy) and capacity's rates
+        # (requests over the last arrival) counted the time before it (1,000 s of idle GPUs before 3 requests)
+        t0 = reqs[0].arrival_s  # sorted by arrival; read_trace refuses a trace without requests
+        for r in reqs:
+            r.arrival_s -= t0
         long = max(reqs, key=lambda r: r.prompt_len + r.max_new_tokens, default=None)
         if long is not None and long.prompt_len + long.max_new_tokens > wf.scheduler.kv_cache_len:
             raise HetplanError(f"request {long.id} needs {long.prompt_len + long.max_new_tokens:,} tokens (prompt + "

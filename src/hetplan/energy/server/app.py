@@ -4,7 +4,8 @@ Endpoints (JSON; errors are ``{"detail": message}`` with a 4xx status):
 
 ``POST /jobs``                                  create a job (201; 409 if the id exists with another spec)
 ``GET  /jobs/{job}``                            job spec summary, ranks, report count, current target
-``PUT  /jobs/{job}/target``                     ``{"target_time_s": x}``: new target time (frontier pick)
+``PUT  /jobs/{job}/target``                     ``{"target_time_s": x}``: new target time (frontier pick; 422 when
+                                                no plan meets it)
 ``POST /jobs/{job}/ranks``                      ``{"rank": r, "stage": s}``: register a rank
 ``GET  /jobs/{job}/ranks/{rank}/schedule``      the rank's next iteration and its frequency schedule
 ``POST /jobs/{job}/ranks/{rank}/reports``       measured time/energy of one iteration (+ per instruction)
@@ -296,6 +297,9 @@ def create_app(db_path: str | Path, *, token: str | None = None, max_body_bytes:
         spec, state = job_or_404(job_id)
         if spec["scheduler"]["kind"] == "point_solution":
             raise HTTPException(409, detail="a point_solution job runs fixed plans; it has no target time")
+        plans = spec["scheduler"].get("plans") or state.get("frontier", {}).get("plans")
+        if plans:  # a frontier pick's plans, or those the profiling produced (before that: nothing to check)
+            sch.check_target(plans, body.target_time_s)
         save_state(job_id, spec, dict(state, target_time_s=body.target_time_s))
         return {"job_id": job_id, "target_time_s": body.target_time_s}
 

@@ -54,9 +54,25 @@ def validate_spec(spec: dict) -> None:
             if kind == "frontier_pick" and (p.get("time_s") is None or p.get("energy_j") is None):
                 raise HetplanError(f"plan {i} needs time_s and energy_j", field=f"scheduler.plans[{i}]",
                                    fix="use the plans written by 'hetplan energy frontier'")
+        if kind == "frontier_pick" and sch.get("target_time_s") is not None:
+            check_target(plans, sch["target_time_s"], "scheduler.target_time_s")
     if kind == "online_profiling" and not sch.get("frequencies_mhz"):
         raise HetplanError("needs frequencies to sweep", field="scheduler.frequencies_mhz",
                            fix="list the SM frequencies (MHz) to profile, e.g. [1410, 1200, 1005]")
+
+
+def check_target(plans: list[dict], target_time_s: float, field: str = "target_time_s") -> None:
+    """Refuse a target time below every plan's time: no plan meets it, and :func:`pick_frontier_point` would run
+    the fastest plan in its place without a word (the same refusal as
+    :meth:`hetplan.energy.frontier.Frontier.index_for_time`).
+
+    Raises:
+        HetplanError: (``field``) the target is below the fastest plan's time.
+    """
+    fastest = min(p["time_s"] for p in plans)
+    if target_time_s < fastest - 1e-12:
+        raise HetplanError(f"no plan finishes within {target_time_s:.6g} s (the fastest takes {fastest:.6g} s)",
+                           field=field, fix=f"give a target time >= {fastest:.6g} s")
 
 
 def pick_frontier_point(plans: list[dict], target_time_s: float | None, num_stages: int, idle_power_w: float) -> int:
