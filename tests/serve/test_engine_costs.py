@@ -289,3 +289,33 @@ def test_window_layers_hold_only_their_window_under_vllm_v1():
     assert 1.9 < ratio < 2.1
     dense = load_model("llama3-8b")
     assert max_num_seqs(dense, h100, v, 4096, **kw) == max_num_seqs(dense, h100, whole, 4096, **kw)
+
+
+def test_mla_latent_cache_of_the_engines_that_keep_it():
+    """DeepSeek-V3 (61 layers, kv_lora_rank 512, qk_rope_head_dim 64): vLLM 0.10, SGLang and TensorRT-LLM 1.0 cache
+    576 latent elements per token and layer, whole on every TP rank — 70,272 bytes per token in bf16 — where the
+    up-projected keys (128 heads x 192) and values (128 x 128) are 40,960 elements per layer (vLLM 0.6, hetplan's own
+    engine): 71x more at TP 1, 8.9x at TP 8. Decode reads the latent once for all heads; its attention then runs
+    2·(2·512 + 64) FLOPs per head and cached token, so a long decode is no longer bound by the cache reads alone."""
+    from hetplan.estimate.inference import kv_elements_per_token, kv_read_time_s
+
+    m, h200 = load_model("deepseek-v3"), get_gpu("H200-SXM")
+    latent, expanded = get_engine("vllm@0.10"), get_engine("vllm@0.6")
+    assert (m.kv_lora_rank, m.qk_rope_head_dim, m.num_layers) == (512, 64, 61)
+    for tp in (1, 8):
+        for e in (latent, get_engine("sglang@0.5"), get_engine("tensorrt-llm@1.0")):
+            assert kv_elements_per_token(m, tp, e) == 576
+            assert kv_cache_bytes_per_worker(m, 1, tp, 1, "bf16", e) == [61 * 576 * 2] * tp
+        assert kv_elements_per_token(m, tp, expanded) == kv_elements_per_token(m, tp) == 128 * (192 + 128) // tp
+    dense = load_model("llama2-7b")  # no MLA: every engine caches keys and values
+    assert kv_elements_per_token(dense, 1, latent) == kv_elements_per_token(dense, 1) == 2 * 4096
+    n = 100_000  # cached tokens of one decode step, TP 8
+    t_lat, t_exp = (kv_read_time_s(m, h200, "bf16", n, 8, engine=e) for e in (latent, expanded))
+    reads = n * 576 * 2 / h200.hbm_bandwidth_bytes_per_s
+    flops = 2 * n * 16 * (2 * 512 + 64) / (h200.peak_flops_per_s("bf16") * h200.compute_efficiency)
+    assert t_lat == pytest.approx(max(reads, flops))
+    assert t_exp == pytest.approx(n * 128 * 320 // 8 * 2 / h200.hbm_bandwidth_bytes_per_s)
+    assert t_lat < t_exp / 4
+    # the KV pool of an 8 x H200 replica holds ~9x the tokens (the weights and workspace are the same)
+    big = [kv_capacity_tokens(m, h200, e, tp=8, dtype="bf16", weights="fp8") for e in (latent, expanded)]
+    assert 8 < big[0] / big[1] < 10

@@ -15,8 +15,10 @@ training forward pass, so serving and training agree on the same shape.
   the ``n_kv`` cached tokens: ``max(4 · n_kv · q_dim / t FLOPs / peak, 2 · n_kv · kv_dim / t · bytes / HBM)`` per
   layer (Pope et al. 2023, "Efficiently Scaling Transformer Inference", Sec. 2: decode is bound by weight and KV
   loads). It is flat in the context length until the KV bytes rival the weights.
-* **KV-cache bytes** of one worker: ``2 · L_stage · tokens · kv_dim / t · dtype bytes`` (keys and values of its
-  layers and its ``g/t`` key/value heads).
+* **KV-cache bytes** of one worker: ``L_stage · tokens · (kv_dim + v_dim) / t · dtype bytes`` (keys and values of
+  its layers and its ``g/t`` key/value heads); a multi-head latent attention model under an engine that caches the
+  latent (``EngineSpec.mla_latent_cache``): ``L_stage · tokens · (kv_lora_rank + qk_rope_head_dim) · dtype bytes``,
+  whole on every TP rank (:func:`kv_elements_per_token`).
 * **Weight bytes** of each worker: the training memory model's parameters of its stage
   (:func:`hetplan.estimate.memory.stage_parameters`) divided by ``t``, times the dtype size — the bytes a swap
   moves.
@@ -130,12 +132,30 @@ def _weight_bytes(weights: str) -> float:
     return WEIGHT_DTYPE_BYTES[weights]
 
 
-def kv_cache_bytes_per_worker(m: ModelSpec, tokens: int, tp: int, pp: int, dtype: str = "fp16") -> list[int]:
-    """KV-cache bytes of each worker (rank order) holding ``tokens`` cached tokens: keys and values of its stage's
-    layers and its ``g/t`` key/value heads."""
+def caches_latent(m: ModelSpec, engine: EngineSpec | None) -> bool:
+    """Whether ``engine`` caches ``m``'s multi-head latent attention latent (``EngineSpec.mla_latent_cache`` and an
+    MLA model); hetplan's own engine (``engine=None``) caches the up-projected keys and values."""
+    return bool(m.is_mla and engine is not None and engine.mla_latent_cache)
+
+
+def kv_elements_per_token(m: ModelSpec, tp: int, engine: EngineSpec | None = None) -> int:
+    """Cache elements one TP rank holds per token and layer: the keys and values of its ``g/t`` key/value heads,
+    ``(kv_dim + v_dim) / t``; or, where ``engine`` caches MLA's latent (:func:`caches_latent`), the compressed
+    latent and the shared rotary key, ``kv_lora_rank + qk_rope_head_dim``, the same on every TP rank (DeepSeek-V2,
+    Liu et al. 2024, Sec. 2.1.2: 576 for DeepSeek-V2/V3 against 40,960 up-projected; vLLM
+    ``vllm/v1/attention/backends/mla/common.py``, SGLang ``MLATokenToKVPool``, TensorRT-LLM's compressed KV)."""
+    if caches_latent(m, engine):
+        return m.kv_lora_rank + m.qk_rope_head_dim
+    return (m.kv_dim + m.v_dim) // tp
+
+
+def kv_cache_bytes_per_worker(m: ModelSpec, tokens: int, tp: int, pp: int, dtype: str = "fp16",
+                              engine: EngineSpec | None = None) -> list[int]:
+    """KV-cache bytes of each worker (rank order) holding ``tokens`` cached tokens: its stage's layers times
+    :func:`kv_elements_per_token` under ``engine``."""
     check_tp(m, tp)
-    nb = dtype_bytes(dtype)
-    return [2 * (b - a) * tokens * (m.kv_dim // tp) * nb for a, b in _stages(m, pp) for _ in range(tp)]
+    per_layer = tokens * kv_elements_per_token(m, tp, engine) * dtype_bytes(dtype)
+    return [(b - a) * per_layer for a, b in _stages(m, pp) for _ in range(tp)]
 
 
 def _pipeline_p2p_s(m: ModelSpec, gpu: GPUSpec, tokens: int, pp: int, nb: int) -> float:
@@ -234,15 +254,25 @@ def prefill_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prompt_len: int, *, b
 
 
 def kv_read_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, kv_tokens: int, tp: int = 1,
-                   kv_dtype: str | None = None, queries: int = 1, reads: float = 1.0) -> float:
+                   kv_dtype: str | None = None, queries: int = 1, reads: float = 1.0,
+                   engine: EngineSpec | None = None) -> float:
     """Seconds one layer's decode attention takes over ``kv_tokens`` cached tokens on one of ``tp`` ranks: the
-    larger of its FLOPs (scores and values, ``4 · queries · n · q_dim / t``) at the ``dtype`` peak and its K/V
-    reads (``kv_dtype``, default ``dtype``) from HBM. ``queries``: query tokens per cached token read (1 for a
-    decode step; a prefill chunk's length for its attention over the chunks before it, the K/V read once per
-    query tile). ``reads``: times each cached byte is read (:meth:`EngineSpec.decode_kv_reads`: the query heads
-    per key/value head for a decode kernel that does not share a GQA group's loads)."""
-    flops = 4.0 * queries * kv_tokens * m.q_dim / tp
-    nbytes = 2.0 * kv_tokens * (m.kv_dim / tp) * dtype_bytes(kv_dtype or dtype) * reads
+    larger of its FLOPs (scores and values, ``4 · queries · n · q_dim / t``) at the ``dtype`` peak and its cache
+    reads (:func:`kv_elements_per_token` under ``engine``, ``kv_dtype``, default ``dtype``) from HBM. ``queries``:
+    query tokens per cached token read (1 for a decode step; a prefill chunk's length for its attention over the
+    chunks before it, the K/V read once per query tile). ``reads``: times each cached byte is read
+    (:meth:`EngineSpec.decode_kv_reads`: the query heads per key/value head for a decode kernel that does not
+    share a GQA group's loads). A decode step over MLA's latent (:func:`caches_latent`) reads the latent once for
+    all heads and attends in its space, the key and value up-projections absorbed: ``2 · (2·d_c + d_r)`` FLOPs per
+    head and cached token (scores over ``d_c + d_r``, values over ``d_c``; vLLM ``mla/common.py``'s decode path);
+    a prefill chunk up-projects it and attends as multi-head attention (the up-projection GEMM is not priced)."""
+    latent = caches_latent(m, engine)
+    if latent and queries == 1:
+        flops = 2.0 * kv_tokens * (m.num_attention_heads / tp) * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+    else:
+        flops = 4.0 * queries * kv_tokens * m.q_dim / tp
+    per_token = kv_elements_per_token(m, tp, engine) * (1.0 if latent else reads)
+    nbytes = kv_tokens * per_token * dtype_bytes(kv_dtype or dtype)
     return max(flops / (gpu.peak_flops_per_s(dtype) * gpu.compute_efficiency), nbytes / gpu.hbm_bandwidth_bytes_per_s)
 
 
@@ -264,7 +294,7 @@ def window_read_s(m: ModelSpec, gpu: GPUSpec, dtype: str, tokens: float, *, tp: 
         return 0.0
     g = gpu if engine is None else _engine_gpu(gpu, engine)
     reads = 1.0 if engine is None else engine.decode_kv_reads(m.num_attention_heads, m.num_kv_heads)
-    return m.sliding_window_layers * kv_read_time_s(m, g, dtype, tokens, tp, kv_dtype, reads=reads)
+    return m.sliding_window_layers * kv_read_time_s(m, g, dtype, tokens, tp, kv_dtype, reads=reads, engine=engine)
 
 
 def _kv_layers_s(m, g, dtype, kv_tokens, windowed, tp, kv_dtype, **kw) -> float:
@@ -285,7 +315,7 @@ def _decode_gpu_s(m, gpu, dtype, batch, kv_tokens, tp, pp, engine, weights, kv_d
     if windowed is None:
         windowed = batch * min(kv_tokens / batch, m.sliding_window) if m.sliding_window_layers else kv_tokens
     return (_forward_s(m, gpu, dtype, batch, 1, tp, engine, weights, prefill=False)
-            + _kv_layers_s(m, g, dtype, kv_tokens, windowed, tp, kv_dtype, reads=reads)
+            + _kv_layers_s(m, g, dtype, kv_tokens, windowed, tp, kv_dtype, reads=reads, engine=engine)
             + _pipeline_p2p_s(m, gpu, batch, pp, dtype_bytes(dtype)))
 
 
@@ -308,7 +338,7 @@ def chunk_context_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, chunk_lens: Seq
     :func:`kv_read_time_s` over its context with the chunk's tokens as queries. A whole prompt (context 0)
     costs nothing here: its causal attention is in the prefill pass."""
     g = gpu if engine is None else _engine_gpu(gpu, engine)
-    return sum(_kv_layers_s(m, g, dtype, int(p), window_tokens(m, [p]), tp, kv_dtype, queries=int(c))
+    return sum(_kv_layers_s(m, g, dtype, int(p), window_tokens(m, [p]), tp, kv_dtype, queries=int(c), engine=engine)
                for c, p in zip(chunk_lens, contexts) if p > 0 and c > 0)
 
 
@@ -376,7 +406,7 @@ def kv_capacity_tokens(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, *, tp: in
     seqs = engine.default_max_num_seqs(gpu) if max_num_seqs is None else max_num_seqs
     tokens = max_num_batched_tokens if max_num_batched_tokens is not None else (engine.max_num_batched_tokens or 2048)
     act = activation_peak_bytes(m, tp, tokens, seqs, dtype)
-    per_token = kv_cache_bytes_per_worker(m, 1, tp, pp, kv_dtype or dtype)
+    per_token = kv_cache_bytes_per_worker(m, 1, tp, pp, kv_dtype or dtype, engine)
     best = None
     for wbytes, kv in zip(weight_bytes_per_worker(m, tp, pp, dtype, w), per_token):
         used = wbytes + act + engine.non_torch_memory_bytes

@@ -18,7 +18,9 @@ field (the ``sources`` table of the data file):
 * **KV cache**: block size in tokens (``kv_block_tokens``; 0 = no paging), the memory budget rule
   (``memory_budget``: ``total`` — a fraction ``gpu_memory_utilization`` of the device memory holds weights,
   activations and KV, vLLM / SGLang; ``free`` — a fraction of the memory left after the engine is loaded,
-  TensorRT-LLM), the default ``max_num_seqs`` and the chunked-prefill token budget;
+  TensorRT-LLM), the default ``max_num_seqs`` and the chunked-prefill token budget, and whether a multi-head
+  latent attention model (DeepSeek-V2/V3) caches its compressed latent rather than its up-projected keys and values
+  (``mla_latent_cache``);
 * **weight dtypes** per GPU generation (``weight_dtypes``) and where FP8 weights run on FP8 tensor cores
   (``fp8_compute``; elsewhere FP8 is weight-only, W8A16, as vLLM's FP8 Marlin kernel on Ampere). INT8 and INT4
   are weight-only (W8A16 / W4A16): fewer bytes read, 16-bit GEMMs.
@@ -61,7 +63,7 @@ _FIELDS_WITH_SOURCES = ("decode_path", "prefill_graphs", "cuda_graph_batch_sizes
                         "memory_budget", "gpu_memory_utilization", "max_num_seqs", "chunked_prefill",
                         "max_num_batched_tokens", "non_torch_memory_gib", "step_overhead_s", "hbm_efficiency", "weight_dtypes",
                         "fp8_compute", "gqa_decode_kv_shared", "tp_allreduce", "kv_watermark",
-                        "window_kv_blocks")
+                        "window_kv_blocks", "mla_latent_cache")
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -125,6 +127,12 @@ class EngineSpec(BaseModel):
             at the next step, :func:`hetplan.estimate.inference.kv_layer_blocks`); False: every layer holds every
             cached token (the window is applied by the attention kernel only), or the engine splits its memory
             among per-window pools in proportions not modelled — an upper bound on the KV memory either way.
+        mla_latent_cache: for a multi-head latent attention model (:attr:`hetplan.model.spec.ModelSpec.is_mla`),
+            the cache holds each token's compressed latent and rotary key, ``kv_lora_rank + qk_rope_head_dim``
+            elements per layer, whole on every TP rank, and decode attends in the latent space (the key and value
+            up-projections absorbed into the query and output; DeepSeek-V2, Sec. 2.1.2); False: the up-projected
+            keys and values of every head are cached, as for multi-head attention
+            (:func:`hetplan.estimate.inference.kv_elements_per_token`).
         sources: ``{field: source}``.
     """
 
@@ -155,6 +163,7 @@ class EngineSpec(BaseModel):
     tp_allreduce: Literal["nccl", "custom", "auto"] = "nccl"
     kv_watermark: float = Field(default=0.0, ge=0, lt=1)
     window_kv_blocks: bool = False
+    mla_latent_cache: bool = False
     sources: Mapping[str, str]
 
     @property

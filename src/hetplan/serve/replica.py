@@ -202,7 +202,7 @@ def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacit
             tokens = 0
     elif n_models == 1:
         weights = weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights)
-        per_token = kv_cache_bytes_per_worker(spec, 1, tp, pp, dtype)
+        per_token = kv_cache_bytes_per_worker(spec, 1, tp, pp, dtype, stack.engine)
         tokens = min((capacity_bytes - w) // max(k, 1) for w, k in zip(weights, per_token))
     else:  # the pool each resident model reserves: scheduler.max_batch_size (8 unless set) sequences, not the
         # engine's max_num_seqs, whose 256-1,024 longest sequences would not leave room for another model
@@ -236,7 +236,8 @@ def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, wf: W
     tokens = pool if pool is not None else max_running(wf, stack, gpu) * s.kv_cache_len
     block = kv_settings(wf, stack).block_tokens
     return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights),
-                    step_model(spec, gpu, tp, pp, dtype, stack), kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype),
+                    step_model(spec, gpu, tp, pp, dtype, stack),
+                    kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype, stack.engine),
                     kv_blocks=None if pool is None else pool // block,
                     kv_window_spec=spec if pool is not None and kv_windowed(spec, stack.engine) else None)
 
