@@ -319,3 +319,27 @@ def test_mla_latent_cache_of_the_engines_that_keep_it():
     # the KV pool of an 8 x H200 replica holds ~9x the tokens (the weights and workspace are the same)
     big = [kv_capacity_tokens(m, h200, e, tp=8, dtype="bf16", weights="fp8") for e in (latent, expanded)]
     assert 8 < big[0] / big[1] < 10
+
+
+def test_engines_replicate_key_value_heads_beyond_their_count():
+    """Gemma 3 4B has 4 key/value heads: at TP 8 a serving engine gives each rank one, replicated (vLLM's
+    QKVParallelLinear num_kv_head_replicas), so each rank caches 512 elements per token and layer as at TP 4 and
+    holds its K/V projections' whole head; hetplan's own engine, which splits the heads, refuses TP 8 (field tp).
+    A TP degree the query heads do not divide stays refused (6 heads over TP 4)."""
+    from hetplan.estimate.inference import check_tp, kv_elements_per_token
+
+    m, v = load_model("gemma3-4b"), get_engine("vllm@0.10")
+    assert (m.num_attention_heads, m.num_kv_heads, m.head_dim) == (8, 4, 256)
+    assert kv_elements_per_token(m, 4, v) == kv_elements_per_token(m, 8, v) == 2 * 256
+    assert kv_cache_bytes_per_worker(m, 10, 8, 1, "bf16", v) == [m.num_layers * 10 * 512 * 2] * 8
+    w4, w8 = (weight_bytes_per_worker(m, tp, 1, "bf16", None, v)[0] for tp in (4, 8))
+    kv_proj = m.num_layers * m.hidden_size * (m.kv_dim + m.v_dim) * 2  # bytes of every layer's K and V weights
+    assert w8 == pytest.approx(w4 / 2 + kv_proj / 4 - kv_proj / 8, abs=m.num_layers)  # one of 4 heads, not 1/8
+    h100 = get_gpu("H100-SXM")
+    assert kv_capacity_tokens(m, h100, v, tp=8, dtype="bf16") > 0
+    with pytest.raises(HetplanError) as e:
+        check_tp(m, 8)  # hetplan's own engine splits the heads
+    assert e.value.field == "tp"
+    three = m.model_copy(update={"num_kv_heads": 2, "num_attention_heads": 6})
+    with pytest.raises(HetplanError):
+        check_tp(three, 4, v)  # 6 query heads do not split over 4 ranks

@@ -218,7 +218,8 @@ def register(app: typer.Typer) -> None:
         of llm-foundry, NeMo 24.07 and fms-fsdp (a seeded half of llm-foundry's fitted that stack's residuals, the
         rest held out; the issue's independent check: median ≤ 10 %, no
         row beyond 25 %); llm_foundry_a100: llm-foundry's A100 80GB / 40GB tables of 2023, all held out; serving: published TensorRT-LLM and vLLM serving benchmarks (TTFT, TPOT, tokens/s)
-        against the engine-aware inference cost model (docs/serving.md)."""
+        against the engine-aware inference cost model (docs/serving.md); energy: measured J per instruction and
+        average power per GPU against the power model (hetplan.energy.validation, docs/energy.md)."""
         from hetplan.calibration import independent, modern, serving
         from hetplan.errors import HetplanError
         from hetplan.calibration import validation as v

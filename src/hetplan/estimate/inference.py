@@ -85,17 +85,32 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
-def check_tp(m: ModelSpec, tp: int) -> None:
-    """Heads, key/value heads and MLP width must split over ``tp`` ranks (Megatron-LM sharding).
+def check_tp(m: ModelSpec, tp: int, engine: EngineSpec | None = None) -> None:
+    """Heads, key/value heads and MLP width must split over ``tp`` ranks (Megatron-LM sharding). Under a serving
+    ``engine`` a TP degree that is a multiple of the key/value heads replicates them instead, one per rank (vLLM
+    ``vllm/model_executor/layers/linear.py`` ``QKVParallelLinear``: ``num_kv_head_replicas = tp_size //
+    total_num_kv_heads``, which SGLang's layers share; TensorRT-LLM ``max(num_kv_heads // tp, 1)``): an MQA model
+    serves at any TP; hetplan's own engine (``engine=None``) splits them.
 
     Raises:
-        HetplanError: one of them is not divisible by ``tp``.
+        HetplanError: one of them is not divisible by ``tp`` (and, under an engine, the key/value heads neither
+            divide ``tp``).
     """
-    for what, n in (("num_attention_heads", m.num_attention_heads), ("num_kv_heads", m.num_kv_heads),
+    g = m.num_kv_heads
+    replicated = engine is not None and tp > g and tp % g == 0
+    for what, n in (("num_attention_heads", m.num_attention_heads), ("num_kv_heads", g),
                     ("ffn_hidden_size", m.ffn_hidden_size)):
-        if n % tp:
+        if n % tp and not (what == "num_kv_heads" and replicated):
             raise HetplanError(f"{what} = {n} of model {m.name} is not divisible by TP = {tp}", field="tp",
-                               fix=f"choose a TP degree that divides {n}")
+                               fix=f"choose a TP degree that divides {n}" + (
+                                   f" (or, for the key/value heads, a multiple of {g}: an engine replicates them)"
+                                   if what == "num_kv_heads" and engine is not None else ""))
+
+
+def kv_heads_per_rank(m: ModelSpec, tp: int) -> int:
+    """Key/value heads one of ``tp`` ranks holds: ``g / t``, or one, replicated, where ``t`` exceeds ``g``
+    (:func:`check_tp`)."""
+    return max(m.num_kv_heads // tp, 1)
 
 
 def _stages(m: ModelSpec, pp: int) -> list[tuple[int, int]]:
@@ -106,22 +121,25 @@ def _stages(m: ModelSpec, pp: int) -> list[tuple[int, int]]:
 
 
 def weight_bytes_per_worker(m: ModelSpec, tp: int, pp: int, dtype: str = "fp16",
-                            weights: str | None = None) -> list[int]:
+                            weights: str | None = None, engine: EngineSpec | None = None) -> list[int]:
     """Weight bytes of each worker in rank order (rank = pp_rank · TP + tp_rank): its stage's parameters as the
     training memory model counts them, divided over TP, times the dtype size; ``weights`` (fp8 / int8 / int4 ...,
-    default ``dtype``): the layers' weights at that size, the embedding and head at ``dtype``'s.
+    default ``dtype``): the layers' weights at that size, the embedding and head at ``dtype``'s. Key/value heads
+    an ``engine`` replicates over TP (:func:`check_tp`) add their projections' share on each rank.
 
     Raises:
         HetplanError: TP does not divide the model, PP exceeds the layers, unknown dtype.
     """
-    check_tp(m, tp)
+    check_tp(m, tp, engine)
     nb = dtype_bytes(dtype)
     wb = _weight_bytes(weights or dtype)
+    # per layer: the K and V projections of the rank's kv_heads_per_rank heads, beyond their 1/tp share
+    replicated = m.hidden_size * (m.kv_dim + m.v_dim) * (kv_heads_per_rank(m, tp) / m.num_kv_heads - 1 / tp)
     out = []
     for i, (a, b) in enumerate(_stages(m, pp)):
         params = float(stage_parameters(m, b - a, i == 0, i == pp - 1, pp == 1))
         rest = float(stage_parameters(m, 0, i == 0, i == pp - 1, pp == 1))
-        out += [int(round(((params - rest) * wb + rest * nb) / tp))] * tp
+        out += [int(round(((params - rest) * wb + rest * nb) / tp + (b - a) * replicated * wb))] * tp
     return out
 
 
@@ -139,21 +157,21 @@ def caches_latent(m: ModelSpec, engine: EngineSpec | None) -> bool:
 
 
 def kv_elements_per_token(m: ModelSpec, tp: int, engine: EngineSpec | None = None) -> int:
-    """Cache elements one TP rank holds per token and layer: the keys and values of its ``g/t`` key/value heads,
-    ``(kv_dim + v_dim) / t``; or, where ``engine`` caches MLA's latent (:func:`caches_latent`), the compressed
+    """Cache elements one TP rank holds per token and layer: the keys and values of its key/value heads
+    (:func:`kv_heads_per_rank`), ``(kv_dim + v_dim) / t`` where ``t`` divides them; or, where ``engine`` caches MLA's latent (:func:`caches_latent`), the compressed
     latent and the shared rotary key, ``kv_lora_rank + qk_rope_head_dim``, the same on every TP rank (DeepSeek-V2,
     Liu et al. 2024, Sec. 2.1.2: 576 for DeepSeek-V2/V3 against 40,960 up-projected; vLLM
     ``vllm/v1/attention/backends/mla/common.py``, SGLang ``MLATokenToKVPool``, TensorRT-LLM's compressed KV)."""
     if caches_latent(m, engine):
         return m.kv_lora_rank + m.qk_rope_head_dim
-    return (m.kv_dim + m.v_dim) // tp
+    return (m.kv_dim + m.v_dim) // m.num_kv_heads * kv_heads_per_rank(m, tp)
 
 
 def kv_cache_bytes_per_worker(m: ModelSpec, tokens: int, tp: int, pp: int, dtype: str = "fp16",
                               engine: EngineSpec | None = None) -> list[int]:
     """KV-cache bytes of each worker (rank order) holding ``tokens`` cached tokens: its stage's layers times
     :func:`kv_elements_per_token` under ``engine``."""
-    check_tp(m, tp)
+    check_tp(m, tp, engine)
     per_layer = tokens * kv_elements_per_token(m, tp, engine) * dtype_bytes(dtype)
     return [(b - a) * per_layer for a, b in _stages(m, pp) for _ in range(tp)]
 
@@ -249,7 +267,7 @@ def prefill_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prompt_len: int, *, b
                    pp: int = 1, engine: EngineSpec | None = None, weights: str | None = None) -> float:
     """Seconds to prefill ``batch`` prompts of ``prompt_len`` tokens (module docstring), with the engine's
     per-step overhead when ``engine`` is given."""
-    check_tp(m, tp)
+    check_tp(m, tp, engine)
     return _prefill_gpu_s(m, gpu, dtype, prompt_len, batch, tp, pp, engine, weights) + _overhead_s(engine)
 
 
@@ -326,7 +344,7 @@ def decode_step_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, batch: int, kv_to
     engine's per-step overhead when ``engine`` is given)."""
     if batch == 0:
         return 0.0
-    check_tp(m, tp)
+    check_tp(m, tp, engine)
     return _decode_gpu_s(m, gpu, dtype, batch, kv_tokens, tp, pp, engine, weights, kv_dtype) + _overhead_s(engine)
 
 
@@ -351,7 +369,7 @@ def step_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, prefill_lens: Sequence[i
     running requests (``decode_contexts``: tokens each holds in the cache); the engine's per-step overhead once."""
     if not prefill_lens and not decode_contexts:
         return 0.0
-    check_tp(m, tp)
+    check_tp(m, tp, engine)
     t = (_prefill_gpu_s(m, gpu, dtype, max(prefill_lens), len(prefill_lens), tp, pp, engine, weights)
          if prefill_lens else 0.0)
     if prefill_contexts:
@@ -395,7 +413,7 @@ def kv_capacity_tokens(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, *, tp: in
             (field ``quantization``); ``gpu_memory_utilization`` outside (0, 1].
         InfeasibleError: the weights and workspace leave no room for one block (field ``gpu``).
     """
-    check_tp(m, tp)
+    check_tp(m, tp, engine)
     engine.attention_kernel(gpu)  # raises (field engine) where the release does not run on this GPU generation
     w = weights or dtype
     engine.check_weight_dtype(w, gpu)
@@ -408,7 +426,7 @@ def kv_capacity_tokens(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, *, tp: in
     act = activation_peak_bytes(m, tp, tokens, seqs, dtype)
     per_token = kv_cache_bytes_per_worker(m, 1, tp, pp, kv_dtype or dtype, engine)
     best = None
-    for wbytes, kv in zip(weight_bytes_per_worker(m, tp, pp, dtype, w), per_token):
+    for wbytes, kv in zip(weight_bytes_per_worker(m, tp, pp, dtype, w, engine), per_token):
         used = wbytes + act + engine.non_torch_memory_bytes
         budget = (u * gpu.memory_bytes - used) if engine.memory_budget == "total" else u * (gpu.memory_bytes - used)
         n = int(budget // kv) if budget > 0 else 0
@@ -416,7 +434,7 @@ def kv_capacity_tokens(m: ModelSpec, gpu: GPUSpec, engine: EngineSpec, *, tp: in
     block = max(1, engine.kv_block_tokens)
     n = (best or 0) // block * block
     if n <= 0:
-        need = max(weight_bytes_per_worker(m, tp, pp, dtype, w)) / 2**30
+        need = max(weight_bytes_per_worker(m, tp, pp, dtype, w, engine)) / 2**30
         raise InfeasibleError(
             f"{m.name} ({w} weights, {need:.1f} GiB per GPU at TP {tp} x PP {pp}) leaves no KV-cache room on "
             f"{gpu.name} ({gpu.memory_bytes / 2**30:.0f} GiB, {engine.label} budget {u:g})", field="gpu",

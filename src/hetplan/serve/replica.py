@@ -201,7 +201,7 @@ def kv_pool_tokens(wf: WorkloadFile, spec, tp: int, pp: int, dtype: str, capacit
         except InfeasibleError:
             tokens = 0
     elif n_models == 1:
-        weights = weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights)
+        weights = weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights, stack.engine)
         per_token = kv_cache_bytes_per_worker(spec, 1, tp, pp, dtype, stack.engine)
         tokens = min((capacity_bytes - w) // max(k, 1) for w, k in zip(weights, per_token))
     else:  # the pool each resident model reserves: scheduler.max_batch_size (8 unless set) sequences, not the
@@ -235,7 +235,7 @@ def sim_model(name: str, spec, gpu: GPUSpec, tp: int, pp: int, dtype: str, wf: W
     pool = kv_pool_tokens(wf, spec, tp, pp, dtype, capacity_bytes, n_models, gpu, stack)
     tokens = pool if pool is not None else max_running(wf, stack, gpu) * s.kv_cache_len
     block = kv_settings(wf, stack).block_tokens
-    return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights),
+    return SimModel(name, weight_bytes_per_worker(spec, tp, pp, dtype, stack.weights, stack.engine),
                     step_model(spec, gpu, tp, pp, dtype, stack),
                     kv_cache_bytes_per_worker(spec, tokens, tp, pp, dtype, stack.engine),
                     kv_blocks=None if pool is None else pool // block,
