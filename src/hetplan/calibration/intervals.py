@@ -500,13 +500,25 @@ def add_intervals(summaries: list[dict], catalog: Catalog, calibration=None) -> 
     plans on the GPUs and stack it was fitted on) or from hetplan's held-out validation rows."""
     from hetplan.model.spec import load_model
 
-    residuals = list(load_residuals())
     for s in summaries:
         job = s["plan"]["job"]
         gpus = [catalog.get(st["gpu"]) for st in s["stages"]]
         moe = load_model(job["model"]).is_moe
         interval = plan_interval(job, gpus, moe, s["num_gpus"], calibration)
-        annotate(s, interval, mfu_record(residuals, stack_name(job), gpus[0].name, moe))
+        annotate(s, interval, package_mfu_record(stack_name(job), gpus[0].name, moe))
+
+
+@lru_cache(maxsize=256)
+def package_mfu_record(stack: str, gpu: str, moe: bool) -> Residual | None:
+    """:func:`mfu_record` of the package's residual table (once per stack, GPU and kind: a search annotates every
+    plan it shows)."""
+    return mfu_record(load_residuals(), stack, gpu, moe)
+
+
+@lru_cache(maxsize=256)
+def package_interval(stack: str, generation: str, moe: bool, num_gpus: int) -> Interval | str:
+    """:func:`interval_from` the package's residual table and shifts (once per regime and GPU count)."""
+    return interval_from(list(load_residuals()), stack, generation, moe, num_gpus, package_shifts())
 
 
 def plan_interval(job, gpus: list[GPUSpec], moe: bool, num_gpus: int, calibration=None) -> Interval | str:
@@ -518,4 +530,4 @@ def plan_interval(job, gpus: list[GPUSpec], moe: bool, num_gpus: int, calibratio
     covered = calibration.interval_for({g.name for g in gpus}, stack) if calibration is not None else None
     if covered is not None:
         return covered
-    return interval_from(list(load_residuals()), stack, gpu_generation(gpus[0]), moe, num_gpus, package_shifts())
+    return package_interval(stack, gpu_generation(gpus[0]), moe, num_gpus)
