@@ -62,3 +62,58 @@ def test_eager_loss_peak_on_the_last_stage():
     recomputed = float(compute.counts.layer_activation_bytes(M, 2, 8192, 1, recompute="none", attention="flash"))
     recomputed += float(memory.sdpa_kv_bytes(M, 2, 8192, 1, expanded=True) - memory.sdpa_kv_bytes(M, 2, 8192, 1))
     assert float(mem.transient) >= memory.CROSS_ENTROPY_BYTES_PER_LOGIT["fp32"] * logits - head - recomputed - 1
+
+
+MIXTRAL = load_model("mixtral-8x7b")  # 32 MoE layers, h 4096, 8 experts top-2 of f 14336, no shared expert
+
+
+def test_moe_layer_recomputes_its_routed_experts_and_half_its_matmuls():
+    """A MoE layer under per-op SAC: ``aten._grouped_mm`` is on no save list, so backward runs the routed experts'
+    two grouped GEMMs again, and the token permutation; of the other matmuls (attention, router) every other one,
+    taken as half their time; the all-to-alls are saved (no communication again). Before, 0 was charged."""
+    from hetplan.estimate import moe
+
+    gpu = load_catalog().get("H100-SXM")
+    b, s, ep = 1, 4096, 8
+    router, up, down = moe.moe_mlp_gemm_times_s(MIXTRAL, gpu, "bf16", b, s, 1, ep, framework="fsdp")
+    attn, _ = compute.attention_gemm_times_s(MIXTRAL, gpu, "bf16", b, s, 1)
+    act = compute.counts.layer_activation_bytes(MIXTRAL, b, s, 1, recompute="none", attention="flash")
+    elem = compute.ELEMENTWISE_PASSES * act / gpu.hbm_bandwidth_bytes_per_s
+    want = 0.5 * (attn + router) + up + down + moe.permute_time_s(MIXTRAL, gpu, b, s, 1, ep) + elem
+    got = compute.op_sac_recompute_s(MIXTRAL, gpu, "bf16", b, s, 1, ep=ep, framework="fsdp")
+    assert float(got) == pytest.approx(float(want), rel=1e-12)
+    assert float(up + down) > 0.5 * float(got)  # the experts are most of it
+
+
+def test_moe_layer_keeps_its_all_to_all_outputs_not_its_expert_activations():
+    """Saved: block input, half the attention and router matmul outputs, SDPA output + lse, and the dispatch and
+    combine all-to-all outputs (2·k·sbh each; the dispatch side times the load imbalance)."""
+    b, s, h, k, a = 1, 4096, 4096, 2, 32
+    sb = b * s
+    attn_mm = 0.5 * 2 * sb * (4096 + 1024 + 1024 + 4096)
+    router = 0.5 * 2 * sb * 8
+    a2a = 2 * k * sb * h * (1.25 + 1.0)
+    want = 2 * sb * h + attn_mm + router + a2a + 2 * sb * 4096 + 4 * a * sb
+    got = float(memory.op_sac_activation_bytes(MIXTRAL, b, s, 1, imbalance=1.25))
+    assert got == pytest.approx(want, rel=1e-12)
+    none = float(compute.counts.layer_activation_bytes(MIXTRAL, b, s, 1, recompute="none", attention="flash"))
+    assert got < 0.5 * none
+
+
+def test_moe_plan_with_op_sac_sits_between_none_and_full():
+    """Mixtral 8x7B on 8 H100 under FSDP2 with EP 8: per-op SAC costs time (its experts run again) and saves
+    memory, both between no checkpointing and full; HFU counts the recomputed experts' FLOPs."""
+    from hetplan.estimate.estimator import estimate
+    from hetplan.plan import GPUPool, Job, Plan, Stage
+
+    def run(rc):
+        job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, framework="fsdp")
+        plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, zero=3, ep=8,
+                    stages=[Stage(pool=0, num_layers=32, tp=1, dp=8, recompute=rc)])
+        return estimate(plan, model=MIXTRAL)
+
+    none, sac, full = (run(rc) for rc in ("none", "selective", "full"))
+    assert none.iteration_time_s < sac.iteration_time_s < full.iteration_time_s
+    assert full.memory_bytes_per_gpu.activations < sac.memory_bytes_per_gpu.activations \
+        < none.memory_bytes_per_gpu.activations
+    assert sac.mfu < sac.hfu <= 1 and sac.hfu / sac.mfu > 1.2  # the routed experts' forward FLOPs again

@@ -351,7 +351,7 @@ def test_catalog_prices_of_an_empty_gpu_name_is_refused():
 
 def test_empty_names_are_refused_not_taken_as_absent(tmp_path):
     """simulate --policy "" kept the file's policy; import --model "" matched a preset, --gpu "" wrote gpu ""."""
-    refused(run_cli("simulate", ROOT / "examples" / "serve" / "workload.toml", "--policy", ""), "scheduler.policy")
+    refused(run_cli("simulate", ROOT / "examples" / "serve" / "workload.toml", "--policy", ""), "--policy")
     files = _launch("megatron")
     refused(_import(tmp_path, files, "--gpu", ""), "--gpu", "empty")
     refused(_import(tmp_path, files, "--model", " "), "--model", "empty")

@@ -16,7 +16,7 @@ import numpy as np
 
 from hetplan.degrees import Degrees
 from hetplan.estimate.comm import CommConstants
-from hetplan.estimate.compute import RECOMPUTE_CODES, op_sac_matmuls, pool_gpu
+from hetplan.estimate.compute import RECOMPUTE_CODES, op_sac_recomputed_weights, pool_gpu
 from hetplan.estimate.iteration import assemble_iteration, boundary_time_s
 from hetplan.estimate.options import TrainingOptions
 from hetplan.estimate.schedule import simulate, simulate_many
@@ -144,15 +144,15 @@ def hardware_flops_per_iteration(m: ModelSpec, s: Any, global_batch: Any, recomp
     recomputes the scores ``QKᵀ`` (``2·b·s²·q`` per layer; Dao et al. 2022 Sec. 3.1) on the share
     ``all_layers_weight`` of the layers, and selective recomputation adds nothing (nothing is stored to skip;
     Megatron-LM skips the core-attention checkpoint under flash). Under torchtitan's per-op SAC (``op_sac``, what
-    selective means with ``framework = "fsdp"``) the recomputed part is every other matmul of a dense layer,
-    ``2·b·s`` FLOPs per element of the weights of :func:`hetplan.estimate.compute.op_sac_matmuls`' even entries
-    (``wk``, ``wo``, ``w3``; 0 for MoE / MLA layers, whose op-SAC the estimator does not model). Arrays broadcast."""
+    selective means with ``framework = "fsdp"``) the recomputed part is every other matmul of a dense layer and a
+    MoE layer's routed experts, ``2·b·s`` FLOPs per element of
+    :func:`hetplan.estimate.compute.op_sac_recomputed_weights`. Arrays broadcast."""
     rc = np.asarray(recompute_code)
     flash = np.asarray(flash)
     global_batch, s = counts.as_float(global_batch), counts.as_float(s)
     layer_f = counts.layer_forward_flops(m, global_batch, s)
     core_f = 4 * global_batch * s * s * m.q_dim
-    sac_weights = 0.0 if m.is_moe or m.is_mla else float(sum(w for w, _ in op_sac_matmuls(m)[1::2]))
+    sac_weights = op_sac_recomputed_weights(m)
     selective = np.where(np.asarray(op_sac), 2 * global_batch * s * sac_weights, np.where(flash, 0.0, core_f))
     extra = np.where(rc == 2, layer_f, np.where(rc == 1, selective, 0.0)) * m.num_layers * num_layers_weight
     extra = extra + np.where(flash, core_f / 2, 0.0) * m.num_layers * all_layers_weight

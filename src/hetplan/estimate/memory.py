@@ -396,29 +396,41 @@ def dtensor_gathered_input_bytes(m: ModelSpec, b: Array, s_local: Array, t: Arra
 
 
 def op_sac_activation_bytes(m: ModelSpec, b: Array, s: Array, t: Array, sequence_parallel: Array = False,
-                            attention: str = "flash"):
-    """Bytes one dense layer keeps under torchtitan's per-op selective checkpointing (``_apply_op_sac``,
-    :func:`hetplan.estimate.compute.op_sac_recompute_s`): the block's input (the checkpoint's argument, ``2sbh``,
+                            attention: str = "flash", imbalance: Array = 1.0):
+    """Bytes one layer (mean over the model's layers) keeps under torchtitan's per-op selective checkpointing
+    (:func:`hetplan.estimate.compute.op_sac_recompute_s`): the block's input (the checkpoint's argument, ``2sbh``,
     split over TP ranks with sequence parallelism), the outputs of the odd-numbered matmuls
     (:func:`hetplan.estimate.compute.op_sac_matmuls`: ``wq``, ``wv``, ``w1``, ``w2`` of a Llama block) and of
     attention (``2sbq`` and the fp32 log-sum-exp), each split over the TP ranks. A row-parallel output (``wo``,
     ``w2``) is counted after its reduce-scatter, which is on the save list: the torchtitan rows that run SAC under
     TP use torch.compile / async TP, where the matmul and its reduce-scatter are one fused op and the full partial
     sum is never an op output (an assumption: eager TP would save the ``2sbh`` partial sum of ``w2`` too).
+    MoE and MLA layers: half their matmuls' outputs (every other one, of unequal widths), none of the routed
+    experts' grouped GEMM outputs (recomputed), and the outputs of the dispatch and combine all-to-alls, each
+    ``2·k·sbh/t`` (``imbalance`` x on the dispatch side) of the rank's routed copies.
     ``s``: this GPU's tokens. Bytes; arrays broadcast."""
     from hetplan.estimate.compute import op_sac_matmuls
 
     b, s = counts.as_float(b), counts.as_float(s)
     t = np.asarray(t, dtype=float)
     h, sb = m.hidden_size, s * b
-    saved = 0.0
-    for k, (_, width) in enumerate(op_sac_matmuls(m)):
-        if k % 2 == 0:  # 1st, 3rd, ... matmul: saved
-            saved = saved + 2 * sb * width / t
     attn = 2 * sb * m.q_dim / t + counts.FLASH_LSE_BYTES * m.num_attention_heads * sb / t
     scatter = np.where(t > 1, 2 * sb * h / t, 0.0)  # wo's reduce-scatter output (w2's is counted above)
     block_input = 2 * sb * h / np.where(np.asarray(sequence_parallel), t, 1.0)
-    return block_input + saved + attn + scatter
+    if not (m.is_moe or m.is_mla):
+        saved = sum(2 * sb * width / t for k, (_, width) in enumerate(op_sac_matmuls(m)) if k % 2 == 0)
+        return block_input + saved + attn + scatter
+    attn_mm = 0.5 * sum(2 * sb * width / t for _, width in counts.attention_linears(m))
+    f = m.ffn_hidden_size
+    dense_mm = 0.5 * 2 * sb * ((2 if m.gated_mlp else 1) * f + h) / t
+    n_moe = m.num_moe_layers
+    mlp = (m.num_layers - n_moe) * dense_mm / m.num_layers
+    if n_moe:
+        f_s = m.shared_expert_ffn_hidden_size
+        router_shared = 0.5 * 2 * sb * (m.num_experts + ((2 if m.gated_mlp else 1) * f_s + h if f_s else 0)) / t
+        a2a = 2 * m.experts_per_token * sb * h / t * (np.asarray(imbalance, dtype=float) + 1.0)
+        mlp = mlp + n_moe * (router_shared + a2a) / m.num_layers
+    return block_input + attn_mm + mlp + attn + scatter
 
 
 def stage_parameters(m: ModelSpec, num_layers: Array, has_embedding: Array, has_head: Array, single_stage: Array):
@@ -648,7 +660,8 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
 
     selective = act("selective")
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
-        selective = op_sac_activation_bytes(m, b, context.local_seq_len(s_all, cp), t, sp, attention)
+        selective = op_sac_activation_bytes(m, b, context.local_seq_len(s_all, cp), t, sp, attention,
+                                            options.moe_load_imbalance)
     # FP8 under Transformer Engine: linear inputs saved in FP8 (full recomputation saves only the bf16 layer input)
     saved = 0.0 if fp8_recipe is None else fp8.saved_activation_savings_bytes(m, b, context.local_seq_len(s, cp), t,
                                                                                sp, framework)

@@ -629,13 +629,13 @@ def grouped_gemm_rows(rows: Array, groups: Array, framework: str = "megatron"):
     return rows * np.minimum(groups, TE_COMPUTE_STREAMS)
 
 
-def moe_mlp_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, ep: Array = 1,
-                   etp: Array = 1, imbalance: Array = 1.0, framework: str = "megatron"):
-    """Forward GEMM time of the MoE MLPs (router, grouped experts, shared experts: :func:`moe_mlp_gemms`) on one
-    rank, mean over the model's layers (dense layers count 0); what ``--recompute-modules moe`` runs again. The
-    routed experts' grouped GEMM runs at :func:`grouped_gemm_ceiling` of ``framework``'s kernel, its shape
-    efficiency on the rows that run at once (:func:`grouped_gemm_rows`)."""
-    moe_s = 0.0
+def moe_mlp_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, ep: Array = 1,
+                         etp: Array = 1, imbalance: Array = 1.0, framework: str = "megatron") -> list:
+    """Forward time of each GEMM of :func:`moe_mlp_gemms` (router, the routed experts' two grouped GEMMs, the
+    shared experts') in one MoE layer on one rank. The routed experts' grouped GEMM runs at
+    :func:`grouped_gemm_ceiling` of ``framework``'s kernel, its shape efficiency on the rows that run at once
+    (:func:`grouped_gemm_rows`)."""
+    out = []
     for i, (M, N, K, groups, eff) in enumerate(moe_mlp_gemms(m, b, s, t, ep, etp, imbalance)):
         rows = M / eff  # padded rows per group
         d = fp8.high_precision(dtype) if i == 0 else dtype  # the router stays bf16 under FP8
@@ -645,5 +645,13 @@ def moe_mlp_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t
         e = compute.gemm_efficiency(gpu, grouped_gemm_rows(rows, groups, framework), N, K, d)
         if i in (1, 2):  # the routed experts' grouped GEMM
             e = e * grouped_gemm_ceiling(gpu, d, framework) / fp8.gemm_ceiling(gpu, d)
-        moe_s = moe_s + np.maximum(flops / (gpu.peak_flops_per_s(d) * e), bytes_ / gpu.hbm_bandwidth_bytes_per_s)
-    return moe_s * m.num_moe_layers / m.num_layers
+        out.append(np.maximum(flops / (gpu.peak_flops_per_s(d) * e), bytes_ / gpu.hbm_bandwidth_bytes_per_s))
+    return out
+
+
+def moe_mlp_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, ep: Array = 1,
+                   etp: Array = 1, imbalance: Array = 1.0, framework: str = "megatron"):
+    """Forward GEMM time of the MoE MLPs (:func:`moe_mlp_gemm_times_s`) on one rank, mean over the model's layers
+    (dense layers count 0); what ``--recompute-modules moe`` runs again."""
+    return sum(moe_mlp_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, imbalance, framework)) \
+        * m.num_moe_layers / m.num_layers

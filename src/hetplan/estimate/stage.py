@@ -316,7 +316,8 @@ def stage_costs(
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, loss_kind if framework == "fsdp" else cross_entropy)
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
         lb = lb + np.where(rc == Recompute.SELECTIVE, compute.op_sac_recompute_s(
-            m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes, stack.projections), 0.0)
+            m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes, stack.projections, ep, etp,
+            moe_load_imbalance, framework), 0.0)
     if recompute_layers is None:
         layers_bwd, layers_tp = num_layers * lb, num_layers * ltp
     else:  # r layers recompute, the others do not (their backward is the plain one)
