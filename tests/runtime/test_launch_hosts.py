@@ -46,3 +46,23 @@ def test_a_gb200_job_of_whole_trays_uses_them_and_its_launch_round_trips(tmp_pat
     r = run_cli("plan", "--model", "llama3-8b", "--gpu", "H100-SXM", "--gpus", "16", "--use-gpus", "12",
                 "--seq-len", "4096", "--global-batch", "96")
     assert r.code == 2 and "hosts of 8 GPUs" in r.stderr
+
+
+def test_hosts_larger_than_the_launch_say_how_to_start_them():
+    """Stages on 8-GPU H100 servers and on 4-GPU trays: the launch starts 4 processes per node (torchrun starts
+    the same number on every node), so an 8-GPU server must run two nodes of 4 — the export says so, with the
+    devices each takes; a plan on one host size says nothing of it."""
+    from hetplan.model.spec import load_model
+    from hetplan.plan import Job, Plan, Stage
+    from hetplan.runtime import exporters
+
+    job = Job(model="llama3-8b", seq_len=4096, global_batch=64)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8), GPUPool(gpu="GB200", count=8)], mbs=1, zero=1,
+                stages=[Stage(pool=0, num_layers=16, tp=1, dp=8), Stage(pool=1, num_layers=16, tp=1, dp=8)])
+    assert plan.processes_per_host == 4
+    notes = " ".join(exporters.export(plan, load_model("llama3-8b"), "megatron").notes)
+    assert "pool 0 (H100-SXM) has hosts of 8 GPUs" in notes and "start 2 nodes on each such host" in notes
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3, CUDA_VISIBLE_DEVICES=4,5,6,7" in notes
+    one = plan.model_copy(update={"pools": [GPUPool(gpu="H100-SXM", count=16)],
+                                  "stages": [Stage(pool=0, num_layers=16, tp=1, dp=8)] * 2})
+    assert "hosts of" not in " ".join(exporters.export(one, load_model("llama3-8b"), "megatron").notes)

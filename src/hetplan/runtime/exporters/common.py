@@ -138,12 +138,24 @@ def _interleaved_units(plan: Plan, spec: ModelSpec, v: int, what: str) -> tuple[
 
 def _pools_note(plan: Plan, nproc: int) -> str | None:
     """Which node ranks each stage's pool must supply, when stages sit on different GPU types (ranks are
-    pipeline-outermost in all three frameworks, so stage i holds ranks [i*n, (i+1)*n) for n GPUs per stage)."""
+    pipeline-outermost in all three frameworks, so stage i holds ranks [i*n, (i+1)*n) for n GPUs per stage); and,
+    where a pool's hosts hold more GPUs than the launch starts per host (``nproc``, the least
+    :attr:`~hetplan.plan.GPUPool.launch_gpus` of the pools used, :attr:`~hetplan.plan.Plan.processes_per_host`), how
+    such a host runs several launches."""
+    notes, per_host = [], plan.processes_per_host
+    for k in sorted({st.pool for st in plan.stages}):
+        g = plan.pools[k].launch_gpus
+        if g > per_host:  # torchrun / the DeepSpeed launcher start the same process count on every node
+            halves = ", ".join(f"CUDA_VISIBLE_DEVICES={','.join(str(d) for d in range(i, i + per_host))}"
+                               for i in range(0, g, per_host))
+            notes.append(f"pool {k} ({plan.pools[k].gpu}) has hosts of {g} GPUs and the launch starts {per_host} "
+                         f"processes per node: start {g // per_host} nodes on each such host, each with its own node "
+                         f"rank and {halves}")
     if len({plan.pools[st.pool].gpu for st in plan.stages}) < 2:
-        return None
+        return "; ".join(notes) or None
     parts, rank = [], 0
     for i, st in enumerate(plan.stages):
         size = st.tp * degree(plan, i, "cp") * st.dp
         parts.append(f"stage {i} on {plan.pools[st.pool].gpu}: node ranks {rank // nproc}-{(rank + size - 1) // nproc}")
         rank += size
-    return "mixed GPU types: start the nodes so that " + "; ".join(parts)
+    return "; ".join(["mixed GPU types: start the nodes so that " + "; ".join(parts), *notes])
