@@ -194,3 +194,28 @@ def test_a_stack_without_sequence_parallelism_gets_no_sp_plans_and_no_duplicates
     plans = [rp.plan for rp in res.plans]
     assert not any(p.sequence_parallel for p in plans)
     assert len({p.model_dump_json() for p in plans}) == len(plans)
+
+
+def test_cli_pareto_keeps_the_deadline(tmp_path):
+    """The frontier applied the SLO and the budget but not the deadline: under a 25.9 s deadline (3e-4 days) the
+    ranking's cheapest plan by the deadline was 6 A6000s at $0.2448, while the frontier's "cheapest" point was 3
+    A6000s at $0.1719 taking 34.4 s, past the deadline."""
+    days = 3e-4
+    r = hetplan("plan", ROOT / "examples" / "espresso_open_llama_3b.toml", "--deadline-days", days, "--pareto",
+                tmp_path / "p.png", "--json", "--top", "1")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    pts = out["pareto"]
+    assert pts and all(p["job_time_s"] <= days * 86400 for p in pts)
+    cheapest = next(p for p in pts if p["buys"] == "cheapest")
+    assert math.isclose(cheapest["job_usd"], out["plans"][0]["job_usd"], rel_tol=1e-9)
+
+
+def test_cli_pareto_no_hetero_has_one_gpu_type_per_point(tmp_path):
+    """--no-hetero ranked only plans on one GPU type, but its --pareto frontier still mixed A100s and A10Gs."""
+    r = hetplan("plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--no-hetero", "--pareto", tmp_path / "p.png",
+                "--json", "--top", "1")
+    assert r.returncode == 0, r.stderr
+    pts = json.loads(r.stdout)["pareto"]
+    assert pts and not any(p["heterogeneous"] for p in pts)
+    assert all(len({st["gpu"] for st in p["stages"]}) == 1 for p in pts)

@@ -182,8 +182,9 @@ def plan_command(
     per_stage_tp: bool = typer.Option(False, "--per-stage-tp", help="Let stages on different pools take different "
                                       "TP degrees (FASOP's and Espresso's space). No framework `export` writes "
                                       "launches such a plan: all build one device mesh."),
-    pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier, "
-                                          "print it and draw it to this PNG."),
+    pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier "
+                                          "(of the plans the SLO, deadline and budget allow, on one GPU type under "
+                                          "--no-hetero), print it and draw it to this PNG."),
     pin_flags: Optional[dict] = None,  # one option per Pins field (_with_pin_options)
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
@@ -333,10 +334,11 @@ def plan_command(
             **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
-            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True, per_stage_tp=per_stage_tp)} if pareto is not None and not energy
+            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True, per_stage_tp=per_stage_tp,
+                                  heterogeneous=hetero_on)} if pareto is not None and not energy
                else {}),
             **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, per_stage_tp,
-                                                                    usd_per_kwh, True)))
+                                                                    usd_per_kwh, True, hetero_on)))
                if energy and pareto is not None else {}),
         }, indent=1))
         return
@@ -347,9 +349,9 @@ def plan_command(
         for line in energy_lines(summaries[0]):
             table_console().print(line, highlight=False)
     if pareto is not None:
-        _pareto(job, inv, obj, pins, cat, pareto, quiet=False, per_stage_tp=per_stage_tp)
+        _pareto(job, inv, obj, pins, cat, pareto, quiet=False, per_stage_tp=per_stage_tp, heterogeneous=hetero_on)
         if energy:
-            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, per_stage_tp, usd_per_kwh, False)
+            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, per_stage_tp, usd_per_kwh, False, hetero_on)
     if base is not None:
         b = base["summary"]
         table_console().print(
@@ -485,9 +487,10 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
                                fix="give its (amortised) price per GPU-hour, or use --objective fastest")
 
 
-def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: bool = False) -> list[dict]:
-    """Compute, print (unless ``quiet``) and plot the cost-time frontier (``per_stage_tp``: as the search's);
-    return its points as JSON dicts."""
+def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: bool = False,
+            heterogeneous: bool = True) -> list[dict]:
+    """Compute, print (unless ``quiet``) and plot the cost-time frontier under the ranking's SLO, deadline and
+    budget (``per_stage_tp``, ``heterogeneous``: as the search's); return its points as JSON dicts."""
     from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
@@ -495,10 +498,11 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     budget = obj.budget_usd / it if obj.budget_usd else None
     with walk_progress() as progress:
         fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s,
-                             budget_usd_per_iteration=budget, progress=progress, per_stage_tp=per_stage_tp)
+                             budget_usd_per_iteration=budget, progress=progress, per_stage_tp=per_stage_tp,
+                             deadline_s=obj.deadline_s, heterogeneous=heterogeneous)
     if not fr.points:
-        raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
-                           field="inventory", fix="add GPUs or relax the SLO/budget")
+        raise HetplanError("no plan fits in memory (or meets the SLO/deadline/budget), so there is no frontier",
+                           field="inventory", fix="add GPUs or relax the SLO/deadline/budget")
     plot_frontier(fr, path, title=f"{job.model}: cost vs iteration time ({len(fr.points)} frontier plans)")
     pts = by_cost(fr.points)
     bought = {id(c): buys(p, c) for p, c in zip(pts, pts[1:])}
@@ -508,7 +512,8 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     if not quiet:
         con = table_console()  # COLUMNS when set (it printed 160 columns at COLUMNS=80 through a pipe)
         r = fr.result
-        t = new_table(f"Cost-time Pareto frontier by estimate() ({len(fr.points)} plans; {r.allocations_solved:,} "
+        n = len(fr.points)
+        t = new_table(f"Cost-time Pareto frontier by estimate() ({n} plan{'' if n == 1 else 's'}; {r.allocations_solved:,} "
                       f"of {r.allocations:,} allocations solved, {r.plans_estimated:,} plans estimated in "
                       f"{r.search_time_s:.2f} s)", con.width < NARROW)
         for col in ("#", "plan", "GPUs", "iter s", "$/iteration", "$/h", "what the extra $ buys"):
@@ -530,12 +535,13 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     return out
 
 
-def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, per_stage_tp: bool, usd_per_kwh, quiet: bool):
+def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, per_stage_tp: bool, usd_per_kwh, quiet: bool,
+                   heterogeneous: bool = True):
     """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's, both
     with energy; the second drawn next to ``path``."""
     from hetplan.cli.energy import add_energy, print_energy_pareto
 
-    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True, per_stage_tp=per_stage_tp)
+    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True, per_stage_tp=per_stage_tp, heterogeneous=heterogeneous)
     add_energy(walk, cat, usd_per_kwh)
     return walk, print_energy_pareto(summaries + walk, path.with_name(path.stem + "-energy" + path.suffix),
                                      f"{job.model}: time, $ and energy", quiet)

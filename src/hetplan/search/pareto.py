@@ -55,12 +55,15 @@ class Frontier:
 def pareto_frontier(m, job: Job, inventory: Inventory, catalog, pins: Pins | None = None,
                     slo_iteration_s: float | None = None, budget_usd_per_iteration: float | None = None,
                     max_expansions: int | None = PARETO_WALK_EXPANSIONS, progress=None,
-                    per_stage_tp: bool = False) -> Frontier:
+                    per_stage_tp: bool = False, deadline_s: float | None = None,
+                    heterogeneous: bool = True) -> Frontier:
     """Cost–time frontier of ``job`` on ``inventory`` by estimates (see module doc).
 
     Args:
-        per_stage_tp: as in :func:`hetplan.search.planner.search_plans` (off: one TP for every stage).
-        slo_iteration_s, budget_usd_per_iteration: optional limits applied to the frontier (s, USD).
+        per_stage_tp, heterogeneous: as in :func:`hetplan.search.planner.search_plans` (off: one TP for every
+            stage; only plans on one GPU type).
+        slo_iteration_s, budget_usd_per_iteration, deadline_s: optional limits applied to the frontier (s per
+            iteration, USD per iteration, s for the job), as the ranking applies them.
         max_expansions: expansion limit of the guarded walk (``None``: none; then every point is exact over H).
         progress: ``progress(done, limit, phase)`` as the search's phases advance (cost tables, closed-form
             seeds, the walk).
@@ -68,10 +71,10 @@ def pareto_frontier(m, job: Job, inventory: Inventory, catalog, pins: Pins | Non
         HetplanError: unknown GPU type.
     """
     budget = None if budget_usd_per_iteration is None else budget_usd_per_iteration * job.iterations()
-    obj = Objective(slo_iteration_s=slo_iteration_s, budget_usd=budget)
+    obj = Objective(slo_iteration_s=slo_iteration_s, budget_usd=budget, deadline_s=deadline_s)
     res = search_hetero_estimated(m, job, inventory, catalog, obj, pins=pins, pareto=True,
                                   max_expansions=max_expansions, progress=progress, seed_solves=PARETO_SEED_SOLVES,
-                                  per_stage_tp=per_stage_tp)
+                                  per_stage_tp=per_stage_tp, max_pools=None if heterogeneous else 1)
     pts = [FrontierPoint(ep.plan, ep.estimate, ep.heterogeneous, ep.candidate.describe(inventory), ep.candidate)
            for ep in res.frontier]
     return Frontier(points=pts, evaluated=res.evaluated, result=res, proven_below_s=res.open_bound)
