@@ -117,6 +117,24 @@ def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str
     return out, list(lines.values())
 
 
+def _repriced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
+              prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
+    """:func:`_priced` for the pools of a written plan (``hetplan estimate PLAN.json``, ``plan --baseline``): a
+    ``--prices`` file re-prices the GPU types it names, and a ``--price-source`` other than catalog, or a
+    ``--provider``, re-prices every pool (a plan written by ``plan -o`` carries the prices that run chose)."""
+    if prices_file is not None:
+        from hetplan.hardware.prices import user_quotes
+
+        named = {q.gpu for q in user_quotes(str(prices_file))}
+        pools = [p.model_copy(update={"price_usd_per_hour": None}) if cat.get(p.gpu).name in named else p
+                 for p in pools]
+    if price_source != "catalog" or provider is not None:
+        # an asked-for price source re-prices every pool: the prices `plan -o` wrote silently won over
+        # --price-source spot / --provider (an unknown provider exited 0)
+        pools = [p.model_copy(update={"price_usd_per_hour": None}) for p in pools]
+    return _priced(pools, cat, price_source, provider, prices_file)
+
+
 def _print_provenance(con, lines: list[dict]) -> None:
     """The price behind each GPU type's money, with its date, and the GPUs whose efficiency is a first guess."""
     from hetplan.hardware.prices import MAX_AGE_DAYS
@@ -314,7 +332,8 @@ def plan_command(
     add_launch_refusals(summaries, ([fine.plan] if fine else []) + [rp.plan for rp in result.plans], spec)
     if output is not None:
         write_output(output, best.model_dump_json(indent=2) + "\n", "--output")
-    base = _baseline(baseline, cat, summaries[0], job) if baseline is not None else None
+    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal)
+            if baseline is not None else None)
     if usd_per_kwh is not None and not energy:
         raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
     if energy:
@@ -355,7 +374,7 @@ def plan_command(
     if base is not None:
         b = base["summary"]
         table_console().print(
-            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${b['usd_per_iteration']:.2f}/iteration, "
+            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${usd_text(b['usd_per_iteration'])}/iteration, "
             f"job ${usd_text(b['job_usd'])}; the best plan is {base['speedup']:.2f}x as fast and costs "
             f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
@@ -367,12 +386,14 @@ _SAME_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
                "num_experts", "expert_ffn_hidden_size")
 
 
-def _baseline(path: Path, cat, best: dict, job) -> dict:
-    """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator and catalog as
-    the search's plans, with the best plan's speed-up (baseline time / best time) and cost ratio (best job $ /
-    baseline job $). The baseline trains ``job``'s model, sequence length and global batch (else its iteration is
-    other work: a Llama-2-13B plan at half the batch came out "0.49x as fast"); it is priced for ``job``'s length
-    (a launch's own ``--train-iters`` of a short benchmark would make the job $ ratio that of two job lengths).
+def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", None, None), cal=None) -> dict:
+    """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator, catalog,
+    prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same ``pricing``
+    (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with the best
+    plan's speed-up (baseline time / best time) and cost ratio (best job $ / baseline job $). The baseline trains
+    ``job``'s model, sequence length and global batch (else its iteration is other work: a Llama-2-13B plan at half
+    the batch came out "0.49x as fast"); it is priced for ``job``'s length (a launch's own ``--train-iters`` of a
+    short benchmark would make the job $ ratio that of two job lengths).
 
     Raises:
         HetplanError: naming ``--baseline`` and what differs."""
@@ -392,6 +413,8 @@ def _baseline(path: Path, cat, best: dict, job) -> dict:
     plan = plan.model_copy(update={"job": plan.job.model_copy(update={"train_tokens": job.train_tokens,
                                                                       "train_iterations": job.train_iterations})})
     check_plan(plan, spec)
+    pools, _ = _repriced(plan.pools, cat, *pricing)  # a plan of `hetplan import` had catalog prices under --price-source spot
+    plan = plan.model_copy(update={"pools": cal.apply_pools(pools, cat) if cal else pools})
     summary = plan_summary(plan, estimate_plan(plan, cat, spec), "baseline")
     return {"plan": str(path), "summary": summary,
             "speedup": summary["iteration_time_s"] / best["iteration_time_s"],
