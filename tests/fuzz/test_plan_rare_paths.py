@@ -34,3 +34,65 @@ def test_baseline_is_priced_as_the_search_and_estimate_price_it(tmp_path):
         est = run_cli("estimate", base, "--price-source", "spot", "--json")
         assert est.code == 0, est.stderr
         assert json.loads(est.stdout)["job_usd"] == pytest.approx(out["baseline"]["summary"]["job_usd"])
+
+
+def test_fine_explain_keeps_each_steps_start_point(tmp_path):
+    """The trace of the second and third start points lost its "[start 2, 1]" label: rich read it as a style tag,
+    so those steps printed as "   bottleneck stage 0 ..." with no start point or step number."""
+    from pathlib import Path
+
+    from hetplan.model.spec import load_model
+    from hetplan.profile.db import ProfileDB
+    from hetplan.profile.importers import import_aceso
+
+    root = Path(__file__).resolve().parents[2]
+    db = tmp_path / "aceso.sqlite"
+    with ProfileDB(db) as pdb:
+        import_aceso(pdb, root / "tests" / "fixtures" / "aceso",
+                     models={"gpt_1_3B": (load_model(root / "examples" / "models" / "gpt3_1.3b_aceso.json"), 2048)})
+    args = ["plan", root / "examples" / "aceso_gpt3_1.3b.toml", "--catalog", root / "examples" / "aceso_v100_12000mb.toml",
+            "--search", "fine", "--profile-db", db]
+    r = run_cli(*args, "--explain", "--top", "1")
+    assert r.code == 0, r.stderr
+    steps = [line.strip() for line in r.stdout.splitlines() if "bottleneck stage" in line and "(" in line]
+    assert any(s.startswith("[start 2, ") for s in steps), steps[-3:]
+    assert not [line for line in r.stdout.splitlines() if line.startswith("   bottleneck stage")]
+
+
+@pytest.mark.parametrize("flag", [["--explain"], ["--profile-db", "nope.sqlite"]])
+def test_fine_search_flags_without_the_fine_search_are_refused(flag):
+    """--explain and --profile-db (even one that does not exist) were dropped without a word under --search
+    uniform, the default."""
+    r = run_cli(*PLAN, *flag, "-q")
+    assert r.code == 2 and not r.traceback, r.stderr
+    assert f"error: {flag[0]}:" in r.stderr and "--search fine" in r.stderr
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--price-source", "bogus"], "--price-source"),
+    (["--price-source", "spot", "--provider", "nosuch"], "--provider"),
+    (["--provider", "aws"], "--provider"),
+    (["--prices", "nope.toml"], "--prices"),
+])
+def test_price_options_are_checked_when_every_pool_has_its_price(flags, field):
+    """With --price given (or every [[inventory]] pool priced) nothing was chosen, so an unknown price source, a
+    provider without quotes and a --prices file that does not exist all exited 0."""
+    r = run_cli(*PLAN, "--price", "2.5", *flags, "-q")
+    assert r.code == 2 and not r.traceback, r.stderr
+    assert f"error: {field}:" in r.stderr
+
+
+def test_mixed_recompute_is_written_per_stage_not_none():
+    """A plan whose stages recompute differently (the heterogeneous search's A6000 x5 with layers [5, 6, 6, 6, 3],
+    the last stage without recomputation) showed "None" in the recompute column."""
+    from pathlib import Path
+
+    ex = Path(__file__).resolve().parents[2] / "examples" / "espresso_open_llama_3b.toml"
+    js = run_cli("plan", ex, "--json", "--top", "3")
+    assert js.code == 0, js.stderr
+    mixed = [p for p in json.loads(js.stdout)["plans"] if p["recompute"] is None]
+    assert mixed, "a plan with stages of different recomputation is ranked"
+    for columns in (80, 200):
+        r = run_cli("plan", ex, "-q", "--top", "3", columns=columns)
+        assert r.code == 0, r.stderr
+        assert "None" not in r.stdout and "full/none" in r.stdout

@@ -97,8 +97,9 @@ def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str
             prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
     """``pools`` with the chosen price filled in where the pool gives none (hetplan.hardware.prices.choose), and
     one line per GPU type: its price, where it comes from, its date and whether the GPU's efficiency is calibrated."""
-    from hetplan.hardware.prices import choose
+    from hetplan.hardware.prices import check_price_options, choose
 
+    check_price_options(price_source.replace("-", "_"), provider, None if prices_file is None else str(prices_file))
     out, lines = [], {}
     for pool in pools:
         spec = cat.get(pool.gpu)
@@ -299,6 +300,10 @@ def plan_command(
         raise HetplanError(f"must be at least 1, got {top}", field="--top", fix="use --top 1 or more")
     if search not in ("uniform", "fine"):
         raise HetplanError(f"unknown search {search!r}", field="--search", fix="use uniform or fine")
+    for flag, given in (("--explain", explain), ("--profile-db", profile_db is not None)):
+        if given and search != "fine":  # both were dropped without a word (a --profile-db that does not exist too)
+            raise HetplanError(f"{flag} acts on the fine-grained search only", field=flag,
+                               fix=f"add --search fine, or drop {flag}")
     cat = load_catalog(catalog)
     pools_priced, price_lines = _priced(inv.pools, cat, price_source, provider, prices)
     inv = inv.model_copy(update={"pools": pools_priced})
@@ -612,10 +617,10 @@ def _print_fine(fine, explain: bool) -> None:
         t.add_row(str(i), str(st.tp * st.dp), str(st.tp), str(st.dp), str(fine.plan.stage_mbs(i)), str(st.num_layers),
                   rc, f"{(se.forward_s + se.backward_s) * 1e3:.1f}", _mem(se.memory.total))
     con.print(t)
-    if explain:
+    if explain:  # no markup: rich took a step's "[start 2, 1]" for a style tag and dropped it
         for line in fine.explanation()[:-1]:
-            con.print(f"  {line}", highlight=False)
-    con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False)
+            con.print(f"  {line}", highlight=False, markup=False)
+    con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False, markup=False)
 
 
 def _pins(raw: dict) -> Pins:
@@ -729,11 +734,17 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
                    _mem(s["memory_bytes_per_gpu"]["total"]))
         money = (duration_text(s["job_time_s"]), usd_text(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
         if narrow:
-            t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {s['recompute']}", *figures, *money)
+            t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}", *figures, *money)
         else:
-            t.add_row(str(i), gpus, layout, str(s["mbs"]), str(s["zero"]), str(s["recompute"]), figures[0],
+            t.add_row(str(i), gpus, layout, str(s["mbs"]), str(s["zero"]), _recompute(s), figures[0],
                       f"{s['tokens_per_s']:,.0f}", *figures[1:], usd_text(s["usd_per_hour"]), *money)
     return t
+
+
+def _recompute(s: dict) -> str:
+    """The recomputation of a plan summary; stages of different modes show them in stage order, ``full/none``, as
+    :func:`_layout` shows TP and DP (the table printed the summary's ``None``)."""
+    return s["recompute"] or "/".join(dict.fromkeys(st["recompute"] for st in s["stages"]))
 
 
 def _stages_line(s: dict) -> str:
