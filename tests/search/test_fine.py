@@ -387,3 +387,24 @@ def test_cp_and_ep_search_reaches_the_enumerated_optimum(tmp_path):
     assert cm.cost(best).key[0] == 0
     assert r.estimate.iteration_time_s == pytest.approx(cm.cost(best).iteration_time_s, rel=1e-9)
     assert r.estimate.iteration_time_s <= r.start_estimate.iteration_time_s
+
+
+def test_profiled_start_point_follows_the_objective(aceso_db):
+    """With measured layer times the uniform start points are re-ranked on them, but by iteration time whatever
+    the objective: under ``cheapest`` on 16 V100s the search started from a 16-GPU plan at $0.2534 per job over
+    the 8-GPU plan at $0.2504, and it keeps its start's GPUs."""
+    from hetplan.estimate.estimator import estimate_many
+    from hetplan.search.objective import Objective
+
+    job = Job(model=str(ACESO_13), seq_len=2048, global_batch=512, train_iterations=1, dtype="fp16",
+              attention="standard")
+    inv = Inventory(pools=[GPUPool(gpu=V100, count=16, gpus_per_node=4, price_usd_per_hour=3.9)])
+    cat = with_gpu_memory(load_catalog(), V100, 12000 * 2**20)
+    m = load_model(ACESO_13)
+    obj = Objective(goal="cheapest")
+    uniform = search_plans(job, inv, obj, top_k=8, catalog=cat)
+    ests = estimate_many([rp.plan for rp in uniform.plans], cat, m, aceso_db)
+    cheapest = min(e.job_usd for e in ests if e.fits)
+    r = fine_search(job, inv, obj, catalog=cat, model=m, profiles=aceso_db, uniform=uniform)
+    assert r.start_estimate.job_usd == pytest.approx(cheapest, rel=1e-12)
+    assert r.estimate.job_usd <= cheapest
