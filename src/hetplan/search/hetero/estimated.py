@@ -164,7 +164,8 @@ def search_hetero_estimated(
             top.add(*k2, est.memory_bytes_per_gpu.total, -len(known) - 1, None)
         known.add(plan.model_dump_json())
     frontier: list[EstimatedPlan] = []
-    count = {"solved": 0, "orders": 0}
+    count = {"orders": 0}
+    solved: set[int] = set()  # allocations solved (rows): the seeds' and the walk's, each counted once
 
     def record(cand: HeteroCandidate, bound: float) -> None:
         """Estimate one plan of H (once) and file it."""
@@ -204,7 +205,7 @@ def search_hetero_estimated(
                                max_allocations=max_allocations, keep_candidates=top_k + 3, prepared=prepared,
                                max_solves=seed_solves, progress=progress)
             seeds_cf = cf.candidates
-        count["solved"] += cf.allocations_solved
+        solved.update(cf.solved_rows)  # counted with the walk's: the frontier read "32 of 27 allocations solved"
         count["orders"] += cf.orders_solved
         for c in seeds_cf:
             record(c, 0.0)
@@ -264,7 +265,7 @@ def search_hetero_estimated(
             j = item[1]
             g = groups[int(gid[j])]
             blocks = allocation_blocks(rows, int(gid[j]), int(loc[j]))
-            count["solved"] += 1
+            solved.add(j)
             lbp = float(t_lb[j]) - 2 * (sum(s for _, (t, s) in blocks) - 1) * cmins[int(gid[j])]
             t, seq, ns, rcv, tried = solve_allocation(g, blocks, INF, lbp)
             count["orders"] += tried
@@ -297,7 +298,7 @@ def search_hetero_estimated(
     return EstimatedResult(
         top=[e[-1] for e in top.best() if e[-1] is not None], frontier=frontier, evaluated=evaluated,
         allocations=n_alloc,
-        allocations_solved=count["solved"], plans_estimated=len(evaluated), orders_solved=count["orders"],
+        allocations_solved=len(solved), plans_estimated=len(evaluated), orders_solved=count["orders"],
         search_time_s=time.perf_counter() - t0,
         open_bound=open_bound,
         stats={"max_pools_per_plan": limits[0], "mixed_tp": limits[1], "per_stage_tp": per_stage_tp,
