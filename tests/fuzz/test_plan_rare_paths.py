@@ -96,3 +96,19 @@ def test_mixed_recompute_is_written_per_stage_not_none():
         r = run_cli("plan", ex, "-q", "--top", "3", columns=columns)
         assert r.code == 0, r.stderr
         assert "None" not in r.stdout and "full/none" in r.stdout
+
+
+@pytest.mark.parametrize("goal", [["--objective", "cheapest"], ["--budget-usd", "2000"]])
+def test_electricity_price_is_refused_where_the_search_ranks_or_budgets_dollars(goal):
+    """--usd-per-kwh folds electricity into each ranked plan's job $ after the search, which ranks and budgets
+    GPU-hours: at $0.05/GPU-h and $1/kWh "cheapest job within $2,000" printed plans of $15,273 (GPUs $1,114 +
+    electricity $14,159), and #3 ($15,133) was cheaper than #1. Under fastest without a budget it still adds."""
+    job = ["plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "1024", "--tokens", "1e12",
+           "--gpu", "H100-SXM", "--gpus", "64", "--price", "0.05", "--energy", "--top", "2"]
+    r = run_cli(*job, "--usd-per-kwh", "1", *goal, "-q")
+    assert r.code == 2 and not r.traceback, r.stderr
+    assert "error: --usd-per-kwh:" in r.stderr and "GPU-hours" in r.stderr
+    ok = run_cli(*job, "--usd-per-kwh", "1", "--json")
+    assert ok.code == 0, ok.stderr
+    for p in json.loads(ok.stdout)["plans"]:
+        assert p["job_usd"] == pytest.approx(p["gpu_usd"] + p["energy_usd"])

@@ -221,7 +221,8 @@ def plan_command(
     energy: bool = typer.Option(False, "--energy", help="Joules per iteration, job kWh and what Perseus' frequency "
                                 "plans save, per plan; with --pareto the time-$-energy frontier too."),
     usd_per_kwh: Optional[float] = typer.Option(None, "--usd-per-kwh", help="With --energy: electricity price, "
-                                                "added to job $."),
+                                                "added to job $ after the search (so not with --objective "
+                                                "cheapest or --budget-usd, which rank by GPU-hours)."),
     calibration: Optional[Path] = _CALIBRATION,
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
@@ -300,6 +301,16 @@ def plan_command(
         raise HetplanError(f"must be at least 1, got {top}", field="--top", fix="use --top 1 or more")
     if search not in ("uniform", "fine"):
         raise HetplanError(f"unknown search {search!r}", field="--search", fix="use uniform or fine")
+    if usd_per_kwh is not None and not energy:
+        raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
+    if usd_per_kwh is not None and (obj.goal == "cheapest" or obj.budget_usd is not None):
+        # the electricity is added to each ranked plan's job $ after the search, which ranks and budgets GPU-hours:
+        # "cheapest job within $2,000" printed plans of $15,273 (GPUs $1,114 + electricity $14,159), #3 cheaper
+        # than #1
+        raise HetplanError("electricity is added to job $ after the search, which ranks plans and holds the budget "
+                           "on GPU-hours alone", field="--usd-per-kwh",
+                           fix="drop --usd-per-kwh (--energy still gives each plan's kWh), or rank by "
+                               "--objective fastest without --budget-usd")
     for flag, given in (("--explain", explain), ("--profile-db", profile_db is not None)):
         if given and search != "fine":  # both were dropped without a word (a --profile-db that does not exist too)
             raise HetplanError(f"{flag} acts on the fine-grained search only", field=flag,
@@ -339,8 +350,6 @@ def plan_command(
         write_output(output, best.model_dump_json(indent=2) + "\n", "--output")
     base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal)
             if baseline is not None else None)
-    if usd_per_kwh is not None and not energy:
-        raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
     if energy:
         from hetplan.cli.energy import add_energy, energy_lines
 
