@@ -112,3 +112,23 @@ def test_electricity_price_is_refused_where_the_search_ranks_or_budgets_dollars(
     assert ok.code == 0, ok.stderr
     for p in json.loads(ok.stdout)["plans"]:
         assert p["job_usd"] == pytest.approx(p["gpu_usd"] + p["energy_usd"])
+
+
+def test_profile_db_of_another_model_or_gpu_is_refused(tmp_path):
+    """Aceso's GPT-3 1.3B times on V100s given to a Llama-2-7B search on H100s priced every layer by the cost
+    model, without a word (the search's line names the profile only when a stage used it)."""
+    from pathlib import Path
+
+    from hetplan.model.spec import load_model
+    from hetplan.profile.db import ProfileDB
+    from hetplan.profile.importers import import_aceso
+
+    root = Path(__file__).resolve().parents[2]
+    db = tmp_path / "aceso.sqlite"
+    with ProfileDB(db) as pdb:
+        import_aceso(pdb, root / "tests" / "fixtures" / "aceso",
+                     models={"gpt_1_3B": (load_model(root / "examples" / "models" / "gpt3_1.3b_aceso.json"), 2048)})
+    for other in (PLAN, ["plan", root / "examples" / "aceso_gpt3_1.3b.toml", "--gpu", "A100-SXM-80GB", "--gpus", "4"]):
+        r = run_cli(*other, "--search", "fine", "--profile-db", db, "-q")
+        assert r.code == 2 and not r.traceback, r.stderr
+        assert "error: --profile-db:" in r.stderr and "holds no layer times" in r.stderr

@@ -601,6 +601,13 @@ def _fine(job, inv, obj, pins, cat, result, profile_db):
     from hetplan.search.fine import fine_search
 
     profiles = _profiles(profile_db)
+    if profiles is not None:  # a database of another model, dtype or GPU priced every layer analytically, unsaid
+        m = load_model(job.model)
+        gpus = sorted({cat.get(p.gpu).name for p in inv.pools})
+        if not any(profiles.covers(g, m, job.dtype) for g in gpus):
+            raise HetplanError(f"{profile_db} holds no layer times of {m.name} ({job.dtype}) on {', '.join(gpus)}: "
+                               "the fine search would price every layer by the cost model", field="--profile-db",
+                               fix="profile this model on these GPUs (hetplan profile), or drop --profile-db")
     return fine_search(job, inv, obj, pins, catalog=cat, profiles=profiles, uniform=None if profiles else result)
 
 
