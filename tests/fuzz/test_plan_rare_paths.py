@@ -132,3 +132,25 @@ def test_profile_db_of_another_model_or_gpu_is_refused(tmp_path):
         r = run_cli(*other, "--search", "fine", "--profile-db", db, "-q")
         assert r.code == 2 and not r.traceback, r.stderr
         assert "error: --profile-db:" in r.stderr and "holds no layer times" in r.stderr
+
+
+def test_energy_frontier_table_writes_money_energy_and_layout_as_the_ranking(tmp_path):
+    """The time-$-energy frontier wrote job $ and kWh with no decimals ("0" and "0" on every row of FASOP's
+    one-iteration job, the three figures it is a frontier of) and TP x PP x DP of a plan whose stages differ in
+    TP as "Nonex9x2"."""
+    from pathlib import Path
+
+    from hetplan.units import kwh_text, usd_text
+
+    ex = Path(__file__).resolve().parents[2] / "examples" / "fasop_gpt2xl.toml"
+    args = ["plan", ex, "--per-stage-tp", "--energy", "--pareto", tmp_path / "p.png", "--top", "2"]
+    js = run_cli(*args, "--json")
+    assert js.code == 0, js.stderr
+    front = json.loads(js.stdout)["energy_pareto"]
+    r = run_cli(*args, "-q", columns=120)
+    assert r.code == 0, r.stderr
+    table = r.stdout[r.stdout.index("Time-$-energy"):]
+    assert "None" not in table and "1/2x" in table
+    for p in front:
+        assert usd_text(p["job_usd"]) in table and kwh_text(p["job_energy_kwh"]) in table
+    assert all(p["job_usd"] < 1 and usd_text(p["job_usd"]) != "0" for p in front)

@@ -25,7 +25,7 @@ from hetplan.jobfile import load_job_file, validated
 from hetplan.plan import GPUPool, Inventory, Job
 from hetplan.plan_rules import check_plan
 from hetplan.report import plan_summary
-from hetplan.units import duration_text, usd_text
+from hetplan.units import duration_text, kwh_text, usd_text
 from hetplan.search.objective import Objective
 from hetplan.search.planner import Pins, search_plans
 from hetplan.model.spec import load_model
@@ -748,7 +748,7 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
         iv = _interval_text(s)
         figures = (f"{s['iteration_time_s']:.2f}" + (f"\n{iv}" if iv else ""), f"{s['mfu']:.1%}",
                    _mem(s["memory_bytes_per_gpu"]["total"]))
-        money = (duration_text(s["job_time_s"]), usd_text(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
+        money = (duration_text(s["job_time_s"]), usd_text(s["job_usd"])) + ((kwh_text(s["job_energy_kwh"]),) if kwh else ())
         if narrow:
             t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}", *figures, *money)
         else:
