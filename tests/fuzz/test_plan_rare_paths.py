@@ -154,3 +154,20 @@ def test_energy_frontier_table_writes_money_energy_and_layout_as_the_ranking(tmp
     for p in front:
         assert usd_text(p["job_usd"]) in table and kwh_text(p["job_energy_kwh"]) in table
     assert all(p["job_usd"] < 1 and usd_text(p["job_usd"]) != "0" for p in front)
+
+
+def test_baseline_that_does_not_fit_is_refused(tmp_path):
+    """A baseline that does not fit (Llama-2-7B at micro-batch 16 on 64 H100s: 296 GiB per GPU) was compared as
+    a run, "the best plan is 0.99x as fast", while `hetplan estimate` of the same file exits 2."""
+    best = tmp_path / "best.json"
+    assert run_cli(*PLAN, "-q", "-o", best).code == 0
+    raw = json.loads(best.read_text())
+    raw["mbs"] = 4
+    raw["stages"] = [dict(st, recompute="none") for st in raw["stages"]]
+    raw["zero"] = 0
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(raw))
+    assert run_cli("estimate", big).code == 2
+    r = run_cli(*PLAN, "-q", "--baseline", big)
+    assert r.code == 2 and not r.traceback, r.stderr
+    assert "error: --baseline:" in r.stderr and "does not fit" in r.stderr

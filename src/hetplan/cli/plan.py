@@ -429,7 +429,15 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
     check_plan(plan, spec)
     pools, _ = _repriced(plan.pools, cat, *pricing)  # a plan of `hetplan import` had catalog prices under --price-source spot
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools, cat) if cal else pools})
-    summary = plan_summary(plan, estimate_plan(plan, cat, spec), "baseline")
+    est = estimate_plan(plan, cat, spec)
+    if not est.fits:  # `hetplan estimate` refuses it; it was compared as a run ("the best plan is 0.99x as fast")
+        worst = max(est.stages, key=lambda se: se.memory.required / se.memory_capacity_bytes)
+        raise HetplanError(f"the baseline {path} does not fit in GPU memory: stage {est.stages.index(worst)} needs "
+                           f"{_mem(worst.memory.required)} GiB per GPU > {_mem(worst.memory_capacity_bytes)} GiB "
+                           f"(`hetplan estimate {path}`)",
+                           field="--baseline", fix="give a plan that fits: raise tp/pp, use recompute or ZeRO, or "
+                                                   "lower mbs")
+    summary = plan_summary(plan, est, "baseline")
     return {"plan": str(path), "summary": summary,
             "speedup": summary["iteration_time_s"] / best["iteration_time_s"],
             "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
