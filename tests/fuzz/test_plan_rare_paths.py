@@ -171,3 +171,21 @@ def test_baseline_that_does_not_fit_is_refused(tmp_path):
     r = run_cli(*PLAN, "-q", "--baseline", big)
     assert r.code == 2 and not r.traceback, r.stderr
     assert "error: --baseline:" in r.stderr and "does not fit" in r.stderr
+
+
+@pytest.mark.parametrize("command, shown", [
+    (["plan"], ["[[quote]]", "NAME[@VERSION|@YYYY-MM]"]),
+    (["estimate"], ["NAME[@VERSION|@YYYY-MM]"]),
+    (["catalog", "prices"], ["[[quote]]"]),
+    (["catalog", "stacks"], ["NAME[@VERSION|@YYYY-MM]"]),
+    (["catalog", "engines"], ["ENGINE[@VERSION]"]),
+])
+def test_help_keeps_its_brackets(command, shown):
+    """Typer renders help as rich markup (typer/core.py DEFAULT_MARKUP_MODE = "rich" when rich is installed), so
+    unescaped brackets were taken for style tags: `plan --help` read "the [] layout of prices.toml" and
+    "--stack NAME: the software stack"."""
+    r = run_cli(*command, "--help", columns=200)
+    assert r.code == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    for s in shown:
+        assert s in text, (s, text[:2000])

@@ -36,7 +36,7 @@ def estimate_command(
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times: stages it covers use them (column `source`)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER, prices_file: Optional[Path] = _PRICES,
-    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: price the plan under this "
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME\\[@VERSION|@YYYY-MM]: price the plan under this "
                                         "stack (`hetplan catalog stacks`); its framework, attention and compile "
                                         "replace the plan's."),
     calibration: Optional[Path] = _CALIBRATION,

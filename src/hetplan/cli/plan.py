@@ -85,7 +85,7 @@ _PROVIDER = typer.Option(None, "--provider", help="With --price-source: quotes o
                          "lambda, coreweave, runpod, vast.ai); default: the cheapest provider's newest quote.")
 
 
-_PRICES = typer.Option(None, "--prices", help="Your own dated quotes (TOML, the [[quote]] layout of "
+_PRICES = typer.Option(None, "--prices", help="Your own dated quotes (TOML, the \\[\\[quote]] layout of "
                        "hetplan/hardware/data/prices.toml): they replace the shipped quotes of every GPU type they "
                        "name, and the default rule (median of each provider's newest on-demand quote) prices it.")
 _CALIBRATION = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan calibrate` from your "
@@ -173,7 +173,7 @@ def plan_command(
     framework: Optional[str] = typer.Option(None, "--framework", help="megatron (default) | deepspeed | fsdp: "
                                             "runs that framework's current stack, what `hetplan export` writes "
                                             "for it (Megatron-Core, DeepSpeed, torchtitan)."),
-    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: the software stack and "
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME\\[@VERSION|@YYYY-MM]: the software stack and "
                                         "release (`hetplan catalog stacks`); a month picks the release then. The "
                                         "search proposes only the parallel dimensions it runs."),
     attention_kernel: Optional[str] = typer.Option(None, "--attention-kernel", help="fa2 | fa3 | cudnn: the fused "
