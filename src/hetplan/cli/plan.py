@@ -355,6 +355,12 @@ def plan_command(
 
         add_energy(summaries, cat, usd_per_kwh)
     add_intervals(summaries, cat, cal)
+    # the frontier, with the ranked plans on it where nothing dominates them (and the fine plan, priced by the
+    # same cost model unless a profile database priced it)
+    ranked = [(rp.plan, rp.estimate) for rp in result.plans] + (
+        [(fine.plan, fine.estimate)] if fine is not None and profile_db is None else [])
+    frontier = functools.partial(_pareto, job, inv, obj, pins, cat, pareto, per_stage_tp=per_stage_tp,
+                                 heterogeneous=hetero_on, ranked=ranked)
     if as_json:
         print(json.dumps({
             "plans": summaries,
@@ -367,11 +373,9 @@ def plan_command(
             **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
-            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True, per_stage_tp=per_stage_tp,
-                                  heterogeneous=hetero_on)} if pareto is not None and not energy
-               else {}),
-            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, per_stage_tp,
-                                                                    usd_per_kwh, True, hetero_on)))
+            **({"pareto": frontier(quiet=True)} if pareto is not None and not energy else {}),
+            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, frontier(quiet=True), cat, pareto,
+                                                                    job.model, usd_per_kwh, True)))
                if energy and pareto is not None else {}),
         }, indent=1))
         return
@@ -382,9 +386,9 @@ def plan_command(
         for line in energy_lines(summaries[0]):
             table_console().print(line, highlight=False)
     if pareto is not None:
-        _pareto(job, inv, obj, pins, cat, pareto, quiet=False, per_stage_tp=per_stage_tp, heterogeneous=hetero_on)
+        walk = frontier(quiet=False)
         if energy:
-            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, per_stage_tp, usd_per_kwh, False, hetero_on)
+            _energy_pareto(summaries, walk, cat, pareto, job.model, usd_per_kwh, False)
     if base is not None:
         b = base["summary"]
         table_console().print(
@@ -533,9 +537,10 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
 
 
 def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: bool = False,
-            heterogeneous: bool = True) -> list[dict]:
+            heterogeneous: bool = True, ranked=()) -> list[dict]:
     """Compute, print (unless ``quiet``) and plot the cost-time frontier under the ranking's SLO, deadline and
-    budget (``per_stage_tp``, ``heterogeneous``: as the search's); return its points as JSON dicts."""
+    budget (``per_stage_tp``, ``heterogeneous``: as the search's), with the ranking's ``(plan, estimate)`` pairs
+    (``ranked``) on it where nothing dominates them; return its points as JSON dicts."""
     from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
@@ -544,7 +549,8 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     with walk_progress() as progress:
         fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s,
                              budget_usd_per_iteration=budget, progress=progress, per_stage_tp=per_stage_tp,
-                             deadline_s=obj.deadline_s, heterogeneous=heterogeneous)
+                             deadline_s=obj.deadline_s, heterogeneous=heterogeneous,
+                             incumbents=[(p, e, _described(plan_summary(p, e))) for p, e in ranked])
     if not fr.points:
         raise HetplanError("no plan fits in memory (or meets the SLO/deadline/budget), so there is no frontier",
                            field="inventory", fix="add GPUs or relax the SLO/deadline/budget")
@@ -571,8 +577,8 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
                       f"{p.estimate.usd_per_hour:,.2f}", b)
         con.print(t)
         if fr.result.complete:
-            con.print("Every point is exact over each allocation's closed-form-optimal plan (no unestimated plan's "
-                      "lower bound could dominate it).")
+            con.print("Every point is exact over each allocation's closed-form-optimal plan and the ranked plans (no "
+                      "unestimated plan's lower bound could dominate it).")
         else:
             con.print(f"Walk stopped at its expansion limit: points faster than {fr.proven_below_s:.3f} s per "
                       f"iteration are exact; slower ones may be dominated by an unestimated plan.")
@@ -580,16 +586,14 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     return out
 
 
-def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, per_stage_tp: bool, usd_per_kwh, quiet: bool,
-                   heterogeneous: bool = True):
-    """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's, both
-    with energy; the second drawn next to ``path``."""
+def _energy_pareto(summaries, walk: list[dict], cat, path: Path, model: str, usd_per_kwh, quiet: bool):
+    """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's
+    (``walk``, :func:`_pareto`'s points), both with energy; the second drawn next to ``path``."""
     from hetplan.cli.energy import add_energy, print_energy_pareto
 
-    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True, per_stage_tp=per_stage_tp, heterogeneous=heterogeneous)
     add_energy(walk, cat, usd_per_kwh)
     return walk, print_energy_pareto(summaries + walk, path.with_name(path.stem + "-energy" + path.suffix),
-                                     f"{job.model}: time, $ and energy", quiet)
+                                     f"{model}: time, $ and energy", quiet)
 
 
 def _profiles(profile_db: Optional[Path]):
@@ -763,6 +767,11 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
             t.add_row(str(i), gpus, layout, str(s["mbs"]), str(s["zero"]), _recompute(s), figures[0],
                       f"{s['tokens_per_s']:,.0f}", *figures[1:], usd_text(s["usd_per_hour"]), *money)
     return t
+
+
+def _described(s: dict) -> str:
+    """A plan summary in one line, as the narrow ranking writes it: ``64x H100-SXM 2x16x4 v3 mbs 1 ZeRO-1 none``."""
+    return f"{s['num_gpus']}x {s['gpu']} {_layout(s)} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}"
 
 
 def _recompute(s: dict) -> str:
