@@ -189,3 +189,28 @@ def test_help_keeps_its_brackets(command, shown):
     text = " ".join(r.stdout.split())
     for s in shown:
         assert s in text, (s, text[:2000])
+
+
+def test_baseline_is_priced_on_the_profile_that_priced_the_fine_plan(tmp_path):
+    """With --search fine --profile-db the best plan is priced on the measured layer times and the baseline was
+    priced by the cost model: the fine search's own plan as baseline came out "1.12x as fast, 89 % of the cost"."""
+    from pathlib import Path
+
+    from hetplan.model.spec import load_model
+    from hetplan.profile.db import ProfileDB
+    from hetplan.profile.importers import import_aceso
+
+    root = Path(__file__).resolve().parents[2]
+    db = tmp_path / "aceso.sqlite"
+    with ProfileDB(db) as pdb:
+        import_aceso(pdb, root / "tests" / "fixtures" / "aceso",
+                     models={"gpt_1_3B": (load_model(root / "examples" / "models" / "gpt3_1.3b_aceso.json"), 2048)})
+    args = ["plan", root / "examples" / "aceso_gpt3_1.3b.toml", "--catalog", root / "examples" / "aceso_v100_12000mb.toml",
+            "--search", "fine", "--profile-db", db, "--top", "1"]
+    best = tmp_path / "best.json"
+    assert run_cli(*args, "-q", "-o", best).code == 0
+    r = run_cli(*args, "--json", "--baseline", best)
+    assert r.code == 0, r.stderr
+    base = json.loads(r.stdout)["baseline"]
+    assert base["speedup"] == pytest.approx(1.0) and base["usd_ratio"] == pytest.approx(1.0)
+    assert {st["time_source"] for st in base["summary"]["stages"]} == {"profiled"}

@@ -348,8 +348,8 @@ def plan_command(
     add_launch_refusals(summaries, ([fine.plan] if fine else []) + [rp.plan for rp in result.plans], spec)
     if output is not None:
         write_output(output, best.model_dump_json(indent=2) + "\n", "--output")
-    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal)
-            if baseline is not None else None)
+    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal,
+                      _profiles(profile_db) if fine is not None else None) if baseline is not None else None)
     if energy:
         from hetplan.cli.energy import add_energy, energy_lines
 
@@ -404,14 +404,17 @@ _SAME_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
                "num_experts", "expert_ffn_hidden_size")
 
 
-def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", None, None), cal=None) -> dict:
+def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", None, None), cal=None,
+              profiles=None) -> dict:
     """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator, catalog,
     prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same ``pricing``
     (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with the best
     plan's speed-up (baseline time / best time) and cost ratio (best job $ / baseline job $). The baseline trains
     ``job``'s model, sequence length and global batch (else its iteration is other work: a Llama-2-13B plan at half
     the batch came out "0.49x as fast"); it is priced for ``job``'s length (a launch's own ``--train-iters`` of a
-    short benchmark would make the job $ ratio that of two job lengths).
+    short benchmark would make the job $ ratio that of two job lengths). ``profiles``: the measured layer times that
+    priced ``best`` (``--search fine --profile-db``; the fine search's own plan as baseline came out "1.12x as
+    fast" when only the best was priced on them).
 
     Raises:
         HetplanError: naming ``--baseline`` and what differs."""
@@ -433,7 +436,7 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
     check_plan(plan, spec)
     pools, _ = _repriced(plan.pools, cat, *pricing)  # a plan of `hetplan import` had catalog prices under --price-source spot
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools, cat) if cal else pools})
-    est = estimate_plan(plan, cat, spec)
+    est = estimate_plan(plan, cat, spec, profiles)
     if not est.fits:  # `hetplan estimate` refuses it; it was compared as a run ("the best plan is 0.99x as fast")
         worst = max(est.stages, key=lambda se: se.memory.required / se.memory_capacity_bytes)
         raise HetplanError(f"the baseline {path} does not fit in GPU memory: stage {est.stages.index(worst)} needs "
