@@ -214,3 +214,19 @@ def test_baseline_is_priced_on_the_profile_that_priced_the_fine_plan(tmp_path):
     base = json.loads(r.stdout)["baseline"]
     assert base["speedup"] == pytest.approx(1.0) and base["usd_ratio"] == pytest.approx(1.0)
     assert {st["time_source"] for st in base["summary"]["stages"]} == {"profiled"}
+
+
+def test_energy_line_names_the_plan_it_describes():
+    """Under --search fine the energy line said "Energy of #1" of the fine plan (printed below the ranking, not
+    its #1), and wrote a one-iteration job's 0.0004 kWh as "0.0 kWh" and its electricity as "$0.00"."""
+    from pathlib import Path
+
+    ex = Path(__file__).resolve().parents[2] / "examples" / "fasop_gpt2xl.toml"
+    js = run_cli("plan", ex, "--no-hetero", "--search", "fine", "--energy", "--usd-per-kwh", "0.2", "--json")
+    assert js.code == 0, js.stderr
+    fine = json.loads(js.stdout)["plans"][0]
+    r = run_cli("plan", ex, "--no-hetero", "--search", "fine", "--energy", "--usd-per-kwh", "0.2", columns=200)
+    assert r.code == 0, r.stderr
+    assert "Energy of the fine-grained plan at the top SM clock" in r.stdout and "Energy of #1" not in r.stdout
+    assert "0.0 kWh per job" not in r.stdout and f"{fine['job_energy_kwh']:.3g} kWh per job" in r.stdout
+    assert "Electricity $0.00 " not in r.stdout

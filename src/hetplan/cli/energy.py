@@ -404,17 +404,20 @@ def add_energy(summaries: list[dict], catalog, usd_per_kwh: float | None) -> Non
             s["job_usd"] = s["gpu_usd"] + s["energy_usd"]
 
 
-def energy_lines(best: dict) -> list[str]:
-    """What ``hetplan plan --energy`` prints under the ranking about plan #1."""
+def energy_lines(best: dict, name: str = "#1") -> list[str]:
+    """What ``hetplan plan --energy`` prints under the ranking about plan #1 (``name``: the plan, when it is not
+    the ranking's #1)."""
+    from hetplan.units import kwh_text, usd_text
+
     kj = best["energy_j_per_iteration"] / 1e3
-    line = (f"Energy of #1 at the top SM clock: {kj:,.1f} kJ per iteration, {best['job_energy_kwh']:,.1f} kWh per job, "
-            f"{best['average_power_w'] / 1e3:,.1f} kW on average ({best['energy_source']})")
+    line = (f"Energy of {name} at the top SM clock: {kj:,.1f} kJ per iteration, {kwh_text(best['job_energy_kwh'])} kWh "
+            f"per job, {best['average_power_w'] / 1e3:,.1f} kW on average ({best['energy_source']})")
     out = [line]
     if best["perseus_saved_fraction"] is not None:
         out.append(f"Perseus' frequency plans remove {best['perseus_saved_fraction']:.1%} of it at the same iteration "
                    f"time ({best['perseus_saved_j_per_iteration'] / 1e3:,.1f} kJ per iteration).")
     if best.get("energy_usd") is not None:
-        out.append(f"Electricity ${best['energy_usd']:,.2f} of the job's ${best['job_usd']:,.2f}.")
+        out.append(f"Electricity ${usd_text(best['energy_usd'])} of the job's ${usd_text(best['job_usd'])}.")
     return out
 
 

@@ -383,7 +383,8 @@ def plan_command(
     if fine is not None:
         _print_fine(fine, explain)
     if energy:
-        for line in energy_lines(summaries[0]):
+        # under --search fine summaries[0] is the fine plan, printed below the ranking, not its #1
+        for line in energy_lines(summaries[0], "the fine-grained plan" if fine is not None else "#1"):
             table_console().print(line, highlight=False)
     if pareto is not None:
         walk = frontier(quiet=False)
