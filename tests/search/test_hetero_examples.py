@@ -246,3 +246,17 @@ def test_cli_pareto_holds_the_ranked_plans(tmp_path):
         assert not any(p["iteration_time_s"] < q["iteration_time_s"] and p["usd_per_iteration"] < q["usd_per_iteration"]
                        for p in plans), q["description"]
     assert any(math.isclose(q["iteration_time_s"], plans[0]["iteration_time_s"], rel_tol=1e-12) for q in pts)
+
+
+def test_use_gpus_that_only_mixed_pools_hold(tmp_path):
+    """--use-gpus 32 on FASOP's 4 A100 + 28 A10G (FASOP's own answer uses all 32) was refused as "no configuration
+    matches the pinned dimensions" before the heterogeneous search ran, since no pool alone holds 32 GPUs; under
+    --no-hetero (or past the inventory) the refusal now says so."""
+    ex = ROOT / "examples" / "fasop_gpt2xl.toml"
+    r = hetplan("plan", ex, "--use-gpus", "32", "--json", "--top", "2")
+    assert r.returncode == 0, r.stderr
+    assert all(p["num_gpus"] == 32 for p in json.loads(r.stdout)["plans"])
+    r = hetplan("plan", ex, "--use-gpus", "32", "--no-hetero")
+    assert r.returncode == 2 and "pin.num_gpus" in r.stderr and "the largest has 28" in r.stderr
+    r = hetplan("plan", ex, "--use-gpus", "64")
+    assert r.returncode == 2 and "the inventory has 32 GPUs" in r.stderr
