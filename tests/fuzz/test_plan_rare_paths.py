@@ -230,3 +230,13 @@ def test_energy_line_names_the_plan_it_describes():
     assert "Energy of the fine-grained plan at the top SM clock" in r.stdout and "Energy of #1" not in r.stdout
     assert "0.0 kWh per job" not in r.stdout and f"{fine['job_energy_kwh']:.3g} kWh per job" in r.stdout
     assert "Electricity $0.00 " not in r.stdout
+
+
+def test_energy_frontier_figure_path_is_checked_before_the_search(tmp_path):
+    """--energy --pareto P.png also draws P-energy.png; a folder of that name was a traceback (IsADirectoryError)
+    after the search, the first figure already written."""
+    (tmp_path / "p-energy.png").mkdir()
+    r = run_cli(*PLAN, "--energy", "--pareto", tmp_path / "p.png", "-q")
+    assert r.code == 2 and not r.traceback, r.traceback
+    assert "error: --pareto:" in r.stderr and "p-energy.png" in r.stderr
+    assert not (tmp_path / "p.png").exists()

@@ -232,6 +232,8 @@ def plan_command(
     """
     output_file(output, "--output")
     output_file(pareto, "--pareto", figure=True)
+    if energy and pareto is not None:  # its second figure: a folder of that name was a traceback after the search
+        output_file(_energy_figure(pareto), "--pareto", figure=True)
     data = load_job_file(job_file) if job_file else {"job": {}, "inventory": [], "objective": {}, "pin": {}}
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
@@ -596,8 +598,12 @@ def _energy_pareto(summaries, walk: list[dict], cat, path: Path, model: str, usd
     from hetplan.cli.energy import add_energy, print_energy_pareto
 
     add_energy(walk, cat, usd_per_kwh)
-    return walk, print_energy_pareto(summaries + walk, path.with_name(path.stem + "-energy" + path.suffix),
-                                     f"{model}: time, $ and energy", quiet)
+    return walk, print_energy_pareto(summaries + walk, _energy_figure(path), f"{model}: time, $ and energy", quiet)
+
+
+def _energy_figure(path: Path) -> Path:
+    """Where ``--energy --pareto PATH`` draws the time-$-energy frontier: ``PATH-energy`` with PATH's suffix."""
+    return path.with_name(path.stem + "-energy" + path.suffix)
 
 
 def _profiles(profile_db: Optional[Path]):
