@@ -240,3 +240,19 @@ def test_energy_frontier_figure_path_is_checked_before_the_search(tmp_path):
     assert r.code == 2 and not r.traceback, r.traceback
     assert "error: --pareto:" in r.stderr and "p-energy.png" in r.stderr
     assert not (tmp_path / "p.png").exists()
+
+
+def test_two_pools_of_one_gpu_type_at_two_prices_both_listed(tmp_path):
+    """Two H100 pools, one at a given $2.00 and one at the catalog's price: the provenance line listed only
+    "H100-SXM 2.00 given", so plans on the second pool read as priced at $2."""
+    job = tmp_path / "two.toml"
+    job.write_text('[job]\nmodel = "llama2-7b"\nseq_len = 4096\nglobal_batch = 256\ntrain_iterations = 10\n'
+                   '[[inventory]]\ngpu = "H100-SXM"\ncount = 16\nprice_usd_per_hour = 2.0\n'
+                   '[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n')
+    r = run_cli("plan", job, "--json", "--top", "1")
+    assert r.code == 0, r.stderr
+    prices = json.loads(r.stdout)["prices"]
+    assert sorted(p["from"] == "given" for p in prices) == [False, True]
+    text = run_cli("plan", job, "--top", "1", columns=200).stdout
+    line = text[text.index("Prices $/GPU-h:"):]
+    assert line.count("H100-SXM") == 2

@@ -96,7 +96,8 @@ _CALIBRATION = typer.Option(None, "--calibration", help="Calibration TOML writte
 def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
             prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
     """``pools`` with the chosen price filled in where the pool gives none (hetplan.hardware.prices.choose), and
-    one line per GPU type: its price, where it comes from, its date and whether the GPU's efficiency is calibrated."""
+    one line per GPU type and price: the price, where it comes from, its date and whether the GPU's efficiency is
+    calibrated."""
     from hetplan.hardware.prices import check_price_options, choose
 
     check_price_options(price_source.replace("-", "_"), provider, None if prices_file is None else str(prices_file))
@@ -112,8 +113,10 @@ def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str
         else:
             line = {"usd_per_gpu_hour": pool.price_usd_per_hour, "from": "given", "date": "", "stale": False,
                     "source": "the job's price_usd_per_hour"}
-        lines.setdefault(spec.name, dict(gpu=spec.name, **line, calibrated=getattr(spec, "calibrated", True),
-                                         calibration_source=spec.calibration_source))
+        # one line per GPU type and price: two pools of one type at two prices listed only the first pool's
+        lines.setdefault((spec.name, line["usd_per_gpu_hour"], line["from"]),
+                         dict(gpu=spec.name, **line, calibrated=getattr(spec, "calibrated", True),
+                              calibration_source=spec.calibration_source))
         out.append(pool)
     return out, list(lines.values())
 
@@ -145,7 +148,7 @@ def _print_provenance(con, lines: list[dict]) -> None:
     con.print(textwrap.fill("Prices $/GPU-h: " + "; ".join(parts), width=max(40, con.width - 1), subsequent_indent="  ",
                             break_on_hyphens=False),
               highlight=False, markup=False, soft_wrap=True)
-    guesses = [ln["gpu"] for ln in lines if not ln["calibrated"]]
+    guesses = list(dict.fromkeys(ln["gpu"] for ln in lines if not ln["calibrated"]))
     if guesses:
         con.print(f"* uncalibrated: the compute efficiency of {', '.join(guesses)} is a first guess, not fitted to "
                   "measurements, so its times and costs are rough (hetplan catalog gpus)", highlight=False,
