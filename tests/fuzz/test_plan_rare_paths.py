@@ -256,3 +256,17 @@ def test_two_pools_of_one_gpu_type_at_two_prices_both_listed(tmp_path):
     text = run_cli("plan", job, "--top", "1", columns=200).stdout
     line = text[text.index("Prices $/GPU-h:"):]
     assert line.count("H100-SXM") == 2
+
+
+def test_another_pool_of_the_same_gpu_type_is_not_another_gpu_type(tmp_path):
+    """Two H100 pools at $2.00 and the catalog's price: "Best with another GPU type: H100-SXM x4 ... +92.0 % $"."""
+    job = tmp_path / "two.toml"
+    job.write_text('[job]\nmodel = "llama2-7b"\nseq_len = 4096\nglobal_batch = 256\ntrain_iterations = 10\n'
+                   '[objective]\ngoal = "cheapest"\n'
+                   '[[inventory]]\ngpu = "H100-SXM"\ncount = 16\nprice_usd_per_hour = 2.0\n'
+                   '[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n')
+    r = run_cli("plan", job, "--json", "--top", "1")
+    assert r.code == 0, r.stderr
+    lines = json.loads(r.stdout)["explanation"]
+    assert not [ln for ln in lines if ln.startswith("Best with another GPU type")]
+    assert [ln for ln in lines if ln.startswith("Best with another pool of the same GPU type: H100-SXM")]
