@@ -260,3 +260,15 @@ def test_use_gpus_that_only_mixed_pools_hold(tmp_path):
     assert r.returncode == 2 and "pin.num_gpus" in r.stderr and "the largest has 28" in r.stderr
     r = hetplan("plan", ex, "--use-gpus", "64")
     assert r.returncode == 2 and "the inventory has 32 GPUs" in r.stderr
+
+
+def test_deadline_and_budget_refusal_names_the_pair_not_the_deadline():
+    """FASOP's inventory, $0.01 and a 0.864 s deadline: "no plan finishes by the deadline of 0.9 s; the fastest
+    plan that fits takes 0.9 s" — the fastest it knew (four A100s, 0.945 s) left out the mixed plan of 0.81 s,
+    which meets the deadline; the deadline and the budget together are why."""
+    ex = ROOT / "examples" / "fasop_gpt2xl.toml"
+    r = hetplan("plan", ex, "--objective", "budget", "--budget-usd", "0.01", "--deadline-days", "1e-5")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "error: objective: no plan both finishes by the deadline" in r.stderr, r.stderr
+    r = hetplan("plan", ex, "--deadline-days", "9e-6")  # 0.7776 s: below every plan, said to the digit
+    assert r.returncode == 2 and "deadline of 0.7776 s; the fastest plan that fits takes 0.8102 s" in r.stderr, r.stderr

@@ -479,7 +479,7 @@ def search_plans(
         _refuse_unmatched_pins(job, pins, m, inventory)
     if not ranked:
         _raise_infeasible(objective, results, cat, job_time, job_usd, lambda: _fastest_estimated(
-            job, inventory, m, results, cat, catalog, het), _stack_limits(job, m))
+            job, inventory, m, results, cat, catalog, het, pins, per_stage_tp), _stack_limits(job, m))
     return SearchResult(
         plans=ranked,
         explanation=explanation,
@@ -557,13 +557,27 @@ def _proven_within(objective, best_estimate, open_bound: float) -> float | None:
     return max(0.0, k[0] / open_bound - 1)
 
 
-def _fastest_estimated(job, inventory, m, results, cat, catalog, het) -> float | None:
+def _apart(a_s: float, b_s: float) -> tuple[str, str]:
+    """Two durations as :func:`duration_text` writes them, or in seconds to 4 digits when those read the same
+    ("the deadline of 0.9 s; the fastest plan takes 0.9 s")."""
+    a, b = duration_text(a_s), duration_text(b_s)
+    return (a, b) if a != b else (f"{a_s:.4g} s", f"{b_s:.4g} s")
+
+
+def _fastest_estimated(job, inventory, m, results, cat, catalog, het, pins=None, per_stage_tp=False) -> float | None:
     """Job time (s) of the fastest plan that fits, by estimate() (the homogeneous exact search for ``fastest``,
-    and the heterogeneous plans estimated), for an infeasibility message; None when nothing fits."""
-    found, _, _ = _exact_top_k(job, inventory, m, results, cat, Objective(goal="fastest"), 1, catalog)
+    and, where the heterogeneous search ran, its fastest plan), for an infeasibility message; None when nothing
+    fits. The plans that search estimated under a budget are not enough: on FASOP's inventory with $0.01 and a
+    0.864 s deadline it said "no plan finishes by the deadline of 0.9 s; the fastest plan that fits takes 0.9 s"
+    (0.945 s, four A100s), while a mixed plan takes 0.81 s — the deadline and the budget together were why."""
+    fastest = Objective(goal="fastest")
+    found, _, _ = _exact_top_k(job, inventory, m, results, cat, fastest, 1, catalog)
     times = [rp.estimate.job_time_s for rp in found]
     if het is not None:
         times += [ep.estimate.job_time_s for ep in het[1].evaluated if ep.estimate.fits]
+        entries, _ = _hetero_candidates(job, inventory, m, fastest, pins or Pins(), catalog, 1,
+                                        per_stage_tp=per_stage_tp)
+        times += [est.job_time_s for *_, est, _desc in entries]
     return min(times, default=None)
 
 
@@ -778,8 +792,8 @@ def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estima
         fastest = float(job_time[fits].min()) if fastest is None else fastest
         if fastest > objective.deadline_s:
             raise InfeasibleError(
-                f"no plan finishes by the deadline of {duration_text(objective.deadline_s)}; the fastest plan that fits "
-                f"takes {duration_text(fastest)}",
+                f"no plan finishes by the deadline of {_apart(objective.deadline_s, fastest)[0]}; the fastest plan that "
+                f"fits takes {_apart(objective.deadline_s, fastest)[1]}",
                 field="objective.deadline_s",
                 fix="extend the deadline, add GPUs, or train on fewer tokens",
             )
