@@ -270,3 +270,11 @@ def test_another_pool_of_the_same_gpu_type_is_not_another_gpu_type(tmp_path):
     lines = json.loads(r.stdout)["explanation"]
     assert not [ln for ln in lines if ln.startswith("Best with another GPU type")]
     assert [ln for ln in lines if ln.startswith("Best with another pool of the same GPU type: H100-SXM")]
+
+
+def test_missing_baseline_is_named_and_refused_before_the_search(tmp_path):
+    """A --baseline that does not exist was "error: PLAN: file ... does not exist" (no such argument of `plan`),
+    said after the whole search."""
+    r = run_cli(*PLAN, "-q", "--baseline", tmp_path / "nope.json")
+    assert r.code == 2 and not r.traceback
+    assert "error: --baseline: file" in r.stderr and "PLAN" not in r.stderr

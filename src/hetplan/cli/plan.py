@@ -234,6 +234,10 @@ def plan_command(
     hetplan plan --model llama2-7b --seq-len 4096 --global-batch 1024 --tokens 1e12 --gpu H100-SXM --gpus 64
     """
     output_file(output, "--output")
+    if baseline is not None:  # read before the search: a missing file was 'error: PLAN: ...' after it
+        from hetplan.runtime.planio import load_plan
+
+        load_plan(baseline, "--baseline")
     output_file(pareto, "--pareto", figure=True)
     if energy and pareto is not None:  # its second figure: a folder of that name was a traceback after the search
         output_file(_energy_figure(pareto), "--pareto", figure=True)
@@ -426,7 +430,7 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
         HetplanError: naming ``--baseline`` and what differs."""
     from hetplan.runtime.planio import load_plan
 
-    plan = load_plan(path)
+    plan = load_plan(path, "--baseline")
     spec = load_model(plan.job.model)
     mine = load_model(job.model)
     differs = [f"model {spec.name} (the job's: {mine.name})"] if any(
