@@ -278,3 +278,18 @@ def test_missing_baseline_is_named_and_refused_before_the_search(tmp_path):
     r = run_cli(*PLAN, "-q", "--baseline", tmp_path / "nope.json")
     assert r.code == 2 and not r.traceback
     assert "error: --baseline: file" in r.stderr and "PLAN" not in r.stderr
+
+
+def test_fine_table_counts_context_parallel_gpus():
+    """The fine-grained plan's table wrote a stage's GPUs as TP x DP: 8 for Llama-3-8B at CP 2 on 16 H100s."""
+    args = ["plan", "--model", "llama3-8b", "--seq-len", "16384", "--global-batch", "64", "--iterations", "10",
+            "--gpu", "H100-SXM", "--gpus", "16", "--cp", "2", "--search", "fine", "--top", "1"]
+    js = run_cli(*args, "--json")
+    assert js.code == 0, js.stderr
+    plan = json.loads(js.stdout)["plans"][0]
+    assert plan["plan"]["cp"] == 2 and plan["num_gpus"] == 16
+    r = run_cli(*args, "-q", columns=120)
+    table = r.stdout[r.stdout.index("Fine-grained plan"):].splitlines()
+    header = next(line.split() for line in table if line.split()[:2] == ["stage", "GPUs"])
+    row = next(line.split() for line in table if line.split()[:1] == ["0"])
+    assert "CP" in header and row[header.index("GPUs")] == "16" and row[header.index("CP")] == "2"

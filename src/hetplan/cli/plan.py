@@ -655,12 +655,15 @@ def _fine_json(fine) -> dict:
 def _print_fine(fine, explain: bool) -> None:
     con = table_console()
     t = new_table("Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)", con.width < NARROW)
-    for col in ("stage", "GPUs", "TP", "DP", "mbs", "layers", "recompute", "fwd+bwd ms", "GiB/GPU"):
+    cp = fine.plan.cp  # a stage's GPUs are TP x CP x DP (they read TP x DP: 8 of a CP 2 plan's 16)
+    for col in ("stage", "GPUs", "TP", *(("CP",) if cp > 1 else ()), "DP", "mbs", "layers", "recompute", "fwd+bwd ms",
+                "GiB/GPU"):
         t.add_column(col, justify="right")
     for i, (st, se) in enumerate(zip(fine.plan.stages, fine.estimate.stages)):
         rc = st.recompute if st.recompute == "none" else f"{st.recompute} {st.recomputed_layers()}/{st.num_layers}"
-        t.add_row(str(i), str(st.tp * st.dp), str(st.tp), str(st.dp), str(fine.plan.stage_mbs(i)), str(st.num_layers),
-                  rc, f"{(se.forward_s + se.backward_s) * 1e3:.1f}", _mem(se.memory.total))
+        t.add_row(str(i), str(st.tp * cp * st.dp), str(st.tp), *((str(cp),) if cp > 1 else ()), str(st.dp),
+                  str(fine.plan.stage_mbs(i)), str(st.num_layers), rc, f"{(se.forward_s + se.backward_s) * 1e3:.1f}",
+                  _mem(se.memory.total))
     con.print(t)
     if explain:  # no markup: rich took a step's "[start 2, 1]" for a style tag and dropped it
         for line in fine.explanation()[:-1]:
