@@ -17,3 +17,9 @@ def usd_text(x: float) -> str:
     """Dollars (without the sign) with as many decimals as the amount needs ($0.2019 per iteration, $445,885 per
     job)."""
     return f"{x:,.0f}" if x >= 1000 else f"{x:.2f}" if x >= 1 else f"{x:.4f}"
+
+
+def kwh_text(x: float) -> str:
+    """Energy in kWh with as many digits as the amount needs (``14,159``, ``12.3``, ``0.0014``: a one-iteration
+    job's kWh read ``0``)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"

@@ -387,3 +387,46 @@ def test_cp_and_ep_search_reaches_the_enumerated_optimum(tmp_path):
     assert cm.cost(best).key[0] == 0
     assert r.estimate.iteration_time_s == pytest.approx(cm.cost(best).iteration_time_s, rel=1e-9)
     assert r.estimate.iteration_time_s <= r.start_estimate.iteration_time_s
+
+
+def test_profiled_start_point_follows_the_objective(aceso_db):
+    """With measured layer times the uniform start points are re-ranked on them, but by iteration time whatever
+    the objective: under ``cheapest`` on 16 V100s the search started from a 16-GPU plan at $0.2534 per job over
+    the 8-GPU plan at $0.2504, and it keeps its start's GPUs."""
+    from hetplan.estimate.estimator import estimate_many
+    from hetplan.search.objective import Objective
+
+    job = Job(model=str(ACESO_13), seq_len=2048, global_batch=512, train_iterations=1, dtype="fp16",
+              attention="standard")
+    inv = Inventory(pools=[GPUPool(gpu=V100, count=16, gpus_per_node=4, price_usd_per_hour=3.9)])
+    cat = with_gpu_memory(load_catalog(), V100, 12000 * 2**20)
+    m = load_model(ACESO_13)
+    obj = Objective(goal="cheapest")
+    uniform = search_plans(job, inv, obj, top_k=8, catalog=cat)
+    ests = estimate_many([rp.plan for rp in uniform.plans], cat, m, aceso_db)
+    cheapest = min(e.job_usd for e in ests if e.fits)
+    r = fine_search(job, inv, obj, catalog=cat, model=m, profiles=aceso_db, uniform=uniform)
+    assert r.start_estimate.job_usd == pytest.approx(cheapest, rel=1e-12)
+    assert r.estimate.job_usd <= cheapest
+
+
+def test_mixed_pool_plans_are_no_start_points():
+    """On FASOP's A100 + A10G inventory the best uniform plan mixes pools: `plan --search fine` said "start:
+    fine-grained search starts from a one-pool 1F1B plan; fix: give a plan whose stages share one pool", a field
+    and a fix the command does not have. It names --search and --no-hetero now; and a mixed-pool runner-up
+    behind a one-pool best (which failed the same way) is skipped."""
+    from hetplan.jobfile import load_job_file
+
+    root = Path(__file__).resolve().parents[2]
+    r = _cli("plan", root / "examples" / "fasop_gpt2xl.toml", "--search", "fine", "-q")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "error: --search:" in r.stderr and "--no-hetero" in r.stderr
+    d = load_job_file(root / "examples" / "fasop_gpt2xl.toml")
+    job, inv = Job(**d["job"]), Inventory(pools=d["inventory"])
+    mixed = search_plans(job, inv, top_k=2)
+    one = search_plans(job, inv, top_k=1, heterogeneous=False)
+    assert len({st.pool for st in mixed.plans[0].plan.stages}) > 1
+    uniform = one.model_copy(update={"plans": [one.plans[0], *mixed.plans]})
+    res = fine_search(job, inv, uniform=uniform, budget_evaluations=200)
+    assert len({st.pool for st in res.plan.stages}) == 1
+    assert res.estimate.iteration_time_s <= one.plans[0].estimate.iteration_time_s

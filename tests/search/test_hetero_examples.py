@@ -194,3 +194,81 @@ def test_a_stack_without_sequence_parallelism_gets_no_sp_plans_and_no_duplicates
     plans = [rp.plan for rp in res.plans]
     assert not any(p.sequence_parallel for p in plans)
     assert len({p.model_dump_json() for p in plans}) == len(plans)
+
+
+def test_cli_pareto_keeps_the_deadline(tmp_path):
+    """The frontier applied the SLO and the budget but not the deadline: under a 25.9 s deadline (3e-4 days) the
+    ranking's cheapest plan by the deadline was 6 A6000s at $0.2448, while the frontier's "cheapest" point was 3
+    A6000s at $0.1719 taking 34.4 s, past the deadline."""
+    days = 3e-4
+    r = hetplan("plan", ROOT / "examples" / "espresso_open_llama_3b.toml", "--deadline-days", days, "--pareto",
+                tmp_path / "p.png", "--json", "--top", "1")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    pts = out["pareto"]
+    assert pts and all(p["job_time_s"] <= days * 86400 for p in pts)
+    cheapest = next(p for p in pts if p["buys"] == "cheapest")
+    assert math.isclose(cheapest["job_usd"], out["plans"][0]["job_usd"], rel_tol=1e-9)
+
+
+def test_cli_pareto_no_hetero_has_one_gpu_type_per_point(tmp_path):
+    """--no-hetero ranked only plans on one GPU type, but its --pareto frontier still mixed A100s and A10Gs."""
+    r = hetplan("plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--no-hetero", "--pareto", tmp_path / "p.png",
+                "--json", "--top", "1")
+    assert r.returncode == 0, r.stderr
+    pts = json.loads(r.stdout)["pareto"]
+    assert pts and not any(p["heterogeneous"] for p in pts)
+    assert all(len({st["gpu"] for st in p["stages"]}) == 1 for p in pts)
+
+
+def test_frontier_counts_each_allocation_solved_once():
+    """The frontier's title read "32 of 27 allocations solved" on the Espresso example: the closed-form seeds'
+    solves and the walk's were added, an allocation solved by both counted twice."""
+    from hetplan.search.pareto import pareto_frontier
+
+    job, inv, d = load("espresso_open_llama_3b.toml")
+    fr = pareto_frontier(load_model(job.model), job, inv, CAT, Pins(**d["pin"]),
+                         slo_iteration_s=d["objective"]["slo_iteration_s"])
+    assert fr.points and 0 < fr.result.allocations_solved <= fr.result.allocations
+
+
+def test_cli_pareto_holds_the_ranked_plans(tmp_path):
+    """The frontier is exact over H (each allocation's closed-form-optimal 1F1B plan), which holds no interleaved
+    plan: on Llama-2-70B with 128 H100s the ranking's #1 (2x16x4, 3 virtual stages: 14.15 s, $1.932 per iteration)
+    was faster and cheaper than the frontier's fastest point (2x8x8: 14.34 s, $1.959), printed right under it."""
+    r = hetplan("plan", "--model", "llama2-70b", "--seq-len", "4096", "--global-batch", "512", "--tokens", "1e11",
+                "--gpu", "H100-SXM", "--gpus", "128", "--top", "10", "--json", "--pareto", tmp_path / "p.png")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    pts, plans = out["pareto"], out["plans"]
+    assert plans[0]["virtual_stages"] > 1
+    for q in pts:
+        assert not any(p["iteration_time_s"] < q["iteration_time_s"] and p["usd_per_iteration"] < q["usd_per_iteration"]
+                       for p in plans), q["description"]
+    assert any(math.isclose(q["iteration_time_s"], plans[0]["iteration_time_s"], rel_tol=1e-12) for q in pts)
+
+
+def test_use_gpus_that_only_mixed_pools_hold(tmp_path):
+    """--use-gpus 32 on FASOP's 4 A100 + 28 A10G (FASOP's own answer uses all 32) was refused as "no configuration
+    matches the pinned dimensions" before the heterogeneous search ran, since no pool alone holds 32 GPUs; under
+    --no-hetero (or past the inventory) the refusal now says so."""
+    ex = ROOT / "examples" / "fasop_gpt2xl.toml"
+    r = hetplan("plan", ex, "--use-gpus", "32", "--json", "--top", "2")
+    assert r.returncode == 0, r.stderr
+    assert all(p["num_gpus"] == 32 for p in json.loads(r.stdout)["plans"])
+    r = hetplan("plan", ex, "--use-gpus", "32", "--no-hetero")
+    assert r.returncode == 2 and "pin.num_gpus" in r.stderr and "the largest has 28" in r.stderr
+    r = hetplan("plan", ex, "--use-gpus", "64")
+    assert r.returncode == 2 and "the inventory has 32 GPUs" in r.stderr
+
+
+def test_deadline_and_budget_refusal_names_the_pair_not_the_deadline():
+    """FASOP's inventory, $0.01 and a 0.864 s deadline: "no plan finishes by the deadline of 0.9 s; the fastest
+    plan that fits takes 0.9 s" — the fastest it knew (four A100s, 0.945 s) left out the mixed plan of 0.81 s,
+    which meets the deadline; the deadline and the budget together are why."""
+    ex = ROOT / "examples" / "fasop_gpt2xl.toml"
+    r = hetplan("plan", ex, "--objective", "budget", "--budget-usd", "0.01", "--deadline-days", "1e-5")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "error: objective: no plan both finishes by the deadline" in r.stderr, r.stderr
+    r = hetplan("plan", ex, "--deadline-days", "9e-6")  # 0.7776 s: below every plan, said to the digit
+    assert r.returncode == 2 and "deadline of 0.7776 s; the fastest plan that fits takes 0.8102 s" in r.stderr, r.stderr

@@ -56,7 +56,7 @@ def gpus(
 @catalog_app.command("prices")
 def prices(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU type."),
-    prices_file: Optional[str] = typer.Option(None, "--prices", help="Your quotes (the [[quote]] layout of "
+    prices_file: Optional[str] = typer.Option(None, "--prices", help="Your quotes (the \\[\\[quote]] layout of "
                                               "prices.toml), replacing the shipped ones of the GPU types they name."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every quote with its source)."),
 ) -> None:
@@ -186,7 +186,7 @@ def _print_field(con, name: str, shown: str, source: str) -> None:
 
 @catalog_app.command("stacks")
 def stacks(
-    name: Optional[str] = typer.Argument(None, metavar="NAME", help="NAME[@VERSION|@YYYY-MM]: one release with every field's source."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME", help="NAME\\[@VERSION|@YYYY-MM]: one release with every field's source."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every field and its source)."),
 ) -> None:
     """Software stacks: what each framework release runs (GEMM path, attention kernel by GPU, sequence
@@ -248,7 +248,7 @@ _KERNEL_SHORT = {"flashinfer": "fi", "trtllm-fmha": "fmha", "xformers": "xf"}
 
 @catalog_app.command("engines")
 def engines(
-    name: Optional[str] = typer.Argument(None, metavar="ENGINE", help="ENGINE[@VERSION]: one release with every field's source."),
+    name: Optional[str] = typer.Argument(None, metavar="ENGINE", help="ENGINE\\[@VERSION]: one release with every field's source."),
     engines_file: Optional[str] = typer.Option(None, "--engines", help="User TOML extending the engine data."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every field and its source)."),
 ) -> None:

@@ -404,17 +404,20 @@ def add_energy(summaries: list[dict], catalog, usd_per_kwh: float | None) -> Non
             s["job_usd"] = s["gpu_usd"] + s["energy_usd"]
 
 
-def energy_lines(best: dict) -> list[str]:
-    """What ``hetplan plan --energy`` prints under the ranking about plan #1."""
+def energy_lines(best: dict, name: str = "#1") -> list[str]:
+    """What ``hetplan plan --energy`` prints under the ranking about plan #1 (``name``: the plan, when it is not
+    the ranking's #1)."""
+    from hetplan.units import kwh_text, usd_text
+
     kj = best["energy_j_per_iteration"] / 1e3
-    line = (f"Energy of #1 at the top SM clock: {kj:,.1f} kJ per iteration, {best['job_energy_kwh']:,.1f} kWh per job, "
-            f"{best['average_power_w'] / 1e3:,.1f} kW on average ({best['energy_source']})")
+    line = (f"Energy of {name} at the top SM clock: {kj:,.1f} kJ per iteration, {kwh_text(best['job_energy_kwh'])} kWh "
+            f"per job, {best['average_power_w'] / 1e3:,.1f} kW on average ({best['energy_source']})")
     out = [line]
     if best["perseus_saved_fraction"] is not None:
         out.append(f"Perseus' frequency plans remove {best['perseus_saved_fraction']:.1%} of it at the same iteration "
                    f"time ({best['perseus_saved_j_per_iteration'] / 1e3:,.1f} kJ per iteration).")
     if best.get("energy_usd") is not None:
-        out.append(f"Electricity ${best['energy_usd']:,.2f} of the job's ${best['job_usd']:,.2f}.")
+        out.append(f"Electricity ${usd_text(best['energy_usd'])} of the job's ${usd_text(best['job_usd'])}.")
     return out
 
 
@@ -436,11 +439,16 @@ def print_energy_pareto(summaries: list[dict], path: Path, title: str, quiet: bo
         t = Table(title=f"Time-$-energy Pareto frontier ({len(pts)} of {len(uniq)} plans)")
         for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "iter s", "job $", "job kWh", "Perseus -%"):
             t.add_column(col, justify="right")
+        from hetplan.cli.plan import _layout
+        from hetplan.units import kwh_text, usd_text
+
         for i, s in enumerate(pts, start=1):
             saved = s["perseus_saved_fraction"]
-            t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", f"{s['tp']}x{s['pp']}x{s['dp']}", str(s["mbs"]),
+            # money and energy as the ranking writes them (",.0f" printed $0.0184 and 0.0014 kWh as 0), the
+            # layout with stages of different TP (None) as the ranking does
+            t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", _layout(s), str(s["mbs"]),
                       str(s["zero"]),
-                      f"{s['iteration_time_s']:.2f}", f"{s['job_usd']:,.0f}", f"{s['job_energy_kwh']:,.0f}",
+                      f"{s['iteration_time_s']:.2f}", usd_text(s["job_usd"]), kwh_text(s["job_energy_kwh"]),
                       "-" if saved is None else f"{saved:.1%}")
         Console().print(t)
         Console().print(f"Drawn to {path}.")

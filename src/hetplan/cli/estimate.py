@@ -13,7 +13,7 @@ import typer
 from hetplan.calibration.intervals import add_intervals
 from hetplan.cli.output import NARROW, new_table, output_file, table_console
 from hetplan.cli.plan import (_CALIBRATION, _PRICE_SOURCE, _PRICES, _PROVIDER, _calibrated, _interval_lines, _interval_text, _mem,
-                              _priced, _print_provenance, _profiles, add_launch_refusals)
+                              _print_provenance, _profiles, _repriced, add_launch_refusals)
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.estimate.memory import fit_warning
@@ -36,7 +36,7 @@ def estimate_command(
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times: stages it covers use them (column `source`)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER, prices_file: Optional[Path] = _PRICES,
-    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: price the plan under this "
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME\\[@VERSION|@YYYY-MM]: price the plan under this "
                                         "stack (`hetplan catalog stacks`); its framework, attention and compile "
                                         "replace the plan's."),
     calibration: Optional[Path] = _CALIBRATION,
@@ -56,18 +56,7 @@ def estimate_command(
     check_job(plan.job, m)
     check_plan(plan, m)
     cat = load_catalog(catalog)
-    pools = plan.pools
-    if prices_file is not None:  # the file's quotes re-price the GPU types it names (a written plan carries prices)
-        from hetplan.hardware.prices import user_quotes
-
-        named = {q.gpu for q in user_quotes(str(prices_file))}
-        pools = [p.model_copy(update={"price_usd_per_hour": None}) if cat.get(p.gpu).name in named else p
-                 for p in pools]
-    if price_source != "catalog" or provider is not None:
-        # an asked-for price source re-prices every pool: the prices `plan -o` wrote silently won over
-        # --price-source spot / --provider (an unknown provider exited 0)
-        pools = [p.model_copy(update={"price_usd_per_hour": None}) for p in pools]
-    pools_priced, prices = _priced(pools, cat, price_source, provider, prices_file)
+    pools_priced, prices = _repriced(plan.pools, cat, price_source, provider, prices_file)
     cal, cat = _calibrated(calibration, cat, pools_priced, plan.job)
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools_priced, cat) if cal else pools_priced})
     profiles = _profiles(profile_db)

@@ -25,7 +25,7 @@ from hetplan.jobfile import load_job_file, validated
 from hetplan.plan import GPUPool, Inventory, Job
 from hetplan.plan_rules import check_plan
 from hetplan.report import plan_summary
-from hetplan.units import duration_text, usd_text
+from hetplan.units import duration_text, kwh_text, usd_text
 from hetplan.search.objective import Objective
 from hetplan.search.planner import Pins, search_plans
 from hetplan.model.spec import load_model
@@ -85,7 +85,7 @@ _PROVIDER = typer.Option(None, "--provider", help="With --price-source: quotes o
                          "lambda, coreweave, runpod, vast.ai); default: the cheapest provider's newest quote.")
 
 
-_PRICES = typer.Option(None, "--prices", help="Your own dated quotes (TOML, the [[quote]] layout of "
+_PRICES = typer.Option(None, "--prices", help="Your own dated quotes (TOML, the \\[\\[quote]] layout of "
                        "hetplan/hardware/data/prices.toml): they replace the shipped quotes of every GPU type they "
                        "name, and the default rule (median of each provider's newest on-demand quote) prices it.")
 _CALIBRATION = typer.Option(None, "--calibration", help="Calibration TOML written by `hetplan calibrate` from your "
@@ -96,9 +96,11 @@ _CALIBRATION = typer.Option(None, "--calibration", help="Calibration TOML writte
 def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
             prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
     """``pools`` with the chosen price filled in where the pool gives none (hetplan.hardware.prices.choose), and
-    one line per GPU type: its price, where it comes from, its date and whether the GPU's efficiency is calibrated."""
-    from hetplan.hardware.prices import choose
+    one line per GPU type and price: the price, where it comes from, its date and whether the GPU's efficiency is
+    calibrated."""
+    from hetplan.hardware.prices import check_price_options, choose
 
+    check_price_options(price_source.replace("-", "_"), provider, None if prices_file is None else str(prices_file))
     out, lines = [], {}
     for pool in pools:
         spec = cat.get(pool.gpu)
@@ -111,10 +113,30 @@ def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str
         else:
             line = {"usd_per_gpu_hour": pool.price_usd_per_hour, "from": "given", "date": "", "stale": False,
                     "source": "the job's price_usd_per_hour"}
-        lines.setdefault(spec.name, dict(gpu=spec.name, **line, calibrated=getattr(spec, "calibrated", True),
-                                         calibration_source=spec.calibration_source))
+        # one line per GPU type and price: two pools of one type at two prices listed only the first pool's
+        lines.setdefault((spec.name, line["usd_per_gpu_hour"], line["from"]),
+                         dict(gpu=spec.name, **line, calibrated=getattr(spec, "calibrated", True),
+                              calibration_source=spec.calibration_source))
         out.append(pool)
     return out, list(lines.values())
+
+
+def _repriced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
+              prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
+    """:func:`_priced` for the pools of a written plan (``hetplan estimate PLAN.json``, ``plan --baseline``): a
+    ``--prices`` file re-prices the GPU types it names, and a ``--price-source`` other than catalog, or a
+    ``--provider``, re-prices every pool (a plan written by ``plan -o`` carries the prices that run chose)."""
+    if prices_file is not None:
+        from hetplan.hardware.prices import user_quotes
+
+        named = {q.gpu for q in user_quotes(str(prices_file))}
+        pools = [p.model_copy(update={"price_usd_per_hour": None}) if cat.get(p.gpu).name in named else p
+                 for p in pools]
+    if price_source != "catalog" or provider is not None:
+        # an asked-for price source re-prices every pool: the prices `plan -o` wrote silently won over
+        # --price-source spot / --provider (an unknown provider exited 0)
+        pools = [p.model_copy(update={"price_usd_per_hour": None}) for p in pools]
+    return _priced(pools, cat, price_source, provider, prices_file)
 
 
 def _print_provenance(con, lines: list[dict]) -> None:
@@ -126,7 +148,7 @@ def _print_provenance(con, lines: list[dict]) -> None:
     con.print(textwrap.fill("Prices $/GPU-h: " + "; ".join(parts), width=max(40, con.width - 1), subsequent_indent="  ",
                             break_on_hyphens=False),
               highlight=False, markup=False, soft_wrap=True)
-    guesses = [ln["gpu"] for ln in lines if not ln["calibrated"]]
+    guesses = list(dict.fromkeys(ln["gpu"] for ln in lines if not ln["calibrated"]))
     if guesses:
         con.print(f"* uncalibrated: the compute efficiency of {', '.join(guesses)} is a first guess, not fitted to "
                   "measurements, so its times and costs are rough (hetplan catalog gpus)", highlight=False,
@@ -154,7 +176,7 @@ def plan_command(
     framework: Optional[str] = typer.Option(None, "--framework", help="megatron (default) | deepspeed | fsdp: "
                                             "runs that framework's current stack, what `hetplan export` writes "
                                             "for it (Megatron-Core, DeepSpeed, torchtitan)."),
-    stack: Optional[str] = typer.Option(None, "--stack", help="NAME[@VERSION|@YYYY-MM]: the software stack and "
+    stack: Optional[str] = typer.Option(None, "--stack", help="NAME\\[@VERSION|@YYYY-MM]: the software stack and "
                                         "release (`hetplan catalog stacks`); a month picks the release then. The "
                                         "search proposes only the parallel dimensions it runs."),
     attention_kernel: Optional[str] = typer.Option(None, "--attention-kernel", help="fa2 | fa3 | cudnn: the fused "
@@ -182,8 +204,9 @@ def plan_command(
     per_stage_tp: bool = typer.Option(False, "--per-stage-tp", help="Let stages on different pools take different "
                                       "TP degrees (FASOP's and Espresso's space). No framework `export` writes "
                                       "launches such a plan: all build one device mesh."),
-    pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier, "
-                                          "print it and draw it to this PNG."),
+    pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier "
+                                          "(of the plans the SLO, deadline and budget allow, on one GPU type under "
+                                          "--no-hetero), print it and draw it to this PNG."),
     pin_flags: Optional[dict] = None,  # one option per Pins field (_with_pin_options)
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
@@ -201,7 +224,8 @@ def plan_command(
     energy: bool = typer.Option(False, "--energy", help="Joules per iteration, job kWh and what Perseus' frequency "
                                 "plans save, per plan; with --pareto the time-$-energy frontier too."),
     usd_per_kwh: Optional[float] = typer.Option(None, "--usd-per-kwh", help="With --energy: electricity price, "
-                                                "added to job $."),
+                                                "added to job $ after the search (so not with --objective "
+                                                "cheapest or --budget-usd, which rank by GPU-hours)."),
     calibration: Optional[Path] = _CALIBRATION,
 ) -> None:
     """Search every TP/PP/DP/micro-batch/recompute/ZeRO configuration and rank the plans.
@@ -210,7 +234,13 @@ def plan_command(
     hetplan plan --model llama2-7b --seq-len 4096 --global-batch 1024 --tokens 1e12 --gpu H100-SXM --gpus 64
     """
     output_file(output, "--output")
+    if baseline is not None:  # read before the search: a missing file was 'error: PLAN: ...' after it
+        from hetplan.runtime.planio import load_plan
+
+        load_plan(baseline, "--baseline")
     output_file(pareto, "--pareto", figure=True)
+    if energy and pareto is not None:  # its second figure: a folder of that name was a traceback after the search
+        output_file(_energy_figure(pareto), "--pareto", figure=True)
     data = load_job_file(job_file) if job_file else {"job": {}, "inventory": [], "objective": {}, "pin": {}}
     job_raw = data["job"]
     for key, val in (("model", model), ("seq_len", seq_len), ("global_batch", global_batch), ("train_tokens", tokens),
@@ -280,6 +310,20 @@ def plan_command(
         raise HetplanError(f"must be at least 1, got {top}", field="--top", fix="use --top 1 or more")
     if search not in ("uniform", "fine"):
         raise HetplanError(f"unknown search {search!r}", field="--search", fix="use uniform or fine")
+    if usd_per_kwh is not None and not energy:
+        raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
+    if usd_per_kwh is not None and (obj.goal == "cheapest" or obj.budget_usd is not None):
+        # the electricity is added to each ranked plan's job $ after the search, which ranks and budgets GPU-hours:
+        # "cheapest job within $2,000" printed plans of $15,273 (GPUs $1,114 + electricity $14,159), #3 cheaper
+        # than #1
+        raise HetplanError("electricity is added to job $ after the search, which ranks plans and holds the budget "
+                           "on GPU-hours alone", field="--usd-per-kwh",
+                           fix="drop --usd-per-kwh (--energy still gives each plan's kWh), or rank by "
+                               "--objective fastest without --budget-usd")
+    for flag, given in (("--explain", explain), ("--profile-db", profile_db is not None)):
+        if given and search != "fine":  # both were dropped without a word (a --profile-db that does not exist too)
+            raise HetplanError(f"{flag} acts on the fine-grained search only", field=flag,
+                               fix=f"add --search fine, or drop {flag}")
     cat = load_catalog(catalog)
     pools_priced, price_lines = _priced(inv.pools, cat, price_source, provider, prices)
     inv = inv.model_copy(update={"pools": pools_priced})
@@ -313,14 +357,19 @@ def plan_command(
     add_launch_refusals(summaries, ([fine.plan] if fine else []) + [rp.plan for rp in result.plans], spec)
     if output is not None:
         write_output(output, best.model_dump_json(indent=2) + "\n", "--output")
-    base = _baseline(baseline, cat, summaries[0], job) if baseline is not None else None
-    if usd_per_kwh is not None and not energy:
-        raise HetplanError("--usd-per-kwh needs --energy", field="--usd-per-kwh", fix="add --energy")
+    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal,
+                      _profiles(profile_db) if fine is not None else None) if baseline is not None else None)
     if energy:
         from hetplan.cli.energy import add_energy, energy_lines
 
         add_energy(summaries, cat, usd_per_kwh)
     add_intervals(summaries, cat, cal)
+    # the frontier, with the ranked plans on it where nothing dominates them (and the fine plan, priced by the
+    # same cost model unless a profile database priced it)
+    ranked = [(rp.plan, rp.estimate) for rp in result.plans] + (
+        [(fine.plan, fine.estimate)] if fine is not None and profile_db is None else [])
+    frontier = functools.partial(_pareto, job, inv, obj, pins, cat, pareto, per_stage_tp=per_stage_tp,
+                                 heterogeneous=hetero_on, ranked=ranked)
     if as_json:
         print(json.dumps({
             "plans": summaries,
@@ -333,10 +382,9 @@ def plan_command(
             **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
-            **({"pareto": _pareto(job, inv, obj, pins, cat, pareto, quiet=True, per_stage_tp=per_stage_tp)} if pareto is not None and not energy
-               else {}),
-            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, per_stage_tp,
-                                                                    usd_per_kwh, True)))
+            **({"pareto": frontier(quiet=True)} if pareto is not None and not energy else {}),
+            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, frontier(quiet=True), cat, pareto,
+                                                                    job.model, usd_per_kwh, True)))
                if energy and pareto is not None else {}),
         }, indent=1))
         return
@@ -344,16 +392,17 @@ def plan_command(
     if fine is not None:
         _print_fine(fine, explain)
     if energy:
-        for line in energy_lines(summaries[0]):
+        # under --search fine summaries[0] is the fine plan, printed below the ranking, not its #1
+        for line in energy_lines(summaries[0], "the fine-grained plan" if fine is not None else "#1"):
             table_console().print(line, highlight=False)
     if pareto is not None:
-        _pareto(job, inv, obj, pins, cat, pareto, quiet=False, per_stage_tp=per_stage_tp)
+        walk = frontier(quiet=False)
         if energy:
-            _energy_pareto(summaries, job, inv, obj, pins, cat, pareto, per_stage_tp, usd_per_kwh, False)
+            _energy_pareto(summaries, walk, cat, pareto, job.model, usd_per_kwh, False)
     if base is not None:
         b = base["summary"]
         table_console().print(
-            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${b['usd_per_iteration']:.2f}/iteration, "
+            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${usd_text(b['usd_per_iteration'])}/iteration, "
             f"job ${usd_text(b['job_usd'])}; the best plan is {base['speedup']:.2f}x as fast and costs "
             f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
@@ -365,18 +414,23 @@ _SAME_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
                "num_experts", "expert_ffn_hidden_size")
 
 
-def _baseline(path: Path, cat, best: dict, job) -> dict:
-    """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator and catalog as
-    the search's plans, with the best plan's speed-up (baseline time / best time) and cost ratio (best job $ /
-    baseline job $). The baseline trains ``job``'s model, sequence length and global batch (else its iteration is
-    other work: a Llama-2-13B plan at half the batch came out "0.49x as fast"); it is priced for ``job``'s length
-    (a launch's own ``--train-iters`` of a short benchmark would make the job $ ratio that of two job lengths).
+def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", None, None), cal=None,
+              profiles=None) -> dict:
+    """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator, catalog,
+    prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same ``pricing``
+    (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with the best
+    plan's speed-up (baseline time / best time) and cost ratio (best job $ / baseline job $). The baseline trains
+    ``job``'s model, sequence length and global batch (else its iteration is other work: a Llama-2-13B plan at half
+    the batch came out "0.49x as fast"); it is priced for ``job``'s length (a launch's own ``--train-iters`` of a
+    short benchmark would make the job $ ratio that of two job lengths). ``profiles``: the measured layer times that
+    priced ``best`` (``--search fine --profile-db``; the fine search's own plan as baseline came out "1.12x as
+    fast" when only the best was priced on them).
 
     Raises:
         HetplanError: naming ``--baseline`` and what differs."""
     from hetplan.runtime.planio import load_plan
 
-    plan = load_plan(path)
+    plan = load_plan(path, "--baseline")
     spec = load_model(plan.job.model)
     mine = load_model(job.model)
     differs = [f"model {spec.name} (the job's: {mine.name})"] if any(
@@ -390,7 +444,17 @@ def _baseline(path: Path, cat, best: dict, job) -> dict:
     plan = plan.model_copy(update={"job": plan.job.model_copy(update={"train_tokens": job.train_tokens,
                                                                       "train_iterations": job.train_iterations})})
     check_plan(plan, spec)
-    summary = plan_summary(plan, estimate_plan(plan, cat, spec), "baseline")
+    pools, _ = _repriced(plan.pools, cat, *pricing)  # a plan of `hetplan import` had catalog prices under --price-source spot
+    plan = plan.model_copy(update={"pools": cal.apply_pools(pools, cat) if cal else pools})
+    est = estimate_plan(plan, cat, spec, profiles)
+    if not est.fits:  # `hetplan estimate` refuses it; it was compared as a run ("the best plan is 0.99x as fast")
+        worst = max(est.stages, key=lambda se: se.memory.required / se.memory_capacity_bytes)
+        raise HetplanError(f"the baseline {path} does not fit in GPU memory: stage {est.stages.index(worst)} needs "
+                           f"{_mem(worst.memory.required)} GiB per GPU > {_mem(worst.memory_capacity_bytes)} GiB "
+                           f"(`hetplan estimate {path}`)",
+                           field="--baseline", fix="give a plan that fits: raise tp/pp, use recompute or ZeRO, or "
+                                                   "lower mbs")
+    summary = plan_summary(plan, est, "baseline")
     return {"plan": str(path), "summary": summary,
             "speedup": summary["iteration_time_s"] / best["iteration_time_s"],
             "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
@@ -485,9 +549,11 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
                                fix="give its (amortised) price per GPU-hour, or use --objective fastest")
 
 
-def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: bool = False) -> list[dict]:
-    """Compute, print (unless ``quiet``) and plot the cost-time frontier (``per_stage_tp``: as the search's);
-    return its points as JSON dicts."""
+def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: bool = False,
+            heterogeneous: bool = True, ranked=()) -> list[dict]:
+    """Compute, print (unless ``quiet``) and plot the cost-time frontier under the ranking's SLO, deadline and
+    budget (``per_stage_tp``, ``heterogeneous``: as the search's), with the ranking's ``(plan, estimate)`` pairs
+    (``ranked``) on it where nothing dominates them; return its points as JSON dicts."""
     from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
@@ -495,10 +561,12 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     budget = obj.budget_usd / it if obj.budget_usd else None
     with walk_progress() as progress:
         fr = pareto_frontier(m, job, inv, cat, pins, slo_iteration_s=obj.slo_iteration_s,
-                             budget_usd_per_iteration=budget, progress=progress, per_stage_tp=per_stage_tp)
+                             budget_usd_per_iteration=budget, progress=progress, per_stage_tp=per_stage_tp,
+                             deadline_s=obj.deadline_s, heterogeneous=heterogeneous,
+                             incumbents=[(p, e, _described(plan_summary(p, e))) for p, e in ranked])
     if not fr.points:
-        raise HetplanError("no plan fits in memory (or meets the SLO/budget), so there is no frontier",
-                           field="inventory", fix="add GPUs or relax the SLO/budget")
+        raise HetplanError("no plan fits in memory (or meets the SLO/deadline/budget), so there is no frontier",
+                           field="inventory", fix="add GPUs or relax the SLO/deadline/budget")
     plot_frontier(fr, path, title=f"{job.model}: cost vs iteration time ({len(fr.points)} frontier plans)")
     pts = by_cost(fr.points)
     bought = {id(c): buys(p, c) for p, c in zip(pts, pts[1:])}
@@ -508,7 +576,8 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     if not quiet:
         con = table_console()  # COLUMNS when set (it printed 160 columns at COLUMNS=80 through a pipe)
         r = fr.result
-        t = new_table(f"Cost-time Pareto frontier by estimate() ({len(fr.points)} plans; {r.allocations_solved:,} "
+        n = len(fr.points)
+        t = new_table(f"Cost-time Pareto frontier by estimate() ({n} plan{'' if n == 1 else 's'}; {r.allocations_solved:,} "
                       f"of {r.allocations:,} allocations solved, {r.plans_estimated:,} plans estimated in "
                       f"{r.search_time_s:.2f} s)", con.width < NARROW)
         for col in ("#", "plan", "GPUs", "iter s", "$/iteration", "$/h", "what the extra $ buys"):
@@ -521,8 +590,8 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
                       f"{p.estimate.usd_per_hour:,.2f}", b)
         con.print(t)
         if fr.result.complete:
-            con.print("Every point is exact over each allocation's closed-form-optimal plan (no unestimated plan's "
-                      "lower bound could dominate it).")
+            con.print("Every point is exact over each allocation's closed-form-optimal plan and the ranked plans (no "
+                      "unestimated plan's lower bound could dominate it).")
         else:
             con.print(f"Walk stopped at its expansion limit: points faster than {fr.proven_below_s:.3f} s per "
                       f"iteration are exact; slower ones may be dominated by an unestimated plan.")
@@ -530,15 +599,18 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     return out
 
 
-def _energy_pareto(summaries, job, inv, obj, pins, cat, path: Path, per_stage_tp: bool, usd_per_kwh, quiet: bool):
-    """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's, both
-    with energy; the second drawn next to ``path``."""
+def _energy_pareto(summaries, walk: list[dict], cat, path: Path, model: str, usd_per_kwh, quiet: bool):
+    """``(cost-time frontier, time-$-energy frontier)`` over the ranked plans and the cost-time frontier's
+    (``walk``, :func:`_pareto`'s points), both with energy; the second drawn next to ``path``."""
     from hetplan.cli.energy import add_energy, print_energy_pareto
 
-    walk = _pareto(job, inv, obj, pins, cat, path, quiet=True, per_stage_tp=per_stage_tp)
     add_energy(walk, cat, usd_per_kwh)
-    return walk, print_energy_pareto(summaries + walk, path.with_name(path.stem + "-energy" + path.suffix),
-                                     f"{job.model}: time, $ and energy", quiet)
+    return walk, print_energy_pareto(summaries + walk, _energy_figure(path), f"{model}: time, $ and energy", quiet)
+
+
+def _energy_figure(path: Path) -> Path:
+    """Where ``--energy --pareto PATH`` draws the time-$-energy frontier: ``PATH-energy`` with PATH's suffix."""
+    return path.with_name(path.stem + "-energy" + path.suffix)
 
 
 def _profiles(profile_db: Optional[Path]):
@@ -558,6 +630,13 @@ def _fine(job, inv, obj, pins, cat, result, profile_db):
     from hetplan.search.fine import fine_search
 
     profiles = _profiles(profile_db)
+    if profiles is not None:  # a database of another model, dtype or GPU priced every layer analytically, unsaid
+        m = load_model(job.model)
+        gpus = sorted({cat.get(p.gpu).name for p in inv.pools})
+        if not any(profiles.covers(g, m, job.dtype) for g in gpus):
+            raise HetplanError(f"{profile_db} holds no layer times of {m.name} ({job.dtype}) on {', '.join(gpus)}: "
+                               "the fine search would price every layer by the cost model", field="--profile-db",
+                               fix="profile this model on these GPUs (hetplan profile), or drop --profile-db")
     return fine_search(job, inv, obj, pins, catalog=cat, profiles=profiles, uniform=None if profiles else result)
 
 
@@ -576,17 +655,20 @@ def _fine_json(fine) -> dict:
 def _print_fine(fine, explain: bool) -> None:
     con = table_console()
     t = new_table("Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)", con.width < NARROW)
-    for col in ("stage", "GPUs", "TP", "DP", "mbs", "layers", "recompute", "fwd+bwd ms", "GiB/GPU"):
+    cp = fine.plan.cp  # a stage's GPUs are TP x CP x DP (they read TP x DP: 8 of a CP 2 plan's 16)
+    for col in ("stage", "GPUs", "TP", *(("CP",) if cp > 1 else ()), "DP", "mbs", "layers", "recompute", "fwd+bwd ms",
+                "GiB/GPU"):
         t.add_column(col, justify="right")
     for i, (st, se) in enumerate(zip(fine.plan.stages, fine.estimate.stages)):
         rc = st.recompute if st.recompute == "none" else f"{st.recompute} {st.recomputed_layers()}/{st.num_layers}"
-        t.add_row(str(i), str(st.tp * st.dp), str(st.tp), str(st.dp), str(fine.plan.stage_mbs(i)), str(st.num_layers),
-                  rc, f"{(se.forward_s + se.backward_s) * 1e3:.1f}", _mem(se.memory.total))
+        t.add_row(str(i), str(st.tp * cp * st.dp), str(st.tp), *((str(cp),) if cp > 1 else ()), str(st.dp),
+                  str(fine.plan.stage_mbs(i)), str(st.num_layers), rc, f"{(se.forward_s + se.backward_s) * 1e3:.1f}",
+                  _mem(se.memory.total))
     con.print(t)
-    if explain:
+    if explain:  # no markup: rich took a step's "[start 2, 1]" for a style tag and dropped it
         for line in fine.explanation()[:-1]:
-            con.print(f"  {line}", highlight=False)
-    con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False)
+            con.print(f"  {line}", highlight=False, markup=False)
+    con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False, markup=False)
 
 
 def _pins(raw: dict) -> Pins:
@@ -698,13 +780,24 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
         iv = _interval_text(s)
         figures = (f"{s['iteration_time_s']:.2f}" + (f"\n{iv}" if iv else ""), f"{s['mfu']:.1%}",
                    _mem(s["memory_bytes_per_gpu"]["total"]))
-        money = (duration_text(s["job_time_s"]), usd_text(s["job_usd"])) + ((f"{s['job_energy_kwh']:,.0f}",) if kwh else ())
+        money = (duration_text(s["job_time_s"]), usd_text(s["job_usd"])) + ((kwh_text(s["job_energy_kwh"]),) if kwh else ())
         if narrow:
-            t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {s['recompute']}", *figures, *money)
+            t.add_row(str(i), f"{gpus}\n{layout} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}", *figures, *money)
         else:
-            t.add_row(str(i), gpus, layout, str(s["mbs"]), str(s["zero"]), str(s["recompute"]), figures[0],
+            t.add_row(str(i), gpus, layout, str(s["mbs"]), str(s["zero"]), _recompute(s), figures[0],
                       f"{s['tokens_per_s']:,.0f}", *figures[1:], usd_text(s["usd_per_hour"]), *money)
     return t
+
+
+def _described(s: dict) -> str:
+    """A plan summary in one line, as the narrow ranking writes it: ``64x H100-SXM 2x16x4 v3 mbs 1 ZeRO-1 none``."""
+    return f"{s['num_gpus']}x {s['gpu']} {_layout(s)} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}"
+
+
+def _recompute(s: dict) -> str:
+    """The recomputation of a plan summary; stages of different modes show them in stage order, ``full/none``, as
+    :func:`_layout` shows TP and DP (the table printed the summary's ``None``)."""
+    return s["recompute"] or "/".join(dict.fromkeys(st["recompute"] for st in s["stages"]))
 
 
 def _stages_line(s: dict) -> str:

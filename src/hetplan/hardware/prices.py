@@ -229,15 +229,14 @@ def default_price(gpu_name: str, quotes=None, today: dt.date | None = None) -> P
                  newest.date, not fresh, "hetplan/hardware/data/prices.toml (the default rule in its header)")
 
 
-def choose(gpu, source: str = "catalog", provider: str | None = None, today: dt.date | None = None,
-           prices_file: str | None = None) -> Price:
-    """The price of one GPU (a catalog :class:`~hetplan.hardware.catalog.GPUSpec`) under ``source`` and
-    ``provider`` (see module doc).
+def check_price_options(source: str = "catalog", provider: str | None = None,
+                        prices_file: str | None = None) -> tuple[Quote, ...]:
+    """The quotes :func:`choose` picks from, once ``source``, ``provider`` and ``prices_file`` are checked — also
+    where every pool gives its own price and nothing is chosen (``--price-source bogus``, ``--provider nosuch``
+    and a ``--prices`` file that does not exist exited 0 there).
 
     Raises:
-        HetplanError: unknown ``source``, a ``provider`` that has no quote at all, or one with the catalog source.
-    """
-    today = today or dt.date.today()
+        HetplanError: as :func:`choose`."""
     if source not in SOURCES:
         raise HetplanError(f"unknown price source {source!r}", field="--price-source",
                            fix=f"use one of {', '.join(s.replace('_', '-') for s in SOURCES)}")
@@ -249,6 +248,19 @@ def choose(gpu, source: str = "catalog", provider: str | None = None, today: dt.
     if provider is not None and provider.lower() not in {q.provider for q in quotes}:
         raise HetplanError(f"no quotes from provider {provider!r}", field="--provider",
                            fix=f"use one of {', '.join(sorted({q.provider for q in quotes}))}")
+    return quotes
+
+
+def choose(gpu, source: str = "catalog", provider: str | None = None, today: dt.date | None = None,
+           prices_file: str | None = None) -> Price:
+    """The price of one GPU (a catalog :class:`~hetplan.hardware.catalog.GPUSpec`) under ``source`` and
+    ``provider`` (see module doc).
+
+    Raises:
+        HetplanError: unknown ``source``, a ``provider`` that has no quote at all, or one with the catalog source.
+    """
+    today = today or dt.date.today()
+    quotes = check_price_options(source, provider, prices_file)
     catalog = Price(gpu.price_usd_per_hour, f"catalog ({gpu.price_provider})", gpu.price_date,
                     _stale(gpu.price_date, today), gpu.price_source)
     if source == "catalog":

@@ -331,6 +331,15 @@ class ProfileDB:
             out[(mbs, s)] = (f, b)
         return out
 
+    def covers(self, device: str, model: ModelSpec, dtype: str) -> bool:
+        """Whether any transformer-layer time of ``model``'s shape in ``dtype`` on ``device`` is stored (any TP,
+        micro-batch or sequence length): else :meth:`layer_time_s` returns None for every query of it."""
+        sql = ("SELECT 1 FROM layer_times WHERE lower(device) = lower(?) AND dtype = ? AND kind = 'layer' AND "
+               "hidden_size = ? AND num_heads = ? AND num_kv_heads = ? AND head_dim = ? AND ffn_hidden_size = ? AND "
+               "gated_mlp = ? AND norm = ? AND linear_bias = ? AND rotary = ? AND vocab_size = ? LIMIT 1")
+        args = (normalize_device(device), dtype, *LayerShape.of(model).columns())
+        return self.conn.execute(sql, args).fetchone() is not None
+
     def layer_rows(self) -> Iterator[dict]:
         """Every layer row as a dict (for listing and export)."""
         cur = self.conn.execute("SELECT * FROM layer_times ORDER BY device, dtype, kind, hidden_size, tp, seq_len, mbs")

@@ -39,17 +39,18 @@ CP_MISSING = ("torch 2.13's context_parallel (torch.distributed.tensor.experimen
               "on CPU / gloo; on GPUs the reference trainer does not wire it in yet")
 
 
-def load_plan(path: str | Path) -> Plan:
+def load_plan(path: str | Path, field: str = "PLAN") -> Plan:
     """Read and validate a plan JSON file; a relative ``job.model`` path is made relative to the plan's folder.
+    ``field``: the argument or option that named the file (``hetplan plan --baseline``), for the errors.
 
     Raises:
         HetplanError: missing file, malformed JSON (with line and column), or a field that fails validation
             (named as ``plan.<dotted.path>``).
     """
     p = Path(path)
-    raw = parse_json(read_text(p, "PLAN"), str(p), "PLAN")
+    raw = parse_json(read_text(p, field), str(p), field)
     if not isinstance(raw, dict):
-        raise HetplanError(f"{p} must hold a JSON object (a plan)", field="PLAN",
+        raise HetplanError(f"{p} must hold a JSON object (a plan)", field=field,
                            fix="write the plan as {\"job\": ..., \"pools\": ..., \"stages\": ..., \"mbs\": ...}")
     model = raw.get("job", {}).get("model") if isinstance(raw.get("job"), dict) else None
     if isinstance(model, str):

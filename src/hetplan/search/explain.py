@@ -164,14 +164,18 @@ def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_a
             )
     # Best alternative for every other value of each dimension, by estimate() (an exact walk per dimension).
     dims = {d: np.concatenate([r.config[d] for r in results]) for d in DIMENSIONS}
-    dims["gpu"] = cat["pool"]
-    for d, values in dims.items():
-        found = best_among(values != values[win_idx])
+    # another GPU type, and another pool of the winner's type (two H100 pools at two prices: the other pool's
+    # plan was called "Best with another GPU type: H100-SXM x4")
+    names = np.array([r.gpu.name for r in results])[cat["pool"]]
+    dims["gpu"] = names
+    masks = {"pool": (cat["pool"] != cat["pool"][win_idx]) & (names == names[win_idx])}
+    for d, values in [*dims.items(), ("pool", cat["pool"])]:
+        found = best_among(masks.get(d, values != values[win_idx]))
         if found is None:
             continue
         j, est = found
         c = _row(results, cat, j, est.iteration_time_s)
-        label = {"gpu": "GPU type", "recompute": "recomputation", "mbs": "micro-batch size",
+        label = {"gpu": "GPU type", "recompute": "recomputation", "mbs": "micro-batch size", "pool": "pool of the same GPU type",
                  "virtual_stages": "interleaving (virtual stages)"}.get(d, d.upper() if d != "zero" else "ZeRO stage")
         lines.append(f"Best with another {label}: {describe(c)}: {why_behind(c, winner, goal)}.")
     lines.extend(_why_split(goal, results, cat, winner, dims, estimate_row, seq_len))

@@ -54,7 +54,7 @@ from hetplan.hardware.frameworks import job_framework
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.fine_cost import FineCostModel, FineStage, FineState, StateCost, state_from_plan
-from hetplan.search.objective import Objective
+from hetplan.search.objective import Objective, estimate_keys
 from hetplan.search.space import (RECOMPUTE_NAMES, Pins, cp_degrees, ep_degrees, free_recompute_codes, fsdp_zero_stages,
                                   stack_allows, stack_has, tp_degrees)
 
@@ -535,16 +535,28 @@ def fine_search(
             plain = (pins or Pins()).model_copy(update={"virtual_stages": 1})
             starts += [rp.plan for rp in search_plans(job, inventory, objective, plain, top_k=top,
                                                       catalog=catalog).plans]
-    for sp in starts:
-        if len({st.pool for st in sp.stages}) > 1 or sp.schedule != "1f1b":
-            raise HetplanError("fine-grained search starts from a one-pool 1F1B plan", field="start",
-                               fix="give a plan whose stages share one pool and use schedule 1f1b")
+    def one_pool_1f1b(sp: Plan) -> bool:
+        return len({st.pool for st in sp.stages}) == 1 and sp.schedule == "1f1b"
+
+    if start is not None and not one_pool_1f1b(start):
+        raise HetplanError("fine-grained search starts from a one-pool 1F1B plan", field="start",
+                           fix="give a plan whose stages share one pool and use schedule 1f1b")
+    if not one_pool_1f1b(starts[0]):  # it said "start: ... fix: give a plan whose stages share one pool"
+        raise HetplanError("the best uniform plan mixes GPU pools, and the fine-grained search works on one pool",
+                           field="--search", fix="add --no-hetero (the fine search then starts from the best plan "
+                                                 "on one GPU type), or use --search uniform")
+    # a mixed-pool runner-up was refused too, with the best on one pool; it is no start point of this pool
+    starts = [sp for sp in starts if one_pool_1f1b(sp)]
     pool = starts[0].pools[starts[0].stages[0].pool]
     starts = [sp for sp in starts if sp.pools[sp.stages[0].pool] == pool]
-    # The baseline: the best uniform plan under the same cost model (re-ranked with the profiles when given).
+    # The baseline: the best uniform plan under the same cost model (re-ranked with the profiles when given), by
+    # the objective: the fastest of them was taken under --objective cheapest too (16 GPUs at $0.2534 per job
+    # over 8 at $0.2504), and the search keeps the start's GPUs.
     if profiles is not None or start is not None:
         ests = estimate_many(starts, catalog, m, profiles)
-        order = sorted(range(len(starts)), key=lambda i: (not ests[i].fits, ests[i].iteration_time_s, i))
+        keys = [estimate_keys(objective or Objective(), e) for e in ests]  # None: breaks memory or a constraint
+        order = sorted(range(len(starts)), key=lambda i: (keys[i] is None, not ests[i].fits,
+                                                          keys[i] or (ests[i].iteration_time_s,), i))
         starts = [starts[i] for i in order]
         start_plan, start_est = starts[0], ests[order[0]]
     else:

@@ -6,8 +6,9 @@ candidate set ``H`` of the heterogeneous space (each GPU allocation's closed-for
 allocations are the homogeneous plans): a plan is on it when no other estimated plan is both at least as fast and
 at least as cheap per iteration, and every plan of ``H`` left unestimated has a lower bound ``(T, R·T)`` (no
 schedule beats it) that a frontier point already dominates — unless the walk hit its expansion limit, in which
-case the points faster than :attr:`Frontier.proven_below_s` are still exact. Units: seconds per iteration, USD per
-iteration, USD per hour.
+case the points faster than :attr:`Frontier.proven_below_s` are still exact. Plans the caller found elsewhere
+(``incumbents``: the ranking, whose space holds plans H does not) join it where no point dominates them. Units:
+seconds per iteration, USD per iteration, USD per hour.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from hetplan.estimate.estimator import Estimate
 from hetplan.plan import Inventory, Job, Plan
 from hetplan.search.hetero import EstimatedPlan, EstimatedResult, HeteroCandidate, search_hetero_estimated
-from hetplan.search.objective import Objective
+from hetplan.search.objective import Objective, estimate_keys
 from hetplan.search.space import Pins
 
 #: Expansions the frontier walk may make after the closed-form frontier (then points faster than the first
@@ -31,13 +32,14 @@ PARETO_SEED_SOLVES = 1000
 
 @dataclass
 class FrontierPoint:
-    """One frontier plan: the plan, its estimate, whether it mixes pools, and its description."""
+    """One frontier plan: the plan, its estimate, whether it mixes pools, its description, and its candidate of
+    H (``None``: a plan given to :func:`pareto_frontier` as an incumbent)."""
 
     plan: Plan
     estimate: Estimate
     heterogeneous: bool
     description: str
-    candidate: HeteroCandidate
+    candidate: HeteroCandidate | None
 
 
 @dataclass
@@ -55,25 +57,40 @@ class Frontier:
 def pareto_frontier(m, job: Job, inventory: Inventory, catalog, pins: Pins | None = None,
                     slo_iteration_s: float | None = None, budget_usd_per_iteration: float | None = None,
                     max_expansions: int | None = PARETO_WALK_EXPANSIONS, progress=None,
-                    per_stage_tp: bool = False) -> Frontier:
+                    per_stage_tp: bool = False, deadline_s: float | None = None,
+                    heterogeneous: bool = True, incumbents=()) -> Frontier:
     """Cost–time frontier of ``job`` on ``inventory`` by estimates (see module doc).
 
     Args:
-        per_stage_tp: as in :func:`hetplan.search.planner.search_plans` (off: one TP for every stage).
-        slo_iteration_s, budget_usd_per_iteration: optional limits applied to the frontier (s, USD).
+        per_stage_tp, heterogeneous: as in :func:`hetplan.search.planner.search_plans` (off: one TP for every
+            stage; only plans on one GPU type).
+        slo_iteration_s, budget_usd_per_iteration, deadline_s: optional limits applied to the frontier (s per
+            iteration, USD per iteration, s for the job), as the ranking applies them.
         max_expansions: expansion limit of the guarded walk (``None``: none; then every point is exact over H).
+        incumbents: ``(plan, estimate, description)`` of plans found elsewhere — the ranking of
+            :func:`hetplan.search.planner.search_plans`, whose space H does not hold (interleaved 1F1B, ZeRO-2/3,
+            recomputation heavier than the lightest that fits): each that meets the limits joins the frontier
+            unless a point weakly dominates it, and removes the points it dominates (an interleaved plan in the
+            ranking was faster and cheaper than the frontier's fastest point).
         progress: ``progress(done, limit, phase)`` as the search's phases advance (cost tables, closed-form
             seeds, the walk).
     Raises:
         HetplanError: unknown GPU type.
     """
     budget = None if budget_usd_per_iteration is None else budget_usd_per_iteration * job.iterations()
-    obj = Objective(slo_iteration_s=slo_iteration_s, budget_usd=budget)
+    obj = Objective(slo_iteration_s=slo_iteration_s, budget_usd=budget, deadline_s=deadline_s)
     res = search_hetero_estimated(m, job, inventory, catalog, obj, pins=pins, pareto=True,
                                   max_expansions=max_expansions, progress=progress, seed_solves=PARETO_SEED_SOLVES,
-                                  per_stage_tp=per_stage_tp)
+                                  per_stage_tp=per_stage_tp, max_pools=None if heterogeneous else 1)
     pts = [FrontierPoint(ep.plan, ep.estimate, ep.heterogeneous, ep.candidate.describe(inventory), ep.candidate)
            for ep in res.frontier]
+    for plan, est, description in incumbents:
+        t, c = est.iteration_time_s, est.usd_per_iteration  # estimate_keys: None when it breaks memory or a limit
+        if estimate_keys(obj, est) is None or any(p.estimate.iteration_time_s <= t and p.estimate.usd_per_iteration <= c for p in pts):
+            continue
+        pts = [p for p in pts if not (p.estimate.iteration_time_s >= t and p.estimate.usd_per_iteration >= c)]
+        pts.append(FrontierPoint(plan, est, len({st.pool for st in plan.stages}) > 1, description, None))
+    pts.sort(key=lambda p: (p.estimate.iteration_time_s, p.estimate.usd_per_iteration))
     return Frontier(points=pts, evaluated=res.evaluated, result=res, proven_below_s=res.open_bound)
 
 

@@ -283,6 +283,30 @@ def _refuse_pinned_ep_layout(job: Job, pins: Pins) -> None:
                            field="pin.ep", fix="pin an EP degree dividing TP x CP x DP, or unpin tp / dp")
 
 
+def _refuse_unmatched_pins(job: Job, pins: Pins, m: ModelSpec, inventory: Inventory) -> None:
+    """No plan matches the pins: the pin (or the inventory) that is why.
+
+    Raises:
+        HetplanError: always."""
+    _refuse_pins_the_stack_lacks(job, pins)
+    _refuse_pinned_zero_layout(pins)
+    _refuse_pinned_interleaving(job, pins, m)
+    if pins.num_gpus is not None and not any(fills_whole_nodes(pins.num_gpus, p.launch_gpus)
+                                             for p in inventory.pools):
+        per_host = max(p.launch_gpus for p in inventory.pools)
+        raise HetplanError(f"{pins.num_gpus} GPUs span hosts of {per_host} GPUs without filling them: a launch "
+                           "starts the same number of processes on every host (torchrun, the DeepSpeed "
+                           "launcher)", field="pin.num_gpus",
+                           fix=f"pin --use-gpus at most {per_host} or a multiple of {per_host}")
+    _refuse_pins_no_pool_holds(pins, inventory)
+    raise HetplanError(
+        "no configuration matches the pinned dimensions and the inventory",
+        field="pins",
+        fix="check that tp*pp*dp fits the GPU count, tp divides the heads and is at most gpus_per_node, "
+        "and global_batch is divisible by dp*mbs",
+    )
+
+
 def _refuse_pins_no_pool_holds(pins: Pins, inventory: Inventory) -> None:
     """When no configuration matched: pinned degrees that no pool has the GPUs for — their product ``TP x PP x
     CP x DP`` (a plan uses that many GPUs at least, :mod:`hetplan.search.space`) above the largest pool, not
@@ -297,6 +321,14 @@ def _refuse_pins_no_pool_holds(pins: Pins, inventory: Inventory) -> None:
     text = " x ".join(f"{k.upper()} {v}" for k, v in pinned.items())
     s_ = "" if len(pinned) > 1 else "s"
     largest = max(p.count for p in inventory.pools)
+    total = sum(p.count for p in inventory.pools)
+    if pins.num_gpus is not None and pins.num_gpus > total:  # these said "no configuration matches"
+        raise HetplanError(f"--use-gpus {pins.num_gpus}: the inventory has {total} GPUs", field="pin.num_gpus",
+                           fix=f"pin --use-gpus at most {total}, or add GPUs")
+    if pins.num_gpus is not None and pins.num_gpus > largest:
+        raise HetplanError(f"--use-gpus {pins.num_gpus}: a plan on one GPU type uses one pool, and the largest has "
+                           f"{largest}", field="pin.num_gpus",
+                           fix=f"pin --use-gpus at most {largest}, or let stages span pools (without --no-hetero)")
     if need > largest:
         raise HetplanError(f"the pinned {text} need{s_} at least {need} GPUs; the largest pool has {largest}",
                            field="pins", fix=f"pin degrees whose product is at most {largest}, or add GPUs")
@@ -392,24 +424,11 @@ def search_plans(
             else "use dtype = \"fp16\""
         )
     n_total = sum(r.configurations_evaluated for r in results)
-    if n_total == 0:
-        _refuse_pins_the_stack_lacks(job, pins)
-        _refuse_pinned_zero_layout(pins)
-        _refuse_pinned_interleaving(job, pins, m)
-        if pins.num_gpus is not None and not any(fills_whole_nodes(pins.num_gpus, p.launch_gpus)
-                                                 for p in inventory.pools):
-            per_host = max(p.launch_gpus for p in inventory.pools)
-            raise HetplanError(f"{pins.num_gpus} GPUs span hosts of {per_host} GPUs without filling them: a launch "
-                               "starts the same number of processes on every host (torchrun, the DeepSpeed "
-                               "launcher)", field="pin.num_gpus",
-                               fix=f"pin --use-gpus at most {per_host} or a multiple of {per_host}")
-        _refuse_pins_no_pool_holds(pins, inventory)
-        raise HetplanError(
-            "no configuration matches the pinned dimensions and the inventory",
-            field="pins",
-            fix="check that tp*pp*dp fits the GPU count, tp divides the heads and is at most gpus_per_node, "
-            "and global_batch is divisible by dp*mbs",
-        )
+    # stages on two pools (PP): the heterogeneous search holds plans no pool alone does (--use-gpus 32 on FASOP's
+    # 4 A100 + 28 A10G, its own answer's GPU count, was refused as "no configuration matches")
+    hetero_runs = heterogeneous and len(inventory.pools) > 1 and job.stack_spec().has("pp")
+    if n_total == 0 and not hetero_runs:
+        _refuse_unmatched_pins(job, pins, m, inventory)
     iterations = job.iterations()
     cat: dict[str, Any] = {
         "pool": np.concatenate([np.full(len(r), k) for k, r in enumerate(results)]),
@@ -433,7 +452,7 @@ def search_plans(
         ranked, ranked_idx, walk = _exact_top_k(job, inventory, m, results, cat, objective, top_k, catalog,
                                                 progress=progress)
         homo = _walk_summary(walk, objective, ranked)
-    if heterogeneous and len(inventory.pools) > 1 and job.stack_spec().has("pp"):  # stages on two pools: PP
+    if hetero_runs:
         # the homogeneous top K fill the walk's cut: it only has to prove what could enter the joint ranking
         het = _hetero_candidates(job, inventory, m, objective, pins, catalog, top_k, progress,
                                  incumbents=[(rp.plan, rp.estimate) for rp in ranked], per_stage_tp=per_stage_tp)
@@ -456,9 +475,11 @@ def search_plans(
         ranked, explanation = _merge_hetero(objective, ranked, explanation, het, top_k)
     if ranked and (scope := _stack_scope(job, m)) is not None:
         explanation.append(scope)
+    if not ranked and n_total == 0:  # nor did the heterogeneous search find a plan of the pins
+        _refuse_unmatched_pins(job, pins, m, inventory)
     if not ranked:
         _raise_infeasible(objective, results, cat, job_time, job_usd, lambda: _fastest_estimated(
-            job, inventory, m, results, cat, catalog, het), _stack_limits(job, m))
+            job, inventory, m, results, cat, catalog, het, pins, per_stage_tp), _stack_limits(job, m))
     return SearchResult(
         plans=ranked,
         explanation=explanation,
@@ -536,13 +557,27 @@ def _proven_within(objective, best_estimate, open_bound: float) -> float | None:
     return max(0.0, k[0] / open_bound - 1)
 
 
-def _fastest_estimated(job, inventory, m, results, cat, catalog, het) -> float | None:
+def _apart(a_s: float, b_s: float) -> tuple[str, str]:
+    """Two durations as :func:`duration_text` writes them, or in seconds to 4 digits when those read the same
+    ("the deadline of 0.9 s; the fastest plan takes 0.9 s")."""
+    a, b = duration_text(a_s), duration_text(b_s)
+    return (a, b) if a != b else (f"{a_s:.4g} s", f"{b_s:.4g} s")
+
+
+def _fastest_estimated(job, inventory, m, results, cat, catalog, het, pins=None, per_stage_tp=False) -> float | None:
     """Job time (s) of the fastest plan that fits, by estimate() (the homogeneous exact search for ``fastest``,
-    and the heterogeneous plans estimated), for an infeasibility message; None when nothing fits."""
-    found, _, _ = _exact_top_k(job, inventory, m, results, cat, Objective(goal="fastest"), 1, catalog)
+    and, where the heterogeneous search ran, its fastest plan), for an infeasibility message; None when nothing
+    fits. The plans that search estimated under a budget are not enough: on FASOP's inventory with $0.01 and a
+    0.864 s deadline it said "no plan finishes by the deadline of 0.9 s; the fastest plan that fits takes 0.9 s"
+    (0.945 s, four A100s), while a mixed plan takes 0.81 s — the deadline and the budget together were why."""
+    fastest = Objective(goal="fastest")
+    found, _, _ = _exact_top_k(job, inventory, m, results, cat, fastest, 1, catalog)
     times = [rp.estimate.job_time_s for rp in found]
     if het is not None:
         times += [ep.estimate.job_time_s for ep in het[1].evaluated if ep.estimate.fits]
+        entries, _ = _hetero_candidates(job, inventory, m, fastest, pins or Pins(), catalog, 1,
+                                        per_stage_tp=per_stage_tp)
+        times += [est.job_time_s for *_, est, _desc in entries]
     return min(times, default=None)
 
 
@@ -757,8 +792,8 @@ def _raise_infeasible(objective, results, cat, job_time, job_usd, fastest_estima
         fastest = float(job_time[fits].min()) if fastest is None else fastest
         if fastest > objective.deadline_s:
             raise InfeasibleError(
-                f"no plan finishes by the deadline of {duration_text(objective.deadline_s)}; the fastest plan that fits "
-                f"takes {duration_text(fastest)}",
+                f"no plan finishes by the deadline of {_apart(objective.deadline_s, fastest)[0]}; the fastest plan that "
+                f"fits takes {_apart(objective.deadline_s, fastest)[1]}",
                 field="objective.deadline_s",
                 fix="extend the deadline, add GPUs, or train on fewer tokens",
             )

@@ -100,13 +100,14 @@ def build_groups(m: ModelSpec, job: Job, inventory: Inventory, catalog, pins: Pi
 
 
 def bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp: bool = True,
-                         progress=None):
+                         progress=None, max_pools: int | None = None):
     """Bounds of every allocation of every group (:func:`.allocation_bounds`). The space first includes two TP
     degrees per pool; when it holds more than ``max_allocations`` allocations, one TP degree per pool, then plans
-    restricted to two pools (then one). Returns ``(rows, (max_pools, mixed_tp), count)``, rows as
+    restricted to two pools (then one). ``max_pools``: plans on at most this many pools (``None``: all; 1: the
+    one-GPU-type plans of ``hetplan plan --no-hetero``). Returns ``(rows, (max_pools, mixed_tp), count)``, rows as
     ``(group index, options, option index per pool, $/h, T_LB, T_SIM)``; ``progress(done, total, phase)`` per
     group."""
-    max_pools = len(inventory.pools)
+    max_pools = len(inventory.pools) if max_pools is None else min(max_pools, len(inventory.pools))
     mixed = mixed_tp and pins.tp is None
     price_boundaries([(g, *pair) for g in groups for pair in g.same_tp_boundaries()])  # each group's c_min
     while True:

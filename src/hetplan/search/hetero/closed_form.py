@@ -109,7 +109,8 @@ class HeteroCandidate:
 @dataclass
 class HeteroResult:
     """Outcome of :func:`search_hetero`: the best plan (or ``None``), every plan evaluated exactly, the Pareto
-    frontier (``pareto`` goal; ascending time), and counters."""
+    frontier (``pareto`` goal; ascending time), counters, and the allocations solved (``solved_rows``: their
+    indices in the concatenated rows, :func:`.concat_rows`)."""
 
     best: HeteroCandidate | None
     candidates: list[HeteroCandidate]
@@ -120,6 +121,7 @@ class HeteroResult:
     orders_solved: int = 0
     search_time_s: float = 0.0
     stats: dict = field(default_factory=dict)
+    solved_rows: list[int] = field(default_factory=list)
 
 
 def _frontier_dominates(frontier: list[HeteroCandidate], t: float, cost_per_s: float) -> float:
@@ -217,6 +219,7 @@ def search_hetero(
     frontier: list[HeteroCandidate] = []
     found: list[HeteroCandidate] = []
     solved = orders = 0
+    solved_rows: list[int] = []
     slo = slo_iteration_s if slo_iteration_s is not None else INF
     budget = budget_usd_per_iteration if budget_usd_per_iteration is not None else INF
     cut_short = False
@@ -247,6 +250,7 @@ def search_hetero(
         if progress is not None:
             progress(solved, max_solves, "closed-form seeds (solves)")
         solved += 1
+        solved_rows.append(int(j))
         lbp = float(t_lb[j]) - 2 * (sum(s for _, (t, s) in blocks) - 1) * cmins[int(gid[j])] if prune else 0.0
         t, seq, ns, rcv, tried = solve_allocation(g, blocks, ub, lbp)
         orders += tried
@@ -287,4 +291,5 @@ def search_hetero(
         stats={"max_pools_per_plan": max_pools[0], "mixed_tp": max_pools[1],
                "restricted": max_pools[0] < len(inventory.pools) or (mixed_tp and pins.tp is None and not max_pools[1]),
                "groups": len(groups), "cut_short": cut_short},
+        solved_rows=solved_rows,
     )

@@ -88,6 +88,7 @@ def search_hetero_estimated(
     progress=None,
     seed_solves: int | None = None,
     incumbents=(),
+    max_pools: int | None = None,
 ) -> EstimatedResult:
     """The best heterogeneous plans (or the cost–time frontier) by :func:`hetplan.estimate.estimator.estimate`
     itself, exact over the candidate set ``H``: one plan per GPU allocation of the space (module doc), with the
@@ -109,7 +110,8 @@ def search_hetero_estimated(
 
     Args:
         objective: :class:`hetplan.search.objective.Objective` (goal, deadline/budget on the job, iteration SLO);
-            for ``pareto`` only its ``slo_iteration_s`` and ``budget_usd`` (job $) act, as filters.
+            for ``pareto`` its ``slo_iteration_s``, ``deadline_s`` (job s) and ``budget_usd`` (job $) act, as
+            filters.
         top_k: how many plans to keep. pareto: compute the frontier instead.
         estimator: the function estimating one plan (default :func:`~hetplan.estimate.estimator.estimate`).
         max_expansions: stop the walk after this many expansions (allocation bounds refined, allocations solved,
@@ -127,6 +129,7 @@ def search_hetero_estimated(
             together with this search's plans: they fill the top-k cut from the start, so the walk only proves
             what could enter the joint ranking; they are not returned, and a plan of H equal to one is not
             estimated again (top k only).
+        max_pools: plans on at most this many pools (``None``: all; 1: one GPU type per plan).
     Raises:
         HetplanError: unknown GPU type in the inventory.
     """
@@ -142,14 +145,15 @@ def search_hetero_estimated(
     max_stages = min(max_stages or m.num_layers, m.num_layers) if stack_has(job.stack_spec(), "pp") else 1
     iterations = job.iterations()
     groups = build_groups(m, job, inventory, catalog, pins, max_stages, progress, per_stage_tp)
-    rows, max_pools, n_alloc = bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp,
-                                                    progress)
+    rows, limits, n_alloc = bounded_allocations(groups, inventory, pins, max_stages, max_allocations, mixed_tp,
+                                                 progress, max_pools)
     flat = concat_rows(rows)
     gid, loc, rate, t_lb, t_sim = flat
-    prepared = PreparedSpace(groups, rows, max_pools, n_alloc, flat)
+    prepared = PreparedSpace(groups, rows, limits, n_alloc, flat)
     cmins = [g.c_min() for g in groups]
-    slo = objective.slo_iteration_s if objective.slo_iteration_s is not None else INF
-    budget_it = objective.budget_usd / iterations if objective.budget_usd is not None else INF
+    _, slo_it, budget_per_it = _closed_form_goal(objective, iterations)  # the deadline as an SLO per iteration
+    slo = slo_it if slo_it is not None else INF
+    budget_it = budget_per_it if budget_per_it is not None else INF
     evaluated: list[EstimatedPlan] = []
     seen: set = set()
     top = TopK(top_k)
@@ -160,7 +164,8 @@ def search_hetero_estimated(
             top.add(*k2, est.memory_bytes_per_gpu.total, -len(known) - 1, None)
         known.add(plan.model_dump_json())
     frontier: list[EstimatedPlan] = []
-    count = {"solved": 0, "orders": 0}
+    count = {"orders": 0}
+    solved: set[int] = set()  # allocations solved (rows): the seeds' and the walk's, each counted once
 
     def record(cand: HeteroCandidate, bound: float) -> None:
         """Estimate one plan of H (once) and file it."""
@@ -188,8 +193,8 @@ def search_hetero_estimated(
     # nothing the walk would not find, so they are skipped.
     if seed and not (not pareto and len(top.entries) >= top_k):
         if pareto:
-            cf = search_hetero(m, job, inventory, catalog, goal="pareto", slo_iteration_s=objective.slo_iteration_s,
-                               budget_usd_per_iteration=None if budget_it == INF else budget_it, pins=pins,
+            cf = search_hetero(m, job, inventory, catalog, goal="pareto", slo_iteration_s=slo_it,
+                               budget_usd_per_iteration=budget_per_it, pins=pins,
                                max_stages=max_stages, max_allocations=max_allocations, prepared=prepared,
                                max_solves=seed_solves, progress=progress)
             seeds_cf = cf.frontier
@@ -200,7 +205,7 @@ def search_hetero_estimated(
                                max_allocations=max_allocations, keep_candidates=top_k + 3, prepared=prepared,
                                max_solves=seed_solves, progress=progress)
             seeds_cf = cf.candidates
-        count["solved"] += cf.allocations_solved
+        solved.update(cf.solved_rows)  # counted with the walk's: the frontier read "32 of 27 allocations solved"
         count["orders"] += cf.orders_solved
         for c in seeds_cf:
             record(c, 0.0)
@@ -260,7 +265,7 @@ def search_hetero_estimated(
             j = item[1]
             g = groups[int(gid[j])]
             blocks = allocation_blocks(rows, int(gid[j]), int(loc[j]))
-            count["solved"] += 1
+            solved.add(j)
             lbp = float(t_lb[j]) - 2 * (sum(s for _, (t, s) in blocks) - 1) * cmins[int(gid[j])]
             t, seq, ns, rcv, tried = solve_allocation(g, blocks, INF, lbp)
             count["orders"] += tried
@@ -293,11 +298,12 @@ def search_hetero_estimated(
     return EstimatedResult(
         top=[e[-1] for e in top.best() if e[-1] is not None], frontier=frontier, evaluated=evaluated,
         allocations=n_alloc,
-        allocations_solved=count["solved"], plans_estimated=len(evaluated), orders_solved=count["orders"],
+        allocations_solved=len(solved), plans_estimated=len(evaluated), orders_solved=count["orders"],
         search_time_s=time.perf_counter() - t0,
         open_bound=open_bound,
-        stats={"max_pools_per_plan": max_pools[0], "mixed_tp": max_pools[1], "per_stage_tp": per_stage_tp,
-               "restricted": max_pools[0] < len(inventory.pools) or (mixed_tp and pins.tp is None and not max_pools[1]),
+        stats={"max_pools_per_plan": limits[0], "mixed_tp": limits[1], "per_stage_tp": per_stage_tp,
+               "restricted": (limits[0] < min(max_pools or len(inventory.pools), len(inventory.pools))
+                              or (mixed_tp and pins.tp is None and not limits[1])),
                "groups": len(groups)},
     )
 
