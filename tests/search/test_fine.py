@@ -242,10 +242,10 @@ def aceso_db():
 
 def test_aceso_gpt3_1_3b_small_case(aceso_db):
     """GPT-3 1.3B, 4 x V100-32GB limited to 12,000 MB, global batch 512 (Aceso's artifact): Aceso predicted 58.76 s
-    and measured 59.01 s per iteration. Measured here (2026-11-28): uniform and fine 59.81 s (1.4 % over Aceso's
-    measurement). Before ZeRO-3 under ``framework = "megatron"`` ran as Megatron-FSDP (its per-micro-batch
-    gradient copy and main-gradient buckets, docs/estimator.md) the fine search found a ZeRO-3 plan at 58.71 s;
-    that plan now needs 12.13 GiB of the 11.72 GiB limit."""
+    and measured 59.01 s per iteration. Measured here (2026-11-29): uniform 59.81 s, fine 58.69 s (PP 4 of 6 layers
+    each, ZeRO-1, 11.70 of the 11.72 GiB limit; 0.5 % under Aceso's measurement). Before ZeRO-3 under
+    ``framework = "megatron"`` ran as Megatron-FSDP (its per-micro-batch gradient copy and main-gradient buckets,
+    docs/estimator.md) the fine search found a ZeRO-3 plan at 58.71 s; that plan now needs more than the limit."""
     m = load_model(ACESO_13)
     job = Job(model=str(ACESO_13), seq_len=2048, global_batch=512, dtype="fp16", attention="standard")
     inv = Inventory(pools=[GPUPool(gpu=V100, count=4, gpus_per_node=4)])
