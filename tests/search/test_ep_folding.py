@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hetplan.cli.plan import _layout
+from hetplan.cli.output import layout_text as _layout
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate
 from hetplan.model.spec import load_model

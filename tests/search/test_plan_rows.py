@@ -46,7 +46,8 @@ def test_no_duplicate_rows_selective_is_none_under_flash():
 def test_plan_table_shows_context_parallelism_and_mixed_tp():
     """The table's TPxPPxDP cell and the "Stages of #1" line name CP when it is above 1, and a plan whose stages
     differ in TP shows their degrees in stage order (was: "Nonex2x2", and no CP anywhere)."""
-    from hetplan.cli.plan import _layout, _stages_line
+    from hetplan.cli.output import layout_text as _layout
+    from hetplan.cli.plan import _stages_line
     from hetplan.estimate.estimator import estimate
     from hetplan.plan import GPUPool, Plan, Stage
     from hetplan.report import plan_summary

@@ -439,14 +439,14 @@ def print_energy_pareto(summaries: list[dict], path: Path, title: str, quiet: bo
         t = Table(title=f"Time-$-energy Pareto frontier ({len(pts)} of {len(uniq)} plans)")
         for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "iter s", "job $", "job kWh", "Perseus -%"):
             t.add_column(col, justify="right")
-        from hetplan.cli.plan import _layout
+        from hetplan.cli.output import layout_text
         from hetplan.units import kwh_text, usd_text
 
         for i, s in enumerate(pts, start=1):
             saved = s["perseus_saved_fraction"]
             # money and energy as the ranking writes them (",.0f" printed $0.0184 and 0.0014 kWh as 0), the
             # layout with stages of different TP (None) as the ranking does
-            t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", _layout(s), str(s["mbs"]),
+            t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", layout_text(s), str(s["mbs"]),
                       str(s["zero"]),
                       f"{s['iteration_time_s']:.2f}", usd_text(s["job_usd"]), kwh_text(s["job_energy_kwh"]),
                       "-" if saved is None else f"{saved:.1%}")

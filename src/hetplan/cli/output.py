@@ -121,3 +121,13 @@ def check_listen_address(host: str, port: int, host_field: str, port_field: str)
                                    fix="choose a free port, or stop the process that holds it") from None
             raise HetplanError(f"cannot listen on {host}:{port}: {exc.strerror}", field=host_field,
                                fix="give an address of this machine, e.g. 127.0.0.1") from None
+
+
+def layout_text(s: dict) -> str:
+    """TPxPPxDP of a plan summary, then ``vN`` (virtual stages), ``cpN`` (context-parallel), ``epN``
+    (expert-parallel) and ``etpN`` (expert-TP) degrees when above 1; stages of different TP (or DP) degrees show
+    them in stage order, ``2/1x4x2``."""
+    tp, dp = ("/".join(dict.fromkeys(str(st[k]) for st in s["stages"])) if s[k] is None else s[k] for k in ("tp", "dp"))
+    extra = "".join(f" {name}{s['plan'].get(key, 1)}" for key, name in (("cp", "cp"), ("ep", "ep"), ("expert_tp", "etp"))
+                    if (s["plan"].get(key) or 1) > 1)
+    return f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "") + extra

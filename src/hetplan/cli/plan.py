@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.calibration.intervals import add_intervals
-from hetplan.cli.output import NARROW, new_table, output_file, table_console, write_output
+from hetplan.cli.output import NARROW, layout_text, new_table, output_file, table_console, write_output
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
@@ -763,7 +763,7 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     in one two-line cell and only the figures that decide a ranking (iteration time, MFU, memory, job time, $).
     GPU types in ``guess`` (uncalibrated efficiency) are starred."""
     legend = "vN: virtual stages, cpN: context-parallel, epN: expert-parallel, etpN: expert-TP"
-    marked = any(re.search(r" (v|cp|ep|etp)\d", _layout(s)) for s in summaries)
+    marked = any(re.search(r" (v|cp|ep|etp)\d", layout_text(s)) for s in summaries)
     t = new_table(title, narrow, caption=f"plan: GPUs, then TPxPPxDP \\[{legend}], micro-batch, ZeRO stage, "
                   "recomputation" if narrow else f"TPxPPxDP \\[{legend}]" if marked else None)
     kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
@@ -775,7 +775,7 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
                     "$/h", "job time", "job $") + kwh:
             t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
     for i, s in enumerate(summaries, start=1):
-        layout = _layout(s)
+        layout = layout_text(s)
         gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
         iv = _interval_text(s)
         figures = (f"{s['iteration_time_s']:.2f}" + (f"\n{iv}" if iv else ""), f"{s['mfu']:.1%}",
@@ -791,7 +791,7 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
 
 def _described(s: dict) -> str:
     """A plan summary in one line, as the narrow ranking writes it: ``64x H100-SXM 2x16x4 v3 mbs 1 ZeRO-1 none``."""
-    return f"{s['num_gpus']}x {s['gpu']} {_layout(s)} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}"
+    return f"{s['num_gpus']}x {s['gpu']} {layout_text(s)} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}"
 
 
 def _recompute(s: dict) -> str:
@@ -812,16 +812,6 @@ def _stages_line(s: dict) -> str:
         else:
             runs.append([text, 1])
     return "Stages of #1: " + ", ".join(text if n == 1 else f"{text} × {n}" for text, n in runs)
-
-
-def _layout(s: dict) -> str:
-    """TPxPPxDP of a plan summary, then ``vN`` (virtual stages), ``cpN`` (context-parallel), ``epN``
-    (expert-parallel) and ``etpN`` (expert-TP) degrees when above 1; stages of different TP (or DP) degrees show
-    them in stage order, ``2/1x4x2``."""
-    tp, dp = ("/".join(dict.fromkeys(str(st[k]) for st in s["stages"])) if s[k] is None else s[k] for k in ("tp", "dp"))
-    extra = "".join(f" {name}{s['plan'].get(key, 1)}" for key, name in (("cp", "cp"), ("ep", "ep"), ("expert_tp", "etp"))
-                    if (s["plan"].get(key) or 1) > 1)
-    return f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "") + extra
 
 
 def merge_best_with_another(lines: list[str]) -> list[str]:

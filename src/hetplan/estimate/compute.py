@@ -839,7 +839,7 @@ def op_sac_matmuls(m: ModelSpec) -> tuple[tuple[int, int], ...]:
 
 def op_sac_recomputed_weights(m: ModelSpec) -> float:
     """Weight elements per token whose matmuls per-op SAC runs again, mean over the model's layers
-    (:func:`op_sac_recompute_s`): a dense layer's even-numbered matmuls (:func:`op_sac_matmuls`); a MoE / MLA layer
+    (:func:`hetplan.estimate.moe.op_sac_recompute_s`): a dense layer's even-numbered matmuls (:func:`op_sac_matmuls`); a MoE / MLA layer
     half its matmuls' weights and every routed expert a token visits (``k`` of them, all of their grouped GEMMs).
     ``2·b·s`` FLOPs each (:func:`hetplan.estimate.estimator.hardware_flops_per_iteration`)."""
     if not (m.is_moe or m.is_mla):
@@ -855,48 +855,29 @@ def op_sac_recomputed_weights(m: ModelSpec) -> float:
 
 def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array,
                        sequence_parallel: Array = False,
-                       attention: str = "flash", extra_elementwise_bytes: Array = 0.0, projections: str = FUSED,
-                       ep: Array = 1, etp: Array = 1, imbalance: Array = 1.0, framework: str = "fsdp"):
-    """Backward recomputation of one layer (mean over the model's layers) under torchtitan's per-op selective
-    activation checkpointing (``torchtitan/distributed/activation_checkpoint.py``: the outputs of attention, of
-    every other matmul counting from the first, of the all-to-alls and reduce-scatters are saved; everything
-    else is recomputed from the block's input): every element-wise kernel of the forward (norms, rotary,
-    activation; in eager PyTorch with their ``extra_elementwise_bytes``, :mod:`hetplan.estimate.elementwise`) and
-
-    * dense layers: the even-numbered matmuls (:func:`op_sac_matmuls`: ``wk``, ``wo`` and ``w3`` of a Llama block)
-      as their share of the layer's linear GEMM time;
-    * MoE and MLA layers: half the time of their matmuls (attention projections, MLA's down- and up-projections,
-      the router and the shared experts; every other one, whose shapes differ: half their time, stated), all of
-      the routed experts' grouped GEMMs and the token permutation (:func:`hetplan.estimate.moe.permute_time_s`):
-      ``aten._grouped_mm`` is on no save list — not torchtitan's ops (pytorch/torchtitan@b5bcd76
-      ``_get_default_save_ops``, nor the per-model lists before #2357) nor PyTorch's compute-intensive ops
-      (``torch/_functorch/partitioners.py`` ``get_default_op_list`` at torch 2.13) — while the dispatch and
-      combine all-to-alls are, so nothing is communicated again. ``ep``, ``etp``, ``imbalance``, ``framework``:
-      the MoE layer's (:func:`hetplan.estimate.moe.moe_mlp_gemm_times_s`).
-
+                       attention: str = "flash", extra_elementwise_bytes: Array = 0.0, projections: str = FUSED):
+    """Backward recomputation of one dense layer under torchtitan's per-op selective activation checkpointing
+    (``torchtitan/distributed/activation_checkpoint.py``: the outputs of attention, of every other matmul counting
+    from the first, of the all-to-alls and reduce-scatters are saved; everything else is recomputed from the
+    block's input): the even-numbered matmuls (:func:`op_sac_matmuls`: ``wk``, ``wo`` and ``w3`` of a Llama block)
+    as their share of the layer's linear GEMM time, plus every element-wise kernel of the forward
+    (:func:`op_sac_elementwise_s`). MoE and MLA layers: :func:`hetplan.estimate.moe.op_sac_recompute_s`.
     ``projections``: the stack's (:func:`layer_gemm_times_s`). Seconds; arrays broadcast."""
+    linear, _ = layer_gemm_times_s(m, gpu, dtype, b, s, t, projections)
+    w = [x for x, _ in op_sac_matmuls(m)]
+    return linear * sum(w[1::2]) / sum(w) + op_sac_elementwise_s(m, gpu, b, s, t, sequence_parallel, attention,
+                                                                  extra_elementwise_bytes)
+
+
+def op_sac_elementwise_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array, sequence_parallel: Array = False,
+                         attention: str = "flash", extra_elementwise_bytes: Array = 0.0):
+    """Every element-wise kernel of one layer's forward again (norms, rotary, activation; in eager PyTorch with
+    their ``extra_elementwise_bytes``, :mod:`hetplan.estimate.elementwise`): what per-op SAC recomputes besides
+    matmuls. Seconds; arrays broadcast."""
     act = np.where(sequence_parallel,
                    counts.layer_activation_bytes(m, b, s, t, True, recompute="none", attention=attention),
                    counts.layer_activation_bytes(m, b, s, t, False, recompute="none", attention=attention))
-    elem = (ELEMENTWISE_PASSES * act + extra_elementwise_bytes) / gpu.hbm_bandwidth_bytes_per_s
-    if not (m.is_moe or m.is_mla):
-        linear, _ = layer_gemm_times_s(m, gpu, dtype, b, s, t, projections)
-        w = [x for x, _ in op_sac_matmuls(m)]
-        return linear * sum(w[1::2]) / sum(w) + elem
-    from hetplan.estimate import moe
-
-    if m.is_mla:
-        attn = sum(gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in moe.mla_gemms(m, b, s, t)[0])
-    else:
-        attn = attention_gemm_times_s(m, gpu, dtype, b, s, t, projections)[0]
-    dense_mlp = mlp_gemm_time_s(m, gpu, dtype, np.asarray(b, dtype=float) * s, m.ffn_hidden_size, t, projections)
-    n_moe = m.num_moe_layers
-    mlp = (m.num_layers - n_moe) * 0.5 * dense_mlp / m.num_layers
-    if n_moe:
-        router, up, down, *shared = moe.moe_mlp_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, imbalance, framework)
-        mlp = mlp + n_moe * (0.5 * (router + sum(shared)) + up + down) / m.num_layers \
-            + moe.permute_time_s(m, gpu, b, s, t, ep, etp, imbalance)
-    return 0.5 * attn + mlp + elem
+    return (ELEMENTWISE_PASSES * act + extra_elementwise_bytes) / gpu.hbm_bandwidth_bytes_per_s
 
 
 def embedding_time_s(m: ModelSpec, gpu: GPUSpec, b: Array, s: Array, t: Array):

@@ -649,6 +649,39 @@ def moe_mlp_gemm_times_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Ar
     return out
 
 
+def op_sac_recompute_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array,
+                       sequence_parallel: Array = False, attention: str = "flash", extra_elementwise_bytes: Array = 0.0,
+                       projections: str = compute.FUSED, ep: Array = 1, etp: Array = 1, imbalance: Array = 1.0,
+                       framework: str = "fsdp"):
+    """Backward recomputation of one layer (mean over the model's layers) under torchtitan's per-op selective
+    activation checkpointing: a dense model's is :func:`hetplan.estimate.compute.op_sac_recompute_s`. MoE and MLA
+    layers: every element-wise kernel (:func:`hetplan.estimate.compute.op_sac_elementwise_s`), half the time of
+    their matmuls (attention projections, MLA's down- and up-projections, the router and the shared experts; every
+    other one, whose shapes differ: half their time, stated), all of the routed experts' grouped GEMMs
+    (:func:`moe_mlp_gemm_times_s`) and the token permutation (:func:`permute_time_s`): ``aten._grouped_mm`` is on
+    no save list — not torchtitan's ops (pytorch/torchtitan@b5bcd76 ``_get_default_save_ops``, nor the per-model
+    lists before #2357) nor PyTorch's compute-intensive ops (``torch/_functorch/partitioners.py``
+    ``get_default_op_list`` at torch 2.13) — while the dispatch and combine all-to-alls are, so nothing is
+    communicated again. ``ep``, ``etp``, ``imbalance``, ``framework``: the MoE layer's. Seconds; arrays
+    broadcast."""
+    if not (m.is_moe or m.is_mla):
+        return compute.op_sac_recompute_s(m, gpu, dtype, b, s, t, sequence_parallel, attention,
+                                          extra_elementwise_bytes, projections)
+    if m.is_mla:
+        attn = sum(compute.gemm_time_s(gpu, dtype, M, N, K, n) for M, N, K, n in mla_gemms(m, b, s, t)[0])
+    else:
+        attn = compute.attention_gemm_times_s(m, gpu, dtype, b, s, t, projections)[0]
+    dense = compute.mlp_gemm_time_s(m, gpu, dtype, np.asarray(b, dtype=float) * s, m.ffn_hidden_size, t, projections)
+    n_moe = m.num_moe_layers
+    mlp = (m.num_layers - n_moe) * 0.5 * dense / m.num_layers
+    if n_moe:
+        router, up, down, *shared = moe_mlp_gemm_times_s(m, gpu, dtype, b, s, t, ep, etp, imbalance, framework)
+        mlp = mlp + n_moe * (0.5 * (router + sum(shared)) + up + down) / m.num_layers \
+            + permute_time_s(m, gpu, b, s, t, ep, etp, imbalance)
+    return 0.5 * attn + mlp + compute.op_sac_elementwise_s(m, gpu, b, s, t, sequence_parallel, attention,
+                                                           extra_elementwise_bytes)
+
+
 def moe_mlp_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: Array, ep: Array = 1,
                    etp: Array = 1, imbalance: Array = 1.0, framework: str = "megatron"):
     """Forward GEMM time of the MoE MLPs (:func:`moe_mlp_gemm_times_s`) on one rank, mean over the model's layers

@@ -315,7 +315,7 @@ def stage_costs(
     ef, eb = compute.embedding_time_s(m, gpu, b, s, t)
     hf, hb = compute.head_time_s(m, gpu, dtype, b, s, t, framework, loss_kind if framework == "fsdp" else cross_entropy)
     if framework == "fsdp":  # PyTorch's selective checkpointing is torchtitan's per-op SAC
-        lb = lb + np.where(rc == Recompute.SELECTIVE, compute.op_sac_recompute_s(
+        lb = lb + np.where(rc == Recompute.SELECTIVE, moe.op_sac_recompute_s(
             m, gpu, dtype, b, s, t, sequence_parallel, attention, eager_bytes, stack.projections, ep, etp,
             moe_load_imbalance, framework), 0.0)
     if recompute_layers is None:

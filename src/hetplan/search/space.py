@@ -154,7 +154,7 @@ def free_recompute_codes(m: ModelSpec, attention: str, framework: str) -> list[i
     (:func:`stack_allows`): none and full, and selective where it is a plan of its own
     (:func:`hetplan.plan.selective_is_none`: always without flash; under flash only as torchtitan's per-op SAC,
     ``framework = "fsdp"``) and priced as one — a dense model without MLA (per-op SAC of MoE and MLA layers is
-    priced with halves of their matmuls, :func:`hetplan.estimate.compute.op_sac_recompute_s`, and no published run
+    priced with halves of their matmuls, :func:`hetplan.estimate.moe.op_sac_recompute_s`, and no published run
     checks it, so the search proposes it only when pinned)."""
     if not selective_is_none(attention, framework) and not (framework == "fsdp" and (m.is_moe or m.is_mla)):
         return [0, 1, 2]
