@@ -224,3 +224,61 @@ def test_torch_ddp_of_torchtitan_before_2026_03():
     with pytest.raises(HetplanError, match="1-D meshes") as e:
         exporters.export(tp2_now, spec, "torchtitan", version="0.2")
     assert e.value.field == "plan.zero"
+
+
+def test_tp_overlap_needs_sequence_parallelism():
+    """``tp_comm_overlap`` / ``async_tp`` with TP > 1 and no sequence parallelism was accepted and priced as no
+    overlap, and the Megatron-LM export wrote ``--tp-comm-overlap`` without ``--sequence-parallel``, which
+    Megatron-LM asserts against (``megatron/training/arguments.py``); now the plan is refused. At TP 1 (nothing to
+    overlap; Megatron-LM turns sequence parallelism off there and would assert too) the flag is not written."""
+    from pydantic import ValidationError
+
+    job = Job(model="llama3-8b", seq_len=2048, global_batch=32, train_iterations=10)
+    pools = [GPUPool(gpu="H100-SXM", count=8)]
+    with pytest.raises(ValidationError, match="sequence_parallel = false"):
+        Plan(job=job, pools=pools, stages=[Stage(num_layers=32, tp=2, dp=4)], mbs=1, tp_comm_overlap=True)
+    with pytest.raises(ValidationError, match="job.async_tp"):
+        Plan(job=_fsdp(3).job.model_copy(update={"async_tp": True}), pools=pools,
+             stages=[Stage(num_layers=32, tp=2, dp=4)], mbs=1, zero=3)
+    tp1 = Plan(job=job, pools=pools, stages=[Stage(num_layers=32, dp=8)], mbs=1, tp_comm_overlap=True)
+    files = exporters.export(tp1, load_model("llama3-8b"), "megatron").files
+    assert "--tp-comm-overlap" not in files["megatron_launch.sh"]
+    assert _priced(importers.import_files(files)) == pytest.approx(_priced(tp1), rel=1e-9)
+
+
+def test_torchtitan_refuses_what_it_launches_otherwise():
+    """Plans torchtitan would launch as another plan than priced, each refused naming the field: Transformer
+    Engine's TP overlap (written as nothing), stored s x s attention scores (torchtitan runs SDPA's fused
+    kernels), TP without sequence parallelism on 0.2 (whose TP always runs it), ZeRO-0 with CP (torchtitan's FSDP
+    mesh is shard degree x CP: sharded over the CP ranks)."""
+    spec = load_model("llama3-8b")
+    tp2 = dict(pools=[GPUPool(gpu="H100-SXM", count=8)], stages=[Stage(num_layers=32, tp=2, dp=4)])
+    old = _fsdp(3).job.model_copy(update={"stack": "torchtitan@2025-10"})
+    for plan, version, field in (
+            (_fsdp(3).model_copy(update=dict(tp2, sequence_parallel=True, tp_comm_overlap=True)), None,
+             "plan.tp_comm_overlap"),
+            (_fsdp(3).model_copy(update={"job": _fsdp(3).job.model_copy(update={"attention": "standard"})}), None,
+             "plan.job.attention"),
+            (_fsdp(3).model_copy(update=dict(tp2, job=old)), "0.2", "plan.sequence_parallel"),
+            (_fsdp(0).model_copy(update=dict(cp=2, stages=[Stage(num_layers=32, dp=4)])), None, "plan.zero")):
+        assert not violations(plan, spec)
+        with pytest.raises(HetplanError) as e:
+            exporters.export(plan, spec, "torchtitan", version=version)
+        assert e.value.field == field
+
+
+def test_torchtitan_sharding_on_one_dp_rank_and_with_cp_is_priced_as_launched():
+    """torchtitan's FSDP mesh is the shard degree x CP, and FSDP2 runs on a one-rank mesh too: ZeRO-2 on one DP
+    rank (written as resharding after forward, priced without), FSDP over CP ranks only (read back as ZeRO-0,
+    unsharded) and HSDP with CP (written with shard groups CP times too large) now read back at the plan's price."""
+    spec = load_model("llama3-8b")
+    for plan in (_fsdp(2).model_copy(update={"pools": [GPUPool(gpu="H100-SXM", count=1)],
+                                             "stages": [Stage(num_layers=32, dp=1)]}),
+                 _fsdp(3).model_copy(update={"cp": 2, "stages": [Stage(num_layers=32, dp=1)]}),
+                 _fsdp(3).model_copy(update={"cp": 2, "stages": [Stage(num_layers=32, dp=4)], "fsdp_shard": 4}),
+                 _fsdp(3).model_copy(update={"cp": 2, "stages": [Stage(num_layers=32, dp=4)], "fsdp_shard": 2})):
+        plan = Plan.model_validate(plan.model_dump())
+        assert not violations(plan, spec)
+        back = importers.import_files(exporters.export(plan, spec, "torchtitan").files)
+        assert back.fsdp_shard == plan.fsdp_shard
+        assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9), plan.model_dump(exclude_defaults=True)

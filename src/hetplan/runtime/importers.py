@@ -369,15 +369,25 @@ def _tt_shard(world: int, rep: int, tp: int, cp: int, pp: int, shard: int, prefi
     return world // rest
 
 
-def _tt_sharding(replicate: int, shard: int, reshard_policy: object) -> tuple[int, int | None, bool]:
+def _tt_sharding(replicate: int, shard: int, cp: int, reshard_policy: object) -> tuple[int, int | None, bool]:
     """``(zero, fsdp_shard, reshard_after_forward)`` of torchtitan's data-parallel degrees and
-    ``fsdp_reshard_after_forward``: DDP (shard degree 1) is ZeRO-0; FSDP2 is ZeRO-3, ZeRO-2 when it never
-    reshards after forward; HSDP (both degrees above 1) shards over ``shard`` ranks (the inverse of the export's
-    ``_tt_data_parallel``)."""
+    ``fsdp_reshard_after_forward``: DDP (shard degree 1, no CP) is ZeRO-0; FSDP2 is ZeRO-3, ZeRO-2 when it never
+    reshards after forward; HSDP (replicate degree above 1) shards over ``shard x cp`` ranks: torchtitan's FSDP
+    mesh is the shard degree x CP (``torchtitan/distributed/parallel_dims.py``, pytorch/torchtitan b5bcd76c)
+    (the inverse of the export's ``_tt_data_parallel``).
+
+    Raises:
+        HetplanError: HSDP shard groups (shard x CP ranks) that do not divide the DP degree (replicate x shard)."""
     reshard = reshard_policy != "never"
-    if shard <= 1:
+    group = shard * cp
+    if group <= 1:
         return 0, None, reshard
-    return (3 if reshard else 2), (shard if replicate > 1 else None), reshard
+    if replicate > 1 and (replicate * shard) % group:
+        raise HetplanError(f"torchtitan shards over data_parallel_shard_degree {shard} x context_parallel_degree {cp} "
+                           f"= {group} ranks, which does not divide the {replicate * shard} data-parallel ranks "
+                           "(replicate x shard) hetplan prices HSDP over", field="data_parallel_replicate_degree",
+                           fix="give a replicate degree that is a multiple of the CP degree")
+    return (3 if reshard else 2), (group if replicate > 1 else None), reshard
 
 
 def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -446,7 +456,7 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     rep, shard = num(p + "data_parallel_replicate_degree", 1), num(p + "data_parallel_shard_degree", -1)
     shard = _tt_shard(world, rep, tp, cp, pp, shard, "--parallelism.")
     dp = rep * shard
-    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, over.get(p + "fsdp_reshard_after_forward"))
+    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, cp, over.get(p + "fsdp_reshard_after_forward"))
     gbs, seq = num("training.global_batch_size", -1), num("training.seq_len", 0)
     local = num("training.local_batch_size", 0)
     unset = [k for k, v in (("training.seq_len", seq), ("training.local_batch_size", local)) if v <= 0]
@@ -515,7 +525,7 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
     rep, shard = int(par.get("data_parallel_replicate_degree", 1)), int(par.get("data_parallel_shard_degree", -1))
     shard = _tt_shard(world, rep, tp, cp, pp, shard, "parallelism.")
     dp = rep * shard
-    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, par.get("fsdp_reshard_after_forward"))
+    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, cp, par.get("fsdp_reshard_after_forward"))
     if pp > 1:
         mbs = int(par.get("pipeline_parallel_microbatch_size", 1))
         layers, v = _tt_parts(par["module_fqns_per_model_part"], pp)

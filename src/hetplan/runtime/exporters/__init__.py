@@ -41,7 +41,11 @@ What each target can express:
   "loss"]`` (``CompileConfig``, torchtitan ``torchtitan/config/job_config.py``; eager: ``enable = false``;
   ``["model"]`` for ``cross_entropy = "fp32"``, the loss left eager); the job's ``async_tp`` as ``[parallelism]
   enable_async_tensor_parallel = true``; ``grad_reduce_dtype = "bf16"`` as ``mixed_precision_reduce =
-  "bfloat16"``; a plan reducing gradients after the backward (``overlap_grad_reduce = false``) is refused.
+  "bfloat16"``; a plan reducing gradients after the backward (``overlap_grad_reduce = false``) is refused, and
+  so are Transformer Engine's ``tp_comm_overlap``, attention other than ``flash`` (torchtitan runs SDPA's fused
+  kernels), TP without sequence parallelism on 0.2 (always on there) and ZeRO-0 with CP (torchtitan's FSDP mesh
+  is the shard degree x CP, so it shards over the CP ranks; HSDP's shard degree is written as ``fsdp_shard /
+  cp``).
   Megatron-LM gets ``--grad-reduce-in-bf16`` for ``grad_reduce_dtype = "bf16"``.
 
 FP8 plans (``dtype = "fp8"``, :mod:`hetplan.estimate.fp8`): Megatron-LM gets ``--bf16`` plus the FP8 recipe the

@@ -140,7 +140,9 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         notes.append(f"{spec.name}'s {spec.mtp_layers} multi-token-prediction layer(s) are not trained (no "
                      "--mtp-num-layers): the estimate prices the main model; set the job's mtp_layers = "
                      f"{spec.mtp_layers} to price and launch them")
-    if plan.tp_comm_overlap:  # priced by the estimate (hetplan.plan.Plan.tp_comm_overlap); was dropped
+    if plan.tp_comm_overlap and m.tp > 1:  # priced by the estimate (hetplan.plan.Plan.tp_comm_overlap); at TP 1
+        # nothing to overlap, and Megatron-LM turns sequence parallelism off there and then asserts it for
+        # --tp-comm-overlap (megatron/training/arguments.py, NVIDIA/Megatron-LM d98e8a64): not written
         args.append("--tp-comm-overlap")
     if plan.cuda_graphs:  # per-layer graphs (frameworks.toml cuda_graphs; --enable-cuda-graph is deprecated)
         args.append("--cuda-graph-impl local")

@@ -90,6 +90,11 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         raise HetplanError("torchtitan 0.2 runs DDP (data_parallel_replicate_degree) on 1-D meshes only ('DDP has "
                            "not supported > 1D parallelism', torchtitan/models/llama3/infra/parallelize.py)",
                            field="plan.zero", fix="export with --framework-version 0.3, or plan with zero 3 (FSDP)")
+    if m.tp > 1 and not plan.sequence_parallel:  # 0.2.x has no enable_sequence_parallel (0.3.x writes it)
+        raise HetplanError("torchtitan 0.2's TP always runs sequence parallelism (torchtitan/models/llama3/infra/"
+                           "parallelize.py, pytorch/torchtitan v0.2.2 73a0e697); the plan was priced without it",
+                           field="plan.sequence_parallel", fix="plan with sequence_parallel = true, or export with "
+                           "--framework-version 0.3 (--parallelism.no-enable_sequence_parallel)")
     v = _virtual(plan, virtual_stages)
     v = v if pp > 1 else 1
     sched = {"1f1b": "Interleaved1F1B" if v > 1 else "1F1B", "gpipe": "GPipe"}[plan.schedule]
@@ -148,8 +153,6 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     ac = {"none": ["mode = \"none\""], "full": ["mode = \"full\""],
           "selective": ["mode = \"selective\"", "selective_ac_option = \"op\""]}[m.recompute]
     lines += ["", "[activation_checkpoint]", *ac, "", *extra]
-    if plan.sequence_parallel and m.tp > 1:
-        notes.append("torchtitan's TP always uses sequence parallelism")
     nnodes, per_node = _nodes(plan)
     files["torchtitan.toml"] = "\n".join(lines)
     files["launch.sh"] = (f"# torchtitan {version}.x (reads a TOML job config)\n"
@@ -169,13 +172,26 @@ def _tt_data_parallel(plan: Plan, m: _Mesh, notes: list[str]) -> tuple[int, int,
     ZeRO-1 / 2 or without ``reshard_after_forward``, else torchtitan's ``default`` (which already keeps the
     gathered units of a pipeline stage, as the estimate's pipelined FSDP does). A plan of a framework other
     than ``fsdp`` keeps its own sharding: ZeRO-1 / 2 as ``never``."""
+    keep = plan.zero in (1, 2) or not plan.reshard_after_forward  # also on one DP rank: FSDP2 over a one-rank
+    # mesh frees (or keeps) the bf16 unsharded parameters after forward all the same, and the estimate prices it
+    # torchtitan's FSDP mesh is data_parallel_shard_degree x CP ("we always assume that when cp is used, FSDP is
+    # also applied", torchtitan/distributed/parallel_dims.py, pytorch/torchtitan b5bcd76c): with CP its shard
+    # groups are cp times the shard degree, where the estimate shards over fsdp_shard (else all dp x cp) ranks
+    if plan.zero == 0 and m.cp > 1:
+        raise HetplanError(f"torchtitan shards the parameters over the {m.cp} CP ranks (its FSDP mesh is the shard "
+                           "degree x CP), so a ZeRO-0 plan with CP runs as FSDP; the plan was priced unsharded",
+                           field="plan.zero", fix="plan with zero 3 (FSDP over DP x CP), or export --to megatron")
     if plan.zero == 0 or m.dp == 1:
-        return m.dp, 1, "default" if plan.reshard_after_forward else "never"
-    shard = m.dp if plan.fsdp_shard is None else min(plan.fsdp_shard, m.dp)
+        return m.dp, 1, "never" if keep else "default"
+    group = m.dp * m.cp if plan.fsdp_shard is None else min(plan.fsdp_shard, m.dp * m.cp)  # priced shard ranks
+    if group % m.cp:
+        raise HetplanError(f"torchtitan's HSDP shard groups span the shard degree x CP {m.cp} ranks; the plan's "
+                           f"fsdp_shard {plan.fsdp_shard} is no multiple of CP", field="plan.fsdp_shard",
+                           fix=f"plan with fsdp_shard a multiple of {m.cp}, or without fsdp_shard")
+    shard = group // m.cp
     if plan.zero == 1:
         notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
                      "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
-    keep = plan.zero in (1, 2) or not plan.reshard_after_forward
     return m.dp // shard, shard, "never" if keep else "default"
 
 
@@ -223,6 +239,16 @@ def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
                            "or compiled; the plan's bf16 parameters or loss are NeMo AutoModel's and need less memory",
                            field="plan.fsdp_param_dtype", fix='plan with fsdp_param_dtype = "fp32" and cross_entropy '
                            'unset, or run the plan with NeMo AutoModel')
+    if plan.tp_comm_overlap and m.tp > 1:  # priced as Transformer Engine's userbuffers overlap (compute.py)
+        raise HetplanError("torchtitan has no Transformer Engine TP-communication overlap (the plan's "
+                           "tp_comm_overlap, priced); its overlap of TP collectives is async TP",
+                           field="plan.tp_comm_overlap", fix="plan with job.async_tp = true instead (torchtitan's "
+                           "enable_async_tensor_parallel), or export --to megatron (--tp-comm-overlap)")
+    if plan.job.attention != "flash":  # priced with the s x s scores stored (hetplan.plan.Job.attention)
+        raise HetplanError(f"torchtitan's attention is PyTorch SDPA's fused kernels (FlashAttention / cuDNN), no s x s "
+                           f"scores stored; the plan was priced with attention = {plan.job.attention!r}",
+                           field="plan.job.attention", fix='plan with attention = "flash", or export --to megatron '
+                           "(--attention-backend unfused)")
     if m.recompute_layers is not None:
         raise HetplanError("torchtitan's activation checkpointing covers every layer (or every n-th), not the first k "
                            "of a stage", field="plan.stages[].recompute_layers",
