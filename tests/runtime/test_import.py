@@ -134,6 +134,11 @@ def test_hand_written_megatron_script():
     (("--nnodes 8", "--nnodes 0"), "--nnodes", "starts no rank"),  # was "dp: ... greater than 0"
     # the schema's message once, without pydantic's "Value error, " (was "FILES: ...: FILES: Value error, ...")
     (("--global-batch-size 512", "--global-batch-size 511"), "FILES", "refuses: global_batch 511 is not divisible"),
+    # full recomputation without its method / layer count, which Megatron-Core's TransformerConfig refuses: was
+    # priced as every layer recomputed, or (block without a count) as none of them
+    (("--recompute-method uniform --recompute-num-layers 1", ""), "--recompute-method", "Megatron-Core refuses"),
+    (("--recompute-method uniform --recompute-num-layers 1", "--recompute-method block"), "--recompute-num-layers",
+     "without --recompute-num-layers"),
 ])
 def test_a_damaged_megatron_launch_names_its_flag(edit, field, words):
     with pytest.raises(HetplanError) as exc:
@@ -387,7 +392,7 @@ def test_plan_baseline_compares_the_users_run(tmp_path):
     ex = exporters.export(Plan.model_validate_json(best.read_text()), load_model("llama3-8b"), "megatron")
     script = tmp_path / "run.sh"
     script.write_text(ex.files["megatron_launch.sh"].replace("--hidden-size", "--recompute-granularity full "
-                                                             "--recompute-method uniform --hidden-size"))
+                                                             "--recompute-method uniform --recompute-num-layers 1 --hidden-size"))
     user = tmp_path / "user.json"
     run("import", script, "-o", user)
     out = json.loads(run(*job, "--json", "--top", "1", "--baseline", user))["baseline"]

@@ -283,8 +283,18 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
         zero = {"optim_grads": 2, "optim_grads_params": 3}.get(a.get("data_parallel_sharding_strategy", ""), 3)
     gran = a.get("recompute_granularity", "none")
     rec_layers = None
+    if gran == "full":
+        # Megatron-Core's TransformerConfig refuses full recomputation without both ('recompute_method must be
+        # "block" or "uniform"', 'recompute_num_layers must be between ...': megatron/core/transformer/
+        # transformer_config.py, NVIDIA/Megatron-LM d98e8a64); read as every layer or as block of 0 layers
+        for flag, fix in (("recompute_method", "uniform (every layer) or block (the first k of a stage)"),
+                          ("recompute_num_layers", "1 with --recompute-method uniform, or k with block")):
+            if a.get(flag) is None:
+                raise HetplanError(f"the launch gives --recompute-granularity full without --{flag.replace('_', '-')}"
+                                   ", which Megatron-Core refuses", field="--" + flag.replace("_", "-"),
+                                   fix=f"give --{flag.replace('_', '-')} {fix}")
     if gran == "full" and a.get("recompute_method") == "block":
-        rec_layers = int(a.get("recompute_num_layers", 0))
+        rec_layers = int(a["recompute_num_layers"])
     modules = [m for m in a.get("recompute_modules", []) if m != "core_attn"]
     moe_recompute = "moe" in modules
     if moe_recompute:
