@@ -254,13 +254,15 @@ def test_torchtitan_refuses_what_it_launches_otherwise():
     spec = load_model("llama3-8b")
     tp2 = dict(pools=[GPUPool(gpu="H100-SXM", count=8)], stages=[Stage(num_layers=32, tp=2, dp=4)])
     old = _fsdp(3).job.model_copy(update={"stack": "torchtitan@2025-10"})
+    allgather = _fsdp(3).job.model_copy(update={"cp_kv_exchange": "allgather"})
     for plan, version, field in (
             (_fsdp(3).model_copy(update=dict(tp2, sequence_parallel=True, tp_comm_overlap=True)), None,
              "plan.tp_comm_overlap"),
             (_fsdp(3).model_copy(update={"job": _fsdp(3).job.model_copy(update={"attention": "standard"})}), None,
              "plan.job.attention"),
             (_fsdp(3).model_copy(update=dict(tp2, job=old)), "0.2", "plan.sequence_parallel"),
-            (_fsdp(0).model_copy(update=dict(cp=2, stages=[Stage(num_layers=32, dp=4)])), None, "plan.zero")):
+            (_fsdp(0).model_copy(update=dict(cp=2, stages=[Stage(num_layers=32, dp=4)], job=allgather)), None,
+             "plan.zero")):
         assert not violations(plan, spec)
         with pytest.raises(HetplanError) as e:
             exporters.export(plan, spec, "torchtitan", version=version)
@@ -272,13 +274,47 @@ def test_torchtitan_sharding_on_one_dp_rank_and_with_cp_is_priced_as_launched():
     rank (written as resharding after forward, priced without), FSDP over CP ranks only (read back as ZeRO-0,
     unsharded) and HSDP with CP (written with shard groups CP times too large) now read back at the plan's price."""
     spec = load_model("llama3-8b")
+    cp2 = {"cp": 2, "job": _fsdp(3).job.model_copy(update={"cp_kv_exchange": "allgather"})}  # torchtitan 0.3's
     for plan in (_fsdp(2).model_copy(update={"pools": [GPUPool(gpu="H100-SXM", count=1)],
                                              "stages": [Stage(num_layers=32, dp=1)]}),
-                 _fsdp(3).model_copy(update={"cp": 2, "stages": [Stage(num_layers=32, dp=1)]}),
-                 _fsdp(3).model_copy(update={"cp": 2, "stages": [Stage(num_layers=32, dp=4)], "fsdp_shard": 4}),
-                 _fsdp(3).model_copy(update={"cp": 2, "stages": [Stage(num_layers=32, dp=4)], "fsdp_shard": 2})):
+                 _fsdp(3).model_copy(update={**cp2, "stages": [Stage(num_layers=32, dp=1)]}),
+                 _fsdp(3).model_copy(update={**cp2, "stages": [Stage(num_layers=32, dp=4)], "fsdp_shard": 4}),
+                 _fsdp(3).model_copy(update={**cp2, "stages": [Stage(num_layers=32, dp=4)], "fsdp_shard": 2})):
         plan = Plan.model_validate(plan.model_dump())
         assert not violations(plan, spec)
         back = importers.import_files(exporters.export(plan, spec, "torchtitan").files)
         assert back.fsdp_shard == plan.fsdp_shard
         assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9), plan.model_dump(exclude_defaults=True)
+
+
+def test_context_parallel_exchange_and_balance_are_launched_as_priced():
+    """The K/V exchange and load balancing of CP the estimate prices (``Job.cp_kv_exchange``,
+    ``cp_load_balance``) were neither written nor read back: Megatron-LM launched its p2p ring for an all-gather
+    plan, torchtitan 0.2 its default all-gather for a ring plan, 0.3 (no option: PyTorch's all-gather) likewise, and
+    both load-balance always. Now written (``--cp-comm-type all_gather``; ``context_parallel_rotate_method``) and
+    read back at the plan's price, or refused naming the field; an a2a (Ulysses) launch is refused on import."""
+    spec = load_model("llama3-8b")
+    for target, version, framework, stack in (("megatron", None, "megatron", None), ("torchtitan", "0.2", "fsdp",
+                                              "torchtitan@2025-10"), ("torchtitan", None, "fsdp", None)):
+        for kv in ("ring", "allgather"):
+            job = Job(model="llama3-8b", seq_len=4096, global_batch=32, train_iterations=10, framework=framework,
+                      stack=stack, cp_kv_exchange=kv)
+            plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], stages=[Stage(num_layers=32, dp=4)],
+                        mbs=1, zero=1 if framework == "megatron" else 3, cp=2)
+            if version is None and target == "torchtitan" and kv == "ring":
+                with pytest.raises(HetplanError) as e:
+                    exporters.export(plan, spec, target, version=version)
+                assert e.value.field == "plan.job.cp_kv_exchange"
+                continue
+            back = importers.import_files(exporters.export(plan, spec, target, version=version).files)
+            assert back.job.cp_kv_exchange == kv and back.job.cp_load_balance
+            assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9), (target, version, kv)
+            unbalanced = plan.model_copy(update={"job": job.model_copy(update={"cp_load_balance": False})})
+            with pytest.raises(HetplanError) as e:
+                exporters.export(unbalanced, spec, target, version=version)
+            assert e.value.field == "plan.job.cp_load_balance"
+    files = exporters.export(plan, spec, "megatron").files
+    with pytest.raises(HetplanError) as e:
+        importers.import_files({"run.sh": files["megatron_launch.sh"].replace("--cp-comm-type all_gather",
+                                                                               "--cp-comm-type a2a")})
+    assert e.value.field == "--cp-comm-type"

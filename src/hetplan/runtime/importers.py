@@ -321,7 +321,17 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
                            f"{dispatcher} dispatcher; hetplan prices token dropping with the alltoall dispatcher "
                            "only", field="--moe-expert-capacity-factor",
                            fix="use --moe-token-dispatcher-type alltoall, or drop the capacity factor")
+    # --cp-comm-type, one for all layers (or one per layer): Transformer Engine's p2p ring or all_gather
+    # (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py, NVIDIA/TransformerEngine
+    # d0067d0d); Megatron's help spells it "allgather". Was ignored: every launch priced as the ring
+    kinds = {str(k).replace("_", "").lower() for k in a.get("cp_comm_type") or ["p2p"]}
+    exchange = {"p2p": "ring", "allgather": "allgather"}.get(kinds.pop()) if len(kinds) == 1 else None
+    if cp > 1 and exchange is None:
+        raise HetplanError(f"--cp-comm-type {' '.join(map(str, a['cp_comm_type']))}: hetplan prices context "
+                           "parallelism's p2p ring or all_gather of K/V, one for every layer (not a2a, Ulysses)",
+                           field="--cp-comm-type", fix="give --cp-comm-type p2p or all_gather")
     job = Job(model=model or spec.name, seq_len=int(a["seq_length"]), global_batch=int(a["global_batch_size"]),
+              cp_kv_exchange=exchange if cp > 1 and exchange else "ring",
               train_iterations=int(a.get("train_iters", 1)), dtype=dtype, fp8_recipe=fp8_recipe, attention=attention,
               attention_kernel=kernel, framework="megatron",
               moe_dispatcher=dispatcher if dispatcher in ("alltoall", "deepep", "hybridep") else "alltoall",
@@ -398,6 +408,19 @@ def _tt_sharding(replicate: int, shard: int, cp: int, reshard_policy: object) ->
                            "(replicate x shard) hetplan prices HSDP over", field="data_parallel_replicate_degree",
                            fix="give a replicate degree that is a multiple of the CP degree")
     return (3 if reshard else 2), (group if replicate > 1 else None), reshard
+
+
+def _tt_cp_balanced(balancer: object, prefix: str) -> None:
+    """torchtitan's ``context_parallel_load_balancer`` must be its default ``headtail`` (SDPA's causal load
+    balancing, what the estimate prices: ``Job.cp_load_balance``); ``ptrr`` is FlexAttention's, and None
+    (unbalanced) changes the CP attention cost: both were priced as balanced without a word.
+
+    Raises:
+        HetplanError: another balancer."""
+    if balancer != "headtail":
+        raise HetplanError(f"context_parallel_load_balancer {balancer!r}: hetplan prices torchtitan's SDPA with its "
+                           "headtail load balancing", field=f"{prefix}context_parallel_load_balancer",
+                           fix='give "headtail" (torchtitan\'s default) or leave it out')
 
 
 def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -500,7 +523,9 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     loss = None if not compiled or "loss" in str(over.get("compile.components", "model,loss")).split(",") else "fp32"
     reduce = "bf16" if over.get("training.mixed_precision_reduce") == "bfloat16" else None
     rec = {"none": "none", "full": "full", "selective": "selective", "memory-budget": "selective"}.get(ac, "none")
+    _tt_cp_balanced(over.get(p + "context_parallel_load_balancer", "headtail"), "--" + p)
     job = Job(model=name, seq_len=seq, global_batch=gbs, train_iterations=num("training.steps", 1),
+              cp_kv_exchange="allgather" if cp > 1 else "ring",  # 0.3.0: PyTorch's all-gather (the export's doc)
               dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe, attention="flash", framework="fsdp",
               torch_compile=compiled,
               async_tp=bool(over.get("compile.enable_async_tensor_parallel", False)))
@@ -550,7 +575,13 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
         raise HetplanError(f"[quantize.linear.float8] recipe_name {recipe!r} is no torchao float8 recipe",
                            field="quantize.linear.float8.recipe_name",
                            fix="use tensorwise, rowwise or rowwise_with_gw_hp")
+    _tt_cp_balanced(par.get("context_parallel_load_balancer", "headtail"), "parallelism.")
+    rotate = par.get("context_parallel_rotate_method", "allgather")  # 0.2.x's default
+    if rotate not in ("allgather", "alltoall"):
+        raise HetplanError(f"context_parallel_rotate_method {rotate!r} is none of torchtitan's", field="parallelism."
+                           "context_parallel_rotate_method", fix='give "allgather" or "alltoall"')
     job = Job(model=name, seq_len=int(tr["seq_len"]), global_batch=int(tr["global_batch_size"]),
+              cp_kv_exchange="allgather" if cp > 1 and rotate == "allgather" else "ring",  # alltoall: the ring
               train_iterations=int(tr.get("steps", 1)), dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe,
               attention="flash",
               framework="fsdp", torch_compile=bool(comp.get("enable", False)),

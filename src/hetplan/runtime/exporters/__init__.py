@@ -45,7 +45,9 @@ What each target can express:
   so are Transformer Engine's ``tp_comm_overlap``, attention other than ``flash`` (torchtitan runs SDPA's fused
   kernels), TP without sequence parallelism on 0.2 (always on there) and ZeRO-0 with CP (torchtitan's FSDP mesh
   is the shard degree x CP, so it shards over the CP ranks; HSDP's shard degree is written as ``fsdp_shard /
-  cp``).
+  cp``). Context parallelism's K/V exchange (``Job.cp_kv_exchange``): Megatron-LM ``--cp-comm-type all_gather``
+  (else its p2p ring), torchtitan 0.2 ``context_parallel_rotate_method`` (``alltoall`` for the ring), 0.3 the
+  all-gather only (PyTorch's); unbalanced CP (``cp_load_balance = false``) is refused by both (they always balance).
   Megatron-LM gets ``--grad-reduce-in-bf16`` for ``grad_reduce_dtype = "bf16"``.
 
 FP8 plans (``dtype = "fp8"``, :mod:`hetplan.estimate.fp8`): Megatron-LM gets ``--bf16`` plus the FP8 recipe the

@@ -63,6 +63,14 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
     ]
     if spec.head_dim * spec.num_attention_heads != spec.hidden_size:
         args.append(f"--kv-channels {spec.head_dim}")
+    if m.cp > 1:  # the K/V exchange the estimate priced (hetplan.plan.Job.cp_kv_exchange); Megatron's default is p2p
+        if not plan.job.cp_load_balance:  # priced on contiguous chunks: the last CP rank attends to every block
+            raise HetplanError("Megatron-LM always splits a sequence into 2 x CP chunks so that every CP rank has the "
+                               "same causal attention (get_batch_on_this_cp_rank, megatron/core/utils.py); the plan "
+                               "was priced with contiguous chunks", field="plan.job.cp_load_balance",
+                               fix="plan with cp_load_balance = true")
+        if plan.job.cp_kv_exchange == "allgather":  # Transformer Engine's name (its context_parallel.py)
+            args.append("--cp-comm-type all_gather")
     experts = int(getattr(spec, "num_experts", 0) or 0)
     if experts:
         etp = {degree(plan, i, "expert_tp") for i in range(pp)}

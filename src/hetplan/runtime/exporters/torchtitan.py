@@ -81,6 +81,14 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
                            f"{spec.family}", field="--to", fix="export --to megatron or deepspeed")
     _torchtitan_common_checks(plan, m)
     _torchtitan_kernel_check(plan, version)
+    if version == "0.3" and m.cp > 1 and plan.job.cp_kv_exchange != "allgather":
+        # 0.3.0 has no context_parallel_rotate_method (0.2.x's): PyTorch's context parallelism all-gathers K/V
+        # (_ContextParallelOptions.rotate_method = ALL_GATHER, torch/distributed/tensor/experimental/_attention.py)
+        raise HetplanError("torchtitan 0.3 all-gathers the K/V shards of context parallelism (PyTorch's default "
+                           "rotate method; 0.3.0 has no option for a ring); the plan was priced with the "
+                           f"{plan.job.cp_kv_exchange} exchange", field="plan.job.cp_kv_exchange",
+                           fix='plan with cp_kv_exchange = "allgather", or export with --framework-version 0.2 '
+                               '(context_parallel_rotate_method), or --to megatron')
     if version == "0.3":
         return export_torchtitan_03(plan, spec, m, v=_virtual(plan, virtual_stages) if pp > 1 else 1)
     if int(getattr(spec, "num_experts", 0) or 0):
@@ -132,6 +140,10 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         *(['mixed_precision_reduce = "bfloat16"'] if plan.grad_reduce_dtype == "bf16" else []), "",
         "[parallelism]", *dp_lines, f"tensor_parallel_degree = {m.tp}",
         f"context_parallel_degree = {m.cp}", f"expert_parallel_degree = {m.ep}",
+        # the K/V exchange priced: all-gather, or the ring (PyTorch's all-to-all rotater passes each shard to the
+        # next rank, torchtitan v0.2.2 config/job_config.py context_parallel_rotate_method; its default allgather)
+        *([f'context_parallel_rotate_method = "{"allgather" if plan.job.cp_kv_exchange == "allgather" else "alltoall"}"']
+          if m.cp > 1 else []),
         f"pipeline_parallel_degree = {pp}",
         *(["enable_async_tensor_parallel = true"] if plan.job.async_tp else []),
     ]
@@ -249,6 +261,10 @@ def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
                            f"scores stored; the plan was priced with attention = {plan.job.attention!r}",
                            field="plan.job.attention", fix='plan with attention = "flash", or export --to megatron '
                            "(--attention-backend unfused)")
+    if m.cp > 1 and not plan.job.cp_load_balance:  # priced on contiguous chunks (hetplan.estimate.context)
+        raise HetplanError("torchtitan load-balances context parallelism (context_parallel_load_balancer = "
+                           "\"headtail\", 0.2.2 and 0.3.0 torchtitan/config); the plan was priced with contiguous "
+                           "chunks", field="plan.job.cp_load_balance", fix="plan with cp_load_balance = true")
     if m.recompute_layers is not None:
         raise HetplanError("torchtitan's activation checkpointing covers every layer (or every n-th), not the first k "
                            "of a stage", field="plan.stages[].recompute_layers",
