@@ -63,13 +63,14 @@ def test_export_import_prices_the_same(target):
 
 def test_launch_options_the_estimate_prices_travel():
     """Options the estimate prices and the exports dropped (or the import did not read back): the bf16 gradient
-    reduction (Megatron-LM ``--grad-reduce-in-bf16``, torchtitan ``mixed_precision_reduce``), torchtitan's loss
+    reduction (Megatron-LM ``--grad-reduce-in-bf16``; torchtitan refuses one: its ``mixed_precision_reduce`` is
+    ``Literal["float32"]``, so the ``bfloat16`` once written stopped the launch at parsing), torchtitan's loss
     outside ``torch.compile`` (``components = model``: ``cross_entropy = "fp32"``), both torchtitan releases;
     Megatron-LM's ``--attention-backend`` read back as the attention kernel."""
     for target, version, kw in (("megatron", None, dict(grad_reduce_dtype="bf16")),
                                 ("deepspeed", None, dict(grad_reduce_dtype="bf16")),
-                                ("torchtitan", "0.3", dict(grad_reduce_dtype="bf16", cross_entropy="fp32")),
-                                ("torchtitan", "0.2", dict(grad_reduce_dtype="bf16", cross_entropy="fp32"))):
+                                ("torchtitan", "0.3", dict(cross_entropy="fp32")),
+                                ("torchtitan", "0.2", dict(cross_entropy="fp32"))):
         plan = next(_grid(target)).model_copy(update=kw)
         if version == "0.2":  # the release that reads the TOML (hetplan.runtime.exporters.torchtitan)
             plan = plan.model_copy(update={"job": plan.job.model_copy(update={"stack": "torchtitan@2025-10"})})
@@ -77,6 +78,19 @@ def test_launch_options_the_estimate_prices_travel():
         back = importers.import_files(files)
         assert {k: getattr(back, k) for k in kw} == kw
         assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+        if target == "torchtitan":
+            with pytest.raises(HetplanError) as e:
+                exporters.export(plan.model_copy(update={"grad_reduce_dtype": "bf16"}), load_model(plan.job.model),
+                                 target, version=version)
+            assert e.value.field == "plan.grad_reduce_dtype"
+            launch = files.get("torchtitan.toml", files["launch.sh"])
+            bf16 = ('mixed_precision_param = "bfloat16"\nmixed_precision_reduce = "bfloat16"' if version == "0.2"
+                    else "--training.mixed_precision_reduce bfloat16 --training.mixed_precision_param bfloat16")
+            edited = launch.replace('mixed_precision_param = "bfloat16"' if version == "0.2"
+                                    else "--training.mixed_precision_param bfloat16", bf16)
+            assert edited != launch
+            with pytest.raises(HetplanError, match="float32 only"):  # a launch torchtitan refuses to parse
+                importers.import_files({**files, ("torchtitan.toml" if version == "0.2" else "launch.sh"): edited})
     for kernel in ("cudnn", "fa3"):  # Megatron-Core --attention-backend fused / flash (flash-attn 3 on Hopper)
         plan = next(_grid("megatron"))
         plan = plan.model_copy(update={"job": plan.job.model_copy(update={"attention_kernel": kernel})})

@@ -410,6 +410,19 @@ def _tt_sharding(replicate: int, shard: int, cp: int, reshard_policy: object) ->
     return (3 if reshard else 2), (group if replicate > 1 else None), reshard
 
 
+def _tt_fp32_reduce(dtype: object, prefix: str) -> None:
+    """torchtitan's ``mixed_precision_reduce`` is ``Literal["float32"]`` (``torchtitan/config/configs.py`` of
+    0.3.0, ``job_config.py`` of v0.2.2): a launch giving ``bfloat16`` does not start (it was priced with a bf16
+    reduction).
+
+    Raises:
+        HetplanError: another dtype."""
+    if dtype != "float32":
+        raise HetplanError(f"mixed_precision_reduce {dtype!r}: torchtitan reduces gradients in float32 only and "
+                           "refuses the launch", field=f"{prefix}mixed_precision_reduce",
+                           fix='give "float32" (or leave it out)')
+
+
 def _tt_cp_balanced(balancer: object, prefix: str) -> None:
     """torchtitan's ``context_parallel_load_balancer`` must be its default ``headtail`` (SDPA's causal load
     balancing, what the estimate prices: ``Job.cp_load_balance``); ``ptrr`` is FlexAttention's, and None
@@ -521,7 +534,7 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     compiled = bool(over.get("compile.enable", False))
     # the loss compiled with the blocks (components model,loss) or eager on fp32 logits (Plan.cross_entropy)
     loss = None if not compiled or "loss" in str(over.get("compile.components", "model,loss")).split(",") else "fp32"
-    reduce = "bf16" if over.get("training.mixed_precision_reduce") == "bfloat16" else None
+    _tt_fp32_reduce(over.get("training.mixed_precision_reduce", "float32"), "--training.")
     rec = {"none": "none", "full": "full", "selective": "selective", "memory-budget": "selective"}.get(ac, "none")
     _tt_cp_balanced(over.get(p + "context_parallel_load_balancer", "headtail"), "--" + p)
     job = Job(model=name, seq_len=seq, global_batch=gbs, train_iterations=num("training.steps", 1),
@@ -535,7 +548,7 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
                 cuda_graphs=not over.get("training.disable_cuda_graphs", False),
                 schedule="gpipe" if over.get(p + "pipeline_parallel_schedule") == "GPipe" else "1f1b",
                 cp=cp, ep=ep, pipeline_chunks=tt_chunks, fsdp_shard=fsdp_shard, reshard_after_forward=reshard,
-                cross_entropy=loss, grad_reduce_dtype=reduce)
+                cross_entropy=loss)
 
 
 def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -589,11 +602,11 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
               async_tp=bool(par.get("enable_async_tensor_parallel", False)))
     rec = cfg.get("activation_checkpoint", {}).get("mode", "none")
     loss = None if not comp.get("enable", False) or "loss" in comp.get("components", ["model", "loss"]) else "fp32"
-    reduce = "bf16" if tr.get("mixed_precision_reduce") == "bfloat16" else None
+    _tt_fp32_reduce(tr.get("mixed_precision_reduce", "float32"), "training.")
     return Plan(job=job, pools=[launch_pool(gpu, world, per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
                 virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep, fsdp_shard=fsdp_shard,
-                reshard_after_forward=reshard, cross_entropy=loss, grad_reduce_dtype=reduce,
+                reshard_after_forward=reshard, cross_entropy=loss,
                 schedule="gpipe" if par.get("pipeline_parallel_schedule") == "GPipe" else "1f1b")
 
 

@@ -40,9 +40,9 @@ What each target can express:
   ``cross_entropy = "bf16"``, NeMo AutoModel's, is refused); the job's ``torch_compile`` as ``[compile] enable`` with ``components = ["model",
   "loss"]`` (``CompileConfig``, torchtitan ``torchtitan/config/job_config.py``; eager: ``enable = false``;
   ``["model"]`` for ``cross_entropy = "fp32"``, the loss left eager); the job's ``async_tp`` as ``[parallelism]
-  enable_async_tensor_parallel = true``; ``grad_reduce_dtype = "bf16"`` as ``mixed_precision_reduce =
-  "bfloat16"``; a plan reducing gradients after the backward (``overlap_grad_reduce = false``) is refused, and
-  so are Transformer Engine's ``tp_comm_overlap``, attention other than ``flash`` (torchtitan runs SDPA's fused
+  enable_async_tensor_parallel = true``; a plan reducing gradients after the backward (``overlap_grad_reduce =
+  false``) or in bf16 / fp16 (``grad_reduce_dtype``: torchtitan's ``mixed_precision_reduce`` is
+  ``Literal["float32"]``, 0.2 and 0.3) is refused, and so are Transformer Engine's ``tp_comm_overlap``, attention other than ``flash`` (torchtitan runs SDPA's fused
   kernels), TP without sequence parallelism on 0.2 (always on there) and ZeRO-0 with CP (torchtitan's FSDP mesh
   is the shard degree x CP, so it shards over the CP ranks; HSDP's shard degree is written as ``fsdp_shard /
   cp``). Context parallelism's K/V exchange (``Job.cp_kv_exchange``): Megatron-LM ``--cp-comm-type all_gather``

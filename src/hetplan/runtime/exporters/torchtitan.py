@@ -136,8 +136,7 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         *(['converters = ["quantize.linear.float8"]'] if plan.job.dtype == "fp8" else []), "",
         "[training]", f"local_batch_size = {local}", f"global_batch_size = {plan.job.global_batch}",
         f"seq_len = {plan.job.seq_len}", f"steps = {plan.job.launch_iterations()}",
-        'mixed_precision_param = "bfloat16"',
-        *(['mixed_precision_reduce = "bfloat16"'] if plan.grad_reduce_dtype == "bf16" else []), "",
+        'mixed_precision_param = "bfloat16"', "",
         "[parallelism]", *dp_lines, f"tensor_parallel_degree = {m.tp}",
         f"context_parallel_degree = {m.cp}", f"expert_parallel_degree = {m.ep}",
         # the K/V exchange priced: all-gather, or the ring (PyTorch's all-to-all rotater passes each shard to the
@@ -251,6 +250,12 @@ def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
                            "or compiled; the plan's bf16 parameters or loss are NeMo AutoModel's and need less memory",
                            field="plan.fsdp_param_dtype", fix='plan with fsdp_param_dtype = "fp32" and cross_entropy '
                            'unset, or run the plan with NeMo AutoModel')
+    if plan.grad_reduce_dtype not in (None, "fp32"):  # priced (hetplan.plan.Plan.grad_reduce_dtype)
+        raise HetplanError(f"torchtitan reduces gradients in float32 only ('mixed_precision_reduce: "
+                           "Literal[\"float32\"]', torchtitan/config/configs.py of 0.3.0 and job_config.py of "
+                           f"v0.2.2 73a0e697: it refuses bfloat16); the plan was priced with a {plan.grad_reduce_dtype} "
+                           "reduction", field="plan.grad_reduce_dtype",
+                           fix="plan without grad_reduce_dtype (fp32), or export --to megatron (--grad-reduce-in-bf16)")
     if plan.tp_comm_overlap and m.tp > 1:  # priced as Transformer Engine's userbuffers overlap (compute.py)
         raise HetplanError("torchtitan has no Transformer Engine TP-communication overlap (the plan's "
                            "tp_comm_overlap, priced); its overlap of TP collectives is async TP",
@@ -482,7 +487,6 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
         f"--training.local_batch_size {local}", f"--training.global_batch_size {plan.job.global_batch}",
         f"--training.seq_len {plan.job.seq_len}", f"--training.steps {plan.job.launch_iterations()}",
         "--training.mixed_precision_param bfloat16",
-        *(["--training.mixed_precision_reduce bfloat16"] if plan.grad_reduce_dtype == "bf16" else []),
         # CUDA graphs of the step only where the plan prices them (hetplan.plan.Plan.cuda_graphs)
         "--training." + ("no-" if plan.cuda_graphs else "") + "disable_cuda_graphs", *dp,
         f"--parallelism.tensor_parallel_degree {m.tp}",
