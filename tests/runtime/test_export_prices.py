@@ -332,3 +332,17 @@ def test_context_parallel_exchange_and_balance_are_launched_as_priced():
         importers.import_files({"run.sh": files["megatron_launch.sh"].replace("--cp-comm-type all_gather",
                                                                                "--cp-comm-type a2a")})
     assert e.value.field == "--cp-comm-type"
+
+
+def test_a_virtual_stages_override_says_it_launches_another_schedule():
+    """``hetplan export --virtual-stages V`` on a plan priced with another interleaving wrote the launch without a
+    word; the note now says so, and the launch read back is priced as the plan with V virtual stages."""
+    plan = next(p for p in _grid("megatron") if p.pp == 2 and p.stages[0].tp == 1)
+    assert plan.virtual_stages == 1
+    spec = load_model(plan.job.model)
+    ex = exporters.export(plan, spec, "megatron", virtual_stages=2)
+    assert any("priced with 1 virtual stage" in n for n in ex.notes)
+    back = importers.import_files(ex.files)
+    assert back.virtual_stages == 2
+    assert _priced(back) == pytest.approx(_priced(plan.model_copy(update={"virtual_stages": 2})), rel=1e-9)
+    assert not any("virtual stage" in n for n in exporters.export(plan, spec, "megatron", virtual_stages=1).notes)

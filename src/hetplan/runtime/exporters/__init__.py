@@ -124,6 +124,11 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
         out = export_torchtitan(plan, spec, virtual_stages, version)
     else:
         raise HetplanError(f"unknown export target {target!r}", field="--to", fix=f"use one of {', '.join(TARGETS)}")
+    if virtual_stages is not None and plan.pp > 1 and virtual_stages != plan.virtual_stages:
+        # an override of the plan's interleaving launches another schedule (bubble, memory) than the one priced
+        out.notes.append(f"the plan was priced with {plan.virtual_stages} virtual stage(s) per rank; this launch "
+                         f"interleaves {virtual_stages}: re-estimate the plan with virtual_stages = {virtual_stages} "
+                         "to price what runs")
     # What each target writes is its framework's default stack (hetplan.hardware.stacks.FRAMEWORK_STACK); a plan
     # priced under another stack (Job.stack) was priced for software this export does not launch.
     written = (resolve_stack(TORCHTITAN_RELEASE_STACKS[release(t, version)]) if t == "torchtitan"
