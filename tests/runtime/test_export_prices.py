@@ -346,3 +346,29 @@ def test_a_virtual_stages_override_says_it_launches_another_schedule():
     assert back.virtual_stages == 2
     assert _priced(back) == pytest.approx(_priced(plan.model_copy(update={"virtual_stages": 2})), rel=1e-9)
     assert not any("virtual stage" in n for n in exporters.export(plan, spec, "megatron", virtual_stages=1).notes)
+
+
+def test_torchtitan_03_ties_what_the_plan_ties_and_refuses_tying_with_pp():
+    """torchtitan 0.3.0 builds a tied model tied (its Llama 3.2 1B / 3B and small Qwen3 flavors) and refuses weight
+    tying with pipeline parallelism at start-up ('Weight tying is not supported with Pipeline Parallel',
+    ``torchtitan/models/common/decoder.py``): such an export was written for PP 2. A Llama shape hetplan generates
+    was built untied (priced tied, without a note); now ``enable_weight_tying`` follows the model."""
+    for name in ("llama3.2-1b", "qwen3-0.6b"):
+        spec = load_model(name)
+        assert spec.tied_embeddings
+        job = Job(model=name, seq_len=2048, global_batch=32, train_iterations=10, framework="fsdp")
+        pp2 = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, zero=3,
+                   stages=[Stage(num_layers=spec.num_layers // 2, dp=4)] * 2)
+        assert not violations(pp2, spec)
+        with pytest.raises(HetplanError) as e:
+            exporters.export(pp2, spec, "torchtitan")
+        assert e.value.field == "plan.stages"
+        if name.startswith("llama"):  # 0.2 unties it (with a note)
+            pp2_old = pp2.model_copy(update={"job": job.model_copy(update={"stack": "torchtitan@2025-10"})})
+            assert any("unties" in n for n in exporters.export(pp2_old, spec, "torchtitan", version="0.2").notes)
+    spec = load_model("mistral-7b")
+    job = Job(model="mistral-7b", seq_len=2048, global_batch=32, train_iterations=10, framework="fsdp")
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, zero=3, stages=[Stage(num_layers=32, dp=8)])
+    assert "enable_weight_tying=False" in exporters.export(plan, spec, "torchtitan").files["hetplan_torchtitan_job.py"]
+    tied = spec.model_copy(update={"tied_embeddings": True})
+    assert "enable_weight_tying=True" in exporters.export(plan, tied, "torchtitan").files["hetplan_torchtitan_job.py"]

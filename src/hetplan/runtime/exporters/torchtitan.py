@@ -322,7 +322,7 @@ import torchtitan.models.qwen3 as _q
 
 def _hetplan_shape(attn_backend, moe_comm_backend="standard"):
     return _q.Qwen3Model.Config(
-        vocab_size={vocab}, dim={dim}, norm=_q._qwen3_norm({dim}),
+        vocab_size={vocab}, dim={dim}, norm=_q._qwen3_norm({dim}), enable_weight_tying={tied},
         tok_embeddings=_q.Embedding.Config(num_embeddings={vocab}, embedding_dim={dim}, param_init=_q._EMBEDDING_INIT),
         lm_head=_q.Linear.Config(in_features={dim}, out_features={vocab}, param_init=_q._LINEAR_INIT),
         layers=_q._build_qwen3_moe_layers(
@@ -343,7 +343,7 @@ import torchtitan.models.llama3 as _l
 
 def _hetplan_shape(attn_backend, tp_gemm_backend="default"):
     return _l.Llama3Model.Config(
-        dim={dim}, vocab_size={vocab},
+        dim={dim}, vocab_size={vocab}, enable_weight_tying={tied},
         tok_embeddings=_l.Embedding.Config(num_embeddings={vocab}, embedding_dim={dim}, param_init=_l._EMBEDDING_INIT),
         norm=_l.RMSNorm.Config(normalized_shape={dim}, param_init=_l._NORM_INIT),
         lm_head=_l.Linear.Config(in_features={dim}, out_features={vocab}, param_init=_l._output_linear_init({dim})),
@@ -401,6 +401,11 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     """
     pp, notes = plan.pp, []
     experts = int(getattr(spec, "num_experts", 0) or 0)
+    if spec.tied_embeddings and pp > 1:  # 0.3.0 builds tied models tied (its 1B / 3B / Qwen3 <= 8B flavors too)
+        raise HetplanError(f"{spec.name} ties its output head to the embedding, and torchtitan 0.3 refuses weight "
+                           "tying with pipeline parallelism ('Weight tying is not supported with Pipeline Parallel', "
+                           "torchtitan/models/common/decoder.py of 0.3.0)", field="plan.stages",
+                           fix="plan with one pipeline stage (--pp 1), or export --to megatron")
     if m.ep > 1 and plan.zero == 0 and m.dp > 1:  # one replica: shard degree 1, EP carved out of cp x tp
         raise HetplanError("torchtitan 0.3 folds EP into the FSDP shard ranks; a ZeRO-0 (DDP) plan has none",
                            field="plan.zero", fix="plan with zero 3 (FSDP), or export --to megatron")
@@ -416,7 +421,7 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
             vocab=spec.vocab_size, dim=spec.hidden_size, layers=spec.num_layers, heads=spec.num_attention_heads,
             kv=spec.num_kv_heads, hd=spec.head_dim, ffn=spec.expert_ffn_hidden_size, experts=experts,
             topk=spec.experts_per_token, seq=max(spec.max_seq_len, plan.job.seq_len),
-            theta=1e6, flavor=flavor)  # Mixtral's rotary base (config.json rope_theta); no cost depends on it
+            theta=1e6, flavor=flavor, tied=spec.tied_embeddings)  # Mixtral's rotary base (config.json rope_theta); no cost depends on it
         notes.append(f"{spec.name} runs as torchtitan's Qwen3 MoE block with its shapes (flavor {flavor!r} in "
                      "hetplan_torchtitan_job.py): Qwen3's q/k RMSNorm adds 2 x head_dim parameters per layer")
     elif not experts:  # a Llama shape (checked by export_torchtitan)
@@ -424,7 +429,7 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
         shape = _TT03_DENSE_SHAPE.format(
             vocab=spec.vocab_size, dim=spec.hidden_size, layers=spec.num_layers, heads=spec.num_attention_heads,
             kv=spec.num_kv_heads, hd=spec.head_dim, ffn=spec.ffn_hidden_size,
-            seq=max(spec.max_seq_len, plan.job.seq_len), flavor=flavor)
+            seq=max(spec.max_seq_len, plan.job.seq_len), flavor=flavor, tied=spec.tied_embeddings)
         notes.append(f"{spec.name} is built as torchtitan Llama 3 flavor {flavor!r} by hetplan_torchtitan_job.py, "
                      "with torchtitan's default rotary base 10000")
     else:
