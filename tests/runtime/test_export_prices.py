@@ -372,3 +372,24 @@ def test_torchtitan_03_ties_what_the_plan_ties_and_refuses_tying_with_pp():
     assert "enable_weight_tying=False" in exporters.export(plan, spec, "torchtitan").files["hetplan_torchtitan_job.py"]
     tied = spec.model_copy(update={"tied_embeddings": True})
     assert "enable_weight_tying=True" in exporters.export(plan, tied, "torchtitan").files["hetplan_torchtitan_job.py"]
+
+
+@pytest.mark.parametrize("kw, job", [(dict(ep=1), {}), (dict(pp=2), {}), (dict(recompute="full"), {}),
+                                     ({}, dict(moe_recompute=True))])
+def test_megatron_a2a_overlap_it_refuses_is_refused(kw, job):
+    """``moe_a2a_overlap`` (``--overlap-moe-expert-parallel-comm``) was written where Megatron-Core's
+    TransformerConfig asserts against it: EP 1, PP without virtual stages, full recomputation, the MoE layer
+    recomputed. Refused now, naming the field; the overlap it runs still exports and reads back."""
+    def plan(ep=2, pp=1, recompute="none", **job_kw):
+        j = Job(model="mixtral-8x7b", seq_len=2048, global_batch=32, train_iterations=10, moe_a2a_overlap=True,
+                **job_kw)
+        return Plan(job=j, pools=[GPUPool(gpu="H100-SXM", count=8 * pp)], mbs=1, zero=1, ep=ep,
+                    stages=[Stage(num_layers=32 // pp, dp=8, recompute=recompute)] * pp)
+    spec = load_model("mixtral-8x7b")
+    bad = plan(**kw, **job)
+    assert not violations(bad, spec)
+    with pytest.raises(HetplanError) as e:
+        exporters.export(bad, spec, "megatron")
+    assert e.value.field == "plan.job.moe_a2a_overlap"
+    back = importers.import_files(exporters.export(plan(), spec, "megatron").files)
+    assert back.job.moe_a2a_overlap and _priced(back) == pytest.approx(_priced(plan()), rel=1e-9)

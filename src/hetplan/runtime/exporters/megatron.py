@@ -8,7 +8,7 @@ from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Plan
 from hetplan.plan_rules import degree, embedding_loss_split
-from hetplan.runtime.exporters.common import Export, _interleaved_units, _mesh, _nodes, _pools_note, _virtual
+from hetplan.runtime.exporters.common import Export, _interleaved_units, _Mesh, _mesh, _nodes, _pools_note, _virtual
 
 
 def megatron_layout(chunks: list[list[int]]) -> str:
@@ -36,6 +36,27 @@ def megatron_layout(chunks: list[list[int]]) -> str:
 #: Dense families built as Llama's block (SwiGLU, RMSNorm, rotary, no linear biases; Qwen2 adds its QKV biases,
 #: Qwen3 its Q/K norms, Phi-3 fuses Q/K/V and gate/up, which Megatron-LM's linear_qkv and linear_fc1 do too).
 LLAMA_BLOCK_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+
+
+def _a2a_overlap_check(plan: Plan, m: _Mesh, v: int) -> None:
+    """What Megatron-Core's ``TransformerConfig`` asserts for ``--overlap-moe-expert-parallel-comm``
+    (``megatron/core/transformer/transformer_config.py``, NVIDIA/Megatron-LM d98e8a64): expert parallelism,
+    interleaving when pipelined, no full recomputation and no recomputation of the MoE layer, at most one MTP
+    layer.
+
+    Raises:
+        HetplanError: a plan with ``job.moe_a2a_overlap`` breaking one of them (the launch would stop there)."""
+    why = ("EP > 1 ('only supported with expert model parallelism')" if m.ep == 1 else
+           "interleaving when pipelined (virtual_pipeline_model_parallel_size must be specified when "
+           "pipeline_model_parallel_size > 1)" if plan.pp > 1 and v == 1 else
+           "no full recomputation" if m.recompute == "full" else
+           "no recomputation of the MoE layer (moe in recompute_modules)" if plan.job.moe_recompute else
+           "at most one MTP layer" if plan.job.mtp_layers > 1 else None)
+    if why:
+        raise HetplanError(f"Megatron-Core's overlap of the expert-parallel all-to-alls (the plan's moe_a2a_overlap) "
+                           f"needs {why}; it refuses this launch", field="plan.job.moe_a2a_overlap",
+                           fix="plan without moe_a2a_overlap, or with EP > 1, virtual stages under PP, selective or "
+                               "no recomputation")
 
 
 def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = None) -> Export:
@@ -89,6 +110,7 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type "
                  + ("alltoall" if dispatcher == "alltoall" else f"flex --moe-flex-dispatcher-backend {dispatcher}")]
         if plan.job.moe_a2a_overlap:  # the 1F1B all-to-all overlap (combined_1f1b)
+            _a2a_overlap_check(plan, m, _virtual(plan, virtual_stages) if pp > 1 else 1)
             args.append("--overlap-moe-expert-parallel-comm")
         if plan.job.moe_capacity_factor is not None:  # token dropping (and padding to capacity)
             args.append(f"--moe-expert-capacity-factor {plan.job.moe_capacity_factor:g}")
