@@ -393,3 +393,22 @@ def test_megatron_a2a_overlap_it_refuses_is_refused(kw, job):
     assert e.value.field == "plan.job.moe_a2a_overlap"
     back = importers.import_files(exporters.export(plan(), spec, "megatron").files)
     assert back.job.moe_a2a_overlap and _priced(back) == pytest.approx(_priced(plan()), rel=1e-9)
+
+
+def test_megatron_fp8_parameters_need_the_distributed_optimizer():
+    """An FP8 plan is priced with FP8 parameters (``--fp8-param-gather``, no bf16 weight copy), which Megatron-LM
+    allows only with its distributed optimizer or FSDP (``megatron/training/arguments.py`` asserts): a ZeRO-0 FP8
+    plan over DP 8 was exported with the flag and no distributed optimizer, now refused naming ``plan.zero``; on
+    one data-parallel rank the distributed optimizer shards nothing, so it is written and priced the same."""
+    spec = load_model("llama3-8b")
+    job = Job(model="llama3-8b", seq_len=2048, global_batch=32, train_iterations=10, dtype="fp8")
+    dp8 = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, stages=[Stage(num_layers=32, dp=8)])
+    with pytest.raises(HetplanError) as e:
+        exporters.export(dp8, spec, "megatron")
+    assert e.value.field == "plan.zero"
+    tp8 = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, stages=[Stage(num_layers=32, tp=8)],
+               sequence_parallel=True)
+    files = exporters.export(tp8, spec, "megatron").files
+    assert "--use-distributed-optimizer" in files["megatron_launch.sh"] and "--fp8-param-gather" in \
+        files["megatron_launch.sh"]
+    assert _priced(importers.import_files(files)) == pytest.approx(_priced(tp8), rel=1e-9)

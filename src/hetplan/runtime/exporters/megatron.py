@@ -148,7 +148,17 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
             if not mid or layers[-1] != mid[0]:
                 args.append(f"--decoder-last-pipeline-num-layers {layers[-1]}")
             notes.append("uneven split via --decoder-first/last-pipeline-num-layers (Megatron-Core >= 0.10)")
-    if plan.zero == 1:
+    fp8_zero0 = plan.job.dtype == "fp8" and plan.zero == 0
+    if fp8_zero0 and m.dp * m.cp > 1:
+        # the estimate prices FP8 parameters (hetplan.estimate.fp8: --fp8-param-gather, no bf16 weight copy); Megatron
+        # allows them only with the distributed optimizer or FSDP ('--fp8-param-gather only supported with
+        # distributed optimizer, torch fsdp2, megatron fsdp', megatron/training/arguments.py, NVIDIA/Megatron-LM
+        # d98e8a64)
+        raise HetplanError("Megatron-LM keeps FP8 parameters (--fp8-param-gather, as the estimate priced) only with "
+                           "its distributed optimizer or FSDP; this FP8 plan has ZeRO-0 over "
+                           f"{m.dp * m.cp} data-parallel ranks", field="plan.zero",
+                           fix="plan with zero 1 (the distributed optimizer), or dtype bf16")
+    if plan.zero == 1 or fp8_zero0:  # one DP rank: the distributed optimizer is ZeRO-0 (nothing to shard)
         args.append("--use-distributed-optimizer")
     elif plan.zero >= 2:
         strategy = {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
