@@ -412,3 +412,15 @@ def test_megatron_fp8_parameters_need_the_distributed_optimizer():
     assert "--use-distributed-optimizer" in files["megatron_launch.sh"] and "--fp8-param-gather" in \
         files["megatron_launch.sh"]
     assert _priced(importers.import_files(files)) == pytest.approx(_priced(tp8), rel=1e-9)
+
+
+def test_megatron_fsdp_launch_leaves_cuda_device_max_connections_unset():
+    """Megatron-FSDP (ZeRO-2 / 3 under megatron) asserts 'FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset'
+    (``megatron/training/arguments.py``); the launch exported ``CUDA_DEVICE_MAX_CONNECTIONS=1`` for every plan."""
+    spec = load_model("llama3-8b")
+    tp2 = next(p for p in _grid("megatron") if p.stages[0].tp == 2)
+    for zero in (0, 1, 2, 3):
+        plan = Plan.model_validate(tp2.model_copy(update={"zero": zero}).model_dump())
+        script = exporters.export(plan, spec, "megatron").files["megatron_launch.sh"]
+        assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in script) == (zero < 2), zero
+        assert ("unset CUDA_DEVICE_MAX_CONNECTIONS" in script) == (zero >= 2), zero

@@ -255,7 +255,9 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
     else:
         args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     nnodes, per_node = _nodes(plan)
-    env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM: keeps TP/SP communication ordered before compute"]
+    env = (["unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP asserts it is unset or > 1 "
+            "(megatron/training/arguments.py)"] if plan.zero >= 2 else
+           ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM: keeps TP/SP communication ordered before compute"])
     script = "\n".join([
         "#!/usr/bin/env bash",
         (f"# Megatron-LM launch for plan: {pp} stages {layers} layers, TP {m.tp}, CP {m.cp}, DP {m.dp}, "
