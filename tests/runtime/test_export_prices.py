@@ -424,3 +424,55 @@ def test_megatron_fsdp_launch_leaves_cuda_device_max_connections_unset():
         script = exporters.export(plan, spec, "megatron").files["megatron_launch.sh"]
         assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in script) == (zero < 2), zero
         assert ("unset CUDA_DEVICE_MAX_CONNECTIONS" in script) == (zero >= 2), zero
+
+
+def _mg(model="mixtral-8x7b", recompute="none", recompute_layers=None, tp=1, plan_kw=None, gpu="H100-SXM", **job_kw):
+    spec = load_model(model)
+    job = Job(model=model, seq_len=2048, global_batch=32, train_iterations=10, **job_kw)
+    return Plan(job=job, pools=[GPUPool(gpu=gpu, count=8)], mbs=1, zero=1, ep=2 if spec.is_moe else 1,
+                sequence_parallel=tp > 1, stages=[Stage(num_layers=spec.num_layers, tp=tp, dp=8 // tp,
+                                                        recompute=recompute, recompute_layers=recompute_layers)],
+                **(plan_kw or {}))
+
+
+@pytest.mark.parametrize("plan, field", [
+    (lambda: _mg("llama3-8b", "full", plan_kw=dict(cuda_graphs=True)), "plan.cuda_graphs"),
+    (lambda: _mg("gpt3-1.3b", "selective", attention="standard", plan_kw=dict(cuda_graphs=True)), "plan.cuda_graphs"),
+    (lambda: _mg("gpt3-1.3b", mtp_layers=1), "plan.job.mtp_layers"),
+    (lambda: _mg(dtype="fp8", recompute_modules=["moe_act"]), "plan.job.recompute_modules"),
+    (lambda: _mg(moe_recompute=True, offload_modules=["moe_act"]), "plan.job.offload_modules"),
+    (lambda: _mg(recompute="full", recompute_layers=2, recompute_modules=["layernorm"]), "plan.job.recompute_modules"),
+], ids=["graphs-full-recompute", "graphs-selective-dropout", "mtp-learned-positions", "fp8-delayed-moe_act",
+        "offload-in-recomputed-moe", "block-recompute-and-modules"])
+def test_megatron_refuses_what_megatron_core_asserts_against(plan, field):
+    """Launches Megatron-Core's ``validate_args`` / ``TransformerConfig`` refuse (NVIDIA/Megatron-LM d98e8a64,
+    checked by running them on every export of a fuzzed grid): per-layer CUDA graphs with full recomputation, or
+    with the attention core recomputed under dropout; MTP with learned positions; moe_act / layernorm recomputation
+    under FP8 delayed scaling; offloading inside a MoE layer recomputed whole. And full recomputation of the first k
+    layers with per-module recomputation, which one ``--recompute-granularity`` cannot launch (the modules were
+    dropped while the estimate priced them on the other layers). Each was written; now exit 2 naming the field."""
+    p = plan()
+    spec = load_model(p.job.model)
+    assert not violations(p, spec)
+    with pytest.raises(HetplanError) as e:
+        exporters.export(p, spec, "megatron")
+    assert e.value.field == field
+
+
+def test_megatron_launch_details_megatron_core_needs():
+    """CUDA graphs of a token-dropping MoE capture the whole MoE layer with padding, and not the router /
+    preprocess without it (its device-to-host copies: Megatron-Core asserts, and its local graphs add preprocess to
+    any router capture); fine-grained offloading sets ``NVTE_CPU_OFFLOAD_V1=1`` (asserted under TE >= 2.10); an FP8
+    ``--fp8-recipe delayed`` launch on Blackwell reads back as delayed (was read as the GPU's default, MXFP8)."""
+    def script(p):
+        return exporters.export(p, load_model(p.job.model), "megatron").files["megatron_launch.sh"]
+    padded = script(_mg(moe_capacity_factor=1.0, moe_pad_to_capacity=True, plan_kw=dict(cuda_graphs=True)))
+    assert "--cuda-graph-modules attn moe " in padded
+    dropped = script(_mg(moe_capacity_factor=1.0, plan_kw=dict(cuda_graphs=True)))
+    assert "--cuda-graph-modules attn " in dropped and "moe_router" not in dropped
+    assert "--cuda-graph-modules attn moe_router moe_preprocess" in script(_mg(plan_kw=dict(cuda_graphs=True)))
+    assert "export NVTE_CPU_OFFLOAD_V1=1" in script(_mg(offload_modules=["expert_fc1"]))
+    delayed = _mg("llama3-8b", gpu="B200", dtype="fp8", fp8_recipe="delayed")
+    back = importers.import_files(exporters.export(delayed, load_model("llama3-8b"), "megatron").files, gpu="B200")
+    assert back.job.fp8_recipe == "delayed"
+    assert _priced(back) == pytest.approx(_priced(delayed), rel=1e-9)

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec, list_presets, load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
+from hetplan.plan_rules import TE_RECIPE_NAMES
 from hetplan.runtime.argspec import megatron_argv, parse_megatron_args
 from hetplan.runtime.exporters import TORCHTITAN_03_MODELS, balanced_split_ds
 from hetplan.runtime.exporters.torchtitan import TORCHTITAN_RELEASE_STACKS
@@ -309,7 +310,9 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
         dispatcher = a.get("moe_flex_dispatcher_backend", "deepep")
     # --fp8-recipe tensorwise is TE's Float8CurrentScaling (megatron/core/fp8_utils.py); delayed / mxfp8 are the
     # recipes the estimate picks by GPU generation when none is named
-    fp8_recipe = "current" if dtype == "fp8" and a.get("fp8_recipe") == "tensorwise" else None
+    # --fp8-recipe as hetplan names it (TE_RECIPE_NAMES: tensorwise = current scaling); none named: the GPU's default.
+    # Was read as None but for tensorwise, so delayed scaling on Blackwell came back priced as MXFP8
+    fp8_recipe = TE_RECIPE_NAMES.get(str(a.get("fp8_recipe"))) if dtype == "fp8" else None
     capacity = a.get("moe_expert_capacity_factor")
     capacity = float(capacity) if capacity is not None and float(capacity) >= 0 else None  # < 0: dropless
     if capacity is not None and not 0 < capacity <= 8:

@@ -174,6 +174,10 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--overlap-grad-reduce")
     if plan.grad_reduce_dtype == "bf16":  # priced (Plan.grad_reduce_dtype); Megatron's default reduces in fp32
         args.append("--grad-reduce-in-bf16")
+    if plan.job.mtp_layers and spec.learned_positions:  # megatron/training/arguments.py asserts rope / none
+        raise HetplanError(f"Megatron-LM trains multi-token prediction with rotary or no position embeddings only; "
+                           f"{spec.name} learns absolute positions", field="plan.job.mtp_layers",
+                           fix="plan with mtp_layers = 0 for this model")
     if plan.job.mtp_layers:  # priced on the last stage (hetplan.plan.Job.mtp_layers)
         args.append(f"--mtp-num-layers {plan.job.mtp_layers}")
     elif spec.mtp_layers:  # the model has MTP modules the job does not train: neither priced nor launched
@@ -184,6 +188,15 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         # nothing to overlap, and Megatron-LM turns sequence parallelism off there and then asserts it for
         # --tp-comm-overlap (megatron/training/arguments.py, NVIDIA/Megatron-LM d98e8a64): not written
         args.append("--tp-comm-overlap")
+    if plan.cuda_graphs and (m.recompute == "full" or (m.recompute == "selective" and spec.dropout)):
+        # Megatron-Core's TransformerConfig: "full recompute is only supported with full iteration CUDA graph";
+        # "attention dropout is not supported with graphed attention recomputation" (the core_attn module of
+        # selective recomputation inside per-layer graphs): megatron/core/transformer/transformer_config.py,
+        # NVIDIA/Megatron-LM d98e8a64
+        raise HetplanError("Megatron-Core's per-layer CUDA graphs refuse " + (
+            "full recomputation" if m.recompute == "full" else
+            f"selective recomputation of the attention core with dropout ({spec.name} has dropout)"),
+            field="plan.cuda_graphs", fix="plan with cuda_graphs = false, or without that recomputation")
     if plan.cuda_graphs:  # per-layer graphs (frameworks.toml cuda_graphs; --enable-cuda-graph is deprecated)
         args.append("--cuda-graph-impl local")
         if experts:
@@ -191,10 +204,19 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
             # drop-and-pad layers only (megatron/core/transformer/enums.py CudaGraphScope), so the graphs cover
             # attention, the dense MLPs and the router / token preprocessing: partial CUDA graphs
             dense = spec.num_moe_layers < spec.num_layers
-            args.append("--cuda-graph-modules attn " + ("mlp " if dense else "") + "moe_router moe_preprocess")
-            notes.append("CUDA graphs capture attention, dense MLPs and the MoE router / preprocessing; the experts "
-                         "run eagerly (dropless routing), while the estimate prices every kernel of the layer as "
-                         "captured")
+            # TransformerConfig (megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM d98e8a64): the
+            # whole MoE layer ("moe") with drop-and-pad only; the router with preprocess (which the local impl
+            # always adds to it) not under token dropping without padding (its device-to-host copies)
+            dropping = plan.job.moe_capacity_factor is not None
+            # (and not the whole MoE layer with fine-grained activation offloading inside it: asserted too)
+            moe = ("moe" if dropping and plan.job.moe_pad_to_capacity and not plan.job.offload_modules else
+                   "" if dropping and plan.job.moe_dispatcher == "alltoall" else "moe_router moe_preprocess")
+            args.append("--cuda-graph-modules " + " ".join(x for x in ("attn", "mlp" if dense else "", moe) if x))
+            if moe != "moe":
+                notes.append("CUDA graphs capture attention, dense MLPs" + (" and the MoE router / preprocessing"
+                             if moe else "") + "; the experts run eagerly (" + ("dropless routing" if not dropping
+                             else "token dropping without padding") + "), while the estimate prices every kernel of "
+                             "the layer as captured")
     if plan.job.attention == "flash" and plan.job.attention_kernel is not None:
         # the kernel the estimate priced (issue 27: the export dropped it), as Megatron-Core's AttnBackend
         # (megatron/core/transformer/enums.py): "flash" = Transformer Engine's FlashAttention (flash-attn 2, or 3
@@ -220,12 +242,30 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--recompute-granularity selective")
     # per-module recomputation (the MoE layer checkpointed on its own, output-discarding element-wise modules);
     # under full recomputation the whole layer is recomputed instead
-    modules = ((["moe"] if experts and plan.job.moe_recompute else []) + list(plan.job.recompute_modules)
-               if m.recompute != "full" else [])
+    asked = (["moe"] if experts and plan.job.moe_recompute else []) + list(plan.job.recompute_modules)
+    if asked and m.recompute == "full" and m.recompute_layers is not None:
+        # Megatron-LM's --recompute-granularity is one: full of the first k layers (block) leaves the others without
+        # the per-module recomputation the estimate priced for them
+        raise HetplanError(f"Megatron-LM recomputes either whole layers (here the first {m.recompute_layers} of each "
+                           f"stage) or modules ({', '.join(asked)}), not both; the plan was priced with both",
+                           field="plan.job.recompute_modules", fix="recompute all layers, or drop the modules "
+                           "(recompute_modules / moe_recompute)")
+    modules = asked if m.recompute != "full" else []
+    if modules and "--fp8-recipe delayed" in args and {"moe_act", "layernorm"} & set(modules):
+        # TransformerConfig: "Delayed scaling does not support moe_act and layernorm recompute for fp8"
+        # (megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM d98e8a64)
+        raise HetplanError("Megatron-Core refuses recomputing moe_act / layernorm under FP8 delayed scaling (the "
+                           "recipe this plan's GPUs run)", field="plan.job.recompute_modules",
+                           fix='plan with fp8_recipe = "current", or without moe_act / layernorm in recompute_modules')
     if modules:
         if m.recompute != "selective":
             args.append("--recompute-granularity selective")
         args.append("--recompute-modules " + " ".join((["core_attn"] if m.recompute == "selective" else []) + modules))
+    if plan.job.offload_modules and "moe" in modules:  # both act inside the MoE layer
+        raise HetplanError("Megatron-Core refuses offloading activations inside a MoE layer it recomputes whole "
+                           "('Cannot offload ... while recomputing the entire MoE layer', megatron/core/transformer/"
+                           "transformer_config.py)", field="plan.job.offload_modules",
+                           fix="plan without offload_modules, or with moe_recompute = false")
     if plan.job.offload_modules:
         args += ["--fine-grained-activation-offloading", "--offload-modules " + " ".join(plan.job.offload_modules)]
     if spec.alibi:  # a launch with rotary or learned positions would train another model
@@ -258,6 +298,8 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
     env = (["unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP asserts it is unset or > 1 "
             "(megatron/training/arguments.py)"] if plan.zero >= 2 else
            ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM: keeps TP/SP communication ordered before compute"])
+    if plan.job.offload_modules:  # megatron/training/arguments.py asserts it under Transformer Engine >= 2.10
+        env.append("export NVTE_CPU_OFFLOAD_V1=1  # fine-grained activation offloading: activations only, no weights")
     script = "\n".join([
         "#!/usr/bin/env bash",
         (f"# Megatron-LM launch for plan: {pp} stages {layers} layers, TP {m.tp}, CP {m.cp}, DP {m.dp}, "
