@@ -512,3 +512,25 @@ def test_an_exported_launch_carries_its_gpu_type_back(tmp_path):
     r = run_cli("import", bare, "-o", tmp_path / "bare.json")
     assert r.code == 0 and "priced as H100-SXM" in r.stderr
     assert json.loads((tmp_path / "bare.json").read_text())["pools"][0]["gpu"] == "H100-SXM"
+
+
+@pytest.mark.parametrize("edit, field, words", [
+    # degrees whose product is not the world size: torchtitan's ParallelDims asserts; was read as a 4-GPU plan
+    (("--parallelism.data_parallel_shard_degree 4", "--parallelism.data_parallel_shard_degree 2"),
+     "--parallelism.data_parallel_shard_degree", "is not the launch's 8 ranks"),
+    # a schedule hetplan does not price: was read as 1F1B
+    (("--parallelism.pipeline_parallel_schedule 1F1B", "--parallelism.pipeline_parallel_schedule ZBVZeroBubble"),
+     "--parallelism.pipeline_parallel_schedule", "hetplan prices 1F1B"),
+    # without the flag torchtitan 0.3.0 captures CUDA graphs (its default); was refused naming plan.cuda_graphs
+    (("--training.disable_cuda_graphs", ""), "--training.disable_cuda_graphs", "CUDA graphs"),
+])
+def test_a_hand_edited_torchtitan_launch_names_its_flag(edit, field, words):
+    job = Job(model="llama3-8b", seq_len=2048, global_batch=32, train_iterations=10, framework="fsdp")
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, zero=3,
+                stages=[Stage(num_layers=16, dp=4)] * 2)
+    files = dict(exporters.export(plan, load_model("llama3-8b"), "torchtitan").files)
+    assert edit[0] in files["launch.sh"]
+    files["launch.sh"] = files["launch.sh"].replace(*edit)
+    with pytest.raises(HetplanError) as exc:
+        importers.import_files(files)
+    assert exc.value.field == field and words in exc.value.message, exc.value.render()

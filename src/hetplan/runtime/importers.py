@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hetplan.errors import HetplanError
+from hetplan.hardware.stacks import resolve_stack
 from hetplan.model.spec import ModelSpec, list_presets, load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
 from hetplan.plan_rules import TE_RECIPE_NAMES
@@ -381,9 +382,15 @@ def _tt_shard(world: int, rep: int, tp: int, cp: int, pp: int, shard: int, prefi
     _degrees_at_least_one({f"{prefix}{key}": value for key, value in (
         ("tensor_parallel_degree", tp), ("context_parallel_degree", cp), ("pipeline_parallel_degree", pp),
         ("data_parallel_replicate_degree", rep))})
-    if shard != -1:
-        return shard
     rest = rep * tp * cp * pp
+    if shard != -1:  # ParallelDims._validate asserts the product (torchtitan/distributed/parallel_dims.py); it
+        # was read as a plan on fewer (or more) GPUs than the launch starts
+        if shard < 1 or rest * shard != world:
+            raise HetplanError(f"replicate x shard x CP x TP x PP = {rep} x {shard} x {cp} x {tp} x {pp} = "
+                               f"{rest * shard} is not the launch's {world} ranks; torchtitan asserts they are equal",
+                               field=f"{prefix}data_parallel_shard_degree",
+                               fix=f"give degrees whose product is {world} (or data_parallel_shard_degree -1)")
+        return shard
     if world % rest:
         raise HetplanError(f"{world} ranks are no multiple of replicate x TP x CP x PP = {rest}, so "
                            f"{prefix}data_parallel_shard_degree -1 has no value (torchtitan asserts the product)",
@@ -411,6 +418,20 @@ def _tt_sharding(replicate: int, shard: int, cp: int, reshard_policy: object) ->
                            "(replicate x shard) hetplan prices HSDP over", field="data_parallel_replicate_degree",
                            fix="give a replicate degree that is a multiple of the CP degree")
     return (3 if reshard else 2), (group if replicate > 1 else None), reshard
+
+
+def _tt_schedule(name: object, prefix: str) -> str:
+    """hetplan's schedule of torchtitan's ``pipeline_parallel_schedule``: ``GPipe``, or 1F1B (``1F1B`` and, with
+    virtual stages, ``Interleaved1F1B``; torchtitan's default 1F1B when not given).
+
+    Raises:
+        HetplanError: another of PyTorch's schedules (zero-bubble, looped BFS, DualPipeV ...): was priced as 1F1B."""
+    if name in (None, "1F1B", "Interleaved1F1B"):
+        return "1f1b"
+    if name == "GPipe":
+        return "gpipe"
+    raise HetplanError(f"pipeline_parallel_schedule {name!r}: hetplan prices 1F1B, Interleaved1F1B and GPipe",
+                       field=f"{prefix}pipeline_parallel_schedule", fix="give 1F1B, Interleaved1F1B or GPipe")
 
 
 def _tt_fp32_reduce(dtype: object, prefix: str) -> None:
@@ -545,11 +566,18 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
               dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe, attention="flash", framework="fsdp",
               torch_compile=compiled,
               async_tp=bool(over.get("compile.enable_async_tensor_parallel", False)))
+    graphs = not over.get("training.disable_cuda_graphs", False)  # 0.3.0's TrainingConfig default: captured
+    stack = resolve_stack(TORCHTITAN_RELEASE_STACKS["0.3"])
+    if graphs and stack.launch != "cuda-graphs":  # was refused as "plan.cuda_graphs ... (rule stack-has-option)"
+        raise HetplanError(f"the launch captures the forward and backward in CUDA graphs (torchtitan 0.3's default: "
+                           f"training.disable_cuda_graphs = false, torchtitan/config/configs.py), which stack "
+                           f"{stack.id} as hetplan prices it does not", field="--training.disable_cuda_graphs",
+                           fix="add --training.disable_cuda_graphs (what hetplan export writes) to price the launch")
     return Plan(job=job, pools=[launch_pool(gpu, world, per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
                 virtual_stages=v, sequence_parallel=tp > 1 and bool(over.get(p + "enable_sequence_parallel", True)),
-                cuda_graphs=not over.get("training.disable_cuda_graphs", False),
-                schedule="gpipe" if over.get(p + "pipeline_parallel_schedule") == "GPipe" else "1f1b",
+                cuda_graphs=graphs,
+                schedule=_tt_schedule(over.get(p + "pipeline_parallel_schedule"), "--" + p),
                 cp=cp, ep=ep, pipeline_chunks=tt_chunks, fsdp_shard=fsdp_shard, reshard_after_forward=reshard,
                 cross_entropy=loss)
 
@@ -610,7 +638,7 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
                 virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep, fsdp_shard=fsdp_shard,
                 reshard_after_forward=reshard, cross_entropy=loss,
-                schedule="gpipe" if par.get("pipeline_parallel_schedule") == "GPipe" else "1f1b")
+                schedule=_tt_schedule(par.get("pipeline_parallel_schedule"), "parallelism."))
 
 
 def _ds_count(cfg: dict, key: str) -> int | None:
