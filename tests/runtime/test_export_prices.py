@@ -476,3 +476,18 @@ def test_megatron_launch_details_megatron_core_needs():
     back = importers.import_files(exporters.export(delayed, load_model("llama3-8b"), "megatron").files, gpu="B200")
     assert back.job.fp8_recipe == "delayed"
     assert _priced(back) == pytest.approx(_priced(delayed), rel=1e-9)
+
+
+def test_deepspeed_carries_the_attention_its_training_script_builds():
+    """DeepSpeed's config names no attention; the plan's (stored s x s scores, or a named fused kernel) was dropped
+    from the export and read back as FlashAttention with the GPU's default kernel: a GPT-3 1.3B plan with
+    ``attention = "standard"`` came back 19 % faster and 8 GB lighter. ``pipeline_module.json`` (hetplan's, which
+    the training script reads for the model and sequence length) now carries both."""
+    spec = load_model("gpt3-1.3b")
+    for kw in (dict(attention="standard"), dict(attention_kernel="fa3")):
+        job = Job(model="gpt3-1.3b", seq_len=2048, global_batch=32, train_iterations=10, framework="deepspeed", **kw)
+        plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, zero=1, stages=[Stage(num_layers=24,
+                                                                                                      dp=8)])
+        back = importers.import_files(exporters.export(plan, spec, "deepspeed").files)
+        assert {k: getattr(back.job, k) for k in kw} == kw
+        assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)

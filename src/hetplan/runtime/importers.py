@@ -727,7 +727,8 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
                            fix="leave --seq-len out, or correct the launch")
     job = Job(model=name, seq_len=int(launched if launched is not None else seq_len),
               global_batch=gbs, train_iterations=int(pipe.get("train_iterations") or 1), dtype=dtype,
-              attention="flash", framework="deepspeed")
+              attention=pipe.get("attention", "flash"), attention_kernel=pipe.get("attention_kernel"),
+              framework="deepspeed")
     return Plan(job=job, pools=[launch_pool(gpu, world, per_node)],
                 stages=[Stage(num_layers=n, dp=dp, recompute=rec) for n in layers], mbs=mbs,
                 zero=int(zero_cfg.get("stage", 0)), overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", False)),
