@@ -491,3 +491,17 @@ def test_deepspeed_carries_the_attention_its_training_script_builds():
         back = importers.import_files(exporters.export(plan, spec, "deepspeed").files)
         assert {k: getattr(back.job, k) for k in kw} == kw
         assert _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+
+
+def test_torchtitan_refuses_async_tp_the_estimate_did_not_price():
+    """The estimate prices async TP on dense models only (``hetplan.estimate.stage``); a MoE plan with it at TP 2
+    was exported with ``--compile.enable_async_tensor_parallel``, a launch other than the one priced."""
+    spec = load_model("mixtral-8x7b")
+    job = Job(model="mixtral-8x7b", seq_len=2048, global_batch=32, train_iterations=10, framework="fsdp",
+              async_tp=True)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, zero=3, ep=2, sequence_parallel=True,
+                stages=[Stage(num_layers=32, tp=2, dp=4)])
+    assert not violations(plan, spec)
+    with pytest.raises(HetplanError) as e:
+        exporters.export(plan, spec, "torchtitan")
+    assert e.value.field == "plan.job.async_tp"

@@ -401,6 +401,10 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     """
     pp, notes = plan.pp, []
     experts = int(getattr(spec, "num_experts", 0) or 0)
+    if experts and plan.job.async_tp and m.tp > 1:  # hetplan.estimate.stage: async TP priced on dense models only
+        raise HetplanError(f"the estimate prices async TP on dense models only; {spec.name} is a mixture of experts, "
+                           "so the plan was priced without it while torchtitan would run it on the attention",
+                           field="plan.job.async_tp", fix="plan without async_tp for this model")
     if spec.tied_embeddings and pp > 1:  # 0.3.0 builds tied models tied (its 1B / 3B / Qwen3 <= 8B flavors too)
         raise HetplanError(f"{spec.name} ties its output head to the embedding, and torchtitan 0.3 refuses weight "
                            "tying with pipeline parallelism ('Weight tying is not supported with Pipeline Parallel', "
