@@ -524,3 +524,19 @@ def test_torchtitan_shards_experts_over_tp_without_data_parallel_sharding():
             continue
         back = importers.import_files(exporters.export(plan, spec, "torchtitan").files)
         assert back.zero == zero and _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+
+
+def test_megatron_stage_without_layers_goes_through_the_layout():
+    """A stage holding only the embedding or the loss ([32, 0]) was written as ``--decoder-last-pipeline-num-layers
+    0``, which Megatron-Core refuses ('num_layers_in_last_pipeline_stage must be larger than 0'); it is the layout
+    string now (``Et*32|L``), read back as the plan."""
+    spec = load_model("llama3-8b")
+    for layers, layout in (([32, 0], "Et*32|L"), ([0, 32], "E|t*32L"), ([16, 0, 0, 16], "Et*16|||t*16L")):
+        job = Job(model="llama3-8b", seq_len=2048, global_batch=32, train_iterations=10)
+        plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=4 * len(layers))], mbs=1, zero=1,
+                    stages=[Stage(num_layers=n, dp=4) for n in layers])
+        files = exporters.export(plan, spec, "megatron").files
+        assert f"--pipeline-model-parallel-layout '{layout}'" in files["megatron_launch.sh"]
+        assert "pipeline-num-layers 0" not in files["megatron_launch.sh"]
+        back = importers.import_files(files)
+        assert [s.num_layers for s in back.stages] == layers and _priced(back) == pytest.approx(_priced(plan), rel=1e-9)

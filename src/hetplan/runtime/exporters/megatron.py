@@ -139,7 +139,9 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
             ["--account-for-loss-in-pipeline-split"] if loss else [])
     elif pp > 1 and len(set(layers)) > 1:
         mid = layers[1:-1]
-        if len(set(mid)) > 1:  # any other split: Megatron-Core's layout string, one chunk per stage
+        # any other split, or a stage without layers (Megatron-Core's TransformerConfig: "num_layers_in_last_pipeline
+        # _stage must be larger than 0", likewise the first): Megatron-Core's layout string, one chunk per stage
+        if len(set(mid)) > 1 or 0 in layers:
             args.append(f"--pipeline-model-parallel-layout '{megatron_layout([[n] for n in layers])}'")
             notes.append("uneven middle stages via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
         else:
