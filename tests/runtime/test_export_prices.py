@@ -540,3 +540,19 @@ def test_megatron_stage_without_layers_goes_through_the_layout():
         assert "pipeline-num-layers 0" not in files["megatron_launch.sh"]
         back = importers.import_files(files)
         assert [s.num_layers for s in back.stages] == layers and _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+
+
+def test_megatron_layout_holds_the_mtp_modules():
+    """With MTP, Megatron-Core asserts the layout holds the MTP modules ('Number of mtp layers in layout must match
+    mtp_num_layers'); the export wrote the layout without them, and the import refused a layout with them."""
+    spec = load_model("llama3-8b")
+    job = Job(model="llama3-8b", seq_len=2048, global_batch=32, train_iterations=10, mtp_layers=1)
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=16)], mbs=1, zero=1,
+                stages=[Stage(num_layers=n, dp=4) for n in (10, 7, 5, 10)])
+    files = exporters.export(plan, spec, "megatron").files
+    assert "--pipeline-model-parallel-layout 'Et*10|t*7|t*5|t*10mL'" in files["megatron_launch.sh"]
+    back = importers.import_files(files)
+    assert back.job.mtp_layers == 1 and _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
+    with pytest.raises(HetplanError) as e:  # the layout without them: Megatron-Core refuses it
+        importers.import_files({"run.sh": files["megatron_launch.sh"].replace("t*10mL", "t*10L")})
+    assert e.value.field == "--pipeline-model-parallel-layout"

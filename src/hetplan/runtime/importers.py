@@ -151,23 +151,29 @@ def match_model(shape: dict[str, int], model: str | None) -> ModelSpec:
                        fix="give --model NAME or a Hugging Face config.json path")
 
 
-def parse_layout(text: str, pp: int) -> list[list[int]]:
+def parse_layout(text: str, pp: int, mtp: int = 0) -> list[list[int]]:
     """Decoder layers ``[stage][virtual stage]`` of a Megatron-Core ``--pipeline-model-parallel-layout``
     (``megatron/core/transformer/pipeline_parallel_layer_layout.py``: commas cosmetic, ``(...)*n`` and ``x*n``
-    unrolled, ``|`` between model chunks in model order, chunk k on pipeline rank k % pp).
+    unrolled, ``|`` between model chunks in model order, chunk k on pipeline rank k % pp); the ``mtp`` modules of
+    ``--mtp-num-layers`` as ``m`` in the last chunk (Megatron-Core asserts the layout holds them all).
 
     Raises:
-        HetplanError: characters other than E, L, t, or a chunk count that is no multiple of pp.
+        HetplanError: characters other than E, L, t, m, a chunk count that is no multiple of pp, or MTP modules
+            other than ``mtp`` in the last chunk (priced on the last stage).
     """
     s = text.replace(",", "")
     s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
     s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
     chunks = s.split("|")
-    if set(s) - set("ELt|") or len(chunks) % pp:
-        raise HetplanError(f"--pipeline-model-parallel-layout {text!r}: hetplan reads E, L, t and | (no m: "
-                           "give the MTP modules as --mtp-num-layers, which Megatron-Core places on the last stage), "
-                           f"in a multiple of pp = {pp} chunks", field="--pipeline-model-parallel-layout",
+    if set(s) - set("ELtm|") or len(chunks) % pp:
+        raise HetplanError(f"--pipeline-model-parallel-layout {text!r}: hetplan reads E, L, t, m and |, in a "
+                           f"multiple of pp = {pp} chunks", field="--pipeline-model-parallel-layout",
                            fix="give the layout of the decoder layers")
+    if s.count("m") != mtp or chunks[-1].count("m") != mtp:
+        raise HetplanError(f"--pipeline-model-parallel-layout {text!r} holds {s.count('m')} MTP module(s) ("
+                           f"{chunks[-1].count('m')} in the last chunk); --mtp-num-layers is {mtp} and hetplan prices "
+                           "them on the last stage", field="--pipeline-model-parallel-layout",
+                           fix=f"put {mtp} m before the final L (Megatron-Core asserts the count)")
     v = len(chunks) // pp
     return [[chunks[k * pp + st].count("t") for k in range(v)] for st in range(pp)]
 
@@ -205,10 +211,10 @@ def _megatron_kernel(backend: str | None, gpu: str) -> str | None:
     return "fa3" if hopper else "fa2"
 
 
-def _megatron_split(a: dict[str, Any], L: int, pp: int) -> tuple[list[int], int]:
+def _megatron_split(a: dict[str, Any], L: int, pp: int, mtp: int = 0) -> tuple[list[int], int]:
     """(layers per stage, virtual stages) of Megatron-LM's arguments."""
     if "pipeline_model_parallel_layout" in a:
-        chunks = parse_layout(a["pipeline_model_parallel_layout"], pp)
+        chunks = parse_layout(a["pipeline_model_parallel_layout"], pp, mtp)
         return [sum(c) for c in chunks], len(chunks[0])
     e = int("account_for_embedding_in_pipeline_split" in a)
     loss = int("account_for_loss_in_pipeline_split" in a)
@@ -270,8 +276,8 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
                         "num_kv_heads": a.get("num_query_groups") if "group_query_attention" in a else None,
                         "ffn_hidden_size": a.get("ffn_hidden_size"), "num_experts": experts,
                         "expert_ffn_hidden_size": a.get("moe_ffn_hidden_size")}, model)
-    layers, v = _megatron_split(a, spec.num_layers, pp)
-    chunks = (_chunks_if_uneven(parse_layout(a["pipeline_model_parallel_layout"], pp), spec.num_layers)
+    layers, v = _megatron_split(a, spec.num_layers, pp, mtp)
+    chunks = (_chunks_if_uneven(parse_layout(a["pipeline_model_parallel_layout"], pp, mtp), spec.num_layers)
               if "pipeline_model_parallel_layout" in a and pp > 1 else None)
     if "bf16" in a and "fp16" in a:  # megatron/training/arguments.py validate_args: "assert not args.bf16"
         raise HetplanError("the launch gives both --bf16 and --fp16; Megatron-LM refuses the pair", field="--bf16",

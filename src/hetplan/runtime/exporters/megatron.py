@@ -11,16 +11,17 @@ from hetplan.plan_rules import degree, embedding_loss_split
 from hetplan.runtime.exporters.common import Export, _interleaved_units, _Mesh, _mesh, _nodes, _pools_note, _virtual
 
 
-def megatron_layout(chunks: list[list[int]]) -> str:
+def megatron_layout(chunks: list[list[int]], mtp: int = 0) -> str:
     """Megatron-Core's ``--pipeline-model-parallel-layout`` for ``chunks[stage][virtual stage]`` decoder layers:
     one ``|``-separated segment per model chunk in model order (virtual stage 0 of every pipeline rank, then
-    virtual stage 1, ...), ``t`` a decoder layer, ``E`` the embedding at the start of the first, ``L`` the loss at
-    the end of the last; runs of equal segments written ``(t*k|)*n``
-    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``, ``parse_str_to_list``)."""
+    virtual stage 1, ...), ``t`` a decoder layer, ``E`` the embedding at the start of the first, the ``mtp``
+    multi-token-prediction modules (``m``, priced on the last stage; Megatron-Core asserts 'Number of mtp layers in
+    layout must match mtp_num_layers') and ``L`` the loss at the end of the last; runs of equal segments written
+    ``(t*k|)*n`` (``megatron/core/transformer/pipeline_parallel_layer_layout.py``, ``parse_str_to_list``)."""
     pp, v = len(chunks), len(chunks[0])
     counts = [chunks[s][k] for k in range(v) for s in range(pp)]
     segs = [("t" if n == 1 else f"t*{n}" if n else "") for n in counts]
-    segs[0], segs[-1] = "E" + segs[0], segs[-1] + "L"
+    segs[0], segs[-1] = "E" + segs[0], segs[-1] + "m" * mtp + "L"
     out, i = [], 0
     while i < len(segs):
         j = i
@@ -122,7 +123,7 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                  f"--v-head-dim {spec.v_head_dim}"] + ([f"--q-lora-rank {spec.q_lora_rank}"] if spec.q_lora_rank else [])
     v = _virtual(plan, virtual_stages) if pp > 1 else 1
     if v > 1 and plan.pipeline_chunks is not None and v == plan.virtual_stages:  # the plan's own chunks
-        args.append(f"--pipeline-model-parallel-layout '{megatron_layout(plan.pipeline_chunks)}'")
+        args.append(f"--pipeline-model-parallel-layout '{megatron_layout(plan.pipeline_chunks, plan.job.mtp_layers)}'")
         notes.append("interleaved chunks via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
     elif v > 1:  # chunks of c units; the embedding / loss may count as a unit (Llama 3's uneven interleaved stages)
         e, loss, c = _interleaved_units(plan, spec, v, "Megatron-LM")
@@ -142,7 +143,7 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         # any other split, or a stage without layers (Megatron-Core's TransformerConfig: "num_layers_in_last_pipeline
         # _stage must be larger than 0", likewise the first): Megatron-Core's layout string, one chunk per stage
         if len(set(mid)) > 1 or 0 in layers:
-            args.append(f"--pipeline-model-parallel-layout '{megatron_layout([[n] for n in layers])}'")
+            args.append(f"--pipeline-model-parallel-layout '{megatron_layout([[n] for n in layers], plan.job.mtp_layers)}'")
             notes.append("uneven middle stages via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
         else:
             if not mid or layers[0] != mid[0]:
