@@ -507,25 +507,6 @@ def test_torchtitan_refuses_async_tp_the_estimate_did_not_price():
     assert e.value.field == "plan.job.async_tp"
 
 
-def test_torchtitan_shards_experts_over_tp_without_data_parallel_sharding():
-    """torchtitan 0.3 shards a MoE's experts over its efsdp mesh (shard x CP x TP / EP ranks), also at shard degree
-    1: Mixtral at TP 4, DP 1, ZeRO-2 was read back as ZeRO-0 with unsharded experts (116 GB -> 215 GB per GPU);
-    now read back as sharded, and a ZeRO-0 plan (priced unsharded, launched sharded) is refused."""
-    spec = load_model("mixtral-8x7b")
-    for zero in (0, 2, 3):
-        job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, train_iterations=10, framework="fsdp")
-        plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=16)], mbs=2, zero=zero, sequence_parallel=True,
-                    stages=[Stage(num_layers=8, tp=4, recompute="full")] * 4)
-        assert not violations(plan, spec)
-        if zero == 0:
-            with pytest.raises(HetplanError) as e:
-                exporters.export(plan, spec, "torchtitan")
-            assert e.value.field == "plan.zero"
-            continue
-        back = importers.import_files(exporters.export(plan, spec, "torchtitan").files)
-        assert back.zero == zero and _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
-
-
 def test_megatron_stage_without_layers_goes_through_the_layout():
     """A stage holding only the embedding or the loss ([32, 0]) was written as ``--decoder-last-pipeline-num-layers
     0``, which Megatron-Core refuses ('num_layers_in_last_pipeline_stage must be larger than 0'); it is the layout

@@ -533,14 +533,6 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     shard = _tt_shard(world, rep, tp, cp, pp, shard, "--parallelism.")
     dp = rep * shard
     zero, fsdp_shard, reshard = _tt_sharding(rep, shard, cp, over.get(p + "fsdp_reshard_after_forward"))
-    if zero == 0 and spec.is_moe and tp * cp > ep:  # the experts' efsdp mesh = shard x CP x TP / EP > 1 (0.3.0's
-        # ParallelDims): sharded though the dense parameters are not; was read as ZeRO-0, experts unsharded
-        if rep > 1:
-            raise HetplanError(f"the launch replicates the dense parameters over {rep} ranks but shards the experts "
-                               f"over TP x CP / EP = {tp * cp // ep} (torchtitan's efsdp mesh); hetplan prices one "
-                               "sharding for both", field="--parallelism.data_parallel_shard_degree",
-                               fix="shard the data-parallel ranks (data_parallel_shard_degree -1), or give EP = TP x CP")
-        zero = 3 if reshard else 2
     gbs, seq = num("training.global_batch_size", -1), num("training.seq_len", 0)
     local = num("training.local_batch_size", 0)
     unset = [k for k, v in (("training.seq_len", seq), ("training.local_batch_size", local)) if v <= 0]

@@ -413,13 +413,6 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     if m.ep > 1 and plan.zero == 0 and m.dp > 1:  # one replica: shard degree 1, EP carved out of cp x tp
         raise HetplanError("torchtitan 0.3 folds EP into the FSDP shard ranks; a ZeRO-0 (DDP) plan has none",
                            field="plan.zero", fix="plan with zero 3 (FSDP), or export --to megatron")
-    if experts and plan.zero == 0 and m.tp * m.cp > m.ep:
-        # the experts' FSDP mesh is efsdp = shard x CP x TP / EP (torchtitan/distributed/parallel_dims.py, 0.3.0),
-        # above 1 even at shard degree 1: torchtitan shards them where the ZeRO-0 plan was priced unsharded
-        raise HetplanError(f"torchtitan 0.3 shards the experts over shard x CP x TP / EP = {m.tp * m.cp // m.ep} "
-                           "ranks (its efsdp mesh) even without data-parallel sharding; this ZeRO-0 plan was priced "
-                           "with them unsharded", field="plan.zero", fix="plan with zero 3 (FSDP), or export --to "
-                           "megatron")
     shipped = TORCHTITAN_03_MODELS.get(spec.name)
     fp8 = plan.job.dtype == "fp8"
     shape = imports = ""
