@@ -616,6 +616,15 @@ class Plan(UserInput):
             if st.recompute_layers is not None and st.recompute_layers > st.num_layers:
                 raise ValueError(f"stages[{i}].recompute_layers = {st.recompute_layers} exceeds its "
                                  f"num_layers = {st.num_layers}")
+        overlap = [f for f, on in (("tp_comm_overlap", self.tp_comm_overlap), ("job.async_tp", self.job.async_tp)) if on]
+        if overlap and not self.sequence_parallel and any(st.tp > 1 for st in self.stages):
+            # both pipeline sequence parallelism's all-gathers / reduce-scatters with their GEMMs; without it the
+            # estimate priced no overlap, and Megatron-LM refuses the launch ('Tensor parallel communication/GEMM
+            # overlap can happen only when sequence parallelism is enabled', megatron/training/arguments.py,
+            # NVIDIA/Megatron-LM d98e8a64); torchtitan's async TP pass finds no such collective to fuse
+            raise ValueError(f"{' and '.join(overlap)} overlaps sequence parallelism's TP collectives with the "
+                             "GEMMs, but sequence_parallel = false (TP without it all-reduces, nothing to overlap): "
+                             "set sequence_parallel = true, or remove " + " and ".join(overlap))
         if self.pipeline_step_microbatches is not None and self.job.framework != "fsdp":
             raise ValueError(f"pipeline_step_microbatches splits an iteration into calls of PyTorch's pipeline "
                              f"schedule (NeMo AutoModel, framework 'fsdp'); {self.job.framework} runs all its "

@@ -156,7 +156,11 @@ def test_megatron_export_carries_ep_cp_moe_and_mla_arguments():
                                                                          "moe_recompute": True,
                                                                          "moe_a2a_overlap": True}),
                                      "stages": [s.model_copy(update={"recompute": "none"}) for s in plan.stages]})
-    text = "\n".join(export_megatron(deepep, load_model("deepseek-v3")).files.values())
+    # Megatron-Core refuses the all-to-all overlap with moe in recompute_modules (transformer_config.py): one each
+    overlap = deepep.model_copy(update={"job": deepep.job.model_copy(update={"moe_recompute": False})})
+    recompute = deepep.model_copy(update={"job": deepep.job.model_copy(update={"moe_a2a_overlap": False})})
+    text = "\n".join(export_megatron(overlap, load_model("deepseek-v3")).files.values()) + "\n".join(
+        export_megatron(recompute, load_model("deepseek-v3")).files.values())
     for arg in ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
                 "--recompute-granularity selective", "--recompute-modules moe", "--overlap-moe-expert-parallel-comm"):
         assert arg in text, arg

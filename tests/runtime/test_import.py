@@ -134,6 +134,11 @@ def test_hand_written_megatron_script():
     (("--nnodes 8", "--nnodes 0"), "--nnodes", "starts no rank"),  # was "dp: ... greater than 0"
     # the schema's message once, without pydantic's "Value error, " (was "FILES: ...: FILES: Value error, ...")
     (("--global-batch-size 512", "--global-batch-size 511"), "FILES", "refuses: global_batch 511 is not divisible"),
+    # full recomputation without its method / layer count, which Megatron-Core's TransformerConfig refuses: was
+    # priced as every layer recomputed, or (block without a count) as none of them
+    (("--recompute-method uniform --recompute-num-layers 1", ""), "--recompute-method", "Megatron-Core refuses"),
+    (("--recompute-method uniform --recompute-num-layers 1", "--recompute-method block"), "--recompute-num-layers",
+     "without --recompute-num-layers"),
 ])
 def test_a_damaged_megatron_launch_names_its_flag(edit, field, words):
     with pytest.raises(HetplanError) as exc:
@@ -387,7 +392,7 @@ def test_plan_baseline_compares_the_users_run(tmp_path):
     ex = exporters.export(Plan.model_validate_json(best.read_text()), load_model("llama3-8b"), "megatron")
     script = tmp_path / "run.sh"
     script.write_text(ex.files["megatron_launch.sh"].replace("--hidden-size", "--recompute-granularity full "
-                                                             "--recompute-method uniform --hidden-size"))
+                                                             "--recompute-method uniform --recompute-num-layers 1 --hidden-size"))
     user = tmp_path / "user.json"
     run("import", script, "-o", user)
     out = json.loads(run(*job, "--json", "--top", "1", "--baseline", user))["baseline"]
@@ -507,3 +512,25 @@ def test_an_exported_launch_carries_its_gpu_type_back(tmp_path):
     r = run_cli("import", bare, "-o", tmp_path / "bare.json")
     assert r.code == 0 and "priced as H100-SXM" in r.stderr
     assert json.loads((tmp_path / "bare.json").read_text())["pools"][0]["gpu"] == "H100-SXM"
+
+
+@pytest.mark.parametrize("edit, field, words", [
+    # degrees whose product is not the world size: torchtitan's ParallelDims asserts; was read as a 4-GPU plan
+    (("--parallelism.data_parallel_shard_degree 4", "--parallelism.data_parallel_shard_degree 2"),
+     "--parallelism.data_parallel_shard_degree", "is not the launch's 8 ranks"),
+    # a schedule hetplan does not price: was read as 1F1B
+    (("--parallelism.pipeline_parallel_schedule 1F1B", "--parallelism.pipeline_parallel_schedule ZBVZeroBubble"),
+     "--parallelism.pipeline_parallel_schedule", "hetplan prices 1F1B"),
+    # without the flag torchtitan 0.3.0 captures CUDA graphs (its default); was refused naming plan.cuda_graphs
+    (("--training.disable_cuda_graphs", ""), "--training.disable_cuda_graphs", "CUDA graphs"),
+])
+def test_a_hand_edited_torchtitan_launch_names_its_flag(edit, field, words):
+    job = Job(model="llama3-8b", seq_len=2048, global_batch=32, train_iterations=10, framework="fsdp")
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=8)], mbs=1, zero=3,
+                stages=[Stage(num_layers=16, dp=4)] * 2)
+    files = dict(exporters.export(plan, load_model("llama3-8b"), "torchtitan").files)
+    assert edit[0] in files["launch.sh"]
+    files["launch.sh"] = files["launch.sh"].replace(*edit)
+    with pytest.raises(HetplanError) as exc:
+        importers.import_files(files)
+    assert exc.value.field == field and words in exc.value.message, exc.value.render()

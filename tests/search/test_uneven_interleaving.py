@@ -99,8 +99,9 @@ def test_uneven_rows_agree_with_estimate_and_export(framework, target):
 
 def test_multi_token_prediction_in_a_launch_is_read_and_an_m_in_the_layout_refused_by_name():
     """DeepSeek-V3's MTP module: a plan that does not train it exports no --mtp-num-layers and says so; a launch
-    with --mtp-num-layers imports as a job that trains it (priced on the last stage, Job.mtp_layers); an 'm' in
-    the layout (MTP placed elsewhere) is refused naming the flag, never a plan of another run."""
+    with --mtp-num-layers and its 'm' at the end of the layout (Megatron-Core asserts the layout holds the MTP
+    modules) imports as a job that trains it (priced on the last stage, Job.mtp_layers); an 'm' elsewhere, or a
+    count other than --mtp-num-layers, is refused naming the flag, never a plan of another run."""
     from hetplan.errors import HetplanError
     from hetplan.plan import Plan, Stage
 
@@ -115,11 +116,14 @@ def test_multi_token_prediction_in_a_launch_is_read_and_an_m_in_the_layout_refus
     assert spec.mtp_layers == 1 and "--mtp-num-layers" not in script  # the priced run: no MTP, and said so
     assert any("multi-token-prediction" in n for n in ex.notes)
     assert importers.import_files({"run.sh": script}).pipeline_chunks == chunks
-    back = importers.import_files({"run.sh": script.replace("--num-layers", "--mtp-num-layers 1 --num-layers")})
+    back = importers.import_files({"run.sh": script.replace("--num-layers", "--mtp-num-layers 1 --num-layers")
+                                   .replace("*30L'", "*30mL'")})
     assert back.job.mtp_layers == 1 and back.pipeline_chunks == chunks
-    with pytest.raises(HetplanError, match="no m: give the MTP modules as --mtp-num-layers") as e:
-        importers.parse_layout("Et|(tt|)*30mL", 8)
-    assert e.value.field == "--pipeline-model-parallel-layout"
+    for layout, mtp in (("Et|(tt|)*30mL", 0), ("Et|(tt|)*30L", 1), ("Etm|(tt|)*30L", 1)):
+        with pytest.raises(HetplanError, match="MTP module") as e:
+            importers.parse_layout(layout, 8, mtp)
+        assert e.value.field == "--pipeline-model-parallel-layout"
+    assert importers.parse_layout("Et|(tt|)*30mL", 8, 1) == chunks
 
 
 @pytest.mark.parametrize("framework, pins, rule, words", [

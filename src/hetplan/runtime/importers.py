@@ -37,8 +37,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from hetplan.errors import HetplanError
+from hetplan.hardware.stacks import resolve_stack
 from hetplan.model.spec import ModelSpec, list_presets, load_model
 from hetplan.plan import GPUPool, Job, Plan, Stage
+from hetplan.plan_rules import TE_RECIPE_NAMES
 from hetplan.runtime.argspec import megatron_argv, parse_megatron_args
 from hetplan.runtime.exporters import TORCHTITAN_03_MODELS, balanced_split_ds
 from hetplan.runtime.exporters.torchtitan import TORCHTITAN_RELEASE_STACKS
@@ -149,23 +151,29 @@ def match_model(shape: dict[str, int], model: str | None) -> ModelSpec:
                        fix="give --model NAME or a Hugging Face config.json path")
 
 
-def parse_layout(text: str, pp: int) -> list[list[int]]:
+def parse_layout(text: str, pp: int, mtp: int = 0) -> list[list[int]]:
     """Decoder layers ``[stage][virtual stage]`` of a Megatron-Core ``--pipeline-model-parallel-layout``
     (``megatron/core/transformer/pipeline_parallel_layer_layout.py``: commas cosmetic, ``(...)*n`` and ``x*n``
-    unrolled, ``|`` between model chunks in model order, chunk k on pipeline rank k % pp).
+    unrolled, ``|`` between model chunks in model order, chunk k on pipeline rank k % pp); the ``mtp`` modules of
+    ``--mtp-num-layers`` as ``m`` in the last chunk (Megatron-Core asserts the layout holds them all).
 
     Raises:
-        HetplanError: characters other than E, L, t, or a chunk count that is no multiple of pp.
+        HetplanError: characters other than E, L, t, m, a chunk count that is no multiple of pp, or MTP modules
+            other than ``mtp`` in the last chunk (priced on the last stage).
     """
     s = text.replace(",", "")
     s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
     s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
     chunks = s.split("|")
-    if set(s) - set("ELt|") or len(chunks) % pp:
-        raise HetplanError(f"--pipeline-model-parallel-layout {text!r}: hetplan reads E, L, t and | (no m: "
-                           "give the MTP modules as --mtp-num-layers, which Megatron-Core places on the last stage), "
-                           f"in a multiple of pp = {pp} chunks", field="--pipeline-model-parallel-layout",
+    if set(s) - set("ELtm|") or len(chunks) % pp:
+        raise HetplanError(f"--pipeline-model-parallel-layout {text!r}: hetplan reads E, L, t, m and |, in a "
+                           f"multiple of pp = {pp} chunks", field="--pipeline-model-parallel-layout",
                            fix="give the layout of the decoder layers")
+    if s.count("m") != mtp or chunks[-1].count("m") != mtp:
+        raise HetplanError(f"--pipeline-model-parallel-layout {text!r} holds {s.count('m')} MTP module(s) ("
+                           f"{chunks[-1].count('m')} in the last chunk); --mtp-num-layers is {mtp} and hetplan prices "
+                           "them on the last stage", field="--pipeline-model-parallel-layout",
+                           fix=f"put {mtp} m before the final L (Megatron-Core asserts the count)")
     v = len(chunks) // pp
     return [[chunks[k * pp + st].count("t") for k in range(v)] for st in range(pp)]
 
@@ -203,10 +211,10 @@ def _megatron_kernel(backend: str | None, gpu: str) -> str | None:
     return "fa3" if hopper else "fa2"
 
 
-def _megatron_split(a: dict[str, Any], L: int, pp: int) -> tuple[list[int], int]:
+def _megatron_split(a: dict[str, Any], L: int, pp: int, mtp: int = 0) -> tuple[list[int], int]:
     """(layers per stage, virtual stages) of Megatron-LM's arguments."""
     if "pipeline_model_parallel_layout" in a:
-        chunks = parse_layout(a["pipeline_model_parallel_layout"], pp)
+        chunks = parse_layout(a["pipeline_model_parallel_layout"], pp, mtp)
         return [sum(c) for c in chunks], len(chunks[0])
     e = int("account_for_embedding_in_pipeline_split" in a)
     loss = int("account_for_loss_in_pipeline_split" in a)
@@ -268,8 +276,8 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
                         "num_kv_heads": a.get("num_query_groups") if "group_query_attention" in a else None,
                         "ffn_hidden_size": a.get("ffn_hidden_size"), "num_experts": experts,
                         "expert_ffn_hidden_size": a.get("moe_ffn_hidden_size")}, model)
-    layers, v = _megatron_split(a, spec.num_layers, pp)
-    chunks = (_chunks_if_uneven(parse_layout(a["pipeline_model_parallel_layout"], pp), spec.num_layers)
+    layers, v = _megatron_split(a, spec.num_layers, pp, mtp)
+    chunks = (_chunks_if_uneven(parse_layout(a["pipeline_model_parallel_layout"], pp, mtp), spec.num_layers)
               if "pipeline_model_parallel_layout" in a and pp > 1 else None)
     if "bf16" in a and "fp16" in a:  # megatron/training/arguments.py validate_args: "assert not args.bf16"
         raise HetplanError("the launch gives both --bf16 and --fp16; Megatron-LM refuses the pair", field="--bf16",
@@ -283,8 +291,18 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
         zero = {"optim_grads": 2, "optim_grads_params": 3}.get(a.get("data_parallel_sharding_strategy", ""), 3)
     gran = a.get("recompute_granularity", "none")
     rec_layers = None
+    if gran == "full":
+        # Megatron-Core's TransformerConfig refuses full recomputation without both ('recompute_method must be
+        # "block" or "uniform"', 'recompute_num_layers must be between ...': megatron/core/transformer/
+        # transformer_config.py, NVIDIA/Megatron-LM d98e8a64); read as every layer or as block of 0 layers
+        for flag, fix in (("recompute_method", "uniform (every layer) or block (the first k of a stage)"),
+                          ("recompute_num_layers", "1 with --recompute-method uniform, or k with block")):
+            if a.get(flag) is None:
+                raise HetplanError(f"the launch gives --recompute-granularity full without --{flag.replace('_', '-')}"
+                                   ", which Megatron-Core refuses", field="--" + flag.replace("_", "-"),
+                                   fix=f"give --{flag.replace('_', '-')} {fix}")
     if gran == "full" and a.get("recompute_method") == "block":
-        rec_layers = int(a.get("recompute_num_layers", 0))
+        rec_layers = int(a["recompute_num_layers"])
     modules = [m for m in a.get("recompute_modules", []) if m != "core_attn"]
     moe_recompute = "moe" in modules
     if moe_recompute:
@@ -299,7 +317,9 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
         dispatcher = a.get("moe_flex_dispatcher_backend", "deepep")
     # --fp8-recipe tensorwise is TE's Float8CurrentScaling (megatron/core/fp8_utils.py); delayed / mxfp8 are the
     # recipes the estimate picks by GPU generation when none is named
-    fp8_recipe = "current" if dtype == "fp8" and a.get("fp8_recipe") == "tensorwise" else None
+    # --fp8-recipe as hetplan names it (TE_RECIPE_NAMES: tensorwise = current scaling); none named: the GPU's default.
+    # Was read as None but for tensorwise, so delayed scaling on Blackwell came back priced as MXFP8
+    fp8_recipe = TE_RECIPE_NAMES.get(str(a.get("fp8_recipe"))) if dtype == "fp8" else None
     capacity = a.get("moe_expert_capacity_factor")
     capacity = float(capacity) if capacity is not None and float(capacity) >= 0 else None  # < 0: dropless
     if capacity is not None and not 0 < capacity <= 8:
@@ -311,7 +331,17 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
                            f"{dispatcher} dispatcher; hetplan prices token dropping with the alltoall dispatcher "
                            "only", field="--moe-expert-capacity-factor",
                            fix="use --moe-token-dispatcher-type alltoall, or drop the capacity factor")
+    # --cp-comm-type, one for all layers (or one per layer): Transformer Engine's p2p ring or all_gather
+    # (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py, NVIDIA/TransformerEngine
+    # d0067d0d); Megatron's help spells it "allgather". Was ignored: every launch priced as the ring
+    kinds = {str(k).replace("_", "").lower() for k in a.get("cp_comm_type") or ["p2p"]}
+    exchange = {"p2p": "ring", "allgather": "allgather"}.get(kinds.pop()) if len(kinds) == 1 else None
+    if cp > 1 and exchange is None:
+        raise HetplanError(f"--cp-comm-type {' '.join(map(str, a['cp_comm_type']))}: hetplan prices context "
+                           "parallelism's p2p ring or all_gather of K/V, one for every layer (not a2a, Ulysses)",
+                           field="--cp-comm-type", fix="give --cp-comm-type p2p or all_gather")
     job = Job(model=model or spec.name, seq_len=int(a["seq_length"]), global_batch=int(a["global_batch_size"]),
+              cp_kv_exchange=exchange if cp > 1 and exchange else "ring",
               train_iterations=int(a.get("train_iters", 1)), dtype=dtype, fp8_recipe=fp8_recipe, attention=attention,
               attention_kernel=kernel, framework="megatron",
               moe_dispatcher=dispatcher if dispatcher in ("alltoall", "deepep", "hybridep") else "alltoall",
@@ -358,9 +388,15 @@ def _tt_shard(world: int, rep: int, tp: int, cp: int, pp: int, shard: int, prefi
     _degrees_at_least_one({f"{prefix}{key}": value for key, value in (
         ("tensor_parallel_degree", tp), ("context_parallel_degree", cp), ("pipeline_parallel_degree", pp),
         ("data_parallel_replicate_degree", rep))})
-    if shard != -1:
-        return shard
     rest = rep * tp * cp * pp
+    if shard != -1:  # ParallelDims._validate asserts the product (torchtitan/distributed/parallel_dims.py); it
+        # was read as a plan on fewer (or more) GPUs than the launch starts
+        if shard < 1 or rest * shard != world:
+            raise HetplanError(f"replicate x shard x CP x TP x PP = {rep} x {shard} x {cp} x {tp} x {pp} = "
+                               f"{rest * shard} is not the launch's {world} ranks; torchtitan asserts they are equal",
+                               field=f"{prefix}data_parallel_shard_degree",
+                               fix=f"give degrees whose product is {world} (or data_parallel_shard_degree -1)")
+        return shard
     if world % rest:
         raise HetplanError(f"{world} ranks are no multiple of replicate x TP x CP x PP = {rest}, so "
                            f"{prefix}data_parallel_shard_degree -1 has no value (torchtitan asserts the product)",
@@ -369,15 +405,65 @@ def _tt_shard(world: int, rep: int, tp: int, cp: int, pp: int, shard: int, prefi
     return world // rest
 
 
-def _tt_sharding(replicate: int, shard: int, reshard_policy: object) -> tuple[int, int | None, bool]:
+def _tt_sharding(replicate: int, shard: int, cp: int, reshard_policy: object) -> tuple[int, int | None, bool]:
     """``(zero, fsdp_shard, reshard_after_forward)`` of torchtitan's data-parallel degrees and
-    ``fsdp_reshard_after_forward``: DDP (shard degree 1) is ZeRO-0; FSDP2 is ZeRO-3, ZeRO-2 when it never
-    reshards after forward; HSDP (both degrees above 1) shards over ``shard`` ranks (the inverse of the export's
-    ``_tt_data_parallel``)."""
+    ``fsdp_reshard_after_forward``: DDP (shard degree 1, no CP) is ZeRO-0; FSDP2 is ZeRO-3, ZeRO-2 when it never
+    reshards after forward; HSDP (replicate degree above 1) shards over ``shard x cp`` ranks: torchtitan's FSDP
+    mesh is the shard degree x CP (``torchtitan/distributed/parallel_dims.py``, pytorch/torchtitan b5bcd76c)
+    (the inverse of the export's ``_tt_data_parallel``).
+
+    Raises:
+        HetplanError: HSDP shard groups (shard x CP ranks) that do not divide the DP degree (replicate x shard)."""
     reshard = reshard_policy != "never"
-    if shard <= 1:
+    group = shard * cp
+    if group <= 1:
         return 0, None, reshard
-    return (3 if reshard else 2), (shard if replicate > 1 else None), reshard
+    if replicate > 1 and (replicate * shard) % group:
+        raise HetplanError(f"torchtitan shards over data_parallel_shard_degree {shard} x context_parallel_degree {cp} "
+                           f"= {group} ranks, which does not divide the {replicate * shard} data-parallel ranks "
+                           "(replicate x shard) hetplan prices HSDP over", field="data_parallel_replicate_degree",
+                           fix="give a replicate degree that is a multiple of the CP degree")
+    return (3 if reshard else 2), (group if replicate > 1 else None), reshard
+
+
+def _tt_schedule(name: object, prefix: str) -> str:
+    """hetplan's schedule of torchtitan's ``pipeline_parallel_schedule``: ``GPipe``, or 1F1B (``1F1B`` and, with
+    virtual stages, ``Interleaved1F1B``; torchtitan's default 1F1B when not given).
+
+    Raises:
+        HetplanError: another of PyTorch's schedules (zero-bubble, looped BFS, DualPipeV ...): was priced as 1F1B."""
+    if name in (None, "1F1B", "Interleaved1F1B"):
+        return "1f1b"
+    if name == "GPipe":
+        return "gpipe"
+    raise HetplanError(f"pipeline_parallel_schedule {name!r}: hetplan prices 1F1B, Interleaved1F1B and GPipe",
+                       field=f"{prefix}pipeline_parallel_schedule", fix="give 1F1B, Interleaved1F1B or GPipe")
+
+
+def _tt_fp32_reduce(dtype: object, prefix: str) -> None:
+    """torchtitan's ``mixed_precision_reduce`` is ``Literal["float32"]`` (``torchtitan/config/configs.py`` of
+    0.3.0, ``job_config.py`` of v0.2.2): a launch giving ``bfloat16`` does not start (it was priced with a bf16
+    reduction).
+
+    Raises:
+        HetplanError: another dtype."""
+    if dtype != "float32":
+        raise HetplanError(f"mixed_precision_reduce {dtype!r}: torchtitan reduces gradients in float32 only and "
+                           "refuses the launch", field=f"{prefix}mixed_precision_reduce",
+                           fix='give "float32" (or leave it out)')
+
+
+def _tt_cp_balanced(balancer: object, prefix: str) -> None:
+    """torchtitan's ``context_parallel_load_balancer`` must be its default ``headtail`` (SDPA's causal load
+    balancing, what the estimate prices: ``Job.cp_load_balance``); ``ptrr`` is FlexAttention's, and None
+    (unbalanced) changes the CP attention cost: both were priced as balanced without a word.
+
+    Raises:
+        HetplanError: another balancer."""
+    if balancer != "headtail":
+        raise HetplanError(f"context_parallel_load_balancer {balancer!r}: hetplan prices torchtitan's SDPA with its "
+                           "headtail load balancing", field=f"{prefix}context_parallel_load_balancer",
+                           fix='give "headtail" (torchtitan\'s default) or leave it out')
 
 
 def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -446,7 +532,7 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     rep, shard = num(p + "data_parallel_replicate_degree", 1), num(p + "data_parallel_shard_degree", -1)
     shard = _tt_shard(world, rep, tp, cp, pp, shard, "--parallelism.")
     dp = rep * shard
-    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, over.get(p + "fsdp_reshard_after_forward"))
+    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, cp, over.get(p + "fsdp_reshard_after_forward"))
     gbs, seq = num("training.global_batch_size", -1), num("training.seq_len", 0)
     local = num("training.local_batch_size", 0)
     unset = [k for k, v in (("training.seq_len", seq), ("training.local_batch_size", local)) if v <= 0]
@@ -478,19 +564,28 @@ def import_torchtitan(text: str, *, model: str | None = None, gpu: str = "H100-S
     compiled = bool(over.get("compile.enable", False))
     # the loss compiled with the blocks (components model,loss) or eager on fp32 logits (Plan.cross_entropy)
     loss = None if not compiled or "loss" in str(over.get("compile.components", "model,loss")).split(",") else "fp32"
-    reduce = "bf16" if over.get("training.mixed_precision_reduce") == "bfloat16" else None
+    _tt_fp32_reduce(over.get("training.mixed_precision_reduce", "float32"), "--training.")
     rec = {"none": "none", "full": "full", "selective": "selective", "memory-budget": "selective"}.get(ac, "none")
+    _tt_cp_balanced(over.get(p + "context_parallel_load_balancer", "headtail"), "--" + p)
     job = Job(model=name, seq_len=seq, global_batch=gbs, train_iterations=num("training.steps", 1),
+              cp_kv_exchange="allgather" if cp > 1 else "ring",  # 0.3.0: PyTorch's all-gather (the export's doc)
               dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe, attention="flash", framework="fsdp",
               torch_compile=compiled,
               async_tp=bool(over.get("compile.enable_async_tensor_parallel", False)))
+    graphs = not over.get("training.disable_cuda_graphs", False)  # 0.3.0's TrainingConfig default: captured
+    stack = resolve_stack(TORCHTITAN_RELEASE_STACKS["0.3"])
+    if graphs and stack.launch != "cuda-graphs":  # was refused as "plan.cuda_graphs ... (rule stack-has-option)"
+        raise HetplanError(f"the launch captures the forward and backward in CUDA graphs (torchtitan 0.3's default: "
+                           f"training.disable_cuda_graphs = false, torchtitan/config/configs.py), which stack "
+                           f"{stack.id} as hetplan prices it does not", field="--training.disable_cuda_graphs",
+                           fix="add --training.disable_cuda_graphs (what hetplan export writes) to price the launch")
     return Plan(job=job, pools=[launch_pool(gpu, world, per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
                 virtual_stages=v, sequence_parallel=tp > 1 and bool(over.get(p + "enable_sequence_parallel", True)),
-                cuda_graphs=not over.get("training.disable_cuda_graphs", False),
-                schedule="gpipe" if over.get(p + "pipeline_parallel_schedule") == "GPipe" else "1f1b",
+                cuda_graphs=graphs,
+                schedule=_tt_schedule(over.get(p + "pipeline_parallel_schedule"), "--" + p),
                 cp=cp, ep=ep, pipeline_chunks=tt_chunks, fsdp_shard=fsdp_shard, reshard_after_forward=reshard,
-                cross_entropy=loss, grad_reduce_dtype=reduce)
+                cross_entropy=loss)
 
 
 def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H100-SXM", gpus: int | None = None,
@@ -515,7 +610,7 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
     rep, shard = int(par.get("data_parallel_replicate_degree", 1)), int(par.get("data_parallel_shard_degree", -1))
     shard = _tt_shard(world, rep, tp, cp, pp, shard, "parallelism.")
     dp = rep * shard
-    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, par.get("fsdp_reshard_after_forward"))
+    zero, fsdp_shard, reshard = _tt_sharding(rep, shard, cp, par.get("fsdp_reshard_after_forward"))
     if pp > 1:
         mbs = int(par.get("pipeline_parallel_microbatch_size", 1))
         layers, v = _tt_parts(par["module_fqns_per_model_part"], pp)
@@ -530,7 +625,13 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
         raise HetplanError(f"[quantize.linear.float8] recipe_name {recipe!r} is no torchao float8 recipe",
                            field="quantize.linear.float8.recipe_name",
                            fix="use tensorwise, rowwise or rowwise_with_gw_hp")
+    _tt_cp_balanced(par.get("context_parallel_load_balancer", "headtail"), "parallelism.")
+    rotate = par.get("context_parallel_rotate_method", "allgather")  # 0.2.x's default
+    if rotate not in ("allgather", "alltoall"):
+        raise HetplanError(f"context_parallel_rotate_method {rotate!r} is none of torchtitan's", field="parallelism."
+                           "context_parallel_rotate_method", fix='give "allgather" or "alltoall"')
     job = Job(model=name, seq_len=int(tr["seq_len"]), global_batch=int(tr["global_batch_size"]),
+              cp_kv_exchange="allgather" if cp > 1 and rotate == "allgather" else "ring",  # alltoall: the ring
               train_iterations=int(tr.get("steps", 1)), dtype="fp8" if fp8 else "bf16", fp8_recipe=recipe,
               attention="flash",
               framework="fsdp", torch_compile=bool(comp.get("enable", False)),
@@ -538,12 +639,12 @@ def import_torchtitan_toml(text: str, *, model: str | None = None, gpu: str = "H
               async_tp=bool(par.get("enable_async_tensor_parallel", False)))
     rec = cfg.get("activation_checkpoint", {}).get("mode", "none")
     loss = None if not comp.get("enable", False) or "loss" in comp.get("components", ["model", "loss"]) else "fp32"
-    reduce = "bf16" if tr.get("mixed_precision_reduce") == "bfloat16" else None
+    _tt_fp32_reduce(tr.get("mixed_precision_reduce", "float32"), "training.")
     return Plan(job=job, pools=[launch_pool(gpu, world, per_node)],
                 stages=[Stage(num_layers=n, tp=tp, dp=dp, recompute=rec) for n in layers], mbs=mbs, zero=zero,
                 virtual_stages=v, sequence_parallel=tp > 1, cp=cp, ep=ep, fsdp_shard=fsdp_shard,
-                reshard_after_forward=reshard, cross_entropy=loss, grad_reduce_dtype=reduce,
-                schedule="gpipe" if par.get("pipeline_parallel_schedule") == "GPipe" else "1f1b")
+                reshard_after_forward=reshard, cross_entropy=loss,
+                schedule=_tt_schedule(par.get("pipeline_parallel_schedule"), "parallelism."))
 
 
 def _ds_count(cfg: dict, key: str) -> int | None:
@@ -632,7 +733,8 @@ def import_deepspeed(config: str, *, launch: str = "", pipeline: str | None = No
                            fix="leave --seq-len out, or correct the launch")
     job = Job(model=name, seq_len=int(launched if launched is not None else seq_len),
               global_batch=gbs, train_iterations=int(pipe.get("train_iterations") or 1), dtype=dtype,
-              attention="flash", framework="deepspeed")
+              attention=pipe.get("attention", "flash"), attention_kernel=pipe.get("attention_kernel"),
+              framework="deepspeed")
     return Plan(job=job, pools=[launch_pool(gpu, world, per_node)],
                 stages=[Stage(num_layers=n, dp=dp, recompute=rec) for n in layers], mbs=mbs,
                 zero=int(zero_cfg.get("stage", 0)), overlap_grad_reduce=bool(zero_cfg.get("overlap_comm", False)),

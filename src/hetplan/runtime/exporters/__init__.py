@@ -40,8 +40,14 @@ What each target can express:
   ``cross_entropy = "bf16"``, NeMo AutoModel's, is refused); the job's ``torch_compile`` as ``[compile] enable`` with ``components = ["model",
   "loss"]`` (``CompileConfig``, torchtitan ``torchtitan/config/job_config.py``; eager: ``enable = false``;
   ``["model"]`` for ``cross_entropy = "fp32"``, the loss left eager); the job's ``async_tp`` as ``[parallelism]
-  enable_async_tensor_parallel = true``; ``grad_reduce_dtype = "bf16"`` as ``mixed_precision_reduce =
-  "bfloat16"``; a plan reducing gradients after the backward (``overlap_grad_reduce = false``) is refused.
+  enable_async_tensor_parallel = true``; a plan reducing gradients after the backward (``overlap_grad_reduce =
+  false``) or in bf16 / fp16 (``grad_reduce_dtype``: torchtitan's ``mixed_precision_reduce`` is
+  ``Literal["float32"]``, 0.2 and 0.3) is refused, and so are Transformer Engine's ``tp_comm_overlap``, attention other than ``flash`` (torchtitan runs SDPA's fused
+  kernels), TP without sequence parallelism on 0.2 (always on there) and ZeRO-0 with CP (torchtitan's FSDP mesh
+  is the shard degree x CP, so it shards over the CP ranks; HSDP's shard degree is written as ``fsdp_shard /
+  cp``). Context parallelism's K/V exchange (``Job.cp_kv_exchange``): Megatron-LM ``--cp-comm-type all_gather``
+  (else its p2p ring), torchtitan 0.2 ``context_parallel_rotate_method`` (``alltoall`` for the ring), 0.3 the
+  all-gather only (PyTorch's); unbalanced CP (``cp_load_balance = false``) is refused by both (they always balance).
   Megatron-LM gets ``--grad-reduce-in-bf16`` for ``grad_reduce_dtype = "bf16"``.
 
 FP8 plans (``dtype = "fp8"``, :mod:`hetplan.estimate.fp8`): Megatron-LM gets ``--bf16`` plus the FP8 recipe the
@@ -118,6 +124,11 @@ def export(plan: Plan, spec: ModelSpec, target: str, virtual_stages: int | None 
         out = export_torchtitan(plan, spec, virtual_stages, version)
     else:
         raise HetplanError(f"unknown export target {target!r}", field="--to", fix=f"use one of {', '.join(TARGETS)}")
+    if virtual_stages is not None and plan.pp > 1 and virtual_stages != plan.virtual_stages:
+        # an override of the plan's interleaving launches another schedule (bubble, memory) than the one priced
+        out.notes.append(f"the plan was priced with {plan.virtual_stages} virtual stage(s) per rank; this launch "
+                         f"interleaves {virtual_stages}: re-estimate the plan with virtual_stages = {virtual_stages} "
+                         "to price what runs")
     # What each target writes is its framework's default stack (hetplan.hardware.stacks.FRAMEWORK_STACK); a plan
     # priced under another stack (Job.stack) was priced for software this export does not launch.
     written = (resolve_stack(TORCHTITAN_RELEASE_STACKS[release(t, version)]) if t == "torchtitan"

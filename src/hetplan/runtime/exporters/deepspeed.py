@@ -57,7 +57,9 @@ def export_deepspeed(plan: Plan, spec: ModelSpec) -> Export:
     pipe = {"num_stages": pp, "partition_method": "hetplan" if uneven else "uniform",
             "activation_checkpoint_interval": 1 if rec == "full" else 0, "world_size": plan.num_gpus,
             "data_parallel_size": m.dp, "stage_layers": layers, "parts": parts, "model": plan.job.model,
-            "seq_len": plan.job.seq_len, "train_iterations": plan.job.launch_iterations()}
+            "seq_len": plan.job.seq_len, "train_iterations": plan.job.launch_iterations(),
+            # the attention the estimate priced, which the training script builds (DeepSpeed's config has none)
+            "attention": plan.job.attention, "attention_kernel": plan.job.attention_kernel}
     nnodes, per_node = _nodes(plan)
     launch = (f"deepspeed --num_nodes {nnodes} --num_gpus {per_node} train.py --deepspeed "
               f"--deepspeed_config ds_config.json --pipeline-parallel-size {pp}\n")

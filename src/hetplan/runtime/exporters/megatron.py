@@ -8,19 +8,20 @@ from hetplan.errors import HetplanError
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import Plan
 from hetplan.plan_rules import degree, embedding_loss_split
-from hetplan.runtime.exporters.common import Export, _interleaved_units, _mesh, _nodes, _pools_note, _virtual
+from hetplan.runtime.exporters.common import Export, _interleaved_units, _Mesh, _mesh, _nodes, _pools_note, _virtual
 
 
-def megatron_layout(chunks: list[list[int]]) -> str:
+def megatron_layout(chunks: list[list[int]], mtp: int = 0) -> str:
     """Megatron-Core's ``--pipeline-model-parallel-layout`` for ``chunks[stage][virtual stage]`` decoder layers:
     one ``|``-separated segment per model chunk in model order (virtual stage 0 of every pipeline rank, then
-    virtual stage 1, ...), ``t`` a decoder layer, ``E`` the embedding at the start of the first, ``L`` the loss at
-    the end of the last; runs of equal segments written ``(t*k|)*n``
-    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``, ``parse_str_to_list``)."""
+    virtual stage 1, ...), ``t`` a decoder layer, ``E`` the embedding at the start of the first, the ``mtp``
+    multi-token-prediction modules (``m``, priced on the last stage; Megatron-Core asserts 'Number of mtp layers in
+    layout must match mtp_num_layers') and ``L`` the loss at the end of the last; runs of equal segments written
+    ``(t*k|)*n`` (``megatron/core/transformer/pipeline_parallel_layer_layout.py``, ``parse_str_to_list``)."""
     pp, v = len(chunks), len(chunks[0])
     counts = [chunks[s][k] for k in range(v) for s in range(pp)]
     segs = [("t" if n == 1 else f"t*{n}" if n else "") for n in counts]
-    segs[0], segs[-1] = "E" + segs[0], segs[-1] + "L"
+    segs[0], segs[-1] = "E" + segs[0], segs[-1] + "m" * mtp + "L"
     out, i = [], 0
     while i < len(segs):
         j = i
@@ -36,6 +37,27 @@ def megatron_layout(chunks: list[list[int]]) -> str:
 #: Dense families built as Llama's block (SwiGLU, RMSNorm, rotary, no linear biases; Qwen2 adds its QKV biases,
 #: Qwen3 its Q/K norms, Phi-3 fuses Q/K/V and gate/up, which Megatron-LM's linear_qkv and linear_fc1 do too).
 LLAMA_BLOCK_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+
+
+def _a2a_overlap_check(plan: Plan, m: _Mesh, v: int) -> None:
+    """What Megatron-Core's ``TransformerConfig`` asserts for ``--overlap-moe-expert-parallel-comm``
+    (``megatron/core/transformer/transformer_config.py``, NVIDIA/Megatron-LM d98e8a64): expert parallelism,
+    interleaving when pipelined, no full recomputation and no recomputation of the MoE layer, at most one MTP
+    layer.
+
+    Raises:
+        HetplanError: a plan with ``job.moe_a2a_overlap`` breaking one of them (the launch would stop there)."""
+    why = ("EP > 1 ('only supported with expert model parallelism')" if m.ep == 1 else
+           "interleaving when pipelined (virtual_pipeline_model_parallel_size must be specified when "
+           "pipeline_model_parallel_size > 1)" if plan.pp > 1 and v == 1 else
+           "no full recomputation" if m.recompute == "full" else
+           "no recomputation of the MoE layer (moe in recompute_modules)" if plan.job.moe_recompute else
+           "at most one MTP layer" if plan.job.mtp_layers > 1 else None)
+    if why:
+        raise HetplanError(f"Megatron-Core's overlap of the expert-parallel all-to-alls (the plan's moe_a2a_overlap) "
+                           f"needs {why}; it refuses this launch", field="plan.job.moe_a2a_overlap",
+                           fix="plan without moe_a2a_overlap, or with EP > 1, virtual stages under PP, selective or "
+                               "no recomputation")
 
 
 def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = None) -> Export:
@@ -63,6 +85,14 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
     ]
     if spec.head_dim * spec.num_attention_heads != spec.hidden_size:
         args.append(f"--kv-channels {spec.head_dim}")
+    if m.cp > 1:  # the K/V exchange the estimate priced (hetplan.plan.Job.cp_kv_exchange); Megatron's default is p2p
+        if not plan.job.cp_load_balance:  # priced on contiguous chunks: the last CP rank attends to every block
+            raise HetplanError("Megatron-LM always splits a sequence into 2 x CP chunks so that every CP rank has the "
+                               "same causal attention (get_batch_on_this_cp_rank, megatron/core/utils.py); the plan "
+                               "was priced with contiguous chunks", field="plan.job.cp_load_balance",
+                               fix="plan with cp_load_balance = true")
+        if plan.job.cp_kv_exchange == "allgather":  # Transformer Engine's name (its context_parallel.py)
+            args.append("--cp-comm-type all_gather")
     experts = int(getattr(spec, "num_experts", 0) or 0)
     if experts:
         etp = {degree(plan, i, "expert_tp") for i in range(pp)}
@@ -81,6 +111,7 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type "
                  + ("alltoall" if dispatcher == "alltoall" else f"flex --moe-flex-dispatcher-backend {dispatcher}")]
         if plan.job.moe_a2a_overlap:  # the 1F1B all-to-all overlap (combined_1f1b)
+            _a2a_overlap_check(plan, m, _virtual(plan, virtual_stages) if pp > 1 else 1)
             args.append("--overlap-moe-expert-parallel-comm")
         if plan.job.moe_capacity_factor is not None:  # token dropping (and padding to capacity)
             args.append(f"--moe-expert-capacity-factor {plan.job.moe_capacity_factor:g}")
@@ -92,7 +123,7 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
                  f"--v-head-dim {spec.v_head_dim}"] + ([f"--q-lora-rank {spec.q_lora_rank}"] if spec.q_lora_rank else [])
     v = _virtual(plan, virtual_stages) if pp > 1 else 1
     if v > 1 and plan.pipeline_chunks is not None and v == plan.virtual_stages:  # the plan's own chunks
-        args.append(f"--pipeline-model-parallel-layout '{megatron_layout(plan.pipeline_chunks)}'")
+        args.append(f"--pipeline-model-parallel-layout '{megatron_layout(plan.pipeline_chunks, plan.job.mtp_layers)}'")
         notes.append("interleaved chunks via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
     elif v > 1:  # chunks of c units; the embedding / loss may count as a unit (Llama 3's uneven interleaved stages)
         e, loss, c = _interleaved_units(plan, spec, v, "Megatron-LM")
@@ -109,8 +140,10 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
             ["--account-for-loss-in-pipeline-split"] if loss else [])
     elif pp > 1 and len(set(layers)) > 1:
         mid = layers[1:-1]
-        if len(set(mid)) > 1:  # any other split: Megatron-Core's layout string, one chunk per stage
-            args.append(f"--pipeline-model-parallel-layout '{megatron_layout([[n] for n in layers])}'")
+        # any other split, or a stage without layers (Megatron-Core's TransformerConfig: "num_layers_in_last_pipeline
+        # _stage must be larger than 0", likewise the first): Megatron-Core's layout string, one chunk per stage
+        if len(set(mid)) > 1 or 0 in layers:
+            args.append(f"--pipeline-model-parallel-layout '{megatron_layout([[n] for n in layers], plan.job.mtp_layers)}'")
             notes.append("uneven middle stages via --pipeline-model-parallel-layout (Megatron-Core >= 0.14)")
         else:
             if not mid or layers[0] != mid[0]:
@@ -118,7 +151,17 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
             if not mid or layers[-1] != mid[0]:
                 args.append(f"--decoder-last-pipeline-num-layers {layers[-1]}")
             notes.append("uneven split via --decoder-first/last-pipeline-num-layers (Megatron-Core >= 0.10)")
-    if plan.zero == 1:
+    fp8_zero0 = plan.job.dtype == "fp8" and plan.zero == 0
+    if fp8_zero0 and m.dp * m.cp > 1:
+        # the estimate prices FP8 parameters (hetplan.estimate.fp8: --fp8-param-gather, no bf16 weight copy); Megatron
+        # allows them only with the distributed optimizer or FSDP ('--fp8-param-gather only supported with
+        # distributed optimizer, torch fsdp2, megatron fsdp', megatron/training/arguments.py, NVIDIA/Megatron-LM
+        # d98e8a64)
+        raise HetplanError("Megatron-LM keeps FP8 parameters (--fp8-param-gather, as the estimate priced) only with "
+                           "its distributed optimizer or FSDP; this FP8 plan has ZeRO-0 over "
+                           f"{m.dp * m.cp} data-parallel ranks", field="plan.zero",
+                           fix="plan with zero 1 (the distributed optimizer), or dtype bf16")
+    if plan.zero == 1 or fp8_zero0:  # one DP rank: the distributed optimizer is ZeRO-0 (nothing to shard)
         args.append("--use-distributed-optimizer")
     elif plan.zero >= 2:
         strategy = {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
@@ -134,14 +177,29 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--overlap-grad-reduce")
     if plan.grad_reduce_dtype == "bf16":  # priced (Plan.grad_reduce_dtype); Megatron's default reduces in fp32
         args.append("--grad-reduce-in-bf16")
+    if plan.job.mtp_layers and spec.learned_positions:  # megatron/training/arguments.py asserts rope / none
+        raise HetplanError(f"Megatron-LM trains multi-token prediction with rotary or no position embeddings only; "
+                           f"{spec.name} learns absolute positions", field="plan.job.mtp_layers",
+                           fix="plan with mtp_layers = 0 for this model")
     if plan.job.mtp_layers:  # priced on the last stage (hetplan.plan.Job.mtp_layers)
         args.append(f"--mtp-num-layers {plan.job.mtp_layers}")
     elif spec.mtp_layers:  # the model has MTP modules the job does not train: neither priced nor launched
         notes.append(f"{spec.name}'s {spec.mtp_layers} multi-token-prediction layer(s) are not trained (no "
                      "--mtp-num-layers): the estimate prices the main model; set the job's mtp_layers = "
                      f"{spec.mtp_layers} to price and launch them")
-    if plan.tp_comm_overlap:  # priced by the estimate (hetplan.plan.Plan.tp_comm_overlap); was dropped
+    if plan.tp_comm_overlap and m.tp > 1:  # priced by the estimate (hetplan.plan.Plan.tp_comm_overlap); at TP 1
+        # nothing to overlap, and Megatron-LM turns sequence parallelism off there and then asserts it for
+        # --tp-comm-overlap (megatron/training/arguments.py, NVIDIA/Megatron-LM d98e8a64): not written
         args.append("--tp-comm-overlap")
+    if plan.cuda_graphs and (m.recompute == "full" or (m.recompute == "selective" and spec.dropout)):
+        # Megatron-Core's TransformerConfig: "full recompute is only supported with full iteration CUDA graph";
+        # "attention dropout is not supported with graphed attention recomputation" (the core_attn module of
+        # selective recomputation inside per-layer graphs): megatron/core/transformer/transformer_config.py,
+        # NVIDIA/Megatron-LM d98e8a64
+        raise HetplanError("Megatron-Core's per-layer CUDA graphs refuse " + (
+            "full recomputation" if m.recompute == "full" else
+            f"selective recomputation of the attention core with dropout ({spec.name} has dropout)"),
+            field="plan.cuda_graphs", fix="plan with cuda_graphs = false, or without that recomputation")
     if plan.cuda_graphs:  # per-layer graphs (frameworks.toml cuda_graphs; --enable-cuda-graph is deprecated)
         args.append("--cuda-graph-impl local")
         if experts:
@@ -149,10 +207,19 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
             # drop-and-pad layers only (megatron/core/transformer/enums.py CudaGraphScope), so the graphs cover
             # attention, the dense MLPs and the router / token preprocessing: partial CUDA graphs
             dense = spec.num_moe_layers < spec.num_layers
-            args.append("--cuda-graph-modules attn " + ("mlp " if dense else "") + "moe_router moe_preprocess")
-            notes.append("CUDA graphs capture attention, dense MLPs and the MoE router / preprocessing; the experts "
-                         "run eagerly (dropless routing), while the estimate prices every kernel of the layer as "
-                         "captured")
+            # TransformerConfig (megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM d98e8a64): the
+            # whole MoE layer ("moe") with drop-and-pad only; the router with preprocess (which the local impl
+            # always adds to it) not under token dropping without padding (its device-to-host copies)
+            dropping = plan.job.moe_capacity_factor is not None
+            # (and not the whole MoE layer with fine-grained activation offloading inside it: asserted too)
+            moe = ("moe" if dropping and plan.job.moe_pad_to_capacity and not plan.job.offload_modules else
+                   "" if dropping and plan.job.moe_dispatcher == "alltoall" else "moe_router moe_preprocess")
+            args.append("--cuda-graph-modules " + " ".join(x for x in ("attn", "mlp" if dense else "", moe) if x))
+            if moe != "moe":
+                notes.append("CUDA graphs capture attention, dense MLPs" + (" and the MoE router / preprocessing"
+                             if moe else "") + "; the experts run eagerly (" + ("dropless routing" if not dropping
+                             else "token dropping without padding") + "), while the estimate prices every kernel of "
+                             "the layer as captured")
     if plan.job.attention == "flash" and plan.job.attention_kernel is not None:
         # the kernel the estimate priced (issue 27: the export dropped it), as Megatron-Core's AttnBackend
         # (megatron/core/transformer/enums.py): "flash" = Transformer Engine's FlashAttention (flash-attn 2, or 3
@@ -178,12 +245,30 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
         args.append("--recompute-granularity selective")
     # per-module recomputation (the MoE layer checkpointed on its own, output-discarding element-wise modules);
     # under full recomputation the whole layer is recomputed instead
-    modules = ((["moe"] if experts and plan.job.moe_recompute else []) + list(plan.job.recompute_modules)
-               if m.recompute != "full" else [])
+    asked = (["moe"] if experts and plan.job.moe_recompute else []) + list(plan.job.recompute_modules)
+    if asked and m.recompute == "full" and m.recompute_layers is not None:
+        # Megatron-LM's --recompute-granularity is one: full of the first k layers (block) leaves the others without
+        # the per-module recomputation the estimate priced for them
+        raise HetplanError(f"Megatron-LM recomputes either whole layers (here the first {m.recompute_layers} of each "
+                           f"stage) or modules ({', '.join(asked)}), not both; the plan was priced with both",
+                           field="plan.job.recompute_modules", fix="recompute all layers, or drop the modules "
+                           "(recompute_modules / moe_recompute)")
+    modules = asked if m.recompute != "full" else []
+    if modules and "--fp8-recipe delayed" in args and {"moe_act", "layernorm"} & set(modules):
+        # TransformerConfig: "Delayed scaling does not support moe_act and layernorm recompute for fp8"
+        # (megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM d98e8a64)
+        raise HetplanError("Megatron-Core refuses recomputing moe_act / layernorm under FP8 delayed scaling (the "
+                           "recipe this plan's GPUs run)", field="plan.job.recompute_modules",
+                           fix='plan with fp8_recipe = "current", or without moe_act / layernorm in recompute_modules')
     if modules:
         if m.recompute != "selective":
             args.append("--recompute-granularity selective")
         args.append("--recompute-modules " + " ".join((["core_attn"] if m.recompute == "selective" else []) + modules))
+    if plan.job.offload_modules and "moe" in modules:  # both act inside the MoE layer
+        raise HetplanError("Megatron-Core refuses offloading activations inside a MoE layer it recomputes whole "
+                           "('Cannot offload ... while recomputing the entire MoE layer', megatron/core/transformer/"
+                           "transformer_config.py)", field="plan.job.offload_modules",
+                           fix="plan without offload_modules, or with moe_recompute = false")
     if plan.job.offload_modules:
         args += ["--fine-grained-activation-offloading", "--offload-modules " + " ".join(plan.job.offload_modules)]
     if spec.alibi:  # a launch with rotary or learned positions would train another model
@@ -213,7 +298,11 @@ def export_megatron(plan: Plan, spec: ModelSpec, virtual_stages: int | None = No
     else:
         args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     nnodes, per_node = _nodes(plan)
-    env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM: keeps TP/SP communication ordered before compute"]
+    env = (["unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP asserts it is unset or > 1 "
+            "(megatron/training/arguments.py)"] if plan.zero >= 2 else
+           ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM: keeps TP/SP communication ordered before compute"])
+    if plan.job.offload_modules:  # megatron/training/arguments.py asserts it under Transformer Engine >= 2.10
+        env.append("export NVTE_CPU_OFFLOAD_V1=1  # fine-grained activation offloading: activations only, no weights")
     script = "\n".join([
         "#!/usr/bin/env bash",
         (f"# Megatron-LM launch for plan: {pp} stages {layers} layers, TP {m.tp}, CP {m.cp}, DP {m.dp}, "

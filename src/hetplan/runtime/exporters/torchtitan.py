@@ -81,6 +81,14 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
                            f"{spec.family}", field="--to", fix="export --to megatron or deepspeed")
     _torchtitan_common_checks(plan, m)
     _torchtitan_kernel_check(plan, version)
+    if version == "0.3" and m.cp > 1 and plan.job.cp_kv_exchange != "allgather":
+        # 0.3.0 has no context_parallel_rotate_method (0.2.x's): PyTorch's context parallelism all-gathers K/V
+        # (_ContextParallelOptions.rotate_method = ALL_GATHER, torch/distributed/tensor/experimental/_attention.py)
+        raise HetplanError("torchtitan 0.3 all-gathers the K/V shards of context parallelism (PyTorch's default "
+                           "rotate method; 0.3.0 has no option for a ring); the plan was priced with the "
+                           f"{plan.job.cp_kv_exchange} exchange", field="plan.job.cp_kv_exchange",
+                           fix='plan with cp_kv_exchange = "allgather", or export with --framework-version 0.2 '
+                               '(context_parallel_rotate_method), or --to megatron')
     if version == "0.3":
         return export_torchtitan_03(plan, spec, m, v=_virtual(plan, virtual_stages) if pp > 1 else 1)
     if int(getattr(spec, "num_experts", 0) or 0):
@@ -90,6 +98,11 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         raise HetplanError("torchtitan 0.2 runs DDP (data_parallel_replicate_degree) on 1-D meshes only ('DDP has "
                            "not supported > 1D parallelism', torchtitan/models/llama3/infra/parallelize.py)",
                            field="plan.zero", fix="export with --framework-version 0.3, or plan with zero 3 (FSDP)")
+    if m.tp > 1 and not plan.sequence_parallel:  # 0.2.x has no enable_sequence_parallel (0.3.x writes it)
+        raise HetplanError("torchtitan 0.2's TP always runs sequence parallelism (torchtitan/models/llama3/infra/"
+                           "parallelize.py, pytorch/torchtitan v0.2.2 73a0e697); the plan was priced without it",
+                           field="plan.sequence_parallel", fix="plan with sequence_parallel = true, or export with "
+                           "--framework-version 0.3 (--parallelism.no-enable_sequence_parallel)")
     v = _virtual(plan, virtual_stages)
     v = v if pp > 1 else 1
     sched = {"1f1b": "Interleaved1F1B" if v > 1 else "1F1B", "gpipe": "GPipe"}[plan.schedule]
@@ -123,10 +136,13 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
         *(['converters = ["quantize.linear.float8"]'] if plan.job.dtype == "fp8" else []), "",
         "[training]", f"local_batch_size = {local}", f"global_batch_size = {plan.job.global_batch}",
         f"seq_len = {plan.job.seq_len}", f"steps = {plan.job.launch_iterations()}",
-        'mixed_precision_param = "bfloat16"',
-        *(['mixed_precision_reduce = "bfloat16"'] if plan.grad_reduce_dtype == "bf16" else []), "",
+        'mixed_precision_param = "bfloat16"', "",
         "[parallelism]", *dp_lines, f"tensor_parallel_degree = {m.tp}",
         f"context_parallel_degree = {m.cp}", f"expert_parallel_degree = {m.ep}",
+        # the K/V exchange priced: all-gather, or the ring (PyTorch's all-to-all rotater passes each shard to the
+        # next rank, torchtitan v0.2.2 config/job_config.py context_parallel_rotate_method; its default allgather)
+        *([f'context_parallel_rotate_method = "{"allgather" if plan.job.cp_kv_exchange == "allgather" else "alltoall"}"']
+          if m.cp > 1 else []),
         f"pipeline_parallel_degree = {pp}",
         *(["enable_async_tensor_parallel = true"] if plan.job.async_tp else []),
     ]
@@ -148,8 +164,6 @@ def export_torchtitan(plan: Plan, spec: ModelSpec, virtual_stages: int | None = 
     ac = {"none": ["mode = \"none\""], "full": ["mode = \"full\""],
           "selective": ["mode = \"selective\"", "selective_ac_option = \"op\""]}[m.recompute]
     lines += ["", "[activation_checkpoint]", *ac, "", *extra]
-    if plan.sequence_parallel and m.tp > 1:
-        notes.append("torchtitan's TP always uses sequence parallelism")
     nnodes, per_node = _nodes(plan)
     files["torchtitan.toml"] = "\n".join(lines)
     files["launch.sh"] = (f"# torchtitan {version}.x (reads a TOML job config)\n"
@@ -169,13 +183,26 @@ def _tt_data_parallel(plan: Plan, m: _Mesh, notes: list[str]) -> tuple[int, int,
     ZeRO-1 / 2 or without ``reshard_after_forward``, else torchtitan's ``default`` (which already keeps the
     gathered units of a pipeline stage, as the estimate's pipelined FSDP does). A plan of a framework other
     than ``fsdp`` keeps its own sharding: ZeRO-1 / 2 as ``never``."""
+    keep = plan.zero in (1, 2) or not plan.reshard_after_forward  # also on one DP rank: FSDP2 over a one-rank
+    # mesh frees (or keeps) the bf16 unsharded parameters after forward all the same, and the estimate prices it
+    # torchtitan's FSDP mesh is data_parallel_shard_degree x CP ("we always assume that when cp is used, FSDP is
+    # also applied", torchtitan/distributed/parallel_dims.py, pytorch/torchtitan b5bcd76c): with CP its shard
+    # groups are cp times the shard degree, where the estimate shards over fsdp_shard (else all dp x cp) ranks
+    if plan.zero == 0 and m.cp > 1:
+        raise HetplanError(f"torchtitan shards the parameters over the {m.cp} CP ranks (its FSDP mesh is the shard "
+                           "degree x CP), so a ZeRO-0 plan with CP runs as FSDP; the plan was priced unsharded",
+                           field="plan.zero", fix="plan with zero 3 (FSDP over DP x CP), or export --to megatron")
     if plan.zero == 0 or m.dp == 1:
-        return m.dp, 1, "default" if plan.reshard_after_forward else "never"
-    shard = m.dp if plan.fsdp_shard is None else min(plan.fsdp_shard, m.dp)
+        return m.dp, 1, "never" if keep else "default"
+    group = m.dp * m.cp if plan.fsdp_shard is None else min(plan.fsdp_shard, m.dp * m.cp)  # priced shard ranks
+    if group % m.cp:
+        raise HetplanError(f"torchtitan's HSDP shard groups span the shard degree x CP {m.cp} ranks; the plan's "
+                           f"fsdp_shard {plan.fsdp_shard} is no multiple of CP", field="plan.fsdp_shard",
+                           fix=f"plan with fsdp_shard a multiple of {m.cp}, or without fsdp_shard")
+    shard = group // m.cp
     if plan.zero == 1:
         notes.append("ZeRO-1 has no torchtitan mode: exported as FSDP2 without resharding after forward "
                      "(ZeRO-2: gradients sharded too, less memory than planned, same communication volume)")
-    keep = plan.zero in (1, 2) or not plan.reshard_after_forward
     return m.dp // shard, shard, "never" if keep else "default"
 
 
@@ -223,6 +250,26 @@ def _torchtitan_common_checks(plan: Plan, m: _Mesh) -> None:
                            "or compiled; the plan's bf16 parameters or loss are NeMo AutoModel's and need less memory",
                            field="plan.fsdp_param_dtype", fix='plan with fsdp_param_dtype = "fp32" and cross_entropy '
                            'unset, or run the plan with NeMo AutoModel')
+    if plan.grad_reduce_dtype not in (None, "fp32"):  # priced (hetplan.plan.Plan.grad_reduce_dtype)
+        raise HetplanError(f"torchtitan reduces gradients in float32 only ('mixed_precision_reduce: "
+                           "Literal[\"float32\"]', torchtitan/config/configs.py of 0.3.0 and job_config.py of "
+                           f"v0.2.2 73a0e697: it refuses bfloat16); the plan was priced with a {plan.grad_reduce_dtype} "
+                           "reduction", field="plan.grad_reduce_dtype",
+                           fix="plan without grad_reduce_dtype (fp32), or export --to megatron (--grad-reduce-in-bf16)")
+    if plan.tp_comm_overlap and m.tp > 1:  # priced as Transformer Engine's userbuffers overlap (compute.py)
+        raise HetplanError("torchtitan has no Transformer Engine TP-communication overlap (the plan's "
+                           "tp_comm_overlap, priced); its overlap of TP collectives is async TP",
+                           field="plan.tp_comm_overlap", fix="plan with job.async_tp = true instead (torchtitan's "
+                           "enable_async_tensor_parallel), or export --to megatron (--tp-comm-overlap)")
+    if plan.job.attention != "flash":  # priced with the s x s scores stored (hetplan.plan.Job.attention)
+        raise HetplanError(f"torchtitan's attention is PyTorch SDPA's fused kernels (FlashAttention / cuDNN), no s x s "
+                           f"scores stored; the plan was priced with attention = {plan.job.attention!r}",
+                           field="plan.job.attention", fix='plan with attention = "flash", or export --to megatron '
+                           "(--attention-backend unfused)")
+    if m.cp > 1 and not plan.job.cp_load_balance:  # priced on contiguous chunks (hetplan.estimate.context)
+        raise HetplanError("torchtitan load-balances context parallelism (context_parallel_load_balancer = "
+                           "\"headtail\", 0.2.2 and 0.3.0 torchtitan/config); the plan was priced with contiguous "
+                           "chunks", field="plan.job.cp_load_balance", fix="plan with cp_load_balance = true")
     if m.recompute_layers is not None:
         raise HetplanError("torchtitan's activation checkpointing covers every layer (or every n-th), not the first k "
                            "of a stage", field="plan.stages[].recompute_layers",
@@ -275,7 +322,7 @@ import torchtitan.models.qwen3 as _q
 
 def _hetplan_shape(attn_backend, moe_comm_backend="standard"):
     return _q.Qwen3Model.Config(
-        vocab_size={vocab}, dim={dim}, norm=_q._qwen3_norm({dim}),
+        vocab_size={vocab}, dim={dim}, norm=_q._qwen3_norm({dim}), enable_weight_tying={tied},
         tok_embeddings=_q.Embedding.Config(num_embeddings={vocab}, embedding_dim={dim}, param_init=_q._EMBEDDING_INIT),
         lm_head=_q.Linear.Config(in_features={dim}, out_features={vocab}, param_init=_q._LINEAR_INIT),
         layers=_q._build_qwen3_moe_layers(
@@ -296,7 +343,7 @@ import torchtitan.models.llama3 as _l
 
 def _hetplan_shape(attn_backend, tp_gemm_backend="default"):
     return _l.Llama3Model.Config(
-        dim={dim}, vocab_size={vocab},
+        dim={dim}, vocab_size={vocab}, enable_weight_tying={tied},
         tok_embeddings=_l.Embedding.Config(num_embeddings={vocab}, embedding_dim={dim}, param_init=_l._EMBEDDING_INIT),
         norm=_l.RMSNorm.Config(normalized_shape={dim}, param_init=_l._NORM_INIT),
         lm_head=_l.Linear.Config(in_features={dim}, out_features={vocab}, param_init=_l._output_linear_init({dim})),
@@ -354,6 +401,15 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     """
     pp, notes = plan.pp, []
     experts = int(getattr(spec, "num_experts", 0) or 0)
+    if experts and plan.job.async_tp and m.tp > 1:  # hetplan.estimate.stage: async TP priced on dense models only
+        raise HetplanError(f"the estimate prices async TP on dense models only; {spec.name} is a mixture of experts, "
+                           "so the plan was priced without it while torchtitan would run it on the attention",
+                           field="plan.job.async_tp", fix="plan without async_tp for this model")
+    if spec.tied_embeddings and pp > 1:  # 0.3.0 builds tied models tied (its 1B / 3B / Qwen3 <= 8B flavors too)
+        raise HetplanError(f"{spec.name} ties its output head to the embedding, and torchtitan 0.3 refuses weight "
+                           "tying with pipeline parallelism ('Weight tying is not supported with Pipeline Parallel', "
+                           "torchtitan/models/common/decoder.py of 0.3.0)", field="plan.stages",
+                           fix="plan with one pipeline stage (--pp 1), or export --to megatron")
     if m.ep > 1 and plan.zero == 0 and m.dp > 1:  # one replica: shard degree 1, EP carved out of cp x tp
         raise HetplanError("torchtitan 0.3 folds EP into the FSDP shard ranks; a ZeRO-0 (DDP) plan has none",
                            field="plan.zero", fix="plan with zero 3 (FSDP), or export --to megatron")
@@ -369,7 +425,7 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
             vocab=spec.vocab_size, dim=spec.hidden_size, layers=spec.num_layers, heads=spec.num_attention_heads,
             kv=spec.num_kv_heads, hd=spec.head_dim, ffn=spec.expert_ffn_hidden_size, experts=experts,
             topk=spec.experts_per_token, seq=max(spec.max_seq_len, plan.job.seq_len),
-            theta=1e6, flavor=flavor)  # Mixtral's rotary base (config.json rope_theta); no cost depends on it
+            theta=1e6, flavor=flavor, tied=spec.tied_embeddings)  # Mixtral's rotary base (config.json rope_theta); no cost depends on it
         notes.append(f"{spec.name} runs as torchtitan's Qwen3 MoE block with its shapes (flavor {flavor!r} in "
                      "hetplan_torchtitan_job.py): Qwen3's q/k RMSNorm adds 2 x head_dim parameters per layer")
     elif not experts:  # a Llama shape (checked by export_torchtitan)
@@ -377,7 +433,7 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
         shape = _TT03_DENSE_SHAPE.format(
             vocab=spec.vocab_size, dim=spec.hidden_size, layers=spec.num_layers, heads=spec.num_attention_heads,
             kv=spec.num_kv_heads, hd=spec.head_dim, ffn=spec.ffn_hidden_size,
-            seq=max(spec.max_seq_len, plan.job.seq_len), flavor=flavor)
+            seq=max(spec.max_seq_len, plan.job.seq_len), flavor=flavor, tied=spec.tied_embeddings)
         notes.append(f"{spec.name} is built as torchtitan Llama 3 flavor {flavor!r} by hetplan_torchtitan_job.py, "
                      "with torchtitan's default rotary base 10000")
     else:
@@ -440,7 +496,6 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
         f"--training.local_batch_size {local}", f"--training.global_batch_size {plan.job.global_batch}",
         f"--training.seq_len {plan.job.seq_len}", f"--training.steps {plan.job.launch_iterations()}",
         "--training.mixed_precision_param bfloat16",
-        *(["--training.mixed_precision_reduce bfloat16"] if plan.grad_reduce_dtype == "bf16" else []),
         # CUDA graphs of the step only where the plan prices them (hetplan.plan.Plan.cuda_graphs)
         "--training." + ("no-" if plan.cuda_graphs else "") + "disable_cuda_graphs", *dp,
         f"--parallelism.tensor_parallel_degree {m.tp}",
