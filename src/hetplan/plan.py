@@ -149,7 +149,8 @@ class Job(UserInput):
             balancing), or into ``cp`` contiguous chunks (False: the last rank attends to every earlier block,
             :func:`hetplan.estimate.context.attention_blocks`).
         cp_kv_exchange: how context parallelism exchanges K/V: ``ring`` (Megatron-Core p2p, overlapped with
-            attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`).
+            attention) or ``allgather`` (Llama 3, torchtitan) (:mod:`hetplan.estimate.context`); default ``ring``,
+            ``allgather`` under ``fsdp`` (what torchtitan launches, :meth:`_cp_exchange_default`).
         stack: the software stack and release that runs the job (:mod:`hetplan.hardware.stacks`, ``hetplan
             catalog stacks``): ``NAME``, ``NAME@VERSION`` or ``NAME@YYYY-MM`` (the release in force that month),
             stored as ``NAME@VERSION``. It sets the defaults of ``framework``, ``attention`` and, under ``fsdp``,
@@ -230,6 +231,27 @@ class Job(UserInput):
         if st.framework == "fsdp":
             out.setdefault("torch_compile", st.launch == "compiled")
         return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cp_exchange_default(cls, data):
+        """``cp_kv_exchange`` where not given: ``allgather`` under ``fsdp`` (the framework's or its stack's), what
+        torchtitan launches — 0.3.0 all-gathers K/V only, 0.2's ``context_parallel_rotate_method`` defaults to
+        ``allgather`` (``torchtitan/config/job_config.py``), and PyTorch's ``context_parallel`` behind NeMo
+        AutoModel defaults to it too (``torch/distributed/tensor/experimental/_context_parallel/_attention.py``
+        ``rotate_method = _RotateMethod.ALL_GATHER``, torch 2.13) — else ``ring`` (Megatron-Core's
+        ``--cp-comm-type p2p``)."""
+        if not isinstance(data, dict) or "cp_kv_exchange" in data:
+            return data
+        framework = data.get("framework")
+        if framework is None and isinstance(data.get("stack"), str):
+            try:
+                framework = resolve_stack(data["stack"]).framework
+            except HetplanError:
+                return data
+        if isinstance(framework, str) and framework.strip().lower() == "fsdp":
+            return {**data, "cp_kv_exchange": "allgather"}
+        return data
 
     @field_validator("stack")
     @classmethod

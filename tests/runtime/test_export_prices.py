@@ -540,3 +540,25 @@ def test_megatron_layout_holds_the_mtp_modules():
     with pytest.raises(HetplanError) as e:  # the layout without them: Megatron-Core refuses it
         importers.import_files({"run.sh": files["megatron_launch.sh"].replace("t*10mL", "t*10L")})
     assert e.value.field == "--pipeline-model-parallel-layout"
+
+
+def test_fsdp_context_parallelism_defaults_to_what_torchtitan_launches():
+    """torchtitan all-gathers K/V (0.3.0 only that; 0.2's rotate method and PyTorch's context_parallel default to
+    it), Megatron-Core runs the p2p ring: a job that names neither gets its framework's, so a CP plan the fsdp search
+    proposes exports to torchtitan 0.3 and reads back priced the same (it was planned as the ring, which the export
+    refuses for 0.3)."""
+    from hetplan.plan import Inventory
+    from hetplan.search.planner import search_plans
+    from hetplan.search.space import Pins
+
+    assert Job(model="llama3-8b", seq_len=8192, global_batch=8, framework="fsdp").cp_kv_exchange == "allgather"
+    assert Job(model="llama3-8b", seq_len=8192, global_batch=8, stack="torchtitan").cp_kv_exchange == "allgather"
+    assert Job(model="llama3-8b", seq_len=8192, global_batch=8).cp_kv_exchange == "ring"
+    assert Job(model="llama3-8b", seq_len=8192, global_batch=8, framework="fsdp",
+               cp_kv_exchange="ring").cp_kv_exchange == "ring"
+    job = Job(model="llama3-8b", seq_len=65536, global_batch=8, train_iterations=10, framework="fsdp")
+    plan = search_plans(job, Inventory(pools=[GPUPool(gpu="H100-SXM", count=8)]), top_k=1, heterogeneous=False,
+                        pins=Pins(cp=4)).plans[0].plan
+    assert plan.cp == 4 and plan.job.cp_kv_exchange == "allgather"
+    back = importers.import_files(exporters.export(plan, load_model("llama3-8b"), "torchtitan").files)
+    assert back.job.cp_kv_exchange == "allgather" and _priced(back) == pytest.approx(_priced(plan), rel=1e-9)
