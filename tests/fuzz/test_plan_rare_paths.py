@@ -4,6 +4,7 @@ mixed-recompute plans): each test is a wrong answer or a silently accepted input
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,21 @@ from tests.fuzz.inproc import run_cli
 PLAN = ["plan", "--model", "llama2-7b", "--gpu", "H100-SXM", "--gpus", "16", "--seq-len", "4096", "--global-batch",
         "64", "--iterations", "10"]
 
+
+
+def _aceso_profile_db(tmp_path):
+    """``(repository root, path)`` of a profile database of Aceso's GPT-3 1.3B V100 profiles (the README's Aceso
+    case)."""
+    from hetplan.model.spec import load_model
+    from hetplan.profile.db import ProfileDB
+    from hetplan.profile.importers import import_aceso
+
+    root = Path(__file__).resolve().parents[2]
+    db = tmp_path / "aceso.sqlite"
+    with ProfileDB(db) as pdb:
+        import_aceso(pdb, root / "tests" / "fixtures" / "aceso",
+                     models={"gpt_1_3B": (load_model(root / "examples" / "models" / "gpt3_1.3b_aceso.json"), 2048)})
+    return root, db
 
 def test_baseline_is_priced_as_the_search_and_estimate_price_it(tmp_path):
     """A baseline without prices (as `hetplan import` writes one) was priced at the catalog's $3.84/GPU-h while
@@ -39,17 +55,8 @@ def test_baseline_is_priced_as_the_search_and_estimate_price_it(tmp_path):
 def test_fine_explain_keeps_each_steps_start_point(tmp_path):
     """The trace of the second and third start points lost its "[start 2, 1]" label: rich read it as a style tag,
     so those steps printed as "   bottleneck stage 0 ..." with no start point or step number."""
-    from pathlib import Path
 
-    from hetplan.model.spec import load_model
-    from hetplan.profile.db import ProfileDB
-    from hetplan.profile.importers import import_aceso
-
-    root = Path(__file__).resolve().parents[2]
-    db = tmp_path / "aceso.sqlite"
-    with ProfileDB(db) as pdb:
-        import_aceso(pdb, root / "tests" / "fixtures" / "aceso",
-                     models={"gpt_1_3B": (load_model(root / "examples" / "models" / "gpt3_1.3b_aceso.json"), 2048)})
+    root, db = _aceso_profile_db(tmp_path)
     args = ["plan", root / "examples" / "aceso_gpt3_1.3b.toml", "--catalog", root / "examples" / "aceso_v100_12000mb.toml",
             "--search", "fine", "--profile-db", db]
     r = run_cli(*args, "--explain", "--top", "1")
@@ -117,17 +124,8 @@ def test_electricity_price_is_refused_where_the_search_ranks_or_budgets_dollars(
 def test_profile_db_of_another_model_or_gpu_is_refused(tmp_path):
     """Aceso's GPT-3 1.3B times on V100s given to a Llama-2-7B search on H100s priced every layer by the cost
     model, without a word (the search's line names the profile only when a stage used it)."""
-    from pathlib import Path
 
-    from hetplan.model.spec import load_model
-    from hetplan.profile.db import ProfileDB
-    from hetplan.profile.importers import import_aceso
-
-    root = Path(__file__).resolve().parents[2]
-    db = tmp_path / "aceso.sqlite"
-    with ProfileDB(db) as pdb:
-        import_aceso(pdb, root / "tests" / "fixtures" / "aceso",
-                     models={"gpt_1_3B": (load_model(root / "examples" / "models" / "gpt3_1.3b_aceso.json"), 2048)})
+    root, db = _aceso_profile_db(tmp_path)
     for other in (PLAN, ["plan", root / "examples" / "aceso_gpt3_1.3b.toml", "--gpu", "A100-SXM-80GB", "--gpus", "4"]):
         r = run_cli(*other, "--search", "fine", "--profile-db", db, "-q")
         assert r.code == 2 and not r.traceback, r.stderr
@@ -194,17 +192,8 @@ def test_help_keeps_its_brackets(command, shown):
 def test_baseline_is_priced_on_the_profile_that_priced_the_fine_plan(tmp_path):
     """With --search fine --profile-db the best plan is priced on the measured layer times and the baseline was
     priced by the cost model: the fine search's own plan as baseline came out "1.12x as fast, 89 % of the cost"."""
-    from pathlib import Path
 
-    from hetplan.model.spec import load_model
-    from hetplan.profile.db import ProfileDB
-    from hetplan.profile.importers import import_aceso
-
-    root = Path(__file__).resolve().parents[2]
-    db = tmp_path / "aceso.sqlite"
-    with ProfileDB(db) as pdb:
-        import_aceso(pdb, root / "tests" / "fixtures" / "aceso",
-                     models={"gpt_1_3B": (load_model(root / "examples" / "models" / "gpt3_1.3b_aceso.json"), 2048)})
+    root, db = _aceso_profile_db(tmp_path)
     args = ["plan", root / "examples" / "aceso_gpt3_1.3b.toml", "--catalog", root / "examples" / "aceso_v100_12000mb.toml",
             "--search", "fine", "--profile-db", db, "--top", "1"]
     best = tmp_path / "best.json"
