@@ -209,6 +209,23 @@ class Job(UserInput):
 
     @model_validator(mode="before")
     @classmethod
+    def _cp_exchange_default(cls, data):
+        """``cp_kv_exchange`` where not given: ``allgather`` under ``fsdp``, what torchtitan launches — 0.3.0
+        all-gathers K/V only, 0.2's ``context_parallel_rotate_method`` defaults to ``allgather``
+        (``torchtitan/config/job_config.py``), and PyTorch's ``context_parallel`` behind NeMo AutoModel defaults to
+        it too (``torch/distributed/tensor/experimental/_context_parallel/_attention.py`` ``rotate_method =
+        _RotateMethod.ALL_GATHER``, torch 2.13) — else ``ring`` (Megatron-Core's ``--cp-comm-type p2p``). Defined
+        before :meth:`_stack_defaults`, so it runs after it (pydantic runs "before" validators last-defined first)
+        and sees the framework a named stack fills in."""
+        if not isinstance(data, dict) or "cp_kv_exchange" in data:
+            return data
+        framework = data.get("framework")
+        if isinstance(framework, str) and framework.strip().lower() == "fsdp":
+            return {**data, "cp_kv_exchange": "allgather"}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _stack_defaults(cls, data):
         """Fill ``framework``, ``attention`` and ``torch_compile`` from the named stack where not given, and
         refuse a given one that the stack contradicts (an unknown stack is left to :meth:`_resolve_stack`)."""
@@ -231,27 +248,6 @@ class Job(UserInput):
         if st.framework == "fsdp":
             out.setdefault("torch_compile", st.launch == "compiled")
         return out
-
-    @model_validator(mode="before")
-    @classmethod
-    def _cp_exchange_default(cls, data):
-        """``cp_kv_exchange`` where not given: ``allgather`` under ``fsdp`` (the framework's or its stack's), what
-        torchtitan launches — 0.3.0 all-gathers K/V only, 0.2's ``context_parallel_rotate_method`` defaults to
-        ``allgather`` (``torchtitan/config/job_config.py``), and PyTorch's ``context_parallel`` behind NeMo
-        AutoModel defaults to it too (``torch/distributed/tensor/experimental/_context_parallel/_attention.py``
-        ``rotate_method = _RotateMethod.ALL_GATHER``, torch 2.13) — else ``ring`` (Megatron-Core's
-        ``--cp-comm-type p2p``)."""
-        if not isinstance(data, dict) or "cp_kv_exchange" in data:
-            return data
-        framework = data.get("framework")
-        if framework is None and isinstance(data.get("stack"), str):
-            try:
-                framework = resolve_stack(data["stack"]).framework
-            except HetplanError:
-                return data
-        if isinstance(framework, str) and framework.strip().lower() == "fsdp":
-            return {**data, "cp_kv_exchange": "allgather"}
-        return data
 
     @field_validator("stack")
     @classmethod

@@ -839,9 +839,10 @@ def op_sac_matmuls(m: ModelSpec) -> tuple[tuple[int, int], ...]:
 
 def op_sac_recomputed_weights(m: ModelSpec) -> float:
     """Weight elements per token whose matmuls per-op SAC runs again, mean over the model's layers
-    (:func:`hetplan.estimate.moe.op_sac_recompute_s`): a dense layer's even-numbered matmuls (:func:`op_sac_matmuls`); a MoE / MLA layer
-    half its matmuls' weights and every routed expert a token visits (``k`` of them, all of their grouped GEMMs).
-    ``2·b·s`` FLOPs each (:func:`hetplan.estimate.estimator.hardware_flops_per_iteration`)."""
+    (:func:`hetplan.estimate.moe.op_sac_recompute_s`): a dense layer's even-numbered matmuls
+    (:func:`op_sac_matmuls`); a MoE / MLA layer half its matmuls' weights and every routed expert a token visits
+    (``k`` of them, all of their grouped GEMMs). ``2·b·s`` FLOPs each
+    (:func:`hetplan.estimate.estimator.hardware_flops_per_iteration`)."""
     if not (m.is_moe or m.is_mla):
         return float(sum(w for w, _ in op_sac_matmuls(m)[1::2]))
     h, up = m.hidden_size, 2 if m.gated_mlp else 1

@@ -158,8 +158,8 @@ def caches_latent(m: ModelSpec, engine: EngineSpec | None) -> bool:
 
 def kv_elements_per_token(m: ModelSpec, tp: int, engine: EngineSpec | None = None) -> int:
     """Cache elements one TP rank holds per token and layer: the keys and values of its key/value heads
-    (:func:`kv_heads_per_rank`), ``(kv_dim + v_dim) / t`` where ``t`` divides them; or, where ``engine`` caches MLA's latent (:func:`caches_latent`), the compressed
-    latent and the shared rotary key, ``kv_lora_rank + qk_rope_head_dim``, the same on every TP rank (DeepSeek-V2,
+    (:func:`kv_heads_per_rank`), ``(kv_dim + v_dim) / t`` where ``t`` divides them; or, where ``engine`` caches
+    MLA's latent (:func:`caches_latent`), the compressed latent and the shared rotary key, ``kv_lora_rank + qk_rope_head_dim``, the same on every TP rank (DeepSeek-V2,
     Liu et al. 2024, Sec. 2.1.2: 576 for DeepSeek-V2/V3 against 40,960 up-projected; vLLM
     ``vllm/v1/attention/backends/mla/common.py``, SGLang ``MLATokenToKVPool``, TensorRT-LLM's compressed KV)."""
     if caches_latent(m, engine):

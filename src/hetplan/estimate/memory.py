@@ -398,7 +398,7 @@ def dtensor_gathered_input_bytes(m: ModelSpec, b: Array, s_local: Array, t: Arra
 def op_sac_activation_bytes(m: ModelSpec, b: Array, s: Array, t: Array, sequence_parallel: Array = False,
                             attention: str = "flash", imbalance: Array = 1.0):
     """Bytes one layer (mean over the model's layers) keeps under torchtitan's per-op selective checkpointing
-    (:func:`hetplan.estimate.compute.op_sac_recompute_s`): the block's input (the checkpoint's argument, ``2sbh``,
+    (:func:`hetplan.estimate.moe.op_sac_recompute_s`): the block's input (the checkpoint's argument, ``2sbh``,
     split over TP ranks with sequence parallelism), the outputs of the odd-numbered matmuls
     (:func:`hetplan.estimate.compute.op_sac_matmuls`: ``wq``, ``wv``, ``w1``, ``w2`` of a Llama block) and of
     attention (``2sbq`` and the fp32 log-sum-exp), each split over the TP ranks. A row-parallel output (``wo``,

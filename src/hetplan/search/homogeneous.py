@@ -27,7 +27,7 @@ from hetplan.hardware.catalog import GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 from hetplan.plan import GPUPool, Job
-from hetplan.search.space import Pins, enumerate_space
+from hetplan.search.space import Pins, enumerate_space, fsdp_zero_stages
 
 #: Configurations needing more than this multiple of the GPU memory are not timed (they cannot run, and are too
 #: far from fitting to be worth mentioning as "stopped by memory").
@@ -303,8 +303,9 @@ def evaluate_pool(m: ModelSpec, job: Job, pool: GPUPool, gpu: GPUSpec, pins: Pin
         ddp = (cfg["dp"] > 1) & (cfg["zero"] == 0) & (cfg["ep"] == 1)
         if job.stack_spec().ddp == "reducer":  # torch DDP on 1-D meshes only (stacks.toml ddp)
             ddp &= (cfg["tp"] == 1) & (cfg["pp"] == 1) & (cfg["cp"] == 1)
-        # ZeRO-2 (FSDP2 never resharding after forward) without a pipeline, or pinned (space.fsdp_zero_stages)
-        kept = (cfg["zero"] == 2) & ((pins.zero == 2) | (cfg["pp"] == 1))
+        # ZeRO-2 (FSDP2 never resharding after forward) at the pipeline depths fsdp_zero_stages has it, or pinned
+        searched = [p for p in np.unique(cfg["pp"]) if 2 in fsdp_zero_stages(int(p))]
+        kept = (cfg["zero"] == 2) & ((pins.zero == 2) | np.isin(cfg["pp"], searched))
         cfg = {k: v[(cfg["zero"] == top) | ddp | kept] for k, v in cfg.items()}
         cfg["zero"] = np.where((cfg["dp"] > 1) & (cfg["zero"] != 0), np.where(cfg["zero"] == 2, 2, 3), 0)
         if m.is_moe and fp8.is_fp8(job.dtype) and fp8.recipe(gpu, "fsdp", job.fp8_recipe, job.stack_spec()) == "mxfp8":
