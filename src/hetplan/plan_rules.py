@@ -451,10 +451,13 @@ def launch_violations(plan: "Plan", spec: "ModelSpec", export: str, release: str
         bad("has no " + ", ".join(f"{what} parallelism (plan: {n})" for what, n, _ in lacking),
             f"plan.stages[].{lacking[0][2]}", "export --to megatron (Megatron-DeepSpeed takes the same arguments)",
             lacking[0][2])
-    etp = max(degree(plan, i, "expert_tp") for i in range(pp))
+    # without an expert-TP degree the experts follow TP at EP 1 (hetplan.estimate.moe.launched_degrees), so an
+    # expert-TP equal to the stage's TP there is the same launch
+    etp = max((degree(plan, i, "expert_tp") for i in range(pp)
+               if not (degree(plan, i, "ep") == 1 and degree(plan, i, "expert_tp") == plan.stages[i].tp)), default=1)
     if etp > 1 and fw.ep and not fw.expert_tp:
-        bad(f"never splits an expert over TP; the plan has expert-TP {etp}", "plan.expert_tp",
-            "plan with expert_tp = 1", "expert_tp")
+        bad(f"has no expert-TP degree (experts split over TP only at EP 1, as TP); the plan has expert-TP {etp}",
+            "plan.expert_tp", "plan with expert_tp = 1", "expert_tp")
     for i, st in enumerate(plan.stages):
         ep, cp = degree(plan, i, "ep"), degree(plan, i, "cp")
         if fw.ep and ep > st.dp * cp and not fw.ep_beyond_dp:

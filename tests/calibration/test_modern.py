@@ -422,6 +422,10 @@ def test_rows_map_the_recipe_as_it_ran(run):
     dsv3 = {c.gpu: c.plan for c, _ in dgxc if "DeepSeek" in c.key}
     assert dsv3["H100-SXM"].job.recompute_modules == ["mla_up_proj"]
     assert dsv3["GB200"].job.recompute_modules == [] and dsv3["GB200"].stages[0].recompute == "selective"
+    # the Grok-1 YAMLs set no expert-TP, so NeMo's default (the TP degree) ran; the NeMo 2 recipe's rows say ETP=n
+    grok_etp = {(src.split("@")[1][:8], c.gpu, c.plan.expert_tp) for c, src in dgxc if "Grok" in c.key}
+    assert grok_etp == {("e6afea3a", "H100-SXM", 4), ("85380ffe", "H100-SXM", 4), ("60d6fd33", "H100-SXM", 1),
+                        ("60d6fd33", "GB200", 4)}
 
 
 #: torchtitan's published async-TP / vanilla-TP pairs (row indices: vanilla, async), the same job otherwise.

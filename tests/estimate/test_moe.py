@@ -570,3 +570,63 @@ def test_overlap_hides_nothing_with_one_micro_batch():
 
     assert step(16, True) == pytest.approx(step(16, False), rel=1e-12)
     assert step(256, True) < step(256, False)
+
+
+def test_torchtitan_splits_experts_over_tp_at_ep1():
+    """Under fsdp (torchtitan) at EP 1 the experts are split over TP like a dense MLP (``expert_param_placement_dense``,
+    torchtitan ``models/common/moe_sharding.py``): a plan's expert-TP 1 is launched as expert-TP = TP, so it costs
+    exactly what the explicit expert-TP 2 costs; each GPU holds half the expert weights of a Megatron-Core launch
+    with expert-TP 1, whose experts are whole on every TP rank; and no expert-TP token gather is charged, the
+    tokens arriving by the MLP side's sequence-parallel all-gather (4 collectives per pass, as a dense layer)."""
+    from hetplan.estimate.estimator import estimate
+    from hetplan.plan import Job
+
+    m = load_model("mixtral-8x7b")
+    plan = _plan("mixtral-8x7b", 1, 2, 4, zero=3)
+    fsdp = plan.model_copy(update={"job": Job(**{**plan.job.model_dump(), "framework": "fsdp"})})
+    implied, explicit = (estimate(fsdp.model_copy(update={"expert_tp": etp})) for etp in (1, 2))
+    assert implied.iteration_time_s == explicit.iteration_time_s
+    assert implied.stages[0].memory.weights == explicit.stages[0].memory.weights
+    megatron = estimate(plan.model_copy(update={"zero": 1}))
+    experts = m.num_layers * counts.layer_expert_parameters(m)
+    # FSDP shards every weight over dp 4 and the experts over the TP 2 as well; ZeRO-1 keeps 16-bit weights whole
+    assert implied.stages[0].memory.weights < megatron.stages[0].memory.weights - experts * 2 * (1 / 2)
+    assert implied.stages[0].alltoall_s == 0.0
+    assert moe.mlp_tp_collective_share(m, 1, "fsdp") == 1.0
+    assert moe.mlp_tp_collective_share(m, 8, "fsdp") == 0.0
+    assert moe.launched_degrees(Degrees.of(tp=2, dp=4, ep=8), "fsdp").expert_tp == 1
+    assert moe.launched_degrees(Degrees.of(tp=2, dp=4, ep=1), "megatron").expert_tp == 1
+
+
+def test_routed_experts_run_no_tp_collectives_of_their_own():
+    """Megatron-Core's routed experts take the rank's sequence shard through the dispatcher (its only TP-side
+    gather is over the expert-TP group): a MoE layer without shared experts runs the attention's all-gather and
+    reduce-scatter only, half a dense layer's TP communication; shared experts gather and scatter like an MLP
+    (DeepSeek-V3: every layer); dense layers count in the mean (DeepSeek-V3's first three)."""
+    from hetplan.estimate import compute
+    from hetplan.hardware.catalog import load_catalog
+
+    qwen, dsv3 = load_model("qwen3-30b-a3b"), load_model("deepseek-v3")
+    assert moe.mlp_tp_collective_share(qwen, 8) == 0.0
+    assert moe.mlp_tp_collective_share(dsv3, 8) == 1.0
+    mixed = qwen.model_copy(update={"first_dense_layers": 8})
+    assert moe.mlp_tp_collective_share(mixed, 8) == pytest.approx(8 / qwen.num_layers)
+    gpu = load_catalog().get("H100-SXM")
+    link = Link(8, 450e9, 400e9)
+    tp_comm = [compute.layer_time_s(qwen, gpu, "bf16", 1, 4096, 4, 0,
+                                    LayerTerms(link, sequence_parallel=True, attention="flash",
+                                               mlp_tp_collectives=share))[2] for share in (0.0, 1.0)]
+    assert tp_comm[0] == pytest.approx(tp_comm[1] / 2)
+    no_sp = [compute.layer_time_s(qwen, gpu, "bf16", 1, 4096, 4, 0,
+                                  LayerTerms(link, attention="flash", mlp_tp_collectives=share))[2]
+             for share in (0.0, 1.0)]
+    assert no_sp[0] == no_sp[1]  # without SP the layer all-reduces twice whatever runs its MLP
+
+
+def test_expert_tp_ranks_keep_the_gathered_inputs_of_their_copies():
+    """Each of an expert's ``expert_tp`` ranks keeps the whole input (2h bytes) of every copy routed to it and a
+    ``1/expert_tp`` slice of its outputs: the MoE activations grow by ``k·b·s·2h·(expert_tp - 1)``."""
+    m = load_model("mixtral-8x7b")
+    b, s = 1, 4096
+    extra = counts.moe_mlp_activation_bytes(m, b, s, 4) - counts.moe_mlp_activation_bytes(m, b, s)
+    assert extra == pytest.approx(m.experts_per_token * b * s * 2 * m.hidden_size * 3)

@@ -534,3 +534,23 @@ def test_a_hand_edited_torchtitan_launch_names_its_flag(edit, field, words):
     with pytest.raises(HetplanError) as exc:
         importers.import_files(files)
     assert exc.value.field == field and words in exc.value.message, exc.value.render()
+
+
+def test_megatron_launch_without_expert_tp_runs_the_tp_degree():
+    """Megatron-LM sets ``--expert-tensor-parallel-size`` to the TP degree when the launch gives none
+    (``megatron/training/arguments.py`` validate_args): a MoE launch without it is read as expert-TP = TP, with it
+    as given; a dense model keeps expert-TP 1."""
+    import re
+
+    job = Job(model="mixtral-8x7b", seq_len=4096, global_batch=64, attention="flash")
+    pool = GPUPool(gpu="H100-SXM", count=16, gpus_per_node=8)
+    plan = Plan(job=job, pools=[pool], stages=[Stage(num_layers=32, tp=2, dp=8, recompute="full")], mbs=1, zero=1,
+                sequence_parallel=True, ep=8, expert_tp=2)
+    script = exporters.export(plan, load_model("mixtral-8x7b"), "megatron").files["megatron_launch.sh"]
+    assert "--expert-tensor-parallel-size 2" in script
+    assert importers.import_files({"run.sh": script}).expert_tp == 2
+    bare = re.sub(r"--expert-tensor-parallel-size \d+", "", script)
+    assert importers.import_files({"run.sh": bare}).expert_tp == 2
+    assert importers.import_files({"run.sh": bare.replace("--expert-model-parallel-size 8",
+                                                          "--expert-model-parallel-size 4")}).expert_tp == 2
+    assert importers.import_files({"run.sh": HAND_MEGATRON}).expert_tp == 1

@@ -583,6 +583,10 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
             all-gathers), at the HBM bandwidth, for each of the four collectives of a pass, of full recomputation
             and of per-op SAC's two recomputed all-gathers. Not under ``tp_comm_overlap`` (fused collective
             matmuls take the layout themselves).
+        mlp_tp_collectives: share of the model's layers whose MLP side runs sequence parallelism's all-gather and
+            reduce-scatter (:func:`hetplan.estimate.moe.mlp_tp_collective_share`; 1 for a dense model): under SP a
+            pass runs ``1 + share`` all-gather / reduce-scatter pairs (the attention's, the MLP's), and as many
+            sequence-dim copies and per-op SAC gathers; without SP two all-reduces.
         async_tp: PyTorch's async TP (torchtitan ``enable_async_tensor_parallel``; with sequence parallelism, dense
             layers, not with ``tp_comm_overlap``): Inductor's micro-pipeline pass fuses the forward's four TP
             collectives and the backward's two all-gathers with their GEMMs (:func:`async_tp_exposed_s`,
@@ -670,7 +674,9 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     if fp8_gather:  # FP8 + SP: each all-gather half of an all-reduce moves FP8 (fp8 module doc)
         half = group_collective_time_s(tp_msg / 2, "allreduce", t, 1, link, algorithm=terms.tp_allreduce)
         tp_one = np.where(sequence_parallel, 0.5 * (tp_one + half), tp_one)
-    tp_pass = 2 * tp_one  # four collectives (two all-reduces' volume) per pass
+    # four collectives (two all-reduces' volume) per pass; under SP a MoE layer's MLP side may run none
+    collectives = 1.0 + np.where(sequence_parallel, terms.mlp_tp_collectives, 1.0)
+    tp_pass = collectives * tp_one
     tp_bwd_pass = tp_pass
     if tp_comm_overlap:
         f_ov, b_ov = tp_overlap_exposed_s(m, tp_one / 2, linear, t, overlap_contention(gpu, link.nccl_ctas))
@@ -680,7 +686,7 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
     if fp8_gather:
         gather = np.where(sequence_parallel, half / 2, gather)
     sac_on = (rc == 1) & op_sac & np.asarray(sequence_parallel) & (np.asarray(t) > 1)
-    sac_gathers = np.where(sac_on, 2 * gather, 0.0)
+    sac_gathers = np.where(sac_on, collectives * gather, 0.0)
     if async_tp:
         f_as, b_as, sac_as = async_tp_exposed_s(m, gather, reduce_scatter, linear, t)
         tp_pass, tp_bwd_pass = np.where(on_async, f_as, tp_pass), np.where(on_async, b_as, tp_bwd_pass)
@@ -692,10 +698,10 @@ def layer_time_s(m: ModelSpec, gpu: GPUSpec, dtype: str, b: Array, s: Array, t: 
         full = b * s * m.hidden_size / gpu.hbm_bandwidth_bytes_per_s
         gather_copy = (2.0 if fp8_gather else 4.0) * full
         on = np.asarray(sequence_parallel) & (np.asarray(t) > 1) & (not tp_comm_overlap) & ~on_async
-        pass_copy = np.where(on, 2 * gather_copy + 2 * 4.0 * full, 0.0)
+        pass_copy = np.where(on, collectives * (gather_copy + 4.0 * full), 0.0)
         fwd = fwd + pass_copy
         bwd_compute = bwd_compute + pass_copy + np.where(rc == 2, pass_copy, 0.0) + np.where(
-            on & (rc == 1) & op_sac, 2 * gather_copy, 0.0)
+            on & (rc == 1) & op_sac, collectives * gather_copy, 0.0)
     bwd = bwd_compute + recompute_extra + tp_bwd
     return fwd, bwd, tp_pass + tp_bwd
 

@@ -78,15 +78,18 @@ def kv_block_bytes(m: ModelSpec, b: Array, s: Array, t: Array, cp: Array):
 
 def layer_activation_bytes(m: ModelSpec, b: Array, s: Array, t: Array, cp: Array, sequence_parallel: Array = False,
                            recompute: Array = "none",
-                           attention: str = "standard", moe_recompute: Array = False):
+                           attention: str = "standard", moe_recompute: Array = False, expert_tp: Array = 1):
     """Activation bytes of one layer per GPU under CP: :func:`hetplan.model.counts.layer_activation_bytes` of
     the local ``s/cp`` tokens, with the stored attention scores of standard attention widened from
-    ``(s/cp)²`` to ``(s/cp)·s`` per head (``cp`` blocks; FlashAttention stores none); ``moe_recompute`` as there."""
+    ``(s/cp)²`` to ``(s/cp)·s`` per head (``cp`` blocks; FlashAttention stores none); ``moe_recompute`` and
+    ``expert_tp`` as there."""
     s_loc = local_seq_len(s, cp)
-    per_rank = counts.layer_activation_bytes(m, b, s_loc, t, sequence_parallel, recompute, attention, moe_recompute)
+    per_rank = counts.layer_activation_bytes(m, b, s_loc, t, sequence_parallel, recompute, attention, moe_recompute,
+                                             expert_tp)
     if attention == "flash" or recompute in ("selective", "full"):
         return per_rank
-    blocks = counts.layer_activation_bytes(m, b, s_loc, t, sequence_parallel, "selective", attention, moe_recompute)
+    blocks = counts.layer_activation_bytes(m, b, s_loc, t, sequence_parallel, "selective", attention, moe_recompute,
+                                           expert_tp)
     return np.where(np.asarray(cp) == 1, per_rank, blocks + (per_rank - blocks) * np.asarray(cp, dtype=float))
 
 

@@ -652,9 +652,9 @@ def stage_memory_bytes(m: ModelSpec, degrees: Degrees, work: StageWork, options:
         out = np.where(
             sp,
             context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=True, recompute=mode, attention=kind,
-                                           moe_recompute=moe_recompute_here),
+                                           moe_recompute=moe_recompute_here, expert_tp=etp),
             context.layer_activation_bytes(m, b, s_all, t, cp, sequence_parallel=False, recompute=mode, attention=kind,
-                                           moe_recompute=moe_recompute_here),
+                                           moe_recompute=moe_recompute_here, expert_tp=etp),
         )
         return out
 

@@ -61,6 +61,7 @@ from hetplan.hardware.catalog import Architecture, GPUSpec
 from hetplan.model import counts
 from hetplan.model.spec import ModelSpec
 from hetplan.estimate.arrays import Array
+from hetplan.degrees import Degrees
 
 #: Tokens the busiest expert-parallel rank receives, relative to perfect balance, for plans of real training:
 #: the expert capacity factor 1.25 of Switch Transformer (Fedus et al. JMLR 2022, Sec. 2.2 and Table 1), the most
@@ -90,6 +91,47 @@ DISPATCH_BYTES = 2
 #: (tokens per expert and their device-to-host copy: 2), permute, sort by expert and their inverses (4), two
 #: all-to-alls (2) and the activation (1): 20 - 3.
 MOE_EXTRA_KERNELS = 17
+
+
+def experts_split_like_mlp(framework: str, ep: Array):
+    """Whether the routed experts are split over the TP ranks the way a dense MLP is (arrays broadcast):
+    PyTorch's TP of torchtitan (``framework="fsdp"``, what ``hetplan export`` launches) at EP 1 shards each
+    expert's hidden dimension over the TP group (column-wise ``w1`` / ``w3``, row-wise ``w2``) and feeds the MoE
+    block the all-gathered tokens, its output reduce-scattered back to the sequence shards: the dense family of
+    ``set_moe_sharding_config`` (``torchtitan/models/common/moe_sharding.py``, ``expert_param_placement_dense``,
+    pytorch/torchtitan@b5bcd76, the code of 0.3.0) and ``apply_moe_ep_tp``'s ``TensorParallel()`` plan when
+    ``ep_mesh is None`` (``torchtitan/models/llama4/infra/parallelize.py`` of 0.2.2). With EP > 1 torchtitan
+    folds EP over the TP ranks and the tokens stay sequence-sharded (0.3.0 has no expert-TP degree: it was removed
+    by pytorch/torchtitan#3167, c4b409a, 2026-04-30). Megatron-Core splits experts over their own
+    ``--expert-tensor-parallel-size`` (:class:`hetplan.degrees.Degrees` ``expert_tp``), never like this."""
+    return (framework == "fsdp") & (np.asarray(ep) == 1)
+
+
+def launched_degrees(degrees: Degrees, framework: str) -> Degrees:
+    """``degrees`` as the framework launches the experts: where they are split like a dense MLP
+    (:func:`experts_split_like_mlp`) their expert-TP degree is the TP degree (each expert's matrices over the
+    ``tp`` ranks, the expert data-parallel ranks the ``dp·cp`` of the dense weights); otherwise unchanged."""
+    like_mlp = experts_split_like_mlp(framework, degrees.ep)
+    if not np.any(like_mlp):
+        return degrees
+    return degrees.with_(expert_tp=np.where(like_mlp, degrees.tp, degrees.expert_tp))
+
+
+def mlp_tp_collective_share(m: ModelSpec, ep: Array, framework: str = "megatron"):
+    """Share of the model's layers whose MLP side runs sequence parallelism's TP all-gather (before) and
+    reduce-scatter (after) of the ``b·s·h`` activation (:func:`hetplan.estimate.compute.layer_time_s`): every
+    dense layer; a MoE layer when it has shared experts (Megatron-Core ``SharedExpertMLP`` gathers its input and
+    reduce-scatters its output under sequence parallelism, ``transformer/moe/shared_experts.py``) or when its
+    routed experts are split like a dense MLP (:func:`experts_split_like_mlp`). Megatron-Core's routed experts
+    take the rank's own sequence shard through the dispatcher, gathering only over the expert-TP group
+    (``MoEAlltoAllTokenDispatcher``: ``gather_from_sequence_parallel_region(..., group=self.tp_group)`` with
+    ``tp_group = pg_collection.expt_tp``, ``transformer/moe/token_dispatcher.py``, NVIDIA/Megatron-LM d98e8a64;
+    that gather is :func:`moe_alltoall_time_s`'s), and torchtitan's at EP > 1 likewise. 1 for a dense model.
+    Arrays broadcast."""
+    if not m.is_moe:
+        return 1.0
+    runs = np.where(experts_split_like_mlp(framework, ep) | bool(m.shared_expert_ffn_hidden_size), 1.0, 0.0)
+    return (m.num_layers - m.num_moe_layers + runs * m.num_moe_layers) / m.num_layers
 
 
 def extra_kernels(m: ModelSpec, ep: Array, framework: str = "megatron", dispatcher: str = "alltoall"):

@@ -144,19 +144,21 @@ def stage_costs(
     element-wise ops and float8 casts (:mod:`hetplan.estimate.elementwise`) and, unless ``cross_entropy`` says
     otherwise, the fp32 loss. Under ``fsdp`` TP is
     PyTorch's DTensor TP (torchtitan): its sequence-dim copies (``sequence_dim_copies`` of
-    :func:`hetplan.estimate.compute.layer_time_s`) are charged on dense models; MoE models under ``fsdp`` are the
-    Megatron-FSDP rows, whose TP is Megatron-Core's. ``async_tp`` (:attr:`hetplan.plan.Job.async_tp`, dense models):
+    :func:`hetplan.estimate.compute.layer_time_s`) are charged around each sequence-parallel collective the layer
+    runs. A MoE layer's MLP side runs them only where :func:`hetplan.estimate.moe.mlp_tp_collective_share` says
+    (shared experts; experts split like a dense MLP: torchtitan at EP 1). ``async_tp`` (:attr:`hetplan.plan.Job.async_tp`, dense models):
     PyTorch's async TP in place of those copies and the exposed collectives (same function).
 
     ``hardware``: the GPU and its links (:class:`~hetplan.estimate.stagework.StageHardware`); ``degrees``: the
     stage's parallel degrees (:class:`~hetplan.degrees.Degrees`: ``t`` below is its ``tp``, ``etp`` its
-    ``expert_tp``); ``work``: what the stage computes (:class:`~hetplan.estimate.stagework.StageWork`); ``options``:
-    every job and plan option that changes the cost (:class:`~hetplan.estimate.options.TrainingOptions`). The
-    names below are their fields.
+    ``expert_tp``, as the framework launches it: :func:`hetplan.estimate.moe.launched_degrees`); ``work``: what the
+    stage computes (:class:`~hetplan.estimate.stagework.StageWork`); ``options``: every job and plan option that
+    changes the cost (:class:`~hetplan.estimate.options.TrainingOptions`). The names below are their fields.
 
     Units: seconds, bytes.
     """
     dtype, attention, framework = options.dtype, options.attention, options.framework
+    degrees = moe.launched_degrees(degrees, framework)
     overlap_grad_reduce, fsdp_shard = options.overlap_grad_reduce, options.fsdp_shard
     reshard_after_forward, grad_reduce_dtype = options.reshard_after_forward, options.grad_reduce_dtype
     fsdp_param_dtype, cross_entropy = options.fsdp_param_dtype, options.cross_entropy
@@ -187,7 +189,8 @@ def stage_costs(
     fp8_recipe = stage_fp8_recipe(gpu, options)
     terms = LayerTerms(link.tp_link(), sequence_parallel=sequence_parallel, attention=attention,
                        tp_comm_overlap=tp_comm_overlap and not m.is_moe, cuda_graphs=cuda_graphs,
-                       op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp" and not m.is_moe,
+                       op_sac=framework == "fsdp", sequence_dim_copies=framework == "fsdp",
+                       mlp_tp_collectives=moe.mlp_tp_collective_share(m, ep, framework),
                        async_tp=async_tp and not m.is_moe, fp8_gathers=fp8.fp8_gathers(fp8_recipe, framework),
                        projections=stack.projections, fused_softmax=stack.fused_softmax,
                        eager_grad_sum=not (framework == "fsdp" and torch_compile))  # only fsdp stacks compile
@@ -226,8 +229,10 @@ def stage_costs(
         af, ab, atp = compute.layer_time_s(m, gpu, dtype, b, s, t, 0, terms)
     layer_a2a: Any = 0.0  # the all-to-all the layer's forward + backward include (StageCost.alltoall_s)
     if parallel_layer:  # all-to-all and K/V exchange (communication, like the TP collectives)
+        # experts split like a dense MLP take the tokens the MLP side's all-gather brings (compute.layer_time_s)
+        routed_etp = np.where(moe.experts_split_like_mlp(framework, ep), 1, etp)
         a2a = (moe.moe_alltoall_time_s(m, b, s, t, ep, etp, link, imbalance=moe_load_imbalance, dispatch=moe_options,
-                                       etp=etp)
+                                       etp=routed_etp)
                if m.is_moe else 0.0)
         kv_f, kv_b = context.kv_exchange_time_s(m, b, s_all, t, cp, kv_exchange, core, link)
         rho_a2a = moe.alltoall_contention(gpu, moe_options.dispatcher, link.nccl_ctas)
@@ -659,7 +664,9 @@ def stage_fp8_recipe(gpu: GPUSpec, options: TrainingOptions) -> str | None:
 def stage_memory(m: ModelSpec, hardware: StageHardware, degrees: Degrees, work: StageWork,
                  options: TrainingOptions) -> memory.StageMemory:
     """The memory part of :func:`stage_costs` alone (what a search prunes by before it costs times):
-    :func:`hetplan.estimate.memory.stage_memory_bytes` with the FP8 recipe of the stage's GPU."""
+    :func:`hetplan.estimate.memory.stage_memory_bytes` with the FP8 recipe of the stage's GPU, on the degrees the
+    framework launches (:func:`hetplan.estimate.moe.launched_degrees`)."""
+    degrees = moe.launched_degrees(degrees, options.framework)
     return memory.stage_memory_bytes(m, degrees, replace(work, fp8_recipe=stage_fp8_recipe(hardware.gpu, options)),
                                      options)
 

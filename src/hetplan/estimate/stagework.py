@@ -187,6 +187,9 @@ class LayerTerms:
         eager_grad_sum: autograd sums the separate projections' input gradients in add kernels of their own
             (eager PyTorch), not inside the fused kernel that consumes the sum (``torch.compile``):
             :func:`hetplan.estimate.compute.projection_grad_sum_bytes`.
+        mlp_tp_collectives: share of the model's layers whose MLP side runs sequence parallelism's TP all-gather
+            and reduce-scatter (:func:`hetplan.estimate.moe.mlp_tp_collective_share`: 1 for a dense model; a MoE
+            layer's routed experts mostly take their rank's sequence shard through the dispatcher instead).
         tp_comm_overlap, cuda_graphs, op_sac, sequence_dim_copies, async_tp, tp_allreduce: Megatron-Core's
             ``--tp-comm-overlap``, captured CUDA graphs, torchtitan's per-op SAC as the selective recompute,
             DTensor's sequence-dimension copies, PyTorch's async TP, and the algorithm of the TP all-reduces
@@ -202,6 +205,7 @@ class LayerTerms:
     extra_kernels: Array = 0.0
     extra_elementwise_bytes: Array = 0.0
     extra_gpu_s: Array = 0.0
+    mlp_tp_collectives: Array = 1.0
     tp_comm_overlap: bool = False
     cuda_graphs: bool = False
     op_sac: bool = False

@@ -253,7 +253,7 @@ def model_flops_per_iteration(m: ModelSpec, global_batch, s, causal=False):
 
 
 def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, recompute="none", attention="standard",
-                           moe_recompute=False):
+                           moe_recompute=False, expert_tp=1):
     """Activation bytes one transformer layer keeps for its backward pass, per GPU, for one micro-batch.
 
     Term by term after Korthikanti et al. MLSys'23, Sec. 4.1 (2-byte activations, 1-byte dropout masks):
@@ -290,6 +290,7 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
         attention: ``"standard"`` or ``"flash"`` (:data:`ATTENTION_KINDS`).
         moe_recompute: MoE layers are checkpointed around their MLP (Megatron-Core ``--recompute-modules moe``):
             their MLP term is 0 (its input, the norm output, is counted above).
+        expert_tp: expert-TP degree of the routed experts (:func:`moe_mlp_activation_bytes`).
     Returns:
         bytes (float, or an array broadcast from the inputs).
     Raises:
@@ -306,7 +307,7 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
         replicated = replicated + 4 * s * b * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
     mlp = (3 if m.gated_mlp else 2) * 2 * s * b * f
     if m.is_moe:
-        mlp = _layer_mean(m, mlp, np.where(moe_recompute, 0.0, moe_mlp_activation_bytes(m, b, s)))
+        mlp = _layer_mean(m, mlp, np.where(moe_recompute, 0.0, moe_mlp_activation_bytes(m, b, s, expert_tp)))
     tp_split = 2 * s * b * q + 2 * s * b * (kv + m.v_dim) + 2 * s * b * m.attn_out_dim + mlp
     if check_attention(attention) == "flash":
         quadratic = FLASH_LSE_BYTES * a * s * b
@@ -322,15 +323,20 @@ def layer_activation_bytes(m: ModelSpec, b, s, t=1, sequence_parallel=False, rec
 ROUTER_SCORE_BYTES = 4
 
 
-def moe_mlp_activation_bytes(m: ModelSpec, b, s):
+def moe_mlp_activation_bytes(m: ModelSpec, b, s, expert_tp=1):
     """Activation bytes the MLP of one MoE layer keeps for backward, for ``b·s`` tokens at perfect balance
     (before TP / EP splitting): per routed copy of a token (``k`` per token) the expert's input, 2h (the
     permuted token, input of its first GEMM), and, like a dense MLP, its gate and up outputs and their product
     (``2·f_e`` bytes each, 3 tensors; 2 for a non-gated MLP); the shared experts as a dense MLP of their total
     size; and the router's fp32 scores (:data:`ROUTER_SCORE_BYTES` per token and expert). Derived the way
-    Korthikanti et al. 2023 Sec. 4.1 count a dense MLP."""
+    Korthikanti et al. 2023 Sec. 4.1 count a dense MLP. With expert-TP ``expert_tp`` each of the ``expert_tp``
+    ranks of an expert holds the whole input of every copy routed to it (gathered over the group, Megatron-Core's
+    ``gather_from_sequence_parallel_region`` over ``expt_tp``; torchtitan's all-gathered tokens at EP 1,
+    :func:`hetplan.estimate.moe.experts_split_like_mlp`) and a ``1/expert_tp`` slice of its outputs: the inputs
+    count ``expert_tp`` times (the caller divides all by TP)."""
     mats = 3 if m.gated_mlp else 2
     tokens = s * b
-    routed = m.experts_per_token * tokens * (2 * m.hidden_size + mats * 2 * m.expert_ffn_hidden_size)
+    routed = m.experts_per_token * tokens * (2 * m.hidden_size * np.asarray(expert_tp, dtype=float)
+                                             + mats * 2 * m.expert_ffn_hidden_size)
     shared = mats * 2 * tokens * m.shared_expert_ffn_hidden_size
     return routed + shared + ROUTER_SCORE_BYTES * tokens * m.num_experts

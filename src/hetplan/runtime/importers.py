@@ -358,7 +358,10 @@ def import_megatron(text: str, *, model: str | None = None, gpu: str = "H100-SXM
                 cuda_graphs="enable_cuda_graph" in a or a.get("cuda_graph_impl", "none") != "none",
                 cross_entropy=None if "cross_entropy_loss_fusion" in a else "fp32", cp=cp,
                 grad_reduce_dtype="bf16" if "grad_reduce_in_bf16" in a else None,
-                ep=int(a.get("expert_model_parallel_size", 1)), expert_tp=int(a.get("expert_tensor_parallel_size", 1)),
+                ep=int(a.get("expert_model_parallel_size", 1)),
+                # Megatron-LM's default expert-TP is the TP degree (megatron/training/arguments.py validate_args:
+                # "if args.expert_tensor_parallel_size is None: ... = args.tensor_model_parallel_size", d98e8a64)
+                expert_tp=int(a.get("expert_tensor_parallel_size", tp if experts else 1)),
                 pipeline_chunks=chunks)
 
 

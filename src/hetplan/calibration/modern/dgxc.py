@@ -26,6 +26,11 @@ DGXC_CUDA_GRAPHS = {(f["source"], f["gpu"]) for f in run_facts()["dgxc"]["cuda_g
 #: ``recompute = "selective"`` — and ``mla_up_proj`` on H100, :attr:`hetplan.plan.Job.recompute_modules`).
 DGXC_RECOMPUTE_MODULES = {(f["source"], f["gpu"]): tuple(f["modules"]) for f in run_facts()["dgxc"]["recompute_modules"]}
 
+#: Row sources whose recipe leaves the expert-TP degree to its default, the TP degree (``[[dgxc.expert_tp_is_tp]]``:
+#: the Grok-1 NeMo launcher configs of releases v24.11.1-v25.04.01). Other rows run the ``ETP=n`` of their notes,
+#: else 1 (:func:`hetplan.calibration.modern.mapping.expert_tp_of`).
+DGXC_EXPERT_TP_IS_TP = {f["source"] for f in run_facts()["dgxc"]["expert_tp_is_tp"]}
+
 #: Recipes that drop tokens, by row source: ``(capacity factor, padded)`` (``[[dgxc.token_drop]]``: NeMo's
 #: ``MegatronTokenDropCallback`` or the launcher config's ``moe_expert_capacity_factor``; Grok-1, DeepSeek-V3,
 #: Llama 4 Maverick).
@@ -147,7 +152,7 @@ def dgxc_cases(set_name: str = "dgxc_h100", catalog: Catalog | None = None):
                                   fp8_recipe="delayed" if row_dtype(r) == "fp8" else None,
                                   attention_kernel=DGXC_ATTENTION_KERNEL.get(r["source"])),
                          plan=dict(mbs=cell_int(r, "micro_batch", 1), cp=cp, ep=cell_int(r, "ep", 1),
-                                   expert_tp=expert_tp_of(r), virtual_stages=vp, sequence_parallel=True,
+                                   expert_tp=tp if r["source"] in DGXC_EXPERT_TP_IS_TP else expert_tp_of(r), virtual_stages=vp, sequence_parallel=True,
                                    grad_reduce_dtype="bf16", tp_comm_overlap=True,
                                    cuda_graphs=(r["source"], r["gpu"][:5]) in DGXC_CUDA_GRAPHS,
                                    cross_entropy="fp32" if r["source"] in DGXC_UNFUSED_CROSS_ENTROPY else None),

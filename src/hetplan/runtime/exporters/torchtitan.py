@@ -394,10 +394,12 @@ def export_torchtitan_03(plan: Plan, spec: ModelSpec, m: _Mesh, v: int) -> Expor
     ship (a Mixtral-class MoE), a generated ``hetplan_torchtitan_job.py`` whose ``hetplan_job()`` builds it.
 
     What 0.3.0 runs (``torchtitan/distributed/parallel_dims.py``): experts sharded over EP inside the
-    FSDP x CP x TP ranks (``efsdp = dp_shard * cp * tp / ep``), never tensor-parallel (expert-TP 1).
+    FSDP x CP x TP ranks (``efsdp = dp_shard * cp * tp / ep``), not tensor-parallel; at EP 1 split over TP like
+    a dense MLP (``models/common/moe_sharding.py``; priced so: :func:`hetplan.estimate.moe.launched_degrees`).
 
     Raises:
-        HetplanError: expert-TP > 1; EP with DDP (ZeRO-0 over DP > 1); a model it neither ships nor can build.
+        HetplanError: EP with DDP (ZeRO-0 over DP > 1); a model it neither ships nor can build (an expert-TP it
+        cannot run is refused by the plan rule ``framework-can-launch``).
     """
     pp, notes = plan.pp, []
     experts = int(getattr(spec, "num_experts", 0) or 0)
