@@ -552,3 +552,15 @@ def test_a_trace_starts_at_its_first_request(monkeypatch, capsys, tmp_path):
     from hetplan.serve.replica import workload_requests
 
     assert [r.arrival_s for r in workload_requests(load_workload_config(p))] == [0.0, 0.5, 1.0]
+
+
+def test_capacity_trace_rate_is_over_the_span_of_its_arrivals(monkeypatch, capsys, tmp_path):
+    """A trace of 10 requests 1 s apart (at 1,000..1,009 s) arrives at 1 request/s: 9 gaps over its 9 s span.
+    The load was 10 requests / 9 s = 1.11/s (n over the span of n points)."""
+    (tmp_path / "t.csv").write_text("arrival_s,model\n" + "".join(f"{1000 + i},a\n" for i in range(10)))
+    p = tmp_path / "w.toml"
+    p.write_text(BASE.replace("memory_bytes = 30_000_000_000\n", "").replace("duration_s = 10\n", "")
+                 .replace("total_rate_per_s = 1", 'trace = "t.csv"'))
+    code, out, err = _run(monkeypatch, capsys, "capacity", p, "--json")
+    assert code == 0, err
+    assert json.loads(out)["load_per_s"] == {"a": pytest.approx(1.0)}
