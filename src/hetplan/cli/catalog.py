@@ -53,7 +53,7 @@ def gpus(
     con.print(t)
 
 
-@catalog_app.command("prices")
+@catalog_app.command("prices", short_help="Dated public GPU prices by provider, and each GPU type's default price.")
 def prices(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU type."),
     prices_file: Optional[str] = typer.Option(None, "--prices", help="Your quotes (the \\[\\[quote]] layout of "
@@ -107,7 +107,7 @@ def prices(
                   highlight=False, markup=False)
 
 
-@catalog_app.command("nodes")
+@catalog_app.command("nodes", short_help="Node presets: GPUs per node and per host, NICs, network.")
 def nodes(as_json: bool = typer.Option(False, "--json", help="Print JSON (SI units).")) -> None:
     """Node presets: GPUs per node (NVLink domain) and per host (what a launch starts processes on: 4 per NVL72
     compute tray), NICs x Gb/s, network, and which GPU types default to them."""
@@ -184,7 +184,7 @@ def _print_field(con, name: str, shown: str, source: str) -> None:
     con.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
 
 
-@catalog_app.command("stacks")
+@catalog_app.command("stacks", short_help="Software stacks: what each framework release runs, each field sourced.")
 def stacks(
     name: Optional[str] = typer.Argument(None, metavar="NAME", help="NAME\\[@VERSION|@YYYY-MM]: one release with every field's source."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every field and its source)."),
@@ -246,7 +246,7 @@ def stacks(
 _KERNEL_SHORT = {"flashinfer": "fi", "trtllm-fmha": "fmha", "xformers": "xf"}
 
 
-@catalog_app.command("engines")
+@catalog_app.command("engines", short_help="Serving engines: decode path, attention kernels, KV cache, each sourced.")
 def engines(
     name: Optional[str] = typer.Argument(None, metavar="ENGINE", help="ENGINE\\[@VERSION]: one release with every field's source."),
     engines_file: Optional[str] = typer.Option(None, "--engines", help="User TOML extending the engine data."),
