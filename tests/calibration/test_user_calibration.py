@@ -470,3 +470,39 @@ def test_factors_that_do_not_carry_to_left_out_runs_are_not_kept():
     assert "leave-one-out" in rep.calibration.not_identified["compute_factor"]
     ck = check(rest, cat, rep.calibration)
     assert np.median([abs(r["after_s"] / r["measured_s"] - 1) for r in ck.rows]) < 0.03
+
+
+@pytest.mark.parametrize("cells, field", [
+    ("llama3-8b,H200X,8,8192,16,2.8", "runs.gpu"),    # was named inventory[0].gpu
+    ("llama3-8b,H100-SXM,10000000,8192,16,2.8", "runs.gpus"),  # was named runs (row 2).pools.0.count
+    ("llama3-8b,H100-SXM,8,8192,16,2.8,3", "runs.tp"),  # was named runs (row 2) pin.tp
+    ("llama3-8b,H100-SXM,6,8192,16,2.8,4", "runs.gpus"),  # TP 4 on 6 GPUs: was named runs (row 2) pin.num_gpus
+])
+def test_run_errors_name_the_csv_column(tmp_path, cells, field):
+    """An error in a run's plan names the CSV column to fix, not the plan field the column fills."""
+    from hetplan.calibration.user import read_runs
+    from hetplan.hardware.catalog import load_catalog
+
+    f = tmp_path / "runs.csv"
+    head = "model,gpu,gpus,seq_len,global_batch,step_time_s" + (",tp" if cells.count(",") == 6 else "")
+    f.write_text(f"{head}\n{cells}\n")
+    with pytest.raises(HetplanError) as exc:
+        read_runs([f], load_catalog())
+    assert exc.value.field == field and exc.value.message.startswith("row 2: ")
+
+
+@pytest.mark.parametrize("text, says", [
+    # cut inside the argument block: was read as a CSV, "unknown column(s) using torch.bfloat16 for parameters ..."
+    (MEGATRON_LOG.split("  world_size")[0], "no whole Megatron-LM argument block"),
+    # stopped before its first metrics line: was read as a CSV, "line 2: 6 cells under a header of 3 columns"
+    ("\n".join(line for line in TITAN_LOG.splitlines() if "step:" not in line), "has no 'step: … tps:' lines"),
+], ids=["megatron-cut-in-arguments", "torchtitan-no-step"])
+def test_log_cut_short_is_read_as_a_log(tmp_path, text, says):
+    from hetplan.calibration.user import read_runs
+    from hetplan.hardware.catalog import load_catalog
+
+    f = tmp_path / "train.log"
+    f.write_text(text)
+    with pytest.raises(HetplanError) as exc:
+        read_runs([f], load_catalog(), {"model": "llama3-8b", "gpu": "H100-SXM"})
+    assert exc.value.field == "RUNS" and says in exc.value.message, exc.value.message
