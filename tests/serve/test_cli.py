@@ -246,11 +246,14 @@ model = "opt-1.3b"
     (BASE.replace("total_rate_per_s = 1", "offline = true"), "workload.num_requests"),
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nengine = "vlm"'), "cluster.engine"),  # unknown
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nengine = "vllm@0.4"'), "cluster.engine"),
-    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "T4"\nengine = "vllm"\nquantization = "fp8"'),
+    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "T4"\nengine = "vllm"\nquantization = "fp8"')
+     .replace("30_000_000_000", "10_000_000_000"),  # within the T4's 16 GB
      "cluster.quantization"),                                                   # no FP8 on Turing in vLLM
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nquantization = "int4"'),
      "cluster.quantization"),                                                   # quantized weights need an engine
     (BASE.replace("memory_bytes = 30_000_000_000", "memory_bytes = 1_000"), "models.a"),  # does not fit
+    # 30 PB on an 80 GB GPU: models placed in memory the GPU does not have, exit 0
+    (BASE.replace("memory_bytes = 30_000_000_000", "memory_bytes = 30_000_000_000_000_000"), "cluster.memory_bytes"),
     (BASE.replace("total_rate_per_s = 1", "total_rate_per_s = 1\nprompt_len = 4000") + "[scheduler]\n"
      "kv_cache_len = 8192\n", "workload.prompt_len"),  # beyond OPT-1.3B's 2,048 positions: was priced, exit 0
     (BASE.replace("total_rate_per_s = 1", 'trace = "hdr.csv"'), "workload.trace"),  # header only: 0 requests, exit 0

@@ -314,7 +314,7 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
             raise HetplanError("the simulator needs a GPU type for its cost models", field="cluster.gpu",
                                fix='set cluster.gpu to a catalog name, e.g. "A100-SXM-80GB"')
         gpu = load_catalog().get(c.gpu, field="cluster.gpu")
-        default_cap = c.memory_bytes
+        default_cap = c.capacity_bytes()
     tp, pp = tp or c.tp, pp or c.pp
     dtype = c.dtype
     gpu.peak_flops_per_s(dtype)  # raises on an unsupported dtype
@@ -343,7 +343,7 @@ def cluster_footprints(wf: WorkloadFile) -> tuple[dict[str, int], int]:
         raise HetplanError("the export needs the cluster's GPU type", field="cluster.gpu",
                            fix='set cluster.gpu to a catalog name, e.g. "A100-SXM-80GB"')
     gpu = load_catalog().get(c.gpu, field="cluster.gpu")
-    cap = c.memory_bytes or int(gpu.memory_bytes * c.memory_fraction)
+    cap = c.capacity_bytes()
     stack = cluster_stack(wf, gpu)
     out = {m.name: sim_model(m.name, m.spec(), gpu, c.tp, c.pp, c.dtype, wf, cap, len(wf.models), stack).bytes
            for m in wf.models}
