@@ -567,3 +567,15 @@ def test_capacity_trace_rate_is_over_the_span_of_its_arrivals(monkeypatch, capsy
     code, out, err = _run(monkeypatch, capsys, "capacity", p, "--json")
     assert code == 0, err
     assert json.loads(out)["load_per_s"] == {"a": pytest.approx(1.0)}
+
+
+def test_capacity_plans_for_the_declared_rates(monkeypatch, capsys, tmp_path):
+    """capacity's λ_m is the rate the workload declares, not the count its seeded draw happens to hold: at 1
+    request/s over 10 s the draw holds 9 requests, and the load read 0.9/s (examples/serve/capacity.toml's
+    3 requests/s read 2.5/s)."""
+    p = tmp_path / "w.toml"
+    p.write_text(BASE.replace("memory_bytes = 30_000_000_000\n", "") + 'rate_per_s = 0.75\n[[models]]\nname = "b"\n'
+                 'model = "opt-1.3b"\n')
+    code, out, err = _run(monkeypatch, capsys, "capacity", p, "--json")
+    assert code == 0, err
+    assert json.loads(out)["load_per_s"] == {"a": pytest.approx(0.75), "b": pytest.approx(1.0)}
