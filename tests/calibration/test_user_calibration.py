@@ -472,20 +472,20 @@ def test_factors_that_do_not_carry_to_left_out_runs_are_not_kept():
     assert np.median([abs(r["after_s"] / r["measured_s"] - 1) for r in ck.rows]) < 0.03
 
 
-@pytest.mark.parametrize("cells, field", [
-    ("llama3-8b,H200X,8,8192,16,2.8", "runs.gpu"),    # was named inventory[0].gpu
-    ("llama3-8b,H100-SXM,10000000,8192,16,2.8", "runs.gpus"),  # was named runs (row 2).pools.0.count
-    ("llama3-8b,H100-SXM,8,8192,16,2.8,3", "runs.tp"),  # was named runs (row 2) pin.tp
-    ("llama3-8b,H100-SXM,6,8192,16,2.8,4", "runs.gpus"),  # TP 4 on 6 GPUs: was named runs (row 2) pin.num_gpus
+@pytest.mark.parametrize("column, cells, field", [
+    ("", "llama3-8b,H200X,8,8192,16,2.8", "runs.gpu"),    # was named inventory[0].gpu
+    ("", "llama3-8b,H100-SXM,10000000,8192,16,2.8", "runs.gpus"),  # was named runs (row 2).pools.0.count
+    (",tp", "llama3-8b,H100-SXM,8,8192,16,2.8,3", "runs.tp"),  # was named runs (row 2) pin.tp
+    (",tp", "llama3-8b,H100-SXM,6,8192,16,2.8,4", "runs.gpus"),  # TP 4 on 6 GPUs: was runs (row 2) pin.num_gpus
+    (",node", "llama3-8b,H100-SXM,8,8192,16,2.8,dgx-h1000", "runs.node"),  # was runs (row 2) inventory.pools.0
 ])
-def test_run_errors_name_the_csv_column(tmp_path, cells, field):
+def test_run_errors_name_the_csv_column(tmp_path, column, cells, field):
     """An error in a run's plan names the CSV column to fix, not the plan field the column fills."""
     from hetplan.calibration.user import read_runs
     from hetplan.hardware.catalog import load_catalog
 
     f = tmp_path / "runs.csv"
-    head = "model,gpu,gpus,seq_len,global_batch,step_time_s" + (",tp" if cells.count(",") == 6 else "")
-    f.write_text(f"{head}\n{cells}\n")
+    f.write_text(f"model,gpu,gpus,seq_len,global_batch,step_time_s{column}\n{cells}\n")
     with pytest.raises(HetplanError) as exc:
         read_runs([f], load_catalog())
     assert exc.value.field == field and exc.value.message.startswith("row 2: ")

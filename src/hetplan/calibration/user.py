@@ -217,6 +217,7 @@ def _column_of(field: str | None) -> str | None:
 
 def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
     """The plan ``hetplan plan`` proposes for a run's columns (its pins fixed)."""
+    from hetplan.hardware.catalog import load_nodes
     from hetplan.jobfile import validated
     from hetplan.plan import Inventory, Job
     from hetplan.search.objective import Objective
@@ -237,6 +238,8 @@ def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
         raise HetplanError(f"{label}: no gpu / gpus", field="runs.gpu", fix="add columns gpu and gpus (or pass --gpu, --gpus)")
     try:
         job = validated(Job, parts["job"], "job")
+        if "node" in parts["pool"]:  # the pool's own check names its error pools.0, not the node
+            load_nodes().get(parts["pool"]["node"], field="node")
         inv = validated(Inventory, {"pools": [parts["pool"]]}, "inventory")
         pins = validated(Pins, {"num_gpus": parts["pool"]["count"], **parts["pin"]}, "pin")
         plan = search_plans(job, inv, Objective(), pins, top_k=1, catalog=catalog, heterogeneous=False).plans[0].plan
