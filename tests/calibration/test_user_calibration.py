@@ -478,6 +478,7 @@ def test_factors_that_do_not_carry_to_left_out_runs_are_not_kept():
     (",tp", "llama3-8b,H100-SXM,8,8192,16,2.8,3", "runs.tp"),  # was named runs (row 2) pin.tp
     (",tp", "llama3-8b,H100-SXM,6,8192,16,2.8,4", "runs.gpus"),  # TP 4 on 6 GPUs: was runs (row 2) pin.num_gpus
     (",node", "llama3-8b,H100-SXM,8,8192,16,2.8,dgx-h1000", "runs.node"),  # was runs (row 2) inventory.pools.0
+    (",plan", ",,,,,2.8,nofile.json", "runs.plan"),  # was named by the plan file's path
 ])
 def test_run_errors_name_the_csv_column(tmp_path, column, cells, field):
     """An error in a run's plan names the CSV column to fix, not the plan field the column fills."""

@@ -168,7 +168,8 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
             plan file and other run columns, or a row whose job or plan is invalid (the message names the row and
             the column).
     """
-    from hetplan.jobfile import read_structured, validated
+    from hetplan.inputs import read_table
+    from hetplan.jobfile import validated
     from hetplan.model.spec import load_model
 
     out = []
@@ -180,7 +181,11 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
                                    fix="give every run its measured seconds per iteration")
             mem = _positive(r.get("memory_gib"), "memory_gib", label)
             if r.get("plan"):
-                plan = validated(Plan, read_structured(path.parent / r["plan"]), f"runs.plan ({label})")
+                try:  # named by the column, not by the plan file's path
+                    data = read_table(path.parent / r["plan"], "runs.plan")
+                except HetplanError as exc:
+                    raise HetplanError(f"{label}: {exc.message}", field="runs.plan", fix=exc.fix) from None
+                plan = validated(Plan, data, f"runs.plan ({label})")
             else:
                 plan = _plan_of(r, label, catalog)
             _check_memory(plan, mem, label, catalog)
