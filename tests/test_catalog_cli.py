@@ -1,8 +1,9 @@
-"""The commands panel of `hetplan ... --help` on an 80-column terminal."""
+"""`hetplan catalog ...` on an 80-column terminal."""
 
 import typer
 
 from hetplan.cli.main import app
+from tests.fuzz.inproc import run_cli
 
 
 def _summaries(group, path: str):
@@ -24,3 +25,23 @@ def test_catalog_command_summaries_are_one_line():
     summaries = dict(_summaries(root.get_command(typer.Context(root), "catalog"), "hetplan catalog"))
     assert "hetplan catalog prices" in summaries
     assert [path for path, text in summaries.items() if "\n" in text] == []
+
+
+def test_node_names_are_whole_at_80_columns():
+    """`catalog nodes` cut its names to 'dgx-a100-3…' and 'A100-SXM-4…' at 80 columns: the name is what a
+    pool's `node = NAME` takes."""
+    r = run_cli("catalog", "nodes", columns=80)
+    assert r.code == 0 and "…" not in r.stdout
+    assert "dgx-a100-320gb" in r.stdout and "gcp-a3-megagpu-8g" in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
+def test_a_gpu_without_a_price_shows_none():
+    """GB300 (sold as racks on contract) has price 0 in the catalog, meaning none: `catalog gpus` showed a
+    free GPU at 0.00 $/GPU-h, and `catalog prices --gpu GB300` an empty table and 'GB300 0.00'."""
+    gpus = run_cli("catalog", "gpus", columns=80)
+    row = next(line for line in gpus.stdout.splitlines() if line.startswith("GB300 "))
+    assert "0.00" not in row and " none " in row
+    prices = run_cli("catalog", "prices", "--gpu", "GB300", columns=80)
+    assert prices.code == 0 and "no public quotes for GB300" in prices.stdout and "GB300 none:" in prices.stdout
+    assert "$/GPU-h" not in prices.stdout and "0.00" not in prices.stdout
