@@ -507,3 +507,14 @@ def test_log_cut_short_is_read_as_a_log(tmp_path, text, says):
     with pytest.raises(HetplanError) as exc:
         read_runs([f], load_catalog(), {"model": "llama3-8b", "gpu": "H100-SXM"})
     assert exc.value.field == "RUNS" and says in exc.value.message, exc.value.message
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_endless_file_is_refused_not_read_forever():
+    """`hetplan calibrate /dev/zero` (a device or pipe states no size) read until memory ran out: it hung."""
+    from hetplan.calibration.user import read_runs
+    from hetplan.hardware.catalog import load_catalog
+
+    with pytest.raises(HetplanError) as exc:
+        read_runs([Path("/dev/zero")], load_catalog())
+    assert exc.value.field == "RUNS" and "a stream of more than" in exc.value.message
