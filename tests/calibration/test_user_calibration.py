@@ -497,8 +497,11 @@ def test_run_errors_name_the_csv_column(tmp_path, column, cells, field):
     (MEGATRON_LOG.split("  world_size")[0], "no whole Megatron-LM argument block"),
     # stopped before its first metrics line: was read as a CSV, "line 2: 6 cells under a header of 3 columns"
     ("\n".join(line for line in TITAN_LOG.splitlines() if "step:" not in line), "has no 'step: … tps:' lines"),
-], ids=["megatron-cut-in-arguments", "torchtitan-no-step"])
-def test_log_cut_short_is_read_as_a_log(tmp_path, text, says):
+    # world_size 6 under TP 2 x PP 2: DP was floored to 1, and the error's fix was `plan`'s "pin --use-gpus"
+    (MEGATRON_LOG.replace("world_size ...................................... 8",
+                          "world_size ...................................... 6"), "world_size 6 is not a multiple"),
+], ids=["megatron-cut-in-arguments", "torchtitan-no-step", "megatron-world-not-a-multiple"])
+def test_damaged_log_is_refused_for_what_it_lacks(tmp_path, text, says):
     from hetplan.calibration.user import read_runs
     from hetplan.hardware.catalog import load_catalog
 

@@ -148,7 +148,12 @@ def megatron_row(text: str, origin: str) -> dict[str, str]:
            "ep": get("expert_model_parallel_size", "1") or "1", "mbs": get("micro_batch_size"),
            "global_batch": get("global_batch_size"), "seq_len": get("seq_length"), "gpus": get("world_size")}
     if row["gpus"]:
-        row["dp"] = str(int(row["gpus"]) // (tp * pp * cp))
+        world, model_parallel = int(row["gpus"]), tp * pp * cp
+        if world % model_parallel:  # was floored into a DP degree, and refused with the fix "pin --use-gpus"
+            raise HetplanError(f"{origin}: world_size {world} is not a multiple of TP {tp} x PP {pp} x CP {cp}, "
+                               "so no data-parallel degree fits", field="RUNS",
+                               fix="give the log as Megatron-LM wrote it, or write the run as a CSV row")
+        row["dp"] = str(world // model_parallel)
     vp = get("virtual_pipeline_model_parallel_size")
     if vp:
         row["virtual_stages"] = vp
