@@ -434,7 +434,8 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
         loads = np.array([sum(r.model == e.name for r in reqs) / duration for e in entries])
     else:
         duration = wf.workload.duration_s
-        loads = np.array([workload_rates(wf)[e.name] for e in entries])
+        declared = workload_rates(wf)
+        loads = np.array([declared[e.name] for e in entries])
     max_gpus = wf.capacity.max_gpus
     exhaustive = wf.capacity.exhaustive if exhaustive is None else exhaustive
     share = wf.capacity.share_gpus if share is None else share
