@@ -54,11 +54,13 @@ def read_text(path: str | Path, field: str, max_bytes: int = MAX_FILE_BYTES) -> 
     try:
         if p.is_dir():
             raise HetplanError(f"{p} is a directory, not a file", field=field, fix="give the path of a file")
-        size = p.stat().st_size
-        if size > max_bytes:
-            raise HetplanError(f"{p} is {size:,} bytes; a {field} is at most {max_bytes:,}", field=field,
+        with p.open("rb") as f:  # at most max_bytes + 1: /dev/zero or a pipe states no size and never ends (hang)
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            size = p.stat().st_size
+            what = f"{size:,} bytes" if size > max_bytes else f"a stream of more than {max_bytes:,} bytes"
+            raise HetplanError(f"{p} is {what}; a {field} is at most {max_bytes:,}", field=field,
                                fix="check that this is the right file")
-        data = p.read_bytes()
     except FileNotFoundError:
         raise HetplanError(f"file {p} does not exist", field=field, fix="check the path") from None
     except PermissionError:

@@ -470,3 +470,54 @@ def test_factors_that_do_not_carry_to_left_out_runs_are_not_kept():
     assert "leave-one-out" in rep.calibration.not_identified["compute_factor"]
     ck = check(rest, cat, rep.calibration)
     assert np.median([abs(r["after_s"] / r["measured_s"] - 1) for r in ck.rows]) < 0.03
+
+
+@pytest.mark.parametrize("column, cells, field", [
+    ("", "llama3-8b,H200X,8,8192,16,2.8", "runs.gpu"),    # was named inventory[0].gpu
+    ("", "llama3-8b,H100-SXM,10000000,8192,16,2.8", "runs.gpus"),  # was named runs (row 2).pools.0.count
+    (",tp", "llama3-8b,H100-SXM,8,8192,16,2.8,3", "runs.tp"),  # was named runs (row 2) pin.tp
+    (",tp", "llama3-8b,H100-SXM,6,8192,16,2.8,4", "runs.gpus"),  # TP 4 on 6 GPUs: was runs (row 2) pin.num_gpus
+    (",node", "llama3-8b,H100-SXM,8,8192,16,2.8,dgx-h1000", "runs.node"),  # was runs (row 2) inventory.pools.0
+    (",plan", ",,,,,2.8,nofile.json", "runs.plan"),  # was named by the plan file's path
+])
+def test_run_errors_name_the_csv_column(tmp_path, column, cells, field):
+    """An error in a run's plan names the CSV column to fix, not the plan field the column fills."""
+    from hetplan.calibration.user import read_runs
+    from hetplan.hardware.catalog import load_catalog
+
+    f = tmp_path / "runs.csv"
+    f.write_text(f"model,gpu,gpus,seq_len,global_batch,step_time_s{column}\n{cells}\n")
+    with pytest.raises(HetplanError) as exc:
+        read_runs([f], load_catalog())
+    assert exc.value.field == field and exc.value.message.startswith("row 2: ")
+
+
+@pytest.mark.parametrize("text, says", [
+    # cut inside the argument block: was read as a CSV, "unknown column(s) using torch.bfloat16 for parameters ..."
+    (MEGATRON_LOG.split("  world_size")[0], "no whole Megatron-LM argument block"),
+    # stopped before its first metrics line: was read as a CSV, "line 2: 6 cells under a header of 3 columns"
+    ("\n".join(line for line in TITAN_LOG.splitlines() if "step:" not in line), "has no 'step: … tps:' lines"),
+    # world_size 6 under TP 2 x PP 2: DP was floored to 1, and the error's fix was `plan`'s "pin --use-gpus"
+    (MEGATRON_LOG.replace("world_size ...................................... 8",
+                          "world_size ...................................... 6"), "world_size 6 is not a multiple"),
+], ids=["megatron-cut-in-arguments", "torchtitan-no-step", "megatron-world-not-a-multiple"])
+def test_damaged_log_is_refused_for_what_it_lacks(tmp_path, text, says):
+    from hetplan.calibration.user import read_runs
+    from hetplan.hardware.catalog import load_catalog
+
+    f = tmp_path / "train.log"
+    f.write_text(text)
+    with pytest.raises(HetplanError) as exc:
+        read_runs([f], load_catalog(), {"model": "llama3-8b", "gpu": "H100-SXM"})
+    assert exc.value.field == "RUNS" and says in exc.value.message, exc.value.message
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_endless_file_is_refused_not_read_forever():
+    """`hetplan calibrate /dev/zero` (a device or pipe states no size) read until memory ran out: it hung."""
+    from hetplan.calibration.user import read_runs
+    from hetplan.hardware.catalog import load_catalog
+
+    with pytest.raises(HetplanError) as exc:
+        read_runs([Path("/dev/zero")], load_catalog())
+    assert exc.value.field == "RUNS" and "a stream of more than" in exc.value.message

@@ -194,3 +194,18 @@ def test_tables_fit_80_columns_with_every_number_whole():
     row = next(line for line in lines if line.startswith("vtrain_multi_node "))
     assert len(row.split()) >= 9 and row.split()[1].isdigit()
     assert any(line.startswith("bigscience_a100 ") for line in lines)
+
+
+@pytest.mark.parametrize("flags", [["--sets", "vtrain_single_node"], ["--json"], ["--csv", "v.csv"]])
+def test_write_residuals_refuses_the_flags_it_would_ignore(monkeypatch, capsys, flags):
+    """`--sets X --write-residuals` rewrote the package's residuals from every set (exit 0), --sets unread."""
+    import hetplan.calibration.intervals as iv
+    from hetplan.cli.main import main
+
+    written = []
+    monkeypatch.setattr(iv, "write_residuals", lambda: written.append(1) or "residuals.csv")
+    monkeypatch.setattr(sys, "argv", ["hetplan", "validate", "--write-residuals", *flags])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and not written and "--write-residuals" in err and flags[0] in err, err

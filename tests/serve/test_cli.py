@@ -246,11 +246,14 @@ model = "opt-1.3b"
     (BASE.replace("total_rate_per_s = 1", "offline = true"), "workload.num_requests"),
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nengine = "vlm"'), "cluster.engine"),  # unknown
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nengine = "vllm@0.4"'), "cluster.engine"),
-    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "T4"\nengine = "vllm"\nquantization = "fp8"'),
+    (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "T4"\nengine = "vllm"\nquantization = "fp8"')
+     .replace("30_000_000_000", "10_000_000_000"),  # within the T4's 16 GB
      "cluster.quantization"),                                                   # no FP8 on Turing in vLLM
     (BASE.replace('gpu = "A100-SXM-80GB"', 'gpu = "A100-SXM-80GB"\nquantization = "int4"'),
      "cluster.quantization"),                                                   # quantized weights need an engine
     (BASE.replace("memory_bytes = 30_000_000_000", "memory_bytes = 1_000"), "models.a"),  # does not fit
+    # 30 PB on an 80 GB GPU: models placed in memory the GPU does not have, exit 0
+    (BASE.replace("memory_bytes = 30_000_000_000", "memory_bytes = 30_000_000_000_000_000"), "cluster.memory_bytes"),
     (BASE.replace("total_rate_per_s = 1", "total_rate_per_s = 1\nprompt_len = 4000") + "[scheduler]\n"
      "kv_cache_len = 8192\n", "workload.prompt_len"),  # beyond OPT-1.3B's 2,048 positions: was priced, exit 0
     (BASE.replace("total_rate_per_s = 1", 'trace = "hdr.csv"'), "workload.trace"),  # header only: 0 requests, exit 0
@@ -552,3 +555,27 @@ def test_a_trace_starts_at_its_first_request(monkeypatch, capsys, tmp_path):
     from hetplan.serve.replica import workload_requests
 
     assert [r.arrival_s for r in workload_requests(load_workload_config(p))] == [0.0, 0.5, 1.0]
+
+
+def test_capacity_trace_rate_is_over_the_span_of_its_arrivals(monkeypatch, capsys, tmp_path):
+    """A trace of 10 requests 1 s apart (at 1,000..1,009 s) arrives at 1 request/s: 9 gaps over its 9 s span.
+    The load was 10 requests / 9 s = 1.11/s (n over the span of n points)."""
+    (tmp_path / "t.csv").write_text("arrival_s,model\n" + "".join(f"{1000 + i},a\n" for i in range(10)))
+    p = tmp_path / "w.toml"
+    p.write_text(BASE.replace("memory_bytes = 30_000_000_000\n", "").replace("duration_s = 10\n", "")
+                 .replace("total_rate_per_s = 1", 'trace = "t.csv"'))
+    code, out, err = _run(monkeypatch, capsys, "capacity", p, "--json")
+    assert code == 0, err
+    assert json.loads(out)["load_per_s"] == {"a": pytest.approx(1.0)}
+
+
+def test_capacity_plans_for_the_declared_rates(monkeypatch, capsys, tmp_path):
+    """capacity's λ_m is the rate the workload declares, not the count its seeded draw happens to hold: at 1
+    request/s over 10 s the draw holds 9 requests, and the load read 0.9/s (examples/serve/capacity.toml's
+    3 requests/s read 2.5/s)."""
+    p = tmp_path / "w.toml"
+    p.write_text(BASE.replace("memory_bytes = 30_000_000_000\n", "") + 'rate_per_s = 0.75\n[[models]]\nname = "b"\n'
+                 'model = "opt-1.3b"\n')
+    code, out, err = _run(monkeypatch, capsys, "capacity", p, "--json")
+    assert code == 0, err
+    assert json.loads(out)["load_per_s"] == {"a": pytest.approx(0.75), "b": pytest.approx(1.0)}

@@ -55,6 +55,10 @@ def test_continuous_batching_beats_static(fixtures):
     print("static", st["mean_latency_s"], st["p99_latency_s"], out["static"]["iterations"], "continuous",
           co["mean_latency_s"], co["p99_latency_s"], out["continuous"]["iterations"])
     assert st["completed"] == co["completed"] == len(reqs)
+    # rates over the makespan: over the last arrival (0 s in a burst) every throughput read 0
+    for mode in ("static", "continuous"):
+        a = out[mode]["all"]
+        assert out[mode]["duration_s"] > 0 and a["throughput_per_s"] == pytest.approx(len(reqs) / out[mode]["duration_s"])
     assert 600 <= out["static"]["iterations"] <= 700 and out["continuous"]["iterations"] < 0.5 * 600
     assert co["mean_latency_s"] < 0.75 * st["mean_latency_s"]
     assert co["p50_ttft_s"] < st["p50_ttft_s"]

@@ -47,6 +47,8 @@ _ARG = re.compile(r"^\s*(?:\S+\s+)?([A-Za-z_][A-Za-z0-9_]*) \.+ (.*?)\s*$")
 #: last ``elapsed time per iteration (ms): 42`` (of 4200.0) halved the median of two steps (fuzz).
 _MEGATRON_STEP = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.]+)\s*\|")
 _MEGATRON_MEMORY = re.compile(r"max reserved:\s*([0-9.]+)(?=\s)")
+#: The first line of Megatron-LM's argument block (``megatron/training/arguments.py`` ``_print_args``).
+_MEGATRON_ARGS = re.compile(r"^-+ arguments -+\s*$", re.MULTILINE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TITAN_STEP = re.compile(r"step:\s*(\d+).*?memory:\s*([0-9.]+)\s*GiB.*?tps:\s*([0-9,]+)(?=\s)")
 _TITAN_START = re.compile(r"local batch size (\d+), global batch size (\d+),.*?sequence length (\d+)")
@@ -61,9 +63,19 @@ _TITAN_MXFP8 = re.compile(r"MX training active with recipe mxfp8|Converted Linea
 _TITAN_MX = re.compile(r"MX training active|Float8 training active with recipe mx|NVFP4")
 
 
+def _is_megatron(text: str) -> bool:
+    """Whether ``text`` is a Megatron-LM log: its argument block's first or last line (a log cut inside the block
+    has only the first)."""
+    return "end of arguments" in text or bool(_MEGATRON_ARGS.search(text))
+
+
 def is_log(text: str) -> bool:
-    """Whether ``text`` is a Megatron-LM or torchtitan training log (rather than a RUNS CSV)."""
-    return "end of arguments" in text or bool(_TITAN_STEP.search(_ANSI.sub("", text)))
+    """Whether ``text`` is a Megatron-LM or torchtitan training log (rather than a RUNS CSV): any line either
+    framework writes that a log cut short or stopped before its first step still has (such a log was read as a
+    CSV, and refused for its "unknown column(s) using torch.bfloat16 …")."""
+    text = _ANSI.sub("", text)
+    return _is_megatron(text) or any(r.search(text) for r in (_TITAN_STEP, _TITAN_START, _TITAN_MESH,
+                                                               _TITAN_MESH_DEGREES))
 
 
 def _median_after_warmup(points: list[tuple[int, float]], origin: str, what: str) -> float:
@@ -119,9 +131,10 @@ def megatron_row(text: str, origin: str) -> dict[str, str]:
         HetplanError: no argument block, or no iteration lines.
     """
     if "end of arguments" not in text:
-        raise HetplanError(f"{origin} has no Megatron-LM argument block", field="RUNS",
-                           fix="give the log from the start of the run (it prints the arguments first)")
-    block = text.split("------------------------ arguments ------------------------", 1)[-1]
+        raise HetplanError(f"{origin} has no whole Megatron-LM argument block (its '---- arguments ----' line "
+                           "without '---- end of arguments ----': the log is cut short)", field="RUNS",
+                           fix="give the whole log from the start of the run (it prints the arguments first)")
+    block = _MEGATRON_ARGS.split(text, 1)[-1]
     block = block.split("end of arguments", 1)[0]
     args = {m.group(1): m.group(2) for line in block.splitlines() if (m := _ARG.match(line))}
 
@@ -135,7 +148,12 @@ def megatron_row(text: str, origin: str) -> dict[str, str]:
            "ep": get("expert_model_parallel_size", "1") or "1", "mbs": get("micro_batch_size"),
            "global_batch": get("global_batch_size"), "seq_len": get("seq_length"), "gpus": get("world_size")}
     if row["gpus"]:
-        row["dp"] = str(int(row["gpus"]) // (tp * pp * cp))
+        world, model_parallel = int(row["gpus"]), tp * pp * cp
+        if world % model_parallel:  # was floored into a DP degree, and refused with the fix "pin --use-gpus"
+            raise HetplanError(f"{origin}: world_size {world} is not a multiple of TP {tp} x PP {pp} x CP {cp}, "
+                               "so no data-parallel degree fits", field="RUNS",
+                               fix="give the log as Megatron-LM wrote it, or write the run as a CSV row")
+        row["dp"] = str(world // model_parallel)
     vp = get("virtual_pipeline_model_parallel_size")
     if vp:
         row["virtual_stages"] = vp
@@ -228,7 +246,7 @@ def log_row(text: str, origin: str) -> dict[str, str]:
         HetplanError: naming RUNS and the file: a damaged number in the log (``inf`` or ``0.0`` as a parallel
             size, a zero degree; fuzz: int('inf') and a division by zero were tracebacks)."""
     try:
-        return megatron_row(text, origin) if "end of arguments" in text else torchtitan_row(text, origin)
+        return megatron_row(text, origin) if _is_megatron(text) else torchtitan_row(text, origin)
     except HetplanError:
         raise
     except (ValueError, ZeroDivisionError, OverflowError) as exc:

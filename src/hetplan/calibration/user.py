@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,7 +168,8 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
             plan file and other run columns, or a row whose job or plan is invalid (the message names the row and
             the column).
     """
-    from hetplan.jobfile import read_structured, validated
+    from hetplan.inputs import read_table
+    from hetplan.jobfile import validated
     from hetplan.model.spec import load_model
 
     out = []
@@ -179,7 +181,11 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
                                    fix="give every run its measured seconds per iteration")
             mem = _positive(r.get("memory_gib"), "memory_gib", label)
             if r.get("plan"):
-                plan = validated(Plan, read_structured(path.parent / r["plan"]), f"runs.plan ({label})")
+                try:  # named by the column, not by the plan file's path
+                    data = read_table(path.parent / r["plan"], "runs.plan")
+                except HetplanError as exc:
+                    raise HetplanError(f"{label}: {exc.message}", field="runs.plan", fix=exc.fix) from None
+                plan = validated(Plan, data, f"runs.plan ({label})")
             else:
                 plan = _plan_of(r, label, catalog)
             _check_memory(plan, mem, label, catalog)
@@ -205,8 +211,18 @@ def _check_memory(plan: Plan, memory_gib: float | None, label: str, catalog: Cat
                                "torch.cuda.max_memory_reserved() / 2**30), or leave it empty")
 
 
+def _column_of(field: str | None) -> str | None:
+    """The column of :data:`COLUMNS` that sets the field an error names (``inventory[0].gpu`` -> ``gpu``,
+    ``pools.0.count`` -> ``gpus``, ``pin.tp`` -> ``tp``): the one setting the field's last name; None when no
+    column sets it. The pins' ``num_gpus`` is the ``gpus`` column too (:func:`_plan_of`)."""
+    names = re.findall(r"[A-Za-z_]+", field or "")
+    last = "count" if names[-1:] == ["num_gpus"] else names[-1] if names else None
+    return next((col for col, (_, name, _) in COLUMNS.items() if name == last), None)
+
+
 def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
     """The plan ``hetplan plan`` proposes for a run's columns (its pins fixed)."""
+    from hetplan.hardware.catalog import load_nodes
     from hetplan.jobfile import validated
     from hetplan.plan import Inventory, Job
     from hetplan.search.objective import Objective
@@ -225,17 +241,19 @@ def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
                                fix=f"add column {need} (or pass --{need.replace('_', '-')})")
     if "gpu" not in parts["pool"] or "count" not in parts["pool"]:
         raise HetplanError(f"{label}: no gpu / gpus", field="runs.gpu", fix="add columns gpu and gpus (or pass --gpu, --gpus)")
-    job = validated(Job, parts["job"], f"runs ({label})")
-    inv = validated(Inventory, {"pools": [parts["pool"]]}, f"runs ({label})")
-    pins = validated(Pins, {"num_gpus": parts["pool"]["count"], **parts["pin"]}, f"runs ({label})")
     try:
-        res = search_plans(job, inv, Objective(), pins, top_k=1, catalog=catalog, heterogeneous=False)
-    except HetplanError as exc:
-        raise HetplanError(f"{label}: {exc.message}", field=f"runs ({label}) {exc.field or ''}".strip(),
+        job = validated(Job, parts["job"], "job")
+        if "node" in parts["pool"]:  # the pool's own check names its error pools.0, not the node
+            load_nodes().get(parts["pool"]["node"], field="node")
+        inv = validated(Inventory, {"pools": [parts["pool"]]}, "inventory")
+        pins = validated(Pins, {"num_gpus": parts["pool"]["count"], **parts["pin"]}, "pin")
+        plan = search_plans(job, inv, Objective(), pins, top_k=1, catalog=catalog, heterogeneous=False).plans[0].plan
+        if parts["plan"]:
+            plan = validated(Plan, {**plan.model_dump(), **parts["plan"]}, "plan")
+    except HetplanError as exc:  # named by the run's column (runs.gpus), not the plan's field (pools.0.count)
+        col = _column_of(exc.field)
+        raise HetplanError(f"{label}: {exc.message}", field=f"runs.{col}" if col else f"runs ({label}) {exc.field}",
                            fix=exc.fix) from None
-    plan = res.plans[0].plan
-    if parts["plan"]:
-        plan = validated(Plan, {**plan.model_dump(), **parts["plan"]}, f"runs ({label})")
     return plan
 
 

@@ -19,6 +19,11 @@ from hetplan.model.spec import list_presets, load_model
 catalog_app = typer.Typer(help="List the GPU types and model presets hetplan knows.", no_args_is_help=True)
 
 
+def _usd(price: float) -> str:
+    """A price per GPU-hour as shown: 0 in the catalog is no price (nobody rents the GPU), not a free one."""
+    return f"{price:.2f}" if price > 0 else "none"
+
+
 @catalog_app.command("gpus")
 def gpus(
     catalog: Optional[str] = typer.Option(None, "--catalog", help="User TOML extending/overriding the GPU catalog."),
@@ -45,7 +50,7 @@ def gpus(
             g.name, f"{g.memory_bytes / 2**30:.0f}", f"{g.hbm_bandwidth_bytes_per_s / 1e9:.0f}",
             f"{f['bf16'] / 1e12:.0f}" if "bf16" in f else "-", f"{f['fp16'] / 1e12:.0f}" if "fp16" in f else "-",
             f"{g.gpu_link_bandwidth_bytes_per_s / 1e9:.0f}", f"{g.host_link_bandwidth_bytes_per_s / 1e9:.0f}",
-            f"{g.tdp_w:.0f}", f"{g.price_usd_per_hour:.2f}",
+            f"{g.tdp_w:.0f}", _usd(g.price_usd_per_hour),
             (re.findall(r"\d{4}", g.price_date) or ["?"])[-1] if narrow
             else f"{g.price_provider.split(',')[0]} {g.price_date}",
         )))
@@ -53,7 +58,7 @@ def gpus(
     con.print(t)
 
 
-@catalog_app.command("prices")
+@catalog_app.command("prices", short_help="Dated public GPU prices by provider, and each GPU type's default price.")
 def prices(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU type."),
     prices_file: Optional[str] = typer.Option(None, "--prices", help="Your quotes (the \\[\\[quote]] layout of "
@@ -96,18 +101,21 @@ def prices(
     for q, used, st in rows:
         t.add_row(q.gpu, q.provider, q.kind.replace("_", "-"), f"{q.usd_per_gpu_hour:.2f}", q.date,
                   ("*" if used else "") + ("!" if st else ""))
-    con.print(t)
+    if rows:
+        con.print(t)
+    else:  # an empty table said nothing (GB300: sold as racks on contract)
+        con.print(f"no public quotes for {', '.join(names)}", highlight=False)
     width = max(40, min(con.width, 100) - 1)
     con.print("Default price (what `hetplan plan` charges a pool without its own; --price-source picks another):",
               highlight=False)
     for d in defaults:
-        line = (f"{d['gpu']} {d['usd_per_gpu_hour']:.2f}: {d['rule']}, {d['date']}"
+        line = (f"{d['gpu']} {_usd(d['usd_per_gpu_hour'])}: {d['rule']}, {d['date']}"
                 + (" (older than 12 months)" if d["stale"] else ""))
         con.print(textwrap.fill(line, width=width, initial_indent="  ", subsequent_indent="    "),
                   highlight=False, markup=False)
 
 
-@catalog_app.command("nodes")
+@catalog_app.command("nodes", short_help="Node presets: GPUs per node and per host, NICs, network.")
 def nodes(as_json: bool = typer.Option(False, "--json", help="Print JSON (SI units).")) -> None:
     """Node presets: GPUs per node (NVLink domain) and per host (what a launch starts processes on: 4 per NVL72
     compute tray), NICs x Gb/s, network, and which GPU types default to them."""
@@ -115,16 +123,17 @@ def nodes(as_json: bool = typer.Option(False, "--json", help="Print JSON (SI uni
     if as_json:
         print(json.dumps({"date": cat.date, "nodes": [n.model_dump(mode="json") for n in cat.nodes.values()]}, indent=1))
         return
-    t = Table(title=f"Node presets ({cat.date}); `node = NAME` in a pool")
+    con = table_console()
+    t = new_table(f"Node presets ({cat.date}); `node = NAME` in a pool", con.width < NARROW)
     t.caption = ("GPUs: the NVLink domain; N/host where hosts are smaller (a launch starts its processes per "
                  "host). default: the node a pool of that GPU type gets when it names none")
-    for col in ("name", "GPU", "GPUs", "NICs x Gb/s", "network", "default"):
-        t.add_column(col, justify="right" if col == "GPUs" else "left")
+    for col in ("name", "GPU", "GPUs", "NICs x Gb/s", "network", "default"):  # names whole: what `node =` takes
+        t.add_column(col, justify="right" if col == "GPUs" else "left", no_wrap=col in ("name", "GPU"))
     for n in cat.nodes.values():
         gpus = str(n.gpus_per_node) + (f" ({n.gpus_per_host}/host)" if n.gpus_per_host else "")
         t.add_row(n.name, n.gpu, gpus, f"{n.nics} x {n.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f}",
                   n.network, "yes" if n.reference_for else "")
-    table_console().print(t)
+    con.print(t)
 
 
 @catalog_app.command("models")
@@ -184,7 +193,7 @@ def _print_field(con, name: str, shown: str, source: str) -> None:
     con.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
 
 
-@catalog_app.command("stacks")
+@catalog_app.command("stacks", short_help="Software stacks: what each framework release runs, each field sourced.")
 def stacks(
     name: Optional[str] = typer.Argument(None, metavar="NAME", help="NAME\\[@VERSION|@YYYY-MM]: one release with every field's source."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every field and its source)."),
@@ -246,7 +255,7 @@ def stacks(
 _KERNEL_SHORT = {"flashinfer": "fi", "trtllm-fmha": "fmha", "xformers": "xf"}
 
 
-@catalog_app.command("engines")
+@catalog_app.command("engines", short_help="Serving engines: decode path, attention kernels, KV cache, each sourced.")
 def engines(
     name: Optional[str] = typer.Argument(None, metavar="ENGINE", help="ENGINE\\[@VERSION]: one release with every field's source."),
     engines_file: Optional[str] = typer.Option(None, "--engines", help="User TOML extending the engine data."),

@@ -227,6 +227,12 @@ def register(app: typer.Typer) -> None:
         if write_residuals:
             from hetplan.calibration.intervals import write_residuals as write
 
+            given = [flag for flag, val in (("--json", json_out), ("--sets", sets), ("--csv", csv_path),
+                                            ("--plot", plot_path), ("--out", out_dir)) if val not in (None, False)]
+            if given:  # they were ignored: --sets X --write-residuals rewrote the table from every set
+                raise HetplanError(f"--write-residuals rewrites the package's residuals from every set and prints "
+                                   f"nothing else; {', '.join(given)} would be ignored", field="--write-residuals",
+                                   fix=f"run --write-residuals alone, or drop it to use {', '.join(given)}")
             typer.echo(f"wrote {write()}")
             return
 

@@ -6,7 +6,8 @@ Endpoints:
   (bytes of the UTF-8 text, modulo the vocabulary: the models have random weights and no tokenizer), optional
   ``max_new_tokens``, ``stop_token`` and ``client_id`` (echoed back). Answers ``200`` with ``id``, ``model``,
   ``tokens``, ``latency_s``, ``ttft_s``, ``tpot_s``, ``queue_s``, ``batch_size``; ``400`` malformed JSON; ``401``
-  no or wrong token; ``404`` unknown model; ``411``/``413`` no length / body too large; ``422`` bad input; ``429``
+  no or wrong token; ``404`` unknown model; ``411``/``413`` no length / body too large; ``415`` a Content-Type
+  other than JSON; ``422`` bad input; ``429``
   the model's queue is full (``Retry-After`` header); ``503`` shutting down or a worker failed.
 * ``GET /v1/models`` — models, residency, queue lengths, weight and KV-cache bytes per worker.
 * ``GET /metrics`` — Prometheus text format 0.0.4 (swaps, bytes swapped, swap bandwidth, queue lengths, latency
@@ -88,6 +89,14 @@ def create_app(engine: Engine, *, default_max_new_tokens: int = 1, max_new_token
             if int(length) > max_request_bytes:
                 return JSONResponse({"error": f"request body of {int(length):,} bytes exceeds the limit of "
                                               f"{max_request_bytes:,} bytes"}, status_code=413)
+            # FastAPI reads a body as JSON without a Content-Type or with a JSON one (application/json, …+json);
+            # curl -d sends application/x-www-form-urlencoded, and the JSON object was refused as "body: Input
+            # should be a valid dictionary"
+            ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype and not (ctype == "application/json" or ctype.startswith("application/") and ctype.endswith("+json")):
+                return JSONResponse({"error": f"content-type: the body is sent as {ctype}; send it as JSON with the "
+                                              "header Content-Type: application/json", "field": "content-type"},
+                                    status_code=415)
         return await call_next(request)
 
     @app.exception_handler(StarletteHTTPException)

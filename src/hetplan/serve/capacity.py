@@ -43,9 +43,9 @@ from hetplan.serve.config import WorkloadFile
 from hetplan.serve.policies import make_policy
 from hetplan.serve.replica import (KVSettings, Stack, check_context, check_stack, energy_summary, kv_settings,
                                    max_running, scheduler_kwargs, serving_energy, sim_model, slos,
-                                   step_model, workload_requests, workload_swap_model)
+                                   step_model, workload_rates, workload_requests, workload_swap_model)
 from hetplan.serve.simulator import SimResult, simulate, swap_cost_fn
-from hetplan.serve.workload import (ModelLoad, Request, generate)
+from hetplan.serve.workload import ModelLoad, Request, generate, trace_window_s
 
 
 #: Bisection steps of the largest sustainable rate of one replica (relative resolution 2^-6 of the bracket).
@@ -422,13 +422,20 @@ def plan_capacity(wf: WorkloadFile, gpus: list[str] | None = None, *, catalog: s
     specs = [m.spec() for m in entries]
     reqs = workload_requests(wf)
     check_context(wf, {e.name: sp for e, sp in zip(entries, specs)}, reqs)
-    duration = wf.workload.duration_s if not wf.workload.trace else max((r.arrival_s for r in reqs), default=1.0)
-    if duration <= 0:  # a trace's rate is its requests over its last arrival: all at t = 0 divided by zero
-        raise HetplanError(f"every request of trace {wf.workload.trace} arrives at t = 0, so it has no arrival rate "
-                           "to plan capacity for", field="workload.trace",
-                           fix="give the requests their arrival times (capacity plans for a rate), or simulate an "
-                               "offline batch with `hetplan simulate` (workload.offline = true)")
-    loads = np.array([sum(r.model == e.name for r in reqs) / duration for e in entries])
+    # λ_m: the declared rates (the requests drawn from them sample them: 9 in 10 s at 1/s read 0.9/s), or a
+    # trace's over the span of its arrivals
+    if wf.workload.trace:
+        duration = trace_window_s(reqs)
+        if duration <= 0:
+            raise HetplanError(f"the {len(reqs)} request(s) of trace {wf.workload.trace} all arrive at one instant, "
+                               "so it has no arrival rate to plan capacity for", field="workload.trace",
+                               fix="give the requests their arrival times (capacity plans for a rate), or simulate "
+                                   "an offline batch with `hetplan simulate` (workload.offline = true)")
+        loads = np.array([sum(r.model == e.name for r in reqs) / duration for e in entries])
+    else:
+        duration = wf.workload.duration_s
+        declared = workload_rates(wf)
+        loads = np.array([declared[e.name] for e in entries])
     max_gpus = wf.capacity.max_gpus
     exhaustive = wf.capacity.exhaustive if exhaustive is None else exhaustive
     share = wf.capacity.share_gpus if share is None else share

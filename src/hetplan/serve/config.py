@@ -84,19 +84,28 @@ class ClusterConfig(_Strict):
     quantization: Literal["fp8", "int8", "int4"] | None = None
 
     def capacity_bytes(self) -> int:
-        """Weight memory per worker (bytes).
+        """Weight memory per worker (bytes): ``memory_bytes``, else ``memory_fraction`` of ``gpu``'s memory.
 
         Raises:
-            HetplanError: neither ``memory_bytes`` nor ``gpu`` given, or an unknown GPU.
+            HetplanError: neither ``memory_bytes`` nor ``gpu`` given, an unknown GPU, or ``memory_bytes`` above
+                the GPU's memory (the simulator placed models in memory the GPU does not have, exit 0).
         """
-        if self.memory_bytes is not None:
-            return self.memory_bytes
         if self.gpu is None:
-            raise HetplanError("no memory size for the workers", field="cluster.memory_bytes",
-                               fix="set cluster.memory_bytes or cluster.gpu")
-        from hetplan.hardware.catalog import get_gpu
+            if self.memory_bytes is None:
+                raise HetplanError("no memory size for the workers", field="cluster.memory_bytes",
+                                   fix="set cluster.memory_bytes or cluster.gpu")
+            return self.memory_bytes
+        from hetplan.hardware.catalog import load_catalog
 
-        return int(get_gpu(self.gpu).memory_bytes * self.memory_fraction)
+        gpu = load_catalog().get(self.gpu, field="cluster.gpu")
+        if self.memory_bytes is None:
+            return int(gpu.memory_bytes * self.memory_fraction)
+        if self.memory_bytes > gpu.memory_bytes:
+            raise HetplanError(f"memory_bytes = {self.memory_bytes:,} is more than a {gpu.name} holds "
+                               f"({gpu.memory_bytes:,} bytes)", field="cluster.memory_bytes",
+                               fix="give at most the GPU's memory, or leave memory_bytes out (memory_fraction of "
+                                   "the GPU's)")
+        return self.memory_bytes
 
 
 class SchedulerConfig(_Strict):

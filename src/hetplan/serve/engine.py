@@ -297,6 +297,10 @@ class Engine:
             if q is not None:
                 q.close()
                 q.join_thread()
+        # Drop the queues: their semaphores (3 named POSIX semaphores each) are unlinked when they are garbage
+        # collected or at interpreter exit; `hetplan serve` ends by re-raising uvicorn's captured SIGTERM, which
+        # kills the process before its exit handlers run, and the resource tracker warned of leaked semaphores.
+        self._cmd_qs, self._swap_qs, self._result_q = [], [], None
         if getattr(self, "_rendezvous_dir", None) is not None:
             shutil.rmtree(self._rendezvous_dir, ignore_errors=True)
         with self._lock:

@@ -80,6 +80,13 @@ def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 90, 99)) -> 
     return {f"p{q:g}": (float(np.percentile(arr, q)) if arr.size else None) for q in qs}
 
 
+def makespan_s(records: Sequence[Record]) -> float:
+    """The duration (s) of a workload without a stated one (a trace, an offline batch): from its start (t = 0, the
+    first arrival) to its last answer, or last arrival where none came after it (as vLLM's benchmarks count
+    throughput); never 0 for requests that all arrive at t = 0 and are answered."""
+    return max((r.arrival_s if r.finish_s is None else max(r.arrival_s, r.finish_s) for r in records), default=0.0)
+
+
 def summarize(records: Sequence[Record], slos: Mapping[str, SLO], duration_s: float) -> dict:
     """Per-model and overall report: requests, completed, refused; mean and p50/p90/p99 of latency, TTFT and TPOT
     (s); SLO attainment; goodput (requests/s within all SLOs), throughput (completed requests/s), output and total

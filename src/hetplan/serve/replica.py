@@ -28,6 +28,18 @@ from hetplan.serve.workload import (ModelLoad, Request, generate, model_rates, o
                                     read_trace)
 
 
+def workload_rates(wf: WorkloadFile) -> dict[str, float]:
+    """Each model's arrival rate (requests/s) the workload declares: its ``rate_per_s``, else its Zipf share of
+    ``total_rate_per_s`` (:func:`hetplan.serve.workload.model_rates`); a trace's come from its arrivals.
+
+    Raises:
+        HetplanError: negative rates.
+    """
+    w = wf.workload
+    return model_rates([m.name for m in wf.models], w.total_rate_per_s, w.zipf_exponent,
+                       {m.name: m.rate_per_s for m in wf.models if m.rate_per_s is not None})
+
+
 def workload_requests(wf: WorkloadFile) -> list[Request]:
     """The requests of a workload file: its trace, ``num_requests`` at t = 0 (``offline``), or Gamma arrivals with
     Zipf-shared rates (seeded); lengths from the trace, the dataset, the distributions or the fixed lengths.
@@ -51,8 +63,7 @@ def workload_requests(wf: WorkloadFile) -> list[Request]:
                                f"new), more than a KV-cache slot of {wf.scheduler.kv_cache_len:,}",
                                field="scheduler.kv_cache_len", fix="raise kv_cache_len or shorten the trace's requests")
         return reqs
-    rates = model_rates(names, w.total_rate_per_s, w.zipf_exponent,
-                        {m.name: m.rate_per_s for m in wf.models if m.rate_per_s is not None})
+    rates = workload_rates(wf)
     if w.offline:
         if w.num_requests is None and w.dataset is None:
             raise HetplanError("offline mode needs a number of requests", field="workload.num_requests",
@@ -314,7 +325,7 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
             raise HetplanError("the simulator needs a GPU type for its cost models", field="cluster.gpu",
                                fix='set cluster.gpu to a catalog name, e.g. "A100-SXM-80GB"')
         gpu = load_catalog().get(c.gpu, field="cluster.gpu")
-        default_cap = c.memory_bytes
+        default_cap = c.capacity_bytes()
     tp, pp = tp or c.tp, pp or c.pp
     dtype = c.dtype
     gpu.peak_flops_per_s(dtype)  # raises on an unsupported dtype
@@ -343,7 +354,7 @@ def cluster_footprints(wf: WorkloadFile) -> tuple[dict[str, int], int]:
         raise HetplanError("the export needs the cluster's GPU type", field="cluster.gpu",
                            fix='set cluster.gpu to a catalog name, e.g. "A100-SXM-80GB"')
     gpu = load_catalog().get(c.gpu, field="cluster.gpu")
-    cap = c.memory_bytes or int(gpu.memory_bytes * c.memory_fraction)
+    cap = c.capacity_bytes()
     stack = cluster_stack(wf, gpu)
     out = {m.name: sim_model(m.name, m.spec(), gpu, c.tp, c.pp, c.dtype, wf, cap, len(wf.models), stack).bytes
            for m in wf.models}

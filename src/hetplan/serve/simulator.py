@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from hetplan.serve.exec_model import StepModel
-from hetplan.serve.metrics import SLO, Record, summarize
+from hetplan.serve.metrics import SLO, Record, makespan_s, summarize
 from hetplan.serve.policies import Policy
 from hetplan.serve.scheduler import Execute, Scheduler, Swap
 from hetplan.serve.swap_model import SwapModel
@@ -198,9 +198,6 @@ def simulate(models: Sequence[SimModel], requests: Sequence[Request], *, capacit
                 pre += (min(dt, sm.step_time_s([c.tokens for c in act.chunks], [], starts)) if act.decode else dt) \
                     if act.chunks else 0.0
                 heapq.heappush(events, (now + dt, 0, seq, "exec", act))
-    # without a stated duration (a trace, an offline batch): the makespan, first arrival at 0 to the last answer
-    # (as vLLM's benchmarks count throughput), never 0 for requests that all arrive at t = 0
-    ends = [r.finish_s for r in records.values() if r.finish_s is not None] + [r.arrival_s for r in reqs]
-    dur = duration_s if duration_s is not None else max(ends, default=0.0)
+    dur = duration_s if duration_s is not None else makespan_s(list(records.values()))
     return SimResult(list(records.values()), dur, sched.swaps, sched.bytes_swapped_in, sched.bytes_swapped_out,
                      batches, now, sched.preemptions, busy, pre, aborted)
