@@ -116,9 +116,13 @@ def test_unreadable_file_exits_2(tmp_path, monkeypatch):
     p = tmp_path / "job.toml"
     p.write_text(JOB + POOL)
 
-    def denied(self):
-        raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr(Path, "read_bytes", denied)  # the tests may run as root, which chmod cannot stop
+    opened = Path.open
+
+    def denied(self, *args, **kwargs):
+        if self == p:
+            raise PermissionError(13, "Permission denied")
+        return opened(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "open", denied)  # the tests may run as root, which chmod cannot stop
     refused(run_cli("plan", p), "no permission to read")
 
 
