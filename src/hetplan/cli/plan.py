@@ -210,8 +210,9 @@ def plan_command(
     pin_flags: Optional[dict] = None,  # one option per Pins field (_with_pin_options)
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the table of plans (no memory breakdown, "
-                               "explanations or search statistics)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the tables of plans (the ranking; the "
+                               "fine-grained plan and frontiers when asked for) and the files written: no memory "
+                               "breakdown, explanations, energy notes or search statistics."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="A plan JSON of your own run (e.g. from "
                                             "`hetplan import` of its launch script): priced the same way and "
@@ -265,7 +266,7 @@ def plan_command(
         if gpu is not None:  # --gpu replaced the file's pools without a word
             raise HetplanError("--inventory and --gpu each give the GPUs", field="--inventory",
                                fix="give one: --inventory FILE, or --gpu TYPE --gpus N")
-        pools_raw = load_job_file(inventory)["inventory"]
+        pools_raw = _inventory_file(inventory)
     pool_flags = {"--gpus": gpus, "--node": node, "--gpus-per-node": gpus_per_node, "--inter-node-gbit": inter_node_gbit,
                   "--network": network, "--price": price}
     if gpu is None and (given := [k for k, v in pool_flags.items() if v is not None]):
@@ -337,6 +338,15 @@ def plan_command(
             raise HetplanError(f"got {key} = {val!r}", field=f"search.{key}",
                                fix="[search] takes heterogeneous = true|false and per_stage_tp = true|false")
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
+    one_type = ("one pool" if len(inv.pools) == 1 else "--no-hetero" if no_hetero
+                else "[search] heterogeneous = false" if not hetero_on else None)
+    if (per_stage_tp or search_raw.get("per_stage_tp")) and one_type and pareto is None:
+        # the ranking mixes TP degrees only in plans on several pools: it ranked the same plans, flag or not (the
+        # frontier's walk may split one pool's GPUs over two TP degrees, so --pareto keeps it)
+        raise HetplanError(f"it lets stages on different pools take different TP degrees, and no plan here spans "
+                           f"pools ({one_type}): it changes nothing",
+                           field="--per-stage-tp" if per_stage_tp else "search.per_stage_tp",
+                           fix="drop it, or give several pools (--inventory) and let plans span them")
     per_stage_tp = per_stage_tp or search_raw.get("per_stage_tp", False)
     with walk_progress() as progress:
         result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress,
@@ -357,7 +367,7 @@ def plan_command(
     add_launch_refusals(summaries, ([fine.plan] if fine else []) + [rp.plan for rp in result.plans], spec)
     if output is not None:
         write_output(output, best.model_dump_json(indent=2) + "\n", "--output")
-    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal,
+    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal, pools_priced,
                       _profiles(profile_db) if fine is not None else None) if baseline is not None else None)
     if energy:
         from hetplan.cli.energy import add_energy, energy_lines
@@ -382,21 +392,21 @@ def plan_command(
             **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
-            **({"pareto": frontier(quiet=True)} if pareto is not None and not energy else {}),
-            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, frontier(quiet=True), cat, pareto,
+            **({"pareto": frontier(table=False)} if pareto is not None and not energy else {}),
+            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, frontier(table=False), cat, pareto,
                                                                     job.model, usd_per_kwh, True)))
                if energy and pareto is not None else {}),
         }, indent=1))
         return
     _print_ranking(job, obj, summaries[1:] if fine else summaries, result, price_lines, quiet)
     if fine is not None:
-        _print_fine(fine, explain)
-    if energy:
+        _print_fine(fine, explain, quiet)
+    if energy and not quiet:
         # under --search fine summaries[0] is the fine plan, printed below the ranking, not its #1
         for line in energy_lines(summaries[0], "the fine-grained plan" if fine is not None else "#1"):
             table_console().print(line, highlight=False)
     if pareto is not None:
-        walk = frontier(quiet=False)
+        walk = frontier(table=True, notes=not quiet)
         if energy:
             _energy_pareto(summaries, walk, cat, pareto, job.model, usd_per_kwh, False)
     if base is not None:
@@ -415,14 +425,17 @@ _SAME_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
 
 
 def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", None, None), cal=None,
-              profiles=None) -> dict:
+              searched: list[GPUPool] = (), profiles=None) -> dict:
     """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator, catalog,
     prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same ``pricing``
     (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with the best
     plan's speed-up (baseline time / best time) and cost ratio (best job $ / baseline job $). The baseline trains
     ``job``'s model, sequence length and global batch (else its iteration is other work: a Llama-2-13B plan at half
     the batch came out "0.49x as fast"); it is priced for ``job``'s length (a launch's own ``--train-iters`` of a
-    short benchmark would make the job $ ratio that of two job lengths). ``profiles``: the measured layer times that
+    short benchmark would make the job $ ratio that of two job lengths). A pool of a GPU type the search priced
+    (``searched``, its priced pools) costs what the search's does, $/GPU-h (:func:`_searched_prices`: a
+    ``--price 2`` search against its own plan, written without prices, read "costs 52 % of it per job" at the
+    catalog's $3.84). ``profiles``: the measured layer times that
     priced ``best`` (``--search fine --profile-db``; the fine search's own plan as baseline came out "1.12x as
     fast" when only the best was priced on them).
 
@@ -445,6 +458,7 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
                                                                       "train_iterations": job.train_iterations})})
     check_plan(plan, spec)
     pools, _ = _repriced(plan.pools, cat, *pricing)  # a plan of `hetplan import` had catalog prices under --price-source spot
+    pools = _searched_prices(pools, searched, cat)
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools, cat) if cal else pools})
     est = estimate_plan(plan, cat, spec, profiles)
     if not est.fits:  # `hetplan estimate` refuses it; it was compared as a run ("the best plan is 0.99x as fast")
@@ -458,6 +472,21 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
     return {"plan": str(path), "summary": summary,
             "speedup": summary["iteration_time_s"] / best["iteration_time_s"],
             "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
+
+
+def _searched_prices(pools: list[GPUPool], searched: list[GPUPool], cat) -> list[GPUPool]:
+    """``pools`` (a baseline's) each at the price of the search's pool (``searched``) of its GPU type: the one at
+    the same position when that is of its type (a plan written by ``plan -o`` lists the search's pools), else the
+    one price the search gave that type; a type the search did not price, or priced at two prices in pools at
+    other positions, keeps its own."""
+    out = []
+    for i, pool in enumerate(pools):
+        name = cat.get(pool.gpu).name
+        same = [p.price_usd_per_hour for p in searched if cat.get(p.gpu).name == name]
+        if i < len(searched) and cat.get(searched[i].gpu).name == name:
+            same = [searched[i].price_usd_per_hour]
+        out.append(pool.model_copy(update={"price_usd_per_hour": same[0]}) if len(set(same)) == 1 else pool)
+    return out
 
 
 def _calibrated(path: Path | None, cat, pools=(), job=None):
@@ -549,9 +578,10 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
                                fix="give its (amortised) price per GPU-hour, or use --objective fastest")
 
 
-def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: bool = False,
+def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = False, per_stage_tp: bool = False,
             heterogeneous: bool = True, ranked=()) -> list[dict]:
-    """Compute, print (unless ``quiet``) and plot the cost-time frontier under the ranking's SLO, deadline and
+    """Compute, print (``table``, and under ``notes`` whether each point is exact) and plot the cost-time
+    frontier under the ranking's SLO, deadline and
     budget (``per_stage_tp``, ``heterogeneous``: as the search's), with the ranking's ``(plan, estimate)`` pairs
     (``ranked``) on it where nothing dominates them; return its points as JSON dicts."""
     from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
@@ -573,7 +603,7 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=p.heterogeneous, description=p.description,
                 buys=bought.get(id(p), "cheapest"), exact=p.estimate.iteration_time_s < fr.proven_below_s)
            for p in fr.points]
-    if not quiet:
+    if table:
         con = table_console()  # COLUMNS when set (it printed 160 columns at COLUMNS=80 through a pipe)
         r = fr.result
         n = len(fr.points)
@@ -589,10 +619,10 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
                       f"{p.estimate.iteration_time_s:.3f}", f"{p.estimate.usd_per_iteration:.4f}",
                       f"{p.estimate.usd_per_hour:,.2f}", b)
         con.print(t)
-        if fr.result.complete:
+        if notes and fr.result.complete:
             con.print("Every point is exact over each allocation's closed-form-optimal plan and the ranked plans (no "
                       "unestimated plan's lower bound could dominate it).")
-        else:
+        elif notes:
             con.print(f"Walk stopped at its expansion limit: points faster than {fr.proven_below_s:.3f} s per "
                       f"iteration are exact; slower ones may be dominated by an unestimated plan.")
         con.print(f"Frontier drawn to {path}.")
@@ -652,7 +682,9 @@ def _fine_json(fine) -> dict:
     }
 
 
-def _print_fine(fine, explain: bool) -> None:
+def _print_fine(fine, explain: bool, quiet: bool = False) -> None:
+    """The fine-grained plan's table; with ``explain`` each step of the search, and unless ``quiet`` its outcome
+    and search time."""
     con = table_console()
     t = new_table("Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)", con.width < NARROW)
     cp = fine.plan.cp  # a stage's GPUs are TP x CP x DP (they read TP x DP: 8 of a CP 2 plan's 16)
@@ -668,7 +700,23 @@ def _print_fine(fine, explain: bool) -> None:
     if explain:  # no markup: rich took a step's "[start 2, 1]" for a style tag and dropped it
         for line in fine.explanation()[:-1]:
             con.print(f"  {line}", highlight=False, markup=False)
-    con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False, markup=False)
+    if not quiet:
+        con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False, markup=False)
+
+
+def _inventory_file(path: Path) -> list[dict]:
+    """The ``[[inventory]]`` pools of ``--inventory PATH``.
+
+    Raises:
+        HetplanError: the file has another section ([job], [objective], [pin], [search]): only its pools are
+            read, and a ``goal = "cheapest"`` there ranked by the fastest job without a word."""
+    data = load_job_file(path)
+    for key in ("job", "objective", "pin", "search"):
+        if data[key]:
+            raise HetplanError(f"--inventory reads only the [[inventory]] pools; its [{key}] would be ignored",
+                               field=f"{path}:{key}",
+                               fix=f"move [{key}] into the job file (the JOB.toml argument), or give it as flags")
+    return data["inventory"]
 
 
 def _pins(raw: dict) -> Pins:

@@ -1,0 +1,107 @@
+"""Second audit of `hetplan plan`'s less-travelled paths (--per-stage-tp, --inventory files, -q, --baseline
+prices, the heterogeneous search's one-pool plans, flags in combination): each test is a wrong first answer or a
+silently accepted input found there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.fuzz.inproc import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ["--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--iterations", "10"]
+PLAN = ["plan", *JOB, "--gpu", "H100-SXM", "--gpus", "16"]
+
+
+def _refused(r, field: str) -> str:
+    assert r.code == 2 and not r.traceback, (r.stderr, r.traceback)
+    assert f"error: {field}:" in r.stderr, r.stderr
+    return r.stderr
+
+
+@pytest.mark.parametrize("args, field, why", [
+    (PLAN, "--per-stage-tp", "one pool"),
+    (["plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--no-hetero"], "--per-stage-tp", "--no-hetero"),
+])
+def test_per_stage_tp_where_no_plan_spans_pools_is_refused(args, field, why):
+    """--per-stage-tp lets stages on different pools take different TP degrees; on one pool (or under --no-hetero)
+    no ranked plan spans pools, and the flag was accepted and ranked the very same plans."""
+    err = _refused(run_cli(*args, "--per-stage-tp", "-q"), field)
+    assert why in err and "changes nothing" in err
+
+
+def test_per_stage_tp_in_the_job_file_is_named_there(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nmodel = "llama2-7b"\nseq_len = 4096\nglobal_batch = 64\ntrain_iterations = 10\n'
+                   '[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n[search]\nper_stage_tp = true\n')
+    _refused(run_cli("plan", job, "-q"), "search.per_stage_tp")
+
+
+def test_per_stage_tp_still_spans_two_pools():
+    r = run_cli("plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--per-stage-tp", "--json", "--top", "1")
+    assert r.code == 0, r.stderr
+    assert json.loads(r.stdout)["heterogeneous"]["per_stage_tp"] is True
+
+
+@pytest.mark.parametrize("section", ['[objective]\ngoal = "cheapest"\n', '[job]\nmodel = "gpt3-175b"\n',
+                                     "[pin]\ntp = 2\n", "[search]\nheterogeneous = false\n"])
+def test_inventory_file_with_other_sections_is_refused(tmp_path, section):
+    """--inventory reads only the [[inventory]] pools: its [objective] goal = "cheapest" ranked the fastest job,
+    its [job] and [pin] were ignored, all without a word."""
+    inv = tmp_path / "inv.toml"
+    inv.write_text(section + '[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n')
+    key = section[1:section.index("]")]
+    err = _refused(run_cli("plan", *JOB, "--inventory", inv, "-q"), f"{inv}:{key}")
+    assert f"[{key}] would be ignored" in err and "job file" in err
+    inv.write_text('[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n')  # the pools alone still plan
+    assert run_cli("plan", *JOB, "--inventory", inv, "-q").code == 0
+
+
+def test_quiet_prints_the_tables_and_no_notes(tmp_path):
+    """-q ("only the tables of plans") still printed the fine search's outcome line, the energy notes under the
+    ranking and whether the frontier's points are exact; the tables the user asked for stay."""
+    args = [*PLAN, "--top", "1", "--search", "fine", "--energy", "--pareto", tmp_path / "p.png"]
+    notes = ("fine search:", "Energy of the fine-grained plan", "Every point is exact", "Why:", "Memory per GPU")
+    loud = run_cli(*args, columns=80)
+    assert loud.code == 0, loud.stderr
+    assert all(n in loud.stdout for n in notes)
+    quiet = run_cli(*args, "-q", columns=80)
+    assert quiet.code == 0, quiet.stderr
+    assert not [n for n in notes if n in quiet.stdout], quiet.stdout
+    for table in ("fastest job", "Fine-grained plan", "Cost-time Pareto frontier", "Time-$-energy"):
+        assert table in quiet.stdout
+    assert max(map(len, quiet.stdout.splitlines())) <= 80
+
+
+def test_baseline_takes_the_price_the_search_gave_its_pool(tmp_path):
+    """A search at --price 2 against its own best plan written without prices (as `hetplan import` writes one):
+    the baseline was priced at the catalog's $3.84/GPU-h, so the same plan "costs 52 % of it per job"."""
+    best = tmp_path / "best.json"
+    assert run_cli(*PLAN, "-q", "--top", "1", "-o", best).code == 0
+    raw = json.loads(best.read_text())
+    for pool in raw["pools"]:
+        pool.pop("price_usd_per_hour")
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(raw))
+    for base in (best, mine):  # one written at the catalog's price, one without a price
+        r = run_cli(*PLAN, "--price", "2", "--json", "--top", "1", "--baseline", base)
+        assert r.code == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["plans"][0]["usd_per_hour"] == pytest.approx(32.0)
+        assert out["baseline"]["summary"]["usd_per_hour"] == pytest.approx(32.0)
+        assert out["baseline"]["usd_ratio"] == pytest.approx(1.0)
+
+
+def test_one_pool_plan_of_the_heterogeneous_search_is_not_called_heterogeneous():
+    """Espresso's 3090 + A6000 inventory: the heterogeneous search's A6000 x5 plan (layers [5, 6, 6, 6, 3], one
+    pool) was ranked as "heterogeneous RTX-A6000(tp1)x5 ..."."""
+    r = run_cli("plan", ROOT / "examples" / "espresso_open_llama_3b.toml", "--json", "--top", "3")
+    assert r.code == 0, r.stderr
+    plans = json.loads(r.stdout)["plans"]
+    one_pool = [p for p in plans if len({st["gpu"] for st in p["stages"]}) == 1 and "layers [" in p["reason"]]
+    assert one_pool, [p["reason"] for p in plans]
+    for p in one_pool:
+        assert "heterogeneous" not in p["reason"] and "single-pool" in p["reason"]
