@@ -105,3 +105,26 @@ def test_one_pool_plan_of_the_heterogeneous_search_is_not_called_heterogeneous()
     assert one_pool, [p["reason"] for p in plans]
     for p in one_pool:
         assert "heterogeneous" not in p["reason"] and "single-pool" in p["reason"]
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--gpu", "NOPE", "--gpus", "8"], "--gpu"),  # was "gpu"
+    (["--gpu", "H100-SXM", "--gpus", "8", "--price", "-1"], "--price"),  # was inventory.pools.0.price_usd_per_hour
+    (["--gpu", "H100-SXM", "--gpus", "8", "--gpus-per-node", "0"], "--gpus-per-node"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--deadline-days", "-1"], "--deadline-days"),  # "(got -86400.0)"
+    (["--gpu", "H100-SXM", "--gpus", "8", "--deadline-days", "1e-5"], "--deadline-days"),  # no plan that fast
+    (["--gpu", "H100-SXM", "--gpus", "8", "--budget-usd", "0.01"], "--budget-usd"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--objective", "slowest"], "--objective"),
+    (["--gpu", "H100-SXM", "--gpus", "8", "--iterations", "0"], "--iterations"),  # 0 is a value given
+])
+def test_a_bad_flag_is_named_as_the_flag(flags, field):
+    """Errors about a value a flag set named the job file's field the flag fills in ("objective.deadline_s: ...
+    (got -86400.0)" for --deadline-days -1), or "gpu" for --gpu."""
+    err = _refused(run_cli(*PLAN[:-4], *flags, "-q"), field)
+    assert "objective." not in err and "inventory." not in err and "-86400" not in err
+
+
+def test_a_bad_gpu_of_an_inventory_file_names_its_pool(tmp_path):
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[inventory]]\ngpu = "H100-SXM"\ncount = 8\n[[inventory]]\ngpu = "NOPE"\ncount = 8\n')
+    _refused(run_cli("plan", *JOB, "--inventory", inv, "-q"), "inventory.pools.1.gpu")

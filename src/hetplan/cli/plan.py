@@ -102,8 +102,8 @@ def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str
 
     check_price_options(price_source.replace("-", "_"), provider, None if prices_file is None else str(prices_file))
     out, lines = [], {}
-    for pool in pools:
-        spec = cat.get(pool.gpu)
+    for i, pool in enumerate(pools):
+        spec = cat.get(pool.gpu, field=f"inventory.pools.{i}.gpu")
         if pool.price_usd_per_hour is None:
             p = choose(spec, price_source.replace("-", "_"), provider,
                        prices_file=None if prices_file is None else str(prices_file))
@@ -155,8 +155,37 @@ def _print_provenance(con, lines: list[dict]) -> None:
                   markup=False)
 
 
+#: The field each ``hetplan plan`` flag sets (parameter name: ``--`` and its words joined by ``-``): an error about
+#: that field names the flag when it was given ("objective.deadline_s: ... (got -86400.0)" for --deadline-days -1).
+_FLAG_FIELDS = {**{f"job.{k}": k for k in ("model", "seq_len", "global_batch", "dtype", "fp8_recipe", "attention",
+                                           "framework", "attention_kernel", "async_tp", "stack")},
+                "job.train_tokens": "tokens", "job.train_iterations": "iterations", "objective.goal": "objective",
+                "objective.deadline_s": "deadline_days", "objective.budget_usd": "budget_usd",
+                "objective.slo_iteration_s": "slo_s",
+                **{f"inventory.pools.0.{k}": v for k, v in (
+                    ("gpu", "gpu"), ("count", "gpus"), ("node", "node"), ("gpus_per_node", "gpus_per_node"),
+                    ("inter_node_bandwidth_bytes_per_s", "inter_node_gbit"), ("network", "network"),
+                    ("price_usd_per_hour", "price"))}}
+
+
+def _errors_name_flags(command):
+    """``command`` whose :class:`HetplanError` about a field a given flag set (:data:`_FLAG_FIELDS`) names that
+    flag, not the job file's field the flag filled in."""
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        try:
+            return command(**kwargs)
+        except HetplanError as exc:
+            param = _FLAG_FIELDS.get(exc.field or "")
+            if param is not None and kwargs.get(param) is not None and kwargs.get(param) is not False:  # 0 is given
+                exc.field = "--" + param.replace("_", "-")
+            raise
+    return wrapper
+
+
+@_errors_name_flags
 def plan_command(
-    job_file: Optional[Path] = typer.Argument(None, metavar="JOB.toml", help="Job TOML with sections \\[job], \\[\\[inventory]], \\[objective], \\[pin] (see examples/)."),
+    job_file: Optional[Path] = typer.Argument(None, metavar="JOB.toml", help="Job TOML with sections \\[job], \\[\\[inventory]], \\[objective], \\[pin], \\[search] (see examples/)."),
     model: Optional[str] = typer.Option(None, "--model", help="Preset name or path to a HF config.json."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per iteration."),
@@ -192,7 +221,7 @@ def plan_command(
                                           "ethernet (TCP, no RDMA: less bandwidth, more latency)."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER, prices: Optional[Path] = _PRICES,
-    inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file with \\[\\[inventory]] pools (replaces those of the job file)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file of \\[\\[inventory]] pools only (they replace the job file's)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML (extends/overrides)."),
     objective: Optional[str] = typer.Option(None, "--objective", help="fastest | cheapest | budget."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Finish within (days; holds under every goal, the constraint of cheapest)."),
@@ -201,8 +230,8 @@ def plan_command(
                                           "(with --objective cheapest: Espresso's least $ under an SLO)."),
     no_hetero: bool = typer.Option(False, "--no-hetero", help="With several pools: only plans on one GPU type "
                                    "(default: also stages on different pools, hetplan.search.hetero)."),
-    per_stage_tp: bool = typer.Option(False, "--per-stage-tp", help="Let stages on different pools take different "
-                                      "TP degrees (FASOP's and Espresso's space). No framework `export` writes "
+    per_stage_tp: bool = typer.Option(False, "--per-stage-tp", help="With several pools: let stages on different "
+                                      "pools take different TP degrees (FASOP's and Espresso's space). No framework `export` writes "
                                       "launches such a plan: all build one device mesh."),
     pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier "
                                           "(of the plans the SLO, deadline and budget allow, on one GPU type under "
@@ -260,6 +289,7 @@ def plan_command(
             raise HetplanError("is required", field=f"job.{key}", fix=f"pass --{key.replace('_', '-')} or set it in [job]")
     _positive(gpus, "--gpus")
     _positive(tokens, "--tokens")
+    _positive(deadline_days, "--deadline-days")  # its error said "objective.deadline_s ... (got -86400.0)"
     job = validated(Job, job_raw, "job")
     pools_raw = data["inventory"]
     if inventory is not None:
