@@ -128,3 +128,16 @@ def test_a_bad_gpu_of_an_inventory_file_names_its_pool(tmp_path):
     inv = tmp_path / "inv.toml"
     inv.write_text('[[inventory]]\ngpu = "H100-SXM"\ncount = 8\n[[inventory]]\ngpu = "NOPE"\ncount = 8\n')
     _refused(run_cli("plan", *JOB, "--inventory", inv, "-q"), "inventory.pools.1.gpu")
+
+
+def test_a_plan_on_two_gpu_types_counts_each():
+    """FASOP's 4 A100 + 24 A10G plan read "28x A100-SXM-40GB+A10G+A10G+A10G+A10G+A10G+A10G" (the summary's
+    stage types joined): 28 of each, on an 80-column terminal over two lines."""
+    ex = ROOT / "examples" / "fasop_gpt2xl.toml"
+    js = run_cli("plan", ex, "--json", "--top", "1")
+    assert js.code == 0, js.stderr
+    best = json.loads(js.stdout)["plans"][0]
+    assert best["num_gpus"] == 28 and len({st["gpu"] for st in best["stages"]}) == 2
+    r = run_cli("plan", ex, "-q", "--top", "1", columns=80)
+    assert r.code == 0, r.stderr
+    assert "1 4x A100-SXM-40GB + 24x A10G " in r.stdout and "+A10G+A10G" not in r.stdout

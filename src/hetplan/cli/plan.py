@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.calibration.intervals import add_intervals
-from hetplan.cli.output import NARROW, layout_text, new_table, output_file, table_console, write_output
+from hetplan.cli.output import NARROW, gpus_text, layout_text, new_table, output_file, table_console, write_output
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
@@ -854,7 +854,7 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
             t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
     for i, s in enumerate(summaries, start=1):
         layout = layout_text(s)
-        gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
+        gpus = gpus_text(s, guess)
         iv = _interval_text(s)
         figures = (f"{s['iteration_time_s']:.2f}" + (f"\n{iv}" if iv else ""), f"{s['mfu']:.1%}",
                    _mem(s["memory_bytes_per_gpu"]["total"]))
@@ -869,7 +869,7 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
 
 def _described(s: dict) -> str:
     """A plan summary in one line, as the narrow ranking writes it: ``64x H100-SXM 2x16x4 v3 mbs 1 ZeRO-1 none``."""
-    return f"{s['num_gpus']}x {s['gpu']} {layout_text(s)} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}"
+    return f"{gpus_text(s)} {layout_text(s)} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}"
 
 
 def _recompute(s: dict) -> str:
