@@ -141,3 +141,17 @@ def test_a_plan_on_two_gpu_types_counts_each():
     r = run_cli("plan", ex, "-q", "--top", "1", columns=80)
     assert r.code == 0, r.stderr
     assert "1 4x A100-SXM-40GB + 24x A10G " in r.stdout and "+A10G+A10G" not in r.stdout
+
+
+@pytest.mark.parametrize("pin, field", [(["--tp", "16"], "--tp"), (["--pp", "64"], "--pp"),
+                                        (["--cp", "3"], "--cp")])
+def test_a_pin_flag_the_search_refuses_is_named_as_the_flag(pin, field):
+    """The search's pin checks named "pin.tp" for --tp 16 (a bad value of the flag itself said --tp already)."""
+    _refused(run_cli(*PLAN, *pin, "-q"), field)
+
+
+def test_a_pin_of_the_job_file_keeps_its_field(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nmodel = "llama2-7b"\nseq_len = 4096\nglobal_batch = 64\ntrain_iterations = 10\n'
+                   '[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n[pin]\ntp = 16\n')
+    _refused(run_cli("plan", job, "-q"), "pin.tp")

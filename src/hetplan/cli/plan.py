@@ -169,14 +169,18 @@ _FLAG_FIELDS = {**{f"job.{k}": k for k in ("model", "seq_len", "global_batch", "
 
 
 def _errors_name_flags(command):
-    """``command`` whose :class:`HetplanError` about a field a given flag set (:data:`_FLAG_FIELDS`) names that
-    flag, not the job file's field the flag filled in."""
+    """``command`` whose :class:`HetplanError` about a field a given flag set (:data:`_FLAG_FIELDS`, or a pin
+    ``pin.NAME``: :meth:`Pins.flag`) names that flag, not the job file's field the flag filled in."""
     @functools.wraps(command)
     def wrapper(**kwargs):
         try:
             return command(**kwargs)
         except HetplanError as exc:
-            param = _FLAG_FIELDS.get(exc.field or "")
+            field = exc.field or ""
+            pin = field.removeprefix("pin.")
+            if pin in Pins.model_fields and (kwargs.get("pin_flags") or {}).get(pin) is not None:
+                exc.field = Pins.flag(pin)
+            param = _FLAG_FIELDS.get(field)
             if param is not None and kwargs.get(param) is not None and kwargs.get(param) is not False:  # 0 is given
                 exc.field = "--" + param.replace("_", "-")
             raise
