@@ -155,3 +155,14 @@ def test_a_pin_of_the_job_file_keeps_its_field(tmp_path):
     job.write_text('[job]\nmodel = "llama2-7b"\nseq_len = 4096\nglobal_batch = 64\ntrain_iterations = 10\n'
                    '[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n[pin]\ntp = 16\n')
     _refused(run_cli("plan", job, "-q"), "pin.tp")
+
+
+def test_an_unknown_gpu_of_the_baseline_names_the_baseline(tmp_path):
+    """A --baseline on a GPU type the catalog lacks said "gpu: unknown GPU type" (the search's --gpu, as read)."""
+    best = tmp_path / "best.json"
+    assert run_cli(*PLAN, "-q", "--top", "1", "-o", best).code == 0
+    raw = json.loads(best.read_text())
+    raw["pools"][0]["gpu"] = "NOPE"
+    best.write_text(json.dumps(raw))
+    _refused(run_cli(*PLAN, "-q", "--top", "1", "--baseline", best), "--baseline pools.0.gpu")
+    _refused(run_cli("estimate", best), "pools.0.gpu")

@@ -94,16 +94,16 @@ _CALIBRATION = typer.Option(None, "--calibration", help="Calibration TOML writte
 
 
 def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
-            prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
+            prices_file: Optional[Path] = None, where: str = "inventory.pools") -> tuple[list[GPUPool], list[dict]]:
     """``pools`` with the chosen price filled in where the pool gives none (hetplan.hardware.prices.choose), and
     one line per GPU type and price: the price, where it comes from, its date and whether the GPU's efficiency is
-    calibrated."""
+    calibrated. An unknown GPU type is named as ``where.N.gpu``."""
     from hetplan.hardware.prices import check_price_options, choose
 
     check_price_options(price_source.replace("-", "_"), provider, None if prices_file is None else str(prices_file))
     out, lines = [], {}
     for i, pool in enumerate(pools):
-        spec = cat.get(pool.gpu, field=f"inventory.pools.{i}.gpu")
+        spec = cat.get(pool.gpu, field=f"{where}.{i}.gpu")
         if pool.price_usd_per_hour is None:
             p = choose(spec, price_source.replace("-", "_"), provider,
                        prices_file=None if prices_file is None else str(prices_file))
@@ -122,21 +122,22 @@ def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str
 
 
 def _repriced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
-              prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
+              prices_file: Optional[Path] = None, where: str = "pools") -> tuple[list[GPUPool], list[dict]]:
     """:func:`_priced` for the pools of a written plan (``hetplan estimate PLAN.json``, ``plan --baseline``): a
     ``--prices`` file re-prices the GPU types it names, and a ``--price-source`` other than catalog, or a
-    ``--provider``, re-prices every pool (a plan written by ``plan -o`` carries the prices that run chose)."""
+    ``--provider``, re-prices every pool (a plan written by ``plan -o`` carries the prices that run chose). An
+    unknown GPU type is named as ``where.N.gpu``."""
     if prices_file is not None:
         from hetplan.hardware.prices import user_quotes
 
         named = {q.gpu for q in user_quotes(str(prices_file))}
-        pools = [p.model_copy(update={"price_usd_per_hour": None}) if cat.get(p.gpu).name in named else p
-                 for p in pools]
+        pools = [p.model_copy(update={"price_usd_per_hour": None})
+                 if cat.get(p.gpu, field=f"{where}.{i}.gpu").name in named else p for i, p in enumerate(pools)]
     if price_source != "catalog" or provider is not None:
         # an asked-for price source re-prices every pool: the prices `plan -o` wrote silently won over
         # --price-source spot / --provider (an unknown provider exited 0)
         pools = [p.model_copy(update={"price_usd_per_hour": None}) for p in pools]
-    return _priced(pools, cat, price_source, provider, prices_file)
+    return _priced(pools, cat, price_source, provider, prices_file, where)
 
 
 def _print_provenance(con, lines: list[dict]) -> None:
@@ -491,7 +492,7 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
     plan = plan.model_copy(update={"job": plan.job.model_copy(update={"train_tokens": job.train_tokens,
                                                                       "train_iterations": job.train_iterations})})
     check_plan(plan, spec)
-    pools, _ = _repriced(plan.pools, cat, *pricing)  # a plan of `hetplan import` had catalog prices under --price-source spot
+    pools, _ = _repriced(plan.pools, cat, *pricing, where="--baseline pools")  # a plan of `hetplan import` had catalog prices under --price-source spot
     pools = _searched_prices(pools, searched, cat)
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools, cat) if cal else pools})
     est = estimate_plan(plan, cat, spec, profiles)
