@@ -166,3 +166,14 @@ def test_an_unknown_gpu_of_the_baseline_names_the_baseline(tmp_path):
     best.write_text(json.dumps(raw))
     _refused(run_cli(*PLAN, "-q", "--top", "1", "--baseline", best), "--baseline pools.0.gpu")
     _refused(run_cli("estimate", best), "pools.0.gpu")
+
+
+@pytest.mark.parametrize("days", ["-2", "0", "nan"])
+def test_a_bad_deadline_in_days_of_the_job_file_is_named_in_days(tmp_path, days):
+    """deadline_days = -2 in [objective] said "objective.deadline_s: ... (got -172800.0)": a field and a unit the
+    file does not have."""
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nmodel = "llama2-7b"\nseq_len = 4096\nglobal_batch = 64\ntrain_iterations = 10\n'
+                   f'[objective]\ndeadline_days = {days}\n[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n')
+    err = _refused(run_cli("plan", job, "-q"), "objective.deadline_days")
+    assert "86400" not in err and "172800" not in err
