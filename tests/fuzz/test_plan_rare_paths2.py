@@ -64,7 +64,8 @@ def test_quiet_prints_the_tables_and_no_notes(tmp_path):
     """-q ("only the tables of plans") still printed the fine search's outcome line, the energy notes under the
     ranking and whether the frontier's points are exact; the tables the user asked for stay."""
     args = [*PLAN, "--top", "1", "--search", "fine", "--energy", "--pareto", tmp_path / "p.png"]
-    notes = ("fine search:", "Energy of the fine-grained plan", "Every point is exact", "Why:", "Memory per GPU")
+    notes = ("fine search:", "Energy of the fine-grained plan", "Every point is exact", "Why:", "Memory per GPU",
+             "allocations solved")
     loud = run_cli(*args, columns=80)
     assert loud.code == 0, loud.stderr
     assert all(n in loud.stdout for n in notes)

@@ -615,10 +615,10 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
 
 def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = False, per_stage_tp: bool = False,
             heterogeneous: bool = True, ranked=()) -> list[dict]:
-    """Compute, print (``table``, and under ``notes`` whether each point is exact) and plot the cost-time
-    frontier under the ranking's SLO, deadline and
-    budget (``per_stage_tp``, ``heterogeneous``: as the search's), with the ranking's ``(plan, estimate)`` pairs
-    (``ranked``) on it where nothing dominates them; return its points as JSON dicts."""
+    """Compute, print (``table``, and under ``notes`` the search's statistics and whether each point is exact) and
+    plot the cost-time frontier under the ranking's SLO, deadline and budget (``per_stage_tp``, ``heterogeneous``:
+    as the search's), with the ranking's ``(plan, estimate)`` pairs (``ranked``) on it where nothing dominates
+    them; return its points as JSON dicts."""
     from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
@@ -642,9 +642,10 @@ def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = Fal
         con = table_console()  # COLUMNS when set (it printed 160 columns at COLUMNS=80 through a pipe)
         r = fr.result
         n = len(fr.points)
-        t = new_table(f"Cost-time Pareto frontier by estimate() ({n} plan{'' if n == 1 else 's'}; {r.allocations_solved:,} "
-                      f"of {r.allocations:,} allocations solved, {r.plans_estimated:,} plans estimated in "
-                      f"{r.search_time_s:.2f} s)", con.width < NARROW)
+        stats = (f"; {r.allocations_solved:,} of {r.allocations:,} allocations solved, {r.plans_estimated:,} plans "
+                 f"estimated in {r.search_time_s:.2f} s" if notes else "")
+        t = new_table(f"Cost-time Pareto frontier by estimate() ({n} plan{'' if n == 1 else 's'}{stats})",
+                      con.width < NARROW)
         for col in ("#", "plan", "GPUs", "iter s", "$/iteration", "$/h", "what the extra $ buys"):
             t.add_column(col, no_wrap=col in ("#", "GPUs", "iter s", "$/iteration", "$/h"))
         pts = by_cost(fr.points)
