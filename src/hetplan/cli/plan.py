@@ -236,8 +236,8 @@ def plan_command(
     no_hetero: bool = typer.Option(False, "--no-hetero", help="With several pools: only plans on one GPU type "
                                    "(default: also stages on different pools, hetplan.search.hetero)."),
     per_stage_tp: bool = typer.Option(False, "--per-stage-tp", help="With several pools: let stages on different "
-                                      "pools take different TP degrees (FASOP's and Espresso's space). No framework `export` writes "
-                                      "launches such a plan: all build one device mesh."),
+                                      "pools take different TP degrees (FASOP's and Espresso's space). No "
+                                      "framework `export` writes launches such a plan: all build one device mesh."),
     pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier "
                                           "(of the plans the SLO, deadline and budget allow, on one GPU type under "
                                           "--no-hetero), print it and draw it to this PNG."),
@@ -470,9 +470,8 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
     short benchmark would make the job $ ratio that of two job lengths). A pool of a GPU type the search priced
     (``searched``, its priced pools) costs what the search's does, $/GPU-h (:func:`_searched_prices`: a
     ``--price 2`` search against its own plan, written without prices, read "costs 52 % of it per job" at the
-    catalog's $3.84). ``profiles``: the measured layer times that
-    priced ``best`` (``--search fine --profile-db``; the fine search's own plan as baseline came out "1.12x as
-    fast" when only the best was priced on them).
+    catalog's $3.84). ``profiles``: the measured layer times that priced ``best`` (``--search fine --profile-db``;
+    the fine search's own plan as baseline came out "1.12x as fast" when only the best was priced on them).
 
     Raises:
         HetplanError: naming ``--baseline`` and what differs."""
