@@ -178,3 +178,23 @@ def test_a_bad_deadline_in_days_of_the_job_file_is_named_in_days(tmp_path, days)
                    f'[objective]\ndeadline_days = {days}\n[[inventory]]\ngpu = "H100-SXM"\ncount = 16\n')
     err = _refused(run_cli("plan", job, "-q"), "objective.deadline_days")
     assert "86400" not in err and "172800" not in err
+
+
+def test_baseline_pays_the_electricity_the_ranking_pays(tmp_path):
+    """Under --energy --usd-per-kwh 2 the best plan's job $ had its electricity and the same plan as baseline had
+    not: the ranking read $0.3057, the baseline line "job $0.2305 ... costs 100 % of it per job"."""
+    best = tmp_path / "best.json"
+    assert run_cli(*PLAN, "-q", "--top", "1", "-o", best).code == 0
+    args = [*PLAN, "--top", "1", "--energy", "--usd-per-kwh", "2", "--baseline", best]
+    r = run_cli(*args, "--json")
+    assert r.code == 0, r.stderr
+    out = json.loads(r.stdout)
+    plan, base = out["plans"][0], out["baseline"]["summary"]
+    assert plan["energy_usd"] > 0.05 * plan["job_usd"]
+    assert base["job_usd"] == pytest.approx(plan["job_usd"]) and base["energy_usd"] == pytest.approx(plan["energy_usd"])
+    from hetplan.units import usd_text
+
+    text = run_cli(*args, "-q", columns=200).stdout
+    line = text[text.index("Baseline "):]
+    assert f"job ${usd_text(plan['job_usd'])};" in line
+    assert f"${usd_text(plan['job_usd'] / plan['iterations'])}/iteration" in line

@@ -402,12 +402,13 @@ def plan_command(
     add_launch_refusals(summaries, ([fine.plan] if fine else []) + [rp.plan for rp in result.plans], spec)
     if output is not None:
         write_output(output, best.model_dump_json(indent=2) + "\n", "--output")
-    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal, pools_priced,
-                      _profiles(profile_db) if fine is not None else None) if baseline is not None else None)
     if energy:
         from hetplan.cli.energy import add_energy, energy_lines
 
         add_energy(summaries, cat, usd_per_kwh)
+    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal, pools_priced,
+                      _profiles(profile_db) if fine is not None else None, (usd_per_kwh,) if energy else None)
+            if baseline is not None else None)
     add_intervals(summaries, cat, cal)
     # the frontier, with the ranked plans on it where nothing dominates them (and the fine plan, priced by the
     # same cost model unless a profile database priced it)
@@ -447,7 +448,9 @@ def plan_command(
     if base is not None:
         b = base["summary"]
         table_console().print(
-            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${usd_text(b['usd_per_iteration'])}/iteration, "
+            # $ per iteration of its job $ (with the electricity of --usd-per-kwh, as the job $ beside it)
+            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, "
+            f"${usd_text(b['job_usd'] / b['iterations'])}/iteration, "
             f"job ${usd_text(b['job_usd'])}; the best plan is {base['speedup']:.2f}x as fast and costs "
             f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
@@ -460,7 +463,7 @@ _SAME_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
 
 
 def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", None, None), cal=None,
-              searched: list[GPUPool] = (), profiles=None) -> dict:
+              searched: list[GPUPool] = (), profiles=None, energy: tuple | None = None) -> dict:
     """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator, catalog,
     prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same ``pricing``
     (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with the best
@@ -472,6 +475,9 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
     ``--price 2`` search against its own plan, written without prices, read "costs 52 % of it per job" at the
     catalog's $3.84). ``profiles``: the measured layer times that priced ``best`` (``--search fine --profile-db``;
     the fine search's own plan as baseline came out "1.12x as fast" when only the best was priced on them).
+    ``energy``: ``(usd_per_kwh,)`` under ``--energy``, its energy and electricity added as to the ranking's plans
+    (:func:`hetplan.cli.energy.add_energy`; at $2/kWh the best plan's job $ had its electricity and its own plan
+    as baseline not: $0.3057 and $0.2305, "costs 100 % of it").
 
     Raises:
         HetplanError: naming ``--baseline`` and what differs."""
@@ -503,6 +509,10 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
                            field="--baseline", fix="give a plan that fits: raise tp/pp, use recompute or ZeRO, or "
                                                    "lower mbs")
     summary = plan_summary(plan, est, "baseline")
+    if energy is not None:
+        from hetplan.cli.energy import add_energy
+
+        add_energy([summary], cat, *energy)
     return {"plan": str(path), "summary": summary,
             "speedup": summary["iteration_time_s"] / best["iteration_time_s"],
             "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
