@@ -25,10 +25,12 @@ def _refused(r, field: str) -> str:
 @pytest.mark.parametrize("args, field, why", [
     (PLAN, "--per-stage-tp", "one pool"),
     (["plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--no-hetero"], "--per-stage-tp", "--no-hetero"),
+    (["plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--stack", "llm-foundry"], "--per-stage-tp", "no pipeline"),
 ])
 def test_per_stage_tp_where_no_plan_spans_pools_is_refused(args, field, why):
-    """--per-stage-tp lets stages on different pools take different TP degrees; on one pool (or under --no-hetero)
-    no ranked plan spans pools, and the flag was accepted and ranked the very same plans."""
+    """--per-stage-tp lets stages on different pools take different TP degrees; on one pool, under --no-hetero or
+    on a stack without pipelines no ranked plan spans pools, and the flag was accepted and ranked the very same
+    plans."""
     err = _refused(run_cli(*args, "--per-stage-tp", "-q"), field)
     assert why in err and "changes nothing" in err
 
