@@ -200,3 +200,11 @@ def test_baseline_pays_the_electricity_the_ranking_pays(tmp_path):
     line = text[text.index("Baseline "):]
     assert f"job ${usd_text(plan['job_usd'])};" in line
     assert f"${usd_text(plan['job_usd'] / plan['iterations'])}/iteration" in line
+
+
+def test_quiet_keeps_the_legend_of_the_tables_star():
+    """-q printed "8x B200*" with no word on what the star means (its legend went with the price lines)."""
+    r = run_cli(*PLAN[:-4], "--gpu", "B200", "--gpus", "8", "--top", "1", "-q", columns=80)
+    assert r.code == 0, r.stderr
+    assert "8x B200*" in r.stdout and "* uncalibrated: the compute efficiency of B200" in r.stdout
+    assert "Prices $/GPU-h" not in r.stdout

@@ -140,15 +140,17 @@ def _repriced(pools: list[GPUPool], cat, price_source: str, provider: Optional[s
     return _priced(pools, cat, price_source, provider, prices_file, where)
 
 
-def _print_provenance(con, lines: list[dict]) -> None:
-    """The price behind each GPU type's money, with its date, and the GPUs whose efficiency is a first guess."""
+def _print_provenance(con, lines: list[dict], star_only: bool = False) -> None:
+    """The price behind each GPU type's money, with its date (not under ``star_only``), and the GPUs whose
+    efficiency is a first guess (the tables star them)."""
     from hetplan.hardware.prices import MAX_AGE_DAYS
 
-    parts = [f"{ln['gpu']} {ln['usd_per_gpu_hour']:.2f} {ln['from']}" + (f", {ln['date']}" if ln["date"] else "")
-             + (f" (older than {MAX_AGE_DAYS} days)" if ln["stale"] else "") for ln in lines]
-    con.print(textwrap.fill("Prices $/GPU-h: " + "; ".join(parts), width=max(40, con.width - 1), subsequent_indent="  ",
-                            break_on_hyphens=False),
-              highlight=False, markup=False, soft_wrap=True)
+    if not star_only:
+        parts = [f"{ln['gpu']} {ln['usd_per_gpu_hour']:.2f} {ln['from']}" + (f", {ln['date']}" if ln["date"] else "")
+                 + (f" (older than {MAX_AGE_DAYS} days)" if ln["stale"] else "") for ln in lines]
+        con.print(textwrap.fill("Prices $/GPU-h: " + "; ".join(parts), width=max(40, con.width - 1),
+                                subsequent_indent="  ", break_on_hyphens=False),
+                  highlight=False, markup=False, soft_wrap=True)
     guesses = list(dict.fromkeys(ln["gpu"] for ln in lines if not ln["calibrated"]))
     if guesses:
         con.print(f"* uncalibrated: the compute efficiency of {', '.join(guesses)} is a first guess, not fitted to "
@@ -824,7 +826,8 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
     title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {_iterations(job)} — {goal}"
     guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
     con.print(_ranking_table(title, summaries, narrow=con.width < NARROW, guess=guess))
-    if quiet:
+    if quiet:  # the table's * still needs its legend
+        _print_provenance(con, prices, star_only=True)
         return
     best = summaries[0]
     mem = best["memory_bytes_per_gpu"]
