@@ -26,11 +26,13 @@ def _refused(r, field: str) -> str:
     (PLAN, "--per-stage-tp", "one pool"),
     (["plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--no-hetero"], "--per-stage-tp", "--no-hetero"),
     (["plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--stack", "llm-foundry"], "--per-stage-tp", "no pipeline"),
+    (["plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--tp", "1", "--pareto", "f.png"], "--per-stage-tp",
+     "TP is pinned to 1"),
 ])
 def test_per_stage_tp_where_no_plan_spans_pools_is_refused(args, field, why):
     """--per-stage-tp lets stages on different pools take different TP degrees; on one pool, under --no-hetero or
-    on a stack without pipelines no ranked plan spans pools, and the flag was accepted and ranked the very same
-    plans."""
+    on a stack without pipelines no ranked plan spans pools, and with TP pinned no plan mixes TP degrees: the flag
+    was accepted and ranked the very same plans."""
     err = _refused(run_cli(*args, "--per-stage-tp", "-q"), field)
     assert why in err and "changes nothing" in err
 

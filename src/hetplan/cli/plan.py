@@ -378,14 +378,16 @@ def plan_command(
     one_type = ("one pool" if len(inv.pools) == 1 else "--no-hetero" if no_hetero
                 else "[search] heterogeneous = false" if not hetero_on
                 else f"stack {job.stack_spec().id} runs no pipeline" if not job.stack_spec().has("pp") else None)
-    if (per_stage_tp or search_raw.get("per_stage_tp")) and one_type and pareto is None:
-        # the ranking mixes TP degrees only in plans on several pools: it ranked the same plans, flag or not (the
-        # frontier's walk may split one pool's GPUs over two TP degrees, so --pareto keeps it)
-        raise HetplanError(f"it lets stages on different pools take different TP degrees, and no plan here spans "
-                           f"pools ({one_type}): it changes nothing",
-                           field="--per-stage-tp" if per_stage_tp else "search.per_stage_tp",
+    # the ranking mixes TP degrees only in plans on several pools: it ranked the same plans, flag or not (the
+    # frontier's walk may split one pool's GPUs over two TP degrees, so --pareto keeps it), and a pinned TP is
+    # every stage's
+    same = f"TP is pinned to {pins.tp} (no plan here mixes TP degrees)" if pins.tp else (
+        f"no plan here spans pools ({one_type})" if one_type and pareto is None else None)
+    if (per_stage_tp or search_raw.get("per_stage_tp")) and same:
+        raise HetplanError(f"it lets stages on different pools take different TP degrees, and {same}: it changes "
+                           "nothing", field="--per-stage-tp" if per_stage_tp else "search.per_stage_tp",
                            fix="drop it, or let plans span pools: several pools, no --no-hetero, a stack with "
-                               "pipeline parallelism")
+                               "pipeline parallelism, TP not pinned")
     per_stage_tp = per_stage_tp or search_raw.get("per_stage_tp", False)
     with walk_progress() as progress:
         result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress,
