@@ -29,10 +29,11 @@ def _refused(r, field: str) -> str:
     (["plan", ROOT / "examples" / "fasop_gpt2xl.toml", "--tp", "1", "--pareto", "f.png"], "--per-stage-tp",
      "TP is pinned to 1"),
 ])
-def test_per_stage_tp_where_no_plan_spans_pools_is_refused(args, field, why):
+def test_per_stage_tp_where_no_plan_spans_pools_is_refused(tmp_path, args, field, why):
     """--per-stage-tp lets stages on different pools take different TP degrees; on one pool, under --no-hetero or
     on a stack without pipelines no ranked plan spans pools, and with TP pinned no plan mixes TP degrees: the flag
     was accepted and ranked the very same plans."""
+    args = [tmp_path / a if a == "f.png" else a for a in args]  # a figure, if it were drawn, in tmp_path
     err = _refused(run_cli(*args, "--per-stage-tp", "-q"), field)
     assert why in err and "changes nothing" in err
 
