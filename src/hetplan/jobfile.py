@@ -91,13 +91,18 @@ def normalise_objective(raw: dict) -> dict:
     """Convert ``deadline_days`` to ``deadline_s``.
 
     Raises:
-        HetplanError: both given (``deadline_days`` replaced ``deadline_s`` without a word)."""
+        HetplanError: both given (``deadline_days`` replaced ``deadline_s`` without a word), or ``deadline_days``
+            not a positive number (its error named deadline_s, in seconds: "got -172800.0" for -2)."""
     out = dict(raw)
     if "deadline_days" in out and "deadline_s" in out:
         raise HetplanError("give deadline_days or deadline_s, not both", field="objective.deadline_days",
                            fix="remove one of them")
     if "deadline_days" in out:
-        out["deadline_s"] = _number(out, "deadline_days", "objective") * 86400.0
+        days = _number(out, "deadline_days", "objective")
+        if not days > 0:
+            raise HetplanError(f"must be positive, got {days}", field="objective.deadline_days",
+                               fix="give the days the job may take, > 0")
+        out["deadline_s"] = days * 86400.0
         del out["deadline_days"]
     return out
 

@@ -30,7 +30,7 @@ def refused(r, field: str, *words: str):
 @pytest.mark.parametrize("gpus, pp, field, words", [
     ("64", "31", "pins", "fills whole hosts of 8"),  # 31 or 62 GPUs: neither one node nor whole nodes
     ("64", "17", "pins", "fills whole hosts of 8"),
-    ("264", "33", "pin.pp", "has 32 layers"),  # more stages than layers
+    ("264", "33", "--pp", "has 32 layers"),  # more stages than layers
 ])
 def test_a_pinned_pipeline_no_launch_can_hold_says_why(gpus, pp, field, words):
     """These said "pins: no configuration matches ... fix: check that tp*pp*dp fits the GPU count, tp divides the
@@ -43,14 +43,14 @@ def test_a_pinned_pipeline_no_launch_can_hold_says_why(gpus, pp, field, words):
 @pytest.mark.parametrize("cp", ["3", "5"])
 def test_pinned_cp_not_splitting_the_sequence_names_pin_cp(cp):
     """CP 5 at seq 4096 (2 x 5 does not divide it) said "the model fits on no GPU" with a CP-less footprint."""
-    refused(run_cli(*PLAN, "--cp", cp), "pin.cp", "cp-divides-sequence")
+    refused(run_cli(*PLAN, "--cp", cp), "--cp", "cp-divides-sequence")
 
 
 @pytest.mark.parametrize("pins, words", [(["--zero", "3", "--pp", "2"], "PP 2"),
                                          (["--zero", "2", "--dp", "1", "--framework", "deepspeed"], "DP 1")])
 def test_pinned_zero_the_layout_cannot_take_names_pin_zero(pins, words):
     """ZeRO-2/3 with a pinned pipeline or one data-parallel rank: the generic "no configuration matches"."""
-    refused(run_cli(*PLAN, *pins), "pin.zero", words)
+    refused(run_cli(*PLAN, *pins), "--zero", words)
 
 
 def test_provider_without_a_quote_source_is_refused(tmp_path):

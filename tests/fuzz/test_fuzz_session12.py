@@ -42,8 +42,8 @@ def test_quoted_numbers_in_job_and_plan_files_are_refused(tmp_path):
 def test_a_stack_named_as_the_framework_says_which_field_it_belongs_in():
     """--framework torchtitan / Megatron-LM said only "Input should be 'megatron', 'deepspeed' or 'fsdp'"; the
     family itself in another case (DeepSpeed) was refused."""
-    r = refused(run_cli(*PLAN, "--framework", "torchtitan"), "job.framework", "software stack", "--stack torchtitan",
+    r = refused(run_cli(*PLAN, "--framework", "torchtitan"), "--framework", "software stack", "--stack torchtitan",
                 "'fsdp'")
     assert "framework = 'fsdp'" in r.stderr
-    refused(run_cli(*PLAN, "--framework", "Megatron-LM"), "job.framework", "stack = 'megatron-lm'")
+    refused(run_cli(*PLAN, "--framework", "Megatron-LM"), "--framework", "stack = 'megatron-lm'")
     assert run_cli(*PLAN, "--framework", "DeepSpeed").code == 0

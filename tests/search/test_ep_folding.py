@@ -66,7 +66,7 @@ def test_pinned_ep_names_the_rule():
     r = subprocess.run(base + ["--model", "llama3-8b", "--ep", "2"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "rule ep-needs-experts" in r.stderr
     r = subprocess.run(base + ["--model", "llama3-8b", "--tp", "3"], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and "pin.tp" in r.stderr and "rule tp-divides-heads" in r.stderr
+    assert r.returncode == 2 and "--tp" in r.stderr and "rule tp-divides-heads" in r.stderr
 
 
 def test_deepseek_v3_pp8_vp4_layout_as_nvidia_runs_it():

@@ -131,3 +131,14 @@ def layout_text(s: dict) -> str:
     extra = "".join(f" {name}{s['plan'].get(key, 1)}" for key, name in (("cp", "cp"), ("ep", "ep"), ("expert_tp", "etp"))
                     if (s["plan"].get(key) or 1) > 1)
     return f"{tp}x{s['pp']}x{dp}" + (f" v{s['virtual_stages']}" if s["virtual_stages"] > 1 else "") + extra
+
+
+def gpus_text(s: dict, starred: set[str] = frozenset()) -> str:
+    """The GPUs of a plan summary, per GPU type in stage order: ``64x H100-SXM``, ``4x A100-SXM-40GB + 24x A10G``
+    (a stage holds TP x CP x DP GPUs; the summary's ``gpu`` joins each stage's type, and ``28x
+    A100-SXM-40GB+A10G+A10G+A10G+A10G+A10G+A10G`` read as 28 of each). Types in ``starred`` get a ``*``."""
+    cp = s["plan"].get("cp") or 1
+    count: dict[str, int] = {}
+    for st in s["stages"]:
+        count[st["gpu"]] = count.get(st["gpu"], 0) + st["tp"] * cp * st["dp"]
+    return " + ".join(f"{n}x {gpu}" + ("*" if gpu in starred else "") for gpu, n in count.items())

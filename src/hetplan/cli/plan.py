@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.calibration.intervals import add_intervals
-from hetplan.cli.output import NARROW, layout_text, new_table, output_file, table_console, write_output
+from hetplan.cli.output import NARROW, gpus_text, layout_text, new_table, output_file, table_console, write_output
 from hetplan.errors import HetplanError
 from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.hardware.catalog import load_catalog
@@ -94,16 +94,16 @@ _CALIBRATION = typer.Option(None, "--calibration", help="Calibration TOML writte
 
 
 def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
-            prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
+            prices_file: Optional[Path] = None, where: str = "inventory.pools") -> tuple[list[GPUPool], list[dict]]:
     """``pools`` with the chosen price filled in where the pool gives none (hetplan.hardware.prices.choose), and
     one line per GPU type and price: the price, where it comes from, its date and whether the GPU's efficiency is
-    calibrated."""
+    calibrated. An unknown GPU type is named as ``where.N.gpu``."""
     from hetplan.hardware.prices import check_price_options, choose
 
     check_price_options(price_source.replace("-", "_"), provider, None if prices_file is None else str(prices_file))
     out, lines = [], {}
-    for pool in pools:
-        spec = cat.get(pool.gpu)
+    for i, pool in enumerate(pools):
+        spec = cat.get(pool.gpu, field=f"{where}.{i}.gpu")
         if pool.price_usd_per_hour is None:
             p = choose(spec, price_source.replace("-", "_"), provider,
                        prices_file=None if prices_file is None else str(prices_file))
@@ -122,32 +122,35 @@ def _priced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str
 
 
 def _repriced(pools: list[GPUPool], cat, price_source: str, provider: Optional[str],
-              prices_file: Optional[Path] = None) -> tuple[list[GPUPool], list[dict]]:
+              prices_file: Optional[Path] = None, where: str = "pools") -> tuple[list[GPUPool], list[dict]]:
     """:func:`_priced` for the pools of a written plan (``hetplan estimate PLAN.json``, ``plan --baseline``): a
     ``--prices`` file re-prices the GPU types it names, and a ``--price-source`` other than catalog, or a
-    ``--provider``, re-prices every pool (a plan written by ``plan -o`` carries the prices that run chose)."""
+    ``--provider``, re-prices every pool (a plan written by ``plan -o`` carries the prices that run chose). An
+    unknown GPU type is named as ``where.N.gpu``."""
     if prices_file is not None:
         from hetplan.hardware.prices import user_quotes
 
         named = {q.gpu for q in user_quotes(str(prices_file))}
-        pools = [p.model_copy(update={"price_usd_per_hour": None}) if cat.get(p.gpu).name in named else p
-                 for p in pools]
+        pools = [p.model_copy(update={"price_usd_per_hour": None})
+                 if cat.get(p.gpu, field=f"{where}.{i}.gpu").name in named else p for i, p in enumerate(pools)]
     if price_source != "catalog" or provider is not None:
         # an asked-for price source re-prices every pool: the prices `plan -o` wrote silently won over
         # --price-source spot / --provider (an unknown provider exited 0)
         pools = [p.model_copy(update={"price_usd_per_hour": None}) for p in pools]
-    return _priced(pools, cat, price_source, provider, prices_file)
+    return _priced(pools, cat, price_source, provider, prices_file, where)
 
 
-def _print_provenance(con, lines: list[dict]) -> None:
-    """The price behind each GPU type's money, with its date, and the GPUs whose efficiency is a first guess."""
+def _print_provenance(con, lines: list[dict], star_only: bool = False) -> None:
+    """The price behind each GPU type's money, with its date (not under ``star_only``), and the GPUs whose
+    efficiency is a first guess (the tables star them)."""
     from hetplan.hardware.prices import MAX_AGE_DAYS
 
-    parts = [f"{ln['gpu']} {ln['usd_per_gpu_hour']:.2f} {ln['from']}" + (f", {ln['date']}" if ln["date"] else "")
-             + (f" (older than {MAX_AGE_DAYS} days)" if ln["stale"] else "") for ln in lines]
-    con.print(textwrap.fill("Prices $/GPU-h: " + "; ".join(parts), width=max(40, con.width - 1), subsequent_indent="  ",
-                            break_on_hyphens=False),
-              highlight=False, markup=False, soft_wrap=True)
+    if not star_only:
+        parts = [f"{ln['gpu']} {ln['usd_per_gpu_hour']:.2f} {ln['from']}" + (f", {ln['date']}" if ln["date"] else "")
+                 + (f" (older than {MAX_AGE_DAYS} days)" if ln["stale"] else "") for ln in lines]
+        con.print(textwrap.fill("Prices $/GPU-h: " + "; ".join(parts), width=max(40, con.width - 1),
+                                subsequent_indent="  ", break_on_hyphens=False),
+                  highlight=False, markup=False, soft_wrap=True)
     guesses = list(dict.fromkeys(ln["gpu"] for ln in lines if not ln["calibrated"]))
     if guesses:
         con.print(f"* uncalibrated: the compute efficiency of {', '.join(guesses)} is a first guess, not fitted to "
@@ -155,8 +158,41 @@ def _print_provenance(con, lines: list[dict]) -> None:
                   markup=False)
 
 
+#: The field each ``hetplan plan`` flag sets (parameter name: ``--`` and its words joined by ``-``): an error about
+#: that field names the flag when it was given ("objective.deadline_s: ... (got -86400.0)" for --deadline-days -1).
+_FLAG_FIELDS = {**{f"job.{k}": k for k in ("model", "seq_len", "global_batch", "dtype", "fp8_recipe", "attention",
+                                           "framework", "attention_kernel", "async_tp", "stack")},
+                "job.train_tokens": "tokens", "job.train_iterations": "iterations", "objective.goal": "objective",
+                "objective.deadline_s": "deadline_days", "objective.budget_usd": "budget_usd",
+                "objective.slo_iteration_s": "slo_s",
+                **{f"inventory.pools.0.{k}": v for k, v in (
+                    ("gpu", "gpu"), ("count", "gpus"), ("node", "node"), ("gpus_per_node", "gpus_per_node"),
+                    ("inter_node_bandwidth_bytes_per_s", "inter_node_gbit"), ("network", "network"),
+                    ("price_usd_per_hour", "price"))}}
+
+
+def _errors_name_flags(command):
+    """``command`` whose :class:`HetplanError` about a field a given flag set (:data:`_FLAG_FIELDS`, or a pin
+    ``pin.NAME``: :meth:`Pins.flag`) names that flag, not the job file's field the flag filled in."""
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        try:
+            return command(**kwargs)
+        except HetplanError as exc:
+            field = exc.field or ""
+            pin = field.removeprefix("pin.")
+            if pin in Pins.model_fields and (kwargs.get("pin_flags") or {}).get(pin) is not None:
+                exc.field = Pins.flag(pin)
+            param = _FLAG_FIELDS.get(field)
+            if param is not None and kwargs.get(param) is not None and kwargs.get(param) is not False:  # 0 is given
+                exc.field = "--" + param.replace("_", "-")
+            raise
+    return wrapper
+
+
+@_errors_name_flags
 def plan_command(
-    job_file: Optional[Path] = typer.Argument(None, metavar="JOB.toml", help="Job TOML with sections \\[job], \\[\\[inventory]], \\[objective], \\[pin] (see examples/)."),
+    job_file: Optional[Path] = typer.Argument(None, metavar="JOB.toml", help="Job TOML with sections \\[job], \\[\\[inventory]], \\[objective], \\[pin], \\[search] (see examples/)."),
     model: Optional[str] = typer.Option(None, "--model", help="Preset name or path to a HF config.json."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per iteration."),
@@ -192,7 +228,7 @@ def plan_command(
                                           "ethernet (TCP, no RDMA: less bandwidth, more latency)."),
     price: Optional[float] = typer.Option(None, "--price", help="$ per GPU-hour (default: catalog)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER, prices: Optional[Path] = _PRICES,
-    inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file with \\[\\[inventory]] pools (replaces those of the job file)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", help="TOML/JSON file of \\[\\[inventory]] pools only (they replace the job file's)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML (extends/overrides)."),
     objective: Optional[str] = typer.Option(None, "--objective", help="fastest | cheapest | budget."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Finish within (days; holds under every goal, the constraint of cheapest)."),
@@ -201,17 +237,18 @@ def plan_command(
                                           "(with --objective cheapest: Espresso's least $ under an SLO)."),
     no_hetero: bool = typer.Option(False, "--no-hetero", help="With several pools: only plans on one GPU type "
                                    "(default: also stages on different pools, hetplan.search.hetero)."),
-    per_stage_tp: bool = typer.Option(False, "--per-stage-tp", help="Let stages on different pools take different "
-                                      "TP degrees (FASOP's and Espresso's space). No framework `export` writes "
-                                      "launches such a plan: all build one device mesh."),
+    per_stage_tp: bool = typer.Option(False, "--per-stage-tp", help="With several pools: let stages on different "
+                                      "pools take different TP degrees (FASOP's and Espresso's space). No "
+                                      "framework `export` writes launches such a plan: all build one device mesh."),
     pareto: Optional[Path] = typer.Option(None, "--pareto", help="Also compute the exact cost-time Pareto frontier "
                                           "(of the plans the SLO, deadline and budget allow, on one GPU type under "
                                           "--no-hetero), print it and draw it to this PNG."),
     pin_flags: Optional[dict] = None,  # one option per Pins field (_with_pin_options)
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with a `plans` list, best first."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the table of plans (no memory breakdown, "
-                               "explanations or search statistics)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the tables of plans (the ranking; the "
+                               "fine-grained plan and frontiers when asked for) and the files written: no memory "
+                               "breakdown, explanations, energy notes or search statistics."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the best plan's JSON here."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="A plan JSON of your own run (e.g. from "
                                             "`hetplan import` of its launch script): priced the same way and "
@@ -259,13 +296,14 @@ def plan_command(
             raise HetplanError("is required", field=f"job.{key}", fix=f"pass --{key.replace('_', '-')} or set it in [job]")
     _positive(gpus, "--gpus")
     _positive(tokens, "--tokens")
+    _positive(deadline_days, "--deadline-days")  # its error said "objective.deadline_s ... (got -86400.0)"
     job = validated(Job, job_raw, "job")
     pools_raw = data["inventory"]
     if inventory is not None:
         if gpu is not None:  # --gpu replaced the file's pools without a word
             raise HetplanError("--inventory and --gpu each give the GPUs", field="--inventory",
                                fix="give one: --inventory FILE, or --gpu TYPE --gpus N")
-        pools_raw = load_job_file(inventory)["inventory"]
+        pools_raw = _inventory_file(inventory)
     pool_flags = {"--gpus": gpus, "--node": node, "--gpus-per-node": gpus_per_node, "--inter-node-gbit": inter_node_gbit,
                   "--network": network, "--price": price}
     if gpu is None and (given := [k for k, v in pool_flags.items() if v is not None]):
@@ -337,6 +375,19 @@ def plan_command(
             raise HetplanError(f"got {key} = {val!r}", field=f"search.{key}",
                                fix="[search] takes heterogeneous = true|false and per_stage_tp = true|false")
     hetero_on = not no_hetero and search_raw.get("heterogeneous", True)
+    one_type = ("one pool" if len(inv.pools) == 1 else "--no-hetero" if no_hetero
+                else "[search] heterogeneous = false" if not hetero_on
+                else f"stack {job.stack_spec().id} runs no pipeline" if not job.stack_spec().has("pp") else None)
+    # the ranking mixes TP degrees only in plans on several pools: it ranked the same plans, flag or not (the
+    # frontier's walk may split one pool's GPUs over two TP degrees, so --pareto keeps it), and a pinned TP is
+    # every stage's
+    same = f"TP is pinned to {pins.tp} (no plan here mixes TP degrees)" if pins.tp else (
+        f"no plan here spans pools ({one_type})" if one_type and pareto is None else None)
+    if (per_stage_tp or search_raw.get("per_stage_tp")) and same:
+        raise HetplanError(f"it lets stages on different pools take different TP degrees, and {same}: it changes "
+                           "nothing", field="--per-stage-tp" if per_stage_tp else "search.per_stage_tp",
+                           fix="drop it, or let plans span pools: several pools, no --no-hetero, a stack with "
+                               "pipeline parallelism, TP not pinned")
     per_stage_tp = per_stage_tp or search_raw.get("per_stage_tp", False)
     with walk_progress() as progress:
         result = search_plans(job, inv, obj, pins, top_k=top, catalog=cat, heterogeneous=hetero_on, progress=progress,
@@ -357,12 +408,13 @@ def plan_command(
     add_launch_refusals(summaries, ([fine.plan] if fine else []) + [rp.plan for rp in result.plans], spec)
     if output is not None:
         write_output(output, best.model_dump_json(indent=2) + "\n", "--output")
-    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal,
-                      _profiles(profile_db) if fine is not None else None) if baseline is not None else None)
     if energy:
         from hetplan.cli.energy import add_energy, energy_lines
 
         add_energy(summaries, cat, usd_per_kwh)
+    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal, pools_priced,
+                      _profiles(profile_db) if fine is not None else None, (usd_per_kwh,) if energy else None)
+            if baseline is not None else None)
     add_intervals(summaries, cat, cal)
     # the frontier, with the ranked plans on it where nothing dominates them (and the fine plan, priced by the
     # same cost model unless a profile database priced it)
@@ -382,27 +434,29 @@ def plan_command(
             **({"baseline": base} if base else {}),
             **({"heterogeneous": result.heterogeneous} if result.heterogeneous else {}),
             **({"homogeneous": result.homogeneous} if result.homogeneous else {}),
-            **({"pareto": frontier(quiet=True)} if pareto is not None and not energy else {}),
-            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, frontier(quiet=True), cat, pareto,
+            **({"pareto": frontier(table=False)} if pareto is not None and not energy else {}),
+            **(dict(zip(("pareto", "energy_pareto"), _energy_pareto(summaries, frontier(table=False), cat, pareto,
                                                                     job.model, usd_per_kwh, True)))
                if energy and pareto is not None else {}),
         }, indent=1))
         return
     _print_ranking(job, obj, summaries[1:] if fine else summaries, result, price_lines, quiet)
     if fine is not None:
-        _print_fine(fine, explain)
-    if energy:
+        _print_fine(fine, explain, quiet)
+    if energy and not quiet:
         # under --search fine summaries[0] is the fine plan, printed below the ranking, not its #1
         for line in energy_lines(summaries[0], "the fine-grained plan" if fine is not None else "#1"):
             table_console().print(line, highlight=False)
     if pareto is not None:
-        walk = frontier(quiet=False)
+        walk = frontier(table=True, notes=not quiet)
         if energy:
             _energy_pareto(summaries, walk, cat, pareto, job.model, usd_per_kwh, False)
     if base is not None:
         b = base["summary"]
         table_console().print(
-            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, ${usd_text(b['usd_per_iteration'])}/iteration, "
+            # $ per iteration of its job $ (with the electricity of --usd-per-kwh, as the job $ beside it)
+            f"Baseline {baseline}: {b['iteration_time_s']:.3f} s/iteration, "
+            f"${usd_text(b['job_usd'] / b['iterations'])}/iteration, "
             f"job ${usd_text(b['job_usd'])}; the best plan is {base['speedup']:.2f}x as fast and costs "
             f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
@@ -415,16 +469,21 @@ _SAME_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
 
 
 def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", None, None), cal=None,
-              profiles=None) -> dict:
+              searched: list[GPUPool] = (), profiles=None, energy: tuple | None = None) -> dict:
     """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator, catalog,
     prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same ``pricing``
     (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with the best
     plan's speed-up (baseline time / best time) and cost ratio (best job $ / baseline job $). The baseline trains
     ``job``'s model, sequence length and global batch (else its iteration is other work: a Llama-2-13B plan at half
     the batch came out "0.49x as fast"); it is priced for ``job``'s length (a launch's own ``--train-iters`` of a
-    short benchmark would make the job $ ratio that of two job lengths). ``profiles``: the measured layer times that
-    priced ``best`` (``--search fine --profile-db``; the fine search's own plan as baseline came out "1.12x as
-    fast" when only the best was priced on them).
+    short benchmark would make the job $ ratio that of two job lengths). A pool of a GPU type the search priced
+    (``searched``, its priced pools) costs what the search's does, $/GPU-h (:func:`_searched_prices`: a
+    ``--price 2`` search against its own plan, written without prices, read "costs 52 % of it per job" at the
+    catalog's $3.84). ``profiles``: the measured layer times that priced ``best`` (``--search fine --profile-db``;
+    the fine search's own plan as baseline came out "1.12x as fast" when only the best was priced on them).
+    ``energy``: ``(usd_per_kwh,)`` under ``--energy``, its energy and electricity added as to the ranking's plans
+    (:func:`hetplan.cli.energy.add_energy`; at $2/kWh the best plan's job $ had its electricity and its own plan
+    as baseline not: $0.3057 and $0.2305, "costs 100 % of it").
 
     Raises:
         HetplanError: naming ``--baseline`` and what differs."""
@@ -444,7 +503,8 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
     plan = plan.model_copy(update={"job": plan.job.model_copy(update={"train_tokens": job.train_tokens,
                                                                       "train_iterations": job.train_iterations})})
     check_plan(plan, spec)
-    pools, _ = _repriced(plan.pools, cat, *pricing)  # a plan of `hetplan import` had catalog prices under --price-source spot
+    pools, _ = _repriced(plan.pools, cat, *pricing, where="--baseline pools")  # a plan of `hetplan import` had catalog prices under --price-source spot
+    pools = _searched_prices(pools, searched, cat)
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools, cat) if cal else pools})
     est = estimate_plan(plan, cat, spec, profiles)
     if not est.fits:  # `hetplan estimate` refuses it; it was compared as a run ("the best plan is 0.99x as fast")
@@ -455,9 +515,28 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
                            field="--baseline", fix="give a plan that fits: raise tp/pp, use recompute or ZeRO, or "
                                                    "lower mbs")
     summary = plan_summary(plan, est, "baseline")
+    if energy is not None:
+        from hetplan.cli.energy import add_energy
+
+        add_energy([summary], cat, *energy)
     return {"plan": str(path), "summary": summary,
             "speedup": summary["iteration_time_s"] / best["iteration_time_s"],
             "usd_ratio": best["job_usd"] / summary["job_usd"] if summary["job_usd"] > 0 else float("nan")}
+
+
+def _searched_prices(pools: list[GPUPool], searched: list[GPUPool], cat) -> list[GPUPool]:
+    """``pools`` (a baseline's) each at the price of the search's pool (``searched``) of its GPU type: the one at
+    the same position when that is of its type (a plan written by ``plan -o`` lists the search's pools), else the
+    one price the search gave that type; a type the search did not price, or priced at two prices in pools at
+    other positions, keeps its own."""
+    out = []
+    for i, pool in enumerate(pools):
+        name = cat.get(pool.gpu).name
+        same = [p.price_usd_per_hour for p in searched if cat.get(p.gpu).name == name]
+        if i < len(searched) and cat.get(searched[i].gpu).name == name:
+            same = [searched[i].price_usd_per_hour]
+        out.append(pool.model_copy(update={"price_usd_per_hour": same[0]}) if len(set(same)) == 1 else pool)
+    return out
 
 
 def _calibrated(path: Path | None, cat, pools=(), job=None):
@@ -549,11 +628,12 @@ def _check_free_pools(inv: Inventory, obj: Objective, cat) -> None:
                                fix="give its (amortised) price per GPU-hour, or use --objective fastest")
 
 
-def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: bool = False,
+def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = False, per_stage_tp: bool = False,
             heterogeneous: bool = True, ranked=()) -> list[dict]:
-    """Compute, print (unless ``quiet``) and plot the cost-time frontier under the ranking's SLO, deadline and
-    budget (``per_stage_tp``, ``heterogeneous``: as the search's), with the ranking's ``(plan, estimate)`` pairs
-    (``ranked``) on it where nothing dominates them; return its points as JSON dicts."""
+    """Compute, print (``table``, and under ``notes`` the search's statistics and whether each point is exact) and
+    plot the cost-time frontier under the ranking's SLO, deadline and budget (``per_stage_tp``, ``heterogeneous``:
+    as the search's), with the ranking's ``(plan, estimate)`` pairs (``ranked``) on it where nothing dominates
+    them; return its points as JSON dicts."""
     from hetplan.search.pareto import buys, by_cost, pareto_frontier, plot_frontier
 
     m = load_model(job.model)
@@ -573,13 +653,14 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
     out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=p.heterogeneous, description=p.description,
                 buys=bought.get(id(p), "cheapest"), exact=p.estimate.iteration_time_s < fr.proven_below_s)
            for p in fr.points]
-    if not quiet:
+    if table:
         con = table_console()  # COLUMNS when set (it printed 160 columns at COLUMNS=80 through a pipe)
         r = fr.result
         n = len(fr.points)
-        t = new_table(f"Cost-time Pareto frontier by estimate() ({n} plan{'' if n == 1 else 's'}; {r.allocations_solved:,} "
-                      f"of {r.allocations:,} allocations solved, {r.plans_estimated:,} plans estimated in "
-                      f"{r.search_time_s:.2f} s)", con.width < NARROW)
+        stats = (f"; {r.allocations_solved:,} of {r.allocations:,} allocations solved, {r.plans_estimated:,} plans "
+                 f"estimated in {r.search_time_s:.2f} s" if notes else "")
+        t = new_table(f"Cost-time Pareto frontier by estimate() ({n} plan{'' if n == 1 else 's'}{stats})",
+                      con.width < NARROW)
         for col in ("#", "plan", "GPUs", "iter s", "$/iteration", "$/h", "what the extra $ buys"):
             t.add_column(col, no_wrap=col in ("#", "GPUs", "iter s", "$/iteration", "$/h"))
         pts = by_cost(fr.points)
@@ -589,10 +670,10 @@ def _pareto(job, inv, obj, pins, cat, path: Path, quiet: bool, per_stage_tp: boo
                       f"{p.estimate.iteration_time_s:.3f}", f"{p.estimate.usd_per_iteration:.4f}",
                       f"{p.estimate.usd_per_hour:,.2f}", b)
         con.print(t)
-        if fr.result.complete:
+        if notes and fr.result.complete:
             con.print("Every point is exact over each allocation's closed-form-optimal plan and the ranked plans (no "
                       "unestimated plan's lower bound could dominate it).")
-        else:
+        elif notes:
             con.print(f"Walk stopped at its expansion limit: points faster than {fr.proven_below_s:.3f} s per "
                       f"iteration are exact; slower ones may be dominated by an unestimated plan.")
         con.print(f"Frontier drawn to {path}.")
@@ -652,7 +733,9 @@ def _fine_json(fine) -> dict:
     }
 
 
-def _print_fine(fine, explain: bool) -> None:
+def _print_fine(fine, explain: bool, quiet: bool = False) -> None:
+    """The fine-grained plan's table; with ``explain`` each step of the search, and unless ``quiet`` its outcome
+    and search time."""
     con = table_console()
     t = new_table("Fine-grained plan (bottleneck alleviation, Aceso EuroSys'24)", con.width < NARROW)
     cp = fine.plan.cp  # a stage's GPUs are TP x CP x DP (they read TP x DP: 8 of a CP 2 plan's 16)
@@ -668,7 +751,23 @@ def _print_fine(fine, explain: bool) -> None:
     if explain:  # no markup: rich took a step's "[start 2, 1]" for a style tag and dropped it
         for line in fine.explanation()[:-1]:
             con.print(f"  {line}", highlight=False, markup=False)
-    con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False, markup=False)
+    if not quiet:
+        con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False, markup=False)
+
+
+def _inventory_file(path: Path) -> list[dict]:
+    """The ``[[inventory]]`` pools of ``--inventory PATH``.
+
+    Raises:
+        HetplanError: the file has another section ([job], [objective], [pin], [search]): only its pools are
+            read, and a ``goal = "cheapest"`` there ranked by the fastest job without a word."""
+    data = load_job_file(path)
+    for key in ("job", "objective", "pin", "search"):
+        if data[key]:
+            raise HetplanError(f"--inventory reads only the [[inventory]] pools; its [{key}] would be ignored",
+                               field=f"{path}:{key}",
+                               fix=f"move [{key}] into the job file (the JOB.toml argument), or give it as flags")
+    return data["inventory"]
 
 
 def _pins(raw: dict) -> Pins:
@@ -729,7 +828,8 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
     title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {_iterations(job)} — {goal}"
     guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
     con.print(_ranking_table(title, summaries, narrow=con.width < NARROW, guess=guess))
-    if quiet:
+    if quiet:  # the table's * still needs its legend
+        _print_provenance(con, prices, star_only=True)
         return
     best = summaries[0]
     mem = best["memory_bytes_per_gpu"]
@@ -776,7 +876,7 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
             t.add_column(col, justify="right" if col not in ("GPUs", "recompute") else "left")
     for i, s in enumerate(summaries, start=1):
         layout = layout_text(s)
-        gpus = f"{s['num_gpus']}x {s['gpu']}" + ("*" if any(g in s["gpu"] for g in guess) else "")
+        gpus = gpus_text(s, guess)
         iv = _interval_text(s)
         figures = (f"{s['iteration_time_s']:.2f}" + (f"\n{iv}" if iv else ""), f"{s['mfu']:.1%}",
                    _mem(s["memory_bytes_per_gpu"]["total"]))
@@ -791,7 +891,7 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
 
 def _described(s: dict) -> str:
     """A plan summary in one line, as the narrow ranking writes it: ``64x H100-SXM 2x16x4 v3 mbs 1 ZeRO-1 none``."""
-    return f"{s['num_gpus']}x {s['gpu']} {layout_text(s)} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}"
+    return f"{gpus_text(s)} {layout_text(s)} mbs {s['mbs']} ZeRO-{s['zero']} {_recompute(s)}"
 
 
 def _recompute(s: dict) -> str:

@@ -633,8 +633,9 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
     homo_plans = {rp.plan.model_dump_json() for rp in ranked}
     allp = [(iterations_key(rp.estimate), second_key(rp.estimate), rp.estimate.memory_bytes_per_gpu.total, rp.plan,
              rp.estimate, rp.reason, False) for rp in ranked]
-    allp += [(k, s2, mem, plan, est, f"heterogeneous {desc}", True) for k, s2, mem, plan, est, desc in entries
-             if plan.model_dump_json() not in homo_plans]
+    # the heterogeneous search also returns plans on one pool (uneven layers, two TP degrees): not "heterogeneous"
+    allp += [(k, s2, mem, plan, est, f"{'heterogeneous' if len({st.pool for st in plan.stages}) > 1 else 'single-pool'}"
+              f" {desc}", True) for k, s2, mem, plan, est, desc in entries if plan.model_dump_json() not in homo_plans]
     allp.sort(key=lambda x: x[:3])
     allp = allp[:top_k]
     out = []
