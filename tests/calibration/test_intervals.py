@@ -122,7 +122,7 @@ def test_mfu_record_is_the_best_measured_row():
     iv.annotate(s, iv.Interval(0.9, 1.2, 30, "x"), rec)
     assert s["iteration_time_s_interval"] == pytest.approx([9.0, 12.0])
     assert s["tokens_per_s_interval"] == pytest.approx([1e5 / 1.2, 1e5 / 0.9])
-    assert rec.key in s["mfu_record"]["note"]
+    assert iv._closed_parts(rec.key) in s["mfu_record"]["note"]
 
 
 def test_mfu_record_says_what_the_plan_runs_that_the_record_did_not():
@@ -189,3 +189,14 @@ def test_a_dense_plan_is_held_to_the_dense_record():
     assert iv.mfu_record(rows, "megatron-lm", "GB300", moe=False) is None
     dense = iv.mfu_record(rows, "nemo", "GB300", moe=False)  # Megatron-Bridge's Llama rows
     assert dense is not None and not dense.moe and dense.measured_mfu > moe.measured_mfu
+
+
+def test_mfu_record_note_pairs_its_parentheses():
+    """The H100 record's key cuts its model name inside a parenthesis ("GPT 16B (Megatron we"); the note closes
+    it, so the sentence's own parentheses pair."""
+    rec = iv.package_mfu_record("megatron-lm", "H100-SXM", False)
+    assert rec.key.count("(") > rec.key.count(")")
+    s = {"iteration_time_s": 10.0, "tokens_per_s": 1e5, "mfu": rec.measured_mfu + 0.01}
+    iv.annotate(s, iv.Interval(0.9, 1.2, 30, "x"), rec)
+    note = s["mfu_record"]["note"]
+    assert note.count("(") == note.count(")") and "…)" in note

@@ -494,8 +494,15 @@ def annotate(summary: dict, interval: Interval | str, record: Residual | None) -
         summary["mfu_record"] = {"mfu": record.measured_mfu, "set": record.set, "key": record.key, "run": ran,
                                  "differs": differs,
                                  "note": f"predicted MFU {summary['mfu']:.1%} is above the best measured for "
-                                         f"{record.stack} on {record.gpu}: {record.measured_mfu:.1%} ({record.key}"
+                                         f"{record.stack} on {record.gpu}: {record.measured_mfu:.1%} "
+                                         f"({_closed_parts(record.key)}"
                                          + (f": {record_setup}" if record_setup else "") + ")" + why}
+
+
+def _closed_parts(key: str) -> str:
+    """A validation row key (``set:index:model:...``) for a sentence: a part cut inside a parenthesis (the model
+    name cut at 20 characters, ``GPT 16B (Megatron we``) closed with ``…)``, so the note's own parentheses pair."""
+    return ":".join(part + "…)" * (part.count("(") - part.count(")")) for part in key.split(":"))
 
 
 def add_intervals(summaries: list[dict], catalog: Catalog, calibration=None) -> None:
