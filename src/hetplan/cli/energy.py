@@ -302,8 +302,9 @@ def register(app: typer.Typer) -> None:
         power_catalog: Path = typer.Option(None, "--power-catalog", help="user GPU DVFS/power TOML"),
         as_json: bool = typer.Option(False, "--json", help="print the curve, Zeus' choice and the settings as JSON"),
     ) -> None:
-        """Iteration time and energy of PLAN over the GPUs' power limit (Zeus' knob), Zeus' choice, per-rank
-        settings."""
+        """Iteration time and energy of PLAN over the GPUs' power limit (Zeus' knob).
+
+        Zeus' choice of limit, and its setting per rank (nvidia-smi -pl / NVML)."""
         from hetplan.energy.power_limit import power_limit_curve, rank_settings, zeus_choice
         from hetplan.runtime.planio import load_plan
 
@@ -436,20 +437,24 @@ def print_energy_pareto(summaries: list[dict], path: Path, title: str, quiet: bo
     plot_pareto3(uniq, front, path, title)
     pts = sorted((uniq[i] for i in front), key=lambda s: s["iteration_time_s"])
     if not quiet:
-        t = Table(title=f"Time-$-energy Pareto frontier ({len(pts)} of {len(uniq)} plans)")
-        for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "iter s", "job $", "job kWh", "Perseus -%"):
-            t.add_column(col, justify="right")
-        from hetplan.cli.output import layout_text
+        from hetplan.cli.output import NARROW, gpus_text, layout_text, new_table, table_console
         from hetplan.units import kwh_text, usd_text
 
+        con = table_console()
+        narrow = con.width < NARROW
+        # built as the ranking is: at 80 columns it broke its borders and cut the GPUs to "28x A100-SX…" (a plan
+        # of 4 A100 + 24 A10G)
+        t = new_table(f"Time-$-energy Pareto frontier ({len(pts)} of {len(uniq)} plans)", narrow)
+        plan_cols = ("plan",) if narrow else ("GPUs", "TPxPPxDP", "mbs", "ZeRO")
+        for col in ("#", *plan_cols, "iter s", "job $", "job kWh", "Perseus saves"):
+            t.add_column(col, justify="left" if col in ("plan", "GPUs") else "right", no_wrap=col != "plan")
         for i, s in enumerate(pts, start=1):
             saved = s["perseus_saved_fraction"]
-            # money and energy as the ranking writes them (",.0f" printed $0.0184 and 0.0014 kWh as 0), the
-            # layout with stages of different TP (None) as the ranking does
-            t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", layout_text(s), str(s["mbs"]),
-                      str(s["zero"]),
-                      f"{s['iteration_time_s']:.2f}", usd_text(s["job_usd"]), kwh_text(s["job_energy_kwh"]),
-                      "-" if saved is None else f"{saved:.1%}")
-        Console().print(t)
-        Console().print(f"Drawn to {path}.")
+            plan = ((f"{gpus_text(s)}\n{layout_text(s)} mbs {s['mbs']} ZeRO-{s['zero']}",) if narrow
+                    else (gpus_text(s), layout_text(s), str(s["mbs"]), str(s["zero"])))
+            # money and energy as the ranking writes them (",.0f" printed $0.0184 and 0.0014 kWh as 0)
+            t.add_row(str(i), *plan, f"{s['iteration_time_s']:.2f}", usd_text(s["job_usd"]),
+                      kwh_text(s["job_energy_kwh"]), "-" if saved is None else f"{saved:.1%}")
+        con.print(t)
+        con.print(f"Drawn to {path}.", highlight=False)
     return pts

@@ -271,10 +271,6 @@ def plan_command(
     hetplan plan --model llama2-7b --seq-len 4096 --global-batch 1024 --tokens 1e12 --gpu H100-SXM --gpus 64
     """
     output_file(output, "--output")
-    if baseline is not None:  # read before the search: a missing file was 'error: PLAN: ...' after it
-        from hetplan.runtime.planio import load_plan
-
-        load_plan(baseline, "--baseline")
     output_file(pareto, "--pareto", figure=True)
     if energy and pareto is not None:  # its second figure: a folder of that name was a traceback after the search
         output_file(_energy_figure(pareto), "--pareto", figure=True)
@@ -363,6 +359,8 @@ def plan_command(
             raise HetplanError(f"{flag} acts on the fine-grained search only", field=flag,
                                fix=f"add --search fine, or drop {flag}")
     cat = load_catalog(catalog)
+    # checked before the search: a missing file, an unknown GPU or another job's plan was said after it
+    mine = _baseline_plan(baseline, job, cat) if baseline is not None else None
     pools_priced, price_lines = _priced(inv.pools, cat, price_source, provider, prices)
     inv = inv.model_copy(update={"pools": pools_priced})
     cal, cat = _calibrated(calibration, cat, inv.pools, job)
@@ -412,9 +410,9 @@ def plan_command(
         from hetplan.cli.energy import add_energy, energy_lines
 
         add_energy(summaries, cat, usd_per_kwh)
-    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal, pools_priced,
+    base = (_baseline(mine, baseline, cat, summaries[0], (price_source, provider, prices), cal, pools_priced,
                       _profiles(profile_db) if fine is not None else None, (usd_per_kwh,) if energy else None)
-            if baseline is not None else None)
+            if mine is not None else None)
     add_intervals(summaries, cat, cal)
     # the frontier, with the ranked plans on it where nothing dominates them (and the fine plan, priced by the
     # same cost model unless a profile database priced it)
@@ -440,7 +438,8 @@ def plan_command(
                if energy and pareto is not None else {}),
         }, indent=1))
         return
-    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, price_lines, quiet)
+    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, price_lines, quiet,
+                   _whole_node_notes(inv, cat))
     if fine is not None:
         _print_fine(fine, explain, quiet)
     if energy and not quiet:
@@ -468,22 +467,11 @@ _SAME_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
                "num_experts", "expert_ffn_hidden_size")
 
 
-def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", None, None), cal=None,
-              searched: list[GPUPool] = (), profiles=None, energy: tuple | None = None) -> dict:
-    """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator, catalog,
-    prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same ``pricing``
-    (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with the best
-    plan's speed-up (baseline time / best time) and cost ratio (best job $ / baseline job $). The baseline trains
-    ``job``'s model, sequence length and global batch (else its iteration is other work: a Llama-2-13B plan at half
-    the batch came out "0.49x as fast"); it is priced for ``job``'s length (a launch's own ``--train-iters`` of a
-    short benchmark would make the job $ ratio that of two job lengths). A pool of a GPU type the search priced
-    (``searched``, its priced pools) costs what the search's does, $/GPU-h (:func:`_searched_prices`: a
-    ``--price 2`` search against its own plan, written without prices, read "costs 52 % of it per job" at the
-    catalog's $3.84). ``profiles``: the measured layer times that priced ``best`` (``--search fine --profile-db``;
-    the fine search's own plan as baseline came out "1.12x as fast" when only the best was priced on them).
-    ``energy``: ``(usd_per_kwh,)`` under ``--energy``, its energy and electricity added as to the ranking's plans
-    (:func:`hetplan.cli.energy.add_energy`; at $2/kWh the best plan's job $ had its electricity and its own plan
-    as baseline not: $0.3057 and $0.2305, "costs 100 % of it").
+def _baseline_plan(path: Path, job, cat):
+    """``--baseline``'s plan, read and checked before the search: it trains ``job``'s model, sequence length and
+    global batch (else its iteration is other work: a Llama-2-13B plan at half the batch came out "0.49x as
+    fast"), passes the plan rules and names GPU types of ``cat``; it is priced for ``job``'s length (a launch's own
+    ``--train-iters`` of a short benchmark would make the job $ ratio that of two job lengths).
 
     Raises:
         HetplanError: naming ``--baseline`` and what differs."""
@@ -503,6 +491,28 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
     plan = plan.model_copy(update={"job": plan.job.model_copy(update={"train_tokens": job.train_tokens,
                                                                       "train_iterations": job.train_iterations})})
     check_plan(plan, spec)
+    for i, pool in enumerate(plan.pools):
+        cat.get(pool.gpu, field=f"--baseline pools.{i}.gpu")
+    return plan
+
+
+def _baseline(plan, path: Path, cat, best: dict, pricing: tuple = ("catalog", None, None), cal=None,
+              searched: list[GPUPool] = (), profiles=None, energy: tuple | None = None) -> dict:
+    """``--baseline``: the user's plan (:func:`_baseline_plan`, read from ``path``) priced by the same estimator,
+    catalog, prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same
+    ``pricing`` (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with
+    the best plan's speed-up (baseline time / best time) and cost ratio (best job $ / baseline job $). A pool of a
+    GPU type the search priced (``searched``, its priced pools) costs what the search's does, $/GPU-h
+    (:func:`_searched_prices`: a ``--price 2`` search against its own plan, written without prices, read "costs
+    52 % of it per job" at the catalog's $3.84). ``profiles``: the measured layer times that priced ``best``
+    (``--search fine --profile-db``; the fine search's own plan as baseline came out "1.12x as fast" when only the
+    best was priced on them). ``energy``: ``(usd_per_kwh,)`` under ``--energy``, its energy and electricity added
+    as to the ranking's plans (:func:`hetplan.cli.energy.add_energy`; at $2/kWh the best plan's job $ had its
+    electricity and its own plan as baseline not: $0.3057 and $0.2305, "costs 100 % of it").
+
+    Raises:
+        HetplanError: naming ``--baseline``: the plan does not fit in memory."""
+    spec = load_model(plan.job.model)
     pools, _ = _repriced(plan.pools, cat, *pricing, where="--baseline pools")  # a plan of `hetplan import` had catalog prices under --price-source spot
     pools = _searched_prices(pools, searched, cat)
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools, cat) if cal else pools})
@@ -650,7 +660,9 @@ def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = Fal
     plot_frontier(fr, path, title=f"{job.model}: cost vs iteration time ({len(fr.points)} frontier plans)")
     pts = by_cost(fr.points)
     bought = {id(c): buys(p, c) for p, c in zip(pts, pts[1:])}
-    out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=p.heterogeneous, description=p.description,
+    # heterogeneous: stages on different GPU types (two pools of one type were "[het]" and "heterogeneous": true)
+    het = {id(p): len({se.gpu for se in p.estimate.stages}) > 1 for p in fr.points}
+    out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=het[id(p)], description=p.description,
                 buys=bought.get(id(p), "cheapest"), exact=p.estimate.iteration_time_s < fr.proven_below_s)
            for p in fr.points]
     if table:
@@ -666,7 +678,7 @@ def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = Fal
         pts = by_cost(fr.points)
         what = ["cheapest"] + [f"{buys(p, c)} than #{i}" for i, (p, c) in enumerate(zip(pts, pts[1:]), start=1)]
         for i, (p, b) in enumerate(zip(pts, what), start=1):
-            t.add_row(str(i), ("\\[het] " if p.heterogeneous else "") + p.description, str(p.plan.num_gpus),
+            t.add_row(str(i), ("\\[het] " if het[id(p)] else "") + p.description, str(p.plan.num_gpus),
                       f"{p.estimate.iteration_time_s:.3f}", f"{p.estimate.usd_per_iteration:.4f}",
                       f"{p.estimate.usd_per_hour:,.2f}", b)
         con.print(t)
@@ -790,9 +802,10 @@ def _pins(raw: dict) -> Pins:
 
 
 def _iterations(job: Job) -> str:
-    """ "1 iteration", "238,419 iterations" (the job's length, for a title)."""
+    """ "1 iteration", "3.81 iterations", "238,419 iterations" (the job's length, for a title: what the job time
+    and $ are priced for; 1e6 tokens of 262,144 per iteration read "4 iterations")."""
     n = job.iterations()
-    return f"{n:,.0f} iteration" + ("" if round(n) == 1 else "s")
+    return (f"{n:,.0f}" if n >= 100 or n == round(n) else f"{n:.3g}") + " iteration" + ("" if n == 1 else "s")
 
 
 def _with_pin_options(command):
@@ -820,8 +833,22 @@ def _with_pin_options(command):
     return wrapper
 
 
+def _whole_node_notes(inv: Inventory, cat) -> list[str]:
+    """One note per pool whose GPUs do not fill whole nodes: the search's plans take whole nodes beyond one
+    (:func:`hetplan.plan.fills_whole_nodes`), so the rest sit idle (``--gpus 12`` on H100s ranked 8-GPU plans
+    without a word on the other 4)."""
+    out = []
+    for pool in inv.pools:
+        per = pool.launch_gpus
+        if pool.count > per and pool.count % per:
+            out.append(f"Note: plans on more than one node take whole nodes (a launch starts as many processes on "
+                       f"each), so at most {pool.count // per * per} of the {pool.count} {cat.get(pool.gpu).name} "
+                       f"({per} per node) are used.")
+    return out
+
+
 def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = (),
-                   quiet: bool = False) -> None:
+                   quiet: bool = False, notes: list[str] = ()) -> None:
     con = table_console()
     goal = ("cheapest job" if obj.goal == "cheapest" else "fastest job") + (
         " by the deadline" if obj.deadline_s else "") + (f" within ${usd_text(obj.budget_usd)}" if obj.budget_usd else "")
@@ -842,7 +869,7 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
     for i, st in enumerate(best["stages"]):  # fits, but its expected footprint does not (hetplan.estimate.memory)
         if st.get("memory_warning"):
             con.print(f"stage {i}: {st['memory_warning']}", highlight=False, markup=False)
-    for line in _interval_lines(best):
+    for line in [*_interval_lines(best), *notes]:
         con.print(line, highlight=False, markup=False)
     con.print("[bold]Why:[/]")
     why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
