@@ -109,3 +109,29 @@ def test_every_command_summary_is_one_line():
     summaries = dict(_summaries(root, "hetplan"))
     assert "hetplan energy power-limits" in summaries
     assert [path for path, text in summaries.items() if "\n" in text] == []
+
+
+def test_fine_search_steps_are_indented_paragraphs():
+    """--search fine --explain printed each step with its continuation lines at column 0 at 80 columns, one step
+    hard to tell from the next (the ranking's "Why:" items are indented paragraphs)."""
+    r = run_cli("plan", *JOB[:5], "64", "--iterations", "10", "--gpu", "H100-SXM", "--gpus", "16", "--search", "fine",
+                "--explain", "-q", "--top", "1", columns=80)
+    assert r.code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    steps = lines[next(i for i, line in enumerate(lines) if line.startswith("  [1] ")):]
+    assert len(steps) > 2 and all(line.startswith(("  [", "    ")) for line in steps), steps
+    assert max(map(len, lines)) <= 80
+
+
+def test_power_limit_table_says_whose_watts_and_clocks_it_lists(tmp_path):
+    """On FASOP's A100 + A10G plan the W and clock MHz cells read "400, 300" and "1278, 1307" with no word of
+    which GPU type each figure is."""
+    plan = tmp_path / "het.json"
+    assert run_cli("plan", ROOT / "examples" / "fasop_gpt2xl.toml", "-q", "--top", "1", "-o", plan).code == 0
+    r = run_cli("energy", "power-limits", plan, "--steps", "3", columns=80)
+    assert r.code == 0, r.stderr
+    assert "W and clock MHz of A100-SXM-40GB, A10G" in r.stdout
+    one = tmp_path / "one.json"
+    assert run_cli("plan", *JOB, "--iterations", "10", "--gpu", "H100-SXM", "--gpus", "8", "-q", "--top", "1",
+                   "-o", one).code == 0
+    assert "W and clock MHz of" not in run_cli("energy", "power-limits", one, "--steps", "3").stdout

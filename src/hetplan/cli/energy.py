@@ -326,7 +326,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps({"points": [p.to_dict() for p in pts], "zeus_index": k, "eta": eta,
                                    "ranks": ranks}, indent=1))
             return
-        t = Table(title=f"{plan_path.name}: {plan.num_gpus} GPUs under a power limit (Zeus' knob)")
+        types = list(pts[0].power_limit_w)  # W and clock MHz list one figure per GPU type: say whose
+        t = Table(title=f"{plan_path.name}: {plan.num_gpus} GPUs under a power limit (Zeus' knob)",
+                  caption=f"W and clock MHz of {', '.join(types)}" if len(types) > 1 else None)
         for col in ("limit", "W", "clock MHz", "iter s", "kJ/iter", "W/GPU", ""):
             t.add_column(col, justify="right")
         base = pts[0]

@@ -760,11 +760,20 @@ def _print_fine(fine, explain: bool, quiet: bool = False) -> None:
                   str(fine.plan.stage_mbs(i)), str(st.num_layers), rc, f"{(se.forward_s + se.backward_s) * 1e3:.1f}",
                   _mem(se.memory.total))
     con.print(t)
-    if explain:  # no markup: rich took a step's "[start 2, 1]" for a style tag and dropped it
-        for line in fine.explanation()[:-1]:
-            con.print(f"  {line}", highlight=False, markup=False)
+    if explain:
+        _print_items(con, fine.explanation()[:-1])
     if not quiet:
         con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False, markup=False)
+
+
+def _print_items(con, items: list[str]) -> None:
+    """One item per paragraph, indented, its continuation lines indented under it (the fine search's steps ran
+    on at column 0, one step hard to tell from the next); no markup: rich took a step's "[start 2, 1]" for a
+    style tag and dropped it."""
+    for item in items:
+        con.print(textwrap.fill(item, width=max(40, con.width - 1), initial_indent="  ", subsequent_indent="    ",
+                                break_on_hyphens=False),
+                  highlight=False, markup=False, soft_wrap=True)
 
 
 def _inventory_file(path: Path) -> list[dict]:
@@ -875,10 +884,7 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
     why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
            *merge_best_with_another([ln for ln in result.explanation[1:]  # said on stderr already
                                      if not (ln.startswith("Homogeneous exact") and STOPPED in ln)])]
-    for line in why:  # one item per paragraph, its continuation lines indented under it
-        con.print(textwrap.fill(line, width=max(40, con.width - 1), initial_indent="  ", subsequent_indent="    ",
-                                break_on_hyphens=False),
-                  highlight=False, markup=False, soft_wrap=True)
+    _print_items(con, why)
     con.print(f"Searched {result.configurations_evaluated:,} configurations ({result.configurations_fitting_memory:,} fit in memory) "
               f"in {result.search_time_s:.2f} s.")
     if prices:
