@@ -135,3 +135,14 @@ def test_power_limit_table_says_whose_watts_and_clocks_it_lists(tmp_path):
     assert run_cli("plan", *JOB, "--iterations", "10", "--gpu", "H100-SXM", "--gpus", "8", "-q", "--top", "1",
                    "-o", one).code == 0
     assert "W and clock MHz of" not in run_cli("energy", "power-limits", one, "--steps", "3").stdout
+
+
+def test_the_estimate_command_after_o_is_not_broken_across_lines(tmp_path):
+    """At 80 columns "Best plan written to PATH (run `hetplan estimate PATH`)." was broken inside the command,
+    "`hetplan estimate" on one line and "PATH`)." on the next: a copy of it ran `hetplan estimate` alone."""
+    out = tmp_path / ("a-long-folder-name-for-the-plans-of-this-job" * 2) / "best.json"
+    out.parent.mkdir()
+    r = run_cli("plan", *JOB, "--iterations", "10", "--gpu", "H100-SXM", "--gpus", "8", "-q", "--top", "1",
+                "-o", out, columns=80)
+    assert r.code == 0, r.stderr
+    assert f"`hetplan estimate {out}`" in r.stdout

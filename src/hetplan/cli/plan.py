@@ -459,7 +459,9 @@ def plan_command(
             f"job ${usd_text(b['job_usd'])}; the best plan is {base['speedup']:.2f}x as fast and costs "
             f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
-        Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+        # one line the terminal may wrap: rich broke it inside the command, "`hetplan estimate" / "PATH`"
+        Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).", soft_wrap=True,
+                        highlight=False, markup=False)
 
 
 #: The shapes that make two models the same training work per token (``--baseline`` compares runs of one job).
