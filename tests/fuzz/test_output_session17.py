@@ -146,3 +146,14 @@ def test_the_estimate_command_after_o_is_not_broken_across_lines(tmp_path):
                 "-o", out, columns=80)
     assert r.code == 0, r.stderr
     assert f"`hetplan estimate {out}`" in r.stdout
+
+
+def test_the_title_states_the_deadline_budget_and_slo_the_plans_meet():
+    """The title said "cheapest job by the deadline" without the deadline, and nothing of Espresso's 100 s SLO
+    ("cheapest job"), which every ranked plan meets."""
+    r = run_cli("plan", *JOB[:5], "64", "--tokens", "1e10", "--gpu", "H100-SXM", "--gpus", "16", "--objective",
+                "cheapest", "--deadline-days", "30", "--budget-usd", "5000", "-q", "--top", "1")
+    assert r.code == 0, r.stderr
+    assert "cheapest job within 30.0 d and $5,000" in r.stdout and "by the deadline" not in r.stdout
+    r = run_cli("plan", ROOT / "examples" / "espresso_open_llama_3b.toml", "-q", "--top", "1")
+    assert r.code == 0 and "cheapest job, iteration ≤ 100 s" in " ".join(r.stdout.split()), r.stdout

@@ -861,8 +861,12 @@ def _whole_node_notes(inv: Inventory, cat) -> list[str]:
 def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = (),
                    quiet: bool = False, notes: list[str] = ()) -> None:
     con = table_console()
+    # the limits the plans meet, as given ("by the deadline" did not say which; an SLO went unsaid)
+    limits = ([duration_text(obj.deadline_s)] if obj.deadline_s else []) + (
+        [f"${usd_text(obj.budget_usd)}"] if obj.budget_usd else [])
     goal = ("cheapest job" if obj.goal == "cheapest" else "fastest job") + (
-        " by the deadline" if obj.deadline_s else "") + (f" within ${usd_text(obj.budget_usd)}" if obj.budget_usd else "")
+        f" within {' and '.join(limits)}" if limits else "") + (
+        f", iteration ≤ {obj.slo_iteration_s:g} s" if obj.slo_iteration_s else "")
     title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {_iterations(job)} — {goal}"
     guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
     con.print(_ranking_table(title, summaries, narrow=con.width < NARROW, guess=guess))
