@@ -157,3 +157,15 @@ def test_the_title_states_the_deadline_budget_and_slo_the_plans_meet():
     assert "cheapest job within 30.0 d and $5,000" in r.stdout and "by the deadline" not in r.stdout
     r = run_cli("plan", ROOT / "examples" / "espresso_open_llama_3b.toml", "-q", "--top", "1")
     assert r.code == 0 and "cheapest job, iteration ≤ 100 s" in " ".join(r.stdout.split()), r.stdout
+
+
+def test_energy_frontier_names_every_file_it_writes(tmp_path):
+    """`energy frontier` said "wrote DIR/frontier.csv, plans.json" and not the summary.json it always writes, the
+    frontier.png of --plot or the plans/ folder of --plan-files."""
+    r = run_cli("energy", "frontier", ROOT / "tests" / "fixtures" / "energy" / "bloom+a100_sxm_bf16.csv", "-m", "4",
+                "--idle-power-w", "83.64", "-o", tmp_path, "--plot", "--plan-files", "--no-baselines", columns=80)
+    assert r.code == 0, r.stderr
+    said = " ".join(r.stdout.split())
+    assert f"wrote frontier.csv, plans.json, plans/, summary.json, frontier.png in {tmp_path}" in said
+    assert {p.name for p in tmp_path.iterdir()} == {"frontier.csv", "plans.json", "plans", "summary.json",
+                                                    "frontier.png"}

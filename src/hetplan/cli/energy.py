@@ -253,8 +253,7 @@ def register(app: typer.Typer) -> None:
             # (plan --energy's energy_j_per_iteration is this times the GPUs per stage)
             summary["plan_all_max_energy_j"] = summary["all_max"]["energy_j"] + prof.num_stages * idle * max(outside, 0)
         (output / "summary.json").write_text(json.dumps(summary, indent=1))
-        if plot:
-            plot_frontier(fr, output / "frontier.png", summary)
+        drawn = plot_frontier(fr, output / "frontier.png", summary) if plot else None
         if as_json:
             short = {k: summary[k] for k in ("points", "pareto_points", "planner_time_s", "min_time_s", "max_time_s",
                                              "all_max", "fastest", "least_energy", "energy_saved_at_max_speed_j", "at_max_speed", "idle_power_w",
@@ -289,8 +288,11 @@ def register(app: typer.Typer) -> None:
             t.add_row(f"straggler ×{s['slowdown']:g}", f"{s['straggler_time_s']:.4f}",
                       f"{s['energy_at_deadline_j']:.1f} {energy_change(s['saved_fraction'])}")
         con.print(t)
+        # every file written (summary.json, plans/ and frontier.png went unsaid)
+        written = ["frontier.csv", *(["plans.json"] if plans else []), *(["plans/"] if plan_files else []),
+                   "summary.json", *(["frontier.png"] if drawn else [])]
         con.print(f"{len(fr)} points ({summary['pareto_points']} Pareto-optimal) in {fr.result.planner_time_s:.2f} s "
-                  f"CPU; idle {idle:.2f} W; wrote {output}/frontier.csv" + (", plans.json" if plans else ""))
+                  f"CPU; idle {idle:.2f} W; wrote {', '.join(written)} in {output}", highlight=False)
 
     @energy.command("power-limits")
     def power_limits_cmd(
