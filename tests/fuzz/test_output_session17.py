@@ -74,14 +74,14 @@ def test_the_title_gives_a_fractional_job_length_as_it_is():
     assert "3.81 iterations" in r.stdout and "4 iterations" not in r.stdout
 
 
-def test_gpus_left_idle_by_whole_nodes_are_said():
+def test_gpus_left_idle_by_whole_hosts_are_said():
     """--gpus 12 on H100s (8 per node) ranked 8-GPU plans without a word on the other 4: a plan beyond one node
-    takes whole nodes. 16 fill two nodes: nothing to say."""
+    takes whole hosts. 16 fill two hosts: nothing to say."""
     r = run_cli("plan", *JOB, "--iterations", "10", "--gpu", "H100-SXM", "--gpus", "12", "--top", "1", columns=80)
     assert r.code == 0, r.stderr
-    assert "at most 8 of the 12 H100-SXM (8 per node) are used" in " ".join(r.stdout.split())
+    assert "at most 8 of the 12 H100-SXM (8 per host) are used" in " ".join(r.stdout.split())
     r = run_cli("plan", *JOB, "--iterations", "10", "--gpu", "H100-SXM", "--gpus", "16", "--top", "1")
-    assert r.code == 0 and "whole nodes" not in r.stdout
+    assert r.code == 0 and "whole hosts" not in r.stdout
 
 
 def test_an_unknown_gpu_of_the_baseline_is_refused_before_the_search(tmp_path, monkeypatch):

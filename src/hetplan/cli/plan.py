@@ -439,7 +439,7 @@ def plan_command(
         }, indent=1))
         return
     _print_ranking(job, obj, summaries[1:] if fine else summaries, result, price_lines, quiet,
-                   _whole_node_notes(inv, cat))
+                   _whole_host_notes(inv, cat))
     if fine is not None:
         _print_fine(fine, explain, quiet)
     if energy and not quiet:
@@ -844,17 +844,18 @@ def _with_pin_options(command):
     return wrapper
 
 
-def _whole_node_notes(inv: Inventory, cat) -> list[str]:
-    """One note per pool whose GPUs do not fill whole nodes: the search's plans take whole nodes beyond one
+def _whole_host_notes(inv: Inventory, cat) -> list[str]:
+    """One note per pool whose GPUs do not fill whole hosts (:attr:`hetplan.plan.GPUPool.launch_gpus`: a server,
+    or an NVL72 rack's tray of 4): the search's plans take whole hosts beyond one
     (:func:`hetplan.plan.fills_whole_nodes`), so the rest sit idle (``--gpus 12`` on H100s ranked 8-GPU plans
     without a word on the other 4)."""
     out = []
     for pool in inv.pools:
         per = pool.launch_gpus
         if pool.count > per and pool.count % per:
-            out.append(f"Note: plans on more than one node take whole nodes (a launch starts as many processes on "
+            out.append(f"Note: plans on more than one host take whole hosts (a launch starts as many processes on "
                        f"each), so at most {pool.count // per * per} of the {pool.count} {cat.get(pool.gpu).name} "
-                       f"({per} per node) are used.")
+                       f"({per} per host) are used.")
     return out
 
 
