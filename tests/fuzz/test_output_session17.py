@@ -169,3 +169,14 @@ def test_energy_frontier_names_every_file_it_writes(tmp_path):
     assert f"wrote frontier.csv, plans.json, plans/, summary.json, frontier.png in {tmp_path}" in said
     assert {p.name for p in tmp_path.iterdir()} == {"frontier.csv", "plans.json", "plans", "summary.json",
                                                     "frontier.png"}
+
+
+def test_plan_energy_says_where_its_power_comes_from_in_words():
+    """`plan --energy` ended its energy line with the JSON code "(dvfs-model)" / "(dvfs-physics)"; `serve` says
+    the same in words."""
+    for gpu, words in (("H100-SXM", "fitted DVFS power model"), ("RTX-A4000", "DVFS power model transferred, not "
+                                                                              "fitted")):
+        r = run_cli("plan", *JOB[:5], "64", "--iterations", "10", "--gpu", gpu, "--gpus", "8", "--energy", "--top",
+                    "1")
+        assert r.code == 0, r.stderr
+        assert f"kW on average ({words})" in " ".join(r.stdout.split()) and "(dvfs-" not in r.stdout

@@ -412,11 +412,13 @@ def add_energy(summaries: list[dict], catalog, usd_per_kwh: float | None) -> Non
 def energy_lines(best: dict, name: str = "#1") -> list[str]:
     """What ``hetplan plan --energy`` prints under the ranking about plan #1 (``name``: the plan, when it is not
     the ranking's #1)."""
+    from hetplan.energy.report import ENERGY_SOURCE_WORDS
     from hetplan.units import kwh_text, usd_text
 
     kj = best["energy_j_per_iteration"] / 1e3
     line = (f"Energy of {name} at the top SM clock: {kj:,.1f} kJ per iteration, {kwh_text(best['job_energy_kwh'])} kWh "
-            f"per job, {best['average_power_w'] / 1e3:,.1f} kW on average ({best['energy_source']})")
+            f"per job, {best['average_power_w'] / 1e3:,.1f} kW on average "
+            f"({ENERGY_SOURCE_WORDS[best['energy_source']]})")  # it read "(dvfs-physics)"
     out = [line]
     if best["perseus_saved_fraction"] is not None:
         out.append(f"Perseus' frequency plans remove {best['perseus_saved_fraction']:.1%} of it at the same iteration "
