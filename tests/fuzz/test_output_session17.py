@@ -180,3 +180,16 @@ def test_plan_energy_says_where_its_power_comes_from_in_words():
                     "1")
         assert r.code == 0, r.stderr
         assert f"kW on average ({words})" in " ".join(r.stdout.split()) and "(dvfs-" not in r.stdout
+
+
+def test_the_layout_legend_lists_only_the_marks_the_ranking_shows():
+    """At 80 columns every ranking's caption spent two of its three lines on the legend of vN, cpN, epN and etpN,
+    also where no layout carried any of them."""
+    plan = ["plan", *JOB[:5], "64", "--iterations", "10", "--gpu", "H100-SXM", "--gpus", "8", "--top", "2", "-q"]
+    r = run_cli(*plan, "--pp", "1", columns=80)
+    assert r.code == 0, r.stderr
+    said = " ".join(r.stdout.split())
+    assert "plan: GPUs, then TPxPPxDP, micro-batch, ZeRO stage, recomputation" in said and "cpN" not in said
+    r = run_cli(*plan, "--pp", "2", "--virtual-stages", "2", columns=80)
+    said = " ".join(r.stdout.split())
+    assert "TPxPPxDP [vN: virtual stages], micro-batch" in said and "cpN" not in said

@@ -902,10 +902,14 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     """The ranked plans: one column per figure, or under ``narrow`` (< 130 columns) the plan's GPUs and layout
     in one two-line cell and only the figures that decide a ranking (iteration time, MFU, memory, job time, $).
     GPU types in ``guess`` (uncalibrated efficiency) are starred."""
-    legend = "vN: virtual stages, cpN: context-parallel, epN: expert-parallel, etpN: expert-TP"
-    marked = any(re.search(r" (v|cp|ep|etp)\d", layout_text(s)) for s in summaries)
-    t = new_table(title, narrow, caption=f"plan: GPUs, then TPxPPxDP \\[{legend}], micro-batch, ZeRO stage, "
-                  "recomputation" if narrow else f"TPxPPxDP \\[{legend}]" if marked else None)
+    # the marks the layouts carry, only (the whole legend took two of the narrow caption's three lines under
+    # every ranking at 80 columns)
+    marks = {m for s in summaries for m in re.findall(r" (v|cp|ep|etp)\d", layout_text(s))}
+    legend = ", ".join(f"{m}N: {what}" for m, what in (("v", "virtual stages"), ("cp", "context-parallel"),
+                                                       ("ep", "expert-parallel"), ("etp", "expert-TP")) if m in marks)
+    legend = f" \\[{legend}]" if legend else ""
+    t = new_table(title, narrow, caption=f"plan: GPUs, then TPxPPxDP{legend}, micro-batch, ZeRO stage, recomputation"
+                  if narrow else f"TPxPPxDP{legend}" if legend else None)
     kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
     if narrow:
         for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $") + kwh:
