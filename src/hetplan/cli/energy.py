@@ -253,8 +253,7 @@ def register(app: typer.Typer) -> None:
             # (plan --energy's energy_j_per_iteration is this times the GPUs per stage)
             summary["plan_all_max_energy_j"] = summary["all_max"]["energy_j"] + prof.num_stages * idle * max(outside, 0)
         (output / "summary.json").write_text(json.dumps(summary, indent=1))
-        if plot:
-            plot_frontier(fr, output / "frontier.png", summary)
+        drawn = plot_frontier(fr, output / "frontier.png", summary) if plot else None
         if as_json:
             short = {k: summary[k] for k in ("points", "pareto_points", "planner_time_s", "min_time_s", "max_time_s",
                                              "all_max", "fastest", "least_energy", "energy_saved_at_max_speed_j", "at_max_speed", "idle_power_w",
@@ -289,8 +288,11 @@ def register(app: typer.Typer) -> None:
             t.add_row(f"straggler ×{s['slowdown']:g}", f"{s['straggler_time_s']:.4f}",
                       f"{s['energy_at_deadline_j']:.1f} {energy_change(s['saved_fraction'])}")
         con.print(t)
+        # every file written (summary.json, plans/ and frontier.png went unsaid)
+        written = ["frontier.csv", *(["plans.json"] if plans else []), *(["plans/"] if plan_files else []),
+                   "summary.json", *(["frontier.png"] if drawn else [])]
         con.print(f"{len(fr)} points ({summary['pareto_points']} Pareto-optimal) in {fr.result.planner_time_s:.2f} s "
-                  f"CPU; idle {idle:.2f} W; wrote {output}/frontier.csv" + (", plans.json" if plans else ""))
+                  f"CPU; idle {idle:.2f} W; wrote {', '.join(written)} in {output}", highlight=False)
 
     @energy.command("power-limits")
     def power_limits_cmd(
@@ -302,8 +304,9 @@ def register(app: typer.Typer) -> None:
         power_catalog: Path = typer.Option(None, "--power-catalog", help="user GPU DVFS/power TOML"),
         as_json: bool = typer.Option(False, "--json", help="print the curve, Zeus' choice and the settings as JSON"),
     ) -> None:
-        """Iteration time and energy of PLAN over the GPUs' power limit (Zeus' knob), Zeus' choice, per-rank
-        settings."""
+        """Iteration time and energy of PLAN over the GPUs' power limit (Zeus' knob).
+
+        Zeus' choice of limit, and its setting per rank (nvidia-smi -pl / NVML)."""
         from hetplan.energy.power_limit import power_limit_curve, rank_settings, zeus_choice
         from hetplan.runtime.planio import load_plan
 
@@ -325,7 +328,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps({"points": [p.to_dict() for p in pts], "zeus_index": k, "eta": eta,
                                    "ranks": ranks}, indent=1))
             return
-        t = Table(title=f"{plan_path.name}: {plan.num_gpus} GPUs under a power limit (Zeus' knob)")
+        types = list(pts[0].power_limit_w)  # W and clock MHz list one figure per GPU type: say whose
+        t = Table(title=f"{plan_path.name}: {plan.num_gpus} GPUs under a power limit (Zeus' knob)",
+                  caption=f"W and clock MHz of {', '.join(types)}" if len(types) > 1 else None)
         for col in ("limit", "W", "clock MHz", "iter s", "kJ/iter", "W/GPU", ""):
             t.add_column(col, justify="right")
         base = pts[0]
@@ -407,11 +412,13 @@ def add_energy(summaries: list[dict], catalog, usd_per_kwh: float | None) -> Non
 def energy_lines(best: dict, name: str = "#1") -> list[str]:
     """What ``hetplan plan --energy`` prints under the ranking about plan #1 (``name``: the plan, when it is not
     the ranking's #1)."""
+    from hetplan.energy.report import ENERGY_SOURCE_WORDS
     from hetplan.units import kwh_text, usd_text
 
     kj = best["energy_j_per_iteration"] / 1e3
     line = (f"Energy of {name} at the top SM clock: {kj:,.1f} kJ per iteration, {kwh_text(best['job_energy_kwh'])} kWh "
-            f"per job, {best['average_power_w'] / 1e3:,.1f} kW on average ({best['energy_source']})")
+            f"per job, {best['average_power_w'] / 1e3:,.1f} kW on average "
+            f"({ENERGY_SOURCE_WORDS[best['energy_source']]})")  # it read "(dvfs-physics)"
     out = [line]
     if best["perseus_saved_fraction"] is not None:
         out.append(f"Perseus' frequency plans remove {best['perseus_saved_fraction']:.1%} of it at the same iteration "
@@ -436,20 +443,24 @@ def print_energy_pareto(summaries: list[dict], path: Path, title: str, quiet: bo
     plot_pareto3(uniq, front, path, title)
     pts = sorted((uniq[i] for i in front), key=lambda s: s["iteration_time_s"])
     if not quiet:
-        t = Table(title=f"Time-$-energy Pareto frontier ({len(pts)} of {len(uniq)} plans)")
-        for col in ("#", "GPUs", "TPxPPxDP", "mbs", "ZeRO", "iter s", "job $", "job kWh", "Perseus -%"):
-            t.add_column(col, justify="right")
-        from hetplan.cli.output import layout_text
+        from hetplan.cli.output import NARROW, gpus_text, layout_text, new_table, table_console
         from hetplan.units import kwh_text, usd_text
 
+        con = table_console()
+        narrow = con.width < NARROW
+        # built as the ranking is: at 80 columns it broke its borders and cut the GPUs to "28x A100-SX…" (a plan
+        # of 4 A100 + 24 A10G)
+        t = new_table(f"Time-$-energy Pareto frontier ({len(pts)} of {len(uniq)} plans)", narrow)
+        plan_cols = ("plan",) if narrow else ("GPUs", "TPxPPxDP", "mbs", "ZeRO")
+        for col in ("#", *plan_cols, "iter s", "job $", "job kWh", "Perseus saves"):
+            t.add_column(col, justify="left" if col in ("plan", "GPUs") else "right", no_wrap=col != "plan")
         for i, s in enumerate(pts, start=1):
             saved = s["perseus_saved_fraction"]
-            # money and energy as the ranking writes them (",.0f" printed $0.0184 and 0.0014 kWh as 0), the
-            # layout with stages of different TP (None) as the ranking does
-            t.add_row(str(i), f"{s['num_gpus']}x {s['gpu']}", layout_text(s), str(s["mbs"]),
-                      str(s["zero"]),
-                      f"{s['iteration_time_s']:.2f}", usd_text(s["job_usd"]), kwh_text(s["job_energy_kwh"]),
-                      "-" if saved is None else f"{saved:.1%}")
-        Console().print(t)
-        Console().print(f"Drawn to {path}.")
+            plan = ((f"{gpus_text(s)}\n{layout_text(s)} mbs {s['mbs']} ZeRO-{s['zero']}",) if narrow
+                    else (gpus_text(s), layout_text(s), str(s["mbs"]), str(s["zero"])))
+            # money and energy as the ranking writes them (",.0f" printed $0.0184 and 0.0014 kWh as 0)
+            t.add_row(str(i), *plan, f"{s['iteration_time_s']:.2f}", usd_text(s["job_usd"]),
+                      kwh_text(s["job_energy_kwh"]), "-" if saved is None else f"{saved:.1%}")
+        con.print(t)
+        con.print(f"Drawn to {path}.", highlight=False)
     return pts

@@ -271,10 +271,6 @@ def plan_command(
     hetplan plan --model llama2-7b --seq-len 4096 --global-batch 1024 --tokens 1e12 --gpu H100-SXM --gpus 64
     """
     output_file(output, "--output")
-    if baseline is not None:  # read before the search: a missing file was 'error: PLAN: ...' after it
-        from hetplan.runtime.planio import load_plan
-
-        load_plan(baseline, "--baseline")
     output_file(pareto, "--pareto", figure=True)
     if energy and pareto is not None:  # its second figure: a folder of that name was a traceback after the search
         output_file(_energy_figure(pareto), "--pareto", figure=True)
@@ -363,6 +359,8 @@ def plan_command(
             raise HetplanError(f"{flag} acts on the fine-grained search only", field=flag,
                                fix=f"add --search fine, or drop {flag}")
     cat = load_catalog(catalog)
+    # checked before the search: a missing file, an unknown GPU or another job's plan was said after it
+    mine = _baseline_plan(baseline, job, cat) if baseline is not None else None
     pools_priced, price_lines = _priced(inv.pools, cat, price_source, provider, prices)
     inv = inv.model_copy(update={"pools": pools_priced})
     cal, cat = _calibrated(calibration, cat, inv.pools, job)
@@ -412,9 +410,9 @@ def plan_command(
         from hetplan.cli.energy import add_energy, energy_lines
 
         add_energy(summaries, cat, usd_per_kwh)
-    base = (_baseline(baseline, cat, summaries[0], job, (price_source, provider, prices), cal, pools_priced,
+    base = (_baseline(mine, baseline, cat, summaries[0], (price_source, provider, prices), cal, pools_priced,
                       _profiles(profile_db) if fine is not None else None, (usd_per_kwh,) if energy else None)
-            if baseline is not None else None)
+            if mine is not None else None)
     add_intervals(summaries, cat, cal)
     # the frontier, with the ranked plans on it where nothing dominates them (and the fine plan, priced by the
     # same cost model unless a profile database priced it)
@@ -440,7 +438,8 @@ def plan_command(
                if energy and pareto is not None else {}),
         }, indent=1))
         return
-    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, price_lines, quiet)
+    _print_ranking(job, obj, summaries[1:] if fine else summaries, result, price_lines, quiet,
+                   _whole_host_notes(inv, cat))
     if fine is not None:
         _print_fine(fine, explain, quiet)
     if energy and not quiet:
@@ -460,7 +459,9 @@ def plan_command(
             f"job ${usd_text(b['job_usd'])}; the best plan is {base['speedup']:.2f}x as fast and costs "
             f"{base['usd_ratio']:.0%} of it per job.", highlight=False)
     if output is not None:
-        Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).")
+        # one line the terminal may wrap: rich broke it inside the command, "`hetplan estimate" / "PATH`"
+        Console().print(f"Best plan written to {output} (run `hetplan estimate {output}`).", soft_wrap=True,
+                        highlight=False, markup=False)
 
 
 #: The shapes that make two models the same training work per token (``--baseline`` compares runs of one job).
@@ -468,22 +469,11 @@ _SAME_MODEL = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads
                "num_experts", "expert_ffn_hidden_size")
 
 
-def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", None, None), cal=None,
-              searched: list[GPUPool] = (), profiles=None, energy: tuple | None = None) -> dict:
-    """``--baseline``: the user's plan, checked by the plan rules and priced by the same estimator, catalog,
-    prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same ``pricing``
-    (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with the best
-    plan's speed-up (baseline time / best time) and cost ratio (best job $ / baseline job $). The baseline trains
-    ``job``'s model, sequence length and global batch (else its iteration is other work: a Llama-2-13B plan at half
-    the batch came out "0.49x as fast"); it is priced for ``job``'s length (a launch's own ``--train-iters`` of a
-    short benchmark would make the job $ ratio that of two job lengths). A pool of a GPU type the search priced
-    (``searched``, its priced pools) costs what the search's does, $/GPU-h (:func:`_searched_prices`: a
-    ``--price 2`` search against its own plan, written without prices, read "costs 52 % of it per job" at the
-    catalog's $3.84). ``profiles``: the measured layer times that priced ``best`` (``--search fine --profile-db``;
-    the fine search's own plan as baseline came out "1.12x as fast" when only the best was priced on them).
-    ``energy``: ``(usd_per_kwh,)`` under ``--energy``, its energy and electricity added as to the ranking's plans
-    (:func:`hetplan.cli.energy.add_energy`; at $2/kWh the best plan's job $ had its electricity and its own plan
-    as baseline not: $0.3057 and $0.2305, "costs 100 % of it").
+def _baseline_plan(path: Path, job, cat):
+    """``--baseline``'s plan, read and checked before the search: it trains ``job``'s model, sequence length and
+    global batch (else its iteration is other work: a Llama-2-13B plan at half the batch came out "0.49x as
+    fast"), passes the plan rules and names GPU types of ``cat``; it is priced for ``job``'s length (a launch's own
+    ``--train-iters`` of a short benchmark would make the job $ ratio that of two job lengths).
 
     Raises:
         HetplanError: naming ``--baseline`` and what differs."""
@@ -503,6 +493,28 @@ def _baseline(path: Path, cat, best: dict, job, pricing: tuple = ("catalog", Non
     plan = plan.model_copy(update={"job": plan.job.model_copy(update={"train_tokens": job.train_tokens,
                                                                       "train_iterations": job.train_iterations})})
     check_plan(plan, spec)
+    for i, pool in enumerate(plan.pools):
+        cat.get(pool.gpu, field=f"--baseline pools.{i}.gpu")
+    return plan
+
+
+def _baseline(plan, path: Path, cat, best: dict, pricing: tuple = ("catalog", None, None), cal=None,
+              searched: list[GPUPool] = (), profiles=None, energy: tuple | None = None) -> dict:
+    """``--baseline``: the user's plan (:func:`_baseline_plan`, read from ``path``) priced by the same estimator,
+    catalog, prices and calibration as the search's plans — as ``hetplan estimate PATH`` with the same
+    ``pricing`` (``--price-source``, ``--provider``, ``--prices``: :func:`_repriced`) and ``cal`` prices it — with
+    the best plan's speed-up (baseline time / best time) and cost ratio (best job $ / baseline job $). A pool of a
+    GPU type the search priced (``searched``, its priced pools) costs what the search's does, $/GPU-h
+    (:func:`_searched_prices`: a ``--price 2`` search against its own plan, written without prices, read "costs
+    52 % of it per job" at the catalog's $3.84). ``profiles``: the measured layer times that priced ``best``
+    (``--search fine --profile-db``; the fine search's own plan as baseline came out "1.12x as fast" when only the
+    best was priced on them). ``energy``: ``(usd_per_kwh,)`` under ``--energy``, its energy and electricity added
+    as to the ranking's plans (:func:`hetplan.cli.energy.add_energy`; at $2/kWh the best plan's job $ had its
+    electricity and its own plan as baseline not: $0.3057 and $0.2305, "costs 100 % of it").
+
+    Raises:
+        HetplanError: naming ``--baseline``: the plan does not fit in memory."""
+    spec = load_model(plan.job.model)
     pools, _ = _repriced(plan.pools, cat, *pricing, where="--baseline pools")  # a plan of `hetplan import` had catalog prices under --price-source spot
     pools = _searched_prices(pools, searched, cat)
     plan = plan.model_copy(update={"pools": cal.apply_pools(pools, cat) if cal else pools})
@@ -650,7 +662,9 @@ def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = Fal
     plot_frontier(fr, path, title=f"{job.model}: cost vs iteration time ({len(fr.points)} frontier plans)")
     pts = by_cost(fr.points)
     bought = {id(c): buys(p, c) for p, c in zip(pts, pts[1:])}
-    out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=p.heterogeneous, description=p.description,
+    # heterogeneous: stages on different GPU types (two pools of one type were "[het]" and "heterogeneous": true)
+    het = {id(p): len({se.gpu for se in p.estimate.stages}) > 1 for p in fr.points}
+    out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=het[id(p)], description=p.description,
                 buys=bought.get(id(p), "cheapest"), exact=p.estimate.iteration_time_s < fr.proven_below_s)
            for p in fr.points]
     if table:
@@ -666,7 +680,7 @@ def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = Fal
         pts = by_cost(fr.points)
         what = ["cheapest"] + [f"{buys(p, c)} than #{i}" for i, (p, c) in enumerate(zip(pts, pts[1:]), start=1)]
         for i, (p, b) in enumerate(zip(pts, what), start=1):
-            t.add_row(str(i), ("\\[het] " if p.heterogeneous else "") + p.description, str(p.plan.num_gpus),
+            t.add_row(str(i), ("\\[het] " if het[id(p)] else "") + p.description, str(p.plan.num_gpus),
                       f"{p.estimate.iteration_time_s:.3f}", f"{p.estimate.usd_per_iteration:.4f}",
                       f"{p.estimate.usd_per_hour:,.2f}", b)
         con.print(t)
@@ -748,11 +762,20 @@ def _print_fine(fine, explain: bool, quiet: bool = False) -> None:
                   str(fine.plan.stage_mbs(i)), str(st.num_layers), rc, f"{(se.forward_s + se.backward_s) * 1e3:.1f}",
                   _mem(se.memory.total))
     con.print(t)
-    if explain:  # no markup: rich took a step's "[start 2, 1]" for a style tag and dropped it
-        for line in fine.explanation()[:-1]:
-            con.print(f"  {line}", highlight=False, markup=False)
+    if explain:
+        _print_items(con, fine.explanation()[:-1])
     if not quiet:
         con.print(fine.explanation()[-1] + f", {fine.search_time_s:.2f} s.", highlight=False, markup=False)
+
+
+def _print_items(con, items: list[str]) -> None:
+    """One item per paragraph, indented, its continuation lines indented under it (the fine search's steps ran
+    on at column 0, one step hard to tell from the next); no markup: rich took a step's "[start 2, 1]" for a
+    style tag and dropped it."""
+    for item in items:
+        con.print(textwrap.fill(item, width=max(40, con.width - 1), initial_indent="  ", subsequent_indent="    ",
+                                break_on_hyphens=False),
+                  highlight=False, markup=False, soft_wrap=True)
 
 
 def _inventory_file(path: Path) -> list[dict]:
@@ -790,9 +813,10 @@ def _pins(raw: dict) -> Pins:
 
 
 def _iterations(job: Job) -> str:
-    """ "1 iteration", "238,419 iterations" (the job's length, for a title)."""
+    """ "1 iteration", "3.81 iterations", "238,419 iterations" (the job's length, for a title: what the job time
+    and $ are priced for; 1e6 tokens of 262,144 per iteration read "4 iterations")."""
     n = job.iterations()
-    return f"{n:,.0f} iteration" + ("" if round(n) == 1 else "s")
+    return (f"{n:,.0f}" if n >= 100 or n == round(n) else f"{n:.3g}") + " iteration" + ("" if n == 1 else "s")
 
 
 def _with_pin_options(command):
@@ -820,11 +844,30 @@ def _with_pin_options(command):
     return wrapper
 
 
+def _whole_host_notes(inv: Inventory, cat) -> list[str]:
+    """One note per pool whose GPUs do not fill whole hosts (:attr:`hetplan.plan.GPUPool.launch_gpus`: a server,
+    or an NVL72 rack's tray of 4): the search's plans take whole hosts beyond one
+    (:func:`hetplan.plan.fills_whole_nodes`), so the rest sit idle (``--gpus 12`` on H100s ranked 8-GPU plans
+    without a word on the other 4)."""
+    out = []
+    for pool in inv.pools:
+        per = pool.launch_gpus
+        if pool.count > per and pool.count % per:
+            out.append(f"Note: plans on more than one host take whole hosts (a launch starts as many processes on "
+                       f"each), so at most {pool.count // per * per} of the {pool.count} {cat.get(pool.gpu).name} "
+                       f"({per} per host) are used.")
+    return out
+
+
 def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, prices: list[dict] = (),
-                   quiet: bool = False) -> None:
+                   quiet: bool = False, notes: list[str] = ()) -> None:
     con = table_console()
+    # the limits the plans meet, as given ("by the deadline" did not say which; an SLO went unsaid)
+    limits = ([duration_text(obj.deadline_s)] if obj.deadline_s else []) + (
+        [f"${usd_text(obj.budget_usd)}"] if obj.budget_usd else [])
     goal = ("cheapest job" if obj.goal == "cheapest" else "fastest job") + (
-        " by the deadline" if obj.deadline_s else "") + (f" within ${usd_text(obj.budget_usd)}" if obj.budget_usd else "")
+        f" within {' and '.join(limits)}" if limits else "") + (
+        f", iteration ≤ {obj.slo_iteration_s:g} s" if obj.slo_iteration_s else "")
     title = f"{job.model}: seq {job.seq_len}, global batch {job.global_batch}, {_iterations(job)} — {goal}"
     guess = {ln["gpu"] for ln in prices if not ln["calibrated"]}
     con.print(_ranking_table(title, summaries, narrow=con.width < NARROW, guess=guess))
@@ -842,16 +885,13 @@ def _print_ranking(job: Job, obj: Objective, summaries: list[dict], result, pric
     for i, st in enumerate(best["stages"]):  # fits, but its expected footprint does not (hetplan.estimate.memory)
         if st.get("memory_warning"):
             con.print(f"stage {i}: {st['memory_warning']}", highlight=False, markup=False)
-    for line in _interval_lines(best):
+    for line in [*_interval_lines(best), *notes]:
         con.print(line, highlight=False, markup=False)
     con.print("[bold]Why:[/]")
     why = [result.explanation[0], *(f"#{i}: {s['reason']}" for i, s in enumerate(summaries[1:], start=2)),
            *merge_best_with_another([ln for ln in result.explanation[1:]  # said on stderr already
                                      if not (ln.startswith("Homogeneous exact") and STOPPED in ln)])]
-    for line in why:  # one item per paragraph, its continuation lines indented under it
-        con.print(textwrap.fill(line, width=max(40, con.width - 1), initial_indent="  ", subsequent_indent="    ",
-                                break_on_hyphens=False),
-                  highlight=False, markup=False, soft_wrap=True)
+    _print_items(con, why)
     con.print(f"Searched {result.configurations_evaluated:,} configurations ({result.configurations_fitting_memory:,} fit in memory) "
               f"in {result.search_time_s:.2f} s.")
     if prices:
@@ -862,10 +902,14 @@ def _ranking_table(title: str, summaries: list[dict], narrow: bool, guess: set[s
     """The ranked plans: one column per figure, or under ``narrow`` (< 130 columns) the plan's GPUs and layout
     in one two-line cell and only the figures that decide a ranking (iteration time, MFU, memory, job time, $).
     GPU types in ``guess`` (uncalibrated efficiency) are starred."""
-    legend = "vN: virtual stages, cpN: context-parallel, epN: expert-parallel, etpN: expert-TP"
-    marked = any(re.search(r" (v|cp|ep|etp)\d", layout_text(s)) for s in summaries)
-    t = new_table(title, narrow, caption=f"plan: GPUs, then TPxPPxDP \\[{legend}], micro-batch, ZeRO stage, "
-                  "recomputation" if narrow else f"TPxPPxDP \\[{legend}]" if marked else None)
+    # the marks the layouts carry, only (the whole legend took two of the narrow caption's three lines under
+    # every ranking at 80 columns)
+    marks = {m for s in summaries for m in re.findall(r" (v|cp|ep|etp)\d", layout_text(s))}
+    legend = ", ".join(f"{m}N: {what}" for m, what in (("v", "virtual stages"), ("cp", "context-parallel"),
+                                                       ("ep", "expert-parallel"), ("etp", "expert-TP")) if m in marks)
+    legend = f" \\[{legend}]" if legend else ""
+    t = new_table(title, narrow, caption=f"plan: GPUs, then TPxPPxDP{legend}, micro-batch, ZeRO stage, recomputation"
+                  if narrow else f"TPxPPxDP{legend}" if legend else None)
     kwh = ("job kWh",) if "job_energy_kwh" in summaries[0] else ()  # hetplan plan --energy
     if narrow:
         for col in ("#", "plan", "iter s", "MFU", "GiB", "job time", "job $") + kwh:

@@ -21,6 +21,12 @@ from hetplan.energy.frontier import Frontier
 from hetplan.errors import HetplanError
 
 
+#: An ``energy_source`` (:func:`hetplan.energy.job.plan_energy`, the serving simulator's) in words, for output.
+ENERGY_SOURCE_WORDS = {"dvfs-model": "fitted DVFS power model",
+                       "dvfs-physics": "DVFS power model transferred, not fitted",
+                       "tdp": "TDP while busy: an upper bound"}
+
+
 #: "The same iteration time": a frontier plan's replay may exceed all-max's by this fraction (time is floored to
 #: the unit in the planner, so its plans replay slower; at 1 ms on an interleaved A100 plan even the fastest point
 #: replayed 0.5 % slower than all-max, docs/energy.md).

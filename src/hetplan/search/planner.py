@@ -625,6 +625,14 @@ def _merge_key(objective, est):
     return key[0] if key else None
 
 
+def _kind(plan, est) -> str:
+    """How the explanation names a plan of the heterogeneous search: ``heterogeneous`` (stages on different GPU
+    types), ``single-pool`` or ``multi-pool`` (pools of one GPU type)."""
+    if len({se.gpu for se in est.stages}) > 1:
+        return "heterogeneous"
+    return "single-pool" if len({st.pool for st in plan.stages}) == 1 else "multi-pool"
+
+
 def _merge_hetero(objective, ranked, explanation, het, top_k):
     """Rank homogeneous and heterogeneous plans together by the objective on their estimates."""
     entries, res = het
@@ -633,20 +641,24 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
     homo_plans = {rp.plan.model_dump_json() for rp in ranked}
     allp = [(iterations_key(rp.estimate), second_key(rp.estimate), rp.estimate.memory_bytes_per_gpu.total, rp.plan,
              rp.estimate, rp.reason, False) for rp in ranked]
-    # the heterogeneous search also returns plans on one pool (uneven layers, two TP degrees): not "heterogeneous"
-    allp += [(k, s2, mem, plan, est, f"{'heterogeneous' if len({st.pool for st in plan.stages}) > 1 else 'single-pool'}"
-              f" {desc}", True) for k, s2, mem, plan, est, desc in entries if plan.model_dump_json() not in homo_plans]
+    # the heterogeneous search also returns plans on one pool (uneven layers, two TP degrees) and on pools of one
+    # GPU type: not "heterogeneous", which is stages on different GPU types
+    allp += [(k, s2, mem, plan, est, f"{_kind(plan, est)} {desc}", True)
+             for k, s2, mem, plan, est, desc in entries if plan.model_dump_json() not in homo_plans]
     allp.sort(key=lambda x: x[:3])
     allp = allp[:top_k]
     out = []
     win = allp[0] if allp else None
     what = "job $" if objective.goal == "cheapest" else "job time"
     het_wins = win is not None and win[6]
-    # The homogeneous reasons and explanation call the best homogeneous plan "#1"; when a heterogeneous plan
-    # wins, they are relabelled with the homogeneous plan's merged rank and put against the new #1.
+    # The homogeneous reasons and explanation call the best homogeneous plan "#1"; when a plan of the heterogeneous
+    # search wins, they are relabelled with the homogeneous plan's merged rank and put against the new #1. A winner
+    # on one GPU type is homogeneous too: it beats the best *uniform* plan (one pool, one TP, even layers).
     ref = ranked[0] if ranked else None
     ref_rank = next((r for r, x in enumerate(allp, start=1) if ref is not None and x[4] is ref.estimate), None)
-    ref_label = f"#{ref_rank}" if ref_rank else "the best homogeneous plan"
+    kind = "homogeneous" if win is not None and win[6] and _kind(win[3], win[4]) == "heterogeneous" else "uniform"
+    ref_name = f"the best {kind} plan"
+    ref_label = f"#{ref_rank}" if ref_rank else ref_name
     for r, (k, s2, mem, plan, est, reason, is_het) in enumerate(allp, start=1):
         assert win is not None  # allp is not empty
         if r == 1 and is_het:
@@ -656,18 +668,20 @@ def _merge_hetero(objective, ranked, explanation, het, top_k):
         elif het_wins:
             assert ref is not None  # a homogeneous plan is ranked: ranked is not empty
             if est is ref.estimate:
-                reason = f"the best homogeneous plan; {reason.split('; ', 1)[1]}"
+                reason = f"{ref_name}; {reason.split('; ', 1)[1]}"
             else:
-                reason = f"vs {ref_label}, the best homogeneous plan: {reason.replace('#1', ref_label)}"
+                reason = f"vs {ref_label}, {ref_name}: {reason.replace('#1', ref_label)}"
             reason = f"{k / win[0] - 1:+.1%} {what} vs #1; {reason}"
         out.append(RankedPlan(rank=r, plan=plan, estimate=est, reason=reason))
     lines = list(explanation)
     if het_wins and win is not None:
         head = f"#1 {win[5]}"
         if ref is not None:
-            head += f": {1 - win[0] / iterations_key(ref.estimate):.1%} better {what} than the best homogeneous plan"
+            head += f": {1 - win[0] / iterations_key(ref.estimate):.1%} better {what} than {ref_name}" + (
+                " (one pool, one TP, layers split evenly)" if kind == "uniform" else "")
             first = lines[0].removeprefix("#1 ").replace(f": best {what}; ", ": ", 1)
-            lines[0] = f"Best homogeneous plan ({ref_label}): {first}"
+            # its rank, or where it is not ranked that it is not (it read "(the best homogeneous plan)")
+            lines[0] = f"Best {kind} plan ({ref_label if ref_rank else f'not in the top {top_k}'}): {first}"
         lines.insert(0, head + ".")
     line = (f"Heterogeneous search: {res.allocations:,} GPU allocations bounded, {res.allocations_solved:,} solved "
             f"({res.orders_solved:,} stage orders), {res.plans_estimated:,} plans estimated in {res.search_time_s:.2f} s; ")
