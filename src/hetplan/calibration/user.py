@@ -252,9 +252,21 @@ def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
             plan = validated(Plan, {**plan.model_dump(), **parts["plan"]}, "plan")
     except HetplanError as exc:  # named by the run's column (runs.gpus), not the plan's field (pools.0.count)
         col = _column_of(exc.field)
-        raise HetplanError(f"{label}: {exc.message}", field=f"runs.{col}" if col else f"runs ({label}) {exc.field}",
-                           fix=exc.fix) from None
+        raise HetplanError(f"{label}: {_in_columns(exc.message)}",
+                           field=f"runs.{col}" if col else f"runs ({label}) {exc.field}",
+                           fix=exc.fix and _in_columns(exc.fix)) from None
     return plan
+
+
+def _in_columns(text: str) -> str:
+    """A ``hetplan plan`` message about its pins in a RUNS row's terms: its flags as the row's columns
+    (``--use-gpus 6`` -> ``gpus = 6``, ``pin --tp to 4`` -> ``set tp to 4``, ``unpin zero`` -> ``leave zero
+    empty``): the fix "pin --use-gpus to a multiple of 4" named a flag calibrate does not have."""
+    text = re.sub(r"--use-gpus\b", "--gpus", text)
+    text = re.sub(r"--([a-z][a-z0-9-]*)( \d+\b)?", lambda m: m.group(1).replace("-", "_") + (
+        f" ={m.group(2)}" if m.group(2) else ""), text)
+    text = re.sub(r"\bunpin (\w+)", r"leave \1 empty", text.replace("unpin a degree", "leave a degree column empty"))
+    return re.sub(r"\bpin\b", "set", text)
 
 
 @dataclass(frozen=True)

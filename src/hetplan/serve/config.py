@@ -331,6 +331,40 @@ class _Common(_Strict):
         return self
 
 
+    def check_split(self, engine=None) -> None:
+        """``cluster.tp`` splits every model's heads, key/value heads and MLP width
+        (:func:`hetplan.estimate.inference.check_tp`; a serving ``engine`` replicates key/value heads) and
+        ``cluster.pp`` gives each stage a layer at least.
+
+        Raises:
+            HetplanError: naming ``cluster.tp`` (with the degrees up to 16 that split every model) or ``cluster.pp``.
+        """
+        from hetplan.estimate.inference import check_tp
+
+        specs = {m.name: m.spec() for m in self.models}
+
+        def splits(tp: int) -> bool:
+            try:
+                for spec in specs.values():
+                    check_tp(spec, tp, engine)
+            except HetplanError:
+                return False
+            return True
+
+        c = self.cluster
+        for name, spec in specs.items():
+            try:
+                check_tp(spec, c.tp, engine)
+            except HetplanError as exc:
+                fits = ", ".join(str(t) for t in range(1, 17) if splits(t))
+                raise HetplanError(f"{exc.message} (models.{name})", field="cluster.tp",
+                                   fix=f"set cluster.tp to a degree that splits every model: {fits}") from None
+            if c.pp > spec.num_layers:
+                raise HetplanError(f"PP = {c.pp} exceeds the {spec.num_layers} layers of model {spec.name} "
+                                   f"(models.{name})", field="cluster.pp",
+                                   fix=f"set cluster.pp to at most {spec.num_layers}: a stage holds a layer at least")
+
+
 class ServeConfig(_Common):
     """``SERVE.toml``: cluster, scheduler, api, models."""
 
@@ -404,12 +438,13 @@ def load_serve_config(path: str | Path) -> ServeConfig:
     """Read and validate ``SERVE.toml``.
 
     Raises:
-        HetplanError: missing file, TOML syntax error (with line and column), an invalid field, or a default
-            request length no request may have (``api.default_max_new_tokens`` above ``api.max_new_tokens_limit``
+        HetplanError: missing file, TOML syntax error (with line and column), an invalid field, a ``cluster.tp``
+            or ``cluster.pp`` that does not split a model (:meth:`check_split`), or a default request length no request may have (``api.default_max_new_tokens`` above ``api.max_new_tokens_limit``
             or without room for a one-token prompt in a KV-cache slot: every request without its own
             ``max_new_tokens`` was refused, 422, by a server that started).
     """
     cfg = _load(path, ServeConfig)
+    cfg.check_split()
     a, slot = cfg.api, cfg.scheduler.kv_cache_len
     if a.default_max_new_tokens > a.max_new_tokens_limit:
         raise HetplanError(f"api.default_max_new_tokens = {a.default_max_new_tokens} is above api.max_new_tokens_limit "
