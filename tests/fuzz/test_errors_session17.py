@@ -107,3 +107,14 @@ def test_errors_wrap_at_word_boundaries_on_a_terminal(tmp_path, monkeypatch):
     assert len(lines) > 2 and all(len(ln) <= 80 for ln in lines), text
     assert text.split() == piped.split()  # no word split across two lines
     assert any(ln.startswith("  fix: ") for ln in lines) and lines[1].startswith("  ")
+
+
+def test_estimate_names_the_stack_flag(tmp_path):
+    # said "plan.job.stack: ... (got 'megatron@99')": the plan file has no such stack, the flag gave it
+    refused(run_cli("estimate", EXAMPLES / "tiny-pp2-dp2.json", "--stack", "megatron@99"), "--stack",
+            "megatron-lm has no release '99'")
+
+
+def test_estimate_timeline_help_names_the_formats_it_writes():
+    r = run_cli("estimate", "--help")
+    assert r.code == 0 and ".svg" in r.stdout and "to this PNG" not in r.stdout
