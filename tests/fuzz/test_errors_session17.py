@@ -118,3 +118,21 @@ def test_estimate_names_the_stack_flag(tmp_path):
 def test_estimate_timeline_help_names_the_formats_it_writes():
     r = run_cli("estimate", "--help")
     assert r.code == 0 and ".svg" in r.stdout and "to this PNG" not in r.stdout
+
+
+@pytest.mark.parametrize("flags, field, words", [
+    # the row has no node / gpu column: the flags filled them in, and the error named runs.node / runs.gpu
+    (("--gpu", "H100-SXM", "--gpus", "8", "--node", "zz"), "--node", ("unknown node 'zz'",)),
+    (("--gpu", "Z9", "--gpus", "8"), "--gpu", ("unknown GPU type 'Z9'",)),
+    (("--gpu", "H100-SXM", "--gpus", "100000000"), "--gpus", ("a million GPUs",)),
+])
+def test_calibrate_names_the_flag_that_filled_a_bad_value(tmp_path, flags, field, words):
+    runs = tmp_path / "runs.csv"
+    runs.write_text("model,seq_len,global_batch,mbs,step_time_s\nllama3-8b,8192,16,2,2.8\n")
+    refused(run_cli("calibrate", runs, *flags), field, *words)
+
+
+def test_export_names_the_virtual_stages_flag():
+    # said "plan.virtual_stages: ... fix: set virtual_stages = 1 or change the plan"; the plan file has 1
+    refused(run_cli("export", EXAMPLES / "tiny-pp2-dp2.json", "--to", "megatron", "--virtual-stages", "3"),
+            "--virtual-stages", "divisible by 3", "fix: give --virtual-stages 1")
