@@ -136,3 +136,12 @@ def test_export_names_the_virtual_stages_flag():
     # said "plan.virtual_stages: ... fix: set virtual_stages = 1 or change the plan"; the plan file has 1
     refused(run_cli("export", EXAMPLES / "tiny-pp2-dp2.json", "--to", "megatron", "--virtual-stages", "3"),
             "--virtual-stages", "divisible by 3", "fix: give --virtual-stages 1")
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("count = 64", "count = -64", "inventory.1.count"),  # was inventory.pools.1.count
+    ("inter_node_bandwidth_gbit_per_s = 3200", 'inter_node_bandwidth_gbit_per_s = "fast"',
+     "inventory.1.inter_node_bandwidth_gbit_per_s"),
+])
+def test_job_file_pool_errors_name_the_inventory_item_one_way(tmp_path, old, new, field):
+    refused(run_cli("plan", _edited(tmp_path, "llama2-7b-mixed-cloud.toml", old, new), "-q"), field)

@@ -87,6 +87,10 @@ def main() -> None:
     try:
         app()
     except HetplanError as exc:
+        if exc.field and exc.field.startswith("inventory.pools."):
+            # a job file's pools are its [[inventory]] items, as its Gb/s fields' errors say (inventory.1.x); the
+            # model's list (pools) is no key of the file. The plan command names the flags it filled first.
+            exc.field = "inventory." + exc.field.removeprefix("inventory.pools.")
         width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
         text = error_text(exc, width)
         Console(stderr=True).print(f"[bold red]error:[/]{escape(text.removeprefix('error:'))}", highlight=False,
