@@ -145,3 +145,17 @@ def test_export_names_the_virtual_stages_flag():
 ])
 def test_job_file_pool_errors_name_the_inventory_item_one_way(tmp_path, old, new, field):
     refused(run_cli("plan", _edited(tmp_path, "llama2-7b-mixed-cloud.toml", old, new), "-q"), field)
+
+
+@pytest.mark.parametrize("column, value, field, words", [
+    # named "runs (row 2) job.fp8_recipe": the digit split the column's name into fp and _recipe
+    ("fp8_recipe", "foo", "runs.fp8_recipe", ("got 'foo'",)),
+    # the fix read "or leave dp empty/mbs" (plan's "unpin dp/mbs")
+    ("mbs", "3", "runs.global_batch", ("or leave dp/mbs empty",)),
+])
+def test_calibrate_names_a_column_and_its_fix_in_csv_terms(tmp_path, column, value, field, words):
+    row = {"model": "llama3-8b", "gpu": "H100-SXM", "gpus": "8", "seq_len": "8192", "global_batch": "16",
+           "step_time_s": "2.8", column: value}
+    runs = tmp_path / "runs.csv"
+    runs.write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
+    refused(run_cli("calibrate", runs), field, *words)

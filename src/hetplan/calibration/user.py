@@ -224,7 +224,7 @@ def _column_of(field: str | None) -> str | None:
     """The column of :data:`COLUMNS` that sets the field an error names (``inventory[0].gpu`` -> ``gpu``,
     ``pools.0.count`` -> ``gpus``, ``pin.tp`` -> ``tp``): the one setting the field's last name; None when no
     column sets it. The pins' ``num_gpus`` is the ``gpus`` column too (:func:`_plan_of`)."""
-    names = re.findall(r"[A-Za-z_]+", field or "")
+    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", field or "")  # fp8_recipe, not fp and _recipe
     last = "count" if names[-1:] == ["num_gpus"] else names[-1] if names else None
     return next((col for col, (_, name, _) in COLUMNS.items() if name == last), None)
 
@@ -274,7 +274,8 @@ def _in_columns(text: str) -> str:
     text = re.sub(r"--use-gpus\b", "--gpus", text)
     text = re.sub(r"--([a-z][a-z0-9-]*)( \d+\b)?", lambda m: m.group(1).replace("-", "_") + (
         f" ={m.group(2)}" if m.group(2) else ""), text)
-    text = re.sub(r"\bunpin (\w+)", r"leave \1 empty", text.replace("unpin a degree", "leave a degree column empty"))
+    text = re.sub(r"\bunpin ((?:\w+ ?/ ?)*\w+)", r"leave \1 empty",
+                  text.replace("unpin a degree", "leave a degree column empty"))
     return re.sub(r"\bpin\b", "set", text)
 
 
