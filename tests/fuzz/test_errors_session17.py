@@ -159,3 +159,13 @@ def test_calibrate_names_a_column_and_its_fix_in_csv_terms(tmp_path, column, val
     runs = tmp_path / "runs.csv"
     runs.write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
     refused(run_cli("calibrate", runs), field, *words)
+
+
+def test_an_unknown_gpu_suggests_the_names_it_begins():
+    # "A100" was answered "did you mean A10, H100-SXM, V100-SXM-32GB?", no A100 among them
+    r = refused(run_cli("catalog", "prices", "--gpu", "A100"), "--gpu", "did you mean")
+    assert "A100-SXM-80GB" in r.stderr and "V100" not in r.stderr
+
+
+def test_catalog_engines_names_its_engine_argument():
+    refused(run_cli("catalog", "engines", "vllmm"), "ENGINE", "unknown serving engine 'vllmm'")
