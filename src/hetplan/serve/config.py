@@ -10,7 +10,7 @@ This module does not import torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
@@ -18,6 +18,9 @@ from hetplan.errors import HetplanError
 from hetplan.inputs import UserInput, bounded, parse_toml, read_text, validation_message
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.serve.workload import MAX_TIME_S, MAX_TIME_WHY
+
+if TYPE_CHECKING:
+    from hetplan.hardware.engines import EngineSpec
 
 #: Most requests a generated workload may expect (duration x rates): the simulator handles ~10,000 per CPU second
 #: (measured: 10,176 requests of opt-1.3b in 1.1 s), so about 10 s at most; fuzz found 16,500 taking 30 s under load.
@@ -330,8 +333,7 @@ class _Common(_Strict):
                                  f"entries: {', '.join(names)}")
         return self
 
-
-    def check_split(self, engine=None) -> None:
+    def check_split(self, engine: EngineSpec | None = None) -> None:
         """``cluster.tp`` splits every model's heads, key/value heads and MLP width
         (:func:`hetplan.estimate.inference.check_tp`; a serving ``engine`` replicates key/value heads) and
         ``cluster.pp`` gives each stage a layer at least.
@@ -439,9 +441,10 @@ def load_serve_config(path: str | Path) -> ServeConfig:
 
     Raises:
         HetplanError: missing file, TOML syntax error (with line and column), an invalid field, a ``cluster.tp``
-            or ``cluster.pp`` that does not split a model (:meth:`check_split`), or a default request length no request may have (``api.default_max_new_tokens`` above ``api.max_new_tokens_limit``
-            or without room for a one-token prompt in a KV-cache slot: every request without its own
-            ``max_new_tokens`` was refused, 422, by a server that started).
+            or ``cluster.pp`` that does not split a model (:meth:`check_split`), or a default request length no
+            request may have (``api.default_max_new_tokens`` above ``api.max_new_tokens_limit`` or without room
+            for a one-token prompt in a KV-cache slot: every request without its own ``max_new_tokens`` was
+            refused, 422, by a server that started).
     """
     cfg = _load(path, ServeConfig)
     cfg.check_split()
