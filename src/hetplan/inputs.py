@@ -137,7 +137,9 @@ def read_csv(text: str, origin: str, field: str, line_key: str | None = None) ->
     Raises:
         HetplanError: the csv module refuses it (e.g. a field longer than its 128 kB limit, a NUL byte); a header
             of one column holding semicolons or tabs (a file separated by them, as spreadsheets in many locales save
-            "CSV": it read as one unknown column); a row with more cells than the header; a column named twice.
+            "CSV": it read as one unknown column); a row with more or fewer cells than the header (fewer: its last
+            columns read as empty, and a trace's missing max_new_tokens took the default unsaid); a column named
+            twice.
     """
     reader = csv.DictReader(io.StringIO(text, newline=""))
     rows = []
@@ -155,6 +157,12 @@ def read_csv(text: str, origin: str, field: str, line_key: str | None = None) ->
                                    f"under a header of {len(header or ())} columns", field=field,
                                    fix="remove the extra cells (a comma too many, or an unquoted comma in a "
                                        "value), or name their column in the header")
+            if None in row.values():  # DictReader fills a short row's last columns with None: read as left empty
+                given = sum(v is not None for v in row.values())
+                raise HetplanError(f"{origin} line {reader.line_num}: {given} cells under a header of "
+                                   f"{len(header or ())} columns", field=field,
+                                   fix="add the missing cells (an empty one between two commas is allowed), or "
+                                       "remove their columns from the header")
             rows.append(row if line_key is None else {**row, line_key: reader.line_num})
     except csv.Error as exc:
         raise HetplanError(f"{origin} line {reader.line_num}: not a CSV file ({exc})", field=field,

@@ -169,3 +169,10 @@ def test_an_unknown_gpu_suggests_the_names_it_begins():
 
 def test_catalog_engines_names_its_engine_argument():
     refused(run_cli("catalog", "engines", "vllmm"), "ENGINE", "unknown serving engine 'vllmm'")
+
+
+def test_a_trace_row_short_of_cells_is_refused(tmp_path):
+    # "0.5,opt13-a,128" under arrival_s,model,prompt_len,max_new_tokens replayed with the default max_new_tokens
+    (tmp_path / "w.toml").write_text((EXAMPLES / "serve" / "workload-trace.toml").read_text())
+    (tmp_path / "trace.csv").write_text((EXAMPLES / "serve" / "trace.csv").read_text() + "0.5,opt13-a,128\n")
+    refused(run_cli("simulate", tmp_path / "w.toml"), "workload.trace", "line 10: 3 cells under a header of 4")
