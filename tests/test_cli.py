@@ -140,7 +140,7 @@ def test_unknown_field_in_a_pool_lists_the_pool_fields(tmp_path):
     inv = tmp_path / "inv.toml"
     inv.write_text('[[inventory]]\ngpu = "A100-SXM-80GB"\ncount = 8\nnetwrok = "ethernet"\n')
     r = hetplan("plan", *BASE, "--inventory", inv)
-    assert r.returncode == 2 and "inventory.pools.0.netwrok: unknown field" in r.stderr
+    assert r.returncode == 2 and "inventory.0.netwrok: unknown field" in r.stderr
     assert "network" in r.stderr and "gpus_per_node" in r.stderr and "Traceback" not in r.stderr
 
 

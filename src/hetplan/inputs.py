@@ -137,7 +137,9 @@ def read_csv(text: str, origin: str, field: str, line_key: str | None = None) ->
     Raises:
         HetplanError: the csv module refuses it (e.g. a field longer than its 128 kB limit, a NUL byte); a header
             of one column holding semicolons or tabs (a file separated by them, as spreadsheets in many locales save
-            "CSV": it read as one unknown column); a row with more cells than the header; a column named twice.
+            "CSV": it read as one unknown column); a row with more or fewer cells than the header (fewer: its last
+            columns read as empty, and a trace's missing max_new_tokens took the default unsaid); a column named
+            twice.
     """
     reader = csv.DictReader(io.StringIO(text, newline=""))
     rows = []
@@ -155,6 +157,12 @@ def read_csv(text: str, origin: str, field: str, line_key: str | None = None) ->
                                    f"under a header of {len(header or ())} columns", field=field,
                                    fix="remove the extra cells (a comma too many, or an unquoted comma in a "
                                        "value), or name their column in the header")
+            if None in row.values():  # DictReader fills a short row's last columns with None: read as left empty
+                given = sum(v is not None for v in row.values())
+                raise HetplanError(f"{origin} line {reader.line_num}: {given} cells under a header of "
+                                   f"{len(header or ())} columns", field=field,
+                                   fix="add the missing cells (an empty one between two commas is allowed), or "
+                                       "remove their columns from the header")
             rows.append(row if line_key is None else {**row, line_key: reader.line_num})
     except csv.Error as exc:
         raise HetplanError(f"{origin} line {reader.line_num}: not a CSV file ({exc})", field=field,
@@ -210,14 +218,17 @@ def check_output_path(path: Path | None, field: str, figure: bool = False) -> No
                            field=field, fix="end the file name in .png, .svg or .pdf")
 
 
-def bounded(limit: float, why: str, *, why_low: str | None = None, **field_kwargs) -> Any:
+def bounded(limit: float, why: str, *, why_low: str | None = None, units: tuple[str, str, float] | None = None,
+            **field_kwargs) -> Any:
     """A pydantic ``Field`` bounded above by ``limit`` (and by ``field_kwargs``' ``gt``/``ge`` below), whose error
     message gives ``why``, the reason for the upper bound, when a value passes it, and ``why_low`` (if given) when
     a value falls below the lower one — "a million GPUs is 5x the largest cluster built" explains nothing about -8.
-    A ``why`` that spans both bounds ("from 1 Gb/s ... to 80 Tb/s") serves both."""
+    A ``why`` that spans both bounds ("from 1 Gb/s ... to 80 Tb/s") serves both. ``units``: ``(unit, other unit,
+    factor to it)`` of a field users also give in the other unit (``("bytes/s", "Gb/s", 8e-9)``): the error gives
+    the value and the bound in the other unit first (it said 1.25e+20 and 1e13 for the 1e12 Gb/s a user wrote)."""
     if why_low is None and why.startswith("from "):
         why_low = why
-    return Field(le=limit, json_schema_extra={"why": why, "why_low": why_low}, **field_kwargs)
+    return Field(le=limit, json_schema_extra={"why": why, "why_low": why_low, "units": units}, **field_kwargs)
 
 
 def _alternatives(annotation: Any) -> tuple:
@@ -283,8 +294,15 @@ def validation_message(exc: ValidationError, where: str, cls: type[BaseModel] | 
     if err["type"] in ("finite_number",):
         return HetplanError(f"must be a finite number (got {shown})", field=loc, fix="give a finite value")
     if err["type"] in ("less_than_equal", "less_than", "greater_than_equal", "greater_than"):
-        return HetplanError(f"{err['msg']} (got {shown})" + (f": {why}" if why else ""), field=loc,
-                            fix="give a value within the bounds")
+        text = f"{err['msg']} (got {shown})"
+        if extra.get("units"):
+            unit, other, factor = extra["units"]
+            bound = next(iter(err["ctx"].values()))
+            relation = {"less_than_equal": "at most", "less_than": "below", "greater_than_equal": "at least",
+                        "greater_than": "above"}[err["type"]]
+            text = (f"must be {relation} {bound * factor:,g} {other} = {bound:g} {unit} (got {got * factor:,g} "
+                    f"{other} = {got:g} {unit})")
+        return HetplanError(text + (f": {why}" if why else ""), field=loc, fix="give a value within the bounds")
     if err["type"] == "value_error" and isinstance(got, dict):  # a check across fields: the message names them
         msg, _, fix = err["msg"].removeprefix("Value error, ").partition("; fix: ")
         first = msg.split(" ", 1)[0]

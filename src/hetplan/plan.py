@@ -394,9 +394,10 @@ class GPUPool(UserInput):
     gpus_per_node: int = bounded(576, "576 GPUs is the largest NVLink domain sold (GB200 NVL576)", default=8, gt=0)
     gpus_per_host: int | None = Field(default=None, gt=0)
     intra_node_bandwidth_bytes_per_s: float | None = bounded(1e13, "from 0.1 GB/s to 10 TB/s (5x NVLink 5's 1.8 "
-                                                             "TB/s), in bytes/s", default=None, ge=1e8)
+                                                             "TB/s)", units=("bytes/s", "GB/s", 1e-9),
+                                                             default=None, ge=1e8)
     inter_node_bandwidth_bytes_per_s: float = bounded(1e13, "from 1 Gb/s (slower is no training network) to 80 Tb/s "
-                                                      "(10x the NICs of any node), in bytes/s",
+                                                      "(10x the NICs of any node)", units=("bytes/s", "Gb/s", 8e-9),
                                                       default=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, ge=1.25e8)
     network: Literal["infiniband", "roce", "efa", "ethernet"] = "infiniband"
     price_usd_per_hour: float | None = bounded(1000.0, "no GPU rents for $1,000 an hour", default=None, ge=0)

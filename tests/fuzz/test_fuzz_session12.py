@@ -28,7 +28,7 @@ def test_quoted_numbers_in_job_and_plan_files_are_refused(tmp_path):
     job.write_text(base.replace("SEQ", '"4096"').replace("N", "8"))
     refused(run_cli("plan", job, "-q"), "job.seq_len", "without quotes")
     job.write_text(base.replace("SEQ", "4096").replace("N", '"8"'))
-    refused(run_cli("plan", job, "-q"), "inventory.pools.0.count", "without quotes")
+    refused(run_cli("plan", job, "-q"), "inventory.0.count", "without quotes")
     job.write_text(base.replace("SEQ", "4096").replace("N", "8"))
     assert run_cli("plan", job, "-q").code == 0
     out = tmp_path / "p.json"

@@ -62,7 +62,7 @@ def test_tokens_inf_refused():
 def test_inter_node_bandwidth_inf_refused(tmp_path):
     p = tmp_path / "job.toml"
     p.write_text(JOB + POOL + "inter_node_bandwidth_gbit_per_s = inf\n")
-    refused(run_cli("plan", p), "inventory.pools.0.inter_node_bandwidth_bytes_per_s", "finite")
+    refused(run_cli("plan", p), "inventory.0.inter_node_bandwidth_bytes_per_s", "finite")
 
 
 @pytest.mark.parametrize("entry,field", [("memory_gib = nan", "memory_gib"),
@@ -159,7 +159,7 @@ def test_estimate_plan_with_huge_global_batch_refused(tmp_path):
 def test_huge_gpu_count_refused_not_a_400_digit_cost(tmp_path):
     p = tmp_path / "job.toml"
     p.write_text(JOB + POOL.replace("count = 8", f"count = {2**62}"))
-    refused(run_cli("plan", p), "inventory.pools.0.count", "largest cluster")
+    refused(run_cli("plan", p), "inventory.0.count", "largest cluster")
     refused(run_cli("plan", *FLAGS[:6], "--tokens", "1e300", *FLAGS[8:]), "--tokens")
 
 

@@ -133,7 +133,7 @@ def test_a_bad_flag_is_named_as_the_flag(flags, field):
 def test_a_bad_gpu_of_an_inventory_file_names_its_pool(tmp_path):
     inv = tmp_path / "inv.toml"
     inv.write_text('[[inventory]]\ngpu = "H100-SXM"\ncount = 8\n[[inventory]]\ngpu = "NOPE"\ncount = 8\n')
-    _refused(run_cli("plan", *JOB, "--inventory", inv, "-q"), "inventory.pools.1.gpu")
+    _refused(run_cli("plan", *JOB, "--inventory", inv, "-q"), "inventory.1.gpu")
 
 
 def test_a_plan_on_two_gpu_types_counts_each():

@@ -128,4 +128,4 @@ def test_catalog_engines_cli():
     data = json.loads(r.output)["engines"][0]
     assert data["label"] == "sglang@0.4" and data["cuda_graph_batch_sizes"][-1] == 160
     r = runner.invoke(app, ["catalog", "engines", "vlm"])  # hetplan.cli.main.main turns this into exit 2
-    assert isinstance(r.exception, HetplanError) and r.exception.field == "NAME"
+    assert isinstance(r.exception, HetplanError) and r.exception.field == "ENGINE"  # the argument's metavar

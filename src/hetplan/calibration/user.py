@@ -122,9 +122,10 @@ def _positive(raw: str | None, col: str, row: str) -> float | None:
     return x
 
 
-def _rows(path: Path, defaults: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
-    """``(label, row)`` of each run in a RUNS CSV or a training log (:mod:`hetplan.calibration.logs`), with
-    ``defaults`` (``hetplan calibrate``'s flags) filling the columns a row leaves empty.
+def _rows(path: Path, defaults: dict[str, str]) -> list[tuple[str, dict[str, str], set[str]]]:
+    """``(label, row, columns the flags filled)`` of each run in a RUNS CSV or a training log
+    (:mod:`hetplan.calibration.logs`), with ``defaults`` (``hetplan calibrate``'s flags) filling the columns a row
+    leaves empty.
 
     Raises:
         HetplanError: unreadable or empty file, unknown columns, no ``step_time_s`` column.
@@ -134,7 +135,8 @@ def _rows(path: Path, defaults: dict[str, str]) -> list[tuple[str, dict[str, str
 
     text = read_text(path, "RUNS")
     if is_log(text):
-        return [(f"{path.name}", finish_row({**defaults, **log_row(text, str(path))}, str(path)))]
+        row = log_row(text, str(path))
+        return [(f"{path.name}", finish_row({**defaults, **row}, str(path)), set(defaults) - set(row))]
     header, rows = read_csv(text, str(path), "RUNS")
     if not header or not rows:
         raise HetplanError(f"{path} has no runs", field="RUNS",
@@ -154,7 +156,8 @@ def _rows(path: Path, defaults: dict[str, str]) -> list[tuple[str, dict[str, str
             raise HetplanError(f"row {i} names a plan file and gives {', '.join(extra)} too", field=f"runs.{extra[0]}",
                                fix="a plan file describes the whole run: leave its row's other columns empty, or "
                                    "drop the plan cell")
-        out.append((f"row {i}", given if "plan" in given else {**defaults, **given}))
+        flags = set() if "plan" in given else set(defaults) - set(given)
+        out.append((f"row {i}", given if "plan" in given else {**defaults, **given}, flags))
     return out
 
 
@@ -174,7 +177,7 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
 
     out = []
     for path in paths:
-        for label, r in _rows(path, defaults or {}):
+        for label, r, flags in _rows(path, defaults or {}):
             step = _positive(r.get("step_time_s"), "step_time_s", label)
             if step is None:
                 raise HetplanError(f"{label}: step_time_s is empty", field="runs.step_time_s",
@@ -187,7 +190,13 @@ def read_runs(paths: list[Path], catalog: Catalog, defaults: dict[str, str] | No
                     raise HetplanError(f"{label}: {exc.message}", field="runs.plan", fix=exc.fix) from None
                 plan = validated(Plan, data, f"runs.plan ({label})")
             else:
-                plan = _plan_of(r, label, catalog)
+                try:
+                    plan = _plan_of(r, label, catalog)
+                except HetplanError as exc:  # a value a flag filled in is named by the flag: the file has no column
+                    col = (exc.field or "").removeprefix("runs.")
+                    if col in flags:
+                        exc.field = f"--{col}"
+                    raise
             _check_memory(plan, mem, label, catalog)
             out.append(Run(len(out) + 1, plan, load_model(plan.job.model), step, None if mem is None else mem * 2**30,
                            f"{path.name} {label}" if len(paths) > 1 and label != path.name else label))
@@ -215,7 +224,7 @@ def _column_of(field: str | None) -> str | None:
     """The column of :data:`COLUMNS` that sets the field an error names (``inventory[0].gpu`` -> ``gpu``,
     ``pools.0.count`` -> ``gpus``, ``pin.tp`` -> ``tp``): the one setting the field's last name; None when no
     column sets it. The pins' ``num_gpus`` is the ``gpus`` column too (:func:`_plan_of`)."""
-    names = re.findall(r"[A-Za-z_]+", field or "")
+    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", field or "")  # fp8_recipe, not fp and _recipe
     last = "count" if names[-1:] == ["num_gpus"] else names[-1] if names else None
     return next((col for col, (_, name, _) in COLUMNS.items() if name == last), None)
 
@@ -252,9 +261,22 @@ def _plan_of(r: dict[str, str], label: str, catalog: Catalog) -> Plan:
             plan = validated(Plan, {**plan.model_dump(), **parts["plan"]}, "plan")
     except HetplanError as exc:  # named by the run's column (runs.gpus), not the plan's field (pools.0.count)
         col = _column_of(exc.field)
-        raise HetplanError(f"{label}: {exc.message}", field=f"runs.{col}" if col else f"runs ({label}) {exc.field}",
-                           fix=exc.fix) from None
+        raise HetplanError(f"{label}: {_in_columns(exc.message)}",
+                           field=f"runs.{col}" if col else f"runs ({label}) {exc.field}",
+                           fix=exc.fix and _in_columns(exc.fix)) from None
     return plan
+
+
+def _in_columns(text: str) -> str:
+    """A ``hetplan plan`` message about its pins in a RUNS row's terms: its flags as the row's columns
+    (``--use-gpus 6`` -> ``gpus = 6``, ``pin --tp to 4`` -> ``set tp to 4``, ``unpin zero`` -> ``leave zero
+    empty``): the fix "pin --use-gpus to a multiple of 4" named a flag calibrate does not have."""
+    text = re.sub(r"--use-gpus\b", "--gpus", text)
+    text = re.sub(r"--([a-z][a-z0-9-]*)( \d+\b)?", lambda m: m.group(1).replace("-", "_") + (
+        f" ={m.group(2)}" if m.group(2) else ""), text)
+    text = re.sub(r"\bunpin ((?:\w+ ?/ ?)*\w+)", r"leave \1 empty",
+                  text.replace("unpin a degree", "leave a degree column empty"))
+    return re.sub(r"\bpin\b", "set", text)
 
 
 @dataclass(frozen=True)

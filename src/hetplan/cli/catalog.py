@@ -266,7 +266,7 @@ def engines(
     from hetplan.hardware.engines import load_engines
 
     cat = load_engines(engines_file)
-    chosen = [cat.get(name, field="NAME")] if name else cat.all()
+    chosen = [cat.get(name, field="ENGINE")] if name else cat.all()
     if as_json:
         print(json.dumps({"date": cat.date, "engines": [dict(e.model_dump(mode="json"), label=e.label)
                                                         for e in chosen]}, indent=1))

@@ -19,6 +19,7 @@ from hetplan.estimate.estimator import estimate as estimate_plan
 from hetplan.estimate.memory import fit_warning
 from hetplan.estimate.variability import slowest_gpu_factor
 from hetplan.hardware.catalog import load_catalog
+from hetplan.hardware.stacks import resolve_stack
 from hetplan.jobfile import read_structured, resolve_model_path, validated
 from hetplan.model.spec import load_model
 from hetplan.plan import Plan
@@ -32,7 +33,7 @@ def estimate_command(
     plan_file: Path = typer.Argument(..., metavar="PLAN.json", help="A plan JSON (as written by `hetplan plan -o`)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="User GPU catalog TOML."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
-    timeline: Optional[Path] = typer.Option(None, "--timeline", help="Draw the pipeline schedule (Gantt chart) to this PNG."),
+    timeline: Optional[Path] = typer.Option(None, "--timeline", help="Draw the pipeline schedule (Gantt chart) to this file; its suffix picks the format (.png, .svg, .pdf …)."),
     profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="Profile database (SQLite) of measured "
                                               "layer times: stages it covers use them (column `source`)."),
     price_source: str = _PRICE_SOURCE, provider: Optional[str] = _PROVIDER, prices_file: Optional[Path] = _PRICES,
@@ -44,6 +45,8 @@ def estimate_command(
     """Estimate one fully pinned plan: iteration time, memory per stage, MFU, money. --price-source other
     than catalog, or --provider, re-prices every pool (a written plan carries the prices `plan` chose)."""
     output_file(timeline, "--timeline", figure=True)
+    if stack is not None:  # named by the flag, not by the plan's job.stack it replaces
+        resolve_stack(stack, field="--stack")
     raw = read_structured(plan_file)
     if isinstance(raw.get("job"), dict) and isinstance(raw["job"].get("model"), str):
         # a model config beside the plan (examples/tiny-pp2-dp2.json) is found from any folder

@@ -7,7 +7,9 @@ assembles them and turns :class:`~hetplan.errors.HetplanError` into a clear mess
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
+import textwrap
 
 import typer
 from typer.core import TyperGroup
@@ -68,12 +70,31 @@ def _root() -> None:
     pass
 
 
+def error_text(exc: HetplanError, width: int | None) -> str:
+    """``error: `` and the error's message and ``fix:`` line, each wrapped at word boundaries to ``width`` columns
+    (None: one line each), its continuation lines indented under its text."""
+    lines = f"error: {exc.render()}".splitlines()
+    if width is None:
+        return "\n".join(lines)
+    return "\n".join(textwrap.fill(line, max(width, 40), subsequent_indent=" " * (len(line) - len(line.lstrip()) + 2),
+                                    break_long_words=False, break_on_hyphens=False) for line in lines)
+
+
 def main() -> None:
-    """Run the CLI; user errors print ``error: ...`` on stderr and exit with code 2."""
+    """Run the CLI; user errors print ``error: ...`` on stderr and exit with code 2. On a terminal the message is
+    wrapped at word boundaries to its width (the terminal broke it mid-word); into a file or pipe each line is
+    kept whole, for grep and logs."""
     try:
         app()
     except HetplanError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(exc.render())}", highlight=False, soft_wrap=True)
+        if exc.field and exc.field.startswith("inventory.pools."):
+            # a job file's pools are its [[inventory]] items, as its Gb/s fields' errors say (inventory.1.x); the
+            # model's list (pools) is no key of the file. The plan command names the flags it filled first.
+            exc.field = "inventory." + exc.field.removeprefix("inventory.pools.")
+        width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
+        text = error_text(exc, width)
+        Console(stderr=True).print(f"[bold red]error:[/]{escape(text.removeprefix('error:'))}", highlight=False,
+                                   soft_wrap=True)
         sys.exit(2)
 
 

@@ -180,7 +180,13 @@ def export_cmd(
         if virtual_stages < 1:
             raise HetplanError(f"got {virtual_stages}: model chunks per rank are 1 (no interleaving) or more",
                                field="--virtual-stages", fix="use --virtual-stages 1 or more, or leave it out")
-        check_plan(p.model_copy(update={"virtual_stages": virtual_stages}), planio.plan_model(p))
+        try:
+            check_plan(p.model_copy(update={"virtual_stages": virtual_stages}), planio.plan_model(p))
+        except HetplanError as exc:  # it named plan.virtual_stages, a field the plan file may not have
+            if exc.field == "plan.virtual_stages":
+                exc.field = "--virtual-stages"
+                exc.fix = "give --virtual-stages 1 (no interleaving) or one the stages' layers allow, or leave it out"
+            raise
     ex = exporters.export(p, planio.plan_model(p), to, virtual_stages, framework_version)
     c = Console()
     if out_dir:

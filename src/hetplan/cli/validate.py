@@ -203,7 +203,7 @@ def register(app: typer.Typer) -> None:
                                               "megatron_lm_h100, moe_h100, long_context_cp, bigscience_a100, megatron_bridge, "
                                               "independent_h100, llm_foundry_a100, serving, energy"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write one row per configuration"),
-        plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot (PNG)"),
+        plot_path: Optional[Path] = typer.Option(None, "--plot", help="write a predicted-vs-measured plot; the suffix picks the format (.png, .svg, .pdf …)"),
         out_dir: Optional[Path] = typer.Option(None, "--out", help="write validation.csv and validation.png here"),
         write_residuals: bool = typer.Option(False, "--write-residuals", help="rewrite the package's table of held-out "
                                              "residuals that every plan's 80 % interval comes from "

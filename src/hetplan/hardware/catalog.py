@@ -338,8 +338,11 @@ def _canonical(index: Mapping[str, str], name: str, field: str, kind: str, listi
     for k in (key, *(key.removeprefix(v) for v in VENDOR_PREFIXES if key.startswith(v))):
         if k in index:
             return index[k]
-    close = difflib.get_close_matches(key, list(index), n=3, cutoff=0.4)
-    suggestions = sorted({index[c] for c in close})
+    # the names it begins (A100 -> A100-PCIe-40GB, A100-SXM-80GB ...), else the nearest spellings ("A100" was
+    # answered with A10, H100-SXM, V100-SXM-32GB and no A100)
+    close = [k for k in index if key and k.startswith(key)] or difflib.get_close_matches(key, list(index), n=3,
+                                                                                        cutoff=0.4)
+    suggestions = sorted({index[c] for c in close})[:8]
     hint = f"did you mean {', '.join(suggestions)}?" if suggestions else f"run `hetplan catalog {listing}` for the list"
     raise HetplanError(f"unknown {kind} {name!r}", field=field, fix=hint)
 

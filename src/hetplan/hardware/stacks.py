@@ -412,6 +412,13 @@ def default_stack(framework: str) -> StackSpec:
     return load_stacks().releases(FRAMEWORK_STACK[framework])[-1]
 
 
+def _naming_fix(name: str, releases: list, tags=()) -> str:
+    """How to name a release of stack ``name``: the listed ``releases`` (and release ``tags``) and a month."""
+    known = ", ".join([*(r.version for r in releases), *tags])
+    return (f"write {name}@VERSION with a VERSION it lists ({known}), e.g. {name}@{releases[-1].version}, or "
+            f"{name}@YYYY-MM for the release in force that month")
+
+
 @lru_cache(maxsize=256)
 def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
     """The release ``text`` names: ``NAME`` (the latest), ``NAME@VERSION`` (that release; a numbered release the
@@ -439,8 +446,7 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
     version = version.strip()
     if at and not version:  # 'megatron-lm@' (a version left out) priced the latest release without a word
         raise HetplanError(f"{text!r} names no release after '@'", field=field,
-                           fix=f"write {name}@VERSION ({', '.join(r.version for r in releases)}), {name}@YYYY-MM, "
-                               f"or {name} alone for its latest release")
+                           fix=_naming_fix(name, releases) + f", or {name} alone for its latest release")
     if not version:
         return releases[-1]
     version = _from_git_tag(version)
@@ -461,18 +467,15 @@ def resolve_stack(text: str, field: str = "job.stack") -> StackSpec:
                                    "knows, or calibrate on your runs (hetplan calibrate)")
         if (end := _series_end(releases, version)) is not None:
             later = releases[releases.index(end) + 1]
-            raise HetplanError(f"{name} has no release {version!r}: its releases numbered like {end.version} end "
-                               f"there ({end.released}), the next is {later.version}", field=field,
-                               fix=f"use one of {', '.join(r.version for r in releases)}, or a month YYYY-MM")
+            raise HetplanError(f"{name} has no release {version!r}: after {end.version} ({end.released}) its "
+                               f"releases are numbered like {later.version}", field=field,
+                               fix=_naming_fix(name, releases))
         if listed is not None:  # a release between two listed ones: the one in force, as a month resolves
             return listed
-        tags = f", a tag ({', '.join(tagged)})" if tagged else ""
-        raise HetplanError(f"{name} has no release {version!r}", field=field,
-                           fix=f"use one of {', '.join(r.version for r in releases)}{tags}, or a month YYYY-MM")
+        raise HetplanError(f"{name} has no release {version!r}", field=field, fix=_naming_fix(name, releases, tagged))
     if not 1 <= int(when[5:]) <= 12:
         raise HetplanError(f"{version!r} is not a month", field=field,
-                           fix="write the date as YYYY-MM" if month else f"use one of "
-                               f"{', '.join(r.version for r in releases)}, or a month YYYY-MM")
+                           fix="write the date as YYYY-MM" if month else _naming_fix(name, releases))
     if when > cat.date:  # a month the catalog has not seen: a release of it would resolve silently to an older one
         raise HetplanError(f"{when} is after the stack catalog's date ({cat.date}): it cannot say which {name} "
                            "release ran then", field=field,

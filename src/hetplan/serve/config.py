@@ -10,7 +10,7 @@ This module does not import torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
@@ -18,6 +18,9 @@ from hetplan.errors import HetplanError
 from hetplan.inputs import UserInput, bounded, parse_toml, read_text, validation_message
 from hetplan.model.spec import ModelSpec, load_model
 from hetplan.serve.workload import MAX_TIME_S, MAX_TIME_WHY
+
+if TYPE_CHECKING:
+    from hetplan.hardware.engines import EngineSpec
 
 #: Most requests a generated workload may expect (duration x rates): the simulator handles ~10,000 per CPU second
 #: (measured: 10,176 requests of opt-1.3b in 1.1 s), so about 10 s at most; fuzz found 16,500 taking 30 s under load.
@@ -330,6 +333,39 @@ class _Common(_Strict):
                                  f"entries: {', '.join(names)}")
         return self
 
+    def check_split(self, engine: EngineSpec | None = None) -> None:
+        """``cluster.tp`` splits every model's heads, key/value heads and MLP width
+        (:func:`hetplan.estimate.inference.check_tp`; a serving ``engine`` replicates key/value heads) and
+        ``cluster.pp`` gives each stage a layer at least.
+
+        Raises:
+            HetplanError: naming ``cluster.tp`` (with the degrees up to 16 that split every model) or ``cluster.pp``.
+        """
+        from hetplan.estimate.inference import check_tp
+
+        specs = {m.name: m.spec() for m in self.models}
+
+        def splits(tp: int) -> bool:
+            try:
+                for spec in specs.values():
+                    check_tp(spec, tp, engine)
+            except HetplanError:
+                return False
+            return True
+
+        c = self.cluster
+        for name, spec in specs.items():
+            try:
+                check_tp(spec, c.tp, engine)
+            except HetplanError as exc:
+                fits = ", ".join(str(t) for t in range(1, 17) if splits(t))
+                raise HetplanError(f"{exc.message} (models.{name})", field="cluster.tp",
+                                   fix=f"set cluster.tp to a degree that splits every model: {fits}") from None
+            if c.pp > spec.num_layers:
+                raise HetplanError(f"PP = {c.pp} exceeds the {spec.num_layers} layers of model {spec.name} "
+                                   f"(models.{name})", field="cluster.pp",
+                                   fix=f"set cluster.pp to at most {spec.num_layers}: a stage holds a layer at least")
+
 
 class ServeConfig(_Common):
     """``SERVE.toml``: cluster, scheduler, api, models."""
@@ -404,12 +440,14 @@ def load_serve_config(path: str | Path) -> ServeConfig:
     """Read and validate ``SERVE.toml``.
 
     Raises:
-        HetplanError: missing file, TOML syntax error (with line and column), an invalid field, or a default
-            request length no request may have (``api.default_max_new_tokens`` above ``api.max_new_tokens_limit``
-            or without room for a one-token prompt in a KV-cache slot: every request without its own
-            ``max_new_tokens`` was refused, 422, by a server that started).
+        HetplanError: missing file, TOML syntax error (with line and column), an invalid field, a ``cluster.tp``
+            or ``cluster.pp`` that does not split a model (:meth:`check_split`), or a default request length no
+            request may have (``api.default_max_new_tokens`` above ``api.max_new_tokens_limit`` or without room
+            for a one-token prompt in a KV-cache slot: every request without its own ``max_new_tokens`` was
+            refused, 422, by a server that started).
     """
     cfg = _load(path, ServeConfig)
+    cfg.check_split()
     a, slot = cfg.api, cfg.scheduler.kv_cache_len
     if a.default_max_new_tokens > a.max_new_tokens_limit:
         raise HetplanError(f"api.default_max_new_tokens = {a.default_max_new_tokens} is above api.max_new_tokens_limit "

@@ -316,7 +316,9 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
     """Simulate ``wf`` on ``gpu`` (default: ``cluster.gpu``) partitioned ``tp`` x ``pp`` (default: the file's).
 
     Raises:
-        HetplanError: no GPU given, unknown GPU/model, a model that does not fit, bad workload values.
+        HetplanError: no GPU given, unknown GPU/model, the file's ``cluster.tp`` / ``cluster.pp`` not splitting a
+            model (:meth:`~hetplan.serve.config.WorkloadFile.check_split`), a model that does not fit, bad workload
+            values.
     """
     c = wf.cluster
     default_cap = None
@@ -326,13 +328,15 @@ def simulate_workload(wf: WorkloadFile, *, gpu: GPUSpec | None = None, tp: int |
                                fix='set cluster.gpu to a catalog name, e.g. "A100-SXM-80GB"')
         gpu = load_catalog().get(c.gpu, field="cluster.gpu")
         default_cap = c.capacity_bytes()
+    stack = cluster_stack(wf, gpu)
+    if tp is None and pp is None:
+        wf.check_split(stack.engine)
     tp, pp = tp or c.tp, pp or c.pp
     dtype = c.dtype
     gpu.peak_flops_per_s(dtype)  # raises on an unsupported dtype
     cap = capacity_bytes or default_cap or int(gpu.memory_bytes * c.memory_fraction)
     swap_model = workload_swap_model(wf, gpu)
     s = wf.scheduler
-    stack = cluster_stack(wf, gpu)
     specs = {m.name: m.spec() for m in wf.models}
     models = [sim_model(m.name, specs[m.name], gpu, tp, pp, dtype, wf, cap, len(wf.models), stack) for m in wf.models]
     reqs = requests if requests is not None else workload_requests(wf)
