@@ -159,7 +159,8 @@ def explain_ranking(objective, results, cat, ranked, ranked_idx, skipped, best_a
             ranked[0].estimate.usd_per_iteration if goal == "cheapest" else ranked[0].estimate.iteration_time_s)
         if gain > 0:
             lines.append(
-                f"Stopped by memory: {describe(c)} would be {gain:.0%} {'cheaper' if goal == 'cheapest' else 'faster'}"
+                f"Stopped by memory: {describe(c)} would be {gain:.{0 if gain >= 0.1 else 1}%} "
+                f"{'cheaper' if goal == 'cheapest' else 'faster'}"
                 f" but needs {c['memory_total'] / GIB:.1f} GiB per GPU > {c['memory_capacity'] / GIB:.1f} GiB."
             )
     # Best alternative for every other value of each dimension, by estimate() (an exact walk per dimension).
