@@ -271,10 +271,11 @@ def register(app: typer.Typer) -> None:
 
 
 def _energy_line(con: Console, e: dict) -> None:
-    """One line: energy, J per request and per output token, and where the power comes from."""
-    how = {"dvfs-model": "fitted DVFS power model", "dvfs-physics": "DVFS power model transferred, not fitted",
-           "tdp": "TDP while busy: an upper bound"}
-    src = ", ".join(how.get(x, x) for x in e["energy_source"].split(","))
+    """One line: energy, J per request and per output token, and where the power comes from
+    (:data:`hetplan.energy.report.ENERGY_SOURCE_WORDS`)."""
+    from hetplan.energy.report import ENERGY_SOURCE_WORDS
+
+    src = ", ".join(ENERGY_SOURCE_WORDS.get(x, x) for x in e["energy_source"].split(","))
     con.print(f"energy on {e['num_gpus']} GPU{'s' if e['num_gpus'] != 1 else ''}: {e['energy_j'] / 1e3:.1f} kJ, "
               f"{_fmt(e['energy_j_per_request'], digits=1)} J/request, "
               f"{_fmt(e['energy_j_per_output_token'], digits=2)} J/output token ({src})")
