@@ -554,3 +554,19 @@ def test_megatron_launch_without_expert_tp_runs_the_tp_degree():
     assert importers.import_files({"run.sh": bare.replace("--expert-model-parallel-size 8",
                                                           "--expert-model-parallel-size 4")}).expert_tp == 2
     assert importers.import_files({"run.sh": HAND_MEGATRON}).expert_tp == 1
+
+
+@pytest.mark.parametrize("flag, value", [("--micro-batch-size", "0"), ("--seq-length", "-5"),
+                                         ("--global-batch-size", "0")])
+def test_a_launch_value_the_plan_refuses_is_named_as_the_launch_spells_it(flag, value):
+    """A value the plan schema refuses is named by the launch's own flag (it was the plan's ``mbs``, ``seq_len``
+    and ``global_batch``, names the launch never wrote)."""
+    import re
+
+    job = Job(model="llama3-8b", seq_len=4096, global_batch=64, attention="flash")
+    plan = Plan(job=job, pools=[GPUPool(gpu="H100-SXM", count=16, gpus_per_node=8)],
+                stages=[Stage(num_layers=32, tp=2, dp=8)], mbs=1, zero=1, sequence_parallel=True)
+    script = exporters.export(plan, load_model("llama3-8b"), "megatron").files["megatron_launch.sh"]
+    with pytest.raises(HetplanError) as err:
+        importers.import_files({"run.sh": re.sub(rf"{flag} \d+", f"{flag} {value}", script)})
+    assert err.value.field == flag

@@ -769,8 +769,10 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
         raise
     except ValidationError as e:  # a value the plan schema refuses (e.g. a zero batch in a hand-written launch)
         err = e.errors()[0]
-        # a whole-plan rule (batch divisibility) has no location: the field is then the launch files
+        # a whole-plan rule (batch divisibility) has no location: the field is then the launch files; a plan
+        # field the launch set is named as the launch spells it (LAUNCH_NAMES)
         where = ".".join(str(x) for x in err["loc"]) or "FILES"
+        where = LAUNCH_NAMES.get((_launch_kind(dict(files)) or ("",))[0], {}).get(where, where)
         # the field is named once, and without pydantic's "Value error, " (it read "FILES: the launch gives a plan
         # the schema refuses: FILES: Value error, global_batch 1000 is not divisible ...")
         raise HetplanError(f"the launch gives a plan the schema refuses: {err['msg'].removeprefix('Value error, ')}",
@@ -781,25 +783,48 @@ def import_files(files: dict[str, str], *, model: str | None = None, gpu: str = 
                            fix="give the launch as the framework reads it (hetplan export shows the form)") from None
 
 
+#: Plan fields as each kind of launch (:func:`_launch_kind`) spells them, for the errors of values it set.
+LAUNCH_NAMES = {
+    "megatron": {"mbs": "--micro-batch-size", "seq_len": "--seq-length", "global_batch": "--global-batch-size",
+                 "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
+                 "expert_tp": "--expert-tensor-parallel-size"},
+    "torchtitan": {"mbs": "--training.local_batch_size", "seq_len": "--training.seq_len",
+                   "global_batch": "--training.global_batch_size", "cp": "--parallelism.context_parallel_degree",
+                   "ep": "--parallelism.expert_parallel_degree"},
+    "torchtitan-toml": {"mbs": "training.local_batch_size", "seq_len": "training.seq_len",
+                        "global_batch": "training.global_batch_size", "cp": "parallelism.context_parallel_degree",
+                        "ep": "parallelism.expert_parallel_degree"},
+    "deepspeed": {"mbs": "train_micro_batch_size_per_gpu", "global_batch": "train_batch_size"},
+}
+
+
+def _launch_kind(by: dict[str, str]) -> tuple[str, str] | None:
+    """Which framework's launch the files are, with the text that says so (:func:`_import_files` reads it):
+    ``deepspeed`` (its JSON config), ``torchtitan-toml`` (the TOML), ``torchtitan`` (its command line),
+    ``megatron`` (the script or arguments file); None when none is."""
+    tests = (("deepspeed", lambda n, t: n.endswith(".json") and "train_micro_batch_size_per_gpu" in t),
+             ("torchtitan-toml", lambda n, t: n.endswith(".toml")),
+             ("torchtitan", lambda n, t: "torchtitan.train" in t or re.search(r"(^|\s)--module[\s=]", t)),
+             ("megatron", lambda n, t: "--num-layers" in t or "--tensor-model-parallel-size" in t))
+    return next(((kind, t) for kind, test in tests for n, t in by.items() if test(n, t)), None)
+
+
 def _import_files(by: dict[str, str], *, model: str | None, gpu: str, gpus: int | None,
                   seq_len: int | None = None) -> Plan:
     if model is None:
         model = hetplan_line(by, "model")
-    json_cfg = next((t for n, t in by.items() if n.endswith(".json") and "train_micro_batch_size_per_gpu" in t), None)
+    kind, text = _launch_kind(by) or (None, "")
     launch = next((t for n, t in by.items() if n.endswith(".sh")), "")
-    if json_cfg is not None:
-        return import_deepspeed(json_cfg, launch=launch, pipeline=by.get("pipeline_module.json"),
+    if kind == "deepspeed":
+        return import_deepspeed(text, launch=launch, pipeline=by.get("pipeline_module.json"),
                                 partition=by.get("hetplan_pipeline.py"), model=model, gpu=gpu, gpus=gpus,
                                 seq_len=seq_len)
-    toml_cfg = next((t for n, t in by.items() if n.endswith(".toml")), None)
-    if toml_cfg is not None:
-        return import_torchtitan_toml(toml_cfg, model=model, gpu=gpu, gpus=gpus, launch=launch)
-    for t in by.values():
-        if "torchtitan.train" in t or re.search(r"(^|\s)--module[\s=]", t):
-            return import_torchtitan(t, model=model, gpu=gpu, gpus=gpus, job_module=by.get("hetplan_torchtitan_job.py"))
-    for t in by.values():
-        if "--num-layers" in t or "--tensor-model-parallel-size" in t:
-            return import_megatron(t, model=model, gpu=gpu, gpus=gpus)
+    if kind == "torchtitan-toml":
+        return import_torchtitan_toml(text, model=model, gpu=gpu, gpus=gpus, launch=launch)
+    if kind == "torchtitan":
+        return import_torchtitan(text, model=model, gpu=gpu, gpus=gpus, job_module=by.get("hetplan_torchtitan_job.py"))
+    if kind == "megatron":
+        return import_megatron(text, model=model, gpu=gpu, gpus=gpus)
     raise HetplanError(f"found no Megatron-LM, torchtitan or DeepSpeed launch in {', '.join(by)}", field="FILES",
                        fix="give a Megatron-LM launch script or arguments file, a torchtitan launch or TOML, or a "
                            "DeepSpeed JSON config (with its launch script)")
