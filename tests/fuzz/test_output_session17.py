@@ -54,6 +54,18 @@ def test_a_plan_on_two_pools_of_one_gpu_type_is_not_heterogeneous(tmp_path):
     assert second.startswith("Best uniform plan (not in the top 5): A10G x")
     table = run_cli("plan", job, "--pareto", tmp_path / "p.png", "-q", columns=80)
     assert table.code == 0 and "[het]" not in table.stdout and "A10G(tp1) + A10G(tp1)x2" in table.stdout
+    # the frontier's own points (and so its plot's markers) say the same: one rule, spans_gpu_types
+    from hetplan.hardware.catalog import load_catalog
+    from hetplan.jobfile import load_job_file
+    from hetplan.model.spec import load_model
+    from hetplan.plan import Inventory, Job
+    from hetplan.search.pareto import pareto_frontier
+
+    d = load_job_file(job)
+    j = Job(**d["job"])
+    fr = pareto_frontier(load_model(j.model), j, Inventory(pools=d["inventory"]), load_catalog())
+    assert any(len(p.candidate.pools_used) > 1 for p in fr.points) and not any(p.heterogeneous for p in fr.points)
+    assert not any(e.heterogeneous for e in fr.evaluated)
 
 
 def test_a_single_pool_winner_is_not_called_better_than_the_best_homogeneous_plan():

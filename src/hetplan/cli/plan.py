@@ -663,8 +663,7 @@ def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = Fal
     pts = by_cost(fr.points)
     bought = {id(c): buys(p, c) for p, c in zip(pts, pts[1:])}
     # heterogeneous: stages on different GPU types (two pools of one type were "[het]" and "heterogeneous": true)
-    het = {id(p): len({se.gpu for se in p.estimate.stages}) > 1 for p in fr.points}
-    out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=het[id(p)], description=p.description,
+    out = [dict(plan_summary(p.plan, p.estimate), heterogeneous=p.heterogeneous, description=p.description,
                 buys=bought.get(id(p), "cheapest"), exact=p.estimate.iteration_time_s < fr.proven_below_s)
            for p in fr.points]
     if table:
@@ -680,7 +679,7 @@ def _pareto(job, inv, obj, pins, cat, path: Path, table: bool, notes: bool = Fal
         pts = by_cost(fr.points)
         what = ["cheapest"] + [f"{buys(p, c)} than #{i}" for i, (p, c) in enumerate(zip(pts, pts[1:]), start=1)]
         for i, (p, b) in enumerate(zip(pts, what), start=1):
-            t.add_row(str(i), ("\\[het] " if het[id(p)] else "") + p.description, str(p.plan.num_gpus),
+            t.add_row(str(i), ("\\[het] " if p.heterogeneous else "") + p.description, str(p.plan.num_gpus),
                       f"{p.estimate.iteration_time_s:.3f}", f"{p.estimate.usd_per_iteration:.4f}",
                       f"{p.estimate.usd_per_hour:,.2f}", b)
         con.print(t)

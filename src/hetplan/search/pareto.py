@@ -107,9 +107,10 @@ def by_cost(points: list[FrontierPoint]) -> list[FrontierPoint]:
 
 
 def plot_frontier(frontier: Frontier, path: str | Path, title: str = "") -> None:
-    """Scatter of every estimated plan and the frontier, homogeneous plans (one pool) as circles, heterogeneous as
-    triangles; cost per iteration vs iteration time, by :func:`~hetplan.estimate.estimator.estimate` — the same
-    figures as the table. Writes a PNG (matplotlib, Agg)."""
+    """Scatter of every estimated plan and the frontier, plans on one GPU type as circles, heterogeneous ones (on
+    several types, :func:`hetplan.search.hetero.estimated.spans_gpu_types`) as triangles; cost per iteration vs
+    iteration time, by :func:`~hetplan.estimate.estimator.estimate` — the same figures as the table. The suffix
+    of ``path`` picks the format (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,7 +118,7 @@ def plot_frontier(frontier: Frontier, path: str | Path, title: str = "") -> None
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     on = {id(p.plan) for p in frontier.points}
-    for het, marker, label in ((False, "o", "homogeneous"), (True, "^", "heterogeneous")):
+    for het, marker, label in ((False, "o", "one GPU type"), (True, "^", "heterogeneous")):
         ev = [e for e in frontier.evaluated if e.heterogeneous == het and id(e.plan) not in on and e.estimate.fits]
         if ev:
             ax.scatter([e.estimate.iteration_time_s for e in ev], [e.estimate.usd_per_iteration for e in ev], s=10,

@@ -628,7 +628,9 @@ def _merge_key(objective, est):
 def _kind(plan, est) -> str:
     """How the explanation names a plan of the heterogeneous search: ``heterogeneous`` (stages on different GPU
     types), ``single-pool`` or ``multi-pool`` (pools of one GPU type)."""
-    if len({se.gpu for se in est.stages}) > 1:
+    from hetplan.search.hetero.estimated import spans_gpu_types
+
+    if spans_gpu_types(est):
         return "heterogeneous"
     return "single-pool" if len({st.pool for st in plan.stages}) == 1 else "multi-pool"
 

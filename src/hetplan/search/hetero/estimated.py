@@ -39,8 +39,15 @@ class EstimatedPlan:
 
     @property
     def heterogeneous(self) -> bool:
-        """True when the stages use more than one pool."""
-        return len(self.candidate.pools_used) > 1
+        """True when the stages run on more than one GPU type (:func:`spans_gpu_types`; two pools of one type do
+        not make a plan heterogeneous)."""
+        return spans_gpu_types(self.estimate)
+
+
+def spans_gpu_types(est: Estimate) -> bool:
+    """Whether an estimated plan's stages run on more than one GPU type: what ``hetplan plan`` calls
+    heterogeneous (its ranking, frontier table, JSON and plot)."""
+    return len({se.gpu for se in est.stages}) > 1
 
 
 @dataclass
