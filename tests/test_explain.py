@@ -53,3 +53,20 @@ def test_a_small_gain_stopped_by_memory_keeps_its_decimal():
     r = run_cli("plan", example)
     assert r.code == 0, r.stderr
     assert re.search(r"Stopped by memory: .* would be 0\.9% cheaper", " ".join(r.stdout.split())), r.stdout
+
+
+def test_a_plan_stopped_by_memory_meets_every_constraint_the_ranking_applies():
+    """The memory-stopped alternative is drawn from plans that meet the ranking's constraints: the iteration SLO
+    and a deadline or budget under any goal (it tested only cheapest's deadline and budget's budget, so Espresso's
+    case under a 30 s SLO offered a 2-GPU plan "38% cheaper" that missed the SLO)."""
+    import numpy as np
+
+    from hetplan.search.explain import _meets_constraint
+    from hetplan.search.objective import Objective
+
+    cat = {"iteration_time_s": np.array([10.0, 40.0]), "iterations": np.array([100.0, 100.0]),
+           "usd_per_hour": np.array([3600.0, 360.0])}  # jobs of 1,000 s / $1,000 and 4,000 s / $400
+    assert _meets_constraint(Objective(goal="fastest", deadline_s=2000.0), cat).tolist() == [True, False]
+    assert _meets_constraint(Objective(goal="cheapest", slo_iteration_s=20.0), cat).tolist() == [True, False]
+    assert _meets_constraint(Objective(goal="fastest", budget_usd=500.0), cat).tolist() == [False, True]
+    assert _meets_constraint(Objective(goal="cheapest"), cat).tolist() == [True, True]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hetplan.search.homogeneous import COMPONENTS, PoolResult
+from hetplan.search.objective import rank_keys
 from hetplan.search.space import RECOMPUTE_NAMES
 
 GIB = 2**30
@@ -214,13 +215,13 @@ def _why_split(goal, results, cat, winner, dims, estimate_row, seq_len) -> list[
 
 
 def _meets_constraint(objective, cat) -> np.ndarray:
-    """Deadline / budget test on the closed-form times (memory ignored)."""
+    """The ranking's constraints (iteration SLO, deadline, budget: :func:`hetplan.search.objective.rank_keys`) on
+    the closed-form times, memory ignored. It tested the deadline of ``cheapest`` and the budget of ``budget``
+    only, so a plan stopped by memory could be offered that missed the SLO or another goal's deadline."""
     job_time = cat["iteration_time_s"] * cat["iterations"]
-    if objective.goal == "cheapest" and objective.deadline_s is not None:
-        return job_time <= objective.deadline_s
-    if objective.goal == "budget":
-        return cat["usd_per_hour"] * job_time / 3600 <= objective.budget_usd
-    return np.ones(len(job_time), dtype=bool)
+    key, _ = rank_keys(objective, job_time, cat["usd_per_hour"] * job_time / 3600, np.ones(len(job_time), dtype=bool),
+                       iteration_time_s=cat["iteration_time_s"])
+    return np.isfinite(key)
 
 
 def _unconstrained_key(goal: str, cat) -> np.ndarray:
