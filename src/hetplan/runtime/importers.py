@@ -791,11 +791,10 @@ LAUNCH_NAMES = {
     "torchtitan": {"mbs": "--training.local_batch_size", "seq_len": "--training.seq_len",
                    "global_batch": "--training.global_batch_size", "cp": "--parallelism.context_parallel_degree",
                    "ep": "--parallelism.expert_parallel_degree"},
-    "torchtitan-toml": {"mbs": "training.local_batch_size", "seq_len": "training.seq_len",
-                        "global_batch": "training.global_batch_size", "cp": "parallelism.context_parallel_degree",
-                        "ep": "parallelism.expert_parallel_degree"},
     "deepspeed": {"mbs": "train_micro_batch_size_per_gpu", "global_batch": "train_batch_size"},
 }
+#: the TOML's keys are the command line's without the dashes
+LAUNCH_NAMES["torchtitan-toml"] = {k: v.removeprefix("--") for k, v in LAUNCH_NAMES["torchtitan"].items()}
 
 
 def _launch_kind(by: dict[str, str]) -> tuple[str, str] | None:
